@@ -1,0 +1,52 @@
+# kvmesh — build, test, benchmark and demo.
+# `make demo` and `make test` are the two commands a newcomer needs.
+
+GO        ?= go
+PKGS      ?= ./...
+BENCHTIME ?= 1s
+BIN       := bin/kvmesh
+
+.PHONY: all build demo test deps fmt-check vet unit bench fuzz clean
+
+all: build
+
+# deps installs what cgo needs (libzmq for github.com/pebbe/zmq4) when it is missing.
+deps:
+	@if ! pkg-config --exists libzmq 2>/dev/null; then \
+		echo "installing libzmq3-dev and pkg-config (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libzmq3-dev pkg-config >/dev/null; \
+	fi
+
+build: deps
+	$(GO) build -o $(BIN) ./cmd/kvmesh
+
+demo: build
+	./$(BIN) demo
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet: deps
+	$(GO) vet $(PKGS)
+
+unit: deps
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+test: deps fmt-check vet unit
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+# fuzz runs every native fuzz target for FUZZTIME each.
+FUZZTIME ?= 20s
+fuzz: deps
+	@for pkg in $$($(GO) list $(PKGS)); do \
+		for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
+
+clean:
+	rm -rf bin

@@ -1,0 +1,92 @@
+// Command kvmesh is the one kvmesh binary. Each subcommand lives in its own file
+// and only parses flags and wires packages together; the work is in the packages.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// command is one subcommand. run gets the arguments after the subcommand name
+// and writes its normal output to stdout.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// commands is the one place subcommands are registered.
+var commands = []command{
+	{"keys", "print the canonical kvmesh block key of every full block of a token sequence", runKeys},
+	{"inspect", "decode KV events (inspect events) or tail the NATS delta stream (inspect stream)", runInspect},
+	{"tokenize", "tokenize text or a chat with a Hugging Face tokenizer.json", runTokenize},
+	{"sim", "run the vLLM-compatible engine simulator", runSim},
+	{"sidecar", "run the sidecar next to one engine (or every engine on a node)", runSidecar},
+	{"ingress", "run a stateless OpenAI-compatible ingress replica", runIngress},
+	{"bench", "compare routing policies (discrete-event simulation)", runBench},
+	{"demo", "run the whole mesh on loopback and compare random with kvmesh routing", runDemo},
+	{"loadtest", "send a workload to an OpenAI-compatible endpoint and report latency", runLoadtest},
+}
+
+// errUsage marks a command-line mistake: exit status 2, after the usage text.
+var errUsage = errors.New("usage")
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err := c.run(ctx, args[1:], stdout, stderr)
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "kvmesh %s: %v\n", c.name, err)
+			return 2
+		default:
+			fmt.Fprintf(stderr, "kvmesh %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "kvmesh: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "kvmesh — a KV-cache-aware router for LLM inference")
+	fmt.Fprintln(w, "\nUsage: kvmesh <command> [flags]\n\nCommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun 'kvmesh <command> -h' for a command's flags.")
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting, so
+// every command fails the same way.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kvmesh "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
