@@ -2,11 +2,21 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"io"
 )
 
-// runInspect is being written; until then the command says so.
+// runInspect dispatches `kvmesh inspect events|stream`.
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("inspect: not built yet")
+	if len(args) == 0 {
+		return fmt.Errorf("%w: kvmesh inspect events|stream [flags]", errUsage)
+	}
+	switch args[0] {
+	case "events":
+		return runInspectEvents(ctx, args[1:], stdout, stderr)
+	case "stream":
+		return runInspectStream(ctx, args[1:], stdout, stderr)
+	default:
+		return fmt.Errorf("%w: unknown inspect target %q (want events or stream)", errUsage, args[0])
+	}
 }
