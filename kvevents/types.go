@@ -65,6 +65,9 @@ type Event struct {
 	SlidingWindow int64  // kv_cache_spec_sliding_window, 0 when absent
 	CacheSalt     string // SGLang/vLLM extras when present, "" otherwise
 	SessionID     string // optional session_id (vLLM PR #51381, SGLang maps)
+	// ExtraKeys is the raw msgpack of extra_keys (one entry per block) when
+	// present and not nil, copied out of the payload so re-encoding is exact.
+	ExtraKeys []byte
 
 	// BlockStored and BlockRemoved.
 	Medium      string // raw medium, "" when nil or absent (legacy = GPU)
@@ -81,6 +84,9 @@ type Batch struct {
 	DPRank    int
 	HasDPRank bool // false for 2-element envelopes (before vLLM PR #18925) and nil ranks
 	Events    []Event
+	// Skipped counts events of unknown types (newer engines) that the decoder
+	// stepped over; they are not in Events.
+	Skipped int
 }
 
 // TierOf maps an engine's medium string to a tier. It is case-insensitive:

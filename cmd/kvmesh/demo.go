@@ -2,11 +2,80 @@ package main
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/demo"
+	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 )
 
-// runDemo is being written; until then the command says so.
+// runDemo runs the whole mesh on loopback and compares routing policies.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("demo: not built yet")
+	fs := newFlagSet("demo", stderr)
+	cfg := demo.DefaultConfig()
+	var (
+		asJSON   = fs.Bool("json", false, "print the results as JSON (the shape of `kvmesh bench --json`)")
+		policies = fs.String("policies", strings.Join(cfg.Policies, ","), "comma-separated routing policies to compare, in order")
+		quiet    = fs.Bool("quiet", false, "no progress on stderr")
+		verbose  = fs.Bool("v", false, "log the components' own messages on stderr")
+	)
+	fs.IntVar(&cfg.Engines, "engines", cfg.Engines, "simulated engines (each with a sidecar)")
+	fs.IntVar(&cfg.Ingresses, "ingresses", cfg.Ingresses, "ingress replicas")
+	fs.IntVar(&cfg.Workload.Groups, "groups", cfg.Workload.Groups, "shared-prefix groups")
+	fs.IntVar(&cfg.Workload.Prompts, "prompts", cfg.Workload.Prompts, "prompts per group")
+	fs.IntVar(&cfg.Workload.Shared, "shared", cfg.Workload.Shared, "shared prefix tokens")
+	fs.IntVar(&cfg.Workload.Question, "question", cfg.Workload.Question, "question tokens")
+	fs.IntVar(&cfg.Workload.Output, "output", cfg.Workload.Output, "output tokens")
+	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "client requests in flight")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "open-loop arrival rate in req/s (0 = closed loop at -concurrency)")
+	fs.IntVar(&cfg.Engine.GPUBlocks, "gpu-blocks", cfg.Engine.GPUBlocks, "GPU KV capacity of each engine in blocks")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "engine model seconds per wall second")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	cfg.Policies = strings.Split(*policies, ",")
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if *verbose {
+		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	if !*quiet {
+		start := time.Now()
+		cfg.Status = func(msg string) {
+			fmt.Fprintf(stderr, "[%5.1fs] %s\n", time.Since(start).Seconds(), msg)
+		}
+		lines := map[string]func(loadgen.Progress){}
+		cfg.Progress = func(policy string, p loadgen.Progress) {
+			if lines[policy] == nil {
+				lines[policy] = progressLine(stderr, policy+" ")
+			}
+			lines[policy](p)
+		}
+	}
+	res, err := demo.Run(ctx, cfg)
+	if res == nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(res.Report); jerr != nil {
+			return jerr
+		}
+	} else {
+		fmt.Fprintf(stdout, "\nkvmesh demo: %d engines, %d ingresses, %d groups × %d prompts (%d shared + %d question tokens, %d output)\n\n",
+			cfg.Engines, cfg.Ingresses, cfg.Workload.Groups, cfg.Workload.Prompts, cfg.Workload.Shared, cfg.Workload.Question, cfg.Workload.Output)
+		if werr := res.WriteTable(stdout); werr != nil {
+			return werr
+		}
+	}
+	return err
 }

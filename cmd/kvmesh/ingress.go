@@ -2,11 +2,157 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/kvmesh/kvmesh/ingress/ratelimit"
+	"github.com/kvmesh/kvmesh/ingress/session"
+	"github.com/kvmesh/kvmesh/scheduler"
 )
 
-// runIngress is being written; until then the command says so.
+// multiFlag collects a repeated string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// runIngress runs one ingress replica until SIGTERM/SIGINT, then drains.
 func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("ingress: not built yet")
+	cfg := ingress.DefaultConfig()
+	fs := newFlagSet("ingress", stderr)
+	var engines, tokenizers multiFlag
+	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<port>)")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
+	fs.StringVar(&cfg.AdminListen, "admin", "", "pprof address (empty: off)")
+	fs.Var(&engines, "engine", "static engine [id=]model=url (repeatable; used without gossip)")
+	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
+	policy := fs.String("policy", "kvmesh", "routing policy: random|round-robin|least-request|kthena|ray|sglang|dynamo|llmd|kvmesh|weighted")
+	schedFile := fs.String("scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)")
+	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
+	fs.IntVar(&cfg.MaxBodyBytes, "max-body", cfg.MaxBodyBytes, "max request body bytes (413 above)")
+	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "max prompt tokens (0: no limit)")
+	fs.IntVar(&cfg.MaxConcurrent, "max-concurrent", cfg.MaxConcurrent, "max requests in service (429 above)")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", cfg.MaxAttempts, "upstream attempts per request")
+	fs.DurationVar(&cfg.IdleTimeout, "upstream-idle-timeout", cfg.IdleTimeout, "max wait for upstream bytes")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "graceful drain bound on SIGTERM")
+	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size when membership does not say")
+	fs.BoolVar(&cfg.AccessLog, "access-log", cfg.AccessLog, "one JSON line per request on stderr")
+	keysFile := fs.String("api-keys-file", "", "API keys file (also $KVMESH_API_KEYS); none: open")
+	limitIn := fs.Int64("key-input-tpm", 0, "per-key input tokens per minute (0: none)")
+	limitOut := fs.Int64("key-output-tpm", 0, "per-key output tokens per minute (0: none)")
+	modelIn := fs.Int64("model-input-tpm", 0, "per-model input tokens per minute (0: none)")
+	modelOut := fs.Int64("model-output-tpm", 0, "per-model output tokens per minute (0: none)")
+	admitMax := fs.Int("admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
+	admitWait := fs.Duration("admit-max-wait", 30*time.Second, "admission queue wait before 504")
+	debug := fs.Bool("debug", false, "debug logging")
+	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
+	join := fs.String("join", "", "comma-separated gossip seeds host:port")
+	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
+	natsURLs := fs.String("nats", "", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if *join != "" {
+		cfg.Cluster.GossipSeeds = strings.Split(*join, ",")
+	}
+	if *natsURLs != "" {
+		cfg.Cluster.NATSURLs = strings.Split(*natsURLs, ",")
+	}
+	if k := os.Getenv("KVMESH_GOSSIP_KEY"); k != "" {
+		cfg.Cluster.GossipKey = []byte(k)
+	}
+	for _, e := range engines {
+		se, err := ingress.ParseStaticEngine(e)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		cfg.Engines = append(cfg.Engines, se)
+	}
+	if len(tokenizers) > 0 {
+		cfg.Tokenizers = map[string]string{}
+		for _, t := range tokenizers {
+			model, path, ok := strings.Cut(t, "=")
+			if !ok {
+				return fmt.Errorf("%w: -tokenizer %q: want model=path", errUsage, t)
+			}
+			cfg.Tokenizers[model] = path
+		}
+	}
+	cfg.Scheduler.Policy = *policy
+	if *schedFile != "" {
+		sc, err := scheduler.LoadConfig(*schedFile)
+		if err != nil {
+			return err
+		}
+		cfg.Scheduler = sc
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	reg := prometheus.NewRegistry()
+	deps := ingress.Deps{Logger: log, AccessLog: log, Registry: reg}
+
+	ac := auth.DefaultConfig()
+	ac.KeysFile = *keysFile
+	store, err := auth.Load(ac)
+	if err != nil {
+		return err
+	}
+	if store.Enabled() {
+		deps.Auth = store
+	}
+	if *limitIn > 0 || *limitOut > 0 || *modelIn > 0 || *modelOut > 0 {
+		rc := ratelimit.DefaultConfig()
+		rc.PerKey = ratelimit.Limits{InputTokens: *limitIn, OutputTokens: *limitOut}
+		rc.PerModel = ratelimit.Limits{InputTokens: *modelIn, OutputTokens: *modelOut}
+		lim, err := ratelimit.New(rc)
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(lim.Collectors()...)
+		deps.Limiter = lim
+	}
+	aff, err := session.NewAffinity(session.DefaultAffinityConfig())
+	if err != nil {
+		return err
+	}
+	deps.Affinity = aff
+	if *admitMax > 0 {
+		adc := session.DefaultAdmissionConfig()
+		adc.MaxConcurrent, adc.MaxWait = *admitMax, *admitWait
+		adm, err := session.NewAdmitter(adc)
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(adm.Collectors()...)
+		deps.Admitter = adm
+		deps.ClassifyError = ingress.SessionErrors
+	}
+	if err := ingress.LoadTokenizers(&cfg, &deps); err != nil {
+		return err
+	}
+	srv, err := ingress.New(cfg, deps)
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "kvmesh ingress listening on http://%s\n", srv.Addr())
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "draining")
+	return srv.Close()
 }

@@ -2,11 +2,113 @@ package main
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
 	"io"
+	"os"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/loadgen"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
 )
 
-// runLoadtest is being written; until then the command says so.
+// runLoadtest sends a workload to any OpenAI-compatible URL and reports client-side
+// latency, throughput, tokens and errors.
 func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("loadtest: not built yet")
+	fs := newFlagSet("loadtest", stderr)
+	cfg := loadgen.DefaultConfig()
+	var (
+		endpoint   = fs.String("endpoint", string(cfg.Endpoint), "API: completions (token-id prompts) or chat")
+		kind       = fs.String("workload", "shared-prefix", "workload: shared-prefix or mooncake")
+		sp         = workload.SharedPrefix{Groups: 32, Prompts: 16, Shared: 2048, Question: 128, Output: 64, Seed: 1}
+		trace      = fs.String("trace", "testdata/traces/mooncake_synthetic_trace.jsonl", "Mooncake trace (JSONL) for -workload mooncake")
+		traceScale = fs.Float64("trace-rate-scale", 1, "mooncake: multiply the trace's arrival rate")
+		limit      = fs.Int("limit", 0, "send only the first N requests (0 = all)")
+		asJSON     = fs.Bool("json", false, "print the report as JSON on stdout")
+		quiet      = fs.Bool("quiet", false, "no progress line on stderr")
+	)
+	fs.StringVar(&cfg.URL, "url", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible server")
+	fs.StringVar(&cfg.Model, "model", "kvmesh-sim", "model name sent in every request")
+	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("KVMESH_API_KEY"), "bearer API key (default $KVMESH_API_KEY)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "max requests in flight")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "open-loop Poisson arrival rate in req/s (0 = the workload's own arrivals, -1 = closed loop)")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the workload and of -rate arrivals")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "per-request timeout")
+	fs.StringVar(&cfg.SessionHeader, "session-header", "", "send each request's session id in this header (e.g. X-Session-ID)")
+	fs.BoolVar(&cfg.NoStream, "no-stream", false, "non-streaming requests (TTFT = E2E)")
+	fs.IntVar(&sp.Groups, "groups", sp.Groups, "shared-prefix: groups")
+	fs.IntVar(&sp.Prompts, "prompts", sp.Prompts, "shared-prefix: prompts per group")
+	fs.IntVar(&sp.Shared, "shared", sp.Shared, "shared-prefix: shared prefix tokens")
+	fs.IntVar(&sp.Question, "question", sp.Question, "shared-prefix: question tokens")
+	fs.IntVar(&sp.Output, "output", sp.Output, "shared-prefix: output tokens")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	cfg.Endpoint = loadgen.Endpoint(*endpoint)
+	sp.Seed = cfg.Seed
+
+	var (
+		reqs []workload.Request
+		err  error
+	)
+	switch *kind {
+	case "shared-prefix":
+		reqs, err = sp.Generate()
+	case "mooncake":
+		reqs, err = workload.Mooncake{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit}.ReadFile(*trace)
+	default:
+		return fmt.Errorf("%w: -workload %q (want shared-prefix or mooncake)", errUsage, *kind)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if *limit > 0 && len(reqs) > *limit {
+		reqs = reqs[:*limit]
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if !*quiet {
+		cfg.Progress = progressLine(stderr, "")
+	}
+	rep, err := loadgen.Run(ctx, cfg, reqs)
+	if rep == nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(rep); jerr != nil {
+			return jerr
+		}
+	} else if werr := rep.WriteText(stdout); werr != nil {
+		return werr
+	}
+	if err == nil && rep.Sent > 0 && rep.Completed == 0 {
+		return fmt.Errorf("no request succeeded (%d failed)", rep.Failed)
+	}
+	return err
+}
+
+// progressLine returns a loadgen progress callback that redraws one status line on w,
+// starting with prefix.
+func progressLine(w io.Writer, prefix string) func(loadgen.Progress) {
+	return func(p loadgen.Progress) {
+		hit := 0.0
+		if p.PromptTokens > 0 {
+			hit = 100 * float64(p.CachedTokens) / float64(p.PromptTokens)
+		}
+		rps := 0.0
+		if s := p.Elapsed.Seconds(); s > 0 {
+			rps = float64(p.Completed) / s
+		}
+		fmt.Fprintf(w, "\r%s%6s  %d/%d done  %d failed  %d in flight  %.1f req/s  hit %.1f%%   ",
+			prefix, p.Elapsed.Truncate(100*time.Millisecond), p.Completed, p.Total, p.Failed, p.InFlight, rps, hit)
+		if p.Final {
+			fmt.Fprintln(w)
+		}
+	}
 }

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+func fixturePath(name string) string { return filepath.Join("..", "..", "testdata", "kvevents", name) }
+
+func decodeJSON(t *testing.T, line string) map[string]any {
+	t.Helper()
+	d := json.NewDecoder(strings.NewReader(line))
+	d.UseNumber()
+	var m map[string]any
+	if err := d.Decode(&m); err != nil {
+		t.Fatalf("output %q is not JSON: %v", line, err)
+	}
+	return m
+}
+
+func TestInspectEventsFile(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"inspect", "events", "--file", fixturePath("vllm_batch_array_form.msgpack")}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if strings.Count(out.String(), "\n") != 1 {
+		t.Fatalf("want one JSON object on one line, got %q", out.String())
+	}
+	m := decodeJSON(t, out.String())
+	if m["ts"].(json.Number).String() != "1757500000.25" || m["data_parallel_rank"].(json.Number).String() != "0" {
+		t.Fatalf("envelope %v", m)
+	}
+	events := m["events"].([]any)
+	stored := events[0].(map[string]any)
+	hashes := stored["block_hashes"].([]any)
+	// Unsigned decimal, not float or negative.
+	if stored["type"] != "BlockStored" || hashes[0].(json.Number).String() != "3236607068019569386" ||
+		hashes[1].(json.Number).String() != "2758186210834249151" || stored["parent_block_hash"] != nil ||
+		stored["block_size"].(json.Number).String() != "16" || stored["medium"] != "GPU" || len(stored["token_ids"].([]any)) != 32 {
+		t.Fatalf("BlockStored %v", stored)
+	}
+	if _, ok := stored["parent_block_hash"]; !ok {
+		t.Fatal("parent_block_hash must be present (null)")
+	}
+	if events[1].(map[string]any)["type"] != "BlockRemoved" || events[2].(map[string]any)["type"] != "AllBlocksCleared" || len(events[2].(map[string]any)) != 1 {
+		t.Fatalf("events %v", events)
+	}
+
+	out.Reset()
+	if code := run([]string{"inspect", "events", "--file", fixturePath("vllm_batch_map_form.msgpack")}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	removed := decodeJSON(t, out.String())["events"].([]any)[1].(map[string]any)
+	if removed["group_idx"].(json.Number).String() != "0" || removed["medium"] != "GPU" {
+		t.Fatalf("BlockRemoved %v", removed)
+	}
+
+	out.Reset()
+	if code := run([]string{"inspect", "events", "--file", fixturePath("vllm_batch_bytes_hash_dp1.msgpack")}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	m = decodeJSON(t, out.String())
+	if m["data_parallel_rank"].(json.Number).String() != "1" ||
+		m["events"].([]any)[0].(map[string]any)["block_hashes"].([]any)[0].(json.Number).String() != "3236607068019569386" {
+		t.Fatalf("bytes-hash batch %v", m)
+	}
+}
+
+func TestInspectEventsMalformed(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.msgpack")
+	good, err := os.ReadFile(fixturePath("vllm_batch_array_form.msgpack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, good[:40], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := run([]string{"inspect", "events", "--file", bad}, &out, &errOut)
+	if code != 1 || out.Len() != 0 || strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), "malformed") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
+	if code := run([]string{"inspect", "events"}, &out, &errOut); code != 2 {
+		t.Fatalf("no source: exit %d", code)
+	}
+}
+
+// TestInspectEventsZMQ follows a real publisher over loopback.
+func TestInspectEventsZMQ(t *testing.T) {
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	var out, errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"inspect", "events", "--zmq", pub.Endpoint(), "--replay", pub.ReplayEndpoint(), "--count", "3"}, &out, &errOut)
+	}()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; ; i++ {
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut.String())
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != 3 {
+				t.Fatalf("want 3 lines, got %q", out.String())
+			}
+			for j, l := range lines {
+				ev := decodeJSON(t, l)["events"].([]any)[0].(map[string]any)
+				// Replay fills whatever the late join missed: seq j carries hash j+1.
+				if ev["block_hashes"].([]any)[0].(json.Number).String() != strings.TrimSpace(string(rune('1'+j))) {
+					t.Fatalf("line %d: %v", j, ev)
+				}
+			}
+			return
+		case <-ctx.Done():
+			t.Fatal("inspect events --zmq did not finish")
+		case <-tick.C:
+			b := kvevents.Batch{TS: 1, Events: []kvevents.Event{{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{uint64(i + 1)}}}}
+			if _, err := pub.Publish(&b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

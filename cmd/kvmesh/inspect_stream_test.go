@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+func TestInspectStreamTailsDecodedDeltas(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"inspect", "stream", "--nats", srv.URL(), "--count", "2", "--keys"}, &out, &errOut)
+	}()
+	d := kvevents.Delta{Engine: "e1", Model: "m/x", Epoch: 0xabc, Seq: 7, TS: time.Now().UnixNano(),
+		Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{0x1234}}, {Kind: kvevents.OpClear, Tier: kvevents.TierCPU}}}
+	msg := kvevents.AppendDelta(nil, &d)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		// Publish until the tail (which subscribes asynchronously) has seen two.
+		_ = nc.Publish(natsutil.DeltaSubject(d.Model, d.Engine), msg)
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut.String())
+			}
+			line := strings.SplitN(out.String(), "\n", 2)[0]
+			for _, want := range []string{"engine=e1", "model=m/x", "epoch=0000000000000abc", "seq=7", "store gpu 1 0000000000001234", "clear cpu"} {
+				if !strings.Contains(line, want) {
+					t.Errorf("line %q lacks %q", line, want)
+				}
+			}
+			return
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatal("inspect stream did not finish")
+		}
+	}
+}
+
+func TestSidecarFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"sidecar", "--engine", "id=a,model=m,events=tcp://127.0.0.1:1,bogus=1"}, &out, &errOut); code != 2 {
+		t.Fatalf("bad engine spec: exit %d", code)
+	}
+	if code := run([]string{"sidecar", "--model", "m"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "no KV-event endpoint") {
+		t.Fatalf("missing events endpoint: exit %d, %s", code, errOut.String())
+	}
+	e, err := parseEngineSpec("model=m,url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557,dp=2,block=16,role=decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ID != "10.0.0.5:8000" || e.DPSize != 2 || e.BlockSize != 16 || e.Role != "decode" {
+		t.Fatalf("parsed %+v", e)
+	}
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSimCommand runs `kvmesh sim` with free ports, reads the printed
+// addresses, and follows its events with `kvmesh inspect events --zmq`.
+func TestSimCommand(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	simDone := make(chan error, 1)
+	go func() {
+		simDone <- runSim(ctx, []string{"--model", "m", "--http", "127.0.0.1:0", "--kv-events", "tcp://127.0.0.1:0",
+			"--kv-replay", "tcp://127.0.0.1:0", "--block-size", "4", "--gpu-blocks", "64", "--profile", "tiny",
+			"--time-scale", "50", "--seed", "3", "--log-level", "error"}, &out, &errOut)
+	}()
+	addr := map[string]string{}
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for len(addr) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no addresses printed: %q / %q", out.String(), errOut.String())
+		}
+		<-tick.C
+		for _, l := range strings.Split(out.String(), "\n") {
+			f := strings.Fields(l)
+			switch {
+			case len(f) == 2 && f[0] == "http":
+				addr["http"] = f[1]
+			case len(f) == 4 && f[0] == "kv-events" && f[2] == "0":
+				addr["events"] = f[3]
+			case len(f) == 4 && f[0] == "kv-replay" && f[2] == "0":
+				addr["replay"] = f[3]
+			}
+		}
+	}
+	var iout, ierr syncBuffer
+	inspDone := make(chan int, 1)
+	go func() {
+		inspDone <- run([]string{"inspect", "events", "--zmq", addr["events"], "--replay", addr["replay"], "--count", "2"}, &iout, &ierr)
+	}()
+	for i := 0; ; i++ {
+		select {
+		case code := <-inspDone:
+			if code != 0 {
+				t.Fatalf("inspect exit %d: %s", code, ierr.String())
+			}
+			if !strings.Contains(iout.String(), "BlockStored") {
+				t.Fatalf("inspect saw no BlockStored: %s", iout.String())
+			}
+			cancel()
+			if err := <-simDone; err != nil {
+				t.Fatalf("sim: %v", err)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+			if i > 500 {
+				t.Fatal("inspect did not see 2 batches")
+			}
+			// A distinct first token per request, so every request stores new blocks.
+			body := `{"model":"m","prompt":[` + itoa(i+1) + strings.Repeat(",7", 8) + `],"max_tokens":1}`
+			resp, err := http.Post(addr["http"]+"/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("completion: %d", resp.StatusCode)
+			}
+		}
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestSimCommandUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"sim", "--profile", "nope"},
+		{"sim", "--event-form", "xml"},
+		{"sim", "--replay-layout", "mid"},
+		{"sim", "--log-level", "loud"},
+		{"sim", "extra"},
+		{"sim", "--gpu-blocks", "x"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code != 2 || errOut.Len() == 0 {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errOut.String())
+		}
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"sim", "--dp", "-1", "--http", "127.0.0.1:0"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "dp") {
+		t.Errorf("--dp -1: exit %d, %q", code, errOut.String())
+	}
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+func tokenizerTestData(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "mod", "download", "-json", "github.com/daulet/tokenizers").Output()
+	if err != nil {
+		t.Fatalf("go mod download: %v", err)
+	}
+	var v struct{ Dir string }
+	if err := json.Unmarshal(out, &v); err != nil || v.Dir == "" {
+		t.Fatalf("module dir: %v", err)
+	}
+	return filepath.Join(v.Dir, "test", "data")
+}
+
+func runTokenizeIDs(t *testing.T, args ...string) []uint32 {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if err := runTokenize(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("tokenize %v: %v (stderr %s)", args, err, stderr.String())
+	}
+	var ids []uint32
+	if err := json.Unmarshal(stdout.Bytes(), &ids); err != nil {
+		t.Fatalf("output %q is not a JSON array: %v", stdout.String(), err)
+	}
+	return ids
+}
+
+// TestTokenizeCommand checks the command against the golden ids: a text
+// file with and without --special, and a chat from --messages.
+func TestTokenizeCommand(t *testing.T) {
+	data := tokenizerTestData(t)
+	tokPath := filepath.Join(data, "Meta-Llama-3-8B-Instruct.json")
+	var golden map[string]json.RawMessage
+	var llama struct {
+		Cases []struct {
+			Text       string   `json:"text"`
+			IDsSpecial []uint32 `json:"ids_special"`
+			IDsPlain   []uint32 `json:"ids_plain"`
+		} `json:"cases"`
+	}
+	b, err := os.ReadFile("../../testdata/tokenizer/golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &golden); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(golden["Meta-Llama-3-8B-Instruct"], &llama); err != nil {
+		t.Fatal(err)
+	}
+	c := llama.Cases[3]
+	textFile := filepath.Join(t.TempDir(), "text.txt")
+	if err := os.WriteFile(textFile, []byte(c.Text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := runTokenizeIDs(t, "--tokenizer", tokPath, textFile); !slices.Equal(got, c.IDsPlain) {
+		t.Errorf("plain ids differ: got %d ids, want %d", len(got), len(c.IDsPlain))
+	}
+	if got := runTokenizeIDs(t, "--tokenizer", tokPath, "--special", textFile); !slices.Equal(got, c.IDsSpecial) {
+		t.Errorf("special ids differ: got %d ids, want %d", len(got), len(c.IDsSpecial))
+	}
+
+	var chat struct {
+		Cases []struct {
+			Messages json.RawMessage `json:"messages"`
+			IDs      []uint32        `json:"ids"`
+		} `json:"cases"`
+	}
+	b, err = os.ReadFile("../../testdata/tokenizer/chat_golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &chat); err != nil {
+		t.Fatal(err)
+	}
+	msgFile := filepath.Join(t.TempDir(), "messages.json")
+	if err := os.WriteFile(msgFile, chat.Cases[0].Messages, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := runTokenizeIDs(t, "--tokenizer", tokPath, "--chat-template",
+		filepath.Join(data, "meta-llama-3-8b-instruct", "tokenizer_config.json"), "--messages", msgFile)
+	if !slices.Equal(got, chat.Cases[0].IDs) {
+		t.Errorf("chat ids differ: got %d ids, want %d", len(got), len(chat.Cases[0].IDs))
+	}
+}
+
+func TestTokenizeUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--tokenizer", "x.json", "--messages", "m.json"},
+		{"--tokenizer", "x.json", "a.txt", "b.txt"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := runTokenize(context.Background(), args, &stdout, &stderr)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("args %v: got %v, want a usage error", args, err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if err := runTokenize(context.Background(), []string{"--tokenizer", filepath.Join(t.TempDir(), "missing.json")}, &stdout, &stderr); err == nil || errors.Is(err, errUsage) {
+		t.Errorf("missing file: got %v, want a load error", err)
+	}
+}

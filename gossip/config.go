@@ -1,0 +1,125 @@
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Roles a node can have.
+const (
+	RoleSidecar      = "sidecar"
+	RoleIngress      = "ingress"
+	RoleOrchestrator = "orchestrator"
+)
+
+// Config configures one gossip member. Start from DefaultConfig.
+type Config struct {
+	// Name must be unique in the cluster. Default: hostname-random.
+	Name string
+	// BindAddr/BindPort: where memberlist listens (UDP and TCP). Default
+	// 127.0.0.1 and 0 (a free port; the chosen one is Node.Port()).
+	BindAddr string
+	BindPort int
+	// AdvertiseAddr/AdvertisePort: what others dial when it differs from the
+	// bind address (NAT, pods). Empty/0: derived by memberlist.
+	AdvertiseAddr string
+	AdvertisePort int
+	// Join lists seeds as "host:port"; a host may be a DNS name resolving to
+	// several addresses (a Kubernetes headless Service). Empty: start a cluster.
+	// Seeds are retried every RejoinInterval while this node is alone.
+	Join []string
+	// SecretKey enables AES-GCM encryption of all gossip; 16, 24 or 32 bytes.
+	// Every member must share it; a member with another key cannot join.
+	SecretKey []byte
+	// Profile picks memberlist timings: "local" (loopback/tests: probe 1s,
+	// dead within ~3-5s), "lan" (default in production) or "wan".
+	Profile string
+	// Meta is this node's metadata (Contract 3); at most ~500 bytes encoded.
+	Meta NodeMeta
+	// BroadcastInterval is how often changed local state is queued for
+	// gossip; unchanged state is re-broadcast every 10 intervals so late
+	// joiners converge without waiting for a push/pull. Default 250ms.
+	BroadcastInterval time.Duration
+	// PushPullInterval is the full-state TCP sync period, which also carries
+	// entries too large for a UDP broadcast. Default 2s.
+	PushPullInterval time.Duration
+	// RejoinInterval: how often seeds are retried while alone. Default 2s.
+	RejoinInterval time.Duration
+	// Logger for membership changes; memberlist's own log goes here at debug level.
+	Logger *slog.Logger
+	// Registerer for the kvmesh_gossip_* metrics; nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// NodeMeta is the node metadata of Contract 3. A DaemonSet sidecar with several
+// engines puts its first engine here and every engine in its EngineState.
+type NodeMeta struct {
+	Role       string `json:"role"`
+	ID         string `json:"id"`
+	Model      string `json:"model,omitempty"`
+	EngineURL  string `json:"url,omitempty"`
+	EngineRole string `json:"erole,omitempty"` // prefill, decode, mixed
+	DPRank     int    `json:"dp,omitempty"`
+	BlockSize  int    `json:"bs,omitempty"`
+	Epoch      uint64 `json:"ep,omitempty"`
+}
+
+// DefaultConfig returns the defaults documented on each field.
+func DefaultConfig() Config {
+	return Config{
+		BindAddr:          "127.0.0.1",
+		Profile:           "lan",
+		BroadcastInterval: 250 * time.Millisecond,
+		PushPullInterval:  2 * time.Second,
+		RejoinInterval:    2 * time.Second,
+	}
+}
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("invalid gossip config")
+
+// Validate lists every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
+	}
+	if c.BindPort < 0 || c.BindPort > 65535 {
+		add("bind port %d out of range", c.BindPort)
+	}
+	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
+		add("advertise port %d out of range", c.AdvertisePort)
+	}
+	switch len(c.SecretKey) {
+	case 0, 16, 24, 32:
+	default:
+		add("secret key is %d bytes; want 16, 24 or 32", len(c.SecretKey))
+	}
+	switch c.Profile {
+	case "local", "lan", "wan":
+	default:
+		add("profile %q; want local, lan or wan", c.Profile)
+	}
+	switch c.Meta.Role {
+	case RoleSidecar, RoleIngress, RoleOrchestrator:
+	default:
+		add("meta role %q; want sidecar, ingress or orchestrator", c.Meta.Role)
+	}
+	if c.BroadcastInterval <= 0 {
+		add("broadcast interval %v must be positive", c.BroadcastInterval)
+	}
+	if c.PushPullInterval <= 0 {
+		add("push/pull interval %v must be positive", c.PushPullInterval)
+	}
+	if c.RejoinInterval <= 0 {
+		add("rejoin interval %v must be positive", c.RejoinInterval)
+	}
+	if b, err := encodeMeta(c.Meta); err == nil && len(b) > metaLimit {
+		add("meta encodes to %d bytes; limit %d", len(b), metaLimit)
+	}
+	return errors.Join(errs...)
+}

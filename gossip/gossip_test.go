@@ -1,0 +1,215 @@
+package gossip
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+func testConfig(name, role string, key []byte, join ...string) Config {
+	c := DefaultConfig()
+	c.Name = name
+	c.Profile = "local"
+	c.BroadcastInterval = 50 * time.Millisecond
+	c.PushPullInterval = 500 * time.Millisecond
+	c.RejoinInterval = 200 * time.Millisecond
+	c.SecretKey = key
+	c.Meta = NodeMeta{Role: role, ID: name}
+	c.Join = join
+	return c
+}
+
+func start(t *testing.T, c Config) *Node {
+	t.Helper()
+	n, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+func TestStatePropagatesAndDeadSidecarDisappears(t *testing.T) {
+	key := []byte("0123456789abcdef")
+	in1 := start(t, testConfig("ingress-1", RoleIngress, key))
+	in2 := start(t, testConfig("ingress-2", RoleIngress, key, in1.Addr()))
+	sc := start(t, testConfig("sidecar-1", RoleSidecar, key, in1.Addr()))
+	waitFor(t, 10*time.Second, "3 members everywhere", func() bool {
+		return in1.NumMembers() == 3 && in2.NumMembers() == 3 && sc.NumMembers() == 3
+	})
+	if m := in2.Members()["sidecar-1"]; m.Role != RoleSidecar || m.ID != "sidecar-1" {
+		t.Fatalf("sidecar metadata seen by ingress-2: %+v", m)
+	}
+
+	var dig kvevents.EngineDigest
+	dig.Head = kvevents.Head{Epoch: 7, Seq: 42}
+	dig.Digests[kvevents.TierGPU].Add(99)
+	sc.SetEngine(EngineState{ID: "e1", Model: "m", Running: 3, Waiting: 1, KVUsage: 0.5, Digest: dig})
+	in1.SetInFlight(map[string]int{"e1": 2})
+	in2.SetInFlight(map[string]int{"e1": 5, "e2": 1})
+
+	var mu sync.Mutex
+	got := map[string]string{}
+	in2.OnAppState(func(node, name string, blob []byte) {
+		mu.Lock()
+		got[node+"/"+name] = string(blob)
+		mu.Unlock()
+	})
+	if err := in1.SetAppState("ratelimit", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, n := range []*Node{in1, in2} {
+		waitFor(t, 5*time.Second, n.Name()+" sees e1", func() bool {
+			v, ok := n.Engine("e1")
+			return ok && v.Running == 3 && v.Digest == dig && v.Node == "sidecar-1"
+		})
+		waitFor(t, 5*time.Second, n.Name()+" sums in-flight", func() bool {
+			f := n.InFlight()
+			return f["e1"] == 7 && f["e2"] == 1
+		})
+	}
+	waitFor(t, 5*time.Second, "app state delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return got["ingress-1/ratelimit"] == "v1"
+	})
+	if h, ok := in2.EngineHead("e1"); !ok || h.Head.Seq != 42 {
+		t.Fatalf("EngineHead = %+v %v", h, ok)
+	}
+
+	// Newer state replaces older.
+	sc.SetEngine(EngineState{ID: "e1", Model: "m", Running: 9, Digest: dig})
+	waitFor(t, 5*time.Second, "update", func() bool { v, _ := in1.Engine("e1"); return v.Running == 9 })
+
+	// A crash (no leave): failure detection removes the engine everywhere.
+	left := make(chan string, 4)
+	in1.OnLeave(func(node string) { left <- node })
+	killed := time.Now()
+	sc.Shutdown()
+	for _, n := range []*Node{in1, in2} {
+		waitFor(t, 15*time.Second, n.Name()+" drops e1", func() bool { _, ok := n.Engine("e1"); return !ok })
+	}
+	t.Logf("dead sidecar's engine gone everywhere %v after the crash", time.Since(killed).Round(10*time.Millisecond))
+	if node := <-left; node != "sidecar-1" {
+		t.Fatalf("OnLeave(%q)", node)
+	}
+	// In-flight of the alive ingresses is still there.
+	if f := in1.InFlight(); f["e1"] != 7 {
+		t.Fatalf("in-flight after sidecar death: %v", f)
+	}
+}
+
+func TestGracefulLeaveRemovesAtOnce(t *testing.T) {
+	a := start(t, testConfig("a", RoleIngress, nil))
+	b := start(t, testConfig("b", RoleSidecar, nil, a.Addr()))
+	b.SetEngine(EngineState{ID: "eb", Model: "m"})
+	waitFor(t, 5*time.Second, "a sees eb", func() bool { _, ok := a.Engine("eb"); return ok })
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	b.Shutdown()
+	waitFor(t, 3*time.Second, "a drops eb", func() bool { _, ok := a.Engine("eb"); return !ok })
+}
+
+func TestWrongKeyCannotJoin(t *testing.T) {
+	a := start(t, testConfig("a", RoleIngress, []byte("0123456789abcdef")))
+	c := testConfig("intruder", RoleSidecar, []byte("fedcba9876543210"))
+	c.Join = nil
+	x := start(t, c)
+	if _, err := x.Join([]string{a.Addr()}); err == nil {
+		t.Fatal("a member with the wrong key joined")
+	}
+	plain := start(t, testConfig("plain", RoleSidecar, nil))
+	if _, err := plain.Join([]string{a.Addr()}); err == nil {
+		t.Fatal("an unencrypted member joined an encrypted cluster")
+	}
+	if a.NumMembers() != 1 || x.NumMembers() != 1 {
+		t.Fatalf("members: a=%d intruder=%d", a.NumMembers(), x.NumMembers())
+	}
+}
+
+func TestMalformedGossipCountedAndSkipped(t *testing.T) {
+	a := start(t, testConfig("a", RoleIngress, nil))
+	d := delegate{a}
+	d.NotifyMsg([]byte{0xff, 0x00})
+	d.NotifyMsg(append([]byte{wireEntry}, `{"o":"x","k":1,"n":"e","v":1}`...)) // engine entry without engine
+	d.MergeRemoteState([]byte("garbage"), false)
+	good, _ := encodeEntry(&entry{Origin: "a2", Kind: kindInFlight, Version: 1, InFlight: map[string]int{"e": 1}})
+	state := append([]byte{wireState}, `[{"o":"","k":1},`...)
+	state = append(state, good[1:]...)
+	state = append(state, ']')
+	d.MergeRemoteState(state, false)
+	if got := a.m.malformed.Load(); got != 4 {
+		t.Fatalf("malformed = %d, want 4", got)
+	}
+	// The well-formed entry of the state was considered (ignored: origin a2 is not a member).
+	if got := a.m.ignored.Load(); got != 1 {
+		t.Fatalf("ignored = %d, want 1", got)
+	}
+}
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	c := DefaultConfig()
+	c.SecretKey = []byte("short")
+	c.Profile = "moon"
+	c.BindPort = 70000
+	c.BroadcastInterval = 0
+	c.Meta.Role = "chef"
+	c.Meta.Model = strings.Repeat("x", 600)
+	err := c.Validate()
+	if !errors.Is(err, ErrConfig) {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"secret key", "profile", "bind port", "broadcast interval", "role", "meta encodes"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}
+
+func FuzzDecodeGossip(f *testing.F) {
+	e, _ := encodeEntry(&entry{Origin: "n", Kind: kindEngine, Name: "e", Version: 3, Engine: &EngineState{ID: "e", KVUsage: 0.3}})
+	s, _ := encodeState([]*entry{{Origin: "n", Kind: kindApp, Name: "x", App: []byte{1}}})
+	f.Add(e)
+	f.Add(s)
+	f.Add([]byte(`{"role":"sidecar"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if e, err := decodeEntry(b); err == nil {
+			again, err := encodeEntry(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := decodeEntry(again); err != nil {
+				t.Fatalf("re-encoded entry rejected: %v", err)
+			}
+		}
+		_, _, _ = decodeState(b)
+		_, _ = decodeMeta(b)
+		if bytes.HasPrefix(b, []byte{wireState}) {
+			_, _, _ = decodeState(b[1:])
+		}
+	})
+}

@@ -1,0 +1,36 @@
+package gossip
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the kvmesh_gossip_* series. Counters are atomics so the
+// memberlist callbacks never wait on the registry.
+type metrics struct {
+	malformed atomic.Uint64 // undecodable messages, entries or metadata
+	received  atomic.Uint64 // entries accepted (newer than what we had)
+	ignored   atomic.Uint64 // entries from unknown/dead origins or not newer
+}
+
+func (n *Node) registerMetrics(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	counter := func(name, help string, v *atomic.Uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_members", Help: "Alive members of the gossip cluster, this node included."},
+			func() float64 { return float64(n.NumMembers()) }),
+		counter("kvmesh_gossip_malformed_total", "Gossip messages, entries or node metadata that failed to decode and were skipped.", &n.m.malformed),
+		counter("kvmesh_gossip_entries_received_total", "Gossip state entries accepted from other members.", &n.m.received),
+		counter("kvmesh_gossip_entries_ignored_total", "Gossip state entries ignored: older than known, or from a member not alive.", &n.m.ignored),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

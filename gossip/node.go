@@ -1,0 +1,441 @@
+package gossip
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Node is one member of the kvmesh gossip cluster. All methods are safe for
+// concurrent use. Close (graceful leave) and Shutdown (abrupt, as a crash)
+// are idempotent; after either, the view is empty.
+type Node struct {
+	cfg       Config
+	log       *slog.Logger
+	ml        *memberlist.Memberlist
+	queue     *memberlist.TransmitLimitedQueue
+	metaBytes []byte
+	m         metrics
+
+	// mu guards everything below; held only for map work, never across I/O
+	// or callbacks.
+	mu      sync.Mutex
+	alive   map[string]NodeMeta // member name → metadata
+	entries map[entryKey]*entry // all known entries, own ones included
+	dirty   map[entryKey]bool   // own entries changed since the last broadcast
+	lastVer int64
+	onApp   []func(node, name string, blob []byte)
+	onLeave []func(node string)
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	once   sync.Once
+}
+
+// New validates cfg, starts the memberlist listener, tries the seeds once
+// (and keeps retrying them in the background while alone) and starts the
+// broadcast loop.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Name == "" {
+		host, _ := os.Hostname()
+		cfg.Name = fmt.Sprintf("%s-%08x", host, rand.Uint32())
+	}
+	meta, err := encodeMeta(cfg.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("gossip meta: %w", err)
+	}
+	n := &Node{
+		cfg: cfg, log: log.With("gossip", cfg.Name), metaBytes: meta,
+		alive: map[string]NodeMeta{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
+		done: make(chan struct{}),
+	}
+	if err := n.registerMetrics(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("gossip metrics: %w", err)
+	}
+	mc := profile(cfg.Profile)
+	mc.Name = cfg.Name
+	mc.BindAddr = cfg.BindAddr
+	mc.BindPort = cfg.BindPort
+	mc.AdvertisePort = cfg.BindPort
+	if cfg.AdvertiseAddr != "" {
+		mc.AdvertiseAddr = cfg.AdvertiseAddr
+	}
+	if cfg.AdvertisePort != 0 {
+		mc.AdvertisePort = cfg.AdvertisePort
+	}
+	mc.SecretKey = cfg.SecretKey
+	mc.PushPullInterval = cfg.PushPullInterval
+	mc.Delegate = delegate{n}
+	mc.Events = delegate{n}
+	mc.LogOutput = nil
+	mc.Logger = slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)
+	if !n.log.Enabled(context.Background(), slog.LevelDebug) {
+		mc.Logger = nil
+		mc.LogOutput = io.Discard
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("gossip listen: %w", err)
+	}
+	n.ml = ml
+	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
+	if len(cfg.Join) > 0 {
+		if _, err := n.Join(cfg.Join); err != nil {
+			n.log.Warn("gossip join failed; retrying in the background", "seeds", cfg.Join, "err", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go n.loop(ctx)
+	return n, nil
+}
+
+func profile(name string) *memberlist.Config {
+	switch name {
+	case "local":
+		return memberlist.DefaultLocalConfig()
+	case "wan":
+		return memberlist.DefaultWANConfig()
+	default:
+		return memberlist.DefaultLANConfig()
+	}
+}
+
+// Join contacts seeds ("host:port", DNS names allowed) and returns how many
+// answered. A member with a different encryption key gets an error.
+func (n *Node) Join(seeds []string) (int, error) {
+	k, err := n.ml.Join(seeds)
+	if err != nil {
+		return k, fmt.Errorf("gossip join: %w", err)
+	}
+	return k, nil
+}
+
+// Name is this member's unique name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Addr is this member's gossip address "ip:port" for others to join.
+func (n *Node) Addr() string {
+	ln := n.ml.LocalNode()
+	return fmt.Sprintf("%s:%d", ln.Addr, ln.Port)
+}
+
+// NumMembers counts alive members, this one included.
+func (n *Node) NumMembers() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.alive)
+}
+
+// Members returns the metadata of every alive member by name.
+func (n *Node) Members() map[string]NodeMeta {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return maps.Clone(n.alive)
+}
+
+// loop broadcasts own changed entries, re-broadcasts all of them now and then,
+// and retries the seeds while this node is alone. Owned by Node; stopped by Close.
+func (n *Node) loop(ctx context.Context) {
+	defer close(n.done)
+	tick := time.NewTicker(n.cfg.BroadcastInterval)
+	defer tick.Stop()
+	lastJoin := time.Now()
+	for i := 1; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n.flush(i%10 == 0)
+		if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 && time.Since(lastJoin) >= n.cfg.RejoinInterval {
+			lastJoin = time.Now()
+			if _, err := n.Join(n.cfg.Join); err != nil {
+				n.log.Debug("gossip rejoin failed", "err", err)
+			}
+		}
+	}
+}
+
+// flush queues own dirty entries (all own entries when all is set).
+func (n *Node) flush(all bool) {
+	n.mu.Lock()
+	var out []*broadcast
+	for k, e := range n.entries {
+		if k.origin != n.cfg.Name || !(all || n.dirty[k]) {
+			continue
+		}
+		b, err := encodeEntry(e)
+		if err != nil {
+			continue
+		}
+		out = append(out, &broadcast{name: fmt.Sprintf("%d/%s", k.kind, k.name), msg: b})
+	}
+	clear(n.dirty)
+	n.mu.Unlock()
+	for _, b := range out {
+		// Entries too large for one UDP packet still travel by push/pull.
+		n.queue.QueueBroadcast(b)
+	}
+}
+
+// setLocal replaces one own entry; the loop broadcasts it.
+func (n *Node) setLocal(e *entry) {
+	e.Origin = n.cfg.Name
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	v := time.Now().UnixNano()
+	if v <= n.lastVer {
+		v = n.lastVer + 1
+	}
+	n.lastVer = v
+	e.Version = v
+	n.entries[e.key()] = e
+	n.dirty[e.key()] = true
+}
+
+// SetEngine publishes (replaces) the state of one engine this node serves.
+func (n *Node) SetEngine(s EngineState) {
+	n.setLocal(&entry{Kind: kindEngine, Name: s.ID, Engine: &s})
+}
+
+// SetInFlight publishes this ingress's in-flight requests per engine id
+// (replacing the previous map; the map is copied).
+func (n *Node) SetInFlight(inflight map[string]int) {
+	n.setLocal(&entry{Kind: kindInFlight, InFlight: maps.Clone(inflight)})
+}
+
+// SetAppState publishes an opaque blob (at most 4 KiB) under name for this
+// node; peers receive it through OnAppState. Last writer per (node, name) wins.
+func (n *Node) SetAppState(name string, blob []byte) error {
+	if name == "" || len(blob) > maxAppBlob {
+		return fmt.Errorf("%w: app state %q of %d bytes (limit %d)", ErrConfig, name, len(blob), maxAppBlob)
+	}
+	n.setLocal(&entry{Kind: kindApp, Name: name, App: append([]byte(nil), blob...)})
+	return nil
+}
+
+// OnAppState registers fn to receive every newer app blob from other
+// members. fn runs on a memberlist goroutine and must not block.
+func (n *Node) OnAppState(fn func(node, name string, blob []byte)) {
+	n.mu.Lock()
+	n.onApp = append(n.onApp, fn)
+	n.mu.Unlock()
+}
+
+// OnLeave registers fn to learn that a member left or died (its state is
+// gone). fn runs on a memberlist goroutine and must not block.
+func (n *Node) OnLeave(fn func(node string)) {
+	n.mu.Lock()
+	n.onLeave = append(n.onLeave, fn)
+	n.mu.Unlock()
+}
+
+// AppStates returns the current blobs under name by origin node, own included.
+func (n *Node) AppStates(name string) map[string][]byte {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string][]byte{}
+	for k, e := range n.entries {
+		if k.kind == kindApp && k.name == name {
+			out[k.origin] = e.App
+		}
+	}
+	return out
+}
+
+// Engines returns every engine gossiped by an alive member, sorted by id.
+// When two members claim one engine (a sidecar restart overlapping its old
+// self), the newest state wins.
+func (n *Node) Engines() []EngineView {
+	n.mu.Lock()
+	byID := map[string]EngineView{}
+	for k, e := range n.entries {
+		if k.kind != kindEngine {
+			continue
+		}
+		v := EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version)}
+		if old, ok := byID[k.name]; !ok || old.Updated.Before(v.Updated) {
+			byID[k.name] = v
+		}
+	}
+	n.mu.Unlock()
+	out := make([]EngineView, 0, len(byID))
+	for _, v := range byID {
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Engine returns one engine's newest state; ok is false when no alive member
+// gossips it.
+func (n *Node) Engine(id string) (EngineView, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var best EngineView
+	found := false
+	for k, e := range n.entries {
+		if k.kind == kindEngine && k.name == id && (!found || e.Version > best.Updated.UnixNano()) {
+			best = EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version)}
+			found = true
+		}
+	}
+	return best, found
+}
+
+// EngineHead returns an engine's gossiped delta head and digest (for the
+// materializer's consistency check).
+func (n *Node) EngineHead(id string) (kvevents.EngineDigest, bool) {
+	v, ok := n.Engine(id)
+	return v.Digest, ok
+}
+
+// InFlight returns the cluster-wide in-flight requests per engine: the sum
+// over every alive ingress's last gossiped counts, this node's included.
+func (n *Node) InFlight() map[string]int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]int{}
+	for k, e := range n.entries {
+		if k.kind != kindInFlight {
+			continue
+		}
+		for eng, c := range e.InFlight {
+			out[eng] += c
+		}
+	}
+	return out
+}
+
+// merge applies entries received from peers: newer versions from alive
+// origins win; own entries are never overwritten by echoes.
+func (n *Node) merge(es []*entry) {
+	type appEvent struct {
+		node, name string
+		blob       []byte
+	}
+	var apps []appEvent
+	n.mu.Lock()
+	for _, e := range es {
+		k := e.key()
+		if e.Origin == n.cfg.Name {
+			continue
+		}
+		if _, ok := n.alive[e.Origin]; !ok {
+			n.m.ignored.Add(1) // a dead member's state must not come back through someone's push/pull
+			continue
+		}
+		if old, ok := n.entries[k]; ok && old.Version >= e.Version {
+			n.m.ignored.Add(1)
+			continue
+		}
+		n.entries[k] = e
+		n.m.received.Add(1)
+		if e.Kind == kindApp {
+			apps = append(apps, appEvent{e.Origin, e.Name, e.App})
+		}
+	}
+	cbs := n.onApp
+	n.mu.Unlock()
+	for _, a := range apps {
+		for _, fn := range cbs {
+			fn(a.node, a.name, a.blob)
+		}
+	}
+}
+
+// snapshotEntries copies the entries of alive origins for push/pull.
+func (n *Node) snapshotEntries() []*entry {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*entry, 0, len(n.entries))
+	for _, e := range n.entries {
+		out = append(out, e)
+	}
+	return out
+}
+
+func (n *Node) memberUp(node *memberlist.Node) {
+	meta, err := decodeMeta(node.Meta)
+	if err != nil {
+		n.m.malformed.Add(1) // still a member: failure detection works without metadata
+	}
+	n.mu.Lock()
+	_, known := n.alive[node.Name]
+	n.alive[node.Name] = meta
+	n.mu.Unlock()
+	if !known {
+		n.log.Info("gossip member up", "member", node.Name, "role", meta.Role, "id", meta.ID)
+	}
+}
+
+func (n *Node) memberDown(name string) {
+	n.mu.Lock()
+	delete(n.alive, name)
+	for k := range n.entries {
+		if k.origin == name {
+			delete(n.entries, k)
+		}
+	}
+	cbs := n.onLeave
+	n.mu.Unlock()
+	n.log.Info("gossip member down", "member", name)
+	for _, fn := range cbs {
+		fn(name)
+	}
+}
+
+// Close leaves the cluster gracefully (peers drop this node's engines at
+// once) and stops. Safe to call twice.
+func (n *Node) Close() error {
+	var err error
+	n.once.Do(func() {
+		n.cancel()
+		<-n.done
+		if lerr := n.ml.Leave(time.Second); lerr != nil {
+			err = fmt.Errorf("gossip leave: %w", lerr)
+		}
+		if serr := n.ml.Shutdown(); serr != nil && err == nil {
+			err = fmt.Errorf("gossip shutdown: %w", serr)
+		}
+		n.forget()
+	})
+	return err
+}
+
+// Shutdown stops without leaving, as a crash would: peers find out through
+// failure detection. Safe to call twice, and after Close.
+func (n *Node) Shutdown() {
+	n.once.Do(func() {
+		n.cancel()
+		<-n.done
+		_ = n.ml.Shutdown()
+		n.forget()
+	})
+}
+
+func (n *Node) forget() {
+	n.mu.Lock()
+	clear(n.alive)
+	clear(n.entries)
+	n.mu.Unlock()
+}

@@ -1,0 +1,165 @@
+package gossip
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// EngineState is what a sidecar gossips about one engine (Contract 3).
+type EngineState struct {
+	ID         string `json:"id"`
+	Model      string `json:"model"`
+	URL        string `json:"url,omitempty"`
+	EngineRole string `json:"erole,omitempty"`
+	DPSize     int    `json:"dps,omitempty"`
+	BlockSize  int    `json:"bs,omitempty"`
+
+	Running       int     `json:"run"`
+	Waiting       int     `json:"wait"`
+	KVUsage       float64 `json:"kv"`             // 0..1
+	QueuedPrefill int64   `json:"qpf,omitempty"`  // queued prefill tokens, when the engine exports them
+	Ready         bool    `json:"ready,omitempty"` // the sidecar's own readiness (events flowing, metrics scraped)
+
+	// Digest is the key-set digest per tier at its delta head; Digest.Digests[t].Count
+	// is the block count of tier t.
+	Digest kvevents.EngineDigest `json:"dig"`
+}
+
+// EngineView is an engine as seen by a member: its state, the node that
+// gossips it, and when that state was produced there.
+type EngineView struct {
+	EngineState
+	Node    string
+	Updated time.Time
+}
+
+// Entry kinds. Every entry is owned by its origin node, versioned by the
+// origin (last writer wins) and dropped when the origin leaves or dies.
+const (
+	kindEngine   = 1 // Name = engine id
+	kindInFlight = 2 // Name = ""
+	kindApp      = 3 // Name = application key
+)
+
+type entry struct {
+	Origin   string         `json:"o"`
+	Kind     uint8          `json:"k"`
+	Name     string         `json:"n,omitempty"`
+	Version  int64          `json:"v"`
+	Engine   *EngineState   `json:"e,omitempty"`
+	InFlight map[string]int `json:"i,omitempty"`
+	App      []byte         `json:"a,omitempty"`
+}
+
+type entryKey struct {
+	origin string
+	kind   uint8
+	name   string
+}
+
+func (e *entry) key() entryKey { return entryKey{e.Origin, e.Kind, e.Name} }
+
+// Wire: one version byte, then JSON. Gossip is low-rate state, so a readable
+// encoding that decodes safely wins over a compact one.
+const (
+	wireEntry  = 1 // a single entry (UDP broadcast)
+	wireState  = 2 // a push/pull full state: a JSON array of entries
+	metaLimit  = 500
+	maxAppBlob = 4 << 10
+)
+
+var errMalformed = errors.New("malformed gossip message")
+
+func encodeEntry(e *entry) ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode gossip entry: %w", err)
+	}
+	return append([]byte{wireEntry}, b...), nil
+}
+
+func decodeEntry(b []byte) (*entry, error) {
+	if len(b) < 2 || b[0] != wireEntry {
+		return nil, fmt.Errorf("%w: want entry", errMalformed)
+	}
+	var e entry
+	if err := json.Unmarshal(b[1:], &e); err != nil {
+		return nil, fmt.Errorf("%w: %v", errMalformed, err)
+	}
+	if err := e.check(); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+func encodeState(es []*entry) ([]byte, error) {
+	b, err := json.Marshal(es)
+	if err != nil {
+		return nil, fmt.Errorf("encode gossip state: %w", err)
+	}
+	return append([]byte{wireState}, b...), nil
+}
+
+// decodeState returns the well-formed entries and how many were malformed.
+func decodeState(b []byte) ([]*entry, int, error) {
+	if len(b) < 2 || b[0] != wireState {
+		return nil, 0, fmt.Errorf("%w: want state", errMalformed)
+	}
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b[1:], &raw); err != nil {
+		return nil, 0, fmt.Errorf("%w: %v", errMalformed, err)
+	}
+	out := make([]*entry, 0, len(raw))
+	bad := 0
+	for _, r := range raw {
+		var e entry
+		if json.Unmarshal(r, &e) != nil || e.check() != nil {
+			bad++
+			continue
+		}
+		out = append(out, &e)
+	}
+	return out, bad, nil
+}
+
+func (e *entry) check() error {
+	if e.Origin == "" {
+		return fmt.Errorf("%w: no origin", errMalformed)
+	}
+	switch e.Kind {
+	case kindEngine:
+		if e.Engine == nil || e.Engine.ID == "" || e.Engine.ID != e.Name {
+			return fmt.Errorf("%w: engine entry without engine", errMalformed)
+		}
+		if e.Engine.KVUsage < 0 || e.Engine.KVUsage > 1.0001 || e.Engine.Running < 0 || e.Engine.Waiting < 0 {
+			return fmt.Errorf("%w: engine load out of range", errMalformed)
+		}
+	case kindInFlight:
+		for _, n := range e.InFlight {
+			if n < 0 {
+				return fmt.Errorf("%w: negative in-flight", errMalformed)
+			}
+		}
+	case kindApp:
+		if e.Name == "" || len(e.App) > maxAppBlob {
+			return fmt.Errorf("%w: bad app entry", errMalformed)
+		}
+	default:
+		return fmt.Errorf("%w: kind %d", errMalformed, e.Kind)
+	}
+	return nil
+}
+
+func encodeMeta(m NodeMeta) ([]byte, error) { return json.Marshal(m) }
+
+func decodeMeta(b []byte) (NodeMeta, error) {
+	var m NodeMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("%w: meta: %v", errMalformed, err)
+	}
+	return m, nil
+}

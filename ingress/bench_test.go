@@ -1,0 +1,233 @@
+package ingress
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/sim"
+)
+
+// Side-by-side benchmarks (docs/bench/ingress.md): the same simulated
+// engines called directly, through the ingress, and through nginx doing
+// round-robin proxy_pass. The sims run at a huge time scale so model time is
+// ~0 and what is left is HTTP and proxy overhead.
+
+const benchBody = `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32],"max_tokens":1}`
+
+const benchStreamBody = `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32],"max_tokens":4,"stream":true}`
+
+type benchRig struct {
+	sims   []*sim.Server
+	ingr   *Server
+	nginx  string // host:port, "" when nginx is missing
+	direct string
+}
+
+func newBenchRig(b *testing.B, policy string) *benchRig {
+	b.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r := &benchRig{}
+	for i := 0; i < 2; i++ {
+		s, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 1e6, Seed: uint64(i + 1), Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		r.sims = append(r.sims, s)
+	}
+	r.direct = r.sims[0].HTTPAddr()
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.AccessLog = false
+	cfg.Scheduler.Policy = policy
+	cfg.Engines = []StaticEngine{{ID: "s0", Model: "m", URL: r.sims[0].URL()}, {ID: "s1", Model: "m", URL: r.sims[1].URL()}}
+	s, err := New(cfg, Deps{Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	r.ingr = s
+	r.nginx = startNginx(b, r.sims[0].HTTPAddr(), r.sims[1].HTTPAddr())
+	return r
+}
+
+// startNginx runs nginx from a temp dir with a generated config doing
+// round-robin proxy_pass to upstreams; "" when nginx is not installed.
+func startNginx(b *testing.B, upstreams ...string) string {
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		if _, err2 := os.Stat("/usr/sbin/nginx"); err2 != nil {
+			return ""
+		}
+		bin = "/usr/sbin/nginx"
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dir := b.TempDir()
+	var ups strings.Builder
+	for _, u := range upstreams {
+		fmt.Fprintf(&ups, "    server %s;\n", u)
+	}
+	conf := fmt.Sprintf(`worker_processes auto;
+daemon off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  upstream sims {
+%[2]s    keepalive 256;
+  }
+  server {
+    listen %[3]s;
+    location / {
+      proxy_pass http://sims;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+`, dir, ups.String(), addr)
+	cf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-p", dir, "-c", cf, "-e", filepath.Join(dir, "error.log"))
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		b.Logf("nginx did not start: %v", err)
+		return ""
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	hc := &fasthttp.HostClient{Addr: addr}
+	deadline := time.Now().Add(5 * time.Second)
+	tk := time.NewTicker(10 * time.Millisecond)
+	defer tk.Stop()
+	for time.Now().Before(deadline) {
+		if st, _, err := hc.Get(nil, "http://"+addr+"/health"); err == nil && st == 200 {
+			return addr
+		}
+		<-tk.C
+	}
+	b.Logf("nginx not answering on %s", addr)
+	return ""
+}
+
+func (r *benchRig) targets() []struct{ name, addr string } {
+	t := []struct{ name, addr string }{{"direct", r.direct}, {"ingress", r.ingr.Addr()}}
+	if r.nginx != "" {
+		t = append(t, struct{ name, addr string }{"nginx", r.nginx})
+	}
+	return t
+}
+
+func doOnce(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) error {
+	if err := hc.Do(req, resp); err != nil {
+		return err
+	}
+	if resp.StatusCode() != 200 {
+		return fmt.Errorf("status %d: %s", resp.StatusCode(), resp.Body())
+	}
+	return nil
+}
+
+func newReq(addr, body string) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	req.SetRequestURI("http://" + addr + "/v1/completions")
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/json")
+	req.SetBodyString(body)
+	return req
+}
+
+// BenchmarkAddedLatency sends sequential requests (one at a time) to each
+// target and reports p50/p99 latency; ingress minus direct is the ingress's
+// added latency (token-id prompts: no tokenization).
+func BenchmarkAddedLatency(b *testing.B) {
+	for _, mode := range []struct{ name, body string }{{"nonstream", benchBody}, {"stream", benchStreamBody}} {
+		r := newBenchRig(b, "kvmesh")
+		for _, tg := range r.targets() {
+			b.Run(mode.name+"/"+tg.name, func(b *testing.B) {
+				hc := &fasthttp.HostClient{Addr: tg.addr, MaxConns: 4}
+				req := newReq(tg.addr, mode.body)
+				resp := fasthttp.AcquireResponse()
+				for i := 0; i < 50; i++ { // warm up connections and pools
+					if err := doOnce(hc, req, resp); err != nil {
+						b.Fatal(err)
+					}
+				}
+				lat := make([]time.Duration, 0, b.N)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					t0 := time.Now()
+					if err := doOnce(hc, req, resp); err != nil {
+						b.Fatal(err)
+					}
+					lat = append(lat, time.Since(t0))
+				}
+				b.StopTimer()
+				slices.Sort(lat)
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
+	}
+}
+
+// BenchmarkThroughput drives each target with 64 concurrent clients and
+// reports requests per second.
+func BenchmarkThroughput(b *testing.B) {
+	r := newBenchRig(b, "kvmesh")
+	for _, tg := range r.targets() {
+		b.Run(tg.name, func(b *testing.B) {
+			hc := &fasthttp.HostClient{Addr: tg.addr, MaxConns: 256}
+			var failed atomic.Int64
+			b.SetParallelism(32) // x GOMAXPROCS goroutines
+			b.ResetTimer()
+			t0 := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				req := newReq(tg.addr, benchBody)
+				resp := fasthttp.AcquireResponse()
+				for pb.Next() {
+					if err := doOnce(hc, req, resp); err != nil {
+						failed.Add(1)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "req/s")
+			if f := failed.Load(); f > 0 {
+				b.Fatalf("%d requests failed", f)
+			}
+		})
+	}
+}

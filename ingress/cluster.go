@@ -1,0 +1,259 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/ingress/materialize"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// ClusterConfig connects a replica to the mesh. The zero value is a
+// standalone replica (Config.Engines, speculative-only index).
+type ClusterConfig struct {
+	// GossipBind is the memberlist address ("127.0.0.1:0" picks a port).
+	// Empty: no gossip.
+	GossipBind string
+	// GossipSeeds are members to join ("host:port").
+	GossipSeeds []string
+	// GossipKey enables gossip encryption (16, 24 or 32 bytes).
+	GossipKey []byte
+	// GossipProfile is memberlist's timing profile: local, lan (default) or wan.
+	GossipProfile string
+	// NATSURLs are the NATS servers carrying the sidecars' deltas. Empty: no
+	// materialized index (routing uses speculative entries only).
+	NATSURLs []string
+}
+
+func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATSURLs) > 0 }
+
+func (c *ClusterConfig) problems(bad func(string, ...any)) {
+	if c.GossipBind != "" {
+		if _, _, err := net.SplitHostPort(c.GossipBind); err != nil {
+			bad("gossip bind %q: %v", c.GossipBind, err)
+		}
+	}
+	if len(c.GossipSeeds) > 0 && c.GossipBind == "" {
+		bad("gossip seeds given without a gossip bind address")
+	}
+	switch c.GossipProfile {
+	case "", "local", "lan", "wan":
+	default:
+		bad("gossip profile %q: want local, lan or wan", c.GossipProfile)
+	}
+}
+
+// stateSharer is the optional capability of a RateLimiter whose usage is
+// shared cluster-wide through gossip (ingress/ratelimit implements it).
+type stateSharer interface {
+	AppendState(dst []byte, maxBytes int) []byte
+	MergeState(origin string, b []byte) error
+	ForgetOrigin(origin string)
+}
+
+const rateLimitAppState = "ratelimit"
+
+// cluster owns the replica's gossip node, NATS connection and materializer.
+type cluster struct {
+	node *gossip.Node
+	nc   *natsutil.Conn
+	mat  *materialize.Materializer
+	mem  *gossipMembership
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// startCluster joins gossip and starts the materializer per cfg.Cluster.
+// It is called from Start; s.deps.Membership already points at s.cl.mem.
+func (s *Server) startCluster() error {
+	cc := &s.cfg.Cluster
+	cl := s.cl
+	ctx, cancel := context.WithCancel(context.Background())
+	cl.stop = cancel
+	if cc.GossipBind != "" {
+		host, port, _ := net.SplitHostPort(cc.GossipBind)
+		p, _ := strconv.Atoi(port)
+		gc := gossip.DefaultConfig()
+		gc.Name = s.cfg.ID
+		gc.BindAddr, gc.BindPort = host, p
+		gc.Join = cc.GossipSeeds
+		gc.SecretKey = cc.GossipKey
+		if cc.GossipProfile != "" {
+			gc.Profile = cc.GossipProfile
+		}
+		gc.Meta = gossip.NodeMeta{Role: "ingress", ID: s.cfg.ID}
+		gc.Logger = s.log
+		gc.Registerer = s.deps.Registry
+		node, err := gossip.New(gc)
+		if err != nil {
+			return fmt.Errorf("ingress gossip: %w", err)
+		}
+		cl.node = node
+		if cl.mem != nil {
+			cl.mem.node.Store(node)
+			cl.mem.refresh()
+		}
+		if sh, ok := s.deps.Limiter.(stateSharer); ok {
+			node.OnAppState(func(origin, name string, blob []byte) {
+				if name == rateLimitAppState {
+					if err := sh.MergeState(origin, blob); err != nil {
+						s.log.Debug("bad rate-limit state", "from", origin, "err", err)
+					}
+				}
+			})
+			node.OnLeave(sh.ForgetOrigin)
+		}
+	}
+	if len(cc.NATSURLs) > 0 {
+		nc := natsutil.DefaultConfig()
+		nc.URLs = cc.NATSURLs
+		nc.Name = "kvmesh-ingress-" + s.cfg.ID
+		conn, err := natsutil.Connect(ctx, nc, s.log)
+		if err != nil {
+			return fmt.Errorf("ingress nats: %w", err)
+		}
+		cl.nc = conn
+		mc := materialize.DefaultConfig()
+		mc.Conn = conn.NC
+		mc.Index = s.deps.Index
+		if cl.node != nil {
+			mc.Membership = cl.node
+		}
+		mc.Logger = s.log
+		mc.Registerer = s.deps.Registry
+		mat, err := materialize.New(mc)
+		if err != nil {
+			return fmt.Errorf("ingress materializer: %w", err)
+		}
+		cl.mat = mat
+		cl.wg.Add(1)
+		go func() {
+			defer cl.wg.Done()
+			if err := mat.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				s.log.Error("materializer stopped", "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// share runs on the load loop: this replica's in-flight and rate-limit usage out.
+func (s *Server) shareCluster(buf []byte) []byte {
+	node := s.cl.node
+	if node == nil {
+		return buf
+	}
+	if sh, ok := s.deps.Limiter.(stateSharer); ok {
+		buf = sh.AppendState(buf[:0], 4000)
+		if err := node.SetAppState(rateLimitAppState, buf); err != nil {
+			s.log.Debug("share rate-limit state", "err", err)
+		}
+	}
+	if s.cl.mem != nil {
+		s.cl.mem.refresh()
+	}
+	return buf
+}
+
+func (cl *cluster) close() {
+	if cl.stop != nil {
+		cl.stop()
+	}
+	cl.wg.Wait()
+	if cl.node != nil {
+		_ = cl.node.Close()
+	}
+	if cl.nc != nil {
+		cl.nc.Close()
+	}
+}
+
+// gossipMembership is the Membership and LoadSharer over a gossip node. The
+// engine list is rebuilt every load interval, so requests read a snapshot
+// without locks or allocation.
+type gossipMembership struct {
+	node atomic.Pointer[gossip.Node]
+	snap atomic.Pointer[[]EngineInfo]
+	mu   sync.Mutex     // guards own
+	own  map[string]int // this replica's last shared in-flight counts
+}
+
+var (
+	_ Membership = (*gossipMembership)(nil)
+	_ LoadSharer = (*gossipMembership)(nil)
+)
+
+func (g *gossipMembership) Engines(dst []EngineInfo) []EngineInfo {
+	if p := g.snap.Load(); p != nil {
+		return append(dst, *p...)
+	}
+	return dst
+}
+
+// ShareInFlight publishes this replica's counts (gossip copies the map).
+func (g *gossipMembership) ShareInFlight(loads []EngineLoad) {
+	node := g.node.Load()
+	if node == nil {
+		return
+	}
+	m := make(map[string]int, len(loads))
+	for _, l := range loads {
+		if l.InFlight > 0 {
+			m[l.Engine] = l.InFlight
+		}
+	}
+	node.SetInFlight(m)
+	g.mu.Lock()
+	g.own = m
+	g.mu.Unlock()
+}
+
+// refresh rebuilds the engine snapshot; InFlight holds the other replicas'
+// counts (the cluster sum minus what this replica last shared).
+func (g *gossipMembership) refresh() {
+	node := g.node.Load()
+	if node == nil {
+		return
+	}
+	views := node.Engines()
+	inflight := node.InFlight()
+	g.mu.Lock()
+	own := g.own
+	g.mu.Unlock()
+	out := make([]EngineInfo, 0, len(views))
+	for _, v := range views {
+		if v.URL == "" {
+			continue
+		}
+		role, _ := scheduler.ParseRole(v.EngineRole)
+		out = append(out, EngineInfo{
+			Engine: scheduler.Engine{
+				ID: v.ID, Healthy: true, Model: v.Model, Role: role,
+				Running: v.Running, Waiting: v.Waiting, KVUsage: v.KVUsage, QueuedPrefillTokens: int(v.QueuedPrefill),
+				InFlight: max(0, inflight[v.ID]-own[v.ID]),
+			},
+			URL: v.URL, BlockSize: v.BlockSize,
+		})
+	}
+	g.snap.Store(&out)
+}
+
+// propagationLag is the largest per-engine delta lag the materializer saw.
+func (cl *cluster) propagationLag() float64 {
+	if cl.mat == nil {
+		return 0
+	}
+	var lag time.Duration
+	for _, st := range cl.mat.Status() {
+		lag = max(lag, st.Lag)
+	}
+	return lag.Seconds()
+}

@@ -1,0 +1,218 @@
+package ingress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// Chat forwarding modes (Config.ChatMode).
+const (
+	// ChatModeChat forwards a chat request to the engine's /v1/chat/completions
+	// as it came: the engine renders and tokenizes it again.
+	ChatModeChat = "chat"
+	// ChatModeCompletions sends the tokens the ingress rendered to the engine's
+	// /v1/completions and re-wraps the answer as chat chunks, so the engine
+	// does no templating or tokenization. Needs a tokenizer for the model.
+	ChatModeCompletions = "completions"
+)
+
+// StaticEngine is an engine given on the command line instead of learned
+// through gossip (tests, benchmarks, a fixed fleet).
+type StaticEngine struct {
+	ID    string // unique engine id; also the index's engine name
+	Model string // served model name
+	URL   string // base URL, e.g. http://127.0.0.1:8001
+}
+
+// Config is one ingress replica's configuration. DefaultConfig fills every
+// field; Validate lists every problem at once.
+type Config struct {
+	// ID names this replica in gossip, logs and metrics; unique per cluster.
+	// Default: "ingress-" + 8 random hex digits.
+	ID string
+	// Listen is the client-facing address. Default 127.0.0.1:8000; ":0" picks a free port (see Server.Addr).
+	Listen string
+	// AdminListen serves /debug/pprof on a separate port. Empty: no admin server.
+	AdminListen string
+
+	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
+	MaxBodyBytes int
+	// MaxPromptTokens bounds the prompt after tokenization; more gets 400
+	// (context_length_exceeded). 0 means no limit. Default 131072.
+	MaxPromptTokens int
+	// MaxConcurrent bounds requests being served at once; the excess gets 429
+	// with Retry-After at once rather than queueing (the engines queue).
+	// Default 4096.
+	MaxConcurrent int
+
+	// MaxAttempts bounds upstream attempts per request (first try + retries on
+	// the next-best engines). Default 3.
+	MaxAttempts int
+	// ConnectTimeout bounds dialing an engine. Default 2s.
+	ConnectTimeout time.Duration
+	// IdleTimeout bounds each wait for upstream bytes (the response headers,
+	// and every read of the body). Before the first byte reached the client a
+	// timeout moves the request to the next engine; after it the stream ends
+	// with an error event. It must exceed the longest non-streamed generation.
+	// Default 5m.
+	IdleTimeout time.Duration
+	// MaxConnsPerEngine bounds pooled upstream connections per engine. Default 4096.
+	MaxConnsPerEngine int
+	// DrainTimeout bounds the graceful drain in Close. Default 30s.
+	DrainTimeout time.Duration
+
+	// ChatMode is ChatModeChat (default) or ChatModeCompletions.
+	ChatMode string
+	// Tokenizers maps a model name to its tokenizer (a tokenizer.json path or a
+	// directory holding tokenizer.json and tokenizer_config.json). A model
+	// without one is routed on load only (no prefix matching) and its text is
+	// forwarded untouched.
+	Tokenizers map[string]string
+	// BlockSize is the engines' KV block size in tokens, used for keys when
+	// membership does not tell it. Default 16.
+	BlockSize int
+
+	// Scheduler selects and configures the routing policy (scheduler.Config:
+	// policy "kvmesh" by default, "random", "round-robin", ...). Used when
+	// Deps.Scheduler is nil.
+	Scheduler scheduler.Config
+
+	// Cluster joins gossip (membership, load, shared rate limits) and NATS
+	// (the materialized index). Zero: standalone with Engines.
+	Cluster ClusterConfig
+
+	// Engines is a static engine list, used when no membership is wired (Deps.Membership nil).
+	Engines []StaticEngine
+
+	// LoadInterval is how often this replica's in-flight counts are handed to
+	// gossip. Default 200ms.
+	LoadInterval time.Duration
+	// SpeculativeTTL is how long a routed request's keys count as cached on
+	// its engine before events confirm them (passed to the index). Default 5s.
+	SpeculativeTTL time.Duration
+
+	// AccessLog writes one JSON line per request. Default true.
+	AccessLog bool
+}
+
+// DefaultConfig returns the defaults for every field.
+func DefaultConfig() Config {
+	return Config{
+		Listen:            "127.0.0.1:8000",
+		MaxBodyBytes:      8 << 20,
+		MaxPromptTokens:   131072,
+		MaxConcurrent:     4096,
+		MaxAttempts:       3,
+		ConnectTimeout:    2 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxConnsPerEngine: 4096,
+		DrainTimeout:      30 * time.Second,
+		ChatMode:          ChatModeChat,
+		BlockSize:         16,
+		LoadInterval:      200 * time.Millisecond,
+		SpeculativeTTL:    5 * time.Second,
+		AccessLog:         true,
+		Scheduler:         scheduler.DefaultConfig(),
+	}
+}
+
+// ErrConfig marks an invalid configuration.
+var ErrConfig = errors.New("invalid ingress config")
+
+// Validate reports every problem in c, or nil.
+func (c *Config) Validate() error {
+	var probs []string
+	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen %q: %v", c.Listen, err)
+	}
+	if c.AdminListen != "" {
+		if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
+			bad("admin listen %q: %v", c.AdminListen, err)
+		}
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("max body bytes must be > 0, got %d", c.MaxBodyBytes)
+	}
+	if c.MaxPromptTokens < 0 {
+		bad("max prompt tokens must be >= 0, got %d", c.MaxPromptTokens)
+	}
+	if c.MaxConcurrent <= 0 {
+		bad("max concurrent must be > 0, got %d", c.MaxConcurrent)
+	}
+	if c.MaxAttempts < 1 || c.MaxAttempts > 16 {
+		bad("max attempts must be in 1..16, got %d", c.MaxAttempts)
+	}
+	if c.ConnectTimeout <= 0 {
+		bad("connect timeout must be > 0")
+	}
+	if c.IdleTimeout <= 0 {
+		bad("idle timeout must be > 0")
+	}
+	if c.MaxConnsPerEngine <= 0 {
+		bad("max conns per engine must be > 0")
+	}
+	if c.DrainTimeout <= 0 {
+		bad("drain timeout must be > 0")
+	}
+	if c.ChatMode != ChatModeChat && c.ChatMode != ChatModeCompletions {
+		bad("chat mode must be %q or %q, got %q", ChatModeChat, ChatModeCompletions, c.ChatMode)
+	}
+	if c.BlockSize <= 0 {
+		bad("block size must be > 0, got %d", c.BlockSize)
+	}
+	if c.LoadInterval <= 0 {
+		bad("load interval must be > 0")
+	}
+	if c.SpeculativeTTL < 0 {
+		bad("speculative ttl must be >= 0")
+	}
+	c.Cluster.problems(bad)
+	sc := c.Scheduler
+	sc.Defaults()
+	if err := sc.Validate(); err != nil {
+		bad("scheduler: %v", err)
+	}
+	seen := map[string]bool{}
+	for i, e := range c.Engines {
+		if e.ID == "" {
+			bad("engines[%d]: empty id", i)
+		} else if seen[e.ID] {
+			bad("engines[%d]: duplicate id %q", i, e.ID)
+		}
+		seen[e.ID] = true
+		if e.Model == "" {
+			bad("engines[%d]: empty model", i)
+		}
+		if u, err := url.Parse(e.URL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			bad("engines[%d]: url %q must be http(s)://host:port", i, e.URL)
+		}
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", ErrConfig, strings.Join(probs, "; "))
+	}
+	return nil
+}
+
+// ParseStaticEngine parses "id=model=url" or "model=url" (id defaults to the
+// URL's host:port), the command-line form of a static engine.
+func ParseStaticEngine(s string) (StaticEngine, error) {
+	parts := strings.SplitN(s, "=", 3)
+	switch len(parts) {
+	case 2:
+		u, err := url.Parse(parts[1])
+		if err != nil {
+			return StaticEngine{}, fmt.Errorf("%w: engine %q: %v", ErrConfig, s, err)
+		}
+		return StaticEngine{ID: u.Host, Model: parts[0], URL: parts[1]}, nil
+	case 3:
+		return StaticEngine{ID: parts[0], Model: parts[1], URL: parts[2]}, nil
+	}
+	return StaticEngine{}, fmt.Errorf("%w: engine %q: want [id=]model=url", ErrConfig, s)
+}

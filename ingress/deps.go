@@ -1,0 +1,114 @@
+package ingress
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// The interfaces below are what the ingress needs from the packages it does
+// not own. Each is defined here, where it is used, and kept to the methods
+// called. Unless a comment says otherwise, implementations must be safe for
+// concurrent use from many request goroutines and must not block.
+
+// EngineInfo is one live engine as membership reports it.
+type EngineInfo struct {
+	scheduler.Engine        // id, model, role, load snapshot; InFlight = other replicas' in-flight
+	URL              string // base URL of its OpenAI server
+	BlockSize        int    // tokens per KV block; 0: Config.BlockSize
+}
+
+// Membership lists the live engines (gossip; or the static list).
+type Membership interface {
+	// Engines appends every live engine to dst. InFlight must hold the
+	// in-flight counts other ingress replicas shared, not this one's.
+	Engines(dst []EngineInfo) []EngineInfo
+}
+
+// LoadSharer carries this replica's in-flight counts to the others (gossip).
+// ShareInFlight is called from one goroutine every Config.LoadInterval; it
+// must copy what it keeps.
+type LoadSharer interface {
+	ShareInFlight(loads []EngineLoad)
+}
+
+// Scheduler picks engines; *scheduler.Scheduler implements it.
+type Scheduler interface {
+	Schedule(req *scheduler.Request, engines []scheduler.Engine, d *scheduler.Decision) error
+	Policy() string
+}
+
+var _ Scheduler = (*scheduler.Scheduler)(nil)
+
+// Tokenizer turns prompts into token ids for one model. Encode and
+// RenderChat append to dst. A nil Tokenizer for a model means "route on load
+// only and forward the text untouched".
+type Tokenizer interface {
+	Encode(dst []uint32, text []byte) ([]uint32, error)
+	// RenderChat applies the model's chat template (with the generation
+	// prompt) and encodes the result exactly as the engine would.
+	RenderChat(dst []uint32, msgs []Message) ([]uint32, error)
+}
+
+// Tokenizers finds a model's tokenizer; (nil, false) when there is none.
+type Tokenizers interface {
+	For(model string) (Tokenizer, bool)
+}
+
+// Authenticator checks the Authorization header. The error wraps
+// ErrUnauthorized (or is mapped to it); keyID names the caller stably.
+type Authenticator interface {
+	Check(authorization []byte) (keyID string, err error)
+}
+
+// RateLimiter enforces token budgets per key and model. Admit charges the
+// prompt tokens or says how long to wait; Observe charges output tokens.
+type RateLimiter interface {
+	Admit(keyID, model string, inputTokens int) (retryAfter time.Duration, ok bool)
+	Observe(keyID, model string, outputTokens int)
+}
+
+// Affinity remembers which engine a session's last turn went to.
+type Affinity interface {
+	Engine(sessionID string) (engineID string, ok bool)
+	Remember(sessionID, engineID string)
+}
+
+// Admitter bounds the requests in service when the cluster saturates and
+// lets follow-up turns of recent sessions in first. Acquire may block until
+// admitted, ctx is done or its queue wait expires; release must be called
+// once when the request ends.
+type Admitter interface {
+	Acquire(ctx context.Context, sessionID string) (release func(), err error)
+}
+
+// Deps are the collaborators of one Server. Nil fields turn the feature off
+// (no membership: Config.Engines; no scheduler: a load-only default).
+type Deps struct {
+	Logger     *slog.Logger // default slog.Default()
+	AccessLog  *slog.Logger // default: JSON to stderr when Config.AccessLog
+	Registry   *prometheus.Registry
+	Membership Membership
+	LoadSharer LoadSharer
+	Scheduler  Scheduler
+	// Index is the local prefix index (materialized from NATS); the ingress
+	// adds speculative entries for the engines it routes to.
+	Index      *index.Index
+	Tokenizers Tokenizers
+	Auth       Authenticator
+	Limiter    RateLimiter
+	Affinity   Affinity
+	Admitter   Admitter
+	// Synced reports whether the index has caught up (for /ready); nil: always.
+	Synced func() bool
+	// PropagationLag returns the index's delta propagation lag in seconds.
+	PropagationLag func() float64
+	// ClassifyError maps an error from Admitter (queue timeout → ErrQueueTimeout,
+	// queue full → ErrOverloaded) to the ingress sentinels; nil: as is.
+	ClassifyError func(error) error
+}

@@ -1,0 +1,336 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// call is one request's state from arrival to the end of its response. It is
+// pooled; a streamed response keeps it until the stream closes.
+type call struct {
+	s     *Server
+	ep    endpoint
+	req   request
+	start time.Time
+
+	keyID  string
+	model  string
+	tokens []uint32 // prompt tokens (nil when the model has no tokenizer)
+	approx int      // prompt token estimate when tokens is nil
+	keys   []uint64
+	block  int
+
+	infos  []EngineInfo
+	cands  []scheduler.Engine
+	urls   []string // parallel to cands
+	sreq   scheduler.Request
+	dec    scheduler.Decision
+	body   []byte // upstream body (rewritten) or nil: the client's body
+	path   string // upstream path
+	wrap   bool   // chat answered through /v1/completions and re-wrapped
+	engine string
+	match  index.Match
+
+	tParse, tTokenize, tSchedule time.Duration
+	ttft                         time.Duration
+	attempts                     int
+	status                       int
+	outTokens                    int
+	errMsg                       string
+	release                      func()
+	finishOnce                   sync.Once
+}
+
+func (c *call) reset() {
+	*c = call{
+		req:    c.req,
+		tokens: c.tokens[:0],
+		keys:   c.keys[:0],
+		infos:  c.infos[:0],
+		cands:  c.cands[:0],
+		urls:   c.urls[:0],
+		dec:    scheduler.Decision{Ranked: c.dec.Ranked[:0]},
+		body:   c.body[:0],
+	}
+	c.req.reset()
+}
+
+// handleInference runs the request path of DESIGN.md Contract 4.
+func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
+	c := s.reqPool.Get().(*call)
+	c.reset()
+	c.s, c.ep, c.start = s, ep, time.Now()
+	s.m.inflight.Inc()
+	n := s.inflight.Add(1)
+	var err error
+	switch {
+	case !ctx.IsPost():
+		err = newAPIError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "", fmt.Errorf("%w: use POST", ErrBadRequest))
+	case s.draining.Load():
+		err = ErrDraining
+	case n > int64(s.cfg.MaxConcurrent):
+		err = fmt.Errorf("%w: limit is %d", ErrOverloaded, s.cfg.MaxConcurrent)
+	default:
+		err = c.prepare(ctx)
+	}
+	if err != nil {
+		c.fail(ctx, err)
+		c.finish()
+		return
+	}
+	c.proxy(ctx)
+}
+
+// prepare authenticates, parses, tokenizes, applies limits and schedules.
+func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
+	s := c.s
+	if s.deps.Auth != nil {
+		id, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
+		if err != nil {
+			return unauthorized(err)
+		}
+		c.keyID = id
+	}
+	t := time.Now()
+	if err := parseRequest(&c.req, c.ep, ctx.PostBody()); err != nil {
+		return err
+	}
+	c.model = string(c.req.model)
+	if sid := ctx.Request.Header.Peek("X-Session-ID"); len(sid) > 0 {
+		c.req.sessionID = sid
+	}
+	c.tParse = time.Since(t)
+
+	// Candidates first: an unknown model is a 404 before any tokenizing.
+	c.infos = s.deps.Membership.Engines(c.infos[:0])
+	known := false
+	for i := range c.infos {
+		e := &c.infos[i]
+		if e.Model != c.model {
+			continue
+		}
+		known = true
+		if c.block == 0 && e.BlockSize > 0 {
+			c.block = e.BlockSize
+		}
+		eng := e.Engine
+		eng.InFlight += s.ups.inflight(e.ID)
+		c.cands = append(c.cands, eng)
+		c.urls = append(c.urls, e.URL)
+	}
+	if !known {
+		return fmt.Errorf("%w: the model %q does not exist or no engine serves it", ErrModelNotFound, c.model)
+	}
+	if c.block == 0 {
+		c.block = s.cfg.BlockSize
+	}
+
+	t = time.Now()
+	if err := c.tokenize(); err != nil {
+		return err
+	}
+	c.tTokenize = time.Since(t)
+	promptTokens := len(c.tokens)
+	if c.tokens == nil {
+		promptTokens = c.approx
+	}
+	if s.cfg.MaxPromptTokens > 0 && promptTokens > s.cfg.MaxPromptTokens {
+		return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, s.cfg.MaxPromptTokens)
+	}
+	if s.deps.Limiter != nil {
+		if wait, ok := s.deps.Limiter.Admit(c.keyID, c.model, promptTokens); !ok {
+			e := newAPIError(429, "rate_limit_error", "rate_limit_exceeded", "", fmt.Errorf("%w: token budget for key %q, model %q", ErrRateLimited, c.keyID, c.model))
+			e.retryAfter = max(wait, time.Second)
+			return e
+		}
+	}
+	if s.deps.Admitter != nil {
+		rel, err := s.deps.Admitter.Acquire(admitContext(ctx), string(c.req.sessionID))
+		if err != nil {
+			if s.deps.ClassifyError != nil {
+				err = s.deps.ClassifyError(err)
+			}
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: %w", ErrQueueTimeout, err)
+			}
+			return fmt.Errorf("admission: %w", err)
+		}
+		c.release = rel
+	}
+
+	t = time.Now()
+	if c.tokens != nil {
+		root := kvevents.Root(c.model, "", string(c.req.cacheSalt))
+		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
+	}
+	c.sreq = scheduler.Request{
+		Keys: c.keys, BlockSize: c.block, PromptTokens: promptTokens, OutputTokens: max(c.req.maxTokens, 0),
+		Model: c.model, SessionID: string(c.req.sessionID), Now: t,
+	}
+	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
+		if eng, ok := s.deps.Affinity.Engine(c.sreq.SessionID); ok {
+			c.sreq.SessionEngine = eng
+		}
+	}
+	if err := s.deps.Scheduler.Schedule(&c.sreq, c.cands, &c.dec); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoEngine, err)
+	}
+	if len(c.dec.Ranked) == 0 {
+		return fmt.Errorf("%w: scheduler ranked no engine", ErrNoEngine)
+	}
+	c.tSchedule = time.Since(t)
+	s.m.decisions.WithLabelValues(c.dec.Policy, c.dec.Reason).Inc()
+	s.m.stage.WithLabelValues("parse").Observe(c.tParse.Seconds())
+	s.m.stage.WithLabelValues("tokenize").Observe(c.tTokenize.Seconds())
+	s.m.stage.WithLabelValues("schedule").Observe(c.tSchedule.Seconds())
+	s.m.tokens.WithLabelValues("in").Add(float64(promptTokens))
+	return nil
+}
+
+// admitContext bounds the admission wait by the server's life.
+func admitContext(ctx *fasthttp.RequestCtx) context.Context { return ctx }
+
+// tokenize fills c.tokens (when the model has a tokenizer) and decides the
+// upstream path and body.
+func (c *call) tokenize() error {
+	s := c.s
+	var tok Tokenizer
+	if s.deps.Tokenizers != nil {
+		tok, _ = s.deps.Tokenizers.For(c.model)
+	}
+	var err error
+	switch c.req.kind {
+	case promptIDs:
+		c.tokens = append(c.tokens[:0], c.req.ids...)
+		c.path = "/v1/completions"
+	case promptText:
+		c.path = "/v1/completions"
+		if tok == nil {
+			c.approx = len(c.req.text)/4 + 1
+			c.tokens = nil
+			return nil
+		}
+		if c.tokens, err = tok.Encode(c.tokens[:0], c.req.text); err != nil {
+			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt: %w", ErrBadRequest, err))
+		}
+		// Pass the tokens on so the engine does not tokenize again.
+		c.body = rewritePrompt(c.body[:0], c.reqBody(), c.req.promptStart, c.req.promptEnd, c.tokens)
+	case promptChat:
+		c.path = "/v1/chat/completions"
+		if tok == nil {
+			for _, m := range c.req.chat {
+				c.approx += len(m.Content)/4 + 4
+			}
+			c.tokens = nil
+			return nil
+		}
+		if c.tokens, err = tok.RenderChat(c.tokens[:0], c.req.chat); err != nil {
+			if errors.Is(err, ErrNoChatTemplate) {
+				c.tokens = nil
+				c.approx = len(c.req.messages) / 4
+				return nil
+			}
+			return badRequest("messages", fmt.Errorf("%w: render chat: %w", ErrBadRequest, err))
+		}
+		if s.cfg.ChatMode == ChatModeCompletions {
+			c.path = "/v1/completions"
+			c.wrap = true
+			c.body = chatToCompletionsBody(c.body[:0], c.reqBody(), &c.req, c.tokens)
+		}
+	}
+	if c.tokens != nil && len(c.tokens) == 0 {
+		return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
+	}
+	return nil
+}
+
+// reqBody is the client's body; set by proxy before use.
+func (c *call) reqBody() []byte { return c.req.body }
+
+// fail answers with an OpenAI error.
+func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
+	ae := writeError(ctx, err)
+	c.status = ae.status
+	c.errMsg = ae.msg
+	if c.engine != "" {
+		ctx.Response.Header.Set("X-Kvmesh-Engine", c.engine)
+	}
+}
+
+// finish records the request once: load, limits, session, metrics, access log.
+func (c *call) finish() {
+	c.finishOnce.Do(func() {
+		s := c.s
+		total := time.Since(c.start)
+		if c.release != nil {
+			c.release()
+		}
+		if c.status == 200 {
+			if s.deps.Limiter != nil {
+				s.deps.Limiter.Observe(c.keyID, c.model, c.outTokens)
+			}
+			if s.deps.Affinity != nil && len(c.req.sessionID) > 0 && c.engine != "" {
+				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
+			}
+			s.m.tokens.WithLabelValues("out").Add(float64(c.outTokens))
+		}
+		ep := c.ep.String()
+		s.m.requests.WithLabelValues(ep, s.m.status(c.status)).Inc()
+		s.m.duration.WithLabelValues(ep).Observe(total.Seconds())
+		if c.ttft > 0 {
+			s.m.ttft.WithLabelValues(ep).Observe(c.ttft.Seconds())
+		}
+		if s.alog != nil {
+			c.logAccess(total)
+		}
+		s.m.inflight.Dec()
+		s.inflight.Add(-1)
+		s.reqPool.Put(c)
+	})
+}
+
+func (c *call) logAccess(total time.Duration) {
+	prompt := len(c.tokens)
+	if c.tokens == nil {
+		prompt = c.approx
+	}
+	attrs := [...]slog.Attr{
+		slog.String("ingress", c.s.cfg.ID),
+		slog.String("endpoint", c.ep.String()),
+		slog.String("model", c.model),
+		slog.Int("status", c.status),
+		slog.String("engine", c.engine),
+		slog.String("policy", c.dec.Policy),
+		slog.String("reason", c.dec.Reason),
+		slog.Int("attempts", c.attempts),
+		slog.Int("blocks", len(c.keys)),
+		slog.Int("matched_gpu", c.match.GPU),
+		slog.Int("matched_cpu", c.match.CPU-c.match.GPU),
+		slog.Int("matched_other", c.match.Other-c.match.CPU),
+		slog.Int("matched_spec", c.match.Spec-c.match.Other),
+		slog.Int("prompt_tokens", prompt),
+		slog.Int("output_tokens", c.outTokens),
+		slog.Bool("stream", c.req.stream),
+		slog.String("key", c.keyID),
+		slog.String("session", string(c.req.sessionID)),
+		slog.Float64("parse_ms", ms(c.tParse)),
+		slog.Float64("tokenize_ms", ms(c.tTokenize)),
+		slog.Float64("schedule_ms", ms(c.tSchedule)),
+		slog.Float64("ttft_ms", ms(c.ttft)),
+		slog.Float64("total_ms", ms(total)),
+		slog.String("error", c.errMsg),
+	}
+	c.s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs[:]...)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

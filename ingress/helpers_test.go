@@ -1,0 +1,233 @@
+package ingress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tk := time.NewTicker(5 * time.Millisecond)
+	defer tk.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", timeout)
+		}
+		<-tk.C
+	}
+}
+
+// faultMode is how the fault-injecting engine answers.
+type faultMode int
+
+const (
+	faultOK          faultMode = iota // a well-formed completions answer (stream or not)
+	fault500                          // 500 with an error body
+	faultHang                         // accept, never answer (until the test ends)
+	faultBreakStream                  // 200, two events, then the connection drops
+	faultSlowStream                   // one event per tick until the client goes away
+)
+
+// faultEngine is a FAKE engine for what the simulator cannot be made to do on
+// cue (answer 5xx, hang, drop a stream halfway). Normal traffic in the other
+// tests goes to the real simulator.
+type faultEngine struct {
+	mode     faultMode
+	srv      *http.Server
+	ln       net.Listener
+	hits     atomic.Int64
+	canceled atomic.Int64 // requests whose client went away
+	bodies   chan []byte  // request bodies seen (buffered, dropped when full)
+	quit     chan struct{}
+	once     sync.Once
+}
+
+func startFaultEngine(t testing.TB, mode faultMode) *faultEngine {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fe := &faultEngine{mode: mode, ln: ln, bodies: make(chan []byte, 64), quit: make(chan struct{})}
+	fe.srv = &http.Server{Handler: http.HandlerFunc(fe.serve), ReadHeaderTimeout: 5 * time.Second}
+	go fe.srv.Serve(ln)
+	t.Cleanup(fe.close)
+	return fe
+}
+
+func (fe *faultEngine) url() string { return "http://" + fe.ln.Addr().String() }
+
+func (fe *faultEngine) close() {
+	fe.once.Do(func() {
+		close(fe.quit)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		fe.srv.Shutdown(ctx)
+		fe.srv.Close()
+	})
+}
+
+func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
+	fe.hits.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	select {
+	case fe.bodies <- body:
+	default:
+	}
+	stream := bytes.Contains(body, []byte(`"stream":true`))
+	switch fe.mode {
+	case fault500:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(500)
+		io.WriteString(w, `{"error":{"message":"engine broke","type":"server_error","param":null,"code":500}}`)
+	case faultHang:
+		select {
+		case <-r.Context().Done():
+		case <-fe.quit:
+		}
+	case faultBreakStream:
+		hj, _ := w.(http.Hijacker)
+		conn, bw, err := hj.Hijack()
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := 0; i < 2; i++ {
+			ev := completionEvent(i, "tok", "")
+			fmt.Fprintf(bw, "%x\r\n%s\r\n", len(ev), ev)
+		}
+		// Half an event, then the connection drops.
+		fmt.Fprintf(bw, "%x\r\n%s\r\n", 6, "data: ")
+		bw.Flush()
+		conn.Close()
+	case faultSlowStream:
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		tk := time.NewTicker(5 * time.Millisecond)
+		defer tk.Stop()
+		for i := 0; ; i++ {
+			if _, err := io.WriteString(w, completionEvent(i, "x", "")); err != nil {
+				fe.canceled.Add(1)
+				return
+			}
+			fl.Flush()
+			select {
+			case <-r.Context().Done():
+				fe.canceled.Add(1)
+				return
+			case <-fe.quit:
+				return
+			case <-tk.C:
+			}
+		}
+	default:
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := 0; i < 3; i++ {
+				io.WriteString(w, completionEvent(i, fmt.Sprintf("t%d", i), ""))
+				w.(http.Flusher).Flush()
+			}
+			io.WriteString(w, completionEvent(3, "", "length"))
+			io.WriteString(w, `data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4,"total_tokens":6}}`+"\n\n")
+			io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"t0t1t2","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`)
+	}
+}
+
+func completionEvent(i int, text, finish string) string {
+	fr := "null"
+	if finish != "" {
+		fr = `"` + finish + `"`
+	}
+	return fmt.Sprintf(`data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":%q,"logprobs":null,"finish_reason":%s}]}`+"\n\n", text, fr)
+}
+
+// startIngress starts a Server on a free loopback port; it is closed at cleanup.
+func startIngress(t testing.TB, cfg Config, deps Deps) *Server {
+	t.Helper()
+	cfg.Listen = "127.0.0.1:0"
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if deps.AccessLog == nil {
+		deps.AccessLog = deps.Logger
+	}
+	s, err := New(cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// post sends a JSON body and returns status, headers and the whole body.
+func post(t testing.TB, c *http.Client, url, body string, hdr ...string) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return resp.StatusCode, resp.Header, b
+}
+
+// sseEvents splits an SSE body into its data payloads.
+func sseEvents(b []byte) []string {
+	var out []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// val reads a counter's or gauge's current value.
+func val(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		return -1
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	if d.Gauge != nil {
+		return d.Gauge.GetValue()
+	}
+	return -1
+}

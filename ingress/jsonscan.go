@@ -1,0 +1,377 @@
+package ingress
+
+import (
+	"errors"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// A tiny allocation-free JSON scanner: the hot path needs a handful of
+// top-level fields and the byte span of the prompt (to splice token ids in),
+// not a decoded document. It validates the structure of everything it skips,
+// so malformed JSON is rejected here rather than by the engine.
+
+// errJSON is wrapped by every scanner error.
+var errJSON = errors.New("malformed JSON")
+
+const maxJSONDepth = 128
+
+type jsonError struct {
+	msg string
+	off int
+}
+
+func (e *jsonError) Error() string { return "malformed JSON: " + e.msg }
+func (e *jsonError) Unwrap() error { return errJSON }
+
+func jerr(msg string, off int) error { return &jsonError{msg: msg, off: off} }
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// skipValue returns the index just past the JSON value starting at b[i].
+func skipValue(b []byte, i, depth int) (int, error) {
+	if depth > maxJSONDepth {
+		return 0, jerr("JSON nested too deeply", i)
+	}
+	if i >= len(b) {
+		return 0, jerr("unexpected end of JSON", i)
+	}
+	switch c := b[i]; {
+	case c == '"':
+		end, _, err := skipString(b, i)
+		return end, err
+	case c == '{':
+		i = skipWS(b, i+1)
+		if i < len(b) && b[i] == '}' {
+			return i + 1, nil
+		}
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return 0, jerr("expected object key", i)
+			}
+			var err error
+			if i, _, err = skipString(b, i); err != nil {
+				return 0, err
+			}
+			i = skipWS(b, i)
+			if i >= len(b) || b[i] != ':' {
+				return 0, jerr("expected ':' after object key", i)
+			}
+			if i, err = skipValue(b, skipWS(b, i+1), depth+1); err != nil {
+				return 0, err
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return 0, jerr("unexpected end of JSON in object", i)
+			}
+			if b[i] == '}' {
+				return i + 1, nil
+			}
+			if b[i] != ',' {
+				return 0, jerr("expected ',' or '}' in object", i)
+			}
+			i = skipWS(b, i+1)
+		}
+	case c == '[':
+		i = skipWS(b, i+1)
+		if i < len(b) && b[i] == ']' {
+			return i + 1, nil
+		}
+		for {
+			var err error
+			if i, err = skipValue(b, i, depth+1); err != nil {
+				return 0, err
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return 0, jerr("unexpected end of JSON in array", i)
+			}
+			if b[i] == ']' {
+				return i + 1, nil
+			}
+			if b[i] != ',' {
+				return 0, jerr("expected ',' or ']' in array", i)
+			}
+			i = skipWS(b, i+1)
+		}
+	case c == '-' || (c >= '0' && c <= '9'):
+		return skipNumber(b, i)
+	case c == 't':
+		return skipLiteral(b, i, "true")
+	case c == 'f':
+		return skipLiteral(b, i, "false")
+	case c == 'n':
+		return skipLiteral(b, i, "null")
+	}
+	return 0, jerr("invalid character in JSON value", i)
+}
+
+func skipLiteral(b []byte, i int, lit string) (int, error) {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return 0, jerr("invalid literal in JSON", i)
+	}
+	return i + len(lit), nil
+}
+
+// skipNumber follows the JSON number grammar exactly.
+func skipNumber(b []byte, i int) (int, error) {
+	start := i
+	if b[i] == '-' {
+		i++
+	}
+	digits := func() int {
+		n := 0
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return 0, jerr("invalid number in JSON", start)
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return 0, jerr("invalid number in JSON", start)
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return 0, jerr("invalid number in JSON", start)
+		}
+	}
+	return i, nil
+}
+
+// skipString returns the index past the closing quote of the string at b[i]
+// and whether it holds escapes. It rejects control characters and bad escapes.
+func skipString(b []byte, i int) (int, bool, error) {
+	start := i
+	i++
+	esc := false
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			return i + 1, esc, nil
+		case c == '\\':
+			esc = true
+			if i+1 >= len(b) {
+				return 0, false, jerr("unterminated string", start)
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+					return 0, false, jerr("invalid \\u escape in string", i)
+				}
+				i += 6
+			default:
+				return 0, false, jerr("invalid escape in string", i)
+			}
+		case c < 0x20:
+			return 0, false, jerr("control character in string", i)
+		default:
+			i++
+		}
+	}
+	return 0, false, jerr("unterminated string", start)
+}
+
+func isHex4(b []byte) bool {
+	for _, c := range b {
+		if hexVal(c) < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func hexVal(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// forEachMember calls fn with every top-level member of the object in b; val
+// is the raw value span; keyOff and valOff are the offsets of the key's
+// opening quote and of the value in b.
+func forEachMember(b []byte, fn func(key, val []byte, keyOff, valOff int) error) error {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return jerr("request body must be a JSON object", i)
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return trailing(b, i+1)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return jerr("expected object key", i)
+		}
+		i0 := i
+		kend, kesc, err := skipString(b, i)
+		if err != nil {
+			return err
+		}
+		key := b[i+1 : kend-1]
+		if kesc {
+			key = nil // escaped keys never name a field we read
+		}
+		i = skipWS(b, kend)
+		if i >= len(b) || b[i] != ':' {
+			return jerr("expected ':' after object key", i)
+		}
+		vstart := skipWS(b, i+1)
+		vend, err := skipValue(b, vstart, 1)
+		if err != nil {
+			return err
+		}
+		if err := fn(key, b[vstart:vend], i0, vstart); err != nil {
+			return err
+		}
+		i = skipWS(b, vend)
+		if i >= len(b) {
+			return jerr("unexpected end of JSON in object", i)
+		}
+		if b[i] == '}' {
+			return trailing(b, i+1)
+		}
+		if b[i] != ',' {
+			return jerr("expected ',' or '}' in object", i)
+		}
+		i = skipWS(b, i+1)
+	}
+}
+
+func trailing(b []byte, i int) error {
+	if skipWS(b, i) != len(b) {
+		return jerr("trailing data after JSON object", i)
+	}
+	return nil
+}
+
+// appendUnquote appends the decoded content of the JSON string literal raw
+// (quotes included, already validated by skipString) to dst.
+func appendUnquote(dst, raw []byte) []byte {
+	s := raw[1 : len(raw)-1]
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c != '\\' {
+			j := i + 1
+			for j < len(s) && s[j] != '\\' {
+				j++
+			}
+			dst = append(dst, s[i:j]...)
+			i = j
+			continue
+		}
+		switch s[i+1] {
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r := rune(hex4(s[i+2:]))
+			i += 6
+			if utf16.IsSurrogate(r) {
+				if i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
+					r2 := rune(hex4(s[i+2:]))
+					if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+						dst = utf8.AppendRune(dst, d)
+						i += 6
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		default: // '"', '\\', '/'
+			dst = append(dst, s[i+1])
+		}
+		i += 2
+	}
+	return dst
+}
+
+func hex4(b []byte) int {
+	return hexVal(b[0])<<12 | hexVal(b[1])<<8 | hexVal(b[2])<<4 | hexVal(b[3])
+}
+
+// parseUint parses a JSON number that must be a non-negative integer <= max.
+func parseUint(raw []byte, max uint64) (uint64, bool) {
+	if len(raw) == 0 || len(raw) > 20 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if v > (max-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
+}
+
+// forEachElem calls fn with every element of the JSON array raw.
+func forEachElem(raw []byte, fn func(elem []byte) error) error {
+	if len(raw) == 0 || raw[0] != '[' {
+		return jerr("expected an array", 0)
+	}
+	i := skipWS(raw, 1)
+	if i < len(raw) && raw[i] == ']' {
+		return nil
+	}
+	for {
+		end, err := skipValue(raw, i, 1)
+		if err != nil {
+			return err
+		}
+		if err := fn(raw[i:end]); err != nil {
+			return err
+		}
+		i = skipWS(raw, end)
+		if i >= len(raw) {
+			return jerr("unexpected end of array", i)
+		}
+		if raw[i] == ']' {
+			return nil
+		}
+		i = skipWS(raw, i+1)
+	}
+}

@@ -1,0 +1,114 @@
+package materialize
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Index is where the materializer writes engine cache state; the scheduler's
+// index implements it. Keys are kvmesh keys (global across models), engines
+// are ids. The materializer calls Store only with keys not yet stored for that
+// (engine, tier) and Remove only with stored keys, so the index needs no
+// reference counts. Calls come from several goroutines but never concurrently
+// for one engine (the materializer serializes them); they must not block for
+// long and must not retain the keys slice after returning.
+type Index interface {
+	Store(engine string, tier kvevents.Tier, keys []uint64)
+	Remove(engine string, tier kvevents.Tier, keys []uint64)
+	ClearEngine(engine string)
+}
+
+// Membership is the gossip view: alive engines with their delta head and
+// digest. *gossip.Node implements it. It must be safe for concurrent use and
+// must not block.
+type Membership interface {
+	Engines() []gossip.EngineView
+}
+
+var _ Membership = (*gossip.Node)(nil)
+
+// Config configures a Materializer. Start from DefaultConfig.
+type Config struct {
+	// Conn is the NATS connection (required). The materializer does not close it.
+	Conn *nats.Conn
+	// Index receives the engines' key sets (required).
+	Index Index
+	// Membership, when set, is used to discover idle engines, to check digests
+	// and to clear engines whose sidecar is gone. Nil: deltas and the stream only.
+	Membership Membership
+	// SnapshotTimeout bounds one snapshot request (all chunks). Default 5s.
+	SnapshotTimeout time.Duration
+	// MaxConcurrentSnapshots bounds parallel snapshot requests. Default 4.
+	MaxConcurrentSnapshots int
+	// MaxBuffered bounds the deltas buffered per engine while its snapshot is in
+	// flight. When full, the buffer is dropped and another snapshot follows: a
+	// snapshot is always correct, a buffer only saves work. Default 4096.
+	MaxBuffered int
+	// CheckInterval is the period of the housekeeping loop (reconnect check,
+	// gossip digest compare, discovery, retries). Default 250ms.
+	CheckInterval time.Duration
+	// GoneAfter: an engine that gossip stops listing is cleared after this long.
+	// Default 1s (gossip's own failure detection already took seconds).
+	GoneAfter time.Duration
+	// DigestGrace: a digest mismatch at the same head must persist this long
+	// before a resync (the two sides may sample between a delta and its gossip).
+	// Default 1s.
+	DigestGrace time.Duration
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Registerer for kvmesh_materializer_* metrics; nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns the defaults documented on each field.
+func DefaultConfig() Config {
+	return Config{
+		SnapshotTimeout:        5 * time.Second,
+		MaxConcurrentSnapshots: 4,
+		MaxBuffered:            4096,
+		CheckInterval:          250 * time.Millisecond,
+		GoneAfter:              time.Second,
+		DigestGrace:            time.Second,
+	}
+}
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("invalid materializer config")
+
+// Validate lists every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
+	}
+	if c.Conn == nil {
+		add("no NATS connection")
+	}
+	if c.Index == nil {
+		add("no index")
+	}
+	if c.SnapshotTimeout <= 0 {
+		add("snapshot timeout %v must be positive", c.SnapshotTimeout)
+	}
+	if c.MaxConcurrentSnapshots <= 0 {
+		add("max concurrent snapshots %d must be positive", c.MaxConcurrentSnapshots)
+	}
+	if c.MaxBuffered <= 0 {
+		add("max buffered %d must be positive", c.MaxBuffered)
+	}
+	if c.CheckInterval <= 0 {
+		add("check interval %v must be positive", c.CheckInterval)
+	}
+	if c.GoneAfter < 0 || c.DigestGrace < 0 {
+		add("gone-after %v and digest grace %v must not be negative", c.GoneAfter, c.DigestGrace)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,215 @@
+package materialize
+
+import (
+	"sort"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// engineState is the materializer's copy of one engine. Guarded by
+// Materializer.mu.
+type engineState struct {
+	id, model  string
+	epoch, seq uint64
+	synced     bool // a snapshot was installed and no clear happened since
+	sets       [kvevents.NumTiers]map[uint64]struct{}
+	digests    [kvevents.NumTiers]kvevents.Digest
+
+	snapshotting bool
+	again        bool      // another snapshot was asked for while one was in flight
+	retryAt      time.Time // non-zero: a snapshot is due at this time (failure backoff)
+	failures     int
+	buf          []*kvevents.Delta // deltas that arrived while not in sequence, bounded
+
+	lastMsg       time.Time
+	lag           time.Duration
+	applied       uint64
+	inGossip      bool
+	goneSince     time.Time
+	behindSince   time.Time
+	mismatchSince time.Time
+}
+
+// buffer keeps a copy of d (the decoder reuses its slices). When the buffer
+// is full it is dropped: the snapshot that follows is correct on its own and a
+// missing delta after it shows up as a gap, which takes another snapshot.
+func (e *engineState) buffer(d *kvevents.Delta, limit int) {
+	if len(e.buf) >= limit {
+		e.buf = nil
+	}
+	c := &kvevents.Delta{Engine: d.Engine, Model: d.Model, Epoch: d.Epoch, Seq: d.Seq, TS: d.TS, Ops: make([]kvevents.Op, len(d.Ops))}
+	for i, op := range d.Ops {
+		c.Ops[i] = kvevents.Op{Kind: op.Kind, Tier: op.Tier, Keys: append([]uint64(nil), op.Keys...)}
+	}
+	e.buf = append(e.buf, c)
+}
+
+func (e *engineState) head() kvevents.Head { return kvevents.Head{Epoch: e.epoch, Seq: e.seq} }
+
+// tick is the housekeeping pass: due retries, gossip discovery, digest and
+// head checks, and clearing engines whose sidecar is gone.
+func (m *Materializer) tick(now time.Time) {
+	var views map[string]int
+	var engines []engineView
+	if m.cfg.Membership != nil {
+		for _, v := range m.cfg.Membership.Engines() {
+			engines = append(engines, engineView{id: v.ID, model: v.Model, digest: v.Digest})
+		}
+		views = make(map[string]int, len(engines))
+		for i, v := range engines {
+			views[v.id] = i
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, v := range engines {
+		e := m.engines[v.id]
+		if e == nil {
+			e = m.engine(v.id, v.model)
+			m.snapshotLocked(e, "discovered in gossip")
+		}
+		e.inGossip, e.goneSince = true, time.Time{}
+		m.checkHeadLocked(e, v.digest, now)
+	}
+	for id, e := range m.engines {
+		if !e.snapshotting && e.retryAt != (time.Time{}) && !now.Before(e.retryAt) {
+			m.snapshotLocked(e, "retry")
+		}
+		if views == nil {
+			continue
+		}
+		if _, ok := views[id]; ok {
+			continue
+		}
+		switch {
+		case e.inGossip && e.goneSince.IsZero():
+			e.goneSince = now
+		case e.inGossip && now.Sub(e.goneSince) >= m.cfg.GoneAfter:
+			m.forgetLocked(e, "gone from gossip")
+		case !e.inGossip && !e.synced && now.Sub(e.lastMsg) > 10*m.cfg.SnapshotTimeout:
+			m.forgetLocked(e, "unreachable") // a stream subject of a long-dead engine
+		}
+	}
+}
+
+type engineView struct {
+	id, model string
+	digest    kvevents.EngineDigest
+}
+
+// checkHeadLocked compares e with its gossiped head and digest. At the same
+// head the digests must be equal; gossip ahead of e (or in another epoch)
+// means deltas were lost without a later one to reveal the gap. Either must
+// persist for DigestGrace before a resync.
+func (m *Materializer) checkHeadLocked(e *engineState, g kvevents.EngineDigest, now time.Time) {
+	if !e.synced || e.snapshotting || e.retryAt != (time.Time{}) || g.Head.Epoch == 0 {
+		return
+	}
+	h := e.head()
+	behind := g.Head.Epoch != h.Epoch || g.Head.Seq > h.Seq
+	mismatch := g.Head == h && g.Digests != e.digests
+	switch {
+	case behind:
+		e.mismatchSince = time.Time{}
+		if e.behindSince.IsZero() {
+			e.behindSince = now
+		} else if now.Sub(e.behindSince) >= m.cfg.DigestGrace {
+			m.met.gaps.Inc()
+			m.snapshotLocked(e, "behind gossip head")
+		}
+	case mismatch:
+		e.behindSince = time.Time{}
+		if e.mismatchSince.IsZero() {
+			e.mismatchSince = now
+		} else if now.Sub(e.mismatchSince) >= m.cfg.DigestGrace {
+			m.met.mismatches.Inc()
+			m.log.Warn("digest mismatch with gossip; resyncing", "engine", e.id, "head", h)
+			m.snapshotLocked(e, "digest mismatch")
+		}
+	default:
+		e.behindSince, e.mismatchSince = time.Time{}, time.Time{}
+	}
+}
+
+func (m *Materializer) forgetLocked(e *engineState, reason string) {
+	m.log.Info("forgetting engine", "engine", e.id, "reason", reason)
+	m.clearLocked(e)
+	delete(m.engines, e.id)
+}
+
+// Synced reports whether the initial discovery is done and every known
+// engine has been snapshotted (engines that failed three times in a row do
+// not hold readiness hostage). Use it for the ingress's /ready.
+func (m *Materializer) Synced() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.discovered {
+		return false
+	}
+	for _, e := range m.engines {
+		if !e.synced && e.failures < 3 {
+			return false
+		}
+	}
+	return true
+}
+
+// EngineStatus is one engine's state in this materializer (for /debug/index).
+type EngineStatus struct {
+	Engine    string                 `json:"engine"`
+	Model     string                 `json:"model"`
+	Epoch     uint64                 `json:"epoch"`
+	Seq       uint64                 `json:"seq"`
+	Synced    bool                   `json:"synced"`
+	Keys      [kvevents.NumTiers]int `json:"keys"` // gpu, cpu, other
+	Lag       time.Duration          `json:"lag_ns"`
+	LastDelta time.Time              `json:"last_delta"`
+	Applied   uint64                 `json:"deltas_applied"`
+	Buffered  int                    `json:"buffered"`
+	InGossip  bool                   `json:"in_gossip"`
+	Digest    kvevents.EngineDigest  `json:"digest"`
+}
+
+// Status returns every engine's status, sorted by engine id.
+func (m *Materializer) Status() []EngineStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]EngineStatus, 0, len(m.engines))
+	for _, e := range m.engines {
+		s := EngineStatus{
+			Engine: e.id, Model: e.model, Epoch: e.epoch, Seq: e.seq, Synced: e.synced,
+			Lag: e.lag, LastDelta: e.lastMsg, Applied: e.applied, Buffered: len(e.buf), InGossip: e.inGossip,
+			Digest: kvevents.EngineDigest{Head: e.head(), Digests: e.digests},
+		}
+		for t := range e.sets {
+			s.Keys[t] = len(e.sets[t])
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Engine < out[j].Engine })
+	return out
+}
+
+// Keys returns a copy of one engine's key set per tier (tests and debugging).
+func (m *Materializer) Keys(engine string) (sets [kvevents.NumTiers][]uint64, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.engines[engine]
+	if e == nil {
+		return sets, false
+	}
+	for t := range e.sets {
+		for k := range e.sets[t] {
+			sets[t] = append(sets[t], k)
+		}
+	}
+	return sets, true
+}
+
+// KeyCount is the number of keys held over all engines and tiers.
+func (m *Materializer) KeyCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.keys
+}

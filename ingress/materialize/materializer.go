@@ -1,0 +1,396 @@
+package materialize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Materializer keeps an Index equal to every engine's key set. Create it with
+// New, run it with Run; Synced, Status and KeyCount may be called from any
+// goroutine at any time.
+type Materializer struct {
+	cfg Config
+	log *slog.Logger
+	met *metrics
+	sem chan struct{} // bounds snapshot requests in flight
+
+	// mu guards every field below and serializes index writes. The NATS
+	// delivery goroutine holds it while applying one delta (no I/O); snapshot
+	// workers take it only to install a fetched snapshot.
+	mu         sync.Mutex
+	engines    map[string]*engineState
+	dec        kvevents.Delta // reused by the delivery goroutine
+	scratch    []uint64
+	discovered bool
+	keys       int
+	ctx        context.Context
+	wg         sync.WaitGroup // snapshot workers
+
+	running atomic.Bool
+}
+
+// New validates cfg and registers the metrics.
+func New(cfg Config) (*Materializer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	m := &Materializer{
+		cfg: cfg, log: log.With("component", "materializer"), met: newMetrics(),
+		sem: make(chan struct{}, cfg.MaxConcurrentSnapshots), engines: map[string]*engineState{},
+	}
+	err := m.met.register(cfg.Registerer,
+		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(len(m.engines)) },
+		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.keys) })
+	if err != nil {
+		return nil, fmt.Errorf("materializer metrics: %w", err)
+	}
+	return m, nil
+}
+
+// ErrRunning is returned by a second concurrent Run.
+var ErrRunning = errors.New("materializer: already running")
+
+// Run subscribes to the deltas, discovers engines (stream subjects and
+// gossip) and keeps the index in sync until ctx ends. It returns nil on
+// cancellation, after every snapshot worker stopped. The index keeps its
+// content: the caller decides whether a stopped materializer's view is used.
+func (m *Materializer) Run(ctx context.Context) error {
+	if !m.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer m.running.Store(false)
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		m.wg.Wait()
+	}()
+	m.mu.Lock()
+	m.ctx = ctx
+	m.mu.Unlock()
+
+	nc := m.cfg.Conn
+	sub, err := nc.Subscribe(natsutil.DeltaWildcard, m.onDelta)
+	if err != nil {
+		return fmt.Errorf("materializer subscribe: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	// Generous pending limits: a burst must not turn into a slow-consumer drop
+	// (which is recovered by a snapshot, but costs one).
+	_ = sub.SetPendingLimits(1<<20, 256<<20)
+	if err := nc.FlushTimeout(m.cfg.SnapshotTimeout); err != nil {
+		return fmt.Errorf("materializer subscribe: %w", err)
+	}
+	m.discoverStream(ctx)
+	reconnects := nc.Stats().Reconnects
+	m.tick(time.Now())
+	m.mu.Lock()
+	m.discovered = true
+	m.mu.Unlock()
+
+	t := time.NewTicker(m.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			if r := nc.Stats().Reconnects; r != reconnects {
+				reconnects = r
+				m.resyncAll("nats reconnect")
+			}
+			m.tick(now)
+		}
+	}
+}
+
+// discoverStream snapshots every engine that has deltas in the stream, so a
+// restarted ingress knows idle engines too. Without JetStream it does nothing.
+func (m *Materializer) discoverStream(ctx context.Context) {
+	js, err := jetstream.New(m.cfg.Conn)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
+	defer cancel()
+	s, err := js.Stream(ctx, natsutil.StreamName)
+	if err != nil {
+		m.log.Debug("no delta stream to discover engines from", "err", err)
+		return
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(natsutil.DeltaWildcard))
+	if err != nil {
+		m.log.Debug("delta stream info", "err", err)
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for subject := range info.State.Subjects {
+		model, engine, ok := natsutil.ParseDeltaSubject(subject)
+		if !ok {
+			continue
+		}
+		if m.engines[engine] == nil {
+			m.snapshotLocked(m.engine(engine, model), "discovered in stream")
+		}
+	}
+}
+
+// onDelta is the NATS delivery callback: decode, then apply in sequence or
+// buffer and snapshot. It allocates nothing on the in-sequence path.
+func (m *Materializer) onDelta(msg *nats.Msg) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d := &m.dec
+	if err := kvevents.DecodeDelta(msg.Data, d); err != nil || d.Engine == "" {
+		m.met.malformed.Inc()
+		return
+	}
+	e := m.engines[d.Engine]
+	if e == nil {
+		e = m.engine(d.Engine, d.Model)
+		e.buffer(d, m.cfg.MaxBuffered)
+		m.snapshotLocked(e, "first sight")
+		return
+	}
+	e.lastMsg = time.Now()
+	switch {
+	case e.snapshotting || e.retryAt != (time.Time{}):
+		e.buffer(d, m.cfg.MaxBuffered)
+	case d.Epoch != e.epoch:
+		m.met.epochs.Inc()
+		e.buffer(d, m.cfg.MaxBuffered)
+		m.snapshotLocked(e, "new epoch")
+	case d.Seq <= e.seq:
+		m.met.duplicates.Inc()
+	case d.Seq > e.seq+1:
+		m.met.gaps.Inc()
+		e.buffer(d, m.cfg.MaxBuffered)
+		m.snapshotLocked(e, "gap")
+	default:
+		m.applyLocked(e, d)
+	}
+}
+
+func (m *Materializer) engine(id, model string) *engineState {
+	e := &engineState{id: id, model: model, lastMsg: time.Now()}
+	for t := range e.sets {
+		e.sets[t] = map[uint64]struct{}{}
+	}
+	m.engines[id] = e
+	return e
+}
+
+// applyLocked applies one in-sequence delta to e and the index.
+func (m *Materializer) applyLocked(e *engineState, d *kvevents.Delta) {
+	for i := range d.Ops {
+		op := &d.Ops[i]
+		set, dig := e.sets[op.Tier], &e.digests[op.Tier]
+		s := m.scratch[:0]
+		switch op.Kind {
+		case kvevents.OpStore:
+			for _, k := range op.Keys {
+				if _, ok := set[k]; !ok {
+					set[k] = struct{}{}
+					dig.Add(k)
+					s = append(s, k)
+				}
+			}
+			if len(s) > 0 {
+				m.cfg.Index.Store(e.id, op.Tier, s)
+			}
+			m.keys += len(s)
+		case kvevents.OpRemove:
+			for _, k := range op.Keys {
+				if _, ok := set[k]; ok {
+					delete(set, k)
+					dig.Remove(k)
+					s = append(s, k)
+				}
+			}
+			if len(s) > 0 {
+				m.cfg.Index.Remove(e.id, op.Tier, s)
+			}
+			m.keys -= len(s)
+		case kvevents.OpClear:
+			for k := range set {
+				s = append(s, k)
+			}
+			clear(set)
+			*dig = kvevents.Digest{}
+			if len(s) > 0 {
+				m.cfg.Index.Remove(e.id, op.Tier, s)
+			}
+			m.keys -= len(s)
+		}
+		m.scratch = s
+		m.met.keys.Add(float64(len(op.Keys)))
+	}
+	e.seq = d.Seq
+	e.applied++
+	m.met.applied.Inc()
+	m.met.ops.Add(float64(len(d.Ops)))
+	if d.TS > 0 {
+		lag := time.Since(time.Unix(0, d.TS))
+		e.lag = lag
+		m.met.lag.Observe(lag.Seconds())
+	}
+}
+
+// snapshotLocked starts a snapshot of e unless one is in flight. Deltas for e
+// are buffered until it is installed.
+func (m *Materializer) snapshotLocked(e *engineState, reason string) {
+	if e.snapshotting {
+		e.again = true // the reply may predate the reason: take another one after it
+		return
+	}
+	if m.ctx == nil || m.ctx.Err() != nil {
+		e.retryAt = time.Now() // picked up by the first tick of Run
+		return
+	}
+	e.snapshotting, e.again = true, false
+	e.retryAt = time.Time{}
+	m.log.Debug("snapshot", "engine", e.id, "reason", reason)
+	ctx := m.ctx
+	m.wg.Add(1)
+	go func() { // owned by Run through m.wg; ends with ctx
+		defer m.wg.Done()
+		select {
+		case m.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
+		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id)
+		cancel()
+		<-m.sem
+		m.installSnapshot(e, s, err)
+	}()
+}
+
+// installSnapshot replaces e's key set with s (writing only the difference to
+// the index), then applies the buffered deltas that follow it.
+func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.snapshotting = false
+	if m.engines[e.id] != e {
+		return // forgotten meanwhile
+	}
+	if err != nil {
+		result := "error"
+		switch {
+		case errors.Is(err, ErrNoResponders):
+			result = "no_responders"
+			m.clearLocked(e) // nobody serves this engine now: no stale routing
+		case errors.Is(err, context.DeadlineExceeded):
+			result = "timeout"
+		case errors.Is(err, ErrSnapshot):
+			m.met.malformed.Inc()
+		}
+		m.met.snapshots.WithLabelValues(result).Inc()
+		e.failures++
+		backoff := min(time.Duration(e.failures)*250*time.Millisecond, 5*time.Second)
+		e.retryAt = time.Now().Add(backoff)
+		m.log.Debug("snapshot failed", "engine", e.id, "err", err, "retry_in", backoff)
+		return
+	}
+	m.met.snapshots.WithLabelValues("ok").Inc()
+	e.failures = 0
+	for t := range s.Keys {
+		m.replaceTierLocked(e, kvevents.Tier(t), s.Keys[t])
+	}
+	e.epoch, e.seq, e.synced = s.Epoch, s.Seq, true
+	e.behindSince, e.mismatchSince = time.Time{}, time.Time{}
+	if e.again {
+		m.snapshotLocked(e, "requested during the last snapshot")
+		return
+	}
+	buf := e.buf
+	e.buf = nil
+	sort.SliceStable(buf, func(i, j int) bool { return buf[i].Seq < buf[j].Seq })
+	for i, d := range buf {
+		switch {
+		case d.Epoch != e.epoch || d.Seq <= e.seq:
+			// Older than the snapshot, or from another sidecar epoch: if that
+			// epoch is the newer one, its next delta or gossip triggers a resync.
+		case d.Seq == e.seq+1:
+			m.applyLocked(e, d)
+		default:
+			m.met.gaps.Inc()
+			e.buf = buf[i:]
+			m.snapshotLocked(e, "gap after snapshot")
+			return
+		}
+	}
+}
+
+// replaceTierLocked makes e's tier t equal keys, writing only the difference.
+func (m *Materializer) replaceTierLocked(e *engineState, t kvevents.Tier, keys []uint64) {
+	old := e.sets[t]
+	next := make(map[uint64]struct{}, len(keys))
+	var dig kvevents.Digest
+	var add []uint64
+	for _, k := range keys {
+		if _, dup := next[k]; dup {
+			continue
+		}
+		next[k] = struct{}{}
+		dig.Add(k)
+		if _, ok := old[k]; !ok {
+			add = append(add, k)
+		}
+	}
+	var del []uint64
+	for k := range old {
+		if _, ok := next[k]; !ok {
+			del = append(del, k)
+		}
+	}
+	if len(del) > 0 {
+		m.cfg.Index.Remove(e.id, t, del)
+	}
+	if len(add) > 0 {
+		m.cfg.Index.Store(e.id, t, add)
+	}
+	m.keys += len(next) - len(old)
+	e.sets[t], e.digests[t] = next, dig
+}
+
+// clearLocked empties e in the index and in memory; e must be resynced.
+func (m *Materializer) clearLocked(e *engineState) {
+	m.cfg.Index.ClearEngine(e.id)
+	for t := range e.sets {
+		m.keys -= len(e.sets[t])
+		e.sets[t] = map[uint64]struct{}{}
+		e.digests[t] = kvevents.Digest{}
+	}
+	e.synced = false
+	e.epoch, e.seq = 0, 0
+}
+
+// resyncAll snapshots every engine (after a NATS reconnect: deltas were lost).
+func (m *Materializer) resyncAll(reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.met.resyncs.Inc()
+	m.log.Info("resyncing every engine", "reason", reason, "engines", len(m.engines))
+	for _, e := range m.engines {
+		m.snapshotLocked(e, reason)
+	}
+}

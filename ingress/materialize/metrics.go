@@ -1,0 +1,61 @@
+package materialize
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the kvmesh_materializer_* series.
+type metrics struct {
+	applied    prometheus.Counter
+	ops        prometheus.Counter
+	keys       prometheus.Counter
+	duplicates prometheus.Counter
+	gaps       prometheus.Counter
+	epochs     prometheus.Counter
+	mismatches prometheus.Counter
+	malformed  prometheus.Counter
+	resyncs    prometheus.Counter
+	snapshots  *prometheus.CounterVec
+	lag        prometheus.Histogram
+}
+
+func newMetrics() *metrics {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_materializer_" + name, Help: help})
+	}
+	return &metrics{
+		applied:    c("deltas_applied_total", "Deltas applied in sequence."),
+		ops:        c("ops_applied_total", "Delta ops applied."),
+		keys:       c("keys_applied_total", "Keys in applied delta ops (the ingest rate)."),
+		duplicates: c("deltas_duplicate_total", "Deltas at or below the applied sequence, ignored."),
+		gaps:       c("gaps_total", "Sequence gaps that triggered a snapshot."),
+		epochs:     c("new_epochs_total", "Sidecar epoch changes that triggered a snapshot."),
+		mismatches: c("digest_mismatches_total", "Digest differences with gossip at the same head that triggered a snapshot."),
+		malformed:  c("malformed_total", "Undecodable deltas or snapshot chunks, skipped."),
+		resyncs:    c("reconnect_resyncs_total", "NATS reconnects after which every engine was resynced."),
+		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_materializer_snapshots_total", Help: "Snapshot requests by result (ok, timeout, no_responders, error).",
+		}, []string{"result"}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvmesh_materializer_propagation_lag_seconds",
+			Help:    "Engine event time to applied in this ingress's index (clock skew between hosts included).",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
+		}),
+	}
+}
+
+func (m *metrics) register(reg prometheus.Registerer, engines, keys func() float64) error {
+	if reg == nil {
+		return nil
+	}
+	for _, col := range []prometheus.Collector{
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.snapshots, m.lag,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
+	} {
+		if err := reg.Register(col); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,78 @@
+package ingress
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the ingress's Prometheus series, all in one place.
+type metrics struct {
+	requests     *prometheus.CounterVec   // endpoint, status
+	ttft         *prometheus.HistogramVec // endpoint
+	duration     *prometheus.HistogramVec // endpoint
+	stage        *prometheus.HistogramVec // stage: parse, tokenize, schedule
+	tokens       *prometheus.CounterVec   // direction: in, out
+	attempts     *prometheus.CounterVec   // result
+	decisions    *prometheus.CounterVec   // policy, reason
+	matchRatio   prometheus.Histogram
+	inflight     prometheus.Gauge
+	streamErrors prometheus.Counter
+
+	statusLabels map[int]string // avoids strconv per request
+}
+
+var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() float64, engines func() float64) *metrics {
+	constLabels := prometheus.Labels{"ingress": id}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_requests_total",
+			Help: "Requests answered, by endpoint and HTTP status.", ConstLabels: constLabels}, []string{"endpoint", "status"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_ttft_seconds",
+			Help: "Time from request arrival to the first upstream body byte.", ConstLabels: constLabels, Buckets: latencyBuckets}, []string{"endpoint"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_request_duration_seconds",
+			Help: "Time from request arrival to the end of the response.", ConstLabels: constLabels, Buckets: latencyBuckets}, []string{"endpoint"}),
+		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_stage_seconds",
+			Help: "Time spent in each ingress stage before proxying.", ConstLabels: constLabels,
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05}}, []string{"stage"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tokens_total",
+			Help: "Prompt (in) and completion (out) tokens.", ConstLabels: constLabels}, []string{"direction"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_upstream_attempts_total",
+			Help: "Upstream attempts by result (ok, connect_error, timeout, status_5xx, status_4xx, stream_error).", ConstLabels: constLabels}, []string{"result"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_routing_decisions_total",
+			Help: "Routing decisions by policy and reason.", ConstLabels: constLabels}, []string{"policy", "reason"}),
+		matchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_prefix_match_ratio",
+			Help: "Matched prefix blocks (any tier) on the chosen engine / full blocks of the prompt.", ConstLabels: constLabels,
+			Buckets: []float64{0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, 1}}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_ingress_inflight_requests",
+			Help: "Requests this replica is serving now.", ConstLabels: constLabels}),
+		streamErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_stream_errors_total",
+			Help: "Streams ended with an error event after bytes reached the client.", ConstLabels: constLabels}),
+		statusLabels: map[int]string{},
+	}
+	for _, c := range []int{200, 400, 401, 404, 413, 429, 499, 500, 502, 503, 504} {
+		m.statusLabels[c] = strconv.Itoa(c)
+	}
+	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors)
+	if indexKeys != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_keys",
+			Help: "Keys in the local index (all engines and tiers).", ConstLabels: constLabels}, indexKeys))
+	}
+	if propLag != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_propagation_lag_seconds",
+			Help: "Age of the newest applied delta when it was applied (engine event to local index).", ConstLabels: constLabels}, propLag))
+	}
+	if engines != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines",
+			Help: "Live engines known to this replica.", ConstLabels: constLabels}, engines))
+	}
+	return m
+}
+
+func (m *metrics) status(code int) string {
+	if s, ok := m.statusLabels[code]; ok {
+		return s
+	}
+	return strconv.Itoa(code)
+}

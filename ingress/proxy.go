@@ -1,0 +1,424 @@
+package ingress
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// maxUpstreamBody bounds a buffered (non-streamed) upstream answer.
+const maxUpstreamBody = 64 << 20
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// proxy sends the request down the scheduler's ranking until an engine
+// answers. Before the first byte reaches the client, connect errors, 5xx,
+// 429 and timeouts move on to the next engine (Config.MaxAttempts at most).
+func (c *call) proxy(ctx *fasthttp.RequestCtx) {
+	s := c.s
+	body := c.body
+	if len(body) == 0 {
+		body = c.req.body
+	}
+	ureq := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(ureq)
+	ureq.Header.SetMethod(fasthttp.MethodPost)
+	ureq.Header.SetContentType("application/json")
+	ureq.SetBodyRaw(body)
+
+	var lastErr error
+	limit := min(s.cfg.MaxAttempts, len(c.dec.Ranked))
+	for i := 0; i < limit; i++ {
+		rk := &c.dec.Ranked[i]
+		url := c.urlOf(rk.Engine)
+		up, err := s.ups.get(rk.Engine, url)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		c.attempts++
+		c.engine, c.match = rk.Engine, rk.Match
+		if s.deps.Index != nil && len(c.keys) > 0 {
+			s.deps.Index.AddSpeculative(rk.Engine, c.keys, time.Now())
+		}
+		ureq.SetRequestURI(url + c.path)
+		ureq.SetHost(up.hc.Addr)
+		resp := fasthttp.AcquireResponse()
+		up.inflight.Add(1)
+		up.total.Add(1)
+		err = up.hc.Do(ureq, resp)
+		if err != nil {
+			lastErr = c.attemptFailed(up, resp, classifyErr(err), err)
+			continue
+		}
+		st := resp.StatusCode()
+		if st >= 500 || st == fasthttp.StatusTooManyRequests {
+			lastErr = c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d", rk.Engine, st))
+			continue
+		}
+		if st != fasthttp.StatusOK {
+			// The engine judged the request itself (4xx): relay its answer.
+			s.m.attempts.WithLabelValues("status_4xx").Inc()
+			c.relayBuffered(ctx, up, resp, st)
+			return
+		}
+		if c.req.stream {
+			if ok, err := c.startStream(ctx, up, resp); !ok {
+				lastErr = err
+				continue
+			}
+			return
+		}
+		if ok, err := c.relayBufferedOK(ctx, up, resp); !ok {
+			lastErr = err
+			continue
+		}
+		return
+	}
+	if lastErr == nil {
+		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
+	}
+	c.fail(ctx, lastErr)
+	c.finish()
+}
+
+func (c *call) urlOf(engine string) string {
+	for i := range c.cands {
+		if c.cands[i].ID == engine {
+			return c.urls[i]
+		}
+	}
+	return ""
+}
+
+// attemptFailed releases a failed attempt and returns the error to report if
+// it was the last.
+func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result string, err error) error {
+	c.s.m.attempts.WithLabelValues(result).Inc()
+	up.failures.Add(1)
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	up.inflight.Add(-1)
+	c.s.log.Debug("upstream attempt failed", "engine", up.id, "result", result, "err", err)
+	if result == "timeout" {
+		return fmt.Errorf("%w: engine %s: %w", ErrUpstreamTimout, up.id, err)
+	}
+	return fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
+}
+
+func classifyErr(err error) string {
+	var ne net.Error
+	if errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
+		return "timeout"
+	}
+	return "connect_error"
+}
+
+func statusResult(st int) string {
+	if st == fasthttp.StatusTooManyRequests {
+		return "status_429"
+	}
+	return "status_5xx"
+}
+
+// readAll reads a streamed upstream body into a pooled buffer.
+func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	r := resp.BodyStream()
+	if r == nil {
+		buf.Write(resp.Body())
+		return buf, nil
+	}
+	_, err := buf.ReadFrom(io.LimitReader(r, maxUpstreamBody))
+	return buf, err
+}
+
+// relayBuffered relays an engine's non-200 answer as it is.
+func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response, st int) {
+	buf, err := readAll(resp)
+	_ = resp.CloseBodyStream()
+	ctx.SetStatusCode(st)
+	ctx.SetContentTypeBytes(resp.Header.ContentType())
+	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	if err == nil {
+		ctx.SetBody(buf.Bytes())
+	}
+	bufPool.Put(buf)
+	fasthttp.ReleaseResponse(resp)
+	up.inflight.Add(-1)
+	c.status = st
+	c.errMsg = fmt.Sprintf("engine answered %d", st)
+	c.finish()
+}
+
+// relayBufferedOK reads a whole non-streamed answer; a read error is still
+// retryable because nothing reached the client.
+func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response) (bool, error) {
+	buf, err := readAll(resp)
+	c.ttft = time.Since(c.start)
+	if err != nil {
+		bufPool.Put(buf)
+		return false, c.attemptFailed(up, resp, classifyErr(err), err)
+	}
+	out := buf.Bytes()
+	if len(out) == 0 || out[0] != '{' {
+		// An engine that dies mid-request may close with an empty 200.
+		bufPool.Put(buf)
+		return false, c.attemptFailed(up, resp, "empty_response", fmt.Errorf("engine %s: empty or non-JSON answer", up.id))
+	}
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	up.inflight.Add(-1)
+	c.s.m.attempts.WithLabelValues("ok").Inc()
+	c.outTokens = usageCompletionTokens(out)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	if c.wrap {
+		ctx.SetBody(completionToChat(nil, out))
+	} else {
+		ctx.SetBody(out)
+	}
+	bufPool.Put(buf)
+	c.status = fasthttp.StatusOK
+	c.s.m.matchRatio.Observe(c.matchRatio())
+	c.finish()
+	return true, nil
+}
+
+func (c *call) matchRatio() float64 {
+	if len(c.keys) == 0 {
+		return 0
+	}
+	return min(float64(c.match.Spec)/float64(len(c.keys)), 1)
+}
+
+// startStream reads up to the first complete SSE event before committing:
+// an engine that dies during prefill is still retried. Then the response
+// streams through, event by event.
+func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response) (bool, error) {
+	ps := streamPool.Get().(*proxyStream)
+	ps.reset()
+	r := resp.BodyStream()
+	if r == nil {
+		r = bytes.NewReader(resp.Body())
+	}
+	ps.c, ps.up, ps.resp, ps.body, ps.wrap = c, up, resp, r, c.wrap
+	for ps.cut == 0 && ps.upErr == nil {
+		ps.fillOnce()
+	}
+	if ps.cut > 0 && bytes.HasPrefix(ps.buf, errorEventPrefix) {
+		// The engine gave up before producing anything (e.g. it is
+		// restarting): nothing useful reached the client, try the next one.
+		ps.cut, ps.upErr = 0, fmt.Errorf("engine sent an error event first: %.200s", ps.buf[:bytes.Index(ps.buf, eventSep)])
+	}
+	if ps.cut == 0 {
+		err := ps.upErr
+		ps.c, ps.up, ps.resp, ps.body = nil, nil, nil, nil
+		streamPool.Put(ps)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return false, c.attemptFailed(up, resp, classifyErr(err), fmt.Errorf("before first byte: %w", err))
+	}
+	c.ttft = time.Since(c.start)
+	c.s.m.attempts.WithLabelValues("ok").Inc()
+	c.s.m.matchRatio.Observe(c.matchRatio())
+	c.status = fasthttp.StatusOK
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	ctx.Response.SetBodyStream(ps, -1)
+	return true, nil
+}
+
+const streamBufSize = 16 << 10
+
+var streamPool = sync.Pool{New: func() any { return &proxyStream{buf: make([]byte, streamBufSize)} }}
+
+// proxyStream is the response body of a streamed answer. fasthttp reads it
+// and writes (and flushes) each read as one chunk, so SSE events pass
+// through as they arrive. Only whole events are handed out, so a stream that
+// breaks leaves no half event before the error event. fasthttp closes it
+// when the response ends or the client goes away; Close then cancels the
+// upstream request.
+type proxyStream struct {
+	c    *call
+	up   *upstream
+	resp *fasthttp.Response
+	body io.Reader
+
+	buf      []byte // upstream bytes: buf[:cut] whole events, buf[cut:fill] a partial one
+	fill     int
+	cut      int
+	pending  []byte // what Read hands out next: buf[pos:cut] or converted events
+	upErr    error  // upstream error seen, acted on once pending drains
+	tail     []byte // error event + [DONE] after a broken stream
+	done     bool
+	wrap     bool   // chat re-wrap mode
+	out      []byte // re-wrap: converted events
+	sawDone  bool   // the engine\'s [DONE] went through
+	sentRole bool
+	closed   bool
+}
+
+func (p *proxyStream) reset() {
+	*p = proxyStream{buf: p.buf, out: p.out[:0], tail: p.tail[:0]}
+}
+
+// fillOnce reads once from upstream and, when whole events arrived, makes
+// them pending.
+func (p *proxyStream) fillOnce() {
+	if p.fill == len(p.buf) {
+		// One event larger than the buffer: forward what there is.
+		p.cut = p.fill
+	} else {
+		n, err := p.body.Read(p.buf[p.fill:])
+		if err != nil {
+			p.upErr = err
+		}
+		if n == 0 {
+			return
+		}
+		p.fill += n
+		i := bytes.LastIndex(p.buf[:p.fill], eventSep)
+		if i < 0 {
+			return
+		}
+		p.cut = i + len(eventSep)
+	}
+	events := p.buf[:p.cut]
+	if bytes.Contains(events, doneEvent) {
+		p.sawDone = true
+	}
+	if p.wrap {
+		p.out = p.rewrap(p.out[:0], events)
+		p.pending = p.out
+	} else {
+		p.observe(events)
+		p.pending = events
+	}
+}
+
+func (p *proxyStream) Read(b []byte) (int, error) {
+	for {
+		if len(p.pending) > 0 {
+			n := copy(b, p.pending)
+			p.pending = p.pending[n:]
+			return n, nil
+		}
+		if p.cut > 0 { // pending drained: keep only the partial event
+			p.fill = copy(p.buf, p.buf[p.cut:p.fill])
+			p.cut = 0
+		}
+		if len(p.tail) > 0 {
+			n := copy(b, p.tail)
+			p.tail = p.tail[n:]
+			return n, nil
+		}
+		if p.done {
+			return 0, io.EOF
+		}
+		if p.upErr != nil {
+			p.endWith(p.upErr)
+			continue
+		}
+		p.fillOnce()
+	}
+}
+
+// endWith finishes the stream after the upstream ended: cleanly on EOF with
+// no partial event left, with an OpenAI error event and [DONE] otherwise
+// (bytes already reached the client, so it cannot be retried).
+func (p *proxyStream) endWith(err error) {
+	p.done = true
+	if err == io.EOF && (p.fill > 0 || !p.sawDone) {
+		// A half event or no [DONE]: the engine stopped short.
+		err = io.ErrUnexpectedEOF
+	}
+	if err == io.EOF {
+		return
+	}
+	c := p.c
+	c.s.m.streamErrors.Inc()
+	c.s.m.attempts.WithLabelValues("stream_error").Inc()
+	c.errMsg = "upstream stream broke: " + err.Error()
+	p.tail = append(p.tail, "data: "...)
+	p.tail = appendErrorBody(p.tail, &apiError{msg: fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), typ: "server_error", code: "upstream_error"})
+	p.tail = append(p.tail, "\n\ndata: [DONE]\n\n"...)
+}
+
+// observe counts output from the passing SSE bytes: the usage chunk when the
+// engine sends one, else one token per data event.
+func (p *proxyStream) observe(b []byte) {
+	c := p.c
+	if n := usageCompletionTokens(b); n > 0 {
+		c.outTokens = n
+		return
+	}
+	for i := 0; ; {
+		j := bytes.Index(b[i:], dataPrefix)
+		if j < 0 {
+			return
+		}
+		i += j + len(dataPrefix)
+		if !bytes.HasPrefix(b[i:], doneMarker) {
+			c.outTokens++
+		}
+	}
+}
+
+var (
+	eventSep         = []byte("\n\n")
+	dataPrefix       = []byte("data: ")
+	doneEvent        = []byte("data: [DONE]")
+	errorEventPrefix = []byte(`data: {"error"`)
+	doneMarker       = []byte("[DONE]")
+	usageMarker      = []byte(`"completion_tokens":`)
+)
+
+// usageCompletionTokens finds "completion_tokens":N in b (0 when absent).
+func usageCompletionTokens(b []byte) int {
+	i := bytes.LastIndex(b, usageMarker)
+	if i < 0 {
+		return 0
+	}
+	i = skipWS(b, i+len(usageMarker))
+	n := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		n = n*10 + int(b[i]-'0')
+		if n > 1<<30 {
+			return 0
+		}
+	}
+	return n
+}
+
+// Close ends the upstream request (cancelling it if still running, e.g.
+// when the client went away) and records the request.
+func (p *proxyStream) Close() error {
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	c := p.c
+	if !p.done {
+		c.errMsg = "client closed the stream"
+		c.status = 499
+	}
+	_ = p.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(p.resp)
+	p.up.inflight.Add(-1)
+	c.finish()
+	p.c, p.up, p.resp, p.body = nil, nil, nil, nil
+	streamPool.Put(p)
+	return nil
+}

@@ -1,0 +1,167 @@
+package ingress
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func testConfig(engines ...StaticEngine) Config {
+	cfg := DefaultConfig()
+	cfg.Engines = engines
+	cfg.Scheduler.Policy = "least-request"
+	return cfg
+}
+
+func TestProxyStreamPassesThroughAndCounts(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	reg := prometheus.NewRegistry()
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{Registry: reg})
+	st, hdr, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"stream":true}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "e1" || !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("status %d headers %v body %s", st, hdr, body)
+	}
+	evs := sseEvents(body)
+	if len(evs) != 6 || evs[0] != strings.TrimSuffix(strings.TrimPrefix(completionEvent(0, "t0", ""), "data: "), "\n\n") || evs[5] != "[DONE]" {
+		t.Fatalf("events %q", evs)
+	}
+	waitFor(t, 2*time.Second, func() bool {
+		return val(s.m.tokens.WithLabelValues("out")) == 4 && s.inflight.Load() == 0
+	})
+	if got := val(s.m.requests.WithLabelValues("completions", "200")); got != 1 {
+		t.Fatalf("requests_total = %v", got)
+	}
+	// The engine got the prompt as token ids, untouched.
+	if b := <-fe.bodies; !strings.Contains(string(b), `"prompt":[1,2,3]`) {
+		t.Fatalf("engine body %s", b)
+	}
+}
+
+func TestProxyNonStream(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{})
+	st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hello"}`)
+	if st != 200 || !json.Valid(body) || !strings.Contains(string(body), `"text":"t0t1t2"`) {
+		t.Fatalf("%d %s", st, body)
+	}
+}
+
+// Every engine but one fails before the first byte in a different way; with
+// enough attempts every request must land on the good one.
+func TestRetryBeforeFirstByte(t *testing.T) {
+	good := startFaultEngine(t, faultOK)
+	e500 := startFaultEngine(t, fault500)
+	hang := startFaultEngine(t, faultHang)
+	dead := startFaultEngine(t, faultOK)
+	dead.close() // connection refused from now on
+	cfg := testConfig(
+		StaticEngine{ID: "good", Model: "m", URL: good.url()},
+		StaticEngine{ID: "e500", Model: "m", URL: e500.url()},
+		StaticEngine{ID: "hang", Model: "m", URL: hang.url()},
+		StaticEngine{ID: "dead", Model: "m", URL: dead.url()},
+	)
+	cfg.Scheduler.Policy = "random"
+	cfg.MaxAttempts = 4
+	cfg.IdleTimeout = 200 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	for i := 0; i < 12; i++ {
+		stream := i%2 == 0
+		body := `{"model":"m","prompt":[1,2],"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	for _, r := range []string{"status_5xx", "timeout", "connect_error"} {
+		if val(s.m.attempts.WithLabelValues(r)) == 0 {
+			t.Errorf("no %s attempt recorded: random routing over 12 requests should have hit it", r)
+		}
+	}
+	// With a single failing engine the client gets a clean 503/504 error body.
+	cfg2 := testConfig(StaticEngine{ID: "e500", Model: "m", URL: e500.url()})
+	s2 := startIngress(t, cfg2, Deps{})
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", `{"model":"m","prompt":[1]}`)
+	if st != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(b), `"type":"server_error"`) {
+		t.Fatalf("%d %v %s", st, hdr, b)
+	}
+}
+
+func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
+	fe := startFaultEngine(t, faultBreakStream)
+	good := startFaultEngine(t, faultOK)
+	// The good engine is second in the ranking: it must NOT be tried once bytes went out.
+	cfg := testConfig(StaticEngine{ID: "broken", Model: "m", URL: fe.url()})
+	s := startIngress(t, cfg, Deps{})
+	st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1],"stream":true}`)
+	if st != 200 {
+		t.Fatalf("status %d", st)
+	}
+	evs := sseEvents(body)
+	if len(evs) != 4 || !strings.Contains(evs[2], `"error"`) || evs[3] != "[DONE]" {
+		t.Fatalf("events %q", evs)
+	}
+	var e struct {
+		Error struct{ Message, Type string }
+	}
+	if err := json.Unmarshal([]byte(evs[2]), &e); err != nil || e.Error.Type != "server_error" {
+		t.Fatalf("error event %q: %v", evs[2], err)
+	}
+	if good.hits.Load() != 0 {
+		t.Fatal("retried after bytes were sent")
+	}
+	waitFor(t, 2*time.Second, func() bool { return val(s.m.streamErrors) == 1 })
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	fe := startFaultEngine(t, faultSlowStream)
+	s := startIngress(t, testConfig(StaticEngine{ID: "slow", Model: "m", URL: fe.url()}), Deps{})
+	req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":[1],"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q: %v", line, err)
+	}
+	resp.Body.Close() // client goes away mid-stream
+	waitFor(t, 5*time.Second, func() bool { return fe.canceled.Load() == 1 })
+	waitFor(t, 5*time.Second, func() bool { return s.inflight.Load() == 0 && s.ups.inflight("slow") == 0 })
+}
+
+func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {
+	fe := startFaultEngine(t, faultSlowStream)
+	cfg := testConfig(StaticEngine{ID: "slow", Model: "m", URL: fe.url()})
+	cfg.DrainTimeout = 300 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":[1],"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	done := make(chan error, 1)
+	go func() { done <- s.Close() }()
+	waitFor(t, 2*time.Second, func() bool { return s.draining.Load() })
+	st, _, _ := post(t, http.DefaultClient, "http://"+s.Addr()+"/ready", "")
+	if st != 503 {
+		t.Fatalf("/ready while draining = %d", st)
+	}
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1]}`)
+	if st != 503 {
+		t.Fatalf("new request while draining = %d %s", st, b)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	if err := s.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+}

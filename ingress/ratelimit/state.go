@@ -1,0 +1,208 @@
+package ratelimit
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+)
+
+// The state another replica publishes (through gossip) is its own usage, per scope, for
+// its current and previous window:
+//
+//	version=1 | uvarint window_ms | varint window_index | uvarint n |
+//	n × ( scope id: 8 bytes LE | uvarint curr_in | curr_out | prev_in | prev_out )
+//
+// Scope ids are xxh3 hashes of the key or model name, so no name crosses the wire and
+// every replica computes the same id. Merge rule: per origin, a newer window replaces
+// the older state; within the same window every counter only grows (a G-counter), so
+// merging takes the maximum and reordered or duplicated gossip is harmless. Across
+// origins the counters are summed.
+const (
+	stateVersion   = 1
+	maxEntryBytes  = 8 + 4*binary.MaxVarintLen64
+	minEntryBytes  = 8 + 4
+	maxStateBytes  = 1 << 20
+	DefaultMaxSize = 1024 // a payload that fits in one gossip packet with room to spare
+)
+
+type remoteCounts struct{ curr, prev [2]int64 }
+
+// origin is the latest state received from one other replica.
+type origin struct {
+	win    int64
+	scopes map[uint64]remoteCounts
+}
+
+// AppendState appends this replica's current usage to dst, at most maxBytes long
+// (≤ 0 means DefaultMaxSize). When not every scope fits, the busiest are sent: the
+// others are too small to move a limit. Call it every gossip interval.
+func (l *Limiter) AppendState(dst []byte, maxBytes int) []byte {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxSize
+	}
+	w := l.cfg.Now().UnixNano() / l.window
+	type item struct {
+		id    uint64
+		c     remoteCounts
+		total int64
+	}
+	l.mu.Lock()
+	items := make([]item, 0, len(l.local))
+	for id, c := range l.local {
+		c.roll(w)
+		if c.win != w || c.curr == [2]int64{} && c.prev == [2]int64{} {
+			continue
+		}
+		items = append(items, item{id, remoteCounts{c.curr, c.prev}, c.curr[0] + c.curr[1] + c.prev[0] + c.prev[1]})
+	}
+	l.mu.Unlock()
+	slices.SortFunc(items, func(a, b item) int {
+		if a.total != b.total {
+			return int(min(max(b.total-a.total, -1), 1))
+		}
+		return int(min(max(int64(a.id>>1)-int64(b.id>>1), -1), 1))
+	})
+
+	header := make([]byte, 0, 32)
+	header = append(header, stateVersion)
+	header = binary.AppendUvarint(header, uint64(l.cfg.Window.Milliseconds()))
+	header = binary.AppendVarint(header, w)
+	body := make([]byte, 0, min(maxBytes, len(items)*maxEntryBytes))
+	n := 0
+	var entry [maxEntryBytes]byte
+	for _, it := range items {
+		e := binary.LittleEndian.AppendUint64(entry[:0], it.id)
+		e = binary.AppendUvarint(e, uint64(it.c.curr[0]))
+		e = binary.AppendUvarint(e, uint64(it.c.curr[1]))
+		e = binary.AppendUvarint(e, uint64(it.c.prev[0]))
+		e = binary.AppendUvarint(e, uint64(it.c.prev[1]))
+		if len(header)+binary.MaxVarintLen64+len(body)+len(e) > maxBytes {
+			break
+		}
+		body = append(body, e...)
+		n++
+	}
+	dst = append(dst, header...)
+	dst = binary.AppendUvarint(dst, uint64(n))
+	return append(dst, body...)
+}
+
+// decodeState parses a state payload; it never panics on bad input.
+func decodeState(b []byte) (windowMS uint64, win int64, scopes map[uint64]remoteCounts, err error) {
+	if len(b) == 0 || len(b) > maxStateBytes {
+		return 0, 0, nil, fmt.Errorf("%w: length %d", ErrBadState, len(b))
+	}
+	if b[0] != stateVersion {
+		return 0, 0, nil, fmt.Errorf("%w: version %d", ErrBadState, b[0])
+	}
+	p := b[1:]
+	next := func(what string) (uint64, error) {
+		v, k := binary.Uvarint(p)
+		if k <= 0 {
+			return 0, fmt.Errorf("%w: bad %s", ErrBadState, what)
+		}
+		p = p[k:]
+		return v, nil
+	}
+	if windowMS, err = next("window length"); err != nil {
+		return 0, 0, nil, err
+	}
+	v, k := binary.Varint(p)
+	if k <= 0 {
+		return 0, 0, nil, fmt.Errorf("%w: bad window index", ErrBadState)
+	}
+	win, p = v, p[k:]
+	n, err := next("count")
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	if n > uint64(len(p)/minEntryBytes) {
+		return 0, 0, nil, fmt.Errorf("%w: count %d exceeds payload", ErrBadState, n)
+	}
+	scopes = make(map[uint64]remoteCounts, n)
+	for i := uint64(0); i < n; i++ {
+		if len(p) < 8 {
+			return 0, 0, nil, fmt.Errorf("%w: entry %d truncated", ErrBadState, i)
+		}
+		id := binary.LittleEndian.Uint64(p)
+		p = p[8:]
+		var vals [4]int64
+		for j := range vals {
+			u, err := next("counter")
+			if err != nil {
+				return 0, 0, nil, err
+			}
+			if u > 1<<53 {
+				return 0, 0, nil, fmt.Errorf("%w: counter %d out of range", ErrBadState, u)
+			}
+			vals[j] = int64(u)
+		}
+		c := remoteCounts{curr: [2]int64{vals[0], vals[1]}, prev: [2]int64{vals[2], vals[3]}}
+		scopes[id] = maxCounts(scopes[id], c)
+	}
+	if len(p) != 0 {
+		return 0, 0, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadState, len(p))
+	}
+	return windowMS, win, scopes, nil
+}
+
+func maxCounts(a, b remoteCounts) remoteCounts {
+	for d := 0; d < 2; d++ {
+		a.curr[d] = max(a.curr[d], b.curr[d])
+		a.prev[d] = max(a.prev[d], b.prev[d])
+	}
+	return a
+}
+
+// MergeState folds another replica's published state into this limiter. A malformed
+// payload is counted, reported and otherwise ignored; a payload from a replica with a
+// different window length is refused (ErrOldWindow) because its counts are not
+// comparable.
+func (l *Limiter) MergeState(originID string, b []byte) error {
+	windowMS, win, scopes, err := decodeState(b)
+	if err != nil {
+		l.metrics.mergeErrors.Inc()
+		return fmt.Errorf("ratelimit: merge from %q: %w", originID, err)
+	}
+	if windowMS != uint64(l.cfg.Window.Milliseconds()) {
+		l.metrics.mergeErrors.Inc()
+		return fmt.Errorf("ratelimit: merge from %q: %w: %d ms, want %d ms", originID, ErrOldWindow, windowMS, l.cfg.Window.Milliseconds())
+	}
+	w := l.cfg.Now().UnixNano() / l.window
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	o, ok := l.origins[originID]
+	if !ok {
+		if len(l.origins) >= l.cfg.MaxOrigins {
+			for id, old := range l.origins {
+				if old.win < w-1 {
+					delete(l.origins, id)
+				}
+			}
+			if len(l.origins) >= l.cfg.MaxOrigins {
+				l.metrics.mergeErrors.Inc()
+				return fmt.Errorf("ratelimit: merge from %q: %w: more than %d origins", originID, ErrBadState, l.cfg.MaxOrigins)
+			}
+		}
+		l.origins[originID] = &origin{win: win, scopes: scopes}
+		l.metrics.origins.Set(float64(len(l.origins)))
+		return nil
+	}
+	switch {
+	case win > o.win:
+		o.win, o.scopes = win, scopes
+	case win == o.win:
+		for id, c := range scopes {
+			o.scopes[id] = maxCounts(o.scopes[id], c)
+		}
+	}
+	return nil
+}
+
+// ForgetOrigin drops a replica's state, e.g. when gossip reports it left or died.
+func (l *Limiter) ForgetOrigin(originID string) {
+	l.mu.Lock()
+	delete(l.origins, originID)
+	l.metrics.origins.Set(float64(len(l.origins)))
+	l.mu.Unlock()
+}

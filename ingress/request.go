@@ -1,0 +1,321 @@
+package ingress
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// endpoint is the OpenAI route a request came in on.
+type endpoint uint8
+
+const (
+	epCompletions endpoint = iota + 1
+	epChat
+)
+
+func (e endpoint) String() string {
+	if e == epChat {
+		return "chat"
+	}
+	return "completions"
+}
+
+// promptKind says what form the prompt arrived in.
+type promptKind uint8
+
+const (
+	promptNone promptKind = iota
+	promptText            // a string (completions)
+	promptIDs             // token ids (completions)
+	promptChat            // chat messages
+)
+
+// Message is one chat message with its content flattened to text.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// request is what the hot path reads from an OpenAI request body. Byte
+// slices point into the body or into the request's reusable buffers; a
+// request is reset and reused through a sync.Pool.
+type request struct {
+	ep           endpoint
+	model        []byte
+	stream       bool
+	includeUsage bool
+	maxTokens    int
+	kind         promptKind
+	text         []byte   // promptText: the unescaped prompt
+	ids          []uint32 // promptIDs as given; later the tokens of any prompt
+	promptStart  int      // byte span of the "prompt" value in the body
+	promptEnd    int
+	messages     []byte // promptChat: raw messages array
+	msgStart     int    // byte span of the "messages" member (key included)
+	msgEnd       int
+	body         []byte // the client's body
+	cacheSalt    []byte
+	chat         []Message
+	sessionID    []byte
+}
+
+func (r *request) reset() {
+	*r = request{
+		model:     r.model[:0],
+		text:      r.text[:0],
+		ids:       r.ids[:0],
+		chat:      r.chat[:0],
+		cacheSalt: r.cacheSalt[:0],
+	}
+}
+
+// parseRequest fills r from body. It reads only the fields routing needs and
+// validates the whole document's syntax; the engine validates the rest.
+func parseRequest(r *request, ep endpoint, body []byte) error {
+	r.ep = ep
+	r.maxTokens = -1
+	sawModel := false
+	r.body = body
+	err := forEachMember(body, func(key, val []byte, koff, off int) error {
+		switch string(key) {
+		case "model":
+			if val[0] != '"' {
+				return badRequest("model", fmt.Errorf("%w: model must be a string", ErrBadRequest))
+			}
+			r.model = appendUnquote(r.model[:0], val)
+			sawModel = true
+		case "stream":
+			switch string(val) {
+			case "true":
+				r.stream = true
+			case "false", "null":
+				r.stream = false
+			default:
+				return badRequest("stream", fmt.Errorf("%w: stream must be a boolean", ErrBadRequest))
+			}
+		case "stream_options":
+			if val[0] == 'n' {
+				return nil
+			}
+			if val[0] != '{' {
+				return badRequest("stream_options", fmt.Errorf("%w: stream_options must be an object", ErrBadRequest))
+			}
+			return forEachMember(val, func(k, v []byte, _, _ int) error {
+				if string(k) == "include_usage" {
+					r.includeUsage = string(v) == "true"
+				}
+				return nil
+			})
+		case "max_tokens", "max_completion_tokens":
+			if val[0] == 'n' {
+				return nil
+			}
+			n, ok := parseUint(val, math.MaxInt32)
+			if !ok {
+				return badRequest(string(key), fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, key))
+			}
+			r.maxTokens = int(n)
+		case "cache_salt":
+			if val[0] != '"' {
+				return badRequest("cache_salt", fmt.Errorf("%w: cache_salt must be a string", ErrBadRequest))
+			}
+			r.cacheSalt = appendUnquote(r.cacheSalt[:0], val)
+		case "prompt":
+			if ep != epCompletions {
+				return nil
+			}
+			r.promptStart, r.promptEnd = off, off+len(val)
+			return r.parsePrompt(val)
+		case "messages":
+			if ep != epChat {
+				return nil
+			}
+			if val[0] != '[' {
+				return badRequest("messages", fmt.Errorf("%w: messages must be an array", ErrBadRequest))
+			}
+			r.messages = val
+			r.msgStart, r.msgEnd = koff, off+len(val)
+			r.kind = promptChat
+		}
+		return nil
+	})
+	if err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return err
+		}
+		return badRequest("", fmt.Errorf("%w: %w", ErrBadRequest, err))
+	}
+	if !sawModel || len(r.model) == 0 {
+		return badRequest("model", fmt.Errorf("%w: model is required", ErrBadRequest))
+	}
+	switch ep {
+	case epCompletions:
+		if r.kind == promptNone {
+			return badRequest("prompt", fmt.Errorf("%w: prompt is required", ErrBadRequest))
+		}
+	case epChat:
+		if r.kind != promptChat {
+			return badRequest("messages", fmt.Errorf("%w: messages is required", ErrBadRequest))
+		}
+		if err := r.parseMessages(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parsePrompt accepts a string, token ids, or a one-element array of either
+// (the batch forms with more elements are not routed: one prompt, one engine).
+func (r *request) parsePrompt(val []byte) error {
+	switch val[0] {
+	case '"':
+		r.text = appendUnquote(r.text[:0], val)
+		if len(r.text) == 0 {
+			return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
+		}
+		r.kind = promptText
+		return nil
+	case '[':
+	default:
+		return badRequest("prompt", fmt.Errorf("%w: prompt must be a string, an array of token ids, or a one-element array of either", ErrBadRequest))
+	}
+	i := skipWS(val, 1)
+	if i < len(val) && (val[i] == '"' || val[i] == '[') {
+		n := 0
+		var inner []byte
+		if err := forEachElem(val, func(e []byte) error {
+			n++
+			inner = e
+			return nil
+		}); err != nil {
+			return badRequest("prompt", fmt.Errorf("%w: prompt: %w", ErrBadRequest, err))
+		}
+		if n != 1 {
+			return badRequest("prompt", fmt.Errorf("%w: batched prompts (%d) are not supported; send one prompt per request", ErrBadRequest, n))
+		}
+		if inner[0] == '[' {
+			return r.parseIDs(inner)
+		}
+		return r.parsePrompt(inner)
+	}
+	return r.parseIDs(val)
+}
+
+func (r *request) parseIDs(val []byte) error {
+	r.ids = r.ids[:0]
+	err := forEachElem(val, func(e []byte) error {
+		v, ok := parseUint(e, math.MaxUint32)
+		if !ok {
+			return fmt.Errorf("token id %.32q is not a non-negative 32-bit integer", e)
+		}
+		r.ids = append(r.ids, uint32(v))
+		return nil
+	})
+	if err != nil {
+		return badRequest("prompt", fmt.Errorf("%w: invalid token ids: %w", ErrBadRequest, err))
+	}
+	if len(r.ids) == 0 {
+		return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
+	}
+	r.kind = promptIDs
+	return nil
+}
+
+// wireMessage is a chat message as sent; content is a string or an array of
+// parts of which the text parts are kept.
+type wireMessage struct {
+	Role    *string         `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type wirePart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// parseMessages decodes the messages array. Chat requests need the whole
+// conversation for templating, so this uses encoding/json.
+func (r *request) parseMessages() error {
+	var msgs []wireMessage
+	if err := json.Unmarshal(r.messages, &msgs); err != nil {
+		return badRequest("messages", fmt.Errorf("%w: messages: %w", ErrBadRequest, err))
+	}
+	if len(msgs) == 0 {
+		return badRequest("messages", fmt.Errorf("%w: messages must not be empty", ErrBadRequest))
+	}
+	r.chat = r.chat[:0]
+	for i, m := range msgs {
+		if m.Role == nil || *m.Role == "" {
+			return badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, i))
+		}
+		msg := Message{Role: *m.Role}
+		c := m.Content
+		switch {
+		case len(c) == 0 || string(c) == "null":
+		case c[0] == '"':
+			if err := json.Unmarshal(c, &msg.Content); err != nil {
+				return badRequest(fmt.Sprintf("messages[%d].content", i), fmt.Errorf("%w: %w", ErrBadRequest, err))
+			}
+		case c[0] == '[':
+			var parts []wirePart
+			if err := json.Unmarshal(c, &parts); err != nil {
+				return badRequest(fmt.Sprintf("messages[%d].content", i), fmt.Errorf("%w: %w", ErrBadRequest, err))
+			}
+			for _, p := range parts {
+				if p.Type == "text" {
+					msg.Content += p.Text
+				}
+			}
+		default:
+			return badRequest(fmt.Sprintf("messages[%d].content", i), fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", ErrBadRequest, i))
+		}
+		r.chat = append(r.chat, msg)
+	}
+	return nil
+}
+
+// appendIDs appends ids as a JSON array.
+func appendIDs(dst []byte, ids []uint32) []byte {
+	dst = append(dst, '[')
+	for i, id := range ids {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendUint(dst, uint64(id))
+	}
+	return append(dst, ']')
+}
+
+func appendUint(dst []byte, v uint64) []byte {
+	var buf [20]byte
+	i := len(buf)
+	for {
+		i--
+		buf[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			break
+		}
+	}
+	return append(dst, buf[i:]...)
+}
+
+// rewritePrompt appends body with its prompt value replaced by ids.
+func rewritePrompt(dst, body []byte, start, end int, ids []uint32) []byte {
+	dst = append(dst, body[:start]...)
+	dst = appendIDs(dst, ids)
+	return append(dst, body[end:]...)
+}
+
+// chatToCompletionsBody turns a chat body into a completions body by
+// replacing the "messages" member with the rendered prompt's token ids; the
+// sampling fields carry over unchanged.
+func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32) []byte {
+	dst = append(dst, body[:r.msgStart]...)
+	dst = append(dst, `"prompt":`...)
+	dst = appendIDs(dst, ids)
+	return append(dst, body[r.msgEnd:]...)
+}

@@ -1,0 +1,244 @@
+package ingress
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestParseRequest(t *testing.T) {
+	tests := []struct {
+		name    string
+		ep      endpoint
+		body    string
+		wantErr string // substring; "" means success
+		check   func(t *testing.T, r *request)
+	}{
+		{name: "text prompt", ep: epCompletions, body: `{"model":"m","prompt":"hi \u00e9\n","stream":true,"max_tokens":5,"stream_options":{"include_usage":true}}`,
+			check: func(t *testing.T, r *request) {
+				if string(r.model) != "m" || r.kind != promptText || string(r.text) != "hi é\n" || !r.stream || r.maxTokens != 5 || !r.includeUsage {
+					t.Fatalf("got %+v", r)
+				}
+			}},
+		{name: "token ids", ep: epCompletions, body: `{"model":"m","prompt":[1, 2,4294967295]}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptIDs || len(r.ids) != 3 || r.ids[2] != 4294967295 {
+					t.Fatalf("got %+v", r.ids)
+				}
+			}},
+		{name: "one-element batch of ids", ep: epCompletions, body: `{"model":"m","prompt":[[7,8]]}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptIDs || len(r.ids) != 2 || r.ids[0] != 7 {
+					t.Fatalf("got %+v", r.ids)
+				}
+			}},
+		{name: "one-element batch of text", ep: epCompletions, body: `{"model":"m","prompt":["a"]}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptText || string(r.text) != "a" {
+					t.Fatalf("got %q", r.text)
+				}
+			}},
+		{name: "surrogate pair", ep: epCompletions, body: `{"model":"m","prompt":"\ud83d\ude00"}`,
+			check: func(t *testing.T, r *request) {
+				if string(r.text) != "😀" {
+					t.Fatalf("got %q", r.text)
+				}
+			}},
+		{name: "chat", ep: epChat, body: `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptChat || len(r.chat) != 2 || r.chat[1].Content != "ab" || r.chat[0].Role != "system" {
+					t.Fatalf("got %+v", r.chat)
+				}
+			}},
+		{name: "malformed json", ep: epCompletions, body: `{"model":"m","prompt":"x"`, wantErr: "malformed"},
+		{name: "trailing garbage", ep: epCompletions, body: `{"model":"m","prompt":"x"} x`, wantErr: "trailing"},
+		{name: "not an object", ep: epCompletions, body: `[1]`, wantErr: "JSON object"},
+		{name: "model wrong type", ep: epCompletions, body: `{"model":3,"prompt":"x"}`, wantErr: "model must be a string"},
+		{name: "model missing", ep: epCompletions, body: `{"prompt":"x"}`, wantErr: "model is required"},
+		{name: "stream wrong type", ep: epCompletions, body: `{"model":"m","prompt":"x","stream":"yes"}`, wantErr: "stream must be a boolean"},
+		{name: "max_tokens negative", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":-1}`, wantErr: "max_tokens"},
+		{name: "empty prompt", ep: epCompletions, body: `{"model":"m","prompt":""}`, wantErr: "empty"},
+		{name: "empty ids", ep: epCompletions, body: `{"model":"m","prompt":[]}`, wantErr: "empty"},
+		{name: "negative id", ep: epCompletions, body: `{"model":"m","prompt":[1,-2]}`, wantErr: "invalid token ids"},
+		{name: "float id", ep: epCompletions, body: `{"model":"m","prompt":[1.5]}`, wantErr: "invalid token ids"},
+		{name: "huge id", ep: epCompletions, body: `{"model":"m","prompt":[4294967296]}`, wantErr: "invalid token ids"},
+		{name: "batched prompts", ep: epCompletions, body: `{"model":"m","prompt":["a","b"]}`, wantErr: "batched"},
+		{name: "prompt wrong type", ep: epCompletions, body: `{"model":"m","prompt":{}}`, wantErr: "prompt must be"},
+		{name: "no prompt", ep: epCompletions, body: `{"model":"m"}`, wantErr: "prompt is required"},
+		{name: "no messages", ep: epChat, body: `{"model":"m"}`, wantErr: "messages is required"},
+		{name: "empty messages", ep: epChat, body: `{"model":"m","messages":[]}`, wantErr: "must not be empty"},
+		{name: "message without role", ep: epChat, body: `{"model":"m","messages":[{"content":"x"}]}`, wantErr: "role is required"},
+		{name: "message content wrong type", ep: epChat, body: `{"model":"m","messages":[{"role":"user","content":5}]}`, wantErr: "content must be"},
+		{name: "bad escape", ep: epCompletions, body: `{"model":"m","prompt":"\x"}`, wantErr: "escape"},
+		{name: "control char", ep: epCompletions, body: "{\"model\":\"m\",\"prompt\":\"a\x01\"}", wantErr: "control"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var r request
+			err := parseRequest(&r, tc.ep, []byte(tc.body))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want containing %q", err, tc.wantErr)
+				}
+				if ae := toAPIError(err); ae.status != 400 || ae.typ != "invalid_request_error" {
+					t.Fatalf("mapped to %d %s", ae.status, ae.typ)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, &r)
+		})
+	}
+}
+
+func TestRewritePromptAndChatBody(t *testing.T) {
+	var r request
+	body := []byte(`{"model":"m", "prompt" : "hello", "max_tokens":3}`)
+	if err := parseRequest(&r, epCompletions, body); err != nil {
+		t.Fatal(err)
+	}
+	out := rewritePrompt(nil, body, r.promptStart, r.promptEnd, []uint32{5, 0, 17})
+	var got map[string]any
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	if p, ok := got["prompt"].([]any); !ok || len(p) != 3 || p[2].(float64) != 17 || got["max_tokens"].(float64) != 3 {
+		t.Fatalf("rewritten: %s", out)
+	}
+
+	var c request
+	chat := []byte(`{"messages":[{"role":"user","content":"hi"}],"model":"m","stream":true}`)
+	if err := parseRequest(&c, epChat, chat); err != nil {
+		t.Fatal(err)
+	}
+	out = chatToCompletionsBody(nil, chat, &c, []uint32{9, 8})
+	got = nil
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	if _, has := got["messages"]; has || len(got["prompt"].([]any)) != 2 || got["stream"] != true {
+		t.Fatalf("chat body: %s", out)
+	}
+}
+
+func TestErrorBody(t *testing.T) {
+	ae := toAPIError(errors.New("boom \"quoted\"\n\x01é"))
+	b := appendErrorBody(nil, ae)
+	var v struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	if v.Error.Message != "boom \"quoted\"\n\x01é" || v.Error.Type != "server_error" || v.Error.Param != nil {
+		t.Fatalf("%+v", v)
+	}
+}
+
+func TestCompletionToChat(t *testing.T) {
+	in := `{"id":"cmpl-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"he\"y","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`
+	out := completionToChat(nil, []byte(in))
+	var v struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Choices []struct {
+			Message struct {
+				Role, Content string
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	if v.ID != "chatcmpl-1" || v.Object != "chat.completion" || v.Choices[0].Message.Content != `he"y` ||
+		v.Choices[0].Message.Role != "assistant" || v.Choices[0].FinishReason != "length" || v.Usage.CompletionTokens != 2 {
+		t.Fatalf("%s", out)
+	}
+	if got := string(completionToChat(nil, []byte("{bad"))); got != "{bad" {
+		t.Fatalf("malformed input must pass through, got %q", got)
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"hi","stream":true}`, `{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":[[1]]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}]}`, `{"a":[{"b":null}],"model":"\u00e9","prompt":"\ud800"}`,
+		`{"model":"m","prompt":"x","stream_options":{"include_usage":true},"max_tokens":1e3}`, `[]`, `{`, `{"":1}`,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		ep := epCompletions
+		if chat {
+			ep = epChat
+		}
+		var r request
+		err := parseRequest(&r, ep, body)
+		if err == nil {
+			if !json.Valid(body) {
+				t.Fatalf("accepted invalid JSON %q", body)
+			}
+			if len(r.model) == 0 {
+				t.Fatal("accepted without model")
+			}
+			if r.kind == promptText || r.kind == promptIDs {
+				out := rewritePrompt(nil, body, r.promptStart, r.promptEnd, []uint32{1, 2})
+				if !json.Valid(out) {
+					t.Fatalf("rewrite produced invalid JSON %q from %q", out, body)
+				}
+			}
+			return
+		}
+		if ae := toAPIError(err); ae.status != 400 {
+			t.Fatalf("status %d for %v", ae.status, err)
+		}
+	})
+}
+
+func FuzzScanner(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":1}`, `{"a":[1,2,{"b":"c\n"}],"d":-0.5e+3}`, `{"a":tru}`, `{"a":"\u12"}`, `{"a":01}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := forEachMember(b, func(k, v []byte, _, _ int) error {
+			if len(v) > 0 && v[0] == '"' {
+				_ = appendUnquote(nil, v)
+			}
+			return nil
+		})
+		valid := json.Valid(b)
+		if err == nil && !valid {
+			t.Fatalf("scanner accepted invalid %q", b)
+		}
+		if err != nil && valid && len(b) < 100 {
+			i := skipWS(b, 0)
+			if i < len(b) && b[i] == '{' {
+				t.Fatalf("scanner rejected valid %q: %v", b, err)
+			}
+		}
+	})
+}
+
+func FuzzChatRewrap(f *testing.F) {
+	f.Add([]byte(`{"id":"x","created":1,"model":"m","choices":[{"index":0,"text":"a","finish_reason":null}]}`))
+	f.Add([]byte(`{"choices":[]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out := appendChatObject(nil, b, true, true)
+		if json.Valid(b) && !json.Valid(out) {
+			t.Fatalf("valid input %q produced invalid %q", b, out)
+		}
+	})
+}

@@ -1,0 +1,311 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+)
+
+// Server is one ingress replica. New → Start → Close; Close drains.
+type Server struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+	alog *slog.Logger // access log; nil when off
+	m    *metrics
+	ups  *upstreams
+	cl   *cluster
+
+	srv            *fasthttp.Server
+	ln             net.Listener
+	admin          *http.Server
+	adminLn        net.Listener
+	metricsHandler fasthttp.RequestHandler
+
+	created  time.Time
+	inflight atomic.Int64 // requests in service (MaxConcurrent)
+	draining atomic.Bool
+	started  atomic.Bool
+	reqPool  sync.Pool // *call
+
+	closeOnce sync.Once
+	closeErr  error
+	quit      chan struct{}
+	wg        sync.WaitGroup // owned goroutines: serve loops, load publisher
+}
+
+// New builds a Server from a validated config and its collaborators.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if cfg.ID == "" {
+		cfg.ID = fmt.Sprintf("ingress-%08x", rand.Uint32())
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	cl := &cluster{}
+	if cfg.Cluster.GossipBind != "" && deps.Membership == nil {
+		cl.mem = &gossipMembership{}
+		deps.Membership = cl.mem
+		if deps.LoadSharer == nil {
+			deps.LoadSharer = cl.mem
+		}
+	}
+	if deps.Membership == nil {
+		deps.Membership = newStaticMembership(cfg.Engines)
+	}
+	if deps.Scheduler == nil {
+		sch, err := defaultScheduler(&cfg, &deps)
+		if err != nil {
+			return nil, fmt.Errorf("new ingress: %w", err)
+		}
+		deps.Scheduler = sch
+	}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl}
+	if len(cfg.Cluster.NATSURLs) > 0 {
+		if s.deps.Synced == nil {
+			s.deps.Synced = func() bool { return cl.mat != nil && cl.mat.Synced() }
+		}
+		if s.deps.PropagationLag == nil {
+			s.deps.PropagationLag = cl.propagationLag
+		}
+		deps = s.deps
+	}
+	if cfg.AccessLog {
+		s.alog = deps.AccessLog
+		if s.alog == nil {
+			s.alog = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+		}
+	}
+	s.ups = newUpstreams(&s.cfg)
+	var indexKeys func() float64
+	if deps.Index != nil {
+		idx := deps.Index
+		indexKeys = func() float64 {
+			var n int
+			for _, e := range idx.Engines() {
+				for _, k := range e.Keys {
+					n += k
+				}
+			}
+			return float64(n)
+		}
+	}
+	s.m = newMetrics(deps.Registry, cfg.ID, indexKeys, deps.PropagationLag, func() float64 {
+		return float64(len(s.deps.Membership.Engines(nil)))
+	})
+	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
+	s.reqPool.New = func() any { return new(call) }
+	s.srv = &fasthttp.Server{
+		Handler:            s.handle,
+		ErrorHandler:       s.handleTransportError,
+		Name:               "kvmesh-ingress",
+		MaxRequestBodySize: cfg.MaxBodyBytes,
+		ReadTimeout:        60 * time.Second, // a client must send its request within this
+		IdleTimeout:        90 * time.Second,
+		CloseOnShutdown:    true,
+		NoDefaultDate:      true,
+		ReduceMemoryUsage:  false,
+	}
+	return s, nil
+}
+
+// Start listens and serves until Close. It returns once listening.
+func (s *Server) Start(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("ingress: already started")
+	}
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("ingress listen: %w", err)
+	}
+	if err := s.startCluster(); err != nil {
+		ln.Close()
+		s.cl.close()
+		return err
+	}
+	s.ln = ln
+	if s.cfg.AdminListen != "" {
+		aln, err := net.Listen("tcp", s.cfg.AdminListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("ingress admin listen: %w", err)
+		}
+		s.adminLn = aln
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.admin.Serve(aln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("admin server", "err", err)
+			}
+		}()
+	}
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(ln); err != nil {
+			s.log.Error("serve", "err", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.shareLoadLoop()
+	}()
+	if ctx != nil {
+		// The caller's context ends the server too (SIGTERM in the command).
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			select {
+			case <-ctx.Done():
+				go s.Close() // Close waits on wg; do not block this goroutine's exit
+			case <-s.quit:
+			}
+		}()
+	}
+	s.log.Info("ingress listening", "addr", s.Addr(), "admin", s.AdminAddr(), "policy", s.deps.Scheduler.Policy())
+	return nil
+}
+
+// Addr is the listening address (host:port), "" before Start.
+func (s *Server) Addr() string {
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// AdminAddr is the pprof listener's address, "" when off.
+func (s *Server) AdminAddr() string {
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
+}
+
+// Close drains: /ready turns false and new requests get 503 at once, requests
+// in service finish (bounded by Config.DrainTimeout), then listeners and
+// owned goroutines stop. Safe to call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.draining.Store(true)
+		close(s.quit)
+		if !s.started.Load() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+		defer cancel()
+		// Wait for in-service requests (streams included) before shutting the
+		// listener, so clients still mid-stream finish.
+		t := time.NewTicker(10 * time.Millisecond)
+	wait:
+		for s.inflight.Load() > 0 {
+			select {
+			case <-ctx.Done():
+				// Cut what is left: upstream reads fail, streams end with an
+				// error event, and their connections can close.
+				n := s.ups.closeAll()
+				s.log.Warn("drain timeout; cutting requests in flight", "inflight", s.inflight.Load(), "upstream_conns", n)
+				break wait
+			case <-t.C:
+			}
+		}
+		t.Stop()
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		if err := s.srv.ShutdownWithContext(sctx); err != nil {
+			s.closeErr = fmt.Errorf("ingress shutdown: %w", err)
+		}
+		if s.admin != nil {
+			_ = s.admin.Close()
+		}
+		s.wg.Wait()
+		s.cl.close()
+	})
+	return s.closeErr
+}
+
+// shareLoadLoop hands this replica's in-flight counts to gossip.
+func (s *Server) shareLoadLoop() {
+	t := time.NewTicker(s.cfg.LoadInterval)
+	defer t.Stop()
+	var buf []EngineLoad
+	var blob []byte
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-t.C:
+			if s.deps.LoadSharer != nil {
+				buf = s.ups.snapshot(buf[:0])
+				s.deps.LoadSharer.ShareInFlight(buf)
+			}
+			blob = s.shareCluster(blob)
+		}
+	}
+}
+
+// handle is the fasthttp entry point.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	switch string(path) {
+	case "/v1/completions":
+		s.handleInference(ctx, epCompletions)
+	case "/v1/chat/completions":
+		s.handleInference(ctx, epChat)
+	case "/v1/models":
+		s.handleModels(ctx)
+	case "/health":
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+	case "/ready":
+		s.handleReady(ctx)
+	case "/metrics":
+		s.metricsHandler(ctx)
+	case "/debug/engines":
+		s.handleDebugEngines(ctx)
+	case "/debug/index":
+		s.handleDebugIndex(ctx)
+	case "/debug/config":
+		s.handleDebugConfig(ctx)
+	default:
+		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
+	}
+}
+
+// handleTransportError answers requests fasthttp could not read (too large, malformed HTTP).
+func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fmt.Errorf("%w: limit is %d bytes", ErrTooLarge, s.cfg.MaxBodyBytes))
+		s.m.requests.WithLabelValues("unknown", "413").Inc()
+		return
+	}
+	writeError(ctx, badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)))
+	s.m.requests.WithLabelValues("unknown", "400").Inc()
+}

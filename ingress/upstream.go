@@ -1,0 +1,159 @@
+package ingress
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// upstream is one engine's connection pool and this replica's in-flight
+// count for it. Upstreams live for the server's lifetime (keyed by engine id
+// and URL); an engine that leaves keeps its idle pool until connections idle out.
+type upstream struct {
+	id       string
+	url      string
+	hc       *fasthttp.HostClient
+	inflight atomic.Int64 // requests this replica has on the engine now
+	total    atomic.Uint64
+	failures atomic.Uint64
+}
+
+// upstreams is the set of engines this replica has talked to.
+// Lock rule: mu guards m only; lookups of a known engine take the read lock.
+type upstreams struct {
+	cfg *Config
+	mu  sync.RWMutex
+	m   map[string]*upstream // key: engine id
+
+	connMu sync.Mutex // guards conns
+	conns  map[*idleConn]struct{}
+}
+
+func newUpstreams(cfg *Config) *upstreams {
+	return &upstreams{cfg: cfg, m: map[string]*upstream{}, conns: map[*idleConn]struct{}{}}
+}
+
+// closeAll closes every upstream connection: requests still running fail
+// (streams end with an error event). Used when the drain times out.
+func (u *upstreams) closeAll() int {
+	u.connMu.Lock()
+	defer u.connMu.Unlock()
+	n := len(u.conns)
+	for c := range u.conns {
+		_ = c.Conn.Close()
+	}
+	return n
+}
+
+// get returns the upstream for engine id at baseURL, creating it on first use
+// or when the engine moved to another URL.
+func (u *upstreams) get(id, baseURL string) (*upstream, error) {
+	u.mu.RLock()
+	up := u.m[id]
+	u.mu.RUnlock()
+	if up != nil && up.url == baseURL {
+		return up, nil
+	}
+	pu, err := url.Parse(baseURL)
+	if err != nil || pu.Host == "" {
+		return nil, fmt.Errorf("engine %s: bad url %q: %w", id, baseURL, ErrNoEngine)
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if up = u.m[id]; up != nil && up.url == baseURL {
+		return up, nil
+	}
+	cfg := u.cfg
+	idle := cfg.IdleTimeout
+	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout}
+	nu := &upstream{id: id, url: baseURL, hc: &fasthttp.HostClient{
+		Addr:                          pu.Host,
+		IsTLS:                         pu.Scheme == "https",
+		Name:                          "kvmesh-ingress",
+		MaxConns:                      cfg.MaxConnsPerEngine,
+		MaxIdleConnDuration:           30 * time.Second,
+		StreamResponseBody:            true,
+		DisableHeaderNamesNormalizing: false,
+		MaxIdemponentCallAttempts:     1, // retries are ours: on the next engine
+		RetryIf:                       func(*fasthttp.Request) bool { return false },
+		Dial: func(addr string) (net.Conn, error) {
+			c, err := dialer.Dial("tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			ic := &idleConn{Conn: c, idle: idle, set: u}
+			u.connMu.Lock()
+			u.conns[ic] = struct{}{}
+			u.connMu.Unlock()
+			return ic, nil
+		},
+	}}
+	if up != nil { // moved: keep counting on the old one until its requests end
+		nu.inflight.Store(0)
+	}
+	u.m[id] = nu
+	return nu, nil
+}
+
+// snapshot appends every engine's in-flight count.
+func (u *upstreams) snapshot(dst []EngineLoad) []EngineLoad {
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	for id, up := range u.m {
+		dst = append(dst, EngineLoad{Engine: id, InFlight: int(up.inflight.Load())})
+	}
+	return dst
+}
+
+// inflight returns this replica's in-flight count for engine id.
+func (u *upstreams) inflight(id string) int {
+	u.mu.RLock()
+	up := u.m[id]
+	u.mu.RUnlock()
+	if up == nil {
+		return 0
+	}
+	return int(up.inflight.Load())
+}
+
+// EngineLoad is this replica's in-flight request count on one engine, the
+// value shared through gossip.
+type EngineLoad struct {
+	Engine   string
+	InFlight int
+}
+
+// idleConn gives every Read its own deadline, so a hung engine is detected
+// both before the response headers and between streamed chunks, while a
+// long healthy stream is never cut (fasthttp's own timeouts bound the whole
+// exchange instead).
+type idleConn struct {
+	net.Conn
+	idle time.Duration
+	set  *upstreams
+	once sync.Once
+}
+
+func (c *idleConn) Close() error {
+	c.once.Do(func() {
+		c.set.connMu.Lock()
+		delete(c.set.conns, c)
+		c.set.connMu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+func (c *idleConn) Read(p []byte) (int, error) {
+	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(p)
+}
+
+// SetReadDeadline is a no-op: the per-read idle deadline above rules.
+func (c *idleConn) SetReadDeadline(time.Time) error { return nil }

@@ -1,0 +1,144 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Profile is a timing model: a model on a GPU, described by roofline numbers.
+// A step's duration is
+//
+//	StepOverhead + PerSeqOverhead·seqs + max(FLOPs/FLOPS, bytes/MemBW) + loadBytes/HostBW
+//
+// with FLOPs = 2·Params·tokens + 4·Layers·Hidden·Σ q·(c + (q+1)/2) (linear layers
+// plus causal attention of q new tokens over c cached ones), bytes = WeightBytes +
+// KVBytesPerToken·Σ(c+q) (weights and the KV cache read once per step) and
+// loadBytes the KV of prefix blocks brought back from the CPU tier. Prefill is
+// compute-bound (grows with uncached tokens plus the attention term); decode is
+// memory-bound (grows with total context) plus a per-sequence overhead (grows
+// with batch size). docs/SIMULATOR.md derives each profile's numbers.
+type Profile struct {
+	Name            string
+	Params          float64       // parameters (linear-layer FLOPs = 2·Params per token)
+	WeightBytes     float64       // bytes of weights read per step
+	Layers          int           // transformer layers
+	Hidden          int           // model width (attention FLOPs per query·key pair = 4·Layers·Hidden)
+	KVBytesPerToken float64       // bytes of K and V per token, all layers
+	FLOPS           float64       // sustained FLOP/s (peak × achievable utilisation)
+	MemBW           float64       // sustained HBM bytes/s
+	HostBW          float64       // sustained host↔GPU bytes/s (CPU-tier loads)
+	StepOverhead    time.Duration // scheduler + launch overhead per step
+	PerSeqOverhead  time.Duration // sampling and bookkeeping per sequence per step
+}
+
+var profiles = map[string]Profile{
+	// Llama-2-7B (MHA, fp16) on one H100 SXM: 989 TFLOP/s dense bf16 at ~40%
+	// MFU, 3.35 TB/s HBM3 at ~80%, PCIe Gen5 x16 at ~25 GB/s effective.
+	"7b-h100": {
+		Name: "7b-h100", Params: 6.74e9, WeightBytes: 13.5e9, Layers: 32, Hidden: 4096,
+		KVBytesPerToken: 2 * 32 * 4096 * 2, FLOPS: 400e12, MemBW: 2.7e12, HostBW: 25e9,
+		StepOverhead: 2 * time.Millisecond, PerSeqOverhead: 20 * time.Microsecond,
+	},
+	// Llama-3-8B (GQA 8 KV heads × 128, bf16) on one H100 SXM.
+	"8b-h100": {
+		Name: "8b-h100", Params: 8.03e9, WeightBytes: 16.1e9, Layers: 32, Hidden: 4096,
+		KVBytesPerToken: 2 * 32 * 8 * 128 * 2, FLOPS: 400e12, MemBW: 2.7e12, HostBW: 25e9,
+		StepOverhead: 2 * time.Millisecond, PerSeqOverhead: 20 * time.Microsecond,
+	},
+	// Llama-3-70B (GQA, bf16) tensor-parallel over 4 H100 SXM: 4× the FLOP/s and
+	// bandwidth at ~85% TP efficiency, plus all-reduce latency in the overhead.
+	"70b-4xh100": {
+		Name: "70b-4xh100", Params: 70.6e9, WeightBytes: 141e9, Layers: 80, Hidden: 8192,
+		KVBytesPerToken: 2 * 80 * 8 * 128 * 2, FLOPS: 4 * 400e12 * 0.85, MemBW: 4 * 2.7e12 * 0.85, HostBW: 4 * 25e9,
+		StepOverhead: 4 * time.Millisecond, PerSeqOverhead: 30 * time.Microsecond,
+	},
+	// Qwen2-0.5B-like model on an L4 (121 TFLOP/s bf16 at ~40%, 300 GB/s at ~80%).
+	"0.5b-l4": {
+		Name: "0.5b-l4", Params: 0.49e9, WeightBytes: 0.99e9, Layers: 24, Hidden: 896,
+		KVBytesPerToken: 2 * 24 * 2 * 64 * 2, FLOPS: 48e12, MemBW: 240e9, HostBW: 12e9,
+		StepOverhead: 1 * time.Millisecond, PerSeqOverhead: 10 * time.Microsecond,
+	},
+	// tiny is for tests: a made-up small model whose steps are a few
+	// milliseconds, so proportions hold while tests stay fast.
+	"tiny": {
+		Name: "tiny", Params: 50e6, WeightBytes: 1e9, Layers: 4, Hidden: 512,
+		KVBytesPerToken: 16384, FLOPS: 20e12, MemBW: 1e12, HostBW: 10e9,
+		StepOverhead: 200 * time.Microsecond, PerSeqOverhead: 5 * time.Microsecond,
+	},
+}
+
+// DefaultProfile is the profile used when none is named.
+const DefaultProfile = "7b-h100"
+
+// LookupProfile returns the named profile.
+func LookupProfile(name string) (Profile, error) {
+	p, ok := profiles[name]
+	if !ok {
+		return Profile{}, fmt.Errorf("%w: %q (known: %v)", ErrUnknownProfile, name, ProfileNames())
+	}
+	return p, nil
+}
+
+// ProfileNames lists the named profiles, sorted.
+func ProfileNames() []string {
+	names := make([]string, 0, len(profiles))
+	for n := range profiles {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// validate lists what is wrong with p.
+func (p *Profile) validate() []error {
+	var errs []error
+	if p.Params <= 0 || p.FLOPS <= 0 || p.MemBW <= 0 {
+		errs = append(errs, fmt.Errorf("profile %q: Params, FLOPS and MemBW must be > 0", p.Name))
+	}
+	if p.WeightBytes < 0 || p.KVBytesPerToken < 0 || p.Layers < 0 || p.Hidden < 0 || p.HostBW < 0 {
+		errs = append(errs, fmt.Errorf("profile %q: sizes must not be negative", p.Name))
+	}
+	if p.StepOverhead < 0 || p.PerSeqOverhead < 0 {
+		errs = append(errs, fmt.Errorf("profile %q: overheads must not be negative", p.Name))
+	}
+	return errs
+}
+
+// stepWork is what one step computes; the scheduler accumulates it.
+type stepWork struct {
+	seqs       int     // sequences in the batch
+	tokens     int     // tokens computed (prefill chunks + one per decode)
+	attnPairs  float64 // Σ q·(c + (q+1)/2): query·key pairs under a causal mask
+	ctxTokens  float64 // Σ (c+q): KV entries read
+	loadTokens int     // tokens loaded from the CPU tier
+}
+
+// stepTime is the duration of a step doing w under profile p.
+func (p *Profile) stepTime(w *stepWork) time.Duration {
+	flops := 2*p.Params*float64(w.tokens) + 4*float64(p.Layers)*float64(p.Hidden)*w.attnPairs
+	bytes := p.WeightBytes + p.KVBytesPerToken*w.ctxTokens
+	sec := max(flops/p.FLOPS, bytes/p.MemBW)
+	if w.loadTokens > 0 && p.HostBW > 0 {
+		sec += p.KVBytesPerToken * float64(w.loadTokens) / p.HostBW
+	}
+	d := p.StepOverhead + time.Duration(w.seqs)*p.PerSeqOverhead + time.Duration(sec*1e9)
+	if d < time.Microsecond {
+		d = time.Microsecond // a step always takes time, so virtual time advances
+	}
+	return d
+}
+
+// PrefillTime is the modelled duration of a lone prefill of n uncached tokens
+// after c cached ones (documentation and tests).
+func (p *Profile) PrefillTime(c, n int) time.Duration {
+	w := stepWork{seqs: 1, tokens: n, attnPairs: float64(n) * (float64(c) + float64(n+1)/2), ctxTokens: float64(c + n)}
+	return p.stepTime(&w)
+}
+
+// DecodeStepTime is the modelled duration of one decode step of a batch of
+// seqs sequences holding ctx context tokens in total.
+func (p *Profile) DecodeStepTime(seqs, ctx int) time.Duration {
+	w := stepWork{seqs: seqs, tokens: seqs, attnPairs: float64(ctx), ctxTokens: float64(ctx)}
+	return p.stepTime(&w)
+}

@@ -1,0 +1,152 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// benchIndex holds 1M distinct keys as 4,096 chains of 256 blocks, each
+// chain stored on `repl` of 64 engines (a prefix lives on a few engines when
+// routing is cache-aware).
+func benchIndex(b *testing.B, repl int) (*Index, [][]uint64) {
+	b.Helper()
+	x, err := New(Config{InitialKeys: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	chains := make([][]uint64, 4096)
+	for i := range chains {
+		chains[i] = chain(uint64(i)+1, 256)
+		for r := 0; r < repl; r++ {
+			x.Store(engineName(rng.IntN(64)), kvevents.TierGPU, chains[i])
+		}
+	}
+	return x, chains
+}
+
+// BenchmarkLookup256 is the issue's target: a 256-block lookup over 1M keys
+// and 64 engines (≤ 2 µs, 0 allocs).
+func BenchmarkLookup256(b *testing.B) {
+	for _, repl := range []int{1, 2, 4, 8} {
+		b.Run(fmt.Sprintf("engines-per-key=%d", repl), func(b *testing.B) {
+			x, chains := benchIndex(b, repl)
+			var res Result
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				x.Lookup(chains[i&4095], &res)
+				i += 977
+			}
+		})
+	}
+}
+
+// BenchmarkLookupParallel measures readers contending on the read lock.
+func BenchmarkLookupParallel(b *testing.B) {
+	x, chains := benchIndex(b, 2)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var res Result
+		i := rand.IntN(4096)
+		for pb.Next() {
+			x.Lookup(chains[i&4095], &res)
+			i += 977
+		}
+	})
+}
+
+// BenchmarkStore reports ingest in keys/s (target ≥ 2M keys/s per core).
+func BenchmarkStore(b *testing.B) {
+	chains := make([][]uint64, 1024)
+	for i := range chains {
+		chains[i] = chain(uint64(i)+7, 256)
+	}
+	x, _ := New(Config{InitialKeys: 1 << 20})
+	b.ReportAllocs()
+	b.ResetTimer()
+	n := 0
+	for b.Loop() {
+		c := chains[n&1023]
+		e := engineName(n % 64)
+		x.Store(e, kvevents.TierGPU, c)
+		n++
+		if n%4096 == 0 { // keep the table from growing forever
+			b.StopTimer()
+			for j := 0; j < 64; j++ {
+				x.ClearEngine(engineName(j))
+			}
+			b.StartTimer()
+		}
+	}
+	b.ReportMetric(float64(n*256)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// BenchmarkStoreRemove is steady-state churn: store a chain, remove an old one.
+func BenchmarkStoreRemove(b *testing.B) {
+	x, chains := benchIndex(b, 1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	n := 0
+	for b.Loop() {
+		e := engineName(n % 64)
+		x.Remove(e, kvevents.TierGPU, chains[n&4095])
+		x.Store(e, kvevents.TierGPU, chains[n&4095])
+		n++
+	}
+	b.ReportMetric(float64(n*512)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// BenchmarkSpeculative is the per-request speculative insert.
+func BenchmarkSpeculative(b *testing.B) {
+	x, chains := benchIndex(b, 1)
+	now := time.Unix(0, 0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	n := 0
+	for b.Loop() {
+		now = now.Add(time.Millisecond)
+		x.AddSpeculative(engineName(n%64), chains[n&4095], now)
+		n++
+	}
+}
+
+// TestMemoryPerEntry reports bytes per (key, engine) pair at 1M keys on
+// one and two engines, and checks the ≤ 40 B target.
+func TestMemoryPerEntry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates ~30 MB")
+	}
+	for _, repl := range []int{1, 2} {
+		x, _ := New(Config{})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := 0; i < 4096; i++ {
+			c := chain(uint64(i)+1, 256)
+			for r := 0; r < repl; r++ {
+				x.Store(engineName((i+r*17)%64), kvevents.TierGPU, c)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		ms := x.MemStats()
+		heap := float64(after.HeapAlloc-before.HeapAlloc) / float64(ms.Entries)
+		t.Logf("engines/key=%d: %d keys, %d entries, table %.1f B/entry, heap %.1f B/entry",
+			repl, ms.Keys, ms.Entries, ms.BytesPerEntry, heap)
+		if ms.Keys != 4096*256 || ms.Entries != repl*4096*256 {
+			t.Fatalf("counts %+v", ms)
+		}
+		if ms.BytesPerEntry > 40 {
+			t.Fatalf("%.1f bytes per entry > 40", ms.BytesPerEntry)
+		}
+		runtime.KeepAlive(x)
+	}
+}

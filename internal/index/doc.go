@@ -1,0 +1,15 @@
+// Package index owns kvmesh's compact prefix index: chain keys (DESIGN.md
+// Contract 1) mapped to the engines that hold them, with a tier per entry and
+// short-lived speculative entries for keys just routed to an engine.
+//
+// Keys are global across models (the model is part of the root hash), so one
+// Index serves every model. It must not know about NATS, gossip, HTTP or
+// scheduling policy: writers tell it what an engine holds, readers ask how deep
+// each engine matches a request's key chain.
+//
+// Concurrency: every method is safe for concurrent use. Writes (Store, Remove,
+// ClearEngine, AddSpeculative, ExpireSpeculative) take the write lock for one
+// whole call, so a delta is applied atomically; Lookup takes the read lock
+// once per call. Writers are expected to be few (one goroutine per source);
+// readers many.
+package index

@@ -1,0 +1,269 @@
+package index
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+func newIndex(t testing.TB) *Index {
+	t.Helper()
+	x, err := New(Config{SpeculativeTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// model is the obviously-correct reference: a set per (engine, tier).
+type model struct {
+	held map[string]map[kvevents.Tier]map[uint64]bool
+}
+
+func (m *model) store(e string, t kvevents.Tier, keys []uint64) {
+	if m.held[e] == nil {
+		m.held[e] = map[kvevents.Tier]map[uint64]bool{}
+	}
+	if m.held[e][t] == nil {
+		m.held[e][t] = map[uint64]bool{}
+	}
+	for _, k := range keys {
+		m.held[e][t][k] = true
+	}
+}
+
+func (m *model) remove(e string, t kvevents.Tier, keys []uint64) {
+	for _, k := range keys {
+		delete(m.held[e][t], k)
+	}
+}
+
+func (m *model) match(e string, keys []uint64) Match {
+	in := func(k uint64, tiers ...kvevents.Tier) bool {
+		for _, t := range tiers {
+			if m.held[e][t][k] {
+				return true
+			}
+		}
+		return false
+	}
+	depth := func(tiers ...kvevents.Tier) int {
+		for i, k := range keys {
+			if !in(k, tiers...) {
+				return i
+			}
+		}
+		return len(keys)
+	}
+	g := depth(kvevents.TierGPU)
+	c := depth(kvevents.TierGPU, kvevents.TierCPU)
+	o := depth(kvevents.TierGPU, kvevents.TierCPU, kvevents.TierOther)
+	return Match{GPU: g, CPU: c, Other: o, Spec: o}
+}
+
+// TestAgainstModel drives random stores, removes and clears over many
+// engines (so keys overflow the inline elements) and compares every lookup
+// and count with the reference model.
+func TestAgainstModel(t *testing.T) {
+	x := newIndex(t)
+	m := &model{held: map[string]map[kvevents.Tier]map[uint64]bool{}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	engines := []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"}
+	// Small key universe (including key 0) so chains collide and overflow.
+	chains := make([][]uint64, 20)
+	for i := range chains {
+		chains[i] = make([]uint64, 12)
+		for j := range chains[i] {
+			chains[i][j] = uint64(i*7+j) % 60
+		}
+	}
+	var res Result
+	for step := 0; step < 20000; step++ {
+		e := engines[rng.IntN(len(engines))]
+		tier := kvevents.Tier(rng.IntN(3))
+		c := chains[rng.IntN(len(chains))]
+		lo := rng.IntN(len(c))
+		hi := lo + rng.IntN(len(c)-lo) + 1
+		switch r := rng.IntN(100); {
+		case r < 55:
+			x.Store(e, tier, c[lo:hi])
+			m.store(e, tier, c[lo:hi])
+		case r < 97:
+			x.Remove(e, tier, c[lo:hi])
+			m.remove(e, tier, c[lo:hi])
+		default:
+			x.ClearEngine(e)
+			delete(m.held, e)
+		}
+		q := chains[rng.IntN(len(chains))]
+		x.Lookup(q, &res)
+		for _, name := range engines {
+			s, ok := x.Slot(name)
+			got := Match{}
+			if ok {
+				got = res.Get(s)
+			}
+			if want := m.match(name, q); got != want {
+				t.Fatalf("step %d engine %s: got %+v want %+v", step, name, got, want)
+			}
+			for tr := kvevents.Tier(0); tr < 3; tr++ {
+				if got, want := x.KeyCount(name, tr), len(m.held[name][tr]); got != want {
+					t.Fatalf("step %d engine %s tier %v: count %d want %d", step, name, tr, got, want)
+				}
+			}
+		}
+	}
+	// Remove everything: the table must be empty again.
+	for _, e := range engines {
+		x.ClearEngine(e)
+	}
+	if ms := x.MemStats(); ms.Keys != 0 || ms.Entries != 0 || ms.OverflowKeys != 0 {
+		t.Fatalf("after clearing every engine: %+v", ms)
+	}
+}
+
+func TestStoreIdempotent(t *testing.T) {
+	x := newIndex(t)
+	keys := []uint64{11, 12, 13}
+	x.Store("a", kvevents.TierGPU, keys)
+	x.Store("a", kvevents.TierGPU, keys)
+	if got := x.KeyCount("a", kvevents.TierGPU); got != 3 {
+		t.Fatalf("count after double store = %d, want 3", got)
+	}
+	x.Remove("a", kvevents.TierGPU, keys[2:])
+	var res Result
+	x.Lookup(keys, &res)
+	s, _ := x.Slot("a")
+	if got := res.Get(s); got.GPU != 2 {
+		t.Fatalf("GPU depth = %d, want 2", got.GPU)
+	}
+}
+
+func TestTiersCumulative(t *testing.T) {
+	x := newIndex(t)
+	keys := []uint64{1, 2, 3, 4, 5}
+	x.Store("a", kvevents.TierGPU, keys[:2])
+	x.Store("a", kvevents.TierCPU, keys[2:4])
+	x.Store("a", kvevents.TierOther, keys[4:])
+	var res Result
+	x.Lookup(keys, &res)
+	s, _ := x.Slot("a")
+	want := Match{GPU: 2, CPU: 4, Other: 5, Spec: 5}
+	if got := res.Get(s); got != want {
+		t.Fatalf("got %+v want %+v", got, want)
+	}
+}
+
+func TestSpeculative(t *testing.T) {
+	x := newIndex(t)
+	keys := []uint64{21, 22, 23, 24}
+	t0 := time.Unix(1000, 0)
+	x.Store("a", kvevents.TierGPU, keys[:1])
+	x.AddSpeculative("a", keys, t0)
+	x.AddSpeculative("b", keys[:2], t0)
+	var res Result
+	x.Lookup(keys, &res)
+	sa, _ := x.Slot("a")
+	sb, _ := x.Slot("b")
+	if got := res.Get(sa); got != (Match{GPU: 1, CPU: 1, Other: 1, Spec: 4}) {
+		t.Fatalf("a: %+v", got)
+	}
+	if got := res.Get(sb); got != (Match{Spec: 2}) {
+		t.Fatalf("b: %+v", got)
+	}
+	// A confirmed store supersedes speculation and survives expiry.
+	x.Store("a", kvevents.TierGPU, keys[1:2])
+	x.ExpireSpeculative(t0.Add(999 * time.Millisecond))
+	x.Lookup(keys, &res)
+	if got := res.Get(sa); got.Spec != 4 {
+		t.Fatalf("before TTL: %+v", got)
+	}
+	x.ExpireSpeculative(t0.Add(time.Second))
+	x.Lookup(keys, &res)
+	if got := res.Get(sa); got != (Match{GPU: 2, CPU: 2, Other: 2, Spec: 2}) {
+		t.Fatalf("after TTL a: %+v", got)
+	}
+	if got := res.Get(sb); got != (Match{}) {
+		t.Fatalf("after TTL b: %+v", got)
+	}
+	for _, es := range x.Engines() {
+		if es.Speculative != 0 {
+			t.Fatalf("%s still has %d speculative keys", es.Engine, es.Speculative)
+		}
+	}
+	if ms := x.MemStats(); ms.Keys != 2 {
+		t.Fatalf("keys = %d, want 2 (speculative-only keys dropped)", ms.Keys)
+	}
+}
+
+func TestLookupNoAlloc(t *testing.T) {
+	x := newIndex(t)
+	keys := chain(1, 256)
+	for e := 0; e < 8; e++ {
+		x.Store(engineName(e), kvevents.TierGPU, keys[:32*(e+1)])
+	}
+	var res Result
+	x.Lookup(keys, &res)
+	if a := testing.AllocsPerRun(100, func() { x.Lookup(keys, &res) }); a != 0 {
+		t.Fatalf("Lookup allocates %.1f times", a)
+	}
+	s, _ := x.Slot(engineName(7))
+	if got := res.Get(s).GPU; got != 256 {
+		t.Fatalf("engine 7 depth %d", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	err := Config{SpeculativeTTL: -1, InitialKeys: -1}.Validate()
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	if _, err := New(Config{SpeculativeTTL: -time.Second}); err == nil {
+		t.Fatal("New accepted a negative TTL")
+	}
+}
+
+func TestConcurrentReadersWriters(t *testing.T) {
+	x := newIndex(t)
+	done := make(chan struct{})
+	keys := chain(7, 64)
+	go func() {
+		defer close(done)
+		for i := 0; i < 2000; i++ {
+			e := engineName(i % 4)
+			x.Store(e, kvevents.TierGPU, keys[:i%64+1])
+			x.Remove(e, kvevents.TierGPU, keys[i%64:])
+			x.AddSpeculative(e, keys[:8], time.Unix(int64(i), 0))
+		}
+	}()
+	var res Result
+	for {
+		select {
+		case <-done:
+			return
+		default:
+			x.Lookup(keys, &res)
+			for _, s := range res.Slots {
+				m := res.Get(s)
+				if m.GPU > m.CPU || m.CPU > m.Other || m.Other > m.Spec {
+					t.Fatalf("depths not monotone: %+v", m)
+				}
+			}
+		}
+	}
+}
+
+func chain(seed uint64, n int) []uint64 {
+	rng := rand.New(rand.NewPCG(seed, seed^0xabcdef))
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = rng.Uint64() | 1
+	}
+	return out
+}
+
+func engineName(i int) string {
+	return "engine-" + string(rune('A'+i%26)) + string(rune('a'+i/26))
+}

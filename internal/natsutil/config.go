@@ -1,0 +1,157 @@
+package natsutil
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Config is how a kvmesh process reaches NATS. The zero value is not usable;
+// start from DefaultConfig.
+type Config struct {
+	// URLs of the NATS servers ("nats://host:4222"). Empty: start an embedded
+	// server (Embedded) and connect to it — the single-machine default.
+	URLs []string
+	// Name is the client connection name shown by `nats server report connections`.
+	Name string
+
+	// Credentials: at most one of user/password, token, nkey seed file or creds file.
+	User, Password string
+	Token          string
+	NKeySeedFile   string
+	CredsFile      string
+
+	// TLS: CA file to verify the server, optional client certificate, and an
+	// escape hatch for test clusters with self-signed certificates.
+	TLSCAFile, TLSCertFile, TLSKeyFile string
+	TLSInsecureSkipVerify              bool
+
+	// ConnectTimeout bounds each dial. Default 2s.
+	ConnectTimeout time.Duration
+	// ReconnectWait is the pause between reconnect attempts to one server.
+	// Default 250ms: deltas that cannot be sent are a gap on the other side,
+	// which costs a snapshot, so we want to be back quickly.
+	ReconnectWait time.Duration
+	// MaxReconnects is the number of reconnect attempts; -1 (default) retries forever,
+	// because a sidecar or ingress without NATS is useless but must recover by itself.
+	MaxReconnects int
+	// ReconnectBufSize bounds the bytes buffered while disconnected. Default 8 MiB;
+	// when full, publishes fail (and the receivers resync on the gap).
+	ReconnectBufSize int
+
+	// Stream is the JetStream stream capturing the deltas.
+	Stream StreamConfig
+	// Embedded configures the server started when URLs is empty.
+	Embedded EmbeddedConfig
+}
+
+// StreamConfig bounds the KVMESH_DELTAS stream. Retention must be bounded:
+// the stream is for operators and catch-up, the snapshot is the source of truth.
+type StreamConfig struct {
+	// MaxAge drops deltas older than this. Default 10m.
+	MaxAge time.Duration
+	// MaxBytes caps the stream size, oldest dropped first. Default 256 MiB.
+	MaxBytes int64
+	// Replicas for clustered JetStream (1..5). Default 1.
+	Replicas int
+	// Memory keeps the stream in memory instead of on disk. Default false.
+	Memory bool
+	// Disabled skips ensuring the stream (and publishes with core NATS):
+	// for servers without JetStream. Default false.
+	Disabled bool
+}
+
+// EmbeddedConfig is the in-process nats-server used when no URL is given.
+type EmbeddedConfig struct {
+	// Host to listen on. Default 127.0.0.1 (never exposed by default).
+	Host string
+	// Port to listen on; -1 (default) picks a free port.
+	Port int
+	// StoreDir for JetStream files; empty (default) makes a temporary directory
+	// that is removed on Shutdown.
+	StoreDir string
+}
+
+// DefaultConfig returns the defaults documented on each field.
+func DefaultConfig() Config {
+	return Config{
+		Name:             "kvmesh",
+		ConnectTimeout:   2 * time.Second,
+		ReconnectWait:    250 * time.Millisecond,
+		MaxReconnects:    -1,
+		ReconnectBufSize: 8 << 20,
+		Stream: StreamConfig{
+			MaxAge:   10 * time.Minute,
+			MaxBytes: 256 << 20,
+			Replicas: 1,
+		},
+		Embedded: EmbeddedConfig{Host: "127.0.0.1", Port: -1},
+	}
+}
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("invalid nats config")
+
+// Validate lists every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
+	}
+	for _, u := range c.URLs {
+		if !strings.Contains(u, "://") {
+			add("url %q has no scheme (want nats://, tls:// or ws://)", u)
+		}
+	}
+	creds := 0
+	if c.User != "" || c.Password != "" {
+		creds++
+		if c.User == "" {
+			add("password without user")
+		}
+	}
+	for _, s := range []string{c.Token, c.NKeySeedFile, c.CredsFile} {
+		if s != "" {
+			creds++
+		}
+	}
+	if creds > 1 {
+		add("give at most one of user/password, token, nkey seed and creds file")
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		add("tls cert and key files go together")
+	}
+	if c.ConnectTimeout <= 0 {
+		add("connect timeout %v must be positive", c.ConnectTimeout)
+	}
+	if c.ReconnectWait <= 0 {
+		add("reconnect wait %v must be positive", c.ReconnectWait)
+	}
+	if c.MaxReconnects < -1 {
+		add("max reconnects %d must be -1 (forever) or more", c.MaxReconnects)
+	}
+	if c.ReconnectBufSize < 0 {
+		add("reconnect buffer %d must not be negative", c.ReconnectBufSize)
+	}
+	if !c.Stream.Disabled {
+		if c.Stream.MaxAge <= 0 {
+			add("stream max age %v must be positive (retention must be bounded)", c.Stream.MaxAge)
+		}
+		if c.Stream.MaxBytes <= 0 {
+			add("stream max bytes %d must be positive (retention must be bounded)", c.Stream.MaxBytes)
+		}
+		if c.Stream.Replicas < 1 || c.Stream.Replicas > 5 {
+			add("stream replicas %d must be 1..5", c.Stream.Replicas)
+		}
+	}
+	if len(c.URLs) == 0 {
+		if c.Embedded.Host == "" {
+			add("embedded server host is empty")
+		}
+		if c.Embedded.Port < -1 || c.Embedded.Port > 65535 {
+			add("embedded server port %d out of range", c.Embedded.Port)
+		}
+	}
+	return errors.Join(errs...)
+}

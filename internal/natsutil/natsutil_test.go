@@ -1,0 +1,163 @@
+package natsutil
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+func TestEscapeToken(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"engine-0", "engine-0"},
+		{"meta-llama/Llama-3.1-8B", "meta-llama~2FLlama-3~2E1-8B"},
+		{"a.b*c>d e~", "a~2Eb~2Ac~3Ed~20e~7E"},
+		{"", "~"},
+	} {
+		got := EscapeToken(tc.in)
+		if got != tc.want {
+			t.Errorf("EscapeToken(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		back, ok := UnescapeToken(got)
+		if !ok || back != tc.in {
+			t.Errorf("UnescapeToken(%q) = %q, %v", got, back, ok)
+		}
+	}
+	for _, bad := range []string{"", "a.b", "~4", "~zz", "a b", "~41"} {
+		if _, ok := UnescapeToken(bad); ok {
+			t.Errorf("UnescapeToken(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseDeltaSubject(t *testing.T) {
+	s := DeltaSubject("org/model.v1", "node-1:8000")
+	m, e, ok := ParseDeltaSubject(s)
+	if !ok || m != "org/model.v1" || e != "node-1:8000" {
+		t.Fatalf("ParseDeltaSubject(%q) = %q %q %v", s, m, e, ok)
+	}
+	if !strings.HasPrefix(SnapSubject("m", "e"), SnapPrefix) {
+		t.Fatal("snap subject prefix")
+	}
+	for _, bad := range []string{"kvmesh.delta.m", "kvmesh.delta.m.e.x", "kvmesh.snap.m.e", "kvmesh.delta.m.a~"} {
+		if _, _, ok := ParseDeltaSubject(bad); ok {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}
+
+func FuzzUnescapeToken(f *testing.F) {
+	f.Add("meta-llama~2FLlama")
+	f.Add("~")
+	f.Add("~7")
+	f.Fuzz(func(t *testing.T, s string) {
+		// Escaping is canonical: a token that unescapes must be the escape of its
+		// result, otherwise two subjects would name the same engine.
+		if u, ok := UnescapeToken(s); ok && EscapeToken(u) != s {
+			t.Fatalf("UnescapeToken(%q) = %q which escapes to %q", s, u, EscapeToken(u))
+		}
+		_, _, _ = ParseDeltaSubject(DeltaPrefix + s)
+	})
+}
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	c := DefaultConfig()
+	c.URLs = []string{"localhost:4222"}
+	c.Token = "t"
+	c.CredsFile = "x.creds"
+	c.TLSCertFile = "c.pem"
+	c.Stream.MaxAge = 0
+	c.Stream.Replicas = 9
+	err := c.Validate()
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("want ErrConfig, got %v", err)
+	}
+	for _, want := range []string{"no scheme", "at most one", "cert and key", "max age", "replicas"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	d := DefaultConfig()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+}
+
+func TestConnectEmbeddedEnsuresStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := DefaultConfig()
+	cfg.Stream.MaxAge = time.Minute
+	c, err := Connect(ctx, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Embedded == nil || c.JS == nil {
+		t.Fatal("no embedded server or jetstream")
+	}
+	s, err := c.JS.Stream(ctx, StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxAge != time.Minute || info.Config.MaxBytes != cfg.Stream.MaxBytes || info.Config.Subjects[0] != DeltaWildcard {
+		t.Fatalf("stream config %+v", info.Config)
+	}
+	// The stream captures deltas.
+	if _, err := c.JS.Publish(ctx, DeltaSubject("m", "e"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	// Updating limits on an existing stream works (a second process with other limits).
+	cfg.Stream.MaxAge = 2 * time.Minute
+	s2, err := EnsureStream(ctx, c.JS, cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2.CachedInfo().Config.MaxAge != 2*time.Minute || s2.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("after update: %+v", s2.CachedInfo())
+	}
+	store := c.Embedded.StoreDir()
+	c.Close()
+	c.Close() // idempotent
+	if c.NC.Status() != nats.CLOSED {
+		t.Fatalf("connection not closed: %v", c.NC.Status())
+	}
+	if store == "" {
+		t.Fatal("no store dir")
+	}
+}
+
+func TestConnectUserPassword(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "kv", Password: "secret", NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	ctx := context.Background()
+	cfg := DefaultConfig()
+	cfg.URLs = []string{srv.ClientURL()}
+	cfg.Stream.Disabled = true // no JetStream on this server
+	cfg.MaxReconnects = 0
+	cfg.User, cfg.Password = "kv", "wrong"
+	if _, err := Connect(ctx, cfg, nil); err == nil {
+		t.Fatal("wrong password accepted")
+	}
+	cfg.Password = "secret"
+	c, err := Connect(ctx, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}

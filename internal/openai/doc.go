@@ -1,0 +1,10 @@
+// Package openai owns kvmesh's view of the OpenAI HTTP API as vLLM serves it:
+// request and response wire types (with vLLM's extras), the OpenAI error body,
+// a Server-Sent Events writer and a strict SSE reader. The simulator, the
+// ingress, the load generator and tests share it so every side speaks the
+// same bytes.
+//
+// It must not know about routing, engines or transports: it turns bytes into
+// typed values and back. Every decoder rejects malformed input with an error
+// wrapping ErrBadRequest or ErrBadStream; none panics.
+package openai

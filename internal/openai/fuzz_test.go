@@ -1,0 +1,109 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func FuzzSSEReader(f *testing.F) {
+	for _, s := range []string{"data: {}\n\ndata: [DONE]\n\n", ": c\ndata: [1]\r\n\r\ndata: [DONE]\n\n", "data: {\n\n", "event: x\n\n", "data: [DONE]\n\nx"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var payloads [][]byte
+		err := ReadAll(bytes.NewReader(in), func(p []byte) error {
+			payloads = append(payloads, bytes.Clone(p))
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, ErrBadStream) {
+				t.Fatalf("error %v does not wrap ErrBadStream", err)
+			}
+			return
+		}
+		// Accepted streams re-encode into streams that read back the same.
+		var out []byte
+		for _, p := range payloads {
+			if !json.Valid(p) {
+				t.Fatalf("accepted non-JSON payload %q", p)
+			}
+			out = AppendEvent(out, p)
+		}
+		out = AppendDone(out)
+		var again [][]byte
+		if err := ReadAll(bytes.NewReader(out), func(p []byte) error { again = append(again, bytes.Clone(p)); return nil }); err != nil {
+			t.Fatalf("re-encoded stream rejected: %v", err)
+		}
+		if !reflect.DeepEqual(payloads, again) {
+			t.Fatal("round trip changed the payloads")
+		}
+	})
+}
+
+func FuzzPrompt(f *testing.F) {
+	for _, s := range []string{`"x"`, `["a","b"]`, `[1,2]`, `[[1],[2,3]]`, `[]`, `[1,"a"]`, `null`, `[[1],"x"]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var p Prompt
+		if err := json.Unmarshal(in, &p); err != nil {
+			return
+		}
+		if p.Len() == 0 || (len(p.Texts) > 0) == (len(p.Tokens) > 0) {
+			t.Fatalf("accepted %q as %+v", in, p)
+		}
+		out, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var q Prompt
+		if err := json.Unmarshal(out, &q); err != nil || !reflect.DeepEqual(p, q) {
+			t.Fatalf("round trip %q → %s → %+v (%v)", in, out, q, err)
+		}
+	})
+}
+
+func FuzzDecodeRequests(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"x","max_tokens":3}`,
+		`{"model":"m","prompt":[[1,2]],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"stop":"\n"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if _, err := DecodeCompletionRequest(in); err != nil && !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("completion error %v does not wrap ErrBadRequest", err)
+		}
+		if _, err := DecodeChatRequest(in); err != nil && !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("chat error %v does not wrap ErrBadRequest", err)
+		}
+		if _, err := DecodeTokenizeRequest(in); err != nil && !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("tokenize error %v does not wrap ErrBadRequest", err)
+		}
+		DecodeError(in)
+	})
+}
+
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "a\"b", "\x00\xff", "\u2028"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := AppendString(nil, s)
+		var back string
+		if err := json.Unmarshal(out, &back); err != nil {
+			t.Fatalf("%q → %s: %v", s, out, err)
+		}
+		want, _ := json.Marshal(s) // encoding/json also maps invalid UTF-8 to U+FFFD
+		var w string
+		_ = json.Unmarshal(want, &w)
+		if back != w {
+			t.Fatalf("%q: got %q want %q", s, back, w)
+		}
+	})
+}

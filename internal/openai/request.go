@@ -1,0 +1,296 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// StreamOptions is the OpenAI stream_options object.
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+	// ContinuousUsageStats is vLLM's extra: usage on every chunk.
+	ContinuousUsageStats bool `json:"continuous_usage_stats,omitempty"`
+}
+
+// Stop is "stop": a string or a list of strings.
+type Stop []string
+
+// UnmarshalJSON accepts a string, a list of strings or null.
+func (s *Stop) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		*s = nil
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var one string
+		if err := json.Unmarshal(b, &one); err != nil {
+			return fmt.Errorf("%w: stop: %v", ErrBadRequest, err)
+		}
+		*s = Stop{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return fmt.Errorf("%w: stop: want a string or a list of strings", ErrBadRequest)
+	}
+	*s = many
+	return nil
+}
+
+// SamplingParams are the generation fields completions and chat share
+// (OpenAI's plus vLLM's extras).
+type SamplingParams struct {
+	MaxTokens     *int           `json:"max_tokens,omitempty"`
+	MinTokens     int            `json:"min_tokens,omitempty"`
+	IgnoreEOS     bool           `json:"ignore_eos,omitempty"`
+	Temperature   *float64       `json:"temperature,omitempty"`
+	TopP          *float64       `json:"top_p,omitempty"`
+	TopK          *int           `json:"top_k,omitempty"`
+	Seed          *int64         `json:"seed,omitempty"`
+	N             int            `json:"n,omitempty"`
+	Stop          Stop           `json:"stop,omitempty"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+	User          string         `json:"user,omitempty"`
+	// CacheSalt (vLLM) isolates the request's prefix cache from other salts.
+	CacheSalt string `json:"cache_salt,omitempty"`
+	// ReturnTokenIDs (vLLM) adds prompt_token_ids/token_ids to choices.
+	ReturnTokenIDs bool `json:"return_token_ids,omitempty"`
+	// Priority (vLLM) for the priority scheduling policy.
+	Priority int `json:"priority,omitempty"`
+}
+
+// IncludeUsage reports whether a stream must end with a usage chunk.
+func (s *SamplingParams) IncludeUsage() bool {
+	return s.StreamOptions != nil && s.StreamOptions.IncludeUsage
+}
+
+// validate lists the sampling problems common to both endpoints.
+func (s *SamplingParams) validate() []string {
+	var p []string
+	if s.MaxTokens != nil && *s.MaxTokens < 1 {
+		p = append(p, fmt.Sprintf("max_tokens %d: must be at least 1", *s.MaxTokens))
+	}
+	if s.MinTokens < 0 {
+		p = append(p, fmt.Sprintf("min_tokens %d: must not be negative", s.MinTokens))
+	}
+	if s.MaxTokens != nil && s.MinTokens > *s.MaxTokens {
+		p = append(p, fmt.Sprintf("min_tokens %d: must not exceed max_tokens %d", s.MinTokens, *s.MaxTokens))
+	}
+	if s.N < 0 || s.N > 1 {
+		p = append(p, fmt.Sprintf("n %d: only n=1 is supported", s.N))
+	}
+	if s.Temperature != nil && (*s.Temperature < 0 || *s.Temperature > 2) {
+		p = append(p, "temperature: must be in [0, 2]")
+	}
+	if s.StreamOptions != nil && !s.Stream {
+		p = append(p, "stream_options: only allowed when stream is true")
+	}
+	return p
+}
+
+// CompletionRequest is POST /v1/completions.
+type CompletionRequest struct {
+	Model  string `json:"model"`
+	Prompt Prompt `json:"prompt"`
+	SamplingParams
+	Echo     bool `json:"echo,omitempty"`
+	Logprobs *int `json:"logprobs,omitempty"`
+	// LoRA adapters are selected by model name in vLLM; kept for routers.
+}
+
+// ChatRequest is POST /v1/chat/completions.
+type ChatRequest struct {
+	Model    string        `json:"model"`
+	Messages []ChatMessage `json:"messages"`
+	SamplingParams
+	// MaxCompletionTokens is OpenAI's newer name for max_tokens; it wins when both are set.
+	MaxCompletionTokens *int `json:"max_completion_tokens,omitempty"`
+	// vLLM chat-template extras.
+	AddGenerationPrompt  *bool          `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage bool           `json:"continue_final_message,omitempty"`
+	ChatTemplateKwargs   map[string]any `json:"chat_template_kwargs,omitempty"`
+}
+
+// MaxOutput is the request's output cap: max_completion_tokens, else max_tokens, else 0 (unset).
+func (r *ChatRequest) MaxOutput() int {
+	if r.MaxCompletionTokens != nil {
+		return *r.MaxCompletionTokens
+	}
+	if r.MaxTokens != nil {
+		return *r.MaxTokens
+	}
+	return 0
+}
+
+// MaxOutput is the request's max_tokens, 0 when unset.
+func (r *CompletionRequest) MaxOutput() int {
+	if r.MaxTokens != nil {
+		return *r.MaxTokens
+	}
+	return 0
+}
+
+// ChatMessage is one chat message. Content may be a string or a list of
+// content parts; only text parts are kept in Content.Text (concatenated).
+type ChatMessage struct {
+	Role    string  `json:"role"`
+	Content Content `json:"content"`
+	Name    string  `json:"name,omitempty"`
+}
+
+// ContentPart is one element of a list-form message content.
+type ContentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text,omitempty"`
+}
+
+// Content is a message's content: a string (Parts nil) or a list of parts
+// (Text is then the concatenation of the text parts).
+type Content struct {
+	Text  string
+	Parts []ContentPart
+	Null  bool // JSON null (assistant messages with tool calls)
+}
+
+// UnmarshalJSON accepts a string, a list of parts or null.
+func (c *Content) UnmarshalJSON(b []byte) error {
+	*c = Content{}
+	b = bytes.TrimSpace(b)
+	switch {
+	case bytes.Equal(b, []byte("null")):
+		c.Null = true
+		return nil
+	case len(b) > 0 && b[0] == '"':
+		if err := json.Unmarshal(b, &c.Text); err != nil {
+			return fmt.Errorf("%w: content: %v", ErrBadRequest, err)
+		}
+		return nil
+	case len(b) > 0 && b[0] == '[':
+		if err := json.Unmarshal(b, &c.Parts); err != nil {
+			return fmt.Errorf("%w: content: want a string or a list of parts", ErrBadRequest)
+		}
+		for _, p := range c.Parts {
+			if p.Type == "text" {
+				c.Text += p.Text
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: content: want a string or a list of parts", ErrBadRequest)
+}
+
+// MarshalJSON writes the content in its original shape.
+func (c Content) MarshalJSON() ([]byte, error) {
+	switch {
+	case c.Null:
+		return []byte("null"), nil
+	case c.Parts != nil:
+		return json.Marshal(c.Parts)
+	}
+	return AppendString(nil, c.Text), nil
+}
+
+// DecodeCompletionRequest decodes and validates a completions body.
+func DecodeCompletionRequest(body []byte) (*CompletionRequest, error) {
+	var r CompletionRequest
+	if err := decodeStrictJSON(body, &r); err != nil {
+		return nil, err
+	}
+	var problems []string
+	if r.Model == "" {
+		problems = append(problems, "model: required")
+	}
+	if r.Prompt.Len() == 0 {
+		problems = append(problems, "prompt: required")
+	}
+	problems = append(problems, r.validate()...)
+	return &r, joinProblems(problems)
+}
+
+// DecodeChatRequest decodes and validates a chat completions body.
+func DecodeChatRequest(body []byte) (*ChatRequest, error) {
+	var r ChatRequest
+	if err := decodeStrictJSON(body, &r); err != nil {
+		return nil, err
+	}
+	var problems []string
+	if r.Model == "" {
+		problems = append(problems, "model: required")
+	}
+	if len(r.Messages) == 0 {
+		problems = append(problems, "messages: required")
+	}
+	for i, m := range r.Messages {
+		switch m.Role {
+		case "system", "user", "assistant", "tool", "developer":
+		default:
+			problems = append(problems, fmt.Sprintf("messages[%d].role %q: want system, user, assistant, tool or developer", i, m.Role))
+		}
+	}
+	if r.MaxCompletionTokens != nil && *r.MaxCompletionTokens < 1 {
+		problems = append(problems, "max_completion_tokens: must be at least 1")
+	}
+	problems = append(problems, r.validate()...)
+	return &r, joinProblems(problems)
+}
+
+// decodeStrictJSON decodes one JSON object; unknown fields are ignored (as
+// vLLM does by default) but trailing data is not.
+func decodeStrictJSON(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, ErrBadRequest) {
+			return fmt.Errorf("decode body: %w", err)
+		}
+		return fmt.Errorf("decode body: %w: %v", ErrBadRequest, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("decode body: %w: trailing data after the JSON object", ErrBadRequest)
+	}
+	return nil
+}
+
+func joinProblems(p []string) error {
+	if len(p) == 0 {
+		return nil
+	}
+	msg := p[0]
+	for _, s := range p[1:] {
+		msg += "; " + s
+	}
+	return fmt.Errorf("%w: %s", ErrBadRequest, msg)
+}
+
+// TokenizeRequest is vLLM's POST /tokenize: either a prompt or messages.
+type TokenizeRequest struct {
+	Model               string        `json:"model,omitempty"`
+	Prompt              string        `json:"prompt,omitempty"`
+	Messages            []ChatMessage `json:"messages,omitempty"`
+	AddSpecialTokens    *bool         `json:"add_special_tokens,omitempty"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt,omitempty"`
+	ReturnTokenStrs     bool          `json:"return_token_strs,omitempty"`
+}
+
+// DecodeTokenizeRequest decodes and validates a /tokenize body.
+func DecodeTokenizeRequest(body []byte) (*TokenizeRequest, error) {
+	var r TokenizeRequest
+	if err := decodeStrictJSON(body, &r); err != nil {
+		return nil, err
+	}
+	if r.Prompt == "" && len(r.Messages) == 0 {
+		return &r, fmt.Errorf("%w: prompt or messages: required", ErrBadRequest)
+	}
+	return &r, nil
+}
+
+// TokenizeResponse is the /tokenize answer.
+type TokenizeResponse struct {
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      []uint32 `json:"tokens"`
+	TokenStrs   []string `json:"token_strs,omitempty"`
+}

@@ -1,0 +1,168 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Sentinel errors.
+var (
+	ErrInvalidConfig = errors.New("sim: invalid config")
+	ErrClosed        = errors.New("sim: closed")
+)
+
+// Tokenizer is the part of internal/tokenizer the simulator uses (its
+// *tokenizer.Native satisfies it). Methods must be safe for concurrent use.
+type Tokenizer interface {
+	AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32
+	Decode(ids []uint32, skipSpecialTokens bool) string
+}
+
+// ChatRenderer renders chat messages into the prompt text the engine
+// tokenizes (the model's chat template). Must be safe for concurrent use.
+type ChatRenderer interface {
+	RenderChat(messages []openai.ChatMessage, addGenerationPrompt bool) (string, error)
+}
+
+// Config configures one simulator instance.
+type Config struct {
+	// Model is the served model name (--model). Default "kvmesh-sim".
+	Model string
+	// HTTPAddr is the listen address (--http). Default "127.0.0.1:0" (a free port).
+	HTTPAddr string
+	// KVEvents is rank 0's PUB endpoint (--kv-events); "" disables events.
+	// Binds when the host or port is "*" or the port is 0, connects otherwise
+	// (vLLM's rule); rank r uses port+r.
+	KVEvents string
+	// KVReplay is rank 0's ROUTER replay endpoint (--kv-replay); "" = no replay.
+	KVReplay string
+	// Topic is frame 0 of every event message. Default "" (vLLM's).
+	Topic string
+	// EventForm selects array (default) or map-encoded events; ReplayLayout
+	// the replay reply layout (default: with topic, vLLM after PR #45177).
+	EventForm    kvevents.EventForm
+	ReplayLayout kvevents.ReplayLayout
+	// ReplayBuffer is how many batches the replay buffer keeps. Default 10000.
+	ReplayBuffer int
+	// DropRate is the fault switch: the fraction of event batches not sent
+	// live (they stay in the replay buffer).
+	DropRate float64
+	// DP is the number of data-parallel ranks, each an engine. Default 1.
+	DP int
+	// Engine configures every rank's engine (block size, capacities, profile...).
+	// Its HashSeed defaults to Seed; KeepBlockTokens and RecordTokenTimes are forced on.
+	Engine engine.Config
+	// TimeScale runs the model faster than real time: modelled seconds per
+	// wall second. Default 1; tests use 20–1000.
+	TimeScale float64
+	// Seed makes hashes, generated tokens and early stops deterministic.
+	Seed uint64
+	// EOSRate is the per-token chance of a natural stop after min_tokens for
+	// requests without ignore_eos. Default 0: every request runs to max_tokens.
+	EOSRate float64
+	// DefaultMaxTokens is the output cap of requests without max_tokens.
+	// Default 16 for completions (vLLM's); chat uses DefaultChatMaxTokens.
+	DefaultMaxTokens     int
+	DefaultChatMaxTokens int // default 256 (vLLM: up to max_model_len)
+	// MaxWaiting bounds queued requests per rank; beyond it requests get 503.
+	// Default 4096.
+	MaxWaiting int
+	// MaxBodyBytes bounds request bodies. Default 16 MiB.
+	MaxBodyBytes int64
+	// Tokenizer tokenizes text; nil = the byte-level fallback (docs/SIMULATOR.md).
+	Tokenizer Tokenizer
+	// Chat renders chat messages; nil = the built-in Llama-3-style template.
+	Chat ChatRenderer
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Defaults returns c with zero fields set to their defaults.
+func (c Config) Defaults() Config {
+	if c.Model == "" {
+		c.Model = "kvmesh-sim"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:0"
+	}
+	if c.ReplayBuffer == 0 {
+		c.ReplayBuffer = 10000
+	}
+	if c.DP == 0 {
+		c.DP = 1
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 1
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = 16
+	}
+	if c.DefaultChatMaxTokens == 0 {
+		c.DefaultChatMaxTokens = 256
+	}
+	if c.MaxWaiting == 0 {
+		c.MaxWaiting = 4096
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 16 << 20
+	}
+	if c.Engine.HashSeed == 0 {
+		c.Engine.HashSeed = c.Seed
+	}
+	c.Engine.KeepBlockTokens = true
+	c.Engine.RecordTokenTimes = true
+	c.Engine = c.Engine.Defaults()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate lists every problem with c (after Defaults).
+func (c Config) Validate() error {
+	var errs []error
+	if c.DP < 1 || c.DP > 64 {
+		errs = append(errs, fmt.Errorf("dp %d: want 1..64", c.DP))
+	}
+	if c.TimeScale <= 0 || c.TimeScale > 1e6 {
+		errs = append(errs, fmt.Errorf("time scale %g: want (0, 1e6]", c.TimeScale))
+	}
+	if c.DropRate < 0 || c.DropRate > 1 {
+		errs = append(errs, fmt.Errorf("drop rate %g: want [0, 1]", c.DropRate))
+	}
+	if c.EOSRate < 0 || c.EOSRate >= 1 {
+		errs = append(errs, fmt.Errorf("eos rate %g: want [0, 1)", c.EOSRate))
+	}
+	if c.KVReplay != "" && c.KVEvents == "" {
+		errs = append(errs, errors.New("kv replay without kv events"))
+	}
+	for _, ep := range []string{c.KVEvents, c.KVReplay} {
+		if ep == "" {
+			continue
+		}
+		if _, err := kvevents.OffsetEndpoint(ep, c.DP-1); err != nil {
+			errs = append(errs, fmt.Errorf("endpoint %q: %w", ep, err))
+		}
+	}
+	if c.ReplayBuffer < 0 || c.MaxWaiting < 1 || c.MaxBodyBytes < 1 || c.DefaultMaxTokens < 1 || c.DefaultChatMaxTokens < 1 {
+		errs = append(errs, errors.New("replay buffer, max waiting, max body bytes and default max tokens must be positive"))
+	}
+	if err := c.Engine.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+// wallFor converts a modelled duration into wall time.
+func (c *Config) wallFor(d time.Duration) time.Duration {
+	return time.Duration(float64(d) / c.TimeScale)
+}

@@ -1,0 +1,478 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
+	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": "kvmesh-sim"})
+	})
+	mux.HandleFunc("POST /reset_prefix_cache", s.handleReset)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+// httpError carries a status to the edge.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(format string, a ...any) error {
+	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, a...)}
+}
+
+// fail writes err as an OpenAI error body with the status it maps to.
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		status = he.status
+	case errors.Is(err, openai.ErrBadRequest), errors.Is(err, engine.ErrBadRequest), errors.Is(err, engine.ErrTooLong):
+		status = http.StatusBadRequest
+	case errors.Is(err, errOverloaded):
+		status = http.StatusServiceUnavailable
+		s.metrics.rejected.WithLabelValues("overloaded").Inc()
+	case errors.Is(err, ErrClosed):
+		status = http.StatusServiceUnavailable
+	}
+	writeError(w, status, err.Error())
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(openai.AppendStatusError(nil, status, msg))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", s.cfg.MaxBodyBytes)}
+		}
+		return nil, badRequest("read body: %v", err)
+	}
+	return b, nil
+}
+
+func (s *Server) checkModel(model string) error {
+	if model != s.cfg.Model {
+		return &httpError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)}
+	}
+	return nil
+}
+
+// pickRank honours X-data-parallel-rank, else takes the least loaded rank
+// (fewest requests in flight; vLLM's internal DP balancing).
+func (s *Server) pickRank(r *http.Request) (*rank, error) {
+	if h := r.Header.Get("X-data-parallel-rank"); h != "" {
+		i, err := strconv.Atoi(h)
+		if err != nil || i < 0 || i >= len(s.ranks) {
+			return nil, badRequest("X-data-parallel-rank %q: want 0..%d", h, len(s.ranks)-1)
+		}
+		return s.ranks[i], nil
+	}
+	best, bestN := s.ranks[0], -1
+	for _, rk := range s.ranks {
+		rk.mu.Lock()
+		n := len(rk.calls)
+		rk.mu.Unlock()
+		if bestN < 0 || n < bestN {
+			best, bestN = rk, n
+		}
+	}
+	return best, nil
+}
+
+// requestID honours X-Request-Id or makes one.
+func (s *Server) requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		return id
+	}
+	return strconv.FormatUint(s.nextID.Add(1), 10)
+}
+
+// gen is one generation request as both endpoints see it.
+type gen struct {
+	id        string
+	prompts   [][]uint32
+	maxTokens int
+	minTokens int
+	ignoreEOS bool
+	salt      string
+	stream    bool
+	usage     bool // stream_options.include_usage
+	chat      bool
+	retIDs    bool
+}
+
+// submit turns g into engine calls on rank rk.
+func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
+	notify := make(chan struct{}, 1)
+	calls := make([]*call, 0, len(g.prompts))
+	for i, p := range g.prompts {
+		if len(p) == 0 {
+			return s.abortAll(calls), nil, badRequest("prompt %d is empty", i)
+		}
+		if need := len(p) + g.maxTokens; need > s.cfg.Engine.MaxModelLen {
+			return s.abortAll(calls), nil, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+				s.cfg.Engine.MaxModelLen, need, len(p), g.maxTokens)
+		}
+		id := g.id
+		if len(g.prompts) > 1 {
+			id += "-" + strconv.Itoa(i)
+		}
+		c := &call{rk: rk, notify: notify, maxOut: g.maxTokens, req: &engine.Request{ID: id, Prompt: p,
+			OutputLen: outputLen(&s.cfg, p, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt}}
+		if err := rk.submit(c); err != nil {
+			if errors.Is(err, engine.ErrDuplicateID) {
+				err = badRequest("request id %q is already in flight", id)
+			}
+			return s.abortAll(calls), nil, err
+		}
+		calls = append(calls, c)
+	}
+	return calls, notify, nil
+}
+
+func (s *Server) abortAll(calls []*call) []*call {
+	for _, c := range calls {
+		c.rk.abort(c)
+	}
+	return nil
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	req, err := openai.DecodeCompletionRequest(body)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if err := s.checkModel(req.Model); err != nil {
+		s.fail(w, err)
+		return
+	}
+	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
+		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs}
+	if g.maxTokens == 0 {
+		g.maxTokens = s.cfg.DefaultMaxTokens
+	}
+	if len(req.Prompt.Tokens) > 0 {
+		g.prompts = req.Prompt.Tokens
+	} else {
+		for _, t := range req.Prompt.Texts {
+			g.prompts = append(g.prompts, s.tok.AppendEncode(nil, t, true))
+		}
+	}
+	s.generate(w, r, g)
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	req, err := openai.DecodeChatRequest(body)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if err := s.checkModel(req.Model); err != nil {
+		s.fail(w, err)
+		return
+	}
+	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	text, err := s.chat.RenderChat(req.Messages, addGen)
+	if err != nil {
+		s.fail(w, badRequest("render chat template: %v", err))
+		return
+	}
+	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
+		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), chat: true,
+		prompts: [][]uint32{s.tok.AppendEncode(nil, text, false)}}
+	if g.maxTokens == 0 {
+		g.maxTokens = min(s.cfg.DefaultChatMaxTokens, max(1, s.cfg.Engine.MaxModelLen-len(g.prompts[0])))
+	}
+	s.generate(w, r, g)
+}
+
+// generate submits g and answers, streaming or not.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *gen) {
+	rk, err := s.pickRank(r)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	calls, notify, err := s.submit(rk, g)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	w.Header().Set("X-Request-Id", g.id)
+	if g.stream {
+		s.streamResponse(w, r, g, calls, notify)
+		return
+	}
+	if !s.waitAll(r, calls, notify) {
+		return
+	}
+	s.fullResponse(w, g, calls)
+}
+
+// waitAll blocks until every call is done; false if the client or the
+// server went away (the calls are aborted).
+func (s *Server) waitAll(r *http.Request, calls []*call, notify chan struct{}) bool {
+	for {
+		all := true
+		for _, c := range calls {
+			c.rk.mu.Lock()
+			d := c.done
+			c.rk.mu.Unlock()
+			all = all && d
+		}
+		if all {
+			return true
+		}
+		select {
+		case <-notify:
+		case <-r.Context().Done():
+			s.abortAll(calls)
+			return false
+		case <-s.quit:
+			s.abortAll(calls)
+			return false
+		}
+	}
+}
+
+// snapshot is a call's state copied under its rank's lock.
+type snapshot struct {
+	generated int
+	done      bool
+	aborted   bool
+	cached    int
+	reason    string
+}
+
+func (c *call) snap() snapshot {
+	c.rk.mu.Lock()
+	defer c.rk.mu.Unlock()
+	sn := snapshot{generated: c.generated, done: c.done, aborted: c.aborted, cached: c.req.CachedTokens()}
+	if c.done {
+		sn.reason = c.finishReason()
+	}
+	return sn
+}
+
+func (s *Server) usage(calls []*call) *openai.Usage {
+	u := &openai.Usage{PromptTokensDetails: &openai.PromptTokensDetails{}}
+	for _, c := range calls {
+		sn := c.snap()
+		u.PromptTokens += len(c.req.Prompt)
+		u.CompletionTokens += sn.generated
+		u.PromptTokensDetails.CachedTokens += sn.cached
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+func (s *Server) fullResponse(w http.ResponseWriter, g *gen, calls []*call) {
+	id := responseID(g)
+	if g.chat {
+		c := calls[0]
+		sn := c.snap()
+		text := s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true)
+		writeJSON(w, http.StatusOK, openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model,
+			Choices: []openai.ChatChoice{{Message: openai.ChatMessageOut{Role: "assistant", Content: text},
+				FinishReason: openai.StringPtr(sn.reason)}}, Usage: s.usage(calls)})
+		return
+	}
+	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
+	for i, c := range calls {
+		sn := c.snap()
+		ids := c.req.OutputTokens(nil, 0, sn.generated)
+		ch := openai.CompletionChoice{Index: i, Text: s.tok.Decode(ids, true), FinishReason: openai.StringPtr(sn.reason)}
+		if g.retIDs {
+			ch.PromptTokenIDs, ch.TokenIDs = c.req.Prompt, ids
+		}
+		resp.Choices = append(resp.Choices, ch)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func responseID(g *gen) string {
+	if g.chat {
+		return "chatcmpl-" + g.id
+	}
+	return "cmpl-" + g.id
+}
+
+// streamResponse writes SSE chunks as the engine produces tokens: one chunk
+// per choice per engine step (several tokens when the client lags), the
+// finish reason on the last, then the usage chunk and [DONE].
+func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, calls []*call, notify chan struct{}) {
+	openai.SetHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	sse := openai.NewSSEWriter(w)
+	f := &openai.ChunkFields{ID: responseID(g), Created: s.created, Model: s.cfg.Model}
+	sent := make([]int, len(calls))
+	closed := make([]bool, len(calls))
+	var buf []byte
+	var tokBuf []uint32
+	roleSent := false
+	for {
+		open := 0
+		for i, c := range calls {
+			if closed[i] {
+				continue
+			}
+			sn := c.snap()
+			if sn.aborted {
+				_ = sse.Data(openai.AppendStatusError(buf[:0], http.StatusServiceUnavailable, "request aborted: engine restarted"))
+				_ = sse.Done()
+				return
+			}
+			if sn.generated == sent[i] && !sn.done {
+				open++
+				continue
+			}
+			tokBuf = c.req.OutputTokens(tokBuf[:0], sent[i], sn.generated)
+			text := s.tok.Decode(tokBuf, true)
+			sent[i] = sn.generated
+			var err error
+			if g.chat {
+				if !roleSent {
+					empty := ""
+					roleSent = true
+					if err = sse.Data(openai.AppendChatChunk(buf[:0], f, "assistant", &empty, "")); err != nil {
+						s.abortAll(calls)
+						return
+					}
+				}
+				buf = openai.AppendChatChunk(buf[:0], f, "", &text, sn.reason)
+			} else {
+				buf = openai.AppendCompletionChunkIndex(buf[:0], f, i, text, sn.reason)
+			}
+			if err = sse.Data(buf); err != nil {
+				s.abortAll(calls)
+				return
+			}
+			if sn.done {
+				closed[i] = true
+			} else {
+				open++
+			}
+		}
+		if open == 0 {
+			break
+		}
+		select {
+		case <-notify:
+		case <-r.Context().Done():
+			s.abortAll(calls)
+			return
+		case <-s.quit:
+			s.abortAll(calls)
+			return
+		}
+	}
+	if g.usage {
+		obj := openai.ObjectCompletion
+		if g.chat {
+			obj = openai.ObjectChatChunk
+		}
+		if err := sse.Data(openai.AppendUsageChunk(buf[:0], f, obj, s.usage(calls))); err != nil {
+			return
+		}
+	}
+	_ = sse.Done()
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, openai.ModelList{Object: "list", Data: []openai.Model{{ID: s.cfg.Model, Object: "model",
+		Created: s.created, OwnedBy: "vllm", Root: s.cfg.Model, MaxModelLen: s.cfg.Engine.MaxModelLen}}})
+}
+
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	req, err := openai.DecodeTokenizeRequest(body)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if req.Model != "" {
+		if err := s.checkModel(req.Model); err != nil {
+			s.fail(w, err)
+			return
+		}
+	}
+	var ids []uint32
+	if len(req.Messages) > 0 {
+		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+		text, err := s.chat.RenderChat(req.Messages, addGen)
+		if err != nil {
+			s.fail(w, badRequest("render chat template: %v", err))
+			return
+		}
+		ids = s.tok.AppendEncode(nil, text, req.AddSpecialTokens != nil && *req.AddSpecialTokens)
+	} else {
+		ids = s.tok.AppendEncode(nil, req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+	}
+	if ids == nil {
+		ids = []uint32{}
+	}
+	writeJSON(w, http.StatusOK, openai.TokenizeResponse{Count: len(ids), MaxModelLen: s.cfg.Engine.MaxModelLen, Tokens: ids})
+}
+
+func (s *Server) handleReset(w http.ResponseWriter, _ *http.Request) {
+	if err := s.ResetPrefixCache(); err != nil {
+		writeError(w, http.StatusConflict, err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}

@@ -1,0 +1,125 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Map-encoded events, the legacy replay layout and the CPU tier together:
+// evicted blocks reappear as CPU location updates and CachedKeys(CPU) has them.
+func TestMapFormLegacyReplayAndCPUTier(t *testing.T) {
+	s := startSim(t, func(c *Config) {
+		c.EventForm, c.ReplayLayout = kvevents.MapForm, kvevents.ReplayLegacy
+		c.Engine.GPUBlocks, c.Engine.CPUBlocks = 7, 16
+	})
+	ec := newEventClient(t, s, 0)
+	ec.legacy = true
+	a := tokens(1, 13) // 3 full blocks
+	complete(t, s, a, 1)
+	complete(t, s, tokens(500, 27), 1) // needs all 7 blocks: a's go to the CPU tier
+	ec.poll(5*time.Second, func() bool { return ec.next == s.EventStats(0).Published })
+	cpuStored := 0
+	for _, ev := range ec.events() {
+		if ev.Kind == kvevents.BlockStored && ev.Tier() == kvevents.TierCPU {
+			cpuStored += len(ev.BlockHashes)
+		}
+	}
+	if cpuStored != 3 {
+		t.Fatalf("%d CPU location updates, want 3", cpuStored)
+	}
+	want := kvevents.AppendKeys(nil, kvevents.Root("test-model", "", ""), a, 4)
+	slices.Sort(want)
+	if got := s.CachedKeys(0, kvevents.TierCPU); !slices.Equal(got, want) {
+		t.Fatalf("CPU keys %x, want %x", got, want)
+	}
+	// a comes back from the CPU tier: counted as cached tokens.
+	if c := complete(t, s, a, 1); c.Usage.CachedTokens() != 12 {
+		t.Fatalf("cached %d after CPU reload, want 12", c.Usage.CachedTokens())
+	}
+}
+
+// A client that goes away aborts its request and frees its blocks.
+func TestClientDisconnectAborts(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.TimeScale = 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	b, _ := json.Marshal(map[string]any{"model": "test-model", "prompt": tokens(1, 20), "max_tokens": 900, "ignore_eos": true, "stream": true})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/completions", bytes.NewReader(b))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
+	cancel()
+	resp.Body.Close()
+	waitFor(t, 5*time.Second, "the abort", func() bool { l := s.Load(0); return l.Running == 0 && l.UsedBlocks == 0 })
+	if s.Load(0).Finished != 0 {
+		t.Fatal("aborted request counted as finished")
+	}
+}
+
+// Close is idempotent, and a new simulator can take over the same ports.
+func TestCloseAndRestartOnSamePorts(t *testing.T) {
+	s := startSim(t, nil)
+	complete(t, s, tokens(1, 9), 1)
+	addr, ev, rep := s.HTTPAddr(), s.EventsEndpoint(0), s.ReplayEndpoint(0)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if _, err := http.Get(s.URL() + "/health"); err == nil {
+		t.Fatal("still serving after Close")
+	}
+	s2 := startSim(t, func(c *Config) { c.HTTPAddr, c.KVEvents, c.KVReplay = addr, ev, rep })
+	ec := newEventClient(t, s2, 0)
+	if c := complete(t, s2, tokens(1, 9), 1); c.Usage.CachedTokens() != 0 {
+		t.Fatal("new process kept the old cache")
+	}
+	ec.poll(5*time.Second, func() bool { return ec.next >= 1 })
+}
+
+// Many requests at once on a small cache: preemptions happen, every request
+// still completes with exactly max_tokens, and nothing leaks.
+func TestConcurrentLoadWithPreemption(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.Engine.GPUBlocks = 40; c.TimeScale = 200 })
+	const n = 12
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			b, _ := json.Marshal(map[string]any{"model": "test-model", "prompt": tokens(100*i+1, 20), "max_tokens": 40, "ignore_eos": true})
+			resp, err := http.Post(s.URL()+"/v1/completions", "application/json", bytes.NewReader(b))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			var c struct {
+				Usage struct {
+					CompletionTokens int `json:"completion_tokens"`
+				}
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || c.Usage.CompletionTokens != 40 {
+				errs <- &httpError{resp.StatusCode, "bad completion"}
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := s.Load(0)
+	if l.Preemptions == 0 || l.Finished != n || l.UsedBlocks != 0 || l.Running+l.Waiting != 0 {
+		t.Fatalf("load after the burst: %+v", l)
+	}
+}

@@ -1,0 +1,294 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/zeebo/xxh3"
+)
+
+// rank is one DP rank: an engine, its event publisher and the goroutine that
+// drives it in scaled real time.
+//
+// Engine time (modelled seconds) maps to wall time as start + t/TimeScale.
+// While busy the engine's clock runs step to step (next start = previous
+// end), so host jitter and slow steps never distort modelled durations: a
+// lagging simulator only runs slower than scaled real time. When idle the
+// clock jumps to the present.
+type rank struct {
+	s   *Server
+	idx int
+	pub *kvevents.Publisher // nil without --kv-events
+
+	mu    sync.Mutex // guards everything below; held across Step (short) and never while sleeping
+	eng   *engine.Engine
+	calls map[*engine.Request]*call
+	vt    time.Duration // engine time of the next step while busy
+	busy  bool
+	start time.Time
+	batch kvevents.Batch
+	fin   []*engine.Request
+
+	wake chan struct{} // cap 1: a request arrived
+	done chan struct{} // closed when run returns
+	log  *slog.Logger
+}
+
+// call is one engine request of an HTTP request. Fields after req are
+// guarded by rank.mu.
+type call struct {
+	rk     *rank
+	req    *engine.Request
+	notify chan struct{} // cap 1, shared by the calls of one HTTP request
+	maxOut int           // the request's max_tokens (finish reason "length" when reached)
+
+	generated int // tokens delivered to the client so far (at their step's end)
+	done      bool
+	aborted   bool
+	result    engine.Result
+}
+
+func newRank(s *Server, idx int) (*rank, error) {
+	rk := &rank{s: s, idx: idx, calls: make(map[*engine.Request]*call), start: time.Now(),
+		wake: make(chan struct{}, 1), done: make(chan struct{}), log: s.log.With("rank", idx)}
+	if err := rk.newEngine(); err != nil {
+		return nil, err
+	}
+	if s.cfg.KVEvents != "" {
+		pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{
+			Endpoint: s.cfg.KVEvents, ReplayEndpoint: s.cfg.KVReplay, DPRank: idx, Topic: s.cfg.Topic,
+			BufferSteps: s.cfg.ReplayBuffer, Form: s.cfg.EventForm, Layout: s.cfg.ReplayLayout,
+			DropRate: s.cfg.DropRate, DropSeed: s.cfg.Seed + uint64(idx), Logger: rk.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", idx, err)
+		}
+		rk.pub = pub
+	}
+	return rk, nil
+}
+
+func (rk *rank) newEngine() error {
+	ec := rk.s.cfg.Engine
+	ec.Keyer = keyer{model: rk.s.cfg.Model}
+	var sink engine.EventSink
+	if rk.s.cfg.KVEvents != "" {
+		sink = rk
+	}
+	eng, err := engine.New(ec, sink)
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", rk.idx, err)
+	}
+	rk.eng = eng
+	return nil
+}
+
+// KVEvents implements engine.EventSink: one batch per step, published
+// synchronously (the publisher encodes before returning).
+func (rk *rank) KVEvents(_ time.Duration, events []kvevents.Event) {
+	rk.batch = kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, DPRank: rk.idx, HasDPRank: true, Events: events}
+	if _, err := rk.pub.Publish(&rk.batch); err != nil {
+		rk.log.Debug("publish kv events", "err", err)
+	}
+	rk.batch.Events = nil
+}
+
+var _ engine.EventSink = (*rank)(nil)
+
+// wallNow is the present in engine time.
+func (rk *rank) wallNow() time.Duration {
+	return time.Duration(float64(time.Since(rk.start)) * rk.s.cfg.TimeScale)
+}
+
+// arrivalTime stamps a new request (under mu): never later than the next
+// step's start, so queue times are never negative.
+func (rk *rank) arrivalTime() time.Duration {
+	now := rk.wallNow()
+	if rk.busy && now > rk.vt {
+		return rk.vt
+	}
+	return max(now, rk.vt)
+}
+
+func (rk *rank) load() engine.Load {
+	rk.mu.Lock()
+	defer rk.mu.Unlock()
+	return rk.eng.Load()
+}
+
+// submit queues one engine request.
+func (rk *rank) submit(c *call) error {
+	rk.mu.Lock()
+	if l := rk.eng.Load(); l.Waiting >= rk.s.cfg.MaxWaiting {
+		rk.mu.Unlock()
+		return errOverloaded
+	}
+	if err := rk.eng.Add(c.req, rk.arrivalTime()); err != nil {
+		rk.mu.Unlock()
+		return err
+	}
+	rk.calls[c.req] = c
+	rk.mu.Unlock()
+	select {
+	case rk.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// abort cancels a call whose client went away.
+func (rk *rank) abort(c *call) {
+	rk.mu.Lock()
+	defer rk.mu.Unlock()
+	if c.done {
+		return
+	}
+	rk.eng.Abort(c.req.ID, rk.arrivalTime())
+	delete(rk.calls, c.req)
+	c.done, c.aborted = true, true
+}
+
+// run drives the engine until ctx is done. It owns the timer and never holds
+// mu while sleeping.
+func (rk *rank) run(ctx context.Context) {
+	defer close(rk.done)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		rk.mu.Lock()
+		for rk.eng.Idle() {
+			rk.busy = false
+			rk.mu.Unlock()
+			select {
+			case <-rk.wake:
+			case <-ctx.Done():
+				return
+			}
+			rk.mu.Lock()
+		}
+		start := rk.vt
+		if !rk.busy {
+			start = max(rk.vt, rk.wallNow())
+		}
+		res := rk.eng.Step(start, start)
+		if res.Steps == 0 {
+			// Nothing schedulable (cannot happen with validated requests):
+			// wait for a change instead of spinning.
+			rk.busy = false
+			rk.mu.Unlock()
+			select {
+			case <-rk.wake:
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		rk.busy, rk.vt = true, res.End
+		rk.fin = append(rk.fin[:0], res.Finished...)
+		rk.mu.Unlock()
+
+		if d := time.Until(rk.start.Add(rk.s.cfg.wallFor(res.End))); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+		rk.deliver()
+	}
+}
+
+// deliver makes the step's tokens visible to their clients.
+func (rk *rank) deliver() {
+	rk.mu.Lock()
+	defer rk.mu.Unlock()
+	for r, c := range rk.calls {
+		if g := r.Generated(); g != c.generated {
+			c.generated = g
+			signal(c.notify)
+		}
+	}
+	for _, r := range rk.fin {
+		c, ok := rk.calls[r]
+		if !ok {
+			continue
+		}
+		delete(rk.calls, r)
+		c.done, c.result = true, r.Result()
+		rk.s.metrics.observe(rk.s.cfg.Model, rk.idx, c.result, c.finishReason())
+		signal(c.notify)
+	}
+	clear(rk.fin)
+	rk.fin = rk.fin[:0]
+}
+
+// restart replaces the engine with an empty one and restarts the event
+// sequence at 0, as an engine process restart would; calls in flight end
+// as aborted.
+func (rk *rank) restart() error {
+	rk.mu.Lock()
+	defer rk.mu.Unlock()
+	for r, c := range rk.calls {
+		c.done, c.aborted = true, true
+		delete(rk.calls, r)
+		signal(c.notify)
+	}
+	if err := rk.newEngine(); err != nil {
+		return err
+	}
+	rk.busy = false
+	if rk.pub != nil {
+		rk.pub.Restart()
+	}
+	return nil
+}
+
+func (c *call) finishReason() string {
+	if c.aborted {
+		return "abort"
+	}
+	if c.result.OutputTokens >= c.maxOut {
+		return "length"
+	}
+	return "stop"
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// keyer gives the engine kvmesh keys (DESIGN.md Contract 1) for CachedKeys.
+type keyer struct{ model string }
+
+func (k keyer) Root(lora, salt string) uint64 { return kvevents.Root(k.model, lora, salt) }
+func (k keyer) Chain(parent uint64, block []uint32) uint64 {
+	return kvevents.ChainKey(parent, block)
+}
+
+// outputLen decides how many tokens a request generates: max_tokens with
+// ignore_eos or EOSRate 0; otherwise min_tokens plus a geometric number of
+// tokens (a seeded stand-in for sampling EOS), capped at max_tokens.
+func outputLen(cfg *Config, prompt []uint32, maxTokens, minTokens int, ignoreEOS bool) int {
+	if ignoreEOS || cfg.EOSRate == 0 {
+		return maxTokens
+	}
+	h := cfg.Seed
+	buf := make([]byte, 4)
+	for _, t := range prompt {
+		buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+		h = xxh3.HashSeed(buf, h)
+	}
+	u := (float64(h>>11) + 0.5) / (1 << 53)
+	extra := int(math.Floor(math.Log(u) / math.Log1p(-cfg.EOSRate)))
+	return max(1, min(maxTokens, minTokens+extra+1))
+}

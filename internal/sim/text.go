@@ -1,0 +1,73 @@
+package sim
+
+import (
+	"strings"
+
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/openai"
+)
+
+// byteTokenizer is the fallback when no tokenizer.json is given: every UTF-8
+// byte of the text is one token whose id is the byte's value (0–255), and
+// generated filler ids (engine.FillerBase…) decode to words from fillerWords.
+// It is deterministic and trivial to reproduce on the router side.
+type byteTokenizer struct{}
+
+var _ Tokenizer = byteTokenizer{}
+
+func (byteTokenizer) AppendEncode(dst []uint32, text string, _ bool) []uint32 {
+	for i := 0; i < len(text); i++ {
+		dst = append(dst, uint32(text[i]))
+	}
+	return dst
+}
+
+func (byteTokenizer) Decode(ids []uint32, _ bool) string {
+	var b strings.Builder
+	for _, id := range ids {
+		switch {
+		case id < 256:
+			b.WriteByte(byte(id))
+		case id >= engine.FillerBase && id < engine.FillerBase+engine.FillerVocab:
+			b.WriteString(fillerWords[int(id-engine.FillerBase)%len(fillerWords)])
+		}
+	}
+	return b.String()
+}
+
+// fillerWords make generated text readable in demos.
+var fillerWords = strings.Fields(`lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod
+tempor incididunt ut labore et dolore magna aliqua enim ad minim veniam quis nostrud exercitation
+ullamco laboris nisi aliquip ex ea commodo consequat duis aute irure in reprehenderit voluptate velit
+esse cillum fugiat nulla pariatur excepteur sint occaecat cupidatat non proident sunt culpa qui officia
+deserunt mollit anim id est laborum`)
+
+func init() {
+	for i, w := range fillerWords {
+		fillerWords[i] = " " + w
+	}
+}
+
+// llama3Chat is the built-in chat template: Llama 3's markup, rendered as
+// vLLM renders it (add_generation_prompt adds the assistant header). The
+// prompt is then tokenized without special tokens (vLLM's chat default), so
+// <|begin_of_text|> comes from the template.
+type llama3Chat struct{}
+
+var _ ChatRenderer = llama3Chat{}
+
+func (llama3Chat) RenderChat(msgs []openai.ChatMessage, addGenerationPrompt bool) (string, error) {
+	var b strings.Builder
+	b.WriteString("<|begin_of_text|>")
+	for _, m := range msgs {
+		b.WriteString("<|start_header_id|>")
+		b.WriteString(m.Role)
+		b.WriteString("<|end_header_id|>\n\n")
+		b.WriteString(strings.TrimSpace(m.Content.Text))
+		b.WriteString("<|eot_id|>")
+	}
+	if addGenerationPrompt {
+		b.WriteString("<|start_header_id|>assistant<|end_header_id|>\n\n")
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,84 @@
+package tokenizer
+
+import (
+	"testing"
+)
+
+// BenchmarkEncodeLongText is the cold single-core speed on long_text.txt
+// (reference: golden.json's hf_tokens_per_s_single_core). Run with -cpu 1.
+func BenchmarkEncodeLongText(b *testing.B) {
+	for _, name := range modelNames {
+		b.Run(name, func(b *testing.B) {
+			tk := loadNamed(b, name)
+			text := longText(b)
+			ids := tk.Encode(text, true)
+			dst := make([]uint32, 0, len(ids)+16)
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				dst = tk.AppendEncode(dst[:0], text, true)
+			}
+			b.ReportMetric(float64(len(ids))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+// prefixTexts builds a 4,096-token prefix of long_text.txt and a 256-token
+// new suffix (also from a different part of it).
+func prefixTexts(b *testing.B, tk *Native) (prefix, suffix string) {
+	text := longText(b)
+	cut := func(s string, n int) string {
+		lo, hi := 0, len(s)
+		for lo < hi { // smallest byte length with >= n tokens
+			mid := (lo + hi) / 2
+			if len(tk.Encode(s[:mid], false)) >= n {
+				hi = mid
+			} else {
+				lo = mid + 1
+			}
+		}
+		return s[:lo]
+	}
+	prefix = cut(text, 4096)
+	suffix = cut(text[len(text)/2:], 256)
+	return prefix, suffix
+}
+
+// BenchmarkPrefixCache: 4,096 shared tokens plus 256 new ones, warm cache vs cold.
+func BenchmarkPrefixCache(b *testing.B) {
+	tk := loadNamed(b, "Meta-Llama-3-8B-Instruct")
+	prefix, suffix := prefixTexts(b, tk)
+	req := prefix + " " + suffix
+	n := len(tk.Encode(req, true))
+	b.Run("cold", func(b *testing.B) {
+		dst := make([]uint32, 0, n+16)
+		b.ReportAllocs()
+		for b.Loop() {
+			dst = tk.AppendEncode(dst[:0], req, true)
+		}
+		b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+	})
+	b.Run("cached", func(b *testing.B) {
+		c, err := NewCachingTokenizer(tk, DefaultCacheConfig())
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Encode(prefix+" warm-up", true)
+		dst := make([]uint32, 0, n+16)
+		// A different suffix every time, so its chunks miss and are encoded
+		// cold; building the request string is part of the measured cost.
+		buf := []byte(prefix + " 00000000" + suffix)
+		digits := buf[len(prefix)+1 : len(prefix)+9]
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			for k, v := 7, i; k >= 0; k, v = k-1, v/10 {
+				digits[k] = byte('0' + v%10)
+			}
+			dst = c.AppendEncode(dst[:0], string(buf), true)
+		}
+		b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+	})
+}

@@ -1,0 +1,321 @@
+package tokenizer
+
+import (
+	"container/heap"
+	"fmt"
+	"unicode/utf8"
+)
+
+// model turns one pre-tokenized word into ids.
+type model interface {
+	tokenize(dst []uint32, word string, sc *bpeScratch) []uint32
+	tokenToID(tok string) (uint32, bool)
+	idToToken(id uint32) (string, bool)
+	size() int
+}
+
+// bpe is the BPE model. In a byte-level tokenizer vocab and merges are stored
+// as raw bytes (see bytelevel.go).
+type bpe struct {
+	vocab  map[string]uint32
+	vocabR []string // by id
+	has    []bool   // ids present in vocab
+	// merges maps left<<32|right to rank<<32|merged id.
+	merges       map[uint64]uint64
+	byteLevel    bool
+	byteIDs      [256]int64 // byte-level: id of each single byte, -1 if absent
+	ignoreMerges bool
+	byteFallback bool
+	fallbackIDs  [256]int64 // <0xXX> tokens
+	unk          int64      // -1: none
+	fuseUnk      bool
+	contPrefix   string
+	eowSuffix    string
+}
+
+var _ model = (*bpe)(nil)
+
+// bpeScratch is reused across words and calls.
+type bpeScratch struct {
+	syms  []uint32
+	ranks []uint32
+	h     mergeHeap
+	prev  []int32
+	next  []int32
+}
+
+const noRank = ^uint32(0)
+
+// smallWord is the symbol count up to which a quadratic scan beats the heap.
+const smallWord = 48
+
+func (m *bpe) size() int { return len(m.vocabR) }
+
+func (m *bpe) tokenToID(tok string) (uint32, bool) {
+	id, ok := m.vocab[tok]
+	return id, ok
+}
+
+func (m *bpe) idToToken(id uint32) (string, bool) {
+	if int(id) >= len(m.vocabR) || !m.has[id] {
+		return "", false
+	}
+	return m.vocabR[id], true
+}
+
+func (m *bpe) rank(a, b uint32) (uint32, uint32) {
+	v, ok := m.merges[uint64(a)<<32|uint64(b)]
+	if !ok {
+		return noRank, 0
+	}
+	return uint32(v >> 32), uint32(v)
+}
+
+func (m *bpe) tokenize(dst []uint32, word string, sc *bpeScratch) []uint32 {
+	if m.ignoreMerges {
+		if id, ok := m.vocab[word]; ok {
+			return append(dst, id)
+		}
+	}
+	syms := m.initialSymbols(sc.syms[:0], word)
+	if len(syms) <= smallWord {
+		syms = m.mergeSmall(syms, sc)
+	} else {
+		syms = m.mergeLarge(syms, sc)
+	}
+	dst = append(dst, syms...)
+	sc.syms = syms[:0]
+	return dst
+}
+
+func (m *bpe) initialSymbols(syms []uint32, word string) []uint32 {
+	if m.byteLevel {
+		for i := 0; i < len(word); i++ {
+			if id := m.byteIDs[word[i]]; id >= 0 {
+				syms = append(syms, uint32(id))
+			}
+		}
+		return syms
+	}
+	lastUnk := false
+	for i := 0; i < len(word); {
+		_, n := utf8.DecodeRuneInString(word[i:])
+		ch := word[i : i+n]
+		var id uint32
+		var ok bool
+		if m.contPrefix == "" && m.eowSuffix == "" {
+			id, ok = m.vocab[ch]
+		} else {
+			tok := ch
+			if i > 0 {
+				tok = m.contPrefix + tok
+			}
+			if i+n == len(word) {
+				tok += m.eowSuffix
+			}
+			id, ok = m.vocab[tok]
+		}
+		i += n
+		if ok {
+			syms = append(syms, id)
+			lastUnk = false
+			continue
+		}
+		if m.byteFallback {
+			all := true
+			for k := 0; k < len(ch); k++ {
+				if m.fallbackIDs[ch[k]] < 0 {
+					all = false
+				}
+			}
+			if all {
+				for k := 0; k < len(ch); k++ {
+					syms = append(syms, uint32(m.fallbackIDs[ch[k]]))
+				}
+				lastUnk = false
+				continue
+			}
+		}
+		if m.unk >= 0 {
+			if !(m.fuseUnk && lastUnk) {
+				syms = append(syms, uint32(m.unk))
+			}
+			lastUnk = true
+		}
+	}
+	return syms
+}
+
+// mergeSmall applies the lowest-ranked merge (leftmost on ties) until none
+// applies, keeping each pair's rank so a merge looks up only its two new pairs.
+func (m *bpe) mergeSmall(syms []uint32, sc *bpeScratch) []uint32 {
+	n := len(syms)
+	if n < 2 {
+		return syms
+	}
+	ranks := sc.ranks[:0]
+	for i := 0; i+1 < n; i++ {
+		r, _ := m.rank(syms[i], syms[i+1])
+		ranks = append(ranks, r)
+	}
+	for {
+		best, bi := noRank, -1
+		for i, r := range ranks[:n-1] {
+			if r < best {
+				best, bi = r, i
+			}
+		}
+		if bi < 0 {
+			break
+		}
+		_, id := m.rank(syms[bi], syms[bi+1])
+		syms[bi] = id
+		copy(syms[bi+1:], syms[bi+2:n])
+		copy(ranks[bi:], ranks[bi+1:n-1])
+		n--
+		syms = syms[:n]
+		if bi > 0 {
+			ranks[bi-1], _ = m.rank(syms[bi-1], syms[bi])
+		}
+		if bi+1 < n {
+			ranks[bi], _ = m.rank(syms[bi], syms[bi+1])
+		}
+	}
+	sc.ranks = ranks[:0]
+	return syms
+}
+
+type mergeItem struct {
+	rank uint32
+	pos  int32
+}
+
+type mergeHeap []mergeItem
+
+func (h mergeHeap) Len() int { return len(h) }
+func (h mergeHeap) Less(i, j int) bool {
+	return h[i].rank < h[j].rank || h[i].rank == h[j].rank && h[i].pos < h[j].pos
+}
+func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *mergeHeap) Push(x any)   { *h = append(*h, x.(mergeItem)) }
+func (h *mergeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// mergeLarge is the same algorithm with a heap and a linked list, for long
+// words (whitespace runs, adversarial input) where the scan would be quadratic.
+func (m *bpe) mergeLarge(syms []uint32, sc *bpeScratch) []uint32 {
+	n := len(syms)
+	prev := growInt32(sc.prev, n)
+	next := growInt32(sc.next, n)
+	for i := range n {
+		prev[i] = int32(i - 1)
+		next[i] = int32(i + 1)
+	}
+	next[n-1] = -1
+	h := sc.h[:0]
+	for i := 0; i+1 < n; i++ {
+		if r, _ := m.rank(syms[i], syms[i+1]); r != noRank {
+			h = append(h, mergeItem{r, int32(i)})
+		}
+	}
+	heap.Init(&h)
+	for h.Len() > 0 {
+		it := heap.Pop(&h).(mergeItem)
+		i := it.pos
+		j := next[i]
+		if prev[i] == -2 || j < 0 {
+			continue
+		}
+		r, id := m.rank(syms[i], syms[j])
+		if r != it.rank {
+			continue // stale: the pair changed since it was pushed
+		}
+		syms[i] = id
+		prev[j] = -2 // dead
+		next[i] = next[j]
+		if next[j] >= 0 {
+			prev[next[j]] = i
+		}
+		if p := prev[i]; p >= 0 {
+			if r, _ := m.rank(syms[p], syms[i]); r != noRank {
+				heap.Push(&h, mergeItem{r, p})
+			}
+		}
+		if k := next[i]; k >= 0 {
+			if r, _ := m.rank(syms[i], syms[k]); r != noRank {
+				heap.Push(&h, mergeItem{r, i})
+			}
+		}
+	}
+	out := syms[:0]
+	for i := int32(0); i >= 0; i = next[i] {
+		out = append(out, syms[i])
+	}
+	sc.h, sc.prev, sc.next = h[:0], prev, next
+	return out
+}
+
+func growInt32(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
+}
+
+// newBPE builds the model; vocab and merges are already in the model's own
+// spelling (raw bytes for byte-level).
+func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error) {
+	m := opts
+	m.vocab = vocab
+	maxID := -1
+	for _, id := range vocab {
+		if int(id) > maxID {
+			maxID = int(id)
+		}
+	}
+	m.vocabR = make([]string, maxID+1)
+	m.has = make([]bool, maxID+1)
+	for tok, id := range vocab {
+		m.vocabR[id] = tok
+		m.has[id] = true
+	}
+	m.merges = make(map[uint64]uint64, len(merges))
+	for rank, mg := range merges {
+		a, ok1 := vocab[mg[0]]
+		b, ok2 := vocab[mg[1]]
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("bpe merge %d %q: %w: token not in vocab", rank, mg, ErrInvalid)
+		}
+		merged := mg[0] + trimPrefix(mg[1], m.contPrefix)
+		id, ok := vocab[merged]
+		if !ok {
+			return nil, fmt.Errorf("bpe merge %d %q: %w: merged token not in vocab", rank, mg, ErrInvalid)
+		}
+		key := uint64(a)<<32 | uint64(b)
+		if _, dup := m.merges[key]; !dup {
+			m.merges[key] = uint64(rank)<<32 | uint64(id)
+		}
+	}
+	for b := 0; b < 256; b++ {
+		m.byteIDs[b] = -1
+		m.fallbackIDs[b] = -1
+		if id, ok := vocab[string([]byte{byte(b)})]; ok && m.byteLevel {
+			m.byteIDs[b] = int64(id)
+		}
+		if id, ok := vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
+			m.fallbackIDs[b] = int64(id)
+		}
+	}
+	return &m, nil
+}
+
+func trimPrefix(s, p string) string {
+	if p != "" && len(s) >= len(p) && s[:len(p)] == p {
+		return s[len(p):]
+	}
+	return s
+}

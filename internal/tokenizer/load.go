@@ -1,0 +1,650 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/dlclark/regexp2"
+	"golang.org/x/text/unicode/norm"
+)
+
+// fileJSON is the part of tokenizer.json that affects ids and decoding;
+// truncation and padding are batch options the router does not use.
+type fileJSON struct {
+	AddedTokens   []addedTokenJSON `json:"added_tokens"`
+	Normalizer    json.RawMessage  `json:"normalizer"`
+	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
+	Model         json.RawMessage  `json:"model"`
+	PostProcessor json.RawMessage  `json:"post_processor"`
+	Decoder       json.RawMessage  `json:"decoder"`
+}
+
+type addedTokenJSON struct {
+	ID         uint32 `json:"id"`
+	Content    string `json:"content"`
+	SingleWord bool   `json:"single_word"`
+	Lstrip     bool   `json:"lstrip"`
+	Rstrip     bool   `json:"rstrip"`
+	Normalized bool   `json:"normalized"`
+	Special    bool   `json:"special"`
+}
+
+// component is any typed node: {"type": "...", ...}.
+type component struct {
+	Type string `json:"type"`
+	raw  json.RawMessage
+}
+
+func parseComponent(raw json.RawMessage) (*component, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var c component
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	c.raw = raw
+	return &c, nil
+}
+
+func (c *component) decode(v any) error {
+	if err := json.Unmarshal(c.raw, v); err != nil {
+		return fmt.Errorf("%s: %w: %v", c.Type, ErrInvalid, err)
+	}
+	return nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	s := strings.TrimSpace(string(raw))
+	return s == "" || s == "null"
+}
+
+// Load parses the bytes of a tokenizer.json.
+func Load(data []byte) (*Native, error) {
+	var f fileJSON
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("load tokenizer: %w: %v", ErrInvalid, err)
+	}
+	t := &Native{}
+	var err error
+	if t.normalizer, err = loadNormalizer(f.Normalizer); err != nil {
+		return nil, fmt.Errorf("load normalizer: %w", err)
+	}
+	if t.pre, t.byteLevel, err = loadPreTokenizer(f.PreTokenizer); err != nil {
+		return nil, fmt.Errorf("load pre_tokenizer: %w", err)
+	}
+	if t.model, err = loadModel(f.Model, t.byteLevel); err != nil {
+		return nil, fmt.Errorf("load model: %w", err)
+	}
+	byteLevelDec := false
+	if t.decoder, byteLevelDec, err = loadDecoder(f.Decoder, t.byteLevel); err != nil {
+		return nil, fmt.Errorf("load decoder: %w", err)
+	}
+	t.vocabSize = t.model.size()
+	var toks []*addedToken
+	for _, a := range f.AddedTokens {
+		if a.Content == "" {
+			return nil, fmt.Errorf("load added_tokens: %w: empty token %d", ErrInvalid, a.ID)
+		}
+		at := &addedToken{id: a.ID, content: a.Content, special: a.Special, singleWord: a.SingleWord,
+			lstrip: a.Lstrip, rstrip: a.Rstrip, normalized: a.Normalized, decodeForm: a.Content}
+		if byteLevelDec && !t.byteLevel {
+			at.decodeForm = byteLevelDecodeToken(a.Content)
+		}
+		if byteLevelDec && t.byteLevel {
+			// Tokens pass through the raw-byte decoder unchanged, so map here.
+			at.decodeForm = byteLevelDecodeToken(a.Content)
+		}
+		toks = append(toks, at)
+		t.vocabSize = max(t.vocabSize, int(a.ID)+1)
+	}
+	var normFn func(string) string
+	if t.normalizer != nil {
+		normFn = t.normalizer.normalize
+	}
+	t.added = newAddedVocab(toks, normFn)
+	if t.post, err = loadPostProcessor(f.PostProcessor, t); err != nil {
+		return nil, fmt.Errorf("load post_processor: %w", err)
+	}
+	t.prefixSafe = t.pre != nil && t.pre.cutSafe() && !t.added.anyStrip && !t.added.hasNormalized &&
+		(t.normalizer == nil || t.normalizer.cutSafe())
+	if _, ok := t.model.(*unigram); ok && !t.prefixSafe {
+		t.prefixSafe = false
+	}
+	return t, nil
+}
+
+type patternJSON struct {
+	String *string `json:"String"`
+	Regex  *string `json:"Regex"`
+}
+
+func loadNormalizer(raw json.RawMessage) (normalizer, error) {
+	c, err := parseComponent(raw)
+	if c == nil || err != nil {
+		return nil, err
+	}
+	switch c.Type {
+	case "NFC":
+		return unicodeNorm{norm.NFC}, nil
+	case "NFD":
+		return unicodeNorm{norm.NFD}, nil
+	case "NFKC":
+		return unicodeNorm{norm.NFKC}, nil
+	case "NFKD":
+		return unicodeNorm{norm.NFKD}, nil
+	case "Lowercase":
+		return lowercase{}, nil
+	case "StripAccents":
+		return stripAccents{}, nil
+	case "Strip":
+		var v struct {
+			Left  bool `json:"strip_left"`
+			Right bool `json:"strip_right"`
+		}
+		if err := c.decode(&v); err != nil {
+			return nil, err
+		}
+		return strip{v.Left, v.Right}, nil
+	case "Prepend":
+		var v struct {
+			Prepend string `json:"prepend"`
+		}
+		if err := c.decode(&v); err != nil {
+			return nil, err
+		}
+		return prepend{v.Prepend}, nil
+	case "Replace":
+		r, err := loadReplacer(c)
+		return replaceNorm{r}, err
+	case "BertNormalizer":
+		v := struct {
+			CleanText    bool  `json:"clean_text"`
+			Chinese      bool  `json:"handle_chinese_chars"`
+			StripAccents *bool `json:"strip_accents"`
+			Lowercase    bool  `json:"lowercase"`
+		}{CleanText: true, Chinese: true, Lowercase: true}
+		if err := c.decode(&v); err != nil {
+			return nil, err
+		}
+		sa := v.Lowercase
+		if v.StripAccents != nil {
+			sa = *v.StripAccents
+		}
+		return bertNormalizer{v.CleanText, v.Chinese, sa, v.Lowercase}, nil
+	case "Sequence":
+		var v struct {
+			Normalizers []json.RawMessage `json:"normalizers"`
+		}
+		if err := c.decode(&v); err != nil {
+			return nil, err
+		}
+		var seq normSequence
+		for _, r := range v.Normalizers {
+			n, err := loadNormalizer(r)
+			if err != nil {
+				return nil, err
+			}
+			if n != nil {
+				seq = append(seq, n)
+			}
+		}
+		return seq, nil
+	}
+	return nil, fmt.Errorf("normalizer %q: %w", c.Type, ErrUnsupported)
+}
+
+func loadReplacer(c *component) (replacer, error) {
+	var v struct {
+		Pattern patternJSON `json:"pattern"`
+		Content string      `json:"content"`
+	}
+	if err := c.decode(&v); err != nil {
+		return replacer{}, err
+	}
+	r := replacer{content: v.Content}
+	switch {
+	case v.Pattern.String != nil:
+		r.literal = *v.Pattern.String
+	case v.Pattern.Regex != nil:
+		re, err := regexp2.Compile(*v.Pattern.Regex, regexp2.Unicode)
+		if err != nil {
+			return r, fmt.Errorf("replace pattern: %w: %v", ErrInvalid, err)
+		}
+		r.re = re
+	default:
+		return r, fmt.Errorf("replace: %w: no pattern", ErrInvalid)
+	}
+	return r, nil
+}
+
+var behaviors = map[string]splitBehavior{
+	"Removed": behRemoved, "Isolated": behIsolated, "MergedWithPrevious": behMergedWithPrevious,
+	"MergedWithNext": behMergedWithNext, "Contiguous": behContiguous,
+}
+
+// loadPreTokenizer also reports whether a ByteLevel step is present (then the
+// model's vocabulary is byte-level).
+func loadPreTokenizer(raw json.RawMessage) (preTokenizer, bool, error) {
+	c, err := parseComponent(raw)
+	if c == nil || err != nil {
+		return nil, false, err
+	}
+	switch c.Type {
+	case "ByteLevel":
+		v := struct {
+			AddPrefixSpace bool `json:"add_prefix_space"`
+			UseRegex       bool `json:"use_regex"`
+		}{UseRegex: true}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		return &byteLevelPre{v.AddPrefixSpace, v.UseRegex}, true, nil
+	case "Split":
+		v := struct {
+			Pattern  patternJSON `json:"pattern"`
+			Behavior string      `json:"behavior"`
+			Invert   bool        `json:"invert"`
+		}{}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		beh, ok := behaviors[v.Behavior]
+		if !ok {
+			return nil, false, fmt.Errorf("split behavior %q: %w", v.Behavior, ErrInvalid)
+		}
+		var m splitMatcher
+		switch {
+		case v.Pattern.Regex != nil:
+			m, err = newSplitMatcher(*v.Pattern.Regex, true)
+		case v.Pattern.String != nil:
+			m, err = newSplitMatcher(*v.Pattern.String, false)
+		default:
+			err = fmt.Errorf("split: %w: no pattern", ErrInvalid)
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		return &splitPre{m: m, beh: beh, invert: v.Invert}, false, nil
+	case "Whitespace":
+		return &funcPre{whitespacePre, true}, false, nil
+	case "WhitespaceSplit":
+		return &funcPre{whitespaceSplit, true}, false, nil
+	case "BertPreTokenizer":
+		return &funcPre{bertSplit, true}, false, nil
+	case "Punctuation":
+		v := struct {
+			Behavior string `json:"behavior"`
+		}{Behavior: "Isolated"}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		beh, ok := behaviors[v.Behavior]
+		if !ok {
+			return nil, false, fmt.Errorf("punctuation behavior %q: %w", v.Behavior, ErrInvalid)
+		}
+		return &splitPre{m: runeMatcher{f: isBertPunct}, beh: beh}, false, nil
+	case "Digits":
+		var v struct {
+			Individual bool `json:"individual_digits"`
+		}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		m := runeMatcher{f: func(r rune) bool { return r >= '0' && r <= '9' || isUnicodeDigit(r) }, contiguous: !v.Individual}
+		return &splitPre{m: m, beh: behIsolated}, false, nil
+	case "Metaspace":
+		v := struct {
+			Replacement    string `json:"replacement"`
+			PrependScheme  string `json:"prepend_scheme"`
+			AddPrefixSpace *bool  `json:"add_prefix_space"`
+			Split          bool   `json:"split"`
+		}{Replacement: "▁", Split: true}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		scheme := v.PrependScheme
+		if scheme == "" {
+			scheme = "always"
+			if v.AddPrefixSpace != nil && !*v.AddPrefixSpace {
+				scheme = "never"
+			}
+		}
+		return &metaspacePre{replacement: v.Replacement, scheme: scheme, splitWords: v.Split}, false, nil
+	case "Sequence":
+		var v struct {
+			Pre []json.RawMessage `json:"pretokenizers"`
+		}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		var seq preSequence
+		anyByte := false
+		for _, r := range v.Pre {
+			p, bl, err := loadPreTokenizer(r)
+			if err != nil {
+				return nil, false, err
+			}
+			anyByte = anyByte || bl
+			if p != nil {
+				seq = append(seq, p)
+			}
+		}
+		return seq, anyByte, nil
+	}
+	return nil, false, fmt.Errorf("pre_tokenizer %q: %w", c.Type, ErrUnsupported)
+}
+
+type modelJSON struct {
+	Type         string          `json:"type"`
+	Vocab        json.RawMessage `json:"vocab"`
+	Merges       json.RawMessage `json:"merges"`
+	UnkToken     *string         `json:"unk_token"`
+	UnkID        *int            `json:"unk_id"`
+	ContPrefix   *string         `json:"continuing_subword_prefix"`
+	EOWSuffix    *string         `json:"end_of_word_suffix"`
+	FuseUnk      bool            `json:"fuse_unk"`
+	ByteFallback bool            `json:"byte_fallback"`
+	IgnoreMerges bool            `json:"ignore_merges"`
+	MaxChars     *int            `json:"max_input_chars_per_word"`
+}
+
+func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
+	if isNull(raw) {
+		return nil, fmt.Errorf("%w: no model", ErrInvalid)
+	}
+	var m modelJSON
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if m.Type == "" { // older files leave the model untagged
+		switch {
+		case !isNull(m.Merges):
+			m.Type = "BPE"
+		case m.MaxChars != nil:
+			m.Type = "WordPiece"
+		case m.UnkID != nil:
+			m.Type = "Unigram"
+		default:
+			m.Type = "WordLevel"
+		}
+	}
+	str := func(p *string, def string) string {
+		if p == nil {
+			return def
+		}
+		return *p
+	}
+	switch m.Type {
+	case "BPE":
+		var vocab map[string]uint32
+		if err := json.Unmarshal(m.Vocab, &vocab); err != nil {
+			return nil, fmt.Errorf("bpe vocab: %w: %v", ErrInvalid, err)
+		}
+		merges, err := parseMerges(m.Merges)
+		if err != nil {
+			return nil, err
+		}
+		if byteLevel {
+			vocab, merges = toRawBytes(vocab, merges)
+		}
+		opts := bpe{byteLevel: byteLevel, ignoreMerges: m.IgnoreMerges, byteFallback: m.ByteFallback,
+			fuseUnk: m.FuseUnk, contPrefix: str(m.ContPrefix, ""), eowSuffix: str(m.EOWSuffix, ""), unk: -1}
+		if m.UnkToken != nil {
+			if id, ok := vocab[*m.UnkToken]; ok {
+				opts.unk = int64(id)
+			}
+		}
+		return newBPE(vocab, merges, opts)
+	case "WordPiece":
+		var vocab map[string]uint32
+		if err := json.Unmarshal(m.Vocab, &vocab); err != nil {
+			return nil, fmt.Errorf("wordpiece vocab: %w: %v", ErrInvalid, err)
+		}
+		maxChars := 100
+		if m.MaxChars != nil {
+			maxChars = *m.MaxChars
+		}
+		return newWordPiece(vocab, str(m.ContPrefix, "##"), str(m.UnkToken, "[UNK]"), maxChars), nil
+	case "WordLevel":
+		var vocab map[string]uint32
+		if err := json.Unmarshal(m.Vocab, &vocab); err != nil {
+			return nil, fmt.Errorf("wordlevel vocab: %w: %v", ErrInvalid, err)
+		}
+		wl := &wordLevel{vocab: vocab}
+		wl.vocabR, wl.has = reverseVocab(vocab)
+		wl.unk, wl.hasUnk = vocab[str(m.UnkToken, "")]
+		return wl, nil
+	case "Unigram":
+		var entries [][2]json.RawMessage
+		if err := json.Unmarshal(m.Vocab, &entries); err != nil {
+			return nil, fmt.Errorf("unigram vocab: %w: %v", ErrInvalid, err)
+		}
+		pieces := make([]string, len(entries))
+		scores := make([]float64, len(entries))
+		for i, e := range entries {
+			if err := errors.Join(json.Unmarshal(e[0], &pieces[i]), json.Unmarshal(e[1], &scores[i])); err != nil {
+				return nil, fmt.Errorf("unigram vocab %d: %w: %v", i, ErrInvalid, err)
+			}
+		}
+		unk := -1
+		if m.UnkID != nil {
+			unk = *m.UnkID
+		}
+		return newUnigram(pieces, scores, unk, m.ByteFallback), nil
+	}
+	return nil, fmt.Errorf("model %q: %w", m.Type, ErrUnsupported)
+}
+
+// parseMerges accepts both spellings: "a b" and ["a", "b"].
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var asStrings []string
+	if err := json.Unmarshal(raw, &asStrings); err == nil {
+		out := make([][2]string, len(asStrings))
+		for i, s := range asStrings {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok {
+				return nil, fmt.Errorf("bpe merge %d %q: %w", i, s, ErrInvalid)
+			}
+			out[i] = [2]string{a, b}
+		}
+		return out, nil
+	}
+	var pairs [][2]string
+	if err := json.Unmarshal(raw, &pairs); err != nil {
+		return nil, fmt.Errorf("bpe merges: %w: %v", ErrInvalid, err)
+	}
+	return pairs, nil
+}
+
+// toRawBytes rewrites a byte-level vocabulary and merges as raw bytes.
+func toRawBytes(vocab map[string]uint32, merges [][2]string) (map[string]uint32, [][2]string) {
+	out := make(map[string]uint32, len(vocab))
+	for tok, id := range vocab {
+		raw, ok := byteLevelDecodeString(tok)
+		if !ok {
+			raw = tok
+		}
+		if _, dup := out[raw]; !dup {
+			out[raw] = id
+		}
+	}
+	for i, mg := range merges {
+		for k := range 2 {
+			if raw, ok := byteLevelDecodeString(mg[k]); ok {
+				merges[i][k] = raw
+			}
+		}
+	}
+	return out, merges
+}
+
+type processorJSON struct {
+	Type          string                       `json:"type"`
+	Single        []map[string]json.RawMessage `json:"single"`
+	SpecialTokens map[string]struct {
+		IDs []uint32 `json:"ids"`
+	} `json:"special_tokens"`
+	Cls        []json.RawMessage `json:"cls"`
+	Sep        []json.RawMessage `json:"sep"`
+	Processors []json.RawMessage `json:"processors"`
+}
+
+func loadPostProcessor(raw json.RawMessage, t *Native) (postProcessor, error) {
+	p, err := loadAffix(raw)
+	if p == nil || err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func loadAffix(raw json.RawMessage) (*affixProcessor, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var v processorJSON
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	switch v.Type {
+	case "ByteLevel":
+		return &affixProcessor{}, nil
+	case "TemplateProcessing":
+		p := &affixProcessor{}
+		seen := false
+		for _, item := range v.Single {
+			if _, ok := item["Sequence"]; ok {
+				seen = true
+				continue
+			}
+			st, ok := item["SpecialToken"]
+			if !ok {
+				return nil, fmt.Errorf("template: %w: unknown piece", ErrInvalid)
+			}
+			var s struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(st, &s); err != nil {
+				return nil, fmt.Errorf("template: %w: %v", ErrInvalid, err)
+			}
+			tok, ok := v.SpecialTokens[s.ID]
+			if !ok {
+				return nil, fmt.Errorf("template: %w: special token %q not defined", ErrInvalid, s.ID)
+			}
+			if seen {
+				p.suffix = append(p.suffix, tok.IDs...)
+			} else {
+				p.prefix = append(p.prefix, tok.IDs...)
+			}
+		}
+		return p, nil
+	case "BertProcessing", "RobertaProcessing":
+		if len(v.Cls) != 2 || len(v.Sep) != 2 {
+			return nil, fmt.Errorf("%s: %w: cls/sep", v.Type, ErrInvalid)
+		}
+		var cls, sep uint32
+		if err := errors.Join(json.Unmarshal(v.Cls[1], &cls), json.Unmarshal(v.Sep[1], &sep)); err != nil {
+			return nil, fmt.Errorf("%s: %w: %v", v.Type, ErrInvalid, err)
+		}
+		return &affixProcessor{prefix: []uint32{cls}, suffix: []uint32{sep}}, nil
+	case "Sequence":
+		p := &affixProcessor{}
+		for _, r := range v.Processors {
+			q, err := loadAffix(r)
+			if err != nil {
+				return nil, err
+			}
+			if q != nil {
+				p = p.then(q)
+			}
+		}
+		return p, nil
+	}
+	return nil, fmt.Errorf("post_processor %q: %w", v.Type, ErrUnsupported)
+}
+
+// loadDecoder also reports whether a ByteLevel step is present.
+func loadDecoder(raw json.RawMessage, rawBytes bool) (decoder, bool, error) {
+	c, err := parseComponent(raw)
+	if c == nil || err != nil {
+		return nil, false, err
+	}
+	switch c.Type {
+	case "ByteLevel":
+		return byteLevelDecoder(rawBytes), true, nil
+	case "WordPiece":
+		v := struct {
+			Prefix  string `json:"prefix"`
+			Cleanup bool   `json:"cleanup"`
+		}{Prefix: "##", Cleanup: true}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		return wordPieceDecoder(v.Prefix, v.Cleanup), false, nil
+	case "Metaspace":
+		v := struct {
+			Replacement    string `json:"replacement"`
+			PrependScheme  string `json:"prepend_scheme"`
+			AddPrefixSpace *bool  `json:"add_prefix_space"`
+		}{Replacement: "▁"}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		strip := v.PrependScheme != "never"
+		if v.PrependScheme == "" && v.AddPrefixSpace != nil {
+			strip = *v.AddPrefixSpace
+		}
+		return metaspaceDecoder(v.Replacement, strip), false, nil
+	case "ByteFallback":
+		return byteFallbackDecoder(), false, nil
+	case "Fuse":
+		return fuseDecoder(), false, nil
+	case "Strip":
+		var v struct {
+			Content string `json:"content"`
+			Start   int    `json:"start"`
+			Stop    int    `json:"stop"`
+		}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		return stripDecoder(v.Content, v.Start, v.Stop), false, nil
+	case "Replace":
+		r, err := loadReplacer(c)
+		return replaceDecoder(r), false, err
+	case "BPEDecoder":
+		v := struct {
+			Suffix string `json:"suffix"`
+		}{Suffix: "</w>"}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		return bpeDecoder(v.Suffix), false, nil
+	case "Sequence":
+		var v struct {
+			Decoders []json.RawMessage `json:"decoders"`
+		}
+		if err := c.decode(&v); err != nil {
+			return nil, false, err
+		}
+		var seq decoderSequence
+		anyByte := false
+		for _, r := range v.Decoders {
+			d, bl, err := loadDecoder(r, rawBytes)
+			if err != nil {
+				return nil, false, err
+			}
+			anyByte = anyByte || bl
+			if d != nil {
+				seq = append(seq, d)
+			}
+		}
+		return seq, anyByte, nil
+	}
+	return nil, false, fmt.Errorf("decoder %q: %w", c.Type, ErrUnsupported)
+}

@@ -1,0 +1,284 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The kvmesh messages of DESIGN.md Contract 2, written by sidecars and read by
+// every ingress. Both are msgpack arrays whose first two elements are the wire
+// version and the message kind, so a deltaReader can reject what it does not know
+// before looking further:
+//
+//	delta:    [1, 1, engine str, model str, epoch uint, seq uint, ts int, ops]
+//	snapshot: [1, 2, engine str, model str, epoch uint, seq uint, ts int, ops, chunk uint, chunks uint]
+//	op:       [kind uint, tier uint, keys bin]
+//
+// keys are packed as little-endian uint64s in one bin: 8 bytes a key instead of
+// 9, and decoding is a bounds check plus a copy. The codec is hand-written so a
+// decode into a reused message allocates nothing and never panics on bad input.
+
+// DeltaVersion is the wire version this package writes and reads.
+const DeltaVersion = 1
+
+// Message kinds (element 1 of every message).
+const (
+	msgDelta    = 1
+	msgSnapshot = 2
+)
+
+// OpKind is what a delta op does to one tier of an engine's key set.
+type OpKind uint8
+
+const (
+	OpStore  OpKind = iota + 1 // add Keys to Tier
+	OpRemove                   // remove Keys from Tier
+	OpClear                    // empty Tier (Keys unused)
+)
+
+// String returns the op's lower-case name.
+func (k OpKind) String() string {
+	switch k {
+	case OpStore:
+		return "store"
+	case OpRemove:
+		return "remove"
+	case OpClear:
+		return "clear"
+	default:
+		return "unknown"
+	}
+}
+
+// Op is one change to one tier.
+type Op struct {
+	Kind OpKind
+	Tier Tier
+	Keys []uint64
+}
+
+// Delta is one change set of one engine's key set. Seq is +1 per delta within an
+// Epoch (random per sidecar start), with no gaps.
+type Delta struct {
+	Engine string
+	Model  string
+	Epoch  uint64
+	Seq    uint64
+	TS     int64 // unix nanoseconds of the newest engine batch in the delta (its event time)
+	Ops    []Op
+}
+
+// SnapshotChunk is one part of a snapshot reply: the engine's full key set per
+// tier as of delta Seq of Epoch, split over Chunks messages (Chunk counts from 0).
+// Ops holds only OpStore ops; a tier may span several chunks.
+type SnapshotChunk struct {
+	Engine string
+	Model  string
+	Epoch  uint64
+	Seq    uint64
+	TS     int64 // unix nanoseconds when the snapshot was taken
+	Ops    []Op
+	Chunk  int
+	Chunks int
+}
+
+// Limits that keep a decoder bounded whatever the input claims.
+const (
+	deltaMaxOps       = 1 << 12
+	deltaMaxChunks    = 1 << 16
+	deltaMaxNameLen   = 1 << 10
+	deltaMaxKeysPerOp = 1 << 24
+	deltaOverhead     = 64 // a generous bound of a delta's fixed fields
+)
+
+// Errors returned by the decoders. Every decode error wraps ErrMalformedDelta.
+var (
+	ErrMalformedDelta = errors.New("malformed kvmesh message")
+	ErrDeltaVersion   = fmt.Errorf("%w: unsupported version", ErrMalformedDelta)
+	ErrDeltaKind      = fmt.Errorf("%w: unexpected message kind", ErrMalformedDelta)
+)
+
+// AppendDelta appends the encoding of d to dst.
+func AppendDelta(dst []byte, d *Delta) []byte {
+	dst = append(dst, 0x98) // fixarray(8)
+	dst = deltaAppendHeader(dst, msgDelta, d.Engine, d.Model, d.Epoch, d.Seq, d.TS)
+	return deltaAppendOps(dst, d.Ops)
+}
+
+// AppendSnapshotChunk appends the encoding of c to dst.
+func AppendSnapshotChunk(dst []byte, c *SnapshotChunk) []byte {
+	dst = append(dst, 0x9a) // fixarray(10)
+	dst = deltaAppendHeader(dst, msgSnapshot, c.Engine, c.Model, c.Epoch, c.Seq, c.TS)
+	dst = deltaAppendOps(dst, c.Ops)
+	dst = appendUint(dst, uint64(c.Chunk))
+	return appendUint(dst, uint64(c.Chunks))
+}
+
+// EncodedDeltaSize is an upper bound of the encoded size of a delta with the
+// given total number of keys over nops ops; senders use it to bound messages.
+func EncodedDeltaSize(nops, nkeys int, engine, model string) int {
+	return deltaOverhead + len(engine) + len(model) + nops*8 + nkeys*8
+}
+
+func deltaAppendHeader(dst []byte, kind uint64, engine, model string, epoch, seq uint64, ts int64) []byte {
+	dst = appendUint(dst, DeltaVersion)
+	dst = appendUint(dst, kind)
+	dst = appendStr(dst, engine)
+	dst = appendStr(dst, model)
+	dst = appendUint(dst, epoch)
+	dst = appendUint(dst, seq)
+	return appendInt(dst, ts)
+}
+
+func deltaAppendOps(dst []byte, ops []Op) []byte {
+	dst = appendArrayHeader(dst, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		dst = append(dst, 0x93)
+		dst = appendUint(dst, uint64(op.Kind))
+		dst = appendUint(dst, uint64(op.Tier))
+		dst = deltaAppendKeys(dst, op.Keys)
+	}
+	return dst
+}
+
+// DecodeDelta decodes b into d, reusing d's op and key slices (and its strings
+// when unchanged) so a steady stream decodes without allocating. On error d
+// holds partial data and must not be used.
+func DecodeDelta(b []byte, d *Delta) error {
+	r := deltaReader{b: b}
+	n, err := r.arrayHeader()
+	if err != nil {
+		return err
+	}
+	if n < 8 {
+		return fmt.Errorf("%w: delta has %d fields", ErrMalformedDelta, n)
+	}
+	kind, err := r.header(&d.Engine, &d.Model, &d.Epoch, &d.Seq, &d.TS)
+	if err != nil {
+		return err
+	}
+	if kind != msgDelta {
+		return fmt.Errorf("%w: %d", ErrDeltaKind, kind)
+	}
+	if d.Ops, err = r.ops(d.Ops); err != nil {
+		return err
+	}
+	return r.skipRest(n - 8)
+}
+
+// DecodeSnapshotChunk decodes b into c, reusing c's slices like DecodeDelta.
+func DecodeSnapshotChunk(b []byte, c *SnapshotChunk) error {
+	r := deltaReader{b: b}
+	n, err := r.arrayHeader()
+	if err != nil {
+		return err
+	}
+	if n < 10 {
+		return fmt.Errorf("%w: snapshot chunk has %d fields", ErrMalformedDelta, n)
+	}
+	kind, err := r.header(&c.Engine, &c.Model, &c.Epoch, &c.Seq, &c.TS)
+	if err != nil {
+		return err
+	}
+	if kind != msgSnapshot {
+		return fmt.Errorf("%w: %d", ErrDeltaKind, kind)
+	}
+	if c.Ops, err = r.ops(c.Ops); err != nil {
+		return err
+	}
+	for _, op := range c.Ops {
+		if op.Kind != OpStore {
+			return fmt.Errorf("%w: snapshot op %s", ErrMalformedDelta, op.Kind)
+		}
+	}
+	chunk, err := r.uint()
+	if err != nil {
+		return err
+	}
+	chunks, err := r.uint()
+	if err != nil {
+		return err
+	}
+	if chunks == 0 || chunks > deltaMaxChunks || chunk >= chunks {
+		return fmt.Errorf("%w: snapshot chunk %d of %d", ErrMalformedDelta, chunk, chunks)
+	}
+	c.Chunk, c.Chunks = int(chunk), int(chunks)
+	return r.skipRest(n - 10)
+}
+
+func (r *deltaReader) header(engine, model *string, epoch, seq *uint64, ts *int64) (kind uint64, err error) {
+	v, err := r.uint()
+	if err != nil {
+		return 0, err
+	}
+	if v != DeltaVersion {
+		return 0, fmt.Errorf("%w: %d", ErrDeltaVersion, v)
+	}
+	if kind, err = r.uint(); err != nil {
+		return 0, err
+	}
+	if err = r.str(engine); err != nil {
+		return 0, err
+	}
+	if err = r.str(model); err != nil {
+		return 0, err
+	}
+	if *epoch, err = r.uint(); err != nil {
+		return 0, err
+	}
+	if *seq, err = r.uint(); err != nil {
+		return 0, err
+	}
+	*ts, err = r.int()
+	return kind, err
+}
+
+func (r *deltaReader) ops(ops []Op) ([]Op, error) {
+	n, err := r.arrayHeader()
+	if err != nil {
+		return ops, err
+	}
+	if n > deltaMaxOps {
+		return ops, fmt.Errorf("%w: %d ops", ErrMalformedDelta, n)
+	}
+	if cap(ops) >= n {
+		ops = ops[:n]
+	} else {
+		old := ops[:cap(ops)]
+		ops = make([]Op, n)
+		copy(ops, old) // keep the old key buffers for reuse
+	}
+	for i := range ops {
+		op := &ops[i]
+		fields, err := r.arrayHeader()
+		if err != nil {
+			return ops, err
+		}
+		if fields < 3 {
+			return ops, fmt.Errorf("%w: op has %d fields", ErrMalformedDelta, fields)
+		}
+		kind, err := r.uint()
+		if err != nil {
+			return ops, err
+		}
+		if kind < uint64(OpStore) || kind > uint64(OpClear) {
+			return ops, fmt.Errorf("%w: op kind %d", ErrMalformedDelta, kind)
+		}
+		tier, err := r.uint()
+		if err != nil {
+			return ops, err
+		}
+		if tier >= NumTiers {
+			return ops, fmt.Errorf("%w: tier %d", ErrMalformedDelta, tier)
+		}
+		op.Kind, op.Tier = OpKind(kind), Tier(tier)
+		if op.Keys, err = r.keys(op.Keys[:0]); err != nil {
+			return ops, err
+		}
+		if err := r.skipRest(fields - 3); err != nil {
+			return ops, err
+		}
+	}
+	return ops, nil
+}

@@ -1,0 +1,189 @@
+package kvevents
+
+import (
+	"errors"
+	"math"
+	"reflect"
+	"testing"
+)
+
+func sampleDelta() *Delta {
+	return &Delta{
+		Engine: "engine-0", Model: "meta-llama/Llama-3.1-8B", Epoch: 0xdeadbeefcafef00d, Seq: 42, TS: 1757500000250000000,
+		Ops: []Op{
+			{Kind: OpStore, Tier: TierGPU, Keys: []uint64{1, 2, math.MaxUint64}},
+			{Kind: OpRemove, Tier: TierCPU, Keys: []uint64{7}},
+			{Kind: OpClear, Tier: TierOther, Keys: []uint64{}},
+		},
+	}
+}
+
+func TestDeltaRoundTrip(t *testing.T) {
+	for _, d := range []*Delta{
+		sampleDelta(),
+		{Engine: "", Model: "", Ops: []Op{}},
+		{Engine: "e", Model: "m", Epoch: 1, Seq: 1, TS: -5, Ops: []Op{{Kind: OpStore, Tier: TierGPU, Keys: make([]uint64, 40000)}}},
+	} {
+		b := AppendDelta(nil, d)
+		if got, bound := len(b), EncodedDeltaSize(len(d.Ops), countKeys(d.Ops), d.Engine, d.Model); got > bound {
+			t.Errorf("encoded %d bytes, size bound says %d", got, bound)
+		}
+		var got Delta
+		if err := DecodeDelta(b, &got); err != nil {
+			t.Fatalf("decode: %v", err)
+		}
+		if !reflect.DeepEqual(normalize(&got), normalize(d)) {
+			t.Fatalf("round trip:\n got %+v\nwant %+v", got, *d)
+		}
+	}
+}
+
+func countKeys(ops []Op) int {
+	n := 0
+	for _, op := range ops {
+		n += len(op.Keys)
+	}
+	return n
+}
+
+func TestSnapshotChunkRoundTrip(t *testing.T) {
+	c := &SnapshotChunk{Engine: "e1", Model: "m", Epoch: 9, Seq: 100, TS: 3, Chunk: 2, Chunks: 3,
+		Ops: []Op{{Kind: OpStore, Tier: TierGPU, Keys: []uint64{5, 6}}, {Kind: OpStore, Tier: TierCPU, Keys: []uint64{}}}}
+	var got SnapshotChunk
+	if err := DecodeSnapshotChunk(AppendSnapshotChunk(nil, c), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(normalizeOps(got.Ops), normalizeOps(c.Ops)) || got.Chunk != c.Chunk || got.Chunks != c.Chunks || got.Seq != c.Seq || got.Epoch != c.Epoch {
+		t.Fatalf("got %+v want %+v", got, *c)
+	}
+	// A delta is not a snapshot and the other way round.
+	if err := DecodeDelta(AppendSnapshotChunk(nil, c), &Delta{}); !errors.Is(err, ErrDeltaKind) {
+		t.Errorf("snapshot decoded as delta: %v", err)
+	}
+	if err := DecodeSnapshotChunk(AppendDelta(nil, sampleDelta()), &got); !errors.Is(err, ErrMalformedDelta) {
+		t.Errorf("delta decoded as snapshot: %v", err)
+	}
+}
+
+func TestDeltaDecodeRejects(t *testing.T) {
+	good := AppendDelta(nil, sampleDelta())
+	for i := 0; i < len(good); i++ {
+		if err := DecodeDelta(good[:i], &Delta{}); !errors.Is(err, ErrMalformedDelta) {
+			t.Fatalf("truncated at %d: err %v", i, err)
+		}
+	}
+	bad := append([]byte{}, good...)
+	bad[1] = 2 // version
+	if err := DecodeDelta(bad, &Delta{}); !errors.Is(err, ErrDeltaVersion) {
+		t.Errorf("version 2: %v", err)
+	}
+	badChunk := AppendSnapshotChunk(nil, &SnapshotChunk{Chunk: 3, Chunks: 3})
+	if err := DecodeSnapshotChunk(badChunk, &SnapshotChunk{}); !errors.Is(err, ErrMalformedDelta) {
+		t.Errorf("chunk 3 of 3 accepted: %v", err)
+	}
+}
+
+// A newer writer may append fields; this reader skips them.
+func TestDeltaSkipsTrailingFields(t *testing.T) {
+	d := sampleDelta()
+	b := AppendDelta(nil, d)
+	b[0] = 0x9a                                       // fixarray(10)
+	b = append(b, 0xa3, 'n', 'e', 'w', 0x92, 1, 0xc0) // "new", [1, nil]
+	var got Delta
+	if err := DecodeDelta(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(normalize(&got), normalize(d)) {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+func TestDigestOrderIndependent(t *testing.T) {
+	var a, b Digest
+	keys := []uint64{1, 99, 12345, math.MaxUint64, 0}
+	for _, k := range keys {
+		a.Add(k)
+	}
+	for i := len(keys) - 1; i >= 0; i-- {
+		b.Add(keys[i])
+	}
+	if a != b {
+		t.Fatalf("order matters: %+v vs %+v", a, b)
+	}
+	b.Add(777)
+	if a == b {
+		t.Fatal("an added key did not change the digest")
+	}
+	b.Remove(777)
+	if a != b {
+		t.Fatal("remove is not the inverse of add")
+	}
+	var c Digest
+	for _, k := range []uint64{1, 99, 12345, math.MaxUint64, 1} { // same count, one key differs
+		c.Add(k)
+	}
+	if a == c {
+		t.Fatal("different sets, same digest")
+	}
+}
+
+func FuzzDecodeDelta(f *testing.F) {
+	f.Add(AppendDelta(nil, sampleDelta()))
+	f.Add(AppendSnapshotChunk(nil, &SnapshotChunk{Engine: "x", Chunks: 1, Ops: []Op{{Kind: OpStore, Keys: []uint64{1}}}}))
+	f.Add([]byte{0x98, 1, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var d Delta
+		if err := DecodeDelta(b, &d); err == nil {
+			// What decodes must re-encode to something that decodes the same.
+			var again Delta
+			if err := DecodeDelta(AppendDelta(nil, &d), &again); err != nil || !reflect.DeepEqual(normalize(&d), normalize(&again)) {
+				t.Fatalf("re-encode mismatch: %v", err)
+			}
+		}
+		var c SnapshotChunk
+		_ = DecodeSnapshotChunk(b, &c)
+	})
+}
+
+// normalize makes empty key lists nil so DeepEqual compares content.
+func normalize(d *Delta) *Delta {
+	if len(d.Ops) == 0 {
+		d.Ops = nil
+	}
+	normalizeOps(d.Ops)
+	return d
+}
+
+func normalizeOps(ops []Op) []Op {
+	for i := range ops {
+		if len(ops[i].Keys) == 0 {
+			ops[i].Keys = nil
+		}
+	}
+	return ops
+}
+
+func BenchmarkDecodeDelta(b *testing.B) {
+	keys := make([]uint64, 64)
+	for i := range keys {
+		keys[i] = MixKey(uint64(i))
+	}
+	msg := AppendDelta(nil, &Delta{Engine: "engine-7", Model: "m", Epoch: 1, Seq: 1, Ops: []Op{{Kind: OpStore, Keys: keys}, {Kind: OpRemove, Keys: keys[:16]}}})
+	var d Delta
+	b.ReportAllocs()
+	b.SetBytes(int64(len(msg)))
+	for b.Loop() {
+		if err := DecodeDelta(msg, &d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAppendDelta(b *testing.B) {
+	d := sampleDelta()
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendDelta(buf[:0], d)
+	}
+}

@@ -1,0 +1,457 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// ErrBadPayload is wrapped by every DecodeBatch error: the payload is not a
+// KVEventBatch in any known form. Callers count and skip such payloads.
+var ErrBadPayload = errors.New("malformed kv event payload")
+
+// reader is a minimal, allocation-free msgpack reader over one payload. It
+// reads only the types KV events use and skips everything else; strings and
+// bins are returned as sub-slices of the payload (valid until it is reused).
+type reader struct {
+	b   []byte
+	off int
+}
+
+func (r *reader) errf(format string, args ...any) error {
+	return fmt.Errorf("%w: offset %d: %s", ErrBadPayload, r.off, fmt.Sprintf(format, args...))
+}
+
+func (r *reader) remaining() int { return len(r.b) - r.off }
+
+func (r *reader) peek() (byte, error) {
+	if r.off >= len(r.b) {
+		return 0, r.errf("unexpected end of payload")
+	}
+	return r.b[r.off], nil
+}
+
+// take consumes n bytes.
+func (r *reader) take(n int) ([]byte, error) {
+	if n < 0 || n > len(r.b)-r.off {
+		return nil, r.errf("need %d bytes, have %d", n, len(r.b)-r.off)
+	}
+	s := r.b[r.off : r.off+n]
+	r.off += n
+	return s, nil
+}
+
+func (r *reader) uintN(n int) (uint64, error) {
+	s, err := r.take(n)
+	if err != nil {
+		return 0, err
+	}
+	switch n {
+	case 1:
+		return uint64(s[0]), nil
+	case 2:
+		return uint64(binary.BigEndian.Uint16(s)), nil
+	case 4:
+		return uint64(binary.BigEndian.Uint32(s)), nil
+	default:
+		return binary.BigEndian.Uint64(s), nil
+	}
+}
+
+// nextNil consumes a nil and reports whether there was one.
+func (r *reader) nextNil() bool {
+	if r.off < len(r.b) && r.b[r.off] == 0xc0 {
+		r.off++
+		return true
+	}
+	return false
+}
+
+func isArray(c byte) bool { return c&0xf0 == 0x90 || c == 0xdc || c == 0xdd }
+func isMap(c byte) bool   { return c&0xf0 == 0x80 || c == 0xde || c == 0xdf }
+
+// arrayLen reads an array header. The length is checked against the bytes
+// left (every element takes at least one), so a lying header cannot make a
+// caller loop or allocate far beyond the payload.
+func (r *reader) arrayLen() (int, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	switch {
+	case c&0xf0 == 0x90:
+		r.off++
+		n = uint64(c & 0x0f)
+	case c == 0xdc:
+		r.off++
+		n, err = r.uintN(2)
+	case c == 0xdd:
+		r.off++
+		n, err = r.uintN(4)
+	default:
+		return 0, r.errf("want array, got type byte 0x%02x", c)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if n > uint64(r.remaining()) {
+		return 0, r.errf("array of %d elements in %d bytes", n, r.remaining())
+	}
+	return int(n), nil
+}
+
+// mapLen reads a map header (pairs), bounded like arrayLen.
+func (r *reader) mapLen() (int, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	switch {
+	case c&0xf0 == 0x80:
+		r.off++
+		n = uint64(c & 0x0f)
+	case c == 0xde:
+		r.off++
+		n, err = r.uintN(2)
+	case c == 0xdf:
+		r.off++
+		n, err = r.uintN(4)
+	default:
+		return 0, r.errf("want map, got type byte 0x%02x", c)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if 2*n > uint64(r.remaining()) {
+		return 0, r.errf("map of %d pairs in %d bytes", n, r.remaining())
+	}
+	return int(n), nil
+}
+
+// str reads a str (or, leniently, a bin) and returns its bytes without copying.
+func (r *reader) str() ([]byte, error) {
+	c, err := r.peek()
+	if err != nil {
+		return nil, err
+	}
+	var n uint64
+	switch {
+	case c&0xe0 == 0xa0:
+		r.off++
+		n = uint64(c & 0x1f)
+	case c == 0xd9, c == 0xc4:
+		r.off++
+		n, err = r.uintN(1)
+	case c == 0xda, c == 0xc5:
+		r.off++
+		n, err = r.uintN(2)
+	case c == 0xdb, c == 0xc6:
+		r.off++
+		n, err = r.uintN(4)
+	default:
+		return nil, r.errf("want string, got type byte 0x%02x", c)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if n > uint64(r.remaining()) {
+		return nil, r.errf("string of %d bytes in %d", n, r.remaining())
+	}
+	return r.take(int(n))
+}
+
+// integer reads any msgpack int. neg reports a negative value, whose two's
+// complement is in v; otherwise v is the unsigned value.
+func (r *reader) integer() (v uint64, neg bool, err error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, false, err
+	}
+	switch {
+	case c <= 0x7f:
+		r.off++
+		return uint64(c), false, nil
+	case c >= 0xe0:
+		r.off++
+		return uint64(int64(int8(c))), true, nil
+	}
+	r.off++
+	switch c {
+	case 0xcc:
+		v, err = r.uintN(1)
+	case 0xcd:
+		v, err = r.uintN(2)
+	case 0xce:
+		v, err = r.uintN(4)
+	case 0xcf:
+		v, err = r.uintN(8)
+	case 0xd0:
+		v, err = r.uintN(1)
+		v = uint64(int64(int8(v)))
+	case 0xd1:
+		v, err = r.uintN(2)
+		v = uint64(int64(int16(v)))
+	case 0xd2:
+		v, err = r.uintN(4)
+		v = uint64(int64(int32(v)))
+	case 0xd3:
+		v, err = r.uintN(8)
+	default:
+		r.off--
+		return 0, false, r.errf("want integer, got type byte 0x%02x", c)
+	}
+	return v, int64(v) < 0 && c >= 0xd0, err
+}
+
+// int64v reads an integer that must fit in int64.
+func (r *reader) int64v(field string) (int64, error) {
+	v, neg, err := r.integer()
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", field, err)
+	}
+	if !neg && v > math.MaxInt64 {
+		return 0, r.errf("%s: %d overflows int64", field, v)
+	}
+	return int64(v), nil
+}
+
+// hash reads an engine block hash: an int of any width and sign (two's
+// complement), or a bin/str digest folded to its last 8 bytes big-endian.
+func (r *reader) hash() (uint64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c <= 0x7f || c >= 0xe0 || (c >= 0xcc && c <= 0xd3) {
+		v, _, err := r.integer()
+		return v, err
+	}
+	b, err := r.str()
+	if err != nil {
+		return 0, fmt.Errorf("block hash: %w", err)
+	}
+	return foldDigest(b), nil
+}
+
+// foldDigest is spec §2's fold: BigEndian.Uint64 of the last 8 bytes (shorter
+// digests are read as if left-padded with zeros).
+func foldDigest(b []byte) uint64 {
+	if len(b) >= 8 {
+		return binary.BigEndian.Uint64(b[len(b)-8:])
+	}
+	var v uint64
+	for _, x := range b {
+		v = v<<8 | uint64(x)
+	}
+	return v
+}
+
+// float reads a float64, float32 or (leniently) an integer as float64.
+func (r *reader) float() (float64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	switch c {
+	case 0xcb:
+		r.off++
+		v, err := r.uintN(8)
+		return math.Float64frombits(v), err
+	case 0xca:
+		r.off++
+		v, err := r.uintN(4)
+		return float64(math.Float32frombits(uint32(v))), err
+	}
+	v, neg, err := r.integer()
+	if err != nil {
+		return 0, err
+	}
+	if neg {
+		return float64(int64(v)), nil
+	}
+	return float64(v), nil
+}
+
+// skip consumes one complete value of any type, iteratively (no recursion,
+// so deeply nested garbage cannot exhaust the stack).
+func (r *reader) skip() error {
+	for pending := 1; pending > 0; pending-- {
+		if pending > r.remaining() {
+			return r.errf("%d values announced, %d bytes left", pending, r.remaining())
+		}
+		c, err := r.peek()
+		if err != nil {
+			return err
+		}
+		r.off++
+		var n int
+		switch {
+		case c <= 0x7f, c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3:
+		case c&0xf0 == 0x80:
+			pending += 2 * int(c&0x0f)
+		case c&0xf0 == 0x90:
+			pending += int(c & 0x0f)
+		case c&0xe0 == 0xa0:
+			n = int(c & 0x1f)
+		case c == 0xcc, c == 0xd0:
+			n = 1
+		case c == 0xcd, c == 0xd1:
+			n = 2
+		case c == 0xce, c == 0xd2, c == 0xca:
+			n = 4
+		case c == 0xcf, c == 0xd3, c == 0xcb:
+			n = 8
+		case c == 0xd4:
+			n = 2
+		case c == 0xd5:
+			n = 3
+		case c == 0xd6:
+			n = 5
+		case c == 0xd7:
+			n = 9
+		case c == 0xd8:
+			n = 17
+		case c == 0xc4, c == 0xd9, c == 0xc7:
+			l, err := r.uintN(1)
+			if err != nil {
+				return err
+			}
+			n = int(l)
+			if c == 0xc7 {
+				n++ // ext type byte
+			}
+		case c == 0xc5, c == 0xda, c == 0xc8:
+			l, err := r.uintN(2)
+			if err != nil {
+				return err
+			}
+			n = int(l)
+			if c == 0xc8 {
+				n++
+			}
+		case c == 0xc6, c == 0xdb, c == 0xc9:
+			l, err := r.uintN(4)
+			if err != nil {
+				return err
+			}
+			if l > uint64(r.remaining()) {
+				return r.errf("value of %d bytes in %d", l, r.remaining())
+			}
+			n = int(l)
+			if c == 0xc9 {
+				n++
+			}
+		case c == 0xdc, c == 0xdd, c == 0xde, c == 0xdf:
+			r.off--
+			var l int
+			if c == 0xdc || c == 0xdd {
+				l, err = r.arrayLen()
+			} else {
+				l, err = r.mapLen()
+				l *= 2
+			}
+			if err != nil {
+				return err
+			}
+			pending += l
+		default: // 0xc1 is never used
+			r.off--
+			return r.errf("invalid type byte 0x%02x", c)
+		}
+		if n > 0 {
+			if _, err := r.take(n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writer helpers: the smallest encoding of each value, as msgspec writes it.
+
+func appendArrayHeader(b []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(b, 0x90|byte(n))
+	case n <= math.MaxUint16:
+		return append(b, 0xdc, byte(n>>8), byte(n))
+	default:
+		return append(b, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+}
+
+func appendMapHeader(b []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(b, 0x80|byte(n))
+	case n <= math.MaxUint16:
+		return append(b, 0xde, byte(n>>8), byte(n))
+	default:
+		return append(b, 0xdf, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+}
+
+func appendStr(b []byte, s string) []byte {
+	n := len(s)
+	switch {
+	case n < 32:
+		b = append(b, 0xa0|byte(n))
+	case n <= math.MaxUint8:
+		b = append(b, 0xd9, byte(n))
+	case n <= math.MaxUint16:
+		b = append(b, 0xda, byte(n>>8), byte(n))
+	default:
+		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+	return append(b, s...)
+}
+
+// appendStrOrNil writes "" as nil: every optional string field is nil by default.
+func appendStrOrNil(b []byte, s string) []byte {
+	if s == "" {
+		return append(b, 0xc0)
+	}
+	return appendStr(b, s)
+}
+
+func appendUint(b []byte, v uint64) []byte {
+	switch {
+	case v <= 0x7f:
+		return append(b, byte(v))
+	case v <= math.MaxUint8:
+		return append(b, 0xcc, byte(v))
+	case v <= math.MaxUint16:
+		return append(b, 0xcd, byte(v>>8), byte(v))
+	case v <= math.MaxUint32:
+		return append(b, 0xce, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+	default:
+		b = append(b, 0xcf)
+		return binary.BigEndian.AppendUint64(b, v)
+	}
+}
+
+func appendInt(b []byte, v int64) []byte {
+	switch {
+	case v >= 0:
+		return appendUint(b, uint64(v))
+	case v >= -32:
+		return append(b, byte(v))
+	case v >= math.MinInt8:
+		return append(b, 0xd0, byte(v))
+	case v >= math.MinInt16:
+		return append(b, 0xd1, byte(v>>8), byte(v))
+	case v >= math.MinInt32:
+		return append(b, 0xd2, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+	default:
+		b = append(b, 0xd3)
+		return binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+}
+
+func appendFloat64(b []byte, f float64) []byte {
+	b = append(b, 0xcb)
+	return binary.BigEndian.AppendUint64(b, math.Float64bits(f))
+}

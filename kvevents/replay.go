@@ -1,0 +1,121 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// recover fills rank rs's hole [from, live) through its replay socket and
+// delivers what it gets, in order. Batches at or after live are ignored
+// here: they arrive (or arrived) on the live socket. Whatever cannot be
+// replayed (the engine's buffer no longer reaches back, the engine has no
+// replay socket, or it does not answer in time) is reported as lost history.
+func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
+	if rs.dealer == nil {
+		return s.lostHistory(rs, from, live)
+	}
+	s.st.replays.Add(1)
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], from)
+	if _, err := rs.dealer.SendMessage("", start[:]); err != nil {
+		s.cfg.Logger.Warn("kv events replay request", "rank", rs.rank, "err", err)
+		return s.lostHistory(rs, from, live)
+	}
+	next := from
+	deadline := time.Now().Add(s.cfg.ReplayTimeout)
+	for {
+		frames, ok, err := s.recvReplay(rs, deadline)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			// Timed out: replies that arrive later would be mistaken for the
+			// next exchange's, so start over with a fresh socket.
+			s.st.replayFailures.Add(1)
+			s.cfg.Logger.Warn("kv events replay timed out", "rank", rs.rank, "endpoint", rs.replayEP)
+			s.resetDealer(rs)
+			break
+		}
+		seq, payload, end, valid := parseReplay(frames)
+		if !valid {
+			s.st.malformed.Add(1)
+			continue
+		}
+		if end {
+			break
+		}
+		if seq < next || seq >= live {
+			continue
+		}
+		if seq > next { // the buffer no longer reaches back (or has a hole)
+			if err := s.lostHistory(rs, next, seq); err != nil {
+				return err
+			}
+		}
+		if err := s.deliver(rs, seq, payload, true); err != nil {
+			return err
+		}
+		next = seq + 1
+	}
+	if next < live {
+		return s.lostHistory(rs, next, live)
+	}
+	return nil
+}
+
+// recvReplay waits for one replay reply until deadline, checking for Close
+// every PollInterval. ok is false on timeout.
+func (s *Subscriber) recvReplay(rs *rankState, deadline time.Time) (frames [][]byte, ok bool, err error) {
+	for {
+		select {
+		case <-s.quit:
+			return nil, false, errStopped
+		default:
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return nil, false, nil
+		}
+		polled, err := rs.dpoller.Poll(min(wait, s.cfg.PollInterval))
+		if err != nil {
+			return nil, false, nil
+		}
+		if len(polled) == 0 {
+			continue
+		}
+		frames, err := rs.dealer.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			continue
+		}
+		return frames, true, nil
+	}
+}
+
+// parseReplay reads one reply in either layout: ["", seq, payload] (old
+// vLLM, SGLang) or ["", topic, seq, payload] (vLLM after PR #45177). The
+// end marker is recognised by its empty last frame.
+func parseReplay(frames [][]byte) (seq uint64, payload []byte, end, valid bool) {
+	if len(frames) < 3 || len(frames[0]) != 0 {
+		return 0, nil, false, false
+	}
+	last := frames[len(frames)-1]
+	seqFrame := frames[len(frames)-2]
+	if len(last) == 0 {
+		// The robust end test (spec §1); the ff×8 seq is not required.
+		return 0, nil, true, true
+	}
+	if len(frames) > 4 || len(seqFrame) != 8 {
+		return 0, nil, false, false
+	}
+	return binary.BigEndian.Uint64(seqFrame), last, false, true
+}
+
+func (s *Subscriber) resetDealer(rs *rankState) {
+	_ = rs.dealer.Close()
+	rs.dealer, rs.dpoller = nil, nil
+	if err := s.openDealer(rs); err != nil {
+		s.cfg.Logger.Error("kv events replay socket", "rank", rs.rank, "err", err)
+	}
+}

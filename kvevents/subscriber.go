@@ -1,0 +1,365 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// MessageKind says what a subscriber Message carries.
+type MessageKind uint8
+
+const (
+	// MsgBatch: a decoded batch, next in this rank's sequence.
+	MsgBatch MessageKind = iota + 1
+	// MsgReset: the rank's engine restarted (its sequence went backwards).
+	// Drop everything known about this rank; batches of the new incarnation
+	// follow, starting at Seq.
+	MsgReset
+	// MsgLostHistory: batches From..To-1 of this rank are gone for good (not
+	// replayable, or undecodable), so the rank's state is no longer exact.
+	// Drop this rank's state and rebuild from the batches that follow
+	// (starting at To); blocks stored in the hole stay unknown until the
+	// engine stores them again.
+	MsgLostHistory
+)
+
+// String names the kind.
+func (k MessageKind) String() string {
+	switch k {
+	case MsgBatch:
+		return "batch"
+	case MsgReset:
+		return "reset"
+	case MsgLostHistory:
+		return "lost-history"
+	}
+	return "unknown"
+}
+
+// Message is one item of a rank's ordered stream, as returned by Next.
+type Message struct {
+	Kind MessageKind
+	Rank int    // DP rank: index of the endpoint
+	Seq  uint64 // MsgBatch: the batch's seq; MsgReset: first seq of the new incarnation; MsgLostHistory: first seq after the hole
+	From uint64 // MsgLostHistory: first lost seq
+	// Batch (MsgBatch only) is owned by the Subscriber and valid until the
+	// next call to Next: copy what must outlive it.
+	Batch    *Batch
+	Replayed bool // MsgBatch arrived through replay, not live
+}
+
+// SubscriberStats are the subscriber's counters, read atomically.
+type SubscriberStats struct {
+	Received       uint64 // live messages received
+	Delivered      uint64 // batches handed to the consumer (live and replayed)
+	Gaps           uint64 // live seq jumped ahead (or first sight after seq 0)
+	Replays        uint64 // replay requests sent
+	Replayed       uint64 // batches delivered from replay
+	ReplayFailures uint64 // replay exchanges that timed out
+	Resets         uint64 // seq went backwards: engine restarted
+	LostHistory    uint64 // holes that could not be filled
+	DecodeErrors   uint64 // payloads that did not decode (counted, skipped, reported as lost history)
+	Malformed      uint64 // messages with the wrong frame layout (skipped)
+}
+
+// Subscriber receives one engine's KV events from every DP rank over ZMQ:
+// a SUB socket per rank, per-rank sequence tracking, replay through a DEALER
+// per rank when a gap appears, and restart detection. One goroutine owned by
+// the Subscriber runs the sockets; the consumer reads an ordered stream per
+// rank with Next. Close stops the goroutine and is idempotent.
+//
+// Ordering guarantee, per rank: batches arrive in sequence without
+// duplicates; a MsgReset or MsgLostHistory comes exactly where the stream
+// broke, before the batches that follow the break.
+type Subscriber struct {
+	cfg   SubscriberConfig
+	zctx  *zmq.Context
+	ranks []*rankState
+	eps   []string
+
+	out  chan Message
+	ring []Batch // decode slots: QueueSize+2 so a slot is never reused while queued or held
+	pos  int
+
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+	err  error // why the loop stopped; written before done is closed
+
+	st subscriberCounters
+}
+
+type rankState struct {
+	rank     int
+	sub      *zmq.Socket
+	dealer   *zmq.Socket // nil when the rank has no replay endpoint
+	dpoller  *zmq.Poller
+	replayEP string
+	last     uint64
+	has      bool // last is valid
+}
+
+// errStopped unwinds the socket loop when Close is called mid-operation.
+var errStopped = errors.New("subscriber stopped")
+
+// NewSubscriber opens and connects (or binds) the sockets and starts the
+// socket loop.
+func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("new subscriber: %w", err)
+	}
+	s := &Subscriber{
+		cfg:  cfg,
+		out:  make(chan Message, cfg.QueueSize),
+		ring: make([]Batch, cfg.QueueSize+2),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	if err := s.open(); err != nil {
+		s.closeSockets()
+		return nil, fmt.Errorf("new subscriber: %w", err)
+	}
+	go s.loop()
+	return s, nil
+}
+
+func (s *Subscriber) open() error {
+	var err error
+	if s.zctx, err = zmq.NewContext(); err != nil {
+		return err
+	}
+	eps, replays := s.cfg.rankEndpoints()
+	for r, ep := range eps {
+		rs := &rankState{rank: r, replayEP: replays[r]}
+		s.ranks = append(s.ranks, rs)
+		if rs.sub, err = s.zctx.NewSocket(zmq.SUB); err != nil {
+			return err
+		}
+		_ = rs.sub.SetLinger(0)
+		if err = rs.sub.SetRcvhwm(s.cfg.RcvHWM); err != nil {
+			return err
+		}
+		if err = rs.sub.SetSubscribe(s.cfg.Topic); err != nil {
+			return err
+		}
+		if s.cfg.Bind {
+			if err = rs.sub.Bind(ep); err != nil {
+				return fmt.Errorf("bind %s: %w", ep, err)
+			}
+			last, err := rs.sub.GetLastEndpoint()
+			if err != nil {
+				return err
+			}
+			s.eps = append(s.eps, connectable(last))
+		} else {
+			if err = rs.sub.Connect(ep); err != nil {
+				return fmt.Errorf("connect %s: %w", ep, err)
+			}
+			s.eps = append(s.eps, ep)
+		}
+		if rs.replayEP != "" {
+			if err = s.openDealer(rs); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Subscriber) openDealer(rs *rankState) error {
+	d, err := s.zctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		return err
+	}
+	_ = d.SetLinger(0)
+	if err := d.Connect(rs.replayEP); err != nil {
+		_ = d.Close()
+		return fmt.Errorf("connect replay %s: %w", rs.replayEP, err)
+	}
+	rs.dealer = d
+	rs.dpoller = zmq.NewPoller()
+	rs.dpoller.Add(d, zmq.POLLIN)
+	return nil
+}
+
+// Endpoints are the SUB endpoints per rank; with Bind they are the real
+// bound addresses (useful with "tcp://127.0.0.1:*") for engines to connect to.
+func (s *Subscriber) Endpoints() []string { return append([]string(nil), s.eps...) }
+
+// Next returns the next message in order. It blocks until one is ready, ctx
+// ends, or the subscriber stops (then it returns ErrClosed, or the socket
+// error that stopped it). Only one goroutine may call Next: the previous
+// message's Batch is reused after it returns.
+func (s *Subscriber) Next(ctx context.Context) (Message, error) {
+	select {
+	case m := <-s.out:
+		return m, nil
+	case <-ctx.Done():
+		return Message{}, ctx.Err()
+	case <-s.done:
+		select {
+		case m := <-s.out:
+			return m, nil
+		default:
+		}
+		if s.err != nil {
+			return Message{}, s.err
+		}
+		return Message{}, fmt.Errorf("next: %w", ErrClosed)
+	}
+}
+
+// Stats returns the counters.
+func (s *Subscriber) Stats() SubscriberStats { return s.st.snapshot() }
+
+// Close stops the socket loop and closes every socket. Messages still
+// queued are discarded. It is idempotent.
+func (s *Subscriber) Close() error {
+	s.once.Do(func() {
+		close(s.quit)
+		<-s.done
+		s.closeSockets()
+	})
+	return nil
+}
+
+func (s *Subscriber) closeSockets() {
+	for _, rs := range s.ranks {
+		if rs.sub != nil {
+			_ = rs.sub.Close()
+		}
+		if rs.dealer != nil {
+			_ = rs.dealer.Close()
+		}
+	}
+	if s.zctx != nil {
+		_ = s.zctx.Term()
+	}
+}
+
+// maxDrain bounds the messages read from one rank per poll, so one busy
+// rank cannot starve the others.
+const maxDrain = 256
+
+// loop is the socket loop: it owns every socket until it returns.
+func (s *Subscriber) loop() {
+	defer close(s.done)
+	poller := zmq.NewPoller()
+	bySock := make(map[*zmq.Socket]*rankState, len(s.ranks))
+	for _, rs := range s.ranks {
+		poller.Add(rs.sub, zmq.POLLIN)
+		bySock[rs.sub] = rs
+	}
+	for {
+		select {
+		case <-s.quit:
+			return
+		default:
+		}
+		polled, err := poller.Poll(s.cfg.PollInterval)
+		if err != nil {
+			s.err = fmt.Errorf("subscriber poll: %w", err)
+			s.cfg.Logger.Error("kv events subscriber stopped", "err", err)
+			return
+		}
+		for _, p := range polled {
+			rs := bySock[p.Socket]
+			for i := 0; i < maxDrain; i++ {
+				frames, err := rs.sub.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+						s.cfg.Logger.Warn("kv events receive", "rank", rs.rank, "err", err)
+					}
+					break
+				}
+				if err := s.onLive(rs, frames); err != nil {
+					return // errStopped
+				}
+			}
+		}
+	}
+}
+
+// onLive handles one live [topic, seq, payload] message.
+func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		s.st.malformed.Add(1)
+		return nil
+	}
+	s.st.received.Add(1)
+	seq := binary.BigEndian.Uint64(frames[1])
+	switch {
+	case rs.has && seq == rs.last+1:
+	case rs.has && seq > rs.last+1:
+		s.st.gaps.Add(1)
+		s.cfg.Logger.Info("kv events gap", "rank", rs.rank, "after", rs.last, "got", seq)
+		if err := s.recover(rs, rs.last+1, seq); err != nil {
+			return err
+		}
+	case rs.has: // seq <= last: a new incarnation of the engine
+		s.st.resets.Add(1)
+		s.cfg.Logger.Warn("kv events sequence went backwards: engine restarted", "rank", rs.rank, "last", rs.last, "got", seq)
+		rs.has = false
+		if err := s.emit(Message{Kind: MsgReset, Rank: rs.rank, Seq: seq}); err != nil {
+			return err
+		}
+		fallthrough
+	default: // first sight of this rank (or of its new incarnation)
+		if seq > 0 {
+			s.st.gaps.Add(1)
+			if err := s.recover(rs, 0, seq); err != nil {
+				return err
+			}
+		}
+	}
+	if rs.has && seq <= rs.last {
+		return nil // already delivered through replay
+	}
+	return s.deliver(rs, seq, frames[2], false)
+}
+
+// deliver decodes one batch and hands it on; an undecodable payload is
+// counted and reported as a one-batch hole.
+func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed bool) error {
+	slot := &s.ring[s.pos]
+	s.pos = (s.pos + 1) % len(s.ring)
+	rs.last, rs.has = seq, true
+	if err := DecodeBatch(payload, slot); err != nil {
+		s.st.decodeErrors.Add(1)
+		s.st.lost.Add(1)
+		s.cfg.Logger.Warn("kv events payload skipped", "rank", rs.rank, "seq", seq, "err", err)
+		return s.emit(Message{Kind: MsgLostHistory, Rank: rs.rank, From: seq, Seq: seq + 1})
+	}
+	s.st.delivered.Add(1)
+	if replayed {
+		s.st.replayed.Add(1)
+	}
+	return s.emit(Message{Kind: MsgBatch, Rank: rs.rank, Seq: seq, Batch: slot, Replayed: replayed})
+}
+
+// emit blocks until the consumer has room (the stated back-pressure policy)
+// or the subscriber is closed.
+func (s *Subscriber) emit(m Message) error {
+	select {
+	case s.out <- m:
+		return nil
+	case <-s.quit:
+		return errStopped
+	}
+}
+
+func (s *Subscriber) lostHistory(rs *rankState, from, to uint64) error {
+	s.st.lost.Add(1)
+	s.cfg.Logger.Warn("kv events history lost", "rank", rs.rank, "from", from, "to", to)
+	if to > 0 {
+		rs.last, rs.has = to-1, true
+	}
+	return s.emit(Message{Kind: MsgLostHistory, Rank: rs.rank, From: from, Seq: to})
+}

@@ -1,0 +1,149 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// SubscriberConfig configures the ZMQ subscriber of one engine and its DP
+// ranks. Rank r's endpoints are rank 0's with the port offset by r
+// (OffsetEndpoint), unless Endpoints/ReplayEndpoints list them explicitly.
+type SubscriberConfig struct {
+	// Endpoint is rank 0's PUB endpoint, e.g. "tcp://10.0.0.5:5557".
+	Endpoint string
+	// Endpoints lists every rank's endpoint explicitly (overrides Endpoint
+	// and DPSize).
+	Endpoints []string
+	// Bind makes the SUB sockets bind their endpoints, for engines whose PUB
+	// connects (a PUB endpoint without "*"). "tcp://127.0.0.1:*" binds a
+	// random port: read the real ones from Subscriber.Endpoints.
+	Bind bool
+	// ReplayEndpoint is rank 0's ROUTER endpoint; "" means the engine has no
+	// replay: every gap is reported as lost history.
+	ReplayEndpoint  string
+	ReplayEndpoints []string // explicit per-rank replay endpoints
+	// DPSize is the number of DP ranks (default 1).
+	DPSize int
+	// Topic filters frame 0 by prefix (default "" = everything).
+	Topic string
+	// QueueSize bounds the hand-off queue to the consumer (default 1024).
+	// When it is full the socket loop blocks; ZMQ then queues up to RcvHWM
+	// messages per rank and the engine's PUB drops beyond its own HWM, which
+	// the subscriber later sees as a gap and repairs by replay. Nothing is
+	// dropped silently.
+	QueueSize int
+	// RcvHWM is the SUB receive high-water mark (default 100000, vLLM's).
+	RcvHWM int
+	// ReplayTimeout bounds one replay exchange (default 2s). A replay that
+	// does not finish in time counts as lost history.
+	ReplayTimeout time.Duration
+	// PollInterval is how often the socket loop checks for Close (default
+	// 50ms); it bounds Close latency, not message latency.
+	PollInterval time.Duration
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// DefaultSubscriberConfig returns the defaults applied to zero fields.
+func DefaultSubscriberConfig() SubscriberConfig {
+	return SubscriberConfig{
+		DPSize:        1,
+		QueueSize:     1024,
+		RcvHWM:        100000,
+		ReplayTimeout: 2 * time.Second,
+		PollInterval:  50 * time.Millisecond,
+	}
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	d := DefaultSubscriberConfig()
+	if c.DPSize == 0 {
+		c.DPSize = d.DPSize
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = d.QueueSize
+	}
+	if c.RcvHWM == 0 {
+		c.RcvHWM = d.RcvHWM
+	}
+	if c.ReplayTimeout == 0 {
+		c.ReplayTimeout = d.ReplayTimeout
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = d.PollInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate lists every problem with the configuration.
+func (c *SubscriberConfig) Validate() error {
+	var errs []error
+	if c.Endpoint == "" && len(c.Endpoints) == 0 {
+		errs = append(errs, errors.New("Endpoint is required"))
+	}
+	if c.DPSize < 0 {
+		errs = append(errs, fmt.Errorf("DPSize %d is negative", c.DPSize))
+	}
+	if len(c.ReplayEndpoints) > 0 && len(c.Endpoints) > 0 && len(c.ReplayEndpoints) != len(c.Endpoints) {
+		errs = append(errs, fmt.Errorf("%d ReplayEndpoints for %d Endpoints", len(c.ReplayEndpoints), len(c.Endpoints)))
+	}
+	if c.QueueSize < 0 {
+		errs = append(errs, fmt.Errorf("QueueSize %d is negative", c.QueueSize))
+	}
+	if c.RcvHWM < 0 {
+		errs = append(errs, fmt.Errorf("RcvHWM %d is negative", c.RcvHWM))
+	}
+	if c.ReplayTimeout < 0 {
+		errs = append(errs, fmt.Errorf("ReplayTimeout %v is negative", c.ReplayTimeout))
+	}
+	if c.PollInterval < 0 {
+		errs = append(errs, fmt.Errorf("PollInterval %v is negative", c.PollInterval))
+	}
+	if len(c.Endpoints) == 0 && c.Endpoint != "" {
+		for r := 0; r < max(c.DPSize, 1); r++ {
+			if _, err := OffsetEndpoint(c.Endpoint, r); err != nil {
+				errs = append(errs, fmt.Errorf("Endpoint: %w", err))
+				break
+			}
+		}
+		if c.ReplayEndpoint != "" && len(c.ReplayEndpoints) == 0 {
+			for r := 0; r < max(c.DPSize, 1); r++ {
+				if _, err := OffsetEndpoint(c.ReplayEndpoint, r); err != nil {
+					errs = append(errs, fmt.Errorf("ReplayEndpoint: %w", err))
+					break
+				}
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+// rankEndpoints resolves each rank's (endpoint, replay endpoint).
+func (c *SubscriberConfig) rankEndpoints() (eps, replays []string) {
+	if len(c.Endpoints) > 0 {
+		eps = c.Endpoints
+		replays = make([]string, len(eps))
+		copy(replays, c.ReplayEndpoints)
+		return eps, replays
+	}
+	for r := 0; r < c.DPSize; r++ {
+		ep, _ := OffsetEndpoint(c.Endpoint, r)
+		eps = append(eps, ep)
+		rep := ""
+		switch {
+		case r < len(c.ReplayEndpoints):
+			rep = c.ReplayEndpoints[r]
+		case c.ReplayEndpoint != "" && len(c.ReplayEndpoints) == 0:
+			rep, _ = OffsetEndpoint(c.ReplayEndpoint, r)
+		}
+		replays = append(replays, rep)
+	}
+	return eps, replays
+}

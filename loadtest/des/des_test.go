@@ -1,0 +1,169 @@
+package des
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+)
+
+// smallConfig is a reduced Kthena-like scenario: few engines whose caches
+// cannot hold every group's prefix, so routing decides the hit rate.
+func smallConfig() (Config, []workload.Request) {
+	reqs, err := workload.SharedPrefix{Groups: 24, Prompts: 12, Shared: 1024, Question: 64, Output: 32, Rate: 200, Seed: 3}.Generate()
+	if err != nil {
+		panic(err)
+	}
+	prof, _ := engine.LookupProfile("8b-h100")
+	return Config{Engines: 3, Concurrency: 48, Engine: engine.Config{GPUBlocks: 1200, Profile: prof}}, reqs
+}
+
+func TestKVMeshBeatsRandom(t *testing.T) {
+	cfg, reqs := smallConfig()
+	rep, err := Run(context.Background(), cfg, reqs, []string{"random", "kvmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + buf.String())
+	r, k := rep.Policies["random"], rep.Policies["kvmesh"]
+	if r.Completed != len(reqs) || k.Completed != len(reqs) || k.BadEvents != 0 || r.BadEvents != 0 {
+		t.Fatalf("incomplete run: random %+v kvmesh %+v", r, k)
+	}
+	if k.PrefixHitRate < r.PrefixHitRate+0.15 {
+		t.Errorf("kvmesh hit rate %.3f not clearly above random's %.3f", k.PrefixHitRate, r.PrefixHitRate)
+	}
+	if k.PrefixHitRate > rep.OracleHitRate+1e-9 {
+		t.Errorf("hit rate %.3f above the oracle %.3f", k.PrefixHitRate, rep.OracleHitRate)
+	}
+	if k.TTFTMean > 0.8*r.TTFTMean {
+		t.Errorf("kvmesh mean TTFT %.3fs not clearly below random's %.3fs", k.TTFTMean, r.TTFTMean)
+	}
+	if k.ThroughputRPS < r.ThroughputRPS {
+		t.Errorf("kvmesh throughput %.2f below random's %.2f", k.ThroughputRPS, r.ThroughputRPS)
+	}
+	if k.LoadImbalance > 1.5 {
+		t.Errorf("kvmesh load imbalance %.2f", k.LoadImbalance)
+	}
+}
+
+func TestEveryPolicyRunsDeterministically(t *testing.T) {
+	cfg, reqs := smallConfig()
+	reqs = reqs[:96]
+	pols := []string{"random", "round-robin", "least-request", "kthena", "ray", "sglang", "dynamo", "llmd", "kvmesh"}
+	a, err := Run(context.Background(), cfg, reqs, pols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Parallel = 1
+	b, err := Run(context.Background(), cfg, reqs, pols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if !bytes.Equal(ja, jb) {
+		t.Fatalf("runs differ:\n%s\n%s", ja, jb)
+	}
+	for _, p := range pols {
+		if a.Policies[p].Completed != len(reqs) {
+			t.Errorf("%s completed %d of %d", p, a.Policies[p].Completed, len(reqs))
+		}
+	}
+	// The JSON shape scripts rely on.
+	var m map[string]any
+	if err := json.Unmarshal(ja, &m); err != nil {
+		t.Fatal(err)
+	}
+	pol := m["policies"].(map[string]any)["kvmesh"].(map[string]any)
+	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "prefix_hit_rate", "load_imbalance"} {
+		if _, ok := pol[k]; !ok {
+			t.Errorf("json lacks %s", k)
+		}
+	}
+	if len(pol) != 8 || len(m) != 2 {
+		t.Errorf("json has extra keys: %s", ja)
+	}
+	if _, ok := m["oracle_hit_rate"]; !ok {
+		t.Error("json lacks oracle_hit_rate")
+	}
+}
+
+// TestIndexMatchesEngines checks the event translation end to end: after a
+// run with no event delay, the index holds exactly the keys of every block
+// each engine has cached, computed independently from the blocks' tokens.
+func TestIndexMatchesEngines(t *testing.T) {
+	cfg, reqs := smallConfig()
+	cfg.Engine.KeepBlockTokens = true
+	cfg.Defaults()
+	s, err := newSim(&cfg, reqs[:120], "kvmesh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.run()
+	if st.badEvents != 0 {
+		t.Fatalf("%d malformed events", st.badEvents)
+	}
+	root := kvevents.Root(cfg.Model, "", "")
+	for e, eng := range s.engines {
+		blocks := eng.CachedBlocks(kvevents.TierGPU)
+		byHash := map[uint64]engine.CachedBlock{}
+		for _, b := range blocks {
+			byHash[b.Hash] = b
+		}
+		want := map[uint64]bool{}
+		var keyOf func(h uint64) uint64
+		keyOf = func(h uint64) uint64 {
+			b := byHash[h]
+			parent := root
+			if b.HasParent {
+				parent = keyOf(b.Parent)
+			}
+			return kvevents.ChainKey(parent, b.Tokens)
+		}
+		for _, b := range blocks {
+			want[keyOf(b.Hash)] = true
+		}
+		if got := s.idx.KeyCount(s.view[e].ID, kvevents.TierGPU); got != len(want) {
+			t.Fatalf("engine %d: index holds %d keys, engine caches %d distinct blocks", e, got, len(want))
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	_, reqs := smallConfig()
+	_, err := Run(context.Background(), Config{Engines: -1, Concurrency: -2, EventDelay: -1}, reqs, []string{"nope"})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("want ErrConfig, got %v", err)
+	}
+	for _, w := range []string{"engines", "concurrency", "event delay"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q: %v", w, err)
+		}
+	}
+	if _, err := Run(context.Background(), Config{}, reqs, []string{"nope"}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("unknown policy: %v", err)
+	}
+}
+
+func TestEventDelayAndStaleness(t *testing.T) {
+	cfg, reqs := smallConfig()
+	cfg.EventDelay = 50e6 // 50ms
+	cfg.SnapshotInterval = -1
+	rep, err := Run(context.Background(), cfg, reqs[:150], []string{"kvmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := rep.Policies["kvmesh"]; p.Completed != 150 || p.PrefixHitRate <= 0 {
+		t.Fatalf("%+v", p)
+	}
+}

@@ -1,0 +1,87 @@
+package des
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// Run simulates reqs once per policy (independently, each on fresh
+// engines and a fresh index) and reports every policy's metrics plus the
+// workload's oracle (infinite shared cache) hit rate. Policies run in
+// parallel on cfg.Parallel goroutines; ctx cancels between policies.
+func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []string) (Report, error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	var errs []error
+	for _, p := range policies {
+		if !contains(scheduler.PolicyNames, p) || p == "weighted" && len(cfg.Scheduler.Weighted) == 0 {
+			errs = append(errs, fmt.Errorf("%w: unknown policy %q", ErrConfig, p))
+		}
+	}
+	if len(policies) == 0 {
+		errs = append(errs, fmt.Errorf("%w: no policies", ErrConfig))
+	}
+	if len(errs) > 0 {
+		return Report{}, errors.Join(errs...)
+	}
+	par := cfg.Parallel
+	if par == 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	rep := Report{Policies: make(map[string]PolicyResult, len(policies)), Order: policies}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, par)
+		ferr error
+	)
+	for _, p := range policies {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s, err := newSim(&cfg, reqs, p)
+			var res PolicyResult
+			if err == nil {
+				st := s.run()
+				res = st.result()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && ferr == nil {
+				ferr = err
+			}
+			rep.Policies[p] = res
+		}()
+	}
+	wg.Wait()
+	if ferr != nil {
+		return Report{}, ferr
+	}
+	if err := ctx.Err(); err != nil {
+		return Report{}, fmt.Errorf("des: %w", err)
+	}
+	rep.OracleHitRate = workload.OracleHitRate(reqs, cfg.Engine.BlockSize)
+	return rep, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,346 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+)
+
+// scriptedServer is an OpenAI-compatible server on loopback whose behaviour each test
+// scripts: it exists to produce what a real engine will not on demand (429s,
+// malformed streams, error events, stalls). It decodes requests with internal/openai
+// like the simulator does, and reports the prompt length it actually received, so
+// token counts in the report are earned, not echoed.
+type scriptedServer struct {
+	*httptest.Server
+	mode        func(n int64) string // per request number: "ok", "429", "badsse", "errevent", "stall"
+	n           atomic.Int64
+	cur, peak   atomic.Int64
+	mu          sync.Mutex
+	chatBodies  int
+	tokensSeen  int
+	sessionSeen map[string]int
+}
+
+func newScriptedServer(t *testing.T, mode func(n int64) string) *scriptedServer {
+	s := &scriptedServer{mode: mode, sessionSeen: map[string]int{}}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *scriptedServer) handle(w http.ResponseWriter, r *http.Request) {
+	c := s.cur.Add(1)
+	defer s.cur.Add(-1)
+	for p := s.peak.Load(); c > p && !s.peak.CompareAndSwap(p, c); p = s.peak.Load() {
+	}
+	n := s.n.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	prompt, maxTok, stream := 0, 0, false
+	switch r.URL.Path {
+	case "/v1/completions":
+		req, err := openai.DecodeCompletionRequest(body)
+		if err != nil {
+			w.WriteHeader(400)
+			w.Write(openai.AppendError(nil, err.Error(), openai.TypeInvalidRequest, "", ""))
+			return
+		}
+		prompt, maxTok, stream = req.Prompt.Len(), req.MaxOutput(), req.Stream && req.IncludeUsage()
+		if len(req.Prompt.Tokens) == 1 {
+			prompt = len(req.Prompt.Tokens[0])
+		}
+	case "/v1/chat/completions":
+		req, err := openai.DecodeChatRequest(body)
+		if err != nil {
+			w.WriteHeader(400)
+			return
+		}
+		prompt, maxTok, stream = len(strings.Fields(req.Messages[0].Content.Text)), req.MaxOutput(), req.Stream
+		s.mu.Lock()
+		s.chatBodies++
+		s.mu.Unlock()
+	default:
+		w.WriteHeader(404)
+		return
+	}
+	s.mu.Lock()
+	s.tokensSeen += prompt
+	if sid := r.Header.Get("X-Session-ID"); sid != "" {
+		s.sessionSeen[sid]++
+	}
+	s.mu.Unlock()
+	engine := fmt.Sprintf("engine-%d", n%2)
+	w.Header().Set(EngineHeader, engine)
+	switch s.mode(n) {
+	case "429":
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(429)
+		w.Write(openai.AppendError(nil, "slow down", "rate_limit_exceeded", "", ""))
+		return
+	case "stall":
+		<-r.Context().Done()
+		return
+	}
+	usage := &openai.Usage{PromptTokens: prompt, CompletionTokens: maxTok, TotalTokens: prompt + maxTok,
+		PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: prompt / 2}}
+	if !stream {
+		json.NewEncoder(w).Encode(map[string]any{"choices": []map[string]any{{"text": strings.Repeat("x", maxTok)}}, "usage": usage})
+		return
+	}
+	openai.SetHeaders(w.Header())
+	sw := openai.NewSSEWriter(w)
+	f := &openai.ChunkFields{ID: "cmpl-1", Model: "m"}
+	for i := 0; i < maxTok; i++ {
+		if s.mode(n) == "errevent" && i == 1 {
+			sw.Data(openai.AppendError(nil, "engine died", "server_error", "", ""))
+			return
+		}
+		if r.URL.Path == "/v1/chat/completions" {
+			sw.Data(openai.AppendChatChunk(nil, f, "", openai.StringPtr("x"), ""))
+		} else {
+			sw.Data(openai.AppendCompletionChunk(nil, f, "x", ""))
+		}
+	}
+	if s.mode(n) == "badsse" {
+		w.Write([]byte("event: nope\n\n"))
+		return
+	}
+	sw.Data(openai.AppendUsageChunk(nil, f, openai.ObjectCompletion, usage))
+	sw.Done()
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
+		<-tick.C
+	}
+}
+
+func sharedPrefix(t *testing.T, groups, prompts int) []workload.Request {
+	t.Helper()
+	reqs, err := workload.SharedPrefix{Groups: groups, Prompts: prompts, Shared: 64, Question: 16, Output: 4, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+func TestRunStreamingCompletions(t *testing.T) {
+	srv := newScriptedServer(t, func(int64) string { return "ok" })
+	reqs := sharedPrefix(t, 4, 8)
+	var progress []Progress
+	var mu sync.Mutex
+	rep, err := Run(context.Background(), Config{URL: srv.URL + "/v1", Model: "m", Concurrency: 4, Rate: -1,
+		SessionHeader: "X-Session-ID", ProgressInterval: 5 * time.Millisecond,
+		Progress: func(p Progress) { mu.Lock(); progress = append(progress, p); mu.Unlock() }}, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Completed != 32 || rep.Failed != 0 {
+		t.Fatalf("completed %d failed %d: %v", rep.Completed, rep.Failed, rep.Errors)
+	}
+	if rep.PromptTokens != int64(srv.tokensSeen) || rep.PromptTokens != 32*80 {
+		t.Fatalf("prompt tokens %d, server saw %d, want %d", rep.PromptTokens, srv.tokensSeen, 32*80)
+	}
+	if rep.CachedTokens != rep.PromptTokens/2 || rep.PrefixHitRate != 0.5 {
+		t.Fatalf("cached %d hit rate %v", rep.CachedTokens, rep.PrefixHitRate)
+	}
+	if rep.OutputTokens != 32*4 {
+		t.Fatalf("output tokens %d", rep.OutputTokens)
+	}
+	if rep.PerEngine["engine-0"]+rep.PerEngine["engine-1"] != 32 || rep.LoadImbalance != 1 {
+		t.Fatalf("per engine %v imbalance %v", rep.PerEngine, rep.LoadImbalance)
+	}
+	for _, r := range rep.Results {
+		if r.TTFT <= 0 || r.TTFT > r.E2E {
+			t.Fatalf("request %d: ttft %v e2e %v", r.ID, r.TTFT, r.E2E)
+		}
+	}
+	if rep.TTFT.P50 > rep.TTFT.P99 || rep.TTFT.P99 > rep.TTFT.Max || rep.ThroughputRPS <= 0 {
+		t.Fatalf("summary inconsistent: %+v", rep)
+	}
+	if p := srv.peak.Load(); p > 4 {
+		t.Fatalf("peak concurrency %d > 4", p)
+	}
+	if len(srv.sessionSeen) != 32 || srv.sessionSeen[reqs[5].Session] != 1 {
+		t.Fatalf("sessions seen %v, want each request's session once", srv.sessionSeen)
+	}
+	mu.Lock()
+	last := progress[len(progress)-1]
+	mu.Unlock()
+	if !last.Final || last.Completed != 32 || last.InFlight != 0 {
+		t.Fatalf("final progress %+v", last)
+	}
+	pr := rep.PolicyResult()
+	if pr.TTFTP99 != rep.TTFT.P99 || pr.PrefixHitRate != rep.PrefixHitRate || pr.Completed != 32 {
+		t.Fatalf("policy result %+v", pr)
+	}
+	var sb strings.Builder
+	if err := rep.WriteText(&sb); err != nil || !strings.Contains(sb.String(), "hit rate 50.0%") {
+		t.Fatalf("text report: %v\n%s", err, sb.String())
+	}
+}
+
+func TestRunChatAndNonStreaming(t *testing.T) {
+	srv := newScriptedServer(t, func(int64) string { return "ok" })
+	reqs := sharedPrefix(t, 2, 2)
+	rep, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Endpoint: Chat, Rate: -1}, reqs)
+	if err != nil || rep.Completed != 4 || srv.chatBodies != 4 {
+		t.Fatalf("chat: %v, completed %d, chat bodies %d, errors %v", err, rep.Completed, srv.chatBodies, rep.Errors)
+	}
+	if rep.PromptTokens != 4*80 {
+		t.Fatalf("chat words/tokens %d, want %d", rep.PromptTokens, 4*80)
+	}
+	rep, err = Run(context.Background(), Config{URL: srv.URL, Model: "m", NoStream: true, Rate: -1}, reqs)
+	if err != nil || rep.Completed != 4 || rep.OutputTokens != 16 {
+		t.Fatalf("non-streaming: %v %+v", err, rep)
+	}
+}
+
+func TestRunErrorKinds(t *testing.T) {
+	modes := []string{"ok", "429", "badsse", "errevent"}
+	srv := newScriptedServer(t, func(n int64) string { return modes[(n-1)%4] })
+	reqs := sharedPrefix(t, 2, 8)
+	rep, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Concurrency: 1, Rate: -1}, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"http_429": 4, KindStream: 4, KindInStream: 4}
+	if rep.Completed != 4 || rep.Failed != 12 || fmt.Sprint(rep.Errors) != fmt.Sprint(want) {
+		t.Fatalf("completed %d failed %d errors %v, want 4/12 %v", rep.Completed, rep.Failed, rep.Errors, want)
+	}
+	for _, r := range rep.Results {
+		if r.ErrKind == "http_429" && r.ErrMsg != "slow down" {
+			t.Fatalf("429 message %q not decoded from the OpenAI error body", r.ErrMsg)
+		}
+	}
+
+	closed := httptest.NewServer(http.NotFoundHandler())
+	url := closed.URL
+	closed.Close()
+	rep, err = Run(context.Background(), Config{URL: url, Model: "m", Rate: -1}, reqs[:2])
+	if err != nil || rep.Errors[KindConnect] != 2 {
+		t.Fatalf("connect errors: %v %v", err, rep.Errors)
+	}
+}
+
+func TestRunTimeoutAndCancel(t *testing.T) {
+	srv := newScriptedServer(t, func(int64) string { return "stall" })
+	reqs := sharedPrefix(t, 1, 2)
+	rep, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Timeout: 50 * time.Millisecond, Rate: -1}, reqs)
+	if err != nil || rep.Errors[KindTimeout] != 2 {
+		t.Fatalf("timeouts: %v %v", err, rep.Errors)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	many := sharedPrefix(t, 4, 16)
+	done := make(chan struct{})
+	var rep2 *Report
+	go func() {
+		rep2, err = Run(ctx, Config{URL: srv.URL, Model: "m", Concurrency: 2, Rate: -1}, many)
+		close(done)
+	}()
+	waitFor(t, 5*time.Second, func() bool { return srv.cur.Load() == 2 })
+	cancel()
+	<-done
+	if !errors.Is(err, context.Canceled) || rep2 == nil || rep2.Sent >= len(many) || rep2.Errors[KindCanceled] != rep2.Sent {
+		t.Fatalf("cancel: err %v, report %+v", err, rep2)
+	}
+}
+
+func TestScheduleOpenLoop(t *testing.T) {
+	reqs := sharedPrefix(t, 2, 50)
+	arr := schedule(Config{Rate: 100, Seed: 7}, reqs)
+	if arr[0] <= 0 || arr[99] < arr[0] {
+		t.Fatal("arrivals not increasing")
+	}
+	mean := arr[99].Seconds() / 100
+	if mean < 0.005 || mean > 0.02 {
+		t.Fatalf("mean inter-arrival %.4fs at rate 100/s", mean)
+	}
+	again := schedule(Config{Rate: 100, Seed: 7}, reqs)
+	if fmt.Sprint(arr) != fmt.Sprint(again) {
+		t.Fatal("seeded arrivals differ")
+	}
+
+	srv := newScriptedServer(t, func(int64) string { return "ok" })
+	start := time.Now()
+	rep, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Rate: 200, Seed: 3}, reqs[:40])
+	if err != nil || rep.Completed != 40 {
+		t.Fatal(err, rep.Errors)
+	}
+	last := schedule(Config{Rate: 200, Seed: 3}, reqs[:40])[39]
+	if el := time.Since(start); el < last {
+		t.Fatalf("run took %v, shorter than the last arrival %v: not open-loop paced", el, last)
+	}
+	for i, r := range rep.Results {
+		if r.Sent+time.Millisecond < schedule(Config{Rate: 200, Seed: 3}, reqs[:40])[i] {
+			t.Fatalf("request %d sent at %v before its arrival", i, r.Sent)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	_, err := Run(context.Background(), Config{URL: "ftp://x", Endpoint: "embeddings", Concurrency: -1, Timeout: -1}, nil)
+	for _, want := range []string{"url", "endpoint", "model", "concurrency", "timeout"} {
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %s: %v", want, err)
+		}
+	}
+}
+
+func TestEndpointURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://h:1":      "http://h:1/v1/completions",
+		"http://h:1/":     "http://h:1/v1/completions",
+		"http://h:1/v1":   "http://h:1/v1/completions",
+		"http://h:1/v1/":  "http://h:1/v1/completions",
+		"https://h/x/v1/": "https://h/x/v1/completions",
+	} {
+		if got := endpointURL(in, Completions); got != want {
+			t.Errorf("%s → %s, want %s", in, got, want)
+		}
+	}
+}
+
+func BenchmarkAppendBody(b *testing.B) {
+	reqs, _ := workload.SharedPrefix{Groups: 1, Prompts: 1, Shared: 2048, Question: 128, Output: 64, Seed: 1}.Generate()
+	cfg := Config{Model: "llama"}
+	var buf []byte
+	var scratch []uint32
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		buf, scratch = appendBody(buf[:0], &cfg, &reqs[0], scratch)
+	}
+}
+
+func TestRunSpreadsOverURLs(t *testing.T) {
+	a := newScriptedServer(t, func(int64) string { return "ok" })
+	b := newScriptedServer(t, func(int64) string { return "ok" })
+	rep, err := Run(context.Background(), Config{URLs: []string{a.URL, b.URL + "/v1/"}, Model: "m", Rate: -1}, sharedPrefix(t, 2, 5))
+	if err != nil || rep.Completed != 10 {
+		t.Fatal(err, rep.Errors)
+	}
+	if a.n.Load() != 5 || b.n.Load() != 5 {
+		t.Fatalf("split %d/%d, want 5/5", a.n.Load(), b.n.Load())
+	}
+}

@@ -1,0 +1,168 @@
+package loadgen
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/des"
+)
+
+// Latency summarises one latency distribution, in seconds.
+type Latency struct {
+	Mean float64 `json:"mean_s"`
+	P50  float64 `json:"p50_s"`
+	P90  float64 `json:"p90_s"`
+	P99  float64 `json:"p99_s"`
+	Max  float64 `json:"max_s"`
+}
+
+// Report is a run's result. Definitions match loadtest/des: throughput is completed
+// requests / (last finish − first send); prefix hit rate is Σ cached prompt tokens /
+// Σ prompt tokens (engine-reported, from usage); load imbalance is max / mean of
+// requests completed per engine (from the X-Kvmesh-Engine header; 0 when unknown).
+type Report struct {
+	Requests         int            `json:"requests"`
+	Sent             int            `json:"sent"`
+	Completed        int            `json:"completed"`
+	Failed           int            `json:"failed"`
+	Errors           map[string]int `json:"errors,omitempty"`
+	DurationS        float64        `json:"duration_s"`
+	ThroughputRPS    float64        `json:"throughput_rps"`
+	OutputTokensPerS float64        `json:"output_tokens_per_s"`
+	TTFT             Latency        `json:"ttft"`
+	E2E              Latency        `json:"e2e"`
+	SendLagP99S      float64        `json:"send_lag_p99_s"`
+	PromptTokens     int64          `json:"prompt_tokens"`
+	CachedTokens     int64          `json:"cached_tokens"`
+	OutputTokens     int64          `json:"output_tokens"`
+	PrefixHitRate    float64        `json:"prefix_hit_rate"`
+	PerEngine        map[string]int `json:"per_engine,omitempty"`
+	LoadImbalance    float64        `json:"load_imbalance"`
+	// Results holds every request's measurements, in send order.
+	Results []Result `json:"-"`
+}
+
+func buildReport(results []Result, total int) *Report {
+	r := &Report{Requests: total, Sent: len(results), Errors: map[string]int{}, PerEngine: map[string]int{}, Results: results}
+	var ttft, e2e, lag []float64
+	var first, last time.Duration = -1, 0
+	for i := range results {
+		res := &results[i]
+		if first < 0 || res.Sent < first {
+			first = res.Sent
+		}
+		lag = append(lag, res.SendLag.Seconds())
+		if res.ErrKind != "" {
+			r.Failed++
+			r.Errors[res.ErrKind]++
+			continue
+		}
+		r.Completed++
+		last = max(last, res.Sent+res.E2E)
+		ttft = append(ttft, res.TTFT.Seconds())
+		e2e = append(e2e, res.E2E.Seconds())
+		r.PromptTokens += int64(res.PromptTokens)
+		r.CachedTokens += int64(res.CachedTokens)
+		r.OutputTokens += int64(res.OutputTokens)
+		if res.Engine != "" {
+			r.PerEngine[res.Engine]++
+		}
+	}
+	if r.Completed > 0 && last > first {
+		r.DurationS = (last - first).Seconds()
+		r.ThroughputRPS = float64(r.Completed) / r.DurationS
+		r.OutputTokensPerS = float64(r.OutputTokens) / r.DurationS
+	}
+	r.TTFT, r.E2E = summarize(ttft), summarize(e2e)
+	r.SendLagP99S = summarize(lag).P99
+	if r.PromptTokens > 0 {
+		r.PrefixHitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
+	}
+	r.LoadImbalance = imbalance(r.PerEngine)
+	return r
+}
+
+// CountEngines adds engines that served nothing (known from elsewhere, e.g. the
+// cluster's membership), so the load imbalance counts them as the zeros they are.
+func (r *Report) CountEngines(ids []string) {
+	for _, id := range ids {
+		if _, ok := r.PerEngine[id]; !ok {
+			r.PerEngine[id] = 0
+		}
+	}
+	r.LoadImbalance = imbalance(r.PerEngine)
+}
+
+func imbalance(per map[string]int) float64 {
+	mx, sum := 0, 0
+	for _, n := range per {
+		mx, sum = max(mx, n), sum+n
+	}
+	if sum == 0 {
+		return 0
+	}
+	return float64(mx) / (float64(sum) / float64(len(per)))
+}
+
+// summarize sorts xs and returns its mean and nearest-rank quantiles.
+func summarize(xs []float64) Latency {
+	if len(xs) == 0 {
+		return Latency{}
+	}
+	slices.Sort(xs)
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	q := func(p float64) float64 {
+		i := int(p*float64(len(xs))+0.999999) - 1
+		return xs[min(max(i, 0), len(xs)-1)]
+	}
+	return Latency{Mean: sum / float64(len(xs)), P50: q(0.50), P90: q(0.90), P99: q(0.99), Max: xs[len(xs)-1]}
+}
+
+// PolicyResult converts the report to the line `kvmesh bench --json` prints per policy.
+func (r *Report) PolicyResult() des.PolicyResult {
+	return des.PolicyResult{
+		ThroughputRPS: r.ThroughputRPS,
+		TTFTMean:      r.TTFT.Mean, TTFTP50: r.TTFT.P50, TTFTP90: r.TTFT.P90, TTFTP99: r.TTFT.P99,
+		E2EMean:       r.E2E.Mean,
+		PrefixHitRate: r.PrefixHitRate,
+		LoadImbalance: r.LoadImbalance,
+		Completed:     r.Completed,
+		Failed:        r.Failed,
+		Makespan:      time.Duration(r.DurationS * float64(time.Second)),
+	}
+}
+
+// WriteText writes a human-readable summary.
+func (r *Report) WriteText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "requests      %d sent, %d completed, %d failed\n", r.Sent, r.Completed, r.Failed)
+	for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
+		fmt.Fprintf(&b, "  error %-14s %d\n", k, r.Errors[k])
+	}
+	fmt.Fprintf(&b, "duration      %.2f s\n", r.DurationS)
+	fmt.Fprintf(&b, "throughput    %.2f req/s, %.0f output tok/s\n", r.ThroughputRPS, r.OutputTokensPerS)
+	fmt.Fprintf(&b, "TTFT          mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.TTFT.Mean), ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99))
+	fmt.Fprintf(&b, "E2E           mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.E2E.Mean), ms(r.E2E.P50), ms(r.E2E.P90), ms(r.E2E.P99))
+	fmt.Fprintf(&b, "tokens        prompt %d (cached %d, hit rate %.1f%%), output %d\n", r.PromptTokens, r.CachedTokens, 100*r.PrefixHitRate, r.OutputTokens)
+	if len(r.PerEngine) > 0 {
+		fmt.Fprintf(&b, "engines       load imbalance %.2f:", r.LoadImbalance)
+		for _, e := range slices.Sorted(maps.Keys(r.PerEngine)) {
+			fmt.Fprintf(&b, " %s=%d", e, r.PerEngine[e])
+		}
+		b.WriteByte('\n')
+	}
+	if r.SendLagP99S > 0.001 {
+		fmt.Fprintf(&b, "send lag p99  %s (arrivals waited for a concurrency slot)\n", ms(r.SendLagP99S))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func ms(s float64) string { return fmt.Sprintf("%.1fms", s*1000) }

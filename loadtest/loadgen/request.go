@@ -1,0 +1,217 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+)
+
+// Error kinds in Report.Errors.
+const (
+	KindConnect  = "connect"  // could not reach the server
+	KindTimeout  = "timeout"  // Config.Timeout expired
+	KindCanceled = "canceled" // the run was stopped
+	KindStream   = "stream"   // malformed SSE or JSON from the server
+	KindInStream = "in_stream_error"
+	// HTTP errors are "http_<status>", e.g. http_429.
+)
+
+// Result is one request's outcome, measured at the client.
+type Result struct {
+	ID      int
+	Group   int
+	Session string
+	Sent    time.Duration // offset from the start of the run
+	SendLag time.Duration // Sent minus the scheduled arrival (waiting for a concurrency slot)
+	TTFT    time.Duration // to the first generated text (E2E for non-streaming requests)
+	E2E     time.Duration
+	Status  int
+	// ErrKind is "" on success, else one of the Kind* constants or "http_<status>".
+	ErrKind string
+	ErrMsg  string
+	// Token counts from the response's usage (OutputTokens falls back to the number of
+	// text chunks when the server sends no usage).
+	PromptTokens, CachedTokens, OutputTokens int
+	// Engine is the X-Kvmesh-Engine response header (kvmesh ingress), or "".
+	Engine string
+}
+
+// EngineHeader is the response header naming the engine that served the request.
+const EngineHeader = "X-Kvmesh-Engine"
+
+// appendBody appends the JSON request body for r. Completions send token ids as the
+// prompt; chat renders each token id as a word so the prefix is shared as text.
+func appendBody(dst []byte, cfg *Config, r *workload.Request, scratch []uint32) ([]byte, []uint32) {
+	scratch = r.AppendPrompt(scratch[:0])
+	dst = append(dst, `{"model":`...)
+	dst = openai.AppendString(dst, cfg.Model)
+	if cfg.Endpoint == Chat {
+		dst = append(dst, `,"messages":[{"role":"user","content":"`...)
+		for i, id := range scratch {
+			if i > 0 {
+				dst = append(dst, ' ')
+			}
+			dst = append(dst, 'w')
+			dst = strconv.AppendUint(dst, uint64(id), 10)
+		}
+		dst = append(dst, `"}]`...)
+	} else {
+		dst = append(dst, `,"prompt":`...)
+		dst = openai.AppendTokenIDs(dst, scratch)
+	}
+	out := max(r.OutputTokens, 1)
+	dst = append(dst, `,"max_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(out), 10)
+	// ignore_eos + min_tokens make the engine produce exactly the workload's output length.
+	dst = append(dst, `,"min_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(out), 10)
+	dst = append(dst, `,"ignore_eos":true,"temperature":0`...)
+	if !cfg.NoStream {
+		dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}`...)
+	}
+	return append(dst, '}'), scratch
+}
+
+// chunk is the part of a completion, chat chunk or error event the client reads.
+type chunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+	} `json:"choices"`
+	Usage *openai.Usage       `json:"usage"`
+	Error *openai.ErrorDetail `json:"error"`
+}
+
+func (c *chunk) hasText() bool {
+	for i := range c.Choices {
+		ch := &c.Choices[i]
+		if ch.Text != "" || ch.Delta.Content != "" || ch.Message.Content != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// do sends one request and fills res. start is the run's start time.
+func (g *generator) do(ctx context.Context, url string, body []byte, r *workload.Request, res *Result) {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		res.ErrKind, res.ErrMsg = KindConnect, err.Error()
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if g.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+g.cfg.APIKey)
+	}
+	if g.cfg.SessionHeader != "" && r.Session != "" {
+		req.Header.Set(g.cfg.SessionHeader, r.Session)
+	}
+	for k, v := range g.cfg.Headers {
+		req.Header.Set(k, v)
+	}
+	t0 := time.Now()
+	resp, err := g.client.Do(req)
+	if err != nil {
+		res.ErrKind, res.ErrMsg = classify(ctx, err), err.Error()
+		res.E2E = time.Since(t0)
+		return
+	}
+	defer resp.Body.Close()
+	res.Status = resp.StatusCode
+	res.Engine = resp.Header.Get(EngineHeader)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		res.ErrKind = "http_" + strconv.Itoa(resp.StatusCode)
+		if d, ok := openai.DecodeError(b); ok {
+			res.ErrMsg = d.Message
+		} else {
+			res.ErrMsg = string(bytes.TrimSpace(b[:min(len(b), 200)]))
+		}
+		res.E2E = time.Since(t0)
+		return
+	}
+	var c chunk
+	chunks := 0
+	apply := func(payload []byte) error {
+		c = chunk{}
+		if err := json.Unmarshal(payload, &c); err != nil {
+			return fmt.Errorf("%w: %w", openai.ErrBadStream, err)
+		}
+		if c.Error != nil {
+			return &inStreamError{msg: c.Error.Message}
+		}
+		if c.hasText() {
+			if chunks == 0 {
+				res.TTFT = time.Since(t0)
+			}
+			chunks++
+		}
+		if c.Usage != nil {
+			res.PromptTokens = c.Usage.PromptTokens
+			res.CachedTokens = c.Usage.CachedTokens()
+			res.OutputTokens = c.Usage.CompletionTokens
+		}
+		return nil
+	}
+	if g.cfg.NoStream {
+		b, rerr := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		if rerr == nil {
+			rerr = apply(b)
+		}
+		err = rerr
+		res.TTFT = time.Since(t0)
+	} else {
+		err = openai.ReadAll(resp.Body, apply)
+	}
+	res.E2E = time.Since(t0)
+	if res.OutputTokens == 0 {
+		res.OutputTokens = chunks
+	}
+	if err != nil {
+		var ise *inStreamError
+		switch {
+		case errors.As(err, &ise):
+			res.ErrKind, res.ErrMsg = KindInStream, ise.msg
+		case ctx.Err() != nil:
+			res.ErrKind, res.ErrMsg = classify(ctx, err), err.Error()
+		default:
+			res.ErrKind, res.ErrMsg = KindStream, err.Error()
+		}
+	}
+}
+
+type inStreamError struct{ msg string }
+
+func (e *inStreamError) Error() string { return "error event in stream: " + e.msg }
+
+// classify names a transport error.
+func classify(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
+		return KindTimeout
+	case errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, context.Canceled):
+		return KindCanceled
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return KindTimeout
+	}
+	return KindConnect
+}

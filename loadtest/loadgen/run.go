@@ -1,0 +1,208 @@
+// Package loadgen is kvmesh's load generator: it sends a workload (loadtest/workload:
+// shared-prefix groups, Mooncake traces) to any OpenAI-compatible endpoint, open-loop
+// at the requests' arrival times and capped at a concurrency, streams every response
+// through internal/openai's strict SSE reader and measures, at the client, TTFT, E2E
+// latency, throughput, tokens, cached tokens (from usage) and errors by kind.
+//
+// It owns the client side only: it never starts servers, and it reports in the same
+// units and definitions as the discrete-event benchmark (loadtest/des) so both can be
+// compared line for line.
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+)
+
+// Progress is a snapshot of a run, given to Config.Progress.
+type Progress struct {
+	Total, Sent, Completed, Failed int
+	InFlight                       int
+	Elapsed                        time.Duration
+	PromptTokens, CachedTokens     int64
+	OutputTokens                   int64
+	Final                          bool
+}
+
+// generator is one run's state.
+type generator struct {
+	cfg    Config
+	urls   []string // endpoint URLs; request i uses urls[i mod len]
+	client *http.Client
+
+	sent, completed, failed atomic.Int64
+	prompt, cached, outToks atomic.Int64
+	bodyPool                sync.Pool // *[]byte request bodies
+	scratchPool             sync.Pool // *[]uint32 prompt token buffers
+	start                   time.Time
+}
+
+// Run sends reqs and returns the report. It returns early, with what was measured so
+// far, when ctx is cancelled; in-flight requests are cancelled then. Every goroutine it
+// starts has ended when it returns.
+func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Report, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	g := &generator{cfg: cfg}
+	for _, u := range cfg.targets() {
+		g.urls = append(g.urls, endpointURL(u, cfg.Endpoint))
+	}
+	transport := &http.Transport{
+		MaxIdleConns:        cfg.Concurrency,
+		MaxIdleConnsPerHost: cfg.Concurrency,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	defer transport.CloseIdleConnections()
+	g.client = &http.Client{Transport: transport}
+	arrivals := schedule(cfg, reqs)
+	results := make([]Result, len(reqs))
+
+	g.start = time.Now()
+	stopProgress := g.startProgress(len(reqs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, cfg.Concurrency)
+	timer := time.NewTimer(0)
+	<-timer.C
+	dispatched := 0
+dispatch:
+	for i := range reqs {
+		if wait := time.Until(g.start.Add(arrivals[i])); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				timer.Stop()
+				break dispatch
+			}
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			break dispatch
+		}
+		dispatched++
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			g.one(ctx, g.urls[i%len(g.urls)], &reqs[i], arrivals[i], &results[i])
+		}(i)
+	}
+	wg.Wait()
+	stopProgress()
+	rep := buildReport(results[:dispatched], len(reqs))
+	if err := ctx.Err(); err != nil {
+		return rep, fmt.Errorf("loadgen: stopped after %d of %d requests: %w", dispatched, len(reqs), err)
+	}
+	return rep, nil
+}
+
+// one sends request r and records it in res.
+func (g *generator) one(ctx context.Context, url string, r *workload.Request, arrival time.Duration, res *Result) {
+	bp, _ := g.bodyPool.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	sp, _ := g.scratchPool.Get().(*[]uint32)
+	if sp == nil {
+		sp = new([]uint32)
+	}
+	*bp, *sp = appendBody((*bp)[:0], &g.cfg, r, *sp)
+	g.scratchPool.Put(sp)
+
+	*res = Result{ID: r.ID, Group: r.Group, Session: r.Session}
+	res.Sent = time.Since(g.start)
+	res.SendLag = max(res.Sent-arrival, 0)
+	g.sent.Add(1)
+	g.do(ctx, url, *bp, r, res)
+	g.bodyPool.Put(bp)
+	if res.ErrKind != "" {
+		g.failed.Add(1)
+		return
+	}
+	g.completed.Add(1)
+	g.prompt.Add(int64(res.PromptTokens))
+	g.cached.Add(int64(res.CachedTokens))
+	g.outToks.Add(int64(res.OutputTokens))
+}
+
+// startProgress runs the progress callback until the returned stop is called; stop
+// makes one last, final call.
+func (g *generator) startProgress(total int) (stop func()) {
+	if g.cfg.Progress == nil {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(g.cfg.ProgressInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				g.cfg.Progress(g.snapshot(total, true))
+				return
+			case <-t.C:
+				g.cfg.Progress(g.snapshot(total, false))
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+func (g *generator) snapshot(total int, final bool) Progress {
+	p := Progress{
+		Total: total, Sent: int(g.sent.Load()), Completed: int(g.completed.Load()), Failed: int(g.failed.Load()),
+		Elapsed: time.Since(g.start), PromptTokens: g.prompt.Load(), CachedTokens: g.cached.Load(),
+		OutputTokens: g.outToks.Load(), Final: final,
+	}
+	p.InFlight = p.Sent - p.Completed - p.Failed
+	return p
+}
+
+// schedule returns each request's send offset.
+func schedule(cfg Config, reqs []workload.Request) []time.Duration {
+	out := make([]time.Duration, len(reqs))
+	switch {
+	case cfg.Rate < 0:
+		// closed loop: all at 0
+	case cfg.Rate > 0:
+		rng := rand.New(rand.NewPCG(cfg.Seed, 0x6c6f6164))
+		t := 0.0
+		for i := range out {
+			t += rng.ExpFloat64() / cfg.Rate
+			out[i] = time.Duration(t * float64(time.Second))
+		}
+	default:
+		for i := range reqs {
+			out[i] = max(reqs[i].Arrival, 0)
+		}
+		// Workload arrivals are sorted; keep dispatch order monotonic anyway.
+		for i := 1; i < len(out); i++ {
+			out[i] = max(out[i], out[i-1])
+		}
+	}
+	return out
+}
+
+// endpointURL joins the base URL and the endpoint path, accepting a base with or
+// without a trailing /v1.
+func endpointURL(base string, ep Endpoint) string {
+	base = strings.TrimRight(base, "/")
+	base = strings.TrimSuffix(base, "/v1")
+	if ep == Chat {
+		return base + "/v1/chat/completions"
+	}
+	return base + "/v1/completions"
+}

@@ -1,0 +1,13 @@
+// Package scheduler is kvmesh's routing framework: the request and engine
+// views a routing decision is made from, the Filter, Scorer and Policy
+// extension points, the Scheduler that runs them (clamping, weighting and
+// ranking scores itself, not in each plugin), and the versioned
+// SchedulerConfig file format.
+//
+// Plugins live in subpackages (scheduler/filters, scheduler/scorers,
+// scheduler/policies) and are registered explicitly in one place,
+// scheduler/registry. This package must not import them, nor know about
+// HTTP, NATS or gossip: a decision is a pure function of (request keys,
+// index view, load view) plus the policy's small state (a round-robin
+// counter, a seeded random stream).
+package scheduler

@@ -1,0 +1,49 @@
+package policies
+
+import (
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// Kthena emulates the Kthena router's default scheduler profile
+// (volcano-sh/kthena, pkg/kthena-router/scheduler/plugins: the
+// least-request and kvcache-aware score plugins, both weight 1): each
+// plugin scores pods 0–100 and the router picks the highest weighted sum.
+//
+//   - least-request: base = running + 100·waiting from the engine's
+//     metrics (a snapshot); score = 100·(maxBase − base)/maxBase.
+//   - kvcache-aware: 100 · matched blocks / request blocks, from the
+//     engines' KV events (confirmed blocks, any tier).
+type Kthena struct {
+	LeastRequestWeight float64 // default 1
+	KVCacheWeight      float64 // default 1
+}
+
+var _ scheduler.Policy = Kthena{}
+
+// NewKthena returns Kthena with its published default weights.
+func NewKthena() Kthena { return Kthena{LeastRequestWeight: 1, KVCacheWeight: 1} }
+
+// Name implements scheduler.Policy.
+func (Kthena) Name() string { return "kthena" }
+
+// Pick implements scheduler.Policy.
+func (k Kthena) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
+	maxBase := 0.0
+	for i := range cs {
+		maxBase = max(maxBase, kthenaBase(&cs[i]))
+	}
+	blocks := float64(r.Blocks())
+	for i := range cs {
+		lr := 100.0
+		if maxBase > 0 {
+			lr = 100 * (maxBase - kthenaBase(&cs[i])) / maxBase
+		}
+		kv := 100 * float64(cs[i].Match.Other) / blocks
+		cs[i].Score = k.LeastRequestWeight*lr + k.KVCacheWeight*kv
+	}
+	return scheduler.ArgMax(cs, cyc), "weighted-score"
+}
+
+func kthenaBase(c *scheduler.Candidate) float64 {
+	return float64(c.Running) + 100*float64(c.Waiting)
+}

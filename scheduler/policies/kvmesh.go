@@ -1,0 +1,99 @@
+package policies
+
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// KVMesh is kvmesh's default policy: route to the engine where the request
+// adds the least total latency, in seconds, estimated with the same
+// timing-model shape as the simulator (prefill compute-bound in uncached
+// tokens, decode memory-bound in total context):
+//
+//	ttft  = (queued prefill tokens + this request's uncached tokens) / PrefillRate + StepBase
+//	tpot  = StepBase + DecodeSecPerToken · (active tokens + this request's context)
+//	own   = ttft + DecodeWeight · output · tpot
+//	cost  = own + ExternalityWeight · n · (uncached / PrefillRate + DecodeWeight · output · DecodeSecPerToken · context)
+//
+// where n is the engine's running requests. The last term is what the
+// request does to everyone already on the engine: its prefill stalls their
+// next steps (continuous batching), and its context lengthens each of their
+// decode steps. It is why a cache miss on a busy engine is expensive and a
+// hit is worth keeping: routing on the request's own TTFT alone spreads a
+// prefix over every engine and thrashes their caches.
+//
+// Queued prefill work is the larger of the engine's reported queue (a
+// snapshot, stale) and this router's own in-flight uncached tokens (fresh),
+// and n the larger of the in-flight count and the snapshot's running plus
+// waiting, so a burst of decisions sees its own effect at once — no herding
+// onto a stale "idle" engine. A hit is worth exactly the work it saves, so
+// affinity wins until the hot engine's queue costs more than recomputing
+// the prefix elsewhere — no death spiral of misses sent to an overloaded
+// worker, and hot prefixes replicate only when that pays.
+type KVMesh struct {
+	// PrefillRate is prefill throughput in tokens/s. Default 30,000 (7B on
+	// an H100-class GPU).
+	PrefillRate float64
+	// StepBase is a step's fixed cost in seconds (weights read, launch).
+	// Default 0.007.
+	StepBase float64
+	// DecodeSecPerToken is the per-step cost of one token of context
+	// (KV read). Default 1.9e-7 (0.5 MB/token at 2.7 TB/s).
+	DecodeSecPerToken float64
+	// DecodeWeight scales the decode part of the cost (0 = route on TTFT
+	// alone). Default 1.
+	DecodeWeight float64
+	// DefaultOutputTokens is assumed when a request does not say. Default 128.
+	DefaultOutputTokens int
+	// ExternalityWeight scales the cost imposed on the engine's running
+	// requests (0 = route on the request's own latency). Default 1.
+	ExternalityWeight float64
+}
+
+var _ scheduler.Policy = KVMesh{}
+
+// NewKVMesh returns KVMesh with its defaults.
+func NewKVMesh() KVMesh {
+	return KVMesh{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 1, DefaultOutputTokens: 128, ExternalityWeight: 1}
+}
+
+// Validate lists every problem.
+func (p KVMesh) Validate() error {
+	var errs []error
+	if p.PrefillRate <= 0 {
+		errs = append(errs, fmt.Errorf("kvmesh: prefillRate %v must be > 0", p.PrefillRate))
+	}
+	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 {
+		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens and externalityWeight must be ≥ 0"))
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %v", scheduler.ErrConfig, errs)
+}
+
+// Name implements scheduler.Policy.
+func (KVMesh) Name() string { return "kvmesh" }
+
+// Pick implements scheduler.Policy.
+func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
+	out := r.OutputTokens
+	if out <= 0 {
+		out = p.DefaultOutputTokens
+	}
+	ctx := float64(r.PromptTokens + out/2)
+	decodeOwn := p.DecodeWeight * float64(out)
+	decodeExt := p.DecodeWeight * float64(out) * p.DecodeSecPerToken * ctx
+	for i := range cs {
+		c := &cs[i]
+		uncached := float64(max(0, r.PromptTokens-c.CachedTokens))
+		queued := float64(max(c.QueuedPrefillTokens, c.LocalPrefillTokens))
+		n := float64(max(c.InFlight, c.Running+c.Waiting))
+		ttft := (queued+uncached)/p.PrefillRate + p.StepBase
+		tpot := p.StepBase + p.DecodeSecPerToken*(float64(c.LocalActiveTokens)+ctx)
+		ext := n * (uncached/p.PrefillRate + decodeExt)
+		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext)
+	}
+	return scheduler.ArgMax(cs, cyc), "lowest-estimated-cost"
+}

@@ -1,0 +1,175 @@
+package policies
+
+import (
+	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// pick runs p over candidates built from es with the given matches.
+func pick(t *testing.T, p scheduler.Policy, req *scheduler.Request, es []scheduler.Engine, ms []index.Match) (string, string) {
+	t.Helper()
+	cs := make([]scheduler.Candidate, len(es))
+	w := scheduler.DefaultTierWeights()
+	for i := range es {
+		cs[i] = scheduler.Candidate{Engine: &es[i], Match: ms[i]}
+		cs[i].Hit = w.Weighted(ms[i]) / float64(req.Blocks())
+		cs[i].CachedTokens = int(w.Weighted(ms[i]) * float64(req.BlockSize))
+	}
+	var cyc scheduler.Cycle
+	i, reason := p.Pick(req, cs, &cyc)
+	return cs[i].ID, reason
+}
+
+func req(blocks int) *scheduler.Request {
+	k := make([]uint64, blocks)
+	return &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: blocks * 16, OutputTokens: 64}
+}
+
+func full(n int) index.Match         { return index.Match{GPU: n, CPU: n, Other: n, Spec: n} }
+func spec(n int) index.Match         { return index.Match{Spec: n} }
+func eng(id string) scheduler.Engine { return scheduler.Engine{ID: id, Healthy: true} }
+
+func TestSGLang(t *testing.T) {
+	p := NewSGLang()
+	a, b, c := eng("a"), eng("b"), eng("c")
+	// Balanced, match above 0.5: best match wins even if a bit busier.
+	a.InFlight, b.InFlight, c.InFlight = 10, 5, 5
+	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(8), spec(2), {}}); got != "a" || why != "cache-match" {
+		t.Fatalf("balanced high match: %s %s", got, why)
+	}
+	// Balanced, match below threshold: emptiest cache.
+	a.KVUsage, b.KVUsage, c.KVUsage = 0.5, 0.2, 0.9
+	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(4), {}, {}}); got != "b" || why != "smallest-cache" {
+		t.Fatalf("low match: %s %s", got, why)
+	}
+	// Imbalanced (40 − 2 > 32 and 40 > 1.1·2): shortest queue despite the match.
+	a.InFlight, b.InFlight, c.InFlight = 40, 2, 20
+	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(10), {}, {}}); got != "b" || why != "imbalanced-shortest-queue" {
+		t.Fatalf("imbalanced: %s %s", got, why)
+	}
+}
+
+func TestRay(t *testing.T) {
+	p := NewRay()
+	a, b, c := eng("a"), eng("b"), eng("c")
+	a.InFlight, b.InFlight, c.InFlight = 3, 1, 2
+	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(5), spec(1), {}}); got != "a" || why != "prefix-match" {
+		t.Fatalf("match: %s %s", got, why)
+	}
+	// Imbalanced: power of two choices never picks the busiest.
+	a.InFlight, b.InFlight, c.InFlight = 30, 1, 2
+	for i := 0; i < 20; i++ {
+		got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(10), {}, {}})
+		if got == "a" || why != "imbalanced-pow2" {
+			t.Fatalf("imbalanced: %s %s", got, why)
+		}
+	}
+}
+
+func TestKthena(t *testing.T) {
+	p := NewKthena()
+	a, b := eng("a"), eng("b")
+	// a: full match but 1 waiting (base 100); b: idle, no match.
+	// a = 0 + 100, b = 100 + 0: tie broken at random, so make a slightly better.
+	a.Running, a.Waiting = 0, 1
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(10), {}}); got != "a" && got != "b" {
+		t.Fatal(got)
+	}
+	a.Waiting, a.Running = 0, 50
+	b.Running = 100
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(2), full(10)}); got != "b" {
+		// a = 50 + 20 = 70; b = 0 + 100 = 100.
+		t.Fatalf("kthena picked %s", got)
+	}
+}
+
+func TestDynamo(t *testing.T) {
+	p := NewDynamo()
+	a, b := eng("a"), eng("b")
+	// a caches 8 of 10 blocks but holds 5 more active blocks than b.
+	a.LocalActiveTokens = 5 * 16
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(8), {}}); got != "a" {
+		t.Fatalf("dynamo: %s (cost a = 2+15, b = 10+10)", got)
+	}
+	a.LocalActiveTokens = 20 * 16
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(8), {}}); got != "b" {
+		t.Fatalf("dynamo: %s (cost a = 2+30, b = 10+10)", got)
+	}
+}
+
+func TestLLMD(t *testing.T) {
+	p := LLMD()
+	a, b := eng("a"), eng("b")
+	a.Waiting, a.KVUsage = 4, 0.5
+	b.Waiting, b.KVUsage = 0, 0.5
+	// prefix 3·1.0 beats queue 2·1.0.
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(10), {}}); got != "a" {
+		t.Fatalf("llmd: %s", got)
+	}
+	// Half a match (1.5) loses to the queue (2).
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(5), {}}); got != "b" {
+		t.Fatalf("llmd: %s", got)
+	}
+}
+
+func TestKVMesh(t *testing.T) {
+	p := NewKVMesh()
+	a, b := eng("a"), eng("b")
+	r := req(256) // 4,096 tokens
+	// A hit is kept while the hot engine is moderately busier.
+	a.InFlight, b.InFlight = 3, 2
+	a.LocalActiveTokens, b.LocalActiveTokens = 3*4200, 2*4200
+	if got, _ := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{full(240), {}}); got != "a" {
+		t.Fatalf("kvmesh left its cache: %s", got)
+	}
+	// But not when its prefill queue is deep: no death spiral.
+	a.LocalPrefillTokens = 200000
+	if got, _ := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{full(240), {}}); got != "b" {
+		t.Fatalf("kvmesh sent a request behind 200k queued tokens: %s", got)
+	}
+	// No match anywhere: the lighter engine.
+	a.LocalPrefillTokens = 0
+	if got, _ := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{{}, {}}); got != "b" {
+		t.Fatalf("kvmesh: %s", got)
+	}
+	if err := (KVMesh{}).Validate(); err == nil {
+		t.Fatal("zero prefill rate accepted")
+	}
+}
+
+func TestRoundRobinAndLeastRequest(t *testing.T) {
+	rr := &RoundRobin{}
+	es := []scheduler.Engine{eng("a"), eng("b"), eng("c")}
+	ms := make([]index.Match, 3)
+	var got []string
+	for i := 0; i < 6; i++ {
+		id, _ := pick(t, rr, req(1), es, ms)
+		got = append(got, id)
+	}
+	if got[0] == got[1] || got[0] != got[3] || got[1] != got[4] {
+		t.Fatalf("round robin order %v", got)
+	}
+	es[0].InFlight, es[1].InFlight, es[2].InFlight = 3, 0, 2
+	if id, _ := pick(t, LeastRequest{}, req(1), es, ms); id != "b" {
+		t.Fatalf("least request %s", id)
+	}
+}
+
+func TestRandomCoversAll(t *testing.T) {
+	s, seen := Random{}, map[string]bool{}
+	es := []scheduler.Engine{eng("a"), eng("b"), eng("c")}
+	cs := make([]scheduler.Candidate, 3)
+	var cyc scheduler.Cycle
+	for i := 0; i < 100; i++ {
+		for j := range es {
+			cs[j] = scheduler.Candidate{Engine: &es[j]}
+		}
+		k, _ := s.Pick(req(1), cs, &cyc)
+		seen[cs[k].ID] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("random reached %v", seen)
+	}
+}

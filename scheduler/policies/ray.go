@@ -1,0 +1,95 @@
+package policies
+
+import (
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// Ray emulates Ray Serve LLM's PrefixCacheAffinityRouter with its defaults
+// (ray-project/ray, python/ray/llm/_internal/serve/request_router/
+// prefix_aware/prefix_aware_router.py and doc/source/serve/advanced-guides/
+// prefix-aware-request-router.md: imbalanced_threshold 10,
+// match_rate_threshold 0.1):
+//
+//   - queue length = the router's count of ongoing requests per replica;
+//   - balanced (max−min < imbalanced_threshold): replicas with the highest
+//     prefix match rate (router-side tree of routed text, here the index
+//     with speculative entries) when it is ≥ 10%, else the replicas with
+//     the lowest prefix-cache utilisation (here: KV usage); then Power of
+//     Two Choices among them;
+//   - imbalanced: Power of Two Choices over all replicas.
+type Ray struct {
+	ImbalancedThreshold float64
+	MatchRateThreshold  float64
+}
+
+var _ scheduler.Policy = Ray{}
+
+// NewRay returns the published defaults.
+func NewRay() Ray { return Ray{ImbalancedThreshold: 10, MatchRateThreshold: 0.1} }
+
+// Name implements scheduler.Policy.
+func (Ray) Name() string { return "ray" }
+
+// Pick implements scheduler.Policy.
+func (p Ray) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
+	lo, hi := cs[0].InFlight, cs[0].InFlight
+	for i := range cs {
+		lo, hi = min(lo, cs[i].InFlight), max(hi, cs[i].InFlight)
+	}
+	for i := range cs {
+		cs[i].Score = -float64(cs[i].InFlight)
+	}
+	if float64(hi-lo) >= p.ImbalancedThreshold {
+		return powerOfTwo(cs, cyc, nil), "imbalanced-pow2"
+	}
+	b := float64(r.Blocks())
+	best := 0.0
+	for i := range cs {
+		best = max(best, float64(cs[i].Match.Spec)/b)
+	}
+	if best >= p.MatchRateThreshold {
+		return powerOfTwo(cs, cyc, func(c *scheduler.Candidate) bool { return float64(c.Match.Spec)/b == best }), "prefix-match"
+	}
+	lowest := cs[0].KVUsage
+	for i := range cs {
+		lowest = min(lowest, cs[i].KVUsage)
+	}
+	return powerOfTwo(cs, cyc, func(c *scheduler.Candidate) bool { return c.KVUsage == lowest }), "low-utilization"
+}
+
+// powerOfTwo samples two distinct eligible candidates at random and
+// returns the one with fewer in-flight requests (Score already holds
+// −in-flight). With one eligible candidate it is returned.
+func powerOfTwo(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(*scheduler.Candidate) bool) int {
+	n := 0
+	for i := range cs {
+		if ok == nil || ok(&cs[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return cyc.Intn(len(cs))
+	}
+	a := cyc.Intn(n)
+	b := a
+	if n > 1 {
+		b = (a + 1 + cyc.Intn(n-1)) % n
+	}
+	ia, ib, k := -1, -1, 0
+	for i := range cs {
+		if ok != nil && !ok(&cs[i]) {
+			continue
+		}
+		if k == a {
+			ia = i
+		}
+		if k == b {
+			ib = i
+		}
+		k++
+	}
+	if cs[ib].Score > cs[ia].Score {
+		return ib
+	}
+	return ia
+}

@@ -1,0 +1,217 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"context"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/internal/index"
+)
+
+// Sentinel errors.
+var (
+	// ErrNoCandidates means every engine was filtered out (or none exist).
+	ErrNoCandidates = errors.New("scheduler: no candidate engine")
+	// ErrConfig wraps every configuration problem.
+	ErrConfig = errors.New("scheduler: invalid config")
+)
+
+// PrefixIndex is the index view the scheduler reads. *index.Index
+// implements it. LookupFor must be safe for concurrent use and write one
+// Match per engine id into out (zero for unknown engines).
+type PrefixIndex interface {
+	LookupFor(keys []uint64, engines []string, res *index.Result, out []index.Match)
+}
+
+var _ PrefixIndex = (*index.Index)(nil)
+
+// TierWeights weigh matched blocks by where they live: a CPU-tier block
+// must be copied back, so it saves less than a GPU one.
+type TierWeights struct {
+	GPU, CPU, Other, Speculative float64
+}
+
+// DefaultTierWeights are GPU 1.0, CPU 0.8, other 0.5, speculative 0.9
+// (speculative blocks are being computed now on the engine's GPU).
+func DefaultTierWeights() TierWeights {
+	return TierWeights{GPU: 1.0, CPU: 0.8, Other: 0.5, Speculative: 0.9}
+}
+
+// Weighted is a matched-block count weighted by tier.
+func (w TierWeights) Weighted(m index.Match) float64 {
+	return w.GPU*float64(m.GPU) + w.CPU*float64(m.CPU-m.GPU) +
+		w.Other*float64(m.Other-m.CPU) + w.Speculative*float64(m.Spec-m.Other)
+}
+
+// Scheduler runs filters and a policy for each request. Safe for
+// concurrent use; per-call scratch comes from a pool.
+type Scheduler struct {
+	filters []Filter
+	policy  Policy
+	idx     PrefixIndex
+	weights TierWeights
+	seed    uint64
+	seq     atomic.Uint64
+	log     *slog.Logger
+	pool    sync.Pool // *Cycle
+}
+
+// Options are the framework-level settings of a Scheduler.
+type Options struct {
+	TierWeights TierWeights
+	Seed        uint64       // random stream seed (deterministic runs)
+	Logger      *slog.Logger // nil: slog.Default(); decisions log at Debug
+}
+
+// New assembles a Scheduler. idx may be nil (no prefix information).
+func New(filters []Filter, policy Policy, idx PrefixIndex, opt Options) (*Scheduler, error) {
+	if policy == nil {
+		return nil, fmt.Errorf("new scheduler: %w: no policy", ErrConfig)
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	s := &Scheduler{filters: filters, policy: policy, idx: idx, weights: opt.TierWeights, seed: opt.Seed, log: opt.Logger}
+	s.pool.New = func() any { return &Cycle{} }
+	return s, nil
+}
+
+// Policy returns the policy's name.
+func (s *Scheduler) Policy() string { return s.policy.Name() }
+
+// Cycle is one scheduling call's scratch space and random stream. Plugins
+// may use the float buffers (Floats) and Rand during the call only.
+type Cycle struct {
+	cands  []Candidate
+	ids    []string
+	match  []index.Match
+	res    index.Result
+	floats [4][]float64
+	rng    uint64
+}
+
+// Rand returns the next value of the call's deterministic random stream
+// (splitmix64 seeded from the scheduler seed and call number).
+func (c *Cycle) Rand() uint64 {
+	c.rng += 0x9E3779B97F4A7C15
+	z := c.rng
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
+// Intn returns a random int in [0,n).
+func (c *Cycle) Intn(n int) int { return int(c.Rand() % uint64(n)) }
+
+// Float returns a random float in [0,1).
+func (c *Cycle) Float() float64 { return float64(c.Rand()>>11) / (1 << 53) }
+
+// Floats returns scratch buffer i (0..3) resized to n and zeroed.
+func (c *Cycle) Floats(i, n int) []float64 {
+	b := c.floats[i]
+	if cap(b) < n {
+		b = make([]float64, n)
+	}
+	b = b[:n]
+	clear(b)
+	c.floats[i] = b
+	return b
+}
+
+// Schedule filters engines, looks up the request's prefix on each, runs the
+// policy and writes the ranked result into d.
+func (s *Scheduler) Schedule(req *Request, engines []Engine, d *Decision) error {
+	cyc := s.pool.Get().(*Cycle)
+	defer s.pool.Put(cyc)
+	cyc.rng = s.seed ^ (s.seq.Add(1) * 0xD1B54A32D192ED03)
+
+	d.Engine, d.Policy, d.Reason, d.Filtered = "", s.policy.Name(), "", 0
+	d.Ranked = d.Ranked[:0]
+
+	cs := cyc.cands[:0]
+	ids := cyc.ids[:0]
+	for i := range engines {
+		cs = append(cs, Candidate{Engine: &engines[i]})
+		ids = append(ids, engines[i].ID)
+	}
+	if cap(cyc.match) < len(ids) {
+		cyc.match = make([]index.Match, len(ids))
+	}
+	match := cyc.match[:len(ids)]
+	if s.idx != nil && len(req.Keys) > 0 {
+		s.idx.LookupFor(req.Keys, ids, &cyc.res, match)
+	} else {
+		clear(match)
+	}
+	blocks := float64(req.Blocks())
+	bs := req.BlockSize
+	kept := cs[:0]
+	for i := range cs {
+		c := &cs[i]
+		c.Match = match[i]
+		w := s.weights.Weighted(c.Match)
+		c.Hit = math.Min(1, w/blocks)
+		c.CachedTokens = int(w * float64(bs))
+		if !s.keep(req, c) {
+			d.Filtered++
+			continue
+		}
+		kept = append(kept, *c)
+	}
+	cyc.cands, cyc.ids = cs[:0], ids[:0]
+	if len(kept) == 0 {
+		return ErrNoCandidates
+	}
+	pick, reason := s.policy.Pick(req, kept, cyc)
+	if pick < 0 || pick >= len(kept) {
+		return fmt.Errorf("schedule: policy %s picked %d of %d", s.policy.Name(), pick, len(kept))
+	}
+	kept[0], kept[pick] = kept[pick], kept[0]
+	rest := kept[1:]
+	slices.SortStableFunc(rest, func(a, b Candidate) int {
+		switch {
+		case a.Score > b.Score:
+			return -1
+		case a.Score < b.Score:
+			return 1
+		}
+		return 0
+	})
+	for _, c := range kept {
+		d.Ranked = append(d.Ranked, EngineScore{Engine: c.ID, Score: c.Score, Match: c.Match, Hit: c.Hit})
+	}
+	d.Engine, d.Reason = kept[0].ID, reason
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("schedule", "policy", d.Policy, "engine", d.Engine, "reason", reason,
+			"hit", kept[0].Hit, "candidates", len(kept), "filtered", d.Filtered)
+	}
+	return nil
+}
+
+func (s *Scheduler) keep(req *Request, c *Candidate) bool {
+	for _, f := range s.filters {
+		if !f.Keep(req, c) {
+			return false
+		}
+	}
+	return true
+}
+
+// Close closes every plugin that holds resources. Idempotent.
+func (s *Scheduler) Close() error {
+	var errs []error
+	for _, f := range s.filters {
+		if c, ok := f.(Closer); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	if c, ok := s.policy.(Closer); ok {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}

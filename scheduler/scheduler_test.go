@@ -1,0 +1,140 @@
+package scheduler_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
+)
+
+func keys(n int, base uint64) []uint64 {
+	k := make([]uint64, n)
+	for i := range k {
+		k[i] = base + uint64(i)*7919 + 1
+	}
+	return k
+}
+
+func engines(n int) []scheduler.Engine {
+	es := make([]scheduler.Engine, n)
+	for i := range es {
+		es[i] = scheduler.Engine{ID: string(rune('a' + i)), Healthy: true, Model: "m"}
+	}
+	return es
+}
+
+func newIdx(t testing.TB) *index.Index {
+	x, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func TestScheduleRanksAndFilters(t *testing.T) {
+	x := newIdx(t)
+	k := keys(16, 100)
+	x.Store("b", kvevents.TierGPU, k[:12])
+	x.Store("c", kvevents.TierCPU, k)
+	es := engines(4)
+	es[3].Healthy = false
+	s, err := registry.NewPolicy("weighted-prefix-placeholder", 1, x)
+	if err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+	cfg := scheduler.DefaultConfig()
+	cfg.Policy = "weighted"
+	cfg.Weighted = []scheduler.ScorerConfig{{Name: "prefix", Weight: 1}}
+	s, err = registry.New(cfg, x, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 16 * 16, Model: "m"}
+	var d scheduler.Decision
+	if err := s.Schedule(req, es, &d); err != nil {
+		t.Fatal(err)
+	}
+	// c: 16 CPU blocks × 0.8 = 12.8 > b: 12 GPU blocks.
+	if d.Engine != "c" || len(d.Ranked) != 3 || d.Ranked[1].Engine != "b" || d.Filtered != 1 {
+		t.Fatalf("decision %+v", d)
+	}
+	if d.Ranked[0].Match.CPU != 16 || d.Ranked[1].Match.GPU != 12 {
+		t.Fatalf("matches %+v", d.Ranked)
+	}
+	for _, e := range es {
+		e.Healthy = false
+	}
+	es2 := engines(2)
+	es2[0].Model, es2[1].Model = "x", "y"
+	if err := s.Schedule(req, es2, &d); !errors.Is(err, scheduler.ErrNoCandidates) {
+		t.Fatalf("want ErrNoCandidates, got %v", err)
+	}
+}
+
+func TestEveryPolicyBuildsAndPicks(t *testing.T) {
+	x := newIdx(t)
+	for _, name := range scheduler.PolicyNames {
+		cfg := scheduler.DefaultConfig()
+		cfg.Policy = name
+		if name == "weighted" {
+			cfg.Weighted = []scheduler.ScorerConfig{{Name: "load", Weight: 1}}
+		}
+		s, err := registry.New(cfg, x, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if s.Policy() != name {
+			t.Fatalf("built %s for %s", s.Policy(), name)
+		}
+		var d scheduler.Decision
+		req := &scheduler.Request{Keys: keys(4, 5), BlockSize: 16, PromptTokens: 70, Now: time.Unix(0, 0)}
+		if err := s.Schedule(req, engines(5), &d); err != nil || d.Engine == "" || len(d.Ranked) != 5 {
+			t.Fatalf("%s: %v %+v", name, err, d)
+		}
+	}
+}
+
+func TestScheduleNoAlloc(t *testing.T) {
+	x := newIdx(t)
+	k := keys(256, 1)
+	es := engines(16)
+	for i := range es {
+		x.Store(es[i].ID, kvevents.TierGPU, k[:i*16])
+	}
+	for _, name := range []string{"kvmesh", "llmd", "sglang"} {
+		s, err := registry.NewPolicy(name, 1, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 4096}
+		var d scheduler.Decision
+		_ = s.Schedule(req, es, &d)
+		if a := testing.AllocsPerRun(50, func() { _ = s.Schedule(req, es, &d) }); a != 0 {
+			t.Errorf("%s: Schedule allocates %.1f per call", name, a)
+		}
+	}
+}
+
+func BenchmarkSchedule(b *testing.B) {
+	x := newIdx(b)
+	k := keys(256, 1)
+	es := engines(16)
+	for i := range es {
+		x.Store(es[i].ID, kvevents.TierGPU, k[:i*16])
+	}
+	for _, name := range []string{"random", "kvmesh", "llmd"} {
+		b.Run(name, func(b *testing.B) {
+			s, _ := registry.NewPolicy(name, 1, x)
+			req := &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 4096}
+			var d scheduler.Decision
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = s.Schedule(req, es, &d)
+			}
+		})
+	}
+}

@@ -1,0 +1,148 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/index"
+)
+
+// Role is an engine's (or a request's) place in prefill/decode
+// disaggregation. The zero value is RoleMixed.
+type Role uint8
+
+const (
+	RoleMixed Role = iota
+	RolePrefill
+	RoleDecode
+)
+
+// String returns the role's lower-case name.
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	default:
+		return "mixed"
+	}
+}
+
+// ParseRole maps "mixed" (or ""), "prefill" and "decode" to a Role.
+func ParseRole(s string) (Role, bool) {
+	switch s {
+	case "", "mixed":
+		return RoleMixed, true
+	case "prefill":
+		return RolePrefill, true
+	case "decode":
+		return RoleDecode, true
+	}
+	return RoleMixed, false
+}
+
+// Request is what the scheduler knows about one request.
+type Request struct {
+	// Keys are the chain keys of every full block of the prompt
+	// (DESIGN.md Contract 1), in order.
+	Keys []uint64
+	// BlockSize is tokens per block (the engines' block size).
+	BlockSize int
+	// PromptTokens is the prompt length, including the partial last block.
+	PromptTokens int
+	// OutputTokens is the expected output length (max_tokens or an
+	// estimate); 0 lets scorers assume a default.
+	OutputTokens int
+	Model        string
+	LoRA         string // adapter name, "" for the base model
+	Role         Role   // RoleMixed: any engine; RolePrefill/RoleDecode: that role or mixed
+	// SessionID is the client's session header ("" for none); SessionEngine
+	// is where the session's previous turn went (the ingress's session
+	// store supplies it), "" when unknown.
+	SessionID     string
+	SessionEngine string
+	// Now is the decision time (wall clock in the ingress, virtual in the
+	// DES).
+	Now time.Time
+}
+
+// Blocks is the request's full-block count (len(Keys)), at least 1 so
+// ratios never divide by zero.
+func (r *Request) Blocks() int {
+	if len(r.Keys) == 0 {
+		return 1
+	}
+	return len(r.Keys)
+}
+
+// Engine is one candidate engine's state as the router sees it. Fields
+// marked "snapshot" arrive by gossip (or the DES's periodic snapshot) and
+// are stale by up to one period; fields marked "local" are the router's own
+// bookkeeping and are fresh.
+type Engine struct {
+	ID      string
+	Healthy bool
+	Model   string
+	Role    Role
+	LoRAs   []string // adapters currently loaded (snapshot)
+
+	Running             int     // snapshot: requests in the running batch
+	Waiting             int     // snapshot: requests waiting to be scheduled
+	KVUsage             float64 // snapshot: GPU KV cache usage, 0..1
+	QueuedPrefillTokens int     // snapshot: prompt tokens not yet prefilled
+	GPUBlocks           int     // snapshot: KV capacity in blocks (0 unknown)
+
+	// InFlight counts requests routed to the engine and not finished, from
+	// every ingress (local: this router's own, plus other ingresses'
+	// via gossip).
+	InFlight int
+	// LocalPrefillTokens is the uncached prompt tokens of in-flight
+	// requests that have not produced a first token yet (local).
+	LocalPrefillTokens int
+	// LocalActiveTokens is prompt plus expected output tokens of every
+	// in-flight request (local): the engine's decode working set.
+	LocalActiveTokens int
+
+	// TTFT and TPOT are recent observed latencies (zero when no sample yet).
+	TTFT, TPOT time.Duration
+}
+
+// Candidate is an engine under consideration for one request. The
+// framework fills Match and Hit before scorers and policies run.
+type Candidate struct {
+	*Engine
+	// Match is the engine's matched prefix depth per tier, in blocks.
+	Match index.Match
+	// Hit is the tier-weighted matched fraction of the request's blocks,
+	// in [0,1] (Config.TierWeights).
+	Hit float64
+	// CachedTokens estimates how many prompt tokens the engine will not
+	// have to prefill (weighted like Hit).
+	CachedTokens int
+	// Score is the policy's final score (higher is better), for ranking
+	// and the access log.
+	Score float64
+}
+
+// EngineScore is one engine's line in a Decision.
+type EngineScore struct {
+	Engine string
+	Score  float64
+	Match  index.Match
+	Hit    float64
+}
+
+// Decision is a routing decision. Reuse one per goroutine: Schedule
+// overwrites it without allocating once its slices have grown.
+type Decision struct {
+	// Engine is the chosen engine id (Ranked[0].Engine).
+	Engine string
+	// Policy and Reason say why (Reason is a short constant string).
+	Policy string
+	Reason string
+	// Ranked lists every candidate that passed the filters, best first:
+	// the ingress retries down this list.
+	Ranked []EngineScore
+	// Filtered counts engines removed by filters.
+	Filtered int
+}

@@ -1,0 +1,168 @@
+package sidecar
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+)
+
+// Resync policies for lost history (see the package doc).
+const (
+	ResyncRebuild     = "rebuild"
+	ResyncResetEngine = "reset-engine"
+)
+
+// EngineConfig describes one engine the sidecar serves.
+type EngineConfig struct {
+	// ID is the engine's id in the mesh (unique; used in subjects and the index).
+	ID string
+	// Model is the served model name (part of the root key and the subjects).
+	Model string
+	// URL is the engine's HTTP base ("http://10.0.0.5:8000"): gossiped for the
+	// ingress to proxy to, and the base of /reset_prefix_cache.
+	URL string
+	// MetricsURL is scraped for load; default URL + "/metrics". "-" disables scraping.
+	MetricsURL string
+	// Role is the engine role: prefill, decode or mixed (default mixed).
+	Role string
+	// Events is rank 0's ZMQ PUB endpoint ("tcp://10.0.0.5:5557"); rank r is at port+r.
+	Events string
+	// Replay is rank 0's ZMQ ROUTER replay endpoint; "" when the engine has none.
+	Replay string
+	// RankEvents and RankReplay list every DP rank's endpoints explicitly when
+	// they are not rank 0's port + r (they override Events, Replay and DPSize).
+	RankEvents []string
+	RankReplay []string
+	// Bind makes the sidecar bind Events (for engines whose PUB connects).
+	Bind bool
+	// DPSize is the number of data-parallel ranks publishing events (default 1).
+	DPSize int
+	// BlockSize in tokens; 0 learns it from the events (vLLM sends it in BlockStored).
+	BlockSize int
+}
+
+// Config configures a Sidecar. Start from DefaultConfig.
+type Config struct {
+	// Engines served: one (sidecar container) or several (DaemonSet mode).
+	Engines []EngineConfig
+	// NATS connection; with no URL an embedded server is started.
+	NATS natsutil.Config
+	// Gossip membership; nil disables gossip (deltas and snapshots still work).
+	Gossip *gossip.Config
+	// AdminAddr serves /health, /ready, /metrics and /debug/state; "" disables.
+	AdminAddr string
+	// ResyncPolicy for lost event history: "rebuild" (default) or "reset-engine".
+	ResyncPolicy string
+	// MaxDeltaKeys bounds the keys in one delta (default 16384: ~130 KB, well
+	// under NATS's 1 MB default payload). Larger change sets span several deltas.
+	MaxDeltaKeys int
+	// BatchWindow is how long the sidecar waits for more engine batches before
+	// publishing what it has. Batches that arrive together become one delta,
+	// which keeps NATS message rates sane under load. Default 200µs.
+	BatchWindow time.Duration
+	// SnapshotChunkKeys bounds the keys in one snapshot reply message (default 65536: ~520 KB).
+	SnapshotChunkKeys int
+	// ScrapeInterval for engine /metrics (default 1s).
+	ScrapeInterval time.Duration
+	// GossipInterval for publishing load, head and digest (default 250ms).
+	GossipInterval time.Duration
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Registerer for kvmesh_sidecar_* metrics; nil uses a private registry
+	// (served on AdminAddr either way).
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns the defaults documented on each field.
+func DefaultConfig() Config {
+	return Config{
+		NATS:              natsutil.DefaultConfig(),
+		ResyncPolicy:      ResyncRebuild,
+		MaxDeltaKeys:      16384,
+		BatchWindow:       200 * time.Microsecond,
+		SnapshotChunkKeys: 65536,
+		ScrapeInterval:    time.Second,
+		GossipInterval:    250 * time.Millisecond,
+	}
+}
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("invalid sidecar config")
+
+// Validate lists every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
+	}
+	if len(c.Engines) == 0 {
+		add("no engine")
+	}
+	ids := map[string]bool{}
+	for i, e := range c.Engines {
+		if e.ID == "" {
+			add("engine %d: no id", i)
+		} else if ids[e.ID] {
+			add("engine %d: duplicate id %q", i, e.ID)
+		}
+		ids[e.ID] = true
+		if e.Model == "" {
+			add("engine %q: no model", e.ID)
+		}
+		if e.Events == "" && len(e.RankEvents) == 0 {
+			add("engine %q: no KV-event endpoint", e.ID)
+		}
+		if e.URL != "" {
+			if u, err := url.Parse(e.URL); err != nil || u.Scheme == "" || u.Host == "" {
+				add("engine %q: bad url %q", e.ID, e.URL)
+			}
+		}
+		switch e.Role {
+		case "", "mixed", "prefill", "decode":
+		default:
+			add("engine %q: role %q; want prefill, decode or mixed", e.ID, e.Role)
+		}
+		if len(e.RankReplay) > 0 && len(e.RankReplay) != len(e.RankEvents) {
+			add("engine %q: %d replay endpoints for %d event endpoints", e.ID, len(e.RankReplay), len(e.RankEvents))
+		}
+		if e.DPSize < 0 || e.BlockSize < 0 {
+			add("engine %q: dp size %d and block size %d must not be negative", e.ID, e.DPSize, e.BlockSize)
+		}
+	}
+	if err := c.NATS.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Gossip != nil {
+		if err := c.Gossip.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	switch c.ResyncPolicy {
+	case ResyncRebuild:
+	case ResyncResetEngine:
+		for _, e := range c.Engines {
+			if e.URL == "" {
+				add("engine %q: reset-engine policy needs the engine url", e.ID)
+			}
+		}
+	default:
+		add("resync policy %q; want %s or %s", c.ResyncPolicy, ResyncRebuild, ResyncResetEngine)
+	}
+	if c.MaxDeltaKeys <= 0 || c.SnapshotChunkKeys <= 0 {
+		add("max delta keys %d and snapshot chunk keys %d must be positive", c.MaxDeltaKeys, c.SnapshotChunkKeys)
+	}
+	if c.SnapshotChunkKeys > 100000 {
+		add("snapshot chunk keys %d exceed a 1 MB NATS payload", c.SnapshotChunkKeys)
+	}
+	if c.BatchWindow < 0 || c.ScrapeInterval <= 0 || c.GossipInterval <= 0 {
+		add("batch window %v must not be negative; scrape %v and gossip %v intervals must be positive", c.BatchWindow, c.ScrapeInterval, c.GossipInterval)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,237 @@
+package sidecar
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Load is the engine load scraped from its /metrics.
+type Load struct {
+	Running       int
+	Waiting       int
+	KVUsage       float64
+	QueuedPrefill int64
+	Scraped       time.Time
+}
+
+// engineCounters are the per-engine counters read by the metrics collector.
+type engineCounters struct {
+	batches, deltas, deltaKeys, publishErrors atomic.Uint64
+	snapshots, rankResets, lostHistory       atomic.Uint64
+	engineResets, resetFailures, scrapeErrs  atomic.Uint64
+}
+
+// engine is the sidecar's work for one engine: the event loop owns the
+// subscriber; mu guards the state so the snapshot responder (a NATS
+// goroutine) and the gossip loop can read it consistently.
+type engine struct {
+	cfg     EngineConfig
+	s       *Sidecar
+	log     *slog.Logger
+	epoch   uint64
+	subject string
+	c       engineCounters
+	resetCh chan struct{} // cap 1: a reset is pending (reset-engine policy)
+
+	// mu guards the fields below. Held while applying one engine batch and
+	// while publishing a delta (so seq order is publish order); never across
+	// network waits other than NATS's non-blocking async publish.
+	mu        sync.Mutex
+	st        *state
+	seq       uint64
+	published kvevents.EngineDigest // head and digests as of the last delta
+	lastTS    int64
+	load      Load
+	running   bool // the event loop is consuming
+}
+
+func newEngine(s *Sidecar, cfg EngineConfig) *engine {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	epoch := binary.LittleEndian.Uint64(b[:]) | 1 // never 0: 0 means "no head" in gossip
+	e := &engine{
+		cfg: cfg, s: s, epoch: epoch,
+		log:     s.log.With("engine", cfg.ID),
+		subject: natsutil.DeltaSubject(cfg.Model, cfg.ID),
+		resetCh: make(chan struct{}, 1),
+		st:      newState(cfg.Model, cfg.BlockSize, max(cfg.DPSize, len(cfg.RankEvents))),
+	}
+	e.published.Head.Epoch = epoch
+	return e
+}
+
+// run consumes the engine's events until ctx ends.
+func (e *engine) run(ctx context.Context) error {
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
+		Endpoint: e.cfg.Events, ReplayEndpoint: e.cfg.Replay, Bind: e.cfg.Bind,
+		Endpoints: e.cfg.RankEvents, ReplayEndpoints: e.cfg.RankReplay,
+		DPSize: max(e.cfg.DPSize, 1), Logger: e.log,
+	})
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	e.mu.Lock()
+	e.running = true
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.running = false
+		e.mu.Unlock()
+	}()
+	window := e.s.cfg.BatchWindow
+	for {
+		m, err := sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		e.mu.Lock()
+		e.handle(m)
+		// Take what else arrives within the window into the same delta.
+		for e.st.pendingKeys < e.s.cfg.MaxDeltaKeys && window > 0 {
+			e.mu.Unlock()
+			wctx, cancel := context.WithTimeout(ctx, window)
+			m, err = sub.Next(wctx)
+			cancel()
+			e.mu.Lock()
+			if err != nil {
+				break
+			}
+			e.handle(m)
+		}
+		e.flushLocked()
+		e.mu.Unlock()
+		if err != nil && ctx.Err() != nil {
+			return nil
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+	}
+}
+
+// handle applies one subscriber message. Caller holds mu.
+func (e *engine) handle(m kvevents.Message) {
+	switch m.Kind {
+	case kvevents.MsgBatch:
+		e.c.batches.Add(1)
+		if e.st.apply(m.Rank, m.Batch) && e.s.cfg.ResyncPolicy == ResyncResetEngine {
+			e.requestReset("unknown parent")
+		}
+		if m.Batch.TS > 0 {
+			e.lastTS = int64(m.Batch.TS * 1e9)
+		}
+	case kvevents.MsgReset:
+		e.c.rankResets.Add(1)
+		e.log.Info("engine rank restarted: dropping its state", "rank", m.Rank)
+		e.st.dropRank(m.Rank)
+	case kvevents.MsgLostHistory:
+		e.c.lostHistory.Add(1)
+		e.log.Warn("engine event history lost", "rank", m.Rank, "from", m.From, "to", m.Seq, "policy", e.s.cfg.ResyncPolicy)
+		e.st.dropRank(m.Rank)
+		if e.s.cfg.ResyncPolicy == ResyncResetEngine {
+			e.requestReset("lost history")
+		}
+	}
+}
+
+func (e *engine) requestReset(reason string) {
+	select {
+	case e.resetCh <- struct{}{}:
+		e.log.Info("engine cache reset requested", "reason", reason)
+	default: // one is pending already
+	}
+}
+
+// flushLocked publishes the pending ops as deltas of at most MaxDeltaKeys
+// keys each. Caller holds mu, so deltas leave in sequence order.
+func (e *engine) flushLocked() {
+	ops := e.st.takePending()
+	if len(ops) == 0 {
+		return
+	}
+	limit := e.s.cfg.MaxDeltaKeys
+	for len(ops) > 0 {
+		var part []kvevents.Op
+		n := 0
+		for len(ops) > 0 && n < limit {
+			op := ops[0]
+			if room := limit - n; len(op.Keys) > room && op.Kind != kvevents.OpClear {
+				part = append(part, kvevents.Op{Kind: op.Kind, Tier: op.Tier, Keys: op.Keys[:room]})
+				ops[0].Keys = op.Keys[room:]
+				n = limit
+				break
+			}
+			part = append(part, op)
+			n += max(len(op.Keys), 1)
+			ops = ops[1:]
+		}
+		e.publishLocked(part, n)
+	}
+	e.published = kvevents.EngineDigest{Head: kvevents.Head{Epoch: e.epoch, Seq: e.seq}, Digests: e.st.digests}
+}
+
+func (e *engine) publishLocked(ops []kvevents.Op, nkeys int) {
+	e.seq++
+	ts := e.lastTS
+	if ts == 0 {
+		ts = time.Now().UnixNano()
+	}
+	d := kvevents.Delta{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, TS: ts, Ops: ops}
+	e.c.deltas.Add(1)
+	e.c.deltaKeys.Add(uint64(nkeys))
+	if err := e.s.publish(e.subject, kvevents.AppendDelta(make([]byte, 0, kvevents.EncodedDeltaSize(len(ops), nkeys, d.Engine, d.Model)), &d)); err != nil {
+		// The receivers see the gap and take a snapshot; nothing else to do.
+		e.c.publishErrors.Add(1)
+		e.log.Debug("delta publish failed", "seq", e.seq, "err", err)
+	}
+}
+
+// snapshot flushes pending ops and returns the key set per tier at the head.
+func (e *engine) snapshot() (kvevents.Head, [kvevents.NumTiers][]uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.flushLocked()
+	var keys [kvevents.NumTiers][]uint64
+	for t := range keys {
+		keys[t] = e.st.keys(kvevents.Tier(t))
+	}
+	return kvevents.Head{Epoch: e.epoch, Seq: e.seq}, keys
+}
+
+// Status is one engine's state in the sidecar (for /debug/state and tests).
+type Status struct {
+	Engine          string                 `json:"engine"`
+	Model           string                 `json:"model"`
+	Epoch           uint64                 `json:"epoch"`
+	Seq             uint64                 `json:"seq"`
+	Keys            [kvevents.NumTiers]int `json:"keys"`
+	Load            Load                   `json:"load"`
+	Running         bool                   `json:"running"`
+	OrphanParents   uint64                 `json:"orphan_parents"`
+	OrphanLocations uint64                 `json:"orphan_locations"`
+	UnknownRemoves  uint64                 `json:"unknown_removes"`
+}
+
+func (e *engine) status() Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := Status{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, Load: e.load, Running: e.running,
+		OrphanParents: e.st.c.orphanParents, OrphanLocations: e.st.c.orphanLocations, UnknownRemoves: e.st.c.unknownRemoves}
+	for t := range s.Keys {
+		s.Keys[t] = len(e.st.keyRefs[t])
+	}
+	return s
+}

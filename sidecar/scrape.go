@@ -1,0 +1,158 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Metric names of spec §5, in order of preference (vLLM, older vLLM, SGLang),
+// plus the kvmesh simulator's queued-prefill gauge when it exports one.
+var (
+	runningNames = []string{"vllm:num_requests_running", "sglang:num_running_reqs"}
+	waitingNames = []string{"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
+	usageNames   = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
+	prefillNames = []string{"vllm:num_queued_prefill_tokens", "kvmesh:queued_prefill_tokens", "sglang:num_queued_prefill_tokens"}
+)
+
+// maxScrapeBytes bounds one /metrics body.
+const maxScrapeBytes = 8 << 20
+
+// parseLoad extracts the load from a Prometheus text exposition. Series of
+// several DP ranks (label sets) are summed; KV usage is averaged over them.
+func parseLoad(r io.Reader) (Load, error) {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return Load{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	sum := func(names []string) (float64, int, bool) {
+		for _, n := range names {
+			f, ok := fams[n]
+			if !ok {
+				continue
+			}
+			v, k := 0.0, 0
+			for _, m := range f.GetMetric() {
+				switch {
+				case m.GetGauge() != nil:
+					v += m.GetGauge().GetValue()
+				case m.GetCounter() != nil:
+					v += m.GetCounter().GetValue()
+				case m.GetUntyped() != nil:
+					v += m.GetUntyped().GetValue()
+				}
+				k++
+			}
+			return v, k, true
+		}
+		return 0, 0, false
+	}
+	var l Load
+	if v, _, ok := sum(runningNames); ok {
+		l.Running = int(v)
+	}
+	if v, _, ok := sum(waitingNames); ok {
+		l.Waiting = int(v)
+	}
+	if v, k, ok := sum(usageNames); ok && k > 0 {
+		l.KVUsage = min(max(v/float64(k), 0), 1)
+	}
+	if v, _, ok := sum(prefillNames); ok {
+		l.QueuedPrefill = int64(v)
+	}
+	return l, nil
+}
+
+// scrapeLoop polls the engine's /metrics until ctx ends.
+func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string) {
+	t := time.NewTicker(e.s.cfg.ScrapeInterval)
+	defer t.Stop()
+	for {
+		l, err := scrape(ctx, client, url)
+		if err != nil {
+			e.c.scrapeErrs.Add(1)
+			e.log.Debug("engine metrics scrape failed", "url", url, "err", err)
+		} else {
+			l.Scraped = time.Now()
+			e.mu.Lock()
+			e.load = l
+			e.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func scrape(ctx context.Context, client *http.Client, url string) (Load, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Load{}, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return Load{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Load{}, fmt.Errorf("scrape: status %d", resp.StatusCode)
+	}
+	return parseLoad(io.LimitReader(resp.Body, maxScrapeBytes))
+}
+
+// resetLoop serves reset requests (reset-engine policy): POST
+// /reset_prefix_cache, retried while the engine refuses (it does while
+// requests run), for at most a minute per request.
+func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.resetCh:
+		}
+		deadline := time.Now().Add(time.Minute)
+		for wait := 100 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
+			err := postReset(ctx, client, e.cfg.URL+"/reset_prefix_cache")
+			if err == nil {
+				e.c.engineResets.Add(1)
+				e.log.Info("engine prefix cache reset")
+				break
+			}
+			e.c.resetFailures.Add(1)
+			e.log.Warn("engine prefix cache reset failed", "err", err)
+			if time.Now().After(deadline) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+	}
+}
+
+func postReset(ctx context.Context, client *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("reset: status %d", resp.StatusCode)
+	}
+	return nil
+}

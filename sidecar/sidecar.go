@@ -1,0 +1,313 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Sidecar serves one or more engines. New validates; Run does the work until
+// its context ends or Close is called. Status, Ready and AdminAddr are safe
+// to call at any time.
+type Sidecar struct {
+	cfg     Config
+	log     *slog.Logger
+	engines []*engine
+	reg     prometheus.Registerer
+	gather  prometheus.Gatherer
+
+	conn     atomic.Pointer[natsutil.Conn]
+	gossip   atomic.Pointer[gossip.Node]
+	ready    atomic.Bool
+	admin    atomic.Pointer[net.TCPAddr]
+	running  atomic.Bool
+	stop     context.CancelFunc
+	stopMu   sync.Mutex
+	finished chan struct{}
+}
+
+// New validates cfg and prepares the engines (no I/O).
+func New(cfg Config) (*Sidecar, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Sidecar{cfg: cfg, log: log.With("component", "sidecar"), finished: make(chan struct{})}
+	if cfg.Registerer != nil {
+		s.reg = cfg.Registerer
+		if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
+			s.gather = g
+		}
+	} else {
+		r := prometheus.NewRegistry()
+		s.reg, s.gather = r, r
+	}
+	for _, ec := range cfg.Engines {
+		if ec.Role == "" {
+			ec.Role = "mixed"
+		}
+		if ec.MetricsURL == "" && ec.URL != "" {
+			ec.MetricsURL = ec.URL + "/metrics"
+		}
+		s.engines = append(s.engines, newEngine(s, ec))
+	}
+	if err := s.reg.Register(&collector{s: s}); err != nil {
+		return nil, fmt.Errorf("sidecar metrics: %w", err)
+	}
+	return s, nil
+}
+
+// ErrRunning is returned by a second Run.
+var ErrRunning = errors.New("sidecar: already running")
+
+// Run connects to NATS (starting an embedded server when no URL is given),
+// serves snapshots, joins gossip, starts the admin server and consumes every
+// engine's events until ctx ends or Close is called. Shutdown is ordered:
+// inputs (event loops, snapshot subscriptions), then gossip (graceful leave),
+// then the NATS connection and the admin server.
+func (s *Sidecar) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer close(s.finished)
+	ctx, cancel := context.WithCancel(ctx)
+	s.stopMu.Lock()
+	s.stop = cancel
+	s.stopMu.Unlock()
+	defer cancel()
+
+	conn, err := natsutil.Connect(ctx, s.cfg.NATS, s.log)
+	if err != nil {
+		return fmt.Errorf("sidecar: %w", err)
+	}
+	defer conn.Close()
+	s.conn.Store(conn)
+
+	for _, e := range s.engines {
+		sub, err := conn.NC.Subscribe(natsutil.SnapSubject(e.cfg.Model, e.cfg.ID), e.serveSnapshot)
+		if err != nil {
+			return fmt.Errorf("sidecar: snapshot subscribe: %w", err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	if err := conn.NC.FlushTimeout(5 * time.Second); err != nil {
+		return fmt.Errorf("sidecar: nats flush: %w", err)
+	}
+
+	if s.cfg.AdminAddr != "" {
+		stopAdmin, err := s.serveAdmin()
+		if err != nil {
+			return err
+		}
+		defer stopAdmin()
+	}
+
+	var wg sync.WaitGroup
+	errc := make(chan error, len(s.engines))
+	client := &http.Client{Timeout: 5 * time.Second}
+	for _, e := range s.engines {
+		wg.Add(1)
+		go func() { // owned by Run; ends with ctx
+			defer wg.Done()
+			if err := e.run(ctx); err != nil {
+				errc <- fmt.Errorf("engine %s: %w", e.cfg.ID, err)
+			}
+		}()
+		if e.cfg.MetricsURL != "" && e.cfg.MetricsURL != "-" {
+			wg.Add(1)
+			go func() { defer wg.Done(); e.scrapeLoop(ctx, client, e.cfg.MetricsURL) }()
+		}
+		if s.cfg.ResyncPolicy == ResyncResetEngine {
+			wg.Add(1)
+			go func() { defer wg.Done(); e.resetLoop(ctx, client) }()
+		}
+	}
+
+	if s.cfg.Gossip != nil {
+		gc := *s.cfg.Gossip
+		if gc.Logger == nil {
+			gc.Logger = s.log
+		}
+		node, err := gossip.New(gc)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return fmt.Errorf("sidecar: %w", err)
+		}
+		s.gossip.Store(node)
+		defer func() { _ = node.Close() }() // after the engines stopped: peers drop our engines at once
+		wg.Add(1)
+		go func() { defer wg.Done(); s.gossipLoop(ctx, node) }()
+	}
+	s.ready.Store(true)
+	s.log.Info("sidecar running", "engines", len(s.engines), "nats", conn.NC.ConnectedUrlRedacted())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+		s.log.Error("sidecar stopping", "err", runErr)
+	}
+	s.ready.Store(false)
+	cancel()
+	wg.Wait()
+	return runErr
+}
+
+// Close stops Run and waits for it. Safe to call twice, and before Run.
+func (s *Sidecar) Close() error {
+	s.stopMu.Lock()
+	stop := s.stop
+	s.stopMu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	<-s.finished
+	return nil
+}
+
+// Ready reports whether NATS is connected and every engine's event loop runs.
+func (s *Sidecar) Ready() bool {
+	c := s.conn.Load()
+	if !s.ready.Load() || c == nil || c.NC.Status() != nats.CONNECTED {
+		return false
+	}
+	for _, e := range s.engines {
+		e.mu.Lock()
+		ok := e.running
+		e.mu.Unlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// Status returns every engine's status.
+func (s *Sidecar) Status() []Status {
+	out := make([]Status, len(s.engines))
+	for i, e := range s.engines {
+		out[i] = e.status()
+	}
+	return out
+}
+
+// Keys returns a copy of one engine's key set per tier (tests, debugging).
+func (s *Sidecar) Keys(engine string) (keys [kvevents.NumTiers][]uint64, ok bool) {
+	for _, e := range s.engines {
+		if e.cfg.ID == engine {
+			e.mu.Lock()
+			for t := range keys {
+				keys[t] = e.st.keys(kvevents.Tier(t))
+			}
+			e.mu.Unlock()
+			return keys, true
+		}
+	}
+	return keys, false
+}
+
+// Conn is the NATS connection while Run is active (nil otherwise); callers
+// use it, e.g., to reach the embedded server's URL.
+func (s *Sidecar) Conn() *natsutil.Conn { return s.conn.Load() }
+
+// Gossip is the gossip member while Run is active (nil without gossip).
+func (s *Sidecar) Gossip() *gossip.Node { return s.gossip.Load() }
+
+// publish sends one delta: through JetStream (the stream captures it, async
+// with bounded in-flight acks) or, when the stream is disabled or JetStream
+// pushes back, as a plain NATS message so live subscribers still get it.
+func (s *Sidecar) publish(subject string, data []byte) error {
+	c := s.conn.Load()
+	if c == nil {
+		return errors.New("publish: not connected")
+	}
+	if c.JS != nil {
+		if _, err := c.JS.PublishAsync(subject, data); err == nil {
+			return nil
+		}
+	}
+	if err := c.NC.Publish(subject, data); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	return nil
+}
+
+// serveSnapshot answers one snapshot request with the engine's key set in
+// chunks of at most SnapshotChunkKeys keys, sent to the request's inbox.
+func (e *engine) serveSnapshot(msg *nats.Msg) {
+	if msg.Reply == "" {
+		return
+	}
+	head, keys := e.snapshot()
+	e.c.snapshots.Add(1)
+	limit := e.s.cfg.SnapshotChunkKeys
+	total := 0
+	for _, k := range keys {
+		total += len(k)
+	}
+	chunks := max((total+limit-1)/limit, 1)
+	c := kvevents.SnapshotChunk{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: head.Epoch, Seq: head.Seq, TS: time.Now().UnixNano(), Chunks: chunks}
+	var buf []byte
+	t, off := 0, 0
+	for i := 0; i < chunks; i++ {
+		c.Chunk, c.Ops = i, c.Ops[:0]
+		n := 0
+		for n < limit && t < kvevents.NumTiers {
+			rest := keys[t][off:]
+			take := min(len(rest), limit-n)
+			c.Ops = append(c.Ops, kvevents.Op{Kind: kvevents.OpStore, Tier: kvevents.Tier(t), Keys: rest[:take]})
+			n += take
+			off += take
+			if off == len(keys[t]) {
+				t, off = t+1, 0
+			}
+		}
+		buf = kvevents.AppendSnapshotChunk(buf[:0], &c)
+		if err := msg.Respond(buf); err != nil {
+			e.log.Warn("snapshot reply failed", "err", err)
+			return
+		}
+	}
+}
+
+// gossipLoop publishes each engine's load, head and digest.
+func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
+	t := time.NewTicker(s.cfg.GossipInterval)
+	defer t.Stop()
+	for {
+		for _, e := range s.engines {
+			e.mu.Lock()
+			st := gossip.EngineState{
+				ID: e.cfg.ID, Model: e.cfg.Model, URL: e.cfg.URL, EngineRole: e.cfg.Role,
+				DPSize: max(e.cfg.DPSize, 1), BlockSize: e.st.blockSize,
+				Running: e.load.Running, Waiting: e.load.Waiting, KVUsage: e.load.KVUsage, QueuedPrefill: e.load.QueuedPrefill,
+				Ready: e.running, Digest: e.published,
+			}
+			e.mu.Unlock()
+			node.SetEngine(st)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,267 @@
+package sidecar
+
+import (
+	"strings"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// hashEntry is one engine block hash known on one rank: its kvmesh key and
+// how many copies each tier holds (vLLM can store one hash more than once).
+type hashEntry struct {
+	key  uint64
+	refs [kvevents.NumTiers]uint32
+}
+
+// stateCounters are the anomalies the state machine absorbs instead of failing.
+type stateCounters struct {
+	orphanParents   uint64 // BlockStored whose parent hash is unknown: its blocks stay unknown
+	orphanLocations uint64 // CPU/other location updates for unknown hashes
+	unknownRemoves  uint64 // BlockRemoved of a hash (or tier) not held
+	keyConflicts    uint64 // a known hash stored again with different tokens
+	skippedGroups   uint64 // events of non-full-attention KV groups (not routable)
+	badEvents       uint64 // events without the fields they need
+}
+
+// state is one engine's authoritative key set: the union over its DP ranks.
+// Not safe for concurrent use; the sidecar guards it with engine.mu.
+type state struct {
+	model     string
+	blockSize int // from config, or learned from the first event carrying one
+
+	ranks   []map[uint64]hashEntry
+	keyRefs [kvevents.NumTiers]map[uint64]uint32 // key → number of (rank, hash) entries holding it in the tier
+	digests [kvevents.NumTiers]kvevents.Digest
+
+	pending     []kvevents.Op // ops since the last delta, in order; consecutive same-kind ops coalesce
+	pendingKeys int
+	roots       map[[2]string]uint64 // (lora, salt) → root key
+	scratch     []uint64
+	c           stateCounters
+}
+
+func newState(model string, blockSize, dpSize int) *state {
+	s := &state{model: model, blockSize: blockSize, roots: map[[2]string]uint64{}}
+	s.ranks = make([]map[uint64]hashEntry, max(dpSize, 1))
+	for r := range s.ranks {
+		s.ranks[r] = map[uint64]hashEntry{}
+	}
+	for t := range s.keyRefs {
+		s.keyRefs[t] = map[uint64]uint32{}
+	}
+	return s
+}
+
+func (s *state) rank(r int) map[uint64]hashEntry {
+	for r >= len(s.ranks) { // a rank beyond the configured DP size: grow rather than drop events
+		s.ranks = append(s.ranks, map[uint64]hashEntry{})
+	}
+	return s.ranks[r]
+}
+
+// apply applies one engine batch of rank r. It returns whether an event had
+// an unknown parent (the caller's resync policy decides what that costs).
+func (s *state) apply(r int, b *kvevents.Batch) (orphan bool) {
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case kvevents.BlockStored:
+			if !s.stored(r, ev) {
+				orphan = true
+			}
+		case kvevents.BlockRemoved:
+			s.removed(r, ev)
+		case kvevents.AllBlocksCleared:
+			s.dropRank(r) // the engine cleared every tier (reset_prefix_cache)
+		default:
+			s.c.badEvents++
+		}
+	}
+	return orphan
+}
+
+func routable(kind string) bool {
+	return kind == "" || strings.Contains(kind, "full") || strings.Contains(kind, "mla")
+}
+
+func (s *state) stored(r int, ev *kvevents.Event) bool {
+	if !routable(ev.SpecKind) {
+		s.c.skippedGroups++
+		return true
+	}
+	tier := ev.Tier()
+	hashes := s.rank(r)
+	if len(ev.TokenIDs) == 0 {
+		// A location update (CPU offloading): the hashes are known chain blocks.
+		for _, h := range ev.BlockHashes {
+			e, ok := hashes[h]
+			if !ok {
+				s.c.orphanLocations++
+				continue
+			}
+			s.addRef(hashes, h, e, tier)
+		}
+		return true
+	}
+	bs := ev.BlockSize
+	if bs <= 0 {
+		bs = s.blockSize
+	}
+	if bs <= 0 {
+		s.c.badEvents++
+		return true
+	}
+	if s.blockSize == 0 {
+		s.blockSize = bs
+	}
+	var parent uint64
+	if ev.HasParent {
+		pe, ok := hashes[ev.ParentHash]
+		if !ok {
+			s.c.orphanParents++
+			return false
+		}
+		parent = pe.key
+	} else {
+		parent = s.root(ev.LoraName, ev.CacheSalt)
+	}
+	n := min(len(ev.BlockHashes), len(ev.TokenIDs)/bs)
+	if n < len(ev.BlockHashes) {
+		s.c.badEvents++ // fewer tokens than blocks: key what we can
+	}
+	s.scratch = kvevents.AppendKeys(s.scratch[:0], parent, ev.TokenIDs[:n*bs], bs)
+	for i, key := range s.scratch {
+		h := ev.BlockHashes[i]
+		e, ok := hashes[h]
+		if !ok {
+			e.key = key
+		} else if e.key != key {
+			s.c.keyConflicts++ // keep the first: its key is what the index holds
+		}
+		s.addRef(hashes, h, e, tier)
+	}
+	return true
+}
+
+func (s *state) root(lora, salt string) uint64 {
+	k := [2]string{lora, salt}
+	if v, ok := s.roots[k]; ok {
+		return v
+	}
+	v := kvevents.Root(s.model, lora, salt)
+	if len(s.roots) < 1024 { // bounded: salts can be per user
+		s.roots[k] = v
+	}
+	return v
+}
+
+func (s *state) removed(r int, ev *kvevents.Event) {
+	tier := ev.Tier()
+	hashes := s.rank(r)
+	for _, h := range ev.BlockHashes {
+		e, ok := hashes[h]
+		if !ok || e.refs[tier] == 0 {
+			s.c.unknownRemoves++
+			continue
+		}
+		e.refs[tier]--
+		if e.refs[tier] == 0 {
+			s.keyDec(tier, e.key)
+		}
+		if e.refs == ([kvevents.NumTiers]uint32{}) {
+			delete(hashes, h)
+		} else {
+			hashes[h] = e
+		}
+	}
+}
+
+func (s *state) addRef(hashes map[uint64]hashEntry, h uint64, e hashEntry, tier kvevents.Tier) {
+	e.refs[tier]++
+	if e.refs[tier] == 1 {
+		s.keyInc(tier, e.key)
+	}
+	hashes[h] = e
+}
+
+func (s *state) keyInc(t kvevents.Tier, key uint64) {
+	n := s.keyRefs[t][key]
+	s.keyRefs[t][key] = n + 1
+	if n == 0 {
+		s.digests[t].Add(key)
+		s.emit(kvevents.OpStore, t, key)
+	}
+}
+
+func (s *state) keyDec(t kvevents.Tier, key uint64) {
+	n := s.keyRefs[t][key]
+	switch n {
+	case 0:
+		return
+	case 1:
+		delete(s.keyRefs[t], key)
+		s.digests[t].Remove(key)
+		s.emit(kvevents.OpRemove, t, key)
+	default:
+		s.keyRefs[t][key] = n - 1
+	}
+}
+
+func (s *state) emit(kind kvevents.OpKind, t kvevents.Tier, key uint64) {
+	if n := len(s.pending); n > 0 && s.pending[n-1].Kind == kind && s.pending[n-1].Tier == t {
+		s.pending[n-1].Keys = append(s.pending[n-1].Keys, key)
+	} else {
+		s.pending = append(s.pending, kvevents.Op{Kind: kind, Tier: t, Keys: []uint64{key}})
+	}
+	s.pendingKeys++
+}
+
+// dropRank forgets everything rank r holds (engine restart, lost history,
+// AllBlocksCleared). When no other rank holds anything the whole engine is
+// empty and one clear op per tier replaces a long list of removes.
+func (s *state) dropRank(r int) {
+	hashes := s.rank(r)
+	others := false
+	for i, m := range s.ranks {
+		if i != r && len(m) > 0 {
+			others = true
+		}
+	}
+	if !others {
+		for t := range s.keyRefs {
+			if len(s.keyRefs[t]) == 0 {
+				continue
+			}
+			clear(s.keyRefs[t])
+			s.digests[t] = kvevents.Digest{}
+			s.pending = append(s.pending, kvevents.Op{Kind: kvevents.OpClear, Tier: kvevents.Tier(t)})
+			s.pendingKeys++
+		}
+		s.ranks[r] = map[uint64]hashEntry{}
+		return
+	}
+	for _, e := range hashes {
+		for t, n := range e.refs {
+			if n > 0 {
+				s.keyDec(kvevents.Tier(t), e.key)
+			}
+		}
+	}
+	s.ranks[r] = map[uint64]hashEntry{}
+}
+
+// takePending hands the pending ops to a delta and starts a new list.
+func (s *state) takePending() []kvevents.Op {
+	ops := s.pending
+	s.pending, s.pendingKeys = nil, 0
+	return ops
+}
+
+// keys copies the key set of tier t.
+func (s *state) keys(t kvevents.Tier) []uint64 {
+	out := make([]uint64, 0, len(s.keyRefs[t]))
+	for k := range s.keyRefs[t] {
+		out = append(out, k)
+	}
+	return out
+}

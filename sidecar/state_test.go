@@ -1,0 +1,171 @@
+package sidecar
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+func toks(from, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(from + i)
+	}
+	return t
+}
+
+func stored(hashes []uint64, parent *uint64, tokens []uint32, medium string) kvevents.Event {
+	e := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: 4, Medium: medium}
+	if parent != nil {
+		e.ParentHash, e.HasParent = *parent, true
+	}
+	return e
+}
+
+func removed(medium string, hashes ...uint64) kvevents.Event {
+	return kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: hashes, Medium: medium}
+}
+
+// replay applies the pending ops to a set, as a materializer would.
+func replay(sets *[kvevents.NumTiers]map[uint64]bool, ops []kvevents.Op) {
+	for _, op := range ops {
+		for _, k := range op.Keys {
+			switch op.Kind {
+			case kvevents.OpStore:
+				sets[op.Tier][k] = true
+			case kvevents.OpRemove:
+				delete(sets[op.Tier], k)
+			}
+		}
+		if op.Kind == kvevents.OpClear {
+			clear(sets[op.Tier])
+		}
+	}
+}
+
+func setKeys(m map[uint64]bool) []uint64 {
+	var out []uint64
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestStateRefCountsAndLocations(t *testing.T) {
+	s := newState("m", 0, 1)
+	root := kvevents.Root("m", "", "")
+	k := kvevents.AppendKeys(nil, root, toks(0, 12), 4) // three chained blocks
+	p := uint64(102)
+	batch := &kvevents.Batch{Events: []kvevents.Event{
+		stored([]uint64{101, 102}, nil, toks(0, 8), "GPU"),
+		stored([]uint64{103}, &p, toks(8, 4), "GPU"), // parent resolves through the map
+		stored([]uint64{101}, nil, toks(0, 4), "GPU"), // a duplicate physical copy
+		stored([]uint64{101, 102}, nil, nil, "CPU"),   // CPU location update
+		stored([]uint64{999}, nil, nil, "CPU"),        // location update of an unknown hash
+		removed("GPU", 101),                           // one copy of two: still held
+		removed("GPU", 555),                           // unknown: counted
+	}}
+	if s.apply(0, batch) {
+		t.Fatal("orphan reported without an unknown parent")
+	}
+	if s.blockSize != 4 {
+		t.Fatalf("block size not learned: %d", s.blockSize)
+	}
+	sets := [kvevents.NumTiers]map[uint64]bool{{}, {}, {}}
+	replay(&sets, s.takePending())
+	want := slices.Sorted(slices.Values(k))
+	if got := setKeys(sets[kvevents.TierGPU]); !slices.Equal(got, want) {
+		t.Fatalf("gpu keys %x, want %x", got, want)
+	}
+	if got := setKeys(sets[kvevents.TierCPU]); !slices.Equal(got, slices.Sorted(slices.Values(k[:2]))) {
+		t.Fatalf("cpu keys %x", got)
+	}
+	if s.c.orphanLocations != 1 || s.c.unknownRemoves != 1 {
+		t.Fatalf("counters %+v", s.c)
+	}
+	// The second GPU copy goes: now the key leaves the GPU tier only.
+	s.apply(0, &kvevents.Batch{Events: []kvevents.Event{removed("GPU", 101)}})
+	replay(&sets, s.takePending())
+	if sets[kvevents.TierGPU][k[0]] || !sets[kvevents.TierCPU][k[0]] {
+		t.Fatal("key 0 should be on CPU only")
+	}
+	// Digest equals a digest of the replayed set.
+	for tier := range sets {
+		var d kvevents.Digest
+		for key := range sets[tier] {
+			d.Add(key)
+		}
+		if d != s.digests[tier] {
+			t.Fatalf("tier %d digest differs from the replayed set", tier)
+		}
+	}
+	// Unknown parent: reported, counted, nothing stored.
+	unknown := uint64(4242)
+	if !s.apply(0, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{200}, &unknown, toks(50, 4), "GPU")}}) {
+		t.Fatal("unknown parent not reported")
+	}
+	if s.c.orphanParents != 1 || len(s.takePending()) != 0 {
+		t.Fatal("orphan stored something")
+	}
+}
+
+func TestStateDropRank(t *testing.T) {
+	s := newState("m", 4, 2)
+	// Both ranks hold the same chain; rank 1 also holds another.
+	s.apply(0, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{1}, nil, toks(0, 4), "")}})
+	s.apply(1, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{7}, nil, toks(0, 4), ""), stored([]uint64{8}, nil, toks(100, 4), "")}})
+	sets := [kvevents.NumTiers]map[uint64]bool{{}, {}, {}}
+	replay(&sets, s.takePending())
+	if len(sets[0]) != 2 {
+		t.Fatalf("union has %d keys", len(sets[0]))
+	}
+	s.dropRank(1) // rank 1 restarted: only its exclusive key goes
+	ops := s.takePending()
+	replay(&sets, ops)
+	shared := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks(0, 4), 4)[0]
+	if len(sets[0]) != 1 || !sets[0][shared] {
+		t.Fatalf("after rank 1 drop: %x (ops %+v)", setKeys(sets[0]), ops)
+	}
+	// The last rank with state clears with one op per tier.
+	s.apply(0, &kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared}}})
+	ops = s.takePending()
+	if len(ops) != 1 || ops[0].Kind != kvevents.OpClear {
+		t.Fatalf("clear ops %+v", ops)
+	}
+	replay(&sets, ops)
+	if len(sets[0]) != 0 || s.digests[0] != (kvevents.Digest{}) {
+		t.Fatal("not empty after clear")
+	}
+}
+
+func TestStateSkipsSlidingWindowGroups(t *testing.T) {
+	s := newState("m", 4, 1)
+	ev := stored([]uint64{1}, nil, toks(0, 4), "GPU")
+	ev.SpecKind = "sliding_window"
+	s.apply(0, &kvevents.Batch{Events: []kvevents.Event{ev}})
+	if len(s.takePending()) != 0 || s.c.skippedGroups != 1 {
+		t.Fatal("sliding-window group indexed")
+	}
+}
+
+func BenchmarkStateApply(b *testing.B) {
+	s := newState("m", 16, 1)
+	tokens := toks(0, 16*32)
+	hashes := make([]uint64, 32)
+	b.ReportAllocs()
+	for i := range b.N {
+		for j := range hashes {
+			hashes[j] = uint64(i)<<8 | uint64(j)
+		}
+		tokens[0] = uint32(i)
+		batch := kvevents.Batch{Events: []kvevents.Event{
+			{Kind: kvevents.BlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: 16},
+			{Kind: kvevents.BlockRemoved, BlockHashes: hashes},
+		}}
+		s.apply(0, &batch)
+		ops := s.takePending()
+		s.pending = ops[:0] // reuse, as flush does not (deltas own their ops)
+	}
+}

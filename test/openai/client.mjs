@@ -1,0 +1,76 @@
+// Driven by openai_test.go: runs every check against the ingress with the
+// official client and prints one JSON object with what it saw.
+import OpenAI from "openai";
+
+const base = process.env.KVMESH_BASE_URL;
+const client = new OpenAI({ baseURL: base, apiKey: process.env.KVMESH_API_KEY, maxRetries: 0, timeout: 30000 });
+const model = process.env.KVMESH_MODEL;
+const out = {};
+
+async function capture(name, fn) {
+  try {
+    out[name] = await fn();
+  } catch (e) {
+    out[name] = { error: true, status: e.status ?? null, type: e.type ?? null, code: e.code ?? null, message: String(e.message), name: e.constructor?.name };
+  }
+}
+
+await capture("models", async () => {
+  const list = await client.models.list();
+  return { ids: list.data.map((m) => m.id) };
+});
+
+await capture("completion", async () => {
+  const r = await client.completions.create({ model, prompt: "The quick brown fox", max_tokens: 8 });
+  return { object: r.object, text: r.choices[0].text, finish: r.choices[0].finish_reason, usage: r.usage };
+});
+
+await capture("completion_ids", async () => {
+  const r = await client.completions.create({ model, prompt: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], max_tokens: 4 });
+  return { text: r.choices[0].text, usage: r.usage };
+});
+
+await capture("completion_stream", async () => {
+  const s = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 6, stream: true, stream_options: { include_usage: true } });
+  let text = "", chunks = 0, usage = null, finish = null;
+  for await (const c of s) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices ?? []) { text += ch.text ?? ""; if (ch.finish_reason) finish = ch.finish_reason; }
+  }
+  return { text, chunks, usage, finish };
+});
+
+const messages = [
+  { role: "system", content: "You are terse." },
+  { role: "user", content: "Say hello." },
+];
+
+await capture("chat", async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 7 });
+  return { object: r.object, role: r.choices[0].message.role, content: r.choices[0].message.content, finish: r.choices[0].finish_reason, usage: r.usage };
+});
+
+await capture("chat_stream", async () => {
+  const s = await client.chat.completions.create({ model, messages, max_tokens: 5, stream: true, stream_options: { include_usage: true } });
+  let content = "", chunks = 0, usage = null, role = null, finish = null;
+  for await (const c of s) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices ?? []) {
+      if (ch.delta?.role) role = ch.delta.role;
+      content += ch.delta?.content ?? "";
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  return { content, chunks, usage, role, finish };
+});
+
+await capture("unknown_model", () => client.completions.create({ model: "no-such-model", prompt: "x", max_tokens: 1 }));
+
+await capture("bad_request", () => client.completions.create({ model, prompt: [-1], max_tokens: 1 }));
+
+await capture("wrong_key", () => new OpenAI({ baseURL: base, apiKey: "wrong-key-0000", maxRetries: 0 }).models.list().then(() =>
+  new OpenAI({ baseURL: base, apiKey: "wrong-key-0000", maxRetries: 0 }).completions.create({ model, prompt: "x", max_tokens: 1 })));
+
+process.stdout.write(JSON.stringify(out));
