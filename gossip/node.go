@@ -214,6 +214,9 @@ func (n *Node) setLocal(e *entry) {
 
 // SetEngine publishes (replaces) the state of one engine this node serves.
 func (n *Node) SetEngine(s EngineState) {
+	if !(s.KVUsage >= 0 && s.KVUsage <= 1) { // NaN would make the JSON entry unencodable
+		s.KVUsage = 0
+	}
 	n.setLocal(&entry{Kind: kindEngine, Name: s.ID, Engine: &s})
 }
 

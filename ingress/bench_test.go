@@ -160,6 +160,16 @@ func doOnce(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Respo
 	return nil
 }
 
+func doOnceLB(lb *fasthttp.LBClient, req *fasthttp.Request, resp *fasthttp.Response) error {
+	if err := lb.Do(req, resp); err != nil {
+		return err
+	}
+	if resp.StatusCode() != 200 {
+		return fmt.Errorf("status %d: %s", resp.StatusCode(), resp.Body())
+	}
+	return nil
+}
+
 func newReq(addr, body string) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	req.SetRequestURI("http://" + addr + "/v1/completions")
@@ -169,38 +179,56 @@ func newReq(addr, body string) *fasthttp.Request {
 	return req
 }
 
-// BenchmarkAddedLatency sends sequential requests (one at a time) to each
-// target and reports p50/p99 latency; ingress minus direct is the ingress's
-// added latency (token-id prompts: no tokenization).
+// BenchmarkAddedLatency sends sequential requests, one at a time, to every
+// target in turn (direct, ingress, nginx: interleaved so machine noise hits
+// all alike) and reports each one's p50/p99; ingress minus direct is the
+// latency the ingress adds (token-id prompts: no tokenization).
 func BenchmarkAddedLatency(b *testing.B) {
 	for _, mode := range []struct{ name, body string }{{"nonstream", benchBody}, {"stream", benchStreamBody}} {
-		r := newBenchRig(b, "kvmesh")
-		for _, tg := range r.targets() {
-			b.Run(mode.name+"/"+tg.name, func(b *testing.B) {
-				hc := &fasthttp.HostClient{Addr: tg.addr, MaxConns: 4}
-				req := newReq(tg.addr, mode.body)
-				resp := fasthttp.AcquireResponse()
-				for i := 0; i < 50; i++ { // warm up connections and pools
-					if err := doOnce(hc, req, resp); err != nil {
+		b.Run(mode.name, func(b *testing.B) {
+			r := newBenchRig(b, "kvmesh")
+			tgs := r.targets()
+			hcs := make([]*fasthttp.HostClient, len(tgs))
+			reqs := make([]*fasthttp.Request, len(tgs))
+			lat := make([][]time.Duration, len(tgs))
+			resp := fasthttp.AcquireResponse()
+			for i, tg := range tgs {
+				hcs[i] = &fasthttp.HostClient{Addr: tg.addr, MaxConns: 4}
+				reqs[i] = newReq(tg.addr, mode.body)
+				for j := 0; j < 50; j++ { // warm up connections and pools
+					if err := doOnce(hcs[i], reqs[i], resp); err != nil {
 						b.Fatal(err)
 					}
 				}
-				lat := make([]time.Duration, 0, b.N)
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
+				lat[i] = make([]time.Duration, 0, b.N)
+			}
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				for k := range tgs {
+					i := (n + k) % len(tgs)
 					t0 := time.Now()
-					if err := doOnce(hc, req, resp); err != nil {
+					if err := doOnce(hcs[i], reqs[i], resp); err != nil {
 						b.Fatal(err)
 					}
-					lat = append(lat, time.Since(t0))
+					lat[i] = append(lat[i], time.Since(t0))
 				}
-				b.StopTimer()
-				slices.Sort(lat)
-				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
-			})
-		}
+			}
+			b.StopTimer()
+			pct := func(l []time.Duration, p int) float64 {
+				slices.Sort(l)
+				return float64(l[min(len(l)-1, len(l)*p/100)].Microseconds())
+			}
+			d50, d99 := pct(lat[0], 50), pct(lat[0], 99)
+			for i, tg := range tgs {
+				p50, p99 := pct(lat[i], 50), pct(lat[i], 99)
+				b.ReportMetric(p50, tg.name+"-p50-µs")
+				b.ReportMetric(p99, tg.name+"-p99-µs")
+				if i > 0 {
+					b.ReportMetric(p50-d50, tg.name+"-added-p50-µs")
+					b.ReportMetric(p99-d99, tg.name+"-added-p99-µs")
+				}
+			}
+		})
 	}
 }
 
@@ -208,18 +236,24 @@ func BenchmarkAddedLatency(b *testing.B) {
 // reports requests per second.
 func BenchmarkThroughput(b *testing.B) {
 	r := newBenchRig(b, "kvmesh")
-	for _, tg := range r.targets() {
+	tgs := r.targets()
+	// "direct" spreads over both sims from the client, like the proxies do.
+	tgs[0].addr = r.sims[0].HTTPAddr() + "," + r.sims[1].HTTPAddr()
+	for _, tg := range tgs {
 		b.Run(tg.name, func(b *testing.B) {
-			hc := &fasthttp.HostClient{Addr: tg.addr, MaxConns: 256}
+			lb := &fasthttp.LBClient{}
+			for _, a := range strings.Split(tg.addr, ",") {
+				lb.Clients = append(lb.Clients, &fasthttp.HostClient{Addr: a, MaxConns: 256})
+			}
 			var failed atomic.Int64
 			b.SetParallelism(32) // x GOMAXPROCS goroutines
 			b.ResetTimer()
 			t0 := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
-				req := newReq(tg.addr, benchBody)
+				req := newReq(strings.Split(tg.addr, ",")[0], benchBody)
 				resp := fasthttp.AcquireResponse()
 				for pb.Next() {
-					if err := doOnce(hc, req, resp); err != nil {
+					if err := doOnceLB(lb, req, resp); err != nil {
 						failed.Add(1)
 					}
 				}

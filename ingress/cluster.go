@@ -89,7 +89,7 @@ func (s *Server) startCluster() error {
 		if cc.GossipProfile != "" {
 			gc.Profile = cc.GossipProfile
 		}
-		gc.Meta = gossip.NodeMeta{Role: "ingress", ID: s.cfg.ID}
+		gc.Meta = gossip.NodeMeta{Role: gossip.RoleIngress, ID: s.cfg.ID}
 		gc.Logger = s.log
 		gc.Registerer = s.deps.Registry
 		node, err := gossip.New(gc)
@@ -256,4 +256,13 @@ func (cl *cluster) propagationLag() float64 {
 		lag = max(lag, st.Lag)
 	}
 	return lag.Seconds()
+}
+
+// GossipAddr is this replica's memberlist address ("" without gossip), for
+// other members to join.
+func (s *Server) GossipAddr() string {
+	if s.cl == nil || s.cl.node == nil {
+		return ""
+	}
+	return s.cl.node.Addr()
 }

@@ -74,6 +74,10 @@ type Config struct {
 	// without one is routed on load only (no prefix matching) and its text is
 	// forwarded untouched.
 	Tokenizers map[string]string
+	// ChatTemplates maps a model to the tokenizer_config.json holding its
+	// chat template (default: the one beside a directory in Tokenizers).
+	// Without one, chat for the model is routed on load only.
+	ChatTemplates map[string]string
 	// BlockSize is the engines' KV block size in tokens, used for keys when
 	// membership does not tell it. Default 16.
 	BlockSize int

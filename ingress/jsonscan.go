@@ -129,35 +129,41 @@ func skipNumber(b []byte, i int) (int, error) {
 	if b[i] == '-' {
 		i++
 	}
-	digits := func() int {
-		n := 0
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-			n++
-		}
-		return n
-	}
 	if i < len(b) && b[i] == '0' {
 		i++
-	} else if digits() == 0 {
-		return 0, jerr("invalid number in JSON", start)
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if digits() == 0 {
+	} else {
+		j := skipDigits(b, i)
+		if j == i {
 			return 0, jerr("invalid number in JSON", start)
 		}
+		i = j
+	}
+	if i < len(b) && b[i] == '.' {
+		j := skipDigits(b, i+1)
+		if j == i+1 {
+			return 0, jerr("invalid number in JSON", start)
+		}
+		i = j
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
 		i++
 		if i < len(b) && (b[i] == '+' || b[i] == '-') {
 			i++
 		}
-		if digits() == 0 {
+		j := skipDigits(b, i)
+		if j == i {
 			return 0, jerr("invalid number in JSON", start)
 		}
+		i = j
 	}
 	return i, nil
+}
+
+func skipDigits(b []byte, i int) int {
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // skipString returns the index past the closing quote of the string at b[i]

@@ -205,16 +205,8 @@ func (r *request) parsePrompt(val []byte) error {
 }
 
 func (r *request) parseIDs(val []byte) error {
-	r.ids = r.ids[:0]
-	err := forEachElem(val, func(e []byte) error {
-		v, ok := parseUint(e, math.MaxUint32)
-		if !ok {
-			return fmt.Errorf("token id %.32q is not a non-negative 32-bit integer", e)
-		}
-		r.ids = append(r.ids, uint32(v))
-		return nil
-	})
-	if err != nil {
+	var err error
+	if r.ids, err = appendTokenIDs(r.ids[:0], val); err != nil {
 		return badRequest("prompt", fmt.Errorf("%w: invalid token ids: %w", ErrBadRequest, err))
 	}
 	if len(r.ids) == 0 {
@@ -222,6 +214,44 @@ func (r *request) parseIDs(val []byte) error {
 	}
 	r.kind = promptIDs
 	return nil
+}
+
+// appendTokenIDs parses a JSON array of token ids (already validated as JSON
+// by the scanner) in one tight pass: the prompt is the bulk of the body.
+func appendTokenIDs(dst []uint32, val []byte) ([]uint32, error) {
+	i := skipWS(val, 1) // past '['
+	if i < len(val) && val[i] == ']' {
+		return dst, nil
+	}
+	for i < len(val) {
+		start := i
+		var v uint64
+		for i < len(val) && val[i] >= '0' && val[i] <= '9' {
+			v = v*10 + uint64(val[i]-'0')
+			if v > math.MaxUint32 {
+				break
+			}
+			i++
+		}
+		if i == start || (i < len(val) && val[i] != ',' && val[i] != ']' && val[i] != ' ' && val[i] != '\n' && val[i] != '\t' && val[i] != '\r') ||
+			(val[start] == '0' && i-start > 1) {
+			end, _ := skipValue(val, start, 1)
+			if end <= start {
+				end = min(start+1, len(val))
+			}
+			return dst, fmt.Errorf("token id %.32q is not a non-negative 32-bit integer", val[start:end])
+		}
+		dst = append(dst, uint32(v))
+		i = skipWS(val, i)
+		if i < len(val) && val[i] == ']' {
+			return dst, nil
+		}
+		if i >= len(val) || val[i] != ',' {
+			return dst, fmt.Errorf("expected ',' in token ids")
+		}
+		i = skipWS(val, i+1)
+	}
+	return dst, fmt.Errorf("unterminated token ids")
 }
 
 // wireMessage is a chat message as sent; content is a string or an array of

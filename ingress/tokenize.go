@@ -42,10 +42,27 @@ func (h *hfTokenizer) RenderChat(dst []uint32, msgs []Message) ([]uint32, error)
 	return h.enc.AppendEncode(dst, s, false), nil
 }
 
-// modelTokenizers is a fixed model → tokenizer map.
-type modelTokenizers map[string]Tokenizer
+// NewTokenizer wraps a loaded tokenizer (with a per-prefix cache) and the
+// model's chat template (nil: none) as a Tokenizer.
+func NewTokenizer(nt *tokenizer.Native, tpl *tokenizer.ChatTemplate) (Tokenizer, error) {
+	ct, err := tokenizer.NewCachingTokenizer(nt, tokenizer.DefaultCacheConfig())
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer cache: %w", err)
+	}
+	h := &hfTokenizer{enc: ct}
+	if tpl != nil {
+		h.render = renderWith(tpl)
+	}
+	return h, nil
+}
 
-func (m modelTokenizers) For(model string) (Tokenizer, bool) {
+// TokenizerMap is a fixed model → tokenizer map (Deps.Tokenizers).
+type TokenizerMap map[string]Tokenizer
+
+var _ Tokenizers = TokenizerMap(nil)
+
+// For returns model's tokenizer.
+func (m TokenizerMap) For(model string) (Tokenizer, bool) {
 	t, ok := m[model]
 	return t, ok
 }
@@ -56,7 +73,7 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 	if deps.Tokenizers != nil || len(cfg.Tokenizers) == 0 {
 		return nil
 	}
-	m := modelTokenizers{}
+	m := TokenizerMap{}
 	for model, path := range cfg.Tokenizers {
 		file := path
 		if st, err := os.Stat(path); err == nil && st.IsDir() {
@@ -70,15 +87,44 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 		if err != nil {
 			return fmt.Errorf("tokenizer for %s: %w", model, err)
 		}
-		m[model] = &hfTokenizer{enc: ct, render: chatRenderer(filepath.Dir(file))}
+		tplPath := cfg.ChatTemplates[model]
+		if tplPath == "" {
+			if st, err := os.Stat(path); err == nil && st.IsDir() {
+				if _, err := os.Stat(filepath.Join(path, "tokenizer_config.json")); err == nil {
+					tplPath = filepath.Join(path, "tokenizer_config.json")
+				}
+			}
+		}
+		render, err := chatRenderer(tplPath)
+		if err != nil {
+			return fmt.Errorf("chat template for %s: %w", model, err)
+		}
+		m[model] = &hfTokenizer{enc: ct, render: render}
 	}
 	deps.Tokenizers = m
 	return nil
 }
 
-// chatRenderer returns the model's chat template renderer, or nil.
-func chatRenderer(dir string) func([]Message) (string, error) {
-	return nil // wired when internal/tokenizer's chat templates land
+// chatRenderer loads a tokenizer_config.json's chat template; nil when path is "".
+func chatRenderer(path string) (func([]Message) (string, error), error) {
+	if path == "" {
+		return nil, nil
+	}
+	ct, err := tokenizer.LoadChatTemplateFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return renderWith(ct), nil
+}
+
+func renderWith(ct *tokenizer.ChatTemplate) func([]Message) (string, error) {
+	return func(msgs []Message) (string, error) {
+		tm := make([]tokenizer.Message, len(msgs))
+		for i, m := range msgs {
+			tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+		}
+		return ct.Render(tm, true)
+	}
 }
 
 // SessionErrors maps ingress/session's admission errors onto the ingress

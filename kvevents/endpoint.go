@@ -5,7 +5,16 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+
+	zmq "github.com/pebbe/zmq4"
 )
+
+// sharedContext is the one ZMQ context of every kvevents socket in the
+// process, so inproc:// endpoints connect a Publisher and a Subscriber in
+// the same process (inproc only works within one context). It is never
+// terminated: sockets are closed with linger 0 instead.
+var sharedContext = sync.OnceValues(zmq.NewContext)
 
 // shouldBind is vLLM's rule for a PUB endpoint (spec §1): bind when the
 // endpoint has a wildcard host or port, or is ipc/inproc; connect otherwise.

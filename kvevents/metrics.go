@@ -38,6 +38,8 @@ func NewSubscriberCollector(engine string, sub *Subscriber) *SubscriberCollector
 			{d("lost_history", "Holes in the event stream that could not be replayed."), func(s SubscriberStats) uint64 { return s.LostHistory }},
 			{d("decode_errors", "Payloads that failed to decode (skipped)."), func(s SubscriberStats) uint64 { return s.DecodeErrors }},
 			{d("malformed", "Messages with a wrong frame layout (skipped)."), func(s SubscriberStats) uint64 { return s.Malformed }},
+			{d("duplicates", "Live batches already delivered through replay (skipped)."), func(s SubscriberStats) uint64 { return s.Duplicates }},
+			{d("probes", "Idle probes: replay requests not caused by a gap."), func(s SubscriberStats) uint64 { return s.Probes }},
 		},
 	}
 }

@@ -199,7 +199,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 
 func (p *Publisher) open() error {
 	var err error
-	if p.zctx, err = zmq.NewContext(); err != nil {
+	if p.zctx, err = sharedContext(); err != nil {
 		return err
 	}
 	ep, _ := OffsetEndpoint(p.cfg.Endpoint, p.cfg.DPRank)
@@ -233,6 +233,10 @@ func (p *Publisher) open() error {
 		return err
 	}
 	_ = p.router.SetLinger(0)
+	// A ROUTER drops replies beyond its HWM; leave room for a whole buffer.
+	if err = p.router.SetSndhwm(max(p.cfg.BufferSteps+16, 1000)); err != nil {
+		return err
+	}
 	if err = p.router.Bind(rep); err != nil {
 		return fmt.Errorf("bind replay %s: %w", rep, err)
 	}
@@ -441,8 +445,5 @@ func (p *Publisher) closeSockets() {
 	}
 	if p.router != nil {
 		_ = p.router.Close()
-	}
-	if p.zctx != nil {
-		_ = p.zctx.Term()
 	}
 }

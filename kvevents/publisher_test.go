@@ -109,11 +109,17 @@ func TestPublisherWire(t *testing.T) {
 // TestPublisherBufferBound: the replay buffer keeps the last BufferSteps
 // batches, and a request older than that starts at the oldest kept.
 func TestPublisherBufferBound(t *testing.T) {
-	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 3, Logger: discardLogger()})
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
+	// Port 0 binds a free port and reports it (ZMQ LAST_ENDPOINT).
+	for _, ep := range []string{pub.Endpoint(), pub.ReplayEndpoint()} {
+		if _, port, ok := splitTCP(ep); !ok || port == "0" || port == "*" {
+			t.Fatalf("endpoint %q does not name the bound port", ep)
+		}
+	}
 	for i := 0; i < 10; i++ {
 		if s, err := pub.Publish(&Batch{}); err != nil || s != uint64(i) {
 			t.Fatalf("seq %d, %v", s, err)

@@ -2,28 +2,59 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"math"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/zeebo/xxh3"
 )
+
+// noLive is recover's live bound for replays not triggered by a live
+// message (on start, idle probes): every replayed batch is delivered, and
+// live duplicates that follow are recognised by their payload hash.
+const noLive = math.MaxUint64
 
 // recover fills rank rs's hole [from, live) through its replay socket and
 // delivers what it gets, in order. Batches at or after live are ignored
 // here: they arrive (or arrived) on the live socket. Whatever cannot be
 // replayed (the engine's buffer no longer reaches back, the engine has no
 // replay socket, or it does not answer in time) is reported as lost history.
+//
+// When the rank's last delivered batch is remembered (from == last+1), the
+// request starts one batch earlier, at last, and compares that batch with
+// what was delivered: a different payload means the engine restarted and
+// its new sequence has already passed the old one, which a sequence check
+// alone cannot see. For a probe (live == noLive) an empty reply means the
+// same: the engine no longer has seq last nor anything newer. Then the rank
+// is reset and replayed from 0.
 func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
+	probe := live == noLive
 	if rs.dealer == nil {
+		if probe {
+			return nil
+		}
 		return s.lostHistory(rs, from, live)
 	}
+	lastSum, verify := uint64(0), false
+	if rs.has && from > 0 && from == rs.last+1 {
+		lastSum, verify = rs.sumOf(rs.last)
+	}
+	start := from
+	if verify {
+		start = from - 1
+	}
 	s.st.replays.Add(1)
-	var start [8]byte
-	binary.BigEndian.PutUint64(start[:], from)
-	if _, err := rs.dealer.SendMessage("", start[:]); err != nil {
+	var startb [8]byte
+	binary.BigEndian.PutUint64(startb[:], start)
+	if _, err := rs.dealer.SendMessage("", startb[:]); err != nil {
 		s.cfg.Logger.Warn("kv events replay request", "rank", rs.rank, "err", err)
+		if probe {
+			return nil
+		}
 		return s.lostHistory(rs, from, live)
 	}
 	next := from
+	restarted, replies, timedOut := false, 0, false
 	deadline := time.Now().Add(s.cfg.ReplayTimeout)
 	for {
 		frames, ok, err := s.recvReplay(rs, deadline)
@@ -36,6 +67,7 @@ func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
 			s.st.replayFailures.Add(1)
 			s.cfg.Logger.Warn("kv events replay timed out", "rank", rs.rank, "endpoint", rs.replayEP)
 			s.resetDealer(rs)
+			timedOut = true
 			break
 		}
 		seq, payload, end, valid := parseReplay(frames)
@@ -46,7 +78,14 @@ func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
 		if end {
 			break
 		}
-		if seq < next || seq >= live {
+		// The timeout bounds silence, not the whole exchange: a long replay
+		// to a slow consumer is progress.
+		deadline = time.Now().Add(s.cfg.ReplayTimeout)
+		replies++
+		if verify && replies == 1 && seq == from-1 && xxh3.Hash(payload) != lastSum {
+			restarted = true // read on to the end marker, then start over
+		}
+		if restarted || seq < next || seq >= live {
 			continue
 		}
 		if seq > next { // the buffer no longer reaches back (or has a hole)
@@ -59,7 +98,16 @@ func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
 		}
 		next = seq + 1
 	}
-	if next < live {
+	if probe && verify && replies == 0 && !timedOut {
+		restarted = true
+	}
+	if restarted {
+		if err := s.reset(rs, 0, "replay shows a different history"); err != nil {
+			return err
+		}
+		return s.recover(rs, 0, live)
+	}
+	if !probe && next < live {
 		return s.lostHistory(rs, next, live)
 	}
 	return nil

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"sync"
 	"syscall"
+	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/zeebo/xxh3"
 )
 
 // MessageKind says what a subscriber Message carries.
@@ -66,6 +68,8 @@ type SubscriberStats struct {
 	LostHistory    uint64 // holes that could not be filled
 	DecodeErrors   uint64 // payloads that did not decode (counted, skipped, reported as lost history)
 	Malformed      uint64 // messages with the wrong frame layout (skipped)
+	Duplicates     uint64 // live batches already delivered through replay (skipped)
+	Probes         uint64 // idle probes (replay requests not caused by a gap)
 }
 
 // Subscriber receives one engine's KV events from every DP rank over ZMQ:
@@ -76,7 +80,17 @@ type SubscriberStats struct {
 //
 // Ordering guarantee, per rank: batches arrive in sequence without
 // duplicates; a MsgReset or MsgLostHistory comes exactly where the stream
-// broke, before the batches that follow the break.
+// broke, before the batches that follow the break. On first sight of a rank
+// whose sequence is past 0, the subscriber replays from 0; if the engine's
+// buffer no longer reaches back that far, the stream starts with
+// MsgLostHistory{From: 0}.
+//
+// Limits (inherent in the wire protocol): batches lost at the end of a burst
+// are noticed only when the engine publishes again, and a restart whose new
+// sequence has already passed the old one by the time the first live message
+// arrives is caught only while the engine's replay buffer still holds the
+// batch at the old last sequence (recover compares it with what was
+// delivered); without replay it looks like a gap.
 type Subscriber struct {
 	cfg   SubscriberConfig
 	zctx  *zmq.Context
@@ -93,16 +107,6 @@ type Subscriber struct {
 	err  error // why the loop stopped; written before done is closed
 
 	st subscriberCounters
-}
-
-type rankState struct {
-	rank     int
-	sub      *zmq.Socket
-	dealer   *zmq.Socket // nil when the rank has no replay endpoint
-	dpoller  *zmq.Poller
-	replayEP string
-	last     uint64
-	has      bool // last is valid
 }
 
 // errStopped unwinds the socket loop when Close is called mid-operation.
@@ -132,7 +136,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 
 func (s *Subscriber) open() error {
 	var err error
-	if s.zctx, err = zmq.NewContext(); err != nil {
+	if s.zctx, err = sharedContext(); err != nil {
 		return err
 	}
 	eps, replays := s.cfg.rankEndpoints()
@@ -179,6 +183,10 @@ func (s *Subscriber) openDealer(rs *rankState) error {
 		return err
 	}
 	_ = d.SetLinger(0)
+	// Unlimited receive queue: a full one would make the engine's ROUTER
+	// drop replies (holes in the replay). It is bounded by the engine's
+	// replay buffer.
+	_ = d.SetRcvhwm(0)
 	if err := d.Connect(rs.replayEP); err != nil {
 		_ = d.Close()
 		return fmt.Errorf("connect replay %s: %w", rs.replayEP, err)
@@ -239,9 +247,6 @@ func (s *Subscriber) closeSockets() {
 			_ = rs.dealer.Close()
 		}
 	}
-	if s.zctx != nil {
-		_ = s.zctx.Term()
-	}
 }
 
 // maxDrain bounds the messages read from one rank per poll, so one busy
@@ -257,11 +262,21 @@ func (s *Subscriber) loop() {
 		poller.Add(rs.sub, zmq.POLLIN)
 		bySock[rs.sub] = rs
 	}
+	if s.cfg.ReplayOnStart {
+		for _, rs := range s.ranks {
+			if err := s.recover(rs, 0, noLive); err != nil {
+				return // errStopped
+			}
+		}
+	}
 	for {
 		select {
 		case <-s.quit:
 			return
 		default:
+		}
+		if err := s.probeIdle(); err != nil {
+			return // errStopped
 		}
 		polled, err := poller.Poll(s.cfg.PollInterval)
 		if err != nil {
@@ -287,6 +302,31 @@ func (s *Subscriber) loop() {
 	}
 }
 
+// probeIdle replays each rank that has been quiet for IdleProbe: it
+// delivers batches whose live copies were lost at the end of a burst, and
+// notices an engine that restarted and stayed idle.
+func (s *Subscriber) probeIdle() error {
+	if s.cfg.IdleProbe <= 0 {
+		return nil
+	}
+	now := time.Now()
+	for _, rs := range s.ranks {
+		if rs.dealer == nil || now.Sub(rs.lastMsg) < s.cfg.IdleProbe {
+			continue
+		}
+		rs.lastMsg = now
+		s.st.probes.Add(1)
+		from := uint64(0)
+		if rs.has {
+			from = rs.last + 1
+		}
+		if err := s.recover(rs, from, noLive); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // onLive handles one live [topic, seq, payload] message.
 func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 	if len(frames) != 3 || len(frames[1]) != 8 {
@@ -294,6 +334,7 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 		return nil
 	}
 	s.st.received.Add(1)
+	rs.lastMsg = time.Now()
 	seq := binary.BigEndian.Uint64(frames[1])
 	switch {
 	case rs.has && seq == rs.last+1:
@@ -303,11 +344,11 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 		if err := s.recover(rs, rs.last+1, seq); err != nil {
 			return err
 		}
-	case rs.has: // seq <= last: a new incarnation of the engine
-		s.st.resets.Add(1)
-		s.cfg.Logger.Warn("kv events sequence went backwards: engine restarted", "rank", rs.rank, "last", rs.last, "got", seq)
-		rs.has = false
-		if err := s.emit(Message{Kind: MsgReset, Rank: rs.rank, Seq: seq}); err != nil {
+	case rs.has && s.isDuplicate(rs, seq, frames[2]):
+		s.st.duplicates.Add(1)
+		return nil
+	case rs.has: // seq <= last with another payload: a new incarnation of the engine
+		if err := s.reset(rs, seq, "sequence went backwards"); err != nil {
 			return err
 		}
 		fallthrough
@@ -325,12 +366,28 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 	return s.deliver(rs, seq, frames[2], false)
 }
 
+// isDuplicate reports whether a live batch at seq <= last is one already
+// delivered through replay (same payload), not an engine restart.
+func (s *Subscriber) isDuplicate(rs *rankState, seq uint64, payload []byte) bool {
+	sum, ok := rs.sumOf(seq)
+	return ok && sum == xxh3.Hash(payload)
+}
+
+// reset tells the consumer that rank rs restarted and forgets its state.
+func (s *Subscriber) reset(rs *rankState, seq uint64, why string) error {
+	s.st.resets.Add(1)
+	s.cfg.Logger.Warn("kv events engine restarted", "rank", rs.rank, "last", rs.last, "got", seq, "why", why)
+	rs.forget()
+	return s.emit(Message{Kind: MsgReset, Rank: rs.rank, Seq: seq})
+}
+
 // deliver decodes one batch and hands it on; an undecodable payload is
 // counted and reported as a one-batch hole.
 func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed bool) error {
 	slot := &s.ring[s.pos]
 	s.pos = (s.pos + 1) % len(s.ring)
 	rs.last, rs.has = seq, true
+	rs.remember(seq, xxh3.Hash(payload))
 	if err := DecodeBatch(payload, slot); err != nil {
 		s.st.decodeErrors.Add(1)
 		s.st.lost.Add(1)

@@ -36,9 +36,20 @@ type SubscriberConfig struct {
 	QueueSize int
 	// RcvHWM is the SUB receive high-water mark (default 100000, vLLM's).
 	RcvHWM int
-	// ReplayTimeout bounds one replay exchange (default 2s). A replay that
-	// does not finish in time counts as lost history.
+	// ReplayTimeout bounds the silence within one replay exchange (default
+	// 2s): no reply for this long ends it, and what was not replayed counts
+	// as lost history.
 	ReplayTimeout time.Duration
+	// ReplayOnStart requests every rank's replay buffer from seq 0 as soon
+	// as the subscriber starts, so a sidecar (re)started next to an idle
+	// engine learns its cache without waiting for the next event. Batches
+	// also received live are recognised and skipped.
+	ReplayOnStart bool
+	// IdleProbe, when positive, replays a rank from its next seq after it
+	// has been quiet this long (and again every IdleProbe while quiet): it
+	// recovers batches lost at the end of a burst and notices an engine that
+	// restarted and stayed idle. Zero disables probes.
+	IdleProbe time.Duration
 	// PollInterval is how often the socket loop checks for Close (default
 	// 50ms); it bounds Close latency, not message latency.
 	PollInterval time.Duration
@@ -99,6 +110,9 @@ func (c *SubscriberConfig) Validate() error {
 	}
 	if c.ReplayTimeout < 0 {
 		errs = append(errs, fmt.Errorf("ReplayTimeout %v is negative", c.ReplayTimeout))
+	}
+	if c.IdleProbe < 0 {
+		errs = append(errs, fmt.Errorf("IdleProbe %v is negative", c.IdleProbe))
 	}
 	if c.PollInterval < 0 {
 		errs = append(errs, fmt.Errorf("PollInterval %v is negative", c.PollInterval))

@@ -5,7 +5,7 @@ import "sync/atomic"
 // subscriberCounters are written by the socket loop and read by anyone.
 type subscriberCounters struct {
 	received, delivered, gaps, replays, replayed, replayFailures atomic.Uint64
-	resets, lost, decodeErrors, malformed                        atomic.Uint64
+	resets, lost, decodeErrors, malformed, duplicates, probes    atomic.Uint64
 }
 
 func (c *subscriberCounters) snapshot() SubscriberStats {
@@ -20,5 +20,7 @@ func (c *subscriberCounters) snapshot() SubscriberStats {
 		LostHistory:    c.lost.Load(),
 		DecodeErrors:   c.decodeErrors.Load(),
 		Malformed:      c.malformed.Load(),
+		Duplicates:     c.duplicates.Load(),
+		Probes:         c.probes.Load(),
 	}
 }

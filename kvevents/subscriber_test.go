@@ -84,6 +84,41 @@ func TestRestartResets(t *testing.T) {
 	}
 }
 
+// TestRestartPastOldSequence: the engine restarts and its new sequence
+// passes the old one before any live batch arrives, so the live stream shows
+// only a gap; the replay's overlap batch differs from what was delivered,
+// which reveals the restart.
+func TestRestartPastOldSequence(t *testing.T) {
+	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 12)
+	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
+	v := newView()
+	connect(t, sub, v, eng)
+	for i := 0; i < 10; i++ {
+		eng.step()
+	}
+	pump(t, sub, v, "first incarnation", func() bool { return v.last[0] == eng.pub.NextSeq()-1 })
+	oldLast := v.last[0]
+
+	eng.restart()
+	eng.pub.DropNext(int(oldLast) + 5)
+	for i := uint64(0); i < oldLast+6; i++ {
+		eng.step()
+	}
+	pump(t, sub, v, "reset and the new incarnation", func() bool { return len(v.resets) == 1 && v.last[0] == eng.pub.NextSeq()-1 })
+	if !equalTo(v, eng)() || len(v.lost) != 0 {
+		t.Fatalf("view differs from the restarted engine (lost %+v)", v.lost)
+	}
+	// A plain gap in the same incarnation must not look like a restart.
+	eng.pub.DropNext(3)
+	for i := 0; i < 4; i++ {
+		eng.step()
+	}
+	pump(t, sub, v, "gap filled", func() bool { return v.last[0] == eng.pub.NextSeq()-1 })
+	if len(v.resets) != 1 || !equalTo(v, eng)() {
+		t.Fatalf("resets %+v after a plain gap", v.resets)
+	}
+}
+
 // TestLostHistory: the replay buffer no longer reaches back; the consumer
 // is told which batches are gone and then sees the engine from there on.
 func TestLostHistory(t *testing.T) {
@@ -387,7 +422,7 @@ func TestSubscriberCollector(t *testing.T) {
 			t.Fatalf("%s: engine label %v", f.GetName(), f.GetMetric()[0].GetLabel())
 		}
 	}
-	if len(got) != 10 || got["kvmesh_kvevents_received_total"] != float64(sub.Stats().Received) || got["kvmesh_kvevents_received_total"] == 0 {
+	if len(got) != 12 || got["kvmesh_kvevents_received_total"] != float64(sub.Stats().Received) || got["kvmesh_kvevents_received_total"] == 0 {
 		t.Fatalf("metrics %v, stats %+v", got, sub.Stats())
 	}
 }
@@ -405,20 +440,7 @@ func TestSlowConsumer(t *testing.T) {
 	}
 	// Batches dropped at the very end are only noticed when a later one
 	// arrives (as with vLLM), so the engine keeps stepping while idle.
-	deadline := time.Now().Add(15 * time.Second)
-	for v.last[0] != eng.pub.NextSeq()-1 || !equalTo(v, eng)() {
-		if time.Now().After(deadline) {
-			t.Fatalf("consumer never caught up (stats %+v)", sub.Stats())
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		m, err := sub.Next(ctx)
-		cancel()
-		if err != nil {
-			eng.step()
-			continue
-		}
-		v.handle(t, m)
-	}
+	stepUntil(t, sub, v, eng, func() bool { return v.last[0] == eng.pub.NextSeq()-1 && equalTo(v, eng)() })
 	if st := sub.Stats(); st.LostHistory != 0 || st.Delivered != eng.pub.NextSeq() || st.Replayed == 0 {
 		t.Fatalf("stats %+v, published %d", st, eng.pub.NextSeq())
 	}
@@ -508,4 +530,178 @@ func BenchmarkPubSub(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
+}
+
+// TestReplayOnStart: a subscriber started next to an idle engine learns its
+// cache from the replay buffer without any new event.
+func TestReplayOnStart(t *testing.T) {
+	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 13)
+	for i := 0; i < 20; i++ {
+		eng.step() // nobody is listening yet
+	}
+	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), ReplayOnStart: true})
+	v := newView()
+	pump(t, sub, v, "the idle engine's state", func() bool { return v.last[0] == 19 && equalTo(v, eng)() })
+	// Live batches continue the sequence (stepping until the slow-joining
+	// SUB receives one; replay fills any the join missed).
+	stepUntil(t, sub, v, eng, func() bool { return sub.Stats().Received > 0 && v.last[0] == eng.pub.NextSeq()-1 })
+	if st := sub.Stats(); st.Resets != 0 || st.LostHistory != 0 || !equalTo(v, eng)() {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// A buffer that no longer reaches back to 0 starts with lost history.
+	short := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 5}, 14)
+	for i := 0; i < 12; i++ {
+		short.step()
+	}
+	sub2 := newTestSubscriber(t, SubscriberConfig{Endpoint: short.pub.Endpoint(), ReplayEndpoint: short.pub.ReplayEndpoint(), ReplayOnStart: true})
+	v2 := newView()
+	pump(t, sub2, v2, "the last 5 batches", func() bool { return v2.last[0] == 11 })
+	if len(v2.lost) != 1 || v2.lost[0].From != 0 || v2.lost[0].Seq != 7 {
+		t.Fatalf("lost %+v", v2.lost)
+	}
+}
+
+// TestIdleProbe: batches lost at the end of a burst, and an engine that
+// restarts and stays idle, are both caught without a new live message.
+func TestIdleProbe(t *testing.T) {
+	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 15)
+	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), IdleProbe: 30 * time.Millisecond})
+	v := newView()
+	connect(t, sub, v, eng)
+	for i := 0; i < 10; i++ {
+		eng.step()
+	}
+	eng.pub.DropNext(3)
+	for i := 0; i < 3; i++ {
+		eng.step() // the tail of the burst never goes out live
+	}
+	pump(t, sub, v, "the lost tail", func() bool { return v.last[0] == eng.pub.NextSeq()-1 && equalTo(v, eng)() })
+
+	eng.restart()
+	eng.pub.DropNext(2)
+	eng.step()
+	eng.step()
+	pump(t, sub, v, "the idle restart", func() bool { return len(v.resets) == 1 && v.last[0] == 1 && equalTo(v, eng)() })
+	if st := sub.Stats(); st.Probes == 0 || st.LostHistory != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestLiveDuplicate: a live batch that replay already delivered is skipped;
+// the same seq with another payload is a restart.
+func TestLiveDuplicate(t *testing.T) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := zctx.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close(); _ = zctx.Term() })
+	_ = pub.SetLinger(0)
+	if err := pub.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	last, _ := pub.GetLastEndpoint()
+	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: connectable(last)})
+	payload := func(h uint64) []byte {
+		return AppendBatch(nil, &Batch{Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{h}}}}, ArrayForm)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for sub.Stats().Received == 0 { // join
+		_, _ = pub.SendMessage("", seq8(0), payload(1))
+		c, cc := context.WithTimeout(ctx, 10*time.Millisecond)
+		_, _ = sub.Next(c)
+		cc()
+		if ctx.Err() != nil {
+			t.Fatal("never joined")
+		}
+	}
+	for {
+		c, cc := context.WithTimeout(ctx, 50*time.Millisecond)
+		_, err := sub.Next(c)
+		cc()
+		if err != nil {
+			break // drained the join copies
+		}
+	}
+	base := sub.Stats()
+	_, _ = pub.SendMessage("", seq8(1), payload(2))
+	_, _ = pub.SendMessage("", seq8(1), payload(2)) // duplicate
+	_, _ = pub.SendMessage("", seq8(1), payload(3)) // restart
+	var kinds []MessageKind
+	for len(kinds) < 3 {
+		m, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds = append(kinds, m.Kind)
+	}
+	// batch 1; (duplicate skipped); reset; lost history 0..0 (no replay); batch 1'
+	st := sub.Stats()
+	if kinds[0] != MsgBatch || kinds[1] != MsgReset || kinds[2] != MsgLostHistory || st.Duplicates-base.Duplicates != 1 {
+		t.Fatalf("kinds %v, stats %+v (before %+v)", kinds, st, base)
+	}
+}
+
+// stepUntil reads messages into v until cond holds, making the engine step
+// whenever nothing arrives for a while.
+func stepUntil(t *testing.T, sub *Subscriber, v *view, eng *fakeEngine, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition never held (stats %+v)", sub.Stats())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		m, err := sub.Next(ctx)
+		cancel()
+		if err != nil {
+			eng.step()
+			continue
+		}
+		v.handle(t, m)
+	}
+}
+
+// TestLongReplaySlowConsumer: a replay longer than the ROUTER's default
+// high-water mark, read by a consumer with a one-slot queue, arrives whole.
+func TestLongReplaySlowConsumer(t *testing.T) {
+	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 16)
+	for i := 0; i < 3000; i++ {
+		eng.step()
+	}
+	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(),
+		ReplayOnStart: true, QueueSize: 1, ReplayTimeout: 500 * time.Millisecond})
+	v := newView()
+	pump(t, sub, v, "the whole buffer", func() bool { return v.last[0] == 2999 })
+	if st := sub.Stats(); st.LostHistory != 0 || st.ReplayFailures != 0 || !equalTo(v, eng)() {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestInprocAndIPC: non-TCP transports bind on the publisher side and work
+// end to end (inproc within the process's shared context).
+func TestInprocAndIPC(t *testing.T) {
+	dir := t.TempDir()
+	for _, eps := range [][2]string{
+		{"inproc://kvevents-test", "inproc://kvevents-test-replay"},
+		{"ipc://" + dir + "/events", "ipc://" + dir + "/replay"},
+	} {
+		eng := newFakeEngine(t, PublisherConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]}, 17)
+		if eng.pub.Endpoint() != eps[0] || eng.pub.ReplayEndpoint() != eps[1] {
+			t.Fatalf("endpoints %q %q", eng.pub.Endpoint(), eng.pub.ReplayEndpoint())
+		}
+		sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]})
+		v := newView()
+		connect(t, sub, v, eng)
+		eng.pub.DropNext(2)
+		for i := 0; i < 5; i++ {
+			eng.step()
+		}
+		pump(t, sub, v, eps[0], func() bool { return v.last[0] == eng.pub.NextSeq()-1 && equalTo(v, eng)() })
+	}
 }

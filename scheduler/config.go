@@ -76,6 +76,7 @@ type KVMeshConfig struct {
 	DecodeWeight        float64 `yaml:"decodeWeight"`
 	DefaultOutputTokens int     `yaml:"defaultOutputTokens"`
 	ExternalityWeight   float64 `yaml:"externalityWeight"`
+	MissPenalty         float64 `yaml:"missPenalty"`
 }
 
 // KthenaConfig are the kthena emulation's plugin weights.
@@ -176,8 +177,8 @@ func (c *Config) Validate() error {
 		if k.PrefillRate <= 0 {
 			bad("kvmesh.prefillRate %v must be > 0", k.PrefillRate)
 		}
-		if k.StepBase < 0 || k.DecodeSecPerToken < 0 || k.DecodeWeight < 0 || k.DefaultOutputTokens < 0 || k.ExternalityWeight < 0 {
-			bad("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight must be ≥ 0")
+		if k.StepBase < 0 || k.DecodeSecPerToken < 0 || k.DecodeWeight < 0 || k.DefaultOutputTokens < 0 || k.ExternalityWeight < 0 || k.MissPenalty < 0 {
+			bad("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight, missPenalty must be ≥ 0")
 		}
 	}
 	if k := c.Kthena; k != nil && (k.LeastRequestWeight < 0 || k.KVCacheWeight < 0) {

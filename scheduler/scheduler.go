@@ -1,9 +1,9 @@
 package scheduler
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"context"
 	"log/slog"
 	"math"
 	"slices"
@@ -59,6 +59,7 @@ type Scheduler struct {
 	seq     atomic.Uint64
 	log     *slog.Logger
 	pool    sync.Pool // *Cycle
+	m       metrics
 }
 
 // Options are the framework-level settings of a Scheduler.
@@ -164,7 +165,9 @@ func (s *Scheduler) Schedule(req *Request, engines []Engine, d *Decision) error 
 		kept = append(kept, *c)
 	}
 	cyc.cands, cyc.ids = cs[:0], ids[:0]
+	s.m.filtered.Add(uint64(d.Filtered))
 	if len(kept) == 0 {
+		s.m.noCandidates.Add(1)
 		return ErrNoCandidates
 	}
 	pick, reason := s.policy.Pick(req, kept, cyc)
@@ -186,6 +189,9 @@ func (s *Scheduler) Schedule(req *Request, engines []Engine, d *Decision) error 
 		d.Ranked = append(d.Ranked, EngineScore{Engine: c.ID, Score: c.Score, Match: c.Match, Hit: c.Hit})
 	}
 	d.Engine, d.Reason = kept[0].ID, reason
+	s.m.decisions.Add(1)
+	s.m.requestBlocks.Add(uint64(len(req.Keys)))
+	s.m.matchedBlocks.Add(uint64(s.weights.Weighted(kept[0].Match) + 0.5))
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log.Debug("schedule", "policy", d.Policy, "engine", d.Engine, "reason", reason,
 			"hit", kept[0].Hit, "candidates", len(kept), "filtered", d.Filtered)

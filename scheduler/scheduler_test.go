@@ -9,6 +9,7 @@ import (
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func keys(n int, base uint64) []uint64 {
@@ -136,5 +137,34 @@ func BenchmarkSchedule(b *testing.B) {
 				_ = s.Schedule(req, es, &d)
 			}
 		})
+	}
+}
+
+func TestSchedulerMetrics(t *testing.T) {
+	x := newIdx(t)
+	k := keys(8, 1)
+	x.Store("a", kvevents.TierGPU, k)
+	s, err := registry.NewPolicy("kvmesh", 1, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := s.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	var d scheduler.Decision
+	es := engines(2)
+	es[1].Healthy = false
+	if err := s.Schedule(&scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 128}, es, &d); err != nil {
+		t.Fatal(err)
+	}
+	mfs, _ := reg.Gather()
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+	}
+	if got["kvmesh_scheduler_decisions_total"] != 1 || got["kvmesh_scheduler_filtered_engines_total"] != 1 ||
+		got["kvmesh_scheduler_matched_blocks_total"] != 8 || got["kvmesh_scheduler_request_blocks_total"] != 8 {
+		t.Fatalf("metrics %v", got)
 	}
 }

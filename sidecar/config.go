@@ -67,6 +67,11 @@ type Config struct {
 	// publishing what it has. Batches that arrive together become one delta,
 	// which keeps NATS message rates sane under load. Default 200µs.
 	BatchWindow time.Duration
+	// IdleProbe: after an engine rank has been quiet this long, the
+	// subscriber replays from its next sequence number, which finds lost tail
+	// batches and an engine that restarted and stayed idle. 0 disables.
+	// Default 5s (one tiny replay request per idle rank per period).
+	IdleProbe time.Duration
 	// SnapshotChunkKeys bounds the keys in one snapshot reply message (default 65536: ~520 KB).
 	SnapshotChunkKeys int
 	// ScrapeInterval for engine /metrics (default 1s).
@@ -87,6 +92,7 @@ func DefaultConfig() Config {
 		ResyncPolicy:      ResyncRebuild,
 		MaxDeltaKeys:      16384,
 		BatchWindow:       200 * time.Microsecond,
+		IdleProbe:         5 * time.Second,
 		SnapshotChunkKeys: 65536,
 		ScrapeInterval:    time.Second,
 		GossipInterval:    250 * time.Millisecond,
@@ -160,6 +166,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SnapshotChunkKeys > 100000 {
 		add("snapshot chunk keys %d exceed a 1 MB NATS payload", c.SnapshotChunkKeys)
+	}
+	if c.IdleProbe < 0 {
+		add("idle probe %v must not be negative", c.IdleProbe)
 	}
 	if c.BatchWindow < 0 || c.ScrapeInterval <= 0 || c.GossipInterval <= 0 {
 		add("batch window %v must not be negative; scrape %v and gossip %v intervals must be positive", c.BatchWindow, c.ScrapeInterval, c.GossipInterval)

@@ -26,8 +26,8 @@ type Load struct {
 // engineCounters are the per-engine counters read by the metrics collector.
 type engineCounters struct {
 	batches, deltas, deltaKeys, publishErrors atomic.Uint64
-	snapshots, rankResets, lostHistory       atomic.Uint64
-	engineResets, resetFailures, scrapeErrs  atomic.Uint64
+	snapshots, rankResets, lostHistory        atomic.Uint64
+	engineResets, resetFailures, scrapeErrs   atomic.Uint64
 }
 
 // engine is the sidecar's work for one engine: the event loop owns the
@@ -75,11 +75,17 @@ func (e *engine) run(ctx context.Context) error {
 		Endpoint: e.cfg.Events, ReplayEndpoint: e.cfg.Replay, Bind: e.cfg.Bind,
 		Endpoints: e.cfg.RankEvents, ReplayEndpoints: e.cfg.RankReplay,
 		DPSize: max(e.cfg.DPSize, 1), Logger: e.log,
+		// Learn an idle engine's cache at start instead of at its next event.
+		ReplayOnStart: true, IdleProbe: e.s.cfg.IdleProbe,
 	})
 	if err != nil {
 		return err
 	}
 	defer sub.Close()
+	col := kvevents.NewSubscriberCollector(e.cfg.ID, sub)
+	if err := e.s.reg.Register(col); err == nil {
+		defer e.s.reg.Unregister(col)
+	}
 	e.mu.Lock()
 	e.running = true
 	e.mu.Unlock()
@@ -223,13 +229,17 @@ type Status struct {
 	OrphanParents   uint64                 `json:"orphan_parents"`
 	OrphanLocations uint64                 `json:"orphan_locations"`
 	UnknownRemoves  uint64                 `json:"unknown_removes"`
+	RankResets      uint64                 `json:"rank_resets"`
+	LostHistory     uint64                 `json:"lost_history"`
+	EngineResets    uint64                 `json:"engine_resets"`
 }
 
 func (e *engine) status() Status {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := Status{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, Load: e.load, Running: e.running,
-		OrphanParents: e.st.c.orphanParents, OrphanLocations: e.st.c.orphanLocations, UnknownRemoves: e.st.c.unknownRemoves}
+		OrphanParents: e.st.c.orphanParents, OrphanLocations: e.st.c.orphanLocations, UnknownRemoves: e.st.c.unknownRemoves,
+		RankResets: e.c.rankResets.Load(), LostHistory: e.c.lostHistory.Load(), EngineResets: e.c.engineResets.Load()}
 	for t := range s.Keys {
 		s.Keys[t] = len(e.st.keyRefs[t])
 	}

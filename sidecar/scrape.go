@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"time"
 
@@ -55,18 +56,27 @@ func parseLoad(r io.Reader) (Load, error) {
 	}
 	var l Load
 	if v, _, ok := sum(runningNames); ok {
-		l.Running = int(v)
+		l.Running = count(v)
 	}
 	if v, _, ok := sum(waitingNames); ok {
-		l.Waiting = int(v)
+		l.Waiting = count(v)
 	}
-	if v, k, ok := sum(usageNames); ok && k > 0 {
+	if v, k, ok := sum(usageNames); ok && k > 0 && !math.IsNaN(v) {
 		l.KVUsage = min(max(v/float64(k), 0), 1)
 	}
 	if v, _, ok := sum(prefillNames); ok {
-		l.QueuedPrefill = int64(v)
+		l.QueuedPrefill = int64(count(v))
 	}
 	return l, nil
+}
+
+// count turns a scraped gauge into a sane count: NaN, negatives and absurd
+// values (a broken exporter) become 0 rather than poisoning gossip.
+func count(v float64) int {
+	if math.IsNaN(v) || v < 0 || v > 1e12 {
+		return 0
+	}
+	return int(v)
 }
 
 // scrapeLoop polls the engine's /metrics until ctx ends.

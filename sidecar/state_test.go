@@ -60,7 +60,7 @@ func TestStateRefCountsAndLocations(t *testing.T) {
 	p := uint64(102)
 	batch := &kvevents.Batch{Events: []kvevents.Event{
 		stored([]uint64{101, 102}, nil, toks(0, 8), "GPU"),
-		stored([]uint64{103}, &p, toks(8, 4), "GPU"), // parent resolves through the map
+		stored([]uint64{103}, &p, toks(8, 4), "GPU"),  // parent resolves through the map
 		stored([]uint64{101}, nil, toks(0, 4), "GPU"), // a duplicate physical copy
 		stored([]uint64{101, 102}, nil, nil, "CPU"),   // CPU location update
 		stored([]uint64{999}, nil, nil, "CPU"),        // location update of an unknown hash

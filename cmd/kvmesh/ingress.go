@@ -34,6 +34,8 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&cfg.AdminListen, "admin", "", "pprof address (empty: off)")
 	fs.Var(&engines, "engine", "static engine [id=]model=url (repeatable; used without gossip)")
 	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
+	var templates multiFlag
+	fs.Var(&templates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
 	policy := fs.String("policy", "kvmesh", "routing policy: random|round-robin|least-request|kthena|ray|sglang|dynamo|llmd|kvmesh|weighted")
 	schedFile := fs.String("scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)")
 	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
@@ -88,6 +90,16 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 			cfg.Tokenizers[model] = path
 		}
+	}
+	for _, t := range templates {
+		model, path, ok := strings.Cut(t, "=")
+		if !ok {
+			return fmt.Errorf("%w: -chat-template %q: want model=path", errUsage, t)
+		}
+		if cfg.ChatTemplates == nil {
+			cfg.ChatTemplates = map[string]string{}
+		}
+		cfg.ChatTemplates[model] = path
 	}
 	cfg.Scheduler.Policy = *policy
 	if *schedFile != "" {

@@ -22,6 +22,7 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 	replay := fs.String("replay", "", "the engine's replay endpoint, e.g. tcp://127.0.0.1:5558 (fills gaps)")
 	topic := fs.String("topic", "", "topic prefix to subscribe to")
 	dpSize := fs.Int("dp-size", 1, "number of DP ranks (ports offset by rank)")
+	fromStart := fs.Bool("from-start", false, "with --replay: first print every batch still in the engine's replay buffer")
 	bind := fs.Bool("bind", false, "with --zmq: bind the endpoint instead of connecting (for engines whose PUB connects)")
 	count := fs.Int("count", 0, "with --zmq: exit after this many batches (0 = until interrupted)")
 	fs.Usage = func() {
@@ -38,6 +39,8 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 		return fmt.Errorf("%w: give exactly one of --file or --zmq", errUsage)
 	case *file != "" && *replay != "":
 		return fmt.Errorf("%w: --replay needs --zmq", errUsage)
+	case *fromStart && *replay == "":
+		return fmt.Errorf("%w: --from-start needs --replay", errUsage)
 	case *count < 0 || *dpSize < 1:
 		return fmt.Errorf("%w: --count must be >= 0 and --dp-size >= 1", errUsage)
 	}
@@ -58,6 +61,7 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 		Topic:          *topic,
 		DPSize:         *dpSize,
 		Bind:           *bind,
+		ReplayOnStart:  *fromStart,
 		Logger:         slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}, *count, stdout, stderr)
 }

@@ -137,3 +137,29 @@ func TestInspectEventsZMQ(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectEventsFromStart prints an idle engine's replay buffer.
+func TestInspectEventsFromStart(t *testing.T) {
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for i := 0; i < 3; i++ {
+		b := kvevents.Batch{TS: float64(i), Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared}}}
+		if _, err := pub.Publish(&b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"inspect", "events", "--zmq", pub.Endpoint(), "--replay", pub.ReplayEndpoint(), "--from-start", "--count", "3"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || decodeJSON(t, lines[2])["ts"].(json.Number).String() != "2" {
+		t.Fatalf("output %q", out.String())
+	}
+	if code := run([]string{"inspect", "events", "--zmq", pub.Endpoint(), "--from-start"}, &out, &errOut); code != 2 {
+		t.Fatalf("--from-start without --replay: exit %d", code)
+	}
+}

@@ -42,7 +42,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&sp.Question, "question", sp.Question, "shared-prefix: question tokens")
 	fs.IntVar(&sp.Output, "output", sp.Output, "shared-prefix: output tokens")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())

@@ -26,6 +26,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&cfg.Engine.CPUBlocks, "cpu-blocks", 0, "CPU tier capacity in blocks (0 = no CPU tier)")
 	fs.IntVar(&cfg.DP, "dp", 1, "data-parallel ranks (each an engine; event ports offset by rank)")
 	tokPath := fs.String("tokenizer", "", "Hugging Face tokenizer.json for text prompts (default: byte-level fallback)")
+	chatPath := fs.String("chat-template", "", "tokenizer_config.json whose chat_template renders chat requests (default: built-in Llama 3 markup)")
 	profile := fs.String("profile", engine.DefaultProfile, "timing profile: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "modelled seconds per wall second (>1 runs faster than real time)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for block hashes, generated tokens and early stops")
@@ -78,6 +79,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("sim: %w", err)
 		}
 		cfg.Tokenizer = tok
+	}
+	if *chatPath != "" {
+		ct, err := tokenizer.LoadChatTemplateFile(*chatPath)
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		cfg.Chat = sim.TemplateChat{T: ct}
 	}
 	srv, err := sim.Start(ctx, cfg)
 	if err != nil {

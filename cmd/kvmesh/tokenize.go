@@ -86,4 +86,3 @@ func runTokenize(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	_, err = stdout.Write(out)
 	return err
 }
-

@@ -77,3 +77,6 @@ func TestShareThroughGossip(t *testing.T) {
 		t.Fatal("b refused what still fits cluster-wide")
 	}
 }
+
+// gossip.Node is the Carrier the ingress passes to Share.
+var _ Carrier = (*gossip.Node)(nil)

@@ -40,6 +40,9 @@ func (e *Engine) Step(now, until time.Duration) StepResult {
 		return StepResult{Start: now, End: now}
 	}
 	if k := e.fusable(now, until); k > 1 {
+		if e.waiting.len() > 0 && len(e.running) < e.cfg.MaxRunning {
+			DbgFusedWithWaiting++
+		}
 		return e.stepFused(now, until, k)
 	}
 	return e.stepOne(now)
@@ -180,15 +183,18 @@ func (e *Engine) fusable(now, until time.Duration) int {
 	if e.cfg.MaxFusedSteps <= 1 || until <= now || len(e.running) == 0 {
 		return 1
 	}
-	if e.waiting.len() > 0 && len(e.running) < e.cfg.MaxRunning {
-		return 1
-	}
 	if len(e.running) > e.cfg.MaxBatchTokens {
 		return 1
 	}
+	if e.waiting.len() > 0 && len(e.running) < e.cfg.MaxRunning && e.headFits() {
+		return 1 // the next step admits someone
+	}
 	k := e.cfg.MaxFusedSteps
 	for _, r := range e.running {
-		if r.numTokens-r.computed != 1 {
+		// Decoding = prefill done and one sampled token to compute. A chunked
+		// prefill with one prompt token left also has one token to compute,
+		// but it is not decoding (it produces the first token).
+		if r.numTokens-r.computed != 1 || r.computed < r.prefillEnd {
 			return 1
 		}
 		k = min(k, r.OutputLen-r.generated)
@@ -204,6 +210,31 @@ func (e *Engine) fusable(now, until time.Duration) int {
 		return 1 // a fused step could preempt: take them one at a time
 	}
 	return k
+}
+
+// headFits reports whether the head of the waiting queue could be admitted
+// next to the running decodes now. If it cannot, it cannot during a fused
+// window either: decodes only take blocks (numFree falls), evictions only
+// turn the head's hits into misses or CPU hits (it needs more), the budget
+// left after the decodes is constant, and no request finishes inside the
+// window — so admission stays impossible and fusing is exact.
+func (e *Engine) headFits() bool {
+	budget := e.cfg.MaxBatchTokens - len(e.running)
+	if budget <= 0 {
+		return false
+	}
+	r := e.waiting.front()
+	hits, cpuHits := e.lookup(r)
+	hitTok := (len(hits) + cpuHits) * e.bs
+	n := min(r.numTokens-hitTok, budget)
+	need := (hitTok+n+e.bs-1)/e.bs - len(hits)
+	evictable := 0
+	for _, b := range hits {
+		if e.pool.ref[b] == 0 {
+			evictable++
+		}
+	}
+	return need <= e.pool.numFree-evictable
 }
 
 // stepFused runs k (or fewer, see until) decode-only steps. Per-sequence work
@@ -581,3 +612,5 @@ func (w *waitQueue) remove(r *Request) {
 		}
 	}
 }
+
+var DbgFusedWithWaiting int

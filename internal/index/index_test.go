@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func newIndex(t testing.TB) *Index {
@@ -266,4 +267,24 @@ func chain(seed uint64, n int) []uint64 {
 
 func engineName(i int) string {
 	return "engine-" + string(rune('A'+i%26)) + string(rune('a'+i/26))
+}
+
+func TestRegisterMetrics(t *testing.T) {
+	x := newIndex(t)
+	x.Store("a", kvevents.TierGPU, []uint64{1, 2, 3})
+	reg := prometheus.NewPedanticRegistry()
+	if err := x.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
+	}
+	if got["kvmesh_index_keys"] != 3 || got["kvmesh_index_entries"] != 3 || got["kvmesh_index_engines"] != 1 {
+		t.Fatalf("metrics %v", got)
+	}
 }

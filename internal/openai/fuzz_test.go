@@ -107,3 +107,24 @@ func FuzzAppendString(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseTokenList checks the hand-written token-list scanner against
+// encoding/json: both accept exactly the same lists with the same values.
+func FuzzParseTokenList(f *testing.F) {
+	for _, s := range []string{`[1,2,3]`, `[ 0 , 4294967295 ]`, `[]`, `[4294967296]`, `[01]`, `[1,]`, `[-1]`, `[1e2]`, "[\t1\n]"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		ids, err := parseTokenList(in)
+		var ref []uint32
+		refErr := json.Unmarshal(in, &ref)
+		if refErr == nil && bytes.HasPrefix(bytes.TrimSpace(in), []byte("[")) {
+			if err != nil || !reflect.DeepEqual(ids, ref) && !(len(ids) == 0 && len(ref) == 0) {
+				t.Fatalf("%q: got %v %v, encoding/json %v", in, ids, err, ref)
+			}
+		}
+		if err == nil && refErr != nil {
+			t.Fatalf("%q: accepted %v, encoding/json rejects: %v", in, ids, refErr)
+		}
+	})
+}

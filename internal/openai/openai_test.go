@@ -266,3 +266,39 @@ func BenchmarkSSEReader(b *testing.B) {
 		}
 	}
 }
+
+// A decoded request re-encodes (e.g. by a router replacing the prompt with
+// token ids) into a body that decodes to the same request.
+func TestRequestsRoundTrip(t *testing.T) {
+	in := `{"model":"m","prompt":"hi","max_tokens":4,"min_tokens":1,"ignore_eos":true,"stream":true,` +
+		`"stream_options":{"include_usage":true},"cache_salt":"s","stop":["x"],"temperature":0.5}`
+	r, err := DecodeCompletionRequest([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Prompt = TokenPrompt([]uint32{1, 2, 3})
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := DecodeCompletionRequest(b)
+	if err != nil || !reflect.DeepEqual(r, r2) {
+		t.Fatalf("round trip %s:\n%+v\n%+v (%v)", b, r, r2, err)
+	}
+	if !strings.Contains(string(b), `"prompt":[1,2,3]`) {
+		t.Fatalf("prompt not a flat id list: %s", b)
+	}
+	cin := `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"b"}]},{"role":"assistant","content":null}],"max_completion_tokens":3}`
+	c, err := DecodeChatRequest([]byte(cin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := DecodeChatRequest(b)
+	if err != nil || !reflect.DeepEqual(c, c2) {
+		t.Fatalf("chat round trip %s: %v", b, err)
+	}
+}

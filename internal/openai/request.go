@@ -83,8 +83,8 @@ func (s *SamplingParams) validate() []string {
 	if s.N < 0 || s.N > 1 {
 		p = append(p, fmt.Sprintf("n %d: only n=1 is supported", s.N))
 	}
-	if s.Temperature != nil && (*s.Temperature < 0 || *s.Temperature > 2) {
-		p = append(p, "temperature: must be in [0, 2]")
+	if s.Temperature != nil && *s.Temperature < 0 {
+		p = append(p, "temperature: must not be negative") // vLLM accepts any t >= 0
 	}
 	if s.StreamOptions != nil && !s.Stream {
 		p = append(p, "stream_options: only allowed when stream is true")

@@ -101,7 +101,7 @@ type SSEReader struct {
 
 // NewSSEReader returns a strict reader on r.
 func NewSSEReader(r io.Reader) *SSEReader {
-	return &SSEReader{r: bufio.NewReaderSize(r, 64<<10)}
+	return &SSEReader{r: bufio.NewReaderSize(r, 4<<10)}
 }
 
 // Next returns the next event's payload (valid until the next call). After

@@ -56,7 +56,8 @@ type Config struct {
 	// DP is the number of data-parallel ranks, each an engine. Default 1.
 	DP int
 	// Engine configures every rank's engine (block size, capacities, profile...).
-	// Its HashSeed defaults to Seed; KeepBlockTokens and RecordTokenTimes are forced on.
+	// Its HashSeed defaults to Seed; KeepBlockTokens and RecordTokenTimes are
+	// forced on and Keyer is set to the kvmesh key of Model (CachedKeys).
 	Engine engine.Config
 	// TimeScale runs the model faster than real time: modelled seconds per
 	// wall second. Default 1; tests use 20–1000.

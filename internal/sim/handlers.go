@@ -239,6 +239,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 // generate submits g and answers, streaming or not.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *gen) {
+	select {
+	case <-s.quit:
+		s.fail(w, ErrClosed)
+		return
+	default:
+	}
 	rk, err := s.pickRank(r)
 	if err != nil {
 		s.fail(w, err)

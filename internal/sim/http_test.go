@@ -114,17 +114,24 @@ func TestRepeatedPromptCachedTokensAndShorterTTFT(t *testing.T) {
 			"stream_options": map[string]any{"include_usage": true}}
 	}
 	first := stream(t, s.URL()+"/v1/completions", body())
-	second := stream(t, s.URL()+"/v1/completions", body())
-	if first.usage == nil || second.usage == nil {
-		t.Fatal("no usage chunk with include_usage")
+	if first.usage == nil || first.usage.CachedTokens() != 0 {
+		t.Fatalf("first run usage %+v", first.usage)
 	}
-	if first.usage.CachedTokens() != 0 || second.usage.CachedTokens() != 3984 {
-		t.Fatalf("cached tokens %d then %d, want 0 then 3984", first.usage.CachedTokens(), second.usage.CachedTokens())
+	// The first run's TTFT is bounded below by the modelled prefill; the best
+	// of three repeats keeps a scheduling hiccup on a loaded machine from
+	// deciding the comparison.
+	best := time.Hour
+	for i := 0; i < 3; i++ {
+		again := stream(t, s.URL()+"/v1/completions", body())
+		if again.usage == nil || again.usage.CachedTokens() != 3984 {
+			t.Fatalf("repeat %d: usage %+v, want 3984 cached tokens", i, again.usage)
+		}
+		best = min(best, again.ttft)
 	}
-	if second.ttft >= first.ttft {
-		t.Fatalf("TTFT %v on the repeat, %v the first time", second.ttft, first.ttft)
+	if best >= first.ttft {
+		t.Fatalf("TTFT %v on the repeat, %v the first time", best, first.ttft)
 	}
-	t.Logf("TTFT first %v, repeat %v (wall, time scale 2)", first.ttft, second.ttft)
+	t.Logf("TTFT first %v, repeat %v (wall, time scale 2)", first.ttft, best)
 }
 
 func TestStreamingCompletionAndChatParseStrictly(t *testing.T) {
@@ -290,7 +297,7 @@ func scrape(t *testing.T, s *Server) map[string]float64 {
 }
 
 func TestMetricsParseAndMove(t *testing.T) {
-	s := startSim(t, func(c *Config) { c.TimeScale = 5 })
+	s := startSim(t, func(c *Config) { c.TimeScale = 1 }) // the long request streams for ~0.5 s
 	m0 := scrape(t, s)
 	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cache_config_info"} {
 		if m0["type:"+name] != 1 { // GAUGE

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -121,5 +124,56 @@ func TestConcurrentLoadWithPreemption(t *testing.T) {
 	l := s.Load(0)
 	if l.Preemptions == 0 || l.Finished != n || l.UsedBlocks != 0 || l.Running+l.Waiting != 0 {
 		t.Fatalf("load after the burst: %+v", l)
+	}
+}
+
+// Close stops every goroutine the simulator started (drivers, HTTP, replay
+// services, stream handlers), even with a stream in flight.
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	cfg := Config{Model: "test-model", KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0", DP: 2,
+		Engine: engine.Config{BlockSize: 4, GPUBlocks: 512, Profile: mustProfile(t, "tiny")}, TimeScale: 1, Logger: quietLogger()}
+	s, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{}
+	client := &http.Client{Transport: tr}
+	b, _ := json.Marshal(map[string]any{"model": "test-model", "prompt": tokens(1, 8), "max_tokens": 1500, "ignore_eos": true, "stream": true})
+	resp, err := client.Post(s.URL()+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the stream to start", func() bool { return s.Load(0).Running+s.Load(1).Running == 1 })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body) // the stream ends (truncated) instead of hanging
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines before, %d after Close:\n%s", before, n, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// Stopping the context passed to Start stops the server too.
+func TestStartContextStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := Start(ctx, Config{Model: "m", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	waitFor(t, 5*time.Second, "the server to stop", func() bool {
+		_, err := http.Get(s.URL() + "/health")
+		return err != nil
+	})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"math"
@@ -270,6 +271,8 @@ func signal(ch chan struct{}) {
 // keyer gives the engine kvmesh keys (DESIGN.md Contract 1) for CachedKeys.
 type keyer struct{ model string }
 
+var _ engine.BlockKeyer = keyer{}
+
 func (k keyer) Root(lora, salt string) uint64 { return kvevents.Root(k.model, lora, salt) }
 func (k keyer) Chain(parent uint64, block []uint32) uint64 {
 	return kvevents.ChainKey(parent, block)
@@ -282,12 +285,11 @@ func outputLen(cfg *Config, prompt []uint32, maxTokens, minTokens int, ignoreEOS
 	if ignoreEOS || cfg.EOSRate == 0 {
 		return maxTokens
 	}
-	h := cfg.Seed
-	buf := make([]byte, 4)
+	buf := make([]byte, 0, 4*len(prompt))
 	for _, t := range prompt {
-		buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
-		h = xxh3.HashSeed(buf, h)
+		buf = binary.LittleEndian.AppendUint32(buf, t)
 	}
+	h := xxh3.HashSeed(buf, cfg.Seed^0x656f73) // "eos"
 	u := (float64(h>>11) + 0.5) / (1 << 53)
 	extra := int(math.Floor(math.Log(u) / math.Log1p(-cfg.EOSRate)))
 	return max(1, min(maxTokens, minTokens+extra+1))

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/internal/tokenizer"
 )
 
 // byteTokenizer is the fallback when no tokenizer.json is given: every UTF-8
@@ -70,4 +71,20 @@ func (llama3Chat) RenderChat(msgs []openai.ChatMessage, addGenerationPrompt bool
 		b.WriteString("<|start_header_id|>assistant<|end_header_id|>\n\n")
 	}
 	return b.String(), nil
+}
+
+// TemplateChat renders chats with a model's own chat template (from its
+// tokenizer_config.json), as the ingress does, so both see the same tokens.
+// List-form contents are rendered as their concatenated text parts.
+type TemplateChat struct{ T *tokenizer.ChatTemplate }
+
+var _ ChatRenderer = TemplateChat{}
+
+// RenderChat implements ChatRenderer.
+func (c TemplateChat) RenderChat(msgs []openai.ChatMessage, addGenerationPrompt bool) (string, error) {
+	m := make([]tokenizer.Message, len(msgs))
+	for i, x := range msgs {
+		m[i] = tokenizer.Message{Role: x.Role, Content: x.Content.Text}
+	}
+	return c.T.Render(m, addGenerationPrompt)
 }

@@ -31,6 +31,7 @@ type bpe struct {
 	fuseUnk      bool
 	contPrefix   string
 	eowSuffix    string
+	cache        *wordCache // nil: no cache
 }
 
 var _ model = (*bpe)(nil)
@@ -77,11 +78,19 @@ func (m *bpe) tokenize(dst []uint32, word string, sc *bpeScratch) []uint32 {
 			return append(dst, id)
 		}
 	}
+	if m.cache != nil && len(word) <= maxCachedWord {
+		if ids, ok := m.cache.get(word); ok {
+			return append(dst, ids...)
+		}
+	}
 	syms := m.initialSymbols(sc.syms[:0], word)
 	if len(syms) <= smallWord {
 		syms = m.mergeSmall(syms, sc)
 	} else {
 		syms = m.mergeLarge(syms, sc)
+	}
+	if m.cache != nil && len(word) <= maxCachedWord {
+		m.cache.put(word, syms)
 	}
 	dst = append(dst, syms...)
 	sc.syms = syms[:0]
@@ -300,6 +309,7 @@ func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error)
 			m.merges[key] = uint64(rank)<<32 | uint64(id)
 		}
 	}
+	m.cache = newWordCache(wordCacheCapacity)
 	for b := 0; b < 256; b++ {
 		m.byteIDs[b] = -1
 		m.fallbackIDs[b] = -1

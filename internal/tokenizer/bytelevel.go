@@ -61,6 +61,4 @@ func byteLevelDecodeToken(s string) string {
 	return s
 }
 
-
-
 func decodeLastRune(s string) (rune, int) { return utf8.DecodeLastRuneInString(s) }

@@ -26,6 +26,8 @@ type ChatTemplate struct {
 	vars map[string]any // special-token variables
 }
 
+// errNoChatTemplate: tokenizer_config.json has no chat_template.
+var errNoChatTemplate = fmt.Errorf("parse tokenizer_config: %w: no chat_template", ErrInvalid)
 
 var specialTokenKeys = []string{"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}
 
@@ -62,7 +64,7 @@ func ParseChatTemplateConfig(data []byte) (*ChatTemplate, error) {
 
 func templateSource(raw json.RawMessage) (string, error) {
 	if isNull(raw) {
-		return "", fmt.Errorf("parse tokenizer_config: %w: no chat_template", ErrInvalid)
+		return "", errNoChatTemplate
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {

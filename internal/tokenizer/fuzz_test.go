@@ -3,7 +3,7 @@ package tokenizer
 import (
 	"github.com/dlclark/regexp2"
 	"slices"
-	"time"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -70,25 +70,20 @@ func FuzzSplitMatchers(f *testing.F) {
 	}
 	fast := map[string]splitMatcher{llama3Pattern: llama3Matcher{3}, gpt2Pattern: gpt2Matcher{}, qwen2Pattern: llama3Matcher{1}}
 	f.Fuzz(func(t *testing.T, text string) {
-		if !utf8.ValidString(text) {
-			return // regexp2 decodes invalid bytes differently; both are total on them
+		if !utf8.ValidString(text) || len(text) > 256 {
+			// regexp2 decodes invalid bytes differently (both are total on
+			// them), and it backtracks cubically on long whitespace runs.
+			return
+		}
+		if strings.ContainsRune(text, 'ſ') {
+			// (?i) matches the long s as s in Oniguruma (tokenizers) and Rust's
+			// regex (tiktoken), by Unicode case folding; regexp2 follows .NET,
+			// which does not. We follow the references.
+			return
 		}
 		for p, m := range fast {
-			var got, want []string
-			done := make(chan bool)
-			go func() {
-				got = applyIsolatedFast(nil, text, m.appendMatches(nil, text))
-				done <- true
-				want = applyIsolatedFast(nil, text, ref[p].appendMatches(nil, text))
-				done <- true
-			}()
-			for k := 0; k < 2; k++ {
-				select {
-				case <-done:
-				case <-time.After(3 * time.Second):
-					t.Fatalf("hang %d on %q", k, text)
-				}
-			}
+			got := applyIsolatedFast(nil, text, m.appendMatches(nil, text))
+			want := applyIsolatedFast(nil, text, ref[p].appendMatches(nil, text))
 			if !slices.Equal(got, want) {
 				t.Fatalf("pattern %.30q on %q:\n got %q\nwant %q", p, text, got, want)
 			}

@@ -31,6 +31,9 @@ func TestGolden(t *testing.T) {
 						want = c.IDsSpecial
 					}
 					got := tk.Encode(c.Text, special)
+					if again := tk.Encode(c.Text, special); firstDiff(again, got) >= 0 {
+						t.Errorf("case %d: second encode (BPE word cache warm) differs", i)
+					}
 					if d := firstDiff(got, want); d >= 0 {
 						lo, hi := max(0, d-3), min(d+4, len(got), len(want))
 						t.Errorf("case %d special=%v: first diff at %d: got %v want %v (text %.80q)",

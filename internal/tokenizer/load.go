@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,8 +58,8 @@ func (c *component) decode(v any) error {
 }
 
 func isNull(raw json.RawMessage) bool {
-	s := strings.TrimSpace(string(raw))
-	return s == "" || s == "null"
+	s := bytes.TrimSpace(raw)
+	return len(s) == 0 || string(s) == "null"
 }
 
 // Load parses the bytes of a tokenizer.json.
@@ -213,6 +214,7 @@ func loadReplacer(c *component) (replacer, error) {
 		if err != nil {
 			return r, fmt.Errorf("replace pattern: %w: %v", ErrInvalid, err)
 		}
+		re.MatchTimeout = regexTimeout
 		r.re = re
 	default:
 		return r, fmt.Errorf("replace: %w: no pattern", ErrInvalid)

@@ -111,22 +111,20 @@ type splitPre struct {
 	m      splitMatcher
 	beh    splitBehavior
 	invert bool
-	spans  []span // unused; matches come from a per-call buffer
 }
 
 func (p *splitPre) cutSafe() bool { return p.m.cutSafe() && p.beh == behIsolated && !p.invert }
 
 func (p *splitPre) split(words []string, sc *scratch, atStart bool) []string {
 	out := sc.words2[:0]
-	var buf [128]span
 	for _, w := range words {
-		ms := p.m.appendMatches(buf[:0], w)
+		ms := p.m.appendMatches(sc.spans[:0], w)
 		if p.beh == behIsolated && !p.invert {
-			// Fast path: the hand-written matchers cover every byte.
 			out = applyIsolatedFast(out, w, ms)
-			continue
+		} else {
+			out = applyBehavior(out, w, ms, p.beh, p.invert)
 		}
-		out = applyBehavior(out, w, ms, p.beh, p.invert)
+		sc.spans = ms[:0]
 	}
 	sc.words2 = words[:0]
 	return out
@@ -171,9 +169,10 @@ func (p *byteLevelPre) split(words []string, sc *scratch, atStart bool) []string
 		return words
 	}
 	out := sc.words2[:0]
-	var buf [128]span
 	for _, w := range words {
-		out = applyIsolatedFast(out, w, gpt2Matcher{}.appendMatches(buf[:0], w))
+		ms := gpt2Matcher{}.appendMatches(sc.spans[:0], w)
+		out = applyIsolatedFast(out, w, ms)
+		sc.spans = ms[:0]
 	}
 	sc.words2 = words[:0]
 	return out

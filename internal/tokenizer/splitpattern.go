@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -48,6 +49,7 @@ func newSplitMatcher(pattern string, isRegex bool) (splitMatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("split pattern %q: %w: %v", pattern, ErrInvalid, err)
 	}
+	re.MatchTimeout = regexTimeout
 	return &regexMatcher{re: re}, nil
 }
 
@@ -97,9 +99,9 @@ func classAt(s string, i int) (runeClass, int) {
 
 func isSpaceClass(c runeClass) bool { return c == clsSpace || c == clsNewline }
 
-// contraction returns the length of 's|'t|'re|'ve|'m|'ll|'d at s[i] (s[i] is
-// '\''), or 0. fold makes it case-insensitive, with Unicode's long s ſ and
-// Kelvin sign K folding as the regex engines do.
+// contraction returns the length of 's|'t|'re|'ve|'m|'ll|'d at s[i] (an
+// apostrophe), or 0. fold makes it case-insensitive, including the long s
+// (U+017F) that Unicode case folding maps to s, as the regex engines do.
 func contraction(s string, i int, fold bool) int {
 	rest := s[i+1:]
 	if rest == "" {
@@ -289,6 +291,11 @@ func (m literalMatcher) appendMatches(dst []span, s string) []span {
 	}
 	return dst
 }
+
+// regexTimeout bounds one backtracking match of a fallback pattern, so a
+// pathological pattern in a tokenizer file cannot stall a request forever;
+// on timeout the rest of the word is left unsplit.
+const regexTimeout = 2 * time.Second
 
 // regexMatcher is the general fallback: regexp2 has the lookaround that Go's
 // regexp lacks. It is slower and allocates; the prefix cache does not cut

@@ -71,6 +71,7 @@ type scratch struct {
 	words2 []string
 	bpe    bpeScratch
 	pieces []piece
+	spans  []span
 }
 
 func (t *Native) getScratch() *scratch {

@@ -87,7 +87,7 @@ func (c *Config) Validate() error {
 // weight read and launch overhead, decode cost per context token from the
 // KV read.
 func KVMeshFromProfile(p engine.Profile) *scheduler.KVMeshConfig {
-	k := &scheduler.KVMeshConfig{DecodeWeight: 1, DefaultOutputTokens: 128, ExternalityWeight: 1}
+	k := &scheduler.KVMeshConfig{DecodeWeight: 1, DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1}
 	if p.Params > 0 && p.FLOPS > 0 {
 		k.PrefillRate = p.FLOPS / (2 * p.Params)
 	}

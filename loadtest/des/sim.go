@@ -34,6 +34,9 @@ type sim struct {
 	awaitFirst  [][]int // per engine: requests without a first token yet
 
 	h        eventHeap
+	nextArr  int           // next request to push as an arrival (arrivals are pushed one at a time)
+	arrAt    time.Duration // time of the pending arrival (-1 = none)
+	nextSnap time.Duration // time of the pending snapshot event (-1 = none)
 	inflight int
 	backlog  []int
 	bhead    int
@@ -116,11 +119,11 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 
 func (s *sim) run() runStats {
 	start := time.Now()
-	for i := range s.reqs {
-		s.h.push(s.reqs[i].Arrival, evArrival, i)
-	}
+	s.pushArrival()
 	s.pending = len(s.reqs)
+	s.nextSnap = -1
 	if s.cfg.SnapshotInterval > 0 {
+		s.nextSnap = 0
 		s.h.push(0, evSnapshot, 0)
 	}
 	for s.h.len() > 0 {
@@ -128,6 +131,7 @@ func (s *sim) run() runStats {
 		now := ev.at
 		switch ev.kind {
 		case evArrival:
+			s.pushArrival()
 			if s.cfg.Concurrency > 0 && s.inflight >= s.cfg.Concurrency {
 				s.backlog = append(s.backlog, ev.arg)
 				continue
@@ -144,8 +148,10 @@ func (s *sim) run() runStats {
 			s.step(ev.arg, now)
 		case evSnapshot:
 			s.snapshot()
+			s.nextSnap = -1
 			if s.pending > 0 {
-				s.h.push(now+s.cfg.SnapshotInterval, evSnapshot, 0)
+				s.nextSnap = now + s.cfg.SnapshotInterval
+				s.h.push(s.nextSnap, evSnapshot, 0)
 			}
 		}
 	}
@@ -155,6 +161,39 @@ func (s *sim) run() runStats {
 		s.out.badEvents += t.bad
 	}
 	return s.out
+}
+
+// pushArrival schedules the next workload request's arrival. Arrivals are
+// sorted, so one pending arrival at a time keeps the heap small and makes
+// the next arrival time known for step fusing.
+func (s *sim) pushArrival() {
+	s.arrAt = -1
+	if s.nextArr < len(s.reqs) {
+		s.arrAt = s.reqs[s.nextArr].Arrival
+		s.h.push(s.arrAt, evArrival, s.nextArr)
+		s.nextArr++
+	}
+}
+
+// horizon is the earliest time an outside event can change an engine's
+// input, passed to Step so it fuses decode-only steps up to it: the next
+// arrival or snapshot; with a client backlog also any engine's next step
+// (a finish frees a slot and the freed request may be routed anywhere), so
+// then it is the heap top.
+func (s *sim) horizon() time.Duration {
+	if s.bhead < len(s.backlog) {
+		if t, ok := s.h.peek(); ok {
+			return t
+		}
+	}
+	until := time.Duration(math.MaxInt64)
+	if s.arrAt >= 0 {
+		until = s.arrAt
+	}
+	if s.nextSnap >= 0 && s.nextSnap < until {
+		until = s.nextSnap
+	}
+	return until
 }
 
 func (s *sim) snapshot() {
@@ -261,10 +300,7 @@ func (s *sim) fail(i int, now time.Duration) {
 
 func (s *sim) step(e int, now time.Duration) {
 	s.stepPending[e] = false
-	until := time.Duration(math.MaxInt64)
-	if t, ok := s.h.peek(); ok {
-		until = t
-	}
+	until := s.horizon()
 	eng := s.engines[e]
 	res := eng.Step(now, until)
 	// First tokens: the request's queued prefill work leaves the estimate.

@@ -344,3 +344,57 @@ func TestRunSpreadsOverURLs(t *testing.T) {
 		t.Fatalf("split %d/%d, want 5/5", a.n.Load(), b.n.Load())
 	}
 }
+
+func FuzzReadBody(f *testing.F) {
+	fields := &openai.ChunkFields{ID: "c", Model: "m"}
+	var good []byte
+	good = openai.AppendEvent(good, openai.AppendCompletionChunk(nil, fields, "x", ""))
+	good = openai.AppendEvent(good, openai.AppendUsageChunk(nil, fields, openai.ObjectCompletion,
+		&openai.Usage{PromptTokens: 5, CompletionTokens: 1, PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: 3}}))
+	good = openai.AppendDone(good)
+	f.Add(good, true)
+	f.Add(good[:len(good)-3], true)
+	f.Add([]byte(`{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":2,"completion_tokens":1}}`), false)
+	f.Add(openai.AppendEvent(nil, openai.AppendError(nil, "boom", "server_error", "", "")), true)
+	f.Add([]byte("data: {\"choices\":null}\r\n\r\ndata: [DONE]\r\n\r\n"), true)
+	f.Fuzz(func(t *testing.T, body []byte, stream bool) {
+		var res Result
+		readBody(context.Background(), strings.NewReader(string(body)), stream, time.Now(), &res)
+		if res.ErrKind == "" {
+			if res.TTFT > res.E2E {
+				t.Fatalf("accepted body gave %+v", res)
+			}
+		} else if res.ErrKind != KindStream && res.ErrKind != KindInStream {
+			t.Fatalf("unexpected kind %q", res.ErrKind)
+		}
+	})
+}
+
+func TestReadBody(t *testing.T) {
+	fields := &openai.ChunkFields{ID: "c", Model: "m"}
+	var b []byte
+	b = openai.AppendEvent(b, openai.AppendChatChunk(nil, fields, "assistant", openai.StringPtr(""), ""))
+	b = openai.AppendEvent(b, openai.AppendChatChunk(nil, fields, "", openai.StringPtr("hi"), ""))
+	b = openai.AppendEvent(b, openai.AppendUsageChunk(nil, fields, openai.ObjectChatChunk,
+		&openai.Usage{PromptTokens: 40, CompletionTokens: 1, PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: 32}}))
+	good := openai.AppendDone(b)
+	for _, tc := range []struct {
+		name string
+		body []byte
+		kind string
+	}{
+		{"good", good, ""},
+		{"no [DONE]", b, KindStream},
+		{"error event", openai.AppendEvent(append([]byte{}, b...), openai.AppendError(nil, "boom", "server_error", "", "")), KindInStream},
+		{"not json", []byte("data: hello\n\ndata: [DONE]\n\n"), KindStream},
+	} {
+		var res Result
+		readBody(context.Background(), strings.NewReader(string(tc.body)), true, time.Now(), &res)
+		if res.ErrKind != tc.kind {
+			t.Errorf("%s: kind %q, want %q (%s)", tc.name, res.ErrKind, tc.kind, res.ErrMsg)
+		}
+		if tc.kind == "" && (res.PromptTokens != 40 || res.CachedTokens != 32 || res.OutputTokens != 1 || res.TTFT <= 0) {
+			t.Errorf("%s: %+v", tc.name, res)
+		}
+	}
+}

@@ -147,8 +147,18 @@ func (g *generator) do(ctx context.Context, url string, body []byte, r *workload
 		res.E2E = time.Since(t0)
 		return
 	}
-	var c chunk
-	chunks := 0
+	readBody(ctx, resp.Body, !g.cfg.NoStream, t0, res)
+}
+
+// readBody reads a 200 response (an SSE stream, or one JSON body when stream is false)
+// into res: TTFT at the first generated text, usage, and an error kind when the body
+// is malformed or carries an error event. It never panics on bad input.
+func readBody(ctx context.Context, body io.Reader, stream bool, t0 time.Time, res *Result) {
+	var (
+		c      chunk
+		chunks int
+		err    error
+	)
 	apply := func(payload []byte) error {
 		c = chunk{}
 		if err := json.Unmarshal(payload, &c); err != nil {
@@ -170,15 +180,15 @@ func (g *generator) do(ctx context.Context, url string, body []byte, r *workload
 		}
 		return nil
 	}
-	if g.cfg.NoStream {
-		b, rerr := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if stream {
+		err = openai.ReadAll(body, apply)
+	} else {
+		b, rerr := io.ReadAll(io.LimitReader(body, 64<<20))
 		if rerr == nil {
 			rerr = apply(b)
 		}
 		err = rerr
 		res.TTFT = time.Since(t0)
-	} else {
-		err = openai.ReadAll(resp.Body, apply)
 	}
 	res.E2E = time.Since(t0)
 	if res.OutputTokens == 0 {

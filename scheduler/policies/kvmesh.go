@@ -15,6 +15,7 @@ import (
 //	tpot  = StepBase + DecodeSecPerToken · (active tokens + this request's context)
 //	own   = ttft + DecodeWeight · output · tpot
 //	cost  = own + ExternalityWeight · n · (uncached / PrefillRate + DecodeWeight · output · DecodeSecPerToken · context)
+//	        + MissPenalty · uncached / PrefillRate
 //
 // where n is the engine's running requests. The last term is what the
 // request does to everyone already on the engine: its prefill stalls their
@@ -49,13 +50,19 @@ type KVMesh struct {
 	// ExternalityWeight scales the cost imposed on the engine's running
 	// requests (0 = route on the request's own latency). Default 1.
 	ExternalityWeight float64
+	// MissPenalty prices cache pollution: computing uncached tokens on an
+	// engine whose cache is full evicts blocks future requests may need, so
+	// each uncached token also costs MissPenalty times its prefill time.
+	// It keeps a prefix on one engine instead of copying it around under
+	// transient load. Default 1.
+	MissPenalty float64
 }
 
 var _ scheduler.Policy = KVMesh{}
 
 // NewKVMesh returns KVMesh with its defaults.
 func NewKVMesh() KVMesh {
-	return KVMesh{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 1, DefaultOutputTokens: 128, ExternalityWeight: 1}
+	return KVMesh{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 1, DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1}
 }
 
 // Validate lists every problem.
@@ -64,8 +71,8 @@ func (p KVMesh) Validate() error {
 	if p.PrefillRate <= 0 {
 		errs = append(errs, fmt.Errorf("kvmesh: prefillRate %v must be > 0", p.PrefillRate))
 	}
-	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 {
-		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens and externalityWeight must be ≥ 0"))
+	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 || p.MissPenalty < 0 {
+		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight and missPenalty must be ≥ 0"))
 	}
 	if len(errs) == 0 {
 		return nil
@@ -93,7 +100,7 @@ func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		ttft := (queued+uncached)/p.PrefillRate + p.StepBase
 		tpot := p.StepBase + p.DecodeSecPerToken*(float64(c.LocalActiveTokens)+ctx)
 		ext := n * (uncached/p.PrefillRate + decodeExt)
-		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext)
+		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext + p.MissPenalty*uncached/p.PrefillRate)
 	}
 	return scheduler.ArgMax(cs, cyc), "lowest-estimated-cost"
 }

@@ -63,7 +63,7 @@ func Policy(cfg *scheduler.Config) (scheduler.Policy, error) {
 		p := policies.NewKVMesh()
 		if k := cfg.KVMesh; k != nil {
 			p = policies.KVMesh{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken,
-				DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight}
+				DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight, MissPenalty: k.MissPenalty}
 		}
 		return p, p.Validate()
 	case "weighted":

@@ -19,13 +19,13 @@ import (
 // natsServer is an embedded NATS server that can be restarted on the same
 // port with the same JetStream store.
 type natsServer struct {
-	t     *testing.T
+	t     testing.TB
 	e     *natsutil.Embedded
 	port  int
 	store string
 }
 
-func startNATS(t *testing.T) *natsServer {
+func startNATS(t testing.TB) *natsServer {
 	t.Helper()
 	s := &natsServer{t: t, port: -1, store: t.TempDir()}
 	s.start()

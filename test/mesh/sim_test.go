@@ -28,7 +28,7 @@ type simEngine struct {
 	sc  *runningSidecar
 }
 
-func startSim(t *testing.T, id string, dp, gpuBlocks, cpuBlocks int, seed uint64) *simEngine {
+func startSim(t *testing.T, id string, dp, gpuBlocks, cpuBlocks, replayBuffer int, seed uint64) *simEngine {
 	t.Helper()
 	prof, err := engine.LookupProfile("tiny")
 	if err != nil {
@@ -37,7 +37,7 @@ func startSim(t *testing.T, id string, dp, gpuBlocks, cpuBlocks int, seed uint64
 	cfg := sim.Config{
 		Model: simModel, KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0", DP: dp,
 		Engine:    engine.Config{BlockSize: 4, GPUBlocks: gpuBlocks, CPUBlocks: cpuBlocks, Profile: prof},
-		TimeScale: 1000, Seed: seed,
+		TimeScale: 1000, Seed: seed, ReplayBuffer: replayBuffer,
 	}
 	srv, err := sim.Start(context.Background(), cfg)
 	if err != nil {
@@ -72,6 +72,7 @@ func (e *simEngine) sidecarConfig(natsURL string, key []byte, join string, polic
 	c.GossipInterval = 50 * time.Millisecond
 	c.ScrapeInterval = 100 * time.Millisecond
 	c.ResyncPolicy = policy
+	c.IdleProbe = 200 * time.Millisecond
 	c.AdminAddr = "127.0.0.1:0"
 	return c
 }
@@ -82,6 +83,7 @@ func load(t *testing.T, engines []*simEngine, n int, rng *rand.Rand) {
 	t.Helper()
 	type job struct {
 		url    string
+		rank   int
 		prompt []int
 	}
 	jobs := make(chan job)
@@ -94,7 +96,13 @@ func load(t *testing.T, engines []*simEngine, n int, rng *rand.Rand) {
 			defer wg.Done()
 			for j := range jobs {
 				body, _ := json.Marshal(map[string]any{"model": simModel, "prompt": j.prompt, "max_tokens": 2})
-				resp, err := client.Post(j.url+"/v1/completions", "application/json", bytes.NewReader(body))
+				req, _ := http.NewRequest(http.MethodPost, j.url+"/v1/completions", bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				// Spread over the DP ranks explicitly: the sim's least-loaded pick
+				// would leave a rank idle, and an idle rank's restart is only seen at
+				// its next event.
+				req.Header.Set("X-data-parallel-rank", fmt.Sprint(j.rank))
+				resp, err := client.Do(req)
 				if err != nil {
 					errs <- err
 					continue
@@ -117,7 +125,7 @@ func load(t *testing.T, engines []*simEngine, n int, rng *rand.Rand) {
 					p[k] = 100 + rng.IntN(30000)
 				}
 			}
-			jobs <- job{e.srv.URL(), p}
+			jobs <- job{e.srv.URL(), i % e.srv.DP(), p}
 		}
 	}
 	close(jobs)
@@ -142,9 +150,9 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 	ins := []*ingress{first, startIngress(t, "ingress-1", ns.url(), gossipConfig("ingress-1", gossip.RoleIngress, key, join))}
 
 	engines := []*simEngine{
-		startSim(t, "sim-a", 1, 48, 0, 1),
-		startSim(t, "sim-b", 1, 48, 32, 2),
-		startSim(t, "sim-c", 2, 40, 0, 3),
+		startSim(t, "sim-a", 1, 48, 0, 0, 1),
+		startSim(t, "sim-b", 1, 48, 32, 0, 2),
+		startSim(t, "sim-c", 2, 40, 0, 0, 3),
 	}
 	truths := map[string]truthFunc{}
 	for _, e := range engines {
@@ -184,7 +192,8 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 		if e.sc.Status()[0].Epoch == old {
 			t.Fatal("epoch unchanged")
 		}
-		waitConverged(t, "after sidecar restart", ins, truths)
+		// The engine is idle now: the new sidecar learns its cache by replay at start.
+		waitConverged(t, "after sidecar restart (idle engine)", ins, truths)
 	})
 
 	t.Run("ingress restarted → snapshot catch-up", func(t *testing.T) {
@@ -204,6 +213,12 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 	t.Run("engine restarted → sequence reset", func(t *testing.T) {
 		if err := engines[2].srv.Restart(); err != nil {
 			t.Fatal(err)
+		}
+		// Idle after the restart: the sidecar's idle probe finds the new
+		// incarnation (its cache is empty) without waiting for an event.
+		waitConverged(t, "after engine restart (idle)", ins, truths)
+		if st := engines[2].sc.Status()[0]; st.RankResets < 2 {
+			t.Fatalf("rank resets %d, want one per DP rank", st.RankResets)
 		}
 		load(t, engines, 15, rng)
 		waitConverged(t, "after engine restart", ins, truths)
@@ -231,12 +246,17 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 	t.Run("lost history + reset-engine policy → exact", func(t *testing.T) {
 		// The sidecar is down while more batches than the replay buffer keeps
 		// go by: a new sidecar cannot replay them and resets the engine.
-		small := startSim(top, "sim-d", 1, 48, 0, 4)
+		small := startSim(top, "sim-d", 1, 48, 0, 2, 4) // replay buffer: 2 batches
 		small.srv.SetDropRate(1) // nothing live: only the (tiny) replay buffer could help
 		load(t, []*simEngine{small}, 5, rng)
 		small.srv.SetDropRate(0)
 		truths[small.id] = small.truth
-		small.sc = startSidecar(top, small.sidecarConfig(ns.url(), key, join, sidecar.ResyncResetEngine))
+		small.sc = startSidecar(top, small.sidecarConfig(ns.url(), key, ins[1].node.Addr(), sidecar.ResyncResetEngine))
+		load(t, []*simEngine{small}, 5, rng)
+		meshtest.WaitFor(t, 20*time.Second, "engine reset by the sidecar", func() bool {
+			st := small.sc.Status()[0]
+			return st.LostHistory > 0 && st.EngineResets > 0
+		})
 		load(t, []*simEngine{small}, 5, rng)
 		waitConverged(t, "after reset-engine resync", ins, truths)
 	})

@@ -1,0 +1,136 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sidecar"
+)
+
+// TestClusterRoutesToCachedPrefix runs the real mesh on loopback: embedded
+// NATS, two simulated engines emitting vLLM KV events, a sidecar each, and an
+// ingress that learns the engines by gossip and their caches from NATS. A
+// prefix cached on one engine (warmed directly, behind the ingress's back)
+// must pull requests sharing it to that engine.
+func TestClusterRoutesToCachedPrefix(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ns, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+
+	cfg := DefaultConfig()
+	cfg.ID = "ingress-test"
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.LoadInterval = 50 * time.Millisecond
+	cfg.Cluster = ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{ns.URL()}}
+	s := startIngress(t, cfg, Deps{})
+	seed := s.GossipAddr()
+	if seed == "" {
+		t.Fatal("no gossip address")
+	}
+
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const model = "sim/tiny"
+	sims := map[string]*sim.Server{}
+	for i, id := range []string{"eng-a", "eng-b"} {
+		sm, err := sim.Start(context.Background(), sim.Config{Model: model, KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
+			Engine: engine.Config{BlockSize: 16, GPUBlocks: 2048, Profile: prof}, TimeScale: 500, Seed: uint64(i + 1), Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sm.Close() })
+		sims[id] = sm
+		sc := sidecar.DefaultConfig()
+		sc.Engines = []sidecar.EngineConfig{{ID: id, Model: model, URL: sm.URL(), DPSize: 1,
+			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints()}}
+		sc.NATS = natsutil.DefaultConfig()
+		sc.NATS.URLs = []string{ns.URL()}
+		gc := gossip.DefaultConfig()
+		gc.Name, gc.Profile, gc.Join = "sidecar-"+id, "local", []string{seed}
+		gc.BroadcastInterval, gc.PushPullInterval = 50*time.Millisecond, 500*time.Millisecond
+		gc.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "sidecar-" + id}
+		gc.Logger = quiet
+		sc.Gossip = &gc
+		sc.GossipInterval, sc.ScrapeInterval = 50*time.Millisecond, 100*time.Millisecond
+		sc.Logger = quiet
+		car, err := sidecar.New(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); car.Run(ctx) }()
+		t.Cleanup(func() { cancel(); car.Close(); <-done })
+	}
+	base := "http://" + s.Addr()
+	waitFor(t, 20*time.Second, func() bool {
+		st, _, _ := get(base + "/ready")
+		return st == 200 && len(s.deps.Membership.Engines(nil)) == 2
+	})
+	if st, body, _ := get(base + "/v1/models"); st != 200 || !strings.Contains(body, model) {
+		t.Fatalf("/v1/models %d %s", st, body)
+	}
+
+	// Warm a 512-token prefix on eng-a only, directly.
+	prefix := make([]string, 512)
+	for i := range prefix {
+		prefix[i] = fmt.Sprint(100 + i*7%3000)
+	}
+	warm := `{"model":"` + model + `","prompt":[` + strings.Join(prefix, ",") + `],"max_tokens":1}`
+	if st, _, b := post(t, http.DefaultClient, sims["eng-a"].URL()+"/v1/completions", warm); st != 200 {
+		t.Fatalf("warm: %d %s", st, b)
+	}
+	root := kvevents.Root(model, "", "")
+	ids := make([]uint32, 512)
+	for i := range ids {
+		ids[i] = uint32(100 + i*7%3000)
+	}
+	keys := kvevents.AppendKeys(nil, root, ids, 16)
+	waitFor(t, 10*time.Second, func() bool {
+		return s.deps.Index.KeyCount("eng-a", kvevents.TierGPU) >= len(keys)
+	})
+
+	// Requests sharing the prefix go to eng-a.
+	for i := 0; i < 6; i++ {
+		body := `{"model":"` + model + `","prompt":[` + strings.Join(prefix, ",") + `,` + fmt.Sprint(5000+i) + `,7,8,9],"max_tokens":2}`
+		st, hdr, b := post(t, http.DefaultClient, base+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "eng-a" {
+			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+		var u usageBody
+		_ = json.Unmarshal(b, &u)
+	}
+	if st, body, _ := get(base + "/debug/index"); st != 200 || !strings.Contains(body, "eng-a") {
+		t.Fatalf("/debug/index %d %s", st, body)
+	}
+	if st, body, _ := get(base + "/metrics"); st != 200 || !strings.Contains(body, "kvmesh_ingress_index_keys") || !strings.Contains(body, `kvmesh_ingress_routing_decisions_total`) {
+		t.Fatalf("/metrics %d", st)
+	}
+}
+
+func get(url string) (int, string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}

@@ -1,0 +1,228 @@
+package materialize_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/ingress/materialize"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
+)
+
+// fakeMembership is a gossip view the test controls (a stand-in for
+// *gossip.Node, whose real behaviour is tested in package gossip and in
+// test/mesh).
+type fakeMembership struct {
+	mu sync.Mutex
+	v  []gossip.EngineView
+}
+
+func (f *fakeMembership) Engines() []gossip.EngineView {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]gossip.EngineView(nil), f.v...)
+}
+
+func (f *fakeMembership) set(v ...gossip.EngineView) {
+	f.mu.Lock()
+	f.v = v
+	f.mu.Unlock()
+}
+
+type fixture struct {
+	t     *testing.T
+	srv   *natsutil.Embedded
+	nc    *nats.Conn
+	cache *meshtest.Cache
+	sc    *sidecar.Sidecar
+	idx   *meshtest.MapIndex
+	m     *materialize.Materializer
+	reg   *prometheus.Registry
+	mem   *fakeMembership
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{t: t, idx: meshtest.NewMapIndex(), reg: prometheus.NewRegistry(), mem: &fakeMembership{}}
+	var err error
+	if f.srv, err = natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.srv.Shutdown)
+	if f.cache, err = meshtest.NewCache("m", 4, 16, 0, 9); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.cache.Pub.Close() })
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: f.cache.Pub.Endpoint(), Replay: f.cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+	sc.NATS.URLs = []string{f.srv.URL()}
+	if f.sc, err = sidecar.New(sc); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.sc.Run(context.Background()) }()
+	t.Cleanup(func() { _ = f.sc.Close(); <-done })
+	meshtest.WaitFor(t, 10*time.Second, "sidecar ready", f.sc.Ready)
+
+	if f.nc, err = nats.Connect(f.srv.URL()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.nc.Close)
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer, cfg.Membership = f.nc, f.idx, f.reg, f.mem
+	cfg.CheckInterval, cfg.DigestGrace = 20*time.Millisecond, 50*time.Millisecond
+	if f.m, err = materialize.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mdone := make(chan error, 1)
+	go func() { mdone <- f.m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-mdone; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return f
+}
+
+func (f *fixture) load(n int) {
+	for i := 0; i < n; i++ {
+		if err := f.cache.Request(f.cache.RandomPrompt(3, 2, 3)); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+func (f *fixture) equal() bool {
+	truth := f.cache.Truth()
+	got := f.idx.Keys("e1", kvevents.TierGPU)
+	if len(got) != len(truth[kvevents.TierGPU]) {
+		return false
+	}
+	for i := range got {
+		if got[i] != truth[kvevents.TierGPU][i] {
+			return false
+		}
+	}
+	return len(f.idx.Problems()) == 0
+}
+
+func TestAppliesInSequenceAndReportsStatus(t *testing.T) {
+	f := newFixture(t)
+	f.load(50)
+	meshtest.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
+	meshtest.WaitFor(t, 5*time.Second, "synced", f.m.Synced)
+	st := f.m.Status()
+	if len(st) != 1 || st[0].Engine != "e1" || st[0].Model != "m" || st[0].Keys[kvevents.TierGPU] != len(f.cache.Truth()[kvevents.TierGPU]) {
+		t.Fatalf("status %+v", st)
+	}
+	side := f.sc.Status()[0]
+	meshtest.WaitFor(t, 5*time.Second, "same head as the sidecar", func() bool {
+		s := f.m.Status()[0]
+		return s.Epoch == side.Epoch && s.Seq == f.sc.Status()[0].Seq
+	})
+	if got := counter(t, f.reg, "kvmesh_materializer_deltas_applied_total"); got == 0 {
+		t.Fatal("no delta applied in sequence")
+	}
+	if got := counter(t, f.reg, "kvmesh_materializer_propagation_lag_seconds"); got == 0 {
+		t.Fatal("no lag observed")
+	}
+}
+
+func TestMalformedDeltaCountedAndSkipped(t *testing.T) {
+	f := newFixture(t)
+	f.load(10)
+	meshtest.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
+	before := counter(t, f.reg, "kvmesh_materializer_malformed_total")
+	if err := f.nc.Publish(natsutil.DeltaSubject("m", "e1"), []byte{0x98, 0xff, 0x00}); err != nil {
+		t.Fatal(err)
+	}
+	meshtest.WaitFor(t, 5*time.Second, "malformed counted", func() bool {
+		return counter(t, f.reg, "kvmesh_materializer_malformed_total") == before+1
+	})
+	f.load(10)
+	meshtest.WaitFor(t, 10*time.Second, "still in sync", f.equal)
+}
+
+func TestDigestMismatchTriggersSnapshot(t *testing.T) {
+	f := newFixture(t)
+	f.load(20)
+	meshtest.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
+	st := f.m.Status()[0]
+	// Gossip claims the same head with another digest: the materializer must
+	// resync (and, the sidecar being right, end up where it was).
+	bad := st.Digest
+	bad.Digests[kvevents.TierGPU].Sum++
+	f.mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "e1", Model: "m", Digest: bad}})
+	meshtest.WaitFor(t, 5*time.Second, "mismatch resync", func() bool {
+		return counter(t, f.reg, "kvmesh_materializer_digest_mismatches_total") > 0
+	})
+	f.mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "e1", Model: "m", Digest: f.m.Status()[0].Digest}})
+	meshtest.WaitFor(t, 5*time.Second, "equal after resync", f.equal)
+
+	// Gossip ahead of the applied head (deltas lost with none after them to
+	// show the gap): resync too.
+	ahead := f.m.Status()[0].Digest
+	ahead.Head.Seq += 5
+	gaps := counter(t, f.reg, "kvmesh_materializer_gaps_total")
+	f.mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "e1", Model: "m", Digest: ahead}})
+	meshtest.WaitFor(t, 5*time.Second, "behind resync", func() bool {
+		return counter(t, f.reg, "kvmesh_materializer_gaps_total") > gaps
+	})
+
+	// The engine leaves gossip: it is cleared from the index.
+	f.mem.set()
+	meshtest.WaitFor(t, 5*time.Second, "engine cleared", func() bool {
+		return len(f.idx.Engines()) == 0 && len(f.m.Status()) == 0
+	})
+}
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	c := materialize.DefaultConfig()
+	c.SnapshotTimeout = 0
+	c.MaxBuffered = -1
+	err := c.Validate()
+	if !errors.Is(err, materialize.ErrConfig) {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"no NATS", "no index", "snapshot timeout", "max buffered"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}
+
+// counter sums a metric family's counter values (or a histogram's count).
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if m.GetCounter() != nil {
+				sum += m.GetCounter().GetValue()
+			}
+			if m.GetHistogram() != nil {
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}

@@ -1,0 +1,206 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/tokenizer"
+)
+
+var (
+	llamaOnce sync.Once
+	llamaDir  string
+	llamaErr  error
+
+	llamaLoadOnce sync.Once
+	llamaNative   *tokenizer.Native
+	llamaTpl      *tokenizer.ChatTemplate
+	llamaLoadErr  error
+)
+
+// llama loads the Llama 3 tokenizer and template once per test binary (the
+// 128k-entry vocabulary is slow to load under -race).
+func llama(t testing.TB) (*tokenizer.Native, *tokenizer.ChatTemplate) {
+	t.Helper()
+	tokJSON, tplJSON := llamaFiles(t)
+	llamaLoadOnce.Do(func() {
+		if llamaNative, llamaLoadErr = tokenizer.LoadFile(tokJSON); llamaLoadErr == nil {
+			llamaTpl, llamaLoadErr = tokenizer.LoadChatTemplateFile(tplJSON)
+		}
+	})
+	if llamaLoadErr != nil {
+		t.Fatal(llamaLoadErr)
+	}
+	return llamaNative, llamaTpl
+}
+
+// llamaFiles locates the Llama 3 tokenizer and chat template that ship in the
+// Go module github.com/daulet/tokenizers (required in go.mod).
+func llamaFiles(t testing.TB) (tokJSON, tplJSON string) {
+	t.Helper()
+	llamaOnce.Do(func() {
+		out, err := exec.Command("go", "mod", "download", "-json", "github.com/daulet/tokenizers").Output()
+		if err != nil {
+			llamaErr = err
+			return
+		}
+		var v struct{ Dir string }
+		if llamaErr = json.Unmarshal(out, &v); llamaErr == nil {
+			llamaDir = filepath.Join(v.Dir, "test", "data")
+		}
+	})
+	if llamaErr != nil || llamaDir == "" {
+		t.Fatalf("locate tokenizer test data: %v", llamaErr)
+	}
+	return filepath.Join(llamaDir, "Meta-Llama-3-8B-Instruct.json"), filepath.Join(llamaDir, "meta-llama-3-8b-instruct", "tokenizer_config.json")
+}
+
+// tokenizedRig: a sim and an ingress sharing the Llama 3 tokenizer.
+func tokenizedRig(t *testing.T, chatMode string) (*Server, *tokenizer.Native) {
+	t.Helper()
+	nt, tpl := llama(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()})
+	cfg.ChatMode = chatMode
+	tk, err := NewTokenizer(nt, tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startIngress(t, cfg, Deps{Tokenizers: TokenizerMap{"llama": tk}}), nt
+}
+
+type usageBody struct {
+	Object  string `json:"object"`
+	Choices []struct {
+		Text    string `json:"text"`
+		Message struct {
+			Role, Content string
+		} `json:"message"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// LoadTokenizers reads the files named in Config (the command's path).
+func TestLoadTokenizers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loads a 128k-entry vocabulary")
+	}
+	tokJSON, tplJSON := llamaFiles(t)
+	cfg := DefaultConfig()
+	cfg.Tokenizers = map[string]string{"llama": tokJSON}
+	cfg.ChatTemplates = map[string]string{"llama": tplJSON}
+	var deps Deps
+	if err := LoadTokenizers(&cfg, &deps); err != nil {
+		t.Fatal(err)
+	}
+	tk, ok := deps.Tokenizers.For("llama")
+	if !ok {
+		t.Fatal("no tokenizer for llama")
+	}
+	ids, err := tk.RenderChat(nil, []Message{{Role: "user", Content: "hi"}})
+	nt, _ := llama(t)
+	if err != nil || len(ids) == 0 || ids[0] != nt.Encode("<|begin_of_text|>", false)[0] {
+		t.Fatalf("render: %v %v", ids, err)
+	}
+	cfg.Tokenizers["bad"] = "/nonexistent/tokenizer.json"
+	deps = Deps{}
+	if err := LoadTokenizers(&cfg, &deps); err == nil {
+		t.Fatal("missing file accepted")
+	}
+}
+
+func TestTextPromptTokenizedOnce(t *testing.T) {
+	s, nt := tokenizedRig(t, ChatModeChat)
+	const text = "The ingress tokenizes this prompt once; the engine receives token ids."
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"llama","prompt":"`+text+`","max_tokens":3}`)
+	var u usageBody
+	if err := json.Unmarshal(b, &u); st != 200 || err != nil {
+		t.Fatalf("%d %s %v", st, b, err)
+	}
+	if want := len(nt.Encode(text, true)); u.Usage.PromptTokens != want {
+		t.Fatalf("engine saw %d prompt tokens, tokenizer gives %d", u.Usage.PromptTokens, want)
+	}
+	if got := val(s.m.tokens.WithLabelValues("in")); int(got) != u.Usage.PromptTokens {
+		t.Fatalf("ingress counted %v prompt tokens, engine %d", got, u.Usage.PromptTokens)
+	}
+}
+
+// In completions mode the ingress renders the chat template and the engine
+// gets token ids; it must see exactly the prompt it renders itself in chat
+// mode, and the answer must come back as chat objects.
+func TestChatAsCompletionsMatchesChat(t *testing.T) {
+	chatSrv, _ := tokenizedRig(t, ChatModeChat)
+	wrapSrv, _ := tokenizedRig(t, ChatModeCompletions)
+	const body = `{"model":"llama","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"What is a KV cache?"}],"max_tokens":6`
+	var got [2]usageBody
+	for i, s := range []*Server{chatSrv, wrapSrv} {
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", body+"}")
+		if err := json.Unmarshal(b, &got[i]); st != 200 || err != nil {
+			t.Fatalf("mode %d: %d %s %v", i, st, b, err)
+		}
+		if got[i].Object != "chat.completion" || got[i].Choices[0].Message.Role != "assistant" || got[i].Choices[0].Message.Content == "" {
+			t.Fatalf("mode %d: %s", i, b)
+		}
+	}
+	if got[0].Usage.PromptTokens != got[1].Usage.PromptTokens || got[1].Usage.CompletionTokens != 6 {
+		t.Fatalf("chat mode prompt %d tokens, completions mode %d (completion %d)", got[0].Usage.PromptTokens, got[1].Usage.PromptTokens, got[1].Usage.CompletionTokens)
+	}
+
+	// Streaming in completions mode: chat chunks, role first, usage, [DONE].
+	st, _, b := post(t, http.DefaultClient, "http://"+wrapSrv.Addr()+"/v1/chat/completions", body+`,"stream":true,"stream_options":{"include_usage":true}}`)
+	if st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	evs := sseEvents(b)
+	if len(evs) < 3 || evs[len(evs)-1] != "[DONE]" {
+		t.Fatalf("events %q", evs)
+	}
+	var content strings.Builder
+	sawRole, sawUsage := false, false
+	for i, e := range evs[:len(evs)-1] {
+		var ch struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				Delta struct{ Role, Content string } `json:"delta"`
+			} `json:"choices"`
+			Usage *struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(e), &ch); err != nil || ch.Object != "chat.completion.chunk" {
+			t.Fatalf("event %d %q: %v", i, e, err)
+		}
+		for _, c := range ch.Choices {
+			if c.Delta.Role == "assistant" {
+				if i != 0 {
+					t.Fatalf("role in event %d", i)
+				}
+				sawRole = true
+			}
+			content.WriteString(c.Delta.Content)
+		}
+		if ch.Usage != nil && ch.Usage.PromptTokens == got[0].Usage.PromptTokens {
+			sawUsage = true
+		}
+	}
+	if !sawRole || !sawUsage || content.Len() == 0 {
+		t.Fatalf("role %v usage %v content %q: %q", sawRole, sawUsage, content.String(), evs)
+	}
+}

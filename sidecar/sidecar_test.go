@@ -1,0 +1,120 @@
+package sidecar_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
+)
+
+func TestAdminEndpoints(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	cache, err := meshtest.NewCache("m", 4, 16, 8, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Pub.Close()
+
+	// A stand-in engine /metrics in vLLM's format.
+	metrics := http.NewServeMux()
+	metrics.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\n"+
+			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2\n"+
+			"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n")
+	})
+	hs := &http.Server{Handler: metrics}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = hs.Serve(ln) }()
+	defer hs.Close()
+
+	cfg := sidecar.DefaultConfig()
+	cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", URL: "http://" + ln.Addr().String(), Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint()}}
+	cfg.NATS.URLs = []string{srv.URL()}
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.ScrapeInterval = 50 * time.Millisecond
+	s, err := sidecar.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	meshtest.WaitFor(t, 10*time.Second, "ready", s.Ready)
+	base := "http://" + s.AdminAddr().String()
+	for i := 0; i < 20; i++ {
+		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meshtest.WaitFor(t, 5*time.Second, "keys and load", func() bool {
+		st := s.Status()[0]
+		return st.Keys[0] == len(cache.Truth()[0]) && st.Load.Running == 3 && st.Load.Waiting == 2 && st.Load.KVUsage == 0.25
+	})
+	get := func(path string) (int, string) {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/health"); code != 200 {
+		t.Fatalf("/health %d", code)
+	}
+	if code, _ := get("/ready"); code != 200 {
+		t.Fatalf("/ready %d", code)
+	}
+	code, body := get("/metrics")
+	if code != 200 || !strings.Contains(body, `kvmesh_sidecar_keys{engine="e1",tier="gpu"}`) || !strings.Contains(body, "kvmesh_sidecar_deltas_published_total") {
+		t.Fatalf("/metrics %d:\n%s", code, body)
+	}
+	_, body = get("/debug/state")
+	var st []sidecar.Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil || len(st) != 1 || st[0].Engine != "e1" {
+		t.Fatalf("/debug/state %q: %v", body, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if s.Ready() {
+		t.Fatal("ready after close")
+	}
+}
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	c := sidecar.DefaultConfig()
+	c.Engines = []sidecar.EngineConfig{{ID: "a"}, {ID: "a", Model: "m", Events: "tcp://x:1", Role: "chef", URL: "::bad"}}
+	c.ResyncPolicy = sidecar.ResyncResetEngine
+	c.MaxDeltaKeys = 0
+	err := c.Validate()
+	if !errors.Is(err, sidecar.ErrConfig) {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"no model", "no KV-event endpoint", "duplicate id", "role", "bad url", "needs the engine url", "max delta keys"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}
