@@ -3,6 +3,7 @@ package gossip
 import (
 	"bytes"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -121,7 +122,9 @@ func TestStatePropagatesAndDeadSidecarDisappears(t *testing.T) {
 
 func TestGracefulLeaveRemovesAtOnce(t *testing.T) {
 	a := start(t, testConfig("a", RoleIngress, nil))
-	b := start(t, testConfig("b", RoleSidecar, nil, a.Addr()))
+	// Join by DNS name (memberlist resolves it; a headless Service works the same).
+	_, port, _ := net.SplitHostPort(a.Addr())
+	b := start(t, testConfig("b", RoleSidecar, nil, net.JoinHostPort("localhost", port)))
 	b.SetEngine(EngineState{ID: "eb", Model: "m"})
 	waitFor(t, 5*time.Second, "a sees eb", func() bool { _, ok := a.Engine("eb"); return ok })
 	if err := b.Close(); err != nil {

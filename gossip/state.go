@@ -20,8 +20,8 @@ type EngineState struct {
 
 	Running       int     `json:"run"`
 	Waiting       int     `json:"wait"`
-	KVUsage       float64 `json:"kv"`             // 0..1
-	QueuedPrefill int64   `json:"qpf,omitempty"`  // queued prefill tokens, when the engine exports them
+	KVUsage       float64 `json:"kv"`              // 0..1
+	QueuedPrefill int64   `json:"qpf,omitempty"`   // queued prefill tokens, when the engine exports them
 	Ready         bool    `json:"ready,omitempty"` // the sidecar's own readiness (events flowing, metrics scraped)
 
 	// Digest is the key-set digest per tier at its delta head; Digest.Digests[t].Count

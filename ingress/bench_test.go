@@ -31,7 +31,7 @@ const benchStreamBody = `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14
 
 type benchRig struct {
 	sims   []*sim.Server
-	ingr   *Server
+	ingr   string // host:port of the ingress
 	nginx  string // host:port, "" when nginx is missing
 	direct string
 }
@@ -49,22 +49,60 @@ func newBenchRig(b *testing.B, policy string) *benchRig {
 		r.sims = append(r.sims, s)
 	}
 	r.direct = r.sims[0].HTTPAddr()
-	cfg := DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.AccessLog = false
-	cfg.Scheduler.Policy = policy
-	cfg.Engines = []StaticEngine{{ID: "s0", Model: "m", URL: r.sims[0].URL()}, {ID: "s1", Model: "m", URL: r.sims[1].URL()}}
-	s, err := New(cfg, Deps{Logger: quiet})
+	r.ingr = startIngressProcess(b, policy, "s0=m="+r.sims[0].URL(), "s1=m="+r.sims[1].URL())
+	r.nginx = startNginx(b, r.sims[0].HTTPAddr(), r.sims[1].HTTPAddr())
+	return r
+}
+
+// startIngressProcess runs `kvmesh ingress` as its own process, like nginx,
+// so the two proxies compete on equal terms (neither shares the test
+// process's scheduler and garbage collector with the sims and the client).
+func startIngressProcess(b *testing.B, policy string, engines ...string) string {
+	b.Helper()
+	dir := b.TempDir()
+	bin := filepath.Join(dir, "kvmesh")
+	build := exec.Command("go", "build", "-o", bin, "github.com/kvmesh/kvmesh/cmd/kvmesh")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("build kvmesh: %v\n%s", err, out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Start(context.Background()); err != nil {
+	addr := ln.Addr().String()
+	ln.Close()
+	args := []string{"ingress", "-listen", addr, "-policy", policy, "-access-log=false"}
+	for _, e := range engines {
+		args = append(args, "-engine", e)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { s.Close() })
-	r.ingr = s
-	r.nginx = startNginx(b, r.sims[0].HTTPAddr(), r.sims[1].HTTPAddr())
-	return r
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	hc := &fasthttp.HostClient{Addr: addr}
+	deadline := time.Now().Add(10 * time.Second)
+	tk := time.NewTicker(10 * time.Millisecond)
+	defer tk.Stop()
+	for time.Now().Before(deadline) {
+		if st, _, err := hc.Get(nil, "http://"+addr+"/health"); err == nil && st == 200 {
+			return addr
+		}
+		<-tk.C
+	}
+	b.Fatalf("kvmesh ingress not answering on %s", addr)
+	return ""
 }
 
 // startNginx runs nginx from a temp dir with a generated config doing
@@ -143,7 +181,7 @@ http {
 }
 
 func (r *benchRig) targets() []struct{ name, addr string } {
-	t := []struct{ name, addr string }{{"direct", r.direct}, {"ingress", r.ingr.Addr()}}
+	t := []struct{ name, addr string }{{"direct", r.direct}, {"ingress", r.ingr}}
 	if r.nginx != "" {
 		t = append(t, struct{ name, addr string }{"nginx", r.nginx})
 	}

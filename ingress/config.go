@@ -101,6 +101,11 @@ type Config struct {
 	// its engine before events confirm them (passed to the index). Default 5s.
 	SpeculativeTTL time.Duration
 
+	// SessionSlack is how many more requests (in flight + waiting) than the
+	// least-loaded candidate a session's engine may have and still keep the
+	// session (X-Session-ID); beyond it the policy's choice wins. Default 8.
+	SessionSlack int
+
 	// AccessLog writes one JSON line per request. Default true.
 	AccessLog bool
 }
@@ -122,6 +127,7 @@ func DefaultConfig() Config {
 		LoadInterval:      200 * time.Millisecond,
 		SpeculativeTTL:    5 * time.Second,
 		AccessLog:         true,
+		SessionSlack:      8,
 		Scheduler:         scheduler.DefaultConfig(),
 	}
 }
@@ -170,6 +176,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BlockSize <= 0 {
 		bad("block size must be > 0, got %d", c.BlockSize)
+	}
+	if c.SessionSlack < 0 {
+		bad("session slack must be >= 0, got %d", c.SessionSlack)
 	}
 	if c.LoadInterval <= 0 {
 		bad("load interval must be > 0")

@@ -137,9 +137,13 @@ func (s *Server) handleDebugIndex(ctx *fasthttp.RequestCtx) {
 		"synced": s.deps.Synced == nil || s.deps.Synced()})
 }
 
-// handleDebugConfig shows the effective configuration.
+// handleDebugConfig shows the effective configuration, secrets redacted.
 func (s *Server) handleDebugConfig(ctx *fasthttp.RequestCtx) {
-	writeJSON(ctx, map[string]any{"config": s.cfg, "policy": s.deps.Scheduler.Policy()})
+	cfg := s.cfg
+	if len(cfg.Cluster.GossipKey) > 0 {
+		cfg.Cluster.GossipKey = []byte("redacted")
+	}
+	writeJSON(ctx, map[string]any{"config": cfg, "policy": s.deps.Scheduler.Policy()})
 }
 
 // debugEnabled guards hot-path debug logging so it costs nothing when off.

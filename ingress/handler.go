@@ -188,13 +188,55 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	if len(c.dec.Ranked) == 0 {
 		return fmt.Errorf("%w: scheduler ranked no engine", ErrNoEngine)
 	}
+	if c.sreq.SessionEngine != "" {
+		c.keepSession()
+	}
 	c.tSchedule = time.Since(t)
 	s.m.decisions.WithLabelValues(c.dec.Policy, c.dec.Reason).Inc()
-	s.m.stage.WithLabelValues("parse").Observe(c.tParse.Seconds())
-	s.m.stage.WithLabelValues("tokenize").Observe(c.tTokenize.Seconds())
-	s.m.stage.WithLabelValues("schedule").Observe(c.tSchedule.Seconds())
-	s.m.tokens.WithLabelValues("in").Add(float64(promptTokens))
+	s.m.stageParse.Observe(c.tParse.Seconds())
+	s.m.stageTokenize.Observe(c.tTokenize.Seconds())
+	s.m.stageSchedule.Observe(c.tSchedule.Seconds())
+	s.m.tokensIn.Add(float64(promptTokens))
 	return nil
+}
+
+// keepSession moves the session's previous engine to the front of the
+// ranking unless it is overloaded: more than Config.SessionSlack requests
+// (in flight + waiting) above the least-loaded candidate, or its KV cache
+// nearly full. The rest of the ranking stays as the policy made it, for retries.
+func (c *call) keepSession() {
+	at := -1
+	for i := range c.dec.Ranked {
+		if c.dec.Ranked[i].Engine == c.sreq.SessionEngine {
+			at = i
+			break
+		}
+	}
+	if at <= 0 {
+		return // gone, or already first
+	}
+	load := func(id string) (int, float64) {
+		for i := range c.cands {
+			if c.cands[i].ID == id {
+				return c.cands[i].InFlight + c.cands[i].Waiting, c.cands[i].KVUsage
+			}
+		}
+		return 0, 0
+	}
+	least := -1
+	for i := range c.cands {
+		if l := c.cands[i].InFlight + c.cands[i].Waiting; least < 0 || l < least {
+			least = l
+		}
+	}
+	mine, kv := load(c.sreq.SessionEngine)
+	if mine-least > c.s.cfg.SessionSlack || kv >= 0.98 {
+		return
+	}
+	r := c.dec.Ranked[at]
+	copy(c.dec.Ranked[1:at+1], c.dec.Ranked[:at])
+	c.dec.Ranked[0] = r
+	c.dec.Engine, c.dec.Reason = r.Engine, "session-affinity"
 }
 
 // admitContext bounds the admission wait by the server's life.
@@ -282,13 +324,13 @@ func (c *call) finish() {
 			if s.deps.Affinity != nil && len(c.req.sessionID) > 0 && c.engine != "" {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
-			s.m.tokens.WithLabelValues("out").Add(float64(c.outTokens))
+			s.m.tokensOut.Add(float64(c.outTokens))
 		}
 		ep := c.ep.String()
 		s.m.requests.WithLabelValues(ep, s.m.status(c.status)).Inc()
-		s.m.duration.WithLabelValues(ep).Observe(total.Seconds())
+		s.m.durationBy[c.ep].Observe(total.Seconds())
 		if c.ttft > 0 {
-			s.m.ttft.WithLabelValues(ep).Observe(c.ttft.Seconds())
+			s.m.ttftBy[c.ep].Observe(c.ttft.Seconds())
 		}
 		if s.alog != nil {
 			c.logAccess(total)

@@ -20,6 +20,12 @@ type metrics struct {
 	streamErrors prometheus.Counter
 
 	statusLabels map[int]string // avoids strconv per request
+
+	// Children resolved once: the request path does no label hashing for these.
+	stageParse, stageTokenize, stageSchedule prometheus.Observer
+	tokensIn, tokensOut                      prometheus.Counter
+	attemptOK                                prometheus.Counter
+	ttftBy, durationBy                       [3]prometheus.Observer // by endpoint
 }
 
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -53,6 +59,16 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 	}
 	for _, c := range []int{200, 400, 401, 404, 413, 429, 499, 500, 502, 503, 504} {
 		m.statusLabels[c] = strconv.Itoa(c)
+	}
+	m.stageParse = m.stage.WithLabelValues("parse")
+	m.stageTokenize = m.stage.WithLabelValues("tokenize")
+	m.stageSchedule = m.stage.WithLabelValues("schedule")
+	m.tokensIn = m.tokens.WithLabelValues("in")
+	m.tokensOut = m.tokens.WithLabelValues("out")
+	m.attemptOK = m.attempts.WithLabelValues("ok")
+	for _, ep := range []endpoint{epCompletions, epChat} {
+		m.ttftBy[ep] = m.ttft.WithLabelValues(ep.String())
+		m.durationBy[ep] = m.duration.WithLabelValues(ep.String())
 	}
 	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors)
 	if indexKeys != nil {

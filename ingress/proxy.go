@@ -176,7 +176,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	up.inflight.Add(-1)
-	c.s.m.attempts.WithLabelValues("ok").Inc()
+	c.s.m.attemptOK.Inc()
 	c.outTokens = usageCompletionTokens(out)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
@@ -229,7 +229,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 		return false, c.attemptFailed(up, resp, classifyErr(err), fmt.Errorf("before first byte: %w", err))
 	}
 	c.ttft = time.Since(c.start)
-	c.s.m.attempts.WithLabelValues("ok").Inc()
+	c.s.m.attemptOK.Inc()
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.status = fasthttp.StatusOK
 	ctx.SetStatusCode(fasthttp.StatusOK)

@@ -311,7 +311,11 @@ func decodeMapEvent(r *reader, ev *Event) (bool, error) {
 			ev.Kind, sawType = kindOf(tag), true
 			continue
 		}
-		if err := decodeField(r, ev, fieldByName(key)); err != nil {
+		f := fieldByName(key)
+		if sawType && ev.Kind == 0 {
+			f = fieldUnknown // an unknown event type's fields are not ours to check
+		}
+		if err := decodeField(r, ev, f); err != nil {
 			return false, err
 		}
 	}

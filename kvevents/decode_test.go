@@ -199,7 +199,7 @@ func TestDecodeVariants(t *testing.T) {
 				}
 			}},
 		{"unknown event types are skipped and counted", mp(byte(0x93), 1.0, byte(0x93),
-			mp(byte(0x92), "PrefixCacheHit", mp(byte(0x91), 1)), mp(byte(0x82), "type", "Future", "x", 1), mp(byte(0x91), "AllBlocksCleared"), 0),
+			mp(byte(0x92), "PrefixCacheHit", mp(byte(0x91), 1)), mp(byte(0x83), "type", "Future", "x", 1, "medium", 5), mp(byte(0x91), "AllBlocksCleared"), 0),
 			func(t *testing.T, b *Batch) {
 				if len(b.Events) != 1 || b.Events[0].Kind != AllBlocksCleared || b.Skipped != 2 {
 					t.Fatalf("%+v", b)

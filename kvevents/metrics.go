@@ -40,6 +40,7 @@ func NewSubscriberCollector(engine string, sub *Subscriber) *SubscriberCollector
 			{d("malformed", "Messages with a wrong frame layout (skipped)."), func(s SubscriberStats) uint64 { return s.Malformed }},
 			{d("duplicates", "Live batches already delivered through replay (skipped)."), func(s SubscriberStats) uint64 { return s.Duplicates }},
 			{d("probes", "Idle probes: replay requests not caused by a gap."), func(s SubscriberStats) uint64 { return s.Probes }},
+			{d("unknown_events", "Events of unknown types skipped inside delivered batches."), func(s SubscriberStats) uint64 { return s.UnknownEvents }},
 		},
 	}
 }

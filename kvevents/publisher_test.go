@@ -3,6 +3,7 @@ package kvevents
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"testing"
 	"time"
 
@@ -157,19 +158,23 @@ func TestPublisherDropRateDeterministic(t *testing.T) {
 		return out
 	}
 	a, b := drops(), drops()
-	if len(a) < 10 || len(a) > 50 || !equalU64(a, b) {
+	if len(a) < 10 || len(a) > 50 || !slices.Equal(a, b) {
 		t.Fatalf("drops %v vs %v", a, b)
 	}
 }
 
-func equalU64(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
+func BenchmarkPublish(b *testing.B) {
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
+	if err != nil {
+		b.Fatal(err)
 	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+	defer pub.Close()
+	batch := benchBatch()
+	batch.HasDPRank = false
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := pub.Publish(batch); err != nil {
+			b.Fatal(err)
 		}
 	}
-	return true
 }

@@ -70,6 +70,7 @@ type SubscriberStats struct {
 	Malformed      uint64 // messages with the wrong frame layout (skipped)
 	Duplicates     uint64 // live batches already delivered through replay (skipped)
 	Probes         uint64 // idle probes (replay requests not caused by a gap)
+	UnknownEvents  uint64 // events of unknown types skipped inside delivered batches
 }
 
 // Subscriber receives one engine's KV events from every DP rank over ZMQ:
@@ -85,12 +86,17 @@ type SubscriberStats struct {
 // buffer no longer reaches back that far, the stream starts with
 // MsgLostHistory{From: 0}.
 //
-// Limits (inherent in the wire protocol): batches lost at the end of a burst
-// are noticed only when the engine publishes again, and a restart whose new
-// sequence has already passed the old one by the time the first live message
-// arrives is caught only while the engine's replay buffer still holds the
-// batch at the old last sequence (recover compares it with what was
-// delivered); without replay it looks like a gap.
+// ReplayOnStart replays every rank from 0 at start (a sidecar restarted
+// next to an idle engine); IdleProbe replays quiet ranks periodically. Live
+// copies of batches already delivered by a replay are recognised by payload
+// hash and skipped, never mistaken for a restart.
+//
+// Limits (inherent in the wire protocol): without IdleProbe, batches lost at
+// the end of a burst are noticed only when the engine publishes again; a
+// restart whose new sequence has already passed the old one is caught only
+// while the engine's replay buffer still holds the batch at the old last
+// sequence (the replay's overlap batch is compared with what was
+// delivered); without replay such a restart looks like a gap.
 type Subscriber struct {
 	cfg   SubscriberConfig
 	zctx  *zmq.Context
@@ -395,6 +401,9 @@ func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed
 		return s.emit(Message{Kind: MsgLostHistory, Rank: rs.rank, From: seq, Seq: seq + 1})
 	}
 	s.st.delivered.Add(1)
+	if slot.Skipped > 0 {
+		s.st.unknownEvents.Add(uint64(slot.Skipped))
+	}
 	if replayed {
 		s.st.replayed.Add(1)
 	}

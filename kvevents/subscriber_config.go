@@ -48,7 +48,8 @@ type SubscriberConfig struct {
 	// IdleProbe, when positive, replays a rank from its next seq after it
 	// has been quiet this long (and again every IdleProbe while quiet): it
 	// recovers batches lost at the end of a burst and notices an engine that
-	// restarted and stayed idle. Zero disables probes.
+	// restarted and stayed idle. The first probe runs at start (like
+	// ReplayOnStart). Zero disables probes.
 	IdleProbe time.Duration
 	// PollInterval is how often the socket loop checks for Close (default
 	// 50ms); it bounds Close latency, not message latency.
@@ -99,6 +100,9 @@ func (c *SubscriberConfig) Validate() error {
 	if c.DPSize < 0 {
 		errs = append(errs, fmt.Errorf("DPSize %d is negative", c.DPSize))
 	}
+	if len(c.Endpoints) > 0 && c.ReplayEndpoint != "" && len(c.ReplayEndpoints) == 0 {
+		errs = append(errs, errors.New("with Endpoints, list the replay endpoints in ReplayEndpoints"))
+	}
 	if len(c.ReplayEndpoints) > 0 && len(c.Endpoints) > 0 && len(c.ReplayEndpoints) != len(c.Endpoints) {
 		errs = append(errs, fmt.Errorf("%d ReplayEndpoints for %d Endpoints", len(c.ReplayEndpoints), len(c.Endpoints)))
 	}
@@ -130,6 +134,16 @@ func (c *SubscriberConfig) Validate() error {
 					errs = append(errs, fmt.Errorf("ReplayEndpoint: %w", err))
 					break
 				}
+			}
+		}
+	}
+	for _, list := range [][]string{c.Endpoints, c.ReplayEndpoints} {
+		for _, ep := range list {
+			if ep == "" && len(c.ReplayEndpoints) > 0 {
+				continue // no replay for that rank
+			}
+			if _, err := OffsetEndpoint(ep, 0); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import "sync/atomic"
 type subscriberCounters struct {
 	received, delivered, gaps, replays, replayed, replayFailures atomic.Uint64
 	resets, lost, decodeErrors, malformed, duplicates, probes    atomic.Uint64
+	unknownEvents                                                atomic.Uint64
 }
 
 func (c *subscriberCounters) snapshot() SubscriberStats {
@@ -22,5 +23,6 @@ func (c *subscriberCounters) snapshot() SubscriberStats {
 		Malformed:      c.malformed.Load(),
 		Duplicates:     c.duplicates.Load(),
 		Probes:         c.probes.Load(),
+		UnknownEvents:  c.unknownEvents.Load(),
 	}
 }

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,24 +148,12 @@ func TestLostHistory(t *testing.T) {
 	for _, b := range eng.log[lost.Seq:] {
 		want.apply(0, &b)
 	}
-	if !equalModels(v.model.rank(0), want.rank(0)) {
+	if !maps.Equal(v.model.rank(0), want.rank(0)) {
 		t.Fatal("view after lost history differs from the batches that followed it")
 	}
 	if st := sub.Stats(); st.LostHistory != 1 || st.Replayed < 3 {
 		t.Fatalf("stats %+v", st)
 	}
-}
-
-func equalModels(a, b map[uint64]bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if !b[k] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestNoReplayEndpoint: without replay every gap is lost history.
@@ -267,53 +259,20 @@ func TestBindMode(t *testing.T) {
 // TestMalformedMessages: wrong frame layouts are skipped; an undecodable
 // payload is counted and reported as a one-batch hole.
 func TestMalformedMessages(t *testing.T) {
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := zctx.NewSocket(zmq.PUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close(); _ = zctx.Term() })
-	_ = pub.SetLinger(0)
-	if err := pub.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	last, _ := pub.GetLastEndpoint()
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: connectable(last)})
 	good := readFixture(t, "vllm_batch_array_form.msgpack")
-	seq := func(n byte) []byte { return []byte{0, 0, 0, 0, 0, 0, 0, n} }
-	// Keep sending seq 0 until the subscription is up.
+	pub, sub := joinedRawPub(t, good)
+	seq := func(n byte) []byte { return seq8(uint64(n)) }
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var first Message
-	for first.Kind == 0 {
-		if _, err := pub.SendMessage("", seq(0), good); err != nil {
-			t.Fatal(err)
-		}
-		c, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-		first, _ = sub.Next(c)
-		cancel()
-		if ctx.Err() != nil {
-			t.Fatal("subscriber never connected")
-		}
-	}
-	for sub.Stats().Received > 1 { // drain extra copies of seq 0 (seen as restarts)
-		c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		_, err := sub.Next(c)
-		cancel()
-		if err != nil {
-			break
-		}
-	}
 	base := sub.Stats()
 	_, _ = pub.SendMessage("", "short-seq", good)      // malformed: seq not 8 bytes
 	_, _ = pub.SendMessage("", seq(1))                 // malformed: two frames
 	_, _ = pub.SendMessage("", seq(100), []byte{0xc1}) // decode error
 	_, _ = pub.SendMessage("", seq(101), good)
+	// A newer engine's event type is skipped inside an otherwise good batch.
+	_, _ = pub.SendMessage("", seq(102), mp(byte(0x93), 1.0, byte(0x92), mp(byte(0x92), "PrefixCacheHit", 1), mp(byte(0x91), "AllBlocksCleared"), 0))
 	var msgs []Message
-	for len(msgs) < 3 {
+	for len(msgs) < 4 {
 		m, err := sub.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -321,12 +280,12 @@ func TestMalformedMessages(t *testing.T) {
 		msgs = append(msgs, m)
 	}
 	st := sub.Stats()
-	if st.Malformed-base.Malformed != 2 || st.DecodeErrors-base.DecodeErrors != 1 {
+	if st.Malformed-base.Malformed != 2 || st.DecodeErrors-base.DecodeErrors != 1 || st.UnknownEvents-base.UnknownEvents != 1 {
 		t.Fatalf("stats %+v (before %+v)", st, base)
 	}
 	// Gap 1..99 (no replay) → lost; 100 undecodable → lost; 101 delivered.
 	if msgs[0].Kind != MsgLostHistory || msgs[1].Kind != MsgLostHistory || msgs[1].From != 100 || msgs[1].Seq != 101 ||
-		msgs[2].Kind != MsgBatch || msgs[2].Seq != 101 || len(msgs[2].Batch.Events) != 3 {
+		msgs[2].Kind != MsgBatch || msgs[2].Seq != 101 || msgs[3].Kind != MsgBatch || len(msgs[3].Batch.Events) != 1 || msgs[3].Batch.Skipped != 1 {
 		t.Fatalf("messages %+v", msgs)
 	}
 }
@@ -360,12 +319,15 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	for _, want := range []string{"DPSize", "QueueSize", "Endpoint"} {
-		if !contains(err.Error(), want) {
+		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %s", err, want)
 		}
 	}
+	if err := (&SubscriberConfig{Endpoints: []string{"tcp://a:1"}, ReplayEndpoint: "tcp://a:2"}).Validate(); !errors.Is(err, ErrConfig) {
+		t.Fatalf("Endpoints with a single ReplayEndpoint: %v", err)
+	}
 	pc := PublisherConfig{Endpoint: "tcp://*:5557", DropRate: 2, DPRank: -1}
-	if err := pc.Validate(); !errors.Is(err, ErrConfig) || !contains(err.Error(), "DropRate") || !contains(err.Error(), "DPRank") {
+	if err := pc.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "DropRate") || !strings.Contains(err.Error(), "DPRank") {
 		t.Fatalf("publisher validate: %v", err)
 	}
 }
@@ -422,7 +384,7 @@ func TestSubscriberCollector(t *testing.T) {
 			t.Fatalf("%s: engine label %v", f.GetName(), f.GetMetric()[0].GetLabel())
 		}
 	}
-	if len(got) != 12 || got["kvmesh_kvevents_received_total"] != float64(sub.Stats().Received) || got["kvmesh_kvevents_received_total"] == 0 {
+	if len(got) != 13 || got["kvmesh_kvevents_received_total"] != float64(sub.Stats().Received) || got["kvmesh_kvevents_received_total"] == 0 {
 		t.Fatalf("metrics %v, stats %+v", got, sub.Stats())
 	}
 }
@@ -440,7 +402,7 @@ func TestSlowConsumer(t *testing.T) {
 	}
 	// Batches dropped at the very end are only noticed when a later one
 	// arrives (as with vLLM), so the engine keeps stepping while idle.
-	stepUntil(t, sub, v, eng, func() bool { return v.last[0] == eng.pub.NextSeq()-1 && equalTo(v, eng)() })
+	stepUntil(t, sub, v, func() bool { return v.last[0] == eng.pub.NextSeq()-1 && equalTo(v, eng)() }, eng)
 	if st := sub.Stats(); st.LostHistory != 0 || st.Delivered != eng.pub.NextSeq() || st.Replayed == 0 {
 		t.Fatalf("stats %+v, published %d", st, eng.pub.NextSeq())
 	}
@@ -544,7 +506,7 @@ func TestReplayOnStart(t *testing.T) {
 	pump(t, sub, v, "the idle engine's state", func() bool { return v.last[0] == 19 && equalTo(v, eng)() })
 	// Live batches continue the sequence (stepping until the slow-joining
 	// SUB receives one; replay fills any the join missed).
-	stepUntil(t, sub, v, eng, func() bool { return sub.Stats().Received > 0 && v.last[0] == eng.pub.NextSeq()-1 })
+	stepUntil(t, sub, v, func() bool { return sub.Stats().Received > 0 && v.last[0] == eng.pub.NextSeq()-1 }, eng)
 	if st := sub.Stats(); st.Resets != 0 || st.LostHistory != 0 || !equalTo(v, eng)() {
 		t.Fatalf("stats %+v", st)
 	}
@@ -591,43 +553,12 @@ func TestIdleProbe(t *testing.T) {
 // TestLiveDuplicate: a live batch that replay already delivered is skipped;
 // the same seq with another payload is a restart.
 func TestLiveDuplicate(t *testing.T) {
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := zctx.NewSocket(zmq.PUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close(); _ = zctx.Term() })
-	_ = pub.SetLinger(0)
-	if err := pub.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	last, _ := pub.GetLastEndpoint()
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: connectable(last)})
 	payload := func(h uint64) []byte {
 		return AppendBatch(nil, &Batch{Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{h}}}}, ArrayForm)
 	}
+	pub, sub := joinedRawPub(t, payload(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for sub.Stats().Received == 0 { // join
-		_, _ = pub.SendMessage("", seq8(0), payload(1))
-		c, cc := context.WithTimeout(ctx, 10*time.Millisecond)
-		_, _ = sub.Next(c)
-		cc()
-		if ctx.Err() != nil {
-			t.Fatal("never joined")
-		}
-	}
-	for {
-		c, cc := context.WithTimeout(ctx, 50*time.Millisecond)
-		_, err := sub.Next(c)
-		cc()
-		if err != nil {
-			break // drained the join copies
-		}
-	}
 	base := sub.Stats()
 	_, _ = pub.SendMessage("", seq8(1), payload(2))
 	_, _ = pub.SendMessage("", seq8(1), payload(2)) // duplicate
@@ -644,26 +575,6 @@ func TestLiveDuplicate(t *testing.T) {
 	st := sub.Stats()
 	if kinds[0] != MsgBatch || kinds[1] != MsgReset || kinds[2] != MsgLostHistory || st.Duplicates-base.Duplicates != 1 {
 		t.Fatalf("kinds %v, stats %+v (before %+v)", kinds, st, base)
-	}
-}
-
-// stepUntil reads messages into v until cond holds, making the engine step
-// whenever nothing arrives for a while.
-func stepUntil(t *testing.T, sub *Subscriber, v *view, eng *fakeEngine, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition never held (stats %+v)", sub.Stats())
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		m, err := sub.Next(ctx)
-		cancel()
-		if err != nil {
-			eng.step()
-			continue
-		}
-		v.handle(t, m)
 	}
 }
 
@@ -703,5 +614,99 @@ func TestInprocAndIPC(t *testing.T) {
 			eng.step()
 		}
 		pump(t, sub, v, eps[0], func() bool { return v.last[0] == eng.pub.NextSeq()-1 && equalTo(v, eng)() })
+	}
+}
+
+// TestDPPortOffsets: rank r uses base port + r for both the event socket
+// (here the subscriber binds and the engines connect) and the replay socket.
+func TestDPPortOffsets(t *testing.T) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	for attempt := 0; attempt < 10; attempt++ {
+		base, rbase := 20000+rng.IntN(20000), 40000+rng.IntN(20000)
+		ep, rep := "tcp://127.0.0.1:"+strconv.Itoa(base), "tcp://127.0.0.1:"+strconv.Itoa(rbase)
+		sub, err := NewSubscriber(SubscriberConfig{Endpoint: ep, Bind: true, ReplayEndpoint: rep, DPSize: 3,
+			PollInterval: 10 * time.Millisecond, Logger: discardLogger()})
+		if err != nil {
+			continue // a port was taken: try others
+		}
+		t.Cleanup(func() { _ = sub.Close() })
+		var engines []*fakeEngine
+		ok := true
+		for r := 0; r < 3 && ok; r++ {
+			pub, err := NewPublisher(PublisherConfig{Endpoint: ep, ReplayEndpoint: rep, DPRank: r, Logger: discardLogger()})
+			if err != nil {
+				ok = false
+				break
+			}
+			t.Cleanup(func() { _ = pub.Close() })
+			want := "tcp://127.0.0.1:" + strconv.Itoa(base+r)
+			if pub.Endpoint() != want || pub.ReplayEndpoint() != "tcp://127.0.0.1:"+strconv.Itoa(rbase+r) {
+				t.Fatalf("rank %d endpoints %q %q", r, pub.Endpoint(), pub.ReplayEndpoint())
+			}
+			engines = append(engines, &fakeEngine{t: t, pub: pub, rank: r, rng: rand.New(rand.NewPCG(uint64(r), 9)), model: engineModel{}, next: uint64(r) << 40})
+		}
+		if !ok {
+			_ = sub.Close()
+			continue
+		}
+		v := newView()
+		connect(t, sub, v, engines...)
+		for _, e := range engines {
+			e.pub.DropNext(1)
+			e.step()
+			e.step()
+		}
+		pump(t, sub, v, "all ranks", func() bool {
+			for _, e := range engines {
+				if v.last[e.rank] != e.pub.NextSeq()-1 {
+					return false
+				}
+			}
+			return equalTo(v, engines...)()
+		})
+		return
+	}
+	t.Skip("no free port range found in 10 attempts")
+}
+
+// joinedRawPub binds a raw PUB socket (to send what no Publisher would),
+// starts a subscriber on it, and sends ["", seq 0, first] until the
+// subscription is up; every message of the join is drained.
+func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *Subscriber) {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := zctx.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close(); _ = zctx.Term() })
+	_ = pub.SetLinger(0)
+	if err := pub.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	last, _ := pub.GetLastEndpoint()
+	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: connectable(last)})
+	deadline := time.Now().Add(10 * time.Second)
+	for sub.Stats().Received == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("subscriber never joined")
+		}
+		if _, err := pub.SendMessage("", seq8(0), first); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		_, _ = sub.Next(ctx)
+		cancel()
+	}
+	for { // later copies of seq 0 are skipped as duplicates; drain until quiet
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		_, err := sub.Next(ctx)
+		cancel()
+		if err != nil {
+			return pub, sub
+		}
 	}
 }

@@ -192,31 +192,42 @@ func newTestSubscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
 	return sub
 }
 
-// connect publishes until the subscriber has seen the engine (the PUB/SUB
+// connect publishes until the subscriber has seen every engine (the PUB/SUB
 // join is asynchronous; replay covers whatever the late join missed).
 func connect(t *testing.T, sub *Subscriber, v *view, engines ...*fakeEngine) {
 	t.Helper()
 	for _, e := range engines {
 		e.step()
 	}
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, e := range engines {
-		for v.model[e.rank] == nil || !maps.Equal(v.model[e.rank], e.model[e.rank]) {
-			if time.Now().After(deadline) {
-				t.Fatalf("rank %d never connected (stats %+v)", e.rank, sub.Stats())
+	stepUntil(t, sub, v, func() bool {
+		for _, e := range engines {
+			if v.model[e.rank] == nil {
+				return false
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-			m, err := sub.Next(ctx)
-			cancel()
-			if err == nil {
-				v.handle(t, m)
-				continue
-			}
-			<-tick.C
-			e.step()
 		}
+		return equalTo(v, engines...)()
+	}, engines...)
+}
+
+// stepUntil reads messages into v until cond holds, making the engines step
+// whenever nothing arrives for a while.
+func stepUntil(t *testing.T, sub *Subscriber, v *view, cond func() bool, engines ...*fakeEngine) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition never held (stats %+v)", sub.Stats())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		m, err := sub.Next(ctx)
+		cancel()
+		if err != nil {
+			for _, e := range engines {
+				e.step()
+			}
+			continue
+		}
+		v.handle(t, m)
 	}
 }
 

@@ -100,6 +100,9 @@ func TestEveryPolicyBuildsAndPicks(t *testing.T) {
 }
 
 func TestScheduleNoAlloc(t *testing.T) {
+	if raceOn {
+		t.Skip("sync.Pool drops items under -race")
+	}
 	x := newIdx(t)
 	k := keys(256, 1)
 	es := engines(16)

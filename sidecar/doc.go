@@ -23,7 +23,8 @@
 //     unknown (counted as orphans) until the engine evicts and stores them
 //     again: the view under-reports, it never routes to blocks that are gone.
 //     This never costs the engine anything, which is why it is the default.
-//   - "reset-engine": POSTs /reset_prefix_cache so the engine clears its cache
-//     and emits AllBlocksCleared: exact again at once, at the price of the
-//     engine's whole prefix cache (vLLM refuses while requests run; retried).
+//   - "reset-engine": POSTs /reset_prefix_cache?reset_running_requests=true
+//     so the engine clears its cache and emits AllBlocksCleared: exact again at
+//     once, at the price of the engine's whole prefix cache. Only the event
+//     confirms a reset (vLLM answers 200 even when it could not); retried.
 package sidecar

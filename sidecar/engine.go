@@ -16,11 +16,11 @@ import (
 
 // Load is the engine load scraped from its /metrics.
 type Load struct {
-	Running       int
-	Waiting       int
-	KVUsage       float64
-	QueuedPrefill int64
-	Scraped       time.Time
+	Running       int       `json:"running"`
+	Waiting       int       `json:"waiting"`
+	KVUsage       float64   `json:"kv_usage"`
+	QueuedPrefill int64     `json:"queued_prefill_tokens"`
+	Scraped       time.Time `json:"scraped"`
 }
 
 // engineCounters are the per-engine counters read by the metrics collector.
@@ -28,6 +28,8 @@ type engineCounters struct {
 	batches, deltas, deltaKeys, publishErrors atomic.Uint64
 	snapshots, rankResets, lostHistory        atomic.Uint64
 	engineResets, resetFailures, scrapeErrs   atomic.Uint64
+	clears                                    atomic.Uint64 // AllBlocksCleared events seen
+	loopRestarts                              atomic.Uint64
 }
 
 // engine is the sidecar's work for one engine: the event loop owns the
@@ -41,6 +43,8 @@ type engine struct {
 	subject string
 	c       engineCounters
 	resetCh chan struct{} // cap 1: a reset is pending (reset-engine policy)
+	// subMetrics exports the running subscriber's counters (nil when stopped).
+	subMetrics atomic.Pointer[kvevents.SubscriberCollector]
 
 	// mu guards the fields below. Held while applying one engine batch and
 	// while publishing a delta (so seq order is publish order); never across
@@ -52,6 +56,7 @@ type engine struct {
 	lastTS    int64
 	load      Load
 	running   bool // the event loop is consuming
+	started   bool // the event loop ran before (its state must be dropped on restart)
 }
 
 func newEngine(s *Sidecar, cfg EngineConfig) *engine {
@@ -69,6 +74,29 @@ func newEngine(s *Sidecar, cfg EngineConfig) *engine {
 	return e
 }
 
+// runForever runs the event loop until ctx ends, restarting it with backoff
+// when its subscriber fails, so one broken engine does not stop the others
+// (DaemonSet mode). /ready is false while an engine's loop is down.
+func (e *engine) runForever(ctx context.Context) {
+	wait := time.Second
+	for {
+		err := e.run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		e.c.loopRestarts.Add(1)
+		e.log.Error("engine event loop failed; restarting", "err", err, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
 // run consumes the engine's events until ctx ends.
 func (e *engine) run(ctx context.Context) error {
 	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
@@ -82,12 +110,18 @@ func (e *engine) run(ctx context.Context) error {
 		return err
 	}
 	defer sub.Close()
-	col := kvevents.NewSubscriberCollector(e.cfg.ID, sub)
-	if err := e.s.reg.Register(col); err == nil {
-		defer e.s.reg.Unregister(col)
-	}
+	e.subMetrics.Store(kvevents.NewSubscriberCollector(e.cfg.ID, sub))
+	defer e.subMetrics.Store(nil)
 	e.mu.Lock()
-	e.running = true
+	if e.started {
+		// A new subscriber replays from seq 0: start from nothing, or the
+		// replayed stores would count twice.
+		for r := range e.st.ranks {
+			e.st.dropRank(r)
+		}
+		e.flushLocked()
+	}
+	e.started, e.running = true, true
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
@@ -138,6 +172,11 @@ func (e *engine) handle(m kvevents.Message) {
 		}
 		if m.Batch.TS > 0 {
 			e.lastTS = int64(m.Batch.TS * 1e9)
+		}
+		for i := range m.Batch.Events {
+			if m.Batch.Events[i].Kind == kvevents.AllBlocksCleared {
+				e.c.clears.Add(1) // confirms a requested reset (see resetLoop)
+			}
 		}
 	case kvevents.MsgReset:
 		e.c.rankResets.Add(1)

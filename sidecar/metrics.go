@@ -25,6 +25,7 @@ var (
 		{"engine_resets_total", "Engine prefix-cache resets done (reset-engine policy)."},
 		{"engine_reset_failures_total", "Engine prefix-cache reset attempts that failed."},
 		{"scrape_errors_total", "Engine /metrics scrapes that failed."},
+		{"event_loop_restarts_total", "Engine event loops restarted after a subscriber failure."},
 		{"orphan_parents_total", "BlockStored events whose parent hash was unknown (blocks not indexed)."},
 		{"orphan_locations_total", "Tier location updates for unknown hashes."},
 		{"unknown_removes_total", "BlockRemoved for hashes not held."},
@@ -64,7 +65,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			"snapshots_served_total": e.c.snapshots.Load(), "rank_resets_total": e.c.rankResets.Load(),
 			"lost_history_total": e.c.lostHistory.Load(), "engine_resets_total": e.c.engineResets.Load(),
 			"engine_reset_failures_total": e.c.resetFailures.Load(), "scrape_errors_total": e.c.scrapeErrs.Load(),
-			"orphan_parents_total": sc.orphanParents, "orphan_locations_total": sc.orphanLocations,
+			"event_loop_restarts_total": e.c.loopRestarts.Load(),
+			"orphan_parents_total":      sc.orphanParents, "orphan_locations_total": sc.orphanLocations,
 			"unknown_removes_total": sc.unknownRemoves, "key_conflicts_total": sc.keyConflicts,
 		}
 		for name, v := range vals {
@@ -74,5 +76,22 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(n), e.cfg.ID, kvevents.Tier(t).String())
 		}
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(seq), e.cfg.ID)
+	}
+}
+
+// subscriberCollector exports every engine's kvmesh_kvevents_* counters.
+// It is unchecked (describes nothing) because the subscribers come and go
+// with Run and every engine's collector shares the same descriptors.
+type subscriberCollector struct{ s *Sidecar }
+
+var _ prometheus.Collector = (*subscriberCollector)(nil)
+
+func (c *subscriberCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c *subscriberCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range c.s.engines {
+		if col := e.subMetrics.Load(); col != nil {
+			col.Collect(ch)
+		}
 	}
 }

@@ -13,12 +13,12 @@ import (
 )
 
 // Metric names of spec §5, in order of preference (vLLM, older vLLM, SGLang),
-// plus the kvmesh simulator's queued-prefill gauge when it exports one.
+// plus the kvmesh simulator's queued-prefill gauge.
 var (
 	runningNames = []string{"vllm:num_requests_running", "sglang:num_running_reqs"}
 	waitingNames = []string{"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
 	usageNames   = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
-	prefillNames = []string{"vllm:num_queued_prefill_tokens", "kvmesh:queued_prefill_tokens", "sglang:num_queued_prefill_tokens"}
+	prefillNames = []string{"vllm:num_queued_prefill_tokens", "kvmesh_sim_queued_prefill_tokens", "sglang:num_queued_prefill_tokens"}
 )
 
 // maxScrapeBytes bounds one /metrics body.
@@ -118,10 +118,12 @@ func scrape(ctx context.Context, client *http.Client, url string) (Load, error) 
 	return parseLoad(io.LimitReader(resp.Body, maxScrapeBytes))
 }
 
-// resetLoop serves reset requests (reset-engine policy): POST
-// /reset_prefix_cache, retried while the engine refuses (it does while
-// requests run), for at most a minute per request.
+// resetLoop serves reset requests (reset-engine policy). A reset counts only
+// when the engine's AllBlocksCleared event arrives: vLLM answers 200 even when
+// it could not reset (requests were running), and older versions do not know
+// reset_running_requests. Attempts are retried with backoff for a minute.
 func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
+	const confirmWithin = 2 * time.Second
 	for {
 		select {
 		case <-ctx.Done():
@@ -130,24 +132,48 @@ func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
 		}
 		deadline := time.Now().Add(time.Minute)
 		for wait := 100 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
-			err := postReset(ctx, client, e.cfg.URL+"/reset_prefix_cache")
-			if err == nil {
+			before := e.c.clears.Load()
+			err := postReset(ctx, client, e.cfg.URL+"/reset_prefix_cache?reset_running_requests=true")
+			if err == nil && e.awaitClear(ctx, before, confirmWithin) {
 				e.c.engineResets.Add(1)
 				e.log.Info("engine prefix cache reset")
 				break
 			}
+			if err == nil {
+				err = fmt.Errorf("no AllBlocksCleared within %v", confirmWithin)
+			}
 			e.c.resetFailures.Add(1)
 			e.log.Warn("engine prefix cache reset failed", "err", err)
-			if time.Now().After(deadline) {
+			if time.Now().After(deadline) || ctx.Err() != nil {
 				break
 			}
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(wait):
+			case <-t.C:
 			}
 		}
 	}
+}
+
+// awaitClear waits until an AllBlocksCleared event arrives after before.
+func (e *engine) awaitClear(ctx context.Context, before uint64, within time.Duration) bool {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.Now().Add(within)
+	for e.c.clears.Load() == before {
+		if time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
 }
 
 func postReset(ctx context.Context, client *http.Client, url string) error {

@@ -21,7 +21,7 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
 `, Load{Running: 4, Waiting: 4, KVUsage: 0.375}},
 		{"older vllm", "vllm:gpu_cache_usage_perc 0.9\nvllm:num_requests_running 2\n", Load{Running: 2, KVUsage: 0.9}},
 		{"sglang", "sglang:num_running_reqs{tp_rank=\"0\"} 7\nsglang:num_queue_reqs 3\nsglang:token_usage 0.1\n", Load{Running: 7, Waiting: 3, KVUsage: 0.1}},
-		{"queued prefill", "kvmesh:queued_prefill_tokens 1234\n", Load{QueuedPrefill: 1234}},
+		{"queued prefill", "kvmesh_sim_queued_prefill_tokens 1234\n", Load{QueuedPrefill: 1234}},
 		{"clamped usage", "vllm:kv_cache_usage_perc 7\n", Load{KVUsage: 1}},
 	} {
 		got, err := parseLoad(strings.NewReader(tc.text))

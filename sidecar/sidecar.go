@@ -67,8 +67,10 @@ func New(cfg Config) (*Sidecar, error) {
 		}
 		s.engines = append(s.engines, newEngine(s, ec))
 	}
-	if err := s.reg.Register(&collector{s: s}); err != nil {
-		return nil, fmt.Errorf("sidecar metrics: %w", err)
+	for _, c := range []prometheus.Collector{&collector{s: s}, &subscriberCollector{s: s}} {
+		if err := s.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("sidecar metrics: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -119,15 +121,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 
 	var wg sync.WaitGroup
-	errc := make(chan error, len(s.engines))
 	client := &http.Client{Timeout: 5 * time.Second}
 	for _, e := range s.engines {
 		wg.Add(1)
 		go func() { // owned by Run; ends with ctx
 			defer wg.Done()
-			if err := e.run(ctx); err != nil {
-				errc <- fmt.Errorf("engine %s: %w", e.cfg.ID, err)
-			}
+			e.runForever(ctx)
 		}()
 		if e.cfg.MetricsURL != "" && e.cfg.MetricsURL != "-" {
 			wg.Add(1)
@@ -158,16 +157,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.ready.Store(true)
 	s.log.Info("sidecar running", "engines", len(s.engines), "nats", conn.NC.ConnectedUrlRedacted())
 
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errc:
-		s.log.Error("sidecar stopping", "err", runErr)
-	}
+	<-ctx.Done()
 	s.ready.Store(false)
-	cancel()
 	wg.Wait()
-	return runErr
+	return nil
 }
 
 // Close stops Run and waits for it. Safe to call twice, and before Run.
@@ -292,8 +285,9 @@ func (e *engine) serveSnapshot(msg *nats.Msg) {
 func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 	t := time.NewTicker(s.cfg.GossipInterval)
 	defer t.Stop()
+	last := make([]gossip.EngineState, len(s.engines))
 	for {
-		for _, e := range s.engines {
+		for i, e := range s.engines {
 			e.mu.Lock()
 			st := gossip.EngineState{
 				ID: e.cfg.ID, Model: e.cfg.Model, URL: e.cfg.URL, EngineRole: e.cfg.Role,
@@ -302,7 +296,10 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 				Ready: e.running, Digest: e.published,
 			}
 			e.mu.Unlock()
-			node.SetEngine(st)
+			if st != last[i] { // unchanged state is re-broadcast by the node itself
+				node.SetEngine(st)
+				last[i] = st
+			}
 		}
 		select {
 		case <-ctx.Done():

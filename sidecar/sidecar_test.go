@@ -81,7 +81,8 @@ func TestAdminEndpoints(t *testing.T) {
 		t.Fatalf("/ready %d", code)
 	}
 	code, body := get("/metrics")
-	if code != 200 || !strings.Contains(body, `kvmesh_sidecar_keys{engine="e1",tier="gpu"}`) || !strings.Contains(body, "kvmesh_sidecar_deltas_published_total") {
+	if code != 200 || !strings.Contains(body, `kvmesh_sidecar_keys{engine="e1",tier="gpu"}`) || !strings.Contains(body, "kvmesh_sidecar_deltas_published_total") ||
+		!strings.Contains(body, `kvmesh_kvevents_delivered_total{engine="e1"}`) {
 		t.Fatalf("/metrics %d:\n%s", code, body)
 	}
 	_, body = get("/debug/state")
@@ -116,5 +117,44 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)
 		}
+	}
+}
+
+// In DaemonSet mode one broken engine must not stop the others.
+func TestBrokenEngineDoesNotStopOthers(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	cache, err := meshtest.NewCache("m", 4, 16, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Pub.Close()
+	cfg := sidecar.DefaultConfig()
+	cfg.Engines = []sidecar.EngineConfig{
+		{ID: "good", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"},
+		{ID: "broken", Model: "m", Events: "no-such-transport://x", MetricsURL: "-"},
+	}
+	cfg.NATS.URLs = []string{srv.URL()}
+	s, err := sidecar.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	defer func() { _ = s.Close(); <-done }()
+	for i := 0; i < 10; i++ {
+		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meshtest.WaitFor(t, 10*time.Second, "good engine's keys", func() bool {
+		st := s.Status()
+		return st[0].Running && st[0].Keys[0] == len(cache.Truth()[0]) && !st[1].Running
+	})
+	if s.Ready() {
+		t.Fatal("ready with a broken engine")
 	}
 }

@@ -100,14 +100,17 @@ type engineView struct {
 
 // checkHeadLocked compares e with its gossiped head and digest. At the same
 // head the digests must be equal; gossip ahead of e (or in another epoch)
-// means deltas were lost without a later one to reveal the gap. Either must
+// while no delta arrives means deltas were lost without a later one to
+// reveal the gap (a busy stream reveals gaps by itself, and a materializer
+// that merely lags must not snapshot in a loop). Either condition must
 // persist for DigestGrace before a resync.
 func (m *Materializer) checkHeadLocked(e *engineState, g kvevents.EngineDigest, now time.Time) {
 	if !e.synced || e.snapshotting || e.retryAt != (time.Time{}) || g.Head.Epoch == 0 {
 		return
 	}
 	h := e.head()
-	behind := g.Head.Epoch != h.Epoch || g.Head.Seq > h.Seq
+	quiet := now.Sub(e.lastMsg) >= m.cfg.DigestGrace
+	behind := quiet && (g.Head.Epoch != h.Epoch || g.Head.Seq > h.Seq)
 	mismatch := g.Head == h && g.Digests != e.digests
 	switch {
 	case behind:

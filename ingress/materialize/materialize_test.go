@@ -132,7 +132,11 @@ func TestAppliesInSequenceAndReportsStatus(t *testing.T) {
 		s := f.m.Status()[0]
 		return s.Epoch == side.Epoch && s.Seq == f.sc.Status()[0].Seq
 	})
-	if got := counter(t, f.reg, "kvmesh_materializer_deltas_applied_total"); got == 0 {
+	// Once synced, new changes arrive as deltas applied in sequence.
+	before := counter(t, f.reg, "kvmesh_materializer_deltas_applied_total")
+	f.load(20)
+	meshtest.WaitFor(t, 10*time.Second, "index equals the cache again", f.equal)
+	if got := counter(t, f.reg, "kvmesh_materializer_deltas_applied_total"); got <= before {
 		t.Fatal("no delta applied in sequence")
 	}
 	if got := counter(t, f.reg, "kvmesh_materializer_propagation_lag_seconds"); got == 0 {

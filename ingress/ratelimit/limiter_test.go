@@ -6,6 +6,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // clock is a settable test clock.
@@ -267,4 +270,39 @@ func BenchmarkAdmitParallel(b *testing.B) {
 			l.Admit("alice", "llama-3-8b", 2176)
 		}
 	})
+}
+
+func TestCollectorsRegisterAndCount(t *testing.T) {
+	c := newClock()
+	l := newLimiter(t, Config{PerKey: Limits{InputTokens: 10}}, c)
+	reg := prometheus.NewRegistry()
+	if err := registerAll(reg, l.Collectors()); err != nil {
+		t.Fatal(err)
+	}
+	l.AdmitAt("a", "m", 10, c.now())
+	l.AdmitAt("a", "m", 10, c.now())
+	if got := counterValue(t, l.metrics.limitedBy[0][0]); got != 1 {
+		t.Fatalf("limited{key,input} = %v, want 1", got)
+	}
+	if got := counterValue(t, l.metrics.allowed); got != 1 {
+		t.Fatalf("allowed = %v, want 1", got)
+	}
+}
+
+func registerAll(reg *prometheus.Registry, cs []prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

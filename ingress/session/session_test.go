@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // waitFor polls cond until it holds or the timeout passes.
@@ -378,5 +380,43 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 		r()
+	}
+}
+
+func TestAdmissionMetrics(t *testing.T) {
+	a := newAdmitter(t, AdmissionConfig{MaxConcurrent: 1, MaxQueue: 1, MaxWait: 20 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	for _, c := range a.Collectors() {
+		if err := reg.Register(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hold, _ := a.Acquire(context.Background(), "s")
+	if _, err := a.Acquire(context.Background(), ""); !errors.Is(err, ErrQueueTimeout) {
+		t.Fatal(err)
+	}
+	hold()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range m.GetLabel() {
+				key += "," + l.GetName() + "=" + l.GetValue()
+			}
+			got[key] = m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	for key, want := range map[string]float64{
+		"kvmesh_admission_admitted_total,boosted=false,queued=false": 1,
+		"kvmesh_admission_rejected_total,reason=timeout":             1,
+		"kvmesh_admission_queued":                                    0,
+	} {
+		if got[key] != want {
+			t.Errorf("%s = %v, want %v (all: %v)", key, got[key], want, got)
+		}
 	}
 }

@@ -14,9 +14,11 @@ func (s *countSink) KVEvents(_ time.Duration, evs []kvevents.Event) { s.n += len
 // benchWorkload keeps `batch` requests in flight on one engine: shared
 // 512-token system prompts in 8 groups, 64-token questions, 128 output tokens.
 // It reports engine steps and wall time per simulated step.
-func benchWorkload(b *testing.B, batch, fused int) {
+func benchWorkload(b *testing.B, batch, fused int) { benchWorkloadBlocks(b, batch, fused, 8192) }
+
+func benchWorkloadBlocks(b *testing.B, batch, fused, blocks int) {
 	sink := &countSink{}
-	e, err := New(Config{GPUBlocks: 8192, MaxFusedSteps: fused, Profile: profiles["7b-h100"]}, sink)
+	e, err := New(Config{GPUBlocks: blocks, MaxFusedSteps: fused, Profile: profiles["7b-h100"]}, sink)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -61,6 +63,11 @@ func benchWorkload(b *testing.B, batch, fused int) {
 func BenchmarkStepBatch64Single(b *testing.B) { benchWorkload(b, 64, 1) }
 func BenchmarkStepBatch64Fused(b *testing.B)  { benchWorkload(b, 64, 64) }
 func BenchmarkStepBatch8Fused(b *testing.B)   { benchWorkload(b, 8, 64) }
+
+// KV-bound: 256 requests in flight on 1,024 blocks (16k tokens), so most
+// wait for blocks; fusing still applies while the queue head cannot fit.
+func BenchmarkStepKVBoundSingle(b *testing.B) { benchWorkloadBlocks(b, 256, 1, 1024) }
+func BenchmarkStepKVBoundFused(b *testing.B)  { benchWorkloadBlocks(b, 256, 64, 1024) }
 
 // BenchmarkDecodeStepNoAlloc proves a steady decode step (batch 32, events
 // on) allocates nothing; requests are added only when one finishes.

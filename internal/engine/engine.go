@@ -185,6 +185,17 @@ func (e *Engine) Load() Load {
 	return l
 }
 
+// PreemptAll preempts every running request (they keep their place, ahead
+// of the waiting queue, and recompute later), freeing all blocks — what
+// vLLM's reset_prefix_cache(reset_running_requests=True) does first.
+func (e *Engine) PreemptAll() {
+	for i := len(e.running) - 1; i >= 0; i-- {
+		e.preempt(e.running[i])
+	}
+	clear(e.running)
+	e.running = e.running[:0]
+}
+
 // ResetPrefixCache drops every cached block of both tiers and emits
 // AllBlocksCleared, as vLLM's reset_prefix_cache(). Like vLLM it refuses
 // (ErrBusy) while requests hold blocks.

@@ -597,3 +597,26 @@ func TestCacheSaltIsolates(t *testing.T) {
 		t.Fatalf("salted hits: bob %d alice %d", b.CachedTokens(), c.CachedTokens())
 	}
 }
+
+func TestPreemptAllThenReset(t *testing.T) {
+	sink := &recSink{}
+	e := newTestEngine(t, Config{BlockSize: 4, GPUBlocks: 32}, sink)
+	a := &Request{Prompt: seq(1, 9), OutputLen: 5}
+	b := &Request{Prompt: seq(100, 9), OutputLen: 5}
+	if err := errors.Join(e.Add(a, 0), e.Add(b, 0)); err != nil {
+		t.Fatal(err)
+	}
+	now := e.Step(0, 0).End
+	e.PreemptAll()
+	checkInvariants(t, e)
+	if err := e.ResetPrefixCache(now); err != nil {
+		t.Fatal(err)
+	}
+	if e.waiting.front() != a || e.Load().Preemptions != 2 {
+		t.Fatal("preempted requests lost their order")
+	}
+	runUntilIdle(t, e, now, now)
+	if a.Generated() != 5 || b.Generated() != 5 || a.Result().Preemptions != 1 {
+		t.Fatalf("after reset: %+v %+v", a.Result(), b.Result())
+	}
+}

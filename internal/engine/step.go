@@ -40,9 +40,6 @@ func (e *Engine) Step(now, until time.Duration) StepResult {
 		return StepResult{Start: now, End: now}
 	}
 	if k := e.fusable(now, until); k > 1 {
-		if e.waiting.len() > 0 && len(e.running) < e.cfg.MaxRunning {
-			DbgFusedWithWaiting++
-		}
 		return e.stepFused(now, until, k)
 	}
 	return e.stepOne(now)
@@ -612,5 +609,3 @@ func (w *waitQueue) remove(r *Request) {
 		}
 	}
 }
-
-var DbgFusedWithWaiting int

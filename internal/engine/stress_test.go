@@ -129,8 +129,8 @@ func runRandomWorkload(t *testing.T, seed uint64, steps int) {
 }
 
 func TestRandomWorkloadsKeepEventsAndCacheInSync(t *testing.T) {
-	for seed := uint64(1); seed <= 40; seed++ {
-		runRandomWorkload(t, seed, 400)
+	for seed := uint64(1); seed <= 20; seed++ {
+		runRandomWorkload(t, seed, 300)
 	}
 }
 
@@ -151,7 +151,7 @@ func TestRandomFusedEqualsSingleSteps(t *testing.T) {
 		tier kvevents.Tier
 		h    uint64
 	}
-	for seed := uint64(1); seed <= 80; seed++ {
+	for seed := uint64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 77))
 		base := Config{
 			BlockSize: 1 + rng.IntN(8), GPUBlocks: 32 + rng.IntN(64), CPUBlocks: rng.IntN(16),

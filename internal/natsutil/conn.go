@@ -94,6 +94,9 @@ func options(cfg Config, log *slog.Logger) ([]nats.Option, error) {
 		nats.ReconnectBufSize(cfg.ReconnectBufSize),
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				return // our own Close
+			}
 			log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {

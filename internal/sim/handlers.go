@@ -260,34 +260,41 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *gen) {
 		s.streamResponse(w, r, g, calls, notify)
 		return
 	}
-	if !s.waitAll(r, calls, notify) {
+	if err := s.waitAll(r, calls, notify); err != nil {
+		if errors.Is(err, ErrClosed) {
+			s.fail(w, err) // the client is still there: tell it the engine went away
+		}
 		return
 	}
 	s.fullResponse(w, g, calls)
 }
 
-// waitAll blocks until every call is done; false if the client or the
-// server went away (the calls are aborted).
-func (s *Server) waitAll(r *http.Request, calls []*call, notify chan struct{}) bool {
+// waitAll blocks until every call is done. It fails (aborting the calls)
+// when the client goes away, the server closes (ErrClosed) or the engine
+// restarts under the request (ErrClosed as well).
+func (s *Server) waitAll(r *http.Request, calls []*call, notify chan struct{}) error {
 	for {
-		all := true
+		all, aborted := true, false
 		for _, c := range calls {
 			c.rk.mu.Lock()
-			d := c.done
+			all, aborted = all && c.done, aborted || c.aborted
 			c.rk.mu.Unlock()
-			all = all && d
+		}
+		if aborted {
+			s.abortAll(calls)
+			return fmt.Errorf("%w: engine restarted", ErrClosed)
 		}
 		if all {
-			return true
+			return nil
 		}
 		select {
 		case <-notify:
 		case <-r.Context().Done():
 			s.abortAll(calls)
-			return false
+			return r.Context().Err()
 		case <-s.quit:
 			s.abortAll(calls)
-			return false
+			return ErrClosed
 		}
 	}
 }
@@ -475,8 +482,13 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, openai.TokenizeResponse{Count: len(ids), MaxModelLen: s.cfg.Engine.MaxModelLen, Tokens: ids})
 }
 
-func (s *Server) handleReset(w http.ResponseWriter, _ *http.Request) {
-	if err := s.ResetPrefixCache(); err != nil {
+// handleReset is POST /reset_prefix_cache[?reset_running_requests=true]:
+// with the flag, running requests are preempted first (newer vLLM), so the
+// reset always succeeds; without it, it fails with 409 while requests hold
+// blocks (vLLM refuses too, but answers 200 and only logs a warning).
+func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query().Get("reset_running_requests")
+	if err := s.resetPrefixCache(v == "true" || v == "True" || v == "1"); err != nil {
 		writeError(w, http.StatusConflict, err.Error())
 		return
 	}

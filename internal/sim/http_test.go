@@ -313,13 +313,16 @@ func TestMetricsParseAndMove(t *testing.T) {
 	// A long streaming request is visible as running while it streams.
 	done := make(chan streamResult, 1)
 	go func() {
+		defer close(done) // a failing helper ends this goroutine; the test then stops below
 		done <- stream(t, s.URL()+"/v1/completions", map[string]any{"model": "test-model", "prompt": tokens(1, 40), "max_tokens": 400, "ignore_eos": true})
 	}()
 	waitFor(t, 10*time.Second, "running gauge to show the request", func() bool {
 		m := scrape(t, s)
 		return m["vllm:num_requests_running"+e] == 1 && m["vllm:kv_cache_usage_perc"+e] > 0
 	})
-	<-done
+	if _, ok := <-done; !ok {
+		t.FailNow()
+	}
 	complete(t, s, tokens(1, 40), 1)
 	m1 := scrape(t, s)
 	checks := []struct {

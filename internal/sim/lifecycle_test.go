@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -175,5 +176,65 @@ func TestStartContextStops(t *testing.T) {
 	})
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// reset_prefix_cache refuses while a request runs, unless asked to preempt
+// running requests; the request then recomputes and still completes.
+func TestResetWhileRunning(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.TimeScale = 1 })
+	ec := newEventClient(t, s, 0)
+	done := make(chan openai.Completion, 1)
+	go func() {
+		defer close(done) // a failing helper ends this goroutine; the test then stops below
+		done <- complete(t, s, tokens(1, 20), 300)
+	}()
+	waitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
+	if code, _, _ := post(t, s.URL()+"/reset_prefix_cache", nil); code != http.StatusConflict {
+		t.Fatalf("reset while running: %d, want 409", code)
+	}
+	if code, b, _ := post(t, s.URL()+"/reset_prefix_cache?reset_running_requests=true", nil); code != http.StatusOK {
+		t.Fatalf("forced reset: %d %s", code, b)
+	}
+	c, ok := <-done
+	if !ok {
+		t.FailNow()
+	}
+	if c.Usage.CompletionTokens != 300 || s.Load(0).Preemptions != 1 {
+		t.Fatalf("after forced reset: %+v, preemptions %d", c.Usage, s.Load(0).Preemptions)
+	}
+	ec.poll(5*time.Second, func() bool { return ec.next == s.EventStats(0).Published })
+	cleared := false
+	for _, ev := range ec.events() {
+		cleared = cleared || ev.Kind == kvevents.AllBlocksCleared
+	}
+	if !cleared {
+		t.Fatal("no AllBlocksCleared")
+	}
+}
+
+// A request in flight when the engine restarts gets an error, not an empty 200.
+func TestRestartFailsRequestsInFlight(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.TimeScale = 1 })
+	type answer struct {
+		code int
+		body []byte
+	}
+	done := make(chan answer, 1)
+	go func() {
+		defer close(done)
+		code, b, _ := post(t, s.URL()+"/v1/completions", map[string]any{"model": "test-model", "prompt": tokens(1, 8), "max_tokens": 500, "ignore_eos": true})
+		done <- answer{code, b}
+	}()
+	waitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	a, ok := <-done
+	if !ok {
+		t.FailNow()
+	}
+	if _, isErr := openai.DecodeError(a.body); a.code != http.StatusServiceUnavailable || !isErr {
+		t.Fatalf("request across a restart: %d %s", a.code, a.body)
 	}
 }

@@ -201,10 +201,20 @@ func (s *Server) CachedKeys(r int, tier kvevents.Tier) []uint64 {
 
 // ResetPrefixCache clears every rank's prefix cache (AllBlocksCleared). It
 // fails with engine.ErrBusy while requests are running.
-func (s *Server) ResetPrefixCache() error {
+func (s *Server) ResetPrefixCache() error { return s.resetPrefixCache(false) }
+
+// ResetPrefixCacheForce preempts every running request first (they
+// recompute afterwards), so the reset always succeeds — vLLM's
+// reset_prefix_cache(reset_running_requests=True).
+func (s *Server) ResetPrefixCacheForce() error { return s.resetPrefixCache(true) }
+
+func (s *Server) resetPrefixCache(force bool) error {
 	var errs []error
 	for _, rk := range s.ranks {
 		rk.mu.Lock()
+		if force {
+			rk.eng.PreemptAll()
+		}
 		if err := rk.eng.ResetPrefixCache(rk.arrivalTime()); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: %w", rk.idx, err))
 		}

@@ -1,9 +1,6 @@
 package tokenizer
 
-import (
-	"strings"
-	"unicode/utf8"
-)
+import "strings"
 
 // The GPT-2 byte-level alphabet: every byte maps to one printable rune, so a
 // byte-level vocabulary is written in text. At load we convert vocabulary and
@@ -60,5 +57,3 @@ func byteLevelDecodeToken(s string) string {
 	}
 	return s
 }
-
-func decodeLastRune(s string) (rune, int) { return utf8.DecodeLastRuneInString(s) }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
 )
@@ -154,7 +156,7 @@ func nextCut(text string, from int) int {
 		}
 		if text[b-1] >= 0x80 {
 			// A multi-byte rune may be Unicode whitespace (e.g. U+3000).
-			if r, _ := decodeLastRune(text[:b]); isUnicodeSpace(r) {
+			if r, _ := utf8.DecodeLastRuneInString(text[:b]); unicode.IsSpace(r) {
 				continue
 			}
 		}

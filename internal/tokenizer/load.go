@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"strconv"
 
 	"github.com/dlclark/regexp2"
 	"golang.org/x/text/unicode/norm"
@@ -20,6 +20,27 @@ type fileJSON struct {
 	Model         json.RawMessage  `json:"model"`
 	PostProcessor json.RawMessage  `json:"post_processor"`
 	Decoder       json.RawMessage  `json:"decoder"`
+}
+
+// decodeFile splits tokenizer.json into its parts without a full
+// reflection pass over the (large) model.
+func decodeFile(data []byte) (*fileJSON, error) {
+	s := &scanner{b: data}
+	raw, err := s.fields()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if s.peek() != 0 {
+		return nil, fmt.Errorf("%w: trailing data", ErrInvalid)
+	}
+	f := &fileJSON{Normalizer: raw["normalizer"], PreTokenizer: raw["pre_tokenizer"], Model: raw["model"],
+		PostProcessor: raw["post_processor"], Decoder: raw["decoder"]}
+	if at := raw["added_tokens"]; !isNull(at) {
+		if err := json.Unmarshal(at, &f.AddedTokens); err != nil {
+			return nil, fmt.Errorf("added_tokens: %w: %v", ErrInvalid, err)
+		}
+	}
+	return f, nil
 }
 
 type addedTokenJSON struct {
@@ -64,12 +85,11 @@ func isNull(raw json.RawMessage) bool {
 
 // Load parses the bytes of a tokenizer.json.
 func Load(data []byte) (*Native, error) {
-	var f fileJSON
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("load tokenizer: %w: %v", ErrInvalid, err)
+	f, err := decodeFile(data)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer: %w", err)
 	}
 	t := &Native{}
-	var err error
 	if t.normalizer, err = loadNormalizer(f.Normalizer); err != nil {
 		return nil, fmt.Errorf("load normalizer: %w", err)
 	}
@@ -91,11 +111,8 @@ func Load(data []byte) (*Native, error) {
 		}
 		at := &addedToken{id: a.ID, content: a.Content, special: a.Special, singleWord: a.SingleWord,
 			lstrip: a.Lstrip, rstrip: a.Rstrip, normalized: a.Normalized, decodeForm: a.Content}
-		if byteLevelDec && !t.byteLevel {
-			at.decodeForm = byteLevelDecodeToken(a.Content)
-		}
-		if byteLevelDec && t.byteLevel {
-			// Tokens pass through the raw-byte decoder unchanged, so map here.
+		if byteLevelDec {
+			// The ByteLevel decoder maps added tokens' runes to bytes too.
 			at.decodeForm = byteLevelDecodeToken(a.Content)
 		}
 		toks = append(toks, at)
@@ -106,14 +123,11 @@ func Load(data []byte) (*Native, error) {
 		normFn = t.normalizer.normalize
 	}
 	t.added = newAddedVocab(toks, normFn)
-	if t.post, err = loadPostProcessor(f.PostProcessor, t); err != nil {
+	if t.post, err = loadPostProcessor(f.PostProcessor); err != nil {
 		return nil, fmt.Errorf("load post_processor: %w", err)
 	}
 	t.prefixSafe = t.pre != nil && t.pre.cutSafe() && !t.added.anyStrip && !t.added.hasNormalized &&
 		(t.normalizer == nil || t.normalizer.cutSafe())
-	if _, ok := t.model.(*unigram); ok && !t.prefixSafe {
-		t.prefixSafe = false
-	}
 	return t, nil
 }
 
@@ -357,10 +371,31 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 	if isNull(raw) {
 		return nil, fmt.Errorf("%w: no model", ErrInvalid)
 	}
-	var m modelJSON
-	if err := json.Unmarshal(raw, &m); err != nil {
+	// The vocabulary and merges are read by the scanner; the small fields
+	// by encoding/json.
+	s := &scanner{b: raw}
+	fields, err := s.fields()
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
+	small := []byte{'{'}
+	for k, v := range fields {
+		if k == "vocab" || k == "merges" {
+			continue
+		}
+		if len(small) > 1 {
+			small = append(small, ',')
+		}
+		small = strconv.AppendQuote(small, k)
+		small = append(small, ':')
+		small = append(small, v...)
+	}
+	small = append(small, '}')
+	var m modelJSON
+	if err := json.Unmarshal(small, &m); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	m.Vocab, m.Merges = fields["vocab"], fields["merges"]
 	if m.Type == "" { // older files leave the model untagged
 		switch {
 		case !isNull(m.Merges):
@@ -381,13 +416,15 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 	}
 	switch m.Type {
 	case "BPE":
-		var vocab map[string]uint32
-		if err := json.Unmarshal(m.Vocab, &vocab); err != nil {
-			return nil, fmt.Errorf("bpe vocab: %w: %v", ErrInvalid, err)
-		}
-		merges, err := parseMerges(m.Merges)
+		vocab, err := scanVocab(m.Vocab)
 		if err != nil {
 			return nil, err
+		}
+		var merges [][2]string
+		if !isNull(m.Merges) {
+			if merges, err = scanMerges(m.Merges); err != nil {
+				return nil, err
+			}
 		}
 		if byteLevel {
 			vocab, merges = toRawBytes(vocab, merges)
@@ -401,9 +438,9 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 		}
 		return newBPE(vocab, merges, opts)
 	case "WordPiece":
-		var vocab map[string]uint32
-		if err := json.Unmarshal(m.Vocab, &vocab); err != nil {
-			return nil, fmt.Errorf("wordpiece vocab: %w: %v", ErrInvalid, err)
+		vocab, err := scanVocab(m.Vocab)
+		if err != nil {
+			return nil, err
 		}
 		maxChars := 100
 		if m.MaxChars != nil {
@@ -411,9 +448,9 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 		}
 		return newWordPiece(vocab, str(m.ContPrefix, "##"), str(m.UnkToken, "[UNK]"), maxChars), nil
 	case "WordLevel":
-		var vocab map[string]uint32
-		if err := json.Unmarshal(m.Vocab, &vocab); err != nil {
-			return nil, fmt.Errorf("wordlevel vocab: %w: %v", ErrInvalid, err)
+		vocab, err := scanVocab(m.Vocab)
+		if err != nil {
+			return nil, err
 		}
 		wl := &wordLevel{vocab: vocab}
 		wl.vocabR, wl.has = reverseVocab(vocab)
@@ -438,30 +475,6 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 		return newUnigram(pieces, scores, unk, m.ByteFallback), nil
 	}
 	return nil, fmt.Errorf("model %q: %w", m.Type, ErrUnsupported)
-}
-
-// parseMerges accepts both spellings: "a b" and ["a", "b"].
-func parseMerges(raw json.RawMessage) ([][2]string, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	var asStrings []string
-	if err := json.Unmarshal(raw, &asStrings); err == nil {
-		out := make([][2]string, len(asStrings))
-		for i, s := range asStrings {
-			a, b, ok := strings.Cut(s, " ")
-			if !ok {
-				return nil, fmt.Errorf("bpe merge %d %q: %w", i, s, ErrInvalid)
-			}
-			out[i] = [2]string{a, b}
-		}
-		return out, nil
-	}
-	var pairs [][2]string
-	if err := json.Unmarshal(raw, &pairs); err != nil {
-		return nil, fmt.Errorf("bpe merges: %w: %v", ErrInvalid, err)
-	}
-	return pairs, nil
 }
 
 // toRawBytes rewrites a byte-level vocabulary and merges as raw bytes.
@@ -497,7 +510,7 @@ type processorJSON struct {
 	Processors []json.RawMessage `json:"processors"`
 }
 
-func loadPostProcessor(raw json.RawMessage, t *Native) (postProcessor, error) {
+func loadPostProcessor(raw json.RawMessage) (postProcessor, error) {
 	p, err := loadAffix(raw)
 	if p == nil || err != nil {
 		return nil, err

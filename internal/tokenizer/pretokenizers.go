@@ -354,5 +354,3 @@ func (q preSequence) split(words []string, sc *scratch, atStart bool) []string {
 }
 
 func isUnicodeDigit(r rune) bool { return unicode.IsDigit(r) }
-
-func isUnicodeSpace(r rune) bool { return unicode.IsSpace(r) }

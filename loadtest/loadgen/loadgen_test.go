@@ -398,3 +398,16 @@ func TestReadBody(t *testing.T) {
 		}
 	}
 }
+
+func TestOpenLoopFlag(t *testing.T) {
+	srv := newScriptedServer(t, func(int64) string { return "ok" })
+	reqs := sharedPrefix(t, 1, 3)
+	closed, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Rate: -1}, reqs)
+	if err != nil || closed.OpenLoop {
+		t.Fatalf("closed loop: %v, open=%v", err, closed.OpenLoop)
+	}
+	open, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Rate: 500, Seed: 1}, reqs)
+	if err != nil || !open.OpenLoop {
+		t.Fatalf("open loop: %v, open=%v", err, open.OpenLoop)
+	}
+}

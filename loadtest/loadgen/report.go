@@ -36,12 +36,15 @@ type Report struct {
 	TTFT             Latency        `json:"ttft"`
 	E2E              Latency        `json:"e2e"`
 	SendLagP99S      float64        `json:"send_lag_p99_s"`
-	PromptTokens     int64          `json:"prompt_tokens"`
-	CachedTokens     int64          `json:"cached_tokens"`
-	OutputTokens     int64          `json:"output_tokens"`
-	PrefixHitRate    float64        `json:"prefix_hit_rate"`
-	PerEngine        map[string]int `json:"per_engine,omitempty"`
-	LoadImbalance    float64        `json:"load_imbalance"`
+	// OpenLoop is true when requests had arrival times (send lag then means the
+	// concurrency cap delayed arrivals; in a closed loop every request waits by design).
+	OpenLoop      bool           `json:"open_loop"`
+	PromptTokens  int64          `json:"prompt_tokens"`
+	CachedTokens  int64          `json:"cached_tokens"`
+	OutputTokens  int64          `json:"output_tokens"`
+	PrefixHitRate float64        `json:"prefix_hit_rate"`
+	PerEngine     map[string]int `json:"per_engine,omitempty"`
+	LoadImbalance float64        `json:"load_imbalance"`
 	// Results holds every request's measurements, in send order.
 	Results []Result `json:"-"`
 }
@@ -158,7 +161,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		b.WriteByte('\n')
 	}
-	if r.SendLagP99S > 0.001 {
+	if r.OpenLoop && r.SendLagP99S > 0.001 {
 		fmt.Fprintf(&b, "send lag p99  %s (arrivals waited for a concurrency slot)\n", ms(r.SendLagP99S))
 	}
 	_, err := io.WriteString(w, b.String())

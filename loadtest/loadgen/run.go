@@ -102,6 +102,7 @@ dispatch:
 	wg.Wait()
 	stopProgress()
 	rep := buildReport(results[:dispatched], len(reqs))
+	rep.OpenLoop = len(arrivals) > 0 && arrivals[len(arrivals)-1] > 0
 	if err := ctx.Err(); err != nil {
 		return rep, fmt.Errorf("loadgen: stopped after %d of %d requests: %w", dispatched, len(reqs), err)
 	}

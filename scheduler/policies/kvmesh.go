@@ -98,7 +98,11 @@ func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		queued := float64(max(c.QueuedPrefillTokens, c.LocalPrefillTokens))
 		n := float64(max(c.InFlight, c.Running+c.Waiting))
 		ttft := (queued+uncached)/p.PrefillRate + p.StepBase
-		tpot := p.StepBase + p.DecodeSecPerToken*(float64(c.LocalActiveTokens)+ctx)
+		active := float64(c.LocalActiveTokens)
+		if active == 0 {
+			active = n * ctx // the caller does not track tokens: assume requests like this one
+		}
+		tpot := p.StepBase + p.DecodeSecPerToken*(active+ctx)
 		ext := n * (uncached/p.PrefillRate + decodeExt)
 		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext + p.MissPenalty*uncached/p.PrefillRate)
 	}

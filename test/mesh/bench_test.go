@@ -54,7 +54,7 @@ func benchPropagation(b *testing.B, batchesPerSec int) {
 	const (
 		engines       = 16
 		ingresses     = 4
-		blocks        = 4   // stored (and evicted) per batch
+		blocks        = 4 // stored (and evicted) per batch
 		bs            = 16
 		benchDuration = 5 * time.Second
 		warmup        = time.Second // first sight of every engine goes through a snapshot: not the steady state

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress/materialize"
+	"github.com/kvmesh/kvmesh/internal/index"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -104,6 +105,7 @@ func (r *runningSidecar) stop(t *testing.T) {
 type ingress struct {
 	name   string
 	idx    *meshtest.MapIndex
+	real   *index.Index // the scheduler's index, fed the same writes
 	m      *materialize.Materializer
 	conn   *natsutil.Conn
 	node   *gossip.Node
@@ -119,8 +121,11 @@ func startIngress(t *testing.T, name, natsURL string, gossipCfg *gossip.Config) 
 		t.Fatal(err)
 	}
 	in := &ingress{name: name, idx: meshtest.NewMapIndex(), conn: conn, done: make(chan error, 1)}
+	if in.real, err = index.New(index.Config{}); err != nil {
+		t.Fatal(err)
+	}
 	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index = conn.NC, in.idx
+	cfg.Conn, cfg.Index = conn.NC, tee{in.idx, in.real}
 	cfg.CheckInterval = 50 * time.Millisecond
 	cfg.SnapshotTimeout = 2 * time.Second
 	if gossipCfg != nil {
@@ -150,6 +155,29 @@ func (in *ingress) stop() {
 	})
 }
 
+// The scheduler's index is what the ingress wires into the materializer.
+var _ materialize.Index = (*index.Index)(nil)
+
+// tee writes to the exact map index and to the real index.
+type tee struct {
+	a, b materialize.Index
+}
+
+func (t tee) Store(e string, tier kvevents.Tier, keys []uint64) {
+	t.a.Store(e, tier, keys)
+	t.b.Store(e, tier, keys)
+}
+
+func (t tee) Remove(e string, tier kvevents.Tier, keys []uint64) {
+	t.a.Remove(e, tier, keys)
+	t.b.Remove(e, tier, keys)
+}
+
+func (t tee) ClearEngine(e string) {
+	t.a.ClearEngine(e)
+	t.b.ClearEngine(e)
+}
+
 // truthFunc returns an engine's own cache per tier, sorted.
 type truthFunc func() [kvevents.NumTiers][]uint64
 
@@ -165,6 +193,9 @@ func converged(in *ingress, truths map[string]truthFunc) string {
 			got := in.idx.Keys(engine, kvevents.Tier(tier))
 			if !slices.Equal(meshtest.Sorted(got), meshtest.Sorted(want[tier])) {
 				return fmt.Sprintf("%s: engine %s tier %s: index has %d keys, engine %d", in.name, engine, kvevents.Tier(tier), len(got), len(want[tier]))
+			}
+			if n := in.real.KeyCount(engine, kvevents.Tier(tier)); n != len(want[tier]) {
+				return fmt.Sprintf("%s: engine %s tier %s: scheduler index has %d keys, engine %d", in.name, engine, kvevents.Tier(tier), n, len(want[tier]))
 			}
 		}
 	}

@@ -163,6 +163,24 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 
 	load(t, engines, 60, rng)
 	waitConverged(t, "random load", ins, truths)
+	// Gossip carries each engine's metadata, and its digest at the head agrees
+	// with what every materializer computed on its own.
+	for _, e := range engines {
+		for _, in := range ins {
+			meshtest.WaitFor(t, 10*time.Second, in.name+" sees "+e.id+"'s digest", func() bool {
+				v, ok := in.node.Engine(e.id)
+				if !ok || v.URL != e.srv.URL() || v.BlockSize != 4 || !v.Ready || v.DPSize != e.srv.DP() {
+					return false
+				}
+				for _, st := range in.m.Status() {
+					if st.Engine == e.id {
+						return st.Digest == v.Digest
+					}
+				}
+				return false
+			})
+		}
+	}
 	for _, e := range engines {
 		st := e.sc.Status()[0]
 		if st.OrphanParents != 0 || st.UnknownRemoves != 0 {
@@ -247,7 +265,7 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 		// The sidecar is down while more batches than the replay buffer keeps
 		// go by: a new sidecar cannot replay them and resets the engine.
 		small := startSim(top, "sim-d", 1, 48, 0, 2, 4) // replay buffer: 2 batches
-		small.srv.SetDropRate(1) // nothing live: only the (tiny) replay buffer could help
+		small.srv.SetDropRate(1)                        // nothing live: only the (tiny) replay buffer could help
 		load(t, []*simEngine{small}, 5, rng)
 		small.srv.SetDropRate(0)
 		truths[small.id] = small.truth

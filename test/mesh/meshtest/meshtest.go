@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -39,6 +40,8 @@ type MapIndex struct {
 	sets   map[string]*[kvevents.NumTiers]map[uint64]struct{}
 	Errors []string
 }
+
+var _ materialize.Index = (*MapIndex)(nil)
 
 // NewMapIndex returns an empty index.
 func NewMapIndex() *MapIndex {

@@ -1,0 +1,116 @@
+package ingress
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/tokenizer"
+)
+
+// BenchmarkChatMode answers "does sending rendered tokens to /v1/completions
+// and re-wrapping pay?": the same ~1,000-token conversation through an
+// ingress in each chat mode, against a simulator that tokenizes with the same
+// Llama 3 tokenizer (so in chat mode the engine renders and tokenizes again,
+// as vLLM does). Interleaved, sequential; reports p50/p99 per mode.
+func BenchmarkChatMode(b *testing.B) {
+	tokJSON, tplJSON := llamaFiles(b)
+	nt, err := tokenizer.LoadFile(tokJSON)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tpl, err := tokenizer.LoadChatTemplateFile(tplJSON)
+	if err != nil {
+		b.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 1e6, Tokenizer: nt, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sm.Close() })
+	var msgs strings.Builder
+	msgs.WriteString(`[{"role":"system","content":"You are a helpful assistant that answers questions about distributed systems."}`)
+	long := strings.Repeat("The key-value cache of a transformer stores attention keys and values for every token of the prompt. ", 40)
+	for i := 0; i < 3; i++ {
+		msgs.WriteString(`,{"role":"user","content":"` + long + `"},{"role":"assistant","content":"Understood."}`)
+	}
+	msgs.WriteString(`,{"role":"user","content":"Summarize."}]`)
+	body := `{"model":"llama","max_tokens":1,"messages":` + msgs.String() + `}`
+	modes := []string{ChatModeChat, ChatModeCompletions}
+	var hcs []*fasthttp.HostClient
+	var reqs []*fasthttp.Request
+	for _, mode := range modes {
+		cfg := DefaultConfig()
+		cfg.Listen, cfg.AccessLog, cfg.ChatMode = "127.0.0.1:0", false, mode
+		cfg.Engines = []StaticEngine{{ID: "s", Model: "llama", URL: sm.URL()}}
+		tk, err := NewTokenizer(nt, tpl)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := New(cfg, Deps{Logger: quiet, Tokenizers: TokenizerMap{"llama": tk}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		req := fasthttp.AcquireRequest()
+		req.SetRequestURI("http://" + s.Addr() + "/v1/chat/completions")
+		req.Header.SetMethod("POST")
+		req.Header.SetContentType("application/json")
+		req.SetBodyString(body)
+		hcs = append(hcs, &fasthttp.HostClient{Addr: s.Addr()})
+		reqs = append(reqs, req)
+	}
+	resp := fasthttp.AcquireResponse()
+	lat := make([][]time.Duration, len(modes))
+	for i := range modes {
+		for j := 0; j < 20; j++ {
+			if err := doOnce(hcs[i], reqs[i], resp); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		for k := range modes {
+			i := (n + k) % len(modes)
+			t0 := time.Now()
+			if err := doOnce(hcs[i], reqs[i], resp); err != nil {
+				b.Fatal(err)
+			}
+			lat[i] = append(lat[i], time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	for i, mode := range modes {
+		slices.Sort(lat[i])
+		b.ReportMetric(float64(lat[i][len(lat[i])/2].Microseconds()), mode+"-p50-µs")
+		b.ReportMetric(float64(lat[i][len(lat[i])*99/100].Microseconds()), mode+"-p99-µs")
+	}
+}
+
+// BenchmarkRewrapChunk is the ingress's cost per streamed chunk in
+// completions chat mode.
+func BenchmarkRewrapChunk(b *testing.B) {
+	ev := []byte(`data: {"id":"cmpl-42","object":"text_completion","created":1795986758,"model":"llama","choices":[{"index":0,"text":" token","logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
+	p := &proxyStream{c: &call{}}
+	var out []byte
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ev)))
+	for i := 0; i < b.N; i++ {
+		out = p.rewrap(out[:0], ev)
+	}
+	if !strings.Contains(string(out), "chat.completion.chunk") {
+		b.Fatalf("%s", out)
+	}
+}
