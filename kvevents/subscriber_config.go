@@ -137,14 +137,14 @@ func (c *SubscriberConfig) Validate() error {
 			}
 		}
 	}
-	for _, list := range [][]string{c.Endpoints, c.ReplayEndpoints} {
-		for _, ep := range list {
-			if ep == "" && len(c.ReplayEndpoints) > 0 {
-				continue // no replay for that rank
-			}
-			if _, err := OffsetEndpoint(ep, 0); err != nil {
-				errs = append(errs, err)
-			}
+	for _, ep := range c.Endpoints {
+		if _, err := OffsetEndpoint(ep, 0); err != nil {
+			errs = append(errs, fmt.Errorf("Endpoints: %w", err))
+		}
+	}
+	for _, ep := range c.ReplayEndpoints {
+		if _, err := OffsetEndpoint(ep, 0); ep != "" && err != nil { // "" = no replay for that rank
+			errs = append(errs, fmt.Errorf("ReplayEndpoints: %w", err))
 		}
 	}
 	if len(errs) > 0 {

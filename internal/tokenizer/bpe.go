@@ -275,23 +275,11 @@ func growInt32(s []int32, n int) []int32 {
 	return s[:n]
 }
 
-// newBPE builds the model; vocab and merges are already in the model's own
-// spelling (raw bytes for byte-level).
+// newBPE builds the model from vocab and merges as tokenizer.json spells
+// them; a byte-level vocabulary is converted to raw bytes after the merges
+// are resolved to ids (concatenation commutes with the byte mapping).
 func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error) {
 	m := opts
-	m.vocab = vocab
-	maxID := -1
-	for _, id := range vocab {
-		if int(id) > maxID {
-			maxID = int(id)
-		}
-	}
-	m.vocabR = make([]string, maxID+1)
-	m.has = make([]bool, maxID+1)
-	for tok, id := range vocab {
-		m.vocabR[id] = tok
-		m.has[id] = true
-	}
 	m.merges = make(map[uint64]uint64, len(merges))
 	for rank, mg := range merges {
 		a, ok1 := vocab[mg[0]]
@@ -299,8 +287,7 @@ func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error)
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("bpe merge %d %q: %w: token not in vocab", rank, mg, ErrInvalid)
 		}
-		merged := mg[0] + trimPrefix(mg[1], m.contPrefix)
-		id, ok := vocab[merged]
+		id, ok := vocab[mg[0]+trimPrefix(mg[1], m.contPrefix)]
 		if !ok {
 			return nil, fmt.Errorf("bpe merge %d %q: %w: merged token not in vocab", rank, mg, ErrInvalid)
 		}
@@ -309,6 +296,11 @@ func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error)
 			m.merges[key] = uint64(rank)<<32 | uint64(id)
 		}
 	}
+	if m.byteLevel {
+		vocab = toRawBytes(vocab)
+	}
+	m.vocab = vocab
+	m.vocabR, m.has = reverseVocab(vocab)
 	m.cache = newWordCache(wordCacheCapacity)
 	for b := 0; b < 256; b++ {
 		m.byteIDs[b] = -1
@@ -316,7 +308,7 @@ func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error)
 		if id, ok := vocab[string([]byte{byte(b)})]; ok && m.byteLevel {
 			m.byteIDs[b] = int64(id)
 		}
-		if id, ok := vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
+		if id, ok := vocab[fmtByte(byte(b))]; ok {
 			m.fallbackIDs[b] = int64(id)
 		}
 	}

@@ -7,11 +7,14 @@ import "strings"
 // merges back to raw bytes, so encoding never maps runes at run time.
 var (
 	byteToRune [256]rune
-	runeToByte = map[rune]byte{}
+	runeToByte [324]int16 // rune → byte, -1 outside the alphabet (max rune 323)
 )
 
 func init() {
 	n := 0
+	for i := range runeToByte {
+		runeToByte[i] = -1
+	}
 	for b := 0; b < 256; b++ {
 		printable := (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)
 		if printable {
@@ -20,23 +23,21 @@ func init() {
 			byteToRune[b] = rune(256 + n)
 			n++
 		}
-		runeToByte[byteToRune[b]] = byte(b)
+		runeToByte[byteToRune[b]] = int16(b)
 	}
 }
 
 // byteLevelDecodeString maps a byte-level spelling to raw bytes; ok is false
 // when a rune is outside the alphabet.
 func byteLevelDecodeString(s string) (string, bool) {
-	var sb strings.Builder
-	sb.Grow(len(s))
+	buf := make([]byte, 0, len(s))
 	for _, r := range s {
-		b, ok := runeToByte[r]
-		if !ok {
+		if r < 0 || int(r) >= len(runeToByte) || runeToByte[r] < 0 {
 			return "", false
 		}
-		sb.WriteByte(b)
+		buf = append(buf, byte(runeToByte[r]))
 	}
-	return sb.String(), true
+	return string(buf), true
 }
 
 // byteLevelEncodeString maps raw bytes to their byte-level spelling.

@@ -426,9 +426,6 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 				return nil, err
 			}
 		}
-		if byteLevel {
-			vocab, merges = toRawBytes(vocab, merges)
-		}
 		opts := bpe{byteLevel: byteLevel, ignoreMerges: m.IgnoreMerges, byteFallback: m.ByteFallback,
 			fuseUnk: m.FuseUnk, contPrefix: str(m.ContPrefix, ""), eowSuffix: str(m.EOWSuffix, ""), unk: -1}
 		if m.UnkToken != nil {
@@ -477,8 +474,8 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 	return nil, fmt.Errorf("model %q: %w", m.Type, ErrUnsupported)
 }
 
-// toRawBytes rewrites a byte-level vocabulary and merges as raw bytes.
-func toRawBytes(vocab map[string]uint32, merges [][2]string) (map[string]uint32, [][2]string) {
+// toRawBytes rewrites a byte-level vocabulary as raw bytes.
+func toRawBytes(vocab map[string]uint32) map[string]uint32 {
 	out := make(map[string]uint32, len(vocab))
 	for tok, id := range vocab {
 		raw, ok := byteLevelDecodeString(tok)
@@ -489,14 +486,7 @@ func toRawBytes(vocab map[string]uint32, merges [][2]string) (map[string]uint32,
 			out[raw] = id
 		}
 	}
-	for i, mg := range merges {
-		for k := range 2 {
-			if raw, ok := byteLevelDecodeString(mg[k]); ok {
-				merges[i][k] = raw
-			}
-		}
-	}
-	return out, merges
+	return out
 }
 
 type processorJSON struct {
