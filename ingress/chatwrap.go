@@ -35,6 +35,9 @@ func (p *proxyStream) convertEvent(dst, ev []byte) []byte {
 	}
 	if n := usageCompletionTokens(payload); n > 0 {
 		p.c.outTokens = n
+		if p.c.dropUsage && bytes.Contains(payload, usageOnly) {
+			return dst[:len(dst)-len(dataPrefix)]
+		}
 	} else {
 		p.c.outTokens++
 	}

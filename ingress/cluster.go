@@ -22,6 +22,9 @@ type ClusterConfig struct {
 	// GossipBind is the memberlist address ("127.0.0.1:0" picks a port).
 	// Empty: no gossip.
 	GossipBind string
+	// GossipAdvertise is the address others dial when it differs from the
+	// bind address: "host" or "host:port" (NAT, pods). Empty: derived.
+	GossipAdvertise string
 	// GossipSeeds are members to join ("host:port").
 	GossipSeeds []string
 	// GossipKey enables gossip encryption (16, 24 or 32 bytes).
@@ -39,6 +42,13 @@ func (c *ClusterConfig) problems(bad func(string, ...any)) {
 	if c.GossipBind != "" {
 		if _, _, err := net.SplitHostPort(c.GossipBind); err != nil {
 			bad("gossip bind %q: %v", c.GossipBind, err)
+		}
+	}
+	if c.GossipAdvertise != "" {
+		if h, p, err := net.SplitHostPort(c.GossipAdvertise); err == nil {
+			if _, perr := strconv.Atoi(p); perr != nil || h == "" {
+				bad("gossip advertise %q: want host or host:port", c.GossipAdvertise)
+			}
 		}
 	}
 	if len(c.GossipSeeds) > 0 && c.GossipBind == "" {
@@ -84,6 +94,13 @@ func (s *Server) startCluster() error {
 		gc := gossip.DefaultConfig()
 		gc.Name = s.cfg.ID
 		gc.BindAddr, gc.BindPort = host, p
+		if a := cc.GossipAdvertise; a != "" {
+			gc.AdvertiseAddr = a
+			if h, ap, err := net.SplitHostPort(a); err == nil {
+				gc.AdvertiseAddr = h
+				gc.AdvertisePort, _ = strconv.Atoi(ap)
+			}
+		}
 		gc.Join = cc.GossipSeeds
 		gc.SecretKey = cc.GossipKey
 		if cc.GossipProfile != "" {
@@ -152,7 +169,9 @@ func (s *Server) shareCluster(buf []byte) []byte {
 		return buf
 	}
 	if sh, ok := s.deps.Limiter.(stateSharer); ok {
-		buf = sh.AppendState(buf[:0], 4000)
+		// 1 KiB keeps the blob in UDP broadcasts (~250 ms to spread); the
+		// limiter sends its busiest scopes first when not all fit.
+		buf = sh.AppendState(buf[:0], 1024)
 		if err := node.SetAppState(rateLimitAppState, buf); err != nil {
 			s.log.Debug("share rate-limit state", "err", err)
 		}

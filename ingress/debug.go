@@ -1,11 +1,11 @@
 package ingress
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sort"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -147,6 +147,4 @@ func (s *Server) handleDebugConfig(ctx *fasthttp.RequestCtx) {
 }
 
 // debugEnabled guards hot-path debug logging so it costs nothing when off.
-func (s *Server) debugEnabled() bool { return s.log.Enabled(nil, slog.LevelDebug) }
-
-var _ = time.Now
+func (s *Server) debugEnabled() bool { return s.log.Enabled(context.Background(), slog.LevelDebug) }

@@ -7,6 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/kvmesh/kvmesh/ingress/ratelimit"
+	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
@@ -43,7 +46,15 @@ type Scheduler interface {
 	Policy() string
 }
 
-var _ Scheduler = (*scheduler.Scheduler)(nil)
+// The packages the ingress wires by default implement these interfaces.
+var (
+	_ Scheduler     = (*scheduler.Scheduler)(nil)
+	_ Authenticator = (*auth.Store)(nil)
+	_ RateLimiter   = (*ratelimit.Limiter)(nil)
+	_ stateSharer   = (*ratelimit.Limiter)(nil)
+	_ Affinity      = (*session.Affinity)(nil)
+	_ Admitter      = (*session.Admitter)(nil)
+)
 
 // Tokenizer turns prompts into token ids for one model. Encode and
 // RenderChat append to dst. A nil Tokenizer for a model means "route on load

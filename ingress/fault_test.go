@@ -99,5 +99,6 @@ func TestEngineKilledMidRun(t *testing.T) {
 	if retried < 3 {
 		t.Errorf("only %v failed attempts recorded; the queued requests should have been retried", retried)
 	}
+	waitFor(t, 5*time.Second, func() bool { return settled(s) })
 	t.Logf("error events %d, failed attempts %v", errEvents, retried)
 }

@@ -30,19 +30,24 @@ type call struct {
 	keys   []uint64
 	block  int
 
-	infos  []EngineInfo
-	cands  []scheduler.Engine
-	urls   []string // parallel to cands
-	sreq   scheduler.Request
-	dec    scheduler.Decision
-	body   []byte // upstream body (rewritten) or nil: the client's body
-	path   string // upstream path
-	wrap   bool   // chat answered through /v1/completions and re-wrapped
-	engine string
-	match  index.Match
+	infos     []EngineInfo
+	cands     []scheduler.Engine
+	urls      []string // parallel to cands
+	sreq      scheduler.Request
+	dec       scheduler.Decision
+	body      []byte // upstream body (rewritten) or nil: the client's body
+	alt       []byte // second body buffer (swapped with body when rewriting twice)
+	dropUsage bool   // the usage chunk was added by us: keep it from the client
+	path      string // upstream path
+	wrap      bool   // chat answered through /v1/completions and re-wrapped
+	engine    string
+	match     index.Match
 
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
+	promptTokens                 int
+	prefillCharge                int64 // tokens charged to the engine's prefill until the first byte
+	activeCharge                 int64 // tokens charged to the engine's active set until the end
 	attempts                     int
 	status                       int
 	outTokens                    int
@@ -61,6 +66,7 @@ func (c *call) reset() {
 		urls:   c.urls[:0],
 		dec:    scheduler.Decision{Ranked: c.dec.Ranked[:0]},
 		body:   c.body[:0],
+		alt:    c.alt[:0],
 	}
 	c.req.reset()
 }
@@ -124,7 +130,9 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 			c.block = e.BlockSize
 		}
 		eng := e.Engine
-		eng.InFlight += s.ups.inflight(e.ID)
+		n, pre, act := s.ups.local(e.ID)
+		eng.InFlight += n
+		eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
 		c.cands = append(c.cands, eng)
 		c.urls = append(c.urls, e.URL)
 	}
@@ -144,6 +152,7 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	if c.tokens == nil {
 		promptTokens = c.approx
 	}
+	c.promptTokens = promptTokens
 	if s.cfg.MaxPromptTokens > 0 && promptTokens > s.cfg.MaxPromptTokens {
 		return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, s.cfg.MaxPromptTokens)
 	}
@@ -292,6 +301,17 @@ func (c *call) tokenize() error {
 	}
 	if c.tokens != nil && len(c.tokens) == 0 {
 		return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
+	}
+	if c.req.stream && !c.req.hasStreamOptions {
+		// Ask for the usage chunk so output tokens (metrics, rate limits,
+		// access log) are exact; the proxy drops it from the client's stream.
+		src := c.body
+		if len(src) == 0 {
+			src = c.req.body
+		}
+		c.alt = appendUsageRequest(c.alt[:0], src)
+		c.body, c.alt = c.alt, c.body
+		c.dropUsage = true
 	}
 	return nil
 }

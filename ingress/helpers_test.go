@@ -231,3 +231,16 @@ func val(m prometheus.Metric) float64 {
 	}
 	return -1
 }
+
+// settled reports whether every engine's local load is back to zero (no
+// request, prefill or active tokens still charged).
+func settled(s *Server) bool {
+	s.ups.mu.RLock()
+	defer s.ups.mu.RUnlock()
+	for _, up := range s.ups.m {
+		if up.inflight.Load() != 0 || up.prefill.Load() != 0 || up.active.Load() != 0 {
+			return false
+		}
+	}
+	return s.inflight.Load() == 0
+}

@@ -227,6 +227,13 @@ func hexVal(c byte) int {
 // is the raw value span; keyOff and valOff are the offsets of the key's
 // opening quote and of the value in b.
 func forEachMember(b []byte, fn func(key, val []byte, keyOff, valOff int) error) error {
+	return scanMembers(b, nil, fn)
+}
+
+// scanMembers is forEachMember with a hook: consume, when set, may parse a
+// member's value at b[at] itself (returning its end and handled=true) so a
+// large value is read once instead of skipped and then parsed.
+func scanMembers(b []byte, consume func(key, b []byte, at int) (end int, handled bool, err error), fn func(key, val []byte, keyOff, valOff int) error) error {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return jerr("request body must be a JSON object", i)
@@ -253,9 +260,20 @@ func forEachMember(b []byte, fn func(key, val []byte, keyOff, valOff int) error)
 			return jerr("expected ':' after object key", i)
 		}
 		vstart := skipWS(b, i+1)
-		vend, err := skipValue(b, vstart, 1)
-		if err != nil {
-			return err
+		if vstart >= len(b) {
+			return jerr("unexpected end of JSON", vstart)
+		}
+		var vend int
+		handled := false
+		if consume != nil && key != nil {
+			if vend, handled, err = consume(key, b, vstart); err != nil {
+				return err
+			}
+		}
+		if !handled {
+			if vend, err = skipValue(b, vstart, 1); err != nil {
+				return err
+			}
 		}
 		if err := fn(key, b[vstart:vend], i0, vstart); err != nil {
 			return err

@@ -50,7 +50,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 		ureq.SetRequestURI(url + c.path)
 		ureq.SetHost(up.hc.Addr)
 		resp := fasthttp.AcquireResponse()
-		up.inflight.Add(1)
+		c.startAttempt(up, rk.Match.Spec)
 		up.total.Add(1)
 		err = up.hc.Do(ureq, resp)
 		if err != nil {
@@ -88,6 +88,39 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	c.finish()
 }
 
+// defaultOutputTokens is the output estimate for the cost model when a
+// request sets no max_tokens (the scheduler's own default).
+const defaultOutputTokens = 128
+
+// startAttempt charges an attempt to its engine's local load: one request,
+// its uncached prompt tokens until the first byte, and its prompt plus
+// expected output until the end.
+func (c *call) startAttempt(up *upstream, matchedBlocks int) {
+	out := c.req.maxTokens
+	if out <= 0 {
+		out = defaultOutputTokens
+	}
+	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
+	c.activeCharge = int64(c.promptTokens + out)
+	up.inflight.Add(1)
+	up.prefill.Add(c.prefillCharge)
+	up.active.Add(c.activeCharge)
+}
+
+// firstByte ends the attempt's prefill charge.
+func (c *call) firstByte(up *upstream) {
+	up.prefill.Add(-c.prefillCharge)
+	c.prefillCharge = 0
+}
+
+// endAttempt removes what startAttempt charged and is still charged.
+func (c *call) endAttempt(up *upstream) {
+	up.inflight.Add(-1)
+	up.prefill.Add(-c.prefillCharge)
+	up.active.Add(-c.activeCharge)
+	c.prefillCharge, c.activeCharge = 0, 0
+}
+
 func (c *call) urlOf(engine string) string {
 	for i := range c.cands {
 		if c.cands[i].ID == engine {
@@ -104,8 +137,10 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	up.failures.Add(1)
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
-	up.inflight.Add(-1)
-	c.s.log.Debug("upstream attempt failed", "engine", up.id, "result", result, "err", err)
+	c.endAttempt(up)
+	if c.s.debugEnabled() {
+		c.s.log.Debug("upstream attempt failed", "engine", up.id, "result", result, "err", err)
+	}
 	if result == "timeout" {
 		return fmt.Errorf("%w: engine %s: %w", ErrUpstreamTimout, up.id, err)
 	}
@@ -152,7 +187,7 @@ func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasth
 	}
 	bufPool.Put(buf)
 	fasthttp.ReleaseResponse(resp)
-	up.inflight.Add(-1)
+	c.endAttempt(up)
 	c.status = st
 	c.errMsg = fmt.Sprintf("engine answered %d", st)
 	c.finish()
@@ -175,7 +210,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	}
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
-	up.inflight.Add(-1)
+	c.endAttempt(up)
 	c.s.m.attemptOK.Inc()
 	c.outTokens = usageCompletionTokens(out)
 	ctx.SetStatusCode(fasthttp.StatusOK)
@@ -229,6 +264,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 		return false, c.attemptFailed(up, resp, classifyErr(err), fmt.Errorf("before first byte: %w", err))
 	}
 	c.ttft = time.Since(c.start)
+	c.firstByte(up)
 	c.s.m.attemptOK.Inc()
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.status = fasthttp.StatusOK
@@ -299,13 +335,38 @@ func (p *proxyStream) fillOnce() {
 	if bytes.Contains(events, doneEvent) {
 		p.sawDone = true
 	}
-	if p.wrap {
+	switch {
+	case p.wrap:
 		p.out = p.rewrap(p.out[:0], events)
 		p.pending = p.out
-	} else {
+	case p.c.dropUsage:
+		p.observe(events)
+		p.out = dropUsageEvents(p.out[:0], events)
+		p.pending = p.out
+	default:
 		p.observe(events)
 		p.pending = events
 	}
+}
+
+var usageOnly = []byte(`"choices":[]`)
+
+// dropUsageEvents appends the events except the usage-only chunk (empty
+// choices, a usage object), which the ingress requested for itself.
+func dropUsageEvents(dst, events []byte) []byte {
+	for len(events) > 0 {
+		i := bytes.Index(events, eventSep)
+		if i < 0 {
+			return append(dst, events...)
+		}
+		ev := events[:i+len(eventSep)]
+		events = events[i+len(eventSep):]
+		if bytes.Contains(ev, usageOnly) && bytes.Contains(ev, usageMarker) {
+			continue
+		}
+		dst = append(dst, ev...)
+	}
+	return dst
 }
 
 func (p *proxyStream) Read(b []byte) (int, error) {
@@ -416,7 +477,7 @@ func (p *proxyStream) Close() error {
 	}
 	_ = p.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(p.resp)
-	p.up.inflight.Add(-1)
+	c.endAttempt(p.up)
 	c.finish()
 	p.c, p.up, p.resp, p.body = nil, nil, nil, nil
 	streamPool.Put(p)

@@ -27,7 +27,8 @@ func TestProxyStreamPassesThroughAndCounts(t *testing.T) {
 		t.Fatalf("status %d headers %v body %s", st, hdr, body)
 	}
 	evs := sseEvents(body)
-	if len(evs) != 6 || evs[0] != strings.TrimSuffix(strings.TrimPrefix(completionEvent(0, "t0", ""), "data: "), "\n\n") || evs[5] != "[DONE]" {
+	// The ingress asked for the usage chunk itself; the client, who did not, does not see it.
+	if len(evs) != 5 || evs[0] != strings.TrimSuffix(strings.TrimPrefix(completionEvent(0, "t0", ""), "data: "), "\n\n") || evs[4] != "[DONE]" {
 		t.Fatalf("events %q", evs)
 	}
 	waitFor(t, 2*time.Second, func() bool {
@@ -36,9 +37,14 @@ func TestProxyStreamPassesThroughAndCounts(t *testing.T) {
 	if got := val(s.m.requests.WithLabelValues("completions", "200")); got != 1 {
 		t.Fatalf("requests_total = %v", got)
 	}
-	// The engine got the prompt as token ids, untouched.
-	if b := <-fe.bodies; !strings.Contains(string(b), `"prompt":[1,2,3]`) {
+	// The engine got the prompt as token ids, untouched, and the usage request.
+	if b := <-fe.bodies; !strings.Contains(string(b), `"prompt":[1,2,3]`) || !strings.Contains(string(b), `"include_usage":true`) || !json.Valid(b) {
 		t.Fatalf("engine body %s", b)
+	}
+	// A client that asks for usage gets it.
+	_, _, body = post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1],"stream":true,"stream_options":{"include_usage":true}}`)
+	if evs := sseEvents(body); len(evs) != 6 || !strings.Contains(evs[4], `"completion_tokens":4`) {
+		t.Fatalf("events with usage %q", evs)
 	}
 }
 
@@ -77,6 +83,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
 		}
 	}
+	waitFor(t, 5*time.Second, func() bool { return settled(s) })
 	for _, r := range []string{"status_5xx", "timeout", "connect_error"} {
 		if val(s.m.attempts.WithLabelValues(r)) == 0 {
 			t.Errorf("no %s attempt recorded: random routing over 12 requests should have hit it", r)
@@ -131,7 +138,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	resp.Body.Close() // client goes away mid-stream
 	waitFor(t, 5*time.Second, func() bool { return fe.canceled.Load() == 1 })
-	waitFor(t, 5*time.Second, func() bool { return s.inflight.Load() == 0 && s.ups.inflight("slow") == 0 })
+	waitFor(t, 5*time.Second, func() bool { return settled(s) })
 }
 
 func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {

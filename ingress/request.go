@@ -42,23 +42,24 @@ type Message struct {
 // slices point into the body or into the request's reusable buffers; a
 // request is reset and reused through a sync.Pool.
 type request struct {
-	ep           endpoint
-	model        []byte
-	stream       bool
-	includeUsage bool
-	maxTokens    int
-	kind         promptKind
-	text         []byte   // promptText: the unescaped prompt
-	ids          []uint32 // promptIDs as given; later the tokens of any prompt
-	promptStart  int      // byte span of the "prompt" value in the body
-	promptEnd    int
-	messages     []byte // promptChat: raw messages array
-	msgStart     int    // byte span of the "messages" member (key included)
-	msgEnd       int
-	body         []byte // the client's body
-	cacheSalt    []byte
-	chat         []Message
-	sessionID    []byte
+	ep               endpoint
+	model            []byte
+	stream           bool
+	includeUsage     bool
+	hasStreamOptions bool
+	maxTokens        int
+	kind             promptKind
+	text             []byte   // promptText: the unescaped prompt
+	ids              []uint32 // promptIDs as given; later the tokens of any prompt
+	promptStart      int      // byte span of the "prompt" value in the body
+	promptEnd        int
+	messages         []byte // promptChat: raw messages array
+	msgStart         int    // byte span of the "messages" member (key included)
+	msgEnd           int
+	body             []byte // the client's body
+	cacheSalt        []byte
+	chat             []Message
+	sessionID        []byte
 }
 
 func (r *request) reset() {
@@ -78,7 +79,25 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 	r.maxTokens = -1
 	sawModel := false
 	r.body = body
-	err := forEachMember(body, func(key, val []byte, koff, off int) error {
+	// The token-id prompt is parsed in place of being skipped (one pass).
+	consume := func(key, b []byte, at int) (int, bool, error) {
+		if ep != epCompletions || string(key) != "prompt" || b[at] != '[' {
+			return 0, false, nil
+		}
+		j := skipWS(b, at+1)
+		if j >= len(b) || b[j] < '0' || b[j] > '9' {
+			return 0, false, nil
+		}
+		ids, end, err := scanTokenIDs(r.ids[:0], b, at)
+		r.ids = ids
+		if err != nil {
+			return 0, true, badRequest("prompt", fmt.Errorf("%w: invalid token ids: %w", ErrBadRequest, err))
+		}
+		r.kind = promptIDs
+		r.promptStart, r.promptEnd = at, end
+		return end, true, nil
+	}
+	err := scanMembers(body, consume, func(key, val []byte, koff, off int) error {
 		switch string(key) {
 		case "model":
 			if val[0] != '"' {
@@ -96,6 +115,7 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 				return badRequest("stream", fmt.Errorf("%w: stream must be a boolean", ErrBadRequest))
 			}
 		case "stream_options":
+			r.hasStreamOptions = true
 			if val[0] == 'n' {
 				return nil
 			}
@@ -123,8 +143,8 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 			}
 			r.cacheSalt = appendUnquote(r.cacheSalt[:0], val)
 		case "prompt":
-			if ep != epCompletions {
-				return nil
+			if ep != epCompletions || (r.kind == promptIDs && r.promptStart == off) {
+				return nil // not ours, or already parsed by consume
 			}
 			r.promptStart, r.promptEnd = off, off+len(val)
 			return r.parsePrompt(val)
@@ -216,42 +236,53 @@ func (r *request) parseIDs(val []byte) error {
 	return nil
 }
 
-// appendTokenIDs parses a JSON array of token ids (already validated as JSON
-// by the scanner) in one tight pass: the prompt is the bulk of the body.
+// appendTokenIDs parses the JSON array of token ids val.
 func appendTokenIDs(dst []uint32, val []byte) ([]uint32, error) {
-	i := skipWS(val, 1) // past '['
-	if i < len(val) && val[i] == ']' {
-		return dst, nil
+	dst, end, err := scanTokenIDs(dst, val, 0)
+	if err == nil && skipWS(val, end) != len(val) {
+		err = fmt.Errorf("trailing data after token ids")
 	}
-	for i < len(val) {
+	return dst, err
+}
+
+// scanTokenIDs parses the array of token ids starting at b[i] == '[' in one
+// tight pass and returns the index past its ']'. The prompt is the bulk of a
+// body, so the scanner hands it here instead of skipping it first (the
+// strict grammar here — digits, commas, whitespace — is valid JSON).
+func scanTokenIDs(dst []uint32, b []byte, i int) ([]uint32, int, error) {
+	i = skipWS(b, i+1) // past '['
+	if i < len(b) && b[i] == ']' {
+		return dst, i + 1, nil
+	}
+	for i < len(b) {
 		start := i
 		var v uint64
-		for i < len(val) && val[i] >= '0' && val[i] <= '9' {
-			v = v*10 + uint64(val[i]-'0')
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			v = v*10 + uint64(b[i]-'0')
 			if v > math.MaxUint32 {
 				break
 			}
 			i++
 		}
-		if i == start || (i < len(val) && val[i] != ',' && val[i] != ']' && val[i] != ' ' && val[i] != '\n' && val[i] != '\t' && val[i] != '\r') ||
-			(val[start] == '0' && i-start > 1) {
-			end, _ := skipValue(val, start, 1)
+		if i == start || (i < len(b) && b[i] != ',' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\t' && b[i] != '\r') ||
+			(b[start] == '0' && i-start > 1) {
+			end, _ := skipValue(b, start, 1)
 			if end <= start {
-				end = min(start+1, len(val))
+				end = min(start+1, len(b))
 			}
-			return dst, fmt.Errorf("token id %.32q is not a non-negative 32-bit integer", val[start:end])
+			return dst, 0, fmt.Errorf("token id %.32q is not a non-negative 32-bit integer", b[start:end])
 		}
 		dst = append(dst, uint32(v))
-		i = skipWS(val, i)
-		if i < len(val) && val[i] == ']' {
-			return dst, nil
+		i = skipWS(b, i)
+		if i < len(b) && b[i] == ']' {
+			return dst, i + 1, nil
 		}
-		if i >= len(val) || val[i] != ',' {
-			return dst, fmt.Errorf("expected ',' in token ids")
+		if i >= len(b) || b[i] != ',' {
+			return dst, 0, fmt.Errorf("expected ',' in token ids")
 		}
-		i = skipWS(val, i+1)
+		i = skipWS(b, i+1)
 	}
-	return dst, fmt.Errorf("unterminated token ids")
+	return dst, 0, fmt.Errorf("unterminated token ids")
 }
 
 // wireMessage is a chat message as sent; content is a string or an array of
@@ -348,4 +379,16 @@ func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32) []byte {
 	dst = append(dst, `"prompt":`...)
 	dst = appendIDs(dst, ids)
 	return append(dst, body[r.msgEnd:]...)
+}
+
+// appendUsageRequest appends body with "stream_options":{"include_usage":true}
+// added as its last member (the body is a validated object with members).
+func appendUsageRequest(dst, body []byte) []byte {
+	end := len(body) - 1
+	for end > 0 && body[end] != '}' {
+		end--
+	}
+	dst = append(dst, body[:end]...)
+	dst = append(dst, `,"stream_options":{"include_usage":true}`...)
+	return append(dst, body[end:]...)
 }

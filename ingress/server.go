@@ -113,12 +113,27 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.m = newMetrics(deps.Registry, cfg.ID, indexKeys, deps.PropagationLag, func() float64 {
 		return float64(len(s.deps.Membership.Engines(nil)))
 	})
+	// Index and scheduler series carry no replica label: with a registry
+	// shared by several replicas in one process only the first registers.
+	if deps.Index != nil {
+		if err := deps.Index.RegisterMetrics(deps.Registry); err != nil {
+			s.log.Warn("index metrics not registered", "err", err)
+		}
+	}
+	if rm, ok := deps.Scheduler.(interface {
+		RegisterMetrics(prometheus.Registerer) error
+	}); ok {
+		if err := rm.RegisterMetrics(deps.Registry); err != nil {
+			s.log.Warn("scheduler metrics not registered", "err", err)
+		}
+	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
 	s.reqPool.New = func() any { return new(call) }
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
 		ErrorHandler:       s.handleTransportError,
 		Name:               "kvmesh-ingress",
+		Logger:             fasthttpLogger{s.log},
 		MaxRequestBodySize: cfg.MaxBodyBytes,
 		ReadTimeout:        60 * time.Second, // a client must send its request within this
 		IdleTimeout:        90 * time.Second,
@@ -257,11 +272,17 @@ func (s *Server) shareLoadLoop() {
 	defer t.Stop()
 	var buf []EngineLoad
 	var blob []byte
+	lastExpire := time.Now()
 	for {
 		select {
 		case <-s.quit:
 			return
-		case <-t.C:
+		case now := <-t.C:
+			if s.deps.Index != nil && now.Sub(lastExpire) >= time.Second {
+				// Writes expire speculative entries lazily; this covers idle spells.
+				s.deps.Index.ExpireSpeculative(now)
+				lastExpire = now
+			}
 			if s.deps.LoadSharer != nil {
 				buf = s.ups.snapshot(buf[:0])
 				s.deps.LoadSharer.ShareInFlight(buf)
@@ -308,4 +329,14 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	writeError(ctx, badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)))
 	s.m.requests.WithLabelValues("unknown", "400").Inc()
+}
+
+// fasthttpLogger sends fasthttp's own messages (e.g. a client's malformed
+// request, already answered) to slog at debug level.
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug(fmt.Sprintf(format, args...), "source", "fasthttp")
+	}
 }

@@ -19,6 +19,12 @@ type upstream struct {
 	url      string
 	hc       *fasthttp.HostClient
 	inflight atomic.Int64 // requests this replica has on the engine now
+	// prefill is the uncached prompt tokens of this replica's requests on
+	// the engine that have not had their first byte yet; active is prompt
+	// plus expected output tokens of every request in flight. The
+	// scheduler's cost model reads both (scheduler.Engine.Local*Tokens).
+	prefill  atomic.Int64
+	active   atomic.Int64
 	total    atomic.Uint64
 	failures atomic.Uint64
 }
@@ -76,7 +82,7 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 		IsTLS:                         pu.Scheme == "https",
 		Name:                          "kvmesh-ingress",
 		MaxConns:                      cfg.MaxConnsPerEngine,
-		MaxIdleConnDuration:           30 * time.Second,
+		MaxIdleConnDuration:           5 * time.Second, // also how long a closed client's cleaner lingers
 		StreamResponseBody:            true,
 		DisableHeaderNamesNormalizing: false,
 		MaxIdemponentCallAttempts:     1, // retries are ours: on the next engine
@@ -112,13 +118,20 @@ func (u *upstreams) snapshot(dst []EngineLoad) []EngineLoad {
 
 // inflight returns this replica's in-flight count for engine id.
 func (u *upstreams) inflight(id string) int {
+	n, _, _ := u.local(id)
+	return n
+}
+
+// local returns this replica's in-flight requests, pending prefill tokens
+// and active tokens on engine id.
+func (u *upstreams) local(id string) (inflight, prefill, active int) {
 	u.mu.RLock()
 	up := u.m[id]
 	u.mu.RUnlock()
 	if up == nil {
-		return 0
+		return 0, 0, 0
 	}
-	return int(up.inflight.Load())
+	return int(up.inflight.Load()), int(up.prefill.Load()), int(up.active.Load())
 }
 
 // EngineLoad is this replica's in-flight request count on one engine, the

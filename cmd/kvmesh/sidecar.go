@@ -49,7 +49,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 	gcfg := gossip.DefaultConfig()
 	gossipBind := fs.String("gossip-bind", "", "gossip listen host:port (empty: no gossip)")
-	fs.StringVar(&gcfg.AdvertiseAddr, "gossip-advertise", "", "gossip address others dial, when it differs from the bind address")
+	advertise := fs.String("gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated (DNS names resolving to several addresses allowed)")
 	key := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
 	fs.StringVar(&gcfg.Profile, "gossip-profile", gcfg.Profile, "gossip timings: local, lan or wan")
@@ -100,6 +100,16 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			problems = append(problems, fmt.Sprintf("bad --gossip-bind %q (want host:port)", *gossipBind))
 		}
 		gcfg.BindAddr, gcfg.BindPort = host, p
+		if *advertise != "" {
+			gcfg.AdvertiseAddr = *advertise
+			if h, port, err := net.SplitHostPort(*advertise); err == nil {
+				ap, perr := strconv.Atoi(port)
+				if perr != nil {
+					problems = append(problems, fmt.Sprintf("bad --gossip-advertise %q", *advertise))
+				}
+				gcfg.AdvertiseAddr, gcfg.AdvertisePort = h, ap
+			}
+		}
 		gcfg.Join = commaList(*join)
 		if *key != "" {
 			k, err := base64.StdEncoding.DecodeString(*key)

@@ -117,3 +117,25 @@ func TestTokenizeUsageErrors(t *testing.T) {
 		t.Errorf("missing file: got %v, want a load error", err)
 	}
 }
+
+// TestTokenizeStdin: without TEXTFILE the text comes from standard input.
+func TestTokenizeStdin(t *testing.T) {
+	data := tokenizerTestData(t)
+	in := filepath.Join(t.TempDir(), "stdin.txt")
+	if err := os.WriteFile(in, []byte("Hello, world!"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	saved := os.Stdin
+	os.Stdin = f
+	defer func() { os.Stdin = saved }()
+	got := runTokenizeIDs(t, "--tokenizer", filepath.Join(data, "bert-base-uncased.json"), "--special")
+	// [CLS] hello , world ! [SEP] in bert-base-uncased.
+	if want := []uint32{101, 7592, 1010, 2088, 999, 102}; !slices.Equal(got, want) {
+		t.Fatalf("got %v want %v", got, want)
+	}
+}

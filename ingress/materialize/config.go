@@ -62,6 +62,11 @@ type Config struct {
 	// before a resync (the two sides may sample between a delta and its gossip).
 	// Default 1s.
 	DigestGrace time.Duration
+	// IdleCheck: without Membership, an engine with no delta for this long is
+	// re-snapshotted, so an engine whose sidecar vanished is cleared (no
+	// responders) instead of being routed to forever. Default 30s; gossip
+	// makes it unnecessary and it is not used with Membership.
+	IdleCheck time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// Registerer for kvmesh_materializer_* metrics; nil: not registered.
@@ -77,6 +82,7 @@ func DefaultConfig() Config {
 		CheckInterval:          250 * time.Millisecond,
 		GoneAfter:              time.Second,
 		DigestGrace:            time.Second,
+		IdleCheck:              30 * time.Second,
 	}
 }
 
@@ -106,6 +112,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CheckInterval <= 0 {
 		add("check interval %v must be positive", c.CheckInterval)
+	}
+	if c.IdleCheck <= 0 {
+		add("idle check %v must be positive", c.IdleCheck)
 	}
 	if c.GoneAfter < 0 || c.DigestGrace < 0 {
 		add("gone-after %v and digest grace %v must not be negative", c.GoneAfter, c.DigestGrace)

@@ -77,6 +77,10 @@ func (m *Materializer) tick(now time.Time) {
 			m.snapshotLocked(e, "retry")
 		}
 		if views == nil {
+			if e.synced && !e.snapshotting && now.Sub(e.lastMsg) >= m.cfg.IdleCheck {
+				e.lastMsg = now // one probe per IdleCheck
+				m.snapshotLocked(e, "idle check")
+			}
 			continue
 		}
 		if _, ok := views[id]; ok {

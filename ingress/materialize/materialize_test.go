@@ -230,3 +230,58 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return sum
 }
+
+// Without gossip, an engine whose sidecar is gone is found by the idle check
+// (its snapshot request has no responder) and cleared.
+func TestIdleCheckClearsVanishedEngineWithoutGossip(t *testing.T) {
+	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	cache, err := meshtest.NewCache("m", 4, 16, 0, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Pub.Close()
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+	sc.NATS.URLs = []string{srv.URL()}
+	s, err := sidecar.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdone := make(chan error, 1)
+	go func() { sdone <- s.Run(context.Background()) }()
+	defer func() { _ = s.Close(); <-sdone }()
+
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	idx := meshtest.NewMapIndex()
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index = nc, idx
+	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, 200*time.Millisecond
+	m, err := materialize.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mdone := make(chan error, 1)
+	go func() { mdone <- m.Run(ctx) }()
+	defer func() { cancel(); <-mdone }()
+
+	meshtest.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
+	for i := 0; i < 10; i++ {
+		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meshtest.WaitFor(t, 10*time.Second, "keys indexed", func() bool {
+		return len(idx.Keys("e1", kvevents.TierGPU)) == len(cache.Truth()[kvevents.TierGPU])
+	})
+	_ = s.Close()
+	meshtest.WaitFor(t, 10*time.Second, "vanished engine cleared", func() bool { return len(idx.Engines()) == 0 })
+}

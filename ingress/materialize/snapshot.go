@@ -47,6 +47,9 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string) (*s
 	)
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, ErrNoResponders
+		}
 		if err != nil {
 			return nil, fmt.Errorf("snapshot reply: %w", err)
 		}

@@ -281,13 +281,15 @@ func growInt32(s []int32, n int) []int32 {
 func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error) {
 	m := opts
 	m.merges = make(map[uint64]uint64, len(merges))
+	var buf []byte
 	for rank, mg := range merges {
 		a, ok1 := vocab[mg[0]]
 		b, ok2 := vocab[mg[1]]
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("bpe merge %d %q: %w: token not in vocab", rank, mg, ErrInvalid)
 		}
-		id, ok := vocab[mg[0]+trimPrefix(mg[1], m.contPrefix)]
+		buf = append(append(buf[:0], mg[0]...), trimPrefix(mg[1], m.contPrefix)...)
+		id, ok := vocab[string(buf)] // no allocation for a map index
 		if !ok {
 			return nil, fmt.Errorf("bpe merge %d %q: %w: merged token not in vocab", rank, mg, ErrInvalid)
 		}

@@ -127,7 +127,9 @@ func (c *CachingTokenizer) AppendEncode(dst []uint32, text string, addSpecialTok
 			dst = append(dst, e.ids...)
 			c.hits.Add(1)
 		} else {
-			missing = true // after a miss, later chunks cannot be cached under this prefix anyway
+			// Later keys chain through this chunk, so they are new too (barring
+			// a chunk evicted before its successors): skip their lookups.
+			missing = true
 			n := len(dst)
 			dst = c.appendRaw(dst, chunk, pos == 0)
 			c.misses.Add(1)

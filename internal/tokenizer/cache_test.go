@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func newCache(t testing.TB, tk *Native, cfg CacheConfig) *CachingTokenizer {
@@ -109,5 +112,35 @@ func TestCacheConfigValidate(t *testing.T) {
 	}
 	if _, err := NewCachingTokenizer(nil, CacheConfig{}); err == nil {
 		t.Fatal("zero config accepted")
+	}
+}
+
+// TestCacheMetrics: the collectors report the cache's counters.
+func TestCacheMetrics(t *testing.T) {
+	tk := loadNamed(t, "bert-base-uncased")
+	c := newCache(t, tk, CacheConfig{ChunkBytes: 16, MaxTokens: 1000})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c.Collectors("bert")...)
+	text := strings.Repeat("the quick brown fox jumps over the lazy dog ", 4)
+	c.Encode(text, true)
+	c.Encode(text, true)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		m := mf.GetMetric()[0]
+		if m.GetCounter() != nil {
+			got[mf.GetName()] = m.GetCounter().GetValue()
+		} else {
+			got[mf.GetName()] = m.GetGauge().GetValue()
+		}
+	}
+	st := c.Stats()
+	if got["kvmesh_tokenizer_cache_hits_total"] != float64(st.Hits) || st.Hits == 0 ||
+		got["kvmesh_tokenizer_cache_misses_total"] != float64(st.Misses) || st.Misses == 0 ||
+		got["kvmesh_tokenizer_cache_tokens"] != float64(st.Tokens) {
+		t.Fatalf("metrics %v, stats %+v", got, st)
 	}
 }

@@ -209,3 +209,36 @@ func TestLoadDir(t *testing.T) {
 		t.Fatalf("with config: %v %v", ct, err)
 	}
 }
+
+// TestLlama2Style: the SentencePiece-BPE layout of Llama 2 / Mistral files
+// (Prepend + Replace normalizer, no pre-tokenizer, byte fallback, and the
+// Replace/ByteFallback/Fuse/Strip decoder chain).
+func TestLlama2Style(t *testing.T) {
+	tk := mustLoad(t, `{
+		"added_tokens": [{"id": 1, "content": "<s>", "special": true}],
+		"normalizer": {"type": "Sequence", "normalizers": [
+			{"type": "Prepend", "prepend": "▁"},
+			{"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+		"pre_tokenizer": null,
+		"post_processor": {"type": "TemplateProcessing",
+			"single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+			"special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+		"decoder": {"type": "Sequence", "decoders": [
+			{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+			{"type": "ByteFallback"}, {"type": "Fuse"},
+			{"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+		"model": {"type": "BPE", "byte_fallback": true, "fuse_unk": true, "unk_token": "<unk>",
+			"vocab": {"<unk>": 0, "<s>": 1, "▁": 2, "h": 3, "i": 4, "▁h": 5, "▁hi": 6, "<0x21>": 7},
+			"merges": ["▁ h", "▁h i"]}}`)
+	ids := tk.Encode("hi! hi", true)
+	want := []uint32{1, 6, 7, 6}
+	if !slices.Equal(ids, want) {
+		t.Fatalf("ids %v want %v", ids, want)
+	}
+	if got := tk.Decode(ids, true); got != "hi! hi" {
+		t.Errorf("decode %q", got)
+	}
+	if tk.prefixSafe {
+		t.Error("a Prepend normalizer must disable the prefix cache")
+	}
+}

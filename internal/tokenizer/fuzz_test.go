@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"github.com/dlclark/regexp2"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -104,5 +106,27 @@ func FuzzLoad(f *testing.F) {
 		}
 		ids := tk.Encode("ab a b xab", true)
 		_ = tk.Decode(ids, false)
+	})
+}
+
+// FuzzScanVocab: the fast scanner reads every vocabulary encoding/json
+// accepts, identically, and never panics on anything else.
+func FuzzScanVocab(f *testing.F) {
+	f.Add(`{"a": 0, "\u0120b": 1, "\"q\\": 2, "é": 3}`)
+	f.Add(`{"a":1,"a":2}`)
+	f.Add(`{ }`)
+	f.Add(`{"x": 4294967295}`)
+	f.Fuzz(func(t *testing.T, data string) {
+		got, err := scanVocab([]byte(data))
+		var want map[string]uint32
+		if json.Unmarshal([]byte(data), &want) != nil || want == nil {
+			return
+		}
+		if err != nil {
+			t.Fatalf("scanner rejected valid vocab %q: %v", data, err)
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("%q: got %v want %v", data, got, want)
+		}
 	})
 }

@@ -45,7 +45,9 @@ var (
 
 // Native is the pure-Go implementation of a Hugging Face tokenizer.json:
 // added tokens, normalizer, pre-tokenizer, model (BPE, WordPiece, WordLevel,
-// Unigram), post-processor and decoder. It is immutable after Load.
+// Unigram), post-processor and decoder. Its configuration is immutable after
+// Load; the only mutable state is the BPE word cache (wordcache.go), which is
+// bounded and safe for concurrent use.
 type Native struct {
 	added      *addedVocab
 	normalizer normalizer   // nil: none

@@ -17,7 +17,8 @@ import (
 //	cost  = own + ExternalityWeight · n · (uncached / PrefillRate + DecodeWeight · output · DecodeSecPerToken · context)
 //	        + MissPenalty · uncached / PrefillRate
 //
-// where n is the engine's running requests. The last term is what the
+// where n is the engine's running requests (snapshot running, or in-flight
+// minus snapshot waiting when fresher). The last term is what the
 // request does to everyone already on the engine: its prefill stalls their
 // next steps (continuous batching), and its context lengthens each of their
 // decode steps. It is why a cache miss on a busy engine is expensive and a
@@ -96,7 +97,11 @@ func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		c := &cs[i]
 		uncached := float64(max(0, r.PromptTokens-c.CachedTokens))
 		queued := float64(max(c.QueuedPrefillTokens, c.LocalPrefillTokens))
-		n := float64(max(c.InFlight, c.Running+c.Waiting))
+		// Only requests already running feel this one's prefill and decode;
+		// those waiting have not started (and under overload waiting
+		// dwarfs running, which would make every miss look prohibitive
+		// and pile hits onto one engine).
+		n := float64(max(c.Running, c.InFlight-c.Waiting))
 		ttft := (queued+uncached)/p.PrefillRate + p.StepBase
 		active := float64(c.LocalActiveTokens)
 		if active == 0 {

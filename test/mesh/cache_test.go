@@ -43,6 +43,8 @@ func TestConvergesThroughFaults(t *testing.T) {
 		c.NATS = natsConfig(ns.url())
 		c.Gossip = gossipConfig(fmt.Sprintf("sidecar-%d", time.Now().UnixNano()), gossip.RoleSidecar, key, join)
 		c.GossipInterval = 50 * time.Millisecond
+		c.SnapshotChunkKeys = 5 // many chunks per snapshot, spanning tiers
+		c.MaxDeltaKeys = 7      // large change sets span several deltas
 		return c
 	}
 	sc := startSidecar(t, scCfg())

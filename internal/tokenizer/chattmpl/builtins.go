@@ -7,7 +7,10 @@ import (
 	"time"
 )
 
-// globals are the functions transformers provides to chat templates.
+// builtinGlobals are the functions transformers provides to chat templates;
+// read-only and shared by every render.
+var builtinGlobals = globals()
+
 func globals() map[string]any {
 	return map[string]any{
 		"raise_exception": builtin(func(_ *caller, args []any, _ *Dict) (any, error) {

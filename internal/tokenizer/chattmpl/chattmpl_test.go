@@ -47,6 +47,7 @@ func TestConstructs(t *testing.T) {
 		{"tojson", `{{ messages[2].tool_calls[0].function.arguments | tojson }}`, `{"b": 1, "a": "x"}`},
 		{"tojson indent", `{{ [1, {'k': none}] | tojson(indent=2) }}`, "[\n  1,\n  {\n    \"k\": null\n  }\n]"},
 		{"tojson escapes", `{{ "q\"\n\u00e9" | tojson }}`, `"q\"\n` + "é" + `"`},
+		{"tojson options", `{{ {'b': 'é', 'a': [1]} | tojson(separators=(',', ':'), sort_keys=true, ensure_ascii=true) }}`, `{"a":[1],"b":"\u00e9"}`},
 		{"length join upper", `{{ messages | length }} {{ ['a','b'] | join(', ') }} {{ 'x' | upper }}`, "3 a, b X"},
 		{"default", `{{ nope | default('d') }}{{ nope }}{{ '' | default('e', true) }}`, "de"},
 		{"tests", `{{ nope is defined }}{{ 'a' is string }}{{ none is none }}{{ 3 is not even }}{{ messages is iterable }}{{ 1 is number }}`, "FalseTrueTrueTrueTrueTrue"},
@@ -75,6 +76,7 @@ func TestConstructs(t *testing.T) {
 		{"and or not", `{{ 1 and 'x' }}{{ 0 or 'y' }}{{ not none }}`, "xyTrue"},
 		{"tuple unpack set", `{% set a, b = 1, 2 %}{{ a }}{{ b }}`, "12"},
 		{"range", `{% for i in range(3) %}{{ i }}{% endfor %}{{ range(1, 7, 2) }}`, "012[1, 3, 5]"},
+		{"test with bare argument", `{{ flag is sameas true }}{{ 2 is divisibleby 2 }}{{ 'a' is equalto 'a' }}`, "TrueTrueTrue"},
 		{"string compare", `{{ 'a' < 'b' }}{{ 2 >= 3 }}`, "TrueFalse"},
 	}
 	for _, c := range cases {

@@ -42,7 +42,9 @@ func Parse(src string) (*Template, error) {
 // FromJSON or Go strings, bools, int64, float64, []any, *Dict).
 func (t *Template) Render(vars map[string]any) (string, error) {
 	r := &renderer{}
-	r.scopes = []map[string]any{globals(), vars, {}}
+	// Scopes are only written at the top, so the shared globals and the
+	// caller's vars are never modified.
+	r.scopes = []map[string]any{builtinGlobals, vars, {}}
 	if err := r.exec(t.nodes); err != nil {
 		if errors.Is(err, errBreak) || errors.Is(err, errContinue) {
 			return "", fmt.Errorf("%w: break or continue outside a loop", ErrRender)

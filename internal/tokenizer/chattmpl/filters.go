@@ -55,17 +55,25 @@ func applyFilter(c *caller, name string, v any, args []any, kw *Dict) (any, erro
 		}
 		return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;", "'", "&#39;").Replace(toStr(v)), nil
 	case "tojson":
-		indent := 0
+		o := jsonOpts{itemSep: ", ", keySep: ": "}
 		if x, ok := kwArg(kw, args, 0, "indent"); ok {
-			if n, ok := x.(int64); ok {
-				indent = int(n)
+			if n, ok := x.(int64); ok && n > 0 {
+				o.indent = int(min(n, 64))
+				o.itemSep = ","
 			}
 		}
-		sortKeys := false
 		if x, ok := kwArg(kw, nil, 0, "sort_keys"); ok {
-			sortKeys = truthy(x)
+			o.sortKeys = truthy(x)
 		}
-		return toJSON(v, indent, sortKeys), nil
+		if x, ok := kwArg(kw, nil, 0, "ensure_ascii"); ok {
+			o.ensureASCII = truthy(x)
+		}
+		if x, ok := kwArg(kw, nil, 0, "separators"); ok {
+			if seps, ok := x.([]any); ok && len(seps) == 2 {
+				o.itemSep, o.keySep = toStr(seps[0]), toStr(seps[1])
+			}
+		}
+		return toJSON(v, o), nil
 	case "length", "count":
 		switch x := v.(type) {
 		case string:

@@ -588,7 +588,7 @@ func (p *parser) parsePostfix(e expr) (expr, error) {
 					return nil, err
 				}
 				t.args = c.args
-			} else if k := p.peek().kind; k == tkString || k == tkInt || k == tkFloat {
+			} else if k := p.peek().kind; k == tkString || k == tkInt || k == tkFloat || isConstName(p.peek()) {
 				a, err := p.parsePrimary()
 				if err != nil {
 					return nil, err
@@ -757,4 +757,17 @@ func (p *parser) peek2() token {
 		return p.toks[p.tp+1]
 	}
 	return token{kind: tkEOF}
+}
+
+// isConstName: true/false/none may follow a test without parentheses
+// (`x is sameas false`).
+func isConstName(t token) bool {
+	if t.kind != tkName {
+		return false
+	}
+	switch t.s {
+	case "true", "True", "false", "False", "none", "None":
+		return true
+	}
+	return false
 }

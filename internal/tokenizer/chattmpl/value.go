@@ -231,24 +231,29 @@ func pyQuote(s string) string {
 	return sb.String()
 }
 
-// toJSON is Python's json.dumps(ensure_ascii=False) as transformers' tojson
-// filter calls it: separators ", " and ": ", or "," with indent.
-func toJSON(v any, indent int, sortKeys bool) string {
+// jsonOpts are the json.dumps options transformers' tojson filter exposes.
+type jsonOpts struct {
+	indent      int
+	sortKeys    bool
+	ensureASCII bool
+	itemSep     string // default ", " (or "," with indent)
+	keySep      string // default ": "
+}
+
+// toJSON is Python's json.dumps as transformers' tojson filter calls it
+// (ensure_ascii=False unless asked).
+func toJSON(v any, o jsonOpts) string {
 	var sb strings.Builder
-	writeJSON(&sb, v, indent, 0, sortKeys)
+	writeJSON(&sb, v, o, 0)
 	return sb.String()
 }
 
-func writeJSON(sb *strings.Builder, v any, indent, depth int, sortKeys bool) {
+func writeJSON(sb *strings.Builder, v any, o jsonOpts, depth int) {
 	nl := func(d int) {
-		if indent > 0 {
+		if o.indent > 0 {
 			sb.WriteByte('\n')
-			sb.WriteString(strings.Repeat(" ", indent*d))
+			sb.WriteString(strings.Repeat(" ", o.indent*d))
 		}
-	}
-	sep := ", "
-	if indent > 0 {
-		sep = ","
 	}
 	switch x := v.(type) {
 	case nil, *undefinedT:
@@ -273,7 +278,7 @@ func writeJSON(sb *strings.Builder, v any, indent, depth int, sortKeys bool) {
 			sb.WriteString(pyFloat(x))
 		}
 	case string:
-		writeJSONString(sb, x)
+		writeJSONString(sb, x, o.ensureASCII)
 	case []any:
 		if len(x) == 0 {
 			sb.WriteString("[]")
@@ -282,10 +287,10 @@ func writeJSON(sb *strings.Builder, v any, indent, depth int, sortKeys bool) {
 		sb.WriteByte('[')
 		for i, e := range x {
 			if i > 0 {
-				sb.WriteString(sep)
+				sb.WriteString(o.itemSep)
 			}
 			nl(depth + 1)
-			writeJSON(sb, e, indent, depth+1, sortKeys)
+			writeJSON(sb, e, o, depth+1)
 		}
 		nl(depth)
 		sb.WriteByte(']')
@@ -295,30 +300,30 @@ func writeJSON(sb *strings.Builder, v any, indent, depth int, sortKeys bool) {
 			return
 		}
 		keys := x.keys
-		if sortKeys {
+		if o.sortKeys {
 			keys = append([]string(nil), keys...)
 			sort.Strings(keys)
 		}
 		sb.WriteByte('{')
 		for i, k := range keys {
 			if i > 0 {
-				sb.WriteString(sep)
+				sb.WriteString(o.itemSep)
 			}
 			nl(depth + 1)
-			writeJSONString(sb, k)
-			sb.WriteString(": ")
-			writeJSON(sb, x.m[k], indent, depth+1, sortKeys)
+			writeJSONString(sb, k, o.ensureASCII)
+			sb.WriteString(o.keySep)
+			writeJSON(sb, x.m[k], o, depth+1)
 		}
 		nl(depth)
 		sb.WriteByte('}')
 	case *Namespace:
-		writeJSON(sb, x.d, indent, depth, sortKeys)
+		writeJSON(sb, x.d, o, depth)
 	default:
-		writeJSONString(sb, toStr(v))
+		writeJSONString(sb, toStr(v), o.ensureASCII)
 	}
 }
 
-func writeJSONString(sb *strings.Builder, s string) {
+func writeJSONString(sb *strings.Builder, s string, ensureASCII bool) {
 	sb.WriteByte('"')
 	for _, r := range s {
 		switch r {
@@ -337,9 +342,13 @@ func writeJSONString(sb *strings.Builder, s string) {
 		case '\f':
 			sb.WriteString(`\f`)
 		default:
-			if r < 0x20 {
+			switch {
+			case r < 0x20 || ensureASCII && r > 0x7e && r <= 0xffff:
 				fmt.Fprintf(sb, `\u%04x`, r)
-			} else {
+			case ensureASCII && r > 0xffff:
+				r -= 0x10000 // UTF-16 surrogate pair, as Python writes it
+				fmt.Fprintf(sb, `\u%04x\u%04x`, 0xd800+(r>>10), 0xdc00+(r&0x3ff))
+			default:
 				sb.WriteRune(r)
 			}
 		}
