@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/sim"
@@ -37,7 +38,16 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 	cfg.Scheduler.Policy = "kvmesh"
 	cfg.LoadInterval = 50 * time.Millisecond
 	cfg.Cluster = ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{ns.URL()}}
-	s := startIngress(t, cfg, Deps{})
+	newLimiter := func() *ratelimit.Limiter {
+		rc := ratelimit.DefaultConfig()
+		rc.PerKey = ratelimit.Limits{InputTokens: 5000}
+		lim, err := ratelimit.New(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	s := startIngress(t, cfg, Deps{Limiter: newLimiter()})
 	seed := s.GossipAddr()
 	if seed == "" {
 		t.Fatal("no gossip address")
@@ -117,6 +127,41 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		var u usageBody
 		_ = json.Unmarshal(b, &u)
 	}
+
+	// A second replica joins: it shares the first one's rate-limit usage
+	// through gossip (in-flight sharing: TestInFlightSharedByGossip).
+	cfg2 := cfg
+	cfg2.ID = "ingress-test-2"
+	cfg2.Cluster.GossipSeeds = []string{seed}
+	s2 := startIngress(t, cfg2, Deps{Limiter: newLimiter()})
+	waitFor(t, 20*time.Second, func() bool { return len(s2.deps.Membership.Engines(nil)) == 2 })
+	waitFor(t, 10*time.Second, func() bool { return s2.deps.Synced() })
+	// Replica 1 spends 6×516 + 3 + 2×900 = 4,899 of the key's 5,000 input
+	// tokens per minute ...
+	big := make([]string, 900)
+	for i := range big {
+		big[i] = fmt.Sprint(i + 1)
+	}
+	bigBody := `{"model":"` + model + `","prompt":[` + strings.Join(big, ",") + `],"max_tokens":1}`
+	for i := 0; i < 2; i++ {
+		if st, _, b := post(t, http.DefaultClient, base+"/v1/completions", bigBody); st != 200 {
+			t.Fatalf("big request %d on replica 1: %d %s", i, st, b)
+		}
+	}
+	// ... so replica 2 refuses the key once gossip has carried that usage.
+	// Alone it would admit five 900-token requests before its own refusal.
+	admitted := 0
+	waitFor(t, 10*time.Second, func() bool {
+		st, _, _ := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", bigBody)
+		if st == 200 {
+			admitted++
+		}
+		return st == 429
+	})
+	if admitted > 2 {
+		t.Fatalf("replica 2 admitted %d requests of an exhausted key: usage not shared", admitted)
+	}
+
 	if st, body, _ := get(base + "/debug/index"); st != 200 || !strings.Contains(body, "eng-a") {
 		t.Fatalf("/debug/index %d %s", st, body)
 	}
@@ -133,4 +178,45 @@ func get(url string) (int, string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), err
+}
+
+// Each replica's in-flight counts reach the others, and a replica's own
+// counts are not double-counted in its view (it adds its live counters).
+func TestInFlightSharedByGossip(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	mk := func(name string, join ...string) *gossip.Node {
+		gc := gossip.DefaultConfig()
+		gc.Name, gc.Profile, gc.Join, gc.Logger = name, "local", join, quiet
+		gc.BroadcastInterval, gc.PushPullInterval = 50*time.Millisecond, 500*time.Millisecond
+		gc.Meta = gossip.NodeMeta{Role: gossip.RoleIngress, ID: name}
+		n, err := gossip.New(gc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Shutdown() })
+		return n
+	}
+	n1 := mk("r1")
+	n2 := mk("r2", n1.Addr())
+	// An engine entry as a sidecar would gossip it.
+	n1.SetEngine(gossip.EngineState{ID: "e", Model: "m", URL: "http://127.0.0.1:1", Running: 2})
+	g1, g2 := &gossipMembership{}, &gossipMembership{}
+	g1.node.Store(n1)
+	g2.node.Store(n2)
+	g1.ShareInFlight([]EngineLoad{{Engine: "e", InFlight: 3}})
+	g2.ShareInFlight([]EngineLoad{{Engine: "e", InFlight: 1}})
+	view := func(g *gossipMembership) (int, bool) {
+		g.refresh()
+		for _, e := range g.Engines(nil) {
+			if e.ID == "e" {
+				return e.InFlight, e.Healthy && e.Running == 2 && e.URL == "http://127.0.0.1:1"
+			}
+		}
+		return -1, false
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		a, okA := view(g1)
+		b, okB := view(g2)
+		return okA && okB && a == 1 && b == 3 // each sees the other's
+	})
 }

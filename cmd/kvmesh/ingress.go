@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,8 +55,10 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	modelOut := fs.Int64("model-output-tpm", 0, "per-model output tokens per minute (0: none)")
 	admitMax := fs.Int("admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
 	admitWait := fs.Duration("admit-max-wait", 30*time.Second, "admission queue wait before 504")
-	debug := fs.Bool("debug", false, "debug logging")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
+	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
+	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
 	join := fs.String("join", "", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
 	natsURLs := fs.String("nats", "", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
@@ -71,8 +74,12 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *natsURLs != "" {
 		cfg.Cluster.NATSURLs = strings.Split(*natsURLs, ",")
 	}
-	if k := os.Getenv("KVMESH_GOSSIP_KEY"); k != "" {
-		cfg.Cluster.GossipKey = []byte(k)
+	if *gossipKey != "" {
+		k, err := base64.StdEncoding.DecodeString(*gossipKey)
+		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
+			return fmt.Errorf("%w: --gossip-key must be base64 of 16, 24 or 32 bytes", errUsage)
+		}
+		cfg.Cluster.GossipKey = k
 	}
 	for _, e := range engines {
 		se, err := ingress.ParseStaticEngine(e)
@@ -109,9 +116,9 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		cfg.Scheduler = sc
 	}
-	level := slog.LevelInfo
-	if *debug {
-		level = slog.LevelDebug
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, *logLevel)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	reg := prometheus.NewRegistry()

@@ -184,6 +184,7 @@ func (x *Index) clearSlotLocked(slot uint16) {
 	x.counts[slot] = [4]int{}
 }
 
+// hasSlot reports whether slot has any bit (tier or speculative) for k.
 func hasSlot(t *table, k uint64, e *[inlineN]uint16, slot uint16) bool {
 	n := inlineN
 	if e[inlineN-1] == overflowMark {
@@ -225,7 +226,7 @@ func (x *Index) AddSpeculative(engine string, keys []uint64, now time.Time) {
 	c := &x.counts[slot]
 	for _, k := range keys {
 		e := x.t.elemsOf(k)
-		if e != nil && holds(x.t, k, e, slot) {
+		if e != nil && hasSlot(x.t, k, e, slot) {
 			continue // already confirmed or speculative
 		}
 		x.t.setBits(k, slot, specBit)
@@ -235,11 +236,6 @@ func (x *Index) AddSpeculative(engine string, keys []uint64, now time.Time) {
 	if added > 0 {
 		x.spec.push(now.Add(x.cfg.SpeculativeTTL).UnixNano(), slot, keys)
 	}
-}
-
-// holds reports whether slot has any bit (tier or speculative) for k.
-func holds(t *table, k uint64, e *[inlineN]uint16, slot uint16) bool {
-	return hasSlot(t, k, e, slot)
 }
 
 // ExpireSpeculative drops speculative entries older than the TTL. The
@@ -257,7 +253,6 @@ func (x *Index) expireLocked(now time.Time) {
 		if !ok {
 			return
 		}
-		_ = r
 		c := &x.counts[r.slot]
 		for _, k := range keys {
 			if x.t.clearBits(k, r.slot, specBit)&specBit != 0 {

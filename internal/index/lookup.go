@@ -18,9 +18,7 @@ type Result struct {
 	// Slots lists the engine slots that matched at least one block, in the
 	// order first seen.
 	Slots []uint16
-	// Names maps a slot to its engine id at lookup time (shared with the
-	// index; read-only).
-	names []string
+	names []string // slot → engine id at lookup time (the index's slice; read-only)
 }
 
 type slotDepth struct {
