@@ -1,10 +1,13 @@
 package ingress
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -114,7 +117,16 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			st, hdr, body := post(t, http.DefaultClient, url+tc.path, tc.body, "Authorization", tc.auth)
+			var st int
+			var hdr http.Header
+			var body []byte
+			if tc.status == 413 {
+				// The server answers before reading the whole body and closes:
+				// write from one goroutine, read the answer from another.
+				st, hdr, body = rawPost(t, s.Addr(), tc.path, tc.body, tc.auth)
+			} else {
+				st, hdr, body = post(t, http.DefaultClient, url+tc.path, tc.body, "Authorization", tc.auth)
+			}
 			if st != tc.status {
 				t.Fatalf("status %d, want %d: %.300s", st, tc.status, body)
 			}
@@ -143,4 +155,29 @@ func TestBadInput(t *testing.T) {
 	if got := val(s.m.requests.WithLabelValues("completions", "429")); got != 1 {
 		t.Fatalf("requests_total{status=429} = %v", got)
 	}
+}
+
+// rawPost sends a request over a raw connection and reads the response even
+// if the server stops reading the body (413), which net/http's client reports
+// as a write error instead.
+func rawPost(t *testing.T, addr, path, body, authz string) (int, http.Header, []byte) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	go func() {
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAuthorization: %s\r\nContent-Length: %d\r\n\r\n%s", path, addr, authz, len(body), body)
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, b
 }

@@ -21,19 +21,19 @@ import (
 type ClusterConfig struct {
 	// GossipBind is the memberlist address ("127.0.0.1:0" picks a port).
 	// Empty: no gossip.
-	GossipBind string
+	GossipBind string `yaml:"gossipBind"`
 	// GossipAdvertise is the address others dial when it differs from the
 	// bind address: "host" or "host:port" (NAT, pods). Empty: derived.
-	GossipAdvertise string
+	GossipAdvertise string `yaml:"gossipAdvertise"`
 	// GossipSeeds are members to join ("host:port").
-	GossipSeeds []string
+	GossipSeeds []string `yaml:"gossipSeeds"`
 	// GossipKey enables gossip encryption (16, 24 or 32 bytes).
-	GossipKey []byte
+	GossipKey []byte `yaml:"-"`
 	// GossipProfile is memberlist's timing profile: local, lan (default) or wan.
-	GossipProfile string
+	GossipProfile string `yaml:"gossipProfile"`
 	// NATSURLs are the NATS servers carrying the sidecars' deltas. Empty: no
 	// materialized index (routing uses speculative entries only).
-	NATSURLs []string
+	NATSURLs []string `yaml:"natsURLs"`
 }
 
 func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATSURLs) > 0 }

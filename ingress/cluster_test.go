@@ -47,7 +47,8 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		}
 		return lim
 	}
-	s := startIngress(t, cfg, Deps{Limiter: newLimiter()})
+	lim1 := newLimiter()
+	s := startIngress(t, cfg, Deps{Limiter: lim1})
 	seed := s.GossipAddr()
 	if seed == "" {
 		t.Fatal("no gossip address")
@@ -143,23 +144,18 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		big[i] = fmt.Sprint(i + 1)
 	}
 	bigBody := `{"model":"` + model + `","prompt":[` + strings.Join(big, ",") + `],"max_tokens":1}`
+	shared := func() string { return string(s2.cl.node.AppStates(rateLimitAppState)[cfg.ID]) }
 	for i := 0; i < 2; i++ {
 		if st, _, b := post(t, http.DefaultClient, base+"/v1/completions", bigBody); st != 200 {
 			t.Fatalf("big request %d on replica 1: %d %s", i, st, b)
 		}
 	}
-	// ... so replica 2 refuses the key once gossip has carried that usage.
-	// Alone it would admit five 900-token requests before its own refusal.
-	admitted := 0
-	waitFor(t, 10*time.Second, func() bool {
-		st, _, _ := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", bigBody)
-		if st == 200 {
-			admitted++
-		}
-		return st == 429
-	})
-	if admitted > 2 {
-		t.Fatalf("replica 2 admitted %d requests of an exhausted key: usage not shared", admitted)
+	// ... so replica 2 refuses the key once gossip has carried that usage
+	// (alone it would admit five more 900-token requests).
+	waitFor(t, 10*time.Second, func() bool { return shared() == string(lim1.AppendState(nil, 1024)) })
+	st, _, b := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", bigBody)
+	if st != 429 {
+		t.Fatalf("replica 2 admitted a request of a key exhausted on replica 1: %d %s", st, b)
 	}
 
 	if st, body, _ := get(base + "/debug/index"); st != 200 || !strings.Contains(body, "eng-a") {

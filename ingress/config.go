@@ -1,12 +1,17 @@
 package ingress
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 )
@@ -25,9 +30,9 @@ const (
 // StaticEngine is an engine given on the command line instead of learned
 // through gossip (tests, benchmarks, a fixed fleet).
 type StaticEngine struct {
-	ID    string // unique engine id; also the index's engine name
-	Model string // served model name
-	URL   string // base URL, e.g. http://127.0.0.1:8001
+	ID    string `yaml:"id"`    // unique engine id; also the index's engine name
+	Model string `yaml:"model"` // served model name
+	URL   string `yaml:"url"`   // base URL, e.g. http://127.0.0.1:8001
 }
 
 // Config is one ingress replica's configuration. DefaultConfig fills every
@@ -35,79 +40,79 @@ type StaticEngine struct {
 type Config struct {
 	// ID names this replica in gossip, logs and metrics; unique per cluster.
 	// Default: "ingress-" + 8 random hex digits.
-	ID string
+	ID string `yaml:"id"`
 	// Listen is the client-facing address. Default 127.0.0.1:8000; ":0" picks a free port (see Server.Addr).
-	Listen string
+	Listen string `yaml:"listen"`
 	// AdminListen serves /debug/pprof on a separate port. Empty: no admin server.
-	AdminListen string
+	AdminListen string `yaml:"adminListen"`
 
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
-	MaxBodyBytes int
+	MaxBodyBytes int `yaml:"maxBodyBytes"`
 	// MaxPromptTokens bounds the prompt after tokenization; more gets 400
 	// (context_length_exceeded). 0 means no limit. Default 131072.
-	MaxPromptTokens int
+	MaxPromptTokens int `yaml:"maxPromptTokens"`
 	// MaxConcurrent bounds requests being served at once; the excess gets 429
 	// with Retry-After at once rather than queueing (the engines queue).
 	// Default 4096.
-	MaxConcurrent int
+	MaxConcurrent int `yaml:"maxConcurrent"`
 
 	// MaxAttempts bounds upstream attempts per request (first try + retries on
 	// the next-best engines). Default 3.
-	MaxAttempts int
+	MaxAttempts int `yaml:"maxAttempts"`
 	// ConnectTimeout bounds dialing an engine. Default 2s.
-	ConnectTimeout time.Duration
+	ConnectTimeout time.Duration `yaml:"connectTimeout"`
 	// IdleTimeout bounds each wait for upstream bytes (the response headers,
 	// and every read of the body). Before the first byte reached the client a
 	// timeout moves the request to the next engine; after it the stream ends
 	// with an error event. It must exceed the longest non-streamed generation.
 	// Default 5m.
-	IdleTimeout time.Duration
+	IdleTimeout time.Duration `yaml:"idleTimeout"`
 	// MaxConnsPerEngine bounds pooled upstream connections per engine. Default 4096.
-	MaxConnsPerEngine int
+	MaxConnsPerEngine int `yaml:"maxConnsPerEngine"`
 	// DrainTimeout bounds the graceful drain in Close. Default 30s.
-	DrainTimeout time.Duration
+	DrainTimeout time.Duration `yaml:"drainTimeout"`
 
 	// ChatMode is ChatModeChat (default) or ChatModeCompletions.
-	ChatMode string
+	ChatMode string `yaml:"chatMode"`
 	// Tokenizers maps a model name to its tokenizer (a tokenizer.json path or a
 	// directory holding tokenizer.json and tokenizer_config.json). A model
 	// without one is routed on load only (no prefix matching) and its text is
 	// forwarded untouched.
-	Tokenizers map[string]string
+	Tokenizers map[string]string `yaml:"tokenizers"`
 	// ChatTemplates maps a model to the tokenizer_config.json holding its
 	// chat template (default: the one beside a directory in Tokenizers).
 	// Without one, chat for the model is routed on load only.
-	ChatTemplates map[string]string
+	ChatTemplates map[string]string `yaml:"chatTemplates"`
 	// BlockSize is the engines' KV block size in tokens, used for keys when
 	// membership does not tell it. Default 16.
-	BlockSize int
+	BlockSize int `yaml:"blockSize"`
 
 	// Scheduler selects and configures the routing policy (scheduler.Config:
 	// policy "kvmesh" by default, "random", "round-robin", ...). Used when
 	// Deps.Scheduler is nil.
-	Scheduler scheduler.Config
+	Scheduler scheduler.Config `yaml:"scheduler"`
 
 	// Cluster joins gossip (membership, load, shared rate limits) and NATS
 	// (the materialized index). Zero: standalone with Engines.
-	Cluster ClusterConfig
+	Cluster ClusterConfig `yaml:"cluster"`
 
 	// Engines is a static engine list, used when no membership is wired (Deps.Membership nil).
-	Engines []StaticEngine
+	Engines []StaticEngine `yaml:"engines"`
 
 	// LoadInterval is how often this replica's in-flight counts are handed to
 	// gossip. Default 200ms.
-	LoadInterval time.Duration
+	LoadInterval time.Duration `yaml:"loadInterval"`
 	// SpeculativeTTL is how long a routed request's keys count as cached on
 	// its engine before events confirm them (passed to the index). Default 5s.
-	SpeculativeTTL time.Duration
+	SpeculativeTTL time.Duration `yaml:"speculativeTTL"`
 
 	// SessionSlack is how many more requests (in flight + waiting) than the
 	// least-loaded candidate a session's engine may have and still keep the
 	// session (X-Session-ID); beyond it the policy's choice wins. Default 8.
-	SessionSlack int
+	SessionSlack int `yaml:"sessionSlack"`
 
 	// AccessLog writes one JSON line per request. Default true.
-	AccessLog bool
+	AccessLog bool `yaml:"accessLog"`
 }
 
 // DefaultConfig returns the defaults for every field.
@@ -228,4 +233,22 @@ func ParseStaticEngine(s string) (StaticEngine, error) {
 		return StaticEngine{ID: parts[0], Model: parts[1], URL: parts[2]}, nil
 	}
 	return StaticEngine{}, fmt.Errorf("%w: engine %q: want [id=]model=url", ErrConfig, s)
+}
+
+// LoadConfigFile reads a YAML ingress config (field names as in the yaml
+// tags) over DefaultConfig. Unknown fields are errors; call Validate after
+// applying command-line overrides.
+func LoadConfigFile(path string) (Config, error) {
+	cfg := DefaultConfig()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return cfg, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
+	}
+	cfg.Scheduler.Defaults()
+	return cfg, nil
 }

@@ -113,7 +113,8 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	}
 	c.model = string(c.req.model)
 	if sid := ctx.Request.Header.Peek("X-Session-ID"); len(sid) > 0 {
-		c.req.sessionID = sid
+		// Copied: a streamed response outlives the handler that owns the header.
+		c.req.sessionID = append(c.req.sessionID[:0], sid...)
 	}
 	c.tParse = time.Since(t)
 
@@ -137,6 +138,10 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		c.urls = append(c.urls, e.URL)
 	}
 	if !known {
+		if len(c.infos) == 0 {
+			// No engine at all (starting, or gossip not converged): not the client's fault.
+			return fmt.Errorf("%w: no live engines", ErrNoEngine)
+		}
 		return fmt.Errorf("%w: the model %q does not exist or no engine serves it", ErrModelNotFound, c.model)
 	}
 	if c.block == 0 {

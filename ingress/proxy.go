@@ -332,7 +332,7 @@ func (p *proxyStream) fillOnce() {
 		p.cut = i + len(eventSep)
 	}
 	events := p.buf[:p.cut]
-	if bytes.Contains(events, doneEvent) {
+	if hasDoneEvent(events) {
 		p.sawDone = true
 	}
 	switch {
@@ -350,6 +350,22 @@ func (p *proxyStream) fillOnce() {
 }
 
 var usageOnly = []byte(`"choices":[]`)
+
+// hasDoneEvent reports whether events hold a "data: [DONE]" line (at a line
+// start, not inside some other payload).
+func hasDoneEvent(events []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(events[i:], doneEvent)
+		if j < 0 {
+			return false
+		}
+		at := i + j
+		if at == 0 || events[at-1] == '\n' {
+			return true
+		}
+		i = at + 1
+	}
+}
 
 // dropUsageEvents appends the events except the usage-only chunk (empty
 // choices, a usage object), which the ingress requested for itself.

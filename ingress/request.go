@@ -69,6 +69,7 @@ func (r *request) reset() {
 		ids:       r.ids[:0],
 		chat:      r.chat[:0],
 		cacheSalt: r.cacheSalt[:0],
+		sessionID: r.sessionID[:0],
 	}
 }
 

@@ -36,11 +36,15 @@ type Server struct {
 	adminLn        net.Listener
 	metricsHandler fasthttp.RequestHandler
 
-	created  time.Time
-	inflight atomic.Int64 // requests in service (MaxConcurrent)
-	draining atomic.Bool
-	started  atomic.Bool
-	reqPool  sync.Pool // *call
+	created time.Time
+	// admitBase is the admitter's configured limit, restored when the
+	// cluster is not saturated (0: the admitter cannot be resized).
+	admitBase int
+	satBuf    []EngineInfo // followSaturation's scratch (load loop only)
+	inflight  atomic.Int64 // requests in service (MaxConcurrent)
+	draining  atomic.Bool
+	started   atomic.Bool
+	reqPool   sync.Pool // *call
 
 	closeOnce sync.Once
 	closeErr  error
@@ -129,6 +133,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
 	s.reqPool.New = func() any { return new(call) }
+	if ls, ok := deps.Admitter.(limitSetter); ok {
+		_, _, _, s.admitBase = ls.Stats()
+	}
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
 		ErrorHandler:       s.handleTransportError,
@@ -288,6 +295,7 @@ func (s *Server) shareLoadLoop() {
 				s.deps.LoadSharer.ShareInFlight(buf)
 			}
 			blob = s.shareCluster(blob)
+			s.followSaturation()
 		}
 	}
 }
@@ -338,5 +346,44 @@ type fasthttpLogger struct{ log *slog.Logger }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	if l.log.Enabled(context.Background(), slog.LevelDebug) {
 		l.log.Debug(fmt.Sprintf(format, args...), "source", "fasthttp")
+	}
+}
+
+// limitSetter is the optional capability of an Admitter whose limit can
+// follow the cluster's load (ingress/session's Admitter has it).
+type limitSetter interface {
+	SetLimit(n int)
+	Stats() (inFlight, boosted, normal, limit int)
+}
+
+// followSaturation shrinks the admission limit to what is in service now
+// while every engine is queueing (the cluster is saturated: more requests
+// would only wait on the engines, where they cannot be prioritized), so new
+// requests queue here instead, where follow-up turns of recent sessions go
+// first; the configured limit returns when any engine has room.
+func (s *Server) followSaturation() {
+	ls, ok := s.deps.Admitter.(limitSetter)
+	if !ok || s.admitBase <= 0 {
+		return
+	}
+	engines := 0
+	saturated := true
+	s.satBuf = s.deps.Membership.Engines(s.satBuf[:0])
+	for _, e := range s.satBuf {
+		if !e.Healthy {
+			continue
+		}
+		engines++
+		if e.Waiting == 0 {
+			saturated = false
+		}
+	}
+	target := s.admitBase
+	inFlight, _, _, limit := ls.Stats()
+	if saturated && engines > 0 {
+		target = min(s.admitBase, max(1, inFlight))
+	}
+	if target != limit {
+		ls.SetLimit(target)
 	}
 }

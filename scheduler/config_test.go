@@ -78,3 +78,19 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+// TestExampleConfig keeps the documented example file valid and equal to
+// the built-in defaults it claims to spell out.
+func TestExampleConfig(t *testing.T) {
+	c, err := LoadConfig("testdata/scheduler.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy != "kvmesh" || c.Weights() != DefaultTierWeights() || c.KVMesh == nil || c.KVMesh.PrefillRate != 30000 ||
+		c.SGLang.BalanceAbsThreshold != 32 || c.Ray.ImbalancedThreshold != 10 || len(c.Weighted) != 3 {
+		t.Fatalf("example decoded to %+v", c)
+	}
+	if _, err := LoadConfig("testdata/missing.yaml"); err == nil {
+		t.Fatal("missing file accepted")
+	}
+}

@@ -10,4 +10,8 @@
 // HTTP, NATS or gossip: a decision is a pure function of (request keys,
 // index view, load view) plus the policy's small state (a round-robin
 // counter, a seeded random stream).
+//
+// Prefill/decode disaggregation: call Schedule once with Request.Role =
+// RolePrefill and once with RoleDecode (the role filter keeps engines of
+// that role plus mixed ones); each call ranks its own candidates.
 package scheduler

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		policies    = fs.String("policies", strings.Join(defaultPolicies(), ","), "comma-separated policies: "+strings.Join(scheduler.PolicyNames[:len(scheduler.PolicyNames)-1], ","))
 		profile     = fs.String("profile", engine.DefaultProfile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
 		gpuBlocks   = fs.Int("gpu-blocks", 0, "GPU KV capacity per engine in blocks (0 = engine default)")
+		cpuBlocks   = fs.Int("cpu-blocks", 0, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
 		blockSize   = fs.Int("block-size", 16, "tokens per KV block")
 		maxRunning  = fs.Int("max-running", 0, "max sequences per batch (0 = engine default)")
 		seed        = fs.Uint64("seed", 1, "workload and scheduler seed")
@@ -58,7 +60,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := des.Config{
 		Engines:          *engines,
-		Engine:           engine.Config{BlockSize: *blockSize, GPUBlocks: *gpuBlocks, MaxRunning: *maxRunning, Profile: prof},
+		Engine:           engine.Config{BlockSize: *blockSize, GPUBlocks: *gpuBlocks, CPUBlocks: *cpuBlocks, MaxRunning: *maxRunning, Profile: prof},
 		Concurrency:      *concurrency,
 		EventDelay:       *eventDelay,
 		SnapshotInterval: *snapshot,
@@ -89,9 +91,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var names []string
 	for _, p := range strings.Split(*policies, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			names = append(names, p)
+		if p = strings.TrimSpace(p); p == "" {
+			continue
 		}
+		if !slices.Contains(scheduler.PolicyNames, p) {
+			return fmt.Errorf("%w: --policies: unknown policy %q (known: %s)", errUsage, p, strings.Join(scheduler.PolicyNames, ", "))
+		}
+		names = append(names, p)
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("%w: --policies is empty", errUsage)
 	}
 	rep, err := des.Run(ctx, cfg, reqs, names)
 	if err != nil {
@@ -105,6 +114,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	st := workload.Summarize(reqs)
 	fmt.Fprintf(stdout, "workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s)\n",
 		*wl, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), *engines, prof.Name)
+	if slices.Contains(names, "kvmesh") {
+		k := cfg.Scheduler.KVMesh
+		if k == nil {
+			k = des.KVMeshFromProfile(prof)
+		}
+		fmt.Fprintf(stdout, "kvmesh cost model: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g, decodeWeight %g, externalityWeight %g, missPenalty %g\n",
+			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty)
+	}
 	return rep.WriteTable(stdout)
 }
 

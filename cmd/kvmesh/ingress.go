@@ -28,7 +28,16 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 // runIngress runs one ingress replica until SIGTERM/SIGINT, then drains.
 func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := ingress.DefaultConfig()
+	// A YAML file, when given, sets the defaults the flags then override.
+	if path := configFlag(args); path != "" {
+		c, err := ingress.LoadConfigFile(path)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		cfg = c
+	}
 	fs := newFlagSet("ingress", stderr)
+	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
 	var engines, tokenizers multiFlag
 	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<port>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
@@ -37,7 +46,7 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
 	var templates multiFlag
 	fs.Var(&templates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
-	policy := fs.String("policy", "kvmesh", "routing policy: random|round-robin|least-request|kthena|ray|sglang|dynamo|llmd|kvmesh|weighted")
+	policy := fs.String("policy", cfg.Scheduler.Policy, "routing policy: random|round-robin|least-request|kthena|ray|sglang|dynamo|llmd|kvmesh|weighted")
 	schedFile := fs.String("scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)")
 	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body", cfg.MaxBodyBytes, "max request body bytes (413 above)")
@@ -174,4 +183,19 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "draining")
 	return srv.Close()
+}
+
+// configFlag finds -config/--config in args before the flag set is built.
+func configFlag(args []string) string {
+	for i, a := range args {
+		for _, p := range []string{"-config", "--config"} {
+			if a == p && i+1 < len(args) {
+				return args[i+1]
+			}
+			if v, ok := strings.CutPrefix(a, p+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
 }

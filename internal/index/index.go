@@ -167,11 +167,12 @@ func (x *Index) clearSlotLocked(slot uint16) {
 	t := x.t
 	all := uint16(7<<tierShift | specBit)
 	var victims []uint64
-	for i, k := range t.keys {
+	for i := range t.b {
+		k := t.b[i].key
 		if k == 0 {
 			continue
 		}
-		if hasSlot(t, k, &t.elems[i], slot) {
+		if hasSlot(t, k, &t.b[i].e, slot) {
 			victims = append(victims, k)
 		}
 	}
@@ -312,7 +313,7 @@ func (x *Index) MemStats() MemStats {
 	t := x.t
 	m := MemStats{
 		Keys:          t.used,
-		Buckets:       len(t.keys),
+		Buckets:       len(t.b),
 		OverflowKeys:  len(t.overflow),
 		Engines:       len(x.names),
 		DroppedWrites: x.dropped,
@@ -320,7 +321,7 @@ func (x *Index) MemStats() MemStats {
 	if t.zeroUsed {
 		m.Keys++
 	}
-	m.TableBytes = len(t.keys)*int(unsafe.Sizeof(uint64(0))) + len(t.elems)*int(unsafe.Sizeof([inlineN]uint16{}))
+	m.TableBytes = len(t.b) * int(unsafe.Sizeof(bucket{}))
 	for _, ov := range t.overflow {
 		m.TableBytes += cap(ov)*2 + 48 // slice header and map entry overhead, roughly
 	}

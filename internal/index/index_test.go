@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -286,5 +287,42 @@ func TestRegisterMetrics(t *testing.T) {
 	}
 	if got["kvmesh_index_keys"] != 3 || got["kvmesh_index_entries"] != 3 || got["kvmesh_index_engines"] != 1 {
 		t.Fatalf("metrics %v", got)
+	}
+}
+
+func TestEngineLimit(t *testing.T) {
+	x := newIndex(t)
+	for i := 0; i < MaxEngines+1; i++ {
+		x.Store("e"+strconv.Itoa(i), kvevents.TierGPU, []uint64{uint64(i) + 1})
+	}
+	ms := x.MemStats()
+	if ms.Engines != MaxEngines || ms.DroppedWrites != 1 || ms.Keys != MaxEngines {
+		t.Fatalf("%+v", ms)
+	}
+	// The last engine's key is not reported for any engine.
+	var res Result
+	x.Lookup([]uint64{MaxEngines + 1}, &res)
+	if len(res.Slots) != 0 {
+		t.Fatalf("dropped engine matched: %v", res.Slots)
+	}
+	x.Lookup([]uint64{1}, &res)
+	if len(res.Slots) != 1 || res.Engine(res.Slots[0]) != "e0" {
+		t.Fatalf("slots %v", res.Slots)
+	}
+}
+
+func TestClearDropsSpeculation(t *testing.T) {
+	x := newIndex(t)
+	t0 := time.Unix(50, 0)
+	x.AddSpeculative("a", []uint64{5, 6}, t0)
+	x.ClearEngine("a")
+	x.ExpireSpeculative(t0.Add(time.Hour))
+	for _, es := range x.Engines() {
+		if es.Speculative != 0 || es.Keys != [3]int{} {
+			t.Fatalf("%+v", es)
+		}
+	}
+	if ms := x.MemStats(); ms.Keys != 0 {
+		t.Fatalf("%+v", ms)
 	}
 }

@@ -19,6 +19,7 @@ type Result struct {
 	// order first seen.
 	Slots []uint16
 	names []string // slot → engine id at lookup time (the index's slice; read-only)
+	sink  uint64
 }
 
 type slotDepth struct {
@@ -100,13 +101,13 @@ func (x *Index) lookupLocked(keys []uint64, res *Result) {
 	// the dependent loop below.
 	var sink uint64
 	for _, k := range keys {
-		sink += t.keys[t.home(k)]
+		sink += t.b[t.home(k)].key
 	}
-	_ = sink
+	res.sink = sink // keep the loads: an unused sum would be eliminated
 
 	gen := res.gen
 	depth := res.depth
-	keysT, elemsT, mask := t.keys, t.elems, t.mask
+	buckets, mask := t.b, t.mask
 	for i, k := range keys {
 		var e *[inlineN]uint16
 		if k == 0 {
@@ -116,8 +117,8 @@ func (x *Index) lookupLocked(keys []uint64, res *Result) {
 			e = &t.zeroElem
 		} else {
 			for p := t.home(k); ; p = (p + 1) & mask {
-				if kk := keysT[p]; kk == k {
-					e = &elemsT[p]
+				if kk := buckets[p].key; kk == k {
+					e = &buckets[p].e
 					break
 				} else if kk == 0 {
 					break

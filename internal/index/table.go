@@ -12,8 +12,9 @@ package index
 //
 // Not safe for concurrent use; Index guards it.
 type table struct {
-	keys  []uint64
-	elems [][inlineN]uint16
+	// b holds key and elements side by side so one probe is one cache
+	// miss (four buckets per 64-byte line).
+	b     []bucket
 	mask  uint64
 	shift uint8
 	used  int // occupied buckets (excluding the zero key, kept aside)
@@ -41,6 +42,12 @@ const (
 	maxLoadDen = 4
 )
 
+// bucket is one table slot: key 0 means empty.
+type bucket struct {
+	key uint64
+	e   [inlineN]uint16
+}
+
 func newTable(buckets int) *table {
 	n := minBuckets
 	for n < buckets {
@@ -52,8 +59,7 @@ func newTable(buckets int) *table {
 }
 
 func (t *table) alloc(n int) {
-	t.keys = make([]uint64, n)
-	t.elems = make([][inlineN]uint16, n)
+	t.b = make([]bucket, n)
 	t.mask = uint64(n - 1)
 	shift := uint8(64)
 	for m := n; m > 1; m >>= 1 {
@@ -72,7 +78,7 @@ func (t *table) home(k uint64) uint64 {
 // find returns the bucket of k, or -1.
 func (t *table) find(k uint64) int {
 	for i := t.home(k); ; i = (i + 1) & t.mask {
-		switch t.keys[i] {
+		switch t.b[i].key {
 		case k:
 			return int(i)
 		case 0:
@@ -90,7 +96,7 @@ func (t *table) elemsOf(k uint64) *[inlineN]uint16 {
 		return nil
 	}
 	if i := t.find(k); i >= 0 {
-		return &t.elems[i]
+		return &t.b[i].e
 	}
 	return nil
 }
@@ -101,32 +107,31 @@ func (t *table) insert(k uint64) *[inlineN]uint16 {
 		t.zeroUsed = true
 		return &t.zeroElem
 	}
-	if (t.used+1)*maxLoadDen > len(t.keys)*maxLoadNum {
+	if (t.used+1)*maxLoadDen > len(t.b)*maxLoadNum {
 		t.grow()
 	}
 	for i := t.home(k); ; i = (i + 1) & t.mask {
-		switch t.keys[i] {
+		switch t.b[i].key {
 		case k:
-			return &t.elems[i]
+			return &t.b[i].e
 		case 0:
-			t.keys[i] = k
+			t.b[i].key = k
 			t.used++
-			return &t.elems[i]
+			return &t.b[i].e
 		}
 	}
 }
 
 func (t *table) grow() {
-	oldK, oldE := t.keys, t.elems
-	t.alloc(len(oldK) * 2)
-	for j, k := range oldK {
-		if k == 0 {
+	old := t.b
+	t.alloc(len(old) * 2)
+	for _, ob := range old {
+		if ob.key == 0 {
 			continue
 		}
-		for i := t.home(k); ; i = (i + 1) & t.mask {
-			if t.keys[i] == 0 {
-				t.keys[i] = k
-				t.elems[i] = oldE[j]
+		for i := t.home(ob.key); ; i = (i + 1) & t.mask {
+			if t.b[i].key == 0 {
+				t.b[i] = ob
 				t.used++
 				break
 			}
@@ -147,17 +152,15 @@ func (t *table) delete(k uint64) {
 		return
 	}
 	hole := uint64(i)
-	for j := (hole + 1) & t.mask; t.keys[j] != 0; j = (j + 1) & t.mask {
-		h := t.home(t.keys[j])
+	for j := (hole + 1) & t.mask; t.b[j].key != 0; j = (j + 1) & t.mask {
+		h := t.home(t.b[j].key)
 		// Move j into the hole when its home is not in (hole, j] cyclically.
 		if (j-h)&t.mask >= (j-hole)&t.mask {
-			t.keys[hole] = t.keys[j]
-			t.elems[hole] = t.elems[j]
+			t.b[hole] = t.b[j]
 			hole = j
 		}
 	}
-	t.keys[hole] = 0
-	t.elems[hole] = [inlineN]uint16{}
+	t.b[hole] = bucket{}
 	t.used--
 }
 

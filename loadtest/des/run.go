@@ -55,7 +55,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 			s, err := newSim(&cfg, reqs, p)
 			var res PolicyResult
 			if err == nil {
-				st := s.run()
+				st := s.run(ctx)
 				res = st.result()
 			}
 			mu.Lock()

@@ -1,6 +1,7 @@
 package des
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strconv"
@@ -117,7 +118,9 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	return s, nil
 }
 
-func (s *sim) run() runStats {
+// run simulates until every request finished or ctx is cancelled (checked
+// every few thousand events; the partial result is then discarded).
+func (s *sim) run(ctx context.Context) runStats {
 	start := time.Now()
 	s.pushArrival()
 	s.pending = len(s.reqs)
@@ -126,7 +129,10 @@ func (s *sim) run() runStats {
 		s.nextSnap = 0
 		s.h.push(0, evSnapshot, 0)
 	}
-	for s.h.len() > 0 {
+	for n := 0; s.h.len() > 0; n++ {
+		if n&4095 == 0 && ctx.Err() != nil {
+			break
+		}
 		ev := s.h.pop()
 		now := ev.at
 		switch ev.kind {

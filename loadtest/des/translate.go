@@ -13,7 +13,7 @@ import (
 type translator struct {
 	model string
 	bs    int
-	known map[uint64]*blockRef
+	known map[uint64]blockRef
 	roots map[string]uint64 // lora name → root
 	ops   []op              // reused output
 	keys  []uint64          // backing store of ops' keys
@@ -41,7 +41,7 @@ type op struct {
 }
 
 func newTranslator(model string, bs int) *translator {
-	return &translator{model: model, bs: bs, known: make(map[uint64]*blockRef), roots: make(map[string]uint64)}
+	return &translator{model: model, bs: bs, known: make(map[uint64]blockRef), roots: make(map[string]uint64)}
 }
 
 func (t *translator) root(lora string) uint64 {
@@ -64,17 +64,20 @@ func (t *translator) translate(events []kvevents.Event) {
 			tier := ev.Tier()
 			start := len(t.keys)
 			for _, h := range ev.BlockHashes {
-				b := t.known[h]
-				if b == nil || b.ref[tier] == 0 {
+				b, ok := t.known[h]
+				if !ok || b.ref[tier] == 0 {
 					t.bad++
 					continue
 				}
 				b.ref[tier]--
+				switch {
+				case b.ref == [kvevents.NumTiers]int32{}:
+					delete(t.known, h)
+				default:
+					t.known[h] = b
+				}
 				if b.ref[tier] == 0 {
 					t.keys = append(t.keys, b.key)
-					if b.ref == [kvevents.NumTiers]int32{} {
-						delete(t.known, h)
-					}
 				}
 			}
 			if len(t.keys) > start {
@@ -91,8 +94,8 @@ func (t *translator) stored(ev *kvevents.Event) {
 	tier := ev.Tier()
 	parent := t.root(ev.LoraName)
 	if ev.HasParent {
-		p := t.known[ev.ParentHash]
-		if p == nil {
+		p, ok := t.known[ev.ParentHash]
+		if !ok {
 			t.bad++
 			return
 		}
@@ -104,16 +107,16 @@ func (t *translator) stored(ev *kvevents.Event) {
 	}
 	start := len(t.keys)
 	for j, h := range ev.BlockHashes {
-		b := t.known[h]
-		if b == nil {
+		b, ok := t.known[h]
+		if !ok {
 			if (j+1)*bs > len(ev.TokenIDs) {
 				t.bad++
 				break
 			}
-			b = &blockRef{key: kvevents.ChainKey(parent, ev.TokenIDs[j*bs:(j+1)*bs])}
-			t.known[h] = b
+			b = blockRef{key: kvevents.ChainKey(parent, ev.TokenIDs[j*bs:(j+1)*bs])}
 		}
 		b.ref[tier]++
+		t.known[h] = b
 		if b.ref[tier] == 1 {
 			t.keys = append(t.keys, b.key)
 		}

@@ -111,5 +111,17 @@ func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		ext := n * (uncached/p.PrefillRate + decodeExt)
 		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext + p.MissPenalty*uncached/p.PrefillRate)
 	}
-	return scheduler.ArgMax(cs, cyc), "lowest-estimated-cost"
+	pick := scheduler.ArgMax(cs, cyc)
+	best := 0.0
+	for i := range cs {
+		best = max(best, cs[i].Hit)
+	}
+	switch {
+	case best == 0:
+		return pick, "no-cache-least-cost"
+	case cs[pick].Hit >= best:
+		return pick, "prefix-affinity"
+	default:
+		return pick, "spill-over-cache" // the best cache is too busy: recomputing is cheaper
+	}
 }

@@ -121,18 +121,18 @@ func TestKVMesh(t *testing.T) {
 	// A hit is kept while the hot engine is moderately busier.
 	a.InFlight, b.InFlight = 3, 2
 	a.LocalActiveTokens, b.LocalActiveTokens = 3*4200, 2*4200
-	if got, _ := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{full(240), {}}); got != "a" {
-		t.Fatalf("kvmesh left its cache: %s", got)
+	if got, why := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{full(240), {}}); got != "a" || why != "prefix-affinity" {
+		t.Fatalf("kvmesh left its cache: %s %s", got, why)
 	}
 	// But not when its prefill queue is deep: no death spiral.
 	a.LocalPrefillTokens = 200000
-	if got, _ := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{full(240), {}}); got != "b" {
-		t.Fatalf("kvmesh sent a request behind 200k queued tokens: %s", got)
+	if got, why := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{full(240), {}}); got != "b" || why != "spill-over-cache" {
+		t.Fatalf("kvmesh sent a request behind 200k queued tokens: %s %s", got, why)
 	}
 	// No match anywhere: the lighter engine.
 	a.LocalPrefillTokens = 0
-	if got, _ := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{{}, {}}); got != "b" {
-		t.Fatalf("kvmesh: %s", got)
+	if got, why := pick(t, p, r, []scheduler.Engine{a, b}, []index.Match{{}, {}}); got != "b" || why != "no-cache-least-cost" {
+		t.Fatalf("kvmesh: %s %s", got, why)
 	}
 	if err := (KVMesh{}).Validate(); err == nil {
 		t.Fatal("zero prefill rate accepted")

@@ -1,0 +1,54 @@
+package ingress
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	cfg := DefaultConfig()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	cfg.Listen = "nope"
+	cfg.MaxAttempts = 0
+	cfg.ChatMode = "both"
+	cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: "ftp://x"}, {ID: "a", Model: "", URL: "http://h:1"}}
+	cfg.Cluster.GossipSeeds = []string{"h:1"}
+	cfg.Scheduler.Policy = "nonesuch"
+	err := cfg.Validate()
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("err %v", err)
+	}
+	for _, want := range []string{"listen", "max attempts", "chat mode", "url", "duplicate id", "empty model", "gossip seeds", "scheduler"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}
+
+func TestLoadConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "ingress.yaml")
+	os.WriteFile(good, []byte("listen: 127.0.0.1:9000\nidleTimeout: 45s\nengines:\n  - {id: e, model: m, url: \"http://127.0.0.1:1\"}\nscheduler: {policy: random}\ncluster: {gossipBind: \"127.0.0.1:0\", natsURLs: [\"nats://127.0.0.1:4222\"]}\n"), 0o644)
+	cfg, err := LoadConfigFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:9000" || cfg.IdleTimeout != 45*time.Second || cfg.Scheduler.Policy != "random" ||
+		len(cfg.Engines) != 1 || cfg.Cluster.NATSURLs[0] != "nats://127.0.0.1:4222" || cfg.MaxAttempts != DefaultConfig().MaxAttempts {
+		t.Fatalf("%+v", cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("listen: x\nunknownField: 1\n"), 0o644)
+	if _, err := LoadConfigFile(bad); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "unknownField") {
+		t.Fatalf("unknown field: %v", err)
+	}
+}

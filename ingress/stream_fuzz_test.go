@@ -1,0 +1,60 @@
+package ingress
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"testing"
+	"testing/iotest"
+)
+
+// FuzzProxyStream feeds arbitrary upstream bytes, in arbitrary read sizes,
+// through the streaming proxy: it must never panic, must hand the client
+// only whole events, and must end every stream with [DONE] (the engine's,
+// or its own after an error event when the engine stopped short).
+func FuzzProxyStream(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n"), false, uint8(0))
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"cho"), true, uint8(1))
+	f.Add([]byte("data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\ndata: [DONE]\n\n"), true, uint8(2))
+	f.Add([]byte(": comment\n\n\n\n"), false, uint8(3))
+	s, err := New(DefaultConfig(), Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, in []byte, wrap bool, mode uint8) {
+		var r io.Reader = bytes.NewReader(in)
+		switch mode % 3 {
+		case 1:
+			r = iotest.OneByteReader(r)
+		case 2:
+			r = iotest.HalfReader(r)
+		}
+		c := &call{s: s, wrap: wrap, dropUsage: mode&4 != 0}
+		p := &proxyStream{c: c, up: &upstream{id: "e"}, body: r, buf: make([]byte, 256), wrap: wrap}
+		var out bytes.Buffer
+		chunk := make([]byte, 1+int(mode)%64)
+		for i := 0; ; i++ {
+			if i > 10*len(in)+10000 {
+				t.Fatal("stream does not end")
+			}
+			n, err := p.Read(chunk)
+			out.Write(chunk[:n])
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		o := out.Bytes()
+		if len(o) == 0 {
+			t.Fatal("no output: a stream always ends with [DONE]")
+		}
+		if !bytes.HasSuffix(o, []byte("\n\n")) {
+			t.Fatalf("output does not end on an event boundary: %q", o)
+		}
+		if !bytes.HasSuffix(o, []byte("data: [DONE]\n\n")) {
+			t.Fatalf("stream does not end with [DONE]: %q", o)
+		}
+	})
+}
