@@ -334,9 +334,12 @@ func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
-// finish records the request once: load, limits, session, metrics, access log.
+// finish records the request once: load, limits, session, metrics, access
+// log; then the call goes back to the pool. Nothing may touch c afterwards.
 func (c *call) finish() {
+	first := false
 	c.finishOnce.Do(func() {
+		first = true
 		s := c.s
 		total := time.Since(c.start)
 		if c.release != nil {
@@ -362,8 +365,12 @@ func (c *call) finish() {
 		}
 		s.m.inflight.Dec()
 		s.inflight.Add(-1)
-		s.reqPool.Put(c)
 	})
+	if first {
+		// Outside Do: Once writes its done flag after f returns, and a pooled
+		// call may already be reset by the next request by then.
+		c.s.reqPool.Put(c)
+	}
 }
 
 func (c *call) logAccess(total time.Duration) {

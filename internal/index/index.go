@@ -115,12 +115,11 @@ func (x *Index) Store(engine string, tier kvevents.Tier, keys []uint64) {
 	c := &x.counts[slot]
 	ti := tierIndex(tier)
 	for _, k := range keys {
-		before := x.t.setBits(k, slot, bit)
+		before := x.t.update(k, slot, bit, specBit)
 		if before&bit == 0 {
 			c[ti]++
 		}
 		if before&specBit != 0 {
-			x.t.clearBits(k, slot, specBit)
 			c[3]--
 		}
 	}
@@ -172,11 +171,11 @@ func (x *Index) clearSlotLocked(slot uint16) {
 		if k == 0 {
 			continue
 		}
-		if hasSlot(t, k, &t.b[i].e, slot) {
+		if hasSlot(t, &t.b[i].e, slot) {
 			victims = append(victims, k)
 		}
 	}
-	if t.zeroUsed && hasSlot(t, 0, &t.zeroElem, slot) {
+	if t.zeroUsed && hasSlot(t, &t.zeroElem, slot) {
 		victims = append(victims, 0)
 	}
 	for _, k := range victims {
@@ -185,23 +184,10 @@ func (x *Index) clearSlotLocked(slot uint16) {
 	x.counts[slot] = [4]int{}
 }
 
-// hasSlot reports whether slot has any bit (tier or speculative) for k.
-func hasSlot(t *table, k uint64, e *[inlineN]uint16, slot uint16) bool {
-	n := inlineN
-	if e[inlineN-1] == overflowMark {
-		n = inlineN - 1
-		for _, v := range t.overflow[k] {
-			if v&slotMask == slot {
-				return true
-			}
-		}
-	}
-	for i := 0; i < n; i++ {
-		if v := e[i]; v>>tierShift != 0 && v&slotMask == slot {
-			return true
-		}
-	}
-	return false
+// hasSlot reports whether slot has any bit (tier or speculative) for k,
+// whose elements are e.
+func hasSlot(t *table, e *[inlineN]uint16, slot uint16) bool {
+	return t.elem(e, slot) != nil
 }
 
 func tierIndex(t kvevents.Tier) int {
@@ -227,7 +213,7 @@ func (x *Index) AddSpeculative(engine string, keys []uint64, now time.Time) {
 	c := &x.counts[slot]
 	for _, k := range keys {
 		e := x.t.elemsOf(k)
-		if e != nil && hasSlot(x.t, k, e, slot) {
+		if e != nil && hasSlot(x.t, e, slot) {
 			continue // already confirmed or speculative
 		}
 		x.t.setBits(k, slot, specBit)
@@ -298,8 +284,8 @@ type MemStats struct {
 	Keys          int     // distinct keys
 	Entries       int     // (key, engine) pairs with a confirmed tier or speculative bit
 	Buckets       int     // hash table buckets
-	OverflowKeys  int     // keys held by more than the inline engines
-	TableBytes    int     // bytes of the hash table and overflow lists
+	OverflowKeys  int     // keys held by more than the inline engines (using chunks)
+	TableBytes    int     // bytes of the hash table and the overflow chunk arena
 	BytesPerEntry float64 // TableBytes / Entries
 	Engines       int
 	DroppedWrites uint64 // writes refused because MaxEngines was reached
@@ -314,17 +300,14 @@ func (x *Index) MemStats() MemStats {
 	m := MemStats{
 		Keys:          t.used,
 		Buckets:       len(t.b),
-		OverflowKeys:  len(t.overflow),
+		OverflowKeys:  t.ovKeys,
 		Engines:       len(x.names),
 		DroppedWrites: x.dropped,
 	}
 	if t.zeroUsed {
 		m.Keys++
 	}
-	m.TableBytes = len(t.b) * int(unsafe.Sizeof(bucket{}))
-	for _, ov := range t.overflow {
-		m.TableBytes += cap(ov)*2 + 48 // slice header and map entry overhead, roughly
-	}
+	m.TableBytes = len(t.b)*int(unsafe.Sizeof(bucket{})) + len(t.ov)*int(unsafe.Sizeof(chunk{}))
 	for _, c := range x.counts {
 		m.Entries += c[0] + c[1] + c[2] + c[3]
 	}

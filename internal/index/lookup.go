@@ -1,5 +1,7 @@
 package index
 
+import "unsafe"
+
 // Match is one engine's matched prefix depth, in blocks, for a key chain.
 // Depths are cumulative over tiers so they are monotone and easy to weigh:
 // GPU counts leading keys held on GPU; CPU leading keys held on GPU or CPU;
@@ -81,8 +83,195 @@ func (x *Index) Lookup(keys []uint64, res *Result) {
 	x.mu.RUnlock()
 }
 
+// lookupBatch is how many keys a lookup stage handles at once. Over a large
+// table every probe is a cache miss, and the keys' probes are independent,
+// so the lookup is a three-stage pipeline over batches: hash batch b+2 and
+// prefetch its buckets, resolve batch b+1's buckets (now cached) and
+// prefetch their overflow chunks, extend the depths with batch b. The misses
+// of a whole batch are in flight together, behind useful work, instead of
+// being paid one at a time. 32 covers the memory latency while keeping the
+// wasted probes past a short match small.
+const lookupBatch = 32
+
+// lookupLead is how many batches ahead of its resolution a batch's buckets
+// are prefetched.
+const lookupLead = 2
+
+// lookupState is one lookup's pipeline; it lives on the lookup's stack.
+type lookupState struct {
+	t     *table
+	keys  []uint64
+	limit int // keys[limit] is the first key found missing (len(keys) if none yet)
+	pos   [lookupLead + 1][lookupBatch]uint64
+	els   [2][lookupBatch]*[inlineN]uint16
+	// spill marks the keys of a resolved batch whose home line was full
+	// without them: their next line was prefetched and extendBatch probes
+	// on from there, one stage later, when it has arrived.
+	spill [2]uint32
+	addrs [lookupBatch]uintptr
+	sink  uint64
+	// A run of keys whose elements are bitwise equal (a chain held by the
+	// same engines in the same tiers: the common case) is applied once, by
+	// its length. runW is the run's inline elements (0: no run), runCh its
+	// one overflow chunk (nil: none), runI the position of its first key,
+	// run how many equal keys followed it.
+	runW  uint64
+	runCh *chunk
+	runI  uint32
+	run   uint32
+}
+
+// flush applies the pending run: every depth that the run's first key
+// extended at every level it reached grows by the run's length, exactly as
+// extending key by key would have.
+func (s *lookupState) flush(res *Result) {
+	if s.run == 0 {
+		return
+	}
+	r, i := s.run, s.runI+1
+	for w := s.runW; w != 0; w >>= 16 {
+		if v := uint16(w); v != 0 {
+			advance(res, v, i, r)
+		}
+	}
+	if s.runCh != nil {
+		for _, v := range s.runCh.e {
+			if v != 0 {
+				advance(res, v, i, r)
+			}
+		}
+	}
+	s.run = 0
+}
+
+// advance grows by r the depths of v's engine that reached i.
+func advance(res *Result, v uint16, i, r uint32) {
+	d := &res.depth[v&slotMask]
+	if d.gen != res.gen || d.d[3] != i {
+		return
+	}
+	d.d[3] += r
+	if l := levels[v>>tierShift]; l&4 != 0 && d.d[2] == i {
+		d.d[2] += r
+		if l&2 != 0 && d.d[1] == i {
+			d.d[1] += r
+			if l&1 != 0 && d.d[0] == i {
+				d.d[0] += r
+			}
+		}
+	}
+}
+
+// hash computes the home buckets of batch b and prefetches them (and the
+// next line when a probe may spill into it).
+func (s *lookupState) hash(b int) {
+	lo := b * lookupBatch
+	if lo >= s.limit {
+		return
+	}
+	batch := s.keys[lo:min(lo+lookupBatch, len(s.keys))]
+	t := s.t
+	if !hasPrefetch {
+		pos := &s.pos[b%(lookupLead+1)]
+		for j, k := range batch {
+			p := homeOf(k, t.shift)
+			pos[j] = p
+			s.sink += t.b[p&t.mask].key
+		}
+		return
+	}
+	base := uintptr(0)
+	if len(t.b) > 0 {
+		base = uintptr(unsafe.Pointer(&t.b[0]))
+	}
+	const size = unsafe.Sizeof(bucket{})
+	shift := t.shift
+	pos, addrs := &s.pos[b%(lookupLead+1)], &s.addrs
+	n := 0
+	for j, k := range batch {
+		p := homeOf(k, shift)
+		pos[j] = p
+		addrs[j] = base + uintptr(p)*size
+		n++
+	}
+	prefetch(s.addrs[:n])
+}
+
+// resolve finds the buckets of batch b, lowering limit at the first missing
+// key, and prefetches the first overflow chunk of keys that have one.
+func (s *lookupState) resolve(b int) {
+	lo := b * lookupBatch
+	if lo >= s.limit {
+		return
+	}
+	batch := s.keys[lo:min(lo+lookupBatch, len(s.keys))]
+	t := s.t
+	buckets, mask := t.b, t.mask
+	pos, els := &s.pos[b%(lookupLead+1)], &s.els[b%2]
+	spill := uint32(0)
+	n := 0
+	for j, k := range batch {
+		var e *[inlineN]uint16
+		if k == 0 {
+			if t.zeroUsed {
+				e = &t.zeroElem
+			}
+		} else {
+			// Look in the home line without branching on where the key
+			// sits in it (that branch mispredicts on most keys), then
+			// probe on only in the rare case of a full line.
+			p := pos[j]
+			line := (*[lineN]bucket)(buckets[p : p+lineN])
+			m0, m1, m2, m3 := isZero(line[0].key^k), isZero(line[1].key^k), isZero(line[2].key^k), isZero(line[3].key^k)
+			if m0|m1|m2|m3 != 0 {
+				e = &line[m1|m2<<1|m3*3].e // keys are unique: at most one m is 1
+			} else if line[3].key != 0 {
+				spill |= 1 << j
+				s.addrs[n] = uintptr(unsafe.Pointer(&buckets[(p+lineN)&mask]))
+				n++
+				continue
+			}
+		}
+		if e == nil {
+			s.limit = lo + j
+			break
+		}
+		els[j] = e
+		if isOv(e) {
+			if hasPrefetch {
+				s.addrs[n] = uintptr(unsafe.Pointer(&t.ov[ovRef(e)]))
+				n++
+			} else {
+				s.sink += uint64(t.ov[ovRef(e)].next)
+			}
+		}
+	}
+	s.spill[b%2] = spill
+	if n > 0 {
+		prefetch(s.addrs[:n])
+	}
+}
+
+// isZero is 1 when x is 0, else 0, without a branch: comparing the home
+// line's keys with branches mispredicts on most keys, each time discarding
+// the speculative work (and loads) behind a cache miss.
+func isZero(x uint64) uint64 {
+	return ((x | -x) >> 63) ^ 1
+}
+
+// probeSpill finds k beyond its full home line p.
+func (s *lookupState) probeSpill(k, p uint64) *[inlineN]uint16 {
+	buckets, mask := s.t.b, s.t.mask
+	for p := (p + lineN) & mask; ; p = (p + 1) & mask {
+		if kk := buckets[p].key; kk == k {
+			return &buckets[p].e
+		} else if kk == 0 {
+			return nil
+		}
+	}
+}
+
 func (x *Index) lookupLocked(keys []uint64, res *Result) {
-	t := x.t
 	res.gen++
 	if res.gen == 0 { // wrapped: invalidate every stamp
 		for i := range res.depth {
@@ -96,83 +285,149 @@ func (x *Index) lookupLocked(keys []uint64, res *Result) {
 	res.names = x.names
 	res.Slots = res.Slots[:0]
 
-	// Touch every home bucket first: the loads are independent, so the CPU
-	// overlaps their cache misses instead of paying them one at a time in
-	// the dependent loop below.
-	var sink uint64
-	for _, k := range keys {
-		sink += t.b[t.home(k)].key
+	s := lookupState{t: x.t, keys: keys, limit: len(keys)}
+	nb := (len(keys) + lookupBatch - 1) / lookupBatch
+	for b := 0; b < lookupLead && b < nb; b++ {
+		s.hash(b)
 	}
-	res.sink = sink // keep the loads: an unused sum would be eliminated
+	s.resolve(0)
+	for b := 0; b < nb; b++ {
+		if b+lookupLead < nb {
+			s.hash(b + lookupLead)
+		}
+		if b+1 < nb {
+			s.resolve(b + 1)
+		}
+		if !x.extendBatch(&s, b, res) {
+			break
+		}
+	}
+	s.flush(res)
+	res.sink = s.sink // keep the touch loads: an unused sum would be eliminated
+}
 
-	gen := res.gen
-	depth := res.depth
-	buckets, mask := t.b, t.mask
-	for i, k := range keys {
-		var e *[inlineN]uint16
-		if k == 0 {
-			if !t.zeroUsed {
-				break
-			}
-			e = &t.zeroElem
-		} else {
-			for p := t.home(k); ; p = (p + 1) & mask {
-				if kk := buckets[p].key; kk == k {
-					e = &buckets[p].e
-					break
-				} else if kk == 0 {
-					break
-				}
-			}
-			if e == nil {
-				break
+// extendBatch extends the depths with the resolved keys of batch b and
+// reports whether the lookup goes on (every key present and extending some
+// engine's run).
+func (x *Index) extendBatch(s *lookupState, b int, res *Result) bool {
+	lo := b * lookupBatch
+	hi := min(lo+lookupBatch, s.limit)
+	els, spill := &s.els[b%2], s.spill[b%2]
+	depth, gen := res.depth, res.gen
+	for j := 0; j < hi-lo; j++ {
+		e := els[j]
+		if spill&(1<<j) != 0 {
+			if e = s.probeSpill(s.keys[lo+j], s.pos[b%(lookupLead+1)][j]); e == nil {
+				s.limit = lo + j
+				return false
 			}
 		}
-		i32 := uint32(i)
+		w := uint64(e[0]) | uint64(e[1])<<16 | uint64(e[2])<<32 | uint64(e[3])<<48
+		i := uint32(lo + j)
+		if isOv(e) {
+			// Runs also cover keys with one overflow chunk, compared by
+			// content (each key has its own chunk).
+			ch := &s.t.ov[ovRef(e)]
+			w &= 1<<32 - 1
+			single := ch.next == 0
+			if single && s.runCh != nil && w == s.runW && ch.e == s.runCh.e {
+				s.run++
+				continue
+			}
+			s.flush(res)
+			s.runW, s.runCh = 0, nil
+			if !x.extendKey(s.t, e, i, res) {
+				return false
+			}
+			if single {
+				s.runW, s.runCh, s.runI = w, ch, i
+			}
+			continue
+		}
+		if w == s.runW && s.runCh == nil {
+			s.run++
+			continue
+		}
+		s.flush(res)
+		s.runW, s.runCh = 0, nil
 		extended := false
-		n := inlineN
-		if e[inlineN-1] == overflowMark {
-			n = inlineN - 1
-		}
-		for j := 0; j < n; j++ {
-			v := e[j]
-			b := v >> tierShift
-			if b == 0 {
+		for w := w; w != 0; w >>= 16 {
+			v := uint16(w)
+			if v == 0 {
 				continue
 			}
 			d := &depth[v&slotMask]
 			if d.gen != gen {
-				if i32 != 0 {
+				if i != 0 {
 					continue
 				}
 				d.gen = gen
 				d.d = [4]uint32{}
 				res.Slots = append(res.Slots, v&slotMask)
 			}
-			if extendDepth(d, levels[b], i32) {
-				extended = true
+			if d.d[3] != i {
+				continue
 			}
+			extended = true
+			if v&(1<<tierShift) != 0 && d.d[0] == i {
+				// Fast path: a GPU element extending a run alive at every level.
+				d.d = [4]uint32{i + 1, i + 1, i + 1, i + 1}
+				continue
+			}
+			extendDepth(d, levels[v>>tierShift], i)
 		}
-		if n < inlineN {
-			for _, v := range t.overflow[k] {
-				d := &depth[v&slotMask]
-				if d.gen != gen {
-					if i32 != 0 {
-						continue
-					}
-					d.gen = gen
-					d.d = [4]uint32{}
-					res.Slots = append(res.Slots, v&slotMask)
-				}
-				if extendDepth(d, levels[v>>tierShift], i32) {
+		if !extended {
+			return false
+		}
+		s.runW, s.runI = w, i
+	}
+	return hi == lo+lookupBatch
+}
+
+// extendKey applies the elements e of the key at position i to the depths
+// and reports whether any engine's run reached it.
+func (x *Index) extendKey(t *table, e *[inlineN]uint16, i uint32, res *Result) bool {
+	// The inline elements as one word; an overflow reference in e[2:4] is
+	// masked out and its chunks walked below.
+	w := uint64(e[0]) | uint64(e[1])<<16 | uint64(e[2])<<32 | uint64(e[3])<<48
+	ov := isOv(e)
+	if ov {
+		w &= 1<<32 - 1
+	}
+	extended := false
+	for ; w != 0; w >>= 16 {
+		if v := uint16(w); v != 0 && res.visit(v, i) {
+			extended = true
+		}
+	}
+	if ov {
+		for c := ovRef(e); c != 0; c = t.ov[c].next {
+			ch := &t.ov[c]
+			for _, v := range ch.e {
+				if v != 0 && res.visit(v, i) {
 					extended = true
 				}
 			}
 		}
-		if !extended {
-			break
-		}
 	}
+	return extended
+}
+
+// visit applies element v at position i; it reports whether v's engine run
+// reached i. An engine is only recorded at position 0: a run must start at
+// the first key.
+func (r *Result) visit(v uint16, i uint32) bool {
+	s := v & slotMask
+	d := &r.depth[s]
+	if d.gen != r.gen {
+		if i != 0 {
+			return false
+		}
+		d.gen = r.gen
+		d.d = [4]uint32{}
+		r.Slots = append(r.Slots, s)
+	}
+	return extendDepth(d, levels[v>>tierShift], i)
 }
 
 // extendDepth extends the cumulative depths selected by level mask l that

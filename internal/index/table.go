@@ -1,20 +1,25 @@
 package index
 
 // table is an open-addressing hash table (linear probing, backward-shift
-// deletion, no tombstones) from a chain key to up to inlineN engine elements.
-// A key held by more engines keeps the rest in an overflow slice, marked by
-// overflowMark in the last inline element. 16 bytes per key: the key plus four
-// 16-bit elements, so a key on one engine costs 16/loadFactor ≈ 21 bytes.
+// deletion, no tombstones) from a chain key to its engine elements. 16 bytes
+// per key: the key plus four 16-bit elements, so a key on one engine costs
+// 16/loadFactor ≈ 21–32 bytes.
 //
 // Element encoding (uint16): bits 0-11 engine slot, bits 12-14 tier mask
-// (GPU, CPU, other), bit 15 speculative. Zero tier and speculative bits mean
-// the element is empty.
+// (GPU, CPU, other), bit 15 speculative. An element with no tier or
+// speculative bit is stored as 0 (empty), so a non-zero value below 1<<12
+// is never an element: the last inline element uses that range to mark a
+// key on more than four engines (see isOv). Such a key keeps two elements
+// inline and the rest in a chain of 64-byte chunks in one arena (ov), so it
+// costs one more cache line per lookup, not a map lookup and two pointer
+// chases.
 //
 // Not safe for concurrent use; Index guards it.
 type table struct {
 	// b holds key and elements side by side so one probe is one cache
 	// miss (four buckets per 64-byte line).
 	b     []bucket
+	mem   *largeMem // owner of b
 	mask  uint64
 	shift uint8
 	used  int // occupied buckets (excluding the zero key, kept aside)
@@ -24,22 +29,34 @@ type table struct {
 	zeroUsed bool
 	zeroElem [inlineN]uint16
 
-	overflow map[uint64][]uint16
+	// ov is the overflow chunk arena; chunk 0 is never used so a reference
+	// is never 0. ovFree heads the free list (linked through next), ovLen
+	// is the high-water mark, ovKeys counts keys that use chunks.
+	ov     []chunk
+	ovMem  *largeMem
+	ovFree uint32
+	ovLen  uint32
+	ovKeys int
 }
 
 const (
-	inlineN      = 4
-	slotBits     = 12
-	slotMask     = 1<<slotBits - 1
-	tierShift    = slotBits
-	specBit      = 1 << 15
-	overflowMark = 0xFFFF // last inline element when the key has overflow elements
-	// MaxEngines is how many distinct engines one Index can track (slot
-	// 4095 is reserved so overflowMark never looks like a real element).
-	MaxEngines = slotMask
+	inlineN  = 4
+	lineN    = 4           // buckets per 64-byte cache line
+	ovInline = inlineN - 2 // inline elements left when e[2:4] hold a chunk reference
+	chunkN   = 30
+	// maxChunks bounds chunk references so e[3] = 1 + ref>>16 stays below
+	// 1<<12 (17 GB of chunks; a write beyond it is dropped, not a panic).
+	maxChunks  = (1<<tierShift - 1) << 16
+	slotBits   = 12
+	slotMask   = 1<<slotBits - 1
+	tierShift  = slotBits
+	specBit    = 1 << 15
+	fibMul     = 0x9E3779B97F4A7C15
 	minBuckets = 1024
 	maxLoadNum = 3 // grow beyond 3/4 full
 	maxLoadDen = 4
+	// MaxEngines is how many distinct engines one Index can track.
+	MaxEngines = slotMask
 )
 
 // bucket is one table slot: key 0 means empty.
@@ -48,18 +65,43 @@ type bucket struct {
 	e   [inlineN]uint16
 }
 
+// chunk holds overflow elements of one key (0 = empty), next links the
+// key's following chunk (0 = last). 64 bytes: one cache line.
+type chunk struct {
+	e    [chunkN]uint16
+	next uint32
+}
+
+// isOv reports whether e[2:4] hold a chunk reference instead of elements.
+func isOv(e *[inlineN]uint16) bool { return e[3] != 0 && e[3] < 1<<tierShift }
+
+func ovRef(e *[inlineN]uint16) uint32 { return uint32(e[3]-1)<<16 | uint32(e[2]) }
+
+func setOvRef(e *[inlineN]uint16, r uint32) {
+	e[2] = uint16(r)
+	e[3] = uint16(r>>16) + 1
+}
+
+// normalize maps an element with no tier or speculative bit to 0.
+func normalize(v uint16) uint16 {
+	if v>>tierShift == 0 {
+		return 0
+	}
+	return v
+}
+
 func newTable(buckets int) *table {
 	n := minBuckets
 	for n < buckets {
 		n <<= 1
 	}
-	t := &table{overflow: make(map[uint64][]uint16)}
+	t := &table{}
 	t.alloc(n)
 	return t
 }
 
 func (t *table) alloc(n int) {
-	t.b = make([]bucket, n)
+	t.b, t.mem = allocLarge[bucket](n)
 	t.mask = uint64(n - 1)
 	shift := uint8(64)
 	for m := n; m > 1; m >>= 1 {
@@ -69,10 +111,17 @@ func (t *table) alloc(n int) {
 	t.used = 0
 }
 
-// home is the preferred bucket of k: Fibonacci hashing spreads keys that are
-// not uniformly random (tests, traces) as well as xxh3 outputs.
+// home is the preferred bucket of k: the first bucket of a 64-byte line
+// (lineN buckets), so a key is almost always found in the one line its hash
+// names, and a probe spills into the next line only when that line is full.
+// Fibonacci hashing spreads keys that are not uniformly random (tests,
+// traces) as well as xxh3 outputs.
 func (t *table) home(k uint64) uint64 {
-	return (k * 0x9E3779B97F4A7C15) >> t.shift
+	return homeOf(k, t.shift)
+}
+
+func homeOf(k uint64, shift uint8) uint64 {
+	return (k * fibMul) >> shift &^ (lineN - 1)
 }
 
 // find returns the bucket of k, or -1.
@@ -123,7 +172,8 @@ func (t *table) insert(k uint64) *[inlineN]uint16 {
 }
 
 func (t *table) grow() {
-	old := t.b
+	old, oldMem := t.b, t.mem
+	defer oldMem.free()
 	t.alloc(len(old) * 2)
 	for _, ob := range old {
 		if ob.key == 0 {
@@ -139,10 +189,11 @@ func (t *table) grow() {
 	}
 }
 
-// delete removes k with backward-shift deletion so probe chains stay intact.
+// delete removes k (and its chunks) with backward-shift deletion so probe
+// chains stay intact.
 func (t *table) delete(k uint64) {
-	delete(t.overflow, k)
 	if k == 0 {
+		t.freeChunks(&t.zeroElem)
 		t.zeroUsed = false
 		t.zeroElem = [inlineN]uint16{}
 		return
@@ -151,6 +202,7 @@ func (t *table) delete(k uint64) {
 	if i < 0 {
 		return
 	}
+	t.freeChunks(&t.b[i].e)
 	hole := uint64(i)
 	for j := (hole + 1) & t.mask; t.b[j].key != 0; j = (j + 1) & t.mask {
 		h := t.home(t.b[j].key)
@@ -164,51 +216,100 @@ func (t *table) delete(k uint64) {
 	t.used--
 }
 
-// setBits ORs bits into the element of slot for key k, creating what is
-// missing. It returns the element's bits before the change.
-func (t *table) setBits(k uint64, slot uint16, bits uint16) (before uint16) {
-	e := t.insert(k)
-	free := -1
+// elem returns a pointer to slot's element among k's elements e (inline or
+// in a chunk), or nil. The pointer is valid until the next chunk allocation.
+func (t *table) elem(e *[inlineN]uint16, slot uint16) *uint16 {
 	n := inlineN
-	if e[inlineN-1] == overflowMark {
-		n = inlineN - 1
+	if isOv(e) {
+		n = ovInline
+		for c := ovRef(e); c != 0; c = t.ov[c].next {
+			ch := &t.ov[c]
+			for i, v := range ch.e {
+				if v != 0 && v&slotMask == slot {
+					return &ch.e[i]
+				}
+			}
+		}
 	}
 	for i := 0; i < n; i++ {
-		v := e[i]
-		if v>>tierShift == 0 {
-			if free < 0 {
-				free = i
-			}
-			continue
-		}
-		if v&slotMask == slot {
-			e[i] = v | bits
-			return v &^ slotMask
+		if v := e[i]; v != 0 && v&slotMask == slot {
+			return &e[i]
 		}
 	}
-	if n < inlineN {
-		ov := t.overflow[k]
-		for i, v := range ov {
-			if v&slotMask == slot {
-				ov[i] = v | bits
-				return v &^ slotMask
-			}
+	return nil
+}
+
+// update sets then clears bits on the element of slot for key k, creating
+// what is missing. It returns the element's bits before the change. Setting
+// and clearing in one step keeps the invariant that an element never holds
+// a tier bit and the speculative bit at once.
+func (t *table) update(k uint64, slot, set, clear uint16) (before uint16) {
+	e := t.insert(k)
+	if p := t.elem(e, slot); p != nil {
+		v := *p
+		*p = normalize((v | set) &^ clear)
+		if *p == 0 {
+			t.shrink(k, e)
 		}
-		if free >= 0 {
-			e[free] = slot | bits
-			return 0
-		}
-		t.overflow[k] = append(ov, slot|bits)
-		return 0
+		return v &^ slotMask
 	}
-	if free >= 0 {
-		e[free] = slot | bits
-		return 0
+	if v := normalize((slot | set) &^ clear); v != 0 {
+		t.add(e, v)
 	}
-	// Inline full: move the last inline element to overflow and mark it.
-	t.overflow[k] = append(t.overflow[k][:0], e[inlineN-1], slot|bits)
-	e[inlineN-1] = overflowMark
+	if !isOv(e) && e[0]|e[1]|e[2]|e[3] == 0 {
+		t.delete(k) // nothing was added (full arena or empty update)
+	}
 	return 0
+}
+
+// setBits ORs bits into the element of slot for key k; see update.
+func (t *table) setBits(k uint64, slot, bits uint16) (before uint16) {
+	return t.update(k, slot, bits, 0)
+}
+
+// add stores a new element v among e: a free inline element, a free chunk
+// element, or a new chunk.
+func (t *table) add(e *[inlineN]uint16, v uint16) {
+	n := inlineN
+	ov := isOv(e)
+	if ov {
+		n = ovInline
+	}
+	for i := 0; i < n; i++ {
+		if e[i] == 0 {
+			e[i] = v
+			return
+		}
+	}
+	if !ov {
+		// Inline full: move e[2:4] into a new chunk and reference it.
+		c := t.newChunk()
+		if c == 0 {
+			return
+		}
+		ch := &t.ov[c]
+		ch.e[0], ch.e[1], ch.e[2] = e[2], e[3], v
+		setOvRef(e, c)
+		t.ovKeys++
+		return
+	}
+	r := ovRef(e)
+	for c := r; c != 0; c = t.ov[c].next {
+		ch := &t.ov[c]
+		for i, w := range ch.e {
+			if w == 0 {
+				ch.e[i] = v
+				return
+			}
+		}
+	}
+	c := t.newChunk()
+	if c == 0 {
+		return
+	}
+	t.ov[c].e[0] = v
+	t.ov[c].next = r
+	setOvRef(e, c)
 }
 
 // clearBits clears bits from the element of slot for key k, dropping empty
@@ -218,69 +319,125 @@ func (t *table) clearBits(k uint64, slot uint16, bits uint16) (before uint16) {
 	if e == nil {
 		return 0
 	}
-	n := inlineN
-	hasOv := e[inlineN-1] == overflowMark
-	if hasOv {
-		n = inlineN - 1
+	p := t.elem(e, slot)
+	if p == nil {
+		return 0
 	}
-	found := false
-	for i := 0; i < n; i++ {
-		v := e[i]
-		if v>>tierShift != 0 && v&slotMask == slot {
-			before = v &^ slotMask
-			v &^= bits
-			if v>>tierShift == 0 {
-				v = 0
+	v := *p
+	*p = normalize(v &^ bits)
+	if *p == 0 {
+		t.shrink(k, e)
+	}
+	return v &^ slotMask
+}
+
+// shrink runs after an element of k emptied: it pulls chunk elements back
+// inline when four or fewer remain, unlinks empty chunks, and deletes the
+// key when it has no element left.
+func (t *table) shrink(k uint64, e *[inlineN]uint16) {
+	if isOv(e) {
+		total := 0
+		for i := 0; i < ovInline; i++ {
+			if e[i] != 0 {
+				total++
 			}
-			e[i] = v
-			found = true
-			break
 		}
-	}
-	if !found && hasOv {
-		ov := t.overflow[k]
-		for i, v := range ov {
-			if v&slotMask == slot {
-				before = v &^ slotMask
-				v &^= bits
-				if v>>tierShift == 0 {
-					ov[i] = ov[len(ov)-1]
-					ov = ov[:len(ov)-1]
-				} else {
-					ov[i] = v
+		for c := ovRef(e); c != 0; c = t.ov[c].next {
+			for _, v := range t.ov[c].e {
+				if v != 0 {
+					total++
 				}
-				t.overflow[k] = ov
-				break
 			}
 		}
-	}
-	if hasOv {
-		t.compactOverflow(k, e)
+		if total <= inlineN {
+			var out [inlineN]uint16
+			n := 0
+			for i := 0; i < ovInline; i++ {
+				if e[i] != 0 {
+					out[n] = e[i]
+					n++
+				}
+			}
+			for c := ovRef(e); c != 0; c = t.ov[c].next {
+				for _, v := range t.ov[c].e {
+					if v != 0 {
+						out[n] = v
+						n++
+					}
+				}
+			}
+			t.freeChunks(e)
+			*e = out
+		} else {
+			t.dropEmptyChunks(e)
+		}
 	}
 	if e[0]|e[1]|e[2]|e[3] == 0 {
 		t.delete(k)
 	}
-	return before
 }
 
-// compactOverflow pulls overflow elements back inline while there is room,
-// and drops the overflow mark when the overflow empties.
-func (t *table) compactOverflow(k uint64, e *[inlineN]uint16) {
-	ov := t.overflow[k]
-	for i := 0; i < inlineN-1 && len(ov) > 0; i++ {
-		if e[i] == 0 {
-			e[i] = ov[len(ov)-1]
-			ov = ov[:len(ov)-1]
+// dropEmptyChunks unlinks and frees the empty chunks of an overflowing key
+// (at least one element remains in some chunk, since more than four remain).
+func (t *table) dropEmptyChunks(e *[inlineN]uint16) {
+	prev := uint32(0)
+	for c := ovRef(e); c != 0; {
+		next := t.ov[c].next
+		if t.ov[c].e == [chunkN]uint16{} {
+			if prev == 0 {
+				setOvRef(e, next)
+			} else {
+				t.ov[prev].next = next
+			}
+			t.releaseChunk(c)
+		} else {
+			prev = c
 		}
+		c = next
 	}
-	switch len(ov) {
-	case 0:
-		e[inlineN-1] = 0
-		delete(t.overflow, k)
-	case 1:
-		e[inlineN-1] = ov[0]
-		delete(t.overflow, k)
-	default:
-		t.overflow[k] = ov
+}
+
+// freeChunks releases every chunk of e and clears its reference.
+func (t *table) freeChunks(e *[inlineN]uint16) {
+	if !isOv(e) {
+		return
 	}
+	for c := ovRef(e); c != 0; {
+		next := t.ov[c].next
+		t.releaseChunk(c)
+		c = next
+	}
+	e[2], e[3] = 0, 0
+	t.ovKeys--
+}
+
+func (t *table) releaseChunk(c uint32) {
+	t.ov[c] = chunk{next: t.ovFree}
+	t.ovFree = c
+}
+
+// newChunk returns a zeroed chunk, growing the arena by doubling (copying
+// into a new mapping); 0 when the arena is at maxChunks.
+func (t *table) newChunk() uint32 {
+	if c := t.ovFree; c != 0 {
+		t.ovFree = t.ov[c].next
+		t.ov[c] = chunk{}
+		return c
+	}
+	if t.ovLen == 0 {
+		t.ovLen = 1 // chunk 0 is the "no chunk" reference
+	}
+	if int(t.ovLen) >= maxChunks {
+		return 0
+	}
+	if int(t.ovLen) >= len(t.ov) {
+		n := min(max(64, 2*len(t.ov)), maxChunks)
+		ov, mem := allocLarge[chunk](n)
+		copy(ov, t.ov)
+		t.ovMem.free()
+		t.ov, t.ovMem = ov, mem
+	}
+	c := t.ovLen
+	t.ovLen++
+	return c
 }
