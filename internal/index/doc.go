@@ -21,7 +21,16 @@
 // (BenchmarkLookupParallel, docs/bench/scheduler.md).
 //
 // Layout: an open-addressing table of 16-byte buckets (key + four 16-bit
-// engine elements: 12-bit slot, 3 tier bits, 1 speculative bit), overflow
-// lists for keys on more than four engines. Engine ids map to small slots
-// (at most MaxEngines per Index).
+// engine elements: 12-bit slot, 3 tier bits, 1 speculative bit), homed on
+// 64-byte lines; keys on more than four engines keep two elements inline and
+// the rest in 64-byte chunks of one arena. Engine ids map to small slots (at
+// most MaxEngines per Index). Large arrays live in their own mappings backed
+// by transparent huge pages on Linux (mem_linux.go).
+//
+// Lookup is a software pipeline over batches of keys (lookup.go): prefetch
+// the home lines of keys two batches ahead, resolve the next batch, extend
+// depths with the current one, and apply runs of keys with identical
+// elements (a chain held by the same engines) in one step. On amd64 the
+// prefetch is one PREFETCHT0 loop in assembly (prefetch_amd64.s): Go has no
+// prefetch intrinsic, and plain loads would hold the reorder buffer.
 package index

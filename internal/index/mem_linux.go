@@ -1,4 +1,4 @@
-//go:build linux
+//go:build linux && !race
 
 package index
 
@@ -62,4 +62,12 @@ func (m *largeMem) free() {
 	m.cleanup.Stop()
 	_ = syscall.Munmap(m.mapping)
 	m.mapping, m.mapped = nil, false
+}
+
+// mappedBytes is the size of the mapping (0 for Go memory).
+func (m *largeMem) mappedBytes() int {
+	if m == nil {
+		return 0
+	}
+	return len(m.mapping)
 }

@@ -33,6 +33,15 @@ import (
 // affinity wins until the hot engine's queue costs more than recomputing
 // the prefix elsewhere — no death spiral of misses sent to an overloaded
 // worker, and hot prefixes replicate only when that pays.
+//
+// Under overload the externality term also sorts requests by size: a long
+// prompt costs n times its prefill on an engine with many running requests,
+// so long prompts settle on engines running few (long) requests and short
+// ones on an engine running many short ones. That is size-based routing
+// (short jobs never queue behind long ones), which is why mean TTFT halves
+// at 4× the Mooncake trace's rate while the request count per engine
+// becomes uneven (tokens per engine stay close). The defaults sit at a
+// local optimum: docs/bench/scheduler.md lists the variants measured.
 type KVMesh struct {
 	// PrefillRate is prefill throughput in tokens/s. Default 30,000 (7B on
 	// an H100-class GPU).
