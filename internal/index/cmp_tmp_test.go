@@ -13,7 +13,7 @@ import (
 // TEMPORARY side-by-side comparison with the previous implementation:
 // interleaved rounds, thread CPU time per lookup.
 func BenchmarkCompare(b *testing.B) {
-	for _, repl := range []int{0, 1, 2, 4, 8, 16} {
+	for _, repl := range []int{0, 1, 2, 4, 8, 16, 64} {
 		nch := 4096
 		if repl == 0 { // cached: 256 chains = 64k keys
 			nch = 256
@@ -26,6 +26,9 @@ func BenchmarkCompare(b *testing.B) {
 			chains[i] = chain(uint64(i%nch)+1, 256)
 			for r := 0; r < max(repl, 1) && i < nch; r++ {
 				e := engineName(rng.IntN(64))
+				if repl == 64 {
+					e = engineName(r)
+				}
 				x.Store(e, kvevents.TierGPU, chains[i])
 				o.Store(e, kvevents.TierGPU, chains[i])
 			}

@@ -88,10 +88,10 @@ func (x *Index) Lookup(keys []uint64, res *Result) {
 // so the lookup is a three-stage pipeline over batches: hash batch b+2 and
 // prefetch its home lines, resolve batch b+1's buckets (now cached) and
 // prefetch their overflow chunks and spill lines, extend the depths with
-// batch b (runs of keys with equal elements at once). The misses
-// of a whole batch are in flight together, behind useful work, instead of
-// being paid one at a time. 32 keys and a lead of 2 measured best (8–32
-// and 1–6 are within noise); a short match wastes at most ~3 batches of
+// batch b (runs of keys with equal elements at once). The misses of a whole
+// batch are in flight together, behind useful work, instead of being paid
+// one at a time. Batches of 8–32 keys with a lead of 2–6 batches measured
+// the same within noise; a short match wastes at most ~3 batches of
 // prefetches.
 const lookupBatch = 32
 
@@ -117,13 +117,16 @@ type lookupState struct {
 	sink  uint64
 	// A run of keys whose elements are bitwise equal (a chain held by the
 	// same engines in the same tiers: the common case) is applied once, by
-	// its length. runW is the run's inline elements (0: no run), runCh its
-	// one overflow chunk (nil: none), runI the position of its first key,
+	// its length. runW is the run's inline elements (0: no run), runRef its
+	// first overflow chunk (0: none), runI the position of its first key,
 	// run how many equal keys followed it.
-	runW  uint64
-	runCh *chunk
-	runI  uint32
-	run   uint32
+	runW   uint64
+	runRef uint32
+	runI   uint32
+	run    uint32
+	// ovKeys marks the keys of a resolved batch that have overflow chunks.
+	ovKeys [2]uint64
+	chunks [lookupBatch]uint32
 }
 
 // flush applies the pending run: every depth that the run's first key
@@ -139,8 +142,8 @@ func (s *lookupState) flush(res *Result) {
 			advance(res, v, i, r)
 		}
 	}
-	if s.runCh != nil {
-		for _, v := range s.runCh.e {
+	for c := s.runRef; c != 0; c = s.t.ov[c].next {
+		for _, v := range s.t.ov[c].e {
 			if v != 0 {
 				advance(res, v, i, r)
 			}
@@ -211,7 +214,7 @@ func (s *lookupState) resolve(b int) {
 	t := s.t
 	buckets, mask := t.b, t.mask
 	pos, els := &s.pos[b%(lookupLead+1)], &s.els[b%2]
-	spill := uint64(0)
+	spill, ovKeys := uint64(0), uint64(0)
 	n := 0
 	for j, k := range batch {
 		var e *[inlineN]uint16
@@ -241,6 +244,7 @@ func (s *lookupState) resolve(b int) {
 		}
 		els[j] = e
 		if isOv(e) {
+			ovKeys |= 1 << j
 			if hasPrefetch {
 				s.addrs[n] = uintptr(unsafe.Pointer(&t.ov[ovRef(e)]))
 				n++
@@ -249,7 +253,7 @@ func (s *lookupState) resolve(b int) {
 			}
 		}
 	}
-	s.spill[b%2] = spill
+	s.spill[b%2], s.ovKeys[b%2] = spill, ovKeys
 	if n > 0 {
 		prefetch(s.addrs[:n])
 	}
@@ -317,6 +321,9 @@ func (x *Index) extendBatch(s *lookupState, b int, res *Result) bool {
 	hi := min(lo+lookupBatch, s.limit)
 	els, spill := &s.els[b%2], s.spill[b%2]
 	depth, gen := res.depth, res.gen
+	if ov := s.ovKeys[b%2]; ov != 0 && hasPrefetch {
+		s.prefetchChains(els, ov)
+	}
 	for j := 0; j < hi-lo; j++ {
 		e := els[j]
 		if spill&(1<<j) != 0 {
@@ -328,31 +335,28 @@ func (x *Index) extendBatch(s *lookupState, b int, res *Result) bool {
 		w := uint64(e[0]) | uint64(e[1])<<16 | uint64(e[2])<<32 | uint64(e[3])<<48
 		i := uint32(lo + j)
 		if isOv(e) {
-			// Runs also cover keys with one overflow chunk, compared by
-			// content (each key has its own chunk).
-			ch := &s.t.ov[ovRef(e)]
+			// Runs also cover keys with overflow chunks, compared by
+			// content (each key has its own chunks).
+			ref := ovRef(e)
 			w &= 1<<32 - 1
-			single := ch.next == 0
-			if single && s.runCh != nil && w == s.runW && ch.e == s.runCh.e {
+			if s.runRef != 0 && w == s.runW && sameChunks(s.t.ov, ref, s.runRef) {
 				s.run++
 				continue
 			}
 			s.flush(res)
-			s.runW, s.runCh = 0, nil
+			s.runW, s.runRef = 0, 0
 			if !x.extendKey(s.t, e, i, res) {
 				return false
 			}
-			if single {
-				s.runW, s.runCh, s.runI = w, ch, i
-			}
+			s.runW, s.runRef, s.runI = w, ref, i
 			continue
 		}
-		if w == s.runW && s.runCh == nil {
+		if w == s.runW && s.runRef == 0 {
 			s.run++
 			continue
 		}
 		s.flush(res)
-		s.runW, s.runCh = 0, nil
+		s.runW, s.runRef = 0, 0
 		extended := false
 		for w := w; w != 0; w >>= 16 {
 			v := uint16(w)
@@ -385,6 +389,47 @@ func (x *Index) extendBatch(s *lookupState, b int, res *Result) bool {
 		s.runW, s.runI = w, i
 	}
 	return hi == lo+lookupBatch
+}
+
+// sameChunks reports whether chunk chains a and b hold the same elements
+// in the same places.
+func sameChunks(ov []chunk, a, b uint32) bool {
+	for a != 0 && b != 0 {
+		if ov[a].e != ov[b].e {
+			return false
+		}
+		a, b = ov[a].next, ov[b].next
+	}
+	return a == b
+}
+
+// prefetchChains prefetches the second and later overflow chunks of the
+// batch's keys marked in ov, one chain level at a time for all keys
+// together: a key on dozens of engines then costs one memory latency per
+// level per batch, not per key.
+func (s *lookupState) prefetchChains(els *[lookupBatch]*[inlineN]uint16, ov uint64) {
+	cur := &s.chunks
+	for j := range lookupBatch {
+		if ov&(1<<j) != 0 {
+			cur[j] = ovRef(els[j])
+		}
+	}
+	for ov != 0 {
+		n := 0
+		for j := range lookupBatch {
+			if ov&(1<<j) == 0 {
+				continue
+			}
+			if c := s.t.ov[cur[j]].next; c != 0 {
+				cur[j] = c
+				s.addrs[n] = uintptr(unsafe.Pointer(&s.t.ov[c]))
+				n++
+			} else {
+				ov &^= 1 << j
+			}
+		}
+		prefetch(s.addrs[:n])
+	}
 }
 
 // extendKey applies the elements e of the key at position i to the depths
