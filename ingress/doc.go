@@ -3,7 +3,10 @@
 // keys, asks the scheduler for an engine using the local index and the gossip
 // load view, and proxies the request, streaming SSE through as it arrives and
 // retrying on the next-best engine only before the first byte reached the
-// client.
+// client. A batch of prompts goes to one engine, routed on its first prompt.
+// A client that goes away cancels its upstream request: a stream when its
+// body is closed, a buffered answer through a connection watcher
+// (clientwatch.go).
 //
 // It owns the HTTP edge (status codes and OpenAI error bodies), upstream
 // connections, in-flight accounting, metrics, the access log and the debug

@@ -45,7 +45,10 @@ type call struct {
 
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
-	promptTokens                 int
+	promptTokens                 int // all prompts of a batch
+	batchN                       int // prompts in the request (1 unless batched)
+	scratch                      []uint32
+	scratchText                  []byte
 	prefillCharge                int64 // tokens charged to the engine's prefill until the first byte
 	activeCharge                 int64 // tokens charged to the engine's active set until the end
 	attempts                     int
@@ -53,6 +56,7 @@ type call struct {
 	outTokens                    int
 	errMsg                       string
 	release                      func()
+	watch                        *watch // non-streamed requests: the client connection watcher
 	finishOnce                   sync.Once
 }
 
@@ -67,6 +71,9 @@ func (c *call) reset() {
 		dec:    scheduler.Decision{Ranked: c.dec.Ranked[:0]},
 		body:   c.body[:0],
 		alt:    c.alt[:0],
+
+		scratch:     c.scratch[:0],
+		scratchText: c.scratchText[:0],
 	}
 	c.req.reset()
 }
@@ -153,11 +160,14 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		return err
 	}
 	c.tTokenize = time.Since(t)
-	promptTokens := len(c.tokens)
-	if c.tokens == nil {
-		promptTokens = c.approx
+	promptTokens := c.promptTokens
+	if promptTokens == 0 {
+		promptTokens = len(c.tokens)
+		if c.tokens == nil {
+			promptTokens = c.approx
+		}
+		c.promptTokens = promptTokens
 	}
-	c.promptTokens = promptTokens
 	if s.cfg.MaxPromptTokens > 0 && promptTokens > s.cfg.MaxPromptTokens {
 		return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, s.cfg.MaxPromptTokens)
 	}
@@ -188,7 +198,7 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
 	}
 	c.sreq = scheduler.Request{
-		Keys: c.keys, BlockSize: c.block, PromptTokens: promptTokens, OutputTokens: max(c.req.maxTokens, 0),
+		Keys: c.keys, BlockSize: c.block, PromptTokens: promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
 		Model: c.model, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
@@ -265,12 +275,19 @@ func (c *call) tokenize() error {
 		tok, _ = s.deps.Tokenizers.For(c.model)
 	}
 	var err error
+	c.batchN = max(1, len(c.req.batch))
 	switch c.req.kind {
 	case promptIDs:
 		c.tokens = append(c.tokens[:0], c.req.ids...)
 		c.path = "/v1/completions"
+		if len(c.req.batch) > 1 {
+			return c.countBatchIDs()
+		}
 	case promptText:
 		c.path = "/v1/completions"
+		if len(c.req.batch) > 1 {
+			return c.tokenizeBatch(tok)
+		}
 		if tok == nil {
 			c.approx = len(c.req.text)/4 + 1
 			c.tokens = nil
@@ -307,6 +324,12 @@ func (c *call) tokenize() error {
 	if c.tokens != nil && len(c.tokens) == 0 {
 		return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
 	}
+	c.askUsage()
+	return nil
+}
+
+// askUsage makes a streamed request ask for the usage chunk.
+func (c *call) askUsage() {
 	if c.req.stream && !c.req.hasStreamOptions {
 		// Ask for the usage chunk so output tokens (metrics, rate limits,
 		// access log) are exact; the proxy drops it from the client's stream.
@@ -318,6 +341,72 @@ func (c *call) tokenize() error {
 		c.body, c.alt = c.alt, c.body
 		c.dropUsage = true
 	}
+}
+
+// countBatchIDs validates every token-id prompt of a batch and sums their
+// lengths; the body goes upstream as it came. Routing keys on the first.
+func (c *call) countBatchIDs() error {
+	total := 0
+	for i, e := range c.req.batch {
+		var err error
+		if c.scratch, err = appendTokenIDs(c.scratch[:0], e); err != nil {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d]: invalid token ids: %w", ErrBadRequest, i, err))
+		}
+		if len(c.scratch) == 0 {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
+		}
+		total += len(c.scratch)
+	}
+	c.promptTokens = total
+	c.askUsage()
+	return nil
+}
+
+// tokenizeBatch tokenizes every text prompt of a batch and rewrites the
+// prompt as a list of token-id lists (the engine does not tokenize again);
+// c.tokens keeps the first prompt's tokens, which routing keys on. Without a
+// tokenizer the texts go as they came and the count is an estimate.
+func (c *call) tokenizeBatch(tok Tokenizer) error {
+	body := c.reqBody()
+	if tok != nil {
+		c.body = append(c.body[:0], body[:c.req.promptStart]...)
+		c.body = append(c.body, '[')
+	}
+	total := 0
+	for i, e := range c.req.batch {
+		c.scratchText = appendUnquote(c.scratchText[:0], e)
+		if len(c.scratchText) == 0 {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
+		}
+		if tok == nil {
+			total += len(c.scratchText)/4 + 1
+			continue
+		}
+		var err error
+		if c.scratch, err = tok.Encode(c.scratch[:0], c.scratchText); err != nil {
+			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt[%d]: %w", ErrBadRequest, i, err))
+		}
+		if len(c.scratch) == 0 {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
+		}
+		if i == 0 {
+			c.tokens = append(c.tokens[:0], c.scratch...)
+		}
+		if i > 0 {
+			c.body = append(c.body, ',')
+		}
+		c.body = appendIDs(c.body, c.scratch)
+		total += len(c.scratch)
+	}
+	if tok == nil {
+		c.tokens = nil
+		c.approx = total
+	} else {
+		c.body = append(c.body, ']')
+		c.body = append(c.body, body[c.req.promptEnd:]...)
+	}
+	c.promptTokens = total
+	c.askUsage()
 	return nil
 }
 
@@ -341,6 +430,10 @@ func (c *call) finish() {
 	c.finishOnce.Do(func() {
 		first = true
 		s := c.s
+		if c.watch != nil {
+			c.watch.stop()
+			c.watch = nil
+		}
 		total := time.Since(c.start)
 		if c.release != nil {
 			c.release()
@@ -374,10 +467,7 @@ func (c *call) finish() {
 }
 
 func (c *call) logAccess(total time.Duration) {
-	prompt := len(c.tokens)
-	if c.tokens == nil {
-		prompt = c.approx
-	}
+	prompt := c.promptTokens
 	attrs := [...]slog.Attr{
 		slog.String("ingress", c.s.cfg.ID),
 		slog.String("endpoint", c.ep.String()),

@@ -99,6 +99,7 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 	case faultHang:
 		select {
 		case <-r.Context().Done():
+			fe.canceled.Add(1)
 		case <-fe.quit:
 		}
 	case faultBreakStream:

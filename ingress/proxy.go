@@ -31,10 +31,21 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	ureq.Header.SetMethod(fasthttp.MethodPost)
 	ureq.Header.SetContentType("application/json")
 	ureq.SetBodyRaw(body)
+	if !c.req.stream {
+		// A stream learns of a gone client when its body is closed; a
+		// buffered answer needs the watcher (clientwatch.go).
+		if c.watch = s.ups.startWatch(ctx); c.watch != nil {
+			ureq.Header.SetBytesV(watchHeader, c.watch.idText)
+		}
+	}
 
 	var lastErr error
 	limit := min(s.cfg.MaxAttempts, len(c.dec.Ranked))
 	for i := 0; i < limit; i++ {
+		if c.watch.isCanceled() {
+			c.clientGone(ctx)
+			return
+		}
 		rk := &c.dec.Ranked[i]
 		url := c.urlOf(rk.Engine)
 		up, err := s.ups.get(rk.Engine, url)
@@ -51,6 +62,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 		ureq.SetHost(up.hc.Addr)
 		resp := fasthttp.AcquireResponse()
 		c.startAttempt(up, rk.Match.Spec)
+		c.watch.attempt()
 		up.total.Add(1)
 		err = up.hc.Do(ureq, resp)
 		if err != nil {
@@ -81,6 +93,10 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
+	if c.watch.isCanceled() {
+		c.clientGone(ctx)
+		return
+	}
 	if lastErr == nil {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
 	}
@@ -100,6 +116,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	if out <= 0 {
 		out = defaultOutputTokens
 	}
+	out *= max(1, c.batchN)
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
 	c.activeCharge = int64(c.promptTokens + out)
 	up.inflight.Add(1)
@@ -133,8 +150,13 @@ func (c *call) urlOf(engine string) string {
 // attemptFailed releases a failed attempt and returns the error to report if
 // it was the last.
 func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result string, err error) error {
+	if c.watch.isCanceled() {
+		result = "client_gone" // we cut it: not the engine's failure
+	} else {
+		up.failures.Add(1)
+	}
 	c.s.m.attempts.WithLabelValues(result).Inc()
-	up.failures.Add(1)
+	c.watch.release()
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
@@ -178,6 +200,7 @@ func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
 // relayBuffered relays an engine's non-200 answer as it is.
 func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response, st int) {
 	buf, err := readAll(resp)
+	c.watch.release()
 	_ = resp.CloseBodyStream()
 	ctx.SetStatusCode(st)
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
@@ -202,6 +225,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		bufPool.Put(buf)
 		return false, c.attemptFailed(up, resp, classifyErr(err), err)
 	}
+	c.watch.release()
 	out := buf.Bytes()
 	if len(out) == 0 || out[0] != '{' {
 		// An engine that dies mid-request may close with an empty 200.
@@ -226,6 +250,16 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.finish()
 	return true, nil
+}
+
+// clientGone ends a request whose client went away before its answer; the
+// status is recorded, nothing can be written.
+func (c *call) clientGone(ctx *fasthttp.RequestCtx) {
+	c.status = 499
+	c.errMsg = "client closed the connection"
+	ctx.SetStatusCode(499)
+	ctx.SetConnectionClose()
+	c.finish()
 }
 
 func (c *call) matchRatio() float64 {

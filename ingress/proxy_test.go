@@ -2,7 +2,11 @@ package ingress
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -138,6 +142,110 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	resp.Body.Close() // client goes away mid-stream
 	waitFor(t, 5*time.Second, func() bool { return fe.canceled.Load() == 1 })
+	waitFor(t, 5*time.Second, func() bool { return settled(s) })
+}
+
+// A non-streamed request whose client goes away while the engine works is
+// cancelled upstream at once (not when the upstream idle timeout fires), is
+// recorded as 499, and is not retried on another engine.
+func TestClientDisconnectCancelsNonStreamUpstream(t *testing.T) {
+	hang := startFaultEngine(t, faultHang)
+	other := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "hang", Model: "m", URL: hang.url()}, StaticEngine{ID: "ok", Model: "m", URL: other.url()})
+	cfg.IdleTimeout = time.Minute
+	cfg.Scheduler.Policy = "round-robin"
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+
+	// Round-robin: send until one request sits on the hanging engine.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"model":"m","prompt":[1,2]}`))
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	waitFor(t, 5*time.Second, func() bool {
+		if hang.hits.Load() == 1 {
+			return true
+		}
+		select {
+		case err := <-done: // it went to the good engine: send another
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"model":"m","prompt":[1,2]}`))
+				resp, err := client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+		default:
+		}
+		return false
+	})
+	okHits := other.hits.Load()
+	cancel() // the client goes away; net/http closes the connection
+	if err := <-done; err == nil {
+		t.Fatal("request finished although the engine hangs")
+	}
+	waitFor(t, 5*time.Second, func() bool { return hang.canceled.Load() == 1 })
+	waitFor(t, 5*time.Second, func() bool { return settled(s) })
+	if other.hits.Load() != okHits {
+		t.Fatal("a request whose client left was retried on another engine")
+	}
+	if got := val(s.m.requests.WithLabelValues("completions", "499")); got != 1 {
+		t.Fatalf("499 count %v", got)
+	}
+
+}
+
+// The watcher only peeks: pipelined requests on one keep-alive connection
+// are all answered, in order.
+func TestClientWatchKeepsPipelining(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{})
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	var reqs strings.Builder
+	for i := 0; i < n; i++ {
+		body := fmt.Sprintf(`{"model":"m","prompt":[%d,2]}`, i+1)
+		fmt.Fprintf(&reqs, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	if _, err := io.WriteString(conn, reqs.String()); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	for i := 0; i < n; i++ {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !json.Valid(b) {
+			t.Fatalf("response %d: %d %s %v", i, resp.StatusCode, b, err)
+		}
+	}
+	if fe.hits.Load() != n {
+		t.Fatalf("engine saw %d requests, want %d", fe.hits.Load(), n)
+	}
 	waitFor(t, 5*time.Second, func() bool { return settled(s) })
 }
 

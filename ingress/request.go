@@ -60,6 +60,17 @@ type request struct {
 	cacheSalt        []byte
 	chat             []Message
 	sessionID        []byte
+	// batch holds the raw elements of a batched prompt (two or more strings
+	// or token-id arrays); text/ids above hold its first element, which
+	// routing keys on. Empty for a single prompt.
+	batch [][]byte
+	// Spans of the output-limit members, for chat sent as completions:
+	// max_completion_tokens must be renamed max_tokens there.
+	mctKey   [2]int // the "max_completion_tokens" key, quotes included
+	mtMember [2]int // the whole "max_tokens" member (key to value end)
+	hasMCT   bool
+	mctNull  bool // max_completion_tokens is null: mctKey spans the member, dropped as completions
+	hasMT    bool
 }
 
 func (r *request) reset() {
@@ -70,6 +81,7 @@ func (r *request) reset() {
 		chat:      r.chat[:0],
 		cacheSalt: r.cacheSalt[:0],
 		sessionID: r.sessionID[:0],
+		batch:     r.batch[:0],
 	}
 }
 
@@ -131,11 +143,25 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 			})
 		case "max_tokens", "max_completion_tokens":
 			if val[0] == 'n' {
+				if string(key) == "max_completion_tokens" {
+					r.mctNull = true // dropped when sent as completions
+					r.mctKey = [2]int{koff, off + len(val)}
+				}
 				return nil
 			}
 			n, ok := parseUint(val, math.MaxInt32)
 			if !ok {
 				return badRequest(string(key), fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, key))
+			}
+			if string(key) == "max_completion_tokens" {
+				r.hasMCT = true
+				r.mctKey = [2]int{koff, koff + len(`"max_completion_tokens"`)}
+			} else {
+				r.hasMT = true
+				r.mtMember = [2]int{koff, off + len(val)}
+				if r.hasMCT {
+					return nil // vLLM: max_completion_tokens wins over the deprecated max_tokens
+				}
 			}
 			r.maxTokens = int(n)
 		case "cache_salt":
@@ -188,8 +214,9 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 	return nil
 }
 
-// parsePrompt accepts a string, token ids, or a one-element array of either
-// (the batch forms with more elements are not routed: one prompt, one engine).
+// parsePrompt accepts a string, token ids, or an array of either (a batch:
+// vLLM answers one choice per prompt, index = position). A batch goes to one
+// engine, routed on its first prompt; r.batch keeps every element.
 func (r *request) parsePrompt(val []byte) error {
 	switch val[0] {
 	case '"':
@@ -205,17 +232,20 @@ func (r *request) parsePrompt(val []byte) error {
 	}
 	i := skipWS(val, 1)
 	if i < len(val) && (val[i] == '"' || val[i] == '[') {
-		n := 0
-		var inner []byte
+		first := val[i]
+		r.batch = r.batch[:0]
 		if err := forEachElem(val, func(e []byte) error {
-			n++
-			inner = e
+			if e[0] != first {
+				return fmt.Errorf("element %d: a batch holds only strings or only token-id arrays", len(r.batch))
+			}
+			r.batch = append(r.batch, e)
 			return nil
 		}); err != nil {
 			return badRequest("prompt", fmt.Errorf("%w: prompt: %w", ErrBadRequest, err))
 		}
-		if n != 1 {
-			return badRequest("prompt", fmt.Errorf("%w: batched prompts (%d) are not supported; send one prompt per request", ErrBadRequest, n))
+		inner := r.batch[0]
+		if len(r.batch) == 1 {
+			r.batch = r.batch[:0]
 		}
 		if inner[0] == '[' {
 			return r.parseIDs(inner)
@@ -373,13 +403,75 @@ func rewritePrompt(dst, body []byte, start, end int, ids []uint32) []byte {
 }
 
 // chatToCompletionsBody turns a chat body into a completions body by
-// replacing the "messages" member with the rendered prompt's token ids; the
-// sampling fields carry over unchanged.
+// replacing the "messages" member with the rendered prompt's token ids and
+// renaming max_completion_tokens (chat only) to max_tokens, dropping a
+// max_tokens it overrides; the other sampling fields carry over unchanged.
 func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32) []byte {
-	dst = append(dst, body[:r.msgStart]...)
-	dst = append(dst, `"prompt":`...)
-	dst = appendIDs(dst, ids)
-	return append(dst, body[r.msgEnd:]...)
+	var eds [3]bodyEdit
+	n := 0
+	eds[n] = bodyEdit{r.msgStart, r.msgEnd, editPrompt}
+	n++
+	if r.mctNull && !r.hasMCT {
+		eds[n] = dropMember(body, r.mctKey[0], r.mctKey[1])
+		n++
+	}
+	if r.hasMCT {
+		eds[n] = bodyEdit{r.mctKey[0], r.mctKey[1], editRename}
+		n++
+		if r.hasMT {
+			eds[n] = dropMember(body, r.mtMember[0], r.mtMember[1])
+			n++
+		}
+	}
+	for i := 1; i < n; i++ { // sort by start (at most 3)
+		for j := i; j > 0 && eds[j].start < eds[j-1].start; j-- {
+			eds[j], eds[j-1] = eds[j-1], eds[j]
+		}
+	}
+	at := 0
+	for _, e := range eds[:n] {
+		dst = append(dst, body[at:e.start]...)
+		switch e.kind {
+		case editPrompt:
+			dst = append(dst, `"prompt":`...)
+			dst = appendIDs(dst, ids)
+		case editRename:
+			dst = append(dst, `"max_tokens"`...)
+		}
+		at = e.end
+	}
+	return append(dst, body[at:]...)
+}
+
+// bodyEdit replaces body[start:end] in chatToCompletionsBody.
+type bodyEdit struct {
+	start, end int
+	kind       uint8
+}
+
+const (
+	editDrop   uint8 = iota // cut the span
+	editPrompt              // the chat messages → "prompt":[ids]
+	editRename              // "max_completion_tokens" → "max_tokens"
+)
+
+// dropMember returns the edit removing the object member at body[start:end]
+// together with one adjacent comma.
+func dropMember(body []byte, start, end int) bodyEdit {
+	if j := skipWS(body, end); j < len(body) && body[j] == ',' {
+		end = j + 1
+	} else {
+		for k := start - 1; k >= 0; k-- {
+			if body[k] == ',' {
+				start = k
+				break
+			}
+			if body[k] != ' ' && body[k] != '\t' && body[k] != '\n' && body[k] != '\r' {
+				break
+			}
+		}
+	}
+	return bodyEdit{start, end, editDrop}
 }
 
 // appendUsageRequest appends body with "stream_options":{"include_usage":true}

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -63,7 +64,25 @@ func TestParseRequest(t *testing.T) {
 		{name: "negative id", ep: epCompletions, body: `{"model":"m","prompt":[1,-2]}`, wantErr: "invalid token ids"},
 		{name: "float id", ep: epCompletions, body: `{"model":"m","prompt":[1.5]}`, wantErr: "invalid token ids"},
 		{name: "huge id", ep: epCompletions, body: `{"model":"m","prompt":[4294967296]}`, wantErr: "invalid token ids"},
-		{name: "batched prompts", ep: epCompletions, body: `{"model":"m","prompt":["a","b"]}`, wantErr: "batched"},
+		{name: "batch of mixed types", ep: epCompletions, body: `{"model":"m","prompt":["a",[1]]}`, wantErr: "only strings or only token-id arrays"},
+		{name: "batched texts", ep: epCompletions, body: `{"model":"m","prompt":["a","b c"]}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptText || string(r.text) != "a" || len(r.batch) != 2 || string(r.batch[1]) != `"b c"` {
+					t.Fatalf("got kind %d text %q batch %q", r.kind, r.text, r.batch)
+				}
+			}},
+		{name: "batched ids", ep: epCompletions, body: `{"model":"m","prompt":[[1,2],[3]]}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptIDs || len(r.ids) != 2 || len(r.batch) != 2 || string(r.batch[1]) != `[3]` {
+					t.Fatalf("got kind %d ids %v batch %q", r.kind, r.ids, r.batch)
+				}
+			}},
+		{name: "one-element batch is a single prompt", ep: epCompletions, body: `{"model":"m","prompt":[[7]]}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptIDs || len(r.ids) != 1 || len(r.batch) != 0 {
+					t.Fatalf("got kind %d ids %v batch %q", r.kind, r.ids, r.batch)
+				}
+			}},
 		{name: "prompt wrong type", ep: epCompletions, body: `{"model":"m","prompt":{}}`, wantErr: "prompt must be"},
 		{name: "no prompt", ep: epCompletions, body: `{"model":"m"}`, wantErr: "prompt is required"},
 		{name: "no messages", ep: epChat, body: `{"model":"m"}`, wantErr: "messages is required"},
@@ -124,6 +143,43 @@ func TestRewritePromptAndChatBody(t *testing.T) {
 	}
 }
 
+// Chat sent as completions: max_completion_tokens (chat only) becomes
+// max_tokens, and wins over a max_tokens sent with it, as in vLLM.
+func TestChatBodyRenamesMaxCompletionTokens(t *testing.T) {
+	tests := []struct {
+		name, body string
+		want       float64 // max_tokens upstream; 0 = absent
+	}{
+		{"mct only", `{"model":"m","max_completion_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, 5},
+		{"mct after max_tokens", `{"model":"m","max_tokens":9, "messages":[{"role":"user","content":"hi"}],"max_completion_tokens":5}`, 5},
+		{"mct before max_tokens (last)", `{"max_completion_tokens":5,"messages":[{"role":"user","content":"hi"}],"model":"m" , "max_tokens" : 9 }`, 5},
+		{"max_tokens only", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":9,"model":"m"}`, 9},
+		{"mct null", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":null,"model":"m"}`, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var r request
+			if err := parseRequest(&r, epChat, []byte(tc.body)); err != nil {
+				t.Fatal(err)
+			}
+			out := chatToCompletionsBody(nil, []byte(tc.body), &r, []uint32{4, 2})
+			var got map[string]any
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatalf("%s: %v", out, err)
+			}
+			if _, has := got["max_completion_tokens"]; has {
+				t.Fatalf("max_completion_tokens left in %s", out)
+			}
+			if mt, _ := got["max_tokens"].(float64); mt != tc.want || len(got["prompt"].([]any)) != 2 || got["model"] != "m" || got["messages"] != nil {
+				t.Fatalf("body %s", out)
+			}
+			if tc.want > 0 && r.maxTokens != int(tc.want) {
+				t.Fatalf("routing sees max tokens %d, want %v", r.maxTokens, tc.want)
+			}
+		})
+	}
+}
+
 func TestErrorBody(t *testing.T) {
 	ae := toAPIError(errors.New("boom \"quoted\"\n\x01é"))
 	b := appendErrorBody(nil, ae)
@@ -176,6 +232,9 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":"hi","stream":true}`, `{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":[[1]]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}]}`, `{"a":[{"b":null}],"model":"\u00e9","prompt":"\ud800"}`,
 		`{"model":"m","prompt":"x","stream_options":{"include_usage":true},"max_tokens":1e3}`, `[]`, `{`, `{"":1}`,
+		`{"model":"m","prompt":["a","b"]}`, `{"model":"m","prompt":[[1,2],[3]]}`,
+		`{"max_tokens":2,"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":3}`,
+		`{"max_completion_tokens":null,"model":"m","messages":[{"role":"user","content":"x"}] , "max_tokens":4}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -198,6 +257,17 @@ func FuzzParseRequest(f *testing.F) {
 				out := rewritePrompt(nil, body, r.promptStart, r.promptEnd, []uint32{1, 2})
 				if !json.Valid(out) {
 					t.Fatalf("rewrite produced invalid JSON %q from %q", out, body)
+				}
+			}
+			if r.kind == promptChat {
+				out := chatToCompletionsBody(nil, body, &r, []uint32{1, 2})
+				var m map[string]json.RawMessage
+				if err := json.Unmarshal(out, &m); err != nil {
+					t.Fatalf("chat body %q from %q: %v", out, body, err)
+				}
+				once := bytes.Count(body, []byte(`"max_completion_tokens"`)) == 1 // duplicated keys: the last one counts
+				if _, has := m["max_completion_tokens"]; has && once && (r.hasMCT || r.mctNull) {
+					t.Fatalf("max_completion_tokens kept in %q", out)
 				}
 			}
 			return

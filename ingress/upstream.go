@@ -38,10 +38,16 @@ type upstreams struct {
 
 	connMu sync.Mutex // guards conns
 	conns  map[*idleConn]struct{}
+
+	// Watched non-streamed requests (clientwatch.go), by call number.
+	nextCall atomic.Uint64
+	nWatched atomic.Int64 // len(watched), read without the lock on every write
+	watchMu  sync.Mutex   // guards watched
+	watched  map[uint64]*watch
 }
 
 func newUpstreams(cfg *Config) *upstreams {
-	return &upstreams{cfg: cfg, m: map[string]*upstream{}, conns: map[*idleConn]struct{}{}}
+	return &upstreams{cfg: cfg, m: map[string]*upstream{}, conns: map[*idleConn]struct{}{}, watched: map[uint64]*watch{}}
 }
 
 // closeAll closes every upstream connection: requests still running fail
@@ -166,6 +172,14 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.Conn.Read(p)
+}
+
+// Write links a watched request to this connection as it is written.
+func (c *idleConn) Write(p []byte) (int, error) {
+	if c.set.nWatched.Load() > 0 {
+		c.set.claim(c, p)
+	}
+	return c.Conn.Write(p)
 }
 
 // SetReadDeadline is a no-op: the per-read idle deadline above rules.

@@ -77,6 +77,9 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
+	// Every problem is reported at once (exit 2), not the first only.
+	var probs []string
+	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
 	if *join != "" {
 		cfg.Cluster.GossipSeeds = strings.Split(*join, ",")
 	}
@@ -86,48 +89,67 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *gossipKey != "" {
 		k, err := base64.StdEncoding.DecodeString(*gossipKey)
 		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
-			return fmt.Errorf("%w: --gossip-key must be base64 of 16, 24 or 32 bytes", errUsage)
+			bad("--gossip-key must be base64 of 16, 24 or 32 bytes")
+		} else {
+			cfg.Cluster.GossipKey = k
 		}
-		cfg.Cluster.GossipKey = k
 	}
 	for _, e := range engines {
 		se, err := ingress.ParseStaticEngine(e)
 		if err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
+			bad("--engine: %v", err)
+			continue
 		}
 		cfg.Engines = append(cfg.Engines, se)
 	}
 	if len(tokenizers) > 0 {
 		cfg.Tokenizers = map[string]string{}
-		for _, t := range tokenizers {
-			model, path, ok := strings.Cut(t, "=")
-			if !ok {
-				return fmt.Errorf("%w: -tokenizer %q: want model=path", errUsage, t)
-			}
-			cfg.Tokenizers[model] = path
+	}
+	for _, t := range tokenizers {
+		model, path, ok := strings.Cut(t, "=")
+		if !ok {
+			bad("--tokenizer %q: want model=path", t)
+			continue
 		}
+		cfg.Tokenizers[model] = path
 	}
 	for _, t := range templates {
 		model, path, ok := strings.Cut(t, "=")
 		if !ok {
-			return fmt.Errorf("%w: -chat-template %q: want model=path", errUsage, t)
+			bad("--chat-template %q: want model=path", t)
+			continue
 		}
 		if cfg.ChatTemplates == nil {
 			cfg.ChatTemplates = map[string]string{}
 		}
 		cfg.ChatTemplates[model] = path
 	}
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{{"key-input-tpm", *limitIn}, {"key-output-tpm", *limitOut}, {"model-input-tpm", *modelIn}, {"model-output-tpm", *modelOut}, {"admit-max", int64(*admitMax)}} {
+		if l.v < 0 {
+			bad("--%s must be >= 0, got %d", l.name, l.v)
+		}
+	}
 	cfg.Scheduler.Policy = *policy
 	if *schedFile != "" {
 		sc, err := scheduler.LoadConfig(*schedFile)
 		if err != nil {
-			return err
+			bad("--scheduler-config: %v", err)
+		} else {
+			cfg.Scheduler = sc
 		}
-		cfg.Scheduler = sc
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, *logLevel)
+		bad("--log-level %q: want debug, info, warn or error", *logLevel)
+	}
+	if err := cfg.Validate(); err != nil {
+		bad("%v", err)
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	reg := prometheus.NewRegistry()

@@ -41,6 +41,22 @@ await capture("completion_stream", async () => {
   return { text, chunks, usage, finish };
 });
 
+await capture("completion_batch", async () => {
+  const r = await client.completions.create({ model, prompt: [[1, 2, 3, 4, 5], [6, 7, 8]], max_tokens: 3 });
+  return { indexes: r.choices.map((c) => c.index), usage: r.usage };
+});
+
+await capture("completion_batch_stream", async () => {
+  const s = await client.completions.create({ model, prompt: ["First prompt", "Second prompt"], max_tokens: 4, stream: true, stream_options: { include_usage: true } });
+  const finished = {};
+  let usage = null;
+  for await (const c of s) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices ?? []) if (ch.finish_reason) finished[ch.index] = ch.finish_reason;
+  }
+  return { finished: Object.keys(finished).sort(), usage };
+});
+
 const messages = [
   { role: "system", content: "You are terse." },
   { role: "user", content: "Say hello." },

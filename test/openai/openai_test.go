@@ -120,6 +120,15 @@ func TestOpenAINodeClient(t *testing.T) {
 	if num(cs["chunks"]) < 2 || cs["text"] == "" || num(usage(cs)["completion_tokens"]) != 6 || cs["finish"] != "length" {
 		t.Errorf("completion stream: %v", cs)
 	}
+	cb := ok("completion_batch")
+	if idx, _ := cb["indexes"].([]any); len(idx) != 2 || num(idx[0]) != 0 || num(idx[1]) != 1 ||
+		num(usage(cb)["prompt_tokens"]) != 8 || num(usage(cb)["completion_tokens"]) != 6 {
+		t.Errorf("batched completion: %v (one choice per prompt, usage summed)", cb)
+	}
+	cbs := ok("completion_batch_stream")
+	if fin, _ := cbs["finished"].([]any); len(fin) != 2 || fin[0] != "0" || fin[1] != "1" || num(usage(cbs)["completion_tokens"]) != 8 {
+		t.Errorf("batched completion stream: %v", cbs)
+	}
 	ch := ok("chat")
 	if ch["object"] != "chat.completion" || ch["role"] != "assistant" || ch["content"] == "" || num(usage(ch)["completion_tokens"]) != 7 {
 		t.Errorf("chat: %v", ch)

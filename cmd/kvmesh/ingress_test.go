@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/sim"
+)
+
+// waitUntil polls cond until it holds or the deadline passes.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+// TestIngressCommand runs `kvmesh ingress` through run() in front of an
+// in-process simulator, sends one completion, then stops it the way a
+// deployment does (SIGTERM, caught by run's signal context) and checks it
+// drained, exited 0 and left no goroutine behind.
+func TestIngressCommand(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sm.Close()
+	before := goroutines()
+
+	var out, errOut syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run([]string{"ingress", "--listen", "127.0.0.1:0", "--engine", "e1=m=" + sm.URL(),
+			"--drain-timeout", "5s", "--log-level", "warn", "--access-log=false"}, &out, &errOut)
+	}()
+	addrRE := regexp.MustCompile(`listening on (http://\S+)`)
+	var base string
+	waitUntil(t, 10*time.Second, "the listening line", func() bool {
+		select {
+		case c := <-code:
+			t.Fatalf("ingress exited early with %d: %s", c, errOut.String())
+		default:
+		}
+		if m := addrRE.FindStringSubmatch(out.String()); m != nil {
+			base = m[1]
+			return true
+		}
+		return false
+	})
+
+	tr := &http.Transport{}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	resp, err := client.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"m","prompt":[1,2,3,4,5,6,7,8],"max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Object  string `json:"object"`
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s: %v", resp.StatusCode, body, err)
+	}
+	if got.Object != "text_completion" || len(got.Choices) != 1 || got.Usage.PromptTokens != 8 || got.Usage.CompletionTokens != 4 ||
+		resp.Header.Get("X-Kvmesh-Engine") != "e1" {
+		t.Fatalf("answer %s (engine %q)", body, resp.Header.Get("X-Kvmesh-Engine"))
+	}
+	tr.CloseIdleConnections()
+
+	// run registered its signal context before printing the address, so
+	// the signal goes to that context and not to the test binary's default.
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-code:
+		if c != 0 {
+			t.Fatalf("exit %d: %s", c, errOut.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("ingress did not stop on SIGTERM")
+	}
+	if !strings.Contains(out.String(), "draining") {
+		t.Fatalf("stdout %q", out.String())
+	}
+	// Upstream pool cleaners exit after their idle period (5 s).
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for goroutines() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines left over, %d before:\n%s", goroutines(), before, buf[:runtime.Stack(buf, true)])
+		}
+		<-tick.C
+	}
+}
+
+// goroutines counts live goroutines except os/signal's receive loop, which
+// the first signal.Notify starts for the life of the process.
+func goroutines() int {
+	buf := make([]byte, 1<<20)
+	st := string(buf[:runtime.Stack(buf, true)])
+	return strings.Count("\n"+st, "\ngoroutine ") - strings.Count(st, "os/signal.signal_recv")
+}
+
+// Bad flags: exit status 2 and every problem in one message.
+func TestIngressCommandBadFlags(t *testing.T) {
+	var out, errOut syncBuffer
+	code := run([]string{"ingress", "--listen", "nope", "--engine", "only-one-part", "--tokenizer", "no-equals",
+		"--chat-mode", "sideways", "--max-attempts", "0", "--log-level", "loud", "--key-input-tpm", "-1",
+		"--gossip-key", "!!"}, &out, &errOut)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
+	}
+	msg := errOut.String()
+	for _, want := range []string{`listen "nope"`, `engine "only-one-part"`, `--tokenizer "no-equals"`, `chat mode`, `max attempts`,
+		`--log-level "loud"`, `--key-input-tpm must be >= 0`, `--gossip-key`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message lacks %q:\n%s", want, msg)
+		}
+	}
+	if strings.Count(msg, "\n") != 1 {
+		t.Errorf("want the problems on one line: %q", msg)
+	}
+
+	// An unknown flag stops the parser: exit 2 as well.
+	if code := run([]string{"ingress", "--no-such-flag"}, &out, &errOut); code != 2 {
+		t.Fatalf("unknown flag: exit %d", code)
+	}
+}

@@ -1,0 +1,196 @@
+package ingress
+
+import (
+	"bytes"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Client-disconnect cancellation for non-streamed requests.
+//
+// fasthttp gives a handler no close signal, and reading the client's
+// connection from the handler would steal the bytes of a pipelined next
+// request. So a watcher goroutine, owned by the request, waits for the
+// connection to become readable and PEEKs one byte (MSG_PEEK: nothing is
+// consumed, keep-alive and pipelining keep working). Zero bytes means the
+// client closed its side: the upstream request is cancelled by closing the
+// upstream connection that carries it, which is how an engine (vLLM, the
+// simulator) learns to abort. Bytes mean a pipelined request: the watcher
+// ends without a verdict. The handler stops the watcher before it returns
+// by setting a past read deadline (ctx.SetReadDeadline, which fasthttp resets
+// after the handler) and waits for it to exit, so its lifetime is bounded by
+// the request's.
+//
+// Most non-streamed answers arrive within milliseconds; the watcher only
+// starts after watchDelay (a pooled timer), so those pay no goroutine, no
+// deadline syscalls and no wake-up, and a client that vanishes sooner costs
+// the engine at most watchDelay of work.
+//
+// Which upstream connection carries the request is not visible through
+// fasthttp.HostClient, so a watched request is tagged with a header
+// (watchHeader: call number) that the upstream connection wrapper (idleConn)
+// recognises when the request is written. Connections that are not TCP (or
+// platforms without MSG_PEEK) are not watched; a client that half-closes
+// (shutdown(SHUT_WR)) while waiting for its answer is taken as gone, as
+// nginx and vLLM do.
+
+const watchHeader = "X-Kvmesh-Call"
+
+var watchTag = []byte("\r\n" + watchHeader + ": ")
+
+// watchDelay is how long a non-streamed request runs before its client
+// connection is watched.
+const watchDelay = 10 * time.Millisecond
+
+// watch is one watched request. Lock rule: mu guards conn, canceled, done.
+type watch struct {
+	ups    *upstreams
+	ctx    *fasthttp.RequestCtx
+	client net.Conn
+	id     uint64
+	idText []byte
+	timer  *time.Timer   // runs w.run after watchDelay
+	exited chan struct{} // closed when run returns
+
+	mu       sync.Mutex
+	conn     *idleConn // the upstream connection carrying the current attempt
+	canceled bool      // the client went away
+	done     bool      // the upstream exchange is over: conn is not ours any more
+}
+
+var watchPool = sync.Pool{New: func() any { return new(watch) }}
+
+// startWatch watches ctx's client connection for the lifetime of one
+// non-streamed request; nil when the connection cannot be watched.
+func (u *upstreams) startWatch(ctx *fasthttp.RequestCtx) *watch {
+	conn := ctx.Conn()
+	if conn == nil || !canPeek(conn) {
+		return nil
+	}
+	w := watchPool.Get().(*watch)
+	w.ups, w.ctx, w.client = u, ctx, conn
+	w.id = u.nextCall.Add(1)
+	w.idText = strconv.AppendUint(w.idText[:0], w.id, 10)
+	w.conn, w.canceled, w.done = nil, false, false
+	w.exited = make(chan struct{})
+	u.watchMu.Lock()
+	u.watched[w.id] = w
+	u.watchMu.Unlock()
+	u.nWatched.Add(1)
+	if w.timer == nil {
+		w.timer = time.AfterFunc(watchDelay, w.run)
+	} else {
+		w.timer.Reset(watchDelay)
+	}
+	return w
+}
+
+// run is the watcher, on the timer's goroutine.
+func (w *watch) run() {
+	defer close(w.exited)
+	if peerClosed(w.client) {
+		w.cancel()
+	}
+}
+
+// cancel closes the upstream connection of the current attempt, if any.
+func (w *watch) cancel() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.canceled = true
+	if w.conn != nil && !w.done {
+		_ = w.conn.Close()
+	}
+}
+
+// isCanceled reports whether the client went away.
+func (w *watch) isCanceled() bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.canceled
+}
+
+// attempt resets the link before a new upstream attempt.
+func (w *watch) attempt() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.conn, w.done = nil, false
+	w.mu.Unlock()
+}
+
+// release marks the upstream exchange over before its connection goes back
+// to the pool, where another request may use it.
+func (w *watch) release() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.conn, w.done = nil, true
+	w.mu.Unlock()
+}
+
+// stop ends the watcher and waits for it; called from the handler.
+func (w *watch) stop() {
+	w.release()
+	if !w.timer.Stop() {
+		// The watcher started (or is starting): a past deadline ends its
+		// wait, or its first one; fasthttp clears the handler's read
+		// deadline only after the handler returns, so it cannot be missed.
+		_ = w.ctx.SetReadDeadline(time.Unix(1, 0))
+		<-w.exited
+	}
+	u := w.ups
+	u.watchMu.Lock()
+	delete(u.watched, w.id)
+	u.watchMu.Unlock()
+	u.nWatched.Add(-1)
+	w.ctx, w.ups, w.client = nil, nil, nil
+	watchPool.Put(w)
+}
+
+// claim links the watched request whose tag is in p (the start of a request
+// being written on c) to c.
+func (u *upstreams) claim(c *idleConn, p []byte) {
+	head := p[:min(len(p), 4096)]
+	i := bytes.Index(head, watchTag)
+	if i < 0 {
+		return
+	}
+	var id uint64
+	for _, b := range head[i+len(watchTag):] {
+		if b < '0' || b > '9' {
+			break
+		}
+		id = id*10 + uint64(b-'0')
+	}
+	u.watchMu.Lock()
+	w := u.watched[id]
+	u.watchMu.Unlock()
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	w.conn = c
+	if w.canceled {
+		_ = c.Close()
+	}
+}
+
+// canPeek reports whether conn is a socket the watcher can peek at.
+func canPeek(conn net.Conn) bool {
+	_, ok := conn.(*net.TCPConn)
+	return ok && peekSupported
+}

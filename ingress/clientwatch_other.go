@@ -1,0 +1,9 @@
+//go:build !(linux || darwin || freebsd || netbsd || openbsd)
+
+package ingress
+
+import "net"
+
+const peekSupported = false
+
+func peerClosed(net.Conn) bool { return false }
