@@ -20,7 +20,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/sim"
 )
 
-// Side-by-side benchmarks (docs/bench/ingress.md): the same simulated
+// Side-by-side benchmarks (docs/BENCHMARKS.md): the same simulated
 // engines called directly, through the ingress, and through nginx doing
 // round-robin proxy_pass. The sims run at a huge time scale so model time is
 // ~0 and what is left is HTTP and proxy overhead.

@@ -18,7 +18,7 @@
 // sharded index would take most shard locks per lookup anyway, and a delta
 // must be applied atomically. One read lock per lookup (a few µs) and one
 // write lock per delta measured better than per-key shard locking
-// (BenchmarkLookupParallel, docs/bench/scheduler.md).
+// (BenchmarkLookupParallel, docs/BENCHMARKS.md).
 //
 // Layout: an open-addressing table of 16-byte buckets (key + four 16-bit
 // engine elements: 12-bit slot, 3 tier bits, 1 speculative bit), homed on

@@ -41,7 +41,7 @@ import (
 // (short jobs never queue behind long ones), which is why mean TTFT halves
 // at 4× the Mooncake trace's rate while the request count per engine
 // becomes uneven (tokens per engine stay close). The defaults sit at a
-// local optimum: docs/bench/scheduler.md lists the variants measured.
+// local optimum: docs/BENCHMARKS.md lists the variants measured.
 type KVMesh struct {
 	// PrefillRate is prefill throughput in tokens/s. Default 30,000 (7B on
 	// an H100-class GPU).
