@@ -9,22 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
 
 func testConfig(name, role string, key []byte, join ...string) Config {
 	c := DefaultConfig()
@@ -54,7 +41,7 @@ func TestStatePropagatesAndDeadSidecarDisappears(t *testing.T) {
 	in1 := start(t, testConfig("ingress-1", RoleIngress, key))
 	in2 := start(t, testConfig("ingress-2", RoleIngress, key, in1.Addr()))
 	sc := start(t, testConfig("sidecar-1", RoleSidecar, key, in1.Addr()))
-	waitFor(t, 10*time.Second, "3 members everywhere", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "3 members everywhere", func() bool {
 		return in1.NumMembers() == 3 && in2.NumMembers() == 3 && sc.NumMembers() == 3
 	})
 	if m := in2.Members()["sidecar-1"]; m.Role != RoleSidecar || m.ID != "sidecar-1" {
@@ -80,16 +67,16 @@ func TestStatePropagatesAndDeadSidecarDisappears(t *testing.T) {
 	}
 
 	for _, n := range []*Node{in1, in2} {
-		waitFor(t, 5*time.Second, n.Name()+" sees e1", func() bool {
+		testutil.WaitFor(t, 5*time.Second, n.Name()+" sees e1", func() bool {
 			v, ok := n.Engine("e1")
 			return ok && v.Running == 3 && v.Digest == dig && v.Node == "sidecar-1"
 		})
-		waitFor(t, 5*time.Second, n.Name()+" sums in-flight", func() bool {
+		testutil.WaitFor(t, 5*time.Second, n.Name()+" sums in-flight", func() bool {
 			f := n.InFlight()
 			return f["e1"] == 7 && f["e2"] == 1
 		})
 	}
-	waitFor(t, 5*time.Second, "app state delivered", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "app state delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return got["ingress-1/ratelimit"] == "v1"
@@ -100,7 +87,7 @@ func TestStatePropagatesAndDeadSidecarDisappears(t *testing.T) {
 
 	// Newer state replaces older.
 	sc.SetEngine(EngineState{ID: "e1", Model: "m", Running: 9, Digest: dig})
-	waitFor(t, 5*time.Second, "update", func() bool { v, _ := in1.Engine("e1"); return v.Running == 9 })
+	testutil.WaitFor(t, 5*time.Second, "update", func() bool { v, _ := in1.Engine("e1"); return v.Running == 9 })
 
 	// A crash (no leave): failure detection removes the engine everywhere.
 	left := make(chan string, 4)
@@ -108,7 +95,7 @@ func TestStatePropagatesAndDeadSidecarDisappears(t *testing.T) {
 	killed := time.Now()
 	sc.Shutdown()
 	for _, n := range []*Node{in1, in2} {
-		waitFor(t, 15*time.Second, n.Name()+" drops e1", func() bool { _, ok := n.Engine("e1"); return !ok })
+		testutil.WaitFor(t, 15*time.Second, n.Name()+" drops e1", func() bool { _, ok := n.Engine("e1"); return !ok })
 	}
 	t.Logf("dead sidecar's engine gone everywhere %v after the crash", time.Since(killed).Round(10*time.Millisecond))
 	if node := <-left; node != "sidecar-1" {
@@ -126,7 +113,7 @@ func TestGracefulLeaveRemovesAtOnce(t *testing.T) {
 	_, port, _ := net.SplitHostPort(a.Addr())
 	b := start(t, testConfig("b", RoleSidecar, nil, net.JoinHostPort("localhost", port)))
 	b.SetEngine(EngineState{ID: "eb", Model: "m"})
-	waitFor(t, 5*time.Second, "a sees eb", func() bool { _, ok := a.Engine("eb"); return ok })
+	testutil.WaitFor(t, 5*time.Second, "a sees eb", func() bool { _, ok := a.Engine("eb"); return ok })
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +121,7 @@ func TestGracefulLeaveRemovesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Shutdown()
-	waitFor(t, 3*time.Second, "a drops eb", func() bool { _, ok := a.Engine("eb"); return !ok })
+	testutil.WaitFor(t, 3*time.Second, "a drops eb", func() bool { _, ok := a.Engine("eb"); return !ok })
 }
 
 func TestWrongKeyCannotJoin(t *testing.T) {

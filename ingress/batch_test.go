@@ -6,6 +6,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 type batchChoice struct {
@@ -99,7 +101,7 @@ func TestBatchedPrompts(t *testing.T) {
 	if st != 400 {
 		t.Fatalf("empty second text: %d %s", st, b)
 	}
-	waitFor(t, 5*time.Second, func() bool { return settled(s) })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
 }
 
 // Chat sent as completions: max_completion_tokens limits the output.

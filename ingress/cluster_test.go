@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 )
@@ -91,7 +92,7 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		t.Cleanup(func() { cancel(); car.Close(); <-done })
 	}
 	base := "http://" + s.Addr()
-	waitFor(t, 20*time.Second, func() bool {
+	testutil.WaitFor(t, 20*time.Second, "condition", func() bool {
 		st, _, _ := get(base + "/ready")
 		return st == 200 && len(s.deps.Membership.Engines(nil)) == 2
 	})
@@ -114,7 +115,7 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		ids[i] = uint32(100 + i*7%3000)
 	}
 	keys := kvevents.AppendKeys(nil, root, ids, 16)
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, "condition", func() bool {
 		return s.deps.Index.KeyCount("eng-a", kvevents.TierGPU) >= len(keys)
 	})
 
@@ -135,8 +136,8 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 	cfg2.ID = "ingress-test-2"
 	cfg2.Cluster.GossipSeeds = []string{seed}
 	s2 := startIngress(t, cfg2, Deps{Limiter: newLimiter()})
-	waitFor(t, 20*time.Second, func() bool { return len(s2.deps.Membership.Engines(nil)) == 2 })
-	waitFor(t, 10*time.Second, func() bool { return s2.deps.Synced() })
+	testutil.WaitFor(t, 20*time.Second, "condition", func() bool { return len(s2.deps.Membership.Engines(nil)) == 2 })
+	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return s2.deps.Synced() })
 	// Replica 1 spends 6×516 + 3 + 2×900 = 4,899 of the key's 5,000 input
 	// tokens per minute ...
 	big := make([]string, 900)
@@ -152,7 +153,7 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 	}
 	// ... so replica 2 refuses the key once gossip has carried that usage
 	// (alone it would admit five more 900-token requests).
-	waitFor(t, 10*time.Second, func() bool { return shared() == string(lim1.AppendState(nil, 1024)) })
+	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return shared() == string(lim1.AppendState(nil, 1024)) })
 	st, _, b := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", bigBody)
 	if st != 429 {
 		t.Fatalf("replica 2 admitted a request of a key exhausted on replica 1: %d %s", st, b)
@@ -210,7 +211,7 @@ func TestInFlightSharedByGossip(t *testing.T) {
 		}
 		return -1, false
 	}
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, "condition", func() bool {
 		a, okA := view(g1)
 		b, okB := view(g2)
 		return okA && okB && a == 1 && b == 3 // each sees the other's

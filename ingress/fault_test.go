@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestEngineKilledMidRun kills one of two simulated engines while requests
@@ -62,7 +63,7 @@ func TestEngineKilledMidRun(t *testing.T) {
 		}(i)
 	}
 	// Kill the victim once several requests wait in its queue.
-	waitFor(t, 10*time.Second, func() bool { return victim.Load(0).Waiting >= 4 })
+	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return victim.Load(0).Waiting >= 4 })
 	if err := victim.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +100,6 @@ func TestEngineKilledMidRun(t *testing.T) {
 	if retried < 3 {
 		t.Errorf("only %v failed attempts recorded; the queued requests should have been retried", retried)
 	}
-	waitFor(t, 5*time.Second, func() bool { return settled(s) })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
 	t.Logf("error events %d, failed attempts %v", errEvents, retried)
 }

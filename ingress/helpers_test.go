@@ -19,20 +19,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tk := time.NewTicker(5 * time.Millisecond)
-	defer tk.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", timeout)
-		}
-		<-tk.C
-	}
-}
-
 // faultMode is how the fault-injecting engine answers.
 type faultMode int
 

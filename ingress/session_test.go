@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress/session"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -76,7 +77,7 @@ func TestSessionAffinityAndAccessLog(t *testing.T) {
 	if len(seen) != 2 {
 		t.Fatalf("round-robin without session used %v", seen)
 	}
-	waitFor(t, 2*time.Second, func() bool { return len(logBuf.lines()) == 7 })
+	testutil.WaitFor(t, 2*time.Second, "condition", func() bool { return len(logBuf.lines()) == 7 })
 	lines := logBuf.lines()
 	for _, k := range []string{"model", "engine", "policy", "reason", "attempts", "matched_gpu", "matched_cpu", "prompt_tokens", "output_tokens", "parse_ms", "tokenize_ms", "schedule_ms", "ttft_ms", "total_ms", "status"} {
 		if _, ok := lines[0][k]; !ok {
@@ -131,7 +132,7 @@ func TestAdmissionQueueTimeoutAndFull(t *testing.T) {
 		st, _, _ := post(t, http.DefaultClient, url, `{"model":"m","prompt":[2]}`)
 		done <- st
 	}()
-	waitFor(t, 5*time.Second, func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
 	// ... while the next finds the queue full.
 	st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[3]}`)
 	if st != 429 || hdr.Get("Retry-After") == "" {
@@ -180,7 +181,7 @@ func TestAdmissionFollowsSaturation(t *testing.T) {
 	startIngress(t, cfg, Deps{Membership: mem, Admitter: adm})
 	limit := func() int { _, _, _, l := adm.Stats(); return l }
 	mem.set(3)
-	waitFor(t, 5*time.Second, func() bool { return limit() == 1 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return limit() == 1 })
 	mem.set(0)
-	waitFor(t, 5*time.Second, func() bool { return limit() == 64 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return limit() == 64 })
 }

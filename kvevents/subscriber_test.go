@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -439,7 +440,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, 5*time.Second, "goroutines to stop", func() bool { return runtime.NumGoroutine() <= before })
+	testutil.WaitFor(t, 5*time.Second, "goroutines to stop", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 // BenchmarkPubSub measures batches/s from Publish to Next over loopback TCP

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
@@ -54,14 +55,14 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(context.Background()) }()
-	meshtest.WaitFor(t, 10*time.Second, "ready", s.Ready)
+	testutil.WaitFor(t, 10*time.Second, "ready", s.Ready)
 	base := "http://" + s.AdminAddr().String()
 	for i := 0; i < 20; i++ {
 		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	meshtest.WaitFor(t, 5*time.Second, "keys and load", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "keys and load", func() bool {
 		st := s.Status()[0]
 		return st.Keys[0] == len(cache.Truth()[0]) && st.Load.Running == 3 && st.Load.Waiting == 2 && st.Load.KVUsage == 0.25
 	})
@@ -150,7 +151,7 @@ func TestBrokenEngineDoesNotStopOthers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	meshtest.WaitFor(t, 10*time.Second, "good engine's keys", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "good engine's keys", func() bool {
 		st := s.Status()
 		return st[0].Running && st[0].Keys[0] == len(cache.Truth()[0]) && !st[1].Running
 	})

@@ -15,21 +15,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
-
-// waitUntil polls cond until it holds or the deadline passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
-}
 
 // TestIngressCommand runs `kvmesh ingress` through run() in front of an
 // in-process simulator, sends one completion, then stops it the way a
@@ -52,7 +39,7 @@ func TestIngressCommand(t *testing.T) {
 	}()
 	addrRE := regexp.MustCompile(`listening on (http://\S+)`)
 	var base string
-	waitUntil(t, 10*time.Second, "the listening line", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the listening line", func() bool {
 		select {
 		case c := <-code:
 			t.Fatalf("ingress exited early with %d: %s", c, errOut.String())

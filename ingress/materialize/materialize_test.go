@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
@@ -72,7 +73,7 @@ func newFixture(t *testing.T) *fixture {
 	done := make(chan error, 1)
 	go func() { done <- f.sc.Run(context.Background()) }()
 	t.Cleanup(func() { _ = f.sc.Close(); <-done })
-	meshtest.WaitFor(t, 10*time.Second, "sidecar ready", f.sc.Ready)
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready", f.sc.Ready)
 
 	if f.nc, err = nats.Connect(f.srv.URL()); err != nil {
 		t.Fatal(err)
@@ -121,21 +122,21 @@ func (f *fixture) equal() bool {
 func TestAppliesInSequenceAndReportsStatus(t *testing.T) {
 	f := newFixture(t)
 	f.load(50)
-	meshtest.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
-	meshtest.WaitFor(t, 5*time.Second, "synced", f.m.Synced)
+	testutil.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
+	testutil.WaitFor(t, 5*time.Second, "synced", f.m.Synced)
 	st := f.m.Status()
 	if len(st) != 1 || st[0].Engine != "e1" || st[0].Model != "m" || st[0].Keys[kvevents.TierGPU] != len(f.cache.Truth()[kvevents.TierGPU]) {
 		t.Fatalf("status %+v", st)
 	}
 	side := f.sc.Status()[0]
-	meshtest.WaitFor(t, 5*time.Second, "same head as the sidecar", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "same head as the sidecar", func() bool {
 		s := f.m.Status()[0]
 		return s.Epoch == side.Epoch && s.Seq == f.sc.Status()[0].Seq
 	})
 	// Once synced, new changes arrive as deltas applied in sequence.
 	before := counter(t, f.reg, "kvmesh_materializer_deltas_applied_total")
 	f.load(20)
-	meshtest.WaitFor(t, 10*time.Second, "index equals the cache again", f.equal)
+	testutil.WaitFor(t, 10*time.Second, "index equals the cache again", f.equal)
 	if got := counter(t, f.reg, "kvmesh_materializer_deltas_applied_total"); got <= before {
 		t.Fatal("no delta applied in sequence")
 	}
@@ -147,33 +148,33 @@ func TestAppliesInSequenceAndReportsStatus(t *testing.T) {
 func TestMalformedDeltaCountedAndSkipped(t *testing.T) {
 	f := newFixture(t)
 	f.load(10)
-	meshtest.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
+	testutil.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
 	before := counter(t, f.reg, "kvmesh_materializer_malformed_total")
 	if err := f.nc.Publish(natsutil.DeltaSubject("m", "e1"), []byte{0x98, 0xff, 0x00}); err != nil {
 		t.Fatal(err)
 	}
-	meshtest.WaitFor(t, 5*time.Second, "malformed counted", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "malformed counted", func() bool {
 		return counter(t, f.reg, "kvmesh_materializer_malformed_total") == before+1
 	})
 	f.load(10)
-	meshtest.WaitFor(t, 10*time.Second, "still in sync", f.equal)
+	testutil.WaitFor(t, 10*time.Second, "still in sync", f.equal)
 }
 
 func TestDigestMismatchTriggersSnapshot(t *testing.T) {
 	f := newFixture(t)
 	f.load(20)
-	meshtest.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
+	testutil.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
 	st := f.m.Status()[0]
 	// Gossip claims the same head with another digest: the materializer must
 	// resync (and, the sidecar being right, end up where it was).
 	bad := st.Digest
 	bad.Digests[kvevents.TierGPU].Sum++
 	f.mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "e1", Model: "m", Digest: bad}})
-	meshtest.WaitFor(t, 5*time.Second, "mismatch resync", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "mismatch resync", func() bool {
 		return counter(t, f.reg, "kvmesh_materializer_digest_mismatches_total") > 0
 	})
 	f.mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "e1", Model: "m", Digest: f.m.Status()[0].Digest}})
-	meshtest.WaitFor(t, 5*time.Second, "equal after resync", f.equal)
+	testutil.WaitFor(t, 5*time.Second, "equal after resync", f.equal)
 
 	// Gossip ahead of the applied head (deltas lost with none after them to
 	// show the gap): resync too.
@@ -181,13 +182,13 @@ func TestDigestMismatchTriggersSnapshot(t *testing.T) {
 	ahead.Head.Seq += 5
 	gaps := counter(t, f.reg, "kvmesh_materializer_gaps_total")
 	f.mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "e1", Model: "m", Digest: ahead}})
-	meshtest.WaitFor(t, 5*time.Second, "behind resync", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "behind resync", func() bool {
 		return counter(t, f.reg, "kvmesh_materializer_gaps_total") > gaps
 	})
 
 	// The engine leaves gossip: it is cleared from the index.
 	f.mem.set()
-	meshtest.WaitFor(t, 5*time.Second, "engine cleared", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "engine cleared", func() bool {
 		return len(f.idx.Engines()) == 0 && len(f.m.Status()) == 0
 	})
 }
@@ -273,15 +274,15 @@ func TestIdleCheckClearsVanishedEngineWithoutGossip(t *testing.T) {
 	go func() { mdone <- m.Run(ctx) }()
 	defer func() { cancel(); <-mdone }()
 
-	meshtest.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
 	for i := 0; i < 10; i++ {
 		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	meshtest.WaitFor(t, 10*time.Second, "keys indexed", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "keys indexed", func() bool {
 		return len(idx.Keys("e1", kvevents.TierGPU)) == len(cache.Truth()[kvevents.TierGPU])
 	})
 	_ = s.Close()
-	meshtest.WaitFor(t, 10*time.Second, "vanished engine cleared", func() bool { return len(idx.Engines()) == 0 })
+	testutil.WaitFor(t, 10*time.Second, "vanished engine cleared", func() bool { return len(idx.Engines()) == 0 })
 }

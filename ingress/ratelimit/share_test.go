@@ -7,20 +7,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
-
-func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in time")
-		}
-		<-tick.C
-	}
-}
 
 // TestShareThroughGossip runs two ingress-like replicas joined by real memberlist
 // gossip on loopback: usage admitted on one replica limits the other.
@@ -38,7 +26,7 @@ func TestShareThroughGossip(t *testing.T) {
 	}
 	na := newNode("ingress-a", nil)
 	nb := newNode("ingress-b", []string{na.Addr()})
-	waitFor(t, 10*time.Second, func() bool { return na.NumMembers() == 2 && nb.NumMembers() == 2 })
+	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return na.NumMembers() == 2 && nb.NumMembers() == 2 })
 
 	cfg := Config{PerKey: Limits{InputTokens: 10_000}}
 	a, err := New(cfg)
@@ -64,7 +52,7 @@ func TestShareThroughGossip(t *testing.T) {
 		t.Fatal("first request refused")
 	}
 	// Once a's usage reached b, b refuses what it alone would admit.
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.WaitFor(t, 10*time.Second, "condition", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		o := b.origins["ingress-a"]

@@ -10,22 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in time")
-		}
-		<-tick.C
-	}
-}
 
 type clock struct {
 	mu sync.Mutex
@@ -183,11 +170,11 @@ func TestBoostedSessionAdmittedFirst(t *testing.T) {
 	}
 	out := make(chan result, 3)
 	acquireAsync(ctx, a, "new-1", "fresh", out)
-	waitFor(t, 5*time.Second, func() bool { _, _, n, _ := a.Stats(); return n == 1 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 1 })
 	acquireAsync(ctx, a, "new-2", "", out)
-	waitFor(t, 5*time.Second, func() bool { _, _, n, _ := a.Stats(); return n == 2 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 2 })
 	acquireAsync(ctx, a, "follow-up", "chat", out)
-	waitFor(t, 5*time.Second, func() bool { _, b, _, _ := a.Stats(); return b == 1 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, b, _, _ := a.Stats(); return b == 1 })
 
 	hold()
 	var order []string
@@ -240,7 +227,7 @@ func TestQueueTimeoutAndCancel(t *testing.T) {
 	hold2, _ := a2.Acquire(context.Background(), "")
 	defer hold2()
 	acquireAsync(ctx, a2, "w", "", out)
-	waitFor(t, 5*time.Second, func() bool { _, _, n, _ := a2.Stats(); return n == 1 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a2.Stats(); return n == 1 })
 	cancel()
 	if res := <-out; !errors.Is(res.err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", res.err)
@@ -261,7 +248,7 @@ func TestQueueFullAndBoostDisplaces(t *testing.T) {
 	hold, _ := a.Acquire(ctx, "")
 	out := make(chan result, 2)
 	acquireAsync(ctx, a, "normal", "", out)
-	waitFor(t, 5*time.Second, func() bool { _, _, n, _ := a.Stats(); return n == 1 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 1 })
 	if _, err := a.Acquire(ctx, "x"); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("err = %v, want ErrQueueFull", err)
 	}
@@ -285,7 +272,7 @@ func TestSetLimitAndIdempotentRelease(t *testing.T) {
 	out := make(chan result, 2)
 	acquireAsync(ctx, a, "a", "", out)
 	acquireAsync(ctx, a, "b", "", out)
-	waitFor(t, 5*time.Second, func() bool { _, _, n, _ := a.Stats(); return n == 2 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 2 })
 	a.SetLimit(3)
 	r1, r2 := <-out, <-out
 	if r1.err != nil || r2.err != nil {

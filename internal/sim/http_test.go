@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -316,7 +317,7 @@ func TestMetricsParseAndMove(t *testing.T) {
 		defer close(done) // a failing helper ends this goroutine; the test then stops below
 		done <- stream(t, s.URL()+"/v1/completions", map[string]any{"model": "test-model", "prompt": tokens(1, 40), "max_tokens": 400, "ignore_eos": true})
 	}()
-	waitFor(t, 10*time.Second, "running gauge to show the request", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "running gauge to show the request", func() bool {
 		m := scrape(t, s)
 		return m["vllm:num_requests_running"+e] == 1 && m["vllm:kv_cache_usage_perc"+e] > 0
 	})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -59,10 +60,10 @@ func TestClientDisconnectAborts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
 	cancel()
 	resp.Body.Close()
-	waitFor(t, 5*time.Second, "the abort", func() bool { l := s.Load(0); return l.Running == 0 && l.UsedBlocks == 0 })
+	testutil.WaitFor(t, 5*time.Second, "the abort", func() bool { l := s.Load(0); return l.Running == 0 && l.UsedBlocks == 0 })
 	if s.Load(0).Finished != 0 {
 		t.Fatal("aborted request counted as finished")
 	}
@@ -145,7 +146,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the stream to start", func() bool { return s.Load(0).Running+s.Load(1).Running == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the stream to start", func() bool { return s.Load(0).Running+s.Load(1).Running == 1 })
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestStartContextStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	waitFor(t, 5*time.Second, "the server to stop", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "the server to stop", func() bool {
 		_, err := http.Get(s.URL() + "/health")
 		return err != nil
 	})
@@ -189,7 +190,7 @@ func TestResetWhileRunning(t *testing.T) {
 		defer close(done) // a failing helper ends this goroutine; the test then stops below
 		done <- complete(t, s, tokens(1, 20), 300)
 	}()
-	waitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
 	if code, _, _ := post(t, s.URL()+"/reset_prefix_cache", nil); code != http.StatusConflict {
 		t.Fatalf("reset while running: %d, want 409", code)
 	}
@@ -226,7 +227,7 @@ func TestRestartFailsRequestsInFlight(t *testing.T) {
 		code, b, _ := post(t, s.URL()+"/v1/completions", map[string]any{"model": "test-model", "prompt": tokens(1, 8), "max_tokens": 500, "ignore_eos": true})
 		done <- answer{code, b}
 	}()
-	waitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the request to run", func() bool { return s.Load(0).Running == 1 })
 	if err := s.Restart(); err != nil {
 		t.Fatal(err)
 	}

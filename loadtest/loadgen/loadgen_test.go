@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )
 
@@ -119,20 +120,6 @@ func (s *scriptedServer) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	sw.Data(openai.AppendUsageChunk(nil, f, openai.ObjectCompletion, usage))
 	sw.Done()
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in time")
-		}
-		<-tick.C
-	}
 }
 
 func sharedPrefix(t *testing.T, groups, prompts int) []workload.Request {
@@ -259,7 +246,7 @@ func TestRunTimeoutAndCancel(t *testing.T) {
 		rep2, err = Run(ctx, Config{URL: srv.URL, Model: "m", Concurrency: 2, Rate: -1}, many)
 		close(done)
 	}()
-	waitFor(t, 5*time.Second, func() bool { return srv.cur.Load() == 2 })
+	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return srv.cur.Load() == 2 })
 	cancel()
 	<-done
 	if !errors.Is(err, context.Canceled) || rep2 == nil || rep2.Sent >= len(many) || rep2.Errors[KindCanceled] != rep2.Sent {

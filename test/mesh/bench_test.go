@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvmesh/kvmesh/ingress/materialize"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
-	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 
 // latencyIndex records, for every stored key, the time from the engine
@@ -109,7 +109,7 @@ func benchPropagation(b *testing.B, batchesPerSec int) {
 		done := make(chan struct{})
 		go func() { _ = s.Run(context.Background()); close(done) }()
 		defer func() { _ = s.Close(); <-done }()
-		meshtest.WaitFor(b, 10*time.Second, "sidecar ready", s.Ready)
+		testutil.WaitFor(b, 10*time.Second, "sidecar ready", s.Ready)
 		drivers = append(drivers, drv{pub, kvevents.Root(model, "", "")})
 	}
 

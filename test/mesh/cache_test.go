@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
@@ -88,7 +89,7 @@ func TestConvergesThroughFaults(t *testing.T) {
 		ins[1] = startIngress(top, "ingress-1b", ns.url(), gossipConfig("ingress-1b", gossip.RoleIngress, key, join))
 		// No load: the engines are idle, the new ingress must find them by itself.
 		waitConverged(t, "after ingress restart", ins, truths)
-		meshtest.WaitFor(t, 5*time.Second, "synced", ins[1].m.Synced)
+		testutil.WaitFor(t, 5*time.Second, "synced", ins[1].m.Synced)
 	})
 
 	t.Run("nats server restarted", func(t *testing.T) {
@@ -125,7 +126,7 @@ func TestConvergesThroughFaults(t *testing.T) {
 	t.Run("dead sidecar → engines cleared everywhere", func(t *testing.T) {
 		sc.stop(t) // leaves gossip: every ingress drops the engines
 		for _, in := range ins {
-			meshtest.WaitFor(t, 15*time.Second, in.name+" drops the engines", func() bool {
+			testutil.WaitFor(t, 15*time.Second, in.name+" drops the engines", func() bool {
 				return len(in.idx.Engines()) == 0 && len(in.m.Status()) == 0
 			})
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/index"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
@@ -85,7 +86,7 @@ func startSidecar(t *testing.T, cfg sidecar.Config) *runningSidecar {
 	r := &runningSidecar{Sidecar: s, done: make(chan error, 1)}
 	go func() { r.done <- s.Run(context.Background()) }()
 	t.Cleanup(func() { r.stop(t) })
-	meshtest.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
 	return r
 }
 

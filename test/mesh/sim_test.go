@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
@@ -167,7 +168,7 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 	// with what every materializer computed on its own.
 	for _, e := range engines {
 		for _, in := range ins {
-			meshtest.WaitFor(t, 10*time.Second, in.name+" sees "+e.id+"'s digest", func() bool {
+			testutil.WaitFor(t, 10*time.Second, in.name+" sees "+e.id+"'s digest", func() bool {
 				v, ok := in.node.Engine(e.id)
 				if !ok || v.URL != e.srv.URL() || v.BlockSize != 4 || !v.Ready || v.DPSize != e.srv.DP() {
 					return false
@@ -271,7 +272,7 @@ func TestSimMeshConvergesThroughFaults(t *testing.T) {
 		truths[small.id] = small.truth
 		small.sc = startSidecar(top, small.sidecarConfig(ns.url(), key, ins[1].node.Addr(), sidecar.ResyncResetEngine))
 		load(t, []*simEngine{small}, 5, rng)
-		meshtest.WaitFor(t, 20*time.Second, "engine reset by the sidecar", func() bool {
+		testutil.WaitFor(t, 20*time.Second, "engine reset by the sidecar", func() bool {
 			st := small.sc.Status()[0]
 			return st.LostHistory > 0 && st.EngineResets > 0
 		})

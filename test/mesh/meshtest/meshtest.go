@@ -11,26 +11,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
-
-// WaitFor polls cond every 20ms until it holds, failing t after timeout.
-func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
 
 // MapIndex is an exact Index: per engine and tier, a set of keys. It fails
 // loudly (Errors) when the materializer breaks the Index contract: storing a
