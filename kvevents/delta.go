@@ -7,7 +7,7 @@ import (
 
 // The kvmesh messages of DESIGN.md Contract 2, written by sidecars and read by
 // every ingress. Both are msgpack arrays whose first two elements are the wire
-// version and the message kind, so a deltaReader can reject what it does not know
+// version and the message kind, so a decoder can reject what it does not know
 // before looking further:
 //
 //	delta:    [1, 1, engine str, model str, epoch uint, seq uint, ts int, ops]
@@ -146,45 +146,45 @@ func deltaAppendOps(dst []byte, ops []Op) []byte {
 // when unchanged) so a steady stream decodes without allocating. On error d
 // holds partial data and must not be used.
 func DecodeDelta(b []byte, d *Delta) error {
-	r := deltaReader{b: b}
-	n, err := r.arrayHeader()
+	r := reader{b: b, bad: ErrMalformedDelta}
+	n, err := r.arrayLen()
 	if err != nil {
 		return err
 	}
 	if n < 8 {
 		return fmt.Errorf("%w: delta has %d fields", ErrMalformedDelta, n)
 	}
-	kind, err := r.header(&d.Engine, &d.Model, &d.Epoch, &d.Seq, &d.TS)
+	kind, err := deltaHeader(&r, &d.Engine, &d.Model, &d.Epoch, &d.Seq, &d.TS)
 	if err != nil {
 		return err
 	}
 	if kind != msgDelta {
 		return fmt.Errorf("%w: %d", ErrDeltaKind, kind)
 	}
-	if d.Ops, err = r.ops(d.Ops); err != nil {
+	if d.Ops, err = deltaOps(&r, d.Ops); err != nil {
 		return err
 	}
-	return r.skipRest(n - 8)
+	return deltaSkipRest(&r, n-8)
 }
 
 // DecodeSnapshotChunk decodes b into c, reusing c's slices like DecodeDelta.
 func DecodeSnapshotChunk(b []byte, c *SnapshotChunk) error {
-	r := deltaReader{b: b}
-	n, err := r.arrayHeader()
+	r := reader{b: b, bad: ErrMalformedDelta}
+	n, err := r.arrayLen()
 	if err != nil {
 		return err
 	}
 	if n < 10 {
 		return fmt.Errorf("%w: snapshot chunk has %d fields", ErrMalformedDelta, n)
 	}
-	kind, err := r.header(&c.Engine, &c.Model, &c.Epoch, &c.Seq, &c.TS)
+	kind, err := deltaHeader(&r, &c.Engine, &c.Model, &c.Epoch, &c.Seq, &c.TS)
 	if err != nil {
 		return err
 	}
 	if kind != msgSnapshot {
 		return fmt.Errorf("%w: %d", ErrDeltaKind, kind)
 	}
-	if c.Ops, err = r.ops(c.Ops); err != nil {
+	if c.Ops, err = deltaOps(&r, c.Ops); err != nil {
 		return err
 	}
 	for _, op := range c.Ops {
@@ -204,10 +204,10 @@ func DecodeSnapshotChunk(b []byte, c *SnapshotChunk) error {
 		return fmt.Errorf("%w: snapshot chunk %d of %d", ErrMalformedDelta, chunk, chunks)
 	}
 	c.Chunk, c.Chunks = int(chunk), int(chunks)
-	return r.skipRest(n - 10)
+	return deltaSkipRest(&r, n-10)
 }
 
-func (r *deltaReader) header(engine, model *string, epoch, seq *uint64, ts *int64) (kind uint64, err error) {
+func deltaHeader(r *reader, engine, model *string, epoch, seq *uint64, ts *int64) (kind uint64, err error) {
 	v, err := r.uint()
 	if err != nil {
 		return 0, err
@@ -218,10 +218,10 @@ func (r *deltaReader) header(engine, model *string, epoch, seq *uint64, ts *int6
 	if kind, err = r.uint(); err != nil {
 		return 0, err
 	}
-	if err = r.str(engine); err != nil {
+	if err = deltaStr(r, engine); err != nil {
 		return 0, err
 	}
-	if err = r.str(model); err != nil {
+	if err = deltaStr(r, model); err != nil {
 		return 0, err
 	}
 	if *epoch, err = r.uint(); err != nil {
@@ -230,12 +230,13 @@ func (r *deltaReader) header(engine, model *string, epoch, seq *uint64, ts *int6
 	if *seq, err = r.uint(); err != nil {
 		return 0, err
 	}
-	*ts, err = r.int()
+	tsv, _, err := r.integer() // any int encoding; a uint64 above MaxInt64 wraps
+	*ts = int64(tsv)
 	return kind, err
 }
 
-func (r *deltaReader) ops(ops []Op) ([]Op, error) {
-	n, err := r.arrayHeader()
+func deltaOps(r *reader, ops []Op) ([]Op, error) {
+	n, err := r.arrayLen()
 	if err != nil {
 		return ops, err
 	}
@@ -251,7 +252,7 @@ func (r *deltaReader) ops(ops []Op) ([]Op, error) {
 	}
 	for i := range ops {
 		op := &ops[i]
-		fields, err := r.arrayHeader()
+		fields, err := r.arrayLen()
 		if err != nil {
 			return ops, err
 		}
@@ -273,10 +274,10 @@ func (r *deltaReader) ops(ops []Op) ([]Op, error) {
 			return ops, fmt.Errorf("%w: tier %d", ErrMalformedDelta, tier)
 		}
 		op.Kind, op.Tier = OpKind(kind), Tier(tier)
-		if op.Keys, err = r.keys(op.Keys[:0]); err != nil {
+		if op.Keys, err = deltaKeys(r, op.Keys[:0]); err != nil {
 			return ops, err
 		}
-		if err := r.skipRest(fields - 3); err != nil {
+		if err := deltaSkipRest(r, fields-3); err != nil {
 			return ops, err
 		}
 	}

@@ -1,14 +1,12 @@
 package kvevents
 
-import (
-	"encoding/binary"
-	"fmt"
-)
+import "encoding/binary"
 
 // The small msgpack subset the kvmesh messages use: unsigned and signed ints,
-// str, bin and arrays. Writing reuses the event encoder's helpers (msgpack.go);
-// reading checks every length against what is left, so a
+// str, bin and arrays. Reading and writing reuse the event codec's reader and
+// helpers (msgpack.go), which check every length against what is left, so a
 // truncated or hostile message is an error, never a panic or a huge allocation.
+// This file holds only what is particular to the kvmesh messages.
 
 func deltaAppendKeys(dst []byte, keys []uint64) []byte {
 	n := len(keys) * 8
@@ -26,156 +24,16 @@ func deltaAppendKeys(dst []byte, keys []uint64) []byte {
 	return dst
 }
 
-type deltaReader struct {
-	b   []byte
-	off int
-}
-
-func (r *deltaReader) errAt(what string) error {
-	return fmt.Errorf("%w: %s at byte %d", ErrMalformedDelta, what, r.off)
-}
-
-func (r *deltaReader) need(n int) ([]byte, error) {
-	if n < 0 || len(r.b)-r.off < n {
-		return nil, r.errAt("truncated")
-	}
-	s := r.b[r.off : r.off+n]
-	r.off += n
-	return s, nil
-}
-
-func (r *deltaReader) byte1() (byte, error) {
-	s, err := r.need(1)
-	if err != nil {
-		return 0, err
-	}
-	return s[0], nil
-}
-
-func (r *deltaReader) arrayHeader() (int, error) {
-	c, err := r.byte1()
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case c&0xf0 == 0x90:
-		return int(c & 0x0f), nil
-	case c == 0xdc:
-		s, err := r.need(2)
-		if err != nil {
-			return 0, err
-		}
-		return int(binary.BigEndian.Uint16(s)), nil
-	case c == 0xdd:
-		s, err := r.need(4)
-		if err != nil {
-			return 0, err
-		}
-		n := binary.BigEndian.Uint32(s)
-		if int64(n) > int64(len(r.b)-r.off) { // every element takes at least one byte
-			return 0, r.errAt("array longer than message")
-		}
-		return int(n), nil
-	default:
-		return 0, r.errAt("want array")
-	}
-}
-
-func (r *deltaReader) uint() (uint64, error) {
-	c, err := r.byte1()
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	switch {
-	case c < 0x80:
-		return uint64(c), nil
-	case c == 0xcc:
-		n = 1
-	case c == 0xcd:
-		n = 2
-	case c == 0xce:
-		n = 4
-	case c == 0xcf:
-		n = 8
-	default:
-		return 0, r.errAt("want unsigned int")
-	}
-	s, err := r.need(n)
-	if err != nil {
-		return 0, err
-	}
-	var v uint64
-	for _, x := range s {
-		v = v<<8 | uint64(x)
-	}
-	return v, nil
-}
-
-func (r *deltaReader) int() (int64, error) {
-	if r.off < len(r.b) {
-		c := r.b[r.off]
-		switch {
-		case c >= 0xe0: // negative fixint
-			r.off++
-			return int64(int8(c)), nil
-		case c == 0xd0, c == 0xd1, c == 0xd2, c == 0xd3:
-			r.off++
-			n := 1 << (c - 0xd0)
-			s, err := r.need(n)
-			if err != nil {
-				return 0, err
-			}
-			var v uint64
-			for _, x := range s {
-				v = v<<8 | uint64(x)
-			}
-			shift := 64 - 8*uint(n)
-			return int64(v<<shift) >> shift, nil
-		}
-	}
-	v, err := r.uint()
-	return int64(v), err
-}
-
-// str reads a str into *dst, keeping *dst when the bytes are unchanged so a
-// stream of messages from one engine does not allocate its name each time.
-func (r *deltaReader) str(dst *string) error {
-	c, err := r.byte1()
+// deltaStr reads a str (or bin) into *dst, keeping *dst when the bytes are
+// unchanged so a stream of messages from one engine does not allocate its name
+// each time.
+func deltaStr(r *reader, dst *string) error {
+	s, err := r.str()
 	if err != nil {
 		return err
 	}
-	var n int
-	switch {
-	case c&0xe0 == 0xa0:
-		n = int(c & 0x1f)
-	case c == 0xd9, c == 0xc4:
-		s, err := r.need(1)
-		if err != nil {
-			return err
-		}
-		n = int(s[0])
-	case c == 0xda, c == 0xc5:
-		s, err := r.need(2)
-		if err != nil {
-			return err
-		}
-		n = int(binary.BigEndian.Uint16(s))
-	case c == 0xdb, c == 0xc6:
-		s, err := r.need(4)
-		if err != nil {
-			return err
-		}
-		n = int(binary.BigEndian.Uint32(s))
-	default:
-		return r.errAt("want str")
-	}
-	if n > deltaMaxNameLen {
-		return r.errAt("name too long")
-	}
-	s, err := r.need(n)
-	if err != nil {
-		return err
+	if len(s) > deltaMaxNameLen {
+		return r.errf("name of %d bytes too long", len(s))
 	}
 	if string(s) != *dst { // the compiler does not allocate for this comparison
 		*dst = string(s)
@@ -183,92 +41,65 @@ func (r *deltaReader) str(dst *string) error {
 	return nil
 }
 
-func (r *deltaReader) keys(dst []uint64) ([]uint64, error) {
-	c, err := r.byte1()
+// deltaKeys appends the keys of a packed keys bin to dst.
+func deltaKeys(r *reader, dst []uint64) ([]uint64, error) {
+	s, err := r.bin()
 	if err != nil {
 		return dst, err
 	}
-	var n int
-	switch c {
-	case 0xc4:
-		s, err := r.need(1)
-		if err != nil {
-			return dst, err
-		}
-		n = int(s[0])
-	case 0xc5:
-		s, err := r.need(2)
-		if err != nil {
-			return dst, err
-		}
-		n = int(binary.BigEndian.Uint16(s))
-	case 0xc6:
-		s, err := r.need(4)
-		if err != nil {
-			return dst, err
-		}
-		n = int(binary.BigEndian.Uint32(s))
-	default:
-		return dst, r.errAt("want keys bin")
+	if len(s)%8 != 0 || len(s)/8 > deltaMaxKeysPerOp {
+		return dst, r.errf("bad keys length %d", len(s))
 	}
-	if n%8 != 0 || n/8 > deltaMaxKeysPerOp {
-		return dst, r.errAt("bad keys length")
-	}
-	s, err := r.need(n)
-	if err != nil {
-		return dst, err
-	}
-	for i := 0; i < n; i += 8 {
+	for i := 0; i < len(s); i += 8 {
 		dst = append(dst, binary.LittleEndian.Uint64(s[i:]))
 	}
 	return dst, nil
 }
 
-// skipRest skips n trailing elements a newer minor writer may add. Only scalar,
-// str/bin and nested arrays are understood; anything else is malformed.
-func (r *deltaReader) skipRest(n int) error {
+// deltaSkipRest skips n trailing elements a newer minor writer may add. It is
+// stricter than reader.skip on purpose: only scalars, str/bin of at most
+// deltaMaxNameLen bytes and arrays nested at most 8 deep are understood;
+// anything else is malformed.
+func deltaSkipRest(r *reader, n int) error {
 	for ; n > 0; n-- {
-		if err := r.skip(0); err != nil {
+		if err := deltaSkip(r, 0); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (r *deltaReader) skip(depth int) error {
+func deltaSkip(r *reader, depth int) error {
 	if depth > 8 {
-		return r.errAt("nesting too deep")
+		return r.errf("nesting too deep")
 	}
-	if r.off >= len(r.b) {
-		return r.errAt("truncated")
+	c, err := r.peek()
+	if err != nil {
+		return err
 	}
-	c := r.b[r.off]
 	switch {
-	case c < 0x80 || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3:
+	case c == 0xc0, c == 0xc2, c == 0xc3:
 		r.off++
 		return nil
-	case c&0xf0 == 0x90, c == 0xdc, c == 0xdd:
-		n, err := r.arrayHeader()
+	case c <= 0x7f, c >= 0xe0, c >= 0xcc && c <= 0xd3:
+		_, _, err := r.integer()
+		return err
+	case c == 0xcb:
+		_, err := r.float()
+		return err
+	case isArray(c):
+		n, err := r.arrayLen()
 		if err != nil {
 			return err
 		}
 		for ; n > 0; n-- {
-			if err := r.skip(depth + 1); err != nil {
+			if err := deltaSkip(r, depth+1); err != nil {
 				return err
 			}
 		}
 		return nil
-	case c >= 0xcc && c <= 0xcf:
-		_, err := r.uint()
-		return err
-	case c >= 0xd0 && c <= 0xd3:
-		_, err := r.int()
-		return err
-	case c == 0xcb:
-		_, err := r.need(9)
-		return err
 	default:
 		var s string
-		return r.str(&s)
+		return deltaStr(r, &s)
 	}
 }

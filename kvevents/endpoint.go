@@ -88,3 +88,7 @@ func connectable(endpoint string) string {
 	}
 	return "tcp://" + net.JoinHostPort(strings.Trim(host, "[]"), port)
 }
+
+// PublisherBinds reports whether a publisher given endpoint binds it (vLLM's
+// rule) rather than connecting to it, in which case subscribers must bind.
+func PublisherBinds(endpoint string) bool { return shouldBind(endpoint) }

@@ -11,16 +11,22 @@ import (
 // KVEventBatch in any known form. Callers count and skip such payloads.
 var ErrBadPayload = errors.New("malformed kv event payload")
 
-// reader is a minimal, allocation-free msgpack reader over one payload. It
-// reads only the types KV events use and skips everything else; strings and
-// bins are returned as sub-slices of the payload (valid until it is reused).
+// reader is a minimal, allocation-free msgpack reader over one payload, shared
+// by the KV event decoder and the kvmesh delta/snapshot decoder. It reads only
+// the types those messages use and skips everything else; strings and bins are
+// returned as sub-slices of the payload (valid until it is reused).
 type reader struct {
 	b   []byte
 	off int
+	bad error // wrapped by every error; ErrBadPayload when nil
 }
 
 func (r *reader) errf(format string, args ...any) error {
-	return fmt.Errorf("%w: offset %d: %s", ErrBadPayload, r.off, fmt.Sprintf(format, args...))
+	bad := r.bad
+	if bad == nil {
+		bad = ErrBadPayload
+	}
+	return fmt.Errorf("%w: offset %d: %s", bad, r.off, fmt.Sprintf(format, args...))
 }
 
 func (r *reader) remaining() int { return len(r.b) - r.off }
@@ -161,6 +167,48 @@ func (r *reader) str() ([]byte, error) {
 		return nil, r.errf("string of %d bytes in %d", n, r.remaining())
 	}
 	return r.take(int(n))
+}
+
+// bin reads a bin (not a str) and returns its bytes without copying.
+func (r *reader) bin() ([]byte, error) {
+	c, err := r.peek()
+	if err != nil {
+		return nil, err
+	}
+	var w int
+	switch c {
+	case 0xc4:
+		w = 1
+	case 0xc5:
+		w = 2
+	case 0xc6:
+		w = 4
+	default:
+		return nil, r.errf("want bin, got type byte 0x%02x", c)
+	}
+	r.off++
+	n, err := r.uintN(w)
+	if err != nil {
+		return nil, err
+	}
+	if n > uint64(r.remaining()) {
+		return nil, r.errf("bin of %d bytes in %d", n, r.remaining())
+	}
+	return r.take(int(n))
+}
+
+// uint reads an int in one of the unsigned encodings (positive fixint or
+// uint 8/16/32/64); the signed encodings are an error even for values >= 0.
+func (r *reader) uint() (uint64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c > 0x7f && (c < 0xcc || c > 0xcf) {
+		return 0, r.errf("want unsigned integer, got type byte 0x%02x", c)
+	}
+	v, _, err := r.integer()
+	return v, err
 }
 
 // integer reads any msgpack int. neg reports a negative value, whose two's

@@ -91,6 +91,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	if cfg.KVEvents != "" && !kvevents.PublisherBinds(cfg.KVEvents) {
+		// vLLM's rule: an endpoint without a wildcard host or port is connected
+		// to, not bound; a subscriber that also connects would see no events.
+		fmt.Fprintf(stderr, "kvmesh sim: the KV-event PUB connects to %s (vLLM's rule); subscribers must bind it, or use tcp://*:PORT to bind here\n", cfg.KVEvents)
+	}
 	fmt.Fprintf(stdout, "http %s\n", srv.URL())
 	for r := 0; r < srv.DP(); r++ {
 		if ep := srv.EventsEndpoint(r); ep != "" {
