@@ -129,6 +129,7 @@ func (e *engine) run(ctx context.Context) error {
 		e.mu.Unlock()
 	}()
 	window := e.s.cfg.BatchWindow
+	warned := false
 	for {
 		m, err := sub.Next(ctx)
 		if err != nil {
@@ -136,6 +137,14 @@ func (e *engine) run(ctx context.Context) error {
 				return nil
 			}
 			return err
+		}
+		if !warned {
+			// Batches that only ever come from the idle probe's replay mean
+			// the live PUB/SUB link is missing: both sides connect.
+			if st := sub.Stats(); st.Received == 0 && st.Replayed > 0 && st.Probes >= 2 {
+				warned = true
+				e.log.Warn("KV events arrive only through replay probes, not live: the engine's PUB endpoint is probably connected to rather than bound; give the engine tcp://*:PORT or run the sidecar with --bind-events")
+			}
 		}
 		e.mu.Lock()
 		e.handle(m)

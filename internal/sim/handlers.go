@@ -78,16 +78,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(b)
 }
 
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// readRequest reads r's body, at most MaxBodyBytes, and decodes it with
+// decode; any failure is an error for s.fail.
+func readRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, decode func([]byte) (T, error)) (T, error) {
+	var zero T
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", s.cfg.MaxBodyBytes)}
+			return zero, &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", s.cfg.MaxBodyBytes)}
 		}
-		return nil, badRequest("read body: %v", err)
+		return zero, badRequest("read body: %v", err)
 	}
-	return b, nil
+	return decode(b)
 }
 
 func (s *Server) checkModel(model string) error {
@@ -178,12 +181,7 @@ func (s *Server) abortAll(calls []*call) []*call {
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	body, err := s.readBody(w, r)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	req, err := openai.DecodeCompletionRequest(body)
+	req, err := readRequest(s, w, r, openai.DecodeCompletionRequest)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -208,12 +206,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	body, err := s.readBody(w, r)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	req, err := openai.DecodeChatRequest(body)
+	req, err := readRequest(s, w, r, openai.DecodeChatRequest)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -448,12 +441,7 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	body, err := s.readBody(w, r)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	req, err := openai.DecodeTokenizeRequest(body)
+	req, err := readRequest(s, w, r, openai.DecodeTokenizeRequest)
 	if err != nil {
 		s.fail(w, err)
 		return
