@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -158,13 +159,23 @@ http {
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", cf, "-e", filepath.Join(dir, "error.log"))
 	cmd.Stderr = io.Discard
+	// Its own process group, so the workers can be stopped with the master:
+	// a killed master leaves its workers running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		b.Logf("nginx did not start: %v", err)
 		return ""
 	}
 	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		_ = cmd.Process.Signal(syscall.SIGTERM) // fast shutdown: the master stops its workers
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever is left of the group
+		<-done
 	})
 	hc := &fasthttp.HostClient{Addr: addr}
 	deadline := time.Now().Add(5 * time.Second)
