@@ -1,6 +1,7 @@
 package des
 
 import (
+	"iter"
 	"math"
 	"slices"
 	"time"
@@ -92,21 +93,15 @@ func (r *runStats) result() PolicyResult {
 	}
 	slices.Sort(r.ttft)
 	p.TTFTMean = mean(r.ttft)
-	p.TTFTP50 = quantile(r.ttft, 0.50)
-	p.TTFTP90 = quantile(r.ttft, 0.90)
-	p.TTFTP99 = quantile(r.ttft, 0.99)
+	p.TTFTP50 = Quantile(r.ttft, 0.50)
+	p.TTFTP90 = Quantile(r.ttft, 0.90)
+	p.TTFTP99 = Quantile(r.ttft, 0.99)
 	p.E2EMean = mean(r.e2e)
 	p.QueueMean = r.queueSum / float64(len(r.ttft))
 	if r.prompt > 0 {
 		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
 	}
-	mx, sum := 0, 0
-	for _, n := range r.perEngine {
-		mx, sum = max(mx, n), sum+n
-	}
-	if sum > 0 {
-		p.LoadImbalance = float64(mx) / (float64(sum) / float64(len(r.perEngine)))
-	}
+	p.LoadImbalance = Imbalance(slices.Values(r.perEngine))
 	return p
 }
 
@@ -118,8 +113,26 @@ func mean(v []float64) float64 {
 	return s / float64(len(v))
 }
 
-// quantile of sorted v, nearest-rank.
-func quantile(v []float64, q float64) float64 {
-	i := int(math.Ceil(q*float64(len(v)))) - 1
-	return v[min(max(i, 0), len(v)-1)]
+// Quantile is the nearest-rank q-quantile of sorted v (0 when v is empty).
+// It and Imbalance define the numbers every kvmesh report shares: `kvmesh
+// bench`, `kvmesh demo` and `kvmesh loadtest` compute them the same way.
+func Quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// Imbalance is max / mean of the requests each engine completed (1 = even;
+// 0 when none completed). Engines that completed nothing count as zeros.
+func Imbalance(perEngine iter.Seq[int]) float64 {
+	mx, sum, n := 0, 0, 0
+	for c := range perEngine {
+		mx, sum, n = max(mx, c), sum+c, n+1
+	}
+	if sum == 0 {
+		return 0
+	}
+	return float64(mx) / (float64(sum) / float64(n))
 }

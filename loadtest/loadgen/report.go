@@ -85,7 +85,7 @@ func buildReport(results []Result, total int) *Report {
 	if r.PromptTokens > 0 {
 		r.PrefixHitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
-	r.LoadImbalance = imbalance(r.PerEngine)
+	r.LoadImbalance = des.Imbalance(maps.Values(r.PerEngine))
 	return r
 }
 
@@ -97,21 +97,10 @@ func (r *Report) CountEngines(ids []string) {
 			r.PerEngine[id] = 0
 		}
 	}
-	r.LoadImbalance = imbalance(r.PerEngine)
+	r.LoadImbalance = des.Imbalance(maps.Values(r.PerEngine))
 }
 
-func imbalance(per map[string]int) float64 {
-	mx, sum := 0, 0
-	for _, n := range per {
-		mx, sum = max(mx, n), sum+n
-	}
-	if sum == 0 {
-		return 0
-	}
-	return float64(mx) / (float64(sum) / float64(len(per)))
-}
-
-// summarize sorts xs and returns its mean and nearest-rank quantiles.
+// summarize sorts xs and returns its mean and quantiles (des.Quantile).
 func summarize(xs []float64) Latency {
 	if len(xs) == 0 {
 		return Latency{}
@@ -121,11 +110,8 @@ func summarize(xs []float64) Latency {
 	for _, x := range xs {
 		sum += x
 	}
-	q := func(p float64) float64 {
-		i := int(p*float64(len(xs))+0.999999) - 1
-		return xs[min(max(i, 0), len(xs)-1)]
-	}
-	return Latency{Mean: sum / float64(len(xs)), P50: q(0.50), P90: q(0.90), P99: q(0.99), Max: xs[len(xs)-1]}
+	return Latency{Mean: sum / float64(len(xs)), P50: des.Quantile(xs, 0.50), P90: des.Quantile(xs, 0.90),
+		P99: des.Quantile(xs, 0.99), Max: xs[len(xs)-1]}
 }
 
 // PolicyResult converts the report to the line `kvmesh bench --json` prints per policy.
