@@ -92,18 +92,10 @@ func startIngressProcess(b *testing.B, policy string, engines ...string) string 
 			<-done
 		}
 	})
-	hc := &fasthttp.HostClient{Addr: addr}
-	deadline := time.Now().Add(10 * time.Second)
-	tk := time.NewTicker(10 * time.Millisecond)
-	defer tk.Stop()
-	for time.Now().Before(deadline) {
-		if st, _, err := hc.Get(nil, "http://"+addr+"/health"); err == nil && st == 200 {
-			return addr
-		}
-		<-tk.C
+	if !answersHealth(addr, 10*time.Second) {
+		b.Fatalf("kvmesh ingress not answering on %s", addr)
 	}
-	b.Fatalf("kvmesh ingress not answering on %s", addr)
-	return ""
+	return addr
 }
 
 // startNginx runs nginx from a temp dir with a generated config doing
@@ -177,18 +169,26 @@ http {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever is left of the group
 		<-done
 	})
+	if !answersHealth(addr, 5*time.Second) {
+		b.Logf("nginx not answering on %s", addr)
+		return ""
+	}
+	return addr
+}
+
+// answersHealth polls addr's /health until it answers 200 or timeout passes.
+func answersHealth(addr string, timeout time.Duration) bool {
 	hc := &fasthttp.HostClient{Addr: addr}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(timeout)
 	tk := time.NewTicker(10 * time.Millisecond)
 	defer tk.Stop()
 	for time.Now().Before(deadline) {
 		if st, _, err := hc.Get(nil, "http://"+addr+"/health"); err == nil && st == 200 {
-			return addr
+			return true
 		}
 		<-tk.C
 	}
-	b.Logf("nginx not answering on %s", addr)
-	return ""
+	return false
 }
 
 func (r *benchRig) targets() []struct{ name, addr string } {
