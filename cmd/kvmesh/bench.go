@@ -45,11 +45,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		configPath  = fs.String("config", "", "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")
 		jsonOut     = fs.Bool("json", false, "print JSON instead of a table")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %v", errUsage, fs.Args())
 	}
 	if *mode != "des" {
 		return fmt.Errorf("%w: --mode %q (only des)", errUsage, *mode)

@@ -34,11 +34,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&cfg.Rate, "rate", 0, "open-loop arrival rate in req/s (0 = closed loop at -concurrency)")
 	fs.IntVar(&cfg.Engine.GPUBlocks, "gpu-blocks", cfg.Engine.GPUBlocks, "GPU KV capacity of each engine in blocks")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "engine model seconds per wall second")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
 	cfg.Policies = strings.Split(*policies, ",")
 	if err := cfg.Validate(); err != nil {

@@ -71,11 +71,8 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	join := fs.String("join", "", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
 	natsURLs := fs.String("nats", "", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
 	// Every problem is reported at once (exit 2), not the first only.
 	var probs []string

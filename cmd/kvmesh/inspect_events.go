@@ -29,12 +29,10 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "Usage: kvmesh inspect events --file PATH\n       kvmesh inspect events --zmq tcp://HOST:PORT [--replay tcp://HOST:PORT]")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	case (*file == "") == (*zmqEP == ""):
 		return fmt.Errorf("%w: give exactly one of --file or --zmq", errUsage)
 	case *file != "" && *replay != "":

@@ -33,11 +33,8 @@ func runInspectStream(ctx context.Context, args []string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "Usage: kvmesh inspect stream [--nats URL] [--summary [--interval 2s]] [--keys] [--count N]")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	cfg := natsutil.DefaultConfig()
 	cfg.URLs = commaList(*url)

@@ -24,13 +24,10 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, "Usage: kvmesh keys --model M --block-size B [--lora NAME] [--salt S] --tokens 1,2,3,...")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	var problems []string
-	if fs.NArg() > 0 {
-		problems = append(problems, fmt.Sprintf("unexpected arguments %q", fs.Args()))
-	}
 	if *model == "" {
 		problems = append(problems, "--model is required")
 	}

@@ -41,11 +41,8 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&sp.Shared, "shared", sp.Shared, "shared-prefix: shared prefix tokens")
 	fs.IntVar(&sp.Question, "question", sp.Question, "shared-prefix: question tokens")
 	fs.IntVar(&sp.Output, "output", sp.Output, "shared-prefix: output tokens")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
 	cfg.Endpoint = loadgen.Endpoint(*endpoint)
 	sp.Seed = cfg.Seed

@@ -90,3 +90,20 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 	fs.SetOutput(stderr)
 	return fs
 }
+
+// parseFlags parses args into fs and accepts at most maxArgs positional
+// arguments. Every command-line mistake (an unknown or malformed flag, a stray
+// argument) wraps errUsage, so every command exits 2 for it; -h returns
+// flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string, maxArgs int) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > maxArgs {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args()[maxArgs:])
+	}
+	return nil
+}

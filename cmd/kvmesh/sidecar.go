@@ -63,13 +63,10 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stderr, "       kvmesh sidecar --engine id=a,model=M,url=URL,events=EP --engine id=b,... (DaemonSet mode)")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	var problems []string
-	if fs.NArg() > 0 {
-		problems = append(problems, fmt.Sprintf("unexpected arguments %q", fs.Args()))
-	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		problems = append(problems, "bad --log-level")

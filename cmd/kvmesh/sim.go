@@ -41,11 +41,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Float64Var(&cfg.EOSRate, "eos-rate", 0, "per-token chance of stopping after min_tokens without ignore_eos (0 = always max_tokens)")
 	fs.IntVar(&cfg.MaxWaiting, "max-waiting", 4096, "queued requests per rank before answering 503")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {

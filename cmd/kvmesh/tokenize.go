@@ -23,7 +23,7 @@ func runTokenize(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fmt.Fprintln(stderr, "Prints the ids as one JSON array; reads stdin when no TEXTFILE is given.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 1); err != nil {
 		return err
 	}
 	switch {
@@ -33,8 +33,6 @@ func runTokenize(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("%w: --chat-template and --messages go together", errUsage)
 	case *msgPath != "" && fs.NArg() > 0:
 		return fmt.Errorf("%w: give either --messages or TEXTFILE", errUsage)
-	case fs.NArg() > 1:
-		return fmt.Errorf("%w: at most one TEXTFILE", errUsage)
 	}
 	tk, err := tokenizer.LoadFile(*tokPath)
 	if err != nil {
