@@ -105,6 +105,11 @@ type Config struct {
 	// SpeculativeTTL is how long a routed request's keys count as cached on
 	// its engine before events confirm them (passed to the index). Default 5s.
 	SpeculativeTTL time.Duration `yaml:"speculativeTTL"`
+	// ExactLookup makes every index lookup read each key of the request's
+	// chain instead of searching it (index.Config.ExactLookup): for KV
+	// sources whose eviction can leave holes in a cached prefix. Default
+	// false (vLLM evicts a chain's tail first, so the search is exact).
+	ExactLookup bool `yaml:"exactLookup"`
 
 	// SessionSlack is how many more requests (in flight + waiting) than the
 	// least-loaded candidate a session's engine may have and still keep the

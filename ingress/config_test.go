@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 func TestValidateListsEveryProblem(t *testing.T) {
@@ -50,5 +53,39 @@ func TestLoadConfigFile(t *testing.T) {
 	os.WriteFile(bad, []byte("listen: x\nunknownField: 1\n"), 0o644)
 	if _, err := LoadConfigFile(bad); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "unknownField") {
 		t.Fatalf("unknown field: %v", err)
+	}
+}
+
+// TestIndexConfigReachesTheIndex checks that speculativeTTL and exactLookup
+// configure the index the ingress builds: a speculative entry outlives the
+// configured TTL by nothing, and an exact index stops at a hole the search
+// looks past.
+func TestIndexConfigReachesTheIndex(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.SpeculativeTTL = 50 * time.Millisecond
+	cfg.ExactLookup = true
+	var deps Deps
+	if _, err := defaultScheduler(&cfg, &deps); err != nil {
+		t.Fatal(err)
+	}
+	idx := deps.Index
+	now := time.Unix(1000, 0)
+	keys := []uint64{11, 12, 13, 14}
+	idx.AddSpeculative("a", keys, now)
+	idx.ExpireSpeculative(now.Add(49 * time.Millisecond))
+	if es := idx.Engines(); len(es) != 1 || es[0].Speculative != 4 {
+		t.Fatalf("before the TTL: %+v", es)
+	}
+	idx.ExpireSpeculative(now.Add(50 * time.Millisecond))
+	if es := idx.Engines(); es[0].Speculative != 0 {
+		t.Fatalf("after the configured 50ms TTL: %+v", es)
+	}
+	idx.Store("a", kvevents.TierGPU, keys)
+	idx.Remove("a", kvevents.TierGPU, keys[1:2])
+	var res index.Result
+	idx.Lookup(keys, &res)
+	s, _ := idx.Slot("a")
+	if got := res.Get(s).GPU; got != 1 {
+		t.Fatalf("exact lookup depth %d, want 1 (stopped at the hole)", got)
 	}
 }

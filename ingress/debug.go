@@ -34,7 +34,7 @@ func (m *staticMembership) Engines(dst []EngineInfo) []EngineInfo { return appen
 // routing still follows recent prefixes).
 func defaultScheduler(cfg *Config, deps *Deps) (Scheduler, error) {
 	if deps.Index == nil {
-		idx, err := index.New(index.Config{})
+		idx, err := index.New(index.Config{SpeculativeTTL: cfg.SpeculativeTTL, ExactLookup: cfg.ExactLookup})
 		if err != nil {
 			return nil, fmt.Errorf("local index: %w", err)
 		}

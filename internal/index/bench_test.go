@@ -61,20 +61,59 @@ func BenchmarkLookupPartial(b *testing.B) {
 
 // BenchmarkLookup256 is the issue's target: a 256-block lookup over 1M keys
 // and 64 engines (≤ 2 µs, 0 allocs). Beyond 4 engines per key the elements
-// spill into overflow chunks; 64 is every engine holding every key.
+// spill into overflow chunks; 64 is every engine holding every key. "search"
+// is the default lookup, "scan" the exact one (Config.ExactLookup) over the
+// same table, side by side.
 func BenchmarkLookup256(b *testing.B) {
 	for _, repl := range []int{1, 2, 4, 8, 16, 64} {
-		b.Run(fmt.Sprintf("engines-per-key=%d", repl), func(b *testing.B) {
-			x, chains := benchIndex(b, repl)
-			var res Result
-			b.ReportAllocs()
-			b.ResetTimer()
-			i := 0
-			for b.Loop() {
-				x.Lookup(chains[i&4095], &res)
-				i += 977
+		x, chains := benchIndex(b, repl)
+		for _, mode := range []string{"search", "scan"} {
+			b.Run(fmt.Sprintf("engines-per-key=%d/%s", repl, mode), func(b *testing.B) {
+				x.cfg.ExactLookup = mode == "scan"
+				var res Result
+				b.ReportAllocs()
+				b.ResetTimer()
+				i := 0
+				for b.Loop() {
+					x.Lookup(chains[i&4095], &res)
+					i += 977
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkLookupDepths is the search's cost model: 1M keys, each 256-key
+// chain held by `depths` engines to distinct depths (256, then evenly
+// shorter), so a lookup has that many run ends to find. The search gives
+// up for the scan when a chain has too many.
+func BenchmarkLookupDepths(b *testing.B) {
+	for _, depths := range []int{1, 2, 3, 4, 8} {
+		x, err := New(Config{InitialKeys: 1 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(2, 2))
+		chains := make([][]uint64, 4096)
+		for i := range chains {
+			chains[i] = chain(uint64(i)+1, 256)
+			for d := 0; d < depths; d++ {
+				x.Store(engineName(rng.IntN(64)), kvevents.TierGPU, chains[i][:256-d*256/depths])
 			}
-		})
+		}
+		for _, mode := range []string{"search", "scan"} {
+			b.Run(fmt.Sprintf("depths=%d/%s", depths, mode), func(b *testing.B) {
+				x.cfg.ExactLookup = mode == "scan"
+				var res Result
+				b.ReportAllocs()
+				b.ResetTimer()
+				i := 0
+				for b.Loop() {
+					x.Lookup(chains[i&4095], &res)
+					i += 977
+				}
+			})
+		}
 	}
 }
 

@@ -8,13 +8,14 @@ import (
 )
 
 // FuzzOps decodes a byte string as a sequence of index operations over a
-// tiny key and engine universe and checks every lookup against the
-// reference model.
+// tiny key and engine universe and checks every exact lookup against the
+// reference model, and the search against the exact lookup (equal where
+// engines hold prefixes, never shallower).
 func FuzzOps(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte{0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76, 0x87, 0x98, 0xa9, 0xba, 0xcb})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		x, _ := New(Config{SpeculativeTTL: time.Second})
+		x, _ := New(Config{SpeculativeTTL: time.Second, ExactLookup: true})
 		m := &model{held: map[string]map[kvevents.Tier]map[uint64]bool{}}
 		chain := []uint64{0, 3, 9, 27, 81, 243, 729}
 		engines := []string{"a", "b", "c", "d", "e", "f"}
@@ -37,6 +38,7 @@ func FuzzOps(f *testing.F) {
 				delete(m.held, e)
 			}
 			x.Lookup(chain, &res)
+			checkSearch(t, x, chain)
 			for _, name := range engines {
 				s, ok := x.Slot(name)
 				got := Match{}

@@ -24,6 +24,13 @@ type Config struct {
 	// InitialKeys sizes the table up front to avoid growth pauses. Default 0
 	// (starts at 1,024 buckets and doubles).
 	InitialKeys int
+	// ExactLookup makes every lookup read each key of the chain (up to the
+	// first that extends no engine) instead of searching it. The search is
+	// exact when every engine holds, per tier, a prefix of each chain it
+	// holds keys of, which vLLM's eviction order guarantees on the GPU
+	// (search.go); set this when a source breaks that (an offload tier with
+	// its own eviction order) and a lookup must never look past a hole.
+	ExactLookup bool
 }
 
 // Defaults fills zero fields with their defaults.

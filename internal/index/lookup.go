@@ -22,6 +22,8 @@ type Result struct {
 	Slots []uint16
 	names []string // slot → engine id at lookup time (the index's slice; read-only)
 	sink  uint64
+	// search holds the search's buffers (search.go).
+	search searchBufs
 }
 
 type slotDepth struct {
@@ -77,6 +79,9 @@ var levels = func() (l [16]uint8) {
 // Lookup computes every engine's matched prefix depth for keys (a request's
 // chain keys, in order) into res. It stops at the first key no engine
 // extends, and allocates nothing once res has grown to the engine count.
+// By default it searches the chain rather than reading every key, which is
+// exact when engines hold prefixes of chains (search.go); with
+// Config.ExactLookup it reads every key.
 func (x *Index) Lookup(keys []uint64, res *Result) {
 	x.mu.RLock()
 	x.lookupLocked(keys, res)
@@ -279,6 +284,18 @@ func (s *lookupState) probeSpill(k, p uint64) *[inlineN]uint16 {
 }
 
 func (x *Index) lookupLocked(keys []uint64, res *Result) {
+	x.begin(res)
+	if !x.cfg.ExactLookup {
+		if x.searchLocked(keys, res, searchBudget(len(keys))) {
+			return
+		}
+		x.begin(res) // gave up: the scan starts over
+	}
+	x.scanLocked(keys, res)
+}
+
+// begin resets res for a new lookup.
+func (x *Index) begin(res *Result) {
 	res.gen++
 	if res.gen == 0 { // wrapped: invalidate every stamp
 		for i := range res.depth {
@@ -291,7 +308,11 @@ func (x *Index) lookupLocked(keys []uint64, res *Result) {
 	}
 	res.names = x.names
 	res.Slots = res.Slots[:0]
+}
 
+// scanLocked is the exact lookup: it reads every key up to the first that
+// extends no engine (Config.ExactLookup, or a search that gave up).
+func (x *Index) scanLocked(keys []uint64, res *Result) {
 	s := lookupState{t: x.t, keys: keys, limit: len(keys)}
 	nb := (len(keys) + lookupBatch - 1) / lookupBatch
 	for b := 0; b < lookupLead && b < nb; b++ {

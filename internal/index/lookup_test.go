@@ -67,7 +67,7 @@ func collidingKeys(rng *rand.Rand, n, lines int) []uint64 {
 // home lines full enough to spill, keys on more engines than fit inline and
 // in one overflow chunk, mixed tiers, speculative entries and key 0.
 func TestLookupPipelineAgainstModel(t *testing.T) {
-	x := newIndex(t)
+	x := newExactIndex(t)
 	m := &specModel{model: model{held: map[string]map[kvevents.Tier]map[uint64]bool{}}, spec: map[string]map[uint64]bool{}}
 	rng := rand.New(rand.NewPCG(7, 11))
 	engines := make([]string, 72) // > 2 inline + 2 chunks on one key
@@ -88,6 +88,7 @@ func TestLookupPipelineAgainstModel(t *testing.T) {
 	check := func(step int, q []uint64) {
 		t.Helper()
 		x.Lookup(q, &res)
+		checkSearch(t, x, q)
 		matched := 0
 		for _, name := range engines {
 			want := m.match(name, q)

@@ -37,6 +37,9 @@ type Config struct {
 	Seed uint64
 	// Parallel runs policies on this many goroutines. Default GOMAXPROCS.
 	Parallel int
+	// ExactLookup makes the router's index read every key of a chain
+	// (index.Config.ExactLookup) instead of searching it.
+	ExactLookup bool
 }
 
 // Defaults fills unset fields.

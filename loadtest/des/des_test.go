@@ -139,6 +139,35 @@ func TestIndexMatchesEngines(t *testing.T) {
 	}
 }
 
+// TestSearchLookupChangesNothing runs the same workload with the index's
+// default lookup (a search that relies on engines evicting children before
+// parents) and with the exact scan: the simulated engines evict like vLLM,
+// so every routing decision, and therefore every metric, must be the same.
+func TestSearchLookupChangesNothing(t *testing.T) {
+	cfg, reqs := smallConfig()
+	cfg.Engine.GPUBlocks = 600 // evict often
+	policies := []string{"kvmesh", "dynamo", "llmd"}
+	search, err := Run(context.Background(), cfg, reqs, policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ExactLookup = true
+	exact, err := Run(context.Background(), cfg, reqs, policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range policies {
+		a, b := search.Policies[p], exact.Policies[p]
+		a.Wall, b.Wall = 0, 0
+		if a != b {
+			t.Errorf("%s: search %+v\nexact %+v", p, a, b)
+		}
+		if a.PrefixHitRate == 0 || a.Completed != len(reqs) {
+			t.Errorf("%s: nothing cached: %+v", p, a)
+		}
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	_, reqs := smallConfig()
 	_, err := Run(context.Background(), Config{Engines: -1, Concurrency: -2, EventDelay: -1}, reqs, []string{"nope"})
