@@ -109,7 +109,7 @@ func (b *searchBufs) prefetchChunks(t *table, ps []probe) {
 			j++
 		}
 		if e := ps[j].e; e != nil && isOv(e) {
-				b.refs = append(b.refs, ovRef(e))
+			b.refs = append(b.refs, ovRef(e))
 		}
 	}
 	for len(b.refs) > 0 {
