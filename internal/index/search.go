@@ -234,8 +234,9 @@ func (x *Index) searchLocked(keys []uint64, res *Result, budget int) bool {
 	ps := b.read(t, keys)
 	// Split every span whose ends differ until they are neighbours. Spans
 	// past the first absent key do not matter: no engine holds beyond it.
-	for {
+	for round := 1; ; round++ {
 		b.pos = b.pos[:0]
+		spans := 0
 		for j := 0; j+1 < len(ps) && ps[j].e != nil; j++ {
 			lo, hi := &ps[j], &ps[j+1]
 			if lo.next == 0 {
@@ -246,10 +247,17 @@ func (x *Index) searchLocked(keys []uint64, res *Result, budget int) bool {
 			}
 			if lo.next == differsNext && hi.i-lo.i > 1 {
 				b.pos = spread(b.pos, lo.i, hi.i, searchSplit)
+				spans++
 			}
 		}
 		if len(b.pos) == 0 {
 			break
+		}
+		// A span narrowed from the first round's spacing costs about two
+		// rounds of probes: give up at once when those would exceed the
+		// budget, rather than after spending most of it.
+		if round == 1 && spans*2*searchSplit > budget {
+			return false
 		}
 		if budget -= len(b.pos); budget < 0 {
 			return false
