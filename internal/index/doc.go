@@ -27,7 +27,11 @@
 // most MaxEngines per Index). Large arrays live in their own mappings backed
 // by transparent huge pages on Linux (mem_linux.go).
 //
-// Lookup is a software pipeline over batches of keys (lookup.go): prefetch
+// Lookup searches a chain by default (search.go): it probes spread-out keys
+// in rounds and applies the spans between probes with equal elements by
+// their length, which is exact because engines hold prefixes of chains. The
+// scan (Config.ExactLookup, and the fallback) is a software pipeline over
+// batches of keys (lookup.go): prefetch
 // the home lines of keys two batches ahead, resolve the next batch, extend
 // depths with the current one, and apply runs of keys with identical
 // elements (a chain held by the same engines) in one step. On amd64 the
