@@ -71,11 +71,23 @@ func TestRay(t *testing.T) {
 func TestKthena(t *testing.T) {
 	p := NewKthena()
 	a, b := eng("a"), eng("b")
-	// a: full match but 1 waiting (base 100); b: idle, no match.
-	// a = 0 + 100, b = 100 + 0: tie broken at random, so make a slightly better.
-	a.Running, a.Waiting = 0, 1
-	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(10), {}}); got != "a" && got != "b" {
-		t.Fatal(got)
+	// score = least-request 100·(maxBase − base)/maxBase with base = running
+	// + 100·waiting, plus kvcache-aware 100·confirmed matched blocks/request
+	// blocks; highest wins.
+	// a: 1 waiting (base 100), 3 of 10 blocks cached; b: 60 running (base 60).
+	// maxBase 100: a = 0 + 30 = 30, b = 40 + 0 = 40. (Were a waiting request
+	// worth what a running one is, a's base would be 1 and a would win.)
+	a.Waiting, b.Running = 1, 60
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(3), {}}); got != "b" {
+		t.Fatalf("kthena picked %s (a = 30, b = 40)", got)
+	}
+	// 5 of 10 cached: a = 0 + 50 = 50, b = 40.
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(5), {}}); got != "a" {
+		t.Fatalf("kthena picked %s (a = 50, b = 40)", got)
+	}
+	// Speculative matches are not KV events: a = 0 + 0, b = 40.
+	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{spec(10), {}}); got != "b" {
+		t.Fatalf("kthena counted a speculative match: %s (a = 0, b = 40)", got)
 	}
 	a.Waiting, a.Running = 0, 50
 	b.Running = 100
