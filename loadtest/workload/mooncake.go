@@ -20,11 +20,14 @@ const MooncakeBlockTokens = 512
 // tokens); the last block may be partial.
 type Mooncake struct {
 	// RateScale multiplies the arrival rate (timestamps are divided by it).
-	// Default 1.
+	// The zero value means the default, 1 (so Mooncake{} reads a trace as
+	// recorded); a negative, NaN or infinite scale is an error. A command
+	// line that wants to reject an explicit 0 must do so itself.
 	RateScale float64
 	// Seed fixes the token ids of each hash id.
 	Seed uint64
-	// Limit keeps only the first Limit requests (0 = all).
+	// Limit keeps only the first Limit requests (0 = all; negative is an
+	// error).
 	Limit int
 	// MaxLineBytes bounds one line. Default 16 MiB.
 	MaxLineBytes int
@@ -37,7 +40,7 @@ type mooncakeLine struct {
 	HashIDs      *[]uint64 `json:"hash_ids"`
 }
 
-// ReadMooncakeFile reads a trace file.
+// ReadFile reads a trace file.
 func (c Mooncake) ReadFile(path string) ([]Request, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -55,6 +58,9 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 	}
 	if c.RateScale < 0 || math.IsNaN(c.RateScale) || math.IsInf(c.RateScale, 0) {
 		return nil, fmt.Errorf("%w: rate scale %v", ErrBadWorkload, c.RateScale)
+	}
+	if c.Limit < 0 {
+		return nil, fmt.Errorf("%w: limit %d is negative", ErrBadWorkload, c.Limit)
 	}
 	if c.MaxLineBytes == 0 {
 		c.MaxLineBytes = 16 << 20
@@ -86,12 +92,20 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 		case len(ids) == 0 || in > len(ids)*MooncakeBlockTokens || in <= (len(ids)-1)*MooncakeBlockTokens:
 			return nil, fmt.Errorf("%w: trace line %d: input_length %d does not fit %d blocks of %d", ErrBadWorkload, line, in, len(ids), MooncakeBlockTokens)
 		}
-		if len(reqs) > 0 && time.Duration(ts/c.RateScale*float64(time.Millisecond)) < reqs[len(reqs)-1].Arrival {
+		// A tiny rate scale can push a valid timestamp past what a
+		// time.Duration holds (the float-to-int conversion would then be
+		// implementation-defined).
+		ns := ts / c.RateScale * float64(time.Millisecond)
+		if ns >= math.MaxInt64 {
+			return nil, fmt.Errorf("%w: trace line %d: timestamp %v ms at rate scale %v overflows", ErrBadWorkload, line, ts, c.RateScale)
+		}
+		arrival := time.Duration(ns)
+		if len(reqs) > 0 && arrival < reqs[len(reqs)-1].Arrival {
 			return nil, fmt.Errorf("%w: trace line %d: timestamps go backwards", ErrBadWorkload, line)
 		}
 		reqs = append(reqs, Request{
 			ID:           len(reqs),
-			Arrival:      time.Duration(ts / c.RateScale * float64(time.Millisecond)),
+			Arrival:      arrival,
 			PromptTokens: in,
 			OutputTokens: max(out, 1),
 			Group:        -1,
