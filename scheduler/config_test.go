@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -58,10 +60,229 @@ sglang: {cacheThreshold: 2, balanceRelThreshold: 0.5}
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	for _, want := range []string{"apiVersion", "kind", "policy \"nope\"", "tierWeights.gpu", "maxWaiting", "weighted[0].name", "weighted[0].weight", "prefillRate", "cacheThreshold", "balanceRelThreshold"} {
+	for _, want := range []string{"apiVersion", "kind", "policy: \"nope\"", "tierWeights.gpu", "maxWaiting", "weighted[0].name", "weighted[0].weight", "prefillRate", "cacheThreshold", "balanceRelThreshold"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s:\n%v", want, err)
 		}
+	}
+}
+
+// TestParseConfigNeedsAPIVersionAndKind: a file must say what it is, even
+// though Defaults fills both in for a Config built in code.
+func TestParseConfigNeedsAPIVersionAndKind(t *testing.T) {
+	missingAPI := `apiVersion: missing, want "kvmesh.io/v1alpha1"`
+	missingKind := `kind: missing, want "SchedulerConfig"`
+	for _, tc := range []struct {
+		src  string
+		want []string
+	}{
+		{"", []string{missingAPI, missingKind}},
+		{"policy: kvmesh\n", []string{missingAPI, missingKind}},
+		{"kind: SchedulerConfig\n", []string{missingAPI}},
+		{"apiVersion: kvmesh.io/v1alpha1\n", []string{missingKind}},
+		{"apiVersion: \"\"\nkind: SchedulerConfig\n", []string{missingAPI}},
+	} {
+		_, err := ParseConfig([]byte(tc.src))
+		if !errors.Is(err, ErrConfig) {
+			t.Errorf("%q accepted: %v", tc.src, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q: error does not say %s:\n%v", tc.src, w, err)
+			}
+		}
+		if got := strings.Count(err.Error(), "\n") + 1; got != len(tc.want) {
+			t.Errorf("%q: %d errors, want %d:\n%v", tc.src, got, len(tc.want), err)
+		}
+	}
+	if c := DefaultConfig(); c.Validate() != nil {
+		t.Fatalf("DefaultConfig: %v", c.Validate())
+	}
+}
+
+// TestParseConfigListsDecodeAndValidationErrors: an unknown field does not
+// hide the validation problems; each problem is listed once, in a stable
+// order (decoding first, in file order, then validation).
+func TestParseConfigListsDecodeAndValidationErrors(t *testing.T) {
+	src := `apiVersion: v2
+kind: SchedulerConfig
+policy: nope
+bogus: 1
+seed: [1]
+ray: {imbalancedThreshold: 10, typo: 1}
+tierWeights: {cpu: .nan}
+`
+	_, err := ParseConfig([]byte(src))
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("accepted: %v", err)
+	}
+	lines := strings.Split(err.Error(), "\n")
+	want := []string{
+		"line 4: field bogus not found in type scheduler.Config",
+		"line 5: cannot unmarshal !!seq into uint64",
+		"line 6: field typo not found in type scheduler.RayConfig",
+		`apiVersion: "v2", want "kvmesh.io/v1alpha1"`,
+		`policy: "nope" is unknown`,
+		"tierWeights.cpu: NaN is not a number",
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("%d errors, want %d:\n%v", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.Contains(lines[i], w) {
+			t.Errorf("error %d = %q, want it to mention %q", i, lines[i], w)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		if _, again := ParseConfig([]byte(src)); again.Error() != err.Error() {
+			t.Fatalf("order changed:\n%v\nthen\n%v", err, again)
+		}
+	}
+	// A syntax error leaves nothing to validate: it is the one error.
+	if _, err := ParseConfig([]byte("{]")); !errors.Is(err, ErrConfig) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("syntax error: %v", err)
+	}
+}
+
+const header = "apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\n"
+
+// TestParseConfigPartialBlocks: a block's omitted fields keep their
+// defaults, its explicit values (0 included) are kept, an omitted or null
+// block stays nil, and unknown fields inside a block are still errors.
+func TestParseConfigPartialBlocks(t *testing.T) {
+	c, err := ParseConfig([]byte(header + `tierWeights: {gpu: 1, other: 0}
+kthena: {leastRequestWeight: 2}
+ray: {matchRateThreshold: 0.2}
+kvmesh: {prefillRate: 1000, missPenalty: 0}
+sglang: {cacheThreshold: 0}
+dynamo: {}
+llmd: {prefixWeight: 0}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := (TierWeights{GPU: 1, CPU: 0.8, Other: 0, Speculative: 0.9}); c.Weights() != w {
+		t.Errorf("tierWeights = %+v, want %+v", c.Weights(), w)
+	}
+	if w := (KthenaConfig{LeastRequestWeight: 2, KVCacheWeight: 1}); *c.Kthena != w {
+		t.Errorf("kthena = %+v, want %+v", *c.Kthena, w)
+	}
+	if w := (RayConfig{ImbalancedThreshold: 10, MatchRateThreshold: 0.2}); *c.Ray != w {
+		t.Errorf("ray = %+v, want %+v", *c.Ray, w)
+	}
+	w := DefaultKVMeshConfig()
+	w.PrefillRate, w.MissPenalty = 1000, 0
+	if *c.KVMesh != w {
+		t.Errorf("kvmesh = %+v, want %+v", *c.KVMesh, w)
+	}
+	if w := (SGLangConfig{CacheThreshold: 0, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.1}); *c.SGLang != w {
+		t.Errorf("sglang = %+v, want %+v", *c.SGLang, w)
+	}
+	if *c.Dynamo != DefaultDynamoConfig() {
+		t.Errorf("dynamo = %+v", *c.Dynamo)
+	}
+	if w := (LLMDConfig{QueueWeight: 2, KVUtilizationWeight: 2, PrefixWeight: 0}); *c.LLMD != w {
+		t.Errorf("llmd = %+v, want %+v", *c.LLMD, w)
+	}
+
+	c, err = ParseConfig([]byte(header + "kthena:\nray: null\n"))
+	if err != nil || c.Kthena != nil || c.Ray != nil || c.LLMD != nil {
+		t.Errorf("omitted or null blocks: %+v, %v", c, err)
+	}
+
+	_, err = ParseConfig([]byte(header + "kthena: {leastRequestWeight: 2, kvCacheWeigth: 1}\n"))
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "field kvCacheWeigth not found in type scheduler.KthenaConfig") {
+		t.Errorf("unknown field in a block: %v", err)
+	}
+}
+
+// TestParseConfigRejectsNonFinite: NaN and ±Inf are rejected wherever a
+// float is configured, and reported as such (not as out of range).
+func TestParseConfigRejectsNonFinite(t *testing.T) {
+	fields := map[string]string{
+		"tierWeights": "gpu cpu other speculative",
+		"kvmesh":      "prefillRate stepBase decodeSecPerToken decodeWeight externalityWeight missPenalty",
+		"kthena":      "leastRequestWeight kvCacheWeight",
+		"sglang":      "cacheThreshold balanceAbsThreshold balanceRelThreshold",
+		"ray":         "imbalancedThreshold matchRateThreshold",
+		"dynamo":      "overlapWeight",
+		"llmd":        "queueWeight kvUtilizationWeight prefixWeight",
+	}
+	check := func(src, path, want string) {
+		t.Helper()
+		_, err := ParseConfig([]byte(header + src))
+		if !errors.Is(err, ErrConfig) {
+			t.Errorf("%s accepted", src)
+			return
+		}
+		if msg := path + ": " + want; err.Error() != ErrConfig.Error()+": "+msg {
+			t.Errorf("%s: got\n%v\nwant only %q", src, err, msg)
+		}
+	}
+	for block, names := range fields {
+		for _, name := range strings.Fields(names) {
+			path := block + "." + name
+			check(fmt.Sprintf("%s: {%s: .nan}\n", block, name), path, "NaN is not a number")
+			check(fmt.Sprintf("%s: {%s: .inf}\n", block, name), path, "+Inf is not a finite number")
+			check(fmt.Sprintf("%s: {%s: -.inf}\n", block, name), path, "-Inf is not a finite number")
+		}
+	}
+	check("policy: weighted\nweighted: [{name: prefix, weight: .nan}]\n", "weighted[0].weight", "NaN is not a number")
+	check("policy: weighted\nweighted: [{name: prefix, weight: .Inf}]\n", "weighted[0].weight", "+Inf is not a finite number")
+}
+
+// TestParseConfigOneDocument: a second YAML document is an error, not
+// silently ignored; a trailing empty one ("---" alone) is harmless.
+func TestParseConfigOneDocument(t *testing.T) {
+	_, err := ParseConfig([]byte(header + "policy: kvmesh\n---\n" + header + "policy: random\n"))
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "line 4: a second YAML document is not allowed") {
+		t.Errorf("second document: %v", err)
+	}
+	_, err = ParseConfig([]byte(header + "---\n{]\n"))
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "second YAML document") {
+		t.Errorf("broken second document: %v", err)
+	}
+	_, err = ParseConfig([]byte(header + "policy: nope\n---\npolicy: random\n"))
+	if err == nil || !strings.Contains(err.Error(), "second YAML document") || !strings.Contains(err.Error(), `policy: "nope"`) {
+		t.Errorf("second document hides the first's problems: %v", err)
+	}
+	if _, err := ParseConfig([]byte("---\n" + header + "---\n")); err != nil {
+		t.Errorf("one document between separators: %v", err)
+	}
+}
+
+// TestWeightedScorersNeedPositiveWeights: a scorer of the weighted policy
+// with weight 0 (or none) would silently do nothing.
+func TestWeightedScorersNeedPositiveWeights(t *testing.T) {
+	for src, want := range map[string]string{
+		"weighted: [{name: prefix, weight: 1}, {name: load, weight: 0}]\n": "weighted[1].weight: 0 must be > 0",
+		"weighted: [{name: prefix}]\n":                                     "weighted[0].weight: 0 must be > 0",
+		"weighted: [{name: prefix, weight: -2}]\n":                         "weighted[0].weight: -2 must be > 0",
+	} {
+		_, err := ParseConfig([]byte(header + "policy: weighted\n" + src))
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", src, err, want)
+		}
+	}
+	if _, err := ParseConfig([]byte(header + "policy: weighted\nweighted: [{name: prefix, weight: 0.5}]\n")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLLMDConfigValidation(t *testing.T) {
+	for src, want := range map[string]string{
+		"llmd: {queueWeight: 0, kvUtilizationWeight: 0, prefixWeight: 0}\n": "llmd: queueWeight, kvUtilizationWeight and prefixWeight are all 0",
+		"llmd: {queueWeight: -1}\n":                                         "llmd.queueWeight: -1 is negative",
+	} {
+		_, err := ParseConfig([]byte(header + src))
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", src, err, want)
+		}
+	}
+	c, err := ParseConfig([]byte(header + "policy: llmd\nllmd: {queueWeight: 0, kvUtilizationWeight: 0}\n"))
+	if err != nil || *c.LLMD != (LLMDConfig{PrefixWeight: 3}) {
+		t.Fatalf("prefix only: %+v, %v", c.LLMD, err)
 	}
 }
 
@@ -69,6 +290,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\npolicy: kvmesh\n"))
 	f.Add([]byte("weighted: [{name: prefix, weight: 1}]\npolicy: weighted\n"))
 	f.Add([]byte("{]"))
+	f.Add([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\nkthena: {kvCacheWeight: 0}\nllmd: {prefixWeight: .nan}\n---\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := ParseConfig(b)
 		if err == nil {
@@ -86,11 +308,22 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Policy != "kvmesh" || c.Weights() != DefaultTierWeights() || c.KVMesh == nil || c.KVMesh.PrefillRate != 30000 ||
-		c.SGLang.BalanceAbsThreshold != 32 || c.Ray.ImbalancedThreshold != 10 || len(c.Weighted) != 3 {
-		t.Fatalf("example decoded to %+v", c)
+	want := DefaultConfig()
+	kv, kt, sg, ray, dyn, llmd := DefaultKVMeshConfig(), DefaultKthenaConfig(), DefaultSGLangConfig(), DefaultRayConfig(), DefaultDynamoConfig(), DefaultLLMDConfig()
+	want.KVMesh, want.Kthena, want.SGLang, want.Ray, want.Dynamo, want.LLMD = &kv, &kt, &sg, &ray, &dyn, &llmd
+	want.Weighted = []ScorerConfig{{"prefix", 3}, {"load", 2}, {"session-affinity", 1}}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("example decoded to\n%s\nwant\n%s", dump(c), dump(want))
 	}
 	if _, err := LoadConfig("testdata/missing.yaml"); err == nil {
 		t.Fatal("missing file accepted")
 	}
+}
+
+func dump(c Config) string {
+	s := fmt.Sprintf("%+v", c)
+	for _, p := range []any{c.TierWeights, c.KVMesh, c.Kthena, c.SGLang, c.Ray, c.Dynamo, c.LLMD} {
+		s += fmt.Sprintf("\n  %+v", p)
+	}
+	return s
 }

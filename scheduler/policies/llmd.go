@@ -1,9 +1,25 @@
 package policies
 
 import (
+	"fmt"
+	"math"
+
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/scorers"
 )
+
+// LLMDWeights are the llm-d scorer weights.
+type LLMDWeights struct {
+	Queue         float64 // queue-scorer
+	KVUtilization float64 // kv-cache-utilization-scorer
+	Prefix        float64 // prefix-cache-scorer
+}
+
+// DefaultLLMDWeights are llm-d's documented defaults: queue 2,
+// kv-cache utilization 2, prefix cache 3.
+func DefaultLLMDWeights() LLMDWeights {
+	return LLMDWeights{Queue: 2, KVUtilization: 2, Prefix: 3}
+}
 
 // LLMD emulates the llm-d inference scheduler's default scoring profile
 // (llm-d/llm-d-inference-scheduler, deploy/config: queue-scorer weight 2,
@@ -16,13 +32,31 @@ import (
 //   - prefix-cache-scorer (precise mode, from KV events): confirmed matched
 //     blocks / request blocks.
 func LLMD() *scheduler.Weighted {
-	w, _ := scheduler.NewWeighted("llmd",
-		scheduler.WeightedScorer{Scorer: scorers.Queue{}, Weight: 2},
-		scheduler.WeightedScorer{Scorer: scorers.KVUsage{}, Weight: 2},
-		scheduler.WeightedScorer{Scorer: confirmedPrefix{}, Weight: 3},
-	)
-	w.Scale = 1.0 / 7
+	w, _ := NewLLMD(DefaultLLMDWeights())
 	return w
+}
+
+// NewLLMD is LLMD with other scorer weights: each finite and ≥ 0, not all 0.
+func NewLLMD(w LLMDWeights) (*scheduler.Weighted, error) {
+	total := w.Queue + w.KVUtilization + w.Prefix
+	for _, v := range []float64{w.Queue, w.KVUtilization, w.Prefix} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return nil, fmt.Errorf("policy llmd: %w: weight %v is not a finite number ≥ 0", scheduler.ErrConfig, v)
+		}
+	}
+	if total <= 0 || math.IsInf(total, 0) {
+		return nil, fmt.Errorf("policy llmd: %w: weights sum to %v", scheduler.ErrConfig, total)
+	}
+	p, err := scheduler.NewWeighted("llmd",
+		scheduler.WeightedScorer{Scorer: scorers.Queue{}, Weight: w.Queue},
+		scheduler.WeightedScorer{Scorer: scorers.KVUsage{}, Weight: w.KVUtilization},
+		scheduler.WeightedScorer{Scorer: confirmedPrefix{}, Weight: w.Prefix},
+	)
+	if err != nil {
+		return nil, err
+	}
+	p.Scale = 1 / total
+	return p, nil
 }
 
 // confirmedPrefix scores confirmed (event-backed, any tier) matched blocks

@@ -58,7 +58,15 @@ func Policy(cfg *scheduler.Config) (scheduler.Policy, error) {
 		}
 		return p, nil
 	case "llmd":
-		return policies.LLMD(), nil
+		l := cfg.LLMD
+		if l == nil {
+			return policies.LLMD(), nil
+		}
+		p, err := policies.NewLLMD(policies.LLMDWeights{Queue: l.QueueWeight, KVUtilization: l.KVUtilizationWeight, Prefix: l.PrefixWeight})
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
 	case "kvmesh":
 		p := policies.NewKVMesh()
 		if k := cfg.KVMesh; k != nil {

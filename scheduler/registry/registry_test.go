@@ -1,11 +1,22 @@
 package registry
 
 import (
+	"errors"
+	"math"
+	"reflect"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
+
+// defaultPolicies are the policies' built-in defaults, by name.
+func defaultPolicies() map[string]scheduler.Policy {
+	return map[string]scheduler.Policy{
+		"kvmesh": policies.NewKVMesh(), "sglang": policies.NewSGLang(), "ray": policies.NewRay(),
+		"dynamo": policies.NewDynamo(), "kthena": policies.NewKthena(), "llmd": policies.LLMD(),
+	}
+}
 
 // TestExampleMatchesDefaults: the example file spells out the policies'
 // built-in defaults; building from it must give the same policies.
@@ -14,19 +25,82 @@ func TestExampleMatchesDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]scheduler.Policy{
-		"kvmesh": policies.NewKVMesh(), "sglang": policies.NewSGLang(), "ray": policies.NewRay(),
-		"dynamo": policies.NewDynamo(), "kthena": policies.NewKthena(),
-	}
-	for name, w := range want {
+	for name, w := range defaultPolicies() {
 		cfg.Policy = name
 		p, err := Policy(&cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p != w {
+		if !reflect.DeepEqual(p, w) {
 			t.Errorf("%s from the example = %+v, built-in default %+v", name, p, w)
 		}
+	}
+}
+
+// TestDefaultBlocksMatchPolicies: the config's Default*Config blocks (what a
+// partial YAML block is completed from) are the policies' built-in defaults.
+func TestDefaultBlocksMatchPolicies(t *testing.T) {
+	cfg := scheduler.DefaultConfig()
+	kv, kt, sg, ray, dyn, llmd := scheduler.DefaultKVMeshConfig(), scheduler.DefaultKthenaConfig(), scheduler.DefaultSGLangConfig(),
+		scheduler.DefaultRayConfig(), scheduler.DefaultDynamoConfig(), scheduler.DefaultLLMDConfig()
+	cfg.KVMesh, cfg.Kthena, cfg.SGLang, cfg.Ray, cfg.Dynamo, cfg.LLMD = &kv, &kt, &sg, &ray, &dyn, &llmd
+	for name, w := range defaultPolicies() {
+		cfg.Policy = name
+		p, err := Policy(&cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(p, w) {
+			t.Errorf("%s from Default*Config = %+v, built-in default %+v", name, p, w)
+		}
+	}
+}
+
+// TestPartialBlocks: a partial YAML block builds the default policy with
+// only the given fields changed.
+func TestPartialBlocks(t *testing.T) {
+	cfg, err := scheduler.ParseConfig([]byte(`apiVersion: kvmesh.io/v1alpha1
+kind: SchedulerConfig
+kthena: {leastRequestWeight: 2}
+ray: {matchRateThreshold: 0.2}
+kvmesh: {missPenalty: 0}
+llmd: {prefixWeight: 5}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kt, ray, kv := policies.NewKthena(), policies.NewRay(), policies.NewKVMesh()
+	kt.LeastRequestWeight, ray.MatchRateThreshold, kv.MissPenalty = 2, 0.2, 0
+	llmd, err := policies.NewLLMD(policies.LLMDWeights{Queue: 2, KVUtilization: 2, Prefix: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, w := range map[string]scheduler.Policy{"kthena": kt, "ray": ray, "kvmesh": kv, "llmd": llmd} {
+		cfg.Policy = name
+		p, err := Policy(&cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(p, w) {
+			t.Errorf("%s = %+v, want %+v", name, p, w)
+		}
+	}
+}
+
+// TestNewValidatesLLMD: New rejects llmd weights the policy cannot use.
+func TestNewValidatesLLMD(t *testing.T) {
+	cfg := scheduler.DefaultConfig()
+	cfg.Policy = "llmd"
+	cfg.LLMD = &scheduler.LLMDConfig{}
+	if _, err := New(cfg, nil, nil); !errors.Is(err, scheduler.ErrConfig) {
+		t.Fatalf("all-zero llmd weights: %v", err)
+	}
+	cfg.LLMD = &scheduler.LLMDConfig{QueueWeight: math.NaN(), PrefixWeight: 1}
+	if _, err := New(cfg, nil, nil); !errors.Is(err, scheduler.ErrConfig) {
+		t.Fatalf("NaN llmd weight: %v", err)
+	}
+	if _, err := Policy(&cfg); err == nil {
+		t.Fatal("Policy built llmd with a NaN weight")
 	}
 }
 
