@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -21,14 +22,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("bench", stderr)
 	var (
 		mode        = fs.String("mode", "des", "benchmark mode (des: discrete-event simulation)")
-		engines     = fs.Int("engines", 8, "simulated engines")
+		engines     = fs.Int("engines", 8, "simulated engines (1..4000)")
 		policies    = fs.String("policies", strings.Join(defaultPolicies(), ","), "comma-separated policies: "+strings.Join(scheduler.PolicyNames[:len(scheduler.PolicyNames)-1], ","))
 		profile     = fs.String("profile", engine.DefaultProfile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
 		gpuBlocks   = fs.Int("gpu-blocks", 0, "GPU KV capacity per engine in blocks (0 = engine default)")
 		cpuBlocks   = fs.Int("cpu-blocks", 0, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
 		blockSize   = fs.Int("block-size", 16, "tokens per KV block")
 		maxRunning  = fs.Int("max-running", 0, "max sequences per batch (0 = engine default)")
-		seed        = fs.Uint64("seed", 1, "workload and scheduler seed")
+		seed        = fs.Uint64("seed", 1, "workload and scheduler seed (0 means the default, 1)")
 		wl          = fs.String("workload", "shared-prefix", "workload: shared-prefix or trace")
 		groups      = fs.Int("groups", 64, "shared-prefix: groups")
 		prompts     = fs.Int("prompts", 16, "shared-prefix: prompts per group")
@@ -38,7 +39,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		rate        = fs.Float64("rate", 0, "shared-prefix: request rate per second (0 = all at once)")
 		concurrency = fs.Int("concurrency", 0, "client max requests in flight (0 = unlimited)")
 		trace       = fs.String("trace", "", "trace: Mooncake-format JSONL file")
-		rateScale   = fs.Float64("rate-scale", 1, "trace: arrival rate multiplier")
+		rateScale   = fs.Float64("rate-scale", 1, "trace: arrival rate multiplier (> 0)")
 		limit       = fs.Int("limit", 0, "trace: use only the first N requests (0 = all)")
 		eventDelay  = fs.Duration("event-delay", 0, "KV event propagation delay to the index")
 		snapshot    = fs.Duration("snapshot-interval", 200*time.Millisecond, "engine load snapshot period (gossip staleness); negative = always fresh")
@@ -48,56 +49,136 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
+	// Every invalid value is a usage error listing every problem: des.Config
+	// and the workloads read some zero values as "default" (0 engines would
+	// run 8), so the command line must reject them before they get there.
+	var probs []string
+	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
 	if *mode != "des" {
-		return fmt.Errorf("%w: --mode %q (only des)", errUsage, *mode)
+		bad("--mode %q: only des", *mode)
 	}
 	prof, err := engine.LookupProfile(*profile)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		bad("--profile %q: want one of %s", *profile, strings.Join(engine.ProfileNames(), ", "))
+	}
+	if *engines < 1 || *engines > 4000 {
+		bad("--engines %d: want 1..4000", *engines)
+	}
+	if *gpuBlocks < 0 || *gpuBlocks > 1<<30 {
+		bad("--gpu-blocks %d: want 0 (engine default) or 1..2^30", *gpuBlocks)
+	}
+	if *cpuBlocks < 0 || *cpuBlocks > 1<<30 {
+		bad("--cpu-blocks %d: want 0..2^30", *cpuBlocks)
+	}
+	if *blockSize < 1 || *blockSize > 1024 {
+		bad("--block-size %d: want 1..1024", *blockSize)
+	}
+	if *maxRunning < 0 {
+		bad("--max-running %d: want ≥ 0", *maxRunning)
+	}
+	if *concurrency < 0 {
+		bad("--concurrency %d: want ≥ 0 (0 = unlimited)", *concurrency)
+	}
+	if *eventDelay < 0 {
+		bad("--event-delay %v: want ≥ 0", *eventDelay)
+	}
+	if *groups < 1 {
+		bad("--groups %d: want ≥ 1", *groups)
+	}
+	if *prompts < 1 {
+		bad("--prompts %d: want ≥ 1", *prompts)
+	}
+	if *shared < 0 {
+		bad("--shared %d: want ≥ 0", *shared)
+	}
+	if *question < 0 {
+		bad("--question %d: want ≥ 0", *question)
+	}
+	if *shared == 0 && *question == 0 {
+		bad("--shared and --question are both 0: a prompt needs a token")
+	}
+	if *output < 1 {
+		bad("--output %d: want ≥ 1", *output)
+	}
+	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
+		bad("--rate %v: want a finite rate ≥ 0 (0 = all at once)", *rate)
+	}
+	if !(*rateScale > 0) || math.IsInf(*rateScale, 0) {
+		bad("--rate-scale %v: want a finite multiplier > 0", *rateScale)
+	}
+	if *limit < 0 {
+		bad("--limit %d: want ≥ 0 (0 = all)", *limit)
+	}
+	switch *wl {
+	case "shared-prefix":
+	case "trace":
+		if *trace == "" {
+			bad("--workload trace needs --trace FILE")
+		}
+	default:
+		bad("--workload %q: want shared-prefix or trace", *wl)
+	}
+	var sc scheduler.Config
+	if *configPath != "" {
+		if sc, err = scheduler.LoadConfig(*configPath); err != nil {
+			bad("--config: %v", err)
+		}
+	}
+	var names []string
+	given := false
+	for _, p := range strings.Split(*policies, ",") {
+		p = strings.TrimSpace(p)
+		given = given || p != ""
+		switch {
+		case p == "":
+		case !slices.Contains(scheduler.PolicyNames, p):
+			bad("--policies: unknown policy %q (known: %s)", p, strings.Join(scheduler.PolicyNames, ", "))
+		case slices.Contains(names, p):
+			bad("--policies: %q given twice", p)
+		case p == "weighted" && len(sc.Weighted) == 0:
+			bad("--policies: weighted needs a --config with weighted scorers")
+		default:
+			names = append(names, p)
+		}
+	}
+	if !given {
+		bad("--policies is empty")
+	}
+	// des.Config reads seed 0 as its default 1 for the schedulers; --seed 0
+	// means that default for the workload too, so it runs exactly --seed 1.
+	if *seed == 0 {
+		*seed = 1
 	}
 	cfg := des.Config{
 		Engines:          *engines,
 		Engine:           engine.Config{BlockSize: *blockSize, GPUBlocks: *gpuBlocks, CPUBlocks: *cpuBlocks, MaxRunning: *maxRunning, Profile: prof},
+		Scheduler:        sc,
 		Concurrency:      *concurrency,
 		EventDelay:       *eventDelay,
 		SnapshotInterval: *snapshot,
 		Seed:             *seed,
 	}
-	if *configPath != "" {
-		sc, err := scheduler.LoadConfig(*configPath)
-		if err != nil {
-			return err
+	if len(probs) == 0 {
+		// Whatever des would still reject (a --config parameter...), as a
+		// usage error too.
+		c := cfg
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			bad("%v", err)
 		}
-		cfg.Scheduler = sc
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
 	}
 	var reqs []workload.Request
-	switch *wl {
-	case "shared-prefix":
+	if *wl == "trace" {
+		reqs, err = workload.Mooncake{RateScale: *rateScale, Seed: *seed, Limit: *limit}.ReadFile(*trace)
+	} else {
 		reqs, err = workload.SharedPrefix{Groups: *groups, Prompts: *prompts, Shared: *shared, Question: *question,
 			Output: *output, Rate: *rate, Seed: *seed}.Generate()
-	case "trace":
-		if *trace == "" {
-			return fmt.Errorf("%w: --workload trace needs --trace FILE", errUsage)
-		}
-		reqs, err = workload.Mooncake{RateScale: *rateScale, Seed: *seed, Limit: *limit}.ReadFile(*trace)
-	default:
-		return fmt.Errorf("%w: --workload %q (shared-prefix or trace)", errUsage, *wl)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	var names []string
-	for _, p := range strings.Split(*policies, ",") {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
-		}
-		if !slices.Contains(scheduler.PolicyNames, p) {
-			return fmt.Errorf("%w: --policies: unknown policy %q (known: %s)", errUsage, p, strings.Join(scheduler.PolicyNames, ", "))
-		}
-		names = append(names, p)
-	}
-	if len(names) == 0 {
-		return fmt.Errorf("%w: --policies is empty", errUsage)
 	}
 	rep, err := des.Run(ctx, cfg, reqs, names)
 	if err != nil {

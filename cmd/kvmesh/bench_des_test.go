@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// benchIssueFlags is the scenario of the issue, tiny enough to run in well
+// under a second.
+var benchIssueFlags = []string{"bench", "--mode", "des", "--engines", "3",
+	"--policies", "random,kthena,ray,sglang,dynamo,llmd,kvmesh", "--profile", "8b-h100", "--gpu-blocks", "3000",
+	"--seed", "1", "--workload", "shared-prefix", "--groups", "4", "--prompts", "4", "--shared", "256",
+	"--question", "32", "--output", "16", "--rate", "50", "--concurrency", "8"}
+
+var benchIssuePolicies = []string{"random", "kthena", "ray", "sglang", "dynamo", "llmd", "kvmesh"}
+
+// benchRunCLI runs the kvmesh binary's entry point.
+func benchRunCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// checkBenchJSON decodes `kvmesh bench --json` output and checks its exact
+// shape and that every number is sane; it returns the oracle hit rate.
+func checkBenchJSON(t *testing.T, out string, policies []string) float64 {
+	t.Helper()
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out), &top); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if keys := benchSortedKeys(top); !slices.Equal(keys, []string{"oracle_hit_rate", "policies"}) {
+		t.Fatalf("top-level keys %v, want exactly policies and oracle_hit_rate", keys)
+	}
+	var oracle float64
+	if err := json.Unmarshal(top["oracle_hit_rate"], &oracle); err != nil {
+		t.Fatalf("oracle_hit_rate: %v", err)
+	}
+	if math.IsNaN(oracle) || oracle < 0 || oracle > 1 {
+		t.Fatalf("oracle_hit_rate %v outside [0,1]", oracle)
+	}
+	var pols map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(top["policies"], &pols); err != nil {
+		t.Fatalf("policies: %v", err)
+	}
+	if got, want := benchSortedKeys(pols), slices.Sorted(slices.Values(policies)); !slices.Equal(got, want) {
+		t.Fatalf("policies %v, want %v", got, want)
+	}
+	wantKeys := []string{"e2e_mean_s", "load_imbalance", "prefix_hit_rate", "throughput_rps",
+		"ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"}
+	for name, obj := range pols {
+		if keys := benchSortedKeys(obj); !slices.Equal(keys, wantKeys) {
+			t.Fatalf("%s: keys %v, want exactly %v", name, keys, wantKeys)
+		}
+		v := make(map[string]float64, len(obj))
+		for k, raw := range obj {
+			var f float64
+			if err := json.Unmarshal(raw, &f); err != nil {
+				t.Fatalf("%s.%s = %s: %v", name, k, raw, err)
+			}
+			if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+				t.Fatalf("%s.%s = %v", name, k, f)
+			}
+			v[k] = f
+		}
+		switch {
+		case v["throughput_rps"] <= 0:
+			t.Errorf("%s: throughput %v", name, v["throughput_rps"])
+		case v["ttft_mean_s"] <= 0 || v["ttft_p50_s"] <= 0:
+			t.Errorf("%s: TTFT mean %v, p50 %v: a prefill takes time", name, v["ttft_mean_s"], v["ttft_p50_s"])
+		case v["ttft_p50_s"] > v["ttft_p90_s"] || v["ttft_p90_s"] > v["ttft_p99_s"]:
+			t.Errorf("%s: TTFT p50 %v, p90 %v, p99 %v not ordered", name, v["ttft_p50_s"], v["ttft_p90_s"], v["ttft_p99_s"])
+		case v["e2e_mean_s"] < v["ttft_mean_s"]:
+			t.Errorf("%s: e2e mean %v < TTFT mean %v", name, v["e2e_mean_s"], v["ttft_mean_s"])
+		case v["prefix_hit_rate"] > oracle+1e-9:
+			t.Errorf("%s: hit rate %v above the oracle's %v", name, v["prefix_hit_rate"], oracle)
+		case v["load_imbalance"] < 1:
+			t.Errorf("%s: load imbalance (max/mean) %v < 1", name, v["load_imbalance"])
+		}
+	}
+	return oracle
+}
+
+func benchSortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func TestBenchDESJSON(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, append(slices.Clone(benchIssueFlags), "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	oracle := checkBenchJSON(t, out, benchIssuePolicies)
+	// 16 prompts of 288 tokens; each group's 3 later prompts can reuse its
+	// 256 shared tokens (16 full blocks): 12·256 / (16·288).
+	if want := 12.0 * 256 / (16 * 288); math.Abs(oracle-want) > 1e-12 {
+		t.Fatalf("oracle hit rate %v, want %v", oracle, want)
+	}
+}
+
+func TestBenchDESTable(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, benchIssueFlags...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.HasPrefix(out, "workload shared-prefix: 16 requests, 4608 prompt + 256 output tokens") ||
+		!strings.Contains(out, "; 3 engines (8b-h100)\n") {
+		t.Fatalf("header:\n%s", out)
+	}
+	rows := map[string]bool{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			rows[f[0]] = true
+		}
+	}
+	for _, p := range benchIssuePolicies {
+		if !rows[p] {
+			t.Errorf("no table row for %s:\n%s", p, out)
+		}
+	}
+	if !strings.Contains(out, "oracle (infinite shared cache) hit rate: 0.667") {
+		t.Errorf("no oracle line:\n%s", out)
+	}
+}
+
+// TestBenchDESTrace runs a Mooncake trace: a tiny one written here (its
+// oracle hit rate worked out by hand) and the repository's synthetic trace
+// cut to 100 requests (the whole trace on 2 engines takes ~6 s).
+func TestBenchDESTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	// Blocks of 512 tokens. Line 2 repeats line 1's two blocks (1,024
+	// tokens hit); line 3 shares only block 0 (512); line 4 is new.
+	trace := `{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [0, 1]}
+{"timestamp": 100, "input_length": 1024, "output_length": 4, "hash_ids": [0, 1]}
+{"timestamp": 200, "input_length": 700, "output_length": 4, "hash_ids": [0, 2]}
+{"timestamp": 300, "input_length": 512, "output_length": 4, "hash_ids": [3]}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--workload", "trace", "--trace", path,
+		"--rate-scale", "4", "--engines", "2", "--policies", "kvmesh", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if oracle, want := checkBenchJSON(t, out, []string{"kvmesh"}), (1024.0+512)/(1024+1024+700+512); oracle != want {
+		t.Fatalf("oracle hit rate %v, want %v", oracle, want)
+	}
+
+	code, out, errOut = benchRunCLI(t, "bench", "--mode", "des", "--workload", "trace",
+		"--trace", filepath.Join("..", "..", "testdata", "traces", "mooncake_synthetic_trace.jsonl"),
+		"--rate-scale", "4", "--engines", "2", "--policies", "kvmesh", "--limit", "100", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	checkBenchJSON(t, out, []string{"kvmesh"})
+}
+
+// TestBenchDESSeedZero: --seed 0 means the default seed, 1, for the
+// workload and the schedulers alike (des.Config turns a zero seed into 1).
+func TestBenchDESSeedZero(t *testing.T) {
+	args := []string{"bench", "--engines", "2", "--policies", "random", "--groups", "2", "--prompts", "3",
+		"--shared", "64", "--question", "16", "--output", "4", "--rate", "20", "--json"}
+	outs := map[string]string{}
+	for _, seed := range []string{"0", "1", "2"} {
+		code, out, errOut := benchRunCLI(t, append(slices.Clone(args), "--seed", seed)...)
+		if code != 0 {
+			t.Fatalf("--seed %s: exit %d: %s", seed, code, errOut)
+		}
+		outs[seed] = out
+	}
+	if outs["0"] != outs["1"] {
+		t.Fatalf("--seed 0 differs from the default --seed 1:\n%s\n%s", outs["0"], outs["1"])
+	}
+	if outs["1"] == outs["2"] {
+		t.Fatal("--seed 2 gives the same run as --seed 1: the seed is not used")
+	}
+	code, _, help := benchRunCLI(t, "bench", "-h")
+	if code != 0 || !strings.Contains(help, "0 means the default, 1") {
+		t.Fatalf("bench -h (exit %d) does not document --seed 0:\n%s", code, help)
+	}
+}
+
+func TestBenchDESUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--engines", "0"}, []string{"--engines 0"}},
+		{[]string{"--engines", "-3"}, []string{"--engines -3"}},
+		{[]string{"--rate", "-1"}, []string{"--rate -1"}},
+		{[]string{"--rate", "NaN"}, []string{"--rate NaN"}},
+		{[]string{"--rate", "+Inf"}, []string{"--rate +Inf"}},
+		{[]string{"--rate-scale", "0"}, []string{"--rate-scale 0"}},
+		{[]string{"--rate-scale", "-2"}, []string{"--rate-scale -2"}},
+		{[]string{"--rate-scale", "NaN"}, []string{"--rate-scale NaN"}},
+		{[]string{"--groups", "0"}, []string{"--groups 0"}},
+		{[]string{"--prompts", "0"}, []string{"--prompts 0"}},
+		{[]string{"--shared", "-1"}, []string{"--shared -1"}},
+		{[]string{"--question", "-1"}, []string{"--question -1"}},
+		{[]string{"--output", "-1"}, []string{"--output -1"}},
+		{[]string{"--concurrency", "-1"}, []string{"--concurrency -1"}},
+		{[]string{"--gpu-blocks", "-1"}, []string{"--gpu-blocks -1"}},
+		{[]string{"--limit", "-1"}, []string{"--limit -1"}},
+		{[]string{"--policies", "kvmesh,nope"}, []string{`unknown policy "nope"`}},
+		{[]string{"--policies", "kvmesh,kvmesh"}, []string{`"kvmesh" given twice`}},
+		{[]string{"--policies", " , "}, []string{"--policies is empty"}},
+		{[]string{"--policies", "weighted"}, []string{"weighted needs a --config"}},
+		{[]string{"--workload", "trace"}, []string{"--workload trace needs --trace"}},
+		{[]string{"--workload", "bogus"}, []string{`--workload "bogus"`}},
+		{[]string{"--profile", "bogus"}, []string{`--profile "bogus"`, "8b-h100"}},
+		{[]string{"--mode", "live"}, []string{`--mode "live"`}},
+		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, []string{"--config"}},
+		// Every problem at once is named at once.
+		{[]string{"--engines", "0", "--rate", "NaN", "--rate-scale", "0", "--groups", "0", "--prompts", "0",
+			"--shared", "-1", "--question", "-1", "--output", "-1", "--concurrency", "-1", "--gpu-blocks", "-1",
+			"--policies", "foo,kvmesh,bar", "--workload", "trace", "--profile", "bogus"},
+			[]string{"--engines 0", "--rate NaN", "--rate-scale 0", "--groups 0", "--prompts 0", "--shared -1",
+				"--question -1", "--output -1", "--concurrency -1", "--gpu-blocks -1", `unknown policy "foo"`,
+				`unknown policy "bar"`, "--workload trace needs --trace", `--profile "bogus"`}},
+	} {
+		args := append([]string{"bench", "--mode", "des", "--engines", "2", "--policies", "random",
+			"--groups", "1", "--prompts", "1"}, tc.args...)
+		code, out, errOut := benchRunCLI(t, args...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2 (stderr %q)", tc.args, code, errOut)
+			continue
+		}
+		if out != "" {
+			t.Errorf("%v: printed %q before failing", tc.args, out)
+		}
+		if !strings.HasPrefix(errOut, "kvmesh bench: usage: ") {
+			t.Errorf("%v: stderr %q", tc.args, errOut)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("%v: stderr does not name %q: %s", tc.args, w, errOut)
+			}
+		}
+	}
+}
