@@ -90,7 +90,8 @@ func (c *Config) Validate() error {
 // weight read and launch overhead, decode cost per context token from the
 // KV read.
 func KVMeshFromProfile(p engine.Profile) *scheduler.KVMeshConfig {
-	k := &scheduler.KVMeshConfig{DecodeWeight: 1, DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1}
+	d := scheduler.DefaultKVMeshConfig() // the weights; the rates come from the profile
+	k := &d
 	if p.Params > 0 && p.FLOPS > 0 {
 		k.PrefillRate = p.FLOPS / (2 * p.Params)
 	}
