@@ -81,6 +81,37 @@ func TestRayLowMatch(t *testing.T) {
 		"best match 1/10 = 0.1 ≥ 0.1: a")
 }
 
+// TestRayShortlistAndBoundary: of the shortlist (best match), Ray takes the
+// one with the smallest queue, not a power of two of it; and a queue spread
+// of exactly imbalanced_threshold is still balanced (Ray's test is ">").
+func TestRayShortlistAndBoundary(t *testing.T) {
+	p := NewRay()
+	a, b, c, d := eng("a"), eng("b"), eng("c"), eng("d")
+	a.InFlight, b.InFlight, c.InFlight, d.InFlight = 6, 5, 1, 9
+	ms := []index.Match{full(10), full(10), full(10), {}}
+	// Three tie on the best match; c has the smallest queue. A power of two
+	// over the three would miss c in a third of the picks.
+	ids, _ := pickAll(t, p, req(10), []scheduler.Engine{a, b, c, d}, ms, 60)
+	for i, id := range ids {
+		if id != "c" {
+			t.Fatalf("pick %d: %s, want c (smallest queue of the best-match shortlist a 6, b 5, c 1)", i, id)
+		}
+	}
+	// Spread 10 − 0 = 10 is not > 10: balanced, so the match decides (a),
+	// never d.
+	a.InFlight, b.InFlight, c.InFlight, d.InFlight = 10, 10, 10, 0
+	mustPick(t, p, req(10), []scheduler.Engine{a, b, c, d}, []index.Match{full(10), {}, {}, {}}, "a", "prefix-match",
+		"spread 10 = threshold: balanced; only a matches")
+	// Spread 11 > 10: imbalanced, power of two over all.
+	a.InFlight = 11
+	_, reasons := pickAll(t, p, req(10), []scheduler.Engine{a, b, c, d}, []index.Match{full(10), {}, {}, {}}, 20)
+	for _, r := range reasons {
+		if r != "imbalanced-pow2" {
+			t.Fatalf("spread 11 > 10: reason %q, want imbalanced-pow2", r)
+		}
+	}
+}
+
 // TestDynamoOverlapWeight: logit = w·prefill_blocks + decode_blocks, lowest
 // wins, with prefill_blocks = LocalPrefillTokens/bs + request blocks −
 // cached blocks and decode_blocks = LocalActiveTokens/bs + request blocks.

@@ -11,11 +11,14 @@ import (
 // match_rate_threshold 0.1):
 //
 //   - queue length = the router's count of ongoing requests per replica;
-//   - balanced (max−min < imbalanced_threshold): replicas with the highest
-//     prefix match rate (router-side tree of routed text, here the index
-//     with speculative entries) when it is ≥ 10%, else the replicas with
-//     the lowest prefix-cache utilisation (here: KV usage); then Power of
-//     Two Choices among them;
+//   - balanced (max−min ≤ imbalanced_threshold: the code's test is
+//     "highest_queue_len - lowest_queue_len > imbalanced_threshold"):
+//     the replicas with the highest prefix match rate (router-side tree of
+//     routed text, here the index with speculative entries) when it is
+//     ≥ 10%, else the replicas with the lowest prefix-cache utilisation
+//     ("smallest tenants", here: KV usage); of that shortlist the one
+//     with the smallest queue ("a set of candidate replicas, of which the
+//     one with the smallest replica queue will be chosen"), ties at random;
 //   - imbalanced: Power of Two Choices over all replicas.
 type Ray struct {
 	ImbalancedThreshold float64
@@ -39,7 +42,7 @@ func (p Ray) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler
 	for i := range cs {
 		cs[i].Score = -float64(cs[i].InFlight)
 	}
-	if float64(hi-lo) >= p.ImbalancedThreshold {
+	if float64(hi-lo) > p.ImbalancedThreshold {
 		return powerOfTwo(cs, cyc, nil), "imbalanced-pow2"
 	}
 	b := float64(r.Blocks())
@@ -48,13 +51,37 @@ func (p Ray) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler
 		best = max(best, float64(cs[i].Match.Spec)/b)
 	}
 	if best >= p.MatchRateThreshold {
-		return powerOfTwo(cs, cyc, func(c *scheduler.Candidate) bool { return float64(c.Match.Spec)/b == best }), "prefix-match"
+		return leastQueued(cs, cyc, func(c *scheduler.Candidate) bool { return float64(c.Match.Spec)/b == best }), "prefix-match"
 	}
 	lowest := cs[0].KVUsage
 	for i := range cs {
 		lowest = min(lowest, cs[i].KVUsage)
 	}
-	return powerOfTwo(cs, cyc, func(c *scheduler.Candidate) bool { return c.KVUsage == lowest }), "low-utilization"
+	return leastQueued(cs, cyc, func(c *scheduler.Candidate) bool { return c.KVUsage == lowest }), "low-utilization"
+}
+
+// leastQueued returns the eligible candidate with the fewest in-flight
+// requests (Score holds −in-flight), ties broken at random.
+func leastQueued(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(*scheduler.Candidate) bool) int {
+	best, n := -1, 0
+	for i := range cs {
+		if !ok(&cs[i]) {
+			continue
+		}
+		switch {
+		case best < 0 || cs[i].Score > cs[best].Score:
+			best, n = i, 1
+		case cs[i].Score == cs[best].Score:
+			n++
+			if cyc.Intn(n) == 0 { // reservoir: each tie equally likely
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		return cyc.Intn(len(cs))
+	}
+	return best
 }
 
 // powerOfTwo samples two distinct eligible candidates at random and
