@@ -67,20 +67,27 @@ func BenchmarkLookupPartial(b *testing.B) {
 func BenchmarkLookup256(b *testing.B) {
 	for _, repl := range []int{1, 2, 4, 8, 16, 64} {
 		x, chains := benchIndex(b, repl)
-		for _, mode := range []string{"search", "scan"} {
-			b.Run(fmt.Sprintf("engines-per-key=%d/%s", repl, mode), func(b *testing.B) {
-				x.cfg.ExactLookup = mode == "scan"
-				var res Result
-				b.ReportAllocs()
-				b.ResetTimer()
-				i := 0
-				for b.Loop() {
-					x.Lookup(chains[i&4095], &res)
-					i += 977
-				}
-			})
-		}
+		benchModes(b, fmt.Sprintf("engines-per-key=%d", repl), x, chains)
 	}
+}
+
+// benchModes runs the default lookup ("search") and the exact one ("scan")
+// over the same table and 4,096 chains, side by side.
+func benchModes(b *testing.B, name string, x *Index, chains [][]uint64) {
+	for _, mode := range []string{"search", "scan"} {
+		b.Run(name+"/"+mode, func(b *testing.B) {
+			x.cfg.ExactLookup = mode == "scan"
+			var res Result
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				x.Lookup(chains[i&4095], &res)
+				i += 977
+			}
+		})
+	}
+	x.cfg.ExactLookup = false
 }
 
 // BenchmarkLookupDepths is the search's cost model: 1M keys, each 256-key
@@ -101,19 +108,7 @@ func BenchmarkLookupDepths(b *testing.B) {
 				x.Store(engineName(rng.IntN(64)), kvevents.TierGPU, chains[i][:256-d*256/depths])
 			}
 		}
-		for _, mode := range []string{"search", "scan"} {
-			b.Run(fmt.Sprintf("depths=%d/%s", depths, mode), func(b *testing.B) {
-				x.cfg.ExactLookup = mode == "scan"
-				var res Result
-				b.ReportAllocs()
-				b.ResetTimer()
-				i := 0
-				for b.Loop() {
-					x.Lookup(chains[i&4095], &res)
-					i += 977
-				}
-			})
-		}
+		benchModes(b, fmt.Sprintf("depths=%d", depths), x, chains)
 	}
 }
 

@@ -25,6 +25,13 @@ func TestExampleMatchesDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkDefaults(t, cfg, "the example")
+}
+
+// checkDefaults builds every policy from cfg and compares it with the
+// policy's built-in default.
+func checkDefaults(t *testing.T, cfg scheduler.Config, from string) {
+	t.Helper()
 	for name, w := range defaultPolicies() {
 		cfg.Policy = name
 		p, err := Policy(&cfg)
@@ -32,7 +39,7 @@ func TestExampleMatchesDefaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(p, w) {
-			t.Errorf("%s from the example = %+v, built-in default %+v", name, p, w)
+			t.Errorf("%s from %s = %+v, built-in default %+v", name, from, p, w)
 		}
 	}
 }
@@ -44,16 +51,7 @@ func TestDefaultBlocksMatchPolicies(t *testing.T) {
 	kv, kt, sg, ray, dyn, llmd := scheduler.DefaultKVMeshConfig(), scheduler.DefaultKthenaConfig(), scheduler.DefaultSGLangConfig(),
 		scheduler.DefaultRayConfig(), scheduler.DefaultDynamoConfig(), scheduler.DefaultLLMDConfig()
 	cfg.KVMesh, cfg.Kthena, cfg.SGLang, cfg.Ray, cfg.Dynamo, cfg.LLMD = &kv, &kt, &sg, &ray, &dyn, &llmd
-	for name, w := range defaultPolicies() {
-		cfg.Policy = name
-		p, err := Policy(&cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(p, w) {
-			t.Errorf("%s from Default*Config = %+v, built-in default %+v", name, p, w)
-		}
-	}
+	checkDefaults(t, cfg, "Default*Config")
 }
 
 // TestPartialBlocks: a partial YAML block builds the default policy with
