@@ -13,6 +13,15 @@ import (
 //     metrics (a snapshot); score = 100·(maxBase − base)/maxBase.
 //   - kvcache-aware: 100 · matched blocks / request blocks, from the
 //     engines' KV events (confirmed blocks, any tier).
+//
+// Left out on purpose: least-request is also a filter plugin in Kthena
+// (maxWaitingRequests, 10 in scheduler_impl.go's default arguments) and the
+// router fails a request when every pod has 10 or more waiting ("pods have
+// all been filtered out"). In the Kthena long-prompt scenario (concurrency
+// 300 on 3 engines) every engine has more than 10 waiting for most of the
+// run, so the emulation would reject most requests and its throughput and
+// TTFT would say nothing comparable; kvmesh's own maxWaiting filter
+// (filters.maxWaiting) is the equivalent, off by default.
 type Kthena struct {
 	LeastRequestWeight float64 // default 1
 	KVCacheWeight      float64 // default 1
