@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"time"
 
@@ -55,6 +56,9 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case "shared-prefix":
 		reqs, err = sp.Generate()
 	case "mooncake":
+		if !(*traceScale > 0) || math.IsInf(*traceScale, 0) {
+			return fmt.Errorf("%w: -trace-rate-scale %v (want a finite number > 0)", errUsage, *traceScale)
+		}
 		reqs, err = workload.Mooncake{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit}.ReadFile(*trace)
 	default:
 		return fmt.Errorf("%w: -workload %q (want shared-prefix or mooncake)", errUsage, *kind)
