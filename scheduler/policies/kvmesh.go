@@ -27,9 +27,10 @@ import (
 //
 // Queued prefill work is the larger of the engine's reported queue (a
 // snapshot, stale) and this router's own in-flight uncached tokens (fresh),
-// and n the larger of the in-flight count and the snapshot's running plus
-// waiting, so a burst of decisions sees its own effect at once — no herding
-// onto a stale "idle" engine. A hit is worth exactly the work it saves, so
+// and n the larger of the snapshot's running count and the in-flight count
+// minus the snapshot's waiting (requests this router sent since the
+// snapshot count as running), so a burst of decisions sees its own effect
+// at once — no herding onto a stale "idle" engine. A hit is worth exactly the work it saves, so
 // affinity wins until the hot engine's queue costs more than recomputing
 // the prefix elsewhere — no death spiral of misses sent to an overloaded
 // worker, and hot prefixes replicate only when that pays.

@@ -36,9 +36,14 @@ func (Prefix) Score(_ *scheduler.Request, cs []scheduler.Candidate, out []float6
 	}
 }
 
-// Load scores outstanding work: in-flight requests from every ingress plus
-// the engine's own waiting queue (snapshot), min-max normalised so the
-// least loaded engine scores 1 and the most loaded 0.
+// Load scores outstanding work: in-flight requests from every ingress
+// (gossip) and the engine's running and waiting counts (snapshot), min-max
+// normalised so the least loaded engine scores 1 and the most loaded 0.
+// The two views count the same requests, so they are not added: the larger
+// of in-flight and running+waiting is the outstanding count (in-flight is
+// fresher; the snapshot also sees requests other routers sent), and waiting
+// is added once more because a queued request costs a newcomer its whole
+// prefill and a running one only a share of each step.
 type Load struct{}
 
 // Name implements scheduler.Scorer.
