@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -145,6 +146,7 @@ type PublisherStats struct {
 type Publisher struct {
 	cfg      PublisherConfig
 	zctx     *zmq.Context
+	ownCtx   bool // zctx is this publisher's: Close terminates it
 	endpoint string
 	replayEP string
 
@@ -198,8 +200,19 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 }
 
 func (p *Publisher) open() error {
+	// Its own context, not the shared one: terminating it on Close waits
+	// until the I/O thread has closed the listening sockets, so the ports
+	// are free when Close returns (a socket's Close alone is asynchronous,
+	// and a restarted engine rebinding the same ports would race it).
+	// inproc:// endpoints need the peer's context, so they share it.
 	var err error
-	if p.zctx, err = sharedContext(); err != nil {
+	if strings.HasPrefix(p.cfg.Endpoint, "inproc://") || strings.HasPrefix(p.cfg.ReplayEndpoint, "inproc://") {
+		p.zctx, err = sharedContext()
+	} else {
+		p.zctx, err = zmq.NewContext()
+		p.ownCtx = err == nil
+	}
+	if err != nil {
 		return err
 	}
 	ep, _ := OffsetEndpoint(p.cfg.Endpoint, p.cfg.DPRank)
@@ -445,5 +458,8 @@ func (p *Publisher) closeSockets() {
 	}
 	if p.router != nil {
 		_ = p.router.Close()
+	}
+	if p.ownCtx {
+		_ = p.zctx.Term() // returns once every socket is closed (linger 0)
 	}
 }
