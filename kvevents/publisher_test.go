@@ -178,3 +178,40 @@ func BenchmarkPublish(b *testing.B) {
 		}
 	}
 }
+
+// TestCloseFreesPorts: once Close returns, the ports a publisher or a
+// binding subscriber listened on can be bound again at once (an engine or
+// sidecar restarting on the same ports). A socket's own Close is
+// asynchronous in ZMQ; without terminating the context, rebinding raced it.
+func TestCloseFreesPorts(t *testing.T) {
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, rep := pub.Endpoint(), pub.ReplayEndpoint()
+	for i := 0; i < 25; i++ {
+		if err := pub.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if pub, err = NewPublisher(PublisherConfig{Endpoint: ep, ReplayEndpoint: rep, Logger: discardLogger()}); err != nil {
+			t.Fatalf("publisher rebind %d after Close: %v", i, err)
+		}
+	}
+	_ = pub.Close()
+
+	cfg := SubscriberConfig{Endpoint: "tcp://127.0.0.1:*", Bind: true, Logger: discardLogger()}
+	sub, err := NewSubscriber(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Endpoint = sub.Endpoints()[0]
+	for i := 0; i < 25; i++ {
+		if err := sub.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if sub, err = NewSubscriber(cfg); err != nil {
+			t.Fatalf("subscriber rebind %d after Close: %v", i, err)
+		}
+	}
+	_ = sub.Close()
+}

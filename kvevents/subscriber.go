@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -98,10 +99,12 @@ type SubscriberStats struct {
 // sequence (the replay's overlap batch is compared with what was
 // delivered); without replay such a restart looks like a gap.
 type Subscriber struct {
-	cfg   SubscriberConfig
-	zctx  *zmq.Context
-	ranks []*rankState
-	eps   []string
+	cfg  SubscriberConfig
+	zctx *zmq.Context
+	// ownCtx: zctx is this subscriber's (it binds): Close terminates it.
+	ownCtx bool
+	ranks  []*rankState
+	eps    []string
 
 	out  chan Message
 	ring []Batch // decode slots: QueueSize+2 so a slot is never reused while queued or held
@@ -141,11 +144,24 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 }
 
 func (s *Subscriber) open() error {
+	eps, replays := s.cfg.rankEndpoints()
+	// A subscriber that binds gets its own context, terminated on Close, so
+	// its ports are free when Close returns (like Publisher); inproc://
+	// endpoints need the peer's context.
+	inproc := false
+	for _, ep := range eps {
+		inproc = inproc || strings.HasPrefix(ep, "inproc://")
+	}
 	var err error
-	if s.zctx, err = sharedContext(); err != nil {
+	if s.cfg.Bind && !inproc {
+		s.zctx, err = zmq.NewContext()
+		s.ownCtx = err == nil
+	} else {
+		s.zctx, err = sharedContext()
+	}
+	if err != nil {
 		return err
 	}
-	eps, replays := s.cfg.rankEndpoints()
 	for r, ep := range eps {
 		rs := &rankState{rank: r, replayEP: replays[r]}
 		s.ranks = append(s.ranks, rs)
@@ -252,6 +268,9 @@ func (s *Subscriber) closeSockets() {
 		if rs.dealer != nil {
 			_ = rs.dealer.Close()
 		}
+	}
+	if s.ownCtx {
+		_ = s.zctx.Term() // returns once every socket is closed (linger 0)
 	}
 }
 
