@@ -233,10 +233,7 @@ func (s *lookupState) resolve(b int) {
 			// probe on only in the rare case of a full line.
 			p := pos[j]
 			line := (*[lineN]bucket)(buckets[p : p+lineN])
-			m0, m1, m2, m3 := isZero(line[0].key^k), isZero(line[1].key^k), isZero(line[2].key^k), isZero(line[3].key^k)
-			if m0|m1|m2|m3 != 0 {
-				e = &line[m1|m2<<1|m3*3].e // keys are unique: at most one m is 1
-			} else if line[3].key != 0 {
+			if e = inLine(line, k); e == nil && line[3].key != 0 {
 				spill |= 1 << j
 				s.addrs[n] = uintptr(unsafe.Pointer(&buckets[(p+lineN)&mask]))
 				n++
@@ -271,12 +268,21 @@ func isZero(x uint64) uint64 {
 	return ((x | -x) >> 63) ^ 1
 }
 
+// inLine returns the elements of k when it sits in line (nil otherwise),
+// matching the line's four keys without a branch on where.
+func inLine(line *[lineN]bucket, k uint64) *[inlineN]uint16 {
+	m0, m1, m2, m3 := isZero(line[0].key^k), isZero(line[1].key^k), isZero(line[2].key^k), isZero(line[3].key^k)
+	if m0|m1|m2|m3 != 0 {
+		return &line[m1|m2<<1|m3*3].e // keys are unique: at most one m is 1
+	}
+	return nil
+}
+
 // probeSpill finds k beyond its full home line p.
-func (s *lookupState) probeSpill(k, p uint64) *[inlineN]uint16 {
-	buckets, mask := s.t.b, s.t.mask
-	for p := (p + lineN) & mask; ; p = (p + 1) & mask {
-		if kk := buckets[p].key; kk == k {
-			return &buckets[p].e
+func (t *table) probeSpill(k, p uint64) *[inlineN]uint16 {
+	for p := (p + lineN) & t.mask; ; p = (p + 1) & t.mask {
+		if kk := t.b[p].key; kk == k {
+			return &t.b[p].e
 		} else if kk == 0 {
 			return nil
 		}
@@ -348,7 +354,7 @@ func (x *Index) extendBatch(s *lookupState, b int, res *Result) bool {
 	for j := 0; j < hi-lo; j++ {
 		e := els[j]
 		if spill&(1<<j) != 0 {
-			if e = s.probeSpill(s.keys[lo+j], s.pos[b%(lookupLead+1)][j]); e == nil {
+			if e = s.t.probeSpill(s.keys[lo+j], s.pos[b%(lookupLead+1)][j]); e == nil {
 				s.limit = lo + j
 				return false
 			}

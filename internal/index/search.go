@@ -140,20 +140,10 @@ func find(t *table, k uint64) *[inlineN]uint16 {
 	}
 	p := homeOf(k, t.shift)
 	line := (*[lineN]bucket)(t.b[p : p+lineN])
-	m0, m1, m2, m3 := isZero(line[0].key^k), isZero(line[1].key^k), isZero(line[2].key^k), isZero(line[3].key^k)
-	if m0|m1|m2|m3 != 0 {
-		return &line[m1|m2<<1|m3*3].e
+	if e := inLine(line, k); e != nil || line[3].key == 0 {
+		return e
 	}
-	if line[3].key == 0 {
-		return nil
-	}
-	for p := (p + lineN) & t.mask; ; p = (p + 1) & t.mask {
-		if kk := t.b[p].key; kk == k {
-			return &t.b[p].e
-		} else if kk == 0 {
-			return nil
-		}
-	}
+	return t.probeSpill(k, p)
 }
 
 // sameElems reports whether a and b hold the same elements in the same
