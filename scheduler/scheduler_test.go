@@ -130,16 +130,29 @@ func BenchmarkSchedule(b *testing.B) {
 	for i := range es {
 		x.Store(es[i].ID, kvevents.TierGPU, k[:i*16])
 	}
-	for _, name := range []string{"random", "kvmesh", "llmd"} {
-		b.Run(name, func(b *testing.B) {
-			s, _ := registry.NewPolicy(name, 1, x)
-			req := &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 4096}
-			var d scheduler.Decision
-			b.ReportAllocs()
-			for b.Loop() {
-				_ = s.Schedule(req, es, &d)
-			}
-		})
+	// Typical: the request's chain held by two engines (whole and half),
+	// the other 14 holding other prefixes.
+	y := newIdx(b)
+	y.Store(es[3].ID, kvevents.TierGPU, k)
+	y.Store(es[9].ID, kvevents.TierGPU, k[:128])
+	for i := range es {
+		y.Store(es[i].ID, kvevents.TierGPU, keys(256, uint64(i)+100))
+	}
+	for _, c := range []struct {
+		name string
+		idx  *index.Index
+	}{{"16-depths", x}, {"2-holders", y}} {
+		for _, name := range []string{"random", "kvmesh", "llmd"} {
+			b.Run(c.name+"/"+name, func(b *testing.B) {
+				s, _ := registry.NewPolicy(name, 1, c.idx)
+				req := &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 4096}
+				var d scheduler.Decision
+				b.ReportAllocs()
+				for b.Loop() {
+					_ = s.Schedule(req, es, &d)
+				}
+			})
+		}
 	}
 }
 
