@@ -16,6 +16,23 @@ import (
 // terminated: sockets are closed with linger 0 instead.
 var sharedContext = sync.OnceValues(zmq.NewContext)
 
+// bindContext returns the context for sockets of which some bind: its own
+// (own true: the caller terminates it after closing its sockets, which
+// waits until the I/O thread has closed the listeners, so the ports are free
+// when Close returns; a socket's Close alone is asynchronous, and an engine
+// or sidecar restarted on the same ports would race it), or the shared one
+// when an endpoint is inproc://, which needs its peer's context.
+func bindContext(endpoints ...string) (ctx *zmq.Context, own bool, err error) {
+	for _, ep := range endpoints {
+		if strings.HasPrefix(ep, "inproc://") {
+			ctx, err = sharedContext()
+			return ctx, false, err
+		}
+	}
+	ctx, err = zmq.NewContext()
+	return ctx, err == nil, err
+}
+
 // shouldBind is vLLM's rule for a PUB endpoint (spec §1): bind when the
 // endpoint has a wildcard host or port, or is ipc/inproc; connect otherwise.
 // Port 0 also binds, because connecting to port 0 means nothing.

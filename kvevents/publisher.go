@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,19 +199,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 }
 
 func (p *Publisher) open() error {
-	// Its own context, not the shared one: terminating it on Close waits
-	// until the I/O thread has closed the listening sockets, so the ports
-	// are free when Close returns (a socket's Close alone is asynchronous,
-	// and a restarted engine rebinding the same ports would race it).
-	// inproc:// endpoints need the peer's context, so they share it.
 	var err error
-	if strings.HasPrefix(p.cfg.Endpoint, "inproc://") || strings.HasPrefix(p.cfg.ReplayEndpoint, "inproc://") {
-		p.zctx, err = sharedContext()
-	} else {
-		p.zctx, err = zmq.NewContext()
-		p.ownCtx = err == nil
-	}
-	if err != nil {
+	if p.zctx, p.ownCtx, err = bindContext(p.cfg.Endpoint, p.cfg.ReplayEndpoint); err != nil {
 		return err
 	}
 	ep, _ := OffsetEndpoint(p.cfg.Endpoint, p.cfg.DPRank)

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -145,17 +144,9 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 
 func (s *Subscriber) open() error {
 	eps, replays := s.cfg.rankEndpoints()
-	// A subscriber that binds gets its own context, terminated on Close, so
-	// its ports are free when Close returns (like Publisher); inproc://
-	// endpoints need the peer's context.
-	inproc := false
-	for _, ep := range eps {
-		inproc = inproc || strings.HasPrefix(ep, "inproc://")
-	}
 	var err error
-	if s.cfg.Bind && !inproc {
-		s.zctx, err = zmq.NewContext()
-		s.ownCtx = err == nil
+	if s.cfg.Bind {
+		s.zctx, s.ownCtx, err = bindContext(eps...)
 	} else {
 		s.zctx, err = sharedContext()
 	}
