@@ -132,7 +132,7 @@ func DefaultTierWeightsConfig() TierWeightsConfig {
 }
 
 // DefaultKVMeshConfig is the kvmesh policy's default cost model (a 7B model
-// on an H100; policies.NewKVMesh).
+// on an H100; policies.NewKVMesh builds from it).
 func DefaultKVMeshConfig() KVMeshConfig {
 	return KVMeshConfig{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 0.15,
 		DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1}

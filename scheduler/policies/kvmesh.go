@@ -77,9 +77,13 @@ type KVMesh struct {
 
 var _ scheduler.Policy = KVMesh{}
 
-// NewKVMesh returns KVMesh with its defaults.
-func NewKVMesh() KVMesh {
-	return KVMesh{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 0.15, DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1}
+// NewKVMesh returns KVMesh with its defaults (scheduler.DefaultKVMeshConfig).
+func NewKVMesh() KVMesh { return KVMeshFrom(scheduler.DefaultKVMeshConfig()) }
+
+// KVMeshFrom returns the policy configured by k.
+func KVMeshFrom(k scheduler.KVMeshConfig) KVMesh {
+	return KVMesh{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken,
+		DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight, MissPenalty: k.MissPenalty}
 }
 
 // Validate lists every problem.

@@ -70,8 +70,7 @@ func Policy(cfg *scheduler.Config) (scheduler.Policy, error) {
 	case "kvmesh":
 		p := policies.NewKVMesh()
 		if k := cfg.KVMesh; k != nil {
-			p = policies.KVMesh{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken,
-				DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight, MissPenalty: k.MissPenalty}
+			p = policies.KVMeshFrom(*k)
 		}
 		return p, p.Validate()
 	case "weighted":
