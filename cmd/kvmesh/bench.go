@@ -28,7 +28,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		gpuBlocks   = fs.Int("gpu-blocks", 0, "GPU KV capacity per engine in blocks (0 = engine default)")
 		cpuBlocks   = fs.Int("cpu-blocks", 0, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
 		blockSize   = fs.Int("block-size", 16, "tokens per KV block")
-		maxRunning  = fs.Int("max-running", 0, "max sequences per batch (0 = engine default)")
+		maxRunning  = fs.Int("max-running", 0, "max sequences per batch (0 = the profile's vLLM default)")
+		maxBatchTok = fs.Int("max-batch-tokens", 0, "token budget per step (0 = the profile's vLLM default)")
 		seed        = fs.Uint64("seed", 1, "workload and scheduler seed (0 means the default, 1)")
 		wl          = fs.String("workload", "shared-prefix", "workload: shared-prefix or trace")
 		groups      = fs.Int("groups", 64, "shared-prefix: groups")
@@ -75,6 +76,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *maxRunning < 0 {
 		bad("--max-running %d: want ≥ 0", *maxRunning)
+	}
+	if *maxBatchTok < 0 {
+		bad("--max-batch-tokens %d: want ≥ 0", *maxBatchTok)
 	}
 	if *concurrency < 0 {
 		bad("--concurrency %d: want ≥ 0 (0 = unlimited)", *concurrency)
@@ -151,7 +155,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := des.Config{
 		Engines:          *engines,
-		Engine:           engine.Config{BlockSize: *blockSize, GPUBlocks: *gpuBlocks, CPUBlocks: *cpuBlocks, MaxRunning: *maxRunning, Profile: prof},
+		Engine:           engine.Config{BlockSize: *blockSize, GPUBlocks: *gpuBlocks, CPUBlocks: *cpuBlocks, MaxRunning: *maxRunning, MaxBatchTokens: *maxBatchTok, Profile: prof},
 		Scheduler:        sc,
 		Concurrency:      *concurrency,
 		EventDelay:       *eventDelay,
@@ -197,8 +201,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if k == nil {
 			k = des.KVMeshFromProfile(prof)
 		}
-		fmt.Fprintf(stdout, "kvmesh cost model: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g, decodeWeight %g, externalityWeight %g, missPenalty %g\n",
-			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty)
+		fmt.Fprintf(stdout, "kvmesh cost model: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g, decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
+			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty, k.WaitingWeight)
 	}
 	return rep.WriteTable(stdout)
 }

@@ -214,6 +214,8 @@ func TestBenchDESUsageErrors(t *testing.T) {
 		{[]string{"--concurrency", "-1"}, []string{"--concurrency -1"}},
 		{[]string{"--gpu-blocks", "-1"}, []string{"--gpu-blocks -1"}},
 		{[]string{"--limit", "-1"}, []string{"--limit -1"}},
+		{[]string{"--max-running", "-1"}, []string{"--max-running -1"}},
+		{[]string{"--max-batch-tokens", "-1"}, []string{"--max-batch-tokens -1"}},
 		{[]string{"--policies", "kvmesh,nope"}, []string{`unknown policy "nope"`}},
 		{[]string{"--policies", "kvmesh,kvmesh"}, []string{`"kvmesh" given twice`}},
 		{[]string{"--policies", " , "}, []string{"--policies is empty"}},

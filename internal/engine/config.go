@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 )
@@ -26,10 +27,12 @@ type Config struct {
 	// Blocks evicted from the GPU move there and are reported with medium "CPU";
 	// prefix hits there are loaded back over HostBW instead of recomputed.
 	CPUBlocks int
-	// MaxRunning is the largest batch in sequences (vLLM --max-num-seqs). Default 256.
+	// MaxRunning is the largest batch in sequences (vLLM --max-num-seqs).
+	// Default: the profile's MaxNumSeqs (vLLM's default on its GPU), else 256.
 	MaxRunning int
 	// MaxBatchTokens is the token budget per step (vLLM --max-num-batched-tokens);
-	// prompts longer than it are prefilled in chunks. Default 8192.
+	// prompts longer than it are prefilled in chunks. Default: the profile's
+	// MaxNumBatchedTokens, else 8192.
 	MaxBatchTokens int
 	// MaxModelLen caps prompt+output tokens per request. Default: the GPU capacity in tokens.
 	MaxModelLen int
@@ -70,17 +73,17 @@ func (c Config) Defaults() Config {
 	if c.GPUBlocks == 0 {
 		c.GPUBlocks = 4096
 	}
+	if c.Profile.Name == "" && c.Profile.Params == 0 {
+		c.Profile = profiles[DefaultProfile]
+	}
 	if c.MaxRunning == 0 {
-		c.MaxRunning = 256
+		c.MaxRunning = cmp.Or(c.Profile.MaxNumSeqs, 256)
 	}
 	if c.MaxBatchTokens == 0 {
-		c.MaxBatchTokens = 8192
+		c.MaxBatchTokens = cmp.Or(c.Profile.MaxNumBatchedTokens, 8192)
 	}
 	if c.MaxModelLen == 0 {
 		c.MaxModelLen = c.GPUBlocks * c.BlockSize
-	}
-	if c.Profile.Name == "" && c.Profile.Params == 0 {
-		c.Profile = profiles[DefaultProfile]
 	}
 	if c.Medium == "" {
 		c.Medium = "GPU"

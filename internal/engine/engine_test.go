@@ -380,6 +380,46 @@ func TestChunkedPrefillAndFCFS(t *testing.T) {
 	}
 }
 
+// A profile carries vLLM's batch defaults for its GPU; an explicit Config
+// value wins. The budget shows in how a long prompt is chunked.
+func TestProfileBatchDefaults(t *testing.T) {
+	l40s, err := LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h100, _ := LookupProfile("8b-h100")
+	tiny := profiles["tiny"]
+	for _, tc := range []struct {
+		name            string
+		cfg             Config
+		seqs, budget    int
+		firstStepTokens int
+	}{
+		{"l40s", Config{Profile: l40s}, 256, 2048, 2048},
+		{"h100", Config{Profile: h100}, 1024, 8192, 5000},
+		{"no defaults in the profile", Config{Profile: tiny}, 256, 8192, 5000},
+		{"explicit wins", Config{Profile: l40s, MaxRunning: 7, MaxBatchTokens: 3000}, 7, 3000, 3000},
+	} {
+		tc.cfg.GPUBlocks = 1024
+		c := tc.cfg.Defaults()
+		if c.MaxRunning != tc.seqs || c.MaxBatchTokens != tc.budget {
+			t.Errorf("%s: max running %d, batch tokens %d; want %d, %d", tc.name, c.MaxRunning, c.MaxBatchTokens, tc.seqs, tc.budget)
+		}
+		e := newTestEngine(t, tc.cfg, nil)
+		if err := e.Add(&Request{ID: "r", Prompt: seq(1, 5000), OutputLen: 1}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if res := e.Step(0, 0); res.Tokens != tc.firstStepTokens {
+			t.Errorf("%s: first step computed %d tokens, want %d", tc.name, res.Tokens, tc.firstStepTokens)
+		}
+	}
+	bad := l40s
+	bad.MaxNumSeqs = -1
+	if err := (Config{Profile: bad, MaxRunning: 1}).Defaults().Validate(); err == nil || !containsStr(err.Error(), "batch defaults") {
+		t.Errorf("negative profile batch default: %v", err)
+	}
+}
+
 func TestFusedStepsMatchSingleSteps(t *testing.T) {
 	calls := map[int]int{}
 	run := func(fused int) ([]Result, [][]kvevents.Event, []time.Duration) {

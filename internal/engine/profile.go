@@ -30,6 +30,14 @@ type Profile struct {
 	HostBW          float64       // sustained host↔GPU bytes/s (CPU-tier loads)
 	StepOverhead    time.Duration // scheduler + launch overhead per step
 	PerSeqOverhead  time.Duration // sampling and bookkeeping per sequence per step
+
+	// MaxNumSeqs and MaxNumBatchedTokens are vLLM's defaults for the GPU
+	// (EngineArgs.get_batch_defaults, OpenAI server: 1024 sequences and 8192
+	// tokens per step on GPUs with ≥ 70 GiB other than the A100, 256 and
+	// 2048 on the rest). An engine whose Config leaves MaxRunning or
+	// MaxBatchTokens zero uses them; zero here means the Config defaults.
+	MaxNumSeqs          int
+	MaxNumBatchedTokens int
 }
 
 var profiles = map[string]Profile{
@@ -39,12 +47,25 @@ var profiles = map[string]Profile{
 		Name: "7b-h100", Params: 6.74e9, WeightBytes: 13.5e9, Layers: 32, Hidden: 4096,
 		KVBytesPerToken: 2 * 32 * 4096 * 2, FLOPS: 400e12, MemBW: 2.7e12, HostBW: 25e9,
 		StepOverhead: 2 * time.Millisecond, PerSeqOverhead: 20 * time.Microsecond,
+		MaxNumSeqs: 1024, MaxNumBatchedTokens: 8192,
 	},
 	// Llama-3-8B (GQA 8 KV heads × 128, bf16) on one H100 SXM.
 	"8b-h100": {
 		Name: "8b-h100", Params: 8.03e9, WeightBytes: 16.1e9, Layers: 32, Hidden: 4096,
 		KVBytesPerToken: 2 * 32 * 8 * 128 * 2, FLOPS: 400e12, MemBW: 2.7e12, HostBW: 25e9,
 		StepOverhead: 2 * time.Millisecond, PerSeqOverhead: 20 * time.Microsecond,
+		MaxNumSeqs: 1024, MaxNumBatchedTokens: 8192,
+	},
+	// Qwen2.5-7B (GQA 4 KV heads × 128, 28 layers, bf16: 56 KiB of KV per
+	// token) on one L40S, 48 GB: 362 TFLOP/s dense bf16 at ~40% MFU, 864 GB/s
+	// GDDR6 at ~80%. 15.2 GB of weights leave ≈ 480k tokens of KV at vLLM's
+	// 0.9 memory utilisation: the "7B model on a 48 GB GPU". vLLM's
+	// batch defaults on a GPU under 70 GiB: 256 sequences, 2048 tokens.
+	"7b-l40s": {
+		Name: "7b-l40s", Params: 7.62e9, WeightBytes: 15.2e9, Layers: 28, Hidden: 3584,
+		KVBytesPerToken: 2 * 28 * 4 * 128 * 2, FLOPS: 0.4 * 362e12, MemBW: 0.8 * 864e9, HostBW: 25e9,
+		StepOverhead: 2 * time.Millisecond, PerSeqOverhead: 20 * time.Microsecond,
+		MaxNumSeqs: 256, MaxNumBatchedTokens: 2048,
 	},
 	// Llama-3-70B (GQA, bf16) tensor-parallel over 4 H100 SXM: 4× the FLOP/s and
 	// bandwidth at ~85% TP efficiency, plus all-reduce latency in the overhead.
@@ -58,6 +79,7 @@ var profiles = map[string]Profile{
 		Name: "0.5b-l4", Params: 0.49e9, WeightBytes: 0.99e9, Layers: 24, Hidden: 896,
 		KVBytesPerToken: 2 * 24 * 2 * 64 * 2, FLOPS: 48e12, MemBW: 240e9, HostBW: 12e9,
 		StepOverhead: 1 * time.Millisecond, PerSeqOverhead: 10 * time.Microsecond,
+		MaxNumSeqs: 256, MaxNumBatchedTokens: 2048,
 	},
 	// tiny is for tests: a made-up small model whose steps are a few
 	// milliseconds, so proportions hold while tests stay fast.
@@ -101,6 +123,9 @@ func (p *Profile) validate() []error {
 	}
 	if p.StepOverhead < 0 || p.PerSeqOverhead < 0 {
 		errs = append(errs, fmt.Errorf("profile %q: overheads must not be negative", p.Name))
+	}
+	if p.MaxNumSeqs < 0 || p.MaxNumBatchedTokens < 0 {
+		errs = append(errs, fmt.Errorf("profile %q: batch defaults must not be negative", p.Name))
 	}
 	return errs
 }
