@@ -91,6 +91,7 @@ type KVMeshConfig struct {
 	DefaultOutputTokens int     `yaml:"defaultOutputTokens"`
 	ExternalityWeight   float64 `yaml:"externalityWeight"`
 	MissPenalty         float64 `yaml:"missPenalty"`
+	WaitingWeight       float64 `yaml:"waitingWeight"`
 }
 
 // KthenaConfig are the kthena emulation's plugin weights.
@@ -135,7 +136,7 @@ func DefaultTierWeightsConfig() TierWeightsConfig {
 // on an H100; policies.NewKVMesh builds from it).
 func DefaultKVMeshConfig() KVMeshConfig {
 	return KVMeshConfig{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 0.15,
-		DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1}
+		DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1, WaitingWeight: 2}
 }
 
 // DefaultKthenaConfig is Kthena's published default (policies.NewKthena).
@@ -379,6 +380,7 @@ func (c *Config) problems() []error {
 		}
 		k.nonNegative("kvmesh.externalityWeight", m.ExternalityWeight)
 		k.nonNegative("kvmesh.missPenalty", m.MissPenalty)
+		k.nonNegative("kvmesh.waitingWeight", m.WaitingWeight)
 	}
 	if t := c.Kthena; t != nil {
 		k.nonNegative("kthena.leastRequestWeight", t.LeastRequestWeight)

@@ -56,6 +56,49 @@ func TestKVMeshBeatsRandom(t *testing.T) {
 	}
 }
 
+// TestKVMeshUnderSaturation: on the 48 GB engines with requests
+// arriving faster than the cluster prefills without a cache, kvmesh keeps
+// queues short where kthena lets them grow, and its waitingWeight term
+// (what a miss costs the requests queued behind it) is part of why.
+func TestKVMeshUnderSaturation(t *testing.T) {
+	reqs, err := workload.SharedPrefix{Groups: 48, Prompts: 24, Shared: 2048, Question: 256, Output: 32, Rate: 20, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Engines: 3, Engine: engine.Config{GPUBlocks: 2000, Profile: prof}}
+	rep, err := Run(context.Background(), cfg, reqs, []string{"kthena", "kvmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, kv := rep.Policies["kthena"], rep.Policies["kvmesh"]
+	noWait := KVMeshFromProfile(prof)
+	noWait.WaitingWeight = 0
+	cfg.Scheduler.KVMesh = noWait
+	rep0, err := Run(context.Background(), cfg, reqs, []string{"kvmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv0 := rep0.Policies["kvmesh"]
+	t.Logf("kthena %.2f rps / TTFT %.3f s; kvmesh %.2f / %.3f; kvmesh with waitingWeight 0: %.2f / %.3f",
+		k.ThroughputRPS, k.TTFTMean, kv.ThroughputRPS, kv.TTFTMean, kv0.ThroughputRPS, kv0.TTFTMean)
+	if kv.Completed != len(reqs) || k.Completed != len(reqs) || kv0.Completed != len(reqs) {
+		t.Fatalf("incomplete: kthena %d, kvmesh %d, without waitingWeight %d of %d", k.Completed, kv.Completed, kv0.Completed, len(reqs))
+	}
+	if kv.TTFTMean > 0.25*k.TTFTMean {
+		t.Errorf("kvmesh mean TTFT %.3fs not far below kthena's %.3fs under saturation", kv.TTFTMean, k.TTFTMean)
+	}
+	if kv.ThroughputRPS < k.ThroughputRPS {
+		t.Errorf("kvmesh throughput %.2f below kthena's %.2f", kv.ThroughputRPS, k.ThroughputRPS)
+	}
+	if kv.TTFTMean > 0.9*kv0.TTFTMean {
+		t.Errorf("waitingWeight: mean TTFT %.3fs, without it %.3fs; want ≥ 10%% lower", kv.TTFTMean, kv0.TTFTMean)
+	}
+}
+
 func TestEveryPolicyRunsDeterministically(t *testing.T) {
 	cfg, reqs := smallConfig()
 	reqs = reqs[:96]

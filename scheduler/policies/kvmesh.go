@@ -15,6 +15,7 @@ import (
 //	tpot  = StepBase + DecodeSecPerToken · (active tokens + this request's context)
 //	own   = ttft + DecodeWeight · output · tpot
 //	cost  = own + ExternalityWeight · n · (uncached / PrefillRate + DecodeWeight · output · DecodeSecPerToken · context)
+//	        + WaitingWeight · min(w, n) · uncached / PrefillRate
 //	        + MissPenalty · uncached / PrefillRate
 //
 // where n is the engine's running requests (snapshot running, or in-flight
@@ -24,6 +25,17 @@ import (
 // decode steps. It is why a cache miss on a busy engine is expensive and a
 // hit is worth keeping: routing on the request's own TTFT alone spreads a
 // prefix over every engine and thrashes their caches.
+//
+// The waiting term is the same idea for time to first token: the engine
+// serves its queue in arrival order, so this request's prefill delays every
+// request that will queue behind it there — by Little's law about as many
+// as are waiting now (w: the snapshot's waiting, or in-flight minus running
+// when fresher). Near saturation that is what separates a good router from
+// a bad one: each uncached token is paid for by a queue, so hits are worth
+// more exactly where queues are long. w is capped at the running batch:
+// under sustained overload queues grow without bound, the count stops
+// predicting who will wait, and uncapped it starved long prompts onto a few
+// engines (docs/BENCHMARKS.md, "waitingWeight").
 //
 // Queued prefill work is the larger of the engine's reported queue (a
 // snapshot, stale) and this router's own in-flight uncached tokens (fresh),
@@ -73,6 +85,10 @@ type KVMesh struct {
 	// It keeps a prefix on one engine instead of copying it around under
 	// transient load. Default 1.
 	MissPenalty float64
+	// WaitingWeight scales the delay this request's prefill imposes on the
+	// requests that will queue behind it (0 = ignore queues beyond the own
+	// wait). Default 2.
+	WaitingWeight float64
 }
 
 var _ scheduler.Policy = KVMesh{}
@@ -83,7 +99,8 @@ func NewKVMesh() KVMesh { return KVMeshFrom(scheduler.DefaultKVMeshConfig()) }
 // KVMeshFrom returns the policy configured by k.
 func KVMeshFrom(k scheduler.KVMeshConfig) KVMesh {
 	return KVMesh{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken,
-		DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight, MissPenalty: k.MissPenalty}
+		DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight,
+		MissPenalty: k.MissPenalty, WaitingWeight: k.WaitingWeight}
 }
 
 // Validate lists every problem.
@@ -92,8 +109,8 @@ func (p KVMesh) Validate() error {
 	if p.PrefillRate <= 0 {
 		errs = append(errs, fmt.Errorf("kvmesh: prefillRate %v must be > 0", p.PrefillRate))
 	}
-	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 || p.MissPenalty < 0 {
-		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight and missPenalty must be ≥ 0"))
+	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 || p.MissPenalty < 0 || p.WaitingWeight < 0 {
+		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight, missPenalty and waitingWeight must be ≥ 0"))
 	}
 	if len(errs) == 0 {
 		return nil
@@ -129,7 +146,9 @@ func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		}
 		tpot := p.StepBase + p.DecodeSecPerToken*(active+ctx)
 		ext := n * (uncached/p.PrefillRate + decodeExt)
-		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext + p.MissPenalty*uncached/p.PrefillRate)
+		behind := min(float64(max(c.Waiting, c.InFlight-c.Running)), n)
+		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext +
+			(p.WaitingWeight*behind+p.MissPenalty)*uncached/p.PrefillRate)
 	}
 	pick := scheduler.ArgMax(cs, cyc)
 	best := 0.0

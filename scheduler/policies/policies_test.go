@@ -151,6 +151,40 @@ func TestKVMesh(t *testing.T) {
 	}
 }
 
+// TestKVMeshWaiting: a miss costs the requests that will queue behind it,
+// counted as the engine's waiting requests up to its running batch.
+func TestKVMeshWaiting(t *testing.T) {
+	r := req(256) // 4,096 uncached tokens everywhere: ≈ 0.14 s of prefill
+	// a: 20 short requests waiting (2k tokens of queued prefill); b: none
+	// waiting but 60k tokens (2 s) of prefill queued.
+	engines := func(running int) []scheduler.Engine {
+		a, b := eng("a"), eng("b")
+		a.Running, a.Waiting, a.InFlight, a.QueuedPrefillTokens = running, 20, running+20, 2000
+		b.Running, b.InFlight, b.QueuedPrefillTokens = running, running, 60000
+		return []scheduler.Engine{a, b}
+	}
+	none := []index.Match{{}, {}}
+	off := NewKVMesh()
+	off.WaitingWeight = 0
+	// Own time to first token alone prefers a's shorter queue of work.
+	if got, _ := pick(t, off, r, engines(30), none); got != "a" {
+		t.Fatalf("waitingWeight 0 picked %s, want a", got)
+	}
+	// Its 20 waiting requests each wait behind the 4,096 tokens: 2·20·0.14 s ≫ 2 s.
+	if got, _ := pick(t, NewKVMesh(), r, engines(30), none); got != "b" {
+		t.Fatalf("kvmesh picked %s, want b (20 requests would queue behind the prefill on a)", got)
+	}
+	// With 2 running, the count is capped at 2: 2·2·0.14 s < 2 s.
+	if got, _ := pick(t, NewKVMesh(), r, engines(2), none); got != "a" {
+		t.Fatalf("kvmesh picked %s, want a (waiting capped at the running batch)", got)
+	}
+	bad := NewKVMesh()
+	bad.WaitingWeight = -1
+	if err := bad.Validate(); err == nil {
+		t.Fatal("negative waitingWeight accepted")
+	}
+}
+
 func TestRoundRobinAndLeastRequest(t *testing.T) {
 	rr := &RoundRobin{}
 	es := []scheduler.Engine{eng("a"), eng("b"), eng("c")}
