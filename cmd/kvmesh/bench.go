@@ -24,7 +24,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		mode        = fs.String("mode", "des", "benchmark mode (des: discrete-event simulation)")
 		engines     = fs.Int("engines", 8, "simulated engines (1..4000)")
 		policies    = fs.String("policies", strings.Join(defaultPolicies(), ","), "comma-separated policies: "+strings.Join(scheduler.PolicyNames[:len(scheduler.PolicyNames)-1], ","))
-		profile     = fs.String("profile", engine.DefaultProfile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
+		profile     = fs.String("profile", benchProfile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
 		gpuBlocks   = fs.Int("gpu-blocks", 0, "GPU KV capacity per engine in blocks (0 = engine default)")
 		cpuBlocks   = fs.Int("cpu-blocks", 0, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
 		blockSize   = fs.Int("block-size", 16, "tokens per KV block")
@@ -206,6 +206,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	return rep.WriteTable(stdout)
 }
+
+// benchProfile is the engine of the scenarios: a 7B model on a
+// 48 GB GPU holding 480k tokens of KV at 30,000 blocks of 16.
+const benchProfile = "7b-l40s"
 
 func defaultPolicies() []string {
 	return []string{"random", "round-robin", "least-request", "kthena", "ray", "sglang", "dynamo", "llmd", "kvmesh"}
