@@ -19,8 +19,8 @@ import (
 //	        + MissPenalty · uncached / PrefillRate
 //
 // where n is the engine's running requests (snapshot running, or in-flight
-// minus snapshot waiting when fresher). The last term is what the
-// request does to everyone already on the engine: its prefill stalls their
+// minus snapshot waiting when fresher). The ExternalityWeight term is what
+// the request does to everyone already on the engine: its prefill stalls their
 // next steps (continuous batching), and its context lengthens each of their
 // decode steps. It is why a cache miss on a busy engine is expensive and a
 // hit is worth keeping: routing on the request's own TTFT alone spreads a
@@ -53,8 +53,9 @@ import (
 // ones on an engine running many short ones. That is size-based routing
 // (short jobs never queue behind long ones), which is why mean TTFT halves
 // at 4× the Mooncake trace's rate while the request count per engine
-// becomes uneven (tokens per engine stay close). The defaults sit at a
-// local optimum: docs/BENCHMARKS.md lists the variants measured.
+// becomes uneven. The price is paid at the end of such a burst: the long
+// prompts' backlog drains last, so the run takes longer. The defaults sit
+// at a local optimum: docs/BENCHMARKS.md lists the variants measured.
 type KVMesh struct {
 	// PrefillRate is prefill throughput in tokens/s. Default 30,000 (7B on
 	// an H100-class GPU).
