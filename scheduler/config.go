@@ -82,7 +82,8 @@ type ScorerConfig struct {
 	Weight float64 `yaml:"weight"`
 }
 
-// KVMeshConfig are the kvmesh policy's cost-model parameters.
+// KVMeshConfig are the kvmesh policy's cost-model parameters; policies.KVMesh
+// documents each (its field of the same name) and the cost they weigh.
 type KVMeshConfig struct {
 	PrefillRate         float64 `yaml:"prefillRate"`
 	StepBase            float64 `yaml:"stepBase"`
