@@ -1,6 +1,7 @@
 package index
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,18 +38,7 @@ func FuzzOps(f *testing.F) {
 				x.ClearEngine(e)
 				delete(m.held, e)
 			}
-			x.Lookup(chain, &res)
-			checkSearch(t, x, chain)
-			for _, name := range engines {
-				s, ok := x.Slot(name)
-				got := Match{}
-				if ok {
-					got = res.Get(s)
-				}
-				if want := m.match(name, chain); got != want {
-					t.Fatalf("op %d engine %s: got %+v want %+v", i/2, name, got, want)
-				}
-			}
+			lookupAgainst(t, x, m, engines, chain, &res, "op "+strconv.Itoa(i/2))
 		}
 	})
 }

@@ -87,22 +87,7 @@ func TestLookupPipelineAgainstModel(t *testing.T) {
 	var res Result
 	check := func(step int, q []uint64) {
 		t.Helper()
-		x.Lookup(q, &res)
-		checkSearch(t, x, q)
-		matched := 0
-		for _, name := range engines {
-			want := m.match(name, q)
-			got := Match{}
-			if s, ok := x.Slot(name); ok {
-				got = res.Get(s)
-			}
-			if got != want {
-				t.Fatalf("step %d engine %s query len %d: got %+v want %+v", step, name, len(q), got, want)
-			}
-			if want.Spec > 0 {
-				matched++
-			}
-		}
+		matched := lookupAgainst(t, x, m, engines, q, &res, fmt.Sprintf("step %d query len %d", step, len(q)))
 		if len(res.Slots) != matched {
 			t.Fatalf("step %d: %d slots reported, %d engines matched", step, len(res.Slots), matched)
 		}
@@ -165,12 +150,7 @@ func TestLookupPipelineAgainstModel(t *testing.T) {
 	if x.MemStats().OverflowKeys == 0 {
 		t.Fatal("no key overflowed: the test does not reach the chunk path")
 	}
-	for _, e := range engines {
-		x.ClearEngine(e)
-	}
-	if ms := x.MemStats(); ms.Keys != 0 || ms.Entries != 0 || ms.OverflowKeys != 0 {
-		t.Fatalf("after clearing every engine: %+v", ms)
-	}
+	clearAll(t, x, engines)
 }
 
 // TestSpillsHappen checks that collidingKeys really fills home lines (so the
