@@ -165,15 +165,18 @@ func TestClientDisconnectCancelsNonStreamUpstream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"model":"m","prompt":[1,2]}`))
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool {
+	send := func() {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"model":"m","prompt":[1,2]}`))
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+	}
+	send()
+	testutil.WaitFor(t, 5*time.Second, "a request on the hanging engine", func() bool {
 		if hang.hits.Load() == 1 {
 			return true
 		}
@@ -182,14 +185,7 @@ func TestClientDisconnectCancelsNonStreamUpstream(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			go func() {
-				req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(`{"model":"m","prompt":[1,2]}`))
-				resp, err := client.Do(req)
-				if err == nil {
-					resp.Body.Close()
-				}
-				done <- err
-			}()
+			send()
 		default:
 		}
 		return false

@@ -86,14 +86,22 @@ func (e *engine) runForever(ctx context.Context) {
 		}
 		e.c.loopRestarts.Add(1)
 		e.log.Error("engine event loop failed; restarting", "err", err, "in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, wait) {
 			return
-		case <-t.C:
 		}
 		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// sleep waits d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

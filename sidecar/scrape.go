@@ -147,12 +147,8 @@ func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
 			if time.Now().After(deadline) || ctx.Err() != nil {
 				break
 			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !sleep(ctx, wait) {
 				return
-			case <-t.C:
 			}
 		}
 	}
