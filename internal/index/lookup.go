@@ -175,14 +175,23 @@ func advance(res *Result, v uint16, i, r uint32) {
 	}
 }
 
+// batch returns the index of batch b's first key and its keys; nil when
+// the batch starts at or past the limit (the chain ended before it).
+func (s *lookupState) batch(b int) (int, []uint64) {
+	lo := b * lookupBatch
+	if lo >= s.limit {
+		return lo, nil
+	}
+	return lo, s.keys[lo:min(lo+lookupBatch, len(s.keys))]
+}
+
 // hash computes the home lines of batch b and prefetches them (without
 // prefetch instructions, it touches them with plain loads).
 func (s *lookupState) hash(b int) {
-	lo := b * lookupBatch
-	if lo >= s.limit {
+	_, batch := s.batch(b)
+	if batch == nil {
 		return
 	}
-	batch := s.keys[lo:min(lo+lookupBatch, len(s.keys))]
 	t := s.t
 	if !hasPrefetch {
 		pos := &s.pos[b%(lookupLead+1)]
@@ -211,11 +220,10 @@ func (s *lookupState) hash(b int) {
 // resolve finds the buckets of batch b, lowering limit at the first missing
 // key, and prefetches the first overflow chunk of keys that have one.
 func (s *lookupState) resolve(b int) {
-	lo := b * lookupBatch
-	if lo >= s.limit {
+	lo, batch := s.batch(b)
+	if batch == nil {
 		return
 	}
-	batch := s.keys[lo:min(lo+lookupBatch, len(s.keys))]
 	t := s.t
 	buckets, mask := t.b, t.mask
 	pos, els := &s.pos[b%(lookupLead+1)], &s.els[b%2]
