@@ -74,45 +74,32 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *blockSize < 1 || *blockSize > 1024 {
 		bad("--block-size %d: want 1..1024", *blockSize)
 	}
-	if *maxRunning < 0 {
-		bad("--max-running %d: want ≥ 0", *maxRunning)
+	atLeast := func(name string, v, lo int, note string) {
+		if v < lo {
+			bad("--%s %d: want ≥ %d%s", name, v, lo, note)
+		}
 	}
-	if *maxBatchTok < 0 {
-		bad("--max-batch-tokens %d: want ≥ 0", *maxBatchTok)
-	}
-	if *concurrency < 0 {
-		bad("--concurrency %d: want ≥ 0 (0 = unlimited)", *concurrency)
-	}
+	atLeast("max-running", *maxRunning, 0, "")
+	atLeast("max-batch-tokens", *maxBatchTok, 0, "")
+	atLeast("concurrency", *concurrency, 0, " (0 = unlimited)")
 	if *eventDelay < 0 {
 		bad("--event-delay %v: want ≥ 0", *eventDelay)
 	}
-	if *groups < 1 {
-		bad("--groups %d: want ≥ 1", *groups)
-	}
-	if *prompts < 1 {
-		bad("--prompts %d: want ≥ 1", *prompts)
-	}
-	if *shared < 0 {
-		bad("--shared %d: want ≥ 0", *shared)
-	}
-	if *question < 0 {
-		bad("--question %d: want ≥ 0", *question)
-	}
+	atLeast("groups", *groups, 1, "")
+	atLeast("prompts", *prompts, 1, "")
+	atLeast("shared", *shared, 0, "")
+	atLeast("question", *question, 0, "")
 	if *shared == 0 && *question == 0 {
 		bad("--shared and --question are both 0: a prompt needs a token")
 	}
-	if *output < 1 {
-		bad("--output %d: want ≥ 1", *output)
-	}
+	atLeast("output", *output, 1, "")
 	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
 		bad("--rate %v: want a finite rate ≥ 0 (0 = all at once)", *rate)
 	}
 	if !(*rateScale > 0) || math.IsInf(*rateScale, 0) {
 		bad("--rate-scale %v: want a finite multiplier > 0", *rateScale)
 	}
-	if *limit < 0 {
-		bad("--limit %d: want ≥ 0 (0 = all)", *limit)
-	}
+	atLeast("limit", *limit, 0, " (0 = all)")
 	switch *wl {
 	case "shared-prefix":
 	case "trace":
