@@ -28,11 +28,7 @@ import (
 // must pull requests sharing it to that engine.
 func TestClusterRoutesToCachedPrefix(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ns, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := testutil.NATS(t)
 
 	cfg := DefaultConfig()
 	cfg.ID = "ingress-test"

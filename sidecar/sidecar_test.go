@@ -11,18 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 
 func TestAdminEndpoints(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := testutil.NATS(t)
 	cache, err := meshtest.NewCache("m", 4, 16, 8, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -123,11 +118,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 
 // In DaemonSet mode one broken engine must not stop the others.
 func TestBrokenEngineDoesNotStopOthers(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := testutil.NATS(t)
 	cache, err := meshtest.NewCache("m", 4, 16, 0, 5)
 	if err != nil {
 		t.Fatal(err)

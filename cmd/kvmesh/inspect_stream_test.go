@@ -10,15 +10,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 func TestInspectStreamTailsDecodedDeltas(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := testutil.NATS(t)
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

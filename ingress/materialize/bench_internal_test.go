@@ -5,7 +5,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -19,11 +19,7 @@ func (nopIndex) ClearEngine(string)                     {}
 // set and digest updates, index calls) with 32 stored and 32 removed keys: the
 // materializer's ingest rate per core, without NATS.
 func BenchmarkApplyDelta(b *testing.B) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := testutil.NATS(b)
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		b.Fatal(err)

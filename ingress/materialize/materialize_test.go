@@ -56,10 +56,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{t: t, idx: meshtest.NewMapIndex(), reg: prometheus.NewRegistry(), mem: &fakeMembership{}}
 	var err error
-	if f.srv, err = natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.srv.Shutdown)
+	f.srv = testutil.NATS(t)
 	if f.cache, err = meshtest.NewCache("m", 4, 16, 0, 9); err != nil {
 		t.Fatal(err)
 	}
@@ -235,11 +232,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // Without gossip, an engine whose sidecar is gone is found by the idle check
 // (its snapshot request has no responder) and cleared.
 func TestIdleCheckClearsVanishedEngineWithoutGossip(t *testing.T) {
-	srv, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	srv := testutil.NATS(t)
 	cache, err := meshtest.NewCache("m", 4, 16, 0, 11)
 	if err != nil {
 		t.Fatal(err)
