@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -16,23 +15,10 @@ import (
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
-// lockedBuffer is an io.Writer safe for the access log's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines() []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// jsonLines decodes every line of s that is a JSON object.
+func jsonLines(s string) []map[string]any {
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
+	sc := bufio.NewScanner(strings.NewReader(s))
 	for sc.Scan() {
 		var m map[string]any
 		if json.Unmarshal(sc.Bytes(), &m) == nil {
@@ -52,7 +38,7 @@ func TestSessionAffinityAndAccessLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logBuf lockedBuffer
+	var logBuf testutil.SyncBuffer
 	s := startIngress(t, cfg, Deps{Affinity: aff, AccessLog: slog.New(slog.NewJSONHandler(&logBuf, nil))})
 	url := "http://" + s.Addr() + "/v1/completions"
 	const body = `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18],"max_tokens":2}`
@@ -77,8 +63,8 @@ func TestSessionAffinityAndAccessLog(t *testing.T) {
 	if len(seen) != 2 {
 		t.Fatalf("round-robin without session used %v", seen)
 	}
-	testutil.WaitFor(t, 2*time.Second, "condition", func() bool { return len(logBuf.lines()) == 7 })
-	lines := logBuf.lines()
+	testutil.WaitFor(t, 2*time.Second, "condition", func() bool { return len(jsonLines(logBuf.String())) == 7 })
+	lines := jsonLines(logBuf.String())
 	for _, k := range []string{"model", "engine", "policy", "reason", "attempts", "matched_gpu", "matched_cpu", "prompt_tokens", "output_tokens", "parse_ms", "tokenize_ms", "schedule_ms", "ttft_ms", "total_ms", "status"} {
 		if _, ok := lines[0][k]; !ok {
 			t.Errorf("access log line lacks %q: %v", k, lines[0])

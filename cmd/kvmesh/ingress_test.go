@@ -31,7 +31,7 @@ func TestIngressCommand(t *testing.T) {
 	defer sm.Close()
 	before := goroutines()
 
-	var out, errOut syncBuffer
+	var out, errOut testutil.SyncBuffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run([]string{"ingress", "--listen", "127.0.0.1:0", "--engine", "e1=m=" + sm.URL(),
@@ -122,7 +122,7 @@ func goroutines() int {
 
 // Bad flags: exit status 2 and every problem in one message.
 func TestIngressCommandBadFlags(t *testing.T) {
-	var out, errOut syncBuffer
+	var out, errOut testutil.SyncBuffer
 	code := run([]string{"ingress", "--listen", "nope", "--engine", "only-one-part", "--tokenizer", "no-equals",
 		"--chat-mode", "sideways", "--max-attempts", "0", "--log-level", "loud", "--key-input-tpm", "-1",
 		"--gossip-key", "!!"}, &out, &errOut)

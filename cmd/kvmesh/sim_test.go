@@ -6,35 +6,18 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestSimCommand runs `kvmesh sim` with free ports, reads the printed
 // addresses, and follows its events with `kvmesh inspect events --zmq`.
 func TestSimCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut syncBuffer
+	var out, errOut testutil.SyncBuffer
 	simDone := make(chan error, 1)
 	go func() {
 		simDone <- runSim(ctx, []string{"--model", "m", "--http", "127.0.0.1:0", "--kv-events", "tcp://127.0.0.1:0",
@@ -62,7 +45,7 @@ func TestSimCommand(t *testing.T) {
 			}
 		}
 	}
-	var iout, ierr syncBuffer
+	var iout, ierr testutil.SyncBuffer
 	inspDone := make(chan int, 1)
 	go func() {
 		inspDone <- run([]string{"inspect", "events", "--zmq", addr["events"], "--replay", addr["replay"], "--count", "2"}, &iout, &ierr)
