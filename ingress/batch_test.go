@@ -5,9 +5,6 @@ import (
 	"net/http"
 	"sort"
 	"testing"
-	"time"
-
-	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 type batchChoice struct {
@@ -101,7 +98,7 @@ func TestBatchedPrompts(t *testing.T) {
 	if st != 400 {
 		t.Fatalf("empty second text: %d %s", st, b)
 	}
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
+	waitSettled(t, s)
 }
 
 // Chat sent as completions: max_completion_tokens limits the output.

@@ -88,7 +88,7 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		t.Cleanup(func() { cancel(); car.Close(); <-done })
 	}
 	base := "http://" + s.Addr()
-	testutil.WaitFor(t, 20*time.Second, "condition", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines known by gossip", func() bool {
 		st, _, _ := get(base + "/ready")
 		return st == 200 && len(s.deps.Membership.Engines(nil)) == 2
 	})
@@ -111,7 +111,7 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		ids[i] = uint32(100 + i*7%3000)
 	}
 	keys := kvevents.AppendKeys(nil, root, ids, 16)
-	testutil.WaitFor(t, 10*time.Second, "condition", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "eng-a's warmed keys in the ingress index", func() bool {
 		return s.deps.Index.KeyCount("eng-a", kvevents.TierGPU) >= len(keys)
 	})
 
@@ -132,8 +132,8 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 	cfg2.ID = "ingress-test-2"
 	cfg2.Cluster.GossipSeeds = []string{seed}
 	s2 := startIngress(t, cfg2, Deps{Limiter: newLimiter()})
-	testutil.WaitFor(t, 20*time.Second, "condition", func() bool { return len(s2.deps.Membership.Engines(nil)) == 2 })
-	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return s2.deps.Synced() })
+	testutil.WaitFor(t, 20*time.Second, "replica 2 knows both engines", func() bool { return len(s2.deps.Membership.Engines(nil)) == 2 })
+	testutil.WaitFor(t, 10*time.Second, "replica 2's index synced", func() bool { return s2.deps.Synced() })
 	// Replica 1 spends 6×516 + 3 + 2×900 = 4,899 of the key's 5,000 input
 	// tokens per minute ...
 	big := make([]string, 900)
@@ -149,7 +149,7 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 	}
 	// ... so replica 2 refuses the key once gossip has carried that usage
 	// (alone it would admit five more 900-token requests).
-	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return shared() == string(lim1.AppendState(nil, 1024)) })
+	testutil.WaitFor(t, 10*time.Second, "replica 2 sees replica 1's rate-limit usage", func() bool { return shared() == string(lim1.AppendState(nil, 1024)) })
 	st, _, b := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", bigBody)
 	if st != 429 {
 		t.Fatalf("replica 2 admitted a request of a key exhausted on replica 1: %d %s", st, b)
@@ -207,7 +207,7 @@ func TestInFlightSharedByGossip(t *testing.T) {
 		}
 		return -1, false
 	}
-	testutil.WaitFor(t, 10*time.Second, "condition", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "each ingress sees the other's in-flight counts", func() bool {
 		a, okA := view(g1)
 		b, okB := view(g2)
 		return okA && okB && a == 1 && b == 3 // each sees the other's

@@ -63,7 +63,7 @@ func TestEngineKilledMidRun(t *testing.T) {
 		}(i)
 	}
 	// Kill the victim once several requests wait in its queue.
-	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return victim.Load(0).Waiting >= 4 })
+	testutil.WaitFor(t, 10*time.Second, "4 requests waiting on the victim engine", func() bool { return victim.Load(0).Waiting >= 4 })
 	if err := victim.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +100,6 @@ func TestEngineKilledMidRun(t *testing.T) {
 	if retried < 3 {
 		t.Errorf("only %v failed attempts recorded; the queued requests should have been retried", retried)
 	}
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
+	waitSettled(t, s)
 	t.Logf("error events %d, failed attempts %v", errEvents, retried)
 }

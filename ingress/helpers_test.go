@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -221,6 +222,13 @@ func val(m prometheus.Metric) float64 {
 
 // settled reports whether every engine's local load is back to zero (no
 // request, prefill or active tokens still charged).
+// waitSettled waits until s has no request in flight and every upstream's
+// bookkeeping is back to zero.
+func waitSettled(t *testing.T, s *Server) {
+	t.Helper()
+	testutil.WaitFor(t, 5*time.Second, "the ingress settled: nothing in flight", func() bool { return settled(s) })
+}
+
 func settled(s *Server) bool {
 	s.ups.mu.RLock()
 	defer s.ups.mu.RUnlock()

@@ -36,7 +36,7 @@ func TestProxyStreamPassesThroughAndCounts(t *testing.T) {
 	if len(evs) != 5 || evs[0] != strings.TrimSuffix(strings.TrimPrefix(completionEvent(0, "t0", ""), "data: "), "\n\n") || evs[4] != "[DONE]" {
 		t.Fatalf("events %q", evs)
 	}
-	testutil.WaitFor(t, 2*time.Second, "condition", func() bool {
+	testutil.WaitFor(t, 2*time.Second, "4 output tokens counted and nothing in flight", func() bool {
 		return val(s.m.tokens.WithLabelValues("out")) == 4 && s.inflight.Load() == 0
 	})
 	if got := val(s.m.requests.WithLabelValues("completions", "200")); got != 1 {
@@ -88,7 +88,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
 		}
 	}
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
+	waitSettled(t, s)
 	for _, r := range []string{"status_5xx", "timeout", "connect_error"} {
 		if val(s.m.attempts.WithLabelValues(r)) == 0 {
 			t.Errorf("no %s attempt recorded: random routing over 12 requests should have hit it", r)
@@ -126,7 +126,7 @@ func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
 	if good.hits.Load() != 0 {
 		t.Fatal("retried after bytes were sent")
 	}
-	testutil.WaitFor(t, 2*time.Second, "condition", func() bool { return val(s.m.streamErrors) == 1 })
+	testutil.WaitFor(t, 2*time.Second, "one stream error counted", func() bool { return val(s.m.streamErrors) == 1 })
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
@@ -142,8 +142,8 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 		t.Fatalf("first line %q: %v", line, err)
 	}
 	resp.Body.Close() // client goes away mid-stream
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return fe.canceled.Load() == 1 })
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
+	testutil.WaitFor(t, 5*time.Second, "the upstream request canceled", func() bool { return fe.canceled.Load() == 1 })
+	waitSettled(t, s)
 }
 
 // A non-streamed request whose client goes away while the engine works is
@@ -195,8 +195,8 @@ func TestClientDisconnectCancelsNonStreamUpstream(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Fatal("request finished although the engine hangs")
 	}
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return hang.canceled.Load() == 1 })
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
+	testutil.WaitFor(t, 5*time.Second, "the hanging engine's request canceled", func() bool { return hang.canceled.Load() == 1 })
+	waitSettled(t, s)
 	if other.hits.Load() != okHits {
 		t.Fatal("a request whose client left was retried on another engine")
 	}
@@ -243,7 +243,7 @@ func TestClientWatchKeepsPipelining(t *testing.T) {
 	if fe.hits.Load() != n {
 		t.Fatalf("engine saw %d requests, want %d", fe.hits.Load(), n)
 	}
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return settled(s) })
+	waitSettled(t, s)
 }
 
 func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {
@@ -259,7 +259,7 @@ func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {
 	defer resp.Body.Close()
 	done := make(chan error, 1)
 	go func() { done <- s.Close() }()
-	testutil.WaitFor(t, 2*time.Second, "condition", func() bool { return s.draining.Load() })
+	testutil.WaitFor(t, 2*time.Second, "the ingress draining", func() bool { return s.draining.Load() })
 	st, _, _ := post(t, http.DefaultClient, "http://"+s.Addr()+"/ready", "")
 	if st != 503 {
 		t.Fatalf("/ready while draining = %d", st)

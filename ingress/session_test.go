@@ -63,7 +63,7 @@ func TestSessionAffinityAndAccessLog(t *testing.T) {
 	if len(seen) != 2 {
 		t.Fatalf("round-robin without session used %v", seen)
 	}
-	testutil.WaitFor(t, 2*time.Second, "condition", func() bool { return len(jsonLines(logBuf.String())) == 7 })
+	testutil.WaitFor(t, 2*time.Second, "7 access-log lines", func() bool { return len(jsonLines(logBuf.String())) == 7 })
 	lines := jsonLines(logBuf.String())
 	for _, k := range []string{"model", "engine", "policy", "reason", "attempts", "matched_gpu", "matched_cpu", "prompt_tokens", "output_tokens", "parse_ms", "tokenize_ms", "schedule_ms", "ttft_ms", "total_ms", "status"} {
 		if _, ok := lines[0][k]; !ok {
@@ -118,7 +118,7 @@ func TestAdmissionQueueTimeoutAndFull(t *testing.T) {
 		st, _, _ := post(t, http.DefaultClient, url, `{"model":"m","prompt":[2]}`)
 		done <- st
 	}()
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
+	testutil.WaitFor(t, 5*time.Second, "one request queued for admission", func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
 	// ... while the next finds the queue full.
 	st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[3]}`)
 	if st != 429 || hdr.Get("Retry-After") == "" {
@@ -167,7 +167,7 @@ func TestAdmissionFollowsSaturation(t *testing.T) {
 	startIngress(t, cfg, Deps{Membership: mem, Admitter: adm})
 	limit := func() int { _, _, _, l := adm.Stats(); return l }
 	mem.set(3)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return limit() == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the admission limit down to 1 while every engine queues", func() bool { return limit() == 1 })
 	mem.set(0)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return limit() == 64 })
+	testutil.WaitFor(t, 5*time.Second, "the admission limit back to 64", func() bool { return limit() == 64 })
 }

@@ -26,7 +26,7 @@ func TestShareThroughGossip(t *testing.T) {
 	}
 	na := newNode("ingress-a", nil)
 	nb := newNode("ingress-b", []string{na.Addr()})
-	testutil.WaitFor(t, 10*time.Second, "condition", func() bool { return na.NumMembers() == 2 && nb.NumMembers() == 2 })
+	testutil.WaitFor(t, 10*time.Second, "both limiters' gossip members joined", func() bool { return na.NumMembers() == 2 && nb.NumMembers() == 2 })
 
 	cfg := Config{PerKey: Limits{InputTokens: 10_000}}
 	a, err := New(cfg)
@@ -52,7 +52,7 @@ func TestShareThroughGossip(t *testing.T) {
 		t.Fatal("first request refused")
 	}
 	// Once a's usage reached b, b refuses what it alone would admit.
-	testutil.WaitFor(t, 10*time.Second, "condition", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "b sees a's 9,000 input tokens for alice", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		o := b.origins["ingress-a"]

@@ -170,11 +170,11 @@ func TestBoostedSessionAdmittedFirst(t *testing.T) {
 	}
 	out := make(chan result, 3)
 	acquireAsync(ctx, a, "new-1", "fresh", out)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 1 })
+	testutil.WaitFor(t, 5*time.Second, "one new request queued", func() bool { _, _, n, _ := a.Stats(); return n == 1 })
 	acquireAsync(ctx, a, "new-2", "", out)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 2 })
+	testutil.WaitFor(t, 5*time.Second, "two new requests queued", func() bool { _, _, n, _ := a.Stats(); return n == 2 })
 	acquireAsync(ctx, a, "follow-up", "chat", out)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, b, _, _ := a.Stats(); return b == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the follow-up waiting as boosted", func() bool { _, b, _, _ := a.Stats(); return b == 1 })
 
 	hold()
 	var order []string
@@ -227,7 +227,7 @@ func TestQueueTimeoutAndCancel(t *testing.T) {
 	hold2, _ := a2.Acquire(context.Background(), "")
 	defer hold2()
 	acquireAsync(ctx, a2, "w", "", out)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a2.Stats(); return n == 1 })
+	testutil.WaitFor(t, 5*time.Second, "one request queued on a2", func() bool { _, _, n, _ := a2.Stats(); return n == 1 })
 	cancel()
 	if res := <-out; !errors.Is(res.err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", res.err)
@@ -248,7 +248,7 @@ func TestQueueFullAndBoostDisplaces(t *testing.T) {
 	hold, _ := a.Acquire(ctx, "")
 	out := make(chan result, 2)
 	acquireAsync(ctx, a, "normal", "", out)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 1 })
+	testutil.WaitFor(t, 5*time.Second, "one request queued", func() bool { _, _, n, _ := a.Stats(); return n == 1 })
 	if _, err := a.Acquire(ctx, "x"); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("err = %v, want ErrQueueFull", err)
 	}
@@ -272,7 +272,7 @@ func TestSetLimitAndIdempotentRelease(t *testing.T) {
 	out := make(chan result, 2)
 	acquireAsync(ctx, a, "a", "", out)
 	acquireAsync(ctx, a, "b", "", out)
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { _, _, n, _ := a.Stats(); return n == 2 })
+	testutil.WaitFor(t, 5*time.Second, "two requests queued", func() bool { _, _, n, _ := a.Stats(); return n == 2 })
 	a.SetLimit(3)
 	r1, r2 := <-out, <-out
 	if r1.err != nil || r2.err != nil {

@@ -246,7 +246,7 @@ func TestRunTimeoutAndCancel(t *testing.T) {
 		rep2, err = Run(ctx, Config{URL: srv.URL, Model: "m", Concurrency: 2, Rate: -1}, many)
 		close(done)
 	}()
-	testutil.WaitFor(t, 5*time.Second, "condition", func() bool { return srv.cur.Load() == 2 })
+	testutil.WaitFor(t, 5*time.Second, "two requests in flight at the server", func() bool { return srv.cur.Load() == 2 })
 	cancel()
 	<-done
 	if !errors.Is(err, context.Canceled) || rep2 == nil || rep2.Sent >= len(many) || rep2.Errors[KindCanceled] != rep2.Sent {
