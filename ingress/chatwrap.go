@@ -1,6 +1,10 @@
 package ingress
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
+)
 
 // Chat re-wrapping (Config.ChatModeCompletions): the ingress renders the chat
 // template, sends the token ids to the engine's /v1/completions, and turns
@@ -56,7 +60,7 @@ func completionToChat(dst, body []byte) []byte {
 // passes the object through unchanged rather than inventing content.
 func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 	var id, created, model, choices, usage []byte
-	err := forEachMember(obj, func(k, v []byte, _, _ int) error {
+	err := jsonscan.ForEachMember(obj, func(k, v []byte, _, _ int) error {
 		switch string(k) {
 		case "id":
 			id = v
@@ -92,9 +96,9 @@ func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 	dst = appendRawOr(dst, model, `""`)
 	dst = append(dst, `,"choices":[`...)
 	n := 0
-	err = forEachElem(choices, func(ch []byte) error {
+	err = jsonscan.ForEachElem(choices, func(ch []byte) error {
 		var index, text, finish, logprobs []byte
-		if err := forEachMember(ch, func(k, v []byte, _, _ int) error {
+		if err := jsonscan.ForEachMember(ch, func(k, v []byte, _, _ int) error {
 			switch string(k) {
 			case "index":
 				index = v

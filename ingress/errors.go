@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/internal/openai"
 )
 
@@ -86,7 +87,7 @@ func toAPIError(err error) *apiError {
 		return e
 	case errors.Is(err, ErrNotFound):
 		return newAPIError(404, "invalid_request_error", "not_found", "", err)
-	case errors.Is(err, ErrBadRequest), errors.Is(err, errJSON):
+	case errors.Is(err, ErrBadRequest), errors.Is(err, jsonscan.ErrMalformed):
 		return newAPIError(400, "invalid_request_error", "", "", err)
 	}
 	return newAPIError(500, "server_error", "internal_error", "", err)

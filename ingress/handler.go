@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
@@ -374,7 +375,7 @@ func (c *call) tokenizeBatch(tok Tokenizer) error {
 	}
 	total := 0
 	for i, e := range c.req.batch {
-		c.scratchText = appendUnquote(c.scratchText[:0], e)
+		c.scratchText = jsonscan.AppendUnquote(c.scratchText[:0], e)
 		if len(c.scratchText) == 0 {
 			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
 		}

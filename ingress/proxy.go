@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
 // maxUpstreamBody bounds a buffered (non-streamed) upstream answer.
@@ -502,7 +504,7 @@ func usageCompletionTokens(b []byte) int {
 	if i < 0 {
 		return 0
 	}
-	i = skipWS(b, i+len(usageMarker))
+	i = jsonscan.SkipWS(b, i+len(usageMarker))
 	n := 0
 	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
 		n = n*10 + int(b[i]-'0')

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
 // endpoint is the OpenAI route a request came in on.
@@ -97,7 +99,7 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 		if ep != epCompletions || string(key) != "prompt" || b[at] != '[' {
 			return 0, false, nil
 		}
-		j := skipWS(b, at+1)
+		j := jsonscan.SkipWS(b, at+1)
 		if j >= len(b) || b[j] < '0' || b[j] > '9' {
 			return 0, false, nil
 		}
@@ -110,13 +112,16 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 		r.promptStart, r.promptEnd = at, end
 		return end, true, nil
 	}
-	err := scanMembers(body, consume, func(key, val []byte, koff, off int) error {
+	if i := jsonscan.SkipWS(body, 0); i >= len(body) || body[i] != '{' {
+		return badRequest("", fmt.Errorf("%w: %w", ErrBadRequest, &jsonscan.Error{Msg: "request body must be a JSON object", Off: i}))
+	}
+	err := jsonscan.ScanMembers(body, consume, func(key, val []byte, koff, off int) error {
 		switch string(key) {
 		case "model":
 			if val[0] != '"' {
 				return badRequest("model", fmt.Errorf("%w: model must be a string", ErrBadRequest))
 			}
-			r.model = appendUnquote(r.model[:0], val)
+			r.model = jsonscan.AppendUnquote(r.model[:0], val)
 			sawModel = true
 		case "stream":
 			switch string(val) {
@@ -135,7 +140,7 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 			if val[0] != '{' {
 				return badRequest("stream_options", fmt.Errorf("%w: stream_options must be an object", ErrBadRequest))
 			}
-			return forEachMember(val, func(k, v []byte, _, _ int) error {
+			return jsonscan.ForEachMember(val, func(k, v []byte, _, _ int) error {
 				if string(k) == "include_usage" {
 					r.includeUsage = string(v) == "true"
 				}
@@ -149,7 +154,7 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 				}
 				return nil
 			}
-			n, ok := parseUint(val, math.MaxInt32)
+			n, ok := jsonscan.ParseUint(val, math.MaxInt32)
 			if !ok {
 				return badRequest(string(key), fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, key))
 			}
@@ -168,7 +173,7 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 			if val[0] != '"' {
 				return badRequest("cache_salt", fmt.Errorf("%w: cache_salt must be a string", ErrBadRequest))
 			}
-			r.cacheSalt = appendUnquote(r.cacheSalt[:0], val)
+			r.cacheSalt = jsonscan.AppendUnquote(r.cacheSalt[:0], val)
 		case "prompt":
 			if ep != epCompletions || (r.kind == promptIDs && r.promptStart == off) {
 				return nil // not ours, or already parsed by consume
@@ -220,7 +225,7 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 func (r *request) parsePrompt(val []byte) error {
 	switch val[0] {
 	case '"':
-		r.text = appendUnquote(r.text[:0], val)
+		r.text = jsonscan.AppendUnquote(r.text[:0], val)
 		if len(r.text) == 0 {
 			return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
 		}
@@ -230,11 +235,11 @@ func (r *request) parsePrompt(val []byte) error {
 	default:
 		return badRequest("prompt", fmt.Errorf("%w: prompt must be a string, an array of token ids, or a one-element array of either", ErrBadRequest))
 	}
-	i := skipWS(val, 1)
+	i := jsonscan.SkipWS(val, 1)
 	if i < len(val) && (val[i] == '"' || val[i] == '[') {
 		first := val[i]
 		r.batch = r.batch[:0]
-		if err := forEachElem(val, func(e []byte) error {
+		if err := jsonscan.ForEachElem(val, func(e []byte) error {
 			if e[0] != first {
 				return fmt.Errorf("element %d: a batch holds only strings or only token-id arrays", len(r.batch))
 			}
@@ -270,7 +275,7 @@ func (r *request) parseIDs(val []byte) error {
 // appendTokenIDs parses the JSON array of token ids val.
 func appendTokenIDs(dst []uint32, val []byte) ([]uint32, error) {
 	dst, end, err := scanTokenIDs(dst, val, 0)
-	if err == nil && skipWS(val, end) != len(val) {
+	if err == nil && jsonscan.SkipWS(val, end) != len(val) {
 		err = fmt.Errorf("trailing data after token ids")
 	}
 	return dst, err
@@ -281,7 +286,7 @@ func appendTokenIDs(dst []uint32, val []byte) ([]uint32, error) {
 // body, so the scanner hands it here instead of skipping it first (the
 // strict grammar here — digits, commas, whitespace — is valid JSON).
 func scanTokenIDs(dst []uint32, b []byte, i int) ([]uint32, int, error) {
-	i = skipWS(b, i+1) // past '['
+	i = jsonscan.SkipWS(b, i+1) // past '['
 	if i < len(b) && b[i] == ']' {
 		return dst, i + 1, nil
 	}
@@ -297,21 +302,21 @@ func scanTokenIDs(dst []uint32, b []byte, i int) ([]uint32, int, error) {
 		}
 		if i == start || (i < len(b) && b[i] != ',' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\t' && b[i] != '\r') ||
 			(b[start] == '0' && i-start > 1) {
-			end, _ := skipValue(b, start, 1)
+			end, _ := jsonscan.SkipValue(b, start)
 			if end <= start {
 				end = min(start+1, len(b))
 			}
 			return dst, 0, fmt.Errorf("token id %.32q is not a non-negative 32-bit integer", b[start:end])
 		}
 		dst = append(dst, uint32(v))
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if i < len(b) && b[i] == ']' {
 			return dst, i + 1, nil
 		}
 		if i >= len(b) || b[i] != ',' {
 			return dst, 0, fmt.Errorf("expected ',' in token ids")
 		}
-		i = skipWS(b, i+1)
+		i = jsonscan.SkipWS(b, i+1)
 	}
 	return dst, 0, fmt.Errorf("unterminated token ids")
 }
@@ -458,7 +463,7 @@ const (
 // dropMember returns the edit removing the object member at body[start:end]
 // together with one adjacent comma.
 func dropMember(body []byte, start, end int) bodyEdit {
-	if j := skipWS(body, end); j < len(body) && body[j] == ',' {
+	if j := jsonscan.SkipWS(body, end); j < len(body) && body[j] == ',' {
 		end = j + 1
 	} else {
 		for k := start - 1; k >= 0; k-- {

@@ -278,30 +278,6 @@ func FuzzParseRequest(f *testing.F) {
 	})
 }
 
-func FuzzScanner(f *testing.F) {
-	for _, s := range []string{`{}`, `{"a":1}`, `{"a":[1,2,{"b":"c\n"}],"d":-0.5e+3}`, `{"a":tru}`, `{"a":"\u12"}`, `{"a":01}`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		err := forEachMember(b, func(k, v []byte, _, _ int) error {
-			if len(v) > 0 && v[0] == '"' {
-				_ = appendUnquote(nil, v)
-			}
-			return nil
-		})
-		valid := json.Valid(b)
-		if err == nil && !valid {
-			t.Fatalf("scanner accepted invalid %q", b)
-		}
-		if err != nil && valid && len(b) < 100 {
-			i := skipWS(b, 0)
-			if i < len(b) && b[i] == '{' {
-				t.Fatalf("scanner rejected valid %q: %v", b, err)
-			}
-		}
-	})
-}
-
 func FuzzChatRewrap(f *testing.F) {
 	f.Add([]byte(`{"id":"x","created":1,"model":"m","choices":[{"index":0,"text":"a","finish_reason":null}]}`))
 	f.Add([]byte(`{"choices":[]}`))

@@ -1,224 +1,88 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"strconv"
+	"math"
 	"unicode/utf8"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
-// A minimal JSON scanner for the large parts of tokenizer.json (a 128k-entry
-// vocabulary, 280k merges): encoding/json with reflection takes over a
-// second and ~100 MB of garbage for Llama 3; this reads them in one pass. It
-// only has to be correct on valid JSON and must fail cleanly on anything else.
+// The large parts of tokenizer.json (a 128k-entry vocabulary, 280k merges)
+// are read with internal/jsonscan: encoding/json with reflection takes over
+// a second and ~100 MB of garbage for Llama 3. The small parts are decoded
+// by encoding/json from the raw spans fields returns.
 
-var errScan = errors.New("malformed JSON")
-
-type scanner struct {
-	b []byte
-	i int
-}
-
-func (s *scanner) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
-}
-
-func (s *scanner) peek() byte {
-	s.ws()
-	if s.i >= len(s.b) {
-		return 0
-	}
-	return s.b[s.i]
-}
-
-func (s *scanner) expect(c byte) error {
-	if s.peek() != c {
-		return fmt.Errorf("%w at byte %d: want %q", errScan, s.i, c)
-	}
-	s.i++
-	return nil
-}
-
-// str reads a JSON string; strings without escapes are copied directly.
-func (s *scanner) str() (string, error) {
-	start, simple, err := s.skipString()
-	if err != nil {
-		return "", err
-	}
-	if raw := s.b[start+1 : s.i-1]; simple && utf8.Valid(raw) {
-		return string(raw), nil
-	}
-	var out string
-	if err := json.Unmarshal(s.b[start:s.i], &out); err != nil {
-		return "", fmt.Errorf("%w: %v", errScan, err)
-	}
-	return out, nil
-}
-
-// skipString passes over a string; simple means it has no escapes.
-func (s *scanner) skipString() (start int, simple bool, err error) {
-	if s.peek() != '"' {
-		return 0, false, fmt.Errorf("%w at byte %d: want a string", errScan, s.i)
-	}
-	start = s.i
-	simple = true
-	s.i++
-	for s.i < len(s.b) {
-		switch c := s.b[s.i]; {
-		case c == '"':
-			s.i++
-			return start, simple, nil
-		case c == '\\':
-			simple = false
-			s.i += 2
-			continue
-		case c < 0x20:
-			return 0, false, fmt.Errorf("%w at byte %d: control character in string", errScan, s.i)
-		}
-		s.i++
-	}
-	return 0, false, fmt.Errorf("%w: unterminated string", errScan)
-}
-
-// uint reads a non-negative integer that fits uint32.
-func (s *scanner) uint() (uint32, error) {
-	s.ws()
-	start := s.i
-	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-		s.i++
-	}
-	n, err := strconv.ParseUint(string(s.b[start:s.i]), 10, 32)
-	if err != nil {
-		return 0, fmt.Errorf("%w at byte %d: want an id: %v", errScan, start, err)
-	}
-	return uint32(n), nil
-}
-
-// skip passes over one value and returns its bytes.
-func (s *scanner) skip() ([]byte, error) {
-	s.ws()
-	start := s.i
-	depth := 0
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case '"':
-			if _, _, err := s.skipString(); err != nil {
-				return nil, err
-			}
-			if depth == 0 {
-				return s.b[start:s.i], nil
-			}
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 { // end of a scalar inside the enclosing container
-				return s.b[start:s.i], nil
-			}
-			depth--
-			if depth == 0 {
-				s.i++
-				return s.b[start:s.i], nil
-			}
-		case ',':
-			if depth == 0 {
-				return s.b[start:s.i], nil
-			}
-		}
-		s.i++
-	}
-	if depth == 0 && s.i > start {
-		return s.b[start:s.i], nil
-	}
-	return nil, fmt.Errorf("%w: unexpected end", errScan)
-}
-
-// fields reads an object into raw values by key (values are not copied).
-func (s *scanner) fields() (map[string][]byte, error) {
+// fields reads the object that is the whole of b into raw values by key
+// (values are not copied).
+func fields(b []byte) (map[string][]byte, error) {
 	out := map[string][]byte{}
-	err := s.object(func(k string) error {
-		v, err := s.skip()
-		out[k] = v
+	err := jsonscan.ForEachMember(b, func(k, v []byte, koff, _ int) error {
+		key, err := memberKey(b, k, koff)
+		out[key] = v
 		return err
 	})
 	return out, err
 }
 
-// object calls f for each key; f must consume the value.
-func (s *scanner) object(f func(key string) error) error {
-	if err := s.expect('{'); err != nil {
-		return err
+// memberKey decodes a member's key: k is its raw text, nil when it holds
+// escapes, in which case the literal at b[koff] is decoded.
+func memberKey(b, k []byte, koff int) (string, error) {
+	if k != nil {
+		return str(k, false)
 	}
-	if s.peek() == '}' {
-		s.i++
-		return nil
+	end, _, err := jsonscan.SkipString(b, koff)
+	if err != nil {
+		return "", err
 	}
-	for {
-		k, err := s.str()
-		if err != nil {
-			return err
-		}
-		if err := s.expect(':'); err != nil {
-			return err
-		}
-		if err := f(k); err != nil {
-			return err
-		}
-		switch s.peek() {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return nil
-		default:
-			return fmt.Errorf("%w at byte %d: want , or }", errScan, s.i)
-		}
-	}
+	return str(b[koff:end], true)
 }
 
-// array calls f for each element; f must consume it.
-func (s *scanner) array(f func() error) error {
-	if err := s.expect('['); err != nil {
-		return err
+// str decodes a JSON string as encoding/json does: raw is the literal with
+// its quotes when quoted, or text without escapes when not; text that is
+// plain valid UTF-8 is copied directly.
+func str(raw []byte, quoted bool) (string, error) {
+	inner := raw
+	if quoted {
+		inner = raw[1 : len(raw)-1]
 	}
-	if s.peek() == ']' {
-		s.i++
-		return nil
+	if (!quoted || bytes.IndexByte(inner, '\\') < 0) && utf8.Valid(inner) {
+		return string(inner), nil
 	}
-	for {
-		if err := f(); err != nil {
-			return err
-		}
-		switch s.peek() {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			return nil
-		default:
-			return fmt.Errorf("%w at byte %d: want , or ]", errScan, s.i)
-		}
+	if !quoted {
+		raw = append(append([]byte{'"'}, raw...), '"')
 	}
+	var out string
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return "", fmt.Errorf("%w: %v", jsonscan.ErrMalformed, err)
+	}
+	return out, nil
+}
+
+// element decodes a string element of an array.
+func element(e []byte) (string, error) {
+	if e[0] != '"' {
+		return "", fmt.Errorf("%w: want a string, got %.32q", jsonscan.ErrMalformed, e)
+	}
+	return str(e, true)
 }
 
 // scanVocab reads {"token": id, ...}.
 func scanVocab(raw []byte) (map[string]uint32, error) {
-	s := &scanner{b: raw}
 	vocab := make(map[string]uint32, len(raw)/16)
-	err := s.object(func(k string) error {
-		id, err := s.uint()
-		if err == nil {
-			vocab[k] = id
+	err := jsonscan.ForEachMember(raw, func(k, v []byte, koff, _ int) error {
+		key, err := memberKey(raw, k, koff)
+		if err != nil {
+			return err
 		}
-		return err
+		id, ok := jsonscan.ParseUint(v, math.MaxUint32)
+		if !ok {
+			return fmt.Errorf("%w: token %q: want an id, got %.32q", jsonscan.ErrMalformed, key, v)
+		}
+		vocab[key] = uint32(id)
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vocab: %w: %v", ErrInvalid, err)
@@ -228,33 +92,32 @@ func scanVocab(raw []byte) (map[string]uint32, error) {
 
 // scanMerges reads ["a b", ...] or [["a", "b"], ...].
 func scanMerges(raw []byte) ([][2]string, error) {
-	s := &scanner{b: raw}
 	var out [][2]string
-	err := s.array(func() error {
-		if s.peek() == '[' {
+	err := jsonscan.ForEachElem(raw, func(e []byte) error {
+		if e[0] == '[' {
 			var pair [2]string
 			n := 0
-			err := s.array(func() error {
-				str, err := s.str()
+			err := jsonscan.ForEachElem(e, func(part []byte) error {
+				s, err := element(part)
 				if err == nil && n < 2 {
-					pair[n] = str
+					pair[n] = s
 				}
 				n++
 				return err
 			})
 			if err == nil && n != 2 {
-				err = fmt.Errorf("%w: merge with %d parts", errScan, n)
+				err = fmt.Errorf("%w: merge with %d parts", jsonscan.ErrMalformed, n)
 			}
 			out = append(out, pair)
 			return err
 		}
-		str, err := s.str()
+		s, err := element(e)
 		if err != nil {
 			return err
 		}
-		a, b, ok := cutSpace(str)
+		a, b, ok := cutSpace(s)
 		if !ok {
-			return fmt.Errorf("%w: merge %q has no space", errScan, str)
+			return fmt.Errorf("%w: merge %q has no space", jsonscan.ErrMalformed, s)
 		}
 		out = append(out, [2]string{a, b})
 		return nil

@@ -25,13 +25,9 @@ type fileJSON struct {
 // decodeFile splits tokenizer.json into its parts without a full
 // reflection pass over the (large) model.
 func decodeFile(data []byte) (*fileJSON, error) {
-	s := &scanner{b: data}
-	raw, err := s.fields()
+	raw, err := fields(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	if s.peek() != 0 {
-		return nil, fmt.Errorf("%w: trailing data", ErrInvalid)
 	}
 	f := &fileJSON{Normalizer: raw["normalizer"], PreTokenizer: raw["pre_tokenizer"], Model: raw["model"],
 		PostProcessor: raw["post_processor"], Decoder: raw["decoder"]}
@@ -371,15 +367,14 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 	if isNull(raw) {
 		return nil, fmt.Errorf("%w: no model", ErrInvalid)
 	}
-	// The vocabulary and merges are read by the scanner; the small fields
+	// The vocabulary and merges are read by internal/jsonscan; the small fields
 	// by encoding/json.
-	s := &scanner{b: raw}
-	fields, err := s.fields()
+	members, err := fields(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	small := []byte{'{'}
-	for k, v := range fields {
+	for k, v := range members {
 		if k == "vocab" || k == "merges" {
 			continue
 		}
@@ -395,7 +390,7 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 	if err := json.Unmarshal(small, &m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	m.Vocab, m.Merges = fields["vocab"], fields["merges"]
+	m.Vocab, m.Merges = members["vocab"], members["merges"]
 	if m.Type == "" { // older files leave the model untagged
 		switch {
 		case !isNull(m.Merges):

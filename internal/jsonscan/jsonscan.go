@@ -1,4 +1,10 @@
-package ingress
+// Package jsonscan is a small allocation-free JSON scanner: it walks a
+// document's members and elements as byte spans, validating the structure
+// of everything it skips, for callers that need a few fields of a large
+// document rather than a decoded tree — the ingress's request bodies (it
+// splices token ids into the prompt's span) and tokenizer.json's vocabulary
+// and merges. Malformed input is an *Error wrapping ErrMalformed.
+package jsonscan
 
 import (
 	"errors"
@@ -6,27 +12,24 @@ import (
 	"unicode/utf8"
 )
 
-// A tiny allocation-free JSON scanner: the hot path needs a handful of
-// top-level fields and the byte span of the prompt (to splice token ids in),
-// not a decoded document. It validates the structure of everything it skips,
-// so malformed JSON is rejected here rather than by the engine.
+// ErrMalformed is wrapped by every scanner error.
+var ErrMalformed = errors.New("malformed JSON")
 
-// errJSON is wrapped by every scanner error.
-var errJSON = errors.New("malformed JSON")
+const maxDepth = 128
 
-const maxJSONDepth = 128
-
-type jsonError struct {
-	msg string
-	off int
+// Error is a scanner error: what is wrong and the byte offset where.
+type Error struct {
+	Msg string
+	Off int
 }
 
-func (e *jsonError) Error() string { return "malformed JSON: " + e.msg }
-func (e *jsonError) Unwrap() error { return errJSON }
+func (e *Error) Error() string { return "malformed JSON: " + e.Msg }
+func (e *Error) Unwrap() error { return ErrMalformed }
 
-func jerr(msg string, off int) error { return &jsonError{msg: msg, off: off} }
+func jerr(msg string, off int) error { return &Error{Msg: msg, Off: off} }
 
-func skipWS(b []byte, i int) int {
+// SkipWS returns the index of the first non-whitespace byte at or after i.
+func SkipWS(b []byte, i int) int {
 	for i < len(b) {
 		switch b[i] {
 		case ' ', '\t', '\n', '\r':
@@ -38,9 +41,13 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
+// SkipValue returns the index just past the JSON value starting at b[i], a
+// member or element of an enclosing document.
+func SkipValue(b []byte, i int) (int, error) { return skipValue(b, i, 1) }
+
 // skipValue returns the index just past the JSON value starting at b[i].
 func skipValue(b []byte, i, depth int) (int, error) {
-	if depth > maxJSONDepth {
+	if depth > maxDepth {
 		return 0, jerr("JSON nested too deeply", i)
 	}
 	if i >= len(b) {
@@ -48,10 +55,10 @@ func skipValue(b []byte, i, depth int) (int, error) {
 	}
 	switch c := b[i]; {
 	case c == '"':
-		end, _, err := skipString(b, i)
+		end, _, err := SkipString(b, i)
 		return end, err
 	case c == '{':
-		i = skipWS(b, i+1)
+		i = SkipWS(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return i + 1, nil
 		}
@@ -60,17 +67,17 @@ func skipValue(b []byte, i, depth int) (int, error) {
 				return 0, jerr("expected object key", i)
 			}
 			var err error
-			if i, _, err = skipString(b, i); err != nil {
+			if i, _, err = SkipString(b, i); err != nil {
 				return 0, err
 			}
-			i = skipWS(b, i)
+			i = SkipWS(b, i)
 			if i >= len(b) || b[i] != ':' {
 				return 0, jerr("expected ':' after object key", i)
 			}
-			if i, err = skipValue(b, skipWS(b, i+1), depth+1); err != nil {
+			if i, err = skipValue(b, SkipWS(b, i+1), depth+1); err != nil {
 				return 0, err
 			}
-			i = skipWS(b, i)
+			i = SkipWS(b, i)
 			if i >= len(b) {
 				return 0, jerr("unexpected end of JSON in object", i)
 			}
@@ -80,10 +87,10 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if b[i] != ',' {
 				return 0, jerr("expected ',' or '}' in object", i)
 			}
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		}
 	case c == '[':
-		i = skipWS(b, i+1)
+		i = SkipWS(b, i+1)
 		if i < len(b) && b[i] == ']' {
 			return i + 1, nil
 		}
@@ -92,7 +99,7 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if i, err = skipValue(b, i, depth+1); err != nil {
 				return 0, err
 			}
-			i = skipWS(b, i)
+			i = SkipWS(b, i)
 			if i >= len(b) {
 				return 0, jerr("unexpected end of JSON in array", i)
 			}
@@ -102,7 +109,7 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if b[i] != ',' {
 				return 0, jerr("expected ',' or ']' in array", i)
 			}
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		}
 	case c == '-' || (c >= '0' && c <= '9'):
 		return skipNumber(b, i)
@@ -166,9 +173,9 @@ func skipDigits(b []byte, i int) int {
 	return i
 }
 
-// skipString returns the index past the closing quote of the string at b[i]
+// SkipString returns the index past the closing quote of the string at b[i]
 // and whether it holds escapes. It rejects control characters and bad escapes.
-func skipString(b []byte, i int) (int, bool, error) {
+func SkipString(b []byte, i int) (int, bool, error) {
 	start := i
 	i++
 	esc := false
@@ -223,31 +230,33 @@ func hexVal(c byte) int {
 	return -1
 }
 
-// forEachMember calls fn with every top-level member of the object in b; val
-// is the raw value span; keyOff and valOff are the offsets of the key's
-// opening quote and of the value in b.
-func forEachMember(b []byte, fn func(key, val []byte, keyOff, valOff int) error) error {
-	return scanMembers(b, nil, fn)
+// ForEachMember calls fn with every top-level member of the object that is
+// the whole of b (only whitespace may follow it); key is the raw key without
+// quotes, or nil when it holds escapes (decode b[keyOff:] then); val is the
+// raw value span; keyOff and valOff are the offsets of the key's opening
+// quote and of the value in b.
+func ForEachMember(b []byte, fn func(key, val []byte, keyOff, valOff int) error) error {
+	return ScanMembers(b, nil, fn)
 }
 
-// scanMembers is forEachMember with a hook: consume, when set, may parse a
+// ScanMembers is ForEachMember with a hook: consume, when set, may parse a
 // member's value at b[at] itself (returning its end and handled=true) so a
 // large value is read once instead of skipped and then parsed.
-func scanMembers(b []byte, consume func(key, b []byte, at int) (end int, handled bool, err error), fn func(key, val []byte, keyOff, valOff int) error) error {
-	i := skipWS(b, 0)
+func ScanMembers(b []byte, consume func(key, b []byte, at int) (end int, handled bool, err error), fn func(key, val []byte, keyOff, valOff int) error) error {
+	i := SkipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
-		return jerr("request body must be a JSON object", i)
+		return jerr("expected a JSON object", i)
 	}
-	i = skipWS(b, i+1)
+	i = SkipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return trailing(b, i+1)
+		return Trailing(b, i+1)
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
 			return jerr("expected object key", i)
 		}
 		i0 := i
-		kend, kesc, err := skipString(b, i)
+		kend, kesc, err := SkipString(b, i)
 		if err != nil {
 			return err
 		}
@@ -255,11 +264,11 @@ func scanMembers(b []byte, consume func(key, b []byte, at int) (end int, handled
 		if kesc {
 			key = nil // escaped keys never name a field we read
 		}
-		i = skipWS(b, kend)
+		i = SkipWS(b, kend)
 		if i >= len(b) || b[i] != ':' {
 			return jerr("expected ':' after object key", i)
 		}
-		vstart := skipWS(b, i+1)
+		vstart := SkipWS(b, i+1)
 		if vstart >= len(b) {
 			return jerr("unexpected end of JSON", vstart)
 		}
@@ -278,30 +287,31 @@ func scanMembers(b []byte, consume func(key, b []byte, at int) (end int, handled
 		if err := fn(key, b[vstart:vend], i0, vstart); err != nil {
 			return err
 		}
-		i = skipWS(b, vend)
+		i = SkipWS(b, vend)
 		if i >= len(b) {
 			return jerr("unexpected end of JSON in object", i)
 		}
 		if b[i] == '}' {
-			return trailing(b, i+1)
+			return Trailing(b, i+1)
 		}
 		if b[i] != ',' {
 			return jerr("expected ',' or '}' in object", i)
 		}
-		i = skipWS(b, i+1)
+		i = SkipWS(b, i+1)
 	}
 }
 
-func trailing(b []byte, i int) error {
-	if skipWS(b, i) != len(b) {
+// Trailing fails when anything but whitespace follows b[i].
+func Trailing(b []byte, i int) error {
+	if SkipWS(b, i) != len(b) {
 		return jerr("trailing data after JSON object", i)
 	}
 	return nil
 }
 
-// appendUnquote appends the decoded content of the JSON string literal raw
-// (quotes included, already validated by skipString) to dst.
-func appendUnquote(dst, raw []byte) []byte {
+// AppendUnquote appends the decoded content of the JSON string literal raw
+// (quotes included, already validated by SkipString) to dst.
+func AppendUnquote(dst, raw []byte) []byte {
 	s := raw[1 : len(raw)-1]
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -353,8 +363,8 @@ func hex4(b []byte) int {
 	return hexVal(b[0])<<12 | hexVal(b[1])<<8 | hexVal(b[2])<<4 | hexVal(b[3])
 }
 
-// parseUint parses a JSON number that must be a non-negative integer <= max.
-func parseUint(raw []byte, max uint64) (uint64, bool) {
+// ParseUint parses a JSON number that must be a non-negative integer <= max.
+func ParseUint(raw []byte, max uint64) (uint64, bool) {
 	if len(raw) == 0 || len(raw) > 20 {
 		return 0, false
 	}
@@ -372,12 +382,13 @@ func parseUint(raw []byte, max uint64) (uint64, bool) {
 	return v, true
 }
 
-// forEachElem calls fn with every element of the JSON array raw.
-func forEachElem(raw []byte, fn func(elem []byte) error) error {
+// ForEachElem calls fn with every element of the JSON array raw, a value
+// span already validated (by ForEachMember or SkipValue).
+func ForEachElem(raw []byte, fn func(elem []byte) error) error {
 	if len(raw) == 0 || raw[0] != '[' {
 		return jerr("expected an array", 0)
 	}
-	i := skipWS(raw, 1)
+	i := SkipWS(raw, 1)
 	if i < len(raw) && raw[i] == ']' {
 		return nil
 	}
@@ -389,13 +400,13 @@ func forEachElem(raw []byte, fn func(elem []byte) error) error {
 		if err := fn(raw[i:end]); err != nil {
 			return err
 		}
-		i = skipWS(raw, end)
+		i = SkipWS(raw, end)
 		if i >= len(raw) {
 			return jerr("unexpected end of array", i)
 		}
 		if raw[i] == ']' {
 			return nil
 		}
-		i = skipWS(raw, i+1)
+		i = SkipWS(raw, i+1)
 	}
 }
