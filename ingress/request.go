@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
@@ -381,23 +382,9 @@ func appendIDs(dst []byte, ids []uint32) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendUint(dst, uint64(id))
+		dst = strconv.AppendUint(dst, uint64(id), 10)
 	}
 	return append(dst, ']')
-}
-
-func appendUint(dst []byte, v uint64) []byte {
-	var buf [20]byte
-	i := len(buf)
-	for {
-		i--
-		buf[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			break
-		}
-	}
-	return append(dst, buf[i:]...)
 }
 
 // rewritePrompt appends body with its prompt value replaced by ids.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/kvmesh/kvmesh/loadtest/workload"
@@ -22,7 +23,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 	}
 	var errs []error
 	for _, p := range policies {
-		if !contains(scheduler.PolicyNames, p) || p == "weighted" && len(cfg.Scheduler.Weighted) == 0 {
+		if !slices.Contains(scheduler.PolicyNames, p) || p == "weighted" && len(cfg.Scheduler.Weighted) == 0 {
 			errs = append(errs, fmt.Errorf("%w: unknown policy %q", ErrConfig, p))
 		}
 	}
@@ -75,13 +76,4 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 	}
 	rep.OracleHitRate = workload.OracleHitRate(reqs, cfg.Engine.BlockSize)
 	return rep, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
