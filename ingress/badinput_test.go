@@ -17,7 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 // startSims starts n simulated engines serving model, fast enough for tests.

@@ -18,7 +18,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 // Side-by-side benchmarks (docs/BENCHMARKS.md): the same simulated

@@ -11,7 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 )
 

@@ -13,9 +13,9 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"

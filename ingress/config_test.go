@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )

@@ -10,7 +10,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/ingress/session"
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 

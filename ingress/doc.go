@@ -10,7 +10,7 @@
 //
 // It owns the HTTP edge (status codes and OpenAI error bodies), upstream
 // connections, in-flight accounting, metrics, the access log and the debug
-// endpoints. It does not own the index (internal/index, fed by
+// endpoints. It does not own the index (index, fed by
 // ingress/materialize), the scheduling policy (scheduler/), gossip
 // membership (gossip/), tokenization (internal/tokenizer) or API keys, rate
 // limits and sessions (ingress/auth, ingress/ratelimit, ingress/session): it

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
+	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"

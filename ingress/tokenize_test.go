@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 )
 

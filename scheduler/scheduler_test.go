@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"

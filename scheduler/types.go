@@ -3,7 +3,7 @@ package scheduler
 import (
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 )
 
 // Role is an engine's (or a request's) place in prefill/decode

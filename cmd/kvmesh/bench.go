@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/loadtest/des"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/demo"
+	"github.com/kvmesh/kvmesh/loadtest/demo"
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 )
 

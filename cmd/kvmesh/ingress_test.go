@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )

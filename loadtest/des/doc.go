@@ -1,5 +1,5 @@
 // Package des is kvmesh's discrete-event routing benchmark: the real index
-// and scheduler (every policy) against simulated engines (internal/engine,
+// and scheduler (every policy) against simulated engines (sim/engine,
 // the simulator's cache and timing model) in virtual time, so 1,000+
 // engines and hour-long traces run on one machine in seconds.
 //

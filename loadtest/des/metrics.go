@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // runStats accumulates one policy's per-request results.

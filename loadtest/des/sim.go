@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/sim/engine"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 

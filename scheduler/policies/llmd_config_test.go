@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"

@@ -3,7 +3,7 @@ package policies
 import (
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress/materialize"
-	"github.com/kvmesh/kvmesh/internal/index"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"

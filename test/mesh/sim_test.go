@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
-	"github.com/kvmesh/kvmesh/internal/engine"
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
+	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/auth"
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 // openaiVersion pins the client the test installs.

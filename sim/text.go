@@ -3,7 +3,7 @@ package sim
 import (
 	"strings"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 )

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
 )

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/kvevents"
 	zmq "github.com/pebbe/zmq4"

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )
 

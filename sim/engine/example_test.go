@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // Driving an engine in virtual time: add requests at their arrival times and

@@ -14,7 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 )

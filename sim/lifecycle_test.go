@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"

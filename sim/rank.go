@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/zeebo/xxh3"
 )

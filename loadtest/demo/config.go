@@ -1,5 +1,5 @@
 // Package demo runs the whole kvmesh mesh in one process on loopback — an embedded
-// NATS server, simulated engines (internal/sim) each with its sidecar, and ingress
+// NATS server, simulated engines (sim) each with its sidecar, and ingress
 // replicas — and sends one shared-prefix workload through the ingresses once per
 // routing policy (random, then kvmesh), resetting the engines' prefix caches between
 // runs. Everything is measured at the client with loadtest/loadgen and reported in the
@@ -17,7 +17,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )

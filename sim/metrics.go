@@ -3,7 +3,7 @@ package sim
 import (
 	"strconv"
 
-	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -2,7 +2,7 @@
 // with vLLM's semantics, a continuous-batching scheduler and a roofline timing
 // model. It is pure and clock-free: the caller passes the current time into
 // every call and the engine answers with how long the work took, so the same
-// code runs in real time (internal/sim drives it from one goroutine per engine)
+// code runs in real time (sim drives it from one goroutine per engine)
 // and in virtual time (the discrete-event benchmark drives thousands of them).
 //
 // It owns: block allocation and LRU eviction, prefix-cache lookups, the optional
