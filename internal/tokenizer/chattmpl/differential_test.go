@@ -243,3 +243,23 @@ func TestJinja2Semantics(t *testing.T) {
 		t.Error("'a' + ['b'] rendered; Jinja2 raises TypeError")
 	}
 }
+
+// TestIteratesContent: vLLM's content-format detection on real templates.
+func TestIteratesContent(t *testing.T) {
+	for name, want := range map[string]bool{
+		"vllm-llama3.1_json.jinja":        true, // for content in message['content']
+		"vllm-mistral3.jinja":             true, // for block in message['content'] over loop_messages
+		"vllm-gemma3_pythonic.jinja":      true,
+		"daulet-llama3-8b-instruct.jinja": false,
+		"qwen2.5-instruct.jinja":          false,
+		"vllm-deepseekv3.jinja":           false,
+	} {
+		tm, err := chattmpl.Parse(readTemplate(t, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tm.IteratesContent(); got != want {
+			t.Errorf("%s: IteratesContent = %v, want %v", name, got, want)
+		}
+	}
+}
