@@ -195,7 +195,7 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 
 	t = time.Now()
 	if c.tokens != nil {
-		root := kvevents.Root(c.model, "", string(c.req.cacheSalt))
+		root := c.chainRoot()
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
 	}
 	c.sreq = scheduler.Request{
@@ -279,6 +279,9 @@ func (c *call) tokenize() error {
 	c.batchN = max(1, len(c.req.batch))
 	switch c.req.kind {
 	case promptIDs:
+		if err := checkVocab(tok, c.req.ids); err != nil {
+			return err
+		}
 		c.tokens = append(c.tokens[:0], c.req.ids...)
 		c.path = "/v1/completions"
 		if len(c.req.batch) > 1 {
@@ -308,11 +311,15 @@ func (c *call) tokenize() error {
 			c.tokens = nil
 			return nil
 		}
-		if c.tokens, err = tok.RenderChat(c.tokens[:0], c.req.chat); err != nil {
+		if c.tokens, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
 			if errors.Is(err, ErrNoChatTemplate) {
 				c.tokens = nil
 				c.approx = len(c.req.messages) / 4
 				return nil
+			}
+			var ae *apiError
+			if errors.As(err, &ae) {
+				return err
 			}
 			return badRequest("messages", fmt.Errorf("%w: render chat: %w", ErrBadRequest, err))
 		}

@@ -216,7 +216,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-	text, err := s.chat.RenderChat(req.Messages, addGen)
+	var text string
+	if rr, ok := s.chat.(requestRenderer); ok {
+		text, err = rr.RenderChatRequest(req)
+	} else {
+		text, err = s.chat.RenderChat(req.Messages, addGen)
+	}
 	if err != nil {
 		s.fail(w, badRequest("render chat template: %v", err))
 		return
