@@ -677,6 +677,9 @@ func (p *parser) parseCall(fn expr) (*callExpr, error) {
 	return c, nil
 }
 
+// parsePrimary parses literals, names, parenthesised expressions and tuples,
+// lists and dicts. One switch over the token kinds (~85 lines), kept whole so
+// the grammar's primary rule reads in one place.
 func (p *parser) parsePrimary() (expr, error) {
 	t := p.next()
 	switch t.kind {
