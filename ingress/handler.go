@@ -129,9 +129,10 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	// Candidates first: an unknown model is a 404 before any tokenizing.
 	c.infos = s.deps.Membership.Engines(c.infos[:0])
 	known := false
+	served, adapter := c.adapterOf()
 	for i := range c.infos {
 		e := &c.infos[i]
-		if e.Model != c.model {
+		if e.Model != served {
 			continue
 		}
 		known = true
@@ -200,7 +201,7 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	}
 	c.sreq = scheduler.Request{
 		Keys: c.keys, BlockSize: c.block, PromptTokens: promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
-		Model: c.model, SessionID: string(c.req.sessionID), Now: t,
+		Model: served, LoRA: adapter, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
 		if eng, ok := s.deps.Affinity.Engine(c.sreq.SessionID); ok {

@@ -216,15 +216,21 @@ func (m ModelTokenizers) AdapterBase(adapter string) (string, bool) {
 	return base, ok
 }
 
+// adapterOf splits the request's model into the model the engines serve and
+// the LoRA adapter ("" for a base-model request).
+func (c *call) adapterOf() (served, adapter string) {
+	if ab, ok := c.s.deps.Tokenizers.(AdapterBases); ok {
+		if base, isAdapter := ab.AdapterBase(c.model); isAdapter {
+			return base, c.model
+		}
+	}
+	return c.model, ""
+}
+
 // chainRoot is the root of the request's key chain: model, LoRA adapter and
 // cache salt as the sidecar derives them (an adapter's blocks are keyed under
 // its base model with the adapter's name).
 func (c *call) chainRoot() uint64 {
-	base, lora := c.model, ""
-	if ab, ok := c.s.deps.Tokenizers.(AdapterBases); ok {
-		if b, isAdapter := ab.AdapterBase(c.model); isAdapter {
-			base, lora = b, c.model
-		}
-	}
+	base, lora := c.adapterOf()
 	return kvevents.Root(base, lora, string(c.req.cacheSalt))
 }

@@ -80,6 +80,8 @@ type Config struct {
 	Tokenizer Tokenizer
 	// Chat renders chat messages; nil = the built-in Llama-3-style template.
 	Chat ChatRenderer
+	// LoRA serves LoRA adapters as vLLM does (lora.go).
+	LoRA LoRAConfig
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }

@@ -38,6 +38,7 @@ type Server struct {
 	closeOnce sync.Once
 	closeErr  error
 	nextID    atomic.Uint64
+	loras     *loras // nil unless Config.LoRA.Enable
 }
 
 // Start validates cfg, binds the HTTP listener and the ZMQ sockets of every
@@ -48,7 +49,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "sim", "model", cfg.Model),
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "sim", "model", cfg.Model), loras: enabledLoRAs(cfg.LoRA),
 		tok: cfg.Tokenizer, chat: cfg.Chat, quit: make(chan struct{}), created: time.Now().Unix()}
 	if s.tok == nil {
 		s.tok = byteTokenizer{}
