@@ -138,11 +138,7 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 	}
 	m := TokenizerMap{}
 	for model, path := range cfg.Tokenizers {
-		file := path
-		if st, err := os.Stat(path); err == nil && st.IsDir() {
-			file = filepath.Join(path, "tokenizer.json")
-		}
-		nt, err := tokenizer.LoadFile(file)
+		nt, err := tokenizer.LoadPath(path) // tokenizer.json, or a directory (tiktoken.model too)
 		if err != nil {
 			return fmt.Errorf("tokenizer for %s: %w", model, err)
 		}

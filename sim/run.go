@@ -77,7 +77,7 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 		return cfg, errors.Join(errs...)
 	}
 	if o.TokenizerPath != "" {
-		tok, err := tokenizer.LoadFile(o.TokenizerPath)
+		tok, err := tokenizer.LoadPath(o.TokenizerPath) // tokenizer.json, or a model directory (tiktoken.model too)
 		if err != nil {
 			return cfg, fmt.Errorf("sim: %w", err)
 		}
