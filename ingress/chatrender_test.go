@@ -145,6 +145,7 @@ func TestChatRequestRejections(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]}]}`,
 			"messages", "input_audio"},
 		{"/v1/completions", `{"model":"llama","prompt":[1,2,` + itoa(nt.VocabSize()) + `]}`, "prompt", "out of vocabulary"},
+		{"/v1/completions", `{"model":"llama","prompt":[[1,2],[3,` + itoa(nt.VocabSize()+5) + `]]}`, "prompt", "prompt[1]: token id"},
 		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":7,"content":"x"}]}`, "messages[0].role", "must be a string"},
 		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":7}]}`, "messages[0].content", "must be a string"},
 		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":"x"}],"tools":{}}`, "tools", "must be an array"},

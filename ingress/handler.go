@@ -280,7 +280,7 @@ func (c *call) tokenize() error {
 	c.batchN = max(1, len(c.req.batch))
 	switch c.req.kind {
 	case promptIDs:
-		if err := checkVocab(tok, c.req.ids); err != nil {
+		if err := checkVocab(tok, c.req.ids, c.req.batch); err != nil {
 			return err
 		}
 		c.tokens = append(c.tokens[:0], c.req.ids...)

@@ -95,15 +95,33 @@ func renderChat(tok Tokenizer, dst []uint32, r *request) ([]uint32, error) {
 }
 
 // checkVocab refuses token ids the model's tokenizer does not know (vLLM:
-// "Token id N is out of vocabulary"); without a tokenizer anything goes.
-func checkVocab(tok Tokenizer, ids []uint32) error {
+// "Token id N is out of vocabulary"), in ids and in every element of a
+// batch; without a tokenizer anything goes.
+func checkVocab(tok Tokenizer, ids []uint32, batch [][]byte) error {
 	vs, ok := tok.(vocabSizer)
 	if !ok || vs.VocabSize() <= 0 {
 		return nil
 	}
-	for _, id := range ids {
-		if int(id) >= vs.VocabSize() {
-			return badRequest("prompt", fmt.Errorf("%w: token id %d is out of vocabulary (the model has %d)", ErrBadRequest, id, vs.VocabSize()))
+	n := vs.VocabSize()
+	check := func(ids []uint32, where string) error {
+		for _, id := range ids {
+			if int(id) >= n {
+				return badRequest("prompt", fmt.Errorf("%w: %stoken id %d is out of vocabulary (the model has %d)", ErrBadRequest, where, id, n))
+			}
+		}
+		return nil
+	}
+	if err := check(ids, ""); err != nil {
+		return err
+	}
+	var scratch []uint32
+	for i, e := range batch {
+		var err error
+		if scratch, err = appendTokenIDs(scratch[:0], e); err != nil {
+			return nil // malformed elements are reported where the batch is counted
+		}
+		if err := check(scratch, fmt.Sprintf("prompt[%d]: ", i)); err != nil {
+			return err
 		}
 	}
 	return nil

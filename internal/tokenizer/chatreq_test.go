@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
 	"github.com/kvmesh/kvmesh/internal/tokenizer/hfjinja"
 )
 
@@ -169,4 +170,42 @@ func TestContinueFinalMessage(t *testing.T) {
 	if err != nil || got != "<user>Q</s><assistant>The answer is" {
 		t.Fatalf("got %q, %v", got, err)
 	}
+}
+
+// FuzzRenderRequest: any request members render or fail with a classified
+// error (bad input, unsupported content, or the template's own error), never
+// a panic, with a string-format and an openai-format template.
+func FuzzRenderRequest(f *testing.F) {
+	g := requestGolden{}
+	if b, err := os.ReadFile(requestGoldenPath); err == nil {
+		_ = json.Unmarshal(b, &g)
+	}
+	for _, c := range g.Cases {
+		var m map[string]json.RawMessage
+		_ = json.Unmarshal(c.Request, &m)
+		f.Add([]byte(m["messages"]), []byte(m["tools"]), []byte(m["chat_template_kwargs"]), true)
+	}
+	f.Add([]byte(`[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}]`), []byte(`null`), []byte(`{"x":1}`), false)
+	f.Add([]byte(`[{"role":"user","content":[{"type":"text"},"raw",{"type":"refusal","refusal":"no"}]}]`), []byte(`[{"function":{"name":"n","strict":true},"x":1}]`), []byte(nil), true)
+	var tpls []*ChatTemplate
+	for _, name := range []string{"qwen2.5-instruct.jinja", "vllm-llama3.1_json.jinja"} {
+		src, err := os.ReadFile(templatesDir + name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		ct, err := NewChatTemplate(string(src), map[string]string{"bos_token": "<s>"})
+		if err != nil {
+			f.Fatal(err)
+		}
+		tpls = append(tpls, ct)
+	}
+	f.Fuzz(func(t *testing.T, msgs, tools, kwargs []byte, gen bool) {
+		for _, ct := range tpls {
+			_, err := ct.RenderRequest(&ChatRequest{Messages: msgs, Tools: tools, Kwargs: kwargs, AddGenerationPrompt: gen, ContinueFinalMessage: !gen})
+			if err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnsupportedContent) &&
+				!errors.Is(err, chattmpl.ErrRender) && !errors.Is(err, chattmpl.ErrRaised) {
+				t.Fatalf("unclassified error: %v", err)
+			}
+		}
+	})
 }

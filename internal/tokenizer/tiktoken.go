@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"regexp"
 	"slices"
@@ -62,8 +63,13 @@ func readTiktoken(path string) ([]string, error) {
 		return nil, fmt.Errorf("load tiktoken: %w", err)
 	}
 	defer f.Close()
+	return parseTiktoken(f)
+}
+
+// parseTiktoken reads "base64 rank" lines, ranks 0, 1, 2, … in order.
+func parseTiktoken(r io.Reader) ([]string, error) {
 	var toks []string
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for line := 1; sc.Scan(); line++ {
 		b64, rank, ok := strings.Cut(strings.TrimSpace(sc.Text()), " ")
 		if !ok && b64 == "" {

@@ -1,8 +1,12 @@
 package tokenizer
 
 import (
+	"encoding/base64"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -67,4 +71,41 @@ func TestRewriteClassIntersections(t *testing.T) {
 	if want := `a(?:(?![\p{Han}])[\p{Lu}\p{M}])*b`; got != want {
 		t.Fatalf("got %s want %s", got, want)
 	}
+}
+
+// FuzzTiktoken: any tiktoken file and config either load or fail with
+// ErrInvalid/ErrUnsupported, never a panic; what loads encodes and decodes
+// its own bytes.
+func FuzzTiktoken(f *testing.F) {
+	var base strings.Builder
+	for b := 0; b < 256; b++ {
+		fmt.Fprintf(&base, "%s %d\n", base64.StdEncoding.EncodeToString([]byte{byte(b)}), b)
+	}
+	f.Add(base.String()+base64.StdEncoding.EncodeToString([]byte("ab"))+" 256\n", `{"added_tokens_decoder":{"257":{"content":"<s>","special":true}},"bos_token":"<s>","add_bos_token":true}`, "ab abc")
+	f.Add(base.String(), `{}`, "x")
+	f.Add("QQ== 1\n", `{"added_tokens_decoder":{"x":{}}}`, "")
+	f.Fuzz(func(t *testing.T, model, cfg, text string) {
+		ranks, err := parseTiktoken(strings.NewReader(model))
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("parse: %v", err)
+			}
+			return
+		}
+		data, err := tiktokenJSON(ranks, []byte(cfg), TiktokenPatternLlama3)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("convert: %v", err)
+			}
+			return
+		}
+		tk, err := Load(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnsupported) {
+				t.Fatalf("load: %v", err)
+			}
+			return
+		}
+		_ = tk.Decode(tk.Encode(text, true), false)
+	})
 }
