@@ -116,6 +116,16 @@ func TestChatToolsKeysEqualEngine(t *testing.T) {
 					t.Fatalf("ingress key %d (%x) is not among the engine's %d cached keys", i, k, len(engine))
 				}
 			}
+			// The engine's own /tokenize of the same request gives exactly the
+			// ingress's key chain.
+			_, _, tb := post(t, http.DefaultClient, sm.URL()+"/tokenize", strings.Replace(toolsRequest, `"max_tokens":2,`, `"add_special_tokens":false,`, 1))
+			var tr struct{ Tokens []uint32 }
+			if err := json.Unmarshal(tb, &tr); err != nil || len(tr.Tokens) == 0 {
+				t.Fatalf("engine /tokenize: %v %s", err, tb)
+			}
+			if ek := kvevents.AppendKeys(nil, kvevents.Root("llama", "", ""), tr.Tokens, cfg.BlockSize); !slices.Equal(ek, keys) {
+				t.Fatalf("engine /tokenize keys (%d) differ from the ingress's (%d)", len(ek), len(keys))
+			}
 			// The same conversation without its tools, as the ingress rendered
 			// it before: its key chain leaves the engine's.
 			flat := []tokenizer.Message{{Role: "system", Content: "You are a weather bot."}, {Role: "user", Content: "What is the weather in Paris today? Please answer in celsius."}}

@@ -463,7 +463,12 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var ids []uint32
 	if len(req.Messages) > 0 {
 		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		text, err := s.chat.RenderChat(req.Messages, addGen)
+		var text string
+		if rr, ok := s.chat.(requestRenderer); ok {
+			text, err = rr.RenderChatRequest(req.Chat())
+		} else {
+			text, err = s.chat.RenderChat(req.Messages, addGen)
+		}
 		if err != nil {
 			s.fail(w, badRequest("render chat template: %v", err))
 			return

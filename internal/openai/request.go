@@ -316,6 +316,19 @@ type TokenizeRequest struct {
 	AddSpecialTokens    *bool         `json:"add_special_tokens,omitempty"`
 	AddGenerationPrompt *bool         `json:"add_generation_prompt,omitempty"`
 	ReturnTokenStrs     bool          `json:"return_token_strs,omitempty"`
+	// The chat request's other template inputs, as in ChatRequest.
+	ContinueFinalMessage bool            `json:"continue_final_message,omitempty"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	Tools                json.RawMessage `json:"tools,omitempty"`
+	Documents            json.RawMessage `json:"documents,omitempty"`
+	RawMessages          json.RawMessage `json:"-"`
+}
+
+// Chat is the chat request whose prompt a /tokenize with messages asks for.
+func (r *TokenizeRequest) Chat() *ChatRequest {
+	return &ChatRequest{Model: r.Model, Messages: r.Messages, AddGenerationPrompt: r.AddGenerationPrompt,
+		ContinueFinalMessage: r.ContinueFinalMessage, ChatTemplateKwargs: r.ChatTemplateKwargs, Tools: r.Tools,
+		Documents: r.Documents, RawMessages: r.RawMessages}
 }
 
 // DecodeTokenizeRequest decodes and validates a /tokenize body.
@@ -326,6 +339,12 @@ func DecodeTokenizeRequest(body []byte) (*TokenizeRequest, error) {
 	}
 	if r.Prompt == "" && len(r.Messages) == 0 {
 		return &r, fmt.Errorf("%w: prompt or messages: required", ErrBadRequest)
+	}
+	var raw struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &raw); err == nil {
+		r.RawMessages = raw.Messages
 	}
 	return &r, nil
 }
