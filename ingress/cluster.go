@@ -255,7 +255,9 @@ func (g *gossipMembership) refresh() {
 		role, _ := scheduler.ParseRole(v.EngineRole)
 		out = append(out, EngineInfo{
 			Engine: scheduler.Engine{
-				ID: v.ID, Healthy: true, Model: v.Model, Role: role,
+				// Ready: the sidecar consumes the engine's events and its
+				// last metrics scrapes answered (gossip/state.go).
+				ID: v.ID, Healthy: v.Ready, Model: v.Model, Role: role,
 				Running: v.Running, Waiting: v.Waiting, KVUsage: v.KVUsage, QueuedPrefillTokens: int(v.QueuedPrefill),
 				InFlight: max(0, inflight[v.ID]-own[v.ID]),
 			},

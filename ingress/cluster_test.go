@@ -192,7 +192,7 @@ func TestInFlightSharedByGossip(t *testing.T) {
 	n1 := mk("r1")
 	n2 := mk("r2", n1.Addr())
 	// An engine entry as a sidecar would gossip it.
-	n1.SetEngine(gossip.EngineState{ID: "e", Model: "m", URL: "http://127.0.0.1:1", Running: 2})
+	n1.SetEngine(gossip.EngineState{ID: "e", Model: "m", URL: "http://127.0.0.1:1", Running: 2, Ready: true})
 	g1, g2 := &gossipMembership{}, &gossipMembership{}
 	g1.node.Store(n1)
 	g2.node.Store(n2)
@@ -211,5 +211,12 @@ func TestInFlightSharedByGossip(t *testing.T) {
 		a, okA := view(g1)
 		b, okB := view(g2)
 		return okA && okB && a == 1 && b == 3 // each sees the other's
+	})
+	// The sidecar's readiness is the engine's health: not ready, not routed.
+	n1.SetEngine(gossip.EngineState{ID: "e", Model: "m", URL: "http://127.0.0.1:1", Running: 2})
+	testutil.WaitFor(t, 10*time.Second, "the unready engine to turn unhealthy on both", func() bool {
+		a, okA := view(g1)
+		b, okB := view(g2)
+		return a == 1 && b == 3 && !okA && !okB
 	})
 }

@@ -118,6 +118,9 @@ type Config struct {
 
 	// AccessLog writes one JSON line per request. Default true.
 	AccessLog bool `yaml:"accessLog"`
+
+	// Health configures passive ejection of failing engines (health.go).
+	Health HealthConfig `yaml:"health"`
 }
 
 // DefaultConfig returns the defaults for every field.
@@ -139,6 +142,7 @@ func DefaultConfig() Config {
 		AccessLog:         true,
 		SessionSlack:      8,
 		Scheduler:         scheduler.DefaultConfig(),
+		Health:            DefaultHealthConfig(),
 	}
 }
 
@@ -197,6 +201,7 @@ func (c *Config) Validate() error {
 		bad("speculative ttl must be >= 0")
 	}
 	c.Cluster.problems(bad)
+	c.Health.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()
 	if err := sc.Validate(); err != nil {

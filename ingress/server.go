@@ -22,13 +22,14 @@ import (
 
 // Server is one ingress replica. New → Start → Close; Close drains.
 type Server struct {
-	cfg  Config
-	deps Deps
-	log  *slog.Logger
-	alog *slog.Logger // access log; nil when off
-	m    *metrics
-	ups  *upstreams
-	cl   *cluster
+	cfg    Config
+	deps   Deps
+	log    *slog.Logger
+	alog   *slog.Logger // access log; nil when off
+	m      *metrics
+	ups    *upstreams
+	cl     *cluster
+	health *ejector // nil when passive ejection is off
 
 	srv            *fasthttp.Server
 	ln             net.Listener
@@ -77,6 +78,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Membership == nil {
 		deps.Membership = newStaticMembership(cfg.Engines)
 	}
+	var ej *ejector
+	if !cfg.Health.Disabled {
+		ej = newEjector(cfg.Health, deps.Registry, cfg.ID)
+		deps.Membership = healthMembership{Membership: deps.Membership, ej: ej}
+	}
 	if deps.Scheduler == nil {
 		sch, err := defaultScheduler(&cfg, &deps)
 		if err != nil {
@@ -84,7 +90,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 		deps.Scheduler = sch
 	}
-	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej}
 	if len(cfg.Cluster.NATSURLs) > 0 {
 		if s.deps.Synced == nil {
 			s.deps.Synced = func() bool { return cl.mat != nil && cl.mat.Synced() }
@@ -199,6 +205,13 @@ func (s *Server) Start(ctx context.Context) error {
 		defer s.wg.Done()
 		s.shareLoadLoop()
 	}()
+	if s.health != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.health.probeLoop(s.quit, s.cfg.Health.EjectionTime/4)
+		}()
+	}
 	if ctx != nil {
 		// The caller's context ends the server too (SIGTERM in the command).
 		s.wg.Add(1)

@@ -56,7 +56,10 @@ type engine struct {
 	lastTS    int64
 	load      Load
 	running   bool // the event loop is consuming
-	started   bool // the event loop ran before (its state must be dropped on restart)
+	// scrapeFails counts metrics scrapes failed in a row; from
+	// unreadyScrapeFails on, the engine is gossiped as not ready.
+	scrapeFails int
+	started     bool // the event loop ran before (its state must be dropped on restart)
 }
 
 func newEngine(s *Sidecar, cfg EngineConfig) *engine {
@@ -73,6 +76,13 @@ func newEngine(s *Sidecar, cfg EngineConfig) *engine {
 	e.published.Head.Epoch = epoch
 	return e
 }
+
+// unreadyScrapeFails failed scrapes in a row make an engine not ready: one
+// lost scrape is noise, two (2 s by default) mean the engine is not serving.
+const unreadyScrapeFails = 2
+
+// readyLocked is the engine's gossiped readiness (mu held).
+func (e *engine) readyLocked() bool { return e.running && e.scrapeFails < unreadyScrapeFails }
 
 // runForever runs the event loop until ctx ends, restarting it with backoff
 // when its subscriber fails, so one broken engine does not stop the others

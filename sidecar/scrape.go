@@ -85,13 +85,15 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 	defer t.Stop()
 	for {
 		l, err := scrape(ctx, client, url)
+		e.mu.Lock()
 		if err != nil {
+			e.scrapeFails++
+			e.mu.Unlock()
 			e.c.scrapeErrs.Add(1)
 			e.log.Debug("engine metrics scrape failed", "url", url, "err", err)
 		} else {
 			l.Scraped = time.Now()
-			e.mu.Lock()
-			e.load = l
+			e.load, e.scrapeFails = l, 0
 			e.mu.Unlock()
 		}
 		select {

@@ -293,7 +293,7 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 				ID: e.cfg.ID, Model: e.cfg.Model, URL: e.cfg.URL, EngineRole: e.cfg.Role,
 				DPSize: max(e.cfg.DPSize, 1), BlockSize: e.st.blockSize,
 				Running: e.load.Running, Waiting: e.load.Waiting, KVUsage: e.load.KVUsage, QueuedPrefill: e.load.QueuedPrefill,
-				Ready: e.running, Digest: e.published,
+				Ready: e.readyLocked(), Digest: e.published,
 			}
 			e.mu.Unlock()
 			if st != last[i] { // unchanged state is re-broadcast by the node itself
