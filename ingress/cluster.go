@@ -34,6 +34,12 @@ type ClusterConfig struct {
 	// NATSURLs are the NATS servers carrying the sidecars' deltas. Empty: no
 	// materialized index (routing uses speculative entries only).
 	NATSURLs []string `yaml:"natsURLs"`
+	// NATSAuth is the credentials and TLS for NATS (the same flags as every
+	// command: natsutil.BindFlags). The ingress only subscribes to the delta
+	// subjects and requests snapshots: it never creates or alters the
+	// JetStream stream (the sidecars or the orchestrator own it), so a NATS
+	// user without stream-admin rights is enough.
+	NATSAuth natsutil.Auth `yaml:"natsAuth"`
 }
 
 func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATSURLs) > 0 }
@@ -132,7 +138,9 @@ func (s *Server) startCluster() error {
 	if len(cc.NATSURLs) > 0 {
 		nc := natsutil.DefaultConfig()
 		nc.URLs = cc.NATSURLs
+		nc.Auth = cc.NATSAuth
 		nc.Name = "kvmesh-ingress-" + s.cfg.ID
+		nc.Stream.Disabled = true // read-only: never create or change the stream
 		conn, err := natsutil.Connect(ctx, nc, s.log)
 		if err != nil {
 			return fmt.Errorf("ingress nats: %w", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/ingress/session"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -70,7 +71,7 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
 	join := fs.String("join", "", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
-	natsURLs := fs.String("nats", "", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
+	natsutil.BindFlags(fs, &cfg.Cluster.NATSURLs, &cfg.Cluster.NATSAuth, "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -79,9 +80,6 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
 	if *join != "" {
 		cfg.Cluster.GossipSeeds = strings.Split(*join, ",")
-	}
-	if *natsURLs != "" {
-		cfg.Cluster.NATSURLs = strings.Split(*natsURLs, ",")
 	}
 	if *gossipKey != "" {
 		k, err := base64.StdEncoding.DecodeString(*gossipKey)

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/sidecar"
 )
 
@@ -34,15 +35,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&one.BlockSize, "block-size", 0, "tokens per block (0: learned from events)")
 	fs.Var(&specs, "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true]")
 
-	natsURLs := fs.String("nats", "", "NATS server URLs, comma-separated (empty: start an embedded server)")
-	fs.StringVar(&cfg.NATS.User, "nats-user", "", "NATS user")
-	fs.StringVar(&cfg.NATS.Password, "nats-password", os.Getenv("KVMESH_NATS_PASSWORD"), "NATS password (env KVMESH_NATS_PASSWORD)")
-	fs.StringVar(&cfg.NATS.Token, "nats-token", os.Getenv("KVMESH_NATS_TOKEN"), "NATS token (env KVMESH_NATS_TOKEN)")
-	fs.StringVar(&cfg.NATS.NKeySeedFile, "nats-nkey", "", "NATS nkey seed file")
-	fs.StringVar(&cfg.NATS.CredsFile, "nats-creds", "", "NATS credentials file")
-	fs.StringVar(&cfg.NATS.TLSCAFile, "nats-ca", "", "CA file to verify NATS servers")
-	fs.StringVar(&cfg.NATS.TLSCertFile, "nats-cert", "", "client certificate for NATS")
-	fs.StringVar(&cfg.NATS.TLSKeyFile, "nats-key", "", "client key for NATS")
+	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "KVMESH_DELTAS retention by age")
 	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "KVMESH_DELTAS retention by size")
 	fs.IntVar(&cfg.NATS.Stream.Replicas, "stream-replicas", cfg.NATS.Stream.Replicas, "KVMESH_DELTAS replicas (clustered JetStream)")
@@ -88,7 +81,6 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		cfg.Engines = append(cfg.Engines, one)
 	}
-	cfg.NATS.URLs = commaList(*natsURLs)
 	cfg.NATS.Name = "kvmesh-sidecar"
 	if *gossipBind != "" {
 		host, port, err := net.SplitHostPort(*gossipBind)
