@@ -29,6 +29,9 @@ type ClusterConfig struct {
 	GossipSeeds []string `yaml:"gossipSeeds"`
 	// GossipKey enables gossip encryption (16, 24 or 32 bytes).
 	GossipKey []byte `yaml:"-"`
+	// GossipKeys are further keys accepted (not used to encrypt) while the
+	// key rotates (gossip.Config.ExtraKeys).
+	GossipKeys [][]byte `yaml:"-"`
 	// GossipProfile is memberlist's timing profile: local, lan (default) or wan.
 	GossipProfile string `yaml:"gossipProfile"`
 	// NATSURLs are the NATS servers carrying the sidecars' deltas. Empty: no
@@ -108,7 +111,7 @@ func (s *Server) startCluster() error {
 			}
 		}
 		gc.Join = cc.GossipSeeds
-		gc.SecretKey = cc.GossipKey
+		gc.SecretKey, gc.ExtraKeys = cc.GossipKey, cc.GossipKeys
 		if cc.GossipProfile != "" {
 			gc.Profile = cc.GossipProfile
 		}

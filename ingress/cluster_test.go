@@ -13,12 +13,12 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // TestClusterRoutesToCachedPrefix runs the real mesh on loopback: embedded
@@ -45,7 +45,9 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		return lim
 	}
 	lim1 := newLimiter()
-	s := startIngress(t, cfg, Deps{Limiter: lim1})
+	cfg1 := cfg
+	cfg1.AdminListen = "127.0.0.1:0"
+	s := startIngress(t, cfg1, Deps{Limiter: lim1})
 	seed := s.GossipAddr()
 	if seed == "" {
 		t.Fatal("no gossip address")
@@ -155,10 +157,14 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		t.Fatalf("replica 2 admitted a request of a key exhausted on replica 1: %d %s", st, b)
 	}
 
-	if st, body, _ := get(base + "/debug/index"); st != 200 || !strings.Contains(body, "eng-a") {
+	admin := "http://" + s.AdminAddr()
+	if st, body, _ := get(base + "/debug/index"); st != 404 {
+		t.Fatalf("/debug/index on the client port: %d %s", st, body)
+	}
+	if st, body, _ := get(admin + "/debug/index"); st != 200 || !strings.Contains(body, "eng-a") {
 		t.Fatalf("/debug/index %d %s", st, body)
 	}
-	if st, body, _ := get(base + "/metrics"); st != 200 || !strings.Contains(body, "kvmesh_ingress_index_keys") || !strings.Contains(body, `kvmesh_ingress_routing_decisions_total`) {
+	if st, body, _ := get(admin + "/metrics"); st != 200 || !strings.Contains(body, "kvmesh_ingress_index_keys") || !strings.Contains(body, `kvmesh_ingress_routing_decisions_total`) {
 		t.Fatalf("/metrics %d", st)
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,7 +43,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	gossipBind := fs.String("gossip-bind", "", "gossip listen host:port (empty: no gossip)")
 	advertise := fs.String("gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated (DNS names resolving to several addresses allowed)")
-	key := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
+	key := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)")
 	fs.StringVar(&gcfg.Profile, "gossip-profile", gcfg.Profile, "gossip timings: local, lan or wan")
 	fs.StringVar(&gcfg.Name, "node-name", "", "gossip member name (default hostname-random)")
 
@@ -100,13 +99,11 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 		}
 		gcfg.Join = commaList(*join)
-		if *key != "" {
-			k, err := base64.StdEncoding.DecodeString(*key)
-			if err != nil {
-				problems = append(problems, "--gossip-key is not base64")
-			}
-			gcfg.SecretKey = k
+		k, extra, err := gossip.ParseKeys(*key)
+		if err != nil {
+			problems = append(problems, "--gossip-key: "+err.Error())
 		}
+		gcfg.SecretKey, gcfg.ExtraKeys = k, extra
 		gcfg.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar}
 		if len(cfg.Engines) > 0 {
 			e := cfg.Engines[0]
