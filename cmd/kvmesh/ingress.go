@@ -72,6 +72,12 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	modelOut := fs.Int64("model-output-tpm", 0, "per-model output tokens per minute (0: none)")
 	admitMax := fs.Int("admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
 	admitWait := fs.Duration("admit-max-wait", 30*time.Second, "admission queue wait before 504")
+	var jc auth.JWTConfig
+	fs.StringVar(&jc.JWKSFile, "jwks-file", "", "JSON Web Key Set file: accept bearer JWTs signed by its keys (besides API keys)")
+	fs.StringVar(&jc.JWKSURL, "jwks-url", "", "JSON Web Key Set URL (re-read every 5m and on an unknown kid)")
+	fs.StringVar(&jc.Audience, "jwt-audience", "", "audience a JWT must carry (required with --jwks-*)")
+	fs.StringVar(&jc.Issuer, "jwt-issuer", "", "issuer a JWT must carry (empty: any)")
+	fs.StringVar(&jc.TenantClaim, "jwt-tenant-claim", "tenant", "JWT claim naming the tenant (the rate-limit identity; falls back to sub)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
 	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
@@ -163,8 +169,21 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if store.Enabled() {
 		deps.Auth = store
 	}
-	if *limitIn > 0 || *limitOut > 0 || *modelIn > 0 || *modelOut > 0 {
+	var jwtv *auth.JWTVerifier
+	if jc.JWKSFile != "" || jc.JWKSURL != "" {
+		if jwtv, err = auth.NewJWT(ctx, jc); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		deps.Auth = auth.Chain{Keys: store, Verifier: jwtv}
+	}
+	if *limitIn > 0 || *limitOut > 0 || *modelIn > 0 || *modelOut > 0 || jwtv != nil {
 		rc := ratelimit.DefaultConfig()
+		if jwtv != nil { // a token's rate_limit claim sets its tenant's budget
+			rc.KeyLimits = func(tenant string) (ratelimit.Limits, bool) {
+				in, out, ok := jwtv.TenantLimits(tenant)
+				return ratelimit.Limits{InputTokens: in, OutputTokens: out}, ok
+			}
+		}
 		rc.PerKey = ratelimit.Limits{InputTokens: *limitIn, OutputTokens: *limitOut}
 		rc.PerModel = ratelimit.Limits{InputTokens: *modelIn, OutputTokens: *modelOut}
 		lim, err := ratelimit.New(rc)
