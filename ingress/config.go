@@ -258,15 +258,25 @@ func ParseStaticEngine(s string) (StaticEngine, error) {
 // tags) over DefaultConfig. Unknown fields are errors; call Validate after
 // applying command-line overrides.
 func LoadConfigFile(path string) (Config, error) {
-	cfg := DefaultConfig()
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
+		return DefaultConfig(), fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return cfg, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes a YAML ingress config over DefaultConfig (unknown
+// fields are errors; call Validate afterwards).
+func ParseConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return cfg, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
+		return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	cfg.Scheduler.Defaults()
 	return cfg, nil
