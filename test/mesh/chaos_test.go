@@ -117,6 +117,12 @@ func (m *chaosMesh) newProc(name, bin string, args ...string) *proc {
 
 func startChaosMesh(t *testing.T) *chaosMesh {
 	dir := t.TempDir()
+	if d := os.Getenv("CHAOS_LOGS"); d != "" { // keep the processes' logs
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dir = d
+	}
 	m := &chaosMesh{t: t, dir: dir}
 	kv := buildBin(t, dir, "kvmesh", "./cmd/kvmesh")
 	natsd := buildBin(t, dir, "natsd", "./test/mesh/natsd", "-tags", "chaos")
@@ -371,19 +377,30 @@ func (l *chaosLoad) one(ctx context.Context, client *http.Client, in int, rng *r
 		return
 	}
 	l.mu.Unlock()
-	b, _ := io.ReadAll(resp.Body)
+	b, rerr := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	l.mu.Lock()
 	if !bytes.Contains(b, []byte("data: [DONE]")) || bytes.Contains(b, []byte(`{"error"`)) {
+		if rerr != nil && ctx.Err() != nil { // the run ended under this stream
+			st.sent--
+			return
+		}
 		if int32(in) == l.down.Load() {
 			st.deadIngress++
 			return
 		}
 		st.brokenMidStream++
-		l.note(phase, fmt.Sprintf("broken stream from %s: %.400s", resp.Header.Get("X-Kvmesh-Engine"), b))
+		l.note(phase, fmt.Sprintf("broken stream from %s via ingress%d (read error %v): …%s", resp.Header.Get("X-Kvmesh-Engine"), in, rerr, tail(b, 300)))
 		return
 	}
 	st.ok++
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }
 
 // note keeps the first few failure samples (mu held).
@@ -451,11 +468,14 @@ func TestChaos(t *testing.T) {
 	}
 	fault := func(name string, inject func() (dead string), recover func()) {
 		setPhase(name)
+		before := m.engineRequests("engine0") // the only engine a fault kills
 		t0 := time.Now()
 		dead := inject()
 		r := faultResult{name: name, noRouteToDead: -1}
 		if dead != "" {
-			last, lastN := t0, m.engineRequests(dead)
+			// The last attempt any ingress made on the dead engine, seen by
+			// polling their request counters every 50 ms (the resolution).
+			last, lastN := t0, before
 			for end := time.Now().Add(5 * time.Second); time.Now().Before(end); sleepPoll(50 * time.Millisecond) {
 				if n := m.engineRequests(dead); n != lastN {
 					last, lastN = time.Now(), n
