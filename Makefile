@@ -41,7 +41,7 @@ test: deps fmt-check vet unit
 # batches; it prints the report kept in docs/RELIABILITY.md. Not part of test.
 CHAOS_SOAK ?= 60s
 chaos: deps
-	CHAOS_SOAK=$(CHAOS_SOAK) CHAOS_REPORT=$${CHAOS_REPORT:-chaos-report.md} $(GO) test -tags chaos -run '^TestChaos$$' -count=1 -timeout 15m -v ./test/mesh/
+	mkdir -p bin && CHAOS_SOAK=$(CHAOS_SOAK) CHAOS_REPORT=$${CHAOS_REPORT:-$(CURDIR)/bin/chaos-report.md} $(GO) test -tags chaos -run '^TestChaos$$' -count=1 -timeout 15m -v ./test/mesh/
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)

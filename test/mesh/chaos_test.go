@@ -82,14 +82,35 @@ type chaosMesh struct {
 	inAdmin  [2]int
 }
 
-func freePort(t *testing.T) int {
+// portPool hands out distinct free loopback ports: all are reserved (held
+// open) at once and released together, so no two callers get the same one.
+type portPool struct{ ports []int }
+
+func newPortPool(t *testing.T, n int) *portPool {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var lns []net.Listener
+	p := &portPool{}
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		p.ports = append(p.ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return p
+}
+
+func (p *portPool) next(t *testing.T) int {
+	if len(p.ports) == 0 {
+		t.Fatal("port pool exhausted")
+	}
+	n := p.ports[0]
+	p.ports = p.ports[1:]
+	return n
 }
 
 func buildBin(t *testing.T, dir, name, pkg string, extra ...string) string {
@@ -135,6 +156,8 @@ func startChaosMesh(t *testing.T) *chaosMesh {
 		}
 	})
 
+	pool := newPortPool(t, 32)
+	freePort := func(t *testing.T) int { return pool.next(t) }
 	m.natsPort = freePort(t)
 	m.nats = m.newProc("nats", natsd, "-port", strconv.Itoa(m.natsPort), "-store", filepath.Join(dir, "js"))
 	m.nats.start(t)
@@ -184,8 +207,22 @@ func startChaosMesh(t *testing.T) *chaosMesh {
 	}
 	for i := range 2 {
 		m.waitReady(fmt.Sprintf("ingress%d", i), fmt.Sprintf("http://127.0.0.1:%d/ready", m.inListen[i]))
+		m.waitReady(fmt.Sprintf("sidecar%d", i), fmt.Sprintf("http://127.0.0.1:%d/ready", m.scAdmin[i]))
 	}
+	m.checkAlive()
 	return m
+}
+
+// checkAlive fails the run when a process exited by itself.
+func (m *chaosMesh) checkAlive() {
+	for _, p := range m.procs {
+		select {
+		case <-p.done:
+			b, _ := os.ReadFile(p.logf.Name())
+			m.t.Fatalf("%s exited by itself:\n%s", p.name, tail(b, 2000))
+		default:
+		}
+	}
 }
 
 func waitTCP(t *testing.T, port int) {
@@ -531,6 +568,7 @@ func TestChaos(t *testing.T) {
 	})
 	fault("NATS partitioned from ingress1", func() string { m.proxy.cut(); return "" }, func() { m.proxy.heal() })
 
+	m.checkAlive()
 	// Soak: plain load, memory and goroutines sampled at both ends.
 	setPhase("soak")
 	soak := 60 * time.Second
