@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
 // Chat forwarding modes (Config.ChatMode).
@@ -149,7 +150,7 @@ func DefaultConfig() Config {
 		SpeculativeTTL:    5 * time.Second,
 		AccessLog:         true,
 		SessionSlack:      8,
-		Scheduler:         scheduler.DefaultConfig(),
+		Scheduler:         registry.DefaultConfig(),
 		Health:            DefaultHealthConfig(),
 	}
 }
@@ -213,7 +214,7 @@ func (c *Config) Validate() error {
 	c.TLS.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()
-	if err := sc.Validate(); err != nil {
+	if err := registry.Validate(&sc); err != nil {
 		bad("scheduler: %v", err)
 	}
 	seen := map[string]bool{}
