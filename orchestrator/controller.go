@@ -164,6 +164,9 @@ func (c *Controller) run(ctx context.Context) error {
 	syncCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if !cache.WaitForCacheSync(syncCtx.Done(), c.synced...) {
+		if ctx.Err() != nil {
+			return nil // stopped before the caches synced
+		}
 		return fmt.Errorf("orchestrator: informer caches did not sync: %w", syncCtx.Err())
 	}
 	c.log.Info("orchestrator running", "namespace", c.cfg.Namespace, "workers", c.cfg.Workers)
