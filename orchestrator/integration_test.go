@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/kvmesh/kvmesh/internal/kubetest"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -238,18 +239,11 @@ func TestPDDeploymentLifecycle(t *testing.T) {
 
 	// Scale the decode role alone through its RoleScaler's scale subresource.
 	rs := e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns)
-	var scale *unstructured.Unstructured
 	testutil.WaitFor(t, wait, "RoleScaler llama-pd-decode", func() bool {
-		var err error
-		scale, err = rs.Get(e.ctx, "llama-pd-decode", metav1.GetOptions{}, "scale")
+		_, err := rs.Get(e.ctx, "llama-pd-decode", metav1.GetOptions{})
 		return err == nil
 	})
-	if err := unstructured.SetNestedField(scale.Object, int64(3), "spec", "replicas"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rs.Update(e.ctx, scale, metav1.UpdateOptions{}, "scale"); err != nil {
-		t.Fatalf("update scale: %v", err)
-	}
+	e.setScale(t, rs, "llama-pd-decode", 3)
 	testutil.WaitFor(t, wait, "3 decode pods and the role's replicas at 3", func() bool {
 		md := e.md(t, "llama-pd")
 		return len(e.pods(t, labels.Set{v1alpha1.LabelDeployment: "llama-pd", v1alpha1.LabelRole: "decode"})) == 3 &&
@@ -267,14 +261,7 @@ func TestPDDeploymentLifecycle(t *testing.T) {
 
 	// Scale whole groups through the deployment's scale subresource.
 	mdc := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns)
-	ms, err := mdc.Get(e.ctx, "llama-pd", metav1.GetOptions{}, "scale")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = unstructured.SetNestedField(ms.Object, int64(2), "spec", "replicas")
-	if _, err := mdc.Update(e.ctx, ms, metav1.UpdateOptions{}, "scale"); err != nil {
-		t.Fatalf("update scale: %v", err)
-	}
+	e.setScale(t, mdc, "llama-pd", 2)
 	testutil.WaitFor(t, wait, "a second group of 2 prefill + 3 decode", func() bool {
 		return len(e.pods(t, labels.Set{v1alpha1.LabelDeployment: "llama-pd", v1alpha1.LabelGroup: "1"})) == 5
 	})
@@ -309,6 +296,26 @@ func TestPDDeploymentLifecycle(t *testing.T) {
 		if !reasons[r] {
 			t.Errorf("no %s event (have %v)", r, reasons)
 		}
+	}
+}
+
+// setScale writes spec.replicas through the scale subresource, retrying on
+// conflicts with the controller's writes.
+func (e *env) setScale(t *testing.T, ri dynamic.ResourceInterface, name string, n int64) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := ri.Get(e.ctx, name, metav1.GetOptions{}, "scale")
+		if err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedField(s.Object, n, "spec", "replicas"); err != nil {
+			return err
+		}
+		_, err = ri.Update(e.ctx, s, metav1.UpdateOptions{}, "scale")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("scale %s to %d: %v", name, n, err)
 	}
 }
 
