@@ -20,7 +20,7 @@ type Config struct {
 	Resync time.Duration
 	// LeaderElection enables a Lease so that one replica reconciles.
 	LeaderElection bool
-	// LeaseNamespace and LeaseName name the Lease (default kvmesh-system,
+	// LeaseNamespace and LeaseName name the Lease (default kvmesh,
 	// kvmesh-orchestrator).
 	LeaseNamespace, LeaseName string
 	// Identity is this replica's name in the Lease (default hostname+random).
@@ -36,7 +36,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Workers: 2, Resync: 10 * time.Minute,
-		LeaderElection: true, LeaseNamespace: "kvmesh-system", LeaseName: "kvmesh-orchestrator",
+		LeaderElection: true, LeaseNamespace: "kvmesh", LeaseName: "kvmesh-orchestrator",
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
 	}
 }
