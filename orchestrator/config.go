@@ -28,6 +28,12 @@ type Config struct {
 	// LeaseDuration, RenewDeadline, RetryPeriod: client-go's leader election
 	// timings (15 s, 10 s, 2 s).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Load, when set, enables AutoscalingPolicies: the mesh's engine states
+	// (a *gossip.Node joined as an orchestrator member).
+	Load LoadSource
+	// AutoscaleInterval is how often every policy is stepped (default 15 s,
+	// Kthena's period).
+	AutoscaleInterval time.Duration
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -35,7 +41,7 @@ type Config struct {
 // DefaultConfig is the production configuration.
 func DefaultConfig() Config {
 	return Config{
-		Workers: 2, Resync: 10 * time.Minute,
+		Workers: 2, Resync: 10 * time.Minute, AutoscaleInterval: 15 * time.Second,
 		LeaderElection: true, LeaseNamespace: "kvmesh", LeaseName: "kvmesh-orchestrator",
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
 	}
@@ -49,6 +55,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Resync <= 0 {
 		errs = append(errs, fmt.Errorf("resync %v <= 0", c.Resync))
+	}
+	if c.Load != nil && c.AutoscaleInterval <= 0 {
+		errs = append(errs, fmt.Errorf("autoscale interval %v <= 0", c.AutoscaleInterval))
 	}
 	if c.LeaderElection {
 		if c.LeaseNamespace == "" || c.LeaseName == "" {

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -39,7 +40,10 @@ type Controller struct {
 	pods          corelisters.PodLister
 	mds           cache.GenericLister
 	scalers       cache.GenericLister
+	policies      cache.GenericLister
 	synced        []cache.InformerSynced
+	// autoscalers is owned by the autoscaler goroutine alone.
+	autoscalers map[types.UID]*policyEntry
 
 	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster
@@ -85,6 +89,12 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	scInf := c.dynInformers.ForResource(v1alpha1.RoleScalersResource)
 	c.pods, c.mds, c.scalers = podInf.Lister(), mdInf.Lister(), scInf.Lister()
 	c.synced = []cache.InformerSynced{podInf.Informer().HasSynced, mdInf.Informer().HasSynced, scInf.Informer().HasSynced}
+	if cfg.Load != nil {
+		apInf := c.dynInformers.ForResource(v1alpha1.AutoscalingPoliciesResource)
+		c.policies = apInf.Lister()
+		c.synced = append(c.synced, apInf.Informer().HasSynced)
+		c.autoscalers = map[types.UID]*policyEntry{}
+	}
 
 	handlers := []struct {
 		inf cache.SharedIndexInformer
@@ -171,6 +181,9 @@ func (c *Controller) run(ctx context.Context) error {
 	}
 	c.log.Info("orchestrator running", "namespace", c.cfg.Namespace, "workers", c.cfg.Workers)
 	var wg sync.WaitGroup
+	if c.policies != nil {
+		wg.Go(func() { c.runAutoscaler(ctx) })
+	}
 	for range c.cfg.Workers {
 		wg.Go(func() {
 			for c.processNext(ctx) {
