@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/orchestrator"
 	"github.com/kvmesh/kvmesh/orchestrator/webhook"
 )
@@ -44,6 +48,10 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.StringVar(&sc.NATS, "sidecar-nats", sc.NATS, "NATS URLs given to injected sidecars")
 	fs.StringVar(&sc.GossipJoin, "sidecar-join", sc.GossipJoin, "gossip seeds given to injected sidecars (empty: no gossip)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics and /healthz here (empty: off)")
+	gossipBind := fs.String("gossip-bind", "", "join the mesh's gossip from host:port to run AutoscalingPolicies (empty: policies are not run)")
+	join := fs.String("join", "", "gossip seeds host:port, comma-separated")
+	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key (env KVMESH_GOSSIP_KEY)")
+	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", cfg.AutoscaleInterval, "how often AutoscalingPolicies are stepped")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -56,6 +64,14 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 		return fmt.Errorf("%w: --webhook-addr and --webhook-listen exclude each other", errUsage)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if *gossipBind != "" {
+		node, err := joinMesh(*gossipBind, *join, *gossipKey, cfg.Logger)
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		cfg.Load = node
+	}
 	restCfg, err := kubeConfig(*kubeconfig)
 	if err != nil {
 		return err
@@ -120,6 +136,25 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// joinMesh makes the orchestrator a gossip member so AutoscalingPolicies
+// read every engine's live load.
+func joinMesh(bind, join, key string, log *slog.Logger) (*gossip.Node, error) {
+	g := gossip.DefaultConfig()
+	host, port, err := net.SplitHostPort(bind)
+	p, perr := strconv.Atoi(port)
+	if err != nil || perr != nil {
+		return nil, fmt.Errorf("%w: bad --gossip-bind %q", errUsage, bind)
+	}
+	g.BindAddr, g.BindPort, g.Join, g.Logger = host, p, commaList(join), log
+	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator}
+	if key != "" {
+		if g.SecretKey, err = base64.StdEncoding.DecodeString(key); err != nil {
+			return nil, fmt.Errorf("%w: --gossip-key is not base64", errUsage)
+		}
+	}
+	return gossip.New(g)
 }
 
 func kubeConfig(path string) (*rest.Config, error) {
