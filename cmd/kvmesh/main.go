@@ -32,6 +32,7 @@ var commands = []command{
 	{"bench", "compare routing policies (discrete-event simulation)", runBench},
 	{"demo", "run the whole mesh on loopback and compare random with kvmesh routing", runDemo},
 	{"loadtest", "send a workload to an OpenAI-compatible endpoint and report latency", runLoadtest},
+	{"orchestrator", "run the Kubernetes controller for ModelDeployments and the sidecar webhook", runOrchestrator},
 }
 
 // errUsage marks a command-line mistake: exit status 2, after the usage text.
