@@ -57,6 +57,9 @@ func newEnvoy(t testing.TB, addr string, reqMode, respMode extprocfilter.Process
 		noWait: reqMode == extprocfilter.ProcessingMode_STREAMED, chunk: 97}
 }
 
+// errImmediate: the picker answered with an ImmediateResponse (in res.immediate).
+var errImmediate = errors.New("immediate response")
+
 // httpRequest is one client request as it reaches the gateway.
 type httpRequest struct {
 	method, path string
@@ -159,12 +162,13 @@ func (e *envoyStandIn) do(ctx context.Context, r httpRequest, upstream bool) (*e
 		}
 		if ir := m.GetImmediateResponse(); ir != nil {
 			res.immediate = ir
+			return m, errImmediate
 		}
 		return m, nil
 	}
 	if bodyless {
 		m, err := recv()
-		if err != nil || res.immediate != nil {
+		if err != nil {
 			return res, err
 		}
 		res.reqHeaders = m
@@ -173,7 +177,7 @@ func (e *envoyStandIn) do(ctx context.Context, r httpRequest, upstream bool) (*e
 		if buffered {
 			// Envoy holds the body until the headers are answered.
 			m, err := recv()
-			if err != nil || res.immediate != nil {
+			if err != nil {
 				return res, err
 			}
 			res.reqHeaders = m
@@ -186,7 +190,7 @@ func (e *envoyStandIn) do(ctx context.Context, r httpRequest, upstream bool) (*e
 			}
 			if buffered {
 				m, err := recv()
-				if err != nil || res.immediate != nil {
+				if err != nil {
 					return res, err
 				}
 				res.reqBodies = append(res.reqBodies, m)
@@ -200,7 +204,7 @@ func (e *envoyStandIn) do(ctx context.Context, r httpRequest, upstream bool) (*e
 		}
 		if !buffered {
 			m, err := recv()
-			if err != nil || res.immediate != nil {
+			if err != nil {
 				return res, err
 			}
 			res.reqHeaders = m
@@ -210,7 +214,7 @@ func (e *envoyStandIn) do(ctx context.Context, r httpRequest, upstream bool) (*e
 			}
 			for range n {
 				m, err := recv()
-				if err != nil || res.immediate != nil {
+				if err != nil {
 					return res, err
 				}
 				res.reqBodies = append(res.reqBodies, m)
@@ -218,7 +222,7 @@ func (e *envoyStandIn) do(ctx context.Context, r httpRequest, upstream bool) (*e
 		}
 		if r.trailers {
 			m, err := recv()
-			if err != nil || res.immediate != nil {
+			if err != nil {
 				return res, err
 			}
 			res.reqTrailers = m
@@ -357,4 +361,12 @@ func (e *envoyStandIn) respond(st extprocv3.ExternalProcessor_ProcessClient, res
 		return errors.New("stand-in: buffered response bodies are not played")
 	}
 	return nil
+}
+
+func servedMetadata(t testing.TB, served string) *corev3.Metadata {
+	s, err := structpb.NewStruct(map[string]any{ServedKey: served})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{LBNamespace: s}}
 }

@@ -114,7 +114,7 @@ func (m *mesh) newReplica(id string, mut func(*ingress.Config)) *replica {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	ing, err := ingress.New(cfg, ingress.Deps{Logger: quiet, Registry: reg, Index: idx,
+	ing, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet, Registry: reg, Index: idx,
 		Tokenizers: ingress.TokenizerMap{model: m.tok}})
 	if err != nil {
 		t.Fatal(err)
