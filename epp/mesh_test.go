@@ -212,11 +212,12 @@ func (m *mesh) waitEngines(r *replica, n int) {
 }
 
 type engineView struct {
-	ID            string `json:"ID"`
-	Running       int    `json:"Running"`
-	Waiting       int    `json:"Waiting"`
-	InFlight      int    `json:"InFlight"`
-	LocalInFlight int    `json:"local_inflight"`
+	ID            string  `json:"ID"`
+	Running       int     `json:"Running"`
+	Waiting       int     `json:"Waiting"`
+	InFlight      int     `json:"InFlight"`
+	LocalInFlight int     `json:"local_inflight"`
+	KVUsage       float64 `json:"KVUsage"`
 }
 
 func getJSON(url string, v any) bool {

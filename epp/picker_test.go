@@ -252,4 +252,3 @@ func httpPost(url, body string) (int, error) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode, nil
 }
-
