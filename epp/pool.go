@@ -181,7 +181,9 @@ func (p *Pool) Spec() *PoolSpec { return p.spec.Load() }
 // the set dirty; the rebuild runs on Run's goroutine.
 func (p *Pool) Run(ctx context.Context) error {
 	poolInf := dynamicinformer.NewFilteredDynamicInformer(p.dyn, InferencePoolGVR, p.ns, p.resync, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.name).String() }).Informer()
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.name).String()
+		}).Informer()
 	pods := informers.NewSharedInformerFactoryWithOptions(p.kube, p.resync, informers.WithNamespace(p.ns))
 	podInf := pods.Core().V1().Pods()
 	mark := cache.ResourceEventHandlerFuncs{
