@@ -74,7 +74,7 @@ func newBenchRig(b *testing.B) *benchRig {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(Config{Listen: "127.0.0.1:0", Logger: quiet}, Deps{Ingress: ing})
+	s, err := New(Config{Listen: "127.0.0.1:0", TLS: TLSOff, Logger: quiet}, Deps{Ingress: ing})
 	if err != nil {
 		b.Fatal(err)
 	}

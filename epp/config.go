@@ -54,6 +54,11 @@ type Config struct {
 	// PD configures prefill/decode disaggregation through llm-d's routing
 	// sidecar header; the zero value turns it off.
 	PD PDConfig `yaml:"pd"`
+	// TLS is how the ext_proc listener is secured: self-signed (default,
+	// what GAIE gateways expect), files (TLSCertFile/TLSKeyFile) or off.
+	TLS         string `yaml:"tls"`
+	TLSCertFile string `yaml:"tlsCertFile"`
+	TLSKeyFile  string `yaml:"tlsKeyFile"`
 	// ReadyInterval is how often readiness is re-evaluated for the gRPC
 	// health service. Zero: 500 ms.
 	ReadyInterval time.Duration `yaml:"readyInterval"`
@@ -71,6 +76,7 @@ func DefaultConfig() Config {
 		MaxEndpoints:    4,
 		PD:              DefaultPDConfig(),
 		ReadyInterval:   500 * time.Millisecond,
+		TLS:             TLSSelfSigned,
 	}
 }
 
@@ -94,6 +100,15 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadyInterval < 0 {
 		bad("readyInterval must be >= 0")
+	}
+	switch c.TLS {
+	case TLSSelfSigned, TLSOff:
+	case TLSFiles:
+		if c.TLSCertFile == "" || c.TLSKeyFile == "" {
+			bad("tls %q needs tlsCertFile and tlsKeyFile", c.TLS)
+		}
+	default:
+		bad("tls %q: want %s, %s or %s", c.TLS, TLSSelfSigned, TLSFiles, TLSOff)
 	}
 	c.PD.problems(bad)
 	if len(probs) > 0 {
@@ -121,6 +136,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.ReadyInterval == 0 {
 		c.ReadyInterval = d.ReadyInterval
+	}
+	if c.TLS == "" {
+		c.TLS = d.TLS
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

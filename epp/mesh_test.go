@@ -137,6 +137,9 @@ func (m *mesh) startEPP(id string, cfg Config, deps Deps, mut func(*ingress.Conf
 	t := m.t
 	r := m.newReplica(id, mut)
 	cfg.Listen = "127.0.0.1:0"
+	if cfg.TLS == "" || cfg.TLS == TLSSelfSigned {
+		cfg.TLS = TLSOff // the stand-in dials plain text; TestTLS covers the default
+	}
 	cfg.Logger = quiet
 	cfg.Registerer = r.reg
 	deps.Ingress = r.ing

@@ -219,11 +219,18 @@ func TestPickerProtocol(t *testing.T) {
 		}
 		defer conn.Close()
 		hc := healthpb.NewHealthClient(conn)
-		for _, svc := range []string{HealthLiveness, HealthReadiness, ExtProcService, ""} {
-			resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
-			if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-				t.Fatalf("health %q: %v %v", svc, resp, err)
-			}
+		if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: HealthLiveness}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("liveness: %v %v", resp, err)
+		}
+		// Readiness follows the index's sync (re-evaluated every ReadyInterval).
+		for _, svc := range []string{HealthReadiness, ExtProcService, ""} {
+			testutil.WaitFor(t, 10*time.Second, "health "+svc+" SERVING", func() bool {
+				resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+				return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+			})
+		}
+		if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "no-such-service"}); err == nil {
+			t.Fatalf("unknown service answered %v", resp)
 		}
 	})
 	testutil.WaitFor(t, 10*time.Second, "nothing left charged", func() bool { return settled(rig.r) })

@@ -11,6 +11,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -74,10 +75,18 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return s.mem
 	})
 	s.xs.New = func() any { return &exchange{s: s} }
-	s.health = health.NewServer()
-	s.gs = grpc.NewServer(
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	opts := []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	if tc != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	s.health = health.NewServer()
+	s.gs = grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(s.gs, s)
 	healthpb.RegisterHealthServer(s.gs, s.health)
 	s.setReady(false)
@@ -103,7 +112,7 @@ func (s *Server) Start() error {
 		defer s.wg.Done()
 		s.readyLoop()
 	}()
-	s.log.Info("endpoint picker listening", "addr", s.Addr(), "pool", s.pool != nil, "pd", s.pd != nil)
+	s.log.Info("endpoint picker listening", "addr", s.Addr(), "tls", s.cfg.TLS, "pool", s.pool != nil, "pd", s.pd != nil)
 	return nil
 }
 

@@ -35,7 +35,7 @@ func TestEPPCommand(t *testing.T) {
 	code := make(chan int, 1)
 	go func() {
 		code <- run([]string{"epp", "--grpc", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--engine", "e1=m=" + sm.URL(),
-			"--log-level", "warn", "--access-log=false"}, &out, &errOut)
+			"--tls=off", "--log-level", "warn", "--access-log=false"}, &out, &errOut)
 	}()
 	addrRE := regexp.MustCompile(`ext_proc on (\S+),`)
 	var addr string
@@ -97,11 +97,11 @@ func TestEPPCommand(t *testing.T) {
 func TestEPPCommandBadFlags(t *testing.T) {
 	var out, errOut testutil.SyncBuffer
 	code := run([]string{"epp", "--grpc", "nope", "--body-mode", "sideways", "--pool-name", "p", "--pool-namespace", "",
-		"--max-endpoints", "-1", "--tokenizer", "no-equals", "--log-level", "loud"}, &out, &errOut)
+		"--max-endpoints", "-1", "--tokenizer", "no-equals", "--log-level", "loud", "--tls", "files"}, &out, &errOut)
 	if code != 2 {
 		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
 	}
-	for _, want := range []string{`listen "nope"`, `defaultBodyMode "sideways"`, `--pool-name needs`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`} {
+	for _, want := range []string{`listen "nope"`, `defaultBodyMode "sideways"`, `--pool-name needs`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`, `needs tlsCertFile`} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("message lacks %q:\n%s", want, errOut.String())
 		}
