@@ -73,6 +73,11 @@ func TestInferencePoolNarrowsCandidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := srv.Namespace(t)
+	// The shipped pool manifest is valid against the CRD (server-side dry run).
+	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{Namespace: ns, DryRun: true},
+		filepath.Join("..", "manifests", "gateway", "base", "inferencepool.yaml")); err != nil {
+		t.Fatalf("manifests/gateway/base/inferencepool.yaml: %v", err)
+	}
 	kube := kubernetes.NewForConfigOrDie(srv.Config)
 	dyn := dynamic.NewForConfigOrDie(srv.Config)
 	pools := dyn.Resource(InferencePoolGVR).Namespace(ns)

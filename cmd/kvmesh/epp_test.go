@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -13,6 +17,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -104,6 +109,55 @@ func TestEPPCommandBadFlags(t *testing.T) {
 	for _, want := range []string{`listen "nope"`, `defaultBodyMode "sideways"`, `--pool-name needs`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`, `needs tlsCertFile`} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("message lacks %q:\n%s", want, errOut.String())
+		}
+	}
+}
+
+// TestGatewayManifestsUseRealFlags renders the gateway overlays and parses
+// every kvmesh container's arguments with the binary's own flag sets.
+func TestGatewayManifestsUseRealFlags(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("kubectl not installed")
+		}
+		t.Skip("kubectl not installed: cannot render the kustomize overlays")
+	}
+	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
+	for _, dir := range []string{"gateway/envoy-gateway", "gateway/istio"} {
+		out, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "manifests", dir)).Output()
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(out))
+		kinds := map[string]int{}
+		sawEPP := false
+		for {
+			var doc map[string]any
+			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", dir, err)
+			}
+			kind, _ := doc["kind"].(string)
+			kinds[kind]++
+			for _, c := range containers(doc) {
+				if image, _ := c["image"].(string); !strings.Contains(image, "kvmesh/kvmesh") {
+					continue
+				}
+				var args []string
+				for _, a := range c["args"].([]any) {
+					args = append(args, envRef.ReplaceAllString(a.(string), "10.0.0.1"))
+				}
+				sawEPP = sawEPP || args[0] == "epp"
+				var stdout, stderr bytes.Buffer
+				if code := run(append(args, "-h"), &stdout, &stderr); code != 0 {
+					t.Errorf("%s: kvmesh %s rejects its manifest arguments (exit %d): %s", dir, strings.Join(args, " "), code, stderr.String())
+				}
+			}
+		}
+		if !sawEPP || kinds["InferencePool"] != 1 || kinds["HTTPRoute"] != 1 || kinds["CustomResourceDefinition"] != 1 {
+			t.Fatalf("%s: epp container %v, kinds %v", dir, sawEPP, kinds)
 		}
 	}
 }
