@@ -13,7 +13,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvmesh/kvmesh/ingress/fair"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
 // Chat forwarding modes (Config.ChatMode).
@@ -44,7 +46,14 @@ type Config struct {
 	// Listen is the client-facing address. Default 127.0.0.1:8000; ":0" picks a free port (see Server.Addr).
 	Listen string `yaml:"listen"`
 	// AdminListen serves /debug/pprof on a separate port. Empty: no admin server.
-	AdminListen string `yaml:"adminListen"`
+	// TenantHeader names a request header that identifies the tenant for fair
+	// admission when the request is not authenticated (auth's identity wins).
+	// Trust it only behind a gateway that sets it. Empty: none.
+	TenantHeader string `yaml:"tenantHeader"`
+	// FairQueue turns on weighted fair admission across tenants (ingress/fair)
+	// instead of the session-boost queue. Nil: off.
+	FairQueue   *fair.Config `yaml:"fairQueue"`
+	AdminListen string       `yaml:"adminListen"`
 
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
@@ -138,7 +147,7 @@ func DefaultConfig() Config {
 		SpeculativeTTL:    5 * time.Second,
 		AccessLog:         true,
 		SessionSlack:      8,
-		Scheduler:         scheduler.DefaultConfig(),
+		Scheduler:         registry.DefaultConfig(),
 	}
 }
 
@@ -149,6 +158,11 @@ var ErrConfig = errors.New("invalid ingress config")
 func (c *Config) Validate() error {
 	var probs []string
 	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	if c.FairQueue != nil {
+		if err := c.FairQueue.Validate(); err != nil {
+			bad("fairQueue: %v", err)
+		}
+	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen %q: %v", c.Listen, err)
 	}
@@ -199,7 +213,7 @@ func (c *Config) Validate() error {
 	c.Cluster.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()
-	if err := sc.Validate(); err != nil {
+	if err := registry.Validate(&sc); err != nil {
 		bad("scheduler: %v", err)
 	}
 	seen := map[string]bool{}
