@@ -44,6 +44,8 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&cfg.AdminListen, "admin", "", "pprof address (empty: off)")
 	fs.Var(&engines, "engine", "static engine [id=]model=url (repeatable; used without gossip)")
 	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
+	tokStore := fs.Bool("tokenizer-store", true, "load the tokenizers the sidecars publish to NATS for models without --tokenizer")
+	tokCache := fs.String("tokenizer-cache", "", "directory for tokenizers fetched from NATS (default: a temporary directory)")
 	var templates multiFlag
 	fs.Var(&templates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
 	policy := fs.String("policy", cfg.Scheduler.Policy, "routing policy: random|round-robin|least-request|kthena|ray|sglang|dynamo|llmd|kvmesh|weighted")
@@ -190,6 +192,10 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if err := ingress.LoadTokenizers(&cfg, &deps); err != nil {
 		return err
+	}
+	if *tokStore && len(cfg.Cluster.NATSURLs) > 0 {
+		// Models without a local tokenizer use the one their sidecars publish.
+		deps.Tokenizers = ingress.NewStoreTokenizers(deps.Tokenizers, ingress.StoreTokenizersConfig{CacheDir: *tokCache, Logger: log})
 	}
 	srv, err := ingress.New(cfg, deps)
 	if err != nil {

@@ -32,7 +32,9 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.BoolVar(&one.Bind, "bind-events", false, "bind the events endpoint (for engines whose PUB connects)")
 	fs.IntVar(&one.DPSize, "dp-size", 1, "data-parallel ranks (rank r publishes on port+r)")
 	fs.IntVar(&one.BlockSize, "block-size", 0, "tokens per block (0: learned from events)")
-	fs.Var(&specs, "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true]")
+	fs.StringVar(&one.TokenizerDir, "tokenizer-dir", "", "model directory with tokenizer.json (+ tokenizer_config.json) to publish to the mesh for the ingresses")
+	fs.StringVar(&one.TokenizerRevision, "tokenizer-revision", "", "revision name of the published tokenizer (default: from the files' digests)")
+	fs.Var(&specs, "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR]")
 
 	natsURLs := fs.String("nats", "", "NATS server URLs, comma-separated (empty: start an embedded server)")
 	fs.StringVar(&cfg.NATS.User, "nats-user", "", "NATS user")
@@ -168,6 +170,8 @@ func parseEngineSpec(s string) (sidecar.EngineConfig, error) {
 			e.BlockSize, err = strconv.Atoi(v)
 		case "bind":
 			e.Bind, err = strconv.ParseBool(v)
+		case "tokenizer":
+			e.TokenizerDir = v
 		default:
 			return e, fmt.Errorf("engine spec %q: unknown key %q", s, k)
 		}
