@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // runSim runs the vLLM-compatible engine simulator until interrupted.
