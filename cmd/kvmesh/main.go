@@ -31,6 +31,7 @@ var commands = []command{
 	{"ingress", "run a stateless OpenAI-compatible ingress replica", runIngress},
 	{"bench", "compare routing policies (discrete-event simulation)", runBench},
 	{"demo", "run the whole mesh on loopback and compare random with kvmesh routing", runDemo},
+	{"bootstrap", "create the installation's Secrets once (NATS users' passwords, gossip key)", runBootstrap},
 	{"loadtest", "send a workload to an OpenAI-compatible endpoint and report latency", runLoadtest},
 }
 
