@@ -43,8 +43,16 @@ type Config struct {
 	ID string `yaml:"id"`
 	// Listen is the client-facing address. Default 127.0.0.1:8000; ":0" picks a free port (see Server.Addr).
 	Listen string `yaml:"listen"`
-	// AdminListen serves /debug/pprof on a separate port. Empty: no admin server.
+	// AdminListen serves /debug/* (pprof, engines, index, config, health)
+	// and /metrics on a separate port; the client port answers 404 for
+	// /debug/* and, with an admin listener, serves no /metrics. Empty: no
+	// admin server (and /metrics stays on the client port).
 	AdminListen string `yaml:"adminListen"`
+	// AdminToken, when set, is required on the admin listener as
+	// "Authorization: Bearer <token>". Not read from YAML (a secret).
+	AdminToken string `yaml:"-"`
+	// TLS for the client listener and (optionally mutual) TLS to engines.
+	TLS TLSConfig `yaml:"tls"`
 
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
@@ -118,6 +126,9 @@ type Config struct {
 
 	// AccessLog writes one JSON line per request. Default true.
 	AccessLog bool `yaml:"accessLog"`
+
+	// Health configures passive ejection of failing engines (health.go).
+	Health HealthConfig `yaml:"health"`
 }
 
 // DefaultConfig returns the defaults for every field.
@@ -139,6 +150,7 @@ func DefaultConfig() Config {
 		AccessLog:         true,
 		SessionSlack:      8,
 		Scheduler:         scheduler.DefaultConfig(),
+		Health:            DefaultHealthConfig(),
 	}
 }
 
@@ -197,6 +209,8 @@ func (c *Config) Validate() error {
 		bad("speculative ttl must be >= 0")
 	}
 	c.Cluster.problems(bad)
+	c.Health.problems(bad)
+	c.TLS.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()
 	if err := sc.Validate(); err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,10 +11,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/ingress/session"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -41,7 +42,14 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var engines, tokenizers multiFlag
 	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<port>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringVar(&cfg.AdminListen, "admin", "", "pprof address (empty: off)")
+	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", os.Getenv("KVMESH_ADMIN_TOKEN"), "bearer token required on the admin address (env KVMESH_ADMIN_TOKEN; empty: none)")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", cfg.TLS.CertFile, "PEM certificate: serve HTTPS on --listen")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", cfg.TLS.KeyFile, "PEM key for --tls-cert")
+	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca", cfg.TLS.ClientCAFile, "PEM CA: require client certificates signed by it")
+	fs.StringVar(&cfg.TLS.UpstreamCAFile, "upstream-ca", cfg.TLS.UpstreamCAFile, "PEM CA verifying https:// engines")
+	fs.StringVar(&cfg.TLS.UpstreamCertFile, "upstream-cert", cfg.TLS.UpstreamCertFile, "PEM client certificate towards engines (mutual TLS)")
+	fs.StringVar(&cfg.TLS.UpstreamKeyFile, "upstream-key", cfg.TLS.UpstreamKeyFile, "PEM key for --upstream-cert")
 	fs.Var(&engines, "engine", "static engine [id=]model=url (repeatable; used without gossip)")
 	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
 	tokStore := fs.Bool("tokenizer-store", true, "load the tokenizers the sidecars publish to NATS for models without --tokenizer")
@@ -66,13 +74,19 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	modelOut := fs.Int64("model-output-tpm", 0, "per-model output tokens per minute (0: none)")
 	admitMax := fs.Int("admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
 	admitWait := fs.Duration("admit-max-wait", 30*time.Second, "admission queue wait before 504")
+	var jc auth.JWTConfig
+	fs.StringVar(&jc.JWKSFile, "jwks-file", "", "JSON Web Key Set file: accept bearer JWTs signed by its keys (besides API keys)")
+	fs.StringVar(&jc.JWKSURL, "jwks-url", "", "JSON Web Key Set URL (re-read every 5m and on an unknown kid)")
+	fs.StringVar(&jc.Audience, "jwt-audience", "", "audience a JWT must carry (required with --jwks-*)")
+	fs.StringVar(&jc.Issuer, "jwt-issuer", "", "issuer a JWT must carry (empty: any)")
+	fs.StringVar(&jc.TenantClaim, "jwt-tenant-claim", "tenant", "JWT claim naming the tenant (the rate-limit identity; falls back to sub)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
 	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
-	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
+	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)")
 	join := fs.String("join", "", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
-	natsURLs := fs.String("nats", "", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
+	natsutil.BindFlags(fs, &cfg.Cluster.NATSURLs, &cfg.Cluster.NATSAuth, "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -82,16 +96,10 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *join != "" {
 		cfg.Cluster.GossipSeeds = strings.Split(*join, ",")
 	}
-	if *natsURLs != "" {
-		cfg.Cluster.NATSURLs = strings.Split(*natsURLs, ",")
-	}
-	if *gossipKey != "" {
-		k, err := base64.StdEncoding.DecodeString(*gossipKey)
-		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
-			bad("--gossip-key must be base64 of 16, 24 or 32 bytes")
-		} else {
-			cfg.Cluster.GossipKey = k
-		}
+	if k, extra, err := gossip.ParseKeys(*gossipKey); err != nil {
+		bad("--gossip-key: %v", err)
+	} else {
+		cfg.Cluster.GossipKey, cfg.Cluster.GossipKeys = k, extra
 	}
 	for _, e := range engines {
 		se, err := ingress.ParseStaticEngine(e)
@@ -163,8 +171,21 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if store.Enabled() {
 		deps.Auth = store
 	}
-	if *limitIn > 0 || *limitOut > 0 || *modelIn > 0 || *modelOut > 0 {
+	var jwtv *auth.JWTVerifier
+	if jc.JWKSFile != "" || jc.JWKSURL != "" {
+		if jwtv, err = auth.NewJWT(ctx, jc); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		deps.Auth = auth.Chain{Keys: store, Verifier: jwtv}
+	}
+	if *limitIn > 0 || *limitOut > 0 || *modelIn > 0 || *modelOut > 0 || jwtv != nil {
 		rc := ratelimit.DefaultConfig()
+		if jwtv != nil { // a token's rate_limit claim sets its tenant's budget
+			rc.KeyLimits = func(tenant string) (ratelimit.Limits, bool) {
+				in, out, ok := jwtv.TenantLimits(tenant)
+				return ratelimit.Limits{InputTokens: in, OutputTokens: out}, ok
+			}
+		}
 		rc.PerKey = ratelimit.Limits{InputTokens: *limitIn, OutputTokens: *limitOut}
 		rc.PerModel = ratelimit.Limits{InputTokens: *modelIn, OutputTokens: *modelOut}
 		lim, err := ratelimit.New(rc)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/sidecar"
 )
 
@@ -36,15 +36,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&one.TokenizerRevision, "tokenizer-revision", "", "revision name of the published tokenizer (default: from the files' digests)")
 	fs.Var(&specs, "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR]")
 
-	natsURLs := fs.String("nats", "", "NATS server URLs, comma-separated (empty: start an embedded server)")
-	fs.StringVar(&cfg.NATS.User, "nats-user", "", "NATS user")
-	fs.StringVar(&cfg.NATS.Password, "nats-password", os.Getenv("KVMESH_NATS_PASSWORD"), "NATS password (env KVMESH_NATS_PASSWORD)")
-	fs.StringVar(&cfg.NATS.Token, "nats-token", os.Getenv("KVMESH_NATS_TOKEN"), "NATS token (env KVMESH_NATS_TOKEN)")
-	fs.StringVar(&cfg.NATS.NKeySeedFile, "nats-nkey", "", "NATS nkey seed file")
-	fs.StringVar(&cfg.NATS.CredsFile, "nats-creds", "", "NATS credentials file")
-	fs.StringVar(&cfg.NATS.TLSCAFile, "nats-ca", "", "CA file to verify NATS servers")
-	fs.StringVar(&cfg.NATS.TLSCertFile, "nats-cert", "", "client certificate for NATS")
-	fs.StringVar(&cfg.NATS.TLSKeyFile, "nats-key", "", "client key for NATS")
+	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "KVMESH_DELTAS retention by age")
 	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "KVMESH_DELTAS retention by size")
 	fs.IntVar(&cfg.NATS.Stream.Replicas, "stream-replicas", cfg.NATS.Stream.Replicas, "KVMESH_DELTAS replicas (clustered JetStream)")
@@ -53,7 +45,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	gossipBind := fs.String("gossip-bind", "", "gossip listen host:port (empty: no gossip)")
 	advertise := fs.String("gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated (DNS names resolving to several addresses allowed)")
-	key := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
+	key := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)")
 	fs.StringVar(&gcfg.Profile, "gossip-profile", gcfg.Profile, "gossip timings: local, lan or wan")
 	fs.StringVar(&gcfg.Name, "node-name", "", "gossip member name (default hostname-random)")
 
@@ -90,7 +82,6 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		cfg.Engines = append(cfg.Engines, one)
 	}
-	cfg.NATS.URLs = commaList(*natsURLs)
 	cfg.NATS.Name = "kvmesh-sidecar"
 	if *gossipBind != "" {
 		host, port, err := net.SplitHostPort(*gossipBind)
@@ -110,13 +101,11 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 		}
 		gcfg.Join = commaList(*join)
-		if *key != "" {
-			k, err := base64.StdEncoding.DecodeString(*key)
-			if err != nil {
-				problems = append(problems, "--gossip-key is not base64")
-			}
-			gcfg.SecretKey = k
+		k, extra, err := gossip.ParseKeys(*key)
+		if err != nil {
+			problems = append(problems, "--gossip-key: "+err.Error())
 		}
+		gcfg.SecretKey, gcfg.ExtraKeys = k, extra
 		gcfg.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar}
 		if len(cfg.Engines) > 0 {
 			e := cfg.Engines[0]
