@@ -81,7 +81,8 @@ func runMesh(t *testing.T) []string {
 	cfg.Scheduler.Policy = "kvmesh"
 	cfg.LoadInterval = 50 * time.Millisecond
 	cfg.Cluster = ingress.ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{ns.URL()}}
-	srv, err := ingress.New(cfg, ingress.Deps{Registry: prometheus.NewRegistry()})
+	cfg.AccessLog = false
+	srv, err := ingress.New(cfg, ingress.Deps{Registry: prometheus.NewRegistry(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
