@@ -6,7 +6,7 @@ PKGS      ?= ./...
 BENCHTIME ?= 1s
 BIN       := bin/kvmesh
 
-.PHONY: all build demo test deps fmt-check vet unit bench fuzz clean image-rootfs kube-bins image-rootfs
+.PHONY: all build demo test deps fmt-check vet unit bench fuzz clean kube-bins image-rootfs
 
 all: build
 
