@@ -6,7 +6,7 @@ PKGS      ?= ./...
 BENCHTIME ?= 1s
 BIN       := bin/kvmesh
 
-.PHONY: all build demo test deps fmt-check vet unit bench fuzz chaos clean kube-bins
+.PHONY: all build demo test deps fmt-check vet unit bench fuzz chaos clean kube-bins image-rootfs
 
 all: build
 
@@ -60,6 +60,11 @@ fuzz: deps
 			echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 		done; \
 	done
+
+# image-rootfs assembles the runtime image's filesystem from the Dockerfile's Debian packages (no container daemon
+# needed) and runs the binary in it as the image's non-root user (hack/image-rootfs.sh; needs root for chroot).
+image-rootfs: build
+	bash hack/image-rootfs.sh $(BIN) bin/rootfs
 
 clean:
 	rm -rf bin
