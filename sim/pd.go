@@ -275,13 +275,13 @@ func (p *pdState) dropRank(rk *rank) {
 	}
 }
 
-// heldCount is the number of holds of rank r.
+// heldCount is the number of holds of rank r (every rank with r < 0).
 func (p *pdState) heldCount(r int) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
 	for _, h := range p.holds {
-		if h.rk.idx == r {
+		if r < 0 || h.rk.idx == r {
 			n++
 		}
 	}
@@ -413,8 +413,8 @@ func (p *pdState) observe(lbl []string, blocks int, d time.Duration) {
 // wait for ACK. It returns the number of prompt tokens received and the
 // modelled transfer time.
 func (p *pdState) transfer(ctx context.Context, addr string, t frameType, body []byte, prompt []uint32, start, blocks int) (int, time.Duration, error) {
-	p.metrics.inflight.Inc()
-	defer p.metrics.inflight.Dec()
+	p.metrics.inflight.Add(1)
+	defer p.metrics.inflight.Add(-1)
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second) // vLLM's handshake timeout
 	conn, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
 	cancel()

@@ -335,6 +335,10 @@ func TestPDSGLangBothLegsAtOnce(t *testing.T) {
 	testutil.WaitFor(t, waitLong, "prefill engine to free the room's blocks", func() bool {
 		return p.Load(0).HeldBlocks == 0 && p.HeldRequests(0) == 0
 	})
+	if pm, dm := scrape(t, p), scrape(t, d); pm["type:sglang:num_prefill_inflight_queue_reqs"] != 1 ||
+		pm["sglang:num_prefill_inflight_queue_reqs"] != 0 || dm["type:sglang:num_decode_transfer_queue_reqs"] != 1 {
+		t.Fatalf("SGLang P/D queue gauges missing: prefill %v, decode %v", pm["type:sglang:num_prefill_inflight_queue_reqs"], dm["type:sglang:num_decode_transfer_queue_reqs"])
+	}
 	// A room whose prefill never comes: the decode gives up after its
 	// timeout with an OpenAI error (SGLang aborts the request).
 	b := body(3)
@@ -394,5 +398,53 @@ func TestPDInfoEndpoint(t *testing.T) {
 	}
 	if info.Role != "both" || len(info.Ranks) != 2 || info.Ranks[1].EngineID != "eng_dp1" || info.Ranks[1].SideChannel != p.SideChannelAddr(1) {
 		t.Fatalf("pd info %+v", info)
+	}
+}
+
+// The decode leg streams like an aggregated request (chat included), and a
+// prefill engine that died after its leg costs the request nothing: the
+// decode prefills locally.
+func TestPDNixlDecodeStreamsAndSurvivesDeadPrefill(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	d := startSim(t, nixlConfig)
+	agg := startSim(t, nil)
+	msgs := []map[string]any{{"role": "user", "content": strings.Repeat("a fairly long question ", 20)}}
+	leg := map[string]any{"model": "test-model", "messages": msgs, "max_tokens": 1, "max_completion_tokens": 1, "stream": false,
+		"kv_transfer_params": map[string]any{"do_remote_decode": true, "do_remote_prefill": false}}
+	code, raw, _ := post(t, p.URL()+"/v1/chat/completions", leg)
+	var pr struct {
+		Object string                     `json:"object"`
+		KV     map[string]json.RawMessage `json:"kv_transfer_params"`
+	}
+	if code != 200 || json.Unmarshal(raw, &pr) != nil || pr.KV == nil || pr.Object != openai.ObjectChat {
+		t.Fatalf("chat prefill leg: %d %s", code, raw)
+	}
+	body := func(kv any) map[string]any {
+		return map[string]any{"model": "test-model", "messages": msgs, "max_tokens": 12, "ignore_eos": true,
+			"stream_options": map[string]any{"include_usage": true}, "kv_transfer_params": kv}
+	}
+	got := stream(t, d.URL()+"/v1/chat/completions", body(pr.KV))
+	want := stream(t, agg.URL()+"/v1/chat/completions", body(nil))
+	if got.text != want.text || got.finish != want.finish || !slices.Equal(got.roles, want.roles) ||
+		got.usage.CompletionTokens != 12 || got.usage.PromptTokensDetails.CachedTokens != got.usage.PromptTokens-1 {
+		t.Fatalf("P/D stream %+v, aggregated %+v", got, want)
+	}
+	testutil.WaitFor(t, waitLong, "prefill blocks freed", func() bool { return p.Load(0).HeldBlocks == 0 })
+
+	// A second prefill leg, then the prefill engine dies before the read.
+	code, raw, _ = post(t, p.URL()+"/v1/chat/completions", leg)
+	if code != 200 || json.Unmarshal(raw, &pr) != nil {
+		t.Fatalf("second prefill leg: %d %s", code, raw)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	msgs[0]["content"] = strings.Repeat("a fairly long question ", 20) // same prompt: the decode's own cache hits
+	got = stream(t, d.URL()+"/v1/chat/completions", body(pr.KV))
+	if got.usage == nil || got.usage.CompletionTokens != 12 || got.text != want.text {
+		t.Fatalf("decode after the prefill died: %+v", got)
+	}
+	if n := scrape(t, d)["vllm:nixl_num_failed_transfers_total{engine=0}"]; n != 1 {
+		t.Fatalf("failed transfers %v, want 1", n)
 	}
 }

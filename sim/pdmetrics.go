@@ -2,6 +2,7 @@ package sim
 
 import (
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -14,7 +15,7 @@ type pdMetrics struct {
 	failed, expired, invalid     *prometheus.CounterVec
 	transfers                    *prometheus.CounterVec
 	protoErrors                  prometheus.Counter
-	inflight                     prometheus.Gauge
+	inflight                     atomic.Int64 // decode requests reading KV now
 }
 
 func newPDMetrics(s *Server, p *pdState) *pdMetrics {
@@ -39,10 +40,22 @@ func newPDMetrics(s *Server, p *pdState) *pdMetrics {
 			Help: "KV transfers completed over the side channel, by side (send = held blocks read and freed here, recv = read from a prefill engine)."}, []string{"side"}),
 		protoErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_sim_side_channel_errors_total",
 			Help: "Side-channel connections refused or closed for a protocol error."}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_sim_pd_transfers_in_flight",
-			Help: "Decode requests currently reading (or waiting for) KV from a prefill engine: the transfer queue."}),
 	}
-	reg.MustRegister(m.xferTime, m.bytes, m.descriptors, m.failed, m.expired, m.invalid, m.transfers, m.protoErrors, m.inflight)
+	reg.MustRegister(m.xferTime, m.bytes, m.descriptors, m.failed, m.expired, m.invalid, m.transfers, m.protoErrors)
+	inflight := func() float64 { return float64(m.inflight.Load()) }
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_sim_pd_transfers_in_flight",
+		Help: "Decode requests currently reading (or waiting for) KV from a prefill engine: the transfer queue."}, inflight))
+	// SGLang's own names for its P/D queues, in SGLang mode.
+	ml := prometheus.Labels{"model_name": s.cfg.Model}
+	switch s.cfg.PD.DisaggregationMode {
+	case "prefill":
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sglang:num_prefill_inflight_queue_reqs",
+			Help: "Prefilled requests whose KV waits for (or is in) transfer to a decode engine.", ConstLabels: ml},
+			func() float64 { return float64(p.heldCount(-1)) }))
+	case "decode":
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sglang:num_decode_transfer_queue_reqs",
+			Help: "Decode requests waiting for their KV from a prefill engine.", ConstLabels: ml}, inflight))
+	}
 	for _, rk := range s.ranks {
 		rk := rk
 		cl := prometheus.Labels{"model_name": s.cfg.Model, "engine": strconv.Itoa(rk.idx)}
