@@ -194,7 +194,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	var pd *pdRequest
 	req, err := readRequest(s, w, r, func(b []byte) (*openai.CompletionRequest, error) {
 		var err error
-		if pd, err = decodePDRequest(b); err != nil {
+		if pd, err = s.decodePD(b); err != nil {
 			return nil, err
 		}
 		return openai.DecodeCompletionRequest(b)
@@ -226,7 +226,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	var pd *pdRequest
 	req, err := readRequest(s, w, r, func(b []byte) (*openai.ChatRequest, error) {
 		var err error
-		if pd, err = decodePDRequest(b); err != nil {
+		if pd, err = s.decodePD(b); err != nil {
 			return nil, err
 		}
 		return openai.DecodeChatRequest(b)

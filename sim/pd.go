@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -86,6 +87,16 @@ type pdRequest struct {
 	BootstrapHost    *string           `json:"bootstrap_host"`
 	BootstrapPort    *int              `json:"bootstrap_port"`
 	BootstrapRoom    *uint64           `json:"bootstrap_room"`
+}
+
+// decodePD extracts a body's P/D fields when P/D is on and the body names
+// one (a byte search first: most bodies are not P/D legs, and a second full
+// decode of a 100k-token prompt is not free).
+func (s *Server) decodePD(body []byte) (*pdRequest, error) {
+	if s.pd == nil || (!bytes.Contains(body, []byte(`"kv_transfer_params"`)) && !bytes.Contains(body, []byte(`"bootstrap_room"`))) {
+		return nil, nil
+	}
+	return decodePDRequest(body)
 }
 
 // decodePDRequest extracts the P/D fields of a request body (the OpenAI
