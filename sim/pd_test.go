@@ -3,6 +3,8 @@ package sim
 import (
 	"encoding/json"
 	"errors"
+	"flag"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -448,5 +450,50 @@ func TestPDNixlDecodeStreamsAndSurvivesDeadPrefill(t *testing.T) {
 	}
 	if n := scrape(t, d)["vllm:nixl_num_failed_transfers_total{engine=0}"]; n != 1 {
 		t.Fatalf("failed transfers %v, want 1", n)
+	}
+}
+
+// The command-line flags map onto Config.PD with vLLM's environment
+// variables as defaults, the flags winning.
+func TestPDFlagsAndEnvironment(t *testing.T) {
+	t.Setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.0.0.7")
+	t.Setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "5700")
+	t.Setenv("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "2.5")
+	build := func(args ...string) (Config, error) {
+		o := DefaultOptions()
+		fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		fs.StringVar(&o.Config.HTTPAddr, "http", o.Config.HTTPAddr, "")
+		o.BindPDFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return Config{}, err
+		}
+		return o.Build(quietLogger())
+	}
+	cfg, err := build("--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}`, "--kv-transfer-gbps", "400")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd := cfg.PD
+	if pd.KVTransfer.KVRole != "kv_consumer" || pd.SideChannelHost != "10.0.0.7" || pd.SideChannelPort != 5700 ||
+		pd.AbortTimeout != 2500*time.Millisecond || pd.TransferGbps != 400 {
+		t.Fatalf("from the environment: %+v", pd)
+	}
+	cfg, err = build("--http", "0.0.0.0:9000", "--nixl-side-channel", "127.0.0.1:0", "--nixl-abort-timeout", "3s",
+		"--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "9998")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd = cfg.PD
+	if pd.SideChannelHost != "127.0.0.1" || pd.SideChannelPort != 0 || pd.AbortTimeout != 3*time.Second ||
+		pd.DisaggregationMode != "prefill" || pd.BootstrapAddr != "0.0.0.0:9998" || pd.KVTransfer != nil {
+		t.Fatalf("from flags: %+v", pd)
+	}
+	t.Setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "many")
+	if _, err := build(); !errors.Is(err, ErrConfig) {
+		t.Fatalf("bad environment: %v", err)
+	}
+	if _, err := build("--kv-transfer-config", `{"kv_connector":"NixlConnector"}`); err == nil || !strings.Contains(err.Error(), "kv_role") {
+		t.Fatalf("incomplete kv transfer config: %v", err)
 	}
 }
