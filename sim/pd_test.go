@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -495,5 +496,42 @@ func TestPDFlagsAndEnvironment(t *testing.T) {
 	}
 	if _, err := build("--kv-transfer-config", `{"kv_connector":"NixlConnector"}`); err == nil || !strings.Contains(err.Error(), "kv_role") {
 		t.Fatalf("incomplete kv transfer config: %v", err)
+	}
+}
+
+// Garbage on the side channel gets an ERROR frame and is counted; it never
+// frees or reads anything.
+func TestSideChannelRejectsGarbage(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	_, pr, _ := postPD(t, p, prefillLeg(tokens(1, 40)))
+	for i, junk := range [][]byte{
+		{0, 0, 0, 3, 9, 1, 0},                        // unknown version
+		{0x7f, 0xff, 0xff, 0xff, 1, 1},               // oversized length
+		appendFrame(nil, frameDone, nil),             // DONE before READ
+		appendFrame(nil, frameRead, []byte{1}),       // truncated READ body
+		appendFrame(nil, frameWait, make([]byte, 9)), // WAIT on a NIXL side channel
+	} {
+		conn, err := net.DialTimeout("tcp", p.SideChannelAddr(0), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(waitLong))
+		if _, err := conn.Write(junk); err != nil {
+			t.Fatal(err)
+		}
+		typ, body, err := readFrame(bufio.NewReader(conn), nil)
+		_ = conn.Close()
+		if err != nil || typ != frameError {
+			t.Fatalf("junk %d: reply %v %v", i, typ, err)
+		}
+		if em, err := decodeErrorMsg(body); err != nil || em.Code != xferErrProtocol {
+			t.Fatalf("junk %d: error %+v %v", i, em, err)
+		}
+	}
+	if got := scrape(t, p)["kvmesh_sim_side_channel_errors_total"]; got != 5 {
+		t.Fatalf("protocol errors counted %v, want 5", got)
+	}
+	if p.HeldRequests(0) != 1 || pr.KVTransferParams == nil {
+		t.Fatal("garbage changed the held blocks")
 	}
 }
