@@ -535,3 +535,25 @@ func TestSideChannelRejectsGarbage(t *testing.T) {
 		t.Fatal("garbage changed the held blocks")
 	}
 }
+
+// With data parallelism each rank has its own side channel (port+r) and
+// engine id; a prefill leg pinned to rank 1 is read from rank 1.
+func TestPDNixlDataParallelRanks(t *testing.T) {
+	p := startSim(t, func(c *Config) { nixlConfig(c); c.DP = 2 })
+	d := startSim(t, nixlConfig)
+	prompt := tokens(3, 90)
+	code, raw, _ := post(t, p.URL()+"/v1/completions", prefillLeg(prompt), "X-data-parallel-rank", "1")
+	var pr pdResponse
+	if code != 200 || json.Unmarshal(raw, &pr) != nil {
+		t.Fatalf("prefill leg: %d %s", code, raw)
+	}
+	var eng string
+	_ = json.Unmarshal(pr.KVTransferParams["remote_engine_id"], &eng)
+	if eng != p.EngineID(1) || !strings.HasSuffix(eng, "_dp1") || p.Load(1).HeldRequests != 1 || p.Load(0).HeldRequests != 0 {
+		t.Fatalf("engine id %q, held %d/%d", eng, p.Load(0).HeldRequests, p.Load(1).HeldRequests)
+	}
+	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 3)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != 89 {
+		t.Fatalf("decode leg: %d %s", code, raw)
+	}
+	testutil.WaitFor(t, waitLong, "rank 1 to free its blocks", func() bool { return p.Load(1).HeldBlocks == 0 })
+}
