@@ -63,7 +63,9 @@ func newMetrics(s *Server) *metrics {
 				func() float64 { return f(load()) }))
 		}
 		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func(l engine.Load) float64 { return float64(l.Running) })
-		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(l engine.Load) float64 { return float64(l.Waiting) })
+		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(l engine.Load) float64 {
+			return float64(l.Waiting + int(rk.transferring.Load())) // + decode legs reading their KV, as vLLM counts them
+		})
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(l engine.Load) float64 { return l.KVUsage })
 		gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (older name). 1 means 100 percent usage.", func(l engine.Load) float64 { return l.KVUsage })
 		gauge("kvmesh_sim_queued_prefill_tokens", "Prompt tokens not yet computed (waiting and partial prefills).", func(l engine.Load) float64 { return float64(l.QueuedPrefillTokens) })

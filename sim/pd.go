@@ -339,7 +339,7 @@ func (p *pdState) prepare(ctx context.Context, rk *rank, g *gen) error {
 		room := *pr.BootstrapRoom
 		g.room, g.pdKey, g.prefillOnly, g.holdIfLength = &room, "room:"+strconv.FormatUint(room, 10), true, true
 	case "decode":
-		ext, err := p.bootstrapRead(ctx, g, pr)
+		ext, err := p.bootstrapRead(ctx, rk, g, pr)
 		if err != nil {
 			p.metrics.failed.WithLabelValues(p.s.cfg.Model, strconv.Itoa(rk.idx)).Inc()
 			return &httpError{http.StatusInternalServerError, fmt.Sprintf("KV transfer for bootstrap_room %d failed: %v", *pr.BootstrapRoom, err)}

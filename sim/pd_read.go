@@ -41,7 +41,7 @@ func (p *pdState) nixlRead(ctx context.Context, rk *rank, g *gen, kp *kvTransfer
 	}
 	addr := net.JoinHostPort(*kp.RemoteHost, strconv.Itoa(*kp.RemotePort))
 	start := hit * bs
-	got, d, err := p.transfer(ctx, addr, frameRead, msg.appendBody(nil), prompt, start, len(ids))
+	got, d, err := p.transfer(ctx, rk, addr, frameRead, msg.appendBody(nil), prompt, start, len(ids))
 	if err != nil {
 		p.log.Warn("KV transfer failed; prefilling locally", "request_id", g.id, "remote", addr, "err", err)
 		p.metrics.failed.WithLabelValues(lbl...).Inc()
@@ -53,7 +53,7 @@ func (p *pdState) nixlRead(ctx context.Context, rk *rank, g *gen, kp *kvTransfer
 
 // bootstrapRead is the decode side of SGLang's protocol: wait for the
 // room's KV on the prefill's bootstrap server and read all of it.
-func (p *pdState) bootstrapRead(ctx context.Context, g *gen, pr *pdRequest) (int, error) {
+func (p *pdState) bootstrapRead(ctx context.Context, rk *rank, g *gen, pr *pdRequest) (int, error) {
 	if pr.BootstrapHost == nil || *pr.BootstrapHost == "" {
 		return 0, errors.New("bootstrap_host missing")
 	}
@@ -66,11 +66,11 @@ func (p *pdState) bootstrapRead(ctx context.Context, g *gen, pr *pdRequest) (int
 	nb := (len(prompt) + bs - 1) / bs
 	msg := waitMsg{Room: *pr.BootstrapRoom, TimeoutMS: uint64(p.cfg.BootstrapTimeout / time.Millisecond)}
 	addr := net.JoinHostPort(*pr.BootstrapHost, strconv.Itoa(port))
-	got, d, err := p.transfer(ctx, addr, frameWait, msg.appendBody(nil), prompt, 0, nb)
+	got, d, err := p.transfer(ctx, rk, addr, frameWait, msg.appendBody(nil), prompt, 0, nb)
 	if err != nil {
 		return 0, err
 	}
-	p.observe([]string{p.s.cfg.Model, "0"}, nb, d)
+	p.observe([]string{p.s.cfg.Model, strconv.Itoa(rk.idx)}, nb, d)
 	return got, nil
 }
 
@@ -87,9 +87,10 @@ func (p *pdState) observe(lbl []string, blocks int, d time.Duration) {
 // start), wait the modelled transfer time of blocks blocks, send DONE and
 // wait for ACK. It returns the number of prompt tokens received and the
 // modelled transfer time.
-func (p *pdState) transfer(ctx context.Context, addr string, t frameType, body []byte, prompt []uint32, start, blocks int) (int, time.Duration, error) {
+func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameType, body []byte, prompt []uint32, start, blocks int) (int, time.Duration, error) {
 	p.metrics.inflight.Add(1)
-	defer p.metrics.inflight.Add(-1)
+	rk.transferring.Add(1)
+	defer func() { p.metrics.inflight.Add(-1); rk.transferring.Add(-1) }()
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second) // vLLM's handshake timeout
 	conn, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
 	cancel()

@@ -329,6 +329,12 @@ func TestPDSGLangBothLegsAtOnce(t *testing.T) {
 		dCode, dRaw = code, b
 		_ = json.Unmarshal(b, &dr)
 	}()
+	// The decode waits for the room in its waiting queue, as vLLM and
+	// SGLang count it, before the prefill leg is even sent.
+	testutil.WaitFor(t, waitLong, "the decode leg to wait for its room", func() bool {
+		m := scrape(t, d)
+		return m["vllm:num_requests_waiting{engine=0}"] == 1 && m["sglang:num_decode_transfer_queue_reqs"] == 1
+	})
 	pCode, pr, pRaw := postPD(t, p, body(6))
 	wg.Wait()
 	if pCode != 200 || pr.Usage.CompletionTokens != 1 {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -37,8 +38,12 @@ type rank struct {
 	fin   []*engine.Request
 
 	wake chan struct{} // cap 1: a request arrived
-	done chan struct{} // closed when run returns
-	log  *slog.Logger
+	// transferring counts this rank's decode requests reading their KV from
+	// a prefill engine (pd_read.go): vLLM keeps them in the waiting queue
+	// (WAITING_FOR_REMOTE_KVS), so vllm:num_requests_waiting includes them.
+	transferring atomic.Int64
+	done         chan struct{} // closed when run returns
+	log          *slog.Logger
 }
 
 // call is one engine request of an HTTP request. Fields after req are
