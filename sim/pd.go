@@ -57,6 +57,7 @@ type hold struct {
 	blocks  []int32
 	tokens  []uint32 // the tokens whose KV the blocks hold, in block order
 	expires time.Time
+	stale   bool // replaced by a newer hold under the same key: release without counting an expiry
 }
 
 // room is an SGLang bootstrap room: ready closes when its prefill's hold is
@@ -191,9 +192,11 @@ func (p *pdState) sweep() {
 			return
 		case now := <-t.C:
 			for _, h := range p.expired(now) {
-				p.log.Warn("Releasing expired KV blocks: no decode engine read them in time",
-					"request_id", h.key, "blocks", len(h.blocks), "timeout", p.cfg.AbortTimeout)
-				p.metrics.expired.WithLabelValues(p.s.cfg.Model, strconv.Itoa(h.rk.idx)).Inc()
+				if !h.stale {
+					p.log.Warn("Releasing expired KV blocks: no decode engine read them in time",
+						"request_id", h.key, "blocks", len(h.blocks), "timeout", p.cfg.AbortTimeout)
+					p.metrics.expired.WithLabelValues(p.s.cfg.Model, strconv.Itoa(h.rk.idx)).Inc()
+				}
 				p.releaseHold(h)
 			}
 		}
@@ -269,7 +272,12 @@ func (p *pdState) onFinished(rk *rank, c *call) {
 		p.log.Warn("a new prefill reused a held key; releasing the older blocks", "key", h.key)
 		rk.eng.ReleaseHeld(old.req) // rk.mu is held by the caller
 	} else if old != nil {
-		go p.releaseHold(old)
+		// Another rank's blocks: its lock cannot be taken under ours, so the
+		// sweeper releases them on its next tick.
+		old.key, old.expires, old.stale = "stale:"+old.key, time.Time{}, true
+		p.mu.Lock()
+		p.holds[old.key] = old
+		p.mu.Unlock()
 	}
 }
 

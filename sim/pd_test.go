@@ -563,3 +563,29 @@ func TestPDNixlDataParallelRanks(t *testing.T) {
 	}
 	testutil.WaitFor(t, waitLong, "rank 1 to free its blocks", func() bool { return p.Load(1).HeldBlocks == 0 })
 }
+
+// An engine restart loses the held blocks with the rest of the cache; a
+// decode presenting the old parameters prefills locally.
+func TestPDNixlRestartDropsHolds(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	d := startSim(t, nixlConfig)
+	prompt := tokens(1, 64)
+	_, pr, _ := postPD(t, p, prefillLeg(prompt))
+	if p.HeldRequests(0) != 1 {
+		t.Fatal("nothing held")
+	}
+	if err := p.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if p.HeldRequests(0) != 0 || p.Load(0).HeldBlocks != 0 || p.Load(0).UsedBlocks != 0 {
+		t.Fatalf("after restart: %d holds, %+v", p.HeldRequests(0), p.Load(0))
+	}
+	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 2)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != 0 {
+		t.Fatalf("decode after the prefill restarted: %d %s", code, raw)
+	}
+	// The restarted engine serves P/D again.
+	_, pr, _ = postPD(t, p, prefillLeg(prompt))
+	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 2)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != 63 {
+		t.Fatalf("decode after a new prefill leg: %d %s", code, raw)
+	}
+}
