@@ -43,6 +43,9 @@ func (p *pdState) nixlRead(ctx context.Context, rk *rank, g *gen, kp *kvTransfer
 	start := hit * bs
 	got, d, err := p.transfer(ctx, rk, addr, frameRead, msg.appendBody(nil), prompt, start, len(ids))
 	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrClosed) {
+			return 0 // the client left or the server closes: nothing failed on the wire
+		}
 		p.log.Warn("KV transfer failed; prefilling locally", "request_id", g.id, "remote", addr, "err", err)
 		p.metrics.failed.WithLabelValues(lbl...).Inc()
 		return 0
