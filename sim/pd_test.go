@@ -172,6 +172,9 @@ func TestPDNixlDecodeReadsBlocksAndPrefillFreesThem(t *testing.T) {
 			t.Errorf("decode %s = %v, want %v", name, dm[name], v)
 		}
 	}
+	if got := sourceCounts(t, d); got["external_kv_transfer"] != float64(len(prompt)-1) || got["local_compute"] != 1 || got["local_cache_hit"] != 0 {
+		t.Errorf("decode prompt tokens by source %v", got)
+	}
 	if dm["vllm:nixl_xfer_time_seconds"+e+"_sum"] <= 0 || dm["vllm:nixl_bytes_transferred"+e+"_sum"] != 51*4*16384 {
 		t.Errorf("transfer observed %v s, %v bytes", dm["vllm:nixl_xfer_time_seconds"+e+"_sum"], dm["vllm:nixl_bytes_transferred"+e+"_sum"])
 	}
@@ -588,4 +591,29 @@ func TestPDNixlRestartDropsHolds(t *testing.T) {
 	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 2)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != 63 {
 		t.Fatalf("decode after a new prefill leg: %d %s", code, raw)
 	}
+}
+
+// sourceCounts reads vllm:prompt_tokens_by_source_total of rank 0 by source.
+func sourceCounts(t *testing.T, s *Server) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(s.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "vllm:prompt_tokens_by_source_total{") || !strings.Contains(line, `engine="0"`) {
+			continue
+		}
+		i := strings.Index(line, `source="`)
+		src := line[i+8 : i+8+strings.IndexByte(line[i+8:], '"')]
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		out[src] = v
+	}
+	return out
 }
