@@ -403,7 +403,7 @@ func (s *Server) BootstrapAddr() string {
 
 // EngineID is rank r's NIXL engine id (remote_engine_id).
 func (s *Server) EngineID(r int) string {
-	if s.pd == nil {
+	if s.pd == nil || s.cfg.PD.KVTransfer == nil {
 		return ""
 	}
 	return s.cfg.PD.engineID(r, len(s.ranks))
