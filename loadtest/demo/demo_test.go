@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // TestDemoKvmeshBeatsRandom runs the real mesh (NATS, simulated engines, sidecars,
