@@ -6,16 +6,23 @@ PKGS      ?= ./...
 BENCHTIME ?= 1s
 BIN       := bin/kvmesh
 
-.PHONY: all build demo test deps fmt-check vet unit bench fuzz clean
+.PHONY: all build demo test deps fmt-check tidy-check vet unit unit-norace bench fuzz clean
 
 all: build
 
-# deps installs what cgo needs (libzmq for github.com/pebbe/zmq4) when it is missing.
+# deps installs what cgo needs (libzmq for github.com/pebbe/zmq4) and the tools some tests drive (node and npm
+# for the openai client and k6 script checks, kubectl for the manifests) when they are missing. With CI=true a
+# test whose tool is missing fails instead of skipping (internal/testutil.RequireTool).
 deps:
-	@if ! pkg-config --exists libzmq 2>/dev/null; then \
-		echo "installing libzmq3-dev and pkg-config (apt-get)"; \
+	@pkgs=; \
+	pkg-config --exists libzmq 2>/dev/null || pkgs="$$pkgs libzmq3-dev pkg-config"; \
+	command -v node >/dev/null || pkgs="$$pkgs nodejs"; \
+	command -v npm >/dev/null || pkgs="$$pkgs npm"; \
+	command -v kubectl >/dev/null || pkgs="$$pkgs kubectl"; \
+	if [ -n "$$pkgs" ]; then \
+		echo "installing$$pkgs (apt-get)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libzmq3-dev pkg-config >/dev/null; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; \
 	fi
 
 build: deps
@@ -28,13 +35,23 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# tidy-check fails when go.mod or go.sum is not what `go mod tidy` writes, or a module in the cache was altered.
+tidy-check:
+	@out=$$($(GO) mod tidy -diff) || { echo "go mod tidy needed:"; echo "$$out"; exit 1; }
+	$(GO) mod verify
+
 vet: deps
 	$(GO) vet $(PKGS)
 
 unit: deps
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
-test: deps fmt-check vet unit
+# unit-norace runs what -race hides: allocation guards (sync.Pool drops items under the race detector, so
+# TestScheduleNoAlloc and friends skip there) and the long golden cases skipped under -race.
+unit-norace: deps
+	$(GO) test -count=1 -timeout 10m -run 'NoAlloc|Golden' $(PKGS)
+
+test: deps fmt-check tidy-check vet unit unit-norace
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
