@@ -14,16 +14,15 @@ all: build
 # for the openai client and k6 script checks, kubectl for the manifests) when they are missing. With CI=true a
 # test whose tool is missing fails instead of skipping (internal/testutil.RequireTool).
 deps:
-	@pkgs=; \
-	pkg-config --exists libzmq 2>/dev/null || pkgs="$$pkgs libzmq3-dev pkg-config"; \
-	command -v node >/dev/null || pkgs="$$pkgs nodejs"; \
-	command -v npm >/dev/null || pkgs="$$pkgs npm"; \
-	command -v kubectl >/dev/null || pkgs="$$pkgs kubectl"; \
-	if [ -n "$$pkgs" ]; then \
-		echo "installing$$pkgs (apt-get)"; \
-		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; \
-	fi
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	apt() { $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq "$$@" >/dev/null; }; \
+	skipped() { echo "WARNING: could not install $$1: the tests that need it skip (and fail with CI=true)"; }; \
+	if ! pkg-config --exists libzmq 2>/dev/null; then \
+		echo "installing libzmq3-dev and pkg-config (apt-get)"; apt libzmq3-dev pkg-config || exit 1; \
+	fi; \
+	command -v node >/dev/null || { echo "installing nodejs (apt-get)"; apt nodejs || skipped node; }; \
+	command -v npm >/dev/null || { echo "installing npm (apt-get)"; apt npm || skipped npm; }; \
+	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || apt kubernetes-client || skipped kubectl; }
 
 build: deps
 	$(GO) build -o $(BIN) ./cmd/kvmesh
