@@ -6,6 +6,3 @@ func DrainOut(s *Subscriber) {
 		<-s.out
 	}
 }
-
-// ParseReplay is parseReplay, for the fuzz test.
-var ParseReplay = parseReplay

@@ -21,7 +21,7 @@ import (
 func TestManifestsUseRealFlags(t *testing.T) {
 	kubectl := testutil.RequireTool(t, "kubectl", "it renders the kustomize overlays")
 	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
-	for _, dir := range []string{"base", "overlays/sidecar-container", "overlays/daemonset"} {
+	for _, dir := range []string{"base", "install", "overlays/sidecar-container", "overlays/daemonset"} {
 		t.Run(dir, func(t *testing.T) {
 			out, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "manifests", dir)).Output()
 			if err != nil {
