@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -62,17 +64,17 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	}
 	switch o.EventForm {
 	case "array":
-		cfg.EventForm = kvevents.ArrayForm
+		cfg.EventForm = kvtest.ArrayForm
 	case "map":
-		cfg.EventForm = kvevents.MapForm
+		cfg.EventForm = kvtest.MapForm
 	default:
 		errs = append(errs, fmt.Errorf("%w: event form %q: want array or map", ErrConfig, o.EventForm))
 	}
 	switch o.ReplayLayout {
 	case "new":
-		cfg.ReplayLayout = kvevents.ReplayWithTopic
+		cfg.ReplayLayout = kvtest.ReplayWithTopic
 	case "old":
-		cfg.ReplayLayout = kvevents.ReplayLegacy
+		cfg.ReplayLayout = kvtest.ReplayLegacy
 	default:
 		errs = append(errs, fmt.Errorf("%w: replay layout %q: want new or old", ErrConfig, o.ReplayLayout))
 	}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -269,9 +271,9 @@ func (s *Server) DropNext(r, n int) {
 }
 
 // EventStats returns rank r's publisher counters.
-func (s *Server) EventStats(r int) kvevents.PublisherStats {
+func (s *Server) EventStats(r int) kvtest.PublisherStats {
 	if rk := s.ranks[r]; rk.pub != nil {
 		return rk.pub.Stats()
 	}
-	return kvevents.PublisherStats{}
+	return kvtest.PublisherStats{}
 }
