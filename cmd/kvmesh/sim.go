@@ -72,4 +72,5 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 		return nil
 	})
 	probs.LogLevel(fs, &opts.LogLevel)
+	opts.BindPDFlags(fs) // --kv-transfer-config, --nixl-side-channel, --kv-transfer-gbps, --disaggregation-mode, ...
 }
