@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvmesh/kvmesh/ingress/fair"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
@@ -54,6 +55,13 @@ type Config struct {
 	AdminToken string `yaml:"-"`
 	// TLS for the client listener and (optionally mutual) TLS to engines.
 	TLS TLSConfig `yaml:"tls"`
+	// TenantHeader names a request header that identifies the tenant for fair
+	// admission when the request is not authenticated (auth's identity wins).
+	// Trust it only behind a gateway that sets it. Empty: none.
+	TenantHeader string `yaml:"tenantHeader"`
+	// FairQueue turns on weighted fair admission across tenants (ingress/fair)
+	// instead of the session-boost queue. Nil: off.
+	FairQueue *fair.Config `yaml:"fairQueue"`
 
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
@@ -162,6 +170,11 @@ var ErrConfig = errors.New("invalid ingress config")
 func (c *Config) Validate() error {
 	var probs []string
 	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	if c.FairQueue != nil {
+		if err := c.FairQueue.Validate(); err != nil {
+			bad("fairQueue: %v", err)
+		}
+	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen %q: %v", c.Listen, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/kvmesh/kvmesh/ingress/fair"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/ingress/session"
 )
@@ -136,7 +137,14 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 		return deps, err
 	}
 	deps.Affinity = aff
-	if o.AdmitMax > 0 {
+	if fc := o.Config.FairQueue; fc != nil {
+		q, err := fair.New(*fc)
+		if err != nil {
+			return deps, err
+		}
+		reg.MustRegister(q.Collectors()...)
+		deps.Admitter, deps.ClassifyError = q, FairErrors
+	} else if o.AdmitMax > 0 {
 		adc := session.DefaultAdmissionConfig()
 		adc.MaxConcurrent, adc.MaxWait = o.AdmitMax, o.AdmitMaxWait
 		adm, err := session.NewAdmitter(adc)

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/fair"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
@@ -94,6 +96,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	probs.NonNegative(fs, &opts.ModelLimits.OutputTokens, "model-output-tpm", "per-model output tokens per minute (0: none)")
 	fs.IntVar(&opts.AdmitMax, "admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
 	fs.DurationVar(&opts.AdmitMaxWait, "admit-max-wait", opts.AdmitMaxWait, "admission queue wait before 504")
+	fairQueueFlags(fs, cfg, probs)
 	probs.LogLevel(fs, &opts.LogLevel)
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
 	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
@@ -134,4 +137,45 @@ func configFlag(args []string) string {
 		}
 	}
 	return ""
+}
+
+// fairQueueFlags binds the weighted fair admission queue (ingress/fair):
+// --fair-max-concurrent turns it on; --tenant sets a tenant's share.
+func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) {
+	fq := func() *fair.Config {
+		if cfg.FairQueue == nil {
+			c := fair.DefaultConfig()
+			cfg.FairQueue = &c
+		}
+		return cfg.FairQueue
+	}
+	fs.StringVar(&cfg.TenantHeader, "tenant-header", cfg.TenantHeader, "request header naming the tenant of unauthenticated requests (fair admission); trust it only behind a gateway that sets it")
+	probs.Var(fs, "fair-max-concurrent", "0", "weighted fair admission across tenants: max requests in service before queueing (0: off)", func(s string) error {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return fmt.Errorf("--fair-max-concurrent %q: want a whole number >= 0", s)
+		}
+		if n > 0 {
+			fq().MaxConcurrent = n
+		}
+		return nil
+	})
+	probs.Var(fs, "tenant", "", "a tenant's fair share, repeatable: NAME=WEIGHT[:PRIORITY] (higher priority first; default weight 1)", func(s string) error {
+		name, spec, ok := strings.Cut(s, "=")
+		w, p, _ := strings.Cut(spec, ":")
+		weight, err := strconv.ParseFloat(w, 64)
+		prio := 0
+		if err == nil && p != "" {
+			prio, err = strconv.Atoi(p)
+		}
+		if !ok || name == "" || err != nil || weight <= 0 {
+			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT > 0", s)
+		}
+		c := fq()
+		if c.Tenants == nil {
+			c.Tenants = map[string]fair.Tenant{}
+		}
+		c.Tenants[name] = fair.Tenant{Weight: weight, Priority: prio}
+		return nil
+	})
 }
