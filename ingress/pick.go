@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/scheduler"
@@ -224,3 +225,7 @@ func (s *Server) Ready() bool {
 	}
 	return false
 }
+
+// Registry is the server's metrics registry (served on /metrics), for a
+// front end that adds its own series.
+func (s *Server) Registry() *prometheus.Registry { return s.deps.Registry }
