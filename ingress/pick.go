@@ -122,6 +122,13 @@ func (p *Picked) Stream() bool  { return p.c.req.stream }
 // PromptTokens is the prompt length (exact with a tokenizer, else estimated).
 func (p *Picked) PromptTokens() int { return p.c.promptTokens }
 
+// Request is the scheduler's view of the request (keys, prompt and output
+// tokens, session) and Engines the candidates it ranked (with this
+// replica's local load): what a further scheduler step, such as the P/D
+// router, needs. Both belong to p.
+func (p *Picked) Request() *scheduler.Request { return &p.c.sreq }
+func (p *Picked) Engines() []scheduler.Engine { return p.c.cands }
+
 // Candidate returns the candidate engine id with its base URL and role.
 func (p *Picked) Candidate(id string) (url string, role scheduler.Role, ok bool) {
 	for i := range p.c.cands {
