@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // smallConfig is a reduced Kthena-like scenario: few engines whose caches
@@ -77,7 +77,9 @@ func TestKVMeshUnderSaturation(t *testing.T) {
 	k, kv := rep.Policies["kthena"], rep.Policies["kvmesh"]
 	noWait := KVMeshFromProfile(prof)
 	noWait.WaitingWeight = 0
-	cfg.Scheduler.KVMesh = noWait
+	if err := cfg.Scheduler.SetParams("kvmesh", noWait); err != nil {
+		t.Fatal(err)
+	}
 	rep0, err := Run(context.Background(), cfg, reqs, []string{"kvmesh"})
 	if err != nil {
 		t.Fatal(err)
