@@ -28,6 +28,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	tokPath := fs.String("tokenizer", "", "Hugging Face tokenizer.json for text prompts (default: byte-level fallback)")
 	chatPath := fs.String("chat-template", "", "tokenizer_config.json whose chat_template renders chat requests (default: built-in Llama 3 markup)")
 	profile := fs.String("profile", engine.DefaultProfile, "timing profile: "+strings.Join(engine.ProfileNames(), ", "))
+	profileFile := fs.String("profile-file", "", "timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "modelled seconds per wall second (>1 runs faster than real time)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for block hashes, generated tokens and early stops")
 	fs.IntVar(&cfg.Engine.MaxRunning, "max-num-seqs", 0, "largest batch in sequences (0 = vLLM's default on the profile's GPU)")
@@ -52,6 +53,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	p, err := engine.LookupProfile(*profile)
 	if err != nil {
 		return fmt.Errorf("%w: --profile: %w", errUsage, err)
+	}
+	if *profileFile != "" {
+		if p, err = engine.LoadProfileFile(*profileFile); err != nil {
+			return fmt.Errorf("%w: --profile-file: %w", errUsage, err)
+		}
 	}
 	cfg.Engine.Profile = p
 	switch *form {

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // ErrConfig wraps every configuration problem.
@@ -40,6 +41,14 @@ type Config struct {
 	// ExactLookup makes the router's index read every key of a chain
 	// (index.Config.ExactLookup) instead of searching it.
 	ExactLookup bool
+	// Learn configures the kvmesh policy's online cost model. Its prior
+	// defaults to the kvmesh config's rates (Scheduler.KVMesh, else
+	// scheduler.DefaultKVMeshConfig: what a live ingress starts from); the
+	// engines' timing profile is never given to a router.
+	Learn learn.Config
+	// FixedCosts turns the learner off: kvmesh prices with the kvmesh
+	// config's rates as given (for ablations; no headline number uses it).
+	FixedCosts bool
 }
 
 // Defaults fills unset fields.
@@ -52,15 +61,20 @@ func (c *Config) Defaults() {
 		c.Model = "kvmesh-bench"
 	}
 	c.Scheduler.Defaults()
-	if c.Scheduler.KVMesh == nil {
-		c.Scheduler.KVMesh = KVMeshFromProfile(c.Engine.Profile)
-	}
 	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = 200 * time.Millisecond
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
+	if c.Learn.Prior == (learn.Rates{}) {
+		k := scheduler.DefaultKVMeshConfig()
+		if c.Scheduler.KVMesh != nil {
+			k = *c.Scheduler.KVMesh
+		}
+		c.Learn.Prior = learn.Rates{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken}
+	}
+	c.Learn.Defaults()
 }
 
 // Validate lists every problem.
@@ -78,29 +92,11 @@ func (c *Config) Validate() error {
 	if c.Parallel < 0 {
 		errs = append(errs, fmt.Errorf("%w: parallel %d is negative", ErrConfig, c.Parallel))
 	}
+	if err := c.Learn.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: learn: %w", ErrConfig, err))
+	}
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: engine: %w", ErrConfig, err))
 	}
 	return errors.Join(errs...)
-}
-
-// KVMeshFromProfile derives the kvmesh policy's cost-model parameters from
-// an engine timing profile, so the router's estimate has the simulator's
-// shape and scale: prefill rate from FLOP/s, a step's fixed cost from the
-// weight read and launch overhead, decode cost per context token from the
-// KV read.
-func KVMeshFromProfile(p engine.Profile) *scheduler.KVMeshConfig {
-	d := scheduler.DefaultKVMeshConfig() // the weights; the rates come from the profile
-	k := &d
-	if p.Params > 0 && p.FLOPS > 0 {
-		k.PrefillRate = p.FLOPS / (2 * p.Params)
-	}
-	if p.MemBW > 0 {
-		k.StepBase = p.StepOverhead.Seconds() + p.WeightBytes/p.MemBW
-		k.DecodeSecPerToken = p.KVBytesPerToken / p.MemBW
-	}
-	if k.PrefillRate <= 0 {
-		k.PrefillRate = 30000
-	}
-	return k
 }

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // smallConfig is a reduced Kthena-like scenario: few engines whose caches
@@ -75,9 +76,9 @@ func TestKVMeshUnderSaturation(t *testing.T) {
 		t.Fatal(err)
 	}
 	k, kv := rep.Policies["kthena"], rep.Policies["kvmesh"]
-	noWait := KVMeshFromProfile(prof)
+	noWait := scheduler.DefaultKVMeshConfig()
 	noWait.WaitingWeight = 0
-	cfg.Scheduler.KVMesh = noWait
+	cfg.Scheduler.KVMesh = &noWait
 	rep0, err := Run(context.Background(), cfg, reqs, []string{"kvmesh"})
 	if err != nil {
 		t.Fatal(err)
@@ -268,7 +269,9 @@ func TestMooncakeReduced(t *testing.T) {
 	if k.Completed != len(reqs) || r.Completed != len(reqs) {
 		t.Fatalf("incomplete: %d %d", k.Completed, r.Completed)
 	}
-	if k.PrefixHitRate < 1.5*r.PrefixHitRate || k.TTFTMean > 0.8*r.TTFTMean {
+	// 1.3×, not the 1.5× of when kvmesh was handed the true output lengths
+	// and the simulator's timing (0.021 then, 0.019 learning them).
+	if k.PrefixHitRate < 1.3*r.PrefixHitRate || k.TTFTMean > 0.8*r.TTFTMean {
 		t.Errorf("kvmesh hit %.3f / TTFT %.3fs vs random %.3f / %.3fs", k.PrefixHitRate, k.TTFTMean, r.PrefixHitRate, r.TTFTMean)
 	}
 }

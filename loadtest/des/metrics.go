@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -23,6 +24,16 @@ type runStats struct {
 	badEvents     int
 	preemptions   int
 	wall          time.Duration
+	// Output-length prediction: Σ |predicted − true| and Σ true, over
+	// dispatched requests that had a prediction.
+	predErr, predTrue float64
+}
+
+func (r *runStats) predicted(pred, actual int) {
+	if pred > 0 {
+		r.predErr += math.Abs(float64(pred - actual))
+		r.predTrue += float64(actual)
+	}
 }
 
 func (r *runStats) init(n, engines int) {
@@ -72,6 +83,12 @@ type PolicyResult struct {
 	BadEvents   int           `json:"-"`
 	Makespan    time.Duration `json:"-"`
 	Wall        time.Duration `json:"-"`
+	// OutputPredError is the router's output-length prediction error,
+	// Σ|predicted − true| / Σ true (0 when nothing was predicted).
+	OutputPredError float64 `json:"-"`
+	// Learned is kvmesh's learned cost model at the end of the run, pooled
+	// over engines (zero for other policies).
+	Learned learn.Rates `json:"-"`
 }
 
 // Report is the benchmark's output: `kvmesh bench --json` prints it.
@@ -102,6 +119,9 @@ func (r *runStats) result() PolicyResult {
 		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
 	}
 	p.LoadImbalance = Imbalance(slices.Values(r.perEngine))
+	if r.predTrue > 0 {
+		p.OutputPredError = r.predErr / r.predTrue
+	}
 	return p
 }
 

@@ -22,6 +22,12 @@ func (r Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, name := range r.Order {
+		if p := r.Policies[name]; p.Learned.PrefillRate > 0 {
+			fmt.Fprintf(w, "%s learned: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; output length predicted within %.0f%% (mean abs error)\n",
+				name, p.Learned.PrefillRate, p.Learned.StepBase, p.Learned.DecodeSecPerToken, 100*p.OutputPredError)
+		}
+	}
 	_, err := fmt.Fprintf(w, "oracle (infinite shared cache) hit rate: %.3f\n", r.OracleHitRate)
 	return err
 }

@@ -58,6 +58,9 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 			if err == nil {
 				st := s.run(ctx)
 				res = st.result()
+				if s.learner != nil {
+					res.Learned = s.learner.Pooled()
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()

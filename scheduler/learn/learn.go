@@ -53,11 +53,12 @@ type Rates struct {
 	DecodeSecPerToken float64 `json:"decodeSecPerToken" yaml:"decodeSecPerToken"`
 }
 
-// DefaultPrior is a deliberately slow engine (a 7B model on a mid-range
-// GPU): routing with a too-slow model over-prices misses and queues, which
-// costs some balance; a too-fast one under-prices them and thrashes caches.
+// DefaultPrior is the live ingress's default cost model (a 7B model on an
+// H100: scheduler.DefaultKVMeshConfig), not fitted to any benchmark
+// profile: on the 7b-l40s benchmark engines it is 3.2× too fast at prefill,
+// 3.4× too cheap per step and 2.3× too dear per context token.
 func DefaultPrior() Rates {
-	return Rates{PrefillRate: 8000, StepBase: 0.03, DecodeSecPerToken: 1e-7}
+	return Rates{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7}
 }
 
 // Config configures a Learner.
@@ -318,3 +319,29 @@ func (m *ContextMeter) At(now time.Duration, ctx float64) {
 
 // Integral is ∫ context dt up to the last reading, token·seconds.
 func (m *ContextMeter) Integral() float64 { return m.integral }
+
+// OutputLength predicts a request's output length from the requests seen
+// to finish: their mean, with forgetting (a router is not told the length;
+// max_tokens, where clients send it, is only an upper bound). Not safe for
+// concurrent use.
+type OutputLength struct {
+	w, sum float64
+}
+
+// outputMemory is OutputLength's forgetting horizon, in requests.
+const outputMemory = 500
+
+// Observe records a finished request's output length.
+func (o *OutputLength) Observe(n int) {
+	keep := 1 - 1.0/outputMemory
+	o.w = o.w*keep + 1
+	o.sum = o.sum*keep + float64(n)
+}
+
+// Predict is the expected output length, 0 before any request finished.
+func (o *OutputLength) Predict() int {
+	if o.w == 0 {
+		return 0
+	}
+	return int(math.Round(o.sum / o.w))
+}
