@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
 // Chat forwarding modes (Config.ChatMode).
@@ -138,7 +139,7 @@ func DefaultConfig() Config {
 		SpeculativeTTL:    5 * time.Second,
 		AccessLog:         true,
 		SessionSlack:      8,
-		Scheduler:         scheduler.DefaultConfig(),
+		Scheduler:         registry.DefaultConfig(),
 	}
 }
 
@@ -199,7 +200,7 @@ func (c *Config) Validate() error {
 	c.Cluster.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()
-	if err := sc.Validate(); err != nil {
+	if err := registry.Validate(&sc); err != nil {
 		bad("scheduler: %v", err)
 	}
 	seen := map[string]bool{}

@@ -14,6 +14,8 @@ import (
 	"github.com/kvmesh/kvmesh/loadtest/des"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
 // runBench compares routing policies in a discrete-event simulation: the
@@ -23,7 +25,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var (
 		mode        = fs.String("mode", "des", "benchmark mode (des: discrete-event simulation)")
 		engines     = fs.Int("engines", 8, "simulated engines (1..4000)")
-		policies    = fs.String("policies", strings.Join(defaultPolicies(), ","), "comma-separated policies: "+strings.Join(scheduler.PolicyNames[:len(scheduler.PolicyNames)-1], ","))
+		policies    = fs.String("policies", strings.Join(defaultPolicies(), ","), "comma-separated policies: "+strings.Join(registry.PolicyNames()[:len(registry.PolicyNames())-1], ","))
 		profile     = fs.String("profile", benchProfile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
 		profileFile = fs.String("profile-file", "", "engine timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 		gpuBlocks   = fs.Int("gpu-blocks", 0, "GPU KV capacity per engine in blocks (0 = engine default)")
@@ -117,7 +119,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var sc scheduler.Config
 	if *configPath != "" {
-		if sc, err = scheduler.LoadConfig(*configPath); err != nil {
+		if sc, err = registry.LoadConfig(*configPath); err != nil {
 			bad("--config: %v", err)
 		}
 	}
@@ -128,11 +130,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		given = given || p != ""
 		switch {
 		case p == "":
-		case !slices.Contains(scheduler.PolicyNames, p):
-			bad("--policies: unknown policy %q (known: %s)", p, strings.Join(scheduler.PolicyNames, ", "))
+		case !slices.Contains(registry.PolicyNames(), p):
+			bad("--policies: unknown policy %q (known: %s)", p, strings.Join(registry.PolicyNames(), ", "))
 		case slices.Contains(names, p):
 			bad("--policies: %q given twice", p)
-		case p == "weighted" && len(sc.Weighted) == 0:
+		case p == "weighted" && !sc.HasParams("weighted"):
 			bad("--policies: weighted needs a --config with weighted scorers")
 		default:
 			names = append(names, p)
@@ -190,9 +192,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s)\n",
 		*wl, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), *engines, prof.Name)
 	if slices.Contains(names, "kvmesh") {
-		k := scheduler.DefaultKVMeshConfig()
-		if cfg.Scheduler.KVMesh != nil {
-			k = *cfg.Scheduler.KVMesh
+		c := cfg
+		c.Defaults()
+		k, err := kvmeshParams(c.Scheduler)
+		if err != nil {
+			return err
 		}
 		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
 			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty, k.WaitingWeight)
@@ -206,4 +210,15 @@ const benchProfile = "7b-l40s"
 
 func defaultPolicies() []string {
 	return []string{"random", "round-robin", "least-request", "kthena", "ray", "sglang", "dynamo", "llmd", "kvmesh"}
+}
+
+// kvmeshParams is the kvmesh policy sc configures.
+func kvmeshParams(sc scheduler.Config) (policies.KVMesh, error) {
+	sc.Policy = "kvmesh"
+	p, err := registry.Policy(&sc)
+	if err != nil {
+		return policies.KVMesh{}, err
+	}
+	k, _ := p.(policies.KVMesh)
+	return k, nil
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/ingress/session"
-	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
 // multiFlag collects a repeated string flag.
@@ -131,7 +131,7 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	cfg.Scheduler.Policy = *policy
 	if *schedFile != "" {
-		sc, err := scheduler.LoadConfig(*schedFile)
+		sc, err := registry.LoadConfig(*schedFile)
 		if err != nil {
 			bad("--scheduler-config: %v", err)
 		} else {

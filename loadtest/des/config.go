@@ -7,6 +7,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -42,8 +44,8 @@ type Config struct {
 	// (index.Config.ExactLookup) instead of searching it.
 	ExactLookup bool
 	// Learn configures the kvmesh policy's online cost model. Its prior
-	// defaults to the kvmesh config's rates (Scheduler.KVMesh, else
-	// scheduler.DefaultKVMeshConfig: what a live ingress starts from); the
+	// defaults to the kvmesh block's rates (else policies.DefaultKVMeshConfig:
+	// what a live ingress starts from); the
 	// engines' timing profile is never given to a router.
 	Learn learn.Config
 	// FixedCosts turns the learner off: kvmesh prices with the kvmesh
@@ -68,9 +70,13 @@ func (c *Config) Defaults() {
 		c.Seed = 1
 	}
 	if c.Learn.Prior == (learn.Rates{}) {
-		k := scheduler.DefaultKVMeshConfig()
-		if c.Scheduler.KVMesh != nil {
-			k = *c.Scheduler.KVMesh
+		k := policies.NewKVMesh()
+		sc := c.Scheduler
+		sc.Policy = "kvmesh"
+		if p, err := registry.Policy(&sc); err == nil { // an invalid block is reported by Run
+			if kp, ok := p.(policies.KVMesh); ok {
+				k = kp
+			}
 		}
 		c.Learn.Prior = learn.Rates{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken}
 	}

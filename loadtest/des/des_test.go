@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
-	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -76,9 +76,11 @@ func TestKVMeshUnderSaturation(t *testing.T) {
 		t.Fatal(err)
 	}
 	k, kv := rep.Policies["kthena"], rep.Policies["kvmesh"]
-	noWait := scheduler.DefaultKVMeshConfig()
+	noWait := policies.DefaultKVMeshConfig()
 	noWait.WaitingWeight = 0
-	cfg.Scheduler.KVMesh = &noWait
+	if err := cfg.Scheduler.SetParams("kvmesh", noWait); err != nil {
+		t.Fatal(err)
+	}
 	rep0, err := Run(context.Background(), cfg, reqs, []string{"kvmesh"})
 	if err != nil {
 		t.Fatal(err)

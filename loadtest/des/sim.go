@@ -11,10 +11,12 @@ import (
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/filters"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 	"github.com/kvmesh/kvmesh/sim/engine"
+	"go.yaml.in/yaml/v3"
 )
 
 // epoch anchors virtual time for APIs that take a time.Time.
@@ -150,7 +152,7 @@ func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*schedule
 		return s, nil, err
 	}
 	sc.Defaults()
-	if err := sc.Validate(); err != nil {
+	if err := registry.Validate(&sc); err != nil {
 		return nil, nil, err
 	}
 	pol, err := registry.Policy(&sc)
@@ -161,12 +163,20 @@ func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*schedule
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: kvmesh policy is %T", ErrConfig, pol)
 	}
+	var fp *yaml.Node
+	if n, ok := sc.Params["filters"]; ok {
+		fp = &n
+	}
+	fs, err := filters.Factory("filters", fp)
+	if err != nil {
+		return nil, nil, err
+	}
 	lr, err := learn.New(cfg.Learn)
 	if err != nil {
 		return nil, nil, err
 	}
 	k.Costs = lr
-	s, err := scheduler.New(registry.Filters(&sc), k, idx, scheduler.Options{TierWeights: sc.Weights(), Seed: sc.Seed})
+	s, err := scheduler.New(fs, k, idx, scheduler.Options{TierWeights: sc.Weights(), Seed: sc.Seed})
 	return s, lr, err
 }
 
@@ -335,7 +345,7 @@ func (s *sim) dispatch(i int, now time.Duration) {
 	}
 	s.idx.AddSpeculative(s.decision.Engine, s.keyBuf, epoch.Add(now))
 	if predOut == 0 {
-		predOut = scheduler.DefaultKVMeshConfig().DefaultOutputTokens
+		predOut = policies.DefaultKVMeshConfig().DefaultOutputTokens
 	}
 	v := &s.view[e]
 	f := flight{engine: e, uncached: uncached, active: len(prompt) + predOut, req: r,
