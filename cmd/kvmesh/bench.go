@@ -209,7 +209,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 const benchProfile = "7b-l40s"
 
 func defaultPolicies() []string {
-	return []string{"random", "round-robin", "least-request", "kthena", "ray", "sglang", "dynamo", "llmd", "kvmesh"}
+	return []string{"random", "round-robin", "least-request", "kthena", "kthena-kvcache", "ray", "sglang", "dynamo", "llmd", "llmd-precise", "kvmesh"}
 }
 
 // kvmeshParams is the kvmesh policy sc configures.

@@ -56,6 +56,9 @@ type sim struct {
 	outPred learn.OutputLength // output length predicted from finished requests
 	ctx     []engineCtx        // per engine: the context the ingress counts there
 
+	finisher policies.Finisher // the policy, when it tracks its requests (Dynamo)
+	lat      []latAcc          // per engine: TTFT/TPOT of requests finished since the last snapshot
+
 	delayed  []delayedOp
 	dhead    int
 	dkeys    []uint64
@@ -66,7 +69,15 @@ type sim struct {
 	out runStats
 }
 
+// latAcc sums the latencies of requests finished on an engine since the
+// last snapshot: a scrape of vLLM's TTFT and TPOT histograms (Δsum/Δcount).
+type latAcc struct {
+	ttft, tpot time.Duration
+	n          int
+}
+
 type flight struct {
+	keys     []uint64 // prompt keys, kept only for a policies.Finisher
 	engine   int
 	uncached int
 	active   int
@@ -113,12 +124,14 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	sc := cfg.Scheduler
 	sc.Policy = policy
 	sc.Seed = cfg.Seed
-	sched, lr, err := newScheduler(cfg, sc, idx)
+	sched, pol, lr, err := newScheduler(cfg, sc, idx)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", policy, err)
 	}
+	fin, _ := pol.(policies.Finisher)
 	s := &sim{
-		cfg: cfg, reqs: reqs, idx: idx, sched: sched, learner: lr,
+		cfg: cfg, reqs: reqs, idx: idx, sched: sched, learner: lr, finisher: fin,
+		lat:     make([]latAcc, cfg.Engines),
 		ctx:     make([]engineCtx, cfg.Engines),
 		root:    kvevents.Root(cfg.Model, "", ""),
 		ids:     make(map[string]int, cfg.Engines),
@@ -144,24 +157,26 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	return s, nil
 }
 
-// newScheduler builds policy sc.Policy; kvmesh's cost model is a learner
-// (unless cfg.FixedCosts), returned so the run can feed it.
-func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*scheduler.Scheduler, *learn.Learner, error) {
-	if sc.Policy != "kvmesh" || cfg.FixedCosts {
-		s, err := registry.New(sc, idx, nil)
-		return s, nil, err
-	}
+// newScheduler builds policy sc.Policy over the framework's filters.
+// kvmesh's cost model is a learner (unless cfg.FixedCosts), returned so the
+// run can feed it; the policy is returned so the run can report finished
+// requests to the policies that track their own (policies.Finisher).
+func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*scheduler.Scheduler, scheduler.Policy, *learn.Learner, error) {
 	sc.Defaults()
 	if err := registry.Validate(&sc); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	pol, err := registry.Policy(&sc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	k, ok := pol.(policies.KVMesh)
-	if !ok {
-		return nil, nil, fmt.Errorf("%w: kvmesh policy is %T", ErrConfig, pol)
+	var lr *learn.Learner
+	if k, ok := pol.(policies.KVMesh); ok && !cfg.FixedCosts {
+		if lr, err = learn.New(cfg.Learn); err != nil {
+			return nil, nil, nil, err
+		}
+		k.Costs = lr
+		pol = k
 	}
 	var fp *yaml.Node
 	if n, ok := sc.Params["filters"]; ok {
@@ -169,15 +184,10 @@ func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*schedule
 	}
 	fs, err := filters.Factory("filters", fp)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	lr, err := learn.New(cfg.Learn)
-	if err != nil {
-		return nil, nil, err
-	}
-	k.Costs = lr
-	s, err := scheduler.New(fs, k, idx, scheduler.Options{TierWeights: sc.Weights(), Seed: sc.Seed})
-	return s, lr, err
+	s, err := scheduler.New(fs, pol, idx, scheduler.Options{TierWeights: sc.Weights(), Seed: sc.Seed})
+	return s, pol, lr, err
 }
 
 // run simulates until every request finished or ctx is cancelled (checked
@@ -271,6 +281,10 @@ func (s *sim) snapshot() {
 		// vLLM exports running, waiting and KV usage; it has no queued
 		// prefill tokens metric, so the router does not get it.
 		v.Running, v.Waiting, v.KVUsage = l.Running, l.Waiting, l.KVUsage
+		if a := &s.lat[e]; a.n > 0 {
+			v.TTFT, v.TPOT = a.ttft/time.Duration(a.n), a.tpot/time.Duration(a.n)
+			*a = latAcc{}
+		}
 	}
 }
 
@@ -350,6 +364,9 @@ func (s *sim) dispatch(i int, now time.Duration) {
 	v := &s.view[e]
 	f := flight{engine: e, uncached: uncached, active: len(prompt) + predOut, req: r,
 		ahead: v.LocalPrefillTokens + uncached, prompt: len(prompt), sent: now}
+	if s.finisher != nil {
+		f.keys = append([]uint64(nil), s.keyBuf...)
+	}
 	s.flights[i] = f
 	s.byReq[r] = i
 	s.ctx[e].prompt += f.prompt
@@ -429,6 +446,16 @@ func (s *sim) step(e int, now time.Duration) {
 		s.ctx[e].prompt -= f.prompt
 		s.ctx[e].finGen += uint64(res.OutputTokens)
 		s.outPred.Observe(res.OutputTokens)
+		if res.OutputTokens > 1 {
+			a := &s.lat[e]
+			a.ttft += res.TTFT
+			a.tpot += (res.Finished - res.FirstToken) / time.Duration(res.OutputTokens-1)
+			a.n++
+		}
+		if s.finisher != nil {
+			s.finisher.Finished(v.ID, f.keys)
+			f.keys = nil
+		}
 		s.out.finished(i, e, res)
 		s.pending--
 		s.h.push(max(res.Finished, now), evRelease, i)
