@@ -10,12 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/loadtest/des"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // runBench compares routing policies in a discrete-event simulation: the

@@ -70,7 +70,9 @@ func DynamoFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 
 // NewDynamo returns the published defaults with fresh active-sequence
 // tracking.
-func NewDynamo() Dynamo { return Dynamo{OverlapWeight: DefaultDynamoConfig().OverlapWeight, Active: NewActiveBlocks()} }
+func NewDynamo() Dynamo {
+	return Dynamo{OverlapWeight: DefaultDynamoConfig().OverlapWeight, Active: NewActiveBlocks()}
+}
 
 // Name implements scheduler.Policy.
 func (Dynamo) Name() string { return "dynamo" }
