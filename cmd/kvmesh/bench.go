@@ -49,6 +49,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		snapshot    = fs.Duration("snapshot-interval", 200*time.Millisecond, "engine load snapshot period (gossip staleness); negative = always fresh")
 		configPath  = fs.String("config", "", "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")
 		jsonOut     = fs.Bool("json", false, "print JSON instead of a table")
+		parallel    = fs.Int("parallel", 0, "policies simulated at once (0 = GOMAXPROCS)")
 	)
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -156,6 +157,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		EventDelay:       *eventDelay,
 		SnapshotInterval: *snapshot,
 		Seed:             *seed,
+		Parallel:         max(*parallel, 0),
 	}
 	if len(probs) == 0 {
 		// Whatever des would still reject (a --config parameter...), as a
