@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,15 +39,9 @@ func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATS
 
 func (c *ClusterConfig) problems(bad func(string, ...any)) {
 	if c.GossipBind != "" {
-		if _, _, err := net.SplitHostPort(c.GossipBind); err != nil {
-			bad("gossip bind %q: %v", c.GossipBind, err)
-		}
-	}
-	if c.GossipAdvertise != "" {
-		if h, p, err := net.SplitHostPort(c.GossipAdvertise); err == nil {
-			if _, perr := strconv.Atoi(p); perr != nil || h == "" {
-				bad("gossip advertise %q: want host or host:port", c.GossipAdvertise)
-			}
+		var gc gossip.Config
+		if err := gc.SetAddrs(c.GossipBind, c.GossipAdvertise); err != nil {
+			bad("%v", strings.ReplaceAll(err.Error(), "\n", "; "))
 		}
 	}
 	if len(c.GossipSeeds) > 0 && c.GossipBind == "" {
@@ -89,17 +82,10 @@ func (s *Server) startCluster() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cl.stop = cancel
 	if cc.GossipBind != "" {
-		host, port, _ := net.SplitHostPort(cc.GossipBind)
-		p, _ := strconv.Atoi(port)
 		gc := gossip.DefaultConfig()
 		gc.Name = s.cfg.ID
-		gc.BindAddr, gc.BindPort = host, p
-		if a := cc.GossipAdvertise; a != "" {
-			gc.AdvertiseAddr = a
-			if h, ap, err := net.SplitHostPort(a); err == nil {
-				gc.AdvertiseAddr = h
-				gc.AdvertisePort, _ = strconv.Atoi(ap)
-			}
+		if err := gc.SetAddrs(cc.GossipBind, cc.GossipAdvertise); err != nil {
+			return fmt.Errorf("ingress gossip: %w", err) // Validate has said so already
 		}
 		gc.Join = cc.GossipSeeds
 		gc.SecretKey = cc.GossipKey

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/zeebo/xxh3"
 )
 
