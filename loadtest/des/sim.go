@@ -170,6 +170,10 @@ func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*schedule
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if d, ok := pol.(policies.Dynamo); ok && d.Active == nil {
+		d.Active = policies.NewActiveBlocks() // the run reports finished requests (Finisher)
+		pol = d
+	}
 	var lr *learn.Learner
 	if k, ok := pol.(policies.KVMesh); ok && !cfg.FixedCosts {
 		if lr, err = learn.New(cfg.Learn); err != nil {

@@ -27,8 +27,11 @@ import (
 //
 // The active sequences are the router's own (Active): Pick adds the chosen
 // request's blocks, and the caller reports each request's end (Finished).
-// With Active nil (unit tests) decode_blocks falls back to the caller's
-// LocalActiveTokens / block size + this request's blocks.
+// Only a caller that reports finished requests may set Active (the DES
+// does); the factory leaves it nil, because the live ingress does not call
+// Finished yet and the set would only grow. With Active nil decode_blocks
+// falls back to the caller's LocalActiveTokens / block size + this
+// request's blocks (no de-duplication).
 type Dynamo struct {
 	OverlapWeight float64
 	Active        *ActiveBlocks
@@ -65,14 +68,11 @@ func DynamoFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Dynamo{OverlapWeight: c.OverlapWeight, Active: NewActiveBlocks()}, nil
+	return Dynamo{OverlapWeight: c.OverlapWeight}, nil
 }
 
-// NewDynamo returns the published defaults with fresh active-sequence
-// tracking.
-func NewDynamo() Dynamo {
-	return Dynamo{OverlapWeight: DefaultDynamoConfig().OverlapWeight, Active: NewActiveBlocks()}
-}
+// NewDynamo returns the published defaults (Active nil: see Dynamo).
+func NewDynamo() Dynamo { return Dynamo{OverlapWeight: DefaultDynamoConfig().OverlapWeight} }
 
 // Name implements scheduler.Policy.
 func (Dynamo) Name() string { return "dynamo" }

@@ -159,7 +159,7 @@ func TestDynamoActiveBlocksDedup(t *testing.T) {
 	}
 	// The policy: a worker hot with a group's prefix is charged the shared
 	// blocks once, so the group's next request stays there.
-	p := NewDynamo()
+	p := Dynamo{OverlapWeight: 1, Active: NewActiveBlocks()}
 	for i := 0; i < 20; i++ {
 		p.Active.Add("hot", append(append([]uint64{}, shared...), keys(1000+10*i, 2)...))
 	}
@@ -167,7 +167,7 @@ func TestDynamoActiveBlocksDedup(t *testing.T) {
 	r := reqKeys(append(append([]uint64{}, shared...), keys(5000, 2)...))
 	// hot: prefill max(0, 10 − 8) + decode (8 + 40 + 2) = 52; cold: 10 + 10 = 20.
 	mustPick(t, p, r, es, []index.Match{{GPU: 8}, {}}, "cold", "lowest-cost", "hot 52, cold 20")
-	p = NewDynamo()
+	p = Dynamo{OverlapWeight: 1, Active: NewActiveBlocks()}
 	for i := 0; i < 3; i++ {
 		p.Active.Add("hot", append(append([]uint64{}, shared...), keys(1000+10*i, 2)...))
 	}
