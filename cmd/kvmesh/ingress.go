@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/fair"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
@@ -45,7 +48,19 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
 	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<random hex>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringVar(&cfg.AdminListen, "admin", "", "pprof address (empty: off)")
+	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", os.Getenv("KVMESH_ADMIN_TOKEN"), "bearer token required on the admin address (env KVMESH_ADMIN_TOKEN; empty: none)")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", cfg.TLS.CertFile, "PEM certificate: serve HTTPS on --listen")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", cfg.TLS.KeyFile, "PEM key for --tls-cert")
+	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca", cfg.TLS.ClientCAFile, "PEM CA: require client certificates signed by it")
+	fs.StringVar(&cfg.TLS.UpstreamCAFile, "upstream-ca", cfg.TLS.UpstreamCAFile, "PEM CA verifying https:// engines")
+	fs.StringVar(&cfg.TLS.UpstreamCertFile, "upstream-cert", cfg.TLS.UpstreamCertFile, "PEM client certificate towards engines (mutual TLS)")
+	fs.StringVar(&cfg.TLS.UpstreamKeyFile, "upstream-key", cfg.TLS.UpstreamKeyFile, "PEM key for --upstream-cert")
+	fs.StringVar(&opts.JWT.JWKSFile, "jwks-file", "", "JSON Web Key Set file: accept bearer JWTs signed by its keys (besides API keys)")
+	fs.StringVar(&opts.JWT.JWKSURL, "jwks-url", "", "JSON Web Key Set URL (re-read every 5m and on an unknown kid)")
+	fs.StringVar(&opts.JWT.Audience, "jwt-audience", "", "audience a JWT must carry (required with --jwks-*)")
+	fs.StringVar(&opts.JWT.Issuer, "jwt-issuer", "", "issuer a JWT must carry (empty: any)")
+	fs.StringVar(&opts.JWT.TenantClaim, "jwt-tenant-claim", "tenant", "JWT claim naming the tenant (the rate-limit identity; falls back to sub)")
 	probs.Var(fs, "engine", "", "static engine [id=]model=url (repeatable; used without gossip)", func(s string) error {
 		se, err := ingress.ParseStaticEngine(s)
 		if err != nil {
@@ -55,6 +70,8 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 		return nil
 	})
 	probs.ModelPaths(fs, &cfg.Tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
+	fs.BoolVar(&opts.TokenizerStore, "tokenizer-store", opts.TokenizerStore, "load the tokenizers the sidecars publish to NATS for models without --tokenizer")
+	fs.StringVar(&opts.TokenizerCache, "tokenizer-cache", "", "directory for tokenizers fetched from NATS (default: a temporary directory)")
 	probs.ModelPaths(fs, &cfg.ChatTemplates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
 	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|"))
 	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)", func(path string) error {
@@ -81,33 +98,32 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	probs.NonNegative(fs, &opts.ModelLimits.OutputTokens, "model-output-tpm", "per-model output tokens per minute (0: none)")
 	fs.IntVar(&opts.AdmitMax, "admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
 	fs.DurationVar(&opts.AdmitMaxWait, "admit-max-wait", opts.AdmitMaxWait, "admission queue wait before 504")
+	fairQueueFlags(fs, cfg, probs)
 	probs.LogLevel(fs, &opts.LogLevel)
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
 	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
-	gossipKeyFlag(fs, &cfg.Cluster.GossipKey, probs)
+	gossipKeyFlag(fs, &cfg.Cluster.GossipKey, &cfg.Cluster.GossipKeys, probs)
 	List(fs, &cfg.Cluster.GossipSeeds, "join", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
-	List(fs, &cfg.Cluster.NATSURLs, "nats", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
+	natsutil.BindFlags(fs, &cfg.Cluster.NATSURLs, &cfg.Cluster.NATSAuth, "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
 }
 
 // gossipKeyFlag binds --gossip-key (default $KVMESH_GOSSIP_KEY) onto dst.
-func gossipKeyFlag(fs *flag.FlagSet, dst *[]byte, probs *flagProblems) {
+// Comma-separated keys: the first encrypts, the rest are accepted during a
+// rotation (gossip.Config.ExtraKeys).
+func gossipKeyFlag(fs *flag.FlagSet, dst *[]byte, extra *[][]byte, probs *flagProblems) {
 	set := func(s string) error {
-		if s == "" {
-			*dst = nil
-			return nil
-		}
-		k, err := gossip.DecodeKey(s)
+		k, more, err := gossip.ParseKeys(s)
 		if err != nil {
 			return fmt.Errorf("--gossip-key: %w", err)
 		}
-		*dst = k
+		*dst, *extra = k, more
 		return nil
 	}
 	if err := set(os.Getenv("KVMESH_GOSSIP_KEY")); err != nil {
 		probs.unlessGiven("gossip-key", err) // a bad environment value matters only when no flag replaces it
 	}
-	probs.Var(fs, "gossip-key", "", "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)", set)
+	probs.Var(fs, "gossip-key", "", "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)", set)
 }
 
 // configFlag finds -config/--config in args before the flag set is built.
@@ -123,4 +139,45 @@ func configFlag(args []string) string {
 		}
 	}
 	return ""
+}
+
+// fairQueueFlags binds the weighted fair admission queue (ingress/fair):
+// --fair-max-concurrent turns it on; --tenant sets a tenant's share.
+func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) {
+	fq := func() *fair.Config {
+		if cfg.FairQueue == nil {
+			c := fair.DefaultConfig()
+			cfg.FairQueue = &c
+		}
+		return cfg.FairQueue
+	}
+	fs.StringVar(&cfg.TenantHeader, "tenant-header", cfg.TenantHeader, "request header naming the tenant of unauthenticated requests (fair admission); trust it only behind a gateway that sets it")
+	probs.Var(fs, "fair-max-concurrent", "0", "weighted fair admission across tenants: max requests in service before queueing (0: off)", func(s string) error {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return fmt.Errorf("--fair-max-concurrent %q: want a whole number >= 0", s)
+		}
+		if n > 0 {
+			fq().MaxConcurrent = n
+		}
+		return nil
+	})
+	probs.Var(fs, "tenant", "", "a tenant's fair share, repeatable: NAME=WEIGHT[:PRIORITY] (higher priority first; default weight 1)", func(s string) error {
+		name, spec, ok := strings.Cut(s, "=")
+		w, p, _ := strings.Cut(spec, ":")
+		weight, err := strconv.ParseFloat(w, 64)
+		prio := 0
+		if err == nil && p != "" {
+			prio, err = strconv.Atoi(p)
+		}
+		if !ok || name == "" || err != nil || weight <= 0 {
+			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT > 0", s)
+		}
+		c := fq()
+		if c.Tenants == nil {
+			c.Tenants = map[string]fair.Tenant{}
+		}
+		c.Tenants[name] = fair.Tenant{Weight: weight, Priority: prio}
+		return nil
+	})
 }

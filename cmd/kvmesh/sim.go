@@ -60,4 +60,5 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 	fs.Float64Var(&cfg.EOSRate, "eos-rate", 0, "per-token chance of stopping after min_tokens without ignore_eos (0 = always max_tokens)")
 	fs.IntVar(&cfg.MaxWaiting, "max-waiting", cfg.MaxWaiting, "queued requests per rank before answering 503")
 	probs.LogLevel(fs, &opts.LogLevel)
+	opts.BindPDFlags(fs) // --kv-transfer-config, --nixl-side-channel, --kv-transfer-gbps, --disaggregation-mode, ...
 }

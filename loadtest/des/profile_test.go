@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -41,7 +42,7 @@ func TestUnseenSlowProfileKeepsOrdering(t *testing.T) {
 		t.Fatal(err)
 	}
 	pols := []string{"random", "sglang", "kthena-kvcache", "kvmesh"}
-	rank := func(p engine.Profile, rate float64) ([]string, Report) {
+	rank := func(p engine.Profile, rate float64) ([]string, report.Report) {
 		reqs, err := workload.SharedPrefix{Groups: 24, Prompts: 12, Shared: 2048, Question: 128, Output: 64, Rate: rate, Seed: 3}.Generate()
 		if err != nil {
 			t.Fatal(err)
