@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/loadtest/des"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // runBench compares routing policies in a discrete-event simulation: the
@@ -46,6 +46,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		snapshot    = fs.Duration("snapshot-interval", 200*time.Millisecond, "engine load snapshot period (gossip staleness); negative = always fresh")
 		configPath  = fs.String("config", "", "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")
 		jsonOut     = fs.Bool("json", false, "print JSON instead of a table")
+		pdf         = pdBenchFlags(fs)
 	)
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -117,11 +118,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var names []string
 	given := false
+	if pdf.on() && !flagGiven(fs, "policies") {
+		*policies = strings.Join(des.PDPolicies, ",")
+	}
 	for _, p := range strings.Split(*policies, ",") {
 		p = strings.TrimSpace(p)
 		given = given || p != ""
 		switch {
 		case p == "":
+		case pdf.on() && !slices.Contains(des.PDPolicies, p):
+			bad("--policies: unknown P/D policy %q with --roles (known: %s)", p, strings.Join(des.PDPolicies, ", "))
+		case pdf.on():
+			names = append(names, p)
 		case !slices.Contains(scheduler.PolicyNames, p):
 			bad("--policies: unknown policy %q (known: %s)", p, strings.Join(scheduler.PolicyNames, ", "))
 		case slices.Contains(names, p):
@@ -149,7 +157,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		SnapshotInterval: *snapshot,
 		Seed:             *seed,
 	}
-	if len(probs) == 0 {
+	pdCfg := pdf.config(cfg, bad)
+	if len(probs) == 0 && !pdf.on() {
 		// Whatever des would still reject (a --config parameter...), as a
 		// usage error too.
 		c := cfg
@@ -170,6 +179,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if pdf.on() {
+		return runBenchPD(ctx, pdCfg, reqs, names, *jsonOut, stdout)
 	}
 	rep, err := des.Run(ctx, cfg, reqs, names)
 	if err != nil {

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // ErrConfig wraps every configuration problem.

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // smallConfig is a reduced Kthena-like scenario: few engines whose caches

@@ -7,12 +7,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // epoch anchors virtual time for APIs that take a time.Time.

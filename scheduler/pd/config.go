@@ -27,6 +27,9 @@ type Config struct {
 	// TransferSetup is a transfer's fixed cost in seconds; 0: 0.002
 	// (negative: none).
 	TransferSetup float64
+	// SLOTTFT is the TTFT objective kvmesh's choice prices (seconds; 0:
+	// none). SLOWeight is the price of a second beyond it (0: 4).
+	SLOTTFT, SLOWeight float64
 	// NonCachedTokens is llm-d's decider threshold; 0: 16.
 	NonCachedTokens int
 }
@@ -91,6 +94,10 @@ func New(c Config) (Policy, error) {
 		k.KVBytesPerToken, k.TransferBandwidth = c.KVBytesPerToken, c.TransferGbps*1e9/8
 		k.TransferSetup = max(c.TransferSetup, 0)
 		k.Always = c.Policy == "kvmesh-always"
+		k.SLOTTFT = c.SLOTTFT
+		if c.SLOWeight > 0 {
+			k.SLOWeight = c.SLOWeight
+		}
 		if err := k.Validate(); err != nil {
 			return nil, err
 		}

@@ -36,6 +36,13 @@ type KVMesh struct {
 	// TransferSetup is a transfer's fixed cost in seconds (side-channel
 	// handshake, the prefill leg's HTTP round trip). Default 0.002.
 	TransferSetup float64
+	// SLOTTFT, when > 0, is the time-to-first-token objective: an option
+	// whose predicted TTFT exceeds it costs SLOWeight × the excess on top
+	// (a request past its SLO no longer counts for goodput, so time beyond
+	// it is worth more than time before it). 0 disables the term.
+	SLOTTFT float64
+	// SLOWeight prices a second of predicted TTFT beyond SLOTTFT. Default 4.
+	SLOWeight float64
 	// Always disables the aggregated options on decode-role engines (mixed
 	// engines still serve aggregated): kvmesh's pair choice without the
 	// decision, for comparison.
@@ -46,7 +53,7 @@ var _ Policy = KVMesh{}
 
 // NewKVMesh returns the policy with cost c and the transfer defaults.
 func NewKVMesh(c policies.KVMesh) KVMesh {
-	return KVMesh{Cost: c, KVBytesPerToken: 131072, TransferBandwidth: 12.5e9, TransferSetup: 0.002}
+	return KVMesh{Cost: c, KVBytesPerToken: 131072, TransferBandwidth: 12.5e9, TransferSetup: 0.002, SLOWeight: 4}
 }
 
 // Validate lists every problem.
@@ -71,7 +78,7 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 			continue
 		}
 		t := k.Cost.Terms(r, c, max(0, r.PromptTokens-c.CachedTokens))
-		v.Add(-1, d, -(t.Total(step) + k.kvWait(r, c, t)))
+		v.Add(-1, d, -(t.Total(step) + k.kvWait(r, c, t) + k.late(t.Queue+t.Prefill+step)))
 	}
 	for _, d := range v.Decoders {
 		c := &v.Cands[d]
@@ -85,8 +92,16 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 				continue
 			}
 			cp := &v.Cands[p]
-			tp := k.Cost.Terms(r, cp, max(0, r.PromptTokens-cp.CachedTokens))
-			v.Add(p, d, -(tp.Queue + tp.Prefill + tp.Stall + tp.Behind + step + xfer + dec))
+			unc := max(0, r.PromptTokens-cp.CachedTokens)
+			tp := k.Cost.Terms(r, cp, unc)
+			// A prefill engine runs a handful of prompts at a time, so
+			// the aggregated model's cap of the queue behind at the
+			// running count would hide its queue: every waiting prompt
+			// waits for this one.
+			waiting := float64(max(cp.Waiting, cp.InFlight-cp.Running))
+			behind := (k.Cost.WaitingWeight*waiting + k.Cost.MissPenalty) * float64(unc) / k.Cost.PrefillRate
+			ttft := tp.Queue + tp.Prefill + step + xfer + td.Queue + step
+			v.Add(p, d, -(tp.Queue + tp.Prefill + tp.Stall + behind + step + xfer + dec + k.late(ttft)))
 		}
 	}
 	best := 0
@@ -102,6 +117,14 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		return "aggregated-cheaper"
 	}
 	return "disaggregated-cheaper"
+}
+
+// late prices a predicted TTFT beyond the SLO.
+func (k KVMesh) late(ttft float64) float64 {
+	if k.SLOTTFT <= 0 || ttft <= k.SLOTTFT {
+		return 0
+	}
+	return k.SLOWeight * (ttft - k.SLOTTFT)
 }
 
 // kvWait prices the request's KV that does not fit in c's free blocks: it
