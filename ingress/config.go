@@ -91,6 +91,8 @@ type Config struct {
 	// policy "kvmesh" by default, "random", "round-robin", ...). Used when
 	// Deps.Scheduler is nil.
 	Scheduler scheduler.Config `yaml:"scheduler"`
+	// PD is the prefill/decode path's admission control (pd.go).
+	PD PDConfig `yaml:"pd"`
 
 	// Cluster joins gossip (membership, load, shared rate limits) and NATS
 	// (the materialized index). Zero: standalone with Engines.

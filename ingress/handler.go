@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
 
 // call is one request's state from arrival to the end of its response. It is
@@ -43,6 +44,7 @@ type call struct {
 	wrap      bool   // chat answered through /v1/completions and re-wrapped
 	engine    string
 	match     index.Match
+	pd        pdCall // the P/D plan and prefill leg (pd.go)
 
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
@@ -70,6 +72,7 @@ func (c *call) reset() {
 		cands:  c.cands[:0],
 		urls:   c.urls[:0],
 		dec:    scheduler.Decision{Ranked: c.dec.Ranked[:0]},
+		pd:     pdCall{plan: pd.Plan{Options: c.pd.plan.Options[:0]}},
 		body:   c.body[:0],
 		alt:    c.alt[:0],
 
@@ -100,6 +103,9 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
 	if err != nil {
 		c.fail(ctx, err)
 		c.finish()
+		return
+	}
+	if !c.prefillLeg(ctx) {
 		return
 	}
 	c.proxy(ctx)
@@ -215,6 +221,9 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	}
 	if c.sreq.SessionEngine != "" {
 		c.keepSession()
+	}
+	if err := c.planPD(); err != nil {
+		return err
 	}
 	c.tSchedule = time.Since(t)
 	s.m.decisions.WithLabelValues(c.dec.Policy, c.dec.Reason).Inc()
@@ -493,6 +502,10 @@ func (c *call) logAccess(total time.Duration) {
 		slog.Float64("schedule_ms", ms(c.tSchedule)),
 		slog.Float64("ttft_ms", ms(c.ttft)),
 		slog.Float64("total_ms", ms(total)),
+		slog.String("pd_mode", c.pd.plan.Mode.String()),
+		slog.String("prefill_engine", c.pd.prefill),
+		slog.String("prefill_result", c.pd.result),
+		slog.Float64("prefill_ms", ms(c.pd.duration)),
 		slog.String("error", c.errMsg),
 	}
 	c.s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs[:]...)
