@@ -199,6 +199,7 @@ func (c *Config) Validate() error {
 		bad("speculative ttl must be >= 0")
 	}
 	c.Cluster.problems(bad)
+	c.PD.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()
 	if err := sc.Validate(); err != nil {

@@ -47,8 +47,18 @@ var _ PDPlanner = (*pd.Router)(nil)
 // ErrPrefillFull: a prefill engine's admission queue is full (429).
 var ErrPrefillFull = errors.New("prefill engine queue full")
 
-// PDConfig is the P/D path's admission control.
+// PDConfig is the P/D path: the decision and admission control.
 type PDConfig struct {
+	// Policy turns the P/D step on when Deps.PD is nil: one of pd.Names
+	// (kvmesh: the cost model's per-request decision). "" (default): off.
+	// Without it prefill-role engines are never given a request.
+	Policy string `yaml:"policy"`
+	// TransferGbps is the prefill → decode KV bandwidth the cost model
+	// assumes. Default 100.
+	TransferGbps float64 `yaml:"transferGbps"`
+	// SLOTTFT is the time-to-first-token objective the cost model prices
+	// (0: none).
+	SLOTTFT time.Duration `yaml:"sloTTFT"`
 	// MaxPrefillInFlight caps prefill legs in flight per prefill engine
 	// from this replica. Default 8.
 	MaxPrefillInFlight int `yaml:"maxPrefillInFlight"`
@@ -58,6 +68,19 @@ type PDConfig struct {
 	// PrefillTimeout bounds a prefill leg, queue wait included; past it the
 	// request falls back to aggregated. Default 60s.
 	PrefillTimeout time.Duration `yaml:"prefillTimeout"`
+}
+
+// problems reports every invalid field.
+func (c *PDConfig) problems(bad func(string, ...any)) {
+	if c.Policy != "" {
+		pc := pd.Config{Policy: c.Policy, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()}
+		if _, err := pd.New(pc); err != nil {
+			bad("pd: %v", err)
+		}
+	}
+	if c.MaxPrefillInFlight < 0 || c.PrefillTimeout < 0 || c.SLOTTFT < 0 {
+		bad("pd: maxPrefillInFlight, prefillTimeout and sloTTFT must be ≥ 0")
+	}
 }
 
 func (c *PDConfig) defaults() {
@@ -87,6 +110,9 @@ type pdState struct {
 	cfg   PDConfig
 	mu    sync.Mutex // guards gates
 	gates map[string]*prefillGate
+	// router is Deps.PD, or the one built from PDConfig.Policy over the
+	// server's scheduler; nil: P/D off.
+	router PDPlanner
 
 	legs      *prometheus.CounterVec // leg, result
 	prefillS  prometheus.Histogram
@@ -107,6 +133,10 @@ func (s *Server) pdInit() *pdState {
 		p.cfg = s.cfg.PD
 		p.cfg.defaults()
 		p.gates = make(map[string]*prefillGate)
+		p.router = s.deps.PD
+		if p.router == nil && p.cfg.Policy != "" {
+			p.router = s.buildPD(p.cfg)
+		}
 		cl := prometheus.Labels{"ingress": s.cfg.ID}
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
 			Help: "P/D legs by leg (prefill) and result (ok, fallback_*, rejected, client_error).", ConstLabels: cl}, []string{"leg", "result"})
@@ -176,11 +206,14 @@ func (g *prefillGate) release() { <-g.slots }
 // leave it: they do not serve whole requests).
 func (c *call) planPD() error {
 	s := c.s
-	if s.deps.PD == nil || !hasPrefill(c.cands) {
+	if !hasPrefill(c.cands) {
 		return nil
 	}
 	p := s.pdInit()
-	if err := s.deps.PD.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
+	if p.router == nil {
+		return nil
+	}
+	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoEngine, err)
 	}
 	pl := &c.pd.plan
@@ -206,6 +239,25 @@ func (c *call) planPD() error {
 	if len(ranked) == 0 {
 		return fmt.Errorf("%w: no engine can decode", ErrNoEngine)
 	}
+	return nil
+}
+
+// buildPD builds the configured P/D router over the server's scheduler
+// (nil, logged, when the scheduler is not kvmesh's own).
+func (s *Server) buildPD(c PDConfig) PDPlanner {
+	sch, ok := s.deps.Scheduler.(*scheduler.Scheduler)
+	if !ok {
+		s.log.Warn("pd: the scheduler is not *scheduler.Scheduler; P/D off")
+		return nil
+	}
+	pol, err := pd.New(pd.Config{Policy: c.Policy, Cost: s.cfg.Scheduler.KVMesh, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()})
+	if err == nil {
+		var r *pd.Router
+		if r, err = pd.NewRouter(sch, pol); err == nil {
+			return r
+		}
+	}
+	s.log.Warn("pd: P/D off", "err", err)
 	return nil
 }
 

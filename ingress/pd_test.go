@@ -197,3 +197,21 @@ func FuzzKVTransferParams(f *testing.F) {
 		_, _ = prefillBody(b)
 	})
 }
+
+// TestPDFromConfig: PDConfig.Policy alone turns the P/D path on over the
+// server's own scheduler.
+func TestPDFromConfig(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url())}})
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || p.prefills.Load() != 1 || d.params.Load().(string) == "" {
+		t.Fatalf("status %d engine %q prefills %d params %q body %s", st, hdr.Get("X-Kvmesh-Engine"), p.prefills.Load(), d.params.Load(), b)
+	}
+	bad := testConfig()
+	bad.PD = PDConfig{Policy: "nope"}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "pd") {
+		t.Fatalf("Validate with an unknown P/D policy: %v", err)
+	}
+}

@@ -46,6 +46,8 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
 	var templates multiFlag
 	fs.Var(&templates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
+	pdPolicy := fs.String("pd-policy", cfg.PD.Policy, "prefill/decode step for engines with roles (\"\" = off): kvmesh|kvmesh-always|kthena|llmd|dynamo|sglang|aibrix")
+	pdGbps := fs.Float64("pd-transfer-gbps", 100, "prefill → decode KV bandwidth the P/D cost model assumes, Gbit/s")
 	policy := fs.String("policy", cfg.Scheduler.Policy, "routing policy: random|round-robin|least-request|kthena|ray|sglang|dynamo|llmd|kvmesh|weighted")
 	schedFile := fs.String("scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)")
 	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
@@ -130,6 +132,7 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	cfg.Scheduler.Policy = *policy
+	cfg.PD.Policy, cfg.PD.TransferGbps = *pdPolicy, *pdGbps
 	if *schedFile != "" {
 		sc, err := scheduler.LoadConfig(*schedFile)
 		if err != nil {
