@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // Sentinel errors.
@@ -82,6 +82,9 @@ type Config struct {
 	Chat ChatRenderer
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// PD configures prefill/decode disaggregation (vLLM NIXL or SGLang
+	// bootstrap protocol); the zero value is off. See pdconfig.go.
+	PD PDConfig
 }
 
 // Defaults returns c with zero fields set to their defaults.
@@ -122,6 +125,9 @@ func (c Config) Defaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.PD.Enabled() {
+		c.PD = c.PD.defaults()
+	}
 	return c
 }
 
@@ -157,6 +163,7 @@ func (c Config) Validate() error {
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.PD.validate(c.DP)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 	}

@@ -71,7 +71,7 @@ func newMetrics(s *Server) *metrics {
 		gauge("kvmesh_sim_cpu_cached_blocks", "Blocks in the CPU tier.", func(l engine.Load) float64 { return float64(l.CPUBlocks) })
 		counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", func(l engine.Load) float64 { return float64(l.PrefixQueries) })
 		counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", func(l engine.Load) float64 { return float64(l.PrefixHits) })
-		counter("vllm:external_prefix_cache_hits_total", "External (CPU tier) prefix cache hits, in tokens.", func(l engine.Load) float64 { return float64(l.CPUPrefixHits) })
+		counter("vllm:external_prefix_cache_hits_total", "External prefix cache hits (CPU tier and KV read from a prefill engine), in tokens.", func(l engine.Load) float64 { return float64(l.CPUPrefixHits + l.RemoteTokens) })
 		counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", func(l engine.Load) float64 { return float64(l.PromptTokens) })
 		counter("vllm:generation_tokens_total", "Number of generation tokens processed.", func(l engine.Load) float64 { return float64(l.GenerationTokens) })
 		counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", func(l engine.Load) float64 { return float64(l.Preemptions) })

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/zeebo/xxh3"
 )
 
@@ -48,6 +48,10 @@ type call struct {
 	req    *engine.Request
 	notify chan struct{} // cap 1, shared by the calls of one HTTP request
 	maxOut int           // the request's max_tokens (finish reason "length" when reached)
+
+	pdKey   string  // P/D hold key of a prefill leg ("" otherwise)
+	room    *uint64 // SGLang bootstrap room of a prefill leg
+	heldIDs []int32 // blocks held for a decode engine, set when the leg finishes holding them
 
 	generated int // tokens delivered to the client so far (at their step's end)
 	done      bool
@@ -223,6 +227,9 @@ func (rk *rank) deliver() {
 		}
 		delete(rk.calls, r)
 		c.done, c.result = true, r.Result()
+		if r.HoldBlocks && rk.s.pd != nil {
+			rk.s.pd.onFinished(rk, c)
+		}
 		rk.s.metrics.observe(rk.s.cfg.Model, rk.idx, c.result, c.finishReason())
 		signal(c.notify)
 	}
@@ -240,6 +247,9 @@ func (rk *rank) restart() error {
 		c.done, c.aborted = true, true
 		delete(rk.calls, r)
 		signal(c.notify)
+	}
+	if rk.s.pd != nil {
+		rk.s.pd.dropRank(rk)
 	}
 	if err := rk.newEngine(); err != nil {
 		return err

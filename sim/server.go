@@ -12,8 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 var errOverloaded = errors.New("sim: too many waiting requests")
@@ -27,6 +27,7 @@ type Server struct {
 	chat    ChatRenderer
 	ranks   []*rank
 	metrics *metrics
+	pd      *pdState // nil without P/D
 	created int64
 
 	ln      net.Listener
@@ -65,8 +66,19 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.ranks = append(s.ranks, rk)
 	}
 	s.metrics = newMetrics(s)
+	if cfg.PD.Enabled() {
+		pd, err := newPDState(s)
+		if err != nil {
+			s.closeRanks()
+			return nil, fmt.Errorf("start sim: %w", err)
+		}
+		s.pd = pd
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
+		if s.pd != nil {
+			s.pd.closeListeners()
+		}
 		s.closeRanks()
 		return nil, fmt.Errorf("start sim: listen %s: %w", cfg.HTTPAddr, err)
 	}
@@ -77,6 +89,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	for _, rk := range s.ranks {
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); rk.run(runCtx) }()
+	}
+	if s.pd != nil {
+		s.pd.start()
 	}
 	s.wg.Add(1)
 	go func() {
@@ -110,6 +125,9 @@ func (s *Server) Close() error {
 			_ = s.httpSrv.Close()
 		}
 		s.cancel()
+		if s.pd != nil {
+			s.pd.close()
+		}
 		s.wg.Wait()
 		s.closeErr = s.closeRanks()
 	})

@@ -41,8 +41,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Float64Var(&cfg.EOSRate, "eos-rate", 0, "per-token chance of stopping after min_tokens without ignore_eos (0 = always max_tokens)")
 	fs.IntVar(&cfg.MaxWaiting, "max-waiting", 4096, "queued requests per rank before answering 503")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	finishPD := cfg.PD.BindFlags(fs) // P/D flags: --kv-transfer-config, --nixl-side-channel, --disaggregation-mode, ...
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
+	}
+	if err := finishPD(cfg.HTTPAddr); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -94,6 +98,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "kvmesh sim: the KV-event PUB connects to %s (vLLM's rule); subscribers must bind it, or use tcp://*:PORT to bind here\n", cfg.KVEvents)
 	}
 	fmt.Fprintf(stdout, "http %s\n", srv.URL())
+	for r := 0; r < srv.DP(); r++ {
+		if a := srv.SideChannelAddr(r); a != "" {
+			fmt.Fprintf(stdout, "nixl-side-channel rank %d %s engine %s\n", r, a, srv.EngineID(r))
+		}
+	}
+	if a := srv.BootstrapAddr(); a != "" {
+		fmt.Fprintf(stdout, "bootstrap %s\n", a)
+	}
 	for r := 0; r < srv.DP(); r++ {
 		if ep := srv.EventsEndpoint(r); ep != "" {
 			fmt.Fprintf(stdout, "kv-events rank %d %s\n", r, ep)
