@@ -202,8 +202,9 @@ func (g *prefillGate) acquire(queue int, deadline time.Time) error {
 func (g *prefillGate) release() { <-g.slots }
 
 // planPD runs the P/D step when a prefill engine is a candidate, and puts
-// the plan's decode engine first in the ranking (prefill-role engines
-// leave it: they do not serve whole requests).
+// the plan's decode engine first in the ranking. With P/D on, prefill-role
+// engines leave the ranking (they serve prefill legs, not whole requests)
+// unless nothing else is left; batched prompts are served aggregated.
 func (c *call) planPD() error {
 	s := c.s
 	if !hasPrefill(c.cands) {
@@ -213,19 +214,42 @@ func (c *call) planPD() error {
 	if p.router == nil {
 		return nil
 	}
+	if c.batchN > 1 {
+		c.dropPrefillEngines("")
+		return nil
+	}
 	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoEngine, err)
 	}
 	pl := &c.pd.plan
 	p.decisions.WithLabelValues(pl.Mode.String(), pl.Reason).Inc()
 	c.pd.prefill, c.pd.pmatch = pl.Prefill, pl.PrefillMatch
+	c.dropPrefillEngines(pl.Decode)
+	if len(c.dec.Ranked) == 0 {
+		return fmt.Errorf("%w: no engine can decode", ErrNoEngine)
+	}
+	return nil
+}
+
+// dropPrefillEngines removes prefill-role engines from the ranking (when
+// another engine remains) and moves first, if ranked, to the front.
+func (c *call) dropPrefillEngines(first string) {
+	keep := 0
+	for _, r := range c.dec.Ranked {
+		if roleOf(c.cands, r.Engine) != scheduler.RolePrefill {
+			keep++
+		}
+	}
+	if keep == 0 {
+		return
+	}
 	ranked := c.dec.Ranked[:0]
-	var first scheduler.EngineScore
+	var head scheduler.EngineScore
 	found := false
 	for _, r := range c.dec.Ranked {
 		switch {
-		case r.Engine == pl.Decode:
-			first, found = r, true
+		case r.Engine == first:
+			head, found = r, true
 		case roleOf(c.cands, r.Engine) != scheduler.RolePrefill:
 			ranked = append(ranked, r)
 		}
@@ -233,13 +257,9 @@ func (c *call) planPD() error {
 	if found {
 		ranked = append(ranked, scheduler.EngineScore{})
 		copy(ranked[1:], ranked)
-		ranked[0] = first
+		ranked[0] = head
 	}
 	c.dec.Ranked = ranked
-	if len(ranked) == 0 {
-		return fmt.Errorf("%w: no engine can decode", ErrNoEngine)
-	}
-	return nil
 }
 
 // buildPD builds the configured P/D router over the server's scheduler
