@@ -60,8 +60,8 @@ func TestPDBlocksFreedAfterEachRead(t *testing.T) {
 // on it costs no request that had not started streaming: every one falls
 // back to the decode engine (local prefill) and succeeds.
 func TestPDPrefillKilledMidRun(t *testing.T) {
-	// One sequence at a time and real time, so prefill legs queue.
-	cl, s := startPDCluster(t, sim.Config{TimeScale: 1, Seed: 1, Engine: engine.Config{MaxRunning: 1}}, 1, 1)
+	// One sequence at a time, 20× slower than the model, so prefill legs queue.
+	cl, s := startPDCluster(t, sim.Config{TimeScale: 0.05, Seed: 1, Engine: engine.Config{MaxRunning: 1}}, 1, 1)
 	const n = 12
 	type result struct {
 		status int
@@ -89,7 +89,8 @@ func TestPDPrefillKilledMidRun(t *testing.T) {
 	p := cl.Prefill[0]
 	okLegs := s.pdInit().legs.WithLabelValues("prefill", "ok")
 	testutil.WaitFor(t, 30*time.Second, "a prefill leg done and others queued on the victim", func() bool {
-		return p.Load(0).Waiting > 0 && val(okLegs) > 0
+		l := p.Load(0)
+		return l.Running+l.Waiting > 0 && val(okLegs) > 0
 	})
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
