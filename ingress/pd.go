@@ -341,9 +341,8 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	if err != nil {
 		return "fallback_no_engine", true
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.SetRequestURI(url + c.path)
@@ -353,22 +352,37 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	up.inflight.Add(1)
 	up.prefill.Add(charge)
 	up.total.Add(1)
-	err = up.hc.DoDeadline(req, resp, start.Add(p.cfg.PrefillTimeout))
+	// Do, not DoDeadline: the upstream clients stream response bodies,
+	// which DoDeadline does not support; the connection's own timeouts
+	// bound a hung engine.
+	resp := fasthttp.AcquireResponse()
+	err = up.hc.Do(req, resp)
 	up.inflight.Add(-1)
 	up.prefill.Add(-charge)
 	if err != nil {
+		fasthttp.ReleaseResponse(resp)
 		return "fallback_" + classifyErr(err), true
 	}
 	st := resp.StatusCode()
 	switch {
 	case st >= 500 || st == fasthttp.StatusTooManyRequests:
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
 		return "fallback_" + statusResult(st), true
 	case st != fasthttp.StatusOK:
 		c.engine = c.pd.prefill
+		up.inflight.Add(1) // relayBuffered ends an attempt
 		c.relayBuffered(ctx, up, resp, st)
 		return "client_error", false
 	}
-	params, ok := kvTransferParams(resp.Body())
+	buf, rerr := readAll(resp)
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	defer bufPool.Put(buf)
+	if rerr != nil {
+		return "fallback_read_error", true
+	}
+	params, ok := kvTransferParams(buf.Bytes())
 	if !ok {
 		return "fallback_no_params", true
 	}
@@ -381,13 +395,14 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 }
 
 // prefillBody is the prefill leg's body: the request with stream false, no
-// stream_options, one output token and do_remote_decode set.
+// stream_options or min_tokens, one output token and do_remote_decode set.
 func prefillBody(body []byte) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, fmt.Errorf("prefill body: %w", err)
 	}
 	delete(m, "stream_options")
+	delete(m, "min_tokens") // the leg generates one token; min_tokens > 1 would be a 400
 	m["stream"] = json.RawMessage("false")
 	m["max_tokens"] = json.RawMessage("1")
 	if _, ok := m["max_completion_tokens"]; ok {
