@@ -136,7 +136,9 @@ func RunPD(ctx context.Context, cfg PDConfig) (*Result, error) {
 // pdMembership lists the cluster's engines with their roles.
 type pdMembership []ingress.EngineInfo
 
-func (m pdMembership) Engines(dst []ingress.EngineInfo) []ingress.EngineInfo { return append(dst, m...) }
+func (m pdMembership) Engines(dst []ingress.EngineInfo) []ingress.EngineInfo {
+	return append(dst, m...)
+}
 
 func runPDMode(ctx context.Context, cfg PDConfig, mode string, reqs []workload.Request) (*loadgen.Report, error) {
 	base := sim.Config{Model: cfg.Model, TimeScale: cfg.TimeScale, Seed: 1, Logger: cfg.Logger, Engine: cfg.Engine}
