@@ -11,8 +11,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 // BenchmarkChatMode answers "does sending rendered tokens to /v1/completions

@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,26 +28,29 @@ type ClusterConfig struct {
 	GossipSeeds []string `yaml:"gossipSeeds"`
 	// GossipKey enables gossip encryption (16, 24 or 32 bytes).
 	GossipKey []byte `yaml:"-"`
+	// GossipKeys are further keys accepted (not used to encrypt) while the
+	// key rotates (gossip.Config.ExtraKeys).
+	GossipKeys [][]byte `yaml:"-"`
 	// GossipProfile is memberlist's timing profile: local, lan (default) or wan.
 	GossipProfile string `yaml:"gossipProfile"`
 	// NATSURLs are the NATS servers carrying the sidecars' deltas. Empty: no
 	// materialized index (routing uses speculative entries only).
 	NATSURLs []string `yaml:"natsURLs"`
+	// NATSAuth is the credentials and TLS for NATS (the same flags as every
+	// command: natsutil.BindFlags). The ingress only subscribes to the delta
+	// subjects and requests snapshots: it never creates or alters the
+	// JetStream stream (the sidecars or the orchestrator own it), so a NATS
+	// user without stream-admin rights is enough.
+	NATSAuth natsutil.Auth `yaml:"natsAuth"`
 }
 
 func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATSURLs) > 0 }
 
 func (c *ClusterConfig) problems(bad func(string, ...any)) {
 	if c.GossipBind != "" {
-		if _, _, err := net.SplitHostPort(c.GossipBind); err != nil {
-			bad("gossip bind %q: %v", c.GossipBind, err)
-		}
-	}
-	if c.GossipAdvertise != "" {
-		if h, p, err := net.SplitHostPort(c.GossipAdvertise); err == nil {
-			if _, perr := strconv.Atoi(p); perr != nil || h == "" {
-				bad("gossip advertise %q: want host or host:port", c.GossipAdvertise)
-			}
+		var gc gossip.Config
+		if err := gc.SetAddrs(c.GossipBind, c.GossipAdvertise); err != nil {
+			bad("%v", strings.ReplaceAll(err.Error(), "\n", "; "))
 		}
 	}
 	if len(c.GossipSeeds) > 0 && c.GossipBind == "" {
@@ -89,20 +91,13 @@ func (s *Server) startCluster() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cl.stop = cancel
 	if cc.GossipBind != "" {
-		host, port, _ := net.SplitHostPort(cc.GossipBind)
-		p, _ := strconv.Atoi(port)
 		gc := gossip.DefaultConfig()
 		gc.Name = s.cfg.ID
-		gc.BindAddr, gc.BindPort = host, p
-		if a := cc.GossipAdvertise; a != "" {
-			gc.AdvertiseAddr = a
-			if h, ap, err := net.SplitHostPort(a); err == nil {
-				gc.AdvertiseAddr = h
-				gc.AdvertisePort, _ = strconv.Atoi(ap)
-			}
+		if err := gc.SetAddrs(cc.GossipBind, cc.GossipAdvertise); err != nil {
+			return fmt.Errorf("ingress gossip: %w", err) // Validate has said so already
 		}
 		gc.Join = cc.GossipSeeds
-		gc.SecretKey = cc.GossipKey
+		gc.SecretKey, gc.ExtraKeys = cc.GossipKey, cc.GossipKeys
 		if cc.GossipProfile != "" {
 			gc.Profile = cc.GossipProfile
 		}
@@ -132,7 +127,9 @@ func (s *Server) startCluster() error {
 	if len(cc.NATSURLs) > 0 {
 		nc := natsutil.DefaultConfig()
 		nc.URLs = cc.NATSURLs
+		nc.Auth = cc.NATSAuth
 		nc.Name = "kvmesh-ingress-" + s.cfg.ID
+		nc.Stream.Disabled = true // read-only: never create or change the stream
 		conn, err := natsutil.Connect(ctx, nc, s.log)
 		if err != nil {
 			return fmt.Errorf("ingress nats: %w", err)
@@ -255,7 +252,9 @@ func (g *gossipMembership) refresh() {
 		role, _ := scheduler.ParseRole(v.EngineRole)
 		out = append(out, EngineInfo{
 			Engine: scheduler.Engine{
-				ID: v.ID, Healthy: true, Model: v.Model, Role: role,
+				// Ready: the sidecar consumes the engine's events and its
+				// last metrics scrapes answered (gossip/state.go).
+				ID: v.ID, Healthy: v.Ready, Model: v.Model, Role: role,
 				Running: v.Running, Waiting: v.Waiting, KVUsage: v.KVUsage, QueuedPrefillTokens: int(v.QueuedPrefill),
 				InFlight: max(0, inflight[v.ID]-own[v.ID]),
 			},

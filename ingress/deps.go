@@ -7,10 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/ingress/session"
-	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 

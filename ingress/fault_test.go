@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // TestEngineKilledMidRun kills one of two simulated engines while requests

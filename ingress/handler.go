@@ -186,7 +186,7 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		}
 	}
 	if s.deps.Admitter != nil {
-		rel, err := s.deps.Admitter.Acquire(admitContext(ctx), string(c.req.sessionID))
+		rel, err := c.acquire(ctx, promptTokens)
 		if err != nil {
 			if s.deps.ClassifyError != nil {
 				err = s.deps.ClassifyError(err)

@@ -270,7 +270,11 @@ func (s *Server) buildPD(c PDConfig) PDPlanner {
 		s.log.Warn("pd: the scheduler is not *scheduler.Scheduler; P/D off")
 		return nil
 	}
-	pol, err := pd.New(pd.Config{Policy: c.Policy, Cost: s.cfg.Scheduler.KVMesh, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()})
+	cost, err := pd.CostFrom(s.cfg.Scheduler)
+	var pol pd.Policy
+	if err == nil {
+		pol, err = pd.New(pd.Config{Policy: c.Policy, Cost: cost, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()})
+	}
 	if err == nil {
 		var r *pd.Router
 		if r, err = pd.NewRouter(sch, pol); err == nil {

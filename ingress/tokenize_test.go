@@ -12,8 +12,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 var (

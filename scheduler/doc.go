@@ -5,8 +5,13 @@
 // SchedulerConfig file format.
 //
 // Plugins live in subpackages (scheduler/filters, scheduler/scorers,
-// scheduler/policies) and are registered explicitly in one place,
-// scheduler/registry. This package must not import them, nor know about
+// scheduler/policies). Each owns its parameters: a config struct with
+// defaults and Validate, decoded strictly from its block of the file by
+// its factory (PolicyFactory, FilterFactory; ParseParams does the work).
+// Plugins, the set a Config is built with, is filled explicitly in one
+// place, scheduler/registry; the framework decodes only its own fields
+// (config.go) and never names a plugin. This package must not import
+// them, nor know about
 // HTTP, NATS or gossip: a decision is a pure function of (request keys,
 // index view, load view) plus the policy's small state (a round-robin
 // counter, a seeded random stream).

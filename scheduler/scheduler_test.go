@@ -47,9 +47,11 @@ func TestScheduleRanksAndFilters(t *testing.T) {
 	if err == nil {
 		t.Fatal("unknown policy accepted")
 	}
-	cfg := scheduler.DefaultConfig()
+	cfg := registry.DefaultConfig()
 	cfg.Policy = "weighted"
-	cfg.Weighted = []scheduler.ScorerConfig{{Name: "prefix", Weight: 1}}
+	if err := cfg.SetParams("weighted", scheduler.WeightedConfig{{Name: "prefix", Weight: 1}}); err != nil {
+		t.Fatal(err)
+	}
 	s, err = registry.New(cfg, x, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -78,11 +80,13 @@ func TestScheduleRanksAndFilters(t *testing.T) {
 
 func TestEveryPolicyBuildsAndPicks(t *testing.T) {
 	x := newIdx(t)
-	for _, name := range scheduler.PolicyNames {
-		cfg := scheduler.DefaultConfig()
+	for _, name := range registry.PolicyNames() {
+		cfg := registry.DefaultConfig()
 		cfg.Policy = name
 		if name == "weighted" {
-			cfg.Weighted = []scheduler.ScorerConfig{{Name: "load", Weight: 1}}
+			if err := cfg.SetParams("weighted", scheduler.WeightedConfig{{Name: "load", Weight: 1}}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		s, err := registry.New(cfg, x, nil)
 		if err != nil {

@@ -1,6 +1,11 @@
 package scheduler
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+
+	"go.yaml.in/yaml/v3"
+)
 
 // WeightedScorer is a scorer with its weight in a Weighted policy.
 type WeightedScorer struct {
@@ -103,4 +108,46 @@ func ArgMin(cs []Candidate, cyc *Cycle, f func(c *Candidate) float64) int {
 		}
 	}
 	return best
+}
+
+// ScorerConfig is one scorer of a weighted policy's block: a registered
+// scorer's name and its weight (> 0).
+type ScorerConfig struct {
+	Name   string  `yaml:"name"`
+	Weight float64 `yaml:"weight"`
+}
+
+// WeightedConfig is the block of a weighted policy: its scorers (at least
+// one).
+type WeightedConfig []ScorerConfig
+
+// validate lists every problem, with the scorer names p knows.
+func (w WeightedConfig) validate(name string, p *Plugins) error {
+	probs := NewProblems(name)
+	if len(w) == 0 {
+		probs.Addf("", "policy %s needs at least one scorer", name)
+	}
+	for i, s := range w {
+		if _, ok := p.Scorer(s.Name); !ok {
+			probs.Addf(fmt.Sprintf("[%d].name", i), "%q is unknown (one of %v)", s.Name, p.ScorerNames())
+		}
+		probs.Positive(fmt.Sprintf("[%d].weight", i), s.Weight)
+	}
+	return joinErrs(probs.Errs())
+}
+
+// WeightedFactory is the PolicyFactory of the generic weighted policy over
+// p's scorers: its block is a list of {name, weight}.
+func (p *Plugins) WeightedFactory(name string, params *yaml.Node) (Policy, error) {
+	var w WeightedConfig
+	err := errors.Join(DecodeParams(params, &w), w.validate(name, p))
+	if err != nil {
+		return nil, err
+	}
+	ws := make([]WeightedScorer, len(w))
+	for i, s := range w {
+		sc, _ := p.Scorer(s.Name)
+		ws[i] = WeightedScorer{Scorer: sc, Weight: s.Weight}
+	}
+	return NewWeighted(name, ws...)
 }

@@ -6,8 +6,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // FuzzHandlers posts arbitrary bodies to every POST route: the simulator

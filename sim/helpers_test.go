@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	zmq "github.com/pebbe/zmq4"
 )
 

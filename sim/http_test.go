@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )

@@ -35,6 +35,7 @@ type rank struct {
 	start time.Time
 	batch kvevents.Batch
 	fin   []*engine.Request
+	held  bool // tests only: the driver takes no step while set (see hold)
 
 	wake chan struct{} // cap 1: a request arrived
 	done chan struct{} // closed when run returns
@@ -159,6 +160,18 @@ func (rk *rank) abort(c *call) {
 	c.done, c.aborted = true, true
 }
 
+// hold stops (on) or resumes the driver between steps. Tests use it to queue
+// a burst that is certain to overlap, whatever the host's speed.
+func (rk *rank) hold(on bool) {
+	rk.mu.Lock()
+	rk.held = on
+	rk.mu.Unlock()
+	select {
+	case rk.wake <- struct{}{}:
+	default:
+	}
+}
+
 // run drives the engine until ctx is done. It owns the timer and never holds
 // mu while sleeping.
 func (rk *rank) run(ctx context.Context) {
@@ -167,7 +180,7 @@ func (rk *rank) run(ctx context.Context) {
 	defer timer.Stop()
 	for {
 		rk.mu.Lock()
-		for rk.eng.Idle() {
+		for rk.eng.Idle() || rk.held {
 			rk.busy = false
 			rk.mu.Unlock()
 			select {

@@ -3,9 +3,9 @@ package sim
 import (
 	"strings"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // byteTokenizer is the fallback when no tokenizer.json is given: every UTF-8

@@ -2,54 +2,86 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
+	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
+	"strconv"
 	"strings"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
-	"github.com/kvmesh/kvmesh/ingress/auth"
-	"github.com/kvmesh/kvmesh/ingress/ratelimit"
-	"github.com/kvmesh/kvmesh/ingress/session"
-	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/ingress/fair"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
-// multiFlag collects a repeated string flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
-// runIngress runs one ingress replica until SIGTERM/SIGINT, then drains.
+// runIngress runs one ingress replica until SIGTERM/SIGINT, then drains
+// (ingress.Run).
 func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg := ingress.DefaultConfig()
+	opts := ingress.DefaultOptions()
 	// A YAML file, when given, sets the defaults the flags then override.
 	if path := configFlag(args); path != "" {
 		c, err := ingress.LoadConfigFile(path)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
-		cfg = c
+		opts.Config = c
 	}
 	fs := newFlagSet("ingress", stderr)
+	var probs flagProblems
+	ingressFlags(fs, &opts, &probs)
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	probs.addErr(opts.Validate())
+	if err := probs.err(); err != nil {
+		return err
+	}
+	return ingress.Run(ctx, opts, stdout, stderr)
+}
+
+// ingressFlags binds every `kvmesh ingress` flag onto opts; bad values go
+// to probs.
+func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) {
+	cfg := &opts.Config
 	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
-	var engines, tokenizers multiFlag
-	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<port>)")
+	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<random hex>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringVar(&cfg.AdminListen, "admin", "", "pprof address (empty: off)")
-	fs.Var(&engines, "engine", "static engine [id=]model=url (repeatable; used without gossip)")
-	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
-	var templates multiFlag
-	fs.Var(&templates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
-	pdPolicy := fs.String("pd-policy", cfg.PD.Policy, "prefill/decode step for engines with roles (\"\" = off): kvmesh|kvmesh-always|kthena|llmd|dynamo|sglang|aibrix")
-	pdGbps := fs.Float64("pd-transfer-gbps", 100, "prefill → decode KV bandwidth the P/D cost model assumes, Gbit/s")
-	policy := fs.String("policy", cfg.Scheduler.Policy, "routing policy: random|round-robin|least-request|kthena|ray|sglang|dynamo|llmd|kvmesh|weighted")
-	schedFile := fs.String("scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)")
+	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", os.Getenv("KVMESH_ADMIN_TOKEN"), "bearer token required on the admin address (env KVMESH_ADMIN_TOKEN; empty: none)")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", cfg.TLS.CertFile, "PEM certificate: serve HTTPS on --listen")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", cfg.TLS.KeyFile, "PEM key for --tls-cert")
+	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca", cfg.TLS.ClientCAFile, "PEM CA: require client certificates signed by it")
+	fs.StringVar(&cfg.TLS.UpstreamCAFile, "upstream-ca", cfg.TLS.UpstreamCAFile, "PEM CA verifying https:// engines")
+	fs.StringVar(&cfg.TLS.UpstreamCertFile, "upstream-cert", cfg.TLS.UpstreamCertFile, "PEM client certificate towards engines (mutual TLS)")
+	fs.StringVar(&cfg.TLS.UpstreamKeyFile, "upstream-key", cfg.TLS.UpstreamKeyFile, "PEM key for --upstream-cert")
+	fs.StringVar(&opts.JWT.JWKSFile, "jwks-file", "", "JSON Web Key Set file: accept bearer JWTs signed by its keys (besides API keys)")
+	fs.StringVar(&opts.JWT.JWKSURL, "jwks-url", "", "JSON Web Key Set URL (re-read every 5m and on an unknown kid)")
+	fs.StringVar(&opts.JWT.Audience, "jwt-audience", "", "audience a JWT must carry (required with --jwks-*)")
+	fs.StringVar(&opts.JWT.Issuer, "jwt-issuer", "", "issuer a JWT must carry (empty: any)")
+	fs.StringVar(&opts.JWT.TenantClaim, "jwt-tenant-claim", "tenant", "JWT claim naming the tenant (the rate-limit identity; falls back to sub)")
+	probs.Var(fs, "engine", "", "static engine [id=]model=url (repeatable; used without gossip)", func(s string) error {
+		se, err := ingress.ParseStaticEngine(s)
+		if err != nil {
+			return fmt.Errorf("--engine: %w", err)
+		}
+		cfg.Engines = append(cfg.Engines, se)
+		return nil
+	})
+	probs.ModelPaths(fs, &cfg.Tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
+	probs.ModelPaths(fs, &cfg.ChatTemplates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
+	fs.StringVar(&cfg.PD.Policy, "pd-policy", cfg.PD.Policy, "prefill/decode step for engines with roles (\"\" = off): kvmesh|kvmesh-always|kthena|llmd|dynamo|sglang|aibrix")
+	fs.Float64Var(&cfg.PD.TransferGbps, "pd-transfer-gbps", cfg.PD.TransferGbps, "prefill → decode KV bandwidth the P/D cost model assumes, Gbit/s (0: 100)")
+	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|"))
+	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)", func(path string) error {
+		sc, err := registry.LoadConfig(path)
+		if err != nil {
+			return fmt.Errorf("--scheduler-config: %w", err)
+		}
+		cfg.Scheduler = sc
+		return nil
+	})
 	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body", cfg.MaxBodyBytes, "max request body bytes (413 above)")
 	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "max prompt tokens (0: no limit)")
@@ -59,152 +91,39 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "graceful drain bound on SIGTERM")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size when membership does not say")
 	fs.BoolVar(&cfg.AccessLog, "access-log", cfg.AccessLog, "one JSON line per request on stderr")
-	keysFile := fs.String("api-keys-file", "", "API keys file (also $KVMESH_API_KEYS); none: open")
-	limitIn := fs.Int64("key-input-tpm", 0, "per-key input tokens per minute (0: none)")
-	limitOut := fs.Int64("key-output-tpm", 0, "per-key output tokens per minute (0: none)")
-	modelIn := fs.Int64("model-input-tpm", 0, "per-model input tokens per minute (0: none)")
-	modelOut := fs.Int64("model-output-tpm", 0, "per-model output tokens per minute (0: none)")
-	admitMax := fs.Int("admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
-	admitWait := fs.Duration("admit-max-wait", 30*time.Second, "admission queue wait before 504")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&opts.APIKeysFile, "api-keys-file", "", "API keys file (also $KVMESH_API_KEYS); none: open")
+	probs.NonNegative(fs, &opts.KeyLimits.InputTokens, "key-input-tpm", "per-key input tokens per minute (0: none)")
+	probs.NonNegative(fs, &opts.KeyLimits.OutputTokens, "key-output-tpm", "per-key output tokens per minute (0: none)")
+	probs.NonNegative(fs, &opts.ModelLimits.InputTokens, "model-input-tpm", "per-model input tokens per minute (0: none)")
+	probs.NonNegative(fs, &opts.ModelLimits.OutputTokens, "model-output-tpm", "per-model output tokens per minute (0: none)")
+	fs.IntVar(&opts.AdmitMax, "admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
+	fs.DurationVar(&opts.AdmitMaxWait, "admit-max-wait", opts.AdmitMaxWait, "admission queue wait before 504")
+	fairQueueFlags(fs, cfg, probs)
+	probs.LogLevel(fs, &opts.LogLevel)
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
 	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
-	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
-	join := fs.String("join", "", "comma-separated gossip seeds host:port")
+	gossipKeyFlag(fs, &cfg.Cluster.GossipKey, &cfg.Cluster.GossipKeys, probs)
+	List(fs, &cfg.Cluster.GossipSeeds, "join", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
-	natsURLs := fs.String("nats", "", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
-	if err := parseFlags(fs, args, 0); err != nil {
-		return err
-	}
-	// Every problem is reported at once (exit 2), not the first only.
-	var probs []string
-	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
-	if *join != "" {
-		cfg.Cluster.GossipSeeds = strings.Split(*join, ",")
-	}
-	if *natsURLs != "" {
-		cfg.Cluster.NATSURLs = strings.Split(*natsURLs, ",")
-	}
-	if *gossipKey != "" {
-		k, err := base64.StdEncoding.DecodeString(*gossipKey)
-		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
-			bad("--gossip-key must be base64 of 16, 24 or 32 bytes")
-		} else {
-			cfg.Cluster.GossipKey = k
-		}
-	}
-	for _, e := range engines {
-		se, err := ingress.ParseStaticEngine(e)
-		if err != nil {
-			bad("--engine: %v", err)
-			continue
-		}
-		cfg.Engines = append(cfg.Engines, se)
-	}
-	if len(tokenizers) > 0 {
-		cfg.Tokenizers = map[string]string{}
-	}
-	for _, t := range tokenizers {
-		model, path, ok := strings.Cut(t, "=")
-		if !ok {
-			bad("--tokenizer %q: want model=path", t)
-			continue
-		}
-		cfg.Tokenizers[model] = path
-	}
-	for _, t := range templates {
-		model, path, ok := strings.Cut(t, "=")
-		if !ok {
-			bad("--chat-template %q: want model=path", t)
-			continue
-		}
-		if cfg.ChatTemplates == nil {
-			cfg.ChatTemplates = map[string]string{}
-		}
-		cfg.ChatTemplates[model] = path
-	}
-	for _, l := range []struct {
-		name string
-		v    int64
-	}{{"key-input-tpm", *limitIn}, {"key-output-tpm", *limitOut}, {"model-input-tpm", *modelIn}, {"model-output-tpm", *modelOut}, {"admit-max", int64(*admitMax)}} {
-		if l.v < 0 {
-			bad("--%s must be >= 0, got %d", l.name, l.v)
-		}
-	}
-	cfg.Scheduler.Policy = *policy
-	cfg.PD.Policy, cfg.PD.TransferGbps = *pdPolicy, *pdGbps
-	if *schedFile != "" {
-		sc, err := scheduler.LoadConfig(*schedFile)
-		if err != nil {
-			bad("--scheduler-config: %v", err)
-		} else {
-			cfg.Scheduler = sc
-		}
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		bad("--log-level %q: want debug, info, warn or error", *logLevel)
-	}
-	if err := cfg.Validate(); err != nil {
-		bad("%v", err)
-	}
-	if len(probs) > 0 {
-		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
-	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	reg := prometheus.NewRegistry()
-	deps := ingress.Deps{Logger: log, AccessLog: log, Registry: reg}
+	natsutil.BindFlags(fs, &cfg.Cluster.NATSURLs, &cfg.Cluster.NATSAuth, "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
+}
 
-	ac := auth.DefaultConfig()
-	ac.KeysFile = *keysFile
-	store, err := auth.Load(ac)
-	if err != nil {
-		return err
-	}
-	if store.Enabled() {
-		deps.Auth = store
-	}
-	if *limitIn > 0 || *limitOut > 0 || *modelIn > 0 || *modelOut > 0 {
-		rc := ratelimit.DefaultConfig()
-		rc.PerKey = ratelimit.Limits{InputTokens: *limitIn, OutputTokens: *limitOut}
-		rc.PerModel = ratelimit.Limits{InputTokens: *modelIn, OutputTokens: *modelOut}
-		lim, err := ratelimit.New(rc)
+// gossipKeyFlag binds --gossip-key (default $KVMESH_GOSSIP_KEY) onto dst.
+// Comma-separated keys: the first encrypts, the rest are accepted during a
+// rotation (gossip.Config.ExtraKeys).
+func gossipKeyFlag(fs *flag.FlagSet, dst *[]byte, extra *[][]byte, probs *flagProblems) {
+	set := func(s string) error {
+		k, more, err := gossip.ParseKeys(s)
 		if err != nil {
-			return err
+			return fmt.Errorf("--gossip-key: %w", err)
 		}
-		reg.MustRegister(lim.Collectors()...)
-		deps.Limiter = lim
+		*dst, *extra = k, more
+		return nil
 	}
-	aff, err := session.NewAffinity(session.DefaultAffinityConfig())
-	if err != nil {
-		return err
+	if err := set(os.Getenv("KVMESH_GOSSIP_KEY")); err != nil {
+		probs.unlessGiven("gossip-key", err) // a bad environment value matters only when no flag replaces it
 	}
-	deps.Affinity = aff
-	if *admitMax > 0 {
-		adc := session.DefaultAdmissionConfig()
-		adc.MaxConcurrent, adc.MaxWait = *admitMax, *admitWait
-		adm, err := session.NewAdmitter(adc)
-		if err != nil {
-			return err
-		}
-		reg.MustRegister(adm.Collectors()...)
-		deps.Admitter = adm
-		deps.ClassifyError = ingress.SessionErrors
-	}
-	if err := ingress.LoadTokenizers(&cfg, &deps); err != nil {
-		return err
-	}
-	srv, err := ingress.New(cfg, deps)
-	if err != nil {
-		return err
-	}
-	if err := srv.Start(ctx); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "kvmesh ingress listening on http://%s\n", srv.Addr())
-	<-ctx.Done()
-	fmt.Fprintln(stdout, "draining")
-	return srv.Close()
+	probs.Var(fs, "gossip-key", "", "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)", set)
 }
 
 // configFlag finds -config/--config in args before the flag set is built.
@@ -220,4 +139,45 @@ func configFlag(args []string) string {
 		}
 	}
 	return ""
+}
+
+// fairQueueFlags binds the weighted fair admission queue (ingress/fair):
+// --fair-max-concurrent turns it on; --tenant sets a tenant's share.
+func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) {
+	fq := func() *fair.Config {
+		if cfg.FairQueue == nil {
+			c := fair.DefaultConfig()
+			cfg.FairQueue = &c
+		}
+		return cfg.FairQueue
+	}
+	fs.StringVar(&cfg.TenantHeader, "tenant-header", cfg.TenantHeader, "request header naming the tenant of unauthenticated requests (fair admission); trust it only behind a gateway that sets it")
+	probs.Var(fs, "fair-max-concurrent", "0", "weighted fair admission across tenants: max requests in service before queueing (0: off)", func(s string) error {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return fmt.Errorf("--fair-max-concurrent %q: want a whole number >= 0", s)
+		}
+		if n > 0 {
+			fq().MaxConcurrent = n
+		}
+		return nil
+	})
+	probs.Var(fs, "tenant", "", "a tenant's fair share, repeatable: NAME=WEIGHT[:PRIORITY] (higher priority first; default weight 1)", func(s string) error {
+		name, spec, ok := strings.Cut(s, "=")
+		w, p, _ := strings.Cut(spec, ":")
+		weight, err := strconv.ParseFloat(w, 64)
+		prio := 0
+		if err == nil && p != "" {
+			prio, err = strconv.Atoi(p)
+		}
+		if !ok || name == "" || err != nil || weight <= 0 {
+			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT > 0", s)
+		}
+		c := fq()
+		if c.Tenants == nil {
+			c.Tenants = map[string]fair.Tenant{}
+		}
+		c.Tenants[name] = fair.Tenant{Weight: weight, Priority: prio}
+		return nil
+	})
 }

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 // TestIngressCommand runs `kvmesh ingress` through run() in front of an

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // TestLoadtestCommand points `kvmesh loadtest` at a real simulator on loopback.

@@ -29,9 +29,11 @@ var commands = []command{
 	{"sim", "run the vLLM-compatible engine simulator", runSim},
 	{"sidecar", "run the sidecar next to one engine (or every engine on a node)", runSidecar},
 	{"ingress", "run a stateless OpenAI-compatible ingress replica", runIngress},
+	{"epp", "run the Gateway API Inference Extension endpoint picker (ext_proc) for Envoy-based gateways", runEPP},
 	{"bench", "compare routing policies (discrete-event simulation)", runBench},
 	{"demo", "run the whole mesh on loopback and compare random with kvmesh routing", runDemo},
 	{"loadtest", "send a workload to an OpenAI-compatible endpoint and report latency", runLoadtest},
+	{"orchestrator", "run the Kubernetes controller for ModelDeployments and the sidecar webhook", runOrchestrator},
 }
 
 // errUsage marks a command-line mistake: exit status 2, after the usage text.

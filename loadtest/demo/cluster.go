@@ -14,9 +14,9 @@ import (
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 // mesh is every component of one demo, started in dependency order and stopped in

@@ -17,9 +17,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // ErrConfig wraps every configuration problem.

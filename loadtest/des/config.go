@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -52,8 +53,9 @@ func (c *Config) Defaults() {
 		c.Model = "kvmesh-bench"
 	}
 	c.Scheduler.Defaults()
-	if c.Scheduler.KVMesh == nil {
-		c.Scheduler.KVMesh = KVMeshFromProfile(c.Engine.Profile)
+	if !c.Scheduler.HasParams("kvmesh") {
+		// Encoding a struct of numbers cannot fail.
+		_ = c.Scheduler.SetParams("kvmesh", KVMeshFromProfile(c.Engine.Profile))
 	}
 	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = 200 * time.Millisecond
@@ -89,8 +91,8 @@ func (c *Config) Validate() error {
 // shape and scale: prefill rate from FLOP/s, a step's fixed cost from the
 // weight read and launch overhead, decode cost per context token from the
 // KV read.
-func KVMeshFromProfile(p engine.Profile) *scheduler.KVMeshConfig {
-	d := scheduler.DefaultKVMeshConfig() // the weights; the rates come from the profile
+func KVMeshFromProfile(p engine.Profile) *policies.KVMeshConfig {
+	d := policies.DefaultKVMeshConfig() // the weights; the rates come from the profile
 	k := &d
 	if p.Params > 0 && p.FLOPS > 0 {
 		k.PrefillRate = p.FLOPS / (2 * p.Params)

@@ -77,7 +77,9 @@ func TestKVMeshUnderSaturation(t *testing.T) {
 	k, kv := rep.Policies["kthena"], rep.Policies["kvmesh"]
 	noWait := KVMeshFromProfile(prof)
 	noWait.WaitingWeight = 0
-	cfg.Scheduler.KVMesh = noWait
+	if err := cfg.Scheduler.SetParams("kvmesh", noWait); err != nil {
+		t.Fatal(err)
+	}
 	rep0, err := Run(context.Background(), cfg, reqs, []string{"kvmesh"})
 	if err != nil {
 		t.Fatal(err)

@@ -119,7 +119,11 @@ func (c *PDConfig) Validate() error {
 
 // pdPolicy builds the P/D policy for a run.
 func (c *PDConfig) pdPolicy(name string) (pd.Policy, error) {
-	pc := pd.Config{Policy: name, Cost: c.Scheduler.KVMesh, KVBytesPerToken: c.Engine.Profile.KVBytesPerToken,
+	cost, err := pd.CostFrom(c.Scheduler)
+	if err != nil {
+		return nil, err
+	}
+	pc := pd.Config{Policy: name, Cost: cost, KVBytesPerToken: c.Engine.Profile.KVBytesPerToken,
 		TransferGbps: c.TransferGbps, TransferSetup: c.TransferSetup.Seconds(), NonCachedTokens: c.NonCachedTokens,
 		SLOTTFT: c.SLOTTFT.Seconds()}
 	if name == "aggregated" {

@@ -9,7 +9,7 @@ import (
 	"sync"
 
 	"github.com/kvmesh/kvmesh/loadtest/workload"
-	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
 // Run simulates reqs once per policy (independently, each on fresh
@@ -23,7 +23,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 	}
 	var errs []error
 	for _, p := range policies {
-		if !slices.Contains(scheduler.PolicyNames, p) || p == "weighted" && len(cfg.Scheduler.Weighted) == 0 {
+		if !slices.Contains(registry.PolicyNames(), p) || p == "weighted" && !cfg.Scheduler.HasParams("weighted") {
 			errs = append(errs, fmt.Errorf("%w: unknown policy %q", ErrConfig, p))
 		}
 	}

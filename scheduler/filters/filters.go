@@ -4,7 +4,10 @@
 package filters
 
 import (
+	"errors"
 	"slices"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 )
@@ -16,6 +19,39 @@ var (
 	_ scheduler.Filter = MaxWaiting{}
 	_ scheduler.Filter = LoRA{}
 )
+
+// Config is the filters block of a SchedulerConfig. Health, model and role
+// always run; the others as configured.
+type Config struct {
+	// MaxWaiting drops engines with more waiting requests; 0 disables.
+	MaxWaiting int `yaml:"maxWaiting"`
+	// StrictLoRA keeps only engines with the request's adapter loaded.
+	StrictLoRA bool `yaml:"strictLoRA"`
+}
+
+// Validate lists every problem, with paths under name.
+func (c Config) Validate(name string) error {
+	p := scheduler.NewProblems(name)
+	p.NonNegativeInt("maxWaiting", c.MaxWaiting)
+	return errors.Join(p.Errs()...)
+}
+
+// Factory is the scheduler.FilterFactory of the filter chain: health,
+// model and role always; LoRA and max-waiting as configured.
+func Factory(name string, params *yaml.Node) ([]scheduler.Filter, error) {
+	c, err := scheduler.ParseParams(name, params, Config{})
+	if err != nil {
+		return nil, err
+	}
+	fs := []scheduler.Filter{Health{}, Model{}, Role{}}
+	if c.StrictLoRA {
+		fs = append(fs, LoRA{Strict: true})
+	}
+	if c.MaxWaiting > 0 {
+		fs = append(fs, MaxWaiting{Limit: c.MaxWaiting})
+	}
+	return fs, nil
+}
 
 // Health keeps healthy engines.
 type Health struct{}

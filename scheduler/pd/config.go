@@ -18,8 +18,8 @@ var Names = []string{"kvmesh", "kvmesh-always", "kthena", "llmd", "dynamo", "sgl
 type Config struct {
 	// Policy is one of Names. Default "kvmesh".
 	Policy string
-	// Cost is kvmesh's cost model (scheduler.KVMeshConfig); nil: defaults.
-	Cost *scheduler.KVMeshConfig
+	// Cost is kvmesh's cost model (policies.KVMeshConfig); nil: defaults.
+	Cost *policies.KVMeshConfig
 	// KVBytesPerToken is the KV size of a prompt token; 0: 131,072.
 	KVBytesPerToken float64
 	// TransferGbps is prefill → decode bandwidth in Gbit/s; 0: 100.
@@ -40,7 +40,7 @@ func (c *Config) Defaults() {
 		c.Policy = "kvmesh"
 	}
 	if c.Cost == nil {
-		d := scheduler.DefaultKVMeshConfig()
+		d := policies.DefaultKVMeshConfig()
 		c.Cost = &d
 	}
 	if c.KVBytesPerToken == 0 {
@@ -124,3 +124,19 @@ func New(c Config) (Policy, error) {
 type always struct{ KVMesh }
 
 func (always) Name() string { return "kvmesh-always" }
+
+// CostFrom is the kvmesh cost model a scheduler config carries (its kvmesh
+// block, or the defaults), so the P/D step prices with the same numbers as
+// the aggregated policy.
+func CostFrom(sc scheduler.Config) (*policies.KVMeshConfig, error) {
+	d := policies.DefaultKVMeshConfig()
+	n, ok := sc.Params["kvmesh"]
+	if !ok {
+		return &d, nil
+	}
+	k, err := scheduler.ParseParams("kvmesh", &n, d)
+	if err != nil {
+		return nil, err
+	}
+	return &k, nil
+}

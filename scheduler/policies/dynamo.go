@@ -1,6 +1,10 @@
 package policies
 
 import (
+	"errors"
+
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -22,8 +26,32 @@ type Dynamo struct {
 
 var _ scheduler.Policy = Dynamo{}
 
+// DynamoConfig is the dynamo block: the KV router's overlap weight.
+type DynamoConfig struct {
+	OverlapWeight float64 `yaml:"overlapWeight"`
+}
+
+// DefaultDynamoConfig is Dynamo's published default.
+func DefaultDynamoConfig() DynamoConfig { return DynamoConfig{OverlapWeight: 1} }
+
+// Validate lists every problem, with paths under name.
+func (d DynamoConfig) Validate(name string) error {
+	p := scheduler.NewProblems(name)
+	p.NonNegative("overlapWeight", d.OverlapWeight)
+	return errors.Join(p.Errs()...)
+}
+
+// DynamoFactory is policy dynamo's scheduler.PolicyFactory.
+func DynamoFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultDynamoConfig())
+	if err != nil {
+		return nil, err
+	}
+	return Dynamo(c), nil
+}
+
 // NewDynamo returns the published defaults.
-func NewDynamo() Dynamo { return Dynamo{OverlapWeight: 1} }
+func NewDynamo() Dynamo { return Dynamo(DefaultDynamoConfig()) }
 
 // Name implements scheduler.Policy.
 func (Dynamo) Name() string { return "dynamo" }

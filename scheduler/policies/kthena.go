@@ -1,6 +1,10 @@
 package policies
 
 import (
+	"errors"
+
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -29,8 +33,34 @@ type Kthena struct {
 
 var _ scheduler.Policy = Kthena{}
 
+// KthenaConfig is the kthena block: the plugin weights.
+type KthenaConfig struct {
+	LeastRequestWeight float64 `yaml:"leastRequestWeight"`
+	KVCacheWeight      float64 `yaml:"kvCacheWeight"`
+}
+
+// DefaultKthenaConfig is Kthena's published default.
+func DefaultKthenaConfig() KthenaConfig { return KthenaConfig{LeastRequestWeight: 1, KVCacheWeight: 1} }
+
+// Validate lists every problem, with paths under name.
+func (k KthenaConfig) Validate(name string) error {
+	p := scheduler.NewProblems(name)
+	p.NonNegative("leastRequestWeight", k.LeastRequestWeight)
+	p.NonNegative("kvCacheWeight", k.KVCacheWeight)
+	return errors.Join(p.Errs()...)
+}
+
+// KthenaFactory is policy kthena's scheduler.PolicyFactory.
+func KthenaFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultKthenaConfig())
+	if err != nil {
+		return nil, err
+	}
+	return Kthena(c), nil
+}
+
 // NewKthena returns Kthena with its published default weights.
-func NewKthena() Kthena { return Kthena{LeastRequestWeight: 1, KVCacheWeight: 1} }
+func NewKthena() Kthena { return Kthena(DefaultKthenaConfig()) }
 
 // Name implements scheduler.Policy.
 func (Kthena) Name() string { return "kthena" }

@@ -1,7 +1,10 @@
 package policies
 
 import (
+	"errors"
 	"fmt"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 )
@@ -94,11 +97,54 @@ type KVMesh struct {
 
 var _ scheduler.Policy = KVMesh{}
 
-// NewKVMesh returns KVMesh with its defaults (scheduler.DefaultKVMeshConfig).
-func NewKVMesh() KVMesh { return KVMeshFrom(scheduler.DefaultKVMeshConfig()) }
+// KVMeshConfig is the kvmesh block of a SchedulerConfig: the cost-model
+// parameters, each documented on KVMesh's field of the same name.
+type KVMeshConfig struct {
+	PrefillRate         float64 `yaml:"prefillRate"`
+	StepBase            float64 `yaml:"stepBase"`
+	DecodeSecPerToken   float64 `yaml:"decodeSecPerToken"`
+	DecodeWeight        float64 `yaml:"decodeWeight"`
+	DefaultOutputTokens int     `yaml:"defaultOutputTokens"`
+	ExternalityWeight   float64 `yaml:"externalityWeight"`
+	MissPenalty         float64 `yaml:"missPenalty"`
+	WaitingWeight       float64 `yaml:"waitingWeight"`
+}
+
+// DefaultKVMeshConfig is the kvmesh policy's default cost model (a 7B model
+// on an H100).
+func DefaultKVMeshConfig() KVMeshConfig {
+	return KVMeshConfig{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 0.15,
+		DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1, WaitingWeight: 2}
+}
+
+// Validate lists every problem, with paths under name.
+func (k KVMeshConfig) Validate(name string) error {
+	p := scheduler.NewProblems(name)
+	p.Positive("prefillRate", k.PrefillRate)
+	p.NonNegative("stepBase", k.StepBase)
+	p.NonNegative("decodeSecPerToken", k.DecodeSecPerToken)
+	p.NonNegative("decodeWeight", k.DecodeWeight)
+	p.NonNegativeInt("defaultOutputTokens", k.DefaultOutputTokens)
+	p.NonNegative("externalityWeight", k.ExternalityWeight)
+	p.NonNegative("missPenalty", k.MissPenalty)
+	p.NonNegative("waitingWeight", k.WaitingWeight)
+	return errors.Join(p.Errs()...)
+}
+
+// KVMeshFactory is policy kvmesh's scheduler.PolicyFactory.
+func KVMeshFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultKVMeshConfig())
+	if err != nil {
+		return nil, err
+	}
+	return KVMeshFrom(c), nil
+}
+
+// NewKVMesh returns KVMesh with its defaults (DefaultKVMeshConfig).
+func NewKVMesh() KVMesh { return KVMeshFrom(DefaultKVMeshConfig()) }
 
 // KVMeshFrom returns the policy configured by k.
-func KVMeshFrom(k scheduler.KVMeshConfig) KVMesh {
+func KVMeshFrom(k KVMeshConfig) KVMesh {
 	return KVMesh{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken,
 		DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight,
 		MissPenalty: k.MissPenalty, WaitingWeight: k.WaitingWeight}

@@ -1,8 +1,11 @@
 package policies
 
 import (
+	"errors"
 	"fmt"
 	"math"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/scorers"
@@ -19,6 +22,46 @@ type LLMDWeights struct {
 // kv-cache utilization 2, prefix cache 3.
 func DefaultLLMDWeights() LLMDWeights {
 	return LLMDWeights{Queue: 2, KVUtilization: 2, Prefix: 3}
+}
+
+// LLMDConfig is the llmd block: the scorer weights (queue-scorer,
+// kv-cache-utilization-scorer, prefix-cache-scorer), each ≥ 0, not all 0.
+type LLMDConfig struct {
+	QueueWeight         float64 `yaml:"queueWeight"`
+	KVUtilizationWeight float64 `yaml:"kvUtilizationWeight"`
+	PrefixWeight        float64 `yaml:"prefixWeight"`
+}
+
+// DefaultLLMDConfig is llm-d's documented default profile: queue 2,
+// kv-cache utilization 2, prefix cache 3.
+func DefaultLLMDConfig() LLMDConfig {
+	d := DefaultLLMDWeights()
+	return LLMDConfig{QueueWeight: d.Queue, KVUtilizationWeight: d.KVUtilization, PrefixWeight: d.Prefix}
+}
+
+// Validate lists every problem, with paths under name.
+func (l LLMDConfig) Validate(name string) error {
+	p := scheduler.NewProblems(name)
+	p.NonNegative("queueWeight", l.QueueWeight)
+	p.NonNegative("kvUtilizationWeight", l.KVUtilizationWeight)
+	p.NonNegative("prefixWeight", l.PrefixWeight)
+	if p.Len() == 0 && l.QueueWeight+l.KVUtilizationWeight+l.PrefixWeight == 0 {
+		p.Addf("", "queueWeight, kvUtilizationWeight and prefixWeight are all 0")
+	}
+	return errors.Join(p.Errs()...)
+}
+
+// LLMDFactory is policy llmd's scheduler.PolicyFactory.
+func LLMDFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultLLMDConfig())
+	if err != nil {
+		return nil, err
+	}
+	w, err := NewLLMD(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight})
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 // LLMD emulates the llm-d inference scheduler's default scoring profile

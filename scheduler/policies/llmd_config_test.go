@@ -17,7 +17,7 @@ import (
 // has 4 requests waiting, and b, which holds nothing and has none.
 func llmdPick(t *testing.T, llmdBlock string) string {
 	t.Helper()
-	cfg, err := scheduler.ParseConfig([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\npolicy: llmd\n" + llmdBlock))
+	cfg, err := registry.ParseConfig([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\npolicy: llmd\n" + llmdBlock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestNewLLMD(t *testing.T) {
 	if !reflect.DeepEqual(w, policies.LLMD()) || w.Scale != 1.0/7 {
 		t.Fatalf("NewLLMD(defaults) = %+v, LLMD() = %+v", w, policies.LLMD())
 	}
-	if d, c := policies.DefaultLLMDWeights(), scheduler.DefaultLLMDConfig(); d.Queue != c.QueueWeight || d.KVUtilization != c.KVUtilizationWeight || d.Prefix != c.PrefixWeight {
+	if d, c := policies.DefaultLLMDWeights(), policies.DefaultLLMDConfig(); d.Queue != c.QueueWeight || d.KVUtilization != c.KVUtilizationWeight || d.Prefix != c.PrefixWeight {
 		t.Fatalf("policies default %+v, config default %+v", d, c)
 	}
 	w, err = policies.NewLLMD(policies.LLMDWeights{Prefix: 4})

@@ -1,6 +1,10 @@
 package policies
 
 import (
+	"errors"
+
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -27,8 +31,34 @@ type Ray struct {
 
 var _ scheduler.Policy = Ray{}
 
+// RayConfig is the ray block: PrefixCacheAffinityRouter's thresholds.
+type RayConfig struct {
+	ImbalancedThreshold float64 `yaml:"imbalancedThreshold"`
+	MatchRateThreshold  float64 `yaml:"matchRateThreshold"`
+}
+
+// DefaultRayConfig is Ray Serve's published default.
+func DefaultRayConfig() RayConfig { return RayConfig{ImbalancedThreshold: 10, MatchRateThreshold: 0.1} }
+
+// Validate lists every problem, with paths under name.
+func (r RayConfig) Validate(name string) error {
+	p := scheduler.NewProblems(name)
+	p.NonNegative("imbalancedThreshold", r.ImbalancedThreshold)
+	p.Within("matchRateThreshold", r.MatchRateThreshold, 0, 1)
+	return errors.Join(p.Errs()...)
+}
+
+// RayFactory is policy ray's scheduler.PolicyFactory.
+func RayFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultRayConfig())
+	if err != nil {
+		return nil, err
+	}
+	return Ray(c), nil
+}
+
 // NewRay returns the published defaults.
-func NewRay() Ray { return Ray{ImbalancedThreshold: 10, MatchRateThreshold: 0.1} }
+func NewRay() Ray { return Ray(DefaultRayConfig()) }
 
 // Name implements scheduler.Policy.
 func (Ray) Name() string { return "ray" }

@@ -1,6 +1,10 @@
 package policies
 
 import (
+	"errors"
+
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -25,10 +29,38 @@ type SGLang struct {
 
 var _ scheduler.Policy = SGLang{}
 
-// NewSGLang returns the published defaults.
-func NewSGLang() SGLang {
-	return SGLang{CacheThreshold: 0.5, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.1}
+// SGLangConfig is the sglang block: cache_aware's thresholds.
+type SGLangConfig struct {
+	CacheThreshold      float64 `yaml:"cacheThreshold"`
+	BalanceAbsThreshold float64 `yaml:"balanceAbsThreshold"`
+	BalanceRelThreshold float64 `yaml:"balanceRelThreshold"`
 }
+
+// DefaultSGLangConfig is sgl-router's published default.
+func DefaultSGLangConfig() SGLangConfig {
+	return SGLangConfig{CacheThreshold: 0.5, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.1}
+}
+
+// Validate lists every problem, with paths under name.
+func (s SGLangConfig) Validate(name string) error {
+	p := scheduler.NewProblems(name)
+	p.Within("cacheThreshold", s.CacheThreshold, 0, 1)
+	p.NonNegative("balanceAbsThreshold", s.BalanceAbsThreshold)
+	p.AtLeast("balanceRelThreshold", s.BalanceRelThreshold, 1)
+	return errors.Join(p.Errs()...)
+}
+
+// SGLangFactory is policy sglang's scheduler.PolicyFactory.
+func SGLangFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultSGLangConfig())
+	if err != nil {
+		return nil, err
+	}
+	return SGLang(c), nil
+}
+
+// NewSGLang returns the published defaults.
+func NewSGLang() SGLang { return SGLang(DefaultSGLangConfig()) }
 
 // Name implements scheduler.Policy.
 func (SGLang) Name() string { return "sglang" }

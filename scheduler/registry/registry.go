@@ -1,10 +1,12 @@
 // Package registry is the one place kvmesh's scheduler plugins are
-// registered: it turns a scheduler.Config into a ready Scheduler. It owns no
-// logic of its own beyond the name → constructor tables.
+// registered: Plugins names every filter block, scorer and policy, and the
+// functions below build schedulers and parse SchedulerConfig files with
+// that set. Each plugin owns its parameters (its config struct, defaults,
+// strict decoding and Validate, and a factory) in its own package; adding
+// one is that package plus one line here.
 package registry
 
 import (
-	"fmt"
 	"log/slog"
 
 	"github.com/kvmesh/kvmesh/scheduler"
@@ -13,110 +15,69 @@ import (
 	"github.com/kvmesh/kvmesh/scheduler/scorers"
 )
 
-// scorerTable maps config scorer names to scorers.
-var scorerTable = map[string]scheduler.Scorer{
-	"prefix":           scorers.Prefix{},
-	"load":             scorers.Load{},
-	"queue":            scorers.Queue{},
-	"kv-usage":         scorers.KVUsage{},
-	"latency":          scorers.Latency{},
-	"lora-affinity":    scorers.LoRA{},
-	"session-affinity": scorers.Session{},
+// Plugins returns a new set holding every kvmesh plugin. The policies are
+// listed in display order (baselines, emulated routers, kvmesh's own, the
+// generic weighted one); the default policy is kvmesh.
+func Plugins() *scheduler.Plugins {
+	p := &scheduler.Plugins{}
+	p.RegisterFilters("filters", filters.Factory)
+
+	p.RegisterScorer("prefix", scorers.Prefix{})
+	p.RegisterScorer("load", scorers.Load{})
+	p.RegisterScorer("queue", scorers.Queue{})
+	p.RegisterScorer("kv-usage", scorers.KVUsage{})
+	p.RegisterScorer("latency", scorers.Latency{})
+	p.RegisterScorer("lora-affinity", scorers.LoRA{})
+	p.RegisterScorer("session-affinity", scorers.Session{})
+
+	p.RegisterPolicy("random", scheduler.NoParams(func() scheduler.Policy { return policies.Random{} }))
+	p.RegisterPolicy("round-robin", scheduler.NoParams(func() scheduler.Policy { return &policies.RoundRobin{} }))
+	p.RegisterPolicy("least-request", scheduler.NoParams(func() scheduler.Policy { return policies.LeastRequest{} }))
+	p.RegisterPolicy("kthena", policies.KthenaFactory)
+	p.RegisterPolicy("ray", policies.RayFactory)
+	p.RegisterPolicy("sglang", policies.SGLangFactory)
+	p.RegisterPolicy("dynamo", policies.DynamoFactory)
+	p.RegisterPolicy("llmd", policies.LLMDFactory)
+	p.RegisterPolicy("kvmesh", policies.KVMeshFactory)
+	p.RegisterPolicy("weighted", p.WeightedFactory)
+	p.SetDefaultPolicy("kvmesh")
+	return p
 }
+
+// all is the set the functions below use; it is only read after init.
+var all = Plugins()
+
+// PolicyNames lists every policy, in display order.
+func PolicyNames() []string { return all.PolicyNames() }
+
+// ScorerNames lists every scorer a weighted policy may use.
+func ScorerNames() []string { return all.ScorerNames() }
+
+// DefaultConfig is the configuration used when no file is given.
+func DefaultConfig() scheduler.Config { return all.DefaultConfig() }
+
+// ParseConfig decodes a SchedulerConfig strictly and validates it
+// (scheduler.Plugins.ParseConfig).
+func ParseConfig(data []byte) (scheduler.Config, error) { return all.ParseConfig(data) }
+
+// LoadConfig reads and parses a SchedulerConfig file.
+func LoadConfig(path string) (scheduler.Config, error) { return all.LoadConfig(path) }
+
+// Validate lists every problem with cfg (not defaulted).
+func Validate(cfg *scheduler.Config) error { return all.Validate(cfg) }
 
 // Policy builds the policy cfg names, with its parameters.
-func Policy(cfg *scheduler.Config) (scheduler.Policy, error) {
-	switch cfg.Policy {
-	case "random":
-		return policies.Random{}, nil
-	case "round-robin":
-		return &policies.RoundRobin{}, nil
-	case "least-request":
-		return policies.LeastRequest{}, nil
-	case "kthena":
-		p := policies.NewKthena()
-		if k := cfg.Kthena; k != nil {
-			p.LeastRequestWeight, p.KVCacheWeight = k.LeastRequestWeight, k.KVCacheWeight
-		}
-		return p, nil
-	case "ray":
-		p := policies.NewRay()
-		if r := cfg.Ray; r != nil {
-			p.ImbalancedThreshold, p.MatchRateThreshold = r.ImbalancedThreshold, r.MatchRateThreshold
-		}
-		return p, nil
-	case "sglang":
-		p := policies.NewSGLang()
-		if s := cfg.SGLang; s != nil {
-			p = policies.SGLang{CacheThreshold: s.CacheThreshold, BalanceAbsThreshold: s.BalanceAbsThreshold, BalanceRelThreshold: s.BalanceRelThreshold}
-		}
-		return p, nil
-	case "dynamo":
-		p := policies.NewDynamo()
-		if d := cfg.Dynamo; d != nil {
-			p.OverlapWeight = d.OverlapWeight
-		}
-		return p, nil
-	case "llmd":
-		l := cfg.LLMD
-		if l == nil {
-			return policies.LLMD(), nil
-		}
-		p, err := policies.NewLLMD(policies.LLMDWeights{Queue: l.QueueWeight, KVUtilization: l.KVUtilizationWeight, Prefix: l.PrefixWeight})
-		if err != nil {
-			return nil, err
-		}
-		return p, nil
-	case "kvmesh":
-		p := policies.NewKVMesh()
-		if k := cfg.KVMesh; k != nil {
-			p = policies.KVMeshFrom(*k)
-		}
-		return p, p.Validate()
-	case "weighted":
-		ws := make([]scheduler.WeightedScorer, 0, len(cfg.Weighted))
-		for _, s := range cfg.Weighted {
-			sc, ok := scorerTable[s.Name]
-			if !ok {
-				return nil, fmt.Errorf("policy weighted: %w: unknown scorer %q", scheduler.ErrConfig, s.Name)
-			}
-			ws = append(ws, scheduler.WeightedScorer{Scorer: sc, Weight: s.Weight})
-		}
-		return scheduler.NewWeighted("weighted", ws...)
-	}
-	return nil, fmt.Errorf("policy %q: %w: unknown policy", cfg.Policy, scheduler.ErrConfig)
-}
-
-// Filters builds the filter chain: health, model, role always; LoRA and
-// max-waiting as configured.
-func Filters(cfg *scheduler.Config) []scheduler.Filter {
-	fs := []scheduler.Filter{filters.Health{}, filters.Model{}, filters.Role{}}
-	if cfg.Filters.StrictLoRA {
-		fs = append(fs, filters.LoRA{Strict: true})
-	}
-	if cfg.Filters.MaxWaiting > 0 {
-		fs = append(fs, filters.MaxWaiting{Limit: cfg.Filters.MaxWaiting})
-	}
-	return fs
-}
+func Policy(cfg *scheduler.Config) (scheduler.Policy, error) { return all.Policy(cfg) }
 
 // New validates cfg (after defaults) and builds a Scheduler over idx (nil
 // for no prefix information).
 func New(cfg scheduler.Config, idx scheduler.PrefixIndex, log *slog.Logger) (*scheduler.Scheduler, error) {
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	p, err := Policy(&cfg)
-	if err != nil {
-		return nil, err
-	}
-	return scheduler.New(Filters(&cfg), p, idx, scheduler.Options{TierWeights: cfg.Weights(), Seed: cfg.Seed, Logger: log})
+	return all.New(cfg, idx, log)
 }
 
 // NewPolicy is New with only the policy name changed from the defaults.
 func NewPolicy(name string, seed uint64, idx scheduler.PrefixIndex) (*scheduler.Scheduler, error) {
-	cfg := scheduler.DefaultConfig()
+	cfg := DefaultConfig()
 	cfg.Policy, cfg.Seed = name, seed
 	return New(cfg, idx, nil)
 }

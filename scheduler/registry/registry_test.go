@@ -21,7 +21,7 @@ func defaultPolicies() map[string]scheduler.Policy {
 // TestExampleMatchesDefaults: the example file spells out the policies'
 // built-in defaults; building from it must give the same policies.
 func TestExampleMatchesDefaults(t *testing.T) {
-	cfg, err := scheduler.LoadConfig("../testdata/scheduler.yaml")
+	cfg, err := LoadConfig("../testdata/scheduler.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,17 +47,22 @@ func checkDefaults(t *testing.T, cfg scheduler.Config, from string) {
 // TestDefaultBlocksMatchPolicies: the config's Default*Config blocks (what a
 // partial YAML block is completed from) are the policies' built-in defaults.
 func TestDefaultBlocksMatchPolicies(t *testing.T) {
-	cfg := scheduler.DefaultConfig()
-	kv, kt, sg, ray, dyn, llmd := scheduler.DefaultKVMeshConfig(), scheduler.DefaultKthenaConfig(), scheduler.DefaultSGLangConfig(),
-		scheduler.DefaultRayConfig(), scheduler.DefaultDynamoConfig(), scheduler.DefaultLLMDConfig()
-	cfg.KVMesh, cfg.Kthena, cfg.SGLang, cfg.Ray, cfg.Dynamo, cfg.LLMD = &kv, &kt, &sg, &ray, &dyn, &llmd
+	cfg := DefaultConfig()
+	for name, block := range map[string]any{
+		"kvmesh": policies.DefaultKVMeshConfig(), "kthena": policies.DefaultKthenaConfig(), "sglang": policies.DefaultSGLangConfig(),
+		"ray": policies.DefaultRayConfig(), "dynamo": policies.DefaultDynamoConfig(), "llmd": policies.DefaultLLMDConfig(),
+	} {
+		if err := cfg.SetParams(name, block); err != nil {
+			t.Fatal(err)
+		}
+	}
 	checkDefaults(t, cfg, "Default*Config")
 }
 
 // TestPartialBlocks: a partial YAML block builds the default policy with
 // only the given fields changed.
 func TestPartialBlocks(t *testing.T) {
-	cfg, err := scheduler.ParseConfig([]byte(`apiVersion: kvmesh.io/v1alpha1
+	cfg, err := ParseConfig([]byte(`apiVersion: kvmesh.io/v1alpha1
 kind: SchedulerConfig
 kthena: {leastRequestWeight: 2}
 ray: {matchRateThreshold: 0.2}
@@ -87,13 +92,13 @@ llmd: {prefixWeight: 5}
 
 // TestNewValidatesLLMD: New rejects llmd weights the policy cannot use.
 func TestNewValidatesLLMD(t *testing.T) {
-	cfg := scheduler.DefaultConfig()
+	cfg := DefaultConfig()
 	cfg.Policy = "llmd"
-	cfg.LLMD = &scheduler.LLMDConfig{}
+	setParams(t, &cfg, "llmd", policies.LLMDConfig{})
 	if _, err := New(cfg, nil, nil); !errors.Is(err, scheduler.ErrConfig) {
 		t.Fatalf("all-zero llmd weights: %v", err)
 	}
-	cfg.LLMD = &scheduler.LLMDConfig{QueueWeight: math.NaN(), PrefixWeight: 1}
+	setParams(t, &cfg, "llmd", policies.LLMDConfig{QueueWeight: math.NaN(), PrefixWeight: 1})
 	if _, err := New(cfg, nil, nil); !errors.Is(err, scheduler.ErrConfig) {
 		t.Fatalf("NaN llmd weight: %v", err)
 	}
@@ -103,15 +108,23 @@ func TestNewValidatesLLMD(t *testing.T) {
 }
 
 func TestUnknownScorer(t *testing.T) {
-	cfg := scheduler.DefaultConfig()
+	cfg := DefaultConfig()
 	cfg.Policy = "weighted"
-	cfg.Weighted = []scheduler.ScorerConfig{{Name: "nope", Weight: 1}}
+	setParams(t, &cfg, "weighted", scheduler.WeightedConfig{{Name: "nope", Weight: 1}})
 	if _, err := New(cfg, nil, nil); err == nil {
 		t.Fatal("unknown scorer accepted")
 	}
-	for _, name := range scheduler.ScorerNames {
-		if _, ok := scorerTable[name]; !ok {
-			t.Errorf("scorer %s listed in the config but not registered", name)
+	for _, name := range ScorerNames() {
+		setParams(t, &cfg, "weighted", scheduler.WeightedConfig{{Name: name, Weight: 1}})
+		if _, err := New(cfg, nil, nil); err != nil {
+			t.Errorf("scorer %s listed but not usable: %v", name, err)
 		}
+	}
+}
+
+func setParams(t *testing.T, cfg *scheduler.Config, name string, v any) {
+	t.Helper()
+	if err := cfg.SetParams(name, v); err != nil {
+		t.Fatal(err)
 	}
 }

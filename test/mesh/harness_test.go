@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
-	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"

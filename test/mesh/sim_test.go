@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
-	"github.com/kvmesh/kvmesh/sim/engine"
-	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 

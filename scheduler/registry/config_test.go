@@ -1,4 +1,4 @@
-package scheduler
+package registry
 
 import (
 	"errors"
@@ -6,6 +6,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/filters"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
 
 func TestParseConfigDefaults(t *testing.T) {
@@ -13,7 +17,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Policy != "kvmesh" || c.Weights() != DefaultTierWeights() {
+	if c.Policy != "kvmesh" || c.Weights() != scheduler.DefaultTierWeights() {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }
@@ -34,14 +38,15 @@ sglang: {cacheThreshold: 0.4, balanceAbsThreshold: 16, balanceRelThreshold: 1.5}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Seed != 7 || c.Weights().CPU != 0.5 || len(c.Weighted) != 2 || c.Filters.MaxWaiting != 10 || c.SGLang.CacheThreshold != 0.4 {
+	if c.Seed != 7 || c.Weights().CPU != 0.5 || len(block(t, c, "weighted", scheduler.WeightedConfig(nil))) != 2 ||
+		block(t, c, "filters", filters.Config{}).MaxWaiting != 10 || block(t, c, "sglang", policies.DefaultSGLangConfig()).CacheThreshold != 0.4 {
 		t.Fatalf("decoded %+v", c)
 	}
 }
 
 func TestParseConfigStrict(t *testing.T) {
 	_, err := ParseConfig([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\npolicyy: kvmesh\n"))
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "policyy") {
+	if !errors.Is(err, scheduler.ErrConfig) || !strings.Contains(err.Error(), "policyy") {
 		t.Fatalf("unknown field not rejected: %v", err)
 	}
 }
@@ -83,7 +88,7 @@ func TestParseConfigNeedsAPIVersionAndKind(t *testing.T) {
 		{"apiVersion: \"\"\nkind: SchedulerConfig\n", []string{missingAPI}},
 	} {
 		_, err := ParseConfig([]byte(tc.src))
-		if !errors.Is(err, ErrConfig) {
+		if !errors.Is(err, scheduler.ErrConfig) {
 			t.Errorf("%q accepted: %v", tc.src, err)
 			continue
 		}
@@ -114,14 +119,14 @@ ray: {imbalancedThreshold: 10, typo: 1}
 tierWeights: {cpu: .nan}
 `
 	_, err := ParseConfig([]byte(src))
-	if !errors.Is(err, ErrConfig) {
+	if !errors.Is(err, scheduler.ErrConfig) {
 		t.Fatalf("accepted: %v", err)
 	}
 	lines := strings.Split(err.Error(), "\n")
 	want := []string{
 		"line 4: field bogus not found in type scheduler.Config",
 		"line 5: cannot unmarshal !!seq into uint64",
-		"line 6: field typo not found in type scheduler.RayConfig",
+		"line 6: field typo not found in type policies.RayConfig",
 		`apiVersion: "v2", want "kvmesh.io/v1alpha1"`,
 		`policy: "nope" is unknown`,
 		"tierWeights.cpu: NaN is not a number",
@@ -140,7 +145,7 @@ tierWeights: {cpu: .nan}
 		}
 	}
 	// A syntax error leaves nothing to validate: it is the one error.
-	if _, err := ParseConfig([]byte("{]")); !errors.Is(err, ErrConfig) || strings.Contains(err.Error(), "\n") {
+	if _, err := ParseConfig([]byte("{]")); !errors.Is(err, scheduler.ErrConfig) || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("syntax error: %v", err)
 	}
 }
@@ -162,37 +167,37 @@ llmd: {prefixWeight: 0}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := (TierWeights{GPU: 1, CPU: 0.8, Other: 0, Speculative: 0.9}); c.Weights() != w {
+	if w := (scheduler.TierWeights{GPU: 1, CPU: 0.8, Other: 0, Speculative: 0.9}); c.Weights() != w {
 		t.Errorf("tierWeights = %+v, want %+v", c.Weights(), w)
 	}
-	if w := (KthenaConfig{LeastRequestWeight: 2, KVCacheWeight: 1}); *c.Kthena != w {
-		t.Errorf("kthena = %+v, want %+v", *c.Kthena, w)
+	if w, got := (policies.KthenaConfig{LeastRequestWeight: 2, KVCacheWeight: 1}), block(t, c, "kthena", policies.DefaultKthenaConfig()); got != w {
+		t.Errorf("kthena = %+v, want %+v", got, w)
 	}
-	if w := (RayConfig{ImbalancedThreshold: 10, MatchRateThreshold: 0.2}); *c.Ray != w {
-		t.Errorf("ray = %+v, want %+v", *c.Ray, w)
+	if w, got := (policies.RayConfig{ImbalancedThreshold: 10, MatchRateThreshold: 0.2}), block(t, c, "ray", policies.DefaultRayConfig()); got != w {
+		t.Errorf("ray = %+v, want %+v", got, w)
 	}
-	w := DefaultKVMeshConfig()
+	w := policies.DefaultKVMeshConfig()
 	w.PrefillRate, w.MissPenalty = 1000, 0
-	if *c.KVMesh != w {
-		t.Errorf("kvmesh = %+v, want %+v", *c.KVMesh, w)
+	if got := block(t, c, "kvmesh", policies.DefaultKVMeshConfig()); got != w {
+		t.Errorf("kvmesh = %+v, want %+v", got, w)
 	}
-	if w := (SGLangConfig{CacheThreshold: 0, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.1}); *c.SGLang != w {
-		t.Errorf("sglang = %+v, want %+v", *c.SGLang, w)
+	if w, got := (policies.SGLangConfig{CacheThreshold: 0, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.1}), block(t, c, "sglang", policies.DefaultSGLangConfig()); got != w {
+		t.Errorf("sglang = %+v, want %+v", got, w)
 	}
-	if *c.Dynamo != DefaultDynamoConfig() {
-		t.Errorf("dynamo = %+v", *c.Dynamo)
+	if got := block(t, c, "dynamo", policies.DefaultDynamoConfig()); got != policies.DefaultDynamoConfig() {
+		t.Errorf("dynamo = %+v", got)
 	}
-	if w := (LLMDConfig{QueueWeight: 2, KVUtilizationWeight: 2, PrefixWeight: 0}); *c.LLMD != w {
-		t.Errorf("llmd = %+v, want %+v", *c.LLMD, w)
+	if w, got := (policies.LLMDConfig{QueueWeight: 2, KVUtilizationWeight: 2, PrefixWeight: 0}), block(t, c, "llmd", policies.DefaultLLMDConfig()); got != w {
+		t.Errorf("llmd = %+v, want %+v", got, w)
 	}
 
 	c, err = ParseConfig([]byte(header + "kthena:\nray: null\n"))
-	if err != nil || c.Kthena != nil || c.Ray != nil || c.LLMD != nil {
+	if err != nil || c.HasParams("kthena") || c.HasParams("ray") || c.HasParams("llmd") {
 		t.Errorf("omitted or null blocks: %+v, %v", c, err)
 	}
 
 	_, err = ParseConfig([]byte(header + "kthena: {leastRequestWeight: 2, kvCacheWeigth: 1}\n"))
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "field kvCacheWeigth not found in type scheduler.KthenaConfig") {
+	if !errors.Is(err, scheduler.ErrConfig) || !strings.Contains(err.Error(), "field kvCacheWeigth not found in type policies.KthenaConfig") {
 		t.Errorf("unknown field in a block: %v", err)
 	}
 }
@@ -212,11 +217,11 @@ func TestParseConfigRejectsNonFinite(t *testing.T) {
 	check := func(src, path, want string) {
 		t.Helper()
 		_, err := ParseConfig([]byte(header + src))
-		if !errors.Is(err, ErrConfig) {
+		if !errors.Is(err, scheduler.ErrConfig) {
 			t.Errorf("%s accepted", src)
 			return
 		}
-		if msg := path + ": " + want; err.Error() != ErrConfig.Error()+": "+msg {
+		if msg := path + ": " + want; err.Error() != scheduler.ErrConfig.Error()+": "+msg {
 			t.Errorf("%s: got\n%v\nwant only %q", src, err, msg)
 		}
 	}
@@ -236,11 +241,11 @@ func TestParseConfigRejectsNonFinite(t *testing.T) {
 // silently ignored; a trailing empty one ("---" alone) is harmless.
 func TestParseConfigOneDocument(t *testing.T) {
 	_, err := ParseConfig([]byte(header + "policy: kvmesh\n---\n" + header + "policy: random\n"))
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "line 4: a second YAML document is not allowed") {
+	if !errors.Is(err, scheduler.ErrConfig) || !strings.Contains(err.Error(), "line 4: a second YAML document is not allowed") {
 		t.Errorf("second document: %v", err)
 	}
 	_, err = ParseConfig([]byte(header + "---\n{]\n"))
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "second YAML document") {
+	if !errors.Is(err, scheduler.ErrConfig) || !strings.Contains(err.Error(), "second YAML document") {
 		t.Errorf("broken second document: %v", err)
 	}
 	_, err = ParseConfig([]byte(header + "policy: nope\n---\npolicy: random\n"))
@@ -261,7 +266,7 @@ func TestWeightedScorersNeedPositiveWeights(t *testing.T) {
 		"weighted: [{name: prefix, weight: -2}]\n":                         "weighted[0].weight: -2 must be > 0",
 	} {
 		_, err := ParseConfig([]byte(header + "policy: weighted\n" + src))
-		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, scheduler.ErrConfig) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", src, err, want)
 		}
 	}
@@ -276,13 +281,16 @@ func TestLLMDConfigValidation(t *testing.T) {
 		"llmd: {queueWeight: -1}\n":                                         "llmd.queueWeight: -1 is negative",
 	} {
 		_, err := ParseConfig([]byte(header + src))
-		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, scheduler.ErrConfig) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", src, err, want)
 		}
 	}
 	c, err := ParseConfig([]byte(header + "policy: llmd\nllmd: {queueWeight: 0, kvUtilizationWeight: 0}\n"))
-	if err != nil || *c.LLMD != (LLMDConfig{PrefixWeight: 3}) {
-		t.Fatalf("prefix only: %+v, %v", c.LLMD, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := block(t, c, "llmd", policies.DefaultLLMDConfig()); got != (policies.LLMDConfig{PrefixWeight: 3}) {
+		t.Fatalf("prefix only: %+v", got)
 	}
 }
 
@@ -294,7 +302,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := ParseConfig(b)
 		if err == nil {
-			if verr := c.Validate(); verr != nil {
+			if verr := Validate(&c); verr != nil {
 				t.Fatalf("parsed config fails validation: %v", verr)
 			}
 		}
@@ -304,26 +312,47 @@ func FuzzParseConfig(f *testing.F) {
 // TestExampleConfig keeps the documented example file valid and equal to
 // the built-in defaults it claims to spell out.
 func TestExampleConfig(t *testing.T) {
-	c, err := LoadConfig("testdata/scheduler.yaml")
+	c, err := LoadConfig("../testdata/scheduler.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := DefaultConfig()
-	kv, kt, sg, ray, dyn, llmd := DefaultKVMeshConfig(), DefaultKthenaConfig(), DefaultSGLangConfig(), DefaultRayConfig(), DefaultDynamoConfig(), DefaultLLMDConfig()
-	want.KVMesh, want.Kthena, want.SGLang, want.Ray, want.Dynamo, want.LLMD = &kv, &kt, &sg, &ray, &dyn, &llmd
-	want.Weighted = []ScorerConfig{{"prefix", 3}, {"load", 2}, {"session-affinity", 1}}
-	if !reflect.DeepEqual(c, want) {
-		t.Fatalf("example decoded to\n%s\nwant\n%s", dump(c), dump(want))
+	framework, want := c, DefaultConfig()
+	framework.Params = nil
+	if !reflect.DeepEqual(framework, want) {
+		t.Fatalf("example decoded to\n%+v %+v\nwant\n%+v %+v", framework, framework.TierWeights, want, want.TierWeights)
 	}
-	if _, err := LoadConfig("testdata/missing.yaml"); err == nil {
+	for name, got := range map[string]any{
+		"kvmesh": block(t, c, "kvmesh", policies.DefaultKVMeshConfig()), "kthena": block(t, c, "kthena", policies.DefaultKthenaConfig()),
+		"sglang": block(t, c, "sglang", policies.DefaultSGLangConfig()), "ray": block(t, c, "ray", policies.DefaultRayConfig()),
+		"dynamo": block(t, c, "dynamo", policies.DefaultDynamoConfig()), "llmd": block(t, c, "llmd", policies.DefaultLLMDConfig()),
+		"filters": block(t, c, "filters", filters.Config{}), "weighted": block(t, c, "weighted", scheduler.WeightedConfig(nil)),
+	} {
+		want := map[string]any{
+			"kvmesh": policies.DefaultKVMeshConfig(), "kthena": policies.DefaultKthenaConfig(), "sglang": policies.DefaultSGLangConfig(),
+			"ray": policies.DefaultRayConfig(), "dynamo": policies.DefaultDynamoConfig(), "llmd": policies.DefaultLLMDConfig(), "filters": filters.Config{},
+			"weighted": scheduler.WeightedConfig{{Name: "prefix", Weight: 3}, {Name: "load", Weight: 2}, {Name: "session-affinity", Weight: 1}},
+		}[name]
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("example's %s block = %+v, want %+v", name, got, want)
+		}
+	}
+	if len(c.Params) != 8 {
+		t.Errorf("example has %d blocks, want 8", len(c.Params))
+	}
+	if _, err := LoadConfig("../testdata/missing.yaml"); err == nil {
 		t.Fatal("missing file accepted")
 	}
 }
 
-func dump(c Config) string {
-	s := fmt.Sprintf("%+v", c)
-	for _, p := range []any{c.TierWeights, c.KVMesh, c.Kthena, c.SGLang, c.Ray, c.Dynamo, c.LLMD} {
-		s += fmt.Sprintf("\n  %+v", p)
+// block decodes c's block for name onto def, as the plugin's factory does.
+func block[C any](t *testing.T, c scheduler.Config, name string, def C) C {
+	t.Helper()
+	n, ok := c.Params[name]
+	if !ok {
+		t.Fatalf("no %s block in %+v", name, c)
 	}
-	return s
+	if err := scheduler.DecodeParams(&n, &def); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return def
 }

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"strings"
+)
+
+// flagProblems collects bad flag values instead of stopping at the first,
+// so a command reports every problem at once, on one line (exit 2).
+type flagProblems struct {
+	probs   []string
+	pending map[string]error // problems of a flag's default, dropped when the flag is given
+}
+
+// unlessGiven records a problem with the default of flag name (from the
+// environment, say) that counts only if the flag is not given.
+func (p *flagProblems) unlessGiven(name string, err error) {
+	if p.pending == nil {
+		p.pending = map[string]error{}
+	}
+	p.pending[name] = err
+}
+
+func (p *flagProblems) add(format string, a ...any) {
+	p.probs = append(p.probs, fmt.Sprintf(format, a...))
+}
+
+// addErr adds a validation error, one problem per line of it.
+func (p *flagProblems) addErr(err error) {
+	if err != nil {
+		p.probs = append(p.probs, strings.Split(err.Error(), "\n")...)
+	}
+}
+
+// err is the usage error listing every problem, nil when there is none.
+func (p *flagProblems) err() error {
+	for _, e := range p.pending {
+		p.add("%v (from the environment)", e)
+	}
+	p.pending = nil
+	if len(p.probs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", errUsage, strings.Join(p.probs, "; "))
+}
+
+// funcValue is a flag whose value set parses; its help shows def.
+type funcValue struct {
+	def string
+	set func(string) error
+}
+
+func (f *funcValue) String() string {
+	if f == nil {
+		return ""
+	}
+	return f.def
+}
+
+func (f *funcValue) Set(s string) error { return f.set(s) }
+
+// Var binds a flag whose value set parses. A value it rejects is recorded
+// as a problem (formatted by its error) and parsing goes on.
+func (p *flagProblems) Var(fs *flag.FlagSet, name, def, usage string, set func(string) error) {
+	fs.Var(&funcValue{def: def, set: func(s string) error {
+		delete(p.pending, name)
+		if err := set(s); err != nil {
+			p.add("%v", err)
+		}
+		return nil
+	}}, name, usage)
+}
+
+// LogLevel binds --log-level onto dst.
+func (p *flagProblems) LogLevel(fs *flag.FlagSet, dst *slog.Level) {
+	p.Var(fs, "log-level", strings.ToLower(dst.String()), "debug, info, warn or error", func(s string) error {
+		if err := dst.UnmarshalText([]byte(s)); err != nil {
+			return fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+		}
+		return nil
+	})
+}
+
+// NonNegative binds an int64 flag that must be ≥ 0.
+func (p *flagProblems) NonNegative(fs *flag.FlagSet, dst *int64, name, usage string) {
+	p.Var(fs, name, fmt.Sprint(*dst), usage, func(s string) error {
+		var v int64
+		if _, err := fmt.Sscan(s, &v); err != nil {
+			return fmt.Errorf("--%s %q: not an integer", name, s)
+		}
+		if v < 0 {
+			return fmt.Errorf("--%s must be >= 0, got %d", name, v)
+		}
+		*dst = v
+		return nil
+	})
+}
+
+// List binds a comma-separated list flag onto dst (empty items dropped).
+func List(fs *flag.FlagSet, dst *[]string, name, usage string) {
+	fs.Var(&funcValue{def: strings.Join(*dst, ","), set: func(s string) error {
+		*dst = commaList(s)
+		return nil
+	}}, name, usage)
+}
+
+// ModelPaths binds a repeatable model=path flag onto dst; given at all,
+// the flags replace the map (a config file's entries included).
+func (p *flagProblems) ModelPaths(fs *flag.FlagSet, dst *map[string]string, name, usage string) {
+	fresh := true
+	p.Var(fs, name, "", usage, func(s string) error {
+		model, path, ok := strings.Cut(s, "=")
+		if !ok {
+			return fmt.Errorf("--%s %q: want model=path", name, s)
+		}
+		if fresh || *dst == nil {
+			*dst, fresh = map[string]string{}, false
+		}
+		(*dst)[model] = path
+		return nil
+	})
+}
+
+// multiFlag collects a repeated string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func commaList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,360 @@
+// Package fair admits requests to a bounded number of slots with weighted
+// fair queuing across tenants, so one tenant's burst cannot delay the others
+// when the engines are saturated.
+//
+// Tenants are served in strict priority classes (a higher Priority first);
+// within a class, start-time fair queuing: each waiting request gets the
+// virtual start tag max(V, the tenant's last finish tag) and the finish tag
+// start + cost/weight, and a freed slot goes to the smallest start tag. Over
+// any busy period each backlogged tenant receives slots in proportion to its
+// weight (in cost units: prompt tokens, or 1 per request), whatever order the
+// requests arrived in; a tenant that was idle starts at the current virtual
+// time, so it neither hoards credit nor waits behind a backlog that is not its
+// own. Within a tenant, FIFO.
+//
+// Bounded everywhere: each tenant's queue (MaxQueuePerTenant) and the total
+// (MaxQueue); a full queue refuses at once with ErrQueueFull (the ingress
+// answers 429 with Retry-After) and a request that waits longer than MaxWait
+// gets ErrQueueTimeout (503): shedding before latency collapses.
+package fair
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+var (
+	// ErrQueueFull: the tenant's queue or the whole queue is full.
+	ErrQueueFull = errors.New("fair queue full")
+	// ErrQueueTimeout: no slot within MaxWait.
+	ErrQueueTimeout = errors.New("fair queue wait timed out")
+)
+
+// Tenant is one tenant's share.
+type Tenant struct {
+	// Weight is the tenant's share relative to the others' (default 1).
+	Weight float64 `yaml:"weight"`
+	// Priority: higher classes are admitted first (default 0).
+	Priority int `yaml:"priority"`
+}
+
+// Config configures a Queue.
+type Config struct {
+	// MaxConcurrent requests in service (default 256).
+	MaxConcurrent int `yaml:"maxConcurrent"`
+	// MaxQueue bounds all waiting requests (default 4,096); MaxQueuePerTenant
+	// one tenant's (default 1,024).
+	MaxQueue          int `yaml:"maxQueue"`
+	MaxQueuePerTenant int `yaml:"maxQueuePerTenant"`
+	// MaxWait is the longest a request waits (default 30 s).
+	MaxWait time.Duration `yaml:"maxWait"`
+	// Tenants lists known tenants' weights and priorities; others get Default.
+	Tenants map[string]Tenant `yaml:"tenants"`
+	// Default applies to tenants not listed (default weight 1, priority 0).
+	Default Tenant `yaml:"default"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{MaxConcurrent: 256, MaxQueue: 4096, MaxQueuePerTenant: 1024, MaxWait: 30 * time.Second,
+		Default: Tenant{Weight: 1}}
+}
+
+// Validate lists every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxConcurrent < 1 {
+		errs = append(errs, fmt.Errorf("maxConcurrent %d must be ≥ 1", c.MaxConcurrent))
+	}
+	if c.MaxQueue < 0 || c.MaxQueuePerTenant < 0 {
+		errs = append(errs, fmt.Errorf("queue bounds must be ≥ 0"))
+	}
+	if c.MaxWait <= 0 {
+		errs = append(errs, fmt.Errorf("maxWait %v must be > 0", c.MaxWait))
+	}
+	if c.Default.Weight <= 0 {
+		errs = append(errs, fmt.Errorf("default weight %v must be > 0", c.Default.Weight))
+	}
+	for name, t := range c.Tenants {
+		if t.Weight <= 0 {
+			errs = append(errs, fmt.Errorf("tenant %q: weight %v must be > 0", name, t.Weight))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Ticket describes one request asking for a slot.
+type Ticket struct {
+	Tenant string
+	// Cost in the unit shares are counted in (prompt tokens, or 1); ≤ 0 counts 1.
+	Cost float64
+}
+
+type waiter struct {
+	ch     chan bool // receives true when granted a slot
+	tenant *tenantQ
+	start  float64 // virtual start tag
+	seq    uint64  // arrival order, breaks ties
+	index  int     // in the class heap; -1 when not queued
+}
+
+// tenantQ is one tenant's state: its FIFO of waiters and last finish tag.
+type tenantQ struct {
+	name       string
+	share      Tenant
+	lastFinish float64
+	fifo       []*waiter
+	queued     int
+	class      *class
+}
+
+// class is one priority class: a heap of tenants' head waiters by start tag.
+type class struct {
+	prio  int
+	heads waiterHeap
+	v     float64 // virtual time: the start tag of the last admitted request
+}
+
+// Queue is the fair admission queue. Safe for concurrent use.
+type Queue struct {
+	cfg Config
+
+	mu       sync.Mutex
+	inFlight int
+	queued   int
+	seq      uint64
+	tenants  map[string]*tenantQ
+	classes  []*class // by priority, highest first
+
+	metrics *metrics
+}
+
+// New validates cfg and returns a Queue.
+func New(cfg Config) (*Queue, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("fair queue: %w", err)
+	}
+	return &Queue{cfg: cfg, tenants: map[string]*tenantQ{}, metrics: newMetrics(cfg)}, nil
+}
+
+// Acquire implements the ingress's Admitter for callers that know no tenant.
+func (q *Queue) Acquire(ctx context.Context, _ string) (func(), error) {
+	return q.AcquireFor(ctx, Ticket{})
+}
+
+// AcquireFor waits for a slot for t. On success release must be called once
+// when the request ends (extra calls are ignored). Errors: ErrQueueFull,
+// ErrQueueTimeout or ctx.Err().
+func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	cost := t.Cost
+	if cost <= 0 {
+		cost = 1
+	}
+	q.mu.Lock()
+	tq := q.tenant(t.Tenant)
+	if q.inFlight < q.cfg.MaxConcurrent && q.queued == 0 {
+		q.inFlight++
+		q.charge(tq, cost)
+		q.mu.Unlock()
+		q.metrics.admit(tq.name, 0)
+		return q.releaser(), nil
+	}
+	if q.queued >= q.cfg.MaxQueue || tq.queued >= q.cfg.MaxQueuePerTenant {
+		q.mu.Unlock()
+		q.metrics.reject(tq.name, "full")
+		return nil, fmt.Errorf("%w: tenant %q", ErrQueueFull, tq.name)
+	}
+	w := q.enqueue(tq, cost)
+	q.mu.Unlock()
+
+	begin := time.Now()
+	timer := time.NewTimer(q.cfg.MaxWait)
+	defer timer.Stop()
+	select {
+	case <-w.ch:
+		q.metrics.admit(tq.name, time.Since(begin).Seconds())
+		return q.releaser(), nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+		err = fmt.Errorf("%w after %v", ErrQueueTimeout, q.cfg.MaxWait)
+	}
+	q.mu.Lock()
+	if w.index >= 0 || q.inFIFO(w) {
+		q.dequeue(w)
+		q.mu.Unlock()
+		q.metrics.reject(tq.name, "timeout")
+		return nil, err
+	}
+	q.mu.Unlock()
+	// The grant raced with the timeout: the slot is ours; pass it on.
+	<-w.ch
+	q.releaseSlot()
+	q.metrics.reject(tq.name, "timeout")
+	return nil, err
+}
+
+// tenant returns (making it) the tenant's state. Caller holds mu.
+func (q *Queue) tenant(name string) *tenantQ {
+	if tq, ok := q.tenants[name]; ok {
+		return tq
+	}
+	share, ok := q.cfg.Tenants[name]
+	if !ok {
+		share = q.cfg.Default
+	}
+	if share.Weight <= 0 {
+		share.Weight = 1
+	}
+	tq := &tenantQ{name: name, share: share, class: q.classFor(share.Priority)}
+	// A tenant first seen now starts at the class's virtual time.
+	tq.lastFinish = tq.class.v
+	q.tenants[name] = tq
+	return tq
+}
+
+func (q *Queue) classFor(prio int) *class {
+	for i, c := range q.classes {
+		if c.prio == prio {
+			return c
+		}
+		if c.prio < prio {
+			nc := &class{prio: prio}
+			q.classes = append(q.classes[:i], append([]*class{nc}, q.classes[i:]...)...)
+			return nc
+		}
+	}
+	nc := &class{prio: prio}
+	q.classes = append(q.classes, nc)
+	return nc
+}
+
+// charge advances a tenant's finish tag for a request admitted without waiting.
+func (q *Queue) charge(tq *tenantQ, cost float64) {
+	s := max(tq.class.v, tq.lastFinish)
+	tq.lastFinish = s + cost/tq.share.Weight
+	tq.class.v = s
+}
+
+// enqueue tags a waiter and queues it behind its tenant's earlier ones.
+func (q *Queue) enqueue(tq *tenantQ, cost float64) *waiter {
+	s := max(tq.class.v, tq.lastFinish)
+	tq.lastFinish = s + cost/tq.share.Weight
+	q.seq++
+	w := &waiter{ch: make(chan bool, 1), tenant: tq, start: s, seq: q.seq, index: -1}
+	tq.fifo = append(tq.fifo, w)
+	tq.queued++
+	q.queued++
+	if len(tq.fifo) == 1 {
+		heap.Push(&tq.class.heads, w)
+	}
+	q.metrics.queued(tq.name, 1)
+	return w
+}
+
+func (q *Queue) inFIFO(w *waiter) bool {
+	for _, x := range w.tenant.fifo {
+		if x == w {
+			return true
+		}
+	}
+	return false
+}
+
+// dequeue removes a waiting w (timeout or cancel). Caller holds mu.
+func (q *Queue) dequeue(w *waiter) {
+	tq := w.tenant
+	for i, x := range tq.fifo {
+		if x == w {
+			tq.fifo = append(tq.fifo[:i], tq.fifo[i+1:]...)
+			break
+		}
+	}
+	if w.index >= 0 {
+		heap.Remove(&tq.class.heads, w.index)
+		if len(tq.fifo) > 0 {
+			heap.Push(&tq.class.heads, tq.fifo[0])
+		}
+	}
+	tq.queued--
+	q.queued--
+	q.metrics.queued(tq.name, -1)
+}
+
+// next pops the waiter to admit: the highest class's smallest start tag.
+func (q *Queue) next() *waiter {
+	for _, c := range q.classes {
+		if c.heads.Len() == 0 {
+			continue
+		}
+		w := heap.Pop(&c.heads).(*waiter)
+		tq := w.tenant
+		tq.fifo = tq.fifo[1:]
+		if len(tq.fifo) > 0 {
+			heap.Push(&c.heads, tq.fifo[0])
+		}
+		tq.queued--
+		q.queued--
+		c.v = max(c.v, w.start)
+		q.metrics.queued(tq.name, -1)
+		return w
+	}
+	return nil
+}
+
+func (q *Queue) releaser() func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			q.releaseSlot()
+		}
+	}
+}
+
+// releaseSlot hands the freed slot to the next waiter, or returns it.
+func (q *Queue) releaseSlot() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.inFlight <= q.cfg.MaxConcurrent {
+		if w := q.next(); w != nil {
+			w.ch <- true // the slot moves to w
+			return
+		}
+	}
+	q.inFlight--
+}
+
+// Stats reports the requests in service and waiting.
+func (q *Queue) Stats() (inFlight, queued int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.inFlight, q.queued
+}
+
+// waiterHeap orders tenants' head waiters by start tag, then arrival.
+type waiterHeap []*waiter
+
+func (h waiterHeap) Len() int { return len(h) }
+func (h waiterHeap) Less(i, j int) bool {
+	if h[i].start != h[j].start {
+		return h[i].start < h[j].start
+	}
+	return h[i].seq < h[j].seq
+}
+func (h waiterHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
+func (h *waiterHeap) Push(x any)   { w := x.(*waiter); w.index = len(*h); *h = append(*h, w) }
+func (h *waiterHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	*h = old[:len(old)-1]
+	w.index = -1
+	return w
+}

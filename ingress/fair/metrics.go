@@ -1,0 +1,57 @@
+package fair
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// otherTenants labels tenants not named in Config.Tenants, which bounds the
+// metrics' cardinality to the configured tenants + 1.
+const otherTenants = "other"
+
+type metrics struct {
+	known    map[string]bool
+	admitted *prometheus.CounterVec
+	rejected *prometheus.CounterVec
+	waiting  *prometheus.GaugeVec
+	wait     *prometheus.HistogramVec
+}
+
+func newMetrics(cfg Config) *metrics {
+	m := &metrics{known: map[string]bool{},
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tenant_admitted_total",
+			Help: "Requests admitted by the fair queue, per tenant (unlisted tenants: other)."}, []string{"tenant"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tenant_rejected_total",
+			Help: "Requests the fair queue refused, per tenant and reason (full, timeout)."}, []string{"tenant", "reason"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvmesh_ingress_tenant_queued_requests",
+			Help: "Requests waiting in the fair queue, per tenant."}, []string{"tenant"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_tenant_queue_wait_seconds",
+			Help:    "Time admitted requests waited in the fair queue, per tenant.",
+			Buckets: []float64{0, .001, .005, .025, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"tenant"}),
+	}
+	for name := range cfg.Tenants {
+		m.known[name] = true
+	}
+	return m
+}
+
+func (m *metrics) label(tenant string) string {
+	if m.known[tenant] {
+		return tenant
+	}
+	return otherTenants
+}
+
+func (m *metrics) admit(tenant string, waited float64) {
+	l := m.label(tenant)
+	m.admitted.WithLabelValues(l).Inc()
+	m.wait.WithLabelValues(l).Observe(waited)
+}
+
+func (m *metrics) reject(tenant, reason string) {
+	m.rejected.WithLabelValues(m.label(tenant), reason).Inc()
+}
+
+func (m *metrics) queued(tenant string, d float64) { m.waiting.WithLabelValues(m.label(tenant)).Add(d) }
+
+// Collectors returns the queue's metrics for registration.
+func (q *Queue) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{q.metrics.admitted, q.metrics.rejected, q.metrics.waiting, q.metrics.wait}
+}

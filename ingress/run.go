@@ -1,0 +1,159 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/kvmesh/kvmesh/ingress/fair"
+	"github.com/kvmesh/kvmesh/ingress/ratelimit"
+	"github.com/kvmesh/kvmesh/ingress/session"
+)
+
+// Options is what `kvmesh ingress` runs: the replica's Config plus the
+// request-path components the process builds around it (API keys, token
+// rate limits, session admission) and its log level. The command's flags
+// bind onto it (cmd/kvmesh/ingress.go) over a YAML Config file.
+type Options struct {
+	Config Config
+	// APIKeysFile is an API keys file (auth.ParseKeys format). "": the
+	// keys in $KVMESH_API_KEYS, and none there means an open ingress.
+	APIKeysFile string
+	// KeyLimits and ModelLimits are token rate limits per minute, per API
+	// key and per model. Zero: none.
+	KeyLimits, ModelLimits ratelimit.Limits
+	// AdmitMax turns on session-boost admission: at most this many requests
+	// in service before new sessions queue (0: off). AdmitMaxWait bounds
+	// the queueing (504 after). Default 30s.
+	AdmitMax     int
+	AdmitMaxWait time.Duration
+	// LogLevel of the JSON log (and the access log) on stderr. Default info.
+	LogLevel slog.Level
+	// JWT, when its JWKSFile or JWKSURL is set, accepts bearer JWTs besides
+	// the API keys; a token's rate-limit claim sets its tenant's budget.
+	JWT auth.JWTConfig
+}
+
+// DefaultOptions is DefaultConfig with no keys, limits or admission.
+func DefaultOptions() Options {
+	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo}
+}
+
+// Validate lists every problem, each wrapping ErrConfig.
+func (o *Options) Validate() error {
+	errs := []error{o.Config.Validate()}
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{{"key input limit", o.KeyLimits.InputTokens}, {"key output limit", o.KeyLimits.OutputTokens},
+		{"model input limit", o.ModelLimits.InputTokens}, {"model output limit", o.ModelLimits.OutputTokens},
+		{"admit max", int64(o.AdmitMax)}} {
+		if l.v < 0 {
+			errs = append(errs, fmt.Errorf("%w: %s must be >= 0, got %d", ErrConfig, l.name, l.v))
+		}
+	}
+	if o.AdmitMax > 0 && o.AdmitMaxWait <= 0 {
+		errs = append(errs, fmt.Errorf("%w: admit max wait must be > 0", ErrConfig))
+	}
+	return errors.Join(errs...)
+}
+
+// Run serves one ingress replica until ctx ends, then drains: it builds
+// the components o asks for, starts the server, writes its address to
+// stdout and logs JSON to stderr.
+func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
+	deps, err := o.deps(ctx, log)
+	if err != nil {
+		return err
+	}
+	cfg := o.Config
+	if err := LoadTokenizers(&cfg, &deps); err != nil {
+		return err
+	}
+	srv, err := New(cfg, deps)
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "kvmesh ingress listening on http://%s\n", srv.Addr())
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "draining")
+	return srv.Close()
+}
+
+// deps builds the optional request-path components o configures, their
+// metrics registered on one registry.
+func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	deps := Deps{Logger: log, AccessLog: log, Registry: reg}
+	ac := auth.DefaultConfig()
+	ac.KeysFile = o.APIKeysFile
+	store, err := auth.Load(ac)
+	if err != nil {
+		return deps, err
+	}
+	if store.Enabled() {
+		deps.Auth = store
+	}
+	var jwtv *auth.JWTVerifier
+	if o.JWT.JWKSFile != "" || o.JWT.JWKSURL != "" {
+		if jwtv, err = auth.NewJWT(ctx, o.JWT); err != nil {
+			return deps, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		deps.Auth = auth.Chain{Keys: store, Verifier: jwtv}
+	}
+	if o.KeyLimits != (ratelimit.Limits{}) || o.ModelLimits != (ratelimit.Limits{}) || jwtv != nil {
+		rc := ratelimit.DefaultConfig()
+		rc.PerKey, rc.PerModel = o.KeyLimits, o.ModelLimits
+		if jwtv != nil { // a token's rate_limit claim sets its tenant's budget
+			rc.KeyLimits = func(tenant string) (ratelimit.Limits, bool) {
+				in, out, ok := jwtv.TenantLimits(tenant)
+				return ratelimit.Limits{InputTokens: in, OutputTokens: out}, ok
+			}
+		}
+		lim, err := ratelimit.New(rc)
+		if err != nil {
+			return deps, err
+		}
+		reg.MustRegister(lim.Collectors()...)
+		deps.Limiter = lim
+	}
+	aff, err := session.NewAffinity(session.DefaultAffinityConfig())
+	if err != nil {
+		return deps, err
+	}
+	deps.Affinity = aff
+	if fc := o.Config.FairQueue; fc != nil {
+		q, err := fair.New(*fc)
+		if err != nil {
+			return deps, err
+		}
+		reg.MustRegister(q.Collectors()...)
+		deps.Admitter, deps.ClassifyError = q, FairErrors
+	} else if o.AdmitMax > 0 {
+		adc := session.DefaultAdmissionConfig()
+		adc.MaxConcurrent, adc.MaxWait = o.AdmitMax, o.AdmitMaxWait
+		adm, err := session.NewAdmitter(adc)
+		if err != nil {
+			return deps, err
+		}
+		reg.MustRegister(adm.Collectors()...)
+		deps.Admitter = adm
+		deps.ClassifyError = SessionErrors
+	}
+	return deps, nil
+}

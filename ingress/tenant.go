@@ -1,0 +1,55 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/ingress/fair"
+)
+
+// TenantAdmitter is an Admitter that shares the slots fairly across tenants
+// (ingress/fair): the ingress uses AcquireFor when Deps.Admitter has it.
+type TenantAdmitter interface {
+	AcquireFor(ctx context.Context, t fair.Ticket) (release func(), err error)
+}
+
+var _ TenantAdmitter = (*fair.Queue)(nil)
+
+// tenant names whom the request is charged to: the authenticated identity
+// (API key or JWT tenant) when auth is on, else Config.TenantHeader's value
+// when configured (a header is only as trustworthy as whatever sets it: use
+// it behind a gateway that does), else "".
+func (c *call) tenant(ctx *fasthttp.RequestCtx) string {
+	if c.keyID != "" {
+		return c.keyID
+	}
+	if h := c.s.cfg.TenantHeader; h != "" {
+		return string(ctx.Request.Header.Peek(h))
+	}
+	return ""
+}
+
+// acquire asks Deps.Admitter for a slot: per tenant, priced in prompt tokens,
+// when it shares fairly; per session otherwise.
+func (c *call) acquire(ctx *fasthttp.RequestCtx, promptTokens int) (func(), error) {
+	if ta, ok := c.s.deps.Admitter.(TenantAdmitter); ok {
+		return ta.AcquireFor(admitContext(ctx), fair.Ticket{Tenant: c.tenant(ctx), Cost: float64(max(promptTokens, 1))})
+	}
+	return c.s.deps.Admitter.Acquire(admitContext(ctx), string(c.req.sessionID))
+}
+
+// FairErrors maps ingress/fair's errors onto the ingress sentinels (for
+// Deps.ClassifyError): a full queue is 429 with Retry-After, a wait past
+// MaxWait is 504.
+func FairErrors(err error) error {
+	switch {
+	case errors.Is(err, fair.ErrQueueTimeout):
+		return fmt.Errorf("%w: %w", ErrQueueTimeout, err)
+	case errors.Is(err, fair.ErrQueueFull):
+		return fmt.Errorf("%w: %w", ErrOverloaded, err)
+	}
+	return err
+}

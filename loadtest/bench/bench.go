@@ -1,0 +1,275 @@
+// Package bench is `kvmesh bench`: it compares routing policies by
+// running a workload (loadtest/workload) through a discrete-event
+// simulation of the real index and scheduler against simulated engines
+// (loadtest/des), and reports a table or JSON. It owns the command's
+// options and their checks; cmd/kvmesh only binds flags onto Options.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// ErrUsage wraps every problem with Options. Problems name the options
+// as the command line spells them (--engines), since that is where they
+// are set.
+var ErrUsage = errors.New("bench: invalid options")
+
+// DefaultProfile is the engine of the issue's scenarios: a 7B model on a
+// 48 GB GPU holding 480k tokens of KV at 30,000 blocks of 16.
+const DefaultProfile = "7b-l40s"
+
+// Options are the command's settings; DefaultOptions documents the
+// defaults. Zero is a valid value only where a field says so.
+type Options struct {
+	Mode     string   // des (the only mode)
+	Engines  int      // simulated engines, 1..4000
+	Policies []string // policies to compare (registry.PolicyNames); blank items are skipped
+	Profile  string   // engine timing profile (engine.ProfileNames)
+	// GPUBlocks (0: engine default), CPUBlocks (0: no CPU tier) per engine;
+	// BlockSize tokens per block; MaxRunning and MaxBatchTokens per batch
+	// (0: the profile's vLLM default).
+	GPUBlocks, CPUBlocks, BlockSize, MaxRunning, MaxBatchTokens int
+	// Seed seeds the workload and the schedulers; 0 means the default, 1.
+	Seed     uint64
+	Workload string // shared-prefix or trace
+	// Shared-prefix workload: Groups of Prompts sharing Shared tokens, each
+	// with Question more and Output generated; Rate requests/s (0: all at once).
+	Groups, Prompts, Shared, Question, Output int
+	Rate                                      float64
+	// Concurrency caps the client's requests in flight (0: unlimited).
+	Concurrency int
+	// Trace workload: a Mooncake-format JSONL file, its arrival rate scaled
+	// by RateScale (> 0), only its first Limit requests (0: all).
+	Trace     string
+	RateScale float64
+	Limit     int
+	// EventDelay is the KV-event propagation delay to the index;
+	// SnapshotInterval the engine load snapshot period (negative: always fresh).
+	EventDelay, SnapshotInterval time.Duration
+	// ConfigPath is a SchedulerConfig file with the policies' parameters.
+	ConfigPath string
+	JSON       bool // JSON instead of a table
+}
+
+// DefaultOptions compares the baselines, the emulated routers and kvmesh
+// on 8 engines with a shared-prefix workload of 64 groups of 16 prompts.
+func DefaultOptions() Options {
+	return Options{Mode: "des", Engines: 8, Policies: DefaultPolicies(), Profile: DefaultProfile, BlockSize: 16, Seed: 1,
+		Workload: "shared-prefix", Groups: 64, Prompts: 16, Shared: 2048, Question: 128, Output: 256, RateScale: 1,
+		SnapshotInterval: 200 * time.Millisecond}
+}
+
+// DefaultPolicies are every policy but the generic weighted one (which
+// needs scorers from a config).
+func DefaultPolicies() []string {
+	return slices.DeleteFunc(registry.PolicyNames(), func(p string) bool { return p == "weighted" })
+}
+
+// Run checks o, runs the simulation and writes the report to stdout.
+func Run(ctx context.Context, o Options, stdout io.Writer) error {
+	cfg, names, err := o.Prepare()
+	if err != nil {
+		return err
+	}
+	reqs, err := o.requests()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	rep, err := des.Run(ctx, cfg, reqs, names)
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	st := workload.Summarize(reqs)
+	fmt.Fprintf(stdout, "workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s)\n",
+		o.Workload, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), o.Engines, cfg.Engine.Profile.Name)
+	if slices.Contains(names, "kvmesh") {
+		c := cfg
+		c.Defaults() // the kvmesh block derived from the profile unless the config gives one
+		k, err := kvmeshParams(c.Scheduler)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "kvmesh cost model: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g, decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
+			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty, k.WaitingWeight)
+	}
+	return rep.WriteTable(stdout)
+}
+
+// Prepare checks o and returns the simulation's config and the policies
+// to compare. Every problem is listed, joined by "; " on one line, wrapping
+// ErrUsage: des.Config and the workloads read some zero values as
+// "default" (0 engines would run 8), so they are rejected here first.
+func (o *Options) Prepare() (des.Config, []string, error) {
+	var probs []string
+	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	prof := o.checkEngines(bad)
+	o.checkWorkload(bad)
+	var sc scheduler.Config
+	if o.ConfigPath != "" {
+		var err error
+		if sc, err = registry.LoadConfig(o.ConfigPath); err != nil {
+			bad("--config: %v", err)
+		}
+	}
+	names := o.checkPolicies(sc, bad)
+	seed := o.Seed
+	// des.Config reads seed 0 as its default 1 for the schedulers; seed 0
+	// means that default for the workload too, so it runs exactly seed 1.
+	if seed == 0 {
+		seed = 1
+	}
+	cfg := des.Config{
+		Engines: o.Engines,
+		Engine: engine.Config{BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, CPUBlocks: o.CPUBlocks, MaxRunning: o.MaxRunning,
+			MaxBatchTokens: o.MaxBatchTokens, Profile: prof},
+		Scheduler:        sc,
+		Concurrency:      o.Concurrency,
+		EventDelay:       o.EventDelay,
+		SnapshotInterval: o.SnapshotInterval,
+		Seed:             seed,
+	}
+	if len(probs) == 0 {
+		// Whatever des would still reject (a --config parameter...), as a
+		// usage error too.
+		c := cfg
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			bad("%v", err)
+		}
+	}
+	if len(probs) > 0 {
+		return cfg, nil, fmt.Errorf("%w: %s", ErrUsage, strings.Join(probs, "; "))
+	}
+	return cfg, names, nil
+}
+
+// checkEngines checks the mode and the simulated engines; it returns the
+// timing profile.
+func (o *Options) checkEngines(bad func(string, ...any)) engine.Profile {
+	if o.Mode != "des" {
+		bad("--mode %q: only des", o.Mode)
+	}
+	prof, err := engine.LookupProfile(o.Profile)
+	if err != nil {
+		bad("--profile %q: want one of %s", o.Profile, strings.Join(engine.ProfileNames(), ", "))
+	}
+	if o.Engines < 1 || o.Engines > 4000 {
+		bad("--engines %d: want 1..4000", o.Engines)
+	}
+	if o.GPUBlocks < 0 || o.GPUBlocks > 1<<30 {
+		bad("--gpu-blocks %d: want 0 (engine default) or 1..2^30", o.GPUBlocks)
+	}
+	if o.CPUBlocks < 0 || o.CPUBlocks > 1<<30 {
+		bad("--cpu-blocks %d: want 0..2^30", o.CPUBlocks)
+	}
+	if o.BlockSize < 1 || o.BlockSize > 1024 {
+		bad("--block-size %d: want 1..1024", o.BlockSize)
+	}
+	atLeast(bad, "max-running", o.MaxRunning, 0, "")
+	atLeast(bad, "max-batch-tokens", o.MaxBatchTokens, 0, "")
+	atLeast(bad, "concurrency", o.Concurrency, 0, " (0 = unlimited)")
+	if o.EventDelay < 0 {
+		bad("--event-delay %v: want ≥ 0", o.EventDelay)
+	}
+	return prof
+}
+
+// checkWorkload checks the workload's options.
+func (o *Options) checkWorkload(bad func(string, ...any)) {
+	atLeast(bad, "groups", o.Groups, 1, "")
+	atLeast(bad, "prompts", o.Prompts, 1, "")
+	atLeast(bad, "shared", o.Shared, 0, "")
+	atLeast(bad, "question", o.Question, 0, "")
+	if o.Shared == 0 && o.Question == 0 {
+		bad("--shared and --question are both 0: a prompt needs a token")
+	}
+	atLeast(bad, "output", o.Output, 1, "")
+	if o.Rate < 0 || math.IsNaN(o.Rate) || math.IsInf(o.Rate, 0) {
+		bad("--rate %v: want a finite rate ≥ 0 (0 = all at once)", o.Rate)
+	}
+	if !(o.RateScale > 0) || math.IsInf(o.RateScale, 0) {
+		bad("--rate-scale %v: want a finite multiplier > 0", o.RateScale)
+	}
+	atLeast(bad, "limit", o.Limit, 0, " (0 = all)")
+	switch o.Workload {
+	case "shared-prefix":
+	case "trace":
+		if o.Trace == "" {
+			bad("--workload trace needs --trace FILE")
+		}
+	default:
+		bad("--workload %q: want shared-prefix or trace", o.Workload)
+	}
+}
+
+// checkPolicies checks the policy list against the registry and sc.
+func (o *Options) checkPolicies(sc scheduler.Config, bad func(string, ...any)) []string {
+	var names []string
+	given := false
+	for _, p := range o.Policies {
+		p = strings.TrimSpace(p)
+		given = given || p != ""
+		switch {
+		case p == "":
+		case !slices.Contains(registry.PolicyNames(), p):
+			bad("--policies: unknown policy %q (known: %s)", p, strings.Join(registry.PolicyNames(), ", "))
+		case slices.Contains(names, p):
+			bad("--policies: %q given twice", p)
+		case p == "weighted" && !sc.HasParams("weighted"):
+			bad("--policies: weighted needs a --config with weighted scorers")
+		default:
+			names = append(names, p)
+		}
+	}
+	if !given {
+		bad("--policies is empty")
+	}
+	return names
+}
+
+func atLeast(bad func(string, ...any), name string, v, lo int, note string) {
+	if v < lo {
+		bad("--%s %d: want ≥ %d%s", name, v, lo, note)
+	}
+}
+
+// requests generates or reads the workload.
+func (o *Options) requests() ([]workload.Request, error) {
+	seed := max(o.Seed, 1)
+	if o.Workload == "trace" {
+		return workload.Mooncake{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+	}
+	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,
+		Output: o.Output, Rate: o.Rate, Seed: seed}.Generate()
+}
+
+// kvmeshParams is the kvmesh policy sc configures.
+func kvmeshParams(sc scheduler.Config) (policies.KVMesh, error) {
+	sc.Policy = "kvmesh"
+	p, err := registry.Policy(&sc)
+	if err != nil {
+		return policies.KVMesh{}, err
+	}
+	k, _ := p.(policies.KVMesh)
+	return k, nil
+}

@@ -1,0 +1,56 @@
+package sidecar
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+func TestParseEngineSpec(t *testing.T) {
+	e, err := ParseEngineSpec("model=m,url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557,dp=2,block=16,role=decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ID != "10.0.0.5:8000" || e.DPSize != 2 || e.BlockSize != 16 || e.Role != "decode" {
+		t.Fatalf("parsed %+v", e)
+	}
+	for _, bad := range []string{"id=a,bogus=1", "id=a,dp=x", "novalue"} {
+		if _, err := ParseEngineSpec(bad); !errors.Is(err, ErrConfig) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+// TestOptionsBuild: the single-engine form, DaemonSet specs and gossip
+// addresses resolve into one Config; every problem is listed.
+func TestOptionsBuild(t *testing.T) {
+	o := DefaultOptions()
+	o.EngineSpecs = []string{"id=a,model=m,url=http://h:1,events=tcp://h:2"}
+	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://10.0.0.9:8000/v1", "tcp://10.0.0.9:5557"
+	o.GossipBind, o.GossipAdvertise, o.GossipSeeds = "0.0.0.0:7946", "pod:7000", []string{"seed:7946"}
+	cfg, err := o.Build(slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Engines) != 2 || cfg.Engines[0].ID != "a" || cfg.Engines[1].ID != "10.0.0.9:8000" {
+		t.Fatalf("engines %+v", cfg.Engines)
+	}
+	g := cfg.Gossip
+	if g == nil || g.BindAddr != "0.0.0.0" || g.BindPort != 7946 || g.AdvertiseAddr != "pod" || g.AdvertisePort != 7000 ||
+		g.Meta.ID != "a" || len(g.Join) != 1 {
+		t.Fatalf("gossip %+v", g)
+	}
+
+	o = DefaultOptions()
+	o.EngineSpecs = []string{"bogus"}
+	o.GossipSeeds = []string{"seed:1"}
+	_, err = o.Build(slog.Default())
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "bogus") || !strings.Contains(err.Error(), "need a gossip bind") {
+		t.Fatalf("problems: %v", err)
+	}
+	o.GossipBind = "nope"
+	if _, err := o.Build(slog.Default()); err == nil || !strings.Contains(err.Error(), `gossip bind "nope"`) {
+		t.Fatalf("bad bind: %v", err)
+	}
+}
