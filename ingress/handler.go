@@ -111,11 +111,40 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
 	c.proxy(ctx)
 }
 
-// prepare authenticates, parses, tokenizes, applies limits and schedules.
+// prepare authenticates, parses, tokenizes, applies limits and schedules:
+// the request path of DESIGN.md Contract 4, one named step each.
 func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
+	if err := c.parse(ctx); err != nil {
+		return err
+	}
+	// Candidates first: an unknown model is a 404 before any tokenizing.
+	if err := c.candidates(); err != nil {
+		return err
+	}
+	t := time.Now()
+	if err := c.tokenize(); err != nil {
+		return err
+	}
+	c.tTokenize = time.Since(t)
+	if err := c.admit(ctx); err != nil {
+		return err
+	}
+	if err := c.schedule(); err != nil {
+		return err
+	}
 	s := c.s
-	if s.deps.Auth != nil {
-		id, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
+	s.m.decisions.WithLabelValues(c.dec.Policy, c.dec.Reason).Inc()
+	s.m.stageParse.Observe(c.tParse.Seconds())
+	s.m.stageTokenize.Observe(c.tTokenize.Seconds())
+	s.m.stageSchedule.Observe(c.tSchedule.Seconds())
+	s.m.tokensIn.Add(float64(c.promptTokens))
+	return nil
+}
+
+// parse authenticates the caller and parses the body.
+func (c *call) parse(ctx *fasthttp.RequestCtx) error {
+	if c.s.deps.Auth != nil {
+		id, err := c.s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
 		if err != nil {
 			return unauthorized(err)
 		}
@@ -131,8 +160,13 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		c.req.sessionID = append(c.req.sessionID[:0], sid...)
 	}
 	c.tParse = time.Since(t)
+	return nil
+}
 
-	// Candidates first: an unknown model is a 404 before any tokenizing.
+// candidates lists the live engines serving the model, with this
+// replica's own load added, and the block size they use.
+func (c *call) candidates() error {
+	s := c.s
 	c.infos = s.deps.Membership.Engines(c.infos[:0])
 	known := false
 	for i := range c.infos {
@@ -161,20 +195,20 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	if c.block == 0 {
 		c.block = s.cfg.BlockSize
 	}
+	return nil
+}
 
-	t = time.Now()
-	if err := c.tokenize(); err != nil {
-		return err
-	}
-	c.tTokenize = time.Since(t)
-	promptTokens := c.promptTokens
-	if promptTokens == 0 {
-		promptTokens = len(c.tokens)
+// admit applies the prompt-length limit, the token rate limits and the
+// admission queue.
+func (c *call) admit(ctx *fasthttp.RequestCtx) error {
+	s := c.s
+	if c.promptTokens == 0 {
+		c.promptTokens = len(c.tokens)
 		if c.tokens == nil {
-			promptTokens = c.approx
+			c.promptTokens = c.approx
 		}
-		c.promptTokens = promptTokens
 	}
+	promptTokens := c.promptTokens
 	if s.cfg.MaxPromptTokens > 0 && promptTokens > s.cfg.MaxPromptTokens {
 		return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, s.cfg.MaxPromptTokens)
 	}
@@ -198,14 +232,20 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		}
 		c.release = rel
 	}
+	return nil
+}
 
-	t = time.Now()
+// schedule computes the prompt's chain keys and ranks the engines: the
+// policy, session affinity, then the P/D step.
+func (c *call) schedule() error {
+	s := c.s
+	t := time.Now()
 	if c.tokens != nil {
 		root := kvevents.Root(c.model, "", string(c.req.cacheSalt))
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
 	}
 	c.sreq = scheduler.Request{
-		Keys: c.keys, BlockSize: c.block, PromptTokens: promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
+		Keys: c.keys, BlockSize: c.block, PromptTokens: c.promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
 		Model: c.model, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
@@ -226,11 +266,6 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		return err
 	}
 	c.tSchedule = time.Since(t)
-	s.m.decisions.WithLabelValues(c.dec.Policy, c.dec.Reason).Inc()
-	s.m.stageParse.Observe(c.tParse.Seconds())
-	s.m.stageTokenize.Observe(c.tTokenize.Seconds())
-	s.m.stageSchedule.Observe(c.tSchedule.Seconds())
-	s.m.tokensIn.Add(float64(promptTokens))
 	return nil
 }
 
