@@ -39,11 +39,17 @@ type Options struct {
 	// JWT, when its JWKSFile or JWKSURL is set, accepts bearer JWTs besides
 	// the API keys; a token's rate-limit claim sets its tenant's budget.
 	JWT auth.JWTConfig
+	// TokenizerStore loads the tokenizers the sidecars publish to NATS
+	// (internal/tokenstore) for models with no local tokenizer. Default on;
+	// needs Config.Cluster.NATSURLs. TokenizerCache is where fetched files go
+	// ("": a temporary directory).
+	TokenizerStore bool
+	TokenizerCache string
 }
 
 // DefaultOptions is DefaultConfig with no keys, limits or admission.
 func DefaultOptions() Options {
-	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo}
+	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo, TokenizerStore: true}
 }
 
 // Validate lists every problem, each wrapping ErrConfig.
@@ -80,6 +86,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	cfg := o.Config
 	if err := LoadTokenizers(&cfg, &deps); err != nil {
 		return err
+	}
+	if o.TokenizerStore && len(cfg.Cluster.NATSURLs) > 0 {
+		// Models without a local tokenizer use the one their sidecars publish.
+		deps.Tokenizers = NewStoreTokenizers(deps.Tokenizers, StoreTokenizersConfig{CacheDir: o.TokenizerCache, Logger: log})
 	}
 	srv, err := New(cfg, deps)
 	if err != nil {

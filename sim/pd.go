@@ -1,7 +1,7 @@
 package sim
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,6 +57,7 @@ type hold struct {
 	blocks  []int32
 	tokens  []uint32 // the tokens whose KV the blocks hold, in block order
 	expires time.Time
+	stale   bool // replaced by a newer hold under the same key: release without counting an expiry
 }
 
 // room is an SGLang bootstrap room: ready closes when its prefill's hold is
@@ -86,6 +87,16 @@ type pdRequest struct {
 	BootstrapHost    *string           `json:"bootstrap_host"`
 	BootstrapPort    *int              `json:"bootstrap_port"`
 	BootstrapRoom    *uint64           `json:"bootstrap_room"`
+}
+
+// decodePD extracts a body's P/D fields when P/D is on and the body names
+// one (a byte search first: most bodies are not P/D legs, and a second full
+// decode of a 100k-token prompt is not free).
+func (s *Server) decodePD(body []byte) (*pdRequest, error) {
+	if s.pd == nil || (!bytes.Contains(body, []byte(`"kv_transfer_params"`)) && !bytes.Contains(body, []byte(`"bootstrap_room"`))) {
+		return nil, nil
+	}
+	return decodePDRequest(body)
 }
 
 // decodePDRequest extracts the P/D fields of a request body (the OpenAI
@@ -181,9 +192,11 @@ func (p *pdState) sweep() {
 			return
 		case now := <-t.C:
 			for _, h := range p.expired(now) {
-				p.log.Warn("Releasing expired KV blocks: no decode engine read them in time",
-					"request_id", h.key, "blocks", len(h.blocks), "timeout", p.cfg.AbortTimeout)
-				p.metrics.expired.WithLabelValues(p.s.cfg.Model, strconv.Itoa(h.rk.idx)).Inc()
+				if !h.stale {
+					p.log.Warn("Releasing expired KV blocks: no decode engine read them in time",
+						"request_id", h.key, "blocks", len(h.blocks), "timeout", p.cfg.AbortTimeout)
+					p.metrics.expired.WithLabelValues(p.s.cfg.Model, strconv.Itoa(h.rk.idx)).Inc()
+				}
 				p.releaseHold(h)
 			}
 		}
@@ -259,7 +272,12 @@ func (p *pdState) onFinished(rk *rank, c *call) {
 		p.log.Warn("a new prefill reused a held key; releasing the older blocks", "key", h.key)
 		rk.eng.ReleaseHeld(old.req) // rk.mu is held by the caller
 	} else if old != nil {
-		go p.releaseHold(old)
+		// Another rank's blocks: its lock cannot be taken under ours, so the
+		// sweeper releases them on its next tick.
+		old.key, old.expires, old.stale = "stale:"+old.key, time.Time{}, true
+		p.mu.Lock()
+		p.holds[old.key] = old
+		p.mu.Unlock()
 	}
 }
 
@@ -329,7 +347,7 @@ func (p *pdState) prepare(ctx context.Context, rk *rank, g *gen) error {
 		room := *pr.BootstrapRoom
 		g.room, g.pdKey, g.prefillOnly, g.holdIfLength = &room, "room:"+strconv.FormatUint(room, 10), true, true
 	case "decode":
-		ext, err := p.bootstrapRead(ctx, g, pr)
+		ext, err := p.bootstrapRead(ctx, rk, g, pr)
 		if err != nil {
 			p.metrics.failed.WithLabelValues(p.s.cfg.Model, strconv.Itoa(rk.idx)).Inc()
 			return &httpError{http.StatusInternalServerError, fmt.Sprintf("KV transfer for bootstrap_room %d failed: %v", *pr.BootstrapRoom, err)}
@@ -337,325 +355,6 @@ func (p *pdState) prepare(ctx context.Context, rk *rank, g *gen) error {
 		g.external = ext
 	}
 	return nil
-}
-
-// nixlRead is the decode side of vLLM's NIXL protocol: it reads the blocks
-// the local cache lacks from the prefill engine named by kp and returns how
-// many leading prompt tokens now have KV (0 = prefill locally).
-func (p *pdState) nixlRead(ctx context.Context, rk *rank, g *gen, kp *kvTransferParams) int {
-	lbl := []string{p.s.cfg.Model, strconv.Itoa(rk.idx)}
-	if len(kp.RemoteBlockIDs) == 0 || kp.RemoteEngineID == nil || kp.RemoteRequestID == nil || kp.RemoteHost == nil || kp.RemotePort == nil {
-		p.log.Warn("Got invalid KVTransferParams. This request will not utilize KVTransfer", "request_id", g.id, "params", kp.String())
-		p.metrics.invalid.WithLabelValues(lbl...).Inc()
-		return 0
-	}
-	prompt := g.prompts[0]
-	bs := p.s.cfg.Engine.BlockSize
-	rk.mu.Lock()
-	hit := rk.eng.PrefixHitBlocks(prompt, "", g.salt)
-	rk.mu.Unlock()
-	ids := kp.RemoteBlockIDs[min(hit, len(kp.RemoteBlockIDs)):]
-	msg := readMsg{EngineID: *kp.RemoteEngineID, RequestID: *kp.RemoteRequestID, BlockIDs: make([]uint32, 0, len(ids))}
-	for _, id := range ids {
-		if id < 0 || id > 1<<31 {
-			p.log.Warn("Got invalid KVTransferParams: block id out of range", "request_id", g.id, "block_id", id)
-			p.metrics.invalid.WithLabelValues(lbl...).Inc()
-			return 0
-		}
-		msg.BlockIDs = append(msg.BlockIDs, uint32(id))
-	}
-	addr := net.JoinHostPort(*kp.RemoteHost, strconv.Itoa(*kp.RemotePort))
-	start := hit * bs
-	got, d, err := p.transfer(ctx, addr, frameRead, msg.appendBody(nil), prompt, start, len(ids))
-	if err != nil {
-		p.log.Warn("KV transfer failed; prefilling locally", "request_id", g.id, "remote", addr, "err", err)
-		p.metrics.failed.WithLabelValues(lbl...).Inc()
-		return 0
-	}
-	p.observe(lbl, len(ids), d)
-	return start + got
-}
-
-// bootstrapRead is the decode side of SGLang's protocol: wait for the
-// room's KV on the prefill's bootstrap server and read all of it.
-func (p *pdState) bootstrapRead(ctx context.Context, g *gen, pr *pdRequest) (int, error) {
-	if pr.BootstrapHost == nil || *pr.BootstrapHost == "" {
-		return 0, errors.New("bootstrap_host missing")
-	}
-	port := 8998
-	if pr.BootstrapPort != nil {
-		port = *pr.BootstrapPort
-	}
-	prompt := g.prompts[0]
-	bs := p.s.cfg.Engine.BlockSize
-	nb := (len(prompt) + bs - 1) / bs
-	msg := waitMsg{Room: *pr.BootstrapRoom, TimeoutMS: uint64(p.cfg.BootstrapTimeout / time.Millisecond)}
-	addr := net.JoinHostPort(*pr.BootstrapHost, strconv.Itoa(port))
-	got, d, err := p.transfer(ctx, addr, frameWait, msg.appendBody(nil), prompt, 0, nb)
-	if err != nil {
-		return 0, err
-	}
-	p.observe([]string{p.s.cfg.Model, "0"}, nb, d)
-	return got, nil
-}
-
-func (p *pdState) observe(lbl []string, blocks int, d time.Duration) {
-	m := p.metrics
-	m.xferTime.WithLabelValues(lbl...).Observe(d.Seconds())
-	m.bytes.WithLabelValues(lbl...).Observe(p.s.cfg.Engine.Profile.BlockBytes(p.s.cfg.Engine.BlockSize) * float64(blocks))
-	m.descriptors.WithLabelValues(lbl...).Observe(float64(blocks * 2 * max(1, p.s.cfg.Engine.Profile.Layers)))
-	m.transfers.WithLabelValues("recv").Inc()
-}
-
-// transfer runs one side-channel conversation as the reader: send the
-// request frame, receive the blocks' tokens (checked against prompt from
-// start), wait the modelled transfer time of blocks blocks, send DONE and
-// wait for ACK. It returns the number of prompt tokens received and the
-// modelled transfer time.
-func (p *pdState) transfer(ctx context.Context, addr string, t frameType, body []byte, prompt []uint32, start, blocks int) (int, time.Duration, error) {
-	p.metrics.inflight.Add(1)
-	defer p.metrics.inflight.Add(-1)
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second) // vLLM's handshake timeout
-	conn, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
-	cancel()
-	if err != nil {
-		return 0, 0, fmt.Errorf("dial side channel: %w", err)
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
-	replyWait := 30 * time.Second
-	if t == frameWait {
-		replyWait += p.cfg.BootstrapTimeout
-	}
-	_ = conn.SetDeadline(time.Now().Add(replyWait))
-	if _, err := conn.Write(appendFrame(nil, t, body)); err != nil {
-		return 0, 0, fmt.Errorf("send %v: %w", t, err)
-	}
-	br := bufio.NewReader(conn)
-	typ, rb, err := readFrame(br, nil)
-	if err != nil {
-		return 0, 0, fmt.Errorf("read reply: %w", err)
-	}
-	switch typ {
-	case frameBlocks:
-	case frameError:
-		em, err := decodeErrorMsg(rb)
-		if err != nil {
-			return 0, 0, err
-		}
-		return 0, 0, &remoteError{em}
-	default:
-		return 0, 0, protoErr("unexpected %v reply", typ)
-	}
-	bm, err := decodeBlocksMsg(rb)
-	if err != nil {
-		return 0, 0, err
-	}
-	bs := p.s.cfg.Engine.BlockSize
-	if bm.BlockSize != bs {
-		return 0, 0, fmt.Errorf("remote block size %d, local %d", bm.BlockSize, bs)
-	}
-	want := prompt[min(start, len(prompt)):min(start+len(bm.Tokens), len(prompt))]
-	if !slices.Equal(bm.Tokens[:len(want)], want) {
-		return 0, 0, errors.New("the remote blocks hold other tokens than this prompt")
-	}
-	d := p.s.cfg.Engine.Profile.KVTransferTime(blocks, bs, p.cfg.TransferGbps)
-	if wait := p.s.cfg.wallFor(d); wait > 0 {
-		timer := time.NewTimer(wait)
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
-			return 0, 0, ctx.Err()
-		case <-p.quit:
-			timer.Stop()
-			return 0, 0, ErrClosed
-		}
-	}
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := conn.Write(appendFrame(nil, frameDone, nil)); err != nil {
-		return 0, 0, fmt.Errorf("send DONE: %w", err)
-	}
-	if typ, rb, err = readFrame(br, rb); err != nil || typ != frameAck || decodeEmpty(rb) != nil {
-		// The KV arrived; only the prefill's acknowledgement is missing.
-		p.log.Debug("no ACK after DONE", "remote", addr, "frame", typ, "err", err)
-	}
-	return len(want), d, nil
-}
-
-// accept serves side-channel (rk set) or bootstrap (rk nil) connections.
-func (p *pdState) accept(ln net.Listener, rk *rank) {
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			select {
-			case <-p.quit:
-				return
-			default:
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			p.log.Error("side channel accept", "err", err)
-			return
-		}
-		p.mu.Lock()
-		if len(p.conns) >= maxSideConns {
-			p.mu.Unlock()
-			_ = conn.Close()
-			p.metrics.protoErrors.Inc()
-			continue
-		}
-		p.conns[conn] = struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			p.serveConn(conn, rk)
-			p.mu.Lock()
-			delete(p.conns, conn)
-			p.mu.Unlock()
-			_ = conn.Close()
-		}()
-	}
-}
-
-// maxSideConns bounds concurrent side-channel connections; beyond it new
-// ones are closed at once (the reader falls back to a local prefill).
-const maxSideConns = 1024
-
-// serveConn answers one read: READ (NIXL) or WAIT (SGLang), then DONE.
-func (p *pdState) serveConn(conn net.Conn, rk *rank) {
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	br := bufio.NewReader(conn)
-	typ, body, err := readFrame(br, nil)
-	if err != nil {
-		if errors.Is(err, ErrSideChannel) {
-			p.metrics.protoErrors.Inc()
-			p.reply(conn, frameError, (&errorMsg{xferErrProtocol, err.Error()}).appendBody(nil))
-		}
-		return
-	}
-	var h *hold
-	var em *errorMsg
-	switch {
-	case typ == frameRead && rk != nil:
-		h, em = p.lookupRead(rk, body)
-	case typ == frameWait && rk == nil:
-		h, em = p.lookupRoom(conn, body)
-	default:
-		em = &errorMsg{xferErrProtocol, fmt.Sprintf("unexpected %v frame", typ)}
-	}
-	if em != nil {
-		if em.Code == xferErrProtocol {
-			p.metrics.protoErrors.Inc()
-		}
-		p.reply(conn, frameError, em.appendBody(nil))
-		return
-	}
-	bm := blocksMsg{BlockSize: p.s.cfg.Engine.BlockSize, Tokens: h.tokens}
-	if typ == frameRead {
-		bm.Tokens = p.readTokens(h, body)
-	}
-	if !p.reply(conn, frameBlocks, bm.appendBody(nil)) {
-		return
-	}
-	// The reader now waits the modelled transfer time; the hold keeps the
-	// blocks until DONE or until it expires.
-	_ = conn.SetDeadline(time.Now().Add(p.cfg.AbortTimeout + 30*time.Second))
-	typ, body, err = readFrame(br, body)
-	if err != nil || typ != frameDone || decodeEmpty(body) != nil {
-		if errors.Is(err, ErrSideChannel) || (err == nil && typ != frameDone) {
-			p.metrics.protoErrors.Inc()
-		}
-		return
-	}
-	if got := p.take(h.key); got != nil {
-		p.releaseHold(got)
-		p.metrics.transfers.WithLabelValues("send").Inc()
-	}
-	p.reply(conn, frameAck, nil)
-}
-
-func (p *pdState) reply(conn net.Conn, t frameType, body []byte) bool {
-	_, err := conn.Write(appendFrame(nil, t, body))
-	return err == nil
-}
-
-// lookupRead finds the hold a READ names on rank rk.
-func (p *pdState) lookupRead(rk *rank, body []byte) (*hold, *errorMsg) {
-	m, err := decodeReadMsg(body)
-	if err != nil {
-		return nil, &errorMsg{xferErrProtocol, err.Error()}
-	}
-	if want := p.cfg.engineID(rk.idx, len(p.s.ranks)); m.EngineID != want {
-		return nil, &errorMsg{xferErrEngine, fmt.Sprintf("engine id %q is not this engine (%q)", m.EngineID, want)}
-	}
-	p.mu.Lock()
-	h := p.holds["req:"+m.RequestID]
-	p.mu.Unlock()
-	if h == nil || h.rk != rk {
-		return nil, &errorMsg{xferErrUnknown, fmt.Sprintf("no held blocks for request %q (never held, read already or expired)", m.RequestID)}
-	}
-	for _, id := range m.BlockIDs {
-		if !slices.Contains(h.blocks, int32(id)) {
-			return nil, &errorMsg{xferErrBlocks, fmt.Sprintf("block %d is not held by request %q", id, m.RequestID)}
-		}
-	}
-	return h, nil
-}
-
-// readTokens returns the tokens of the blocks a READ asked for, in order.
-func (p *pdState) readTokens(h *hold, body []byte) []uint32 {
-	m, _ := decodeReadMsg(body) // decoded before
-	bs := p.s.cfg.Engine.BlockSize
-	var out []uint32
-	for _, id := range m.BlockIDs {
-		i := slices.Index(h.blocks, int32(id))
-		out = append(out, h.tokens[min(i*bs, len(h.tokens)):min((i+1)*bs, len(h.tokens))]...)
-	}
-	return out
-}
-
-// lookupRoom waits for a bootstrap room's hold.
-func (p *pdState) lookupRoom(conn net.Conn, body []byte) (*hold, *errorMsg) {
-	m, err := decodeWaitMsg(body)
-	if err != nil {
-		return nil, &errorMsg{xferErrProtocol, err.Error()}
-	}
-	wait := p.cfg.BootstrapTimeout
-	if m.TimeoutMS > 0 && time.Duration(m.TimeoutMS)*time.Millisecond < wait {
-		wait = time.Duration(m.TimeoutMS) * time.Millisecond
-	}
-	p.mu.Lock()
-	rm := p.rooms[m.Room]
-	if rm == nil {
-		rm = &room{ready: make(chan struct{}), created: time.Now()}
-		p.rooms[m.Room] = rm
-	}
-	p.mu.Unlock()
-	_ = conn.SetDeadline(time.Now().Add(wait + 30*time.Second))
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case <-rm.ready:
-	case <-timer.C:
-		return nil, &errorMsg{xferErrTimeout, fmt.Sprintf("bootstrap room %d: no prefill finished within %v", m.Room, wait)}
-	case <-p.quit:
-		return nil, &errorMsg{xferErrClosed, "prefill engine shutting down"}
-	}
-	p.mu.Lock()
-	h := rm.h
-	if h == nil || p.holds[h.key] != h {
-		h = nil
-	}
-	p.mu.Unlock()
-	if h == nil {
-		return nil, &errorMsg{xferErrUnknown, fmt.Sprintf("bootstrap room %d: KV read already or expired", m.Room)}
-	}
-	return h, nil
 }
 
 // responseParams is the kv_transfer_params a finished prefill leg answers
@@ -704,7 +403,7 @@ func (s *Server) BootstrapAddr() string {
 
 // EngineID is rank r's NIXL engine id (remote_engine_id).
 func (s *Server) EngineID(r int) string {
-	if s.pd == nil {
+	if s.pd == nil || s.cfg.PD.KVTransfer == nil {
 		return ""
 	}
 	return s.cfg.PD.engineID(r, len(s.ranks))

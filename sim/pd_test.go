@@ -1,8 +1,11 @@
 package sim
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
+	"flag"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -101,6 +104,10 @@ func TestPDNixlPrefillLegAnswersVLLMFields(t *testing.T) {
 	if l := p.Load(0); l.HeldBlocks != 51 || l.UsedBlocks != 51 || l.HeldRequests != 1 {
 		t.Fatalf("prefill engine after the leg: %+v", l)
 	}
+	// An engine without --kv-transfer-config ignores the parameters (vLLM).
+	if code, r0, raw := postPD(t, startSim(t, nil), prefillLeg(prompt)); code != 200 || r0.KVTransferParams != nil {
+		t.Fatalf("engine without a connector: %d %s", code, raw)
+	}
 	// An ordinary request on the same engine carries no kv_transfer_params
 	// and holds nothing.
 	code, r2, raw := postPD(t, p, map[string]any{"model": "test-model", "prompt": tokens(5000, 20), "max_tokens": 2})
@@ -164,6 +171,9 @@ func TestPDNixlDecodeReadsBlocksAndPrefillFreesThem(t *testing.T) {
 		if dm[name] != v {
 			t.Errorf("decode %s = %v, want %v", name, dm[name], v)
 		}
+	}
+	if got := sourceCounts(t, d); got["external_kv_transfer"] != float64(len(prompt)-1) || got["local_compute"] != 1 || got["local_cache_hit"] != 0 {
+		t.Errorf("decode prompt tokens by source %v", got)
 	}
 	if dm["vllm:nixl_xfer_time_seconds"+e+"_sum"] <= 0 || dm["vllm:nixl_bytes_transferred"+e+"_sum"] != 51*4*16384 {
 		t.Errorf("transfer observed %v s, %v bytes", dm["vllm:nixl_xfer_time_seconds"+e+"_sum"], dm["vllm:nixl_bytes_transferred"+e+"_sum"])
@@ -244,6 +254,9 @@ func TestPDNixlInvalidParamsPrefillLocally(t *testing.T) {
 			t.Fatalf("without %s: %s", missing, raw)
 		}
 	}
+	if code, _, raw := postPD(t, d, decodeLeg(prompt, map[string]any{"do_remote_prefill": "yes"}, 2)); code != http.StatusBadRequest {
+		t.Fatalf("mistyped kv_transfer_params: %d %s", code, raw)
+	}
 	if !strings.Contains(logs.String(), "Got invalid KVTransferParams") {
 		t.Fatalf("no vLLM-style warning in the log:\n%s", logs.String())
 	}
@@ -276,12 +289,12 @@ func TestPDNixlInvalidParamsPrefillLocally(t *testing.T) {
 }
 
 func TestPDNixlAbortTimeoutFreesUnreadBlocks(t *testing.T) {
-	p := startSim(t, func(c *Config) { nixlConfig(c); c.PD.AbortTimeout = 300 * time.Millisecond })
+	p := startSim(t, func(c *Config) { nixlConfig(c); c.PD.AbortTimeout = time.Second })
 	d := startSim(t, nixlConfig)
 	prompt := tokens(1, 80)
 	_, pr, _ := postPD(t, p, prefillLeg(prompt))
-	if p.Load(0).HeldBlocks != 20 {
-		t.Fatalf("held %d blocks", p.Load(0).HeldBlocks)
+	if pr.KVTransferParams == nil {
+		t.Fatal("the prefill leg held nothing")
 	}
 	testutil.WaitFor(t, waitLong, "expiry to free the unread blocks", func() bool {
 		return p.Load(0).HeldBlocks == 0 && p.HeldRequests(0) == 0
@@ -296,15 +309,10 @@ func TestPDNixlAbortTimeoutFreesUnreadBlocks(t *testing.T) {
 	}
 }
 
-func sglangPair(t *testing.T) (*Server, *Server) {
-	t.Helper()
-	p := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "prefill" })
-	d := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "decode"; c.PD.BootstrapTimeout = 500 * time.Millisecond })
-	return p, d
-}
-
 func TestPDSGLangBothLegsAtOnce(t *testing.T) {
-	p, d := sglangPair(t)
+	p := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "prefill" })
+	d := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "decode" })
+	impatient := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "decode"; c.PD.BootstrapTimeout = 300 * time.Millisecond })
 	host, portStr, _ := net.SplitHostPort(p.BootstrapAddr())
 	port, _ := strconv.Atoi(portStr)
 	prompt := tokens(7, 150)
@@ -324,6 +332,12 @@ func TestPDSGLangBothLegsAtOnce(t *testing.T) {
 		dCode, dRaw = code, b
 		_ = json.Unmarshal(b, &dr)
 	}()
+	// The decode waits for the room in its waiting queue, as vLLM and
+	// SGLang count it, before the prefill leg is even sent.
+	testutil.WaitFor(t, waitLong, "the decode leg to wait for its room", func() bool {
+		m := scrape(t, d)
+		return m["vllm:num_requests_waiting{engine=0}"] == 1 && m["sglang:num_decode_transfer_queue_reqs"] == 1
+	})
 	pCode, pr, pRaw := postPD(t, p, body(6))
 	wg.Wait()
 	if pCode != 200 || pr.Usage.CompletionTokens != 1 {
@@ -343,7 +357,7 @@ func TestPDSGLangBothLegsAtOnce(t *testing.T) {
 	// timeout with an OpenAI error (SGLang aborts the request).
 	b := body(3)
 	b["bootstrap_room"] = 42
-	code, raw, _ := post(t, d.URL()+"/v1/completions", b)
+	code, raw, _ := post(t, impatient.URL()+"/v1/completions", b)
 	var oe struct {
 		Error struct {
 			Message string `json:"message"`
@@ -447,4 +461,159 @@ func TestPDNixlDecodeStreamsAndSurvivesDeadPrefill(t *testing.T) {
 	if n := scrape(t, d)["vllm:nixl_num_failed_transfers_total{engine=0}"]; n != 1 {
 		t.Fatalf("failed transfers %v, want 1", n)
 	}
+}
+
+// The command-line flags map onto Config.PD with vLLM's environment
+// variables as defaults, the flags winning.
+func TestPDFlagsAndEnvironment(t *testing.T) {
+	t.Setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.0.0.7")
+	t.Setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "5700")
+	t.Setenv("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "2.5")
+	build := func(args ...string) (Config, error) {
+		o := DefaultOptions()
+		fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		fs.StringVar(&o.Config.HTTPAddr, "http", o.Config.HTTPAddr, "")
+		o.BindPDFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return Config{}, err
+		}
+		return o.Build(quietLogger())
+	}
+	cfg, err := build("--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}`, "--kv-transfer-gbps", "400")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd := cfg.PD
+	if pd.KVTransfer.KVRole != "kv_consumer" || pd.SideChannelHost != "10.0.0.7" || pd.SideChannelPort != 5700 ||
+		pd.AbortTimeout != 2500*time.Millisecond || pd.TransferGbps != 400 {
+		t.Fatalf("from the environment: %+v", pd)
+	}
+	cfg, err = build("--http", "0.0.0.0:9000", "--nixl-side-channel", "127.0.0.1:0", "--nixl-abort-timeout", "3s",
+		"--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "9998")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd = cfg.PD
+	if pd.SideChannelHost != "127.0.0.1" || pd.SideChannelPort != 0 || pd.AbortTimeout != 3*time.Second ||
+		pd.DisaggregationMode != "prefill" || pd.BootstrapAddr != "0.0.0.0:9998" || pd.KVTransfer != nil {
+		t.Fatalf("from flags: %+v", pd)
+	}
+	t.Setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "many")
+	if _, err := build(); !errors.Is(err, ErrConfig) {
+		t.Fatalf("bad environment: %v", err)
+	}
+	if _, err := build("--kv-transfer-config", `{"kv_connector":"NixlConnector"}`); err == nil || !strings.Contains(err.Error(), "kv_role") {
+		t.Fatalf("incomplete kv transfer config: %v", err)
+	}
+}
+
+// Garbage on the side channel gets an ERROR frame and is counted; it never
+// frees or reads anything.
+func TestSideChannelRejectsGarbage(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	_, pr, _ := postPD(t, p, prefillLeg(tokens(1, 40)))
+	for i, junk := range [][]byte{
+		{0, 0, 0, 3, 9, 1, 0},                        // unknown version
+		{0x7f, 0xff, 0xff, 0xff, 1, 1},               // oversized length
+		appendFrame(nil, frameDone, nil),             // DONE before READ
+		appendFrame(nil, frameRead, []byte{1}),       // truncated READ body
+		appendFrame(nil, frameWait, make([]byte, 9)), // WAIT on a NIXL side channel
+	} {
+		conn, err := net.DialTimeout("tcp", p.SideChannelAddr(0), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(waitLong))
+		if _, err := conn.Write(junk); err != nil {
+			t.Fatal(err)
+		}
+		typ, body, err := readFrame(bufio.NewReader(conn), nil)
+		_ = conn.Close()
+		if err != nil || typ != frameError {
+			t.Fatalf("junk %d: reply %v %v", i, typ, err)
+		}
+		if em, err := decodeErrorMsg(body); err != nil || em.Code != xferErrProtocol {
+			t.Fatalf("junk %d: error %+v %v", i, em, err)
+		}
+	}
+	if got := scrape(t, p)["kvmesh_sim_side_channel_errors_total"]; got != 5 {
+		t.Fatalf("protocol errors counted %v, want 5", got)
+	}
+	if p.HeldRequests(0) != 1 || pr.KVTransferParams == nil {
+		t.Fatal("garbage changed the held blocks")
+	}
+}
+
+// With data parallelism each rank has its own side channel (port+r) and
+// engine id; a prefill leg pinned to rank 1 is read from rank 1.
+func TestPDNixlDataParallelRanks(t *testing.T) {
+	p := startSim(t, func(c *Config) { nixlConfig(c); c.DP = 2 })
+	d := startSim(t, nixlConfig)
+	prompt := tokens(3, 90)
+	code, raw, _ := post(t, p.URL()+"/v1/completions", prefillLeg(prompt), "X-data-parallel-rank", "1")
+	var pr pdResponse
+	if code != 200 || json.Unmarshal(raw, &pr) != nil {
+		t.Fatalf("prefill leg: %d %s", code, raw)
+	}
+	var eng string
+	_ = json.Unmarshal(pr.KVTransferParams["remote_engine_id"], &eng)
+	if eng != p.EngineID(1) || !strings.HasSuffix(eng, "_dp1") || p.Load(1).HeldRequests != 1 || p.Load(0).HeldRequests != 0 {
+		t.Fatalf("engine id %q, held %d/%d", eng, p.Load(0).HeldRequests, p.Load(1).HeldRequests)
+	}
+	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 3)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != 89 {
+		t.Fatalf("decode leg: %d %s", code, raw)
+	}
+	testutil.WaitFor(t, waitLong, "rank 1 to free its blocks", func() bool { return p.Load(1).HeldBlocks == 0 })
+}
+
+// An engine restart loses the held blocks with the rest of the cache; a
+// decode presenting the old parameters prefills locally.
+func TestPDNixlRestartDropsHolds(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	d := startSim(t, nixlConfig)
+	prompt := tokens(1, 64)
+	_, pr, _ := postPD(t, p, prefillLeg(prompt))
+	if p.HeldRequests(0) != 1 {
+		t.Fatal("nothing held")
+	}
+	if err := p.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if p.HeldRequests(0) != 0 || p.Load(0).HeldBlocks != 0 || p.Load(0).UsedBlocks != 0 {
+		t.Fatalf("after restart: %d holds, %+v", p.HeldRequests(0), p.Load(0))
+	}
+	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 2)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != 0 {
+		t.Fatalf("decode after the prefill restarted: %d %s", code, raw)
+	}
+	// The restarted engine serves P/D again.
+	_, pr, _ = postPD(t, p, prefillLeg(prompt))
+	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 2)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != 63 {
+		t.Fatalf("decode after a new prefill leg: %d %s", code, raw)
+	}
+}
+
+// sourceCounts reads vllm:prompt_tokens_by_source_total of rank 0 by source.
+func sourceCounts(t *testing.T, s *Server) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(s.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "vllm:prompt_tokens_by_source_total{") || !strings.Contains(line, `engine="0"`) {
+			continue
+		}
+		i := strings.Index(line, `source="`)
+		src := line[i+8 : i+8+strings.IndexByte(line[i+8:], '"')]
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		out[src] = v
+	}
+	return out
 }

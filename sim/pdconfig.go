@@ -202,23 +202,29 @@ func (c *PDConfig) engineID(r, dp int) string {
 	return c.EngineID
 }
 
-// BindFlags registers the P/D flags on fs, with vLLM's environment
-// variables as defaults (VLLM_NIXL_SIDE_CHANNEL_HOST/_PORT,
-// VLLM_NIXL_ABORT_REQUEST_TIMEOUT). Bad values fail at parse time.
-// httpHost returns the host of --http once parsed (the bootstrap server
-// listens there, like SGLang's).
-func (c *PDConfig) BindFlags(fs *flag.FlagSet) (finish func(httpAddr string) error) {
-	c.SideChannelHost = envOr("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
-	c.SideChannelPort = 5600
-	envPort := os.Getenv("VLLM_NIXL_SIDE_CHANNEL_PORT") // applied in finish unless the flag overrides it
-	c.AbortTimeout = 480 * time.Second
-	envTimeout := os.Getenv("VLLM_NIXL_ABORT_REQUEST_TIMEOUT")
+// BindPDFlags registers the P/D flags of `kvmesh sim` on fs; Build applies
+// them (with vLLM's environment variables VLLM_NIXL_SIDE_CHANNEL_HOST/_PORT
+// and VLLM_NIXL_ABORT_REQUEST_TIMEOUT as defaults) onto Config.PD. A bad
+// --kv-transfer-config or --nixl-side-channel fails at parse time.
+func (o *Options) BindPDFlags(fs *flag.FlagSet) {
+	var f struct {
+		kv         *KVTransferConfig
+		host       string
+		port       int
+		sideSet    bool
+		gbps       float64
+		abort      time.Duration
+		mode       string
+		bootPort   int
+		bootWait   time.Duration
+		abortIsSet func() bool
+	}
 	fs.Func("kv-transfer-config", `vLLM KV connector JSON, e.g. '{"kv_connector":"NixlConnector","kv_role":"kv_both"}' (enables the NIXL P/D protocol)`, func(s string) error {
 		kc, err := ParseKVTransferConfig(s)
-		c.KVTransfer = kc
+		f.kv = kc
 		return err
 	})
-	fs.Func("nixl-side-channel", "HOST:PORT of the NIXL side channel, rank r uses PORT+r (default $VLLM_NIXL_SIDE_CHANNEL_HOST:$VLLM_NIXL_SIDE_CHANNEL_PORT, else localhost:5600)", func(s string) error {
+	fs.Func("nixl-side-channel", "HOST:PORT of the NIXL side channel, rank r uses PORT+r, port 0 = free ports (default $VLLM_NIXL_SIDE_CHANNEL_HOST:$VLLM_NIXL_SIDE_CHANNEL_PORT, else localhost:5600)", func(s string) error {
 		h, p, err := net.SplitHostPort(s)
 		if err != nil {
 			return err
@@ -227,35 +233,42 @@ func (c *PDConfig) BindFlags(fs *flag.FlagSet) (finish func(httpAddr string) err
 		if err != nil || port < 0 || port > 65535 {
 			return fmt.Errorf("port %q: want 0..65535", p)
 		}
-		c.SideChannelHost, c.SideChannelPort, envPort = h, port, ""
+		f.host, f.port, f.sideSet = h, port, true
 		return nil
 	})
-	fs.Float64Var(&c.TransferGbps, "kv-transfer-gbps", 100, "modelled KV-transfer bandwidth between engines, gigabits per second")
-	fs.DurationVar(&c.AbortTimeout, "nixl-abort-timeout", c.AbortTimeout, "free held prefill blocks nobody read after this (wall time; default $VLLM_NIXL_ABORT_REQUEST_TIMEOUT seconds, else 480s)")
-	fs.StringVar(&c.DisaggregationMode, "disaggregation-mode", "", "SGLang P/D mode: prefill or decode (empty = off)")
-	bootPort := fs.Int("disaggregation-bootstrap-port", 8998, "SGLang bootstrap port of a prefill-mode engine (listens on the --http host)")
-	fs.DurationVar(&c.BootstrapTimeout, "disaggregation-timeout", 300*time.Second, "how long a decode-mode engine waits for its bootstrap room's KV (wall time)")
-	return func(httpAddr string) error {
+	fs.Float64Var(&f.gbps, "kv-transfer-gbps", 100, "modelled KV-transfer bandwidth between engines, gigabits per second")
+	fs.DurationVar(&f.abort, "nixl-abort-timeout", 480*time.Second, "free held prefill blocks nobody read after this, wall time (default $VLLM_NIXL_ABORT_REQUEST_TIMEOUT seconds, else 480s)")
+	fs.StringVar(&f.mode, "disaggregation-mode", "", "SGLang P/D mode: prefill or decode (empty = off)")
+	fs.IntVar(&f.bootPort, "disaggregation-bootstrap-port", 8998, "SGLang bootstrap port of a prefill-mode engine (listens on the --http host)")
+	fs.DurationVar(&f.bootWait, "disaggregation-timeout", 300*time.Second, "how long a decode-mode engine waits for its bootstrap room's KV, wall time")
+	f.abortIsSet = func() bool { return flagSet(fs, "nixl-abort-timeout") }
+	o.pdFinish = func(c *PDConfig, httpAddr string) error {
 		var errs []error
-		if envPort != "" {
-			p, err := strconv.Atoi(envPort)
+		c.KVTransfer, c.TransferGbps, c.AbortTimeout = f.kv, f.gbps, f.abort
+		c.DisaggregationMode, c.BootstrapTimeout = f.mode, f.bootWait
+		c.SideChannelHost, c.SideChannelPort = envOr("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"), 5600
+		if v := os.Getenv("VLLM_NIXL_SIDE_CHANNEL_PORT"); v != "" {
+			p, err := strconv.Atoi(v)
 			if err != nil || p < 0 || p > 65535 {
-				errs = append(errs, fmt.Errorf("VLLM_NIXL_SIDE_CHANNEL_PORT %q: want 0..65535", envPort))
+				errs = append(errs, fmt.Errorf("VLLM_NIXL_SIDE_CHANNEL_PORT %q: want 0..65535", v))
 			}
 			c.SideChannelPort = p
 		}
-		if envTimeout != "" && !flagSet(fs, "nixl-abort-timeout") {
-			sec, err := strconv.ParseFloat(envTimeout, 64)
+		if f.sideSet {
+			c.SideChannelHost, c.SideChannelPort = f.host, f.port
+		}
+		if v := os.Getenv("VLLM_NIXL_ABORT_REQUEST_TIMEOUT"); v != "" && !f.abortIsSet() {
+			sec, err := strconv.ParseFloat(v, 64)
 			if err != nil || sec <= 0 {
-				errs = append(errs, fmt.Errorf("VLLM_NIXL_ABORT_REQUEST_TIMEOUT %q: want seconds > 0", envTimeout))
+				errs = append(errs, fmt.Errorf("VLLM_NIXL_ABORT_REQUEST_TIMEOUT %q: want seconds > 0", v))
 			}
 			c.AbortTimeout = time.Duration(sec * float64(time.Second))
 		}
 		host, _, err := net.SplitHostPort(httpAddr)
-		if err != nil {
+		if err != nil || host == "" {
 			host = "127.0.0.1"
 		}
-		c.BootstrapAddr = net.JoinHostPort(host, strconv.Itoa(*bootPort))
+		c.BootstrapAddr = net.JoinHostPort(host, strconv.Itoa(f.bootPort))
 		return errors.Join(errs...)
 	}
 }

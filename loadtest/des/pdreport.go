@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -109,9 +110,9 @@ func (r *pdStats) result(cfg *PDConfig) PDResult {
 	p.SLOAttainment = float64(r.good) / float64(len(r.ttft)+r.failed)
 	slices.Sort(r.ttft)
 	slices.Sort(r.tpot)
-	p.TTFTMean, p.TTFTP50, p.TTFTP90, p.TTFTP99 = mean(r.ttft), Quantile(r.ttft, 0.5), Quantile(r.ttft, 0.9), Quantile(r.ttft, 0.99)
+	p.TTFTMean, p.TTFTP50, p.TTFTP90, p.TTFTP99 = mean(r.ttft), report.Quantile(r.ttft, 0.5), report.Quantile(r.ttft, 0.9), report.Quantile(r.ttft, 0.99)
 	if len(r.tpot) > 0 {
-		p.TPOTMean, p.TPOTP50, p.TPOTP90, p.TPOTP99 = mean(r.tpot), Quantile(r.tpot, 0.5), Quantile(r.tpot, 0.9), Quantile(r.tpot, 0.99)
+		p.TPOTMean, p.TPOTP50, p.TPOTP90, p.TPOTP99 = mean(r.tpot), report.Quantile(r.tpot, 0.5), report.Quantile(r.tpot, 0.9), report.Quantile(r.tpot, 0.99)
 	}
 	p.E2EMean = mean(r.e2e)
 	p.Disaggregated = float64(r.disaggregated) / float64(len(r.ttft)+r.failed)

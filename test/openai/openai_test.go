@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
+
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/sim"
@@ -64,14 +66,8 @@ func TestOpenAINodeClient(t *testing.T) {
 // a temporary directory (skipping without node/npm outside CI).
 func installClient(t *testing.T, ctx context.Context) (node, dir string) {
 	t.Helper()
-	node, errNode := exec.LookPath("node")
-	npm, errNpm := exec.LookPath("npm")
-	if errNode != nil || errNpm != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("node and npm are required in CI for the openai npm client test")
-		}
-		t.Skip("node and npm are needed for the openai npm client test; install Node.js 20+ to run it")
-	}
+	node = testutil.RequireTool(t, "node", "the test drives the ingress with the openai npm client (Node.js 20+)")
+	npm := testutil.RequireTool(t, "npm", "it installs the openai npm client")
 	dir = t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"kvmesh-e2e","private":true,"type":"module"}`), 0o644); err != nil {
 		t.Fatal(err)
