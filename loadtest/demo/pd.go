@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
-	"github.com/kvmesh/kvmesh/loadtest/des"
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/sim"
@@ -115,7 +115,7 @@ func RunPD(ctx context.Context, cfg PDConfig) (*Result, error) {
 		status = func(string) {}
 	}
 	start := time.Now()
-	res := &Result{Report: des.Report{Policies: map[string]des.PolicyResult{}, Order: cfg.Modes,
+	res := &Result{Report: report.Report{Policies: map[string]report.PolicyResult{}, Order: cfg.Modes,
 		OracleHitRate: workload.OracleHitRate(reqs, cfg.Engine.Defaults().BlockSize)}, Runs: map[string]*loadgen.Report{}}
 	for _, mode := range cfg.Modes {
 		status(fmt.Sprintf("starting %d prefill + %d decode simulators (NIXL) and an ingress (%s)", cfg.Prefill, cfg.Decode, mode))
