@@ -150,6 +150,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() { defer wg.Done(); e.resetLoop(ctx, client) }()
 		}
+		if e.cfg.TokenizerDir != "" && conn.JS != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); e.tokenizerLoop(ctx, conn.JS) }()
+		}
 	}
 
 	if s.cfg.Gossip != nil {
