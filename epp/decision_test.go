@@ -74,7 +74,7 @@ func waitSameView(t *testing.T, rig *pickerRig) {
 			return false
 		}
 		var a, b []engineView
-		if !getJSON("http://"+rig.r.ing.Addr()+"/debug/engines", &a) || !getJSON("http://"+rig.ing.ing.Addr()+"/debug/engines", &b) || len(a) != len(b) {
+		if !getJSON("http://"+rig.r.ing.AdminAddr()+"/debug/engines", &a) || !getJSON("http://"+rig.ing.ing.AdminAddr()+"/debug/engines", &b) || len(a) != len(b) {
 			return false
 		}
 		for i := range a {

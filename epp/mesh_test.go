@@ -100,6 +100,7 @@ func (m *mesh) newReplica(id string, mut func(*ingress.Config)) *replica {
 	cfg := ingress.DefaultConfig()
 	cfg.ID = id
 	cfg.Listen = "127.0.0.1:0"
+	cfg.AdminListen = "127.0.0.1:0" // /debug/engines lives there, not on the client port
 	cfg.Scheduler.Policy = "kvmesh"
 	cfg.LoadInterval = 50 * time.Millisecond
 	cfg.Cluster = ingress.ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{m.nats}}
@@ -207,7 +208,7 @@ func (m *mesh) addEngine(id, role string, seed uint64) {
 func (m *mesh) waitEngines(r *replica, n int) {
 	testutil.WaitFor(m.t, 30*time.Second, "replica ready with every engine known by gossip", func() bool {
 		var infos []engineView
-		if !getJSON("http://"+r.ing.Addr()+"/debug/engines", &infos) {
+		if !getJSON("http://"+r.ing.AdminAddr()+"/debug/engines", &infos) {
 			return false
 		}
 		return len(infos) == n && r.ing.Ready()
@@ -239,7 +240,7 @@ func getJSON(url string, v any) bool {
 // and every engine's gossiped load is idle.
 func settled(r *replica) bool {
 	var infos []engineView
-	if !getJSON("http://"+r.ing.Addr()+"/debug/engines", &infos) {
+	if !getJSON("http://"+r.ing.AdminAddr()+"/debug/engines", &infos) {
 		return false
 	}
 	for _, e := range infos {
