@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,33 +21,76 @@ import (
 // ingress replica (mesh, index, scheduler) answering the gateway over
 // ext_proc instead of proxying.
 func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg := ingress.DefaultConfig()
-	cfg.Listen = ":9090"
-	ecfg := epp.DefaultConfig()
+	o := eppOptions{cfg: ingress.DefaultConfig(), ecfg: epp.DefaultConfig()}
+	o.cfg.Listen = ":9090"
+	o.wiring.level = slog.LevelInfo
 	fs := newFlagSet("epp", stderr)
-	var engines, tokenizers, templates multiFlag
+	var probs flagProblems
+	eppFlags(fs, &o, &probs)
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if o.wiring.pool != "" && o.wiring.ns == "" {
+		probs.add("--pool-name needs --pool-namespace (or POD_NAMESPACE)")
+	}
+	if o.wiring.admitMax < 0 {
+		probs.add("--admit-max must be >= 0")
+	}
+	probs.addErr(o.cfg.Validate())
+	probs.addErr(o.ecfg.Validate())
+	if err := probs.err(); err != nil {
+		return err
+	}
+	return serveEPP(ctx, o.cfg, o.ecfg, o.wiring, stdout, stderr)
+}
+
+// eppOptions is what `kvmesh epp` runs: an ingress Config, the picker's
+// Config and the process wiring around them.
+type eppOptions struct {
+	cfg    ingress.Config
+	ecfg   epp.Config
+	wiring eppWiring
+}
+
+// eppFlags binds every `kvmesh epp` flag onto o; bad values go to probs.
+func eppFlags(fs *flag.FlagSet, o *eppOptions, probs *flagProblems) {
+	cfg, ecfg, w := &o.cfg, &o.ecfg, &o.wiring
 	fs.StringVar(&ecfg.Listen, "grpc", ecfg.Listen, "ext_proc + gRPC health address (the InferencePool's endpointPickerRef port)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP address for /metrics, /health, /ready and /debug (it also answers the OpenAI API as an ingress would)")
 	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<random>)")
-	fs.Var(&engines, "engine", "static engine [id=]model=url (repeatable; used without gossip)")
-	fs.Var(&tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
-	fs.Var(&templates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
-	policy := fs.String("policy", cfg.Scheduler.Policy, "routing policy (as kvmesh ingress)")
-	schedFile := fs.String("scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)")
+	probs.Var(fs, "engine", "", "static engine [id=]model=url (repeatable; used without gossip)", func(s string) error {
+		se, err := ingress.ParseStaticEngine(s)
+		if err != nil {
+			return fmt.Errorf("--engine: %w", err)
+		}
+		cfg.Engines = append(cfg.Engines, se)
+		return nil
+	})
+	probs.ModelPaths(fs, &cfg.Tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
+	probs.ModelPaths(fs, &cfg.ChatTemplates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
+	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy (as kvmesh ingress)")
+	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)", func(path string) error {
+		sc, err := registry.LoadConfig(path)
+		if err != nil {
+			return fmt.Errorf("--scheduler-config: %w", err)
+		}
+		cfg.Scheduler = sc
+		return nil
+	})
 	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "max prompt tokens (0: no limit)")
 	fs.IntVar(&cfg.MaxConcurrent, "max-concurrent", cfg.MaxConcurrent, "max requests in flight through the gateway (429 above)")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size when membership does not say")
 	fs.BoolVar(&cfg.AccessLog, "access-log", cfg.AccessLog, "one JSON line per request on stderr")
-	admitMax := fs.Int("admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
+	fs.IntVar(&w.admitMax, "admit-max", 0, "session-boost admission: max requests in service before queueing (0: off)")
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
 	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial")
-	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)")
-	join := fs.String("join", "", "comma-separated gossip seeds host:port")
+	gossipKeyFlag(fs, &cfg.Cluster.GossipKey, &cfg.Cluster.GossipKeys, probs)
+	List(fs, &cfg.Cluster.GossipSeeds, "join", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
-	natsURLs := fs.String("nats", "", "comma-separated NATS URLs carrying the sidecars' deltas")
-	poolName := fs.String("pool-name", "", "InferencePool to serve (empty: every engine of the mesh is a candidate)")
-	poolNS := fs.String("pool-namespace", os.Getenv("POD_NAMESPACE"), "the InferencePool's namespace (env POD_NAMESPACE)")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (empty: in-cluster)")
+	List(fs, &cfg.Cluster.NATSURLs, "nats", "comma-separated NATS URLs carrying the sidecars' deltas")
+	fs.StringVar(&w.pool, "pool-name", "", "InferencePool to serve (empty: every engine of the mesh is a candidate)")
+	fs.StringVar(&w.ns, "pool-namespace", os.Getenv("POD_NAMESPACE"), "the InferencePool's namespace (env POD_NAMESPACE)")
+	fs.StringVar(&w.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster)")
 	fs.StringVar(&ecfg.DefaultBodyMode, "body-mode", ecfg.DefaultBodyMode, "request body mode when the gateway sends no protocol_config: full-duplex, buffered or streamed")
 	fs.IntVar(&ecfg.MaxEndpoints, "max-endpoints", ecfg.MaxEndpoints, "fallback endpoints per answer")
 	fs.IntVar(&ecfg.MaxBodyBytes, "max-body", ecfg.MaxBodyBytes, "max request body bytes buffered (413 above)")
@@ -57,87 +99,13 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&ecfg.TLSKeyFile, "tls-key", "", "PEM key for --tls=files")
 	fs.BoolVar(&ecfg.PD.Enabled, "pd", false, "P/D through llm-d's routing sidecar (x-prefiller-host-port)")
 	fs.IntVar(&ecfg.PD.MinUncachedTokens, "pd-min-uncached", ecfg.PD.MinUncachedTokens, "prefill elsewhere from this many uncached prompt tokens")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := parseFlags(fs, args, 0); err != nil {
-		return err
-	}
-	var probs []string
-	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
-	if *join != "" {
-		cfg.Cluster.GossipSeeds = strings.Split(*join, ",")
-	}
-	if *natsURLs != "" {
-		cfg.Cluster.NATSURLs = strings.Split(*natsURLs, ",")
-	}
-	if *gossipKey != "" {
-		k, err := base64.StdEncoding.DecodeString(*gossipKey)
-		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
-			bad("--gossip-key must be base64 of 16, 24 or 32 bytes")
-		}
-		cfg.Cluster.GossipKey = k
-	}
-	for _, e := range engines {
-		se, err := ingress.ParseStaticEngine(e)
-		if err != nil {
-			bad("--engine: %v", err)
-			continue
-		}
-		cfg.Engines = append(cfg.Engines, se)
-	}
-	cfg.Tokenizers = modelPaths(tokenizers, "--tokenizer", bad)
-	cfg.ChatTemplates = modelPaths(templates, "--chat-template", bad)
-	cfg.Scheduler.Policy = *policy
-	if *schedFile != "" {
-		sc, err := registry.LoadConfig(*schedFile)
-		if err != nil {
-			bad("--scheduler-config: %v", err)
-		} else {
-			cfg.Scheduler = sc
-		}
-	}
-	if *poolName != "" && *poolNS == "" {
-		bad("--pool-name needs --pool-namespace (or POD_NAMESPACE)")
-	}
-	if *admitMax < 0 {
-		bad("--admit-max must be >= 0")
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		bad("--log-level %q: want debug, info, warn or error", *logLevel)
-	}
-	if err := cfg.Validate(); err != nil {
-		bad("%v", err)
-	}
-	if err := ecfg.Validate(); err != nil {
-		bad("%v", err)
-	}
-	if len(probs) > 0 {
-		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
-	}
-	return serveEPP(ctx, cfg, ecfg, eppWiring{pool: *poolName, ns: *poolNS, kubeconfig: *kubeconfig, admitMax: *admitMax, level: level}, stdout, stderr)
+	probs.LogLevel(fs, &w.level)
 }
 
 type eppWiring struct {
 	pool, ns, kubeconfig string
 	admitMax             int
 	level                slog.Level
-}
-
-// modelPaths turns repeated model=path flags into a map.
-func modelPaths(vals []string, flag string, bad func(string, ...any)) map[string]string {
-	if len(vals) == 0 {
-		return nil
-	}
-	out := map[string]string{}
-	for _, v := range vals {
-		model, path, ok := strings.Cut(v, "=")
-		if !ok {
-			bad("%s %q: want model=path", flag, v)
-			continue
-		}
-		out[model] = path
-	}
-	return out
 }
 
 func serveEPP(ctx context.Context, cfg ingress.Config, ecfg epp.Config, w eppWiring, stdout, stderr io.Writer) error {
