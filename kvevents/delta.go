@@ -165,7 +165,7 @@ func DecodeDelta(b []byte, d *Delta) error {
 	if d.Ops, err = deltaOps(&r, d.Ops); err != nil {
 		return err
 	}
-	return deltaSkipRest(&r, n-8)
+	return deltaEnd(&r, n-8)
 }
 
 // DecodeSnapshotChunk decodes b into c, reusing c's slices like DecodeDelta.
@@ -205,7 +205,19 @@ func DecodeSnapshotChunk(b []byte, c *SnapshotChunk) error {
 		return fmt.Errorf("%w: snapshot chunk %d of %d", ErrMalformedDelta, chunk, chunks)
 	}
 	c.Chunk, c.Chunks = int(chunk), int(chunks)
-	return deltaSkipRest(&r, n-10)
+	return deltaEnd(&r, n-10)
+}
+
+// deltaEnd skips n trailing fields and rejects bytes after the message (found
+// by FuzzDecodeDeltaOracle: they were silently ignored, unlike DecodeBatch).
+func deltaEnd(r *reader, n int) error {
+	if err := deltaSkipRest(r, n); err != nil {
+		return err
+	}
+	if r.remaining() != 0 {
+		return r.errf("%d trailing bytes after the message", r.remaining())
+	}
+	return nil
 }
 
 func deltaHeader(r *reader, engine, model *string, epoch, seq *uint64, ts *int64) (kind uint64, err error) {

@@ -82,8 +82,13 @@ type Config struct {
 	Tokenizer Tokenizer
 	// Chat renders chat messages; nil = the built-in Llama-3-style template.
 	Chat ChatRenderer
+	// LoRA serves LoRA adapters as vLLM does (lora.go).
+	LoRA LoRAConfig
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// PD configures prefill/decode disaggregation (vLLM NIXL or SGLang
+	// bootstrap protocol); the zero value is off. See pdconfig.go.
+	PD PDConfig
 }
 
 // Defaults returns c with zero fields set to their defaults.
@@ -124,6 +129,9 @@ func (c Config) Defaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.PD.Enabled() {
+		c.PD = c.PD.defaults()
+	}
 	return c
 }
 
@@ -159,6 +167,7 @@ func (c Config) Validate() error {
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.PD.validate(c.DP)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/kvevents/kvtest"
@@ -41,8 +42,12 @@ type rank struct {
 	held  bool // tests only: the driver takes no step while set (see hold)
 
 	wake chan struct{} // cap 1: a request arrived
-	done chan struct{} // closed when run returns
-	log  *slog.Logger
+	// transferring counts this rank's decode requests reading their KV from
+	// a prefill engine (pd_read.go): vLLM keeps them in the waiting queue
+	// (WAITING_FOR_REMOTE_KVS), so vllm:num_requests_waiting includes them.
+	transferring atomic.Int64
+	done         chan struct{} // closed when run returns
+	log          *slog.Logger
 }
 
 // call is one engine request of an HTTP request. Fields after req are
@@ -52,6 +57,10 @@ type call struct {
 	req    *engine.Request
 	notify chan struct{} // cap 1, shared by the calls of one HTTP request
 	maxOut int           // the request's max_tokens (finish reason "length" when reached)
+
+	pdKey   string  // P/D hold key of a prefill leg ("" otherwise)
+	room    *uint64 // SGLang bootstrap room of a prefill leg
+	heldIDs []int32 // blocks held for a decode engine, set when the leg finishes holding them
 
 	generated int // tokens delivered to the client so far (at their step's end)
 	done      bool
@@ -239,6 +248,9 @@ func (rk *rank) deliver() {
 		}
 		delete(rk.calls, r)
 		c.done, c.result = true, r.Result()
+		if r.HoldBlocks && rk.s.pd != nil {
+			rk.s.pd.onFinished(rk, c)
+		}
 		rk.s.metrics.observe(rk.s.cfg.Model, rk.idx, c.result, c.finishReason())
 		signal(c.notify)
 	}
@@ -256,6 +268,9 @@ func (rk *rank) restart() error {
 		c.done, c.aborted = true, true
 		delete(rk.calls, r)
 		signal(c.notify)
+	}
+	if rk.s.pd != nil {
+		rk.s.pd.dropRank(rk)
 	}
 	if err := rk.newEngine(); err != nil {
 		return err

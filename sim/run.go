@@ -35,6 +35,9 @@ type Options struct {
 	TokenizerPath, ChatTemplatePath string
 	// LogLevel of the text log on stderr. Default info.
 	LogLevel slog.Level
+
+	// pdFinish applies the P/D flags (BindPDFlags) onto a Config's PD.
+	pdFinish func(c *PDConfig, httpAddr string) error
 }
 
 // DefaultOptions is one rank of a 7B-class engine on loopback:8000
@@ -75,11 +78,16 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	default:
 		errs = append(errs, fmt.Errorf("%w: replay layout %q: want new or old", ErrConfig, o.ReplayLayout))
 	}
+	if o.pdFinish != nil {
+		if err := o.pdFinish(&cfg.PD, cfg.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+		}
+	}
 	if len(errs) > 0 {
 		return cfg, errors.Join(errs...)
 	}
 	if o.TokenizerPath != "" {
-		tok, err := tokenizer.LoadFile(o.TokenizerPath)
+		tok, err := tokenizer.LoadPath(o.TokenizerPath) // tokenizer.json, or a model directory (tiktoken.model too)
 		if err != nil {
 			return cfg, fmt.Errorf("sim: %w", err)
 		}
@@ -112,6 +120,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "kvmesh sim: the KV-event PUB connects to %s (vLLM's rule); subscribers must bind it, or use tcp://*:PORT to bind here\n", cfg.KVEvents)
 	}
 	fmt.Fprintf(stdout, "http %s\n", srv.URL())
+	for r := 0; r < srv.DP(); r++ {
+		if a := srv.SideChannelAddr(r); a != "" {
+			fmt.Fprintf(stdout, "nixl-side-channel rank %d %s engine %s\n", r, a, srv.EngineID(r))
+		}
+	}
+	if a := srv.BootstrapAddr(); a != "" {
+		fmt.Fprintf(stdout, "bootstrap %s\n", a)
+	}
 	for r := 0; r < srv.DP(); r++ {
 		if ep := srv.EventsEndpoint(r); ep != "" {
 			fmt.Fprintf(stdout, "kv-events rank %d %s\n", r, ep)
