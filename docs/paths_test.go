@@ -17,7 +17,7 @@ var (
 	// a repository path: segments of file-name characters, maybe a trailing
 	// slash, maybe ":line" or "#anchor" after it.
 	pathLike = regexp.MustCompile(`^([A-Za-z0-9_.\-]+(?:/[A-Za-z0-9_.\-*]+)*/?)(?::[0-9\-,]+)?(?:#.*)?$`)
-	goIdent = regexp.MustCompile(`\.[A-Z]\w*$`)
+	goIdent  = regexp.MustCompile(`\.[A-Z]\w*$`)
 	// notInTree are names that look like repository paths but are not.
 	notInTree = map[string]string{
 		"test/data": "a folder of the github.com/daulet/tokenizers module (TOKENIZER.md)",
