@@ -103,7 +103,7 @@ type Admitter interface {
 type Deps struct {
 	// PD is the prefill/decode step (nil: no P/D; prefill-role engines
 	// are then never chosen for whole requests by the role filter alone).
-	PD PDPlanner
+	PD         PDPlanner
 	Logger     *slog.Logger // default slog.Default()
 	AccessLog  *slog.Logger // default: JSON to stderr when Config.AccessLog
 	Registry   *prometheus.Registry

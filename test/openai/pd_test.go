@@ -20,7 +20,9 @@ import (
 // static engine list has none; gossip carries them in production).
 type roleMembership []ingress.EngineInfo
 
-func (m roleMembership) Engines(dst []ingress.EngineInfo) []ingress.EngineInfo { return append(dst, m...) }
+func (m roleMembership) Engines(dst []ingress.EngineInfo) []ingress.EngineInfo {
+	return append(dst, m...)
+}
 
 // PDMembership lists a simulated P/D cluster for an ingress.
 func pdMembership(c *simtest.PD, model string) roleMembership {
