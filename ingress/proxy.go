@@ -24,10 +24,7 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // 429 and timeouts move on to the next engine (Config.MaxAttempts at most).
 func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	s := c.s
-	body := c.body
-	if len(body) == 0 {
-		body = c.req.body
-	}
+	body := c.upstreamBody() // route.go: "model" names the routed pool
 	ureq := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(ureq)
 	ureq.Header.SetMethod(fasthttp.MethodPost)
@@ -101,6 +98,9 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	}
 	if lastErr == nil {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
+	}
+	if c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
+		return
 	}
 	c.fail(ctx, lastErr)
 	c.finish()
