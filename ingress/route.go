@@ -238,3 +238,12 @@ func (c *call) reschedule() error {
 	}
 	return nil
 }
+
+// routeModels are the names /v1/models adds for the routes (route match
+// models and LoRA adapters).
+func (s *Server) routeModels() []string {
+	if s.deps.Routes == nil {
+		return nil
+	}
+	return s.deps.Routes.Table().Models()
+}

@@ -76,6 +76,7 @@ func TestRouteWeightedSplit(t *testing.T) {
   - name: split
     match: {model: chat}
     backends: [{model: big, weight: 80}, {model: small, weight: 20}]
+    loraAdapters: [sql-lora]
 `)
 	s := startIngress(t, testConfig(engines...), Deps{Routes: rt})
 	url := "http://" + s.Addr() + "/v1/completions"
@@ -121,6 +122,24 @@ func TestRouteWeightedSplit(t *testing.T) {
 		t.Fatalf("big got %.1f%% of %d requests, want 80%% ± 8 pp (counts %v)", share*100, n, counts)
 	}
 	t.Logf("split: %v (big %.1f%%)", counts, share*100)
+
+	// /v1/models lists the pools and the names the route accepts.
+	resp, err := http.Get("http://" + s.Addr() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct{ Data []struct{ ID string } }
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, d := range list.Data {
+		ids = append(ids, d.ID)
+	}
+	if strings.Join(ids, ",") != "big,chat,small,sql-lora" {
+		t.Fatalf("/v1/models = %v", ids)
+	}
 }
 
 // TestRouteFallsBackWhenPoolKilled: with the primary pool's engines gone,
@@ -186,6 +205,16 @@ func TestRouteRateLimit(t *testing.T) {
 	var e openAIError
 	if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != "rate_limit_error" || e.Error.Code != "rate_limit_exceeded" || !strings.Contains(e.Error.Message, `"limited"`) {
 		t.Fatalf("error body %s", body)
+	}
+	// /v1/models lists the served model and the route's names once.
+	resp, err := http.Get("http://" + s.Addr() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct{ Data []struct{ ID string } }
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || len(list.Data) != 1 || list.Data[0].ID != "m" {
+		t.Fatalf("/v1/models: %+v %v", list, err)
 	}
 	// A model no route matches is not limited by the route.
 	if st, _, _, _ := send(http.DefaultClient, url, `{"model":"nope","prompt":"x"}`); st != 404 {

@@ -241,3 +241,26 @@ func (b *bucket) admit(now time.Time, n int) (time.Duration, bool) {
 }
 
 func minutes(f float64) time.Duration { return time.Duration(f * float64(time.Minute)) }
+
+// Models are the model names clients can ask for by exact name: every
+// route's exact match model and LoRA adapters, deduplicated, in route order.
+func (t *Table) Models() []string {
+	if t == nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []string
+	add := func(m string) {
+		if m != "" && !seen[m] {
+			seen[m] = true
+			out = append(out, m)
+		}
+	}
+	for i := range t.routes {
+		add(t.routes[i].Exact())
+		for _, a := range t.routes[i].adapters {
+			add(a)
+		}
+	}
+	return out
+}
