@@ -2,7 +2,9 @@ package ingress
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -332,4 +334,34 @@ func counterVecValue(t *testing.T, reg *prometheus.Registry, name, value string)
 		}
 	}
 	return v
+}
+
+// TestRoutesFileWiredByOptions: Config.Routes (YAML routesFile) becomes a
+// hot-reloading Deps.Routes; a bad file fails at start.
+func TestRoutesFileWiredByOptions(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte("apiVersion: kvmesh.io/v1alpha1\nkind: RouteConfig\nroutes: [{name: r, match: {model: chat}, backends: [{model: m}]}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig([]byte("routesFile: " + good + "\n"))
+	if err != nil || cfg.Routes != good {
+		t.Fatalf("routesFile: %q %v", cfg.Routes, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := DefaultOptions()
+	o.Config = cfg
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	deps, err := o.deps(ctx, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deps.Routes == nil || deps.Routes.Table().Len() != 1 {
+		t.Fatal("no routes wired")
+	}
+	o.Config.Routes = filepath.Join(dir, "missing.yaml")
+	if _, err := o.deps(ctx, log); !errors.Is(err, routes.ErrConfig) {
+		t.Fatalf("missing routes file: err = %v", err)
+	}
 }
