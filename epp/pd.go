@@ -32,7 +32,10 @@ func (c *PDConfig) problems(bad func(string, ...any)) {
 }
 
 // Disaggregator decides whether one request is prefilled on another engine.
-// It is the hook the scheduler's P/D decision plugs into; Prefill is called
+// It is the hook the scheduler's P/D step plugs into: the P/D router on the
+// pdrouter branch (scheduler/pd.Router.Route) takes exactly
+// p.Request() and p.Engines() and returns a plan whose Prefill names the
+// engine; an adapter is a few lines once that package is on main. Prefill is called
 // on the stream's goroutine, concurrently for different requests, and must
 // not block.
 type Disaggregator interface {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/scheduler"
@@ -121,6 +122,13 @@ func (p *Picked) Stream() bool  { return p.c.req.stream }
 // PromptTokens is the prompt length (exact with a tokenizer, else estimated).
 func (p *Picked) PromptTokens() int { return p.c.promptTokens }
 
+// Request is the scheduler's view of the request (keys, prompt and output
+// tokens, session) and Engines the candidates it ranked (with this
+// replica's local load): what a further scheduler step, such as the P/D
+// router, needs. Both belong to p.
+func (p *Picked) Request() *scheduler.Request { return &p.c.sreq }
+func (p *Picked) Engines() []scheduler.Engine { return p.c.cands }
+
 // Candidate returns the candidate engine id with its base URL and role.
 func (p *Picked) Candidate(id string) (url string, role scheduler.Role, ok bool) {
 	for i := range p.c.cands {
@@ -224,3 +232,7 @@ func (s *Server) Ready() bool {
 	}
 	return false
 }
+
+// Registry is the server's metrics registry (served on /metrics), for a
+// front end that adds its own series.
+func (s *Server) Registry() *prometheus.Registry { return s.deps.Registry }

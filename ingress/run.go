@@ -80,19 +80,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
-	deps, err := o.deps(ctx, log)
-	if err != nil {
-		return err
-	}
-	cfg := o.Config
-	if err := LoadTokenizers(&cfg, &deps); err != nil {
-		return err
-	}
-	if o.TokenizerStore && len(cfg.Cluster.NATSURLs) > 0 {
-		// Models without a local tokenizer use the one their sidecars publish.
-		deps.Tokenizers = NewStoreTokenizers(deps.Tokenizers, StoreTokenizersConfig{CacheDir: o.TokenizerCache, Logger: log})
-	}
-	srv, err := New(cfg, deps)
+	srv, err := o.NewServer(ctx, log)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,8 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "kvmesh-sim"})
 	})
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleReset)
+	mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
 	mux.HandleFunc("GET /kvmesh/pd", s.handlePDInfo)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -95,10 +97,8 @@ func readRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, decod
 }
 
 func (s *Server) checkModel(model string) error {
-	if model != s.cfg.Model {
-		return &httpError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)}
-	}
-	return nil
+	_, err := s.resolveModel(model)
+	return err
 }
 
 // pickRank honours X-data-parallel-rank, else takes the least loaded rank
@@ -139,6 +139,7 @@ type gen struct {
 	minTokens int
 	ignoreEOS bool
 	salt      string
+	lora      string // LoRA adapter name, "" for the base model
 	stream    bool
 	usage     bool // stream_options.include_usage
 	chat      bool
@@ -170,7 +171,7 @@ func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 			id += "-" + strconv.Itoa(i)
 		}
 		c := &call{rk: rk, notify: notify, maxOut: g.maxTokens, req: &engine.Request{ID: id, Prompt: p,
-			OutputLen: outputLen(&s.cfg, p, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt}}
+			OutputLen: outputLen(&s.cfg, p, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt, LoraName: g.lora}}
 		g.applyPD(c)
 		if err := rk.submit(c); err != nil {
 			if errors.Is(err, engine.ErrDuplicateID) {
@@ -203,12 +204,13 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model); err != nil {
+	lora, err := s.resolveModel(req.Model)
+	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd}
+		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora}
 	if g.maxTokens == 0 {
 		g.maxTokens = s.cfg.DefaultMaxTokens
 	}
@@ -235,18 +237,24 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model); err != nil {
+	lora, err := s.resolveModel(req.Model)
+	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-	text, err := s.chat.RenderChat(req.Messages, addGen)
+	var text string
+	if rr, ok := s.chat.(requestRenderer); ok {
+		text, err = rr.RenderChatRequest(req)
+	} else {
+		text, err = s.chat.RenderChat(req.Messages, addGen)
+	}
 	if err != nil {
 		s.fail(w, badRequest("render chat template: %v", err))
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
+		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
 		prompts: [][]uint32{s.tok.AppendEncode(nil, text, false)}}
 	if g.maxTokens == 0 {
 		g.maxTokens = min(s.cfg.DefaultChatMaxTokens, max(1, s.cfg.Engine.MaxModelLen-len(g.prompts[0])))
@@ -467,8 +475,8 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, openai.ModelList{Object: "list", Data: []openai.Model{{ID: s.cfg.Model, Object: "model",
-		Created: s.created, OwnedBy: "vllm", Root: s.cfg.Model, MaxModelLen: s.cfg.Engine.MaxModelLen}}})
+	writeJSON(w, http.StatusOK, openai.ModelList{Object: "list", Data: append([]openai.Model{{ID: s.cfg.Model, Object: "model",
+		Created: s.created, OwnedBy: "vllm", Root: s.cfg.Model, MaxModelLen: s.cfg.Engine.MaxModelLen}}, s.loraModels()...)})
 }
 
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
@@ -486,7 +494,12 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var ids []uint32
 	if len(req.Messages) > 0 {
 		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		text, err := s.chat.RenderChat(req.Messages, addGen)
+		var text string
+		if rr, ok := s.chat.(requestRenderer); ok {
+			text, err = rr.RenderChatRequest(req.Chat())
+		} else {
+			text, err = s.chat.RenderChat(req.Messages, addGen)
+		}
 		if err != nil {
 			s.fail(w, badRequest("render chat template: %v", err))
 			return

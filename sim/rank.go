@@ -10,9 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
-	"github.com/zeebo/xxh3"
 )
 
 // rank is one DP rank: an engine, its event publisher and the goroutine that
@@ -26,7 +29,7 @@ import (
 type rank struct {
 	s   *Server
 	idx int
-	pub *kvevents.Publisher // nil without --kv-events
+	pub *kvtest.Publisher // nil without --kv-events
 
 	mu    sync.Mutex // guards everything below; held across Step (short) and never while sleeping
 	eng   *engine.Engine
@@ -72,7 +75,7 @@ func newRank(s *Server, idx int) (*rank, error) {
 		return nil, err
 	}
 	if s.cfg.KVEvents != "" {
-		pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{
+		pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{
 			Endpoint: s.cfg.KVEvents, ReplayEndpoint: s.cfg.KVReplay, DPRank: idx, Topic: s.cfg.Topic,
 			BufferSteps: s.cfg.ReplayBuffer, Form: s.cfg.EventForm, Layout: s.cfg.ReplayLayout,
 			DropRate: s.cfg.DropRate, DropSeed: s.cfg.Seed + uint64(idx), Logger: rk.log,

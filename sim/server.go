@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -39,6 +41,7 @@ type Server struct {
 	closeOnce sync.Once
 	closeErr  error
 	nextID    atomic.Uint64
+	loras     *loras // nil unless Config.LoRA.Enable
 }
 
 // Start validates cfg, binds the HTTP listener and the ZMQ sockets of every
@@ -49,7 +52,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "sim", "model", cfg.Model),
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "sim", "model", cfg.Model), loras: enabledLoRAs(cfg.LoRA),
 		tok: cfg.Tokenizer, chat: cfg.Chat, quit: make(chan struct{}), created: time.Now().Unix()}
 	if s.tok == nil {
 		s.tok = byteTokenizer{}
@@ -269,9 +272,9 @@ func (s *Server) DropNext(r, n int) {
 }
 
 // EventStats returns rank r's publisher counters.
-func (s *Server) EventStats(r int) kvevents.PublisherStats {
+func (s *Server) EventStats(r int) kvtest.PublisherStats {
 	if rk := s.ranks[r]; rk.pub != nil {
 		return rk.pub.Stats()
 	}
-	return kvevents.PublisherStats{}
+	return kvtest.PublisherStats{}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/orchestrator"
+	"github.com/kvmesh/kvmesh/orchestrator/view"
 	"github.com/kvmesh/kvmesh/orchestrator/webhook"
 )
 
@@ -166,4 +167,59 @@ func kubeConfig(path string) (*rest.Config, error) {
 		return nil, fmt.Errorf("not in a cluster (%w); pass --kubeconfig", err)
 	}
 	return cfg, nil
+}
+
+// runGet prints kvmesh.io resources with the CRDs' printer columns.
+func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runView(ctx, "get", args, stdout, stderr)
+}
+
+// runDescribe prints one kvmesh.io object's spec, status and events.
+func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runView(ctx, "describe", args, stdout, stderr)
+}
+
+func runView(ctx context.Context, verb string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(verb, stderr)
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (env KUBECONFIG; default: in-cluster)")
+	ns := fs.String("namespace", "default", "namespace")
+	all := fs.Bool("all-namespaces", false, "every namespace (get only)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: kvmesh %s modeldeployments|autoscalingpolicies|rolescalers [NAME] [--namespace NS]\n", verb)
+		fs.PrintDefaults()
+	}
+	// Flags may follow the positional arguments, as with kubectl.
+	var pos []string
+	for len(args) > 0 {
+		if err := parseFlags(fs, args, 100); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	if len(pos) < 1 || len(pos) > 2 || (verb == "describe" && len(pos) != 2) {
+		fs.Usage()
+		return fmt.Errorf("%w: want a resource and %s", errUsage, map[string]string{"get": "an optional name", "describe": "a name"}[verb])
+	}
+	res, err := view.Resource(pos[0])
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	cfg, err := kubeConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	name := ""
+	if len(pos) == 2 {
+		name = pos[1]
+	}
+	if verb == "describe" {
+		return view.Describe(ctx, cfg, res, *ns, name, stdout)
+	}
+	if *all {
+		*ns = ""
+	}
+	return view.Get(ctx, cfg, res, *ns, name, stdout)
 }

@@ -1,11 +1,15 @@
-package kvevents
+package kvtest
 
 import (
 	"bytes"
 	"encoding/binary"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+	zmqep "github.com/kvmesh/kvmesh/kvevents/internal/endpoint"
 
 	zmq "github.com/pebbe/zmq4"
 )
@@ -43,7 +47,7 @@ func TestPublisherWire(t *testing.T) {
 		t.Cleanup(func() { _ = pub.Close() })
 		sub := rawSocket(t, zmq.SUB, pub.Endpoint())
 		_ = sub.SetSubscribe("")
-		batch := Batch{TS: 1.25, Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{7}, Medium: "GPU"}}}
+		batch := kvevents.Batch{TS: 1.25, Events: []kvevents.Event{{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{7}, Medium: "GPU"}}}
 		withRank := batch
 		withRank.DPRank, withRank.HasDPRank = 2, true
 		wantPayload := AppendBatch(nil, &withRank, ArrayForm)
@@ -117,12 +121,12 @@ func TestPublisherBufferBound(t *testing.T) {
 	defer pub.Close()
 	// Port 0 binds a free port and reports it (ZMQ LAST_ENDPOINT).
 	for _, ep := range []string{pub.Endpoint(), pub.ReplayEndpoint()} {
-		if _, port, ok := splitTCP(ep); !ok || port == "0" || port == "*" {
+		if _, port, ok := zmqep.SplitTCP(ep); !ok || port == "0" || port == "*" {
 			t.Fatalf("endpoint %q does not name the bound port", ep)
 		}
 	}
 	for i := 0; i < 10; i++ {
-		if s, err := pub.Publish(&Batch{}); err != nil || s != uint64(i) {
+		if s, err := pub.Publish(&kvevents.Batch{}); err != nil || s != uint64(i) {
 			t.Fatalf("seq %d, %v", s, err)
 		}
 	}
@@ -150,7 +154,7 @@ func TestPublisherDropRateDeterministic(t *testing.T) {
 		var out []uint64
 		for i := 0; i < 100; i++ {
 			before := pub.Stats().Dropped
-			seq, _ := pub.Publish(&Batch{})
+			seq, _ := pub.Publish(&kvevents.Batch{})
 			if pub.Stats().Dropped > before {
 				out = append(out, seq)
 			}
@@ -199,8 +203,8 @@ func TestCloseFreesPorts(t *testing.T) {
 	}
 	_ = pub.Close()
 
-	cfg := SubscriberConfig{Endpoint: "tcp://127.0.0.1:*", Bind: true, Logger: discardLogger()}
-	sub, err := NewSubscriber(cfg)
+	cfg := kvevents.SubscriberConfig{Endpoint: "tcp://127.0.0.1:*", Bind: true, Logger: discardLogger()}
+	sub, err := kvevents.NewSubscriber(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,9 +213,34 @@ func TestCloseFreesPorts(t *testing.T) {
 		if err := sub.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if sub, err = NewSubscriber(cfg); err != nil {
+		if sub, err = kvevents.NewSubscriber(cfg); err != nil {
 			t.Fatalf("subscriber rebind %d after Close: %v", i, err)
 		}
 	}
 	_ = sub.Close()
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// benchBatch is a batch like a busy engine step: 8 stored events of 4
+// blocks, 4 removed.
+func benchBatch() *kvevents.Batch {
+	b := &kvevents.Batch{TS: 1757500000.25, HasDPRank: true}
+	tok := uint32(1000)
+	for r := 0; r < 8; r++ {
+		e := kvevents.Event{Kind: kvevents.BlockStored, HasParent: r%2 == 1, ParentHash: uint64(r) * 0x9e3779b97f4a7c15, BlockSize: 16, Medium: "GPU",
+			HasGroupIdx: true, SpecKind: "full_attention"}
+		for k := 0; k < 4; k++ {
+			e.BlockHashes = append(e.BlockHashes, uint64(r*4+k+1)*0xbf58476d1ce4e5b9)
+			for j := 0; j < 16; j++ {
+				e.TokenIDs = append(e.TokenIDs, tok%128000)
+				tok += 7919
+			}
+		}
+		b.Events = append(b.Events, e)
+	}
+	for r := 0; r < 4; r++ {
+		b.Events = append(b.Events, kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{uint64(r+100) * 0x94d049bb133111eb, uint64(r + 7)}, Medium: "GPU"})
+	}
+	return b
 }

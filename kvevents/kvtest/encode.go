@@ -1,4 +1,9 @@
-package kvevents
+package kvtest
+
+import (
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/kvevents/internal/wire"
+)
 
 // EventForm selects how AppendBatch encodes events. The envelope is always
 // the array [ts, events, data_parallel_rank], as in every vLLM release.
@@ -29,10 +34,10 @@ func (f EventForm) String() string {
 // AppendBatch appends b encoded as a KVEventBatch payload to dst, byte for
 // byte as msgspec encodes it (smallest int forms, float64 ts, nil for absent
 // values). It allocates only when dst must grow.
-func AppendBatch(dst []byte, b *Batch, form EventForm) []byte {
-	dst = appendArrayHeader(dst, 3)
-	dst = appendFloat64(dst, b.TS)
-	dst = appendArrayHeader(dst, len(b.Events))
+func AppendBatch(dst []byte, b *kvevents.Batch, form EventForm) []byte {
+	dst = wire.AppendArrayHeader(dst, 3)
+	dst = wire.AppendFloat64(dst, b.TS)
+	dst = wire.AppendArrayHeader(dst, len(b.Events))
 	for i := range b.Events {
 		if form == MapForm {
 			dst = appendMapEvent(dst, &b.Events[i])
@@ -41,23 +46,23 @@ func AppendBatch(dst []byte, b *Batch, form EventForm) []byte {
 		}
 	}
 	if b.HasDPRank {
-		return appendInt(dst, int64(b.DPRank))
+		return wire.AppendInt(dst, int64(b.DPRank))
 	}
 	return append(dst, 0xc0)
 }
 
 func appendHashes(dst []byte, hs []uint64) []byte {
-	dst = appendArrayHeader(dst, len(hs))
+	dst = wire.AppendArrayHeader(dst, len(hs))
 	for _, h := range hs {
-		dst = appendUint(dst, h)
+		dst = wire.AppendUint(dst, h)
 	}
 	return dst
 }
 
 func appendTokens(dst []byte, ts []uint32) []byte {
-	dst = appendArrayHeader(dst, len(ts))
+	dst = wire.AppendArrayHeader(dst, len(ts))
 	for _, t := range ts {
-		dst = appendUint(dst, uint64(t))
+		dst = wire.AppendUint(dst, uint64(t))
 	}
 	return dst
 }
@@ -66,7 +71,7 @@ func appendOptInt(dst []byte, v int64, ok bool) []byte {
 	if !ok {
 		return append(dst, 0xc0)
 	}
-	return appendInt(dst, v)
+	return wire.AppendInt(dst, v)
 }
 
 func appendExtraKeys(dst []byte, raw []byte) []byte {
@@ -76,9 +81,9 @@ func appendExtraKeys(dst []byte, raw []byte) []byte {
 	return append(dst, raw...)
 }
 
-func appendArrayEvent(dst []byte, e *Event) []byte {
+func appendArrayEvent(dst []byte, e *kvevents.Event) []byte {
 	switch e.Kind {
-	case BlockStored:
+	case kvevents.BlockStored:
 		n := 7 // tag .. medium
 		switch {
 		case e.SlidingWindow != 0:
@@ -92,20 +97,20 @@ func appendArrayEvent(dst []byte, e *Event) []byte {
 		case e.LoraName != "":
 			n = 8
 		}
-		dst = appendArrayHeader(dst, n)
-		dst = appendStr(dst, "BlockStored")
+		dst = wire.AppendArrayHeader(dst, n)
+		dst = wire.AppendStr(dst, "BlockStored")
 		dst = appendHashes(dst, e.BlockHashes)
 		if e.HasParent {
-			dst = appendUint(dst, e.ParentHash)
+			dst = wire.AppendUint(dst, e.ParentHash)
 		} else {
 			dst = append(dst, 0xc0)
 		}
 		dst = appendTokens(dst, e.TokenIDs)
-		dst = appendInt(dst, int64(e.BlockSize))
+		dst = wire.AppendInt(dst, int64(e.BlockSize))
 		dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
-		dst = appendStrOrNil(dst, e.Medium)
+		dst = wire.AppendStrOrNil(dst, e.Medium)
 		if n > 7 {
-			dst = appendStrOrNil(dst, e.LoraName)
+			dst = wire.AppendStrOrNil(dst, e.LoraName)
 		}
 		if n > 8 {
 			dst = appendExtraKeys(dst, e.ExtraKeys)
@@ -114,34 +119,34 @@ func appendArrayEvent(dst []byte, e *Event) []byte {
 			dst = appendOptInt(dst, e.GroupIdx, e.HasGroupIdx)
 		}
 		if n > 10 {
-			dst = appendStrOrNil(dst, e.SpecKind)
+			dst = wire.AppendStrOrNil(dst, e.SpecKind)
 		}
 		if n > 11 {
 			dst = appendOptInt(dst, e.SlidingWindow, e.SlidingWindow != 0)
 		}
 		return dst
-	case BlockRemoved:
+	case kvevents.BlockRemoved:
 		n := 3
 		if e.HasGroupIdx {
 			n = 4
 		}
-		dst = appendArrayHeader(dst, n)
-		dst = appendStr(dst, "BlockRemoved")
+		dst = wire.AppendArrayHeader(dst, n)
+		dst = wire.AppendStr(dst, "BlockRemoved")
 		dst = appendHashes(dst, e.BlockHashes)
-		dst = appendStrOrNil(dst, e.Medium)
+		dst = wire.AppendStrOrNil(dst, e.Medium)
 		if n > 3 {
-			dst = appendInt(dst, e.GroupIdx)
+			dst = wire.AppendInt(dst, e.GroupIdx)
 		}
 		return dst
 	default:
-		dst = appendArrayHeader(dst, 1)
-		return appendStr(dst, AllBlocksCleared.String())
+		dst = wire.AppendArrayHeader(dst, 1)
+		return wire.AppendStr(dst, kvevents.AllBlocksCleared.String())
 	}
 }
 
-func appendMapEvent(dst []byte, e *Event) []byte {
+func appendMapEvent(dst []byte, e *kvevents.Event) []byte {
 	switch e.Kind {
-	case BlockStored:
+	case kvevents.BlockStored:
 		n := 8 // type + the seven fields without defaults
 		opt := [...]bool{len(e.ExtraKeys) > 0, e.HasGroupIdx, e.SpecKind != "", e.SlidingWindow != 0, e.SessionID != "", e.CacheSalt != ""}
 		for _, ok := range opt {
@@ -149,72 +154,72 @@ func appendMapEvent(dst []byte, e *Event) []byte {
 				n++
 			}
 		}
-		dst = appendMapHeader(dst, n)
-		dst = appendStr(dst, "type")
-		dst = appendStr(dst, "BlockStored")
-		dst = appendStr(dst, "block_hashes")
+		dst = wire.AppendMapHeader(dst, n)
+		dst = wire.AppendStr(dst, "type")
+		dst = wire.AppendStr(dst, "BlockStored")
+		dst = wire.AppendStr(dst, "block_hashes")
 		dst = appendHashes(dst, e.BlockHashes)
-		dst = appendStr(dst, "parent_block_hash")
+		dst = wire.AppendStr(dst, "parent_block_hash")
 		if e.HasParent {
-			dst = appendUint(dst, e.ParentHash)
+			dst = wire.AppendUint(dst, e.ParentHash)
 		} else {
 			dst = append(dst, 0xc0)
 		}
-		dst = appendStr(dst, "token_ids")
+		dst = wire.AppendStr(dst, "token_ids")
 		dst = appendTokens(dst, e.TokenIDs)
-		dst = appendStr(dst, "block_size")
-		dst = appendInt(dst, int64(e.BlockSize))
-		dst = appendStr(dst, "lora_id")
+		dst = wire.AppendStr(dst, "block_size")
+		dst = wire.AppendInt(dst, int64(e.BlockSize))
+		dst = wire.AppendStr(dst, "lora_id")
 		dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
-		dst = appendStr(dst, "medium")
-		dst = appendStrOrNil(dst, e.Medium)
-		dst = appendStr(dst, "lora_name")
-		dst = appendStrOrNil(dst, e.LoraName)
+		dst = wire.AppendStr(dst, "medium")
+		dst = wire.AppendStrOrNil(dst, e.Medium)
+		dst = wire.AppendStr(dst, "lora_name")
+		dst = wire.AppendStrOrNil(dst, e.LoraName)
 		if opt[0] {
-			dst = appendStr(dst, "extra_keys")
+			dst = wire.AppendStr(dst, "extra_keys")
 			dst = append(dst, e.ExtraKeys...)
 		}
 		if opt[1] {
-			dst = appendStr(dst, "group_idx")
-			dst = appendInt(dst, e.GroupIdx)
+			dst = wire.AppendStr(dst, "group_idx")
+			dst = wire.AppendInt(dst, e.GroupIdx)
 		}
 		if opt[2] {
-			dst = appendStr(dst, "kv_cache_spec_kind")
-			dst = appendStr(dst, e.SpecKind)
+			dst = wire.AppendStr(dst, "kv_cache_spec_kind")
+			dst = wire.AppendStr(dst, e.SpecKind)
 		}
 		if opt[3] {
-			dst = appendStr(dst, "kv_cache_spec_sliding_window")
-			dst = appendInt(dst, e.SlidingWindow)
+			dst = wire.AppendStr(dst, "kv_cache_spec_sliding_window")
+			dst = wire.AppendInt(dst, e.SlidingWindow)
 		}
 		if opt[4] {
-			dst = appendStr(dst, "session_id")
-			dst = appendStr(dst, e.SessionID)
+			dst = wire.AppendStr(dst, "session_id")
+			dst = wire.AppendStr(dst, e.SessionID)
 		}
 		if opt[5] {
-			dst = appendStr(dst, "cache_salt")
-			dst = appendStr(dst, e.CacheSalt)
+			dst = wire.AppendStr(dst, "cache_salt")
+			dst = wire.AppendStr(dst, e.CacheSalt)
 		}
 		return dst
-	case BlockRemoved:
+	case kvevents.BlockRemoved:
 		n := 3
 		if e.HasGroupIdx {
 			n = 4
 		}
-		dst = appendMapHeader(dst, n)
-		dst = appendStr(dst, "type")
-		dst = appendStr(dst, "BlockRemoved")
-		dst = appendStr(dst, "block_hashes")
+		dst = wire.AppendMapHeader(dst, n)
+		dst = wire.AppendStr(dst, "type")
+		dst = wire.AppendStr(dst, "BlockRemoved")
+		dst = wire.AppendStr(dst, "block_hashes")
 		dst = appendHashes(dst, e.BlockHashes)
-		dst = appendStr(dst, "medium")
-		dst = appendStrOrNil(dst, e.Medium)
+		dst = wire.AppendStr(dst, "medium")
+		dst = wire.AppendStrOrNil(dst, e.Medium)
 		if e.HasGroupIdx {
-			dst = appendStr(dst, "group_idx")
-			dst = appendInt(dst, e.GroupIdx)
+			dst = wire.AppendStr(dst, "group_idx")
+			dst = wire.AppendInt(dst, e.GroupIdx)
 		}
 		return dst
 	default:
-		dst = appendMapHeader(dst, 1)
-		dst = appendStr(dst, "type")
-		return appendStr(dst, AllBlocksCleared.String())
+		dst = wire.AppendMapHeader(dst, 1)
+		dst = wire.AppendStr(dst, "type")
+		return wire.AppendStr(dst, kvevents.AllBlocksCleared.String())
 	}
 }

@@ -1,4 +1,4 @@
-package kvevents
+package kvtest
 
 import (
 	"encoding/binary"
@@ -10,13 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
-)
+	"github.com/kvmesh/kvmesh/kvevents"
+	zmqep "github.com/kvmesh/kvmesh/kvevents/internal/endpoint"
 
-// Errors shared by the publisher and the subscriber.
-var (
-	ErrConfig = errors.New("invalid configuration")
-	ErrClosed = errors.New("closed")
+	zmq "github.com/pebbe/zmq4"
 )
 
 // ReplayLayout is the shape of replay replies (spec §1).
@@ -113,17 +110,17 @@ func (c *PublisherConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("unknown replay layout %d", c.Layout))
 	}
 	if c.Endpoint != "" {
-		if _, err := OffsetEndpoint(c.Endpoint, c.DPRank); err != nil {
+		if _, err := kvevents.OffsetEndpoint(c.Endpoint, c.DPRank); err != nil {
 			errs = append(errs, fmt.Errorf("Endpoint: %w", err))
 		}
 	}
 	if c.ReplayEndpoint != "" {
-		if _, err := OffsetEndpoint(c.ReplayEndpoint, c.DPRank); err != nil {
+		if _, err := kvevents.OffsetEndpoint(c.ReplayEndpoint, c.DPRank); err != nil {
 			errs = append(errs, fmt.Errorf("ReplayEndpoint: %w", err))
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+		return fmt.Errorf("%w: %w", kvevents.ErrConfig, errors.Join(errs...))
 	}
 	return nil
 }
@@ -200,10 +197,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 
 func (p *Publisher) open() error {
 	var err error
-	if p.zctx, p.ownCtx, err = bindContext(p.cfg.Endpoint, p.cfg.ReplayEndpoint); err != nil {
+	if p.zctx, p.ownCtx, err = zmqep.BindContext(p.cfg.Endpoint, p.cfg.ReplayEndpoint); err != nil {
 		return err
 	}
-	ep, _ := OffsetEndpoint(p.cfg.Endpoint, p.cfg.DPRank)
+	ep, _ := kvevents.OffsetEndpoint(p.cfg.Endpoint, p.cfg.DPRank)
 	if p.pub, err = p.zctx.NewSocket(zmq.PUB); err != nil {
 		return err
 	}
@@ -211,7 +208,7 @@ func (p *Publisher) open() error {
 	if err = p.pub.SetSndhwm(p.cfg.HWM); err != nil {
 		return err
 	}
-	if shouldBind(ep) {
+	if zmqep.ShouldBind(ep) {
 		if err = p.pub.Bind(ep); err != nil {
 			return fmt.Errorf("bind %s: %w", ep, err)
 		}
@@ -219,7 +216,7 @@ func (p *Publisher) open() error {
 		if err != nil {
 			return err
 		}
-		p.endpoint = connectable(last)
+		p.endpoint = zmqep.Connectable(last)
 	} else {
 		if err = p.pub.Connect(ep); err != nil {
 			return fmt.Errorf("connect %s: %w", ep, err)
@@ -229,7 +226,7 @@ func (p *Publisher) open() error {
 	if p.cfg.ReplayEndpoint == "" {
 		return nil
 	}
-	rep, _ := OffsetEndpoint(p.cfg.ReplayEndpoint, p.cfg.DPRank)
+	rep, _ := kvevents.OffsetEndpoint(p.cfg.ReplayEndpoint, p.cfg.DPRank)
 	if p.router, err = p.zctx.NewSocket(zmq.ROUTER); err != nil {
 		return err
 	}
@@ -245,7 +242,7 @@ func (p *Publisher) open() error {
 	if err != nil {
 		return err
 	}
-	p.replayEP = connectable(last)
+	p.replayEP = zmqep.Connectable(last)
 	return nil
 }
 
@@ -259,11 +256,11 @@ func (p *Publisher) ReplayEndpoint() string { return p.replayEP }
 // Publish assigns the next sequence number to b, keeps its payload for
 // replay and sends it live (unless the fault switch drops it). A batch
 // without a DP rank gets the publisher's. It is safe for concurrent use.
-func (p *Publisher) Publish(b *Batch) (uint64, error) {
+func (p *Publisher) Publish(b *kvevents.Batch) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return 0, fmt.Errorf("publish: %w", ErrClosed)
+		return 0, fmt.Errorf("publish: %w", kvevents.ErrClosed)
 	}
 	seq := p.seq
 	if !b.HasDPRank {
