@@ -11,7 +11,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/routes"
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/internal/openai"
-	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
 
 // RouteSource gives the current model routes; *routes.Watcher (hot reload
@@ -183,37 +183,22 @@ func (c *call) routeFallback(ctx *fasthttp.RequestCtx, lastErr error) bool {
 		c.watch.stop()
 		c.watch = nil
 	}
-	c.proxy(ctx)
+	if c.prefillLeg(ctx) { // false: it answered the client itself
+		c.proxy(ctx)
+	}
 	return true
 }
 
-// reschedule redoes what prepare did after parsing for the new c.model:
-// candidates, tokenization (the pool may use another tokenizer), keys and
-// the scheduler's ranking.
+// reschedule redoes prepare's steps after parsing for the new c.model
+// (candidates, tokenization: the pool may use another tokenizer, keys,
+// ranking and the P/D plan), without charging the limits again.
 func (c *call) reschedule() error {
-	s := c.s
 	c.cands, c.urls, c.block = c.cands[:0], c.urls[:0], 0
-	infos := s.deps.Membership.Engines(c.infos[:0])
-	c.infos = infos
-	for i := range infos {
-		e := &infos[i]
-		if e.Model != c.model {
-			continue
-		}
-		if c.block == 0 && e.BlockSize > 0 {
-			c.block = e.BlockSize
-		}
-		eng := e.Engine
-		n, pre, act := s.ups.local(e.ID)
-		eng.InFlight += n
-		eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
-		c.cands = append(c.cands, eng)
-		c.urls = append(c.urls, e.URL)
-	}
-	if c.block == 0 {
-		c.block = s.cfg.BlockSize
+	if err := c.candidates(); err != nil {
+		return err
 	}
 	c.body, c.wrap, c.dropUsage, c.approx, c.promptTokens = c.body[:0], false, false, 0, 0
+	c.tokens = c.tokens[:0]
 	if err := c.tokenize(); err != nil {
 		return err
 	}
@@ -223,20 +208,8 @@ func (c *call) reschedule() error {
 			c.promptTokens = c.approx
 		}
 	}
-	c.keys = c.keys[:0]
-	if c.tokens != nil {
-		root := kvevents.Root(c.model, "", string(c.req.cacheSalt))
-		c.keys = kvevents.AppendKeys(c.keys, root, c.tokens, c.block)
-	}
-	c.sreq.Keys, c.sreq.BlockSize, c.sreq.PromptTokens, c.sreq.Model = c.keys, c.block, c.promptTokens, c.model
-	c.sreq.SessionEngine, c.sreq.Now = "", time.Now()
-	if err := s.deps.Scheduler.Schedule(&c.sreq, c.cands, &c.dec); err != nil {
-		return fmt.Errorf("%w: %w", ErrNoEngine, err)
-	}
-	if len(c.dec.Ranked) == 0 {
-		return fmt.Errorf("%w: scheduler ranked no engine", ErrNoEngine)
-	}
-	return nil
+	c.pd = pdCall{plan: pd.Plan{Options: c.pd.plan.Options[:0]}}
+	return c.schedule()
 }
 
 // routeModels are the names /v1/models adds for the routes (route match
