@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/ingress/routes"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -363,5 +364,42 @@ func TestRoutesFileWiredByOptions(t *testing.T) {
 	o.Config.Routes = filepath.Join(dir, "missing.yaml")
 	if _, err := o.deps(ctx, log); !errors.Is(err, routes.ErrConfig) {
 		t.Fatalf("missing routes file: err = %v", err)
+	}
+}
+
+// TestRouteAdapterKeepsItsName: a request naming a route's LoRA adapter is
+// served by the backend pool, keyed and scheduled as that adapter on it, and
+// keeps the adapter name upstream; a plain request to the route is rewritten.
+func TestRouteAdapterKeepsItsName(t *testing.T) {
+	cfg := testConfig(StaticEngine{ID: "a0", Model: "a", URL: "http://127.0.0.1:1"})
+	rt := routeTable(t, `routes:
+  - name: r
+    match: {model: chat}
+    backends: [{model: a}]
+    loraAdapters: [sql-lora]
+`)
+	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Routes: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ asked, lora, upstream string }{
+		{"sql-lora", "sql-lora", `{"model":"sql-lora","prompt":[1,2,3]}`},
+		{"chat", "", `{"model":"a","prompt":[1,2,3]}`},
+	} {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetBody([]byte(`{"model":"` + tc.asked + `","prompt":[1,2,3]}`))
+		c := &call{}
+		c.reset()
+		c.s, c.ep = s, epCompletions
+		if err := c.prepare(&ctx); err != nil {
+			t.Fatal(err)
+		}
+		if served, lora := c.adapterOf(); served != "a" || lora != tc.lora || c.sreq.LoRA != tc.lora {
+			t.Errorf("%s: served %q lora %q (sreq %q), want a and %q", tc.asked, served, lora, c.sreq.LoRA, tc.lora)
+		}
+		if got := string(c.upstreamBody()); got != tc.upstream {
+			t.Errorf("%s: upstream body %s, want %s", tc.asked, got, tc.upstream)
+		}
 	}
 }
