@@ -138,6 +138,12 @@ type Config struct {
 	// AccessLog writes one JSON line per request. Default true.
 	AccessLog bool `yaml:"accessLog"`
 
+	// Routes is a RouteConfig file (ingress/routes, docs/REQUESTS.md): model
+	// routes with weighted splits, fallbacks, LoRA adapters and rate limits,
+	// reloaded when it changes. Empty: none. Loaded by Run (embedders set
+	// Deps.Routes).
+	Routes string `yaml:"routesFile"`
+
 	// Health configures passive ejection of failing engines (health.go).
 	Health HealthConfig `yaml:"health"`
 }

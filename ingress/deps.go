@@ -118,6 +118,10 @@ type Deps struct {
 	Limiter    RateLimiter
 	Affinity   Affinity
 	Admitter   Admitter
+	// Routes are the model routes (route.go); nil: every request is served
+	// by the model it names. Run sets a hot-reloading routes.Watcher from
+	// Config.Routes.
+	Routes RouteSource
 	// Synced reports whether the index has caught up (for /ready); nil: always.
 	Synced func() bool
 	// PropagationLag returns the index's delta propagation lag in seconds.

@@ -61,6 +61,7 @@ type call struct {
 	release                      func()
 	watch                        *watch // non-streamed requests: the client connection watcher
 	finishOnce                   sync.Once
+	rt                           routeCall // model route (route.go)
 }
 
 func (c *call) reset() {
@@ -78,6 +79,7 @@ func (c *call) reset() {
 
 		scratch:     c.scratch[:0],
 		scratchText: c.scratchText[:0],
+		rt:          c.rt.reset(),
 	}
 	c.req.reset()
 }
@@ -155,6 +157,7 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 		return err
 	}
 	c.model = string(c.req.model)
+	c.applyRoute(ctx) // a model route may name another pool (route.go)
 	if sid := ctx.Request.Header.Peek("X-Session-ID"); len(sid) > 0 {
 		// Copied: a streamed response outlives the handler that owns the header.
 		c.req.sessionID = append(c.req.sessionID[:0], sid...)
@@ -212,6 +215,9 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 	promptTokens := c.promptTokens
 	if s.cfg.MaxPromptTokens > 0 && promptTokens > s.cfg.MaxPromptTokens {
 		return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, s.cfg.MaxPromptTokens)
+	}
+	if err := c.admitRoute(promptTokens); err != nil {
+		return err
 	}
 	if s.deps.Limiter != nil {
 		if wait, ok := s.deps.Limiter.Admit(c.keyID, c.model, promptTokens); !ok {

@@ -332,10 +332,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		return "fallback_admission_timeout", true
 	}
 	defer g.release()
-	body := c.body
-	if len(body) == 0 {
-		body = c.req.body
-	}
+	body := c.upstreamBody() // route.go: "model" names the routed pool
 	pbody, err := prefillBody(body)
 	if err != nil {
 		return "fallback_body", true

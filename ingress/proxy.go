@@ -46,6 +46,9 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	if lastErr == nil {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
 	}
+	if c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
+		return
+	}
 	c.fail(ctx, lastErr)
 	c.finish()
 }
@@ -53,10 +56,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 // upstreamRequest builds the request every attempt sends (the body and,
 // for a buffered answer, the client watcher's header); the caller releases it.
 func (c *call) upstreamRequest(ctx *fasthttp.RequestCtx) *fasthttp.Request {
-	body := c.body
-	if len(body) == 0 {
-		body = c.req.body
-	}
+	body := c.upstreamBody() // route.go: "model" names the routed pool
 	ureq := fasthttp.AcquireRequest()
 	ureq.Header.SetMethod(fasthttp.MethodPost)
 	ureq.Header.SetContentType("application/json")

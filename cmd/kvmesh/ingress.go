@@ -90,6 +90,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 		cfg.Scheduler = sc
 		return nil
 	})
+	fs.StringVar(&cfg.Routes, "routes", cfg.Routes, "model routes file (RouteConfig YAML: weighted splits, fallbacks, LoRA adapters, rate limits; reloaded on change)")
 	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body", cfg.MaxBodyBytes, "max request body bytes (413 above)")
 	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "max prompt tokens (0: no limit)")
