@@ -2,8 +2,11 @@ package gossip
 
 import (
 	"errors"
+	"net"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
@@ -56,4 +59,28 @@ func TestKeyRotation(t *testing.T) {
 	if err := bad.Validate(); err == nil {
 		t.Fatal("extra keys without a secret key and of a bad length accepted")
 	}
+}
+
+// A New that fails to listen leaves no metrics behind: a retry on the same
+// registry succeeds.
+func TestFailedNewUnregistersMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ln, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := testConfig("m", RoleIngress, nil)
+	c.BindAddr, c.BindPort = "127.0.0.1", ln.LocalAddr().(*net.UDPAddr).Port
+	c.Registerer = reg
+	if n, err := New(c); err == nil {
+		n.Close()
+		t.Fatal("New listened on a taken UDP port")
+	}
+	c.BindPort = 0
+	n, err := New(c)
+	if err != nil {
+		t.Fatalf("retry on the same registry: %v", err)
+	}
+	n.Close()
 }

@@ -70,7 +70,8 @@ func New(cfg Config) (*Node, error) {
 		alive: map[string]NodeMeta{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
 		done: make(chan struct{}),
 	}
-	if err := n.registerMetrics(cfg.Registerer); err != nil {
+	unregister, err := n.registerMetrics(cfg.Registerer)
+	if err != nil {
 		return nil, fmt.Errorf("gossip metrics: %w", err)
 	}
 	mc := profile(cfg.Profile)
@@ -87,6 +88,7 @@ func New(cfg Config) (*Node, error) {
 	if len(cfg.SecretKey) > 0 {
 		kr, err := memberlist.NewKeyring(cfg.ExtraKeys, cfg.SecretKey)
 		if err != nil {
+			unregister()
 			return nil, fmt.Errorf("gossip keyring: %w", err)
 		}
 		mc.Keyring = kr
@@ -103,6 +105,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		unregister() // a retry with the same registry must not find them taken
 		return nil, fmt.Errorf("gossip listen: %w", err)
 	}
 	n.ml = ml

@@ -38,6 +38,9 @@ func TestDebugOnlyOnAdminListener(t *testing.T) {
 			t.Errorf("admin %s: %d %.80s", p, st, body)
 		}
 	}
+	if _, eng := getAuth(t, admin+"/debug/engines", "admin-secret"); strings.Contains(eng, "engine-secret") {
+		t.Errorf("/debug/engines shows the engine URL's password: %s", eng)
+	}
 	_, body := getAuth(t, admin+"/debug/config", "admin-secret")
 	for _, secret := range []string{"admin-secret", "engine-secret", "nats-secret", "gossip-secret"} {
 		if strings.Contains(body, secret) {

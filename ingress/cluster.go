@@ -155,6 +155,10 @@ func (s *Server) startCluster() error {
 				s.log.Error("materializer stopped", "err", err)
 			}
 		}()
+		if st, ok := s.deps.Tokenizers.(*StoreTokenizers); ok {
+			cl.wg.Add(1)
+			go func() { defer cl.wg.Done(); st.Run(ctx, conn.NC) }()
+		}
 	}
 	return nil
 }

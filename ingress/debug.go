@@ -22,6 +22,7 @@ func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 	}
 	var out []engine
 	for _, e := range s.deps.Membership.Engines(nil) {
+		e.URL = natsutil.RedactURL(e.URL)
 		en := engine{EngineInfo: e, LocalInFlight: s.ups.inflight(e.ID)}
 		s.ups.mu.RLock()
 		if up := s.ups.m[e.ID]; up != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,4 +108,35 @@ func failedAttempts(s *Server) float64 {
 		n += val(s.m.attempts.WithLabelValues(r))
 	}
 	return n
+}
+
+// With every engine dead, the first request pays one failed attempt per
+// engine and both are ejected; every later request is shed at once with 503
+// and Retry-After, without another attempt on a dead engine.
+func TestAllEnginesEjectedShedsAtOnce(t *testing.T) {
+	sims := startSims(t, 2, "m")
+	cfg := testConfig(simEngines(sims, "m")...)
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	for _, sm := range sims {
+		if err := sm.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, _, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2,3],"max_tokens":1}`); st != http.StatusServiceUnavailable {
+		t.Fatalf("first request with both engines dead: %d %s", st, b)
+	}
+	attempts := failedAttempts(s)
+	if attempts != 2 {
+		t.Fatalf("%v failed attempts, want one per engine", attempts)
+	}
+	for i := 0; i < 10; i++ {
+		st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2,3],"max_tokens":1}`)
+		if st != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || !strings.Contains(string(b), `"error"`) {
+			t.Fatalf("request %d: %d Retry-After=%q %s", i, st, hdr.Get("Retry-After"), b)
+		}
+	}
+	if n := failedAttempts(s); n != attempts {
+		t.Fatalf("%v more attempts on dead engines after their ejection", n-attempts)
+	}
 }

@@ -39,11 +39,17 @@ type Options struct {
 	// JWT, when its JWKSFile or JWKSURL is set, accepts bearer JWTs besides
 	// the API keys; a token's rate-limit claim sets its tenant's budget.
 	JWT auth.JWTConfig
+	// TokenizerStore loads the tokenizers the sidecars publish to NATS
+	// (internal/tokenstore) for models with no local tokenizer. Default on;
+	// needs Config.Cluster.NATSURLs. TokenizerCache is where fetched files go
+	// ("": a temporary directory).
+	TokenizerStore bool
+	TokenizerCache string
 }
 
 // DefaultOptions is DefaultConfig with no keys, limits or admission.
 func DefaultOptions() Options {
-	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo}
+	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo, TokenizerStore: true}
 }
 
 // Validate lists every problem, each wrapping ErrConfig.
@@ -73,15 +79,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
-	deps, err := o.deps(ctx, log)
-	if err != nil {
-		return err
-	}
-	cfg := o.Config
-	if err := LoadTokenizers(&cfg, &deps); err != nil {
-		return err
-	}
-	srv, err := New(cfg, deps)
+	srv, err := o.NewServer(ctx, log)
 	if err != nil {
 		return err
 	}

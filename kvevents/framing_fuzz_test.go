@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+
+	zmqep "github.com/kvmesh/kvmesh/kvevents/internal/endpoint"
 )
 
 // FuzzParseReplay: replay replies in any framing (the fuzz input split into
@@ -71,8 +73,8 @@ func FuzzOffsetEndpoint(f *testing.F) {
 		f.Add(s, 3)
 	}
 	f.Fuzz(func(t *testing.T, ep string, r int) {
-		_ = shouldBind(ep)
-		_ = connectable(ep)
+		_ = zmqep.ShouldBind(ep)
+		_ = zmqep.Connectable(ep)
 		out, err := OffsetEndpoint(ep, r)
 		if err != nil {
 			return
@@ -80,7 +82,7 @@ func FuzzOffsetEndpoint(f *testing.F) {
 		if r == 0 && out != ep {
 			t.Fatalf("rank 0 of %q is %q", ep, out)
 		}
-		if host, _, ok := splitTCP(ep); ok && strings.HasPrefix(ep, "tcp://") && !strings.HasPrefix(out, "tcp://"+host+":") {
+		if host, _, ok := zmqep.SplitTCP(ep); ok && strings.HasPrefix(ep, "tcp://") && !strings.HasPrefix(out, "tcp://"+host+":") {
 			t.Fatalf("%q rank %d → %q lost the host", ep, r, out)
 		}
 	})

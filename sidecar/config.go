@@ -46,6 +46,13 @@ type EngineConfig struct {
 	DPSize int
 	// BlockSize in tokens; 0 learns it from the events (vLLM sends it in BlockStored).
 	BlockSize int
+	// TokenizerDir is the engine's model directory holding tokenizer.json (and
+	// tokenizer_config.json): published to the mesh's tokenizer object store
+	// for the ingresses (internal/tokenstore). "" publishes nothing.
+	TokenizerDir string
+	// TokenizerRevision names the published files (e.g. the model's Hugging
+	// Face revision); "" derives it from their digests.
+	TokenizerRevision string
 }
 
 // Config configures a Sidecar. Start from DefaultConfig.

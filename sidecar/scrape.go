@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kvmesh/kvmesh/internal/backoff"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
 
 // Metric names of spec §5, in order of preference (vLLM, older vLLM, SGLang),
@@ -92,7 +93,7 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 			e.scrapeFails++
 			e.mu.Unlock()
 			e.c.scrapeErrs.Add(1)
-			e.log.Debug("engine metrics scrape failed", "url", url, "err", err)
+			e.log.Debug("engine metrics scrape failed", "url", natsutil.RedactURL(url), "err", err)
 		} else {
 			l.Scraped = time.Now()
 			e.load, e.scrapeFails = l, 0

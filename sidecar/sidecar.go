@@ -90,8 +90,10 @@ var ErrRunning = errors.New("sidecar: already running")
 // Run connects to NATS (starting an embedded server when no URL is given),
 // serves snapshots, joins gossip, starts the admin server and consumes every
 // engine's events until ctx ends or Close is called. Shutdown is ordered:
-// inputs (event loops, snapshot subscriptions), then gossip (graceful leave),
-// then the NATS connection and the admin server.
+// the event, scrape and publish loops stop first; then (deferred, last in
+// first out) gossip leaves so peers drop our engines at once, the admin
+// server stops, the snapshot subscriptions end and the NATS connection
+// closes.
 func (s *Sidecar) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -147,6 +149,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		if s.cfg.ResyncPolicy == ResyncResetEngine {
 			wg.Add(1)
 			go func() { defer wg.Done(); e.resetLoop(ctx, client) }()
+		}
+		if e.cfg.TokenizerDir != "" && conn.JS != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); e.tokenizerLoop(ctx, conn.JS) }()
 		}
 	}
 

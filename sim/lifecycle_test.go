@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -21,7 +23,7 @@ import (
 // evicted blocks reappear as CPU location updates and CachedKeys(CPU) has them.
 func TestMapFormLegacyReplayAndCPUTier(t *testing.T) {
 	s := startSim(t, func(c *Config) {
-		c.EventForm, c.ReplayLayout = kvevents.MapForm, kvevents.ReplayLegacy
+		c.EventForm, c.ReplayLayout = kvtest.MapForm, kvtest.ReplayLegacy
 		c.Engine.GPUBlocks, c.Engine.CPUBlocks = 7, 16
 	})
 	ec := newEventClient(t, s, 0)

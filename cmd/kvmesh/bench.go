@@ -38,6 +38,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 		return nil
 	})
 	fs.StringVar(&o.Profile, "profile", o.Profile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.StringVar(&o.ProfileFile, "profile-file", o.ProfileFile, "engine timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 	fs.IntVar(&o.GPUBlocks, "gpu-blocks", o.GPUBlocks, "GPU KV capacity per engine in blocks (0 = engine default)")
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", o.CPUBlocks, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block")
@@ -59,4 +60,5 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.DurationVar(&o.SnapshotInterval, "snapshot-interval", o.SnapshotInterval, "engine load snapshot period (gossip staleness); negative = always fresh")
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print JSON instead of a table")
+	fs.IntVar(&o.Parallel, "parallel", o.Parallel, "policies simulated at once (0 = GOMAXPROCS)")
 }

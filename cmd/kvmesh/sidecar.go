@@ -51,7 +51,9 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.BoolVar(&one.Bind, "bind-events", false, "bind the events endpoint (for engines whose PUB connects)")
 	fs.IntVar(&one.DPSize, "dp-size", one.DPSize, "data-parallel ranks (rank r publishes on port+r)")
 	fs.IntVar(&one.BlockSize, "block-size", 0, "tokens per block (0: learned from events)")
-	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true]")
+	fs.StringVar(&one.TokenizerDir, "tokenizer-dir", "", "model directory with tokenizer.json (+ tokenizer_config.json) to publish to the mesh for the ingresses")
+	fs.StringVar(&one.TokenizerRevision, "tokenizer-revision", "", "revision name of the published tokenizer (default: from the files' digests)")
+	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR]")
 
 	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	cfg.NATS.Name = "kvmesh-sidecar"

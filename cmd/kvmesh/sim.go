@@ -46,6 +46,7 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 	fs.StringVar(&opts.TokenizerPath, "tokenizer", "", "Hugging Face tokenizer.json for text prompts (default: byte-level fallback)")
 	fs.StringVar(&opts.ChatTemplatePath, "chat-template", "", "tokenizer_config.json whose chat_template renders chat requests (default: built-in Llama 3 markup)")
 	fs.StringVar(&opts.Profile, "profile", opts.Profile, "timing profile: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.StringVar(&opts.ProfileFile, "profile-file", opts.ProfileFile, "timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "modelled seconds per wall second (>1 runs faster than real time)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for block hashes, generated tokens and early stops")
 	fs.IntVar(&cfg.Engine.MaxRunning, "max-num-seqs", 0, "largest batch in sequences (0 = vLLM's default on the profile's GPU)")
@@ -58,5 +59,19 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 	fs.Float64Var(&cfg.DropRate, "drop-rate", 0, "fault switch: fraction of event batches not sent live (replay still has them)")
 	fs.Float64Var(&cfg.EOSRate, "eos-rate", 0, "per-token chance of stopping after min_tokens without ignore_eos (0 = always max_tokens)")
 	fs.IntVar(&cfg.MaxWaiting, "max-waiting", cfg.MaxWaiting, "queued requests per rank before answering 503")
+	fs.BoolVar(&cfg.LoRA.Enable, "enable-lora", false, "serve LoRA adapters (vLLM's --enable-lora; runtime /v1/load_lora_adapter is allowed)")
+	fs.IntVar(&cfg.LoRA.MaxLoRAs, "max-loras", 1, "adapters loaded at once")
+	probs.Var(fs, "lora-modules", "", "LoRA adapter name=path served from the start (repeatable)", func(v string) error {
+		name, path, ok := strings.Cut(v, "=")
+		if !ok || name == "" || path == "" {
+			return fmt.Errorf("--lora-modules %q: want name=path", v)
+		}
+		if cfg.LoRA.Modules == nil {
+			cfg.LoRA.Modules = map[string]string{}
+		}
+		cfg.LoRA.Modules[name] = path
+		return nil
+	})
 	probs.LogLevel(fs, &opts.LogLevel)
+	opts.BindPDFlags(fs) // --kv-transfer-config, --nixl-side-channel, --kv-transfer-gbps, --disaggregation-mode, ...
 }

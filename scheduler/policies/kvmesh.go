@@ -7,7 +7,14 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
+
+// CostModel supplies an engine's current cost estimate (learn.Learner
+// learns one per engine from what the router observes).
+type CostModel interface {
+	Rates(engine string) learn.Rates
+}
 
 // KVMesh is kvmesh's default policy: route to the engine where the request
 // adds the least total latency, in seconds, estimated with the same
@@ -93,6 +100,9 @@ type KVMesh struct {
 	// requests that will queue behind it (0 = ignore queues beyond the own
 	// wait). Default 2.
 	WaitingWeight float64
+	// Costs, when set, replaces PrefillRate, StepBase and DecodeSecPerToken
+	// per engine by its learned estimate (the fields are then unused).
+	Costs CostModel
 }
 
 var _ scheduler.Policy = KVMesh{}
@@ -176,9 +186,14 @@ func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 	}
 	ctx := float64(r.PromptTokens + out/2)
 	decodeOwn := p.DecodeWeight * float64(out)
-	decodeExt := p.DecodeWeight * float64(out) * p.DecodeSecPerToken * ctx
+	rate, base, perTok := p.PrefillRate, p.StepBase, p.DecodeSecPerToken
 	for i := range cs {
 		c := &cs[i]
+		if p.Costs != nil {
+			e := p.Costs.Rates(c.ID)
+			rate, base, perTok = e.PrefillRate, e.StepBase, e.DecodeSecPerToken
+		}
+		decodeExt := decodeOwn * perTok * ctx
 		uncached := float64(max(0, r.PromptTokens-c.CachedTokens))
 		queued := float64(max(c.QueuedPrefillTokens, c.LocalPrefillTokens))
 		// Only requests already running feel this one's prefill and decode;
@@ -186,16 +201,16 @@ func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		// dwarfs running, which would make every miss look prohibitive
 		// and pile hits onto one engine).
 		n := float64(max(c.Running, c.InFlight-c.Waiting))
-		ttft := (queued+uncached)/p.PrefillRate + p.StepBase
+		ttft := (queued+uncached)/rate + base
 		active := float64(c.LocalActiveTokens)
 		if active == 0 {
 			active = n * ctx // the caller does not track tokens: assume requests like this one
 		}
-		tpot := p.StepBase + p.DecodeSecPerToken*(active+ctx)
-		ext := n * (uncached/p.PrefillRate + decodeExt)
+		tpot := base + perTok*(active+ctx)
+		ext := n * (uncached/rate + decodeExt)
 		behind := min(float64(max(c.Waiting, c.InFlight-c.Running)), n)
 		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext +
-			(p.WaitingWeight*behind+p.MissPenalty)*uncached/p.PrefillRate)
+			(p.WaitingWeight*behind+p.MissPenalty)*uncached/rate)
 	}
 	pick := scheduler.ArgMax(cs, cyc)
 	best := 0.0

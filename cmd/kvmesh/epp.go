@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"os"
+
+	"github.com/kvmesh/kvmesh/epp"
+)
+
+// runEPP runs the Gateway API Inference Extension endpoint picker (epp.Run):
+// an ingress replica answering the gateway over ext_proc. Every ingress flag
+// applies (--listen is the HTTP listener for /metrics, /health, /ready).
+func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	opts := epp.DefaultOptions()
+	fs := newFlagSet("epp", stderr)
+	var probs flagProblems
+	ingressFlags(fs, &opts.Ingress, &probs)
+	eppFlags(fs, &opts)
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	opts.Picker.MaxBodyBytes = opts.Ingress.Config.MaxBodyBytes
+	probs.addErr(opts.Validate())
+	if err := probs.err(); err != nil {
+		return err
+	}
+	return epp.Run(ctx, opts, stdout, stderr)
+}
+
+// eppFlags binds the picker's own flags onto opts.
+func eppFlags(fs *flag.FlagSet, o *epp.Options) {
+	c := &o.Picker
+	fs.StringVar(&c.Listen, "grpc", c.Listen, "ext_proc + gRPC health address (the InferencePool's endpointPickerRef port)")
+	fs.StringVar(&c.TLS, "tls", c.TLS, "ext_proc TLS: self-signed (what GAIE gateways expect), files (--tls-cert/--tls-key) or off")
+	fs.StringVar(&c.TLSCertFile, "tls-cert", "", "PEM certificate for --tls=files")
+	fs.StringVar(&c.TLSKeyFile, "tls-key", "", "PEM key for --tls=files")
+	fs.StringVar(&c.DefaultBodyMode, "body-mode", c.DefaultBodyMode, "request body mode when the gateway sends no protocol_config: full-duplex, buffered or streamed")
+	fs.IntVar(&c.MaxEndpoints, "max-endpoints", c.MaxEndpoints, "fallback endpoints per answer")
+	fs.BoolVar(&c.PD.Enabled, "pd", false, "P/D through llm-d's routing sidecar (x-prefiller-host-port)")
+	fs.IntVar(&c.PD.MinUncachedTokens, "pd-min-uncached", c.PD.MinUncachedTokens, "prefill elsewhere from this many uncached prompt tokens")
+	fs.StringVar(&o.PoolName, "pool-name", "", "InferencePool to serve (empty: every engine of the mesh is a candidate)")
+	fs.StringVar(&o.PoolNamespace, "pool-namespace", os.Getenv("POD_NAMESPACE"), "the InferencePool's namespace (env POD_NAMESPACE)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file for the pool informer (empty: in-cluster)")
+}

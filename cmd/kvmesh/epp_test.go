@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// TestEPPCommand runs `kvmesh epp` with a static engine, asks it for one
+// route over ext_proc (full duplex, as a GAIE gateway's Envoy would; the
+// client is a minimal stand-in, the epp package tests play Envoy fully) and
+// stops it with SIGTERM.
+func TestEPPCommand(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sm.Close()
+	var out, errOut testutil.SyncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run([]string{"epp", "--grpc", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--engine", "e1=m=" + sm.URL(),
+			"--tls=off", "--log-level", "warn", "--access-log=false"}, &out, &errOut)
+	}()
+	addrRE := regexp.MustCompile(`ext_proc on (\S+),`)
+	var addr string
+	testutil.WaitFor(t, 10*time.Second, "the listening line", func() bool {
+		select {
+		case c := <-code:
+			t.Fatalf("epp exited early with %d: %s", c, errOut.String())
+		default:
+		}
+		if m := addrRE.FindStringSubmatch(out.String()); m != nil {
+			addr = m[1]
+			return true
+		}
+		return false
+	})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")}}}
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdr}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"model":"m","prompt":[1,2,3]}`), EndOfStream: true}}},
+	} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.TrimPrefix(sm.URL(), "http://")
+	set := r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()
+	if len(set) != 1 || string(set[0].GetHeader().GetRawValue()) != want {
+		t.Fatalf("answer %v, want destination %s", r, want)
+	}
+	st.CloseSend()
+	conn.Close()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-code:
+		if c != 0 {
+			t.Fatalf("exit %d: %s", c, errOut.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("epp did not stop on SIGTERM")
+	}
+}
+
+func TestEPPCommandBadFlags(t *testing.T) {
+	var out, errOut testutil.SyncBuffer
+	code := run([]string{"epp", "--grpc", "nope", "--body-mode", "sideways", "--pool-name", "p", "--pool-namespace", "",
+		"--max-endpoints", "-1", "--tokenizer", "no-equals", "--log-level", "loud", "--tls", "files"}, &out, &errOut)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
+	}
+	for _, want := range []string{`listen "nope"`, `defaultBodyMode "sideways"`, `pool name needs its namespace`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`, `needs tlsCertFile`} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("message lacks %q:\n%s", want, errOut.String())
+		}
+	}
+}
+
+// TestGatewayManifestsUseRealFlags renders the gateway overlays and parses
+// every kvmesh container's arguments with the binary's own flag sets.
+func TestGatewayManifestsUseRealFlags(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("kubectl not installed")
+		}
+		t.Skip("kubectl not installed: cannot render the kustomize overlays")
+	}
+	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
+	for _, dir := range []string{"gateway/envoy-gateway", "gateway/istio"} {
+		out, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "manifests", dir)).Output()
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(out))
+		kinds := map[string]int{}
+		sawEPP := false
+		for {
+			var doc map[string]any
+			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", dir, err)
+			}
+			kind, _ := doc["kind"].(string)
+			kinds[kind]++
+			for _, c := range containers(doc) {
+				if image, _ := c["image"].(string); !strings.Contains(image, "kvmesh/kvmesh") {
+					continue
+				}
+				var args []string
+				for _, a := range c["args"].([]any) {
+					args = append(args, envRef.ReplaceAllString(a.(string), "10.0.0.1"))
+				}
+				sawEPP = sawEPP || args[0] == "epp"
+				var stdout, stderr bytes.Buffer
+				if code := run(append(args, "-h"), &stdout, &stderr); code != 0 {
+					t.Errorf("%s: kvmesh %s rejects its manifest arguments (exit %d): %s", dir, strings.Join(args, " "), code, stderr.String())
+				}
+			}
+		}
+		if !sawEPP || kinds["InferencePool"] != 1 || kinds["HTTPRoute"] != 1 || kinds["CustomResourceDefinition"] < 1 {
+			t.Fatalf("%s: epp container %v, kinds %v", dir, sawEPP, kinds)
+		}
+	}
+}

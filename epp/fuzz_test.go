@@ -1,0 +1,103 @@
+package epp
+
+import (
+	"net"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+func TestEndpointOf(t *testing.T) {
+	cases := []struct {
+		url, want string
+		ok        bool
+	}{
+		{"http://10.0.0.5:8000", "10.0.0.5:8000", true},
+		{"http://10.0.0.5:8000/v1", "10.0.0.5:8000", true},
+		{"https://10.0.0.5", "10.0.0.5:443", true},
+		{"http://engine-0.ns.svc", "engine-0.ns.svc:80", true},
+		{"http://[fd00::1]:8000/", "[fd00::1]:8000", true},
+		{"http://[fd00::1]", "[fd00::1]:80", true},
+		{"http://user@10.0.0.5:8000", "10.0.0.5:8000", true},
+		{"http://10.0.0.5:0", "", false},
+		{"http://10.0.0.5:99999", "", false},
+		{"http://:8000", "", false},
+		{"http://", "", false},
+		{"10.0.0.5:8000", "", false},
+		{"http://fd00::1:8000", "", false},
+	}
+	for _, c := range cases {
+		got, ok := endpointOf(c.url)
+		if got != c.want || ok != c.ok {
+			t.Errorf("endpointOf(%q) = %q, %v; want %q, %v", c.url, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestParseEndpointList(t *testing.T) {
+	got, bad := parseEndpointList(nil, " 10.0.0.1:80 ,,10.0.0.2:8000,bogus,[::1]:9,10.0.0.3:0, 010.0.0.4:1")
+	want := []string{"10.0.0.1:80", "10.0.0.2:8000", "[::1]:9"}
+	if strings.Join(got, ",") != strings.Join(want, ",") || bad != 3 {
+		t.Fatalf("got %v bad %d", got, bad)
+	}
+}
+
+func TestMetadataEndpoints(t *testing.T) {
+	list, _ := structpb.NewStruct(map[string]any{SubsetKey: []any{"10.0.0.1:80", "10.0.0.2:80,10.0.0.3:80", 7.0}})
+	str, _ := structpb.NewStruct(map[string]any{SubsetKey: "10.0.0.9:80"})
+	num, _ := structpb.NewStruct(map[string]any{SubsetKey: 1.0})
+	md := func(s *structpb.Struct) *corev3.Metadata {
+		return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{SubsetNamespace: s}}
+	}
+	if eps, ok, bad := metadataEndpoints(md(list), SubsetNamespace, SubsetKey); !ok || len(eps) != 3 || bad != 1 {
+		t.Fatalf("list: %v %v %d", eps, ok, bad)
+	}
+	if eps, ok, bad := metadataEndpoints(md(str), SubsetNamespace, SubsetKey); !ok || len(eps) != 1 || eps[0] != "10.0.0.9:80" || bad != 0 {
+		t.Fatalf("string: %v %v %d", eps, ok, bad)
+	}
+	if eps, ok, bad := metadataEndpoints(md(num), SubsetNamespace, SubsetKey); !ok || len(eps) != 0 || bad != 1 {
+		t.Fatalf("number: %v %v %d", eps, ok, bad)
+	}
+	if _, ok, _ := metadataEndpoints(nil, SubsetNamespace, SubsetKey); ok {
+		t.Fatal("absent metadata reported present")
+	}
+}
+
+// FuzzEndpointOf: any URL gives a host:port that splits, or nothing.
+func FuzzEndpointOf(f *testing.F) {
+	for _, s := range []string{"http://10.0.0.5:8000", "https://[::1]/x", "http://a@b:1/", "http://", "http://[", "http://x:+1", "ftp://x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, url string) {
+		ep, ok := endpointOf(url)
+		if !ok {
+			return
+		}
+		h, p, err := net.SplitHostPort(ep)
+		if err != nil || h == "" || !validPort(p) {
+			t.Fatalf("endpointOf(%q) = %q: %v", url, ep, err)
+		}
+	})
+}
+
+// FuzzParseEndpointList: every accepted entry is a canonical ip:port that
+// parses again to itself; the counts add up.
+func FuzzParseEndpointList(f *testing.F) {
+	for _, s := range []string{"10.0.0.1:80,10.0.0.2:8000", "[::1]:9", " , ,", "1.2.3.4:65536", "::1:80", "[::ffff:1.2.3.4]:80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		eps, bad := parseEndpointList(nil, s)
+		if bad < 0 || len(eps)+bad > strings.Count(s, ",")+1 {
+			t.Fatalf("%q: %d endpoints, %d bad", s, len(eps), bad)
+		}
+		for _, ep := range eps {
+			again, ok := parseEndpoint(ep)
+			if !ok || again != ep {
+				t.Fatalf("%q: entry %q re-parses to %q, %v", s, ep, again, ok)
+			}
+		}
+	})
+}

@@ -1,0 +1,432 @@
+package epp
+
+import (
+	"errors"
+	"io"
+	"slices"
+	"strconv"
+	"time"
+
+	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// Process serves one ext_proc stream: the data plane opens one per HTTP
+// request. Message order follows the body mode the data plane runs:
+//
+//   - FULL_DUPLEX_STREAMED (GAIE): headers and body chunks arrive without
+//     waiting; at the body's end (or the trailers) the picker answers the
+//     headers (destination, metadata), then the body (sent back whole; the
+//     data plane forwards only what comes back), then the trailers.
+//   - BUFFERED: the headers get an empty answer at once (the data plane
+//     waits for it), the whole body comes in one message and its answer
+//     carries the destination.
+//   - STREAMED with send_body_without_waiting_for_header_response: like
+//     full duplex, but every body chunk gets an empty (pass) answer.
+//
+// The response side only keeps the books: the endpoint that served
+// (x-gateway-destination-endpoint-served), the first byte, the end.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	x := s.xs.Get().(*exchange)
+	x.reset()
+	s.m.streams.Inc()
+	defer func() {
+		x.end()
+		s.m.streams.Dec()
+		s.xs.Put(x)
+	}()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		}
+		x.out = x.out[:0]
+		done := x.handle(req)
+		for _, r := range x.out {
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// exchange is one request's state on its stream; pooled per stream.
+type exchange struct {
+	s *Server
+
+	first     bool
+	reqMode   extprocfilter.ProcessingMode_BodySendMode
+	respMode  extprocfilter.ProcessingMode_BodySendMode
+	noWait    bool // STREAMED: the data plane sends the body without waiting for the headers' answer
+	path      string
+	auth      []byte
+	session   []byte
+	subset    []string
+	hasSubset bool
+	body      []byte
+	chunks    int  // request body messages received
+	answered  bool // the request side has its destination
+	tBody     time.Time
+
+	picked  *ingress.Picked
+	dests   []string // endpoints in fallback order
+	engines []string // parallel to dests
+	status  int      // response :status
+	out     []*extprocv3.ProcessingResponse
+}
+
+func (x *exchange) reset() {
+	*x = exchange{s: x.s, first: true, body: x.body[:0], subset: x.subset[:0], dests: x.dests[:0],
+		engines: x.engines[:0], out: x.out[:0], auth: x.auth[:0], session: x.session[:0]}
+}
+
+// handle appends the answers to req to x.out; true ends the stream.
+func (x *exchange) handle(req *extprocv3.ProcessingRequest) bool {
+	if x.first {
+		x.first = false
+		x.modes(req.GetProtocolConfig())
+	}
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return x.requestHeaders(req, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return x.requestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return x.requestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		x.responseHeaders(req, r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		x.responseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{}}})
+		x.end()
+	}
+	return false
+}
+
+// modes takes the body modes from protocol_config, else the configured default.
+func (x *exchange) modes(pc *extprocv3.ProtocolConfiguration) {
+	if pc != nil {
+		x.reqMode, x.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		x.noWait = pc.GetSendBodyWithoutWaitingForHeaderResponse()
+		return
+	}
+	switch x.s.cfg.DefaultBodyMode {
+	case ModeBuffered:
+		x.reqMode, x.respMode = extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_NONE
+	case ModeStreamed:
+		x.reqMode, x.respMode, x.noWait = extprocfilter.ProcessingMode_STREAMED, extprocfilter.ProcessingMode_STREAMED, true
+	default:
+		x.reqMode, x.respMode = extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+}
+
+func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) bool {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.GetKey() {
+		case ":path":
+			x.path = headerValue(hv)
+		case "authorization":
+			x.auth = append(x.auth[:0], headerValue(hv)...)
+		case "x-session-id":
+			x.session = append(x.session[:0], headerValue(hv)...)
+		}
+	}
+	var bad int
+	x.subset, x.hasSubset, bad = metadataEndpoints(req.GetMetadataContext(), SubsetNamespace, SubsetKey)
+	if bad > 0 {
+		x.s.m.badMetadata.WithLabelValues(SubsetKey).Add(float64(bad))
+	}
+	if h.GetEndOfStream() || x.reqMode == extprocfilter.ProcessingMode_NONE {
+		// No body will come: route on load alone.
+		return x.routeByLoad(func(dest, _ string) {
+			r := headersResponse(routeCommon(dest, ""))
+			r.DynamicMetadata = destinationMetadata(dest)
+			x.out = append(x.out, r)
+		})
+	}
+	switch x.reqMode {
+	case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
+		x.out = append(x.out, headersResponse(&extprocv3.CommonResponse{}))
+	case extprocfilter.ProcessingMode_STREAMED:
+		if !x.noWait {
+			// The data plane holds the body until the headers are answered,
+			// and the headers pick the route: nothing to pick on.
+			x.s.m.results.WithLabelValues("bad_mode").Inc()
+			return x.reject(500, openai.AppendError(nil, "the gateway's ext_proc filter runs the request body in STREAMED mode without send_body_without_waiting_for_header_response: the endpoint picker cannot read the body before routing; use FULL_DUPLEX_STREAMED (GAIE) or BUFFERED", "server_error", "", "epp_misconfigured"), 0, "kvmesh_epp_unsupported_body_mode")
+		}
+	case extprocfilter.ProcessingMode_GRPC:
+		x.s.m.results.WithLabelValues("bad_mode").Inc()
+		return x.reject(500, openai.AppendError(nil, "ext_proc GRPC body mode is not an OpenAI request", "server_error", "", "epp_misconfigured"), 0, "kvmesh_epp_unsupported_body_mode")
+	}
+	return false
+}
+
+func (x *exchange) requestBody(b *extprocv3.HttpBody) bool {
+	if x.answered {
+		return false // nothing after the answer in these modes; ignore strays
+	}
+	x.chunks++
+	if len(x.body)+len(b.GetBody()) > x.s.cfg.MaxBodyBytes {
+		x.s.m.results.WithLabelValues("too_large").Inc()
+		return x.reject(413, openai.AppendError(nil, "request body too large: limit is "+strconv.Itoa(x.s.cfg.MaxBodyBytes)+" bytes", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_too_large")
+	}
+	x.body = append(x.body, b.GetBody()...)
+	switch x.reqMode {
+	case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
+		if !b.GetEndOfStream() && x.reqMode == extprocfilter.ProcessingMode_BUFFERED_PARTIAL {
+			// The data plane's buffer filled: the rest never reaches us.
+			x.s.m.results.WithLabelValues("too_large").Inc()
+			return x.reject(413, openai.AppendError(nil, "request body larger than the gateway's ext_proc buffer", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_truncated")
+		}
+		// One message holds the whole body (trailers, if any, follow).
+		return x.route(func(dest, pre string) {
+			r := bodyResponse(routeCommon(dest, pre))
+			r.DynamicMetadata = destinationMetadata(dest)
+			x.out = append(x.out, r)
+		})
+	}
+	if !b.GetEndOfStream() {
+		return false
+	}
+	return x.routeStreamed(true)
+}
+
+// requestTrailers ends a body whose last chunk did not say so.
+func (x *exchange) requestTrailers() bool {
+	if !x.answered {
+		switch x.reqMode {
+		case extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilter.ProcessingMode_STREAMED:
+			if x.routeStreamed(false) {
+				return true
+			}
+		}
+	}
+	x.out = append(x.out, trailersResponse())
+	return false
+}
+
+// routeStreamed answers the held headers with the destination, then the body.
+func (x *exchange) routeStreamed(eos bool) bool {
+	return x.route(func(dest, pre string) {
+		r := headersResponse(routeCommon(dest, pre))
+		r.DynamicMetadata = destinationMetadata(dest)
+		x.out = append(x.out, r)
+		if x.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
+			x.out = append(x.out, bodyResponse(streamedBody(x.body, eos)))
+			return
+		}
+		for range x.chunks {
+			x.out = append(x.out, bodyResponse(&extprocv3.CommonResponse{}))
+		}
+	})
+}
+
+// route picks for the buffered body and lets answer build the messages
+// (dest: the comma-separated fallback list; pre: the prefiller or "").
+func (x *exchange) route(answer func(dest, pre string)) bool {
+	x.tBody = time.Now()
+	chat, ok := isInferencePath(x.path)
+	if !ok {
+		// Not a route the ingress decides (embeddings, models…): load only.
+		return x.routeByLoad(answer)
+	}
+	p, err := x.s.ing.Pick(ingress.PickInput{Chat: chat, Body: x.body, Authorization: x.auth, SessionID: x.session})
+	if err != nil {
+		var pe *ingress.PickError
+		if errors.As(err, &pe) {
+			x.s.m.results.WithLabelValues("rejected").Inc()
+			return x.reject(pe.Status, pe.Body, pe.RetryAfter, "kvmesh_epp_rejected")
+		}
+		return x.reject(500, openai.AppendError(nil, err.Error(), "server_error", "", "internal_error"), 0, "kvmesh_epp_error")
+	}
+	x.picked = p
+	pre := x.fillDests(p)
+	if len(x.dests) == 0 || p.Start(x.engines[0]) != nil {
+		return x.noEndpoint()
+	}
+	x.answered = true
+	answer(joinEndpoints(x.dests), pre)
+	x.s.m.results.WithLabelValues("routed").Inc()
+	x.s.m.pick.Observe(time.Since(x.tBody).Seconds())
+	return false
+}
+
+// routeByLoad routes a request the ingress does not decide (no body, or not
+// a completions route) to the least-loaded engines of the pool.
+func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
+	s := x.s
+	infos := s.mem.Engines(nil)
+	slices.SortStableFunc(infos, func(a, b ingress.EngineInfo) int {
+		return (a.InFlight + a.Waiting) - (b.InFlight + b.Waiting)
+	})
+	for _, e := range infos {
+		if len(x.dests) >= s.cfg.MaxEndpoints {
+			break
+		}
+		ep, ok := s.eps.of(e.URL)
+		if !ok || !e.Healthy || (x.hasSubset && !contains(x.subset, ep)) || contains(x.dests, ep) {
+			continue
+		}
+		x.dests = append(x.dests, ep)
+		x.engines = append(x.engines, e.ID)
+	}
+	if len(x.dests) == 0 {
+		return x.noEndpoint()
+	}
+	x.answered = true
+	answer(joinEndpoints(x.dests), "")
+	s.m.results.WithLabelValues("bodyless").Inc()
+	return false
+}
+
+// noEndpoint is the protocol's 503: nothing eligible (the subset hint
+// excludes every ranked engine, or the pool has none).
+func (x *exchange) noEndpoint() bool {
+	x.s.m.results.WithLabelValues("no_endpoint").Inc()
+	return x.reject(503, openai.AppendError(nil, "no endpoint fits: no ranked engine is a ready endpoint of the pool (within the gateway's subset hint)", "server_error", "", "service_unavailable"), 1, "kvmesh_epp_no_endpoint")
+}
+
+// reject answers with an ImmediateResponse and ends the stream.
+func (x *exchange) reject(status int, body []byte, retryAfter int, details string) bool {
+	x.s.m.immediate.WithLabelValues(strconv.Itoa(status)).Inc()
+	x.finishPicked(status)
+	x.out = append(x.out, immediate(status, body, retryAfter, details))
+	return true
+}
+
+func (x *exchange) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() == ":status" {
+			x.status, _ = strconv.Atoi(headerValue(hv))
+			break
+		}
+	}
+	x.served(req)
+	if x.picked != nil {
+		x.picked.FirstByte()
+	}
+	x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{}}})
+	if h.GetEndOfStream() {
+		x.end()
+	}
+}
+
+// served moves the request's charge when the data plane fell back to
+// another endpoint of the list.
+func (x *exchange) served(req *extprocv3.ProcessingRequest) {
+	eps, ok, bad := metadataEndpoints(req.GetMetadataContext(), LBNamespace, ServedKey)
+	if bad > 0 {
+		x.s.m.badMetadata.WithLabelValues(ServedKey).Add(float64(bad))
+	}
+	if !ok || len(eps) == 0 || x.picked == nil || len(x.dests) == 0 || eps[0] == x.dests[0] {
+		return
+	}
+	for i, ep := range x.dests {
+		if ep == eps[0] {
+			if x.picked.Start(x.engines[i]) == nil {
+				x.s.m.fellBack.Inc()
+			}
+			return
+		}
+	}
+	x.s.m.badMetadata.WithLabelValues(ServedKey).Inc() // served an endpoint we did not offer
+}
+
+func (x *exchange) responseBody(b *extprocv3.HttpBody) {
+	common := &extprocv3.CommonResponse{}
+	if x.respMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
+		common = streamedBody(b.GetBody(), b.GetEndOfStream())
+	}
+	x.out = append(x.out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: common}}})
+	if b.GetEndOfStream() {
+		x.end()
+	}
+}
+
+// end releases the decision with the response status (0: none came).
+func (x *exchange) end() { x.finishPicked(x.status) }
+
+func (x *exchange) finishPicked(status int) {
+	if x.picked != nil {
+		x.picked.Done(status)
+		x.picked = nil
+	}
+}
+
+// fillDests turns the ranking into the fallback list: endpoints known,
+// inside the subset hint when one was given, decode-capable when P/D is
+// on, at most Config.MaxEndpoints. It returns the prefiller endpoint ("" for none).
+func (x *exchange) fillDests(p *ingress.Picked) string {
+	s := x.s
+	for _, r := range p.Ranked() {
+		if len(x.dests) >= s.cfg.MaxEndpoints {
+			break
+		}
+		url, role, ok := p.Candidate(r.Engine)
+		if !ok {
+			continue
+		}
+		ep, ok := s.eps.of(url)
+		if !ok || (x.hasSubset && !contains(x.subset, ep)) {
+			continue
+		}
+		if s.pd != nil && role == scheduler.RolePrefill {
+			continue
+		}
+		x.dests = append(x.dests, ep)
+		x.engines = append(x.engines, r.Engine)
+	}
+	if s.pd == nil || len(x.engines) == 0 {
+		return ""
+	}
+	id, ok := s.pd.Prefill(p, x.engines[0])
+	if !ok {
+		return ""
+	}
+	url, _, ok := p.Candidate(id)
+	if !ok {
+		return ""
+	}
+	ep, _ := s.eps.of(url)
+	return ep
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func joinEndpoints(eps []string) string {
+	n := len(eps) - 1
+	for _, e := range eps {
+		n += len(e)
+	}
+	b := make([]byte, 0, n)
+	for i, e := range eps {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, e...)
+	}
+	return string(b)
+}

@@ -1,0 +1,175 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kvmesh/kvmesh/ingress"
+)
+
+// Deps are the picker's collaborators.
+type Deps struct {
+	// Ingress makes the routing decisions (required). New narrows its
+	// engine list to the pool, so New must run before Ingress.Start.
+	Ingress *ingress.Server
+	// Pool is the InferencePool's ready endpoints; nil: every engine the
+	// mesh knows is a candidate.
+	Pool PoolEndpoints
+	// Disaggregator decides P/D when Config.PD.Enabled; nil: the built-in
+	// UncachedThreshold rule.
+	Disaggregator Disaggregator
+}
+
+// Server is the ext_proc endpoint picker with its gRPC health service.
+// New → Start → Close.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	cfg  Config
+	ing  *ingress.Server
+	mem  *poolMembership
+	pool PoolEndpoints
+	pd   Disaggregator
+	eps  endpointCache
+	log  *slog.Logger
+	m    *metrics
+
+	gs     *grpc.Server
+	health *health.Server
+	ln     net.Listener
+	xs     sync.Pool // *exchange
+
+	quit      chan struct{}
+	wg        sync.WaitGroup // owned goroutines: serve loop, readiness loop
+	closeOnce sync.Once
+}
+
+// New builds a picker around an ingress that is not started yet.
+func New(cfg Config, deps Deps) (*Server, error) {
+	cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Ingress == nil {
+		return nil, fmt.Errorf("%w: no ingress", ErrConfig)
+	}
+	s := &Server{cfg: cfg, ing: deps.Ingress, pool: deps.Pool, pd: deps.Disaggregator,
+		log: cfg.Logger.With("component", "epp"), m: newMetrics(cfg.Registerer), quit: make(chan struct{})}
+	if cfg.PD.Enabled && s.pd == nil {
+		s.pd = UncachedThreshold{Min: cfg.PD.MinUncachedTokens}
+	}
+	s.ing.WrapMembership(func(inner ingress.Membership) ingress.Membership {
+		s.mem = &poolMembership{inner: inner, pool: deps.Pool, eps: &s.eps}
+		return s.mem
+	})
+	s.xs.New = func() any { return &exchange{s: s} }
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+	if tc != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	s.health = health.NewServer()
+	s.gs = grpc.NewServer(opts...)
+	extprocv3.RegisterExternalProcessorServer(s.gs, s)
+	healthpb.RegisterHealthServer(s.gs, s.health)
+	s.setReady(false)
+	return s, nil
+}
+
+// Start listens and serves until Close; it returns once listening.
+func (s *Server) Start() error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("epp listen: %w", err)
+	}
+	s.ln = ln
+	s.updateReady()
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := s.gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			s.log.Error("grpc serve", "err", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.readyLoop()
+	}()
+	s.log.Info("endpoint picker listening", "addr", s.Addr(), "tls", s.cfg.TLS, "pool", s.pool != nil, "pd", s.pd != nil)
+	return nil
+}
+
+// Addr is the gRPC address, "" before Start.
+func (s *Server) Addr() string {
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// Close turns readiness off, lets open streams finish (bounded by ctx) and
+// stops. Safe to call more than once.
+func (s *Server) Close(ctx context.Context) {
+	s.closeOnce.Do(func() {
+		close(s.quit)
+		s.health.Shutdown() // every service NOT_SERVING: the gateway stops sending
+		done := make(chan struct{})
+		go func() { s.gs.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.gs.Stop()
+			<-done
+		}
+		s.wg.Wait()
+	})
+}
+
+// readyLoop follows the ingress's readiness (index synced, engines known)
+// and the pool's sync into the gRPC health service.
+func (s *Server) readyLoop() {
+	t := time.NewTicker(s.cfg.ReadyInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-t.C:
+			s.updateReady()
+		}
+	}
+}
+
+func (s *Server) updateReady() {
+	s.setReady(s.ing.Ready() && (s.pool == nil || s.pool.Synced()))
+}
+
+// setReady sets readiness for the services GAIE's health checking names;
+// liveness is SERVING while the process answers.
+func (s *Server) setReady(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(HealthReadiness, st)
+	s.health.SetServingStatus(ExtProcService, st)
+	s.health.SetServingStatus("", st)
+}
