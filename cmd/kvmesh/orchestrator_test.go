@@ -109,19 +109,21 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		return true
 	})
 	// kvmesh get / describe show the CRDs' printer columns and the events.
-	var got testutil.SyncBuffer
-	if err := runGet(ctx, []string{"md", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, &got, &errOut); err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range []string{"NAME", "MODEL", "READY", "STATUS", "llama-pd", "meta-llama/Llama-3.1-8B-Instruct", "0/1"} {
+	var got *testutil.SyncBuffer
+	testutil.WaitFor(t, time.Minute, "kvmesh get md to show the status columns", func() bool {
+		got = &testutil.SyncBuffer{}
+		return runGet(ctx, []string{"md", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, got, &errOut) == nil &&
+			strings.Contains(got.String(), "0/1")
+	})
+	for _, w := range []string{"NAME", "MODEL", "READY", "STATUS", "llama-pd", "meta-llama/Llama-3.1-8B-Instruct", "GroupsNotReady"} {
 		if !strings.Contains(got.String(), w) {
 			t.Errorf("kvmesh get md lacks %q:\n%s", w, got.String())
 		}
 	}
-	var desc testutil.SyncBuffer
+	var desc *testutil.SyncBuffer
 	testutil.WaitFor(t, time.Minute, "describe to show the GroupCreated event", func() bool {
-		desc = testutil.SyncBuffer{}
-		err := runDescribe(ctx, []string{"modeldeployments", "llama-pd", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, &desc, &errOut)
+		desc = &testutil.SyncBuffer{}
+		err := runDescribe(ctx, []string{"modeldeployments", "llama-pd", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, desc, &errOut)
 		return err == nil && strings.Contains(desc.String(), "GroupCreated") && strings.Contains(desc.String(), "readyGroups")
 	})
 	dyn := dynamic.NewForConfigOrDie(s.Config)
