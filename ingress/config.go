@@ -108,6 +108,8 @@ type Config struct {
 	// policy "kvmesh" by default, "random", "round-robin", ...). Used when
 	// Deps.Scheduler is nil.
 	Scheduler scheduler.Config `yaml:"scheduler"`
+	// PD is the prefill/decode path's admission control (pd.go).
+	PD PDConfig `yaml:"pd"`
 
 	// Cluster joins gossip (membership, load, shared rate limits) and NATS
 	// (the materialized index). Zero: standalone with Engines.
@@ -223,6 +225,7 @@ func (c *Config) Validate() error {
 		bad("speculative ttl must be >= 0")
 	}
 	c.Cluster.problems(bad)
+	c.PD.problems(bad)
 	c.Health.problems(bad)
 	c.TLS.problems(bad)
 	sc := c.Scheduler

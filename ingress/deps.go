@@ -101,6 +101,9 @@ type Admitter interface {
 // Deps are the collaborators of one Server. Nil fields turn the feature off
 // (no membership: Config.Engines; no scheduler: a load-only default).
 type Deps struct {
+	// PD is the prefill/decode step (nil: no P/D; prefill-role engines
+	// are then never chosen for whole requests by the role filter alone).
+	PD         PDPlanner
 	Logger     *slog.Logger // default slog.Default()
 	AccessLog  *slog.Logger // default: JSON to stderr when Config.AccessLog
 	Registry   *prometheus.Registry

@@ -19,10 +19,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	opts := bench.DefaultOptions()
 	fs := newFlagSet("bench", stderr)
 	benchFlags(fs, &opts)
+	pdf := pdBenchFlags(fs)
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	err := bench.Run(ctx, opts, stdout)
+	var err error
+	if pdf.on() {
+		err = runBenchPD(ctx, fs, opts, pdf, stdout)
+	} else {
+		err = bench.Run(ctx, opts, stdout)
+	}
 	if errors.Is(err, bench.ErrUsage) {
 		return fmt.Errorf("%w: %s", errUsage, strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
 	}

@@ -73,6 +73,8 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.BoolVar(&opts.TokenizerStore, "tokenizer-store", opts.TokenizerStore, "load the tokenizers the sidecars publish to NATS for models without --tokenizer")
 	fs.StringVar(&opts.TokenizerCache, "tokenizer-cache", "", "directory for tokenizers fetched from NATS (default: a temporary directory)")
 	probs.ModelPaths(fs, &cfg.ChatTemplates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
+	fs.StringVar(&cfg.PD.Policy, "pd-policy", cfg.PD.Policy, "prefill/decode step for engines with roles (\"\" = off): kvmesh|kvmesh-always|kthena|llmd|dynamo|sglang|aibrix")
+	fs.Float64Var(&cfg.PD.TransferGbps, "pd-transfer-gbps", cfg.PD.TransferGbps, "prefill → decode KV bandwidth the P/D cost model assumes, Gbit/s (0: 100)")
 	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|"))
 	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)", func(path string) error {
 		sc, err := registry.LoadConfig(path)

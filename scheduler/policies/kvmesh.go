@@ -180,37 +180,8 @@ func (KVMesh) Name() string { return "kvmesh" }
 
 // Pick implements scheduler.Policy.
 func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
-	out := r.OutputTokens
-	if out <= 0 {
-		out = p.DefaultOutputTokens
-	}
-	ctx := float64(r.PromptTokens + out/2)
-	decodeOwn := p.DecodeWeight * float64(out)
-	rate, base, perTok := p.PrefillRate, p.StepBase, p.DecodeSecPerToken
 	for i := range cs {
-		c := &cs[i]
-		if p.Costs != nil {
-			e := p.Costs.Rates(c.ID)
-			rate, base, perTok = e.PrefillRate, e.StepBase, e.DecodeSecPerToken
-		}
-		decodeExt := decodeOwn * perTok * ctx
-		uncached := float64(max(0, r.PromptTokens-c.CachedTokens))
-		queued := float64(max(c.QueuedPrefillTokens, c.LocalPrefillTokens))
-		// Only requests already running feel this one's prefill and decode;
-		// those waiting have not started (and under overload waiting
-		// dwarfs running, which would make every miss look prohibitive
-		// and pile hits onto one engine).
-		n := float64(max(c.Running, c.InFlight-c.Waiting))
-		ttft := (queued+uncached)/rate + base
-		active := float64(c.LocalActiveTokens)
-		if active == 0 {
-			active = n * ctx // the caller does not track tokens: assume requests like this one
-		}
-		tpot := base + perTok*(active+ctx)
-		ext := n * (uncached/rate + decodeExt)
-		behind := min(float64(max(c.Waiting, c.InFlight-c.Running)), n)
-		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext +
-			(p.WaitingWeight*behind+p.MissPenalty)*uncached/rate)
+		cs[i].Score = -p.Cost(r, &cs[i])
 	}
 	pick := scheduler.ArgMax(cs, cyc)
 	best := 0.0
