@@ -55,6 +55,10 @@ type Config struct {
 	AdminToken string `yaml:"-"`
 	// TLS for the client listener and (optionally mutual) TLS to engines.
 	TLS TLSConfig `yaml:"tls"`
+	// LoRAAdapters maps a LoRA adapter's name to its base model: requests naming
+	// the adapter go to the base model's engines and are keyed under the base
+	// with the adapter's name, as the sidecar keys the adapter's blocks.
+	LoRAAdapters map[string]string `yaml:"loraAdapters"`
 	// TenantHeader names a request header that identifies the tenant for fair
 	// admission when the request is not authenticated (auth's identity wins).
 	// Trust it only behind a gateway that sets it. Empty: none.

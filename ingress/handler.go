@@ -325,7 +325,12 @@ func (c *call) tokenize() error {
 	s := c.s
 	var tok Tokenizer
 	if s.deps.Tokenizers != nil {
-		tok, _ = s.deps.Tokenizers.For(c.model)
+		var ok bool
+		if tok, ok = s.deps.Tokenizers.For(c.model); !ok {
+			if base, isAdapter := s.cfg.LoRAAdapters[c.model]; isAdapter {
+				tok, _ = s.deps.Tokenizers.For(base) // an adapter tokenizes as its base model
+			}
+		}
 	}
 	var err error
 	c.batchN = max(1, len(c.req.batch))

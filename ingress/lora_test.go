@@ -21,6 +21,14 @@ import (
 // is keyed like the sidecar keys the adapter's blocks (root with the
 // adapter's name), and a second identical request reuses the first's blocks.
 func TestLoRARequestsReuseAdapterBlocks(t *testing.T) {
+	// The adapter's base comes from the tokenizer set (a Go embedding) or
+	// from the ingress's config (--lora-adapter, YAML loraAdapters).
+	for _, viaConfig := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deps", true: "config"}[viaConfig], func(t *testing.T) { testLoRAReuse(t, viaConfig) })
+	}
+}
+
+func testLoRAReuse(t *testing.T, viaConfig bool) {
 	nt, tpl := llama(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Logger: quiet,
@@ -35,6 +43,10 @@ func TestLoRARequestsReuseAdapterBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	deps := Deps{Tokenizers: ModelTokenizers{Models: TokenizerMap{"llama": tk}, Adapters: map[string]string{"sql-lora": "llama"}}, Logger: quiet}
+	if viaConfig {
+		cfg.LoRAAdapters = map[string]string{"sql-lora": "llama"}
+		deps.Tokenizers = TokenizerMap{"llama": tk}
+	}
 	sch, err := defaultScheduler(&cfg, &deps)
 	if err != nil {
 		t.Fatal(err)

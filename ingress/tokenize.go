@@ -236,6 +236,9 @@ func (c *call) adapterOf() (served, adapter string) {
 	if c.rt.upModel != "" { // route.go: a route's LoRA adapter on its pool
 		return c.model, c.rt.upModel
 	}
+	if base, ok := c.s.cfg.LoRAAdapters[c.model]; ok {
+		return base, c.model
+	}
 	if ab, ok := c.s.deps.Tokenizers.(AdapterBases); ok {
 		if base, isAdapter := ab.AdapterBase(c.model); isAdapter {
 			return base, c.model
