@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,12 +19,19 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/fair"
+	"github.com/kvmesh/kvmesh/internal/kubetest"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/orchestrator"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
@@ -130,6 +138,7 @@ func runMesh(t *testing.T) []string {
 		urls = append(urls, "http://"+sc.AdminAddr+"/metrics")
 	}
 	urls = append(urls, runPDIngress(t, quiet)...)
+	urls = append(urls, runOrchestrator(t, quiet, srv.GossipAddr()))
 	base := "http://" + srv.Addr()
 	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines", func() bool {
 		resp, err := http.Get(base + "/ready")
@@ -214,6 +223,61 @@ func runPDIngress(t *testing.T, quiet *slog.Logger) []string {
 	return urls
 }
 
+// runOrchestrator runs the orchestrator against the package's real API
+// server as a member of the mesh's gossip, with the P/D ModelDeployment and
+// the AutoscalingPolicy of examples/, until the autoscaler has stepped; it
+// returns the orchestrator's /metrics URL.
+func runOrchestrator(t *testing.T, quiet *slog.Logger, seed string) string {
+	t.Helper()
+	srv := kubetest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	cs, err := kubernetes.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "dashboards"
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	crds, _ := filepath.Glob(filepath.Join("crds", "kvmesh.io_*.yaml"))
+	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
+		t.Fatal(err)
+	}
+	gc := gossip.DefaultConfig()
+	gc.Name, gc.Profile, gc.Join = "orchestrator", "local", []string{seed}
+	gc.BroadcastInterval, gc.PushPullInterval = 50*time.Millisecond, 500*time.Millisecond
+	gc.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator, ID: "orchestrator"}
+	gc.Logger = quiet
+	node, err := gossip.New(gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Close() })
+	oc := orchestrator.DefaultConfig()
+	oc.Namespace, oc.LeaderElection, oc.Load, oc.AutoscaleInterval, oc.Logger = ns, false, node, 200*time.Millisecond, quiet
+	ctrl, err := orchestrator.New(srv.Config, oc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	reg := prometheus.NewRegistry()
+	if err := orchestrator.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(hs.Close)
+	root, _ := kubetest.RepoRoot()
+	for _, f := range []string{"pd-modeldeployment.yaml", "autoscalingpolicy.yaml"} {
+		if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{Namespace: ns}, filepath.Join(root, "examples", f)); err != nil {
+			t.Fatalf("examples/%s: %v", f, err)
+		}
+	}
+	return hs.URL + "/metrics"
+}
+
 // pdMembers is a fixed engine list with roles (gossip carries them in production).
 type pdMembers []ingress.EngineInfo
 
@@ -243,7 +307,8 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 		for _, u := range urls {
 			live.scrape(t, u)
 		}
-		return live["kvmesh_ingress_ttft_seconds_bucket"] != nil && live["kvmesh_sidecar_keys"]["tier"]
+		return live["kvmesh_ingress_ttft_seconds_bucket"] != nil && live["kvmesh_sidecar_keys"]["tier"] &&
+			live["kvmesh_orchestrator_autoscale_desired_replicas"] != nil && live["kvmesh_orchestrator_pod_actions_total"] != nil
 	})
 	checked := 0
 	for _, f := range files {

@@ -13,11 +13,28 @@ var (
 	podActions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_orchestrator_pod_actions_total", Help: "Pods created or deleted, by action and reason.",
 	}, []string{"action", "reason"})
+	// Autoscaler decisions: the desired replicas of every role of every
+	// policy at its last step, and how many steps scaled up, down or held.
+	autoscaleDesired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvmesh_orchestrator_autoscale_desired_replicas", Help: "Replicas the autoscaler wants per role, at its last step.",
+	}, []string{"namespace", "policy", "role"})
+	autoscaleCurrent = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvmesh_orchestrator_autoscale_current_replicas", Help: "Replicas a role had at the autoscaler's last step.",
+	}, []string{"namespace", "policy", "role"})
+	autoscaleDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_orchestrator_autoscale_decisions_total", Help: "Autoscaler role decisions by direction (up, down, hold).",
+	}, []string{"direction"})
 )
+
+func init() {
+	for _, d := range []string{"up", "down", "hold"} {
+		autoscaleDecisions.WithLabelValues(d)
+	}
+}
 
 // Register adds the orchestrator's metrics to r.
 func Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions} {
+	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

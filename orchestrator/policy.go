@@ -201,6 +201,16 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 			continue
 		}
 		st.Roles = append(st.Roles, v1alpha1.RoleAutoscalingStatus{Name: r.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason})
+		autoscaleDesired.WithLabelValues(ap.Namespace, ap.Name, r.Name).Set(float64(d.Desired))
+		autoscaleCurrent.WithLabelValues(ap.Namespace, ap.Name, r.Name).Set(float64(d.Current))
+		switch {
+		case d.Desired > d.Current:
+			autoscaleDecisions.WithLabelValues("up").Inc()
+		case d.Desired < d.Current:
+			autoscaleDecisions.WithLabelValues("down").Inc()
+		default:
+			autoscaleDecisions.WithLabelValues("hold").Inc()
+		}
 		if d.Desired != d.Current {
 			if err := c.scaleRole(ctx, md, r.Name, d.Desired); err != nil {
 				return err
