@@ -53,7 +53,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.Ingress.LogLevel}))
-	ing, err := o.Ingress.NewServer(log)
+	ing, err := o.Ingress.NewServer(ctx, log)
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,11 @@
 package gossip
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +37,12 @@ type Config struct {
 	// SecretKey enables AES-GCM encryption of all gossip; 16, 24 or 32 bytes.
 	// Every member must share it; a member with another key cannot join.
 	SecretKey []byte
+	// ExtraKeys are further keys accepted for decryption, never used to
+	// encrypt: the keyring for rotating SecretKey without a partition.
+	// Rotation: give every member the new key as an extra key (or
+	// InstallKey), then make it primary everywhere (UseKey), then drop the
+	// old one (RemoveKey). Each must be 16, 24 or 32 bytes; needs SecretKey.
+	ExtraKeys [][]byte
 	// Profile picks memberlist timings: "local" (loopback/tests: probe 1s,
 	// dead within ~3-5s), "lan" (default in production) or "wan".
 	Profile string
@@ -99,6 +107,14 @@ func (c *Config) Validate() error {
 	default:
 		add("secret key is %d bytes; want 16, 24 or 32", len(c.SecretKey))
 	}
+	for i, k := range c.ExtraKeys {
+		if l := len(k); l != 16 && l != 24 && l != 32 {
+			add("extra key %d is %d bytes; want 16, 24 or 32", i, l)
+		}
+	}
+	if len(c.ExtraKeys) > 0 && len(c.SecretKey) == 0 {
+		add("extra keys need a secret key")
+	}
 	switch c.Profile {
 	case "local", "lan", "wan":
 	default:
@@ -122,4 +138,26 @@ func (c *Config) Validate() error {
 		add("meta encodes to %d bytes; limit %d", len(b), metaLimit)
 	}
 	return errors.Join(errs...)
+}
+
+// ParseKeys parses the --gossip-key form: comma-separated base64 keys, the
+// first the primary (encrypts), the rest extra keys (decrypt only, for
+// rotation). Empty input is no encryption.
+func ParseKeys(s string) (primary []byte, extra [][]byte, err error) {
+	for i, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		k, derr := base64.StdEncoding.DecodeString(part)
+		if derr != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
+			return nil, nil, fmt.Errorf("gossip key %d: want base64 of 16, 24 or 32 bytes", i)
+		}
+		if primary == nil {
+			primary = k
+		} else {
+			extra = append(extra, k)
+		}
+	}
+	return primary, extra, nil
 }

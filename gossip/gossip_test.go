@@ -121,7 +121,7 @@ func TestGracefulLeaveRemovesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Shutdown()
-	testutil.WaitFor(t, 3*time.Second, "a drops eb", func() bool { _, ok := a.Engine("eb"); return !ok })
+	testutil.WaitFor(t, 15*time.Second, "a drops eb", func() bool { _, ok := a.Engine("eb"); return !ok })
 }
 
 func TestWrongKeyCannotJoin(t *testing.T) {

@@ -14,9 +14,18 @@ type metrics struct {
 	ignored   atomic.Uint64 // entries from unknown/dead origins or not newer
 }
 
-func (n *Node) registerMetrics(reg prometheus.Registerer) error {
+// registerMetrics registers the series on reg and returns a func that
+// unregisters them (New calls it when it fails after this point).
+func (n *Node) registerMetrics(reg prometheus.Registerer) (unregister func(), err error) {
+	unregister = func() {}
 	if reg == nil {
-		return nil
+		return unregister, nil
+	}
+	var done []prometheus.Collector
+	unregister = func() {
+		for _, c := range done {
+			reg.Unregister(c)
+		}
 	}
 	counter := func(name, help string, v *atomic.Uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
@@ -29,8 +38,10 @@ func (n *Node) registerMetrics(reg prometheus.Registerer) error {
 		counter("kvmesh_gossip_entries_ignored_total", "Gossip state entries ignored: older than known, or from a member not alive.", &n.m.ignored),
 	} {
 		if err := reg.Register(c); err != nil {
-			return err
+			unregister()
+			return func() {}, err
 		}
+		done = append(done, c)
 	}
-	return nil
+	return unregister, nil
 }

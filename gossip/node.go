@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/kvmesh/kvmesh/internal/backoff"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -26,6 +28,7 @@ type Node struct {
 	ml        *memberlist.Memberlist
 	queue     *memberlist.TransmitLimitedQueue
 	metaBytes []byte
+	keyring   *memberlist.Keyring // nil without encryption
 	m         metrics
 
 	// mu guards everything below; held only for map work, never across I/O
@@ -67,7 +70,8 @@ func New(cfg Config) (*Node, error) {
 		alive: map[string]NodeMeta{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
 		done: make(chan struct{}),
 	}
-	if err := n.registerMetrics(cfg.Registerer); err != nil {
+	unregister, err := n.registerMetrics(cfg.Registerer)
+	if err != nil {
 		return nil, fmt.Errorf("gossip metrics: %w", err)
 	}
 	mc := profile(cfg.Profile)
@@ -81,7 +85,15 @@ func New(cfg Config) (*Node, error) {
 	if cfg.AdvertisePort != 0 {
 		mc.AdvertisePort = cfg.AdvertisePort
 	}
-	mc.SecretKey = cfg.SecretKey
+	if len(cfg.SecretKey) > 0 {
+		kr, err := memberlist.NewKeyring(cfg.ExtraKeys, cfg.SecretKey)
+		if err != nil {
+			unregister()
+			return nil, fmt.Errorf("gossip keyring: %w", err)
+		}
+		mc.Keyring = kr
+		n.keyring = kr
+	}
 	mc.PushPullInterval = cfg.PushPullInterval
 	mc.Delegate = delegate{n}
 	mc.Events = delegate{n}
@@ -93,6 +105,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		unregister() // a retry with the same registry must not find them taken
 		return nil, fmt.Errorf("gossip listen: %w", err)
 	}
 	n.ml = ml
@@ -117,6 +130,33 @@ func profile(name string) *memberlist.Config {
 	default:
 		return memberlist.DefaultLANConfig()
 	}
+}
+
+// ErrNoEncryption is returned by the key methods of a node without a key.
+var ErrNoEncryption = errors.New("gossip: encryption is off (no secret key)")
+
+// InstallKey adds a key accepted for decryption (rotation step 1).
+func (n *Node) InstallKey(key []byte) error {
+	if n.keyring == nil {
+		return ErrNoEncryption
+	}
+	return n.keyring.AddKey(key)
+}
+
+// UseKey makes an installed key the one gossip is encrypted with (step 2).
+func (n *Node) UseKey(key []byte) error {
+	if n.keyring == nil {
+		return ErrNoEncryption
+	}
+	return n.keyring.UseKey(key)
+}
+
+// RemoveKey drops a key that is no longer primary (step 3).
+func (n *Node) RemoveKey(key []byte) error {
+	if n.keyring == nil {
+		return ErrNoEncryption
+	}
+	return n.keyring.RemoveKey(key)
 }
 
 // Join contacts seeds ("host:port", DNS names allowed) and returns how many
@@ -159,6 +199,7 @@ func (n *Node) loop(ctx context.Context) {
 	tick := time.NewTicker(n.cfg.BroadcastInterval)
 	defer tick.Stop()
 	lastJoin := time.Now()
+	rejoinAfter := backoff.Jitter(n.cfg.RejoinInterval, 0.3) // members cut off together do not retry together
 	for i := 1; ; i++ {
 		select {
 		case <-ctx.Done():
@@ -166,8 +207,8 @@ func (n *Node) loop(ctx context.Context) {
 		case <-tick.C:
 		}
 		n.flush(i%10 == 0)
-		if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 && time.Since(lastJoin) >= n.cfg.RejoinInterval {
-			lastJoin = time.Now()
+		if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 && time.Since(lastJoin) >= rejoinAfter {
+			lastJoin, rejoinAfter = time.Now(), backoff.Jitter(n.cfg.RejoinInterval, 0.3)
 			if _, err := n.Join(n.cfg.Join); err != nil {
 				n.log.Debug("gossip rejoin failed", "err", err)
 			}

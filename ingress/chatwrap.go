@@ -97,44 +97,13 @@ func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 	dst = append(dst, `,"choices":[`...)
 	n := 0
 	err = jsonscan.ForEachElem(choices, func(ch []byte) error {
-		var index, text, finish, logprobs []byte
-		if err := jsonscan.ForEachMember(ch, func(k, v []byte, _, _ int) error {
-			switch string(k) {
-			case "index":
-				index = v
-			case "text":
-				text = v
-			case "finish_reason":
-				finish = v
-			case "logprobs":
-				logprobs = v
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
 		if n > 0 {
 			dst = append(dst, ',')
 		}
 		n++
-		dst = append(dst, `{"index":`...)
-		dst = appendRawOr(dst, index, "0")
-		if chunk {
-			dst = append(dst, `,"delta":{`...)
-			if withRole {
-				dst = append(dst, `"role":"assistant",`...)
-			}
-		} else {
-			dst = append(dst, `,"message":{"role":"assistant",`...)
-		}
-		dst = append(dst, `"content":`...)
-		dst = appendRawOr(dst, text, `""`)
-		dst = append(dst, `},"logprobs":`...)
-		dst = appendRawOr(dst, logprobs, "null")
-		dst = append(dst, `,"finish_reason":`...)
-		dst = appendRawOr(dst, finish, "null")
-		dst = append(dst, '}')
-		return nil
+		var err error
+		dst, err = appendChatChoice(dst, ch, chunk, withRole)
+		return err
 	})
 	if err != nil {
 		return append(dst[:start], obj...)
@@ -145,6 +114,43 @@ func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 		dst = append(dst, usage...)
 	}
 	return append(dst, '}')
+}
+
+// appendChatChoice converts one completions choice into a chat choice.
+func appendChatChoice(dst, ch []byte, chunk, withRole bool) ([]byte, error) {
+	var index, text, finish, logprobs []byte
+	if err := jsonscan.ForEachMember(ch, func(k, v []byte, _, _ int) error {
+		switch string(k) {
+		case "index":
+			index = v
+		case "text":
+			text = v
+		case "finish_reason":
+			finish = v
+		case "logprobs":
+			logprobs = v
+		}
+		return nil
+	}); err != nil {
+		return dst, err
+	}
+	dst = append(dst, `{"index":`...)
+	dst = appendRawOr(dst, index, "0")
+	if chunk {
+		dst = append(dst, `,"delta":{`...)
+		if withRole {
+			dst = append(dst, `"role":"assistant",`...)
+		}
+	} else {
+		dst = append(dst, `,"message":{"role":"assistant",`...)
+	}
+	dst = append(dst, `"content":`...)
+	dst = appendRawOr(dst, text, `""`)
+	dst = append(dst, `},"logprobs":`...)
+	dst = appendRawOr(dst, logprobs, "null")
+	dst = append(dst, `,"finish_reason":`...)
+	dst = appendRawOr(dst, finish, "null")
+	return append(dst, '}'), nil
 }
 
 func appendRawOr(dst, raw []byte, def string) []byte {

@@ -28,11 +28,20 @@ type ClusterConfig struct {
 	GossipSeeds []string `yaml:"gossipSeeds"`
 	// GossipKey enables gossip encryption (16, 24 or 32 bytes).
 	GossipKey []byte `yaml:"-"`
+	// GossipKeys are further keys accepted (not used to encrypt) while the
+	// key rotates (gossip.Config.ExtraKeys).
+	GossipKeys [][]byte `yaml:"-"`
 	// GossipProfile is memberlist's timing profile: local, lan (default) or wan.
 	GossipProfile string `yaml:"gossipProfile"`
 	// NATSURLs are the NATS servers carrying the sidecars' deltas. Empty: no
 	// materialized index (routing uses speculative entries only).
 	NATSURLs []string `yaml:"natsURLs"`
+	// NATSAuth is the credentials and TLS for NATS (the same flags as every
+	// command: natsutil.BindFlags). The ingress only subscribes to the delta
+	// subjects and requests snapshots: it never creates or alters the
+	// JetStream stream (the sidecars or the orchestrator own it), so a NATS
+	// user without stream-admin rights is enough.
+	NATSAuth natsutil.Auth `yaml:"natsAuth"`
 }
 
 func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATSURLs) > 0 }
@@ -88,7 +97,7 @@ func (s *Server) startCluster() error {
 			return fmt.Errorf("ingress gossip: %w", err) // Validate has said so already
 		}
 		gc.Join = cc.GossipSeeds
-		gc.SecretKey = cc.GossipKey
+		gc.SecretKey, gc.ExtraKeys = cc.GossipKey, cc.GossipKeys
 		if cc.GossipProfile != "" {
 			gc.Profile = cc.GossipProfile
 		}
@@ -118,7 +127,9 @@ func (s *Server) startCluster() error {
 	if len(cc.NATSURLs) > 0 {
 		nc := natsutil.DefaultConfig()
 		nc.URLs = cc.NATSURLs
+		nc.Auth = cc.NATSAuth
 		nc.Name = "kvmesh-ingress-" + s.cfg.ID
+		nc.Stream.Disabled = true // read-only: never create or change the stream
 		conn, err := natsutil.Connect(ctx, nc, s.log)
 		if err != nil {
 			return fmt.Errorf("ingress nats: %w", err)
@@ -144,6 +155,10 @@ func (s *Server) startCluster() error {
 				s.log.Error("materializer stopped", "err", err)
 			}
 		}()
+		if st, ok := s.deps.Tokenizers.(*StoreTokenizers); ok {
+			cl.wg.Add(1)
+			go func() { defer cl.wg.Done(); st.Run(ctx, conn.NC) }()
+		}
 	}
 	return nil
 }
@@ -241,7 +256,9 @@ func (g *gossipMembership) refresh() {
 		role, _ := scheduler.ParseRole(v.EngineRole)
 		out = append(out, EngineInfo{
 			Engine: scheduler.Engine{
-				ID: v.ID, Healthy: true, Model: v.Model, Role: role,
+				// Ready: the sidecar consumes the engine's events and its
+				// last metrics scrapes answered (gossip/state.go).
+				ID: v.ID, Healthy: v.Ready, Model: v.Model, Role: role,
 				Running: v.Running, Waiting: v.Waiting, KVUsage: v.KVUsage, QueuedPrefillTokens: int(v.QueuedPrefill),
 				InFlight: max(0, inflight[v.ID]-own[v.ID]),
 			},

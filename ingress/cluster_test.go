@@ -45,7 +45,9 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		return lim
 	}
 	lim1 := newLimiter()
-	s := startIngress(t, cfg, Deps{Limiter: lim1})
+	cfg1 := cfg
+	cfg1.AdminListen = "127.0.0.1:0"
+	s := startIngress(t, cfg1, Deps{Limiter: lim1})
 	seed := s.GossipAddr()
 	if seed == "" {
 		t.Fatal("no gossip address")
@@ -155,10 +157,14 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		t.Fatalf("replica 2 admitted a request of a key exhausted on replica 1: %d %s", st, b)
 	}
 
-	if st, body, _ := get(base + "/debug/index"); st != 200 || !strings.Contains(body, "eng-a") {
+	admin := "http://" + s.AdminAddr()
+	if st, body, _ := get(base + "/debug/index"); st != 404 {
+		t.Fatalf("/debug/index on the client port: %d %s", st, body)
+	}
+	if st, body, _ := get(admin + "/debug/index"); st != 200 || !strings.Contains(body, "eng-a") {
 		t.Fatalf("/debug/index %d %s", st, body)
 	}
-	if st, body, _ := get(base + "/metrics"); st != 200 || !strings.Contains(body, "kvmesh_ingress_index_keys") || !strings.Contains(body, `kvmesh_ingress_routing_decisions_total`) {
+	if st, body, _ := get(admin + "/metrics"); st != 200 || !strings.Contains(body, "kvmesh_ingress_index_keys") || !strings.Contains(body, `kvmesh_ingress_routing_decisions_total`) {
 		t.Fatalf("/metrics %d", st)
 	}
 }
@@ -192,7 +198,7 @@ func TestInFlightSharedByGossip(t *testing.T) {
 	n1 := mk("r1")
 	n2 := mk("r2", n1.Addr())
 	// An engine entry as a sidecar would gossip it.
-	n1.SetEngine(gossip.EngineState{ID: "e", Model: "m", URL: "http://127.0.0.1:1", Running: 2})
+	n1.SetEngine(gossip.EngineState{ID: "e", Model: "m", URL: "http://127.0.0.1:1", Running: 2, Ready: true})
 	g1, g2 := &gossipMembership{}, &gossipMembership{}
 	g1.node.Store(n1)
 	g2.node.Store(n2)
@@ -211,5 +217,12 @@ func TestInFlightSharedByGossip(t *testing.T) {
 		a, okA := view(g1)
 		b, okB := view(g2)
 		return okA && okB && a == 1 && b == 3 // each sees the other's
+	})
+	// The sidecar's readiness is the engine's health: not ready, not routed.
+	n1.SetEngine(gossip.EngineState{ID: "e", Model: "m", URL: "http://127.0.0.1:1", Running: 2})
+	testutil.WaitFor(t, 10*time.Second, "the unready engine to turn unhealthy on both", func() bool {
+		a, okA := view(g1)
+		b, okB := view(g2)
+		return a == 1 && b == 3 && !okA && !okB
 	})
 }

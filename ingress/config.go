@@ -45,15 +45,23 @@ type Config struct {
 	ID string `yaml:"id"`
 	// Listen is the client-facing address. Default 127.0.0.1:8000; ":0" picks a free port (see Server.Addr).
 	Listen string `yaml:"listen"`
-	// AdminListen serves /debug/pprof on a separate port. Empty: no admin server.
+	// AdminListen serves /debug/* (pprof, engines, index, config, health)
+	// and /metrics on a separate port; the client port answers 404 for
+	// /debug/* and, with an admin listener, serves no /metrics. Empty: no
+	// admin server (and /metrics stays on the client port).
+	AdminListen string `yaml:"adminListen"`
+	// AdminToken, when set, is required on the admin listener as
+	// "Authorization: Bearer <token>". Not read from YAML (a secret).
+	AdminToken string `yaml:"-"`
+	// TLS for the client listener and (optionally mutual) TLS to engines.
+	TLS TLSConfig `yaml:"tls"`
 	// TenantHeader names a request header that identifies the tenant for fair
 	// admission when the request is not authenticated (auth's identity wins).
 	// Trust it only behind a gateway that sets it. Empty: none.
 	TenantHeader string `yaml:"tenantHeader"`
 	// FairQueue turns on weighted fair admission across tenants (ingress/fair)
 	// instead of the session-boost queue. Nil: off.
-	FairQueue   *fair.Config `yaml:"fairQueue"`
-	AdminListen string       `yaml:"adminListen"`
+	FairQueue *fair.Config `yaml:"fairQueue"`
 
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
@@ -127,6 +135,9 @@ type Config struct {
 
 	// AccessLog writes one JSON line per request. Default true.
 	AccessLog bool `yaml:"accessLog"`
+
+	// Health configures passive ejection of failing engines (health.go).
+	Health HealthConfig `yaml:"health"`
 }
 
 // DefaultConfig returns the defaults for every field.
@@ -148,6 +159,7 @@ func DefaultConfig() Config {
 		AccessLog:         true,
 		SessionSlack:      8,
 		Scheduler:         registry.DefaultConfig(),
+		Health:            DefaultHealthConfig(),
 	}
 }
 
@@ -211,6 +223,8 @@ func (c *Config) Validate() error {
 		bad("speculative ttl must be >= 0")
 	}
 	c.Cluster.problems(bad)
+	c.Health.problems(bad)
+	c.TLS.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()
 	if err := registry.Validate(&sc); err != nil {
@@ -258,15 +272,25 @@ func ParseStaticEngine(s string) (StaticEngine, error) {
 // tags) over DefaultConfig. Unknown fields are errors; call Validate after
 // applying command-line overrides.
 func LoadConfigFile(path string) (Config, error) {
-	cfg := DefaultConfig()
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
+		return DefaultConfig(), fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return cfg, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes a YAML ingress config over DefaultConfig (unknown
+// fields are errors; call Validate afterwards).
+func ParseConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return cfg, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
+		return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	cfg.Scheduler.Defaults()
 	return cfg, nil

@@ -129,9 +129,10 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	// Candidates first: an unknown model is a 404 before any tokenizing.
 	c.infos = s.deps.Membership.Engines(c.infos[:0])
 	known := false
+	served, adapter := c.adapterOf()
 	for i := range c.infos {
 		e := &c.infos[i]
-		if e.Model != c.model {
+		if e.Model != served {
 			continue
 		}
 		known = true
@@ -195,12 +196,12 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 
 	t = time.Now()
 	if c.tokens != nil {
-		root := kvevents.Root(c.model, "", string(c.req.cacheSalt))
+		root := c.chainRoot()
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
 	}
 	c.sreq = scheduler.Request{
 		Keys: c.keys, BlockSize: c.block, PromptTokens: promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
-		Model: c.model, SessionID: string(c.req.sessionID), Now: t,
+		Model: served, LoRA: adapter, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
 		if eng, ok := s.deps.Affinity.Engine(c.sreq.SessionID); ok {
@@ -279,6 +280,9 @@ func (c *call) tokenize() error {
 	c.batchN = max(1, len(c.req.batch))
 	switch c.req.kind {
 	case promptIDs:
+		if err := checkVocab(tok, c.req.ids, c.req.batch); err != nil {
+			return err
+		}
 		c.tokens = append(c.tokens[:0], c.req.ids...)
 		c.path = "/v1/completions"
 		if len(c.req.batch) > 1 {
@@ -308,11 +312,15 @@ func (c *call) tokenize() error {
 			c.tokens = nil
 			return nil
 		}
-		if c.tokens, err = tok.RenderChat(c.tokens[:0], c.req.chat); err != nil {
+		if c.tokens, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
 			if errors.Is(err, ErrNoChatTemplate) {
 				c.tokens = nil
 				c.approx = len(c.req.messages) / 4
 				return nil
+			}
+			var ae *apiError
+			if errors.As(err, &ae) {
+				return err
 			}
 			return badRequest("messages", fmt.Errorf("%w: render chat: %w", ErrBadRequest, err))
 		}

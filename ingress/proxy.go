@@ -156,6 +156,7 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 		result = "client_gone" // we cut it: not the engine's failure
 	} else {
 		up.failures.Add(1)
+		c.s.health.observe(up, result)
 	}
 	c.s.m.attempts.WithLabelValues(result).Inc()
 	c.watch.release()
@@ -238,6 +239,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
 	c.s.m.attemptOK.Inc()
+	c.s.health.ok(up)
 	c.outTokens = usageCompletionTokens(out)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
@@ -302,6 +304,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	c.ttft = time.Since(c.start)
 	c.firstByte(up)
 	c.s.m.attemptOK.Inc()
+	c.s.health.ok(up)
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.status = fasthttp.StatusOK
 	ctx.SetStatusCode(fasthttp.StatusOK)

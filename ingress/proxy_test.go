@@ -36,7 +36,7 @@ func TestProxyStreamPassesThroughAndCounts(t *testing.T) {
 	if len(evs) != 5 || evs[0] != strings.TrimSuffix(strings.TrimPrefix(completionEvent(0, "t0", ""), "data: "), "\n\n") || evs[4] != "[DONE]" {
 		t.Fatalf("events %q", evs)
 	}
-	testutil.WaitFor(t, 2*time.Second, "4 output tokens counted and nothing in flight", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "4 output tokens counted and nothing in flight", func() bool {
 		return val(s.m.tokens.WithLabelValues("out")) == 4 && s.inflight.Load() == 0
 	})
 	if got := val(s.m.requests.WithLabelValues("completions", "200")); got != 1 {
@@ -126,7 +126,7 @@ func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
 	if good.hits.Load() != 0 {
 		t.Fatal("retried after bytes were sent")
 	}
-	testutil.WaitFor(t, 2*time.Second, "one stream error counted", func() bool { return val(s.m.streamErrors) == 1 })
+	testutil.WaitFor(t, 10*time.Second, "one stream error counted", func() bool { return val(s.m.streamErrors) == 1 })
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
@@ -259,7 +259,7 @@ func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {
 	defer resp.Body.Close()
 	done := make(chan error, 1)
 	go func() { done <- s.Close() }()
-	testutil.WaitFor(t, 2*time.Second, "the ingress draining", func() bool { return s.draining.Load() })
+	testutil.WaitFor(t, 10*time.Second, "the ingress draining", func() bool { return s.draining.Load() })
 	st, _, _ := post(t, http.DefaultClient, "http://"+s.Addr()+"/ready", "")
 	if st != 503 {
 		t.Fatalf("/ready while draining = %d", st)

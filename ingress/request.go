@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -63,6 +62,10 @@ type request struct {
 	cacheSalt        []byte
 	chat             []Message
 	sessionID        []byte
+	hasModel         bool
+	// Chat members the template sees besides messages (raw JSON in body).
+	tools, documents, templateKwargs, toolChoice []byte
+	addGenPrompt, continueFinal                  bool
 	// batch holds the raw elements of a batched prompt (two or more strings
 	// or token-id arrays); text/ids above hold its first element, which
 	// routing keys on. Empty for a single prompt.
@@ -88,123 +91,181 @@ func (r *request) reset() {
 	}
 }
 
-// parseRequest fills r from body. It reads only the fields routing needs and
-// validates the whole document's syntax; the engine validates the rest.
+// parseRequest fills r from body. It reads only the fields routing and chat
+// rendering need and validates the whole document's syntax; the engine
+// validates the rest.
 func parseRequest(r *request, ep endpoint, body []byte) error {
 	r.ep = ep
 	r.maxTokens = -1
-	sawModel := false
 	r.body = body
-	// The token-id prompt is parsed in place of being skipped (one pass).
-	consume := func(key, b []byte, at int) (int, bool, error) {
-		if ep != epCompletions || string(key) != "prompt" || b[at] != '[' {
-			return 0, false, nil
-		}
-		j := jsonscan.SkipWS(b, at+1)
-		if j >= len(b) || b[j] < '0' || b[j] > '9' {
-			return 0, false, nil
-		}
-		ids, end, err := scanTokenIDs(r.ids[:0], b, at)
-		r.ids = ids
-		if err != nil {
-			return 0, true, badRequest("prompt", fmt.Errorf("%w: invalid token ids: %w", ErrBadRequest, err))
-		}
-		r.kind = promptIDs
-		r.promptStart, r.promptEnd = at, end
-		return end, true, nil
-	}
+	r.addGenPrompt = true // vLLM's default
 	if i := jsonscan.SkipWS(body, 0); i >= len(body) || body[i] != '{' {
 		return badRequest("", fmt.Errorf("%w: %w", ErrBadRequest, &jsonscan.Error{Msg: "request body must be a JSON object", Off: i}))
 	}
-	err := jsonscan.ScanMembers(body, consume, func(key, val []byte, koff, off int) error {
-		switch string(key) {
-		case "model":
-			if val[0] != '"' {
-				return badRequest("model", fmt.Errorf("%w: model must be a string", ErrBadRequest))
-			}
-			r.model = jsonscan.AppendUnquote(r.model[:0], val)
-			sawModel = true
-		case "stream":
-			switch string(val) {
-			case "true":
-				r.stream = true
-			case "false", "null":
-				r.stream = false
-			default:
-				return badRequest("stream", fmt.Errorf("%w: stream must be a boolean", ErrBadRequest))
-			}
-		case "stream_options":
-			r.hasStreamOptions = true
-			if val[0] == 'n' {
-				return nil
-			}
-			if val[0] != '{' {
-				return badRequest("stream_options", fmt.Errorf("%w: stream_options must be an object", ErrBadRequest))
-			}
-			return jsonscan.ForEachMember(val, func(k, v []byte, _, _ int) error {
-				if string(k) == "include_usage" {
-					r.includeUsage = string(v) == "true"
-				}
-				return nil
-			})
-		case "max_tokens", "max_completion_tokens":
-			if val[0] == 'n' {
-				if string(key) == "max_completion_tokens" {
-					r.mctNull = true // dropped when sent as completions
-					r.mctKey = [2]int{koff, off + len(val)}
-				}
-				return nil
-			}
-			n, ok := jsonscan.ParseUint(val, math.MaxInt32)
-			if !ok {
-				return badRequest(string(key), fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, key))
-			}
-			if string(key) == "max_completion_tokens" {
-				r.hasMCT = true
-				r.mctKey = [2]int{koff, koff + len(`"max_completion_tokens"`)}
-			} else {
-				r.hasMT = true
-				r.mtMember = [2]int{koff, off + len(val)}
-				if r.hasMCT {
-					return nil // vLLM: max_completion_tokens wins over the deprecated max_tokens
-				}
-			}
-			r.maxTokens = int(n)
-		case "cache_salt":
-			if val[0] != '"' {
-				return badRequest("cache_salt", fmt.Errorf("%w: cache_salt must be a string", ErrBadRequest))
-			}
-			r.cacheSalt = jsonscan.AppendUnquote(r.cacheSalt[:0], val)
-		case "prompt":
-			if ep != epCompletions || (r.kind == promptIDs && r.promptStart == off) {
-				return nil // not ours, or already parsed by consume
-			}
-			r.promptStart, r.promptEnd = off, off+len(val)
-			return r.parsePrompt(val)
-		case "messages":
-			if ep != epChat {
-				return nil
-			}
-			if val[0] != '[' {
-				return badRequest("messages", fmt.Errorf("%w: messages must be an array", ErrBadRequest))
-			}
-			r.messages = val
-			r.msgStart, r.msgEnd = koff, off+len(val)
-			r.kind = promptChat
-		}
-		return nil
-	})
-	if err != nil {
+	if err := jsonscan.ScanMembers(body, r.consumeIDs, r.member); err != nil {
 		var ae *apiError
 		if errors.As(err, &ae) {
 			return err
 		}
 		return badRequest("", fmt.Errorf("%w: %w", ErrBadRequest, err))
 	}
-	if !sawModel || len(r.model) == 0 {
+	return r.finish()
+}
+
+// consumeIDs parses a token-id prompt in place of skipping it (one pass).
+func (r *request) consumeIDs(key, b []byte, at int) (int, bool, error) {
+	if r.ep != epCompletions || string(key) != "prompt" || b[at] != '[' {
+		return 0, false, nil
+	}
+	j := jsonscan.SkipWS(b, at+1)
+	if j >= len(b) || b[j] < '0' || b[j] > '9' {
+		return 0, false, nil
+	}
+	ids, end, err := scanTokenIDs(r.ids[:0], b, at)
+	r.ids = ids
+	if err != nil {
+		return 0, true, badRequest("prompt", fmt.Errorf("%w: invalid token ids: %w", ErrBadRequest, err))
+	}
+	r.kind = promptIDs
+	r.promptStart, r.promptEnd = at, end
+	return end, true, nil
+}
+
+// member reads one top-level member.
+func (r *request) member(key, val []byte, koff, off int) error {
+	switch string(key) {
+	case "model":
+		if val[0] != '"' {
+			return badRequest("model", fmt.Errorf("%w: model must be a string", ErrBadRequest))
+		}
+		r.model = jsonscan.AppendUnquote(r.model[:0], val)
+		r.hasModel = true
+	case "stream":
+		b, err := boolMember("stream", val)
+		r.stream = b
+		return err
+	case "stream_options":
+		r.hasStreamOptions = true
+		if val[0] == 'n' {
+			return nil
+		}
+		if val[0] != '{' {
+			return badRequest("stream_options", fmt.Errorf("%w: stream_options must be an object", ErrBadRequest))
+		}
+		return jsonscan.ForEachMember(val, func(k, v []byte, _, _ int) error {
+			if string(k) == "include_usage" {
+				r.includeUsage = string(v) == "true"
+			}
+			return nil
+		})
+	case "max_tokens", "max_completion_tokens":
+		return r.maxTokensMember(key, val, koff, off)
+	case "cache_salt":
+		if val[0] != '"' {
+			return badRequest("cache_salt", fmt.Errorf("%w: cache_salt must be a string", ErrBadRequest))
+		}
+		r.cacheSalt = jsonscan.AppendUnquote(r.cacheSalt[:0], val)
+	case "prompt":
+		if r.ep != epCompletions || (r.kind == promptIDs && r.promptStart == off) {
+			return nil // not ours, or already parsed by consumeIDs
+		}
+		r.promptStart, r.promptEnd = off, off+len(val)
+		return r.parsePrompt(val)
+	default:
+		if r.ep == epChat {
+			return r.chatMember(key, val, koff, off)
+		}
+	}
+	return nil
+}
+
+// boolMember reads a boolean member (null is false).
+func boolMember(name string, val []byte) (bool, error) {
+	switch string(val) {
+	case "true":
+		return true, nil
+	case "false", "null":
+		return false, nil
+	}
+	return false, badRequest(name, fmt.Errorf("%w: %s must be a boolean", ErrBadRequest, name))
+}
+
+func (r *request) maxTokensMember(key, val []byte, koff, off int) error {
+	if val[0] == 'n' {
+		if string(key) == "max_completion_tokens" {
+			r.mctNull = true // dropped when sent as completions
+			r.mctKey = [2]int{koff, off + len(val)}
+		}
+		return nil
+	}
+	n, ok := jsonscan.ParseUint(val, math.MaxInt32)
+	if !ok {
+		return badRequest(string(key), fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, key))
+	}
+	if string(key) == "max_completion_tokens" {
+		r.hasMCT = true
+		r.mctKey = [2]int{koff, koff + len(`"max_completion_tokens"`)}
+	} else {
+		r.hasMT = true
+		r.mtMember = [2]int{koff, off + len(val)}
+		if r.hasMCT {
+			return nil // vLLM: max_completion_tokens wins over the deprecated max_tokens
+		}
+	}
+	r.maxTokens = int(n)
+	return nil
+}
+
+// chatMember reads the members that shape a chat prompt: the template sees
+// messages, tools, documents, chat_template_kwargs and the two
+// generation-prompt switches, as in vLLM.
+func (r *request) chatMember(key, val []byte, koff, off int) error {
+	var err error
+	switch string(key) {
+	case "messages":
+		if val[0] != '[' {
+			return badRequest("messages", fmt.Errorf("%w: messages must be an array", ErrBadRequest))
+		}
+		r.messages = val
+		r.msgStart, r.msgEnd = koff, off+len(val)
+		r.kind = promptChat
+	case "tools", "documents":
+		if val[0] != '[' && val[0] != 'n' {
+			return badRequest(string(key), fmt.Errorf("%w: %s must be an array", ErrBadRequest, key))
+		}
+		if string(key) == "tools" {
+			r.tools = val
+		} else {
+			r.documents = val
+		}
+	case "chat_template_kwargs":
+		if val[0] != '{' && val[0] != 'n' {
+			return badRequest("chat_template_kwargs", fmt.Errorf("%w: chat_template_kwargs must be an object", ErrBadRequest))
+		}
+		r.templateKwargs = val
+	case "tool_choice":
+		r.toolChoice = val
+	case "chat_template":
+		if val[0] != 'n' {
+			return badRequest("chat_template", fmt.Errorf("%w: a per-request chat_template is not accepted; the model's own template is used (as vLLM without --trust-request-chat-template)", ErrBadRequest))
+		}
+	case "add_generation_prompt":
+		r.addGenPrompt, err = boolMember("add_generation_prompt", val)
+		if string(val) == "null" {
+			r.addGenPrompt = true
+		}
+	case "continue_final_message":
+		r.continueFinal, err = boolMember("continue_final_message", val)
+	}
+	return err
+}
+
+// finish checks what the whole request must have.
+func (r *request) finish() error {
+	if !r.hasModel || len(r.model) == 0 {
 		return badRequest("model", fmt.Errorf("%w: model is required", ErrBadRequest))
 	}
-	switch ep {
+	switch r.ep {
 	case epCompletions:
 		if r.kind == promptNone {
 			return badRequest("prompt", fmt.Errorf("%w: prompt is required", ErrBadRequest))
@@ -213,9 +274,14 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 		if r.kind != promptChat {
 			return badRequest("messages", fmt.Errorf("%w: messages is required", ErrBadRequest))
 		}
-		if err := r.parseMessages(); err != nil {
-			return err
+		tc := string(r.toolChoice)
+		if tc != "" && tc != "null" && tc != `"none"` && (len(r.tools) == 0 || string(r.tools) == "null") {
+			return badRequest("tool_choice", fmt.Errorf("%w: when using tool_choice, tools must be set", ErrBadRequest))
 		}
+		if r.continueFinal && r.addGenPrompt {
+			return badRequest("continue_final_message", fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrBadRequest))
+		}
+		return r.parseMessages()
 	}
 	return nil
 }
@@ -322,57 +388,90 @@ func scanTokenIDs(dst []uint32, b []byte, i int) ([]uint32, int, error) {
 	return dst, 0, fmt.Errorf("unterminated token ids")
 }
 
-// wireMessage is a chat message as sent; content is a string or an array of
-// parts of which the text parts are kept.
-type wireMessage struct {
-	Role    *string         `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-type wirePart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
-}
-
-// parseMessages decodes the messages array. Chat requests need the whole
-// conversation for templating, so this uses encoding/json.
+// parseMessages checks the messages array and keeps each message's role and
+// text (for tokenizers without whole-request rendering, and for the length
+// estimate of models without a tokenizer). Errors name the JSON path, never
+// a Go type.
 func (r *request) parseMessages() error {
-	var msgs []wireMessage
-	if err := json.Unmarshal(r.messages, &msgs); err != nil {
-		return badRequest("messages", fmt.Errorf("%w: messages: %w", ErrBadRequest, err))
-	}
-	if len(msgs) == 0 {
-		return badRequest("messages", fmt.Errorf("%w: messages must not be empty", ErrBadRequest))
-	}
 	r.chat = r.chat[:0]
-	for i, m := range msgs {
-		if m.Role == nil || *m.Role == "" {
+	i := 0
+	err := jsonscan.ForEachElem(r.messages, func(m []byte) error {
+		if m[0] != '{' {
+			return badRequest(fmt.Sprintf("messages[%d]", i), fmt.Errorf("%w: messages[%d] must be an object", ErrBadRequest, i))
+		}
+		var msg Message
+		var err error
+		sawRole := false
+		if ferr := jsonscan.ForEachMember(m, func(k, v []byte, _, _ int) error {
+			switch string(k) {
+			case "role":
+				if v[0] != '"' {
+					return badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Errorf("%w: messages[%d].role must be a string", ErrBadRequest, i))
+				}
+				msg.Role, sawRole = string(jsonscan.AppendUnquote(nil, v)), true
+			case "content":
+				msg.Content, err = contentText(v, i)
+			}
+			return err
+		}); ferr != nil {
+			return ferr
+		}
+		if !sawRole || msg.Role == "" {
 			return badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, i))
 		}
-		msg := Message{Role: *m.Role}
-		c := m.Content
-		switch {
-		case len(c) == 0 || string(c) == "null":
-		case c[0] == '"':
-			if err := json.Unmarshal(c, &msg.Content); err != nil {
-				return badRequest(fmt.Sprintf("messages[%d].content", i), fmt.Errorf("%w: %w", ErrBadRequest, err))
-			}
-		case c[0] == '[':
-			var parts []wirePart
-			if err := json.Unmarshal(c, &parts); err != nil {
-				return badRequest(fmt.Sprintf("messages[%d].content", i), fmt.Errorf("%w: %w", ErrBadRequest, err))
-			}
-			for _, p := range parts {
-				if p.Type == "text" {
-					msg.Content += p.Text
-				}
-			}
-		default:
-			return badRequest(fmt.Sprintf("messages[%d].content", i), fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", ErrBadRequest, i))
-		}
 		r.chat = append(r.chat, msg)
+		i++
+		return nil
+	})
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return err
+	}
+	if err != nil {
+		return badRequest("messages", fmt.Errorf("%w: messages: %w", ErrBadRequest, err))
+	}
+	if len(r.chat) == 0 {
+		return badRequest("messages", fmt.Errorf("%w: messages must not be empty", ErrBadRequest))
 	}
 	return nil
+}
+
+// contentText flattens a message's content (string, parts or null) to its
+// text parts; whether the other parts are acceptable is the renderer's call.
+func contentText(v []byte, i int) (string, error) {
+	param := fmt.Sprintf("messages[%d].content", i)
+	switch v[0] {
+	case 'n':
+		return "", nil
+	case '"':
+		return string(jsonscan.AppendUnquote(nil, v)), nil
+	case '[':
+	default:
+		return "", badRequest(param, fmt.Errorf("%w: %s must be a string, an array of content parts or null", ErrBadRequest, param))
+	}
+	var text []byte
+	j := 0
+	err := jsonscan.ForEachElem(v, func(p []byte) error {
+		defer func() { j++ }()
+		if p[0] != '{' {
+			return badRequest(param, fmt.Errorf("%w: %s[%d] must be an object", ErrBadRequest, param, j))
+		}
+		var typ, t []byte
+		_ = jsonscan.ForEachMember(p, func(k, pv []byte, _, _ int) error {
+			switch string(k) {
+			case "type":
+				typ = pv
+			case "text":
+				t = pv
+			}
+			return nil
+		})
+		if string(typ) == `"text"` && len(t) > 0 && t[0] == '"' {
+			text = jsonscan.AppendUnquote(text, t)
+		}
+		return nil
+	})
+	return string(text), err
 }
 
 // appendIDs appends ids as a JSON array.

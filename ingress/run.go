@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/fair"
@@ -35,11 +36,20 @@ type Options struct {
 	AdmitMaxWait time.Duration
 	// LogLevel of the JSON log (and the access log) on stderr. Default info.
 	LogLevel slog.Level
+	// JWT, when its JWKSFile or JWKSURL is set, accepts bearer JWTs besides
+	// the API keys; a token's rate-limit claim sets its tenant's budget.
+	JWT auth.JWTConfig
+	// TokenizerStore loads the tokenizers the sidecars publish to NATS
+	// (internal/tokenstore) for models with no local tokenizer. Default on;
+	// needs Config.Cluster.NATSURLs. TokenizerCache is where fetched files go
+	// ("": a temporary directory).
+	TokenizerStore bool
+	TokenizerCache string
 }
 
 // DefaultOptions is DefaultConfig with no keys, limits or admission.
 func DefaultOptions() Options {
-	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo}
+	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo, TokenizerStore: true}
 }
 
 // Validate lists every problem, each wrapping ErrConfig.
@@ -69,15 +79,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
-	deps, err := o.deps(log)
-	if err != nil {
-		return err
-	}
-	cfg := o.Config
-	if err := LoadTokenizers(&cfg, &deps); err != nil {
-		return err
-	}
-	srv, err := New(cfg, deps)
+	srv, err := o.NewServer(ctx, log)
 	if err != nil {
 		return err
 	}
@@ -92,8 +94,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 
 // deps builds the optional request-path components o configures, their
 // metrics registered on one registry.
-func (o *Options) deps(log *slog.Logger) (Deps, error) {
+func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	deps := Deps{Logger: log, AccessLog: log, Registry: reg}
 	ac := auth.DefaultConfig()
 	ac.KeysFile = o.APIKeysFile
@@ -104,9 +107,22 @@ func (o *Options) deps(log *slog.Logger) (Deps, error) {
 	if store.Enabled() {
 		deps.Auth = store
 	}
-	if o.KeyLimits != (ratelimit.Limits{}) || o.ModelLimits != (ratelimit.Limits{}) {
+	var jwtv *auth.JWTVerifier
+	if o.JWT.JWKSFile != "" || o.JWT.JWKSURL != "" {
+		if jwtv, err = auth.NewJWT(ctx, o.JWT); err != nil {
+			return deps, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		deps.Auth = auth.Chain{Keys: store, Verifier: jwtv}
+	}
+	if o.KeyLimits != (ratelimit.Limits{}) || o.ModelLimits != (ratelimit.Limits{}) || jwtv != nil {
 		rc := ratelimit.DefaultConfig()
 		rc.PerKey, rc.PerModel = o.KeyLimits, o.ModelLimits
+		if jwtv != nil { // a token's rate_limit claim sets its tenant's budget
+			rc.KeyLimits = func(tenant string) (ratelimit.Limits, bool) {
+				in, out, ok := jwtv.TenantLimits(tenant)
+				return ratelimit.Limits{InputTokens: in, OutputTokens: out}, ok
+			}
+		}
 		lim, err := ratelimit.New(rc)
 		if err != nil {
 			return deps, err

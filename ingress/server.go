@@ -2,13 +2,12 @@ package ingress
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -22,17 +21,18 @@ import (
 
 // Server is one ingress replica. New → Start → Close; Close drains.
 type Server struct {
-	cfg  Config
-	deps Deps
-	log  *slog.Logger
-	alog *slog.Logger // access log; nil when off
-	m    *metrics
-	ups  *upstreams
-	cl   *cluster
+	cfg    Config
+	deps   Deps
+	log    *slog.Logger
+	alog   *slog.Logger // access log; nil when off
+	m      *metrics
+	ups    *upstreams
+	cl     *cluster
+	health *ejector // nil when passive ejection is off
 
 	srv            *fasthttp.Server
 	ln             net.Listener
-	admin          *http.Server
+	admin          *fasthttp.Server
 	adminLn        net.Listener
 	metricsHandler fasthttp.RequestHandler
 
@@ -77,6 +77,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Membership == nil {
 		deps.Membership = newStaticMembership(cfg.Engines)
 	}
+	var ej *ejector
+	if !cfg.Health.Disabled {
+		ej = newEjector(cfg.Health, deps.Registry, cfg.ID)
+		deps.Membership = healthMembership{Membership: deps.Membership, ej: ej}
+	}
 	if deps.Scheduler == nil {
 		sch, err := defaultScheduler(&cfg, &deps)
 		if err != nil {
@@ -84,7 +89,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 		deps.Scheduler = sch
 	}
-	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej}
 	if len(cfg.Cluster.NATSURLs) > 0 {
 		if s.deps.Synced == nil {
 			s.deps.Synced = func() bool { return cl.mat != nil && cl.mat.Synced() }
@@ -101,6 +106,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 	}
 	s.ups = newUpstreams(&s.cfg)
+	var err error
+	if s.ups.tls, err = cfg.TLS.upstreamTLS(); err != nil {
+		return nil, fmt.Errorf("new ingress: %w", err)
+	}
 	var indexKeys func() float64
 	if deps.Index != nil {
 		idx := deps.Index
@@ -160,6 +169,14 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ingress listen: %w", err)
 	}
+	tc, err := s.cfg.TLS.serverTLS()
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
 	if err := s.startCluster(); err != nil {
 		ln.Close()
 		s.cl.close()
@@ -167,26 +184,11 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.ln = ln
 	if s.cfg.AdminListen != "" {
-		aln, err := net.Listen("tcp", s.cfg.AdminListen)
-		if err != nil {
+		if err := s.startAdmin(); err != nil {
 			ln.Close()
-			return fmt.Errorf("ingress admin listen: %w", err)
+			s.cl.close() // no gossip node, NATS connection or materializer is left behind
+			return err
 		}
-		s.adminLn = aln
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.admin.Serve(aln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.log.Error("admin server", "err", err)
-			}
-		}()
 	}
 	s.wg.Add(2)
 	go func() {
@@ -199,6 +201,13 @@ func (s *Server) Start(ctx context.Context) error {
 		defer s.wg.Done()
 		s.shareLoadLoop()
 	}()
+	if s.health != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.health.probeLoop(s.quit, s.cfg.Health.EjectionTime/4)
+		}()
+	}
 	if ctx != nil {
 		// The caller's context ends the server too (SIGTERM in the command).
 		s.wg.Add(1)
@@ -265,7 +274,7 @@ func (s *Server) Close() error {
 			s.closeErr = fmt.Errorf("ingress shutdown: %w", err)
 		}
 		if s.admin != nil {
-			_ = s.admin.Close()
+			_ = s.admin.ShutdownWithContext(sctx)
 		}
 		s.wg.Wait()
 		s.cl.close()
@@ -316,14 +325,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/ready":
 		s.handleReady(ctx)
 	case "/metrics":
+		if s.cfg.AdminListen != "" { // served on the admin listener instead
+			writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
+			return
+		}
 		s.metricsHandler(ctx)
-	case "/debug/engines":
-		s.handleDebugEngines(ctx)
-	case "/debug/index":
-		s.handleDebugIndex(ctx)
-	case "/debug/config":
-		s.handleDebugConfig(ctx)
-	default:
+	default: // /debug/* included: admin listener only (admin.go)
 		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
 	}
 }

@@ -63,7 +63,7 @@ func TestSessionAffinityAndAccessLog(t *testing.T) {
 	if len(seen) != 2 {
 		t.Fatalf("round-robin without session used %v", seen)
 	}
-	testutil.WaitFor(t, 2*time.Second, "7 access-log lines", func() bool { return len(jsonLines(logBuf.String())) == 7 })
+	testutil.WaitFor(t, 10*time.Second, "7 access-log lines", func() bool { return len(jsonLines(logBuf.String())) == 7 })
 	lines := jsonLines(logBuf.String())
 	for _, k := range []string{"model", "engine", "policy", "reason", "attempts", "matched_gpu", "matched_cpu", "prompt_tokens", "output_tokens", "parse_ms", "tokenize_ms", "schedule_ms", "ttft_ms", "total_ms", "status"} {
 		if _, ok := lines[0][k]; !ok {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // ErrNoChatTemplate means a model's tokenizer has no chat template: chat
@@ -18,8 +19,10 @@ var ErrNoChatTemplate = errors.New("no chat template")
 // hfTokenizer adapts internal/tokenizer (with its per-prefix cache) to Tokenizer.
 type hfTokenizer struct {
 	enc *tokenizer.CachingTokenizer
-	// render applies the chat template; nil when the model has none.
-	render func(msgs []Message) (string, error)
+	// tpl is the model's chat template; nil when it has none.
+	tpl *tokenizer.ChatTemplate
+	// vocab is the vocabulary size: token ids at or above it are refused.
+	vocab int
 }
 
 var _ Tokenizer = (*hfTokenizer)(nil)
@@ -30,16 +33,98 @@ func (h *hfTokenizer) Encode(dst []uint32, text []byte) ([]uint32, error) {
 	return h.enc.AppendEncode(dst, unsafe.String(unsafe.SliceData(text), len(text)), true), nil
 }
 
-// RenderChat renders the template (it carries its own special tokens).
+// RenderChat renders flattened messages (role and text only); the request
+// path uses RenderChatRequest, which sees the whole request.
 func (h *hfTokenizer) RenderChat(dst []uint32, msgs []Message) ([]uint32, error) {
-	if h.render == nil {
+	if h.tpl == nil {
 		return dst, ErrNoChatTemplate
 	}
-	s, err := h.render(msgs)
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	s, err := h.tpl.Render(tm, true)
 	if err != nil {
 		return dst, fmt.Errorf("chat template: %w", err)
 	}
 	return h.enc.AppendEncode(dst, s, false), nil
+}
+
+// RenderChatRequest renders the whole chat request (messages with their
+// tool calls and content parts, tools, documents, chat_template_kwargs, the
+// generation-prompt switches) as vLLM does, and encodes it without adding
+// special tokens, as vLLM does for chat.
+func (h *hfTokenizer) RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) ([]uint32, error) {
+	if h.tpl == nil {
+		return dst, ErrNoChatTemplate
+	}
+	s, err := h.tpl.RenderRequest(req)
+	if err != nil {
+		return dst, fmt.Errorf("chat template: %w", err)
+	}
+	return h.enc.AppendEncode(dst, s, false), nil
+}
+
+// VocabSize is the number of token ids the model knows.
+func (h *hfTokenizer) VocabSize() int { return h.vocab }
+
+// chatRequestRenderer is the optional capability of a Tokenizer to render a
+// whole chat request; tokenizers without it (test fakes) get the flattened
+// messages through RenderChat.
+type chatRequestRenderer interface {
+	RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) ([]uint32, error)
+}
+
+// vocabSizer is the optional capability of a Tokenizer to say how many ids
+// it knows, so token-id prompts beyond it are refused as vLLM refuses them.
+type vocabSizer interface{ VocabSize() int }
+
+// renderChat renders r's chat prompt with tok. Content the model cannot take
+// (an image for a text-only tokenizer) and malformed chat members are 400s.
+func renderChat(tok Tokenizer, dst []uint32, r *request) ([]uint32, error) {
+	cr, ok := tok.(chatRequestRenderer)
+	if !ok {
+		return tok.RenderChat(dst, r.chat)
+	}
+	ids, err := cr.RenderChatRequest(dst, &tokenizer.ChatRequest{Messages: r.messages, Tools: r.tools, Documents: r.documents,
+		Kwargs: r.templateKwargs, AddGenerationPrompt: r.addGenPrompt, ContinueFinalMessage: r.continueFinal})
+	if errors.Is(err, tokenizer.ErrUnsupportedContent) {
+		return ids, badRequest("messages", fmt.Errorf("%w: %w", ErrBadRequest, err))
+	}
+	return ids, err
+}
+
+// checkVocab refuses token ids the model's tokenizer does not know (vLLM:
+// "Token id N is out of vocabulary"), in ids and in every element of a
+// batch; without a tokenizer anything goes.
+func checkVocab(tok Tokenizer, ids []uint32, batch [][]byte) error {
+	vs, ok := tok.(vocabSizer)
+	if !ok || vs.VocabSize() <= 0 {
+		return nil
+	}
+	n := vs.VocabSize()
+	check := func(ids []uint32, where string) error {
+		for _, id := range ids {
+			if int(id) >= n {
+				return badRequest("prompt", fmt.Errorf("%w: %stoken id %d is out of vocabulary (the model has %d)", ErrBadRequest, where, id, n))
+			}
+		}
+		return nil
+	}
+	if err := check(ids, ""); err != nil {
+		return err
+	}
+	var scratch []uint32
+	for i, e := range batch {
+		var err error
+		if scratch, err = appendTokenIDs(scratch[:0], e); err != nil {
+			return nil // malformed elements are reported where the batch is counted
+		}
+		if err := check(scratch, fmt.Sprintf("prompt[%d]: ", i)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // NewTokenizer wraps a loaded tokenizer (with a per-prefix cache) and the
@@ -49,11 +134,7 @@ func NewTokenizer(nt *tokenizer.Native, tpl *tokenizer.ChatTemplate) (Tokenizer,
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer cache: %w", err)
 	}
-	h := &hfTokenizer{enc: ct}
-	if tpl != nil {
-		h.render = renderWith(tpl)
-	}
-	return h, nil
+	return &hfTokenizer{enc: ct, tpl: tpl, vocab: nt.VocabSize()}, nil
 }
 
 // TokenizerMap is a fixed model → tokenizer map (Deps.Tokenizers).
@@ -75,11 +156,7 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 	}
 	m := TokenizerMap{}
 	for model, path := range cfg.Tokenizers {
-		file := path
-		if st, err := os.Stat(path); err == nil && st.IsDir() {
-			file = filepath.Join(path, "tokenizer.json")
-		}
-		nt, err := tokenizer.LoadFile(file)
+		nt, err := tokenizer.LoadPath(path) // tokenizer.json, or a directory (tiktoken.model too)
 		if err != nil {
 			return fmt.Errorf("tokenizer for %s: %w", model, err)
 		}
@@ -95,36 +172,16 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 				}
 			}
 		}
-		render, err := chatRenderer(tplPath)
-		if err != nil {
-			return fmt.Errorf("chat template for %s: %w", model, err)
+		var tpl *tokenizer.ChatTemplate
+		if tplPath != "" {
+			if tpl, err = tokenizer.LoadChatTemplateFile(tplPath); err != nil {
+				return fmt.Errorf("chat template for %s: %w", model, err)
+			}
 		}
-		m[model] = &hfTokenizer{enc: ct, render: render}
+		m[model] = &hfTokenizer{enc: ct, tpl: tpl, vocab: nt.VocabSize()}
 	}
 	deps.Tokenizers = m
 	return nil
-}
-
-// chatRenderer loads a tokenizer_config.json's chat template; nil when path is "".
-func chatRenderer(path string) (func([]Message) (string, error), error) {
-	if path == "" {
-		return nil, nil
-	}
-	ct, err := tokenizer.LoadChatTemplateFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return renderWith(ct), nil
-}
-
-func renderWith(ct *tokenizer.ChatTemplate) func([]Message) (string, error) {
-	return func(msgs []Message) (string, error) {
-		tm := make([]tokenizer.Message, len(msgs))
-		for i, m := range msgs {
-			tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
-		}
-		return ct.Render(tm, true)
-	}
 }
 
 // SessionErrors maps ingress/session's admission errors onto the ingress
@@ -137,4 +194,57 @@ func SessionErrors(err error) error {
 		return fmt.Errorf("%w: %w", ErrOverloaded, err)
 	}
 	return err
+}
+
+// AdapterBases is the optional capability of a Tokenizers to name a LoRA
+// adapter's base model. Requests naming an adapter are then keyed as the
+// sidecar keys the adapter's blocks from the engine's events (lora_name):
+// kvevents.Root(base, adapter, salt); they use the base model's tokenizer.
+type AdapterBases interface {
+	AdapterBase(adapter string) (base string, ok bool)
+}
+
+// ModelTokenizers is a Tokenizers with LoRA adapters: Adapters maps each
+// adapter name to its base model, whose tokenizer the adapter uses.
+type ModelTokenizers struct {
+	Models   TokenizerMap
+	Adapters map[string]string
+}
+
+var (
+	_ Tokenizers   = ModelTokenizers{}
+	_ AdapterBases = ModelTokenizers{}
+)
+
+// For returns the tokenizer of model, or of the base of adapter model.
+func (m ModelTokenizers) For(model string) (Tokenizer, bool) {
+	if base, ok := m.Adapters[model]; ok {
+		model = base
+	}
+	return m.Models.For(model)
+}
+
+// AdapterBase returns adapter's base model.
+func (m ModelTokenizers) AdapterBase(adapter string) (string, bool) {
+	base, ok := m.Adapters[adapter]
+	return base, ok
+}
+
+// adapterOf splits the request's model into the model the engines serve and
+// the LoRA adapter ("" for a base-model request).
+func (c *call) adapterOf() (served, adapter string) {
+	if ab, ok := c.s.deps.Tokenizers.(AdapterBases); ok {
+		if base, isAdapter := ab.AdapterBase(c.model); isAdapter {
+			return base, c.model
+		}
+	}
+	return c.model, ""
+}
+
+// chainRoot is the root of the request's key chain: model, LoRA adapter and
+// cache salt as the sidecar derives them (an adapter's blocks are keyed under
+// its base model with the adapter's name).
+func (c *call) chainRoot() uint64 {
+	base, lora := c.adapterOf()
+	return kvevents.Root(base, lora, string(c.req.cacheSalt))
 }

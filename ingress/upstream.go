@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -33,6 +34,7 @@ type upstream struct {
 // Lock rule: mu guards m only; lookups of a known engine take the read lock.
 type upstreams struct {
 	cfg *Config
+	tls *tls.Config // for https engines; nil: the defaults
 	mu  sync.RWMutex
 	m   map[string]*upstream // key: engine id
 
@@ -86,6 +88,7 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 	nu := &upstream{id: id, url: baseURL, hc: &fasthttp.HostClient{
 		Addr:                          pu.Host,
 		IsTLS:                         pu.Scheme == "https",
+		TLSConfig:                     u.tls,
 		Name:                          "kvmesh-ingress",
 		MaxConns:                      cfg.MaxConnsPerEngine,
 		MaxIdleConnDuration:           5 * time.Second, // also how long a closed client's cleaner lingers

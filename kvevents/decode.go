@@ -381,6 +381,9 @@ func decodeHashes(r *reader, ev *Event) error {
 	if err != nil {
 		return fmt.Errorf("block_hashes: %w", err)
 	}
+	// A repeated key replaces the earlier value (map semantics); before, it
+	// appended or replaced depending on the reused capacity.
+	ev.BlockHashes = ev.BlockHashes[:0]
 	if cap(ev.BlockHashes) < n {
 		ev.BlockHashes = make([]uint64, 0, n)
 	}

@@ -1,18 +1,21 @@
-package kvevents
+package kvevents_test
 
 import (
 	"bytes"
 	"errors"
 	"math"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 )
 
 func fuzzSeeds(f *testing.F) {
 	for _, name := range []string{"vllm_batch_array_form.msgpack", "vllm_batch_map_form.msgpack", "vllm_batch_bytes_hash_dp1.msgpack"} {
 		f.Add(readFixture(f, name))
 	}
-	f.Add(benchPayload(ArrayForm))
-	f.Add(benchPayload(MapForm))
+	f.Add(benchPayload(kvtest.ArrayForm))
+	f.Add(benchPayload(kvtest.MapForm))
 	f.Add(mp(byte(0x84), "ts", 2.0, "future", byte(0x91), 7, "events", byte(0x90), "attn_dp_rank", 3))
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff})
 }
@@ -22,9 +25,9 @@ func fuzzSeeds(f *testing.F) {
 func FuzzDecodeBatch(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var b Batch
-		if err := DecodeBatch(data, &b); err != nil {
-			if !errors.Is(err, ErrBadPayload) {
+		var b kvevents.Batch
+		if err := kvevents.DecodeBatch(data, &b); err != nil {
+			if !errors.Is(err, kvevents.ErrBadPayload) {
 				t.Fatalf("error does not wrap ErrBadPayload: %v", err)
 			}
 			return
@@ -41,13 +44,13 @@ func FuzzRoundTrip(f *testing.F) {
 	f.Add(readFixture(f, "vllm_batch_map_form.msgpack"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g := byteGen{data: data}
-		b := Batch{TS: math.Float64frombits(g.u64()), HasDPRank: g.bit()}
+		b := kvevents.Batch{TS: math.Float64frombits(g.u64()), HasDPRank: g.bit()}
 		if b.HasDPRank {
 			b.DPRank = int(g.u64() % (1 << 31))
 		}
 		for n := int(g.byte() % 6); n > 0; n-- {
-			e := Event{Kind: EventKind(1 + g.byte()%3)}
-			if e.Kind != AllBlocksCleared {
+			e := kvevents.Event{Kind: kvevents.EventKind(1 + g.byte()%3)}
+			if e.Kind != kvevents.AllBlocksCleared {
 				for k := int(g.byte() % 4); k > 0; k-- {
 					e.BlockHashes = append(e.BlockHashes, g.u64())
 				}
@@ -57,7 +60,7 @@ func FuzzRoundTrip(f *testing.F) {
 					e.GroupIdx = 0
 				}
 			}
-			if e.Kind == BlockStored {
+			if e.Kind == kvevents.BlockStored {
 				e.ParentHash, e.HasParent = g.u64(), g.bit()
 				if !e.HasParent {
 					e.ParentHash = 0
@@ -118,18 +121,18 @@ func (g *byteGen) str() string {
 	return string(s)
 }
 
-func checkRoundTrip(t *testing.T, b *Batch) {
+func checkRoundTrip(t *testing.T, b *kvevents.Batch) {
 	t.Helper()
 	b.Skipped = 0 // skipped events are not re-encoded
-	mapEnc := AppendBatch(nil, b, MapForm)
-	var got Batch
-	if err := DecodeBatch(mapEnc, &got); err != nil {
+	mapEnc := kvtest.AppendBatch(nil, b, kvtest.MapForm)
+	var got kvevents.Batch
+	if err := kvevents.DecodeBatch(mapEnc, &got); err != nil {
 		t.Fatalf("map form of a decoded batch does not decode: %v", err)
 	}
 	if !batchesEqual(b, &got) {
 		t.Fatalf("map round trip differs:\n%+v\n%+v", b, got)
 	}
-	if again := AppendBatch(nil, &got, MapForm); !bytes.Equal(again, mapEnc) {
+	if again := kvtest.AppendBatch(nil, &got, kvtest.MapForm); !bytes.Equal(again, mapEnc) {
 		t.Fatal("map encoding is not stable")
 	}
 	// Array form carries everything but the by-name-only fields.
@@ -139,7 +142,7 @@ func checkRoundTrip(t *testing.T, b *Batch) {
 		e.CacheSalt, e.SessionID = "", ""
 		arr.Events = append(arr.Events, e)
 	}
-	if err := DecodeBatch(AppendBatch(nil, &arr, ArrayForm), &got); err != nil {
+	if err := kvevents.DecodeBatch(kvtest.AppendBatch(nil, &arr, kvtest.ArrayForm), &got); err != nil {
 		t.Fatalf("array form does not decode: %v", err)
 	}
 	if !batchesEqual(&arr, &got) {

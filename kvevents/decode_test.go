@@ -1,4 +1,4 @@
-package kvevents
+package kvevents_test
 
 import (
 	"bytes"
@@ -8,6 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/kvevents/internal/wire"
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 )
 
 const (
@@ -34,7 +38,7 @@ func seq32(from, to uint32) []uint32 {
 
 // batchesEqual compares batches field by field, treating nil and empty
 // slices alike and ts by bits (NaN-safe).
-func batchesEqual(a, b *Batch) bool {
+func batchesEqual(a, b *kvevents.Batch) bool {
 	if math.Float64bits(a.TS) != math.Float64bits(b.TS) || a.DPRank != b.DPRank || a.HasDPRank != b.HasDPRank ||
 		a.Skipped != b.Skipped || len(a.Events) != len(b.Events) {
 		return false
@@ -47,7 +51,7 @@ func batchesEqual(a, b *Batch) bool {
 	return true
 }
 
-func eventsEqual(x, y *Event) bool {
+func eventsEqual(x, y *kvevents.Event) bool {
 	return x.Kind == y.Kind && slices.Equal(x.BlockHashes, y.BlockHashes) && x.ParentHash == y.ParentHash &&
 		x.HasParent == y.HasParent && slices.Equal(x.TokenIDs, y.TokenIDs) && x.BlockSize == y.BlockSize &&
 		x.LoraID == y.LoraID && x.HasLoraID == y.HasLoraID && x.LoraName == y.LoraName && x.SpecKind == y.SpecKind &&
@@ -60,41 +64,41 @@ func eventsEqual(x, y *Event) bool {
 func TestFixtures(t *testing.T) {
 	tests := []struct {
 		file string
-		form EventForm
-		want Batch
+		form kvtest.EventForm
+		want kvevents.Batch
 	}{
-		{"vllm_batch_array_form.msgpack", ArrayForm, Batch{TS: 1757500000.25, HasDPRank: true, Events: []Event{
-			{Kind: BlockStored, BlockHashes: []uint64{fixtureH1, fixtureH2}, TokenIDs: seq32(1, 32), BlockSize: 16, Medium: "GPU"},
-			{Kind: BlockRemoved, BlockHashes: []uint64{fixtureH1}, Medium: "GPU"},
-			{Kind: AllBlocksCleared},
+		{"vllm_batch_array_form.msgpack", kvtest.ArrayForm, kvevents.Batch{TS: 1757500000.25, HasDPRank: true, Events: []kvevents.Event{
+			{Kind: kvevents.BlockStored, BlockHashes: []uint64{fixtureH1, fixtureH2}, TokenIDs: seq32(1, 32), BlockSize: 16, Medium: "GPU"},
+			{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{fixtureH1}, Medium: "GPU"},
+			{Kind: kvevents.AllBlocksCleared},
 		}}},
-		{"vllm_batch_map_form.msgpack", MapForm, Batch{TS: 1757500000.25, HasDPRank: true, Events: []Event{
-			{Kind: BlockStored, BlockHashes: []uint64{fixtureH1}, TokenIDs: seq32(1, 16), BlockSize: 16, Medium: "GPU",
+		{"vllm_batch_map_form.msgpack", kvtest.MapForm, kvevents.Batch{TS: 1757500000.25, HasDPRank: true, Events: []kvevents.Event{
+			{Kind: kvevents.BlockStored, BlockHashes: []uint64{fixtureH1}, TokenIDs: seq32(1, 16), BlockSize: 16, Medium: "GPU",
 				ExtraKeys: []byte{0x91, 0xc0}, HasGroupIdx: true, SpecKind: "full_attention"},
-			{Kind: BlockRemoved, BlockHashes: []uint64{fixtureH1}, Medium: "GPU", HasGroupIdx: true},
-			{Kind: AllBlocksCleared},
+			{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{fixtureH1}, Medium: "GPU", HasGroupIdx: true},
+			{Kind: kvevents.AllBlocksCleared},
 		}}},
-		{"vllm_batch_bytes_hash_dp1.msgpack", ArrayForm, Batch{TS: 1757500000.25, DPRank: 1, HasDPRank: true, Events: []Event{
-			{Kind: BlockRemoved, BlockHashes: []uint64{fixtureH1}, Medium: "GPU"},
+		{"vllm_batch_bytes_hash_dp1.msgpack", kvtest.ArrayForm, kvevents.Batch{TS: 1757500000.25, DPRank: 1, HasDPRank: true, Events: []kvevents.Event{
+			{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{fixtureH1}, Medium: "GPU"},
 		}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
 			raw := readFixture(t, tt.file)
-			var got Batch
-			if err := DecodeBatch(raw, &got); err != nil {
+			var got kvevents.Batch
+			if err := kvevents.DecodeBatch(raw, &got); err != nil {
 				t.Fatal(err)
 			}
 			if !batchesEqual(&got, &tt.want) {
 				t.Fatalf("decoded %+v\nwant    %+v", got, tt.want)
 			}
-			if got.Events[0].Tier() != TierGPU {
+			if got.Events[0].Tier() != kvevents.TierGPU {
 				t.Fatal("GPU medium must map to the GPU tier")
 			}
 			if tt.file == "vllm_batch_bytes_hash_dp1.msgpack" {
 				return // the bin hash folds to an int, so re-encoding differs by design
 			}
-			if enc := AppendBatch(nil, &got, tt.form); !bytes.Equal(enc, raw) {
+			if enc := kvtest.AppendBatch(nil, &got, tt.form); !bytes.Equal(enc, raw) {
 				t.Fatalf("re-encoded %s form differs:\n got % x\nwant % x", tt.form, enc, raw)
 			}
 		})
@@ -111,13 +115,13 @@ func mp(parts ...any) []byte {
 		case []byte:
 			b = append(b, v...)
 		case string:
-			b = appendStr(b, v)
+			b = wire.AppendStr(b, v)
 		case int:
-			b = appendInt(b, int64(v))
+			b = wire.AppendInt(b, int64(v))
 		case uint64:
-			b = appendUint(b, v)
+			b = wire.AppendUint(b, v)
 		case float64:
-			b = appendFloat64(b, v)
+			b = wire.AppendFloat64(b, v)
 		default:
 			panic("mp: bad part")
 		}
@@ -133,24 +137,24 @@ func TestDecodeVariants(t *testing.T) {
 	tests := []struct {
 		name    string
 		payload []byte
-		check   func(t *testing.T, b *Batch)
+		check   func(t *testing.T, b *kvevents.Batch)
 	}{
-		{"2-element envelope (before dp rank)", mp(byte(0x92), 1.5, byte(0x90)), func(t *testing.T, b *Batch) {
+		{"2-element envelope (before dp rank)", mp(byte(0x92), 1.5, byte(0x90)), func(t *testing.T, b *kvevents.Batch) {
 			if b.TS != 1.5 || b.HasDPRank || len(b.Events) != 0 {
 				t.Fatalf("%+v", b)
 			}
 		}},
-		{"nil rank and nil events", mp(byte(0x93), 1.5, byte(0xc0), byte(0xc0)), func(t *testing.T, b *Batch) {
+		{"nil rank and nil events", mp(byte(0x93), 1.5, byte(0xc0), byte(0xc0)), func(t *testing.T, b *kvevents.Batch) {
 			if b.HasDPRank || len(b.Events) != 0 {
 				t.Fatalf("%+v", b)
 			}
 		}},
-		{"map envelope with unknown key and SGLang rank name", mp(byte(0x84), "ts", 2.0, "future", byte(0x91), 7, "events", byte(0x90), "attn_dp_rank", 3), func(t *testing.T, b *Batch) {
+		{"map envelope with unknown key and SGLang rank name", mp(byte(0x84), "ts", 2.0, "future", byte(0x91), 7, "events", byte(0x90), "attn_dp_rank", 3), func(t *testing.T, b *kvevents.Batch) {
 			if b.TS != 2 || !b.HasDPRank || b.DPRank != 3 {
 				t.Fatalf("%+v", b)
 			}
 		}},
-		{"extra envelope fields", mp(byte(0x95), 1.0, byte(0x90), 2, "x", byte(0x80)), func(t *testing.T, b *Batch) {
+		{"extra envelope fields", mp(byte(0x95), 1.0, byte(0x90), 2, "x", byte(0x80)), func(t *testing.T, b *kvevents.Batch) {
 			if b.DPRank != 2 {
 				t.Fatalf("%+v", b)
 			}
@@ -158,24 +162,24 @@ func TestDecodeVariants(t *testing.T) {
 		{"oldest BlockStored (lora_id last), signed and small int hashes, float32 ts",
 			mp(byte(0x93), byte(0xca), []byte{0x3f, 0xc0, 0, 0}, byte(0x91),
 				stored(mp(byte(0x93), -1, byte(0xd3), []byte{0x80, 0, 0, 0, 0, 0, 0, 0}, 7), mp(byte(0xd0), byte(0x80)), tokens, 2, 9), 0),
-			func(t *testing.T, b *Batch) {
+			func(t *testing.T, b *kvevents.Batch) {
 				e := b.Events[0]
 				if b.TS != 1.5 || !slices.Equal(e.BlockHashes, []uint64{math.MaxUint64, 1 << 63, 7}) || !e.HasParent ||
-					e.ParentHash != uint64(math.MaxUint64-127) || e.BlockSize != 2 || !e.HasLoraID || e.LoraID != 9 || e.Medium != "" || e.Tier() != TierGPU {
+					e.ParentHash != uint64(math.MaxUint64-127) || e.BlockSize != 2 || !e.HasLoraID || e.LoraID != 9 || e.Medium != "" || e.Tier() != kvevents.TierGPU {
 					t.Fatalf("%+v", e)
 				}
 			}},
-		{"truncated BlockStored (hashes only)", mp(byte(0x93), 1.0, byte(0x91), stored(mp(byte(0x91), 1)), 0), func(t *testing.T, b *Batch) {
+		{"truncated BlockStored (hashes only)", mp(byte(0x93), 1.0, byte(0x91), stored(mp(byte(0x91), 1)), 0), func(t *testing.T, b *kvevents.Batch) {
 			e := b.Events[0]
-			if e.Kind != BlockStored || len(e.BlockHashes) != 1 || e.HasParent || len(e.TokenIDs) != 0 {
+			if e.Kind != kvevents.BlockStored || len(e.BlockHashes) != 1 || e.HasParent || len(e.TokenIDs) != 0 {
 				t.Fatalf("%+v", e)
 			}
 		}},
 		{"newest positional BlockStored with extras beyond the known fields",
 			mp(byte(0x93), 1.0, byte(0x91), stored(mp(byte(0x91), 1), 0, tokens, 2, byte(0xc0), "CPU", "lora-a", mp(byte(0x91), byte(0x91), "s"), 1, "sliding_window", 128, "loc", "owner", "sess"), 0),
-			func(t *testing.T, b *Batch) {
+			func(t *testing.T, b *kvevents.Batch) {
 				e := b.Events[0]
-				if !e.HasParent || e.ParentHash != 0 || e.Medium != "CPU" || e.Tier() != TierCPU || e.LoraName != "lora-a" || !e.HasGroupIdx ||
+				if !e.HasParent || e.ParentHash != 0 || e.Medium != "CPU" || e.Tier() != kvevents.TierCPU || e.LoraName != "lora-a" || !e.HasGroupIdx ||
 					e.GroupIdx != 1 || e.SpecKind != "sliding_window" || e.SlidingWindow != 128 || !bytes.Equal(e.ExtraKeys, mp(byte(0x91), byte(0x91), "s")) {
 					t.Fatalf("%+v", e)
 				}
@@ -184,29 +188,29 @@ func TestDecodeVariants(t *testing.T) {
 			mp(byte(0x93), 1.0, byte(0x92),
 				mp(byte(0x86), "block_hashes", mp(byte(0x91), -5), "type", "BlockStored", "medium", "CPU_TIER2", "cache_salt", "salty", "session_id", "s1", "unknown", mp(byte(0x81), "a", byte(0x90))),
 				mp(byte(0x83), "type", "BlockRemoved", "block_hashes", mp(byte(0x91), 1), "medium", "STORAGE"), 4),
-			func(t *testing.T, b *Batch) {
+			func(t *testing.T, b *kvevents.Batch) {
 				e := b.Events[0]
-				if e.Kind != BlockStored || e.BlockHashes[0] != uint64(math.MaxUint64-4) || e.Medium != "CPU_TIER2" || e.Tier() != TierCPU ||
-					e.CacheSalt != "salty" || e.SessionID != "s1" || b.Events[1].Tier() != TierOther || b.DPRank != 4 {
+				if e.Kind != kvevents.BlockStored || e.BlockHashes[0] != uint64(math.MaxUint64-4) || e.Medium != "CPU_TIER2" || e.Tier() != kvevents.TierCPU ||
+					e.CacheSalt != "salty" || e.SessionID != "s1" || b.Events[1].Tier() != kvevents.TierOther || b.DPRank != 4 {
 					t.Fatalf("%+v", b)
 				}
 			}},
 		{"bin hashes of 16 and 4 bytes fold big-endian", mp(byte(0x93), 1.0, byte(0x91),
 			mp(byte(0x92), "BlockRemoved", byte(0x92), byte(0xc4), byte(16), bytes.Repeat([]byte{0xff}, 8), []byte{1, 2, 3, 4, 5, 6, 7, 8}, byte(0xc4), byte(4), []byte{0, 0, 1, 2}), 1),
-			func(t *testing.T, b *Batch) {
+			func(t *testing.T, b *kvevents.Batch) {
 				if !slices.Equal(b.Events[0].BlockHashes, []uint64{0x0102030405060708, 0x0102}) {
 					t.Fatalf("%x", b.Events[0].BlockHashes)
 				}
 			}},
 		{"unknown event types are skipped and counted", mp(byte(0x93), 1.0, byte(0x93),
 			mp(byte(0x92), "PrefixCacheHit", mp(byte(0x91), 1)), mp(byte(0x83), "type", "Future", "x", 1, "medium", 5), mp(byte(0x91), "AllBlocksCleared"), 0),
-			func(t *testing.T, b *Batch) {
-				if len(b.Events) != 1 || b.Events[0].Kind != AllBlocksCleared || b.Skipped != 2 {
+			func(t *testing.T, b *kvevents.Batch) {
+				if len(b.Events) != 1 || b.Events[0].Kind != kvevents.AllBlocksCleared || b.Skipped != 2 {
 					t.Fatalf("%+v", b)
 				}
 			}},
 		{"large token ids", mp(byte(0x93), 1.0, byte(0x91), stored(byte(0x90), byte(0xc0), mp(byte(0x93), 200, 70000, uint64(math.MaxUint32))), 0),
-			func(t *testing.T, b *Batch) {
+			func(t *testing.T, b *kvevents.Batch) {
 				if !slices.Equal(b.Events[0].TokenIDs, []uint32{200, 70000, math.MaxUint32}) {
 					t.Fatalf("%v", b.Events[0].TokenIDs)
 				}
@@ -214,15 +218,15 @@ func TestDecodeVariants(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var b Batch
-			if err := DecodeBatch(tt.payload, &b); err != nil {
+			var b kvevents.Batch
+			if err := kvevents.DecodeBatch(tt.payload, &b); err != nil {
 				t.Fatal(err)
 			}
 			tt.check(t, &b)
 			b.Skipped = 0 // skipped events are not re-encoded
 			// Whatever decodes must survive a map-form round trip unchanged.
-			var again Batch
-			if err := DecodeBatch(AppendBatch(nil, &b, MapForm), &again); err != nil || !batchesEqual(&b, &again) {
+			var again kvevents.Batch
+			if err := kvevents.DecodeBatch(kvtest.AppendBatch(nil, &b, kvtest.MapForm), &again); err != nil || !batchesEqual(&b, &again) {
 				t.Fatalf("map round trip: %v\n%+v\n%+v", err, b, again)
 			}
 		})
@@ -255,9 +259,9 @@ func TestDecodeErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var b Batch
-			err := DecodeBatch(tt.payload, &b)
-			if !errors.Is(err, ErrBadPayload) {
+			var b kvevents.Batch
+			err := kvevents.DecodeBatch(tt.payload, &b)
+			if !errors.Is(err, kvevents.ErrBadPayload) {
 				t.Fatalf("err = %v, want ErrBadPayload", err)
 			}
 		})
@@ -267,25 +271,25 @@ func TestDecodeErrors(t *testing.T) {
 // TestDecodeReuse: decoding into a used Batch gives the same result as into
 // a fresh one, and allocates nothing once warmed up.
 func TestDecodeReuse(t *testing.T) {
-	big := benchPayload(MapForm)
+	big := benchPayload(kvtest.MapForm)
 	small := readFixture(t, "vllm_batch_array_form.msgpack")
-	var reused, fresh Batch
+	var reused, fresh kvevents.Batch
 	for _, p := range [][]byte{big, small, big, small} {
-		if err := DecodeBatch(p, &reused); err != nil {
+		if err := kvevents.DecodeBatch(p, &reused); err != nil {
 			t.Fatal(err)
 		}
-		fresh = Batch{}
-		if err := DecodeBatch(p, &fresh); err != nil {
+		fresh = kvevents.Batch{}
+		if err := kvevents.DecodeBatch(p, &fresh); err != nil {
 			t.Fatal(err)
 		}
 		if !batchesEqual(&reused, &fresh) {
 			t.Fatal("reused batch differs from a fresh decode")
 		}
 	}
-	for _, form := range []EventForm{ArrayForm, MapForm} {
+	for _, form := range []kvtest.EventForm{kvtest.ArrayForm, kvtest.MapForm} {
 		p := benchPayload(form)
 		allocs := testing.AllocsPerRun(50, func() {
-			if err := DecodeBatch(p, &reused); err != nil {
+			if err := kvevents.DecodeBatch(p, &reused); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -297,11 +301,11 @@ func TestDecodeReuse(t *testing.T) {
 
 // benchBatch is a realistic step: 8 requests each storing 4 blocks of 16
 // tokens with a parent, plus evictions.
-func benchBatch() *Batch {
-	b := &Batch{TS: 1757500000.25, HasDPRank: true}
+func benchBatch() *kvevents.Batch {
+	b := &kvevents.Batch{TS: 1757500000.25, HasDPRank: true}
 	tok := uint32(1000)
 	for r := 0; r < 8; r++ {
-		e := Event{Kind: BlockStored, HasParent: r%2 == 1, ParentHash: uint64(r) * 0x9e3779b97f4a7c15, BlockSize: 16, Medium: "GPU",
+		e := kvevents.Event{Kind: kvevents.BlockStored, HasParent: r%2 == 1, ParentHash: uint64(r) * 0x9e3779b97f4a7c15, BlockSize: 16, Medium: "GPU",
 			HasGroupIdx: true, SpecKind: "full_attention"}
 		for k := 0; k < 4; k++ {
 			e.BlockHashes = append(e.BlockHashes, uint64(r*4+k+1)*0xbf58476d1ce4e5b9)
@@ -313,22 +317,22 @@ func benchBatch() *Batch {
 		b.Events = append(b.Events, e)
 	}
 	for r := 0; r < 4; r++ {
-		b.Events = append(b.Events, Event{Kind: BlockRemoved, BlockHashes: []uint64{uint64(r+100) * 0x94d049bb133111eb, uint64(r + 7)}, Medium: "GPU"})
+		b.Events = append(b.Events, kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{uint64(r+100) * 0x94d049bb133111eb, uint64(r + 7)}, Medium: "GPU"})
 	}
 	return b
 }
 
-func benchPayload(form EventForm) []byte { return AppendBatch(nil, benchBatch(), form) }
+func benchPayload(form kvtest.EventForm) []byte { return kvtest.AppendBatch(nil, benchBatch(), form) }
 
 func BenchmarkDecodeBatch(b *testing.B) {
-	for _, form := range []EventForm{ArrayForm, MapForm} {
+	for _, form := range []kvtest.EventForm{kvtest.ArrayForm, kvtest.MapForm} {
 		b.Run(form.String(), func(b *testing.B) {
 			p := benchPayload(form)
-			var dst Batch
+			var dst kvevents.Batch
 			b.ReportAllocs()
 			b.SetBytes(int64(len(p)))
 			for b.Loop() {
-				if err := DecodeBatch(p, &dst); err != nil {
+				if err := kvevents.DecodeBatch(p, &dst); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -342,6 +346,6 @@ func BenchmarkAppendBatch(b *testing.B) {
 	buf := make([]byte, 0, 4096)
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = AppendBatch(buf[:0], src, MapForm)
+		buf = kvtest.AppendBatch(buf[:0], src, kvtest.MapForm)
 	}
 }

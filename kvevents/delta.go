@@ -3,6 +3,7 @@ package kvevents
 import (
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kvevents/internal/wire"
 )
 
 // The kvmesh messages of DESIGN.md Contract 2, written by sidecars and read by
@@ -110,8 +111,8 @@ func AppendSnapshotChunk(dst []byte, c *SnapshotChunk) []byte {
 	dst = append(dst, 0x9a) // fixarray(10)
 	dst = deltaAppendHeader(dst, msgSnapshot, c.Engine, c.Model, c.Epoch, c.Seq, c.TS)
 	dst = deltaAppendOps(dst, c.Ops)
-	dst = appendUint(dst, uint64(c.Chunk))
-	return appendUint(dst, uint64(c.Chunks))
+	dst = wire.AppendUint(dst, uint64(c.Chunk))
+	return wire.AppendUint(dst, uint64(c.Chunks))
 }
 
 // EncodedDeltaSize is an upper bound of the encoded size of a delta with the
@@ -121,22 +122,22 @@ func EncodedDeltaSize(nops, nkeys int, engine, model string) int {
 }
 
 func deltaAppendHeader(dst []byte, kind uint64, engine, model string, epoch, seq uint64, ts int64) []byte {
-	dst = appendUint(dst, DeltaVersion)
-	dst = appendUint(dst, kind)
-	dst = appendStr(dst, engine)
-	dst = appendStr(dst, model)
-	dst = appendUint(dst, epoch)
-	dst = appendUint(dst, seq)
-	return appendInt(dst, ts)
+	dst = wire.AppendUint(dst, DeltaVersion)
+	dst = wire.AppendUint(dst, kind)
+	dst = wire.AppendStr(dst, engine)
+	dst = wire.AppendStr(dst, model)
+	dst = wire.AppendUint(dst, epoch)
+	dst = wire.AppendUint(dst, seq)
+	return wire.AppendInt(dst, ts)
 }
 
 func deltaAppendOps(dst []byte, ops []Op) []byte {
-	dst = appendArrayHeader(dst, len(ops))
+	dst = wire.AppendArrayHeader(dst, len(ops))
 	for i := range ops {
 		op := &ops[i]
 		dst = append(dst, 0x93)
-		dst = appendUint(dst, uint64(op.Kind))
-		dst = appendUint(dst, uint64(op.Tier))
+		dst = wire.AppendUint(dst, uint64(op.Kind))
+		dst = wire.AppendUint(dst, uint64(op.Tier))
 		dst = deltaAppendKeys(dst, op.Keys)
 	}
 	return dst
@@ -164,7 +165,7 @@ func DecodeDelta(b []byte, d *Delta) error {
 	if d.Ops, err = deltaOps(&r, d.Ops); err != nil {
 		return err
 	}
-	return deltaSkipRest(&r, n-8)
+	return deltaEnd(&r, n-8)
 }
 
 // DecodeSnapshotChunk decodes b into c, reusing c's slices like DecodeDelta.
@@ -204,7 +205,19 @@ func DecodeSnapshotChunk(b []byte, c *SnapshotChunk) error {
 		return fmt.Errorf("%w: snapshot chunk %d of %d", ErrMalformedDelta, chunk, chunks)
 	}
 	c.Chunk, c.Chunks = int(chunk), int(chunks)
-	return deltaSkipRest(&r, n-10)
+	return deltaEnd(&r, n-10)
+}
+
+// deltaEnd skips n trailing fields and rejects bytes after the message (found
+// by FuzzDecodeDeltaOracle: they were silently ignored, unlike DecodeBatch).
+func deltaEnd(r *reader, n int) error {
+	if err := deltaSkipRest(r, n); err != nil {
+		return err
+	}
+	if r.remaining() != 0 {
+		return r.errf("%d trailing bytes after the message", r.remaining())
+	}
+	return nil
 }
 
 func deltaHeader(r *reader, engine, model *string, epoch, seq *uint64, ts *int64) (kind uint64, err error) {

@@ -335,80 +335,11 @@ func (r *reader) skip() error {
 			return err
 		}
 		r.off++
-		var n int
-		switch {
-		case c <= 0x7f, c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3:
-		case c&0xf0 == 0x80:
-			pending += 2 * int(c&0x0f)
-		case c&0xf0 == 0x90:
-			pending += int(c & 0x0f)
-		case c&0xe0 == 0xa0:
-			n = int(c & 0x1f)
-		case c == 0xcc, c == 0xd0:
-			n = 1
-		case c == 0xcd, c == 0xd1:
-			n = 2
-		case c == 0xce, c == 0xd2, c == 0xca:
-			n = 4
-		case c == 0xcf, c == 0xd3, c == 0xcb:
-			n = 8
-		case c == 0xd4:
-			n = 2
-		case c == 0xd5:
-			n = 3
-		case c == 0xd6:
-			n = 5
-		case c == 0xd7:
-			n = 9
-		case c == 0xd8:
-			n = 17
-		case c == 0xc4, c == 0xd9, c == 0xc7:
-			l, err := r.uintN(1)
-			if err != nil {
-				return err
-			}
-			n = int(l)
-			if c == 0xc7 {
-				n++ // ext type byte
-			}
-		case c == 0xc5, c == 0xda, c == 0xc8:
-			l, err := r.uintN(2)
-			if err != nil {
-				return err
-			}
-			n = int(l)
-			if c == 0xc8 {
-				n++
-			}
-		case c == 0xc6, c == 0xdb, c == 0xc9:
-			l, err := r.uintN(4)
-			if err != nil {
-				return err
-			}
-			if l > uint64(r.remaining()) {
-				return r.errf("value of %d bytes in %d", l, r.remaining())
-			}
-			n = int(l)
-			if c == 0xc9 {
-				n++
-			}
-		case c == 0xdc, c == 0xdd, c == 0xde, c == 0xdf:
-			r.off--
-			var l int
-			if c == 0xdc || c == 0xdd {
-				l, err = r.arrayLen()
-			} else {
-				l, err = r.mapLen()
-				l *= 2
-			}
-			if err != nil {
-				return err
-			}
-			pending += l
-		default: // 0xc1 is never used
-			r.off--
-			return r.errf("invalid type byte 0x%02x", c)
+		n, more, err := r.extent(c)
+		if err != nil {
+			return err
 		}
+		pending += more
 		if n > 0 {
 			if _, err := r.take(n); err != nil {
 				return err
@@ -418,88 +349,70 @@ func (r *reader) skip() error {
 	return nil
 }
 
-// writer helpers: the smallest encoding of each value, as msgspec writes it.
+// fixedExtent is the payload size after each type byte whose value has a
+// fixed size (numbers, fixext); -1 for every other type byte.
+var fixedExtent = func() (t [256]int8) {
+	for c := range t {
+		t[c] = -1
+	}
+	for c := 0; c <= 0x7f; c++ {
+		t[c] = 0 // positive fixint
+	}
+	for c := 0xe0; c <= 0xff; c++ {
+		t[c] = 0 // negative fixint
+	}
+	for c, n := range map[int]int8{0xc0: 0, 0xc2: 0, 0xc3: 0, 0xcc: 1, 0xd0: 1, 0xcd: 2, 0xd1: 2, 0xce: 4, 0xd2: 4,
+		0xca: 4, 0xcf: 8, 0xd3: 8, 0xcb: 8, 0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17} {
+		t[c] = n
+	}
+	return t
+}()
 
-func appendArrayHeader(b []byte, n int) []byte {
+// extent says what follows type byte c (already consumed): n bytes of
+// payload, then more values (the elements of an array, the keys and values
+// of a map) that skip must consume too.
+func (r *reader) extent(c byte) (n, more int, err error) {
 	switch {
-	case n < 16:
-		return append(b, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		return append(b, 0xdc, byte(n>>8), byte(n))
-	default:
-		return append(b, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	case fixedExtent[c] >= 0:
+		return int(fixedExtent[c]), 0, nil
+	case c&0xf0 == 0x80:
+		return 0, 2 * int(c&0x0f), nil
+	case c&0xf0 == 0x90:
+		return 0, int(c & 0x0f), nil
+	case c&0xe0 == 0xa0:
+		return int(c & 0x1f), 0, nil
+	case c == 0xc4, c == 0xd9, c == 0xc7: // bin 8, str 8, ext 8
+		return r.lengthPrefixed(1, c == 0xc7)
+	case c == 0xc5, c == 0xda, c == 0xc8: // 16-bit lengths
+		return r.lengthPrefixed(2, c == 0xc8)
+	case c == 0xc6, c == 0xdb, c == 0xc9: // 32-bit lengths
+		return r.lengthPrefixed(4, c == 0xc9)
+	case c == 0xdc, c == 0xdd:
+		r.off--
+		l, err := r.arrayLen()
+		return 0, l, err
+	case c == 0xde, c == 0xdf:
+		r.off--
+		l, err := r.mapLen()
+		return 0, 2 * l, err
+	default: // 0xc1 is never used
+		r.off--
+		return 0, 0, r.errf("invalid type byte 0x%02x", c)
 	}
 }
 
-func appendMapHeader(b []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(b, 0x80|byte(n))
-	case n <= math.MaxUint16:
-		return append(b, 0xde, byte(n>>8), byte(n))
-	default:
-		return append(b, 0xdf, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+// lengthPrefixed reads a size-byte length; an ext also has a type byte.
+func (r *reader) lengthPrefixed(size int, ext bool) (n, more int, err error) {
+	l, err := r.uintN(size)
+	if err != nil {
+		return 0, 0, err
 	}
-}
-
-func appendStr(b []byte, s string) []byte {
-	n := len(s)
-	switch {
-	case n < 32:
-		b = append(b, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		b = append(b, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		b = append(b, 0xda, byte(n>>8), byte(n))
-	default:
-		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	if size == 4 && l > uint64(r.remaining()) {
+		return 0, 0, r.errf("value of %d bytes in %d", l, r.remaining())
 	}
-	return append(b, s...)
-}
-
-// appendStrOrNil writes "" as nil: every optional string field is nil by default.
-func appendStrOrNil(b []byte, s string) []byte {
-	if s == "" {
-		return append(b, 0xc0)
+	n = int(l)
+	if ext {
+		n++ // ext type byte
 	}
-	return appendStr(b, s)
-}
-
-func appendUint(b []byte, v uint64) []byte {
-	switch {
-	case v <= 0x7f:
-		return append(b, byte(v))
-	case v <= math.MaxUint8:
-		return append(b, 0xcc, byte(v))
-	case v <= math.MaxUint16:
-		return append(b, 0xcd, byte(v>>8), byte(v))
-	case v <= math.MaxUint32:
-		return append(b, 0xce, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
-	default:
-		b = append(b, 0xcf)
-		return binary.BigEndian.AppendUint64(b, v)
-	}
-}
-
-func appendInt(b []byte, v int64) []byte {
-	switch {
-	case v >= 0:
-		return appendUint(b, uint64(v))
-	case v >= -32:
-		return append(b, byte(v))
-	case v >= math.MinInt8:
-		return append(b, 0xd0, byte(v))
-	case v >= math.MinInt16:
-		return append(b, 0xd1, byte(v>>8), byte(v))
-	case v >= math.MinInt32:
-		return append(b, 0xd2, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
-	default:
-		b = append(b, 0xd3)
-		return binary.BigEndian.AppendUint64(b, uint64(v))
-	}
-}
-
-func appendFloat64(b []byte, f float64) []byte {
-	b = append(b, 0xcb)
-	return binary.BigEndian.AppendUint64(b, math.Float64bits(f))
+	return n, 0, nil
 }

@@ -53,8 +53,39 @@ func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
 		}
 		return s.lostHistory(rs, from, live)
 	}
-	next := from
-	restarted, replies, timedOut := false, 0, false
+	x := replayExchange{next: from, verify: verify, lastSum: lastSum}
+	if err := s.readReplay(rs, live, &x); err != nil {
+		return err
+	}
+	if probe && verify && x.replies == 0 && !x.timedOut {
+		x.restarted = true
+	}
+	if x.restarted {
+		if err := s.reset(rs, 0, "replay shows a different history"); err != nil {
+			return err
+		}
+		return s.recover(rs, 0, live)
+	}
+	if !probe && x.next < live {
+		return s.lostHistory(rs, x.next, live)
+	}
+	return nil
+}
+
+// replayExchange is the state of one replay request's replies.
+type replayExchange struct {
+	next                uint64 // the next sequence to deliver
+	verify              bool   // the first reply is the last delivered batch, to compare
+	lastSum             uint64 // its checksum
+	replies             int
+	restarted, timedOut bool
+}
+
+// readReplay reads the replies to one replay request up to the end marker
+// (or a timeout), delivering the batches in [x.next, live) in order and
+// reporting a hole as lost history.
+func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) error {
+	from := x.next
 	deadline := time.Now().Add(s.cfg.ReplayTimeout)
 	for {
 		frames, ok, err := s.recvReplay(rs, deadline)
@@ -67,8 +98,8 @@ func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
 			s.st.replayFailures.Add(1)
 			s.cfg.Logger.Warn("kv events replay timed out", "rank", rs.rank, "endpoint", rs.replayEP)
 			s.resetDealer(rs)
-			timedOut = true
-			break
+			x.timedOut = true
+			return nil
 		}
 		seq, payload, end, valid := parseReplay(frames)
 		if !valid {
@@ -76,41 +107,28 @@ func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
 			continue
 		}
 		if end {
-			break
+			return nil
 		}
 		// The timeout bounds silence, not the whole exchange: a long replay
 		// to a slow consumer is progress.
 		deadline = time.Now().Add(s.cfg.ReplayTimeout)
-		replies++
-		if verify && replies == 1 && seq == from-1 && xxh3.Hash(payload) != lastSum {
-			restarted = true // read on to the end marker, then start over
+		x.replies++
+		if x.verify && x.replies == 1 && seq == from-1 && xxh3.Hash(payload) != x.lastSum {
+			x.restarted = true // read on to the end marker, then start over
 		}
-		if restarted || seq < next || seq >= live {
+		if x.restarted || seq < x.next || seq >= live {
 			continue
 		}
-		if seq > next { // the buffer no longer reaches back (or has a hole)
-			if err := s.lostHistory(rs, next, seq); err != nil {
+		if seq > x.next { // the buffer no longer reaches back (or has a hole)
+			if err := s.lostHistory(rs, x.next, seq); err != nil {
 				return err
 			}
 		}
 		if err := s.deliver(rs, seq, payload, true); err != nil {
 			return err
 		}
-		next = seq + 1
+		x.next = seq + 1
 	}
-	if probe && verify && replies == 0 && !timedOut {
-		restarted = true
-	}
-	if restarted {
-		if err := s.reset(rs, 0, "replay shows a different history"); err != nil {
-			return err
-		}
-		return s.recover(rs, 0, live)
-	}
-	if !probe && next < live {
-		return s.lostHistory(rs, next, live)
-	}
-	return nil
 }
 
 // recvReplay waits for one replay reply until deadline, checking for Close

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	zmqep "github.com/kvmesh/kvmesh/kvevents/internal/endpoint"
+
 	zmq "github.com/pebbe/zmq4"
 	"github.com/zeebo/xxh3"
 )
@@ -146,9 +148,9 @@ func (s *Subscriber) open() error {
 	eps, replays := s.cfg.rankEndpoints()
 	var err error
 	if s.cfg.Bind {
-		s.zctx, s.ownCtx, err = bindContext(eps...)
+		s.zctx, s.ownCtx, err = zmqep.BindContext(eps...)
 	} else {
-		s.zctx, err = sharedContext()
+		s.zctx, err = zmqep.SharedContext()
 	}
 	if err != nil {
 		return err
@@ -174,7 +176,7 @@ func (s *Subscriber) open() error {
 			if err != nil {
 				return err
 			}
-			s.eps = append(s.eps, connectable(last))
+			s.eps = append(s.eps, zmqep.Connectable(last))
 		} else {
 			if err = rs.sub.Connect(ep); err != nil {
 				return fmt.Errorf("connect %s: %w", ep, err)

@@ -1,4 +1,4 @@
-package kvevents
+package kvevents_test
 
 import (
 	"context"
@@ -12,9 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+	zmqep "github.com/kvmesh/kvmesh/kvevents/internal/endpoint"
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -22,12 +27,12 @@ func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // TestDropsAreReplayed: a fraction of batches never goes out live; the
 // subscriber notices every gap, replays it, and ends with the engine's view.
 func TestDropsAreReplayed(t *testing.T) {
-	for _, layout := range []ReplayLayout{ReplayWithTopic, ReplayLegacy} {
-		for _, form := range []EventForm{ArrayForm, MapForm} {
-			name := map[ReplayLayout]string{ReplayWithTopic: "topic-layout", ReplayLegacy: "legacy-layout"}[layout] + "/" + form.String()
+	for _, layout := range []kvtest.ReplayLayout{kvtest.ReplayWithTopic, kvtest.ReplayLegacy} {
+		for _, form := range []kvtest.EventForm{kvtest.ArrayForm, kvtest.MapForm} {
+			name := map[kvtest.ReplayLayout]string{kvtest.ReplayWithTopic: "topic-layout", kvtest.ReplayLegacy: "legacy-layout"}[layout] + "/" + form.String()
 			t.Run(name, func(t *testing.T) {
-				eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", Topic: "kv-events", Layout: layout, Form: form}, 1)
-				sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
+				eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", Topic: "kv-events", Layout: layout, Form: form}, 1)
+				sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
 				v := newView()
 				connect(t, sub, v, eng)
 
@@ -55,8 +60,8 @@ func TestDropsAreReplayed(t *testing.T) {
 // TestRestartResets: the engine's sequence goes back to 0; the consumer is
 // told to drop the rank's state before the new incarnation's batches.
 func TestRestartResets(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 2)
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 2)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
 	v := newView()
 	connect(t, sub, v, eng)
 	for i := 0; i < 30; i++ {
@@ -94,8 +99,8 @@ func TestRestartResets(t *testing.T) {
 // only a gap; the replay's overlap batch differs from what was delivered,
 // which reveals the restart.
 func TestRestartPastOldSequence(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 12)
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 12)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
 	v := newView()
 	connect(t, sub, v, eng)
 	for i := 0; i < 10; i++ {
@@ -127,8 +132,8 @@ func TestRestartPastOldSequence(t *testing.T) {
 // TestLostHistory: the replay buffer no longer reaches back; the consumer
 // is told which batches are gone and then sees the engine from there on.
 func TestLostHistory(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 4}, 3)
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 4}, 3)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
 	v := newView()
 	connect(t, sub, v, eng)
 	pump(t, sub, v, "caught up", func() bool { return v.last[0] == eng.pub.NextSeq()-1 })
@@ -159,8 +164,8 @@ func TestLostHistory(t *testing.T) {
 
 // TestNoReplayEndpoint: without replay every gap is lost history.
 func TestNoReplayEndpoint(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{}, 4)
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint()})
+	eng := newFakeEngine(t, kvtest.PublisherConfig{}, 4)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint()})
 	v := newView()
 	connect(t, sub, v, eng)
 	pump(t, sub, v, "caught up", func() bool { return v.last[0] == eng.pub.NextSeq()-1 })
@@ -181,12 +186,12 @@ func TestDPRanks(t *testing.T) {
 	var engines []*fakeEngine
 	var eps, reps []string
 	for r := 0; r < 3; r++ {
-		e := newFakeEngine(t, PublisherConfig{DPRank: r, ReplayEndpoint: "tcp://127.0.0.1:*", Layout: ReplayLayout(r % 2)}, uint64(10+r))
+		e := newFakeEngine(t, kvtest.PublisherConfig{DPRank: r, ReplayEndpoint: "tcp://127.0.0.1:*", Layout: kvtest.ReplayLayout(r % 2)}, uint64(10+r))
 		engines = append(engines, e)
 		eps = append(eps, e.pub.Endpoint())
 		reps = append(reps, e.pub.ReplayEndpoint())
 	}
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoints: eps, ReplayEndpoints: reps})
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoints: eps, ReplayEndpoints: reps})
 	v := newView()
 	connect(t, sub, v, engines...)
 	engines[1].pub.SetDropRate(0.5)
@@ -226,18 +231,18 @@ func TestDPRanks(t *testing.T) {
 
 // TestBindMode: the engine's PUB connects and the subscriber binds.
 func TestBindMode(t *testing.T) {
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: "tcp://127.0.0.1:*", Bind: true})
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: "tcp://127.0.0.1:*", Bind: true})
 	ep := sub.Endpoints()[0]
-	if ep == "tcp://127.0.0.1:*" || shouldBind(ep) {
+	if ep == "tcp://127.0.0.1:*" || zmqep.ShouldBind(ep) {
 		t.Fatalf("bound endpoint %q is not a real address", ep)
 	}
-	eng := newFakeEngine(t, PublisherConfig{Endpoint: ep}, 5)
+	eng := newFakeEngine(t, kvtest.PublisherConfig{Endpoint: ep}, 5)
 	if eng.pub.Endpoint() != ep {
 		t.Fatalf("publisher endpoint %q, want to connect to %q", eng.pub.Endpoint(), ep)
 	}
 	v := newView()
 	connect(t, sub, v, eng)
-	var got Message
+	var got kvevents.Message
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	eng.step()
@@ -247,7 +252,7 @@ func TestBindMode(t *testing.T) {
 			t.Fatal(err)
 		}
 		v.handle(t, m)
-		if m.Kind == MsgBatch && m.Seq == eng.pub.NextSeq()-1 {
+		if m.Kind == kvevents.MsgBatch && m.Seq == eng.pub.NextSeq()-1 {
 			got = m
 			break
 		}
@@ -272,7 +277,7 @@ func TestMalformedMessages(t *testing.T) {
 	_, _ = pub.SendMessage("", seq(101), good)
 	// A newer engine's event type is skipped inside an otherwise good batch.
 	_, _ = pub.SendMessage("", seq(102), mp(byte(0x93), 1.0, byte(0x92), mp(byte(0x92), "PrefixCacheHit", 1), mp(byte(0x91), "AllBlocksCleared"), 0))
-	var msgs []Message
+	var msgs []kvevents.Message
 	for len(msgs) < 4 {
 		m, err := sub.Next(ctx)
 		if err != nil {
@@ -285,38 +290,38 @@ func TestMalformedMessages(t *testing.T) {
 		t.Fatalf("stats %+v (before %+v)", st, base)
 	}
 	// Gap 1..99 (no replay) → lost; 100 undecodable → lost; 101 delivered.
-	if msgs[0].Kind != MsgLostHistory || msgs[1].Kind != MsgLostHistory || msgs[1].From != 100 || msgs[1].Seq != 101 ||
-		msgs[2].Kind != MsgBatch || msgs[2].Seq != 101 || msgs[3].Kind != MsgBatch || len(msgs[3].Batch.Events) != 1 || msgs[3].Batch.Skipped != 1 {
+	if msgs[0].Kind != kvevents.MsgLostHistory || msgs[1].Kind != kvevents.MsgLostHistory || msgs[1].From != 100 || msgs[1].Seq != 101 ||
+		msgs[2].Kind != kvevents.MsgBatch || msgs[2].Seq != 101 || msgs[3].Kind != kvevents.MsgBatch || len(msgs[3].Batch.Events) != 1 || msgs[3].Batch.Skipped != 1 {
 		t.Fatalf("messages %+v", msgs)
 	}
 }
 
 func TestSubscriberClose(t *testing.T) {
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://127.0.0.1:2"})
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://127.0.0.1:2"})
 	if err := sub.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := sub.Close(); err != nil {
 		t.Fatal("second Close:", err)
 	}
-	if _, err := sub.Next(context.Background()); !errors.Is(err, ErrClosed) {
+	if _, err := sub.Next(context.Background()); !errors.Is(err, kvevents.ErrClosed) {
 		t.Fatalf("Next after Close: %v", err)
 	}
-	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
+	pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = pub.Close()
 	_ = pub.Close()
-	if _, err := pub.Publish(&Batch{}); !errors.Is(err, ErrClosed) {
+	if _, err := pub.Publish(&kvevents.Batch{}); !errors.Is(err, kvevents.ErrClosed) {
 		t.Fatalf("Publish after Close: %v", err)
 	}
 }
 
 func TestConfigValidate(t *testing.T) {
-	bad := SubscriberConfig{DPSize: -1, QueueSize: -1, Endpoint: "tcp://nohost"}
+	bad := kvevents.SubscriberConfig{DPSize: -1, QueueSize: -1, Endpoint: "tcp://nohost"}
 	err := bad.Validate()
-	if !errors.Is(err, ErrConfig) {
+	if !errors.Is(err, kvevents.ErrConfig) {
 		t.Fatalf("err %v", err)
 	}
 	for _, want := range []string{"DPSize", "QueueSize", "Endpoint"} {
@@ -324,11 +329,11 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("error %q does not mention %s", err, want)
 		}
 	}
-	if err := (&SubscriberConfig{Endpoints: []string{"tcp://a:1"}, ReplayEndpoint: "tcp://a:2"}).Validate(); !errors.Is(err, ErrConfig) {
+	if err := (&kvevents.SubscriberConfig{Endpoints: []string{"tcp://a:1"}, ReplayEndpoint: "tcp://a:2"}).Validate(); !errors.Is(err, kvevents.ErrConfig) {
 		t.Fatalf("Endpoints with a single ReplayEndpoint: %v", err)
 	}
-	pc := PublisherConfig{Endpoint: "tcp://*:5557", DropRate: 2, DPRank: -1}
-	if err := pc.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "DropRate") || !strings.Contains(err.Error(), "DPRank") {
+	pc := kvtest.PublisherConfig{Endpoint: "tcp://*:5557", DropRate: 2, DPRank: -1}
+	if err := pc.Validate(); !errors.Is(err, kvevents.ErrConfig) || !strings.Contains(err.Error(), "DropRate") || !strings.Contains(err.Error(), "DPRank") {
 		t.Fatalf("publisher validate: %v", err)
 	}
 }
@@ -352,26 +357,26 @@ func TestEndpoints(t *testing.T) {
 		{"ipc:///tmp/kv", 1, "ipc:///tmp/kv-1", true},
 	}
 	for _, tt := range tests {
-		got, err := OffsetEndpoint(tt.in, tt.r)
+		got, err := kvevents.OffsetEndpoint(tt.in, tt.r)
 		if err != nil || got != tt.want {
 			t.Errorf("OffsetEndpoint(%q, %d) = %q, %v; want %q", tt.in, tt.r, got, err, tt.want)
 		}
-		if shouldBind(tt.in) != tt.bind {
-			t.Errorf("shouldBind(%q) = %v", tt.in, !tt.bind)
+		if zmqep.ShouldBind(tt.in) != tt.bind {
+			t.Errorf("zmqep.ShouldBind(%q) = %v", tt.in, !tt.bind)
 		}
 	}
-	if connectable("tcp://0.0.0.0:1234") != "tcp://127.0.0.1:1234" || connectable("tcp://[::]:9") != "tcp://[::1]:9" {
+	if zmqep.Connectable("tcp://0.0.0.0:1234") != "tcp://127.0.0.1:1234" || zmqep.Connectable("tcp://[::]:9") != "tcp://[::1]:9" {
 		t.Error("connectable")
 	}
 }
 
 func TestSubscriberCollector(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{}, 9)
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint()})
+	eng := newFakeEngine(t, kvtest.PublisherConfig{}, 9)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint()})
 	v := newView()
 	connect(t, sub, v, eng)
 	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(NewSubscriberCollector("e1", sub)); err != nil {
+	if err := reg.Register(kvevents.NewSubscriberCollector("e1", sub)); err != nil {
 		t.Fatal(err)
 	}
 	families, err := reg.Gather()
@@ -394,8 +399,8 @@ func TestSubscriberCollector(t *testing.T) {
 // that stops reading makes ZMQ drop messages; the subscriber turns that
 // into gaps and replays, so the consumer still ends with the engine's view.
 func TestSlowConsumer(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", HWM: 4}, 11)
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), QueueSize: 1, RcvHWM: 4})
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", HWM: 4}, 11)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), QueueSize: 1, RcvHWM: 4})
 	v := newView()
 	connect(t, sub, v, eng)
 	for i := 0; i < 400; i++ { // nobody reads meanwhile
@@ -413,12 +418,12 @@ func TestSlowConsumer(t *testing.T) {
 func TestNoGoroutineLeak(t *testing.T) {
 	before := runtime.NumGoroutine()
 	func() {
-		pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
+		pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer pub.Close()
-		sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), PollInterval: 5 * time.Millisecond, Logger: discardLogger()})
+		sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), PollInterval: 5 * time.Millisecond, Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -426,7 +431,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for {
-			if _, err := pub.Publish(&Batch{Events: []Event{{Kind: AllBlocksCleared}}}); err != nil {
+			if _, err := pub.Publish(&kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared}}}); err != nil {
 				t.Fatal(err)
 			}
 			c, cc := context.WithTimeout(ctx, 10*time.Millisecond)
@@ -446,12 +451,12 @@ func TestNoGoroutineLeak(t *testing.T) {
 // BenchmarkPubSub measures batches/s from Publish to Next over loopback TCP
 // with the realistic 12-event batch of BenchmarkDecodeBatch.
 func BenchmarkPubSub(b *testing.B) {
-	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
+	pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Logger: discardLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer pub.Close()
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Logger: discardLogger()})
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Logger: discardLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -470,9 +475,7 @@ func BenchmarkPubSub(b *testing.B) {
 			break
 		}
 	}
-	for len(sub.out) > 0 {
-		<-sub.out
-	}
+	kvevents.DrainOut(sub)
 	target := pub.NextSeq() + uint64(b.N) - 1
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -488,7 +491,7 @@ func BenchmarkPubSub(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if m.Kind == MsgBatch && m.Seq >= target {
+		if m.Kind == kvevents.MsgBatch && m.Seq >= target {
 			break
 		}
 	}
@@ -498,11 +501,11 @@ func BenchmarkPubSub(b *testing.B) {
 // TestReplayOnStart: a subscriber started next to an idle engine learns its
 // cache from the replay buffer without any new event.
 func TestReplayOnStart(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 13)
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 13)
 	for i := 0; i < 20; i++ {
 		eng.step() // nobody is listening yet
 	}
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), ReplayOnStart: true})
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), ReplayOnStart: true})
 	v := newView()
 	pump(t, sub, v, "the idle engine's state", func() bool { return v.last[0] == 19 && equalTo(v, eng)() })
 	// Live batches continue the sequence (stepping until the slow-joining
@@ -513,11 +516,11 @@ func TestReplayOnStart(t *testing.T) {
 	}
 
 	// A buffer that no longer reaches back to 0 starts with lost history.
-	short := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 5}, 14)
+	short := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 5}, 14)
 	for i := 0; i < 12; i++ {
 		short.step()
 	}
-	sub2 := newTestSubscriber(t, SubscriberConfig{Endpoint: short.pub.Endpoint(), ReplayEndpoint: short.pub.ReplayEndpoint(), ReplayOnStart: true})
+	sub2 := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: short.pub.Endpoint(), ReplayEndpoint: short.pub.ReplayEndpoint(), ReplayOnStart: true})
 	v2 := newView()
 	pump(t, sub2, v2, "the last 5 batches", func() bool { return v2.last[0] == 11 })
 	if len(v2.lost) != 1 || v2.lost[0].From != 0 || v2.lost[0].Seq != 7 {
@@ -528,8 +531,8 @@ func TestReplayOnStart(t *testing.T) {
 // TestIdleProbe: batches lost at the end of a burst, and an engine that
 // restarts and stays idle, are both caught without a new live message.
 func TestIdleProbe(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 15)
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), IdleProbe: 30 * time.Millisecond})
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 15)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), IdleProbe: 30 * time.Millisecond})
 	v := newView()
 	connect(t, sub, v, eng)
 	for i := 0; i < 10; i++ {
@@ -555,7 +558,7 @@ func TestIdleProbe(t *testing.T) {
 // the same seq with another payload is a restart.
 func TestLiveDuplicate(t *testing.T) {
 	payload := func(h uint64) []byte {
-		return AppendBatch(nil, &Batch{Events: []Event{{Kind: BlockRemoved, BlockHashes: []uint64{h}}}}, ArrayForm)
+		return kvtest.AppendBatch(nil, &kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{h}}}}, kvtest.ArrayForm)
 	}
 	pub, sub := joinedRawPub(t, payload(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -564,7 +567,7 @@ func TestLiveDuplicate(t *testing.T) {
 	_, _ = pub.SendMessage("", seq8(1), payload(2))
 	_, _ = pub.SendMessage("", seq8(1), payload(2)) // duplicate
 	_, _ = pub.SendMessage("", seq8(1), payload(3)) // restart
-	var kinds []MessageKind
+	var kinds []kvevents.MessageKind
 	for len(kinds) < 3 {
 		m, err := sub.Next(ctx)
 		if err != nil {
@@ -574,7 +577,7 @@ func TestLiveDuplicate(t *testing.T) {
 	}
 	// batch 1; (duplicate skipped); reset; lost history 0..0 (no replay); batch 1'
 	st := sub.Stats()
-	if kinds[0] != MsgBatch || kinds[1] != MsgReset || kinds[2] != MsgLostHistory || st.Duplicates-base.Duplicates != 1 {
+	if kinds[0] != kvevents.MsgBatch || kinds[1] != kvevents.MsgReset || kinds[2] != kvevents.MsgLostHistory || st.Duplicates-base.Duplicates != 1 {
 		t.Fatalf("kinds %v, stats %+v (before %+v)", kinds, st, base)
 	}
 }
@@ -582,11 +585,11 @@ func TestLiveDuplicate(t *testing.T) {
 // TestLongReplaySlowConsumer: a replay longer than the ROUTER's default
 // high-water mark, read by a consumer with a one-slot queue, arrives whole.
 func TestLongReplaySlowConsumer(t *testing.T) {
-	eng := newFakeEngine(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 16)
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 16)
 	for i := 0; i < 3000; i++ {
 		eng.step()
 	}
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(),
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(),
 		ReplayOnStart: true, QueueSize: 1, ReplayTimeout: 500 * time.Millisecond})
 	v := newView()
 	pump(t, sub, v, "the whole buffer", func() bool { return v.last[0] == 2999 })
@@ -603,11 +606,11 @@ func TestInprocAndIPC(t *testing.T) {
 		{"inproc://kvevents-test", "inproc://kvevents-test-replay"},
 		{"ipc://" + dir + "/events", "ipc://" + dir + "/replay"},
 	} {
-		eng := newFakeEngine(t, PublisherConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]}, 17)
+		eng := newFakeEngine(t, kvtest.PublisherConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]}, 17)
 		if eng.pub.Endpoint() != eps[0] || eng.pub.ReplayEndpoint() != eps[1] {
 			t.Fatalf("endpoints %q %q", eng.pub.Endpoint(), eng.pub.ReplayEndpoint())
 		}
-		sub := newTestSubscriber(t, SubscriberConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]})
+		sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]})
 		v := newView()
 		connect(t, sub, v, eng)
 		eng.pub.DropNext(2)
@@ -625,7 +628,7 @@ func TestDPPortOffsets(t *testing.T) {
 	for attempt := 0; attempt < 10; attempt++ {
 		base, rbase := 20000+rng.IntN(20000), 40000+rng.IntN(20000)
 		ep, rep := "tcp://127.0.0.1:"+strconv.Itoa(base), "tcp://127.0.0.1:"+strconv.Itoa(rbase)
-		sub, err := NewSubscriber(SubscriberConfig{Endpoint: ep, Bind: true, ReplayEndpoint: rep, DPSize: 3,
+		sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: ep, Bind: true, ReplayEndpoint: rep, DPSize: 3,
 			PollInterval: 10 * time.Millisecond, Logger: discardLogger()})
 		if err != nil {
 			continue // a port was taken: try others
@@ -634,7 +637,7 @@ func TestDPPortOffsets(t *testing.T) {
 		var engines []*fakeEngine
 		ok := true
 		for r := 0; r < 3 && ok; r++ {
-			pub, err := NewPublisher(PublisherConfig{Endpoint: ep, ReplayEndpoint: rep, DPRank: r, Logger: discardLogger()})
+			pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: ep, ReplayEndpoint: rep, DPRank: r, Logger: discardLogger()})
 			if err != nil {
 				ok = false
 				break
@@ -667,13 +670,13 @@ func TestDPPortOffsets(t *testing.T) {
 		})
 		return
 	}
-	t.Skip("no free port range found in 10 attempts")
+	testutil.Need(t, errors.New("no free port range found in 10 attempts"), "a range of free consecutive loopback ports")
 }
 
 // joinedRawPub binds a raw PUB socket (to send what no Publisher would),
 // starts a subscriber on it, and sends ["", seq 0, first] until the
 // subscription is up; every message of the join is drained.
-func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *Subscriber) {
+func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *kvevents.Subscriber) {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
@@ -689,7 +692,7 @@ func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *Subscriber) {
 		t.Fatal(err)
 	}
 	last, _ := pub.GetLastEndpoint()
-	sub := newTestSubscriber(t, SubscriberConfig{Endpoint: connectable(last)})
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: zmqep.Connectable(last)})
 	deadline := time.Now().Add(10 * time.Second)
 	for sub.Stats().Received == 0 {
 		if time.Now().After(deadline) {

@@ -1,12 +1,16 @@
-package kvevents
+package kvevents_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 )
 
 // engineModel is the block-hash set per rank that a batch stream implies.
@@ -19,19 +23,19 @@ func (m engineModel) rank(r int) map[uint64]bool {
 	return m[r]
 }
 
-func (m engineModel) apply(r int, b *Batch) {
+func (m engineModel) apply(r int, b *kvevents.Batch) {
 	set := m.rank(r)
 	for _, e := range b.Events {
 		switch e.Kind {
-		case BlockStored:
+		case kvevents.BlockStored:
 			for _, h := range e.BlockHashes {
 				set[h] = true
 			}
-		case BlockRemoved:
+		case kvevents.BlockRemoved:
 			for _, h := range e.BlockHashes {
 				delete(set, h)
 			}
-		case AllBlocksCleared:
+		case kvevents.AllBlocksCleared:
 			clear(set)
 		}
 	}
@@ -41,16 +45,16 @@ func (m engineModel) apply(r int, b *Batch) {
 // model of what it published (the publisher's view).
 type fakeEngine struct {
 	t     *testing.T
-	pub   *Publisher
+	pub   *kvtest.Publisher
 	rank  int
 	rng   *rand.Rand
 	live  []uint64 // hashes currently stored
 	model engineModel
 	next  uint64
-	log   []Batch // every batch published since the last restart, by seq
+	log   []kvevents.Batch // every batch published since the last restart, by seq
 }
 
-func newFakeEngine(t *testing.T, cfg PublisherConfig, seed uint64) *fakeEngine {
+func newFakeEngine(t *testing.T, cfg kvtest.PublisherConfig, seed uint64) *fakeEngine {
 	t.Helper()
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = "tcp://127.0.0.1:*"
@@ -58,7 +62,7 @@ func newFakeEngine(t *testing.T, cfg PublisherConfig, seed uint64) *fakeEngine {
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger()
 	}
-	pub, err := NewPublisher(cfg)
+	pub, err := kvtest.NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,19 +72,19 @@ func newFakeEngine(t *testing.T, cfg PublisherConfig, seed uint64) *fakeEngine {
 
 func (f *fakeEngine) step() {
 	f.t.Helper()
-	b := Batch{TS: float64(time.Now().UnixNano()) / 1e9}
+	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9}
 	n := 1 + f.rng.IntN(3)
 	for i := 0; i < n; i++ {
 		switch x := f.rng.IntN(20); {
 		case x == 0:
-			b.Events = append(b.Events, Event{Kind: AllBlocksCleared})
+			b.Events = append(b.Events, kvevents.Event{Kind: kvevents.AllBlocksCleared})
 			f.live = f.live[:0]
 		case x < 6 && len(f.live) > 0:
 			j := f.rng.IntN(len(f.live))
-			b.Events = append(b.Events, Event{Kind: BlockRemoved, BlockHashes: []uint64{f.live[j]}, Medium: "GPU"})
+			b.Events = append(b.Events, kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{f.live[j]}, Medium: "GPU"})
 			f.live = append(f.live[:j], f.live[j+1:]...)
 		default:
-			e := Event{Kind: BlockStored, BlockSize: 4, Medium: "GPU"}
+			e := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4, Medium: "GPU"}
 			for k := 0; k < 1+f.rng.IntN(3); k++ {
 				f.next++
 				e.BlockHashes = append(e.BlockHashes, f.next)
@@ -107,31 +111,31 @@ func (f *fakeEngine) restart() {
 // view is the consumer side: what a sidecar would hold after each message.
 type view struct {
 	model  engineModel
-	kinds  map[MessageKind]int
-	lost   []Message
-	resets []Message
+	kinds  map[kvevents.MessageKind]int
+	lost   []kvevents.Message
+	resets []kvevents.Message
 	last   map[int]uint64
 }
 
 func newView() *view {
-	return &view{model: engineModel{}, kinds: map[MessageKind]int{}, last: map[int]uint64{}}
+	return &view{model: engineModel{}, kinds: map[kvevents.MessageKind]int{}, last: map[int]uint64{}}
 }
 
-func (v *view) handle(t *testing.T, m Message) {
+func (v *view) handle(t *testing.T, m kvevents.Message) {
 	t.Helper()
 	v.kinds[m.Kind]++
 	switch m.Kind {
-	case MsgBatch:
+	case kvevents.MsgBatch:
 		if prev, ok := v.last[m.Rank]; ok && m.Seq != prev+1 {
 			t.Fatalf("rank %d: batch seq %d after %d without a signal", m.Rank, m.Seq, prev)
 		}
 		v.last[m.Rank] = m.Seq
 		v.model.apply(m.Rank, m.Batch)
-	case MsgReset:
+	case kvevents.MsgReset:
 		clear(v.model.rank(m.Rank))
 		delete(v.last, m.Rank)
 		v.resets = append(v.resets, m)
-	case MsgLostHistory:
+	case kvevents.MsgLostHistory:
 		clear(v.model.rank(m.Rank))
 		v.last[m.Rank] = m.Seq - 1
 		v.lost = append(v.lost, m)
@@ -139,7 +143,7 @@ func (v *view) handle(t *testing.T, m Message) {
 }
 
 // pump reads messages into v until cond holds.
-func pump(t *testing.T, sub *Subscriber, v *view, what string, cond func() bool) {
+func pump(t *testing.T, sub *kvevents.Subscriber, v *view, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
@@ -159,7 +163,7 @@ func pump(t *testing.T, sub *Subscriber, v *view, what string, cond func() bool)
 	}
 }
 
-func newTestSubscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
+func newTestSubscriber(t *testing.T, cfg kvevents.SubscriberConfig) *kvevents.Subscriber {
 	t.Helper()
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 10 * time.Millisecond
@@ -170,7 +174,7 @@ func newTestSubscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger()
 	}
-	sub, err := NewSubscriber(cfg)
+	sub, err := kvevents.NewSubscriber(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +184,7 @@ func newTestSubscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
 
 // connect publishes until the subscriber has seen every engine (the PUB/SUB
 // join is asynchronous; replay covers whatever the late join missed).
-func connect(t *testing.T, sub *Subscriber, v *view, engines ...*fakeEngine) {
+func connect(t *testing.T, sub *kvevents.Subscriber, v *view, engines ...*fakeEngine) {
 	t.Helper()
 	for _, e := range engines {
 		e.step()
@@ -197,7 +201,7 @@ func connect(t *testing.T, sub *Subscriber, v *view, engines ...*fakeEngine) {
 
 // stepUntil reads messages into v until cond holds, making the engines step
 // whenever nothing arrives for a while.
-func stepUntil(t *testing.T, sub *Subscriber, v *view, cond func() bool, engines ...*fakeEngine) {
+func stepUntil(t *testing.T, sub *kvevents.Subscriber, v *view, cond func() bool, engines ...*fakeEngine) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
@@ -227,3 +231,5 @@ func equalTo(v *view, engines ...*fakeEngine) func() bool {
 		return true
 	}
 }
+
+func seq8(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }

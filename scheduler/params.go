@@ -80,9 +80,13 @@ func lineError(s string) *DecodeError {
 // pointer, slice or map of them) has no field for. yaml.Node.Decode has no
 // strict mode, so this is the KnownFields check for blocks decoded from a
 // node. A struct with an inline map accepts any key.
+//
+// Aliases are not followed: an anchor's content is checked where it is
+// defined, and following them could loop (an anchor may contain itself)
+// or blow up (many aliases of one large anchor).
 func unknownFields(n *yaml.Node, t reflect.Type, errs *[]error) {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
+	if n.Kind == yaml.AliasNode {
+		return
 	}
 	if n.Kind == yaml.DocumentNode {
 		for _, c := range n.Content {

@@ -5,11 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 func keys(n int, base uint64) []uint64 {
@@ -99,30 +100,6 @@ func TestEveryPolicyBuildsAndPicks(t *testing.T) {
 		req := &scheduler.Request{Keys: keys(4, 5), BlockSize: 16, PromptTokens: 70, Now: time.Unix(0, 0)}
 		if err := s.Schedule(req, engines(5), &d); err != nil || d.Engine == "" || len(d.Ranked) != 5 {
 			t.Fatalf("%s: %v %+v", name, err, d)
-		}
-	}
-}
-
-func TestScheduleNoAlloc(t *testing.T) {
-	if raceOn {
-		t.Skip("sync.Pool drops items under -race")
-	}
-	x := newIdx(t)
-	k := keys(256, 1)
-	es := engines(16)
-	for i := range es {
-		x.Store(es[i].ID, kvevents.TierGPU, k[:i*16])
-	}
-	for _, name := range []string{"kvmesh", "llmd", "sglang"} {
-		s, err := registry.NewPolicy(name, 1, x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 4096}
-		var d scheduler.Decision
-		_ = s.Schedule(req, es, &d)
-		if a := testing.AllocsPerRun(50, func() { _ = s.Schedule(req, es, &d) }); a != 0 {
-			t.Errorf("%s: Schedule allocates %.1f per call", name, a)
 		}
 	}
 }

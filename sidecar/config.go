@@ -46,6 +46,13 @@ type EngineConfig struct {
 	DPSize int
 	// BlockSize in tokens; 0 learns it from the events (vLLM sends it in BlockStored).
 	BlockSize int
+	// TokenizerDir is the engine's model directory holding tokenizer.json (and
+	// tokenizer_config.json): published to the mesh's tokenizer object store
+	// for the ingresses (internal/tokenstore). "" publishes nothing.
+	TokenizerDir string
+	// TokenizerRevision names the published files (e.g. the model's Hugging
+	// Face revision); "" derives it from their digests.
+	TokenizerRevision string
 }
 
 // Config configures a Sidecar. Start from DefaultConfig.
@@ -63,6 +70,12 @@ type Config struct {
 	// MaxDeltaKeys bounds the keys in one delta (default 16384: ~130 KB, well
 	// under NATS's 1 MB default payload). Larger change sets span several deltas.
 	MaxDeltaKeys int
+	// PublishQueue bounds the deltas encoded but not yet handed to NATS
+	// (all engines together). The event loops enqueue without blocking and
+	// never hold an engine lock across a NATS call; when the queue is full
+	// (NATS slow or gone) a delta is dropped and counted, and the receivers
+	// see the gap and take a snapshot. Default 4096.
+	PublishQueue int
 	// BatchWindow is how long the sidecar waits for more engine batches before
 	// publishing what it has. Batches that arrive together become one delta,
 	// which keeps NATS message rates sane under load. Default 200µs.
@@ -91,6 +104,7 @@ func DefaultConfig() Config {
 		NATS:              natsutil.DefaultConfig(),
 		ResyncPolicy:      ResyncRebuild,
 		MaxDeltaKeys:      16384,
+		PublishQueue:      4096,
 		BatchWindow:       200 * time.Microsecond,
 		IdleProbe:         5 * time.Second,
 		SnapshotChunkKeys: 65536,
@@ -160,6 +174,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		add("resync policy %q; want %s or %s", c.ResyncPolicy, ResyncRebuild, ResyncResetEngine)
+	}
+	if c.PublishQueue <= 0 {
+		add("publish queue %d must be positive", c.PublishQueue)
 	}
 	if c.MaxDeltaKeys <= 0 || c.SnapshotChunkKeys <= 0 {
 		add("max delta keys %d and snapshot chunk keys %d must be positive", c.MaxDeltaKeys, c.SnapshotChunkKeys)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/backoff"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
@@ -26,6 +27,7 @@ type Load struct {
 // engineCounters are the per-engine counters read by the metrics collector.
 type engineCounters struct {
 	batches, deltas, deltaKeys, publishErrors atomic.Uint64
+	queueDrops                                atomic.Uint64 // deltas dropped: publish queue full
 	snapshots, rankResets, lostHistory        atomic.Uint64
 	engineResets, resetFailures, scrapeErrs   atomic.Uint64
 	clears                                    atomic.Uint64 // AllBlocksCleared events seen
@@ -47,8 +49,8 @@ type engine struct {
 	subMetrics atomic.Pointer[kvevents.SubscriberCollector]
 
 	// mu guards the fields below. Held while applying one engine batch and
-	// while publishing a delta (so seq order is publish order); never across
-	// network waits other than NATS's non-blocking async publish.
+	// while queueing a delta (so seq order is publish order); never across a
+	// network call: publishLoop does the NATS work from a bounded queue.
 	mu        sync.Mutex
 	st        *state
 	seq       uint64
@@ -56,7 +58,10 @@ type engine struct {
 	lastTS    int64
 	load      Load
 	running   bool // the event loop is consuming
-	started   bool // the event loop ran before (its state must be dropped on restart)
+	// scrapeFails counts metrics scrapes failed in a row; from
+	// unreadyScrapeFails on, the engine is gossiped as not ready.
+	scrapeFails int
+	started     bool // the event loop ran before (its state must be dropped on restart)
 }
 
 func newEngine(s *Sidecar, cfg EngineConfig) *engine {
@@ -74,34 +79,29 @@ func newEngine(s *Sidecar, cfg EngineConfig) *engine {
 	return e
 }
 
+// unreadyScrapeFails failed scrapes in a row make an engine not ready: one
+// lost scrape is noise, two (2 s by default) mean the engine is not serving.
+const unreadyScrapeFails = 2
+
+// readyLocked is the engine's gossiped readiness (mu held).
+func (e *engine) readyLocked() bool { return e.running && e.scrapeFails < unreadyScrapeFails }
+
 // runForever runs the event loop until ctx ends, restarting it with backoff
 // when its subscriber fails, so one broken engine does not stop the others
 // (DaemonSet mode). /ready is false while an engine's loop is down.
 func (e *engine) runForever(ctx context.Context) {
-	wait := time.Second
-	for {
+	bo := backoff.Backoff{Min: time.Second, Max: 30 * time.Second, Jitter: 0.2}
+	for n := 0; ; n++ {
 		err := e.run(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		e.c.loopRestarts.Add(1)
+		wait := bo.Delay(n)
 		e.log.Error("engine event loop failed; restarting", "err", err, "in", wait)
-		if !sleep(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return
 		}
-		wait = min(2*wait, 30*time.Second)
-	}
-}
-
-// sleep waits d; false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -254,7 +254,7 @@ func (e *engine) publishLocked(ops []kvevents.Op, nkeys int) {
 	d := kvevents.Delta{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, TS: ts, Ops: ops}
 	e.c.deltas.Add(1)
 	e.c.deltaKeys.Add(uint64(nkeys))
-	if err := e.s.publish(e.subject, kvevents.AppendDelta(make([]byte, 0, kvevents.EncodedDeltaSize(len(ops), nkeys, d.Engine, d.Model)), &d)); err != nil {
+	if err := e.s.enqueue(e, kvevents.AppendDelta(make([]byte, 0, kvevents.EncodedDeltaSize(len(ops), nkeys, d.Engine, d.Model)), &d)); err != nil {
 		// The receivers see the gap and take a snapshot; nothing else to do.
 		e.c.publishErrors.Add(1)
 		e.log.Debug("delta publish failed", "seq", e.seq, "err", err)

@@ -19,6 +19,7 @@ var (
 		{"deltas_published_total", "Deltas published."},
 		{"delta_keys_total", "Keys in published delta ops."},
 		{"publish_errors_total", "Delta publishes that failed (receivers resync on the gap)."},
+		{"publish_queue_drops_total", "Deltas dropped because the publish queue was full (NATS slow or gone; receivers resync on the gap)."},
 		{"snapshots_served_total", "Snapshot requests answered."},
 		{"rank_resets_total", "DP-rank restarts seen (state dropped)."},
 		{"lost_history_total", "Event-history losses that could not be replayed."},
@@ -62,7 +63,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		vals := map[string]uint64{
 			"batches_total": e.c.batches.Load(), "deltas_published_total": e.c.deltas.Load(),
 			"delta_keys_total": e.c.deltaKeys.Load(), "publish_errors_total": e.c.publishErrors.Load(),
-			"snapshots_served_total": e.c.snapshots.Load(), "rank_resets_total": e.c.rankResets.Load(),
+			"publish_queue_drops_total": e.c.queueDrops.Load(),
+			"snapshots_served_total":    e.c.snapshots.Load(), "rank_resets_total": e.c.rankResets.Load(),
 			"lost_history_total": e.c.lostHistory.Load(), "engine_resets_total": e.c.engineResets.Load(),
 			"engine_reset_failures_total": e.c.resetFailures.Load(), "scrape_errors_total": e.c.scrapeErrs.Load(),
 			"event_loop_restarts_total": e.c.loopRestarts.Load(),

@@ -131,6 +131,8 @@ func ParseEngineSpec(s string) (EngineConfig, error) {
 			e.DPSize, err = strconv.Atoi(v)
 		case "block":
 			e.BlockSize, err = strconv.Atoi(v)
+		case "tokenizer":
+			e.TokenizerDir = v
 		case "bind":
 			e.Bind, err = strconv.ParseBool(v)
 		default:

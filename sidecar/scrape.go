@@ -10,6 +10,9 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvmesh/kvmesh/internal/backoff"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
 
 // Metric names of spec §5, in order of preference (vLLM, older vLLM, SGLang),
@@ -85,13 +88,15 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 	defer t.Stop()
 	for {
 		l, err := scrape(ctx, client, url)
+		e.mu.Lock()
 		if err != nil {
+			e.scrapeFails++
+			e.mu.Unlock()
 			e.c.scrapeErrs.Add(1)
-			e.log.Debug("engine metrics scrape failed", "url", url, "err", err)
+			e.log.Debug("engine metrics scrape failed", "url", natsutil.RedactURL(url), "err", err)
 		} else {
 			l.Scraped = time.Now()
-			e.mu.Lock()
-			e.load = l
+			e.load, e.scrapeFails = l, 0
 			e.mu.Unlock()
 		}
 		select {
@@ -131,7 +136,8 @@ func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
 		case <-e.resetCh:
 		}
 		deadline := time.Now().Add(time.Minute)
-		for wait := 100 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
+		bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
+		for n := 0; ; n++ {
 			before := e.c.clears.Load()
 			err := postReset(ctx, client, e.cfg.URL+"/reset_prefix_cache?reset_running_requests=true")
 			if err == nil && e.awaitClear(ctx, before, confirmWithin) {
@@ -147,7 +153,7 @@ func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
 			if time.Now().After(deadline) || ctx.Err() != nil {
 				break
 			}
-			if !sleep(ctx, wait) {
+			if !backoff.Sleep(ctx, bo.Delay(n)) {
 				return
 			}
 		}

@@ -37,6 +37,15 @@ type Sidecar struct {
 	stop     context.CancelFunc
 	stopMu   sync.Mutex
 	finished chan struct{}
+	// pubq hands encoded deltas from the event loops (under their engine's
+	// lock, never blocking) to publishLoop, in sequence order.
+	pubq chan pubMsg
+}
+
+// pubMsg is one encoded delta waiting for NATS.
+type pubMsg struct {
+	e    *engine
+	data []byte
 }
 
 // New validates cfg and prepares the engines (no I/O).
@@ -81,12 +90,15 @@ var ErrRunning = errors.New("sidecar: already running")
 // Run connects to NATS (starting an embedded server when no URL is given),
 // serves snapshots, joins gossip, starts the admin server and consumes every
 // engine's events until ctx ends or Close is called. Shutdown is ordered:
-// inputs (event loops, snapshot subscriptions), then gossip (graceful leave),
-// then the NATS connection and the admin server.
+// the event, scrape and publish loops stop first; then (deferred, last in
+// first out) gossip leaves so peers drop our engines at once, the admin
+// server stops, the snapshot subscriptions end and the NATS connection
+// closes.
 func (s *Sidecar) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
+	s.pubq = make(chan pubMsg, s.cfg.PublishQueue)
 	defer close(s.finished)
 	ctx, cancel := context.WithCancel(ctx)
 	s.stopMu.Lock()
@@ -121,6 +133,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); s.publishLoop(ctx) }() // owned by Run; ends with ctx, before conn.Close
 	client := &http.Client{Timeout: 5 * time.Second}
 	for _, e := range s.engines {
 		wg.Add(1)
@@ -135,6 +149,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		if s.cfg.ResyncPolicy == ResyncResetEngine {
 			wg.Add(1)
 			go func() { defer wg.Done(); e.resetLoop(ctx, client) }()
+		}
+		if e.cfg.TokenizerDir != "" && conn.JS != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); e.tokenizerLoop(ctx, conn.JS) }()
 		}
 	}
 
@@ -224,6 +242,39 @@ func (s *Sidecar) Conn() *natsutil.Conn { return s.conn.Load() }
 // Gossip is the gossip member while Run is active (nil without gossip).
 func (s *Sidecar) Gossip() *gossip.Node { return s.gossip.Load() }
 
+// enqueue hands one encoded delta to publishLoop without blocking (caller
+// holds e.mu, so deltas of one engine are queued in sequence order). A full
+// queue drops the delta: the receivers see the gap and resync.
+func (s *Sidecar) enqueue(e *engine, data []byte) error {
+	if s.pubq == nil {
+		return errors.New("publish: not running")
+	}
+	select {
+	case s.pubq <- pubMsg{e: e, data: data}:
+		return nil
+	default:
+		e.c.queueDrops.Add(1)
+		return errors.New("publish queue full")
+	}
+}
+
+// publishLoop sends queued deltas until ctx ends. PublishAsync may wait
+// (up to its stall wait) when too many acks are pending; only this loop
+// waits, never an engine's event loop or snapshot reply.
+func (s *Sidecar) publishLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-s.pubq:
+			if err := s.publish(m.e.subject, m.data); err != nil {
+				m.e.c.publishErrors.Add(1)
+				m.e.log.Debug("delta publish failed", "err", err)
+			}
+		}
+	}
+}
+
 // publish sends one delta: through JetStream (the stream captures it, async
 // with bounded in-flight acks) or, when the stream is disabled or JetStream
 // pushes back, as a plain NATS message so live subscribers still get it.
@@ -293,7 +344,7 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 				ID: e.cfg.ID, Model: e.cfg.Model, URL: e.cfg.URL, EngineRole: e.cfg.Role,
 				DPSize: max(e.cfg.DPSize, 1), BlockSize: e.st.blockSize,
 				Running: e.load.Running, Waiting: e.load.Waiting, KVUsage: e.load.KVUsage, QueuedPrefill: e.load.QueuedPrefill,
-				Ready: e.running, Digest: e.published,
+				Ready: e.readyLocked(), Digest: e.published,
 			}
 			e.mu.Unlock()
 			if st != last[i] { // unchanged state is re-broadcast by the node itself

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -46,8 +48,8 @@ type Config struct {
 	Topic string
 	// EventForm selects array (default) or map-encoded events; ReplayLayout
 	// the replay reply layout (default: with topic, vLLM after PR #45177).
-	EventForm    kvevents.EventForm
-	ReplayLayout kvevents.ReplayLayout
+	EventForm    kvtest.EventForm
+	ReplayLayout kvtest.ReplayLayout
 	// ReplayBuffer is how many batches the replay buffer keeps. Default 10000.
 	ReplayBuffer int
 	// DropRate is the fault switch: the fraction of event batches not sent
@@ -80,8 +82,13 @@ type Config struct {
 	Tokenizer Tokenizer
 	// Chat renders chat messages; nil = the built-in Llama-3-style template.
 	Chat ChatRenderer
+	// LoRA serves LoRA adapters as vLLM does (lora.go).
+	LoRA LoRAConfig
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// PD configures prefill/decode disaggregation (vLLM NIXL or SGLang
+	// bootstrap protocol); the zero value is off. See pdconfig.go.
+	PD PDConfig
 }
 
 // Defaults returns c with zero fields set to their defaults.
@@ -122,6 +129,9 @@ func (c Config) Defaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.PD.Enabled() {
+		c.PD = c.PD.defaults()
+	}
 	return c
 }
 
@@ -157,6 +167,7 @@ func (c Config) Validate() error {
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.PD.validate(c.DP)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 	}

@@ -6,5 +6,5 @@
 // It owns the HTTP surface, the real-time drivers, text ↔ token handling and
 // the metrics registry of one simulator instance (many run in one process in
 // tests). It must not model the engine itself (sim/engine does), encode
-// events (kvevents.Publisher does) or know about routing.
+// events (kvtest.Publisher does) or know about routing.
 package sim

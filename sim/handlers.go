@@ -24,6 +24,9 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "kvmesh-sim"})
 	})
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleReset)
+	mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+	mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
+	mux.HandleFunc("GET /kvmesh/pd", s.handlePDInfo)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path)
@@ -94,10 +97,8 @@ func readRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, decod
 }
 
 func (s *Server) checkModel(model string) error {
-	if model != s.cfg.Model {
-		return &httpError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)}
-	}
-	return nil
+	_, err := s.resolveModel(model)
+	return err
 }
 
 // pickRank honours X-data-parallel-rank, else takes the least loaded rank
@@ -138,10 +139,19 @@ type gen struct {
 	minTokens int
 	ignoreEOS bool
 	salt      string
+	lora      string // LoRA adapter name, "" for the base model
 	stream    bool
 	usage     bool // stream_options.include_usage
 	chat      bool
 	retIDs    bool
+
+	// P/D (pd.go): the request's fields, and what prepare decided.
+	pd           *pdRequest
+	external     int     // leading prompt tokens whose KV was read from a prefill engine
+	pdKey        string  // hold key of a prefill leg
+	holdIfLength bool    // prefill leg: hold the blocks if it finishes by length
+	prefillOnly  bool    // SGLang prefill: generate the first token only
+	room         *uint64 // SGLang bootstrap room of a prefill leg
 }
 
 // submit turns g into engine calls on rank rk.
@@ -161,7 +171,8 @@ func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 			id += "-" + strconv.Itoa(i)
 		}
 		c := &call{rk: rk, notify: notify, maxOut: g.maxTokens, req: &engine.Request{ID: id, Prompt: p,
-			OutputLen: outputLen(&s.cfg, p, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt}}
+			OutputLen: outputLen(&s.cfg, p, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt, LoraName: g.lora}}
+		g.applyPD(c)
 		if err := rk.submit(c); err != nil {
 			if errors.Is(err, engine.ErrDuplicateID) {
 				err = badRequest("request id %q is already in flight", id)
@@ -181,17 +192,25 @@ func (s *Server) abortAll(calls []*call) []*call {
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	req, err := readRequest(s, w, r, openai.DecodeCompletionRequest)
+	var pd *pdRequest
+	req, err := readRequest(s, w, r, func(b []byte) (*openai.CompletionRequest, error) {
+		var err error
+		if pd, err = s.decodePD(b); err != nil {
+			return nil, err
+		}
+		return openai.DecodeCompletionRequest(b)
+	})
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model); err != nil {
+	lora, err := s.resolveModel(req.Model)
+	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs}
+		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora}
 	if g.maxTokens == 0 {
 		g.maxTokens = s.cfg.DefaultMaxTokens
 	}
@@ -206,23 +225,36 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	req, err := readRequest(s, w, r, openai.DecodeChatRequest)
+	var pd *pdRequest
+	req, err := readRequest(s, w, r, func(b []byte) (*openai.ChatRequest, error) {
+		var err error
+		if pd, err = s.decodePD(b); err != nil {
+			return nil, err
+		}
+		return openai.DecodeChatRequest(b)
+	})
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model); err != nil {
+	lora, err := s.resolveModel(req.Model)
+	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-	text, err := s.chat.RenderChat(req.Messages, addGen)
+	var text string
+	if rr, ok := s.chat.(requestRenderer); ok {
+		text, err = rr.RenderChatRequest(req)
+	} else {
+		text, err = s.chat.RenderChat(req.Messages, addGen)
+	}
 	if err != nil {
 		s.fail(w, badRequest("render chat template: %v", err))
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), chat: true,
+		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
 		prompts: [][]uint32{s.tok.AppendEncode(nil, text, false)}}
 	if g.maxTokens == 0 {
 		g.maxTokens = min(s.cfg.DefaultChatMaxTokens, max(1, s.cfg.Engine.MaxModelLen-len(g.prompts[0])))
@@ -243,6 +275,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *gen) {
 		s.fail(w, err)
 		return
 	}
+	if s.pd != nil {
+		if err := s.pd.prepare(r.Context(), rk, g); err != nil {
+			s.fail(w, err)
+			return
+		}
+	}
 	calls, notify, err := s.submit(rk, g)
 	if err != nil {
 		s.fail(w, err)
@@ -259,7 +297,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *gen) {
 		}
 		return
 	}
-	s.fullResponse(w, g, calls)
+	s.fullResponse(w, rk, g, calls)
 }
 
 // waitAll blocks until every call is done. It fails (aborting the calls)
@@ -323,15 +361,16 @@ func (s *Server) usage(calls []*call) *openai.Usage {
 	return u
 }
 
-func (s *Server) fullResponse(w http.ResponseWriter, g *gen, calls []*call) {
+func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*call) {
 	id := responseID(g)
+	kv := s.pd.responseParams(rk, g, calls[0])
 	if g.chat {
 		c := calls[0]
 		sn := c.snap()
 		text := s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true)
-		writeJSON(w, http.StatusOK, openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model,
+		writeJSON(w, http.StatusOK, withKVTransfer(openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model,
 			Choices: []openai.ChatChoice{{Message: openai.ChatMessageOut{Role: "assistant", Content: text},
-				FinishReason: openai.StringPtr(sn.reason)}}, Usage: s.usage(calls)})
+				FinishReason: openai.StringPtr(sn.reason)}}, Usage: s.usage(calls)}, kv))
 		return
 	}
 	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
@@ -344,7 +383,7 @@ func (s *Server) fullResponse(w http.ResponseWriter, g *gen, calls []*call) {
 		}
 		resp.Choices = append(resp.Choices, ch)
 	}
-	writeJSON(w, http.StatusOK, resp)
+	writeJSON(w, http.StatusOK, withKVTransfer(resp, kv))
 }
 
 func responseID(g *gen) string {
@@ -436,8 +475,8 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, openai.ModelList{Object: "list", Data: []openai.Model{{ID: s.cfg.Model, Object: "model",
-		Created: s.created, OwnedBy: "vllm", Root: s.cfg.Model, MaxModelLen: s.cfg.Engine.MaxModelLen}}})
+	writeJSON(w, http.StatusOK, openai.ModelList{Object: "list", Data: append([]openai.Model{{ID: s.cfg.Model, Object: "model",
+		Created: s.created, OwnedBy: "vllm", Root: s.cfg.Model, MaxModelLen: s.cfg.Engine.MaxModelLen}}, s.loraModels()...)})
 }
 
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
@@ -455,7 +494,12 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var ids []uint32
 	if len(req.Messages) > 0 {
 		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		text, err := s.chat.RenderChat(req.Messages, addGen)
+		var text string
+		if rr, ok := s.chat.(requestRenderer); ok {
+			text, err = rr.RenderChatRequest(req.Chat())
+		} else {
+			text, err = s.chat.RenderChat(req.Messages, addGen)
+		}
 		if err != nil {
 			s.fail(w, badRequest("render chat template: %v", err))
 			return

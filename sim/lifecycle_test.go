@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -21,7 +23,7 @@ import (
 // evicted blocks reappear as CPU location updates and CachedKeys(CPU) has them.
 func TestMapFormLegacyReplayAndCPUTier(t *testing.T) {
 	s := startSim(t, func(c *Config) {
-		c.EventForm, c.ReplayLayout = kvevents.MapForm, kvevents.ReplayLegacy
+		c.EventForm, c.ReplayLayout = kvtest.MapForm, kvtest.ReplayLegacy
 		c.Engine.GPUBlocks, c.Engine.CPUBlocks = 7, 16
 	})
 	ec := newEventClient(t, s, 0)
@@ -92,10 +94,12 @@ func TestCloseAndRestartOnSamePorts(t *testing.T) {
 }
 
 // Many requests at once on a small cache: preemptions happen, every request
-// still completes with exactly max_tokens, and nothing leaks.
+// still completes with exactly max_tokens, and nothing leaks. The driver is
+// held until all n requests wait, so they overlap however busy the host is.
 func TestConcurrentLoadWithPreemption(t *testing.T) {
 	s := startSim(t, func(c *Config) { c.Engine.GPUBlocks = 40; c.TimeScale = 200 })
 	const n = 12
+	s.ranks[0].hold(true)
 	errs := make(chan error, n)
 	for i := 0; i < n; i++ {
 		go func() {
@@ -118,6 +122,8 @@ func TestConcurrentLoadWithPreemption(t *testing.T) {
 			errs <- nil
 		}()
 	}
+	testutil.WaitFor(t, 10*time.Second, "every request to be queued", func() bool { return s.Load(0).Waiting == n })
+	s.ranks[0].hold(false)
 	for i := 0; i < n; i++ {
 		if err := <-errs; err != nil {
 			t.Fatal(err)

@@ -63,7 +63,9 @@ func newMetrics(s *Server) *metrics {
 				func() float64 { return f(load()) }))
 		}
 		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func(l engine.Load) float64 { return float64(l.Running) })
-		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(l engine.Load) float64 { return float64(l.Waiting) })
+		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(l engine.Load) float64 {
+			return float64(l.Waiting + int(rk.transferring.Load())) // + decode legs reading their KV, as vLLM counts them
+		})
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(l engine.Load) float64 { return l.KVUsage })
 		gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (older name). 1 means 100 percent usage.", func(l engine.Load) float64 { return l.KVUsage })
 		gauge("kvmesh_sim_queued_prefill_tokens", "Prompt tokens not yet computed (waiting and partial prefills).", func(l engine.Load) float64 { return float64(l.QueuedPrefillTokens) })
@@ -71,8 +73,17 @@ func newMetrics(s *Server) *metrics {
 		gauge("kvmesh_sim_cpu_cached_blocks", "Blocks in the CPU tier.", func(l engine.Load) float64 { return float64(l.CPUBlocks) })
 		counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", func(l engine.Load) float64 { return float64(l.PrefixQueries) })
 		counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", func(l engine.Load) float64 { return float64(l.PrefixHits) })
-		counter("vllm:external_prefix_cache_hits_total", "External (CPU tier) prefix cache hits, in tokens.", func(l engine.Load) float64 { return float64(l.CPUPrefixHits) })
+		counter("vllm:external_prefix_cache_hits_total", "External prefix cache hits (CPU tier and KV read from a prefill engine), in tokens.", func(l engine.Load) float64 { return float64(l.CPUPrefixHits + l.RemoteTokens) })
 		counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", func(l engine.Load) float64 { return float64(l.PromptTokens) })
+		for src, f := range map[string]func(engine.Load) uint64{
+			"local_compute":        func(l engine.Load) uint64 { return l.PromptTokens - l.PrefixHits - l.CPUPrefixHits - l.RemoteTokens },
+			"local_cache_hit":      func(l engine.Load) uint64 { return l.PrefixHits },
+			"external_kv_transfer": func(l engine.Load) uint64 { return l.CPUPrefixHits + l.RemoteTokens }, // connector loads: CPU tier and P/D reads
+		} {
+			sl := prometheus.Labels{"model_name": s.cfg.Model, "engine": strconv.Itoa(rk.idx), "source": src}
+			m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vllm:prompt_tokens_by_source_total",
+				Help: "Number of prompt tokens by source.", ConstLabels: sl}, func() float64 { return float64(f(load())) }))
+		}
 		counter("vllm:generation_tokens_total", "Number of generation tokens processed.", func(l engine.Load) float64 { return float64(l.GenerationTokens) })
 		counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", func(l engine.Load) float64 { return float64(l.Preemptions) })
 		counter("kvmesh_sim_engine_steps_total", "Engine steps executed.", func(l engine.Load) float64 { return float64(l.Steps) })

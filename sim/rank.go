@@ -7,11 +7,15 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
-	"github.com/zeebo/xxh3"
 )
 
 // rank is one DP rank: an engine, its event publisher and the goroutine that
@@ -25,7 +29,7 @@ import (
 type rank struct {
 	s   *Server
 	idx int
-	pub *kvevents.Publisher // nil without --kv-events
+	pub *kvtest.Publisher // nil without --kv-events
 
 	mu    sync.Mutex // guards everything below; held across Step (short) and never while sleeping
 	eng   *engine.Engine
@@ -35,10 +39,15 @@ type rank struct {
 	start time.Time
 	batch kvevents.Batch
 	fin   []*engine.Request
+	held  bool // tests only: the driver takes no step while set (see hold)
 
 	wake chan struct{} // cap 1: a request arrived
-	done chan struct{} // closed when run returns
-	log  *slog.Logger
+	// transferring counts this rank's decode requests reading their KV from
+	// a prefill engine (pd_read.go): vLLM keeps them in the waiting queue
+	// (WAITING_FOR_REMOTE_KVS), so vllm:num_requests_waiting includes them.
+	transferring atomic.Int64
+	done         chan struct{} // closed when run returns
+	log          *slog.Logger
 }
 
 // call is one engine request of an HTTP request. Fields after req are
@@ -48,6 +57,10 @@ type call struct {
 	req    *engine.Request
 	notify chan struct{} // cap 1, shared by the calls of one HTTP request
 	maxOut int           // the request's max_tokens (finish reason "length" when reached)
+
+	pdKey   string  // P/D hold key of a prefill leg ("" otherwise)
+	room    *uint64 // SGLang bootstrap room of a prefill leg
+	heldIDs []int32 // blocks held for a decode engine, set when the leg finishes holding them
 
 	generated int // tokens delivered to the client so far (at their step's end)
 	done      bool
@@ -62,7 +75,7 @@ func newRank(s *Server, idx int) (*rank, error) {
 		return nil, err
 	}
 	if s.cfg.KVEvents != "" {
-		pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{
+		pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{
 			Endpoint: s.cfg.KVEvents, ReplayEndpoint: s.cfg.KVReplay, DPRank: idx, Topic: s.cfg.Topic,
 			BufferSteps: s.cfg.ReplayBuffer, Form: s.cfg.EventForm, Layout: s.cfg.ReplayLayout,
 			DropRate: s.cfg.DropRate, DropSeed: s.cfg.Seed + uint64(idx), Logger: rk.log,
@@ -155,6 +168,18 @@ func (rk *rank) abort(c *call) {
 	c.done, c.aborted = true, true
 }
 
+// hold stops (on) or resumes the driver between steps. Tests use it to queue
+// a burst that is certain to overlap, whatever the host's speed.
+func (rk *rank) hold(on bool) {
+	rk.mu.Lock()
+	rk.held = on
+	rk.mu.Unlock()
+	select {
+	case rk.wake <- struct{}{}:
+	default:
+	}
+}
+
 // run drives the engine until ctx is done. It owns the timer and never holds
 // mu while sleeping.
 func (rk *rank) run(ctx context.Context) {
@@ -163,7 +188,7 @@ func (rk *rank) run(ctx context.Context) {
 	defer timer.Stop()
 	for {
 		rk.mu.Lock()
-		for rk.eng.Idle() {
+		for rk.eng.Idle() || rk.held {
 			rk.busy = false
 			rk.mu.Unlock()
 			select {
@@ -223,6 +248,9 @@ func (rk *rank) deliver() {
 		}
 		delete(rk.calls, r)
 		c.done, c.result = true, r.Result()
+		if r.HoldBlocks && rk.s.pd != nil {
+			rk.s.pd.onFinished(rk, c)
+		}
 		rk.s.metrics.observe(rk.s.cfg.Model, rk.idx, c.result, c.finishReason())
 		signal(c.notify)
 	}
@@ -240,6 +268,9 @@ func (rk *rank) restart() error {
 		c.done, c.aborted = true, true
 		delete(rk.calls, r)
 		signal(c.notify)
+	}
+	if rk.s.pd != nil {
+		rk.s.pd.dropRank(rk)
 	}
 	if err := rk.newEngine(); err != nil {
 		return err

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -33,6 +35,9 @@ type Options struct {
 	TokenizerPath, ChatTemplatePath string
 	// LogLevel of the text log on stderr. Default info.
 	LogLevel slog.Level
+
+	// pdFinish applies the P/D flags (BindPDFlags) onto a Config's PD.
+	pdFinish func(c *PDConfig, httpAddr string) error
 }
 
 // DefaultOptions is one rank of a 7B-class engine on loopback:8000
@@ -59,25 +64,30 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	}
 	switch o.EventForm {
 	case "array":
-		cfg.EventForm = kvevents.ArrayForm
+		cfg.EventForm = kvtest.ArrayForm
 	case "map":
-		cfg.EventForm = kvevents.MapForm
+		cfg.EventForm = kvtest.MapForm
 	default:
 		errs = append(errs, fmt.Errorf("%w: event form %q: want array or map", ErrConfig, o.EventForm))
 	}
 	switch o.ReplayLayout {
 	case "new":
-		cfg.ReplayLayout = kvevents.ReplayWithTopic
+		cfg.ReplayLayout = kvtest.ReplayWithTopic
 	case "old":
-		cfg.ReplayLayout = kvevents.ReplayLegacy
+		cfg.ReplayLayout = kvtest.ReplayLegacy
 	default:
 		errs = append(errs, fmt.Errorf("%w: replay layout %q: want new or old", ErrConfig, o.ReplayLayout))
+	}
+	if o.pdFinish != nil {
+		if err := o.pdFinish(&cfg.PD, cfg.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+		}
 	}
 	if len(errs) > 0 {
 		return cfg, errors.Join(errs...)
 	}
 	if o.TokenizerPath != "" {
-		tok, err := tokenizer.LoadFile(o.TokenizerPath)
+		tok, err := tokenizer.LoadPath(o.TokenizerPath) // tokenizer.json, or a model directory (tiktoken.model too)
 		if err != nil {
 			return cfg, fmt.Errorf("sim: %w", err)
 		}
@@ -110,6 +120,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "kvmesh sim: the KV-event PUB connects to %s (vLLM's rule); subscribers must bind it, or use tcp://*:PORT to bind here\n", cfg.KVEvents)
 	}
 	fmt.Fprintf(stdout, "http %s\n", srv.URL())
+	for r := 0; r < srv.DP(); r++ {
+		if a := srv.SideChannelAddr(r); a != "" {
+			fmt.Fprintf(stdout, "nixl-side-channel rank %d %s engine %s\n", r, a, srv.EngineID(r))
+		}
+	}
+	if a := srv.BootstrapAddr(); a != "" {
+		fmt.Fprintf(stdout, "bootstrap %s\n", a)
+	}
 	for r := 0; r < srv.DP(); r++ {
 		if ep := srv.EventsEndpoint(r); ep != "" {
 			fmt.Fprintf(stdout, "kv-events rank %d %s\n", r, ep)

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -27,6 +29,7 @@ type Server struct {
 	chat    ChatRenderer
 	ranks   []*rank
 	metrics *metrics
+	pd      *pdState // nil without P/D
 	created int64
 
 	ln      net.Listener
@@ -38,6 +41,7 @@ type Server struct {
 	closeOnce sync.Once
 	closeErr  error
 	nextID    atomic.Uint64
+	loras     *loras // nil unless Config.LoRA.Enable
 }
 
 // Start validates cfg, binds the HTTP listener and the ZMQ sockets of every
@@ -48,7 +52,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "sim", "model", cfg.Model),
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "sim", "model", cfg.Model), loras: enabledLoRAs(cfg.LoRA),
 		tok: cfg.Tokenizer, chat: cfg.Chat, quit: make(chan struct{}), created: time.Now().Unix()}
 	if s.tok == nil {
 		s.tok = byteTokenizer{}
@@ -65,8 +69,19 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.ranks = append(s.ranks, rk)
 	}
 	s.metrics = newMetrics(s)
+	if cfg.PD.Enabled() {
+		pd, err := newPDState(s)
+		if err != nil {
+			s.closeRanks()
+			return nil, fmt.Errorf("start sim: %w", err)
+		}
+		s.pd = pd
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
+		if s.pd != nil {
+			s.pd.closeListeners()
+		}
 		s.closeRanks()
 		return nil, fmt.Errorf("start sim: listen %s: %w", cfg.HTTPAddr, err)
 	}
@@ -77,6 +92,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	for _, rk := range s.ranks {
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); rk.run(runCtx) }()
+	}
+	if s.pd != nil {
+		s.pd.start()
 	}
 	s.wg.Add(1)
 	go func() {
@@ -110,6 +128,9 @@ func (s *Server) Close() error {
 			_ = s.httpSrv.Close()
 		}
 		s.cancel()
+		if s.pd != nil {
+			s.pd.close()
+		}
 		s.wg.Wait()
 		s.closeErr = s.closeRanks()
 	})
@@ -251,9 +272,9 @@ func (s *Server) DropNext(r, n int) {
 }
 
 // EventStats returns rank r's publisher counters.
-func (s *Server) EventStats(r int) kvevents.PublisherStats {
+func (s *Server) EventStats(r int) kvtest.PublisherStats {
 	if rk := s.ranks[r]; rk.pub != nil {
 		return rk.pub.Stats()
 	}
-	return kvevents.PublisherStats{}
+	return kvtest.PublisherStats{}
 }

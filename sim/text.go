@@ -80,6 +80,21 @@ type TemplateChat struct{ T *tokenizer.ChatTemplate }
 
 var _ ChatRenderer = TemplateChat{}
 
+// RenderChatRequest renders the whole request (tool calls, content parts,
+// tools, documents, chat_template_kwargs) the way vLLM does; the ingress
+// renders with the same code, so both compute the same block keys.
+func (c TemplateChat) RenderChatRequest(req *openai.ChatRequest) (string, error) {
+	return c.T.RenderRequest(&tokenizer.ChatRequest{Messages: req.RawMessages, Tools: req.Tools, Documents: req.Documents,
+		Kwargs: req.ChatTemplateKwargs, AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
+		ContinueFinalMessage: req.ContinueFinalMessage})
+}
+
+// requestRenderer is the optional capability of a ChatRenderer to render a
+// whole chat request rather than flattened messages.
+type requestRenderer interface {
+	RenderChatRequest(req *openai.ChatRequest) (string, error)
+}
+
 // RenderChat implements ChatRenderer.
 func (c TemplateChat) RenderChat(msgs []openai.ChatMessage, addGenerationPrompt bool) (string, error) {
 	m := make([]tokenizer.Message, len(msgs))

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
+
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 )
@@ -14,9 +16,7 @@ import (
 func llama3Files(t *testing.T) (tok, cfg string) {
 	t.Helper()
 	out, err := exec.Command("go", "mod", "download", "-json", "github.com/daulet/tokenizers").Output()
-	if err != nil {
-		t.Skipf("go mod download: %v", err)
-	}
+	testutil.Need(t, err, "the Llama 3 tokenizer from the module cache (go mod download github.com/daulet/tokenizers)")
 	var v struct{ Dir string }
 	if err := json.Unmarshal(out, &v); err != nil || v.Dir == "" {
 		t.Fatalf("module dir: %v", err)

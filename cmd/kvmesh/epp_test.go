@@ -156,7 +156,7 @@ func TestGatewayManifestsUseRealFlags(t *testing.T) {
 				}
 			}
 		}
-		if !sawEPP || kinds["InferencePool"] != 1 || kinds["HTTPRoute"] != 1 || kinds["CustomResourceDefinition"] != 1 {
+		if !sawEPP || kinds["InferencePool"] != 1 || kinds["HTTPRoute"] != 1 || kinds["CustomResourceDefinition"] < 1 {
 			t.Fatalf("%s: epp container %v, kinds %v", dir, sawEPP, kinds)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/fair"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
@@ -47,7 +48,19 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
 	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<random hex>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringVar(&cfg.AdminListen, "admin", "", "pprof address (empty: off)")
+	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", os.Getenv("KVMESH_ADMIN_TOKEN"), "bearer token required on the admin address (env KVMESH_ADMIN_TOKEN; empty: none)")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", cfg.TLS.CertFile, "PEM certificate: serve HTTPS on --listen")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", cfg.TLS.KeyFile, "PEM key for --tls-cert")
+	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca", cfg.TLS.ClientCAFile, "PEM CA: require client certificates signed by it")
+	fs.StringVar(&cfg.TLS.UpstreamCAFile, "upstream-ca", cfg.TLS.UpstreamCAFile, "PEM CA verifying https:// engines")
+	fs.StringVar(&cfg.TLS.UpstreamCertFile, "upstream-cert", cfg.TLS.UpstreamCertFile, "PEM client certificate towards engines (mutual TLS)")
+	fs.StringVar(&cfg.TLS.UpstreamKeyFile, "upstream-key", cfg.TLS.UpstreamKeyFile, "PEM key for --upstream-cert")
+	fs.StringVar(&opts.JWT.JWKSFile, "jwks-file", "", "JSON Web Key Set file: accept bearer JWTs signed by its keys (besides API keys)")
+	fs.StringVar(&opts.JWT.JWKSURL, "jwks-url", "", "JSON Web Key Set URL (re-read every 5m and on an unknown kid)")
+	fs.StringVar(&opts.JWT.Audience, "jwt-audience", "", "audience a JWT must carry (required with --jwks-*)")
+	fs.StringVar(&opts.JWT.Issuer, "jwt-issuer", "", "issuer a JWT must carry (empty: any)")
+	fs.StringVar(&opts.JWT.TenantClaim, "jwt-tenant-claim", "tenant", "JWT claim naming the tenant (the rate-limit identity; falls back to sub)")
 	probs.Var(fs, "engine", "", "static engine [id=]model=url (repeatable; used without gossip)", func(s string) error {
 		se, err := ingress.ParseStaticEngine(s)
 		if err != nil {
@@ -57,6 +70,8 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 		return nil
 	})
 	probs.ModelPaths(fs, &cfg.Tokenizers, "tokenizer", "model=path to tokenizer.json or its directory (repeatable)")
+	fs.BoolVar(&opts.TokenizerStore, "tokenizer-store", opts.TokenizerStore, "load the tokenizers the sidecars publish to NATS for models without --tokenizer")
+	fs.StringVar(&opts.TokenizerCache, "tokenizer-cache", "", "directory for tokenizers fetched from NATS (default: a temporary directory)")
 	probs.ModelPaths(fs, &cfg.ChatTemplates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
 	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|"))
 	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)", func(path string) error {
@@ -87,30 +102,28 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	probs.LogLevel(fs, &opts.LogLevel)
 	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address host:port (empty: no gossip, use -engine)")
 	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
-	gossipKeyFlag(fs, &cfg.Cluster.GossipKey, probs)
+	gossipKeyFlag(fs, &cfg.Cluster.GossipKey, &cfg.Cluster.GossipKeys, probs)
 	List(fs, &cfg.Cluster.GossipSeeds, "join", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
-	List(fs, &cfg.Cluster.NATSURLs, "nats", "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
+	natsutil.BindFlags(fs, &cfg.Cluster.NATSURLs, &cfg.Cluster.NATSAuth, "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
 }
 
 // gossipKeyFlag binds --gossip-key (default $KVMESH_GOSSIP_KEY) onto dst.
-func gossipKeyFlag(fs *flag.FlagSet, dst *[]byte, probs *flagProblems) {
+// Comma-separated keys: the first encrypts, the rest are accepted during a
+// rotation (gossip.Config.ExtraKeys).
+func gossipKeyFlag(fs *flag.FlagSet, dst *[]byte, extra *[][]byte, probs *flagProblems) {
 	set := func(s string) error {
-		if s == "" {
-			*dst = nil
-			return nil
-		}
-		k, err := gossip.DecodeKey(s)
+		k, more, err := gossip.ParseKeys(s)
 		if err != nil {
 			return fmt.Errorf("--gossip-key: %w", err)
 		}
-		*dst = k
+		*dst, *extra = k, more
 		return nil
 	}
 	if err := set(os.Getenv("KVMESH_GOSSIP_KEY")); err != nil {
 		probs.unlessGiven("gossip-key", err) // a bad environment value matters only when no flag replaces it
 	}
-	probs.Var(fs, "gossip-key", "", "base64 gossip encryption key of 16, 24 or 32 bytes (env KVMESH_GOSSIP_KEY)", set)
+	probs.Var(fs, "gossip-key", "", "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)", set)
 }
 
 // configFlag finds -config/--config in args before the flag set is built.

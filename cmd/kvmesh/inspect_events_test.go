@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -95,7 +97,7 @@ func TestInspectEventsMalformed(t *testing.T) {
 
 // TestInspectEventsZMQ follows a real publisher over loopback.
 func TestInspectEventsZMQ(t *testing.T) {
-	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Topic: "kv"})
+	pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", Topic: "kv"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +142,7 @@ func TestInspectEventsZMQ(t *testing.T) {
 
 // TestInspectEventsFromStart prints an idle engine's replay buffer.
 func TestInspectEventsFromStart(t *testing.T) {
-	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"})
+	pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,9 +22,9 @@ import (
 // and lag. `nats sub 'kvmesh.delta.>'` shows the same messages undecoded.
 func runInspectStream(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("inspect stream", stderr)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URLs, comma-separated")
-	creds := fs.String("nats-creds", "", "NATS credentials file")
-	token := fs.String("nats-token", "", "NATS token")
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{nats.DefaultURL}
+	natsutil.BindFlags(fs, &cfg.URLs, &cfg.Auth, "NATS server URLs, comma-separated")
 	summary := fs.Bool("summary", false, "print a per-engine summary every --interval instead of each delta")
 	interval := fs.Duration("interval", 2*time.Second, "summary period")
 	showKeys := fs.Bool("keys", false, "print the keys of each op")
@@ -36,9 +36,6 @@ func runInspectStream(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	cfg := natsutil.DefaultConfig()
-	cfg.URLs = commaList(*url)
-	cfg.CredsFile, cfg.Token = *creds, *token
 	cfg.Name = "kvmesh-inspect"
 	cfg.Stream.Disabled = true // read-only: never create or change the stream
 	if len(cfg.URLs) == 0 {

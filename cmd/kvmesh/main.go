@@ -32,7 +32,11 @@ var commands = []command{
 	{"epp", "run the Gateway API Inference Extension endpoint picker (ext_proc) for Envoy-based gateways", runEPP},
 	{"bench", "compare routing policies (discrete-event simulation)", runBench},
 	{"demo", "run the whole mesh on loopback and compare random with kvmesh routing", runDemo},
+	{"bootstrap", "create the installation's Secrets once (NATS users' passwords, gossip key)", runBootstrap},
 	{"loadtest", "send a workload to an OpenAI-compatible endpoint and report latency", runLoadtest},
+	{"orchestrator", "run the Kubernetes controller for ModelDeployments and the sidecar webhook", runOrchestrator},
+	{"get", "list ModelDeployments, AutoscalingPolicies or RoleScalers with their READY/STATUS columns", runGet},
+	{"describe", "show one ModelDeployment, AutoscalingPolicy or RoleScaler with its events", runDescribe},
 }
 
 // errUsage marks a command-line mistake: exit status 2, after the usage text.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
+
 	"go.yaml.in/yaml/v3"
 )
 
@@ -17,12 +19,9 @@ import (
 // arguments of each kvmesh container with the binary's own flag sets, so a
 // renamed or removed flag breaks this test instead of a deployment.
 func TestManifestsUseRealFlags(t *testing.T) {
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Skip("kubectl not installed: cannot render the kustomize overlays")
-	}
+	kubectl := testutil.RequireTool(t, "kubectl", "it renders the kustomize overlays")
 	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
-	for _, dir := range []string{"base", "overlays/sidecar-container", "overlays/daemonset"} {
+	for _, dir := range []string{"base", "install", "overlays/sidecar-container", "overlays/daemonset"} {
 		t.Run(dir, func(t *testing.T) {
 			out, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "manifests", dir)).Output()
 			if err != nil {

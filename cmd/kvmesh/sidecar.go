@@ -6,8 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/sidecar"
 )
 
@@ -51,18 +51,12 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.BoolVar(&one.Bind, "bind-events", false, "bind the events endpoint (for engines whose PUB connects)")
 	fs.IntVar(&one.DPSize, "dp-size", one.DPSize, "data-parallel ranks (rank r publishes on port+r)")
 	fs.IntVar(&one.BlockSize, "block-size", 0, "tokens per block (0: learned from events)")
-	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true]")
+	fs.StringVar(&one.TokenizerDir, "tokenizer-dir", "", "model directory with tokenizer.json (+ tokenizer_config.json) to publish to the mesh for the ingresses")
+	fs.StringVar(&one.TokenizerRevision, "tokenizer-revision", "", "revision name of the published tokenizer (default: from the files' digests)")
+	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR]")
 
-	List(fs, &cfg.NATS.URLs, "nats", "NATS server URLs, comma-separated (empty: start an embedded server)")
+	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	cfg.NATS.Name = "kvmesh-sidecar"
-	fs.StringVar(&cfg.NATS.User, "nats-user", "", "NATS user")
-	fs.StringVar(&cfg.NATS.Password, "nats-password", os.Getenv("KVMESH_NATS_PASSWORD"), "NATS password (env KVMESH_NATS_PASSWORD)")
-	fs.StringVar(&cfg.NATS.Token, "nats-token", os.Getenv("KVMESH_NATS_TOKEN"), "NATS token (env KVMESH_NATS_TOKEN)")
-	fs.StringVar(&cfg.NATS.NKeySeedFile, "nats-nkey", "", "NATS nkey seed file")
-	fs.StringVar(&cfg.NATS.CredsFile, "nats-creds", "", "NATS credentials file")
-	fs.StringVar(&cfg.NATS.TLSCAFile, "nats-ca", "", "CA file to verify NATS servers")
-	fs.StringVar(&cfg.NATS.TLSCertFile, "nats-cert", "", "client certificate for NATS")
-	fs.StringVar(&cfg.NATS.TLSKeyFile, "nats-key", "", "client key for NATS")
 	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "KVMESH_DELTAS retention by age")
 	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "KVMESH_DELTAS retention by size")
 	fs.IntVar(&cfg.NATS.Stream.Replicas, "stream-replicas", cfg.NATS.Stream.Replicas, "KVMESH_DELTAS replicas (clustered JetStream)")
@@ -70,7 +64,7 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.StringVar(&opts.GossipBind, "gossip-bind", "", "gossip listen host:port (empty: no gossip)")
 	fs.StringVar(&opts.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")
 	List(fs, &opts.GossipSeeds, "join", "gossip seeds host:port, comma-separated (DNS names resolving to several addresses allowed)")
-	gossipKeyFlag(fs, &opts.Gossip.SecretKey, probs)
+	gossipKeyFlag(fs, &opts.Gossip.SecretKey, &opts.Gossip.ExtraKeys, probs)
 	fs.StringVar(&opts.Gossip.Profile, "gossip-profile", opts.Gossip.Profile, "gossip timings: local, lan or wan")
 	fs.StringVar(&opts.Gossip.Name, "node-name", "", "gossip member name (default hostname-random)")
 

@@ -58,5 +58,19 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 	fs.Float64Var(&cfg.DropRate, "drop-rate", 0, "fault switch: fraction of event batches not sent live (replay still has them)")
 	fs.Float64Var(&cfg.EOSRate, "eos-rate", 0, "per-token chance of stopping after min_tokens without ignore_eos (0 = always max_tokens)")
 	fs.IntVar(&cfg.MaxWaiting, "max-waiting", cfg.MaxWaiting, "queued requests per rank before answering 503")
+	fs.BoolVar(&cfg.LoRA.Enable, "enable-lora", false, "serve LoRA adapters (vLLM's --enable-lora; runtime /v1/load_lora_adapter is allowed)")
+	fs.IntVar(&cfg.LoRA.MaxLoRAs, "max-loras", 1, "adapters loaded at once")
+	probs.Var(fs, "lora-modules", "", "LoRA adapter name=path served from the start (repeatable)", func(v string) error {
+		name, path, ok := strings.Cut(v, "=")
+		if !ok || name == "" || path == "" {
+			return fmt.Errorf("--lora-modules %q: want name=path", v)
+		}
+		if cfg.LoRA.Modules == nil {
+			cfg.LoRA.Modules = map[string]string{}
+		}
+		cfg.LoRA.Modules[name] = path
+		return nil
+	})
 	probs.LogLevel(fs, &opts.LogLevel)
+	opts.BindPDFlags(fs) // --kv-transfer-config, --nixl-side-channel, --kv-transfer-gbps, --disaggregation-mode, ...
 }

@@ -92,6 +92,9 @@ func TestSimCommandUsage(t *testing.T) {
 		{"sim", "--log-level", "loud"},
 		{"sim", "extra"},
 		{"sim", "--gpu-blocks", "x"},
+		{"sim", "--kv-transfer-config", `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`},
+		{"sim", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both","typo":1}`},
+		{"sim", "--nixl-side-channel", "no-port"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(args, &out, &errOut); code != 2 || errOut.Len() == 0 {

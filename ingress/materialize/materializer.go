@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvmesh/kvmesh/internal/backoff"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
@@ -252,6 +253,9 @@ func (m *Materializer) applyLocked(e *engineState, d *kvevents.Delta) {
 	}
 }
 
+// snapshotBackoff spaces a failing engine's snapshot retries.
+var snapshotBackoff = backoff.Backoff{Min: 250 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.3}
+
 // snapshotLocked starts a snapshot of e unless one is in flight. Deltas for e
 // are buffered until it is installed.
 func (m *Materializer) snapshotLocked(e *engineState, reason string) {
@@ -305,9 +309,11 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		}
 		m.met.snapshots.WithLabelValues(result).Inc()
 		e.failures++
-		backoff := min(time.Duration(e.failures)*250*time.Millisecond, 5*time.Second)
-		e.retryAt = time.Now().Add(backoff)
-		m.log.Debug("snapshot failed", "engine", e.id, "err", err, "retry_in", backoff)
+		// Jittered: after a NATS outage every ingress retries every
+		// sidecar, and in lock step they would arrive together.
+		wait := snapshotBackoff.Delay(e.failures - 1)
+		e.retryAt = time.Now().Add(wait)
+		m.log.Debug("snapshot failed", "engine", e.id, "err", err, "retry_in", wait)
 		return
 	}
 	m.met.snapshots.WithLabelValues("ok").Inc()

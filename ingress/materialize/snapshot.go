@@ -39,12 +39,8 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string) (*s
 	if err := nc.PublishRequest(natsutil.SnapSubject(model, engine), inbox, nil); err != nil {
 		return nil, fmt.Errorf("snapshot request: %w", err)
 	}
-	var (
-		s     snapshot
-		chunk kvevents.SnapshotChunk
-		seen  []bool
-		left  int
-	)
+	var chunk kvevents.SnapshotChunk
+	a := assembler{engine: engine}
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
 		if errors.Is(err, nats.ErrNoResponders) {
@@ -59,23 +55,52 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string) (*s
 		if err := kvevents.DecodeSnapshotChunk(msg.Data, &chunk); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSnapshot, err)
 		}
-		if seen == nil {
-			s.Epoch, s.Seq = chunk.Epoch, chunk.Seq
-			seen, left = make([]bool, chunk.Chunks), chunk.Chunks
+		done, err := a.add(&chunk)
+		if err != nil {
+			return nil, err
 		}
-		if chunk.Epoch != s.Epoch || chunk.Seq != s.Seq || chunk.Chunks != len(seen) || chunk.Engine != engine {
-			return nil, fmt.Errorf("%w: chunks disagree (epoch %d/%d seq %d/%d)", ErrSnapshot, chunk.Epoch, s.Epoch, chunk.Seq, s.Seq)
-		}
-		if seen[chunk.Chunk] {
-			continue
-		}
-		seen[chunk.Chunk] = true
-		left--
-		for _, op := range chunk.Ops {
-			s.Keys[op.Tier] = append(s.Keys[op.Tier], op.Keys...)
-		}
-		if left == 0 {
-			return &s, nil
+		if done {
+			return &a.s, nil
 		}
 	}
+}
+
+// assembler reassembles one snapshot reply from its chunks, which may arrive
+// in any order and more than once; every chunk must name the same engine,
+// epoch, sequence and chunk count as the first.
+type assembler struct {
+	engine string
+	s      snapshot
+	seen   []bool
+	left   int
+}
+
+// add takes one decoded chunk (its Chunk < Chunks, as DecodeSnapshotChunk
+// guarantees); done is true once every chunk arrived.
+func (a *assembler) add(c *kvevents.SnapshotChunk) (done bool, err error) {
+	if a.seen == nil {
+		if c.Chunks <= 0 {
+			return false, fmt.Errorf("%w: %d chunks", ErrSnapshot, c.Chunks)
+		}
+		a.s.Epoch, a.s.Seq = c.Epoch, c.Seq
+		a.seen, a.left = make([]bool, c.Chunks), c.Chunks
+	}
+	if c.Epoch != a.s.Epoch || c.Seq != a.s.Seq || c.Chunks != len(a.seen) || c.Engine != a.engine {
+		return false, fmt.Errorf("%w: chunks disagree (epoch %d/%d seq %d/%d)", ErrSnapshot, c.Epoch, a.s.Epoch, c.Seq, a.s.Seq)
+	}
+	if c.Chunk < 0 || c.Chunk >= len(a.seen) {
+		return false, fmt.Errorf("%w: chunk %d of %d", ErrSnapshot, c.Chunk, len(a.seen))
+	}
+	if a.seen[c.Chunk] {
+		return a.left == 0, nil
+	}
+	a.seen[c.Chunk] = true
+	a.left--
+	for _, op := range c.Ops {
+		if int(op.Tier) >= kvevents.NumTiers {
+			return false, fmt.Errorf("%w: tier %d", ErrSnapshot, op.Tier)
+		}
+		a.s.Keys[op.Tier] = append(a.s.Keys[op.Tier], op.Keys...)
+	}
+	return a.left == 0, nil
 }

@@ -35,6 +35,10 @@ type Config struct {
 	MaxScopes int `yaml:"max_scopes"`
 	// MaxOrigins bounds how many other replicas' usage is kept; more are ignored.
 	MaxOrigins int `yaml:"max_origins"`
+	// KeyLimits, when set, is asked first for a key's limits: budgets that
+	// arrive with the caller (a JWT's rate-limit claim, ingress/auth). ok
+	// false falls back to Keys and PerKey. Must be fast and concurrency-safe.
+	KeyLimits func(key string) (l Limits, ok bool) `yaml:"-"`
 	// Now is the clock; nil means time.Now. Tests set it.
 	Now func() time.Time `yaml:"-"`
 }

@@ -94,7 +94,7 @@ func New(cfg Config) (*Limiter, error) {
 
 // Enabled reports whether any limit is configured at all.
 func (l *Limiter) Enabled() bool {
-	if !l.cfg.PerKey.zero() || !l.cfg.PerModel.zero() {
+	if !l.cfg.PerKey.zero() || !l.cfg.PerModel.zero() || l.cfg.KeyLimits != nil {
 		return true
 	}
 	for _, v := range l.cfg.Keys {
@@ -111,6 +111,11 @@ func (l *Limiter) Enabled() bool {
 }
 
 func (l *Limiter) keyLimits(key string) Limits {
+	if l.cfg.KeyLimits != nil {
+		if v, ok := l.cfg.KeyLimits(key); ok {
+			return v
+		}
+	}
 	if v, ok := l.cfg.Keys[key]; ok {
 		return v
 	}

@@ -16,16 +16,8 @@ type Config struct {
 	// Name is the client connection name shown by `nats server report connections`.
 	Name string
 
-	// Credentials: at most one of user/password, token, nkey seed file or creds file.
-	User, Password string
-	Token          string
-	NKeySeedFile   string
-	CredsFile      string
-
-	// TLS: CA file to verify the server, optional client certificate, and an
-	// escape hatch for test clusters with self-signed certificates.
-	TLSCAFile, TLSCertFile, TLSKeyFile string
-	TLSInsecureSkipVerify              bool
+	// Auth holds the credentials and TLS settings (BindFlags sets them).
+	Auth
 
 	// ConnectTimeout bounds each dial. Default 2s.
 	ConnectTimeout time.Duration
@@ -44,6 +36,35 @@ type Config struct {
 	Stream StreamConfig
 	// Embedded configures the server started when URLs is empty.
 	Embedded EmbeddedConfig
+}
+
+// Auth is how a client proves itself to NATS and verifies the servers. The
+// secrets (Password, Token) never go into YAML files: flags or environment.
+type Auth struct {
+	// Credentials: at most one of user/password, token, nkey seed file or creds file.
+	User         string `yaml:"user"`
+	Password     string `yaml:"-"`
+	Token        string `yaml:"-"`
+	NKeySeedFile string `yaml:"nkeySeedFile"`
+	CredsFile    string `yaml:"credsFile"`
+
+	// TLS: CA file to verify the server, optional client certificate, and an
+	// escape hatch for test clusters with self-signed certificates.
+	TLSCAFile             string `yaml:"tlsCAFile"`
+	TLSCertFile           string `yaml:"tlsCertFile"`
+	TLSKeyFile            string `yaml:"tlsKeyFile"`
+	TLSInsecureSkipVerify bool   `yaml:"tlsInsecureSkipVerify"`
+}
+
+// Redacted is a copy with the secrets replaced, for logs and /debug/config.
+func (a Auth) Redacted() Auth {
+	if a.Password != "" {
+		a.Password = Redacted
+	}
+	if a.Token != "" {
+		a.Token = Redacted
+	}
+	return a
 }
 
 // StreamConfig bounds the KVMESH_DELTAS stream. Retention must be bounded:

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,7 +59,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	}
 	c.NC = nc
 	if !cfg.Stream.Disabled {
-		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024))
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024),
+			// An ack that never comes frees its pending slot after this.
+			jetstream.WithPublishAsyncTimeout(5*time.Second))
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("jetstream: %w", err)

@@ -302,3 +302,18 @@ func TestRequestsRoundTrip(t *testing.T) {
 		t.Fatalf("chat round trip %s: %v", b, err)
 	}
 }
+
+// A wrongly typed field is reported by its JSON path and JSON type, not by
+// Go struct field or Go type names.
+func TestTypeErrorsNameJSONFields(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m","messages":[{"role":1,"content":"x"}]}`:                 "messages.role: expected a string, got number",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"n":"2"}`:    "n: expected an integer, got string",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":1}`: "stream: expected a boolean, got number",
+	} {
+		_, err := DecodeChatRequest([]byte(body))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "Go ") || strings.Contains(err.Error(), "ChatRequest") {
+			t.Errorf("%s: %v, want %q", body, err, want)
+		}
+	}
+}

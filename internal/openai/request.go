@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 )
 
 // StreamOptions is the OpenAI stream_options object.
@@ -110,9 +111,15 @@ type ChatRequest struct {
 	// MaxCompletionTokens is OpenAI's newer name for max_tokens; it wins when both are set.
 	MaxCompletionTokens *int `json:"max_completion_tokens,omitempty"`
 	// vLLM chat-template extras.
-	AddGenerationPrompt  *bool          `json:"add_generation_prompt,omitempty"`
-	ContinueFinalMessage bool           `json:"continue_final_message,omitempty"`
-	ChatTemplateKwargs   map[string]any `json:"chat_template_kwargs,omitempty"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage bool            `json:"continue_final_message,omitempty"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	// Tools and Documents are passed to the chat template as sent.
+	Tools     json.RawMessage `json:"tools,omitempty"`
+	Documents json.RawMessage `json:"documents,omitempty"`
+	// RawMessages is the messages array as sent (tool calls, content parts
+	// and all), for rendering the whole request; set by DecodeChatRequest.
+	RawMessages json.RawMessage `json:"-"`
 }
 
 // MaxOutput is the request's output cap: max_completion_tokens, else max_tokens, else 0 (unset).
@@ -217,6 +224,12 @@ func DecodeChatRequest(body []byte) (*ChatRequest, error) {
 	if err := decodeStrictJSON(body, &r); err != nil {
 		return nil, err
 	}
+	var raw struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &raw); err == nil {
+		r.RawMessages = raw.Messages
+	}
 	var problems []string
 	if r.Model == "" {
 		problems = append(problems, "model: required")
@@ -246,12 +259,42 @@ func decodeStrictJSON(body []byte, v any) error {
 		if errors.Is(err, ErrBadRequest) {
 			return fmt.Errorf("decode body: %w", err)
 		}
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) { // its text names Go types and struct fields
+			return fmt.Errorf("decode body: %w: %s: expected %s, got %s", ErrBadRequest, te.Field, jsonKind(te.Type), te.Value)
+		}
 		return fmt.Errorf("decode body: %w: %v", ErrBadRequest, err)
 	}
 	if dec.More() {
 		return fmt.Errorf("decode body: %w: trailing data after the JSON object", ErrBadRequest)
 	}
 	return nil
+}
+
+// jsonKind names the JSON type a Go type is decoded from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "a value"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "a value"
 }
 
 func joinProblems(p []string) error {
@@ -273,6 +316,19 @@ type TokenizeRequest struct {
 	AddSpecialTokens    *bool         `json:"add_special_tokens,omitempty"`
 	AddGenerationPrompt *bool         `json:"add_generation_prompt,omitempty"`
 	ReturnTokenStrs     bool          `json:"return_token_strs,omitempty"`
+	// The chat request's other template inputs, as in ChatRequest.
+	ContinueFinalMessage bool            `json:"continue_final_message,omitempty"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	Tools                json.RawMessage `json:"tools,omitempty"`
+	Documents            json.RawMessage `json:"documents,omitempty"`
+	RawMessages          json.RawMessage `json:"-"`
+}
+
+// Chat is the chat request whose prompt a /tokenize with messages asks for.
+func (r *TokenizeRequest) Chat() *ChatRequest {
+	return &ChatRequest{Model: r.Model, Messages: r.Messages, AddGenerationPrompt: r.AddGenerationPrompt,
+		ContinueFinalMessage: r.ContinueFinalMessage, ChatTemplateKwargs: r.ChatTemplateKwargs, Tools: r.Tools,
+		Documents: r.Documents, RawMessages: r.RawMessages}
 }
 
 // DecodeTokenizeRequest decodes and validates a /tokenize body.
@@ -283,6 +339,12 @@ func DecodeTokenizeRequest(body []byte) (*TokenizeRequest, error) {
 	}
 	if r.Prompt == "" && len(r.Messages) == 0 {
 		return &r, fmt.Errorf("%w: prompt or messages: required", ErrBadRequest)
+	}
+	var raw struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &raw); err == nil {
+		r.RawMessages = raw.Messages
 	}
 	return &r, nil
 }

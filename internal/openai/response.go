@@ -101,12 +101,13 @@ type ChatCompletionChunk struct {
 
 // Model is one entry of GET /v1/models.
 type Model struct {
-	ID          string `json:"id"`
-	Object      string `json:"object"`
-	Created     int64  `json:"created"`
-	OwnedBy     string `json:"owned_by"`
-	Root        string `json:"root,omitempty"`
-	MaxModelLen int    `json:"max_model_len,omitempty"`
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root,omitempty"`
+	Parent      *string `json:"parent"` // a LoRA adapter's base model; null for base models
+	MaxModelLen int     `json:"max_model_len,omitempty"`
 }
 
 // ModelList is GET /v1/models.

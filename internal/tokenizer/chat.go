@@ -24,6 +24,9 @@ type Message struct {
 type ChatTemplate struct {
 	tmpl *chattmpl.Template
 	vars map[string]any // special-token variables
+	// openaiFormat: the template loops over message content, so vLLM hands it
+	// content as a list of parts (its "openai" content format).
+	openaiFormat bool
 }
 
 // errNoChatTemplate: tokenizer_config.json has no chat_template.
@@ -111,7 +114,7 @@ func NewChatTemplate(src string, specialTokens map[string]string) (*ChatTemplate
 	for k, v := range specialTokens {
 		vars[k] = v
 	}
-	return &ChatTemplate{tmpl: t, vars: vars}, nil
+	return &ChatTemplate{tmpl: t, vars: vars, openaiFormat: t.IteratesContent()}, nil
 }
 
 // Render renders messages; addGenerationPrompt appends the assistant header.

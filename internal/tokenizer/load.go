@@ -255,98 +255,122 @@ func loadPreTokenizer(raw json.RawMessage) (preTokenizer, bool, error) {
 		}
 		return &byteLevelPre{v.AddPrefixSpace, v.UseRegex}, true, nil
 	case "Split":
-		v := struct {
-			Pattern  patternJSON `json:"pattern"`
-			Behavior string      `json:"behavior"`
-			Invert   bool        `json:"invert"`
-		}{}
-		if err := c.decode(&v); err != nil {
-			return nil, false, err
-		}
-		beh, ok := behaviors[v.Behavior]
-		if !ok {
-			return nil, false, fmt.Errorf("split behavior %q: %w", v.Behavior, ErrInvalid)
-		}
-		var m splitMatcher
-		switch {
-		case v.Pattern.Regex != nil:
-			m, err = newSplitMatcher(*v.Pattern.Regex, true)
-		case v.Pattern.String != nil:
-			m, err = newSplitMatcher(*v.Pattern.String, false)
-		default:
-			err = fmt.Errorf("split: %w: no pattern", ErrInvalid)
-		}
-		if err != nil {
-			return nil, false, err
-		}
-		return &splitPre{m: m, beh: beh, invert: v.Invert}, false, nil
+		p, err := loadSplitPre(c)
+		return p, false, err
 	case "Whitespace":
 		return &funcPre{whitespacePre, true}, false, nil
 	case "WhitespaceSplit":
 		return &funcPre{whitespaceSplit, true}, false, nil
 	case "BertPreTokenizer":
 		return &funcPre{bertSplit, true}, false, nil
-	case "Punctuation":
-		v := struct {
-			Behavior string `json:"behavior"`
-		}{Behavior: "Isolated"}
-		if err := c.decode(&v); err != nil {
-			return nil, false, err
-		}
-		beh, ok := behaviors[v.Behavior]
-		if !ok {
-			return nil, false, fmt.Errorf("punctuation behavior %q: %w", v.Behavior, ErrInvalid)
-		}
-		return &splitPre{m: runeMatcher{f: isBertPunct}, beh: beh}, false, nil
-	case "Digits":
+	case "Punctuation", "Digits":
+		p, err := loadRunePre(c)
+		return p, false, err
+	case "Metaspace":
+		p, err := loadMetaspacePre(c)
+		return p, false, err
+	case "Sequence":
+		return loadPreSequence(c)
+	}
+	return nil, false, fmt.Errorf("pre_tokenizer %q: %w", c.Type, ErrUnsupported)
+}
+
+// loadSplitPre loads a Split pre-tokenizer (regex or literal pattern).
+func loadSplitPre(c *component) (preTokenizer, error) {
+	v := struct {
+		Pattern  patternJSON `json:"pattern"`
+		Behavior string      `json:"behavior"`
+		Invert   bool        `json:"invert"`
+	}{}
+	if err := c.decode(&v); err != nil {
+		return nil, err
+	}
+	beh, ok := behaviors[v.Behavior]
+	if !ok {
+		return nil, fmt.Errorf("split behavior %q: %w", v.Behavior, ErrInvalid)
+	}
+	var m splitMatcher
+	var err error
+	switch {
+	case v.Pattern.Regex != nil:
+		m, err = newSplitMatcher(*v.Pattern.Regex, true)
+	case v.Pattern.String != nil:
+		m, err = newSplitMatcher(*v.Pattern.String, false)
+	default:
+		err = fmt.Errorf("split: %w: no pattern", ErrInvalid)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &splitPre{m: m, beh: beh, invert: v.Invert}, nil
+}
+
+// loadRunePre loads the rune-class splitters Punctuation and Digits.
+func loadRunePre(c *component) (preTokenizer, error) {
+	if c.Type == "Digits" {
 		var v struct {
 			Individual bool `json:"individual_digits"`
 		}
 		if err := c.decode(&v); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		m := runeMatcher{f: func(r rune) bool { return r >= '0' && r <= '9' || isUnicodeDigit(r) }, contiguous: !v.Individual}
-		return &splitPre{m: m, beh: behIsolated}, false, nil
-	case "Metaspace":
-		v := struct {
-			Replacement    string `json:"replacement"`
-			PrependScheme  string `json:"prepend_scheme"`
-			AddPrefixSpace *bool  `json:"add_prefix_space"`
-			Split          bool   `json:"split"`
-		}{Replacement: "▁", Split: true}
-		if err := c.decode(&v); err != nil {
-			return nil, false, err
-		}
-		scheme := v.PrependScheme
-		if scheme == "" {
-			scheme = "always"
-			if v.AddPrefixSpace != nil && !*v.AddPrefixSpace {
-				scheme = "never"
-			}
-		}
-		return &metaspacePre{replacement: v.Replacement, scheme: scheme, splitWords: v.Split}, false, nil
-	case "Sequence":
-		var v struct {
-			Pre []json.RawMessage `json:"pretokenizers"`
-		}
-		if err := c.decode(&v); err != nil {
-			return nil, false, err
-		}
-		var seq preSequence
-		anyByte := false
-		for _, r := range v.Pre {
-			p, bl, err := loadPreTokenizer(r)
-			if err != nil {
-				return nil, false, err
-			}
-			anyByte = anyByte || bl
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		return seq, anyByte, nil
+		return &splitPre{m: m, beh: behIsolated}, nil
 	}
-	return nil, false, fmt.Errorf("pre_tokenizer %q: %w", c.Type, ErrUnsupported)
+	v := struct {
+		Behavior string `json:"behavior"`
+	}{Behavior: "Isolated"}
+	if err := c.decode(&v); err != nil {
+		return nil, err
+	}
+	beh, ok := behaviors[v.Behavior]
+	if !ok {
+		return nil, fmt.Errorf("punctuation behavior %q: %w", v.Behavior, ErrInvalid)
+	}
+	return &splitPre{m: runeMatcher{f: isBertPunct}, beh: beh}, nil
+}
+
+func loadMetaspacePre(c *component) (preTokenizer, error) {
+	v := struct {
+		Replacement    string `json:"replacement"`
+		PrependScheme  string `json:"prepend_scheme"`
+		AddPrefixSpace *bool  `json:"add_prefix_space"`
+		Split          bool   `json:"split"`
+	}{Replacement: "▁", Split: true}
+	if err := c.decode(&v); err != nil {
+		return nil, err
+	}
+	scheme := v.PrependScheme
+	if scheme == "" {
+		scheme = "always"
+		if v.AddPrefixSpace != nil && !*v.AddPrefixSpace {
+			scheme = "never"
+		}
+	}
+	return &metaspacePre{replacement: v.Replacement, scheme: scheme, splitWords: v.Split}, nil
+}
+
+// loadPreSequence loads a Sequence; it is byte-level when any step is.
+func loadPreSequence(c *component) (preTokenizer, bool, error) {
+	var v struct {
+		Pre []json.RawMessage `json:"pretokenizers"`
+	}
+	if err := c.decode(&v); err != nil {
+		return nil, false, err
+	}
+	var seq preSequence
+	anyByte := false
+	for _, r := range v.Pre {
+		p, bl, err := loadPreTokenizer(r)
+		if err != nil {
+			return nil, false, err
+		}
+		anyByte = anyByte || bl
+		if p != nil {
+			seq = append(seq, p)
+		}
+	}
+	return seq, anyByte, nil
 }
 
 type modelJSON struct {
@@ -364,11 +388,52 @@ type modelJSON struct {
 }
 
 func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
+	m, err := decodeModelJSON(raw)
+	if err != nil {
+		return nil, err
+	}
+	switch m.Type {
+	case "BPE":
+		return loadBPE(m, byteLevel)
+	case "WordPiece":
+		vocab, err := scanVocab(m.Vocab)
+		if err != nil {
+			return nil, err
+		}
+		maxChars := 100
+		if m.MaxChars != nil {
+			maxChars = *m.MaxChars
+		}
+		return newWordPiece(vocab, strOr(m.ContPrefix, "##"), strOr(m.UnkToken, "[UNK]"), maxChars), nil
+	case "WordLevel":
+		vocab, err := scanVocab(m.Vocab)
+		if err != nil {
+			return nil, err
+		}
+		wl := &wordLevel{vocab: vocab}
+		wl.vocabR, wl.has = reverseVocab(vocab)
+		wl.unk, wl.hasUnk = vocab[strOr(m.UnkToken, "")]
+		return wl, nil
+	case "Unigram":
+		return loadUnigram(m)
+	}
+	return nil, fmt.Errorf("model %q: %w", m.Type, ErrUnsupported)
+}
+
+func strOr(p *string, def string) string {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// decodeModelJSON reads the model's small fields with encoding/json and
+// keeps vocab and merges raw (internal/jsonscan reads those); an untagged
+// model's type is inferred as the tokenizers library does.
+func decodeModelJSON(raw json.RawMessage) (*modelJSON, error) {
 	if isNull(raw) {
 		return nil, fmt.Errorf("%w: no model", ErrInvalid)
 	}
-	// The vocabulary and merges are read by internal/jsonscan; the small fields
-	// by encoding/json.
 	members, err := fields(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -403,70 +468,47 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 			m.Type = "WordLevel"
 		}
 	}
-	str := func(p *string, def string) string {
-		if p == nil {
-			return def
-		}
-		return *p
+	return &m, nil
+}
+
+func loadBPE(m *modelJSON, byteLevel bool) (model, error) {
+	vocab, err := scanVocab(m.Vocab)
+	if err != nil {
+		return nil, err
 	}
-	switch m.Type {
-	case "BPE":
-		vocab, err := scanVocab(m.Vocab)
-		if err != nil {
+	var merges [][2]string
+	if !isNull(m.Merges) {
+		if merges, err = scanMerges(m.Merges); err != nil {
 			return nil, err
 		}
-		var merges [][2]string
-		if !isNull(m.Merges) {
-			if merges, err = scanMerges(m.Merges); err != nil {
-				return nil, err
-			}
-		}
-		opts := bpe{byteLevel: byteLevel, ignoreMerges: m.IgnoreMerges, byteFallback: m.ByteFallback,
-			fuseUnk: m.FuseUnk, contPrefix: str(m.ContPrefix, ""), eowSuffix: str(m.EOWSuffix, ""), unk: -1}
-		if m.UnkToken != nil {
-			if id, ok := vocab[*m.UnkToken]; ok {
-				opts.unk = int64(id)
-			}
-		}
-		return newBPE(vocab, merges, opts)
-	case "WordPiece":
-		vocab, err := scanVocab(m.Vocab)
-		if err != nil {
-			return nil, err
-		}
-		maxChars := 100
-		if m.MaxChars != nil {
-			maxChars = *m.MaxChars
-		}
-		return newWordPiece(vocab, str(m.ContPrefix, "##"), str(m.UnkToken, "[UNK]"), maxChars), nil
-	case "WordLevel":
-		vocab, err := scanVocab(m.Vocab)
-		if err != nil {
-			return nil, err
-		}
-		wl := &wordLevel{vocab: vocab}
-		wl.vocabR, wl.has = reverseVocab(vocab)
-		wl.unk, wl.hasUnk = vocab[str(m.UnkToken, "")]
-		return wl, nil
-	case "Unigram":
-		var entries [][2]json.RawMessage
-		if err := json.Unmarshal(m.Vocab, &entries); err != nil {
-			return nil, fmt.Errorf("unigram vocab: %w: %v", ErrInvalid, err)
-		}
-		pieces := make([]string, len(entries))
-		scores := make([]float64, len(entries))
-		for i, e := range entries {
-			if err := errors.Join(json.Unmarshal(e[0], &pieces[i]), json.Unmarshal(e[1], &scores[i])); err != nil {
-				return nil, fmt.Errorf("unigram vocab %d: %w: %v", i, ErrInvalid, err)
-			}
-		}
-		unk := -1
-		if m.UnkID != nil {
-			unk = *m.UnkID
-		}
-		return newUnigram(pieces, scores, unk, m.ByteFallback), nil
 	}
-	return nil, fmt.Errorf("model %q: %w", m.Type, ErrUnsupported)
+	opts := bpe{byteLevel: byteLevel, ignoreMerges: m.IgnoreMerges, byteFallback: m.ByteFallback,
+		fuseUnk: m.FuseUnk, contPrefix: strOr(m.ContPrefix, ""), eowSuffix: strOr(m.EOWSuffix, ""), unk: -1}
+	if m.UnkToken != nil {
+		if id, ok := vocab[*m.UnkToken]; ok {
+			opts.unk = int64(id)
+		}
+	}
+	return newBPE(vocab, merges, opts)
+}
+
+func loadUnigram(m *modelJSON) (model, error) {
+	var entries [][2]json.RawMessage
+	if err := json.Unmarshal(m.Vocab, &entries); err != nil {
+		return nil, fmt.Errorf("unigram vocab: %w: %v", ErrInvalid, err)
+	}
+	pieces := make([]string, len(entries))
+	scores := make([]float64, len(entries))
+	for i, e := range entries {
+		if err := errors.Join(json.Unmarshal(e[0], &pieces[i]), json.Unmarshal(e[1], &scores[i])); err != nil {
+			return nil, fmt.Errorf("unigram vocab %d: %w: %v", i, ErrInvalid, err)
+		}
+	}
+	unk := -1
+	if m.UnkID != nil {
+		unk = *m.UnkID
+	}
+	return newUnigram(pieces, scores, unk, m.ByteFallback), nil
 }
 
 // toRawBytes rewrites a byte-level vocabulary as raw bytes.

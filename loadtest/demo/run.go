@@ -8,7 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/report"
+
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )
@@ -16,7 +17,7 @@ import (
 // Result is a demo's outcome.
 type Result struct {
 	// Report has the shape `kvmesh bench --json` prints, measured at the client.
-	Report des.Report
+	Report report.Report
 	// Runs are the full client-side reports per policy.
 	Runs map[string]*loadgen.Report
 	// Wall is the whole demo's duration, start-up and shutdown included.
@@ -39,7 +40,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	start := time.Now()
 	res := &Result{
-		Report: des.Report{Policies: map[string]des.PolicyResult{}, Order: cfg.Policies,
+		Report: report.Report{Policies: map[string]report.PolicyResult{}, Order: cfg.Policies,
 			OracleHitRate: workload.OracleHitRate(reqs, cfg.Engine.BlockSize)},
 		Runs: map[string]*loadgen.Report{},
 	}

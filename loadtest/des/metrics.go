@@ -1,10 +1,10 @@
 package des
 
 import (
-	"iter"
-	"math"
 	"slices"
 	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/report"
 
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -48,42 +48,8 @@ func (r *runStats) finished(_ int, e int, res engine.Result) {
 	r.preemptions += res.Preemptions
 }
 
-// PolicyResult is one policy's line of the report. JSON names are fixed
-// (scripts rely on them); the extra fields are for the table only.
-type PolicyResult struct {
-	ThroughputRPS float64 `json:"throughput_rps"`
-	TTFTMean      float64 `json:"ttft_mean_s"`
-	TTFTP50       float64 `json:"ttft_p50_s"`
-	TTFTP90       float64 `json:"ttft_p90_s"`
-	TTFTP99       float64 `json:"ttft_p99_s"`
-	E2EMean       float64 `json:"e2e_mean_s"`
-	// PrefixHitRate is Σ cached prompt tokens / Σ prompt tokens.
-	PrefixHitRate float64 `json:"prefix_hit_rate"`
-	// LoadImbalance is max / mean of requests completed per engine
-	// (1 = perfectly even).
-	LoadImbalance float64 `json:"load_imbalance"`
-
-	// QueueMean is the mean time a request waited in the engine's queue
-	// before its first scheduling (part of TTFT).
-	QueueMean   float64       `json:"-"`
-	Completed   int           `json:"-"`
-	Failed      int           `json:"-"`
-	Preemptions int           `json:"-"`
-	BadEvents   int           `json:"-"`
-	Makespan    time.Duration `json:"-"`
-	Wall        time.Duration `json:"-"`
-}
-
-// Report is the benchmark's output: `kvmesh bench --json` prints it.
-type Report struct {
-	Policies      map[string]PolicyResult `json:"policies"`
-	OracleHitRate float64                 `json:"oracle_hit_rate"`
-	// Order is the policies in the order run (for the table).
-	Order []string `json:"-"`
-}
-
-func (r *runStats) result() PolicyResult {
-	p := PolicyResult{Completed: len(r.ttft), Failed: r.failed, Preemptions: r.preemptions, BadEvents: r.badEvents, Wall: r.wall}
+func (r *runStats) result() report.PolicyResult {
+	p := report.PolicyResult{Completed: len(r.ttft), Failed: r.failed, Preemptions: r.preemptions, BadEvents: r.badEvents, Wall: r.wall}
 	if len(r.ttft) == 0 {
 		return p
 	}
@@ -93,15 +59,15 @@ func (r *runStats) result() PolicyResult {
 	}
 	slices.Sort(r.ttft)
 	p.TTFTMean = mean(r.ttft)
-	p.TTFTP50 = Quantile(r.ttft, 0.50)
-	p.TTFTP90 = Quantile(r.ttft, 0.90)
-	p.TTFTP99 = Quantile(r.ttft, 0.99)
+	p.TTFTP50 = report.Quantile(r.ttft, 0.50)
+	p.TTFTP90 = report.Quantile(r.ttft, 0.90)
+	p.TTFTP99 = report.Quantile(r.ttft, 0.99)
 	p.E2EMean = mean(r.e2e)
 	p.QueueMean = r.queueSum / float64(len(r.ttft))
 	if r.prompt > 0 {
 		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
 	}
-	p.LoadImbalance = Imbalance(slices.Values(r.perEngine))
+	p.LoadImbalance = report.Imbalance(slices.Values(r.perEngine))
 	return p
 }
 
@@ -111,28 +77,4 @@ func mean(v []float64) float64 {
 		s += x
 	}
 	return s / float64(len(v))
-}
-
-// Quantile is the nearest-rank q-quantile of sorted v (0 when v is empty).
-// It and Imbalance define the numbers every kvmesh report shares: `kvmesh
-// bench`, `kvmesh demo` and `kvmesh loadtest` compute them the same way.
-func Quantile(sorted []float64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-// Imbalance is max / mean of the requests each engine completed (1 = even;
-// 0 when none completed). Engines that completed nothing count as zeros.
-func Imbalance(perEngine iter.Seq[int]) float64 {
-	mx, sum, n := 0, 0, 0
-	for c := range perEngine {
-		mx, sum, n = max(mx, c), sum+c, n+1
-	}
-	if sum == 0 {
-		return 0
-	}
-	return float64(mx) / (float64(sum) / float64(n))
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/loadtest/report"
+
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
@@ -16,10 +18,10 @@ import (
 // engines and a fresh index) and reports every policy's metrics plus the
 // workload's oracle (infinite shared cache) hit rate. Policies run in
 // parallel on cfg.Parallel goroutines; ctx cancels between policies.
-func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []string) (Report, error) {
+func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []string) (report.Report, error) {
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
-		return Report{}, err
+		return report.Report{}, err
 	}
 	var errs []error
 	for _, p := range policies {
@@ -31,13 +33,13 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 		errs = append(errs, fmt.Errorf("%w: no policies", ErrConfig))
 	}
 	if len(errs) > 0 {
-		return Report{}, errors.Join(errs...)
+		return report.Report{}, errors.Join(errs...)
 	}
 	par := cfg.Parallel
 	if par == 0 {
 		par = runtime.GOMAXPROCS(0)
 	}
-	rep := Report{Policies: make(map[string]PolicyResult, len(policies)), Order: policies}
+	rep := report.Report{Policies: make(map[string]report.PolicyResult, len(policies)), Order: policies}
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
@@ -54,7 +56,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 			defer wg.Done()
 			defer func() { <-sem }()
 			s, err := newSim(&cfg, reqs, p)
-			var res PolicyResult
+			var res report.PolicyResult
 			if err == nil {
 				st := s.run(ctx)
 				res = st.result()
@@ -69,10 +71,10 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 	}
 	wg.Wait()
 	if ferr != nil {
-		return Report{}, ferr
+		return report.Report{}, ferr
 	}
 	if err := ctx.Err(); err != nil {
-		return Report{}, fmt.Errorf("des: %w", err)
+		return report.Report{}, fmt.Errorf("des: %w", err)
 	}
 	rep.OracleHitRate = workload.OracleHitRate(reqs, cfg.Engine.BlockSize)
 	return rep, nil

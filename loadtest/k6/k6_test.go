@@ -5,16 +5,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestScriptsParse checks every script with `node --check` (k6 cannot run here). The
 // scripts are ES modules, so each is checked under a .mjs name: node treats a .js file
 // with import statements leniently and would accept syntax errors.
 func TestScriptsParse(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node not installed")
-	}
+	node := testutil.RequireTool(t, "node", "k6 cannot run here, so node --check parses the scripts")
 	scripts, err := filepath.Glob("*.js")
 	if err != nil || len(scripts) < 4 {
 		t.Fatalf("scripts: %v %v", scripts, err)

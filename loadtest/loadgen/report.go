@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 )
 
 // Latency summarises one latency distribution, in seconds.
@@ -85,7 +85,7 @@ func buildReport(results []Result, total int) *Report {
 	if r.PromptTokens > 0 {
 		r.PrefixHitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
-	r.LoadImbalance = des.Imbalance(maps.Values(r.PerEngine))
+	r.LoadImbalance = report.Imbalance(maps.Values(r.PerEngine))
 	return r
 }
 
@@ -97,10 +97,10 @@ func (r *Report) CountEngines(ids []string) {
 			r.PerEngine[id] = 0
 		}
 	}
-	r.LoadImbalance = des.Imbalance(maps.Values(r.PerEngine))
+	r.LoadImbalance = report.Imbalance(maps.Values(r.PerEngine))
 }
 
-// summarize sorts xs and returns its mean and quantiles (des.Quantile).
+// summarize sorts xs and returns its mean and quantiles (report.Quantile).
 func summarize(xs []float64) Latency {
 	if len(xs) == 0 {
 		return Latency{}
@@ -110,13 +110,13 @@ func summarize(xs []float64) Latency {
 	for _, x := range xs {
 		sum += x
 	}
-	return Latency{Mean: sum / float64(len(xs)), P50: des.Quantile(xs, 0.50), P90: des.Quantile(xs, 0.90),
-		P99: des.Quantile(xs, 0.99), Max: xs[len(xs)-1]}
+	return Latency{Mean: sum / float64(len(xs)), P50: report.Quantile(xs, 0.50), P90: report.Quantile(xs, 0.90),
+		P99: report.Quantile(xs, 0.99), Max: xs[len(xs)-1]}
 }
 
 // PolicyResult converts the report to the line `kvmesh bench --json` prints per policy.
-func (r *Report) PolicyResult() des.PolicyResult {
-	return des.PolicyResult{
+func (r *Report) PolicyResult() report.PolicyResult {
+	return report.PolicyResult{
 		ThroughputRPS: r.ThroughputRPS,
 		TTFTMean:      r.TTFT.Mean, TTFTP50: r.TTFT.P50, TTFTP90: r.TTFT.P90, TTFTP99: r.TTFT.P99,
 		E2EMean:       r.E2E.Mean,

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/filters"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -298,6 +300,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\npolicy: kvmesh\n"))
 	f.Add([]byte("weighted: [{name: prefix, weight: 1}]\npolicy: weighted\n"))
 	f.Add([]byte("{]"))
+	f.Add([]byte(header + "kvmesh: {prefillRate: 1, bogus: 2}\nweighted: [{name: x}]\nfilters: {maxWaiting: -1}\nrandom: {}\n"))
+	f.Add([]byte(header + "kthena: &a {leastRequestWeight: *a}\nray: *a\n"))
 	f.Add([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\nkthena: {kvCacheWeight: 0}\nllmd: {prefixWeight: .nan}\n---\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := ParseConfig(b)
@@ -355,4 +359,27 @@ func block[C any](t *testing.T, c scheduler.Config, name string, def C) C {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return def
+}
+
+// TestNestedConfig: a SchedulerConfig inside another file (the ingress's
+// `scheduler:` block) decodes with that file's strict decoder; unknown
+// keys and block problems are then reported by Validate, with their lines.
+func TestNestedConfig(t *testing.T) {
+	var outer struct {
+		Scheduler scheduler.Config `yaml:"scheduler"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader("scheduler:\n  policy: sglang\n  bogus: 1\n  sglang: {cacheThreshold: 2, typo: 1}\n"))
+	dec.KnownFields(true)
+	if err := dec.Decode(&outer); err != nil {
+		t.Fatal(err)
+	}
+	sc := outer.Scheduler
+	sc.Defaults()
+	err := Validate(&sc)
+	for _, want := range []string{"line 3: field bogus not found in type scheduler.Config",
+		"line 4: field typo not found in type policies.SGLangConfig", "sglang.cacheThreshold: 2 is outside [0,1]"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("nested config: %v, want %q", err, want)
+		}
+	}
 }

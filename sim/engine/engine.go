@@ -32,6 +32,9 @@ type Load struct {
 	Preemptions         uint64
 	PromptTokens        uint64 // prompt tokens of admitted requests
 	GenerationTokens    uint64 // output tokens produced
+	HeldRequests        int    // finished HoldBlocks requests whose blocks are not released yet
+	HeldBlocks          int    // blocks those requests hold
+	RemoteTokens        uint64 // prompt tokens whose KV was read from a remote prefill (ExternalTokens)
 	Finished            uint64 // requests completed (not aborted)
 	Steps               uint64 // engine steps executed
 }
@@ -48,6 +51,7 @@ type Engine struct {
 	waiting waitQueue
 	running []*Request
 	active  map[string]*Request
+	held    map[*Request]struct{} // finished HoldBlocks requests still holding blocks
 	nextID  uint64
 
 	load          Load
@@ -80,7 +84,7 @@ func New(cfg Config, sink EventSink) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, bs: cfg.BlockSize, none: noneHash(cfg.HashSeed), sink: sink,
 		pool:   newPool(cfg.GPUBlocks, cfg.BlockSize, cfg.KeepBlockTokens, cfg.Keyer != nil),
-		active: make(map[string]*Request),
+		active: make(map[string]*Request), held: make(map[*Request]struct{}),
 	}
 	if cfg.CPUBlocks > 0 {
 		e.cpu = newCPUTier(cfg.CPUBlocks, cfg.BlockSize, cfg.KeepBlockTokens, cfg.Keyer != nil)
@@ -106,6 +110,8 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 		return fmt.Errorf("add: %w: request already added", ErrBadRequest)
 	case len(r.Prompt)+r.OutputLen > e.cfg.MaxModelLen:
 		return fmt.Errorf("add: %w: %d+%d tokens > max model len %d", ErrTooLong, len(r.Prompt), r.OutputLen, e.cfg.MaxModelLen)
+	case r.ExternalTokens < 0 || r.ExternalTokens > len(r.Prompt):
+		return fmt.Errorf("add: %w: external tokens %d outside [0, %d]", ErrBadRequest, r.ExternalTokens, len(r.Prompt))
 	case (len(r.Prompt)+r.OutputLen+e.bs-1)/e.bs > e.cfg.GPUBlocks:
 		return fmt.Errorf("add: %w: needs more than %d blocks", ErrTooLong, e.cfg.GPUBlocks)
 	}

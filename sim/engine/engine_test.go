@@ -78,6 +78,11 @@ func checkInvariants(t *testing.T, e *Engine) {
 	t.Helper()
 	p := e.pool
 	refs := make([]int32, p.n)
+	for r := range e.held {
+		for _, b := range r.blocks {
+			refs[b]++
+		}
+	}
 	for _, r := range e.running {
 		for _, b := range r.blocks {
 			refs[b]++

@@ -16,6 +16,18 @@ type Request struct {
 	OutputLen int      // tokens to generate (>= 1); the caller decides EOS
 	LoraName  string   // part of the block-hash extra keys (and events' lora_name)
 	CacheSalt string   // vLLM cache_salt: isolates this request's prefix cache
+	// HoldBlocks keeps the request's blocks referenced after it finishes (a
+	// disaggregated prefill leg whose KV the decode engine has yet to read);
+	// the owner frees them with Engine.ReleaseHeld. Aborted requests free
+	// their blocks as usual.
+	HoldBlocks bool
+	// ExternalTokens is how many leading prompt tokens' KV arrived from
+	// elsewhere (read from a remote prefill engine). At first admission the
+	// ones the local cache does not hit count as computed at no compute cost
+	// and their full blocks are cached (BlockStored), as vLLM's connector
+	// path does. At most len(Prompt)−1 are used: the last prompt token is
+	// recomputed to sample the first output token.
+	ExternalTokens int
 
 	arrival    time.Duration
 	root       uint64 // parent hash of block 0
@@ -39,6 +51,9 @@ type Request struct {
 	finished     time.Duration
 	cachedTokens int
 	cpuTokens    int
+	remoteTokens int  // ExternalTokens used at first admission
+	extUsed      bool // ExternalTokens consumed (a preempted request recomputes)
+	holding      bool // finished with HoldBlocks; blocks not yet released
 	preemptions  int
 	aborted      bool
 	tokenTimes   []time.Duration
@@ -60,6 +75,7 @@ type Result struct {
 	OutputTokens    int
 	CachedTokens    int // prompt tokens served from the GPU prefix cache at first schedule
 	CPUCachedTokens int // prompt tokens loaded from the CPU tier at first schedule
+	RemoteTokens    int // prompt tokens whose KV came from a remote prefill (ExternalTokens used)
 	Preemptions     int
 	Aborted         bool
 
@@ -94,15 +110,16 @@ func (r *Request) OutputTokens(dst []uint32, from, to int) []uint32 {
 	return dst
 }
 
-// CachedTokens is the number of prompt tokens served from the prefix cache
-// (GPU plus CPU tier) at the request's first schedule; 0 before.
-func (r *Request) CachedTokens() int { return r.cachedTokens + r.cpuTokens }
+// CachedTokens is the number of prompt tokens not computed at the request's
+// first schedule: prefix-cache hits (GPU plus CPU tier) and KV read from a
+// remote prefill (vLLM counts both in num_cached_tokens); 0 before.
+func (r *Request) CachedTokens() int { return r.cachedTokens + r.cpuTokens + r.remoteTokens }
 
 // Result returns the request's measurements; fields not reached yet are zero.
 func (r *Request) Result() Result {
 	res := Result{
 		ID: r.ID, PromptTokens: len(r.Prompt), OutputTokens: r.generated,
-		CachedTokens: r.cachedTokens, CPUCachedTokens: r.cpuTokens,
+		CachedTokens: r.cachedTokens, CPUCachedTokens: r.cpuTokens, RemoteTokens: r.remoteTokens,
 		Preemptions: r.preemptions, Aborted: r.aborted,
 		Arrival: r.arrival, Scheduled: r.scheduled, FirstToken: r.firstToken, Finished: r.finished,
 		TokenTimes: r.tokenTimes,

@@ -79,24 +79,30 @@ func (e *Engine) stepOne(now time.Duration) StepResult {
 			r := e.waiting.front()
 			hits, cpuHits := e.lookup(r)
 			hitTok := (len(hits) + cpuHits) * e.bs
-			n := min(r.numTokens-hitTok, budget)
-			if !e.allocate(r, hits, cpuHits, n) {
+			ext := e.external(r, hitTok)
+			n := min(r.numTokens-hitTok-ext, budget)
+			if !e.allocate(r, hits, cpuHits, ext+n) {
 				break // FCFS: the head waits for blocks; nobody overtakes it
 			}
 			e.waiting.popFront()
 			if !r.looked {
 				r.looked = true
-				r.cachedTokens, r.cpuTokens = len(hits)*e.bs, cpuHits*e.bs
+				r.cachedTokens, r.cpuTokens, r.remoteTokens = len(hits)*e.bs, cpuHits*e.bs, ext
 				e.load.PrefixQueries += uint64(r.numTokens)
 				e.load.PrefixHits += uint64(r.cachedTokens)
 				e.load.CPUPrefixHits += uint64(r.cpuTokens)
+				e.load.RemoteTokens += uint64(ext)
 				e.load.PromptTokens += uint64(len(r.Prompt))
 			}
-			e.queuedPrefill -= hitTok
-			r.computed, r.nCached = hitTok, len(hits)
+			r.extUsed = r.extUsed || r.ExternalTokens > 0
+			e.queuedPrefill -= hitTok + ext
+			r.computed, r.nCached = hitTok+ext, len(hits)
 			r.state = stateRunning
 			e.running = append(e.running, r)
 			w.loadTokens += cpuHits * e.bs
+			if ext > 0 {
+				e.cacheBlocks(r, r.computed) // the transferred blocks enter the prefix cache
+			}
 			e.schedule(r, n, now, &w)
 			budget -= n
 		}
@@ -154,7 +160,14 @@ func (e *Engine) emitTokens(r *Request, k int, start, end time.Duration) {
 	r.lastToken = end
 	e.load.GenerationTokens += uint64(k)
 	if r.generated >= r.OutputLen {
-		e.freeBlocks(r)
+		if r.HoldBlocks {
+			r.holding = true
+			e.held[r] = struct{}{}
+			e.load.HeldRequests++
+			e.load.HeldBlocks += len(r.blocks)
+		} else {
+			e.freeBlocks(r)
+		}
 		r.state = stateDone
 		r.finished = end
 		delete(e.active, r.ID)
@@ -223,8 +236,9 @@ func (e *Engine) headFits() bool {
 	r := e.waiting.front()
 	hits, cpuHits := e.lookup(r)
 	hitTok := (len(hits) + cpuHits) * e.bs
-	n := min(r.numTokens-hitTok, budget)
-	need := (hitTok+n+e.bs-1)/e.bs - len(hits)
+	ext := e.external(r, hitTok)
+	n := min(r.numTokens-hitTok-ext, budget)
+	need := (hitTok+ext+n+e.bs-1)/e.bs - len(hits)
 	evictable := 0
 	for _, b := range hits {
 		if e.pool.ref[b] == 0 {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvmesh/kvmesh/ingress/materialize"
@@ -88,12 +90,12 @@ func benchPropagation(b *testing.B, batchesPerSec int) {
 	}()
 
 	type drv struct {
-		pub  *kvevents.Publisher
+		pub  *kvtest.Publisher
 		root uint64
 	}
 	var drivers []drv
 	for i := 0; i < engines; i++ {
-		pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"})
+		pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"})
 		if err != nil {
 			b.Fatal(err)
 		}

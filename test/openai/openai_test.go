@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
+
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/sim"
@@ -26,11 +28,8 @@ const testKey = "sk-kvmesh-e2e-0123456789"
 // official openai npm package: completions and chat, streaming and not, the
 // usage chunk, the model list and error mapping.
 func TestOpenAINodeClient(t *testing.T) {
-	node, errNode := exec.LookPath("node")
-	npm, errNpm := exec.LookPath("npm")
-	if errNode != nil || errNpm != nil {
-		t.Skip("node and npm are needed for the openai npm client test; install Node.js 20+ to run it")
-	}
+	node := testutil.RequireTool(t, "node", "the test drives the ingress with the openai npm client (Node.js 20+)")
+	npm := testutil.RequireTool(t, "npm", "it installs the openai npm client")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 

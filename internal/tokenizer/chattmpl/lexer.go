@@ -27,7 +27,9 @@ type segment struct {
 // splitSegments applies Jinja's whitespace control with transformers'
 // settings (trim_blocks and lstrip_blocks on): "-" strips all whitespace on
 // that side; a statement or comment tag swallows one newline after it and the
-// spaces and tabs before it on its line ("+" disables the latter).
+// spaces and tabs before it on its line ("+" disables the latter). It is one
+// scanning loop with its whitespace state (~85 lines), kept whole because
+// the trim rules depend on both neighbours of every tag.
 func splitSegments(src string) ([]segment, error) {
 	var segs []segment
 	line := 1

@@ -85,28 +85,15 @@ func strArg(args []any, i int, def string) string {
 	return def
 }
 
+// stringMethod returns the bound Python str method name of s (undefined
+// when there is none).
 func stringMethod(s, name string) any {
 	m := func(f func(args []any) (any, error)) builtin {
 		return func(_ *caller, args []any, _ *Dict) (any, error) { return f(args) }
 	}
 	switch name {
 	case "strip", "lstrip", "rstrip":
-		return m(func(args []any) (any, error) {
-			cut := strArg(args, 0, "")
-			trim := func(r rune) bool {
-				if cut == "" {
-					return unicode.IsSpace(r)
-				}
-				return strings.ContainsRune(cut, r)
-			}
-			switch name {
-			case "lstrip":
-				return strings.TrimLeftFunc(s, trim), nil
-			case "rstrip":
-				return strings.TrimRightFunc(s, trim), nil
-			}
-			return strings.TrimFunc(s, trim), nil
-		})
+		return m(func(args []any) (any, error) { return strStrip(s, name, strArg(args, 0, "")), nil })
 	case "upper":
 		return m(func([]any) (any, error) { return strings.ToUpper(s), nil })
 	case "lower":
@@ -116,45 +103,9 @@ func stringMethod(s, name string) any {
 	case "capitalize":
 		return m(func([]any) (any, error) { return capitalize(s), nil })
 	case "startswith", "endswith":
-		return m(func(args []any) (any, error) {
-			var cands []any
-			if l, ok := firstArg(args).([]any); ok {
-				cands = l
-			} else {
-				cands = []any{firstArg(args)}
-			}
-			for _, c := range cands {
-				p := toStr(c)
-				if name == "startswith" && strings.HasPrefix(s, p) || name == "endswith" && strings.HasSuffix(s, p) {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
+		return m(func(args []any) (any, error) { return strAffix(s, name, firstArg(args)), nil })
 	case "split", "rsplit":
-		return m(func(args []any) (any, error) {
-			var parts []string
-			sep := strArg(args, 0, "")
-			limit := -1
-			if len(args) > 1 {
-				if n, ok := args[1].(int64); ok && n >= 0 {
-					limit = int(n) + 1
-				}
-			}
-			switch {
-			case sep == "":
-				parts = strings.Fields(s)
-			case name == "rsplit" && limit > 0:
-				parts = rsplitN(s, sep, limit)
-			default:
-				parts = strings.SplitN(s, sep, limit)
-			}
-			out := make([]any, len(parts))
-			for i, p := range parts {
-				out[i] = p
-			}
-			return out, nil
-		})
+		return m(func(args []any) (any, error) { return strSplit(s, name, args), nil })
 	case "replace":
 		return m(func(args []any) (any, error) {
 			n := -1
@@ -185,6 +136,63 @@ func stringMethod(s, name string) any {
 		return m(func([]any) (any, error) { return strPredicate(s, name), nil })
 	}
 	return undefined
+}
+
+// strStrip is str.strip/lstrip/rstrip(cut): whitespace when cut is "".
+func strStrip(s, name, cut string) string {
+	trim := func(r rune) bool {
+		if cut == "" {
+			return unicode.IsSpace(r)
+		}
+		return strings.ContainsRune(cut, r)
+	}
+	switch name {
+	case "lstrip":
+		return strings.TrimLeftFunc(s, trim)
+	case "rstrip":
+		return strings.TrimRightFunc(s, trim)
+	}
+	return strings.TrimFunc(s, trim)
+}
+
+// strAffix is str.startswith/endswith(arg), arg a string or a tuple of them.
+func strAffix(s, name string, arg any) bool {
+	cands, ok := arg.([]any)
+	if !ok {
+		cands = []any{arg}
+	}
+	for _, c := range cands {
+		p := toStr(c)
+		if name == "startswith" && strings.HasPrefix(s, p) || name == "endswith" && strings.HasSuffix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// strSplit is str.split/rsplit(sep, maxsplit).
+func strSplit(s, name string, args []any) []any {
+	var parts []string
+	sep := strArg(args, 0, "")
+	limit := -1
+	if len(args) > 1 {
+		if n, ok := args[1].(int64); ok && n >= 0 {
+			limit = int(n) + 1
+		}
+	}
+	switch {
+	case sep == "":
+		parts = strings.Fields(s)
+	case name == "rsplit" && limit > 0:
+		parts = rsplitN(s, sep, limit)
+	default:
+		parts = strings.SplitN(s, sep, limit)
+	}
+	out := make([]any, len(parts))
+	for i, p := range parts {
+		out[i] = p
+	}
+	return out
 }
 
 func rsplitN(s, sep string, n int) []string {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // ErrSyntax is wrapped by every parse error.
@@ -545,6 +546,17 @@ func (p *parser) parsePostfix(e expr) (expr, error) {
 	for {
 		switch {
 		case p.accept("."):
+			if t := p.peek(); t.kind == tkInt || t.kind == tkFloat { // foo.0 is foo[0]; foo.0.1 lexes as foo . 0.1
+				p.next()
+				for _, part := range strings.Split(t.s, ".") {
+					n, err := strconv.ParseInt(part, 10, 64)
+					if err != nil {
+						return nil, p.errf("bad index %q", t.s)
+					}
+					e = indexExpr{e, literal{n}}
+				}
+				continue
+			}
 			name, err := p.expectName()
 			if err != nil {
 				return nil, err
@@ -665,6 +677,9 @@ func (p *parser) parseCall(fn expr) (*callExpr, error) {
 	return c, nil
 }
 
+// parsePrimary parses literals, names, parenthesised expressions and tuples,
+// lists and dicts. One switch over the token kinds (~85 lines), kept whole so
+// the grammar's primary rule reads in one place.
 func (p *parser) parsePrimary() (expr, error) {
 	t := p.next()
 	switch t.kind {

@@ -24,51 +24,62 @@ func (r *renderer) evalTest(t testExpr) (any, error) {
 	return ok != t.neg, err
 }
 
+// applyTest runs the Jinja test name on v: first the type tests, then the
+// ones that compare v with an argument.
 func applyTest(name string, v any, args []any) (bool, error) {
+	if ok, known := typeTest(name, v); known {
+		return ok, nil
+	}
+	return valueTest(name, v, args)
+}
+
+// typeTest answers the tests about v's kind; known is false for others.
+func typeTest(name string, v any) (ok, known bool) {
 	switch name {
 	case "defined":
-		return !isUndefined(v), nil
+		return !isUndefined(v), true
 	case "undefined":
-		return isUndefined(v), nil
+		return isUndefined(v), true
 	case "none":
-		return v == nil, nil
+		return v == nil, true
 	case "string":
-		_, ok := v.(string)
-		return ok, nil
+		_, ok = v.(string)
 	case "number":
 		switch v.(type) {
 		case int64, float64:
-			return true, nil
+			ok = true
 		}
-		return false, nil
 	case "integer":
-		_, ok := v.(int64)
-		return ok, nil
+		_, ok = v.(int64)
 	case "float":
-		_, ok := v.(float64)
-		return ok, nil
+		_, ok = v.(float64)
 	case "boolean":
-		_, ok := v.(bool)
-		return ok, nil
+		_, ok = v.(bool)
 	case "true":
-		return v == true, nil
+		ok = v == true
 	case "false":
-		return v == false, nil
+		ok = v == false
 	case "mapping":
 		switch v.(type) {
 		case *Dict, *Namespace:
-			return true, nil
+			ok = true
 		}
-		return false, nil
 	case "iterable", "sequence":
 		switch v.(type) {
 		case []any, *Dict, string:
-			return true, nil
+			ok = true
 		}
-		return false, nil
 	case "callable":
-		_, ok := v.(builtin)
-		return ok, nil
+		_, ok = v.(builtin)
+	default:
+		return false, false
+	}
+	return ok, true
+}
+
+// valueTest answers the tests that look at v's value or compare it.
+func valueTest(name string, v any, args []any) (bool, error) {
+	switch name {
 	case "even", "odd":
 		n, ok := v.(int64)
 		if !ok {

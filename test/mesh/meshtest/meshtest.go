@@ -1,7 +1,7 @@
 // Package meshtest holds helpers for the mesh tests: a map-backed index (the
 // materializer's Index, with exact per-tier sets to compare), a small
 // vLLM-like cache model that publishes real KV events over ZMQ through
-// kvevents.Publisher (for package tests that must not depend on the
+// kvtest.Publisher (for package tests that must not depend on the
 // simulator), and a waitFor helper. Test code only.
 package meshtest
 
@@ -12,6 +12,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -128,7 +130,7 @@ type Cache struct {
 	BlockSize int
 	GPUBlocks int
 	CPUBlocks int
-	Pub       *kvevents.Publisher
+	Pub       *kvtest.Publisher
 
 	rng    *rand.Rand
 	salt   uint64
@@ -141,7 +143,7 @@ type Cache struct {
 // NewCache publishes on a new ZMQ publisher bound to a random loopback port
 // with replay.
 func NewCache(model string, blockSize, gpuBlocks, cpuBlocks int, seed uint64) (*Cache, error) {
-	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{
+	pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{
 		Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 100000,
 	})
 	if err != nil {

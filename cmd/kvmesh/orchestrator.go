@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/orchestrator"
+	"github.com/kvmesh/kvmesh/orchestrator/view"
+	"github.com/kvmesh/kvmesh/orchestrator/webhook"
+)
+
+// runOrchestrator runs the ModelDeployment controller and, when asked, the
+// sidecar-injection webhook: in cluster (service account, --webhook-listen
+// with a mounted certificate) or out of cluster (--kubeconfig,
+// --webhook-addr HOST:PORT registered by URL with a generated CA).
+func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := orchestrator.DefaultConfig()
+	sc := webhook.DefaultSidecarConfig()
+	fs := newFlagSet("orchestrator", stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster service account)")
+	fs.StringVar(&cfg.Namespace, "namespace", "", "watch only this namespace (default: all)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "reconcile workers")
+	fs.BoolVar(&cfg.LeaderElection, "leader-elect", cfg.LeaderElection, "elect one active replica through a Lease")
+	fs.StringVar(&cfg.LeaseNamespace, "lease-namespace", cfg.LeaseNamespace, "namespace of the leader-election Lease")
+	fs.StringVar(&cfg.LeaseName, "lease-name", cfg.LeaseName, "name of the leader-election Lease")
+	webhookAddr := fs.String("webhook-addr", "", "out of cluster: serve the webhook on HOST:PORT and register https://HOST:PORT by URL")
+	webhookListen := fs.String("webhook-listen", "", "in cluster: serve the webhook here (e.g. 0.0.0.0:9443)")
+	certDir := fs.String("webhook-cert-dir", "", "directory with tls.crt, tls.key[, ca.crt] (default: generate at start)")
+	svc := fs.String("webhook-service", "kvmesh/kvmesh-orchestrator", "in cluster: namespace/name[:port] of the webhook's Service")
+	failOpen := fs.Bool("webhook-fail-open", false, "admit pods uninjected when the webhook is down")
+	fs.StringVar(&sc.Image, "sidecar-image", sc.Image, "image of the injected sidecar")
+	fs.StringVar(&sc.NATS, "sidecar-nats", sc.NATS, "NATS URLs given to injected sidecars")
+	fs.StringVar(&sc.GossipJoin, "sidecar-join", sc.GossipJoin, "gossip seeds given to injected sidecars (empty: no gossip)")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics and /healthz here (empty: off)")
+	gossipBind := fs.String("gossip-bind", "", "join the mesh's gossip from host:port to run AutoscalingPolicies (empty: policies are not run)")
+	join := fs.String("join", "", "gossip seeds host:port, comma-separated")
+	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key (env KVMESH_GOSSIP_KEY)")
+	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", cfg.AutoscaleInterval, "how often AutoscalingPolicies are stepped")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("%w: bad --log-level", errUsage)
+	}
+	if *webhookAddr != "" && *webhookListen != "" {
+		return fmt.Errorf("%w: --webhook-addr and --webhook-listen exclude each other", errUsage)
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if *gossipBind != "" {
+		node, err := joinMesh(*gossipBind, *join, *gossipKey, cfg.Logger)
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		cfg.Load = node
+	}
+	restCfg, err := kubeConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	ctrl, err := orchestrator.New(restCfg, cfg)
+	if err != nil {
+		return err
+	}
+	var wcfg *webhook.RunConfig
+	switch {
+	case *webhookAddr != "":
+		host, port, err := net.SplitHostPort(*webhookAddr)
+		if err != nil {
+			return fmt.Errorf("%w: --webhook-addr: %w", errUsage, err)
+		}
+		wcfg = &webhook.RunConfig{Listen: net.JoinHostPort(host, port), CertDir: *certDir, URLHost: host}
+	case *webhookListen != "":
+		ns, name, port, err := webhook.ParseService(*svc)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		wcfg = &webhook.RunConfig{Listen: *webhookListen, CertDir: *certDir,
+			Hosts:  []string{name + "." + ns + ".svc", name + "." + ns + ".svc.cluster.local"},
+			Target: webhook.Target{ServiceNamespace: ns, Service: name, ServicePort: port}}
+	}
+	return runOrchestratorParts(ctx, restCfg, ctrl, wcfg, sc, *failOpen, *metricsAddr, cfg.Logger, stdout)
+}
+
+// runOrchestratorParts runs the controller, the webhook and the metrics
+// server; the first to fail stops the others.
+func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orchestrator.Controller, wcfg *webhook.RunConfig,
+	sc webhook.SidecarConfig, failOpen bool, metricsAddr string, log *slog.Logger, stdout io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Go(func() { errs[0] = ctrl.Run(ctx); cancel() })
+	if wcfg != nil {
+		kube, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			return err
+		}
+		wcfg.Sidecar, wcfg.Logger, wcfg.Target.FailOpen = sc, log, failOpen
+		wcfg.Ready = func(where string) { fmt.Fprintln(stdout, "webhook registered at", where) }
+		wg.Go(func() { errs[1] = webhook.Run(ctx, kube, *wcfg); cancel() })
+	}
+	if metricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		_ = orchestrator.Register(reg)
+		_ = webhook.Register(reg)
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+		srv := &http.Server{Addr: metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		wg.Go(func() {
+			go func() { <-ctx.Done(); _ = srv.Close() }()
+			if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+				errs[2] = err
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// joinMesh makes the orchestrator a gossip member so AutoscalingPolicies
+// read every engine's live load.
+func joinMesh(bind, join, key string, log *slog.Logger) (*gossip.Node, error) {
+	g := gossip.DefaultConfig()
+	host, port, err := net.SplitHostPort(bind)
+	p, perr := strconv.Atoi(port)
+	if err != nil || perr != nil {
+		return nil, fmt.Errorf("%w: bad --gossip-bind %q", errUsage, bind)
+	}
+	g.BindAddr, g.BindPort, g.Join, g.Logger = host, p, commaList(join), log
+	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator}
+	if key != "" {
+		if g.SecretKey, err = base64.StdEncoding.DecodeString(key); err != nil {
+			return nil, fmt.Errorf("%w: --gossip-key is not base64", errUsage)
+		}
+	}
+	return gossip.New(g)
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		return clientcmd.BuildConfigFromFlags("", path)
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("not in a cluster (%w); pass --kubeconfig", err)
+	}
+	return cfg, nil
+}
+
+// runGet prints kvmesh.io resources with the CRDs' printer columns.
+func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runView(ctx, "get", args, stdout, stderr)
+}
+
+// runDescribe prints one kvmesh.io object's spec, status and events.
+func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runView(ctx, "describe", args, stdout, stderr)
+}
+
+func runView(ctx context.Context, verb string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(verb, stderr)
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (env KUBECONFIG; default: in-cluster)")
+	ns := fs.String("namespace", "default", "namespace")
+	all := fs.Bool("all-namespaces", false, "every namespace (get only)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: kvmesh %s modeldeployments|autoscalingpolicies|rolescalers [NAME] [--namespace NS]\n", verb)
+		fs.PrintDefaults()
+	}
+	// Flags may follow the positional arguments, as with kubectl.
+	var pos []string
+	for len(args) > 0 {
+		if err := parseFlags(fs, args, 100); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	if len(pos) < 1 || len(pos) > 2 || (verb == "describe" && len(pos) != 2) {
+		fs.Usage()
+		return fmt.Errorf("%w: want a resource and %s", errUsage, map[string]string{"get": "an optional name", "describe": "a name"}[verb])
+	}
+	res, err := view.Resource(pos[0])
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	cfg, err := kubeConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	name := ""
+	if len(pos) == 2 {
+		name = pos[1]
+	}
+	if verb == "describe" {
+		return view.Describe(ctx, cfg, res, *ns, name, stdout)
+	}
+	if *all {
+		*ns = ""
+	}
+	return view.Get(ctx, cfg, res, *ns, name, stdout)
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kvmesh/kvmesh/internal/kubetest"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// TestOrchestratorUnderRBAC runs `kvmesh orchestrator --kubeconfig F
+// --webhook-addr 127.0.0.1:0` as the ServiceAccount of
+// manifests/orchestrator/rbac.yaml against an API server in RBAC mode: the
+// P/D example's pods are created and get the sidecar through the webhook
+// the command registered; deleting the deployment cleans up.
+func TestOrchestratorUnderRBAC(t *testing.T) {
+	s := kubetest.StartT(t, kubetest.Options{RBAC: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	admin := kubernetes.NewForConfigOrDie(s.Config)
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvmesh"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
+	files := append(crds, filepath.Join("..", "..", "manifests", "orchestrator", "rbac.yaml"))
+	if _, err := kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{}, files...); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := admin.CoreV1().ServiceAccounts("kvmesh").CreateToken(ctx, "kvmesh-orchestrator",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: s.URL, CertificateAuthorityData: s.CAPEM}
+	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "sa"}
+	kc.CurrentContext = "c"
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	// RBAC is in force: the orchestrator's identity cannot read secrets.
+	saCfg, _ := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if _, err := kubernetes.NewForConfigOrDie(saCfg).CoreV1().Secrets("kvmesh").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing secrets as the orchestrator: %v, want Forbidden", err)
+	}
+
+	octx, stop := context.WithCancel(context.Background())
+	var out, errOut testutil.SyncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runOrchestrator(octx, []string{"--kubeconfig", kubeconfig, "--webhook-addr", "127.0.0.1:0",
+			"--metrics-addr", "127.0.0.1:0", "--log-level", "debug"}, &out, &errOut)
+	}()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("orchestrator: %v\n%s", err, errOut.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("orchestrator did not stop")
+		}
+	})
+	testutil.WaitFor(t, time.Minute, "the webhook to be registered", func() bool {
+		_, err := admin.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "kvmesh-sidecar-injector", metav1.GetOptions{})
+		return err == nil
+	})
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "models"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{Namespace: "models"}, filepath.Join("..", "..", "examples", "pd-modeldeployment.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	sel := metav1.ListOptions{LabelSelector: v1alpha1.LabelDeployment + "=llama-pd"}
+	testutil.WaitFor(t, 2*time.Minute, "4 engine pods, each with the injected native sidecar", func() bool {
+		l, err := admin.CoreV1().Pods("models").List(ctx, sel)
+		if err != nil || len(l.Items) != 4 {
+			return false
+		}
+		for _, p := range l.Items {
+			if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Name != "kvmesh-sidecar" {
+				return false
+			}
+		}
+		return true
+	})
+	// kvmesh get / describe show the CRDs' printer columns and the events.
+	var got testutil.SyncBuffer
+	if err := runGet(ctx, []string{"md", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, &got, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"NAME", "MODEL", "READY", "STATUS", "llama-pd", "meta-llama/Llama-3.1-8B-Instruct", "0/1"} {
+		if !strings.Contains(got.String(), w) {
+			t.Errorf("kvmesh get md lacks %q:\n%s", w, got.String())
+		}
+	}
+	var desc testutil.SyncBuffer
+	testutil.WaitFor(t, time.Minute, "describe to show the GroupCreated event", func() bool {
+		desc = testutil.SyncBuffer{}
+		err := runDescribe(ctx, []string{"modeldeployments", "llama-pd", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, &desc, &errOut)
+		return err == nil && strings.Contains(desc.String(), "GroupCreated") && strings.Contains(desc.String(), "readyGroups")
+	})
+	dyn := dynamic.NewForConfigOrDie(s.Config)
+	mds := dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace("models")
+	if err := mds.Delete(ctx, "llama-pd", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 2*time.Minute, "the deployment and its pods gone", func() bool {
+		_, err := mds.Get(ctx, "llama-pd", metav1.GetOptions{})
+		l, lerr := admin.CoreV1().Pods("models").List(ctx, sel)
+		return apierrors.IsNotFound(err) && lerr == nil && len(l.Items) == 0
+	})
+	if lease, err := admin.CoordinationV1().Leases("kvmesh").Get(ctx, "kvmesh-orchestrator", metav1.GetOptions{}); err != nil || lease.Spec.HolderIdentity == nil {
+		t.Errorf("leader lease: %v %v", lease, err)
+	}
+}

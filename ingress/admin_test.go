@@ -1,0 +1,111 @@
+package ingress
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// /debug/* (pprof included) and, with an admin listener, /metrics are 404 on
+// the client port; the admin listener serves them behind its token, and
+// /debug/config shows no secret.
+func TestDebugOnlyOnAdminListener(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: "http://user:engine-secret@" + fe.ln.Addr().String()})
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.AdminToken = "admin-secret"
+	cfg.Cluster.GossipKey = []byte("gossip-secret-16")
+	cfg.Cluster.NATSAuth.Password = "nats-secret"
+	s := startIngress(t, cfg, Deps{})
+	client, admin := "http://"+s.Addr(), "http://"+s.AdminAddr()
+	for _, p := range []string{"/debug/config", "/debug/engines", "/debug/index", "/debug/health", "/debug/pprof/", "/debug/pprof/cmdline", "/metrics"} {
+		if st, body, _ := get(client + p); st != http.StatusNotFound {
+			t.Errorf("client port %s: %d %.80s, want 404", p, st, body)
+		}
+		if st, _ := getAuth(t, admin+p, ""); st != http.StatusUnauthorized {
+			t.Errorf("admin %s without token: %d, want 401", p, st)
+		}
+		if st, _ := getAuth(t, admin+p, "wrong"); st != http.StatusUnauthorized {
+			t.Errorf("admin %s with a wrong token: %d, want 401", p, st)
+		}
+		if st, body := getAuth(t, admin+p, "admin-secret"); st != http.StatusOK {
+			t.Errorf("admin %s: %d %.80s", p, st, body)
+		}
+	}
+	if _, eng := getAuth(t, admin+"/debug/engines", "admin-secret"); strings.Contains(eng, "engine-secret") {
+		t.Errorf("/debug/engines shows the engine URL's password: %s", eng)
+	}
+	_, body := getAuth(t, admin+"/debug/config", "admin-secret")
+	for _, secret := range []string{"admin-secret", "engine-secret", "nats-secret", "gossip-secret"} {
+		if strings.Contains(body, secret) {
+			t.Errorf("/debug/config shows %q: %s", secret, body)
+		}
+	}
+	if !strings.Contains(body, "redacted") {
+		t.Errorf("/debug/config redacted nothing: %s", body)
+	}
+	if st, _, _ := get(client + "/health"); st != http.StatusOK {
+		t.Errorf("client /health: %d", st)
+	}
+}
+
+func getAuth(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, b.String()
+}
+
+// Start fails when the admin port is taken, and leaves nothing running: the
+// gossip node, the NATS connection and the materializer it had started stop.
+func TestStartFailureLeaksNothing(t *testing.T) {
+	nats := testutil.NATS(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	before := runtime.NumGoroutine()
+	cfg := testConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.AdminListen = taken.Addr().String()
+	cfg.Cluster.GossipBind, cfg.Cluster.GossipProfile = "127.0.0.1:0", "local"
+	cfg.Cluster.NATSURLs = []string{nats.URL()}
+	s, err := New(cfg, Deps{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err == nil {
+		s.Close()
+		t.Fatal("Start succeeded on a taken admin port")
+	}
+	testutil.WaitFor(t, 10*time.Second, "the started cluster goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+	if s.cl.nc != nil && !s.cl.nc.NC.IsClosed() {
+		t.Fatal("NATS connection left open")
+	}
+}

@@ -1,0 +1,324 @@
+package ingress
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/backoff"
+)
+
+// HealthConfig configures passive ejection: an engine that fails this
+// replica's requests is taken out of routing at once, and an active probe of
+// its health endpoint (never a client request) brings it back.
+//
+// Connect errors and timeouts eject on the first failure, so a request waits
+// on a dead engine's timeout at most once per ejection; answers of 5xx eject
+// after ConsecutiveFailures in a row or when the decaying error rate passes
+// ErrorRate. 429 is the engine shedding load, not a failure, and never ejects.
+type HealthConfig struct {
+	// Disabled turns passive ejection off (readiness from gossip still applies).
+	Disabled bool `yaml:"disabled"`
+	// ConsecutiveFailures is how many 5xx answers in a row eject. Default 3.
+	ConsecutiveFailures int `yaml:"consecutiveFailures"`
+	// ErrorRate ejects when the failure share, decayed with ErrorHalfLife,
+	// reaches it over at least MinRequests (decayed) requests. Default 0.5.
+	ErrorRate float64 `yaml:"errorRate"`
+	// MinRequests is the decayed request count below which the error rate
+	// is not judged. Default 10.
+	MinRequests float64 `yaml:"minRequests"`
+	// ErrorHalfLife is how fast old outcomes lose weight. Default 10s.
+	ErrorHalfLife time.Duration `yaml:"errorHalfLife"`
+	// EjectionTime is how long the first ejection lasts before the first
+	// probe; it doubles (with jitter) per failed probe up to MaxEjectionTime.
+	// Defaults 500ms and 15s.
+	EjectionTime    time.Duration `yaml:"ejectionTime"`
+	MaxEjectionTime time.Duration `yaml:"maxEjectionTime"`
+	// ProbePath is requested (GET) on the engine's base URL; 200 returns it
+	// to routing. Default "/health" (vLLM and the simulator serve it).
+	ProbePath string `yaml:"probePath"`
+	// ProbeTimeout bounds one probe. Default 1s.
+	ProbeTimeout time.Duration `yaml:"probeTimeout"`
+}
+
+// DefaultHealthConfig returns the defaults above.
+func DefaultHealthConfig() HealthConfig {
+	return HealthConfig{ConsecutiveFailures: 3, ErrorRate: 0.5, MinRequests: 10, ErrorHalfLife: 10 * time.Second,
+		EjectionTime: 500 * time.Millisecond, MaxEjectionTime: 15 * time.Second, ProbePath: "/health", ProbeTimeout: time.Second}
+}
+
+func (c *HealthConfig) problems(bad func(string, ...any)) {
+	if c.Disabled {
+		return
+	}
+	if c.ConsecutiveFailures < 1 {
+		bad("health: consecutive failures must be >= 1, got %d", c.ConsecutiveFailures)
+	}
+	if c.ErrorRate <= 0 || c.ErrorRate > 1 {
+		bad("health: error rate must be in (0,1], got %v", c.ErrorRate)
+	}
+	if c.MinRequests < 1 {
+		bad("health: min requests must be >= 1, got %v", c.MinRequests)
+	}
+	if c.ErrorHalfLife <= 0 || c.EjectionTime <= 0 || c.MaxEjectionTime < c.EjectionTime || c.ProbeTimeout <= 0 {
+		bad("health: half-life, ejection time and probe timeout must be > 0 and max ejection >= ejection time")
+	}
+	if len(c.ProbePath) == 0 || c.ProbePath[0] != '/' {
+		bad("health: probe path %q must start with /", c.ProbePath)
+	}
+}
+
+// Outcome kinds fed to the ejector (the attempt results of proxy.go).
+const (
+	healthOK = iota
+	healthHardFail
+	healthSoftFail
+	healthNeutral
+)
+
+func healthKind(result string) int {
+	switch result {
+	case "ok":
+		return healthOK
+	case "connect_error", "timeout", "empty_response":
+		return healthHardFail
+	case "status_5xx":
+		return healthSoftFail
+	}
+	return healthNeutral
+}
+
+// engineHealth is one engine's record. Lock rule: mu guards the fields after
+// it; ejected is also read without the lock on the request path.
+type engineHealth struct {
+	ejected atomic.Bool
+
+	mu          sync.Mutex
+	url         string
+	consecutive int
+	fails, reqs float64 // decayed counts
+	last        time.Time
+	until       time.Time // ejected: next probe not before
+	ejections   int       // ejections without a success in between (backoff)
+	probing     bool
+}
+
+// ejector tracks engine health for one replica. Its probe loop is owned by
+// the Server (started in Start, stopped by quit).
+type ejector struct {
+	cfg      HealthConfig
+	mu       sync.RWMutex // guards m
+	m        map[string]*engineHealth
+	nEjected atomic.Int64 // fast path: 0 means nothing is ejected
+	client   *http.Client
+	bo       backoff.Backoff
+
+	ejections prometheus.Counter
+	restores  prometheus.Counter
+}
+
+func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector {
+	e := &ejector{cfg: cfg, m: map[string]*engineHealth{},
+		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true}},
+		bo:     backoff.Backoff{Min: cfg.EjectionTime, Max: cfg.MaxEjectionTime, Jitter: 0.2}}
+	cl := prometheus.Labels{"ingress": id}
+	e.ejections = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_ejections_total",
+		Help: "Engines taken out of routing after failed requests or failed probes.", ConstLabels: cl})
+	e.restores = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_restores_total",
+		Help: "Ejected engines returned to routing after a successful probe.", ConstLabels: cl})
+	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines_ejected",
+		Help: "Engines ejected from routing now.", ConstLabels: cl}, func() float64 { return float64(e.nEjected.Load()) })
+	for _, c := range []prometheus.Collector{e.ejections, e.restores, ejected} {
+		_ = reg.Register(c) // a second replica in one process keeps the first's series
+	}
+	return e
+}
+
+// allowed reports whether engine id may receive requests.
+func (e *ejector) allowed(id string) bool {
+	if e == nil || e.nEjected.Load() == 0 {
+		return true
+	}
+	e.mu.RLock()
+	h := e.m[id]
+	e.mu.RUnlock()
+	return h == nil || !h.ejected.Load()
+}
+
+func (e *ejector) get(id, url string) *engineHealth {
+	e.mu.RLock()
+	h := e.m[id]
+	e.mu.RUnlock()
+	if h == nil {
+		e.mu.Lock()
+		if h = e.m[id]; h == nil {
+			h = &engineHealth{url: url}
+			e.m[id] = h
+		}
+		e.mu.Unlock()
+	}
+	return h
+}
+
+// observe records one attempt's outcome (proxy.go calls it per attempt).
+func (e *ejector) observe(up *upstream, result string) {
+	if e == nil || e.cfg.Disabled {
+		return
+	}
+	kind := healthKind(result)
+	if kind == healthNeutral {
+		return
+	}
+	h := e.get(up.id, up.url)
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.url = up.url
+	if h.ejected.Load() {
+		return // in-flight attempts that started before the ejection
+	}
+	w := math.Exp2(-float64(now.Sub(h.last)) / float64(e.cfg.ErrorHalfLife))
+	if h.last.IsZero() {
+		w = 0
+	}
+	h.last = now
+	h.reqs = h.reqs*w + 1
+	h.fails *= w
+	if kind == healthOK {
+		h.consecutive, h.ejections = 0, 0
+		return
+	}
+	h.fails++
+	h.consecutive++
+	if kind == healthHardFail || h.consecutive >= e.cfg.ConsecutiveFailures ||
+		(h.reqs >= e.cfg.MinRequests && h.fails/h.reqs >= e.cfg.ErrorRate) {
+		e.ejectLocked(h, now)
+	}
+}
+
+// ok records a successful attempt.
+func (e *ejector) ok(up *upstream) { e.observe(up, "ok") }
+
+func (e *ejector) ejectLocked(h *engineHealth, now time.Time) {
+	h.until = now.Add(e.bo.Delay(h.ejections))
+	h.ejections++
+	if !h.ejected.Swap(true) {
+		e.nEjected.Add(1)
+		e.ejections.Inc()
+	}
+}
+
+// probeLoop probes ejected engines whose ejection time passed, until quit.
+func (e *ejector) probeLoop(quit <-chan struct{}, tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-quit:
+			return
+		case now := <-t.C:
+			if e.nEjected.Load() == 0 {
+				continue
+			}
+			e.mu.RLock()
+			for _, h := range e.m {
+				h.mu.Lock()
+				due := h.ejected.Load() && !h.probing && now.After(h.until)
+				if due {
+					h.probing = true
+				}
+				url := h.url
+				h.mu.Unlock()
+				if due {
+					wg.Add(1)
+					go func() { // one per ejected engine at most (probing)
+						defer wg.Done()
+						e.probe(ctx, h, url)
+					}()
+				}
+			}
+			e.mu.RUnlock()
+		}
+	}
+}
+
+func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
+	err := e.get1(ctx, url+e.cfg.ProbePath)
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.probing = false
+	if err != nil {
+		h.until = now.Add(e.bo.Delay(h.ejections))
+		h.ejections++
+		return
+	}
+	h.consecutive, h.fails, h.reqs = 0, 0, 0
+	if h.ejected.Swap(false) {
+		e.nEjected.Add(-1)
+		e.restores.Inc()
+	}
+}
+
+func (e *ejector) get1(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("probe %s: status %d", url, resp.StatusCode)
+	}
+	return nil
+}
+
+// ejected lists the ejected engine ids (debugging, tests).
+func (e *ejector) ejected() []string {
+	if e == nil {
+		return nil
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var out []string
+	for id, h := range e.m {
+		if h.ejected.Load() {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// healthMembership marks ejected engines unhealthy in what membership
+// reports, so the scheduler's health filter drops them per request.
+type healthMembership struct {
+	Membership
+	ej *ejector
+}
+
+func (m healthMembership) Engines(dst []EngineInfo) []EngineInfo {
+	n := len(dst)
+	dst = m.Membership.Engines(dst)
+	if m.ej.nEjected.Load() == 0 {
+		return dst
+	}
+	for i := n; i < len(dst); i++ {
+		if !m.ej.allowed(dst[i].ID) {
+			dst[i].Healthy = false
+		}
+	}
+	return dst
+}

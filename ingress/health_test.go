@@ -1,0 +1,142 @@
+package ingress
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// A dead engine is ejected on its first failed attempt: no later request is
+// sent to it (so no client waits on it again), every request still succeeds
+// on the other engine, and once the engine is back on the same address the
+// probe returns it to routing without a client request paying for it.
+func TestEjectedEngineGetsNoRequestsAndReturns(t *testing.T) {
+	sims := startSims(t, 2, "m")
+	victim := sims[0]
+	addr := victim.HTTPAddr()
+	cfg := testConfig(simEngines(sims, "m")...)
+	cfg.Scheduler.Policy = "round-robin"
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	body := func(i int) string { return `{"model":"m","prompt":[` + strconv.Itoa(i+1) + `,2,3,4],"max_tokens":2}` }
+
+	for i := 0; i < 4; i++ { // both serve while healthy
+		if st, _, b := post(t, http.DefaultClient, url, body(i)); st != 200 {
+			t.Fatalf("healthy request %d: %d %s", i, st, b)
+		}
+	}
+	if victim.Load(0).Finished == 0 {
+		t.Fatal("round-robin never used sim0")
+	}
+	if err := victim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	failedBefore := failedAttempts(s)
+	for i := 0; i < 20; i++ {
+		st, hdr, b := post(t, http.DefaultClient, url, body(100+i))
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "sim1" {
+			t.Fatalf("request %d with sim0 dead: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if n := failedAttempts(s) - failedBefore; n != 1 {
+		t.Fatalf("%v failed attempts on the dead engine, want exactly 1 (then ejected)", n)
+	}
+	if ej := s.health.ejected(); !slices.Equal(ej, []string{"sim0"}) {
+		t.Fatalf("ejected %v, want [sim0]", ej)
+	}
+
+	// Back on the same address: the probe (not a request) restores it.
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	back, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 200, HTTPAddr: addr, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { back.Close() })
+	testutil.WaitFor(t, 20*time.Second, "the probe to restore sim0", func() bool { return len(s.health.ejected()) == 0 })
+	for i := 0; i < 4; i++ {
+		if st, _, b := post(t, http.DefaultClient, url, body(200+i)); st != 200 {
+			t.Fatalf("request %d after recovery: %d %s", i, st, b)
+		}
+	}
+	if back.Load(0).Finished == 0 {
+		t.Fatal("the recovered engine got no requests")
+	}
+	if n := failedAttempts(s) - failedBefore; n != 1 {
+		t.Fatalf("%v failed attempts in all, want 1", n)
+	}
+}
+
+// Answers of 5xx eject after ConsecutiveFailures in a row; 429 never ejects.
+func TestEjectorCountsOutcomes(t *testing.T) {
+	cfg := DefaultHealthConfig()
+	e := newEjector(cfg, prometheus.NewRegistry(), "t")
+	up := &upstream{id: "e", url: "http://127.0.0.1:1"}
+	for i := 0; i < 10; i++ {
+		e.observe(up, "status_429")
+	}
+	e.observe(up, "status_5xx")
+	e.observe(up, "status_5xx")
+	e.ok(up) // resets the run
+	e.observe(up, "status_5xx")
+	e.observe(up, "status_5xx")
+	if !e.allowed("e") {
+		t.Fatal("ejected before 3 consecutive 5xx")
+	}
+	e.observe(up, "status_5xx")
+	if e.allowed("e") {
+		t.Fatal("not ejected after 3 consecutive 5xx")
+	}
+	if !e.allowed("other") {
+		t.Fatal("an unknown engine must be allowed")
+	}
+}
+
+func failedAttempts(s *Server) float64 {
+	n := 0.0
+	for _, r := range []string{"connect_error", "timeout", "status_5xx", "empty_response"} {
+		n += val(s.m.attempts.WithLabelValues(r))
+	}
+	return n
+}
+
+// With every engine dead, the first request pays one failed attempt per
+// engine and both are ejected; every later request is shed at once with 503
+// and Retry-After, without another attempt on a dead engine.
+func TestAllEnginesEjectedShedsAtOnce(t *testing.T) {
+	sims := startSims(t, 2, "m")
+	cfg := testConfig(simEngines(sims, "m")...)
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	for _, sm := range sims {
+		if err := sm.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, _, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2,3],"max_tokens":1}`); st != http.StatusServiceUnavailable {
+		t.Fatalf("first request with both engines dead: %d %s", st, b)
+	}
+	attempts := failedAttempts(s)
+	if attempts != 2 {
+		t.Fatalf("%v failed attempts, want one per engine", attempts)
+	}
+	for i := 0; i < 10; i++ {
+		st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2,3],"max_tokens":1}`)
+		if st != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || !strings.Contains(string(b), `"error"`) {
+			t.Fatalf("request %d: %d Retry-After=%q %s", i, st, hdr.Get("Retry-After"), b)
+		}
+	}
+	if n := failedAttempts(s); n != attempts {
+		t.Fatalf("%v more attempts on dead engines after their ejection", n-attempts)
+	}
+}

@@ -1,0 +1,18 @@
+package ingress
+
+import "github.com/kvmesh/kvmesh/scheduler"
+
+// staticMembership serves Config.Engines as always-healthy engines.
+type staticMembership struct{ engines []EngineInfo }
+
+var _ Membership = (*staticMembership)(nil)
+
+func newStaticMembership(list []StaticEngine) *staticMembership {
+	m := &staticMembership{}
+	for _, e := range list {
+		m.engines = append(m.engines, EngineInfo{Engine: scheduler.Engine{ID: e.ID, Model: e.Model, Healthy: true}, URL: e.URL})
+	}
+	return m
+}
+
+func (m *staticMembership) Engines(dst []EngineInfo) []EngineInfo { return append(dst, m.engines...) }

@@ -1,0 +1,66 @@
+package ingress
+
+import (
+	"encoding/json"
+	"sort"
+
+	"github.com/valyala/fasthttp"
+)
+
+func writeJSON(ctx *fasthttp.RequestCtx, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		writeError(ctx, err)
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// handleModels lists the models the live engines serve (OpenAI list shape).
+func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
+	if s.deps.Auth != nil {
+		if _, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization")); err != nil {
+			writeError(ctx, unauthorized(err))
+			return
+		}
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	seen := map[string]bool{}
+	var out []model
+	for _, e := range s.deps.Membership.Engines(nil) {
+		if !e.Healthy || seen[e.Model] {
+			continue
+		}
+		seen[e.Model] = true
+		out = append(out, model{ID: e.Model, Object: "model", Created: s.startUnix(), OwnedBy: "kvmesh"})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	if out == nil {
+		out = []model{}
+	}
+	writeJSON(ctx, map[string]any{"object": "list", "data": out})
+}
+
+func (s *Server) startUnix() int64 { return s.created.Unix() }
+
+// handleReady is 200 when the index has synced and an engine is live, 503 otherwise.
+func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
+	synced := s.deps.Synced == nil || s.deps.Synced()
+	engines := 0
+	for _, e := range s.deps.Membership.Engines(nil) {
+		if e.Healthy {
+			engines++
+		}
+	}
+	ready := synced && engines > 0 && !s.draining.Load()
+	if !ready {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+	}
+	writeJSON(ctx, map[string]any{"ready": ready, "index_synced": synced, "engines": engines, "draining": s.draining.Load()})
+}

@@ -1,0 +1,88 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/base64"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kvmesh/kvmesh/internal/kubetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{})) }
+
+func TestEnsureCreatesOnceAndNeverOverwrites(t *testing.T) {
+	srv := kubetest.Shared(t)
+	cs, err := kubernetes.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, ns := range []string{"kvmesh", "engines"} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An operator brought their own admin password.
+	if _, err := cs.CoreV1().Secrets("kvmesh").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: NATSSecret},
+		Data: map[string][]byte{"admin-password": []byte("mine")}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Ensure(ctx, cs, "kvmesh", []string{"engines"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 3 NATS keys (not admin) + gossip key + 2 copies in "engines".
+	if len(res.Created) != 6 {
+		t.Fatalf("created %v, want 6 entries", res.Created)
+	}
+	get := func(ns, name string) map[string][]byte {
+		s, err := cs.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Data
+	}
+	nats := get("kvmesh", NATSSecret)
+	if string(nats["admin-password"]) != "mine" {
+		t.Fatalf("the operator's admin password was overwritten: %q", nats["admin-password"])
+	}
+	for _, k := range natsKeys {
+		if k != "admin-password" && len(nats[k]) < 16 {
+			t.Fatalf("%s: %q is not a generated password", k, nats[k])
+		}
+	}
+	if nats["sidecar-password"] == nil || string(nats["sidecar-password"]) == string(nats["ingress-password"]) {
+		t.Fatal("roles share a password")
+	}
+	key, err := base64.StdEncoding.DecodeString(string(get("kvmesh", GossipSecret)["key"]))
+	if err != nil || len(key) != 32 {
+		t.Fatalf("gossip key: %d bytes, %v; want 32 (AES-256)", len(key), err)
+	}
+	eng := get("engines", NATSSecret)
+	if string(eng["sidecar-password"]) != string(nats["sidecar-password"]) || eng["ingress-password"] != nil || eng["admin-password"] != nil {
+		t.Fatalf("the engines' namespace got %v: want only the sidecar's password, the same value", keysOf(eng))
+	}
+	// A rerun changes nothing.
+	res, err = Ensure(ctx, cs, "kvmesh", []string{"engines"})
+	if err != nil || len(res.Created) != 0 {
+		t.Fatalf("rerun created %v (err %v)", res.Created, err)
+	}
+	if string(get("kvmesh", NATSSecret)["sidecar-password"]) != string(nats["sidecar-password"]) {
+		t.Fatal("a rerun rotated a password")
+	}
+}
+
+func keysOf(m map[string][]byte) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

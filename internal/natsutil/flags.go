@@ -1,0 +1,89 @@
+package natsutil
+
+import (
+	"flag"
+	"net/url"
+	"os"
+	"strings"
+)
+
+// Redacted replaces secrets in anything shown to people.
+const Redacted = "redacted"
+
+// BindFlags registers the NATS flags every kvmesh command shares: --nats
+// (comma-separated URLs, appended to urls), credentials (--nats-user,
+// --nats-password, --nats-token, --nats-nkey, --nats-creds) and TLS
+// (--nats-ca, --nats-cert, --nats-key, --nats-tls-insecure). The password and
+// token default to $KVMESH_NATS_PASSWORD and $KVMESH_NATS_TOKEN so they stay
+// out of process listings.
+func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
+	fs.Var((*urlList)(urls), "nats", urlHelp)
+	fs.StringVar(&a.User, "nats-user", a.User, "NATS user")
+	fs.StringVar(&a.Password, "nats-password", envOr("KVMESH_NATS_PASSWORD", a.Password), "NATS password (env KVMESH_NATS_PASSWORD)")
+	fs.StringVar(&a.Token, "nats-token", envOr("KVMESH_NATS_TOKEN", a.Token), "NATS token (env KVMESH_NATS_TOKEN)")
+	fs.StringVar(&a.NKeySeedFile, "nats-nkey", a.NKeySeedFile, "NATS nkey seed file")
+	fs.StringVar(&a.CredsFile, "nats-creds", a.CredsFile, "NATS credentials (JWT) file")
+	fs.StringVar(&a.TLSCAFile, "nats-ca", a.TLSCAFile, "CA file to verify NATS servers")
+	fs.StringVar(&a.TLSCertFile, "nats-cert", a.TLSCertFile, "client certificate for NATS (mutual TLS)")
+	fs.StringVar(&a.TLSKeyFile, "nats-key", a.TLSKeyFile, "client key for NATS (mutual TLS)")
+	fs.BoolVar(&a.TLSInsecureSkipVerify, "nats-tls-insecure", a.TLSInsecureSkipVerify, "do not verify NATS server certificates (test clusters only)")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// urlList is a comma-separated list flag; setting it replaces the default.
+type urlList []string
+
+func (l *urlList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(RedactURLs(*l), ",")
+}
+
+func (l *urlList) Set(s string) error {
+	*l = (*l)[:0]
+	for _, u := range strings.Split(s, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			*l = append(*l, u)
+		}
+	}
+	return nil
+}
+
+// RedactURL replaces a URL's user information (nats://user:pass@host) with
+// "redacted"; strings that do not parse as URLs with userinfo are returned
+// unchanged.
+func RedactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		if i := strings.LastIndexByte(s, '@'); i >= 0 {
+			if j := strings.Index(s, "://"); j >= 0 && j < i {
+				return s[:j+3] + Redacted + s[i:]
+			}
+		}
+		return s
+	}
+	if u.User == nil {
+		return s
+	}
+	u.User = url.User(Redacted)
+	return u.String()
+}
+
+// RedactURLs redacts every URL of a list into a new slice.
+func RedactURLs(l []string) []string {
+	if l == nil {
+		return nil
+	}
+	out := make([]string, len(l))
+	for i, u := range l {
+		out[i] = RedactURL(u)
+	}
+	return out
+}

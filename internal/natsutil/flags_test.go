@@ -1,0 +1,61 @@
+package natsutil
+
+import (
+	"flag"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestBindFlagsSetsEveryField(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg := DefaultConfig()
+	cfg.URLs = []string{"nats://default:4222"}
+	BindFlags(fs, &cfg.URLs, &cfg.Auth, "urls")
+	err := fs.Parse([]string{"--nats", "nats://a:1, nats://b:2", "--nats-user", "u", "--nats-password", "p",
+		"--nats-ca", "ca.pem", "--nats-cert", "c.pem", "--nats-key", "k.pem", "--nats-tls-insecure"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Auth{User: "u", Password: "p", TLSCAFile: "ca.pem", TLSCertFile: "c.pem", TLSKeyFile: "k.pem", TLSInsecureSkipVerify: true}
+	if cfg.Auth != want || !slices.Equal(cfg.URLs, []string{"nats://a:1", "nats://b:2"}) {
+		t.Fatalf("auth %+v urls %q", cfg.Auth, cfg.URLs)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.Auth.Redacted(); r.Password != Redacted || r.User != "u" {
+		t.Fatalf("redacted %+v", r)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://user:secret@host:4222": "nats://redacted@host:4222",
+		"nats://tok@host:4222":         "nats://redacted@host:4222",
+		"nats://host:4222":             "nats://host:4222",
+		"tls://u:p%zz@h:1":             "tls://redacted@h:1", // does not parse: still redacted
+		"not a url":                    "not a url",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+		if strings.Contains(RedactURL(in), "secret") {
+			t.Errorf("secret left in %q", RedactURL(in))
+		}
+	}
+}
+
+func FuzzRedactURL(f *testing.F) {
+	for _, s := range []string{"nats://u:p@h:1", "tls://h", "@@://", "nats://a@b@c", "%zz://u:p@h"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := RedactURL(s)
+		if strings.Contains(s, "://") && strings.Contains(s, ":pw-secret@") && strings.Contains(out, "pw-secret") {
+			t.Fatalf("password kept: %q -> %q", s, out)
+		}
+	})
+}

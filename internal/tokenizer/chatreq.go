@@ -1,0 +1,366 @@
+package tokenizer
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+
+	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
+)
+
+// ChatRequest is the part of a chat-completions request that decides the
+// prompt: raw JSON members as the client sent them (nil when absent).
+type ChatRequest struct {
+	Messages  []byte // the messages array (required)
+	Tools     []byte // tools: array or null
+	Documents []byte // documents: array or null (RAG templates)
+	Kwargs    []byte // chat_template_kwargs: object or null (e.g. enable_thinking)
+
+	AddGenerationPrompt  bool // vLLM's default is true
+	ContinueFinalMessage bool // continue the last (assistant) message instead of opening a new one
+}
+
+// ErrUnsupportedContent: a message part the model cannot take (an image,
+// audio or video part for a text-only tokenizer, or an unknown part type).
+var ErrUnsupportedContent = errors.New("unsupported content")
+
+// reservedVars are template variables a chat_template_kwargs entry may not
+// replace (transformers passes them as keyword arguments; a duplicate fails).
+var reservedVars = map[string]bool{"messages": true, "tools": true, "documents": true, "add_generation_prompt": true,
+	"chat_template": true, "tokenize": true}
+
+// RenderRequest renders a chat request the way vLLM does before tokenizing
+// (vllm/entrypoints/chat_utils: parse_chat_messages, then transformers'
+// apply_chat_template with tools, documents, add_generation_prompt,
+// continue_final_message and chat_template_kwargs):
+//
+//   - each message becomes {role, content, then tool_calls / reasoning /
+//     tool_call_id, name}; other fields are dropped;
+//   - content is a string with text parts joined by "\n" when the template
+//     does not loop over content (vLLM's "string" format), else a list of
+//     {"type": "text", "text": …} parts ("openai" format); a tool message's
+//     text parts are always joined;
+//   - tool call arguments given as a JSON string are parsed into an object
+//     ({} when empty or not an object), an empty tool_calls list is dropped;
+//   - tools become {"type", "function": {"name", "description", "parameters",
+//     …extra}} like vLLM's pydantic model_dump (absent fields are null).
+//
+// Errors wrap ErrInvalid (malformed input) or ErrUnsupportedContent.
+func (c *ChatTemplate) RenderRequest(req *ChatRequest) (string, error) {
+	if req.ContinueFinalMessage && req.AddGenerationPrompt {
+		return "", fmt.Errorf("render chat: %w: add_generation_prompt and continue_final_message cannot both be true", ErrInvalid)
+	}
+	msgs, err := c.conversation(req.Messages)
+	if err != nil {
+		return "", err
+	}
+	vars := make(map[string]any, len(c.vars)+8)
+	maps.Copy(vars, c.vars)
+	if err := addKwargs(vars, req.Kwargs); err != nil {
+		return "", err
+	}
+	vars["messages"] = msgs
+	if vars["tools"], err = toolValues(req.Tools); err != nil {
+		return "", err
+	}
+	if vars["documents"], err = optionalJSON(req.Documents, "documents"); err != nil {
+		return "", err
+	}
+	vars["add_generation_prompt"] = req.AddGenerationPrompt
+	s, err := c.tmpl.Render(vars)
+	if err != nil {
+		return "", fmt.Errorf("render chat: %w", err)
+	}
+	if req.ContinueFinalMessage {
+		return continueFinal(s, msgs)
+	}
+	return s, nil
+}
+
+func addKwargs(vars map[string]any, raw []byte) error {
+	v, err := optionalJSON(raw, "chat_template_kwargs")
+	if err != nil || v == nil {
+		return err
+	}
+	d, ok := v.(*chattmpl.Dict)
+	if !ok {
+		return fmt.Errorf("render chat: %w: chat_template_kwargs must be an object", ErrInvalid)
+	}
+	for _, k := range d.Keys() {
+		if reservedVars[k] {
+			return fmt.Errorf("render chat: %w: chat_template_kwargs may not set %q", ErrInvalid, k)
+		}
+		vars[k], _ = d.Get(k)
+	}
+	return nil
+}
+
+// optionalJSON decodes raw (nil when absent or null).
+func optionalJSON(raw []byte, field string) (any, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	v, err := chattmpl.FromJSON(raw)
+	if err != nil {
+		return nil, fmt.Errorf("render chat: %w: %s: %v", ErrInvalid, field, err)
+	}
+	return v, nil
+}
+
+// conversation builds the template's messages from the request's.
+func (c *ChatTemplate) conversation(raw []byte) ([]any, error) {
+	v, err := chattmpl.FromJSON(raw)
+	if err != nil {
+		return nil, fmt.Errorf("render chat: %w: messages: %v", ErrInvalid, err)
+	}
+	list, ok := v.([]any)
+	if !ok || len(list) == 0 {
+		return nil, fmt.Errorf("render chat: %w: messages must be a non-empty array", ErrInvalid)
+	}
+	out := make([]any, len(list))
+	for i, m := range list {
+		d, ok := m.(*chattmpl.Dict)
+		if !ok {
+			return nil, fmt.Errorf("render chat: %w: messages[%d] must be an object", ErrInvalid, i)
+		}
+		if out[i], err = c.message(d, i); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (c *ChatTemplate) message(m *chattmpl.Dict, i int) (*chattmpl.Dict, error) {
+	rv, _ := m.Get("role")
+	role, ok := rv.(string)
+	if !ok || role == "" {
+		return nil, fmt.Errorf("render chat: %w: messages[%d].role must be a non-empty string", ErrInvalid, i)
+	}
+	cv, _ := m.Get("content")
+	texts, parts, err := contentParts(cv, i)
+	if err != nil {
+		return nil, err
+	}
+	out := chattmpl.NewDict()
+	out.Set("role", role)
+	if c.openaiFormat && role != "tool" {
+		out.Set("content", parts)
+	} else {
+		out.Set("content", strings.Join(texts, "\n"))
+	}
+	switch role {
+	case "assistant":
+		if tc, ok := m.Get("tool_calls"); ok && tc != nil {
+			if err := assistantToolCalls(out, tc, i); err != nil {
+				return nil, err
+			}
+		}
+		r, ok := m.Get("reasoning")
+		if !ok || r == nil {
+			r, ok = m.Get("reasoning_content") // the field's name before vLLM 0.11
+		}
+		if ok && r != nil {
+			out.Set("reasoning", r)
+			out.Set("reasoning_content", r)
+		}
+	case "tool":
+		if id, ok := m.Get("tool_call_id"); ok {
+			out.Set("tool_call_id", id)
+		}
+	}
+	if n, ok := m.Get("name"); ok {
+		if s, ok := n.(string); ok {
+			out.Set("name", s)
+		}
+	}
+	return out, nil
+}
+
+// knownPartFields are the OpenAI content-part fields; a text part keeps the
+// others (vLLM's _collect_extra_fields), e.g. cache_control.
+var knownPartFields = map[string]bool{"type": true, "text": true, "refusal": true, "image_url": true, "input_audio": true,
+	"audio_url": true, "video_url": true, "file": true, "uuid": true, "image_pil": true, "image_embeds": true,
+	"audio_embeds": true, "video_embeds": true, "prompt_embeds": true, "input_image": true, "tool_reference": true, "name": true}
+
+// contentParts returns a message's text pieces and its parts in the openai
+// form. Media parts are refused: kvmesh's tokenizers are text-only.
+func contentParts(cv any, i int) ([]string, []any, error) {
+	switch x := cv.(type) {
+	case nil:
+		return nil, []any{}, nil
+	case string:
+		return []string{x}, []any{textPart(x, nil)}, nil
+	case []any:
+		var texts []string
+		parts := []any{}
+		for j, p := range x {
+			if s, ok := p.(string); ok {
+				texts, parts = append(texts, s), append(parts, textPart(s, nil))
+				continue
+			}
+			d, ok := p.(*chattmpl.Dict)
+			if !ok {
+				return nil, nil, fmt.Errorf("render chat: %w: messages[%d].content[%d] must be an object", ErrInvalid, i, j)
+			}
+			tv, _ := d.Get("type")
+			typ, _ := tv.(string)
+			switch typ {
+			case "text", "refusal":
+				t, _ := d.Get(typ)
+				s, ok := t.(string)
+				if !ok {
+					continue // vLLM skips text parts without text
+				}
+				texts, parts = append(texts, s), append(parts, textPart(s, d))
+			case "image_url", "input_image", "image_embeds", "image_pil", "input_audio", "audio_url", "audio_embeds",
+				"video_url", "video_embeds", "file", "prompt_embeds":
+				return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] is %s, and this model accepts text only", ErrUnsupportedContent, i, j, typ)
+			case "":
+				return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] has no type", ErrUnsupportedContent, i, j)
+			default:
+				return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] has unsupported type %q", ErrUnsupportedContent, i, j, typ)
+			}
+		}
+		return texts, parts, nil
+	}
+	return nil, nil, fmt.Errorf("render chat: %w: messages[%d].content must be a string, an array of parts or null", ErrInvalid, i)
+}
+
+func textPart(s string, from *chattmpl.Dict) *chattmpl.Dict {
+	d := chattmpl.NewDict()
+	d.Set("type", "text")
+	d.Set("text", s)
+	if from != nil {
+		for _, k := range from.Keys() {
+			if !knownPartFields[k] {
+				v, _ := from.Get(k)
+				d.Set(k, v)
+			}
+		}
+	}
+	return d
+}
+
+// assistantToolCalls copies tool_calls, parsing string arguments into
+// objects as vLLM's _postprocess_messages does.
+func assistantToolCalls(out *chattmpl.Dict, tc any, i int) error {
+	calls, ok := tc.([]any)
+	if !ok {
+		out.Set("tool_calls", tc)
+		return nil
+	}
+	if len(calls) == 0 {
+		return nil // dropped: keeps templates on the plain assistant path
+	}
+	for j, c := range calls {
+		d, ok := c.(*chattmpl.Dict)
+		if !ok {
+			return fmt.Errorf("render chat: %w: messages[%d].tool_calls[%d] must be an object", ErrInvalid, i, j)
+		}
+		typ, hasType := d.Get("type")
+		fv, _ := d.Get("function")
+		fn, isObj := fv.(*chattmpl.Dict)
+		if hasType && typ != "function" || !isObj {
+			return fmt.Errorf("render chat: %w: messages[%d].tool_calls[%d] must be a function call", ErrInvalid, i, j)
+		}
+		fn.Set("arguments", toolArguments(fn))
+	}
+	out.Set("tool_calls", calls)
+	return nil
+}
+
+func toolArguments(fn *chattmpl.Dict) any {
+	a, _ := fn.Get("arguments")
+	switch x := a.(type) {
+	case *chattmpl.Dict:
+		return x
+	case string:
+		if x != "" {
+			if v, err := chattmpl.FromJSON([]byte(x)); err == nil {
+				if d, ok := v.(*chattmpl.Dict); ok {
+					return d
+				}
+			}
+		}
+	}
+	return chattmpl.NewDict()
+}
+
+// toolValues shapes tools like vLLM's ChatCompletionToolsParam.model_dump().
+func toolValues(raw []byte) (any, error) {
+	v, err := optionalJSON(raw, "tools")
+	if err != nil || v == nil {
+		return nil, err
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("render chat: %w: tools must be an array", ErrInvalid)
+	}
+	out := make([]any, len(list))
+	for i, t := range list {
+		td, ok := t.(*chattmpl.Dict)
+		var fn *chattmpl.Dict
+		if ok {
+			fv, _ := td.Get("function")
+			fn, ok = fv.(*chattmpl.Dict)
+		}
+		if !ok {
+			return nil, fmt.Errorf("render chat: %w: tools[%d].function must be an object", ErrInvalid, i)
+		}
+		name, _ := fn.Get("name")
+		if _, ok := name.(string); !ok {
+			return nil, fmt.Errorf("render chat: %w: tools[%d].function.name must be a string", ErrInvalid, i)
+		}
+		f := chattmpl.NewDict()
+		for _, k := range []string{"name", "description", "parameters"} {
+			v, _ := fn.Get(k)
+			f.Set(k, v)
+		}
+		copyExtra(f, fn)
+		d := chattmpl.NewDict()
+		typ, ok := td.Get("type")
+		if !ok {
+			typ = "function"
+		}
+		d.Set("type", typ)
+		d.Set("function", f)
+		copyExtra(d, td)
+		out[i] = d
+	}
+	return out, nil
+}
+
+// copyExtra appends src's keys that dst does not have, in src's order.
+func copyExtra(dst, src *chattmpl.Dict) {
+	for _, k := range src.Keys() {
+		if _, ok := dst.Get(k); !ok {
+			v, _ := src.Get(k)
+			dst.Set(k, v)
+		}
+	}
+}
+
+// continueFinal cuts the rendering after the final message's text, as
+// transformers does for continue_final_message.
+func continueFinal(s string, msgs []any) (string, error) {
+	last := msgs[len(msgs)-1].(*chattmpl.Dict)
+	cv, _ := last.Get("content")
+	final, ok := cv.(string)
+	if parts, isList := cv.([]any); isList {
+		for j := len(parts) - 1; j >= 0 && !ok; j-- {
+			if t, has := parts[j].(*chattmpl.Dict).Get("text"); has {
+				final, ok = t.(string)
+			}
+		}
+	}
+	trimmed := strings.TrimSpace(final)
+	at := strings.LastIndex(s, trimmed)
+	if !ok || at < 0 {
+		return "", fmt.Errorf("render chat: %w: continue_final_message: the final message's text is not in the rendered chat", ErrInvalid)
+	}
+	if lead := strings.TrimLeft(final, " \t\n\r\v\f"); strings.HasPrefix(s[at:], lead) {
+		return s[:at+len(lead)], nil
+	}
+	return s[:at+len(trimmed)], nil
+}

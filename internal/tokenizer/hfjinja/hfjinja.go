@@ -1,0 +1,133 @@
+// Package hfjinja runs @huggingface/jinja, the JavaScript Jinja port that
+// Hugging Face maintains for chat templates, under Node.js so tests can use it
+// as the reference renderer for chat templates. It installs the pinned npm
+// package into the user cache directory once and renders a batch of jobs in
+// one node process.
+//
+// It is test support: nothing outside _test.go files imports it. When node or
+// npm is missing the caller's test is skipped, except with CI=true, where it
+// fails (a missing tool must not turn a differential test into a pass).
+package hfjinja
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Version is the pinned @huggingface/jinja release.
+const Version = "0.5.11"
+
+// Job is one render: a template source and its variables as a JSON object
+// (raw, so key order survives into the JavaScript objects).
+type Job struct {
+	Template string          `json:"template"`
+	Vars     json.RawMessage `json:"vars"`
+}
+
+// Result is the rendered text, or the error message when rendering failed.
+type Result struct {
+	Out string `json:"out"`
+	Err string `json:"err,omitempty"`
+}
+
+// script renders every job; templates are compiled once per distinct source.
+const script = `import { Template } from "@huggingface/jinja";
+import { readFileSync } from "node:fs";
+const jobs = JSON.parse(readFileSync(process.argv[2], "utf8"));
+const compiled = new Map();
+const out = jobs.map((j) => {
+  try {
+    let t = compiled.get(j.template);
+    if (!t) { t = new Template(j.template); compiled.set(j.template, t); }
+    return { out: t.render(j.vars) };
+  } catch (e) {
+    return { out: "", err: String((e && e.message) || e) };
+  }
+});
+process.stdout.write(JSON.stringify(out));
+`
+
+// Render renders jobs with @huggingface/jinja and returns one result per job.
+func Render(tb testing.TB, jobs []Job) []Result {
+	tb.Helper()
+	dir := install(tb)
+	in := filepath.Join(tb.TempDir(), "jobs.json")
+	b, err := json.Marshal(jobs)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(in, b, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", filepath.Join(dir, "render.mjs"), in)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		tb.Fatalf("node render.mjs: %v\n%s", err, stderr.String())
+	}
+	var res []Result
+	if err := json.Unmarshal(out, &res); err != nil || len(res) != len(jobs) {
+		tb.Fatalf("node render.mjs: %d results for %d jobs: %v", len(res), len(jobs), err)
+	}
+	return res
+}
+
+// install returns a directory holding node_modules/@huggingface/jinja and
+// render.mjs, installing it on first use. Concurrent test binaries install
+// into private temporary directories and rename; the loser discards its copy.
+func install(tb testing.TB) string {
+	tb.Helper()
+	_, errNode := exec.LookPath("node")
+	npm, errNpm := exec.LookPath("npm")
+	if errNode != nil || errNpm != nil {
+		msg := "node and npm are needed for the @huggingface/jinja reference renderer; install Node.js 20+"
+		if os.Getenv("CI") == "true" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "kvmesh-test", "hfjinja-"+Version)
+	if _, err := os.Stat(filepath.Join(dir, "render.mjs")); err == nil {
+		return dir
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "install-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer os.RemoveAll(tmp) // no-op after a successful rename
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, npm, "install", "@huggingface/jinja@"+Version, "--no-audit", "--no-fund", "--loglevel=error")
+	cmd.Dir = tmp
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("npm install @huggingface/jinja@%s: %v\n%s", Version, err, out)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "render.mjs"), []byte(script), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Rename(tmp, dir); err != nil && !errors.Is(err, os.ErrExist) {
+		if _, statErr := os.Stat(filepath.Join(dir, "render.mjs")); statErr != nil {
+			tb.Fatal(fmt.Errorf("install @huggingface/jinja: %w", err))
+		}
+	}
+	return dir
+}

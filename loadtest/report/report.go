@@ -1,0 +1,93 @@
+// Package report holds the numbers every kvmesh load report shares and
+// how they are computed: PolicyResult (one policy's or one run's line),
+// Report (a comparison, as `kvmesh bench --json` prints it), Quantile and
+// Imbalance. `kvmesh bench` (loadtest/des), `kvmesh demo` and `kvmesh
+// loadtest` (loadtest/loadgen) all use it, so it imports nothing of theirs.
+package report
+
+import (
+	"fmt"
+	"io"
+	"iter"
+	"math"
+	"text/tabwriter"
+	"time"
+)
+
+// PolicyResult is one policy's line of the report. JSON names are fixed
+// (scripts rely on them); the extra fields are for the table only.
+type PolicyResult struct {
+	ThroughputRPS float64 `json:"throughput_rps"`
+	TTFTMean      float64 `json:"ttft_mean_s"`
+	TTFTP50       float64 `json:"ttft_p50_s"`
+	TTFTP90       float64 `json:"ttft_p90_s"`
+	TTFTP99       float64 `json:"ttft_p99_s"`
+	E2EMean       float64 `json:"e2e_mean_s"`
+	// PrefixHitRate is Σ cached prompt tokens / Σ prompt tokens.
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// LoadImbalance is max / mean of requests completed per engine
+	// (1 = perfectly even).
+	LoadImbalance float64 `json:"load_imbalance"`
+
+	// QueueMean is the mean time a request waited in the engine's queue
+	// before its first scheduling (part of TTFT).
+	QueueMean   float64       `json:"-"`
+	Completed   int           `json:"-"`
+	Failed      int           `json:"-"`
+	Preemptions int           `json:"-"`
+	BadEvents   int           `json:"-"`
+	Makespan    time.Duration `json:"-"`
+	Wall        time.Duration `json:"-"`
+}
+
+// Report is the benchmark's output: `kvmesh bench --json` prints it.
+type Report struct {
+	Policies      map[string]PolicyResult `json:"policies"`
+	OracleHitRate float64                 `json:"oracle_hit_rate"`
+	// Order is the policies in the order run (for the table).
+	Order []string `json:"-"`
+}
+
+// WriteTable writes the report as an aligned text table.
+func (r Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tthroughput rps\tTTFT mean s\tp50 s\tp90 s\tp99 s\tqueue s\te2e mean s\thit rate\timbalance\tdone\tfailed\tpreempt\twall\t")
+	for _, name := range r.Order {
+		p, ok := r.Policies[name]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.2f\t%d\t%d\t%d\t%.1fs\t\n",
+			name, p.ThroughputRPS, p.TTFTMean, p.TTFTP50, p.TTFTP90, p.TTFTP99, p.QueueMean, p.E2EMean,
+			p.PrefixHitRate, p.LoadImbalance, p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "oracle (infinite shared cache) hit rate: %.3f\n", r.OracleHitRate)
+	return err
+}
+
+// Quantile is the nearest-rank q-quantile of sorted v (0 when v is empty).
+// It and Imbalance define the numbers every kvmesh report shares: `kvmesh
+// bench`, `kvmesh demo` and `kvmesh loadtest` compute them the same way.
+func Quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// Imbalance is max / mean of the requests each engine completed (1 = even;
+// 0 when none completed). Engines that completed nothing count as zeros.
+func Imbalance(perEngine iter.Seq[int]) float64 {
+	mx, sum, n := 0, 0, 0
+	for c := range perEngine {
+		mx, sum, n = max(mx, c), sum+c, n+1
+	}
+	if sum == 0 {
+		return 0
+	}
+	return float64(mx) / (float64(sum) / float64(n))
+}

@@ -1,0 +1,115 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// AutoscalingPolicy scales the roles of one ModelDeployment: per role from
+// metric targets (HPA-style, with tolerance, stable and panic windows, rate
+// limits and a scale-down cool-down), optionally keeping the ratio of two
+// roles within a band, or sizing prefill and decode from TTFT/TPOT targets.
+type AutoscalingPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   AutoscalingPolicySpec   `json:"spec"`
+	Status AutoscalingPolicyStatus `json:"status,omitempty"`
+}
+
+// AutoscalingPolicySpec is the policy.
+type AutoscalingPolicySpec struct {
+	// Target is the ModelDeployment's name (same namespace).
+	Target string `json:"target"`
+	// Roles are the scaled roles with their bounds and metrics.
+	Roles []RoleAutoscaling `json:"roles"`
+	// TolerancePercent: no change while |current/target − 1| is within it (10).
+	TolerancePercent *int32 `json:"tolerancePercent,omitempty"`
+	// StableWindowSeconds: recommendations are averaged over it (180).
+	StableWindowSeconds *int32 `json:"stableWindowSeconds,omitempty"`
+	// PanicWindowSeconds: the short window used in panic mode (60).
+	PanicWindowSeconds *int32 `json:"panicWindowSeconds,omitempty"`
+	// PanicThresholdPercent: panic when the panic-window demand exceeds
+	// this percent of current capacity (200); in panic mode replicas never drop.
+	PanicThresholdPercent *int32 `json:"panicThresholdPercent,omitempty"`
+	// MaxScaleUpRate: at most current × rate replicas in one step (2).
+	MaxScaleUpRate *float64 `json:"maxScaleUpRate,omitempty"`
+	// MaxScaleDownRate: at least current / rate replicas after one step (2).
+	MaxScaleDownRate *float64 `json:"maxScaleDownRate,omitempty"`
+	// ScaleDownCooldownSeconds since the last scale-up before any scale-down (300).
+	ScaleDownCooldownSeconds *int32 `json:"scaleDownCooldownSeconds,omitempty"`
+	// Ratio keeps numerator/denominator replicas within [minRatio, maxRatio].
+	Ratio *RatioConstraint `json:"ratio,omitempty"`
+	// SLO sizes prefill and decode from latency targets instead of metric targets.
+	SLO *SLOTarget `json:"slo,omitempty"`
+}
+
+// RoleAutoscaling bounds one role and names its metric targets.
+type RoleAutoscaling struct {
+	Name        string         `json:"name"`
+	MinReplicas int32          `json:"minReplicas"`
+	MaxReplicas int32          `json:"maxReplicas"`
+	Metrics     []MetricTarget `json:"metrics,omitempty"`
+}
+
+// MetricTarget is a per-replica target value of one metric.
+type MetricTarget struct {
+	// Name: waitingRequests, kvUsage, prefillQueueTokens, runningRequests,
+	// ttftP90Seconds or tpotP90Seconds.
+	Name string `json:"name"`
+	// Target value per replica (for latencies: the value itself).
+	Target float64 `json:"target"`
+	// Source: mesh (gossip, default) or prometheus.
+	Source string `json:"source,omitempty"`
+	// Query is the PromQL query when Source is prometheus.
+	Query string `json:"query,omitempty"`
+}
+
+// RatioConstraint is the P/D ratio band.
+type RatioConstraint struct {
+	NumeratorRole   string  `json:"numeratorRole"`
+	DenominatorRole string  `json:"denominatorRole"`
+	MinRatio        float64 `json:"minRatio"`
+	MaxRatio        float64 `json:"maxRatio"`
+}
+
+// SLOTarget sizes roles from latency targets (Dynamo's planner, fed by the mesh).
+type SLOTarget struct {
+	// PrefillRole and DecodeRole name the two roles.
+	PrefillRole string `json:"prefillRole"`
+	DecodeRole  string `json:"decodeRole"`
+	// TTFTMilliseconds and TPOTMilliseconds are the targets (500 and 50).
+	TTFTMilliseconds int32 `json:"ttftMilliseconds,omitempty"`
+	TPOTMilliseconds int32 `json:"tpotMilliseconds,omitempty"`
+	// PrefillTokensPerSecond one prefill replica sustains within TTFT (profiled).
+	PrefillTokensPerSecond float64 `json:"prefillTokensPerSecond"`
+	// DecodeStreamsPerReplica one decode replica runs within TPOT (profiled).
+	DecodeStreamsPerReplica float64 `json:"decodeStreamsPerReplica"`
+}
+
+// AutoscalingPolicyStatus reports the last decision.
+type AutoscalingPolicyStatus struct {
+	ObservedGeneration int64                   `json:"observedGeneration,omitempty"`
+	Roles              []RoleAutoscalingStatus `json:"roles,omitempty"`
+	LastScaleTime      *metav1.Time            `json:"lastScaleTime,omitempty"`
+	Conditions         []metav1.Condition      `json:"conditions,omitempty"`
+}
+
+// RoleAutoscalingStatus is one role's decision.
+type RoleAutoscalingStatus struct {
+	Name            string `json:"name"`
+	CurrentReplicas int32  `json:"currentReplicas"`
+	DesiredReplicas int32  `json:"desiredReplicas"`
+	Reason          string `json:"reason,omitempty"`
+}
+
+// Condition types of an AutoscalingPolicy.
+const (
+	ConditionRatioConstraintActive = "RatioConstraintActive"
+	ConditionSLOAtRisk             = "SLOAtRisk"
+	ConditionScalingActive         = "ScalingActive"
+)
+
+// AutoscalingPolicyList is a list of AutoscalingPolicies.
+type AutoscalingPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []AutoscalingPolicy `json:"items"`
+}

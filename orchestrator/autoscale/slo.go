@@ -1,0 +1,70 @@
+package autoscale
+
+import "math"
+
+// SLO is the SLO mode's configuration.
+type SLO struct {
+	TTFTSeconds, TPOTSeconds float64
+	// PrefillTokensPerSecond one prefill replica sustains within the TTFT
+	// target, and DecodeStreamsPerReplica one decode replica runs within
+	// the TPOT target (both profiled, e.g. with `kvmesh bench`).
+	PrefillTokensPerSecond  float64
+	DecodeStreamsPerReplica float64
+}
+
+// SLOObservation is the mesh's view of the last interval.
+type SLOObservation struct {
+	// PromptTokensPerSecond arriving (uncached prefill work).
+	PromptTokensPerSecond float64
+	// RunningStreams on decode engines.
+	RunningStreams float64
+	// MeasuredTTFT and MeasuredTPOT are the interval's p90 (0: unknown).
+	MeasuredTTFT, MeasuredTPOT float64
+	// ExpectedTTFT and ExpectedTPOT are what the profile predicts at the
+	// interval's load (0: the target).
+	ExpectedTTFT, ExpectedTPOT float64
+}
+
+// SLOResult sizes both roles.
+type SLOResult struct {
+	Prefill, Decode int32
+	// PrefillCorrection and DecodeCorrection are measured/expected, clamped.
+	PrefillCorrection, DecodeCorrection float64
+	// AtRisk: a measured latency is above its target.
+	AtRisk bool
+}
+
+// Correction factors are clamped to [minCorrection, maxCorrection] so one
+// noisy interval cannot scale a role by more than 3× or less than half.
+const (
+	minCorrection = 0.5
+	maxCorrection = 3
+)
+
+func correction(measured, expected, target float64) float64 {
+	if expected <= 0 {
+		expected = target
+	}
+	if measured <= 0 || expected <= 0 {
+		return 1
+	}
+	return min(max(measured/expected, minCorrection), maxCorrection)
+}
+
+// SizeSLO sizes prefill as ceil(prompt tokens/s ÷ per-replica throughput ×
+// TTFT correction) and decode as ceil(running streams ÷ streams per replica
+// × TPOT correction). A role with no load gets zero (bounds apply later).
+func SizeSLO(s SLO, o SLOObservation) SLOResult {
+	res := SLOResult{
+		PrefillCorrection: correction(o.MeasuredTTFT, o.ExpectedTTFT, s.TTFTSeconds),
+		DecodeCorrection:  correction(o.MeasuredTPOT, o.ExpectedTPOT, s.TPOTSeconds),
+	}
+	if s.PrefillTokensPerSecond > 0 && o.PromptTokensPerSecond > 0 {
+		res.Prefill = int32(math.Ceil(o.PromptTokensPerSecond/s.PrefillTokensPerSecond*res.PrefillCorrection - 1e-9))
+	}
+	if s.DecodeStreamsPerReplica > 0 && o.RunningStreams > 0 {
+		res.Decode = int32(math.Ceil(o.RunningStreams/s.DecodeStreamsPerReplica*res.DecodeCorrection - 1e-9))
+	}
+	res.AtRisk = (s.TTFTSeconds > 0 && o.MeasuredTTFT > s.TTFTSeconds) || (s.TPOTSeconds > 0 && o.MeasuredTPOT > s.TPOTSeconds)
+	return res
+}

@@ -1,0 +1,36 @@
+package autoscale
+
+import "testing"
+
+func TestSizeSLO(t *testing.T) {
+	s := SLO{TTFTSeconds: 0.5, TPOTSeconds: 0.05, PrefillTokensPerSecond: 10000, DecodeStreamsPerReplica: 40}
+	cases := []struct {
+		name   string
+		o      SLOObservation
+		p, d   int32
+		atRisk bool
+		pc, dc float64
+	}{
+		{"on profile", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 100}, 3, 3, false, 1, 1},
+		{"measured at target: no correction", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 100, MeasuredTTFT: 0.5, MeasuredTPOT: 0.05}, 3, 3, false, 1, 1},
+		{"TTFT 1.6x the expectation", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 80, MeasuredTTFT: 0.8}, 4, 2, true, 1.6, 1},
+		{"faster than profiled", SLOObservation{PromptTokensPerSecond: 40000, RunningStreams: 80, MeasuredTTFT: 0.3, MeasuredTPOT: 0.025}, 3, 1, false, 0.6, 0.5},
+		{"correction clamped at 3", SLOObservation{PromptTokensPerSecond: 10000, MeasuredTTFT: 5}, 3, 0, true, 3, 1},
+		{"expected latency from the profile", SLOObservation{RunningStreams: 40, MeasuredTPOT: 0.04, ExpectedTPOT: 0.02}, 0, 2, false, 1, 2},
+		{"no load", SLOObservation{}, 0, 0, false, 1, 1},
+	}
+	for _, c := range cases {
+		got := SizeSLO(s, c.o)
+		if got.Prefill != c.p || got.Decode != c.d || got.AtRisk != c.atRisk ||
+			abs(got.PrefillCorrection-c.pc) > 1e-9 || abs(got.DecodeCorrection-c.dc) > 1e-9 {
+			t.Errorf("%s: %+v, want p=%d d=%d risk=%v corrections %v/%v", c.name, got, c.p, c.d, c.atRisk, c.pc, c.dc)
+		}
+	}
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}

@@ -1,0 +1,219 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	clientscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// Controller reconciles ModelDeployments into pods and RoleScalers.
+type Controller struct {
+	cfg   Config
+	log   *slog.Logger
+	kube  kubernetes.Interface
+	dyn   dynamic.Interface
+	queue workqueue.TypedRateLimitingInterface[string]
+
+	kubeInformers informers.SharedInformerFactory
+	dynInformers  dynamicinformer.DynamicSharedInformerFactory
+	pods          corelisters.PodLister
+	mds           cache.GenericLister
+	scalers       cache.GenericLister
+	policies      cache.GenericLister
+	synced        []cache.InformerSynced
+	// autoscalers is owned by the autoscaler goroutine alone.
+	autoscalers map[types.UID]*policyEntry
+
+	recorder    record.EventRecorder
+	broadcaster record.EventBroadcaster
+}
+
+// Scheme holds client-go's types and kvmesh.io/v1alpha1 (for events).
+var Scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientscheme.AddToScheme(s)
+	_ = v1alpha1.AddToScheme(s)
+	return s
+}()
+
+// New builds a controller; Run starts it.
+func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("orchestrator config: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(restCfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{
+		cfg: cfg, log: cfg.Logger, kube: kube, dyn: dyn,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "modeldeployments"}),
+	}
+	c.kubeInformers = informers.NewSharedInformerFactoryWithOptions(kube, cfg.Resync,
+		informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelDeployment }))
+	c.dynInformers = dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, cfg.Resync, cfg.Namespace, nil)
+
+	podInf := c.kubeInformers.Core().V1().Pods()
+	mdInf := c.dynInformers.ForResource(v1alpha1.ModelDeploymentsResource)
+	scInf := c.dynInformers.ForResource(v1alpha1.RoleScalersResource)
+	c.pods, c.mds, c.scalers = podInf.Lister(), mdInf.Lister(), scInf.Lister()
+	c.synced = []cache.InformerSynced{podInf.Informer().HasSynced, mdInf.Informer().HasSynced, scInf.Informer().HasSynced}
+	if cfg.Load != nil {
+		apInf := c.dynInformers.ForResource(v1alpha1.AutoscalingPoliciesResource)
+		c.policies = apInf.Lister()
+		c.synced = append(c.synced, apInf.Informer().HasSynced)
+		c.autoscalers = map[types.UID]*policyEntry{}
+	}
+
+	handlers := []struct {
+		inf cache.SharedIndexInformer
+		key func(obj any) (string, bool)
+	}{
+		{mdInf.Informer(), objectKey},
+		{podInf.Informer(), labelKey},
+		{scInf.Informer(), scalerKey},
+	}
+	for _, h := range handlers {
+		key := h.key
+		if _, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.enqueue(key, o) },
+			UpdateFunc: func(_, o any) { c.enqueue(key, o) },
+			DeleteFunc: func(o any) { c.enqueue(key, o) },
+		}); err != nil {
+			return nil, err
+		}
+	}
+	c.broadcaster = record.NewBroadcaster()
+	c.recorder = c.broadcaster.NewRecorder(Scheme, corev1.EventSource{Component: "kvmesh-orchestrator"})
+	return c, nil
+}
+
+func (c *Controller) enqueue(key func(any) (string, bool), obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if k, ok := key(obj); ok {
+		c.queue.Add(k)
+	}
+}
+
+func objectKey(obj any) (string, bool) {
+	k, err := cache.MetaNamespaceKeyFunc(obj)
+	return k, err == nil
+}
+
+func labelKey(obj any) (string, bool) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Labels[v1alpha1.LabelDeployment] == "" {
+		return "", false
+	}
+	return p.Namespace + "/" + p.Labels[v1alpha1.LabelDeployment], true
+}
+
+func scalerKey(obj any) (string, bool) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return "", false
+	}
+	d, _, _ := unstructured.NestedString(u.Object, "spec", "deployment")
+	if d == "" {
+		return "", false
+	}
+	return u.GetNamespace() + "/" + d, true
+}
+
+// Run runs the controller until ctx ends, with leader election when
+// configured. It returns after every worker and informer has stopped.
+func (c *Controller) Run(ctx context.Context) error {
+	if !c.cfg.LeaderElection {
+		return c.run(ctx)
+	}
+	return c.runElected(ctx)
+}
+
+// run starts informers and workers and blocks until ctx ends.
+func (c *Controller) run(ctx context.Context) error {
+	defer c.queue.ShutDown()
+	c.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
+	defer c.broadcaster.Shutdown()
+	c.kubeInformers.Start(ctx.Done())
+	c.dynInformers.Start(ctx.Done())
+	defer c.kubeInformers.Shutdown()
+	defer c.dynInformers.Shutdown()
+	syncCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if !cache.WaitForCacheSync(syncCtx.Done(), c.synced...) {
+		if ctx.Err() != nil {
+			return nil // stopped before the caches synced
+		}
+		return fmt.Errorf("orchestrator: informer caches did not sync: %w", syncCtx.Err())
+	}
+	c.log.Info("orchestrator running", "namespace", c.cfg.Namespace, "workers", c.cfg.Workers)
+	var wg sync.WaitGroup
+	if c.policies != nil {
+		wg.Go(func() { c.runAutoscaler(ctx) })
+	}
+	for range c.cfg.Workers {
+		wg.Go(func() {
+			for c.processNext(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	c.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	requeue, err := c.reconcile(ctx, key)
+	switch {
+	case err != nil:
+		reconcileErrors.Inc()
+		c.log.Warn("reconcile", "key", key, "err", err)
+		c.queue.AddRateLimited(key)
+	case requeue > 0:
+		c.queue.Forget(key)
+		c.queue.AddAfter(key, requeue)
+	default:
+		c.queue.Forget(key)
+	}
+	reconciles.Inc()
+	return true
+}

@@ -1,0 +1,298 @@
+package orchestrator
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// slot identifies one pod of a deployment: group g, role r, replica i,
+// member m (0 is the leader, 1..count the workers).
+type slot struct {
+	Group   int
+	Role    string
+	Replica int
+	Member  int
+}
+
+// podName is the deterministic name of a slot's pod.
+func podName(md string, s slot) string {
+	n := fmt.Sprintf("%s-%d-%s-%d", md, s.Group, s.Role, s.Replica)
+	if s.Member > 0 {
+		n += "-w" + strconv.Itoa(s.Member)
+	}
+	return n
+}
+
+// slotOf reads a pod's slot from its labels; ok is false for a pod that
+// lacks them.
+func slotOf(p *corev1.Pod) (slot, bool) {
+	l := p.Labels
+	g, err1 := strconv.Atoi(l[v1alpha1.LabelGroup])
+	i, err2 := strconv.Atoi(l[v1alpha1.LabelReplica])
+	m, err3 := strconv.Atoi(l[v1alpha1.LabelWorker])
+	r := l[v1alpha1.LabelRole]
+	if err1 != nil || err2 != nil || err3 != nil || r == "" {
+		return slot{}, false
+	}
+	return slot{Group: g, Role: r, Replica: i, Member: m}, true
+}
+
+// revision hashes what a role's pods are made from: a change rolls the role.
+func revision(r *v1alpha1.Role) string {
+	h := fnv.New64a()
+	b, _ := json.Marshal(struct {
+		T corev1.PodTemplateSpec
+		W *v1alpha1.Workers
+		K v1alpha1.RoleKind
+	}{r.Template, r.Workers, r.Kind})
+	h.Write(b)
+	return strconv.FormatUint(h.Sum64(), 36)
+}
+
+// plan is one reconcile's step: pods to delete (with why) and slots to
+// create. Gang holds the slots of new groups that must all be created or
+// none.
+type plan struct {
+	Delete []deletion
+	Create []slot
+	// Gang maps a new group to the slots of its gang minimum.
+	Gang map[int][]slot
+	// Rolled counts outdated replicas deleted for a rollout, per role.
+	Rolled map[string]int
+	// Recovered names the recovery actions taken ("group 1", "role decode/0").
+	Recovered []string
+}
+
+type deletion struct {
+	Pod    *corev1.Pod
+	Reason string
+}
+
+// Reasons for deleting a pod.
+const (
+	reasonScaleDown = "ScaleDown"
+	reasonRecover   = "Recover"
+	reasonRollout   = "RollingUpdate"
+	reasonUnknown   = "Orphan"
+)
+
+// podView is what the plan needs of one existing pod.
+type podView struct {
+	Pod      *corev1.Pod
+	Slot     slot
+	Ready    bool
+	Failed   bool
+	Revision string
+}
+
+// state indexes a deployment's existing pods by slot.
+type state struct {
+	bySlot map[slot]*podView
+	groups map[int]bool
+}
+
+func newState(pods []*corev1.Pod) (*state, []*corev1.Pod) {
+	st := &state{bySlot: map[slot]*podView{}, groups: map[int]bool{}}
+	var strays []*corev1.Pod
+	for _, p := range pods {
+		s, ok := slotOf(p)
+		if !ok {
+			strays = append(strays, p)
+			continue
+		}
+		if p.DeletionTimestamp != nil {
+			// Going away: the slot counts as occupied (not creatable yet) but unavailable.
+			st.bySlot[s] = &podView{Pod: p, Slot: s}
+			st.groups[s.Group] = true
+			continue
+		}
+		st.bySlot[s] = &podView{
+			Pod: p, Slot: s, Ready: podReady(p),
+			Failed:   p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded,
+			Revision: p.Labels[v1alpha1.LabelRevision],
+		}
+		st.groups[s.Group] = true
+	}
+	return st, strays
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func members(r *v1alpha1.Role) int {
+	if r.Workers == nil {
+		return 1
+	}
+	return 1 + int(r.Workers.Count)
+}
+
+// computePlan is the reconcile's decision, a pure function of the
+// (defaulted) deployment and its pods.
+func computePlan(md *v1alpha1.ModelDeployment, pods []*corev1.Pod) *plan {
+	st, strays := newState(pods)
+	p := &plan{Gang: map[int][]slot{}, Rolled: map[string]int{}}
+	for _, s := range strays {
+		p.Delete = append(p.Delete, deletion{s, reasonUnknown})
+	}
+	groups := int(*md.Spec.Groups)
+	roles := map[string]*v1alpha1.Role{}
+	for i := range md.Spec.Roles {
+		roles[md.Spec.Roles[i].Name] = &md.Spec.Roles[i]
+	}
+	deleted := map[*corev1.Pod]bool{}
+	del := func(v *podView, reason string) {
+		if v != nil && v.Pod.DeletionTimestamp == nil && !deleted[v.Pod] {
+			deleted[v.Pod] = true
+			p.Delete = append(p.Delete, deletion{v.Pod, reason})
+		}
+	}
+	// 1. Scale down: pods outside the spec.
+	for s, v := range st.bySlot {
+		r := roles[s.Role]
+		if s.Group >= groups || r == nil || s.Replica >= int(*r.Replicas) || s.Member >= members(r) {
+			del(v, reasonScaleDown)
+		}
+	}
+	// 2. Recovery of failed pods.
+	p.recover(md, st, del)
+	// 3. Create what is missing; new groups as gangs.
+	for g := range groups {
+		newGroup := !st.groups[g]
+		for _, r := range md.Spec.Roles {
+			for i := range int(*r.Replicas) {
+				for m := range members(&r) {
+					s := slot{g, r.Name, i, m}
+					if st.bySlot[s] != nil {
+						continue // occupied, or deleted in this step: created on a later pass
+					}
+					if newGroup && i < int(*r.GangMinimum) {
+						p.Gang[g] = append(p.Gang[g], s)
+					} else {
+						p.Create = append(p.Create, s)
+					}
+				}
+			}
+		}
+	}
+	// 4. Rolling update within maxUnavailable per role and group.
+	for g := range groups {
+		if !st.groups[g] {
+			continue
+		}
+		for i := range md.Spec.Roles {
+			p.roll(md, &md.Spec.Roles[i], g, st, deleted, del)
+		}
+	}
+	sort.Slice(p.Delete, func(i, j int) bool { return p.Delete[i].Pod.Name < p.Delete[j].Pod.Name })
+	return p
+}
+
+// recover applies the recovery policy to failed pods.
+func (p *plan) recover(md *v1alpha1.ModelDeployment, st *state, del func(*podView, string)) {
+	var failedGroups []int
+	seen := map[int]bool{}
+	var failed []slot
+	for s, v := range st.bySlot {
+		if v.Failed {
+			failed = append(failed, s)
+			if !seen[s.Group] {
+				seen[s.Group] = true
+				failedGroups = append(failedGroups, s.Group)
+			}
+		}
+	}
+	sort.Ints(failedGroups)
+	sort.Slice(failed, func(i, j int) bool { return podName("", failed[i]) < podName("", failed[j]) })
+	switch md.Spec.RecoveryPolicy {
+	case v1alpha1.RecoverGroup:
+		for _, g := range failedGroups {
+			for s, v := range st.bySlot {
+				if s.Group == g {
+					del(v, reasonRecover)
+				}
+			}
+			p.Recovered = append(p.Recovered, fmt.Sprintf("group %d", g))
+		}
+	case v1alpha1.RecoverNone:
+		for _, s := range failed {
+			del(st.bySlot[s], reasonRecover)
+			p.Recovered = append(p.Recovered, "pod "+st.bySlot[s].Pod.Name)
+		}
+	default: // RoleRecreate: the failed replica's leader and workers
+		done := map[slot]bool{}
+		for _, s := range failed {
+			key := slot{s.Group, s.Role, s.Replica, 0}
+			if done[key] {
+				continue
+			}
+			done[key] = true
+			for o, v := range st.bySlot {
+				if o.Group == s.Group && o.Role == s.Role && o.Replica == s.Replica {
+					del(v, reasonRecover)
+				}
+			}
+			p.Recovered = append(p.Recovered, fmt.Sprintf("group %d role %s/%d", s.Group, s.Role, s.Replica))
+		}
+	}
+}
+
+// roll deletes outdated replicas of one role in one group, highest index
+// first, while fewer than maxUnavailable replicas are unavailable. A replica
+// is unavailable when any member is missing, deleted or not ready.
+func (p *plan) roll(md *v1alpha1.ModelDeployment, r *v1alpha1.Role, g int, st *state, deleted map[*corev1.Pod]bool, del func(*podView, string)) {
+	rev := revision(r)
+	unavailable := 0
+	var outdated []int
+	for i := range int(*r.Replicas) {
+		avail, old := true, false
+		for m := range members(r) {
+			v := st.bySlot[slot{g, r.Name, i, m}]
+			if v == nil || deleted[v.Pod] || v.Pod.DeletionTimestamp != nil || !v.Ready {
+				avail = false
+			}
+			if v != nil && !deleted[v.Pod] && v.Pod.DeletionTimestamp == nil && v.Revision != rev {
+				old = true
+			}
+		}
+		if !avail {
+			unavailable++
+		}
+		if old && i >= int(*r.Rollout.Partition) {
+			outdated = append(outdated, i)
+		}
+	}
+	budget := int(*r.Rollout.MaxUnavailable) - unavailable
+	// Unavailable outdated replicas are replaced first: they cost no budget.
+	for k := len(outdated) - 1; k >= 0; k-- {
+		i := outdated[k]
+		ready := true
+		for m := range members(r) {
+			if v := st.bySlot[slot{g, r.Name, i, m}]; v == nil || !v.Ready {
+				ready = false
+			}
+		}
+		if ready {
+			if budget <= 0 {
+				continue
+			}
+			budget--
+		}
+		for m := range members(r) {
+			del(st.bySlot[slot{g, r.Name, i, m}], reasonRollout)
+		}
+		p.Rolled[r.Name]++
+	}
+}

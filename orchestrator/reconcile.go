@@ -1,0 +1,214 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// Finalizer makes the controller delete a deployment's children before the
+// deployment goes (no garbage collector is assumed).
+const Finalizer = "kvmesh.io/cleanup"
+
+// reconcile takes one step for the deployment named by key. It returns a
+// delay after which to look again even without an event.
+func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, error) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return 0, nil // malformed key: nothing to retry
+	}
+	obj, err := c.mds.ByNamespace(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	u := obj.(*unstructured.Unstructured)
+	md := &v1alpha1.ModelDeployment{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, md); err != nil {
+		return 0, fmt.Errorf("decode %s: %w", key, err)
+	}
+	md.Defaults()
+	pods, err := c.pods.Pods(ns).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelDeployment: name}))
+	if err != nil {
+		return 0, err
+	}
+	if md.DeletionTimestamp != nil {
+		return c.finalize(ctx, md, pods)
+	}
+	if !slices.Contains(md.Finalizers, Finalizer) {
+		return 0, c.setFinalizers(ctx, md, append(slices.Clone(md.Finalizers), Finalizer))
+	}
+	if err := c.ensureService(ctx, md); err != nil {
+		return 0, err
+	}
+	changed, err := c.syncScalers(ctx, md, pods)
+	if err != nil || changed {
+		return 0, err // the deployment changed: its event brings us back
+	}
+	p := computePlan(md, pods)
+	gangErr := c.execute(ctx, md, p)
+	if err := c.updateStatus(ctx, u, md, pods, gangErr); err != nil {
+		return 0, err
+	}
+	return 0, gangErr
+}
+
+// execute carries out a plan: deletions, creations, then each new group as
+// a gang (all of its minimum or none).
+func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, p *plan) error {
+	var errs []error
+	for _, d := range p.Delete {
+		if err := c.deletePod(ctx, d.Pod, d.Reason); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, r := range p.Recovered {
+		c.recorder.Eventf(md, corev1.EventTypeWarning, "Recovering", "%s: recreating %s", md.Spec.RecoveryPolicy, r)
+	}
+	for role, n := range p.Rolled {
+		c.recorder.Eventf(md, corev1.EventTypeNormal, "RollingUpdate", "role %s: replacing %d outdated replica(s)", role, n)
+	}
+	for _, s := range p.Create {
+		if _, err := c.createPod(ctx, md, s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	groups := make([]int, 0, len(p.Gang))
+	for g := range p.Gang {
+		groups = append(groups, g)
+	}
+	slices.Sort(groups)
+	for _, g := range groups {
+		if err := c.createGang(ctx, md, g, p.Gang[g]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// errGang marks a group whose gang could not be created.
+var errGang = errors.New("gang not created")
+
+func (c *Controller) createGang(ctx context.Context, md *v1alpha1.ModelDeployment, g int, slots []slot) error {
+	var made []*corev1.Pod
+	for _, s := range slots {
+		pod, err := c.createPod(ctx, md, s)
+		if err != nil {
+			for _, p := range made {
+				_ = c.deletePod(ctx, p, "GangRollback")
+			}
+			c.recorder.Eventf(md, corev1.EventTypeWarning, "GangFailed", "group %d: %v; rolled back %d pod(s)", g, err, len(made))
+			return fmt.Errorf("group %d: %w: %w", g, errGang, err)
+		}
+		made = append(made, pod)
+	}
+	c.recorder.Eventf(md, corev1.EventTypeNormal, "GroupCreated", "group %d: created %d pod(s) as a gang", g, len(made))
+	return nil
+}
+
+func (c *Controller) createPod(ctx context.Context, md *v1alpha1.ModelDeployment, s slot) (*corev1.Pod, error) {
+	var role *v1alpha1.Role
+	for i := range md.Spec.Roles {
+		if md.Spec.Roles[i].Name == s.Role {
+			role = &md.Spec.Roles[i]
+		}
+	}
+	pod, err := c.kube.CoreV1().Pods(md.Namespace).Create(ctx, buildPod(md, role, s), metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil, nil // a stale cache: the pod is there
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create pod %s: %w", podName(md.Name, s), err)
+	}
+	podActions.WithLabelValues("create", "").Inc()
+	return pod, nil
+}
+
+func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string) error {
+	if p == nil {
+		return nil
+	}
+	err := c.kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &p.UID},
+	})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil // gone already, or replaced since the cache saw it
+	}
+	if err != nil {
+		return fmt.Errorf("delete pod %s: %w", p.Name, err)
+	}
+	podActions.WithLabelValues("delete", reason).Inc()
+	return nil
+}
+
+func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeployment) error {
+	_, err := c.kube.CoreV1().Services(md.Namespace).Create(ctx, headlessService(md), metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create service: %w", err)
+	}
+	return nil
+}
+
+// setFinalizers writes the finalizer list, guarded by the resourceVersion.
+func (c *Controller) setFinalizers(ctx context.Context, md *v1alpha1.ModelDeployment, fin []string) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"finalizers": fin, "resourceVersion": md.ResourceVersion,
+	}})
+	_, err := c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).
+		Patch(ctx, md.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// finalize deletes every child, then releases the deployment.
+func (c *Controller) finalize(ctx context.Context, md *v1alpha1.ModelDeployment, pods []*corev1.Pod) (time.Duration, error) {
+	if !slices.Contains(md.Finalizers, Finalizer) {
+		return 0, nil
+	}
+	var errs []error
+	for _, p := range pods {
+		if p.DeletionTimestamp == nil {
+			errs = append(errs, c.deletePod(ctx, p, "Cleanup"))
+		}
+	}
+	scalers, err := c.ownedScalers(md)
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range scalers {
+		err := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	err = c.kube.CoreV1().Services(md.Namespace).Delete(ctx, md.Name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	if len(pods) > 0 || len(scalers) > 0 {
+		return time.Second, nil // wait until the cache shows them gone
+	}
+	c.recorder.Eventf(md, corev1.EventTypeNormal, "CleanedUp", "deleted every pod, role scaler and the service")
+	return 0, c.setFinalizers(ctx, md, slices.DeleteFunc(slices.Clone(md.Finalizers), func(f string) bool { return f == Finalizer }))
+}

@@ -1,0 +1,177 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// scalerName is the RoleScaler of one role.
+func scalerName(md, role string) string { return md + "-" + role }
+
+func roleSelector(md, role string) string {
+	return labels.Set{v1alpha1.LabelDeployment: md, v1alpha1.LabelRole: role, v1alpha1.LabelWorker: "0"}.String()
+}
+
+func (c *Controller) ownedScalers(md *v1alpha1.ModelDeployment) ([]*v1alpha1.RoleScaler, error) {
+	objs, err := c.scalers.ByNamespace(md.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	var out []*v1alpha1.RoleScaler
+	for _, o := range objs {
+		s := &v1alpha1.RoleScaler{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.(*unstructured.Unstructured).Object, s); err != nil {
+			continue
+		}
+		if s.Spec.Deployment == md.Name {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// syncScalers keeps one RoleScaler per role and its replicas equal to the
+// role's: a scaler whose spec changed since the controller last saw it
+// (generation > observedGeneration) was scaled by someone (HPA, KEDA, a
+// user) and its value is copied into the deployment; otherwise the
+// deployment's value is copied into the scaler. changed reports that the
+// deployment was written (its event brings the next reconcile).
+func (c *Controller) syncScalers(ctx context.Context, md *v1alpha1.ModelDeployment, pods []*corev1.Pod) (changed bool, err error) {
+	existing, err := c.ownedScalers(md)
+	if err != nil {
+		return false, err
+	}
+	byRole := map[string]*v1alpha1.RoleScaler{}
+	for _, s := range existing {
+		byRole[s.Spec.Role] = s
+	}
+	rc := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace)
+	for i := range md.Spec.Roles {
+		r := &md.Spec.Roles[i]
+		s := byRole[r.Name]
+		delete(byRole, r.Name)
+		if s == nil {
+			if err := c.createScaler(ctx, md, r); err != nil {
+				return false, err
+			}
+			continue
+		}
+		switch {
+		case s.Generation != s.Status.ObservedGeneration && s.Spec.Replicas != *r.Replicas:
+			if err := c.patchRoleReplicas(ctx, md, i, s.Spec.Replicas); err != nil {
+				return false, err
+			}
+			c.recorder.Eventf(md, corev1.EventTypeNormal, "ScaledRole", "role %s: %d -> %d replicas per group (RoleScaler %s)",
+				r.Name, *r.Replicas, s.Spec.Replicas, s.Name)
+			changed = true
+		case s.Generation == s.Status.ObservedGeneration && s.Spec.Replicas != *r.Replicas:
+			s.Spec.Replicas = *r.Replicas
+			if err := c.writeScaler(ctx, s, false); err != nil {
+				return false, err
+			}
+			continue // status follows on the next pass (the scaler's generation moved)
+		}
+		st := v1alpha1.RoleScalerStatus{
+			ObservedGeneration: s.Generation,
+			Replicas:           currentReplicas(md, r.Name, pods),
+			Selector:           roleSelector(md.Name, r.Name),
+		}
+		if !reflect.DeepEqual(st, s.Status) {
+			s.Status = st
+			if err := c.writeScaler(ctx, s, true); err != nil {
+				return false, err
+			}
+		}
+	}
+	for _, s := range byRole { // roles that were removed
+		if err := rc.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+	}
+	return changed, nil
+}
+
+// currentReplicas is the role's replicas per group as the /scale status
+// reports them: existing leaders over existing groups.
+func currentReplicas(md *v1alpha1.ModelDeployment, role string, pods []*corev1.Pod) int32 {
+	groups := map[string]bool{}
+	leaders := 0
+	for _, p := range pods {
+		groups[p.Labels[v1alpha1.LabelGroup]] = true
+		if p.Labels[v1alpha1.LabelRole] == role && p.Labels[v1alpha1.LabelWorker] == "0" && p.DeletionTimestamp == nil {
+			leaders++
+		}
+	}
+	if len(groups) == 0 {
+		return 0
+	}
+	return int32(leaders / len(groups))
+}
+
+func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeployment, r *v1alpha1.Role) error {
+	s := &v1alpha1.RoleScaler{
+		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "RoleScaler"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: scalerName(md.Name, r.Name), Namespace: md.Namespace,
+			Labels:          map[string]string{v1alpha1.LabelDeployment: md.Name, v1alpha1.LabelRole: r.Name},
+			OwnerReferences: []metav1.OwnerReference{ownerRef(md)},
+		},
+		Spec: v1alpha1.RoleScalerSpec{Deployment: md.Name, Role: r.Name, Replicas: *r.Replicas},
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
+	if err != nil {
+		return err
+	}
+	_, err = c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace).
+		Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create role scaler %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+func (c *Controller) writeScaler(ctx context.Context, s *v1alpha1.RoleScaler, status bool) error {
+	s.APIVersion, s.Kind = v1alpha1.SchemeGroupVersion.String(), "RoleScaler"
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
+	if err != nil {
+		return err
+	}
+	rc := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(s.Namespace)
+	u := &unstructured.Unstructured{Object: obj}
+	if status {
+		_, err = rc.UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	} else {
+		_, err = rc.Update(ctx, u, metav1.UpdateOptions{})
+	}
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil // a newer version exists; its event brings us back
+	}
+	return err
+}
+
+// patchRoleReplicas sets roles[i].replicas, checking the index still names
+// the same role.
+func (c *Controller) patchRoleReplicas(ctx context.Context, md *v1alpha1.ModelDeployment, i int, n int32) error {
+	patch, _ := json.Marshal([]map[string]any{
+		{"op": "test", "path": fmt.Sprintf("/spec/roles/%d/name", i), "value": md.Spec.Roles[i].Name},
+		{"op": "add", "path": fmt.Sprintf("/spec/roles/%d/replicas", i), "value": n},
+	})
+	_, err := c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).
+		Patch(ctx, md.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("scale role %s: %w", md.Spec.Roles[i].Name, err)
+	}
+	return nil
+}

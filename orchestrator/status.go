@@ -1,0 +1,134 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// computeStatus derives the status from the pods the controller saw.
+func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha1.ModelDeploymentStatus, gangErr error) v1alpha1.ModelDeploymentStatus {
+	st, _ := newState(pods)
+	groups := int(*md.Spec.Groups)
+	out := v1alpha1.ModelDeploymentStatus{
+		ObservedGeneration: md.Generation,
+		Selector:           selectorFor(md.Name),
+		Conditions:         append([]metav1.Condition(nil), old.Conditions...),
+	}
+	for g := range st.groups {
+		if g < groups {
+			out.Groups++
+		}
+	}
+	complete := true
+	for i := range md.Spec.Roles {
+		r := &md.Spec.Roles[i]
+		rev := revision(r)
+		rs := v1alpha1.RoleStatus{Name: r.Name, Revision: rev}
+		for s, v := range st.bySlot {
+			if s.Role != r.Name || s.Member != 0 || s.Group >= groups || s.Replica >= int(*r.Replicas) {
+				continue
+			}
+			rs.Replicas++
+			if replicaReady(st, r, s) {
+				rs.ReadyReplicas++
+			}
+			if v.Revision == rev {
+				rs.UpdatedReplicas++
+			}
+		}
+		want := int32(groups) * *r.Replicas
+		if rs.Replicas != want || rs.UpdatedReplicas != want {
+			complete = false
+		}
+		out.Roles = append(out.Roles, rs)
+	}
+	for g := range groups {
+		if groupReady(md, st, g) {
+			out.ReadyGroups++
+		}
+	}
+	out.Ready = strconv.Itoa(int(out.ReadyGroups)) + "/" + strconv.Itoa(groups)
+	setConditions(&out, md, groups, complete, gangErr)
+	return out
+}
+
+func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, groups int, complete bool, gangErr error) {
+	cond := func(t string, ok bool, reason, msg string) {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&out.Conditions, metav1.Condition{
+			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: md.Generation,
+		})
+	}
+	if int(out.ReadyGroups) == groups {
+		cond(v1alpha1.ConditionAvailable, true, "AllGroupsReady", fmt.Sprintf("%d/%d groups ready", out.ReadyGroups, groups))
+	} else {
+		cond(v1alpha1.ConditionAvailable, false, "GroupsNotReady", fmt.Sprintf("%d/%d groups ready", out.ReadyGroups, groups))
+	}
+	if complete {
+		cond(v1alpha1.ConditionProgressing, false, "Complete", "every replica exists at the current revision")
+	} else {
+		cond(v1alpha1.ConditionProgressing, true, "Reconciling", "creating, deleting or rolling replicas")
+	}
+	if gangErr != nil && errors.Is(gangErr, errGang) {
+		cond(v1alpha1.ConditionGangBlocked, true, "GangCreateFailed", gangErr.Error())
+	} else {
+		cond(v1alpha1.ConditionGangBlocked, false, "GangsComplete", "every group was created whole")
+	}
+}
+
+// replicaReady: every member of the replica exists and is ready.
+func replicaReady(st *state, r *v1alpha1.Role, s slot) bool {
+	for m := range members(r) {
+		v := st.bySlot[slot{s.Group, r.Name, s.Replica, m}]
+		if v == nil || !v.Ready || v.Pod.DeletionTimestamp != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func groupReady(md *v1alpha1.ModelDeployment, st *state, g int) bool {
+	for i := range md.Spec.Roles {
+		r := &md.Spec.Roles[i]
+		for rep := range int(*r.Replicas) {
+			if !replicaReady(st, r, slot{g, r.Name, rep, 0}) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// updateStatus writes the status subresource when it changed.
+func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr error) error {
+	st := computeStatus(md, pods, md.Status, gangErr)
+	if reflect.DeepEqual(st, md.Status) {
+		return nil
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return err
+	}
+	u = u.DeepCopy()
+	u.Object["status"] = obj
+	_, err = c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil // a newer version is on its way through the informer
+	}
+	return err
+}

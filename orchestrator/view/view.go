@@ -1,0 +1,145 @@
+// Package view prints kvmesh.io resources for `kvmesh get` and `kvmesh
+// describe`. The API server renders the CRDs' printer columns itself (the
+// Table format), so `get` shows the same READY/STATUS columns as kubectl.
+package view
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// Resource resolves a name or alias to a kvmesh.io resource.
+func Resource(s string) (string, error) {
+	switch strings.ToLower(s) {
+	case "modeldeployments", "modeldeployment", "md":
+		return "modeldeployments", nil
+	case "autoscalingpolicies", "autoscalingpolicy", "asp":
+		return "autoscalingpolicies", nil
+	case "rolescalers", "rolescaler":
+		return "rolescalers", nil
+	}
+	return "", fmt.Errorf("unknown resource %q (modeldeployments, autoscalingpolicies, rolescalers)", s)
+}
+
+func client(cfg *rest.Config) (*rest.RESTClient, error) {
+	c := rest.CopyConfig(cfg)
+	gv := v1alpha1.SchemeGroupVersion
+	c.GroupVersion, c.APIPath = &gv, "/apis"
+	c.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
+	return rest.RESTClientFor(c)
+}
+
+// Get prints resource in namespace (all namespaces when ns is "") as the
+// API server's table, or one object when name is set.
+func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w io.Writer) error {
+	rc, err := client(cfg)
+	if err != nil {
+		return err
+	}
+	req := rc.Get().Resource(resource).SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	if ns != "" {
+		req = req.Namespace(ns)
+	}
+	if name != "" {
+		req = req.Name(name)
+	}
+	body, err := req.DoRaw(ctx)
+	if err != nil {
+		return err
+	}
+	var t metav1.Table
+	if err := json.Unmarshal(body, &t); err != nil {
+		return fmt.Errorf("decode table: %w", err)
+	}
+	return printTable(w, &t, ns == "")
+}
+
+func printTable(w io.Writer, t *metav1.Table, withNS bool) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	var cols []int
+	var head []string
+	if withNS {
+		head = append(head, "NAMESPACE")
+	}
+	for i, c := range t.ColumnDefinitions {
+		if c.Priority == 0 {
+			cols = append(cols, i)
+			head = append(head, strings.ToUpper(c.Name))
+		}
+	}
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	for _, r := range t.Rows {
+		var cells []string
+		if withNS {
+			var m metav1.PartialObjectMetadata
+			_ = json.Unmarshal(r.Object.Raw, &m)
+			cells = append(cells, m.Namespace)
+		}
+		for _, i := range cols {
+			if i < len(r.Cells) {
+				cells = append(cells, fmt.Sprint(cellString(r.Cells[i])))
+			}
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+func cellString(v any) string {
+	if v == nil {
+		return "<none>"
+	}
+	return fmt.Sprint(v)
+}
+
+// Describe prints one object's spec and status as YAML and its events.
+func Describe(ctx context.Context, cfg *rest.Config, resource, ns, name string, w io.Writer) error {
+	rc, err := client(cfg)
+	if err != nil {
+		return err
+	}
+	body, err := rc.Get().Resource(resource).Namespace(ns).Name(name).DoRaw(ctx)
+	if err != nil {
+		return err
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return err
+	}
+	md, _ := obj["metadata"].(map[string]any)
+	out := map[string]any{"name": md["name"], "namespace": md["namespace"], "spec": obj["spec"], "status": obj["status"]}
+	y, err := yaml.Marshal(out)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(y); err != nil {
+		return err
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	evs, err := kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	if err != nil {
+		return nil // events are optional (RBAC may forbid them)
+	}
+	fmt.Fprintln(w, "events:")
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "  TYPE\tREASON\tCOUNT\tMESSAGE")
+	for _, e := range evs.Items {
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", e.Type, e.Reason, max(e.Count, 1), e.Message)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,144 @@
+package webhook
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// Pod labels and annotations the webhook reads.
+const (
+	LabelInject          = "kvmesh.io/inject"
+	LabelRoleKind        = "kvmesh.io/role-kind"
+	AnnotationModel      = "kvmesh.io/model"
+	AnnotationEnginePort = "kvmesh.io/engine-port"
+	AnnotationEventsPort = "kvmesh.io/kv-events-port"
+	AnnotationReplayPort = "kvmesh.io/replay-port"
+	AnnotationInjected   = "kvmesh.io/sidecar-injected"
+	// ContainerName is the injected container's name.
+	ContainerName = "kvmesh-sidecar"
+)
+
+// SidecarConfig is what every injected sidecar shares.
+type SidecarConfig struct {
+	// Image of kvmesh (default ghcr.io/kvmesh/kvmesh:latest).
+	Image string
+	// NATS is the NATS URL list (empty: the sidecar's default).
+	NATS string
+	// GossipJoin is the gossip seed address (empty: no gossip).
+	GossipJoin string
+	// GossipPort is the sidecar's gossip port (7946).
+	GossipPort int
+	// AdminPort serves /health, /ready and /metrics (9101).
+	AdminPort int
+}
+
+// DefaultSidecarConfig matches manifests/base.
+func DefaultSidecarConfig() SidecarConfig {
+	return SidecarConfig{
+		Image: "ghcr.io/kvmesh/kvmesh:latest", NATS: "nats://nats.kvmesh.svc:4222",
+		GossipJoin: "kvmesh-gossip.kvmesh.svc:7946", GossipPort: 7946, AdminPort: 9101,
+	}
+}
+
+// ErrBadPort is a port annotation that is not a port number.
+var ErrBadPort = errors.New("bad port annotation")
+
+func port(ann map[string]string, key string, def int) (int, error) {
+	v, ok := ann[key]
+	if !ok {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 65535 {
+		return 0, fmt.Errorf("%w: %s=%q", ErrBadPort, key, v)
+	}
+	return n, nil
+}
+
+// sidecar builds the native sidecar container for pod.
+func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
+	enginePort, err1 := port(pod.Annotations, AnnotationEnginePort, 8000)
+	eventsPort, err2 := port(pod.Annotations, AnnotationEventsPort, 5557)
+	replayPort, err3 := port(pod.Annotations, AnnotationReplayPort, 5558)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return corev1.Container{}, err
+	}
+	model := pod.Annotations[AnnotationModel]
+	role := pod.Labels[LabelRoleKind]
+	if role == "" {
+		role = "mixed"
+	}
+	args := []string{
+		"sidecar",
+		"--engine-id=$(POD_NAME)",
+		"--engine-url=http://$(POD_IP):" + strconv.Itoa(enginePort),
+		"--events=tcp://127.0.0.1:" + strconv.Itoa(eventsPort),
+		"--replay=tcp://127.0.0.1:" + strconv.Itoa(replayPort),
+		"--role=" + role,
+		"--admin=0.0.0.0:" + strconv.Itoa(c.AdminPort),
+	}
+	if model != "" {
+		args = append(args, "--model="+model)
+	}
+	if c.NATS != "" {
+		args = append(args, "--nats="+c.NATS)
+	}
+	if c.GossipJoin != "" {
+		gp := strconv.Itoa(c.GossipPort)
+		args = append(args, "--gossip-bind=0.0.0.0:"+gp, "--gossip-advertise=$(POD_IP):"+gp, "--join="+c.GossipJoin)
+	}
+	always := corev1.ContainerRestartPolicyAlways
+	return corev1.Container{
+		Name:          ContainerName,
+		Image:         c.Image,
+		Args:          args,
+		RestartPolicy: &always,
+		Env: []corev1.EnvVar{
+			{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+		},
+		Ports: []corev1.ContainerPort{
+			{Name: "kvmesh-admin", ContainerPort: int32(c.AdminPort)},
+			{Name: "gossip-tcp", ContainerPort: int32(c.GossipPort), Protocol: corev1.ProtocolTCP},
+			{Name: "gossip-udp", ContainerPort: int32(c.GossipPort), Protocol: corev1.ProtocolUDP},
+		},
+		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: "/ready", Port: intstrPort(c.AdminPort)}}},
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")}},
+	}, nil
+}
+
+// patchFor returns the JSON patch that injects the sidecar, or nil when the
+// pod does not ask for it or already has it (the webhook may be reinvoked).
+func (c SidecarConfig) patchFor(pod *corev1.Pod) ([]byte, error) {
+	if pod.Labels[LabelInject] != "true" {
+		return nil, nil
+	}
+	for _, ic := range pod.Spec.InitContainers {
+		if ic.Name == ContainerName {
+			return nil, nil
+		}
+	}
+	sc, err := c.sidecar(pod)
+	if err != nil {
+		return nil, err
+	}
+	var ops []map[string]any
+	if len(pod.Spec.InitContainers) == 0 {
+		ops = append(ops, map[string]any{"op": "add", "path": "/spec/initContainers", "value": []corev1.Container{sc}})
+	} else {
+		ops = append(ops, map[string]any{"op": "add", "path": "/spec/initContainers/-", "value": sc})
+	}
+	if pod.Annotations == nil {
+		ops = append(ops, map[string]any{"op": "add", "path": "/metadata/annotations", "value": map[string]string{AnnotationInjected: "true"}})
+	} else {
+		ops = append(ops, map[string]any{"op": "add", "path": "/metadata/annotations/kvmesh.io~1sidecar-injected", "value": "true"})
+	}
+	return json.Marshal(ops)
+}

@@ -1,0 +1,150 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Path is where the webhook is served.
+const Path = "/mutate-pods"
+
+// maxBody bounds an AdmissionReview (the API server sends at most ~3 MiB objects).
+const maxBody = 8 << 20
+
+var reviews = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "kvmesh_webhook_reviews_total", Help: "Admission reviews by outcome (injected, skipped, rejected, bad_request).",
+}, []string{"outcome"})
+
+// Register adds the webhook's metrics to r.
+func Register(r prometheus.Registerer) error { return r.Register(reviews) }
+
+func intstrPort(p int) intstr.IntOrString { return intstr.FromInt32(int32(p)) }
+
+// Handler serves AdmissionReview v1 requests for pods.
+type Handler struct {
+	Sidecar SidecarConfig
+	Log     *slog.Logger
+}
+
+// ServeHTTP decodes the review, computes the patch and answers.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(body) > maxBody {
+		reviews.WithLabelValues("bad_request").Inc()
+		http.Error(w, "body too large or unreadable", http.StatusBadRequest)
+		return
+	}
+	resp, err := h.Review(body)
+	if err != nil {
+		reviews.WithLabelValues("bad_request").Inc()
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+// ErrBadReview is a request that is not an AdmissionReview for a pod.
+var ErrBadReview = errors.New("bad admission review")
+
+// Review turns an AdmissionReview request into its response.
+func (h *Handler) Review(body []byte) (*admissionv1.AdmissionReview, error) {
+	var in admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &in); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadReview, err)
+	}
+	if in.Request == nil {
+		return nil, fmt.Errorf("%w: no request", ErrBadReview)
+	}
+	out := &admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Response: &admissionv1.AdmissionResponse{UID: in.Request.UID, Allowed: true},
+	}
+	if in.Request.Kind.Kind != "Pod" {
+		reviews.WithLabelValues("skipped").Inc()
+		return out, nil
+	}
+	var pod corev1.Pod
+	if err := json.Unmarshal(in.Request.Object.Raw, &pod); err != nil {
+		return nil, fmt.Errorf("%w: pod: %w", ErrBadReview, err)
+	}
+	patch, err := h.Sidecar.patchFor(&pod)
+	switch {
+	case err != nil:
+		reviews.WithLabelValues("rejected").Inc()
+		out.Response.Allowed = false
+		out.Response.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusUnprocessableEntity,
+			Reason: metav1.StatusReasonInvalid, Message: "kvmesh sidecar injection: " + err.Error()}
+	case patch == nil:
+		reviews.WithLabelValues("skipped").Inc()
+	default:
+		reviews.WithLabelValues("injected").Inc()
+		pt := admissionv1.PatchTypeJSONPatch
+		out.Response.Patch, out.Response.PatchType = patch, &pt
+		if h.Log != nil {
+			h.Log.Debug("injected sidecar", "namespace", in.Request.Namespace, "pod", pod.Name+pod.GenerateName)
+		}
+	}
+	return out, nil
+}
+
+// Server is the webhook's HTTPS server.
+type Server struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// Listen binds addr with the certificate; Serve runs it.
+func Listen(addr string, cert tls.Certificate, h http.Handler) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(Path, h)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	srv := &http.Server{
+		Handler:           mux,
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+	}
+	return &Server{srv: srv, ln: ln}, nil
+}
+
+// Addr is the bound address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Serve serves until ctx ends, then shuts down (5 s grace).
+func (s *Server) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.ServeTLS(s.ln, "", "") }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.srv.Shutdown(sctx)
+		<-errc
+		return nil
+	}
+}

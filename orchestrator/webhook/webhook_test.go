@@ -1,0 +1,159 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kvmesh/kvmesh/internal/kubetest"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{})) }
+
+func enginePod(name string, labels, ann map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: ann},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+	}
+}
+
+func review(t testing.TB, pod *corev1.Pod) []byte {
+	t.Helper()
+	raw, _ := json.Marshal(pod)
+	b, _ := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{UID: "u1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Object: runtime.RawExtension{Raw: raw}},
+	})
+	return b
+}
+
+func TestReview(t *testing.T) {
+	h := &Handler{Sidecar: DefaultSidecarConfig()}
+	inject := map[string]string{LabelInject: "true", LabelRoleKind: "decode"}
+	cases := []struct {
+		name    string
+		pod     *corev1.Pod
+		allowed bool
+		patched bool
+		want    []string // substrings of the patch
+	}{
+		{"unlabelled", enginePod("a", nil, nil), true, false, nil},
+		{"labelled", enginePod("b", inject, map[string]string{AnnotationEventsPort: "6000", AnnotationModel: "m"}), true, true,
+			[]string{`"restartPolicy":"Always"`, `--events=tcp://127.0.0.1:6000`, `--replay=tcp://127.0.0.1:5558`,
+				`--engine-url=http://$(POD_IP):8000`, `--role=decode`, `--model=m`, `/spec/initContainers`}},
+		{"bad port", enginePod("c", inject, map[string]string{AnnotationEnginePort: "http"}), false, false, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := h.Review(review(t, c.pod))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out.Response.UID != "u1" || out.Response.Allowed != c.allowed || (out.Response.Patch != nil) != c.patched {
+				t.Fatalf("response %+v", out.Response)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(string(out.Response.Patch), w) {
+					t.Errorf("patch lacks %s: %s", w, out.Response.Patch)
+				}
+			}
+		})
+	}
+	// Reinvocation: a pod that has the sidecar is left alone.
+	p := enginePod("d", inject, nil)
+	p.Spec.InitContainers = []corev1.Container{{Name: ContainerName}}
+	if out, _ := h.Review(review(t, p)); out.Response.Patch != nil {
+		t.Errorf("injected twice: %s", out.Response.Patch)
+	}
+	for _, bad := range []string{"", "{", `{"request":null}`, `{"request":{"kind":{"kind":"Pod"},"object":"x"}}`} {
+		if _, err := h.Review([]byte(bad)); !errors.Is(err, ErrBadReview) {
+			t.Errorf("%q: %v, want ErrBadReview", bad, err)
+		}
+	}
+}
+
+func FuzzReview(f *testing.F) {
+	f.Add(review(f, enginePod("b", map[string]string{LabelInject: "true"}, map[string]string{AnnotationEnginePort: "1"})))
+	f.Add([]byte(`{"request":{"uid":"x","kind":{"kind":"Pod"},"object":{"metadata":{"labels":{"kvmesh.io/inject":"true"}}}}}`))
+	f.Add([]byte(`{}`))
+	h := &Handler{Sidecar: DefaultSidecarConfig()}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out, err := h.Review(b)
+		if err == nil && (out == nil || out.Response == nil) {
+			t.Fatal("no response and no error")
+		}
+	})
+}
+
+// TestInjectionThroughAdmissionChain registers the webhook by URL and CA
+// bundle with a real API server, which calls it over TLS on loopback when a
+// labelled pod is created.
+func TestInjectionThroughAdmissionChain(t *testing.T) {
+	s := kubetest.Shared(t)
+	ns := s.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	certs, err := GenerateCerts("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := Listen("127.0.0.1:0", certs.Cert, &Handler{Sidecar: DefaultSidecarConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(sctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	kube := kubernetes.NewForConfigOrDie(s.Config)
+	if err := Ensure(ctx, kube, Target{URL: "https://" + srv.Addr() + Path}, certs.CABundle); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(context.Background(), ConfigName, metav1.DeleteOptions{})
+	})
+	inject := map[string]string{LabelInject: "true"}
+	// The API server loads webhook configurations asynchronously: probe with dry runs.
+	testutil.WaitFor(t, time.Minute, "the API server to call the webhook", func() bool {
+		p, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("probe", inject, nil), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil && len(p.Spec.InitContainers) == 1
+	})
+	p, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("engine", inject, map[string]string{AnnotationModel: "m"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Name != ContainerName ||
+		p.Spec.InitContainers[0].RestartPolicy == nil || *p.Spec.InitContainers[0].RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Fatalf("stored pod has init containers %+v", p.Spec.InitContainers)
+	}
+	if p.Annotations[AnnotationInjected] != "true" {
+		t.Errorf("annotations %v", p.Annotations)
+	}
+	plain, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("plain", nil, nil), metav1.CreateOptions{})
+	if err != nil || len(plain.Spec.InitContainers) != 0 {
+		t.Fatalf("unlabelled pod: %v %v", plain.Spec.InitContainers, err)
+	}
+	_, err = kube.CoreV1().Pods(ns).Create(ctx, enginePod("badport", inject, map[string]string{AnnotationReplayPort: "99999"}), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "bad port annotation") {
+		t.Fatalf("bad port annotation admitted: %v", err)
+	}
+	var se *apierrors.StatusError
+	if !errors.As(err, &se) {
+		t.Errorf("error %T is not an API status", err)
+	}
+}

@@ -1,0 +1,50 @@
+package sim
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// The runtime adapter endpoints behave as vLLM's: load, duplicate load,
+// a slot limit, requests naming the adapter, unload, unknown unload.
+func TestLoRAAdapterLifecycle(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.LoRA = LoRAConfig{Enable: true, MaxLoRAs: 1} })
+	gen := func(model string) int {
+		code, _, _ := post(t, s.URL()+"/v1/completions", map[string]any{"model": model, "prompt": []int{1, 2, 3, 4, 5}, "max_tokens": 1})
+		return code
+	}
+	steps := []struct {
+		path string
+		body map[string]string
+		code int
+		msg  string
+	}{
+		{"/v1/load_lora_adapter", map[string]string{"lora_name": "a", "lora_path": "/p/a"}, 200, "added successfully"},
+		{"/v1/load_lora_adapter", map[string]string{"lora_name": "a", "lora_path": "/p/a"}, 400, "already been loaded"},
+		{"/v1/load_lora_adapter", map[string]string{"lora_name": "b", "lora_path": "/p/b"}, 400, "No free LoRA slot"},
+		{"/v1/load_lora_adapter", map[string]string{"lora_name": "b"}, 400, "must be provided"},
+	}
+	for _, st := range steps {
+		code, body, _ := post(t, s.URL()+st.path, st.body)
+		if code != st.code || !strings.Contains(string(body), st.msg) {
+			t.Fatalf("%s %v: %d %s, want %d %q", st.path, st.body, code, body, st.code, st.msg)
+		}
+	}
+	if c := gen("a"); c != http.StatusOK {
+		t.Fatalf("request to loaded adapter: %d", c)
+	}
+	if code, body, _ := post(t, s.URL()+"/v1/unload_lora_adapter", map[string]string{"lora_name": "a"}); code != 200 || !strings.Contains(string(body), "removed") {
+		t.Fatalf("unload: %d %s", code, body)
+	}
+	if code, _, _ := post(t, s.URL()+"/v1/unload_lora_adapter", map[string]string{"lora_name": "a"}); code != http.StatusNotFound {
+		t.Fatalf("second unload: %d, want 404", code)
+	}
+	if c := gen("a"); c != http.StatusNotFound {
+		t.Fatalf("request to unloaded adapter: %d, want 404", c)
+	}
+	off := startSim(t, nil)
+	if code, _, _ := post(t, off.URL()+"/v1/load_lora_adapter", map[string]string{"lora_name": "a", "lora_path": "/p"}); code != http.StatusBadRequest {
+		t.Fatalf("load without --enable-lora: %d, want 400", code)
+	}
+}

@@ -1,0 +1,179 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// The decode side of a KV transfer: reading a prefill engine's held blocks
+// over the side channel (NIXL) or the bootstrap connection (SGLang).
+
+// nixlRead is the decode side of vLLM's NIXL protocol: it reads the blocks
+// the local cache lacks from the prefill engine named by kp and returns how
+// many leading prompt tokens now have KV (0 = prefill locally).
+func (p *pdState) nixlRead(ctx context.Context, rk *rank, g *gen, kp *kvTransferParams) int {
+	lbl := []string{p.s.cfg.Model, strconv.Itoa(rk.idx)}
+	if len(kp.RemoteBlockIDs) == 0 || kp.RemoteEngineID == nil || kp.RemoteRequestID == nil || kp.RemoteHost == nil || kp.RemotePort == nil {
+		p.log.Warn("Got invalid KVTransferParams. This request will not utilize KVTransfer", "request_id", g.id, "params", kp.String())
+		p.metrics.invalid.WithLabelValues(lbl...).Inc()
+		return 0
+	}
+	prompt := g.prompts[0]
+	bs := p.s.cfg.Engine.BlockSize
+	rk.mu.Lock()
+	hit := rk.eng.PrefixHitBlocks(prompt, "", g.salt)
+	rk.mu.Unlock()
+	ids := kp.RemoteBlockIDs[min(hit, len(kp.RemoteBlockIDs)):]
+	msg := readMsg{EngineID: *kp.RemoteEngineID, RequestID: *kp.RemoteRequestID, BlockIDs: make([]uint32, 0, len(ids))}
+	for _, id := range ids {
+		if id < 0 || id > 1<<31 {
+			p.log.Warn("Got invalid KVTransferParams: block id out of range", "request_id", g.id, "block_id", id)
+			p.metrics.invalid.WithLabelValues(lbl...).Inc()
+			return 0
+		}
+		msg.BlockIDs = append(msg.BlockIDs, uint32(id))
+	}
+	addr := net.JoinHostPort(*kp.RemoteHost, strconv.Itoa(*kp.RemotePort))
+	start := hit * bs
+	got, d, err := p.transfer(ctx, rk, addr, frameRead, msg.appendBody(nil), prompt, start, len(ids))
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrClosed) {
+			return 0 // the client left or the server closes: nothing failed on the wire
+		}
+		p.log.Warn("KV transfer failed; prefilling locally", "request_id", g.id, "remote", addr, "err", err)
+		p.metrics.failed.WithLabelValues(lbl...).Inc()
+		return 0
+	}
+	p.observe(lbl, len(ids), d)
+	return start + got
+}
+
+// bootstrapRead is the decode side of SGLang's protocol: wait for the
+// room's KV on the prefill's bootstrap server and read all of it.
+func (p *pdState) bootstrapRead(ctx context.Context, rk *rank, g *gen, pr *pdRequest) (int, error) {
+	if pr.BootstrapHost == nil || *pr.BootstrapHost == "" {
+		return 0, errors.New("bootstrap_host missing")
+	}
+	port := 8998
+	if pr.BootstrapPort != nil {
+		port = *pr.BootstrapPort
+	}
+	prompt := g.prompts[0]
+	bs := p.s.cfg.Engine.BlockSize
+	nb := (len(prompt) + bs - 1) / bs
+	msg := waitMsg{Room: *pr.BootstrapRoom, TimeoutMS: uint64(p.cfg.BootstrapTimeout / time.Millisecond)}
+	addr := net.JoinHostPort(*pr.BootstrapHost, strconv.Itoa(port))
+	got, d, err := p.transfer(ctx, rk, addr, frameWait, msg.appendBody(nil), prompt, 0, nb)
+	if err != nil {
+		return 0, err
+	}
+	p.observe([]string{p.s.cfg.Model, strconv.Itoa(rk.idx)}, nb, d)
+	return got, nil
+}
+
+func (p *pdState) observe(lbl []string, blocks int, d time.Duration) {
+	m := p.metrics
+	m.xferTime.WithLabelValues(lbl...).Observe(d.Seconds())
+	m.bytes.WithLabelValues(lbl...).Observe(p.s.cfg.Engine.Profile.BlockBytes(p.s.cfg.Engine.BlockSize) * float64(blocks))
+	m.descriptors.WithLabelValues(lbl...).Observe(float64(blocks * 2 * max(1, p.s.cfg.Engine.Profile.Layers)))
+	m.transfers.WithLabelValues("recv").Inc()
+}
+
+// transfer runs one side-channel conversation as the reader: send the
+// request frame, receive the blocks' tokens (checked against prompt from
+// start), wait the modelled transfer time of blocks blocks, send DONE and
+// wait for ACK. It returns the number of prompt tokens received and the
+// modelled transfer time.
+func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameType, body []byte, prompt []uint32, start, blocks int) (int, time.Duration, error) {
+	p.metrics.inflight.Add(1)
+	rk.transferring.Add(1)
+	defer func() { p.metrics.inflight.Add(-1); rk.transferring.Add(-1) }()
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second) // vLLM's handshake timeout
+	conn, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
+	cancel()
+	if err != nil {
+		return 0, 0, fmt.Errorf("dial side channel: %w", err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	replyWait := 30 * time.Second
+	if t == frameWait {
+		replyWait += p.cfg.BootstrapTimeout
+	}
+	_ = conn.SetDeadline(time.Now().Add(replyWait))
+	if _, err := conn.Write(appendFrame(nil, t, body)); err != nil {
+		return 0, 0, fmt.Errorf("send %v: %w", t, err)
+	}
+	br := bufio.NewReader(conn)
+	bm, err := readBlocksReply(br)
+	if err != nil {
+		return 0, 0, err
+	}
+	bs := p.s.cfg.Engine.BlockSize
+	if bm.BlockSize != bs {
+		return 0, 0, fmt.Errorf("remote block size %d, local %d", bm.BlockSize, bs)
+	}
+	want := prompt[min(start, len(prompt)):min(start+len(bm.Tokens), len(prompt))]
+	if !slices.Equal(bm.Tokens[:len(want)], want) {
+		return 0, 0, errors.New("the remote blocks hold other tokens than this prompt")
+	}
+	d := p.s.cfg.Engine.Profile.KVTransferTime(blocks, bs, p.cfg.TransferGbps)
+	if err := p.sleepModelled(ctx, d); err != nil {
+		return 0, 0, err
+	}
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := conn.Write(appendFrame(nil, frameDone, nil)); err != nil {
+		return 0, 0, fmt.Errorf("send DONE: %w", err)
+	}
+	if typ, rb, err := readFrame(br, nil); err != nil || typ != frameAck || decodeEmpty(rb) != nil {
+		// The KV arrived; only the prefill's acknowledgement is missing.
+		p.log.Debug("no ACK after DONE", "remote", addr, "frame", typ, "err", err)
+	}
+	return len(want), d, nil
+}
+
+// readBlocksReply reads the prefill's answer to READ or WAIT: the blocks'
+// tokens, or its ERROR as a *remoteError.
+func readBlocksReply(br *bufio.Reader) (blocksMsg, error) {
+	typ, rb, err := readFrame(br, nil)
+	if err != nil {
+		return blocksMsg{}, fmt.Errorf("read reply: %w", err)
+	}
+	switch typ {
+	case frameBlocks:
+		return decodeBlocksMsg(rb)
+	case frameError:
+		em, err := decodeErrorMsg(rb)
+		if err != nil {
+			return blocksMsg{}, err
+		}
+		return blocksMsg{}, &remoteError{em}
+	}
+	return blocksMsg{}, protoErr("unexpected %v reply", typ)
+}
+
+// sleepModelled waits modelled duration d in scaled wall time (the
+// transfer), or until the request or the server ends.
+func (p *pdState) sleepModelled(ctx context.Context, d time.Duration) error {
+	wait := p.s.cfg.wallFor(d)
+	if wait <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.quit:
+		return ErrClosed
+	}
+}

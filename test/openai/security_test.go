@@ -1,0 +1,205 @@
+package openai
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// TestTLSAndJWTWithOpenAIClient: the official client reaches the ingress
+// over HTTPS and authenticates with JWTs checked against a JWKS; a valid
+// token is served, an expired one, one signed by another key and one for
+// another audience get 401 in the OpenAI error shape.
+func TestTLSAndJWTWithOpenAIClient(t *testing.T) {
+	node, npm := needNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	npmInstall(ctx, t, npm, dir, "security.mjs")
+
+	caPEM, certFile, keyFile := writeServerCert(t, dir)
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	issuer, other := newKey(t), newKey(t)
+	jwks, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &issuer.PublicKey, KeyID: "k1", Algorithm: "ES256", Use: "sig"}}})
+	jwksFile := filepath.Join(dir, "jwks.json")
+	if err := os.WriteFile(jwksFile, jwks, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, err := auth.NewJWT(ctx, auth.JWTConfig{JWKSFile: jwksFile, Audience: "kvmesh-e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const model = "e2e-model"
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	engine, err := sim.Start(ctx, sim.Config{Model: model, TimeScale: 200, Seed: 1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { engine.Close() })
+	cfg := ingress.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.TLS.CertFile, cfg.TLS.KeyFile = certFile, keyFile
+	cfg.Engines = []ingress.StaticEngine{{ID: "sim", Model: model, URL: engine.URL()}}
+	srv, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet, Auth: auth.Chain{Verifier: v}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+
+	now := time.Now()
+	claims := func(aud string, exp time.Time) map[string]any {
+		return map[string]any{"aud": aud, "sub": "user", "tenant": "acme", "exp": exp.Unix(), "iat": now.Unix()}
+	}
+	tokens := map[string]string{
+		"valid":          sign(t, issuer, claims("kvmesh-e2e", now.Add(time.Hour))),
+		"expired":        sign(t, issuer, claims("kvmesh-e2e", now.Add(-time.Hour))),
+		"wrong_key":      sign(t, other, claims("kvmesh-e2e", now.Add(time.Hour))),
+		"wrong_audience": sign(t, issuer, claims("another-service", now.Add(time.Hour))),
+	}
+	tj, _ := json.Marshal(tokens)
+	run := exec.CommandContext(ctx, node, "security.mjs")
+	run.Dir = dir
+	run.Env = append(os.Environ(), "KVMESH_BASE_URL=https://"+srv.Addr()+"/v1", "KVMESH_MODEL="+model,
+		"KVMESH_TOKENS="+string(tj), "NODE_EXTRA_CA_CERTS="+caFile)
+	var stderr strings.Builder
+	run.Stderr = &stderr
+	out, err := run.Output()
+	if err != nil {
+		t.Fatalf("node security.mjs: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), out)
+	}
+	var res map[string]struct {
+		OK     bool   `json:"ok"`
+		Status int    `json:"status"`
+		Type   string `json:"type"`
+		Msg    string `json:"message"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("client output %q: %v", out, err)
+	}
+	if r := res["valid"]; !r.OK {
+		t.Errorf("valid token over TLS: %+v", r)
+	}
+	for _, name := range []string{"expired", "wrong_key", "wrong_audience"} {
+		if r := res[name]; r.OK || r.Status != 401 || r.Type == "" {
+			t.Errorf("%s: %+v, want a 401 OpenAI error", name, r)
+		}
+	}
+}
+
+// needNode finds node and npm; outside CI their absence skips the test.
+func needNode(t *testing.T) (node, npm string) {
+	t.Helper()
+	node, errNode := exec.LookPath("node")
+	npm, errNpm := exec.LookPath("npm")
+	if errNode != nil || errNpm != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("node and npm are required in CI: %v %v", errNode, errNpm)
+		}
+		t.Skip("node and npm are needed for the openai npm client test; install Node.js 20+ to run it")
+	}
+	return node, npm
+}
+
+// npmInstall installs the pinned openai client into dir and copies script there.
+func npmInstall(ctx context.Context, t *testing.T, npm, dir, script string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"kvmesh-e2e","private":true,"type":"module"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inst := exec.CommandContext(ctx, npm, "install", "openai@"+openaiVersion, "--no-audit", "--no-fund", "--loglevel=error")
+	inst.Dir = dir
+	if out, err := inst.CombinedOutput(); err != nil {
+		t.Fatalf("npm install openai@%s: %v\n%s", openaiVersion, err, out)
+	}
+	b, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, script), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newKey(t *testing.T) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func sign(t *testing.T, k *ecdsa.PrivateKey, claims map[string]any) string {
+	t.Helper()
+	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: k}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", "k1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := jwt.Signed(sig).Claims(claims).Serialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// writeServerCert makes a CA and a certificate for 127.0.0.1 signed by it.
+func writeServerCert(t *testing.T, dir string) (caPEM []byte, certFile, keyFile string) {
+	t.Helper()
+	caKey, key := newKey(t), newKey(t)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvmesh test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), certFile, keyFile
+}
