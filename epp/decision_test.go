@@ -115,7 +115,7 @@ func sameView(rig *pickerRig) (string, bool) {
 // (local in-flight, request and failure counters), as canonical JSON.
 func engineFields(r *replica) (string, bool) {
 	var list []map[string]any
-	if !getJSON("http://"+r.ing.Addr()+"/debug/engines", &list) {
+	if !getJSON("http://"+r.ing.AdminAddr()+"/debug/engines", &list) {
 		return "", false
 	}
 	for _, e := range list {

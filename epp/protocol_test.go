@@ -197,7 +197,7 @@ func TestPickerProtocol(t *testing.T) {
 			t.Fatalf("served_fallback_total %v, want %v", got, before+1)
 		}
 		var views []engineView
-		if !getJSON("http://"+rig.r.ing.Addr()+"/debug/engines", &views) {
+		if !getJSON("http://"+rig.r.ing.AdminAddr()+"/debug/engines", &views) {
 			t.Fatal("debug/engines")
 		}
 		for _, v := range views {
