@@ -46,9 +46,11 @@ unit: deps
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 # unit-norace runs what -race hides: allocation guards (sync.Pool drops items under the race detector, so
-# TestScheduleNoAlloc and friends skip there) and the long golden cases skipped under -race.
+# TestScheduleNoAlloc and friends are built only without it) and the long golden and tiktoken-conversion cases
+# skipped under -race. A test that skips or is left out under -race belongs in NORACE_RUN.
+NORACE_RUN ?= NoAlloc|Golden|Tiktoken
 unit-norace: deps
-	$(GO) test -count=1 -timeout 10m -run 'NoAlloc|Golden' $(PKGS)
+	$(GO) test -count=1 -timeout 10m -run '$(NORACE_RUN)' $(PKGS)
 
 # kube-bins builds (once; cached in $$HOME/.cache/kvmesh/kube) the real kube-apiserver and etcd that the
 # Kubernetes integration tests (internal/kubetest) run against. Cold: 6-8 min on 2 cores, so a cold

@@ -108,6 +108,8 @@ type Config struct {
 	// policy "kvmesh" by default, "random", "round-robin", ...). Used when
 	// Deps.Scheduler is nil.
 	Scheduler scheduler.Config `yaml:"scheduler"`
+	// PD is the prefill/decode path's admission control (pd.go).
+	PD PDConfig `yaml:"pd"`
 
 	// Cluster joins gossip (membership, load, shared rate limits) and NATS
 	// (the materialized index). Zero: standalone with Engines.
@@ -135,6 +137,12 @@ type Config struct {
 
 	// AccessLog writes one JSON line per request. Default true.
 	AccessLog bool `yaml:"accessLog"`
+
+	// Routes is a RouteConfig file (ingress/routes, docs/REQUESTS.md): model
+	// routes with weighted splits, fallbacks, LoRA adapters and rate limits,
+	// reloaded when it changes. Empty: none. Loaded by Run (embedders set
+	// Deps.Routes).
+	Routes string `yaml:"routesFile"`
 
 	// Health configures passive ejection of failing engines (health.go).
 	Health HealthConfig `yaml:"health"`
@@ -223,6 +231,7 @@ func (c *Config) Validate() error {
 		bad("speculative ttl must be >= 0")
 	}
 	c.Cluster.problems(bad)
+	c.PD.problems(bad)
 	c.Health.problems(bad)
 	c.TLS.problems(bad)
 	sc := c.Scheduler

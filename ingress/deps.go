@@ -101,6 +101,9 @@ type Admitter interface {
 // Deps are the collaborators of one Server. Nil fields turn the feature off
 // (no membership: Config.Engines; no scheduler: a load-only default).
 type Deps struct {
+	// PD is the prefill/decode step (nil: no P/D; prefill-role engines
+	// are then never chosen for whole requests by the role filter alone).
+	PD         PDPlanner
 	Logger     *slog.Logger // default slog.Default()
 	AccessLog  *slog.Logger // default: JSON to stderr when Config.AccessLog
 	Registry   *prometheus.Registry
@@ -115,6 +118,10 @@ type Deps struct {
 	Limiter    RateLimiter
 	Affinity   Affinity
 	Admitter   Admitter
+	// Routes are the model routes (route.go); nil: every request is served
+	// by the model it names. Run sets a hot-reloading routes.Watcher from
+	// Config.Routes.
+	Routes RouteSource
 	// Synced reports whether the index has caught up (for /ready); nil: always.
 	Synced func() bool
 	// PropagationLag returns the index's delta propagation lag in seconds.

@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
 
 // call is one request's state from arrival to the end of its response. It is
@@ -43,6 +44,7 @@ type call struct {
 	wrap      bool   // chat answered through /v1/completions and re-wrapped
 	engine    string
 	match     index.Match
+	pd        pdCall // the P/D plan and prefill leg (pd.go)
 
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
@@ -59,6 +61,7 @@ type call struct {
 	release                      func()
 	watch                        *watch // non-streamed requests: the client connection watcher
 	finishOnce                   sync.Once
+	rt                           routeCall // model route (route.go)
 }
 
 func (c *call) reset() {
@@ -70,11 +73,13 @@ func (c *call) reset() {
 		cands:  c.cands[:0],
 		urls:   c.urls[:0],
 		dec:    scheduler.Decision{Ranked: c.dec.Ranked[:0]},
+		pd:     pdCall{plan: pd.Plan{Options: c.pd.plan.Options[:0]}},
 		body:   c.body[:0],
 		alt:    c.alt[:0],
 
 		scratch:     c.scratch[:0],
 		scratchText: c.scratchText[:0],
+		rt:          c.rt.reset(),
 	}
 	c.req.reset()
 }
@@ -102,14 +107,46 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
 		c.finish()
 		return
 	}
+	if !c.prefillLeg(ctx) {
+		return
+	}
 	c.proxy(ctx)
 }
 
-// prepare authenticates, parses, tokenizes, applies limits and schedules.
+// prepare authenticates, parses, tokenizes, applies limits and schedules:
+// the request path of DESIGN.md Contract 4, one named step each.
 func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
+	if err := c.parse(ctx); err != nil {
+		return err
+	}
+	// Candidates first: an unknown model is a 404 before any tokenizing.
+	if err := c.candidates(); err != nil {
+		return err
+	}
+	t := time.Now()
+	if err := c.tokenize(); err != nil {
+		return err
+	}
+	c.tTokenize = time.Since(t)
+	if err := c.admit(ctx); err != nil {
+		return err
+	}
+	if err := c.schedule(); err != nil {
+		return err
+	}
 	s := c.s
-	if s.deps.Auth != nil {
-		id, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
+	s.m.decisions.WithLabelValues(c.dec.Policy, c.dec.Reason).Inc()
+	s.m.stageParse.Observe(c.tParse.Seconds())
+	s.m.stageTokenize.Observe(c.tTokenize.Seconds())
+	s.m.stageSchedule.Observe(c.tSchedule.Seconds())
+	s.m.tokensIn.Add(float64(c.promptTokens))
+	return nil
+}
+
+// parse authenticates the caller and parses the body.
+func (c *call) parse(ctx *fasthttp.RequestCtx) error {
+	if c.s.deps.Auth != nil {
+		id, err := c.s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
 		if err != nil {
 			return unauthorized(err)
 		}
@@ -120,16 +157,22 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		return err
 	}
 	c.model = string(c.req.model)
+	c.applyRoute(ctx) // a model route may name another pool (route.go)
 	if sid := ctx.Request.Header.Peek("X-Session-ID"); len(sid) > 0 {
 		// Copied: a streamed response outlives the handler that owns the header.
 		c.req.sessionID = append(c.req.sessionID[:0], sid...)
 	}
 	c.tParse = time.Since(t)
+	return nil
+}
 
-	// Candidates first: an unknown model is a 404 before any tokenizing.
+// candidates lists the live engines serving the model, with this
+// replica's own load added, and the block size they use.
+func (c *call) candidates() error {
+	s := c.s
 	c.infos = s.deps.Membership.Engines(c.infos[:0])
 	known := false
-	served, adapter := c.adapterOf()
+	served, _ := c.adapterOf()
 	for i := range c.infos {
 		e := &c.infos[i]
 		if e.Model != served {
@@ -156,22 +199,25 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	if c.block == 0 {
 		c.block = s.cfg.BlockSize
 	}
+	return nil
+}
 
-	t = time.Now()
-	if err := c.tokenize(); err != nil {
-		return err
-	}
-	c.tTokenize = time.Since(t)
-	promptTokens := c.promptTokens
-	if promptTokens == 0 {
-		promptTokens = len(c.tokens)
+// admit applies the prompt-length limit, the token rate limits and the
+// admission queue.
+func (c *call) admit(ctx *fasthttp.RequestCtx) error {
+	s := c.s
+	if c.promptTokens == 0 {
+		c.promptTokens = len(c.tokens)
 		if c.tokens == nil {
-			promptTokens = c.approx
+			c.promptTokens = c.approx
 		}
-		c.promptTokens = promptTokens
 	}
+	promptTokens := c.promptTokens
 	if s.cfg.MaxPromptTokens > 0 && promptTokens > s.cfg.MaxPromptTokens {
 		return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, s.cfg.MaxPromptTokens)
+	}
+	if err := c.admitRoute(promptTokens); err != nil {
+		return err
 	}
 	if s.deps.Limiter != nil {
 		if wait, ok := s.deps.Limiter.Admit(c.keyID, c.model, promptTokens); !ok {
@@ -193,14 +239,21 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		}
 		c.release = rel
 	}
+	return nil
+}
 
-	t = time.Now()
+// schedule computes the prompt's chain keys and ranks the engines: the
+// policy, session affinity, then the P/D step.
+func (c *call) schedule() error {
+	s := c.s
+	t := time.Now()
+	served, adapter := c.adapterOf()
 	if c.tokens != nil {
 		root := c.chainRoot()
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
 	}
 	c.sreq = scheduler.Request{
-		Keys: c.keys, BlockSize: c.block, PromptTokens: promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
+		Keys: c.keys, BlockSize: c.block, PromptTokens: c.promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
 		Model: served, LoRA: adapter, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
@@ -217,12 +270,10 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	if c.sreq.SessionEngine != "" {
 		c.keepSession()
 	}
+	if err := c.planPD(); err != nil {
+		return err
+	}
 	c.tSchedule = time.Since(t)
-	s.m.decisions.WithLabelValues(c.dec.Policy, c.dec.Reason).Inc()
-	s.m.stageParse.Observe(c.tParse.Seconds())
-	s.m.stageTokenize.Observe(c.tTokenize.Seconds())
-	s.m.stageSchedule.Observe(c.tSchedule.Seconds())
-	s.m.tokensIn.Add(float64(promptTokens))
 	return nil
 }
 
@@ -501,6 +552,10 @@ func (c *call) logAccess(total time.Duration) {
 		slog.Float64("schedule_ms", ms(c.tSchedule)),
 		slog.Float64("ttft_ms", ms(c.ttft)),
 		slog.Float64("total_ms", ms(total)),
+		slog.String("pd_mode", c.pd.plan.Mode.String()),
+		slog.String("prefill_engine", c.pd.prefill),
+		slog.String("prefill_result", c.pd.result),
+		slog.Float64("prefill_ms", ms(c.pd.duration)),
 		slog.String("error", c.errMsg),
 	}
 	c.s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs[:]...)

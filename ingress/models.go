@@ -40,6 +40,12 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 		seen[e.Model] = true
 		out = append(out, model{ID: e.Model, Object: "model", Created: s.startUnix(), OwnedBy: "kvmesh"})
 	}
+	for _, id := range s.routeModels() { // route.go: names the routes accept
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, model{ID: id, Object: "model", Created: s.startUnix(), OwnedBy: "kvmesh"})
+		}
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	if out == nil {
 		out = []model{}

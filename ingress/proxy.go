@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/scheduler"
 )
 
 // maxUpstreamBody bounds a buffered (non-streamed) upstream answer.
@@ -23,77 +24,20 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // answers. Before the first byte reaches the client, connect errors, 5xx,
 // 429 and timeouts move on to the next engine (Config.MaxAttempts at most).
 func (c *call) proxy(ctx *fasthttp.RequestCtx) {
-	s := c.s
-	body := c.body
-	if len(body) == 0 {
-		body = c.req.body
-	}
-	ureq := fasthttp.AcquireRequest()
+	ureq := c.upstreamRequest(ctx)
 	defer fasthttp.ReleaseRequest(ureq)
-	ureq.Header.SetMethod(fasthttp.MethodPost)
-	ureq.Header.SetContentType("application/json")
-	ureq.SetBodyRaw(body)
-	if !c.req.stream {
-		// A stream learns of a gone client when its body is closed; a
-		// buffered answer needs the watcher (clientwatch.go).
-		if c.watch = s.ups.startWatch(ctx); c.watch != nil {
-			ureq.Header.SetBytesV(watchHeader, c.watch.idText)
-		}
-	}
-
 	var lastErr error
-	limit := min(s.cfg.MaxAttempts, len(c.dec.Ranked))
+	limit := min(c.s.cfg.MaxAttempts, len(c.dec.Ranked))
 	for i := 0; i < limit; i++ {
 		if c.watch.isCanceled() {
 			c.clientGone(ctx)
 			return
 		}
-		rk := &c.dec.Ranked[i]
-		url := c.urlOf(rk.Engine)
-		up, err := s.ups.get(rk.Engine, url)
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		c.attempts++
-		c.engine, c.match = rk.Engine, rk.Match
-		if s.deps.Index != nil && len(c.keys) > 0 {
-			s.deps.Index.AddSpeculative(rk.Engine, c.keys, time.Now())
-		}
-		ureq.SetRequestURI(url + c.path)
-		ureq.SetHost(up.hc.Addr)
-		resp := fasthttp.AcquireResponse()
-		c.startAttempt(up, rk.Match.Spec)
-		c.watch.attempt()
-		up.total.Add(1)
-		err = up.hc.Do(ureq, resp)
-		if err != nil {
-			lastErr = c.attemptFailed(up, resp, classifyErr(err), err)
-			continue
-		}
-		st := resp.StatusCode()
-		if st >= 500 || st == fasthttp.StatusTooManyRequests {
-			lastErr = c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d", rk.Engine, st))
-			continue
-		}
-		if st != fasthttp.StatusOK {
-			// The engine judged the request itself (4xx): relay its answer.
-			s.m.attempts.WithLabelValues("status_4xx").Inc()
-			c.relayBuffered(ctx, up, resp, st)
+		done, err := c.attempt(ctx, ureq, &c.dec.Ranked[i])
+		if done {
 			return
 		}
-		if c.req.stream {
-			if ok, err := c.startStream(ctx, up, resp); !ok {
-				lastErr = err
-				continue
-			}
-			return
-		}
-		if ok, err := c.relayBufferedOK(ctx, up, resp); !ok {
-			lastErr = err
-			continue
-		}
-		return
+		lastErr = err
 	}
 	if c.watch.isCanceled() {
 		c.clientGone(ctx)
@@ -102,8 +46,70 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	if lastErr == nil {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
 	}
+	if c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
+		return
+	}
 	c.fail(ctx, lastErr)
 	c.finish()
+}
+
+// upstreamRequest builds the request every attempt sends (the body and,
+// for a buffered answer, the client watcher's header); the caller releases it.
+func (c *call) upstreamRequest(ctx *fasthttp.RequestCtx) *fasthttp.Request {
+	body := c.upstreamBody() // route.go: "model" names the routed pool
+	ureq := fasthttp.AcquireRequest()
+	ureq.Header.SetMethod(fasthttp.MethodPost)
+	ureq.Header.SetContentType("application/json")
+	ureq.SetBodyRaw(body)
+	if !c.req.stream {
+		// A stream learns of a gone client when its body is closed; a
+		// buffered answer needs the watcher (clientwatch.go).
+		if c.watch = c.s.ups.startWatch(ctx); c.watch != nil {
+			ureq.Header.SetBytesV(watchHeader, c.watch.idText)
+		}
+	}
+	return ureq
+}
+
+// attempt sends ureq to one ranked engine. done means the client has its
+// answer (relayed or streaming); otherwise err says why the next engine
+// should be tried.
+func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *scheduler.EngineScore) (done bool, err error) {
+	s := c.s
+	url := c.urlOf(rk.Engine)
+	up, err := s.ups.get(rk.Engine, url)
+	if err != nil {
+		return false, err
+	}
+	c.attempts++
+	c.engine, c.match = rk.Engine, rk.Match
+	if s.deps.Index != nil && len(c.keys) > 0 {
+		s.deps.Index.AddSpeculative(rk.Engine, c.keys, time.Now())
+	}
+	ureq.SetRequestURI(url + c.path)
+	ureq.SetHost(up.hc.Addr)
+	resp := fasthttp.AcquireResponse()
+	c.startAttempt(up, rk.Match.Spec)
+	c.watch.attempt()
+	up.total.Add(1)
+	if err := up.hc.Do(ureq, resp); err != nil {
+		return false, c.attemptFailed(up, resp, classifyErr(err), err)
+	}
+	st := resp.StatusCode()
+	switch {
+	case st >= 500 || st == fasthttp.StatusTooManyRequests:
+		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d", rk.Engine, st))
+	case st != fasthttp.StatusOK:
+		// The engine judged the request itself (4xx): relay its answer.
+		s.m.attempts.WithLabelValues("status_4xx").Inc()
+		c.relayBuffered(ctx, up, resp, st)
+		return true, nil
+	case c.req.stream:
+		ok, err := c.startStream(ctx, up, resp)
+		return ok, err
+	}
+	ok, err := c.relayBufferedOK(ctx, up, resp)
+	return ok, err
 }
 
 // defaultOutputTokens is the output estimate for the cost model when a

@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/fair"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
+	"github.com/kvmesh/kvmesh/ingress/routes"
 	"github.com/kvmesh/kvmesh/ingress/session"
 )
 
@@ -135,6 +136,14 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 		return deps, err
 	}
 	deps.Affinity = aff
+	if o.Config.Routes != "" {
+		w, err := routes.NewWatcher(routes.WatcherConfig{Path: o.Config.Routes, Logger: log, Registerer: reg})
+		if err != nil {
+			return deps, err
+		}
+		go w.Run(ctx) // stops with ctx, when Run returns
+		deps.Routes = w
+	}
 	if fc := o.Config.FairQueue; fc != nil {
 		q, err := fair.New(*fc)
 		if err != nil {

@@ -45,6 +45,7 @@ type Server struct {
 	draining  atomic.Bool
 	started   atomic.Bool
 	reqPool   sync.Pool // *call
+	pd        pdState   // P/D admission and metrics (pd.go)
 
 	closeOnce sync.Once
 	closeErr  error

@@ -233,6 +233,9 @@ func (m ModelTokenizers) AdapterBase(adapter string) (string, bool) {
 // adapterOf splits the request's model into the model the engines serve and
 // the LoRA adapter ("" for a base-model request).
 func (c *call) adapterOf() (served, adapter string) {
+	if c.rt.upModel != "" { // route.go: a route's LoRA adapter on its pool
+		return c.model, c.rt.upModel
+	}
 	if ab, ok := c.s.deps.Tokenizers.(AdapterBases); ok {
 		if base, isAdapter := ab.AdapterBase(c.model); isAdapter {
 			return base, c.model

@@ -7,11 +7,12 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/kvevents/internal/wiretest"
 	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 )
 
 func fuzzSeeds(f *testing.F) {
-	for _, name := range []string{"vllm_batch_array_form.msgpack", "vllm_batch_map_form.msgpack", "vllm_batch_bytes_hash_dp1.msgpack"} {
+	for _, name := range wiretest.Fixtures {
 		f.Add(readFixture(f, name))
 	}
 	f.Add(benchPayload(kvtest.ArrayForm))

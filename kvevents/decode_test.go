@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kvevents"
-	"github.com/kvmesh/kvmesh/kvevents/internal/wire"
+	"github.com/kvmesh/kvmesh/kvevents/internal/wiretest"
 	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 )
 
@@ -19,14 +17,7 @@ const (
 	fixtureH2 = 2758186210834249151
 )
 
-func readFixture(t testing.TB, name string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "testdata", "kvevents", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
+var readFixture = wiretest.Fixture
 
 func seq32(from, to uint32) []uint32 {
 	var s []uint32
@@ -106,28 +97,7 @@ func TestFixtures(t *testing.T) {
 }
 
 // mp builds msgpack by hand for the variant table.
-func mp(parts ...any) []byte {
-	var b []byte
-	for _, p := range parts {
-		switch v := p.(type) {
-		case byte:
-			b = append(b, v)
-		case []byte:
-			b = append(b, v...)
-		case string:
-			b = wire.AppendStr(b, v)
-		case int:
-			b = wire.AppendInt(b, int64(v))
-		case uint64:
-			b = wire.AppendUint(b, v)
-		case float64:
-			b = wire.AppendFloat64(b, v)
-		default:
-			panic("mp: bad part")
-		}
-	}
-	return b
-}
+var mp = wiretest.MP
 
 func TestDecodeVariants(t *testing.T) {
 	stored := func(fields ...any) []byte {

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvmesh/kvmesh/kvevents/internal/wiretest"
 )
 
 // The oracle: github.com/vmihailenco/msgpack/v5 parses the bytes (an
@@ -427,12 +429,14 @@ func slicesEqual[T comparable](a, b []T) bool {
 // FuzzDecodeBatchOracle compares DecodeBatch with the msgpack library plus
 // the spec's interpretation on arbitrary input.
 func FuzzDecodeBatchOracle(f *testing.F) {
-	fuzzSeeds(f)
+	for _, name := range wiretest.Fixtures {
+		f.Add(wiretest.Fixture(f, name))
+	}
 	// Shapes the oracle found or that sit on its edges: duplicate event keys,
 	// signed-encoded token ids, bin strings, fields before an unknown type.
-	f.Add(mp(byte(0x92), 1.5, byte(0x91), byte(0x83), "type", "BlockStored", "block_hashes", byte(0x92), 7, 8, "block_hashes", byte(0x91), 9))
-	f.Add(mp(byte(0x92), 1, byte(0x91), byte(0x93), "BlockStored", byte(0x91), byte(0xd0), byte(0x05), byte(0xc0)))
-	f.Add(mp(byte(0x82), "events", byte(0x91), byte(0x82), "token_ids", byte(0x91), byte(0xff), "type", "Future", "ts", 2))
+	f.Add(wiretest.MP(byte(0x92), 1.5, byte(0x91), byte(0x83), "type", "BlockStored", "block_hashes", byte(0x92), 7, 8, "block_hashes", byte(0x91), 9))
+	f.Add(wiretest.MP(byte(0x92), 1, byte(0x91), byte(0x93), "BlockStored", byte(0x91), byte(0xd0), byte(0x05), byte(0xc0)))
+	f.Add(wiretest.MP(byte(0x82), "events", byte(0x91), byte(0x82), "token_ids", byte(0x91), byte(0xff), "type", "Future", "ts", 2))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkAgainstOracle(t, data)
 	})
@@ -441,7 +445,7 @@ func FuzzDecodeBatchOracle(f *testing.F) {
 // TestOracleFixtures: the real vLLM payloads decode identically both ways.
 func TestOracleFixtures(t *testing.T) {
 	for _, name := range []string{"vllm_batch_array_form.msgpack", "vllm_batch_map_form.msgpack", "vllm_batch_bytes_hash_dp1.msgpack"} {
-		data := readFixture(t, name)
+		data := wiretest.Fixture(t, name)
 		tree, err := libDecode(data)
 		if err != nil {
 			t.Fatalf("%s: library: %v", name, err)

@@ -21,11 +21,14 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/fair"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/sim/engine"
+	"github.com/kvmesh/kvmesh/sim/simtest"
 )
 
 // labelsAddedByPrometheus are the target labels a PodMonitor scrape adds.
@@ -126,6 +129,7 @@ func runMesh(t *testing.T) []string {
 		t.Cleanup(func() { cancel(); car.Close(); <-done })
 		urls = append(urls, "http://"+sc.AdminAddr+"/metrics")
 	}
+	urls = append(urls, runPDIngress(t, quiet)...)
 	base := "http://" + srv.Addr()
 	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines", func() bool {
 		resp, err := http.Get(base + "/ready")
@@ -151,6 +155,69 @@ func runMesh(t *testing.T) []string {
 	}
 	return urls
 }
+
+// runPDIngress runs the parts of the mesh the first ingress does not: a P/D
+// pair of simulators speaking vLLM's NIXL protocol behind an ingress that
+// disaggregates every request, with weighted fair admission across two
+// tenants. It returns the /metrics URLs.
+func runPDIngress(t *testing.T, quiet *slog.Logger) []string {
+	t.Helper()
+	const model = "sim/pd"
+	cl := simtest.StartPDForTest(t, simtest.PDOptions{Base: sim.Config{Model: model, TimeScale: 500, Seed: 3, Logger: quiet, HTTPAddr: "127.0.0.1:0"}})
+	var members pdMembers
+	for i, s := range cl.Prefill {
+		members = append(members, ingress.EngineInfo{Engine: scheduler.Engine{ID: fmt.Sprint("prefill-", i), Model: model, Healthy: true, Role: scheduler.RolePrefill}, URL: s.URL()})
+	}
+	for i, s := range cl.Decode {
+		members = append(members, ingress.EngineInfo{Engine: scheduler.Engine{ID: fmt.Sprint("decode-", i), Model: model, Healthy: true, Role: scheduler.RoleDecode}, URL: s.URL()})
+	}
+	cfg := ingress.DefaultConfig()
+	cfg.ID, cfg.Listen, cfg.AdminListen, cfg.AccessLog = "ingress-pd", "127.0.0.1:0", freeAddr(t), false
+	cfg.PD.Policy = "kvmesh-always"
+	cfg.TenantHeader = "X-Tenant"
+	fc := fair.DefaultConfig()
+	fc.Tenants = map[string]fair.Tenant{"team-a": {Weight: 1}, "team-b": {Weight: 3}}
+	q, err := fair.New(fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(q.Collectors()...)
+	srv, err := ingress.New(cfg, ingress.Deps{Registry: reg, Logger: quiet, AccessLog: quiet, Membership: members,
+		Admitter: q, ClassifyError: ingress.FairErrors})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	for i := 0; i < 6; i++ {
+		req, _ := http.NewRequest("POST", "http://"+srv.Addr()+"/v1/completions",
+			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":[%d,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20],"max_tokens":3}`, model, i+1)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Tenant", []string{"team-a", "team-b"}[i%2])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("P/D request %d: %s", i, resp.Status)
+		}
+	}
+	urls := []string{"http://" + cfg.AdminListen + "/metrics"}
+	for _, s := range append(cl.Prefill, cl.Decode...) {
+		urls = append(urls, s.URL()+"/metrics")
+	}
+	return urls
+}
+
+// pdMembers is a fixed engine list with roles (gossip carries them in production).
+type pdMembers []ingress.EngineInfo
+
+func (m pdMembers) Engines(dst []ingress.EngineInfo) []ingress.EngineInfo { return append(dst, m...) }
 
 func freeAddr(t *testing.T) string {
 	t.Helper()

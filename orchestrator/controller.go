@@ -42,6 +42,8 @@ type Controller struct {
 	scalers       cache.GenericLister
 	policies      cache.GenericLister
 	synced        []cache.InformerSynced
+	// volcano is set once in run, before the workers start.
+	volcano bool
 	// autoscalers is owned by the autoscaler goroutine alone.
 	autoscalers map[types.UID]*policyEntry
 
@@ -179,7 +181,8 @@ func (c *Controller) run(ctx context.Context) error {
 		}
 		return fmt.Errorf("orchestrator: informer caches did not sync: %w", syncCtx.Err())
 	}
-	c.log.Info("orchestrator running", "namespace", c.cfg.Namespace, "workers", c.cfg.Workers)
+	c.volcano = c.detectVolcano()
+	c.log.Info("orchestrator running", "namespace", c.cfg.Namespace, "workers", c.cfg.Workers, "volcanoPodGroups", c.volcano)
 	var wg sync.WaitGroup
 	if c.policies != nil {
 		wg.Go(func() { c.runAutoscaler(ctx) })

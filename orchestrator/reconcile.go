@@ -63,6 +63,11 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	}
 	p := computePlan(md, pods)
 	gangErr := c.execute(ctx, md, p)
+	if c.volcano && hasGroupAbove(pods, int(*md.Spec.Groups)) {
+		if err := c.deletePodGroups(ctx, md, int(*md.Spec.Groups)); err != nil {
+			return 0, err
+		}
+	}
 	if err := c.updateStatus(ctx, u, md, pods, gangErr); err != nil {
 		return 0, err
 	}
@@ -106,6 +111,11 @@ func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, 
 var errGang = errors.New("gang not created")
 
 func (c *Controller) createGang(ctx context.Context, md *v1alpha1.ModelDeployment, g int, slots []slot) error {
+	if c.volcano {
+		if err := c.ensurePodGroup(ctx, md, g); err != nil {
+			return fmt.Errorf("group %d: %w: %w", g, errGang, err)
+		}
+	}
 	var made []*corev1.Pod
 	for _, s := range slots {
 		pod, err := c.createPod(ctx, md, s)
@@ -129,7 +139,14 @@ func (c *Controller) createPod(ctx context.Context, md *v1alpha1.ModelDeployment
 			role = &md.Spec.Roles[i]
 		}
 	}
-	pod, err := c.kube.CoreV1().Pods(md.Namespace).Create(ctx, buildPod(md, role, s), metav1.CreateOptions{})
+	pod := buildPod(md, role, s)
+	if c.volcano {
+		pod.Annotations[annotationPodGroup] = podGroupName(md.Name, s.Group)
+		if pod.Spec.SchedulerName == "" {
+			pod.Spec.SchedulerName = "volcano"
+		}
+	}
+	pod, err := c.kube.CoreV1().Pods(md.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil, nil // a stale cache: the pod is there
 	}
@@ -199,6 +216,9 @@ func (c *Controller) finalize(ctx context.Context, md *v1alpha1.ModelDeployment,
 			errs = append(errs, err)
 		}
 	}
+	if c.volcano {
+		errs = append(errs, c.deletePodGroups(ctx, md, 0))
+	}
 	err = c.kube.CoreV1().Services(md.Namespace).Delete(ctx, md.Name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
@@ -211,4 +231,14 @@ func (c *Controller) finalize(ctx context.Context, md *v1alpha1.ModelDeployment,
 	}
 	c.recorder.Eventf(md, corev1.EventTypeNormal, "CleanedUp", "deleted every pod, role scaler and the service")
 	return 0, c.setFinalizers(ctx, md, slices.DeleteFunc(slices.Clone(md.Finalizers), func(f string) bool { return f == Finalizer }))
+}
+
+// hasGroupAbove reports a pod of a group ≥ groups (a group scale-down).
+func hasGroupAbove(pods []*corev1.Pod, groups int) bool {
+	for _, p := range pods {
+		if s, ok := slotOf(p); ok && s.Group >= groups {
+			return true
+		}
+	}
+	return false
 }

@@ -129,43 +129,9 @@ func (c *Cycle) Floats(i, n int) []float64 {
 func (s *Scheduler) Schedule(req *Request, engines []Engine, d *Decision) error {
 	cyc := s.pool.Get().(*Cycle)
 	defer s.pool.Put(cyc)
-	cyc.rng = s.seed ^ (s.seq.Add(1) * 0xD1B54A32D192ED03)
-
 	d.Engine, d.Policy, d.Reason, d.Filtered = "", s.policy.Name(), "", 0
 	d.Ranked = d.Ranked[:0]
-
-	cs := cyc.cands[:0]
-	ids := cyc.ids[:0]
-	for i := range engines {
-		cs = append(cs, Candidate{Engine: &engines[i]})
-		ids = append(ids, engines[i].ID)
-	}
-	if cap(cyc.match) < len(ids) {
-		cyc.match = make([]index.Match, len(ids))
-	}
-	match := cyc.match[:len(ids)]
-	if s.idx != nil && len(req.Keys) > 0 {
-		s.idx.LookupFor(req.Keys, ids, &cyc.res, match)
-	} else {
-		clear(match)
-	}
-	blocks := float64(req.Blocks())
-	bs := req.BlockSize
-	kept := cs[:0]
-	for i := range cs {
-		c := &cs[i]
-		c.Match = match[i]
-		w := s.weights.Weighted(c.Match)
-		c.Hit = math.Min(1, w/blocks)
-		c.CachedTokens = int(w * float64(bs))
-		if !s.keep(req, c) {
-			d.Filtered++
-			continue
-		}
-		kept = append(kept, *c)
-	}
-	cyc.cands, cyc.ids = cs[:0], ids[:0]
-	s.m.filtered.Add(uint64(d.Filtered))
+	kept := s.prepare(req, engines, cyc, &d.Filtered)
 	if len(kept) == 0 {
 		s.m.noCandidates.Add(1)
 		return ErrNoCandidates
@@ -197,6 +163,46 @@ func (s *Scheduler) Schedule(req *Request, engines []Engine, d *Decision) error 
 			"hit", kept[0].Hit, "candidates", len(kept), "filtered", d.Filtered)
 	}
 	return nil
+}
+
+// prepare seeds the cycle's random stream, looks the request's prefix up on
+// every engine, fills each candidate's Match, Hit and CachedTokens and
+// returns those the filters keep (cycle scratch, valid until cyc is reused).
+func (s *Scheduler) prepare(req *Request, engines []Engine, cyc *Cycle, filtered *int) []Candidate {
+	cyc.rng = s.seed ^ (s.seq.Add(1) * 0xD1B54A32D192ED03)
+	cs := cyc.cands[:0]
+	ids := cyc.ids[:0]
+	for i := range engines {
+		cs = append(cs, Candidate{Engine: &engines[i]})
+		ids = append(ids, engines[i].ID)
+	}
+	if cap(cyc.match) < len(ids) {
+		cyc.match = make([]index.Match, len(ids))
+	}
+	match := cyc.match[:len(ids)]
+	if s.idx != nil && len(req.Keys) > 0 {
+		s.idx.LookupFor(req.Keys, ids, &cyc.res, match)
+	} else {
+		clear(match)
+	}
+	blocks := float64(req.Blocks())
+	bs := req.BlockSize
+	kept := cs[:0]
+	for i := range cs {
+		c := &cs[i]
+		c.Match = match[i]
+		w := s.weights.Weighted(c.Match)
+		c.Hit = math.Min(1, w/blocks)
+		c.CachedTokens = int(w * float64(bs))
+		if !s.keep(req, c) {
+			*filtered++
+			continue
+		}
+		kept = append(kept, *c)
+	}
+	cyc.cands, cyc.ids = cs[:0], ids[:0]
+	s.m.filtered.Add(uint64(*filtered))
+	return kept
 }
 
 func (s *Scheduler) keep(req *Request, c *Candidate) bool {

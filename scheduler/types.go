@@ -84,7 +84,11 @@ type Engine struct {
 	Healthy bool
 	Model   string
 	Role    Role
-	LoRAs   []string // adapters currently loaded (snapshot)
+	// Group is the engine's P/D group (gossip metadata or a label): a
+	// prefill engine's KV can be read only by decode engines of the same
+	// group. "" is a group of its own like any other value.
+	Group string
+	LoRAs []string // adapters currently loaded (snapshot)
 
 	Running             int     // snapshot: requests in the running batch
 	Waiting             int     // snapshot: requests waiting to be scheduled

@@ -58,6 +58,11 @@ func newPDMetrics(s *Server, p *pdState) *pdMetrics {
 	}
 	for _, rk := range s.ranks {
 		rk := rk
+		// vLLM exports its counters at zero from the start; so do we, so a
+		// dashboard shows "no failures" rather than "no data".
+		for _, c := range []*prometheus.CounterVec{m.failed, m.expired, m.invalid} {
+			c.WithLabelValues(s.cfg.Model, strconv.Itoa(rk.idx))
+		}
 		cl := prometheus.Labels{"model_name": s.cfg.Model, "engine": strconv.Itoa(rk.idx)}
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_sim_pd_held_requests",
 			Help: "Finished prefill legs whose blocks wait for a decode engine's read.", ConstLabels: cl},

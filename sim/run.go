@@ -25,6 +25,9 @@ type Options struct {
 	Config Config
 	// Profile names the timing profile (engine.ProfileNames).
 	Profile string
+	// ProfileFile, when set, is a user-written timing profile
+	// (engine.ProfileFile documents its fields); it overrides Profile.
+	ProfileFile string
 	// EventForm is "array" (msgspec array_like) or "map" (vLLM ≥ PR #42892).
 	EventForm string
 	// ReplayLayout is "new" (with the topic frame, vLLM ≥ PR #45177) or "old".
@@ -57,7 +60,13 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	cfg := o.Config
 	cfg.Logger = log
 	var errs []error
-	if p, err := engine.LookupProfile(o.Profile); err != nil {
+	if o.ProfileFile != "" {
+		if p, err := engine.LoadProfileFile(o.ProfileFile); err != nil {
+			errs = append(errs, fmt.Errorf("%w: profile file: %w", ErrConfig, err))
+		} else {
+			cfg.Engine.Profile = p
+		}
+	} else if p, err := engine.LookupProfile(o.Profile); err != nil {
 		errs = append(errs, fmt.Errorf("%w: profile: %w", ErrConfig, err))
 	} else {
 		cfg.Engine.Profile = p

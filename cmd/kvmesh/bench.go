@@ -19,10 +19,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	opts := bench.DefaultOptions()
 	fs := newFlagSet("bench", stderr)
 	benchFlags(fs, &opts)
+	pdf := pdBenchFlags(fs)
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	err := bench.Run(ctx, opts, stdout)
+	var err error
+	if pdf.on() {
+		err = runBenchPD(ctx, fs, opts, pdf, stdout)
+	} else {
+		err = bench.Run(ctx, opts, stdout)
+	}
 	if errors.Is(err, bench.ErrUsage) {
 		return fmt.Errorf("%w: %s", errUsage, strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
 	}
@@ -38,6 +44,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 		return nil
 	})
 	fs.StringVar(&o.Profile, "profile", o.Profile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.StringVar(&o.ProfileFile, "profile-file", o.ProfileFile, "engine timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 	fs.IntVar(&o.GPUBlocks, "gpu-blocks", o.GPUBlocks, "GPU KV capacity per engine in blocks (0 = engine default)")
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", o.CPUBlocks, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block")
@@ -59,4 +66,5 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.DurationVar(&o.SnapshotInterval, "snapshot-interval", o.SnapshotInterval, "engine load snapshot period (gossip staleness); negative = always fresh")
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print JSON instead of a table")
+	fs.IntVar(&o.Parallel, "parallel", o.Parallel, "policies simulated at once (0 = GOMAXPROCS)")
 }

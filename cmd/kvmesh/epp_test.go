@@ -116,13 +116,7 @@ func TestEPPCommandBadFlags(t *testing.T) {
 // TestGatewayManifestsUseRealFlags renders the gateway overlays and parses
 // every kvmesh container's arguments with the binary's own flag sets.
 func TestGatewayManifestsUseRealFlags(t *testing.T) {
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("kubectl not installed")
-		}
-		t.Skip("kubectl not installed: cannot render the kustomize overlays")
-	}
+	kubectl := testutil.RequireTool(t, "kubectl", "it renders the gateway overlays")
 	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
 	for _, dir := range []string{"gateway/envoy-gateway", "gateway/istio"} {
 		out, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "manifests", dir)).Output()

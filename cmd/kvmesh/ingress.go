@@ -31,6 +31,7 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlagSet("ingress", stderr)
 	var probs flagProblems
 	ingressFlags(fs, &opts, &probs)
+	listenTLSFlags(fs, &opts.Config)
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -41,8 +42,16 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return ingress.Run(ctx, opts, stdout, stderr)
 }
 
-// ingressFlags binds every `kvmesh ingress` flag onto opts; bad values go
-// to probs.
+// listenTLSFlags binds the client listener's TLS. `kvmesh epp` leaves them
+// out: there --tls-cert and --tls-key are the ext_proc listener's.
+func listenTLSFlags(fs *flag.FlagSet, cfg *ingress.Config) {
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", cfg.TLS.CertFile, "PEM certificate: serve HTTPS on --listen")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", cfg.TLS.KeyFile, "PEM key for --tls-cert")
+	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca", cfg.TLS.ClientCAFile, "PEM CA: require client certificates signed by it")
+}
+
+// ingressFlags binds the `kvmesh ingress` flags that `kvmesh epp` shares
+// onto opts (listenTLSFlags has the rest); bad values go to probs.
 func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) {
 	cfg := &opts.Config
 	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
@@ -50,9 +59,6 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
 	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", os.Getenv("KVMESH_ADMIN_TOKEN"), "bearer token required on the admin address (env KVMESH_ADMIN_TOKEN; empty: none)")
-	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", cfg.TLS.CertFile, "PEM certificate: serve HTTPS on --listen")
-	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", cfg.TLS.KeyFile, "PEM key for --tls-cert")
-	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca", cfg.TLS.ClientCAFile, "PEM CA: require client certificates signed by it")
 	fs.StringVar(&cfg.TLS.UpstreamCAFile, "upstream-ca", cfg.TLS.UpstreamCAFile, "PEM CA verifying https:// engines")
 	fs.StringVar(&cfg.TLS.UpstreamCertFile, "upstream-cert", cfg.TLS.UpstreamCertFile, "PEM client certificate towards engines (mutual TLS)")
 	fs.StringVar(&cfg.TLS.UpstreamKeyFile, "upstream-key", cfg.TLS.UpstreamKeyFile, "PEM key for --upstream-cert")
@@ -73,6 +79,8 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.BoolVar(&opts.TokenizerStore, "tokenizer-store", opts.TokenizerStore, "load the tokenizers the sidecars publish to NATS for models without --tokenizer")
 	fs.StringVar(&opts.TokenizerCache, "tokenizer-cache", "", "directory for tokenizers fetched from NATS (default: a temporary directory)")
 	probs.ModelPaths(fs, &cfg.ChatTemplates, "chat-template", "model=path to tokenizer_config.json with the chat template (repeatable)")
+	fs.StringVar(&cfg.PD.Policy, "pd-policy", cfg.PD.Policy, "prefill/decode step for engines with roles (\"\" = off): kvmesh|kvmesh-always|kthena|llmd|dynamo|sglang|aibrix")
+	fs.Float64Var(&cfg.PD.TransferGbps, "pd-transfer-gbps", cfg.PD.TransferGbps, "prefill → decode KV bandwidth the P/D cost model assumes, Gbit/s (0: 100)")
 	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|"))
 	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)", func(path string) error {
 		sc, err := registry.LoadConfig(path)
@@ -82,6 +90,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 		cfg.Scheduler = sc
 		return nil
 	})
+	fs.StringVar(&cfg.Routes, "routes", cfg.Routes, "model routes file (RouteConfig YAML: weighted splits, fallbacks, LoRA adapters, rate limits; reloaded on change)")
 	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body", cfg.MaxBodyBytes, "max request body bytes (413 above)")
 	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "max prompt tokens (0: no limit)")

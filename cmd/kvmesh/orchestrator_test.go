@@ -1,16 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -19,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/kubetest"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/orchestrator/webhook"
 )
 
 // TestOrchestratorUnderRBAC runs `kvmesh orchestrator --kubeconfig F
@@ -101,19 +109,21 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		return true
 	})
 	// kvmesh get / describe show the CRDs' printer columns and the events.
-	var got testutil.SyncBuffer
-	if err := runGet(ctx, []string{"md", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, &got, &errOut); err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range []string{"NAME", "MODEL", "READY", "STATUS", "llama-pd", "meta-llama/Llama-3.1-8B-Instruct", "0/1"} {
+	var got *testutil.SyncBuffer
+	testutil.WaitFor(t, time.Minute, "kvmesh get md to show the status columns", func() bool {
+		got = &testutil.SyncBuffer{}
+		return runGet(ctx, []string{"md", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, got, &errOut) == nil &&
+			strings.Contains(got.String(), "0/1")
+	})
+	for _, w := range []string{"NAME", "MODEL", "READY", "STATUS", "llama-pd", "meta-llama/Llama-3.1-8B-Instruct", "GroupsNotReady"} {
 		if !strings.Contains(got.String(), w) {
 			t.Errorf("kvmesh get md lacks %q:\n%s", w, got.String())
 		}
 	}
-	var desc testutil.SyncBuffer
+	var desc *testutil.SyncBuffer
 	testutil.WaitFor(t, time.Minute, "describe to show the GroupCreated event", func() bool {
-		desc = testutil.SyncBuffer{}
-		err := runDescribe(ctx, []string{"modeldeployments", "llama-pd", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, &desc, &errOut)
+		desc = &testutil.SyncBuffer{}
+		err := runDescribe(ctx, []string{"modeldeployments", "llama-pd", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, desc, &errOut)
 		return err == nil && strings.Contains(desc.String(), "GroupCreated") && strings.Contains(desc.String(), "readyGroups")
 	})
 	dyn := dynamic.NewForConfigOrDie(s.Config)
@@ -129,4 +139,69 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 	if lease, err := admin.CoordinationV1().Leases("kvmesh").Get(ctx, "kvmesh-orchestrator", metav1.GetOptions{}); err != nil || lease.Spec.HolderIdentity == nil {
 		t.Errorf("leader lease: %v %v", lease, err)
 	}
+}
+
+// TestOrchestratorManifestAndInjectedArgsAreRealFlags parses the
+// orchestrator Deployment's arguments and the arguments the webhook gives
+// injected sidecars with the binary's own flag sets, so a renamed flag
+// breaks this test instead of a cluster.
+func TestOrchestratorManifestAndInjectedArgsAreRealFlags(t *testing.T) {
+	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
+	check := func(what string, args []string) {
+		t.Helper()
+		for i, a := range args {
+			args[i] = envRef.ReplaceAllString(a, "10.0.0.1")
+		}
+		var stdout, stderr bytes.Buffer
+		if code := run(append(args, "-h"), &stdout, &stderr); code != 0 {
+			t.Errorf("%s: kvmesh %s rejected (exit %d): %s", what, strings.Join(args, " "), code, stderr.String())
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("..", "..", "manifests", "orchestrator", "deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := kubetest.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, o := range objs {
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range cs {
+			var args []string
+			for _, a := range c.(map[string]any)["args"].([]any) {
+				args = append(args, a.(string))
+			}
+			check("deployment.yaml", args)
+			found++
+		}
+	}
+	if found != 1 {
+		t.Fatalf("%d containers in deployment.yaml", found)
+	}
+	h := &webhook.Handler{Sidecar: webhook.DefaultSidecarConfig()}
+	pod := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "e", Labels: map[string]string{webhook.LabelInject: "true"}, Annotations: map[string]string{webhook.AnnotationModel: "m"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+	}
+	raw, _ := json.Marshal(pod)
+	req, _ := json.Marshal(admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{UID: "u",
+		Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Object: runtime.RawExtension{Raw: raw}}})
+	out, err := h.Review(req)
+	if err != nil || out.Response.Patch == nil {
+		t.Fatalf("review: %v %+v", err, out)
+	}
+	var ops []struct {
+		Value json.RawMessage `json:"value"`
+	}
+	if err := json.Unmarshal(out.Response.Patch, &ops); err != nil {
+		t.Fatal(err)
+	}
+	var cs []corev1.Container
+	if err := json.Unmarshal(ops[0].Value, &cs); err != nil || len(cs) != 1 {
+		t.Fatalf("patch value: %s (%v)", ops[0].Value, err)
+	}
+	check("injected sidecar", cs[0].Args)
 }

@@ -46,6 +46,7 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 	fs.StringVar(&opts.TokenizerPath, "tokenizer", "", "Hugging Face tokenizer.json for text prompts (default: byte-level fallback)")
 	fs.StringVar(&opts.ChatTemplatePath, "chat-template", "", "tokenizer_config.json whose chat_template renders chat requests (default: built-in Llama 3 markup)")
 	fs.StringVar(&opts.Profile, "profile", opts.Profile, "timing profile: "+strings.Join(engine.ProfileNames(), ", "))
+	fs.StringVar(&opts.ProfileFile, "profile-file", opts.ProfileFile, "timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "modelled seconds per wall second (>1 runs faster than real time)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for block hashes, generated tokens and early stops")
 	fs.IntVar(&cfg.Engine.MaxRunning, "max-num-seqs", 0, "largest batch in sequences (0 = vLLM's default on the profile's GPU)")

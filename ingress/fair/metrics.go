@@ -29,6 +29,16 @@ func newMetrics(cfg Config) *metrics {
 	for name := range cfg.Tenants {
 		m.known[name] = true
 	}
+	// Every series of every label the queue can use starts at zero (bounded:
+	// the configured tenants and "other"), so dashboards show idle tenants.
+	for _, l := range append(mapKeys(cfg.Tenants), otherTenants) {
+		m.admitted.WithLabelValues(l)
+		m.waiting.WithLabelValues(l)
+		m.wait.WithLabelValues(l)
+		for _, reason := range []string{"full", "timeout"} {
+			m.rejected.WithLabelValues(l, reason)
+		}
+	}
 	return m
 }
 
@@ -54,4 +64,12 @@ func (m *metrics) queued(tenant string, d float64) { m.waiting.WithLabelValues(m
 // Collectors returns the queue's metrics for registration.
 func (q *Queue) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{q.metrics.admitted, q.metrics.rejected, q.metrics.waiting, q.metrics.wait}
+}
+
+func mapKeys(m map[string]Tenant) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }

@@ -40,6 +40,11 @@ type Options struct {
 	Engines  int      // simulated engines, 1..4000
 	Policies []string // policies to compare (registry.PolicyNames); blank items are skipped
 	Profile  string   // engine timing profile (engine.ProfileNames)
+	// ProfileFile, when set, is a user-written timing profile
+	// (engine.ProfileFile documents its fields); it overrides Profile.
+	ProfileFile string
+	// Parallel is how many policies are simulated at once (0: GOMAXPROCS).
+	Parallel int
 	// GPUBlocks (0: engine default), CPUBlocks (0: no CPU tier) per engine;
 	// BlockSize tokens per block; MaxRunning and MaxBatchTokens per batch
 	// (0: the profile's vLLM default).
@@ -104,12 +109,12 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		o.Workload, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), o.Engines, cfg.Engine.Profile.Name)
 	if slices.Contains(names, "kvmesh") {
 		c := cfg
-		c.Defaults() // the kvmesh block derived from the profile unless the config gives one
+		c.Defaults()
 		k, err := kvmeshParams(c.Scheduler)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "kvmesh cost model: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g, decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
+		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
 			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty, k.WaitingWeight)
 	}
 	return rep.WriteTable(stdout)
@@ -147,6 +152,7 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 		EventDelay:       o.EventDelay,
 		SnapshotInterval: o.SnapshotInterval,
 		Seed:             seed,
+		Parallel:         o.Parallel,
 	}
 	if len(probs) == 0 {
 		// Whatever des would still reject (a --config parameter...), as a
@@ -173,6 +179,12 @@ func (o *Options) checkEngines(bad func(string, ...any)) engine.Profile {
 	if err != nil {
 		bad("--profile %q: want one of %s", o.Profile, strings.Join(engine.ProfileNames(), ", "))
 	}
+	if o.ProfileFile != "" {
+		if prof, err = engine.LoadProfileFile(o.ProfileFile); err != nil {
+			bad("--profile-file: %v", err)
+		}
+	}
+	atLeast(bad, "parallel", o.Parallel, 0, " (0 = GOMAXPROCS)")
 	if o.Engines < 1 || o.Engines > 4000 {
 		bad("--engines %d: want 1..4000", o.Engines)
 	}

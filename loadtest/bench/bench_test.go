@@ -2,8 +2,11 @@ package bench
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestPrepare(t *testing.T) {
@@ -29,5 +32,28 @@ func TestPrepare(t *testing.T) {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("%v does not name %q", err, w)
 		}
+	}
+}
+
+// TestProfileFile: --profile-file replaces the named profile, and a bad
+// file is a usage error naming the flag.
+func TestProfileFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gpu.yaml")
+	doc := "name: my-gpu\nparams: 7e9\nweightBytes: 14e9\nlayers: 32\nhidden: 4096\nkvBytesPerToken: 131072\nflops: 100e12\nmemBW: 1e12\nstepOverhead: 3ms\n"
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.ProfileFile = path
+	cfg, _, err := o.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.Engine.Profile; p.Name != "my-gpu" || p.FLOPS != 100e12 || p.StepOverhead != 3*time.Millisecond {
+		t.Fatalf("profile %+v", p)
+	}
+	o.ProfileFile = filepath.Join(t.TempDir(), "missing.yaml")
+	if _, _, err := o.Prepare(); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--profile-file") {
+		t.Fatalf("missing file: %v", err)
 	}
 }

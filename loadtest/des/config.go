@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -41,6 +43,14 @@ type Config struct {
 	// ExactLookup makes the router's index read every key of a chain
 	// (index.Config.ExactLookup) instead of searching it.
 	ExactLookup bool
+	// Learn configures the kvmesh policy's online cost model. Its prior
+	// defaults to the kvmesh block's rates (else policies.DefaultKVMeshConfig:
+	// what a live ingress starts from); the
+	// engines' timing profile is never given to a router.
+	Learn learn.Config
+	// FixedCosts turns the learner off: kvmesh prices with the kvmesh
+	// config's rates as given (for ablations; no headline number uses it).
+	FixedCosts bool
 }
 
 // Defaults fills unset fields.
@@ -53,16 +63,24 @@ func (c *Config) Defaults() {
 		c.Model = "kvmesh-bench"
 	}
 	c.Scheduler.Defaults()
-	if !c.Scheduler.HasParams("kvmesh") {
-		// Encoding a struct of numbers cannot fail.
-		_ = c.Scheduler.SetParams("kvmesh", KVMeshFromProfile(c.Engine.Profile))
-	}
 	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = 200 * time.Millisecond
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
+	if c.Learn.Prior == (learn.Rates{}) {
+		k := policies.NewKVMesh()
+		sc := c.Scheduler
+		sc.Policy = "kvmesh"
+		if p, err := registry.Policy(&sc); err == nil { // an invalid block is reported by Run
+			if kp, ok := p.(policies.KVMesh); ok {
+				k = kp
+			}
+		}
+		c.Learn.Prior = learn.Rates{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken}
+	}
+	c.Learn.Defaults()
 }
 
 // Validate lists every problem.
@@ -80,29 +98,11 @@ func (c *Config) Validate() error {
 	if c.Parallel < 0 {
 		errs = append(errs, fmt.Errorf("%w: parallel %d is negative", ErrConfig, c.Parallel))
 	}
+	if err := c.Learn.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: learn: %w", ErrConfig, err))
+	}
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: engine: %w", ErrConfig, err))
 	}
 	return errors.Join(errs...)
-}
-
-// KVMeshFromProfile derives the kvmesh policy's cost-model parameters from
-// an engine timing profile, so the router's estimate has the simulator's
-// shape and scale: prefill rate from FLOP/s, a step's fixed cost from the
-// weight read and launch overhead, decode cost per context token from the
-// KV read.
-func KVMeshFromProfile(p engine.Profile) *policies.KVMeshConfig {
-	d := policies.DefaultKVMeshConfig() // the weights; the rates come from the profile
-	k := &d
-	if p.Params > 0 && p.FLOPS > 0 {
-		k.PrefillRate = p.FLOPS / (2 * p.Params)
-	}
-	if p.MemBW > 0 {
-		k.StepBase = p.StepOverhead.Seconds() + p.WeightBytes/p.MemBW
-		k.DecodeSecPerToken = p.KVBytesPerToken / p.MemBW
-	}
-	if k.PrefillRate <= 0 {
-		k.PrefillRate = 30000
-	}
-	return k
 }

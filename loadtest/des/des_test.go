@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -75,7 +76,7 @@ func TestKVMeshUnderSaturation(t *testing.T) {
 		t.Fatal(err)
 	}
 	k, kv := rep.Policies["kthena"], rep.Policies["kvmesh"]
-	noWait := KVMeshFromProfile(prof)
+	noWait := policies.DefaultKVMeshConfig()
 	noWait.WaitingWeight = 0
 	if err := cfg.Scheduler.SetParams("kvmesh", noWait); err != nil {
 		t.Fatal(err)
@@ -270,7 +271,9 @@ func TestMooncakeReduced(t *testing.T) {
 	if k.Completed != len(reqs) || r.Completed != len(reqs) {
 		t.Fatalf("incomplete: %d %d", k.Completed, r.Completed)
 	}
-	if k.PrefixHitRate < 1.5*r.PrefixHitRate || k.TTFTMean > 0.8*r.TTFTMean {
+	// 1.3×, not the 1.5× of when kvmesh was handed the true output lengths
+	// and the simulator's timing (0.021 then, 0.019 learning them).
+	if k.PrefixHitRate < 1.3*r.PrefixHitRate || k.TTFTMean > 0.8*r.TTFTMean {
 		t.Errorf("kvmesh hit %.3f / TTFT %.3fs vs random %.3f / %.3fs", k.PrefixHitRate, k.TTFTMean, r.PrefixHitRate, r.TTFTMean)
 	}
 }

@@ -1,6 +1,7 @@
 package des
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -23,6 +24,16 @@ type runStats struct {
 	badEvents     int
 	preemptions   int
 	wall          time.Duration
+	// Output-length prediction: Σ |predicted − true| and Σ true, over
+	// dispatched requests that had a prediction.
+	predErr, predTrue float64
+}
+
+func (r *runStats) predicted(pred, actual int) {
+	if pred > 0 {
+		r.predErr += math.Abs(float64(pred - actual))
+		r.predTrue += float64(actual)
+	}
 }
 
 func (r *runStats) init(n, engines int) {
@@ -68,6 +79,9 @@ func (r *runStats) result() report.PolicyResult {
 		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
 	}
 	p.LoadImbalance = report.Imbalance(slices.Values(r.perEngine))
+	if r.predTrue > 0 {
+		p.OutputPredError = r.predErr / r.predTrue
+	}
 	return p
 }
 

@@ -60,6 +60,10 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 			if err == nil {
 				st := s.run(ctx)
 				res = st.result()
+				if s.learner != nil {
+					l := s.learner.Pooled()
+					res.Learned = report.LearnedCosts{PrefillRate: l.PrefillRate, StepBase: l.StepBase, DecodeSecPerToken: l.DecodeSecPerToken}
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()

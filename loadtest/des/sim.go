@@ -11,8 +11,12 @@ import (
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/filters"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 	"github.com/kvmesh/kvmesh/sim/engine"
+	"go.yaml.in/yaml/v3"
 )
 
 // epoch anchors virtual time for APIs that take a time.Time.
@@ -46,6 +50,15 @@ type sim struct {
 	flights []flight
 	byReq   map[*engine.Request]int
 
+	// What the ingress learns from what it observes (equal information:
+	// no router is told a request's output length or an engine's timing).
+	learner *learn.Learner     // kvmesh's cost model; nil for other policies
+	outPred learn.OutputLength // output length predicted from finished requests
+	ctx     []engineCtx        // per engine: the context the ingress counts there
+
+	finisher policies.Finisher // the policy, when it tracks its requests (Dynamo)
+	lat      []latAcc          // per engine: TTFT/TPOT of requests finished since the last snapshot
+
 	delayed  []delayedOp
 	dhead    int
 	dkeys    []uint64
@@ -56,11 +69,34 @@ type sim struct {
 	out runStats
 }
 
+// latAcc sums the latencies of requests finished on an engine since the
+// last snapshot: a scrape of vLLM's TTFT and TPOT histograms (Δsum/Δcount).
+type latAcc struct {
+	ttft, tpot time.Duration
+	n          int
+}
+
 type flight struct {
+	keys     []uint64 // prompt keys, kept only for a policies.Finisher
 	engine   int
 	uncached int
 	active   int
+	ahead    int // prefill tokens queued ahead on the engine at dispatch, plus own uncached
+	prompt   int
+	sent     time.Duration
 	req      *engine.Request
+}
+
+// engineCtx is the context an ingress counts on one engine: the prompts of
+// its in-flight requests plus the tokens it has streamed back for them.
+type engineCtx struct {
+	prompt int    // Σ prompt tokens in flight
+	finGen uint64 // Σ output tokens of finished requests (the rest of the generation counter is in flight)
+	meter  learn.ContextMeter
+}
+
+func (c *engineCtx) tokens(l engine.Load) float64 {
+	return float64(c.prompt) + float64(l.GenerationTokens-c.finGen)
 }
 
 type delayedOp struct {
@@ -88,12 +124,15 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	sc := cfg.Scheduler
 	sc.Policy = policy
 	sc.Seed = cfg.Seed
-	sched, err := registry.New(sc, idx, nil)
+	sched, pol, lr, err := newScheduler(cfg, sc, idx)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", policy, err)
 	}
+	fin, _ := pol.(policies.Finisher)
 	s := &sim{
-		cfg: cfg, reqs: reqs, idx: idx, sched: sched,
+		cfg: cfg, reqs: reqs, idx: idx, sched: sched, learner: lr, finisher: fin,
+		lat:     make([]latAcc, cfg.Engines),
+		ctx:     make([]engineCtx, cfg.Engines),
 		root:    kvevents.Root(cfg.Model, "", ""),
 		ids:     make(map[string]int, cfg.Engines),
 		flights: make([]flight, len(reqs)),
@@ -116,6 +155,43 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	s.stepPending = make([]bool, cfg.Engines)
 	s.awaitFirst = make([][]int, cfg.Engines)
 	return s, nil
+}
+
+// newScheduler builds policy sc.Policy over the framework's filters.
+// kvmesh's cost model is a learner (unless cfg.FixedCosts), returned so the
+// run can feed it; the policy is returned so the run can report finished
+// requests to the policies that track their own (policies.Finisher).
+func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*scheduler.Scheduler, scheduler.Policy, *learn.Learner, error) {
+	sc.Defaults()
+	if err := registry.Validate(&sc); err != nil {
+		return nil, nil, nil, err
+	}
+	pol, err := registry.Policy(&sc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if d, ok := pol.(policies.Dynamo); ok && d.Active == nil {
+		d.Active = policies.NewActiveBlocks() // the run reports finished requests (Finisher)
+		pol = d
+	}
+	var lr *learn.Learner
+	if k, ok := pol.(policies.KVMesh); ok && !cfg.FixedCosts {
+		if lr, err = learn.New(cfg.Learn); err != nil {
+			return nil, nil, nil, err
+		}
+		k.Costs = lr
+		pol = k
+	}
+	var fp *yaml.Node
+	if n, ok := sc.Params["filters"]; ok {
+		fp = &n
+	}
+	fs, err := filters.Factory("filters", fp)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	s, err := scheduler.New(fs, pol, idx, scheduler.Options{TierWeights: sc.Weights(), Seed: sc.Seed})
+	return s, pol, lr, err
 }
 
 // run simulates until every request finished or ctx is cancelled (checked
@@ -206,7 +282,13 @@ func (s *sim) snapshot() {
 	for e, eng := range s.engines {
 		l := eng.Load()
 		v := &s.view[e]
-		v.Running, v.Waiting, v.KVUsage, v.QueuedPrefillTokens = l.Running, l.Waiting, l.KVUsage, l.QueuedPrefillTokens
+		// vLLM exports running, waiting and KV usage; it has no queued
+		// prefill tokens metric, so the router does not get it.
+		v.Running, v.Waiting, v.KVUsage = l.Running, l.Waiting, l.KVUsage
+		if a := &s.lat[e]; a.n > 0 {
+			v.TTFT, v.TPOT = a.ttft/time.Duration(a.n), a.tpot/time.Duration(a.n)
+			*a = latAcc{}
+		}
 	}
 }
 
@@ -259,8 +341,12 @@ func (s *sim) dispatch(i int, now time.Duration) {
 	prompt := w.AppendPrompt(make([]uint32, 0, w.PromptTokens))
 	bs := s.cfg.Engine.BlockSize
 	s.keyBuf = kvevents.AppendKeys(s.keyBuf[:0], s.root, prompt, bs)
+	// The router is not told the output length: it predicts it from the
+	// requests it has seen finish (0 before any: the policy's default).
+	predOut := s.outPred.Predict()
+	s.out.predicted(predOut, w.OutputTokens)
 	s.sreq = scheduler.Request{
-		Keys: s.keyBuf, BlockSize: bs, PromptTokens: len(prompt), OutputTokens: w.OutputTokens,
+		Keys: s.keyBuf, BlockSize: bs, PromptTokens: len(prompt), OutputTokens: predOut,
 		Model: s.cfg.Model, SessionID: w.Session, Now: epoch.Add(now),
 	}
 	if err := s.sched.Schedule(&s.sreq, s.view, &s.decision); err != nil {
@@ -276,10 +362,18 @@ func (s *sim) dispatch(i int, now time.Duration) {
 		return
 	}
 	s.idx.AddSpeculative(s.decision.Engine, s.keyBuf, epoch.Add(now))
-	f := flight{engine: e, uncached: uncached, active: len(prompt) + w.OutputTokens, req: r}
+	if predOut == 0 {
+		predOut = policies.DefaultKVMeshConfig().DefaultOutputTokens
+	}
+	v := &s.view[e]
+	f := flight{engine: e, uncached: uncached, active: len(prompt) + predOut, req: r,
+		ahead: v.LocalPrefillTokens + uncached, prompt: len(prompt), sent: now}
+	if s.finisher != nil {
+		f.keys = append([]uint64(nil), s.keyBuf...)
+	}
 	s.flights[i] = f
 	s.byReq[r] = i
-	v := &s.view[e]
+	s.ctx[e].prompt += f.prompt
 	v.InFlight++
 	v.LocalPrefillTokens += f.uncached
 	v.LocalActiveTokens += f.active
@@ -308,13 +402,34 @@ func (s *sim) step(e int, now time.Duration) {
 	s.stepPending[e] = false
 	until := s.horizon()
 	eng := s.engines[e]
+	var (
+		c0, seqs   float64
+		prefilling bool
+	)
+	if s.learner != nil {
+		c0, seqs, prefilling = s.ctx[e].tokens(eng.Load()), float64(s.view[e].InFlight), len(s.awaitFirst[e]) > 0
+		s.ctx[e].meter.At(now, c0)
+	}
+	before := s.ctx[e].meter.Integral()
 	res := eng.Step(now, until)
+	if s.learner != nil && res.Steps > 0 {
+		s.ctx[e].meter.At(res.End, s.ctx[e].tokens(eng.Load()))
+		if !prefilling {
+			// A stretch of pure decoding as the ingress sees it: none of
+			// its requests there awaited a first token.
+			d := res.End - now
+			s.learner.ObserveDecode(s.view[e].ID, seqs, (s.ctx[e].meter.Integral()-before)/d.Seconds(), d/time.Duration(res.Steps), res.Steps)
+		}
+	}
 	// First tokens: the request's queued prefill work leaves the estimate.
 	aw := s.awaitFirst[e][:0]
 	for _, i := range s.awaitFirst[e] {
 		f := &s.flights[i]
 		if f.req.Generated() > 0 || f.req.Done() {
 			s.view[e].LocalPrefillTokens -= f.uncached
+			if s.learner != nil {
+				s.learner.ObservePrefill(s.view[e].ID, f.ahead, f.req.Result().FirstToken-f.sent)
+			}
 			continue
 		}
 		aw = append(aw, i)
@@ -332,6 +447,19 @@ func (s *sim) step(e int, now time.Duration) {
 		v.LocalActiveTokens -= f.active
 		f.req = nil
 		res := r.Result()
+		s.ctx[e].prompt -= f.prompt
+		s.ctx[e].finGen += uint64(res.OutputTokens)
+		s.outPred.Observe(res.OutputTokens)
+		if res.OutputTokens > 1 {
+			a := &s.lat[e]
+			a.ttft += res.TTFT
+			a.tpot += (res.Finished - res.FirstToken) / time.Duration(res.OutputTokens-1)
+			a.n++
+		}
+		if s.finisher != nil {
+			s.finisher.Finished(v.ID, f.keys)
+			f.keys = nil
+		}
 		s.out.finished(i, e, res)
 		s.pending--
 		s.h.push(max(res.Finished, now), evRelease, i)

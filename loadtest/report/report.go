@@ -38,6 +38,18 @@ type PolicyResult struct {
 	BadEvents   int           `json:"-"`
 	Makespan    time.Duration `json:"-"`
 	Wall        time.Duration `json:"-"`
+	// OutputPredError is the router's output-length prediction error,
+	// Σ|predicted − true| / Σ true (0 when nothing was predicted).
+	OutputPredError float64 `json:"-"`
+	// Learned is kvmesh's learned cost model at the end of a DES run,
+	// pooled over engines (zero for other policies): prefill tokens/s, a
+	// decode step's fixed cost and its cost per context token, seconds.
+	Learned LearnedCosts `json:"-"`
+}
+
+// LearnedCosts is a learned cost model (scheduler/learn.Rates).
+type LearnedCosts struct {
+	PrefillRate, StepBase, DecodeSecPerToken float64
 }
 
 // Report is the benchmark's output: `kvmesh bench --json` prints it.
@@ -63,6 +75,12 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, name := range r.Order {
+		if p := r.Policies[name]; p.Learned.PrefillRate > 0 {
+			fmt.Fprintf(w, "%s learned: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; output length predicted within %.0f%% (mean abs error)\n",
+				name, p.Learned.PrefillRate, p.Learned.StepBase, p.Learned.DecodeSecPerToken, 100*p.OutputPredError)
+		}
 	}
 	_, err := fmt.Fprintf(w, "oracle (infinite shared cache) hit rate: %.3f\n", r.OracleHitRate)
 	return err

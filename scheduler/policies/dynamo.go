@@ -2,6 +2,7 @@ package policies
 
 import (
 	"errors"
+	"sync"
 
 	"go.yaml.in/yaml/v3"
 
@@ -9,22 +10,42 @@ import (
 )
 
 // Dynamo emulates NVIDIA Dynamo's KV router default worker selector
-// (ai-dynamo/dynamo, lib/llm/src/kv_router/scheduler.rs
-// DefaultWorkerSelector and docs/router/kv_cache_routing.md:
-// kv-overlap-score-weight 1, router-temperature 0):
+// (ai-dynamo/dynamo, lib/kv-router: scheduling/config.rs defaults
+// overlap_score_credit 1, prefill_load_scale 1, temperature 0, output
+// blocks not tracked, assume_kv_reuse on; selector/default.rs;
+// sequence.rs ActiveSequences):
 //
-//	logit = overlap_weight · prefill_blocks + decode_blocks
+//	logit = max(0, prefill_blocks − overlap_weight · overlap) + decode_blocks
 //
-// where prefill_blocks are the blocks the worker would still have to
-// prefill (its outstanding prefill plus this request's blocks minus the
-// overlap it already caches, from KV events) and decode_blocks its active
-// blocks after adding this request (the router's own active-sequence
-// tracking). Temperature 0 picks the lowest logit.
+// where prefill_blocks = (the worker's outstanding prefill tokens + this
+// request's tokens) / block size, overlap the blocks the worker caches
+// (KV events, GPU tier), and decode_blocks the worker's active blocks after
+// adding this request: the distinct prompt blocks of its active requests
+// (a prefix shared by many counts once) plus this request's blocks not
+// already among them. No output blocks are counted. Temperature 0 picks
+// the lowest logit.
+//
+// The active sequences are the router's own (Active): Pick adds the chosen
+// request's blocks, and the caller reports each request's end (Finished).
+// Only a caller that reports finished requests may set Active (the DES
+// does); the factory leaves it nil, because the live ingress does not call
+// Finished yet and the set would only grow. With Active nil decode_blocks
+// falls back to the caller's LocalActiveTokens / block size + this
+// request's blocks (no de-duplication).
 type Dynamo struct {
 	OverlapWeight float64
+	Active        *ActiveBlocks
 }
 
 var _ scheduler.Policy = Dynamo{}
+
+// Finisher is a policy that tracks the requests it routed: the caller
+// reports each request's end with the engine and the prompt's keys.
+type Finisher interface {
+	Finished(engine string, keys []uint64)
+}
+
+var _ Finisher = Dynamo{}
 
 // DynamoConfig is the dynamo block: the KV router's overlap weight.
 type DynamoConfig struct {
@@ -47,11 +68,11 @@ func DynamoFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Dynamo(c), nil
+	return Dynamo{OverlapWeight: c.OverlapWeight}, nil
 }
 
-// NewDynamo returns the published defaults.
-func NewDynamo() Dynamo { return Dynamo(DefaultDynamoConfig()) }
+// NewDynamo returns the published defaults (Active nil: see Dynamo).
+func NewDynamo() Dynamo { return Dynamo{OverlapWeight: DefaultDynamoConfig().OverlapWeight} }
 
 // Name implements scheduler.Policy.
 func (Dynamo) Name() string { return "dynamo" }
@@ -62,9 +83,78 @@ func (p Dynamo) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 	reqBlocks := float64(r.PromptTokens) / bs
 	for i := range cs {
 		c := &cs[i]
-		prefill := float64(c.LocalPrefillTokens)/bs + reqBlocks - float64(c.Match.GPU)
-		decode := float64(c.LocalActiveTokens)/bs + reqBlocks
-		c.Score = -(p.OverlapWeight*prefill + decode)
+		prefill := max(0, float64(c.LocalPrefillTokens)/bs+reqBlocks-p.OverlapWeight*float64(c.Match.GPU))
+		var decode float64
+		if p.Active != nil {
+			decode = float64(p.Active.After(c.ID, r.Keys))
+		} else {
+			decode = float64(c.LocalActiveTokens)/bs + reqBlocks
+		}
+		c.Score = -(prefill + decode)
 	}
-	return scheduler.ArgMax(cs, cyc), "lowest-cost"
+	i := scheduler.ArgMax(cs, cyc)
+	if p.Active != nil {
+		p.Active.Add(cs[i].ID, r.Keys)
+	}
+	return i, "lowest-cost"
+}
+
+// Finished implements Finisher.
+func (p Dynamo) Finished(engine string, keys []uint64) {
+	if p.Active != nil {
+		p.Active.Remove(engine, keys)
+	}
+}
+
+// ActiveBlocks is Dynamo's ActiveSequences: per worker, the prompt blocks
+// of its active requests, reference-counted so a shared block counts once.
+// Safe for concurrent use.
+type ActiveBlocks struct {
+	mu sync.Mutex
+	w  map[string]map[uint64]int32
+}
+
+// NewActiveBlocks returns an empty tracker.
+func NewActiveBlocks() *ActiveBlocks { return &ActiveBlocks{w: make(map[string]map[uint64]int32)} }
+
+// After is the worker's distinct active blocks if keys were added.
+func (a *ActiveBlocks) After(worker string, keys []uint64) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.w[worker]
+	n := len(m)
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// Add makes keys active on worker.
+func (a *ActiveBlocks) Add(worker string, keys []uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.w[worker]
+	if m == nil {
+		m = make(map[uint64]int32, len(keys))
+		a.w[worker] = m
+	}
+	for _, k := range keys {
+		m[k]++
+	}
+}
+
+// Remove ends one request holding keys on worker.
+func (a *ActiveBlocks) Remove(worker string, keys []uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.w[worker]
+	for _, k := range keys {
+		if m[k] <= 1 {
+			delete(m, k)
+		} else {
+			m[k]--
+		}
+	}
 }

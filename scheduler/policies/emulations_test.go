@@ -56,7 +56,7 @@ func mustPick(t *testing.T, p scheduler.Policy, r *scheduler.Request, es []sched
 // is the same whenever at most two replicas tie for the lowest usage, as
 // here.
 func TestRayLowMatch(t *testing.T) {
-	p := NewRay()
+	p := indexRay()
 	a, b, c := eng("a"), eng("b"), eng("c")
 	a.KVUsage, b.KVUsage, c.KVUsage = 0.5, 0.2, 0.9
 	// Balanced: in-flight 0, 5, 0 (spread 5 < 10).
@@ -85,7 +85,7 @@ func TestRayLowMatch(t *testing.T) {
 // one with the smallest queue, not a power of two of it; and a queue spread
 // of exactly imbalanced_threshold is still balanced (Ray's test is ">").
 func TestRayShortlistAndBoundary(t *testing.T) {
-	p := NewRay()
+	p := indexRay()
 	a, b, c, d := eng("a"), eng("b"), eng("c"), eng("d")
 	a.InFlight, b.InFlight, c.InFlight, d.InFlight = 6, 5, 1, 9
 	ms := []index.Match{full(10), full(10), full(10), {}}
@@ -112,9 +112,11 @@ func TestRayShortlistAndBoundary(t *testing.T) {
 	}
 }
 
-// TestDynamoOverlapWeight: logit = w·prefill_blocks + decode_blocks, lowest
-// wins, with prefill_blocks = LocalPrefillTokens/bs + request blocks −
-// cached blocks and decode_blocks = LocalActiveTokens/bs + request blocks.
+// TestDynamoOverlapWeight: logit = max(0, prefill_blocks − w·overlap) +
+// decode_blocks, lowest wins (selector/default.rs: the overlap credit scales
+// the cached blocks only), with prefill_blocks = LocalPrefillTokens/bs +
+// request blocks and, without an active-sequence tracker, decode_blocks =
+// LocalActiveTokens/bs + request blocks.
 func TestDynamoOverlapWeight(t *testing.T) {
 	a, b := eng("a"), eng("b")
 	// a caches 8 of 10 blocks but has 12 active blocks; b is idle, cold.
@@ -122,8 +124,16 @@ func TestDynamoOverlapWeight(t *testing.T) {
 	es, ms := []scheduler.Engine{a, b}, []index.Match{full(8), {}}
 	mustPick(t, Dynamo{OverlapWeight: 1}, req(10), es, ms, "b", "lowest-cost",
 		"w=1: a = 1·(10−8) + (12+10) = 24, b = 1·10 + 10 = 20")
+	mustPick(t, Dynamo{OverlapWeight: 2}, req(10), es, ms, "b", "lowest-cost",
+		"w=2: a = max(0, 10 − 2·8) + 22 = 22, b = 10 + 10 = 20")
+	a.LocalActiveTokens = 9 * 16
+	es = []scheduler.Engine{a, b}
 	mustPick(t, Dynamo{OverlapWeight: 2}, req(10), es, ms, "a", "lowest-cost",
-		"w=2: a = 2·(10−8) + 22 = 26, b = 2·10 + 10 = 30")
+		"w=2: a = 0 + 19 = 19, b = 20 (at w=1: a = 2 + 19 = 21)")
+	mustPick(t, Dynamo{OverlapWeight: 1}, req(10), es, ms, "b", "lowest-cost",
+		"w=1: a = 2 + 19 = 21, b = 20")
+	a.LocalActiveTokens = 12 * 16
+	es = []scheduler.Engine{a, b}
 	// Weight 0 ignores the cache: pure load.
 	mustPick(t, Dynamo{OverlapWeight: 0}, req(10), es, ms, "b", "lowest-cost",
 		"w=0: a = 0 + 22 = 22, b = 0 + 10 = 10")
@@ -136,21 +146,22 @@ func TestDynamoLocalPrefill(t *testing.T) {
 	a, b := eng("a"), eng("b")
 	ms := []index.Match{full(8), {}} // a caches 8 of 10 blocks
 	a.LocalPrefillTokens = 9 * 16
-	mustPick(t, NewDynamo(), req(10), []scheduler.Engine{a, b}, ms, "b", "lowest-cost",
+	d := Dynamo{OverlapWeight: 1}
+	mustPick(t, d, req(10), []scheduler.Engine{a, b}, ms, "b", "lowest-cost",
 		"a = (9 + 10 − 8) + (0 + 10) = 21, b = 10 + 10 = 20")
 	a.LocalPrefillTokens = 7 * 16
-	mustPick(t, NewDynamo(), req(10), []scheduler.Engine{a, b}, ms, "a", "lowest-cost",
+	mustPick(t, d, req(10), []scheduler.Engine{a, b}, ms, "a", "lowest-cost",
 		"a = (7 + 10 − 8) + (0 + 10) = 19, b = 20")
-	// Weighted: at w=2 the same 10 queued blocks count twice (they would
-	// count once were they added to the decode term).
-	a.LocalPrefillTokens = 10 * 16
+	// Queued blocks are not scaled by the overlap credit: at w=2, 16 queued
+	// blocks still lose (the credit only cancels a's own 10 blocks).
+	a.LocalPrefillTokens = 17 * 16
 	mustPick(t, Dynamo{OverlapWeight: 2}, req(10), []scheduler.Engine{a, b}, ms, "b", "lowest-cost",
-		"w=2: a = 2·(10 + 10 − 8) + 10 = 34, b = 2·10 + 10 = 30")
+		"w=2: a = (17 + 10 − 16) + 10 = 21, b = 20")
 	// Tokens, not blocks, would make any queue decisive: 3 queued blocks
 	// keep a ahead.
 	a.LocalPrefillTokens = 3 * 16
 	mustPick(t, Dynamo{OverlapWeight: 2}, req(10), []scheduler.Engine{a, b}, ms, "a", "lowest-cost",
-		"w=2: a = 2·(3 + 10 − 8) + 10 = 20, b = 30")
+		"w=2: a = max(0, 3 + 10 − 16) + 10 = 10, b = 20")
 }
 
 // TestLLMDKVUsage: score = (2·queue + 2·(1 − KV usage) + 3·prefix) / 7,

@@ -2,21 +2,40 @@ package policies
 
 import (
 	"errors"
+	"math"
+	"slices"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
-// Kthena emulates the Kthena router's default scheduler profile
-// (volcano-sh/kthena, pkg/kthena-router/scheduler/plugins: the
-// least-request and kvcache-aware score plugins, both weight 1): each
-// plugin scores pods 0–100 and the router picks the highest weighted sum.
+// Kthena emulates the Kthena router (volcano-sh/kthena,
+// pkg/kthena-router/scheduler/plugins) in its two common configurations,
+// each plugin scoring pods 0–100 (integers, as upstream truncates) and the
+// router picking the highest weighted sum:
 //
-//   - least-request: base = running + 100·waiting from the engine's
-//     metrics (a snapshot); score = 100·(maxBase − base)/maxBase.
-//   - kvcache-aware: 100 · matched blocks / request blocks, from the
-//     engines' KV events (confirmed blocks, any tier).
+//   - "kthena", the shipped default (scheduler_impl.go's plugin list when
+//     no config is given): least-request 1, least-latency 1, prefix-cache 1.
+//   - "kthena-kvcache", the documented kvcache-aware setup of Kthena's
+//     benchmark blog and user guide: least-request 1, kvcache-aware 1.
+//
+// Plugins:
+//
+//   - least-request (HEAD since 19dcb9b8, 2026-05-09): base = onFlight +
+//     100·max(onFlight − running, 0), onFlight being the router's own count
+//     of requests in flight to the pod and running the pod's metric;
+//     score = 100·(maxBase − base)/maxBase.
+//   - least-latency: the pods' TTFT and TPOT from their metrics, each
+//     min-max normalised (100 for the fastest), blended 0.5/0.5; a pod
+//     without samples scores 100.
+//   - prefix-cache: the router's own history of routed prompts (History):
+//     64-byte text blocks (≈ 16 tokens, the DES's block), only the first
+//     128 blocks, an LRU of 50,000 hashes per pod; a hit at block i counts
+//     as i+1 matched (searched from the end); score = 100·matched/hashed
+//     blocks for the top 5 pods, 0 for the rest.
+//   - kvcache-aware: matched blocks from the engines' KV events (confirmed,
+//     any tier), first 128 blocks; score = 100·matched/min(blocks, 128).
 //
 // Left out on purpose: least-request is also a filter plugin in Kthena
 // (maxWaitingRequests, 10 in scheduler_impl.go's default arguments) and the
@@ -25,28 +44,57 @@ import (
 // 300 on 3 engines) every engine has more than 10 waiting for most of the
 // run, so the emulation would reject most requests and its throughput and
 // TTFT would say nothing comparable; kvmesh's own maxWaiting filter
-// (filters.maxWaiting) is the equivalent, off by default.
+// (filters.maxWaiting) is the equivalent, off by default. The Helm chart's
+// extra gpu-usage plugin (weight 1) is not emulated.
 type Kthena struct {
-	LeastRequestWeight float64 // default 1
-	KVCacheWeight      float64 // default 1
+	name               string
+	LeastRequestWeight float64
+	LeastLatencyWeight float64
+	PrefixCacheWeight  float64
+	KVCacheWeight      float64
+	// MaxBlocks is how many leading blocks the prefix plugins hash (128).
+	MaxBlocks int
+	// TopK is how many pods prefix-cache scores (5).
+	TopK int
+	// History is prefix-cache's store (nil when PrefixCacheWeight is 0).
+	History *History
 }
 
 var _ scheduler.Policy = Kthena{}
 
-// KthenaConfig is the kthena block: the plugin weights.
+// KthenaConfig is the kthena (and kthena-kvcache) block: plugin weights
+// and the prefix plugins' sizes.
 type KthenaConfig struct {
 	LeastRequestWeight float64 `yaml:"leastRequestWeight"`
+	LeastLatencyWeight float64 `yaml:"leastLatencyWeight"`
+	PrefixCacheWeight  float64 `yaml:"prefixCacheWeight"`
 	KVCacheWeight      float64 `yaml:"kvCacheWeight"`
+	MaxBlocksToMatch   int     `yaml:"maxBlocksToMatch"`
+	MaxHashCacheSize   int     `yaml:"maxHashCacheSize"`
+	TopKMatches        int     `yaml:"topKMatches"`
 }
 
-// DefaultKthenaConfig is Kthena's published default.
-func DefaultKthenaConfig() KthenaConfig { return KthenaConfig{LeastRequestWeight: 1, KVCacheWeight: 1} }
+// DefaultKthenaConfig is Kthena's shipped default plugin set.
+func DefaultKthenaConfig() KthenaConfig {
+	return KthenaConfig{LeastRequestWeight: 1, LeastLatencyWeight: 1, PrefixCacheWeight: 1,
+		MaxBlocksToMatch: 128, MaxHashCacheSize: 50_000, TopKMatches: 5}
+}
+
+// DefaultKthenaKVCacheConfig is Kthena's kvcache-aware setup.
+func DefaultKthenaKVCacheConfig() KthenaConfig {
+	return KthenaConfig{LeastRequestWeight: 1, KVCacheWeight: 1, MaxBlocksToMatch: 128, MaxHashCacheSize: 50_000, TopKMatches: 5}
+}
 
 // Validate lists every problem, with paths under name.
 func (k KthenaConfig) Validate(name string) error {
 	p := scheduler.NewProblems(name)
 	p.NonNegative("leastRequestWeight", k.LeastRequestWeight)
+	p.NonNegative("leastLatencyWeight", k.LeastLatencyWeight)
+	p.NonNegative("prefixCacheWeight", k.PrefixCacheWeight)
 	p.NonNegative("kvCacheWeight", k.KVCacheWeight)
+	p.AtLeast("maxBlocksToMatch", float64(k.MaxBlocksToMatch), 1)
+	p.AtLeast("maxHashCacheSize", float64(k.MaxHashCacheSize), 1)
+	p.AtLeast("topKMatches", float64(k.TopKMatches), 1)
 	return errors.Join(p.Errs()...)
 }
 
@@ -56,33 +104,142 @@ func KthenaFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Kthena(c), nil
+	return KthenaFrom(name, c), nil
 }
 
-// NewKthena returns Kthena with its published default weights.
-func NewKthena() Kthena { return Kthena(DefaultKthenaConfig()) }
+// KthenaKVCacheFactory is policy kthena-kvcache's scheduler.PolicyFactory.
+func KthenaKVCacheFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultKthenaKVCacheConfig())
+	if err != nil {
+		return nil, err
+	}
+	return KthenaFrom(name, c), nil
+}
+
+// KthenaFrom is the policy c configures, named name, with a fresh store.
+func KthenaFrom(name string, c KthenaConfig) Kthena {
+	k := Kthena{name: name, LeastRequestWeight: c.LeastRequestWeight, LeastLatencyWeight: c.LeastLatencyWeight,
+		PrefixCacheWeight: c.PrefixCacheWeight, KVCacheWeight: c.KVCacheWeight, MaxBlocks: c.MaxBlocksToMatch, TopK: c.TopKMatches}
+	if c.PrefixCacheWeight > 0 {
+		k.History = NewHistory(c.MaxHashCacheSize, c.MaxBlocksToMatch)
+	}
+	return k
+}
+
+// NewKthena returns Kthena's shipped default.
+func NewKthena() Kthena { return KthenaFrom("kthena", DefaultKthenaConfig()) }
+
+// NewKthenaKVCache returns Kthena's kvcache-aware setup.
+func NewKthenaKVCache() Kthena { return KthenaFrom("kthena-kvcache", DefaultKthenaKVCacheConfig()) }
 
 // Name implements scheduler.Policy.
-func (Kthena) Name() string { return "kthena" }
+func (k Kthena) Name() string {
+	if k.name == "" {
+		return "kthena"
+	}
+	return k.name
+}
 
 // Pick implements scheduler.Policy.
 func (k Kthena) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
+	for i := range cs {
+		cs[i].Score = 0
+	}
+	if k.LeastRequestWeight > 0 {
+		k.leastRequest(cs)
+	}
+	if k.LeastLatencyWeight > 0 {
+		kthenaLeastLatency(cs, k.LeastLatencyWeight)
+	}
+	hashed := r.Blocks()
+	if k.MaxBlocks > 0 {
+		hashed = min(hashed, k.MaxBlocks)
+	}
+	if k.KVCacheWeight > 0 {
+		for i := range cs {
+			m := min(cs[i].Match.Other, hashed)
+			cs[i].Score += k.KVCacheWeight * float64(int(100*float64(m)/float64(hashed)))
+		}
+	}
+	if k.PrefixCacheWeight > 0 && k.History != nil {
+		k.prefixCache(r, cs, hashed)
+	}
+	pick := scheduler.ArgMax(cs, cyc)
+	if k.History != nil {
+		k.History.Insert(cs[pick].ID, r.Keys) // PostSchedule: the chosen pod gets the hashes
+	}
+	return pick, "weighted-score"
+}
+
+func (k Kthena) leastRequest(cs []scheduler.Candidate) {
 	maxBase := 0.0
 	for i := range cs {
 		maxBase = max(maxBase, kthenaBase(&cs[i]))
 	}
-	blocks := float64(r.Blocks())
 	for i := range cs {
 		lr := 100.0
 		if maxBase > 0 {
 			lr = 100 * (maxBase - kthenaBase(&cs[i])) / maxBase
 		}
-		kv := 100 * float64(cs[i].Match.Other) / blocks
-		cs[i].Score = k.LeastRequestWeight*lr + k.KVCacheWeight*kv
+		cs[i].Score += k.LeastRequestWeight * float64(int(lr))
 	}
-	return scheduler.ArgMax(cs, cyc), "weighted-score"
 }
 
+// kthenaBase is least-request's base: onFlight + 100·max(onFlight −
+// running, 0) (least_request.go at HEAD).
 func kthenaBase(c *scheduler.Candidate) float64 {
-	return float64(c.Running) + 100*float64(c.Waiting)
+	on := c.InFlight
+	return float64(on) + 100*float64(max(on-c.Running, 0))
+}
+
+// kthenaLeastLatency adds least-latency's score times w.
+func kthenaLeastLatency(cs []scheduler.Candidate, w float64) {
+	const f = 0.5 // TTFTTPOTWeightFactor default
+	minTTFT, maxTTFT, minTPOT, maxTPOT := math.MaxFloat64, 0.0, math.MaxFloat64, 0.0
+	for i := range cs {
+		a, b := cs[i].TTFT.Seconds(), cs[i].TPOT.Seconds()
+		if a <= 0 || b <= 0 {
+			continue
+		}
+		minTTFT, maxTTFT = min(minTTFT, a), max(maxTTFT, a)
+		minTPOT, maxTPOT = min(minTPOT, b), max(maxTPOT, b)
+	}
+	for i := range cs {
+		a, b := cs[i].TTFT.Seconds(), cs[i].TPOT.Seconds()
+		if a <= 0 || b <= 0 {
+			cs[i].Score += w * 100
+			continue
+		}
+		sa, sb := 100.0, 100.0
+		if maxTTFT > minTTFT {
+			sa = 100 * (maxTTFT - a) / (maxTTFT - minTTFT)
+		}
+		if maxTPOT > minTPOT {
+			sb = 100 * (maxTPOT - b) / (maxTPOT - minTPOT)
+		}
+		cs[i].Score += w * float64(int(sa*f+sb*(1-f)))
+	}
+}
+
+// prefixCache adds prefix-cache's score: the top K pods by match depth
+// score 100·depth/hashed, the rest 0.
+func (k Kthena) prefixCache(r *scheduler.Request, cs []scheduler.Candidate, hashed int) {
+	type hit struct{ i, depth int }
+	var top [8]hit
+	hits := top[:0]
+	for i := range cs {
+		if d := k.History.Deepest(cs[i].ID, r.Keys); d > 0 {
+			hits = append(hits, hit{i, d})
+		}
+	}
+	// Upstream walks from the deepest block and stops at K pods, so the K
+	// deepest matches score (ties at one depth in map order: here by
+	// candidate order).
+	slices.SortStableFunc(hits, func(a, b hit) int { return b.depth - a.depth })
+	if len(hits) > k.TopK {
+		hits = hits[:k.TopK]
+	}
+	for _, h := range hits {
+		cs[h.i].Score += k.PrefixCacheWeight * float64(int(100*float64(h.depth)/float64(hashed)))
+	}
 }

@@ -7,7 +7,14 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
+
+// CostModel supplies an engine's current cost estimate (learn.Learner
+// learns one per engine from what the router observes).
+type CostModel interface {
+	Rates(engine string) learn.Rates
+}
 
 // KVMesh is kvmesh's default policy: route to the engine where the request
 // adds the least total latency, in seconds, estimated with the same
@@ -93,6 +100,9 @@ type KVMesh struct {
 	// requests that will queue behind it (0 = ignore queues beyond the own
 	// wait). Default 2.
 	WaitingWeight float64
+	// Costs, when set, replaces PrefillRate, StepBase and DecodeSecPerToken
+	// per engine by its learned estimate (the fields are then unused).
+	Costs CostModel
 }
 
 var _ scheduler.Policy = KVMesh{}
@@ -170,32 +180,8 @@ func (KVMesh) Name() string { return "kvmesh" }
 
 // Pick implements scheduler.Policy.
 func (p KVMesh) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
-	out := r.OutputTokens
-	if out <= 0 {
-		out = p.DefaultOutputTokens
-	}
-	ctx := float64(r.PromptTokens + out/2)
-	decodeOwn := p.DecodeWeight * float64(out)
-	decodeExt := p.DecodeWeight * float64(out) * p.DecodeSecPerToken * ctx
 	for i := range cs {
-		c := &cs[i]
-		uncached := float64(max(0, r.PromptTokens-c.CachedTokens))
-		queued := float64(max(c.QueuedPrefillTokens, c.LocalPrefillTokens))
-		// Only requests already running feel this one's prefill and decode;
-		// those waiting have not started (and under overload waiting
-		// dwarfs running, which would make every miss look prohibitive
-		// and pile hits onto one engine).
-		n := float64(max(c.Running, c.InFlight-c.Waiting))
-		ttft := (queued+uncached)/p.PrefillRate + p.StepBase
-		active := float64(c.LocalActiveTokens)
-		if active == 0 {
-			active = n * ctx // the caller does not track tokens: assume requests like this one
-		}
-		tpot := p.StepBase + p.DecodeSecPerToken*(active+ctx)
-		ext := n * (uncached/p.PrefillRate + decodeExt)
-		behind := min(float64(max(c.Waiting, c.InFlight-c.Running)), n)
-		c.Score = -(ttft + decodeOwn*tpot + p.ExternalityWeight*ext +
-			(p.WaitingWeight*behind+p.MissPenalty)*uncached/p.PrefillRate)
+		cs[i].Score = -p.Cost(r, &cs[i])
 	}
 	pick := scheduler.ArgMax(cs, cyc)
 	best := 0.0

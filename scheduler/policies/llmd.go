@@ -51,9 +51,27 @@ func (l LLMDConfig) Validate(name string) error {
 	return errors.Join(p.Errs()...)
 }
 
-// LLMDFactory is policy llmd's scheduler.PolicyFactory.
+// LLMDFactory is policy llmd's scheduler.PolicyFactory: llm-d's built-in
+// default profile with its approximate (routing-history) prefix scorer.
 func LLMDFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	c, err := scheduler.ParseParams(name, params, DefaultLLMDConfig())
+	if err != nil {
+		return nil, err
+	}
+	return NewLLMDApproximate(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight})
+}
+
+// DefaultLLMDPreciseConfig is llm-d's precise-prefix-cache sample profile
+// (deploy/config/epp-precise-prefix-cache-config.yaml): prefix 2, KV
+// utilisation 1, queue 1.
+func DefaultLLMDPreciseConfig() LLMDConfig {
+	return LLMDConfig{QueueWeight: 1, KVUtilizationWeight: 1, PrefixWeight: 2}
+}
+
+// LLMDPreciseFactory is policy llmd-precise's scheduler.PolicyFactory: the
+// precise (KV-event) prefix scorer with the sample config's weights.
+func LLMDPreciseFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
+	c, err := scheduler.ParseParams(name, params, DefaultLLMDPreciseConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -61,26 +79,88 @@ func LLMDFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.PolicyName = name
 	return w, nil
 }
 
-// LLMD emulates the llm-d inference scheduler's default scoring profile
-// (llm-d/llm-d-inference-scheduler, deploy/config: queue-scorer weight 2,
-// kv-cache-utilization-scorer weight 2, prefix-cache-scorer weight 3, then
-// the max-score picker). Scores are in [0,1] and the weighted sum is
-// divided by the weight total so the result stays in [0,1].
+// llm-d's approximate prefix producer (approximateprefix/types.go): 16-token
+// blocks (64 characters at 4 per token), at most 256 blocks of a prompt, an
+// LRU of 31,250 blocks per server.
+const (
+	llmdMaxPrefixBlocks = 256
+	llmdLRUPerServer    = 31_250
+)
+
+// LLMDApproximate is llm-d's default profile with the approximate prefix
+// scorer: its prefix view is the router's own record of what it routed
+// where (History), which it updates after every pick; it never hears of an
+// engine's evictions.
+type LLMDApproximate struct {
+	*scheduler.Weighted
+	History *History
+}
+
+// NewLLMDApproximate is LLMDApproximate with the given weights and a fresh
+// history.
+func NewLLMDApproximate(w LLMDWeights) (LLMDApproximate, error) {
+	h := NewHistory(llmdLRUPerServer, llmdMaxPrefixBlocks)
+	p, err := newLLMD(w, historyPrefix{h})
+	if err != nil {
+		return LLMDApproximate{}, err
+	}
+	return LLMDApproximate{Weighted: p, History: h}, nil
+}
+
+// Pick implements scheduler.Policy: the weighted pick, then the chosen
+// server records the prompt (the producer's PreRequest hook).
+func (l LLMDApproximate) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
+	i, why := l.Weighted.Pick(r, cs, cyc)
+	l.History.Insert(cs[i].ID, r.Keys)
+	return i, why
+}
+
+// historyPrefix scores a server's contiguous routed-history match over the
+// request's first 256 blocks.
+type historyPrefix struct{ h *History }
+
+func (historyPrefix) Name() string { return "prefix-cache" }
+
+func (p historyPrefix) Score(r *scheduler.Request, cs []scheduler.Candidate, out []float64) {
+	n := r.Blocks()
+	if p.h.MaxBlocks > 0 {
+		n = min(n, p.h.MaxBlocks)
+	}
+	b := float64(n)
+	for i := range cs {
+		out[i] = float64(p.h.Prefix(cs[i].ID, r.Keys)) / b
+	}
+}
+
+// LLMD is the llm-d inference scheduler's scoring (llm-d/llm-d-inference-
+// scheduler @520af47, pkg/epp/config/loader/defaults.go: queue-scorer weight
+// 2, kv-cache-utilization-scorer weight 2, prefix-cache-scorer weight 3, then
+// the max-score picker) with a precise prefix view. Scores are in [0,1] and
+// the weighted sum is divided by the weight total so the result stays in
+// [0,1] (the argmax is unchanged).
 //
 //   - queue-scorer: min-max normalised waiting queue (metrics snapshot).
 //   - kv-cache-utilization-scorer: 1 − KV usage (metrics snapshot).
-//   - prefix-cache-scorer (precise mode, from KV events): confirmed matched
-//     blocks / request blocks.
+//   - prefix-cache-scorer, precise (KV events): confirmed matched blocks /
+//     request blocks.
+//
+// The registry's "llmd" is the shipped default, whose prefix scorer is the
+// approximate one (LLMDApproximate); "llmd-precise" is the precise sample
+// config's weights (prefix 2, KV 1, queue 1) over this view.
 func LLMD() *scheduler.Weighted {
 	w, _ := NewLLMD(DefaultLLMDWeights())
 	return w
 }
 
-// NewLLMD is LLMD with other scorer weights: each finite and ≥ 0, not all 0.
-func NewLLMD(w LLMDWeights) (*scheduler.Weighted, error) {
+// NewLLMD is LLMD with other scorer weights: each finite and ≥ 0, not all
+// 0. Its prefix view is precise (KV events, confirmed blocks).
+func NewLLMD(w LLMDWeights) (*scheduler.Weighted, error) { return newLLMD(w, confirmedPrefix{}) }
+
+func newLLMD(w LLMDWeights, prefix scheduler.Scorer) (*scheduler.Weighted, error) {
 	total := w.Queue + w.KVUtilization + w.Prefix
 	for _, v := range []float64{w.Queue, w.KVUtilization, w.Prefix} {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
@@ -93,7 +173,7 @@ func NewLLMD(w LLMDWeights) (*scheduler.Weighted, error) {
 	p, err := scheduler.NewWeighted("llmd",
 		scheduler.WeightedScorer{Scorer: scorers.Queue{}, Weight: w.Queue},
 		scheduler.WeightedScorer{Scorer: scorers.KVUsage{}, Weight: w.KVUtilization},
-		scheduler.WeightedScorer{Scorer: confirmedPrefix{}, Weight: w.Prefix},
+		scheduler.WeightedScorer{Scorer: prefix, Weight: w.Prefix},
 	)
 	if err != nil {
 		return nil, err

@@ -13,8 +13,9 @@ import (
 )
 
 // llmdPick builds policy llmd from a SchedulerConfig file through the
-// registry and picks between a, which holds the whole 10-block prompt but
-// has 4 requests waiting, and b, which holds nothing and has none.
+// registry and picks between a, where the router sent the whole 10-block
+// prompt before but which has 4 requests waiting, and b, which got nothing
+// and has none.
 func llmdPick(t *testing.T, llmdBlock string) string {
 	t.Helper()
 	cfg, err := registry.ParseConfig([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\npolicy: llmd\n" + llmdBlock))
@@ -30,7 +31,11 @@ func llmdPick(t *testing.T, llmdBlock string) string {
 		{ID: "b", Healthy: true, Waiting: 0, KVUsage: 0.5},
 	}
 	ms := []index.Match{{GPU: 10, CPU: 10, Other: 10}, {}}
-	req := &scheduler.Request{Keys: make([]uint64, 10), BlockSize: 16, PromptTokens: 160, OutputTokens: 64}
+	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	req := &scheduler.Request{Keys: keys, BlockSize: 16, PromptTokens: 160, OutputTokens: 64}
+	// llmd's default prefix scorer is the approximate one: a holds the
+	// prompt because the router sent it there before.
+	p.(policies.LLMDApproximate).History.Insert("a", keys)
 	cs := make([]scheduler.Candidate, len(es))
 	for i := range es {
 		cs[i] = scheduler.Candidate{Engine: &es[i], Match: ms[i]}

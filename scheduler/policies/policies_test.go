@@ -31,28 +31,46 @@ func full(n int) index.Match         { return index.Match{GPU: n, CPU: n, Other:
 func spec(n int) index.Match         { return index.Match{Spec: n} }
 func eng(id string) scheduler.Engine { return scheduler.Engine{ID: id, Healthy: true} }
 
+// indexSGLang is sglang at its launch thresholds with the index standing in
+// for its tree (History nil), so the thresholds can be tested on matches.
+func indexSGLang() SGLang {
+	c := DefaultSGLangConfig()
+	return SGLang{CacheThreshold: c.CacheThreshold, BalanceAbsThreshold: c.BalanceAbsThreshold, BalanceRelThreshold: c.BalanceRelThreshold}
+}
+
+// indexRay is ray at its defaults with the index standing in for its tree.
+func indexRay() Ray {
+	c := DefaultRayConfig()
+	return Ray{ImbalancedThreshold: c.ImbalancedThreshold, MatchRateThreshold: c.MatchRateThreshold}
+}
+
 func TestSGLang(t *testing.T) {
-	p := NewSGLang()
+	p := indexSGLang()
 	a, b, c := eng("a"), eng("b"), eng("c")
-	// Balanced, match above 0.5: best match wins even if a bit busier.
+	// Balanced, match above 0.3: best match wins even if a bit busier.
 	a.InFlight, b.InFlight, c.InFlight = 10, 5, 5
 	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(8), spec(2), {}}); got != "a" || why != "cache-match" {
 		t.Fatalf("balanced high match: %s %s", got, why)
 	}
-	// Balanced, match below threshold: emptiest cache.
+	// Balanced, match 0.3, not above the threshold: emptiest cache.
 	a.KVUsage, b.KVUsage, c.KVUsage = 0.5, 0.2, 0.9
-	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(4), {}, {}}); got != "b" || why != "smallest-cache" {
+	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(3), {}, {}}); got != "b" || why != "smallest-cache" {
 		t.Fatalf("low match: %s %s", got, why)
 	}
-	// Imbalanced (40 − 2 > 32 and 40 > 1.1·2): shortest queue despite the match.
+	// 40 − 2 = 38 is not > 64: still balanced at the launch defaults.
 	a.InFlight, b.InFlight, c.InFlight = 40, 2, 20
+	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(10), {}, {}}); got != "a" || why != "cache-match" {
+		t.Fatalf("balanced at 38 apart: %s %s", got, why)
+	}
+	// Imbalanced (80 − 2 > 64 and 80 > 1.5·2): shortest queue despite the match.
+	a.InFlight, b.InFlight, c.InFlight = 80, 2, 20
 	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(10), {}, {}}); got != "b" || why != "imbalanced-shortest-queue" {
 		t.Fatalf("imbalanced: %s %s", got, why)
 	}
 }
 
 func TestRay(t *testing.T) {
-	p := NewRay()
+	p := indexRay()
 	a, b, c := eng("a"), eng("b"), eng("c")
 	a.InFlight, b.InFlight, c.InFlight = 3, 1, 2
 	if got, why := pick(t, p, req(10), []scheduler.Engine{a, b, c}, []index.Match{spec(5), spec(1), {}}); got != "a" || why != "prefix-match" {
@@ -69,15 +87,17 @@ func TestRay(t *testing.T) {
 }
 
 func TestKthena(t *testing.T) {
-	p := NewKthena()
+	p := NewKthenaKVCache()
 	a, b := eng("a"), eng("b")
-	// score = least-request 100·(maxBase − base)/maxBase with base = running
-	// + 100·waiting, plus kvcache-aware 100·confirmed matched blocks/request
-	// blocks; highest wins.
-	// a: 1 waiting (base 100), 3 of 10 blocks cached; b: 60 running (base 60).
-	// maxBase 100: a = 0 + 30 = 30, b = 40 + 0 = 40. (Were a waiting request
-	// worth what a running one is, a's base would be 1 and a would win.)
-	a.Waiting, b.Running = 1, 60
+	// score = least-request 100·(maxBase − base)/maxBase with base = onFlight
+	// + 100·max(onFlight − running, 0), plus kvcache-aware 100·confirmed
+	// matched blocks/request blocks; highest wins.
+	// a: 1 in flight, not running (base 1 + 100 = 101), 3 of 10 blocks
+	// cached; b: 60 in flight, all running (base 60). maxBase 101:
+	// a = 0 + 30 = 30, b = int(100·41/101) = 40. (Were a request not yet
+	// running worth what a running one is, a's base would be 1 and a would
+	// win.)
+	a.InFlight, b.InFlight, b.Running = 1, 60, 60
 	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(3), {}}); got != "b" {
 		t.Fatalf("kthena picked %s (a = 30, b = 40)", got)
 	}
@@ -89,8 +109,8 @@ func TestKthena(t *testing.T) {
 	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{spec(10), {}}); got != "b" {
 		t.Fatalf("kthena counted a speculative match: %s (a = 0, b = 40)", got)
 	}
-	a.Waiting, a.Running = 0, 50
-	b.Running = 100
+	a.InFlight, a.Running = 50, 50
+	b.InFlight, b.Running = 100, 100
 	if got, _ := pick(t, p, req(10), []scheduler.Engine{a, b}, []index.Match{full(2), full(10)}); got != "b" {
 		// a = 50 + 20 = 70; b = 0 + 100 = 100.
 		t.Fatalf("kthena picked %s", got)
@@ -98,7 +118,7 @@ func TestKthena(t *testing.T) {
 }
 
 func TestDynamo(t *testing.T) {
-	p := NewDynamo()
+	p := Dynamo{OverlapWeight: 1} // no active-sequence tracker: LocalActiveTokens
 	a, b := eng("a"), eng("b")
 	// a caches 8 of 10 blocks but holds 5 more active blocks than b.
 	a.LocalActiveTokens = 5 * 16

@@ -17,16 +17,21 @@ import (
 //   - queue length = the router's count of ongoing requests per replica;
 //   - balanced (max−min ≤ imbalanced_threshold: the code's test is
 //     "highest_queue_len - lowest_queue_len > imbalanced_threshold"):
-//     the replicas with the highest prefix match rate (router-side tree of
-//     routed text, here the index with speculative entries) when it is
-//     ≥ 10%, else the replicas with the lowest prefix-cache utilisation
-//     ("smallest tenants", here: KV usage); of that shortlist the one
-//     with the smallest queue ("a set of candidate replicas, of which the
-//     one with the smallest replica queue will be chosen"), ties at random;
-//   - imbalanced: Power of Two Choices over all replicas.
+//     the replicas with the highest prefix match rate (the router's tree of
+//     routed text: History, unbounded because do_eviction defaults to
+//     False) when it is ≥ 10%, else the replicas with the smallest trees
+//     (get_smallest_tenants); of that shortlist the one with the smallest
+//     queue ("a set of candidate replicas, of which the one with the
+//     smallest replica queue will be chosen"), ties at random;
+//   - imbalanced: Power of Two Choices over all replicas;
+//   - the routed request's text is inserted into the chosen replica's tree.
+//
+// With History nil (unit tests of the thresholds) the tree is the index's
+// routed-plus-confirmed view (Match.Spec) and tree size the KV usage.
 type Ray struct {
 	ImbalancedThreshold float64
 	MatchRateThreshold  float64
+	History             *History
 }
 
 var _ scheduler.Policy = Ray{}
@@ -54,17 +59,30 @@ func RayFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Ray(c), nil
+	return RayFrom(c), nil
+}
+
+// RayFrom is the policy c configures, with a fresh (unbounded) tree.
+func RayFrom(c RayConfig) Ray {
+	return Ray{ImbalancedThreshold: c.ImbalancedThreshold, MatchRateThreshold: c.MatchRateThreshold, History: NewHistory(0, 0)}
 }
 
 // NewRay returns the published defaults.
-func NewRay() Ray { return Ray(DefaultRayConfig()) }
+func NewRay() Ray { return RayFrom(DefaultRayConfig()) }
 
 // Name implements scheduler.Policy.
 func (Ray) Name() string { return "ray" }
 
 // Pick implements scheduler.Policy.
 func (p Ray) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
+	i, why := p.pick(r, cs, cyc)
+	if p.History != nil {
+		p.History.Insert(cs[i].ID, r.Keys)
+	}
+	return i, why
+}
+
+func (p Ray) pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
 	lo, hi := cs[0].InFlight, cs[0].InFlight
 	for i := range cs {
 		lo, hi = min(lo, cs[i].InFlight), max(hi, cs[i].InFlight)
@@ -76,26 +94,34 @@ func (p Ray) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler
 		return powerOfTwo(cs, cyc, nil), "imbalanced-pow2"
 	}
 	b := float64(r.Blocks())
+	rate := make([]float64, len(cs)) // per decision; Ray's own router allocates far more
+	use := make([]float64, len(cs))
 	best := 0.0
 	for i := range cs {
-		best = max(best, float64(cs[i].Match.Spec)/b)
+		if p.History != nil {
+			rate[i] = float64(p.History.Prefix(cs[i].ID, r.Keys)) / b
+			use[i] = float64(p.History.Size(cs[i].ID))
+		} else {
+			rate[i], use[i] = float64(cs[i].Match.Spec)/b, cs[i].KVUsage
+		}
+		best = max(best, rate[i])
 	}
 	if best >= p.MatchRateThreshold {
-		return leastQueued(cs, cyc, func(c *scheduler.Candidate) bool { return float64(c.Match.Spec)/b == best }), "prefix-match"
+		return leastQueued(cs, cyc, func(i int) bool { return rate[i] == best }), "prefix-match"
 	}
-	lowest := cs[0].KVUsage
+	lowest := use[0]
 	for i := range cs {
-		lowest = min(lowest, cs[i].KVUsage)
+		lowest = min(lowest, use[i])
 	}
-	return leastQueued(cs, cyc, func(c *scheduler.Candidate) bool { return c.KVUsage == lowest }), "low-utilization"
+	return leastQueued(cs, cyc, func(i int) bool { return use[i] == lowest }), "low-utilization"
 }
 
 // leastQueued returns the eligible candidate with the fewest in-flight
 // requests (Score holds −in-flight), ties broken at random.
-func leastQueued(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(*scheduler.Candidate) bool) int {
+func leastQueued(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(int) bool) int {
 	best, n := -1, 0
 	for i := range cs {
-		if !ok(&cs[i]) {
+		if !ok(i) {
 			continue
 		}
 		switch {
@@ -117,10 +143,10 @@ func leastQueued(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(*schedu
 // powerOfTwo samples two distinct eligible candidates at random and
 // returns the one with fewer in-flight requests (Score already holds
 // −in-flight). With one eligible candidate it is returned.
-func powerOfTwo(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(*scheduler.Candidate) bool) int {
+func powerOfTwo(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(int) bool) int {
 	n := 0
 	for i := range cs {
-		if ok == nil || ok(&cs[i]) {
+		if ok == nil || ok(i) {
 			n++
 		}
 	}
@@ -134,7 +160,7 @@ func powerOfTwo(cs []scheduler.Candidate, cyc *scheduler.Cycle, ok func(*schedul
 	}
 	ia, ib, k := -1, -1, 0
 	for i := range cs {
-		if ok != nil && !ok(&cs[i]) {
+		if ok != nil && !ok(i) {
 			continue
 		}
 		if k == a {

@@ -8,37 +8,55 @@ import (
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
-// SGLang emulates sgl-router's cache_aware policy with its defaults
-// (sgl-project/sglang, sgl-router/src/policies/cache_aware.rs:
-// cache_threshold 0.5, balance_abs_threshold 32, balance_rel_threshold
-// 1.1):
+// SGLang emulates sgl-router's cache_aware policy as its launcher deploys
+// it (sgl-project/sglang, sgl-router/src/policies/cache_aware.rs; the
+// defaults of sgl-router/py_src/sglang_router/router_args.py RouterArgs and
+// the Rust CLI: cache_threshold 0.3, balance_abs_threshold 64,
+// balance_rel_threshold 1.5, max_tree_size 2^26 characters; the library's
+// CacheAwareConfig::default, 0.5 / 32 / 1.1, is not what `python -m
+// sglang_router.launch_router` runs):
 //
 //   - load = the router's own count of outstanding requests per worker;
 //     the system is imbalanced when max−min > abs AND max > rel·min;
 //   - imbalanced: shortest queue (fewest outstanding);
 //   - balanced: prefix match rate against the router's approximate tree of
-//     what it routed (here: the index with speculative entries); above
-//     cache_threshold the best-matching worker wins, below it the worker
-//     with the smallest tree, i.e. the emptiest cache (here: lowest KV
-//     usage).
+//     what it routed (History: never told of engine evictions, bounded by
+//     max_tree_size with LRU leaf eviction); above cache_threshold the
+//     best-matching worker wins, below it the worker with the smallest
+//     tree (get_smallest_tenant);
+//   - the request is inserted into the chosen worker's tree in every
+//     branch.
+//
+// With History nil (unit tests of the thresholds) the tree is replaced by
+// the index's routed-plus-confirmed view (Match.Spec) and the smallest tree
+// by the lowest KV usage.
 type SGLang struct {
 	CacheThreshold      float64
 	BalanceAbsThreshold float64
 	BalanceRelThreshold float64
+	History             *History
 }
 
 var _ scheduler.Policy = SGLang{}
 
-// SGLangConfig is the sglang block: cache_aware's thresholds.
+// SGLangConfig is the sglang block: cache_aware's thresholds and tree size.
 type SGLangConfig struct {
 	CacheThreshold      float64 `yaml:"cacheThreshold"`
 	BalanceAbsThreshold float64 `yaml:"balanceAbsThreshold"`
 	BalanceRelThreshold float64 `yaml:"balanceRelThreshold"`
+	// MaxTreeSize is the per-worker tree bound in characters (upstream
+	// max_tree_size); the emulation keeps MaxTreeSize/64 blocks (16 tokens
+	// of ~4 characters). 0 = unbounded.
+	MaxTreeSize int `yaml:"maxTreeSize"`
 }
 
-// DefaultSGLangConfig is sgl-router's published default.
+// charsPerBlock is the characters one 16-token block stands for (4 per
+// token, the estimate llm-d and Kthena also use).
+const charsPerBlock = 64
+
+// DefaultSGLangConfig is sgl-router's launch default (router_args.py).
 func DefaultSGLangConfig() SGLangConfig {
-	return SGLangConfig{CacheThreshold: 0.5, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.1}
+	return SGLangConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeSize: 1 << 26}
 }
 
 // Validate lists every problem, with paths under name.
@@ -47,6 +65,7 @@ func (s SGLangConfig) Validate(name string) error {
 	p.Within("cacheThreshold", s.CacheThreshold, 0, 1)
 	p.NonNegative("balanceAbsThreshold", s.BalanceAbsThreshold)
 	p.AtLeast("balanceRelThreshold", s.BalanceRelThreshold, 1)
+	p.NonNegative("maxTreeSize", float64(s.MaxTreeSize))
 	return errors.Join(p.Errs()...)
 }
 
@@ -56,17 +75,31 @@ func SGLangFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return SGLang(c), nil
+	return SGLangFrom(c), nil
 }
 
-// NewSGLang returns the published defaults.
-func NewSGLang() SGLang { return SGLang(DefaultSGLangConfig()) }
+// SGLangFrom is the policy c configures, with a fresh tree.
+func SGLangFrom(c SGLangConfig) SGLang {
+	return SGLang{CacheThreshold: c.CacheThreshold, BalanceAbsThreshold: c.BalanceAbsThreshold,
+		BalanceRelThreshold: c.BalanceRelThreshold, History: NewHistory(c.MaxTreeSize/charsPerBlock, 0)}
+}
+
+// NewSGLang returns the launch defaults.
+func NewSGLang() SGLang { return SGLangFrom(DefaultSGLangConfig()) }
 
 // Name implements scheduler.Policy.
 func (SGLang) Name() string { return "sglang" }
 
 // Pick implements scheduler.Policy.
 func (p SGLang) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
+	i, why := p.pick(r, cs, cyc)
+	if p.History != nil {
+		p.History.Insert(cs[i].ID, r.Keys)
+	}
+	return i, why
+}
+
+func (p SGLang) pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
 	lo, hi := cs[0].InFlight, cs[0].InFlight
 	for i := range cs {
 		lo, hi = min(lo, cs[i].InFlight), max(hi, cs[i].InFlight)
@@ -80,16 +113,25 @@ func (p SGLang) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 	b := float64(r.Blocks())
 	best := 0.0
 	for i := range cs {
-		best = max(best, float64(cs[i].Match.Spec)/b)
+		cs[i].Score = float64(p.matched(r, &cs[i])) / b
+		best = max(best, cs[i].Score)
 	}
 	if best > p.CacheThreshold {
-		for i := range cs {
-			cs[i].Score = float64(cs[i].Match.Spec) / b
-		}
 		return scheduler.ArgMax(cs, cyc), "cache-match"
 	}
 	for i := range cs {
-		cs[i].Score = -cs[i].KVUsage
+		if p.History != nil {
+			cs[i].Score = -float64(p.History.Size(cs[i].ID))
+		} else {
+			cs[i].Score = -cs[i].KVUsage
+		}
 	}
 	return scheduler.ArgMax(cs, cyc), "smallest-cache"
+}
+
+func (p SGLang) matched(r *scheduler.Request, c *scheduler.Candidate) int {
+	if p.History != nil {
+		return p.History.Prefix(c.ID, r.Keys)
+	}
+	return c.Match.Spec
 }

@@ -172,7 +172,9 @@ llmd: {prefixWeight: 0}
 	if w := (scheduler.TierWeights{GPU: 1, CPU: 0.8, Other: 0, Speculative: 0.9}); c.Weights() != w {
 		t.Errorf("tierWeights = %+v, want %+v", c.Weights(), w)
 	}
-	if w, got := (policies.KthenaConfig{LeastRequestWeight: 2, KVCacheWeight: 1}), block(t, c, "kthena", policies.DefaultKthenaConfig()); got != w {
+	kw := policies.DefaultKthenaConfig()
+	kw.LeastRequestWeight = 2
+	if w, got := kw, block(t, c, "kthena", policies.DefaultKthenaConfig()); got != w {
 		t.Errorf("kthena = %+v, want %+v", got, w)
 	}
 	if w, got := (policies.RayConfig{ImbalancedThreshold: 10, MatchRateThreshold: 0.2}), block(t, c, "ray", policies.DefaultRayConfig()); got != w {
@@ -183,7 +185,7 @@ llmd: {prefixWeight: 0}
 	if got := block(t, c, "kvmesh", policies.DefaultKVMeshConfig()); got != w {
 		t.Errorf("kvmesh = %+v, want %+v", got, w)
 	}
-	if w, got := (policies.SGLangConfig{CacheThreshold: 0, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.1}), block(t, c, "sglang", policies.DefaultSGLangConfig()); got != w {
+	if w, got := (policies.SGLangConfig{CacheThreshold: 0, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeSize: 1 << 26}), block(t, c, "sglang", policies.DefaultSGLangConfig()); got != w {
 		t.Errorf("sglang = %+v, want %+v", got, w)
 	}
 	if got := block(t, c, "dynamo", policies.DefaultDynamoConfig()); got != policies.DefaultDynamoConfig() {

@@ -12,9 +12,10 @@ import (
 
 // defaultPolicies are the policies' built-in defaults, by name.
 func defaultPolicies() map[string]scheduler.Policy {
+	llmd, _ := policies.NewLLMDApproximate(policies.DefaultLLMDWeights())
 	return map[string]scheduler.Policy{
 		"kvmesh": policies.NewKVMesh(), "sglang": policies.NewSGLang(), "ray": policies.NewRay(),
-		"dynamo": policies.NewDynamo(), "kthena": policies.NewKthena(), "llmd": policies.LLMD(),
+		"dynamo": policies.NewDynamo(), "kthena": policies.NewKthena(), "llmd": llmd,
 	}
 }
 
@@ -74,7 +75,7 @@ llmd: {prefixWeight: 5}
 	}
 	kt, ray, kv := policies.NewKthena(), policies.NewRay(), policies.NewKVMesh()
 	kt.LeastRequestWeight, ray.MatchRateThreshold, kv.MissPenalty = 2, 0.2, 0
-	llmd, err := policies.NewLLMD(policies.LLMDWeights{Queue: 2, KVUtilization: 2, Prefix: 5})
+	llmd, err := policies.NewLLMDApproximate(policies.LLMDWeights{Queue: 2, KVUtilization: 2, Prefix: 5})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,18 @@
 package engine
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
+
+// ErrProfileFile wraps every problem with a --profile-file.
+var ErrProfileFile = errors.New("engine: bad profile file")
 
 // Profile is a timing model: a model on a GPU, described by roofline numbers.
 // A step's duration is
@@ -166,4 +174,104 @@ func (p *Profile) PrefillTime(c, n int) time.Duration {
 func (p *Profile) DecodeStepTime(seqs, ctx int) time.Duration {
 	w := stepWork{seqs: seqs, tokens: seqs, attnPairs: float64(ctx), ctxTokens: float64(ctx)}
 	return p.stepTime(&w)
+}
+
+// Rates is the profile reduced to the three numbers a router's cost model
+// uses (docs and tests compare a learned cost model with it; no router is
+// given it): prefill tokens per second of the linear layers, a decode
+// step's fixed cost (overhead plus reading the weights) in seconds, and a
+// decode step's cost per context token (reading its KV) in seconds.
+func (p *Profile) Rates() (prefillRate, stepBase, decodeSecPerToken float64) {
+	if p.Params > 0 && p.FLOPS > 0 {
+		prefillRate = p.FLOPS / (2 * p.Params)
+	}
+	if p.MemBW > 0 {
+		stepBase = p.StepOverhead.Seconds() + p.WeightBytes/p.MemBW
+		decodeSecPerToken = p.KVBytesPerToken / p.MemBW
+	}
+	return prefillRate, stepBase, decodeSecPerToken
+}
+
+// ProfileFile is the documented file form of a Profile (JSON or YAML; the
+// file's keys are the yaml names below), for `--profile-file`: users model
+// their own GPU and model with it. Every field is required except the
+// overheads, HostBW and the batch defaults.
+//
+//	name: my-13b-a100          # label in reports
+//	params: 13.0e9             # parameters; linear-layer FLOPs = 2·params per token
+//	weightBytes: 26.0e9        # bytes of weights read every step
+//	layers: 40                 # transformer layers (attention FLOPs)
+//	hidden: 5120               # model width (attention FLOPs = 4·layers·hidden per query·key pair)
+//	kvBytesPerToken: 819200    # K and V bytes per token, all layers
+//	flops: 125.0e12            # sustained FLOP/s (peak × achievable utilisation)
+//	memBW: 1.6e12              # sustained HBM bytes/s
+//	hostBW: 20.0e9             # host↔GPU bytes/s for CPU-tier loads (0: no CPU tier cost)
+//	stepOverhead: 2ms          # scheduler + launch overhead per step (Go duration)
+//	perSeqOverhead: 20us       # per sequence per step
+//	maxNumSeqs: 256            # vLLM --max-num-seqs default on this GPU (0: engine default)
+//	maxNumBatchedTokens: 2048  # vLLM --max-num-batched-tokens default (0: engine default)
+type ProfileFile struct {
+	Name                string  `yaml:"name"`
+	Params              float64 `yaml:"params"`
+	WeightBytes         float64 `yaml:"weightBytes"`
+	Layers              int     `yaml:"layers"`
+	Hidden              int     `yaml:"hidden"`
+	KVBytesPerToken     float64 `yaml:"kvBytesPerToken"`
+	FLOPS               float64 `yaml:"flops"`
+	MemBW               float64 `yaml:"memBW"`
+	HostBW              float64 `yaml:"hostBW"`
+	StepOverhead        string  `yaml:"stepOverhead"`
+	PerSeqOverhead      string  `yaml:"perSeqOverhead"`
+	MaxNumSeqs          int     `yaml:"maxNumSeqs"`
+	MaxNumBatchedTokens int     `yaml:"maxNumBatchedTokens"`
+}
+
+// LoadProfileFile reads a ProfileFile (YAML, or JSON which is YAML) and
+// returns the Profile it describes; unknown keys and invalid values are
+// errors wrapping ErrProfileFile.
+func LoadProfileFile(path string) (Profile, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, err)
+	}
+	return ParseProfile(b)
+}
+
+// ParseProfile decodes a ProfileFile document (see LoadProfileFile).
+func ParseProfile(b []byte) (Profile, error) {
+	var f ProfileFile
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, err)
+	}
+	p := Profile{Name: f.Name, Params: f.Params, WeightBytes: f.WeightBytes, Layers: f.Layers, Hidden: f.Hidden,
+		KVBytesPerToken: f.KVBytesPerToken, FLOPS: f.FLOPS, MemBW: f.MemBW, HostBW: f.HostBW,
+		MaxNumSeqs: f.MaxNumSeqs, MaxNumBatchedTokens: f.MaxNumBatchedTokens}
+	var errs []error
+	for _, d := range []struct {
+		s   string
+		dst *time.Duration
+		key string
+	}{{f.StepOverhead, &p.StepOverhead, "stepOverhead"}, {f.PerSeqOverhead, &p.PerSeqOverhead, "perSeqOverhead"}} {
+		if d.s == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", d.key, err))
+		}
+		*d.dst = v
+	}
+	if p.Name == "" {
+		p.Name = "custom"
+	}
+	if p.Layers <= 0 || p.Hidden <= 0 || p.KVBytesPerToken <= 0 || p.WeightBytes <= 0 {
+		errs = append(errs, fmt.Errorf("profile %q: layers, hidden, kvBytesPerToken and weightBytes must be > 0", p.Name))
+	}
+	errs = append(errs, p.validate()...)
+	if len(errs) > 0 {
+		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, errors.Join(errs...))
+	}
+	return p, nil
 }

@@ -28,28 +28,9 @@ const testKey = "sk-kvmesh-e2e-0123456789"
 // official openai npm package: completions and chat, streaming and not, the
 // usage chunk, the model list and error mapping.
 func TestOpenAINodeClient(t *testing.T) {
-	node := testutil.RequireTool(t, "node", "the test drives the ingress with the openai npm client (Node.js 20+)")
-	npm := testutil.RequireTool(t, "npm", "it installs the openai npm client")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"kvmesh-e2e","private":true,"type":"module"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	inst := exec.CommandContext(ctx, npm, "install", "openai@"+openaiVersion, "--no-audit", "--no-fund", "--loglevel=error")
-	inst.Dir = dir
-	if out, err := inst.CombinedOutput(); err != nil {
-		t.Fatalf("npm install openai@%s: %v\n%s", openaiVersion, err, out)
-	}
-	script, err := os.ReadFile("client.mjs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "client.mjs"), script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-
+	node, dir := installClient(t, ctx)
 	const model = "e2e-model"
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := ingress.DefaultConfig()
@@ -78,10 +59,41 @@ func TestOpenAINodeClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
+	checkClient(t, ctx, node, dir, srv.Addr(), model)
+}
 
+// installClient installs the pinned openai npm package and client.mjs into
+// a temporary directory (skipping without node/npm outside CI).
+func installClient(t *testing.T, ctx context.Context) (node, dir string) {
+	t.Helper()
+	node = testutil.RequireTool(t, "node", "the test drives the ingress with the openai npm client (Node.js 20+)")
+	npm := testutil.RequireTool(t, "npm", "it installs the openai npm client")
+	dir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"kvmesh-e2e","private":true,"type":"module"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inst := exec.CommandContext(ctx, npm, "install", "openai@"+openaiVersion, "--no-audit", "--no-fund", "--loglevel=error")
+	inst.Dir = dir
+	if out, err := inst.CombinedOutput(); err != nil {
+		t.Fatalf("npm install openai@%s: %v\n%s", openaiVersion, err, out)
+	}
+	script, err := os.ReadFile("client.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "client.mjs"), script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return node, dir
+}
+
+// checkClient runs client.mjs against an ingress at addr and checks every
+// answer's shape.
+func checkClient(t *testing.T, ctx context.Context, node, dir, addr, model string) {
+	t.Helper()
 	run := exec.CommandContext(ctx, node, "client.mjs")
 	run.Dir = dir
-	run.Env = append(os.Environ(), "KVMESH_BASE_URL=http://"+srv.Addr()+"/v1", "KVMESH_API_KEY="+testKey, "KVMESH_MODEL="+model)
+	run.Env = append(os.Environ(), "KVMESH_BASE_URL=http://"+addr+"/v1", "KVMESH_API_KEY="+testKey, "KVMESH_MODEL="+model)
 	var stderr strings.Builder
 	run.Stderr = &stderr
 	out, err := run.Output()

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/bench"
+	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+)
+
+// pdFlags are `kvmesh bench`'s prefill/decode options: --roles switches the
+// discrete-event benchmark to a P/D cluster and P/D policies.
+type pdFlags struct {
+	roles        *string
+	transferGbps *float64
+	transferSet  *time.Duration
+	sloTTFT      *time.Duration
+	sloTPOT      *time.Duration
+	nonCached    *int
+}
+
+func pdBenchFlags(fs *flag.FlagSet) pdFlags {
+	return pdFlags{
+		roles:        fs.String("roles", "", "P/D cluster: prefill=N,decode=M[,mixed=K] (replaces --engines; policies become P/D policies: "+strings.Join(des.PDPolicies, ", ")+")"),
+		transferGbps: fs.Float64("transfer-gbps", 100, "with --roles: prefill → decode KV bandwidth, Gbit/s"),
+		transferSet:  fs.Duration("transfer-setup", 2*time.Millisecond, "with --roles: fixed cost of one KV transfer"),
+		sloTTFT:      fs.Duration("slo-ttft", 2*time.Second, "with --roles: goodput's TTFT objective"),
+		sloTPOT:      fs.Duration("slo-tpot", 50*time.Millisecond, "with --roles: goodput's time-per-output-token objective"),
+		nonCached:    fs.Int("llmd-non-cached-tokens", 16, "with --roles: llm-d's prefix-based P/D decider threshold"),
+	}
+}
+
+func (f pdFlags) on() bool { return *f.roles != "" }
+
+// runBenchPD is `kvmesh bench --roles ...`: loadtest/bench checks the
+// shared options (with a stand-in aggregated policy list, since the P/D
+// policies are not scheduler policies), then des.RunPD runs the P/D ones.
+func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlags, stdout io.Writer) error {
+	names := des.PDPolicies
+	if flagGiven(fs, "policies") {
+		names = o.Policies
+	}
+	o.Policies = []string{"kvmesh"}
+	base, _, err := o.Prepare()
+	var probs []string
+	if err != nil {
+		probs = append(probs, strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
+	}
+	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	var pols []string
+	for _, p := range names {
+		p = strings.TrimSpace(p)
+		switch {
+		case p == "":
+		case !slices.Contains(des.PDPolicies, p):
+			bad("--policies: unknown P/D policy %q with --roles (known: %s)", p, strings.Join(des.PDPolicies, ", "))
+		case slices.Contains(pols, p):
+			bad("--policies: %q given twice", p)
+		default:
+			pols = append(pols, p)
+		}
+	}
+	if len(pols) == 0 {
+		bad("--policies is empty")
+	}
+	roles, rerr := des.ParseRoles(*f.roles)
+	if rerr != nil {
+		bad("--roles: %v", rerr)
+	}
+	if *f.transferSet <= 0 {
+		*f.transferSet = time.Nanosecond // PDConfig reads 0 as its default
+	}
+	cfg := des.PDConfig{Config: base, Roles: roles, TransferGbps: *f.transferGbps, TransferSetup: *f.transferSet,
+		SLOTTFT: *f.sloTTFT, SLOTPOT: *f.sloTPOT, NonCachedTokens: *f.nonCached}
+	if *f.sloTTFT <= 0 || *f.sloTPOT <= 0 {
+		bad("--slo-ttft and --slo-tpot must be > 0")
+	}
+	if *f.nonCached < 0 {
+		bad("--llmd-non-cached-tokens %d: want ≥ 0", *f.nonCached)
+	}
+	if len(probs) == 0 {
+		v := cfg
+		v.Defaults()
+		if err := v.Validate(); err != nil {
+			bad("%v", err)
+		}
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", bench.ErrUsage, strings.Join(probs, "; "))
+	}
+	reqs, err := pdRequests(o)
+	if err != nil {
+		return fmt.Errorf("%w: %v", bench.ErrUsage, err)
+	}
+	rep, err := des.RunPD(ctx, cfg, reqs, pols)
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	st := workload.Summarize(reqs)
+	fmt.Fprintf(stdout, "workload: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s), transfer %.0f Gbit/s\n",
+		st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), roles.Total(), base.Engine.Profile.Name, cfg.TransferGbps)
+	return rep.WriteTable(stdout)
+}
+
+// pdRequests generates or reads the workload as loadtest/bench does (its
+// helper is unexported there).
+func pdRequests(o bench.Options) ([]workload.Request, error) {
+	seed := max(o.Seed, 1)
+	if o.Workload == "trace" {
+		return workload.Mooncake{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+	}
+	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,
+		Output: o.Output, Rate: o.Rate, Seed: seed}.Generate()
+}
+
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}

@@ -1,0 +1,441 @@
+package ingress
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+)
+
+// The P/D path (docs/PD.md): when Deps.PD is set and a prefill engine is
+// among the candidates, the P/D step decides per request whether to
+// disaggregate. A disaggregated request runs two legs, vLLM's NIXL protocol:
+//
+//  1. prefill leg: the upstream body with stream false, stream_options
+//     removed, max_tokens and max_completion_tokens 1 and
+//     kv_transfer_params {do_remote_decode: true, ...}, sent to the prefill
+//     engine (admission: Config.PD);
+//  2. decode leg: the client's request with the kv_transfer_params of the
+//     prefill answer copied verbatim (opaque), through the ordinary proxy:
+//     streaming, usage and retries come from the decode engine, so the
+//     client sees the same response shapes as on the aggregated path.
+//
+// A prefill leg that fails before the first byte (connect error, timeout,
+// 5xx, 429, an answer without kv_transfer_params) falls back to the
+// aggregated path on the decode engine; a 4xx is the request's fault and is
+// relayed. Other ingress replicas see the prefill engine's in-flight count
+// through the usual gossip of per-engine loads.
+
+// PDPlanner is the P/D step; *pd.Router implements it.
+type PDPlanner interface {
+	Route(req *scheduler.Request, engines []scheduler.Engine, plan *pd.Plan) error
+	Policy() string
+}
+
+var _ PDPlanner = (*pd.Router)(nil)
+
+// ErrPrefillFull: a prefill engine's admission queue is full (429).
+var ErrPrefillFull = errors.New("prefill engine queue full")
+
+// PDConfig is the P/D path: the decision and admission control.
+type PDConfig struct {
+	// Policy turns the P/D step on when Deps.PD is nil: one of pd.Names
+	// (kvmesh: the cost model's per-request decision). "" (default): off.
+	// Without it prefill-role engines are never given a request.
+	Policy string `yaml:"policy"`
+	// TransferGbps is the prefill → decode KV bandwidth the cost model
+	// assumes. Default 100.
+	TransferGbps float64 `yaml:"transferGbps"`
+	// SLOTTFT is the time-to-first-token objective the cost model prices
+	// (0: none).
+	SLOTTFT time.Duration `yaml:"sloTTFT"`
+	// MaxPrefillInFlight caps prefill legs in flight per prefill engine
+	// from this replica. Default 8.
+	MaxPrefillInFlight int `yaml:"maxPrefillInFlight"`
+	// PrefillQueue bounds legs waiting for a slot per prefill engine; a
+	// leg arriving at a full queue gets 429. Default 64; negative: no queue.
+	PrefillQueue int `yaml:"prefillQueue"`
+	// PrefillTimeout bounds a prefill leg, queue wait included; past it the
+	// request falls back to aggregated. Default 60s.
+	PrefillTimeout time.Duration `yaml:"prefillTimeout"`
+}
+
+// problems reports every invalid field.
+func (c *PDConfig) problems(bad func(string, ...any)) {
+	if c.Policy != "" {
+		pc := pd.Config{Policy: c.Policy, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()}
+		if _, err := pd.New(pc); err != nil {
+			bad("pd: %v", err)
+		}
+	}
+	if c.MaxPrefillInFlight < 0 || c.PrefillTimeout < 0 || c.SLOTTFT < 0 {
+		bad("pd: maxPrefillInFlight, prefillTimeout and sloTTFT must be ≥ 0")
+	}
+}
+
+func (c *PDConfig) defaults() {
+	if c.MaxPrefillInFlight == 0 {
+		c.MaxPrefillInFlight = 8
+	}
+	if c.PrefillQueue == 0 {
+		c.PrefillQueue = 64
+	}
+	if c.PrefillTimeout == 0 {
+		c.PrefillTimeout = 60 * time.Second
+	}
+}
+
+// pdCall is one call's P/D state.
+type pdCall struct {
+	plan     pd.Plan
+	prefill  string // prefill engine, "" when aggregated
+	pmatch   index.Match
+	result   string // prefill leg result for the access log
+	duration time.Duration
+}
+
+// pdState is the server's P/D admission and metrics, built on first use.
+type pdState struct {
+	once  sync.Once
+	cfg   PDConfig
+	mu    sync.Mutex // guards gates
+	gates map[string]*prefillGate
+	// router is Deps.PD, or the one built from PDConfig.Policy over the
+	// server's scheduler; nil: P/D off.
+	router PDPlanner
+
+	legs      *prometheus.CounterVec // leg, result
+	prefillS  prometheus.Histogram
+	decisions *prometheus.CounterVec // mode, reason
+	queued    prometheus.GaugeFunc
+}
+
+// prefillGate is one prefill engine's admission: a semaphore of
+// MaxPrefillInFlight slots and a bounded count of waiters.
+type prefillGate struct {
+	slots   chan struct{}
+	waiting atomic.Int64
+}
+
+func (s *Server) pdInit() *pdState {
+	p := &s.pd
+	p.once.Do(func() {
+		p.cfg = s.cfg.PD
+		p.cfg.defaults()
+		p.gates = make(map[string]*prefillGate)
+		p.router = s.deps.PD
+		if p.router == nil && p.cfg.Policy != "" {
+			p.router = s.buildPD(p.cfg)
+		}
+		cl := prometheus.Labels{"ingress": s.cfg.ID}
+		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
+			Help: "P/D legs by leg (prefill) and result (ok, fallback_*, rejected, client_error).", ConstLabels: cl}, []string{"leg", "result"})
+		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
+			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
+		p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_decisions_total",
+			Help: "P/D decisions by mode and reason.", ConstLabels: cl}, []string{"mode", "reason"})
+		p.queued = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_queued",
+			Help: "Prefill legs waiting for an admission slot, all prefill engines.", ConstLabels: cl}, p.waiting)
+		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued} {
+			if err := s.deps.Registry.Register(c); err != nil {
+				s.log.Warn("pd metrics", "err", err)
+			}
+		}
+	})
+	return p
+}
+
+func (p *pdState) waiting() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := int64(0)
+	for _, g := range p.gates {
+		n += g.waiting.Load()
+	}
+	return float64(n)
+}
+
+func (p *pdState) gate(engine string) *prefillGate {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.gates[engine]
+	if !ok {
+		g = &prefillGate{slots: make(chan struct{}, p.cfg.MaxPrefillInFlight)}
+		p.gates[engine] = g
+	}
+	return g
+}
+
+// acquire takes a slot, waiting until deadline; ErrPrefillFull when the
+// queue is full, ErrUpstream on timeout.
+func (g *prefillGate) acquire(queue int, deadline time.Time) error {
+	select {
+	case g.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	if g.waiting.Add(1) > int64(queue) {
+		g.waiting.Add(-1)
+		return ErrPrefillFull
+	}
+	defer g.waiting.Add(-1)
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case g.slots <- struct{}{}:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%w: prefill admission timed out", ErrUpstream)
+	}
+}
+
+func (g *prefillGate) release() { <-g.slots }
+
+// planPD runs the P/D step when a prefill engine is a candidate, and puts
+// the plan's decode engine first in the ranking. With P/D on, prefill-role
+// engines leave the ranking (they serve prefill legs, not whole requests)
+// unless nothing else is left; batched prompts are served aggregated.
+func (c *call) planPD() error {
+	s := c.s
+	if !hasPrefill(c.cands) {
+		return nil
+	}
+	p := s.pdInit()
+	if p.router == nil {
+		return nil
+	}
+	if c.batchN > 1 {
+		c.dropPrefillEngines("")
+		return nil
+	}
+	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoEngine, err)
+	}
+	pl := &c.pd.plan
+	p.decisions.WithLabelValues(pl.Mode.String(), pl.Reason).Inc()
+	c.pd.prefill, c.pd.pmatch = pl.Prefill, pl.PrefillMatch
+	c.dropPrefillEngines(pl.Decode)
+	if len(c.dec.Ranked) == 0 {
+		return fmt.Errorf("%w: no engine can decode", ErrNoEngine)
+	}
+	return nil
+}
+
+// dropPrefillEngines removes prefill-role engines from the ranking (when
+// another engine remains) and moves first, if ranked, to the front.
+func (c *call) dropPrefillEngines(first string) {
+	keep := 0
+	for _, r := range c.dec.Ranked {
+		if roleOf(c.cands, r.Engine) != scheduler.RolePrefill {
+			keep++
+		}
+	}
+	if keep == 0 {
+		return
+	}
+	ranked := c.dec.Ranked[:0]
+	var head scheduler.EngineScore
+	found := false
+	for _, r := range c.dec.Ranked {
+		switch {
+		case r.Engine == first:
+			head, found = r, true
+		case roleOf(c.cands, r.Engine) != scheduler.RolePrefill:
+			ranked = append(ranked, r)
+		}
+	}
+	if found {
+		ranked = append(ranked, scheduler.EngineScore{})
+		copy(ranked[1:], ranked)
+		ranked[0] = head
+	}
+	c.dec.Ranked = ranked
+}
+
+// buildPD builds the configured P/D router over the server's scheduler
+// (nil, logged, when the scheduler is not kvmesh's own).
+func (s *Server) buildPD(c PDConfig) PDPlanner {
+	sch, ok := s.deps.Scheduler.(*scheduler.Scheduler)
+	if !ok {
+		s.log.Warn("pd: the scheduler is not *scheduler.Scheduler; P/D off")
+		return nil
+	}
+	cost, err := pd.CostFrom(s.cfg.Scheduler)
+	var pol pd.Policy
+	if err == nil {
+		pol, err = pd.New(pd.Config{Policy: c.Policy, Cost: cost, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()})
+	}
+	if err == nil {
+		var r *pd.Router
+		if r, err = pd.NewRouter(sch, pol); err == nil {
+			return r
+		}
+	}
+	s.log.Warn("pd: P/D off", "err", err)
+	return nil
+}
+
+func hasPrefill(cs []scheduler.Engine) bool {
+	for i := range cs {
+		if cs[i].Role == scheduler.RolePrefill {
+			return true
+		}
+	}
+	return false
+}
+
+func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
+	for i := range cs {
+		if cs[i].ID == id {
+			return cs[i].Role
+		}
+	}
+	return scheduler.RoleMixed
+}
+
+// prefillLeg runs the prefill leg of a disaggregated request. On success
+// c.body becomes the decode leg's body. It returns false when it answered
+// the client itself (a 4xx from the prefill engine, or a full queue).
+func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
+	if c.pd.prefill == "" {
+		return true
+	}
+	p := c.s.pdInit()
+	start := time.Now()
+	res, ok := c.runPrefill(ctx, p, start)
+	c.pd.result, c.pd.duration = res, time.Since(start)
+	p.legs.WithLabelValues("prefill", res).Inc()
+	p.prefillS.Observe(c.pd.duration.Seconds())
+	return ok
+}
+
+func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time) (string, bool) {
+	s := c.s
+	g := p.gate(c.pd.prefill)
+	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
+		if errors.Is(err, ErrPrefillFull) {
+			c.fail(ctx, newAPIError(fasthttp.StatusTooManyRequests, "rate_limit_error", "prefill_queue_full", "",
+				fmt.Errorf("%w: %s", ErrPrefillFull, c.pd.prefill)))
+			c.finish()
+			return "rejected", false
+		}
+		return "fallback_admission_timeout", true
+	}
+	defer g.release()
+	body := c.upstreamBody() // route.go: "model" names the routed pool
+	pbody, err := prefillBody(body)
+	if err != nil {
+		return "fallback_body", true
+	}
+	url := c.urlOf(c.pd.prefill)
+	up, err := s.ups.get(c.pd.prefill, url)
+	if err != nil {
+		return "fallback_no_engine", true
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.SetRequestURI(url + c.path)
+	req.SetHost(up.hc.Addr)
+	req.SetBodyRaw(pbody)
+	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
+	up.inflight.Add(1)
+	up.prefill.Add(charge)
+	up.total.Add(1)
+	// Do, not DoDeadline: the upstream clients stream response bodies,
+	// which DoDeadline does not support; the connection's own timeouts
+	// bound a hung engine.
+	resp := fasthttp.AcquireResponse()
+	err = up.hc.Do(req, resp)
+	up.inflight.Add(-1)
+	up.prefill.Add(-charge)
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		return "fallback_" + classifyErr(err), true
+	}
+	st := resp.StatusCode()
+	switch {
+	case st >= 500 || st == fasthttp.StatusTooManyRequests:
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		return "fallback_" + statusResult(st), true
+	case st != fasthttp.StatusOK:
+		c.engine = c.pd.prefill
+		up.inflight.Add(1) // relayBuffered ends an attempt
+		c.relayBuffered(ctx, up, resp, st)
+		return "client_error", false
+	}
+	buf, rerr := readAll(resp)
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	defer bufPool.Put(buf)
+	if rerr != nil {
+		return "fallback_read_error", true
+	}
+	params, ok := kvTransferParams(buf.Bytes())
+	if !ok {
+		return "fallback_no_params", true
+	}
+	dbody, err := withKVParams(body, params)
+	if err != nil {
+		return "fallback_body", true
+	}
+	c.body = dbody
+	return "ok", true
+}
+
+// prefillBody is the prefill leg's body: the request with stream false, no
+// stream_options or min_tokens, one output token and do_remote_decode set.
+func prefillBody(body []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, fmt.Errorf("prefill body: %w", err)
+	}
+	delete(m, "stream_options")
+	delete(m, "min_tokens") // the leg generates one token; min_tokens > 1 would be a 400
+	m["stream"] = json.RawMessage("false")
+	m["max_tokens"] = json.RawMessage("1")
+	if _, ok := m["max_completion_tokens"]; ok {
+		m["max_completion_tokens"] = json.RawMessage("1")
+	}
+	m["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+	return json.Marshal(m)
+}
+
+// kvTransferParams returns the prefill answer's kv_transfer_params object
+// verbatim; false when it is missing, null or not an object.
+func kvTransferParams(body []byte) (json.RawMessage, bool) {
+	var m struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, false
+	}
+	kv := bytes.TrimSpace(m.KV)
+	if len(kv) == 0 || kv[0] != '{' {
+		return nil, false
+	}
+	return kv, true
+}
+
+// withKVParams is the decode leg's body: the client's request with params
+// added verbatim.
+func withKVParams(body []byte, params json.RawMessage) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, fmt.Errorf("decode body: %w", err)
+	}
+	m["kv_transfer_params"] = params
+	return json.Marshal(m)
+}

@@ -1,0 +1,217 @@
+package ingress
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
+)
+
+// fakePDEngine is a FAKE engine speaking the HTTP half of vLLM's NIXL P/D
+// protocol, until the simulator's own P/D mode (branch pdengine) is merged
+// and the end-to-end tests run against it: a request with
+// kv_transfer_params.do_remote_decode is a prefill leg and is answered with
+// kv_transfer_params; any other request is answered as a normal completion
+// (streamed or not) and its kv_transfer_params are recorded.
+type fakePDEngine struct {
+	ln       net.Listener
+	srv      *http.Server
+	fail     bool // answer prefill legs with 500
+	prefills atomic.Int64
+	decodes  atomic.Int64
+	params   atomic.Value // string: the last decode leg's kv_transfer_params
+	prefillB atomic.Value // string: the last prefill leg's body
+}
+
+func startFakePD(t *testing.T, fail bool) *fakePDEngine {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakePDEngine{ln: ln, fail: fail}
+	f.params.Store("")
+	f.prefillB.Store("")
+	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve)}
+	go f.srv.Serve(ln)
+	t.Cleanup(func() { f.srv.Close() })
+	return f
+}
+
+func (f *fakePDEngine) url() string { return "http://" + f.ln.Addr().String() }
+
+func (f *fakePDEngine) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var m struct {
+		Stream bool            `json:"stream"`
+		KV     json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(body, &m); err != nil {
+		http.Error(w, `{"error":{"message":"bad json"}}`, 400)
+		return
+	}
+	if strings.Contains(string(m.KV), `"do_remote_decode":true`) {
+		f.prefills.Add(1)
+		f.prefillB.Store(string(body))
+		if f.fail {
+			http.Error(w, `{"error":{"message":"boom"}}`, 500)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-p","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[7,8],"remote_engine_id":"eng-p","remote_request_id":"req-1","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`)
+		return
+	}
+	f.decodes.Add(1)
+	f.params.Store(string(m.KV))
+	if m.Stream {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, completionEvent(0, "t0", ""))
+		io.WriteString(w, completionEvent(1, "t1", "length"))
+		io.WriteString(w, "data: [DONE]\n\n")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"id":"cmpl-d","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"t0t1","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+}
+
+// roleMembership lists engines with roles (static membership has none).
+type roleMembership []EngineInfo
+
+func (m roleMembership) Engines(dst []EngineInfo) []EngineInfo { return append(dst, m...) }
+
+func startPDIngress(t *testing.T, policy string, cfg PDConfig, engines ...EngineInfo) *Server {
+	t.Helper()
+	sched, err := registry.NewPolicy("kvmesh", 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := pd.New(pd.Config{Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := pd.NewRouter(sched, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testConfig()
+	c.PD = cfg
+	return startIngress(t, c, Deps{Membership: roleMembership(engines), PD: router})
+}
+
+func pdEngine(id string, role scheduler.Role, url string) EngineInfo {
+	return EngineInfo{Engine: scheduler.Engine{ID: id, Model: "m", Healthy: true, Role: role}, URL: url}
+}
+
+// TestPDTwoLegs: a disaggregated request's prefill leg carries the NIXL
+// request fields, the decode leg the prefill answer's kv_transfer_params
+// verbatim, and the client gets the decode engine's ordinary answer
+// (streamed and not).
+func TestPDTwoLegs(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	for _, stream := range []bool{false, true} {
+		body := `{"model":"m","prompt":[1,2,3],"max_tokens":2,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `,"stream_options":{"include_usage":true}}`
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("stream %v: status %d engine %q body %s", stream, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+		if stream {
+			evs := sseEvents(b)
+			if len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
+				t.Fatalf("stream events %q", evs)
+			}
+		} else if !strings.Contains(string(b), `"text":"t0t1"`) || strings.Contains(string(b), "kv_transfer_params") {
+			t.Fatalf("body %s: want the decode engine's answer", b)
+		}
+		var pb map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(p.prefillB.Load().(string)), &pb); err != nil {
+			t.Fatal(err)
+		}
+		if string(pb["stream"]) != "false" || string(pb["max_tokens"]) != "1" || pb["stream_options"] != nil {
+			t.Fatalf("prefill leg body %v", p.prefillB.Load())
+		}
+		var kv map[string]any
+		if err := json.Unmarshal([]byte(d.params.Load().(string)), &kv); err != nil {
+			t.Fatalf("decode leg kv_transfer_params %q: %v", d.params.Load(), err)
+		}
+		if kv["remote_engine_id"] != "eng-p" || kv["remote_request_id"] != "req-1" || kv["do_remote_prefill"] != true || kv["tp_size"] != float64(1) {
+			t.Fatalf("decode leg kv_transfer_params %v", kv)
+		}
+	}
+	if p.decodes.Load() != 0 || d.prefills.Load() != 0 {
+		t.Fatalf("legs crossed: prefill engine decoded %d, decode engine prefilled %d", p.decodes.Load(), d.prefills.Load())
+	}
+}
+
+// TestPDPrefillFailsFallsBack: a 5xx prefill leg costs the client nothing:
+// the decode engine serves the request aggregated (no kv_transfer_params).
+func TestPDPrefillFailsFallsBack(t *testing.T) {
+	p, d := startFakePD(t, true), startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || p.prefills.Load() != 1 {
+		t.Fatalf("status %d engine %q prefills %d body %s", st, hdr.Get("X-Kvmesh-Engine"), p.prefills.Load(), b)
+	}
+	if kv := d.params.Load().(string); kv != "" {
+		t.Fatalf("fallback decode leg carried kv_transfer_params %s", kv)
+	}
+}
+
+// TestPDPrefillQueueFull: with no slot and no queue, a prefill leg gets 429
+// in the OpenAI error shape.
+func TestPDPrefillQueueFull(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	s.pdInit().gate("p0").slots <- struct{}{} // the one slot is taken
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 429 || !strings.Contains(string(b), `"error"`) || p.prefills.Load() != 0 {
+		t.Fatalf("status %d body %s prefills %d", st, b, p.prefills.Load())
+	}
+}
+
+func FuzzKVTransferParams(f *testing.F) {
+	f.Add([]byte(`{"kv_transfer_params":{"remote_block_ids":[1]}}`))
+	f.Add([]byte(`{"kv_transfer_params":null}`))
+	f.Add([]byte(`{"choices":[]}`))
+	f.Add([]byte(`not json`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		kv, ok := kvTransferParams(b)
+		if ok && (len(kv) == 0 || kv[0] != '{') {
+			t.Fatalf("accepted %q", kv)
+		}
+		if ok {
+			if _, err := withKVParams([]byte(`{"model":"m"}`), kv); err != nil {
+				t.Fatalf("params %q from a valid answer do not embed: %v", kv, err)
+			}
+		}
+		_, _ = prefillBody(b)
+	})
+}
+
+// TestPDFromConfig: PDConfig.Policy alone turns the P/D path on over the
+// server's own scheduler.
+func TestPDFromConfig(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url())}})
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || p.prefills.Load() != 1 || d.params.Load().(string) == "" {
+		t.Fatalf("status %d engine %q prefills %d params %q body %s", st, hdr.Get("X-Kvmesh-Engine"), p.prefills.Load(), d.params.Load(), b)
+	}
+	bad := testConfig()
+	bad.PD = PDConfig{Policy: "nope"}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "pd") {
+		t.Fatalf("Validate with an unknown P/D policy: %v", err)
+	}
+}

@@ -1,0 +1,222 @@
+package ingress
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/ingress/routes"
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+)
+
+// RouteSource gives the current model routes; *routes.Watcher (hot reload
+// from Config.Routes) and routes.Static implement it. Table must be cheap
+// and safe for concurrent use; a request keeps the table it started with.
+type RouteSource interface {
+	Table() *routes.Table
+}
+
+var (
+	_ RouteSource = (*routes.Watcher)(nil)
+	_ RouteSource = routes.Static{}
+)
+
+// routeCall is a request's routing state (zero when no route matched).
+type routeCall struct {
+	route   *routes.Route
+	asked   string   // the model the client named
+	upModel string   // model named upstream when it is not c.model (a LoRA adapter)
+	chain   []string // picked backend, then the route's fallbacks
+	next    int      // chain index of the next model to try
+	buf     []byte   // upstream body with "model" rewritten
+}
+
+func (r *routeCall) reset() routeCall {
+	return routeCall{chain: r.chain[:0], buf: r.buf[:0]}
+}
+
+func epPath(ep endpoint) string {
+	if ep == epChat {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+// applyRoute matches the parsed request against the routes and points
+// c.model at the pool that serves it: the weighted pick, or the first
+// fallback with a healthy engine when the pick has none.
+func (c *call) applyRoute(ctx *fasthttp.RequestCtx) {
+	if c.s.deps.Routes == nil {
+		return
+	}
+	r, ok := c.s.deps.Routes.Table().Match(c.model, epPath(c.ep), func(name string) []byte {
+		return ctx.Request.Header.Peek(name)
+	})
+	if !ok {
+		return
+	}
+	rt := &c.rt
+	rt.route, rt.asked = r, c.model
+	if r.IsAdapter(c.model) {
+		rt.upModel = c.model
+	}
+	rt.chain = append(rt.chain[:0], r.Pick(rand.Uint64()))
+	for _, f := range r.Fallback() {
+		if f != rt.chain[0] {
+			rt.chain = append(rt.chain, f)
+		}
+	}
+	c.infos = c.s.deps.Membership.Engines(c.infos[:0])
+	if m := c.nextRouteModel(); m != "" {
+		c.model = m
+	} else {
+		// No pool has a healthy engine: the usual path reports it.
+		c.model, rt.next = rt.chain[0], len(rt.chain)
+	}
+}
+
+// nextRouteModel returns the next model of the chain with a healthy engine
+// in c.infos ("" when none is left) and moves past it.
+func (c *call) nextRouteModel() string {
+	rt := &c.rt
+	for rt.next < len(rt.chain) {
+		m := rt.chain[rt.next]
+		rt.next++
+		for i := range c.infos {
+			if c.infos[i].Model == m && c.infos[i].Healthy {
+				return m
+			}
+		}
+	}
+	return ""
+}
+
+// admitRoute charges the route's rate limit (429 with Retry-After).
+func (c *call) admitRoute(promptTokens int) error {
+	r := c.rt.route
+	if r == nil {
+		return nil
+	}
+	wait, ok := r.Admit(time.Now(), promptTokens)
+	if ok {
+		return nil
+	}
+	e := newAPIError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "",
+		fmt.Errorf("%w: route %q", ErrRateLimited, r.Name()))
+	e.retryAfter = max(wait, time.Second)
+	return e
+}
+
+// upstreamBody is the body to send: the rewritten one (or the client's),
+// with "model" naming the routed model when it differs from the client's.
+func (c *call) upstreamBody() []byte {
+	body := c.body
+	if len(body) == 0 {
+		body = c.req.body
+	}
+	rt := &c.rt
+	if rt.route == nil {
+		return body
+	}
+	want := rt.upModel
+	if want == "" {
+		want = c.model
+	}
+	if want == rt.asked {
+		return body
+	}
+	rt.buf = rewriteModel(rt.buf[:0], body, want)
+	return rt.buf
+}
+
+var errStopScan = errors.New("stop")
+
+// rewriteModel appends body with its top-level "model" value replaced by
+// model. A body without one (it was validated, so only a malformed rewrite
+// could cause that) goes as it is.
+func rewriteModel(dst, body []byte, model string) []byte {
+	start, end := -1, -1
+	_ = jsonscan.ForEachMember(body, func(key, val []byte, _, off int) error {
+		if string(key) == "model" {
+			start, end = off, off+len(val)
+			return errStopScan
+		}
+		return nil
+	})
+	if start < 0 {
+		return append(dst, body...)
+	}
+	dst = append(dst, body[:start]...)
+	dst = openai.AppendString(dst, model)
+	return append(dst, body[end:]...)
+}
+
+// routeFallback moves a request whose attempts all failed before the first
+// byte to the next fallback pool and proxies it again. False when there is
+// no route or no fallback left: the caller reports lastErr.
+func (c *call) routeFallback(ctx *fasthttp.RequestCtx, lastErr error) bool {
+	if c.rt.route == nil || c.rt.next >= len(c.rt.chain) {
+		return false
+	}
+	c.infos = c.s.deps.Membership.Engines(c.infos[:0])
+	for {
+		m := c.nextRouteModel()
+		if m == "" {
+			return false
+		}
+		from := c.model
+		c.model = m
+		err := c.reschedule()
+		if err == nil {
+			c.s.log.Info("route fallback", "route", c.rt.route.Name(), "from", from, "to", m, "cause", lastErr)
+			break
+		}
+		lastErr = err
+	}
+	if c.watch != nil {
+		// proxy starts a new one for the new attempts.
+		c.watch.stop()
+		c.watch = nil
+	}
+	if c.prefillLeg(ctx) { // false: it answered the client itself
+		c.proxy(ctx)
+	}
+	return true
+}
+
+// reschedule redoes prepare's steps after parsing for the new c.model
+// (candidates, tokenization: the pool may use another tokenizer, keys,
+// ranking and the P/D plan), without charging the limits again.
+func (c *call) reschedule() error {
+	c.cands, c.urls, c.block = c.cands[:0], c.urls[:0], 0
+	if err := c.candidates(); err != nil {
+		return err
+	}
+	c.body, c.wrap, c.dropUsage, c.approx, c.promptTokens = c.body[:0], false, false, 0, 0
+	c.tokens = c.tokens[:0]
+	if err := c.tokenize(); err != nil {
+		return err
+	}
+	if c.promptTokens == 0 {
+		c.promptTokens = len(c.tokens)
+		if c.tokens == nil {
+			c.promptTokens = c.approx
+		}
+	}
+	c.pd = pdCall{plan: pd.Plan{Options: c.pd.plan.Options[:0]}}
+	return c.schedule()
+}
+
+// routeModels are the names /v1/models adds for the routes (route match
+// models and LoRA adapters).
+func (s *Server) routeModels() []string {
+	if s.deps.Routes == nil {
+		return nil
+	}
+	return s.deps.Routes.Table().Models()
+}

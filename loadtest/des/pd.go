@@ -1,0 +1,198 @@
+package des
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+)
+
+// Roles is a P/D cluster's engine count per role.
+type Roles struct {
+	Prefill, Decode, Mixed int
+}
+
+// Total is the engine (GPU) count.
+func (r Roles) Total() int { return r.Prefill + r.Decode + r.Mixed }
+
+// String is the --roles form: prefill=N,decode=M,mixed=K.
+func (r Roles) String() string {
+	return fmt.Sprintf("prefill=%d,decode=%d,mixed=%d", r.Prefill, r.Decode, r.Mixed)
+}
+
+// ParseRoles parses "prefill=N,decode=M[,mixed=K]" (any order, each at most
+// once, counts ≥ 0, at least one engine that can decode).
+func ParseRoles(s string) (Roles, error) {
+	var r Roles
+	seen := map[string]bool{}
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n < 0 || n > 4000 {
+			return Roles{}, fmt.Errorf("%w: roles %q: want role=N with 0 ≤ N ≤ 4000, got %q", ErrConfig, s, part)
+		}
+		if seen[k] {
+			return Roles{}, fmt.Errorf("%w: roles %q: %s given twice", ErrConfig, s, k)
+		}
+		seen[k] = true
+		switch k {
+		case "prefill":
+			r.Prefill = n
+		case "decode":
+			r.Decode = n
+		case "mixed":
+			r.Mixed = n
+		default:
+			return Roles{}, fmt.Errorf("%w: roles %q: unknown role %q (prefill, decode, mixed)", ErrConfig, s, k)
+		}
+	}
+	if r.Decode+r.Mixed == 0 {
+		return Roles{}, fmt.Errorf("%w: roles %q: no engine can decode", ErrConfig, s)
+	}
+	return r, nil
+}
+
+// PDConfig configures a P/D benchmark run: Config's engines, client and
+// router staleness, plus roles, the KV transfer and the SLOs.
+type PDConfig struct {
+	Config
+	// Roles splits the engines; Config.Engines is ignored (Roles.Total()).
+	Roles Roles
+	// TransferGbps is prefill → decode KV bandwidth per transfer. Default 100.
+	TransferGbps float64
+	// TransferSetup is a transfer's fixed latency (side-channel handshake,
+	// the prefill leg's response). Default 2ms.
+	TransferSetup time.Duration
+	// SLOTTFT and SLOTPOT define goodput: requests/s whose TTFT and mean
+	// time per output token are both within them. Defaults 2s and 50ms.
+	SLOTTFT, SLOTPOT time.Duration
+	// NonCachedTokens is llm-d's decider threshold (0: its sample, 16).
+	NonCachedTokens int
+}
+
+// PDPolicies are the policies RunPD knows: "aggregated" (every engine
+// mixed, kvmesh's aggregated cost model: the same GPUs without P/D) and
+// scheduler/pd's names.
+var PDPolicies = append([]string{"aggregated"}, pd.Names...)
+
+// Defaults fills unset fields.
+func (c *PDConfig) Defaults() {
+	c.Engines = max(c.Roles.Total(), 1)
+	c.Config.Defaults()
+	if c.TransferGbps == 0 {
+		c.TransferGbps = 100
+	}
+	if c.TransferSetup == 0 {
+		c.TransferSetup = 2 * time.Millisecond
+	}
+	if c.SLOTTFT == 0 {
+		c.SLOTTFT = 2 * time.Second
+	}
+	if c.SLOTPOT == 0 {
+		c.SLOTPOT = 50 * time.Millisecond
+	}
+}
+
+// Validate lists every problem.
+func (c *PDConfig) Validate() error {
+	errs := []error{c.Config.Validate()}
+	if c.Roles.Decode+c.Roles.Mixed == 0 {
+		errs = append(errs, fmt.Errorf("%w: roles %v: no engine can decode", ErrConfig, c.Roles))
+	}
+	if !(c.TransferGbps > 0) || math.IsInf(c.TransferGbps, 0) {
+		errs = append(errs, fmt.Errorf("%w: transfer %v Gbit/s: want a finite value > 0", ErrConfig, c.TransferGbps))
+	}
+	if c.TransferSetup < 0 || c.SLOTTFT < 0 || c.SLOTPOT < 0 {
+		errs = append(errs, fmt.Errorf("%w: transfer setup and SLOs must be ≥ 0", ErrConfig))
+	}
+	return errors.Join(errs...)
+}
+
+// pdPolicy builds the P/D policy for a run.
+func (c *PDConfig) pdPolicy(name string) (pd.Policy, error) {
+	cost, err := pd.CostFrom(c.Scheduler)
+	if err != nil {
+		return nil, err
+	}
+	pc := pd.Config{Policy: name, Cost: cost, KVBytesPerToken: c.Engine.Profile.KVBytesPerToken,
+		TransferGbps: c.TransferGbps, TransferSetup: c.TransferSetup.Seconds(), NonCachedTokens: c.NonCachedTokens,
+		SLOTTFT: c.SLOTTFT.Seconds()}
+	if name == "aggregated" {
+		pc.Policy = "kvmesh"
+	}
+	if pc.TransferSetup == 0 {
+		pc.TransferSetup = -1 // pd.Config reads 0 as its default
+	}
+	return pd.New(pc)
+}
+
+// RunPD simulates reqs once per P/D policy on the same roles (aggregated:
+// the same engines, all mixed) and reports goodput under the SLOs and
+// TTFT/TPOT percentiles. Policies run in parallel on cfg.Parallel
+// goroutines.
+func RunPD(ctx context.Context, cfg PDConfig, reqs []workload.Request, policies []string) (PDReport, error) {
+	cfg.Defaults()
+	errs := []error{cfg.Validate()}
+	for _, p := range policies {
+		if !slices.Contains(PDPolicies, p) {
+			errs = append(errs, fmt.Errorf("%w: unknown P/D policy %q (known: %s)", ErrConfig, p, strings.Join(PDPolicies, ", ")))
+		}
+	}
+	if len(policies) == 0 {
+		errs = append(errs, fmt.Errorf("%w: no policies", ErrConfig))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return PDReport{}, err
+	}
+	par := cfg.Parallel
+	if par == 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	rep := PDReport{Policies: make(map[string]PDResult, len(policies)), Order: policies, Roles: cfg.Roles,
+		SLOTTFT: cfg.SLOTTFT.Seconds(), SLOTPOT: cfg.SLOTPOT.Seconds()}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, par)
+		ferr error
+	)
+	for _, p := range policies {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s, err := newPDSim(&cfg, reqs, p)
+			var res PDResult
+			if err == nil {
+				res = s.run(ctx)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && ferr == nil {
+				ferr = err
+			}
+			rep.Policies[p] = res
+		}()
+	}
+	wg.Wait()
+	if ferr != nil {
+		return PDReport{}, ferr
+	}
+	if err := ctx.Err(); err != nil {
+		return PDReport{}, fmt.Errorf("des: %w", err)
+	}
+	return rep, nil
+}

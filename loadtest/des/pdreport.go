@@ -1,0 +1,141 @@
+package des
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/report"
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// pdStats accumulates one P/D run's per-request results.
+type pdStats struct {
+	ttft, tpot, e2e []float64    // seconds; tpot only for requests with ≥ 2 output tokens
+	good            int          // requests within both SLOs
+	goodCandidates  [][2]float64 // (TTFT, TPOT) per finished request
+	cached, prompt  int
+	disaggregated   int
+	xferBytes       float64
+	perEngine       map[int]int
+	first, last     time.Duration
+	any             bool
+	failed          int
+	preemptions     int
+	wall            time.Duration
+}
+
+func (r *pdStats) init(n int) {
+	r.ttft, r.e2e, r.tpot = make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
+	r.perEngine = make(map[int]int)
+}
+
+func (r *pdStats) dispatched(now time.Duration) {
+	if !r.any || now < r.first {
+		r.first, r.any = now, true
+	}
+}
+
+func (r *pdStats) finished(e int, sent time.Duration, res engine.Result, cached int) {
+	ttft := (res.FirstToken - sent).Seconds()
+	r.ttft = append(r.ttft, ttft)
+	r.e2e = append(r.e2e, (res.Finished - sent).Seconds())
+	tpot := 0.0
+	if res.OutputTokens > 1 {
+		tpot = (res.Finished - res.FirstToken).Seconds() / float64(res.OutputTokens-1)
+		r.tpot = append(r.tpot, tpot)
+	}
+	r.goodCandidates = append(r.goodCandidates, [2]float64{ttft, tpot})
+	r.cached += cached
+	r.prompt += res.PromptTokens
+	r.perEngine[e]++
+	r.last = max(r.last, res.Finished)
+}
+
+// PDResult is one P/D policy's line of the report.
+type PDResult struct {
+	// GoodputRPS is requests/s whose TTFT ≤ SLO TTFT and mean time per
+	// output token ≤ SLO TPOT, over the run's makespan.
+	GoodputRPS    float64 `json:"goodput_rps"`
+	SLOAttainment float64 `json:"slo_attainment"`
+	ThroughputRPS float64 `json:"throughput_rps"`
+	TTFTMean      float64 `json:"ttft_mean_s"`
+	TTFTP50       float64 `json:"ttft_p50_s"`
+	TTFTP90       float64 `json:"ttft_p90_s"`
+	TTFTP99       float64 `json:"ttft_p99_s"`
+	TPOTMean      float64 `json:"tpot_mean_s"`
+	TPOTP50       float64 `json:"tpot_p50_s"`
+	TPOTP90       float64 `json:"tpot_p90_s"`
+	TPOTP99       float64 `json:"tpot_p99_s"`
+	E2EMean       float64 `json:"e2e_mean_s"`
+	// Disaggregated is the fraction of requests served by a pair.
+	Disaggregated float64 `json:"disaggregated"`
+	// PrefixHitRate is Σ prompt tokens not computed by the leg that
+	// prefilled / Σ prompt tokens.
+	PrefixHitRate float64       `json:"prefix_hit_rate"`
+	TransferGB    float64       `json:"transfer_gb"`
+	Completed     int           `json:"completed"`
+	Failed        int           `json:"failed"`
+	Preemptions   int           `json:"preemptions"`
+	Makespan      time.Duration `json:"-"`
+	Wall          time.Duration `json:"-"`
+}
+
+// PDReport is `kvmesh bench --mode des --roles ...`'s output.
+type PDReport struct {
+	Policies map[string]PDResult `json:"policies"`
+	Roles    Roles               `json:"-"`
+	SLOTTFT  float64             `json:"slo_ttft_s"`
+	SLOTPOT  float64             `json:"slo_tpot_s"`
+	Order    []string            `json:"-"`
+}
+
+func (r *pdStats) result(cfg *PDConfig) PDResult {
+	p := PDResult{Completed: len(r.ttft), Failed: r.failed, Preemptions: r.preemptions, Wall: r.wall, TransferGB: r.xferBytes / 1e9}
+	if len(r.ttft) == 0 {
+		return p
+	}
+	for _, g := range r.goodCandidates {
+		if g[0] <= cfg.SLOTTFT.Seconds() && g[1] <= cfg.SLOTPOT.Seconds() {
+			r.good++
+		}
+	}
+	p.Makespan = r.last - r.first
+	if p.Makespan > 0 {
+		p.ThroughputRPS = float64(len(r.ttft)) / p.Makespan.Seconds()
+		p.GoodputRPS = float64(r.good) / p.Makespan.Seconds()
+	}
+	p.SLOAttainment = float64(r.good) / float64(len(r.ttft)+r.failed)
+	slices.Sort(r.ttft)
+	slices.Sort(r.tpot)
+	p.TTFTMean, p.TTFTP50, p.TTFTP90, p.TTFTP99 = mean(r.ttft), report.Quantile(r.ttft, 0.5), report.Quantile(r.ttft, 0.9), report.Quantile(r.ttft, 0.99)
+	if len(r.tpot) > 0 {
+		p.TPOTMean, p.TPOTP50, p.TPOTP90, p.TPOTP99 = mean(r.tpot), report.Quantile(r.tpot, 0.5), report.Quantile(r.tpot, 0.9), report.Quantile(r.tpot, 0.99)
+	}
+	p.E2EMean = mean(r.e2e)
+	p.Disaggregated = float64(r.disaggregated) / float64(len(r.ttft)+r.failed)
+	if r.prompt > 0 {
+		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
+	}
+	return p
+}
+
+// WriteTable writes the report as an aligned text table.
+func (r PDReport) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "roles %v; SLO TTFT %.3gs, TPOT %.3gs\n", r.Roles, r.SLOTTFT, r.SLOTPOT)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tgoodput rps\tSLO met\tthroughput rps\tTTFT p50 s\tp90 s\tp99 s\tTPOT p50 ms\tp90 ms\tp99 ms\tdisagg\thit rate\txfer GB\tdone\tfailed\tpreempt\twall\t")
+	for _, name := range r.Order {
+		p, ok := r.Policies[name]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.1f%%\t%.2f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%.0f%%\t%.3f\t%.1f\t%d\t%d\t%d\t%.1fs\t\n",
+			name, p.GoodputRPS, 100*p.SLOAttainment, p.ThroughputRPS, p.TTFTP50, p.TTFTP90, p.TTFTP99,
+			1e3*p.TPOTP50, 1e3*p.TPOTP90, 1e3*p.TPOTP99, 100*p.Disaggregated, p.PrefixHitRate, p.TransferGB,
+			p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
+	}
+	return tw.Flush()
+}

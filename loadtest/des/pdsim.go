@@ -1,0 +1,393 @@
+package des
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// evTransferDone: a disaggregated request's KV has reached its decode
+// engine. Numbered apart from heap.go's kinds so both files can grow.
+const evTransferDone evKind = 16
+
+// pdSim is one P/D policy's run: like sim, plus roles, a two-leg request
+// life (prefill leg with max_tokens 1 → KV transfer → decode leg) and the
+// P/D router. Single goroutine.
+//
+// Modelled as vLLM's NIXL path does it: the prefill engine runs the prompt
+// with one output token; the transfer takes setup + the blocks the decode
+// engine lacks × KV bytes ÷ bandwidth; the decode engine then holds the
+// blocks in its prefix cache (ImportPrefix, with KV events, so the router
+// sees them) and computes only the last partial block before decoding.
+// Simplification: the prefill engine frees its blocks when its leg ends,
+// not when the decode engine has read them (a few milliseconds later).
+type pdSim struct {
+	cfg    *PDConfig
+	reqs   []workload.Request
+	idx    *index.Index
+	router *pd.Router
+	root   uint64
+
+	engines     []*engine.Engine
+	ids         map[string]int
+	view        []scheduler.Engine
+	trans       []*translator
+	stepPending []bool
+	awaitFirst  [][]int
+
+	h        eventHeap
+	nextArr  int
+	arrAt    time.Duration
+	nextSnap time.Duration
+	inflight int
+	backlog  []int
+	bhead    int
+	pending  int
+	busy     int // prefill legs and transfers in flight (they feed other engines)
+
+	flights []pdFlight
+	byReq   map[*engine.Request]int
+
+	keyBuf []uint64
+	plan   pd.Plan
+	sreq   scheduler.Request
+	out    pdStats
+}
+
+type pdFlight struct {
+	prefill, decode int // engine indexes; prefill −1 when aggregated
+	uncachedP       int // router's estimate of the prefill leg's uncached tokens
+	uncachedD       int // same on the decode engine (aggregated: the whole prefill)
+	active          int
+	xferTokens      int
+	sent            time.Duration
+	preq, dreq      *engine.Request
+	prefillCached   int
+}
+
+type pdSink struct {
+	s *pdSim
+	e int
+}
+
+func (k pdSink) KVEvents(_ time.Duration, events []kvevents.Event) {
+	t := k.s.trans[k.e]
+	t.ops, t.keys = t.ops[:0], t.keys[:0]
+	t.translate(events)
+	id := k.s.view[k.e].ID
+	for _, o := range t.ops {
+		keys := t.keys[o.start:o.end]
+		switch o.kind {
+		case opStore:
+			k.s.idx.Store(id, o.tier, keys)
+		case opRemove:
+			k.s.idx.Remove(id, o.tier, keys)
+		case opClear:
+			k.s.idx.ClearEngine(id)
+		}
+	}
+}
+
+func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, error) {
+	idx, err := index.New(index.Config{ExactLookup: cfg.ExactLookup})
+	if err != nil {
+		return nil, err
+	}
+	sc := cfg.Scheduler
+	sc.Policy, sc.Seed = "kvmesh", cfg.Seed
+	sched, err := registry.New(sc, idx, nil)
+	if err != nil {
+		return nil, err
+	}
+	pol, err := cfg.pdPolicy(policy)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", policy, err)
+	}
+	router, err := pd.NewRouter(sched, pol)
+	if err != nil {
+		return nil, err
+	}
+	s := &pdSim{cfg: cfg, reqs: reqs, idx: idx, router: router, root: kvevents.Root(cfg.Model, "", ""),
+		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int)}
+	s.out.init(len(reqs))
+	add := func(role scheduler.Role, n int) error {
+		for j := 0; j < n; j++ {
+			e := len(s.engines)
+			ec := cfg.Engine
+			ec.HashSeed = uint64(e)*0x9E3779B97F4A7C15 + 1
+			eng, err := engine.New(ec, pdSink{s, e})
+			if err != nil {
+				return fmt.Errorf("engine %d: %w", e, err)
+			}
+			r := role
+			if policy == "aggregated" {
+				r = scheduler.RoleMixed // the same GPUs, no P/D
+			}
+			id := role.String() + "-" + strconv.Itoa(j)
+			s.engines = append(s.engines, eng)
+			s.ids[id] = e
+			s.view = append(s.view, scheduler.Engine{ID: id, Healthy: true, Model: cfg.Model, Role: r, GPUBlocks: ec.GPUBlocks})
+			s.trans = append(s.trans, newTranslator(cfg.Model, ec.BlockSize))
+		}
+		return nil
+	}
+	for _, r := range []struct {
+		role scheduler.Role
+		n    int
+	}{{scheduler.RolePrefill, cfg.Roles.Prefill}, {scheduler.RoleDecode, cfg.Roles.Decode}, {scheduler.RoleMixed, cfg.Roles.Mixed}} {
+		if err := add(r.role, r.n); err != nil {
+			return nil, err
+		}
+	}
+	s.stepPending = make([]bool, len(s.engines))
+	s.awaitFirst = make([][]int, len(s.engines))
+	return s, nil
+}
+
+func (s *pdSim) run(ctx context.Context) PDResult {
+	start := time.Now()
+	s.pushArrival()
+	s.pending = len(s.reqs)
+	s.nextSnap = -1
+	if s.cfg.SnapshotInterval > 0 {
+		s.nextSnap = 0
+		s.h.push(0, evSnapshot, 0)
+	}
+	for n := 0; s.h.len() > 0; n++ {
+		if n&4095 == 0 && ctx.Err() != nil {
+			break
+		}
+		ev := s.h.pop()
+		now := ev.at
+		switch ev.kind {
+		case evArrival:
+			s.pushArrival()
+			if s.cfg.Concurrency > 0 && s.inflight >= s.cfg.Concurrency {
+				s.backlog = append(s.backlog, ev.arg)
+				continue
+			}
+			s.dispatch(ev.arg, now)
+		case evRelease:
+			s.inflight--
+			s.next(now)
+		case evStep:
+			s.step(ev.arg, now)
+		case evTransferDone:
+			s.transferDone(ev.arg, now)
+		case evSnapshot:
+			s.snapshot()
+			s.nextSnap = -1
+			if s.pending > 0 {
+				s.nextSnap = now + s.cfg.SnapshotInterval
+				s.h.push(s.nextSnap, evSnapshot, 0)
+			}
+		}
+	}
+	s.out.wall = time.Since(start)
+	for _, e := range s.engines {
+		s.out.preemptions += int(e.Load().Preemptions)
+	}
+	return s.out.result(s.cfg)
+}
+
+func (s *pdSim) next(now time.Duration) {
+	if s.bhead < len(s.backlog) {
+		i := s.backlog[s.bhead]
+		s.bhead++
+		s.dispatch(i, now)
+	}
+}
+
+func (s *pdSim) pushArrival() {
+	s.arrAt = -1
+	if s.nextArr < len(s.reqs) {
+		s.arrAt = s.reqs[s.nextArr].Arrival
+		s.h.push(s.arrAt, evArrival, s.nextArr)
+		s.nextArr++
+	}
+}
+
+// horizon: as sim.horizon, and while prefill legs or transfers are in
+// flight any event can add a request to an engine, so the heap top.
+func (s *pdSim) horizon() time.Duration {
+	if s.busy > 0 || s.bhead < len(s.backlog) {
+		if t, ok := s.h.peek(); ok {
+			return t
+		}
+	}
+	until := time.Duration(math.MaxInt64)
+	if s.arrAt >= 0 {
+		until = s.arrAt
+	}
+	if s.nextSnap >= 0 && s.nextSnap < until {
+		until = s.nextSnap
+	}
+	return until
+}
+
+func (s *pdSim) snapshot() {
+	for e, eng := range s.engines {
+		l := eng.Load()
+		v := &s.view[e]
+		v.Running, v.Waiting, v.KVUsage, v.QueuedPrefillTokens = l.Running, l.Waiting, l.KVUsage, l.QueuedPrefillTokens
+	}
+}
+
+func (s *pdSim) dispatch(i int, now time.Duration) {
+	if s.cfg.SnapshotInterval < 0 {
+		s.snapshot()
+	}
+	w := &s.reqs[i]
+	prompt := w.AppendPrompt(make([]uint32, 0, w.PromptTokens))
+	bs := s.cfg.Engine.BlockSize
+	s.keyBuf = kvevents.AppendKeys(s.keyBuf[:0], s.root, prompt, bs)
+	s.sreq = scheduler.Request{Keys: s.keyBuf, BlockSize: bs, PromptTokens: len(prompt), OutputTokens: w.OutputTokens,
+		Model: s.cfg.Model, SessionID: w.Session, Now: epoch.Add(now)}
+	if err := s.router.Route(&s.sreq, s.view, &s.plan); err != nil {
+		s.fail(now)
+		return
+	}
+	f := pdFlight{prefill: -1, decode: s.ids[s.plan.Decode], sent: now, active: len(prompt) + w.OutputTokens}
+	f.uncachedD = max(0, len(prompt)-s.plan.DecodeCached)
+	e, leg := f.decode, &engine.Request{ID: "a" + strconv.Itoa(i), Prompt: prompt, OutputLen: w.OutputTokens}
+	if s.plan.Mode == pd.Disaggregated {
+		f.prefill = s.ids[s.plan.Prefill]
+		f.uncachedP = max(0, len(prompt)-s.plan.PrefillCached)
+		f.xferTokens = f.uncachedD
+		e, leg = f.prefill, &engine.Request{ID: "p" + strconv.Itoa(i), Prompt: prompt, OutputLen: 1}
+		f.preq = leg
+	} else {
+		f.dreq = leg
+	}
+	if err := s.engines[e].Add(leg, now); err != nil {
+		s.fail(now)
+		return
+	}
+	s.flights[i] = f
+	s.byReq[leg] = i
+	s.idx.AddSpeculative(s.view[e].ID, s.keyBuf, epoch.Add(now))
+	d := &s.view[f.decode]
+	d.InFlight++
+	d.LocalActiveTokens += f.active
+	if f.prefill >= 0 {
+		p := &s.view[f.prefill]
+		p.InFlight++
+		p.LocalPrefillTokens += f.uncachedP
+		s.busy++
+		s.out.disaggregated++
+	} else {
+		d.LocalPrefillTokens += f.uncachedD
+	}
+	s.awaitFirst[e] = append(s.awaitFirst[e], i)
+	s.inflight++
+	s.out.dispatched(now)
+	s.wake(e, now)
+}
+
+func (s *pdSim) wake(e int, now time.Duration) {
+	if !s.stepPending[e] {
+		s.stepPending[e] = true
+		s.h.push(now, evStep, e)
+	}
+}
+
+func (s *pdSim) fail(now time.Duration) {
+	s.out.failed++
+	s.pending--
+	if s.cfg.Concurrency == 0 || s.inflight < s.cfg.Concurrency {
+		s.next(now)
+	}
+}
+
+func (s *pdSim) step(e int, now time.Duration) {
+	s.stepPending[e] = false
+	eng := s.engines[e]
+	res := eng.Step(now, s.horizon())
+	aw := s.awaitFirst[e][:0]
+	for _, i := range s.awaitFirst[e] {
+		f := &s.flights[i]
+		leg, unc := f.dreq, f.uncachedD
+		if f.prefill == e && f.preq != nil {
+			leg, unc = f.preq, f.uncachedP
+		}
+		if leg != nil && (leg.Generated() > 0 || leg.Done()) {
+			s.view[e].LocalPrefillTokens -= unc
+			continue
+		}
+		aw = append(aw, i)
+	}
+	s.awaitFirst[e] = aw
+	for _, r := range res.Finished {
+		i, ok := s.byReq[r]
+		if !ok {
+			continue
+		}
+		delete(s.byReq, r)
+		f := &s.flights[i]
+		if r == f.preq {
+			s.prefillDone(i, r.Result())
+			continue
+		}
+		s.decodeDone(i, r.Result(), now)
+	}
+	if res.Steps > 0 && !eng.Idle() {
+		s.stepPending[e] = true
+		s.h.push(max(res.End, now+1), evStep, e)
+	}
+}
+
+func (s *pdSim) prefillDone(i int, res engine.Result) {
+	f := &s.flights[i]
+	s.view[f.prefill].InFlight--
+	f.prefillCached = res.CachedTokens + res.CPUCachedTokens
+	bytes := float64(f.xferTokens) * s.cfg.Engine.Profile.KVBytesPerToken
+	s.out.xferBytes += bytes
+	d := s.cfg.TransferSetup + time.Duration(bytes*8/(s.cfg.TransferGbps*1e9)*float64(time.Second))
+	s.h.push(res.Finished+d, evTransferDone, i)
+}
+
+func (s *pdSim) transferDone(i int, now time.Duration) {
+	f := &s.flights[i]
+	s.busy--
+	prompt := f.preq.Prompt
+	eng := s.engines[f.decode]
+	eng.ImportPrefix(prompt, "", "", now)
+	f.dreq = &engine.Request{ID: "d" + strconv.Itoa(i), Prompt: prompt, OutputLen: s.reqs[i].OutputTokens}
+	f.preq = nil
+	f.uncachedD = 0
+	if err := eng.Add(f.dreq, now); err != nil {
+		s.view[f.decode].InFlight--
+		s.view[f.decode].LocalActiveTokens -= f.active
+		s.inflight--
+		s.fail(now)
+		return
+	}
+	s.byReq[f.dreq] = i
+	s.awaitFirst[f.decode] = append(s.awaitFirst[f.decode], i)
+	s.wake(f.decode, now)
+}
+
+func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
+	f := &s.flights[i]
+	v := &s.view[f.decode]
+	v.InFlight--
+	v.LocalActiveTokens -= f.active
+	f.dreq = nil
+	cached := res.CachedTokens + res.CPUCachedTokens
+	if f.prefill >= 0 {
+		cached = f.prefillCached
+	}
+	s.out.finished(f.decode, f.sent, res, cached)
+	s.pending--
+	s.h.push(max(res.Finished, now), evRelease, i)
+}

@@ -1,0 +1,70 @@
+package orchestrator
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kvmesh/kvmesh/internal/kubetest"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// podGroupCRD is the served shape of Volcano's PodGroup (schema trimmed to
+// what the orchestrator writes; Volcano itself cannot run here).
+const podGroupCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+ "metadata":{"name":"podgroups.scheduling.volcano.sh"},
+ "spec":{"group":"scheduling.volcano.sh","scope":"Namespaced",
+  "names":{"kind":"PodGroup","plural":"podgroups","singular":"podgroup","listKind":"PodGroupList"},
+  "versions":[{"name":"v1beta1","served":true,"storage":true,"subresources":{"status":{}},
+   "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+
+// TestVolcanoPodGroupPerGroup: with the PodGroup CRD served, each group
+// gets a PodGroup whose minMember is its gang, and its pods name it and the
+// volcano scheduler; scaling groups down removes the surplus PodGroup.
+func TestVolcanoPodGroupPerGroup(t *testing.T) {
+	s := kubetest.StartT(t, kubetest.Options{})
+	installCRDs(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	objs, _ := kubetest.Decode(stringsReader(podGroupCRD))
+	if err := kubetest.Apply(ctx, s.Config, kubetest.ApplyOptions{}, objs...); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{srv: s, ns: s.Namespace(t), kube: kubernetes.NewForConfigOrDie(s.Config), dyn: dynamic.NewForConfigOrDie(s.Config), ctx: ctx}
+	e.startController(t, s.Config)
+	objs, _ = kubetest.Decode(stringsReader(rollDoc))
+	_ = unstructured.SetNestedField(objs[0].Object, int64(2), "spec", "groups")
+	if err := kubetest.Apply(ctx, s.Config, kubetest.ApplyOptions{Namespace: e.ns}, objs...); err != nil {
+		t.Fatal(err)
+	}
+	pgs := e.dyn.Resource(podGroupsResource).Namespace(e.ns)
+	testutil.WaitFor(t, wait, "two PodGroups of 6 members and 12 pods", func() bool {
+		l, err := pgs.List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) != 2 {
+			return false
+		}
+		for _, pg := range l.Items {
+			if n, _, _ := unstructured.NestedInt64(pg.Object, "spec", "minMember"); n != 6 {
+				return false
+			}
+		}
+		return len(e.pods(t, labels.Set{v1alpha1.LabelDeployment: "roll"})) == 12
+	})
+	for _, p := range e.pods(t, labels.Set{v1alpha1.LabelDeployment: "roll"}) {
+		if p.Spec.SchedulerName != "volcano" || p.Annotations[annotationPodGroup] != "roll-"+p.Labels[v1alpha1.LabelGroup] {
+			t.Fatalf("%s: scheduler %q, group annotation %q", p.Name, p.Spec.SchedulerName, p.Annotations[annotationPodGroup])
+		}
+	}
+	e.setScale(t, e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns), "roll", 1)
+	testutil.WaitFor(t, wait, "one PodGroup left", func() bool {
+		l, err := pgs.List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 1 && l.Items[0].GetName() == "roll-0"
+	})
+}

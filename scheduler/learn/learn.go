@@ -1,0 +1,347 @@
+// Package learn estimates each engine's prefill and decode costs online from
+// what a router can observe, so that kvmesh's cost model needs no timing
+// profile of the engines.
+//
+// Two straight lines are learned per engine, by weighted least squares with
+// exponential forgetting:
+//
+//	prefill:  time to first token = a + (prefill tokens queued ahead + own uncached) / PrefillRate
+//	decode:   one decode step     = StepBase + DecodeSecPerToken · context tokens on the engine
+//
+// What feeds them is what a real router sees, nothing from an engine's
+// internals. A prefill sample is one request's TTFT against the prefill work
+// the router itself had sent ahead of it to that engine and not yet seen a
+// first token for, plus the request's own uncached prompt tokens (the
+// response's usage.prompt_tokens_details.cached_tokens, or vLLM's
+// prefix-cache counters): the same line kvmesh's policy prices TTFT with.
+// Its slope is seconds per prefilled token, so 1/slope is the prefill rate
+// under the engine's real batching. A decode sample is one stretch of pure
+// decoding on an engine — no request the router sent there was awaiting its
+// first token — timed from the streamed tokens (the gap between two tokens
+// of one request is one step; vllm:request_decode_time_seconds / output
+// tokens gives the same) against the context the router counts there: the
+// prompts of its in-flight requests plus the tokens it streamed back for
+// them (ContextMeter averages it over the stretch).
+//
+// Until samples arrive the estimate is the prior (Config.Prior): a
+// conservative guess. The prior enters the regressions as PriorWeight
+// pseudo-samples on its own line, so the first few samples move the estimate
+// only partly and a line whose samples all sit at one x keeps the prior's
+// slope. Forgetting (Config.Memory) lets the estimate follow an engine whose
+// speed changes. An engine without samples of its own uses the estimate
+// pooled over every engine.
+package learn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// ErrConfig wraps every configuration problem.
+var ErrConfig = errors.New("learn: invalid config")
+
+// Rates is a cost model: the numbers kvmesh's policy prices a request with.
+type Rates struct {
+	// PrefillRate is prefill throughput, uncached tokens per second.
+	PrefillRate float64 `json:"prefillRate" yaml:"prefillRate"`
+	// StepBase is a decode step's fixed cost, seconds.
+	StepBase float64 `json:"stepBase" yaml:"stepBase"`
+	// DecodeSecPerToken is a decode step's cost per context token, seconds.
+	DecodeSecPerToken float64 `json:"decodeSecPerToken" yaml:"decodeSecPerToken"`
+}
+
+// DefaultPrior is the live ingress's default cost model (a 7B model on an
+// H100: scheduler.DefaultKVMeshConfig), not fitted to any benchmark
+// profile: on the 7b-l40s benchmark engines it is 3.2× too fast at prefill,
+// 3.4× too cheap per step and 2.3× too dear per context token.
+func DefaultPrior() Rates {
+	return Rates{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7}
+}
+
+// Config configures a Learner.
+type Config struct {
+	// Prior is the estimate before any sample. Default DefaultPrior.
+	Prior Rates
+	// PriorWeight is how many samples the prior counts for in each line.
+	// Default 4.
+	PriorWeight float64
+	// Memory is the forgetting horizon in samples per engine: each new
+	// sample discounts the older ones by 1 − 1/Memory. Default 2,000.
+	Memory float64
+	// Clamp bounds each estimate to [prior/Clamp, prior·Clamp], so a burst
+	// of odd samples cannot send the model somewhere absurd. Default 50.
+	Clamp float64
+}
+
+// Defaults fills unset fields.
+func (c *Config) Defaults() {
+	if c.Prior == (Rates{}) {
+		c.Prior = DefaultPrior()
+	}
+	if c.PriorWeight == 0 {
+		c.PriorWeight = 4
+	}
+	if c.Memory == 0 {
+		c.Memory = 2000
+	}
+	if c.Clamp == 0 {
+		c.Clamp = 50
+	}
+}
+
+// Validate lists every problem.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Prior.PrefillRate <= 0 || c.Prior.StepBase <= 0 || c.Prior.DecodeSecPerToken <= 0 {
+		errs = append(errs, fmt.Errorf("%w: prior rates must be > 0 (got %+v)", ErrConfig, c.Prior))
+	}
+	if c.PriorWeight <= 0 {
+		errs = append(errs, fmt.Errorf("%w: priorWeight %v must be > 0", ErrConfig, c.PriorWeight))
+	}
+	if c.Memory < 2 {
+		errs = append(errs, fmt.Errorf("%w: memory %v must be ≥ 2", ErrConfig, c.Memory))
+	}
+	if c.Clamp < 1 {
+		errs = append(errs, fmt.Errorf("%w: clamp %v must be ≥ 1", ErrConfig, c.Clamp))
+	}
+	return errors.Join(errs...)
+}
+
+// The prior's pseudo-samples sit at these points (tokens; context tokens
+// and sequences): a typical prompt range for prefill, a typical batch for
+// decode. priorSeqSec is the prior's per-sequence step cost (20 µs, vLLM's
+// sampling and bookkeeping on a GPU host).
+var (
+	prefillAt = [][2]float64{{512, 0}, {8192, 0}, {512, 1}} // the last pins the unused x₂
+	decodeAt  = [][2]float64{{0, 1}, {50_000, 1}, {50_000, 32}}
+)
+
+const priorSeqSec = 20e-6
+
+// Learner holds the per-engine estimates. Safe for concurrent use.
+type Learner struct {
+	cfg     Config
+	mu      sync.Mutex
+	engines map[string]*model
+	pooled  model
+}
+
+// model is one engine's two lines.
+type model struct {
+	prefill, decode reg
+}
+
+// New returns a Learner at its prior.
+func New(cfg Config) (*Learner, error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Learner{cfg: cfg, engines: make(map[string]*model)}, nil
+}
+
+// ObservePrefill records a TTFT of d on engine for a request whose own
+// uncached tokens plus those queued ahead of it there (sent by the router,
+// no first token yet) were tokens.
+func (l *Learner) ObservePrefill(engine string, tokens int, d time.Duration) {
+	if tokens <= 0 || d <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keep := 1 - 1/l.cfg.Memory
+	l.model(engine).prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
+	l.pooled.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
+}
+
+// ObserveDecode records that engine took step per decode step over a
+// stretch of steps while running seqs sequences holding ctx context tokens
+// (every in-flight request's prompt plus its tokens generated so far,
+// averaged over the stretch); steps weighs the sample.
+func (l *Learner) ObserveDecode(engine string, seqs, ctx float64, step time.Duration, steps int) {
+	if ctx < 0 || seqs <= 0 || step <= 0 || steps <= 0 || math.IsNaN(ctx+seqs) || math.IsInf(ctx+seqs, 0) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keep := 1 - 1/l.cfg.Memory
+	w := math.Sqrt(float64(steps)) // a long stretch is one observation, a little surer
+	l.model(engine).decode.add(ctx, seqs, step.Seconds(), keep, w)
+	l.pooled.decode.add(ctx, seqs, step.Seconds(), keep, w)
+}
+
+func (l *Learner) model(engine string) *model {
+	m, ok := l.engines[engine]
+	if !ok {
+		m = &model{}
+		l.engines[engine] = m
+	}
+	return m
+}
+
+// Rates returns engine's current estimate (the pooled one when the engine
+// has no samples yet, the prior when nothing has).
+func (l *Learner) Rates(engine string) Rates {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m, ok := l.engines[engine]
+	if !ok || m.prefill.w == 0 && m.decode.w == 0 {
+		m = &l.pooled
+	}
+	return l.estimate(m)
+}
+
+// Pooled returns the estimate over every engine's samples.
+func (l *Learner) Pooled() Rates {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.estimate(&l.pooled)
+}
+
+func (l *Learner) estimate(m *model) Rates {
+	p, c := l.cfg.Prior, l.cfg.Clamp
+	r := p
+	if m.prefill.w > 0 {
+		θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, [3]float64{p.StepBase, 1 / p.PrefillRate, 0})
+		r.PrefillRate = clamp(1/θ[1], p.PrefillRate, c)
+	}
+	if m.decode.w > 0 {
+		θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, [3]float64{p.StepBase, p.DecodeSecPerToken, priorSeqSec})
+		r.StepBase = clamp(θ[0], p.StepBase, c)
+		r.DecodeSecPerToken = clamp(θ[1], p.DecodeSecPerToken, c)
+	}
+	return r
+}
+
+// clamp bounds v to [prior/c, prior·c]; a non-positive or non-finite v is
+// the prior.
+func clamp(v, prior, c float64) float64 {
+	if !(v > 0) || math.IsInf(v, 0) {
+		return prior
+	}
+	return min(max(v, prior/c), prior*c)
+}
+
+// reg is a weighted least-squares fit of y = θ·(1, x₁, x₂) with
+// forgetting: the normal equations' sums, discounted by keep per sample.
+// Prefill uses one regressor (x₂ always 0 and its coefficient pinned by the
+// prior), decode two (context tokens and sequences: the per-sequence cost
+// of sampling and bookkeeping grows with the batch, and leaving it out
+// would be charged to the context).
+type reg struct {
+	w   float64
+	xtx [3][3]float64
+	xty [3]float64
+}
+
+func (s *reg) add(x1, x2, y, keep, w float64) {
+	v := [3]float64{1, x1, x2}
+	s.w = s.w*keep + w
+	for i := range v {
+		s.xty[i] = s.xty[i]*keep + w*v[i]*y
+		for j := range v {
+			s.xtx[i][j] = s.xtx[i][j]*keep + w*v[i]*v[j]
+		}
+	}
+}
+
+// fit solves the normal equations of the samples plus the prior's
+// pseudo-samples (weight pw/len(at) each, at the points at, on the prior's
+// plane θ0). It returns θ0 when the system is singular.
+func (s *reg) fit(pw float64, at [][2]float64, θ0 [3]float64) [3]float64 {
+	a, b := s.xtx, s.xty
+	h := pw / float64(len(at))
+	for _, p := range at {
+		v := [3]float64{1, p[0], p[1]}
+		y := θ0[0] + θ0[1]*p[0] + θ0[2]*p[1]
+		for i := range v {
+			b[i] += h * v[i] * y
+			for j := range v {
+				a[i][j] += h * v[i] * v[j]
+			}
+		}
+	}
+	// Gaussian elimination with partial pivoting on the 3×3 system.
+	for c := 0; c < 3; c++ {
+		piv := c
+		for r := c + 1; r < 3; r++ {
+			if math.Abs(a[r][c]) > math.Abs(a[piv][c]) {
+				piv = r
+			}
+		}
+		if math.Abs(a[piv][c]) < 1e-300 {
+			return θ0
+		}
+		a[c], a[piv] = a[piv], a[c]
+		b[c], b[piv] = b[piv], b[c]
+		for r := c + 1; r < 3; r++ {
+			f := a[r][c] / a[c][c]
+			for k := c; k < 3; k++ {
+				a[r][k] -= f * a[c][k]
+			}
+			b[r] -= f * b[c]
+		}
+	}
+	var θ [3]float64
+	for r := 2; r >= 0; r-- {
+		v := b[r]
+		for k := r + 1; k < 3; k++ {
+			v -= a[r][k] * θ[k]
+		}
+		θ[r] = v / a[r][r]
+	}
+	return θ
+}
+
+// ContextMeter integrates an engine's context (tokens held by its in-flight
+// requests, as the router counts them) over time, so that a request's mean
+// context over its decode is (Integral at finish − Integral at first
+// token) / (finish − first token). Feed it the context whenever it is
+// known (every event the router sees); between two readings it is taken to
+// change linearly. Not safe for concurrent use.
+type ContextMeter struct {
+	t        time.Duration
+	ctx      float64
+	integral float64 // token·seconds
+}
+
+// At records that the context is ctx at time now (now never decreases).
+func (m *ContextMeter) At(now time.Duration, ctx float64) {
+	if now > m.t {
+		m.integral += (m.ctx + ctx) / 2 * (now - m.t).Seconds()
+		m.t = now
+	}
+	m.ctx = ctx
+}
+
+// Integral is ∫ context dt up to the last reading, token·seconds.
+func (m *ContextMeter) Integral() float64 { return m.integral }
+
+// OutputLength predicts a request's output length from the requests seen
+// to finish: their mean, with forgetting (a router is not told the length;
+// max_tokens, where clients send it, is only an upper bound). Not safe for
+// concurrent use.
+type OutputLength struct {
+	w, sum float64
+}
+
+// outputMemory is OutputLength's forgetting horizon, in requests.
+const outputMemory = 500
+
+// Observe records a finished request's output length.
+func (o *OutputLength) Observe(n int) {
+	keep := 1 - 1.0/outputMemory
+	o.w = o.w*keep + 1
+	o.sum = o.sum*keep + float64(n)
+}
+
+// Predict is the expected output length, 0 before any request finished.
+func (o *OutputLength) Predict() int {
+	if o.w == 0 {
+		return 0
+	}
+	return int(math.Round(o.sum / o.w))
+}

@@ -1,0 +1,192 @@
+package learn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// drive runs waves of concurrent requests through one simulated engine and
+// feeds l exactly what an ingress in front of it would see: each request's
+// TTFT against the uncached tokens sent ahead of it plus its own, and the
+// step time of stretches in which no request was awaiting its first token
+// (from the streamed tokens) against the context the ingress counts itself
+// (prompt + streamed tokens of its in-flight requests). It returns how many
+// requests finished.
+func drive(t *testing.T, l *Learner, p engine.Profile, waves int, rng *rand.Rand) int {
+	t.Helper()
+	e, err := engine.New(engine.Config{BlockSize: 16, GPUBlocks: 30000, Profile: p}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		meter ContextMeter
+		now   time.Duration
+		done  int
+		tok   uint32
+	)
+	for w := 0; w < waves; w++ {
+		k := 1 + rng.IntN(24)
+		reqs := make([]*engine.Request, k)
+		ahead := make([]int, k)
+		queued := 0
+		// Prompt lengths vary between waves as well as within one, so that
+		// context per sequence varies and the two decode costs separate.
+		base := []int{200, 600, 1500, 2500}[rng.IntN(4)]
+		for i := range reqs {
+			prompt := make([]uint32, base+rng.IntN(base))
+			for j := range prompt {
+				tok++
+				prompt[j] = tok // never repeats: no cache hits
+			}
+			queued += len(prompt)
+			ahead[i] = queued
+			reqs[i] = &engine.Request{Prompt: prompt, OutputLen: 32 + rng.IntN(224)}
+			if err := e.Add(reqs[i], now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx := func() (c, seqs float64, prefilling bool) {
+			for _, r := range reqs {
+				if !r.Done() {
+					c += float64(len(r.Prompt) + r.Generated())
+					seqs++
+					prefilling = prefilling || r.Generated() == 0
+				}
+			}
+			return c, seqs, prefilling
+		}
+		seen := make([]bool, k)
+		for !e.Idle() {
+			c0, seqs, prefilling := ctx()
+			meter.At(now, c0)
+			before := meter.Integral()
+			res := e.Step(now, now+time.Millisecond)
+			c1, _, _ := ctx()
+			meter.At(res.End, c1)
+			if !prefilling && res.Steps > 0 {
+				d := res.End - now
+				l.ObserveDecode("e0", seqs, (meter.Integral()-before)/d.Seconds(), d/time.Duration(res.Steps), res.Steps)
+			}
+			now = res.End
+			for i, r := range reqs {
+				if r.Generated() > 0 && !seen[i] {
+					seen[i] = true
+					rs := r.Result()
+					l.ObservePrefill("e0", ahead[i], rs.TTFT)
+				}
+			}
+			done += len(res.Finished)
+		}
+	}
+	return done
+}
+
+func indexOf(rs []*engine.Request, r *engine.Request) int {
+	for i := range rs {
+		if rs[i] == r {
+			return i
+		}
+	}
+	return -1
+}
+
+func within(got, want, tol float64) bool { return math.Abs(got-want) <= tol*want }
+
+// TestConvergesFromTwiceOff is issue 16's convergence check: started from a
+// prior 2× off on every rate (half the prefill rate and twice the step and
+// per-token costs, or the reverse), the estimates come
+// within 10 % of the simulated engine's true rates after a bounded number
+// of requests, on two profiles.
+func TestConvergesFromTwiceOff(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		off  float64 // the prior's costs are off × the truth
+	}{{"7b-l40s", 2}, {"8b-h100", 2}, {"7b-l40s", 0.5}} {
+		name, off := tc.name, tc.off
+		t.Run(fmt.Sprintf("%s/%gx", name, off), func(t *testing.T) {
+			p, err := engine.LookupProfile(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pr, sb, dt := p.Rates()
+			l, err := New(Config{Prior: Rates{PrefillRate: pr / off, StepBase: off * sb, DecodeSecPerToken: off * dt}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := l.Rates("e0")
+			if before.PrefillRate != pr/off || before.StepBase != off*sb {
+				t.Fatalf("before any sample: %+v, want the prior", before)
+			}
+			n := drive(t, l, p, 40, rand.New(rand.NewPCG(1, 2)))
+			const bound = 600 // requests
+			if n > bound {
+				t.Fatalf("drove %d requests, bound %d", n, bound)
+			}
+			got := l.Rates("e0")
+			t.Logf("%s after %d requests: prefill %.0f tok/s (true %.0f), step %.4f s (true %.4f), decode %.3g s/token (true %.3g)",
+				name, n, got.PrefillRate, pr, got.StepBase, sb, got.DecodeSecPerToken, dt)
+			if !within(got.PrefillRate, pr, 0.10) || !within(got.StepBase, sb, 0.10) || !within(got.DecodeSecPerToken, dt, 0.10) {
+				t.Errorf("not within 10 %%: got %+v, true {%.0f %.4f %.3g}", got, pr, sb, dt)
+			}
+			if other := l.Rates("unseen"); other != got {
+				t.Errorf("an engine without samples should use the pooled estimate: %+v vs %+v", other, got)
+			}
+		})
+	}
+}
+
+// TestPriorHoldsWithoutSamples: bad samples are dropped and the prior is
+// the answer until real ones arrive; the clamp bounds a wild estimate.
+func TestPriorHoldsWithoutSamples(t *testing.T) {
+	l, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.ObservePrefill("e", 0, time.Second)
+	l.ObservePrefill("e", 100, -time.Second)
+	l.ObserveDecode("e", 1, math.NaN(), time.Millisecond, 1)
+	l.ObserveDecode("e", 1, 1000, 0, 1)
+	l.ObserveDecode("e", 0, 1000, time.Millisecond, 1)
+	if got := l.Rates("e"); got != DefaultPrior() {
+		t.Fatalf("after bad samples: %+v, want the prior %+v", got, DefaultPrior())
+	}
+	// A thousand samples claiming decode gets cheaper with context: the
+	// negative slope is rejected, the estimate stays the prior's slope.
+	for i := 0; i < 1000; i++ {
+		x := float64(i * 100)
+		l.ObserveDecode("e", 4, x, time.Duration((0.05-x*1e-7)*1e9), 1)
+	}
+	if got := l.Rates("e").DecodeSecPerToken; got != DefaultPrior().DecodeSecPerToken {
+		t.Errorf("negative slope gave %v, want the prior", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []Config{
+		{Prior: Rates{PrefillRate: -1, StepBase: 1, DecodeSecPerToken: 1}},
+		{PriorWeight: -1},
+		{Memory: 1},
+		{Clamp: 0.5},
+	} {
+		if _, err := New(c); !errors.Is(err, ErrConfig) {
+			t.Errorf("%+v: err %v, want ErrConfig", c, err)
+		}
+	}
+}
+
+func TestContextMeter(t *testing.T) {
+	var m ContextMeter
+	m.At(0, 100)
+	m.At(time.Second, 300) // mean 200 over 1 s
+	m.At(time.Second, 50)  // jump: no time passes
+	m.At(3*time.Second, 50)
+	if got, want := m.Integral(), 200.0+100; math.Abs(got-want) > 1e-9 {
+		t.Errorf("integral %v, want %v", got, want)
+	}
+}

@@ -1,0 +1,142 @@
+package pd
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
+)
+
+// Names are the P/D policies New knows: kvmesh's choice, kvmesh's pair
+// choice without the aggregated bypass, and the emulations.
+var Names = []string{"kvmesh", "kvmesh-always", "kthena", "llmd", "dynamo", "sglang", "aibrix"}
+
+// Config configures the P/D step.
+type Config struct {
+	// Policy is one of Names. Default "kvmesh".
+	Policy string
+	// Cost is kvmesh's cost model (policies.KVMeshConfig); nil: defaults.
+	Cost *policies.KVMeshConfig
+	// KVBytesPerToken is the KV size of a prompt token; 0: 131,072.
+	KVBytesPerToken float64
+	// TransferGbps is prefill → decode bandwidth in Gbit/s; 0: 100.
+	TransferGbps float64
+	// TransferSetup is a transfer's fixed cost in seconds; 0: 0.002
+	// (negative: none).
+	TransferSetup float64
+	// SLOTTFT is the TTFT objective kvmesh's choice prices (seconds; 0:
+	// none). SLOWeight is the price of a second beyond it (0: 4).
+	SLOTTFT, SLOWeight float64
+	// NonCachedTokens is llm-d's decider threshold; 0: 16.
+	NonCachedTokens int
+}
+
+// Defaults fills unset fields.
+func (c *Config) Defaults() {
+	if c.Policy == "" {
+		c.Policy = "kvmesh"
+	}
+	if c.Cost == nil {
+		d := policies.DefaultKVMeshConfig()
+		c.Cost = &d
+	}
+	if c.KVBytesPerToken == 0 {
+		c.KVBytesPerToken = 131072
+	}
+	if c.TransferGbps == 0 {
+		c.TransferGbps = 100
+	}
+	if c.TransferSetup == 0 {
+		c.TransferSetup = 0.002
+	}
+	if c.NonCachedTokens == 0 {
+		c.NonCachedTokens = 16
+	}
+}
+
+// Validate lists every problem (call Defaults first).
+func (c *Config) Validate() error {
+	var errs []error
+	if !slices.Contains(Names, c.Policy) {
+		errs = append(errs, fmt.Errorf("policy %q: want one of %v", c.Policy, Names))
+	}
+	bad := func(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) }
+	if bad(c.KVBytesPerToken) || c.KVBytesPerToken < 0 {
+		errs = append(errs, fmt.Errorf("kvBytesPerToken %v: want a finite value ≥ 0", c.KVBytesPerToken))
+	}
+	if bad(c.TransferGbps) || c.TransferGbps <= 0 {
+		errs = append(errs, fmt.Errorf("transferGbps %v: want a finite value > 0", c.TransferGbps))
+	}
+	if bad(c.TransferSetup) {
+		errs = append(errs, fmt.Errorf("transferSetup %v: want a finite value", c.TransferSetup))
+	}
+	if c.NonCachedTokens < 0 {
+		errs = append(errs, fmt.Errorf("nonCachedTokens %d: want ≥ 0", c.NonCachedTokens))
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("pd config: %w: %w", scheduler.ErrConfig, errors.Join(errs...))
+}
+
+// New builds the configured policy (Defaults and Validate included).
+func New(c Config) (Policy, error) {
+	c.Defaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	switch c.Policy {
+	case "kvmesh", "kvmesh-always":
+		k := NewKVMesh(policies.KVMeshFrom(*c.Cost))
+		k.KVBytesPerToken, k.TransferBandwidth = c.KVBytesPerToken, c.TransferGbps*1e9/8
+		k.TransferSetup = max(c.TransferSetup, 0)
+		k.Always = c.Policy == "kvmesh-always"
+		k.SLOTTFT = c.SLOTTFT
+		if c.SLOWeight > 0 {
+			k.SLOWeight = c.SLOWeight
+		}
+		if err := k.Validate(); err != nil {
+			return nil, err
+		}
+		if k.Always {
+			return always{k}, nil
+		}
+		return k, nil
+	case "kthena":
+		return NewKthena(), nil
+	case "llmd":
+		l := NewLLMD()
+		l.NonCachedTokens = c.NonCachedTokens
+		return l, nil
+	case "dynamo":
+		return NewDynamo(), nil
+	case "sglang":
+		return NewSGLang(), nil
+	default: // "aibrix"; Validate rejected the rest
+		return AIBrix{}, nil
+	}
+}
+
+// always is KVMesh with Always set, under its own name.
+type always struct{ KVMesh }
+
+func (always) Name() string { return "kvmesh-always" }
+
+// CostFrom is the kvmesh cost model a scheduler config carries (its kvmesh
+// block, or the defaults), so the P/D step prices with the same numbers as
+// the aggregated policy.
+func CostFrom(sc scheduler.Config) (*policies.KVMeshConfig, error) {
+	d := policies.DefaultKVMeshConfig()
+	n, ok := sc.Params["kvmesh"]
+	if !ok {
+		return &d, nil
+	}
+	k, err := scheduler.ParseParams("kvmesh", &n, d)
+	if err != nil {
+		return nil, err
+	}
+	return &k, nil
+}

@@ -1,0 +1,233 @@
+package pd
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
+)
+
+const bs = 16
+
+// eng is a test engine: role, group, load and how many of the request's
+// leading blocks it caches on the GPU.
+type eng struct {
+	id      string
+	role    scheduler.Role
+	group   string
+	running int
+	waiting int
+	queued  int // queued prefill tokens
+	cached  int // leading blocks of the request cached
+}
+
+type setup struct {
+	prompt  int
+	output  int
+	engines []eng
+}
+
+// route builds a real index holding each engine's cached prefix, a
+// scheduler over it and a Router with p, and routes one request.
+func route(t *testing.T, s setup, p Policy) (Plan, error) {
+	t.Helper()
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, s.prompt)
+	for i := range toks {
+		toks[i] = uint32(1000 + i%7919)
+	}
+	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks, bs)
+	var es []scheduler.Engine
+	for _, e := range s.engines {
+		if e.cached > 0 {
+			idx.Store(e.id, kvevents.TierGPU, keys[:min(e.cached, len(keys))])
+		}
+		es = append(es, scheduler.Engine{ID: e.id, Healthy: true, Model: "m", Role: e.role, Group: e.group,
+			Running: e.running, Waiting: e.waiting, QueuedPrefillTokens: e.queued, InFlight: e.running + e.waiting,
+			GPUBlocks: 30000})
+	}
+	sc := scheduler.DefaultConfig()
+	sc.Policy = "kvmesh"
+	sched, err := registry.New(sc, idx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(sched, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := s.output
+	if out == 0 {
+		out = 256
+	}
+	req := scheduler.Request{Keys: keys, BlockSize: bs, PromptTokens: s.prompt, OutputTokens: out, Model: "m"}
+	var plan Plan
+	err = r.Route(&req, es, &plan)
+	return plan, err
+}
+
+func mustPolicy(t *testing.T, c Config) Policy {
+	t.Helper()
+	p, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+var (
+	P = scheduler.RolePrefill
+	D = scheduler.RoleDecode
+	M = scheduler.RoleMixed
+)
+
+func TestKVMeshDecision(t *testing.T) {
+	tests := []struct {
+		name                    string
+		cfg                     Config
+		s                       setup
+		mode                    Mode
+		prefill, decode, reason string
+	}{
+		{name: "long uncached prompt, busy decode: disaggregate",
+			s:    setup{prompt: 8192, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, running: 64}}},
+			mode: Disaggregated, prefill: "p0", decode: "d0", reason: "disaggregated-cheaper"},
+		{name: "prompt cached on the decode engine: aggregated",
+			s:    setup{prompt: 8192, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, running: 64, cached: 511}}},
+			mode: Aggregated, decode: "d0", reason: "aggregated-cheaper"},
+		{name: "idle decode engine: local prefill costs no stream, no transfer",
+			s:    setup{prompt: 2048, engines: []eng{{id: "p0", role: P, queued: 20000, running: 2}, {id: "d0", role: D}}},
+			mode: Aggregated, decode: "d0", reason: "aggregated-cheaper"},
+		{name: "prefill queue longer than the stall: aggregated",
+			s:    setup{prompt: 4096, engines: []eng{{id: "p0", role: P, running: 4, waiting: 60, queued: 400000}, {id: "d0", role: D, running: 4}}},
+			mode: Aggregated, decode: "d0", reason: "aggregated-cheaper"},
+		{name: "slow network: the transfer outweighs the stall",
+			cfg:  Config{TransferGbps: 0.05},
+			s:    setup{prompt: 8192, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, running: 16}}},
+			mode: Aggregated, decode: "d0", reason: "aggregated-cheaper"},
+		{name: "pairs only within a group",
+			s: setup{prompt: 8192, engines: []eng{{id: "pa", role: P, group: "a"}, {id: "pb", role: P, group: "b", running: 8, queued: 30000},
+				{id: "db", role: D, group: "b", running: 64}}},
+			mode: Disaggregated, prefill: "pb", decode: "db", reason: "disaggregated-cheaper"},
+		{name: "joint choice: the decode engine holding the prefix needs less transfer",
+			s: setup{prompt: 8192, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, running: 64},
+				{id: "d1", role: D, running: 64, cached: 256}}},
+			mode: Disaggregated, prefill: "p0", decode: "d1", reason: "disaggregated-cheaper"},
+		{name: "no prefill engine",
+			s:    setup{prompt: 8192, engines: []eng{{id: "m0", role: M, running: 64}, {id: "m1", role: M, running: 8}}},
+			mode: Aggregated, decode: "m1", reason: "aggregated-no-prefill"},
+		{name: "always: no bypass on decode engines",
+			cfg:  Config{Policy: "kvmesh-always"},
+			s:    setup{prompt: 8192, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, running: 64, cached: 511}}},
+			mode: Disaggregated, prefill: "p0", decode: "d0", reason: "disaggregated-cheaper"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, err := route(t, tc.s, mustPolicy(t, tc.cfg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan.Mode != tc.mode || plan.Prefill != tc.prefill || plan.Decode != tc.decode || plan.Reason != tc.reason {
+				t.Fatalf("plan %v %q→%q (%s), want %v %q→%q (%s); options %+v", plan.Mode, plan.Prefill, plan.Decode, plan.Reason,
+					tc.mode, tc.prefill, tc.decode, tc.reason, plan.Options)
+			}
+			if len(plan.Options) == 0 || plan.Options[0].Prefill != plan.Prefill || plan.Options[0].Decode != plan.Decode {
+				t.Fatalf("options %+v do not start with the plan", plan.Options)
+			}
+			for i := 1; i < len(plan.Options); i++ {
+				if plan.Options[i].Score > plan.Options[i-1].Score {
+					t.Fatalf("options not ranked: %+v", plan.Options)
+				}
+			}
+		})
+	}
+}
+
+func TestEmulations(t *testing.T) {
+	tests := []struct {
+		name            string
+		policy          string
+		s               setup
+		mode            Mode
+		prefill, decode string
+		fallbacks       int // options after the first
+	}{
+		{name: "kthena: no bypass even when the decode engine caches everything", policy: "kthena",
+			s:    setup{prompt: 4096, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, cached: 255}}},
+			mode: Disaggregated, prefill: "p0", decode: "d0"},
+		{name: "kthena: best decode by least-request+prefix, then best prefill of its group", policy: "kthena",
+			s: setup{prompt: 4096, engines: []eng{{id: "pa", role: P, group: "a", cached: 200}, {id: "pb1", role: P, group: "b", running: 3},
+				{id: "pb2", role: P, group: "b", cached: 100}, {id: "da", role: D, group: "a", waiting: 2}, {id: "db", role: D, group: "b", cached: 128}}},
+			mode: Disaggregated, prefill: "pb2", decode: "db", fallbacks: 1},
+		{name: "llmd: decode hit leaves fewer than 16 uncached tokens: local", policy: "llmd",
+			s:    setup{prompt: 4090, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, cached: 255}}},
+			mode: Aggregated, decode: "d0"},
+		{name: "llmd: otherwise disaggregate, aggregated as the fallback", policy: "llmd",
+			s:    setup{prompt: 4096, engines: []eng{{id: "p0", role: P}, {id: "p1", role: P, cached: 128}, {id: "d0", role: D, cached: 200}}},
+			mode: Disaggregated, prefill: "p1", decode: "d0", fallbacks: 1},
+		{name: "dynamo: eff_isl < 2048 and ratio < 0.7: local", policy: "dynamo",
+			s:    setup{prompt: 4096, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, cached: 160}}},
+			mode: Aggregated, decode: "d0"},
+		{name: "dynamo: short but uncached (ratio 1): remote", policy: "dynamo",
+			s:    setup{prompt: 1024, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D}}},
+			mode: Disaggregated, prefill: "p0", decode: "d0", fallbacks: 1},
+		{name: "dynamo: long uncached: remote, prefill worker by overlap", policy: "dynamo",
+			s:    setup{prompt: 8192, engines: []eng{{id: "p0", role: P}, {id: "p1", role: P, cached: 300}, {id: "d0", role: D}}},
+			mode: Disaggregated, prefill: "p1", decode: "d0", fallbacks: 1},
+		{name: "sglang: cache_aware prefill, one decode", policy: "sglang",
+			s:    setup{prompt: 4096, engines: []eng{{id: "p0", role: P}, {id: "p1", role: P, cached: 200}, {id: "d0", role: D, running: 3}}},
+			mode: Disaggregated, prefill: "p1", decode: "d0"},
+		{name: "aibrix: lowest normalized sum", policy: "aibrix",
+			s: setup{prompt: 4096, engines: []eng{{id: "p0", role: P, queued: 8000}, {id: "p1", role: P},
+				{id: "d0", role: D, running: 1}, {id: "d1", role: D, running: 9}}},
+			mode: Disaggregated, prefill: "p1", decode: "d0", fallbacks: 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, err := route(t, tc.s, mustPolicy(t, Config{Policy: tc.policy}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan.Mode != tc.mode || plan.Prefill != tc.prefill || plan.Decode != tc.decode {
+				t.Fatalf("plan %v %q→%q (%s), want %v %q→%q; options %+v", plan.Mode, plan.Prefill, plan.Decode, plan.Reason,
+					tc.mode, tc.prefill, tc.decode, plan.Options)
+			}
+			if got := len(plan.Options) - 1; got != tc.fallbacks {
+				t.Fatalf("%d fallbacks, want %d: %+v", got, tc.fallbacks, plan.Options)
+			}
+		})
+	}
+}
+
+func TestNoOption(t *testing.T) {
+	for _, name := range []string{"kthena", "sglang", "aibrix"} {
+		_, err := route(t, setup{prompt: 1024, engines: []eng{{id: "d0", role: D}}}, mustPolicy(t, Config{Policy: name}))
+		if !errors.Is(err, ErrNoOption) {
+			t.Errorf("%s without prefill engines: err %v, want ErrNoOption", name, err)
+		}
+	}
+	_, err := route(t, setup{prompt: 1024}, mustPolicy(t, Config{}))
+	if !errors.Is(err, ErrNoOption) || !errors.Is(err, scheduler.ErrNoCandidates) {
+		t.Errorf("no engines: err %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []Config{{Policy: "nope"}, {TransferGbps: -1}, {KVBytesPerToken: -3}, {NonCachedTokens: -1}} {
+		if _, err := New(c); !errors.Is(err, scheduler.ErrConfig) {
+			t.Errorf("New(%+v): err %v, want ErrConfig", c, err)
+		}
+	}
+	for _, n := range Names {
+		p, err := New(Config{Policy: n})
+		if err != nil || p.Name() != n {
+			t.Errorf("New(%q) = %v, %v", n, p, err)
+		}
+	}
+}

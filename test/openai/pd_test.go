@@ -1,0 +1,80 @@
+package openai
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/simtest"
+)
+
+// roleMembership lists the P/D cluster's engines with their roles (the
+// static engine list has none; gossip carries them in production).
+type roleMembership []ingress.EngineInfo
+
+func (m roleMembership) Engines(dst []ingress.EngineInfo) []ingress.EngineInfo {
+	return append(dst, m...)
+}
+
+// PDMembership lists a simulated P/D cluster for an ingress.
+func pdMembership(c *simtest.PD, model string) roleMembership {
+	var m roleMembership
+	add := func(id string, role scheduler.Role, s *sim.Server) {
+		m = append(m, ingress.EngineInfo{Engine: scheduler.Engine{ID: id, Model: model, Healthy: true, Role: role}, URL: s.URL()})
+	}
+	for i, s := range c.Prefill {
+		add("prefill-"+string(rune('a'+i)), scheduler.RolePrefill, s)
+	}
+	for i, s := range c.Decode {
+		add("decode-"+string(rune('a'+i)), scheduler.RoleDecode, s)
+	}
+	return m
+}
+
+// TestOpenAINodeClientPD: the same client and the same shape checks as
+// TestOpenAINodeClient, against a P/D cluster (1 prefill + 1 decode
+// simulator speaking vLLM's NIXL protocol over a real side channel) where
+// every single-prompt request is disaggregated: the two legs are invisible
+// to the client.
+func TestOpenAINodeClientPD(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	node, dir := installClient(t, ctx)
+	const model = "e2e-model"
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cl := simtest.StartPDForTest(t, simtest.PDOptions{Base: sim.Config{Model: model, TimeScale: 200, Seed: 1, Logger: quiet, HTTPAddr: "127.0.0.1:0"}})
+	cfg := ingress.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.PD.Policy = "kvmesh-always"
+	keys := filepath.Join(dir, "keys.txt")
+	if err := os.WriteFile(keys, []byte("e2e "+testKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store, err := auth.Load(auth.Config{KeysFile: keys, EnvVar: "-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet, Auth: store, Membership: pdMembership(cl, model)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	checkClient(t, ctx, node, dir, srv.Addr(), model)
+	if l := cl.Prefill[0].Load(0); l.Finished == 0 || l.GenerationTokens != l.Finished {
+		t.Errorf("prefill engine ran %d requests, %d output tokens: want prefill legs (one token each)", l.Finished, l.GenerationTokens)
+	}
+	if n := cl.Prefill[0].HeldRequests(0); n != 0 {
+		t.Errorf("prefill engine still holds %d requests' blocks after every decode read", n)
+	}
+}
