@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -66,27 +67,62 @@ func TestSameDecisionAsIngress(t *testing.T) {
 }
 
 // waitSameView waits until the picker's replica and the ingress replica
-// hold the same index and the same idle load view.
+// hold the same index and the same idle engine view (every field gossip
+// carries), unchanged over three consecutive polls.
 func waitSameView(t *testing.T, rig *pickerRig) {
 	t.Helper()
-	testutil.WaitFor(t, 20*time.Second, "both replicas settled on the same index and load view", func() bool {
-		if !settled(rig.r) || !settled(rig.ing) {
+	var last string
+	stable := 0
+	testutil.WaitFor(t, 20*time.Second, "both replicas settled on the same index and engine view", func() bool {
+		v, ok := sameView(rig)
+		if !ok {
+			stable, last = 0, ""
 			return false
 		}
-		var a, b []engineView
-		if !getJSON("http://"+rig.r.ing.AdminAddr()+"/debug/engines", &a) || !getJSON("http://"+rig.ing.ing.AdminAddr()+"/debug/engines", &b) || len(a) != len(b) {
-			return false
+		if v == last {
+			stable++
+		} else {
+			stable, last = 1, v
 		}
-		for i := range a {
-			if a[i].ID != b[i].ID || a[i].KVUsage != b[i].KVUsage {
-				return false
-			}
-			for _, tier := range []kvevents.Tier{kvevents.TierGPU, kvevents.TierCPU} {
-				if rig.r.idx.KeyCount(a[i].ID, tier) != rig.ing.idx.KeyCount(a[i].ID, tier) {
-					return false
-				}
-			}
-		}
-		return true
+		return stable >= 3
 	})
+}
+
+// sameView returns the shared view when both replicas agree on it.
+func sameView(rig *pickerRig) (string, bool) {
+	if !settled(rig.r) || !settled(rig.ing) {
+		return "", false
+	}
+	a, okA := engineFields(rig.r)
+	b, okB := engineFields(rig.ing)
+	if !okA || !okB || a != b {
+		return "", false
+	}
+	var counts []int
+	for _, id := range []string{"eng-a", "eng-b"} {
+		for _, tier := range []kvevents.Tier{kvevents.TierGPU, kvevents.TierCPU} {
+			n := rig.r.idx.KeyCount(id, tier)
+			if n != rig.ing.idx.KeyCount(id, tier) {
+				return "", false
+			}
+			counts = append(counts, n)
+		}
+	}
+	return fmt.Sprint(a, counts), true
+}
+
+// engineFields is a replica's /debug/engines without its own bookkeeping
+// (local in-flight, request and failure counters), as canonical JSON.
+func engineFields(r *replica) (string, bool) {
+	var list []map[string]any
+	if !getJSON("http://"+r.ing.AdminAddr()+"/debug/engines", &list) {
+		return "", false
+	}
+	for _, e := range list {
+		delete(e, "local_inflight")
+		delete(e, "requests")
+		delete(e, "failures")
+	}
+	b, err := json.Marshal(list)
+	return string(b), err == nil
 }

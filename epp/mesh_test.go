@@ -100,7 +100,7 @@ func (m *mesh) newReplica(id string, mut func(*ingress.Config)) *replica {
 	cfg := ingress.DefaultConfig()
 	cfg.ID = id
 	cfg.Listen = "127.0.0.1:0"
-	cfg.AdminListen = "127.0.0.1:0" // /debug/engines lives there, not on the client port
+	cfg.AdminListen = "127.0.0.1:0" // /debug/engines lives there
 	cfg.Scheduler.Policy = "kvmesh"
 	cfg.LoadInterval = 50 * time.Millisecond
 	cfg.Cluster = ingress.ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{m.nats}}
@@ -211,12 +211,18 @@ func (m *mesh) waitEngines(r *replica, n int) {
 		if !getJSON("http://"+r.ing.AdminAddr()+"/debug/engines", &infos) {
 			return false
 		}
+		for _, e := range infos {
+			if !e.Healthy {
+				return false
+			}
+		}
 		return len(infos) == n && r.ing.Ready()
 	})
 }
 
 type engineView struct {
 	ID            string  `json:"ID"`
+	Healthy       bool    `json:"Healthy"`
 	Running       int     `json:"Running"`
 	Waiting       int     `json:"Waiting"`
 	InFlight      int     `json:"InFlight"`
@@ -236,15 +242,16 @@ func getJSON(url string, v any) bool {
 	return json.NewDecoder(resp.Body).Decode(v) == nil
 }
 
-// settled reports whether the replica has nothing charged to any engine
-// and every engine's gossiped load is idle.
+// settled reports whether the replica has nothing charged to any engine,
+// every engine's gossiped load is idle and every engine is healthy (the
+// scheduler's health filter drops the others).
 func settled(r *replica) bool {
 	var infos []engineView
 	if !getJSON("http://"+r.ing.AdminAddr()+"/debug/engines", &infos) {
 		return false
 	}
 	for _, e := range infos {
-		if e.LocalInFlight != 0 || e.Running != 0 || e.Waiting != 0 || e.InFlight != 0 {
+		if !e.Healthy || e.LocalInFlight != 0 || e.Running != 0 || e.Waiting != 0 || e.InFlight != 0 {
 			return false
 		}
 	}

@@ -3,8 +3,11 @@ package epp
 import (
 	"context"
 	"testing"
+	"time"
 
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestPrefillerHeader: with P/D on, destinations are decode engines and a
@@ -22,10 +25,18 @@ func TestPrefillerHeader(t *testing.T) {
 	ctx := context.Background()
 
 	long := []byte(completionsBody(words("long-uncached", 300), false))
-	res, err := env.do(ctx, httpRequest{method: "POST", path: "/v1/completions", body: long}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Until the decode engine's gossiped state passes the scheduler's
+	// filters (health), only the prefill engine is ranked: 503.
+	var res *exchangeResult
+	testutil.WaitFor(t, 20*time.Second, "the decode engine ranked", func() bool {
+		var err error
+		res, err = env.do(ctx, httpRequest{method: "POST", path: "/v1/completions", body: long}, false)
+		if err != nil && (res == nil || res.immediate == nil || res.immediate.GetStatus().GetCode() != 503) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	var err error
 	if res.dest != m.ep["eng-d"] || res.metaDest != res.dest || res.prefiller != m.ep["eng-p"] || len(res.removed) != 0 {
 		t.Fatalf("P/D: destination %q (want %s only), prefiller %q (want %s), removed %v", res.dest, m.ep["eng-d"], res.prefiller, m.ep["eng-p"], res.removed)
 	}

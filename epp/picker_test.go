@@ -67,8 +67,10 @@ func checkRouting(t *testing.T, res *exchangeResult, wantFirst string, n int) []
 		t.Fatalf("immediate response %d: %s", res.immediate.GetStatus().GetCode(), res.immediate.GetBody())
 	}
 	eps := strings.Split(res.dest, ",")
-	if eps[0] != wantFirst || len(eps) != n {
-		t.Fatalf("destination %q, want %d endpoints starting with %s", res.dest, n, wantFirst)
+	// n is every eligible engine; the scheduler's filters (health, queue)
+	// may drop one whose gossiped state says so, never the first.
+	if eps[0] != wantFirst || len(eps) > n {
+		t.Fatalf("destination %q, want at most %d endpoints starting with %s", res.dest, n, wantFirst)
 	}
 	seen := map[string]bool{}
 	for _, ep := range eps {

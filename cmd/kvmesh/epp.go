@@ -33,9 +33,9 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 func eppFlags(fs *flag.FlagSet, o *epp.Options) {
 	c := &o.Picker
 	fs.StringVar(&c.Listen, "grpc", c.Listen, "ext_proc + gRPC health address (the InferencePool's endpointPickerRef port)")
-	fs.StringVar(&c.TLS, "tls", c.TLS, "ext_proc TLS: self-signed (what GAIE gateways expect), files (--tls-cert/--tls-key) or off")
-	fs.StringVar(&c.TLSCertFile, "tls-cert", "", "PEM certificate for --tls=files")
-	fs.StringVar(&c.TLSKeyFile, "tls-key", "", "PEM key for --tls=files")
+	fs.StringVar(&c.TLS, "grpc-tls", c.TLS, "ext_proc TLS: self-signed (what GAIE gateways expect), files (--grpc-tls-cert/--grpc-tls-key) or off")
+	fs.StringVar(&c.TLSCertFile, "grpc-tls-cert", "", "PEM certificate for --grpc-tls=files")
+	fs.StringVar(&c.TLSKeyFile, "grpc-tls-key", "", "PEM key for --grpc-tls=files")
 	fs.StringVar(&c.DefaultBodyMode, "body-mode", c.DefaultBodyMode, "request body mode when the gateway sends no protocol_config: full-duplex, buffered or streamed")
 	fs.IntVar(&c.MaxEndpoints, "max-endpoints", c.MaxEndpoints, "fallback endpoints per answer")
 	fs.BoolVar(&c.PD.Enabled, "pd", false, "P/D through llm-d's routing sidecar (x-prefiller-host-port)")

@@ -40,7 +40,7 @@ func TestEPPCommand(t *testing.T) {
 	code := make(chan int, 1)
 	go func() {
 		code <- run([]string{"epp", "--grpc", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--engine", "e1=m=" + sm.URL(),
-			"--tls=off", "--log-level", "warn", "--access-log=false"}, &out, &errOut)
+			"--grpc-tls=off", "--log-level", "warn", "--access-log=false"}, &out, &errOut)
 	}()
 	addrRE := regexp.MustCompile(`ext_proc on (\S+),`)
 	var addr string
@@ -102,7 +102,7 @@ func TestEPPCommand(t *testing.T) {
 func TestEPPCommandBadFlags(t *testing.T) {
 	var out, errOut testutil.SyncBuffer
 	code := run([]string{"epp", "--grpc", "nope", "--body-mode", "sideways", "--pool-name", "p", "--pool-namespace", "",
-		"--max-endpoints", "-1", "--tokenizer", "no-equals", "--log-level", "loud", "--tls", "files"}, &out, &errOut)
+		"--max-endpoints", "-1", "--tokenizer", "no-equals", "--log-level", "loud", "--grpc-tls", "files"}, &out, &errOut)
 	if code != 2 {
 		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
 	}
