@@ -54,7 +54,7 @@ func newBenchRig(b *testing.B) *benchRig {
 	root := kvevents.Root(model, "", "")
 	for e := range 8 {
 		for i := range ids {
-			ids[i] = uint32(1000 + e*7919 + i)
+			ids[i] = uint32(1000 + (e*7919+i)%28000) // within the tokenizer's 30,522-token vocabulary
 		}
 		idx.AddSpeculative(fmt.Sprintf("e%d", e), kvevents.AppendKeys(nil, root, ids, 16), time.Now())
 	}
