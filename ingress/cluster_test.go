@@ -13,7 +13,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
-	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -67,27 +66,8 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 		}
 		t.Cleanup(func() { sm.Close() })
 		sims[id] = sm
-		sc := sidecar.DefaultConfig()
-		sc.Engines = []sidecar.EngineConfig{{ID: id, Model: model, URL: sm.URL(), DPSize: 1,
-			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints()}}
-		sc.NATS = natsutil.DefaultConfig()
-		sc.NATS.URLs = []string{ns.URL()}
-		gc := gossip.DefaultConfig()
-		gc.Name, gc.Profile, gc.Join = "sidecar-"+id, "local", []string{seed}
-		gc.BroadcastInterval, gc.PushPullInterval = 50*time.Millisecond, 500*time.Millisecond
-		gc.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "sidecar-" + id}
-		gc.Logger = quiet
-		sc.Gossip = &gc
-		sc.GossipInterval, sc.ScrapeInterval = 50*time.Millisecond, 100*time.Millisecond
-		sc.Logger = quiet
-		car, err := sidecar.New(sc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); car.Run(ctx) }()
-		t.Cleanup(func() { cancel(); car.Close(); <-done })
+		startSidecar(t, sidecar.EngineConfig{ID: id, Model: model, URL: sm.URL(), DPSize: 1,
+			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints()}, ns.URL(), seed, quiet)
 	}
 	base := "http://" + s.Addr()
 	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines known by gossip", func() bool {

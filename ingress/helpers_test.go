@@ -15,9 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sidecar"
 )
 
 // faultMode is how the fault-injecting engine answers.
@@ -238,4 +242,30 @@ func settled(s *Server) bool {
 		}
 	}
 	return s.inflight.Load() == 0
+}
+
+// startSidecar runs a sidecar for one engine on NATS natsURL, joined to the
+// gossip cluster at seed with fast timings; it stops at cleanup.
+func startSidecar(t testing.TB, ec sidecar.EngineConfig, natsURL, seed string, log *slog.Logger) {
+	t.Helper()
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{ec}
+	sc.NATS = natsutil.DefaultConfig()
+	sc.NATS.URLs = []string{natsURL}
+	gc := gossip.DefaultConfig()
+	gc.Name, gc.Profile, gc.Join = "sidecar-"+ec.ID, "local", []string{seed}
+	gc.BroadcastInterval, gc.PushPullInterval = 50*time.Millisecond, 500*time.Millisecond
+	gc.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "sidecar-" + ec.ID}
+	gc.Logger = log
+	sc.Gossip = &gc
+	sc.GossipInterval, sc.ScrapeInterval = 50*time.Millisecond, 100*time.Millisecond
+	sc.Logger = log
+	car, err := sidecar.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); car.Run(ctx) }()
+	t.Cleanup(func() { cancel(); car.Close(); <-done })
 }
