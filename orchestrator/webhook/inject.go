@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -19,6 +20,10 @@ const (
 	AnnotationEventsPort = "kvmesh.io/kv-events-port"
 	AnnotationReplayPort = "kvmesh.io/replay-port"
 	AnnotationInjected   = "kvmesh.io/sidecar-injected"
+	// AnnotationTokenizerDir names the model directory (as the engine
+	// container mounts it) whose tokenizer files the sidecar publishes to
+	// NATS for the ingresses; the sidecar gets the same volume, read-only.
+	AnnotationTokenizerDir = "kvmesh.io/tokenizer-dir"
 	// ContainerName is the injected container's name.
 	ContainerName = "kvmesh-sidecar"
 )
@@ -35,6 +40,14 @@ type SidecarConfig struct {
 	GossipPort int
 	// AdminPort serves /health, /ready and /metrics (9101).
 	AdminPort int
+	// NATSUser and NATSSecret: the sidecar connects as NATSUser with the
+	// password in key "sidecar-password" of the Secret NATSSecret in the
+	// pod's namespace (manifests/base/nats.yaml, kvmesh bootstrap). Empty
+	// NATSSecret: no credentials.
+	NATSUser, NATSSecret string
+	// GossipSecret holds the gossip key (key "key") in the pod's namespace.
+	// Empty: unencrypted gossip.
+	GossipSecret string
 }
 
 // DefaultSidecarConfig matches manifests/base.
@@ -42,6 +55,7 @@ func DefaultSidecarConfig() SidecarConfig {
 	return SidecarConfig{
 		Image: "ghcr.io/kvmesh/kvmesh:latest", NATS: "nats://nats.kvmesh.svc:4222",
 		GossipJoin: "kvmesh-gossip.kvmesh.svc:7946", GossipPort: 7946, AdminPort: 9101,
+		NATSUser: "sidecar", NATSSecret: "kvmesh-nats", GossipSecret: "kvmesh-gossip",
 	}
 }
 
@@ -92,16 +106,39 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 		gp := strconv.Itoa(c.GossipPort)
 		args = append(args, "--gossip-bind=0.0.0.0:"+gp, "--gossip-advertise=$(POD_IP):"+gp, "--join="+c.GossipJoin)
 	}
+	env := []corev1.EnvVar{
+		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+	}
+	secret := func(name, secretName, key string) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: secretName}, Key: key}}}
+	}
+	if c.NATSSecret != "" {
+		args = append(args, "--nats-user="+c.NATSUser)
+		env = append(env, secret("KVMESH_NATS_PASSWORD", c.NATSSecret, "sidecar-password"))
+	}
+	if c.GossipSecret != "" && c.GossipJoin != "" {
+		env = append(env, secret("KVMESH_GOSSIP_KEY", c.GossipSecret, "key"))
+	}
+	var mounts []corev1.VolumeMount
+	if dir := pod.Annotations[AnnotationTokenizerDir]; dir != "" {
+		m, ok := mountOf(pod, dir)
+		if !ok {
+			return corev1.Container{}, fmt.Errorf("%w: %s=%q is under no volume mount of the pod's containers", ErrBadTokenizerDir, AnnotationTokenizerDir, dir)
+		}
+		m.ReadOnly = true
+		mounts = append(mounts, m)
+		args = append(args, "--tokenizer-dir="+dir)
+	}
 	always := corev1.ContainerRestartPolicyAlways
 	return corev1.Container{
 		Name:          ContainerName,
 		Image:         c.Image,
 		Args:          args,
 		RestartPolicy: &always,
-		Env: []corev1.EnvVar{
-			{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
-			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
-		},
+		Env:           env,
+		VolumeMounts:  mounts,
 		Ports: []corev1.ContainerPort{
 			{Name: "kvmesh-admin", ContainerPort: int32(c.AdminPort)},
 			{Name: "gossip-tcp", ContainerPort: int32(c.GossipPort), Protocol: corev1.ProtocolTCP},
@@ -109,9 +146,30 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 		},
 		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 			Path: "/ready", Port: intstrPort(c.AdminPort)}}},
+		LivenessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: "/health", Port: intstrPort(c.AdminPort)}}},
 		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 			corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")}},
 	}, nil
+}
+
+// ErrBadTokenizerDir is a tokenizer-dir annotation no volume mount covers.
+var ErrBadTokenizerDir = errors.New("bad tokenizer-dir annotation")
+
+// mountOf finds the volume mount of the pod's containers that holds dir (the
+// longest mount path that is dir or a parent of it).
+func mountOf(pod *corev1.Pod, dir string) (corev1.VolumeMount, bool) {
+	var best corev1.VolumeMount
+	found := false
+	for _, ct := range pod.Spec.Containers {
+		for _, m := range ct.VolumeMounts {
+			p := strings.TrimSuffix(m.MountPath, "/")
+			if (dir == p || strings.HasPrefix(dir, p+"/")) && (!found || len(p) > len(best.MountPath)) {
+				best, found = m, true
+			}
+		}
+	}
+	return best, found
 }
 
 // patchFor returns the JSON patch that injects the sidecar, or nil when the

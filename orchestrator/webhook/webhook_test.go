@@ -157,3 +157,43 @@ func TestInjectionThroughAdmissionChain(t *testing.T) {
 		t.Errorf("error %T is not an API status", err)
 	}
 }
+
+// The injected sidecar connects to NATS as its role's user with the password
+// and gossip key from the namespace's Secrets, and, given the annotation,
+// publishes the model's tokenizer from the engine's own model volume.
+func TestSidecarCredentialsAndTokenizerDir(t *testing.T) {
+	pod := &corev1.Pod{}
+	pod.Labels = map[string]string{LabelInject: "true"}
+	pod.Annotations = map[string]string{AnnotationModel: "m", AnnotationTokenizerDir: "/models/llama/snapshot"}
+	pod.Spec.Containers = []corev1.Container{{Name: "vllm", VolumeMounts: []corev1.VolumeMount{
+		{Name: "shm", MountPath: "/dev/shm"}, {Name: "models", MountPath: "/models"}, {Name: "llama", MountPath: "/models/llama"}}}}
+	c, err := DefaultSidecarConfig().sidecar(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"--nats-user=sidecar", "--tokenizer-dir=/models/llama/snapshot", "--model=m"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %s", args, want)
+		}
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "llama" || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("volume mounts %+v: want the engine's innermost mount holding the directory, read-only", c.VolumeMounts)
+	}
+	secrets := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			secrets[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+		}
+	}
+	if secrets["KVMESH_NATS_PASSWORD"] != "kvmesh-nats/sidecar-password" || secrets["KVMESH_GOSSIP_KEY"] != "kvmesh-gossip/key" {
+		t.Errorf("secret env %v", secrets)
+	}
+	if c.LivenessProbe == nil || c.ReadinessProbe == nil {
+		t.Error("the sidecar has no liveness or readiness probe")
+	}
+	pod.Annotations[AnnotationTokenizerDir] = "/elsewhere"
+	if _, err := DefaultSidecarConfig().sidecar(pod); !errors.Is(err, ErrBadTokenizerDir) {
+		t.Errorf("a tokenizer directory on no volume: err %v, want ErrBadTokenizerDir", err)
+	}
+}
