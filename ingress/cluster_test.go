@@ -70,9 +70,9 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints()}, ns.URL(), seed, quiet)
 	}
 	base := "http://" + s.Addr()
-	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines known by gossip", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines known by gossip and healthy (their sidecars report ready)", func() bool {
 		st, _, _ := get(base + "/ready")
-		return st == 200 && len(s.deps.Membership.Engines(nil)) == 2
+		return st == 200 && healthyEngines(s) == 2
 	})
 	if st, body, _ := get(base + "/v1/models"); st != 200 || !strings.Contains(body, model) {
 		t.Fatalf("/v1/models %d %s", st, body)
@@ -114,7 +114,7 @@ func TestClusterRoutesToCachedPrefix(t *testing.T) {
 	cfg2.ID = "ingress-test-2"
 	cfg2.Cluster.GossipSeeds = []string{seed}
 	s2 := startIngress(t, cfg2, Deps{Limiter: newLimiter()})
-	testutil.WaitFor(t, 20*time.Second, "replica 2 knows both engines", func() bool { return len(s2.deps.Membership.Engines(nil)) == 2 })
+	testutil.WaitFor(t, 20*time.Second, "replica 2 knows both engines, healthy", func() bool { return healthyEngines(s2) == 2 })
 	testutil.WaitFor(t, 10*time.Second, "replica 2's index synced", func() bool { return s2.deps.Synced() })
 	// Replica 1 spends 6×516 + 3 + 2×900 = 4,899 of the key's 5,000 input
 	// tokens per minute ...

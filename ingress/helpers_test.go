@@ -269,3 +269,16 @@ func startSidecar(t testing.TB, ec sidecar.EngineConfig, natsURL, seed string, l
 	go func() { defer close(done); car.Run(ctx) }()
 	t.Cleanup(func() { cancel(); car.Close(); <-done })
 }
+
+// healthyEngines counts the engines s's membership offers for routing: a
+// sidecar that just joined gossip reports its engine unready until its event
+// loop runs and a metrics scrape succeeds, and the scheduler skips it till then.
+func healthyEngines(s *Server) int {
+	n := 0
+	for _, e := range s.deps.Membership.Engines(nil) {
+		if e.Healthy {
+			n++
+		}
+	}
+	return n
+}

@@ -64,9 +64,9 @@ func TestTokenizerFromSidecar(t *testing.T) {
 			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints(), TokenizerDir: modelDir}, ns.URL(), seed, quiet)
 	}
 	base := "http://" + s.Addr()
-	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines known by gossip", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines known by gossip and healthy (their sidecars report ready)", func() bool {
 		st, _, _ := get(base + "/ready")
-		return st == 200 && len(s.deps.Membership.Engines(nil)) == 2
+		return st == 200 && healthyEngines(s) == 2
 	})
 	testutil.WaitFor(t, 20*time.Second, "the published tokenizer loaded by the ingress", func() bool {
 		_, ok := store.For(model)
