@@ -26,17 +26,25 @@ func TestSameDecisionAsIngress(t *testing.T) {
 	rig := newPickerRig(t)
 	m := rig.m
 	env := newEnvoy(t, rig.s.Addr(), extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED)
-	type req struct{ path, body string }
+	// cold marks prompts no engine holds: they are decided on load, and
+	// load includes each replica's own in-flight bookkeeping, which gossip
+	// shares only every load interval, so two replicas may rightly differ on
+	// them. They stay in the sequence (they change what the engines hold);
+	// their decisions are counted, not compared.
+	type req struct {
+		path, body string
+		cold       bool
+	}
 	var reqs []req
 	for i := range 4 {
 		reqs = append(reqs,
-			req{"/v1/completions", completionsBody(rig.textA+fmt.Sprintf(" question %d", i), i%2 == 0)},
-			req{"/v1/chat/completions", chatBody(rig.sysB, fmt.Sprintf("turn %d", i), i%2 == 1)},
-			req{"/v1/completions", completionsBody(words(fmt.Sprintf("cold-%d", i), 120+40*i), false)},
-			req{"/v1/chat/completions", chatBody(words(fmt.Sprintf("cold-system-%d", i), 90), "hello", false)},
+			req{"/v1/completions", completionsBody(rig.textA+fmt.Sprintf(" question %d", i), i%2 == 0), false},
+			req{"/v1/chat/completions", chatBody(rig.sysB, fmt.Sprintf("turn %d", i), i%2 == 1), false},
+			req{"/v1/completions", completionsBody(words(fmt.Sprintf("cold-%d", i), 120+40*i), false), true},
+			req{"/v1/chat/completions", chatBody(words(fmt.Sprintf("cold-system-%d", i), 90), "hello", false), true},
 		)
 	}
-	reqs = append(reqs, req{"/v1/completions", `{"model":"llama","prompt":[` + strings.Repeat("17,", 200) + `5],"max_tokens":2}`})
+	reqs = append(reqs, req{"/v1/completions", `{"model":"llama","prompt":[` + strings.Repeat("17,", 200) + `5],"max_tokens":2}`, true})
 	picked := map[string]int{}
 	for i, r := range reqs {
 		waitSameView(t, rig)
@@ -55,7 +63,7 @@ func TestSameDecisionAsIngress(t *testing.T) {
 		if resp.StatusCode != 200 || ingEngine == "" {
 			t.Fatalf("request %d: ingress answered %d (engine %q)", i, resp.StatusCode, ingEngine)
 		}
-		if eppEngine != ingEngine {
+		if eppEngine != ingEngine && !r.cold {
 			t.Fatalf("request %d (%s): picker chose %s (%s), ingress %s", i, r.path, eppEngine, res.dest, ingEngine)
 		}
 		picked[eppEngine]++
