@@ -4,10 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"strings"
 	"testing"
-
-	"github.com/valyala/fasthttp"
 )
 
 // BenchmarkRequestPathRouted is BenchmarkRequestPath with a model route in
@@ -38,34 +35,11 @@ func BenchmarkRequestPathRouted(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var sb strings.Builder
-	sb.WriteString(`{"model":"c","max_tokens":64,"stream":true,"prompt":[`)
-	for i := 0; i < 2048; i++ {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		sb.WriteString(strconv.Itoa(1000 + i))
-	}
-	sb.WriteString("]}")
-	body := []byte(sb.String())
-	var ctx fasthttp.RequestCtx
-	ctx.Request.Header.SetMethod("POST")
-	ctx.Request.SetBody(body)
-	c := &call{}
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		c.reset()
-		c.s, c.ep = s, epCompletions
-		if err := c.prepare(&ctx); err != nil {
-			b.Fatal(err)
-		}
-		if up := c.upstreamBody(); len(up) < len(body)-4 {
+	c := benchPrepare(b, s, "c", func(c *call) {
+		if up := c.upstreamBody(); len(up) < 2048*4 {
 			b.Fatal("short body")
 		}
-	}
-	b.StopTimer()
+	})
 	if c.rt.route == nil || (c.model != "a" && c.model != "b") {
 		b.Fatalf("not routed: %q", c.model)
 	}
