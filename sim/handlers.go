@@ -83,6 +83,21 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // readRequest reads r's body, at most MaxBodyBytes, and decodes it with
 // decode; any failure is an error for s.fail.
+// readPDRequest reads a generation request and its P/D parameters
+// (kv_transfer_params, or SGLang's bootstrap fields) from one body.
+func readPDRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, decode func([]byte) (T, error)) (T, *pdRequest, error) {
+	var pd *pdRequest
+	req, err := readRequest(s, w, r, func(b []byte) (T, error) {
+		var err error
+		if pd, err = s.decodePD(b); err != nil {
+			var zero T
+			return zero, err
+		}
+		return decode(b)
+	})
+	return req, pd, err
+}
+
 func readRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, decode func([]byte) (T, error)) (T, error) {
 	var zero T
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
@@ -192,14 +207,7 @@ func (s *Server) abortAll(calls []*call) []*call {
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	var pd *pdRequest
-	req, err := readRequest(s, w, r, func(b []byte) (*openai.CompletionRequest, error) {
-		var err error
-		if pd, err = s.decodePD(b); err != nil {
-			return nil, err
-		}
-		return openai.DecodeCompletionRequest(b)
-	})
+	req, pd, err := readPDRequest(s, w, r, openai.DecodeCompletionRequest)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -225,14 +233,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	var pd *pdRequest
-	req, err := readRequest(s, w, r, func(b []byte) (*openai.ChatRequest, error) {
-		var err error
-		if pd, err = s.decodePD(b); err != nil {
-			return nil, err
-		}
-		return openai.DecodeChatRequest(b)
-	})
+	req, pd, err := readPDRequest(s, w, r, openai.DecodeChatRequest)
 	if err != nil {
 		s.fail(w, err)
 		return
