@@ -50,7 +50,7 @@ type Options struct {
 	// (0: the profile's vLLM default).
 	GPUBlocks, CPUBlocks, BlockSize, MaxRunning, MaxBatchTokens int
 	// Seed seeds the workload and the schedulers; 0 means the default, 1.
-	Seed     uint64
+	Seed uint64
 	// Workload is shared-prefix, trace (Mooncake JSONL), azure (an Azure
 	// LLM inference CSV with synthetic prefixes), chat (multi-turn) or
 	// tool-agent (loadtest/workload documents each).
