@@ -213,3 +213,23 @@ func FuzzAzureRead(f *testing.F) {
 		}
 	})
 }
+
+// TestLRUHitRate: with room for everything it is the oracle; with room for
+// less than one group's prefix it finds nothing; in between it is between.
+func TestLRUHitRate(t *testing.T) {
+	reqs, err := SharedPrefix{Groups: 4, Prompts: 6, Shared: 256, Question: 32, Output: 1, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oracle := OracleHitRate(reqs, 16)
+	if got := LRUHitRate(reqs, 16, 1<<20); got != oracle {
+		t.Fatalf("unbounded LRU %v, oracle %v", got, oracle)
+	}
+	if got := LRUHitRate(reqs, 16, 4); got != 0 {
+		t.Fatalf("4 blocks: %v", got)
+	}
+	// Two groups' prefixes (2·16 blocks + questions) fit: a fraction of the oracle.
+	if got := LRUHitRate(reqs, 16, 40); got <= 0 || got >= oracle {
+		t.Fatalf("40 blocks: %v (oracle %v)", got, oracle)
+	}
+}
