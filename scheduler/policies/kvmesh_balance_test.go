@@ -21,9 +21,9 @@ func TestKVMeshBalanceBound(t *testing.T) {
 		bound    float64
 		cWaiting int
 	}{
-		// 3 engines, mean in-flight 4: bound 1.25·4 + 2 = 7, a has 12 (+1).
+		// 3 engines, mean in-flight 4: bound 1.25·4 + 4 = 9, a has 12 (+1).
 		{name: "requests past the bound", aReqs: 12, want: "b", wantWhy: "spill-over-cache", bound: 0.25},
-		// mean 1 request: a's 3rd is within 1.25·1 + 2.
+		// mean 1 request: a's 3rd is within 1.25·1 + 4.
 		{name: "within the bound, the hit wins", aReqs: 2, bReqs: 1, want: "a", wantWhy: "prefix-affinity", bound: 0.25},
 		// a's queue: 90k tokens ≈ 3 s at 30k tok/s; mean 1 s: bound 1.25 + 1 + 0 (b's prefill is 0.14 s; min 0 at a).
 		{name: "queued work past the bound", aReqs: 1, aQueued: 90000, bReqs: 1, want: "b", wantWhy: "spill-over-cache", bound: 0.25},
@@ -79,9 +79,10 @@ func TestKVMeshSaturatedLeastWork(t *testing.T) {
 		a, b, c := eng("a"), eng("b"), eng("c")
 		// a: 200 short requests running, little queued; b, c: few long ones
 		// running with more queued work.
-		a.Running, a.Waiting, a.InFlight, a.LocalPrefillTokens = 200, 3, 203, 6000
-		b.Running, b.Waiting, b.InFlight, b.LocalPrefillTokens = 4, 3, 7, 40000
-		c.Running, c.Waiting, c.InFlight, c.LocalPrefillTokens = 4, 3, 7, 30000
+		// Every queue ≥ 0.5 s at 30k tok/s: saturated.
+		a.Running, a.Waiting, a.InFlight, a.LocalPrefillTokens = 200, 3, 203, 20000
+		b.Running, b.Waiting, b.InFlight, b.LocalPrefillTokens = 4, 3, 7, 60000
+		c.Running, c.Waiting, c.InFlight, c.LocalPrefillTokens = 4, 3, 7, 45000
 		return []scheduler.Engine{a, b, c}
 	}
 	none := []index.Match{{}, {}, {}}
@@ -95,9 +96,10 @@ func TestKVMeshSaturatedLeastWork(t *testing.T) {
 	if got, why := pick(t, p, r, es(), none); got != "a" || why != "saturated-least-work" {
 		t.Fatalf("saturated: %s (%s), want a: least queued work", got, why)
 	}
-	// One engine with nothing waiting and no queue: not saturated.
+	// One engine with a short queue: not saturated, though all have
+	// requests waiting.
 	e := es()
-	e[2].Waiting, e[2].LocalPrefillTokens = 0, 0
+	e[2].LocalPrefillTokens = 3000
 	if _, why := pick(t, p, r, e, none); why == "saturated-least-work" {
 		t.Fatal("an idle engine left the cluster saturated")
 	}
@@ -107,7 +109,7 @@ func TestKVMeshSaturatedLeastWork(t *testing.T) {
 // validate.
 func TestKVMeshBalanceConfig(t *testing.T) {
 	d := DefaultKVMeshConfig()
-	if d.BalanceBound != 0.25 || d.BalanceRequests != 2 || d.BalanceSeconds != 1 || d.SaturationQueue != 0.5 {
+	if d.BalanceBound != 0.25 || d.BalanceRequests != 4 || d.BalanceSeconds != 1 || d.SaturationQueue != 0.5 {
 		t.Fatalf("defaults %+v", d)
 	}
 	k := KVMeshFrom(d)

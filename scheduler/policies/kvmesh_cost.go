@@ -124,7 +124,7 @@ func (p KVMesh) clusterLoad(r *scheduler.Request, cs []scheduler.Candidate) clus
 		n, w := p.outstanding(&cs[i])
 		cl.meanReqs += n
 		cl.meanWork += w
-		if cs[i].Waiting == 0 && w < p.SaturationQueue {
+		if w < p.SaturationQueue {
 			cl.saturated = false
 		}
 		rate, _, _ := p.Rates(cs[i].ID)
