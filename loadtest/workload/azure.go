@@ -106,6 +106,9 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 			t0 = ts
 		}
 		at := ts.Sub(t0)
+		if at == math.MaxInt64 {
+			return nil, fmt.Errorf("%w: azure trace line %d: timestamps span more than time.Duration holds", ErrBadWorkload, line)
+		}
 		if at < 0 || (len(reqs) > 0 && at < reqs[len(reqs)-1].Arrival) {
 			return nil, fmt.Errorf("%w: azure trace line %d: timestamps go backwards", ErrBadWorkload, line)
 		}

@@ -100,8 +100,12 @@ func finish(reqs []Request, rateScale float64, limit int) ([]Request, error) {
 		reqs = reqs[:limit:limit]
 	}
 	for i := range reqs {
+		ns := float64(reqs[i].Arrival) / rateScale
+		if ns >= math.MaxInt64 {
+			return nil, fmt.Errorf("%w: arrival %v at rate scale %v overflows", ErrBadWorkload, reqs[i].Arrival, rateScale)
+		}
 		reqs[i].ID = i
-		reqs[i].Arrival = time.Duration(float64(reqs[i].Arrival) / rateScale)
+		reqs[i].Arrival = time.Duration(ns)
 	}
 	return reqs, nil
 }
