@@ -80,12 +80,17 @@ def lru(args, wl, seed):
         return json.load(f)["lru"]
 
 
+def kvmesh_config(args):
+    return ["--config", args.config] if args.config else []
+
+
 def row(args, wl, rate, prof, seed):
     base = WORKLOADS[wl](rate) + ["--profile", prof, "--engines", str(ENGINES), "--gpu-blocks", str(GPU_BLOCKS),
                                   "--seed", str(seed), "--limit", str(args.limit)]
     key = f"{wl}_{rate}x_{prof}_s{seed}_n{args.limit}"
     emu = run(args, base + ["--policies", ",".join(EMUS)], os.path.join(args.out, key + "_emu.json"), False)["policies"]
-    km = run(args, base + ["--policies", "kvmesh"], os.path.join(args.out, key + "_kvmesh.json"), args.rerun_kvmesh)["policies"]["kvmesh"]
+    km = run(args, base + ["--policies", "kvmesh"] + kvmesh_config(args), os.path.join(args.out, key + f"_kvmesh{args.tag}.json"),
+             args.rerun_kvmesh)["policies"]["kvmesh"]
     best = lambda m, lo: (min if lo else max)(emu.items(), key=lambda kv: kv[1][m])
     bm, bp, bt = best("ttft_mean_s", True), best("ttft_p99_s", True), best("throughput_rps", False)
     lb = lru(args, wl, seed)
@@ -112,7 +117,8 @@ def kthena(args, seed):
     base = KTHENA + ["--profile", "7b-l40s", "--seed", str(seed)]
     key = f"kthena_s{seed}"
     emu = run(args, base + ["--policies", ",".join(KTHENA_POLICIES)], os.path.join(args.out, key + "_emu.json"), False)["policies"]
-    km = run(args, base + ["--policies", "kvmesh"], os.path.join(args.out, key + "_kvmesh.json"), args.rerun_kvmesh)["policies"]["kvmesh"]
+    km = run(args, base + ["--policies", "kvmesh"] + kvmesh_config(args), os.path.join(args.out, key + f"_kvmesh{args.tag}.json"),
+             args.rerun_kvmesh)["policies"]["kvmesh"]
     rnd = emu["random"]
     emus = {k: v for k, v in emu.items() if k != "random"}
     bt = max(emus.items(), key=lambda kv: kv[1]["throughput_rps"])
@@ -133,6 +139,8 @@ def main():
     ap.add_argument("--rates", default="0.5,1,2")
     ap.add_argument("--limit", type=int, default=1000)
     ap.add_argument("--rerun-kvmesh", action="store_true", help="re-run kvmesh even when a cached result exists")
+    ap.add_argument("--config", help="SchedulerConfig for kvmesh (a variant); results cached under --tag")
+    ap.add_argument("--tag", default="", help="suffix of kvmesh's cached results (e.g. -old with --config)")
     ap.add_argument("--kthena", action="store_true", help="also the Kthena scenario at each seed")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
