@@ -112,7 +112,11 @@ type KVMesh struct {
 	// trace's rate, p99 1.5× the best emulation's at 1×). The second
 	// clause is the long prompt that would block a cache-holding engine:
 	// its prefill is work queued ahead of every later hit there. 0
-	// disables the bound. Default 0.25.
+	// disables the bound. Default 0 (off): on the whole Mooncake trace at
+	// its own rate (a tuning row) ε = 0.25 spilled hits under load (hit
+	// rate 0.32 → 0.18) and mean TTFT went from 5.0 to 21 s; on its first
+	// 1,000 requests and on shared-prefix it bounded imbalance and p99
+	// (docs/BENCHMARKS.md, "Cross-validation (unseen traffic)").
 	BalanceBound float64
 	// BalanceRequests and BalanceSeconds are the bound's absolute slack
 	// (in requests and in seconds of prefill), so a near-idle cluster
@@ -131,7 +135,10 @@ type KVMesh struct {
 	// keeps the tail and the throughput. A waiting count alone does not
 	// qualify: short bursts put a few requests in every queue, and least
 	// work there gave up the hits (mean TTFT 0.26 against 0.16 s on the
-	// ordering test's shared-prefix load). 0 disables. Default 0.5.
+	// ordering test's shared-prefix load). 0 disables. Default 0 (off):
+	// on the whole Mooncake trace at its own rate 0.5 s made every
+	// long-prompt queue "saturated" and gave up the hits (mean TTFT 5.0 →
+	// 21 s); 0.5 is what the cross-validation ran with the bound.
 	SaturationQueue float64
 	// Costs, when set, replaces PrefillRate, StepBase and DecodeSecPerToken
 	// per engine by its learned estimate (the fields are then unused).
@@ -162,7 +169,7 @@ type KVMeshConfig struct {
 func DefaultKVMeshConfig() KVMeshConfig {
 	return KVMeshConfig{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 0.15,
 		DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1, WaitingWeight: 2,
-		BalanceBound: 0.25, BalanceRequests: 4, BalanceSeconds: 1, SaturationQueue: 0.5}
+		BalanceBound: 0, BalanceRequests: 4, BalanceSeconds: 1, SaturationQueue: 0}
 }
 
 // Validate lists every problem, with paths under name.

@@ -58,7 +58,7 @@ func TestKVMeshBalanceBound(t *testing.T) {
 // the bound; the bound counts the prompt's own prefill.
 func TestKVMeshLongPromptBlocksCache(t *testing.T) {
 	p := NewKVMesh()
-	p.SaturationQueue = 0
+	p.BalanceBound, p.SaturationQueue = 0.25, 0
 	long := req(4096) // 65,536 tokens ≈ 2.2 s at 30k tok/s
 	a, b := eng("a"), eng("b")
 	// a holds a quarter of it and already has 1.5 s of prefill queued; b is idle.
@@ -92,6 +92,7 @@ func TestKVMeshSaturatedLeastWork(t *testing.T) {
 		t.Fatal("setup: the per-request terms should avoid a's 200 running streams")
 	}
 	p := NewKVMesh()
+	p.SaturationQueue = 0.5
 	p.BalanceBound = 0 // a's 203 requests are past the count bound; this pins the saturation switch alone
 	if got, why := pick(t, p, r, es(), none); got != "a" || why != "saturated-least-work" {
 		t.Fatalf("saturated: %s (%s), want a: least queued work", got, why)
@@ -109,9 +110,10 @@ func TestKVMeshSaturatedLeastWork(t *testing.T) {
 // validate.
 func TestKVMeshBalanceConfig(t *testing.T) {
 	d := DefaultKVMeshConfig()
-	if d.BalanceBound != 0.25 || d.BalanceRequests != 4 || d.BalanceSeconds != 1 || d.SaturationQueue != 0.5 {
+	if d.BalanceBound != 0 || d.BalanceRequests != 4 || d.BalanceSeconds != 1 || d.SaturationQueue != 0 {
 		t.Fatalf("defaults %+v", d)
 	}
+	d.BalanceBound, d.SaturationQueue = 0.25, 0.5
 	k := KVMeshFrom(d)
 	if k.BalanceBound != 0.25 || k.SaturationQueue != 0.5 || k.Validate() != nil {
 		t.Fatalf("KVMeshFrom %+v", k)
