@@ -141,6 +141,7 @@ def main():
     ap.add_argument("--rerun-kvmesh", action="store_true", help="re-run kvmesh even when a cached result exists")
     ap.add_argument("--config", help="SchedulerConfig for kvmesh (a variant); results cached under --tag")
     ap.add_argument("--tag", default="", help="suffix of kvmesh's cached results (e.g. -old with --config)")
+    ap.add_argument("--compare", help="also print each row's ratios for the cached kvmesh results of this tag (e.g. -bound), as default / tag")
     ap.add_argument("--kthena", action="store_true", help="also the Kthena scenario at each seed")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -161,6 +162,23 @@ def main():
             if sub:
                 met = {k: sum(r["goals"][k] for r in sub) for k in sub[0]["goals"]}
                 print(f"\n{s}: {len(sub)} rows; goal met on: " + ", ".join(f"{k} {v}/{len(sub)}" for k, v in met.items()))
+    if args.compare:
+        print(f"\n| workload | rate | profile | seed | set | mean / best: default, {args.compare} | p99 / best p99 | throughput / best | imbalance | hit / LRU |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            a2 = argparse.Namespace(**vars(args))
+            a2.tag, a2.config, a2.rerun_kvmesh = args.compare, None, False
+            c = row(a2, r["wl"], r["rate"], r["prof"], r["seed"])
+            cell = lambda k, f: f"{format(r[k], f)} / {format(c[k], f)}"
+            print(f"| {r['wl']} | {r['rate']}x | {r['prof']} | {r['seed']} | {r['set']} | {cell('mean', '.2f')} | {cell('p99', '.2f')} | "
+                  f"{cell('tput', '.3f')} | {cell('imb', '.2f')} | {cell('hit_lru', '.2f')} |")
+        for s in ("tuning", "eval"):
+            sub = [r for r in rows if r["set"] == s]
+            if sub:
+                cs = [row(argparse.Namespace(**{**vars(args), "tag": args.compare, "config": None, "rerun_kvmesh": False}),
+                          r["wl"], r["rate"], r["prof"], r["seed"]) for r in sub]
+                met = {k: sum(r["goals"][k] for r in cs) for k in cs[0]["goals"]}
+                print(f"\n{s} ({args.compare}): {len(cs)} rows; goal met on: " + ", ".join(f"{k} {v}/{len(cs)}" for k, v in met.items()))
     if args.kthena:
         print("\n| seed | random rps / TTFT | best emulation rps / TTFT | kvmesh rps / TTFT / p99 | × random rps (≥ 3) | × random TTFT (≤ 0.2) | × best rps (≥ 1.1) | imbalance |")
         print("|---|---|---|---|---|---|---|---|")
