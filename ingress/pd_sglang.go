@@ -51,17 +51,21 @@ const maxSGLangPairs = 2
 // errNoBootstrap: the request cannot carry scalar bootstrap fields (n > 1).
 var errNoBootstrap = errors.New("request needs several bootstrap rooms")
 
-// sglangLeg links a running prefill leg to the decode leg it may cut. Lock
-// rule: mu guards open and cut; the prefill goroutine cuts only while open,
-// and the handler closes it before the decode answer is relayed, so a cut
-// never reaches a connection after the decode leg is over.
+// sglangLeg links a running prefill leg to its decode leg. Lock rule: mu
+// guards every field but w. The prefill goroutine cuts the decode leg only
+// while open, and the handler closes it before the decode answer is
+// relayed, so a cut never reaches a connection after the decode leg is
+// over. Whichever of the two learns the other's outcome last settles the
+// decode engine's health account (settle).
 type sglangLeg struct {
-	mu   sync.Mutex
-	open bool
-	cut  bool
-	w    *watch // links the decode leg's upstream connection (unpooled)
+	w *watch // links the decode leg's upstream connection (unpooled)
 
-	done chan legResult // the prefill leg's result, buffered 1
+	mu       sync.Mutex
+	open     bool
+	cut      bool
+	finished bool       // the prefill leg ended: res is its result
+	res      legResult  // set before a cut, and when the leg ends
+	dfail    decodeFail // the decode leg's failure, for the prefill goroutine to settle
 }
 
 // legResult is how a prefill leg ended.
@@ -72,11 +76,22 @@ type legResult struct {
 	ctype  []byte
 }
 
-// cutDecode closes the decode leg's upstream connection (now, or as soon
-// as it is written) while the leg is open.
-func (l *sglangLeg) cutDecode() {
+// decodeFail is a decode leg that failed before its first byte: its
+// upstream and result for the health account (up nil: nothing to
+// account), and whether the prefill leg cut it.
+type decodeFail struct {
+	up     *upstream
+	result string
+	cut    bool
+}
+
+// cutDecode records the prefill leg's failure and closes the decode leg's
+// upstream connection (now, or as soon as it is written) while the leg is
+// open.
+func (l *sglangLeg) cutDecode(res legResult) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.res = res
 	if !l.open {
 		return
 	}
@@ -90,6 +105,41 @@ func (l *sglangLeg) close() bool {
 	defer l.mu.Unlock()
 	l.open = false
 	return l.cut
+}
+
+// decodeFailed hands the decode leg's failure over. It returns the
+// prefill leg's result so far (the 4xx to relay when it cut the decode
+// leg). A decode engine fails too when its prefill engine dies or rejects
+// the request; the failure counts against the decode engine only when the
+// prefill leg ends well, so it is settled by whichever side is last.
+func (l *sglangLeg) decodeFailed(s *Server, f decodeFail) legResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.finished {
+		l.dfail = f
+		return l.res
+	}
+	settle(s, f, l.res)
+	return l.res
+}
+
+// prefillEnded records the prefill leg's result and settles a decode
+// failure handed over before.
+func (l *sglangLeg) prefillEnded(s *Server, res legResult) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.finished, l.res = true, res
+	settle(s, l.dfail, res)
+	l.dfail = decodeFail{}
+}
+
+// settle counts a decode failure against the decode engine when its
+// prefill leg did its part.
+func settle(s *Server, f decodeFail, prefill legResult) {
+	if f.up != nil && prefill.result == "ok" {
+		f.up.failures.Add(1)
+		s.health.observe(f.up, f.result)
+	}
 }
 
 // legWatch registers an unpooled watch that links the upstream connection
@@ -185,7 +235,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		p.legs.WithLabelValues("prefill", "fallback_no_engine").Inc()
 		return false, true
 	}
-	leg := &sglangLeg{open: true, w: s.ups.legWatch(), done: make(chan legResult, 1)}
+	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	s.wg.Add(1)
 	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, charge, start)
@@ -193,25 +243,9 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 	if answered {
 		return true, false
 	}
-	// The decode leg failed before its first byte: wait for the prefill
-	// leg's verdict (bounded by the prefill timeout) to learn whose fault
-	// it was, and to tell the client a 4xx the prefill engine gave.
-	var res legResult
-	t := time.NewTimer(time.Until(start.Add(p.cfg.PrefillTimeout)))
-	select {
-	case res = <-leg.done:
-	case <-t.C:
-		res.result = "timeout"
-	}
-	t.Stop()
-	if fail.up != nil && (res.result == "ok" || res.result == "timeout") {
-		// The prefill leg did its part: the decode engine failed by itself.
-		// (A decode engine fails too when its prefill engine dies; that is
-		// not held against it.)
-		fail.up.failures.Add(1)
-		s.health.observe(fail.up, fail.result)
-	}
+	res := leg.decodeFailed(s, fail)
 	if fail.cut && res.status >= 400 && res.status < 500 && res.status != fasthttp.StatusTooManyRequests {
+		// The prefill engine judged the request (4xx): relay its answer.
 		c.engine = pi.ID
 		c.status = res.status
 		c.errMsg = fmt.Sprintf("prefill engine answered %d", res.status)
@@ -223,15 +257,6 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		return true, false
 	}
 	return false, true
-}
-
-// decodeFail is a decode leg that failed before its first byte: its
-// upstream and result for the health account (up nil: already accounted),
-// and whether the prefill leg cut it.
-type decodeFail struct {
-	up     *upstream
-	result string
-	cut    bool
 }
 
 // sglangDecode sends the decode leg and, once the decode engine answers
@@ -316,7 +341,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	defer g.release()
 	var res legResult
 	defer func() {
-		leg.done <- res
+		leg.prefillEnded(s, res)
 		p.legs.WithLabelValues("prefill", res.result).Inc()
 		p.prefillS.Observe(time.Since(start).Seconds())
 	}()
@@ -338,7 +363,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 		up.failures.Add(1)
 		s.health.observe(up, classifyErr(err))
 		if isDialError(err) {
-			leg.cutDecode() // the engine never saw the request: no KV will come
+			leg.cutDecode(res) // the engine never saw the request: no KV will come
 		}
 		return
 	}
@@ -353,7 +378,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 			bufPool.Put(buf)
 		}
 		_ = resp.CloseBodyStream()
-		leg.cutDecode() // the engine rejected the request: no KV will come
+		leg.cutDecode(res) // the engine rejected the request: no KV will come
 		return
 	}
 	// The answer (one token, SGLang's prefill result) is not the client's:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -115,9 +116,10 @@ func TestSGLangBothLegs(t *testing.T) {
 }
 
 // fakeRejectingPrefill is a FAKE prefill engine's HTTP side: it answers
-// every request 500 (an SGLang prefill engine that cannot take the
-// request), so the bootstrap room it was given is never filled.
-func fakeRejectingPrefill(t *testing.T) (string, *atomic.Int64) {
+// every request with status (500: an SGLang prefill engine that cannot
+// take the request; 400: one that judges it bad), so the bootstrap room it
+// was given is never filled.
+func fakeRejectingPrefill(t *testing.T, status int) (string, *atomic.Int64) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -127,7 +129,9 @@ func fakeRejectingPrefill(t *testing.T) (string, *atomic.Int64) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		n.Add(1)
-		http.Error(w, `{"error":{"message":"prefill engine overloaded"}}`, http.StatusInternalServerError)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		io.WriteString(w, `{"error":{"message":"prefill engine says no","type":"BadRequestError","code":`+strconv.Itoa(status)+`}}`)
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
@@ -144,7 +148,7 @@ func TestSGLangPrefillRejectedCutsDecode(t *testing.T) {
 	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
 	base.PD.BootstrapTimeout = time.Hour
 	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
-	url, rejected := fakeRejectingPrefill(t)
+	url, rejected := fakeRejectingPrefill(t, http.StatusInternalServerError)
 	// The prefill engine's HTTP side is the fake; its bootstrap address is
 	// a real (idle) prefill simulator's, where the room stays empty.
 	pe := pdEngine("p0", scheduler.RolePrefill, url)
@@ -173,6 +177,34 @@ func TestSGLangPrefillRejectedCutsDecode(t *testing.T) {
 	}
 	if l := cl.Decode[0].Load(0); l.Finished != 4 {
 		t.Fatalf("decode engine finished %d requests, want 4 (aggregated)", l.Finished)
+	}
+}
+
+// TestSGLangPrefill4xxRelayed: a prefill engine that judges the request
+// bad (400) cuts the waiting decode leg, and the client gets the prefill
+// engine's answer, as on the NIXL path.
+func TestSGLangPrefill4xxRelayed(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	base.PD.BootstrapTimeout = time.Hour
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	url, rejected := fakeRejectingPrefill(t, http.StatusBadRequest)
+	pe := pdEngine("p0", scheduler.RolePrefill, url)
+	pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, cl.Prefill[0].BootstrapAddr()
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pe, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	for _, stream := range []string{"false", "true"} {
+		st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"bad one","max_tokens":3,"stream":`+stream+`}`)
+		if st != 400 || hdr.Get("X-Kvmesh-Engine") != "p0" || !strings.Contains(string(b), "prefill engine says no") {
+			t.Fatalf("stream %s: status %d engine %q body %s", stream, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if n := rejected.Load(); n != 2 {
+		t.Fatalf("prefill legs sent %d, want 2", n)
+	}
+	if l := cl.Decode[0].Load(0); l.Finished != 0 || !s.health.allowed("d0") || !s.health.allowed("p0") {
+		t.Fatalf("decode engine finished %d requests (want 0: its legs were cut); ejected d0 %v p0 %v", l.Finished, !s.health.allowed("d0"), !s.health.allowed("p0"))
 	}
 }
 
