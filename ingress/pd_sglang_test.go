@@ -280,3 +280,35 @@ func FuzzWithBootstrap(f *testing.F) {
 		}
 	})
 }
+
+// TestSGLangStaticConfig: without gossip, a YAML engine list declares the
+// roles, group, protocol and bootstrap address, and the ingress drives the
+// SGLang pair from it; bad values are listed by Validate.
+func TestSGLangStaticConfig(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}})
+	y := "pd: {policy: kvmesh-always}\nengines:\n" +
+		"- {id: p0, model: m, url: \"" + cl.Prefill[0].URL() + "\", role: prefill, group: g, pdProtocol: sglang, bootstrap: \"" + cl.Prefill[0].BootstrapAddr() + "\"}\n" +
+		"- {id: d0, model: m, url: \"" + cl.Decode[0].URL() + "\", role: decode, group: g, pdProtocol: sglang}\n"
+	cfg, err := ParseConfig([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen = "127.0.0.1:0"
+	s := startIngress(t, cfg, Deps{})
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"static `+strings.Repeat("w ", 80)+`","max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || !strings.Contains(string(b), `"cached_tokens"`) {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	legs := s.pdInit().legs.WithLabelValues("prefill", "ok")
+	testutil.WaitFor(t, 10*time.Second, "the prefill leg ok", func() bool { return val(legs) == 1 })
+
+	bad := DefaultConfig()
+	bad.Engines = []StaticEngine{{ID: "x", Model: "m", URL: "http://127.0.0.1:1", Role: "chef", PDProtocol: "mooncake", Bootstrap: "nohost"}}
+	err = bad.Validate()
+	for _, want := range []string{"role", "pdProtocol", "bootstrap"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v; want %q listed", err, want)
+		}
+	}
+}
