@@ -120,6 +120,7 @@ type pdState struct {
 	prefillS  prometheus.Histogram
 	decisions *prometheus.CounterVec // mode, reason
 	queued    prometheus.GaugeFunc
+	legsNow   prometheus.GaugeFunc
 }
 
 // prefillGate is one prefill engine's admission: a semaphore of
@@ -148,13 +149,25 @@ func (s *Server) pdInit() *pdState {
 			Help: "P/D decisions by mode and reason.", ConstLabels: cl}, []string{"mode", "reason"})
 		p.queued = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_queued",
 			Help: "Prefill legs waiting for an admission slot, all prefill engines.", ConstLabels: cl}, p.waiting)
-		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued} {
+		p.legsNow = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_inflight",
+			Help: "Prefill legs holding an admission slot (sent, not answered), all prefill engines.", ConstLabels: cl}, p.inFlight)
+		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued, p.legsNow} {
 			if err := s.deps.Registry.Register(c); err != nil {
 				s.log.Warn("pd metrics", "err", err)
 			}
 		}
 	})
 	return p
+}
+
+func (p *pdState) inFlight() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, g := range p.gates {
+		n += len(g.slots)
+	}
+	return float64(n)
 }
 
 func (p *pdState) waiting() float64 {

@@ -73,6 +73,9 @@ func TestPDGossipGroupsAndPrefillLoads(t *testing.T) {
 	g.slots <- struct{}{}
 	g.waiting.Add(3)
 	t.Cleanup(func() { <-g.slots; <-g.slots; g.waiting.Add(-3) })
+	if v, q := val(a.pdInit().legsNow), val(a.pdInit().queued); v != 2 || q != 3 {
+		t.Fatalf("gauges: %v prefill legs in flight, %v queued; want 2 and 3", v, q)
+	}
 	testutil.WaitFor(t, 20*time.Second, "ingress b sees ingress a's prefill legs on p0", func() bool {
 		for _, e := range b.deps.Membership.Engines(nil) {
 			if e.ID == "p0" {
