@@ -179,6 +179,12 @@ func (c *call) infoOf(id string) *EngineInfo {
 // request falls back to the ordinary proxy, aggregated.
 func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 	p := c.s.pdInit()
+	if c.s.draining.Load() {
+		// A prefill leg runs on a goroutine the server waits for (s.wg);
+		// none may start once Close may be waiting.
+		c.pd.result = "draining"
+		return true
+	}
 	start := time.Now()
 	c.pd.result = "concurrent" // per-leg results: kvmesh_ingress_pd_legs_total
 	tried := map[string]bool{}
