@@ -180,6 +180,39 @@ func TestSGLangPrefillRejectedCutsDecode(t *testing.T) {
 	}
 }
 
+// TestSGLangPrefillUnreachableCutsDecode: a prefill engine whose HTTP
+// port refuses connections never receives its leg; the decode leg, waiting
+// on an empty room (on a live bootstrap server), is cut and the request is
+// served aggregated on the decode engine.
+func TestSGLangPrefillUnreachableCutsDecode(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	base.PD.BootstrapTimeout = time.Hour
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	pe := pdEngine("p0", scheduler.RolePrefill, dead)
+	pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, cl.Prefill[0].BootstrapAddr()
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pe, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"unreachable","max_tokens":3,"stream":true}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	p := s.pdInit()
+	if v := val(p.legs.WithLabelValues("prefill", "failed_connect_error")); v != 1 {
+		t.Fatalf("%v prefill legs failed to connect, want 1", v)
+	}
+	if v := val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); v != 1 {
+		t.Fatalf("%v SGLang fallbacks, want 1", v)
+	}
+}
+
 // TestSGLangPrefill4xxRelayed: a prefill engine that judges the request
 // bad (400) cuts the waiting decode leg, and the client gets the prefill
 // engine's answer, as on the NIXL path.
