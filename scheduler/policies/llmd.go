@@ -36,6 +36,11 @@ type LLMDConfig struct {
 	// 31,250 blocks. Unset (nil) is upstream's default, true. llmd
 	// (approximate) only.
 	AutoTune *bool `yaml:"autoTune"`
+	// PreciseScore is how llmd-precise turns matched blocks into a score:
+	// "min-max" (or unset: upstream's indexedScoresToNormalizedScoredPods,
+	// min-max over the pods with a hit, 1 when they tie, 0 without a hit) or
+	// "fraction" (matched / request blocks). llmd-precise only.
+	PreciseScore string `yaml:"preciseScore"`
 }
 
 // DefaultLLMDConfig is llm-d's documented default profile: queue 2,
@@ -51,6 +56,9 @@ func (l LLMDConfig) Validate(name string) error {
 	p.NonNegative("queueWeight", l.QueueWeight)
 	p.NonNegative("kvUtilizationWeight", l.KVUtilizationWeight)
 	p.NonNegative("prefixWeight", l.PrefixWeight)
+	if l.PreciseScore != "" && l.PreciseScore != "min-max" && l.PreciseScore != "fraction" {
+		p.Addf("preciseScore", "%q is not min-max or fraction", l.PreciseScore)
+	}
 	if p.Len() == 0 && l.QueueWeight+l.KVUtilizationWeight+l.PrefixWeight == 0 {
 		p.Addf("", "queueWeight, kvUtilizationWeight and prefixWeight are all 0")
 	}
@@ -85,7 +93,8 @@ func LLMDPreciseFactory(name string, params *yaml.Node) (scheduler.Policy, error
 	if err != nil {
 		return nil, err
 	}
-	w, err := NewLLMD(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight})
+	w, err := newLLMD(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight},
+		confirmedPrefix{MinMax: c.PreciseScore != "fraction"})
 	if err != nil {
 		return nil, err
 	}
@@ -201,17 +210,41 @@ func newLLMD(w LLMDWeights, prefix scheduler.Scorer) (*scheduler.Weighted, error
 	return p, nil
 }
 
-// confirmedPrefix scores confirmed (event-backed, any tier) matched blocks
-// over request blocks: what a router without speculation sees.
-type confirmedPrefix struct{}
+// confirmedPrefix scores confirmed (event-backed, any tier) matched blocks:
+// what a router without speculation sees. By default over request blocks;
+// MinMax as llm-d's precise scorer normalises its per-pod longest-prefix
+// counts (utils.go indexedScoresToNormalizedScoredPods): min-max over the
+// pods with a hit, 1 for each when they tie (or only one has a hit), 0 for
+// a pod without one.
+type confirmedPrefix struct{ MinMax bool }
 
 var _ scheduler.Scorer = confirmedPrefix{}
 
 func (confirmedPrefix) Name() string { return "prefix-cache" }
 
-func (confirmedPrefix) Score(r *scheduler.Request, cs []scheduler.Candidate, out []float64) {
-	b := float64(r.Blocks())
+func (p confirmedPrefix) Score(r *scheduler.Request, cs []scheduler.Candidate, out []float64) {
+	if !p.MinMax {
+		b := float64(r.Blocks())
+		for i := range cs {
+			out[i] = float64(cs[i].Match.Other) / b
+		}
+		return
+	}
+	lo, hi := math.MaxInt, 0
 	for i := range cs {
-		out[i] = float64(cs[i].Match.Other) / b
+		if m := cs[i].Match.Other; m > 0 {
+			lo, hi = min(lo, m), max(hi, m)
+		}
+	}
+	for i := range cs {
+		m := cs[i].Match.Other
+		switch {
+		case m == 0:
+			out[i] = 0
+		case hi == lo:
+			out[i] = 1
+		default:
+			out[i] = float64(m-lo) / float64(hi-lo)
+		}
 	}
 }

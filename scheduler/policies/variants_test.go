@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
@@ -137,4 +139,63 @@ func TestSGLangTimestampSampling(t *testing.T) {
 	if got := run(8, 4); got != 1 {
 		t.Errorf("sampled, epoch 8 (every 4th match): A kept %d, want 1", got)
 	}
+}
+
+// TestLLMDPreciseMinMax pins llm-d's normalisation of the precise scorer's
+// per-pod longest-prefix counts (utils.go indexedScoresToNormalizedScoredPods):
+// min-max over the pods with a hit, 1 when they tie or one pod has a hit, 0
+// for pods without one; "fraction" is matched / request blocks.
+func TestLLMDPreciseMinMax(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		matched []int
+		want    []float64
+	}{
+		{"no hits", []int{0, 0, 0}, []float64{0, 0, 0}},
+		{"one pod hits", []int{0, 2, 0}, []float64{0, 1, 0}},
+		{"the fewest hits score like none", []int{3, 7, 0}, []float64{0, 1, 0}},
+		{"linear between", []int{2, 4, 6}, []float64{0, 0.5, 1}},
+		{"tie", []int{5, 5, 0}, []float64{1, 1, 0}},
+	} {
+		cs := make([]scheduler.Candidate, len(tc.matched))
+		for i, m := range tc.matched {
+			e := eng(string(rune('a' + i)))
+			cs[i] = scheduler.Candidate{Engine: &e, Match: full(m)}
+		}
+		out := make([]float64, len(cs))
+		confirmedPrefix{MinMax: true}.Score(req(10), cs, out)
+		for i := range out {
+			if out[i] != tc.want[i] {
+				t.Errorf("%s: scores %v, want %v", tc.name, out, tc.want)
+				break
+			}
+		}
+	}
+	// The sample config's weights (prefix 2, KV 1, queue 1): a holds 3 of
+	// 10 blocks and b 7, b has more waiting. Min-max gives a 0 and b 1,
+	// so b's cache wins; as fractions (0.3 vs 0.7) the queue decides.
+	a, b := eng("a"), eng("b")
+	b.Waiting = 4
+	es, ms := []scheduler.Engine{a, b}, []index.Match{full(3), full(7)}
+	pol := func(score string) scheduler.Policy {
+		cfg := DefaultLLMDPreciseConfig()
+		cfg.PreciseScore = score
+		p, err := LLMDPreciseFactory("llmd-precise", nodeOf(t, cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	mustPick(t, pol(""), req(10), es, ms, "b", "", "min-max: a = queue 1 + KV 1 + 2·0, b = 0 + 1 + 2·1 (over 4)")
+	mustPick(t, pol("fraction"), req(10), es, ms, "a", "", "fraction: a = 1 + 1 + 2·0.3, b = 0 + 1 + 2·0.7 (over 4)")
+}
+
+// nodeOf is v as a YAML node (a policy block).
+func nodeOf(t *testing.T, v any) *yaml.Node {
+	t.Helper()
+	var n yaml.Node
+	if err := n.Encode(v); err != nil {
+		t.Fatal(err)
+	}
+	return &n
 }
