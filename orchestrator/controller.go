@@ -46,6 +46,8 @@ type Controller struct {
 	volcano bool
 	// autoscalers is owned by the autoscaler goroutine alone.
 	autoscalers map[types.UID]*policyEntry
+	// promClients by address, owned by the autoscaler goroutine alone.
+	promClients map[string]*promClient
 
 	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster
