@@ -32,6 +32,9 @@ type Config struct {
 	// Load, when set, enables AutoscalingPolicies: the mesh's engine states
 	// (a *gossip.Node joined as an orchestrator member).
 	Load LoadSource
+	// SLO supplies the ingresses' gossiped TTFT/TPOT summaries (default:
+	// Load, when it is a *gossip.Node).
+	SLO SLOSource
 	// AutoscaleInterval is how often every policy is stepped (default 15 s,
 	// Kthena's period).
 	AutoscaleInterval time.Duration

@@ -69,6 +69,9 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if s, ok := cfg.Load.(SLOSource); ok && cfg.SLO == nil {
+		cfg.SLO = s
+	}
 	kube, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return nil, err

@@ -30,6 +30,9 @@ var (
 	promQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_orchestrator_prometheus_queries_total", Help: "Prometheus queries of AutoscalingPolicy metrics, by outcome (ok, error, stale).",
 	}, []string{"outcome"})
+	sloSummaryErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_orchestrator_slo_summary_errors_total", Help: "Ingress TTFT/TPOT summaries read from gossip that did not decode or were out of range (skipped).",
+	})
 	sloInputs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvmesh_orchestrator_slo_input", Help: "The SLO mode's live inputs merged from the ingresses' gossip, by policy and input (ttft_p90_seconds, tpot_p90_seconds, prompt_tokens_per_second, running_streams).",
 	}, []string{"namespace", "policy", "input"})
@@ -46,7 +49,7 @@ func init() {
 
 // Register adds the orchestrator's metrics to r.
 func Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs} {
+	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -213,6 +213,7 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	c.observePrometheus(ctx, now, ap, e, obs, pc)
 	slo := c.observeSLO(ap, targets, engines, obs, pc)
 	res := e.a.Step(now, obs, slo)
+	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)
 	scaled := false
 	for _, r := range ap.Spec.Roles {
 		d, ok := res.Roles[r.Name]
