@@ -1,11 +1,17 @@
 package ingress
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
+	"net/http"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 type blobCarrier struct{ blobs map[string][]byte }
@@ -151,4 +157,39 @@ func BenchmarkSLOObserve(b *testing.B) {
 			r.Observe("p", "d", 120*time.Millisecond, 15*time.Millisecond, 512)
 		}
 	})
+}
+
+// TestSLOHookRecordsStreamedRequests: through a real ingress on loopback,
+// a streamed request is recorded on its engine (TTFT, TPOT over its 4
+// tokens, its 3 prompt tokens); a non-streamed one is not (its first byte
+// is its last).
+func TestSLOHookRecordsStreamedRequests(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
+	cfg.Listen = "127.0.0.1:0"
+	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.slo = NewSLORecorder(SLOConfig{Interval: time.Second}) // what Start does with gossip
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	base := "http://" + s.Addr() + "/v1/completions"
+	if st, _, b := post(t, http.DefaultClient, base, `{"model":"m","prompt":[1,2,3],"stream":true}`); st != 200 {
+		t.Fatalf("stream: %d %s", st, b)
+	}
+	if st, _, b := post(t, http.DefaultClient, base, `{"model":"m","prompt":[1,2,3]}`); st != 200 {
+		t.Fatalf("non-stream: %d %s", st, b)
+	}
+	testutil.WaitFor(t, 10*time.Second, "both requests finished", func() bool { return s.inflight.Load() == 0 })
+	sum := decodeSummary(t, s.slo.Summary())
+	if len(sum.Engines) != 1 {
+		t.Fatalf("summary %+v", sum)
+	}
+	e := sum.Engines[0]
+	if e.ID != "e1" || e.TTFTN != 1 || e.TPOTN != 1 || e.PromptTokens != 3 || e.TTFT <= 0 || e.TPOT <= 0 {
+		t.Errorf("engine summary %+v", e)
+	}
 }
