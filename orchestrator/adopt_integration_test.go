@@ -32,11 +32,13 @@ func engineTemplate(app, roleKind string) corev1.PodTemplateSpec {
 // run here): a pod the workload's selector selects.
 func (e *env) enginePod(t *testing.T, name, app, roleKind string) {
 	t.Helper()
-	tpl := engineTemplate(app, roleKind)
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: tpl.Labels}, Spec: tpl.Spec}
-	if _, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+	if _, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, podFrom(name, engineTemplate(app, roleKind)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func podFrom(name string, tpl corev1.PodTemplateSpec) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: tpl.Labels}, Spec: tpl.Spec}
 }
 
 func (e *env) policy(t *testing.T, name string) *v1alpha1.AutoscalingPolicy {
