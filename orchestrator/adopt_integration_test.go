@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,10 +153,10 @@ func TestAdoptExistingWorkloads(t *testing.T) {
 		p, d := scales()
 		return p == 1 && d == 1
 	})
-	evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=adopt,reason=Scaled"})
-	if err != nil || len(evs.Items) == 0 {
-		t.Errorf("no Scaled event on the policy (%v)", err)
-	}
+	testutil.WaitFor(t, wait, "a Scaled event on the policy naming a workload", func() bool {
+		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=adopt,reason=Scaled"})
+		return err == nil && len(evs.Items) > 0 && strings.Contains(evs.Items[0].Message, "(")
+	})
 
 	// Malformed targets: each ends as ScalingActive=False with its reason.
 	bad := map[string]string{
@@ -163,7 +164,8 @@ func TestAdoptExistingWorkloads(t *testing.T) {
 		"TargetNotFound":          `{"kind":"StatefulSet","selector":{"matchLabels":{"tier":"nothing"}}}`,
 		"WorkloadKindUnavailable": `{"kind":"LeaderWorkerSet","name":"lws"}`,
 	}
-	extra := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "llm-prefill-b", Labels: dep.Labels}, Spec: dep.Spec}
+	// A second prefill Deployment outside the good policy's selector (tier).
+	extra := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "llm-prefill-b", Labels: map[string]string{v1alpha1.LabelRoleKind: "prefill", "tier": "batch"}}, Spec: dep.Spec}
 	if _, err := e.kube.AppsV1().Deployments(e.ns).Create(e.ctx, extra, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -181,8 +183,8 @@ func TestAdoptExistingWorkloads(t *testing.T) {
 		})
 	}
 	// The good policy kept working beside the bad ones.
-	if p, d := scales(); p != 1 || d != 1 {
-		t.Errorf("adopted workloads moved to %d/%d", p, d)
+	if p, d := scales(); p != 1 || d != 1 || !conditionTrue(e.policy(t, "adopt").Status.Conditions, v1alpha1.ConditionScalingActive) {
+		t.Errorf("adopted workloads moved to %d/%d or the policy stopped: %+v", p, d, e.policy(t, "adopt").Status.Conditions)
 	}
 }
 
