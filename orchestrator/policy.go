@@ -222,16 +222,7 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 		}
 		t := targets[r.Name]
 		pc.st.Roles = append(pc.st.Roles, v1alpha1.RoleAutoscalingStatus{Name: r.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason, Workload: t.workload})
-		autoscaleDesired.WithLabelValues(ap.Namespace, ap.Name, r.Name).Set(float64(d.Desired))
-		autoscaleCurrent.WithLabelValues(ap.Namespace, ap.Name, r.Name).Set(float64(d.Current))
-		switch {
-		case d.Desired > d.Current:
-			autoscaleDecisions.WithLabelValues("up").Inc()
-		case d.Desired < d.Current:
-			autoscaleDecisions.WithLabelValues("down").Inc()
-		default:
-			autoscaleDecisions.WithLabelValues("hold").Inc()
-		}
+		recordDecision(ap, r.Name, d)
 		if d.Desired != d.Current && t.scale != nil {
 			if err := t.scale(ctx, d.Desired); err != nil {
 				return err
@@ -263,6 +254,20 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "WithinBand", res.Ratio.Reason)
 	}
 	return c.writePolicyStatus(ctx, u, ap, pc.st)
+}
+
+// recordDecision exports one role's decision as metrics.
+func recordDecision(ap *v1alpha1.AutoscalingPolicy, role string, d autoscale.Decision) {
+	autoscaleDesired.WithLabelValues(ap.Namespace, ap.Name, role).Set(float64(d.Desired))
+	autoscaleCurrent.WithLabelValues(ap.Namespace, ap.Name, role).Set(float64(d.Current))
+	switch {
+	case d.Desired > d.Current:
+		autoscaleDecisions.WithLabelValues("up").Inc()
+	case d.Desired < d.Current:
+		autoscaleDecisions.WithLabelValues("down").Inc()
+	default:
+		autoscaleDecisions.WithLabelValues("hold").Inc()
+	}
 }
 
 // targetFailed reports a target the policy cannot scale: the condition,
