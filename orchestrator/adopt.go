@@ -51,6 +51,7 @@ const (
 	reasonInvalidTarget   = "InvalidTarget"
 	reasonAmbiguous       = "AmbiguousTarget"
 	reasonKindUnavailable = "WorkloadKindUnavailable"
+	reasonForbidden       = "Forbidden"
 )
 
 func badTarget(reason, format string, a ...any) *targetError {
@@ -156,7 +157,7 @@ func listError(role, what string, err error) error {
 	case apierrors.IsNotFound(err):
 		return badTarget(reasonKindUnavailable, "role %s: %s is not served by this cluster (is its CRD installed?): %v", role, what, err)
 	case apierrors.IsForbidden(err):
-		return badTarget(reasonInvalidTarget, "role %s: %s: %v", role, what, err)
+		return badTarget(reasonForbidden, "role %s: %s: %v (see the RBAC in manifests/orchestrator/rbac.yaml)", role, what, err)
 	}
 	return fmt.Errorf("role %s: %s: %w", role, what, err)
 }
