@@ -109,6 +109,7 @@ func (s *Server) startCluster() error {
 			return fmt.Errorf("ingress gossip: %w", err)
 		}
 		cl.node = node
+		s.slo = NewSLORecorder(DefaultSLOConfig())
 		if cl.mem != nil {
 			cl.mem.node.Store(node)
 			cl.mem.refresh()
@@ -175,6 +176,11 @@ func (s *Server) shareCluster(buf []byte) []byte {
 		buf = sh.AppendState(buf[:0], 1024)
 		if err := node.SetAppState(rateLimitAppState, buf); err != nil {
 			s.log.Debug("share rate-limit state", "err", err)
+		}
+	}
+	if s.slo != nil {
+		if err := s.slo.Tick(time.Now(), node); err != nil {
+			s.log.Debug("share SLO summary", "err", err)
 		}
 	}
 	if s.cl.mem != nil {

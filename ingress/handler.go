@@ -515,6 +515,9 @@ func (c *call) finish() {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
+			if s.slo != nil {
+				s.slo.observeCall(c, total)
+			}
 		}
 		ep := c.ep.String()
 		s.m.requests.WithLabelValues(ep, s.m.status(c.status)).Inc()
