@@ -41,6 +41,9 @@ type KVMesh struct {
 	// (a request past its SLO no longer counts for goodput, so time beyond
 	// it is worth more than time before it). 0 disables the term.
 	SLOTTFT float64
+	// SLOTPOT, when > 0, is the time-per-output-token objective (mean
+	// over a request's decode).
+	SLOTPOT float64
 	// SLOWeight prices a second of predicted TTFT beyond SLOTTFT. Default 4.
 	SLOWeight float64
 	// Always disables the aggregated options on decode-role engines (mixed
