@@ -28,7 +28,7 @@ type Config struct {
 	// (negative: none).
 	TransferSetup float64
 	// SLOTTFT is the TTFT objective kvmesh's choice prices (seconds; 0:
-	// none). SLOWeight is the price of a second beyond it (0: 4).
+	// none). SLOWeight scales the price of a missed SLO (0: 1).
 	SLOTTFT, SLOWeight float64
 	// SLOTPOT is the time-per-output-token objective kvmesh's choice
 	// prices (seconds; 0: none).
