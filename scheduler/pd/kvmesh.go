@@ -27,6 +27,23 @@ import (
 // TTFT lost by the prefills sharing its batch. kvwait is the part of the
 // request's KV that does not fit in the decode engine's free blocks, as a
 // fraction of its decode time (it waits for running requests to finish).
+//
+// With SLOs (SLOTTFT, SLOTPOT) the objective is goodput, so two terms are
+// added and one is reweighted:
+//
+//	miss   = price · P(the request misses TTFT or TPOT)        (every option)
+//	broken = price · n_d · ΔP(a running stream misses TPOT)    (aggregated on d)
+//	stall_d ×= P(a running stream on d misses TPOT after the local prefill)
+//
+// where price = SLOWeight · (SLOTTFT + output · SLOTPOT), the latency the
+// SLOs allow the request, and P is a logistic around the objective (width
+// sloSpread of it). The TPOT a stream on d sees is d's measured TPOT (the
+// metrics' recent mean; the learned step time until there is one) plus the
+// prefill seconds this router sent to d as local prefills over the last
+// half stream lifetime, spread over a stream's output (the stall ledger):
+// the router's own decisions, which no engine metric shows in time. So a
+// decode engine's spare TPOT budget serves prefills when the prefill pool's
+// queue would miss the TTFT objective, and only as long as the budget lasts.
 type KVMesh struct {
 	Cost policies.KVMesh
 	// KVBytesPerToken is the KV size of one prompt token (all layers).
