@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
@@ -94,22 +93,8 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return err
 }
 
-// progressLine returns a loadgen progress callback that redraws one status line on w,
-// starting with prefix.
+// progressLine reports loadgen progress on w (loadgen.ProgressLine: one
+// redrawn line on a terminal, periodic plain lines elsewhere).
 func progressLine(w io.Writer, prefix string) func(loadgen.Progress) {
-	return func(p loadgen.Progress) {
-		hit := 0.0
-		if p.PromptTokens > 0 {
-			hit = 100 * float64(p.CachedTokens) / float64(p.PromptTokens)
-		}
-		rps := 0.0
-		if s := p.Elapsed.Seconds(); s > 0 {
-			rps = float64(p.Completed) / s
-		}
-		fmt.Fprintf(w, "\r%s%6s  %d/%d done  %d failed  %d in flight  %.1f req/s  hit %.1f%%   ",
-			prefix, p.Elapsed.Truncate(100*time.Millisecond), p.Completed, p.Total, p.Failed, p.InFlight, rps, hit)
-		if p.Final {
-			fmt.Fprintln(w)
-		}
-	}
+	return loadgen.ProgressLine(w, prefix)
 }

@@ -58,6 +58,9 @@ type Report struct {
 	OracleHitRate float64                 `json:"oracle_hit_rate"`
 	// Order is the policies in the order run (for the table).
 	Order []string `json:"-"`
+	// Runs holds each policy's finished requests, for the HTML report's
+	// plots (nil when not collected).
+	Runs map[string]Run `json:"-"`
 }
 
 // WriteTable writes the report as an aligned text table.
