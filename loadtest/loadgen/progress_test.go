@@ -27,7 +27,7 @@ func TestProgressPlain(t *testing.T) {
 	if len(lines) != 3 || strings.Contains(b.String(), "\r") {
 		t.Fatalf("got %d lines %q", len(lines), b.String())
 	}
-	for i, want := range []string{"10.0s", "35.0s", "10/10 done"} {
+	for i, want := range []string{" 10s ", " 35s ", "10/10 done"} {
 		if !strings.HasPrefix(lines[i], "kvmesh ") || !strings.Contains(lines[i], want) {
 			t.Errorf("line %d %q: want prefix and %q", i, lines[i], want)
 		}
