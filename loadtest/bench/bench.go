@@ -139,7 +139,10 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
 			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty, k.WaitingWeight)
 	}
-	return rep.WriteTable(stdout)
+	if err := rep.WriteTable(stdout); err != nil || o.Mode != "live" {
+		return err
+	}
+	return o.liveOverheads(stdout, rep)
 }
 
 // Prepare checks o and returns the simulation's config and the policies

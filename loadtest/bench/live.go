@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/demo"
@@ -112,6 +113,9 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 	if o.Progress != nil {
 		lc.Progress = loadgen.ProgressLine(o.Progress, policy+" ")
 	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	before, serr := scrapeEngines(ctx, client, cl.EngineURLs())
 	start := time.Now()
 	lr, err := loadgen.Run(ctx, lc, scaled)
 	if lr == nil {
@@ -125,6 +129,11 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 	res.E2EMean *= s
 	res.Makespan = time.Duration(float64(res.Makespan) * s)
 	res.Wall = time.Since(start)
+	after, aerr := scrapeEngines(ctx, client, cl.EngineURLs())
+	if serr = errors.Join(serr, aerr); serr == nil {
+		res.EngineTTFTMean, res.QueueMean = after.means(before)
+	}
+	err = errors.Join(err, serr)
 	if err == nil && lr.Failed > 0 {
 		err = fmt.Errorf("%d of %d requests failed: %v", lr.Failed, lr.Sent, lr.Errors)
 	}
@@ -138,4 +147,23 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 func (o Options) liveNote(w io.Writer) {
 	fmt.Fprintf(w, "live: %d sim engines at %g× real time with sidecars, embedded NATS, %d ingress replicas; times in engine seconds\n",
 		o.Engines, o.TimeScale, o.Ingresses)
+}
+
+// liveOverheads writes, per policy, the engines' own mean TTFT beside the
+// client's: the difference is the mesh's overhead (HTTP, routing, the
+// host's scheduling delays), measured in wall time and multiplied by the
+// time scale like every client time.
+func (o Options) liveOverheads(w io.Writer, rep report.Report) error {
+	for _, p := range rep.Order {
+		r, ok := rep.Policies[p]
+		if !ok || r.EngineTTFTMean == 0 {
+			continue
+		}
+		d := r.TTFTMean - r.EngineTTFTMean
+		if _, err := fmt.Fprintf(w, "%s: engine-reported TTFT mean %.3f s; client − engine %.3f s engine time = %.1f ms wall per request\n",
+			p, r.EngineTTFTMean, d, 1000*d/o.TimeScale); err != nil {
+			return err
+		}
+	}
+	return nil
 }

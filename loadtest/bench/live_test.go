@@ -80,6 +80,12 @@ func TestLiveMatchesDES(t *testing.T) {
 		if l.TTFTMean < 0.9*d.TTFTMean || l.TTFTMean == 0 {
 			t.Errorf("%s: live mean TTFT %.4f s below the DES's %.4f s: not converted to engine time?", p, l.TTFTMean, d.TTFTMean)
 		}
+		// The engines' own TTFT lies inside the client's (the engine stamps
+		// a request after it arrives and its first token before the client
+		// reads it; a lagging simulator only slows engine time).
+		if l.EngineTTFTMean <= 0 || l.EngineTTFTMean > l.TTFTMean*1.0001 || l.QueueMean < 0 {
+			t.Errorf("%s: engine-reported TTFT %.4f s, queue %.4f s, client TTFT %.4f s", p, l.EngineTTFTMean, l.QueueMean, l.TTFTMean)
+		}
 		// Throughput is set by the arrivals at this low rate: the same in
 		// both once converted (a 4× error would show as 4×).
 		if r := l.ThroughputRPS / d.ThroughputRPS; r < 0.8 || r > 1.25 {

@@ -48,5 +48,14 @@ func (c *Cluster) IngressURLs() []string { return c.m.ingressURLs() }
 // X-Kvmesh-Engine.
 func (c *Cluster) EngineIDs() []string { return append([]string(nil), c.m.engineIDs...) }
 
+// EngineURLs are the engines' base URLs (their OpenAI API and /metrics).
+func (c *Cluster) EngineURLs() []string {
+	out := make([]string, len(c.m.sims))
+	for i, s := range c.m.sims {
+		out[i] = s.URL()
+	}
+	return out
+}
+
 // Close stops everything, in reverse start order; safe to call twice.
 func (c *Cluster) Close() error { return c.m.stop() }
