@@ -85,7 +85,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{Mode: "des", Engines: 8, Policies: DefaultPolicies(), Profile: DefaultProfile, BlockSize: 16, Seed: 1,
 		Workload: "shared-prefix", Groups: 64, Prompts: 16, Shared: 2048, Question: 128, Output: 256, RateScale: 1,
-		SnapshotInterval: 200 * time.Millisecond, TimeScale: DefaultTimeScale, Ingresses: 2}
+		SnapshotInterval: 200 * time.Millisecond, TimeScale: DefaultTimeScale, Ingresses: 1}
 }
 
 // DefaultPolicies are every policy but the generic weighted one (which
