@@ -50,6 +50,9 @@ func (o *Options) checkLive(bad func(string, ...any)) {
 	if o.Ingresses < 1 || o.Ingresses > 16 {
 		bad("--ingresses %d: want 1..16", o.Ingresses)
 	}
+	if o.EventDelay != 0 {
+		bad("--event-delay: live mode's KV events take the time they really take")
+	}
 	if o.ConfigPath != "" {
 		bad("--config: live mode's ingresses run each policy with its defaults (not yet with a SchedulerConfig)")
 	}

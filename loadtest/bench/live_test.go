@@ -99,15 +99,17 @@ func TestLiveMatchesDES(t *testing.T) {
 
 // TestLiveAgreement is the documented DES-vs-live comparison
 // (docs/BENCHMARKS.md, "Live mode and HTML reports"): mean TTFT and hit
-// rate within 10 % for kvmesh and sglang. It runs engines at real time (a
-// minute of wall time) and compares timings, so it runs only when
-// KVMESH_LIVE_AGREEMENT=1; KVMESH_LIVE_TIME_SCALE overrides the scale.
+// rate within 10 % for kvmesh and sglang. It runs engines at half real
+// time (a minute of wall time: on a busy host the mesh's wall-clock
+// overhead, multiplied by the time scale, is what separates the two) and
+// compares timings, so it runs only when KVMESH_LIVE_AGREEMENT=1;
+// KVMESH_LIVE_TIME_SCALE overrides the scale.
 func TestLiveAgreement(t *testing.T) {
 	if os.Getenv("KVMESH_LIVE_AGREEMENT") != "1" {
 		t.Skip("timing comparison: set KVMESH_LIVE_AGREEMENT=1 (see docs/BENCHMARKS.md)")
 	}
 	o := DefaultOptions()
-	o.Mode, o.Engines, o.Ingresses, o.TimeScale = "live", 4, 1, 1
+	o.Mode, o.Engines, o.Ingresses, o.TimeScale = "live", 4, 1, 0.5
 	if s := os.Getenv("KVMESH_LIVE_TIME_SCALE"); s != "" {
 		v, err := strconv.ParseFloat(s, 64)
 		if err != nil {
