@@ -17,7 +17,8 @@ type HTMLMeta struct {
 	Title string
 	// Notes are lines under the title (workload, mode, command line).
 	Notes []string
-	// Bins is the number of time bins of the over-time plots. Default 60.
+	// Bins is the number of time bins of the over-time plots. Default:
+	// about 8 completions per bin, 10 to 60 bins.
 	Bins int
 	// Generated stamps the page; zero leaves it out (tests compare pages).
 	Generated time.Time
@@ -38,7 +39,7 @@ func WriteHTML(w io.Writer, r Report, m HTMLMeta) error {
 		m.Title = "kvmesh benchmark"
 	}
 	if m.Bins <= 0 {
-		m.Bins = 60
+		m.Bins = defaultBins(r)
 	}
 	var b strings.Builder
 	b.WriteString("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>")
@@ -62,6 +63,18 @@ func WriteHTML(w io.Writer, r Report, m HTMLMeta) error {
 	b.WriteString("</div>\n</body>\n</html>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// defaultBins is about 8 completions per bin of the smallest run, within
+// 10..60 bins: fewer bins than that draw noise.
+func defaultBins(r Report) int {
+	n := -1
+	for _, run := range r.Runs {
+		if len(run.Records) > 0 && (n < 0 || len(run.Records) < n) {
+			n = len(run.Records)
+		}
+	}
+	return min(max(n/8, 10), 60)
 }
 
 const pageCSS = `body{font-family:system-ui,sans-serif;margin:2em;color:#222}h1{font-size:1.4em}
@@ -264,6 +277,11 @@ func (p plot) bounds() (x0, x1, y0, y1 float64) {
 	}
 	if p.bars {
 		x0, x1 = x0-0.5, x1+0.5
+	} else if x0 < 0.3*x1 {
+		x0 = min(x0, 0) // latencies and times from 0, unless the data sits far from it
+	} else {
+		st := niceStep((x1 - x0) / 5)
+		x0 = math.Floor(x0/st) * st
 	}
 	if x1 <= x0 {
 		x1 = x0 + 1

@@ -194,8 +194,8 @@ func TestBin(t *testing.T) {
 		{Start: 1, TTFT: 0.2, E2E: 1.5, PromptTokens: 10, CachedTokens: 10},
 		{Start: 5, TTFT: 1, E2E: 2, PromptTokens: 10},
 	}
-	s := Bin(recs, 10, 5) // bins of 2 s, middles 1, 3, 5, 7, 9
-	want := Series{BinWidth: 2, Throughput: []float64{0, 0.5, 0.5, 0.5, 0}, Waiting: []float64{2, 0, 1, 0, 0},
+	s := Bin(recs, 10, 5) // bins of 2 s
+	want := Series{BinWidth: 2, Throughput: []float64{0, 0.5, 0.5, 0.5, 0}, Waiting: []float64{1.1, 0.5, 0.5, 0, 0},
 		HitRate: []float64{0.75, math.NaN(), 0, math.NaN(), math.NaN()}}
 	if got, w := fmt.Sprint(s), fmt.Sprint(want); got != w {
 		t.Fatalf("Bin = %s\nwant %s", got, w)

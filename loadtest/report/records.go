@@ -1,9 +1,6 @@
 package report
 
-import (
-	"math"
-	"slices"
-)
+import "math"
 
 // Run is one policy's finished requests.
 type Run struct {
@@ -42,8 +39,8 @@ type Series struct {
 	BinWidth float64
 	// Throughput is requests completed per second in each bin.
 	Throughput []float64
-	// Waiting is the number of requests waiting for their first token
-	// (queued or in prefill) at each bin's middle.
+	// Waiting is the mean number of requests waiting for their first token
+	// (queued or in prefill) over each bin.
 	Waiting []float64
 	// HitRate is Σ cached / Σ prompt tokens of the requests started in each
 	// bin (NaN when none started).
@@ -64,19 +61,18 @@ func Bin(recs []Record, end float64, n int) Series {
 		cached[b] += float64(r.CachedTokens)
 		prompt[b] += float64(r.PromptTokens)
 	}
-	// Waiting at each bin's middle: starts before it minus first tokens
-	// before it, from two sorted lists (n log n, not records × bins).
-	starts, firsts := make([]float64, len(recs)), make([]float64, len(recs))
-	for i, r := range recs {
-		starts[i], firsts[i] = r.Start, r.Start+r.TTFT
+	// Waiting: each request adds the part of [Start, Start+TTFT) inside a
+	// bin, over the bin's width (a time average, not a sample).
+	for _, r := range recs {
+		a, b := r.Start, r.Start+r.TTFT
+		for i := bin(a); i <= bin(b); i++ {
+			lo, hi := float64(i)*s.BinWidth, float64(i+1)*s.BinWidth
+			if ov := min(b, hi) - max(a, lo); ov > 0 {
+				s.Waiting[i] += ov / s.BinWidth
+			}
+		}
 	}
-	slices.Sort(starts)
-	slices.Sort(firsts)
 	for i := range n {
-		mid := (float64(i) + 0.5) * s.BinWidth
-		a, _ := slices.BinarySearch(starts, math.Nextafter(mid, math.Inf(1)))
-		f, _ := slices.BinarySearch(firsts, math.Nextafter(mid, math.Inf(1)))
-		s.Waiting[i] = float64(a - f)
 		s.Throughput[i] /= s.BinWidth
 		s.HitRate[i] = math.NaN()
 		if prompt[i] > 0 {
