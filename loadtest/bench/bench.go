@@ -104,12 +104,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	var rep report.Report
-	if o.Mode == "live" {
-		rep, err = runLive(ctx, o, cfg, reqs, names)
-	} else {
-		rep, err = des.Run(ctx, cfg, reqs, names)
-	}
+	rep, err := o.run(ctx, cfg, reqs, names)
 	if err != nil {
 		return err
 	}
@@ -143,6 +138,14 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		return err
 	}
 	return o.liveOverheads(stdout, rep)
+}
+
+// run runs the prepared benchmark in o's mode.
+func (o Options) run(ctx context.Context, cfg des.Config, reqs []workload.Request, names []string) (report.Report, error) {
+	if o.Mode == "live" {
+		return runLive(ctx, o, cfg, reqs, names)
+	}
+	return des.Run(ctx, cfg, reqs, names)
 }
 
 // Prepare checks o and returns the simulation's config and the policies
