@@ -210,4 +210,3 @@ func jsonFields(t *testing.T, rep report.Report) string {
 	keys := slices.Sorted(maps.Keys(m.Policies["kvmesh"]))
 	return strings.Join(keys, ",")
 }
-
