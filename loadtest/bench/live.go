@@ -63,10 +63,7 @@ func (o *Options) checkLive(bad func(string, ...any)) {
 func runLive(ctx context.Context, o Options, cfg des.Config, reqs []workload.Request, names []string) (report.Report, error) {
 	rep := report.Report{Policies: make(map[string]report.PolicyResult, len(names)), Order: names,
 		Runs: make(map[string]report.Run, len(names)), OracleHitRate: workload.OracleHitRate(reqs, cfg.Engine.BlockSize)}
-	dc := demo.DefaultConfig()
-	dc.Engines, dc.Ingresses, dc.Engine, dc.TimeScale = o.Engines, o.Ingresses, cfg.Engine, o.TimeScale
-	dc.StartTimeout = time.Minute
-	cl, err := demo.StartCluster(ctx, dc)
+	cl, err := demo.StartCluster(ctx, o.clusterConfig(cfg))
 	if err != nil {
 		return rep, fmt.Errorf("live: %w", err)
 	}
@@ -92,6 +89,16 @@ func runLive(ctx context.Context, o Options, cfg des.Config, reqs []workload.Req
 		return rep, fmt.Errorf("live: %w", err)
 	}
 	return rep, nil
+}
+
+// clusterConfig is the live mesh for o: the DES's engines, filled with
+// the engine's own defaults here because the demo's differ (2,048 GPU
+// blocks, so a shorter max model length: long trace prompts would fail).
+func (o Options) clusterConfig(cfg des.Config) demo.Config {
+	dc := demo.DefaultConfig()
+	dc.Engines, dc.Ingresses, dc.Engine, dc.TimeScale = o.Engines, o.Ingresses, cfg.Engine.Defaults(), o.TimeScale
+	dc.StartTimeout = time.Minute
+	return dc
 }
 
 // liveOne sends reqs through the running ingresses with arrivals

@@ -210,3 +210,20 @@ func jsonFields(t *testing.T, rep report.Report) string {
 	keys := slices.Sorted(maps.Keys(m.Policies["kvmesh"]))
 	return strings.Join(keys, ",")
 }
+
+// TestLiveEngines: the live engines are the DES's, engine defaults
+// included (the demo's own default is a smaller cache).
+func TestLiveEngines(t *testing.T) {
+	o := DefaultOptions()
+	o.Mode, o.GPUBlocks, o.Profile = "live", 0, "8b-h100"
+	cfg, _, err := o.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := o.clusterConfig(cfg)
+	want := cfg.Engine.Defaults()
+	if dc.Engine.GPUBlocks != want.GPUBlocks || dc.Engine.MaxModelLen != want.MaxModelLen || dc.Engine.Profile.Name != "8b-h100" ||
+		dc.Engines != o.Engines || dc.TimeScale != o.TimeScale || dc.Ingresses != 1 {
+		t.Fatalf("cluster %+v\nwant engines like %+v", dc, want)
+	}
+}
