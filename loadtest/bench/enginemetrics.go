@@ -16,12 +16,13 @@ import (
 // engines measured for that run, free of the mesh's wall-clock overheads
 // that the time scale multiplies in the client's measurements.
 type engineTotals struct {
-	requests, ttftSum, queueSum float64
+	requests, ttftSum, queueSum, preemptions float64
 }
 
 const (
-	metricTTFT  = "vllm:time_to_first_token_seconds"
-	metricQueue = "vllm:request_queue_time_seconds"
+	metricTTFT    = "vllm:time_to_first_token_seconds"
+	metricQueue   = "vllm:request_queue_time_seconds"
+	metricPreempt = "vllm:num_preemptions_total"
 	// maxMetricsBytes bounds one /metrics body.
 	maxMetricsBytes = 8 << 20
 )
@@ -35,6 +36,7 @@ func scrapeEngines(ctx context.Context, client *http.Client, urls []string) (eng
 			return t, err
 		}
 		t.requests, t.ttftSum, t.queueSum = t.requests+e.requests, t.ttftSum+e.ttftSum, t.queueSum+e.queueSum
+		t.preemptions += e.preemptions
 	}
 	return t, nil
 }
@@ -55,7 +57,8 @@ func scrapeEngine(ctx context.Context, client *http.Client, url string) (engineT
 	return parseEngineTotals(io.LimitReader(resp.Body, maxMetricsBytes))
 }
 
-// parseEngineTotals reads the TTFT and queue-time histograms from a
+// parseEngineTotals reads the TTFT and queue-time histograms and the
+// preemption counter from a
 // Prometheus text exposition (every label set summed).
 func parseEngineTotals(r io.Reader) (engineTotals, error) {
 	p := expfmt.NewTextParser(model.LegacyValidation)
@@ -70,6 +73,9 @@ func parseEngineTotals(r io.Reader) (engineTotals, error) {
 	}
 	for _, m := range fams[metricQueue].GetMetric() {
 		t.queueSum += m.GetHistogram().GetSampleSum()
+	}
+	for _, m := range fams[metricPreempt].GetMetric() {
+		t.preemptions += m.GetCounter().GetValue()
 	}
 	return t, nil
 }

@@ -18,6 +18,9 @@ vllm:time_to_first_token_seconds_count{engine="1",model_name="m"} 1
 vllm:request_queue_time_seconds_bucket{engine="0",model_name="m",le="+Inf"} 4
 vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.2
 vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 4
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 2
+vllm:num_preemptions_total{engine="1",model_name="m"} 3
 `
 
 func TestParseEngineTotals(t *testing.T) {
@@ -25,7 +28,7 @@ func TestParseEngineTotals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != (engineTotals{requests: 4, ttftSum: 1.2, queueSum: 0.2}) {
+	if got != (engineTotals{requests: 4, ttftSum: 1.2, queueSum: 0.2, preemptions: 5}) {
 		t.Fatalf("%+v", got)
 	}
 	ttft, queue := got.means(engineTotals{requests: 2, ttftSum: 0.2})
