@@ -31,6 +31,9 @@ import (
 // with a mounted certificate) or out of cluster (--kubeconfig,
 // --webhook-addr HOST:PORT registered by URL with a generated CA).
 func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if localMode(args) { // --local FILE: the same resources as processes on loopback
+		return runLocalOrchestrator(ctx, args, stdout, stderr)
+	}
 	cfg := orchestrator.DefaultConfig()
 	sc := webhook.DefaultSidecarConfig()
 	fs := newFlagSet("orchestrator", stderr)
