@@ -174,11 +174,17 @@ func kubeConfig(path string) (*rest.Config, error) {
 
 // runGet prints kvmesh.io resources with the CRDs' printer columns.
 func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if engineResource(args) { // engines come from the mesh, not the API server
+		return runEngines(ctx, "get", args, stdout, stderr)
+	}
 	return runView(ctx, "get", args, stdout, stderr)
 }
 
 // runDescribe prints one kvmesh.io object's spec, status and events.
 func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if engineResource(args) {
+		return runEngines(ctx, "describe", args, stdout, stderr)
+	}
 	return runView(ctx, "describe", args, stdout, stderr)
 }
 

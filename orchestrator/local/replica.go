@@ -82,7 +82,21 @@ func (r *replica) sidecarCommand(natsURL, seed string) []string {
 	return []string{"sidecar", "--engine-id", r.id, "--model", r.model, "--engine-url", r.addrs.url,
 		"--role", string(r.kind), "--events", r.addrs.events, "--replay", r.addrs.replay,
 		"--nats", natsURL, "--gossip-bind", "127.0.0.1:0", "--join", seed, "--gossip-profile", "local",
-		"--node-name", "sidecar-" + r.id, "--admin", ""}
+		"--node-name", "sidecar-" + r.id, "--admin", "", "--block-size", r.blockSize()}
+}
+
+// blockSize is the sim's --block-size among the spec's sim flags, else
+// the sim's default (16); the sidecar gossips it for the ingresses.
+func (r *replica) blockSize() string {
+	bs := "16"
+	for i, a := range r.simArgs {
+		if v, ok := strings.CutPrefix(a, "--block-size="); ok {
+			bs = v
+		} else if (a == "--block-size" || a == "-block-size") && i+1 < len(r.simArgs) {
+			bs = r.simArgs[i+1]
+		}
+	}
+	return bs
 }
 
 // startSim starts the sim and waits until it reports its addresses.
