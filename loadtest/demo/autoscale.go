@@ -44,6 +44,10 @@ type AutoscaleConfig struct {
 	Interval time.Duration
 	// ViewInterval of the live view. Default 2s.
 	ViewInterval time.Duration
+	// Settle bounds how long the low tail goes on after Duration while a
+	// role is still above its starting replicas (a busy machine slows the
+	// scale-down). Default 30s; negative: stop at Duration.
+	Settle time.Duration
 	// SimArgs are the engines' extra `kvmesh sim` flags. Default
 	// "--profile 7b-h100".
 	SimArgs string
@@ -87,6 +91,9 @@ func (c AutoscaleConfig) withDefaults() AutoscaleConfig {
 	}
 	if c.ViewInterval == 0 {
 		c.ViewInterval = 2 * time.Second
+	}
+	if c.Settle == 0 {
+		c.Settle = 30 * time.Second
 	}
 	if c.SimArgs == "" {
 		c.SimArgs = "--profile 7b-h100"
@@ -152,6 +159,8 @@ type AutoscaleResult struct {
 	Sent, OK, Failed int
 	// Attainment over every request of the run.
 	Attainment float64
+	// LastError is the last failed request's error ("" when none failed).
+	LastError string
 	Wall       time.Duration
 }
 
@@ -213,7 +222,7 @@ func driveAutoscale(ctx context.Context, cfg AutoscaleConfig, o *local.Orchestra
 	go func() { defer close(genDone); gen.run(genCtx, start) }() // owned here: stopGen + <-genDone
 	tick := time.NewTicker(cfg.ViewInterval)
 	defer tick.Stop()
-	end := time.NewTimer(cfg.Duration)
+	end := time.NewTimer(cfg.Duration + max(cfg.Settle, 0))
 	defer end.Stop()
 	var err error
 loop:
@@ -224,6 +233,9 @@ loop:
 			res.Samples = append(res.Samples, s)
 			if cfg.View != nil {
 				cfg.View(s)
+			}
+			if s.Elapsed >= cfg.Duration && settled(res) {
+				break loop
 			}
 		case <-end.C:
 			break loop
@@ -239,8 +251,20 @@ loop:
 	stopGen()
 	<-genDone
 	res.Sent, res.OK, res.Failed, res.Attainment = gen.totals()
+	res.LastError = gen.lastError()
 	res.Wall = time.Since(start)
 	return res, err
+}
+
+// settled reports whether both roles are back at their first sample's
+// replicas (the ramp's work is done).
+func settled(r *AutoscaleResult) bool {
+	for _, role := range []string{PrefillRole, DecodeRole} {
+		if first, _, last := r.Peak(role); last > first {
+			return false
+		}
+	}
+	return true
 }
 
 // waitReady waits until both roles have their initial replica ready and
@@ -422,6 +446,9 @@ func (r *AutoscaleResult) Check() error {
 func (r *AutoscaleResult) WriteSummary(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kvmesh demo --autoscale: %d requests (%d ok, %d failed) in %v, SLO attainment %.1f%%\n", r.Sent, r.OK, r.Failed, r.Wall.Round(time.Second), 100*r.Attainment)
+	if r.LastError != "" {
+		fmt.Fprintf(&b, "  last failure: %s\n", r.LastError)
+	}
 	for _, role := range []string{PrefillRole, DecodeRole} {
 		first, peak, last := r.Peak(role)
 		fmt.Fprintf(&b, "  %-7s replicas %d → peak %d → %d\n", role, first, peak, last)

@@ -26,6 +26,7 @@ type rampGen struct {
 	cur                  window
 	sent, ok, failed, in int
 	attained             float64 // requests within both targets
+	lastErr              string
 }
 
 type reqResult struct{ ttft, tpot time.Duration }
@@ -72,6 +73,7 @@ func (g *rampGen) run(ctx context.Context, start time.Time) {
 		if full {
 			g.failed++
 			g.cur.failed++
+			g.lastErr = "more than 512 requests in flight: arrival dropped"
 		} else {
 			g.in++
 		}
@@ -88,6 +90,7 @@ func (g *rampGen) run(ctx context.Context, start time.Time) {
 			if err != nil {
 				g.failed++
 				g.cur.failed++
+				g.lastErr = err.Error()
 				return
 			}
 			g.ok++
@@ -168,6 +171,12 @@ var errNoTokens = jsonError("stream without tokens")
 type jsonError string
 
 func (e jsonError) Error() string { return string(e) }
+
+func (g *rampGen) lastError() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lastErr
+}
 
 // window returns the results since the last call and starts a new window.
 func (g *rampGen) window() window {
