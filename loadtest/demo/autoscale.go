@@ -161,7 +161,7 @@ type AutoscaleResult struct {
 	Attainment float64
 	// LastError is the last failed request's error ("" when none failed).
 	LastError string
-	Wall       time.Duration
+	Wall      time.Duration
 }
 
 // RunAutoscale runs the demo and stops everything it started (every child
