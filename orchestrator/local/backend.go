@@ -81,6 +81,23 @@ func (s *Supervisor) Replicas(md, role string) []string {
 	return out
 }
 
+// EngineURL is a live replica's engine URL ("" when unknown): the SLO
+// mode reads the engine's metrics there.
+func (s *Supervisor) EngineURL(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rs := range s.roles {
+		for _, r := range rs {
+			if r.id == id {
+				return r.addrs.url
+			}
+		}
+	}
+	return ""
+}
+
+var _ engineURLs = (*Supervisor)(nil)
+
 // Scale implements Backend.
 func (s *Supervisor) Scale(ctx context.Context, md, role string, n int) error {
 	k := roleKey{md, role}

@@ -96,20 +96,15 @@ func (s *sloScraper) observe(ctx context.Context, now time.Time, md *v1alpha1.Mo
 	return &o
 }
 
-// urlOf finds a replica's engine URL through the supervisor when b is one.
+// engineURLs is the optional Backend capability the SLO mode needs: an
+// engine's HTTP base URL by id ("" when unknown).
+type engineURLs interface {
+	EngineURL(id string) string
+}
+
 func (s *sloScraper) urlOf(b Backend, id string) string {
-	sup, ok := b.(*Supervisor)
-	if !ok {
-		return ""
-	}
-	sup.mu.Lock()
-	defer sup.mu.Unlock()
-	for _, rs := range sup.roles {
-		for _, r := range rs {
-			if r.id == id {
-				return r.addrs.url
-			}
-		}
+	if u, ok := b.(engineURLs); ok {
+		return u.EngineURL(id)
 	}
 	return ""
 }
