@@ -47,7 +47,7 @@ func startLocal(t *testing.T, spec string, tweak func(*Config)) (*Orchestrator, 
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.File, cfg.Exe, cfg.Interval = path, kvmeshBin, 200*time.Millisecond
+	cfg.File, cfg.Exe, cfg.Interval = path, kvmeshBin(t), 200*time.Millisecond
 	cfg.DrainTimeout = 5 * time.Second
 	if testing.Verbose() {
 		cfg.ChildStderr = os.Stderr
@@ -153,7 +153,7 @@ func TestLocalCommandSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out testutil.SyncBuffer
-	cmd := exec.Command(kvmeshBin, "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--ingress")
+	cmd := exec.Command(kvmeshBin(t), "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--ingress")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func TestLocalKilledOrchestratorTakesChildren(t *testing.T) {
 	if err := os.WriteFile(spec, []byte(pdSpec), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(kvmeshBin, "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--quiet")
+	cmd := exec.Command(kvmeshBin(t), "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--quiet")
 	var out bytes.Buffer
 	cmd.Stderr = &out
 	if err := cmd.Start(); err != nil {

@@ -6,28 +6,39 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
-// kvmeshBin is the kvmesh binary built once for this package's tests: the
-// children are real `kvmesh sim`, `kvmesh sidecar` and `kvmesh ingress`.
-var kvmeshBin string
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+	buildOut  []byte
+)
+
+// kvmeshBin builds the kvmesh binary once for this package's tests (the
+// children are real `kvmesh sim`, `kvmesh sidecar` and `kvmesh ingress`).
+// Lazily, so fuzz workers and the pure tests do not pay for the build.
+func kvmeshBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "kvmesh-local-test-*")
+		if buildErr == nil {
+			buildOut, buildErr = exec.Command("go", "build", "-o", filepath.Join(binDir, "kvmesh"), "github.com/kvmesh/kvmesh/cmd/kvmesh").CombinedOutput()
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build kvmesh: %v\n%s", buildErr, buildOut)
+	}
+	return filepath.Join(binDir, "kvmesh")
+}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kvmesh-local-test-*")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	kvmeshBin = filepath.Join(dir, "kvmesh")
-	out, err := exec.Command("go", "build", "-o", kvmeshBin, "github.com/kvmesh/kvmesh/cmd/kvmesh").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build kvmesh: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 	os.Exit(code)
 }
 
