@@ -329,6 +329,9 @@ func (o *Orchestrator) shutdown() error {
 	if o.nats != nil {
 		o.nats.Shutdown()
 	}
+	if o.slo != nil {
+		o.slo.client.CloseIdleConnections()
+	}
 	return errors.Join(errs...)
 }
 
