@@ -231,3 +231,60 @@ func TestLocalKilledOrchestratorTakesChildren(t *testing.T) {
 		return true
 	})
 }
+
+// TestLocalRecoveryPolicies: None restarts only the crashed process (the
+// sim beside a killed sidecar keeps its pid); GroupRecreate restarts every
+// replica of the deployment when one sim dies.
+func TestLocalRecoveryPolicies(t *testing.T) {
+	for _, tc := range []struct {
+		policy      string
+		killSidecar bool
+	}{{"None", true}, {"GroupRecreate", false}} {
+		t.Run(tc.policy, func(t *testing.T) {
+			spec := strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  recoveryPolicy: "+tc.policy, 1)
+			o, _, stop := startLocal(t, spec, nil)
+			obs := observer(t, o.Status().Gossip)
+			testutil.WaitFor(t, time.Minute, "both engines ready", func() bool {
+				return readyEngine(obs, "demo-prefill-0", "prefill") && readyEngine(obs, "demo-decode-0", "decode")
+			})
+			testutil.WaitFor(t, 30*time.Second, "status shows both ready", func() bool {
+				p, _ := o.Status().Role("demo", "prefill")
+				d, _ := o.Status().Role("demo", "decode")
+				return p.Ready == 1 && d.Ready == 1
+			})
+			p0, _ := o.Status().Role("demo", "prefill")
+			d0, _ := o.Status().Role("demo", "decode")
+			before := map[string]EngineStatus{"prefill": p0.Engines[0], "decode": d0.Engines[0]}
+			victim := before["decode"].SimPID
+			if tc.killSidecar {
+				victim = before["decode"].SidecarPID
+			}
+			if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			testutil.WaitFor(t, time.Minute, "recovered and ready", func() bool {
+				p, _ := o.Status().Role("demo", "prefill")
+				d, _ := o.Status().Role("demo", "decode")
+				return len(d.Engines) == 1 && d.Engines[0].Restarts >= 1 && d.Ready == 1 && p.Ready == 1
+			})
+			p1, _ := o.Status().Role("demo", "prefill")
+			d1, _ := o.Status().Role("demo", "decode")
+			switch tc.policy {
+			case "None":
+				if d1.Engines[0].SimPID != before["decode"].SimPID || d1.Engines[0].SidecarPID == before["decode"].SidecarPID {
+					t.Errorf("None: decode %+v after %+v: want the same sim and a new sidecar", d1.Engines[0], before["decode"])
+				}
+				if p1.Engines[0].SimPID != before["prefill"].SimPID {
+					t.Errorf("None: prefill restarted too")
+				}
+			case "GroupRecreate":
+				if d1.Engines[0].SimPID == before["decode"].SimPID || p1.Engines[0].SimPID == before["prefill"].SimPID || p1.Engines[0].Restarts < 1 {
+					t.Errorf("GroupRecreate: prefill %+v decode %+v: want both recreated", p1.Engines[0], d1.Engines[0])
+				}
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
