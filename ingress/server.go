@@ -301,7 +301,7 @@ func (s *Server) shareLoadLoop() {
 				lastExpire = now
 			}
 			if s.deps.LoadSharer != nil {
-				buf = s.ups.snapshot(buf[:0])
+				buf = s.pdLoads(s.ups.snapshot(buf[:0])) // pd.go: prefill legs per engine
 				s.deps.LoadSharer.ShareInFlight(buf)
 			}
 			blob = s.shareCluster(blob)
