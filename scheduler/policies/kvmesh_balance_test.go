@@ -127,3 +127,25 @@ func TestKVMeshBalanceConfig(t *testing.T) {
 		t.Fatal("negative balanceSeconds accepted")
 	}
 }
+
+// TestKVMeshBoundNoAlloc: the bound and the saturation switch add no
+// allocation to Pick (the scheduler's no-alloc guard runs the defaults,
+// where both are off).
+func TestKVMeshBoundNoAlloc(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation count")
+	}
+	p := NewKVMesh()
+	p.BalanceBound, p.SaturationQueue = 0.25, 0.5
+	r := req(256)
+	es := []scheduler.Engine{eng("a"), eng("b"), eng("c")}
+	es[0].InFlight, es[0].LocalPrefillTokens = 12, 90000
+	cs := make([]scheduler.Candidate, len(es))
+	for i := range es {
+		cs[i] = scheduler.Candidate{Engine: &es[i], CachedTokens: 1024 * i}
+	}
+	var cyc scheduler.Cycle
+	if a := testing.AllocsPerRun(100, func() { p.Pick(r, cs, &cyc) }); a != 0 {
+		t.Fatalf("Pick with the bound allocates %.1f per call", a)
+	}
+}
