@@ -24,7 +24,8 @@ import (
 //     tokens sent there without a first byte yet) plus the request's own
 //     uncached tokens (prompt − matched blocks × block size). Non-streamed
 //     answers and disaggregated decode legs give none: their first byte is
-//     not the engine's first token.
+//     not the engine's first token. A P/D prefill leg (one output token, its
+//     answer sent once the prefill is done) is a prefill sample of its engine.
 //   - a decode sample when a streamed request ends: the stretches between
 //     two reads of its stream during which this replica had no prefill
 //     outstanding on the engine, timed per token, against the requests
@@ -141,6 +142,17 @@ func (c *call) learnFirstToken(up *upstream) {
 		up.lw.prefillSamples.Add(1)
 	}
 	c.lc.last, c.lc.pure = now, up.prefill.Load() == 0
+}
+
+// learnPrefillLeg records a P/D prefill leg's answer (one output token,
+// not streamed: its headers come once the prefill is done) as a prefill
+// sample of the prefill engine.
+func (c *call) learnPrefillLeg(up *upstream, prefill int64, d time.Duration) {
+	if c.s.learn == nil {
+		return
+	}
+	c.s.learn.ObservePrefill(up.id, int(prefill), d)
+	up.lw.prefillSamples.Add(1)
 }
 
 // learnTokens records k tokens streamed from up after the first: the gap

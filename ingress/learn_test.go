@@ -292,3 +292,25 @@ func TestLearnHooksAllocateNothing(t *testing.T) {
 		t.Errorf("samples: %d prefill, %d decode", up.lw.prefillSamples.Load(), up.lw.decodeSamples.Load())
 	}
 }
+
+// TestLearnerFedByPDLegs: in a real P/D cluster the prefill legs are the
+// prefill engine's prefill samples, and the streamed decode legs give the
+// decode engine decode samples but no prefill ones (it did not prefill).
+func TestLearnerFedByPDLegs(t *testing.T) {
+	_, s := startPDCluster(t, sim.Config{TimeScale: 1, Seed: 1}, 1, 1) // decode steps of ~7 ms wall: tokens arrive in separate reads
+	if s.learn == nil {
+		t.Fatal("no learner with the kvmesh P/D policy")
+	}
+	const n = 4
+	for i := 0; i < n; i++ {
+		body := `{"model":"m","prompt":"learn ` + strings.Repeat("word ", 60+i) + `","max_tokens":8,"stream":true}`
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %.200s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	p, d := s.learned("p0"), s.learned("d0")
+	if p.PrefillSamples != n || d.PrefillSamples != 0 || d.DecodeSamples == 0 {
+		t.Errorf("prefill engine %+v, decode engine %+v: want %d prefill samples on p0, none on d0, decode samples on d0", *p, *d, n)
+	}
+}

@@ -422,13 +422,17 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	req.SetBodyRaw(pbody)
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	up.inflight.Add(1)
-	up.prefill.Add(charge)
+	pre := up.prefill.Add(charge)
 	up.total.Add(1)
 	// Do, not DoDeadline: the upstream clients stream response bodies,
 	// which DoDeadline does not support; the connection's own timeouts
 	// bound a hung engine.
 	resp := fasthttp.AcquireResponse()
+	sent := time.Now()
 	err = up.hc.Do(req, resp)
+	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
+		c.learnPrefillLeg(up, pre, time.Since(sent)) // learn.go
+	}
 	up.inflight.Add(-1)
 	up.prefill.Add(-charge)
 	if err != nil {
