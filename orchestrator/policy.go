@@ -81,8 +81,9 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 	}
 }
 
-// policyFromSpec resolves an AutoscalingPolicy with its defaults.
-func policyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
+// PolicyFromSpec resolves an AutoscalingPolicy with its defaults: the one
+// conversion the controller and the local backend (orchestrator/local) share.
+func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 	p := autoscale.DefaultPolicy()
 	i32 := func(v *int32, d *time.Duration) {
 		if v != nil {
@@ -196,7 +197,7 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	}
 	e := c.autoscalers[ap.UID]
 	if e == nil || e.generation != ap.Generation {
-		p := policyFromSpec(&ap.Spec)
+		p := PolicyFromSpec(&ap.Spec)
 		a, err := autoscale.New(p)
 		if err != nil {
 			pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, "InvalidPolicy", err.Error())

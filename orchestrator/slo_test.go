@@ -80,7 +80,7 @@ func TestSLOInputsFromTwoIngresses(t *testing.T) {
 	if v := obs["prefill"].Metrics[autoscale.TTFTP90]; !near(v, 0.4) {
 		t.Errorf("prefill ttftP90Seconds metric %v", v)
 	}
-	a, err := autoscale.New(policyFromSpec(&ap.Spec))
+	a, err := autoscale.New(PolicyFromSpec(&ap.Spec))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,6 +166,14 @@ func blocks(e gossip.EngineView) uint64 {
 	return n
 }
 
+// group is the engine's P/D group ("-": none, every engine pairs with every other).
+func group(e gossip.EngineView) string {
+	if e.Group == "" {
+		return "-"
+	}
+	return e.Group
+}
+
 func role(e gossip.EngineView) string {
 	if e.EngineRole == "" {
 		return "mixed"
@@ -178,9 +186,9 @@ func role(e gossip.EngineView) string {
 // sidecar that stopped publishing).
 func writeEngines(w io.Writer, es []gossip.EngineView, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODE\tAGE")
+	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tGROUP\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODE\tAGE")
 	for _, e := range es {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%d\t%.0f\t%d\t%s\t%s\n", e.ID, e.Model, role(e), e.Ready, e.Running, e.Waiting,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.0f\t%d\t%s\t%s\n", e.ID, e.Model, role(e), group(e), e.Ready, e.Running, e.Waiting,
 			100*e.KVUsage, blocks(e), e.Node, age(now.Sub(e.Updated)))
 	}
 	return tw.Flush()
@@ -203,6 +211,10 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	field("Name", e.ID)
 	field("Model", e.Model)
 	field("Role", role(e))
+	field("P/D group", group(e))
+	if e.PDProtocol != "" {
+		field("P/D protocol", e.PDProtocol)
+	}
 	field("URL", e.URL)
 	field("Ready", e.Ready)
 	field("Running", e.Running)

@@ -30,7 +30,7 @@ func startEngine(t *testing.T, nats *natsutil.Embedded, id, role, seed string) *
 		t.Fatal(err)
 	}
 	sc := sidecar.DefaultConfig()
-	sc.Engines = []sidecar.EngineConfig{{ID: id, Model: "m", URL: s.URL(), Role: role, Events: s.EventsEndpoint(0), Replay: s.ReplayEndpoint(0), BlockSize: 16}}
+	sc.Engines = []sidecar.EngineConfig{{ID: id, Model: "m", URL: s.URL(), Role: role, PDGroup: "g1", Events: s.EventsEndpoint(0), Replay: s.ReplayEndpoint(0), BlockSize: 16}}
 	sc.NATS = natsutil.DefaultConfig()
 	sc.NATS.URLs, sc.NATS.Name = []string{nats.URL()}, "sidecar-"+id
 	g := gossip.DefaultConfig()
@@ -79,7 +79,7 @@ func TestGetEngines(t *testing.T) {
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") {
 		t.Fatalf("want a header and two engines:\n%s", out.String())
 	}
-	for _, c := range []string{"MODEL", "ROLE", "READY", "RUNNING", "WAITING", "KV%", "BLOCKS", "NODE", "AGE"} {
+	for _, c := range []string{"MODEL", "ROLE", "GROUP", "READY", "RUNNING", "WAITING", "KV%", "BLOCKS", "NODE", "AGE"} {
 		if !strings.Contains(lines[0], c) {
 			t.Errorf("header lacks %s: %s", c, lines[0])
 		}
@@ -87,7 +87,7 @@ func TestGetEngines(t *testing.T) {
 	want := map[string]string{"eng-decode-0": "decode", "eng-prefill-0": "prefill"}
 	for _, l := range lines[1:] {
 		f := strings.Fields(l)
-		if len(f) < 10 || want[f[0]] != f[2] || f[1] != "m" || f[3] != "true" || f[8] != "sidecar-"+f[0] {
+		if len(f) < 11 || want[f[0]] != f[2] || f[1] != "m" || f[3] != "g1" || f[4] != "true" || f[9] != "sidecar-"+f[0] {
 			t.Errorf("row %q", l)
 		}
 		delete(want, f[0])
@@ -100,7 +100,7 @@ func TestGetEngines(t *testing.T) {
 	if code := run([]string{"describe", "engine", "eng-decode-0", "--join", seed}, &out, &errb); code != 0 {
 		t.Fatalf("describe: exit %d: %s", code, errb.String())
 	}
-	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "Block size:      16", "gpu    0 blocks"} {
+	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("describe lacks %q:\n%s", s, out.String())
 		}

@@ -35,7 +35,7 @@ func observer(t *testing.T, seed string) *gossip.Node {
 
 func readyEngine(n *gossip.Node, id, role string) bool {
 	e, ok := n.Engine(id)
-	return ok && e.Ready && e.EngineRole == role
+	return ok && e.Ready && e.EngineRole == role && e.Group == "demo-0" // the deployment's one P/D group
 }
 
 // startLocal runs an Orchestrator on spec until the test ends and returns
