@@ -123,6 +123,9 @@ type Config struct {
 	Scheduler scheduler.Config `yaml:"scheduler"`
 	// PD is the prefill/decode path's admission control (pd.go).
 	PD PDConfig `yaml:"pd"`
+	// Learn is the online cost learner the kvmesh policies price with
+	// (learn.go).
+	Learn LearnConfig `yaml:"learn"`
 
 	// Cluster joins gossip (membership, load, shared rate limits) and NATS
 	// (the materialized index). Zero: standalone with Engines.
@@ -245,6 +248,7 @@ func (c *Config) Validate() error {
 	}
 	c.Cluster.problems(bad)
 	c.PD.problems(bad)
+	c.Learn.problems(bad)
 	c.Health.problems(bad)
 	c.TLS.problems(bad)
 	sc := c.Scheduler

@@ -63,6 +63,7 @@ type call struct {
 	watch                        *watch // non-streamed requests: the client connection watcher
 	finishOnce                   sync.Once
 	rt                           routeCall // model route (route.go)
+	lc                           learnCall // the cost learner's samples (learn.go)
 }
 
 func (c *call) reset() {

@@ -17,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
 
 // The P/D path (docs/PD.md): when Deps.PD is set and a prefill engine is
@@ -61,6 +62,9 @@ type PDConfig struct {
 	// SLOTTFT is the time-to-first-token objective the cost model prices
 	// (0: none).
 	SLOTTFT time.Duration `yaml:"sloTTFT"`
+	// SLOTPOT is the time-per-output-token objective the cost model prices
+	// (0: none).
+	SLOTPOT time.Duration `yaml:"sloTPOT"`
 	// MaxPrefillInFlight caps prefill legs in flight per prefill engine
 	// from this replica. Default 8.
 	MaxPrefillInFlight int `yaml:"maxPrefillInFlight"`
@@ -75,13 +79,13 @@ type PDConfig struct {
 // problems reports every invalid field.
 func (c *PDConfig) problems(bad func(string, ...any)) {
 	if c.Policy != "" {
-		pc := pd.Config{Policy: c.Policy, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()}
+		pc := pd.Config{Policy: c.Policy, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds(), SLOTPOT: c.SLOTPOT.Seconds()}
 		if _, err := pd.New(pc); err != nil {
 			bad("pd: %v", err)
 		}
 	}
-	if c.MaxPrefillInFlight < 0 || c.PrefillTimeout < 0 || c.SLOTTFT < 0 {
-		bad("pd: maxPrefillInFlight, prefillTimeout and sloTTFT must be ≥ 0")
+	if c.MaxPrefillInFlight < 0 || c.PrefillTimeout < 0 || c.SLOTTFT < 0 || c.SLOTPOT < 0 {
+		bad("pd: maxPrefillInFlight, prefillTimeout, sloTTFT and sloTPOT must be ≥ 0")
 	}
 }
 
@@ -326,7 +330,7 @@ func (s *Server) buildPD(c PDConfig) PDPlanner {
 	cost, err := pd.CostFrom(s.cfg.Scheduler)
 	var pol pd.Policy
 	if err == nil {
-		pol, err = pd.New(pd.Config{Policy: c.Policy, Cost: cost, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()})
+		pol, err = pd.New(s.pdPolicyConfig(c, cost))
 	}
 	if err == nil {
 		var r *pd.Router
@@ -336,6 +340,17 @@ func (s *Server) buildPD(c PDConfig) PDPlanner {
 	}
 	s.log.Warn("pd: P/D off", "err", err)
 	return nil
+}
+
+// pdPolicyConfig is the P/D policy's config: the objectives, and the
+// ingress's learner, when on, as its per-engine cost model (learn.go).
+func (s *Server) pdPolicyConfig(c PDConfig, cost *policies.KVMeshConfig) pd.Config {
+	pc := pd.Config{Policy: c.Policy, Cost: cost, TransferGbps: c.TransferGbps,
+		SLOTTFT: c.SLOTTFT.Seconds(), SLOTPOT: c.SLOTPOT.Seconds()}
+	if s.learn != nil {
+		pc.Costs = s.learn
+	}
+	return pc
 }
 
 func hasPrefill(cs []scheduler.Engine) bool {
@@ -407,13 +422,17 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	req.SetBodyRaw(pbody)
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	up.inflight.Add(1)
-	up.prefill.Add(charge)
+	pre := up.prefill.Add(charge)
 	up.total.Add(1)
 	// Do, not DoDeadline: the upstream clients stream response bodies,
 	// which DoDeadline does not support; the connection's own timeouts
 	// bound a hung engine.
 	resp := fasthttp.AcquireResponse()
+	sent := time.Now()
 	err = up.hc.Do(req, resp)
+	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
+		c.learnPrefillLeg(up, pre, time.Since(sent)) // learn.go
+	}
 	up.inflight.Add(-1)
 	up.prefill.Add(-charge)
 	if err != nil {

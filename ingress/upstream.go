@@ -28,6 +28,7 @@ type upstream struct {
 	active   atomic.Int64
 	total    atomic.Uint64
 	failures atomic.Uint64
+	lw       learnLoad // the cost learner's counts (learn.go)
 }
 
 // upstreams is the set of engines this replica has talked to.
