@@ -20,11 +20,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("bench", stderr)
 	benchFlags(fs, &opts)
 	pdf := pdBenchFlags(fs)
+	asf := autoscaleBenchFlags(fs)
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	var err error
-	if pdf.on() {
+	if asf.on() {
+		err = runBenchAutoscale(ctx, opts, pdf, asf, stdout)
+	} else if pdf.on() {
 		err = runBenchPD(ctx, fs, opts, pdf, stdout)
 	} else {
 		err = bench.Run(ctx, opts, stdout)
