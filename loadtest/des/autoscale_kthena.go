@@ -358,7 +358,11 @@ func KthenaEnforceRatio(num, den int32, nr, dr KthenaRole, band KthenaRatio) (in
 }
 
 // recordWindow is upstream's RmqRecordSlidingWindow: the best value
-// appended within the last width (none when width is 0).
+// appended within the last width (none when width is 0). Upstream keeps a
+// value while at + width ≥ now in milliseconds; its controller's syncs are
+// the period plus processing time apart, so a value exactly one period old
+// has expired there: here too (at + width ≤ now expires), the same for
+// lineWindow.
 type recordWindow struct {
 	width  time.Duration
 	better func(a, b int32) bool
@@ -374,7 +378,7 @@ func (w *recordWindow) best(now time.Duration) (int32, bool) {
 	if w.width == 0 {
 		return 0, false
 	}
-	for len(w.at) > 0 && w.at[0]+w.width < now {
+	for len(w.at) > 0 && w.at[0]+w.width <= now {
 		w.at, w.v = w.at[1:], w.v[1:]
 	}
 	if len(w.v) == 0 {
@@ -404,7 +408,7 @@ type lineWindow struct {
 }
 
 func (w *lineWindow) expire(now time.Duration) {
-	for len(w.endedAt) > 0 && w.endedAt[0]+w.width < now {
+	for len(w.endedAt) > 0 && w.endedAt[0]+w.width <= now {
 		w.endedAt, w.endedVal = w.endedAt[1:], w.endedVal[1:]
 	}
 	if w.hasDrift && w.driftAt+2*w.width < now {
