@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -46,7 +47,7 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		initial:      fs.String("initial-roles", "prefill=2,decode=2", "with --autoscale: starting size of slo and kthena runs"),
 		maxPerRole:   fs.Int("max-per-role", 32, "with --autoscale: engines per role at most"),
 		ratio:        fs.String("ratio", "0.25:2", "with --autoscale: prefill/decode ratio band MIN:MAX for slo and kthena (empty: none)"),
-		sloUtil:      fs.String("slo-util", "0.6", "with --autoscale slo: comma-separated utilizations of the profiled capacity (one run each)"),
+		sloUtil:      fs.String("slo-util", "0.6", "with --autoscale slo: comma-separated P[:D] utilizations of the profiled prefill and decode capacity (one run each; D defaults to P)"),
 		kthena:       fs.String("kthena-targets", "2:24", "with --autoscale kthena: comma-separated W:R targets, W waiting requests per prefill pod, R running requests per decode pod (one run each)"),
 		duration:     fs.Duration("duration", 90*time.Minute, "with --autoscale: trace length in virtual time"),
 		peak:         fs.Float64("peak-rate", 6, "with --shape diurnal: peak requests/s"),
@@ -170,9 +171,16 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 	}
 	var out []autoscaleRun
 	for _, u := range strings.Split(*f.sloUtil, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(u), 64)
-		if err != nil || !(v > 0) {
-			bad("--slo-util %q: want numbers > 0", *f.sloUtil)
+		pu, du, two := strings.Cut(strings.TrimSpace(u), ":")
+		v, err := strconv.ParseFloat(pu, 64)
+		dv := v
+		if two {
+			var err2 error
+			dv, err2 = strconv.ParseFloat(du, 64)
+			err = errors.Join(err, err2)
+		}
+		if err != nil || !(v > 0) || !(dv > 0) {
+			bad("--slo-util %q: want P[:D] numbers > 0", *f.sloUtil)
 			return nil
 		}
 		p := autoscale.DefaultPolicy()
@@ -181,7 +189,7 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 			"decode":  {Bounds: autoscale.Bounds{Min: 1, Max: int32(*f.maxPerRole)}},
 		}
 		p.Ratio = band
-		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v,
+		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
 			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds()})
 		if err != nil {
 			bad("%v", err)

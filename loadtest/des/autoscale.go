@@ -67,10 +67,10 @@ type SLOScalerConfig struct {
 	Profile EngineProfile
 	// Utilization is the share of the profiled capacity the SLO mode
 	// plans for (its target knob): prefill tokens/s = Utilization ×
-	// profiled throughput; decode streams = Utilization × the streams
-	// whose profiled TPOT meets the target.
-	Utilization    float64
-	SLOTTFT, SLOTP float64 // seconds
+	// profiled throughput; decode streams = DecodeUtilization (default
+	// Utilization) × the streams whose profiled TPOT meets the target.
+	Utilization, DecodeUtilization float64
+	SLOTTFT, SLOTP                 float64 // seconds
 }
 
 // SLOScaler is kvmesh's SLO mode: orchestrator/autoscale's Autoscaler
@@ -83,13 +83,16 @@ type SLOScaler struct {
 
 // NewSLOScaler validates the policy.
 func NewSLOScaler(c SLOScalerConfig) (*SLOScaler, error) {
-	if !(c.Utilization > 0) || c.Profile.PrefillTokensPerSecond <= 0 {
-		return nil, fmt.Errorf("%w: slo mode: utilization %v and a profile are required", ErrConfig, c.Utilization)
+	if c.DecodeUtilization == 0 {
+		c.DecodeUtilization = c.Utilization
+	}
+	if !(c.Utilization > 0) || !(c.DecodeUtilization > 0) || c.Profile.PrefillTokensPerSecond <= 0 {
+		return nil, fmt.Errorf("%w: slo mode: utilizations %v/%v and a profile are required", ErrConfig, c.Utilization, c.DecodeUtilization)
 	}
 	p := c.Policy
 	p.SLO = &autoscale.SLO{TTFTSeconds: c.SLOTTFT, TPOTSeconds: c.SLOTP,
 		PrefillTokensPerSecond:  c.Utilization * c.Profile.PrefillTokensPerSecond,
-		DecodeStreamsPerReplica: c.Utilization * c.Profile.StreamsWithin(c.SLOTP)}
+		DecodeStreamsPerReplica: c.DecodeUtilization * c.Profile.StreamsWithin(c.SLOTP)}
 	p.SLOPrefill, p.SLODecode = rolePrefill, roleDecode
 	if p.SLO.DecodeStreamsPerReplica <= 0 {
 		return nil, fmt.Errorf("%w: slo mode: no stream count meets TPOT %vs in the profile", ErrConfig, c.SLOTP)
@@ -111,7 +114,7 @@ func (s *SLOScaler) Setting() string {
 	if b := s.cfg.Policy.Ratio; b != nil {
 		r = fmt.Sprintf(" ratio %.2g–%.2g", b.Min, b.Max)
 	}
-	return fmt.Sprintf("util %.2f (%.0f tok/s, %.1f streams)%s", s.cfg.Utilization,
+	return fmt.Sprintf("util P %.2f D %.2f (%.0f tok/s, %.1f streams)%s", s.cfg.Utilization, s.cfg.DecodeUtilization,
 		s.cfg.Policy.SLO.PrefillTokensPerSecond, s.cfg.Policy.SLO.DecodeStreamsPerReplica, r)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -274,5 +275,30 @@ func TestScaleConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("config %d accepted", i)
 		}
+	}
+}
+
+// TestSLOScalerSizesFromSignals: the SLO mode sizes prefill from the
+// ingress's uncached prompt tokens/s and decode from the gossiped streams
+// (running + waiting) over the planned per-replica capacities.
+func TestSLOScalerSizesFromSignals(t *testing.T) {
+	prof := EngineProfile{PrefillTokensPerSecond: 10000, Streams: []int{1, 64, 128}, TPOT: []float64{0.02, 0.04, 0.08}}
+	p := autoscale.DefaultPolicy()
+	p.Roles = map[string]autoscale.RolePolicy{"prefill": {Bounds: autoscale.Bounds{Min: 1, Max: 20}}, "decode": {Bounds: autoscale.Bounds{Min: 1, Max: 20}}}
+	s, err := NewSLOScaler(SLOScalerConfig{Policy: p, Profile: prof, Utilization: 0.5, DecodeUtilization: 0.5, SLOTTFT: 2, SLOTP: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Capacities: 5,000 tok/s per prefill replica; 0.5 × 80 streams (TPOT
+	// 50 ms interpolated between 64 and 128) = 40 per decode replica.
+	sig := Signals{Prefill: RoleSignals{Replicas: 3, Ready: 3, Loads: make([]EngineLoad, 3)},
+		Decode:                RoleSignals{Replicas: 3, Ready: 3, Loads: []EngineLoad{{Running: 40, Waiting: 10}, {Running: 40}, {Running: 30}}},
+		PromptTokensPerSecond: 40000, CachedFraction: 0.5}
+	pr, de := s.Decide(0, &sig)
+	if pr != 4 || de != 3 {
+		t.Fatalf("got P/D %d/%d, want 4 (20,000 uncached tok/s ÷ 5,000) / 3 (120 streams ÷ 40)", pr, de)
+	}
+	if !strings.Contains(s.Setting(), "util P 0.50 D 0.50") {
+		t.Fatalf("setting %q", s.Setting())
 	}
 }
