@@ -29,6 +29,9 @@ type autoscaleFlags struct {
 	maxPerRole   *int
 	ratio        *string
 	sloUtil      *string
+	sloStable    *time.Duration
+	sloCooldown  *time.Duration
+	sloExpect    *float64
 	kthena       *string
 	duration     *time.Duration
 	peak, trough *float64
@@ -48,6 +51,9 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		maxPerRole:   fs.Int("max-per-role", 32, "with --autoscale: engines per role at most"),
 		ratio:        fs.String("ratio", "0.25:2", "with --autoscale: prefill/decode ratio band MIN:MAX for slo and kthena (empty: none)"),
 		sloUtil:      fs.String("slo-util", "0.6", "with --autoscale slo: comma-separated P[:D] utilizations of the profiled prefill and decode capacity (one run each; D defaults to P)"),
+		sloStable:    fs.Duration("slo-stable-window", 180*time.Second, "with --autoscale slo: the policy's stable window (panic window: a third of it)"),
+		sloCooldown:  fs.Duration("slo-cooldown", 300*time.Second, "with --autoscale slo: the policy's scale-down cool-down after a scale-up"),
+		sloExpect:    fs.Float64("slo-ttft-expect", 0, "with --autoscale slo: the TTFT correction's expectation: 0 = the profile's no-queue prefill of the p90 prompt, f = f × --slo-ttft"),
 		kthena:       fs.String("kthena-targets", "2:24", "with --autoscale kthena: comma-separated W:R targets, W waiting requests per prefill pod, R running requests per decode pod (one run each)"),
 		duration:     fs.Duration("duration", 90*time.Minute, "with --autoscale: trace length in virtual time"),
 		peak:         fs.Float64("peak-rate", 6, "with --shape diurnal: peak requests/s"),
@@ -184,13 +190,14 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 			return nil
 		}
 		p := autoscale.DefaultPolicy()
+		p.StableWindow, p.PanicWindow, p.DownCooldown = *f.sloStable, max(*f.sloStable/3, time.Second), *f.sloCooldown
 		p.Roles = map[string]autoscale.RolePolicy{
 			"prefill": {Bounds: autoscale.Bounds{Min: 1, Max: int32(*f.maxPerRole)}},
 			"decode":  {Bounds: autoscale.Bounds{Min: 1, Max: int32(*f.maxPerRole)}},
 		}
 		p.Ratio = band
 		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
-			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds()})
+			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect})
 		if err != nil {
 			bad("%v", err)
 			return nil

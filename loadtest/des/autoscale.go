@@ -71,6 +71,12 @@ type SLOScalerConfig struct {
 	// Utilization) × the streams whose profiled TPOT meets the target.
 	Utilization, DecodeUtilization float64
 	SLOTTFT, SLOTP                 float64 // seconds
+	// TTFTExpectation sets the TTFT the prefill correction divides by:
+	// 0 means the profile's (the window's p90 prompt prefilled with no
+	// queue, Dynamo's interpolation); f > 0 means f × the TTFT target, so
+	// the correction steers the measured p90 toward that share of the
+	// SLO (below 1 it lowers the sizing, down to the clamp of 0.5).
+	TTFTExpectation float64
 }
 
 // SLOScaler is kvmesh's SLO mode: orchestrator/autoscale's Autoscaler
@@ -114,8 +120,13 @@ func (s *SLOScaler) Setting() string {
 	if b := s.cfg.Policy.Ratio; b != nil {
 		r = fmt.Sprintf(" ratio %.2g–%.2g", b.Min, b.Max)
 	}
-	return fmt.Sprintf("util P %.2f D %.2f (%.0f tok/s, %.1f streams)%s", s.cfg.Utilization, s.cfg.DecodeUtilization,
-		s.cfg.Policy.SLO.PrefillTokensPerSecond, s.cfg.Policy.SLO.DecodeStreamsPerReplica, r)
+	p := s.cfg.Policy
+	e := "profile"
+	if s.cfg.TTFTExpectation > 0 {
+		e = fmt.Sprintf("%.2g×SLO", s.cfg.TTFTExpectation)
+	}
+	return fmt.Sprintf("util P %.2f D %.2f (%.0f tok/s, %.1f streams), TTFT expected %s, stable %v, cool-down %v%s", s.cfg.Utilization,
+		s.cfg.DecodeUtilization, p.SLO.PrefillTokensPerSecond, p.SLO.DecodeStreamsPerReplica, e, p.StableWindow, p.DownCooldown, r)
 }
 
 // Decide implements Autoscaler: the mesh's gossip as the controller sums
@@ -137,6 +148,9 @@ func (s *SLOScaler) Decide(now time.Duration, sig *Signals) (int, int) {
 		// with no queue, and the TPOT at the streams per ready replica.
 		ExpectedTTFT: sig.P90Prompt * uncached / s.cfg.Profile.PrefillTokensPerSecond,
 		ExpectedTPOT: s.cfg.Profile.TPOTAt(streams / math.Max(float64(sig.Decode.Ready), 1)),
+	}
+	if s.cfg.TTFTExpectation > 0 {
+		so.ExpectedTTFT = s.cfg.TTFTExpectation * s.cfg.SLOTTFT
 	}
 	res := s.a.Step(epoch.Add(now), obs, &so)
 	return int(res.Roles[rolePrefill].Desired), int(res.Roles[roleDecode].Desired)
