@@ -32,6 +32,7 @@ type autoscaleFlags struct {
 	sloStable    *time.Duration
 	sloCooldown  *time.Duration
 	sloExpect    *float64
+	sloRaise     *bool
 	kthena       *string
 	duration     *time.Duration
 	peak, trough *float64
@@ -54,6 +55,7 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		sloStable:    fs.Duration("slo-stable-window", 180*time.Second, "with --autoscale slo: the policy's stable window (panic window: a third of it)"),
 		sloCooldown:  fs.Duration("slo-cooldown", 300*time.Second, "with --autoscale slo: the policy's scale-down cool-down after a scale-up"),
 		sloExpect:    fs.Float64("slo-ttft-expect", 0, "with --autoscale slo: the TTFT correction's expectation: 0 = the profile's no-queue prefill of the p90 prompt, f = f × --slo-ttft"),
+		sloRaise:     fs.Bool("slo-raise-only", false, "with --autoscale slo: corrections only add replicas (the policy's minCorrection 1)"),
 		kthena:       fs.String("kthena-targets", "2:24", "with --autoscale kthena: comma-separated W:R targets, W waiting requests per prefill pod, R running requests per decode pod (one run each)"),
 		duration:     fs.Duration("duration", 90*time.Minute, "with --autoscale: trace length in virtual time"),
 		peak:         fs.Float64("peak-rate", 6, "with --shape diurnal: peak requests/s"),
@@ -197,7 +199,7 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		}
 		p.Ratio = band
 		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
-			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect})
+			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, RaiseOnly: *f.sloRaise})
 		if err != nil {
 			bad("%v", err)
 			return nil

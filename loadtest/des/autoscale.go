@@ -77,6 +77,9 @@ type SLOScalerConfig struct {
 	// the correction steers the measured p90 toward that share of the
 	// SLO (below 1 it lowers the sizing, down to the clamp of 0.5).
 	TTFTExpectation float64
+	// RaiseOnly sets the policy's MinCorrection to 1: corrections only
+	// add replicas.
+	RaiseOnly bool
 }
 
 // SLOScaler is kvmesh's SLO mode: orchestrator/autoscale's Autoscaler
@@ -99,6 +102,9 @@ func NewSLOScaler(c SLOScalerConfig) (*SLOScaler, error) {
 	p.SLO = &autoscale.SLO{TTFTSeconds: c.SLOTTFT, TPOTSeconds: c.SLOTP,
 		PrefillTokensPerSecond:  c.Utilization * c.Profile.PrefillTokensPerSecond,
 		DecodeStreamsPerReplica: c.DecodeUtilization * c.Profile.StreamsWithin(c.SLOTP)}
+	if c.RaiseOnly {
+		p.SLO.MinCorrection = 1
+	}
 	p.SLOPrefill, p.SLODecode = rolePrefill, roleDecode
 	if p.SLO.DecodeStreamsPerReplica <= 0 {
 		return nil, fmt.Errorf("%w: slo mode: no stream count meets TPOT %vs in the profile", ErrConfig, c.SLOTP)
@@ -124,6 +130,9 @@ func (s *SLOScaler) Setting() string {
 	e := "profile"
 	if s.cfg.TTFTExpectation > 0 {
 		e = fmt.Sprintf("%.2g×SLO", s.cfg.TTFTExpectation)
+	}
+	if s.cfg.RaiseOnly {
+		e += ", raise-only"
 	}
 	return fmt.Sprintf("util P %.2f D %.2f (%.0f tok/s, %.1f streams), TTFT expected %s, stable %v, cool-down %v%s", s.cfg.Utilization,
 		s.cfg.DecodeUtilization, p.SLO.PrefillTokensPerSecond, p.SLO.DecodeStreamsPerReplica, e, p.StableWindow, p.DownCooldown, r)
