@@ -124,7 +124,7 @@ func (*SLOScaler) Name() string { return "kvmesh-slo" }
 func (s *SLOScaler) Setting() string {
 	r := ""
 	if b := s.cfg.Policy.Ratio; b != nil {
-		r = fmt.Sprintf(" ratio %.2g–%.2g", b.Min, b.Max)
+		r = fmt.Sprintf(", ratio %.2g–%.2g", b.Min, b.Max)
 	}
 	p := s.cfg.Policy
 	e := "profile"
