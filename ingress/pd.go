@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
@@ -118,6 +120,7 @@ type pdState struct {
 	prefillS  prometheus.Histogram
 	decisions *prometheus.CounterVec // mode, reason
 	queued    prometheus.GaugeFunc
+	legsNow   prometheus.GaugeFunc
 }
 
 // prefillGate is one prefill engine's admission: a semaphore of
@@ -146,13 +149,25 @@ func (s *Server) pdInit() *pdState {
 			Help: "P/D decisions by mode and reason.", ConstLabels: cl}, []string{"mode", "reason"})
 		p.queued = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_queued",
 			Help: "Prefill legs waiting for an admission slot, all prefill engines.", ConstLabels: cl}, p.waiting)
-		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued} {
+		p.legsNow = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_inflight",
+			Help: "Prefill legs holding an admission slot (sent, not answered), all prefill engines.", ConstLabels: cl}, p.inFlight)
+		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued, p.legsNow} {
 			if err := s.deps.Registry.Register(c); err != nil {
 				s.log.Warn("pd metrics", "err", err)
 			}
 		}
 	})
 	return p
+}
+
+func (p *pdState) inFlight() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, g := range p.gates {
+		n += len(g.slots)
+	}
+	return float64(n)
 }
 
 func (p *pdState) waiting() float64 {
@@ -163,6 +178,37 @@ func (p *pdState) waiting() float64 {
 		n += g.waiting.Load()
 	}
 	return float64(n)
+}
+
+// pdLoads adds this replica's prefill legs per prefill engine (in flight
+// and queued at admission) to loads, for gossip.
+func (s *Server) pdLoads(loads []EngineLoad) []EngineLoad {
+	p := &s.pd
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, g := range p.gates {
+		legs, queued := len(g.slots), int(g.waiting.Load())
+		if legs == 0 && queued == 0 {
+			continue
+		}
+		i := slices.IndexFunc(loads, func(l EngineLoad) bool { return l.Engine == id })
+		if i < 0 {
+			loads = append(loads, EngineLoad{Engine: id})
+			i = len(loads) - 1
+		}
+		loads[i].PrefillLegs, loads[i].PrefillQueued = legs, queued
+	}
+	return loads
+}
+
+// queuedLegs is this replica's prefill legs waiting for a slot on engine.
+func (p *pdState) queuedLegs(engine string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g := p.gates[engine]; g != nil {
+		return int(g.waiting.Load())
+	}
+	return 0
 }
 
 func (p *pdState) gate(engine string) *prefillGate {
@@ -217,6 +263,13 @@ func (c *call) planPD() error {
 	if c.batchN > 1 {
 		c.dropPrefillEngines("")
 		return nil
+	}
+	for i := range c.cands {
+		// Legs waiting at this replica's admission will reach the engine
+		// (other replicas' arrive through gossip in InFlight).
+		if c.cands[i].Role == scheduler.RolePrefill {
+			c.cands[i].InFlight += p.queuedLegs(c.cands[i].ID)
+		}
 	}
 	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoEngine, err)
@@ -309,6 +362,9 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
 	if c.pd.prefill == "" {
 		return true
+	}
+	if pi := c.infoOf(c.pd.prefill); pi != nil && pi.PDProtocol == gossip.PDProtocolSGLang {
+		return c.sglangLegs(ctx) // pd_sglang.go: both legs at once
 	}
 	p := c.s.pdInit()
 	start := time.Now()

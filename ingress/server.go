@@ -46,6 +46,9 @@ type Server struct {
 	started   atomic.Bool
 	reqPool   sync.Pool // *call
 	pd        pdState   // P/D admission and metrics (pd.go)
+	// slo records per-engine TTFT/TPOT for gossip (slo_gossip.go); set in
+	// Start with gossip, before serving; nil without gossip.
+	slo *SLORecorder
 
 	closeOnce sync.Once
 	closeErr  error
@@ -301,7 +304,7 @@ func (s *Server) shareLoadLoop() {
 				lastExpire = now
 			}
 			if s.deps.LoadSharer != nil {
-				buf = s.ups.snapshot(buf[:0])
+				buf = s.pdLoads(s.ups.snapshot(buf[:0])) // pd.go: prefill legs per engine
 				s.deps.LoadSharer.ShareInFlight(buf)
 			}
 			blob = s.shareCluster(blob)

@@ -148,6 +148,9 @@ func (u *upstreams) local(id string) (inflight, prefill, active int) {
 type EngineLoad struct {
 	Engine   string
 	InFlight int
+	// PrefillLegs and PrefillQueued are this replica's P/D prefill legs on
+	// the engine: in flight, and waiting at its admission (pd.go).
+	PrefillLegs, PrefillQueued int
 }
 
 // idleConn gives every Read its own deadline, so a hung engine is detected

@@ -21,8 +21,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	benchFlags(fs, &opts)
 	pdf := pdBenchFlags(fs)
 	asf := autoscaleBenchFlags(fs)
+	quiet := fs.Bool("quiet", false, "live mode: no progress on stderr")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
+	}
+	if !*quiet {
+		opts.Progress = stderr
 	}
 	var err error
 	if asf.on() {
@@ -40,7 +44,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // benchFlags binds every `kvmesh bench` flag onto o.
 func benchFlags(fs *flag.FlagSet, o *bench.Options) {
-	fs.StringVar(&o.Mode, "mode", o.Mode, "benchmark mode (des: discrete-event simulation)")
+	fs.StringVar(&o.Mode, "mode", o.Mode, "benchmark mode (des: discrete-event simulation; live: sim engines, sidecars, NATS and ingresses at --time-scale)")
+	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "live: engines and arrivals run this many times faster than real time")
+	fs.IntVar(&o.Ingresses, "ingresses", o.Ingresses, "live: ingress replicas (requests round-robin over them)")
+	fs.StringVar(&o.HTML, "html", o.HTML, "also write a self-contained HTML report (plots, table) to this file")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "simulated engines (1..4000)")
 	fs.Func("policies", "comma-separated policies (default "+strings.Join(o.Policies, ",")+")", func(s string) error {
 		o.Policies = strings.Split(s, ",")

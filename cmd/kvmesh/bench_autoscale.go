@@ -80,6 +80,9 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 		probs = append(probs, strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
 	}
 	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	if o.Mode != "des" {
+		bad("--autoscale runs in --mode des only")
+	}
 	cfg := des.ScaleConfig{PDConfig: des.PDConfig{Config: base, TransferGbps: *pdf.transferGbps, TransferSetup: max(*pdf.transferSet, time.Nanosecond),
 		SLOTTFT: *pdf.sloTTFT, SLOTPOT: *pdf.sloTPOT, NonCachedTokens: *pdf.nonCached},
 		StartupDelay: *f.startup, SyncPeriod: *f.sync, MaxPerRole: *f.maxPerRole}

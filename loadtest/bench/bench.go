@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -36,7 +37,7 @@ const DefaultProfile = "7b-l40s"
 // Options are the command's settings; DefaultOptions documents the
 // defaults. Zero is a valid value only where a field says so.
 type Options struct {
-	Mode     string   // des (the only mode)
+	Mode     string   // des (discrete-event simulation) or live (real processes, live.go)
 	Engines  int      // simulated engines, 1..4000
 	Policies []string // policies to compare (registry.PolicyNames); blank items are skipped
 	Profile  string   // engine timing profile (engine.ProfileNames)
@@ -69,6 +70,14 @@ type Options struct {
 	// ConfigPath is a SchedulerConfig file with the policies' parameters.
 	ConfigPath string
 	JSON       bool // JSON instead of a table
+	// HTML, when set, is a file to write a self-contained HTML report to.
+	HTML string
+	// Live mode (live.go): engines run TimeScale× faster than real time
+	// behind Ingresses ingress replicas; Progress, when set, gets the load
+	// generator's progress lines.
+	TimeScale float64
+	Ingresses int
+	Progress  io.Writer
 }
 
 // DefaultOptions compares the baselines, the emulated routers and kvmesh
@@ -76,7 +85,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{Mode: "des", Engines: 8, Policies: DefaultPolicies(), Profile: DefaultProfile, BlockSize: 16, Seed: 1,
 		Workload: "shared-prefix", Groups: 64, Prompts: 16, Shared: 2048, Question: 128, Output: 256, RateScale: 1,
-		SnapshotInterval: 200 * time.Millisecond}
+		SnapshotInterval: 200 * time.Millisecond, TimeScale: DefaultTimeScale, Ingresses: 1}
 }
 
 // DefaultPolicies are every policy but the generic weighted one (which
@@ -95,9 +104,14 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	rep, err := des.Run(ctx, cfg, reqs, names)
+	rep, err := o.run(ctx, cfg, reqs, names)
 	if err != nil {
 		return err
+	}
+	if o.HTML != "" {
+		if err := o.writeHTML(rep, reqs, cfg); err != nil {
+			return err
+		}
 	}
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
@@ -107,7 +121,10 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	st := workload.Summarize(reqs)
 	fmt.Fprintf(stdout, "workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s)\n",
 		o.Workload, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), o.Engines, cfg.Engine.Profile.Name)
-	if slices.Contains(names, "kvmesh") {
+	if o.Mode == "live" {
+		o.liveNote(stdout)
+	}
+	if slices.Contains(names, "kvmesh") && o.Mode == "des" {
 		c := cfg
 		c.Defaults()
 		k, err := kvmeshParams(c.Scheduler)
@@ -117,7 +134,18 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
 			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty, k.WaitingWeight)
 	}
-	return rep.WriteTable(stdout)
+	if err := rep.WriteTable(stdout); err != nil || o.Mode != "live" {
+		return err
+	}
+	return o.liveOverheads(stdout, rep)
+}
+
+// run runs the prepared benchmark in o's mode.
+func (o Options) run(ctx context.Context, cfg des.Config, reqs []workload.Request, names []string) (report.Report, error) {
+	if o.Mode == "live" {
+		return runLive(ctx, o, cfg, reqs, names)
+	}
+	return des.Run(ctx, cfg, reqs, names)
 }
 
 // Prepare checks o and returns the simulation's config and the policies
@@ -129,6 +157,7 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
 	prof := o.checkEngines(bad)
 	o.checkWorkload(bad)
+	o.checkLive(bad)
 	var sc scheduler.Config
 	if o.ConfigPath != "" {
 		var err error
@@ -172,8 +201,8 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 // checkEngines checks the mode and the simulated engines; it returns the
 // timing profile.
 func (o *Options) checkEngines(bad func(string, ...any)) engine.Profile {
-	if o.Mode != "des" {
-		bad("--mode %q: only des", o.Mode)
+	if o.Mode != "des" && o.Mode != "live" {
+		bad("--mode %q: want des or live", o.Mode)
 	}
 	prof, err := engine.LookupProfile(o.Profile)
 	if err != nil {

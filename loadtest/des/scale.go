@@ -278,6 +278,9 @@ func (s *scaleSim) add(role scheduler.Role, now time.Duration) {
 		s.trans = append(s.trans, nil)
 		s.stepPending = append(s.stepPending, false)
 		s.awaitFirst = append(s.awaitFirst, nil)
+		s.ctx = append(s.ctx, engineCtx{})
+		s.lat = append(s.lat, latAcc{})
+		s.legs = append(s.legs, 0)
 		s.slot = append(s.slot, -1)
 	}
 	ec := s.cfg.Engine
@@ -292,6 +295,9 @@ func (s *scaleSim) add(role scheduler.Role, now time.Duration) {
 	s.view[slot] = scheduler.Engine{ID: id, Model: s.cfg.Model, Role: role, GPUBlocks: ec.GPUBlocks}
 	s.trans[slot] = newTranslator(s.cfg.Model, ec.BlockSize)
 	s.awaitFirst[slot] = s.awaitFirst[slot][:0]
+	// Per-engine ingress state starts fresh, as for a new pod (the slices
+	// are pdSim's, indexed like engines).
+	s.ctx[slot], s.lat[slot], s.legs[slot] = engineCtx{}, latAcc{}, 0
 	s.ids[id] = slot
 	s.insts = append(s.insts, instance{role: role, slot: slot, state: stStarting, requested: now})
 	s.slot[slot] = len(s.insts) - 1
