@@ -9,8 +9,10 @@ import (
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
-// EngineLoad is one ready engine's load as the mesh gossips it (and as
-// vLLM's /metrics expose it to a Prometheus-scraping autoscaler).
+// EngineLoad is one ready engine's load as the router's snapshot holds
+// it (vLLM's /metrics as a Prometheus-scraping autoscaler reads them).
+// QueuedPrefillTokens stays 0 while pdSim's snapshot follows vLLM, which
+// exports no such metric.
 type EngineLoad struct {
 	Waiting, Running    int
 	KVUsage             float64
