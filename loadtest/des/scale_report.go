@@ -52,10 +52,9 @@ type ScaleResult struct {
 	ScaleDecisions  int     `json:"scale_decisions"`
 	Disaggregated   float64 `json:"disaggregated"`
 	// Span is the run's end (the last request's finish), seconds.
-	Span    float64        `json:"span_s"`
-	Windows []ScaleWindow  `json:"windows"`
-	Wall    time.Duration  `json:"-"`
-	Extra   map[string]any `json:"extra,omitempty"`
+	Span    float64       `json:"span_s"`
+	Windows []ScaleWindow `json:"windows"`
+	Wall    time.Duration `json:"-"`
 }
 
 // scaleReport accumulates the current report window.
