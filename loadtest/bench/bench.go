@@ -51,16 +51,20 @@ type Options struct {
 	// (0: the profile's vLLM default).
 	GPUBlocks, CPUBlocks, BlockSize, MaxRunning, MaxBatchTokens int
 	// Seed seeds the workload and the schedulers; 0 means the default, 1.
-	Seed     uint64
-	Workload string // shared-prefix or trace
+	Seed uint64
+	// Workload is shared-prefix, trace (Mooncake JSONL), azure (an Azure
+	// LLM inference CSV with synthetic prefixes), chat (multi-turn) or
+	// tool-agent (loadtest/workload documents each).
+	Workload string
 	// Shared-prefix workload: Groups of Prompts sharing Shared tokens, each
 	// with Question more and Output generated; Rate requests/s (0: all at once).
 	Groups, Prompts, Shared, Question, Output int
 	Rate                                      float64
 	// Concurrency caps the client's requests in flight (0: unlimited).
 	Concurrency int
-	// Trace workload: a Mooncake-format JSONL file, its arrival rate scaled
-	// by RateScale (> 0), only its first Limit requests (0: all).
+	// Trace workload: a Mooncake-format JSONL file (or, for azure, the
+	// CSV), its arrival rate scaled by RateScale (> 0; chat and tool-agent
+	// too), only its first Limit requests (0: all; chat and tool-agent too).
 	Trace     string
 	RateScale float64
 	Limit     int
@@ -254,12 +258,13 @@ func (o *Options) checkWorkload(bad func(string, ...any)) {
 	atLeast(bad, "limit", o.Limit, 0, " (0 = all)")
 	switch o.Workload {
 	case "shared-prefix":
-	case "trace":
+	case "trace", "azure":
 		if o.Trace == "" {
-			bad("--workload trace needs --trace FILE")
+			bad("--workload %s needs --trace FILE", o.Workload)
 		}
+	case "chat", "tool-agent":
 	default:
-		bad("--workload %q: want shared-prefix or trace", o.Workload)
+		bad("--workload %q: want shared-prefix, trace, azure, chat or tool-agent", o.Workload)
 	}
 }
 
@@ -297,8 +302,15 @@ func atLeast(bad func(string, ...any), name string, v, lo int, note string) {
 // requests generates or reads the workload.
 func (o *Options) requests() ([]workload.Request, error) {
 	seed := max(o.Seed, 1)
-	if o.Workload == "trace" {
+	switch o.Workload {
+	case "trace":
 		return workload.Mooncake{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+	case "azure":
+		return workload.Azure{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+	case "chat":
+		return workload.Chat{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
+	case "tool-agent":
+		return workload.ToolAgent{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
 	}
 	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,
 		Output: o.Output, Rate: o.Rate, Seed: seed}.Generate()
