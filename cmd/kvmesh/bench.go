@@ -20,6 +20,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("bench", stderr)
 	benchFlags(fs, &opts)
 	pdf := pdBenchFlags(fs)
+	asf := autoscaleBenchFlags(fs)
 	quiet := fs.Bool("quiet", false, "live mode: no progress on stderr")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -28,7 +29,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		opts.Progress = stderr
 	}
 	var err error
-	if pdf.on() {
+	if asf.on() {
+		err = runBenchAutoscale(ctx, opts, pdf, asf, stdout)
+	} else if pdf.on() {
 		err = runBenchPD(ctx, fs, opts, pdf, stdout)
 	} else {
 		err = bench.Run(ctx, opts, stdout)
