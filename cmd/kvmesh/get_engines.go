@@ -124,9 +124,11 @@ func observeMesh(bind string, seeds []string, key []byte, extra [][]byte) (*goss
 	return node, nil
 }
 
-// settle polls the view until two polls 300 ms apart agree on the engines
-// (a join's push/pull brings the whole state at once; this waits out the
-// broadcasts racing it) or wait passes.
+// settle polls the view until every sidecar member gossips at least one
+// engine and two polls 300 ms apart agree on the engines, or wait passes.
+// A join's push/pull brings the seed's state at once, but the seed may not
+// have heard every other sidecar's engines yet; the member list, which the
+// push/pull brings whole, says whose are still missing.
 func settle(ctx context.Context, n *gossip.Node, wait time.Duration) []gossip.EngineView {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
@@ -150,11 +152,25 @@ func settle(ctx context.Context, n *gossip.Node, wait time.Duration) []gossip.En
 		case <-tick.C:
 		}
 		cur := n.Engines()
-		if len(cur) > 0 && ids(cur) == ids(last) {
+		if len(cur) > 0 && ids(cur) == ids(last) && everySidecarSeen(n.Members(), cur) {
 			return cur
 		}
 		last = cur
 	}
+}
+
+// everySidecarSeen: each live sidecar member gossips at least one engine.
+func everySidecarSeen(members map[string]gossip.NodeMeta, es []gossip.EngineView) bool {
+	from := make(map[string]bool, len(es))
+	for _, e := range es {
+		from[e.Node] = true
+	}
+	for name, m := range members {
+		if m.Role == gossip.RoleSidecar && !from[name] {
+			return false
+		}
+	}
+	return true
 }
 
 // blocks is an engine's index size: its cached blocks over every tier.

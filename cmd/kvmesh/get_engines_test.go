@@ -72,7 +72,7 @@ func TestGetEngines(t *testing.T) {
 		return ok1 && ok2 && e1.Ready && e2.Ready
 	})
 	var out, errb strings.Builder
-	if code := run([]string{"get", "engines", "--join", seed}, &out, &errb); code != 0 {
+	if code := run([]string{"get", "engines", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -97,7 +97,7 @@ func TestGetEngines(t *testing.T) {
 	}
 
 	out.Reset()
-	if code := run([]string{"describe", "engine", "eng-decode-0", "--join", seed}, &out, &errb); code != 0 {
+	if code := run([]string{"describe", "engine", "eng-decode-0", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
 		t.Fatalf("describe: exit %d: %s", code, errb.String())
 	}
 	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks"} {
@@ -127,5 +127,20 @@ func TestEngineResource(t *testing.T) {
 		if got := engineResource(strings.Fields(args)); got != want {
 			t.Errorf("%q: %v, want %v", args, got, want)
 		}
+	}
+}
+
+// TestEverySidecarSeen: the view is settled only when each sidecar member
+// gossips an engine; ingresses and orchestrators gossip none.
+func TestEverySidecarSeen(t *testing.T) {
+	members := map[string]gossip.NodeMeta{"sidecar-a": {Role: gossip.RoleSidecar}, "sidecar-b": {Role: gossip.RoleSidecar},
+		"ingress-1": {Role: gossip.RoleIngress}}
+	a := gossip.EngineView{EngineState: gossip.EngineState{ID: "a"}, Node: "sidecar-a"}
+	b := gossip.EngineView{EngineState: gossip.EngineState{ID: "b"}, Node: "sidecar-b"}
+	if everySidecarSeen(members, []gossip.EngineView{a}) {
+		t.Error("sidecar-b's engine missing, yet settled")
+	}
+	if !everySidecarSeen(members, []gossip.EngineView{a, b}) {
+		t.Error("every sidecar seen, yet not settled")
 	}
 }
