@@ -104,6 +104,10 @@ func (m *mesh) newReplica(id string, mut func(*ingress.Config)) *replica {
 	cfg.Listen = "127.0.0.1:0"
 	cfg.AdminListen = "127.0.0.1:0" // /debug/engines lives there
 	cfg.Scheduler.Policy = "kvmesh"
+	// Each replica learns engine costs from its own traffic, so two replicas'
+	// cost models differ by design; these tests compare decisions across
+	// replicas, so both price with the same (prior) rates.
+	cfg.Learn.Disabled = true
 	cfg.LoadInterval = 50 * time.Millisecond
 	cfg.Cluster = ingress.ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{m.nats}}
 	if m.seed != "" {

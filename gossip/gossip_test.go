@@ -183,8 +183,13 @@ func TestValidateListsEveryProblem(t *testing.T) {
 func FuzzDecodeGossip(f *testing.F) {
 	e, _ := encodeEntry(&entry{Origin: "n", Kind: kindEngine, Name: "e", Version: 3, Engine: &EngineState{ID: "e", KVUsage: 0.3}})
 	s, _ := encodeState([]*entry{{Origin: "n", Kind: kindApp, Name: "x", App: []byte{1}}})
+	pdE, _ := encodeEntry(&entry{Origin: "n", Kind: kindEngine, Name: "p", Version: 4, Engine: &EngineState{ID: "p", Group: "g0", PDProtocol: PDProtocolSGLang, Bootstrap: "10.0.0.1:8998"}})
+	pdL, _ := encodeEntry(&entry{Origin: "i", Kind: kindInFlight, Version: 5, InFlight: map[string]int{"p": 2}, Prefill: map[string]PrefillLoad{"p": {Legs: 2, Queued: 3}}})
 	f.Add(e)
 	f.Add(s)
+	f.Add(pdE)
+	f.Add(pdL)
+	f.Add(append([]byte{wireEntry}, `{"o":"i","k":2,"v":1,"pf":{"p":{"l":-1}}}`...))
 	f.Add([]byte(`{"role":"sidecar"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if e, err := decodeEntry(b); err == nil {

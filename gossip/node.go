@@ -264,7 +264,18 @@ func (n *Node) SetEngine(s EngineState) {
 // SetInFlight publishes this ingress's in-flight requests per engine id
 // (replacing the previous map; the map is copied).
 func (n *Node) SetInFlight(inflight map[string]int) {
-	n.setLocal(&entry{Kind: kindInFlight, InFlight: maps.Clone(inflight)})
+	n.SetLoads(inflight, nil)
+}
+
+// SetLoads publishes this ingress's in-flight requests and P/D prefill
+// legs per engine id in one entry (replacing the previous maps, which are
+// copied).
+func (n *Node) SetLoads(inflight map[string]int, prefill map[string]PrefillLoad) {
+	e := &entry{Kind: kindInFlight, InFlight: maps.Clone(inflight)}
+	if len(prefill) > 0 {
+		e.Prefill = maps.Clone(prefill)
+	}
+	n.setLocal(e)
 }
 
 // SetAppState publishes an opaque blob (at most 4 KiB) under name for this
@@ -365,6 +376,27 @@ func (n *Node) InFlight() map[string]int {
 		}
 		for eng, c := range e.InFlight {
 			out[eng] += c
+		}
+	}
+	return out
+}
+
+// PrefillLoads returns the cluster-wide P/D prefill legs per prefill
+// engine: the sum over every alive ingress's last gossiped loads, this
+// node's included.
+func (n *Node) PrefillLoads() map[string]PrefillLoad {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]PrefillLoad{}
+	for k, e := range n.entries {
+		if k.kind != kindInFlight {
+			continue
+		}
+		for eng, l := range e.Prefill {
+			t := out[eng]
+			t.Legs += l.Legs
+			t.Queued += l.Queued
+			out[eng] = t
 		}
 	}
 	return out

@@ -24,9 +24,36 @@ type EngineState struct {
 	QueuedPrefill int64   `json:"qpf,omitempty"`   // queued prefill tokens, when the engine exports them
 	Ready         bool    `json:"ready,omitempty"` // the sidecar's own readiness (events flowing, metrics scraped)
 
+	// P/D (docs/PD.md). Every field is omitted when empty, so members that
+	// predate them decode new states and new members decode theirs.
+
+	// Group is the engine's P/D group: prefill and decode engines pair only
+	// within one group ("" is a group like any other).
+	Group string `json:"grp,omitempty"`
+	// PDProtocol is the engine's P/D wire protocol: "" (vLLM's NIXL
+	// connector, kv_transfer_params, or none) or PDProtocolSGLang
+	// (bootstrap_host/port/room). Unknown values are kept as they are; the
+	// ingress treats them as "".
+	PDProtocol string `json:"pdp,omitempty"`
+	// Bootstrap is an SGLang prefill engine's bootstrap server, host:port
+	// (--disaggregation-bootstrap-port on the engine's host).
+	Bootstrap string `json:"boot,omitempty"`
+
 	// Digest is the key-set digest per tier at its delta head; Digest.Digests[t].Count
 	// is the block count of tier t.
 	Digest kvevents.EngineDigest `json:"dig"`
+}
+
+// PDProtocolSGLang is EngineState.PDProtocol of an SGLang engine run with
+// --disaggregation-mode.
+const PDProtocolSGLang = "sglang"
+
+// PrefillLoad is one ingress's P/D prefill legs on one prefill engine.
+type PrefillLoad struct {
+	// Legs are the prefill legs in flight (sent, not answered).
+	Legs int `json:"l,omitempty"`
+	// Queued are the legs waiting for an admission slot at the ingress.
+	Queued int `json:"q,omitempty"`
 }
 
 // EngineView is an engine as seen by a member: its state, the node that
@@ -52,7 +79,10 @@ type entry struct {
 	Version  int64          `json:"v"`
 	Engine   *EngineState   `json:"e,omitempty"`
 	InFlight map[string]int `json:"i,omitempty"`
-	App      []byte         `json:"a,omitempty"`
+	// Prefill rides in the in-flight entry (kindInFlight): members that
+	// predate it ignore the field.
+	Prefill map[string]PrefillLoad `json:"pf,omitempty"`
+	App     []byte                 `json:"a,omitempty"`
 }
 
 type entryKey struct {
@@ -142,6 +172,11 @@ func (e *entry) check() error {
 		for _, n := range e.InFlight {
 			if n < 0 {
 				return fmt.Errorf("%w: negative in-flight", errMalformed)
+			}
+		}
+		for _, l := range e.Prefill {
+			if l.Legs < 0 || l.Queued < 0 {
+				return fmt.Errorf("%w: negative prefill load", errMalformed)
 			}
 		}
 	case kindApp:

@@ -109,6 +109,7 @@ func (s *Server) startCluster() error {
 			return fmt.Errorf("ingress gossip: %w", err)
 		}
 		cl.node = node
+		s.slo = NewSLORecorder(DefaultSLOConfig())
 		if cl.mem != nil {
 			cl.mem.node.Store(node)
 			cl.mem.refresh()
@@ -177,6 +178,11 @@ func (s *Server) shareCluster(buf []byte) []byte {
 			s.log.Debug("share rate-limit state", "err", err)
 		}
 	}
+	if s.slo != nil {
+		if err := s.slo.Tick(time.Now(), node); err != nil {
+			s.log.Debug("share SLO summary", "err", err)
+		}
+	}
 	if s.cl.mem != nil {
 		s.cl.mem.refresh()
 	}
@@ -202,8 +208,10 @@ func (cl *cluster) close() {
 type gossipMembership struct {
 	node atomic.Pointer[gossip.Node]
 	snap atomic.Pointer[[]EngineInfo]
-	mu   sync.Mutex     // guards own
+	mu   sync.Mutex     // guards own, ownPrefill
 	own  map[string]int // this replica's last shared in-flight counts
+	// ownPrefill is this replica's last shared P/D prefill legs.
+	ownPrefill map[string]gossip.PrefillLoad
 }
 
 var (
@@ -225,14 +233,21 @@ func (g *gossipMembership) ShareInFlight(loads []EngineLoad) {
 		return
 	}
 	m := make(map[string]int, len(loads))
+	var pf map[string]gossip.PrefillLoad
 	for _, l := range loads {
 		if l.InFlight > 0 {
 			m[l.Engine] = l.InFlight
 		}
+		if l.PrefillLegs > 0 || l.PrefillQueued > 0 {
+			if pf == nil {
+				pf = map[string]gossip.PrefillLoad{}
+			}
+			pf[l.Engine] = gossip.PrefillLoad{Legs: l.PrefillLegs, Queued: l.PrefillQueued}
+		}
 	}
-	node.SetInFlight(m)
+	node.SetLoads(m, pf)
 	g.mu.Lock()
-	g.own = m
+	g.own, g.ownPrefill = m, pf
 	g.mu.Unlock()
 }
 
@@ -244,9 +259,9 @@ func (g *gossipMembership) refresh() {
 		return
 	}
 	views := node.Engines()
-	inflight := node.InFlight()
+	inflight, prefill := node.InFlight(), node.PrefillLoads()
 	g.mu.Lock()
-	own := g.own
+	own, ownPF := g.own, g.ownPrefill
 	g.mu.Unlock()
 	out := make([]EngineInfo, 0, len(views))
 	for _, v := range views {
@@ -254,15 +269,22 @@ func (g *gossipMembership) refresh() {
 			continue
 		}
 		role, _ := scheduler.ParseRole(v.EngineRole)
+		pf, opf := prefill[v.ID], ownPF[v.ID]
+		queued := max(0, pf.Queued-opf.Queued)
 		out = append(out, EngineInfo{
 			Engine: scheduler.Engine{
 				// Ready: the sidecar consumes the engine's events and its
 				// last metrics scrapes answered (gossip/state.go).
 				ID: v.ID, Healthy: v.Ready, Model: v.Model, Role: role,
 				Running: v.Running, Waiting: v.Waiting, KVUsage: v.KVUsage, QueuedPrefillTokens: int(v.QueuedPrefill),
-				InFlight: max(0, inflight[v.ID]-own[v.ID]),
+				// Prefill legs queued at other replicas' admission will reach
+				// the engine: they count as in flight there.
+				InFlight: max(0, inflight[v.ID]-own[v.ID]) + queued,
+				Group:    v.Group,
 			},
 			URL: v.URL, BlockSize: v.BlockSize,
+			PDProtocol: v.PDProtocol, Bootstrap: v.Bootstrap,
+			PrefillLegs: max(0, pf.Legs-opf.Legs), PrefillQueued: queued,
 		})
 	}
 	g.snap.Store(&out)

@@ -35,6 +35,15 @@ type StaticEngine struct {
 	ID    string `yaml:"id"`    // unique engine id; also the index's engine name
 	Model string `yaml:"model"` // served model name
 	URL   string `yaml:"url"`   // base URL, e.g. http://127.0.0.1:8001
+	// P/D (docs/PD.md), as gossip carries them for sidecar-run engines:
+	// role prefill, decode or mixed (default), the P/D group, the wire
+	// protocol ("" or nixl: vLLM's NIXL; sglang: bootstrap fields) and an
+	// SGLang prefill engine's bootstrap host:port (default the URL's host,
+	// port 8998).
+	Role       string `yaml:"role"`
+	Group      string `yaml:"group"`
+	PDProtocol string `yaml:"pdProtocol"`
+	Bootstrap  string `yaml:"bootstrap"`
 }
 
 // Config is one ingress replica's configuration. DefaultConfig fills every
@@ -114,6 +123,9 @@ type Config struct {
 	Scheduler scheduler.Config `yaml:"scheduler"`
 	// PD is the prefill/decode path's admission control (pd.go).
 	PD PDConfig `yaml:"pd"`
+	// Learn is the online cost learner the kvmesh policies price with
+	// (learn.go).
+	Learn LearnConfig `yaml:"learn"`
 
 	// Cluster joins gossip (membership, load, shared rate limits) and NATS
 	// (the materialized index). Zero: standalone with Engines.
@@ -236,6 +248,7 @@ func (c *Config) Validate() error {
 	}
 	c.Cluster.problems(bad)
 	c.PD.problems(bad)
+	c.Learn.problems(bad)
 	c.Health.problems(bad)
 	c.TLS.problems(bad)
 	sc := c.Scheduler
@@ -256,6 +269,17 @@ func (c *Config) Validate() error {
 		}
 		if u, err := url.Parse(e.URL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 			bad("engines[%d]: url %q must be http(s)://host:port", i, e.URL)
+		}
+		if _, ok := scheduler.ParseRole(e.Role); !ok {
+			bad("engines[%d]: role %q: want prefill, decode or mixed", i, e.Role)
+		}
+		switch e.PDProtocol {
+		case "", "nixl", "sglang":
+		default:
+			bad("engines[%d]: pdProtocol %q: want nixl or sglang", i, e.PDProtocol)
+		}
+		if _, _, err := net.SplitHostPort(e.Bootstrap); e.Bootstrap != "" && err != nil {
+			bad("engines[%d]: bootstrap %q: want host:port", i, e.Bootstrap)
 		}
 	}
 	if len(probs) > 0 {

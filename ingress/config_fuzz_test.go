@@ -13,6 +13,7 @@ func FuzzParseConfig(f *testing.F) {
 		"",
 		"listen: 127.0.0.1:9000\nmaxAttempts: 2\n",
 		"engines:\n- {id: a, model: m, url: http://127.0.0.1:1}\n",
+		"engines:\n- {id: p, model: m, url: http://127.0.0.1:1, role: prefill, group: g, pdProtocol: sglang, bootstrap: \"127.0.0.1:8998\"}\n",
 		"cluster: {gossipBind: '127.0.0.1:0', natsURLs: [nats://u:p@h:4222], natsAuth: {user: u}}\n",
 		"health: {consecutiveFailures: 0, errorRate: 2}\ntls: {certFile: x}\n",
 		"scheduler: {policy: kvmesh}\n",

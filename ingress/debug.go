@@ -19,6 +19,8 @@ func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 		LocalInFlight int    `json:"local_inflight"`
 		Requests      uint64 `json:"requests"`
 		Failures      uint64 `json:"failures"`
+		// Learned is the cost learner's estimate (learn.go); absent when off.
+		Learned *learnedRates `json:"learned,omitempty"`
 	}
 	var out []engine
 	for _, e := range s.deps.Membership.Engines(nil) {
@@ -29,6 +31,7 @@ func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 			en.Requests, en.Failures = up.total.Load(), up.failures.Load()
 		}
 		s.ups.mu.RUnlock()
+		en.Learned = s.learned(e.ID)
 		out = append(out, en)
 	}
 	writeJSON(ctx, out)

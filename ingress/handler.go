@@ -43,6 +43,7 @@ type call struct {
 	path      string // upstream path
 	wrap      bool   // chat answered through /v1/completions and re-wrapped
 	engine    string
+	picked    string // the policy's pick, until reported finished (policyDone)
 	match     index.Match
 	pd        pdCall // the P/D plan and prefill leg (pd.go)
 
@@ -62,6 +63,7 @@ type call struct {
 	watch                        *watch // non-streamed requests: the client connection watcher
 	finishOnce                   sync.Once
 	rt                           routeCall // model route (route.go)
+	lc                           learnCall // the cost learner's samples (learn.go)
 }
 
 func (c *call) reset() {
@@ -246,6 +248,7 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 // policy, session affinity, then the P/D step.
 func (c *call) schedule() error {
 	s := c.s
+	c.policyDone() // a reschedule: the earlier pick is over
 	t := time.Now()
 	served, adapter := c.adapterOf()
 	if c.tokens != nil {
@@ -267,6 +270,7 @@ func (c *call) schedule() error {
 	if len(c.dec.Ranked) == 0 {
 		return fmt.Errorf("%w: scheduler ranked no engine", ErrNoEngine)
 	}
+	c.picked = c.dec.Engine
 	if c.sreq.SessionEngine != "" {
 		c.keepSession()
 	}
@@ -503,6 +507,7 @@ func (c *call) finish() {
 		if c.release != nil {
 			c.release()
 		}
+		c.policyDone()
 		if c.status == 200 {
 			if s.deps.Limiter != nil {
 				s.deps.Limiter.Observe(c.keyID, c.model, c.outTokens)
@@ -511,6 +516,9 @@ func (c *call) finish() {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
+			if s.slo != nil {
+				s.slo.observeCall(c, total)
+			}
 		}
 		ep := c.ep.String()
 		s.m.requests.WithLabelValues(ep, s.m.status(c.status)).Inc()
@@ -529,6 +537,19 @@ func (c *call) finish() {
 		// call may already be reset by the next request by then.
 		c.s.reqPool.Put(c)
 	}
+}
+
+// policyDone reports the end of the request the policy picked an engine
+// for to a scheduler whose policy tracks its requests (scheduler.Finisher:
+// Dynamo's active sequences), with the keys it was scheduled with.
+func (c *call) policyDone() {
+	if c.picked == "" {
+		return
+	}
+	if f, ok := c.s.deps.Scheduler.(scheduler.Finisher); ok {
+		f.Finished(c.picked, c.keys)
+	}
+	c.picked = ""
 }
 
 func (c *call) logAccess(total time.Duration) {

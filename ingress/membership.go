@@ -1,6 +1,9 @@
 package ingress
 
-import "github.com/kvmesh/kvmesh/scheduler"
+import (
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
 
 // staticMembership serves Config.Engines as always-healthy engines.
 type staticMembership struct{ engines []EngineInfo }
@@ -10,7 +13,13 @@ var _ Membership = (*staticMembership)(nil)
 func newStaticMembership(list []StaticEngine) *staticMembership {
 	m := &staticMembership{}
 	for _, e := range list {
-		m.engines = append(m.engines, EngineInfo{Engine: scheduler.Engine{ID: e.ID, Model: e.Model, Healthy: true}, URL: e.URL})
+		role, _ := scheduler.ParseRole(e.Role) // Validate rejected bad roles
+		pdp := ""
+		if e.PDProtocol == "sglang" {
+			pdp = gossip.PDProtocolSGLang
+		}
+		m.engines = append(m.engines, EngineInfo{Engine: scheduler.Engine{ID: e.ID, Model: e.Model, Healthy: true, Role: role, Group: e.Group},
+			URL: e.URL, PDProtocol: pdp, Bootstrap: e.Bootstrap})
 	}
 	return m
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,9 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
 
 // The P/D path (docs/PD.md): when Deps.PD is set and a prefill engine is
@@ -59,6 +62,9 @@ type PDConfig struct {
 	// SLOTTFT is the time-to-first-token objective the cost model prices
 	// (0: none).
 	SLOTTFT time.Duration `yaml:"sloTTFT"`
+	// SLOTPOT is the time-per-output-token objective the cost model prices
+	// (0: none).
+	SLOTPOT time.Duration `yaml:"sloTPOT"`
 	// MaxPrefillInFlight caps prefill legs in flight per prefill engine
 	// from this replica. Default 8.
 	MaxPrefillInFlight int `yaml:"maxPrefillInFlight"`
@@ -73,13 +79,13 @@ type PDConfig struct {
 // problems reports every invalid field.
 func (c *PDConfig) problems(bad func(string, ...any)) {
 	if c.Policy != "" {
-		pc := pd.Config{Policy: c.Policy, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()}
+		pc := pd.Config{Policy: c.Policy, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds(), SLOTPOT: c.SLOTPOT.Seconds()}
 		if _, err := pd.New(pc); err != nil {
 			bad("pd: %v", err)
 		}
 	}
-	if c.MaxPrefillInFlight < 0 || c.PrefillTimeout < 0 || c.SLOTTFT < 0 {
-		bad("pd: maxPrefillInFlight, prefillTimeout and sloTTFT must be ≥ 0")
+	if c.MaxPrefillInFlight < 0 || c.PrefillTimeout < 0 || c.SLOTTFT < 0 || c.SLOTPOT < 0 {
+		bad("pd: maxPrefillInFlight, prefillTimeout, sloTTFT and sloTPOT must be ≥ 0")
 	}
 }
 
@@ -118,6 +124,7 @@ type pdState struct {
 	prefillS  prometheus.Histogram
 	decisions *prometheus.CounterVec // mode, reason
 	queued    prometheus.GaugeFunc
+	legsNow   prometheus.GaugeFunc
 }
 
 // prefillGate is one prefill engine's admission: a semaphore of
@@ -146,13 +153,25 @@ func (s *Server) pdInit() *pdState {
 			Help: "P/D decisions by mode and reason.", ConstLabels: cl}, []string{"mode", "reason"})
 		p.queued = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_queued",
 			Help: "Prefill legs waiting for an admission slot, all prefill engines.", ConstLabels: cl}, p.waiting)
-		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued} {
+		p.legsNow = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_inflight",
+			Help: "Prefill legs holding an admission slot (sent, not answered), all prefill engines.", ConstLabels: cl}, p.inFlight)
+		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued, p.legsNow} {
 			if err := s.deps.Registry.Register(c); err != nil {
 				s.log.Warn("pd metrics", "err", err)
 			}
 		}
 	})
 	return p
+}
+
+func (p *pdState) inFlight() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, g := range p.gates {
+		n += len(g.slots)
+	}
+	return float64(n)
 }
 
 func (p *pdState) waiting() float64 {
@@ -163,6 +182,37 @@ func (p *pdState) waiting() float64 {
 		n += g.waiting.Load()
 	}
 	return float64(n)
+}
+
+// pdLoads adds this replica's prefill legs per prefill engine (in flight
+// and queued at admission) to loads, for gossip.
+func (s *Server) pdLoads(loads []EngineLoad) []EngineLoad {
+	p := &s.pd
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, g := range p.gates {
+		legs, queued := len(g.slots), int(g.waiting.Load())
+		if legs == 0 && queued == 0 {
+			continue
+		}
+		i := slices.IndexFunc(loads, func(l EngineLoad) bool { return l.Engine == id })
+		if i < 0 {
+			loads = append(loads, EngineLoad{Engine: id})
+			i = len(loads) - 1
+		}
+		loads[i].PrefillLegs, loads[i].PrefillQueued = legs, queued
+	}
+	return loads
+}
+
+// queuedLegs is this replica's prefill legs waiting for a slot on engine.
+func (p *pdState) queuedLegs(engine string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g := p.gates[engine]; g != nil {
+		return int(g.waiting.Load())
+	}
+	return 0
 }
 
 func (p *pdState) gate(engine string) *prefillGate {
@@ -217,6 +267,13 @@ func (c *call) planPD() error {
 	if c.batchN > 1 {
 		c.dropPrefillEngines("")
 		return nil
+	}
+	for i := range c.cands {
+		// Legs waiting at this replica's admission will reach the engine
+		// (other replicas' arrive through gossip in InFlight).
+		if c.cands[i].Role == scheduler.RolePrefill {
+			c.cands[i].InFlight += p.queuedLegs(c.cands[i].ID)
+		}
 	}
 	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoEngine, err)
@@ -273,7 +330,7 @@ func (s *Server) buildPD(c PDConfig) PDPlanner {
 	cost, err := pd.CostFrom(s.cfg.Scheduler)
 	var pol pd.Policy
 	if err == nil {
-		pol, err = pd.New(pd.Config{Policy: c.Policy, Cost: cost, TransferGbps: c.TransferGbps, SLOTTFT: c.SLOTTFT.Seconds()})
+		pol, err = pd.New(s.pdPolicyConfig(c, cost))
 	}
 	if err == nil {
 		var r *pd.Router
@@ -283,6 +340,17 @@ func (s *Server) buildPD(c PDConfig) PDPlanner {
 	}
 	s.log.Warn("pd: P/D off", "err", err)
 	return nil
+}
+
+// pdPolicyConfig is the P/D policy's config: the objectives, and the
+// ingress's learner, when on, as its per-engine cost model (learn.go).
+func (s *Server) pdPolicyConfig(c PDConfig, cost *policies.KVMeshConfig) pd.Config {
+	pc := pd.Config{Policy: c.Policy, Cost: cost, TransferGbps: c.TransferGbps,
+		SLOTTFT: c.SLOTTFT.Seconds(), SLOTPOT: c.SLOTPOT.Seconds()}
+	if s.learn != nil {
+		pc.Costs = s.learn
+	}
+	return pc
 }
 
 func hasPrefill(cs []scheduler.Engine) bool {
@@ -309,6 +377,9 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
 	if c.pd.prefill == "" {
 		return true
+	}
+	if pi := c.infoOf(c.pd.prefill); pi != nil && pi.PDProtocol == gossip.PDProtocolSGLang {
+		return c.sglangLegs(ctx) // pd_sglang.go: both legs at once
 	}
 	p := c.s.pdInit()
 	start := time.Now()
@@ -351,13 +422,17 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	req.SetBodyRaw(pbody)
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	up.inflight.Add(1)
-	up.prefill.Add(charge)
+	pre := up.prefill.Add(charge)
 	up.total.Add(1)
 	// Do, not DoDeadline: the upstream clients stream response bodies,
 	// which DoDeadline does not support; the connection's own timeouts
 	// bound a hung engine.
 	resp := fasthttp.AcquireResponse()
+	sent := time.Now()
 	err = up.hc.Do(req, resp)
+	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
+		c.learnPrefillLeg(up, pre, time.Since(sent)) // learn.go
+	}
 	up.inflight.Add(-1)
 	up.prefill.Add(-charge)
 	if err != nil {

@@ -128,8 +128,9 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
 	c.activeCharge = int64(c.promptTokens + out)
 	up.inflight.Add(1)
-	up.prefill.Add(c.prefillCharge)
+	pre := up.prefill.Add(c.prefillCharge)
 	up.active.Add(c.activeCharge)
+	c.learnStart(up, pre) // learn.go
 }
 
 // firstByte ends the attempt's prefill charge.
@@ -144,6 +145,7 @@ func (c *call) endAttempt(up *upstream) {
 	up.prefill.Add(-c.prefillCharge)
 	up.active.Add(-c.activeCharge)
 	c.prefillCharge, c.activeCharge = 0, 0
+	c.learnEnd(up)
 }
 
 func (c *call) urlOf(engine string) string {
@@ -309,6 +311,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	}
 	c.ttft = time.Since(c.start)
 	c.firstByte(up)
+	c.learnFirstToken(up)
 	c.s.m.attemptOK.Inc()
 	c.s.health.ok(up)
 	c.s.m.matchRatio.Observe(c.matchRatio())
@@ -385,11 +388,11 @@ func (p *proxyStream) fillOnce() {
 		p.out = p.rewrap(p.out[:0], events)
 		p.pending = p.out
 	case p.c.dropUsage:
-		p.observe(events)
+		p.observeLearn(events)
 		p.out = dropUsageEvents(p.out[:0], events)
 		p.pending = p.out
 	default:
-		p.observe(events)
+		p.observeLearn(events)
 		p.pending = events
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
 
 // Server is one ingress replica. New → Start → Close; Close drains.
@@ -46,6 +48,12 @@ type Server struct {
 	started   atomic.Bool
 	reqPool   sync.Pool // *call
 	pd        pdState   // P/D admission and metrics (pd.go)
+	// slo records per-engine TTFT/TPOT for gossip (slo_gossip.go); set in
+	// Start with gossip, before serving; nil without gossip.
+	slo *SLORecorder
+	// learn is the cost learner the kvmesh and P/D policies price with
+	// (learn.go); nil when off.
+	learn *learn.Learner
 
 	closeOnce sync.Once
 	closeErr  error
@@ -83,14 +91,18 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		ej = newEjector(cfg.Health, deps.Registry, cfg.ID)
 		deps.Membership = healthMembership{Membership: deps.Membership, ej: ej}
 	}
+	lr, err := newLearner(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	if deps.Scheduler == nil {
-		sch, err := defaultScheduler(&cfg, &deps)
+		sch, err := learningScheduler(&cfg, &deps, lr)
 		if err != nil {
 			return nil, fmt.Errorf("new ingress: %w", err)
 		}
 		deps.Scheduler = sch
 	}
-	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej, learn: lr}
 	if len(cfg.Cluster.NATSURLs) > 0 {
 		if s.deps.Synced == nil {
 			s.deps.Synced = func() bool { return cl.mat != nil && cl.mat.Synced() }
@@ -107,7 +119,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 	}
 	s.ups = newUpstreams(&s.cfg)
-	var err error
 	if s.ups.tls, err = cfg.TLS.upstreamTLS(); err != nil {
 		return nil, fmt.Errorf("new ingress: %w", err)
 	}
@@ -139,6 +150,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}); ok {
 		if err := rm.RegisterMetrics(deps.Registry); err != nil {
 			s.log.Warn("scheduler metrics not registered", "err", err)
+		}
+	}
+	if s.learn != nil {
+		if err := deps.Registry.Register(newLearnCollector(s)); err != nil {
+			s.log.Warn("learned cost metrics not registered", "err", err)
 		}
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
@@ -301,7 +317,7 @@ func (s *Server) shareLoadLoop() {
 				lastExpire = now
 			}
 			if s.deps.LoadSharer != nil {
-				buf = s.ups.snapshot(buf[:0])
+				buf = s.pdLoads(s.ups.snapshot(buf[:0])) // pd.go: prefill legs per engine
 				s.deps.LoadSharer.ShareInFlight(buf)
 			}
 			blob = s.shareCluster(blob)

@@ -28,6 +28,7 @@ type upstream struct {
 	active   atomic.Int64
 	total    atomic.Uint64
 	failures atomic.Uint64
+	lw       learnLoad // the cost learner's counts (learn.go)
 }
 
 // upstreams is the set of engines this replica has talked to.
@@ -148,6 +149,9 @@ func (u *upstreams) local(id string) (inflight, prefill, active int) {
 type EngineLoad struct {
 	Engine   string
 	InFlight int
+	// PrefillLegs and PrefillQueued are this replica's P/D prefill legs on
+	// the engine: in flight, and waiting at its admission (pd.go).
+	PrefillLegs, PrefillQueued int
 }
 
 // idleConn gives every Read its own deadline, so a hung engine is detected

@@ -3,7 +3,13 @@ package ingress
 import (
 	"fmt"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/filters"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
@@ -11,6 +17,12 @@ import (
 // holding only speculative entries when no materialized index is wired, so
 // routing still follows recent prefixes).
 func defaultScheduler(cfg *Config, deps *Deps) (Scheduler, error) {
+	return learningScheduler(cfg, deps, nil)
+}
+
+// learningScheduler is defaultScheduler with lr, when not nil, as the
+// kvmesh policy's cost model (learn.go).
+func learningScheduler(cfg *Config, deps *Deps, lr *learn.Learner) (Scheduler, error) {
 	if deps.Index == nil {
 		idx, err := index.New(index.Config{SpeculativeTTL: cfg.SpeculativeTTL, ExactLookup: cfg.ExactLookup})
 		if err != nil {
@@ -19,9 +31,49 @@ func defaultScheduler(cfg *Config, deps *Deps) (Scheduler, error) {
 		deps.Index = idx
 	}
 	sc := cfg.Scheduler
+	if lr != nil {
+		if s, ok, err := learnedKVMesh(sc, deps, lr); ok || err != nil {
+			return s, err
+		}
+	}
 	s, err := registry.New(sc, deps.Index, deps.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 	return s, nil
+}
+
+// learnedKVMesh builds the scheduler as registry.New does, with lr set as
+// the kvmesh policy's Costs (the DES does the same); ok is false when the
+// policy is not kvmesh's.
+func learnedKVMesh(sc scheduler.Config, deps *Deps, lr *learn.Learner) (*scheduler.Scheduler, bool, error) {
+	sc.Defaults()
+	if err := registry.Validate(&sc); err != nil {
+		return nil, true, fmt.Errorf("scheduler: %w", err)
+	}
+	pol, err := registry.Policy(&sc)
+	if err != nil {
+		return nil, true, fmt.Errorf("scheduler: %w", err)
+	}
+	k, ok := pol.(policies.KVMesh)
+	if !ok {
+		if c, isCloser := pol.(scheduler.Closer); isCloser {
+			_ = c.Close()
+		}
+		return nil, false, nil
+	}
+	k.Costs = lr
+	var fp *yaml.Node
+	if n, ok := sc.Params["filters"]; ok {
+		fp = &n
+	}
+	fs, err := filters.Factory("filters", fp)
+	if err != nil {
+		return nil, true, fmt.Errorf("scheduler: %w", err)
+	}
+	s, err := scheduler.New(fs, k, deps.Index, scheduler.Options{TierWeights: sc.Weights(), Seed: sc.Seed, Logger: deps.Logger})
+	if err != nil {
+		return nil, true, fmt.Errorf("scheduler: %w", err)
+	}
+	return s, true, nil
 }

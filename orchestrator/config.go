@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 )
 
@@ -31,9 +32,17 @@ type Config struct {
 	// Load, when set, enables AutoscalingPolicies: the mesh's engine states
 	// (a *gossip.Node joined as an orchestrator member).
 	Load LoadSource
+	// SLO supplies the ingresses' gossiped TTFT/TPOT summaries (default:
+	// Load, when it is a *gossip.Node).
+	SLO SLOSource
 	// AutoscaleInterval is how often every policy is stepped (default 15 s,
 	// Kthena's period).
 	AutoscaleInterval time.Duration
+	// PrometheusURL is the Prometheus queried for metrics with source
+	// prometheus when the policy names no address (--prometheus-url).
+	PrometheusURL string
+	// PrometheusTimeout bounds one query (default 5 s).
+	PrometheusTimeout time.Duration
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -41,7 +50,7 @@ type Config struct {
 // DefaultConfig is the production configuration.
 func DefaultConfig() Config {
 	return Config{
-		Workers: 2, Resync: 10 * time.Minute, AutoscaleInterval: 15 * time.Second,
+		Workers: 2, Resync: 10 * time.Minute, AutoscaleInterval: 15 * time.Second, PrometheusTimeout: 5 * time.Second,
 		LeaderElection: true, LeaseNamespace: "kvmesh", LeaseName: "kvmesh-orchestrator",
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
 	}
@@ -58,6 +67,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Load != nil && c.AutoscaleInterval <= 0 {
 		errs = append(errs, fmt.Errorf("autoscale interval %v <= 0", c.AutoscaleInterval))
+	}
+	if c.Load != nil && c.PrometheusTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("prometheus timeout %v <= 0", c.PrometheusTimeout))
+	}
+	if c.PrometheusURL != "" && !strings.HasPrefix(c.PrometheusURL, "http://") && !strings.HasPrefix(c.PrometheusURL, "https://") {
+		errs = append(errs, fmt.Errorf("prometheus url %q: want http:// or https://", c.PrometheusURL))
 	}
 	if c.LeaderElection {
 		if c.LeaseNamespace == "" || c.LeaseName == "" {

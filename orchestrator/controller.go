@@ -46,6 +46,8 @@ type Controller struct {
 	volcano bool
 	// autoscalers is owned by the autoscaler goroutine alone.
 	autoscalers map[types.UID]*policyEntry
+	// promClients by address, owned by the autoscaler goroutine alone.
+	promClients map[string]*promClient
 
 	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster
@@ -66,6 +68,9 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if s, ok := cfg.Load.(SLOSource); ok && cfg.SLO == nil {
+		cfg.SLO = s
 	}
 	kube, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {

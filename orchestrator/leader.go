@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"sync"
 
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -29,14 +30,34 @@ func (c *Controller) runElected(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var runErr error
+	// client-go starts OnStartedLeading in a goroutine of its own and does
+	// not wait for it when Run returns, and may start it after that: this
+	// function owns the controller's run, so a callback that starts late
+	// does nothing, and Run's return waits for one that started.
+	var (
+		mu      sync.Mutex
+		stopped bool
+		running sync.WaitGroup
+		runErr  error
+	)
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: lock, ReleaseOnCancel: true, Name: c.cfg.LeaseName,
 		LeaseDuration: c.cfg.LeaseDuration, RenewDeadline: c.cfg.RenewDeadline, RetryPeriod: c.cfg.RetryPeriod,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
+				mu.Lock()
+				if stopped {
+					mu.Unlock()
+					return
+				}
+				running.Add(1)
+				mu.Unlock()
+				defer running.Done()
 				c.log.Info("leading", "lease", c.cfg.LeaseNamespace+"/"+c.cfg.LeaseName, "identity", id)
-				runErr = c.run(ctx)
+				err := c.run(ctx)
+				mu.Lock()
+				runErr = err
+				mu.Unlock()
 				cancel()
 			},
 			OnStoppedLeading: func() {
@@ -49,5 +70,11 @@ func (c *Controller) runElected(ctx context.Context) error {
 		return err
 	}
 	le.Run(ctx)
+	mu.Lock()
+	stopped = true
+	mu.Unlock()
+	running.Wait() // ctx is cancelled once Run returns: the controller stops
+	mu.Lock()
+	defer mu.Unlock()
 	return runErr
 }

@@ -24,17 +24,32 @@ var (
 	autoscaleDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_orchestrator_autoscale_decisions_total", Help: "Autoscaler role decisions by direction (up, down, hold).",
 	}, []string{"direction"})
+	policyTargetErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_orchestrator_autoscale_target_errors_total", Help: "Autoscaler steps skipped because the policy's target could not be resolved, by reason.",
+	}, []string{"reason"})
+	promQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_orchestrator_prometheus_queries_total", Help: "Prometheus queries of AutoscalingPolicy metrics, by outcome (ok, error, stale).",
+	}, []string{"outcome"})
+	sloSummaryErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_orchestrator_slo_summary_errors_total", Help: "Ingress TTFT/TPOT summaries read from gossip that did not decode or were out of range (skipped).",
+	})
+	sloInputs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvmesh_orchestrator_slo_input", Help: "The SLO mode's live inputs merged from the ingresses' gossip, by policy and input (ttft_p90_seconds, tpot_p90_seconds, prompt_tokens_per_second, running_streams).",
+	}, []string{"namespace", "policy", "input"})
 )
 
 func init() {
 	for _, d := range []string{"up", "down", "hold"} {
 		autoscaleDecisions.WithLabelValues(d)
 	}
+	for _, o := range []string{"ok", "error", "stale"} {
+		promQueries.WithLabelValues(o)
+	}
 }
 
 // Register adds the orchestrator's metrics to r.
 func Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions} {
+	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -176,3 +176,21 @@ func TestBuildPodWiresWorkers(t *testing.T) {
 		t.Fatalf("slotOf = %v %v", s, ok)
 	}
 }
+
+// TestBuildPodTellsTheWebhookPDWiring: an SGLang deployment's pods carry the
+// P/D protocol, and a custom group label is named for the sidecar webhook.
+func TestBuildPodTellsTheWebhookPDWiring(t *testing.T) {
+	md := testMD(1, v1alpha1.RecoverRole, role("d", 1, 0))
+	p := buildPod(md, &md.Spec.Roles[0], slot{0, "d", 0, 0})
+	if _, ok := p.Annotations[AnnotationPDProtocol]; ok {
+		t.Errorf("vLLM pod annotated with a P/D protocol: %v", p.Annotations)
+	}
+	if _, ok := p.Annotations[AnnotationPDGroupLabel]; ok {
+		t.Errorf("default group label named: %v", p.Annotations)
+	}
+	md.Spec.Engine, md.Spec.PDGroupLabel = v1alpha1.EngineSGLang, "team/pairs"
+	p = buildPod(md, &md.Spec.Roles[0], slot{0, "d", 0, 0})
+	if p.Annotations[AnnotationPDProtocol] != "sglang" || p.Annotations[AnnotationPDGroupLabel] != "team/pairs" || p.Labels["team/pairs"] != "m-0" {
+		t.Errorf("sglang pod with a custom group label: annotations %v labels %v", p.Annotations, p.Labels)
+	}
+}

@@ -25,6 +25,11 @@ const (
 	envLWSWorkerIndex   = "LWS_WORKER_INDEX"
 	// AnnotationModel carries the model name (not a valid label value).
 	AnnotationModel = "kvmesh.io/model"
+	// AnnotationPDGroupLabel and AnnotationPDProtocol tell the sidecar
+	// webhook which label holds the P/D group and which P/D wire protocol
+	// the engine speaks (orchestrator/webhook reads them).
+	AnnotationPDGroupLabel = "kvmesh.io/pd-group-label"
+	AnnotationPDProtocol   = "kvmesh.io/pd-protocol"
 )
 
 // selectorFor is the label selector of a deployment's pods.
@@ -64,6 +69,12 @@ func buildPod(md *v1alpha1.ModelDeployment, r *v1alpha1.Role, s slot) *corev1.Po
 		ann = map[string]string{}
 	}
 	ann[AnnotationModel] = md.Spec.Model
+	if md.Spec.PDGroupLabel != v1alpha1.DefaultPDGroupLabel {
+		ann[AnnotationPDGroupLabel] = md.Spec.PDGroupLabel // the webhook reads the group from this label
+	}
+	if md.Spec.Engine == v1alpha1.EngineSGLang {
+		ann[AnnotationPDProtocol] = "sglang" // the sidecar gossips it: the ingress sends both legs at once
+	}
 	spec := tmpl.Spec
 	spec.Hostname = name
 	spec.Subdomain = md.Name

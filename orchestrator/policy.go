@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"time"
@@ -36,6 +37,8 @@ type policyEntry struct {
 	uid        types.UID
 	a          *autoscale.Autoscaler
 	p          autoscale.Policy
+	// prom keeps each Prometheus query's last good value (promKey).
+	prom map[promKey]promSample
 }
 
 // runAutoscaler steps every AutoscalingPolicy each interval until ctx ends.
@@ -78,8 +81,9 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 	}
 }
 
-// policyFromSpec resolves an AutoscalingPolicy with its defaults.
-func policyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
+// PolicyFromSpec resolves an AutoscalingPolicy with its defaults: the one
+// conversion the controller and the local backend (orchestrator/local) share.
+func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 	p := autoscale.DefaultPolicy()
 	i32 := func(v *int32, d *time.Duration) {
 		if v != nil {
@@ -104,9 +108,7 @@ func policyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 	for _, r := range s.Roles {
 		rp := autoscale.RolePolicy{Bounds: autoscale.Bounds{Min: r.MinReplicas, Max: r.MaxReplicas}}
 		for _, m := range r.Metrics {
-			if m.Source == "" || m.Source == "mesh" {
-				rp.Targets = append(rp.Targets, autoscale.Target{Name: m.Name, Target: m.Target})
-			}
+			rp.Targets = append(rp.Targets, autoscale.Target{Name: m.Name, Target: m.Target})
 		}
 		p.Roles[r.Name] = rp
 	}
@@ -123,21 +125,25 @@ func policyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 	return p
 }
 
-// observe sums the mesh's load over a role's leader pods (engine id = pod
-// name, as the injected sidecar reports it), per group.
-func (c *Controller) observe(md *v1alpha1.ModelDeployment, engines map[string]gossip.EngineView) (map[string]autoscale.Observation, error) {
-	pods, err := c.pods.Pods(md.Namespace).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelDeployment: md.Name, v1alpha1.LabelWorker: "0"}))
-	if err != nil {
-		return nil, err
+// runtimeFromUnstructured converts an informer's object into a typed one.
+func runtimeFromUnstructured(obj runtime.Object, into any) error {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return fmt.Errorf("unexpected object %T", obj)
 	}
-	groups := float64(max(*md.Spec.Groups, 1))
+	return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into)
+}
+
+// observe sums the mesh's load over each role's engines (engine id = pod
+// name, as the injected sidecar reports it), per group.
+func observe(targets map[string]roleTarget, engines map[string]gossip.EngineView) map[string]autoscale.Observation {
 	obs := map[string]autoscale.Observation{}
-	for _, r := range md.Spec.Roles {
+	for name, t := range targets {
 		var waiting, running, queued, kv float64
 		n := 0
-		for _, p := range pods {
-			e, ok := engines[p.Name]
-			if p.Labels[v1alpha1.LabelRole] != r.Name || !ok {
+		for _, id := range t.engines {
+			e, ok := engines[id]
+			if !ok {
 				continue
 			}
 			waiting += float64(e.Waiting)
@@ -146,41 +152,56 @@ func (c *Controller) observe(md *v1alpha1.ModelDeployment, engines map[string]go
 			kv += e.KVUsage
 			n++
 		}
-		o := autoscale.Observation{Current: *r.Replicas, Metrics: map[string]float64{}}
+		o := autoscale.Observation{Current: t.current, Metrics: map[string]float64{}}
 		if n > 0 {
-			o.Metrics[autoscale.WaitingRequests] = waiting / groups
-			o.Metrics[autoscale.RunningRequests] = running / groups
-			o.Metrics[autoscale.PrefillQueueTokens] = queued / groups
+			g := max(t.groups, 1)
+			o.Metrics[autoscale.WaitingRequests] = waiting / g
+			o.Metrics[autoscale.RunningRequests] = running / g
+			o.Metrics[autoscale.PrefillQueueTokens] = queued / g
 			o.Metrics[autoscale.KVUsage] = kv / float64(n)
 		}
-		obs[r.Name] = o
+		obs[name] = o
 	}
-	return obs, nil
+	return obs
+}
+
+// policyConds collects an AutoscalingPolicy's new status.
+type policyConds struct {
+	st  v1alpha1.AutoscalingPolicyStatus
+	gen int64
+}
+
+func (p *policyConds) set(t string, s metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&p.st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: p.gen})
+}
+
+// resolveTargets returns the roles the policy scales, or the target error.
+func (c *Controller) resolveTargets(ctx context.Context, ap *v1alpha1.AutoscalingPolicy) (map[string]roleTarget, error) {
+	if ap.Spec.Target != "" {
+		return c.modelDeploymentTargets(ap)
+	}
+	return c.adoptedTargets(ctx, ap)
 }
 
 func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructured.Unstructured, ap *v1alpha1.AutoscalingPolicy) error {
-	st := v1alpha1.AutoscalingPolicyStatus{ObservedGeneration: ap.Generation, LastScaleTime: ap.Status.LastScaleTime,
-		Conditions: append([]metav1.Condition(nil), ap.Status.Conditions...)}
-	cond := func(t string, s metav1.ConditionStatus, reason, msg string) {
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: ap.Generation})
+	pc := &policyConds{gen: ap.Generation, st: v1alpha1.AutoscalingPolicyStatus{ObservedGeneration: ap.Generation, LastScaleTime: ap.Status.LastScaleTime,
+		Conditions: append([]metav1.Condition(nil), ap.Status.Conditions...)}}
+	targets, err := c.resolveTargets(ctx, ap)
+	var te *targetError
+	if errors.As(err, &te) {
+		c.targetFailed(ap, pc, te)
+		return c.writePolicyStatus(ctx, u, ap, pc.st)
 	}
-	obj, err := c.mds.ByNamespace(ap.Namespace).Get(ap.Spec.Target)
 	if err != nil {
-		cond(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, "TargetNotFound", fmt.Sprintf("ModelDeployment %q: %v", ap.Spec.Target, err))
-		return c.writePolicyStatus(ctx, u, ap, st)
-	}
-	md := &v1alpha1.ModelDeployment{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.(*unstructured.Unstructured).Object, md); err != nil {
 		return err
 	}
-	md.Defaults()
 	e := c.autoscalers[ap.UID]
 	if e == nil || e.generation != ap.Generation {
-		p := policyFromSpec(&ap.Spec)
+		p := PolicyFromSpec(&ap.Spec)
 		a, err := autoscale.New(p)
 		if err != nil {
-			cond(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, "InvalidPolicy", err.Error())
-			return c.writePolicyStatus(ctx, u, ap, st)
+			pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, "InvalidPolicy", err.Error())
+			return c.writePolicyStatus(ctx, u, ap, pc.st)
 		}
 		e = &policyEntry{generation: ap.Generation, uid: ap.UID, a: a, p: p}
 		c.autoscalers[ap.UID] = e
@@ -189,57 +210,76 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	for _, v := range c.cfg.Load.Engines() {
 		engines[v.ID] = v
 	}
-	obs, err := c.observe(md, engines)
-	if err != nil {
-		return err
-	}
-	res := e.a.Step(now, obs, nil)
+	obs := observe(targets, engines)
+	c.observePrometheus(ctx, now, ap, e, obs, pc)
+	slo := c.observeSLO(ap, targets, engines, obs, pc)
+	res := e.a.Step(now, obs, slo)
+	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)
 	scaled := false
 	for _, r := range ap.Spec.Roles {
 		d, ok := res.Roles[r.Name]
 		if !ok {
 			continue
 		}
-		st.Roles = append(st.Roles, v1alpha1.RoleAutoscalingStatus{Name: r.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason})
-		autoscaleDesired.WithLabelValues(ap.Namespace, ap.Name, r.Name).Set(float64(d.Desired))
-		autoscaleCurrent.WithLabelValues(ap.Namespace, ap.Name, r.Name).Set(float64(d.Current))
-		switch {
-		case d.Desired > d.Current:
-			autoscaleDecisions.WithLabelValues("up").Inc()
-		case d.Desired < d.Current:
-			autoscaleDecisions.WithLabelValues("down").Inc()
-		default:
-			autoscaleDecisions.WithLabelValues("hold").Inc()
-		}
-		if d.Desired != d.Current {
-			if err := c.scaleRole(ctx, md, r.Name, d.Desired); err != nil {
+		t := targets[r.Name]
+		pc.st.Roles = append(pc.st.Roles, v1alpha1.RoleAutoscalingStatus{Name: r.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason, Workload: t.workload})
+		recordDecision(ap, r.Name, d)
+		if d.Desired != d.Current && t.scale != nil {
+			if err := t.scale(ctx, d.Desired); err != nil {
 				return err
 			}
-			c.recorder.Eventf(ap, corev1.EventTypeNormal, "Scaled", "role %s: %d -> %d (%s)", r.Name, d.Current, d.Desired, d.Reason)
+			what := "role " + r.Name
+			if t.workload != "" {
+				what += " (" + t.workload + ")"
+			}
+			c.recorder.Eventf(ap, corev1.EventTypeNormal, "Scaled", "%s: %d -> %d (%s)", what, d.Current, d.Desired, d.Reason)
 			scaled = true
 		}
 	}
 	if scaled {
 		t := metav1.NewTime(now)
-		st.LastScaleTime = &t
+		pc.st.LastScaleTime = &t
 	}
-	cond(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", fmt.Sprintf("%d engines in the mesh", len(engines)))
+	msg := fmt.Sprintf("%d engines in the mesh", len(engines))
+	if ap.Spec.Target == "" {
+		msg = fmt.Sprintf("adopting %d workloads; %s", len(targets), msg)
+	}
+	pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", msg)
 	switch {
 	case res.Ratio == nil:
 	case res.Ratio.Infeasible:
-		cond(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionTrue, "Infeasible", res.Ratio.Reason)
+		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionTrue, "Infeasible", res.Ratio.Reason)
 	case res.Ratio.Adjusted:
-		cond(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionTrue, "Adjusted", res.Ratio.Reason)
+		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionTrue, "Adjusted", res.Ratio.Reason)
 	default:
-		cond(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "WithinBand", res.Ratio.Reason)
+		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "WithinBand", res.Ratio.Reason)
 	}
-	if ap.Spec.SLO != nil {
-		// The mesh gossips queues and KV usage but not yet prompt tokens/s
-		// or latency percentiles: the SLO mode's sizing (autoscale.SizeSLO)
-		// has no live input here, which the condition says.
-		cond(v1alpha1.ConditionSLOAtRisk, metav1.ConditionUnknown, "NoLatencySignal", "the mesh does not gossip TTFT/TPOT percentiles yet")
+	return c.writePolicyStatus(ctx, u, ap, pc.st)
+}
+
+// recordDecision exports one role's decision as metrics.
+func recordDecision(ap *v1alpha1.AutoscalingPolicy, role string, d autoscale.Decision) {
+	autoscaleDesired.WithLabelValues(ap.Namespace, ap.Name, role).Set(float64(d.Desired))
+	autoscaleCurrent.WithLabelValues(ap.Namespace, ap.Name, role).Set(float64(d.Current))
+	switch {
+	case d.Desired > d.Current:
+		autoscaleDecisions.WithLabelValues("up").Inc()
+	case d.Desired < d.Current:
+		autoscaleDecisions.WithLabelValues("down").Inc()
+	default:
+		autoscaleDecisions.WithLabelValues("hold").Inc()
 	}
-	return c.writePolicyStatus(ctx, u, ap, st)
+}
+
+// targetFailed reports a target the policy cannot scale: the condition,
+// and a Warning event when the reason is new (not every step).
+func (c *Controller) targetFailed(ap *v1alpha1.AutoscalingPolicy, pc *policyConds, te *targetError) {
+	policyTargetErrors.WithLabelValues(te.reason).Inc()
+	old := meta.FindStatusCondition(ap.Status.Conditions, v1alpha1.ConditionScalingActive)
+	if old == nil || old.Reason != te.reason || old.Message != te.msg {
+		c.recorder.Event(ap, corev1.EventTypeWarning, te.reason, te.msg)
+	}
+	pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, te.reason, te.msg)
 }
 
 // scaleRole writes the role's RoleScaler through its /scale subresource,

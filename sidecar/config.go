@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +55,46 @@ type EngineConfig struct {
 	// TokenizerRevision names the published files (e.g. the model's Hugging
 	// Face revision); "" derives it from their digests.
 	TokenizerRevision string
+	// PDGroup is the engine's P/D group, gossiped for the ingresses: they
+	// pair prefill and decode engines only within one group. The
+	// orchestrator sets it per group (pod label kvmesh.io/pd-group, env
+	// KVMESH_PD_GROUP). "" is a group like any other.
+	PDGroup string
+	// PDProtocol is the engine's P/D wire protocol: "" or "nixl" (vLLM's
+	// NixlConnector: kv_transfer_params) or "sglang" (SGLang's
+	// --disaggregation-mode: bootstrap_host/port/room).
+	PDProtocol string
+	// BootstrapPort is an SGLang prefill engine's bootstrap port
+	// (--disaggregation-bootstrap-port; 0: SGLang's default 8998), gossiped
+	// with the URL's host as the bootstrap address.
+	BootstrapPort int
 }
+
+// Bootstrap is the SGLang bootstrap address ingresses send decode engines
+// to: host:port of a prefill engine run with --disaggregation-mode; ""
+// for every other engine or without a URL.
+func (e *EngineConfig) Bootstrap() string {
+	if e.PDProtocol != PDProtocolSGLang || e.Role != "prefill" || e.URL == "" {
+		return ""
+	}
+	u, err := url.Parse(e.URL)
+	if err != nil || u.Hostname() == "" {
+		return ""
+	}
+	port := e.BootstrapPort
+	if port == 0 {
+		port = DefaultBootstrapPort
+	}
+	return net.JoinHostPort(u.Hostname(), strconv.Itoa(port))
+}
+
+// P/D protocols of EngineConfig.PDProtocol.
+const (
+	PDProtocolNIXL   = "nixl"
+	PDProtocolSGLang = "sglang"
+	// DefaultBootstrapPort is SGLang's default --disaggregation-bootstrap-port.
+	DefaultBootstrapPort = 8998
+)
 
 // Config configures a Sidecar. Start from DefaultConfig.
 type Config struct {
@@ -148,6 +189,14 @@ func (c *Config) Validate() error {
 		case "", "mixed", "prefill", "decode":
 		default:
 			add("engine %q: role %q; want prefill, decode or mixed", e.ID, e.Role)
+		}
+		switch e.PDProtocol {
+		case "", PDProtocolNIXL, PDProtocolSGLang:
+		default:
+			add("engine %q: P/D protocol %q; want nixl or sglang", e.ID, e.PDProtocol)
+		}
+		if e.BootstrapPort < 0 || e.BootstrapPort > 65535 {
+			add("engine %q: bootstrap port %d out of range", e.ID, e.BootstrapPort)
 		}
 		if len(e.RankReplay) > 0 && len(e.RankReplay) != len(e.RankEvents) {
 			add("engine %q: %d replay endpoints for %d event endpoints", e.ID, len(e.RankReplay), len(e.RankEvents))

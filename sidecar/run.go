@@ -102,7 +102,7 @@ func Run(ctx context.Context, o Options, stderr io.Writer) error {
 }
 
 // ParseEngineSpec parses a DaemonSet-mode engine,
-// "id=a,model=m,url=http://...,events=tcp://...[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true]".
+// "id=a,model=m,url=http://...,events=tcp://...[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,group=G,pd=nixl|sglang,bootstrap=PORT]".
 // Role defaults to mixed, dp to 1 and id to the URL's host:port.
 func ParseEngineSpec(s string) (EngineConfig, error) {
 	e := EngineConfig{Role: "mixed", DPSize: 1}
@@ -133,6 +133,12 @@ func ParseEngineSpec(s string) (EngineConfig, error) {
 			e.BlockSize, err = strconv.Atoi(v)
 		case "tokenizer":
 			e.TokenizerDir = v
+		case "group":
+			e.PDGroup = v
+		case "pd":
+			e.PDProtocol = v
+		case "bootstrap":
+			e.BootstrapPort, err = strconv.Atoi(v)
 		case "bind":
 			e.Bind, err = strconv.ParseBool(v)
 		default:

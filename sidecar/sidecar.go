@@ -345,6 +345,7 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 				DPSize: max(e.cfg.DPSize, 1), BlockSize: e.st.blockSize,
 				Running: e.load.Running, Waiting: e.load.Waiting, KVUsage: e.load.KVUsage, QueuedPrefill: e.load.QueuedPrefill,
 				Ready: e.readyLocked(), Digest: e.published,
+				Group: e.cfg.PDGroup, PDProtocol: gossipPDProtocol(e.cfg.PDProtocol), Bootstrap: e.cfg.Bootstrap(),
 			}
 			e.mu.Unlock()
 			if st != last[i] { // unchanged state is re-broadcast by the node itself
@@ -358,4 +359,13 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 		case <-t.C:
 		}
 	}
+}
+
+// gossipPDProtocol is EngineState.PDProtocol: "" stands for NIXL (and no
+// P/D), so states of vLLM engines stay as they were.
+func gossipPDProtocol(p string) string {
+	if p == PDProtocolSGLang {
+		return gossip.PDProtocolSGLang
+	}
+	return ""
 }

@@ -20,11 +20,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("bench", stderr)
 	benchFlags(fs, &opts)
 	pdf := pdBenchFlags(fs)
+	asf := autoscaleBenchFlags(fs)
+	quiet := fs.Bool("quiet", false, "live mode: no progress on stderr")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
+	if !*quiet {
+		opts.Progress = stderr
+	}
 	var err error
-	if pdf.on() {
+	if asf.on() {
+		err = runBenchAutoscale(ctx, opts, pdf, asf, stdout)
+	} else if pdf.on() {
 		err = runBenchPD(ctx, fs, opts, pdf, stdout)
 	} else {
 		err = bench.Run(ctx, opts, stdout)
@@ -37,7 +44,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // benchFlags binds every `kvmesh bench` flag onto o.
 func benchFlags(fs *flag.FlagSet, o *bench.Options) {
-	fs.StringVar(&o.Mode, "mode", o.Mode, "benchmark mode (des: discrete-event simulation)")
+	fs.StringVar(&o.Mode, "mode", o.Mode, "benchmark mode (des: discrete-event simulation; live: sim engines, sidecars, NATS and ingresses at --time-scale)")
+	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "live: engines and arrivals run this many times faster than real time")
+	fs.IntVar(&o.Ingresses, "ingresses", o.Ingresses, "live: ingress replicas (requests round-robin over them)")
+	fs.StringVar(&o.HTML, "html", o.HTML, "also write a self-contained HTML report (plots, table) to this file")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "simulated engines (1..4000)")
 	fs.Func("policies", "comma-separated policies (default "+strings.Join(o.Policies, ",")+")", func(s string) error {
 		o.Policies = strings.Split(s, ",")
@@ -51,7 +61,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.IntVar(&o.MaxRunning, "max-running", o.MaxRunning, "max sequences per batch (0 = the profile's vLLM default)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget per step (0 = the profile's vLLM default)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload and scheduler seed (0 means the default, 1)")
-	fs.StringVar(&o.Workload, "workload", o.Workload, "workload: shared-prefix or trace")
+	fs.StringVar(&o.Workload, "workload", o.Workload, "workload: shared-prefix, trace (Mooncake JSONL), azure (Azure CSV + synthetic prefixes), chat or tool-agent")
 	fs.IntVar(&o.Groups, "groups", o.Groups, "shared-prefix: groups")
 	fs.IntVar(&o.Prompts, "prompts", o.Prompts, "shared-prefix: prompts per group")
 	fs.IntVar(&o.Shared, "shared", o.Shared, "shared-prefix: shared prefix tokens")
@@ -60,8 +70,8 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.Float64Var(&o.Rate, "rate", o.Rate, "shared-prefix: request rate per second (0 = all at once)")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "client max requests in flight (0 = unlimited)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "trace: Mooncake-format JSONL file")
-	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "trace: arrival rate multiplier (> 0)")
-	fs.IntVar(&o.Limit, "limit", o.Limit, "trace: use only the first N requests (0 = all)")
+	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "trace, azure, chat, tool-agent: arrival rate multiplier (> 0)")
+	fs.IntVar(&o.Limit, "limit", o.Limit, "trace, azure, chat, tool-agent: use only the first N requests (0 = all)")
 	fs.DurationVar(&o.EventDelay, "event-delay", o.EventDelay, "KV event propagation delay to the index")
 	fs.DurationVar(&o.SnapshotInterval, "snapshot-interval", o.SnapshotInterval, "engine load snapshot period (gossip staleness); negative = always fresh")
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")

@@ -223,7 +223,8 @@ func TestBenchDESUsageErrors(t *testing.T) {
 		{[]string{"--workload", "trace"}, []string{"--workload trace needs --trace"}},
 		{[]string{"--workload", "bogus"}, []string{`--workload "bogus"`}},
 		{[]string{"--profile", "bogus"}, []string{`--profile "bogus"`, "8b-h100"}},
-		{[]string{"--mode", "live"}, []string{`--mode "live"`}},
+		{[]string{"--mode", "bogus"}, []string{`--mode "bogus"`}},
+		{[]string{"--mode", "live", "--time-scale", "0"}, []string{"--time-scale 0"}},
 		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, []string{"--config"}},
 		// Every problem at once is named at once.
 		{[]string{"--engines", "0", "--rate", "NaN", "--rate-scale", "0", "--groups", "0", "--prompts", "0",

@@ -23,6 +23,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		quiet    = fs.Bool("quiet", false, "no progress on stderr")
 		verbose  = fs.Bool("v", false, "log the components' own messages on stderr")
 		pdf      = demoPDFlags(fs)
+		asf      = demoAutoscaleFlags(fs)
 	)
 	fs.IntVar(&cfg.Engines, "engines", cfg.Engines, "simulated engines (each with a sidecar)")
 	fs.IntVar(&cfg.Ingresses, "ingresses", cfg.Ingresses, "ingress replicas")
@@ -37,6 +38,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "engine model seconds per wall second")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
+	}
+	if *asf.on {
+		return runDemoAutoscale(ctx, asf, *quiet, *verbose, stdout, stderr)
 	}
 	if *pdf.on {
 		return runDemoPD(ctx, fs, cfg, pdf, *asJSON, *quiet, *verbose, stdout, stderr)

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
-	"time"
+	"slices"
 
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )
 
@@ -27,6 +29,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		limit      = fs.Int("limit", 0, "send only the first N requests (0 = all)")
 		asJSON     = fs.Bool("json", false, "print the report as JSON on stdout")
 		quiet      = fs.Bool("quiet", false, "no progress line on stderr")
+		htmlFile   = fs.String("html", "", "also write a self-contained HTML report (plots, table) to this file")
 	)
 	fs.StringVar(&cfg.URL, "url", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible server")
 	fs.StringVar(&cfg.Model, "model", "kvmesh-sim", "model name sent in every request")
@@ -79,6 +82,11 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if rep == nil {
 		return err
 	}
+	if *htmlFile != "" {
+		if herr := writeLoadtestHTML(*htmlFile, rep, *kind); herr != nil {
+			return herr
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -94,22 +102,26 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return err
 }
 
-// progressLine returns a loadgen progress callback that redraws one status line on w,
-// starting with prefix.
-func progressLine(w io.Writer, prefix string) func(loadgen.Progress) {
-	return func(p loadgen.Progress) {
-		hit := 0.0
-		if p.PromptTokens > 0 {
-			hit = 100 * float64(p.CachedTokens) / float64(p.PromptTokens)
-		}
-		rps := 0.0
-		if s := p.Elapsed.Seconds(); s > 0 {
-			rps = float64(p.Completed) / s
-		}
-		fmt.Fprintf(w, "\r%s%6s  %d/%d done  %d failed  %d in flight  %.1f req/s  hit %.1f%%   ",
-			prefix, p.Elapsed.Truncate(100*time.Millisecond), p.Completed, p.Total, p.Failed, p.InFlight, rps, hit)
-		if p.Final {
-			fmt.Fprintln(w)
-		}
+// writeLoadtestHTML writes rep as a self-contained HTML report.
+// The command line is left out: it may carry -api-key.
+func writeLoadtestHTML(path string, rep *loadgen.Report, kind string) error {
+	ids := slices.Sorted(maps.Keys(rep.PerEngine))
+	r := report.Report{Policies: map[string]report.PolicyResult{"run": rep.PolicyResult()}, Order: []string{"run"},
+		Runs: map[string]report.Run{"run": rep.Run(1, ids)}}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("-html: %w", err)
 	}
+	err = report.WriteHTML(f, r, report.HTMLMeta{Title: "kvmesh loadtest", Notes: []string{
+		fmt.Sprintf("workload %s: %d requests sent, %d completed; measured at the client (wall seconds)", kind, rep.Sent, rep.Completed)}})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// progressLine reports loadgen progress on w (loadgen.ProgressLine: one
+// redrawn line on a terminal, periodic plain lines elsewhere).
+func progressLine(w io.Writer, prefix string) func(loadgen.Progress) {
+	return loadgen.ProgressLine(w, prefix)
 }

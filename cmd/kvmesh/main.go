@@ -35,8 +35,8 @@ var commands = []command{
 	{"bootstrap", "create the installation's Secrets once (NATS users' passwords, gossip key)", runBootstrap},
 	{"loadtest", "send a workload to an OpenAI-compatible endpoint and report latency", runLoadtest},
 	{"orchestrator", "run the Kubernetes controller for ModelDeployments and the sidecar webhook", runOrchestrator},
-	{"get", "list ModelDeployments, AutoscalingPolicies or RoleScalers with their READY/STATUS columns", runGet},
-	{"describe", "show one ModelDeployment, AutoscalingPolicy or RoleScaler with its events", runDescribe},
+	{"get", "list ModelDeployments, AutoscalingPolicies, RoleScalers (API server) or engines (mesh gossip)", runGet},
+	{"describe", "show one ModelDeployment, AutoscalingPolicy, RoleScaler or engine", runDescribe},
 }
 
 // errUsage marks a command-line mistake: exit status 2, after the usage text.

@@ -31,6 +31,9 @@ import (
 // with a mounted certificate) or out of cluster (--kubeconfig,
 // --webhook-addr HOST:PORT registered by URL with a generated CA).
 func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if localMode(args) { // --local FILE: the same resources as processes on loopback
+		return runLocalOrchestrator(ctx, args, stdout, stderr)
+	}
 	cfg := orchestrator.DefaultConfig()
 	sc := webhook.DefaultSidecarConfig()
 	fs := newFlagSet("orchestrator", stderr)
@@ -53,6 +56,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated")
 	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key (env KVMESH_GOSSIP_KEY)")
 	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", cfg.AutoscaleInterval, "how often AutoscalingPolicies are stepped")
+	fs.StringVar(&cfg.PrometheusURL, "prometheus-url", "", "Prometheus base URL for policy metrics with source prometheus (a policy's spec.prometheus.address wins)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -171,11 +175,17 @@ func kubeConfig(path string) (*rest.Config, error) {
 
 // runGet prints kvmesh.io resources with the CRDs' printer columns.
 func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if engineResource(args) { // engines come from the mesh, not the API server
+		return runEngines(ctx, "get", args, stdout, stderr)
+	}
 	return runView(ctx, "get", args, stdout, stderr)
 }
 
 // runDescribe prints one kvmesh.io object's spec, status and events.
 func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if engineResource(args) {
+		return runEngines(ctx, "describe", args, stdout, stderr)
+	}
 	return runView(ctx, "describe", args, stdout, stderr)
 }
 

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -53,7 +54,10 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.IntVar(&one.BlockSize, "block-size", 0, "tokens per block (0: learned from events)")
 	fs.StringVar(&one.TokenizerDir, "tokenizer-dir", "", "model directory with tokenizer.json (+ tokenizer_config.json) to publish to the mesh for the ingresses")
 	fs.StringVar(&one.TokenizerRevision, "tokenizer-revision", "", "revision name of the published tokenizer (default: from the files' digests)")
-	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR]")
+	fs.StringVar(&one.PDGroup, "pd-group", os.Getenv("KVMESH_PD_GROUP"), "P/D group: ingresses pair prefill and decode engines only within one (default $KVMESH_PD_GROUP, which the orchestrator sets; its pod label is kvmesh.io/pd-group)")
+	fs.StringVar(&one.PDProtocol, "pd-protocol", "", "P/D wire protocol of the engine: nixl (vLLM NixlConnector, the default) or sglang (--disaggregation-mode)")
+	fs.IntVar(&one.BootstrapPort, "bootstrap-port", 0, "SGLang prefill engine's --disaggregation-bootstrap-port (0: 8998)")
+	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR,group=G,pd=nixl|sglang,bootstrap=PORT]")
 
 	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	cfg.NATS.Name = "kvmesh-sidecar"

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -36,7 +37,7 @@ const DefaultProfile = "7b-l40s"
 // Options are the command's settings; DefaultOptions documents the
 // defaults. Zero is a valid value only where a field says so.
 type Options struct {
-	Mode     string   // des (the only mode)
+	Mode     string   // des (discrete-event simulation) or live (real processes, live.go)
 	Engines  int      // simulated engines, 1..4000
 	Policies []string // policies to compare (registry.PolicyNames); blank items are skipped
 	Profile  string   // engine timing profile (engine.ProfileNames)
@@ -50,16 +51,20 @@ type Options struct {
 	// (0: the profile's vLLM default).
 	GPUBlocks, CPUBlocks, BlockSize, MaxRunning, MaxBatchTokens int
 	// Seed seeds the workload and the schedulers; 0 means the default, 1.
-	Seed     uint64
-	Workload string // shared-prefix or trace
+	Seed uint64
+	// Workload is shared-prefix, trace (Mooncake JSONL), azure (an Azure
+	// LLM inference CSV with synthetic prefixes), chat (multi-turn) or
+	// tool-agent (loadtest/workload documents each).
+	Workload string
 	// Shared-prefix workload: Groups of Prompts sharing Shared tokens, each
 	// with Question more and Output generated; Rate requests/s (0: all at once).
 	Groups, Prompts, Shared, Question, Output int
 	Rate                                      float64
 	// Concurrency caps the client's requests in flight (0: unlimited).
 	Concurrency int
-	// Trace workload: a Mooncake-format JSONL file, its arrival rate scaled
-	// by RateScale (> 0), only its first Limit requests (0: all).
+	// Trace workload: a Mooncake-format JSONL file (or, for azure, the
+	// CSV), its arrival rate scaled by RateScale (> 0; chat and tool-agent
+	// too), only its first Limit requests (0: all; chat and tool-agent too).
 	Trace     string
 	RateScale float64
 	Limit     int
@@ -69,6 +74,14 @@ type Options struct {
 	// ConfigPath is a SchedulerConfig file with the policies' parameters.
 	ConfigPath string
 	JSON       bool // JSON instead of a table
+	// HTML, when set, is a file to write a self-contained HTML report to.
+	HTML string
+	// Live mode (live.go): engines run TimeScale× faster than real time
+	// behind Ingresses ingress replicas; Progress, when set, gets the load
+	// generator's progress lines.
+	TimeScale float64
+	Ingresses int
+	Progress  io.Writer
 }
 
 // DefaultOptions compares the baselines, the emulated routers and kvmesh
@@ -76,7 +89,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{Mode: "des", Engines: 8, Policies: DefaultPolicies(), Profile: DefaultProfile, BlockSize: 16, Seed: 1,
 		Workload: "shared-prefix", Groups: 64, Prompts: 16, Shared: 2048, Question: 128, Output: 256, RateScale: 1,
-		SnapshotInterval: 200 * time.Millisecond}
+		SnapshotInterval: 200 * time.Millisecond, TimeScale: DefaultTimeScale, Ingresses: 1}
 }
 
 // DefaultPolicies are every policy but the generic weighted one (which
@@ -95,9 +108,14 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	rep, err := des.Run(ctx, cfg, reqs, names)
+	rep, err := o.run(ctx, cfg, reqs, names)
 	if err != nil {
 		return err
+	}
+	if o.HTML != "" {
+		if err := o.writeHTML(rep, reqs, cfg); err != nil {
+			return err
+		}
 	}
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
@@ -107,7 +125,10 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	st := workload.Summarize(reqs)
 	fmt.Fprintf(stdout, "workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s)\n",
 		o.Workload, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), o.Engines, cfg.Engine.Profile.Name)
-	if slices.Contains(names, "kvmesh") {
+	if o.Mode == "live" {
+		o.liveNote(stdout)
+	}
+	if slices.Contains(names, "kvmesh") && o.Mode == "des" {
 		c := cfg
 		c.Defaults()
 		k, err := kvmeshParams(c.Scheduler)
@@ -117,7 +138,18 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, missPenalty %g, waitingWeight %g\n",
 			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.MissPenalty, k.WaitingWeight)
 	}
-	return rep.WriteTable(stdout)
+	if err := rep.WriteTable(stdout); err != nil || o.Mode != "live" {
+		return err
+	}
+	return o.liveOverheads(stdout, rep)
+}
+
+// run runs the prepared benchmark in o's mode.
+func (o Options) run(ctx context.Context, cfg des.Config, reqs []workload.Request, names []string) (report.Report, error) {
+	if o.Mode == "live" {
+		return runLive(ctx, o, cfg, reqs, names)
+	}
+	return des.Run(ctx, cfg, reqs, names)
 }
 
 // Prepare checks o and returns the simulation's config and the policies
@@ -129,6 +161,7 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
 	prof := o.checkEngines(bad)
 	o.checkWorkload(bad)
+	o.checkLive(bad)
 	var sc scheduler.Config
 	if o.ConfigPath != "" {
 		var err error
@@ -172,8 +205,8 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 // checkEngines checks the mode and the simulated engines; it returns the
 // timing profile.
 func (o *Options) checkEngines(bad func(string, ...any)) engine.Profile {
-	if o.Mode != "des" {
-		bad("--mode %q: only des", o.Mode)
+	if o.Mode != "des" && o.Mode != "live" {
+		bad("--mode %q: want des or live", o.Mode)
 	}
 	prof, err := engine.LookupProfile(o.Profile)
 	if err != nil {
@@ -225,12 +258,13 @@ func (o *Options) checkWorkload(bad func(string, ...any)) {
 	atLeast(bad, "limit", o.Limit, 0, " (0 = all)")
 	switch o.Workload {
 	case "shared-prefix":
-	case "trace":
+	case "trace", "azure":
 		if o.Trace == "" {
-			bad("--workload trace needs --trace FILE")
+			bad("--workload %s needs --trace FILE", o.Workload)
 		}
+	case "chat", "tool-agent":
 	default:
-		bad("--workload %q: want shared-prefix or trace", o.Workload)
+		bad("--workload %q: want shared-prefix, trace, azure, chat or tool-agent", o.Workload)
 	}
 }
 
@@ -268,8 +302,15 @@ func atLeast(bad func(string, ...any), name string, v, lo int, note string) {
 // requests generates or reads the workload.
 func (o *Options) requests() ([]workload.Request, error) {
 	seed := max(o.Seed, 1)
-	if o.Workload == "trace" {
+	switch o.Workload {
+	case "trace":
 		return workload.Mooncake{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+	case "azure":
+		return workload.Azure{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+	case "chat":
+		return workload.Chat{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
+	case "tool-agent":
+		return workload.ToolAgent{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
 	}
 	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,
 		Output: o.Output, Rate: o.Rate, Seed: seed}.Generate()

@@ -27,6 +27,7 @@ type runStats struct {
 	// Output-length prediction: Σ |predicted − true| and Σ true, over
 	// dispatched requests that had a prediction.
 	predErr, predTrue float64
+	recs              records // every finished request (series.go)
 }
 
 func (r *runStats) predicted(pred, actual int) {
@@ -40,6 +41,7 @@ func (r *runStats) init(n, engines int) {
 	r.ttft = make([]float64, 0, n)
 	r.e2e = make([]float64, 0, n)
 	r.perEngine = make([]int, engines)
+	r.recs.engines = engines
 }
 
 func (r *runStats) dispatched(now time.Duration) {
@@ -57,6 +59,7 @@ func (r *runStats) finished(_ int, e int, res engine.Result) {
 	r.perEngine[e]++
 	r.lastFinish = max(r.lastFinish, res.Finished)
 	r.preemptions += res.Preemptions
+	r.recs.add(e, res)
 }
 
 func (r *runStats) result() report.PolicyResult {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
 
 // Roles is a P/D cluster's engine count per role.
@@ -118,14 +119,16 @@ func (c *PDConfig) Validate() error {
 }
 
 // pdPolicy builds the P/D policy for a run.
-func (c *PDConfig) pdPolicy(name string) (pd.Policy, error) {
+// kvmesh's (and aggregated's) cost model is costs, the run's learner (nil:
+// the configured rates, FixedCosts).
+func (c *PDConfig) pdPolicy(name string, costs policies.CostModel) (pd.Policy, error) {
 	cost, err := pd.CostFrom(c.Scheduler)
 	if err != nil {
 		return nil, err
 	}
 	pc := pd.Config{Policy: name, Cost: cost, KVBytesPerToken: c.Engine.Profile.KVBytesPerToken,
 		TransferGbps: c.TransferGbps, TransferSetup: c.TransferSetup.Seconds(), NonCachedTokens: c.NonCachedTokens,
-		SLOTTFT: c.SLOTTFT.Seconds()}
+		SLOTTFT: c.SLOTTFT.Seconds(), SLOTPOT: c.SLOTPOT.Seconds(), Costs: costs}
 	if name == "aggregated" {
 		pc.Policy = "kvmesh"
 	}

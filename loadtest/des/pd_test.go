@@ -85,3 +85,44 @@ func TestRunPDRejectsBadConfig(t *testing.T) {
 		t.Fatalf("err %v, want ErrConfig", err)
 	}
 }
+
+// TestPDEqualInformation: kvmesh (and aggregated) price with an online
+// learner that has left its prior after a run, the emulations have none;
+// no router is given queued prefill tokens (vLLM exports none) nor a
+// request's true output length.
+func TestPDEqualInformation(t *testing.T) {
+	reqs, err := workload.SharedPrefix{Groups: 4, Prompts: 4, Shared: 1024, Question: 1024, Output: 32, Rate: 8, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 8000, Profile: prof}}, Roles: Roles{Prefill: 1, Decode: 1}}
+	cfg.Defaults()
+	for _, p := range []string{"kvmesh", "aggregated", "llmd"} {
+		s, err := newPDSim(&cfg, reqs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (s.learner != nil) != (p != "llmd") {
+			t.Fatalf("%s: learner %v", p, s.learner)
+		}
+		before := cfg.Learn.Prior
+		if res := s.run(context.Background()); res.Completed != len(reqs) {
+			t.Fatalf("%s: %d of %d completed", p, res.Completed, len(reqs))
+		}
+		for _, v := range s.view {
+			if v.QueuedPrefillTokens != 0 {
+				t.Fatalf("%s: engine %s reported %d queued prefill tokens", p, v.ID, v.QueuedPrefillTokens)
+			}
+		}
+		if s.learner != nil && s.learner.Pooled() == before {
+			t.Fatalf("%s: the learner never left its prior", p)
+		}
+		if got := s.outPred.Predict(); got != 32 {
+			t.Fatalf("%s: predicted output %d after every request finished with 32", p, got)
+		}
+	}
+}

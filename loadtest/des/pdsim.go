@@ -11,7 +11,9 @@ import (
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -58,6 +60,14 @@ type pdSim struct {
 	flights []pdFlight
 	byReq   map[*engine.Request]int
 
+	// What the ingress learns from what it observes (equal information:
+	// no router is told a request's output length or an engine's timing).
+	learner *learn.Learner     // kvmesh's cost model; nil for the emulations
+	outPred learn.OutputLength // output length predicted from finished requests
+	ctx     []engineCtx        // per engine: the context the ingress counts there
+	lat     []latAcc           // per engine: TTFT/TPOT finished since the last snapshot
+	legs    []int              // per engine: legs the ingress has in flight there
+
 	keyBuf []uint64
 	plan   pd.Plan
 	sreq   scheduler.Request
@@ -73,6 +83,8 @@ type pdFlight struct {
 	sent            time.Duration
 	preq, dreq      *engine.Request
 	prefillCached   int
+	prompt          int
+	ahead           int // prefill tokens queued on the first leg's engine at dispatch, plus own uncached
 }
 
 type pdSink struct {
@@ -109,7 +121,13 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	if err != nil {
 		return nil, err
 	}
-	pol, err := cfg.pdPolicy(policy)
+	var lr *learn.Learner
+	if (policy == "aggregated" || policy == "kvmesh" || policy == "kvmesh-always") && !cfg.FixedCosts {
+		if lr, err = learn.New(cfg.Learn); err != nil {
+			return nil, err
+		}
+	}
+	pol, err := cfg.pdPolicy(policy, lr)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", policy, err)
 	}
@@ -118,7 +136,7 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 		return nil, err
 	}
 	s := &pdSim{cfg: cfg, reqs: reqs, idx: idx, router: router, root: kvevents.Root(cfg.Model, "", ""),
-		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int)}
+		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int), learner: lr}
 	s.out.init(len(reqs))
 	add := func(role scheduler.Role, n int) error {
 		for j := 0; j < n; j++ {
@@ -151,6 +169,9 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	}
 	s.stepPending = make([]bool, len(s.engines))
 	s.awaitFirst = make([][]int, len(s.engines))
+	s.ctx = make([]engineCtx, len(s.engines))
+	s.lat = make([]latAcc, len(s.engines))
+	s.legs = make([]int, len(s.engines))
 	return s, nil
 }
 
@@ -235,11 +256,19 @@ func (s *pdSim) horizon() time.Duration {
 	return until
 }
 
+// snapshot is what gossip/metrics scrapes give every router: running,
+// waiting, KV usage and the TTFT/TPOT histograms' means since the last
+// scrape. vLLM exports no queued-prefill-tokens metric, so no router gets
+// it (each counts its own in-flight prefill tokens, LocalPrefillTokens).
 func (s *pdSim) snapshot() {
 	for e, eng := range s.engines {
 		l := eng.Load()
 		v := &s.view[e]
-		v.Running, v.Waiting, v.KVUsage, v.QueuedPrefillTokens = l.Running, l.Waiting, l.KVUsage, l.QueuedPrefillTokens
+		v.Running, v.Waiting, v.KVUsage = l.Running, l.Waiting, l.KVUsage
+		if a := &s.lat[e]; a.n > 0 {
+			v.TTFT, v.TPOT = a.ttft/time.Duration(a.n), a.tpot/time.Duration(a.n)
+			*a = latAcc{}
+		}
 	}
 }
 
@@ -251,13 +280,19 @@ func (s *pdSim) dispatch(i int, now time.Duration) {
 	prompt := w.AppendPrompt(make([]uint32, 0, w.PromptTokens))
 	bs := s.cfg.Engine.BlockSize
 	s.keyBuf = kvevents.AppendKeys(s.keyBuf[:0], s.root, prompt, bs)
-	s.sreq = scheduler.Request{Keys: s.keyBuf, BlockSize: bs, PromptTokens: len(prompt), OutputTokens: w.OutputTokens,
+	// The router is not told the output length: it predicts it from the
+	// requests it has seen finish (0 before any: the policy's default).
+	predOut := s.outPred.Predict()
+	s.sreq = scheduler.Request{Keys: s.keyBuf, BlockSize: bs, PromptTokens: len(prompt), OutputTokens: predOut,
 		Model: s.cfg.Model, SessionID: w.Session, Now: epoch.Add(now)}
+	if predOut == 0 {
+		predOut = policies.DefaultKVMeshConfig().DefaultOutputTokens
+	}
 	if err := s.router.Route(&s.sreq, s.view, &s.plan); err != nil {
 		s.fail(now)
 		return
 	}
-	f := pdFlight{prefill: -1, decode: s.ids[s.plan.Decode], sent: now, active: len(prompt) + w.OutputTokens}
+	f := pdFlight{prefill: -1, decode: s.ids[s.plan.Decode], sent: now, active: len(prompt) + predOut, prompt: len(prompt)}
 	f.uncachedD = max(0, len(prompt)-s.plan.DecodeCached)
 	e, leg := f.decode, &engine.Request{ID: "a" + strconv.Itoa(i), Prompt: prompt, OutputLen: w.OutputTokens}
 	if s.plan.Mode == pd.Disaggregated {
@@ -273,8 +308,14 @@ func (s *pdSim) dispatch(i int, now time.Duration) {
 		s.fail(now)
 		return
 	}
+	f.ahead = s.view[e].LocalPrefillTokens + f.uncachedD
+	if f.prefill >= 0 {
+		f.ahead = s.view[e].LocalPrefillTokens + f.uncachedP
+	}
 	s.flights[i] = f
 	s.byReq[leg] = i
+	s.ctx[e].prompt += f.prompt
+	s.legs[e]++
 	s.idx.AddSpeculative(s.view[e].ID, s.keyBuf, epoch.Add(now))
 	d := &s.view[f.decode]
 	d.InFlight++
@@ -312,16 +353,36 @@ func (s *pdSim) fail(now time.Duration) {
 func (s *pdSim) step(e int, now time.Duration) {
 	s.stepPending[e] = false
 	eng := s.engines[e]
+	var c0, seqs float64
+	prefilling := len(s.awaitFirst[e]) > 0
+	if s.learner != nil {
+		c0, seqs = s.ctx[e].tokens(eng.Load()), float64(s.legs[e])
+		s.ctx[e].meter.At(now, c0)
+	}
+	before := s.ctx[e].meter.Integral()
 	res := eng.Step(now, s.horizon())
+	if s.learner != nil && res.Steps > 0 {
+		s.ctx[e].meter.At(res.End, s.ctx[e].tokens(eng.Load()))
+		if !prefilling && seqs > 0 {
+			// A stretch of pure decoding as the ingress sees it: none of
+			// its requests there awaited a first token.
+			d := res.End - now
+			s.learner.ObserveDecode(s.view[e].ID, seqs, (s.ctx[e].meter.Integral()-before)/d.Seconds(), d/time.Duration(res.Steps), res.Steps)
+		}
+	}
 	aw := s.awaitFirst[e][:0]
 	for _, i := range s.awaitFirst[e] {
 		f := &s.flights[i]
 		leg, unc := f.dreq, f.uncachedD
+		first := f.prefill < 0 // the aggregated request's only leg
 		if f.prefill == e && f.preq != nil {
-			leg, unc = f.preq, f.uncachedP
+			leg, unc, first = f.preq, f.uncachedP, true
 		}
 		if leg != nil && (leg.Generated() > 0 || leg.Done()) {
 			s.view[e].LocalPrefillTokens -= unc
+			if s.learner != nil && first {
+				s.learner.ObservePrefill(s.view[e].ID, f.ahead, leg.Result().FirstToken-f.sent)
+			}
 			continue
 		}
 		aw = append(aw, i)
@@ -334,6 +395,9 @@ func (s *pdSim) step(e int, now time.Duration) {
 		}
 		delete(s.byReq, r)
 		f := &s.flights[i]
+		s.ctx[e].prompt -= f.prompt
+		s.legs[e]--
+		s.ctx[e].finGen += uint64(r.Result().OutputTokens)
 		if r == f.preq {
 			s.prefillDone(i, r.Result())
 			continue
@@ -373,6 +437,8 @@ func (s *pdSim) transferDone(i int, now time.Duration) {
 		return
 	}
 	s.byReq[f.dreq] = i
+	s.ctx[f.decode].prompt += f.prompt
+	s.legs[f.decode]++
 	s.awaitFirst[f.decode] = append(s.awaitFirst[f.decode], i)
 	s.wake(f.decode, now)
 }
@@ -386,6 +452,13 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 	cached := res.CachedTokens + res.CPUCachedTokens
 	if f.prefill >= 0 {
 		cached = f.prefillCached
+	}
+	s.outPred.Observe(res.OutputTokens)
+	if res.OutputTokens > 1 {
+		a := &s.lat[f.decode]
+		a.ttft += res.TTFT
+		a.tpot += (res.Finished - res.FirstToken) / time.Duration(res.OutputTokens-1)
+		a.n++
 	}
 	s.out.finished(f.decode, f.sent, res, cached)
 	s.pending--

@@ -39,7 +39,8 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 	if par == 0 {
 		par = runtime.GOMAXPROCS(0)
 	}
-	rep := report.Report{Policies: make(map[string]report.PolicyResult, len(policies)), Order: policies}
+	rep := report.Report{Policies: make(map[string]report.PolicyResult, len(policies)), Order: policies,
+		Runs: make(map[string]report.Run, len(policies))}
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
@@ -56,10 +57,13 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 			defer wg.Done()
 			defer func() { <-sem }()
 			s, err := newSim(&cfg, reqs, p)
-			var res report.PolicyResult
+			var (
+				res report.PolicyResult
+				run report.Run
+			)
 			if err == nil {
 				st := s.run(ctx)
-				res = st.result()
+				res, run = st.result(), st.recs.run()
 				if s.learner != nil {
 					l := s.learner.Pooled()
 					res.Learned = report.LearnedCosts{PrefillRate: l.PrefillRate, StepBase: l.StepBase, DecodeSecPerToken: l.DecodeSecPerToken}
@@ -70,7 +74,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 			if err != nil && ferr == nil {
 				ferr = err
 			}
-			rep.Policies[p] = res
+			rep.Policies[p], rep.Runs[p] = res, run
 		}()
 	}
 	wg.Wait()

@@ -28,6 +28,10 @@ type PolicyResult struct {
 	// LoadImbalance is max / mean of requests completed per engine
 	// (1 = perfectly even).
 	LoadImbalance float64 `json:"load_imbalance"`
+	// EngineTTFTMean is the mean TTFT the engines themselves report
+	// (vLLM's time-to-first-token histogram), live mode only: the client's
+	// TTFT minus it is the mesh's overhead (HTTP, routing, host delays).
+	EngineTTFTMean float64 `json:"engine_ttft_mean_s,omitempty"`
 
 	// QueueMean is the mean time a request waited in the engine's queue
 	// before its first scheduling (part of TTFT).
@@ -58,6 +62,9 @@ type Report struct {
 	OracleHitRate float64                 `json:"oracle_hit_rate"`
 	// Order is the policies in the order run (for the table).
 	Order []string `json:"-"`
+	// Runs holds each policy's finished requests, for the HTML report's
+	// plots (nil when not collected).
+	Runs map[string]Run `json:"-"`
 }
 
 // WriteTable writes the report as an aligned text table.

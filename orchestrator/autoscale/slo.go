@@ -10,6 +10,11 @@ type SLO struct {
 	// the TPOT target (both profiled, e.g. with `kvmesh bench`).
 	PrefillTokensPerSecond  float64
 	DecodeStreamsPerReplica float64
+	// MinCorrection is the lowest correction factor (0: 0.5). 1 makes
+	// corrections raise only: a measured latency below the expectation
+	// never sizes a role below its profiled demand, which keeps a biased
+	// expectation from trading attainment for replicas.
+	MinCorrection float64
 }
 
 // SLOObservation is the mesh's view of the last interval.
@@ -35,20 +40,25 @@ type SLOResult struct {
 }
 
 // Correction factors are clamped to [minCorrection, maxCorrection] so one
-// noisy interval cannot scale a role by more than 3× or less than half.
+// noisy interval cannot scale a role by more than 3× or less than half
+// (SLO.MinCorrection may raise the floor).
 const (
 	minCorrection = 0.5
 	maxCorrection = 3
 )
 
-func correction(measured, expected, target float64) float64 {
+func correction(measured, expected, target, floor float64) float64 {
 	if expected <= 0 {
 		expected = target
 	}
-	if measured <= 0 || expected <= 0 {
-		return 1
+	if floor <= 0 {
+		floor = minCorrection
 	}
-	return min(max(measured/expected, minCorrection), maxCorrection)
+	floor = min(floor, maxCorrection)
+	if measured <= 0 || expected <= 0 {
+		return max(1, floor)
+	}
+	return min(max(measured/expected, floor), maxCorrection)
 }
 
 // SizeSLO sizes prefill as ceil(prompt tokens/s ÷ per-replica throughput ×
@@ -56,8 +66,8 @@ func correction(measured, expected, target float64) float64 {
 // × TPOT correction). A role with no load gets zero (bounds apply later).
 func SizeSLO(s SLO, o SLOObservation) SLOResult {
 	res := SLOResult{
-		PrefillCorrection: correction(o.MeasuredTTFT, o.ExpectedTTFT, s.TTFTSeconds),
-		DecodeCorrection:  correction(o.MeasuredTPOT, o.ExpectedTPOT, s.TPOTSeconds),
+		PrefillCorrection: correction(o.MeasuredTTFT, o.ExpectedTTFT, s.TTFTSeconds, s.MinCorrection),
+		DecodeCorrection:  correction(o.MeasuredTPOT, o.ExpectedTPOT, s.TPOTSeconds, s.MinCorrection),
 	}
 	if s.PrefillTokensPerSecond > 0 && o.PromptTokensPerSecond > 0 {
 		res.Prefill = int32(math.Ceil(o.PromptTokensPerSecond/s.PrefillTokensPerSecond*res.PrefillCorrection - 1e-9))

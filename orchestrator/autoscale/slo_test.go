@@ -21,10 +21,30 @@ func TestSizeSLO(t *testing.T) {
 	}
 	for _, c := range cases {
 		got := SizeSLO(s, c.o)
-		if got.Prefill != c.p || got.Decode != c.d || got.AtRisk != c.atRisk ||
-			abs(got.PrefillCorrection-c.pc) > 1e-9 || abs(got.DecodeCorrection-c.dc) > 1e-9 {
-			t.Errorf("%s: %+v, want p=%d d=%d risk=%v corrections %v/%v", c.name, got, c.p, c.d, c.atRisk, c.pc, c.dc)
-		}
+		checkSLO(t, c.name, got, c.p, c.d, c.atRisk, c.pc, c.dc)
+	}
+	// With MinCorrection 1, faster than expected never lowers a role.
+	up := s
+	up.MinCorrection = 1
+	for _, c := range []struct {
+		name   string
+		o      SLOObservation
+		p, d   int32
+		atRisk bool
+		pc, dc float64
+	}{
+		{"raise-only: faster than profiled", SLOObservation{PromptTokensPerSecond: 40000, RunningStreams: 80, MeasuredTTFT: 0.3, MeasuredTPOT: 0.025}, 4, 2, false, 1, 1},
+		{"raise-only: slower still raises", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 80, MeasuredTTFT: 0.8}, 4, 2, true, 1.6, 1},
+	} {
+		checkSLO(t, c.name, SizeSLO(up, c.o), c.p, c.d, c.atRisk, c.pc, c.dc)
+	}
+}
+
+func checkSLO(t *testing.T, name string, got SLOResult, p, d int32, atRisk bool, pc, dc float64) {
+	t.Helper()
+	if got.Prefill != p || got.Decode != d || got.AtRisk != atRisk ||
+		abs(got.PrefillCorrection-pc) > 1e-9 || abs(got.DecodeCorrection-dc) > 1e-9 {
+		t.Errorf("%s: %+v, want p=%d d=%d risk=%v corrections %v/%v", name, got, p, d, atRisk, pc, dc)
 	}
 }
 

@@ -20,6 +20,16 @@ const (
 	AnnotationEventsPort = "kvmesh.io/kv-events-port"
 	AnnotationReplayPort = "kvmesh.io/replay-port"
 	AnnotationInjected   = "kvmesh.io/sidecar-injected"
+	// LabelPDGroup is the pod label naming the engine's P/D group (the
+	// ModelDeployment's default pdGroupLabel); AnnotationPDGroupLabel names
+	// another label key when the ModelDeployment sets one.
+	LabelPDGroup           = "kvmesh.io/pd-group"
+	AnnotationPDGroupLabel = "kvmesh.io/pd-group-label"
+	// AnnotationPDProtocol is the engine's P/D wire protocol: nixl (vLLM's
+	// NixlConnector, the default) or sglang (--disaggregation-mode), with
+	// AnnotationBootstrapPort the SGLang prefill engine's bootstrap port.
+	AnnotationPDProtocol    = "kvmesh.io/pd-protocol"
+	AnnotationBootstrapPort = "kvmesh.io/bootstrap-port"
 	// AnnotationTokenizerDir names the model directory (as the engine
 	// container mounts it) whose tokenizer files the sidecar publishes to
 	// NATS for the ingresses; the sidecar gets the same volume, read-only.
@@ -74,13 +84,43 @@ func port(ann map[string]string, key string, def int) (int, error) {
 	return n, nil
 }
 
+// ErrBadPDProtocol is a kvmesh.io/pd-protocol annotation other than nixl or sglang.
+var ErrBadPDProtocol = errors.New("bad P/D protocol annotation")
+
+// pdArgs are the sidecar's P/D flags from the pod's group label and protocol
+// annotations: the injected container does not see the engine containers'
+// KVMESH_PD_GROUP, so the group is passed explicitly.
+func pdArgs(pod *corev1.Pod, bootstrapPort int) []string {
+	key := LabelPDGroup
+	if k := pod.Annotations[AnnotationPDGroupLabel]; k != "" {
+		key = k
+	}
+	var args []string
+	if g := pod.Labels[key]; g != "" {
+		args = append(args, "--pd-group="+g)
+	}
+	if p := pod.Annotations[AnnotationPDProtocol]; p != "" {
+		args = append(args, "--pd-protocol="+p)
+	}
+	if bootstrapPort != 0 {
+		args = append(args, "--bootstrap-port="+strconv.Itoa(bootstrapPort))
+	}
+	return args
+}
+
 // sidecar builds the native sidecar container for pod.
 func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 	enginePort, err1 := port(pod.Annotations, AnnotationEnginePort, 8000)
 	eventsPort, err2 := port(pod.Annotations, AnnotationEventsPort, 5557)
 	replayPort, err3 := port(pod.Annotations, AnnotationReplayPort, 5558)
-	if err := errors.Join(err1, err2, err3); err != nil {
+	bootstrapPort, err4 := port(pod.Annotations, AnnotationBootstrapPort, 0)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return corev1.Container{}, err
+	}
+	switch p := pod.Annotations[AnnotationPDProtocol]; p {
+	case "", "nixl", "sglang":
+	default:
+		return corev1.Container{}, fmt.Errorf("%w: %s=%q (want nixl or sglang)", ErrBadPDProtocol, AnnotationPDProtocol, p)
 	}
 	model := pod.Annotations[AnnotationModel]
 	role := pod.Labels[LabelRoleKind]
@@ -99,6 +139,7 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 	if model != "" {
 		args = append(args, "--model="+model)
 	}
+	args = append(args, pdArgs(pod, bootstrapPort)...)
 	if c.NATS != "" {
 		args = append(args, "--nats="+c.NATS)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -195,5 +196,56 @@ func TestSidecarCredentialsAndTokenizerDir(t *testing.T) {
 	pod.Annotations[AnnotationTokenizerDir] = "/elsewhere"
 	if _, err := DefaultSidecarConfig().sidecar(pod); !errors.Is(err, ErrBadTokenizerDir) {
 		t.Errorf("a tokenizer directory on no volume: err %v, want ErrBadTokenizerDir", err)
+	}
+}
+
+func TestSidecarPDFlags(t *testing.T) {
+	cases := []struct {
+		name   string
+		labels map[string]string
+		ann    map[string]string
+		want   []string
+		absent []string
+		err    error
+	}{
+		{name: "no P/D labels", absent: []string{"--pd-group", "--pd-protocol", "--bootstrap-port"}},
+		{name: "default group label", labels: map[string]string{LabelPDGroup: "llama-pd-0"}, want: []string{"--pd-group=llama-pd-0"}},
+		{name: "custom group label", labels: map[string]string{LabelPDGroup: "ignored", "team/pairs": "g7"},
+			ann: map[string]string{AnnotationPDGroupLabel: "team/pairs"}, want: []string{"--pd-group=g7"}, absent: []string{"ignored"}},
+		{name: "sglang", ann: map[string]string{AnnotationPDProtocol: "sglang", AnnotationBootstrapPort: "9000"},
+			want: []string{"--pd-protocol=sglang", "--bootstrap-port=9000"}},
+		{name: "bad protocol", ann: map[string]string{AnnotationPDProtocol: "rdma"}, err: ErrBadPDProtocol},
+		{name: "bad bootstrap port", ann: map[string]string{AnnotationBootstrapPort: "0"}, err: ErrBadPort},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{}
+			pod.Labels = map[string]string{LabelInject: "true"}
+			maps.Copy(pod.Labels, tc.labels)
+			pod.Annotations = map[string]string{AnnotationModel: "m"}
+			maps.Copy(pod.Annotations, tc.ann)
+			pod.Spec.Containers = []corev1.Container{{Name: "engine"}}
+			c, err := DefaultSidecarConfig().sidecar(pod)
+			if tc.err != nil {
+				if !errors.Is(err, tc.err) {
+					t.Fatalf("err %v, want %v", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := strings.Join(c.Args, " ")
+			for _, w := range tc.want {
+				if !strings.Contains(args, w) {
+					t.Errorf("args %q lack %s", args, w)
+				}
+			}
+			for _, a := range tc.absent {
+				if strings.Contains(args, a) {
+					t.Errorf("args %q hold %s", args, a)
+				}
+			}
+		})
 	}
 }

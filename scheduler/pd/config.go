@@ -28,8 +28,14 @@ type Config struct {
 	// (negative: none).
 	TransferSetup float64
 	// SLOTTFT is the TTFT objective kvmesh's choice prices (seconds; 0:
-	// none). SLOWeight is the price of a second beyond it (0: 4).
+	// none). SLOWeight scales the price of a missed SLO (0: 1).
 	SLOTTFT, SLOWeight float64
+	// SLOTPOT is the time-per-output-token objective kvmesh's choice
+	// prices (seconds; 0: none).
+	SLOTPOT float64
+	// Costs, when set, is the cost model's per-engine rates (the ingress's
+	// or the benchmark's online learner, scheduler/learn); nil: Cost's.
+	Costs policies.CostModel
 	// NonCachedTokens is llm-d's decider threshold; 0: 16.
 	NonCachedTokens int
 }
@@ -94,7 +100,8 @@ func New(c Config) (Policy, error) {
 		k.KVBytesPerToken, k.TransferBandwidth = c.KVBytesPerToken, c.TransferGbps*1e9/8
 		k.TransferSetup = max(c.TransferSetup, 0)
 		k.Always = c.Policy == "kvmesh-always"
-		k.SLOTTFT = c.SLOTTFT
+		k.SLOTTFT, k.SLOTPOT = c.SLOTTFT, c.SLOTPOT
+		k.Cost.Costs = c.Costs
 		if c.SLOWeight > 0 {
 			k.SLOWeight = c.SLOWeight
 		}

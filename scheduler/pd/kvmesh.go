@@ -2,6 +2,8 @@ package pd
 
 import (
 	"fmt"
+	"math"
+	"time"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -25,6 +27,23 @@ import (
 // TTFT lost by the prefills sharing its batch. kvwait is the part of the
 // request's KV that does not fit in the decode engine's free blocks, as a
 // fraction of its decode time (it waits for running requests to finish).
+//
+// With SLOs (SLOTTFT, SLOTPOT) the objective is goodput, so two terms are
+// added and one is reweighted:
+//
+//	miss   = price · P(the request misses TTFT or TPOT)        (every option)
+//	broken = price · n_d · ΔP(a running stream misses TPOT)    (aggregated on d)
+//	stall_d ×= P(a running stream on d misses TPOT after the local prefill)
+//
+// where price = SLOWeight · (SLOTTFT + output · SLOTPOT), the latency the
+// SLOs allow the request, and P is a logistic around the objective (width
+// sloSpread of it). The TPOT a stream on d sees is d's measured TPOT (the
+// metrics' recent mean; the learned step time until there is one) plus the
+// prefill seconds this router sent to d as local prefills over the last
+// half stream lifetime, spread over a stream's output (the stall ledger):
+// the router's own decisions, which no engine metric shows in time. So a
+// decode engine's spare TPOT budget serves prefills when the prefill pool's
+// queue would miss the TTFT objective, and only as long as the budget lasts.
 type KVMesh struct {
 	Cost policies.KVMesh
 	// KVBytesPerToken is the KV size of one prompt token (all layers).
@@ -41,19 +60,26 @@ type KVMesh struct {
 	// (a request past its SLO no longer counts for goodput, so time beyond
 	// it is worth more than time before it). 0 disables the term.
 	SLOTTFT float64
-	// SLOWeight prices a second of predicted TTFT beyond SLOTTFT. Default 4.
+	// SLOTPOT, when > 0, is the time-per-output-token objective (mean
+	// over a request's decode).
+	SLOTPOT float64
+	// SLOWeight scales the price of a request missing its SLOs: SLOWeight ×
+	// the latency the SLOs allow it (SLOTTFT + output × SLOTPOT). Default 1.
 	SLOWeight float64
 	// Always disables the aggregated options on decode-role engines (mixed
 	// engines still serve aggregated): kvmesh's pair choice without the
 	// decision, for comparison.
 	Always bool
+
+	stalls *stallLedger // the local prefills this router sent (NewKVMesh)
 }
 
 var _ Policy = KVMesh{}
 
 // NewKVMesh returns the policy with cost c and the transfer defaults.
 func NewKVMesh(c policies.KVMesh) KVMesh {
-	return KVMesh{Cost: c, KVBytesPerToken: 131072, TransferBandwidth: 12.5e9, TransferSetup: 0.002, SLOWeight: 4}
+	return KVMesh{Cost: c, KVBytesPerToken: 131072, TransferBandwidth: 12.5e9, TransferSetup: 0.002, SLOWeight: 1,
+		stalls: newStallLedger()}
 }
 
 // Validate lists every problem.
@@ -71,6 +97,7 @@ func (KVMesh) Name() string { return "kvmesh" }
 
 // Choose implements Policy.
 func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string {
+	out := float64(max(k.Cost.Output(r), 1))
 	for _, d := range v.Decoders {
 		c := &v.Cands[d]
 		_, step, _ := k.Cost.Rates(c.ID)
@@ -78,7 +105,17 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 			continue
 		}
 		t := k.Cost.Terms(r, c, max(0, r.PromptTokens-c.CachedTokens))
-		v.Add(-1, d, -(t.Total(step) + k.kvWait(r, c, t) + k.late(t.Queue+t.Prefill+step)))
+		now := k.tpotNow(r, c, t, out)
+		after := now + t.Prefill/out
+		if k.SLOTPOT > 0 {
+			// Under a TPOT objective the running streams' lost seconds
+			// matter as far as they risk it: a stream well inside its
+			// objective loses nothing it is judged by.
+			t.Stall *= pMiss(after, k.SLOTPOT)
+		}
+		cost := t.Total(step) + k.kvWait(r, c, t)
+		cost += k.miss(out, t.Queue+t.Prefill+step, now) + k.broken(c, out, now, after)
+		v.Add(-1, d, -cost)
 	}
 	for _, d := range v.Decoders {
 		c := &v.Cands[d]
@@ -87,6 +124,7 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		_, dstep, _ := k.Cost.Rates(c.ID)
 		td := k.Cost.Terms(r, c, 0)
 		dec := td.Queue + dstep + td.Decode + td.Crowd + k.kvWait(r, c, td)
+		tpot := k.tpotNow(r, c, td, out)
 		xfer := k.TransferSetup + float64(max(0, r.PromptTokens-c.CachedTokens))*k.KVBytesPerToken/k.TransferBandwidth
 		for _, p := range v.Prefillers {
 			if !v.SameGroup(p, d) {
@@ -103,7 +141,7 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 			waiting := float64(max(cp.Waiting, cp.InFlight-cp.Running))
 			behind := (k.Cost.WaitingWeight*waiting + k.Cost.MissPenalty) * float64(unc) / prate
 			ttft := tp.Queue + tp.Prefill + pstep + xfer + td.Queue + dstep
-			v.Add(p, d, -(tp.Queue + tp.Prefill + tp.Stall + behind + pstep + xfer + dec + k.late(ttft)))
+			v.Add(p, d, -(tp.Queue + tp.Prefill + tp.Stall + behind + pstep + xfer + dec + k.miss(out, ttft, tpot)))
 		}
 	}
 	best := 0
@@ -121,12 +159,70 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 	return "disaggregated-cheaper"
 }
 
-// late prices a predicted TTFT beyond the SLO.
-func (k KVMesh) late(ttft float64) float64 {
-	if k.SLOTTFT <= 0 || ttft <= k.SLOTTFT {
+// Chosen records the plan's local prefill in the stall ledger (the Router
+// calls it with the best option).
+func (k KVMesh) Chosen(r *scheduler.Request, v *View, o Option) {
+	if !o.Aggregated() || k.stalls == nil {
+		return
+	}
+	c := &v.Cands[o.Decode]
+	rate, _, _ := k.Cost.Rates(c.ID)
+	k.stalls.add(c.ID, r.Now, float64(max(0, r.PromptTokens-c.CachedTokens))/rate)
+}
+
+// tpotNow is the TPOT of a stream on c with the request added: the decode
+// step (Terms.TPOT) plus the prefill seconds this router sent there over
+// the last stream lifetime, spread over a stream's output.
+func (k KVMesh) tpotNow(r *scheduler.Request, c *scheduler.Candidate, t policies.Terms, out float64) float64 {
+	if k.SLOTPOT <= 0 {
+		return t.TPOT
+	}
+	base, life := t.TPOT, out*t.TPOT
+	if c.TPOT > 0 {
+		// The engine's measured TPOT (its histogram's recent mean)
+		// already holds the stalls of the streams that finished; the
+		// running ones have lived half a lifetime on average.
+		base, life = c.TPOT.Seconds(), life/2
+	}
+	return base + k.stalls.since(c.ID, r.Now.Add(-time.Duration(life*float64(time.Second))))/out
+}
+
+// missPrice is what a request missing its SLOs costs, in seconds: the
+// latency the SLOs allow it (TTFT + output × TPOT), times SLOWeight.
+func (k KVMesh) missPrice(out float64) float64 {
+	return k.SLOWeight * (k.SLOTTFT + out*k.SLOTPOT)
+}
+
+// pMiss is the chance a predicted x exceeds the objective slo: a logistic
+// of width slo·sloSpread (predictions are not exact: cache hits, the
+// queue's mix and later arrivals move them).
+func pMiss(x, slo float64) float64 {
+	if slo <= 0 {
 		return 0
 	}
-	return k.SLOWeight * (ttft - k.SLOTTFT)
+	return 1 / (1 + math.Exp(-(x-slo)/(slo*sloSpread)))
+}
+
+const sloSpread = 0.3
+
+// miss prices the request's own chance of missing the SLOs with a
+// predicted TTFT and TPOT.
+func (k KVMesh) miss(out, ttft, tpot float64) float64 {
+	if k.SLOTTFT <= 0 && k.SLOTPOT <= 0 {
+		return 0
+	}
+	ok := (1 - pMiss(ttft, k.SLOTTFT)) * (1 - pMiss(tpot, k.SLOTPOT))
+	return k.missPrice(out) * (1 - ok)
+}
+
+// broken prices the streams running on c whose TPOT a local prefill moves
+// from before to after: the chance each now misses its TPOT objective.
+func (k KVMesh) broken(c *scheduler.Candidate, out, before, after float64) float64 {
+	if k.SLOTPOT <= 0 {
+		return 0
+	}
+	n := float64(max(c.Running, c.InFlight-c.Waiting))
+	return k.missPrice(out) * n * max(0, pMiss(after, k.SLOTPOT)-pMiss(before, k.SLOTPOT))
 }
 
 // kvWait prices the request's KV that does not fit in c's free blocks: it

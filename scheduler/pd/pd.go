@@ -79,6 +79,12 @@ type Policy interface {
 	Choose(req *scheduler.Request, v *View, cyc *scheduler.Cycle) string
 }
 
+// Recorder is a Policy that keeps state about its own decisions: the
+// Router tells it the option it chose (before the request is sent).
+type Recorder interface {
+	Chosen(req *scheduler.Request, v *View, best Option)
+}
+
 // Choice is one ranked option by engine id (Prefill "" = aggregated).
 type Choice struct {
 	Prefill string
@@ -154,6 +160,9 @@ func (r *Router) Route(req *scheduler.Request, engines []Engine, plan *Plan) err
 			plan.Options = append(plan.Options, c)
 		}
 		best := v.Options[0]
+		if rec, ok := r.p.(Recorder); ok {
+			rec.Chosen(req, v, best)
+		}
 		d := &cs[best.Decode]
 		plan.Decode, plan.DecodeMatch, plan.DecodeCached = d.ID, d.Match, d.CachedTokens
 		if !best.Aggregated() {

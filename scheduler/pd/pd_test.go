@@ -3,6 +3,7 @@ package pd
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -22,6 +23,8 @@ type eng struct {
 	waiting int
 	queued  int // queued prefill tokens
 	cached  int // leading blocks of the request cached
+	tpot    time.Duration
+	local   int // this router's in-flight prefill tokens there
 }
 
 type setup struct {
@@ -50,7 +53,7 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 		}
 		es = append(es, scheduler.Engine{ID: e.id, Healthy: true, Model: "m", Role: e.role, Group: e.group,
 			Running: e.running, Waiting: e.waiting, QueuedPrefillTokens: e.queued, InFlight: e.running + e.waiting,
-			GPUBlocks: 30000})
+			GPUBlocks: 30000, TPOT: e.tpot, LocalPrefillTokens: e.local})
 	}
 	sc := scheduler.DefaultConfig()
 	sc.Policy = "kvmesh"
@@ -229,5 +232,64 @@ func TestConfigValidate(t *testing.T) {
 		if err != nil || p.Name() != n {
 			t.Errorf("New(%q) = %v, %v", n, p, err)
 		}
+	}
+}
+
+// TestKVMeshSLO: with SLOs, a prefill pool whose queue would miss the TTFT
+// objective sends the request aggregated to a decode engine with TPOT
+// slack; the router's stall ledger counts the local prefill it sent there,
+// so the next such request goes to the other decode engine. Without SLOs
+// the same state is priced in seconds: the stall on 48 running streams
+// outweighs the prefill queue.
+func TestKVMeshSLO(t *testing.T) {
+	p := mustPolicy(t, Config{SLOTTFT: 2, SLOTPOT: 0.05})
+	s := setup{prompt: 8192, engines: []eng{
+		{id: "p0", role: P, running: 1, waiting: 6, local: 7 * 8192},
+		{id: "d0", role: D, running: 48, tpot: 30 * time.Millisecond},
+		{id: "d1", role: D, running: 48, tpot: 30 * time.Millisecond}}}
+	var got []string
+	for i := 0; i < 2; i++ {
+		plan, err := route(t, s, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan.Mode != Aggregated {
+			t.Fatalf("request %d: %v via %q, want aggregated (prefill queue past the TTFT objective)", i, plan.Mode, plan.Prefill)
+		}
+		got = append(got, plan.Decode)
+	}
+	if got[0] == got[1] {
+		t.Fatalf("both local prefills on %s: the ledger did not price the first", got[0])
+	}
+	plan, err := route(t, s, mustPolicy(t, Config{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.Mode != Disaggregated {
+		t.Fatalf("no SLO: plan %v, want disaggregated", plan.Mode)
+	}
+}
+
+func TestStallLedger(t *testing.T) {
+	l := newStallLedger()
+	t0 := time.Unix(1000, 0)
+	for i := 0; i < ledgerSize+10; i++ {
+		l.add("d", t0.Add(time.Duration(i)*time.Second), 1)
+	}
+	l.add("d", t0, 0) // nothing to record
+	last := t0.Add(time.Duration(ledgerSize+9) * time.Second)
+	if got := l.since("d", last.Add(-5500*time.Millisecond)); got != 6 {
+		t.Errorf("since 5.5s before the last: %v, want 6", got)
+	}
+	if got := l.since("d", t0.Add(-time.Hour)); got != ledgerSize {
+		t.Errorf("everything kept: %v, want the ring's %d", got, ledgerSize)
+	}
+	if got := l.since("other", t0); got != 0 {
+		t.Errorf("unknown engine: %v", got)
+	}
+	var nilLedger *stallLedger
+	nilLedger.add("d", t0, 1)
+	if nilLedger.since("d", t0) != 0 {
+		t.Error("nil ledger")
 	}
 }

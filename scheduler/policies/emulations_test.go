@@ -186,3 +186,19 @@ func TestLLMDKVUsage(t *testing.T) {
 	mustPick(t, p, req(10), es, []index.Match{full(5), {}}, "a", "weighted-score",
 		"a = 2 + 2·0.1 + 3·0.5 = 3.7, b = 2 + 2·0.8 = 3.6 (KV weight 3 would give b: 4.4 vs 3.8)")
 }
+
+// TestRayProbedQueue: with probed queues the shortlist's smallest queue is
+// the replicas' own reported load (running + waiting, snapshot-old), not the
+// router's in-flight count.
+func TestRayProbedQueue(t *testing.T) {
+	p := indexRay()
+	p.ProbedQueue = true
+	a, b := eng("a"), eng("b")
+	a.InFlight, b.InFlight = 0, 5 // the router's view: a is idle
+	a.Running, a.Waiting = 4, 3   // the replicas' reports: a is busier
+	b.Running, b.Waiting = 2, 0
+	ms := []index.Match{full(10), full(10)}
+	mustPick(t, p, req(10), []scheduler.Engine{a, b}, ms, "b", "prefix-match", "probed queues: b (2) < a (7)")
+	p.ProbedQueue = false
+	mustPick(t, p, req(10), []scheduler.Engine{a, b}, ms, "a", "prefix-match", "router's queues: a (0) < b (5)")
+}

@@ -90,7 +90,13 @@ func (h *History) Size(engine string) int {
 }
 
 // Insert records that keys were routed to engine.
-func (h *History) Insert(engine string, keys []uint64) {
+func (h *History) Insert(engine string, keys []uint64) { h.InsertCap(engine, keys, h.Capacity) }
+
+// InsertCap is Insert with engine's bound set to capacity (0 = unbounded)
+// instead of Capacity: a router that sizes each server's record by the
+// capacity the server reports (llm-d's autoTune). A bound that shrinks
+// evicts down to it at this insert.
+func (h *History) InsertCap(engine string, keys []uint64, capacity int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	l := h.engines[engine]
@@ -104,8 +110,26 @@ func (h *History) Insert(engine string, keys []uint64) {
 	keys = h.clip(keys)
 	for i := len(keys) - 1; i >= 0; i-- {
 		l.touch(keys[i])
-		for h.Capacity > 0 && len(l.idx) > h.Capacity {
+		for capacity > 0 && len(l.idx) > capacity {
 			l.evictOldest()
+		}
+	}
+}
+
+// Touch marks keys that engine already holds as just used, deepest first
+// (as Insert orders them), adding none: a radix tree's timestamp update on a
+// match.
+func (h *History) Touch(engine string, keys []uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l := h.engines[engine]
+	if l == nil {
+		return
+	}
+	keys = h.clip(keys)
+	for i := len(keys) - 1; i >= 0; i-- {
+		if l.has(keys[i]) {
+			l.touch(keys[i])
 		}
 	}
 }

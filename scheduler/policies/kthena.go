@@ -15,8 +15,12 @@ import (
 // each plugin scoring pods 0–100 (integers, as upstream truncates) and the
 // router picking the highest weighted sum:
 //
-//   - "kthena", the shipped default (scheduler_impl.go's plugin list when
-//     no config is given): least-request 1, least-latency 1, prefix-cache 1.
+//   - "kthena", as the Helm chart installs it (charts/kthena/charts/
+//     networking/templates/kthena-router/component/configmap.yaml, mounted
+//     as the router's configuration): least-request 1, gpu-usage 1,
+//     least-latency 1, prefix-cache 1. Without a configuration file the
+//     router falls back to scheduler_impl.go's list, the same without
+//     gpu-usage: {gpuUsageWeight: 0} in the kthena block.
 //   - "kthena-kvcache", the documented kvcache-aware setup of Kthena's
 //     benchmark blog and user guide: least-request 1, kvcache-aware 1.
 //
@@ -26,6 +30,8 @@ import (
 //     100·max(onFlight − running, 0), onFlight being the router's own count
 //     of requests in flight to the pod and running the pod's metric;
 //     score = 100·(maxBase − base)/maxBase.
+//   - gpu-usage (plugins/gpu.go): int((1 − the pod's GPU KV cache usage)·100),
+//     the usage from the pods' metrics (the 200 ms snapshot).
 //   - least-latency: the pods' TTFT and TPOT from their metrics, each
 //     min-max normalised (100 for the fastest), blended 0.5/0.5; a pod
 //     without samples scores 100.
@@ -44,11 +50,11 @@ import (
 // 300 on 3 engines) every engine has more than 10 waiting for most of the
 // run, so the emulation would reject most requests and its throughput and
 // TTFT would say nothing comparable; kvmesh's own maxWaiting filter
-// (filters.maxWaiting) is the equivalent, off by default. The Helm chart's
-// extra gpu-usage plugin (weight 1) is not emulated.
+// (filters.maxWaiting) is the equivalent, off by default.
 type Kthena struct {
 	name               string
 	LeastRequestWeight float64
+	GPUUsageWeight     float64
 	LeastLatencyWeight float64
 	PrefixCacheWeight  float64
 	KVCacheWeight      float64
@@ -66,6 +72,7 @@ var _ scheduler.Policy = Kthena{}
 // and the prefix plugins' sizes.
 type KthenaConfig struct {
 	LeastRequestWeight float64 `yaml:"leastRequestWeight"`
+	GPUUsageWeight     float64 `yaml:"gpuUsageWeight"`
 	LeastLatencyWeight float64 `yaml:"leastLatencyWeight"`
 	PrefixCacheWeight  float64 `yaml:"prefixCacheWeight"`
 	KVCacheWeight      float64 `yaml:"kvCacheWeight"`
@@ -74,9 +81,9 @@ type KthenaConfig struct {
 	TopKMatches        int     `yaml:"topKMatches"`
 }
 
-// DefaultKthenaConfig is Kthena's shipped default plugin set.
+// DefaultKthenaConfig is Kthena's plugin set as its Helm chart installs it.
 func DefaultKthenaConfig() KthenaConfig {
-	return KthenaConfig{LeastRequestWeight: 1, LeastLatencyWeight: 1, PrefixCacheWeight: 1,
+	return KthenaConfig{LeastRequestWeight: 1, GPUUsageWeight: 1, LeastLatencyWeight: 1, PrefixCacheWeight: 1,
 		MaxBlocksToMatch: 128, MaxHashCacheSize: 50_000, TopKMatches: 5}
 }
 
@@ -89,6 +96,7 @@ func DefaultKthenaKVCacheConfig() KthenaConfig {
 func (k KthenaConfig) Validate(name string) error {
 	p := scheduler.NewProblems(name)
 	p.NonNegative("leastRequestWeight", k.LeastRequestWeight)
+	p.NonNegative("gpuUsageWeight", k.GPUUsageWeight)
 	p.NonNegative("leastLatencyWeight", k.LeastLatencyWeight)
 	p.NonNegative("prefixCacheWeight", k.PrefixCacheWeight)
 	p.NonNegative("kvCacheWeight", k.KVCacheWeight)
@@ -118,7 +126,7 @@ func KthenaKVCacheFactory(name string, params *yaml.Node) (scheduler.Policy, err
 
 // KthenaFrom is the policy c configures, named name, with a fresh store.
 func KthenaFrom(name string, c KthenaConfig) Kthena {
-	k := Kthena{name: name, LeastRequestWeight: c.LeastRequestWeight, LeastLatencyWeight: c.LeastLatencyWeight,
+	k := Kthena{name: name, LeastRequestWeight: c.LeastRequestWeight, GPUUsageWeight: c.GPUUsageWeight, LeastLatencyWeight: c.LeastLatencyWeight,
 		PrefixCacheWeight: c.PrefixCacheWeight, KVCacheWeight: c.KVCacheWeight, MaxBlocks: c.MaxBlocksToMatch, TopK: c.TopKMatches}
 	if c.PrefixCacheWeight > 0 {
 		k.History = NewHistory(c.MaxHashCacheSize, c.MaxBlocksToMatch)
@@ -126,7 +134,7 @@ func KthenaFrom(name string, c KthenaConfig) Kthena {
 	return k
 }
 
-// NewKthena returns Kthena's shipped default.
+// NewKthena returns Kthena as its Helm chart installs it.
 func NewKthena() Kthena { return KthenaFrom("kthena", DefaultKthenaConfig()) }
 
 // NewKthenaKVCache returns Kthena's kvcache-aware setup.
@@ -147,6 +155,11 @@ func (k Kthena) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 	}
 	if k.LeastRequestWeight > 0 {
 		k.leastRequest(cs)
+	}
+	if k.GPUUsageWeight > 0 {
+		for i := range cs {
+			cs[i].Score += k.GPUUsageWeight * kthenaGPUUsage(cs[i].KVUsage)
+		}
 	}
 	if k.LeastLatencyWeight > 0 {
 		kthenaLeastLatency(cs, k.LeastLatencyWeight)
@@ -191,6 +204,9 @@ func kthenaBase(c *scheduler.Candidate) float64 {
 	on := c.InFlight
 	return float64(on) + 100*float64(max(on-c.Running, 0))
 }
+
+// kthenaGPUUsage is gpu-usage's score: int((1 − usage)·100) (gpu.go).
+func kthenaGPUUsage(usage float64) float64 { return float64(int((1 - usage) * 100)) }
 
 // kthenaLeastLatency adds least-latency's score times w.
 func kthenaLeastLatency(cs []scheduler.Candidate, w float64) {

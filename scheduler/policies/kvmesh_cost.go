@@ -90,3 +90,71 @@ func (p KVMesh) Terms(r *scheduler.Request, c *scheduler.Candidate, uncachedToke
 		TPOT:    tpot,
 	}
 }
+
+// overBound is added to the cost of an engine past the balance bound: more
+// than any cost within it (seconds; a day), so such an engine is chosen
+// only when every engine is past it — impossible for the request count
+// and for the queue (the least-loaded engine is at most the mean) unless
+// the request's own prefill is what pushes it over everywhere.
+const overBound = 86400
+
+// cluster is what the balance bound and the saturation switch compare
+// one engine against: the candidates' mean outstanding requests and queued
+// prefill seconds, this request's smallest prefill anywhere, and whether
+// every engine is saturated.
+type cluster struct {
+	meanReqs, meanWork float64
+	minPrefill         float64
+	saturated          bool
+}
+
+// outstanding is an engine's load as a router sees it: requests it has
+// outstanding (this router's fresh in-flight count, or the snapshot's
+// running + waiting when that is larger: other ingresses' requests) and
+// its queued prefill in seconds (this router's own not-yet-first-token
+// uncached tokens, or the engine's reported queue when exported).
+func (p KVMesh) outstanding(c *scheduler.Candidate) (reqs, work float64) {
+	rate, _, _ := p.Rates(c.ID)
+	return float64(max(c.InFlight, c.Running+c.Waiting)), float64(max(c.QueuedPrefillTokens, c.LocalPrefillTokens)) / rate
+}
+
+func (p KVMesh) clusterLoad(r *scheduler.Request, cs []scheduler.Candidate) cluster {
+	cl := cluster{saturated: p.SaturationQueue > 0 && len(cs) > 1, minPrefill: -1}
+	for i := range cs {
+		n, w := p.outstanding(&cs[i])
+		cl.meanReqs += n
+		cl.meanWork += w
+		if w < p.SaturationQueue {
+			cl.saturated = false
+		}
+		rate, _, _ := p.Rates(cs[i].ID)
+		pf := float64(max(0, r.PromptTokens-cs[i].CachedTokens)) / rate
+		if cl.minPrefill < 0 || pf < cl.minPrefill {
+			cl.minPrefill = pf
+		}
+	}
+	if len(cs) > 0 {
+		cl.meanReqs /= float64(len(cs))
+		cl.meanWork /= float64(len(cs))
+	}
+	return cl
+}
+
+// boundedCost is Cost with the balance bound and, when the cluster is
+// saturated, least work in place of the per-request terms.
+func (p KVMesh) boundedCost(r *scheduler.Request, c *scheduler.Candidate, cl *cluster) float64 {
+	_, base, _ := p.Rates(c.ID)
+	t := p.Terms(r, c, max(0, r.PromptTokens-c.CachedTokens))
+	cost := t.Total(base)
+	if cl.saturated {
+		cost = t.Queue + (1+p.MissPenalty)*t.Prefill + base
+	}
+	if p.BalanceBound > 0 {
+		n, w := p.outstanding(c)
+		k := 1 + p.BalanceBound
+		if n+1 > k*cl.meanReqs+p.BalanceRequests || w+t.Prefill > k*cl.meanWork+p.BalanceSeconds+cl.minPrefill {
+			cost += overBound + w + t.Prefill // past the bound: only if all are, then least work
+		}
+	}
+	return cost
+}

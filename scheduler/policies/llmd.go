@@ -25,15 +25,26 @@ func DefaultLLMDWeights() LLMDWeights {
 }
 
 // LLMDConfig is the llmd block: the scorer weights (queue-scorer,
-// kv-cache-utilization-scorer, prefix-cache-scorer), each ≥ 0, not all 0.
+// kv-cache-utilization-scorer, prefix-cache-scorer), each ≥ 0, not all 0,
+// and the approximate prefix producer's autoTune.
 type LLMDConfig struct {
 	QueueWeight         float64 `yaml:"queueWeight"`
 	KVUtilizationWeight float64 `yaml:"kvUtilizationWeight"`
 	PrefixWeight        float64 `yaml:"prefixWeight"`
+	// AutoTune sizes each server's routing-history LRU by the KV capacity
+	// the server reports (vllm:cache_config_info num_gpu_blocks) instead of
+	// 31,250 blocks. Unset (nil) is upstream's default, true. llmd
+	// (approximate) only.
+	AutoTune *bool `yaml:"autoTune"`
+	// PreciseScore is how llmd-precise turns matched blocks into a score:
+	// "min-max" (or unset: upstream's indexedScoresToNormalizedScoredPods,
+	// min-max over the pods with a hit, 1 when they tie, 0 without a hit) or
+	// "fraction" (matched / request blocks). llmd-precise only.
+	PreciseScore string `yaml:"preciseScore"`
 }
 
 // DefaultLLMDConfig is llm-d's documented default profile: queue 2,
-// kv-cache utilization 2, prefix cache 3.
+// kv-cache utilization 2, prefix cache 3 (autoTune unset: on).
 func DefaultLLMDConfig() LLMDConfig {
 	d := DefaultLLMDWeights()
 	return LLMDConfig{QueueWeight: d.Queue, KVUtilizationWeight: d.KVUtilization, PrefixWeight: d.Prefix}
@@ -45,6 +56,9 @@ func (l LLMDConfig) Validate(name string) error {
 	p.NonNegative("queueWeight", l.QueueWeight)
 	p.NonNegative("kvUtilizationWeight", l.KVUtilizationWeight)
 	p.NonNegative("prefixWeight", l.PrefixWeight)
+	if l.PreciseScore != "" && l.PreciseScore != "min-max" && l.PreciseScore != "fraction" {
+		p.Addf("preciseScore", "%q is not min-max or fraction", l.PreciseScore)
+	}
 	if p.Len() == 0 && l.QueueWeight+l.KVUtilizationWeight+l.PrefixWeight == 0 {
 		p.Addf("", "queueWeight, kvUtilizationWeight and prefixWeight are all 0")
 	}
@@ -58,7 +72,11 @@ func LLMDFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewLLMDApproximate(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight})
+	p, err := NewLLMDApproximate(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight})
+	if c.AutoTune != nil {
+		p.AutoTune = *c.AutoTune
+	}
+	return p, err
 }
 
 // DefaultLLMDPreciseConfig is llm-d's precise-prefix-cache sample profile
@@ -75,7 +93,8 @@ func LLMDPreciseFactory(name string, params *yaml.Node) (scheduler.Policy, error
 	if err != nil {
 		return nil, err
 	}
-	w, err := NewLLMD(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight})
+	w, err := newLLMD(LLMDWeights{Queue: c.QueueWeight, KVUtilization: c.KVUtilizationWeight, Prefix: c.PrefixWeight},
+		confirmedPrefix{MinMax: c.PreciseScore != "fraction"})
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +104,8 @@ func LLMDPreciseFactory(name string, params *yaml.Node) (scheduler.Policy, error
 
 // llm-d's approximate prefix producer (approximateprefix/types.go): 16-token
 // blocks (64 characters at 4 per token), at most 256 blocks of a prompt, an
-// LRU of 31,250 blocks per server.
+// LRU of 31,250 blocks per server unless autoTune sizes it by the server's
+// reported capacity (makeServer: CacheNumGPUBlocks when reported).
 const (
 	llmdMaxPrefixBlocks = 256
 	llmdLRUPerServer    = 31_250
@@ -98,24 +118,32 @@ const (
 type LLMDApproximate struct {
 	*scheduler.Weighted
 	History *History
+	// AutoTune: a server's LRU holds as many blocks as the server reports
+	// (Engine.GPUBlocks, from the metrics snapshot); 31,250 while it
+	// reports none.
+	AutoTune bool
 }
 
-// NewLLMDApproximate is LLMDApproximate with the given weights and a fresh
-// history.
+// NewLLMDApproximate is LLMDApproximate with the given weights, autoTune on
+// (upstream's default) and a fresh history.
 func NewLLMDApproximate(w LLMDWeights) (LLMDApproximate, error) {
 	h := NewHistory(llmdLRUPerServer, llmdMaxPrefixBlocks)
 	p, err := newLLMD(w, historyPrefix{h})
 	if err != nil {
 		return LLMDApproximate{}, err
 	}
-	return LLMDApproximate{Weighted: p, History: h}, nil
+	return LLMDApproximate{Weighted: p, History: h, AutoTune: true}, nil
 }
 
 // Pick implements scheduler.Policy: the weighted pick, then the chosen
 // server records the prompt (the producer's PreRequest hook).
 func (l LLMDApproximate) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
 	i, why := l.Weighted.Pick(r, cs, cyc)
-	l.History.Insert(cs[i].ID, r.Keys)
+	capacity := l.History.Capacity
+	if l.AutoTune && cs[i].GPUBlocks > 0 {
+		capacity = cs[i].GPUBlocks
+	}
+	l.History.InsertCap(cs[i].ID, r.Keys, capacity)
 	return i, why
 }
 
@@ -182,17 +210,41 @@ func newLLMD(w LLMDWeights, prefix scheduler.Scorer) (*scheduler.Weighted, error
 	return p, nil
 }
 
-// confirmedPrefix scores confirmed (event-backed, any tier) matched blocks
-// over request blocks: what a router without speculation sees.
-type confirmedPrefix struct{}
+// confirmedPrefix scores confirmed (event-backed, any tier) matched blocks:
+// what a router without speculation sees. By default over request blocks;
+// MinMax as llm-d's precise scorer normalises its per-pod longest-prefix
+// counts (utils.go indexedScoresToNormalizedScoredPods): min-max over the
+// pods with a hit, 1 for each when they tie (or only one has a hit), 0 for
+// a pod without one.
+type confirmedPrefix struct{ MinMax bool }
 
 var _ scheduler.Scorer = confirmedPrefix{}
 
 func (confirmedPrefix) Name() string { return "prefix-cache" }
 
-func (confirmedPrefix) Score(r *scheduler.Request, cs []scheduler.Candidate, out []float64) {
-	b := float64(r.Blocks())
+func (p confirmedPrefix) Score(r *scheduler.Request, cs []scheduler.Candidate, out []float64) {
+	if !p.MinMax {
+		b := float64(r.Blocks())
+		for i := range cs {
+			out[i] = float64(cs[i].Match.Other) / b
+		}
+		return
+	}
+	lo, hi := math.MaxInt, 0
 	for i := range cs {
-		out[i] = float64(cs[i].Match.Other) / b
+		if m := cs[i].Match.Other; m > 0 {
+			lo, hi = min(lo, m), max(hi, m)
+		}
+	}
+	for i := range cs {
+		m := cs[i].Match.Other
+		switch {
+		case m == 0:
+			out[i] = 0
+		case hi == lo:
+			out[i] = 1
+		default:
+			out[i] = float64(m-lo) / float64(hi-lo)
+		}
 	}
 }

@@ -184,18 +184,23 @@ func TestKVMeshWaiting(t *testing.T) {
 		return []scheduler.Engine{a, b}
 	}
 	none := []index.Match{{}, {}}
-	off := NewKVMesh()
+	// The per-request cost terms alone: a's 20 waiting and b's 2 s of queue
+	// make this cluster saturated, which switches to least work (pinned by
+	// TestKVMeshSaturatedLeastWork).
+	terms := NewKVMesh()
+	terms.SaturationQueue, terms.BalanceBound = 0, 0
+	off := terms
 	off.WaitingWeight = 0
 	// Own time to first token alone prefers a's shorter queue of work.
 	if got, _ := pick(t, off, r, engines(30), none); got != "a" {
 		t.Fatalf("waitingWeight 0 picked %s, want a", got)
 	}
 	// Its 20 waiting requests each wait behind the 4,096 tokens: 2·20·0.14 s ≫ 2 s.
-	if got, _ := pick(t, NewKVMesh(), r, engines(30), none); got != "b" {
+	if got, _ := pick(t, terms, r, engines(30), none); got != "b" {
 		t.Fatalf("kvmesh picked %s, want b (20 requests would queue behind the prefill on a)", got)
 	}
 	// With 2 running, the count is capped at 2: 2·2·0.14 s < 2 s.
-	if got, _ := pick(t, NewKVMesh(), r, engines(2), none); got != "a" {
+	if got, _ := pick(t, terms, r, engines(2), none); got != "a" {
 		t.Fatalf("kvmesh picked %s, want a (waiting capped at the running batch)", got)
 	}
 	bad := NewKVMesh()

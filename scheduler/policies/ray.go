@@ -32,6 +32,10 @@ type Ray struct {
 	ImbalancedThreshold float64
 	MatchRateThreshold  float64
 	History             *History
+	// ProbedQueue reads queue lengths as Ray's router gets them from its
+	// probes: the replica's own count (running + waiting), as old as the
+	// last metrics snapshot, instead of the router's fresh in-flight count.
+	ProbedQueue bool
 }
 
 var _ scheduler.Policy = Ray{}
@@ -40,6 +44,9 @@ var _ scheduler.Policy = Ray{}
 type RayConfig struct {
 	ImbalancedThreshold float64 `yaml:"imbalancedThreshold"`
 	MatchRateThreshold  float64 `yaml:"matchRateThreshold"`
+	// ProbedQueue: queue lengths from the replicas' reported load (a probe's
+	// answer, snapshot-old) instead of the router's own in-flight count.
+	ProbedQueue bool `yaml:"probedQueue"`
 }
 
 // DefaultRayConfig is Ray Serve's published default.
@@ -64,7 +71,8 @@ func RayFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 
 // RayFrom is the policy c configures, with a fresh (unbounded) tree.
 func RayFrom(c RayConfig) Ray {
-	return Ray{ImbalancedThreshold: c.ImbalancedThreshold, MatchRateThreshold: c.MatchRateThreshold, History: NewHistory(0, 0)}
+	return Ray{ImbalancedThreshold: c.ImbalancedThreshold, MatchRateThreshold: c.MatchRateThreshold, History: NewHistory(0, 0),
+		ProbedQueue: c.ProbedQueue}
 }
 
 // NewRay returns the published defaults.
@@ -83,12 +91,16 @@ func (p Ray) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler
 }
 
 func (p Ray) pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *scheduler.Cycle) (int, string) {
-	lo, hi := cs[0].InFlight, cs[0].InFlight
+	q := func(i int) int { return cs[i].InFlight }
+	if p.ProbedQueue {
+		q = func(i int) int { return cs[i].Running + cs[i].Waiting }
+	}
+	lo, hi := q(0), q(0)
 	for i := range cs {
-		lo, hi = min(lo, cs[i].InFlight), max(hi, cs[i].InFlight)
+		lo, hi = min(lo, q(i)), max(hi, q(i))
 	}
 	for i := range cs {
-		cs[i].Score = -float64(cs[i].InFlight)
+		cs[i].Score = -float64(q(i))
 	}
 	if float64(hi-lo) > p.ImbalancedThreshold {
 		return powerOfTwo(cs, cyc, nil), "imbalanced-pow2"

@@ -2,6 +2,7 @@ package policies
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"go.yaml.in/yaml/v3"
 
@@ -27,6 +28,14 @@ import (
 //   - the request is inserted into the chosen worker's tree in every
 //     branch.
 //
+// Timestamps (LRU order): an insert refreshes the chosen worker's path; a
+// match refreshes the best-matching worker's matched path only when the
+// tree's global epoch counter (one tick per match and per insert) is a
+// multiple of 8 (sgl-model-gateway tree.rs prefix_match_with_counts: "1 in
+// 8 matches", which with one insert per routed request is every 4th match).
+// TimestampSampling sets that period (1: every match, as the older
+// sgl-router tree.rs did; 0: never).
+//
 // With History nil (unit tests of the thresholds) the tree is replaced by
 // the index's routed-plus-confirmed view (Match.Spec) and the smallest tree
 // by the lowest KV usage.
@@ -35,6 +44,10 @@ type SGLang struct {
 	BalanceAbsThreshold float64
 	BalanceRelThreshold float64
 	History             *History
+	// TimestampSampling is the epoch period of a match's timestamp update
+	// (8; 0 = never).
+	TimestampSampling uint64
+	epoch             *atomic.Uint64
 }
 
 var _ scheduler.Policy = SGLang{}
@@ -48,6 +61,10 @@ type SGLangConfig struct {
 	// max_tree_size); the emulation keeps MaxTreeSize/64 blocks (16 tokens
 	// of ~4 characters). 0 = unbounded.
 	MaxTreeSize int `yaml:"maxTreeSize"`
+	// TimestampSampling: a prefix match refreshes the matched path's LRU
+	// timestamp when the tree's epoch is a multiple of this (1 = every
+	// match; 0 = never). Unset (nil) is upstream's 8.
+	TimestampSampling *int `yaml:"timestampSampling"`
 }
 
 // charsPerBlock is the characters one 16-token block stands for (4 per
@@ -66,6 +83,9 @@ func (s SGLangConfig) Validate(name string) error {
 	p.NonNegative("balanceAbsThreshold", s.BalanceAbsThreshold)
 	p.AtLeast("balanceRelThreshold", s.BalanceRelThreshold, 1)
 	p.NonNegative("maxTreeSize", float64(s.MaxTreeSize))
+	if s.TimestampSampling != nil {
+		p.NonNegative("timestampSampling", float64(*s.TimestampSampling))
+	}
 	return errors.Join(p.Errs()...)
 }
 
@@ -78,10 +98,18 @@ func SGLangFactory(name string, params *yaml.Node) (scheduler.Policy, error) {
 	return SGLangFrom(c), nil
 }
 
+// sglangTimestampSampling is sgl-model-gateway's match timestamp period.
+const sglangTimestampSampling = 8
+
 // SGLangFrom is the policy c configures, with a fresh tree.
 func SGLangFrom(c SGLangConfig) SGLang {
+	sampling := sglangTimestampSampling
+	if c.TimestampSampling != nil {
+		sampling = *c.TimestampSampling
+	}
 	return SGLang{CacheThreshold: c.CacheThreshold, BalanceAbsThreshold: c.BalanceAbsThreshold,
-		BalanceRelThreshold: c.BalanceRelThreshold, History: NewHistory(c.MaxTreeSize/charsPerBlock, 0)}
+		BalanceRelThreshold: c.BalanceRelThreshold, History: NewHistory(c.MaxTreeSize/charsPerBlock, 0),
+		TimestampSampling: uint64(sampling), epoch: new(atomic.Uint64)}
 }
 
 // NewSGLang returns the launch defaults.
@@ -95,6 +123,7 @@ func (p SGLang) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 	i, why := p.pick(r, cs, cyc)
 	if p.History != nil {
 		p.History.Insert(cs[i].ID, r.Keys)
+		p.tick()
 	}
 	return i, why
 }
@@ -111,10 +140,16 @@ func (p SGLang) pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		return scheduler.ArgMax(cs, cyc), "imbalanced-shortest-queue"
 	}
 	b := float64(r.Blocks())
-	best := 0.0
+	best, at, depth := 0.0, -1, 0
 	for i := range cs {
-		cs[i].Score = float64(p.matched(r, &cs[i])) / b
-		best = max(best, cs[i].Score)
+		m := p.matched(r, &cs[i])
+		cs[i].Score = float64(m) / b
+		if m > depth {
+			best, at, depth = cs[i].Score, i, m
+		}
+	}
+	if p.History != nil && p.tick()%max(p.TimestampSampling, 1) == 0 && p.TimestampSampling > 0 && at >= 0 {
+		p.History.Touch(cs[at].ID, r.Keys[:depth])
 	}
 	if best > p.CacheThreshold {
 		return scheduler.ArgMax(cs, cyc), "cache-match"
@@ -127,6 +162,15 @@ func (p SGLang) pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 		}
 	}
 	return scheduler.ArgMax(cs, cyc), "smallest-cache"
+}
+
+// tick advances the tree's epoch (one per match and per insert) and
+// returns its previous value.
+func (p SGLang) tick() uint64 {
+	if p.epoch == nil {
+		return 1 // no counter (a literal SGLang): never sampled
+	}
+	return p.epoch.Add(1) - 1
 }
 
 func (p SGLang) matched(r *scheduler.Request, c *scheduler.Candidate) int {

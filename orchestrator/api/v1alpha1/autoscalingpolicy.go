@@ -2,7 +2,9 @@ package v1alpha1
 
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-// AutoscalingPolicy scales the roles of one ModelDeployment: per role from
+// AutoscalingPolicy scales the roles of one ModelDeployment, or existing
+// workloads adopted per role (Deployments, StatefulSets, LeaderWorkerSets
+// named or selected by labels, scaled through their /scale): per role from
 // metric targets (HPA-style, with tolerance, stable and panic windows, rate
 // limits and a scale-down cool-down), optionally keeping the ratio of two
 // roles within a band, or sizing prefill and decode from TTFT/TPOT targets.
@@ -16,8 +18,12 @@ type AutoscalingPolicy struct {
 
 // AutoscalingPolicySpec is the policy.
 type AutoscalingPolicySpec struct {
-	// Target is the ModelDeployment's name (same namespace).
-	Target string `json:"target"`
+	// Target is the ModelDeployment's name (same namespace). Empty: every
+	// role names its own workload (the adoption mode).
+	Target string `json:"target,omitempty"`
+	// Prometheus configures the metrics with source prometheus (default:
+	// the orchestrator's --prometheus-url).
+	Prometheus *PrometheusSource `json:"prometheus,omitempty"`
 	// Roles are the scaled roles with their bounds and metrics.
 	Roles []RoleAutoscaling `json:"roles"`
 	// TolerancePercent: no change while |current/target − 1| is within it (10).
@@ -47,6 +53,37 @@ type RoleAutoscaling struct {
 	MinReplicas int32          `json:"minReplicas"`
 	MaxReplicas int32          `json:"maxReplicas"`
 	Metrics     []MetricTarget `json:"metrics,omitempty"`
+	// Workload adopts an existing workload as this role when the policy has
+	// no target ModelDeployment.
+	Workload *WorkloadRef `json:"workload,omitempty"`
+}
+
+// Workload kinds an AutoscalingPolicy can adopt.
+const (
+	WorkloadDeployment      = "Deployment"
+	WorkloadStatefulSet     = "StatefulSet"
+	WorkloadLeaderWorkerSet = "LeaderWorkerSet"
+)
+
+// WorkloadRef names one workload of a kind, by name or by a label selector
+// that must select exactly one workload (same namespace). Its engine pods
+// are the pods its /scale selector selects; the mesh knows them by pod name.
+type WorkloadRef struct {
+	// Kind: Deployment, StatefulSet or LeaderWorkerSet
+	// (leaderworkerset.x-k8s.io/v1, when that CRD is installed).
+	Kind     string                `json:"kind"`
+	Name     string                `json:"name,omitempty"`
+	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+}
+
+// PrometheusSource is where the metrics with source prometheus are queried.
+type PrometheusSource struct {
+	// Address is the Prometheus base URL (http://prometheus.monitoring:9090).
+	Address string `json:"address,omitempty"`
+	// StaleAfterSeconds: the last good value of a query is used for at most
+	// this long after a failed query (default 120); then the metric is
+	// unobserved and the role holds.
+	StaleAfterSeconds *int32 `json:"staleAfterSeconds,omitempty"`
 }
 
 // MetricTarget is a per-replica target value of one metric.
@@ -98,6 +135,8 @@ type RoleAutoscalingStatus struct {
 	CurrentReplicas int32  `json:"currentReplicas"`
 	DesiredReplicas int32  `json:"desiredReplicas"`
 	Reason          string `json:"reason,omitempty"`
+	// Workload is the adopted workload ("Deployment/name"), when adopting.
+	Workload string `json:"workload,omitempty"`
 }
 
 // Condition types of an AutoscalingPolicy.
@@ -105,6 +144,9 @@ const (
 	ConditionRatioConstraintActive = "RatioConstraintActive"
 	ConditionSLOAtRisk             = "SLOAtRisk"
 	ConditionScalingActive         = "ScalingActive"
+	// ConditionMetricsAvailable is False while a Prometheus query fails
+	// (reason PrometheusError; the last good value is used until stale).
+	ConditionMetricsAvailable = "MetricsAvailable"
 )
 
 // AutoscalingPolicyList is a list of AutoscalingPolicies.

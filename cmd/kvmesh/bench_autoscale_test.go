@@ -1,0 +1,52 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/loadtest/des"
+)
+
+// TestBenchAutoscaleJSON runs every autoscaler on a two-minute trace and
+// checks the report: one run per setting, windows, GPU-hours.
+func TestBenchAutoscaleJSON(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--autoscale", "static,slo,kthena", "--roles", "prefill=2,decode=1",
+		"--initial-roles", "prefill=1,decode=1", "--profile", "7b-l40s", "--gpu-blocks", "8000", "--duration", "2m", "--peak-rate", "2",
+		"--prefix-tokens", "128", "--own-tokens", "256", "--output-tokens", "16", "--slo-util", "0.5,0.9:0.6", "--kthena-targets", "2:20", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep des.ScaleReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(rep.Runs) != 4 || rep.Requests == 0 || rep.StaticGPUHours <= 0 || rep.StartupDelay != 60 {
+		t.Fatalf("report %+v", rep)
+	}
+	names := []string{"static", "kvmesh-slo", "kvmesh-slo", "kthena"}
+	for i, r := range rep.Runs {
+		if r.Autoscaler != names[i] || r.GPUHours <= 0 || len(r.Windows) < 2 || r.Completed != rep.Requests || r.Attainment <= 0 {
+			t.Fatalf("run %d: %+v", i, r)
+		}
+	}
+	if !strings.Contains(rep.Runs[2].Setting, "P 0.90 D 0.60") {
+		t.Fatalf("setting %q", rep.Runs[2].Setting)
+	}
+}
+
+func TestBenchAutoscaleUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--autoscale", "bogus"},
+		{"--autoscale", "static"}, // no --roles
+		{"--autoscale", "slo", "--slo-util", "x"},
+		{"--autoscale", "kthena", "--kthena-targets", "4"},
+		{"--autoscale", "slo", "--ratio", "3:1"},
+		{"--autoscale", "slo", "--shape", "square"},
+	} {
+		code, _, errOut := benchRunCLI(t, append([]string{"bench", "--mode", "des", "--duration", "1m"}, args...)...)
+		if code != 2 || !strings.Contains(errOut, "usage") && !strings.Contains(errOut, "--") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+}

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// engineResource reports whether a get/describe command line names the
+// engines resource: its first positional argument (flags skipped, with the
+// value of those that take one) is engines, engine or eng.
+func engineResource(args []string) bool {
+	valued := map[string]bool{"kubeconfig": true, "namespace": true, "join": true, "gossip-key": true, "wait": true, "gossip-bind": true}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if name, ok := strings.CutPrefix(strings.TrimPrefix(a, "-"), "-"); ok || strings.HasPrefix(a, "-") {
+			if !ok {
+				name = strings.TrimPrefix(a, "-")
+			}
+			if !strings.Contains(name, "=") && valued[name] {
+				i++
+			}
+			continue
+		}
+		return a == "engines" || a == "engine" || a == "eng"
+	}
+	return false
+}
+
+// runEngines is `kvmesh get engines [NAME]` and `kvmesh describe engine
+// NAME`: it joins the mesh's gossip as an observer (role orchestrator, as
+// the ingress and the orchestrator do), waits until the engines it learns
+// stop changing, prints them and leaves. Gossip is what every engine's
+// sidecar publishes, so the view needs no ingress and no Kubernetes.
+func runEngines(ctx context.Context, verb string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(verb+" engines", stderr)
+	var probs flagProblems
+	var seeds []string
+	List(fs, &seeds, "join", "gossip seeds host:port, comma-separated (a sidecar, an ingress or `kvmesh orchestrator --local`'s gossip address; env KVMESH_GOSSIP_SEEDS)")
+	var key []byte
+	var extra [][]byte
+	gossipKeyFlag(fs, &key, &extra, &probs)
+	bind := fs.String("gossip-bind", "127.0.0.1:0", "where this observer listens (must be reachable by the members)")
+	wait := fs.Duration("wait", 3*time.Second, "how long to wait for the view to settle")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: kvmesh %s engine%s --join HOST:PORT[,...] [--gossip-key KEY]\n", verb, map[string]string{"get": "s [NAME]", "describe": " NAME"}[verb])
+		fs.PrintDefaults()
+	}
+	var pos []string
+	for len(args) > 0 {
+		if err := parseFlags(fs, args, 100); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	if err := probs.err(); err != nil {
+		return err
+	}
+	if len(seeds) == 0 {
+		seeds = commaList(os.Getenv("KVMESH_GOSSIP_SEEDS"))
+	}
+	if len(pos) > 2 || (verb == "describe" && len(pos) != 2) || len(seeds) == 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: want --join and %s", errUsage, map[string]string{"get": "an optional engine name", "describe": "an engine name"}[verb])
+	}
+	name := ""
+	if len(pos) == 2 {
+		name = pos[1]
+	}
+	node, err := observeMesh(*bind, seeds, key, extra)
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	engines := settle(ctx, node, *wait)
+	members := node.Members()
+	if name != "" {
+		i := slices.IndexFunc(engines, func(e gossip.EngineView) bool { return e.ID == name })
+		if i < 0 {
+			return fmt.Errorf("engine %q not in the mesh (%d engines seen)", name, len(engines))
+		}
+		engines = engines[i : i+1]
+	}
+	if verb == "describe" {
+		return describeEngine(stdout, engines[0], members, time.Now())
+	}
+	return writeEngines(stdout, engines, time.Now())
+}
+
+func observeMesh(bind string, seeds []string, key []byte, extra [][]byte) (*gossip.Node, error) {
+	g := gossip.DefaultConfig()
+	host, port, ok := strings.Cut(bind, ":")
+	p := 0
+	if _, err := fmt.Sscan(port, &p); !ok || err != nil {
+		return nil, fmt.Errorf("%w: bad --gossip-bind %q", errUsage, bind)
+	}
+	hn, _ := os.Hostname()
+	g.Name = fmt.Sprintf("kvmesh-get-%s-%d", hn, os.Getpid())
+	g.BindAddr, g.BindPort, g.Join, g.SecretKey, g.ExtraKeys = host, p, seeds, key, extra
+	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator, ID: g.Name}
+	g.Logger = discardLogger()
+	node, err := gossip.New(g)
+	if err != nil {
+		return nil, fmt.Errorf("join the mesh: %w", err)
+	}
+	if node.NumMembers() <= 1 {
+		if _, err := node.Join(seeds); err != nil {
+			node.Shutdown()
+			return nil, fmt.Errorf("join the mesh at %v: %w", seeds, err)
+		}
+	}
+	return node, nil
+}
+
+// settle polls the view until every sidecar member gossips at least one
+// engine and two polls 300 ms apart agree on the engines, or wait passes.
+// A join's push/pull brings the seed's state at once, but the seed may not
+// have heard every other sidecar's engines yet; the member list, which the
+// push/pull brings whole, says whose are still missing.
+func settle(ctx context.Context, n *gossip.Node, wait time.Duration) []gossip.EngineView {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	ids := func(es []gossip.EngineView) string {
+		var b strings.Builder
+		for _, e := range es {
+			b.WriteString(e.ID)
+			b.WriteByte(0)
+		}
+		return b.String()
+	}
+	last := n.Engines()
+	for {
+		select {
+		case <-ctx.Done():
+			return last
+		case <-deadline.C:
+			return n.Engines()
+		case <-tick.C:
+		}
+		cur := n.Engines()
+		if len(cur) > 0 && ids(cur) == ids(last) && everySidecarSeen(n.Members(), cur) {
+			return cur
+		}
+		last = cur
+	}
+}
+
+// everySidecarSeen: each live sidecar member gossips at least one engine.
+func everySidecarSeen(members map[string]gossip.NodeMeta, es []gossip.EngineView) bool {
+	from := make(map[string]bool, len(es))
+	for _, e := range es {
+		from[e.Node] = true
+	}
+	for name, m := range members {
+		if m.Role == gossip.RoleSidecar && !from[name] {
+			return false
+		}
+	}
+	return true
+}
+
+// blocks is an engine's index size: its cached blocks over every tier.
+func blocks(e gossip.EngineView) uint64 {
+	var n uint64
+	for t := range kvevents.NumTiers {
+		n += e.Digest.Digests[t].Count
+	}
+	return n
+}
+
+// group is the engine's P/D group ("-": none, every engine pairs with every other).
+func group(e gossip.EngineView) string {
+	if e.Group == "" {
+		return "-"
+	}
+	return e.Group
+}
+
+func role(e gossip.EngineView) string {
+	if e.EngineRole == "" {
+		return "mixed"
+	}
+	return e.EngineRole
+}
+
+// writeEngines prints the table. AGE is the age of the engine's last
+// gossiped state (sidecars refresh it every 250 ms; a large AGE is a
+// sidecar that stopped publishing).
+func writeEngines(w io.Writer, es []gossip.EngineView, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tGROUP\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODE\tAGE")
+	for _, e := range es {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.0f\t%d\t%s\t%s\n", e.ID, e.Model, role(e), group(e), e.Ready, e.Running, e.Waiting,
+			100*e.KVUsage, blocks(e), e.Node, age(now.Sub(e.Updated)))
+	}
+	return tw.Flush()
+}
+
+func age(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 10*time.Second:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	default:
+		return d.Truncate(time.Second).String()
+	}
+}
+
+func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.NodeMeta, now time.Time) error {
+	var b strings.Builder
+	field := func(k string, v any) { fmt.Fprintf(&b, "%-16s %v\n", k+":", v) }
+	field("Name", e.ID)
+	field("Model", e.Model)
+	field("Role", role(e))
+	field("P/D group", group(e))
+	if e.PDProtocol != "" {
+		field("P/D protocol", e.PDProtocol)
+	}
+	field("URL", e.URL)
+	field("Ready", e.Ready)
+	field("Running", e.Running)
+	field("Waiting", e.Waiting)
+	field("KV usage", fmt.Sprintf("%.1f%%", 100*e.KVUsage))
+	field("Queued prefill", fmt.Sprintf("%d tokens", e.QueuedPrefill))
+	field("Block size", e.BlockSize)
+	if e.DPSize > 1 {
+		field("DP size", e.DPSize)
+	}
+	field("Node", e.Node)
+	if m, ok := members[e.Node]; ok {
+		field("Node role", m.Role)
+	}
+	field("Updated", fmt.Sprintf("%s ago", age(now.Sub(e.Updated))))
+	field("Delta head", fmt.Sprintf("epoch %x seq %d", e.Digest.Head.Epoch, e.Digest.Head.Seq))
+	b.WriteString("Index:\n")
+	for t := range kvevents.NumTiers {
+		d := e.Digest.Digests[t]
+		fmt.Fprintf(&b, "  %-6s %d blocks (digest %016x)\n", kvevents.Tier(t).String(), d.Count, d.Sum^d.Xor)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

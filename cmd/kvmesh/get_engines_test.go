@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// startEngine runs a simulator and its sidecar in this process, gossiping
+// on loopback; seed "" starts the cluster. Both stop with the test.
+func startEngine(t *testing.T, nats *natsutil.Embedded, id, role, seed string) *sidecar.Sidecar {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := sim.Start(ctx, sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
+		TimeScale: 1, Seed: 1, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{{ID: id, Model: "m", URL: s.URL(), Role: role, PDGroup: "g1", Events: s.EventsEndpoint(0), Replay: s.ReplayEndpoint(0), BlockSize: 16}}
+	sc.NATS = natsutil.DefaultConfig()
+	sc.NATS.URLs, sc.NATS.Name = []string{nats.URL()}, "sidecar-"+id
+	g := gossip.DefaultConfig()
+	g.Name, g.Profile, g.Meta = "sidecar-"+id, "local", gossip.NodeMeta{Role: gossip.RoleSidecar, ID: id}
+	if seed != "" {
+		g.Join = []string{seed}
+	}
+	sc.Gossip, sc.Logger, sc.Registerer = &g, log, prometheus.NewRegistry()
+	sc.ScrapeInterval = 100 * time.Millisecond
+	car, err := sidecar.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- car.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		_ = car.Close()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("sidecar %s: %v", id, err)
+		}
+		_ = s.Close()
+	})
+	testutil.WaitFor(t, 30*time.Second, "sidecar "+id+" ready", func() bool { return car.Ready() && car.Gossip() != nil })
+	return car
+}
+
+// TestGetEngines: `kvmesh get engines` joins the gossip of a real mesh
+// (two simulators with sidecars, prefill and decode) and lists both with
+// their roles; `describe engine` shows one; a missing engine is an error.
+func TestGetEngines(t *testing.T) {
+	nats := testutil.NATS(t)
+	p := startEngine(t, nats, "eng-prefill-0", "prefill", "")
+	seed := p.Gossip().Addr()
+	d := startEngine(t, nats, "eng-decode-0", "decode", seed)
+	testutil.WaitFor(t, 30*time.Second, "both engines ready in the gossip", func() bool {
+		e1, ok1 := d.Gossip().Engine("eng-prefill-0")
+		e2, ok2 := d.Gossip().Engine("eng-decode-0")
+		return ok1 && ok2 && e1.Ready && e2.Ready
+	})
+	var out, errb strings.Builder
+	if code := run([]string{"get", "engines", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") {
+		t.Fatalf("want a header and two engines:\n%s", out.String())
+	}
+	for _, c := range []string{"MODEL", "ROLE", "GROUP", "READY", "RUNNING", "WAITING", "KV%", "BLOCKS", "NODE", "AGE"} {
+		if !strings.Contains(lines[0], c) {
+			t.Errorf("header lacks %s: %s", c, lines[0])
+		}
+	}
+	want := map[string]string{"eng-decode-0": "decode", "eng-prefill-0": "prefill"}
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		if len(f) < 11 || want[f[0]] != f[2] || f[1] != "m" || f[3] != "g1" || f[4] != "true" || f[9] != "sidecar-"+f[0] {
+			t.Errorf("row %q", l)
+		}
+		delete(want, f[0])
+	}
+	if len(want) > 0 {
+		t.Errorf("not listed: %v", want)
+	}
+
+	out.Reset()
+	if code := run([]string{"describe", "engine", "eng-decode-0", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
+		t.Fatalf("describe: exit %d: %s", code, errb.String())
+	}
+	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("describe lacks %q:\n%s", s, out.String())
+		}
+	}
+	errb.Reset()
+	if code := run([]string{"describe", "engine", "nope", "--join", seed, "--wait", "500ms"}, io.Discard, &errb); code != 1 || !strings.Contains(errb.String(), `engine "nope" not in the mesh`) {
+		t.Errorf("missing engine: exit %d, %s", code, errb.String())
+	}
+	if code := run([]string{"get", "engines"}, io.Discard, io.Discard); code != 2 {
+		t.Errorf("get engines without --join: exit %d, want 2", code)
+	}
+}
+
+func TestEngineResource(t *testing.T) {
+	for args, want := range map[string]bool{
+		"engines":                              true,
+		"--join 1.2.3.4:7946 engines":          true,
+		"-join=x engine e1":                    true,
+		"--namespace engines modeldeployments": false,
+		"modeldeployments":                     false,
+		"--kubeconfig k rolescalers":           false,
+		"":                                     false,
+	} {
+		if got := engineResource(strings.Fields(args)); got != want {
+			t.Errorf("%q: %v, want %v", args, got, want)
+		}
+	}
+}
+
+// TestEverySidecarSeen: the view is settled only when each sidecar member
+// gossips an engine; ingresses and orchestrators gossip none.
+func TestEverySidecarSeen(t *testing.T) {
+	members := map[string]gossip.NodeMeta{"sidecar-a": {Role: gossip.RoleSidecar}, "sidecar-b": {Role: gossip.RoleSidecar},
+		"ingress-1": {Role: gossip.RoleIngress}}
+	a := gossip.EngineView{EngineState: gossip.EngineState{ID: "a"}, Node: "sidecar-a"}
+	b := gossip.EngineView{EngineState: gossip.EngineState{ID: "b"}, Node: "sidecar-b"}
+	if everySidecarSeen(members, []gossip.EngineView{a}) {
+		t.Error("sidecar-b's engine missing, yet settled")
+	}
+	if !everySidecarSeen(members, []gossip.EngineView{a, b}) {
+		t.Error("every sidecar seen, yet not settled")
+	}
+}

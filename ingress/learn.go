@@ -1,0 +1,245 @@
+package ingress
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/scheduler/learn"
+)
+
+// Learned costs (docs/OPERATIONS.md, "Learned costs (online)"): the ingress
+// owns one learn.Learner and hands it to the kvmesh policy and the P/D
+// policy as their cost model, so they price each engine with what this
+// replica has measured of it instead of fixed defaults. It is fed what the
+// ingress sees, as the DES feeds its learner (loadtest/des):
+//
+//   - a prefill sample when a streamed request's first event arrives: the
+//     time since the attempt was sent against the prefill work this
+//     replica had outstanding on the engine at that moment (uncached prompt
+//     tokens sent there without a first byte yet) plus the request's own
+//     uncached tokens (prompt − matched blocks × block size). Non-streamed
+//     answers and disaggregated decode legs give none: their first byte is
+//     not the engine's first token. A P/D prefill leg (one output token, its
+//     answer sent once the prefill is done) is a prefill sample of its engine.
+//   - a decode sample when a streamed request ends: the stretches between
+//     two reads of its stream during which this replica had no prefill
+//     outstanding on the engine, timed per token, against the requests
+//     this replica has in flight there and their context (prompts plus
+//     tokens streamed back so far), both averaged over the stretches.
+//
+// Hot path: a few atomics and time.Now per attempt and per stream read;
+// the learner's mutex once per streamed first token and once per stream
+// end. Nothing allocates after an engine's first sample.
+
+// LearnConfig is the online cost learner (scheduler/learn). Zero fields
+// take the learner's defaults.
+type LearnConfig struct {
+	// Disabled turns learning off: the policies price with the scheduler
+	// config's fixed rates. The learner runs only when the scheduler or
+	// P/D policy is kvmesh's.
+	Disabled bool `yaml:"disabled"`
+	// Prior is the estimate before any sample (learn.DefaultPrior: a 7B
+	// model on an H100); each zero rate takes the default's.
+	Prior learn.Rates `yaml:"prior"`
+	// PriorWeight is how many samples the prior counts for. Default 4.
+	PriorWeight float64 `yaml:"priorWeight"`
+	// Memory is the forgetting horizon in samples per engine. Default 2,000.
+	Memory float64 `yaml:"memory"`
+	// Clamp bounds every estimate to [prior/Clamp, prior·Clamp]. Default 50.
+	Clamp float64 `yaml:"clamp"`
+}
+
+// learnConfig is the learner's config: zero fields defaulted.
+func (c *LearnConfig) learnConfig() learn.Config {
+	d := learn.DefaultPrior()
+	p := c.Prior
+	p.PrefillRate = cmp.Or(p.PrefillRate, d.PrefillRate)
+	p.StepBase = cmp.Or(p.StepBase, d.StepBase)
+	p.DecodeSecPerToken = cmp.Or(p.DecodeSecPerToken, d.DecodeSecPerToken)
+	lc := learn.Config{Prior: p, PriorWeight: c.PriorWeight, Memory: c.Memory, Clamp: c.Clamp}
+	lc.Defaults()
+	return lc
+}
+
+func (c *LearnConfig) problems(bad func(string, ...any)) {
+	for _, v := range []float64{c.Prior.PrefillRate, c.Prior.StepBase, c.Prior.DecodeSecPerToken, c.PriorWeight, c.Memory, c.Clamp} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			bad("learn: every rate and weight must be a finite value ≥ 0 (0: default)")
+			return
+		}
+	}
+	lc := c.learnConfig()
+	if err := lc.Validate(); err != nil {
+		bad("learn: %v", err)
+	}
+}
+
+// usesKVMesh reports whether a policy that prices with the cost model is
+// configured: the scheduler's kvmesh policy or a kvmesh P/D choice.
+func (c *Config) usesKVMesh() bool {
+	pol := cmp.Or(c.Scheduler.Policy, "kvmesh") // registry's default policy
+	return pol == "kvmesh" || c.PD.Policy == "kvmesh" || c.PD.Policy == "kvmesh-always"
+}
+
+// newLearner is the ingress's learner, nil when learning is off.
+func newLearner(cfg *Config) (*learn.Learner, error) {
+	if cfg.Learn.Disabled || !cfg.usesKVMesh() {
+		return nil, nil
+	}
+	lr, err := learn.New(cfg.Learn.learnConfig())
+	if err != nil {
+		return nil, fmt.Errorf("%w: learn: %w", ErrConfig, err)
+	}
+	return lr, nil
+}
+
+// learnLoad is one upstream's counts for the learner.
+type learnLoad struct {
+	// ctx is the context tokens of this replica's requests on the engine:
+	// their prompts plus the tokens streamed back so far.
+	ctx            atomic.Int64
+	prefillSamples atomic.Uint64
+	decodeSamples  atomic.Uint64
+}
+
+// learnCall is one attempt's learner state (call.lc).
+type learnCall struct {
+	sent  time.Time // attempt sent
+	ahead int64     // prefill tokens outstanding on the engine, own included
+	ctx   int64     // tokens this attempt added to learnLoad.ctx
+	last  time.Time // last stream read after the first token; zero before
+	pure  bool      // no prefill outstanding at the last read
+	// The pure-decode stretches so far: time, tokens, ∫seqs dt, ∫ctx dt.
+	dur          time.Duration
+	steps        int
+	seqsS, ctxTS float64
+}
+
+// learnStart records an attempt sent to up with prefill tokens now
+// outstanding there (its own included).
+func (c *call) learnStart(up *upstream, prefill int64) {
+	if c.s.learn == nil {
+		return
+	}
+	c.lc = learnCall{sent: time.Now(), ahead: prefill, ctx: int64(c.promptTokens)}
+	up.lw.ctx.Add(c.lc.ctx)
+}
+
+// learnFirstToken records a streamed attempt's first event: a prefill
+// sample, unless the prefill ran on another engine (P/D).
+func (c *call) learnFirstToken(up *upstream) {
+	if c.s.learn == nil || c.lc.sent.IsZero() {
+		return
+	}
+	now := time.Now()
+	if c.pd.prefill == "" {
+		c.s.learn.ObservePrefill(up.id, int(c.lc.ahead), now.Sub(c.lc.sent))
+		up.lw.prefillSamples.Add(1)
+	}
+	c.lc.last, c.lc.pure = now, up.prefill.Load() == 0
+}
+
+// learnPrefillLeg records a P/D prefill leg's answer (one output token,
+// not streamed: its headers come once the prefill is done) as a prefill
+// sample of the prefill engine.
+func (c *call) learnPrefillLeg(up *upstream, prefill int64, d time.Duration) {
+	if c.s.learn == nil {
+		return
+	}
+	c.s.learn.ObservePrefill(up.id, int(prefill), d)
+	up.lw.prefillSamples.Add(1)
+}
+
+// learnTokens records k tokens streamed from up after the first: the gap
+// since the last read is a pure-decode stretch when this replica had no
+// prefill outstanding on the engine at both ends.
+func (c *call) learnTokens(up *upstream, k int) {
+	if c.s.learn == nil || k <= 0 {
+		return
+	}
+	up.lw.ctx.Add(int64(k))
+	c.lc.ctx += int64(k)
+	if c.lc.last.IsZero() {
+		return // the first event's read: the prefill's, not decode
+	}
+	now := time.Now()
+	pure := up.prefill.Load() == 0
+	if pure && c.lc.pure {
+		dt := now.Sub(c.lc.last)
+		c.lc.dur += dt
+		c.lc.steps += k
+		c.lc.seqsS += float64(up.inflight.Load()) * dt.Seconds()
+		c.lc.ctxTS += float64(up.lw.ctx.Load()) * dt.Seconds()
+	}
+	c.lc.last, c.lc.pure = now, pure
+}
+
+// learnEnd ends an attempt on up: its context leaves the engine's count
+// and its decode stretches, if any, become one decode sample.
+func (c *call) learnEnd(up *upstream) {
+	if c.s.learn == nil {
+		return
+	}
+	l := &c.lc
+	up.lw.ctx.Add(-l.ctx)
+	if l.steps >= 2 && l.dur > 0 {
+		sec := l.dur.Seconds()
+		c.s.learn.ObserveDecode(up.id, l.seqsS/sec, l.ctxTS/sec, l.dur/time.Duration(l.steps), l.steps)
+		up.lw.decodeSamples.Add(1)
+	}
+	*l = learnCall{}
+}
+
+// learnedRates is one engine's learned cost model as /debug/engines shows it.
+type learnedRates struct {
+	learn.Rates
+	PrefillSamples uint64 `json:"prefillSamples"`
+	DecodeSamples  uint64 `json:"decodeSamples"`
+}
+
+// learned returns engine id's learned rates, nil when learning is off.
+func (s *Server) learned(id string) *learnedRates {
+	if s.learn == nil {
+		return nil
+	}
+	r := &learnedRates{Rates: s.learn.Rates(id)}
+	s.ups.mu.RLock()
+	if up := s.ups.m[id]; up != nil {
+		r.PrefillSamples, r.DecodeSamples = up.lw.prefillSamples.Load(), up.lw.decodeSamples.Load()
+	}
+	s.ups.mu.RUnlock()
+	return r
+}
+
+// learnCollector exports the learned prefill rate per live engine (the
+// cardinality is the engines').
+type learnCollector struct {
+	s    *Server
+	desc *prometheus.Desc
+}
+
+func newLearnCollector(s *Server) *learnCollector {
+	return &learnCollector{s: s, desc: prometheus.NewDesc("kvmesh_ingress_learned_prefill_tokens_per_second",
+		"Prefill throughput this replica's cost learner estimates per engine (uncached tokens/s).",
+		[]string{"engine"}, prometheus.Labels{"ingress": s.cfg.ID})}
+}
+
+func (lc *learnCollector) Describe(ch chan<- *prometheus.Desc) { ch <- lc.desc }
+
+func (lc *learnCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range lc.s.deps.Membership.Engines(nil) {
+		ch <- prometheus.MustNewConstMetric(lc.desc, prometheus.GaugeValue, lc.s.learn.Rates(e.ID).PrefillRate, e.ID)
+	}
+}
+
+// observeLearn is observe that also hands the tokens counted to the learner.
+func (p *proxyStream) observeLearn(events []byte) {
+	n := p.c.outTokens
+	p.observe(events)
+	p.c.learnTokens(p.up, p.c.outTokens-n)
+}

@@ -1,0 +1,322 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// learnProfile is a simulated engine whose prefill is compute-bound and
+// linear in the prompt (attention and memory traffic negligible): 25,000
+// tokens/s, so a 12,000-token prompt prefills in 480 ms of model time. A
+// decode step costs its 2 ms overhead. Prefill is slow on purpose: every
+// per-token cost outside the model (the client's JSON, the ingress's parse
+// and hashing, the simulator's parse: ~1–3 µs a token under the race
+// detector on a busy machine) lands in the learned slope, and at 40 µs a
+// modelled token it stays under 10 %.
+func learnProfile() engine.Profile {
+	return engine.Profile{Name: "learn-test", Params: 1e9, WeightBytes: 1e6, Layers: 1, Hidden: 8,
+		KVBytesPerToken: 1, FLOPS: 5e13, MemBW: 1e15, StepOverhead: 2 * time.Millisecond}
+}
+
+// TestIngressLearnsPrefillRateFromSimulator: an ingress whose learner
+// starts 2× too fast learns a real simulator's prefill rate from the
+// streamed requests it proxies, within 30 %.
+//
+// The simulator runs in wall time (TimeScale 1: one model second is one
+// wall second), so what the ingress measures is the model's timing plus
+// real HTTP, scheduling and timer latency. That overhead is roughly the
+// same for every prompt and lands in the fitted line's intercept, not its
+// slope; prompts from 500 to 12,000 tokens keep the slope well determined (the
+// prior's pseudo-samples span a wide range of prompt sizes: a narrow range
+// of real ones would leave the slope to the prior).
+// 30 % leaves room for a busy machine's jitter and for the prior's pull
+// (4 pseudo-samples against 48 requests).
+func TestIngressLearnsPrefillRateFromSimulator(t *testing.T) {
+	prof := learnProfile()
+	want, _, _ := prof.Rates()
+	eng, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 1, Seed: 3,
+		Engine: engine.Config{Profile: prof, MaxBatchTokens: 16384, GPUBlocks: 8192},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+
+	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: eng.URL()})
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.Learn.Prior = learn.Rates{PrefillRate: 2 * want} // 2× off
+	cfg.AdminListen = "127.0.0.1:0"
+	reg := prometheus.NewRegistry()
+	s := startIngress(t, cfg, Deps{Registry: reg})
+	if s.learn == nil {
+		t.Fatal("no learner with policy kvmesh")
+	}
+	if got := s.learn.Rates("e0").PrefillRate; math.Abs(got/want-1) <= 0.3 {
+		t.Fatalf("the prior %v is already within 30 %% of %v: the test shows nothing", got, want)
+	}
+
+	const n = 48
+	rng := rand.New(rand.NewPCG(7, 1))
+	for i := 0; i < n; i++ {
+		tokens := 500 + rng.IntN(11500)
+		var sb strings.Builder
+		sb.WriteString(`{"model":"m","max_tokens":6,"stream":true,"prompt":[`)
+		for j := 0; j < tokens; j++ {
+			if j > 0 {
+				sb.WriteByte(',')
+			}
+			sb.WriteString(strconv.Itoa(1 + rng.IntN(250))) // random: no prefix is shared
+		}
+		sb.WriteString("]}")
+		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", sb.String())
+		if evs := sseEvents(body); st != 200 || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
+			t.Fatalf("request %d: status %d body %.300s", i, st, body)
+		}
+	}
+	got := s.learned("e0")
+	t.Logf("learned %+v; the profile's prefill rate %v tokens/s", *got, want)
+	if math.Abs(got.PrefillRate/want-1) > 0.3 {
+		t.Errorf("learned prefill rate %.0f tokens/s, the simulator's is %.0f (want within 30 %%)", got.PrefillRate, want)
+	}
+	if got.PrefillSamples != n || got.DecodeSamples == 0 {
+		t.Errorf("%d prefill and %d decode samples, want %d and some", got.PrefillSamples, got.DecodeSamples, n)
+	}
+	up, _ := s.ups.get("e0", eng.URL())
+	if c := up.lw.ctx.Load(); c != 0 {
+		t.Errorf("%d context tokens still counted on the idle engine", c)
+	}
+
+	// Shown on /debug/engines and as the gauge.
+	st, body := getAuth(t, "http://"+s.AdminAddr()+"/debug/engines", "")
+	var engines []struct {
+		Learned *learnedRates `json:"learned"`
+	}
+	if err := json.Unmarshal([]byte(body), &engines); st != 200 || err != nil || len(engines) != 1 || engines[0].Learned == nil {
+		t.Fatalf("/debug/engines: %d %v %s", st, err, body)
+	}
+	if l := engines[0].Learned; l.PrefillRate <= 0 || l.StepBase <= 0 || l.DecodeSecPerToken <= 0 || l.PrefillSamples != n {
+		t.Errorf("/debug/engines learned: %+v", *l)
+	}
+	if g := gaugeValue(t, reg, "kvmesh_ingress_learned_prefill_tokens_per_second", "e0"); g != s.learn.Rates("e0").PrefillRate {
+		t.Errorf("gauge %v, learner %v", g, s.learn.Rates("e0").PrefillRate)
+	}
+}
+
+// gaugeValue reads a gauge's value for label engine from reg.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name, engine string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "engine" && lp.GetValue() == engine {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{engine=%q}", name, engine)
+	return 0
+}
+
+// TestLearnedCostsSteerKVMesh: the kvmesh policy prices with the ingress's
+// learner. With e0 learned 20× slower at prefill than e1 and nothing else
+// to tell them apart, every long prompt goes to e1.
+func TestLearnedCostsSteerKVMesh(t *testing.T) {
+	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: "http://127.0.0.1:1"}, StaticEngine{ID: "e1", Model: "m", URL: "http://127.0.0.1:1"})
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.AccessLog = false
+	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 200; i++ {
+		tok := 1000 + 100*(i%50)
+		s.learn.ObservePrefill("e0", tok, time.Duration(float64(tok)/1500*float64(time.Second)))
+		s.learn.ObservePrefill("e1", tok, time.Duration(float64(tok)/30000*float64(time.Second)))
+	}
+	for i := 0; i < 20; i++ {
+		var sb strings.Builder
+		sb.WriteString(`{"model":"m","max_tokens":4,"prompt":[`)
+		for j := 0; j < 4000; j++ {
+			if j > 0 {
+				sb.WriteByte(',')
+			}
+			sb.WriteString(strconv.Itoa(1 + (i*7919+j*31)%5000))
+		}
+		sb.WriteString("]}")
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetBody([]byte(sb.String()))
+		c := &call{}
+		c.reset()
+		c.s, c.ep = s, epCompletions
+		if err := c.prepare(&ctx); err != nil {
+			t.Fatal(err)
+		}
+		if c.dec.Engine != "e1" {
+			t.Fatalf("request %d went to %s (%s), want e1: e0 is learned 20× slower", i, c.dec.Engine, c.dec.Reason)
+		}
+	}
+}
+
+// TestBuildPDPassesCostsAndTPOT: the P/D policy gets the ingress's learner
+// as its cost model and the configured TPOT and TTFT objectives.
+func TestBuildPDPassesCostsAndTPOT(t *testing.T) {
+	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: "http://127.0.0.1:1"})
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.PD = PDConfig{Policy: "kvmesh", SLOTPOT: 40 * time.Millisecond, SLOTTFT: 2 * time.Second}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.learn == nil {
+		t.Fatal("no learner")
+	}
+	pc := s.pdPolicyConfig(cfg.PD, nil)
+	if pc.Costs != s.learn || pc.SLOTPOT != 0.04 || pc.SLOTTFT != 2 {
+		t.Fatalf("pd config: costs %v (learner %p), sloTPOT %v, sloTTFT %v", pc.Costs, s.learn, pc.SLOTPOT, pc.SLOTTFT)
+	}
+	pol, err := pd.New(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, ok := pol.(pd.KVMesh)
+	if !ok || k.Cost.Costs != s.learn || k.SLOTPOT != 0.04 {
+		t.Fatalf("pd policy %T: costs %v sloTPOT %v", pol, k.Cost.Costs, k.SLOTPOT)
+	}
+	if s.buildPD(cfg.PD) == nil {
+		t.Fatal("buildPD built no router")
+	}
+	cfg.PD.SLOTPOT = -time.Second
+	if err := cfg.Validate(); err == nil {
+		t.Error("a negative sloTPOT validated")
+	}
+}
+
+// TestLearnerConfig: the learner runs for kvmesh unless disabled, takes
+// the prior given, and bad values are config errors.
+func TestLearnerConfig(t *testing.T) {
+	cases := []struct {
+		policy, pd string
+		disabled   bool
+		want       bool
+	}{
+		{"kvmesh", "", false, true},
+		{"", "", false, true}, // the default policy is kvmesh
+		{"kvmesh", "", true, false},
+		{"least-request", "", false, false},
+		{"least-request", "kvmesh-always", false, true},
+	}
+	for _, tc := range cases {
+		cfg := DefaultConfig()
+		cfg.Scheduler.Policy, cfg.PD.Policy, cfg.Learn.Disabled = tc.policy, tc.pd, tc.disabled
+		lr, err := newLearner(&cfg)
+		if err != nil || (lr != nil) != tc.want {
+			t.Errorf("%+v: learner %v err %v", tc, lr != nil, err)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Learn.Prior.PrefillRate = 12345
+	lr, err := newLearner(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := lr.Rates("x"); r.PrefillRate != 12345 || r.StepBase != learn.DefaultPrior().StepBase {
+		t.Errorf("prior %+v", r)
+	}
+	for _, bad := range []LearnConfig{{Prior: learn.Rates{PrefillRate: math.NaN()}}, {Memory: 1}, {Clamp: -1}, {PriorWeight: math.Inf(1)}} {
+		cfg := DefaultConfig()
+		cfg.Learn = bad
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("learn %+v validated", bad)
+		}
+	}
+	if _, err := ParseConfig([]byte("learn:\n  disabled: true\n  prior:\n    prefillRate: 8000\n")); err != nil {
+		t.Errorf("parse learn block: %v", err)
+	}
+}
+
+// TestLearnHooksAllocateNothing: once an engine is known, an attempt's
+// learner bookkeeping (send, first token, streamed tokens, end) allocates
+// nothing.
+func TestLearnHooksAllocateNothing(t *testing.T) {
+	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: "http://127.0.0.1:1"})
+	cfg.Scheduler.Policy = "kvmesh"
+	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := s.ups.get("e0", "http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &call{s: s, promptTokens: 1000, block: 16}
+	one := func() {
+		c.startAttempt(up, 0)
+		c.firstByte(up)
+		c.learnFirstToken(up)
+		for i := 0; i < 4; i++ {
+			c.learnTokens(up, 1)
+		}
+		c.endAttempt(up)
+	}
+	one()
+	if n := testing.AllocsPerRun(200, one); n != 0 {
+		t.Errorf("the learner hooks allocate %v per attempt", n)
+	}
+	if up.lw.ctx.Load() != 0 || up.prefill.Load() != 0 || up.inflight.Load() != 0 {
+		t.Errorf("left charged: ctx %d prefill %d inflight %d", up.lw.ctx.Load(), up.prefill.Load(), up.inflight.Load())
+	}
+	if up.lw.prefillSamples.Load() == 0 || up.lw.decodeSamples.Load() == 0 {
+		t.Errorf("samples: %d prefill, %d decode", up.lw.prefillSamples.Load(), up.lw.decodeSamples.Load())
+	}
+}
+
+// TestLearnerFedByPDLegs: in a real P/D cluster the prefill legs are the
+// prefill engine's prefill samples, and the streamed decode legs give the
+// decode engine decode samples but no prefill ones (it did not prefill).
+func TestLearnerFedByPDLegs(t *testing.T) {
+	_, s := startPDCluster(t, sim.Config{TimeScale: 1, Seed: 1}, 1, 1) // decode steps of ~7 ms wall: tokens arrive in separate reads
+	if s.learn == nil {
+		t.Fatal("no learner with the kvmesh P/D policy")
+	}
+	const n = 4
+	for i := 0; i < n; i++ {
+		body := `{"model":"m","prompt":"learn ` + strings.Repeat("word ", 60+i) + `","max_tokens":8,"stream":true}`
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %.200s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	p, d := s.learned("p0"), s.learned("d0")
+	if p.PrefillSamples != n || d.PrefillSamples != 0 || d.DecodeSamples == 0 {
+		t.Errorf("prefill engine %+v, decode engine %+v: want %d prefill samples on p0, none on d0, decode samples on d0", *p, *d, n)
+	}
+}

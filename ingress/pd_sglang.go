@@ -1,0 +1,451 @@
+package ingress
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// SGLang's bootstrap protocol (docs/PD.md "SGLang bootstrap through the
+// ingress"), for pairs whose prefill engine gossips PDProtocol "sglang":
+//
+//   - the same body goes to the prefill and the decode engine at once, with
+//     bootstrap_host and bootstrap_port of the prefill engine's bootstrap
+//     server and a random 63-bit bootstrap_room, as sgl-router's PD mode
+//     does; the decode engine reads the room's KV from the prefill engine;
+//   - the decode leg's answer is the client's (streamed or not, through the
+//     proxy's relay, so the shapes are those of the aggregated path); the
+//     prefill leg's answer is read and dropped by a goroutine that holds the
+//     prefill engine's admission slot until it ends;
+//   - a prefill leg that fails before its first byte in a way that means
+//     the room will never be filled (the engine was not reachable, or it
+//     answered with a status other than 200) cuts the decode leg, which
+//     would otherwise wait for the KV until its bootstrap timeout. Other
+//     prefill failures (the engine died mid-request) reach the decode engine
+//     through the bootstrap connection, and it fails by itself;
+//   - a decode leg that fails before its first byte is retried on the next
+//     pair of the plan (another prefill engine), then served aggregated down
+//     the ranking, prefill-role engines excluded. A decode failure caused by
+//     its prefill leg does not count against the decode engine's health.
+//
+// sgl-router sends requests with n > 1 with arrays of bootstrap fields; the
+// ingress serves them aggregated instead.
+
+// maxSGLangPairs bounds the pairs one request tries before it is served
+// aggregated.
+const maxSGLangPairs = 2
+
+// errNoBootstrap: the request cannot carry scalar bootstrap fields (n > 1).
+var errNoBootstrap = errors.New("request needs several bootstrap rooms")
+
+// sglangLeg links a running prefill leg to its decode leg. Lock rule: mu
+// guards every field but w. The prefill goroutine cuts the decode leg only
+// while open, and the handler closes it before the decode answer is
+// relayed, so a cut never reaches a connection after the decode leg is
+// over. Whichever of the two learns the other's outcome last settles the
+// decode engine's health account (settle).
+type sglangLeg struct {
+	w *watch // links the decode leg's upstream connection (unpooled)
+
+	mu       sync.Mutex
+	open     bool
+	cut      bool
+	finished bool       // the prefill leg ended: res is its result
+	res      legResult  // set before a cut, and when the leg ends
+	dfail    decodeFail // the decode leg's failure, for the prefill goroutine to settle
+}
+
+// legResult is how a prefill leg ended.
+type legResult struct {
+	result string
+	status int    // the prefill engine's status; 0 without an answer
+	body   []byte // a 4xx answer, relayed when the decode leg was cut for it
+	ctype  []byte
+}
+
+// decodeFail is a decode leg that failed before its first byte: its
+// upstream and result for the health account (up nil: nothing to
+// account), and whether the prefill leg cut it.
+type decodeFail struct {
+	up     *upstream
+	result string
+	cut    bool
+}
+
+// cutDecode records the prefill leg's failure and closes the decode leg's
+// upstream connection (now, or as soon as it is written) while the leg is
+// open.
+func (l *sglangLeg) cutDecode(res legResult) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.res = res
+	if !l.open {
+		return
+	}
+	l.cut = true
+	l.w.cancel()
+}
+
+// close ends the link and reports whether the prefill leg cut the decode leg.
+func (l *sglangLeg) close() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.open = false
+	return l.cut
+}
+
+// decodeFailed hands the decode leg's failure over. It returns the
+// prefill leg's result so far (the 4xx to relay when it cut the decode
+// leg). A decode engine fails too when its prefill engine dies or rejects
+// the request; the failure counts against the decode engine only when the
+// prefill leg ends well, so it is settled by whichever side is last.
+func (l *sglangLeg) decodeFailed(s *Server, f decodeFail) legResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.finished {
+		l.dfail = f
+		return l.res
+	}
+	settle(s, f, l.res)
+	return l.res
+}
+
+// prefillEnded records the prefill leg's result and settles a decode
+// failure handed over before.
+func (l *sglangLeg) prefillEnded(s *Server, res legResult) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.finished, l.res = true, res
+	settle(s, l.dfail, res)
+	l.dfail = decodeFail{}
+}
+
+// settle counts a decode failure against the decode engine when its
+// prefill leg did its part.
+func settle(s *Server, f decodeFail, prefill legResult) {
+	if f.up != nil && prefill.result == "ok" {
+		f.up.failures.Add(1)
+		s.health.observe(f.up, f.result)
+	}
+}
+
+// legWatch registers an unpooled watch that links the upstream connection
+// carrying a request tagged with its id (clientwatch.go's tagging), without
+// watching any client.
+func (u *upstreams) legWatch() *watch {
+	w := &watch{ups: u, id: u.nextCall.Add(1)}
+	w.idText = strconv.AppendUint(nil, w.id, 10)
+	u.watchMu.Lock()
+	u.watched[w.id] = w
+	u.watchMu.Unlock()
+	u.nWatched.Add(1)
+	return w
+}
+
+// dropLegWatch unregisters a legWatch.
+func (u *upstreams) dropLegWatch(w *watch) {
+	w.release()
+	u.watchMu.Lock()
+	delete(u.watched, w.id)
+	u.watchMu.Unlock()
+	u.nWatched.Add(-1)
+}
+
+// infoOf returns the membership entry of engine id (nil when unknown).
+func (c *call) infoOf(id string) *EngineInfo {
+	for i := range c.infos {
+		if c.infos[i].ID == id {
+			return &c.infos[i]
+		}
+	}
+	return nil
+}
+
+// sglangLegs serves a disaggregated request on SGLang engines. It returns
+// false when the client has its answer (or an error), true when the
+// request falls back to the ordinary proxy, aggregated.
+func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
+	p := c.s.pdInit()
+	if c.s.draining.Load() {
+		// A prefill leg runs on a goroutine the server waits for (s.wg);
+		// none may start once Close may be waiting.
+		c.pd.result = "draining"
+		return true
+	}
+	start := time.Now()
+	c.pd.result = "concurrent" // per-leg results: kvmesh_ingress_pd_legs_total
+	tried := map[string]bool{}
+	pairs := 0
+	for _, o := range c.pd.plan.Options {
+		if pairs == maxSGLangPairs {
+			break
+		}
+		pi := c.infoOf(o.Prefill)
+		if o.Prefill == "" || tried[o.Prefill] || pi == nil || pi.PDProtocol != gossip.PDProtocolSGLang {
+			continue
+		}
+		tried[o.Prefill] = true
+		pairs++
+		c.pd.prefill = o.Prefill
+		answered, ok := c.sglangPair(ctx, p, pi, o.Decode, start)
+		if answered {
+			return false // c may be finished: touch nothing
+		}
+		if !ok {
+			break
+		}
+	}
+	c.pd.duration = time.Since(start)
+	p.decisions.WithLabelValues("aggregated", "sglang_fallback").Inc()
+	return true
+}
+
+// sglangPair runs one (prefill, decode) pair. answered: the client has its
+// answer; ok false: do not try another pair.
+func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, decode string, start time.Time) (answered, ok bool) {
+	s := c.s
+	host, port := bootstrapOf(pi)
+	body, err := withBootstrap(c.upstreamBody(), host, port, rand.Uint64()&(1<<63-1))
+	if err != nil {
+		p.legs.WithLabelValues("prefill", "fallback_body").Inc()
+		return false, false
+	}
+	g := p.gate(pi.ID)
+	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
+		if errors.Is(err, ErrPrefillFull) {
+			p.legs.WithLabelValues("prefill", "rejected").Inc()
+			c.fail(ctx, newAPIError(fasthttp.StatusTooManyRequests, "rate_limit_error", "prefill_queue_full", "",
+				fmt.Errorf("%w: %s", ErrPrefillFull, pi.ID)))
+			c.finish()
+			return true, false
+		}
+		p.legs.WithLabelValues("prefill", "fallback_admission_timeout").Inc()
+		return false, true
+	}
+	pup, err := s.ups.get(pi.ID, pi.URL)
+	if err != nil {
+		g.release()
+		p.legs.WithLabelValues("prefill", "fallback_no_engine").Inc()
+		return false, true
+	}
+	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
+	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
+	s.wg.Add(1)
+	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, charge, start)
+	answered, fail := c.sglangDecode(ctx, leg, decode, body)
+	if answered {
+		return true, false
+	}
+	res := leg.decodeFailed(s, fail)
+	if fail.cut && res.status >= 400 && res.status < 500 && res.status != fasthttp.StatusTooManyRequests {
+		// The prefill engine judged the request (4xx): relay its answer.
+		c.engine = pi.ID
+		c.status = res.status
+		c.errMsg = fmt.Sprintf("prefill engine answered %d", res.status)
+		ctx.SetStatusCode(res.status)
+		ctx.SetContentTypeBytes(res.ctype)
+		ctx.Response.Header.Set("X-Kvmesh-Engine", pi.ID)
+		ctx.SetBody(res.body)
+		c.finish()
+		return true, false
+	}
+	return false, true
+}
+
+// sglangDecode sends the decode leg and, once the decode engine answers
+// 200, relays it through the proxy. answered: the client has its answer
+// (c may be finished); otherwise fail says how the leg failed.
+func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode string, body []byte) (answered bool, fail decodeFail) {
+	s := c.s
+	rk := scheduler.EngineScore{Engine: decode}
+	for i := range c.dec.Ranked {
+		if c.dec.Ranked[i].Engine == decode {
+			rk = c.dec.Ranked[i]
+		}
+	}
+	url := c.urlOf(decode)
+	up, err := s.ups.get(decode, url)
+	if err != nil {
+		leg.close()
+		s.ups.dropLegWatch(leg.w)
+		return false, decodeFail{}
+	}
+	ureq := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(ureq)
+	ureq.Header.SetMethod(fasthttp.MethodPost)
+	ureq.Header.SetContentType("application/json")
+	ureq.Header.SetBytesV(watchHeader, leg.w.idText)
+	ureq.SetRequestURI(url + c.path)
+	ureq.SetHost(up.hc.Addr)
+	ureq.SetBodyRaw(body)
+	c.attempts++
+	c.engine, c.match = rk.Engine, rk.Match
+	if s.deps.Index != nil && len(c.keys) > 0 {
+		s.deps.Index.AddSpeculative(rk.Engine, c.keys, time.Now())
+	}
+	resp := fasthttp.AcquireResponse()
+	c.startAttempt(up, rk.Match.Spec)
+	up.total.Add(1)
+	err = up.hc.Do(ureq, resp)
+	cut := leg.close() // from here on the prefill leg cannot touch the connection
+	s.ups.dropLegWatch(leg.w)
+	st := resp.StatusCode()
+	switch {
+	case err == nil && st == fasthttp.StatusOK && c.req.stream:
+		done, _ := c.startStream(ctx, up, resp)
+		return done, decodeFail{}
+	case err == nil && st == fasthttp.StatusOK:
+		done, _ := c.relayBufferedOK(ctx, up, resp)
+		return done, decodeFail{}
+	case err == nil && !cut && st < 500 && st != fasthttp.StatusTooManyRequests:
+		s.m.attempts.WithLabelValues("status_4xx").Inc()
+		c.relayBuffered(ctx, up, resp, st)
+		return true, decodeFail{}
+	}
+	result := "status_5xx"
+	switch {
+	case cut:
+		result = "pd_prefill_failed" // neutral for health: not the decode engine's fault
+	case err != nil:
+		result = classifyErr(err)
+	case st == fasthttp.StatusTooManyRequests:
+		result = "status_429"
+	}
+	fail = decodeFail{up: up, result: result, cut: cut}
+	if cut {
+		fail.up = nil
+	}
+	s.m.attempts.WithLabelValues(result).Inc()
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	c.endAttempt(up)
+	if s.debugEnabled() {
+		s.log.Debug("sglang decode leg failed", "engine", decode, "result", result, "err", err)
+	}
+	return false, fail
+}
+
+// sglangPrefill runs one prefill leg to its end, on its own goroutine
+// (owned by the server: s.wg; bounded by the upstream connection's idle
+// timeout). It holds g's slot and charges the prefill engine's load until
+// the answer is read.
+func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *prefillGate, uri string, body []byte, charge int64, start time.Time) {
+	defer s.wg.Done()
+	defer g.release()
+	var res legResult
+	defer func() {
+		leg.prefillEnded(s, res)
+		p.legs.WithLabelValues("prefill", res.result).Inc()
+		p.prefillS.Observe(time.Since(start).Seconds())
+	}()
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.SetRequestURI(uri)
+	req.SetHost(up.hc.Addr)
+	req.SetBodyRaw(body)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	up.inflight.Add(1)
+	up.prefill.Add(charge)
+	up.total.Add(1)
+	defer func() { up.inflight.Add(-1); up.prefill.Add(-charge) }()
+	if err := up.hc.Do(req, resp); err != nil {
+		res.result = "failed_" + classifyErr(err)
+		up.failures.Add(1)
+		s.health.observe(up, classifyErr(err))
+		if isDialError(err) {
+			leg.cutDecode(res) // the engine never saw the request: no KV will come
+		}
+		return
+	}
+	res.status = resp.StatusCode()
+	if res.status != fasthttp.StatusOK {
+		res.result = "failed_status_" + strconv.Itoa(res.status)
+		if res.status >= 500 || res.status == fasthttp.StatusTooManyRequests {
+			up.failures.Add(1)
+			s.health.observe(up, statusResult(res.status))
+		} else if buf, err := readAll(resp); err == nil {
+			res.body, res.ctype = bytes.Clone(buf.Bytes()), bytes.Clone(resp.Header.ContentType())
+			bufPool.Put(buf)
+		}
+		_ = resp.CloseBodyStream()
+		leg.cutDecode(res) // the engine rejected the request: no KV will come
+		return
+	}
+	// The answer (one token, SGLang's prefill result) is not the client's:
+	// drain it so the connection can be reused.
+	var err error
+	if r := resp.BodyStream(); r != nil {
+		_, err = io.Copy(io.Discard, io.LimitReader(r, maxUpstreamBody))
+	}
+	_ = resp.CloseBodyStream()
+	if err != nil {
+		res.result = "failed_read_error"
+		return
+	}
+	s.health.ok(up)
+	res.result = "ok"
+}
+
+// isDialError reports whether err happened before the request reached the
+// engine (connection refused, dial timeout).
+func isDialError(err error) bool {
+	var oe *net.OpError
+	return errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &oe) && oe.Op == "dial")
+}
+
+// bootstrapOf is the bootstrap host and port of an SGLang prefill engine:
+// its gossiped address, or its URL's host and SGLang's default port.
+func bootstrapOf(e *EngineInfo) (string, int) {
+	if h, ps, err := net.SplitHostPort(e.Bootstrap); err == nil {
+		if port, err := strconv.Atoi(ps); err == nil {
+			return h, port
+		}
+	}
+	host := ""
+	if u, err := url.Parse(e.URL); err == nil {
+		host = u.Hostname()
+	}
+	return host, 8998
+}
+
+// withBootstrap is body with SGLang's bootstrap fields set: the same bytes
+// go to both legs. Requests with n > 1 would need arrays (errNoBootstrap).
+func withBootstrap(body []byte, host string, port int, room uint64) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, fmt.Errorf("bootstrap body: %w", err)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("bootstrap body: %w: not an object", ErrBadRequest)
+	}
+	if n, ok := m["n"]; ok {
+		var v float64
+		if json.Unmarshal(n, &v) == nil && v > 1 {
+			return nil, errNoBootstrap
+		}
+	}
+	h, err := json.Marshal(host)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap body: %w", err)
+	}
+	m["bootstrap_host"] = h
+	m["bootstrap_port"] = json.RawMessage(strconv.Itoa(port))
+	m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room, 10))
+	return json.Marshal(m)
+}

@@ -1,0 +1,347 @@
+package ingress
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
+	"github.com/kvmesh/kvmesh/sim/simtest"
+)
+
+// sglangEngine is a membership entry of an SGLang-mode simulator.
+func sglangEngine(id string, role scheduler.Role, s *sim.Server) EngineInfo {
+	e := pdEngine(id, role, s.URL())
+	e.PDProtocol, e.Bootstrap = gossip.PDProtocolSGLang, s.BootstrapAddr()
+	return e
+}
+
+// startSGLangCluster starts SGLang-mode simulators (bootstrap servers on
+// loopback) and an ingress disaggregating every request.
+func startSGLangCluster(t *testing.T, base sim.Config, prefill, decode int) (*simtest.PD, *Server) {
+	t.Helper()
+	base.Model, base.Logger = "m", slog.New(slog.NewTextHandler(io.Discard, nil))
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base, Prefill: prefill, Decode: decode})
+	var m roleMembership
+	for i, s := range cl.Prefill {
+		m = append(m, sglangEngine("p"+string(rune('0'+i)), scheduler.RolePrefill, s))
+	}
+	for i, s := range cl.Decode {
+		m = append(m, sglangEngine("d"+string(rune('0'+i)), scheduler.RoleDecode, s))
+	}
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	return cl, startIngress(t, c, Deps{Membership: m})
+}
+
+// boundedClient fails a request the ingress never answers instead of
+// hanging the test.
+var boundedClient = &http.Client{Timeout: 2 * time.Minute}
+
+// TestSGLangBothLegs: a disaggregated request goes to both SGLang engines
+// at once; the client gets the decode engine's answer (streamed or not)
+// in the aggregated shapes, the decode engine read the prompt's KV from
+// the prefill engine's bootstrap server (its usage counts it as cached),
+// the prefill engine ran a one-token prefill and freed its blocks.
+func TestSGLangBothLegs(t *testing.T) {
+	cl, s := startSGLangCluster(t, sim.Config{TimeScale: 100, Seed: 1}, 1, 1)
+	p := cl.Prefill[0]
+	for i := 0; i < 6; i++ {
+		stream := i%2 == 1
+		body := `{"model":"m","prompt":"sglang ` + strings.Repeat("word ", 60+i) + `","max_tokens":4,"stream":` +
+			map[bool]string{true: "true", false: "false"}[stream] + `,"stream_options":{"include_usage":true}}`
+		if !stream {
+			body = strings.Replace(body, `,"stream_options":{"include_usage":true}`, "", 1)
+		}
+		st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+		var usage json.RawMessage
+		if stream {
+			evs := sseEvents(b)
+			if len(evs) < 3 || evs[len(evs)-1] != "[DONE]" {
+				t.Fatalf("request %d: stream events %q", i, evs)
+			}
+			var last struct {
+				Usage json.RawMessage `json:"usage"`
+			}
+			if err := json.Unmarshal([]byte(evs[len(evs)-2]), &last); err != nil {
+				t.Fatalf("request %d: usage chunk %q: %v", i, evs[len(evs)-2], err)
+			}
+			usage = last.Usage
+		} else {
+			var r struct {
+				Object  string          `json:"object"`
+				Choices []any           `json:"choices"`
+				Usage   json.RawMessage `json:"usage"`
+			}
+			if err := json.Unmarshal(b, &r); err != nil || r.Object != "text_completion" || len(r.Choices) != 1 || strings.Contains(string(b), "bootstrap") {
+				t.Fatalf("request %d: body %s (%v)", i, b, err)
+			}
+			usage = r.Usage
+		}
+		var u struct {
+			Prompt     int `json:"prompt_tokens"`
+			Completion int `json:"completion_tokens"`
+			Details    struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		}
+		if err := json.Unmarshal(usage, &u); err != nil || u.Completion != 4 || u.Details.Cached < u.Prompt/2 {
+			t.Fatalf("request %d: usage %s: want the decode engine's, with the prompt read from the prefill engine", i, usage)
+		}
+		testutil.WaitFor(t, 30*time.Second, "the prefill leg drained and its blocks freed", func() bool {
+			l := p.Load(0)
+			return l.Finished == uint64(i+1) && l.GenerationTokens == l.Finished && l.HeldBlocks == 0 && p.HeldRequests(0) == 0
+		})
+	}
+	legs := s.pdInit().legs
+	testutil.WaitFor(t, 10*time.Second, "6 prefill legs ok", func() bool { return val(legs.WithLabelValues("prefill", "ok")) == 6 })
+	if l := cl.Decode[0].Load(0); l.Finished != 6 {
+		t.Fatalf("decode engine finished %d requests, want 6", l.Finished)
+	}
+}
+
+// fakeRejectingPrefill is a FAKE prefill engine's HTTP side: it answers
+// every request with status (500: an SGLang prefill engine that cannot
+// take the request; 400: one that judges it bad), so the bootstrap room it
+// was given is never filled.
+func fakeRejectingPrefill(t *testing.T, status int) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		n.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		io.WriteString(w, `{"error":{"message":"prefill engine says no","type":"BadRequestError","code":`+strconv.Itoa(status)+`}}`)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String(), &n
+}
+
+// TestSGLangPrefillRejectedCutsDecode: a prefill engine that rejects its
+// leg (500) never fills the room, so the decode engine would wait for it
+// until its bootstrap timeout (an hour here): the ingress cuts the decode
+// leg, serves the request aggregated on the decode engine, and holds the
+// failure against the prefill engine's health, not the decode engine's.
+func TestSGLangPrefillRejectedCutsDecode(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	base.PD.BootstrapTimeout = time.Hour
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	url, rejected := fakeRejectingPrefill(t, http.StatusInternalServerError)
+	// The prefill engine's HTTP side is the fake; its bootstrap address is
+	// a real (idle) prefill simulator's, where the room stays empty.
+	pe := pdEngine("p0", scheduler.RolePrefill, url)
+	pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, cl.Prefill[0].BootstrapAddr()
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pe, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	for i, stream := range []bool{false, true, false, true} {
+		body := `{"model":"m","prompt":"cut ` + strings.Repeat("x ", 40+i) + `","max_tokens":3,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
+		st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	// Three 5xx in a row eject the prefill engine (HealthConfig's
+	// default): the fourth request is served aggregated without a leg.
+	p := s.pdInit()
+	if n, f := rejected.Load(), val(p.legs.WithLabelValues("prefill", "failed_status_500")); n != 3 || f != 3 {
+		t.Fatalf("prefill legs sent %d, counted failed %v; want 3", n, f)
+	}
+	if v := val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); v != 3 {
+		t.Fatalf("%v SGLang fallbacks, want 3", v)
+	}
+	if s.health.allowed("p0") || !s.health.allowed("d0") {
+		t.Fatalf("ejected: prefill %v, decode %v; want only the failing prefill engine", !s.health.allowed("p0"), !s.health.allowed("d0"))
+	}
+	if l := cl.Decode[0].Load(0); l.Finished != 4 {
+		t.Fatalf("decode engine finished %d requests, want 4 (aggregated)", l.Finished)
+	}
+}
+
+// TestSGLangPrefillUnreachableCutsDecode: a prefill engine whose HTTP
+// port refuses connections never receives its leg; the decode leg, waiting
+// on an empty room (on a live bootstrap server), is cut and the request is
+// served aggregated on the decode engine.
+func TestSGLangPrefillUnreachableCutsDecode(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	base.PD.BootstrapTimeout = time.Hour
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	pe := pdEngine("p0", scheduler.RolePrefill, dead)
+	pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, cl.Prefill[0].BootstrapAddr()
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pe, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"unreachable","max_tokens":3,"stream":true}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	p := s.pdInit()
+	if v := val(p.legs.WithLabelValues("prefill", "failed_connect_error")); v != 1 {
+		t.Fatalf("%v prefill legs failed to connect, want 1", v)
+	}
+	if v := val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); v != 1 {
+		t.Fatalf("%v SGLang fallbacks, want 1", v)
+	}
+}
+
+// TestSGLangPrefill4xxRelayed: a prefill engine that judges the request
+// bad (400) cuts the waiting decode leg, and the client gets the prefill
+// engine's answer, as on the NIXL path.
+func TestSGLangPrefill4xxRelayed(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	base.PD.BootstrapTimeout = time.Hour
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	url, rejected := fakeRejectingPrefill(t, http.StatusBadRequest)
+	pe := pdEngine("p0", scheduler.RolePrefill, url)
+	pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, cl.Prefill[0].BootstrapAddr()
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pe, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	for _, stream := range []string{"false", "true"} {
+		st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"bad one","max_tokens":3,"stream":`+stream+`}`)
+		if st != 400 || hdr.Get("X-Kvmesh-Engine") != "p0" || !strings.Contains(string(b), "prefill engine says no") {
+			t.Fatalf("stream %s: status %d engine %q body %s", stream, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if n := rejected.Load(); n != 2 {
+		t.Fatalf("prefill legs sent %d, want 2", n)
+	}
+	if l := cl.Decode[0].Load(0); l.Finished != 0 || !s.health.allowed("d0") || !s.health.allowed("p0") {
+		t.Fatalf("decode engine finished %d requests (want 0: its legs were cut); ejected d0 %v p0 %v", l.Finished, !s.health.allowed("d0"), !s.health.allowed("p0"))
+	}
+}
+
+// TestSGLangPrefillKilledMidRun: an SGLang prefill engine killed while
+// legs queue on it costs no request that had not started streaming: the
+// decode engines waiting for its rooms fail, and every request is served
+// aggregated on the decode engine.
+func TestSGLangPrefillKilledMidRun(t *testing.T) {
+	// One sequence at a time, 20× slower than the model, so prefill legs queue.
+	cl, s := startSGLangCluster(t, sim.Config{TimeScale: 0.05, Seed: 1, Engine: engine.Config{MaxRunning: 1}}, 1, 1)
+	const n = 12
+	type result struct {
+		status int
+		body   string
+		done   bool
+		stream bool
+	}
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			stream := i%2 == 0
+			body := `{"model":"m","prompt":"kill ` + strings.Repeat("token ", 200+i) + `","max_tokens":3,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
+			st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", body)
+			r := result{status: st, body: string(b), stream: stream}
+			if stream {
+				evs := sseEvents(b)
+				r.done = len(evs) > 0 && evs[len(evs)-1] == "[DONE]"
+			}
+			results[i] = r
+		}(i)
+	}
+	p := cl.Prefill[0]
+	okLegs := s.pdInit().legs.WithLabelValues("prefill", "ok")
+	testutil.WaitFor(t, 60*time.Second, "a prefill leg done and others queued on the victim", func() bool {
+		l := p.Load(0)
+		return l.Running+l.Waiting > 0 && val(okLegs) > 0
+	})
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if v := val(s.pdInit().decisions.WithLabelValues("aggregated", "sglang_fallback")); v == 0 {
+		t.Errorf("no request fell back: the kill must land mid-run")
+	}
+	for i, r := range results {
+		if r.status != 200 || (r.stream && !r.done) {
+			t.Errorf("request %d (stream %v): status %d body %.200s", i, r.stream, r.status, r.body)
+		}
+	}
+}
+
+func FuzzWithBootstrap(f *testing.F) {
+	f.Add([]byte(`{"model":"m","prompt":"hi","stream":true}`))
+	f.Add([]byte(`{"model":"m","messages":[],"n":3}`))
+	f.Add([]byte(`{"n":"x","bootstrap_room":-1}`))
+	f.Add([]byte(`null`))
+	f.Add([]byte(`[1,2]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out, err := withBootstrap(b, "10.0.0.1", 8998, 1<<62)
+		if err != nil {
+			return
+		}
+		var m struct {
+			Host string `json:"bootstrap_host"`
+			Port int    `json:"bootstrap_port"`
+			Room uint64 `json:"bootstrap_room"`
+		}
+		if err := json.Unmarshal(out, &m); err != nil || m.Host != "10.0.0.1" || m.Port != 8998 || m.Room != 1<<62 {
+			t.Fatalf("body %q → %q: %+v %v", b, out, m, err)
+		}
+	})
+}
+
+// TestSGLangStaticConfig: without gossip, a YAML engine list declares the
+// roles, group, protocol and bootstrap address, and the ingress drives the
+// SGLang pair from it; bad values are listed by Validate.
+func TestSGLangStaticConfig(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}})
+	y := "pd: {policy: kvmesh-always}\nengines:\n" +
+		"- {id: p0, model: m, url: \"" + cl.Prefill[0].URL() + "\", role: prefill, group: g, pdProtocol: sglang, bootstrap: \"" + cl.Prefill[0].BootstrapAddr() + "\"}\n" +
+		"- {id: d0, model: m, url: \"" + cl.Decode[0].URL() + "\", role: decode, group: g, pdProtocol: sglang}\n"
+	cfg, err := ParseConfig([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen = "127.0.0.1:0"
+	s := startIngress(t, cfg, Deps{})
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"static `+strings.Repeat("w ", 80)+`","max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || !strings.Contains(string(b), `"cached_tokens"`) {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	legs := s.pdInit().legs.WithLabelValues("prefill", "ok")
+	testutil.WaitFor(t, 10*time.Second, "the prefill leg ok", func() bool { return val(legs) == 1 })
+
+	bad := DefaultConfig()
+	bad.Engines = []StaticEngine{{ID: "x", Model: "m", URL: "http://127.0.0.1:1", Role: "chef", PDProtocol: "mooncake", Bootstrap: "nohost"}}
+	err = bad.Validate()
+	for _, want := range []string{"role", "pdProtocol", "bootstrap"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v; want %q listed", err, want)
+		}
+	}
+}

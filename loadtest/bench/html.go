@@ -1,0 +1,42 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/report"
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+)
+
+// writeHTML writes rep as a self-contained HTML report (report.WriteHTML)
+// to o.HTML.
+func (o Options) writeHTML(rep report.Report, reqs []workload.Request, cfg des.Config) error {
+	st := workload.Summarize(reqs)
+	notes := []string{
+		fmt.Sprintf("workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs", o.Workload,
+			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds()),
+		fmt.Sprintf("%d engines, profile %s, %d GPU blocks of %d tokens, seed %d", o.Engines, cfg.Engine.Profile.Name,
+			cfg.Engine.Defaults().GPUBlocks, cfg.Engine.Defaults().BlockSize, max(o.Seed, 1)),
+		"policies: " + strings.Join(rep.Order, ", "),
+	}
+	title := "kvmesh bench (discrete-event simulation)"
+	if o.Mode == "live" {
+		title = "kvmesh bench --mode live"
+		notes = append(notes, fmt.Sprintf("live: sim engines at %g× real time, %d ingress replicas; times in engine seconds",
+			o.TimeScale, o.Ingresses))
+	}
+	f, err := os.Create(o.HTML)
+	if err != nil {
+		return fmt.Errorf("--html: %w", err)
+	}
+	err = report.WriteHTML(f, rep, report.HTMLMeta{Title: title, Notes: notes})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("--html %s: %w", o.HTML, err)
+	}
+	return nil
+}

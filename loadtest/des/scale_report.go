@@ -1,0 +1,166 @@
+package des
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvmesh/kvmesh/loadtest/report"
+	"github.com/kvmesh/kvmesh/scheduler"
+)
+
+// ScaleWindow is one report window of an autoscaling run.
+type ScaleWindow struct {
+	T            float64 `json:"t_s"` // the window's end
+	Prefill      int     `json:"prefill"`
+	Decode       int     `json:"decode"`
+	PrefillReady int     `json:"prefill_ready"`
+	DecodeReady  int     `json:"decode_ready"`
+	ArrivalRPS   float64 `json:"arrival_rps"`
+	Finished     int     `json:"finished"`
+	// Attainment is the share of requests finished in the window within
+	// both SLOs (1 when none finished).
+	Attainment float64 `json:"attainment"`
+	TTFTP90    float64 `json:"ttft_p90_s"`
+	TPOTP90    float64 `json:"tpot_p90_s"`
+}
+
+// ScaleResult is one autoscaler's run.
+type ScaleResult struct {
+	Autoscaler string `json:"autoscaler"`
+	// Setting describes the autoscaler's configuration (its target knob).
+	Setting string `json:"setting"`
+	// Attainment is the share of all requests within both SLOs (failed
+	// requests count as missed).
+	Attainment float64 `json:"attainment"`
+	Completed  int     `json:"completed"`
+	Failed     int     `json:"failed"`
+	TTFTP90    float64 `json:"ttft_p90_s"`
+	TTFTP99    float64 `json:"ttft_p99_s"`
+	TPOTP90    float64 `json:"tpot_p90_s"`
+	TPOTP99    float64 `json:"tpot_p99_s"`
+	// GPUHours: every engine from its request to its stop (or the run's
+	// end), per role and in total.
+	GPUHours        float64 `json:"gpu_hours"`
+	PrefillGPUHours float64 `json:"prefill_gpu_hours"`
+	DecodeGPUHours  float64 `json:"decode_gpu_hours"`
+	PeakPrefill     int     `json:"peak_prefill"`
+	PeakDecode      int     `json:"peak_decode"`
+	EnginesStarted  int     `json:"engines_started"`
+	ScaleDecisions  int     `json:"scale_decisions"`
+	Disaggregated   float64 `json:"disaggregated"`
+	// Span is the run's end (the last request's finish), seconds.
+	Span    float64       `json:"span_s"`
+	Windows []ScaleWindow `json:"windows"`
+	Wall    time.Duration `json:"-"`
+}
+
+// scaleReport accumulates the current report window.
+type scaleReport struct {
+	width      time.Duration
+	edge       time.Duration
+	arrivals   int
+	ttft, tpot []float64
+	good, fin  int
+	windows    []ScaleWindow
+	peakP      int
+	peakD      int
+	lastP      int
+	lastD      int
+	decisions  int
+}
+
+func (r *scaleReport) init(cfg *ScaleConfig) {
+	r.width, r.edge = cfg.ReportWindow, cfg.ReportWindow
+	r.lastP, r.lastD = cfg.Roles.Prefill, cfg.Roles.Decode
+	r.peakP, r.peakD = r.lastP, r.lastD
+}
+
+func (r *scaleReport) absorb(b *bucket) {
+	r.arrivals += b.arrivals
+	r.ttft = append(r.ttft, b.ttft...)
+	r.tpot = append(r.tpot, b.tpot...)
+	r.good += b.good
+	r.fin += b.finished
+}
+
+// tick records the sync's replicas and closes the window at its edge.
+func (r *scaleReport) tick(s *scaleSim, now time.Duration) {
+	p, _ := s.replicas(scheduler.RolePrefill)
+	d, _ := s.replicas(scheduler.RoleDecode)
+	r.peakP, r.peakD = max(r.peakP, p), max(r.peakD, d)
+	if p != r.lastP || d != r.lastD {
+		r.decisions++
+	}
+	r.lastP, r.lastD = p, d
+	if now >= r.edge {
+		r.flush(s, now)
+		r.edge = now + r.width
+	}
+}
+
+func (r *scaleReport) flush(s *scaleSim, now time.Duration) {
+	if r.fin == 0 && r.arrivals == 0 && len(r.windows) > 0 && r.windows[len(r.windows)-1].T == now.Seconds() {
+		return
+	}
+	w := ScaleWindow{T: now.Seconds(), Finished: r.fin, Attainment: 1}
+	w.Prefill, w.PrefillReady = s.replicas(scheduler.RolePrefill)
+	w.Decode, w.DecodeReady = s.replicas(scheduler.RoleDecode)
+	w.ArrivalRPS = float64(r.arrivals) / r.width.Seconds()
+	if r.fin > 0 {
+		w.Attainment = float64(r.good) / float64(r.fin)
+	}
+	if len(r.ttft) > 0 {
+		slices.Sort(r.ttft)
+		w.TTFTP90 = report.Quantile(r.ttft, 0.9)
+	}
+	if len(r.tpot) > 0 {
+		slices.Sort(r.tpot)
+		w.TPOTP90 = report.Quantile(r.tpot, 0.9)
+	}
+	r.windows = append(r.windows, w)
+	r.arrivals, r.ttft, r.tpot, r.good, r.fin = 0, r.ttft[:0], r.tpot[:0], 0, 0
+}
+
+func (s *scaleSim) result(end time.Duration) ScaleResult {
+	pd := s.out.result(s.cfg)
+	res := ScaleResult{Autoscaler: s.as.Name(), Setting: s.as.Setting(), Attainment: pd.SLOAttainment, Completed: pd.Completed,
+		Failed: pd.Failed, TTFTP90: pd.TTFTP90, TTFTP99: pd.TTFTP99, TPOTP90: pd.TPOTP90, TPOTP99: pd.TPOTP99,
+		PeakPrefill: s.rep.peakP, PeakDecode: s.rep.peakD, EnginesStarted: len(s.insts) - s.cfg.Roles.Total(),
+		ScaleDecisions: s.rep.decisions, Disaggregated: pd.Disaggregated, Span: end.Seconds(), Windows: s.rep.windows, Wall: s.out.wall}
+	p, d := s.gpuSeconds(end)
+	res.PrefillGPUHours, res.DecodeGPUHours, res.GPUHours = p/3600, d/3600, (p+d)/3600
+	return res
+}
+
+// ScaleReport is `kvmesh bench --mode des --autoscale ...`'s output.
+type ScaleReport struct {
+	Workload     string        `json:"workload"`
+	Requests     int           `json:"requests"`
+	SLOTTFT      float64       `json:"slo_ttft_s"`
+	SLOTPOT      float64       `json:"slo_tpot_s"`
+	StartupDelay float64       `json:"startup_delay_s"`
+	Runs         []ScaleResult `json:"runs"`
+	// Static is the static deployment the others are compared with (the
+	// run named "static"), when there is one.
+	StaticGPUHours float64 `json:"static_gpu_hours,omitempty"`
+}
+
+// WriteTable writes one line per run.
+func (r ScaleReport) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "%s: %d requests; SLO TTFT %.3gs, TPOT %.3gs; start-up delay %.0fs\n", r.Workload, r.Requests, r.SLOTTFT, r.SLOTPOT, r.StartupDelay)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "autoscaler\tsetting\tSLO met\tGPU-h\t÷ static\tprefill GPU-h\tdecode GPU-h\tpeak P/D\tstarted\tdecisions\tTTFT p99 s\tTPOT p99 ms\tfailed\twall\t")
+	for _, x := range r.Runs {
+		ratio := "-"
+		if r.StaticGPUHours > 0 {
+			ratio = fmt.Sprintf("%.2f", x.GPUHours/r.StaticGPUHours)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.2f%%\t%.2f\t%s\t%.2f\t%.2f\t%d/%d\t%d\t%d\t%.2f\t%.1f\t%d\t%.1fs\t\n",
+			x.Autoscaler, x.Setting, 100*x.Attainment, x.GPUHours, ratio, x.PrefillGPUHours, x.DecodeGPUHours,
+			x.PeakPrefill, x.PeakDecode, x.EnginesStarted, x.ScaleDecisions, x.TTFTP99, 1e3*x.TPOTP99, x.Failed, x.Wall.Seconds())
+	}
+	return tw.Flush()
+}

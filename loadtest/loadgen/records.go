@@ -1,0 +1,34 @@
+package loadgen
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/loadtest/report"
+)
+
+// Run returns the report's finished requests as report records for the
+// HTML report, every time multiplied by scale (1: wall seconds; the live
+// benchmark passes the engines' time scale to get engine seconds). Engines
+// are indexed in ids' order, then any others by name.
+func (r *Report) Run(scale float64, ids []string) report.Run {
+	ids = slices.Clone(ids)
+	for _, e := range slices.Sorted(maps.Keys(r.PerEngine)) {
+		if !slices.Contains(ids, e) {
+			ids = append(ids, e)
+		}
+	}
+	run := report.Run{EngineIDs: ids, Records: make([]report.Record, 0, r.Completed)}
+	for i := range r.Results {
+		res := &r.Results[i]
+		if res.ErrKind != "" {
+			continue
+		}
+		run.Records = append(run.Records, report.Record{
+			Start: res.Sent.Seconds() * scale, TTFT: res.TTFT.Seconds() * scale, E2E: res.E2E.Seconds() * scale,
+			PromptTokens: res.PromptTokens, CachedTokens: res.CachedTokens, OutputTokens: res.OutputTokens,
+			Engine: slices.Index(ids, res.Engine),
+		})
+	}
+	return run
+}

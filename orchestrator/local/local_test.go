@@ -1,0 +1,290 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// observer joins the mesh at seed as an orchestrator-role member, as
+// `kvmesh get engines` does, and sees what the sidecars gossip.
+func observer(t *testing.T, seed string) *gossip.Node {
+	t.Helper()
+	g := gossip.DefaultConfig()
+	g.Name, g.Profile, g.Join = "test-observer", "local", []string{seed}
+	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator, ID: "test-observer"}
+	g.RejoinInterval = 200 * time.Millisecond
+	n, err := gossip.New(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+func readyEngine(n *gossip.Node, id, role string) bool {
+	e, ok := n.Engine(id)
+	return ok && e.Ready && e.EngineRole == role && e.Group == "demo-0" // the deployment's one P/D group
+}
+
+// startLocal runs an Orchestrator on spec until the test ends and returns
+// it with a stop function that waits for Run to return.
+func startLocal(t *testing.T, spec string, tweak func(*Config)) (*Orchestrator, string, func() error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "spec.yaml")
+	if err := os.WriteFile(path, []byte(spec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.File, cfg.Exe, cfg.Interval = path, kvmeshBin(t), 200*time.Millisecond
+	cfg.DrainTimeout = 5 * time.Second
+	if testing.Verbose() {
+		cfg.ChildStderr = os.Stderr
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	o, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx) }()
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(2 * time.Minute):
+			t.Fatal("Run did not return after cancel")
+			return nil
+		}
+	}
+	t.Cleanup(func() { _ = stop() })
+	select {
+	case <-o.Started():
+	case err := <-done:
+		stopped = true
+		t.Fatalf("Run: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("not started")
+	}
+	return o, path, stop
+}
+
+// TestLocalPDLifecycle: a P/D ModelDeployment's replicas come up and join
+// the mesh with their roles; raising the policy's min adds a process that
+// joins; a killed child is restarted; stopping leaves no process.
+func TestLocalPDLifecycle(t *testing.T) {
+	o, path, stop := startLocal(t, pdSpec, nil)
+	obs := observer(t, o.Status().Gossip)
+	pids := map[int]string{}
+	record := func() {
+		for _, p := range o.Status().PIDs() {
+			pids[p] = "child"
+		}
+	}
+	testutil.WaitFor(t, time.Minute, "prefill and decode engines ready in the mesh", func() bool {
+		return readyEngine(obs, "demo-prefill-0", "prefill") && readyEngine(obs, "demo-decode-0", "decode")
+	})
+	record()
+
+	// Scale: raise the policy's prefill min to 2.
+	raised := strings.Replace(pdSpec, "{name: prefill, minReplicas: 1", "{name: prefill, minReplicas: 2", 1)
+	if err := os.WriteFile(path, []byte(raised), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, time.Minute, "a second prefill engine in the mesh", func() bool {
+		return readyEngine(obs, "demo-prefill-1", "prefill")
+	})
+	testutil.WaitFor(t, 30*time.Second, "status: prefill desired 2, ready 2", func() bool {
+		r, _ := o.Status().Role("demo", "prefill")
+		return r.Desired == 2 && r.Ready == 2
+	})
+	record()
+
+	// Crash: kill the decode sim; RoleRecreate restarts the replica.
+	r, _ := o.Status().Role("demo", "decode")
+	old := r.Engines[0]
+	if err := syscall.Kill(old.SimPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, time.Minute, "the decode replica restarted and ready", func() bool {
+		r, _ := o.Status().Role("demo", "decode")
+		return len(r.Engines) == 1 && r.Engines[0].Restarts >= 1 && r.Engines[0].SimPID != old.SimPID && r.Engines[0].Ready
+	})
+	if alive(old.SidecarPID) {
+		t.Errorf("the crashed replica's old sidecar %d still runs", old.SidecarPID)
+	}
+	record()
+
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(pids) < 5 {
+		t.Fatalf("saw %d child pids, want ≥ 5: %v", len(pids), pids)
+	}
+	noneAlive(t, pids)
+}
+
+// TestLocalCommandSIGTERM runs `kvmesh orchestrator --local` as a process:
+// its status file lists the children, SIGTERM stops it and every child.
+func TestLocalCommandSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	spec, status := filepath.Join(dir, "spec.yaml"), filepath.Join(dir, "status.json")
+	if err := os.WriteFile(spec, []byte(pdSpec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out testutil.SyncBuffer
+	cmd := exec.Command(kvmeshBin(t), "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--ingress")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	var st Status
+	testutil.WaitFor(t, time.Minute, "status file with both roles ready and an ingress", func() bool {
+		b, err := os.ReadFile(status)
+		if err != nil || json.Unmarshal(b, &st) != nil {
+			return false
+		}
+		p, _ := st.Role("demo", "prefill")
+		d, _ := st.Role("demo", "decode")
+		return p.Ready == 1 && d.Ready == 1 && st.Ingress != ""
+	})
+	pids := map[int]string{}
+	for _, p := range st.PIDs() {
+		pids[p] = "child"
+	}
+	if len(pids) != 5 {
+		t.Fatalf("status lists %d children, want 2 sims + 2 sidecars + 1 ingress", len(pids))
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, out.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("no exit after SIGTERM\n%s", out.String())
+	}
+	noneAlive(t, pids)
+	if !strings.Contains(out.String(), "demo/prefill (prefill): desired 1, replicas 1, ready 1") {
+		t.Errorf("no status line on stdout:\n%s", out.String())
+	}
+}
+
+// TestLocalKilledOrchestratorTakesChildren: even SIGKILL (no chance to
+// stop anything) leaves no child behind: the kernel ends them (Pdeathsig).
+func TestLocalKilledOrchestratorTakesChildren(t *testing.T) {
+	dir := t.TempDir()
+	spec, status := filepath.Join(dir, "spec.yaml"), filepath.Join(dir, "status.json")
+	if err := os.WriteFile(spec, []byte(pdSpec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(kvmeshBin(t), "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--quiet")
+	var out bytes.Buffer
+	cmd.Stderr = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var st Status
+	testutil.WaitFor(t, time.Minute, "status file with four children", func() bool {
+		b, err := os.ReadFile(status)
+		return err == nil && json.Unmarshal(b, &st) == nil && len(st.PIDs()) == 4
+	})
+	_ = cmd.Process.Kill()
+	if err := cmd.Wait(); err == nil || !errors.As(err, new(*exec.ExitError)) {
+		t.Fatalf("wait: %v", err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "every child gone", func() bool {
+		for _, p := range st.PIDs() {
+			if alive(p) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestLocalRecoveryPolicies: None restarts only the crashed process (the
+// sim beside a killed sidecar keeps its pid); GroupRecreate restarts every
+// replica of the deployment when one sim dies.
+func TestLocalRecoveryPolicies(t *testing.T) {
+	for _, tc := range []struct {
+		policy      string
+		killSidecar bool
+	}{{"None", true}, {"GroupRecreate", false}} {
+		t.Run(tc.policy, func(t *testing.T) {
+			spec := strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  recoveryPolicy: "+tc.policy, 1)
+			o, _, stop := startLocal(t, spec, nil)
+			obs := observer(t, o.Status().Gossip)
+			testutil.WaitFor(t, time.Minute, "both engines ready", func() bool {
+				return readyEngine(obs, "demo-prefill-0", "prefill") && readyEngine(obs, "demo-decode-0", "decode")
+			})
+			testutil.WaitFor(t, 30*time.Second, "status shows both ready", func() bool {
+				p, _ := o.Status().Role("demo", "prefill")
+				d, _ := o.Status().Role("demo", "decode")
+				return p.Ready == 1 && d.Ready == 1
+			})
+			p0, _ := o.Status().Role("demo", "prefill")
+			d0, _ := o.Status().Role("demo", "decode")
+			before := map[string]EngineStatus{"prefill": p0.Engines[0], "decode": d0.Engines[0]}
+			victim := before["decode"].SimPID
+			if tc.killSidecar {
+				victim = before["decode"].SidecarPID
+			}
+			if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			testutil.WaitFor(t, time.Minute, "recovered and ready", func() bool {
+				p, _ := o.Status().Role("demo", "prefill")
+				d, _ := o.Status().Role("demo", "decode")
+				return len(d.Engines) == 1 && d.Engines[0].Restarts >= 1 && d.Ready == 1 && p.Ready == 1
+			})
+			p1, _ := o.Status().Role("demo", "prefill")
+			d1, _ := o.Status().Role("demo", "decode")
+			switch tc.policy {
+			case "None":
+				if d1.Engines[0].SimPID != before["decode"].SimPID || d1.Engines[0].SidecarPID == before["decode"].SidecarPID {
+					t.Errorf("None: decode %+v after %+v: want the same sim and a new sidecar", d1.Engines[0], before["decode"])
+				}
+				if p1.Engines[0].SimPID != before["prefill"].SimPID {
+					t.Errorf("None: prefill restarted too")
+				}
+			case "GroupRecreate":
+				if d1.Engines[0].SimPID == before["decode"].SimPID || p1.Engines[0].SimPID == before["prefill"].SimPID || p1.Engines[0].Restarts < 1 {
+					t.Errorf("GroupRecreate: prefill %+v decode %+v: want both recreated", p1.Engines[0], d1.Engines[0])
+				}
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -1,0 +1,228 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
+)
+
+// sloScraper feeds the SLO mode. The mesh's gossip carries queues and KV
+// usage, not prompt tokens/s or latency percentiles; the local backend owns
+// its engines, so it reads their vLLM counters and histograms between
+// steps: prompt tokens/s and TTFT p90 on the SLO's prefill role, inter-token
+// latency p90 (TPOT) on its decode role. Running streams come from gossip.
+// Used by the loop goroutine only.
+type sloScraper struct {
+	client *http.Client
+	prev   map[string]engineSample // by engine id
+}
+
+type engineSample struct {
+	at           time.Time
+	promptTokens float64
+	ttft, itl    histogram
+}
+
+// histogram is cumulative counts by upper bound, sorted by bound.
+type histogram struct {
+	bounds []float64
+	counts []float64
+}
+
+func newSLOScraper() *sloScraper {
+	return &sloScraper{client: &http.Client{Timeout: time.Second}, prev: map[string]engineSample{}}
+}
+
+// observe returns the interval's SLO observation, nil before the first
+// interval has two samples.
+func (s *sloScraper) observe(ctx context.Context, now time.Time, md *v1alpha1.ModelDeployment, ap *v1alpha1.AutoscalingPolicy, b Backend, load LoadSource) *autoscale.SLOObservation {
+	slo := ap.Spec.SLO
+	var o autoscale.SLOObservation
+	var ttft, itl histogram
+	seen := false
+	cur := map[string]engineSample{}
+	for _, role := range []string{slo.PrefillRole, slo.DecodeRole} {
+		for _, id := range b.Replicas(md.Name, role) {
+			url := s.urlOf(b, id)
+			if url == "" {
+				continue
+			}
+			smp, err := s.scrape(ctx, url)
+			if err != nil {
+				continue
+			}
+			smp.at = now
+			cur[id] = smp
+			p, ok := s.prev[id]
+			if !ok || !smp.at.After(p.at) {
+				continue
+			}
+			seen = true
+			if role == slo.PrefillRole {
+				dt := smp.at.Sub(p.at).Seconds()
+				o.PromptTokensPerSecond += max(smp.promptTokens-p.promptTokens, 0) / dt
+				ttft = ttft.add(smp.ttft.sub(p.ttft))
+			}
+			if role == slo.DecodeRole {
+				itl = itl.add(smp.itl.sub(p.itl))
+			}
+		}
+	}
+	s.prev = cur
+	decode := map[string]bool{}
+	for _, id := range b.Replicas(md.Name, slo.DecodeRole) {
+		decode[id] = true
+	}
+	for _, e := range load.Engines() {
+		if decode[e.ID] {
+			o.RunningStreams += float64(e.Running)
+		}
+	}
+	if !seen {
+		return nil
+	}
+	o.MeasuredTTFT, o.MeasuredTPOT = ttft.quantile(0.9), itl.quantile(0.9)
+	return &o
+}
+
+// engineURLs is the optional Backend capability the SLO mode needs: an
+// engine's HTTP base URL by id ("" when unknown).
+type engineURLs interface {
+	EngineURL(id string) string
+}
+
+func (s *sloScraper) urlOf(b Backend, id string) string {
+	if u, ok := b.(engineURLs); ok {
+		return u.EngineURL(id)
+	}
+	return ""
+}
+
+func (s *sloScraper) scrape(ctx context.Context, url string) (engineSample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+"/metrics", nil)
+	if err != nil {
+		return engineSample{}, err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return engineSample{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return engineSample{}, fmt.Errorf("metrics: %s", resp.Status)
+	}
+	return parseEngineSample(io.LimitReader(resp.Body, 8<<20))
+}
+
+// parseEngineSample reads the counters and histograms the SLO mode needs
+// from a Prometheus text exposition (series of several ranks are summed).
+func parseEngineSample(r io.Reader) (engineSample, error) {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return engineSample{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	var s engineSample
+	if f, ok := fams["vllm:prompt_tokens_total"]; ok {
+		for _, m := range f.GetMetric() {
+			if c := m.GetCounter(); c != nil {
+				s.promptTokens += c.GetValue()
+			}
+		}
+	}
+	hist := func(name string) histogram {
+		var h histogram
+		f, ok := fams[name]
+		if !ok {
+			return h
+		}
+		for _, m := range f.GetMetric() {
+			ph := m.GetHistogram()
+			if ph == nil {
+				continue
+			}
+			var one histogram
+			for _, b := range ph.GetBucket() {
+				one.bounds = append(one.bounds, b.GetUpperBound())
+				one.counts = append(one.counts, float64(b.GetCumulativeCount()))
+			}
+			h = h.add(one)
+		}
+		return h
+	}
+	s.ttft, s.itl = hist("vllm:time_to_first_token_seconds"), hist("vllm:inter_token_latency_seconds")
+	return s, nil
+}
+
+// add merges two histograms with the same buckets (an empty one is the
+// identity; different buckets keep h).
+func (h histogram) add(o histogram) histogram {
+	if len(h.bounds) == 0 {
+		return histogram{bounds: append([]float64(nil), o.bounds...), counts: append([]float64(nil), o.counts...)}
+	}
+	if len(o.bounds) != len(h.bounds) {
+		return h
+	}
+	out := histogram{bounds: h.bounds, counts: make([]float64, len(h.counts))}
+	for i := range h.counts {
+		out.counts[i] = h.counts[i] + o.counts[i]
+	}
+	return out
+}
+
+// sub is h minus an earlier sample of the same series (a restarted engine,
+// whose counts went down, gives h itself).
+func (h histogram) sub(o histogram) histogram {
+	if len(o.bounds) != len(h.bounds) {
+		return h
+	}
+	out := histogram{bounds: h.bounds, counts: make([]float64, len(h.counts))}
+	for i := range h.counts {
+		out.counts[i] = h.counts[i] - o.counts[i]
+		if out.counts[i] < 0 {
+			return h
+		}
+	}
+	return out
+}
+
+// quantile interpolates linearly within the bucket holding q (Prometheus's
+// histogram_quantile); 0 when empty. Above the last finite bound it is
+// that bound.
+func (h histogram) quantile(q float64) float64 {
+	n := len(h.counts)
+	if n == 0 || h.counts[n-1] <= 0 {
+		return 0
+	}
+	rank := q * h.counts[n-1]
+	i := sort.Search(n, func(i int) bool { return h.counts[i] >= rank })
+	if i >= n {
+		i = n - 1
+	}
+	if math.IsInf(h.bounds[i], 1) {
+		if i == 0 {
+			return 0
+		}
+		return h.bounds[i-1]
+	}
+	lo, below := 0.0, 0.0
+	if i > 0 {
+		lo, below = h.bounds[i-1], h.counts[i-1]
+	}
+	in := h.counts[i] - below
+	if in <= 0 {
+		return h.bounds[i]
+	}
+	return lo + (h.bounds[i]-lo)*(rank-below)/in
+}

@@ -1,0 +1,88 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// stubBackend maps role → engine id → URL: the SLO scraper's view of a
+// Backend, in front of real simulators.
+type stubBackend map[string]map[string]string
+
+func (b stubBackend) Replicas(_, role string) []string {
+	var out []string
+	for id := range b[role] {
+		out = append(out, id)
+	}
+	return out
+}
+func (b stubBackend) Scale(context.Context, string, string, int) error { return nil }
+func (b stubBackend) EngineURL(id string) string {
+	for _, m := range b {
+		if u, ok := m[id]; ok {
+			return u
+		}
+	}
+	return ""
+}
+
+type stubLoad []gossip.EngineView
+
+func (l stubLoad) Engines() []gossip.EngineView { return l }
+
+// TestSLOScraperReadsEngines: between two steps, requests served by a real
+// simulator show up as prompt tokens/s and TTFT/TPOT p90 for the SLO mode;
+// running streams come from the mesh's view of the decode role.
+func TestSLOScraperReadsEngines(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := sim.Start(ctx, sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", TimeScale: 1, Seed: 1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	b := stubBackend{"prefill": {"p0": s.URL()}, "decode": {"d0": s.URL()}}
+	load := stubLoad{{EngineState: gossip.EngineState{ID: "d0", Running: 5}}}
+	md := &v1alpha1.ModelDeployment{}
+	md.Name = "x"
+	ap := &v1alpha1.AutoscalingPolicy{Spec: v1alpha1.AutoscalingPolicySpec{SLO: &v1alpha1.SLOTarget{PrefillRole: "prefill", DecodeRole: "decode"}}}
+	sc := newSLOScraper()
+	t0 := time.Now()
+	if o := sc.observe(ctx, t0, md, ap, b, load); o != nil {
+		t.Fatalf("first step has no interval, got %+v", o)
+	}
+	for i := range 4 {
+		prompt := strings.Repeat(fmt.Sprintf("%d,", 100+i), 255) + "7"
+		resp, err := http.Post(s.URL()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"m","max_tokens":8,"prompt":[`+prompt+`]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("completion: %s", resp.Status)
+		}
+	}
+	o := sc.observe(ctx, t0.Add(2*time.Second), md, ap, b, load)
+	if o == nil {
+		t.Fatal("no observation after an interval")
+	}
+	if o.PromptTokensPerSecond != 4*256/2.0 {
+		t.Errorf("prompt tokens/s %v, want %v", o.PromptTokensPerSecond, 4*256/2.0)
+	}
+	if o.MeasuredTTFT <= 0 || o.MeasuredTPOT <= 0 || o.RunningStreams != 5 {
+		t.Errorf("observation %+v: want TTFT and TPOT p90 > 0 and 5 running streams", o)
+	}
+}

@@ -1,0 +1,224 @@
+package local
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// Annotations the local backend reads; the Kubernetes controller ignores them.
+const (
+	// AnnotationSimArgs on a role's pod template (or on the ModelDeployment,
+	// for every role) adds `kvmesh sim` flags, space-separated, e.g.
+	// "--profile 7b-h100 --time-scale 4 --gpu-blocks 2048".
+	AnnotationSimArgs = "kvmesh.io/local-sim-args"
+	// AnnotationIngress "true" on a ModelDeployment asks for an ingress in
+	// front of its engines (as --ingress does).
+	AnnotationIngress = "kvmesh.io/local-ingress"
+)
+
+// Spec is what one file describes.
+type Spec struct {
+	Deployments []v1alpha1.ModelDeployment
+	Policies    []v1alpha1.AutoscalingPolicy
+}
+
+// ErrSpec wraps every problem found in a file.
+var ErrSpec = errors.New("invalid local spec")
+
+// maxSpecBytes bounds what ParseSpec reads: a spec is a few kilobytes.
+const maxSpecBytes = 4 << 20
+
+// LoadSpec reads and parses a multi-document YAML file.
+func LoadSpec(path string) (*Spec, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read spec: %w", err)
+	}
+	return ParseSpec(b)
+}
+
+var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// ParseSpec decodes ModelDeployment and AutoscalingPolicy documents
+// (apiVersion kvmesh.io/v1alpha1), applies the defaults and lists every
+// problem: unknown kinds, missing names, duplicate names, roles without a
+// kind, policies whose target or roles do not exist.
+func ParseSpec(b []byte) (*Spec, error) {
+	if len(b) > maxSpecBytes {
+		return nil, fmt.Errorf("%w: %d bytes (limit %d)", ErrSpec, len(b), maxSpecBytes)
+	}
+	s := &Spec{}
+	var errs []error
+	add := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrSpec}, a...)...))
+	}
+	for i, doc := range docSep.Split(string(b), -1) {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var head struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			add("document %d: %v", i+1, err)
+			continue
+		}
+		if head.APIVersion != v1alpha1.SchemeGroupVersion.String() {
+			add("document %d: apiVersion %q, want %s", i+1, head.APIVersion, v1alpha1.SchemeGroupVersion)
+			continue
+		}
+		switch head.Kind {
+		case "ModelDeployment":
+			var md v1alpha1.ModelDeployment
+			if err := yaml.UnmarshalStrict([]byte(doc), &md); err != nil {
+				add("document %d: %v", i+1, err)
+				continue
+			}
+			md.Defaults()
+			s.Deployments = append(s.Deployments, md)
+		case "AutoscalingPolicy":
+			var ap v1alpha1.AutoscalingPolicy
+			if err := yaml.UnmarshalStrict([]byte(doc), &ap); err != nil {
+				add("document %d: %v", i+1, err)
+				continue
+			}
+			s.Policies = append(s.Policies, ap)
+		default:
+			add("document %d: kind %q, want ModelDeployment or AutoscalingPolicy", i+1, head.Kind)
+		}
+	}
+	errs = append(errs, s.validate()...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return s, nil
+}
+
+func stripComments(doc string) string {
+	var out bytes.Buffer
+	for _, l := range strings.Split(doc, "\n") {
+		if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "#") {
+			out.WriteString(l)
+			out.WriteByte('\n')
+		}
+	}
+	return out.String()
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+func (s *Spec) validate() []error {
+	var errs []error
+	add := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrSpec}, a...)...))
+	}
+	if len(s.Deployments) == 0 {
+		add("no ModelDeployment")
+	}
+	mds := map[string]*v1alpha1.ModelDeployment{}
+	for i := range s.Deployments {
+		md := &s.Deployments[i]
+		if !nameRE.MatchString(md.Name) {
+			add("ModelDeployment name %q: want a DNS label", md.Name)
+		}
+		if mds[md.Name] != nil {
+			add("ModelDeployment %q twice", md.Name)
+		}
+		mds[md.Name] = md
+		if md.Spec.Model == "" {
+			add("ModelDeployment %q: no model", md.Name)
+		}
+		if g := *md.Spec.Groups; g != 1 {
+			add("ModelDeployment %q: groups %d; the local backend runs one group", md.Name, g)
+		}
+		roles := map[string]bool{}
+		for _, r := range md.Spec.Roles {
+			if !nameRE.MatchString(r.Name) || roles[r.Name] {
+				add("ModelDeployment %q: role name %q missing, invalid or repeated", md.Name, r.Name)
+			}
+			roles[r.Name] = true
+			switch r.Kind {
+			case v1alpha1.RolePrefill, v1alpha1.RoleDecode, v1alpha1.RoleMixed:
+			default:
+				add("ModelDeployment %q role %q: kind %q, want prefill, decode or mixed", md.Name, r.Name, r.Kind)
+			}
+			if *r.Replicas < 0 || *r.Replicas > maxReplicas {
+				add("ModelDeployment %q role %q: replicas %d not in [0, %d]", md.Name, r.Name, *r.Replicas, maxReplicas)
+			}
+		}
+		if len(md.Spec.Roles) == 0 {
+			add("ModelDeployment %q: no roles", md.Name)
+		}
+	}
+	targets := map[string]bool{}
+	for _, ap := range s.Policies {
+		md := mds[ap.Spec.Target]
+		if md == nil {
+			add("AutoscalingPolicy %q: target ModelDeployment %q not in the file", ap.Name, ap.Spec.Target)
+			continue
+		}
+		if targets[md.Name] {
+			add("AutoscalingPolicy %q: ModelDeployment %q already has a policy", ap.Name, md.Name)
+		}
+		targets[md.Name] = true
+		for _, r := range ap.Spec.Roles {
+			if roleOf(md, r.Name) == nil {
+				add("AutoscalingPolicy %q: role %q not in ModelDeployment %q", ap.Name, r.Name, md.Name)
+			}
+			if r.MaxReplicas > maxReplicas {
+				add("AutoscalingPolicy %q role %q: maxReplicas %d above the local limit %d", ap.Name, r.Name, r.MaxReplicas, maxReplicas)
+			}
+		}
+		p := policyFromSpec(&ap.Spec)
+		if err := p.Validate(); err != nil {
+			add("AutoscalingPolicy %q: %v", ap.Name, err)
+		}
+	}
+	return errs
+}
+
+// maxReplicas bounds one role on one machine: each replica is two processes.
+const maxReplicas = 32
+
+func roleOf(md *v1alpha1.ModelDeployment, name string) *v1alpha1.Role {
+	for i := range md.Spec.Roles {
+		if md.Spec.Roles[i].Name == name {
+			return &md.Spec.Roles[i]
+		}
+	}
+	return nil
+}
+
+// policyFor returns the policy targeting md, or nil.
+func (s *Spec) policyFor(md string) *v1alpha1.AutoscalingPolicy {
+	for i := range s.Policies {
+		if s.Policies[i].Spec.Target == md {
+			return &s.Policies[i]
+		}
+	}
+	return nil
+}
+
+// wantsIngress reports whether any deployment asks for an ingress.
+func (s *Spec) wantsIngress() bool {
+	for _, md := range s.Deployments {
+		if md.Annotations[AnnotationIngress] == "true" {
+			return true
+		}
+	}
+	return false
+}
+
+// simArgs is the deployment's then the role's AnnotationSimArgs.
+func simArgs(md *v1alpha1.ModelDeployment, r *v1alpha1.Role) []string {
+	return append(strings.Fields(md.Annotations[AnnotationSimArgs]), strings.Fields(r.Template.Annotations[AnnotationSimArgs])...)
+}

@@ -1,0 +1,157 @@
+package local
+
+import (
+	"errors"
+	"math"
+	"os"
+	"strings"
+	"testing"
+)
+
+const pdSpec = `# a P/D deployment and its policy
+apiVersion: kvmesh.io/v1alpha1
+kind: ModelDeployment
+metadata:
+  name: demo
+spec:
+  model: kvmesh-sim
+  engine: vllm
+  roles:
+    - {name: prefill, kind: prefill, replicas: 1, template: {}}
+    - {name: decode, kind: decode, replicas: 1, template: {}}
+---
+apiVersion: kvmesh.io/v1alpha1
+kind: AutoscalingPolicy
+metadata:
+  name: demo
+spec:
+  target: demo
+  roles:
+    - {name: prefill, minReplicas: 1, maxReplicas: 3, metrics: [{name: waitingRequests, target: 4}]}
+    - {name: decode, minReplicas: 1, maxReplicas: 3, metrics: [{name: runningRequests, target: 8}]}
+  ratio: {numeratorRole: prefill, denominatorRole: decode, minRatio: 0.5, maxRatio: 2}
+`
+
+func TestParseSpec(t *testing.T) {
+	s, err := ParseSpec([]byte(pdSpec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Deployments) != 1 || len(s.Policies) != 1 || s.policyFor("demo") == nil {
+		t.Fatalf("parsed %+v", s)
+	}
+	md := s.Deployments[0]
+	if md.Spec.RecoveryPolicy != "RoleRecreate" || *md.Spec.Groups != 1 {
+		t.Errorf("defaults not applied: %+v", md.Spec)
+	}
+	bad := []struct{ name, doc, want string }{
+		{"no deployment", "", "no ModelDeployment"},
+		{"unknown kind", "apiVersion: kvmesh.io/v1alpha1\nkind: Pod\nmetadata: {name: x}\n", `kind "Pod"`},
+		{"wrong version", "apiVersion: v1\nkind: ModelDeployment\n", "apiVersion"},
+		{"unknown field", strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  bogus: 1", 1), "bogus"},
+		{"bad role kind", strings.Replace(pdSpec, "kind: decode", "kind: worker", 1), `kind "worker"`},
+		{"missing target", strings.Replace(pdSpec, "target: demo", "target: other", 1), `"other" not in the file`},
+		{"policy role missing", strings.Replace(pdSpec, "{name: decode, minReplicas", "{name: dec, minReplicas", 1), `role "dec"`},
+		{"bad band", strings.Replace(pdSpec, "minRatio: 0.5", "minRatio: 3", 1), "ratio"},
+		{"two groups", strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  groups: 2", 1), "one group"},
+		{"too many replicas", strings.Replace(pdSpec, "replicas: 1,", "replicas: 99,", 1), "replicas 99"},
+		{"not yaml", "apiVersion: [", "document 1"},
+	}
+	for _, c := range bad {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseSpec([]byte(c.doc))
+			if err == nil || !errors.Is(err, ErrSpec) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want ErrSpec mentioning %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestParseExamples: the examples a Kubernetes user applies run locally too.
+func TestParseExamples(t *testing.T) {
+	md, err := os.ReadFile("../../examples/pd-modeldeployment.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap, err := os.ReadFile("../../examples/autoscalingpolicy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ParseSpec([]byte(string(md) + "\n---\n" + string(ap)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Deployments) != 1 || s.policyFor(s.Deployments[0].Name) == nil || !s.hasPD() {
+		t.Fatalf("examples parsed to %+v", s)
+	}
+}
+
+func FuzzParseSpec(f *testing.F) {
+	f.Add([]byte(pdSpec))
+	f.Add([]byte("---\n---\n"))
+	f.Add([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: AutoscalingPolicy\nspec: {roles: [{}]}\n"))
+	f.Add([]byte(strings.Replace(pdSpec, "replicas: 1,", "replicas: -5,", 1)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := ParseSpec(b)
+		if err != nil {
+			if !errors.Is(err, ErrSpec) {
+				t.Fatalf("error without ErrSpec: %v", err)
+			}
+			return
+		}
+		for _, md := range s.Deployments {
+			for _, r := range md.Spec.Roles {
+				if r.Replicas == nil || *r.Replicas < 0 || *r.Replicas > maxReplicas {
+					t.Fatalf("accepted replicas %v", r.Replicas)
+				}
+			}
+		}
+	})
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	inf := math.Inf(1)
+	h := histogram{bounds: []float64{0.1, 0.5, 1, inf}, counts: []float64{50, 90, 100, 100}}
+	if q := h.quantile(0.5); q != 0.1 {
+		t.Errorf("p50 = %v, want 0.1", q)
+	}
+	if q := h.quantile(0.9); q != 0.5 {
+		t.Errorf("p90 = %v, want 0.5", q)
+	}
+	if q := h.quantile(0.95); q < 0.74 || q > 0.76 {
+		t.Errorf("p95 = %v, want 0.75 (interpolated)", q)
+	}
+	earlier := histogram{bounds: h.bounds, counts: []float64{50, 50, 50, 50}}
+	d := h.sub(earlier)
+	if q := d.quantile(0.9); q < 0.5 || q > 1 {
+		t.Errorf("delta p90 = %v, want within (0.5, 1]", q)
+	}
+	if (histogram{}).quantile(0.9) != 0 {
+		t.Error("empty histogram has a quantile")
+	}
+	if got := h.add(h).counts[3]; got != 200 {
+		t.Errorf("add: %v", got)
+	}
+}
+
+func TestParseEngineSample(t *testing.T) {
+	text := `# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="m"} 1200
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1"} 3
+vllm:time_to_first_token_seconds_bucket{le="1"} 4
+vllm:time_to_first_token_seconds_bucket{le="+Inf"} 4
+vllm:time_to_first_token_seconds_sum 1
+vllm:time_to_first_token_seconds_count 4
+`
+	s, err := parseEngineSample(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.promptTokens != 1200 || len(s.ttft.bounds) != 3 || s.ttft.counts[1] != 4 {
+		t.Fatalf("sample %+v", s)
+	}
+	if _, err := parseEngineSample(strings.NewReader("vllm:x{ 1\n")); err == nil {
+		t.Error("malformed exposition accepted")
+	}
+}

@@ -1,0 +1,62 @@
+package openai
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/simtest"
+)
+
+// TestOpenAINodeClientSGLangPD: the same client and shape checks as
+// TestOpenAINodeClient against a P/D cluster of SGLang-mode simulators
+// (--disaggregation-mode prefill|decode, a real bootstrap server on
+// loopback), where every single-prompt request goes to both engines at
+// once with one bootstrap room: the two legs are invisible to the client.
+func TestOpenAINodeClientSGLangPD(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	node, dir := installClient(t, ctx)
+	const model = "e2e-model"
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: sim.Config{Model: model, TimeScale: 200, Seed: 1, Logger: quiet, HTTPAddr: "127.0.0.1:0"}})
+	m := pdMembership(cl, model)
+	for i := range m {
+		m[i].PDProtocol = gossip.PDProtocolSGLang
+	}
+	m[0].Bootstrap = cl.Prefill[0].BootstrapAddr()
+	cfg := ingress.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.PD.Policy = "kvmesh-always"
+	keys := filepath.Join(dir, "keys.txt")
+	if err := os.WriteFile(keys, []byte("e2e "+testKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store, err := auth.Load(auth.Config{KeysFile: keys, EnvVar: "-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet, Auth: store, Membership: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	checkClient(t, ctx, node, dir, srv.Addr(), model)
+	if l := cl.Prefill[0].Load(0); l.Finished == 0 || l.GenerationTokens != l.Finished {
+		t.Errorf("prefill engine ran %d requests, %d output tokens: want prefill legs (one token each)", l.Finished, l.GenerationTokens)
+	}
+	if n := cl.Prefill[0].HeldRequests(0); n != 0 {
+		t.Errorf("prefill engine still holds %d requests' blocks after every decode read", n)
+	}
+}
