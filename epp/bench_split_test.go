@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -45,6 +46,8 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "server":
 		os.Exit(splitServer())
+	case "noop":
+		os.Exit(noopServer())
 	case "client":
 		os.Exit(splitClient())
 	default:
@@ -77,6 +80,59 @@ func splitServer() int {
 	}
 	fmt.Printf("addr %s\n", r.s.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// noopEPP answers Envoy's full-duplex exchange as the picker does — the
+// destination header and metadata, the body passed back, an empty answer to
+// the response headers — with a fixed endpoint and no decision: the floor
+// of the protocol over gRPC, against which the picker's cost is read.
+type noopEPP struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (noopEPP) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	var body []byte
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			return nil // EOF or cancel: the stream is over
+		}
+		var out []*extprocv3.ProcessingResponse
+		switch v := req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestBody:
+			body = append(body, v.RequestBody.GetBody()...)
+			if v.RequestBody.GetEndOfStream() {
+				r := headersResponse(routeCommon("10.0.0.1:8000", ""))
+				r.DynamicMetadata = destinationMetadata("10.0.0.1:8000")
+				out = append(out, r, bodyResponse(streamedBody(body, true)))
+				body = body[:0]
+			}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+				ResponseHeaders: &extprocv3.HeadersResponse{}}})
+		}
+		for _, r := range out {
+			if err := st.Send(r); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// noopServer serves noopEPP like splitServer serves the picker.
+func noopServer() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, noopEPP{})
+	go func() { _ = gs.Serve(ln) }() // stopped below, before return
+	fmt.Printf("addr %s\n", ln.Addr())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	gs.Stop()
 	return 0
 }
 
@@ -215,17 +271,11 @@ func splitCmd(taskset string, cpu int, env ...string) *exec.Cmd {
 	return cmd
 }
 
-// BenchmarkPickSplit1000RPS is BenchmarkPickAt1000RPS with the picker and the
-// Envoy stand-in in separate processes on separate cores (GOMAXPROCS=1
-// each): route = last request byte sent → routing answer received, which is
-// what the picker adds to a request (both gRPC stacks included). Run with
-// -benchtime=1x; KVMESH_EPP_SPLIT_N requests per prompt kind (default 5,000).
-func BenchmarkPickSplit1000RPS(b *testing.B) {
-	taskset, _ := exec.LookPath("taskset")
-	if runtime.NumCPU() < 2 {
-		taskset = ""
-	}
-	srv := splitCmd(taskset, 1, splitRole+"=server")
+// startSplitServer starts a server child (role "server": the picker;
+// "noop": noopEPP) pinned to cpu and returns its address, its pid and a
+// stop function that closes its stdin and waits for it.
+func startSplitServer(b *testing.B, taskset, role string) (addr string, pid int, stop func()) {
+	srv := splitCmd(taskset, 1, splitRole+"="+role)
 	in, err := srv.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -237,40 +287,60 @@ func BenchmarkPickSplit1000RPS(b *testing.B) {
 	if err := srv.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { in.Close(); _ = srv.Wait() })
+	stop = func() { in.Close(); _ = srv.Wait() }
 	line, err := bufio.NewReader(out).ReadString('\n')
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "addr ")
 	if err != nil || !ok {
-		b.Fatalf("server child: %q %v", line, err)
+		stop()
+		b.Fatalf("%s child: %q %v", role, line, err)
+	}
+	return addr, srv.Process.Pid, stop
+}
+
+// BenchmarkPickSplit1000RPS is BenchmarkPickAt1000RPS with the picker and the
+// Envoy stand-in in separate processes on separate cores (GOMAXPROCS=1
+// each): route = last request byte sent → routing answer received, which is
+// what the picker adds to a request (both gRPC stacks included). The same
+// load against noopEPP (server=noop: the same protocol answers with a fixed
+// endpoint and no decision) is the transport's floor; the picker's own cost
+// is the difference. Run with -benchtime=1x; KVMESH_EPP_SPLIT_N requests per
+// prompt kind (default 5,000).
+func BenchmarkPickSplit1000RPS(b *testing.B) {
+	taskset, _ := exec.LookPath("taskset")
+	if runtime.NumCPU() < 2 {
+		taskset = ""
 	}
 	n := 5000
 	if v, err := strconv.Atoi(os.Getenv(splitN)); err == nil && v > 0 {
 		n = v
 	}
 	for _, k := range benchKinds {
-		b.Run(k.name, func(b *testing.B) {
-			cli := splitCmd(taskset, 0, splitRole+"=client", splitAddr+"="+addr, splitKind+"="+k.name,
-				splitN+"="+strconv.Itoa(n), splitRate+"=1000")
-			s0, _ := procCPU(srv.Process.Pid)
-			outb, err := cli.Output()
-			if err != nil {
-				b.Fatalf("client child: %v", err)
-			}
-			s1, _ := procCPU(srv.Process.Pid)
-			var res splitResult
-			if err := json.Unmarshal(outb, &res); err != nil {
-				b.Fatalf("client child output %q: %v", outb, err)
-			}
-			if res.Errors > 0 {
-				b.Fatalf("%d of %d requests failed, first: %s", res.Errors, res.Requests, res.FirstError)
-			}
-			b.ReportMetric(res.RPS, "req/s")
-			b.ReportMetric(float64((s1-s0).Microseconds())/float64(res.Requests+splitWarm), "picker-cpu-µs/op")
-			b.ReportMetric(res.CPUus, "client-cpu-µs/op")
-			for i, q := range []string{"p50", "p99", "p999"} {
-				b.ReportMetric(float64(res.Route[i])/1e3, "route-"+q+"-µs")
-				b.ReportMetric(float64(res.Resp[i])/1e3, "resp-"+q+"-µs")
-			}
-		})
+		for _, role := range []string{"noop", "server"} {
+			b.Run(k.name+"/server="+role, func(b *testing.B) {
+				addr, pid, stop := startSplitServer(b, taskset, role)
+				defer stop()
+				cli := splitCmd(taskset, 0, splitRole+"=client", splitAddr+"="+addr, splitKind+"="+k.name,
+					splitN+"="+strconv.Itoa(n), splitRate+"=1000")
+				s0, _ := procCPU(pid)
+				outb, err := cli.Output()
+				if err != nil {
+					b.Fatalf("client child: %v", err)
+				}
+				s1, _ := procCPU(pid)
+				var res splitResult
+				if err := json.Unmarshal(outb, &res); err != nil {
+					b.Fatalf("client child output %q: %v", outb, err)
+				}
+				if res.Errors > 0 {
+					b.Fatalf("%d of %d requests failed, first: %s", res.Errors, res.Requests, res.FirstError)
+				}
+				b.ReportMetric(res.RPS, "req/s")
+				b.ReportMetric(float64((s1-s0).Microseconds())/float64(res.Requests+splitWarm), "server-cpu-µs/op")
+				b.ReportMetric(res.CPUus, "client-cpu-µs/op")
+				for i, q := range []string{"p50", "p99", "p999"} {
+					b.ReportMetric(float64(res.Route[i])/1e3, "route-"+q+"-µs")
+				}
+			})
+		}
 	}
 }
