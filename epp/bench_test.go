@@ -30,11 +30,27 @@ type benchRig struct {
 	body map[string][]byte
 }
 
-func newBenchRig(b *testing.B) *benchRig {
-	nt, tpl := testTokenizer(b)
-	tk, err := ingress.NewTokenizer(nt, tpl)
+func newBenchRig(b testing.TB) *benchRig {
+	testTokenizer(b) // fails the benchmark with the tokenizer's error
+	r, stop, err := buildRig()
 	if err != nil {
 		b.Fatal(err)
+	}
+	b.Cleanup(stop)
+	r.env = newEnvoy(b, r.s.Addr(), extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED)
+	return r
+}
+
+// buildRig starts the picker of a benchRig (no stand-in); stop closes it.
+// The split-process benchmark's server child calls it outside a test.
+func buildRig() (_ *benchRig, stop func(), _ error) {
+	tokOnce.Do(loadTestTokenizer)
+	if tokErr != nil {
+		return nil, nil, fmt.Errorf("test tokenizer: %w", tokErr)
+	}
+	tk, err := ingress.NewTokenizer(tokNat, tokTpl)
+	if err != nil {
+		return nil, nil, err
 	}
 	cfg := ingress.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
@@ -47,7 +63,7 @@ func newBenchRig(b *testing.B) *benchRig {
 	}
 	idx, err := index.New(index.Config{SpeculativeTTL: time.Hour})
 	if err != nil {
-		b.Fatal(err)
+		return nil, nil, err
 	}
 	ids := make([]uint32, 1024)
 	bodies := map[string][]byte{}
@@ -72,26 +88,26 @@ func newBenchRig(b *testing.B) *benchRig {
 	ing, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet, Registry: prometheus.NewRegistry(), Index: idx,
 		Tokenizers: ingress.TokenizerMap{model: tk}})
 	if err != nil {
-		b.Fatal(err)
+		return nil, nil, err
 	}
 	s, err := New(Config{Listen: "127.0.0.1:0", TLS: TLSOff, Logger: quiet}, Deps{Ingress: ing})
 	if err != nil {
-		b.Fatal(err)
+		return nil, nil, err
 	}
 	if err := ing.Start(nil); err != nil {
-		b.Fatal(err)
+		return nil, nil, err
 	}
 	if err := s.Start(); err != nil {
-		b.Fatal(err)
+		ing.Close()
+		return nil, nil, err
 	}
-	b.Cleanup(func() {
+	stop = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		s.Close(ctx)
 		ing.Close()
-	})
-	env := newEnvoy(b, s.Addr(), extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED)
-	return &benchRig{s: s, env: env, body: bodies}
+	}
+	return &benchRig{s: s, body: bodies}, stop, nil
 }
 
 // exchange plays one request the way Envoy does in full duplex and returns

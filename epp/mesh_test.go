@@ -47,25 +47,27 @@ var (
 // ingress and the simulator share it, so keys agree.
 func testTokenizer(t testing.TB) (*tokenizer.Native, *tokenizer.ChatTemplate) {
 	t.Helper()
-	tokOnce.Do(func() {
-		out, err := exec.Command("go", "mod", "download", "-json", "github.com/daulet/tokenizers").Output()
-		if err != nil {
-			tokErr = err
-			return
-		}
-		var v struct{ Dir string }
-		if tokErr = json.Unmarshal(out, &v); tokErr != nil {
-			return
-		}
-		dir := filepath.Join(v.Dir, "test", "data")
-		if tokNat, tokErr = tokenizer.LoadFile(filepath.Join(dir, "bert-base-uncased.json")); tokErr == nil {
-			tokTpl, tokErr = tokenizer.LoadChatTemplateFile(filepath.Join(dir, "meta-llama-3-8b-instruct", "tokenizer_config.json"))
-		}
-	})
+	tokOnce.Do(loadTestTokenizer)
 	if tokErr != nil {
 		t.Fatalf("test tokenizer: %v", tokErr)
 	}
 	return tokNat, tokTpl
+}
+
+func loadTestTokenizer() {
+	out, err := exec.Command("go", "mod", "download", "-json", "github.com/daulet/tokenizers").Output()
+	if err != nil {
+		tokErr = err
+		return
+	}
+	var v struct{ Dir string }
+	if tokErr = json.Unmarshal(out, &v); tokErr != nil {
+		return
+	}
+	dir := filepath.Join(v.Dir, "test", "data")
+	if tokNat, tokErr = tokenizer.LoadFile(filepath.Join(dir, "bert-base-uncased.json")); tokErr == nil {
+		tokTpl, tokErr = tokenizer.LoadChatTemplateFile(filepath.Join(dir, "meta-llama-3-8b-instruct", "tokenizer_config.json"))
+	}
 }
 
 type mesh struct {
