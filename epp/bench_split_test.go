@@ -193,9 +193,13 @@ func splitClient() int {
 	interval := time.Second / time.Duration(rate)
 	runtime.GC()
 	cpu0, t0 := cpuTime(), time.Now()
+	pace := time.NewTimer(0) // the open loop's schedule: request i at t0 + i·interval
+	defer pace.Stop()
+	<-pace.C
 	for i := range n {
 		if d := time.Until(t0.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d)
+			pace.Reset(d)
+			<-pace.C
 		}
 		wg.Add(1)
 		go func() {
