@@ -139,7 +139,9 @@ func (s *Server) pdInit() *pdState {
 	p.once.Do(func() {
 		p.cfg = s.cfg.PD
 		p.cfg.defaults()
+		p.mu.Lock() // pdLoads (the load-sharing goroutine) reads gates under mu, without the once
 		p.gates = make(map[string]*prefillGate)
+		p.mu.Unlock()
 		p.router = s.deps.PD
 		if p.router == nil && p.cfg.Policy != "" {
 			p.router = s.buildPD(p.cfg)
