@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/workload"
@@ -156,46 +154,17 @@ func RunPD(ctx context.Context, cfg PDConfig, reqs []workload.Request, policies 
 	if err := errors.Join(errs...); err != nil {
 		return PDReport{}, err
 	}
-	par := cfg.Parallel
-	if par == 0 {
-		par = runtime.GOMAXPROCS(0)
-	}
 	rep := PDReport{Policies: make(map[string]PDResult, len(policies)), Order: policies, Roles: cfg.Roles,
 		SLOTTFT: cfg.SLOTTFT.Seconds(), SLOTPOT: cfg.SLOTPOT.Seconds()}
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, par)
-		ferr error
-	)
-	for _, p := range policies {
-		if ctx.Err() != nil {
-			break
+	err := eachPolicy(ctx, policies, cfg.Parallel, func(p string) (PDResult, error) {
+		s, err := newPDSim(&cfg, reqs, p)
+		if err != nil {
+			return PDResult{}, err
 		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			s, err := newPDSim(&cfg, reqs, p)
-			var res PDResult
-			if err == nil {
-				res = s.run(ctx)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil && ferr == nil {
-				ferr = err
-			}
-			rep.Policies[p] = res
-		}()
-	}
-	wg.Wait()
-	if ferr != nil {
-		return PDReport{}, ferr
-	}
-	if err := ctx.Err(); err != nil {
-		return PDReport{}, fmt.Errorf("des: %w", err)
+		return s.run(ctx), nil
+	}, func(p string, r PDResult) { rep.Policies[p] = r })
+	if err != nil {
+		return PDReport{}, err
 	}
 	return rep, nil
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
-	"sync"
 
 	"github.com/kvmesh/kvmesh/loadtest/report"
 
@@ -35,54 +33,27 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 	if len(errs) > 0 {
 		return report.Report{}, errors.Join(errs...)
 	}
-	par := cfg.Parallel
-	if par == 0 {
-		par = runtime.GOMAXPROCS(0)
-	}
 	rep := report.Report{Policies: make(map[string]report.PolicyResult, len(policies)), Order: policies,
 		Runs: make(map[string]report.Run, len(policies))}
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, par)
-		ferr error
-	)
-	for _, p := range policies {
-		if ctx.Err() != nil {
-			break
+	type outcome struct {
+		res report.PolicyResult
+		run report.Run
+	}
+	err := eachPolicy(ctx, policies, cfg.Parallel, func(p string) (outcome, error) {
+		s, err := newSim(&cfg, reqs, p)
+		if err != nil {
+			return outcome{}, err
 		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			s, err := newSim(&cfg, reqs, p)
-			var (
-				res report.PolicyResult
-				run report.Run
-			)
-			if err == nil {
-				st := s.run(ctx)
-				res, run = st.result(), st.recs.run()
-				if s.learner != nil {
-					l := s.learner.Pooled()
-					res.Learned = report.LearnedCosts{PrefillRate: l.PrefillRate, StepBase: l.StepBase, DecodeSecPerToken: l.DecodeSecPerToken}
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil && ferr == nil {
-				ferr = err
-			}
-			rep.Policies[p], rep.Runs[p] = res, run
-		}()
-	}
-	wg.Wait()
-	if ferr != nil {
-		return report.Report{}, ferr
-	}
-	if err := ctx.Err(); err != nil {
-		return report.Report{}, fmt.Errorf("des: %w", err)
+		st := s.run(ctx)
+		o := outcome{st.result(), st.recs.run()}
+		if s.learner != nil {
+			l := s.learner.Pooled()
+			o.res.Learned = report.LearnedCosts{PrefillRate: l.PrefillRate, StepBase: l.StepBase, DecodeSecPerToken: l.DecodeSecPerToken}
+		}
+		return o, nil
+	}, func(p string, o outcome) { rep.Policies[p], rep.Runs[p] = o.res, o.run })
+	if err != nil {
+		return report.Report{}, err
 	}
 	rep.OracleHitRate = workload.OracleHitRate(reqs, cfg.Engine.BlockSize)
 	return rep, nil
