@@ -24,6 +24,7 @@ type pdFlags struct {
 	sloTTFT      *time.Duration
 	sloTPOT      *time.Duration
 	nonCached    *int
+	mixedPrefill *bool
 }
 
 func pdBenchFlags(fs *flag.FlagSet) pdFlags {
@@ -34,6 +35,7 @@ func pdBenchFlags(fs *flag.FlagSet) pdFlags {
 		sloTTFT:      fs.Duration("slo-ttft", 2*time.Second, "with --roles: goodput's TTFT objective"),
 		sloTPOT:      fs.Duration("slo-tpot", 50*time.Millisecond, "with --roles: goodput's time-per-output-token objective"),
 		nonCached:    fs.Int("llmd-non-cached-tokens", 16, "with --roles: llm-d's prefix-based P/D decider threshold"),
+		mixedPrefill: fs.Bool("mixed-prefill", true, "with --roles: kvmesh may send prefill legs to mixed engines (kv_role kv_both)"),
 	}
 }
 
@@ -78,7 +80,7 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 		*f.transferSet = time.Nanosecond // PDConfig reads 0 as its default
 	}
 	cfg := des.PDConfig{Config: base, Roles: roles, TransferGbps: *f.transferGbps, TransferSetup: *f.transferSet,
-		SLOTTFT: *f.sloTTFT, SLOTPOT: *f.sloTPOT, NonCachedTokens: *f.nonCached}
+		SLOTTFT: *f.sloTTFT, SLOTPOT: *f.sloTPOT, NonCachedTokens: *f.nonCached, MixedPrefill: *f.mixedPrefill}
 	if *f.sloTTFT <= 0 || *f.sloTPOT <= 0 {
 		bad("--slo-ttft and --slo-tpot must be > 0")
 	}

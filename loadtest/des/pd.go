@@ -76,6 +76,9 @@ type PDConfig struct {
 	SLOTTFT, SLOTPOT time.Duration
 	// NonCachedTokens is llm-d's decider threshold (0: its sample, 16).
 	NonCachedTokens int
+	// MixedPrefill lets kvmesh and kvmesh-always send prefill legs to
+	// mixed engines (pd.Config.MixedPrefill); aggregated never splits.
+	MixedPrefill bool
 }
 
 // PDPolicies are the policies RunPD knows: "aggregated" (every engine
@@ -129,6 +132,8 @@ func (c *PDConfig) pdPolicy(name string, costs policies.CostModel) (pd.Policy, e
 		SLOTTFT: c.SLOTTFT.Seconds(), SLOTPOT: c.SLOTPOT.Seconds(), Costs: costs}
 	if name == "aggregated" {
 		pc.Policy = "kvmesh"
+	} else {
+		pc.MixedPrefill = c.MixedPrefill
 	}
 	if pc.TransferSetup == 0 {
 		pc.TransferSetup = -1 // pd.Config reads 0 as its default

@@ -38,6 +38,10 @@ type Config struct {
 	Costs policies.CostModel
 	// NonCachedTokens is llm-d's decider threshold; 0: 16.
 	NonCachedTokens int
+	// MixedPrefill lets kvmesh's choice send prefill legs to mixed-role
+	// engines too (KVMesh.MixedPrefill; the engines must accept both legs,
+	// vLLM's kv_role "kv_both"). The emulations ignore it.
+	MixedPrefill bool
 }
 
 // Defaults fills unset fields.
@@ -100,6 +104,7 @@ func New(c Config) (Policy, error) {
 		k.KVBytesPerToken, k.TransferBandwidth = c.KVBytesPerToken, c.TransferGbps*1e9/8
 		k.TransferSetup = max(c.TransferSetup, 0)
 		k.Always = c.Policy == "kvmesh-always"
+		k.MixedPrefill = c.MixedPrefill
 		k.SLOTTFT, k.SLOTPOT = c.SLOTTFT, c.SLOTPOT
 		k.Cost.Costs = c.Costs
 		if c.SLOWeight > 0 {

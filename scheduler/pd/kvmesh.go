@@ -70,6 +70,11 @@ type KVMesh struct {
 	// engines still serve aggregated): kvmesh's pair choice without the
 	// decision, for comparison.
 	Always bool
+	// MixedPrefill lets mixed-role engines serve prefill legs too (vLLM's
+	// NixlConnector with kv_role "kv_both"): a pair is any two distinct
+	// engines of one group, the prefiller prefill or mixed, the decoder
+	// decode or mixed. Off: only prefill-role engines prefill for others.
+	MixedPrefill bool
 
 	stalls *stallLedger // the local prefills this router sent (NewKVMesh)
 }
@@ -127,21 +132,17 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		tpot := k.tpotNow(r, c, td, out)
 		xfer := k.TransferSetup + float64(max(0, r.PromptTokens-c.CachedTokens))*k.KVBytesPerToken/k.TransferBandwidth
 		for _, p := range v.Prefillers {
-			if !v.SameGroup(p, d) {
-				continue
+			if v.SameGroup(p, d) {
+				k.addPair(r, v, p, d, out, xfer, dec, td.Queue+dstep, tpot)
 			}
-			cp := &v.Cands[p]
-			prate, pstep, _ := k.Cost.Rates(cp.ID)
-			unc := max(0, r.PromptTokens-cp.CachedTokens)
-			tp := k.Cost.Terms(r, cp, unc)
-			// A prefill engine runs a handful of prompts at a time, so
-			// the aggregated model's cap of the queue behind at the
-			// running count would hide its queue: every waiting prompt
-			// waits for this one.
-			waiting := float64(max(cp.Waiting, cp.InFlight-cp.Running))
-			behind := (k.Cost.WaitingWeight*waiting + k.Cost.MissPenalty) * float64(unc) / prate
-			ttft := tp.Queue + tp.Prefill + pstep + xfer + td.Queue + dstep
-			v.Add(p, d, -(tp.Queue + tp.Prefill + tp.Stall + behind + pstep + xfer + dec + k.miss(out, ttft, tpot)))
+		}
+		if !k.MixedPrefill {
+			continue
+		}
+		for _, p := range v.Mixed {
+			if p != d && v.SameGroup(p, d) {
+				k.addPair(r, v, p, d, out, xfer, dec, td.Queue+dstep, tpot)
+			}
 		}
 	}
 	best := 0
@@ -151,7 +152,7 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		}
 	}
 	if len(v.Options) > 0 && v.Options[best].Aggregated() {
-		if len(v.Prefillers) == 0 {
+		if len(v.Prefillers) == 0 && (!k.MixedPrefill || len(v.Mixed) < 2) {
 			return "aggregated-no-prefill"
 		}
 		return "aggregated-cheaper"
@@ -159,13 +160,54 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 	return "disaggregated-cheaper"
 }
 
-// Chosen records the plan's local prefill in the stall ledger (the Router
-// calls it with the best option).
+// addPair adds the option prefill on p, decode on d. xfer is the transfer
+// to d, dec the decode leg's cost, dstart the decode leg's part of the TTFT
+// and tpot the TPOT a stream on d would see.
+//
+// A prefill-role engine runs a handful of prompts at a time, so the
+// aggregated model's cap of the queue behind at the running count would
+// hide its queue: every waiting prompt waits for this one. A mixed engine
+// as prefiller is decoding streams too: its prefill leg is priced as a
+// local prefill there (stall on its running streams' TPOT, reweighted by
+// their objective, and the streams it breaks), except that it decodes
+// nothing itself.
+func (k KVMesh) addPair(r *scheduler.Request, v *View, p, d int, out, xfer, dec, dstart, tpot float64) {
+	cp := &v.Cands[p]
+	prate, pstep, _ := k.Cost.Rates(cp.ID)
+	unc := max(0, r.PromptTokens-cp.CachedTokens)
+	tp := k.Cost.Terms(r, cp, unc)
+	ttft := tp.Queue + tp.Prefill + pstep + xfer + dstart
+	leg := tp.Queue + tp.Prefill + pstep
+	if cp.Role == scheduler.RolePrefill {
+		waiting := float64(max(cp.Waiting, cp.InFlight-cp.Running))
+		leg += tp.Stall + (k.Cost.WaitingWeight*waiting+k.Cost.MissPenalty)*float64(unc)/prate
+	} else {
+		stall := tp.Stall
+		if k.SLOTPOT > 0 {
+			now := k.tpotNow(r, cp, tp, out)
+			after := now + tp.Prefill/out
+			stall = stall*pMiss(after, k.SLOTPOT) + k.broken(cp, out, now, after)
+		}
+		leg += stall + tp.Behind
+	}
+	v.Add(p, d, -(leg + xfer + dec + k.miss(out, ttft, tpot)))
+}
+
+// Chosen records the plan's prefill in the stall ledger when it runs on an
+// engine that decodes (a local prefill, or a mixed engine's prefill leg).
+// The Router calls it with the best option.
 func (k KVMesh) Chosen(r *scheduler.Request, v *View, o Option) {
-	if !o.Aggregated() || k.stalls == nil {
+	if k.stalls == nil {
 		return
 	}
-	c := &v.Cands[o.Decode]
+	at := o.Decode
+	if !o.Aggregated() {
+		if v.Cands[o.Prefill].Role == scheduler.RolePrefill {
+			return
+		}
+		at = o.Prefill
+	}
+	c := &v.Cands[at]
 	rate, _, _ := k.Cost.Rates(c.ID)
 	k.stalls.add(c.ID, r.Now, float64(max(0, r.PromptTokens-c.CachedTokens))/rate)
 }

@@ -49,11 +49,14 @@ func (o Option) Aggregated() bool { return o.Prefill < 0 }
 // View is what a Policy sees: the kept candidates (every role), their
 // indexes by role, and the option buffer it appends to. Decoders are the
 // engines that can decode (decode and mixed); Prefillers the prefill-role
-// engines. Pairs are the (prefill, decode) index pairs of one group.
+// engines; Mixed the mixed-role ones (a subset of Decoders: engines that
+// can serve either leg, as vLLM's kv_role "kv_both"). Pairs are the
+// (prefill, decode) index pairs of one group.
 type View struct {
 	Cands      []scheduler.Candidate
 	Prefillers []int
 	Decoders   []int
+	Mixed      []int
 	Options    []Option
 
 	sub []scheduler.Candidate
@@ -184,11 +187,15 @@ type Engine = scheduler.Engine
 
 func (v *View) reset(cs []scheduler.Candidate) {
 	v.Cands = cs
-	v.Prefillers, v.Decoders, v.Options = v.Prefillers[:0], v.Decoders[:0], v.Options[:0]
+	v.Prefillers, v.Decoders, v.Mixed, v.Options = v.Prefillers[:0], v.Decoders[:0], v.Mixed[:0], v.Options[:0]
 	for i := range cs {
-		if cs[i].Role == scheduler.RolePrefill {
+		switch cs[i].Role {
+		case scheduler.RolePrefill:
 			v.Prefillers = append(v.Prefillers, i)
-		} else {
+		case scheduler.RoleMixed:
+			v.Mixed = append(v.Mixed, i)
+			v.Decoders = append(v.Decoders, i)
+		default:
 			v.Decoders = append(v.Decoders, i)
 		}
 	}
