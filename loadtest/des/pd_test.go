@@ -126,3 +126,38 @@ func TestPDEqualInformation(t *testing.T) {
 		}
 	}
 }
+
+// TestRunPDMixedPrefill: on mixed engines only, aggregated never splits a
+// request; kvmesh splits none without MixedPrefill and, with it, some of a
+// long-prompt overload (every local prefill would break streams), and
+// every request completes.
+func TestRunPDMixedPrefill(t *testing.T) {
+	reqs, err := workload.SharedPrefix{Groups: 16, Prompts: 8, Shared: 4096, Question: 4096, Output: 128, Rate: 4, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mixed := range []bool{false, true} {
+		cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 30000, Profile: prof}}, Roles: Roles{Mixed: 4}, MixedPrefill: mixed}
+		rep, err := RunPD(context.Background(), cfg, reqs, []string{"aggregated", "kvmesh"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p, r := range rep.Policies {
+			if r.Completed != len(reqs) || r.Failed != 0 {
+				t.Fatalf("mixed prefill %v, %s: %d of %d completed, %d failed", mixed, p, r.Completed, len(reqs), r.Failed)
+			}
+		}
+		agg, k := rep.Policies["aggregated"], rep.Policies["kvmesh"]
+		t.Logf("mixed prefill %v: aggregated goodput %.2f, kvmesh %.2f (%.0f %% split)", mixed, agg.GoodputRPS, k.GoodputRPS, 100*k.Disaggregated)
+		if agg.Disaggregated != 0 {
+			t.Errorf("mixed prefill %v: aggregated split %.2f of requests", mixed, agg.Disaggregated)
+		}
+		if split := k.Disaggregated > 0; split != mixed {
+			t.Errorf("mixed prefill %v: kvmesh split %.2f of requests", mixed, k.Disaggregated)
+		}
+	}
+}

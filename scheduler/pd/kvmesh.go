@@ -73,7 +73,10 @@ type KVMesh struct {
 	// MixedPrefill lets mixed-role engines serve prefill legs too (vLLM's
 	// NixlConnector with kv_role "kv_both"): a pair is any two distinct
 	// engines of one group, the prefiller prefill or mixed, the decoder
-	// decode or mixed. Off: only prefill-role engines prefill for others.
+	// decode or mixed. Pairs with a mixed prefiller are offered only under
+	// a TPOT objective and when every aggregated option's local prefill
+	// would more likely than not push its engine's streams past it. Off:
+	// only prefill-role engines prefill for others.
 	MixedPrefill bool
 
 	stalls *stallLedger // the local prefills this router sent (NewKVMesh)
@@ -103,6 +106,9 @@ func (KVMesh) Name() string { return "kvmesh" }
 // Choose implements Policy.
 func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string {
 	out := float64(max(k.Cost.Output(r), 1))
+	// risk is the lowest chance, over the aggregated options, that the
+	// running streams miss the TPOT objective after a local prefill.
+	risk := 1.0
 	for _, d := range v.Decoders {
 		c := &v.Cands[d]
 		_, step, _ := k.Cost.Rates(c.ID)
@@ -117,6 +123,7 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 			// matter as far as they risk it: a stream well inside its
 			// objective loses nothing it is judged by.
 			t.Stall *= pMiss(after, k.SLOTPOT)
+			risk = min(risk, pMiss(after, k.SLOTPOT))
 		}
 		cost := t.Total(step) + k.kvWait(r, c, t)
 		cost += k.miss(out, t.Queue+t.Prefill+step, now) + k.broken(c, out, now, after)
@@ -136,7 +143,12 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 				k.addPair(r, v, p, d, out, xfer, dec, td.Queue+dstep, tpot)
 			}
 		}
-		if !k.MixedPrefill {
+		if !k.MixedPrefill || k.SLOTPOT <= 0 || risk < 0.5 {
+			// A mixed engine's prefill leg stalls its own streams as a
+			// local prefill would: splitting across two mixed engines
+			// pays only when no engine can prefill the request locally
+			// and keep its streams within the TPOT objective (predicted
+			// TPOT after ≥ SLOTPOT on every one, pMiss ≥ ½).
 			continue
 		}
 		for _, p := range v.Mixed {
