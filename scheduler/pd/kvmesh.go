@@ -22,6 +22,11 @@ import (
 //	                + setup + (prompt − cached_d) · KVBytesPerToken / TransferBandwidth
 //	                + queue_d + step + decode_d + crowd_d + kvwait_d       (decode leg)
 //
+// With MixedPrefill a mixed engine p may be the prefiller of a pair (never
+// with itself); its prefill leg is priced as a local prefill there
+// (queue_p + prefill_p + stall_p·w_p + behind_p + broken_p + step), and such
+// pairs are offered only when every aggregated option's w ≥ ½.
+//
 // stall is n running × the request's uncached prefill time: on a decode
 // engine it is TPOT lost by every running stream, on a prefill engine the
 // TTFT lost by the prefills sharing its batch. kvwait is the part of the
