@@ -25,6 +25,7 @@ type pdFlags struct {
 	sloTPOT      *time.Duration
 	nonCached    *int
 	mixedPrefill *bool
+	outputDist   *bool
 }
 
 func pdBenchFlags(fs *flag.FlagSet) pdFlags {
@@ -35,6 +36,7 @@ func pdBenchFlags(fs *flag.FlagSet) pdFlags {
 		sloTTFT:      fs.Duration("slo-ttft", 2*time.Second, "with --roles: goodput's TTFT objective"),
 		sloTPOT:      fs.Duration("slo-tpot", 50*time.Millisecond, "with --roles: goodput's time-per-output-token objective"),
 		nonCached:    fs.Int("llmd-non-cached-tokens", 16, "with --roles: llm-d's prefix-based P/D decider threshold"),
+		outputDist:   fs.Bool("output-dist", false, "with --roles: kvmesh prices streams' TPOT risk over finished requests' output lengths, not their mean"),
 		mixedPrefill: fs.Bool("mixed-prefill", true, "with --roles: kvmesh may send prefill legs to mixed engines (kv_role kv_both)"),
 	}
 }
@@ -80,7 +82,7 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 		*f.transferSet = time.Nanosecond // PDConfig reads 0 as its default
 	}
 	cfg := des.PDConfig{Config: base, Roles: roles, TransferGbps: *f.transferGbps, TransferSetup: *f.transferSet,
-		SLOTTFT: *f.sloTTFT, SLOTPOT: *f.sloTPOT, NonCachedTokens: *f.nonCached, MixedPrefill: *f.mixedPrefill}
+		SLOTTFT: *f.sloTTFT, SLOTPOT: *f.sloTPOT, NonCachedTokens: *f.nonCached, MixedPrefill: *f.mixedPrefill, OutputDist: *f.outputDist}
 	if *f.sloTTFT <= 0 || *f.sloTPOT <= 0 {
 		bad("--slo-ttft and --slo-tpot must be > 0")
 	}

@@ -79,6 +79,10 @@ type PDConfig struct {
 	// MixedPrefill lets kvmesh and kvmesh-always send prefill legs to
 	// mixed engines (pd.Config.MixedPrefill); aggregated never splits.
 	MixedPrefill bool
+	// OutputDist has kvmesh and kvmesh-always price the running streams'
+	// TPOT risk over the output lengths of finished requests
+	// (pd.Config.Outputs) instead of at their mean.
+	OutputDist bool
 }
 
 // PDPolicies are the policies RunPD knows: "aggregated" (every engine
@@ -122,7 +126,8 @@ func (c *PDConfig) Validate() error {
 // pdPolicy builds the P/D policy for a run.
 // kvmesh's (and aggregated's) cost model is costs, the run's learner (nil:
 // the configured rates, FixedCosts).
-func (c *PDConfig) pdPolicy(name string, costs policies.CostModel) (pd.Policy, error) {
+// outs, when not nil, is the output-length distribution kvmesh prices over.
+func (c *PDConfig) pdPolicy(name string, costs policies.CostModel, outs *pd.OutputDist) (pd.Policy, error) {
 	cost, err := pd.CostFrom(c.Scheduler)
 	if err != nil {
 		return nil, err
@@ -133,7 +138,7 @@ func (c *PDConfig) pdPolicy(name string, costs policies.CostModel) (pd.Policy, e
 	if name == "aggregated" {
 		pc.Policy = "kvmesh"
 	} else {
-		pc.MixedPrefill = c.MixedPrefill
+		pc.MixedPrefill, pc.Outputs = c.MixedPrefill, outs
 	}
 	if pc.TransferSetup == 0 {
 		pc.TransferSetup = -1 // pd.Config reads 0 as its default

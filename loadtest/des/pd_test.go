@@ -161,3 +161,30 @@ func TestRunPDMixedPrefill(t *testing.T) {
 		}
 	}
 }
+
+// TestPDOutputDist: with OutputDist kvmesh's runs keep the distribution of
+// the output lengths they observe; the other policies get none.
+func TestPDOutputDist(t *testing.T) {
+	reqs, err := workload.SharedPrefix{Groups: 2, Prompts: 4, Shared: 512, Question: 512, Output: 16, Rate: 8, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 8000, Profile: prof}}, Roles: Roles{Prefill: 1, Decode: 1}, OutputDist: true}
+	cfg.Defaults()
+	for _, p := range []string{"kvmesh", "kvmesh-always", "aggregated", "llmd"} {
+		s, err := newPDSim(&cfg, reqs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := p == "kvmesh" || p == "kvmesh-always"; (s.outs != nil) != want {
+			t.Fatalf("%s: distribution %v, want one: %v", p, s.outs, want)
+		}
+		if res := s.run(context.Background()); res.Completed != len(reqs) {
+			t.Fatalf("%s: %d of %d completed", p, res.Completed, len(reqs))
+		}
+	}
+}

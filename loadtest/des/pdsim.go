@@ -64,6 +64,7 @@ type pdSim struct {
 	// no router is told a request's output length or an engine's timing).
 	learner *learn.Learner     // kvmesh's cost model; nil for the emulations
 	outPred learn.OutputLength // output length predicted from finished requests
+	outs    *pd.OutputDist     // their distribution, when kvmesh prices over it
 	ctx     []engineCtx        // per engine: the context the ingress counts there
 	lat     []latAcc           // per engine: TTFT/TPOT finished since the last snapshot
 	legs    []int              // per engine: legs the ingress has in flight there
@@ -127,7 +128,11 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 			return nil, err
 		}
 	}
-	pol, err := cfg.pdPolicy(policy, lr)
+	var outs *pd.OutputDist
+	if cfg.OutputDist && (policy == "kvmesh" || policy == "kvmesh-always") {
+		outs = pd.NewOutputDist()
+	}
+	pol, err := cfg.pdPolicy(policy, lr, outs)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", policy, err)
 	}
@@ -136,7 +141,8 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 		return nil, err
 	}
 	s := &pdSim{cfg: cfg, reqs: reqs, idx: idx, router: router, root: kvevents.Root(cfg.Model, "", ""),
-		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int), learner: lr}
+		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int), learner: lr,
+		outs: outs}
 	s.out.init(len(reqs))
 	add := func(role scheduler.Role, n int) error {
 		for j := 0; j < n; j++ {
@@ -454,6 +460,7 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 		cached = f.prefillCached
 	}
 	s.outPred.Observe(res.OutputTokens)
+	s.outs.Observe(res.OutputTokens)
 	if res.OutputTokens > 1 {
 		a := &s.lat[f.decode]
 		a.ttft += res.TTFT

@@ -42,6 +42,9 @@ type Config struct {
 	// engines too (KVMesh.MixedPrefill; the engines must accept both legs,
 	// vLLM's kv_role "kv_both"). The emulations ignore it.
 	MixedPrefill bool
+	// Outputs, when set, is the output-length distribution kvmesh's
+	// choice prices the running streams' TPOT risk over (KVMesh.Outputs).
+	Outputs *OutputDist
 }
 
 // Defaults fills unset fields.
@@ -104,7 +107,7 @@ func New(c Config) (Policy, error) {
 		k.KVBytesPerToken, k.TransferBandwidth = c.KVBytesPerToken, c.TransferGbps*1e9/8
 		k.TransferSetup = max(c.TransferSetup, 0)
 		k.Always = c.Policy == "kvmesh-always"
-		k.MixedPrefill = c.MixedPrefill
+		k.MixedPrefill, k.Outputs = c.MixedPrefill, c.Outputs
 		k.SLOTTFT, k.SLOTPOT = c.SLOTTFT, c.SLOTPOT
 		k.Cost.Costs = c.Costs
 		if c.SLOWeight > 0 {

@@ -83,6 +83,10 @@ type KVMesh struct {
 	// would more likely than not push its engine's streams past it. Off:
 	// only prefill-role engines prefill for others.
 	MixedPrefill bool
+	// Outputs, when set, is the output-length distribution of finished
+	// requests: the running streams' risk from a local prefill (w, broken)
+	// is priced over it instead of at the mean output (OutputDist).
+	Outputs *OutputDist
 
 	stalls *stallLedger // the local prefills this router sent (NewKVMesh)
 }
@@ -127,11 +131,11 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 			// Under a TPOT objective the running streams' lost seconds
 			// matter as far as they risk it: a stream well inside its
 			// objective loses nothing it is judged by.
-			t.Stall *= pMiss(after, k.SLOTPOT)
 			risk = min(risk, pMiss(after, k.SLOTPOT))
+			t.Stall *= k.streamRisk(now, after, t.Prefill)
 		}
 		cost := t.Total(step) + k.kvWait(r, c, t)
-		cost += k.miss(out, t.Queue+t.Prefill+step, now) + k.broken(c, out, now, after)
+		cost += k.miss(out, t.Queue+t.Prefill+step, now) + k.broken(c, out, now, k.streamRisk(now, after, t.Prefill))
 		v.Add(-1, d, -cost)
 	}
 	for _, d := range v.Decoders {
@@ -202,8 +206,8 @@ func (k KVMesh) addPair(r *scheduler.Request, v *View, p, d int, out, xfer, dec,
 		stall := tp.Stall
 		if k.SLOTPOT > 0 {
 			now := k.tpotNow(r, cp, tp, out)
-			after := now + tp.Prefill/out
-			stall = stall*pMiss(after, k.SLOTPOT) + k.broken(cp, out, now, after)
+			w := k.streamRisk(now, now+tp.Prefill/out, tp.Prefill)
+			stall = stall*w + k.broken(cp, out, now, w)
 		}
 		leg += stall + tp.Behind
 	}
@@ -274,14 +278,25 @@ func (k KVMesh) miss(out, ttft, tpot float64) float64 {
 	return k.missPrice(out) * (1 - ok)
 }
 
+// streamRisk is the chance a running stream misses its TPOT objective
+// after a prefill of stall seconds joins its steps: at the mean output
+// (TPOT after), or over the observed output lengths when Outputs is set.
+func (k KVMesh) streamRisk(now, after, stall float64) float64 {
+	if p, ok := k.Outputs.pMissStall(now, stall, k.SLOTPOT); ok {
+		return p
+	}
+	return pMiss(after, k.SLOTPOT)
+}
+
 // broken prices the streams running on c whose TPOT a local prefill moves
-// from before to after: the chance each now misses its TPOT objective.
-func (k KVMesh) broken(c *scheduler.Candidate, out, before, after float64) float64 {
+// from before (TPOT) to a miss chance of risk: the chance each now misses
+// its TPOT objective.
+func (k KVMesh) broken(c *scheduler.Candidate, out, before, risk float64) float64 {
 	if k.SLOTPOT <= 0 {
 		return 0
 	}
 	n := float64(max(c.Running, c.InFlight-c.Waiting))
-	return k.missPrice(out) * n * max(0, pMiss(after, k.SLOTPOT)-pMiss(before, k.SLOTPOT))
+	return k.missPrice(out) * n * max(0, risk-pMiss(before, k.SLOTPOT))
 }
 
 // kvWait prices the request's KV that does not fit in c's free blocks: it

@@ -1,0 +1,62 @@
+package pd
+
+import (
+	"testing"
+	"time"
+)
+
+// TestOutputDist: priced at the mean output (256 tokens), a local prefill
+// on the decode engine costs its 8 streams little TPOT and beats the
+// prefill engine's queue; when most finished requests had 2–3 output
+// tokens, the same prefill is one stalled step of a stream's two or three,
+// and kvmesh disaggregates. An empty distribution prices at the mean.
+func TestOutputDist(t *testing.T) {
+	s := setup{prompt: 8192, output: 256, engines: []eng{{id: "p0", role: P, running: 2, waiting: 2, local: 20000},
+		{id: "d0", role: D, running: 8, tpot: 30 * time.Millisecond}}}
+	short := NewOutputDist()
+	for i := 0; i < 200; i++ {
+		short.Observe(2 + i%2)
+		if i%10 == 0 {
+			short.Observe(2000)
+		}
+	}
+	tests := []struct {
+		name string
+		outs *OutputDist
+		mode Mode
+	}{
+		{"no distribution: priced at the mean", nil, Aggregated},
+		{"empty distribution: priced at the mean", NewOutputDist(), Aggregated},
+		{"mostly short outputs: the stall breaks streams", short, Disaggregated},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, err := route(t, s, mustPolicy(t, Config{SLOTTFT: 2, SLOTPOT: 0.05, Outputs: tc.outs}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan.Mode != tc.mode {
+				t.Fatalf("plan %v %q→%q, want %v; options %+v", plan.Mode, plan.Prefill, plan.Decode, tc.mode, plan.Options)
+			}
+		})
+	}
+}
+
+func TestOutputDistRisk(t *testing.T) {
+	var nilDist *OutputDist
+	if _, ok := nilDist.pMissStall(0.03, 0.3, 0.05); ok {
+		t.Fatal("nil distribution priced")
+	}
+	d := NewOutputDist()
+	d.Observe(0) // ignored
+	if _, ok := d.pMissStall(0.03, 0.3, 0.05); ok {
+		t.Fatal("empty distribution priced")
+	}
+	d.Observe(1000)
+	long, _ := d.pMissStall(0.03, 0.3, 0.05)
+	d.Observe(2)
+	mixed, _ := d.pMissStall(0.03, 0.3, 0.05)
+	if !(long < 0.3) || !(mixed > long+0.3) {
+		t.Fatalf("risk %v with one 1000-token output, %v with a 2-token one added", long, mixed)
+	}
+}
