@@ -1,8 +1,14 @@
 package pd
 
 import (
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
 // TestKVMeshMixedPrefill: with MixedPrefill a mixed engine may serve the
@@ -79,5 +85,53 @@ func TestKVMeshMixedPrefill(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMixedPairsNoAlloc: eight mixed engines whose streams are all past
+// the TPOT objective offer every ordered pair of distinct engines (8 × 7)
+// beside the 8 aggregated options, and routing allocates nothing.
+func TestMixedPairsNoAlloc(t *testing.T) {
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), make([]uint32, 8192), bs)
+	var es []scheduler.Engine
+	for i := 0; i < 8; i++ {
+		es = append(es, scheduler.Engine{ID: "m" + strconv.Itoa(i), Healthy: true, Model: "m", Role: M, Running: 40, InFlight: 40,
+			GPUBlocks: 30000, TPOT: 60 * time.Millisecond})
+	}
+	sc := scheduler.DefaultConfig()
+	sc.Policy = "kvmesh"
+	sched, err := registry.New(sc, idx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := NewOutputDist()
+	outs.Observe(3)
+	r, err := NewRouter(sched, mustPolicy(t, Config{MixedPrefill: true, SLOTTFT: 2, SLOTPOT: 0.05, Outputs: outs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := scheduler.Request{Keys: keys, BlockSize: bs, PromptTokens: 8192, OutputTokens: 16, Model: "m"}
+	var plan Plan
+	if err := r.Route(&req, es, &plan); err != nil {
+		t.Fatal(err)
+	}
+	pairs := 0
+	for _, o := range plan.Options {
+		if o.Prefill != "" {
+			pairs++
+			if o.Prefill == o.Decode {
+				t.Fatalf("option pairs %s with itself", o.Prefill)
+			}
+		}
+	}
+	if pairs != 56 || len(plan.Options) != 64 {
+		t.Fatalf("%d options, %d pairs; want 64 and 56", len(plan.Options), pairs)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = r.Route(&req, es, &plan) }); n != 0 {
+		t.Fatalf("Route allocates %v times", n)
 	}
 }
