@@ -301,6 +301,26 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
 
+// procSyscalls is a process's count of read and write system calls so far
+// (/proc/PID/io syscr, syscw; 0, 0 where that is not readable).
+func procSyscalls(pid int) (reads, writes int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "syscr":
+			reads = n
+		case "syscw":
+			writes = n
+		}
+	}
+	return reads, writes
+}
+
 // splitCmd is this test binary in a child role, pinned to cpu when taskset
 // is available.
 func splitCmd(taskset string, cpu int, env ...string) *exec.Cmd {
@@ -378,11 +398,13 @@ func BenchmarkPickSplit1000RPS(b *testing.B) {
 				cli := splitCmd(taskset, 0, splitRole+"=client", splitAddr+"="+addr, splitKind+"="+k.name,
 					splitN+"="+strconv.Itoa(n), splitRate+"=1000")
 				s0, _ := procCPU(pid)
+				r0, w0 := procSyscalls(pid)
 				outb, err := cli.Output()
 				if err != nil {
 					b.Fatalf("client child: %v", err)
 				}
 				s1, _ := procCPU(pid)
+				r1, w1 := procSyscalls(pid)
 				var res splitResult
 				if err := json.Unmarshal(outb, &res); err != nil {
 					b.Fatalf("client child output %q: %v", outb, err)
@@ -392,6 +414,8 @@ func BenchmarkPickSplit1000RPS(b *testing.B) {
 				}
 				b.ReportMetric(res.RPS, "req/s")
 				b.ReportMetric(float64((s1-s0).Microseconds())/float64(res.Requests+splitWarm), "server-cpu-µs/op")
+				b.ReportMetric(float64(r1-r0)/float64(res.Requests+splitWarm), "server-reads/op")
+				b.ReportMetric(float64(w1-w0)/float64(res.Requests+splitWarm), "server-writes/op")
 				b.ReportMetric(res.CPUus, "client-cpu-µs/op")
 				for i, q := range []string{"p50", "p99", "p999"} {
 					b.ReportMetric(float64(res.Route[i])/1e3, "route-"+q+"-µs")
