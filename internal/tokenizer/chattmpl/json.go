@@ -1,6 +1,7 @@
 package chattmpl
 
 import (
+	"encoding/binary"
 	"errors"
 	"strconv"
 	"unicode/utf16"
@@ -239,6 +240,9 @@ func (d *jsonDecoder) str() (any, error) {
 	b := d.b
 	start := d.i + 1
 	i := start
+	for i+8 <= len(b) && !specialWord(binary.LittleEndian.Uint64(b[i:])) {
+		i += 8 // eight plain ASCII bytes at a time
+	}
 	for i < len(b) {
 		c := b[i]
 		if c == '"' {
@@ -345,6 +349,16 @@ func jsonUnquote(s []byte) string {
 		}
 	}
 	return string(out)
+}
+
+// specialWord reports whether any of the 8 bytes in w is '"', '\\', a
+// control character or non-ASCII (the classic SWAR zero-byte tests).
+func specialWord(w uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	ctl := (w - lo*0x20) & ^w & hi // a byte < 0x20
+	q := w ^ (lo * '"')
+	bs := w ^ (lo * '\\')
+	return (ctl | (q-lo)&^q&hi | (bs-lo)&^bs&hi | w&hi) != 0
 }
 
 func hasBackslash(s []byte) bool {

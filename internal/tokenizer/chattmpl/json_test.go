@@ -119,6 +119,15 @@ func TestFromJSONMatchesEncodingJSON(t *testing.T) {
 	for _, c := range append([]string{strings.Repeat("[", 10000) + strings.Repeat("]", 10000)}, jsonCases...) {
 		checkFromJSON(t, []byte(c))
 	}
+	// Every special byte at every offset of the 8-byte scan.
+	for _, sp := range []string{`\"`, `\n`, `\u00e9`, "\x7f", "\x80", "é", "\x1f", "\x00", "\xff", " ", "~", "!", "#", "[", "\\"} {
+		for n := range 20 {
+			for at := 0; at <= n; at++ {
+				a := strings.Repeat("a", n)
+				checkFromJSON(t, []byte(`["`+a[:at]+sp+a[at:]+`"]`))
+			}
+		}
+	}
 	// The one difference: encoding/json's token stream has no depth limit.
 	if _, err := FromJSON([]byte(strings.Repeat("[", 10001) + strings.Repeat("]", 10001))); err == nil {
 		t.Fatal("FromJSON took 10,001 nested arrays")
