@@ -56,10 +56,44 @@ func TestMain(m *testing.M) {
 	}
 }
 
+// addedLog collects a server child's per-request "added" times (message
+// that completes the request received → routing answer handed to Send).
+type addedLog struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *addedLog) add(d time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+// report prints the quantiles of the measured requests (the first splitWarm
+// are the client's sequential warm-up) as the child's last stdout line.
+func (l *addedLog) report() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var res serverResult
+	if len(l.d) > splitWarm {
+		res.Requests = len(l.d) - splitWarm
+		res.Added = quantiles(l.d[splitWarm:])
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// serverResult is what a server child reports when its stdin closes.
+type serverResult struct {
+	Requests int     `json:"requests"`
+	Added    []int64 `json:"added_ns"` // p50, p99, p99.9
+}
+
 // splitServer serves the bench rig's picker, prints its address and stops
-// when stdin closes (the parent's end of the pipe: it cannot outlive it).
+// when stdin closes (the parent's end of the pipe: it cannot outlive it),
+// then prints what it added to the requests.
 func splitServer() int {
-	r, stop, err := buildRig()
+	log := &addedLog{d: make([]time.Duration, 0, 1<<16)}
+	r, stop, err := buildRig(log.add)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -80,6 +114,7 @@ func splitServer() int {
 	}
 	fmt.Printf("addr %s\n", r.s.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	log.report()
 	return 0
 }
 
@@ -89,15 +124,17 @@ func splitServer() int {
 // of the protocol over gRPC, against which the picker's cost is read.
 type noopEPP struct {
 	extprocv3.UnimplementedExternalProcessorServer
+	log *addedLog
 }
 
-func (noopEPP) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+func (n noopEPP) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 	var body []byte
 	for {
 		req, err := st.Recv()
 		if err != nil {
 			return nil // EOF or cancel: the stream is over
 		}
+		t := time.Now()
 		var out []*extprocv3.ProcessingResponse
 		switch v := req.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestBody:
@@ -107,6 +144,7 @@ func (noopEPP) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 				r.DynamicMetadata = destinationMetadata("10.0.0.1:8000")
 				out = append(out, r, bodyResponse(streamedBody(body, true)))
 				body = body[:0]
+				n.log.add(time.Since(t))
 			}
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
@@ -127,12 +165,14 @@ func noopServer() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, noopEPP{})
+	log := &addedLog{d: make([]time.Duration, 0, 1<<16)}
+	gs := grpc.NewServer(transportOptions()...)
+	extprocv3.RegisterExternalProcessorServer(gs, noopEPP{log: log})
 	go func() { _ = gs.Serve(ln) }() // stopped below, before return
 	fmt.Printf("addr %s\n", ln.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	gs.Stop()
+	log.report()
 	return 0
 }
 
@@ -226,7 +266,7 @@ func splitClient() int {
 
 // splitBodies are the rig's request bodies without starting a picker.
 func splitBodies() (map[string][]byte, error) {
-	r, stop, err := buildRig()
+	r, stop, err := buildRig(nil)
 	if err != nil {
 		return nil, err
 	}
@@ -261,6 +301,26 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
 
+// procSyscalls is a process's count of read and write system calls so far
+// (/proc/PID/io syscr, syscw; 0, 0 where that is not readable).
+func procSyscalls(pid int) (reads, writes int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "syscr":
+			reads = n
+		case "syscw":
+			writes = n
+		}
+	}
+	return reads, writes
+}
+
 // splitCmd is this test binary in a child role, pinned to cpu when taskset
 // is available.
 func splitCmd(taskset string, cpu int, env ...string) *exec.Cmd {
@@ -277,8 +337,8 @@ func splitCmd(taskset string, cpu int, env ...string) *exec.Cmd {
 
 // startSplitServer starts a server child (role "server": the picker;
 // "noop": noopEPP) pinned to cpu and returns its address, its pid and a
-// stop function that closes its stdin and waits for it.
-func startSplitServer(b *testing.B, taskset, role string) (addr string, pid int, stop func()) {
+// stop function that closes its stdin, reads its report and waits for it.
+func startSplitServer(b *testing.B, taskset, role string) (addr string, pid int, stop func() serverResult) {
 	srv := splitCmd(taskset, 1, splitRole+"="+role)
 	in, err := srv.StdinPipe()
 	if err != nil {
@@ -291,8 +351,15 @@ func startSplitServer(b *testing.B, taskset, role string) (addr string, pid int,
 	if err := srv.Start(); err != nil {
 		b.Fatal(err)
 	}
-	stop = func() { in.Close(); _ = srv.Wait() }
-	line, err := bufio.NewReader(out).ReadString('\n')
+	rd := bufio.NewReader(out)
+	stop = func() serverResult {
+		in.Close()
+		var res serverResult
+		_ = json.NewDecoder(rd).Decode(&res) // zero when the child died first
+		_ = srv.Wait()
+		return res
+	}
+	line, err := rd.ReadString('\n')
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "addr ")
 	if err != nil || !ok {
 		stop()
@@ -322,15 +389,22 @@ func BenchmarkPickSplit1000RPS(b *testing.B) {
 		for _, role := range []string{"noop", "server"} {
 			b.Run(k.name+"/server="+role, func(b *testing.B) {
 				addr, pid, stop := startSplitServer(b, taskset, role)
-				defer stop()
+				stopped := false
+				defer func() {
+					if !stopped {
+						stop()
+					}
+				}()
 				cli := splitCmd(taskset, 0, splitRole+"=client", splitAddr+"="+addr, splitKind+"="+k.name,
 					splitN+"="+strconv.Itoa(n), splitRate+"=1000")
 				s0, _ := procCPU(pid)
+				r0, w0 := procSyscalls(pid)
 				outb, err := cli.Output()
 				if err != nil {
 					b.Fatalf("client child: %v", err)
 				}
 				s1, _ := procCPU(pid)
+				r1, w1 := procSyscalls(pid)
 				var res splitResult
 				if err := json.Unmarshal(outb, &res); err != nil {
 					b.Fatalf("client child output %q: %v", outb, err)
@@ -340,9 +414,20 @@ func BenchmarkPickSplit1000RPS(b *testing.B) {
 				}
 				b.ReportMetric(res.RPS, "req/s")
 				b.ReportMetric(float64((s1-s0).Microseconds())/float64(res.Requests+splitWarm), "server-cpu-µs/op")
+				b.ReportMetric(float64(r1-r0)/float64(res.Requests+splitWarm), "server-reads/op")
+				b.ReportMetric(float64(w1-w0)/float64(res.Requests+splitWarm), "server-writes/op")
 				b.ReportMetric(res.CPUus, "client-cpu-µs/op")
 				for i, q := range []string{"p50", "p99", "p999"} {
 					b.ReportMetric(float64(res.Route[i])/1e3, "route-"+q+"-µs")
+				}
+				stopped = true
+				if sr := stop(); len(sr.Added) == 3 {
+					// Server side: the body's last message received → the
+					// routing answer handed to Send (what the picker adds on
+					// top of the transport; near zero for the no-op server).
+					b.ReportMetric(float64(sr.Added[0])/1e3, "added-p50-µs")
+					b.ReportMetric(float64(sr.Added[1])/1e3, "added-p99-µs")
+					b.ReportMetric(float64(sr.Added[2])/1e3, "added-p999-µs")
 				}
 			})
 		}

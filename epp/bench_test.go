@@ -32,7 +32,7 @@ type benchRig struct {
 
 func newBenchRig(b testing.TB) *benchRig {
 	testTokenizer(b) // fails the benchmark with the tokenizer's error
-	r, stop, err := buildRig()
+	r, stop, err := buildRig(nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -42,8 +42,9 @@ func newBenchRig(b testing.TB) *benchRig {
 }
 
 // buildRig starts the picker of a benchRig (no stand-in); stop closes it.
-// The split-process benchmark's server child calls it outside a test.
-func buildRig() (_ *benchRig, stop func(), _ error) {
+// The split-process benchmark's server child calls it outside a test, with
+// onPick recording what the picker adds to each request.
+func buildRig(onPick func(time.Duration)) (_ *benchRig, stop func(), _ error) {
 	tokOnce.Do(loadTestTokenizer)
 	if tokErr != nil {
 		return nil, nil, fmt.Errorf("test tokenizer: %w", tokErr)
@@ -94,6 +95,7 @@ func buildRig() (_ *benchRig, stop func(), _ error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	s.onPick = onPick
 	if err := ing.Start(nil); err != nil {
 		return nil, nil, err
 	}

@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		immediate: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_epp_immediate_responses_total",
 			Help: "ImmediateResponses sent, by HTTP status."}, []string{"status"}),
 		pick: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_epp_pick_seconds",
-			Help:    "Time from the request's last body byte to the picker's answer.",
+			Help:    "What the picker adds to a routed request: from receiving the ext_proc message that completes the request (the last body chunk, the trailers, or the headers of a bodyless one) to handing its routing answer to gRPC.",
 			Buckets: []float64{25e-6, 50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 3.2e-3, 6.4e-3, 12.8e-3, 0.1}}),
 		fellBack: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_epp_served_fallback_total",
 			Help: "Responses the data plane served from a fallback endpoint, not the first picked."}),

@@ -49,8 +49,19 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			}
 			return err
 		}
+		t := time.Now()
 		x.out = x.out[:0]
+		was := x.answered
 		done := x.handle(req)
+		if !was && x.answered {
+			// What the picker adds: the message that completed the request
+			// received → its routing answer handed to gRPC (x.out[0]).
+			d := time.Since(t)
+			s.m.pick.Observe(d.Seconds())
+			if s.onPick != nil {
+				s.onPick(d)
+			}
+		}
 		for _, r := range x.out {
 			if err := stream.Send(r); err != nil {
 				return err
@@ -78,7 +89,6 @@ type exchange struct {
 	body      []byte
 	chunks    int  // request body messages received
 	answered  bool // the request side has its destination
-	tBody     time.Time
 
 	picked  *ingress.Picked
 	dests   []string // endpoints in fallback order
@@ -238,7 +248,6 @@ func (x *exchange) routeStreamed(eos bool) bool {
 // route picks for the buffered body and lets answer build the messages
 // (dest: the comma-separated fallback list; pre: the prefiller or "").
 func (x *exchange) route(answer func(dest, pre string)) bool {
-	x.tBody = time.Now()
 	chat, ok := isInferencePath(x.path)
 	if !ok {
 		// Not a route the ingress decides (embeddings, models…): load only.
@@ -261,7 +270,6 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	x.answered = true
 	answer(joinEndpoints(x.dests), pre)
 	x.s.m.results.WithLabelValues("routed").Inc()
-	x.s.m.pick.Observe(time.Since(x.tBody).Seconds())
 	return false
 }
 

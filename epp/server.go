@@ -50,6 +50,9 @@ type Server struct {
 	health *health.Server
 	ln     net.Listener
 	xs     sync.Pool // *exchange
+	// onPick, when set (benchmarks), gets every kvmesh_epp_pick_seconds
+	// observation as it is made.
+	onPick func(time.Duration)
 
 	quit      chan struct{}
 	wg        sync.WaitGroup // owned goroutines: serve loop, readiness loop
@@ -79,9 +82,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []grpc.ServerOption{
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	}
+	opts := append(transportOptions(),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	if tc != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}
@@ -172,4 +174,18 @@ func (s *Server) setReady(ready bool) {
 	s.health.SetServingStatus(HealthReadiness, st)
 	s.health.SetServingStatus(ExtProcService, st)
 	s.health.SetServingStatus("", st)
+}
+
+// transportOptions are the gRPC settings for the data plane's ext_proc
+// streams (the split benchmark's no-op server uses them too, so its floor is
+// the same transport).
+func transportOptions() []grpc.ServerOption {
+	// Fixed flow-control windows instead of grpc-go's dynamic ones: a fixed
+	// window turns off its bandwidth-delay estimator, which otherwise sends
+	// a PING (and reads its ACK) whenever data arrives with no PING out —
+	// nearly every request at 1,000 req/s — and a 1 MiB stream window needs
+	// a WINDOW_UPDATE once per 256 KiB consumed instead of per 16 KiB. The
+	// split benchmark's server reads fell from 5.6–6.2 to 4.1–5.0 per
+	// request. 16 MiB for the connection is the estimator's own ceiling.
+	return []grpc.ServerOption{grpc.InitialWindowSize(1 << 20), grpc.InitialConnWindowSize(16 << 20)}
 }

@@ -138,16 +138,21 @@ func (c *ChatTemplate) message(m *chattmpl.Dict, i int) (*chattmpl.Dict, error) 
 		return nil, fmt.Errorf("render chat: %w: messages[%d].role must be a non-empty string", ErrInvalid, i)
 	}
 	cv, _ := m.Get("content")
-	texts, parts, err := contentParts(cv, i)
-	if err != nil {
-		return nil, err
-	}
+	wantParts := c.openaiFormat && role != "tool"
 	out := chattmpl.NewDict()
 	out.Set("role", role)
-	if c.openaiFormat && role != "tool" {
-		out.Set("content", parts)
+	if s, ok := cv.(string); ok && !wantParts {
+		out.Set("content", s) // the common case: no parts to build and join
 	} else {
-		out.Set("content", strings.Join(texts, "\n"))
+		texts, parts, err := contentParts(cv, i)
+		if err != nil {
+			return nil, err
+		}
+		if wantParts {
+			out.Set("content", parts)
+		} else {
+			out.Set("content", strings.Join(texts, "\n"))
+		}
 	}
 	switch role {
 	case "assistant":

@@ -442,6 +442,9 @@ func (r *renderer) eval(e expr) (any, error) {
 }
 
 func (r *renderer) evalBin(e binExpr) (any, error) {
+	if l, ok := e.l.(binExpr); ok && e.op == "+" && l.op == "+" && joinSums {
+		return r.evalSum(e)
+	}
 	l, err := r.eval(e.l)
 	if err != nil {
 		return nil, err
@@ -490,6 +493,79 @@ func (r *renderer) evalBin(e binExpr) (any, error) {
 		return c >= 0, nil
 	}
 	return arith(e.op, l, rv)
+}
+
+// evalSum is a chain a + b + c + … (parsed ((a + b) + c) + …) evaluated as
+// evalBin would — the same steps, operands left to right, the same errors —
+// except that a run of strings is joined once at the end instead of copied
+// at every "+": templates build a message as header + content + footer, and
+// the content is the long part (BenchmarkSum).
+func (r *renderer) evalSum(e binExpr) (any, error) {
+	var buf [8]expr
+	operands := append(buf[:0], e.r) // right to left
+	x := e.l
+	for {
+		b, ok := x.(binExpr)
+		if !ok || b.op != "+" {
+			break
+		}
+		if err := r.step(); err != nil { // eval's step for the inner "+"
+			return nil, err
+		}
+		operands = append(operands, b.r)
+		x = b.l
+	}
+	operands = append(operands, x)
+	var (
+		acc   any
+		strs  []string // acc is their concatenation while len(strs) > 0
+		total int
+	)
+	for i := len(operands) - 1; i >= 0; i-- {
+		v, err := r.eval(operands[i])
+		if err != nil {
+			return nil, err
+		}
+		if i == len(operands)-1 {
+			acc = v
+			if s, ok := v.(string); ok {
+				strs, total = append(strs, s), len(s)
+			}
+			continue
+		}
+		if s, ok := v.(string); ok && len(strs) > 0 {
+			strs, total = append(strs, s), total+len(s)
+			continue
+		}
+		if len(strs) > 0 {
+			acc, strs = joinStrings(strs, total), nil
+		}
+		if acc, err = arith("+", acc, v); err != nil {
+			return nil, err
+		}
+		if s, ok := acc.(string); ok {
+			strs, total = append(strs, s), len(s)
+		}
+	}
+	if len(strs) > 0 {
+		return joinStrings(strs, total), nil
+	}
+	return acc, nil
+}
+
+// joinSums turns evalSum on; tests turn it off for the reference.
+var joinSums = true
+
+func joinStrings(strs []string, total int) string {
+	if len(strs) == 1 {
+		return strs[0]
+	}
+	var b strings.Builder
+	b.Grow(total)
+	for _, s := range strs {
+		b.WriteString(s)
+	}
+	return b.String()
 }
 
 func compare(a, b any) (int, error) {

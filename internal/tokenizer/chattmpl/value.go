@@ -1,10 +1,7 @@
 package chattmpl
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"sort"
 	"strconv"
@@ -53,68 +50,6 @@ var undefined = &undefinedT{}
 func isUndefined(v any) bool { _, ok := v.(*undefinedT); return ok }
 
 type builtin func(c *caller, args []any, kw *Dict) (any, error)
-
-// FromJSON decodes JSON into template values, keeping object key order.
-func FromJSON(b []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	v, err := decodeJSONValue(dec)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("chattmpl: trailing data after JSON value")
-	}
-	return v, nil
-}
-
-func decodeJSONValue(dec *json.Decoder) (any, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '{':
-			d := NewDict()
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				k, _ := kt.(string)
-				v, err := decodeJSONValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				d.Set(k, v)
-			}
-			_, err := dec.Token()
-			return d, err
-		case '[':
-			l := []any{}
-			for dec.More() {
-				v, err := decodeJSONValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				l = append(l, v)
-			}
-			_, err := dec.Token()
-			return l, err
-		}
-		return nil, fmt.Errorf("chattmpl: unexpected %v", t)
-	case json.Number:
-		if i, err := t.Int64(); err == nil {
-			return i, nil
-		}
-		f, err := t.Float64()
-		return f, err
-	default:
-		return t, nil // string, bool, nil
-	}
-}
 
 // truthy is Python truthiness.
 func truthy(v any) bool {
