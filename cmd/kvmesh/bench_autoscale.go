@@ -186,6 +186,10 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		bad("profile: %v", err)
 		return nil
 	}
+	if *f.sloLead < 0 || *f.sloTrend <= 0 || *f.sloBaseline < 0 {
+		bad("--slo-lead and --slo-ttft-baseline must be ≥ 0, --slo-trend-window > 0")
+		return nil
+	}
 	var out []autoscaleRun
 	for _, u := range strings.Split(*f.sloUtil, ",") {
 		pu, du, two := strings.Cut(strings.TrimSpace(u), ":")
