@@ -33,6 +33,9 @@ type autoscaleFlags struct {
 	sloCooldown  *time.Duration
 	sloExpect    *float64
 	sloRaise     *bool
+	sloLead      *time.Duration
+	sloTrend     *time.Duration
+	sloBaseline  *time.Duration
 	kthena       *string
 	duration     *time.Duration
 	peak, trough *float64
@@ -56,6 +59,9 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		sloCooldown:  fs.Duration("slo-cooldown", 300*time.Second, "with --autoscale slo: the policy's scale-down cool-down after a scale-up"),
 		sloExpect:    fs.Float64("slo-ttft-expect", 0, "with --autoscale slo: the TTFT correction's expectation: 0 = the profile's no-queue prefill of the p90 prompt, f = f × --slo-ttft"),
 		sloRaise:     fs.Bool("slo-raise-only", false, "with --autoscale slo: corrections only add replicas (the policy's minCorrection 1)"),
+		sloLead:      fs.Duration("slo-lead", 0, "with --autoscale slo: size for the load expected this far ahead from the significant upward trend of past windows (0: off)"),
+		sloTrend:     fs.Duration("slo-trend-window", 5*time.Minute, "with --autoscale slo and --slo-lead: how far back the trend is fitted"),
+		sloBaseline:  fs.Duration("slo-ttft-baseline", 0, "with --autoscale slo: learn the TTFT correction's no-excess ratio as its lowest over this window and correct only the excess (0: off)"),
 		kthena:       fs.String("kthena-targets", "2:24", "with --autoscale kthena: comma-separated W:R targets, W waiting requests per prefill pod, R running requests per decode pod (one run each)"),
 		duration:     fs.Duration("duration", 90*time.Minute, "with --autoscale: trace length in virtual time"),
 		peak:         fs.Float64("peak-rate", 6, "with --shape diurnal: peak requests/s"),
@@ -180,6 +186,10 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		bad("profile: %v", err)
 		return nil
 	}
+	if *f.sloLead < 0 || *f.sloTrend <= 0 || *f.sloBaseline < 0 {
+		bad("--slo-lead and --slo-ttft-baseline must be ≥ 0, --slo-trend-window > 0")
+		return nil
+	}
 	var out []autoscaleRun
 	for _, u := range strings.Split(*f.sloUtil, ",") {
 		pu, du, two := strings.Cut(strings.TrimSpace(u), ":")
@@ -202,7 +212,8 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		}
 		p.Ratio = band
 		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
-			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, RaiseOnly: *f.sloRaise})
+			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, RaiseOnly: *f.sloRaise,
+			Adapt: autoscale.SLOAdapt{Lead: *f.sloLead, TrendWindow: *f.sloTrend, BaselineWindow: *f.sloBaseline}})
 		if err != nil {
 			bad("%v", err)
 			return nil

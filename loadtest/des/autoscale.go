@@ -80,6 +80,9 @@ type SLOScalerConfig struct {
 	// RaiseOnly sets the policy's MinCorrection to 1: corrections only
 	// add replicas.
 	RaiseOnly bool
+	// Adapt are the policy's stateful SLO refinements (trend lead,
+	// learned TTFT baseline), as autoscale.SLO.Adapt.
+	Adapt autoscale.SLOAdapt
 }
 
 // SLOScaler is kvmesh's SLO mode: orchestrator/autoscale's Autoscaler
@@ -105,6 +108,7 @@ func NewSLOScaler(c SLOScalerConfig) (*SLOScaler, error) {
 	if c.RaiseOnly {
 		p.SLO.MinCorrection = 1
 	}
+	p.SLO.Adapt = c.Adapt
 	p.SLOPrefill, p.SLODecode = rolePrefill, roleDecode
 	if p.SLO.DecodeStreamsPerReplica <= 0 {
 		return nil, fmt.Errorf("%w: slo mode: no stream count meets TPOT %vs in the profile", ErrConfig, c.SLOTP)
@@ -133,6 +137,12 @@ func (s *SLOScaler) Setting() string {
 	}
 	if s.cfg.RaiseOnly {
 		e += ", raise-only"
+	}
+	if ad := s.cfg.Adapt; ad.BaselineWindow > 0 {
+		e += fmt.Sprintf(" × learned baseline (%v)", ad.BaselineWindow)
+	}
+	if ad := s.cfg.Adapt; ad.Lead > 0 {
+		e += fmt.Sprintf(", trend lead %v", ad.Lead)
 	}
 	return fmt.Sprintf("util P %.2f D %.2f (%.0f tok/s, %.1f streams), TTFT expected %s, stable %v, cool-down %v%s", s.cfg.Utilization,
 		s.cfg.DecodeUtilization, p.SLO.PrefillTokensPerSecond, p.SLO.DecodeStreamsPerReplica, e, p.StableWindow, p.DownCooldown, r)

@@ -15,6 +15,9 @@ type SLO struct {
 	// never sizes a role below its profiled demand, which keeps a biased
 	// expectation from trading attainment for replicas.
 	MinCorrection float64
+	// Adapt are the stateful refinements Autoscaler.Step applies before
+	// SizeSLO (trend lead, learned TTFT baseline); SizeSLO ignores them.
+	Adapt SLOAdapt
 }
 
 // SLOObservation is the mesh's view of the last interval.

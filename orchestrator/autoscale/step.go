@@ -101,6 +101,7 @@ type roleState struct {
 type Autoscaler struct {
 	p     Policy
 	roles map[string]*roleState
+	slo   sloState
 }
 
 // New returns an autoscaler for a valid policy.
@@ -117,12 +118,13 @@ func New(p Policy) (*Autoscaler, error) {
 
 // Step records the observations at now and returns each role's desired
 // replicas. SLO, when given and configured, replaces the metric demand of
-// the prefill and decode roles.
+// the prefill and decode roles; the policy's SLO.Adapt refines it first
+// (trend lead, learned TTFT baseline).
 func (a *Autoscaler) Step(now time.Time, obs map[string]Observation, slo *SLOObservation) Result {
 	res := Result{Roles: map[string]Decision{}, Panic: map[string]bool{}}
 	var sized *SLOResult
 	if slo != nil && a.p.SLO != nil {
-		r := SizeSLO(*a.p.SLO, *slo)
+		r := SizeSLO(*a.p.SLO, a.adapt(now, *slo))
 		sized, res.SLO = &r, &r
 	}
 	for name, rp := range a.p.Roles {
