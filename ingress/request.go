@@ -423,17 +423,23 @@ func (r *request) checkMessages() error {
 		n++
 		return nil
 	})
-	var ae *apiError
-	if errors.As(err, &ae) {
-		return err
-	}
 	if err != nil {
-		return badRequest("messages", fmt.Errorf("%w: messages: %w", ErrBadRequest, err))
+		return messagesError(err)
 	}
 	if n == 0 {
 		return badRequest("messages", fmt.Errorf("%w: messages must not be empty", ErrBadRequest))
 	}
 	return nil
+}
+
+// messagesError returns err if it is an API error, else a 400 naming the
+// messages array (apart so the errors.As target escapes on the error path only).
+func messagesError(err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return err
+	}
+	return badRequest("messages", fmt.Errorf("%w: messages: %w", ErrBadRequest, err))
 }
 
 // checkContent validates message i's content: a string, null, or an array
