@@ -366,7 +366,7 @@ func (c *call) tokenize() error {
 	case promptChat:
 		c.path = "/v1/chat/completions"
 		if tok == nil {
-			for _, m := range c.req.chat {
+			for _, m := range c.req.chatMessages() {
 				c.approx += len(m.Content)/4 + 4
 			}
 			c.tokens = nil

@@ -60,7 +60,8 @@ type request struct {
 	msgEnd           int
 	body             []byte // the client's body
 	cacheSalt        []byte
-	chat             []Message
+	chat             []Message // promptChat: built on first use by chatMessages
+	chatDone         bool
 	sessionID        []byte
 	hasModel         bool
 	// Chat members the template sees besides messages (raw JSON in body).
@@ -281,7 +282,7 @@ func (r *request) finish() error {
 		if r.continueFinal && r.addGenPrompt {
 			return badRequest("continue_final_message", fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrBadRequest))
 		}
-		return r.parseMessages()
+		return r.checkMessages()
 	}
 	return nil
 }
@@ -388,74 +389,121 @@ func scanTokenIDs(dst []uint32, b []byte, i int) ([]uint32, int, error) {
 	return dst, 0, fmt.Errorf("unterminated token ids")
 }
 
-// parseMessages checks the messages array and keeps each message's role and
-// text (for tokenizers without whole-request rendering, and for the length
-// estimate of models without a tokenizer). Errors name the JSON path, never
-// a Go type.
-func (r *request) parseMessages() error {
-	r.chat = r.chat[:0]
-	i := 0
+// checkMessages validates the messages array (each message an object with a
+// non-empty string role, content a string, an array of content-part objects
+// or null) without copying any text: the chat renderer reads the raw JSON,
+// and chatMessages flattens the messages only for the consumers that need
+// them. Errors name the JSON path, never a Go type; they are formatted only
+// on the error path.
+func (r *request) checkMessages() error {
+	n := 0
 	err := jsonscan.ForEachElem(r.messages, func(m []byte) error {
 		if m[0] != '{' {
-			return badRequest(fmt.Sprintf("messages[%d]", i), fmt.Errorf("%w: messages[%d] must be an object", ErrBadRequest, i))
+			return badRequest(fmt.Sprintf("messages[%d]", n), fmt.Errorf("%w: messages[%d] must be an object", ErrBadRequest, n))
 		}
-		var msg Message
-		var err error
-		sawRole := false
+		sawRole, emptyRole := false, false
 		if ferr := jsonscan.ForEachMember(m, func(k, v []byte, _, _ int) error {
 			switch string(k) {
 			case "role":
 				if v[0] != '"' {
-					return badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Errorf("%w: messages[%d].role must be a string", ErrBadRequest, i))
+					return badRequest(fmt.Sprintf("messages[%d].role", n), fmt.Errorf("%w: messages[%d].role must be a string", ErrBadRequest, n))
 				}
-				msg.Role, sawRole = string(jsonscan.AppendUnquote(nil, v)), true
+				// A string unquotes to "" only when it is "" (any escape yields a byte).
+				sawRole, emptyRole = true, len(v) == 2
 			case "content":
-				msg.Content, err = contentText(v, i)
+				return checkContent(v, n)
 			}
-			return err
+			return nil
 		}); ferr != nil {
 			return ferr
 		}
-		if !sawRole || msg.Role == "" {
-			return badRequest(fmt.Sprintf("messages[%d].role", i), fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, i))
+		if !sawRole || emptyRole {
+			return badRequest(fmt.Sprintf("messages[%d].role", n), fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, n))
 		}
-		r.chat = append(r.chat, msg)
-		i++
+		n++
 		return nil
 	})
-	var ae *apiError
-	if errors.As(err, &ae) {
-		return err
-	}
 	if err != nil {
-		return badRequest("messages", fmt.Errorf("%w: messages: %w", ErrBadRequest, err))
+		return messagesError(err)
 	}
-	if len(r.chat) == 0 {
+	if n == 0 {
 		return badRequest("messages", fmt.Errorf("%w: messages must not be empty", ErrBadRequest))
 	}
 	return nil
 }
 
-// contentText flattens a message's content (string, parts or null) to its
-// text parts; whether the other parts are acceptable is the renderer's call.
-func contentText(v []byte, i int) (string, error) {
-	param := fmt.Sprintf("messages[%d].content", i)
+// messagesError returns err if it is an API error, else a 400 naming the
+// messages array (apart so the errors.As target escapes on the error path only).
+func messagesError(err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return err
+	}
+	return badRequest("messages", fmt.Errorf("%w: messages: %w", ErrBadRequest, err))
+}
+
+// checkContent validates message i's content: a string, null, or an array
+// of content-part objects (whether the parts are acceptable is the
+// renderer's call).
+func checkContent(v []byte, i int) error {
 	switch v[0] {
-	case 'n':
-		return "", nil
-	case '"':
-		return string(jsonscan.AppendUnquote(nil, v)), nil
+	case 'n', '"':
+		return nil
 	case '[':
 	default:
-		return "", badRequest(param, fmt.Errorf("%w: %s must be a string, an array of content parts or null", ErrBadRequest, param))
+		param := fmt.Sprintf("messages[%d].content", i)
+		return badRequest(param, fmt.Errorf("%w: %s must be a string, an array of content parts or null", ErrBadRequest, param))
 	}
-	var text []byte
 	j := 0
-	err := jsonscan.ForEachElem(v, func(p []byte) error {
-		defer func() { j++ }()
+	return jsonscan.ForEachElem(v, func(p []byte) error {
 		if p[0] != '{' {
+			param := fmt.Sprintf("messages[%d].content", i)
 			return badRequest(param, fmt.Errorf("%w: %s[%d] must be an object", ErrBadRequest, param, j))
 		}
+		j++
+		return nil
+	})
+}
+
+// chatMessages returns each message's role and text (for tokenizers without
+// whole-request rendering, and for the length estimate of models without a
+// tokenizer), flattening them on first use. The messages were validated by
+// parseRequest.
+func (r *request) chatMessages() []Message {
+	if r.chatDone {
+		return r.chat
+	}
+	r.chatDone = true
+	r.chat = r.chat[:0]
+	_ = jsonscan.ForEachElem(r.messages, func(m []byte) error {
+		var msg Message
+		_ = jsonscan.ForEachMember(m, func(k, v []byte, _, _ int) error {
+			switch string(k) {
+			case "role":
+				msg.Role = string(jsonscan.AppendUnquote(nil, v))
+			case "content":
+				msg.Content = contentText(v)
+			}
+			return nil
+		})
+		r.chat = append(r.chat, msg)
+		return nil
+	})
+	return r.chat
+}
+
+// contentText flattens a validated content value (string, parts or null) to
+// its text parts.
+func contentText(v []byte) string {
+	switch v[0] {
+	case '"':
+		return string(jsonscan.AppendUnquote(nil, v))
+	case '[':
+	default:
+		return ""
+	}
+	var text []byte
+	_ = jsonscan.ForEachElem(v, func(p []byte) error {
 		var typ, t []byte
 		_ = jsonscan.ForEachMember(p, func(k, pv []byte, _, _ int) error {
 			switch string(k) {
@@ -471,7 +519,7 @@ func contentText(v []byte, i int) (string, error) {
 		}
 		return nil
 	})
-	return string(text), err
+	return string(text)
 }
 
 // appendIDs appends ids as a JSON array.

@@ -48,7 +48,7 @@ func TestParseRequest(t *testing.T) {
 			}},
 		{name: "chat", ep: epChat, body: `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]}`,
 			check: func(t *testing.T, r *request) {
-				if r.kind != promptChat || len(r.chat) != 2 || r.chat[1].Content != "ab" || r.chat[0].Role != "system" {
+				if r.kind != promptChat || len(r.chatMessages()) != 2 || r.chat[1].Content != "ab" || r.chat[0].Role != "system" {
 					t.Fatalf("got %+v", r.chat)
 				}
 			}},

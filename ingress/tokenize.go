@@ -84,7 +84,7 @@ type vocabSizer interface{ VocabSize() int }
 func renderChat(tok Tokenizer, dst []uint32, r *request) ([]uint32, error) {
 	cr, ok := tok.(chatRequestRenderer)
 	if !ok {
-		return tok.RenderChat(dst, r.chat)
+		return tok.RenderChat(dst, r.chatMessages())
 	}
 	ids, err := cr.RenderChatRequest(dst, &tokenizer.ChatRequest{Messages: r.messages, Tools: r.tools, Documents: r.documents,
 		Kwargs: r.templateKwargs, AddGenerationPrompt: r.addGenPrompt, ContinueFinalMessage: r.continueFinal})

@@ -7,6 +7,7 @@
 package jsonscan
 
 import (
+	"encoding/binary"
 	"errors"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -180,6 +181,12 @@ func SkipString(b []byte, i int) (int, bool, error) {
 	i++
 	esc := false
 	for i < len(b) {
+		for i+8 <= len(b) && !specialWord(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8 // eight plain bytes at a time
+		}
+		if i >= len(b) {
+			break
+		}
 		c := b[i]
 		switch {
 		case c == '"':
@@ -207,6 +214,17 @@ func SkipString(b []byte, i int) (int, bool, error) {
 		}
 	}
 	return 0, false, jerr("unterminated string", start)
+}
+
+// specialWord reports whether any of the 8 bytes in w is '"', '\\' or a
+// control character (the classic SWAR zero-byte tests, which have no false
+// negatives; a false positive only sends the scan to the byte loop).
+func specialWord(w uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	ctl := (w - lo*0x20) & ^w & hi // a byte < 0x20
+	q := w ^ (lo * '"')
+	bs := w ^ (lo * '\\')
+	return (ctl | (q-lo)&^q&hi | (bs-lo)&^bs&hi) != 0
 }
 
 func isHex4(b []byte) bool {

@@ -3,6 +3,8 @@ package jsonscan
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -33,5 +35,81 @@ func FuzzScanner(f *testing.F) {
 				t.Fatalf("scanner rejected valid %q: %v", b, err)
 			}
 		}
+	})
+}
+
+// skipStringRef is SkipString as it was before the eight-byte scan (one byte
+// at a time): the reference FuzzSkipString compares it with.
+func skipStringRef(b []byte, i int) (int, bool, error) {
+	start := i
+	i++
+	esc := false
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			return i + 1, esc, nil
+		case c == '\\':
+			esc = true
+			if i+1 >= len(b) {
+				return 0, false, jerr("unterminated string", start)
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+					return 0, false, jerr("invalid \\u escape in string", i)
+				}
+				i += 6
+			default:
+				return 0, false, jerr("invalid escape in string", i)
+			}
+		case c < 0x20:
+			return 0, false, jerr("control character in string", i)
+		default:
+			i++
+		}
+	}
+	return 0, false, jerr("unterminated string", start)
+}
+
+// sameSkip checks that SkipString and the byte-at-a-time reference agree on
+// the string starting at b[i] (end, escapes and error, offset included).
+func sameSkip(t *testing.T, b []byte, i int) {
+	t.Helper()
+	end, esc, err := SkipString(b, i)
+	rend, resc, rerr := skipStringRef(b, i)
+	if end != rend || esc != resc || !reflect.DeepEqual(err, rerr) {
+		t.Fatalf("SkipString(%q, %d) = %d, %v, %v; the byte scan gives %d, %v, %v", b, i, end, esc, err, rend, resc, rerr)
+	}
+}
+
+// TestSkipStringWords puts each kind of byte that stops the eight-byte scan
+// (and a few that do not) at every position of strings around the word size.
+func TestSkipStringWords(t *testing.T) {
+	for _, sp := range []string{`"`, `\n`, `\u00e9`, `\x`, `\u12`, "\x00", "\x1f", "\n", "\x7f", "é", "\xff", " ", `\`} {
+		for n := 0; n <= 20; n++ {
+			for at := 0; at <= n; at++ {
+				s := []byte(`"` + strings.Repeat("a", at) + sp + strings.Repeat("b", n-at))
+				sameSkip(t, s, 0)
+				sameSkip(t, append(s, '"'), 0)
+				sameSkip(t, append([]byte(`xx`), append(s, `"tail`...)...), 2)
+			}
+		}
+	}
+}
+
+// FuzzSkipString: the eight-byte scan agrees with the byte-at-a-time one.
+func FuzzSkipString(f *testing.F) {
+	for _, s := range []string{`""`, `"abc"`, `"abcdefghijklmnop"`, `"abcdefg\"hij"`, `"a\u00e9bcdefghijk"`, "\"abcdefgh\x01ij\"", `"abcdefghij`, `"é€😀 plain text"`} {
+		f.Add([]byte(s), uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, at uint8) {
+		i := int(at)
+		if i >= len(b) {
+			return
+		}
+		sameSkip(t, b, i)
 	})
 }
