@@ -154,3 +154,18 @@ func FuzzSLOSummary(f *testing.F) {
 		}
 	})
 }
+
+// TestPolicyFromSpecSLOAdapt: the AutoscalingPolicy's SLO refinements reach
+// the autoscaler the controller steps (zero: off).
+func TestPolicyFromSpecSLOAdapt(t *testing.T) {
+	spec := sloPolicy().Spec
+	spec.SLO.TTFTBaselineWindowSeconds, spec.SLO.LeadSeconds = 900, 90
+	p := PolicyFromSpec(&spec)
+	if p.SLO == nil || p.SLO.Adapt.BaselineWindow != 15*time.Minute || p.SLO.Adapt.Lead != 90*time.Second {
+		t.Fatalf("SLO adapt %+v, want baseline 15m and lead 90s", p.SLO)
+	}
+	spec.SLO.TTFTBaselineWindowSeconds, spec.SLO.LeadSeconds = 0, 0
+	if p := PolicyFromSpec(&spec); p.SLO.Adapt != (autoscale.SLOAdapt{}) {
+		t.Fatalf("zero fields gave %+v, want the refinements off", p.SLO.Adapt)
+	}
+}

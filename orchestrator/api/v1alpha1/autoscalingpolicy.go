@@ -119,6 +119,13 @@ type SLOTarget struct {
 	PrefillTokensPerSecond float64 `json:"prefillTokensPerSecond"`
 	// DecodeStreamsPerReplica one decode replica runs within TPOT (profiled).
 	DecodeStreamsPerReplica float64 `json:"decodeStreamsPerReplica"`
+	// TTFTBaselineWindowSeconds learns, over this window, the TTFT that
+	// holds with no excess (the lowest measured/expected ratio) and
+	// corrects only above it (0: off; the DES measured 900).
+	TTFTBaselineWindowSeconds int32 `json:"ttftBaselineWindowSeconds,omitempty"`
+	// LeadSeconds sizes for the load expected this far ahead from a
+	// significant upward trend of the observations (0: off).
+	LeadSeconds int32 `json:"leadSeconds,omitempty"`
 }
 
 // AutoscalingPolicyStatus reports the last decision.
