@@ -181,7 +181,7 @@ func SkipString(b []byte, i int) (int, bool, error) {
 	i++
 	esc := false
 	for i < len(b) {
-		for i+8 <= len(b) && !specialWord(binary.LittleEndian.Uint64(b[i:])) {
+		for i+8 <= len(b) && !SpecialWord(binary.LittleEndian.Uint64(b[i:])) {
 			i += 8 // eight plain bytes at a time
 		}
 		if i >= len(b) {
@@ -216,10 +216,11 @@ func SkipString(b []byte, i int) (int, bool, error) {
 	return 0, false, jerr("unterminated string", start)
 }
 
-// specialWord reports whether any of the 8 bytes in w is '"', '\\' or a
-// control character (the classic SWAR zero-byte tests, which have no false
-// negatives; a false positive only sends the scan to the byte loop).
-func specialWord(w uint64) bool {
+// SpecialWord reports whether any of the 8 bytes in w (little-endian) is
+// '"', '\\' or a control character: the classic SWAR zero-byte tests, with
+// no false negatives (a false positive only sends a scan to its byte loop).
+// String scanners skip plain bytes eight at a time with it.
+func SpecialWord(w uint64) bool {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	ctl := (w - lo*0x20) & ^w & hi // a byte < 0x20
 	q := w ^ (lo * '"')
@@ -229,14 +230,15 @@ func specialWord(w uint64) bool {
 
 func isHex4(b []byte) bool {
 	for _, c := range b {
-		if hexVal(c) < 0 {
+		if HexVal(c) < 0 {
 			return false
 		}
 	}
 	return true
 }
 
-func hexVal(c byte) int {
+// HexVal is the value of the hex digit c, or -1.
+func HexVal(c byte) int {
 	switch {
 	case c >= '0' && c <= '9':
 		return int(c - '0')
@@ -378,7 +380,7 @@ func AppendUnquote(dst, raw []byte) []byte {
 }
 
 func hex4(b []byte) int {
-	return hexVal(b[0])<<12 | hexVal(b[1])<<8 | hexVal(b[2])<<4 | hexVal(b[3])
+	return HexVal(b[0])<<12 | HexVal(b[1])<<8 | HexVal(b[2])<<4 | HexVal(b[3])
 }
 
 // ParseUint parses a JSON number that must be a non-negative integer <= max.

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
 // FromJSON decodes JSON into template values, keeping object key order:
@@ -352,13 +354,9 @@ func jsonUnquote(s []byte) string {
 }
 
 // specialWord reports whether any of the 8 bytes in w is '"', '\\', a
-// control character or non-ASCII (the classic SWAR zero-byte tests).
+// control character or non-ASCII.
 func specialWord(w uint64) bool {
-	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	ctl := (w - lo*0x20) & ^w & hi // a byte < 0x20
-	q := w ^ (lo * '"')
-	bs := w ^ (lo * '\\')
-	return (ctl | (q-lo)&^q&hi | (bs-lo)&^bs&hi | w&hi) != 0
+	return jsonscan.SpecialWord(w) || w&0x8080808080808080 != 0
 }
 
 func hasBackslash(s []byte) bool {
@@ -370,17 +368,7 @@ func hasBackslash(s []byte) bool {
 	return false
 }
 
-func hexDigit(c byte) rune {
-	switch {
-	case c >= '0' && c <= '9':
-		return rune(c - '0')
-	case c >= 'a' && c <= 'f':
-		return rune(c-'a') + 10
-	case c >= 'A' && c <= 'F':
-		return rune(c-'A') + 10
-	}
-	return -1
-}
+func hexDigit(c byte) rune { return rune(jsonscan.HexVal(c)) }
 
 // hex4At is the \u escape's value at s[i:i+4] (validated hex digits).
 func hex4At(s []byte, i int) rune {
