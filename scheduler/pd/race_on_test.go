@@ -1,0 +1,5 @@
+//go:build race
+
+package pd
+
+const raceEnabled = true
