@@ -14,7 +14,9 @@ with the emulations (kthena, kthena-kvcache, sglang, dynamo, llmd, llmd-precise)
 first --limit requests, one policy at a time (--parallel 1). Results are cached per run in --out, emulations and
 kvmesh separately, so a kvmesh change re-runs kvmesh only (--rerun-kvmesh). Then prints the table: per row kvmesh's
 mean TTFT / the best emulation's, p99 / the best p99, throughput / the best, load imbalance, hit rate / the one-LRU
-bound (loadtest/analysis/lruhit), and whether each goal holds. --kthena adds the Kthena scenario (3 engines, 256 x 32
+bound (loadtest/analysis/lruhit), and whether each goal holds, and the floor: the zero-queue TTFT bound (lruhit -profile:
+every request alone on an engine holding all an infinite shared cache would) over the best emulation's mean and p99 —
+the lowest ratio any router could reach; above 0.85 the mean goal is unreachable on that row. --kthena adds the Kthena scenario (3 engines, 256 x 32
 prompts, 4,096 + 256 tokens, 800 rps, concurrency 300) with random and the strongest emulations.
 
 The split (docs/BENCHMARKS.md, "Cross-validation (unseen traffic)"): TUNING = mooncake and shared-prefix at 1x and
@@ -80,6 +82,20 @@ def lru(args, wl, seed):
         return json.load(f)["lru"]
 
 
+def bound(args, wl, prof, seed):
+    """The zero-queue TTFT bound (lruhit -profile): no router's mean or p99 TTFT can be below it."""
+    path = os.path.join(args.out, f"bound_{wl}_{prof}_s{seed}_n{args.limit}.json")
+    if not os.path.exists(path):
+        out = subprocess.run([args.lru] + LRU_ARGS[wl] + ["-seed", str(seed), "-limit", str(args.limit),
+                             "-capacity", str(ENGINES * GPU_BLOCKS), "-profile", prof], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        with open(path, "w") as f:
+            f.write(out)
+    with open(path) as f:
+        b = json.load(f)
+    return b["ttft_bound_mean_s"], b["ttft_bound_p99_s"]
+
+
 def kvmesh_config(args):
     return ["--config", args.config] if args.config else []
 
@@ -94,11 +110,13 @@ def row(args, wl, rate, prof, seed):
     best = lambda m, lo: (min if lo else max)(emu.items(), key=lambda kv: kv[1][m])
     bm, bp, bt = best("ttft_mean_s", True), best("ttft_p99_s", True), best("throughput_rps", False)
     lb = lru(args, wl, seed)
+    bmean, bp99 = bound(args, wl, prof, seed)
     r = {"wl": wl, "rate": rate, "prof": prof, "seed": seed, "set": "tuning" if tuning(wl, rate, prof, seed) else "eval",
          "mean": km["ttft_mean_s"] / bm[1]["ttft_mean_s"], "mean_best": bm[0], "km_mean": km["ttft_mean_s"],
          "p99": km["ttft_p99_s"] / bp[1]["ttft_p99_s"], "p99_best": bp[0],
          "tput": km["throughput_rps"] / bt[1]["throughput_rps"], "imb": km["load_imbalance"],
-         "hit": km["prefix_hit_rate"], "lru": lb, "hit_lru": km["prefix_hit_rate"] / lb if lb > 0 else float("nan")}
+         "hit": km["prefix_hit_rate"], "lru": lb,
+         "floor": bmean / bm[1]["ttft_mean_s"], "floor_p99": bp99 / bp[1]["ttft_p99_s"], "hit_lru": km["prefix_hit_rate"] / lb if lb > 0 else float("nan")}
     r["goals"] = {"mean": r["mean"] <= 0.85, "p99": r["p99"] <= 1.0, "tput": r["tput"] >= 0.99, "imb": r["imb"] <= 1.25,
                   "hit": not (r["hit_lru"] < 0.95)}
     return r
@@ -110,7 +128,8 @@ def fmt(r):
     return (f"| {r['wl']} | {r['rate']}x | {r['prof']} | {r['seed']} | {r['set']} | "
             f"{mark('mean', format(r['mean'], '.2f'))} ({r['mean_best']}) | {mark('p99', format(r['p99'], '.2f'))} ({r['p99_best']}) | "
             f"{mark('tput', format(r['tput'], '.3f'))} | {mark('imb', format(r['imb'], '.2f'))} | "
-            f"{r['hit']:.3f} / {r['lru']:.3f} = {mark('hit', format(r['hit_lru'], '.2f'))} | {sum(g.values())}/5 |")
+            f"{r['hit']:.3f} / {r['lru']:.3f} = {mark('hit', format(r['hit_lru'], '.2f'))} | {sum(g.values())}/5 | "
+            f"{r['floor']:.2f}{' (unreachable)' if r['floor'] > 0.85 else ''} | {r['floor_p99']:.2f} |")
 
 
 def kthena(args, seed):
@@ -147,8 +166,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     num = lambda s: int(float(s)) if float(s).is_integer() else float(s)
     rows = []
-    print("| workload | rate | profile | seed | set | mean TTFT / best (≤ 0.85) | p99 / best p99 (≤ 1) | throughput / best (≥ 0.99) | imbalance (≤ 1.25) | hit / LRU bound (≥ 0.95) | goals met |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | rate | profile | seed | set | mean TTFT / best (≤ 0.85) | p99 / best p99 (≤ 1) | throughput / best (≥ 0.99) | imbalance (≤ 1.25) | hit / LRU bound (≥ 0.95) | goals met | zero-queue bound / best mean | bound p99 / best p99 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for seed in map(int, args.seeds.split(",")):
         for prof in args.profiles.split(","):
             for wl in args.workloads.split(","):

@@ -151,13 +151,30 @@ func (s *mooncakeSource) appendPrompt(dst []uint32, r *Request) []uint32 {
 // chain of block ids up to it) appeared earlier. Only full blocks of
 // blockSize tokens can hit, as in vLLM.
 func OracleHitRate(reqs []Request, blockSize int) float64 {
-	seen := make(map[uint64]struct{})
 	var hit, total int
+	for i, h := range OracleHits(reqs, blockSize) {
+		hit += h
+		total += reqs[i].PromptTokens
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hit) / float64(total)
+}
+
+// OracleHits is, per request in arrival order, how many leading prompt
+// tokens an infinite cache shared by every engine holds when it arrives
+// (whole blocks whose prefix appeared in an earlier request): no router
+// can give a request more cached tokens than this.
+func OracleHits(reqs []Request, blockSize int) []int {
+	hits := make([]int, len(reqs))
+	if blockSize <= 0 {
+		return hits
+	}
+	seen := make(map[uint64]struct{})
 	var buf []uint32
 	for i := range reqs {
-		r := &reqs[i]
-		buf = r.AppendPrompt(buf[:0])
-		total += len(buf)
+		buf = reqs[i].AppendPrompt(buf[:0])
 		h := uint64(0x9E3779B97F4A7C15)
 		miss := false
 		for b := 0; (b+1)*blockSize <= len(buf); b++ {
@@ -166,7 +183,7 @@ func OracleHitRate(reqs []Request, blockSize int) float64 {
 			}
 			if !miss {
 				if _, ok := seen[h]; ok {
-					hit += blockSize
+					hits[i] += blockSize
 					continue
 				}
 			}
@@ -174,8 +191,5 @@ func OracleHitRate(reqs []Request, blockSize int) float64 {
 			seen[h] = struct{}{}
 		}
 	}
-	if total == 0 {
-		return 0
-	}
-	return float64(hit) / float64(total)
+	return hits
 }
