@@ -182,15 +182,15 @@ def main():
                 met = {k: sum(r["goals"][k] for r in sub) for k in sub[0]["goals"]}
                 print(f"\n{s}: {len(sub)} rows; goal met on: " + ", ".join(f"{k} {v}/{len(sub)}" for k, v in met.items()))
     if args.compare:
-        print(f"\n| workload | rate | profile | seed | set | mean / best: default, {args.compare} | p99 / best p99 | throughput / best | imbalance | hit / LRU |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print(f"\n| workload | rate | profile | seed | set | mean / best: default, {args.compare} | p99 / best p99 | throughput / best | imbalance | hit / LRU | floor: bound / best mean, p99 |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             a2 = argparse.Namespace(**vars(args))
             a2.tag, a2.config, a2.rerun_kvmesh = args.compare, None, False
             c = row(a2, r["wl"], r["rate"], r["prof"], r["seed"])
             cell = lambda k, f: f"{format(r[k], f)} / {format(c[k], f)}"
             print(f"| {r['wl']} | {r['rate']}x | {r['prof']} | {r['seed']} | {r['set']} | {cell('mean', '.2f')} | {cell('p99', '.2f')} | "
-                  f"{cell('tput', '.3f')} | {cell('imb', '.2f')} | {cell('hit_lru', '.2f')} |")
+                  f"{cell('tput', '.3f')} | {cell('imb', '.2f')} | {cell('hit_lru', '.2f')} | {r['floor']:.2f}, {r['floor_p99']:.2f} |")
         for s in ("tuning", "eval"):
             sub = [r for r in rows if r["set"] == s]
             if sub:
