@@ -14,10 +14,11 @@ with the emulations (kthena, kthena-kvcache, sglang, dynamo, llmd, llmd-precise)
 first --limit requests, one policy at a time (--parallel 1). Results are cached per run in --out, emulations and
 kvmesh separately, so a kvmesh change re-runs kvmesh only (--rerun-kvmesh). Then prints the table: per row kvmesh's
 mean TTFT / the best emulation's, p99 / the best p99, throughput / the best, load imbalance, hit rate / the one-LRU
-bound (loadtest/analysis/lruhit), and whether each goal holds, and the floor: the zero-queue TTFT bound (lruhit -profile:
-every request alone on an engine holding all an infinite shared cache would) over the best emulation's mean and p99 —
-the lowest ratio any router could reach; above 0.85 the mean goal is unreachable on that row. --kthena adds the Kthena scenario (3 engines, 256 x 32
-prompts, 4,096 + 256 tokens, 800 rps, concurrency 300) with random and the strongest emulations.
+bound (loadtest/analysis/lruhit), whether each goal holds, and the floor: the zero-queue TTFT bound (lruhit -profile:
+every request alone on an engine holding all an infinite shared cache would) over the best emulation's mean and p99,
+the lowest ratio any router could reach; above 0.85 the mean goal is unreachable on that row. --kthena adds the
+Kthena scenario (3 engines, 256 x 32 prompts, 4,096 + 256 tokens, 800 rps, concurrency 300) with random and the
+strongest emulations.
 
 The split (docs/BENCHMARKS.md, "Cross-validation (unseen traffic)"): TUNING = mooncake and shared-prefix at 1x and
 2x on 7b-l40s, seed 1; everything else is evaluation.
