@@ -184,6 +184,9 @@ func TestCRDValidation(t *testing.T) {
 			"ratio":{"numeratorRole":"p","denominatorRole":"d","minRatio":2,"maxRatio":1}}}`,
 		"min above max": `{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"m"},
 			"spec":{"target":"x","roles":[{"name":"p","minReplicas":3,"maxReplicas":2}]}}`,
+		"negative TTFT aim": `{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"aim"},
+			"spec":{"target":"x","roles":[{"name":"p","minReplicas":1,"maxReplicas":2},{"name":"d","minReplicas":1,"maxReplicas":2}],
+			"slo":{"prefillRole":"p","decodeRole":"d","prefillTokensPerSecond":1000,"decodeStreamsPerReplica":8,"ttftAimPercent":-5}}}`,
 	}
 	for name, doc := range bad {
 		objs, err := kubetest.Decode(stringsReader(doc))

@@ -119,10 +119,14 @@ func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 		p.SLO = &autoscale.SLO{
 			TTFTSeconds: float64(max(s.SLO.TTFTMilliseconds, 1)) / 1000, TPOTSeconds: float64(max(s.SLO.TPOTMilliseconds, 1)) / 1000,
 			PrefillTokensPerSecond: s.SLO.PrefillTokensPerSecond, DecodeStreamsPerReplica: s.SLO.DecodeStreamsPerReplica,
+			TTFTAim: float64(s.SLO.TTFTAimPercent) / 100,
 			Adapt: autoscale.SLOAdapt{
 				BaselineWindow: time.Duration(s.SLO.TTFTBaselineWindowSeconds) * time.Second,
 				Lead:           time.Duration(s.SLO.LeadSeconds) * time.Second,
 			},
+		}
+		if s.SLO.RaiseOnly {
+			p.SLO.MinCorrection = 1
 		}
 		p.SLOPrefill, p.SLODecode = s.SLO.PrefillRole, s.SLO.DecodeRole
 	}

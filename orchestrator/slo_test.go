@@ -165,7 +165,11 @@ func TestPolicyFromSpecSLOAdapt(t *testing.T) {
 		t.Fatalf("SLO adapt %+v, want baseline 15m and lead 90s", p.SLO)
 	}
 	spec.SLO.TTFTBaselineWindowSeconds, spec.SLO.LeadSeconds = 0, 0
-	if p := PolicyFromSpec(&spec); p.SLO.Adapt != (autoscale.SLOAdapt{}) {
-		t.Fatalf("zero fields gave %+v, want the refinements off", p.SLO.Adapt)
+	if p := PolicyFromSpec(&spec); p.SLO.Adapt != (autoscale.SLOAdapt{}) || p.SLO.TTFTAim != 0 || p.SLO.MinCorrection != 0 {
+		t.Fatalf("zero fields gave %+v, want the refinements off", p.SLO)
+	}
+	spec.SLO.TTFTAimPercent, spec.SLO.RaiseOnly = 40, true
+	if p := PolicyFromSpec(&spec); p.SLO.TTFTAim != 0.4 || p.SLO.MinCorrection != 1 {
+		t.Fatalf("aim 40 %%, raise-only gave aim %v, min correction %v; want 0.4 and 1", p.SLO.TTFTAim, p.SLO.MinCorrection)
 	}
 }

@@ -73,9 +73,11 @@ type SLOScalerConfig struct {
 	SLOTTFT, SLOTP                 float64 // seconds
 	// TTFTExpectation sets the TTFT the prefill correction divides by:
 	// 0 means the profile's (the window's p90 prompt prefilled with no
-	// queue, Dynamo's interpolation); f > 0 means f × the TTFT target, so
+	// queue, Dynamo's interpolation); f > 0 is the policy's TTFTAim: f ×
+	// the TTFT target, as the controller divides (it has no profile), so
 	// the correction steers the measured p90 toward that share of the
-	// SLO (below 1 it lowers the sizing, down to the clamp of 0.5).
+	// SLO (below 1 it lowers the sizing, down to the clamp of 0.5, or to
+	// the profiled demand with RaiseOnly).
 	TTFTExpectation float64
 	// RaiseOnly sets the policy's MinCorrection to 1: corrections only
 	// add replicas.
@@ -108,6 +110,7 @@ func NewSLOScaler(c SLOScalerConfig) (*SLOScaler, error) {
 	if c.RaiseOnly {
 		p.SLO.MinCorrection = 1
 	}
+	p.SLO.TTFTAim = c.TTFTExpectation
 	p.SLO.Adapt = c.Adapt
 	p.SLOPrefill, p.SLODecode = rolePrefill, roleDecode
 	if p.SLO.DecodeStreamsPerReplica <= 0 {
@@ -169,7 +172,7 @@ func (s *SLOScaler) Decide(now time.Duration, sig *Signals) (int, int) {
 		ExpectedTPOT: s.cfg.Profile.TPOTAt(streams / math.Max(float64(sig.Decode.Ready), 1)),
 	}
 	if s.cfg.TTFTExpectation > 0 {
-		so.ExpectedTTFT = s.cfg.TTFTExpectation * s.cfg.SLOTTFT
+		so.ExpectedTTFT = 0 // the policy's TTFTAim
 	}
 	res := s.a.Step(epoch.Add(now), obs, &so)
 	return int(res.Roles[rolePrefill].Desired), int(res.Roles[roleDecode].Desired)

@@ -15,6 +15,14 @@ type SLO struct {
 	// never sizes a role below its profiled demand, which keeps a biased
 	// expectation from trading attainment for replicas.
 	MinCorrection float64
+	// TTFTAim is the share of TTFTSeconds the prefill correction steers the
+	// measured p90 toward when the observation carries no expectation
+	// (0: 1, the target itself). Below 1 it keeps headroom for the tail:
+	// the SLO counts requests within the target, the correction sees the
+	// p90. With MinCorrection 1 a p90 below the aim never sizes prefill
+	// below its profiled demand, and one above it adds replicas in
+	// proportion.
+	TTFTAim float64
 	// Adapt are the stateful refinements Autoscaler.Step applies before
 	// SizeSLO (trend lead, learned TTFT baseline); SizeSLO ignores them.
 	Adapt SLOAdapt
@@ -29,7 +37,7 @@ type SLOObservation struct {
 	// MeasuredTTFT and MeasuredTPOT are the interval's p90 (0: unknown).
 	MeasuredTTFT, MeasuredTPOT float64
 	// ExpectedTTFT and ExpectedTPOT are what the profile predicts at the
-	// interval's load (0: the target).
+	// interval's load (0: the target; for TTFT, TTFTAim × the target).
 	ExpectedTTFT, ExpectedTPOT float64
 }
 
@@ -50,6 +58,17 @@ const (
 	maxCorrection = 3
 )
 
+// expectedTTFT is what the prefill correction divides the measured p90 by.
+func (s SLO) expectedTTFT(o SLOObservation) float64 {
+	if o.ExpectedTTFT > 0 {
+		return o.ExpectedTTFT
+	}
+	if s.TTFTAim > 0 {
+		return s.TTFTAim * s.TTFTSeconds
+	}
+	return s.TTFTSeconds
+}
+
 func correction(measured, expected, target, floor float64) float64 {
 	if expected <= 0 {
 		expected = target
@@ -69,7 +88,7 @@ func correction(measured, expected, target, floor float64) float64 {
 // × TPOT correction). A role with no load gets zero (bounds apply later).
 func SizeSLO(s SLO, o SLOObservation) SLOResult {
 	res := SLOResult{
-		PrefillCorrection: correction(o.MeasuredTTFT, o.ExpectedTTFT, s.TTFTSeconds, s.MinCorrection),
+		PrefillCorrection: correction(o.MeasuredTTFT, s.expectedTTFT(o), s.TTFTSeconds, s.MinCorrection),
 		DecodeCorrection:  correction(o.MeasuredTPOT, o.ExpectedTPOT, s.TPOTSeconds, s.MinCorrection),
 	}
 	if s.PrefillTokensPerSecond > 0 && o.PromptTokensPerSecond > 0 {

@@ -126,11 +126,7 @@ func (a *Autoscaler) adapt(now time.Time, o SLOObservation) SLOObservation {
 		o.RunningStreams = st.streams.project(o.RunningStreams, ad.Lead, ad.TrendWindow, ad.TrendSignificance, ad.MaxTrendGain)
 	}
 	if ad.BaselineWindow > 0 && o.MeasuredTTFT > 0 {
-		exp := o.ExpectedTTFT
-		if exp <= 0 {
-			exp = s.TTFTSeconds
-		}
-		if exp > 0 {
+		if exp := s.expectedTTFT(o); exp > 0 {
 			st.ratio = st.ratio.add(now, o.MeasuredTTFT/exp, ad.BaselineWindow)
 			base := math.Inf(1)
 			for _, p := range st.ratio {

@@ -38,6 +38,28 @@ func TestSizeSLO(t *testing.T) {
 	} {
 		checkSLO(t, c.name, SizeSLO(up, c.o), c.p, c.d, c.atRisk, c.pc, c.dc)
 	}
+	// With an aim, the correction steers the TTFT p90 to that share of the
+	// target (0.4 × 0.5 s = 0.2 s); an observation's own expectation wins.
+	aim := up
+	aim.TTFTAim = 0.4
+	for _, c := range []struct {
+		name   string
+		o      SLOObservation
+		p, d   int32
+		atRisk bool
+		pc, dc float64
+	}{
+		{"aim: p90 at the aim", SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.2}, 3, 0, false, 1, 1},
+		{"aim: p90 1.5x the aim, within the target", SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.3}, 4, 0, false, 1.5, 1},
+		{"aim: below the aim, raise-only", SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.1}, 3, 0, false, 1, 1},
+		{"aim: the observation's expectation wins", SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.3, ExpectedTTFT: 0.3}, 3, 0, false, 1, 1},
+		{"aim: clamped at 3", SLOObservation{PromptTokensPerSecond: 10000, MeasuredTTFT: 1}, 3, 0, true, 3, 1},
+	} {
+		checkSLO(t, c.name, SizeSLO(aim, c.o), c.p, c.d, c.atRisk, c.pc, c.dc)
+	}
+	// Without raise-only, a p90 under the aim lowers prefill (to the clamp).
+	aim.MinCorrection = 0
+	checkSLO(t, "aim: below the aim lowers", SizeSLO(aim, SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.1}), 2, 0, false, 0.5, 1)
 }
 
 func checkSLO(t *testing.T, name string, got SLOResult, p, d int32, atRisk bool, pc, dc float64) {

@@ -126,6 +126,15 @@ type SLOTarget struct {
 	// LeadSeconds sizes for the load expected this far ahead from a
 	// significant upward trend of the observations (0: off).
 	LeadSeconds int32 `json:"leadSeconds,omitempty"`
+	// TTFTAimPercent is the TTFT p90 the prefill correction steers to, in
+	// percent of ttftMilliseconds (0 or absent: 100). The SLO counts
+	// requests within the target, the correction sees the p90: an aim
+	// below 100 keeps headroom for the tail (the DES measured 40).
+	TTFTAimPercent int32 `json:"ttftAimPercent,omitempty"`
+	// RaiseOnly: latency corrections only add replicas; a latency below
+	// its aim never sizes a role below its profiled demand (default: a
+	// correction may halve it).
+	RaiseOnly bool `json:"raiseOnly,omitempty"`
 }
 
 // AutoscalingPolicyStatus reports the last decision.
