@@ -4,13 +4,7 @@ import "testing"
 
 func TestSizeSLO(t *testing.T) {
 	s := SLO{TTFTSeconds: 0.5, TPOTSeconds: 0.05, PrefillTokensPerSecond: 10000, DecodeStreamsPerReplica: 40}
-	cases := []struct {
-		name   string
-		o      SLOObservation
-		p, d   int32
-		atRisk bool
-		pc, dc float64
-	}{
+	cases := []sloCase{
 		{"on profile", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 100}, 3, 3, false, 1, 1},
 		{"measured at target: no correction", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 100, MeasuredTTFT: 0.5, MeasuredTPOT: 0.05}, 3, 3, false, 1, 1},
 		{"TTFT 1.6x the expectation", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 80, MeasuredTTFT: 0.8}, 4, 2, true, 1.6, 1},
@@ -26,13 +20,7 @@ func TestSizeSLO(t *testing.T) {
 	// With MinCorrection 1, faster than expected never lowers a role.
 	up := s
 	up.MinCorrection = 1
-	for _, c := range []struct {
-		name   string
-		o      SLOObservation
-		p, d   int32
-		atRisk bool
-		pc, dc float64
-	}{
+	for _, c := range []sloCase{
 		{"raise-only: faster than profiled", SLOObservation{PromptTokensPerSecond: 40000, RunningStreams: 80, MeasuredTTFT: 0.3, MeasuredTPOT: 0.025}, 4, 2, false, 1, 1},
 		{"raise-only: slower still raises", SLOObservation{PromptTokensPerSecond: 25000, RunningStreams: 80, MeasuredTTFT: 0.8}, 4, 2, true, 1.6, 1},
 	} {
@@ -42,13 +30,7 @@ func TestSizeSLO(t *testing.T) {
 	// target (0.4 × 0.5 s = 0.2 s); an observation's own expectation wins.
 	aim := up
 	aim.TTFTAim = 0.4
-	for _, c := range []struct {
-		name   string
-		o      SLOObservation
-		p, d   int32
-		atRisk bool
-		pc, dc float64
-	}{
+	for _, c := range []sloCase{
 		{"aim: p90 at the aim", SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.2}, 3, 0, false, 1, 1},
 		{"aim: p90 1.5x the aim, within the target", SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.3}, 4, 0, false, 1.5, 1},
 		{"aim: below the aim, raise-only", SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.1}, 3, 0, false, 1, 1},
@@ -60,6 +42,15 @@ func TestSizeSLO(t *testing.T) {
 	// Without raise-only, a p90 under the aim lowers prefill (to the clamp).
 	aim.MinCorrection = 0
 	checkSLO(t, "aim: below the aim lowers", SizeSLO(aim, SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.1}), 2, 0, false, 0.5, 1)
+}
+
+// sloCase is one SizeSLO input and the sizing and corrections it must give.
+type sloCase struct {
+	name   string
+	o      SLOObservation
+	p, d   int32
+	atRisk bool
+	pc, dc float64
 }
 
 func checkSLO(t *testing.T, name string, got SLOResult, p, d int32, atRisk bool, pc, dc float64) {
