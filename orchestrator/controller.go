@@ -51,6 +51,9 @@ type Controller struct {
 
 	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster
+	// mdGens are the generations of the deployments' spec writes the
+	// informer cache has not shown yet (see generations).
+	mdGens generations
 }
 
 // Scheme holds client-go's types and kvmesh.io/v1alpha1 (for events).

@@ -24,6 +24,10 @@ import (
 // deployment goes (no garbage collector is assumed).
 const Finalizer = "kvmesh.io/cleanup"
 
+// staleRequeue retries a deployment whose cached copy predates the
+// controller's own write, in case that write's event is missed.
+const staleRequeue = time.Second
+
 // reconcile takes one step for the deployment named by key. It returns a
 // delay after which to look again even without an event.
 func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, error) {
@@ -44,6 +48,9 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 		return 0, fmt.Errorf("decode %s: %w", key, err)
 	}
 	md.Defaults()
+	if c.mdGens.stale(md.UID, md.Generation) {
+		return staleRequeue, nil // our own write is on its way: its event brings us back
+	}
 	pods, err := c.pods.Pods(ns).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelDeployment: name}))
 	if err != nil {
 		return 0, err

@@ -168,10 +168,11 @@ func (c *Controller) patchRoleReplicas(ctx context.Context, md *v1alpha1.ModelDe
 		{"op": "test", "path": fmt.Sprintf("/spec/roles/%d/name", i), "value": md.Spec.Roles[i].Name},
 		{"op": "add", "path": fmt.Sprintf("/spec/roles/%d/replicas", i), "value": n},
 	})
-	_, err := c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).
+	out, err := c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).
 		Patch(ctx, md.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return fmt.Errorf("scale role %s: %w", md.Spec.Roles[i].Name, err)
 	}
+	c.mdGens.expect(md.UID, out.GetGeneration())
 	return nil
 }
