@@ -165,14 +165,15 @@ func (s *SLOScaler) Decide(now time.Duration, sig *Signals) (int, int) {
 		RunningStreams:        streams,
 		MeasuredTTFT:          sig.TTFTP90,
 		MeasuredTPOT:          sig.TPOTP90,
-		// Expected latencies at the window's load from the profile, as
-		// Dynamo's planner interpolates them: the p90 prompt's prefill
-		// with no queue, and the TPOT at the streams per ready replica.
-		ExpectedTTFT: sig.P90Prompt * uncached / s.cfg.Profile.PrefillTokensPerSecond,
+		// Expected TPOT at the window's load from the profile, as
+		// Dynamo's planner interpolates it: the TPOT at the streams per
+		// ready replica.
 		ExpectedTPOT: s.cfg.Profile.TPOTAt(streams / math.Max(float64(sig.Decode.Ready), 1)),
 	}
-	if s.cfg.TTFTExpectation > 0 {
-		so.ExpectedTTFT = 0 // the policy's TTFTAim
+	if s.cfg.TTFTExpectation == 0 {
+		// The p90 prompt's prefill with no queue (otherwise the policy's
+		// TTFTAim, as in the controller).
+		so.ExpectedTTFT = sig.P90Prompt * uncached / s.cfg.Profile.PrefillTokensPerSecond
 	}
 	res := s.a.Step(epoch.Add(now), obs, &so)
 	return int(res.Roles[rolePrefill].Desired), int(res.Roles[roleDecode].Desired)
