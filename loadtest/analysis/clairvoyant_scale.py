@@ -115,17 +115,13 @@ def curve(kvmesh, cap_file, out):
 def monotone(points):
     """The curve made non-increasing in the rate (pool adjacent violators, weighted by requests): a bin with few
     minutes can sit above a faster one by chance."""
-    blocks = []  # [rate sum weighted, attainment sum weighted, weight]
+    blocks = []  # [rate x requests, attainment x requests, requests]
     for r, a, n in points:
-        blocks.append([r * n, a * n, n, 1])
+        blocks.append([r * n, a * n, n])
         while len(blocks) > 1 and blocks[-1][1] / blocks[-1][2] > blocks[-2][1] / blocks[-2][2]:
             x = blocks.pop()
-            for i in range(4):
-                blocks[-1][i] += x[i]
-    out = []
-    for r, a, n, _ in blocks:
-        out.append([r / n, a / n])
-    return out
+            blocks[-1] = [u + v for u, v in zip(blocks[-1], x)]
+    return [[r / n, a / n] for r, a, n in blocks]
 
 
 def attainment(points, rate):
