@@ -149,9 +149,8 @@ def schedule(splits, windows, startup, lam):
     for _, bad in windows[1:]:
         step, nxt = {}, {}
         for s in splits:
-            prev = min(splits, key=lambda q: cost[q] + started(q, s) * startup / 3600)
-            step[s] = prev
-            nxt[s] = cost[prev] + started(prev, s) * startup / 3600 + engines(s) / 60 + lam * bad[s]
+            via, step[s] = min((cost[q] + started(q, s) * startup / 3600, q) for q in splits)
+            nxt[s] = via + engines(s) / 60 + lam * bad[s]
         cost = nxt
         back.append(step)
     s = min(cost, key=cost.get)
