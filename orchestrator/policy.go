@@ -121,8 +121,9 @@ func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 			PrefillTokensPerSecond: s.SLO.PrefillTokensPerSecond, DecodeStreamsPerReplica: s.SLO.DecodeStreamsPerReplica,
 			TTFTAim: float64(s.SLO.TTFTAimPercent) / 100,
 			Adapt: autoscale.SLOAdapt{
-				BaselineWindow: time.Duration(s.SLO.TTFTBaselineWindowSeconds) * time.Second,
-				Lead:           time.Duration(s.SLO.LeadSeconds) * time.Second,
+				BaselineWindow:   time.Duration(s.SLO.TTFTBaselineWindowSeconds) * time.Second,
+				Lead:             time.Duration(s.SLO.LeadSeconds) * time.Second,
+				CorrectionWindow: time.Duration(s.SLO.CorrectionWindowSeconds) * time.Second,
 			},
 		}
 		if s.SLO.RaiseOnly {

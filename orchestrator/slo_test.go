@@ -159,12 +159,12 @@ func FuzzSLOSummary(f *testing.F) {
 // the autoscaler the controller steps (zero: off).
 func TestPolicyFromSpecSLOAdapt(t *testing.T) {
 	spec := sloPolicy().Spec
-	spec.SLO.TTFTBaselineWindowSeconds, spec.SLO.LeadSeconds = 900, 90
+	spec.SLO.TTFTBaselineWindowSeconds, spec.SLO.LeadSeconds, spec.SLO.CorrectionWindowSeconds = 900, 90, 360
 	p := PolicyFromSpec(&spec)
-	if p.SLO == nil || p.SLO.Adapt.BaselineWindow != 15*time.Minute || p.SLO.Adapt.Lead != 90*time.Second {
-		t.Fatalf("SLO adapt %+v, want baseline 15m and lead 90s", p.SLO)
+	if p.SLO == nil || p.SLO.Adapt.BaselineWindow != 15*time.Minute || p.SLO.Adapt.Lead != 90*time.Second || p.SLO.Adapt.CorrectionWindow != 6*time.Minute {
+		t.Fatalf("SLO adapt %+v, want baseline 15m, lead 90s and correction window 6m", p.SLO)
 	}
-	spec.SLO.TTFTBaselineWindowSeconds, spec.SLO.LeadSeconds = 0, 0
+	spec.SLO.TTFTBaselineWindowSeconds, spec.SLO.LeadSeconds, spec.SLO.CorrectionWindowSeconds = 0, 0, 0
 	if p := PolicyFromSpec(&spec); p.SLO.Adapt != (autoscale.SLOAdapt{}) || p.SLO.TTFTAim != 0 || p.SLO.MinCorrection != 0 {
 		t.Fatalf("zero fields gave %+v, want the refinements off", p.SLO)
 	}

@@ -31,6 +31,7 @@ type autoscaleFlags struct {
 	sloUtil      *string
 	sloStable    *time.Duration
 	sloCooldown  *time.Duration
+	sloCorrWin   *time.Duration
 	sloExpect    *float64
 	sloRaise     *bool
 	sloLead      *time.Duration
@@ -57,6 +58,7 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		sloUtil:      fs.String("slo-util", "0.6", "with --autoscale slo: comma-separated P[:D] utilizations of the profiled prefill and decode capacity (one run each; D defaults to P)"),
 		sloStable:    fs.Duration("slo-stable-window", 180*time.Second, "with --autoscale slo: the policy's stable window (panic window: a third of it)"),
 		sloCooldown:  fs.Duration("slo-cooldown", 300*time.Second, "with --autoscale slo: the policy's scale-down cool-down after a scale-up"),
+		sloCorrWin:   fs.Duration("slo-correction-window", 0, "with --autoscale slo: each correction is the highest of the steps within this window (0: the current step's)"),
 		sloExpect:    fs.Float64("slo-ttft-expect", 0, "with --autoscale slo: the TTFT correction's expectation: 0 = the profile's no-queue prefill of the p90 prompt, f = f × --slo-ttft"),
 		sloRaise:     fs.Bool("slo-raise-only", false, "with --autoscale slo: corrections only add replicas (the policy's minCorrection 1)"),
 		sloLead:      fs.Duration("slo-lead", 0, "with --autoscale slo: size for the load expected this far ahead from the significant upward trend of past windows (0: off)"),
@@ -186,8 +188,8 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		bad("profile: %v", err)
 		return nil
 	}
-	if *f.sloLead < 0 || *f.sloTrend <= 0 || *f.sloBaseline < 0 {
-		bad("--slo-lead and --slo-ttft-baseline must be ≥ 0, --slo-trend-window > 0")
+	if *f.sloLead < 0 || *f.sloTrend <= 0 || *f.sloBaseline < 0 || *f.sloCorrWin < 0 {
+		bad("--slo-lead, --slo-ttft-baseline and --slo-correction-window must be ≥ 0, --slo-trend-window > 0")
 		return nil
 	}
 	var out []autoscaleRun
@@ -213,7 +215,8 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		p.Ratio = band
 		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
 			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, RaiseOnly: *f.sloRaise,
-			Adapt: autoscale.SLOAdapt{Lead: *f.sloLead, TrendWindow: *f.sloTrend, BaselineWindow: *f.sloBaseline}})
+			Adapt: autoscale.SLOAdapt{Lead: *f.sloLead, TrendWindow: *f.sloTrend, BaselineWindow: *f.sloBaseline,
+				CorrectionWindow: *f.sloCorrWin}})
 		if err != nil {
 			bad("%v", err)
 			return nil

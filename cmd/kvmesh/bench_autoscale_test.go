@@ -35,13 +35,14 @@ func TestBenchAutoscaleJSON(t *testing.T) {
 	}
 }
 
-// TestBenchAutoscaleSLOAdapt runs the SLO mode with the trend lead and
-// the learned TTFT baseline and checks the setting names both.
+// TestBenchAutoscaleSLOAdapt runs the SLO mode with the trend lead, the
+// learned TTFT baseline and the correction memory and checks the setting
+// names all three.
 func TestBenchAutoscaleSLOAdapt(t *testing.T) {
 	code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--autoscale", "slo",
 		"--initial-roles", "prefill=1,decode=1", "--profile", "7b-l40s", "--gpu-blocks", "8000", "--duration", "2m", "--peak-rate", "2",
 		"--prefix-tokens", "128", "--own-tokens", "256", "--output-tokens", "16", "--slo-util", "0.9:0.6",
-		"--slo-lead", "90s", "--slo-ttft-baseline", "15m", "--json")
+		"--slo-lead", "90s", "--slo-ttft-baseline", "15m", "--slo-correction-window", "6m", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -52,7 +53,8 @@ func TestBenchAutoscaleSLOAdapt(t *testing.T) {
 	if len(rep.Runs) != 1 || rep.Runs[0].GPUHours <= 0 || rep.Runs[0].Completed != rep.Requests {
 		t.Fatalf("report %+v", rep)
 	}
-	if s := rep.Runs[0].Setting; !strings.Contains(s, "learned baseline (15m0s)") || !strings.Contains(s, "trend lead 1m30s") {
+	if s := rep.Runs[0].Setting; !strings.Contains(s, "learned baseline (15m0s)") || !strings.Contains(s, "trend lead 1m30s") ||
+		!strings.Contains(s, "corrections held 6m0s") {
 		t.Fatalf("setting %q", s)
 	}
 }
@@ -67,6 +69,7 @@ func TestBenchAutoscaleUsage(t *testing.T) {
 		{"--autoscale", "slo", "--shape", "square"},
 		{"--autoscale", "slo", "--slo-lead", "-1s"},
 		{"--autoscale", "slo", "--slo-ttft-baseline", "-1m"},
+		{"--autoscale", "slo", "--slo-correction-window", "-1m"},
 	} {
 		code, _, errOut := benchRunCLI(t, append([]string{"bench", "--mode", "des", "--duration", "1m"}, args...)...)
 		if code != 2 || !strings.Contains(errOut, "usage") && !strings.Contains(errOut, "--") {

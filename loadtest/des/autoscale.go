@@ -147,6 +147,9 @@ func (s *SLOScaler) Setting() string {
 	if ad := s.cfg.Adapt; ad.Lead > 0 {
 		e += fmt.Sprintf(", trend lead %v", ad.Lead)
 	}
+	if ad := s.cfg.Adapt; ad.CorrectionWindow > 0 {
+		e += fmt.Sprintf(", corrections held %v", ad.CorrectionWindow)
+	}
 	return fmt.Sprintf("util P %.2f D %.2f (%.0f tok/s, %.1f streams), TTFT expected %s, stable %v, cool-down %v%s", s.cfg.Utilization,
 		s.cfg.DecodeUtilization, p.SLO.PrefillTokensPerSecond, p.SLO.DecodeStreamsPerReplica, e, p.StableWindow, p.DownCooldown, r)
 }

@@ -91,12 +91,18 @@ func SizeSLO(s SLO, o SLOObservation) SLOResult {
 		PrefillCorrection: correction(o.MeasuredTTFT, s.expectedTTFT(o), s.TTFTSeconds, s.MinCorrection),
 		DecodeCorrection:  correction(o.MeasuredTPOT, o.ExpectedTPOT, s.TPOTSeconds, s.MinCorrection),
 	}
+	res.size(s, o)
+	res.AtRisk = (s.TTFTSeconds > 0 && o.MeasuredTTFT > s.TTFTSeconds) || (s.TPOTSeconds > 0 && o.MeasuredTPOT > s.TPOTSeconds)
+	return res
+}
+
+// size sets Prefill and Decode from the load and the result's corrections.
+func (res *SLOResult) size(s SLO, o SLOObservation) {
+	res.Prefill, res.Decode = 0, 0
 	if s.PrefillTokensPerSecond > 0 && o.PromptTokensPerSecond > 0 {
 		res.Prefill = int32(math.Ceil(o.PromptTokensPerSecond/s.PrefillTokensPerSecond*res.PrefillCorrection - 1e-9))
 	}
 	if s.DecodeStreamsPerReplica > 0 && o.RunningStreams > 0 {
 		res.Decode = int32(math.Ceil(o.RunningStreams/s.DecodeStreamsPerReplica*res.DecodeCorrection - 1e-9))
 	}
-	res.AtRisk = (s.TTFTSeconds > 0 && o.MeasuredTTFT > s.TTFTSeconds) || (s.TPOTSeconds > 0 && o.MeasuredTPOT > s.TPOTSeconds)
-	return res
 }

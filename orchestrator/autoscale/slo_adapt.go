@@ -28,6 +28,15 @@ type SLOAdapt struct {
 	// utilization already allows are in every TTFT and would otherwise
 	// size prefill twice for them).
 	BaselineWindow time.Duration
+	// CorrectionWindow remembers the corrections: each role's correction
+	// is the highest of the steps within the window. A correction measures
+	// how far the profile overestimates what a replica sustains within the
+	// SLO at the current load; it falls back as soon as the replicas it
+	// added bring the latency down, and without memory the next step
+	// removes them again (and the load's next rise finds them starting).
+	// The remembered factor multiplies the current load, so a role still
+	// scales down as the load falls.
+	CorrectionWindow time.Duration
 }
 
 // trendDefaults fills the zero knobs.
@@ -108,6 +117,31 @@ func (s series) project(v float64, lead, window time.Duration, sig, gain float64
 type sloState struct {
 	prompt, streams series
 	ratio           series
+	pc, dc          series
+}
+
+// remember applies CorrectionWindow to a sized result.
+func (a *Autoscaler) remember(now time.Time, o SLOObservation, r SLOResult) SLOResult {
+	ad := a.p.SLO.Adapt
+	if ad.CorrectionWindow <= 0 {
+		return r
+	}
+	st := &a.slo
+	st.pc = st.pc.add(now, r.PrefillCorrection, ad.CorrectionWindow)
+	st.dc = st.dc.add(now, r.DecodeCorrection, ad.CorrectionWindow)
+	r.PrefillCorrection = st.pc.highest()
+	r.DecodeCorrection = st.dc.highest()
+	r.size(*a.p.SLO, o)
+	return r
+}
+
+// highest is the series' largest value (0 when empty).
+func (s series) highest() float64 {
+	v := 0.0
+	for _, p := range s {
+		v = max(v, p.v)
+	}
+	return v
 }
 
 // adapt applies the policy's SLOAdapt to an observation at now.

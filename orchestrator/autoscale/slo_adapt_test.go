@@ -99,6 +99,16 @@ func TestStepSLOAdapt(t *testing.T) {
 		{"baseline never below 1: faster than profiled still lowers", SLOAdapt{BaselineWindow: 10 * time.Minute}, []step{
 			{SLOObservation{PromptTokensPerSecond: 2000, RunningStreams: 10, MeasuredTTFT: 0.3, ExpectedTTFT: 0.4}, 2, 1, 0.75},
 		}},
+		{"correction window: the highest correction is held for the window, on the current load", SLOAdapt{CorrectionWindow: time.Minute}, []step{
+			{SLOObservation{PromptTokensPerSecond: 2000, RunningStreams: 10, MeasuredTTFT: 1.2, ExpectedTTFT: 0.4, MeasuredTPOT: 0.1, ExpectedTPOT: 0.05}, 6, 2, 3},
+			// The latency is back at its expectation: the replicas stay.
+			{SLOObservation{PromptTokensPerSecond: 2000, RunningStreams: 10, MeasuredTTFT: 0.4, ExpectedTTFT: 0.4, MeasuredTPOT: 0.05, ExpectedTPOT: 0.05}, 6, 2, 3},
+			// The load halves: the held factor multiplies the new load.
+			{SLOObservation{PromptTokensPerSecond: 1000, RunningStreams: 10, MeasuredTTFT: 0.4, ExpectedTTFT: 0.4, MeasuredTPOT: 0.05, ExpectedTPOT: 0.05}, 3, 2, 3},
+			{SLOObservation{PromptTokensPerSecond: 1000, RunningStreams: 10, MeasuredTTFT: 0.4, ExpectedTTFT: 0.4, MeasuredTPOT: 0.05, ExpectedTPOT: 0.05}, 3, 2, 3},
+			// A minute after it, the correction has left the window.
+			{SLOObservation{PromptTokensPerSecond: 1000, RunningStreams: 10, MeasuredTTFT: 0.4, ExpectedTTFT: 0.4, MeasuredTPOT: 0.05, ExpectedTPOT: 0.05}, 1, 1, 1},
+		}},
 		{"lead: a steady rise sizes ahead", SLOAdapt{Lead: 60 * time.Second, TrendWindow: time.Minute}, []step{
 			{SLOObservation{PromptTokensPerSecond: 1000, RunningStreams: 10}, 1, 1, 1},
 			{SLOObservation{PromptTokensPerSecond: 1100, RunningStreams: 10}, 2, 1, 1},

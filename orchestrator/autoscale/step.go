@@ -118,13 +118,14 @@ func New(p Policy) (*Autoscaler, error) {
 
 // Step records the observations at now and returns each role's desired
 // replicas. SLO, when given and configured, replaces the metric demand of
-// the prefill and decode roles; the policy's SLO.Adapt refines it first
-// (trend lead, learned TTFT baseline).
+// the prefill and decode roles; the policy's SLO.Adapt refines it (trend
+// lead and learned TTFT baseline before sizing, correction memory after).
 func (a *Autoscaler) Step(now time.Time, obs map[string]Observation, slo *SLOObservation) Result {
 	res := Result{Roles: map[string]Decision{}, Panic: map[string]bool{}}
 	var sized *SLOResult
 	if slo != nil && a.p.SLO != nil {
-		r := SizeSLO(*a.p.SLO, a.adapt(now, *slo))
+		o := a.adapt(now, *slo)
+		r := a.remember(now, o, SizeSLO(*a.p.SLO, o))
 		sized, res.SLO = &r, &r
 	}
 	for name, rp := range a.p.Roles {

@@ -135,6 +135,11 @@ type SLOTarget struct {
 	// its aim never sizes a role below its profiled demand (default: a
 	// correction may halve it).
 	RaiseOnly bool `json:"raiseOnly,omitempty"`
+	// CorrectionWindowSeconds remembers the latency corrections: each
+	// role's correction is the highest of the steps within this window, so
+	// replicas a correction added are not removed as soon as they bring
+	// the latency down (0: off; the DES measured 360).
+	CorrectionWindowSeconds int32 `json:"correctionWindowSeconds,omitempty"`
 }
 
 // AutoscalingPolicyStatus reports the last decision.
