@@ -124,6 +124,15 @@ func (s *Server) startCluster() error {
 			})
 			node.OnLeave(sh.ForgetOrigin)
 		}
+		if s.learn != nil {
+			s.learnGossip = newLearnGossipMetrics(s.deps.Registry, s.cfg.ID)
+			node.OnAppState(func(origin, name string, blob []byte) {
+				if name == LearnStateName {
+					s.mergeLearnShare(origin, blob)
+				}
+			})
+			node.OnLeave(s.learn.ForgetPeer)
+		}
 	}
 	if len(cc.NATSURLs) > 0 {
 		nc := natsutil.DefaultConfig()
@@ -181,6 +190,15 @@ func (s *Server) shareCluster(buf []byte) []byte {
 	if s.slo != nil {
 		if err := s.slo.Tick(time.Now(), node); err != nil {
 			s.log.Debug("share SLO summary", "err", err)
+		}
+	}
+	if s.learn != nil {
+		blob, err := s.learnSh.share(time.Now(), s.learn)
+		if err == nil && blob != nil {
+			err = node.SetAppState(LearnStateName, blob)
+		}
+		if err != nil {
+			s.log.Debug("share learned costs", "err", err)
 		}
 	}
 	if s.cl.mem != nil {

@@ -198,8 +198,12 @@ func (c *call) learnEnd(up *upstream) {
 // learnedRates is one engine's learned cost model as /debug/engines shows it.
 type learnedRates struct {
 	learn.Rates
+	// This replica's own samples of the engine.
 	PrefillSamples uint64 `json:"prefillSamples"`
 	DecodeSamples  uint64 `json:"decodeSamples"`
+	// Peers is how many other replicas' shares (learn_gossip.go) the
+	// estimates include.
+	Peers int `json:"peers"`
 }
 
 // learned returns engine id's learned rates, nil when learning is off.
@@ -207,7 +211,7 @@ func (s *Server) learned(id string) *learnedRates {
 	if s.learn == nil {
 		return nil
 	}
-	r := &learnedRates{Rates: s.learn.Rates(id)}
+	r := &learnedRates{Rates: s.learn.Rates(id), Peers: s.learn.Peers()}
 	s.ups.mu.RLock()
 	if up := s.ups.m[id]; up != nil {
 		r.PrefillSamples, r.DecodeSamples = up.lw.prefillSamples.Load(), up.lw.decodeSamples.Load()

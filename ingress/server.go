@@ -54,6 +54,11 @@ type Server struct {
 	// learn is the cost learner the kvmesh and P/D policies price with
 	// (learn.go); nil when off.
 	learn *learn.Learner
+	// learnSh publishes learn's own sums by gossip (learn_gossip.go; the
+	// load loop owns it); learnGossip counts peers' shares. Set in Start
+	// with gossip and a learner.
+	learnSh     learnSharer
+	learnGossip *learnGossipMetrics
 
 	closeOnce sync.Once
 	closeErr  error

@@ -30,6 +30,13 @@
 // slope. Forgetting (Config.Memory) lets the estimate follow an engine whose
 // speed changes. An engine without samples of its own uses the estimate
 // pooled over every engine.
+//
+// Routers share what they measured (share.go): each one publishes its own
+// lines' sufficient statistics (Stats: the weighted sums of the normal
+// equations), and every router fits on its own sums plus the latest sums
+// of each peer. Least squares is additive in those sums, so the fit is the
+// one over every router's samples, with no sample counted twice (a router
+// publishes only its own).
 package learn
 
 import (
@@ -125,13 +132,22 @@ const priorSeqSec = 20e-6
 type Learner struct {
 	cfg     Config
 	mu      sync.Mutex
-	engines map[string]*model
+	engines map[string]*model // own samples
 	pooled  model
+	peers   map[string]*peer  // what other routers shared, by peer
+	shared  map[string]*model // Σ over peers, by engine
+	sharedP model             // Σ over peers of their pooled sums
 }
 
 // model is one engine's two lines.
 type model struct {
 	prefill, decode reg
+	n               uint64 // samples observed (own models only; not discounted)
+}
+
+func (m *model) plus(o *model) {
+	m.prefill.plus(&o.prefill)
+	m.decode.plus(&o.decode)
 }
 
 // New returns a Learner at its prior.
@@ -140,7 +156,7 @@ func New(cfg Config) (*Learner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Learner{cfg: cfg, engines: make(map[string]*model)}, nil
+	return &Learner{cfg: cfg, engines: make(map[string]*model), peers: make(map[string]*peer), shared: make(map[string]*model)}, nil
 }
 
 // ObservePrefill records a TTFT of d on engine for a request whose own
@@ -153,7 +169,9 @@ func (l *Learner) ObservePrefill(engine string, tokens int, d time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	keep := 1 - 1/l.cfg.Memory
-	l.model(engine).prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
+	m := l.model(engine)
+	m.n++
+	m.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
 	l.pooled.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
 }
 
@@ -169,7 +187,9 @@ func (l *Learner) ObserveDecode(engine string, seqs, ctx float64, step time.Dura
 	defer l.mu.Unlock()
 	keep := 1 - 1/l.cfg.Memory
 	w := math.Sqrt(float64(steps)) // a long stretch is one observation, a little surer
-	l.model(engine).decode.add(ctx, seqs, step.Seconds(), keep, w)
+	m := l.model(engine)
+	m.n++
+	m.decode.add(ctx, seqs, step.Seconds(), keep, w)
 	l.pooled.decode.add(ctx, seqs, step.Seconds(), keep, w)
 }
 
@@ -182,23 +202,33 @@ func (l *Learner) model(engine string) *model {
 	return m
 }
 
-// Rates returns engine's current estimate (the pooled one when the engine
-// has no samples yet, the prior when nothing has).
+// Rates returns engine's current estimate from its samples, this router's
+// and those its peers shared (the pooled estimate when the engine has none
+// yet, the prior when nothing has).
 func (l *Learner) Rates(engine string) Rates {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m, ok := l.engines[engine]
-	if !ok || m.prefill.w == 0 && m.decode.w == 0 {
-		m = &l.pooled
+	var m model
+	if own, ok := l.engines[engine]; ok {
+		m = *own
 	}
-	return l.estimate(m)
+	if sh, ok := l.shared[engine]; ok {
+		m.plus(sh)
+	}
+	if m.prefill.w == 0 && m.decode.w == 0 {
+		m = l.pooled
+		m.plus(&l.sharedP)
+	}
+	return l.estimate(&m)
 }
 
-// Pooled returns the estimate over every engine's samples.
+// Pooled returns the estimate over every engine's samples (peers' included).
 func (l *Learner) Pooled() Rates {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.estimate(&l.pooled)
+	m := l.pooled
+	m.plus(&l.sharedP)
+	return l.estimate(&m)
 }
 
 func (l *Learner) estimate(m *model) Rates {
@@ -235,6 +265,17 @@ type reg struct {
 	w   float64
 	xtx [3][3]float64
 	xty [3]float64
+}
+
+// plus adds o's sums to s's.
+func (s *reg) plus(o *reg) {
+	s.w += o.w
+	for i := range s.xty {
+		s.xty[i] += o.xty[i]
+		for j := range s.xtx[i] {
+			s.xtx[i][j] += o.xtx[i][j]
+		}
+	}
 }
 
 func (s *reg) add(x1, x2, y, keep, w float64) {

@@ -1,0 +1,345 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// fedLearner is a learner with samples of engines e0…e(n-1), engine i
+// observed i+1 times.
+func fedLearner(t testing.TB, n int) *learn.Learner {
+	t.Helper()
+	lr, err := learn.New(learn.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(4, 2))
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("engine-%03d.pool-a.llama-3-8b-instruct", i)
+		for k := 0; k <= i%5; k++ {
+			tok := 100 + rng.IntN(8000)
+			lr.ObservePrefill(id, tok, time.Duration((0.01+float64(tok)/20000)*1e9))
+			lr.ObserveDecode(id, 8, 8*float64(tok), time.Duration((0.01+1e-7*8*float64(tok))*1e9), 20)
+		}
+	}
+	return lr
+}
+
+func TestLearnShareRoundTrip(t *testing.T) {
+	lr := fedLearner(t, 3)
+	own, pooled := lr.Own(nil)
+	var buf bytes.Buffer
+	if err := encodeLearnShare(&buf, &pooled, own); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := decodeLearnShare(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh.pooled != pooled || len(sh.engines) != 3 {
+		t.Fatalf("pooled %+v engines %d; want %+v and 3", sh.pooled, len(sh.engines), pooled)
+	}
+	for i, e := range sh.engines {
+		if e.Engine != own[i].Engine || e.Stats != own[i].Stats {
+			t.Errorf("engine %d: %+v, want %+v", i, e, own[i])
+		}
+	}
+	// Every strict prefix is refused, so is a trailing byte, another
+	// version, and a count larger than the bytes could hold.
+	b := buf.Bytes()
+	for n := 0; n < len(b); n++ {
+		if _, err := decodeLearnShare(b[:n]); !errors.Is(err, errLearnWire) {
+			t.Fatalf("prefix of %d bytes: err %v", n, err)
+		}
+	}
+	for name, bad := range map[string][]byte{
+		"trailing":    append(append([]byte(nil), b...), 0xc0),
+		"version 2":   append([]byte{0x93, 0x02}, b[2:]...),
+		"not a share": []byte(`{"v":1}`),
+		"huge count":  append(append([]byte{0x93, 0x01}, b[2:2+1+learnStatsLen*9]...), 0xdd, 0x7f, 0xff, 0xff, 0xff),
+	} {
+		if _, err := decodeLearnShare(bad); !errors.Is(err, errLearnWire) {
+			t.Errorf("%s: err %v, want errLearnWire", name, err)
+		}
+	}
+}
+
+// FuzzDecodeLearnShare: any bytes decode or fail cleanly; what decodes
+// encodes back to a share that decodes to the same sums.
+func FuzzDecodeLearnShare(f *testing.F) {
+	lr := fedLearner(f, 3)
+	own, pooled := lr.Own(nil)
+	var buf bytes.Buffer
+	if err := encodeLearnShare(&buf, &pooled, own); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(buf.Bytes())
+	f.Add([]byte{0x93, 0x01})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sh, err := decodeLearnShare(b)
+		if err != nil {
+			if !errors.Is(err, errLearnWire) {
+				t.Fatalf("error not wrapping errLearnWire: %v", err)
+			}
+			return
+		}
+		var out bytes.Buffer
+		if err := encodeLearnShare(&out, &sh.pooled, sh.engines); err != nil {
+			t.Fatal(err)
+		}
+		again, err := decodeLearnShare(out.Bytes())
+		if err != nil {
+			t.Fatalf("re-encoded share does not decode: %v", err)
+		}
+		same := func(a, b learn.Stats) bool { // NaN ≠ NaN: compare bits
+			for i := range a.Prefill {
+				if math.Float64bits(a.Prefill[i]) != math.Float64bits(b.Prefill[i]) {
+					return false
+				}
+			}
+			for i := range a.Decode {
+				if math.Float64bits(a.Decode[i]) != math.Float64bits(b.Decode[i]) {
+					return false
+				}
+			}
+			return true
+		}
+		if !same(again.pooled, sh.pooled) || len(again.engines) != len(sh.engines) {
+			t.Fatalf("round trip changed the share")
+		}
+		for i := range sh.engines {
+			if again.engines[i].Engine != sh.engines[i].Engine || !same(again.engines[i].Stats, sh.engines[i].Stats) {
+				t.Fatalf("round trip changed engine %d", i)
+			}
+		}
+		// Whatever decodes, a learner takes or refuses without panicking.
+		l, _ := learn.New(learn.Config{})
+		_ = l.SetPeer("p", sh.pooled, sh.engines)
+		_ = l.Rates("x")
+	})
+}
+
+// TestLearnSharerTakesTurns: with more engines than fit in one blob, every
+// blob stays under the limit, the engines with new samples go first, and
+// every engine is sent within a bounded number of shares.
+func TestLearnSharerTakesTurns(t *testing.T) {
+	const n = 60
+	lr := fedLearner(t, n)
+	var ls learnSharer
+	now := time.Unix(1000, 0)
+	seen := map[string]int{}
+	shares := 0
+	for ; len(seen) < n && shares < 20; shares++ {
+		b, err := ls.share(now, lr)
+		if err != nil || b == nil {
+			t.Fatalf("share %d: %v, %d bytes", shares, err, len(b))
+		}
+		if len(b) > learnShareMaxBlob {
+			t.Fatalf("share %d: %d bytes, limit %d", shares, len(b), learnShareMaxBlob)
+		}
+		sh, err := decodeLearnShare(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sh.engines) == 0 || len(sh.engines) >= n {
+			t.Fatalf("share %d holds %d of %d engines: the test needs several turns", shares, len(sh.engines), n)
+		}
+		for _, e := range sh.engines {
+			seen[e.Engine]++
+		}
+		if b2, _ := ls.share(now.Add(time.Second), lr); b2 != nil {
+			t.Fatal("shared again before the interval")
+		}
+		now = now.Add(learnShareInterval)
+	}
+	if len(seen) != n {
+		t.Fatalf("after %d shares %d of %d engines were sent", shares, len(seen), n)
+	}
+	t.Logf("%d engines in %d shares", n, shares)
+	// New samples of one engine put it first.
+	hot := "engine-007.pool-a.llama-3-8b-instruct"
+	for k := 0; k < 50; k++ {
+		lr.ObservePrefill(hot, 1000, 60*time.Millisecond)
+	}
+	b, _ := ls.share(now, lr)
+	sh, err := decodeLearnShare(b)
+	if err != nil || len(sh.engines) == 0 || sh.engines[0].Engine != hot {
+		t.Fatalf("after new samples of %s the share starts with %+v (%v)", hot, sh.engines[:min(1, len(sh.engines))], err)
+	}
+}
+
+// TestLearnedCostsSharedByGossip runs two ingress replicas on loopback
+// memberlist in front of one real simulated engine:
+//   - requests through replica a only: b, which never sent the engine a
+//     request, comes to price it exactly as a does (a's sums reached it);
+//   - then requests through b too: both fit on the union of their samples,
+//     so their estimates agree, and each still publishes only its own;
+//   - b leaves: a is back to its own samples.
+func TestLearnedCostsSharedByGossip(t *testing.T) {
+	prof := learnProfile()
+	eng, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 1, Seed: 3,
+		Engine: engine.Config{Profile: prof, MaxBatchTokens: 16384, GPUBlocks: 8192},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	want, _, _ := prof.Rates()
+
+	engines := []StaticEngine{{ID: "e0", Model: "m", URL: eng.URL()}}
+	cfg := testConfig(engines...)
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.Learn.Prior = learn.Rates{PrefillRate: 2 * want}
+	cfg.LoadInterval = 50 * time.Millisecond
+	cfg.Cluster = ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local"}
+	cfgA := cfg
+	cfgA.ID = "ingress-a"
+	regA := prometheus.NewRegistry()
+	a := startIngress(t, cfgA, Deps{Membership: newStaticMembership(engines), Registry: regA})
+	cfgB := cfg
+	cfgB.ID = "ingress-b"
+	cfgB.Cluster.GossipSeeds = []string{a.GossipAddr()}
+	b := startIngress(t, cfgB, Deps{Membership: newStaticMembership(engines)}) // Close is idempotent
+
+	rng := rand.New(rand.NewPCG(7, 1))
+	send := func(s *Server, n int) {
+		for i := 0; i < n; i++ {
+			tokens := 500 + rng.IntN(8000)
+			var sb strings.Builder
+			sb.WriteString(`{"model":"m","max_tokens":4,"stream":true,"prompt":[`)
+			for j := 0; j < tokens; j++ {
+				if j > 0 {
+					sb.WriteByte(',')
+				}
+				sb.WriteString(strconv.Itoa(1 + rng.IntN(250)))
+			}
+			sb.WriteString("]}")
+			st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", sb.String())
+			if evs := sseEvents(body); st != 200 || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
+				t.Fatalf("status %d body %.300s", st, body)
+			}
+		}
+	}
+	same := func(x, y learn.Rates) bool {
+		return math.Abs(x.PrefillRate/y.PrefillRate-1) < 1e-9 && math.Abs(x.StepBase/y.StepBase-1) < 1e-9 &&
+			math.Abs(x.DecodeSecPerToken/y.DecodeSecPerToken-1) < 1e-9
+	}
+
+	send(a, 16)
+	ra := a.learn.Rates("e0")
+	if math.Abs(ra.PrefillRate/cfg.Learn.Prior.PrefillRate-1) < 0.2 {
+		t.Fatalf("a learned %+v, still near its prior: the test shows nothing", ra)
+	}
+	testutil.WaitFor(t, 30*time.Second, "b prices e0 with a's measurements", func() bool {
+		return same(b.learn.Rates("e0"), a.learn.Rates("e0"))
+	})
+	if own, _ := b.learn.Own(nil); len(own) != 0 {
+		t.Fatalf("b publishes %d engines it never sent to", len(own))
+	}
+
+	send(b, 8)
+	testutil.WaitFor(t, 30*time.Second, "a and b fit the union of their samples", func() bool {
+		return a.learn.Peers() == 1 && b.learn.Peers() == 1 && same(a.learn.Rates("e0"), b.learn.Rates("e0"))
+	})
+	ownA, pooledA := a.learn.Own(nil)
+	ownB, _ := b.learn.Own(nil)
+	if len(ownA) != 1 || len(ownB) != 1 || ownA[0].Samples < 16 || ownB[0].Samples < 8 || ownB[0].Samples >= ownA[0].Samples+ownB[0].Samples {
+		t.Fatalf("own sums: a %+v, b %+v", ownA, ownB)
+	}
+	if g := counterValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "accepted"); g < 1 {
+		t.Errorf("a accepted %v shares", g)
+	}
+	if l := a.learned("e0"); l.Peers != 1 || l.PrefillSamples != ownA[0].Samples-l.DecodeSamples {
+		t.Errorf("a's /debug/engines block %+v: want 1 peer and its own samples (%d)", *l, ownA[0].Samples)
+	}
+
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "a forgets b's share after b left", func() bool { return a.learn.Peers() == 0 })
+	// a's own sums alone, fitted by a learner that only has them as a share.
+	alone, _ := learn.New(a.cfg.Learn.learnConfig())
+	if err := alone.SetPeer("a", pooledA, ownA); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := a.learn.Rates("e0"), alone.Rates("e0"); !same(got, want) || same(got, b.learn.Rates("e0")) {
+		t.Errorf("a after b left: %+v, want its own samples' %+v (b: %+v)", got, want, b.learn.Rates("e0"))
+	}
+
+	// A member gossiping junk and then implausible sums under the key:
+	// both counted as rejected, nothing of them used.
+	gc := gossip.DefaultConfig()
+	gc.Name, gc.Profile, gc.BindAddr, gc.BindPort = "rogue", "local", "127.0.0.1", 0
+	gc.Meta = gossip.NodeMeta{Role: gossip.RoleIngress, ID: "rogue"}
+	gc.Join = []string{a.GossipAddr()}
+	gc.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	rogue, err := gossip.New(gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rogue.Close() })
+	before := a.learn.Rates("e0")
+	if err := rogue.SetAppState(LearnStateName, []byte("not msgpack")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "a rejects the junk share", func() bool {
+		return counterValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "rejected") >= 1
+	})
+	bad := pooledA
+	bad.Prefill[1] = 1e30 // (Σx)² far above Σw·Σx²
+	var buf bytes.Buffer
+	if err := encodeLearnShare(&buf, &bad, ownA); err != nil {
+		t.Fatal(err)
+	}
+	if err := rogue.SetAppState(LearnStateName, buf.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "a rejects the implausible share", func() bool {
+		return counterValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "rejected") >= 2
+	})
+	if got := a.learn.Rates("e0"); got != before || a.learn.Peers() != 0 {
+		t.Errorf("rejected shares changed a: %+v (was %+v), %d peers", got, before, a.learn.Peers())
+	}
+}
+
+// counterValue reads a counter's value for one label from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
