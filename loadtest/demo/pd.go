@@ -162,6 +162,7 @@ func runPDMode(ctx context.Context, cfg PDConfig, mode string, reqs []workload.R
 	ic := ingress.DefaultConfig()
 	ic.Listen = "127.0.0.1:0"
 	ic.Scheduler.Policy = "kvmesh"
+	ic.Learn.Prior = wallPrior(cfg.TimeScale)
 	ic.PD.TransferGbps = cfg.TransferGbps
 	switch mode {
 	case "pd":
