@@ -2,16 +2,12 @@ package ingress
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,8 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
-	"github.com/kvmesh/kvmesh/sim"
-	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // fedLearner is a learner with samples of engines e0…e(n-1), engine i
@@ -196,15 +190,7 @@ func TestLearnSharerTakesTurns(t *testing.T) {
 //     so their estimates agree, and each still publishes only its own;
 //   - b leaves: a is back to its own samples.
 func TestLearnedCostsSharedByGossip(t *testing.T) {
-	prof := learnProfile()
-	eng, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 1, Seed: 3,
-		Engine: engine.Config{Profile: prof, MaxBatchTokens: 16384, GPUBlocks: 8192},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Close() })
-	want, _, _ := prof.Rates()
+	eng, want := startLearnSim(t)
 
 	engines := []StaticEngine{{ID: "e0", Model: "m", URL: eng.URL()}}
 	cfg := testConfig(engines...)
@@ -222,24 +208,7 @@ func TestLearnedCostsSharedByGossip(t *testing.T) {
 	b := startIngress(t, cfgB, Deps{Membership: newStaticMembership(engines)}) // Close is idempotent
 
 	rng := rand.New(rand.NewPCG(7, 1))
-	send := func(s *Server, n int) {
-		for i := 0; i < n; i++ {
-			tokens := 500 + rng.IntN(8000)
-			var sb strings.Builder
-			sb.WriteString(`{"model":"m","max_tokens":4,"stream":true,"prompt":[`)
-			for j := 0; j < tokens; j++ {
-				if j > 0 {
-					sb.WriteByte(',')
-				}
-				sb.WriteString(strconv.Itoa(1 + rng.IntN(250)))
-			}
-			sb.WriteString("]}")
-			st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", sb.String())
-			if evs := sseEvents(body); st != 200 || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
-				t.Fatalf("status %d body %.300s", st, body)
-			}
-		}
-	}
+	send := func(s *Server, n int) { sendRandomStreams(t, s, rng, n, 8000, 4) }
 	same := func(x, y learn.Rates) bool {
 		return math.Abs(x.PrefillRate/y.PrefillRate-1) < 1e-9 && math.Abs(x.StepBase/y.StepBase-1) < 1e-9 &&
 			math.Abs(x.DecodeSecPerToken/y.DecodeSecPerToken-1) < 1e-9
@@ -266,7 +235,7 @@ func TestLearnedCostsSharedByGossip(t *testing.T) {
 	if len(ownA) != 1 || len(ownB) != 1 || ownA[0].Samples < 16 || ownB[0].Samples < 8 || ownB[0].Samples >= ownA[0].Samples+ownB[0].Samples {
 		t.Fatalf("own sums: a %+v, b %+v", ownA, ownB)
 	}
-	if g := counterValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "accepted"); g < 1 {
+	if g := metricValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "accepted"); g < 1 {
 		t.Errorf("a accepted %v shares", g)
 	}
 	if l := a.learned("e0"); l.Peers != 1 || l.PrefillSamples != ownA[0].Samples-l.DecodeSamples {
@@ -303,7 +272,7 @@ func TestLearnedCostsSharedByGossip(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 30*time.Second, "a rejects the junk share", func() bool {
-		return counterValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "rejected") >= 1
+		return metricValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "rejected") >= 1
 	})
 	bad := pooledA
 	bad.Prefill[1] = 1e30 // (Σx)² far above Σw·Σx²
@@ -315,31 +284,9 @@ func TestLearnedCostsSharedByGossip(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 30*time.Second, "a rejects the implausible share", func() bool {
-		return counterValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "rejected") >= 2
+		return metricValue(t, regA, "kvmesh_ingress_learn_shares_total", "result", "rejected") >= 2
 	})
 	if got := a.learn.Rates("e0"); got != before || a.learn.Peers() != 0 {
 		t.Errorf("rejected shares changed a: %+v (was %+v), %d peers", got, before, a.learn.Peers())
 	}
-}
-
-// counterValue reads a counter's value for one label from reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

@@ -49,15 +49,7 @@ func learnProfile() engine.Profile {
 // 30 % leaves room for a busy machine's jitter and for the prior's pull
 // (4 pseudo-samples against 48 requests).
 func TestIngressLearnsPrefillRateFromSimulator(t *testing.T) {
-	prof := learnProfile()
-	want, _, _ := prof.Rates()
-	eng, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 1, Seed: 3,
-		Engine: engine.Config{Profile: prof, MaxBatchTokens: 16384, GPUBlocks: 8192},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Close() })
+	eng, want := startLearnSim(t)
 
 	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: eng.URL()})
 	cfg.Scheduler.Policy = "kvmesh"
@@ -73,23 +65,7 @@ func TestIngressLearnsPrefillRateFromSimulator(t *testing.T) {
 	}
 
 	const n = 48
-	rng := rand.New(rand.NewPCG(7, 1))
-	for i := 0; i < n; i++ {
-		tokens := 500 + rng.IntN(11500)
-		var sb strings.Builder
-		sb.WriteString(`{"model":"m","max_tokens":6,"stream":true,"prompt":[`)
-		for j := 0; j < tokens; j++ {
-			if j > 0 {
-				sb.WriteByte(',')
-			}
-			sb.WriteString(strconv.Itoa(1 + rng.IntN(250))) // random: no prefix is shared
-		}
-		sb.WriteString("]}")
-		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", sb.String())
-		if evs := sseEvents(body); st != 200 || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
-			t.Fatalf("request %d: status %d body %.300s", i, st, body)
-		}
-	}
+	sendRandomStreams(t, s, rand.New(rand.NewPCG(7, 1)), n, 11500, 6)
 	got := s.learned("e0")
 	t.Logf("learned %+v; the profile's prefill rate %v tokens/s", *got, want)
 	if math.Abs(got.PrefillRate/want-1) > 0.3 {
@@ -114,13 +90,53 @@ func TestIngressLearnsPrefillRateFromSimulator(t *testing.T) {
 	if l := engines[0].Learned; l.PrefillRate <= 0 || l.StepBase <= 0 || l.DecodeSecPerToken <= 0 || l.PrefillSamples != n {
 		t.Errorf("/debug/engines learned: %+v", *l)
 	}
-	if g := gaugeValue(t, reg, "kvmesh_ingress_learned_prefill_tokens_per_second", "e0"); g != s.learn.Rates("e0").PrefillRate {
+	if g := metricValue(t, reg, "kvmesh_ingress_learned_prefill_tokens_per_second", "engine", "e0"); g != s.learn.Rates("e0").PrefillRate {
 		t.Errorf("gauge %v, learner %v", g, s.learn.Rates("e0").PrefillRate)
 	}
 }
 
-// gaugeValue reads a gauge's value for label engine from reg.
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name, engine string) float64 {
+// sendRandomStreams sends n streamed completions of 500 to 500+spread
+// random token ids (no prefix shared) with maxTokens output tokens each,
+// through s, and fails unless each ends with [DONE].
+func sendRandomStreams(t *testing.T, s *Server, rng *rand.Rand, n, spread, maxTokens int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		tokens := 500 + rng.IntN(spread)
+		var sb strings.Builder
+		sb.WriteString(`{"model":"m","max_tokens":` + strconv.Itoa(maxTokens) + `,"stream":true,"prompt":[`)
+		for j := 0; j < tokens; j++ {
+			if j > 0 {
+				sb.WriteByte(',')
+			}
+			sb.WriteString(strconv.Itoa(1 + rng.IntN(250)))
+		}
+		sb.WriteString("]}")
+		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", sb.String())
+		if evs := sseEvents(body); st != 200 || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
+			t.Fatalf("request %d: status %d body %.300s", i, st, body)
+		}
+	}
+}
+
+// startLearnSim starts a simulator of learnProfile in wall time and
+// returns it with the profile's true prefill rate.
+func startLearnSim(t *testing.T) (*sim.Server, float64) {
+	t.Helper()
+	prof := learnProfile()
+	want, _, _ := prof.Rates()
+	eng, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 1, Seed: 3,
+		Engine: engine.Config{Profile: prof, MaxBatchTokens: 16384, GPUBlocks: 8192},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	return eng, want
+}
+
+// metricValue reads the gauge or counter name{label=value} from reg; 0
+// when there is no such series.
+func metricValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -132,13 +148,15 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name, engine string) flo
 		}
 		for _, m := range mf.GetMetric() {
 			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "engine" && lp.GetValue() == engine {
+				if lp.GetName() == label && lp.GetValue() == value {
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
 					return m.GetGauge().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatalf("no %s{engine=%q}", name, engine)
 	return 0
 }
 
