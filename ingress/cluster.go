@@ -131,7 +131,10 @@ func (s *Server) startCluster() error {
 					s.mergeLearnShare(origin, blob)
 				}
 			})
-			node.OnLeave(s.learn.ForgetPeer)
+			node.OnLeave(func(peer string) {
+				s.learnGossip.forget(peer)
+				s.learn.ForgetPeer(peer)
+			})
 		}
 	}
 	if len(cc.NATSURLs) > 0 {

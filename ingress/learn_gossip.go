@@ -5,7 +5,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,8 +25,11 @@ import (
 // sharing gives every replica the fit over all of it, and an engine a
 // replica has not sent to yet is priced with what the others measured.
 //
-// Wire (msgpack, arrays only): [1, pooled, [[engine id, stats], …]] where
-// stats is the 14 sums of learn.Stats, prefill's five then decode's nine.
+// Wire (msgpack, arrays only): [1, epoch, pooled, [[engine id, stats], …]]
+// where stats is the 14 sums of learn.Stats, prefill's five then decode's
+// nine, and epoch is random per learner: a replica restarted under the same
+// name starts a new epoch, and its peers drop what the old one shared
+// rather than keep engines the new one has not measured yet.
 // A blob holds at most learnShareMaxBlob bytes; when not every engine fits,
 // the engines with the most samples since they were last sent go first
 // (then the longest unsent), so a large cluster's engines take turns.
@@ -47,6 +52,7 @@ var errLearnWire = errors.New("learned-cost share: malformed")
 
 // learnShare is one decoded share.
 type learnShare struct {
+	epoch   uint64
 	pooled  learn.Stats
 	engines []learn.EngineStats
 }
@@ -73,14 +79,17 @@ func encodeLearnStats(e *msgpack.Encoder, s *learn.Stats) error {
 }
 
 // encodeLearnShare writes a share of pooled and engines into buf.
-func encodeLearnShare(buf *bytes.Buffer, pooled *learn.Stats, engines []learn.EngineStats) error {
+func encodeLearnShare(buf *bytes.Buffer, epoch uint64, pooled *learn.Stats, engines []learn.EngineStats) error {
 	buf.Reset()
 	e := msgpack.NewEncoder(buf)
 	e.UseCompactFloats(true) // a sum that is exactly a float32 (0, small counts) takes 5 bytes
-	if err := e.EncodeArrayLen(3); err != nil {
+	if err := e.EncodeArrayLen(4); err != nil {
 		return err
 	}
 	if err := e.EncodeInt(learnWireVersion); err != nil {
+		return err
+	}
+	if err := e.EncodeUint(epoch); err != nil {
 		return err
 	}
 	if err := encodeLearnStats(e, pooled); err != nil {
@@ -136,7 +145,7 @@ func decodeLearnShare(b []byte) (learnShare, error) {
 		}
 		return nil
 	}
-	if err := arr(3); err != nil {
+	if err := arr(4); err != nil {
 		return sh, err
 	}
 	v, err := d.DecodeInt()
@@ -145,6 +154,9 @@ func decodeLearnShare(b []byte) (learnShare, error) {
 	}
 	if v != learnWireVersion {
 		return sh, fmt.Errorf("%w: version %d, want %d", errLearnWire, v, learnWireVersion)
+	}
+	if sh.epoch, err = d.DecodeUint64(); err != nil {
+		return sh, fmt.Errorf("%w: epoch: %v", errLearnWire, err)
 	}
 	if err := stats(&sh.pooled); err != nil {
 		return sh, err
@@ -182,6 +194,7 @@ func decodeLearnShare(b []byte) (learnShare, error) {
 
 // learnSharer publishes this replica's own sums; the load loop owns it.
 type learnSharer struct {
+	epoch  uint64 // random, drawn at the first share
 	last   time.Time
 	tick   uint64
 	sent   map[string]learnSent // by engine
@@ -209,6 +222,9 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 	}
 	ls.last = now
 	ls.tick++
+	for ls.epoch == 0 {
+		ls.epoch = rand.Uint64()
+	}
 	if ls.sent == nil {
 		ls.sent = make(map[string]learnSent)
 	}
@@ -219,7 +235,7 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 		}
 		return cmp.Compare(ls.sent[a.Engine].tick, ls.sent[b.Engine].tick)
 	})
-	room := learnShareMaxBlob - 8 - learnStatsLen*9 // the header and pooled sums
+	room := learnShareMaxBlob - 17 - learnStatsLen*9 // the header, epoch and pooled sums
 	ls.picked = ls.picked[:0]
 	for i := range ls.own {
 		e := &ls.own[i]
@@ -236,19 +252,39 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 			}
 		}
 	}
-	if err := encodeLearnShare(&ls.buf, &pooled, ls.picked); err != nil {
+	if err := encodeLearnShare(&ls.buf, ls.epoch, &pooled, ls.picked); err != nil {
 		return nil, err
 	}
 	return ls.buf.Bytes(), nil
 }
 
-// learnGossipMetrics counts peers' shares by result.
+// learnGossipMetrics counts peers' shares by result, and holds each
+// peer's epoch.
 type learnGossipMetrics struct {
-	shares *prometheus.CounterVec // result: accepted, rejected
+	shares *prometheus.CounterVec // result: accepted, rejected, partial
+	mu     sync.Mutex
+	epochs map[string]uint64 // by peer: its learner's epoch
+}
+
+// newEpoch records peer's epoch and reports whether it differs from the
+// one seen before (a first share is not a new epoch).
+func (m *learnGossipMetrics) newEpoch(peer string, epoch uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old, seen := m.epochs[peer]
+	m.epochs[peer] = epoch
+	return seen && old != epoch
+}
+
+// forget drops peer's epoch (it left).
+func (m *learnGossipMetrics) forget(peer string) {
+	m.mu.Lock()
+	delete(m.epochs, peer)
+	m.mu.Unlock()
 }
 
 func newLearnGossipMetrics(reg prometheus.Registerer, id string) *learnGossipMetrics {
-	m := &learnGossipMetrics{shares: prometheus.NewCounterVec(prometheus.CounterOpts{
+	m := &learnGossipMetrics{epochs: make(map[string]uint64), shares: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "kvmesh_ingress_learn_shares_total",
 		Help:        "Learned-cost shares received from other replicas by gossip: accepted; rejected (malformed, or implausible pooled sums: none of it is used); partial (the implausible engines dropped, the rest used).",
 		ConstLabels: prometheus.Labels{"ingress": id}}, []string{"result"})}
@@ -273,8 +309,13 @@ func (s *Server) mergeLearnShare(origin string, blob []byte) {
 	}
 	if err != nil {
 		result = "rejected"
-	} else if err = s.learn.SetPeer(origin, sh.pooled, sh.engines); err != nil {
-		result = "partial"
+	} else {
+		if s.learnGossip.newEpoch(origin, sh.epoch) {
+			s.learn.ForgetPeer(origin) // restarted: what the old learner shared goes
+		}
+		if err = s.learn.SetPeer(origin, sh.pooled, sh.engines); err != nil {
+			result = "partial"
+		}
 	}
 	s.learnGossip.shares.WithLabelValues(result).Inc()
 	if err != nil {

@@ -42,14 +42,14 @@ func TestLearnShareRoundTrip(t *testing.T) {
 	lr := fedLearner(t, 3)
 	own, pooled := lr.Own(nil)
 	var buf bytes.Buffer
-	if err := encodeLearnShare(&buf, &pooled, own); err != nil {
+	if err := encodeLearnShare(&buf, 1<<63+5, &pooled, own); err != nil {
 		t.Fatal(err)
 	}
 	sh, err := decodeLearnShare(buf.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sh.pooled != pooled || len(sh.engines) != 3 {
+	if sh.epoch != 1<<63+5 || sh.pooled != pooled || len(sh.engines) != 3 {
 		t.Fatalf("pooled %+v engines %d; want %+v and 3", sh.pooled, len(sh.engines), pooled)
 	}
 	for i, e := range sh.engines {
@@ -65,11 +65,17 @@ func TestLearnShareRoundTrip(t *testing.T) {
 			t.Fatalf("prefix of %d bytes: err %v", n, err)
 		}
 	}
+	var none bytes.Buffer
+	if err := encodeLearnShare(&none, 7, &pooled, nil); err != nil || none.Bytes()[none.Len()-1] != 0x90 {
+		t.Fatalf("a share without engines: %v, % x", err, none.Bytes())
+	}
+	huge := append(none.Bytes()[:none.Len()-1:none.Len()-1], 0xdd, 0x7f, 0xff, 0xff, 0xff) // array of 2³¹−1 engines
 	for name, bad := range map[string][]byte{
 		"trailing":    append(append([]byte(nil), b...), 0xc0),
-		"version 2":   append([]byte{0x93, 0x02}, b[2:]...),
+		"version 2":   append([]byte{0x94, 0x02}, b[2:]...),
 		"not a share": []byte(`{"v":1}`),
-		"huge count":  append(append([]byte{0x93, 0x01}, b[2:2+1+learnStatsLen*9]...), 0xdd, 0x7f, 0xff, 0xff, 0xff),
+		"huge count":  huge,
+		"no epoch":    append([]byte{0x93}, b[1:]...),
 	} {
 		if _, err := decodeLearnShare(bad); !errors.Is(err, errLearnWire) {
 			t.Errorf("%s: err %v, want errLearnWire", name, err)
@@ -83,7 +89,7 @@ func FuzzDecodeLearnShare(f *testing.F) {
 	lr := fedLearner(f, 3)
 	own, pooled := lr.Own(nil)
 	var buf bytes.Buffer
-	if err := encodeLearnShare(&buf, &pooled, own); err != nil {
+	if err := encodeLearnShare(&buf, 42, &pooled, own); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(buf.Bytes())
@@ -98,7 +104,7 @@ func FuzzDecodeLearnShare(f *testing.F) {
 			return
 		}
 		var out bytes.Buffer
-		if err := encodeLearnShare(&out, &sh.pooled, sh.engines); err != nil {
+		if err := encodeLearnShare(&out, sh.epoch, &sh.pooled, sh.engines); err != nil {
 			t.Fatal(err)
 		}
 		again, err := decodeLearnShare(out.Bytes())
@@ -118,7 +124,7 @@ func FuzzDecodeLearnShare(f *testing.F) {
 			}
 			return true
 		}
-		if !same(again.pooled, sh.pooled) || len(again.engines) != len(sh.engines) {
+		if again.epoch != sh.epoch || !same(again.pooled, sh.pooled) || len(again.engines) != len(sh.engines) {
 			t.Fatalf("round trip changed the share")
 		}
 		for i := range sh.engines {
@@ -131,6 +137,43 @@ func FuzzDecodeLearnShare(f *testing.F) {
 		_ = l.SetPeer("p", sh.pooled, sh.engines)
 		_ = l.Rates("x")
 	})
+}
+
+// TestRestartedPeerStartsOver: a peer's shares under one epoch add up
+// (each lists some engines); a share under a new epoch (the replica
+// restarted with the same name) drops what the old one shared.
+func TestRestartedPeerStartsOver(t *testing.T) {
+	lr, _ := learn.New(learn.Config{})
+	s := &Server{learn: lr, learnGossip: newLearnGossipMetrics(prometheus.NewRegistry(), "t"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	src := fedLearner(t, 2)
+	own, pooled := src.Own(nil)
+	share := func(epoch uint64, es []learn.EngineStats) {
+		var buf bytes.Buffer
+		if err := encodeLearnShare(&buf, epoch, &pooled, es); err != nil {
+			t.Fatal(err)
+		}
+		s.mergeLearnShare("peer", buf.Bytes())
+	}
+	e1 := own[1].Engine
+	share(1, own)
+	learnt := lr.Rates(e1)
+	if learnt == lr.Pooled() {
+		t.Fatalf("%s is priced on the pooled estimate after a share of it", e1)
+	}
+	share(1, own[:1]) // same epoch, e1 not listed: kept
+	if got := lr.Rates(e1); got != learnt {
+		t.Fatalf("same epoch: %s went from %+v to %+v", e1, learnt, got)
+	}
+	share(2, own[:1]) // new epoch without e1: gone
+	if got := lr.Rates(e1); got != lr.Pooled() {
+		t.Fatalf("new epoch: %s still priced %+v, want the pooled %+v", e1, got, lr.Pooled())
+	}
+	if lr.Peers() != 1 {
+		t.Fatalf("%d peers, want 1", lr.Peers())
+	}
+	if got := val(s.learnGossip.shares.WithLabelValues("accepted")); got != 3 {
+		t.Fatalf("%v shares accepted, want 3", got)
+	}
 }
 
 // TestLearnSharerTakesTurns: with more engines than fit in one blob, every
@@ -277,7 +320,7 @@ func TestLearnedCostsSharedByGossip(t *testing.T) {
 	bad := pooledA
 	bad.Prefill[1] = 1e30 // (Σx)² far above Σw·Σx²
 	var buf bytes.Buffer
-	if err := encodeLearnShare(&buf, &bad, ownA); err != nil {
+	if err := encodeLearnShare(&buf, 1, &bad, ownA); err != nil {
 		t.Fatal(err)
 	}
 	if err := rogue.SetAppState(LearnStateName, buf.Bytes()); err != nil {
