@@ -197,7 +197,7 @@ type learnSharer struct {
 	epoch  uint64 // random, drawn at the first share
 	last   time.Time
 	tick   uint64
-	sent   map[string]learnSent // by engine
+	sent   map[string]learnSent // by engine (the learner keeps every engine it saw, so does this)
 	own    []learn.EngineStats
 	picked []learn.EngineStats
 	buf    bytes.Buffer
@@ -244,13 +244,6 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 		}
 		ls.picked = append(ls.picked, *e)
 		ls.sent[e.Engine] = learnSent{samples: e.Samples, tick: ls.tick}
-	}
-	if len(ls.sent) > 2*len(ls.own)+64 { // engines gone: forget them
-		for id := range ls.sent {
-			if !slices.ContainsFunc(ls.own, func(e learn.EngineStats) bool { return e.Engine == id }) {
-				delete(ls.sent, id)
-			}
-		}
 	}
 	if err := encodeLearnShare(&ls.buf, ls.epoch, &pooled, ls.picked); err != nil {
 		return nil, err
