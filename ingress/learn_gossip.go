@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"cmp"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
@@ -25,172 +23,18 @@ import (
 // sharing gives every replica the fit over all of it, and an engine a
 // replica has not sent to yet is priced with what the others measured.
 //
-// Wire (msgpack, arrays only): [1, epoch, pooled, [[engine id, stats], …]]
-// where stats is the 14 sums of learn.Stats, prefill's five then decode's
-// nine, and epoch is random per learner: a replica restarted under the same
-// name starts a new epoch, and its peers drop what the old one shared
-// rather than keep engines the new one has not measured yet.
-// A blob holds at most learnShareMaxBlob bytes; when not every engine fits,
+// The wire form is learn.EncodeShare's. Its epoch is random per learner: a
+// replica restarted under the same name starts a new epoch, and its peers
+// drop what the old one shared rather than keep engines the new one has
+// not measured yet.
+// A blob holds at most learn.MaxShareBytes; when not every engine fits,
 // the engines with the most samples since they were last sent go first
 // (then the longest unsent), so a large cluster's engines take turns.
 
 // LearnStateName is the gossip app-state key of a replica's learned sums.
-const LearnStateName = "kvmesh.learn.v1"
+const LearnStateName = learn.StateName
 
-const (
-	learnShareInterval = 5 * time.Second
-	// learnShareMaxBlob keeps a share well under gossip's 4 KiB app limit.
-	learnShareMaxBlob = 3 << 10
-	learnWireVersion  = 1
-	learnStatsLen     = 5 + 9
-	// maxLearnID bounds an engine id on the wire (gossip engine ids are
-	// DNS-label-like; 253 is a DNS name's limit).
-	maxLearnID = 253
-)
-
-var errLearnWire = errors.New("learned-cost share: malformed")
-
-// learnShare is one decoded share.
-type learnShare struct {
-	epoch   uint64
-	pooled  learn.Stats
-	engines []learn.EngineStats
-}
-
-// learnStatsBound is the most bytes one engine's entry takes: array
-// headers, the id's string header and bytes, 14 float64s.
-func learnStatsBound(id string) int { return 1 + 5 + len(id) + 3 + learnStatsLen*9 }
-
-func encodeLearnStats(e *msgpack.Encoder, s *learn.Stats) error {
-	if err := e.EncodeArrayLen(learnStatsLen); err != nil {
-		return err
-	}
-	for _, v := range s.Prefill {
-		if err := e.EncodeFloat64(v); err != nil {
-			return err
-		}
-	}
-	for _, v := range s.Decode {
-		if err := e.EncodeFloat64(v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// encodeLearnShare writes a share of pooled and engines into buf.
-func encodeLearnShare(buf *bytes.Buffer, epoch uint64, pooled *learn.Stats, engines []learn.EngineStats) error {
-	buf.Reset()
-	e := msgpack.NewEncoder(buf)
-	e.UseCompactFloats(true) // a sum that is exactly a float32 (0, small counts) takes 5 bytes
-	if err := e.EncodeArrayLen(4); err != nil {
-		return err
-	}
-	if err := e.EncodeInt(learnWireVersion); err != nil {
-		return err
-	}
-	if err := e.EncodeUint(epoch); err != nil {
-		return err
-	}
-	if err := encodeLearnStats(e, pooled); err != nil {
-		return err
-	}
-	if err := e.EncodeArrayLen(len(engines)); err != nil {
-		return err
-	}
-	for i := range engines {
-		if err := e.EncodeArrayLen(2); err != nil {
-			return err
-		}
-		if err := e.EncodeString(engines[i].Engine); err != nil {
-			return err
-		}
-		if err := encodeLearnStats(e, &engines[i].Stats); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// decodeLearnShare parses a share. It checks the shape and bounds only;
-// the sums' plausibility is learn.Stats.Check's (SetPeer runs it).
-func decodeLearnShare(b []byte) (learnShare, error) {
-	var sh learnShare
-	r := bytes.NewReader(b)
-	d := msgpack.NewDecoder(r)
-	arr := func(want int) error {
-		n, err := d.DecodeArrayLen()
-		if err != nil {
-			return fmt.Errorf("%w: %v", errLearnWire, err)
-		}
-		if n != want {
-			return fmt.Errorf("%w: array of %d, want %d", errLearnWire, n, want)
-		}
-		return nil
-	}
-	stats := func(s *learn.Stats) error {
-		if err := arr(learnStatsLen); err != nil {
-			return err
-		}
-		for i := range learnStatsLen {
-			v, err := d.DecodeFloat64()
-			if err != nil {
-				return fmt.Errorf("%w: %v", errLearnWire, err)
-			}
-			if i < len(s.Prefill) {
-				s.Prefill[i] = v
-			} else {
-				s.Decode[i-len(s.Prefill)] = v
-			}
-		}
-		return nil
-	}
-	if err := arr(4); err != nil {
-		return sh, err
-	}
-	v, err := d.DecodeInt()
-	if err != nil {
-		return sh, fmt.Errorf("%w: version: %v", errLearnWire, err)
-	}
-	if v != learnWireVersion {
-		return sh, fmt.Errorf("%w: version %d, want %d", errLearnWire, v, learnWireVersion)
-	}
-	if sh.epoch, err = d.DecodeUint64(); err != nil {
-		return sh, fmt.Errorf("%w: epoch: %v", errLearnWire, err)
-	}
-	if err := stats(&sh.pooled); err != nil {
-		return sh, err
-	}
-	n, err := d.DecodeArrayLen()
-	if err != nil {
-		return sh, fmt.Errorf("%w: %v", errLearnWire, err)
-	}
-	// Each entry takes more than 16 bytes: a count beyond that is a lie
-	// that would make us allocate for it.
-	if n < 0 || n > len(b)/16 {
-		return sh, fmt.Errorf("%w: %d engines in %d bytes", errLearnWire, n, len(b))
-	}
-	sh.engines = make([]learn.EngineStats, n)
-	for i := range sh.engines {
-		es := &sh.engines[i]
-		if err := arr(2); err != nil {
-			return sh, err
-		}
-		if es.Engine, err = d.DecodeString(); err != nil {
-			return sh, fmt.Errorf("%w: engine id: %v", errLearnWire, err)
-		}
-		if es.Engine == "" || len(es.Engine) > maxLearnID {
-			return sh, fmt.Errorf("%w: engine id of %d bytes", errLearnWire, len(es.Engine))
-		}
-		if err := stats(&es.Stats); err != nil {
-			return sh, err
-		}
-	}
-	if r.Len() != 0 {
-		return sh, fmt.Errorf("%w: %d trailing bytes", errLearnWire, r.Len())
-	}
-	return sh, nil
-}
+const learnShareInterval = 5 * time.Second
 
 // learnSharer publishes this replica's own sums; the load loop owns it.
 type learnSharer struct {
@@ -235,17 +79,17 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 		}
 		return cmp.Compare(ls.sent[a.Engine].tick, ls.sent[b.Engine].tick)
 	})
-	room := learnShareMaxBlob - 17 - learnStatsLen*9 // the header, epoch and pooled sums
+	room := learn.MaxShareBytes - learn.HeaderBytes
 	ls.picked = ls.picked[:0]
 	for i := range ls.own {
 		e := &ls.own[i]
-		if room -= learnStatsBound(e.Engine); room < 0 {
+		if room -= learn.EntryBytes(e.Engine); room < 0 {
 			break
 		}
 		ls.picked = append(ls.picked, *e)
 		ls.sent[e.Engine] = learnSent{samples: e.Samples, tick: ls.tick}
 	}
-	if err := encodeLearnShare(&ls.buf, ls.epoch, &pooled, ls.picked); err != nil {
+	if err := learn.EncodeShare(&ls.buf, ls.epoch, &pooled, ls.picked); err != nil {
 		return nil, err
 	}
 	return ls.buf.Bytes(), nil
@@ -296,17 +140,17 @@ func newLearnGossipMetrics(reg prometheus.Registerer, id string) *learnGossipMet
 // one with some implausible engines keeps the others ("partial").
 func (s *Server) mergeLearnShare(origin string, blob []byte) {
 	result := "accepted"
-	sh, err := decodeLearnShare(blob)
+	sh, err := learn.DecodeShare(blob)
 	if err == nil {
-		err = sh.pooled.Check()
+		err = sh.Pooled.Check()
 	}
 	if err != nil {
 		result = "rejected"
 	} else {
-		if s.learnGossip.newEpoch(origin, sh.epoch) {
+		if s.learnGossip.newEpoch(origin, sh.Epoch) {
 			s.learn.ForgetPeer(origin) // restarted: what the old learner shared goes
 		}
-		if err = s.learn.SetPeer(origin, sh.pooled, sh.engines); err != nil {
+		if err = s.learn.SetPeer(origin, sh.Pooled, sh.Engines); err != nil {
 			result = "partial"
 		}
 	}

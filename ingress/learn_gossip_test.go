@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,107 +37,6 @@ func fedLearner(t testing.TB, n int) *learn.Learner {
 	return lr
 }
 
-func TestLearnShareRoundTrip(t *testing.T) {
-	lr := fedLearner(t, 3)
-	own, pooled := lr.Own(nil)
-	var buf bytes.Buffer
-	if err := encodeLearnShare(&buf, 1<<63+5, &pooled, own); err != nil {
-		t.Fatal(err)
-	}
-	sh, err := decodeLearnShare(buf.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sh.epoch != 1<<63+5 || sh.pooled != pooled || len(sh.engines) != 3 {
-		t.Fatalf("pooled %+v engines %d; want %+v and 3", sh.pooled, len(sh.engines), pooled)
-	}
-	for i, e := range sh.engines {
-		if e.Engine != own[i].Engine || e.Stats != own[i].Stats {
-			t.Errorf("engine %d: %+v, want %+v", i, e, own[i])
-		}
-	}
-	// Every strict prefix is refused, so is a trailing byte, another
-	// version, and a count larger than the bytes could hold.
-	b := buf.Bytes()
-	for n := 0; n < len(b); n++ {
-		if _, err := decodeLearnShare(b[:n]); !errors.Is(err, errLearnWire) {
-			t.Fatalf("prefix of %d bytes: err %v", n, err)
-		}
-	}
-	var none bytes.Buffer
-	if err := encodeLearnShare(&none, 7, &pooled, nil); err != nil || none.Bytes()[none.Len()-1] != 0x90 {
-		t.Fatalf("a share without engines: %v, % x", err, none.Bytes())
-	}
-	huge := append(none.Bytes()[:none.Len()-1:none.Len()-1], 0xdd, 0x7f, 0xff, 0xff, 0xff) // array of 2³¹−1 engines
-	for name, bad := range map[string][]byte{
-		"trailing":    append(append([]byte(nil), b...), 0xc0),
-		"version 2":   append([]byte{0x94, 0x02}, b[2:]...),
-		"not a share": []byte(`{"v":1}`),
-		"huge count":  huge,
-		"no epoch":    append([]byte{0x93}, b[1:]...),
-	} {
-		if _, err := decodeLearnShare(bad); !errors.Is(err, errLearnWire) {
-			t.Errorf("%s: err %v, want errLearnWire", name, err)
-		}
-	}
-}
-
-// FuzzDecodeLearnShare: any bytes decode or fail cleanly; what decodes
-// encodes back to a share that decodes to the same sums.
-func FuzzDecodeLearnShare(f *testing.F) {
-	lr := fedLearner(f, 3)
-	own, pooled := lr.Own(nil)
-	var buf bytes.Buffer
-	if err := encodeLearnShare(&buf, 42, &pooled, own); err != nil {
-		f.Fatal(err)
-	}
-	f.Add(buf.Bytes())
-	f.Add([]byte{0x93, 0x01})
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		sh, err := decodeLearnShare(b)
-		if err != nil {
-			if !errors.Is(err, errLearnWire) {
-				t.Fatalf("error not wrapping errLearnWire: %v", err)
-			}
-			return
-		}
-		var out bytes.Buffer
-		if err := encodeLearnShare(&out, sh.epoch, &sh.pooled, sh.engines); err != nil {
-			t.Fatal(err)
-		}
-		again, err := decodeLearnShare(out.Bytes())
-		if err != nil {
-			t.Fatalf("re-encoded share does not decode: %v", err)
-		}
-		same := func(a, b learn.Stats) bool { // NaN ≠ NaN: compare bits
-			for i := range a.Prefill {
-				if math.Float64bits(a.Prefill[i]) != math.Float64bits(b.Prefill[i]) {
-					return false
-				}
-			}
-			for i := range a.Decode {
-				if math.Float64bits(a.Decode[i]) != math.Float64bits(b.Decode[i]) {
-					return false
-				}
-			}
-			return true
-		}
-		if again.epoch != sh.epoch || !same(again.pooled, sh.pooled) || len(again.engines) != len(sh.engines) {
-			t.Fatalf("round trip changed the share")
-		}
-		for i := range sh.engines {
-			if again.engines[i].Engine != sh.engines[i].Engine || !same(again.engines[i].Stats, sh.engines[i].Stats) {
-				t.Fatalf("round trip changed engine %d", i)
-			}
-		}
-		// Whatever decodes, a learner takes or refuses without panicking.
-		l, _ := learn.New(learn.Config{})
-		_ = l.SetPeer("p", sh.pooled, sh.engines)
-		_ = l.Rates("x")
-	})
-}
-
 // TestRestartedPeerStartsOver: a peer's shares under one epoch add up
 // (each lists some engines); a share under a new epoch (the replica
 // restarted with the same name) drops what the old one shared.
@@ -149,7 +47,7 @@ func TestRestartedPeerStartsOver(t *testing.T) {
 	own, pooled := src.Own(nil)
 	share := func(epoch uint64, es []learn.EngineStats) {
 		var buf bytes.Buffer
-		if err := encodeLearnShare(&buf, epoch, &pooled, es); err != nil {
+		if err := learn.EncodeShare(&buf, epoch, &pooled, es); err != nil {
 			t.Fatal(err)
 		}
 		s.mergeLearnShare("peer", buf.Bytes())
@@ -191,17 +89,17 @@ func TestLearnSharerTakesTurns(t *testing.T) {
 		if err != nil || b == nil {
 			t.Fatalf("share %d: %v, %d bytes", shares, err, len(b))
 		}
-		if len(b) > learnShareMaxBlob {
-			t.Fatalf("share %d: %d bytes, limit %d", shares, len(b), learnShareMaxBlob)
+		if len(b) > learn.MaxShareBytes {
+			t.Fatalf("share %d: %d bytes, limit %d", shares, len(b), learn.MaxShareBytes)
 		}
-		sh, err := decodeLearnShare(b)
+		sh, err := learn.DecodeShare(b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(sh.engines) == 0 || len(sh.engines) >= n {
-			t.Fatalf("share %d holds %d of %d engines: the test needs several turns", shares, len(sh.engines), n)
+		if len(sh.Engines) == 0 || len(sh.Engines) >= n {
+			t.Fatalf("share %d holds %d of %d engines: the test needs several turns", shares, len(sh.Engines), n)
 		}
-		for _, e := range sh.engines {
+		for _, e := range sh.Engines {
 			seen[e.Engine]++
 		}
 		if b2, _ := ls.share(now.Add(time.Second), lr); b2 != nil {
@@ -219,9 +117,9 @@ func TestLearnSharerTakesTurns(t *testing.T) {
 		lr.ObservePrefill(hot, 1000, 60*time.Millisecond)
 	}
 	b, _ := ls.share(now, lr)
-	sh, err := decodeLearnShare(b)
-	if err != nil || len(sh.engines) == 0 || sh.engines[0].Engine != hot {
-		t.Fatalf("after new samples of %s the share starts with %+v (%v)", hot, sh.engines[:min(1, len(sh.engines))], err)
+	sh, err := learn.DecodeShare(b)
+	if err != nil || len(sh.Engines) == 0 || sh.Engines[0].Engine != hot {
+		t.Fatalf("after new samples of %s the share starts with %+v (%v)", hot, sh.Engines[:min(1, len(sh.Engines))], err)
 	}
 }
 
@@ -320,7 +218,7 @@ func TestLearnedCostsSharedByGossip(t *testing.T) {
 	bad := pooledA
 	bad.Prefill[1] = 1e30 // (Σx)² far above Σw·Σx²
 	var buf bytes.Buffer
-	if err := encodeLearnShare(&buf, 1, &bad, ownA); err != nil {
+	if err := learn.EncodeShare(&buf, 1, &bad, ownA); err != nil {
 		t.Fatal(err)
 	}
 	if err := rogue.SetAppState(LearnStateName, buf.Bytes()); err != nil {
