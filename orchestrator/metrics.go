@@ -34,8 +34,11 @@ var (
 		Name: "kvmesh_orchestrator_slo_summary_errors_total", Help: "Ingress TTFT/TPOT summaries read from gossip that did not decode or were out of range (skipped).",
 	})
 	sloInputs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "kvmesh_orchestrator_slo_input", Help: "The SLO mode's live inputs merged from the ingresses' gossip, by policy and input (ttft_p90_seconds, tpot_p90_seconds, prompt_tokens_per_second, running_streams).",
+		Name: "kvmesh_orchestrator_slo_input", Help: "The SLO mode's live inputs merged from the ingresses' gossip, by policy and input (ttft_p90_seconds, tpot_p90_seconds, prompt_tokens_per_second, running_streams; prefill_tokens_per_replica when learned).",
 	}, []string{"namespace", "policy", "input"})
+	learnShareErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_orchestrator_learn_share_errors_total", Help: "Ingress learned-cost shares read from gossip that did not decode or held implausible sums (skipped, or their bad engines dropped).",
+	})
 )
 
 func init() {
@@ -49,7 +52,7 @@ func init() {
 
 // Register adds the orchestrator's metrics to r.
 func Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors} {
+	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors, learnShareErrors} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

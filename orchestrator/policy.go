@@ -119,7 +119,8 @@ func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 		p.SLO = &autoscale.SLO{
 			TTFTSeconds: float64(max(s.SLO.TTFTMilliseconds, 1)) / 1000, TPOTSeconds: float64(max(s.SLO.TPOTMilliseconds, 1)) / 1000,
 			PrefillTokensPerSecond: s.SLO.PrefillTokensPerSecond, DecodeStreamsPerReplica: s.SLO.DecodeStreamsPerReplica,
-			TTFTAim: float64(s.SLO.TTFTAimPercent) / 100,
+			PrefillUtilization: float64(s.SLO.PrefillUtilizationPercent) / 100,
+			TTFTAim:            float64(s.SLO.TTFTAimPercent) / 100,
 			Adapt: autoscale.SLOAdapt{
 				BaselineWindow:   time.Duration(s.SLO.TTFTBaselineWindowSeconds) * time.Second,
 				Lead:             time.Duration(s.SLO.LeadSeconds) * time.Second,

@@ -10,6 +10,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
 
 // The SLO mode's live inputs come from the ingresses: each gossips, as the
@@ -166,6 +167,16 @@ func (c *Controller) observeSLO(ap *v1alpha1.AutoscalingPolicy, targets map[stri
 	}
 	pre, dec := v.merge(targets[s.PrefillRole].engines), v.merge(targets[s.DecodeRole].engines)
 	in := &autoscale.SLOObservation{PromptTokensPerSecond: pre.promptTokensPerSec, MeasuredTTFT: pre.ttft, MeasuredTPOT: dec.tpot}
+	if s.PrefillTokensPerSecond <= 0 {
+		rate, ok := learnedPrefillRate(c.cfg.SLO, targets[s.PrefillRole].engines)
+		if !ok {
+			pc.set(v1alpha1.ConditionSLOAtRisk, metav1.ConditionUnknown, "NoThroughputSignal",
+				"no prefillTokensPerSecond and no ingress gossips learned costs ("+learn.StateName+")")
+			return nil
+		}
+		in.PrefillTokensPerReplica = rate
+		sloInputs.WithLabelValues(ap.Namespace, ap.Name, "prefill_tokens_per_replica").Set(rate)
+	}
 	for _, id := range targets[s.DecodeRole].engines {
 		if e, ok := engines[id]; ok {
 			in.RunningStreams += float64(e.Running)
@@ -176,6 +187,42 @@ func (c *Controller) observeSLO(ap *v1alpha1.AutoscalingPolicy, targets map[stri
 		sloInputs.WithLabelValues(ap.Namespace, ap.Name, k).Set(x)
 	}
 	return in
+}
+
+// learnedPrefillRate is the prefill throughput the ingresses have learned
+// for the prefill role's engines (mean over them; the pooled estimate for
+// an engine none has measured): every ingress's own sums (gossip
+// learn.StateName, ingress/learn_gossip.go) fitted together, as each
+// ingress fits them, from the ingress's default prior. ok is false while no
+// ingress shares any.
+func learnedPrefillRate(src SLOSource, engines []string) (float64, bool) {
+	if src == nil {
+		return 0, false
+	}
+	lr, err := learn.New(learn.Config{})
+	if err != nil {
+		return 0, false
+	}
+	for origin, b := range src.AppStates(learn.StateName) {
+		sh, err := learn.DecodeShare(b)
+		if err == nil {
+			err = lr.SetPeer(origin, sh.Pooled, sh.Engines) // keeps the plausible engines of a partly bad share
+		}
+		if err != nil {
+			learnShareErrors.Inc()
+		}
+	}
+	if lr.Peers() == 0 {
+		return 0, false
+	}
+	if len(engines) == 0 {
+		return lr.Pooled().PrefillRate, true
+	}
+	sum := 0.0
+	for _, id := range engines {
+		sum += lr.Rates(id).PrefillRate
+	}
+	return sum / float64(len(engines)), true
 }
 
 // sloCondition reports the SLO mode's verdict after a step.

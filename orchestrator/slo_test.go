@@ -1,9 +1,13 @@
 package orchestrator
 
 import (
+	"bytes"
 	"math"
+	"strconv"
 	"testing"
 	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
 
 func sloPolicy() *v1alpha1.AutoscalingPolicy {
@@ -104,6 +109,110 @@ func TestSLOInputsFromTwoIngresses(t *testing.T) {
 	if in == nil || !near(in.MeasuredTTFT, 0.2) || in.PromptTokensPerSecond != 30000 {
 		t.Errorf("after the leave: %+v", in)
 	}
+}
+
+// TestSLOLearnedPrefillThroughput: a policy without prefillTokensPerSecond
+// sizes prefill from the prefill throughput the ingresses learned. Two
+// ingress-like members on loopback memberlist each publish their TTFT
+// summary and their learner's own sums (as ingress/learn_gossip.go does),
+// each having measured one of the two prefill engines at 8,000 tokens/s;
+// the orchestrator fits both shares, and the SLO mode plans each replica
+// for 0.8 × 8,000. A share that does not decode is counted and skipped;
+// with no share at all there is no SLO observation, and the condition says
+// why.
+func TestSLOLearnedPrefillThroughput(t *testing.T) {
+	const rate = 8000.0
+	orch := gossipNode(t, "orchestrator", gossip.RoleOrchestrator)
+	members := []*gossip.Node{gossipNode(t, "ingress-1", gossip.RoleIngress, orch.Addr()), gossipNode(t, "ingress-2", gossip.RoleIngress, orch.Addr())}
+	for i, m := range members {
+		r := ingress.NewSLORecorder(ingress.SLOConfig{Interval: time.Second, Windows: 10})
+		r.Observe("pre-"+strconv.Itoa(i), "dec-0", 200*time.Millisecond, 20*time.Millisecond, 11000) // 11,000 tokens/s each
+		if err := r.Tick(time.Now(), m); err != nil {
+			t.Fatal(err)
+		}
+		lr, err := learn.New(learn.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k < 200; k++ {
+			tok := 500 + (k*977)%12000
+			lr.ObservePrefill("pre-"+strconv.Itoa(i), tok, time.Duration((0.02+float64(tok)/rate)*float64(time.Second)))
+		}
+		own, pooled := lr.Own(nil)
+		var buf bytes.Buffer
+		if err := learn.EncodeShare(&buf, uint64(i+1), &pooled, own); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SetAppState(learn.StateName, buf.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	junk := gossipNode(t, "ingress-3", gossip.RoleIngress, orch.Addr())
+	if err := junk.SetAppState(learn.StateName, []byte("not a share")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the orchestrator to hold both summaries and three shares", func() bool {
+		return len(orch.AppStates(SLOStateName)) == 2 && len(orch.AppStates(learn.StateName)) == 3
+	})
+
+	c := &Controller{cfg: Config{SLO: orch}}
+	targets := map[string]roleTarget{"prefill": {current: 2, engines: []string{"pre-0", "pre-1"}}, "decode": {current: 1, engines: []string{"dec-0"}}}
+	ap := sloPolicy()
+	ap.Spec.SLO.PrefillTokensPerSecond = 0 // learned
+	ap.Spec.SLO.RaiseOnly = true           // the 0.2 s TTFT, under target, does not shrink the sizing
+	errsBefore := promtest.ToFloat64(learnShareErrors)
+	pc := &policyConds{}
+	obs := observe(targets, nil)
+	in := c.observeSLO(ap, targets, nil, obs, pc)
+	if in == nil {
+		t.Fatal("no SLO observation")
+	}
+	if math.Abs(in.PrefillTokensPerReplica/rate-1) > 0.05 {
+		t.Fatalf("learned prefill throughput %.0f tokens/s, want within 5 %% of %.0f", in.PrefillTokensPerReplica, rate)
+	}
+	if got := promtest.ToFloat64(learnShareErrors) - errsBefore; got != 1 {
+		t.Errorf("%v share errors counted, want 1 (the junk)", got)
+	}
+	a, err := autoscale.New(PolicyFromSpec(&ap.Spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := a.Step(time.Now(), obs, in)
+	// 22,000 prompt tokens/s ÷ (0.8 × ≈ 8,000) = 3.4 → 4 (3.3–3.6 for a
+	// rate within 5 %).
+	if res.SLO == nil || res.SLO.Prefill != 4 {
+		t.Fatalf("SLO sizing %+v: want prefill 4 from the learned throughput", res.SLO)
+	}
+	ap.Spec.SLO.PrefillUtilizationPercent = 100
+	if a, err = autoscale.New(PolicyFromSpec(&ap.Spec)); err != nil {
+		t.Fatal(err)
+	}
+	if res = a.Step(time.Now(), obs, in); res.SLO == nil || res.SLO.Prefill != 3 { // 22,000 ÷ 8,000 = 2.75
+		t.Fatalf("utilization 100 %%: SLO sizing %+v, want prefill 3", res.SLO)
+	}
+
+	// Without any share, no observation: the metric targets decide.
+	c.cfg.SLO = onlyApp{name: SLOStateName, states: orch.AppStates(SLOStateName)}
+	pc = &policyConds{}
+	if in := c.observeSLO(ap, targets, nil, observe(targets, nil), pc); in != nil {
+		t.Errorf("observation %+v without a learned throughput", in)
+	}
+	if cnd := meta.FindStatusCondition(pc.st.Conditions, v1alpha1.ConditionSLOAtRisk); cnd == nil || cnd.Reason != "NoThroughputSignal" {
+		t.Errorf("condition %+v, want reason NoThroughputSignal", cnd)
+	}
+}
+
+// onlyApp serves one app-state name's blobs (the others are absent).
+type onlyApp struct {
+	name   string
+	states map[string][]byte
+}
+
+func (o onlyApp) AppStates(name string) map[string][]byte {
+	if name == o.name {
+		return o.states
+	}
+	return nil
 }
 
 // TestSLOWithoutSummariesHolds: no ingress gossips: no SLO observation (the

@@ -32,6 +32,7 @@ type autoscaleFlags struct {
 	sloStable    *time.Duration
 	sloCooldown  *time.Duration
 	sloCorrWin   *time.Duration
+	sloLearned   *bool
 	sloExpect    *float64
 	sloRaise     *bool
 	sloLead      *time.Duration
@@ -59,6 +60,7 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		sloStable:    fs.Duration("slo-stable-window", 180*time.Second, "with --autoscale slo: the policy's stable window (panic window: a third of it)"),
 		sloCooldown:  fs.Duration("slo-cooldown", 300*time.Second, "with --autoscale slo: the policy's scale-down cool-down after a scale-up"),
 		sloCorrWin:   fs.Duration("slo-correction-window", 0, "with --autoscale slo: each correction is the highest of the steps within this window (0: the current step's)"),
+		sloLearned:   fs.Bool("slo-learned-prefill", false, "with --autoscale slo: plan prefill for util P × the router's learned prefill rate of the ready prefill engines, not the profile's throughput (a policy without prefillTokensPerSecond)"),
 		sloExpect:    fs.Float64("slo-ttft-expect", 0, "with --autoscale slo: the TTFT correction's expectation: 0 = the profile's no-queue prefill of the p90 prompt, f = f × --slo-ttft"),
 		sloRaise:     fs.Bool("slo-raise-only", false, "with --autoscale slo: corrections only add replicas (the policy's minCorrection 1)"),
 		sloLead:      fs.Duration("slo-lead", 0, "with --autoscale slo: size for the load expected this far ahead from the significant upward trend of past windows (0: off)"),
@@ -216,7 +218,7 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
 			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, RaiseOnly: *f.sloRaise,
 			Adapt: autoscale.SLOAdapt{Lead: *f.sloLead, TrendWindow: *f.sloTrend, BaselineWindow: *f.sloBaseline,
-				CorrectionWindow: *f.sloCorrWin}})
+				CorrectionWindow: *f.sloCorrWin}, LearnedPrefill: *f.sloLearned})
 		if err != nil {
 			bad("%v", err)
 			return nil

@@ -85,6 +85,11 @@ type SLOScalerConfig struct {
 	// Adapt are the policy's stateful SLO refinements (trend lead,
 	// learned TTFT baseline), as autoscale.SLO.Adapt.
 	Adapt autoscale.SLOAdapt
+	// LearnedPrefill plans prefill from the router's learned prefill rate
+	// of the ready prefill engines (Signals.PrefillTokensPerReplica) ×
+	// Utilization instead of the profile's throughput, as the controller
+	// does for a policy without prefillTokensPerSecond.
+	LearnedPrefill bool
 }
 
 // SLOScaler is kvmesh's SLO mode: orchestrator/autoscale's Autoscaler
@@ -107,6 +112,9 @@ func NewSLOScaler(c SLOScalerConfig) (*SLOScaler, error) {
 	p.SLO = &autoscale.SLO{TTFTSeconds: c.SLOTTFT, TPOTSeconds: c.SLOTP,
 		PrefillTokensPerSecond:  c.Utilization * c.Profile.PrefillTokensPerSecond,
 		DecodeStreamsPerReplica: c.DecodeUtilization * c.Profile.StreamsWithin(c.SLOTP)}
+	if c.LearnedPrefill {
+		p.SLO.PrefillTokensPerSecond, p.SLO.PrefillUtilization = 0, c.Utilization
+	}
 	if c.RaiseOnly {
 		p.SLO.MinCorrection = 1
 	}
@@ -150,8 +158,12 @@ func (s *SLOScaler) Setting() string {
 	if ad := s.cfg.Adapt; ad.CorrectionWindow > 0 {
 		e += fmt.Sprintf(", corrections held %v", ad.CorrectionWindow)
 	}
-	return fmt.Sprintf("util P %.2f D %.2f (%.0f tok/s, %.1f streams), TTFT expected %s, stable %v, cool-down %v%s", s.cfg.Utilization,
-		s.cfg.DecodeUtilization, p.SLO.PrefillTokensPerSecond, p.SLO.DecodeStreamsPerReplica, e, p.StableWindow, p.DownCooldown, r)
+	pre := fmt.Sprintf("%.0f tok/s", p.SLO.PrefillTokensPerSecond)
+	if s.cfg.LearnedPrefill {
+		pre = "of the learned prefill rate"
+	}
+	return fmt.Sprintf("util P %.2f D %.2f (%s, %.1f streams), TTFT expected %s, stable %v, cool-down %v%s", s.cfg.Utilization,
+		s.cfg.DecodeUtilization, pre, p.SLO.DecodeStreamsPerReplica, e, p.StableWindow, p.DownCooldown, r)
 }
 
 // Decide implements Autoscaler: the mesh's gossip as the controller sums
@@ -172,6 +184,9 @@ func (s *SLOScaler) Decide(now time.Duration, sig *Signals) (int, int) {
 		// Dynamo's planner interpolates it: the TPOT at the streams per
 		// ready replica.
 		ExpectedTPOT: s.cfg.Profile.TPOTAt(streams / math.Max(float64(sig.Decode.Ready), 1)),
+	}
+	if s.cfg.LearnedPrefill {
+		so.PrefillTokensPerReplica = sig.PrefillTokensPerReplica
 	}
 	if s.cfg.TTFTExpectation == 0 {
 		// The p90 prompt's prefill with no queue (otherwise the policy's

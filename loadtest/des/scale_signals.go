@@ -43,6 +43,10 @@ type Signals struct {
 	// TTFTP90 and TPOTP90 of requests finished in the window (0: none).
 	TTFTP90, TPOTP90 float64
 	Finished         int
+	// PrefillTokensPerReplica is the router's learned prefill rate, mean
+	// over the ready prefill engines (what the ingresses gossip; 0 without
+	// a learner or a ready prefill engine).
+	PrefillTokensPerReplica float64
 }
 
 // bucket is what the ingress saw between two collections.
@@ -137,6 +141,18 @@ func (s *scaleSim) signals(now time.Duration) Signals {
 	if len(tpot) > 0 {
 		slices.Sort(tpot)
 		sig.TPOTP90 = report.Quantile(tpot, 0.9)
+	}
+	if s.learner != nil {
+		n := 0
+		for _, in := range s.insts {
+			if in.state == stReady && s.view[in.slot].Role == scheduler.RolePrefill {
+				sig.PrefillTokensPerReplica += s.learner.Rates(s.view[in.slot].ID).PrefillRate
+				n++
+			}
+		}
+		if n > 0 {
+			sig.PrefillTokensPerReplica /= float64(n)
+		}
 	}
 	return sig
 }

@@ -302,3 +302,65 @@ func TestSLOScalerSizesFromSignals(t *testing.T) {
 		t.Fatalf("setting %q", s.Setting())
 	}
 }
+
+// rateRecorder is scripted that also keeps the last learned prefill rate
+// it was shown.
+type rateRecorder struct {
+	scripted
+	last float64
+}
+
+func (r *rateRecorder) Decide(now time.Duration, sig *Signals) (int, int) {
+	r.last = sig.PrefillTokensPerReplica
+	return r.scripted.Decide(now, sig)
+}
+
+// TestLearnedPrefillReachesTheAutoscaler: the router's learned prefill rate
+// of the ready prefill engines reaches the autoscaler (what the ingresses
+// gossip and the controller reads for a policy without
+// prefillTokensPerSecond), within 15 % of what profiling the engine as
+// Dynamo's profiler does measures; with it the SLO mode sizes prefill.
+func TestLearnedPrefillReachesTheAutoscaler(t *testing.T) {
+	cfg := smallScaleConfig(1, 1)
+	cfg.Engine.GPUBlocks = 30000
+	// The benchmark's mix: prompts of a 1,024-token shared document and a
+	// log-normal own part (mean 2,048), wide enough to fit a slope on.
+	reqs, err := workload.Diurnal{Duration: 6 * time.Minute, PeakRate: 2, TroughRate: 1, Seed: 1,
+		Mix: workload.LongPromptMix{Prefixes: 64, PrefixTokens: 1024, OwnTokens: 2048, OutputTokens: 64}}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := ProfileEngine(cfg.Engine, 3072, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rateRecorder{}
+	runScripted(t, cfg, reqs, r)
+	t.Logf("learned %.0f tokens/s, profiled %.0f", r.last, prof.PrefillTokensPerSecond)
+	if math.Abs(r.last/prof.PrefillTokensPerSecond-1) > 0.15 {
+		t.Fatalf("learned prefill rate %.0f tokens/s, profiled %.0f: want within 15 %%", r.last, prof.PrefillTokensPerSecond)
+	}
+
+	p := autoscale.DefaultPolicy()
+	p.Roles = map[string]autoscale.RolePolicy{"prefill": {Bounds: autoscale.Bounds{Min: 1, Max: 8}}, "decode": {Bounds: autoscale.Bounds{Min: 1, Max: 8}}}
+	s, err := NewSLOScaler(SLOScalerConfig{Policy: p, Profile: prof, Utilization: 0.8, DecodeUtilization: 0.6, SLOTTFT: 2, SLOTP: 0.05, LearnedPrefill: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(s.Setting(), "of the learned prefill rate") {
+		t.Errorf("setting %q", s.Setting())
+	}
+	sig := &Signals{Prefill: RoleSignals{Replicas: 1, Ready: 1}, Decode: RoleSignals{Replicas: 1, Ready: 1},
+		PromptTokensPerSecond: 4 * 0.8 * r.last, PrefillTokensPerReplica: r.last}
+	if pre, _ := s.Decide(time.Hour, sig); pre < 2 {
+		t.Errorf("4 replicas' worth of prompt tokens at the learned rate: prefill %d, want it raised", pre)
+	}
+	fresh, err := NewSLOScaler(SLOScalerConfig{Policy: p, Profile: prof, Utilization: 0.8, DecodeUtilization: 0.6, SLOTTFT: 2, SLOTP: 0.05, LearnedPrefill: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig.PrefillTokensPerReplica = 0
+	if pre, _ := fresh.Decide(time.Hour, sig); pre > 1 {
+		t.Errorf("no learned rate: prefill %d, want no prefill sizing (stays at its min)", pre)
+	}
+}

@@ -7,9 +7,16 @@ type SLO struct {
 	TTFTSeconds, TPOTSeconds float64
 	// PrefillTokensPerSecond one prefill replica sustains within the TTFT
 	// target, and DecodeStreamsPerReplica one decode replica runs within
-	// the TPOT target (both profiled, e.g. with `kvmesh bench`).
+	// the TPOT target (both profiled, e.g. with `kvmesh bench`). With
+	// PrefillTokensPerSecond 0, prefill is sized from the observation's
+	// measured throughput (SLOObservation.PrefillTokensPerReplica: the
+	// mesh's learned prefill rate) × PrefillUtilization.
 	PrefillTokensPerSecond  float64
 	DecodeStreamsPerReplica float64
+	// PrefillUtilization is the share of the measured prefill throughput
+	// one replica is planned for (0: 0.8). Unused with a profiled
+	// PrefillTokensPerSecond.
+	PrefillUtilization float64
 	// MinCorrection is the lowest correction factor (0: 0.5). 1 makes
 	// corrections raise only: a measured latency below the expectation
 	// never sizes a role below its profiled demand, which keeps a biased
@@ -39,6 +46,26 @@ type SLOObservation struct {
 	// ExpectedTTFT and ExpectedTPOT are what the profile predicts at the
 	// interval's load (0: the target; for TTFT, TTFTAim × the target).
 	ExpectedTTFT, ExpectedTPOT float64
+	// PrefillTokensPerReplica is the prefill throughput one replica of the
+	// prefill role was measured to have (0: unknown): the routers' learned
+	// prefill rate, mean over the role's engines.
+	PrefillTokensPerReplica float64
+}
+
+// DefaultPrefillUtilization is SLO.PrefillUtilization's default.
+const DefaultPrefillUtilization = 0.8
+
+// prefillRate is the throughput one prefill replica is planned for: the
+// profiled one, else the measured one × the utilization (0: neither).
+func (s SLO) prefillRate(o SLOObservation) float64 {
+	if s.PrefillTokensPerSecond > 0 {
+		return s.PrefillTokensPerSecond
+	}
+	u := s.PrefillUtilization
+	if u <= 0 {
+		u = DefaultPrefillUtilization
+	}
+	return u * o.PrefillTokensPerReplica
 }
 
 // SLOResult sizes both roles.
@@ -99,8 +126,8 @@ func SizeSLO(s SLO, o SLOObservation) SLOResult {
 // size sets Prefill and Decode from the load and the result's corrections.
 func (res *SLOResult) size(s SLO, o SLOObservation) {
 	res.Prefill, res.Decode = 0, 0
-	if s.PrefillTokensPerSecond > 0 && o.PromptTokensPerSecond > 0 {
-		res.Prefill = int32(math.Ceil(o.PromptTokensPerSecond/s.PrefillTokensPerSecond*res.PrefillCorrection - 1e-9))
+	if rate := s.prefillRate(o); rate > 0 && o.PromptTokensPerSecond > 0 {
+		res.Prefill = int32(math.Ceil(o.PromptTokensPerSecond/rate*res.PrefillCorrection - 1e-9))
 	}
 	if s.DecodeStreamsPerReplica > 0 && o.RunningStreams > 0 {
 		res.Decode = int32(math.Ceil(o.RunningStreams/s.DecodeStreamsPerReplica*res.DecodeCorrection - 1e-9))

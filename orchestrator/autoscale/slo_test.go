@@ -17,6 +17,32 @@ func TestSizeSLO(t *testing.T) {
 		got := SizeSLO(s, c.o)
 		checkSLO(t, c.name, got, c.p, c.d, c.atRisk, c.pc, c.dc)
 	}
+	// No profiled prefill throughput: the measured one × the utilization
+	// (0.8 by default), and no prefill sizing while it is unknown.
+	learned := s
+	learned.PrefillTokensPerSecond = 0
+	for _, c := range []struct {
+		name string
+		util float64
+		o    SLOObservation
+		p    int32
+	}{
+		{"measured, default 0.8", 0, SLOObservation{PromptTokensPerSecond: 25000, PrefillTokensPerReplica: 10000}, 4}, // 25000 / 8000
+		{"measured, 1.0", 1, SLOObservation{PromptTokensPerSecond: 25000, PrefillTokensPerReplica: 10000}, 3},
+		{"measured, 0.5", 0.5, SLOObservation{PromptTokensPerSecond: 25000, PrefillTokensPerReplica: 10000}, 5},
+		{"measured, corrected 1.6x", 1, SLOObservation{PromptTokensPerSecond: 25000, PrefillTokensPerReplica: 10000, MeasuredTTFT: 0.8}, 4},
+		{"not measured: not sized", 0, SLOObservation{PromptTokensPerSecond: 25000}, 0},
+	} {
+		l := learned
+		l.PrefillUtilization = c.util
+		if got := SizeSLO(l, c.o); got.Prefill != c.p {
+			t.Errorf("%s: prefill %d, want %d", c.name, got.Prefill, c.p)
+		}
+	}
+	// A profiled throughput wins over a measured one.
+	if got := SizeSLO(s, SLOObservation{PromptTokensPerSecond: 25000, PrefillTokensPerReplica: 1000}); got.Prefill != 3 {
+		t.Errorf("profiled and measured: prefill %d, want 3 (the profile's)", got.Prefill)
+	}
 	// With MinCorrection 1, faster than expected never lowers a role.
 	up := s
 	up.MinCorrection = 1

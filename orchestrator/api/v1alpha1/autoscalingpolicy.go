@@ -115,8 +115,15 @@ type SLOTarget struct {
 	// TTFTMilliseconds and TPOTMilliseconds are the targets (500 and 50).
 	TTFTMilliseconds int32 `json:"ttftMilliseconds,omitempty"`
 	TPOTMilliseconds int32 `json:"tpotMilliseconds,omitempty"`
-	// PrefillTokensPerSecond one prefill replica sustains within TTFT (profiled).
-	PrefillTokensPerSecond float64 `json:"prefillTokensPerSecond"`
+	// PrefillTokensPerSecond one prefill replica sustains within TTFT
+	// (profiled). Absent: learned from the mesh, the ingresses' learned
+	// prefill rate of the role's engines (gossip kvmesh.learn.v1) ×
+	// PrefillUtilizationPercent.
+	PrefillTokensPerSecond float64 `json:"prefillTokensPerSecond,omitempty"`
+	// PrefillUtilizationPercent is the share of the learned prefill rate
+	// one replica is planned for (default 80). Unused with
+	// prefillTokensPerSecond.
+	PrefillUtilizationPercent int32 `json:"prefillUtilizationPercent,omitempty"`
 	// DecodeStreamsPerReplica one decode replica runs within TPOT (profiled).
 	DecodeStreamsPerReplica float64 `json:"decodeStreamsPerReplica"`
 	// TTFTBaselineWindowSeconds learns, over this window, the TTFT that
