@@ -190,11 +190,10 @@ func (c *Controller) observeSLO(ap *v1alpha1.AutoscalingPolicy, targets map[stri
 }
 
 // learnedPrefillRate is the prefill throughput the ingresses have learned
-// for the prefill role's engines (mean over them; the pooled estimate for
-// an engine none has measured): every ingress's own sums (gossip
-// learn.StateName, ingress/learn_gossip.go) fitted together, as each
-// ingress fits them, from the ingress's default prior. ok is false while no
-// ingress shares any.
+// for the prefill role's engines: one line fitted on all their samples
+// (learn.RatesOver; the pooled estimate when none has any), from every
+// ingress's own sums (gossip learn.StateName, ingress/learn_gossip.go) and
+// the ingress's default prior. ok is false while no ingress shares any.
 func learnedPrefillRate(src SLOSource, engines []string) (float64, bool) {
 	if src == nil {
 		return 0, false
@@ -215,14 +214,7 @@ func learnedPrefillRate(src SLOSource, engines []string) (float64, bool) {
 	if lr.Peers() == 0 {
 		return 0, false
 	}
-	if len(engines) == 0 {
-		return lr.Pooled().PrefillRate, true
-	}
-	sum := 0.0
-	for _, id := range engines {
-		sum += lr.Rates(id).PrefillRate
-	}
-	return sum / float64(len(engines)), true
+	return lr.RatesOver(engines).PrefillRate, true
 }
 
 // sloCondition reports the SLO mode's verdict after a step.

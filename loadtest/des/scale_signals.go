@@ -43,9 +43,10 @@ type Signals struct {
 	// TTFTP90 and TPOTP90 of requests finished in the window (0: none).
 	TTFTP90, TPOTP90 float64
 	Finished         int
-	// PrefillTokensPerReplica is the router's learned prefill rate, mean
-	// over the ready prefill engines (what the ingresses gossip; 0 without
-	// a learner or a ready prefill engine).
+	// PrefillTokensPerReplica is the router's learned prefill rate fitted
+	// on the ready prefill engines' samples (learn.RatesOver; what the
+	// controller fits from the ingresses' gossip; 0 without a learner or a
+	// ready prefill engine).
 	PrefillTokensPerReplica float64
 }
 
@@ -143,15 +144,14 @@ func (s *scaleSim) signals(now time.Duration) Signals {
 		sig.TPOTP90 = report.Quantile(tpot, 0.9)
 	}
 	if s.learner != nil {
-		n := 0
+		var ids []string
 		for _, in := range s.insts {
 			if in.state == stReady && s.view[in.slot].Role == scheduler.RolePrefill {
-				sig.PrefillTokensPerReplica += s.learner.Rates(s.view[in.slot].ID).PrefillRate
-				n++
+				ids = append(ids, s.view[in.slot].ID)
 			}
 		}
-		if n > 0 {
-			sig.PrefillTokensPerReplica /= float64(n)
+		if len(ids) > 0 {
+			sig.PrefillTokensPerReplica = s.learner.RatesOver(ids).PrefillRate
 		}
 	}
 	return sig

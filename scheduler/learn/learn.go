@@ -222,6 +222,30 @@ func (l *Learner) Rates(engine string) Rates {
 	return l.estimate(&m)
 }
 
+// RatesOver returns the estimate fitted on the samples of the engines
+// listed, this router's and its peers', pooled (the pooled estimate over
+// every engine when none of them has samples). A group's rate weighs each
+// engine by its samples: an engine just started, with a sample or two
+// near the prior, does not pull it as it would a mean of Rates.
+func (l *Learner) RatesOver(engines []string) Rates {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var m model
+	for _, id := range engines {
+		if own, ok := l.engines[id]; ok {
+			m.plus(own)
+		}
+		if sh, ok := l.shared[id]; ok {
+			m.plus(sh)
+		}
+	}
+	if m.prefill.w == 0 && m.decode.w == 0 {
+		m = l.pooled
+		m.plus(&l.sharedP)
+	}
+	return l.estimate(&m)
+}
+
 // Pooled returns the estimate over every engine's samples (peers' included).
 func (l *Learner) Pooled() Rates {
 	l.mu.Lock()

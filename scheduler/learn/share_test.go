@@ -284,3 +284,43 @@ func BenchmarkRatesWithPeers(b *testing.B) {
 		})
 	}
 }
+
+// TestRatesOverWeighsBySamples: a group's rate is one fit on its engines'
+// samples (own and shared): with every engine in the group it is the pooled
+// fit; an engine with a single sample barely moves it, where the mean of
+// the engines' estimates would be pulled halfway to that engine's
+// prior-dominated one; a group without samples gets the pooled estimate.
+func TestRatesOverWeighsBySamples(t *testing.T) {
+	l, _ := New(Config{})
+	const rate = 9000.0
+	for k := 0; k < 200; k++ {
+		tok := 500 + (k*977)%12000
+		l.ObservePrefill("old", tok, time.Duration((0.02+float64(tok)/rate)*float64(time.Second)))
+	}
+	l.ObservePrefill("new", 800, 60*time.Millisecond)
+	// (Equal up to forgetting, which discounts per engine in one and per
+	// sample of any engine in the other.)
+	if got, want := l.RatesOver([]string{"old", "new"}), l.Pooled(); !near(got, want, 1e-4) {
+		t.Errorf("the whole cluster: %+v, want the pooled %+v", got, want)
+	}
+	group := l.RatesOver([]string{"old", "new"}).PrefillRate
+	mean := (l.Rates("old").PrefillRate + l.Rates("new").PrefillRate) / 2
+	if !within(group, rate, 0.05) {
+		t.Errorf("group rate %.0f, want within 5 %% of %.0f", group, rate)
+	}
+	if within(mean, rate, 0.05) {
+		t.Errorf("the mean of estimates %.0f is as good: the test shows nothing", mean)
+	}
+	if got := l.RatesOver([]string{"unseen"}); got != l.Pooled() {
+		t.Errorf("a group without samples: %+v, want the pooled %+v", got, l.Pooled())
+	}
+	// A peer's samples of a group engine count too.
+	p, _ := New(Config{})
+	es, pooled := l.Own(nil)
+	if err := p.SetPeer("l", pooled, es); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.RatesOver([]string{"old", "new"}).PrefillRate; !within(got, group, 1e-9) {
+		t.Errorf("from the share: %.0f, want %.0f", got, group)
+	}
+}
