@@ -209,17 +209,8 @@ func (l *Learner) Rates(engine string) Rates {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var m model
-	if own, ok := l.engines[engine]; ok {
-		m = *own
-	}
-	if sh, ok := l.shared[engine]; ok {
-		m.plus(sh)
-	}
-	if m.prefill.w == 0 && m.decode.w == 0 {
-		m = l.pooled
-		m.plus(&l.sharedP)
-	}
-	return l.estimate(&m)
+	l.gather(&m, engine)
+	return l.estimate(l.orPooled(&m))
 }
 
 // RatesOver returns the estimate fitted on the samples of the engines
@@ -232,18 +223,29 @@ func (l *Learner) RatesOver(engines []string) Rates {
 	defer l.mu.Unlock()
 	var m model
 	for _, id := range engines {
-		if own, ok := l.engines[id]; ok {
-			m.plus(own)
-		}
-		if sh, ok := l.shared[id]; ok {
-			m.plus(sh)
-		}
+		l.gather(&m, id)
 	}
+	return l.estimate(l.orPooled(&m))
+}
+
+// gather adds engine id's sums, own and shared, to m (l.mu held).
+func (l *Learner) gather(m *model, id string) {
+	if own, ok := l.engines[id]; ok {
+		m.plus(own)
+	}
+	if sh, ok := l.shared[id]; ok {
+		m.plus(sh)
+	}
+}
+
+// orPooled is m, or the pooled sums (own and shared) when m has no
+// sample (l.mu held).
+func (l *Learner) orPooled(m *model) *model {
 	if m.prefill.w == 0 && m.decode.w == 0 {
-		m = l.pooled
+		*m = l.pooled
 		m.plus(&l.sharedP)
 	}
-	return l.estimate(&m)
+	return m
 }
 
 // Pooled returns the estimate over every engine's samples (peers' included).
