@@ -47,8 +47,9 @@ type SLOObservation struct {
 	// interval's load (0: the target; for TTFT, TTFTAim × the target).
 	ExpectedTTFT, ExpectedTPOT float64
 	// PrefillTokensPerReplica is the prefill throughput one replica of the
-	// prefill role was measured to have (0: unknown): the routers' learned
-	// prefill rate, mean over the role's engines.
+	// prefill role was measured to have (0: unknown, and prefill is not
+	// sized; the controller then passes no observation at all): the
+	// routers' learned prefill rate, one fit on the role's engines' samples.
 	PrefillTokensPerReplica float64
 }
 
