@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
 
 // engineResource reports whether a get/describe command line names the
@@ -86,6 +87,7 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	defer node.Close()
 	engines := settle(ctx, node, *wait)
 	members := node.Members()
+	lr, _ := learn.FromShares(node.AppStates(learn.StateName)) // the ingresses' learned costs
 	if name != "" {
 		i := slices.IndexFunc(engines, func(e gossip.EngineView) bool { return e.ID == name })
 		if i < 0 {
@@ -94,9 +96,9 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 		engines = engines[i : i+1]
 	}
 	if verb == "describe" {
-		return describeEngine(stdout, engines[0], members, time.Now())
+		return describeEngine(stdout, engines[0], members, lr, time.Now())
 	}
-	return writeEngines(stdout, engines, time.Now())
+	return writeEngines(stdout, engines, lr, time.Now())
 }
 
 func observeMesh(bind string, seeds []string, key []byte, extra [][]byte) (*gossip.Node, error) {
@@ -199,15 +201,25 @@ func role(e gossip.EngineView) string {
 
 // writeEngines prints the table. AGE is the age of the engine's last
 // gossiped state (sidecars refresh it every 250 ms; a large AGE is a
-// sidecar that stopped publishing).
-func writeEngines(w io.Writer, es []gossip.EngineView, now time.Time) error {
+// sidecar that stopped publishing). PREFILL TOK/S is the prefill rate the
+// ingresses have learned for the engine ("-": none has measured it).
+func writeEngines(w io.Writer, es []gossip.EngineView, lr *learn.Learner, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tGROUP\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODE\tAGE")
+	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tGROUP\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODE\tAGE\tPREFILL TOK/S")
 	for _, e := range es {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.0f\t%d\t%s\t%s\n", e.ID, e.Model, role(e), group(e), e.Ready, e.Running, e.Waiting,
-			100*e.KVUsage, blocks(e), e.Node, age(now.Sub(e.Updated)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.0f\t%d\t%s\t%s\t%s\n", e.ID, e.Model, role(e), group(e), e.Ready, e.Running, e.Waiting,
+			100*e.KVUsage, blocks(e), e.Node, age(now.Sub(e.Updated)), learnedPrefill(lr, e.ID))
 	}
 	return tw.Flush()
+}
+
+// learnedPrefill is engine id's learned prefill rate, "-" when no ingress
+// has measured it.
+func learnedPrefill(lr *learn.Learner, id string) string {
+	if !lr.Measured(id) {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", lr.Rates(id).PrefillRate)
 }
 
 func age(d time.Duration) string {
@@ -221,7 +233,7 @@ func age(d time.Duration) string {
 	}
 }
 
-func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.NodeMeta, now time.Time) error {
+func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.NodeMeta, lr *learn.Learner, now time.Time) error {
 	var b strings.Builder
 	field := func(k string, v any) { fmt.Fprintf(&b, "%-16s %v\n", k+":", v) }
 	field("Name", e.ID)
@@ -247,6 +259,13 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	}
 	field("Updated", fmt.Sprintf("%s ago", age(now.Sub(e.Updated))))
 	field("Delta head", fmt.Sprintf("epoch %x seq %d", e.Digest.Head.Epoch, e.Digest.Head.Seq))
+	if lr.Measured(e.ID) {
+		r := lr.Rates(e.ID)
+		field("Learned costs", fmt.Sprintf("prefill %.0f tokens/s, decode step %.1f ms + %.3g s per context token (ingresses sharing: %d)",
+			r.PrefillRate, 1000*r.StepBase, r.DecodeSecPerToken, lr.Peers()))
+	} else {
+		field("Learned costs", "none yet (no ingress has measured this engine)")
+	}
 	b.WriteString("Index:\n")
 	for t := range kvevents.NumTiers {
 		d := e.Digest.Digests[t]

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
 )
@@ -71,6 +75,31 @@ func TestGetEngines(t *testing.T) {
 		e2, ok2 := d.Gossip().Engine("eng-decode-0")
 		return ok1 && ok2 && e1.Ready && e2.Ready
 	})
+	// An ingress-like member shares what its learner measured of the
+	// prefill engine: 8,000 tokens/s.
+	g := gossip.DefaultConfig()
+	g.Name, g.Profile, g.BindAddr, g.BindPort, g.Join = "ingress-1", "local", "127.0.0.1", 0, []string{seed}
+	g.Meta, g.Logger = gossip.NodeMeta{Role: gossip.RoleIngress, ID: "ingress-1"}, slog.New(slog.NewTextHandler(io.Discard, nil))
+	ing, err := gossip.New(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ing.Close() })
+	lr, _ := learn.New(learn.Config{})
+	for k := 0; k < 200; k++ {
+		tok := 500 + (k*977)%12000
+		lr.ObservePrefill("eng-prefill-0", tok, time.Duration((0.02+float64(tok)/8000)*float64(time.Second)))
+	}
+	own, pooled := lr.Own(nil)
+	var share bytes.Buffer
+	if err := learn.EncodeShare(&share, 1, &pooled, own); err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.SetAppState(learn.StateName, share.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the share reaches the seed", func() bool { return len(p.Gossip().AppStates(learn.StateName)) == 1 })
+
 	var out, errb strings.Builder
 	if code := run([]string{"get", "engines", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
@@ -79,7 +108,7 @@ func TestGetEngines(t *testing.T) {
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") {
 		t.Fatalf("want a header and two engines:\n%s", out.String())
 	}
-	for _, c := range []string{"MODEL", "ROLE", "GROUP", "READY", "RUNNING", "WAITING", "KV%", "BLOCKS", "NODE", "AGE"} {
+	for _, c := range []string{"MODEL", "ROLE", "GROUP", "READY", "RUNNING", "WAITING", "KV%", "BLOCKS", "NODE", "AGE", "PREFILL TOK/S"} {
 		if !strings.Contains(lines[0], c) {
 			t.Errorf("header lacks %s: %s", c, lines[0])
 		}
@@ -87,8 +116,16 @@ func TestGetEngines(t *testing.T) {
 	want := map[string]string{"eng-decode-0": "decode", "eng-prefill-0": "prefill"}
 	for _, l := range lines[1:] {
 		f := strings.Fields(l)
-		if len(f) < 11 || want[f[0]] != f[2] || f[1] != "m" || f[3] != "g1" || f[4] != "true" || f[9] != "sidecar-"+f[0] {
+		if len(f) != 12 || want[f[0]] != f[2] || f[1] != "m" || f[3] != "g1" || f[4] != "true" || f[9] != "sidecar-"+f[0] {
 			t.Errorf("row %q", l)
+			continue
+		}
+		rate, err := strconv.ParseFloat(f[11], 64)
+		switch {
+		case f[0] == "eng-decode-0" && f[11] != "-":
+			t.Errorf("decode engine, which no ingress measured: learned %q, want -", f[11])
+		case f[0] == "eng-prefill-0" && (err != nil || math.Abs(rate/8000-1) > 0.05):
+			t.Errorf("prefill engine: learned %q tokens/s, want within 5 %% of 8000", f[11])
 		}
 		delete(want, f[0])
 	}
@@ -100,10 +137,16 @@ func TestGetEngines(t *testing.T) {
 	if code := run([]string{"describe", "engine", "eng-decode-0", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
 		t.Fatalf("describe: exit %d: %s", code, errb.String())
 	}
-	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks"} {
+	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks",
+		"Learned costs:   none yet"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("describe lacks %q:\n%s", s, out.String())
 		}
+	}
+	out.Reset()
+	if code := run([]string{"describe", "engine", "eng-prefill-0", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "Learned costs:   prefill ") || !strings.Contains(out.String(), "(ingresses sharing: 1)") {
+		t.Errorf("describe the measured engine: exit %d:\n%s", code, out.String())
 	}
 	errb.Reset()
 	if code := run([]string{"describe", "engine", "nope", "--join", seed, "--wait", "500ms"}, io.Discard, &errb); code != 1 || !strings.Contains(errb.String(), `engine "nope" not in the mesh`) {

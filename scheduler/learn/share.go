@@ -208,3 +208,30 @@ func (l *Learner) sumPooled() {
 		l.sharedP.plus(&p.pooled)
 	}
 }
+
+// Measured reports whether this router or a peer has samples of engine.
+func (l *Learner) Measured(engine string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var m model
+	l.gather(&m, engine)
+	return m.prefill.w > 0 || m.decode.w > 0
+}
+
+// FromShares is a learner at the default config holding the shares of
+// states (gossip's app states under StateName, by origin) as its peers'.
+// bad counts the shares that did not decode or held implausible sums
+// (a partly implausible share keeps its plausible engines).
+func FromShares(states map[string][]byte) (l *Learner, bad int) {
+	l, _ = New(Config{}) // the default config is valid
+	for origin, b := range states {
+		sh, err := DecodeShare(b)
+		if err == nil {
+			err = l.SetPeer(origin, sh.Pooled, sh.Engines)
+		}
+		if err != nil {
+			bad++
+		}
+	}
+	return l, bad
+}
