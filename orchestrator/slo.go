@@ -198,19 +198,8 @@ func learnedPrefillRate(src SLOSource, engines []string) (float64, bool) {
 	if src == nil {
 		return 0, false
 	}
-	lr, err := learn.New(learn.Config{})
-	if err != nil {
-		return 0, false
-	}
-	for origin, b := range src.AppStates(learn.StateName) {
-		sh, err := learn.DecodeShare(b)
-		if err == nil {
-			err = lr.SetPeer(origin, sh.Pooled, sh.Engines) // keeps the plausible engines of a partly bad share
-		}
-		if err != nil {
-			learnShareErrors.Inc()
-		}
-	}
+	lr, bad := learn.FromShares(src.AppStates(learn.StateName))
+	learnShareErrors.Add(float64(bad))
 	if lr.Peers() == 0 {
 		return 0, false
 	}

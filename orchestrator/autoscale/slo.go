@@ -47,9 +47,9 @@ type SLOObservation struct {
 	// interval's load (0: the target; for TTFT, TTFTAim × the target).
 	ExpectedTTFT, ExpectedTPOT float64
 	// PrefillTokensPerReplica is the prefill throughput one replica of the
-	// prefill role was measured to have (0: unknown, and prefill is not
-	// sized; the controller then passes no observation at all): the
-	// routers' learned prefill rate, one fit on the role's engines' samples.
+	// prefill role was measured to have (0: unknown, and the SLO does not
+	// size prefill: its metric targets do): the routers' learned prefill
+	// rate, one fit on the role's engines' samples.
 	PrefillTokensPerReplica float64
 }
 
@@ -72,6 +72,10 @@ func (s SLO) prefillRate(o SLOObservation) float64 {
 // SLOResult sizes both roles.
 type SLOResult struct {
 	Prefill, Decode int32
+	// PrefillSized and DecodeSized: the role had what sizing it needs (a
+	// prefill throughput, profiled or measured; streams per decode
+	// replica). A role the SLO cannot size is left to its metric targets.
+	PrefillSized, DecodeSized bool
 	// PrefillCorrection and DecodeCorrection are measured/expected, clamped.
 	PrefillCorrection, DecodeCorrection float64
 	// AtRisk: a measured latency is above its target.
@@ -127,7 +131,9 @@ func SizeSLO(s SLO, o SLOObservation) SLOResult {
 // size sets Prefill and Decode from the load and the result's corrections.
 func (res *SLOResult) size(s SLO, o SLOObservation) {
 	res.Prefill, res.Decode = 0, 0
-	if rate := s.prefillRate(o); rate > 0 && o.PromptTokensPerSecond > 0 {
+	rate := s.prefillRate(o)
+	res.PrefillSized, res.DecodeSized = rate > 0, s.DecodeStreamsPerReplica > 0
+	if rate > 0 && o.PromptTokensPerSecond > 0 {
 		res.Prefill = int32(math.Ceil(o.PromptTokensPerSecond/rate*res.PrefillCorrection - 1e-9))
 	}
 	if s.DecodeStreamsPerReplica > 0 && o.RunningStreams > 0 {

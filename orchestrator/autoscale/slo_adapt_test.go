@@ -135,3 +135,35 @@ func TestStepSLOAdapt(t *testing.T) {
 		}
 	}
 }
+
+// TestStepUnsizedRoleFollowsItsMetrics: a policy without a prefill
+// throughput and no measured one yet cannot size prefill from the SLO:
+// prefill follows its metric target (not zero), decode is still sized by
+// the SLO; once a measured throughput arrives, the SLO sizes prefill.
+func TestStepUnsizedRoleFollowsItsMetrics(t *testing.T) {
+	p := sloPolicy(SLOAdapt{})
+	p.SLO.PrefillTokensPerSecond = 0
+	p.Roles["prefill"] = RolePolicy{Bounds: Bounds{Min: 0, Max: 100}, Targets: []Target{{Name: WaitingRequests, Target: 2}}}
+	a, err := New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(0, 0)
+	obs := map[string]Observation{"prefill": {Current: 2, Metrics: map[string]float64{WaitingRequests: 12}}, "decode": {Current: 1}}
+	o := SLOObservation{PromptTokensPerSecond: 4000, RunningStreams: 30}
+	r := a.Step(t0, obs, &o)
+	if r.SLO.PrefillSized || !r.SLO.DecodeSized {
+		t.Fatalf("sized flags %+v: want prefill unsized, decode sized", r.SLO)
+	}
+	if got := r.Roles["prefill"].Desired; got != 6 { // 12 waiting ÷ 2 per replica
+		t.Errorf("prefill desired %d, want 6 from its waiting-requests target", got)
+	}
+	if got := r.Roles["decode"].Desired; got != 3 { // 30 streams ÷ 10
+		t.Errorf("decode desired %d, want 3 from the SLO", got)
+	}
+	o.PrefillTokensPerReplica = 1000 // measured: 4000 ÷ (0.8 × 1000) = 5
+	r = a.Step(t0.Add(15*time.Second), obs, &o)
+	if !r.SLO.PrefillSized || r.SLO.Prefill != 5 {
+		t.Errorf("with a measured throughput: %+v, want prefill sized 5", r.SLO)
+	}
+}

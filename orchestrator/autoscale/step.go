@@ -150,10 +150,10 @@ func (a *Autoscaler) Step(now time.Time, obs map[string]Observation, slo *SLOObs
 }
 
 func (a *Autoscaler) demand(name string, rp RolePolicy, o Observation, sized *SLOResult) float64 {
-	if sized != nil && name == a.p.SLOPrefill {
+	if sized != nil && name == a.p.SLOPrefill && sized.PrefillSized {
 		return float64(sized.Prefill)
 	}
-	if sized != nil && name == a.p.SLODecode {
+	if sized != nil && name == a.p.SLODecode && sized.DecodeSized {
 		return float64(sized.Decode)
 	}
 	d, seen := 0.0, false

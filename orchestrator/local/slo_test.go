@@ -1,10 +1,12 @@
 package local
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/sim"
 )
 
@@ -85,4 +88,39 @@ func TestSLOScraperReadsEngines(t *testing.T) {
 	if o.MeasuredTTFT <= 0 || o.MeasuredTPOT <= 0 || o.RunningStreams != 5 {
 		t.Errorf("observation %+v: want TTFT and TPOT p90 > 0 and 5 running streams", o)
 	}
+	if o.PrefillTokensPerReplica != 0 {
+		t.Errorf("no ingress shares learned costs, yet a prefill throughput %v", o.PrefillTokensPerReplica)
+	}
+
+	// An ingress shares what it learned of p0 (8,000 tokens/s); the policy
+	// gives no prefillTokensPerSecond, so the observation carries it.
+	lr, _ := learn.New(learn.Config{})
+	for k := 0; k < 200; k++ {
+		tok := 500 + (k*977)%12000
+		lr.ObservePrefill("p0", tok, time.Duration((0.02+float64(tok)/8000)*float64(time.Second)))
+	}
+	own, pooled := lr.Own(nil)
+	var share bytes.Buffer
+	if err := learn.EncodeShare(&share, 1, &pooled, own); err != nil {
+		t.Fatal(err)
+	}
+	withShares := sharingLoad{stubLoad: load, states: map[string][]byte{"ingress-1": share.Bytes()}}
+	o = sc.observe(ctx, t0.Add(4*time.Second), md, ap, b, withShares)
+	if o == nil || math.Abs(o.PrefillTokensPerReplica/8000-1) > 0.05 {
+		t.Fatalf("observation %+v: want a learned prefill throughput within 5 %% of 8000", o)
+	}
+}
+
+// sharingLoad is stubLoad whose gossip also carries app states (the
+// ingresses' learned costs).
+type sharingLoad struct {
+	stubLoad
+	states map[string][]byte
+}
+
+func (l sharingLoad) AppStates(name string) map[string][]byte {
+	if name == learn.StateName {
+		return l.states
+	}
+	return nil
 }
