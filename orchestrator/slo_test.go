@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"bytes"
 	"math"
 	"strconv"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/learn/learntest"
 )
 
 func sloPolicy() *v1alpha1.AutoscalingPolicy {
@@ -130,20 +130,11 @@ func TestSLOLearnedPrefillThroughput(t *testing.T) {
 		if err := r.Tick(time.Now(), m); err != nil {
 			t.Fatal(err)
 		}
-		lr, err := learn.New(learn.Config{})
+		share, err := learntest.Share("pre-"+strconv.Itoa(i), rate)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for k := 0; k < 200; k++ {
-			tok := 500 + (k*977)%12000
-			lr.ObservePrefill("pre-"+strconv.Itoa(i), tok, time.Duration((0.02+float64(tok)/rate)*float64(time.Second)))
-		}
-		own, pooled := lr.Own(nil)
-		var buf bytes.Buffer
-		if err := learn.EncodeShare(&buf, uint64(i+1), &pooled, own); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.SetAppState(learn.StateName, buf.Bytes()); err != nil {
+		if err := m.SetAppState(learn.StateName, share); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/learn/learntest"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
 )
@@ -85,17 +85,11 @@ func TestGetEngines(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ing.Close() })
-	lr, _ := learn.New(learn.Config{})
-	for k := 0; k < 200; k++ {
-		tok := 500 + (k*977)%12000
-		lr.ObservePrefill("eng-prefill-0", tok, time.Duration((0.02+float64(tok)/8000)*float64(time.Second)))
-	}
-	own, pooled := lr.Own(nil)
-	var share bytes.Buffer
-	if err := learn.EncodeShare(&share, 1, &pooled, own); err != nil {
+	share, err := learntest.Share("eng-prefill-0", 8000)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ing.SetAppState(learn.StateName, share.Bytes()); err != nil {
+	if err := ing.SetAppState(learn.StateName, share); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 30*time.Second, "the share reaches the seed", func() bool { return len(p.Gossip().AppStates(learn.StateName)) == 1 })

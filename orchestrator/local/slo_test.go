@@ -1,7 +1,6 @@
 package local
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/learn/learntest"
 	"github.com/kvmesh/kvmesh/sim"
 )
 
@@ -94,17 +94,11 @@ func TestSLOScraperReadsEngines(t *testing.T) {
 
 	// An ingress shares what it learned of p0 (8,000 tokens/s); the policy
 	// gives no prefillTokensPerSecond, so the observation carries it.
-	lr, _ := learn.New(learn.Config{})
-	for k := 0; k < 200; k++ {
-		tok := 500 + (k*977)%12000
-		lr.ObservePrefill("p0", tok, time.Duration((0.02+float64(tok)/8000)*float64(time.Second)))
-	}
-	own, pooled := lr.Own(nil)
-	var share bytes.Buffer
-	if err := learn.EncodeShare(&share, 1, &pooled, own); err != nil {
+	share, err := learntest.Share("p0", 8000)
+	if err != nil {
 		t.Fatal(err)
 	}
-	withShares := sharingLoad{stubLoad: load, states: map[string][]byte{"ingress-1": share.Bytes()}}
+	withShares := sharingLoad{stubLoad: load, states: map[string][]byte{"ingress-1": share}}
 	o = sc.observe(ctx, t0.Add(4*time.Second), md, ap, b, withShares)
 	if o == nil || math.Abs(o.PrefillTokensPerReplica/8000-1) > 0.05 {
 		t.Fatalf("observation %+v: want a learned prefill throughput within 5 %% of 8000", o)
