@@ -125,7 +125,7 @@ func (s *Server) startCluster() error {
 			node.OnLeave(sh.ForgetOrigin)
 		}
 		if s.learn != nil {
-			s.learnGossip = newLearnGossipMetrics(s.deps.Registry, s.cfg.ID)
+			s.learnGossip = newLearnGossip(s.deps.Registry, s.cfg.ID)
 			node.OnAppState(func(origin, name string, blob []byte) {
 				if name == LearnStateName {
 					s.mergeLearnShare(origin, blob)

@@ -95,9 +95,9 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 	return ls.buf.Bytes(), nil
 }
 
-// learnGossipMetrics counts peers' shares by result, and holds each
-// peer's epoch.
-type learnGossipMetrics struct {
+// learnGossip is the receiving side's state: peers' shares counted by
+// result, and each peer's epoch.
+type learnGossip struct {
 	shares *prometheus.CounterVec // result: accepted, rejected, partial
 	mu     sync.Mutex
 	epochs map[string]uint64 // by peer: its learner's epoch
@@ -105,7 +105,7 @@ type learnGossipMetrics struct {
 
 // newEpoch records peer's epoch and reports whether it differs from the
 // one seen before (a first share is not a new epoch).
-func (m *learnGossipMetrics) newEpoch(peer string, epoch uint64) bool {
+func (m *learnGossip) newEpoch(peer string, epoch uint64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	old, seen := m.epochs[peer]
@@ -114,14 +114,14 @@ func (m *learnGossipMetrics) newEpoch(peer string, epoch uint64) bool {
 }
 
 // forget drops peer's epoch (it left).
-func (m *learnGossipMetrics) forget(peer string) {
+func (m *learnGossip) forget(peer string) {
 	m.mu.Lock()
 	delete(m.epochs, peer)
 	m.mu.Unlock()
 }
 
-func newLearnGossipMetrics(reg prometheus.Registerer, id string) *learnGossipMetrics {
-	m := &learnGossipMetrics{epochs: make(map[string]uint64), shares: prometheus.NewCounterVec(prometheus.CounterOpts{
+func newLearnGossip(reg prometheus.Registerer, id string) *learnGossip {
+	m := &learnGossip{epochs: make(map[string]uint64), shares: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "kvmesh_ingress_learn_shares_total",
 		Help:        "Learned-cost shares received from other replicas by gossip: accepted; rejected (malformed, or implausible pooled sums: none of it is used); partial (the implausible engines dropped, the rest used).",
 		ConstLabels: prometheus.Labels{"ingress": id}}, []string{"result"})}

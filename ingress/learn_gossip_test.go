@@ -42,7 +42,7 @@ func fedLearner(t testing.TB, n int) *learn.Learner {
 // restarted with the same name) drops what the old one shared.
 func TestRestartedPeerStartsOver(t *testing.T) {
 	lr, _ := learn.New(learn.Config{})
-	s := &Server{learn: lr, learnGossip: newLearnGossipMetrics(prometheus.NewRegistry(), "t"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := &Server{learn: lr, learnGossip: newLearnGossip(prometheus.NewRegistry(), "t"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	src := fedLearner(t, 2)
 	own, pooled := src.Own(nil)
 	share := func(epoch uint64, es []learn.EngineStats) {

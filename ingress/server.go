@@ -55,10 +55,10 @@ type Server struct {
 	// (learn.go); nil when off.
 	learn *learn.Learner
 	// learnSh publishes learn's own sums by gossip (learn_gossip.go; the
-	// load loop owns it); learnGossip counts peers' shares. Set in Start
+	// load loop owns it); learnGossip receives peers' shares. Set in Start
 	// with gossip and a learner.
 	learnSh     learnSharer
-	learnGossip *learnGossipMetrics
+	learnGossip *learnGossip
 
 	closeOnce sync.Once
 	closeErr  error
