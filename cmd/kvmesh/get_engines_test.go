@@ -70,10 +70,17 @@ func TestGetEngines(t *testing.T) {
 	p := startEngine(t, nats, "eng-prefill-0", "prefill", "")
 	seed := p.Gossip().Addr()
 	d := startEngine(t, nats, "eng-decode-0", "decode", seed)
+	// Both sidecars' views, the seed's included: the observer joins the
+	// seed and takes its view, which may lag the decode sidecar's own.
 	testutil.WaitFor(t, 30*time.Second, "both engines ready in the gossip", func() bool {
-		e1, ok1 := d.Gossip().Engine("eng-prefill-0")
-		e2, ok2 := d.Gossip().Engine("eng-decode-0")
-		return ok1 && ok2 && e1.Ready && e2.Ready
+		for _, c := range []*sidecar.Sidecar{p, d} {
+			e1, ok1 := c.Gossip().Engine("eng-prefill-0")
+			e2, ok2 := c.Gossip().Engine("eng-decode-0")
+			if !ok1 || !ok2 || !e1.Ready || !e2.Ready {
+				return false
+			}
+		}
+		return true
 	})
 	// An ingress-like member shares what its learner measured of the
 	// prefill engine: 8,000 tokens/s.
