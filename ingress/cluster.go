@@ -125,16 +125,13 @@ func (s *Server) startCluster() error {
 			node.OnLeave(sh.ForgetOrigin)
 		}
 		if s.learn != nil {
-			s.learnGossip = newLearnGossip(s.deps.Registry, s.cfg.ID)
+			s.learnShares = newLearnShares(s.deps.Registry, s.cfg.ID)
 			node.OnAppState(func(origin, name string, blob []byte) {
 				if name == LearnStateName {
 					s.mergeLearnShare(origin, blob)
 				}
 			})
-			node.OnLeave(func(peer string) {
-				s.learnGossip.forget(peer)
-				s.learn.ForgetPeer(peer)
-			})
+			node.OnLeave(s.learn.ForgetPeer)
 		}
 	}
 	if len(cc.NATSURLs) > 0 {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,66 +94,41 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 	return ls.buf.Bytes(), nil
 }
 
-// learnGossip is the receiving side's state: peers' shares counted by
-// result, and each peer's epoch.
-type learnGossip struct {
-	shares *prometheus.CounterVec // result: accepted, rejected, partial
-	mu     sync.Mutex
-	epochs map[string]uint64 // by peer: its learner's epoch
-}
-
-// newEpoch records peer's epoch and reports whether it differs from the
-// one seen before (a first share is not a new epoch).
-func (m *learnGossip) newEpoch(peer string, epoch uint64) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	old, seen := m.epochs[peer]
-	m.epochs[peer] = epoch
-	return seen && old != epoch
-}
-
-// forget drops peer's epoch (it left).
-func (m *learnGossip) forget(peer string) {
-	m.mu.Lock()
-	delete(m.epochs, peer)
-	m.mu.Unlock()
-}
-
-func newLearnGossip(reg prometheus.Registerer, id string) *learnGossip {
-	m := &learnGossip{epochs: make(map[string]uint64), shares: prometheus.NewCounterVec(prometheus.CounterOpts{
+// newLearnShares is the counter of peers' shares by result.
+func newLearnShares(reg prometheus.Registerer, id string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name:        "kvmesh_ingress_learn_shares_total",
 		Help:        "Learned-cost shares received from other replicas by gossip: accepted; rejected (malformed, or implausible pooled sums: none of it is used); partial (the implausible engines dropped, the rest used).",
-		ConstLabels: prometheus.Labels{"ingress": id}}, []string{"result"})}
-	if err := reg.Register(m.shares); err != nil {
+		ConstLabels: prometheus.Labels{"ingress": id}}, []string{"result"})
+	if err := reg.Register(c); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if errors.As(err, &are) {
-			m.shares = are.ExistingCollector.(*prometheus.CounterVec)
+			c = are.ExistingCollector.(*prometheus.CounterVec)
 		}
 	}
-	return m
+	return c
 }
 
 // mergeLearnShare hands a peer's share to the learner (on a memberlist
 // goroutine: decoding and a brief lock, no I/O). A share that does not
-// parse or whose pooled sums are implausible is dropped whole ("rejected");
-// one with some implausible engines keeps the others ("partial").
+// parse, or that the learner refuses whole (learn.ErrRefused: implausible
+// pooled sums), is "rejected"; one with some implausible engines keeps the
+// others ("partial"). A share under a new epoch replaces what the peer's
+// old learner shared (learn.Learner.SetShare).
 func (s *Server) mergeLearnShare(origin string, blob []byte) {
 	result := "accepted"
 	sh, err := learn.DecodeShare(blob)
 	if err == nil {
-		err = sh.Pooled.Check()
+		err = s.learn.SetShare(origin, &sh)
 	}
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, learn.ErrWire) || errors.Is(err, learn.ErrRefused):
 		result = "rejected"
-	} else {
-		if s.learnGossip.newEpoch(origin, sh.Epoch) {
-			s.learn.ForgetPeer(origin) // restarted: what the old learner shared goes
-		}
-		if err = s.learn.SetPeer(origin, sh.Pooled, sh.Engines); err != nil {
-			result = "partial"
-		}
+	default:
+		result = "partial"
 	}
-	s.learnGossip.shares.WithLabelValues(result).Inc()
+	s.learnShares.WithLabelValues(result).Inc()
 	if err != nil {
 		s.log.Debug("bad learned-cost share", "from", origin, "result", result, "err", err)
 	}

@@ -42,7 +42,7 @@ func fedLearner(t testing.TB, n int) *learn.Learner {
 // restarted with the same name) drops what the old one shared.
 func TestRestartedPeerStartsOver(t *testing.T) {
 	lr, _ := learn.New(learn.Config{})
-	s := &Server{learn: lr, learnGossip: newLearnGossip(prometheus.NewRegistry(), "t"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := &Server{learn: lr, learnShares: newLearnShares(prometheus.NewRegistry(), "t"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	src := fedLearner(t, 2)
 	own, pooled := src.Own(nil)
 	share := func(epoch uint64, es []learn.EngineStats) {
@@ -69,7 +69,7 @@ func TestRestartedPeerStartsOver(t *testing.T) {
 	if lr.Peers() != 1 {
 		t.Fatalf("%d peers, want 1", lr.Peers())
 	}
-	if got := val(s.learnGossip.shares.WithLabelValues("accepted")); got != 3 {
+	if got := val(s.learnShares.WithLabelValues("accepted")); got != 3 {
 		t.Fatalf("%v shares accepted, want 3", got)
 	}
 }

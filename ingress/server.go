@@ -55,10 +55,10 @@ type Server struct {
 	// (learn.go); nil when off.
 	learn *learn.Learner
 	// learnSh publishes learn's own sums by gossip (learn_gossip.go; the
-	// load loop owns it); learnGossip receives peers' shares. Set in Start
-	// with gossip and a learner.
+	// load loop owns it); learnShares counts peers' shares by result. Set
+	// in Start with gossip and a learner.
 	learnSh     learnSharer
-	learnGossip *learnGossip
+	learnShares *prometheus.CounterVec
 
 	closeOnce sync.Once
 	closeErr  error

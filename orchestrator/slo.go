@@ -168,7 +168,7 @@ func (c *Controller) observeSLO(ap *v1alpha1.AutoscalingPolicy, targets map[stri
 	pre, dec := v.merge(targets[s.PrefillRole].engines), v.merge(targets[s.DecodeRole].engines)
 	in := &autoscale.SLOObservation{PromptTokensPerSecond: pre.promptTokensPerSec, MeasuredTTFT: pre.ttft, MeasuredTPOT: dec.tpot}
 	if s.PrefillTokensPerSecond <= 0 {
-		rate, ok := learnedPrefillRate(c.cfg.SLO, targets[s.PrefillRole].engines)
+		rate, ok := LearnedPrefillRate(c.cfg.SLO, targets[s.PrefillRole].engines)
 		if !ok {
 			pc.set(v1alpha1.ConditionSLOAtRisk, metav1.ConditionUnknown, "NoThroughputSignal",
 				"no prefillTokensPerSecond and no ingress gossips learned costs ("+learn.StateName+")")
@@ -189,12 +189,13 @@ func (c *Controller) observeSLO(ap *v1alpha1.AutoscalingPolicy, targets map[stri
 	return in
 }
 
-// learnedPrefillRate is the prefill throughput the ingresses have learned
+// LearnedPrefillRate is the prefill throughput the ingresses have learned
 // for the prefill role's engines: one line fitted on all their samples
 // (learn.RatesOver; the pooled estimate when none has any), from every
 // ingress's own sums (gossip learn.StateName, ingress/learn_gossip.go) and
 // the ingress's default prior. ok is false while no ingress shares any.
-func learnedPrefillRate(src SLOSource, engines []string) (float64, bool) {
+// The local backend reads its gossip with it too.
+func LearnedPrefillRate(src SLOSource, engines []string) (float64, bool) {
 	if src == nil {
 		return 0, false
 	}

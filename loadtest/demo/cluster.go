@@ -16,7 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
-	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
 )
@@ -157,7 +156,7 @@ func (m *mesh) startIngresses(ctx context.Context, policy string, run int) error
 // kvmesh's live hit rate fell from the DES's 0.824 to 0.779
 // (docs/BENCHMARKS.md, "DES vs live").
 func wallPrior(ts float64) learn.Rates {
-	k := policies.DefaultKVMeshConfig()
+	k := learn.DefaultPrior() // the ingress learner's default prior
 	return learn.Rates{PrefillRate: k.PrefillRate * ts, StepBase: k.StepBase / ts, DecodeSecPerToken: k.DecodeSecPerToken / ts}
 }
 

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvmesh/kvmesh/orchestrator"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
-	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
 
 // sloScraper feeds the SLO mode. The mesh's gossip carries queues and KV
@@ -94,21 +94,13 @@ func (s *sloScraper) observe(ctx context.Context, now time.Time, md *v1alpha1.Mo
 		return nil
 	}
 	o.MeasuredTTFT, o.MeasuredTPOT = ttft.quantile(0.9), itl.quantile(0.9)
-	if src, ok := load.(appStates); ok && slo.PrefillTokensPerSecond <= 0 {
+	if src, ok := load.(orchestrator.SLOSource); ok && slo.PrefillTokensPerSecond <= 0 {
 		// No profiled throughput: the prefill rate the ingresses learned,
 		// as the controller reads it (0 until one shares: prefill then
-		// follows its metric targets).
-		if lr, _ := learn.FromShares(src.AppStates(learn.StateName)); lr.Peers() > 0 {
-			o.PrefillTokensPerReplica = lr.RatesOver(b.Replicas(md.Name, slo.PrefillRole)).PrefillRate
-		}
+		// follows its metric targets). *gossip.Node is an SLOSource.
+		o.PrefillTokensPerReplica, _ = orchestrator.LearnedPrefillRate(src, b.Replicas(md.Name, slo.PrefillRole))
 	}
 	return &o
-}
-
-// appStates is the LoadSource capability that carries the ingresses'
-// learned costs; *gossip.Node has it.
-type appStates interface {
-	AppStates(name string) map[string][]byte
 }
 
 // engineURLs is the optional Backend capability the SLO mode needs: an

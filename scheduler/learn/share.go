@@ -106,34 +106,59 @@ func (l *Learner) Own(dst []EngineStats) ([]EngineStats, Stats) {
 const MaxPeerEngines = 4096
 
 // peer is what one other router shared: its pooled sums and the latest
-// sums it sent per engine.
+// sums it sent per engine, under its learner's epoch (Share.Epoch; 0 for
+// SetPeer's).
 type peer struct {
+	epoch   uint64
 	pooled  model
 	engines map[string]*model
 }
+
+// ErrRefused marks a share refused whole (no peer name, or implausible
+// pooled sums): nothing of it was used. Other SetPeer errors name the
+// engines dropped from a share whose rest was used.
+var ErrRefused = errors.New("learn: share refused")
 
 // SetPeer records what router name shared: its pooled Stats and the Stats
 // of the engines listed (a share may list only some; an engine it does not
 // list keeps its last Stats from that peer). Each engine's Stats replace
 // that peer's previous ones. Invalid Stats are refused, all of the share
-// when the pooled ones are bad, else the bad engines alone; the error
-// joins every reason.
+// (ErrRefused) when the name or the pooled ones are bad, else the bad
+// engines alone; the error joins every reason.
 func (l *Learner) SetPeer(name string, pooled Stats, engines []EngineStats) error {
-	if name == "" {
-		return fmt.Errorf("%w: no peer name", ErrStats)
-	}
-	if err := pooled.Check(); err != nil {
-		return fmt.Errorf("pooled: %w", err)
-	}
-	var errs []error
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.setPeer(name, 0, &pooled, engines)
+}
+
+// SetShare is SetPeer for a decoded share: a share under a new epoch (the
+// router restarted under the same name) first drops what the old learner
+// shared, so engines the new one has not measured yet do not keep its sums.
+func (l *Learner) SetShare(name string, sh *Share) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.peers[name]; p != nil && p.epoch != sh.Epoch && sh.Pooled.Check() == nil {
+		l.forgetPeer(name)
+	}
+	return l.setPeer(name, sh.Epoch, &sh.Pooled, sh.Engines)
+}
+
+// setPeer is SetPeer with l.mu held.
+func (l *Learner) setPeer(name string, epoch uint64, pooled *Stats, engines []EngineStats) error {
+	if name == "" {
+		return fmt.Errorf("%w: %w: no peer name", ErrRefused, ErrStats)
+	}
+	if err := pooled.Check(); err != nil {
+		return fmt.Errorf("%w: pooled: %w", ErrRefused, err)
+	}
+	var errs []error
 	p := l.peers[name]
 	if p == nil {
 		p = &peer{engines: make(map[string]*model)}
 		l.peers[name] = p
 	}
-	p.pooled = fromStats(&pooled)
+	p.epoch = epoch
+	p.pooled = fromStats(pooled)
 	l.sumPooled()
 	for i := range engines {
 		e := &engines[i]
@@ -164,6 +189,11 @@ func (l *Learner) SetPeer(name string, pooled Stats, engines []EngineStats) erro
 func (l *Learner) ForgetPeer(name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.forgetPeer(name)
+}
+
+// forgetPeer is ForgetPeer with l.mu held.
+func (l *Learner) forgetPeer(name string) {
 	p := l.peers[name]
 	if p == nil {
 		return
@@ -227,7 +257,7 @@ func FromShares(states map[string][]byte) (l *Learner, bad int) {
 	for origin, b := range states {
 		sh, err := DecodeShare(b)
 		if err == nil {
-			err = l.SetPeer(origin, sh.Pooled, sh.Engines)
+			err = l.SetShare(origin, &sh)
 		}
 		if err != nil {
 			bad++
