@@ -52,6 +52,9 @@ type LearnConfig struct {
 	Memory float64 `yaml:"memory"`
 	// Clamp bounds every estimate to [prior/Clamp, prior·Clamp]. Default 50.
 	Clamp float64 `yaml:"clamp"`
+	// Unpooled starts each engine's lines from the prior instead of the
+	// estimate pooled over every engine (learn.Config.Unpooled).
+	Unpooled bool `yaml:"unpooled"`
 }
 
 // learnConfig is the learner's config: zero fields defaulted.
@@ -61,7 +64,7 @@ func (c *LearnConfig) learnConfig() learn.Config {
 	p.PrefillRate = cmp.Or(p.PrefillRate, d.PrefillRate)
 	p.StepBase = cmp.Or(p.StepBase, d.StepBase)
 	p.DecodeSecPerToken = cmp.Or(p.DecodeSecPerToken, d.DecodeSecPerToken)
-	lc := learn.Config{Prior: p, PriorWeight: c.PriorWeight, Memory: c.Memory, Clamp: c.Clamp}
+	lc := learn.Config{Prior: p, PriorWeight: c.PriorWeight, Memory: c.Memory, Clamp: c.Clamp, Unpooled: c.Unpooled}
 	lc.Defaults()
 	return lc
 }

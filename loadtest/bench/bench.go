@@ -20,6 +20,7 @@ import (
 	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -71,6 +72,10 @@ type Options struct {
 	// EventDelay is the KV-event propagation delay to the index;
 	// SnapshotInterval the engine load snapshot period (negative: always fresh).
 	EventDelay, SnapshotInterval time.Duration
+	// LearnUnpooled (des) starts each engine's learned costs from the
+	// prior, not from the estimate pooled over every engine
+	// (learn.Config.Unpooled; an ablation).
+	LearnUnpooled bool
 	// ConfigPath is a SchedulerConfig file with the policies' parameters.
 	ConfigPath string
 	JSON       bool // JSON instead of a table
@@ -186,6 +191,7 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 		SnapshotInterval: o.SnapshotInterval,
 		Seed:             seed,
 		Parallel:         o.Parallel,
+		Learn:            learn.Config{Unpooled: o.LearnUnpooled},
 	}
 	if len(probs) == 0 {
 		// Whatever des would still reject (a --config parameter...), as a

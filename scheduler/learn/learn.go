@@ -29,7 +29,11 @@
 // only partly and a line whose samples all sit at one x keeps the prior's
 // slope. Forgetting (Config.Memory) lets the estimate follow an engine whose
 // speed changes. An engine without samples of its own uses the estimate
-// pooled over every engine.
+// pooled over every engine, and an engine with a few starts from it: its
+// own lines' pseudo-samples sit on the pooled lines, not on the prior's
+// (partial pooling), so the cluster's samples teach each engine what
+// replicas of one model on one GPU share, and an engine's own samples
+// teach what is its alone (a slower GPU, a busier host).
 //
 // Routers share what they measured (share.go): each one publishes its own
 // lines' sufficient statistics (Stats: the weighted sums of the normal
@@ -81,6 +85,10 @@ type Config struct {
 	// Clamp bounds each estimate to [prior/Clamp, prior·Clamp], so a burst
 	// of odd samples cannot send the model somewhere absurd. Default 50.
 	Clamp float64
+	// Unpooled makes each engine's lines start from Prior instead of the
+	// estimate pooled over every engine (no partial pooling; for
+	// ablations).
+	Unpooled bool
 }
 
 // Defaults fills unset fields.
@@ -137,6 +145,10 @@ type Learner struct {
 	peers   map[string]*peer  // what other routers shared, by peer
 	shared  map[string]*model // Σ over peers, by engine
 	sharedP model             // Σ over peers of their pooled sums
+	// prior is the planes an engine's own lines start from: the pooled
+	// fit (Config.Unpooled: the prior's), refitted when stale.
+	prior      [2][3]float64
+	priorStale bool
 }
 
 // model is one engine's two lines.
@@ -156,7 +168,9 @@ func New(cfg Config) (*Learner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Learner{cfg: cfg, engines: make(map[string]*model), peers: make(map[string]*peer), shared: make(map[string]*model)}, nil
+	l := &Learner{cfg: cfg, engines: make(map[string]*model), peers: make(map[string]*peer), shared: make(map[string]*model)}
+	l.prior = l.priorPlanes()
+	return l, nil
 }
 
 // ObservePrefill records a TTFT of d on engine for a request whose own
@@ -173,6 +187,7 @@ func (l *Learner) ObservePrefill(engine string, tokens int, d time.Duration) {
 	m.n++
 	m.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
 	l.pooled.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
+	l.priorStale = true
 }
 
 // ObserveDecode records that engine took step per decode step over a
@@ -191,6 +206,7 @@ func (l *Learner) ObserveDecode(engine string, seqs, ctx float64, step time.Dura
 	m.n++
 	m.decode.add(ctx, seqs, step.Seconds(), keep, w)
 	l.pooled.decode.add(ctx, seqs, step.Seconds(), keep, w)
+	l.priorStale = true
 }
 
 func (l *Learner) model(engine string) *model {
@@ -210,7 +226,41 @@ func (l *Learner) Rates(engine string) Rates {
 	defer l.mu.Unlock()
 	var m model
 	l.gather(&m, engine)
-	return l.estimate(l.orPooled(&m))
+	if m.prefill.w == 0 && m.decode.w == 0 {
+		return l.estimate(l.orPooled(&m))
+	}
+	return l.estimateFrom(&m, l.enginePrior())
+}
+
+// priorPlanes is Prior as the two lines' planes (prefill, decode).
+func (l *Learner) priorPlanes() [2][3]float64 {
+	p := l.cfg.Prior
+	return [2][3]float64{{p.StepBase, 1 / p.PrefillRate, 0}, {p.StepBase, p.DecodeSecPerToken, priorSeqSec}}
+}
+
+// enginePrior is the planes an engine's own lines start from: the fit
+// pooled over every engine's samples, this router's and its peers' (the
+// prior's planes where that fit has no samples or no positive slope), or
+// the prior's with Config.Unpooled (l.mu held).
+func (l *Learner) enginePrior() [2][3]float64 {
+	if !l.priorStale || l.cfg.Unpooled {
+		return l.prior
+	}
+	pp := l.priorPlanes()
+	m := l.pooled
+	m.plus(&l.sharedP)
+	if m.prefill.w > 0 {
+		if θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, pp[0]); θ[1] > 0 {
+			pp[0] = θ
+		}
+	}
+	if m.decode.w > 0 {
+		if θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1]); θ[0] > 0 && θ[1] > 0 {
+			pp[1] = θ
+		}
+	}
+	l.prior, l.priorStale = pp, false
+	return pp
 }
 
 // RatesOver returns the estimate fitted on the samples of the engines
@@ -257,15 +307,19 @@ func (l *Learner) Pooled() Rates {
 	return l.estimate(&m)
 }
 
-func (l *Learner) estimate(m *model) Rates {
+func (l *Learner) estimate(m *model) Rates { return l.estimateFrom(m, l.priorPlanes()) }
+
+// estimateFrom fits m's lines with their pseudo-samples on the planes pp
+// (prefill, decode), each estimate clamped around Prior.
+func (l *Learner) estimateFrom(m *model, pp [2][3]float64) Rates {
 	p, c := l.cfg.Prior, l.cfg.Clamp
 	r := p
 	if m.prefill.w > 0 {
-		θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, [3]float64{p.StepBase, 1 / p.PrefillRate, 0})
+		θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, pp[0])
 		r.PrefillRate = clamp(1/θ[1], p.PrefillRate, c)
 	}
 	if m.decode.w > 0 {
-		θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, [3]float64{p.StepBase, p.DecodeSecPerToken, priorSeqSec})
+		θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1])
 		r.StepBase = clamp(θ[0], p.StepBase, c)
 		r.DecodeSecPerToken = clamp(θ[1], p.DecodeSecPerToken, c)
 	}

@@ -233,6 +233,7 @@ func (l *Learner) sumEngine(id string) {
 }
 
 func (l *Learner) sumPooled() {
+	l.priorStale = true
 	l.sharedP = model{}
 	for _, p := range l.peers {
 		l.sharedP.plus(&p.pooled)

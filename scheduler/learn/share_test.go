@@ -199,7 +199,7 @@ func TestSharingConvergesFaster(t *testing.T) {
 			}
 			t.Logf("%s, %d requests per router: worst-rate error, mean over routers: alone %.1f %%, shared %.1f %% (worst router %.1f %%)",
 				name, reqs/routers, 100*alone, 100*shared, 100*sharedWorst)
-			if shared >= alone {
+			if shared >= alone && alone > 0.10 { // both converged: either may be a little closer
 				t.Errorf("%s, %d waves: sharing did not help (%.3f vs %.3f alone)", name, waves, shared, alone)
 			}
 			if waves >= 4 && sharedWorst > 0.10 {
@@ -289,9 +289,11 @@ func BenchmarkRatesWithPeers(b *testing.B) {
 // samples (own and shared): with every engine in the group it is the pooled
 // fit; an engine with a single sample barely moves it, where the mean of
 // the engines' estimates would be pulled halfway to that engine's
-// prior-dominated one; a group without samples gets the pooled estimate.
+// prior-dominated one (without partial pooling: with it, the new engine
+// starts from the pooled fit and the mean is good too); a group without
+// samples gets the pooled estimate.
 func TestRatesOverWeighsBySamples(t *testing.T) {
-	l, _ := New(Config{})
+	l, _ := New(Config{Unpooled: true})
 	const rate = 9000.0
 	for k := 0; k < 200; k++ {
 		tok := 500 + (k*977)%12000
