@@ -53,7 +53,8 @@ type LearnConfig struct {
 	// Clamp bounds every estimate to [prior/Clamp, prior·Clamp]. Default 50.
 	Clamp float64 `yaml:"clamp"`
 	// Unpooled starts each engine's lines from the prior instead of the
-	// estimate pooled over every engine (learn.Config.Unpooled).
+	// estimate pooled over every engine (learn.Config.Unpooled). Always
+	// so with a P/D policy (pd.policy).
 	Unpooled bool `yaml:"unpooled"`
 }
 
@@ -94,7 +95,13 @@ func newLearner(cfg *Config) (*learn.Learner, error) {
 	if cfg.Learn.Disabled || !cfg.usesKVMesh() {
 		return nil, nil
 	}
-	lr, err := learn.New(cfg.Learn.learnConfig())
+	lc := cfg.Learn.learnConfig()
+	// With a P/D policy the engines play different parts (a prefill
+	// engine's time to first token is not a decode engine's line), and
+	// pooling across them was measured mixed: off, as in the DES's P/D
+	// benchmark (loadtest/des/pdsim.go).
+	lc.Unpooled = lc.Unpooled || cfg.PD.Policy != ""
+	lr, err := learn.New(lc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: learn: %w", ErrConfig, err)
 	}

@@ -98,7 +98,7 @@ def bound(args, wl, prof, seed):
 
 
 def kvmesh_config(args):
-    return ["--config", args.config] if args.config else []
+    return (["--config", args.config] if args.config else []) + (args.kvmesh_flags.split() if args.kvmesh_flags else [])
 
 
 def row(args, wl, rate, prof, seed):
@@ -160,6 +160,7 @@ def main():
     ap.add_argument("--limit", type=int, default=1000)
     ap.add_argument("--rerun-kvmesh", action="store_true", help="re-run kvmesh even when a cached result exists")
     ap.add_argument("--config", help="SchedulerConfig for kvmesh (a variant); results cached under --tag")
+    ap.add_argument("--kvmesh-flags", default="", help="extra kvmesh bench flags for kvmesh's runs (a variant, e.g. --learn-unpooled); results cached under --tag")
     ap.add_argument("--tag", default="", help="suffix of kvmesh's cached results (e.g. -old with --config)")
     ap.add_argument("--compare", help="also print each row's ratios for the cached kvmesh results of this tag (e.g. -bound), as default / tag")
     ap.add_argument("--kthena", action="store_true", help="also the Kthena scenario at each seed")
@@ -187,7 +188,7 @@ def main():
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             a2 = argparse.Namespace(**vars(args))
-            a2.tag, a2.config, a2.rerun_kvmesh = args.compare, None, False
+            a2.tag, a2.config, a2.kvmesh_flags, a2.rerun_kvmesh = args.compare, None, "", False
             c = row(a2, r["wl"], r["rate"], r["prof"], r["seed"])
             cell = lambda k, f: f"{format(r[k], f)} / {format(c[k], f)}"
             print(f"| {r['wl']} | {r['rate']}x | {r['prof']} | {r['seed']} | {r['set']} | {cell('mean', '.2f')} | {cell('p99', '.2f')} | "
@@ -195,7 +196,7 @@ def main():
         for s in ("tuning", "eval"):
             sub = [r for r in rows if r["set"] == s]
             if sub:
-                cs = [row(argparse.Namespace(**{**vars(args), "tag": args.compare, "config": None, "rerun_kvmesh": False}),
+                cs = [row(argparse.Namespace(**{**vars(args), "tag": args.compare, "config": None, "kvmesh_flags": "", "rerun_kvmesh": False}),
                           r["wl"], r["rate"], r["prof"], r["seed"]) for r in sub]
                 met = {k: sum(r["goals"][k] for r in cs) for k in cs[0]["goals"]}
                 print(f"\n{s} ({args.compare}): {len(cs)} rows; goal met on: " + ", ".join(f"{k} {v}/{len(cs)}" for k, v in met.items()))

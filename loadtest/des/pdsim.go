@@ -124,7 +124,9 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	}
 	var lr *learn.Learner
 	if (policy == "aggregated" || policy == "kvmesh" || policy == "kvmesh-always") && !cfg.FixedCosts {
-		if lr, err = learn.New(cfg.Learn); err != nil {
+		lc := cfg.Learn
+		lc.Unpooled = true // P/D: pooling measured mixed (docs/BENCHMARKS.md, "Cross-validation (unseen traffic)"); the ingress does the same
+		if lr, err = learn.New(lc); err != nil {
 			return nil, err
 		}
 	}
