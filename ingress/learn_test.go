@@ -276,8 +276,34 @@ func TestLearnerConfig(t *testing.T) {
 			t.Errorf("learn %+v validated", bad)
 		}
 	}
-	if _, err := ParseConfig([]byte("learn:\n  disabled: true\n  prior:\n    prefillRate: 8000\n")); err != nil {
+	if _, err := ParseConfig([]byte("learn:\n  disabled: true\n  prior:\n    prefillRate: 8000\n  unpooled: true\n")); err != nil {
 		t.Errorf("parse learn block: %v", err)
+	}
+	// Partial pooling: an engine with one sample of its own starts from what
+	// the others showed, unless learn.unpooled is set or a P/D policy is
+	// configured (its engines play different parts), where it starts from
+	// the prior.
+	for _, tc := range []struct {
+		pd       string
+		unpooled bool
+		pooled   bool
+	}{{"", false, true}, {"", true, false}, {"kvmesh", false, false}} {
+		cfg := DefaultConfig()
+		cfg.PD.Policy, cfg.Learn.Unpooled = tc.pd, tc.unpooled
+		lr, err := newLearner(&cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const rate = 9000.0 // the prior says 30,000
+		for k := 0; k < 200; k++ {
+			tok := 500 + (k*977)%12000
+			lr.ObservePrefill("old", tok, time.Duration((0.02+float64(tok)/rate)*float64(time.Second)))
+		}
+		lr.ObservePrefill("new", 2000, 242*time.Millisecond) // 0.02 s + 2,000 tokens at 9,000 tok/s
+		got := lr.Rates("new").PrefillRate
+		if near := math.Abs(got/rate-1) < 0.10; near != tc.pooled {
+			t.Errorf("pd %q unpooled %v: a one-sample engine's prefill rate %.0f (true %.0f): pooled %v, want %v", tc.pd, tc.unpooled, got, rate, near, tc.pooled)
+		}
 	}
 }
 
