@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
 
 // Learned costs (docs/OPERATIONS.md, "Learned costs (online)"): the ingress
@@ -96,11 +97,9 @@ func newLearner(cfg *Config) (*learn.Learner, error) {
 		return nil, nil
 	}
 	lc := cfg.Learn.learnConfig()
-	// With a P/D policy the engines play different parts (a prefill
-	// engine's time to first token is not a decode engine's line), and
-	// pooling across them was measured mixed: off, as in the DES's P/D
-	// benchmark (loadtest/des/pdsim.go).
-	lc.Unpooled = lc.Unpooled || cfg.PD.Policy != ""
+	if cfg.PD.Policy != "" {
+		lc = pd.LearnConfig(lc)
+	}
 	lr, err := learn.New(lc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: learn: %w", ErrConfig, err)

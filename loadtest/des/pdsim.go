@@ -124,9 +124,7 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	}
 	var lr *learn.Learner
 	if (policy == "aggregated" || policy == "kvmesh" || policy == "kvmesh-always") && !cfg.FixedCosts {
-		lc := cfg.Learn
-		lc.Unpooled = true // P/D: pooling measured mixed (docs/BENCHMARKS.md, "Cross-validation (unseen traffic)"); the ingress does the same
-		if lr, err = learn.New(lc); err != nil {
+		if lr, err = learn.New(pd.LearnConfig(cfg.Learn)); err != nil {
 			return nil, err
 		}
 	}

@@ -247,8 +247,7 @@ func (l *Learner) enginePrior() [2][3]float64 {
 		return l.prior
 	}
 	pp := l.priorPlanes()
-	m := l.pooled
-	m.plus(&l.sharedP)
+	m := l.allPooled()
 	if m.prefill.w > 0 {
 		if θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, pp[0]); θ[1] > 0 {
 			pp[0] = θ
@@ -292,9 +291,16 @@ func (l *Learner) gather(m *model, id string) {
 // sample (l.mu held).
 func (l *Learner) orPooled(m *model) *model {
 	if m.prefill.w == 0 && m.decode.w == 0 {
-		*m = l.pooled
-		m.plus(&l.sharedP)
+		*m = l.allPooled()
 	}
+	return m
+}
+
+// allPooled is the pooled sums over every engine, this router's and its
+// peers' (l.mu held).
+func (l *Learner) allPooled() model {
+	m := l.pooled
+	m.plus(&l.sharedP)
 	return m
 }
 
@@ -302,8 +308,7 @@ func (l *Learner) orPooled(m *model) *model {
 func (l *Learner) Pooled() Rates {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := l.pooled
-	m.plus(&l.sharedP)
+	m := l.allPooled()
 	return l.estimate(&m)
 }
 

@@ -7,8 +7,21 @@ import (
 	"slices"
 
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
+
+// LearnConfig is c as the learner behind a P/D step must be configured:
+// unpooled (learn.Config.Unpooled). Prefill and decode engines play
+// different parts — a prefill engine's time to first token is not a
+// decode engine's line — and pooling across them, or per role, was
+// measured mixed for this step (docs/BENCHMARKS.md, "Cross-validation
+// (unseen traffic)"). The ingress with a P/D policy and the DES's P/D
+// benchmark both build their learner through it.
+func LearnConfig(c learn.Config) learn.Config {
+	c.Unpooled = true
+	return c
+}
 
 // Names are the P/D policies New knows: kvmesh's choice, kvmesh's pair
 // choice without the aggregated bypass, and the emulations.
