@@ -240,8 +240,10 @@ func (l *Learner) priorPlanes() [2][3]float64 {
 
 // enginePrior is the planes an engine's own lines start from: the fit
 // pooled over every engine's samples, this router's and its peers' (the
-// prior's planes where that fit has no samples or no positive slope), or
-// the prior's with Config.Unpooled (l.mu held).
+// prior's planes where that fit has no samples), or the prior's planes with
+// Config.Unpooled (l.mu held). The pooled planes are taken as fitted, even
+// with a coefficient Rates would clamp: an engine whose first samples lie on
+// the pooled planes then reports the rates every unsampled engine is given.
 func (l *Learner) enginePrior() [2][3]float64 {
 	if !l.priorStale || l.cfg.Unpooled {
 		return l.prior
@@ -249,17 +251,26 @@ func (l *Learner) enginePrior() [2][3]float64 {
 	pp := l.priorPlanes()
 	m := l.allPooled()
 	if m.prefill.w > 0 {
-		if θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, pp[0]); θ[1] > 0 {
+		if θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, pp[0]); finite3(θ) {
 			pp[0] = θ
 		}
 	}
 	if m.decode.w > 0 {
-		if θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1]); θ[0] > 0 && θ[1] > 0 {
+		if θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1]); finite3(θ) {
 			pp[1] = θ
 		}
 	}
 	l.prior, l.priorStale = pp, false
 	return pp
+}
+
+func finite3(θ [3]float64) bool {
+	for _, v := range θ {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // RatesOver returns the estimate fitted on the samples of the engines

@@ -223,3 +223,34 @@ func TestPartialPooling(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstSampleStartsFromReportedRates: when the pooled decode fit has a
+// coefficient Rates would clamp (here a negative step base, from engines
+// whose step cost is nearly all per token), an engine's first sample starts
+// from the rates every unsampled engine is given, not from the prior's
+// plane. Otherwise the first engine sampled reads several times cheaper per
+// token than its unsampled peers and new work herds onto it.
+func TestFirstSampleStartsFromReportedRates(t *testing.T) {
+	const perTok, perSeq, base = 3e-7, 1e-5, -0.003
+	step := func(ctx, seqs float64) time.Duration {
+		return time.Duration((base + perTok*ctx + perSeq*seqs) * float64(time.Second))
+	}
+	l, _ := New(Config{Prior: Rates{PrefillRate: 30000, StepBase: 0.01, DecodeSecPerToken: 1e-7}})
+	for e := 0; e < 6; e++ {
+		for k := 0; k < 200; k++ {
+			ctx, seqs := 20000+float64((k*7919+e*104729)%180000), float64(1+(k*31+e)%32)
+			l.ObserveDecode(fmt.Sprint("e", e), seqs, ctx, step(ctx, seqs), 16)
+		}
+	}
+	l.ObserveDecode("new", 8, 90000, step(90000, 8), 16)
+	unseen, got := l.Rates("unseen"), l.Rates("new")
+	t.Logf("unsampled engine: step base %.4f s, %.3g s/token; one-sample engine: %.4f s, %.3g s/token",
+		unseen.StepBase, unseen.DecodeSecPerToken, got.StepBase, got.DecodeSecPerToken)
+	if !within(unseen.DecodeSecPerToken, perTok, 0.05) {
+		t.Fatalf("the pooled per-token cost %.3g, want within 5 %% of %.3g", unseen.DecodeSecPerToken, perTok)
+	}
+	if !within(got.DecodeSecPerToken, unseen.DecodeSecPerToken, 0.10) || !within(got.StepBase, unseen.StepBase, 0.10) {
+		t.Errorf("one-sample engine (%.4f s, %.3g s/token), want within 10 %% of an unsampled engine's (%.4f s, %.3g s/token)",
+			got.StepBase, got.DecodeSecPerToken, unseen.StepBase, unseen.DecodeSecPerToken)
+	}
+}
