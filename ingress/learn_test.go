@@ -276,7 +276,7 @@ func TestLearnerConfig(t *testing.T) {
 			t.Errorf("learn %+v validated", bad)
 		}
 	}
-	if _, err := ParseConfig([]byte("learn:\n  disabled: true\n  prior:\n    prefillRate: 8000\n  unpooled: true\n")); err != nil {
+	if _, err := ParseConfig([]byte("learn:\n  disabled: true\n  prior:\n    prefillRate: 8000\n  unpooled: true\n  freeIntercept: true\n")); err != nil {
 		t.Errorf("parse learn block: %v", err)
 	}
 	// Partial pooling: an engine with one sample of its own starts from what
@@ -303,6 +303,34 @@ func TestLearnerConfig(t *testing.T) {
 		got := lr.Rates("new").PrefillRate
 		if near := math.Abs(got/rate-1) < 0.10; near != tc.pooled {
 			t.Errorf("pd %q unpooled %v: a one-sample engine's prefill rate %.0f (true %.0f): pooled %v, want %v", tc.pd, tc.unpooled, got, rate, near, tc.pooled)
+		}
+	}
+	// The prefill line's intercept prior at the step cost: on by default,
+	// off with learn.freeIntercept or a P/D policy. Three TTFTs at one
+	// prompt length, far above a prior 3× too fast, move the rate toward
+	// the engine's only with it (scheduler/learn's TestInterceptPrior).
+	for _, tc := range []struct {
+		pd     string
+		free   bool
+		toward bool
+	}{{"", false, true}, {"", true, false}, {"kvmesh", false, false}} {
+		cfg := DefaultConfig()
+		cfg.PD.Policy, cfg.Learn.FreeIntercept = tc.pd, tc.free
+		lr, err := newLearner(&cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k < 12; k++ {
+			ctx, seqs := float64(4000+k*3000), float64(2+k%5)
+			lr.ObserveDecode("e", seqs, ctx, time.Duration((0.024+3e-8*ctx+20e-6*seqs)*float64(time.Second)), 16)
+		}
+		for k := 0; k < 3; k++ {
+			tok := 2176 + 16*k
+			lr.ObservePrefill("e", tok, time.Duration((0.024+float64(tok)/10100)*float64(time.Second)))
+		}
+		got, prior := lr.Rates("e").PrefillRate, learn.DefaultPrior().PrefillRate
+		if toward := got < prior; toward != tc.toward {
+			t.Errorf("pd %q freeIntercept %v: prefill rate %.0f (prior %.0f, true 10,100): moved toward %v, want %v", tc.pd, tc.free, got, prior, toward, tc.toward)
 		}
 	}
 }

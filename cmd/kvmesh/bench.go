@@ -75,6 +75,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.DurationVar(&o.EventDelay, "event-delay", o.EventDelay, "KV event propagation delay to the index")
 	fs.DurationVar(&o.SnapshotInterval, "snapshot-interval", o.SnapshotInterval, "engine load snapshot period (gossip staleness); negative = always fresh")
 	fs.BoolVar(&o.LearnUnpooled, "learn-unpooled", false, "des: kvmesh's learner starts each engine from its prior, not from the estimate pooled over every engine (an ablation)")
+	fs.BoolVar(&o.LearnFreeIntercept, "learn-free-intercept", false, "des: kvmesh's learner fits the prefill line's intercept without its prior at the decode step's cost (an ablation)")
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print JSON instead of a table")
 	fs.IntVar(&o.Parallel, "parallel", o.Parallel, "policies simulated at once (0 = GOMAXPROCS)")

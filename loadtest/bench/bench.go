@@ -76,6 +76,9 @@ type Options struct {
 	// prior, not from the estimate pooled over every engine
 	// (learn.Config.Unpooled; an ablation).
 	LearnUnpooled bool
+	// LearnFreeIntercept (des) fits the learner's prefill line without its
+	// intercept prior (learn.Config.FreeIntercept; an ablation).
+	LearnFreeIntercept bool
 	// ConfigPath is a SchedulerConfig file with the policies' parameters.
 	ConfigPath string
 	JSON       bool // JSON instead of a table
@@ -191,7 +194,7 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 		SnapshotInterval: o.SnapshotInterval,
 		Seed:             seed,
 		Parallel:         o.Parallel,
-		Learn:            learn.Config{Unpooled: o.LearnUnpooled},
+		Learn:            learn.Config{Unpooled: o.LearnUnpooled, FreeIntercept: o.LearnFreeIntercept},
 	}
 	if len(probs) == 0 {
 		// Whatever des would still reject (a --config parameter...), as a

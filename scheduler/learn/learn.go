@@ -89,6 +89,10 @@ type Config struct {
 	// estimate pooled over every engine (no partial pooling; for
 	// ablations).
 	Unpooled bool
+	// FreeIntercept leaves the prefill line's intercept to its samples and
+	// the pseudo-samples alone, without the prior at the decode step's
+	// cost (see interceptWeight; for the P/D step and ablations).
+	FreeIntercept bool
 }
 
 // Defaults fills unset fields.
@@ -135,6 +139,24 @@ var (
 )
 
 const priorSeqSec = 20e-6
+
+// interceptWeight is how many samples the prefill line's intercept prior
+// counts for. The prior sits at the decode line's step cost: a first token
+// takes at least one step, and the router's TTFT model is exactly
+// (queued + uncached) / PrefillRate + StepBase. Without it, the first
+// samples, all at about one prompt length and far above a prior plane that
+// is too fast, raise the intercept instead of the slope, and the rate
+// briefly reads faster than the prior, not slower (on shared-prefix at
+// 7b-l40s: 88,000 tok/s at 0.5 s and 20,000 at 1 s against 10,100 true),
+// which is when a cluster's prefixes are placed. 16 was chosen on the
+// tuning rows over 4 and over pinning the intercept at the step cost
+// (docs/BENCHMARKS.md, "Cross-validation (unseen traffic)"). Pinned, the
+// rate no longer converged to the engine's (TestConvergesFromTwiceOff:
+// 21,780 against 8b-h100's 24,907 tok/s), and at 64 a router with its
+// peers' shares stayed 10.2 % off in TestSharingConvergesFaster. As
+// samples at several lengths accumulate (up to Memory of them) the data
+// outweigh it.
+const interceptWeight = 16
 
 // Learner holds the per-engine estimates. Safe for concurrent use.
 type Learner struct {
@@ -250,14 +272,10 @@ func (l *Learner) enginePrior() [2][3]float64 {
 	}
 	pp := l.priorPlanes()
 	m := l.allPooled()
-	if m.prefill.w > 0 {
-		if θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, pp[0]); finite3(θ) {
-			pp[0] = θ
-		}
-	}
-	if m.decode.w > 0 {
-		if θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1]); finite3(θ) {
-			pp[1] = θ
+	θ, ok := l.planes(&m, pp)
+	for i := range θ {
+		if ok[i] && finite3(θ[i]) {
+			pp[i] = θ[i]
 		}
 	}
 	l.prior, l.priorStale = pp, false
@@ -330,16 +348,37 @@ func (l *Learner) estimate(m *model) Rates { return l.estimateFrom(m, l.priorPla
 func (l *Learner) estimateFrom(m *model, pp [2][3]float64) Rates {
 	p, c := l.cfg.Prior, l.cfg.Clamp
 	r := p
-	if m.prefill.w > 0 {
-		θ := m.prefill.fit(l.cfg.PriorWeight, prefillAt, pp[0])
-		r.PrefillRate = clamp(1/θ[1], p.PrefillRate, c)
+	θ, ok := l.planes(m, pp)
+	if ok[0] {
+		r.PrefillRate = clamp(1/θ[0][1], p.PrefillRate, c)
 	}
-	if m.decode.w > 0 {
-		θ := m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1])
-		r.StepBase = clamp(θ[0], p.StepBase, c)
-		r.DecodeSecPerToken = clamp(θ[1], p.DecodeSecPerToken, c)
+	if ok[1] {
+		r.StepBase = clamp(θ[1][0], p.StepBase, c)
+		r.DecodeSecPerToken = clamp(θ[1][1], p.DecodeSecPerToken, c)
 	}
 	return r
+}
+
+// planes fits m's lines (prefill, decode) with their pseudo-samples on the
+// planes pp; ok says which line has samples (the other is pp's). The
+// prefill line's intercept also has a prior, worth interceptWeight
+// samples, at the decode line's step cost as Rates reports it (pp's
+// when the decode line has no sample), unless Config.FreeIntercept.
+func (l *Learner) planes(m *model, pp [2][3]float64) (θ [2][3]float64, ok [2]bool) {
+	θ = pp
+	if m.decode.w > 0 {
+		θ[1], ok[1] = m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1]), true
+	}
+	if m.prefill.w > 0 {
+		s := m.prefill
+		if !l.cfg.FreeIntercept {
+			sb := clamp(θ[1][0], l.cfg.Prior.StepBase, l.cfg.Clamp)
+			s.xtx[0][0] += interceptWeight
+			s.xty[0] += interceptWeight * sb
+		}
+		θ[0], ok[0] = s.fit(l.cfg.PriorWeight, prefillAt, pp[0]), true
+	}
+	return θ, ok
 }
 
 // clamp bounds v to [prior/c, prior·c]; a non-positive or non-finite v is

@@ -254,3 +254,30 @@ func TestFirstSampleStartsFromReportedRates(t *testing.T) {
 			got.StepBase, got.DecodeSecPerToken, unseen.StepBase, unseen.DecodeSecPerToken)
 	}
 }
+
+// TestInterceptPrior: the first TTFTs, all at one prompt length and far
+// above a prior that is 3× too fast, move the prefill rate toward the
+// engine's (slower) rate. Without the intercept's prior at the step cost
+// (FreeIntercept) they raise the line's intercept instead, and the rate
+// reads faster than the prior: the wrong way, while a cluster's prefixes
+// are being placed.
+func TestInterceptPrior(t *testing.T) {
+	const rate, step, perTok = 10100.0, 0.024, 3e-8
+	for _, free := range []bool{false, true} {
+		l, _ := New(Config{FreeIntercept: free})
+		for k := 0; k < 12; k++ {
+			ctx, seqs := float64(4000+k*3000), float64(2+k%5)
+			l.ObserveDecode("e", seqs, ctx, time.Duration((step+perTok*ctx+20e-6*seqs)*float64(time.Second)), 16)
+		}
+		for k := 0; k < 3; k++ {
+			tok := 2176 + 16*k
+			l.ObservePrefill("e", tok, time.Duration((step+float64(tok)/rate)*float64(time.Second)))
+		}
+		got := l.Rates("e").PrefillRate
+		prior := DefaultPrior().PrefillRate
+		t.Logf("free intercept %v: %.0f tok/s after three TTFTs (prior %.0f, true %.0f)", free, got, prior, rate)
+		if toward := got < prior; toward == free {
+			t.Errorf("free intercept %v: rate %.0f tok/s, moved toward the true %.0f from the prior %.0f: %v, want %v", free, got, rate, prior, toward, !free)
+		}
+	}
+}

@@ -12,14 +12,17 @@ import (
 )
 
 // LearnConfig is c as the learner behind a P/D step must be configured:
-// unpooled (learn.Config.Unpooled). Prefill and decode engines play
-// different parts — a prefill engine's time to first token is not a
-// decode engine's line — and pooling across them, or per role, was
-// measured mixed for this step (docs/BENCHMARKS.md, "Cross-validation
+// unpooled (learn.Config.Unpooled) and with a free prefill intercept
+// (learn.Config.FreeIntercept). Prefill and decode engines play different
+// parts — a prefill engine's time to first token is not a decode engine's
+// line — and pooling across them, or per role, was measured mixed for this
+// step, as was the intercept prior at the decode step's cost (long-prompt
+// knee, seed 1: 4.63 → 4.43 req/s; docs/BENCHMARKS.md, "Cross-validation
 // (unseen traffic)"). The ingress with a P/D policy and the DES's P/D
 // benchmark both build their learner through it.
 func LearnConfig(c learn.Config) learn.Config {
 	c.Unpooled = true
+	c.FreeIntercept = true
 	return c
 }
 
