@@ -282,6 +282,7 @@ func (l *Learner) enginePrior() [2][3]float64 {
 	return pp
 }
 
+// finite3 reports whether every coefficient of θ is finite.
 func finite3(θ [3]float64) bool {
 	for _, v := range θ {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
