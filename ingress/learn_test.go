@@ -279,21 +279,34 @@ func TestLearnerConfig(t *testing.T) {
 	if _, err := ParseConfig([]byte("learn:\n  disabled: true\n  prior:\n    prefillRate: 8000\n  unpooled: true\n  freeIntercept: true\n")); err != nil {
 		t.Errorf("parse learn block: %v", err)
 	}
-	// Partial pooling: an engine with one sample of its own starts from what
-	// the others showed, unless learn.unpooled is set or a P/D policy is
-	// configured (its engines play different parts), where it starts from
-	// the prior.
+	// The learner rules a P/D policy overrides, each on a fresh learner:
+	//   - partial pooling: an engine with one sample of its own starts from
+	//     what the others showed, unless learn.unpooled is set;
+	//   - the prefill line's intercept prior at the step cost: three TTFTs
+	//     at one prompt length, far above a prior 3× too fast, move the rate
+	//     toward the engine's only with it (off with learn.freeIntercept;
+	//     scheduler/learn's TestInterceptPrior).
+	// A P/D policy turns both off: its engines play different parts.
 	for _, tc := range []struct {
-		pd       string
-		unpooled bool
-		pooled   bool
-	}{{"", false, true}, {"", true, false}, {"kvmesh", false, false}} {
+		pd             string
+		unpooled, free bool
+		pooled, toward bool
+	}{
+		{"", false, false, true, true},
+		{"", true, false, false, true},
+		{"", false, true, true, false},
+		{"kvmesh", false, false, false, false},
+	} {
 		cfg := DefaultConfig()
-		cfg.PD.Policy, cfg.Learn.Unpooled = tc.pd, tc.unpooled
-		lr, err := newLearner(&cfg)
-		if err != nil {
-			t.Fatal(err)
+		cfg.PD.Policy, cfg.Learn.Unpooled, cfg.Learn.FreeIntercept = tc.pd, tc.unpooled, tc.free
+		fresh := func() *learn.Learner {
+			lr, err := newLearner(&cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return lr
 		}
+		lr := fresh()
 		const rate = 9000.0 // the prior says 30,000
 		for k := 0; k < 200; k++ {
 			tok := 500 + (k*977)%12000
@@ -302,24 +315,9 @@ func TestLearnerConfig(t *testing.T) {
 		lr.ObservePrefill("new", 2000, 242*time.Millisecond) // 0.02 s + 2,000 tokens at 9,000 tok/s
 		got := lr.Rates("new").PrefillRate
 		if near := math.Abs(got/rate-1) < 0.10; near != tc.pooled {
-			t.Errorf("pd %q unpooled %v: a one-sample engine's prefill rate %.0f (true %.0f): pooled %v, want %v", tc.pd, tc.unpooled, got, rate, near, tc.pooled)
+			t.Errorf("%+v: a one-sample engine's prefill rate %.0f (true %.0f): pooled %v, want %v", tc, got, rate, near, tc.pooled)
 		}
-	}
-	// The prefill line's intercept prior at the step cost: on by default,
-	// off with learn.freeIntercept or a P/D policy. Three TTFTs at one
-	// prompt length, far above a prior 3× too fast, move the rate toward
-	// the engine's only with it (scheduler/learn's TestInterceptPrior).
-	for _, tc := range []struct {
-		pd     string
-		free   bool
-		toward bool
-	}{{"", false, true}, {"", true, false}, {"kvmesh", false, false}} {
-		cfg := DefaultConfig()
-		cfg.PD.Policy, cfg.Learn.FreeIntercept = tc.pd, tc.free
-		lr, err := newLearner(&cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lr = fresh()
 		for k := 0; k < 12; k++ {
 			ctx, seqs := float64(4000+k*3000), float64(2+k%5)
 			lr.ObserveDecode("e", seqs, ctx, time.Duration((0.024+3e-8*ctx+20e-6*seqs)*float64(time.Second)), 16)
@@ -330,7 +328,7 @@ func TestLearnerConfig(t *testing.T) {
 		}
 		got, prior := lr.Rates("e").PrefillRate, learn.DefaultPrior().PrefillRate
 		if toward := got < prior; toward != tc.toward {
-			t.Errorf("pd %q freeIntercept %v: prefill rate %.0f (prior %.0f, true 10,100): moved toward %v, want %v", tc.pd, tc.free, got, prior, toward, tc.toward)
+			t.Errorf("%+v: prefill rate %.0f (prior %.0f, true 10,100) after three TTFTs: moved toward %v, want %v", tc, got, prior, toward, tc.toward)
 		}
 	}
 }

@@ -283,14 +283,10 @@ func (l *Learner) enginePrior() [2][3]float64 {
 }
 
 // finite3 reports whether every coefficient of θ is finite.
-func finite3(θ [3]float64) bool {
-	for _, v := range θ {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return false
-		}
-	}
-	return true
-}
+func finite3(θ [3]float64) bool { return finite(θ[0]) && finite(θ[1]) && finite(θ[2]) }
+
+// finite reports whether v is neither NaN nor infinite.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // RatesOver returns the estimate fitted on the samples of the engines
 // listed, this router's and its peers', pooled (the pooled estimate over

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 )
 
@@ -39,12 +38,12 @@ var ErrStats = errors.New("learn: invalid shared stats")
 // rounding). Sums that fail would let one peer bend every router's fit.
 func (s *Stats) Check() error {
 	for _, v := range s.Prefill {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
+		if !finite(v) {
 			return fmt.Errorf("%w: prefill sum %v", ErrStats, v)
 		}
 	}
 	for _, v := range s.Decode {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
+		if !finite(v) {
 			return fmt.Errorf("%w: decode sum %v", ErrStats, v)
 		}
 	}
