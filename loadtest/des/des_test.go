@@ -60,7 +60,9 @@ func TestKVMeshBeatsRandom(t *testing.T) {
 // TestKVMeshUnderSaturation: on the 48 GB engines with requests
 // arriving faster than the cluster prefills without a cache, kvmesh keeps
 // queues short where kthena lets them grow, and its waitingWeight term
-// (what a miss costs the requests queued behind it) is part of why.
+// (what a miss costs the requests queued behind it) is part of why. Since
+// stallWeight (0.2) it is the smaller part: mean TTFT 0.275 s with it,
+// 0.293 s without (at stallWeight 1: 0.321 and 0.437 s).
 func TestKVMeshUnderSaturation(t *testing.T) {
 	reqs, err := workload.SharedPrefix{Groups: 48, Prompts: 24, Shared: 2048, Question: 256, Output: 32, Rate: 20, Seed: 1}.Generate()
 	if err != nil {
@@ -97,8 +99,8 @@ func TestKVMeshUnderSaturation(t *testing.T) {
 	if kv.ThroughputRPS < k.ThroughputRPS {
 		t.Errorf("kvmesh throughput %.2f below kthena's %.2f", kv.ThroughputRPS, k.ThroughputRPS)
 	}
-	if kv.TTFTMean > 0.9*kv0.TTFTMean {
-		t.Errorf("waitingWeight: mean TTFT %.3fs, without it %.3fs; want ≥ 10%% lower", kv.TTFTMean, kv0.TTFTMean)
+	if kv.TTFTMean > 0.95*kv0.TTFTMean {
+		t.Errorf("waitingWeight: mean TTFT %.3fs, without it %.3fs; want ≥ 5%% lower", kv.TTFTMean, kv0.TTFTMean)
 	}
 }
 

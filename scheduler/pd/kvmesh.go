@@ -93,8 +93,12 @@ type KVMesh struct {
 
 var _ Policy = KVMesh{}
 
-// NewKVMesh returns the policy with cost c and the transfer defaults.
+// NewKVMesh returns the policy with cost c and the transfer defaults. The
+// stall term is priced at full weight (c.StallWeight is set to 1): the P/D
+// step weighs the running streams' lost seconds by their TPOT risk
+// instead (streamRisk), and its tables were measured that way.
 func NewKVMesh(c policies.KVMesh) KVMesh {
+	c.StallWeight = 1
 	return KVMesh{Cost: c, KVBytesPerToken: 131072, TransferBandwidth: 12.5e9, TransferSetup: 0.002, SLOWeight: 1,
 		stalls: newStallLedger()}
 }

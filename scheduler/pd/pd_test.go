@@ -8,6 +8,7 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
@@ -267,6 +268,14 @@ func TestKVMeshSLO(t *testing.T) {
 	}
 	if plan.Mode != Disaggregated {
 		t.Fatalf("no SLO: plan %v, want disaggregated", plan.Mode)
+	}
+	// That plan needs the local prefill's stall at full weight (at the
+	// aggregated policy's stallWeight 0.2 it went aggregated): the P/D step
+	// keeps 1 whatever the cost config says.
+	c := policies.DefaultKVMeshConfig()
+	c.StallWeight = 0.2
+	if k := NewKVMesh(policies.KVMeshFrom(c)); k.Cost.StallWeight != 1 {
+		t.Fatalf("P/D stallWeight %v, want 1", k.Cost.StallWeight)
 	}
 }
 

@@ -24,7 +24,7 @@ type CostModel interface {
 //	ttft  = (queued prefill tokens + this request's uncached tokens) / PrefillRate + StepBase
 //	tpot  = StepBase + DecodeSecPerToken · (active tokens + this request's context)
 //	own   = ttft + DecodeWeight · output · tpot
-//	cost  = own + ExternalityWeight · n · (uncached / PrefillRate + DecodeWeight · output · DecodeSecPerToken · context)
+//	cost  = own + ExternalityWeight · n · (StallWeight · uncached / PrefillRate + DecodeWeight · output · DecodeSecPerToken · context)
 //	        + WaitingWeight · min(w, n) · uncached / PrefillRate
 //	        + MissPenalty · uncached / PrefillRate
 //
@@ -90,6 +90,21 @@ type KVMesh struct {
 	// ExternalityWeight scales the cost imposed on the engine's running
 	// requests (0 = route on the request's own latency). Default 1.
 	ExternalityWeight float64
+	// StallWeight scales the stall term: the decode seconds the engine's
+	// running streams lose while this request prefills, weighed against
+	// seconds of time to first token. Those seconds reach the streams'
+	// end-to-end latency, not anyone's TTFT, so they are weighted as the
+	// other decode-side seconds are (DecodeWeight, and the context's crowd
+	// term, which carries it). Default 0.2. At 1 a long prompt priced n
+	// times its prefill on an engine running n short streams and never
+	// went there: under sustained load the engines running short requests
+	// got a third of the others' prefill work (2× the Mooncake trace's
+	// first 1,000 requests: 0.64 M uncached tokens against up to 2.04 M)
+	// while the long prompts queued elsewhere. Chosen on the tuning rows
+	// among 0.1–1 (docs/BENCHMARKS.md, "stallWeight"); the P/D policy
+	// (scheduler/pd) keeps 1 and weights the stall by the streams' TPOT
+	// risk instead.
+	StallWeight float64
 	// MissPenalty prices cache pollution: computing uncached tokens on an
 	// engine whose cache is full evicts blocks future requests may need, so
 	// each uncached token also costs MissPenalty times its prefill time.
@@ -156,6 +171,7 @@ type KVMeshConfig struct {
 	DecodeWeight        float64 `yaml:"decodeWeight"`
 	DefaultOutputTokens int     `yaml:"defaultOutputTokens"`
 	ExternalityWeight   float64 `yaml:"externalityWeight"`
+	StallWeight         float64 `yaml:"stallWeight"`
 	MissPenalty         float64 `yaml:"missPenalty"`
 	WaitingWeight       float64 `yaml:"waitingWeight"`
 	BalanceBound        float64 `yaml:"balanceBound"`
@@ -168,7 +184,7 @@ type KVMeshConfig struct {
 // on an H100).
 func DefaultKVMeshConfig() KVMeshConfig {
 	return KVMeshConfig{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 0.15,
-		DefaultOutputTokens: 128, ExternalityWeight: 1, MissPenalty: 1, WaitingWeight: 2,
+		DefaultOutputTokens: 128, ExternalityWeight: 1, StallWeight: 0.2, MissPenalty: 1, WaitingWeight: 2,
 		BalanceBound: 0, BalanceRequests: 4, BalanceSeconds: 1, SaturationQueue: 0}
 }
 
@@ -181,6 +197,7 @@ func (k KVMeshConfig) Validate(name string) error {
 	p.NonNegative("decodeWeight", k.DecodeWeight)
 	p.NonNegativeInt("defaultOutputTokens", k.DefaultOutputTokens)
 	p.NonNegative("externalityWeight", k.ExternalityWeight)
+	p.NonNegative("stallWeight", k.StallWeight)
 	p.NonNegative("missPenalty", k.MissPenalty)
 	p.NonNegative("waitingWeight", k.WaitingWeight)
 	p.NonNegative("balanceBound", k.BalanceBound)
@@ -206,7 +223,7 @@ func NewKVMesh() KVMesh { return KVMeshFrom(DefaultKVMeshConfig()) }
 func KVMeshFrom(k KVMeshConfig) KVMesh {
 	return KVMesh{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken,
 		DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight,
-		MissPenalty: k.MissPenalty, WaitingWeight: k.WaitingWeight, BalanceBound: k.BalanceBound,
+		StallWeight: k.StallWeight, MissPenalty: k.MissPenalty, WaitingWeight: k.WaitingWeight, BalanceBound: k.BalanceBound,
 		BalanceRequests: k.BalanceRequests, BalanceSeconds: k.BalanceSeconds, SaturationQueue: k.SaturationQueue}
 }
 
@@ -216,9 +233,9 @@ func (p KVMesh) Validate() error {
 	if p.PrefillRate <= 0 {
 		errs = append(errs, fmt.Errorf("kvmesh: prefillRate %v must be > 0", p.PrefillRate))
 	}
-	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 || p.MissPenalty < 0 || p.WaitingWeight < 0 ||
+	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 || p.StallWeight < 0 || p.MissPenalty < 0 || p.WaitingWeight < 0 ||
 		p.BalanceBound < 0 || p.BalanceRequests < 0 || p.BalanceSeconds < 0 || p.SaturationQueue < 0 {
-		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight, missPenalty, waitingWeight, balanceBound, balanceRequests, balanceSeconds and saturationQueue must be ≥ 0"))
+		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight, stallWeight, missPenalty, waitingWeight, balanceBound, balanceRequests, balanceSeconds and saturationQueue must be ≥ 0"))
 	}
 	if len(errs) == 0 {
 		return nil

@@ -13,7 +13,7 @@ type Terms struct {
 	Prefill float64
 	// Stall is what the request's prefill costs the engine's running
 	// streams: each of n running requests waits Prefill (continuous
-	// batching), ExternalityWeight included.
+	// batching), ExternalityWeight and StallWeight included.
 	Stall float64
 	// Behind is the delay the prefill imposes on requests queued behind it
 	// plus the cache-pollution price (WaitingWeight, MissPenalty).
@@ -83,7 +83,7 @@ func (p KVMesh) Terms(r *scheduler.Request, c *scheduler.Candidate, uncachedToke
 	return Terms{
 		Queue:   queued / rate,
 		Prefill: uncached / rate,
-		Stall:   p.ExternalityWeight * n * uncached / rate,
+		Stall:   p.StallWeight * p.ExternalityWeight * n * uncached / rate,
 		Behind:  (p.WaitingWeight*behind + p.MissPenalty) * uncached / rate,
 		Decode:  decodeOwn * tpot,
 		Crowd:   p.ExternalityWeight * n * decodeExt,

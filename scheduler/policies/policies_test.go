@@ -210,6 +210,50 @@ func TestKVMeshWaiting(t *testing.T) {
 	}
 }
 
+// TestKVMeshStallWeight: a long prompt's stall on an engine running many
+// short streams is weighted as decode-side seconds (stallWeight 0.2): it
+// goes there rather than behind seconds of queued prefill elsewhere; at
+// stallWeight 1 (the weight before it) n running streams × its prefill
+// kept it out.
+func TestKVMeshStallWeight(t *testing.T) {
+	r := req(2048) // 32,768 uncached tokens ≈ 1.1 s at 30k tok/s
+	a, b := eng("a"), eng("b")
+	// a: 30 short streams running, nothing queued; b: 1 running, 12 s of
+	// prefill queued (360k tokens).
+	a.Running, a.InFlight, a.LocalActiveTokens = 30, 30, 30*600
+	b.Running, b.InFlight, b.LocalPrefillTokens, b.LocalActiveTokens = 1, 1, 360000, 40000
+	es := []scheduler.Engine{a, b}
+	none := []index.Match{{}, {}}
+	p := NewKVMesh()
+	if p.StallWeight != 0.2 {
+		t.Fatalf("default stallWeight %v, want 0.2", p.StallWeight)
+	}
+	// a: stall 0.2·30·1.1 s ≈ 6.6 s, about 11 s in all, against b's 12 s
+	// queue; at weight 1 the stall alone is 33 s.
+	if got, _ := pick(t, p, r, es, none); got != "a" {
+		t.Fatalf("stallWeight 0.2 picked %s, want a (no queue)", got)
+	}
+	full := p
+	full.StallWeight = 1
+	if got, _ := pick(t, full, r, es, none); got != "b" {
+		t.Fatalf("stallWeight 1 picked %s, want b (30 streams stalled 1.1 s each)", got)
+	}
+	// The weight scales the stall term alone.
+	c := scheduler.Candidate{Engine: &es[0]}
+	t1, t2 := full.Terms(r, &c, r.PromptTokens), p.Terms(r, &c, r.PromptTokens)
+	if t1.Stall <= 0 || t2.Stall/t1.Stall < 0.1999 || t2.Stall/t1.Stall > 0.2001 {
+		t.Fatalf("stall %v at weight 1, %v at 0.2", t1.Stall, t2.Stall)
+	}
+	t2.Stall = t1.Stall
+	if t1 != t2 {
+		t.Fatalf("terms other than the stall moved: %+v vs %+v", t1, t2)
+	}
+	p.StallWeight = -1
+	if err := p.Validate(); err == nil {
+		t.Fatal("negative stallWeight accepted")
+	}
+}
+
 func TestRoundRobinAndLeastRequest(t *testing.T) {
 	rr := &RoundRobin{}
 	es := []scheduler.Engine{eng("a"), eng("b"), eng("c")}

@@ -211,7 +211,7 @@ llmd: {prefixWeight: 0}
 func TestParseConfigRejectsNonFinite(t *testing.T) {
 	fields := map[string]string{
 		"tierWeights": "gpu cpu other speculative",
-		"kvmesh":      "prefillRate stepBase decodeSecPerToken decodeWeight externalityWeight missPenalty waitingWeight",
+		"kvmesh":      "prefillRate stepBase decodeSecPerToken decodeWeight externalityWeight stallWeight missPenalty waitingWeight",
 		"kthena":      "leastRequestWeight kvCacheWeight",
 		"sglang":      "cacheThreshold balanceAbsThreshold balanceRelThreshold",
 		"ray":         "imbalancedThreshold matchRateThreshold",
