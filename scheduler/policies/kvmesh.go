@@ -57,15 +57,18 @@ type CostModel interface {
 // the prefix elsewhere — no death spiral of misses sent to an overloaded
 // worker, and hot prefixes replicate only when that pays.
 //
-// Under overload the externality term also sorts requests by size: a long
-// prompt costs n times its prefill on an engine with many running requests,
-// so long prompts settle on engines running few (long) requests and short
+// Under overload the externality and waiting terms also sort requests by
+// size: a long prompt costs StallWeight·n times its prefill (plus the
+// requests waiting behind it) on an engine with many running requests, so
+// long prompts settle on engines running few (long) requests and short
 // ones on an engine running many short ones. That is size-based routing
 // (short jobs never queue behind long ones), which is why mean TTFT halves
 // at 4× the Mooncake trace's rate while the request count per engine
 // becomes uneven. The price is paid at the end of such a burst: the long
-// prompts' backlog drains last, so the run takes longer. The defaults sit
-// at a local optimum: docs/BENCHMARKS.md lists the variants measured.
+// prompts' backlog drains last, so the run takes longer; StallWeight
+// below 1 narrows that (it lets long prompts use the short-request
+// engines' spare prefill time). The defaults sit at a local optimum:
+// docs/BENCHMARKS.md lists the variants measured.
 type KVMesh struct {
 	// PrefillRate is prefill throughput in tokens/s. Default 30,000 (7B on
 	// an H100-class GPU).
@@ -101,9 +104,9 @@ type KVMesh struct {
 	// got a third of the others' prefill work (2× the Mooncake trace's
 	// first 1,000 requests: 0.64 M uncached tokens against up to 2.04 M)
 	// while the long prompts queued elsewhere. Chosen on the tuning rows
-	// among 0.1–1 (docs/BENCHMARKS.md, "stallWeight"); the P/D policy
-	// (scheduler/pd) keeps 1 and weights the stall by the streams' TPOT
-	// risk instead.
+	// among 0–1 (docs/BENCHMARKS.md, "The stall weight" under
+	// "Cross-validation (unseen traffic)"); the P/D policy (scheduler/pd)
+	// keeps 1 and weights the stall by the streams' TPOT risk instead.
 	StallWeight float64
 	// MissPenalty prices cache pollution: computing uncached tokens on an
 	// engine whose cache is full evicts blocks future requests may need, so
