@@ -166,6 +166,31 @@ func TestBenchDESTrace(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	checkBenchJSON(t, out, []string{"kvmesh"})
+
+	// aiperf's forms: absolute (epoch ms) timestamps, a multi-turn row
+	// (session_id + delay), 64-token blocks, a row without output_length.
+	// Arrival order: line 1, line 3 (10 ms), line 2 (50 ms). Line 3 hits
+	// block 0 (64 tokens), line 2 blocks 0 and 1 (128).
+	trace = `{"timestamp": 1700000000000, "session_id": "s", "input_length": 128, "output_length": 2, "hash_ids": [0, 1]}
+{"session_id": "s", "delay": 50, "input_length": 192, "hash_ids": [0, 1, 2]}
+{"timestamp": 1700000000010, "input_length": 100, "output_length": 2, "hash_ids": [0, 9]}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"bench", "--mode", "des", "--workload", "trace", "--trace", path, "--engines", "2",
+		"--policies", "kvmesh,sglang", "--output", "3", "--json"}
+	code, _, errOut = benchRunCLI(t, args...)
+	if code != 2 || !strings.Contains(errOut, "--trace-block-size 64") {
+		t.Fatalf("64-token blocks read as 512: exit %d, %s", code, errOut)
+	}
+	code, out, errOut = benchRunCLI(t, append(args, "--trace-block-size", "64")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if oracle, want := checkBenchJSON(t, out, []string{"kvmesh", "sglang"}), (64.0+128)/(128+100+192); oracle != want {
+		t.Fatalf("oracle hit rate %v, want %v", oracle, want)
+	}
 }
 
 // TestBenchDESSeedZero: --seed 0 means the default seed, 1, for the

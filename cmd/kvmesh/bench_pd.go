@@ -123,7 +123,7 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 func pdRequests(o bench.Options) ([]workload.Request, error) {
 	seed := max(o.Seed, 1)
 	if o.Workload == "trace" {
-		return workload.Mooncake{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+		return o.Mooncake(seed).ReadFile(o.Trace)
 	}
 	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,
 		Output: o.Output, Rate: o.Rate, Seed: seed}.Generate()

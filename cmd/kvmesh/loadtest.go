@@ -26,6 +26,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		sp         = workload.SharedPrefix{Groups: 32, Prompts: 16, Shared: 2048, Question: 128, Output: 64, Seed: 1}
 		trace      = fs.String("trace", "testdata/traces/mooncake_synthetic_trace.jsonl", "Mooncake trace (JSONL) for -workload mooncake")
 		traceScale = fs.Float64("trace-rate-scale", 1, "mooncake: multiply the trace's arrival rate")
+		traceBlock = fs.Int("trace-block-size", workload.MooncakeBlockTokens, "mooncake: tokens per hash_ids block")
 		limit      = fs.Int("limit", 0, "send only the first N requests (0 = all)")
 		asJSON     = fs.Bool("json", false, "print the report as JSON on stdout")
 		quiet      = fs.Bool("quiet", false, "no progress line on stderr")
@@ -44,7 +45,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&sp.Prompts, "prompts", sp.Prompts, "shared-prefix: prompts per group")
 	fs.IntVar(&sp.Shared, "shared", sp.Shared, "shared-prefix: shared prefix tokens")
 	fs.IntVar(&sp.Question, "question", sp.Question, "shared-prefix: question tokens")
-	fs.IntVar(&sp.Output, "output", sp.Output, "shared-prefix: output tokens")
+	fs.IntVar(&sp.Output, "output", sp.Output, "shared-prefix: output tokens; mooncake: for rows without output_length")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -62,7 +63,8 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if !(*traceScale > 0) || math.IsInf(*traceScale, 0) {
 			return fmt.Errorf("%w: -trace-rate-scale %v (want a finite number > 0)", errUsage, *traceScale)
 		}
-		reqs, err = workload.Mooncake{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit}.ReadFile(*trace)
+		// Rows without output_length generate -output tokens.
+		reqs, err = workload.Mooncake{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit, BlockTokens: *traceBlock, Output: sp.Output}.ReadFile(*trace)
 	default:
 		return fmt.Errorf("%w: -workload %q (want shared-prefix or mooncake)", errUsage, *kind)
 	}

@@ -2,22 +2,45 @@ package workload
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 )
 
-// MooncakeBlockTokens is the tokens per hash_id block of Mooncake traces.
+// MooncakeBlockTokens is the tokens per hash_id block of Mooncake's own
+// traces, and Mooncake.BlockTokens' default.
 const MooncakeBlockTokens = 512
 
 // Mooncake configures reading a Mooncake-format trace: JSON lines of
 // {"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}
-// where hash_ids identify 512-token prefix blocks (equal ids ⇒ equal
-// tokens); the last block may be partial.
+// where hash_ids identify prefix blocks of BlockTokens tokens (equal ids ⇒
+// equal tokens), as Mooncake's traces and aiperf's and Dynamo's tools write
+// them:
+//   - hash_ids may cover the prompt rounded up (Mooncake: the last block
+//     may be partial) or down (n // block ids, as Dynamo's data generator
+//     documents the format); tokens past the last block are the request's
+//     own. Without hash_ids (or with an empty list) the whole prompt is.
+//   - timestamps may be absolute (epoch milliseconds) and rows in any
+//     order: arrivals are the timestamps less the earliest, rows sorted by
+//     them (ties keep file order).
+//   - aiperf's multi-turn rows: a row with a session_id and a delay but no
+//     timestamp is its session's next turn, delay ms after the session's
+//     previous row. aiperf sends it delay after the previous turn's
+//     answer; a replay here is open-loop (a discrete-event run cannot know
+//     that time before it runs), so the turn arrives delay after the
+//     previous turn's arrival, as the Chat workload's turns do.
+//   - output_length may be missing (aiperf then lets the engine stop at end
+//     of sequence): Output tokens are generated.
+//
+// Unknown fields are ignored. A session_id, when present, is the request's
+// session (for session affinity); otherwise the first hash id is.
 type Mooncake struct {
 	// RateScale multiplies the arrival rate (timestamps are divided by it).
 	// The zero value means the default, 1 (so Mooncake{} reads a trace as
@@ -26,19 +49,32 @@ type Mooncake struct {
 	RateScale float64
 	// Seed fixes the token ids of each hash id.
 	Seed uint64
-	// Limit keeps only the first Limit requests (0 = all; negative is an
-	// error).
+	// Limit keeps only the first Limit requests by arrival (0 = all;
+	// negative is an error).
 	Limit int
 	// MaxLineBytes bounds one line. Default 16 MiB.
 	MaxLineBytes int
+	// BlockTokens is the tokens per hash_ids block (aiperf's and Dynamo's
+	// --block-size). Default MooncakeBlockTokens (512); at most 1<<20.
+	BlockTokens int
+	// Output is the output length of rows without output_length. 0: such
+	// a row is an error.
+	Output int
 }
 
 type mooncakeLine struct {
-	Timestamp    *float64  `json:"timestamp"`
-	InputLength  *int      `json:"input_length"`
-	OutputLength *int      `json:"output_length"`
-	HashIDs      *[]uint64 `json:"hash_ids"`
+	Timestamp    *float64        `json:"timestamp"`
+	Delay        *float64        `json:"delay"`
+	SessionID    json.RawMessage `json:"session_id"`
+	InputLength  *int            `json:"input_length"`
+	OutputLength *int            `json:"output_length"`
+	HashIDs      []uint64        `json:"hash_ids"`
+	TextInput    json.RawMessage `json:"text_input"`
 }
+
+// maxTraceMillis bounds a timestamp or a delay (about 31,700 years):
+// arrivals stay exact in a float64 and a time.Duration.
+const maxTraceMillis = 1e15
 
 // ReadFile reads a trace file.
 func (c Mooncake) ReadFile(path string) ([]Request, error) {
@@ -48,6 +84,15 @@ func (c Mooncake) ReadFile(path string) ([]Request, error) {
 	}
 	defer f.Close()
 	return c.Read(f)
+}
+
+// mooncakeRow is one parsed line, before arrivals are known.
+type mooncakeRow struct {
+	at      float64 // ms, as recorded (absolute or relative)
+	line    int
+	in, out int
+	ids     []uint64
+	session string
 }
 
 // Read parses a trace. Every malformed line is an error naming the line:
@@ -62,86 +107,193 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 	if c.Limit < 0 {
 		return nil, fmt.Errorf("%w: limit %d is negative", ErrBadWorkload, c.Limit)
 	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = MooncakeBlockTokens
+	}
+	if c.BlockTokens < 1 || c.BlockTokens > 1<<20 || c.Output < 0 {
+		return nil, fmt.Errorf("%w: trace block size %d (want 1..%d), output %d (want ≥ 0)", ErrBadWorkload, c.BlockTokens, 1<<20, c.Output)
+	}
 	if c.MaxLineBytes == 0 {
 		c.MaxLineBytes = 16 << 20
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), c.MaxLineBytes)
-	var reqs []Request
+	var rows []mooncakeRow
+	prev := make(map[string]float64) // session → its previous row's time
 	line := 0
 	for sc.Scan() {
 		line++
-		b := sc.Bytes()
-		if len(trimSpace(b)) == 0 {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
 			continue
 		}
-		var m mooncakeLine
-		if err := json.Unmarshal(b, &m); err != nil {
-			return nil, fmt.Errorf("%w: trace line %d: %w", ErrBadWorkload, line, err)
+		row, err := c.parse(sc.Bytes(), line, prev)
+		if err != nil {
+			return nil, err
 		}
-		if m.Timestamp == nil || m.InputLength == nil || m.OutputLength == nil || m.HashIDs == nil {
-			return nil, fmt.Errorf("%w: trace line %d: missing timestamp, input_length, output_length or hash_ids", ErrBadWorkload, line)
-		}
-		in, out, ids := *m.InputLength, *m.OutputLength, *m.HashIDs
-		ts := *m.Timestamp
-		switch {
-		case ts < 0 || math.IsNaN(ts) || math.IsInf(ts, 0) || ts > 1e15:
-			return nil, fmt.Errorf("%w: trace line %d: timestamp %v", ErrBadWorkload, line, ts)
-		case in <= 0 || out < 0:
-			return nil, fmt.Errorf("%w: trace line %d: input_length %d, output_length %d", ErrBadWorkload, line, in, out)
-		case len(ids) == 0 || in > len(ids)*MooncakeBlockTokens || in <= (len(ids)-1)*MooncakeBlockTokens:
-			return nil, fmt.Errorf("%w: trace line %d: input_length %d does not fit %d blocks of %d", ErrBadWorkload, line, in, len(ids), MooncakeBlockTokens)
-		}
-		// A tiny rate scale can push a valid timestamp past what a
-		// time.Duration holds (the float-to-int conversion would then be
-		// implementation-defined).
-		ns := ts / c.RateScale * float64(time.Millisecond)
-		if ns >= math.MaxInt64 {
-			return nil, fmt.Errorf("%w: trace line %d: timestamp %v ms at rate scale %v overflows", ErrBadWorkload, line, ts, c.RateScale)
-		}
-		arrival := time.Duration(ns)
-		if len(reqs) > 0 && arrival < reqs[len(reqs)-1].Arrival {
-			return nil, fmt.Errorf("%w: trace line %d: timestamps go backwards", ErrBadWorkload, line)
-		}
-		reqs = append(reqs, Request{
-			ID:           len(reqs),
-			Arrival:      arrival,
-			PromptTokens: in,
-			OutputTokens: max(out, 1),
-			Group:        -1,
-			Session:      "h" + strconv.FormatUint(ids[0], 10),
-			src:          &mooncakeSource{seed: c.Seed, ids: ids},
-		})
-		if c.Limit > 0 && len(reqs) == c.Limit {
-			break
-		}
+		rows = append(rows, row)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%w: trace line %d: %w", ErrBadWorkload, line+1, err)
 	}
+	return c.requests(rows)
+}
+
+// parse reads one line; prev holds each session's previous row's time
+// (a delay row's reference), updated here.
+func (c Mooncake) parse(b []byte, line int, prev map[string]float64) (mooncakeRow, error) {
+	bad := func(format string, a ...any) (mooncakeRow, error) {
+		return mooncakeRow{}, fmt.Errorf("%w: trace line %d: %s", ErrBadWorkload, line, fmt.Sprintf(format, a...))
+	}
+	var m mooncakeLine
+	if err := json.Unmarshal(b, &m); err != nil {
+		return mooncakeRow{}, fmt.Errorf("%w: trace line %d: %w", ErrBadWorkload, line, err)
+	}
+	if m.InputLength == nil {
+		if len(m.TextInput) > 0 {
+			return bad("text_input without input_length: replaying a trace needs token counts")
+		}
+		return bad("missing input_length")
+	}
+	session, err := sessionID(m.SessionID)
+	if err != nil {
+		return bad("session_id %s: %v", m.SessionID, err)
+	}
+	row := mooncakeRow{line: line, in: *m.InputLength, ids: m.HashIDs, session: session, out: c.Output}
+	if m.OutputLength != nil {
+		row.out = *m.OutputLength
+	} else if c.Output == 0 {
+		return bad("missing output_length (and no default output length given)")
+	}
+	okMillis := func(v float64) bool { return v >= 0 && v <= maxTraceMillis } // false for NaN
+	switch last, follows := prev[session]; {
+	case m.Timestamp != nil:
+		if !okMillis(*m.Timestamp) {
+			return bad("timestamp %v", *m.Timestamp)
+		}
+		row.at = *m.Timestamp
+	case m.Delay != nil && session != "" && follows:
+		if !okMillis(*m.Delay) {
+			return bad("delay %v", *m.Delay)
+		}
+		row.at = last + *m.Delay
+	default:
+		return bad("missing timestamp (a row without one needs a session_id and a delay after an earlier row of its session)")
+	}
+	if session != "" {
+		prev[session] = row.at
+	}
+	if row.in <= 0 || row.out < 0 {
+		return bad("input_length %d, output_length %d", row.in, row.out)
+	}
+	if n, bt := len(row.ids), c.BlockTokens; n > 0 && (row.in <= (n-1)*bt || row.in >= (n+1)*bt) {
+		return bad("input_length %d does not fit %d blocks of %d tokens%s", row.in, n, bt, blockHint(row.in, n))
+	}
+	return row, nil
+}
+
+// sessionID is a session_id's text: a JSON string or number (aiperf
+// writes strings; some converters numbers); "" when absent.
+func sessionID(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return "", fmt.Errorf("want a string or a number")
+	}
+	return n.String(), nil
+}
+
+// blockHint names the block sizes (powers of two) that n blocks of a
+// prompt of in tokens would fit, for the error of a trace read with the
+// wrong one.
+func blockHint(in, n int) string {
+	for bt := 1; bt <= 1<<20; bt *= 2 {
+		if in > (n-1)*bt && in < (n+1)*bt {
+			return fmt.Sprintf(" (its blocks look like %d tokens: --trace-block-size %d?)", bt, bt)
+		}
+	}
+	return ""
+}
+
+// requests turns the rows into requests: arrivals from the earliest row,
+// scaled, sorted (stable), the first Limit kept.
+func (c Mooncake) requests(rows []mooncakeRow) ([]Request, error) {
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	t0 := rows[0].at
+	for _, r := range rows {
+		t0 = min(t0, r.at)
+	}
+	arrivals := make([]time.Duration, len(rows))
+	for i, r := range rows {
+		// A tiny rate scale can push a valid timestamp past what a
+		// time.Duration holds (the float-to-int conversion would then be
+		// implementation-defined).
+		ns := (r.at - t0) / c.RateScale * float64(time.Millisecond)
+		if ns >= math.MaxInt64 {
+			return nil, fmt.Errorf("%w: trace line %d: %v ms after the first request at rate scale %v overflows", ErrBadWorkload, r.line, r.at-t0, c.RateScale)
+		}
+		arrivals[i] = time.Duration(ns)
+	}
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(arrivals[a], arrivals[b]) })
+	if c.Limit > 0 && len(order) > c.Limit {
+		order = order[:c.Limit]
+	}
+	reqs := make([]Request, 0, len(order))
+	for _, i := range order {
+		r := &rows[i]
+		session := r.session
+		switch {
+		case session != "":
+		case len(r.ids) > 0:
+			session = "h" + strconv.FormatUint(r.ids[0], 10)
+		default:
+			session = "l" + strconv.Itoa(r.line)
+		}
+		reqs = append(reqs, Request{
+			ID:           len(reqs),
+			Arrival:      arrivals[i],
+			PromptTokens: r.in,
+			OutputTokens: max(r.out, 1),
+			Group:        -1,
+			Session:      session,
+			src:          &mooncakeSource{seed: c.Seed, ids: r.ids, block: c.BlockTokens, own: uint64(r.line)},
+		})
+	}
 	return reqs, nil
 }
 
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r') {
-		b = b[1:]
-	}
-	return b
+type mooncakeSource struct {
+	seed  uint64
+	ids   []uint64
+	block int
+	own   uint64 // the row's line: its own tokens past the blocks
 }
 
-type mooncakeSource struct {
-	seed uint64
-	ids  []uint64
-}
+// ownSalt separates a row's own tokens from every hash id's.
+const ownSalt = 0x6A09E667F3BCC909
 
 func (s *mooncakeSource) appendPrompt(dst []uint32, r *Request) []uint32 {
 	left := r.PromptTokens
 	for _, id := range s.ids {
-		n := min(left, MooncakeBlockTokens)
+		n := min(left, s.block)
 		for i := 0; i < n; i++ {
 			dst = append(dst, token(s.seed, id, i))
 		}
 		left -= n
+	}
+	for i := 0; i < left; i++ {
+		dst = append(dst, token(s.seed^ownSalt, s.own, i))
 	}
 	return dst
 }

@@ -2,7 +2,9 @@ package workload
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,12 +36,13 @@ func TestMooncakeRateScale(t *testing.T) {
 // TestMooncakeArrivalOverflow: a valid timestamp divided by a tiny rate
 // scale must not wrap around time.Duration.
 func TestMooncakeArrivalOverflow(t *testing.T) {
-	line := `{"timestamp": 1e12, "input_length": 10, "output_length": 1, "hash_ids": [1]}`
-	if _, err := (Mooncake{RateScale: 1e-3}).Read(strings.NewReader(line)); !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), "overflows") {
+	lines := `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 1e12, "input_length": 10, "output_length": 1, "hash_ids": [1]}`
+	if _, err := (Mooncake{RateScale: 1e-3}).Read(strings.NewReader(lines)); !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), "overflows") {
 		t.Fatalf("1e12 ms at scale 1e-3 (1e24 ns): %v", err)
 	}
-	reqs, err := Mooncake{RateScale: 1}.Read(strings.NewReader(line))
-	if err != nil || reqs[0].Arrival != time.Duration(1e12)*time.Millisecond {
+	reqs, err := Mooncake{RateScale: 1}.Read(strings.NewReader(lines))
+	if err != nil || reqs[1].Arrival != time.Duration(1e12)*time.Millisecond {
 		t.Fatalf("1e12 ms: %v %+v", err, reqs)
 	}
 }
@@ -51,5 +54,78 @@ func TestMooncakeLimit(t *testing.T) {
 	}
 	if _, err := (Mooncake{Limit: -1}).Read(strings.NewReader(trace)); !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), "limit") {
 		t.Fatalf("limit -1: %v", err)
+	}
+}
+
+// TestMooncakeEcosystemForms reads the forms aiperf's and Dynamo's tools
+// write besides Mooncake's own: absolute timestamps, rows out of order,
+// multi-turn rows (session_id + delay), hash_ids rounded down, none at all,
+// another block size, no output_length.
+func TestMooncakeEcosystemForms(t *testing.T) {
+	const epoch = 1_700_000_000_000
+	rows := fmt.Sprintf(`{"timestamp": %d, "session_id": "a", "input_length": 1000, "output_length": 4, "hash_ids": [1]}
+{"session_id": "a", "delay": 500, "input_length": 1600, "output_length": 5, "hash_ids": [1, 2, 3]}
+{"timestamp": %d, "session_id": 7, "input_length": 300, "hash_ids": [1]}
+{"session_id": "a", "delay": 100, "input_length": 2000, "output_length": 6}
+{"timestamp": %d, "input_length": 1000, "output_length": 2, "hash_ids": [1]}
+`, epoch+1000, epoch+1200, epoch+1200)
+	reqs, err := Mooncake{Output: 33}.Read(strings.NewReader(rows))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Arrivals from the earliest row (ms): a1 0, session 7 200, the
+	// untagged row 200 (a tie: file order), a2 500, a3 600.
+	want := []struct {
+		at      time.Duration
+		session string
+		out     int
+	}{{0, "a", 4}, {200 * time.Millisecond, "7", 33}, {200 * time.Millisecond, "h1", 2}, {500 * time.Millisecond, "a", 5}, {600 * time.Millisecond, "a", 6}}
+	if len(reqs) != len(want) {
+		t.Fatalf("%d requests, want %d", len(reqs), len(want))
+	}
+	for i, w := range want {
+		if r := reqs[i]; r.ID != i || r.Arrival != w.at || r.Session != w.session || r.OutputTokens != w.out {
+			t.Errorf("request %d: id %d at %v session %q output %d; want at %v session %q output %d", i, r.ID, r.Arrival, r.Session, r.OutputTokens, w.at, w.session, w.out)
+		}
+	}
+	a1, s7, h1, a2, a3 := reqs[0].Prompt(), reqs[1].Prompt(), reqs[2].Prompt(), reqs[3].Prompt(), reqs[4].Prompt()
+	for i, p := range [][]uint32{a1, s7, h1, a2, a3} {
+		if len(p) != reqs[i].PromptTokens {
+			t.Fatalf("request %d: %d prompt tokens, want %d", i, len(p), reqs[i].PromptTokens)
+		}
+	}
+	// hash_ids rounded down ([1] for 1,000 tokens): block 1 is shared,
+	// the 488 tokens past it are each row's own.
+	if !slices.Equal(a1[:512], h1[:512]) || !slices.Equal(a1[:300], s7) || !slices.Equal(a1[:512], a2[:512]) {
+		t.Error("block 1 not shared")
+	}
+	if slices.Equal(a1[512:600], h1[512:600]) || slices.Equal(a1[512:600], a2[512:600]) {
+		t.Error("tokens past the hash_ids are not the row's own")
+	}
+	// No hash_ids: the whole prompt is the row's own.
+	if slices.Equal(a3[:16], a1[:16]) {
+		t.Error("a row without hash_ids shares its first block")
+	}
+
+	// Another block size: 64-token blocks.
+	b64 := `{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [5, 6]}
+{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [5, 7]}`
+	if _, err := (Mooncake{}).Read(strings.NewReader(b64)); err == nil || !strings.Contains(err.Error(), "--trace-block-size 64") {
+		t.Fatalf("64-token blocks read as 512: %v, want a hint at 64", err)
+	}
+	reqs, err = Mooncake{BlockTokens: 64}.Read(strings.NewReader(b64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, q := reqs[0].Prompt(), reqs[1].Prompt()
+	if !slices.Equal(p[:64], q[:64]) || slices.Equal(p[64:], q[64:]) {
+		t.Error("64-token blocks not mapped")
+	}
+
+	// Limit keeps the earliest arrivals, whatever the file order.
+	reqs, err = Mooncake{Limit: 1}.Read(strings.NewReader(`{"timestamp": 9, "input_length": 1, "output_length": 1}
+{"timestamp": 3, "input_length": 2, "output_length": 1}`))
+	if err != nil || len(reqs) != 1 || reqs[0].PromptTokens != 2 {
+		t.Fatalf("limit 1: %v %+v", err, reqs)
 	}
 }

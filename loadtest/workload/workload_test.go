@@ -91,7 +91,14 @@ func TestMooncakeErrors(t *testing.T) {
 		`{"timestamp": 0, "input_length": 2000, "output_length": 1, "hash_ids": [1]}`,
 		`{"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}`,
 		`not json`,
-		"{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}",
+		`{"delay": 5, "session_id": "a", "input_length": 10, "output_length": 1}`,
+		`{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n" + `{"delay": 5, "input_length": 10, "output_length": 1}`,
+		`{"timestamp": 0, "session_id": "a", "input_length": 10, "output_length": 1}` + "\n" + `{"delay": -5, "session_id": "a", "input_length": 10, "output_length": 1}`,
+		`{"timestamp": 0, "session_id": {"x": 1}, "input_length": 10, "output_length": 1}`,
+		`{"timestamp": 0, "input_length": 10}`,
+		`{"timestamp": 0, "text_input": "hello", "output_length": 1}`,
+		`{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2, 3]}`,
+		`{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1]}`,
 	} {
 		if _, err := (Mooncake{}).Read(strings.NewReader(bad)); !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), "line") {
 			t.Errorf("%q: %v", bad, err)
@@ -116,8 +123,9 @@ func TestMooncakeRealTrace(t *testing.T) {
 func FuzzMooncake(f *testing.F) {
 	f.Add([]byte(trace))
 	f.Add([]byte(`{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [1]}`))
+	f.Add([]byte("{\"timestamp\": 1.7e12, \"session_id\": \"s\", \"input_length\": 700, \"hash_ids\": [3]}\n{\"session_id\": \"s\", \"delay\": 5, \"input_length\": 90, \"output_length\": 2}"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		reqs, err := Mooncake{MaxLineBytes: 1 << 16}.Read(strings.NewReader(string(b)))
+		reqs, err := Mooncake{MaxLineBytes: 1 << 16, Output: 8}.Read(strings.NewReader(string(b)))
 		if err != nil {
 			return
 		}
@@ -127,6 +135,9 @@ func FuzzMooncake(f *testing.F) {
 			}
 			if p := reqs[i].Prompt(); len(p) != reqs[i].PromptTokens {
 				t.Fatalf("prompt %d tokens, want %d", len(p), reqs[i].PromptTokens)
+			}
+			if i > 0 && reqs[i].Arrival < reqs[i-1].Arrival || reqs[i].Arrival < 0 || reqs[i].ID != i {
+				t.Fatalf("request %d: id %d, arrival %v after %v", i, reqs[i].ID, reqs[i].Arrival, reqs[max(i-1, 0)].Arrival)
 			}
 		}
 	})
