@@ -15,7 +15,8 @@ import (
 
 // Azure reads an Azure LLM inference trace (AzurePublicDataset, 2023 and
 // 2024: CSV with a header of TIMESTAMP, ContextTokens, GeneratedTokens;
-// timestamps like "2023-11-16 18:15:46.6805900") and gives its prompts
+// timestamps like "2023-11-16 18:15:46.6805900" (2023) or
+// "2024-05-10 00:00:00.009930+00:00" (2024), or RFC 3339) and gives its prompts
 // synthetic prefixes, since the trace records lengths only: a share Share
 // of the requests starts with one of Groups shared prefixes (Zipf
 // popularity with exponent ZipfS; prefix g is PrefixMin..PrefixMax
@@ -39,7 +40,18 @@ type Azure struct {
 	Seed uint64
 }
 
-const azureLayout = "2006-01-02 15:04:05.999999999"
+// azureLayouts are the timestamp forms: the 2023 traces' (no zone: UTC),
+// the 2024 traces' (with a zone), RFC 3339.
+var azureLayouts = []string{"2006-01-02 15:04:05.999999999", "2006-01-02 15:04:05.999999999Z07:00", time.RFC3339Nano}
+
+func parseAzureTime(s string) (t time.Time, err error) {
+	for _, l := range azureLayouts {
+		if t, err = time.Parse(l, s); err == nil {
+			return t, nil
+		}
+	}
+	return t, fmt.Errorf("%q is none of %q", s, azureLayouts)
+}
 
 // ReadFile reads a trace file.
 func (c Azure) ReadFile(path string) ([]Request, error) {
@@ -93,7 +105,7 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 		if line == 1 && strings.EqualFold(strings.TrimSpace(rec[0]), "timestamp") {
 			continue
 		}
-		ts, err := time.Parse(azureLayout, strings.TrimSpace(rec[0]))
+		ts, err := parseAzureTime(strings.TrimSpace(rec[0]))
 		if err != nil {
 			return nil, fmt.Errorf("%w: azure trace line %d: timestamp: %w", ErrBadWorkload, line, err)
 		}

@@ -170,6 +170,16 @@ func TestAzure(t *testing.T) {
 	if len(half) != 2 || half[1].Arrival != reqs[1].Arrival/2 {
 		t.Fatalf("limit/rate scale: %+v", half)
 	}
+	// The 2024 traces' timestamps carry a zone; RFC 3339 reads too.
+	for _, csv := range []string{
+		"TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,2162,5\n2024-05-10 02:00:01.5+02:00,10,1\n",
+		"2024-05-10T00:00:00.00993Z,2162,5\n2024-05-10T00:00:01.5Z,10,1\n",
+	} {
+		reqs, err := Azure{}.Read(strings.NewReader(csv))
+		if err != nil || len(reqs) != 2 || reqs[1].Arrival != 1490070*time.Microsecond || reqs[0].PromptTokens != 2162 {
+			t.Fatalf("%q: %v %+v", csv, err, reqs)
+		}
+	}
 	for name, bad := range map[string]string{
 		"timestamp": "2023-11-16 18:15:46.6,1,1\nnope,1,1\n",
 		"fields":    "2023-11-16 18:15:46.6,1\n",
@@ -197,6 +207,7 @@ func TestAzureRepoTrace(t *testing.T) {
 func FuzzAzureRead(f *testing.F) {
 	f.Add(azureCSV)
 	f.Add("2023-11-16 18:15:46.6,1,1\n")
+	f.Add("2024-05-10 00:00:00.009930+00:00,2162,5\n")
 	f.Add("TIMESTAMP,a,b\n\"x\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		reqs, err := Azure{Seed: 1, Limit: 50}.Read(strings.NewReader(s))
