@@ -140,5 +140,8 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 			break
 		}
 	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%w: the azure trace has no requests", ErrBadWorkload)
+	}
 	return finish(reqs, c.RateScale, 0)
 }

@@ -224,7 +224,7 @@ func blockHint(in, n int) string {
 // scaled, sorted (stable), the first Limit kept.
 func (c Mooncake) requests(rows []mooncakeRow) ([]Request, error) {
 	if len(rows) == 0 {
-		return nil, nil
+		return nil, fmt.Errorf("%w: the trace has no requests", ErrBadWorkload)
 	}
 	t0 := rows[0].at
 	for _, r := range rows {

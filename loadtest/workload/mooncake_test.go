@@ -129,3 +129,13 @@ func TestMooncakeEcosystemForms(t *testing.T) {
 		t.Fatalf("limit 1: %v %+v", err, reqs)
 	}
 }
+
+// TestMooncakeEmpty: a trace without a request is an error, not a run of
+// nothing.
+func TestMooncakeEmpty(t *testing.T) {
+	for _, in := range []string{"", "\n  \n"} {
+		if _, err := (Mooncake{}).Read(strings.NewReader(in)); !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), "no requests") {
+			t.Errorf("%q: %v", in, err)
+		}
+	}
+}
