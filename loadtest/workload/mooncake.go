@@ -208,7 +208,7 @@ func sessionID(raw json.RawMessage) (string, error) {
 	return n.String(), nil
 }
 
-// blockHint names the block sizes (powers of two) that n blocks of a
+// blockHint names the smallest power-of-two block size that n blocks of a
 // prompt of in tokens would fit, for the error of a trace read with the
 // wrong one.
 func blockHint(in, n int) string {
