@@ -39,6 +39,7 @@ func main() {
 		limit    = flag.Int("limit", 0, "first N requests (0 = all)")
 		capacity = flag.Int("capacity", 240000, "cluster KV capacity in blocks (engines × GPU blocks)")
 		bs       = flag.Int("block-size", 16, "tokens per block")
+		tblock   = flag.Int("trace-block-size", 0, "trace: tokens per hash_ids block (0 = 512, Mooncake's)")
 		groups   = flag.Int("groups", 64, "shared-prefix groups")
 		prompts  = flag.Int("prompts", 16, "shared-prefix prompts per group")
 		shared   = flag.Int("shared", 2048, "shared-prefix shared tokens")
@@ -52,7 +53,8 @@ func main() {
 	var err error
 	switch *kind {
 	case "trace":
-		reqs, err = workload.Mooncake{Seed: *seed, Limit: *limit}.ReadFile(*trace)
+		// Rows without output_length get 1 token: only prompts matter here.
+		reqs, err = workload.Mooncake{Seed: *seed, Limit: *limit, BlockTokens: *tblock, Output: 1}.ReadFile(*trace)
 	case "azure":
 		reqs, err = workload.Azure{Seed: *seed, Limit: *limit}.ReadFile(*trace)
 	case "chat":
