@@ -191,6 +191,23 @@ func TestBenchDESTrace(t *testing.T) {
 	if oracle, want := checkBenchJSON(t, out, []string{"kvmesh", "sglang"}), (64.0+128)/(128+100+192); oracle != want {
 		t.Fatalf("oracle hit rate %v, want %v", oracle, want)
 	}
+
+	// Bailian's form (--workload bailian): seconds, 16-token blocks, turns
+	// linked by parent_chat_id. Turn 2 hits turn 1's 32 tokens.
+	trace = `{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1700000000.5, "input_length": 32, "output_length": 2, "hash_ids": [4, 5]}
+{"chat_id": 2, "parent_chat_id": 1, "timestamp": 1700000003.5, "input_length": 48, "output_length": 2, "hash_ids": [4, 5, 6]}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = benchRunCLI(t, "bench", "--mode", "des", "--workload", "bailian", "--trace", path, "--engines", "2",
+		"--policies", "kvmesh", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if oracle, want := checkBenchJSON(t, out, []string{"kvmesh"}), 32.0/(32+48); oracle != want {
+		t.Fatalf("oracle hit rate %v, want %v", oracle, want)
+	}
 }
 
 // TestBenchDESSeedZero: --seed 0 means the default seed, 1, for the

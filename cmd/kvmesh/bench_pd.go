@@ -122,7 +122,7 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 // helper is unexported there).
 func pdRequests(o bench.Options) ([]workload.Request, error) {
 	seed := max(o.Seed, 1)
-	if o.Workload == "trace" {
+	if o.Workload == "trace" || o.Workload == "bailian" {
 		return o.Mooncake(seed).ReadFile(o.Trace)
 	}
 	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,

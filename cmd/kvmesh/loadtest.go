@@ -22,11 +22,11 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	cfg := loadgen.DefaultConfig()
 	var (
 		endpoint   = fs.String("endpoint", string(cfg.Endpoint), "API: completions (token-id prompts) or chat")
-		kind       = fs.String("workload", "shared-prefix", "workload: shared-prefix or mooncake")
+		kind       = fs.String("workload", "shared-prefix", "workload: shared-prefix, mooncake or bailian (Alibaba Bailian JSONL)")
 		sp         = workload.SharedPrefix{Groups: 32, Prompts: 16, Shared: 2048, Question: 128, Output: 64, Seed: 1}
-		trace      = fs.String("trace", "testdata/traces/mooncake_synthetic_trace.jsonl", "Mooncake trace (JSONL) for -workload mooncake")
+		trace      = fs.String("trace", "testdata/traces/mooncake_synthetic_trace.jsonl", "trace (JSONL) for -workload mooncake or bailian")
 		traceScale = fs.Float64("trace-rate-scale", 1, "mooncake: multiply the trace's arrival rate")
-		traceBlock = fs.Int("trace-block-size", workload.MooncakeBlockTokens, "mooncake: tokens per hash_ids block")
+		traceBlock = fs.Int("trace-block-size", 0, "mooncake, bailian: tokens per hash_ids block (0 = the format's: 512, Bailian 16)")
 		limit      = fs.Int("limit", 0, "send only the first N requests (0 = all)")
 		asJSON     = fs.Bool("json", false, "print the report as JSON on stdout")
 		quiet      = fs.Bool("quiet", false, "no progress line on stderr")
@@ -59,14 +59,15 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	switch *kind {
 	case "shared-prefix":
 		reqs, err = sp.Generate()
-	case "mooncake":
+	case "mooncake", "bailian":
 		if !(*traceScale > 0) || math.IsInf(*traceScale, 0) {
 			return fmt.Errorf("%w: -trace-rate-scale %v (want a finite number > 0)", errUsage, *traceScale)
 		}
 		// Rows without output_length generate -output tokens.
-		reqs, err = workload.Mooncake{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit, BlockTokens: *traceBlock, Output: sp.Output}.ReadFile(*trace)
+		reqs, err = workload.Mooncake{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit, BlockTokens: *traceBlock, Output: sp.Output,
+			Bailian: *kind == "bailian"}.ReadFile(*trace)
 	default:
-		return fmt.Errorf("%w: -workload %q (want shared-prefix or mooncake)", errUsage, *kind)
+		return fmt.Errorf("%w: -workload %q (want shared-prefix, mooncake or bailian)", errUsage, *kind)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)

@@ -70,8 +70,8 @@ type Options struct {
 	RateScale float64
 	Limit     int
 	// TraceBlockTokens is the tokens per hash_ids block of a Mooncake
-	// trace (0: 512, Mooncake's own); a trace row without output_length
-	// generates Output tokens.
+	// trace (0: the format's, 512 for Mooncake's, 16 for Bailian's); a
+	// trace row without output_length generates Output tokens.
 	TraceBlockTokens int
 	// EventDelay is the KV-event propagation delay to the index;
 	// SnapshotInterval the engine load snapshot period (negative: always fresh).
@@ -269,16 +269,16 @@ func (o *Options) checkWorkload(bad func(string, ...any)) {
 		bad("--rate-scale %v: want a finite multiplier > 0", o.RateScale)
 	}
 	atLeast(bad, "limit", o.Limit, 0, " (0 = all)")
-	atLeast(bad, "trace-block-size", o.TraceBlockTokens, 0, " (0 = 512)")
+	atLeast(bad, "trace-block-size", o.TraceBlockTokens, 0, " (0 = the format's: 512, Bailian 16)")
 	switch o.Workload {
 	case "shared-prefix":
-	case "trace", "azure":
+	case "trace", "bailian", "azure":
 		if o.Trace == "" {
 			bad("--workload %s needs --trace FILE", o.Workload)
 		}
 	case "chat", "tool-agent":
 	default:
-		bad("--workload %q: want shared-prefix, trace, azure, chat or tool-agent", o.Workload)
+		bad("--workload %q: want shared-prefix, trace, bailian, azure, chat or tool-agent", o.Workload)
 	}
 }
 
@@ -313,18 +313,19 @@ func atLeast(bad func(string, ...any), name string, v, lo int, note string) {
 	}
 }
 
-// Mooncake is how o reads a Mooncake-format trace (--workload trace),
-// with the workload seed seed; `kvmesh bench --mode des --roles` reads its
-// trace with it too.
+// Mooncake is how o reads a Mooncake-format trace (--workload trace, or
+// bailian for Bailian's form), with the workload seed seed; `kvmesh bench
+// --mode des --roles` reads its trace with it too.
 func (o *Options) Mooncake(seed uint64) workload.Mooncake {
-	return workload.Mooncake{RateScale: o.RateScale, Seed: seed, Limit: o.Limit, BlockTokens: o.TraceBlockTokens, Output: o.Output}
+	return workload.Mooncake{RateScale: o.RateScale, Seed: seed, Limit: o.Limit, BlockTokens: o.TraceBlockTokens, Output: o.Output,
+		Bailian: o.Workload == "bailian"}
 }
 
 // requests generates or reads the workload.
 func (o *Options) requests() ([]workload.Request, error) {
 	seed := max(o.Seed, 1)
 	switch o.Workload {
-	case "trace":
+	case "trace", "bailian":
 		return o.Mooncake(seed).ReadFile(o.Trace)
 	case "azure":
 		return workload.Azure{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)

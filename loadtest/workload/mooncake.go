@@ -41,6 +41,12 @@ const MooncakeBlockTokens = 512
 //
 // Unknown fields are ignored. A session_id, when present, is the request's
 // session (for session affinity); otherwise the first hash id is.
+//
+// With Bailian set it reads Alibaba's Bailian traces
+// (qwen-bailian-usagetraces-anon, aiperf's bailian_trace) instead: the same
+// fields with timestamps in seconds, hash_ids of 16-token blocks, and
+// sessions linked by chat_id and parent_chat_id (-1 for a session's first
+// turn); every turn has its own timestamp, so the replay is the trace's.
 type Mooncake struct {
 	// RateScale multiplies the arrival rate (timestamps are divided by it).
 	// The zero value means the default, 1 (so Mooncake{} reads a trace as
@@ -60,7 +66,13 @@ type Mooncake struct {
 	// Output is the output length of rows without output_length. 0: such
 	// a row is an error.
 	Output int
+	// Bailian reads Bailian's form (see Mooncake); BlockTokens then
+	// defaults to 16.
+	Bailian bool
 }
+
+// BailianBlockTokens is the tokens per hash_ids block of Bailian's traces.
+const BailianBlockTokens = 16
 
 type mooncakeLine struct {
 	Timestamp    *float64        `json:"timestamp"`
@@ -68,8 +80,27 @@ type mooncakeLine struct {
 	SessionID    json.RawMessage `json:"session_id"`
 	InputLength  *int            `json:"input_length"`
 	OutputLength *int            `json:"output_length"`
-	HashIDs      []uint64        `json:"hash_ids"`
+	HashIDs      []hashID        `json:"hash_ids"`
 	TextInput    json.RawMessage `json:"text_input"`
+	ChatID       json.RawMessage `json:"chat_id"`        // Bailian
+	ParentChatID json.RawMessage `json:"parent_chat_id"` // Bailian
+}
+
+// hashID is a hash_ids entry: an unsigned or a signed 64-bit integer (a
+// hash printed signed keeps its bits).
+type hashID uint64
+
+func (h *hashID) UnmarshalJSON(b []byte) error {
+	if u, err := strconv.ParseUint(string(b), 10, 64); err == nil {
+		*h = hashID(u)
+		return nil
+	}
+	i, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return fmt.Errorf("hash id %.40s: want a 64-bit integer", b)
+	}
+	*h = hashID(uint64(i))
+	return nil
 }
 
 // maxTraceMillis bounds a timestamp or a delay (about 31,700 years):
@@ -109,6 +140,9 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 	}
 	if c.BlockTokens == 0 {
 		c.BlockTokens = MooncakeBlockTokens
+		if c.Bailian {
+			c.BlockTokens = BailianBlockTokens
+		}
 	}
 	if c.BlockTokens < 1 || c.BlockTokens > 1<<20 || c.Output < 0 {
 		return nil, fmt.Errorf("%w: trace block size %d (want 1..%d), output %d (want ≥ 0)", ErrBadWorkload, c.BlockTokens, 1<<20, c.Output)
@@ -120,13 +154,14 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 	sc.Buffer(make([]byte, 0, 64<<10), c.MaxLineBytes)
 	var rows []mooncakeRow
 	prev := make(map[string]float64) // session → its previous row's time
+	roots := make(map[string]string) // Bailian: chat_id → its session's first chat_id
 	line := 0
 	for sc.Scan() {
 		line++
 		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
 			continue
 		}
-		row, err := c.parse(sc.Bytes(), line, prev)
+		row, err := c.parse(sc.Bytes(), line, prev, roots)
 		if err != nil {
 			return nil, err
 		}
@@ -139,8 +174,9 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 }
 
 // parse reads one line; prev holds each session's previous row's time
-// (a delay row's reference), updated here.
-func (c Mooncake) parse(b []byte, line int, prev map[string]float64) (mooncakeRow, error) {
+// (a delay row's reference) and roots each Bailian chat's session, both
+// updated here.
+func (c Mooncake) parse(b []byte, line int, prev map[string]float64, roots map[string]string) (mooncakeRow, error) {
 	bad := func(format string, a ...any) (mooncakeRow, error) {
 		return mooncakeRow{}, fmt.Errorf("%w: trace line %d: %s", ErrBadWorkload, line, fmt.Sprintf(format, a...))
 	}
@@ -158,7 +194,22 @@ func (c Mooncake) parse(b []byte, line int, prev map[string]float64) (mooncakeRo
 	if err != nil {
 		return bad("session_id %s: %v", m.SessionID, err)
 	}
-	row := mooncakeRow{line: line, in: *m.InputLength, ids: m.HashIDs, session: session, out: c.Output}
+	if c.Bailian {
+		if session, err = bailianSession(m.ChatID, m.ParentChatID, roots); err != nil {
+			return bad("%v", err)
+		}
+		if m.Timestamp != nil { // seconds
+			ms := *m.Timestamp * 1000
+			m.Timestamp, m.Delay = &ms, nil
+		}
+	}
+	row := mooncakeRow{line: line, in: *m.InputLength, session: session, out: c.Output}
+	if len(m.HashIDs) > 0 {
+		row.ids = make([]uint64, len(m.HashIDs))
+		for i, h := range m.HashIDs {
+			row.ids[i] = uint64(h)
+		}
+	}
 	if m.OutputLength != nil {
 		row.out = *m.OutputLength
 	} else if c.Output == 0 {
@@ -206,6 +257,28 @@ func sessionID(raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("want a string or a number")
 	}
 	return n.String(), nil
+}
+
+// bailianSession is a Bailian row's session: the chat_id of its first
+// turn, found through parent_chat_id (-1 or absent: the row starts one; a
+// parent not in the file starts one at the parent).
+func bailianSession(chat, parent json.RawMessage, roots map[string]string) (string, error) {
+	id, err := sessionID(chat)
+	if err != nil || id == "" {
+		return "", fmt.Errorf("chat_id %s: want a string or a number", chat)
+	}
+	p, err := sessionID(parent)
+	if err != nil {
+		return "", fmt.Errorf("parent_chat_id %s: %w", parent, err)
+	}
+	root := id
+	if p != "" && p != "-1" {
+		if root = roots[p]; root == "" {
+			root = p
+		}
+	}
+	roots[id] = root
+	return "b" + root, nil
 }
 
 // blockHint names the smallest power-of-two block size that n blocks of a

@@ -139,3 +139,48 @@ func TestMooncakeEmpty(t *testing.T) {
 		}
 	}
 }
+
+// TestBailian reads Alibaba's Bailian form: timestamps in seconds, 16-token
+// blocks, sessions by chat_id and parent_chat_id.
+func TestBailian(t *testing.T) {
+	rows := `{"chat_id": 159, "parent_chat_id": -1, "timestamp": 61.114, "input_length": 40, "output_length": 132, "type": "text", "turn": 1, "hash_ids": [11, 12, 13]}
+{"chat_id": 160, "parent_chat_id": 159, "timestamp": 62.5, "input_length": 70, "output_length": 80, "type": "text", "turn": 2, "hash_ids": [11, 12, 13, 14, 15]}
+{"chat_id": 161, "parent_chat_id": 160, "timestamp": 63.0, "input_length": 90, "output_length": 3, "turn": 3, "hash_ids": [11, 12, 13, 14, 15, 16]}
+{"chat_id": 170, "parent_chat_id": -1, "timestamp": 61.0, "input_length": 20, "output_length": 5, "hash_ids": [-5, 99]}
+{"chat_id": "x", "parent_chat_id": 999, "timestamp": 64, "input_length": 16, "output_length": 1, "hash_ids": [7]}
+`
+	reqs, err := Mooncake{Bailian: true}.Read(strings.NewReader(rows))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		at      time.Duration
+		session string
+		in      int
+	}{{0, "b170", 20}, {114 * time.Millisecond, "b159", 40}, {1500 * time.Millisecond, "b159", 70}, {2 * time.Second, "b159", 90}, {3 * time.Second, "b999", 16}}
+	if len(reqs) != len(want) {
+		t.Fatalf("%d requests, want %d", len(reqs), len(want))
+	}
+	for i, w := range want {
+		if r := reqs[i]; r.Arrival != w.at || r.Session != w.session || r.PromptTokens != w.in {
+			t.Errorf("request %d: at %v session %q prompt %d; want %v %q %d", i, r.Arrival, r.Session, r.PromptTokens, w.at, w.session, w.in)
+		}
+	}
+	t1, t2, t3 := reqs[1].Prompt(), reqs[2].Prompt(), reqs[3].Prompt()
+	if !slices.Equal(t1, t2[:40]) || !slices.Equal(t2, t3[:70]) {
+		t.Error("turns do not extend their session's blocks")
+	}
+	// The same file read as Mooncake's form: 16-token blocks do not fit 512.
+	if _, err := (Mooncake{}).Read(strings.NewReader(rows)); err == nil || !strings.Contains(err.Error(), "--trace-block-size 16") {
+		t.Errorf("read as Mooncake: %v, want a hint at 16-token blocks", err)
+	}
+	for _, bad := range []string{
+		`{"parent_chat_id": -1, "timestamp": 1, "input_length": 10, "output_length": 1}`,
+		`{"chat_id": 1, "parent_chat_id": [1], "timestamp": 1, "input_length": 10, "output_length": 1}`,
+		`{"chat_id": 1, "timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1.5]}`,
+	} {
+		if _, err := (Mooncake{Bailian: true}).Read(strings.NewReader(bad)); !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), "line 1") {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}

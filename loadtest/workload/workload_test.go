@@ -124,20 +124,23 @@ func FuzzMooncake(f *testing.F) {
 	f.Add([]byte(trace))
 	f.Add([]byte(`{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [1]}`))
 	f.Add([]byte("{\"timestamp\": 1.7e12, \"session_id\": \"s\", \"input_length\": 700, \"hash_ids\": [3]}\n{\"session_id\": \"s\", \"delay\": 5, \"input_length\": 90, \"output_length\": 2}"))
+	f.Add([]byte(`{"chat_id": 2, "parent_chat_id": 1, "timestamp": 61.5, "input_length": 20, "output_length": 5, "hash_ids": [-5, 99]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		reqs, err := Mooncake{MaxLineBytes: 1 << 16, Output: 8}.Read(strings.NewReader(string(b)))
-		if err != nil {
-			return
-		}
-		for i := range reqs {
-			if reqs[i].PromptTokens > 1<<16*MooncakeBlockTokens {
+		for _, c := range []Mooncake{{MaxLineBytes: 1 << 16, Output: 8}, {MaxLineBytes: 1 << 16, Output: 8, Bailian: true}} {
+			reqs, err := c.Read(strings.NewReader(string(b)))
+			if err != nil {
 				continue
 			}
-			if p := reqs[i].Prompt(); len(p) != reqs[i].PromptTokens {
-				t.Fatalf("prompt %d tokens, want %d", len(p), reqs[i].PromptTokens)
-			}
-			if i > 0 && reqs[i].Arrival < reqs[i-1].Arrival || reqs[i].Arrival < 0 || reqs[i].ID != i {
-				t.Fatalf("request %d: id %d, arrival %v after %v", i, reqs[i].ID, reqs[i].Arrival, reqs[max(i-1, 0)].Arrival)
+			for i := range reqs {
+				if reqs[i].PromptTokens > 1<<16*MooncakeBlockTokens {
+					continue
+				}
+				if p := reqs[i].Prompt(); len(p) != reqs[i].PromptTokens {
+					t.Fatalf("bailian %v: prompt %d tokens, want %d", c.Bailian, len(p), reqs[i].PromptTokens)
+				}
+				if i > 0 && reqs[i].Arrival < reqs[i-1].Arrival || reqs[i].Arrival < 0 || reqs[i].ID != i {
+					t.Fatalf("bailian %v: request %d: id %d, arrival %v after %v", c.Bailian, i, reqs[i].ID, reqs[i].Arrival, reqs[max(i-1, 0)].Arrival)
+				}
 			}
 		}
 	})

@@ -33,13 +33,13 @@ import (
 
 func main() {
 	var (
-		kind     = flag.String("workload", "trace", "trace (Mooncake), azure, chat, tool-agent or shared-prefix")
-		trace    = flag.String("trace", "", "trace file (trace, azure)")
+		kind     = flag.String("workload", "trace", "trace (Mooncake), bailian, azure, chat, tool-agent or shared-prefix")
+		trace    = flag.String("trace", "", "trace file (trace, bailian, azure)")
 		seed     = flag.Uint64("seed", 1, "workload seed")
 		limit    = flag.Int("limit", 0, "first N requests (0 = all)")
 		capacity = flag.Int("capacity", 240000, "cluster KV capacity in blocks (engines × GPU blocks)")
 		bs       = flag.Int("block-size", 16, "tokens per block")
-		tblock   = flag.Int("trace-block-size", 0, "trace: tokens per hash_ids block (0 = 512, Mooncake's)")
+		tblock   = flag.Int("trace-block-size", 0, "trace, bailian: tokens per hash_ids block (0 = the format's: 512, Bailian 16)")
 		groups   = flag.Int("groups", 64, "shared-prefix groups")
 		prompts  = flag.Int("prompts", 16, "shared-prefix prompts per group")
 		shared   = flag.Int("shared", 2048, "shared-prefix shared tokens")
@@ -52,9 +52,9 @@ func main() {
 	var reqs []workload.Request
 	var err error
 	switch *kind {
-	case "trace":
+	case "trace", "bailian":
 		// Rows without output_length get 1 token: only prompts matter here.
-		reqs, err = workload.Mooncake{Seed: *seed, Limit: *limit, BlockTokens: *tblock, Output: 1}.ReadFile(*trace)
+		reqs, err = workload.Mooncake{Seed: *seed, Limit: *limit, BlockTokens: *tblock, Output: 1, Bailian: *kind == "bailian"}.ReadFile(*trace)
 	case "azure":
 		reqs, err = workload.Azure{Seed: *seed, Limit: *limit}.ReadFile(*trace)
 	case "chat":
