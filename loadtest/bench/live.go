@@ -108,6 +108,7 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 	scaled := make([]workload.Request, len(reqs))
 	for i, r := range reqs {
 		r.Arrival = time.Duration(float64(r.Arrival) / s)
+		r.Think = time.Duration(float64(r.Think) / s)
 		scaled[i] = r
 	}
 	lc := loadgen.DefaultConfig()

@@ -10,6 +10,7 @@ const (
 	evStep                   // an engine's next step is due
 	evSnapshot               // the router refreshes its load view
 	evRelease                // a finished request frees a client concurrency slot
+	evFollow                 // a closed-loop follow-up arrives (follow.go)
 )
 
 type event struct {

@@ -56,6 +56,7 @@ type pdSim struct {
 	bhead    int
 	pending  int
 	busy     int // prefill legs and transfers in flight (they feed other engines)
+	fol      *followUps
 
 	flights []pdFlight
 	byReq   map[*engine.Request]int
@@ -143,6 +144,9 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	s := &pdSim{cfg: cfg, reqs: reqs, idx: idx, router: router, root: kvevents.Root(cfg.Model, "", ""),
 		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int), learner: lr,
 		outs: outs}
+	if s.fol, err = newFollowUps(reqs); err != nil {
+		return nil, err
+	}
 	s.out.init(len(reqs))
 	add := func(role scheduler.Role, n int) error {
 		for j := 0; j < n; j++ {
@@ -197,8 +201,12 @@ func (s *pdSim) run(ctx context.Context) PDResult {
 		ev := s.h.pop()
 		now := ev.at
 		switch ev.kind {
-		case evArrival:
-			s.pushArrival()
+		case evArrival, evFollow:
+			if ev.kind == evArrival {
+				s.pushArrival()
+			} else {
+				s.fol.fired()
+			}
 			if s.cfg.Concurrency > 0 && s.inflight >= s.cfg.Concurrency {
 				s.backlog = append(s.backlog, ev.arg)
 				continue
@@ -237,6 +245,9 @@ func (s *pdSim) next(now time.Duration) {
 
 func (s *pdSim) pushArrival() {
 	s.arrAt = -1
+	for s.nextArr < len(s.reqs) && s.reqs[s.nextArr].After > 0 {
+		s.nextArr++ // a follow-up (followUps)
+	}
 	if s.nextArr < len(s.reqs) {
 		s.arrAt = s.reqs[s.nextArr].Arrival
 		s.h.push(s.arrAt, evArrival, s.nextArr)
@@ -258,6 +269,9 @@ func (s *pdSim) horizon() time.Duration {
 	}
 	if s.nextSnap >= 0 && s.nextSnap < until {
 		until = s.nextSnap
+	}
+	if t, ok := s.fol.earliest(); ok && t < until {
+		until = t
 	}
 	return until
 }
@@ -295,7 +309,7 @@ func (s *pdSim) dispatch(i int, now time.Duration) {
 		predOut = policies.DefaultKVMeshConfig().DefaultOutputTokens
 	}
 	if err := s.router.Route(&s.sreq, s.view, &s.plan); err != nil {
-		s.fail(now)
+		s.fail(i, now)
 		return
 	}
 	f := pdFlight{prefill: -1, decode: s.ids[s.plan.Decode], sent: now, active: len(prompt) + predOut, prompt: len(prompt)}
@@ -311,7 +325,7 @@ func (s *pdSim) dispatch(i int, now time.Duration) {
 		f.dreq = leg
 	}
 	if err := s.engines[e].Add(leg, now); err != nil {
-		s.fail(now)
+		s.fail(i, now)
 		return
 	}
 	f.ahead = s.view[e].LocalPrefillTokens + f.uncachedD
@@ -348,9 +362,10 @@ func (s *pdSim) wake(e int, now time.Duration) {
 	}
 }
 
-func (s *pdSim) fail(now time.Duration) {
+func (s *pdSim) fail(i int, now time.Duration) {
 	s.out.failed++
 	s.pending--
+	s.fol.done(&s.h, s.reqs, i, now, now)
 	if s.cfg.Concurrency == 0 || s.inflight < s.cfg.Concurrency {
 		s.next(now)
 	}
@@ -439,7 +454,7 @@ func (s *pdSim) transferDone(i int, now time.Duration) {
 		s.view[f.decode].InFlight--
 		s.view[f.decode].LocalActiveTokens -= f.active
 		s.inflight--
-		s.fail(now)
+		s.fail(i, now)
 		return
 	}
 	s.byReq[f.dreq] = i
@@ -470,4 +485,5 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 	s.out.finished(f.decode, f.sent, res, cached)
 	s.pending--
 	s.h.push(max(res.Finished, now), evRelease, i)
+	s.fol.done(&s.h, s.reqs, i, res.Finished, now)
 }

@@ -45,7 +45,8 @@ type sim struct {
 	inflight int
 	backlog  []int
 	bhead    int
-	pending  int // arrivals not yet dispatched + in flight
+	pending  int        // arrivals not yet dispatched + in flight
+	fol      *followUps // closed-loop follow-ups (nil: none)
 
 	flights []flight
 	byReq   map[*engine.Request]int
@@ -138,6 +139,9 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 		flights: make([]flight, len(reqs)),
 		byReq:   make(map[*engine.Request]int),
 	}
+	if s.fol, err = newFollowUps(reqs); err != nil {
+		return nil, err
+	}
 	s.out.init(len(reqs), cfg.Engines)
 	for e := 0; e < cfg.Engines; e++ {
 		ec := cfg.Engine
@@ -212,8 +216,12 @@ func (s *sim) run(ctx context.Context) runStats {
 		ev := s.h.pop()
 		now := ev.at
 		switch ev.kind {
-		case evArrival:
-			s.pushArrival()
+		case evArrival, evFollow:
+			if ev.kind == evArrival {
+				s.pushArrival()
+			} else {
+				s.fol.fired()
+			}
 			if s.cfg.Concurrency > 0 && s.inflight >= s.cfg.Concurrency {
 				s.backlog = append(s.backlog, ev.arg)
 				continue
@@ -247,9 +255,13 @@ func (s *sim) run(ctx context.Context) runStats {
 
 // pushArrival schedules the next workload request's arrival. Arrivals are
 // sorted, so one pending arrival at a time keeps the heap small and makes
-// the next arrival time known for step fusing.
+// the next arrival time known for step fusing. Follow-ups arrive when
+// their predecessor ends (followUps).
 func (s *sim) pushArrival() {
 	s.arrAt = -1
+	for s.nextArr < len(s.reqs) && s.reqs[s.nextArr].After > 0 {
+		s.nextArr++
+	}
 	if s.nextArr < len(s.reqs) {
 		s.arrAt = s.reqs[s.nextArr].Arrival
 		s.h.push(s.arrAt, evArrival, s.nextArr)
@@ -274,6 +286,9 @@ func (s *sim) horizon() time.Duration {
 	}
 	if s.nextSnap >= 0 && s.nextSnap < until {
 		until = s.nextSnap
+	}
+	if t, ok := s.fol.earliest(); ok && t < until {
+		until = t
 	}
 	return until
 }
@@ -390,6 +405,7 @@ func (s *sim) dispatch(i int, now time.Duration) {
 func (s *sim) fail(i int, now time.Duration) {
 	s.out.failed++
 	s.pending--
+	s.fol.done(&s.h, s.reqs, i, now, now)
 	// The client slot is never taken; let the next backlog request go.
 	if s.bhead < len(s.backlog) && (s.cfg.Concurrency == 0 || s.inflight < s.cfg.Concurrency) {
 		j := s.backlog[s.bhead]
@@ -463,6 +479,7 @@ func (s *sim) step(e int, now time.Duration) {
 		s.out.finished(i, e, res)
 		s.pending--
 		s.h.push(max(res.Finished, now), evRelease, i)
+		s.fol.done(&s.h, s.reqs, i, res.Finished, now)
 	}
 	if res.Steps > 0 && !eng.Idle() {
 		s.stepPending[e] = true

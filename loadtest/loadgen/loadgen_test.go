@@ -398,3 +398,43 @@ func TestOpenLoopFlag(t *testing.T) {
 		t.Fatalf("open loop: %v, open=%v", err, open.OpenLoop)
 	}
 }
+
+// TestRunFollowUps: a session's next turn (workload.Request.After) is sent
+// Think after the previous turn's answer, once, in every arrival mode, and
+// after a failed answer too.
+func TestRunFollowUps(t *testing.T) {
+	const trace = `{"timestamp": 0, "session_id": "s", "input_length": 40, "output_length": 3, "hash_ids": [1]}
+{"session_id": "s", "delay": 150, "input_length": 60, "output_length": 3, "hash_ids": [1]}
+{"session_id": "s", "delay": 50, "input_length": 80, "output_length": 3, "hash_ids": [1]}
+{"timestamp": 10, "input_length": 20, "output_length": 3, "hash_ids": [9]}
+`
+	reqs, err := workload.Mooncake{}.Read(strings.NewReader(trace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []struct {
+		rate float64
+		mode string
+	}{{0, "ok"}, {-1, "ok"}, {1000, "ok"}, {0, "429"}} {
+		rate, mode := run.rate, run.mode // "429": every turn fails, and a failed answer is an answer too
+		srv := newScriptedServer(t, func(int64) string { return mode })
+		rep, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Rate: rate, Seed: 1}, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Sent != 4 || srv.n.Load() != 4 || (mode == "429") != (rep.Failed == 4) {
+			t.Fatalf("rate %v, %s: sent %d, failed %d, server saw %d, want 4", rate, mode, rep.Sent, rep.Failed, srv.n.Load())
+		}
+		byID := map[int]Result{}
+		for _, r := range rep.Results {
+			byID[r.ID] = r
+		}
+		for _, j := range []int{2, 3} { // the follow-ups (sorted after the untagged request)
+			i := reqs[j].After - 1
+			p, f := byID[i], byID[j]
+			if f.Sent < p.Sent+p.E2E+reqs[j].Think {
+				t.Errorf("rate %v: request %d sent at %v, before request %d's answer (%v + %v) + %v", rate, j, f.Sent, i, p.Sent, p.E2E, reqs[j].Think)
+			}
+		}
+	}
+}

@@ -66,17 +66,53 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Report, err
 	defer transport.CloseIdleConnections()
 	g.client = &http.Client{Transport: transport}
 	arrivals := schedule(cfg, reqs)
+	first, next, err := workload.FollowUps(reqs)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
 	results := make([]Result, len(reqs))
+	sent := make([]bool, len(reqs)) // each written by its request's goroutine, read after wg.Wait
 
 	g.start = time.Now()
 	stopProgress := g.startProgress(len(reqs))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, cfg.Concurrency)
+	// send runs request i, holding a concurrency slot, then its
+	// follow-ups (workload.Request.After), each Think after i's answer in
+	// a goroutine of its own.
+	var send func(i int, at time.Duration)
+	send = func(i int, at time.Duration) {
+		sent[i] = true
+		g.one(ctx, g.urls[i%len(g.urls)], &reqs[i], at, &results[i])
+		<-sem
+		for j := firstOf(first, i); j >= 0; j = next[j] {
+			wg.Add(1)
+			go func(j int) {
+				defer wg.Done()
+				at := time.Since(g.start) + reqs[j].Think
+				t := time.NewTimer(reqs[j].Think)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					return
+				}
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+				send(j, at)
+			}(j)
+		}
+	}
 	timer := time.NewTimer(0)
 	<-timer.C
-	dispatched := 0
 dispatch:
 	for i := range reqs {
+		if reqs[i].After > 0 {
+			continue // sent by its predecessor's goroutine
+		}
 		if wait := time.Until(g.start.Add(arrivals[i])); wait > 0 {
 			timer.Reset(wait)
 			select {
@@ -91,22 +127,35 @@ dispatch:
 		case <-ctx.Done():
 			break dispatch
 		}
-		dispatched++
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			defer func() { <-sem }()
-			g.one(ctx, g.urls[i%len(g.urls)], &reqs[i], arrivals[i], &results[i])
+			send(i, arrivals[i])
 		}(i)
 	}
 	wg.Wait()
 	stopProgress()
-	rep := buildReport(results[:dispatched], len(reqs))
+	done := results[:0:0]
+	for i, ok := range sent {
+		if ok {
+			done = append(done, results[i])
+		}
+	}
+	rep := buildReport(done, len(reqs))
 	rep.OpenLoop = len(arrivals) > 0 && arrivals[len(arrivals)-1] > 0
 	if err := ctx.Err(); err != nil {
-		return rep, fmt.Errorf("loadgen: stopped after %d of %d requests: %w", dispatched, len(reqs), err)
+		return rep, fmt.Errorf("loadgen: stopped after %d of %d requests: %w", len(done), len(reqs), err)
 	}
 	return rep, nil
+}
+
+// firstOf is i's first follow-up (-1: none; first is nil when no request
+// has one).
+func firstOf(first []int, i int) int {
+	if first == nil {
+		return -1
+	}
+	return first[i]
 }
 
 // one sends request r and records it in res.

@@ -31,11 +31,9 @@ const MooncakeBlockTokens = 512
 //     order: arrivals are the timestamps less the earliest, rows sorted by
 //     them (ties keep file order).
 //   - aiperf's multi-turn rows: a row with a session_id and a delay but no
-//     timestamp is its session's next turn, delay ms after the session's
-//     previous row. aiperf sends it delay after the previous turn's
-//     answer; a replay here is open-loop (a discrete-event run cannot know
-//     that time before it runs), so the turn arrives delay after the
-//     previous turn's arrival, as the Chat workload's turns do.
+//     timestamp is its session's next turn, sent delay ms after the
+//     session's previous row has been answered (Request.After and Think;
+//     its Arrival is the estimate delay after the previous row's).
 //   - output_length may be missing (aiperf then lets the engine stop at end
 //     of sequence): Output tokens are generated.
 //
@@ -119,11 +117,19 @@ func (c Mooncake) ReadFile(path string) ([]Request, error) {
 
 // mooncakeRow is one parsed line, before arrivals are known.
 type mooncakeRow struct {
-	at      float64 // ms, as recorded (absolute or relative)
+	at      float64 // ms, as recorded (absolute or relative); a follow-up's estimate
 	line    int
 	in, out int
 	ids     []uint64
 	session string
+	prev    int     // a follow-up's predecessor (index in rows), else -1
+	think   float64 // a follow-up's delay, ms
+}
+
+// lastTurn is a session's latest row: its time and index in rows.
+type lastTurn struct {
+	at  float64
+	row int
 }
 
 // Read parses a trace. Every malformed line is an error naming the line:
@@ -153,15 +159,15 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), c.MaxLineBytes)
 	var rows []mooncakeRow
-	prev := make(map[string]float64) // session → its previous row's time
-	roots := make(map[string]string) // Bailian: chat_id → its session's first chat_id
+	prev := make(map[string]lastTurn) // session → its latest row
+	roots := make(map[string]string)  // Bailian: chat_id → its session's first chat_id
 	line := 0
 	for sc.Scan() {
 		line++
 		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
 			continue
 		}
-		row, err := c.parse(sc.Bytes(), line, prev, roots)
+		row, err := c.parse(sc.Bytes(), line, len(rows), prev, roots)
 		if err != nil {
 			return nil, err
 		}
@@ -173,10 +179,10 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 	return c.requests(rows)
 }
 
-// parse reads one line; prev holds each session's previous row's time
-// (a delay row's reference) and roots each Bailian chat's session, both
-// updated here.
-func (c Mooncake) parse(b []byte, line int, prev map[string]float64, roots map[string]string) (mooncakeRow, error) {
+// parse reads line, the trace's row idx; prev holds each session's latest
+// row (a delay row's predecessor) and roots each Bailian chat's session,
+// both updated here.
+func (c Mooncake) parse(b []byte, line, idx int, prev map[string]lastTurn, roots map[string]string) (mooncakeRow, error) {
 	bad := func(format string, a ...any) (mooncakeRow, error) {
 		return mooncakeRow{}, fmt.Errorf("%w: trace line %d: %s", ErrBadWorkload, line, fmt.Sprintf(format, a...))
 	}
@@ -203,7 +209,7 @@ func (c Mooncake) parse(b []byte, line int, prev map[string]float64, roots map[s
 			m.Timestamp, m.Delay = &ms, nil
 		}
 	}
-	row := mooncakeRow{line: line, in: *m.InputLength, session: session, out: c.Output}
+	row := mooncakeRow{line: line, in: *m.InputLength, session: session, out: c.Output, prev: -1}
 	if len(m.HashIDs) > 0 {
 		row.ids = make([]uint64, len(m.HashIDs))
 		for i, h := range m.HashIDs {
@@ -226,12 +232,12 @@ func (c Mooncake) parse(b []byte, line int, prev map[string]float64, roots map[s
 		if !okMillis(*m.Delay) {
 			return bad("delay %v", *m.Delay)
 		}
-		row.at = last + *m.Delay
+		row.at, row.prev, row.think = last.at+*m.Delay, last.row, *m.Delay
 	default:
 		return bad("missing timestamp (a row without one needs a session_id and a delay after an earlier row of its session)")
 	}
 	if session != "" {
-		prev[session] = row.at
+		prev[session] = lastTurn{at: row.at, row: idx}
 	}
 	if row.in <= 0 || row.out < 0 {
 		return bad("input_length %d, output_length %d", row.in, row.out)
@@ -322,6 +328,16 @@ func (c Mooncake) requests(rows []mooncakeRow) ([]Request, error) {
 	if c.Limit > 0 && len(order) > c.Limit {
 		order = order[:c.Limit]
 	}
+	// A follow-up comes after its predecessor (its estimate is no earlier,
+	// and the stable sort keeps file order on ties), so a Limit that keeps
+	// it keeps the predecessor.
+	pos := make([]int, len(rows))
+	for i := range pos {
+		pos[i] = -1
+	}
+	for k, i := range order {
+		pos[i] = k
+	}
 	reqs := make([]Request, 0, len(order))
 	for _, i := range order {
 		r := &rows[i]
@@ -342,6 +358,10 @@ func (c Mooncake) requests(rows []mooncakeRow) ([]Request, error) {
 			Session:      session,
 			src:          &mooncakeSource{seed: c.Seed, ids: r.ids, block: c.BlockTokens, own: uint64(r.line)},
 		})
+		if r.prev >= 0 && pos[r.prev] >= 0 {
+			reqs[len(reqs)-1].After = pos[r.prev] + 1
+			reqs[len(reqs)-1].Think = time.Duration(r.think / c.RateScale * float64(time.Millisecond))
+		}
 	}
 	return reqs, nil
 }

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -22,9 +23,42 @@ type Request struct {
 	// Session is a stable session id string for session affinity.
 	Group   int
 	Session string
+	// After, when > 0, makes the request a closed-loop follow-up, as
+	// aiperf replays a session's next turn: it is sent Think after request
+	// After−1 (an earlier request of the same workload) has finished or
+	// failed. Arrival is then the open-loop estimate (request After−1's
+	// Arrival + Think) that orders the workload; the discrete-event runs
+	// and loadtest/loadgen honour After, the autoscaling runs (which
+	// generate their own workloads) do not.
+	After int
+	Think time.Duration
 
 	src promptSource
 	qid uint64 // shared-prefix question id
+}
+
+// FollowUps lists the requests' closed-loop follow-ups (Request.After):
+// first[i] is request i's first follow-up and next[j] the next follow-up
+// of j's predecessor, -1 for none; nil, nil when no request has After. A
+// request that follows itself or a later one is an error.
+func FollowUps(reqs []Request) (first, next []int, err error) {
+	for j := range reqs {
+		a := reqs[j].After - 1
+		if a < 0 {
+			continue
+		}
+		if a >= j {
+			return nil, nil, fmt.Errorf("%w: request %d follows request %d, not an earlier one", ErrBadWorkload, j, a)
+		}
+		if first == nil {
+			first, next = make([]int, len(reqs)), make([]int, len(reqs))
+			for i := range first {
+				first[i], next[i] = -1, -1
+			}
+		}
+		next[j], first[a] = first[a], j
+	}
+	return first, next, nil
 }
 
 // promptSource produces a request's prompt.
