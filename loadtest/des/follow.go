@@ -18,6 +18,7 @@ import (
 // that Step ends: late by at most the fused span (SnapshotInterval by
 // default), never early.
 type followUps struct {
+	reqs        []workload.Request
 	first, next []int     // per request: its first follow-up; the next follow-up of its predecessor (-1: none)
 	pend        eventHeap // the scheduled follow-ups' times, for the step horizon
 }
@@ -27,17 +28,17 @@ func newFollowUps(reqs []workload.Request) (*followUps, error) {
 	if err != nil || first == nil {
 		return nil, err
 	}
-	return &followUps{first: first, next: next}, nil
+	return &followUps{reqs: reqs, first: first, next: next}, nil
 }
 
 // done schedules request i's follow-ups on h: i finished or failed at
 // end, seen at now.
-func (f *followUps) done(h *eventHeap, reqs []workload.Request, i int, end, now time.Duration) {
+func (f *followUps) done(h *eventHeap, i int, end, now time.Duration) {
 	if f == nil {
 		return
 	}
 	for j := f.first[i]; j >= 0; j = f.next[j] {
-		at := max(end+reqs[j].Think, now)
+		at := max(end+f.reqs[j].Think, now)
 		h.push(at, evFollow, j)
 		f.pend.push(at, evFollow, j)
 	}

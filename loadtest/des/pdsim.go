@@ -365,7 +365,7 @@ func (s *pdSim) wake(e int, now time.Duration) {
 func (s *pdSim) fail(i int, now time.Duration) {
 	s.out.failed++
 	s.pending--
-	s.fol.done(&s.h, s.reqs, i, now, now)
+	s.fol.done(&s.h, i, now, now)
 	if s.cfg.Concurrency == 0 || s.inflight < s.cfg.Concurrency {
 		s.next(now)
 	}
@@ -485,5 +485,5 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 	s.out.finished(f.decode, f.sent, res, cached)
 	s.pending--
 	s.h.push(max(res.Finished, now), evRelease, i)
-	s.fol.done(&s.h, s.reqs, i, res.Finished, now)
+	s.fol.done(&s.h, i, res.Finished, now)
 }

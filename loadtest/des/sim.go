@@ -405,7 +405,7 @@ func (s *sim) dispatch(i int, now time.Duration) {
 func (s *sim) fail(i int, now time.Duration) {
 	s.out.failed++
 	s.pending--
-	s.fol.done(&s.h, s.reqs, i, now, now)
+	s.fol.done(&s.h, i, now, now)
 	// The client slot is never taken; let the next backlog request go.
 	if s.bhead < len(s.backlog) && (s.cfg.Concurrency == 0 || s.inflight < s.cfg.Concurrency) {
 		j := s.backlog[s.bhead]
@@ -479,7 +479,7 @@ func (s *sim) step(e int, now time.Duration) {
 		s.out.finished(i, e, res)
 		s.pending--
 		s.h.push(max(res.Finished, now), evRelease, i)
-		s.fol.done(&s.h, s.reqs, i, res.Finished, now)
+		s.fol.done(&s.h, i, res.Finished, now)
 	}
 	if res.Steps > 0 && !eng.Idle() {
 		s.stepPending[e] = true

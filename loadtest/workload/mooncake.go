@@ -120,7 +120,7 @@ type mooncakeRow struct {
 	at      float64 // ms, as recorded (absolute or relative); a follow-up's estimate
 	line    int
 	in, out int
-	ids     []uint64
+	ids     []hashID
 	session string
 	prev    int     // a follow-up's predecessor (index in rows), else -1
 	think   float64 // a follow-up's delay, ms
@@ -209,13 +209,7 @@ func (c Mooncake) parse(b []byte, line, idx int, prev map[string]lastTurn, roots
 			m.Timestamp, m.Delay = &ms, nil
 		}
 	}
-	row := mooncakeRow{line: line, in: *m.InputLength, session: session, out: c.Output, prev: -1}
-	if len(m.HashIDs) > 0 {
-		row.ids = make([]uint64, len(m.HashIDs))
-		for i, h := range m.HashIDs {
-			row.ids[i] = uint64(h)
-		}
-	}
+	row := mooncakeRow{line: line, in: *m.InputLength, ids: m.HashIDs, session: session, out: c.Output, prev: -1}
 	if m.OutputLength != nil {
 		row.out = *m.OutputLength
 	} else if c.Output == 0 {
@@ -345,7 +339,7 @@ func (c Mooncake) requests(rows []mooncakeRow) ([]Request, error) {
 		switch {
 		case session != "":
 		case len(r.ids) > 0:
-			session = "h" + strconv.FormatUint(r.ids[0], 10)
+			session = "h" + strconv.FormatUint(uint64(r.ids[0]), 10)
 		default:
 			session = "l" + strconv.Itoa(r.line)
 		}
@@ -368,7 +362,7 @@ func (c Mooncake) requests(rows []mooncakeRow) ([]Request, error) {
 
 type mooncakeSource struct {
 	seed  uint64
-	ids   []uint64
+	ids   []hashID
 	block int
 	own   uint64 // the row's line: its own tokens past the blocks
 }
@@ -381,7 +375,7 @@ func (s *mooncakeSource) appendPrompt(dst []uint32, r *Request) []uint32 {
 	for _, id := range s.ids {
 		n := min(left, s.block)
 		for i := 0; i < n; i++ {
-			dst = append(dst, token(s.seed, id, i))
+			dst = append(dst, token(s.seed, uint64(id), i))
 		}
 		left -= n
 	}
