@@ -13,13 +13,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // Version is the pinned @huggingface/jinja release.
@@ -85,49 +85,9 @@ func Render(tb testing.TB, jobs []Job) []Result {
 }
 
 // install returns a directory holding node_modules/@huggingface/jinja and
-// render.mjs, installing it on first use. Concurrent test binaries install
-// into private temporary directories and rename; the loser discards its copy.
+// render.mjs, installing it on first use.
 func install(tb testing.TB) string {
 	tb.Helper()
-	_, errNode := exec.LookPath("node")
-	npm, errNpm := exec.LookPath("npm")
-	if errNode != nil || errNpm != nil {
-		msg := "node and npm are needed for the @huggingface/jinja reference renderer; install Node.js 20+"
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(msg)
-		}
-		tb.Skip(msg)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "kvmesh-test", "hfjinja-"+Version)
-	if _, err := os.Stat(filepath.Join(dir, "render.mjs")); err == nil {
-		return dir
-	}
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), "install-")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer os.RemoveAll(tmp) // no-op after a successful rename
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "install", "@huggingface/jinja@"+Version, "--no-audit", "--no-fund", "--loglevel=error")
-	cmd.Dir = tmp
-	if out, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("npm install @huggingface/jinja@%s: %v\n%s", Version, err, out)
-	}
-	if err := os.WriteFile(filepath.Join(tmp, "render.mjs"), []byte(script), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.Rename(tmp, dir); err != nil && !errors.Is(err, os.ErrExist) {
-		if _, statErr := os.Stat(filepath.Join(dir, "render.mjs")); statErr != nil {
-			tb.Fatal(fmt.Errorf("install @huggingface/jinja: %w", err))
-		}
-	}
-	return dir
+	return testutil.NPMPackages(tb, "hfjinja-"+Version, "@huggingface/jinja is the reference chat-template renderer",
+		[]string{"@huggingface/jinja@" + Version}, map[string]string{"render.mjs": script})
 }

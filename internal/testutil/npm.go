@@ -1,0 +1,71 @@
+package testutil
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// NPMPackages returns a directory holding node_modules with the pinned npm
+// packages pkgs ("name@version") and the files given (name → content, e.g. a
+// script node runs there), installing them on first use under the user cache
+// directory, in kvmesh-test/<name>. Concurrent test binaries install into
+// private temporary directories and rename; the loser discards its copy. A
+// missing node or npm skips the test, except in CI (Need). why says what the
+// packages are for.
+func NPMPackages(tb testing.TB, name, why string, pkgs []string, files map[string]string) string {
+	tb.Helper()
+	_, errNode := exec.LookPath("node")
+	npm, errNpm := exec.LookPath("npm")
+	Need(tb, errors.Join(errNode, errNpm), "node and npm (Node.js 20+) are needed: "+why)
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "kvmesh-test", name)
+	marker := filepath.Join(dir, ".installed")
+	if _, err := os.Stat(marker); err == nil {
+		return dir
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "install-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer os.RemoveAll(tmp) // no-op after a successful rename
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	args := append([]string{"install", "--no-audit", "--no-fund", "--loglevel=error"}, pkgs...)
+	cmd := exec.CommandContext(ctx, npm, args...)
+	cmd.Dir = tmp
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("npm install %v: %v\n%s", pkgs, err, out)
+	}
+	for f, content := range files {
+		if err := os.WriteFile(filepath.Join(tmp, f), []byte(content), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(tmp, ".installed"), nil, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	err = os.Rename(tmp, dir)
+	if _, statErr := os.Stat(marker); err != nil && statErr != nil {
+		// Only complete installs are renamed into place, so a directory
+		// without the marker predates it: replace it.
+		if rmErr := os.RemoveAll(dir); rmErr == nil {
+			err = os.Rename(tmp, dir)
+		}
+	}
+	if _, statErr := os.Stat(marker); statErr != nil {
+		tb.Fatal(fmt.Errorf("install %v: %v", pkgs, err))
+	}
+	return dir
+}
