@@ -84,6 +84,12 @@ type Config struct {
 	Chat ChatRenderer
 	// LoRA serves LoRA adapters as vLLM does (lora.go).
 	LoRA LoRAConfig
+	// ResponsesStore keeps Responses API responses in memory when a request
+	// asks to store them (--responses-store; vLLM's
+	// VLLM_ENABLE_RESPONSES_API_STORE=1). Off, store=true is silently
+	// ignored as in vLLM, so previous_response_id and GET /v1/responses/{id}
+	// find nothing (responses.go).
+	ResponsesStore bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// PD configures prefill/decode disaggregation (vLLM NIXL or SGLang
