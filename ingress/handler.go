@@ -274,6 +274,9 @@ func (c *call) schedule() error {
 	if c.sreq.SessionEngine != "" {
 		c.keepSession()
 	}
+	if c.ep == epResponses {
+		c.keepResponseEngine() // responses.go
+	}
 	if err := c.planPD(); err != nil {
 		return err
 	}
@@ -365,6 +368,9 @@ func (c *call) tokenize() error {
 		c.body = rewritePrompt(c.body[:0], c.reqBody(), c.req.promptStart, c.req.promptEnd, c.tokens)
 	case promptChat:
 		c.path = "/v1/chat/completions"
+		if c.ep == epResponses {
+			c.responsesBody() // responses.go
+		}
 		if tok == nil {
 			for _, m := range c.req.chatMessages() {
 				c.approx += len(m.Content)/4 + 4
@@ -384,7 +390,7 @@ func (c *call) tokenize() error {
 			}
 			return badRequest("messages", fmt.Errorf("%w: render chat: %w", ErrBadRequest, err))
 		}
-		if s.cfg.ChatMode == ChatModeCompletions {
+		if s.cfg.ChatMode == ChatModeCompletions && c.ep == epChat {
 			c.path = "/v1/completions"
 			c.wrap = true
 			c.body = chatToCompletionsBody(c.body[:0], c.reqBody(), &c.req, c.tokens)
@@ -399,7 +405,7 @@ func (c *call) tokenize() error {
 
 // askUsage makes a streamed request ask for the usage chunk.
 func (c *call) askUsage() {
-	if c.req.stream && !c.req.hasStreamOptions {
+	if c.req.stream && !c.req.hasStreamOptions && c.ep != epResponses { // a Responses stream ends with its usage
 		// Ask for the usage chunk so output tokens (metrics, rate limits,
 		// access log) are exact; the proxy drops it from the client's stream.
 		src := c.body

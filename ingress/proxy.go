@@ -88,6 +88,7 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	}
 	ureq.SetRequestURI(url + c.path)
 	ureq.SetHost(up.hc.Addr)
+	c.stampEngine(ureq, rk.Engine) // responses.go
 	resp := fasthttp.AcquireResponse()
 	c.startAttempt(up, rk.Match.Spec)
 	c.watch.attempt()
@@ -249,6 +250,11 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	c.s.m.attemptOK.Inc()
 	c.s.health.ok(up)
 	c.outTokens = usageCompletionTokens(out)
+	if c.ep == epResponses {
+		if i := bytes.LastIndex(out, respOutTokens); i >= 0 {
+			c.outTokens = uintAt(out, i+len(respOutTokens))
+		}
+	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
@@ -291,11 +297,13 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	if r == nil {
 		r = bytes.NewReader(resp.Body())
 	}
-	ps.c, ps.up, ps.resp, ps.body, ps.wrap = c, up, resp, r, c.wrap
-	for ps.cut == 0 && ps.upErr == nil {
+	ps.c, ps.up, ps.resp, ps.body, ps.wrap, ps.responses = c, up, resp, r, c.wrap, c.ep == epResponses
+	// A Responses stream opens with events vLLM sends before the prefill
+	// (responses.go): wait past them, so TTFT and retries mean the same.
+	for (ps.cut == 0 || ps.responses && respPreambleOnly(ps.buf[:ps.cut])) && ps.upErr == nil && ps.fill < len(ps.buf) {
 		ps.fillOnce()
 	}
-	if ps.cut > 0 && bytes.HasPrefix(ps.buf, errorEventPrefix) {
+	if ps.cut > 0 && (bytes.HasPrefix(ps.buf, errorEventPrefix) || ps.responses && respFirstEventFailed(ps.buf[:ps.cut])) {
 		// The engine gave up before producing anything (e.g. it is
 		// restarting): nothing useful reached the client, try the next one.
 		ps.cut, ps.upErr = 0, fmt.Errorf("engine sent an error event first: %.200s", ps.buf[:bytes.Index(ps.buf, eventSep)])
@@ -340,18 +348,19 @@ type proxyStream struct {
 	resp *fasthttp.Response
 	body io.Reader
 
-	buf      []byte // upstream bytes: buf[:cut] whole events, buf[cut:fill] a partial one
-	fill     int
-	cut      int
-	pending  []byte // what Read hands out next: buf[pos:cut] or converted events
-	upErr    error  // upstream error seen, acted on once pending drains
-	tail     []byte // error event + [DONE] after a broken stream
-	done     bool
-	wrap     bool   // chat re-wrap mode
-	out      []byte // re-wrap: converted events
-	sawDone  bool   // the engine\'s [DONE] went through
-	sentRole bool
-	closed   bool
+	buf       []byte // upstream bytes: buf[:cut] whole events, buf[cut:fill] a partial one
+	fill      int
+	cut       int
+	pending   []byte // what Read hands out next: buf[pos:cut] or converted events
+	upErr     error  // upstream error seen, acted on once pending drains
+	tail      []byte // error event + [DONE] after a broken stream
+	done      bool
+	wrap      bool   // chat re-wrap mode
+	responses bool   // a Responses API stream (responses.go)
+	out       []byte // re-wrap: converted events
+	sawDone   bool   // the engine\'s [DONE] went through
+	sentRole  bool
+	closed    bool
 }
 
 func (p *proxyStream) reset() {
@@ -380,7 +389,7 @@ func (p *proxyStream) fillOnce() {
 		p.cut = i + len(eventSep)
 	}
 	events := p.buf[:p.cut]
-	if hasDoneEvent(events) {
+	if hasDoneEvent(events) || p.responses && respEnded(events) {
 		p.sawDone = true
 	}
 	switch {
@@ -476,6 +485,10 @@ func (p *proxyStream) endWith(err error) {
 	c.s.m.streamErrors.Inc()
 	c.s.m.attempts.WithLabelValues("stream_error").Inc()
 	c.errMsg = "upstream stream broke: " + err.Error()
+	if p.responses {
+		p.tail = appendRespErrorEvent(p.tail, fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err))
+		return
+	}
 	p.tail = append(p.tail, "data: "...)
 	p.tail = appendErrorBody(p.tail, &apiError{msg: fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), typ: "server_error", code: "upstream_error"})
 	p.tail = append(p.tail, "\n\ndata: [DONE]\n\n"...)
@@ -484,6 +497,10 @@ func (p *proxyStream) endWith(err error) {
 // observe counts output from the passing SSE bytes: the usage chunk when the
 // engine sends one, else one token per data event.
 func (p *proxyStream) observe(b []byte) {
+	if p.responses {
+		p.observeResponses(b)
+		return
+	}
 	c := p.c
 	if n := usageCompletionTokens(b); n > 0 {
 		c.outTokens = n
@@ -516,7 +533,13 @@ func usageCompletionTokens(b []byte) int {
 	if i < 0 {
 		return 0
 	}
-	i = jsonscan.SkipWS(b, i+len(usageMarker))
+	return uintAt(b, i+len(usageMarker))
+}
+
+// uintAt reads the non-negative integer at b[i:] after whitespace (0 when
+// there is none or it is absurdly large).
+func uintAt(b []byte, i int) int {
+	i = jsonscan.SkipWS(b, i)
 	n := 0
 	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
 		n = n*10 + int(b[i]-'0')

@@ -15,11 +15,15 @@ type endpoint uint8
 const (
 	epCompletions endpoint = iota + 1
 	epChat
+	epResponses // the Responses API (responses.go)
 )
 
 func (e endpoint) String() string {
-	if e == epChat {
+	switch e {
+	case epChat:
 		return "chat"
+	case epResponses:
+		return "responses"
 	}
 	return "completions"
 }
@@ -78,6 +82,12 @@ type request struct {
 	hasMCT   bool
 	mctNull  bool // max_completion_tokens is null: mctKey spans the member, dropped as completions
 	hasMT    bool
+	// Responses API members (responses.go): input, instructions and tools
+	// as sent; synth holds the chat messages and tools built from them.
+	input, instructions, respTools []byte
+	prevResponse                   []byte // previous_response_id, unquoted
+	hasRequestID                   bool
+	synth                          []byte
 }
 
 func (r *request) reset() {
@@ -89,6 +99,9 @@ func (r *request) reset() {
 		cacheSalt: r.cacheSalt[:0],
 		sessionID: r.sessionID[:0],
 		batch:     r.batch[:0],
+
+		prevResponse: r.prevResponse[:0],
+		synth:        r.synth[:0],
 	}
 }
 
@@ -160,6 +173,9 @@ func (r *request) member(key, val []byte, koff, off int) error {
 			return nil
 		})
 	case "max_tokens", "max_completion_tokens":
+		if r.ep == epResponses {
+			return nil // not Responses members (max_output_tokens is)
+		}
 		return r.maxTokensMember(key, val, koff, off)
 	case "cache_salt":
 		if val[0] != '"' {
@@ -173,8 +189,11 @@ func (r *request) member(key, val []byte, koff, off int) error {
 		r.promptStart, r.promptEnd = off, off+len(val)
 		return r.parsePrompt(val)
 	default:
-		if r.ep == epChat {
+		switch r.ep {
+		case epChat:
 			return r.chatMember(key, val, koff, off)
+		case epResponses:
+			return r.responsesMember(key, val, koff, off)
 		}
 	}
 	return nil
@@ -283,6 +302,8 @@ func (r *request) finish() error {
 			return badRequest("continue_final_message", fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrBadRequest))
 		}
 		return r.checkMessages()
+	case epResponses:
+		return r.finishResponses()
 	}
 	return nil
 }

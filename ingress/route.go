@@ -41,8 +41,11 @@ func (r *routeCall) reset() routeCall {
 }
 
 func epPath(ep endpoint) string {
-	if ep == epChat {
+	switch ep {
+	case epChat:
 		return "/v1/chat/completions"
+	case epResponses:
+		return "/v1/responses"
 	}
 	return "/v1/completions"
 }

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -339,6 +340,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.handleInference(ctx, epCompletions)
 	case "/v1/chat/completions":
 		s.handleInference(ctx, epChat)
+	case "/v1/responses":
+		s.handleInference(ctx, epResponses)
 	case "/v1/models":
 		s.handleModels(ctx)
 	case "/health":
@@ -353,6 +356,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		s.metricsHandler(ctx)
 	default: // /debug/* included: admin listener only (admin.go)
+		if bytes.HasPrefix(path, []byte("/v1/responses/")) {
+			s.handleResponseByID(ctx) // responses.go
+			return
+		}
 		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
 	}
 }

@@ -1,0 +1,208 @@
+package ingress
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// TestResponsesRequest checks the chat messages and tools a Responses
+// request is routed as (what vLLM renders for it), and its errors.
+func TestResponsesRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name, body     string
+		messages       string // JSON, compared as values
+		tools          string
+		maxTokens      int
+		prev           string
+		hasRequestID   bool
+		wantErr, param string
+	}{
+		{name: "string input", body: `{"model":"m","input":"hi","max_output_tokens":7}`,
+			messages: `[{"role":"user","content":"hi"}]`, maxTokens: 7},
+		{name: "instructions first", body: `{"model":"m","instructions":"be brief","input":"hi","previous_response_id":"resp_x","request_id":"r1"}`,
+			messages: `[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]`, maxTokens: -1, prev: "resp_x", hasRequestID: true},
+		{name: "items", body: `{"model":"m","input":[
+			{"role":"developer","content":"d"},
+			{"type":"message","role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"x"},{"type":"input_text","text":"b"}]},
+			{"type":"reasoning","summary":[]},
+			{"type":"message","role":"assistant","content":[{"type":"output_text","text":"c","annotations":[]}]},
+			{"type":"function_call","call_id":"call_1","name":"get","arguments":"{\"q\":1}"},
+			{"type":"function_call_output","call_id":"call_1","output":"42"}],
+			"tools":[{"type":"function","name":"get","description":"gets","parameters":{"type":"object"}},{"type":"web_search"}],"tool_choice":"auto"}`,
+			messages: `[{"role":"developer","content":"d"},
+				{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+				{"role":"assistant","content":[{"type":"text","text":"c"}]},
+				{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"q\":1}"}}]},
+				{"role":"tool","content":"42","tool_call_id":"call_1"}]`,
+			tools:     `[{"type":"function","function":{"name":"get","description":"gets","parameters":{"type":"object"}}}]`,
+			maxTokens: -1},
+		{name: "only reasoning first", body: `{"model":"m","input":[{"type":"reasoning"},{"role":"user","content":"x"}]}`,
+			messages: `[{"role":"user","content":"x"}]`, maxTokens: -1},
+		{name: "chat max_tokens ignored", body: `{"model":"m","input":"x","max_tokens":3}`, messages: `[{"role":"user","content":"x"}]`, maxTokens: -1},
+		{name: "no input", body: `{"model":"m"}`, wantErr: "input is required", param: "input"},
+		{name: "input number", body: `{"model":"m","input":5}`, wantErr: "input must be", param: "input"},
+		{name: "empty items", body: `{"model":"m","input":[]}`, wantErr: "no messages", param: "input"},
+		{name: "only reasoning", body: `{"model":"m","input":[{"type":"reasoning"}]}`, wantErr: "no messages", param: "input"},
+		{name: "item not object", body: `{"model":"m","input":["x"]}`, wantErr: "input[0] must be an object", param: "input[0]"},
+		{name: "unknown item", body: `{"model":"m","input":[{"type":"computer_call"}]}`, wantErr: "not supported", param: "input[0].type"},
+		{name: "no role", body: `{"model":"m","input":[{"content":"x"}]}`, wantErr: "role is required", param: "input[0].role"},
+		{name: "bad call", body: `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"n"}]}`, wantErr: "needs string call_id, name and arguments", param: "input[0]"},
+		{name: "bad output", body: `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":1}]}`, wantErr: "needs string call_id and output", param: "input[0]"},
+		{name: "bad part", body: `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":1}]}]}`, wantErr: "text part needs a string", param: "input[0].content"},
+		{name: "bad content", body: `{"model":"m","input":[{"role":"user","content":1}]}`, wantErr: "must be a string or an array", param: "input[0].content"},
+		{name: "bad instructions", body: `{"model":"m","input":"x","instructions":1}`, wantErr: "instructions must be a string", param: "instructions"},
+		{name: "bad previous", body: `{"model":"m","input":"x","previous_response_id":1}`, wantErr: "previous_response_id must be a string", param: "previous_response_id"},
+		{name: "bad max_output_tokens", body: `{"model":"m","input":"x","max_output_tokens":-1}`, wantErr: "non-negative integer", param: "max_output_tokens"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r request
+			err := parseRequest(&r, epResponses, []byte(tc.body))
+			if tc.wantErr != "" {
+				ae := toAPIError(err)
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || ae.status != 400 || ae.param != tc.param {
+					t.Fatalf("err %v (status %d, param %q), want 400 %q at %q", err, ae.status, ae.param, tc.wantErr, tc.param)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			jsonEq(t, "messages", string(r.messages), tc.messages)
+			if tc.tools != "" {
+				jsonEq(t, "tools", string(r.tools), tc.tools)
+			}
+			if r.maxTokens != tc.maxTokens || string(r.prevResponse) != tc.prev || r.hasRequestID != tc.hasRequestID {
+				t.Fatalf("maxTokens %d prev %q hasRequestID %v, want %d %q %v", r.maxTokens, r.prevResponse, r.hasRequestID, tc.maxTokens, tc.prev, tc.hasRequestID)
+			}
+		})
+	}
+}
+
+func jsonEq(t *testing.T, what, got, want string) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal([]byte(got), &g); err != nil {
+		t.Fatalf("%s: %q is not JSON: %v", what, got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	gb, _ := json.Marshal(g)
+	wb, _ := json.Marshal(w)
+	if string(gb) != string(wb) {
+		t.Fatalf("%s:\n got %s\nwant %s", what, gb, wb)
+	}
+}
+
+// TestResponseIDTag checks that the engine named in a response id this
+// ingress made is found again, and that other ids name none.
+func TestResponseIDTag(t *testing.T) {
+	c := &call{ep: epResponses}
+	c.req.body = []byte(`{"model":"m","input":"x"}`)
+	c.responsesBody()
+	var body map[string]any
+	if err := json.Unmarshal(c.body, &body); err != nil {
+		t.Fatalf("body %q: %v", c.body, err)
+	}
+	if c.path != "/v1/responses" || body["input"] != "x" {
+		t.Fatalf("path %q body %s", c.path, c.body)
+	}
+	ureq := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(ureq)
+	ureq.SetBodyRaw(c.body)
+	c.stampEngine(ureq, "engine-b")
+	if err := json.Unmarshal(ureq.Body(), &body); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := body["request_id"].(string)
+	tag := respIDTag([]byte(id))
+	if tag == nil || !hasTag("engine-b", tag) || hasTag("engine-a", tag) {
+		t.Fatalf("id %q: tag %q does not name engine-b alone", id, tag)
+	}
+	c.stampEngine(ureq, "engine-a") // a retry elsewhere renames the response
+	_ = json.Unmarshal(ureq.Body(), &body)
+	if id2, _ := body["request_id"].(string); !hasTag("engine-a", respIDTag([]byte(id2))) || id2[len(respIDPrefix)+respTagLen:] != id[len(respIDPrefix)+respTagLen:] {
+		t.Fatalf("restamped %q from %q", id2, id)
+	}
+	for _, other := range []string{"", "resp_0123", "resp_kvm", "resp_kvm0123456789abcde", "chatcmpl-x"} {
+		if respIDTag([]byte(other)) != nil {
+			t.Errorf("%q: a tag from an id this ingress did not make", other)
+		}
+	}
+	// A client's own request_id is kept.
+	c = &call{ep: epResponses}
+	if err := parseRequest(&c.req, epResponses, []byte(`{"model":"m","input":"x","request_id":"mine"}`)); err != nil {
+		t.Fatal(err)
+	}
+	c.responsesBody()
+	if len(c.body) != 0 {
+		t.Fatalf("body rewritten despite the client's request_id: %s", c.body)
+	}
+}
+
+// TestResponsesStreamEvents checks the stream helpers on vLLM's event form.
+func TestResponsesStreamEvents(t *testing.T) {
+	ev := func(typ, data string) string {
+		return "event: " + typ + "\ndata: {\"type\":\"" + typ + "\"" + data + "}\n\n"
+	}
+	pre := ev("response.created", `,"response":{"status":"in_progress","max_output_tokens":9,"usage":null}`) + ev("response.in_progress", "")
+	delta := ev("response.output_text.delta", `,"delta":"a.delta\"x"`)
+	done := ev("response.completed", `,"response":{"usage":{"input_tokens":5,"output_tokens":12,"output_tokens_details":{"reasoning_tokens":0}}}`)
+	if !respPreambleOnly([]byte(pre)) || respPreambleOnly([]byte(pre+delta)) {
+		t.Fatal("preamble")
+	}
+	if respFirstEventFailed([]byte(pre+delta)) || !respFirstEventFailed([]byte(pre+"event: error\ndata: {\"type\":\"error\"}\n\n")) {
+		t.Fatal("first event failed")
+	}
+	if respEnded([]byte(pre+delta)) || !respEnded([]byte(delta+done)) {
+		t.Fatal("ended")
+	}
+	p := &proxyStream{c: &call{}, responses: true}
+	p.observe([]byte(pre + delta + delta))
+	if p.c.outTokens != 2 {
+		t.Fatalf("%d tokens from two deltas", p.c.outTokens)
+	}
+	p.observe([]byte(done))
+	if p.c.outTokens != 12 {
+		t.Fatalf("%d tokens after usage 12", p.c.outTokens)
+	}
+	tail := appendRespErrorEvent(nil, `engine "x" failed`)
+	if !strings.HasPrefix(string(tail), "event: error\ndata: ") || !strings.HasSuffix(string(tail), "\n\n") {
+		t.Fatalf("error event %q", tail)
+	}
+	var e map[string]any
+	if err := json.Unmarshal(tail[len("event: error\ndata: "):], &e); err != nil || e["type"] != "error" || e["message"] != `engine "x" failed` {
+		t.Fatalf("error event %q: %v", tail, err)
+	}
+}
+
+func FuzzParseResponses(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","input":"hi"}`, `{"model":"m","instructions":"s","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]}]}`,
+		`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"n","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"}],"tools":[{"type":"function","name":"n","parameters":{}}]}`,
+		`{"model":"m","input":[{"type":"reasoning"}]}`, `{"model":"m","input":[{"role":"user","content":null}],"previous_response_id":"resp_kvm0123456789abcdef"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r request
+		err := parseRequest(&r, epResponses, body)
+		if err != nil {
+			if ae := toAPIError(err); ae.status != 400 {
+				t.Fatalf("status %d for %v", ae.status, err)
+			}
+			return
+		}
+		if !json.Valid(body) || !json.Valid(r.messages) || (len(r.tools) > 0 && !json.Valid(r.tools)) {
+			t.Fatalf("from %q: messages %q tools %q", body, r.messages, r.tools)
+		}
+		c := &call{ep: epResponses, req: r}
+		c.responsesBody()
+		if len(c.body) > 0 && !json.Valid(c.body) {
+			t.Fatalf("upstream body %q from %q", c.body, body)
+		}
+	})
+}

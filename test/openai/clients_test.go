@@ -1,0 +1,100 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// Pinned releases of the other clients.
+const (
+	aiSDKVersion       = "6.0.333"
+	aiSDKOpenAIVersion = "3.0.141"
+	langchainVersion   = "1.5.8"
+)
+
+// TestOtherNodeClients drives the ingress with the Vercel AI SDK (its
+// default OpenAI model speaks the Responses API; also its chat and
+// completion models) and LangChain's ChatOpenAI (chat, streamed with usage,
+// and its Responses mode), as their users call them: every call must give
+// text and the token counts the engine reports.
+func TestOtherNodeClients(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	script, err := os.ReadFile("clients.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := testutil.NPMPackages(t, "clients-"+aiSDKVersion+"-"+aiSDKOpenAIVersion+"-"+langchainVersion,
+		"the test drives the ingress with the AI SDK and LangChain",
+		[]string{"ai@" + aiSDKVersion, "@ai-sdk/openai@" + aiSDKOpenAIVersion, "@langchain/openai@" + langchainVersion},
+		nil)
+	// The script runs from a directory of its own whose node_modules links
+	// to the shared install (the cached install stays as npm left it).
+	work := t.TempDir()
+	if err := os.Symlink(filepath.Join(dir, "node_modules"), filepath.Join(work, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"clients.mjs": script, "package.json": []byte(`{"type":"module"}`)} {
+		if err := os.WriteFile(filepath.Join(work, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const model = "e2e-model"
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := ingress.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	for i := 0; i < 2; i++ {
+		s, err := sim.Start(ctx, sim.Config{Model: model, TimeScale: 200, Seed: uint64(i + 1), Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		cfg.Engines = append(cfg.Engines, ingress.StaticEngine{ID: "sim" + string(rune('a'+i)), Model: model, URL: s.URL()})
+	}
+	srv, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+
+	cmd := exec.CommandContext(ctx, "node", "clients.mjs")
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "KVMESH_BASE_URL=http://"+srv.Addr()+"/v1", "KVMESH_API_KEY=unused", "KVMESH_MODEL="+model)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node clients.mjs: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), out)
+	}
+	var res map[string]map[string]any
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("client output %q: %v", out, err)
+	}
+	num := func(v any) int { f, _ := v.(float64); return int(f) }
+	for name, want := range map[string]int{
+		"aisdk_responses": 8, "aisdk_responses_stream": 6, "aisdk_chat": 7, "aisdk_chat_stream": 5, "aisdk_completion": 4,
+		"langchain_chat": 7, "langchain_stream": 5, "langchain_responses": 6,
+	} {
+		r := res[name]
+		t.Logf("%s: %v", name, r)
+		u, _ := r["usage"].(map[string]any)
+		if r == nil || r["error"] == true || r["text"] == "" || num(u["output"]) != want || num(u["input"]) <= 0 {
+			t.Errorf("%s: %v (want text, %d output tokens and the prompt's count)", name, r, want)
+		}
+	}
+}
