@@ -33,6 +33,10 @@ type Options struct {
 func DefaultOptions() Options {
 	o := Options{Ingress: ingress.DefaultOptions(), Picker: DefaultConfig()}
 	o.Ingress.Config.Listen = ":9090"
+	// The data plane carries the engines' bytes, so the picker sees no
+	// progress after the first one: the ingress's stall watch would probe
+	// every engine with a long stream. Off here.
+	o.Ingress.Config.Health.StallAfter = 0
 	return o
 }
 

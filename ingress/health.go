@@ -45,12 +45,23 @@ type HealthConfig struct {
 	ProbePath string `yaml:"probePath"`
 	// ProbeTimeout bounds one probe. Default 1s.
 	ProbeTimeout time.Duration `yaml:"probeTimeout"`
+	// StallAfter is how long an engine may hold this replica's requests
+	// without sending a byte before it is probed (the stall watch): a hung
+	// engine (a frozen process, a stuck GPU, a blackholed network path)
+	// accepts connections and answers nothing, so no request fails and
+	// IdleTimeout (minutes, for long prefills) would be the only bound. A
+	// failed probe ejects it and cuts its requests that had no byte yet,
+	// which are retried on another engine (streams under way are left to
+	// resume or time out). A live engine answers the probe and keeps its
+	// requests. Default 3s; 0 turns the watch off.
+	StallAfter time.Duration `yaml:"stallAfter"`
 }
 
 // DefaultHealthConfig returns the defaults above.
 func DefaultHealthConfig() HealthConfig {
 	return HealthConfig{ConsecutiveFailures: 3, ErrorRate: 0.5, MinRequests: 10, ErrorHalfLife: 10 * time.Second,
-		EjectionTime: 500 * time.Millisecond, MaxEjectionTime: 15 * time.Second, ProbePath: "/health", ProbeTimeout: time.Second}
+		EjectionTime: 500 * time.Millisecond, MaxEjectionTime: 15 * time.Second, ProbePath: "/health", ProbeTimeout: time.Second,
+		StallAfter: 3 * time.Second}
 }
 
 func (c *HealthConfig) problems(bad func(string, ...any)) {
@@ -68,6 +79,9 @@ func (c *HealthConfig) problems(bad func(string, ...any)) {
 	}
 	if c.ErrorHalfLife <= 0 || c.EjectionTime <= 0 || c.MaxEjectionTime < c.EjectionTime || c.ProbeTimeout <= 0 {
 		bad("health: half-life, ejection time and probe timeout must be > 0 and max ejection >= ejection time")
+	}
+	if c.StallAfter < 0 {
+		bad("health: stall after must be >= 0 (0: off), got %v", c.StallAfter)
 	}
 	if len(c.ProbePath) == 0 || c.ProbePath[0] != '/' {
 		bad("health: probe path %q must start with /", c.ProbePath)
@@ -107,6 +121,7 @@ type engineHealth struct {
 	until       time.Time // ejected: next probe not before
 	ejections   int       // ejections without a success in between (backoff)
 	probing     bool
+	stallNext   time.Time // stall watch: no new stall probe before
 }
 
 // ejector tracks engine health for one replica. Its probe loop is owned by
@@ -118,9 +133,12 @@ type ejector struct {
 	nEjected atomic.Int64 // fast path: 0 means nothing is ejected
 	client   *http.Client
 	bo       backoff.Backoff
+	ups      *upstreams // the stall watch's view of requests in flight (set by the Server)
+	stallBuf []*upstream
 
 	ejections prometheus.Counter
 	restores  prometheus.Counter
+	stalls    prometheus.Counter
 }
 
 func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector {
@@ -132,9 +150,11 @@ func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector
 		Help: "Engines taken out of routing after failed requests or failed probes.", ConstLabels: cl})
 	e.restores = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_restores_total",
 		Help: "Ejected engines returned to routing after a successful probe.", ConstLabels: cl})
+	e.stalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_stalls_total",
+		Help: "Engines ejected by the stall watch: requests in flight, no byte for health.stallAfter, and a failed probe.", ConstLabels: cl})
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines_ejected",
 		Help: "Engines ejected from routing now.", ConstLabels: cl}, func() float64 { return float64(e.nEjected.Load()) })
-	for _, c := range []prometheus.Collector{e.ejections, e.restores, ejected} {
+	for _, c := range []prometheus.Collector{e.ejections, e.restores, e.stalls, ejected} {
 		_ = reg.Register(c) // a second replica in one process keeps the first's series
 	}
 	return e
@@ -227,6 +247,7 @@ func (e *ejector) probeLoop(quit <-chan struct{}, tick time.Duration) {
 		case <-quit:
 			return
 		case now := <-t.C:
+			e.watchStalls(ctx, &wg, now)
 			if e.nEjected.Load() == 0 {
 				continue
 			}
@@ -249,6 +270,49 @@ func (e *ejector) probeLoop(quit <-chan struct{}, tick time.Duration) {
 			}
 			e.mu.RUnlock()
 		}
+	}
+}
+
+// watchStalls probes every engine that holds requests of this replica and
+// has sent nothing for StallAfter (at most one probe per StallAfter each).
+func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
+	if e.cfg.StallAfter <= 0 || e.ups == nil {
+		return
+	}
+	e.stallBuf = e.ups.stalled(e.stallBuf[:0], now.Add(-e.cfg.StallAfter).UnixNano())
+	for _, up := range e.stallBuf {
+		h := e.get(up.id, up.url)
+		h.mu.Lock()
+		due := !h.ejected.Load() && !h.probing && !now.Before(h.stallNext)
+		if due {
+			h.probing, h.stallNext = true, now.Add(e.cfg.StallAfter)
+		}
+		h.mu.Unlock()
+		if due {
+			wg.Add(1)
+			go func() { // one per engine at most (probing)
+				defer wg.Done()
+				e.stallProbe(ctx, h, up)
+			}()
+		}
+	}
+	clear(e.stallBuf)
+}
+
+// stallProbe probes a stalled engine: a failure ejects it and cuts its
+// requests still waiting for a first byte, which move on now.
+func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream) {
+	err := e.get1(ctx, up.url+e.cfg.ProbePath)
+	h.mu.Lock()
+	h.probing = false
+	eject := err != nil && !h.ejected.Load() && ctx.Err() == nil
+	if eject {
+		e.ejectLocked(h, time.Now())
+		e.stalls.Inc()
+	}
+	h.mu.Unlock()
+	if eject {
+		e.ups.closeEngine(up.id)
 	}
 }
 

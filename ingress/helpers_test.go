@@ -33,6 +33,7 @@ const (
 	faultHang                         // accept, never answer (until the test ends)
 	faultBreakStream                  // 200, two events, then the connection drops
 	faultSlowStream                   // one event per tick until the client goes away
+	faultHangAlive                    // inference requests hang; GET /health answers 200 (slow, not dead)
 )
 
 // faultEngine is a FAKE engine for what the simulator cannot be made to do on
@@ -44,6 +45,7 @@ type faultEngine struct {
 	ln       net.Listener
 	hits     atomic.Int64
 	canceled atomic.Int64 // requests whose client went away
+	probes   atomic.Int64 // GET /health answered (faultHangAlive)
 	bodies   chan []byte  // request bodies seen (buffered, dropped when full)
 	quit     chan struct{}
 	once     sync.Once
@@ -75,6 +77,10 @@ func (fe *faultEngine) close() {
 }
 
 func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if fe.mode == faultHangAlive && r.URL.Path == "/health" {
+		fe.probes.Add(1)
+		return
+	}
 	fe.hits.Add(1)
 	body, _ := io.ReadAll(r.Body)
 	select {
@@ -87,7 +93,7 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(500)
 		io.WriteString(w, `{"error":{"message":"engine broke","type":"server_error","param":null,"code":500}}`)
-	case faultHang:
+	case faultHang, faultHangAlive:
 		select {
 		case <-r.Context().Done():
 			fe.canceled.Add(1)

@@ -128,7 +128,9 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	out *= max(1, c.batchN)
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
 	c.activeCharge = int64(c.promptTokens + out)
-	up.inflight.Add(1)
+	if up.inflight.Add(1) == 1 {
+		up.progress.Store(time.Now().UnixNano()) // the stall watch counts from the first request in flight
+	}
 	pre := up.prefill.Add(c.prefillCharge)
 	up.active.Add(c.activeCharge)
 	c.learnStart(up, pre) // learn.go
@@ -136,6 +138,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 
 // firstByte ends the attempt's prefill charge.
 func (c *call) firstByte(up *upstream) {
+	up.progress.Store(time.Now().UnixNano())
 	up.prefill.Add(-c.prefillCharge)
 	c.prefillCharge = 0
 }

@@ -154,6 +154,7 @@ func TestClientDisconnectCancelsNonStreamUpstream(t *testing.T) {
 	other := startFaultEngine(t, faultOK)
 	cfg := testConfig(StaticEngine{ID: "hang", Model: "m", URL: hang.url()}, StaticEngine{ID: "ok", Model: "m", URL: other.url()})
 	cfg.IdleTimeout = time.Minute
+	cfg.Health.StallAfter = 0 // the hang is the client's to end here, not the stall watch's
 	cfg.Scheduler.Policy = "round-robin"
 	s := startIngress(t, cfg, Deps{})
 	url := "http://" + s.Addr() + "/v1/completions"
@@ -275,5 +276,65 @@ func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {
 	}
 	if err := s.Close(); err != nil { // idempotent
 		t.Fatal(err)
+	}
+}
+
+// frozenEngine is a FAKE engine for a hung process (SIGSTOP, a stuck GPU
+// driver, a blackholed path): its port accepts connections (the kernel's
+// backlog) and nothing ever answers, health probes included.
+func frozenEngine(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// A request stuck on a hung engine moves to a live one once the stall watch
+// has probed the hung engine and ejected it, long before the idle timeout;
+// later requests avoid it. A live engine that is merely slow (its probe
+// answers) keeps its request.
+func TestStallWatchEjectsHungEngine(t *testing.T) {
+	good := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "frozen", Model: "m", URL: frozenEngine(t)}, StaticEngine{ID: "good", Model: "m", URL: good.url()})
+	cfg.Scheduler.Policy = "round-robin" // the first request of two goes to each engine
+	cfg.IdleTimeout = 10 * time.Minute
+	cfg.MaxAttempts = 2
+	cfg.Health.StallAfter = 100 * time.Millisecond
+	cfg.Health.ProbeTimeout = 200 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	client := &http.Client{Timeout: time.Minute} // far below the idle timeout: a stuck request fails the test
+	for i := 0; i < 6; i++ {
+		stream := i%2 == 1
+		body := `{"model":"m","prompt":[1,2],"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
+		st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if got := val(s.health.stalls); got != 1 {
+		t.Fatalf("%v stall ejections, want 1 (the frozen engine, once: it stays ejected)", got)
+	}
+	if ej := s.health.ejected(); len(ej) != 1 || ej[0] != "frozen" {
+		t.Fatalf("ejected %v", ej)
+	}
+	waitSettled(t, s)
+
+	// Slow but alive: the probe answers, so the request stays and ends
+	// with the idle timeout (shortened here), not with an ejection.
+	slow := startFaultEngine(t, faultHangAlive)
+	cfg2 := testConfig(StaticEngine{ID: "slow", Model: "m", URL: slow.url()})
+	cfg2.IdleTimeout = 2 * time.Second
+	cfg2.MaxAttempts = 1
+	cfg2.Health.StallAfter = 100 * time.Millisecond
+	s2 := startIngress(t, cfg2, Deps{})
+	st, _, _ := post(t, client, "http://"+s2.Addr()+"/v1/completions", `{"model":"m","prompt":[1]}`)
+	if st != 504 {
+		t.Fatalf("status %d from a slow engine, want 504 after the idle timeout", st)
+	}
+	if got := val(s2.health.stalls); got != 0 || slow.probes.Load() == 0 {
+		t.Fatalf("%v stall ejections of a live engine after %d probes; want 0 after at least one", got, slow.probes.Load())
 	}
 }

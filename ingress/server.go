@@ -125,6 +125,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 	}
 	s.ups = newUpstreams(&s.cfg)
+	if s.health != nil {
+		s.health.ups = s.ups // the stall watch (health.go)
+	}
 	if s.ups.tls, err = cfg.TLS.upstreamTLS(); err != nil {
 		return nil, fmt.Errorf("new ingress: %w", err)
 	}

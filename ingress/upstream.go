@@ -29,6 +29,11 @@ type upstream struct {
 	total    atomic.Uint64
 	failures atomic.Uint64
 	lw       learnLoad // the cost learner's counts (learn.go)
+	// progress is when the engine last sent this replica a byte, or when
+	// its first request in flight started (unix ns): the stall watch
+	// (health.go) suspects an engine with requests in flight and no
+	// progress for HealthConfig.StallAfter.
+	progress atomic.Int64
 }
 
 // upstreams is the set of engines this replica has talked to.
@@ -51,6 +56,38 @@ type upstreams struct {
 
 func newUpstreams(cfg *Config) *upstreams {
 	return &upstreams{cfg: cfg, m: map[string]*upstream{}, conns: map[*idleConn]struct{}{}, watched: map[uint64]*watch{}}
+}
+
+// closeEngine closes the connections to engine id that wait for the first
+// byte of an answer: those requests fail at once and, having sent nothing to
+// their clients, are retried on another engine. Streams already under way
+// are left to go on if the engine comes back (or to the idle timeout): their
+// clients have bytes and their own timeouts. Used when the stall watch
+// ejects the engine.
+func (u *upstreams) closeEngine(id string) int {
+	u.connMu.Lock()
+	defer u.connMu.Unlock()
+	n := 0
+	for c := range u.conns {
+		if c.up.id == id && c.awaiting.Load() {
+			_ = c.Conn.Close()
+			n++
+		}
+	}
+	return n
+}
+
+// stalled appends the engines with requests in flight and no progress
+// since before cutoff (unix ns).
+func (u *upstreams) stalled(dst []*upstream, cutoff int64) []*upstream {
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	for _, up := range u.m {
+		if up.inflight.Load() > 0 && up.progress.Load() < cutoff {
+			dst = append(dst, up)
+		}
+	}
+	return dst
 }
 
 // closeAll closes every upstream connection: requests still running fail
@@ -86,7 +123,8 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 	cfg := u.cfg
 	idle := cfg.IdleTimeout
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout}
-	nu := &upstream{id: id, url: baseURL, hc: &fasthttp.HostClient{
+	nu := &upstream{id: id, url: baseURL}
+	nu.hc = &fasthttp.HostClient{
 		Addr:                          pu.Host,
 		IsTLS:                         pu.Scheme == "https",
 		TLSConfig:                     u.tls,
@@ -102,13 +140,13 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 			if err != nil {
 				return nil, err
 			}
-			ic := &idleConn{Conn: c, idle: idle, set: u}
+			ic := &idleConn{Conn: c, idle: idle, set: u, up: nu}
 			u.connMu.Lock()
 			u.conns[ic] = struct{}{}
 			u.connMu.Unlock()
 			return ic, nil
 		},
-	}}
+	}
 	if up != nil { // moved: keep counting on the old one until its requests end
 		nu.inflight.Store(0)
 	}
@@ -162,7 +200,11 @@ type idleConn struct {
 	net.Conn
 	idle time.Duration
 	set  *upstreams
+	up   *upstream // whose progress a read marks, and whose closeEngine closes it
 	once sync.Once
+	// awaiting: a request was written and no byte of its answer has come
+	// back yet (closeEngine cuts only these; started streams keep going).
+	awaiting atomic.Bool
 }
 
 func (c *idleConn) Close() error {
@@ -178,13 +220,23 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
 		return 0, err
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.up.progress.Store(time.Now().UnixNano()) // the engine is answering (stall watch, health.go)
+		if c.awaiting.Load() {
+			c.awaiting.Store(false)
+		}
+	}
+	return n, err
 }
 
 // Write links a watched request to this connection as it is written.
 func (c *idleConn) Write(p []byte) (int, error) {
 	if c.set.nWatched.Load() > 0 {
 		c.set.claim(c, p)
+	}
+	if !c.awaiting.Load() {
+		c.awaiting.Store(true)
 	}
 	return c.Conn.Write(p)
 }
