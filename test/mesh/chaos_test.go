@@ -66,6 +66,9 @@ func (p *proc) kill() {
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }
 
+// signal sends sig (SIGSTOP/SIGCONT: a hung process and its recovery).
+func (p *proc) signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
+
 type chaosMesh struct {
 	t        *testing.T
 	dir      string
@@ -547,6 +550,13 @@ func TestChaos(t *testing.T) {
 
 	fault("engine SIGKILL", func() string { m.engines[0].kill(); return "engine0" }, func() {
 		m.engines[0].start(t)
+		m.waitReady("engine0", fmt.Sprintf("http://127.0.0.1:%d/health", m.httpPort[0]))
+		m.waitReady("sidecar0", fmt.Sprintf("http://127.0.0.1:%d/ready", m.scAdmin[0]))
+	})
+	// A hung engine: the process is frozen (SIGSTOP), its port still accepts
+	// connections and nothing answers, until SIGCONT.
+	fault("engine SIGSTOP (hung)", func() string { m.engines[0].signal(syscall.SIGSTOP); return "engine0" }, func() {
+		m.engines[0].signal(syscall.SIGCONT)
 		m.waitReady("engine0", fmt.Sprintf("http://127.0.0.1:%d/health", m.httpPort[0]))
 		m.waitReady("sidecar0", fmt.Sprintf("http://127.0.0.1:%d/ready", m.scAdmin[0]))
 	})
