@@ -159,6 +159,9 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 		return err
 	}
 	c.model = string(c.req.model)
+	if c.ep == epOther {
+		c.path = string(ctx.Path()) // passthrough.go
+	}
 	c.applyRoute(ctx) // a model route may name another pool (route.go)
 	if sid := ctx.Request.Header.Peek("X-Session-ID"); len(sid) > 0 {
 		// Copied: a streamed response outlives the handler that owns the header.
@@ -341,6 +344,10 @@ func (c *call) tokenize() error {
 	}
 	var err error
 	c.batchN = max(1, len(c.req.batch))
+	if c.ep == epOther {
+		c.passthrough() // passthrough.go
+		return nil
+	}
 	switch c.req.kind {
 	case promptIDs:
 		if err := checkVocab(tok, c.req.ids, c.req.batch); err != nil {

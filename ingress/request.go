@@ -16,6 +16,7 @@ const (
 	epCompletions endpoint = iota + 1
 	epChat
 	epResponses // the Responses API (responses.go)
+	epOther     // the engine's other model endpoints (embeddings, rerank, score, tokenize…): passthrough.go
 )
 
 func (e endpoint) String() string {
@@ -24,6 +25,8 @@ func (e endpoint) String() string {
 		return "chat"
 	case epResponses:
 		return "responses"
+	case epOther:
+		return "other"
 	}
 	return "completions"
 }

@@ -40,6 +40,13 @@ func (r *routeCall) reset() routeCall {
 	return routeCall{chain: r.chain[:0], buf: r.buf[:0]}
 }
 
+func (c *call) routePath() string {
+	if c.ep == epOther {
+		return c.path
+	}
+	return epPath(c.ep)
+}
+
 func epPath(ep endpoint) string {
 	switch ep {
 	case epChat:
@@ -57,7 +64,7 @@ func (c *call) applyRoute(ctx *fasthttp.RequestCtx) {
 	if c.s.deps.Routes == nil {
 		return
 	}
-	r, ok := c.s.deps.Routes.Table().Match(c.model, epPath(c.ep), func(name string) []byte {
+	r, ok := c.s.deps.Routes.Table().Match(c.model, c.routePath(), func(name string) []byte {
 		return ctx.Request.Header.Peek(name)
 	})
 	if !ok {

@@ -345,6 +345,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.handleInference(ctx, epChat)
 	case "/v1/responses":
 		s.handleInference(ctx, epResponses)
+	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize":
+		s.handleInference(ctx, epOther) // passthrough.go
 	case "/v1/models":
 		s.handleModels(ctx)
 	case "/health":
