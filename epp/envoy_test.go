@@ -269,6 +269,9 @@ func (res *exchangeResult) readRouting(e *envoyStandIn, orig []byte) error {
 		res.metaDest = v.GetStringValue()
 	}
 	res.forwarded = orig
+	if b := common.GetBodyMutation().GetBody(); b != nil { // BUFFERED: the body replaced
+		res.forwarded = b
+	}
 	if e.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
 		res.forwarded = nil
 		for _, b := range res.reqBodies {

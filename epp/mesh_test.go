@@ -176,7 +176,7 @@ func (m *mesh) addEngine(id, role string, seed uint64) {
 	}
 	sm, err := sim.Start(context.Background(), sim.Config{Model: model, KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
 		Engine: engine.Config{BlockSize: 16, GPUBlocks: 4096, Profile: prof}, TimeScale: 500, Seed: seed,
-		Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
+		Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet, ResponsesStore: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,6 +87,7 @@ type exchange struct {
 	subset    []string
 	hasSubset bool
 	body      []byte
+	newBody   bool // body was replaced for the engine (a Responses request_id): sent in its place
 	chunks    int  // request body messages received
 	answered  bool // the request side has its destination
 
@@ -204,7 +205,11 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) bool {
 		}
 		// One message holds the whole body (trailers, if any, follow).
 		return x.route(func(dest, pre string) {
-			r := bodyResponse(routeCommon(dest, pre))
+			common := x.withBody(routeCommon(dest, pre))
+			if x.newBody {
+				common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: x.body}}
+			}
+			r := bodyResponse(common)
 			r.DynamicMetadata = destinationMetadata(dest)
 			x.out = append(x.out, r)
 		})
@@ -232,7 +237,7 @@ func (x *exchange) requestTrailers() bool {
 // routeStreamed answers the held headers with the destination, then the body.
 func (x *exchange) routeStreamed(eos bool) bool {
 	return x.route(func(dest, pre string) {
-		r := headersResponse(routeCommon(dest, pre))
+		r := headersResponse(x.withBody(routeCommon(dest, pre)))
 		r.DynamicMetadata = destinationMetadata(dest)
 		x.out = append(x.out, r)
 		if x.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
@@ -245,15 +250,25 @@ func (x *exchange) routeStreamed(eos bool) bool {
 	})
 }
 
+// withBody adds the replaced body's content-length to the route's header
+// mutation (the headers go upstream with the answer carrying it).
+func (x *exchange) withBody(common *extprocv3.CommonResponse) *extprocv3.CommonResponse {
+	if x.newBody {
+		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(x.body))))
+	}
+	return common
+}
+
 // route picks for the buffered body and lets answer build the messages
 // (dest: the comma-separated fallback list; pre: the prefiller or "").
 func (x *exchange) route(answer func(dest, pre string)) bool {
-	chat, ok := isInferencePath(x.path)
+	in, ok := isInferencePath(x.path)
 	if !ok {
 		// Not a route the ingress decides (embeddings, models…): load only.
 		return x.routeByLoad(answer)
 	}
-	p, err := x.s.ing.Pick(ingress.PickInput{Chat: chat, Body: x.body, Authorization: x.auth, SessionID: x.session})
+	in.Body, in.Authorization, in.SessionID = x.body, x.auth, x.session
+	p, err := x.s.ing.Pick(in)
 	if err != nil {
 		var pe *ingress.PickError
 		if errors.As(err, &pe) {
@@ -266,6 +281,11 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	pre := x.fillDests(p)
 	if len(x.dests) == 0 || p.Start(x.engines[0]) != nil {
 		return x.noEndpoint()
+	}
+	if b := p.Body(x.engines[0]); b != nil && x.reqMode != extprocfilter.ProcessingMode_STREAMED {
+		// Sent in place of the client's (STREAMED mode passes chunks as
+		// they came, so there the client's goes unchanged).
+		x.body, x.newBody = append(x.body[:0], b...), true
 	}
 	x.answered = true
 	answer(joinEndpoints(x.dests), pre)

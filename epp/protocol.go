@@ -8,6 +8,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvmesh/kvmesh/ingress"
 )
 
 // Reading and writing the Endpoint Picker Protocol's fields on ext_proc
@@ -127,15 +129,17 @@ func immediate(status int, body []byte, retryAfter int, details string) *extproc
 }
 
 // isInferencePath reports which OpenAI route a :path names (query dropped).
-func isInferencePath(path string) (chat, ok bool) {
+func isInferencePath(path string) (in ingress.PickInput, ok bool) {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
 	switch path {
 	case "/v1/chat/completions":
-		return true, true
+		return ingress.PickInput{Chat: true}, true
 	case "/v1/completions":
-		return false, true
+		return ingress.PickInput{}, true
+	case "/v1/responses":
+		return ingress.PickInput{Responses: true}, true
 	}
-	return false, false
+	return in, false
 }

@@ -23,6 +23,8 @@ import (
 // PickInput is one request as the calling proxy saw it.
 type PickInput struct {
 	Chat bool // POST /v1/chat/completions; false: /v1/completions
+	// Responses: POST /v1/responses (the Responses API; Chat is ignored).
+	Responses bool
 	// Body is the client's JSON body. It must stay unchanged until the
 	// Picked is done (the decision keeps slices into it).
 	Body          []byte
@@ -69,7 +71,10 @@ func (s *Server) Pick(in PickInput) (*Picked, error) {
 	c := s.reqPool.Get().(*call)
 	c.reset()
 	ep := epCompletions
-	if in.Chat {
+	switch {
+	case in.Responses:
+		ep = epResponses
+	case in.Chat:
 		ep = epChat
 	}
 	c.s, c.ep, c.start = s, ep, time.Now()
@@ -174,6 +179,21 @@ func (p *Picked) Start(id string) error {
 	c.startAttempt(up, rk.Match.Spec)
 	up.total.Add(1)
 	return nil
+}
+
+// Body returns the body to send to engine id in place of the client's, or
+// nil when the client's goes as it came. A Responses request without a
+// request_id gets one naming the engine (responses.go), so any replica or
+// picker routes its follow-ups and GETs back there; call Body again if the
+// data plane is sent elsewhere. The slice is the Picked's: copy it before
+// Done.
+func (p *Picked) Body(id string) []byte {
+	c := p.c
+	if c.ep != epResponses || c.req.hasRequestID || len(c.body) == 0 {
+		return nil
+	}
+	stampBody(c.body, id)
+	return c.body
 }
 
 // FirstByte ends the prefill charge (the response headers arrived).

@@ -357,7 +357,11 @@ func (c *call) stampEngine(ureq *fasthttp.Request, engine string) {
 	if c.ep != epResponses || c.req.hasRequestID {
 		return
 	}
-	b := ureq.Body()
+	stampBody(ureq.Body(), engine)
+}
+
+// stampBody writes engine's tag into the request_id responsesBody set in b.
+func stampBody(b []byte, engine string) {
 	at := bytes.LastIndex(b, []byte(`"request_id":"`+respIDPrefix))
 	if at < 0 {
 		return
