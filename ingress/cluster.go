@@ -42,6 +42,13 @@ type ClusterConfig struct {
 	// JetStream stream (the sidecars or the orchestrator own it), so a NATS
 	// user without stream-admin rights is enough.
 	NATSAuth natsutil.Auth `yaml:"natsAuth"`
+	// IndexSyncGrace bounds how long /ready waits for the first index sync
+	// (NATS reachable, every engine snapshotted). Past it the replica is
+	// ready anyway and routes on load and its own speculative entries until
+	// NATS answers (as Envoy proceeds after its initial_fetch_timeout), so a
+	// NATS outage at start cannot keep every restarted replica out of
+	// service. Default 30s; 0 waits for the sync forever.
+	IndexSyncGrace time.Duration `yaml:"indexSyncGrace"`
 }
 
 func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATSURLs) > 0 }
@@ -140,6 +147,7 @@ func (s *Server) startCluster() error {
 		nc.Auth = cc.NATSAuth
 		nc.Name = "kvmesh-ingress-" + s.cfg.ID
 		nc.Stream.Disabled = true // read-only: never create or change the stream
+		nc.WaitForServer = true   // started before NATS: serve, and index once it answers
 		conn, err := natsutil.Connect(ctx, nc, s.log)
 		if err != nil {
 			return fmt.Errorf("ingress nats: %w", err)

@@ -184,6 +184,7 @@ func DefaultConfig() Config {
 		SessionSlack:      8,
 		Scheduler:         registry.DefaultConfig(),
 		Health:            DefaultHealthConfig(),
+		Cluster:           ClusterConfig{IndexSyncGrace: 30 * time.Second},
 	}
 }
 
@@ -194,6 +195,9 @@ var ErrConfig = errors.New("invalid ingress config")
 func (c *Config) Validate() error {
 	var probs []string
 	bad := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	if c.Cluster.IndexSyncGrace < 0 {
+		bad("cluster index sync grace %v must be >= 0 (0: wait forever)", c.Cluster.IndexSyncGrace)
+	}
 	if c.FairQueue != nil {
 		if err := c.FairQueue.Validate(); err != nil {
 			bad("fairQueue: %v", err)

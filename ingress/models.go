@@ -3,6 +3,7 @@ package ingress
 import (
 	"encoding/json"
 	"sort"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -58,15 +59,17 @@ func (s *Server) startUnix() int64 { return s.created.Unix() }
 // handleReady is 200 when the index has synced and an engine is live, 503 otherwise.
 func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	synced := s.deps.Synced == nil || s.deps.Synced()
+	grace := s.cfg.Cluster.IndexSyncGrace
+	degraded := !synced && grace > 0 && time.Since(s.created) > grace // routes without the index
 	engines := 0
 	for _, e := range s.deps.Membership.Engines(nil) {
 		if e.Healthy {
 			engines++
 		}
 	}
-	ready := synced && engines > 0 && !s.draining.Load()
+	ready := (synced || degraded) && engines > 0 && !s.draining.Load()
 	if !ready {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 	}
-	writeJSON(ctx, map[string]any{"ready": ready, "index_synced": synced, "engines": engines, "draining": s.draining.Load()})
+	writeJSON(ctx, map[string]any{"ready": ready, "index_synced": synced, "index_sync_grace_passed": degraded, "engines": engines, "draining": s.draining.Load()})
 }

@@ -106,7 +106,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.stopMu.Unlock()
 	defer cancel()
 
-	conn, err := natsutil.Connect(ctx, s.cfg.NATS, s.log)
+	nc := s.cfg.NATS
+	nc.WaitForServer = true // started before NATS: run and catch up, do not exit
+	conn, err := natsutil.Connect(ctx, nc, s.log)
 	if err != nil {
 		return fmt.Errorf("sidecar: %w", err)
 	}
@@ -120,8 +122,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 		defer func() { _ = sub.Unsubscribe() }()
 	}
-	if err := conn.NC.FlushTimeout(5 * time.Second); err != nil {
-		return fmt.Errorf("sidecar: nats flush: %w", err)
+	if conn.NC.IsConnected() { // else the subscriptions go out when it connects
+		if err := conn.NC.FlushTimeout(5 * time.Second); err != nil {
+			return fmt.Errorf("sidecar: nats flush: %w", err)
+		}
 	}
 
 	if s.cfg.AdminAddr != "" {

@@ -94,6 +94,9 @@ func (m *Materializer) Run(ctx context.Context) error {
 	// Generous pending limits: a burst must not turn into a slow-consumer drop
 	// (which is recovered by a snapshot, but costs one).
 	_ = sub.SetPendingLimits(1<<20, 256<<20)
+	if !m.waitConnected(ctx) {
+		return nil
+	}
 	if err := nc.FlushTimeout(m.cfg.SnapshotTimeout); err != nil {
 		return fmt.Errorf("materializer subscribe: %w", err)
 	}
@@ -118,6 +121,26 @@ func (m *Materializer) Run(ctx context.Context) error {
 			m.tick(now)
 		}
 	}
+}
+
+// waitConnected waits until the connection is up (a connection made in the
+// background, NATS started after this ingress); false when ctx ends first.
+func (m *Materializer) waitConnected(ctx context.Context) bool {
+	nc := m.cfg.Conn
+	if nc.IsConnected() {
+		return true
+	}
+	m.log.Info("waiting for nats before discovering engines")
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !nc.IsConnected() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
 }
 
 // discoverStream snapshots every engine that has deltas in the stream, so a

@@ -31,6 +31,13 @@ type Config struct {
 	// ReconnectBufSize bounds the bytes buffered while disconnected. Default 8 MiB;
 	// when full, publishes fail (and the receivers resync on the gap).
 	ReconnectBufSize int
+	// WaitForServer starts without a server: Connect returns at once and the
+	// connection is made in the background (nats.RetryOnFailedConnect), so a
+	// sidecar or ingress started before NATS (a fresh install, a restart
+	// during an outage) runs and catches up instead of exiting. The stream is
+	// ensured on every (re)connect. Off for one-shot commands, which should
+	// fail fast.
+	WaitForServer bool
 
 	// Stream is the JetStream stream capturing the deltas.
 	Stream StreamConfig

@@ -24,6 +24,11 @@ type Conn struct {
 
 	cfg  Config
 	once sync.Once
+	// With WaitForServer, ensureLoop (owned by Connect, ended by Close)
+	// ensures the stream after each (re)connect.
+	connected chan struct{}
+	quit      chan struct{}
+	wg        sync.WaitGroup
 }
 
 // Connect validates cfg, starts the embedded server when cfg.URLs is empty,
@@ -47,7 +52,8 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		urls = []string{e.URL()}
 		log.Info("started embedded nats server", "url", e.URL(), "store", e.StoreDir())
 	}
-	opts, err := options(cfg, log)
+	c.connected, c.quit = make(chan struct{}, 1), make(chan struct{})
+	opts, err := options(cfg, log, c.connected)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -58,6 +64,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		return nil, fmt.Errorf("nats connect: %w", err)
 	}
 	c.NC = nc
+	if !nc.IsConnected() {
+		log.Warn("nats not reachable yet; connecting in the background", "urls", strings.Join(cfg.URLs, ","))
+	}
 	if !cfg.Stream.Disabled {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024),
 			// An ack that never comes frees its pending slot after this.
@@ -66,36 +75,92 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 			c.Close()
 			return nil, fmt.Errorf("jetstream: %w", err)
 		}
-		if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
-			c.Close()
-			return nil, err
-		}
 		c.JS = js
+		if !cfg.WaitForServer {
+			if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
+				c.Close()
+				return nil, err
+			}
+		} else {
+			if nc.IsConnected() {
+				c.signalConnected()
+			}
+			c.wg.Add(1)
+			go func() { defer c.wg.Done(); c.ensureLoop(log) }()
+		}
 	}
 	return c, nil
+}
+
+func (c *Conn) signalConnected() {
+	select {
+	case c.connected <- struct{}{}:
+	default:
+	}
+}
+
+// ensureLoop ensures the stream after each (re)connect, retrying while the
+// connection stays up: a server that comes up late, or comes back without
+// its store, gets the stream again.
+func (c *Conn) ensureLoop(log *slog.Logger) {
+	for {
+		select {
+		case <-c.quit:
+			return
+		case <-c.connected:
+		}
+		for n := 0; c.NC.IsConnected(); n++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := EnsureStream(ctx, c.JS, c.cfg.Stream)
+			cancel()
+			if err == nil {
+				break
+			}
+			log.Warn("ensure delta stream", "err", err)
+			select {
+			case <-c.quit:
+				return
+			case <-time.After(min(time.Duration(n+1)*250*time.Millisecond, 5*time.Second)):
+			}
+		}
+	}
 }
 
 // Close drains nothing (kvmesh messages are soft state) and closes the
 // connection, then stops an embedded server. Safe to call twice.
 func (c *Conn) Close() {
 	c.once.Do(func() {
+		if c.quit != nil {
+			close(c.quit)
+		}
 		if c.NC != nil {
 			c.NC.Close()
 		}
+		c.wg.Wait()
 		if c.Embedded != nil {
 			c.Embedded.Shutdown()
 		}
 	})
 }
 
-func options(cfg Config, log *slog.Logger) ([]nats.Option, error) {
+func options(cfg Config, log *slog.Logger, connected chan struct{}) ([]nats.Option, error) {
+	signal := func() {
+		select {
+		case connected <- struct{}{}:
+		default:
+		}
+	}
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.Timeout(cfg.ConnectTimeout),
 		nats.ReconnectWait(cfg.ReconnectWait),
 		nats.MaxReconnects(cfg.MaxReconnects),
 		nats.ReconnectBufSize(cfg.ReconnectBufSize),
-		nats.RetryOnFailedConnect(false),
+		nats.RetryOnFailedConnect(cfg.WaitForServer),
+		nats.ConnectHandler(func(nc *nats.Conn) { // with WaitForServer: the first connection, made late
+			log.Info("nats connected", "url", nc.ConnectedUrlRedacted())
+			signal()
+		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil {
 				return // our own Close
@@ -104,6 +169,7 @@ func options(cfg Config, log *slog.Logger) ([]nats.Option, error) {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+			signal()
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
