@@ -267,31 +267,40 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	s.generate(w, r, g)
 }
 
-// generate submits g and answers, streaming or not.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *gen) {
+// start picks a rank for g, applies its P/D fields and submits it; on
+// failure it has answered the client (ok false).
+func (s *Server) start(w http.ResponseWriter, r *http.Request, g *gen) (rk *rank, calls []*call, notify chan struct{}, ok bool) {
 	select {
 	case <-s.quit:
 		s.fail(w, ErrClosed)
-		return
+		return nil, nil, nil, false
 	default:
 	}
 	rk, err := s.pickRank(r)
 	if err != nil {
 		s.fail(w, err)
-		return
+		return nil, nil, nil, false
 	}
 	if s.pd != nil {
 		if err := s.pd.prepare(r.Context(), rk, g); err != nil {
 			s.fail(w, err)
-			return
+			return nil, nil, nil, false
 		}
 	}
-	calls, notify, err := s.submit(rk, g)
-	if err != nil {
+	if calls, notify, err = s.submit(rk, g); err != nil {
 		s.fail(w, err)
-		return
+		return nil, nil, nil, false
 	}
 	w.Header().Set("X-Request-Id", g.id)
+	return rk, calls, notify, true
+}
+
+// generate submits g and answers, streaming or not.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *gen) {
+	rk, calls, notify, ok := s.start(w, r, g)
+	if !ok {
+		return
+	}
 	if g.stream {
 		s.streamResponse(w, r, g, calls, notify)
 		return

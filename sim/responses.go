@@ -329,23 +329,10 @@ func (a *responsesAPI) create(w http.ResponseWriter, r *http.Request) {
 	if req.CacheSalt != nil {
 		g.salt = *req.CacheSalt
 	}
-	select {
-	case <-s.quit:
-		s.fail(w, ErrClosed)
-		return
-	default:
-	}
-	rk, err := s.pickRank(r)
-	if err != nil {
-		s.fail(w, err)
+	_, calls, notify, ok := s.start(w, r, g)
+	if !ok {
 		return
 	}
-	calls, notify, err := s.submit(rk, g)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	w.Header().Set("X-Request-Id", g.id)
 	resp := newResponse(req, id, created, maxTokens)
 	var keep func(*responseObject)
 	if store {

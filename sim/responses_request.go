@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
@@ -89,7 +88,7 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 			if te.Field != "" {
 				field = te.Field + ": "
 			}
-			return nil, badRequest("decode body: %sexpected %s, got %s", field, jsonKindOf(te.Type), te.Value)
+			return nil, badRequest("decode body: %sexpected %s, got %s", field, openai.JSONKind(te.Type), te.Value)
 		}
 		return nil, badRequest("decode body: %v", err)
 	}
@@ -371,30 +370,4 @@ func jsonString(v json.RawMessage) (string, bool) {
 		return "", false
 	}
 	return s, true
-}
-
-// jsonKindOf names the JSON type a Go type is decoded from.
-func jsonKindOf(t reflect.Type) string {
-	if t == nil {
-		return "a value"
-	}
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "an integer"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.Map, reflect.Struct:
-		return "an object"
-	}
-	return "a value"
 }

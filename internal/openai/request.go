@@ -261,7 +261,7 @@ func decodeStrictJSON(body []byte, v any) error {
 		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) { // its text names Go types and struct fields
-			return fmt.Errorf("decode body: %w: %s: expected %s, got %s", ErrBadRequest, te.Field, jsonKind(te.Type), te.Value)
+			return fmt.Errorf("decode body: %w: %s: expected %s, got %s", ErrBadRequest, te.Field, JSONKind(te.Type), te.Value)
 		}
 		return fmt.Errorf("decode body: %w: %v", ErrBadRequest, err)
 	}
@@ -271,8 +271,9 @@ func decodeStrictJSON(body []byte, v any) error {
 	return nil
 }
 
-// jsonKind names the JSON type a Go type is decoded from.
-func jsonKind(t reflect.Type) string {
+// JSONKind names the JSON type a Go type is decoded from ("a string", "an
+// array", …), for errors that name JSON fields, never Go types.
+func JSONKind(t reflect.Type) string {
 	if t == nil {
 		return "a value"
 	}

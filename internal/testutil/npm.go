@@ -1,7 +1,9 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -68,4 +70,32 @@ func NPMPackages(tb testing.TB, name, why string, pkgs []string, files map[strin
 		tb.Fatal(fmt.Errorf("install %v: %v", pkgs, err))
 	}
 	return dir
+}
+
+// RunNode runs node script (a file in dir) with args and then the path of a
+// JSON file holding in, and decodes what it prints (one JSON value) into
+// out; any failure fails tb.
+func RunNode(tb testing.TB, dir, script string, args []string, in, out any, timeout time.Duration) {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "in.json")
+	b, err := json.Marshal(in)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", append(append([]string{filepath.Join(dir, script)}, args...), path)...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		tb.Fatalf("node %s: %v\n%s", script, err, stderr.String())
+	}
+	if err := json.Unmarshal(stdout, out); err != nil {
+		tb.Fatalf("node %s printed %.200q: %v", script, stdout, err)
+	}
 }

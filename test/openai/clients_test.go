@@ -2,19 +2,13 @@ package openai
 
 import (
 	"context"
-	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/sim"
 )
 
 // Pinned releases of the other clients.
@@ -52,40 +46,11 @@ func TestOtherNodeClients(t *testing.T) {
 		}
 	}
 	const model = "e2e-model"
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := ingress.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	for i := 0; i < 2; i++ {
-		s, err := sim.Start(ctx, sim.Config{Model: model, TimeScale: 200, Seed: uint64(i + 1), Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		cfg.Engines = append(cfg.Engines, ingress.StaticEngine{ID: "sim" + string(rune('a'+i)), Model: model, URL: s.URL()})
-	}
-	srv, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-
-	cmd := exec.CommandContext(ctx, "node", "clients.mjs")
-	cmd.Dir = work
-	cmd.Env = append(os.Environ(), "KVMESH_BASE_URL=http://"+srv.Addr()+"/v1", "KVMESH_API_KEY=unused", "KVMESH_MODEL="+model)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node clients.mjs: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), out)
-	}
+	cfg.Engines = startEngines(t, ctx, 2, model, nil)
+	srv := startIngress(t, ctx, cfg, ingress.Deps{})
 	var res map[string]map[string]any
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("client output %q: %v", out, err)
-	}
-	num := func(v any) int { f, _ := v.(float64); return int(f) }
+	runScript(t, ctx, "node", work, "clients.mjs", &res, "KVMESH_BASE_URL=http://"+srv.Addr()+"/v1", "KVMESH_API_KEY=unused", "KVMESH_MODEL="+model)
 	for name, want := range map[string]int{
 		"aisdk_responses": 8, "aisdk_responses_stream": 6, "aisdk_chat": 7, "aisdk_chat_stream": 5, "aisdk_completion": 4,
 		"langchain_chat": 7, "langchain_stream": 5, "langchain_responses": 6,

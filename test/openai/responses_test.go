@@ -2,18 +2,13 @@ package openai
 
 import (
 	"context"
-	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
-	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/sim"
 )
 
@@ -35,76 +30,30 @@ func TestOpenAINodeClientResponses(t *testing.T) {
 		t.Fatal(err)
 	}
 	const model = "e2e-model"
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var engines []ingress.StaticEngine
-	for i := 0; i < 2; i++ {
-		s, err := sim.Start(ctx, sim.Config{Model: model, TimeScale: 200, Seed: uint64(i + 1), Logger: quiet, ResponsesStore: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		engines = append(engines, ingress.StaticEngine{ID: "sim" + string(rune('a'+i)), Model: model, URL: s.URL()})
-	}
-	keys := filepath.Join(dir, "keys.txt")
-	if err := os.WriteFile(keys, []byte("e2e "+testKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(auth.Config{KeysFile: keys, EnvVar: "-"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	engines := startEngines(t, ctx, 2, model, func(c *sim.Config) { c.ResponsesStore = true })
+	store := keyStore(t, dir)
 	var urls []string
 	for i := 0; i < 2; i++ {
 		cfg := ingress.DefaultConfig()
-		cfg.Listen = "127.0.0.1:0"
 		cfg.Engines = engines
 		// Round-robin alternates the first turns between the engines and
 		// would send half the follow-ups to the wrong one: only the
 		// response id's engine tag keeps them where their state is.
 		cfg.Scheduler.Policy = "round-robin"
-		srv, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet, Auth: store})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := srv.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Close()
-		urls = append(urls, "http://"+srv.Addr()+"/v1")
+		urls = append(urls, "http://"+startIngress(t, ctx, cfg, ingress.Deps{Auth: store}).Addr()+"/v1")
 	}
-
-	run := exec.CommandContext(ctx, node, "responses.mjs")
-	run.Dir = dir
-	run.Env = append(os.Environ(), "KVMESH_BASE_URLS="+strings.Join(urls, ","), "KVMESH_API_KEY="+testKey, "KVMESH_MODEL="+model)
-	var stderr strings.Builder
-	run.Stderr = &stderr
-	out, err := run.Output()
-	if err != nil {
-		t.Fatalf("node responses.mjs: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), out)
-	}
-	var res map[string]map[string]any
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("client output %q: %v", out, err)
-	}
+	var res results
+	runScript(t, ctx, node, dir, "responses.mjs", &res, "KVMESH_BASE_URLS="+strings.Join(urls, ","), "KVMESH_API_KEY="+testKey, "KVMESH_MODEL="+model)
 	for name, r := range res {
 		t.Logf("%s: %v", name, r)
 	}
-	ok := func(name string) map[string]any {
-		r := res[name]
-		if r == nil || r["error"] == true {
-			t.Fatalf("%s failed: %v", name, r)
-		}
-		return r
-	}
-	num := func(v any) int { f, _ := v.(float64); return int(f) }
-	usage := func(r map[string]any) map[string]any { u, _ := r["usage"].(map[string]any); return u }
 
-	c := ok("create")
+	c := res.ok(t, "create")
 	if id, _ := c["id"].(string); !strings.HasPrefix(id, "resp_") || c["object"] != "response" || c["text"] == "" ||
 		num(usage(c)["output_tokens"]) != 8 || c["engine"] == nil {
 		t.Errorf("create: %v", c)
 	}
-	chains, _ := ok("chains")["chains"].([]any)
+	chains, _ := res.ok(t, "chains")["chains"].([]any)
 	used := map[any]bool{}
 	for i, ch := range chains {
 		m, _ := ch.(map[string]any)
@@ -117,7 +66,7 @@ func TestOpenAINodeClientResponses(t *testing.T) {
 	if len(chains) != 6 || len(used) != 2 {
 		t.Errorf("%d chains on engines %v: want 6 over both", len(chains), used)
 	}
-	st := ok("stream")
+	st := res.ok(t, "stream")
 	types, _ := st["types"].([]any)
 	if len(types) < 4 || types[0] != "response.created" || (types[len(types)-1] != "response.completed" && types[len(types)-1] != "response.incomplete") ||
 		st["text"] == "" || st["text"] != st["done"] || num(usage(st)["output_tokens"]) != 6 {

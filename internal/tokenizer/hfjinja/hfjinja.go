@@ -10,12 +10,7 @@
 package hfjinja
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -58,28 +53,10 @@ process.stdout.write(JSON.stringify(out));
 // Render renders jobs with @huggingface/jinja and returns one result per job.
 func Render(tb testing.TB, jobs []Job) []Result {
 	tb.Helper()
-	dir := install(tb)
-	in := filepath.Join(tb.TempDir(), "jobs.json")
-	b, err := json.Marshal(jobs)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(in, b, 0o600); err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", filepath.Join(dir, "render.mjs"), in)
-	cmd.Dir = dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		tb.Fatalf("node render.mjs: %v\n%s", err, stderr.String())
-	}
 	var res []Result
-	if err := json.Unmarshal(out, &res); err != nil || len(res) != len(jobs) {
-		tb.Fatalf("node render.mjs: %d results for %d jobs: %v", len(res), len(jobs), err)
+	testutil.RunNode(tb, install(tb), "render.mjs", nil, jobs, &res, 2*time.Minute)
+	if len(res) != len(jobs) {
+		tb.Fatalf("node render.mjs: %d results for %d jobs", len(res), len(jobs))
 	}
 	return res
 }

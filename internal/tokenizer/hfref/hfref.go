@@ -12,11 +12,6 @@
 package hfref
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -81,28 +76,10 @@ func ModelDir(tb testing.TB, model string) string {
 // Encoding per text.
 func Encode(tb testing.TB, path string, texts []string) []Encoding {
 	tb.Helper()
-	dir := install(tb)
-	in := filepath.Join(tb.TempDir(), "texts.json")
-	b, err := json.Marshal(texts)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(in, b, 0o600); err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", filepath.Join(dir, "encode.mjs"), path, in)
-	cmd.Dir = dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		tb.Fatalf("node encode.mjs %s: %v\n%s", path, err, stderr.String())
-	}
 	var res []Encoding
-	if err := json.Unmarshal(out, &res); err != nil || len(res) != len(texts) {
-		tb.Fatalf("node encode.mjs: %d results for %d texts: %v", len(res), len(texts), err)
+	testutil.RunNode(tb, install(tb), "encode.mjs", []string{path}, texts, &res, 3*time.Minute)
+	if len(res) != len(texts) {
+		tb.Fatalf("node encode.mjs: %d results for %d texts", len(res), len(texts))
 	}
 	return res
 }
