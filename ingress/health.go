@@ -49,8 +49,8 @@ type HealthConfig struct {
 	// without sending a byte before it is probed (the stall watch): a hung
 	// engine (a frozen process, a stuck GPU, a blackholed network path)
 	// accepts connections and answers nothing, so no request fails and
-	// IdleTimeout (minutes, for long prefills) would be the only bound. A
-	// failed probe ejects it and cuts its requests that had no byte yet,
+	// IdleTimeout (minutes, for long prefills) would be the only bound. Two
+	// failed probes in a row eject it and cuts its requests that had no byte yet,
 	// which are retried on another engine (streams under way are left to
 	// resume or time out). A live engine answers the probe and keeps its
 	// requests. Default 3s; 0 turns the watch off.
@@ -299,10 +299,14 @@ func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.
 	clear(e.stallBuf)
 }
 
-// stallProbe probes a stalled engine: a failure ejects it and cuts its
-// requests still waiting for a first byte, which move on now.
+// stallProbe probes a stalled engine: two failures in a row (one could be a
+// busy moment of the engine's HTTP server) eject it and cut its requests
+// still waiting for a first byte, which move on now.
 func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream) {
 	err := e.get1(ctx, up.url+e.cfg.ProbePath)
+	if err != nil && ctx.Err() == nil {
+		err = e.get1(ctx, up.url+e.cfg.ProbePath)
+	}
 	h.mu.Lock()
 	h.probing = false
 	eject := err != nil && !h.ejected.Load() && ctx.Err() == nil
