@@ -43,6 +43,39 @@ func FuzzSSEReader(f *testing.F) {
 	})
 }
 
+// FuzzResponsesSSEReader: the Responses form never panics, errors wrap
+// ErrBadStream, and an accepted stream's payloads read back the same from
+// the plain form (event lines dropped, [DONE] added).
+func FuzzResponsesSSEReader(f *testing.F) {
+	for _, s := range []string{"event: response.created\ndata: {}\n\n", "data: {}\n\nevent: x\ndata: [1]\r\n\r\n", "event: x\n\n", "event: x\nevent: y\ndata: {}\n\n", "", "data: [DONE]\n\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var payloads [][]byte
+		err := ReadAllResponses(bytes.NewReader(in), func(p []byte) error {
+			payloads = append(payloads, bytes.Clone(p))
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, ErrBadStream) {
+				t.Fatalf("error %v does not wrap ErrBadStream", err)
+			}
+			return
+		}
+		var out []byte
+		for _, p := range payloads {
+			out = AppendEvent(out, p)
+		}
+		var again [][]byte
+		if err := ReadAll(bytes.NewReader(AppendDone(out)), func(p []byte) error { again = append(again, bytes.Clone(p)); return nil }); err != nil {
+			t.Fatalf("re-encoded stream rejected: %v", err)
+		}
+		if !reflect.DeepEqual(payloads, again) {
+			t.Fatal("round trip changed the payloads")
+		}
+	})
+}
+
 func FuzzPrompt(f *testing.F) {
 	for _, s := range []string{`"x"`, `["a","b"]`, `[1,2]`, `[[1],[2,3]]`, `[]`, `[1,"a"]`, `null`, `[[1],"x"]`} {
 		f.Add([]byte(s))

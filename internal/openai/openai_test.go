@@ -317,3 +317,31 @@ func TestTypeErrorsNameJSONFields(t *testing.T) {
 		}
 	}
 }
+
+func TestResponsesSSEReader(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int // payloads; -1: rejected
+	}{
+		{"event: response.created\ndata: {\"a\":1}\n\nevent: response.completed\ndata: {}\n\n", 2},
+		{"data: {}\r\n\r\nevent: x\r\ndata: [1]\r\n\r\n", 2},
+		{": keep-alive\nevent: x\ndata: {}\n\n", 1},
+		{"event: x\ndata: {}\n\ndata: [DONE]\n\n", 1},
+		{"", -1},
+		{"event: x\n\n", -1},
+		{"event: x\nevent: y\ndata: {}\n\n", -1},
+		{"event: x\ndata: {}\n", -1},
+		{"event: x\ndata: {}\n\nevent: y\n", -1},
+		{"id: 1\ndata: {}\n\n", -1},
+	} {
+		n := 0
+		err := ReadAllResponses(strings.NewReader(c.in), func([]byte) error { n++; return nil })
+		if (err != nil) != (c.want < 0) || (err == nil && n != c.want) || (err != nil && !errors.Is(err, ErrBadStream)) {
+			t.Errorf("%q: %d payloads, err %v; want %d", c.in, n, err, c.want)
+		}
+	}
+	// The plain form still refuses event lines and a missing [DONE].
+	if err := ReadAll(strings.NewReader("event: x\ndata: {}\n\n"), func([]byte) error { return nil }); !errors.Is(err, ErrBadStream) {
+		t.Errorf("plain reader accepted an event line: %v", err)
+	}
+}

@@ -12,8 +12,9 @@ import (
 // SSE framing as vLLM writes it: every event is one "data: <payload>" line
 // followed by a blank line, and the stream ends with "data: [DONE]".
 var (
-	ssePrefix = []byte("data: ")
-	sseDone   = []byte("[DONE]")
+	ssePrefix      = []byte("data: ")
+	sseEventPrefix = []byte("event: ")
+	sseDone        = []byte("[DONE]")
 )
 
 // AppendEvent appends one SSE data event carrying payload.
@@ -97,11 +98,20 @@ type SSEReader struct {
 	line   []byte
 	done   bool
 	events int
+	named  bool // the Responses API's form (NewResponsesSSEReader)
 }
 
 // NewSSEReader returns a strict reader on r.
 func NewSSEReader(r io.Reader) *SSEReader {
 	return &SSEReader{r: bufio.NewReaderSize(r, 4<<10)}
+}
+
+// NewResponsesSSEReader returns a reader of the Responses API's streams, as
+// strict otherwise: each event may name itself on an "event: " line before
+// its data line, and the stream ends at a clean end of input after at least
+// one event (there is no [DONE]).
+func NewResponsesSSEReader(r io.Reader) *SSEReader {
+	return &SSEReader{r: bufio.NewReaderSize(r, 4<<10), named: true}
 }
 
 // Next returns the next event's payload (valid until the next call). After
@@ -114,6 +124,10 @@ func (s *SSEReader) Next() ([]byte, error) {
 	for {
 		line, err := s.readLine()
 		if err == io.EOF {
+			if s.named && s.events > 0 {
+				s.done = true
+				return nil, io.EOF
+			}
 			return nil, fmt.Errorf("%w: stream ended after %d events without data: [DONE]", ErrBadStream, s.events)
 		}
 		if err != nil {
@@ -124,6 +138,11 @@ func (s *SSEReader) Next() ([]byte, error) {
 		}
 		if line[0] == ':' {
 			continue // comment / keep-alive
+		}
+		if s.named && bytes.HasPrefix(line, sseEventPrefix) {
+			if line, err = s.readLine(); err != nil || !bytes.HasPrefix(line, ssePrefix) {
+				return nil, fmt.Errorf("%w: event %d: an event line not followed by its data line", ErrBadStream, s.events)
+			}
 		}
 		if !bytes.HasPrefix(line, ssePrefix) {
 			return nil, fmt.Errorf("%w: event %d: line %q is not a data line", ErrBadStream, s.events, clip(line))
@@ -204,7 +223,16 @@ func clip(b []byte) []byte {
 // ReadAll reads a whole stream, calling fn for each payload (valid only
 // during the call). It returns nil only for a well-formed stream ending in [DONE].
 func ReadAll(r io.Reader, fn func(payload []byte) error) error {
-	s := NewSSEReader(r)
+	return readAll(NewSSEReader(r), fn)
+}
+
+// ReadAllResponses is ReadAll for a Responses API stream
+// (NewResponsesSSEReader).
+func ReadAllResponses(r io.Reader, fn func(payload []byte) error) error {
+	return readAll(NewResponsesSSEReader(r), fn)
+}
+
+func readAll(s *SSEReader, fn func(payload []byte) error) error {
 	for {
 		p, err := s.Next()
 		if err == io.EOF {

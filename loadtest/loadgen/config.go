@@ -17,6 +17,9 @@ const (
 	// Chat sends /v1/chat/completions with the tokens rendered as words (one word per
 	// token id), one user message per request; requests of one session share a prefix.
 	Chat Endpoint = "chat"
+	// Responses sends /v1/responses (the Responses API) with the tokens
+	// rendered as words, like Chat, as the input string.
+	Responses Endpoint = "responses"
 )
 
 // Config configures a run. Arrivals are open-loop (each request is sent at its
@@ -29,7 +32,7 @@ type Config struct {
 	// URLs, when set, replaces URL with several servers (e.g. ingress replicas without
 	// a load balancer in front): request i goes to URLs[i mod len].
 	URLs []string
-	// Endpoint is Completions (default) or Chat.
+	// Endpoint is Completions (default), Chat or Responses.
 	Endpoint Endpoint
 	// Model is the model field of every request.
 	Model string
@@ -94,8 +97,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: url %q is not an http(s) URL", ErrConfig, raw))
 		}
 	}
-	if c.Endpoint != Completions && c.Endpoint != Chat {
-		errs = append(errs, fmt.Errorf("%w: endpoint %q (want completions or chat)", ErrConfig, c.Endpoint))
+	if c.Endpoint != Completions && c.Endpoint != Chat && c.Endpoint != Responses {
+		errs = append(errs, fmt.Errorf("%w: endpoint %q (want completions, chat or responses)", ErrConfig, c.Endpoint))
 	}
 	if c.Model == "" {
 		errs = append(errs, fmt.Errorf("%w: model is required", ErrConfig))

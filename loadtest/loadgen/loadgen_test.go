@@ -339,14 +339,16 @@ func FuzzReadBody(f *testing.F) {
 	good = openai.AppendEvent(good, openai.AppendUsageChunk(nil, fields, openai.ObjectCompletion,
 		&openai.Usage{PromptTokens: 5, CompletionTokens: 1, PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: 3}}))
 	good = openai.AppendDone(good)
-	f.Add(good, true)
-	f.Add(good[:len(good)-3], true)
-	f.Add([]byte(`{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":2,"completion_tokens":1}}`), false)
-	f.Add(openai.AppendEvent(nil, openai.AppendError(nil, "boom", "server_error", "", "")), true)
-	f.Add([]byte("data: {\"choices\":null}\r\n\r\ndata: [DONE]\r\n\r\n"), true)
-	f.Fuzz(func(t *testing.T, body []byte, stream bool) {
+	f.Add(good, true, false)
+	f.Add(good[:len(good)-3], true, false)
+	f.Add([]byte(`{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":2,"completion_tokens":1}}`), false, false)
+	f.Add(openai.AppendEvent(nil, openai.AppendError(nil, "boom", "server_error", "", "")), true, false)
+	f.Add([]byte("data: {\"choices\":null}\r\n\r\ndata: [DONE]\r\n\r\n"), true, false)
+	f.Add([]byte(respStream), true, true)
+	f.Add([]byte(`{"output":[{"content":[{"text":"a"}]}],"usage":{"input_tokens":3,"output_tokens":1}}`), false, true)
+	f.Fuzz(func(t *testing.T, body []byte, stream, responses bool) {
 		var res Result
-		readBody(context.Background(), strings.NewReader(string(body)), stream, time.Now(), &res)
+		readBody(context.Background(), strings.NewReader(string(body)), stream, responses, time.Now(), &res)
 		if res.ErrKind == "" {
 			if res.TTFT > res.E2E {
 				t.Fatalf("accepted body gave %+v", res)
@@ -376,11 +378,45 @@ func TestReadBody(t *testing.T) {
 		{"not json", []byte("data: hello\n\ndata: [DONE]\n\n"), KindStream},
 	} {
 		var res Result
-		readBody(context.Background(), strings.NewReader(string(tc.body)), true, time.Now(), &res)
+		readBody(context.Background(), strings.NewReader(string(tc.body)), true, false, time.Now(), &res)
 		if res.ErrKind != tc.kind {
 			t.Errorf("%s: kind %q, want %q (%s)", tc.name, res.ErrKind, tc.kind, res.ErrMsg)
 		}
 		if tc.kind == "" && (res.PromptTokens != 40 || res.CachedTokens != 32 || res.OutputTokens != 1 || res.TTFT <= 0) {
+			t.Errorf("%s: %+v", tc.name, res)
+		}
+	}
+}
+
+// respStream is a Responses API stream as vLLM writes it (abridged).
+const respStream = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n" +
+	"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
+	"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":40,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":1}}}\n\n"
+
+func TestReadBodyResponses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		body   string
+		stream bool
+		kind   string
+	}{
+		{"stream", respStream, true, ""},
+		{"answer", `{"output":[{"content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":1}}`, false, ""},
+		{"error event", respStream[:strings.Index(respStream, "event: response.completed")] + "event: error\ndata: {\"type\":\"error\",\"message\":\"boom\"}\n\n", true, KindInStream},
+		{"cut inside an event", respStream[:len(respStream)-5], true, KindStream},
+		{"plain form is not accepted for chat", respStream, true, "chat"},
+	} {
+		var res Result
+		responses := tc.kind != "chat"
+		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, responses, time.Now(), &res)
+		want := tc.kind
+		if want == "chat" {
+			want = KindStream // a chat reader refuses event lines
+		}
+		if res.ErrKind != want {
+			t.Errorf("%s: kind %q, want %q (%s)", tc.name, res.ErrKind, want, res.ErrMsg)
+		}
+		if want == "" && (res.PromptTokens != 40 || res.CachedTokens != 32 || res.OutputTokens != 1 || res.TTFT <= 0) {
 			t.Errorf("%s: %+v", tc.name, res)
 		}
 	}

@@ -55,31 +55,51 @@ func appendBody(dst []byte, cfg *Config, r *workload.Request, scratch []uint32) 
 	scratch = r.AppendPrompt(scratch[:0])
 	dst = append(dst, `{"model":`...)
 	dst = openai.AppendString(dst, cfg.Model)
-	if cfg.Endpoint == Chat {
+	switch cfg.Endpoint {
+	case Chat:
 		dst = append(dst, `,"messages":[{"role":"user","content":"`...)
-		for i, id := range scratch {
-			if i > 0 {
-				dst = append(dst, ' ')
-			}
-			dst = append(dst, 'w')
-			dst = strconv.AppendUint(dst, uint64(id), 10)
-		}
+		dst = appendWords(dst, scratch)
 		dst = append(dst, `"}]`...)
-	} else {
+	case Responses:
+		dst = append(dst, `,"input":"`...)
+		dst = appendWords(dst, scratch)
+		dst = append(dst, '"')
+	default:
 		dst = append(dst, `,"prompt":`...)
 		dst = openai.AppendTokenIDs(dst, scratch)
 	}
 	out := max(r.OutputTokens, 1)
-	dst = append(dst, `,"max_tokens":`...)
+	if cfg.Endpoint == Responses {
+		dst = append(dst, `,"max_output_tokens":`...)
+	} else {
+		dst = append(dst, `,"max_tokens":`...)
+	}
 	dst = strconv.AppendInt(dst, int64(out), 10)
 	// ignore_eos + min_tokens make the engine produce exactly the workload's output length.
 	dst = append(dst, `,"min_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(out), 10)
 	dst = append(dst, `,"ignore_eos":true,"temperature":0`...)
-	if !cfg.NoStream {
+	switch {
+	case cfg.NoStream:
+	case cfg.Endpoint == Responses: // its streams always end with the usage
+		dst = append(dst, `,"stream":true`...)
+	default:
 		dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}`...)
 	}
 	return append(dst, '}'), scratch
+}
+
+// appendWords renders token ids as words ("w<id>", space-separated), so a
+// shared token prefix is a shared text prefix.
+func appendWords(dst []byte, ids []uint32) []byte {
+	for i, id := range ids {
+		if i > 0 {
+			dst = append(dst, ' ')
+		}
+		dst = append(dst, 'w')
+		dst = strconv.AppendUint(dst, uint64(id), 10)
+	}
+	return dst
 }
 
 // chunk is the part of a completion, chat chunk or error event the client reads.
@@ -95,6 +115,48 @@ type chunk struct {
 	} `json:"choices"`
 	Usage *openai.Usage       `json:"usage"`
 	Error *openai.ErrorDetail `json:"error"`
+}
+
+// respChunk is the part of a Responses API event, answer or error the
+// client reads: an event's type and text delta, the final event's response
+// (with usage), a non-streamed answer's output and usage, an error event's
+// message or an error body.
+type respChunk struct {
+	Type     string              `json:"type"`
+	Delta    string              `json:"delta"`
+	Message  string              `json:"message"`
+	Response *respChunk          `json:"response"`
+	Output   []respOutItem       `json:"output"`
+	Usage    *respUsage          `json:"usage"`
+	Error    *openai.ErrorDetail `json:"error"`
+}
+
+func (c *respChunk) hasText() bool {
+	if c.Delta != "" && c.Type == "response.output_text.delta" {
+		return true
+	}
+	for i := range c.Output {
+		for _, p := range c.Output[i].Content {
+			if p.Text != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+type respOutItem struct {
+	Content []struct {
+		Text string `json:"text"`
+	} `json:"content"`
+}
+
+type respUsage struct {
+	InputTokens        int `json:"input_tokens"`
+	OutputTokens       int `json:"output_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
 }
 
 func (c *chunk) hasText() bool {
@@ -147,18 +209,27 @@ func (g *generator) do(ctx context.Context, url string, body []byte, r *workload
 		res.E2E = time.Since(t0)
 		return
 	}
-	readBody(ctx, resp.Body, !g.cfg.NoStream, t0, res)
+	readBody(ctx, resp.Body, !g.cfg.NoStream, g.cfg.Endpoint == Responses, t0, res)
 }
 
 // readBody reads a 200 response (an SSE stream, or one JSON body when stream is false)
 // into res: TTFT at the first generated text, usage, and an error kind when the body
 // is malformed or carries an error event. It never panics on bad input.
-func readBody(ctx context.Context, body io.Reader, stream bool, t0 time.Time, res *Result) {
+func readBody(ctx context.Context, body io.Reader, stream, responses bool, t0 time.Time, res *Result) {
 	var (
 		c      chunk
+		rc     respChunk
 		chunks int
 		err    error
 	)
+	text := func(has bool) {
+		if has {
+			if chunks == 0 {
+				res.TTFT = time.Since(t0)
+			}
+			chunks++
+		}
+	}
 	apply := func(payload []byte) error {
 		c = chunk{}
 		if err := json.Unmarshal(payload, &c); err != nil {
@@ -167,12 +238,7 @@ func readBody(ctx context.Context, body io.Reader, stream bool, t0 time.Time, re
 		if c.Error != nil {
 			return &inStreamError{msg: c.Error.Message}
 		}
-		if c.hasText() {
-			if chunks == 0 {
-				res.TTFT = time.Since(t0)
-			}
-			chunks++
-		}
+		text(c.hasText())
 		if c.Usage != nil {
 			res.PromptTokens = c.Usage.PromptTokens
 			res.CachedTokens = c.Usage.CachedTokens()
@@ -180,9 +246,35 @@ func readBody(ctx context.Context, body io.Reader, stream bool, t0 time.Time, re
 		}
 		return nil
 	}
-	if stream {
+	if responses {
+		apply = func(payload []byte) error {
+			rc = respChunk{}
+			if err := json.Unmarshal(payload, &rc); err != nil {
+				return fmt.Errorf("%w: %w", openai.ErrBadStream, err)
+			}
+			switch {
+			case rc.Error != nil:
+				return &inStreamError{msg: rc.Error.Message}
+			case rc.Type == "error" || rc.Type == "response.failed":
+				return &inStreamError{msg: rc.Message}
+			}
+			text(rc.hasText())
+			u := rc.Usage
+			if rc.Response != nil {
+				u = rc.Response.Usage
+			}
+			if u != nil {
+				res.PromptTokens, res.CachedTokens, res.OutputTokens = u.InputTokens, u.InputTokensDetails.CachedTokens, u.OutputTokens
+			}
+			return nil
+		}
+	}
+	switch {
+	case stream && responses:
+		err = openai.ReadAllResponses(body, apply)
+	case stream:
 		err = openai.ReadAll(body, apply)
-	} else {
+	default:
 		b, rerr := io.ReadAll(io.LimitReader(body, 64<<20))
 		if rerr == nil {
 			rerr = apply(b)

@@ -251,8 +251,11 @@ func schedule(cfg Config, reqs []workload.Request) []time.Duration {
 func endpointURL(base string, ep Endpoint) string {
 	base = strings.TrimRight(base, "/")
 	base = strings.TrimSuffix(base, "/v1")
-	if ep == Chat {
+	switch ep {
+	case Chat:
 		return base + "/v1/chat/completions"
+	case Responses:
+		return base + "/v1/responses"
 	}
 	return base + "/v1/completions"
 }
