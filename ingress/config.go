@@ -72,6 +72,10 @@ type Config struct {
 	// admission when the request is not authenticated (auth's identity wins).
 	// Trust it only behind a gateway that sets it. Empty: none.
 	TenantHeader string `yaml:"tenantHeader"`
+	// CORSOrigins are the browser origins allowed to call the client port
+	// ("*": any, as vLLM's default; cors.go). Empty (default): no CORS
+	// headers, so browsers refuse cross-origin answers.
+	CORSOrigins []string `yaml:"corsOrigins"`
 	// FairQueue turns on weighted fair admission across tenants (ingress/fair)
 	// instead of the session-boost queue. Nil: off.
 	FairQueue *fair.Config `yaml:"fairQueue"`

@@ -337,6 +337,9 @@ func (s *Server) shareLoadLoop() {
 
 // handle is the fasthttp entry point.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if s.cors(ctx) { // cors.go: a preflight, answered
+		return
+	}
 	path := ctx.Path()
 	switch string(path) {
 	case "/v1/completions":

@@ -161,6 +161,7 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 		}
 		return cfg.FairQueue
 	}
+	List(fs, &cfg.CORSOrigins, "cors-origins", "browser origins allowed to call the API, comma-separated (* for any, as vLLM's default); empty: no CORS")
 	fs.StringVar(&cfg.TenantHeader, "tenant-header", cfg.TenantHeader, "request header naming the tenant of unauthenticated requests (fair admission); trust it only behind a gateway that sets it")
 	probs.Var(fs, "fair-max-concurrent", "0", "weighted fair admission across tenants: max requests in service before queueing (0: off)", func(s string) error {
 		n, err := strconv.Atoi(s)
