@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,7 +17,11 @@ import (
 // Azure reads an Azure LLM inference trace (AzurePublicDataset, 2023 and
 // 2024: CSV with a header of TIMESTAMP, ContextTokens, GeneratedTokens;
 // timestamps like "2023-11-16 18:15:46.6805900" (2023) or
-// "2024-05-10 00:00:00.009930+00:00" (2024), or RFC 3339) and gives its prompts
+// "2024-05-10 00:00:00.009930+00:00" (2024), or RFC 3339), or any CSV trace
+// of arrival times and lengths whose header names them — BurstGPT's
+// Timestamp, Request tokens, Response tokens (in any order, other columns
+// ignored; csvColumns lists the names), with timestamps as dates or as
+// numbers of seconds (milliseconds from 10^11 on: epoch ms) — and gives its prompts
 // synthetic prefixes, since the trace records lengths only: a share Share
 // of the requests starts with one of Groups shared prefixes (Zipf
 // popularity with exponent ZipfS; prefix g is PrefixMin..PrefixMax
@@ -51,6 +56,54 @@ func parseAzureTime(s string) (t time.Time, err error) {
 		}
 	}
 	return t, fmt.Errorf("%q is none of %q", s, azureLayouts)
+}
+
+// Column names csvColumns accepts, compared lower-cased without spaces,
+// underscores or dashes.
+var (
+	csvTimeNames   = []string{"timestamp", "time", "arrivaltime", "arrival"}
+	csvInputNames  = []string{"contexttokens", "requesttokens", "inputtokens", "inputlength", "prompttokens", "promptlength"}
+	csvOutputNames = []string{"generatedtokens", "responsetokens", "outputtokens", "outputlength", "completiontokens"}
+)
+
+// csvColumns reads a header row: the indexes of the timestamp, prompt and
+// output columns. ok is false when rec is a data row (its first field is a
+// timestamp): the columns are then the first three.
+func csvColumns(rec []string) (cols [3]int, ok bool, err error) {
+	if _, err := parseTraceTime(strings.TrimSpace(rec[0])); err == nil {
+		return [3]int{0, 1, 2}, false, nil
+	}
+	cols = [3]int{-1, -1, -1}
+	for i, name := range rec {
+		n := strings.NewReplacer(" ", "", "_", "", "-", "").Replace(strings.ToLower(strings.TrimSpace(name)))
+		for k, names := range [3][]string{csvTimeNames, csvInputNames, csvOutputNames} {
+			if cols[k] < 0 && slices.Contains(names, n) {
+				cols[k] = i
+			}
+		}
+	}
+	if cols[0] < 0 || cols[1] < 0 || cols[2] < 0 {
+		return cols, true, fmt.Errorf("header %q names no timestamp, prompt-length and output-length columns (e.g. TIMESTAMP, ContextTokens, GeneratedTokens, or BurstGPT's Timestamp, Request tokens, Response tokens)", strings.Join(rec, ","))
+	}
+	return cols, true, nil
+}
+
+// parseTraceTime reads a timestamp: a date (parseAzureTime) or a number of
+// seconds (milliseconds from 10^11 on).
+func parseTraceTime(s string) (time.Time, error) {
+	t, err := parseAzureTime(s)
+	if err == nil {
+		return t, nil
+	}
+	f, ferr := strconv.ParseFloat(s, 64)
+	if ferr != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 || f > 1e15 {
+		return t, fmt.Errorf("%q is neither a date (%q) nor a number of seconds", s, azureLayouts)
+	}
+	if f >= 1e11 {
+		f /= 1000 // epoch milliseconds
+	}
+	sec, frac := math.Modf(f)
+	return time.Unix(int64(sec), int64(frac*1e9)), nil
 }
 
 // ReadFile reads a trace file.
@@ -90,8 +143,9 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 	}
 	zipf := rand.NewZipf(rng, c.ZipfS, 1, uint64(max(c.Groups-1, 0)))
 	cr := csv.NewReader(r)
-	cr.FieldsPerRecord = 3
+	cr.FieldsPerRecord = -1 // checked against the columns below
 	cr.ReuseRecord = true
+	cols, headerless := [3]int{0, 1, 2}, true
 	var reqs []Request
 	var t0 time.Time
 	for line := 1; ; line++ {
@@ -102,17 +156,27 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: azure trace line %d: %w", ErrBadWorkload, line, err)
 		}
-		if line == 1 && strings.EqualFold(strings.TrimSpace(rec[0]), "timestamp") {
-			continue
+		if line == 1 {
+			var header bool
+			if cols, header, err = csvColumns(rec); err != nil {
+				return nil, fmt.Errorf("%w: azure trace line 1: %w", ErrBadWorkload, err)
+			}
+			if header {
+				headerless = false
+				continue
+			}
 		}
-		ts, err := parseAzureTime(strings.TrimSpace(rec[0]))
+		if len(rec) <= max(cols[0], cols[1], cols[2]) || (headerless && len(rec) != 3) {
+			return nil, fmt.Errorf("%w: azure trace line %d: %d fields", ErrBadWorkload, line, len(rec))
+		}
+		ts, err := parseTraceTime(strings.TrimSpace(rec[cols[0]]))
 		if err != nil {
 			return nil, fmt.Errorf("%w: azure trace line %d: timestamp: %w", ErrBadWorkload, line, err)
 		}
-		in, err1 := strconv.Atoi(strings.TrimSpace(rec[1]))
-		out, err2 := strconv.Atoi(strings.TrimSpace(rec[2]))
+		in, err1 := strconv.Atoi(strings.TrimSpace(rec[cols[1]]))
+		out, err2 := strconv.Atoi(strings.TrimSpace(rec[cols[2]]))
 		if err := errors.Join(err1, err2); err != nil || in <= 0 || out < 0 || in > 1<<24 {
-			return nil, fmt.Errorf("%w: azure trace line %d: context %q, generated %q", ErrBadWorkload, line, rec[1], rec[2])
+			return nil, fmt.Errorf("%w: azure trace line %d: prompt tokens %q, output tokens %q", ErrBadWorkload, line, rec[cols[1]], rec[cols[2]])
 		}
 		if len(reqs) == 0 {
 			t0 = ts

@@ -180,7 +180,22 @@ func TestAzure(t *testing.T) {
 			t.Fatalf("%q: %v %+v", csv, err, reqs)
 		}
 	}
+	// BurstGPT's form: seconds since its start, named columns in its order,
+	// other columns ignored; and a header in another order.
+	for _, csv := range []string{
+		"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,2162,5,2167,Conversation log\n6.49007,GPT-4,10,0,10,API log\n",
+		"output_length,input_length,timestamp\n5,2162,1700000000000\n0,10,1700000001490.07\n",
+	} {
+		reqs, err := Azure{}.Read(strings.NewReader(csv))
+		if err != nil || len(reqs) != 2 || reqs[1].Arrival.Round(time.Microsecond) != 1490070*time.Microsecond || reqs[0].PromptTokens != 2162 ||
+			reqs[0].OutputTokens != 5 || reqs[1].OutputTokens != 1 {
+			t.Fatalf("%q: %v %+v", csv, err, reqs)
+		}
+	}
 	for name, bad := range map[string]string{
+		"no columns": "Time,Model,Tokens\n5,m,1\n",
+		"short row":  "Timestamp,Model,Request tokens,Response tokens\n5,m,1\n",
+		"seconds":    "5,1,1\n-1,1,1\n",
 		"timestamp": "2023-11-16 18:15:46.6,1,1\nnope,1,1\n",
 		"fields":    "2023-11-16 18:15:46.6,1\n",
 		"context":   "2023-11-16 18:15:46.6,0,1\n",
@@ -210,6 +225,7 @@ func FuzzAzureRead(f *testing.F) {
 	f.Add("2023-11-16 18:15:46.6,1,1\n")
 	f.Add("2024-05-10 00:00:00.009930+00:00,2162,5\n")
 	f.Add("TIMESTAMP,a,b\n\"x\n")
+	f.Add("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,2162,5,2167,Conversation log\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		reqs, err := Azure{Seed: 1, Limit: 50}.Read(strings.NewReader(s))
 		if err != nil {
