@@ -131,7 +131,7 @@ func TestLearnSharerTakesTurns(t *testing.T) {
 //     so their estimates agree, and each still publishes only its own;
 //   - b leaves: a is back to its own samples.
 func TestLearnedCostsSharedByGossip(t *testing.T) {
-	eng, want := startLearnSim(t)
+	eng, want := startLearnSim(t, 25000)
 
 	engines := []StaticEngine{{ID: "e0", Model: "m", URL: eng.URL()}}
 	cfg := testConfig(engines...)

@@ -23,16 +23,17 @@ import (
 )
 
 // learnProfile is a simulated engine whose prefill is compute-bound and
-// linear in the prompt (attention and memory traffic negligible): 25,000
-// tokens/s, so a 12,000-token prompt prefills in 480 ms of model time. A
-// decode step costs its 2 ms overhead. Prefill is slow on purpose: every
-// per-token cost outside the model (the client's JSON, the ingress's parse
-// and hashing, the simulator's parse: ~1–3 µs a token under the race
-// detector on a busy machine) lands in the learned slope, and at 40 µs a
-// modelled token it stays under 10 %.
-func learnProfile() engine.Profile {
+// linear in the prompt (attention and memory traffic negligible), at
+// tokensPerSecond (its FLOPS over 2·Params); a decode step costs its 2 ms
+// overhead. Every per-token cost outside the model (the client's JSON, the
+// ingress's parse and hashing, the simulator's parse) lands in a learned
+// slope: ~1–3 µs a token under the race detector, but a CI run that
+// shares its 2 cores with other test binaries measured up to ~30 µs (a
+// 25,000-token/s engine was learned at 14,400), so the accuracy test runs
+// a slow engine, where that is under 15 % of a modelled token's 200 µs.
+func learnProfile(tokensPerSecond float64) engine.Profile {
 	return engine.Profile{Name: "learn-test", Params: 1e9, WeightBytes: 1e6, Layers: 1, Hidden: 8,
-		KVBytesPerToken: 1, FLOPS: 5e13, MemBW: 1e15, StepOverhead: 2 * time.Millisecond}
+		KVBytesPerToken: 1, FLOPS: 2e9 * tokensPerSecond, MemBW: 1e15, StepOverhead: 2 * time.Millisecond}
 }
 
 // TestIngressLearnsPrefillRateFromSimulator: an ingress whose learner
@@ -47,9 +48,9 @@ func learnProfile() engine.Profile {
 // prior's pseudo-samples span a wide range of prompt sizes: a narrow range
 // of real ones would leave the slope to the prior).
 // 30 % leaves room for a busy machine's jitter and for the prior's pull
-// (4 pseudo-samples against 48 requests).
+// (4 pseudo-samples against 24 requests).
 func TestIngressLearnsPrefillRateFromSimulator(t *testing.T) {
-	eng, want := startLearnSim(t)
+	eng, want := startLearnSim(t, 5000)
 
 	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: eng.URL()})
 	cfg.Scheduler.Policy = "kvmesh"
@@ -64,8 +65,8 @@ func TestIngressLearnsPrefillRateFromSimulator(t *testing.T) {
 		t.Fatalf("the prior %v is already within 30 %% of %v: the test shows nothing", got, want)
 	}
 
-	const n = 48
-	sendRandomStreams(t, s, rand.New(rand.NewPCG(7, 1)), n, 11500, 6)
+	const n = 24
+	sendRandomStreams(t, s, rand.New(rand.NewPCG(7, 1)), n, 6000, 6)
 	got := s.learned("e0")
 	t.Logf("learned %+v; the profile's prefill rate %v tokens/s", *got, want)
 	if math.Abs(got.PrefillRate/want-1) > 0.3 {
@@ -118,11 +119,11 @@ func sendRandomStreams(t *testing.T, s *Server, rng *rand.Rand, n, spread, maxTo
 	}
 }
 
-// startLearnSim starts a simulator of learnProfile in wall time and
-// returns it with the profile's true prefill rate.
-func startLearnSim(t *testing.T) (*sim.Server, float64) {
+// startLearnSim starts a simulator of learnProfile(tokensPerSecond) in
+// wall time and returns it with the profile's true prefill rate.
+func startLearnSim(t *testing.T, tokensPerSecond float64) (*sim.Server, float64) {
 	t.Helper()
-	prof := learnProfile()
+	prof := learnProfile(tokensPerSecond)
 	want, _, _ := prof.Rates()
 	eng, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 1, Seed: 3,
 		Engine: engine.Config{Profile: prof, MaxBatchTokens: 16384, GPUBlocks: 8192},
