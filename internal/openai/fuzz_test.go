@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"reflect"
 	"testing"
 )
@@ -12,68 +13,48 @@ func FuzzSSEReader(f *testing.F) {
 	for _, s := range []string{"data: {}\n\ndata: [DONE]\n\n", ": c\ndata: [1]\r\n\r\ndata: [DONE]\n\n", "data: {\n\n", "event: x\n\n", "data: [DONE]\n\nx"} {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, in []byte) {
-		var payloads [][]byte
-		err := ReadAll(bytes.NewReader(in), func(p []byte) error {
-			payloads = append(payloads, bytes.Clone(p))
-			return nil
-		})
-		if err != nil {
-			if !errors.Is(err, ErrBadStream) {
-				t.Fatalf("error %v does not wrap ErrBadStream", err)
-			}
-			return
-		}
-		// Accepted streams re-encode into streams that read back the same.
-		var out []byte
-		for _, p := range payloads {
-			if !json.Valid(p) {
-				t.Fatalf("accepted non-JSON payload %q", p)
-			}
-			out = AppendEvent(out, p)
-		}
-		out = AppendDone(out)
-		var again [][]byte
-		if err := ReadAll(bytes.NewReader(out), func(p []byte) error { again = append(again, bytes.Clone(p)); return nil }); err != nil {
-			t.Fatalf("re-encoded stream rejected: %v", err)
-		}
-		if !reflect.DeepEqual(payloads, again) {
-			t.Fatal("round trip changed the payloads")
-		}
-	})
+	f.Fuzz(func(t *testing.T, in []byte) { checkSSERoundTrip(t, ReadAll, in) })
 }
 
-// FuzzResponsesSSEReader: the Responses form never panics, errors wrap
-// ErrBadStream, and an accepted stream's payloads read back the same from
-// the plain form (event lines dropped, [DONE] added).
+// FuzzResponsesSSEReader: the Responses form (event lines, no [DONE]) holds
+// to the same rules, and its payloads read back the same from the plain
+// form.
 func FuzzResponsesSSEReader(f *testing.F) {
 	for _, s := range []string{"event: response.created\ndata: {}\n\n", "data: {}\n\nevent: x\ndata: [1]\r\n\r\n", "event: x\n\n", "event: x\nevent: y\ndata: {}\n\n", "", "data: [DONE]\n\n"} {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, in []byte) {
-		var payloads [][]byte
-		err := ReadAllResponses(bytes.NewReader(in), func(p []byte) error {
-			payloads = append(payloads, bytes.Clone(p))
-			return nil
-		})
-		if err != nil {
-			if !errors.Is(err, ErrBadStream) {
-				t.Fatalf("error %v does not wrap ErrBadStream", err)
-			}
-			return
-		}
-		var out []byte
-		for _, p := range payloads {
-			out = AppendEvent(out, p)
-		}
-		var again [][]byte
-		if err := ReadAll(bytes.NewReader(AppendDone(out)), func(p []byte) error { again = append(again, bytes.Clone(p)); return nil }); err != nil {
-			t.Fatalf("re-encoded stream rejected: %v", err)
-		}
-		if !reflect.DeepEqual(payloads, again) {
-			t.Fatal("round trip changed the payloads")
-		}
+	f.Fuzz(func(t *testing.T, in []byte) { checkSSERoundTrip(t, ReadAllResponses, in) })
+}
+
+// checkSSERoundTrip reads in with read: no panic, errors wrap ErrBadStream,
+// payloads are JSON, and an accepted stream re-encoded in the plain form
+// reads back the same payloads.
+func checkSSERoundTrip(t *testing.T, read func(io.Reader, func([]byte) error) error, in []byte) {
+	var payloads [][]byte
+	err := read(bytes.NewReader(in), func(p []byte) error {
+		payloads = append(payloads, bytes.Clone(p))
+		return nil
 	})
+	if err != nil {
+		if !errors.Is(err, ErrBadStream) {
+			t.Fatalf("error %v does not wrap ErrBadStream", err)
+		}
+		return
+	}
+	var out []byte
+	for _, p := range payloads {
+		if !json.Valid(p) {
+			t.Fatalf("accepted non-JSON payload %q", p)
+		}
+		out = AppendEvent(out, p)
+	}
+	var again [][]byte
+	if err := ReadAll(bytes.NewReader(AppendDone(out)), func(p []byte) error { again = append(again, bytes.Clone(p)); return nil }); err != nil {
+		t.Fatalf("re-encoded stream rejected: %v", err)
+	}
+	if !reflect.DeepEqual(payloads, again) {
+		t.Fatal("round trip changed the payloads")
+	}
 }
 
 func FuzzPrompt(f *testing.F) {
