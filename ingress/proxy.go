@@ -303,7 +303,9 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	ps.c, ps.up, ps.resp, ps.body, ps.wrap, ps.responses = c, up, resp, r, c.wrap, c.ep == epResponses
 	// A Responses stream opens with events vLLM sends before the prefill
 	// (responses.go): wait past them, so TTFT and retries mean the same.
-	for (ps.cut == 0 || ps.responses && respPreambleOnly(ps.buf[:ps.cut])) && ps.upErr == nil && ps.fill < len(ps.buf) {
+	// (A first event larger than the buffer is forwarded in pieces by
+	// fillOnce; a preamble that fills the buffer commits there.)
+	for ps.upErr == nil && (ps.cut == 0 || ps.responses && ps.fill < len(ps.buf) && respPreambleOnly(ps.buf[:ps.cut])) {
 		ps.fillOnce()
 	}
 	if ps.cut > 0 && (bytes.HasPrefix(ps.buf, errorEventPrefix) || ps.responses && respFirstEventFailed(ps.buf[:ps.cut])) {

@@ -338,3 +338,37 @@ func TestStallWatchEjectsHungEngine(t *testing.T) {
 		t.Fatalf("%v stall ejections of a live engine after %d probes; want 0 after at least one", got, slow.probes.Load())
 	}
 }
+
+// A first event larger than the proxy's buffer (a chunk carrying a long
+// prompt's token ids, say) streams through whole, for chat-style and
+// Responses streams alike.
+func TestLargeFirstEvent(t *testing.T) {
+	big := strings.Repeat("1,", 3*streamBufSize)
+	for _, tc := range []struct{ path, events string }{
+		{"/v1/completions", "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}],\"prompt_token_ids\":[" + big + "1]}\n\ndata: [DONE]\n\n"},
+		{"/v1/responses", "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"instructions\":\"" + big + "\"}}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"output_tokens\":1}}}\n\n"},
+	} {
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, tc.events)
+		})}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://" + ln.Addr().String()}), Deps{})
+		body := `{"model":"m","prompt":[1],"stream":true}`
+		if tc.path == "/v1/responses" {
+			body = `{"model":"m","input":"x","stream":true}`
+		}
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+tc.path, body)
+		if st != 200 || string(b) != tc.events {
+			t.Fatalf("%s: %d, %d bytes of %d (%.100q)", tc.path, st, len(b), len(tc.events), b)
+		}
+	}
+}
