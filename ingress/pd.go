@@ -423,7 +423,9 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	req.SetHost(up.hc.Addr)
 	req.SetBodyRaw(pbody)
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
-	up.inflight.Add(1)
+	if up.inflight.Add(1) == 1 {
+		up.progress.Store(time.Now().UnixNano()) // the stall watch counts from here (health.go)
+	}
 	pre := up.prefill.Add(charge)
 	up.total.Add(1)
 	// Do, not DoDeadline: the upstream clients stream response bodies,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
@@ -88,6 +89,13 @@ func (m roleMembership) Engines(dst []EngineInfo) []EngineInfo { return append(d
 
 func startPDIngress(t *testing.T, policy string, cfg PDConfig, engines ...EngineInfo) *Server {
 	t.Helper()
+	return startPDIngressWith(t, policy, cfg, testConfig(), engines...)
+}
+
+// startPDIngressWith is startPDIngress with the rest of the ingress's
+// config from c.
+func startPDIngressWith(t *testing.T, policy string, cfg PDConfig, c Config, engines ...EngineInfo) *Server {
+	t.Helper()
 	sched, err := registry.NewPolicy("kvmesh", 1, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +108,6 @@ func startPDIngress(t *testing.T, policy string, cfg PDConfig, engines ...Engine
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := testConfig()
 	c.PD = cfg
 	return startIngress(t, c, Deps{Membership: roleMembership(engines), PD: router})
 }
@@ -163,6 +170,30 @@ func TestPDPrefillFailsFallsBack(t *testing.T) {
 	}
 	if kv := d.params.Load().(string); kv != "" {
 		t.Fatalf("fallback decode leg carried kv_transfer_params %s", kv)
+	}
+}
+
+// TestPDPrefillEngineHung: a prefill engine that accepts connections and
+// answers nothing costs the client nothing either: the stall watch ejects it
+// and cuts the waiting prefill leg, and the decode engine serves the request
+// aggregated, long before the idle timeout.
+func TestPDPrefillEngineHung(t *testing.T) {
+	d := startFakePD(t, false)
+	c := testConfig()
+	c.IdleTimeout = 10 * time.Minute
+	c.Health.StallAfter, c.Health.ProbeTimeout = 100*time.Millisecond, 200*time.Millisecond
+	s := startPDIngressWith(t, "kvmesh-always", PDConfig{}, c,
+		pdEngine("p0", scheduler.RolePrefill, frozenEngine(t)), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	client := &http.Client{Timeout: time.Minute} // far below the idle timeout
+	st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if kv := d.params.Load().(string); kv != "" {
+		t.Fatalf("fallback decode leg carried kv_transfer_params %s", kv)
+	}
+	if got := val(s.health.stalls); got != 1 {
+		t.Fatalf("%v stall ejections, want 1", got)
 	}
 }
 
