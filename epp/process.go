@@ -299,6 +299,14 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 	s := x.s
 	infos := s.mem.Engines(nil)
 	slices.SortStableFunc(infos, func(a, b ingress.EngineInfo) int {
+		// A stored response's GET or cancel goes to the engine holding it
+		// (its id names the engine: docs/REQUESTS.md), then by load.
+		if oa, ob := ingress.ResponseOwner(x.path, a.ID), ingress.ResponseOwner(x.path, b.ID); oa != ob {
+			if oa {
+				return -1
+			}
+			return 1
+		}
 		return (a.InFlight + a.Waiting) - (b.InFlight + b.Waiting)
 	})
 	for _, e := range infos {

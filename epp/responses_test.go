@@ -58,6 +58,15 @@ func TestPickerResponses(t *testing.T) {
 				if res2.served != res.served || res2.status != 200 {
 					t.Fatalf("follow-up of %s served by %s (first turn %s): %d %s", r1.ID, res2.served, res.served, res2.status, res2.respBody)
 				}
+				// A GET of it through the gateway (bodyless: routed without
+				// the ingress's Pick) reaches its engine too.
+				res3, err := env.do(ctx, httpRequest{method: "GET", path: "/v1/responses/" + r1.ID}, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res3.served != res.served || res3.status != 200 || !strings.Contains(string(res3.respBody), r1.ID) {
+					t.Fatalf("GET %s served by %s (first turn %s): %d %s", r1.ID, res3.served, res.served, res3.status, res3.respBody)
+				}
 				// Any ingress replica reads the engine back from the id.
 				resp, err := http.Get("http://" + rig.ing.ing.Addr() + "/v1/responses/" + r1.ID)
 				if err != nil {

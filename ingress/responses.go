@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/fnv"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -370,6 +371,23 @@ func stampBody(b []byte, engine string) {
 	if at+respTagLen <= len(b) {
 		engineTag(b[at:at+respTagLen], engine)
 	}
+}
+
+// ResponseOwner reports whether the Responses path (/v1/responses/{id} or
+// /v1/responses/{id}/cancel, query included or not) names a response id
+// this project's ingress made for engine: the endpoint picker routes GET
+// and cancel of a stored response to the engine holding it with it.
+func ResponseOwner(path, engine string) bool {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	id, ok := strings.CutPrefix(path, "/v1/responses/")
+	if !ok {
+		return false
+	}
+	id, _, _ = strings.Cut(id, "/")
+	tag := respIDTag([]byte(id))
+	return tag != nil && hasTag(engine, tag)
 }
 
 // keepResponseEngine moves the engine holding previous_response_id (named by
