@@ -122,6 +122,7 @@ type engineHealth struct {
 	ejections   int       // ejections without a success in between (backoff)
 	probing     bool
 	stallNext   time.Time // stall watch: no new stall probe before
+	stalled     bool      // ejected by the stall watch (until a probe restores it)
 }
 
 // ejector tracks engine health for one replica. Its probe loop is owned by
@@ -275,6 +276,9 @@ func (e *ejector) probeLoop(quit <-chan struct{}, tick time.Duration) {
 
 // watchStalls probes every engine that holds requests of this replica and
 // has sent nothing for StallAfter (at most one probe per StallAfter each).
+// An engine it has already ejected gets its waiting requests cut again: one
+// whose connection was still being dialled or written at the first cut
+// would otherwise wait out the idle timeout.
 func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
 	if e.cfg.StallAfter <= 0 || e.ups == nil {
 		return
@@ -283,11 +287,15 @@ func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.
 	for _, up := range e.stallBuf {
 		h := e.get(up.id, up.url)
 		h.mu.Lock()
+		cut := h.ejected.Load() && h.stalled
 		due := !h.ejected.Load() && !h.probing && !now.Before(h.stallNext)
 		if due {
 			h.probing, h.stallNext = true, now.Add(e.cfg.StallAfter)
 		}
 		h.mu.Unlock()
+		if cut {
+			e.ups.closeEngine(up.id)
+		}
 		if due {
 			wg.Add(1)
 			go func() { // one per engine at most (probing)
@@ -312,6 +320,7 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	eject := err != nil && !h.ejected.Load() && ctx.Err() == nil
 	if eject {
 		e.ejectLocked(h, time.Now())
+		h.stalled = true
 		e.stalls.Inc()
 	}
 	h.mu.Unlock()
@@ -331,7 +340,7 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 		h.ejections++
 		return
 	}
-	h.consecutive, h.fails, h.reqs = 0, 0, 0
+	h.consecutive, h.fails, h.reqs, h.stalled = 0, 0, 0, false
 	if h.ejected.Swap(false) {
 		e.nEjected.Add(-1)
 		e.restores.Inc()
