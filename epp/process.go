@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -298,10 +299,19 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 	s := x.s
 	infos := s.mem.Engines(nil)
+	// A stored response's GET or cancel goes to the engine holding it (its
+	// id names the engine: docs/REQUESTS.md), then by load.
+	owner := ""
+	if strings.HasPrefix(x.path, "/v1/responses/") {
+		for i := range infos {
+			if ingress.ResponseOwner(x.path, infos[i].ID) {
+				owner = infos[i].ID
+				break
+			}
+		}
+	}
 	slices.SortStableFunc(infos, func(a, b ingress.EngineInfo) int {
-		// A stored response's GET or cancel goes to the engine holding it
-		// (its id names the engine: docs/REQUESTS.md), then by load.
-		if oa, ob := ingress.ResponseOwner(x.path, a.ID), ingress.ResponseOwner(x.path, b.ID); oa != ob {
+		if oa, ob := a.ID == owner, b.ID == owner; owner != "" && oa != ob {
 			if oa {
 				return -1
 			}

@@ -3,9 +3,9 @@ package ingress
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"hash/fnv"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -37,12 +37,16 @@ const respIDPrefix = "resp_kvm"
 // respTagLen is the engine tag's length in hex digits.
 const respTagLen = 16
 
-// engineTag writes the 16-hex-digit tag of engine id into dst[:16].
+// engineTag writes the 16-hex-digit tag of engine id (FNV-1a, 64 bits)
+// into dst[:16], allocating nothing.
 func engineTag(dst []byte, id string) {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(id))
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint64(id[i])) * 1099511628211
+	}
 	var sum [8]byte
-	hex.Encode(dst[:respTagLen], h.Sum(sum[:0]))
+	binary.BigEndian.PutUint64(sum[:], h)
+	hex.Encode(dst[:respTagLen], sum[:])
 }
 
 // respIDTag returns the engine tag in a response id this ingress made, or
@@ -480,40 +484,34 @@ var (
 	respErrorEvent = []byte("event: error")
 )
 
-// respPreambleOnly reports whether events (whole SSE events) are only
-// response.created and response.in_progress, which vLLM sends before the
-// prefill: the stream has not really started.
-func respPreambleOnly(events []byte) bool {
+// respFirstEvent returns the first of events (whole SSE events) that is not
+// response.created or response.in_progress, which vLLM sends before the
+// prefill; ok is false while there is none (the stream has not really
+// started).
+func respFirstEvent(events []byte) (ev []byte, ok bool) {
 	for len(events) > 0 {
 		i := bytes.Index(events, eventSep)
 		if i < 0 {
-			return true
+			return nil, false
 		}
-		ev := events[:i]
-		events = events[i+len(eventSep):]
+		ev, events = events[:i], events[i+len(eventSep):]
 		if !bytes.Contains(ev, respCreated) && !bytes.Contains(ev, respInProgress) {
-			return false
+			return ev, true
 		}
 	}
-	return true
+	return nil, false
+}
+
+// respPreambleOnly reports whether events hold no event past the preamble.
+func respPreambleOnly(events []byte) bool {
+	_, ok := respFirstEvent(events)
+	return !ok
 }
 
 // respFirstEventFailed reports whether the first real event is an error.
 func respFirstEventFailed(events []byte) bool {
-	for len(events) > 0 {
-		i := bytes.Index(events, eventSep)
-		if i < 0 {
-			return false
-		}
-		ev := events[:i]
-		events = events[i+len(eventSep):]
-		if bytes.Contains(ev, respCreated) || bytes.Contains(ev, respInProgress) {
-			continue
-		}
-		return bytes.HasPrefix(ev, respErrorEvent) || bytes.HasPrefix(ev, errorEventPrefix) ||
-			bytes.Contains(ev, respEnds[2])
-	}
-	return false
+	ev, ok := respFirstEvent(events)
+	return ok && (bytes.HasPrefix(ev, respErrorEvent) || bytes.HasPrefix(ev, errorEventPrefix) || bytes.Contains(ev, respEnds[2]))
 }
 
 // respEnded reports whether events hold the stream's last event.

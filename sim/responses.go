@@ -534,24 +534,29 @@ func (a *responsesAPI) stream(w http.ResponseWriter, r *http.Request, resp *resp
 	_ = st.event(&respEvent{Type: "response.completed", Response: final})
 }
 
-// get is GET /v1/responses/{id}.
-func (a *responsesAPI) get(w http.ResponseWriter, r *http.Request) {
+// stored returns the stored response the path's {id} names, or answers
+// vLLM's 404 and returns nil.
+func (a *responsesAPI) stored(w http.ResponseWriter, r *http.Request) *storedResponse {
 	id := r.PathValue("id")
 	sr := a.store.get(id)
 	if sr == nil {
 		writeRespNotFound(w, id)
-		return
 	}
-	writeJSON(w, http.StatusOK, sr.resp)
+	return sr
+}
+
+// get is GET /v1/responses/{id}.
+func (a *responsesAPI) get(w http.ResponseWriter, r *http.Request) {
+	if sr := a.stored(w, r); sr != nil {
+		writeJSON(w, http.StatusOK, sr.resp)
+	}
 }
 
 // cancel is POST /v1/responses/{id}/cancel: only background responses
 // still queued or in progress can be cancelled, and the simulator runs none.
 func (a *responsesAPI) cancel(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	sr := a.store.get(id)
+	sr := a.stored(w, r)
 	if sr == nil {
-		writeRespNotFound(w, id)
 		return
 	}
 	if sr.resp.Status != "queued" && sr.resp.Status != "in_progress" {

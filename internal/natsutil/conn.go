@@ -53,7 +53,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		log.Info("started embedded nats server", "url", e.URL(), "store", e.StoreDir())
 	}
 	c.connected, c.quit = make(chan struct{}, 1), make(chan struct{})
-	opts, err := options(cfg, log, c.connected)
+	opts, err := options(cfg, log, c.signalConnected)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -143,13 +143,9 @@ func (c *Conn) Close() {
 	})
 }
 
-func options(cfg Config, log *slog.Logger, connected chan struct{}) ([]nats.Option, error) {
-	signal := func() {
-		select {
-		case connected <- struct{}{}:
-		default:
-		}
-	}
+// options builds the connection's options; connected is called on each
+// (re)connect.
+func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.Timeout(cfg.ConnectTimeout),
@@ -159,7 +155,7 @@ func options(cfg Config, log *slog.Logger, connected chan struct{}) ([]nats.Opti
 		nats.RetryOnFailedConnect(cfg.WaitForServer),
 		nats.ConnectHandler(func(nc *nats.Conn) { // with WaitForServer: the first connection, made late
 			log.Info("nats connected", "url", nc.ConnectedUrlRedacted())
-			signal()
+			connected()
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil {
@@ -169,7 +165,7 @@ func options(cfg Config, log *slog.Logger, connected chan struct{}) ([]nats.Opti
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
-			signal()
+			connected()
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""

@@ -2,15 +2,10 @@ package openai
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
-	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/sim/simtest"
@@ -49,27 +44,10 @@ func TestOpenAINodeClientPD(t *testing.T) {
 	defer cancel()
 	node, dir := installClient(t, ctx)
 	const model = "e2e-model"
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cl := simtest.StartPDForTest(t, simtest.PDOptions{Base: sim.Config{Model: model, TimeScale: 200, Seed: 1, Logger: quiet, HTTPAddr: "127.0.0.1:0"}})
 	cfg := ingress.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
 	cfg.PD.Policy = "kvmesh-always"
-	keys := filepath.Join(dir, "keys.txt")
-	if err := os.WriteFile(keys, []byte("e2e "+testKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(auth.Config{KeysFile: keys, EnvVar: "-"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := ingress.New(cfg, ingress.Deps{Logger: quiet, AccessLog: quiet, Auth: store, Membership: pdMembership(cl, model)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := startIngress(t, ctx, cfg, ingress.Deps{Auth: keyStore(t, dir), Membership: pdMembership(cl, model)})
 	checkClient(t, ctx, node, dir, srv.Addr(), model)
 	if l := cl.Prefill[0].Load(0); l.Finished == 0 || l.GenerationTokens != l.Finished {
 		t.Errorf("prefill engine ran %d requests, %d output tokens: want prefill legs (one token each)", l.Finished, l.GenerationTokens)
