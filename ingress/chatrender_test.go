@@ -150,10 +150,10 @@ func TestChatRequestRejections(t *testing.T) {
 	for _, c := range []struct {
 		path, body, param, msg string
 	}{
-		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"https://x/cat.png"}}]}]}`,
-			"messages", "accepts text only"},
-		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]}]}`,
-			"messages", "input_audio"},
+		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"file","file":{"file_id":"f1"}}]}]}`,
+			"messages", `unsupported type "file"`},
+		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":[{"uuid":"u1"}]}]}`,
+			"messages", "has no type"},
 		{"/v1/completions", `{"model":"llama","prompt":[1,2,` + itoa(nt.VocabSize()) + `]}`, "prompt", "out of vocabulary"},
 		{"/v1/completions", `{"model":"llama","prompt":[[1,2],[3,` + itoa(nt.VocabSize()+5) + `]]}`, "prompt", "prompt[1]: token id"},
 		{"/v1/chat/completions", `{"model":"llama","messages":[{"role":7,"content":"x"}]}`, "messages[0].role", "must be a string"},

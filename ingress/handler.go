@@ -42,6 +42,7 @@ type call struct {
 	dropUsage bool   // the usage chunk was added by us: keep it from the client
 	path      string // upstream path
 	wrap      bool   // chat answered through /v1/completions and re-wrapped
+	media     int    // media items in the chat prompt (keys stop at the first)
 	engine    string
 	picked    string // the policy's pick, until reported finished (policyDone)
 	match     index.Match
@@ -385,7 +386,8 @@ func (c *call) tokenize() error {
 			c.tokens = nil
 			return nil
 		}
-		if c.tokens, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
+		var n, media int
+		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
 			if errors.Is(err, ErrNoChatTemplate) {
 				c.tokens = nil
 				c.approx = len(c.req.messages) / 4
@@ -396,6 +398,15 @@ func (c *call) tokenize() error {
 				return err
 			}
 			return badRequest("messages", fmt.Errorf("%w: render chat: %w", ErrBadRequest, err))
+		}
+		if media > 0 {
+			// Keys cover the prompt before its first media item; the
+			// request goes as chat, for the engine to fetch the media.
+			c.promptTokens, c.media = max(1, n), media
+			if len(c.tokens) == 0 {
+				c.tokens = nil
+			}
+			break
 		}
 		if s.cfg.ChatMode == ChatModeCompletions && c.ep == epChat {
 			c.path = "/v1/completions"

@@ -171,8 +171,9 @@ func (r *request) finishResponses() error {
 
 // appendInputItem appends input item i as the chat message vLLM makes of it:
 // a message item (role and content; a content part of type input_text or
-// output_text becomes a text part, others are left out: the ingress only
-// needs the text to key the prompt), a function_call as an assistant tool
+// output_text becomes a text part, an input_image stays as it is, as vLLM
+// hands it to the chat parser, others are left out: the ingress only needs
+// the text to key the prompt), a function_call as an assistant tool
 // call, a function_call_output as a tool message. A reasoning item adds
 // nothing.
 func appendInputItem(b, item []byte, i int) (_ []byte, added bool, err error) {
@@ -267,6 +268,12 @@ func appendInputItem(b, item []byte, i int) (_ []byte, added bool, err error) {
 				b = append(b, `{"type":"text","text":`...)
 				b = append(b, text...)
 				b = append(b, '}')
+			case `"input_image"`:
+				if parts > 0 {
+					b = append(b, ',')
+				}
+				parts++
+				b = append(b, p...) // the chat parser takes it as it is (keys stop there)
 			}
 			return nil
 		})

@@ -33,7 +33,7 @@ func TestResponsesRequest(t *testing.T) {
 			{"type":"function_call_output","call_id":"call_1","output":"42"}],
 			"tools":[{"type":"function","name":"get","description":"gets","parameters":{"type":"object"}},{"type":"web_search"}],"tool_choice":"auto"}`,
 			messages: `[{"role":"developer","content":"d"},
-				{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+				{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_image","image_url":"x"},{"type":"text","text":"b"}]},
 				{"role":"assistant","content":[{"type":"text","text":"c"}]},
 				{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"q\":1}"}}]},
 				{"role":"tool","content":"42","tool_call_id":"call_1"}]`,

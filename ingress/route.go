@@ -207,7 +207,7 @@ func (c *call) reschedule() error {
 	if err := c.candidates(); err != nil {
 		return err
 	}
-	c.body, c.wrap, c.dropUsage, c.approx, c.promptTokens = c.body[:0], false, false, 0, 0
+	c.body, c.wrap, c.dropUsage, c.approx, c.promptTokens, c.media = c.body[:0], false, false, 0, 0, 0
 	c.tokens = c.tokens[:0]
 	if err := c.tokenize(); err != nil {
 		return err

@@ -53,45 +53,59 @@ func (h *hfTokenizer) RenderChat(dst []uint32, msgs []Message) ([]uint32, error)
 // RenderChatRequest renders the whole chat request (messages with their
 // tool calls and content parts, tools, documents, chat_template_kwargs, the
 // generation-prompt switches) as vLLM does, and encodes it without adding
-// special tokens, as vLLM does for chat.
-func (h *hfTokenizer) RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) ([]uint32, error) {
+// special tokens, as vLLM does for chat. With media (images, audio, video)
+// the ids stop at the first media item: the engine expands each item into
+// tokens of its own and mixes the item's hash into the keys of every block
+// from there on, so only the prefix before it can be keyed. n is the
+// prompt's token count without the media's own tokens, media the number of
+// media items.
+func (h *hfTokenizer) RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) (ids []uint32, n, media int, err error) {
 	if h.tpl == nil {
-		return dst, ErrNoChatTemplate
+		return dst, 0, 0, ErrNoChatTemplate
 	}
-	s, err := h.tpl.RenderRequest(req)
+	p, err := h.tpl.RenderPrompt(req)
 	if err != nil {
-		return dst, fmt.Errorf("chat template: %w", err)
+		return dst, 0, 0, fmt.Errorf("chat template: %w", err)
 	}
-	return h.enc.AppendEncode(dst, s, false), nil
+	if len(p.Media) == 0 {
+		dst = h.enc.AppendEncode(dst, p.Text, false)
+		return dst, len(dst), 0, nil
+	}
+	all := h.enc.AppendEncode(dst, p.Text, false)
+	n = len(all) - len(dst)
+	return h.enc.AppendEncode(all[:len(dst)], p.Text[:p.Prefix], false), n, len(p.Media), nil
 }
 
 // VocabSize is the number of token ids the model knows.
 func (h *hfTokenizer) VocabSize() int { return h.vocab }
 
 // chatRequestRenderer is the optional capability of a Tokenizer to render a
-// whole chat request; tokenizers without it (test fakes) get the flattened
-// messages through RenderChat.
+// whole chat request (hfTokenizer.RenderChatRequest); tokenizers without it
+// (test fakes) get the flattened messages through RenderChat.
 type chatRequestRenderer interface {
-	RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) ([]uint32, error)
+	RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) (ids []uint32, n, media int, err error)
 }
 
 // vocabSizer is the optional capability of a Tokenizer to say how many ids
 // it knows, so token-id prompts beyond it are refused as vLLM refuses them.
 type vocabSizer interface{ VocabSize() int }
 
-// renderChat renders r's chat prompt with tok. Content the model cannot take
-// (an image for a text-only tokenizer) and malformed chat members are 400s.
-func renderChat(tok Tokenizer, dst []uint32, r *request) ([]uint32, error) {
+// renderChat renders r's chat prompt with tok: the ids routing keys on,
+// the prompt's token count and its media items (see
+// hfTokenizer.RenderChatRequest). Content vLLM refuses (an unknown part
+// type) and malformed chat members are 400s.
+func renderChat(tok Tokenizer, dst []uint32, r *request) (ids []uint32, n, media int, err error) {
 	cr, ok := tok.(chatRequestRenderer)
 	if !ok {
-		return tok.RenderChat(dst, r.chatMessages())
+		ids, err = tok.RenderChat(dst, r.chatMessages())
+		return ids, len(ids), 0, err
 	}
-	ids, err := cr.RenderChatRequest(dst, &tokenizer.ChatRequest{Messages: r.messages, Tools: r.tools, Documents: r.documents,
+	ids, n, media, err = cr.RenderChatRequest(dst, &tokenizer.ChatRequest{Messages: r.messages, Tools: r.tools, Documents: r.documents,
 		Kwargs: r.templateKwargs, AddGenerationPrompt: r.addGenPrompt, ContinueFinalMessage: r.continueFinal})
 	if errors.Is(err, tokenizer.ErrUnsupportedContent) {
-		return ids, badRequest("messages", fmt.Errorf("%w: %w", ErrBadRequest, err))
+		return ids, 0, 0, badRequest("messages", fmt.Errorf("%w: %w", ErrBadRequest, err))
 	}
-	return ids, err
+	return ids, n, media, err
 }
 
 // checkVocab refuses token ids the model's tokenizer does not know (vLLM:

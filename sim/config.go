@@ -73,6 +73,11 @@ type Config struct {
 	// Default 16 for completions (vLLM's); chat uses DefaultChatMaxTokens.
 	DefaultMaxTokens     int
 	DefaultChatMaxTokens int // default 256 (vLLM: up to max_model_len)
+	// MediaTokens is the tokens each media item of a chat request (an
+	// image, audio or video part) adds to its prompt, where the engine's
+	// encoder output would go (text.go). Default 256 (Qwen2-VL's 448×448
+	// image).
+	MediaTokens int
 	// MaxWaiting bounds queued requests per rank; beyond it requests get 503.
 	// Default 4096.
 	MaxWaiting int
@@ -119,6 +124,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.DefaultChatMaxTokens == 0 {
 		c.DefaultChatMaxTokens = 256
+	}
+	if c.MediaTokens == 0 {
+		c.MediaTokens = 256
 	}
 	if c.MaxWaiting == 0 {
 		c.MaxWaiting = 4096
@@ -167,8 +175,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("endpoint %q: %w", ep, err))
 		}
 	}
-	if c.ReplayBuffer < 0 || c.MaxWaiting < 1 || c.MaxBodyBytes < 1 || c.DefaultMaxTokens < 1 || c.DefaultChatMaxTokens < 1 {
-		errs = append(errs, errors.New("replay buffer, max waiting, max body bytes and default max tokens must be positive"))
+	if c.ReplayBuffer < 0 || c.MaxWaiting < 1 || c.MaxBodyBytes < 1 || c.DefaultMaxTokens < 1 || c.DefaultChatMaxTokens < 1 || c.MediaTokens < 1 {
+		errs = append(errs, errors.New("replay buffer, max waiting, max body bytes, default max tokens and media tokens must be positive"))
 	}
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, err)

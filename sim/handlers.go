@@ -247,20 +247,14 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-	var text string
-	if rr, ok := s.chat.(requestRenderer); ok {
-		text, err = rr.RenderChatRequest(req)
-	} else {
-		text, err = s.chat.RenderChat(req.Messages, addGen)
-	}
+	prompt, err := s.chatTokens(req, false)
 	if err != nil {
 		s.fail(w, badRequest("render chat template: %v", err))
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
-		prompts: [][]uint32{s.tok.AppendEncode(nil, text, false)}}
+		prompts: [][]uint32{prompt}}
 	if g.maxTokens == 0 {
 		g.maxTokens = min(s.cfg.DefaultChatMaxTokens, max(1, s.cfg.Engine.MaxModelLen-len(g.prompts[0])))
 	}
@@ -507,18 +501,10 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	var ids []uint32
 	if len(req.Messages) > 0 {
-		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		var text string
-		if rr, ok := s.chat.(requestRenderer); ok {
-			text, err = rr.RenderChatRequest(req.Chat())
-		} else {
-			text, err = s.chat.RenderChat(req.Messages, addGen)
-		}
-		if err != nil {
+		if ids, err = s.chatTokens(req.Chat(), req.AddSpecialTokens != nil && *req.AddSpecialTokens); err != nil {
 			s.fail(w, badRequest("render chat template: %v", err))
 			return
 		}
-		ids = s.tok.AppendEncode(nil, text, req.AddSpecialTokens != nil && *req.AddSpecialTokens)
 	} else {
 		ids = s.tok.AppendEncode(nil, req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	}

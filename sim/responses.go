@@ -366,21 +366,15 @@ func (a *responsesAPI) render(req *responsesRequest, msgs []respMessage) ([]uint
 	for i := range msgs {
 		chat[i] = msgs[i].chatMessage()
 	}
-	var text string
-	var err error
-	if rr, ok := s.chat.(requestRenderer); ok {
-		raw, merr := json.Marshal(msgs)
-		if merr != nil {
-			return nil, badRequest("input: %v", merr)
-		}
-		text, err = rr.RenderChatRequest(&openai.ChatRequest{Model: req.Model, Messages: chat, RawMessages: raw, Tools: req.chatTools})
-	} else {
-		text, err = s.chat.RenderChat(chat, true)
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		return nil, badRequest("input: %v", err)
 	}
+	ids, err := s.chatTokens(&openai.ChatRequest{Model: req.Model, Messages: chat, RawMessages: raw, Tools: req.chatTools}, false)
 	if err != nil {
 		return nil, badRequest("render chat template: %v", err)
 	}
-	return s.tok.AppendEncode(nil, text, false), nil
+	return ids, nil
 }
 
 // Stream events. Each event is written as "event: <type>\ndata: <json>\n\n"

@@ -142,7 +142,8 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 // inputMessages converts input (a string, or an array of input items) into
 // the chat messages vLLM renders: a string is one user message; an item
 // with a role (type "message" or none) is that message, its text parts
-// (input_text, output_text, text) kept as text parts; a function_call is an
+// (input_text, output_text, text) kept as text parts and its input_image
+// parts as they are; a function_call is an
 // assistant message with one tool call; a function_call_output is a tool
 // message; a reasoning item adds nothing.
 func inputMessages(input json.RawMessage) ([]respMessage, error) {
@@ -263,7 +264,7 @@ func inputItem(raw json.RawMessage, i int) (_ respMessage, ok bool, _ error) {
 			Type string `json:"type"`
 			Text string `json:"text"`
 		}
-		kept := []textPart{}
+		kept := []any{}
 		for j, p := range parts {
 			if len(p) == 0 || p[0] != '{' {
 				return respMessage{}, false, badRequest("input[%d].content[%d]: must be an object", i, j)
@@ -283,9 +284,11 @@ func inputItem(raw json.RawMessage, i int) (_ respMessage, ok bool, _ error) {
 				}
 				kept = append(kept, textPart{Type: "text", Text: text})
 				m.text += text
+			case "input_image":
+				kept = append(kept, p) // vLLM hands it to the chat parser as it is
 			}
-			// Other parts (images, files, refusals) carry no text for the
-			// template and are left out.
+			// Other parts (files, refusals) carry no text for the template
+			// and are left out.
 		}
 		b, err := json.Marshal(kept)
 		if err != nil {

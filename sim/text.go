@@ -83,8 +83,8 @@ var _ ChatRenderer = TemplateChat{}
 // RenderChatRequest renders the whole request (tool calls, content parts,
 // tools, documents, chat_template_kwargs) the way vLLM does; the ingress
 // renders with the same code, so both compute the same block keys.
-func (c TemplateChat) RenderChatRequest(req *openai.ChatRequest) (string, error) {
-	return c.T.RenderRequest(&tokenizer.ChatRequest{Messages: req.RawMessages, Tools: req.Tools, Documents: req.Documents,
+func (c TemplateChat) RenderChatRequest(req *openai.ChatRequest) (tokenizer.Prompt, error) {
+	return c.T.RenderPrompt(&tokenizer.ChatRequest{Messages: req.RawMessages, Tools: req.Tools, Documents: req.Documents,
 		Kwargs: req.ChatTemplateKwargs, AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
 		ContinueFinalMessage: req.ContinueFinalMessage})
 }
@@ -92,8 +92,49 @@ func (c TemplateChat) RenderChatRequest(req *openai.ChatRequest) (string, error)
 // requestRenderer is the optional capability of a ChatRenderer to render a
 // whole chat request rather than flattened messages.
 type requestRenderer interface {
-	RenderChatRequest(req *openai.ChatRequest) (string, error)
+	RenderChatRequest(req *openai.ChatRequest) (tokenizer.Prompt, error)
 }
+
+// chatTokens renders req's chat and tokenizes it (addSpecial: add the
+// tokenizer's special tokens, which vLLM does not for chat). The media
+// items are MediaTokens tokens each, placed together where the first one
+// sits and drawn from their keys: the engine expands an item into its
+// encoder's tokens and mixes its hash into the keys of the blocks from
+// there on, so the same image hits the cache and another one misses. With
+// only the flat renderer, content parts count as their text.
+func (s *Server) chatTokens(req *openai.ChatRequest, addSpecial bool) ([]uint32, error) {
+	rr, ok := s.chat.(requestRenderer)
+	if !ok {
+		text, err := s.chat.RenderChat(req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+		if err != nil {
+			return nil, err
+		}
+		return s.tok.AppendEncode(nil, text, addSpecial), nil
+	}
+	p, err := rr.RenderChatRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.Media) == 0 {
+		return s.tok.AppendEncode(nil, p.Text, addSpecial), nil
+	}
+	ids := s.tok.AppendEncode(nil, p.Text[:p.Prefix], addSpecial)
+	for _, m := range p.Media {
+		x := m.Key
+		for range s.cfg.MediaTokens {
+			x += 0x9e3779b97f4a7c15 // splitmix64: ids spread over the low vocabulary
+			z := (x ^ x>>30) * 0xbf58476d1ce4e5b9
+			z = (z ^ z>>27) * 0x94d049bb133111eb
+			ids = append(ids, uint32((z^z>>31)%mediaVocab))
+		}
+	}
+	return s.tok.AppendEncode(ids, p.Text[p.Prefix:], false), nil
+}
+
+// mediaVocab bounds the ids standing for media tokens: ids every
+// tokenizer the simulator loads knows (the byte fallback's 256 included
+// would repeat too often; real vocabularies start at 32k).
+const mediaVocab = 32000
 
 // RenderChat implements ChatRenderer.
 func (c TemplateChat) RenderChat(msgs []openai.ChatMessage, addGenerationPrompt bool) (string, error) {

@@ -3,6 +3,8 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io"
 	"maps"
 	"strings"
 
@@ -44,14 +46,89 @@ var reservedVars = map[string]bool{"messages": true, "tools": true, "documents":
 //   - tool call arguments given as a JSON string are parsed into an object
 //     ({} when empty or not an object), an empty tool_calls list is dropped;
 //   - tools become {"type", "function": {"name", "description", "parameters",
-//     …extra}} like vLLM's pydantic model_dump (absent fields are null).
+//     …extra}} like vLLM's pydantic model_dump (absent fields are null);
+//   - a media part becomes {"type": "image"} (audio, video) in the "openai"
+//     format and is left out of the "string" format's text (RenderPrompt
+//     says where it sits).
 //
 // Errors wrap ErrInvalid (malformed input) or ErrUnsupportedContent.
 func (c *ChatTemplate) RenderRequest(req *ChatRequest) (string, error) {
+	return c.render(req, &mediaPass{})
+}
+
+// Media is one media item of a chat request: an image, audio, video or
+// prompt-embeds part.
+type Media struct {
+	Modality string // "image", "audio", "video" or "prompt_embeds"
+	// Key identifies the item: FNV-1a of its uuid when the part has one (as
+	// vLLM then uses the uuid for its multimodal hash), else of its data.
+	Key uint64
+}
+
+// Prompt is a chat request rendered as vLLM renders it, with where its
+// media sit.
+type Prompt struct {
+	// Text is the rendering. A media item is what the template makes of
+	// {"type": modality} (vLLM's "openai" content format: Qwen-VL's
+	// <|vision_start|><|image_pad|><|vision_end|>, Gemma's
+	// <start_of_image>); the engine then expands it into the item's own
+	// tokens. In the "string" format vLLM puts a model-specific placeholder
+	// before the message's text, which is not in Text.
+	Text string
+	// Prefix is how many bytes of Text come before the first media item:
+	// the part of the prompt whose tokens (and KV blocks) do not depend on
+	// any media. len(Text) without media; 0 when the media's place cannot
+	// be found.
+	Prefix int
+	Media  []Media
+}
+
+// RenderPrompt renders req as RenderRequest does and finds where its first
+// media item sits: the template renders the request a second time with
+// every media item as a marker text (in the "string" format, a marker
+// before the message's text, where vLLM puts the placeholders), and Prefix
+// is where the two renderings part or the first marker starts, whichever
+// is first. A router keys only that prefix: blocks from the first media
+// item on depend on the item itself (vLLM mixes its hash into their keys).
+func (c *ChatTemplate) RenderPrompt(req *ChatRequest) (Prompt, error) {
+	var first mediaPass
+	text, err := c.render(req, &first)
+	if err != nil {
+		return Prompt{}, err
+	}
+	p := Prompt{Text: text, Prefix: len(text), Media: first.items}
+	if len(p.Media) == 0 {
+		return p, nil
+	}
+	marked, err := c.render(req, &mediaPass{marker: true})
+	at := strings.Index(marked, mediaMarker)
+	if err != nil || at < 0 {
+		p.Prefix = 0 // the template dropped the marker: the media's place is unknown
+		return p, nil
+	}
+	n := 0
+	for n < at && n < len(text) && text[n] == marked[n] {
+		n++
+	}
+	p.Prefix = n
+	return p, nil
+}
+
+// mediaMarker stands for a media item in RenderPrompt's second rendering.
+const mediaMarker = "\x00kvmesh-media\x00"
+
+// mediaPass is one rendering's treatment of media parts: as vLLM passes
+// them to the template, or as mediaMarker text; items collects them.
+type mediaPass struct {
+	marker bool
+	items  []Media
+}
+
+func (c *ChatTemplate) render(req *ChatRequest, mp *mediaPass) (string, error) {
 	if req.ContinueFinalMessage && req.AddGenerationPrompt {
 		return "", fmt.Errorf("render chat: %w: add_generation_prompt and continue_final_message cannot both be true", ErrInvalid)
 	}
-	msgs, err := c.conversation(req.Messages)
+	msgs, err := c.conversation(req.Messages, mp)
 	if err != nil {
 		return "", err
 	}
@@ -109,7 +186,7 @@ func optionalJSON(raw []byte, field string) (any, error) {
 }
 
 // conversation builds the template's messages from the request's.
-func (c *ChatTemplate) conversation(raw []byte) ([]any, error) {
+func (c *ChatTemplate) conversation(raw []byte, mp *mediaPass) ([]any, error) {
 	v, err := chattmpl.FromJSON(raw)
 	if err != nil {
 		return nil, fmt.Errorf("render chat: %w: messages: %v", ErrInvalid, err)
@@ -124,14 +201,14 @@ func (c *ChatTemplate) conversation(raw []byte) ([]any, error) {
 		if !ok {
 			return nil, fmt.Errorf("render chat: %w: messages[%d] must be an object", ErrInvalid, i)
 		}
-		if out[i], err = c.message(d, i); err != nil {
+		if out[i], err = c.message(d, i, mp); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func (c *ChatTemplate) message(m *chattmpl.Dict, i int) (*chattmpl.Dict, error) {
+func (c *ChatTemplate) message(m *chattmpl.Dict, i int, mp *mediaPass) (*chattmpl.Dict, error) {
 	rv, _ := m.Get("role")
 	role, ok := rv.(string)
 	if !ok || role == "" {
@@ -144,7 +221,7 @@ func (c *ChatTemplate) message(m *chattmpl.Dict, i int) (*chattmpl.Dict, error) 
 	if s, ok := cv.(string); ok && !wantParts {
 		out.Set("content", s) // the common case: no parts to build and join
 	} else {
-		texts, parts, err := contentParts(cv, i)
+		texts, parts, err := contentParts(cv, i, mp)
 		if err != nil {
 			return nil, err
 		}
@@ -186,11 +263,19 @@ func (c *ChatTemplate) message(m *chattmpl.Dict, i int) (*chattmpl.Dict, error) 
 // others (vLLM's _collect_extra_fields), e.g. cache_control.
 var knownPartFields = map[string]bool{"type": true, "text": true, "refusal": true, "image_url": true, "input_audio": true,
 	"audio_url": true, "video_url": true, "file": true, "uuid": true, "image_pil": true, "image_embeds": true,
-	"audio_embeds": true, "video_embeds": true, "prompt_embeds": true, "input_image": true, "tool_reference": true, "name": true}
+	"audio_embeds": true, "video_embeds": true, "prompt_embeds": true, "input_image": true, "tool_reference": true, "name": true,
+	"thinking": true}
 
 // contentParts returns a message's text pieces and its parts in the openai
-// form. Media parts are refused: kvmesh's tokenizers are text-only.
-func contentParts(cv any, i int) ([]string, []any, error) {
+// form, as vLLM's _parse_chat_message_content_parts makes them: text parts
+// (text, input_text, output_text, refusal, thinking) keep their text; a
+// media part (image_url, input_image, image_pil, image_embeds, audio_url,
+// input_audio, audio_embeds, video_url, prompt_embeds; without a type, the
+// media field it has) is recorded in mp and becomes {"type": modality}
+// (mp.marker: a mediaMarker text part, and a marker before the texts, where
+// vLLM's "string" format puts the placeholders); tool_reference keeps its
+// name. Any other part type is refused, as vLLM refuses it.
+func contentParts(cv any, i int, mp *mediaPass) ([]string, []any, error) {
 	switch x := cv.(type) {
 	case nil:
 		return nil, []any{}, nil
@@ -199,6 +284,7 @@ func contentParts(cv any, i int) ([]string, []any, error) {
 	case []any:
 		var texts []string
 		parts := []any{}
+		media := false
 		for j, p := range x {
 			if s, ok := p.(string); ok {
 				texts, parts = append(texts, s), append(parts, textPart(s, nil))
@@ -208,28 +294,105 @@ func contentParts(cv any, i int) ([]string, []any, error) {
 			if !ok {
 				return nil, nil, fmt.Errorf("render chat: %w: messages[%d].content[%d] must be an object", ErrInvalid, i, j)
 			}
-			tv, _ := d.Get("type")
+			tv, hasType := d.Get("type")
 			typ, _ := tv.(string)
+			if !hasType || tv == nil {
+				typ = untypedMedia(d)
+			}
 			switch typ {
-			case "text", "refusal":
-				t, _ := d.Get(typ)
+			case "text", "input_text", "output_text", "refusal", "thinking":
+				field := typ
+				if typ == "input_text" || typ == "output_text" {
+					field = "text"
+				}
+				t, _ := d.Get(field)
 				s, ok := t.(string)
 				if !ok {
 					continue // vLLM skips text parts without text
 				}
 				texts, parts = append(texts, s), append(parts, textPart(s, d))
-			case "image_url", "input_image", "image_embeds", "image_pil", "input_audio", "audio_url", "audio_embeds",
-				"video_url", "video_embeds", "file", "prompt_embeds":
-				return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] is %s, and this model accepts text only", ErrUnsupportedContent, i, j, typ)
+			case "tool_reference":
+				n, _ := d.Get("name")
+				s, _ := n.(string)
+				ref := chattmpl.NewDict()
+				ref.Set("type", "tool_reference")
+				ref.Set("name", s)
+				texts, parts = append(texts, s), append(parts, ref)
 			case "":
 				return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] has no type", ErrUnsupportedContent, i, j)
 			default:
-				return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] has unsupported type %q", ErrUnsupportedContent, i, j, typ)
+				modality, ok := mediaModality[typ]
+				if !ok {
+					return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] has unsupported type %q", ErrUnsupportedContent, i, j, typ)
+				}
+				mp.items = append(mp.items, Media{Modality: modality, Key: mediaKey(d, typ)})
+				media = true
+				if mp.marker {
+					parts = append(parts, textPart(mediaMarker, nil))
+					continue
+				}
+				m := chattmpl.NewDict()
+				m.Set("type", modality)
+				parts = append(parts, m)
 			}
+		}
+		if media && mp.marker {
+			texts = append([]string{mediaMarker}, texts...)
 		}
 		return texts, parts, nil
 	}
 	return nil, nil, fmt.Errorf("render chat: %w: messages[%d].content must be a string, an array of parts or null", ErrInvalid, i)
+}
+
+// mediaModality maps vLLM's media part types to their modality.
+var mediaModality = map[string]string{"image_url": "image", "input_image": "image", "image_pil": "image",
+	"image_embeds": "image", "audio_url": "audio", "input_audio": "audio", "audio_embeds": "audio",
+	"video_url": "video", "prompt_embeds": "prompt_embeds"}
+
+// untypedMedia is the type vLLM infers for a part without one from the
+// media field it carries ("" when none).
+func untypedMedia(d *chattmpl.Dict) string {
+	for _, f := range []string{"image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url", "input_audio", "video_url"} {
+		if v, ok := d.Get(f); ok && (f != "input_audio" || v != nil) {
+			return f
+		}
+	}
+	return ""
+}
+
+// mediaKey is FNV-1a of the part's uuid, or of its media field's value.
+func mediaKey(d *chattmpl.Dict, typ string) uint64 {
+	h := fnv.New64a()
+	if u, ok := d.Get("uuid"); ok && u != nil {
+		fmt.Fprintf(h, "uuid\x00%v", u)
+		return h.Sum64()
+	}
+	field := typ
+	if typ == "prompt_embeds" {
+		field = "data"
+	}
+	v, _ := d.Get(field)
+	hashValue(h, v)
+	return h.Sum64()
+}
+
+// hashValue writes a JSON value's content to h, deterministically.
+func hashValue(h io.Writer, v any) {
+	switch x := v.(type) {
+	case *chattmpl.Dict:
+		for _, k := range x.Keys() {
+			e, _ := x.Get(k)
+			fmt.Fprintf(h, "%q:", k)
+			hashValue(h, e)
+		}
+	case []any:
+		for _, e := range x {
+			hashValue(h, e)
+			io.WriteString(h, ",")
+		}
+	default:
+		fmt.Fprintf(h, "%T:%v;", x, x)
+	}
 }
 
 func textPart(s string, from *chattmpl.Dict) *chattmpl.Dict {

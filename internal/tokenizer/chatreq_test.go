@@ -30,6 +30,9 @@ type requestCase struct {
 	Request  json.RawMessage `json:"request"`  // messages, tools, chat_template_kwargs, ...
 	VLLMVars json.RawMessage `json:"vllm_vars"`
 	Prompt   string          `json:"prompt"` // @huggingface/jinja's rendering of VLLMVars
+	// MediaPlaceholder is what the template renders for the request's first
+	// media item; RenderPrompt's Prefix must end right before it.
+	MediaPlaceholder string `json:"media_placeholder,omitempty"`
 }
 
 type requestGolden struct {
@@ -90,6 +93,20 @@ func TestChatRequestGolden(t *testing.T) {
 		if got != c.Prompt {
 			t.Errorf("%s:\n got %q\nwant %q", c.Name, got, c.Prompt)
 		}
+		p, err := ct.RenderPrompt(chatRequestFrom(t, c.Request))
+		if err != nil || p.Text != got {
+			t.Fatalf("%s: RenderPrompt %q, %v; RenderRequest gave %q", c.Name, p.Text, err, got)
+		}
+		if c.MediaPlaceholder == "" {
+			if p.Prefix != len(got) || len(p.Media) != 0 {
+				t.Errorf("%s: no media, but prefix %d of %d and %d media", c.Name, p.Prefix, len(got), len(p.Media))
+			}
+			continue
+		}
+		if !strings.HasPrefix(got[p.Prefix:], c.MediaPlaceholder) || strings.Contains(got[:p.Prefix], c.MediaPlaceholder) {
+			t.Errorf("%s: prefix ends at %d, not right before the first %q: %q | %q", c.Name, p.Prefix, c.MediaPlaceholder,
+				got[:p.Prefix], got[p.Prefix:min(len(got), p.Prefix+40)])
+		}
 	}
 }
 
@@ -141,8 +158,8 @@ func TestRenderRequestErrors(t *testing.T) {
 		want error
 		msg  string
 	}{
-		{ChatRequest{Messages: []byte(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/a.png"}}]}]`)}, ErrUnsupportedContent, "image_url"},
-		{ChatRequest{Messages: []byte(`[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]`)}, ErrUnsupportedContent, "input_audio"},
+		{ChatRequest{Messages: []byte(`[{"role":"user","content":[{"type":"file","file":{"file_id":"f"}}]}]`)}, ErrUnsupportedContent, "file"},
+		{ChatRequest{Messages: []byte(`[{"role":"user","content":[{"uuid":"u"}]}]`)}, ErrUnsupportedContent, "no type"},
 		{ChatRequest{Messages: []byte(`[{"role":"user","content":[{"type":"bogus"}]}]`)}, ErrUnsupportedContent, "bogus"},
 		{ChatRequest{Messages: []byte(`[{"content":"x"}]`)}, ErrInvalid, "role"},
 		{ChatRequest{Messages: []byte(`[]`)}, ErrInvalid, "non-empty"},
@@ -188,7 +205,7 @@ func FuzzRenderRequest(f *testing.F) {
 	f.Add([]byte(`[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}]`), []byte(`null`), []byte(`{"x":1}`), false)
 	f.Add([]byte(`[{"role":"user","content":[{"type":"text"},"raw",{"type":"refusal","refusal":"no"}]}]`), []byte(`[{"function":{"name":"n","strict":true},"x":1}]`), []byte(nil), true)
 	var tpls []*ChatTemplate
-	for _, name := range []string{"qwen2.5-instruct.jinja", "vllm-llama3.1_json.jinja"} {
+	for _, name := range []string{"qwen2.5-instruct.jinja", "vllm-llama3.1_json.jinja", "ardan-Qwen3-VL-30B-A3B-Instruct-Q8_0.jinja"} {
 		src, err := os.ReadFile(templatesDir + name)
 		if err != nil {
 			f.Fatal(err)
@@ -201,11 +218,83 @@ func FuzzRenderRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, msgs, tools, kwargs []byte, gen bool) {
 		for _, ct := range tpls {
-			_, err := ct.RenderRequest(&ChatRequest{Messages: msgs, Tools: tools, Kwargs: kwargs, AddGenerationPrompt: gen, ContinueFinalMessage: !gen})
+			req := &ChatRequest{Messages: msgs, Tools: tools, Kwargs: kwargs, AddGenerationPrompt: gen, ContinueFinalMessage: !gen}
+			s, err := ct.RenderRequest(req)
 			if err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnsupportedContent) &&
 				!errors.Is(err, chattmpl.ErrRender) && !errors.Is(err, chattmpl.ErrRaised) {
 				t.Fatalf("unclassified error: %v", err)
 			}
+			p, perr := ct.RenderPrompt(req)
+			if (perr == nil) != (err == nil) || p.Text != s || p.Prefix < 0 || p.Prefix > len(p.Text) ||
+				(len(p.Media) == 0 && p.Prefix != len(p.Text)) {
+				t.Fatalf("RenderPrompt %+v, %v; RenderRequest %q, %v", p, perr, s, err)
+			}
 		}
 	})
+}
+
+// TestRenderPromptMedia: Prefix ends where the first media item sits, for
+// a "string"-format template (vLLM puts the placeholders before the
+// message's text), a template that renders a message's images before its
+// text, and the keys tell items apart by data or uuid.
+func TestRenderPromptMedia(t *testing.T) {
+	img := func(url, uuid string) string {
+		s := `{"type":"image_url","image_url":{"url":"` + url + `"}`
+		if uuid != "" {
+			s += `,"uuid":"` + uuid + `"`
+		}
+		return s + `}`
+	}
+	msgs := func(parts ...string) []byte {
+		return []byte(`[{"role":"system","content":"S"},{"role":"user","content":"first"},{"role":"user","content":[` + strings.Join(parts, ",") + `]}]`)
+	}
+	stringFmt, err := NewChatTemplate(`{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imagesFirst, err := NewChatTemplate(`{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}{% else %}`+
+		`{% for c in m.content | selectattr('type', 'equalto', 'image') %}<|image|>{% endfor %}`+
+		`{% for c in m.content | selectattr('type', 'equalto', 'text') %}{{ c.text }}{% endfor %}{% endif %}</s>{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name       string
+		ct         *ChatTemplate
+		msgs       []byte
+		text, pref string
+	}{
+		{"string format", stringFmt, msgs(`{"type":"text","text":"look"}`, img("http://x/a.png", "")),
+			"<system>S</s><user>first</s><user>look</s>", "<system>S</s><user>first</s><user>"},
+		{"images first", imagesFirst, msgs(`{"type":"text","text":"look"}`, img("http://x/a.png", "")),
+			"<system>S</s><user>first</s><user><|image|>look</s>", "<system>S</s><user>first</s><user>"},
+		{"no media", imagesFirst, msgs(`{"type":"text","text":"look"}`),
+			"<system>S</s><user>first</s><user>look</s>", "<system>S</s><user>first</s><user>look</s>"},
+	} {
+		p, err := c.ct.RenderPrompt(&ChatRequest{Messages: c.msgs})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if p.Text != c.text || p.Text[:p.Prefix] != c.pref {
+			t.Errorf("%s: text %q prefix %q, want %q and %q", c.name, p.Text, p.Text[:p.Prefix], c.text, c.pref)
+		}
+	}
+	key := func(parts ...string) []Media {
+		p, err := imagesFirst.RenderPrompt(&ChatRequest{Messages: msgs(parts...)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Media
+	}
+	a, b := key(img("http://x/a.png", "")), key(img("http://x/b.png", ""))
+	if len(a) != 1 || a[0].Modality != "image" || a[0].Key == b[0].Key {
+		t.Errorf("two images: %v and %v", a, b)
+	}
+	if u1, u2 := key(img("http://x/a.png", "u")), key(img("http://x/b.png", "u")); u1[0].Key != u2[0].Key || u1[0].Key == a[0].Key {
+		t.Errorf("the same uuid keys the same item whatever its data: %v %v (url only %v)", u1, u2, a)
+	}
+	if m := key(`{"type":"input_audio","input_audio":{"data":"AAA","format":"wav"}}`, `{"video_url":{"url":"v"}}`); len(m) != 2 ||
+		m[0].Modality != "audio" || m[1].Modality != "video" {
+		t.Errorf("audio and an untyped video part: %v", m)
+	}
 }

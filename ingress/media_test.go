@@ -1,0 +1,147 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/internal/tokenizer"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// A chat request with images is forwarded as chat (vLLM fetches and encodes
+// the media) and keyed up to its first media item: every key the ingress
+// computes is a block the engine cached for it, in the "openai" content
+// format (Qwen3-VL's template) and the "string" one (Llama 3's), through
+// chat and the Responses API. The same text with another image reuses the
+// blocks before the image only; the same image reuses the blocks past it.
+func TestMediaKeysBeforeFirstItem(t *testing.T) {
+	nt, llamaTpl := llama(t)
+	src, err := os.ReadFile("../testdata/tokenizer/templates/ardan-Qwen3-VL-30B-A3B-Instruct-Q8_0.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vlTpl, err := tokenizer.NewChatTemplate(string(src), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		tpl  *tokenizer.ChatTemplate
+	}{{"openai format", vlTpl}, {"string format", llamaTpl}} {
+		t.Run(c.name, func(t *testing.T) { testMediaKeys(t, nt, c.tpl) })
+	}
+}
+
+func testMediaKeys(t *testing.T, nt *tokenizer.Native, tpl *tokenizer.ChatTemplate) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "vl", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	cfg := testConfig(StaticEngine{ID: "s", Model: "vl", URL: sm.URL()})
+	cfg.ChatMode = ChatModeCompletions // a request with media must still go as chat
+	tk, err := NewTokenizer(nt, tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := Deps{Tokenizers: TokenizerMap{"vl": tk}, Logger: quiet}
+	sch, err := defaultScheduler(&cfg, &deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := &keySpy{Scheduler: sch}
+	deps.Scheduler = spy
+	s := startIngress(t, cfg, deps)
+
+	system := strings.Repeat("You read photographs of shop signs and answer with the text they show, nothing else. ", 8)
+	chat := func(url string) string {
+		return `{"model":"vl","max_tokens":2,"messages":[{"role":"system","content":` + string(mustJSON(t, system)) + `},` +
+			`{"role":"user","content":[{"type":"text","text":"What does this sign say?"},{"type":"image_url","image_url":{"url":"` + url + `"}}]}]}`
+	}
+	send := func(path, body string) (openai.Usage, []uint64) {
+		t.Helper()
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+path, body)
+		if st != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", path, st, b)
+		}
+		var r struct {
+			Object string
+			Usage  json.RawMessage
+		}
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatal(err)
+		}
+		var u openai.Usage
+		if r.Object == "response" { // the Responses API's usage names
+			var ru struct {
+				InputTokens        int `json:"input_tokens"`
+				InputTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"input_tokens_details"`
+			}
+			if err := json.Unmarshal(r.Usage, &ru); err != nil {
+				t.Fatal(err)
+			}
+			u.PromptTokens = ru.InputTokens
+			u.PromptTokensDetails = &openai.PromptTokensDetails{CachedTokens: ru.InputTokensDetails.CachedTokens}
+		} else if err := json.Unmarshal(r.Usage, &u); err != nil {
+			t.Fatal(err)
+		}
+		return u, spy.last()
+	}
+	cachedAll := func(keys []uint64) {
+		t.Helper()
+		var engine []uint64
+		testutil.WaitFor(t, 10*time.Second, "the engine to cache the request's blocks", func() bool {
+			engine = sm.CachedKeys(0, kvevents.TierGPU)
+			_, found := slices.BinarySearch(engine, keys[len(keys)-1])
+			return found
+		})
+		for i, k := range keys {
+			if _, found := slices.BinarySearch(engine, k); !found {
+				t.Fatalf("ingress key %d of %d (%x) is not among the engine's %d cached keys", i, len(keys), k, len(engine))
+			}
+		}
+	}
+
+	first, keys := send("/v1/chat/completions", chat("https://example.com/a.png"))
+	bs := cfg.BlockSize
+	if len(keys)*bs < len(nt.Encode(system, false)) || len(keys)*bs > first.PromptTokens-256 {
+		t.Fatalf("%d keys of %d tokens for a %d-token system prompt and a %d-token prompt with a 256-token image",
+			len(keys), bs, len(nt.Encode(system, false)), first.PromptTokens)
+	}
+	cachedAll(keys)
+
+	other, keys2 := send("/v1/chat/completions", chat("https://example.com/b.png"))
+	if !slices.Equal(keys2, keys) {
+		t.Fatalf("another image changed the keys before it: %d and %d keys", len(keys), len(keys2))
+	}
+	if got := other.CachedTokens(); got < len(keys)*bs || got >= first.PromptTokens-256 {
+		t.Fatalf("another image: %d cached tokens, want the %d before the image and none past it (prompt %d)", got, len(keys)*bs, other.PromptTokens)
+	}
+	same, _ := send("/v1/chat/completions", chat("https://example.com/a.png"))
+	if got := same.CachedTokens(); got < same.PromptTokens-bs {
+		t.Fatalf("the same image again: %d of %d tokens cached", got, same.PromptTokens)
+	}
+
+	// The Responses API's input_image: keyed the same way, up to the image.
+	resp := `{"model":"vl","max_output_tokens":2,"instructions":` + string(mustJSON(t, system)) + `,` +
+		`"input":[{"role":"user","content":[{"type":"input_text","text":"Read this one."},{"type":"input_image","image_url":"https://example.com/c.png"}]}]}`
+	ru, rkeys := send("/v1/responses", resp)
+	if len(rkeys) == 0 || ru.PromptTokens < len(rkeys)*bs+256 {
+		t.Fatalf("responses: %d keys, %d prompt tokens", len(rkeys), ru.PromptTokens)
+	}
+	cachedAll(rkeys)
+}
