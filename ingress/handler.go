@@ -160,6 +160,11 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 		return err
 	}
 	c.model = string(c.req.model)
+	if c.model == "" {
+		if err := c.defaultModel(); err != nil {
+			return err
+		}
+	}
 	if c.ep == epOther {
 		c.path = string(ctx.Path()) // passthrough.go
 	}
@@ -169,6 +174,26 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 		c.req.sessionID = append(c.req.sessionID[:0], sid...)
 	}
 	c.tParse = time.Since(t)
+	return nil
+}
+
+// defaultModel names the model of a request without one, as vLLM serves
+// its one model then: the model every live engine serves. The body goes
+// upstream without a model too, and the engine takes its own.
+func (c *call) defaultModel() error {
+	c.infos = c.s.deps.Membership.Engines(c.infos[:0])
+	for i := range c.infos {
+		switch m := c.infos[i].Model; {
+		case c.model == "":
+			c.model = m
+		case m != c.model:
+			c.model = ""
+			return badRequest("model", fmt.Errorf("%w: model is required: more than one model is served (%s, %s, ...)", ErrBadRequest, c.infos[0].Model, m))
+		}
+	}
+	if c.model == "" {
+		return fmt.Errorf("%w: no live engines", ErrNoEngine)
+	}
 	return nil
 }
 

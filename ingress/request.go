@@ -152,6 +152,9 @@ func (r *request) consumeIDs(key, b []byte, at int) (int, bool, error) {
 func (r *request) member(key, val []byte, koff, off int) error {
 	switch string(key) {
 	case "model":
+		if string(val) == "null" {
+			return nil // as absent: the ingress's one model (handler.go, defaultModel)
+		}
 		if val[0] != '"' {
 			return badRequest("model", fmt.Errorf("%w: model must be a string", ErrBadRequest))
 		}
@@ -285,9 +288,6 @@ func (r *request) chatMember(key, val []byte, koff, off int) error {
 
 // finish checks what the whole request must have.
 func (r *request) finish() error {
-	if !r.hasModel || len(r.model) == 0 {
-		return badRequest("model", fmt.Errorf("%w: model is required", ErrBadRequest))
-	}
 	switch r.ep {
 	case epCompletions:
 		if r.kind == promptNone {

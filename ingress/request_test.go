@@ -56,7 +56,6 @@ func TestParseRequest(t *testing.T) {
 		{name: "trailing garbage", ep: epCompletions, body: `{"model":"m","prompt":"x"} x`, wantErr: "trailing"},
 		{name: "not an object", ep: epCompletions, body: `[1]`, wantErr: "JSON object"},
 		{name: "model wrong type", ep: epCompletions, body: `{"model":3,"prompt":"x"}`, wantErr: "model must be a string"},
-		{name: "model missing", ep: epCompletions, body: `{"prompt":"x"}`, wantErr: "model is required"},
 		{name: "stream wrong type", ep: epCompletions, body: `{"model":"m","prompt":"x","stream":"yes"}`, wantErr: "stream must be a boolean"},
 		{name: "max_tokens negative", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":-1}`, wantErr: "max_tokens"},
 		{name: "empty prompt", ep: epCompletions, body: `{"model":"m","prompt":""}`, wantErr: "empty"},

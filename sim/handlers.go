@@ -116,7 +116,7 @@ func readRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, decod
 }
 
 func (s *Server) checkModel(model string) error {
-	_, err := s.resolveModel(model)
+	_, err := s.resolveModel(&model)
 	return err
 }
 
@@ -216,7 +216,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	lora, err := s.resolveModel(req.Model)
+	lora, err := s.resolveModel(&req.Model)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -242,7 +242,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	lora, err := s.resolveModel(req.Model)
+	lora, err := s.resolveModel(&req.Model)
 	if err != nil {
 		s.fail(w, err)
 		return

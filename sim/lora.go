@@ -62,8 +62,13 @@ func (l *loras) names() []string {
 }
 
 // resolveModel maps a request's model to the LoRA adapter it names ("" for
-// the base model); unknown names are vLLM's 404.
-func (s *Server) resolveModel(model string) (string, error) {
+// the base model), naming the base model when it is empty; unknown names
+// are vLLM's 404.
+func (s *Server) resolveModel(name *string) (string, error) {
+	if *name == "" {
+		*name = s.cfg.Model // vLLM serves a request without a model with its own
+	}
+	model := *name
 	if model == s.cfg.Model {
 		return "", nil
 	}

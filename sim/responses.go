@@ -266,7 +266,7 @@ func (a *responsesAPI) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	lora, err := s.resolveModel(req.Model)
+	lora, err := s.resolveModel(&req.Model)
 	if err != nil {
 		s.fail(w, err)
 		return

@@ -96,9 +96,6 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 		return nil, badRequest("decode body: trailing data after the JSON object")
 	}
 	var problems []string
-	if r.Model == "" {
-		problems = append(problems, "model: required")
-	}
 	if r.MaxOutputTokens != nil && *r.MaxOutputTokens < 1 {
 		problems = append(problems, fmt.Sprintf("max_output_tokens %d: must be at least 1", *r.MaxOutputTokens))
 	}

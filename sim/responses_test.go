@@ -507,7 +507,7 @@ func TestResponsesMalformedRequests(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{map[string]any{"input": "x"}, 400, "model: required"},
+		{map[string]any{"model": 5, "input": "x"}, 400, "model: expected a string"},
 		{map[string]any{"model": "other", "input": "x"}, 404, "does not exist"},
 		{map[string]any{"model": "test-model"}, 400, "input: required"},
 		{map[string]any{"model": "test-model", "input": nil}, 400, "input: required"},

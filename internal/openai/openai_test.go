@@ -57,8 +57,7 @@ func TestDecodeCompletionRequest(t *testing.T) {
 		t.Fatalf("prompt %+v", r.Prompt)
 	}
 	bad := map[string]string{
-		`{"prompt":"x"}`: "model",
-		`{"model":"m"}`:  "prompt",
+		`{"model":"m"}`: "prompt",
 		`{"model":"m","prompt":"x","max_tokens":0}`:                          "max_tokens",
 		`{"model":"m","prompt":"x","max_tokens":2,"min_tokens":3}`:           "min_tokens",
 		`{"model":"m","prompt":"x","stream_options":{"include_usage":true}}`: "stream_options",
@@ -73,9 +72,13 @@ func TestDecodeCompletionRequest(t *testing.T) {
 			t.Errorf("%s: error %v, want ErrBadRequest mentioning %q", b, err, want)
 		}
 	}
-	// Every problem is listed at once.
+	// A model is optional, as in vLLM (the server's own); every problem is
+	// listed at once.
+	if _, err := DecodeCompletionRequest([]byte(`{"prompt":"x"}`)); err != nil {
+		t.Errorf("no model: %v", err)
+	}
 	_, err = DecodeCompletionRequest([]byte(`{"max_tokens":0}`))
-	for _, w := range []string{"model", "prompt", "max_tokens"} {
+	for _, w := range []string{"prompt", "max_tokens"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("error %v does not list %q", err, w)
 		}

@@ -208,9 +208,6 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, error) {
 		return nil, err
 	}
 	var problems []string
-	if r.Model == "" {
-		problems = append(problems, "model: required")
-	}
 	if r.Prompt.Len() == 0 {
 		problems = append(problems, "prompt: required")
 	}
@@ -231,9 +228,6 @@ func DecodeChatRequest(body []byte) (*ChatRequest, error) {
 		r.RawMessages = raw.Messages
 	}
 	var problems []string
-	if r.Model == "" {
-		problems = append(problems, "model: required")
-	}
 	if len(r.Messages) == 0 {
 		problems = append(problems, "messages: required")
 	}
