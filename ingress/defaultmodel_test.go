@@ -46,7 +46,9 @@ func TestRequestWithoutModel(t *testing.T) {
 	}
 	two := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "a", URL: a1}, StaticEngine{ID: "e3", Model: "b", URL: start("b")}), Deps{Logger: quiet})
 	st, _, b := post(t, http.DefaultClient, "http://"+two.Addr()+"/v1/completions", `{"prompt":"x","max_tokens":1}`)
-	var e struct{ Error struct{ Message, Param string } }
+	var e struct {
+		Error struct{ Message, Param string }
+	}
 	if err := json.Unmarshal(b, &e); err != nil || st != http.StatusBadRequest || e.Error.Param != "model" ||
 		!strings.Contains(e.Error.Message, "model is required") {
 		t.Fatalf("two models served, no model: %d %s", st, b)

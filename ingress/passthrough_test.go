@@ -37,7 +37,7 @@ func TestPassthroughEndpoints(t *testing.T) {
 		msg        string
 	}{
 		{"/v1/embeddings", `{"model":"m","input":"x"}`, 404, "no route POST /v1/embeddings"}, // the simulator has none: its answer
-		{"/v1/embeddings", `{"input":"x"}`, 404, "no route POST /v1/embeddings"}, // the one model served, as vLLM
+		{"/v1/embeddings", `{"input":"x"}`, 404, "no route POST /v1/embeddings"},             // the one model served, as vLLM
 		{"/v1/rerank", `{"model":"nope","query":"q","documents":["a"]}`, 404, "does not exist"},
 		{"/score", `not json`, 400, "JSON"},
 	} {
