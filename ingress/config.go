@@ -80,7 +80,10 @@ type Config struct {
 	// instead of the session-boost queue. Nil: off.
 	FairQueue *fair.Config `yaml:"fairQueue"`
 
-	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
+	// MaxBodyBytes bounds a request body; larger bodies get 413. Default
+	// 32 MiB: images and audio come inline as base64 data URLs (a phone
+	// photo is 4–7 MB of base64, and a conversation carries every turn's).
+	// vLLM itself sets no limit.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
 	// MaxPromptTokens bounds the prompt after tokenization; more gets 400
 	// (context_length_exceeded). 0 means no limit. Default 131072.
@@ -172,7 +175,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:            "127.0.0.1:8000",
-		MaxBodyBytes:      8 << 20,
+		MaxBodyBytes:      32 << 20,
 		MaxPromptTokens:   131072,
 		MaxConcurrent:     4096,
 		MaxAttempts:       3,

@@ -136,6 +136,12 @@ func testMediaKeys(t *testing.T, nt *tokenizer.Native, tpl *tokenizer.ChatTempla
 		t.Fatalf("the same image again: %d of %d tokens cached", got, same.PromptTokens)
 	}
 
+	// A photo inline as a base64 data URL (12 MB of it) goes through too.
+	big, _ := send("/v1/chat/completions", chat("data:image/jpeg;base64,"+strings.Repeat("QUJD", 3<<20)))
+	if big.CachedTokens() < len(keys)*bs {
+		t.Fatalf("inline image: %d cached tokens, want the %d before it", big.CachedTokens(), len(keys)*bs)
+	}
+
 	// The Responses API's input_image: keyed the same way, up to the image.
 	resp := `{"model":"vl","max_output_tokens":2,"instructions":` + string(mustJSON(t, system)) + `,` +
 		`"input":[{"role":"user","content":[{"type":"input_text","text":"Read this one."},{"type":"input_image","image_url":"https://example.com/c.png"}]}]}`

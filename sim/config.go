@@ -81,7 +81,7 @@ type Config struct {
 	// MaxWaiting bounds queued requests per rank; beyond it requests get 503.
 	// Default 4096.
 	MaxWaiting int
-	// MaxBodyBytes bounds request bodies. Default 16 MiB.
+	// MaxBodyBytes bounds request bodies. Default 32 MiB (the ingress's).
 	MaxBodyBytes int64
 	// Tokenizer tokenizes text; nil = the byte-level fallback (docs/SIMULATOR.md).
 	Tokenizer Tokenizer
@@ -132,7 +132,7 @@ func (c Config) Defaults() Config {
 		c.MaxWaiting = 4096
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 16 << 20
+		c.MaxBodyBytes = 32 << 20
 	}
 	if c.Engine.HashSeed == 0 {
 		c.Engine.HashSeed = c.Seed

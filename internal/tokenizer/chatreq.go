@@ -3,7 +3,8 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"crypto/sha256"
+	"encoding/binary"
 	"io"
 	"maps"
 	"strings"
@@ -60,7 +61,7 @@ func (c *ChatTemplate) RenderRequest(req *ChatRequest) (string, error) {
 // prompt-embeds part.
 type Media struct {
 	Modality string // "image", "audio", "video" or "prompt_embeds"
-	// Key identifies the item: FNV-1a of its uuid when the part has one (as
+	// Key identifies the item: a hash of its uuid when the part has one (as
 	// vLLM then uses the uuid for its multimodal hash), else of its data.
 	Key uint64
 }
@@ -100,7 +101,7 @@ func (c *ChatTemplate) RenderPrompt(req *ChatRequest) (Prompt, error) {
 	if len(p.Media) == 0 {
 		return p, nil
 	}
-	marked, err := c.render(req, &mediaPass{marker: true})
+	marked, err := c.render(req, &mediaPass{marker: true, parsed: first.parsed})
 	at := strings.Index(marked, mediaMarker)
 	if err != nil || at < 0 {
 		p.Prefix = 0 // the template dropped the marker: the media's place is unknown
@@ -122,6 +123,7 @@ const mediaMarker = "\x00kvmesh-media\x00"
 type mediaPass struct {
 	marker bool
 	items  []Media
+	parsed []any // the messages, decoded by the first pass
 }
 
 func (c *ChatTemplate) render(req *ChatRequest, mp *mediaPass) (string, error) {
@@ -187,14 +189,19 @@ func optionalJSON(raw []byte, field string) (any, error) {
 
 // conversation builds the template's messages from the request's.
 func (c *ChatTemplate) conversation(raw []byte, mp *mediaPass) ([]any, error) {
-	v, err := chattmpl.FromJSON(raw)
-	if err != nil {
-		return nil, fmt.Errorf("render chat: %w: messages: %v", ErrInvalid, err)
+	list := mp.parsed
+	if list == nil {
+		v, err := chattmpl.FromJSON(raw)
+		if err != nil {
+			return nil, fmt.Errorf("render chat: %w: messages: %v", ErrInvalid, err)
+		}
+		var ok bool
+		if list, ok = v.([]any); !ok || len(list) == 0 {
+			return nil, fmt.Errorf("render chat: %w: messages must be a non-empty array", ErrInvalid)
+		}
+		mp.parsed = list
 	}
-	list, ok := v.([]any)
-	if !ok || len(list) == 0 {
-		return nil, fmt.Errorf("render chat: %w: messages must be a non-empty array", ErrInvalid)
-	}
+	var err error
 	out := make([]any, len(list))
 	for i, m := range list {
 		d, ok := m.(*chattmpl.Dict)
@@ -325,12 +332,12 @@ func contentParts(cv any, i int, mp *mediaPass) ([]string, []any, error) {
 				if !ok {
 					return nil, nil, fmt.Errorf("%w: messages[%d].content[%d] has unsupported type %q", ErrUnsupportedContent, i, j, typ)
 				}
-				mp.items = append(mp.items, Media{Modality: modality, Key: mediaKey(d, typ)})
 				media = true
 				if mp.marker {
 					parts = append(parts, textPart(mediaMarker, nil))
 					continue
 				}
+				mp.items = append(mp.items, Media{Modality: modality, Key: mediaKey(d, typ)})
 				m := chattmpl.NewDict()
 				m.Set("type", modality)
 				parts = append(parts, m)
@@ -360,38 +367,49 @@ func untypedMedia(d *chattmpl.Dict) string {
 	return ""
 }
 
-// mediaKey is FNV-1a of the part's uuid, or of its media field's value.
+// mediaKey is the first 8 bytes of SHA-256 (hardware-accelerated: an
+// inline image is megabytes) of the part's uuid, or of its media field's
+// value.
 func mediaKey(d *chattmpl.Dict, typ string) uint64 {
-	h := fnv.New64a()
+	h := sha256.New()
 	if u, ok := d.Get("uuid"); ok && u != nil {
-		fmt.Fprintf(h, "uuid\x00%v", u)
-		return h.Sum64()
+		io.WriteString(h, "uuid\x00")
+		hashValue(h, u)
+	} else {
+		field := typ
+		if typ == "prompt_embeds" {
+			field = "data"
+		}
+		v, _ := d.Get(field)
+		hashValue(h, v)
 	}
-	field := typ
-	if typ == "prompt_embeds" {
-		field = "data"
-	}
-	v, _ := d.Get(field)
-	hashValue(h, v)
-	return h.Sum64()
+	var sum [sha256.Size]byte
+	return binary.LittleEndian.Uint64(h.Sum(sum[:0]))
 }
 
 // hashValue writes a JSON value's content to h, deterministically.
 func hashValue(h io.Writer, v any) {
 	switch x := v.(type) {
+	case string:
+		io.WriteString(h, "s")
+		io.WriteString(h, x)
+		io.WriteString(h, "\x00")
 	case *chattmpl.Dict:
+		io.WriteString(h, "{")
 		for _, k := range x.Keys() {
 			e, _ := x.Get(k)
-			fmt.Fprintf(h, "%q:", k)
+			hashValue(h, k)
 			hashValue(h, e)
 		}
+		io.WriteString(h, "}")
 	case []any:
+		io.WriteString(h, "[")
 		for _, e := range x {
 			hashValue(h, e)
-			io.WriteString(h, ",")
 		}
+		io.WriteString(h, "]")
 	default:
-		fmt.Fprintf(h, "%T:%v;", x, x)
+		fmt.Fprintf(h, "%T:%v\x00", x, x)
 	}
 }
 
