@@ -1,10 +1,10 @@
 package tokenizer
 
 import (
-	"errors"
-	"fmt"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"strings"
