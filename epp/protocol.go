@@ -140,6 +140,8 @@ func isInferencePath(path string) (in ingress.PickInput, ok bool) {
 		return ingress.PickInput{}, true
 	case "/v1/responses":
 		return ingress.PickInput{Responses: true}, true
+	case "/v1/messages":
+		return ingress.PickInput{Messages: true}, true
 	}
 	return in, false
 }

@@ -149,7 +149,11 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 // parse authenticates the caller and parses the body.
 func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 	if c.s.deps.Auth != nil {
-		id, err := c.s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
+		cred := ctx.Request.Header.Peek("Authorization")
+		if k := ctx.Request.Header.Peek("X-Api-Key"); len(cred) == 0 && len(k) > 0 && c.ep == epMessages {
+			cred = append([]byte("Bearer "), k...) // Anthropic's clients send the key so
+		}
+		id, err := c.s.deps.Auth.Check(cred)
 		if err != nil {
 			return unauthorized(err)
 		}
@@ -401,8 +405,11 @@ func (c *call) tokenize() error {
 		c.body = rewritePrompt(c.body[:0], c.reqBody(), c.req.promptStart, c.req.promptEnd, c.tokens)
 	case promptChat:
 		c.path = "/v1/chat/completions"
-		if c.ep == epResponses {
+		switch c.ep {
+		case epResponses:
 			c.responsesBody() // responses.go
+		case epMessages:
+			c.path = "/v1/messages" // forwarded as it came (messages.go)
 		}
 		if tok == nil {
 			for _, m := range c.req.chatMessages() {
@@ -448,7 +455,7 @@ func (c *call) tokenize() error {
 
 // askUsage makes a streamed request ask for the usage chunk.
 func (c *call) askUsage() {
-	if c.req.stream && !c.req.hasStreamOptions && c.ep != epResponses { // a Responses stream ends with its usage
+	if c.req.stream && !c.req.hasStreamOptions && c.ep != epResponses && c.ep != epMessages { // their streams end with their usage
 		// Ask for the usage chunk so output tokens (metrics, rate limits,
 		// access log) are exact; the proxy drops it from the client's stream.
 		src := c.body
@@ -531,9 +538,12 @@ func (c *call) tokenizeBatch(tok Tokenizer) error {
 // reqBody is the client's body; set by proxy before use.
 func (c *call) reqBody() []byte { return c.req.body }
 
-// fail answers with an OpenAI error.
+// fail answers with an OpenAI error (Anthropic's on the Messages API).
 func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	ae := writeError(ctx, err)
+	if c.ep == epMessages {
+		ctx.Response.SetBodyRaw(appendMessagesError(nil, ae))
+	}
 	c.status = ae.status
 	c.errMsg = ae.msg
 	if c.engine != "" {

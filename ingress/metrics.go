@@ -25,7 +25,7 @@ type metrics struct {
 	stageParse, stageTokenize, stageSchedule prometheus.Observer
 	tokensIn, tokensOut                      prometheus.Counter
 	attemptOK                                prometheus.Counter
-	ttftBy, durationBy                       [5]prometheus.Observer // by endpoint
+	ttftBy, durationBy                       [epOther + 1]prometheus.Observer // by endpoint
 }
 
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 	m.tokensIn = m.tokens.WithLabelValues("in")
 	m.tokensOut = m.tokens.WithLabelValues("out")
 	m.attemptOK = m.attempts.WithLabelValues("ok")
-	for _, ep := range []endpoint{epCompletions, epChat, epResponses, epOther} {
+	for _, ep := range []endpoint{epCompletions, epChat, epResponses, epMessages, epOther} {
 		m.ttftBy[ep] = m.ttft.WithLabelValues(ep.String())
 		m.durationBy[ep] = m.duration.WithLabelValues(ep.String())
 	}

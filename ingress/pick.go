@@ -25,6 +25,9 @@ type PickInput struct {
 	Chat bool // POST /v1/chat/completions; false: /v1/completions
 	// Responses: POST /v1/responses (the Responses API; Chat is ignored).
 	Responses bool
+	// Messages: POST /v1/messages (Anthropic's Messages API; Chat is
+	// ignored).
+	Messages bool
 	// Body is the client's JSON body. It must stay unchanged until the
 	// Picked is done (the decision keeps slices into it).
 	Body          []byte
@@ -74,6 +77,8 @@ func (s *Server) Pick(in PickInput) (*Picked, error) {
 	switch {
 	case in.Responses:
 		ep = epResponses
+	case in.Messages:
+		ep = epMessages
 	case in.Chat:
 		ep = epChat
 	}

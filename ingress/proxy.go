@@ -253,9 +253,9 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	c.s.m.attemptOK.Inc()
 	c.s.health.ok(up)
 	c.outTokens = usageCompletionTokens(out)
-	if c.ep == epResponses {
-		if i := bytes.LastIndex(out, respOutTokens); i >= 0 {
-			c.outTokens = uintAt(out, i+len(respOutTokens))
+	if c.ep == epResponses || c.ep == epMessages {
+		if i := bytes.LastIndex(out, outTokensKey); i >= 0 {
+			c.outTokens = uintAt(out, i+len(outTokensKey))
 		}
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
@@ -300,15 +300,15 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	if r == nil {
 		r = bytes.NewReader(resp.Body())
 	}
-	ps.c, ps.up, ps.resp, ps.body, ps.wrap, ps.responses = c, up, resp, r, c.wrap, c.ep == epResponses
+	ps.c, ps.up, ps.resp, ps.body, ps.wrap, ps.named = c, up, resp, r, c.wrap, namedStreamOf(c.ep)
 	// A Responses stream opens with events vLLM sends before the prefill
 	// (responses.go): wait past them, so TTFT and retries mean the same.
 	// (A first event larger than the buffer is forwarded in pieces by
 	// fillOnce; a preamble that fills the buffer commits there.)
-	for ps.upErr == nil && (ps.cut == 0 || ps.responses && ps.fill < len(ps.buf) && respPreambleOnly(ps.buf[:ps.cut])) {
+	for ps.upErr == nil && (ps.cut == 0 || ps.named != nil && ps.fill < len(ps.buf) && ps.named.preambleOnly(ps.buf[:ps.cut])) {
 		ps.fillOnce()
 	}
-	if ps.cut > 0 && (bytes.HasPrefix(ps.buf, errorEventPrefix) || ps.responses && respFirstEventFailed(ps.buf[:ps.cut])) {
+	if ps.cut > 0 && (bytes.HasPrefix(ps.buf, errorEventPrefix) || ps.named != nil && ps.named.firstEventFailed(ps.buf[:ps.cut])) {
 		// The engine gave up before producing anything (e.g. it is
 		// restarting): nothing useful reached the client, try the next one.
 		ps.cut, ps.upErr = 0, fmt.Errorf("engine sent an error event first: %.200s", ps.buf[:bytes.Index(ps.buf, eventSep)])
@@ -353,19 +353,19 @@ type proxyStream struct {
 	resp *fasthttp.Response
 	body io.Reader
 
-	buf       []byte // upstream bytes: buf[:cut] whole events, buf[cut:fill] a partial one
-	fill      int
-	cut       int
-	pending   []byte // what Read hands out next: buf[pos:cut] or converted events
-	upErr     error  // upstream error seen, acted on once pending drains
-	tail      []byte // error event + [DONE] after a broken stream
-	done      bool
-	wrap      bool   // chat re-wrap mode
-	responses bool   // a Responses API stream (responses.go)
-	out       []byte // re-wrap: converted events
-	sawDone   bool   // the engine\'s [DONE] went through
-	sentRole  bool
-	closed    bool
+	buf      []byte // upstream bytes: buf[:cut] whole events, buf[cut:fill] a partial one
+	fill     int
+	cut      int
+	pending  []byte // what Read hands out next: buf[pos:cut] or converted events
+	upErr    error  // upstream error seen, acted on once pending drains
+	tail     []byte // error event + [DONE] after a broken stream
+	done     bool
+	wrap     bool         // chat re-wrap mode
+	named    *namedStream // a named-event stream (namedstream.go), nil for completions and chat
+	out      []byte       // re-wrap: converted events
+	sawDone  bool         // the engine's [DONE] went through
+	sentRole bool
+	closed   bool
 }
 
 func (p *proxyStream) reset() {
@@ -394,7 +394,7 @@ func (p *proxyStream) fillOnce() {
 		p.cut = i + len(eventSep)
 	}
 	events := p.buf[:p.cut]
-	if hasDoneEvent(events) || p.responses && respEnded(events) {
+	if hasDoneEvent(events) || p.named != nil && p.named.ended(events) {
 		p.sawDone = true
 	}
 	switch {
@@ -490,8 +490,8 @@ func (p *proxyStream) endWith(err error) {
 	c.s.m.streamErrors.Inc()
 	c.s.m.attempts.WithLabelValues("stream_error").Inc()
 	c.errMsg = "upstream stream broke: " + err.Error()
-	if p.responses {
-		p.tail = appendRespErrorEvent(p.tail, fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err))
+	if p.named != nil {
+		p.tail = p.named.appendError(p.tail, fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err))
 		return
 	}
 	p.tail = append(p.tail, "data: "...)
@@ -502,8 +502,8 @@ func (p *proxyStream) endWith(err error) {
 // observe counts output from the passing SSE bytes: the usage chunk when the
 // engine sends one, else one token per data event.
 func (p *proxyStream) observe(b []byte) {
-	if p.responses {
-		p.observeResponses(b)
+	if p.named != nil {
+		p.named.outTokens(p.c, b)
 		return
 	}
 	c := p.c

@@ -16,6 +16,7 @@ const (
 	epCompletions endpoint = iota + 1
 	epChat
 	epResponses // the Responses API (responses.go)
+	epMessages  // Anthropic's Messages API (messages.go)
 	epOther     // the engine's other model endpoints (embeddings, rerank, score, tokenize…): passthrough.go
 )
 
@@ -25,6 +26,8 @@ func (e endpoint) String() string {
 		return "chat"
 	case epResponses:
 		return "responses"
+	case epMessages:
+		return "messages"
 	case epOther:
 		return "other"
 	}
@@ -86,7 +89,8 @@ type request struct {
 	mctNull  bool // max_completion_tokens is null: mctKey spans the member, dropped as completions
 	hasMT    bool
 	// Responses API members (responses.go): input, instructions and tools
-	// as sent; synth holds the chat messages and tools built from them.
+	// as sent (the Messages API's messages, system and tools: messages.go);
+	// synth holds the chat messages and tools built from them.
 	input, instructions, respTools []byte
 	prevResponse                   []byte // previous_response_id, unquoted
 	hasRequestID                   bool
@@ -200,6 +204,8 @@ func (r *request) member(key, val []byte, koff, off int) error {
 			return r.chatMember(key, val, koff, off)
 		case epResponses:
 			return r.responsesMember(key, val, koff, off)
+		case epMessages:
+			return r.messagesMember(key, val)
 		}
 	}
 	return nil
@@ -307,6 +313,8 @@ func (r *request) finish() error {
 		return r.checkMessages()
 	case epResponses:
 		return r.finishResponses()
+	case epMessages:
+		return r.finishMessages()
 	}
 	return nil
 }

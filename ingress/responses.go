@@ -481,69 +481,6 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(resp.Body())
 }
 
-// Streamed Responses events (vLLM writes "event: <type>\ndata: <json>").
-var (
-	respCreated    = []byte(`"type":"response.created"`)
-	respInProgress = []byte(`"type":"response.in_progress"`)
-	respDelta      = []byte(`.delta"`)
-	respOutTokens  = []byte(`"output_tokens":`)
-	respEnds       = [...][]byte{[]byte(`"type":"response.completed"`), []byte(`"type":"response.incomplete"`), []byte(`"type":"response.failed"`)}
-	respErrorEvent = []byte("event: error")
-)
-
-// respFirstEvent returns the first of events (whole SSE events) that is not
-// response.created or response.in_progress, which vLLM sends before the
-// prefill; ok is false while there is none (the stream has not really
-// started).
-func respFirstEvent(events []byte) (ev []byte, ok bool) {
-	for len(events) > 0 {
-		i := bytes.Index(events, eventSep)
-		if i < 0 {
-			return nil, false
-		}
-		ev, events = events[:i], events[i+len(eventSep):]
-		if !bytes.Contains(ev, respCreated) && !bytes.Contains(ev, respInProgress) {
-			return ev, true
-		}
-	}
-	return nil, false
-}
-
-// respPreambleOnly reports whether events hold no event past the preamble.
-func respPreambleOnly(events []byte) bool {
-	_, ok := respFirstEvent(events)
-	return !ok
-}
-
-// respFirstEventFailed reports whether the first real event is an error.
-func respFirstEventFailed(events []byte) bool {
-	ev, ok := respFirstEvent(events)
-	return ok && (bytes.HasPrefix(ev, respErrorEvent) || bytes.HasPrefix(ev, errorEventPrefix) || bytes.Contains(ev, respEnds[2]))
-}
-
-// respEnded reports whether events hold the stream's last event.
-func respEnded(events []byte) bool {
-	for _, e := range respEnds {
-		if bytes.Contains(events, e) {
-			return true
-		}
-	}
-	return false
-}
-
-// observeResponses counts output tokens from Responses events: usage's
-// output_tokens when the final event has it, else one per delta event.
-func (p *proxyStream) observeResponses(b []byte) {
-	c := p.c
-	if i := bytes.LastIndex(b, respOutTokens); i >= 0 {
-		if n := uintAt(b, i+len(respOutTokens)); n > 0 {
-			c.outTokens = n
-			return
-		}
-	}
-	c.outTokens += bytes.Count(b, respDelta) // the data's "type" (the event line has no quote)
-}
-
 // appendRespErrorEvent appends the error event ending a broken Responses
 // stream.
 func appendRespErrorEvent(dst []byte, msg string) []byte {

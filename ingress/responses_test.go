@@ -151,16 +151,16 @@ func TestResponsesStreamEvents(t *testing.T) {
 	pre := ev("response.created", `,"response":{"status":"in_progress","max_output_tokens":9,"usage":null}`) + ev("response.in_progress", "")
 	delta := ev("response.output_text.delta", `,"delta":"a.delta\"x"`)
 	done := ev("response.completed", `,"response":{"usage":{"input_tokens":5,"output_tokens":12,"output_tokens_details":{"reasoning_tokens":0}}}`)
-	if !respPreambleOnly([]byte(pre)) || respPreambleOnly([]byte(pre+delta)) {
+	if !responsesStream.preambleOnly([]byte(pre)) || responsesStream.preambleOnly([]byte(pre+delta)) {
 		t.Fatal("preamble")
 	}
-	if respFirstEventFailed([]byte(pre+delta)) || !respFirstEventFailed([]byte(pre+"event: error\ndata: {\"type\":\"error\"}\n\n")) {
+	if responsesStream.firstEventFailed([]byte(pre+delta)) || !responsesStream.firstEventFailed([]byte(pre+"event: error\ndata: {\"type\":\"error\"}\n\n")) {
 		t.Fatal("first event failed")
 	}
-	if respEnded([]byte(pre+delta)) || !respEnded([]byte(delta+done)) {
+	if responsesStream.ended([]byte(pre+delta)) || !responsesStream.ended([]byte(delta+done)) {
 		t.Fatal("ended")
 	}
-	p := &proxyStream{c: &call{}, responses: true}
+	p := &proxyStream{c: &call{}, named: responsesStream}
 	p.observe([]byte(pre + delta + delta))
 	if p.c.outTokens != 2 {
 		t.Fatalf("%d tokens from two deltas", p.c.outTokens)

@@ -53,6 +53,8 @@ func epPath(ep endpoint) string {
 		return "/v1/chat/completions"
 	case epResponses:
 		return "/v1/responses"
+	case epMessages:
+		return "/v1/messages"
 	}
 	return "/v1/completions"
 }

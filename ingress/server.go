@@ -348,7 +348,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.handleInference(ctx, epChat)
 	case "/v1/responses":
 		s.handleInference(ctx, epResponses)
-	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize":
+	case "/v1/messages":
+		s.handleInference(ctx, epMessages) // messages.go
+	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
+		"/v1/messages/count_tokens":
 		s.handleInference(ctx, epOther) // passthrough.go
 	case "/v1/models":
 		s.handleModels(ctx)
