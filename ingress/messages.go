@@ -61,7 +61,8 @@ var billingHeader = []byte("x-anthropic-billing-header")
 //     message) as a tool message before the rest of the message, with its
 //     images in a user message after it; a single text part becomes the
 //     content string; a user message left with nothing is dropped;
-//   - tools ({name, description, input_schema}) become function tools.
+//   - tools ({name, description, input_schema, defer_loading}) become
+//     function tools.
 func (r *request) finishMessages() error {
 	if len(r.input) == 0 {
 		return badRequest("messages", fmt.Errorf("%w: messages is required", ErrBadRequest))
@@ -428,6 +429,8 @@ func appendAnthropicTools(b, tools []byte) ([]byte, error) {
 		b = appendOrNull(b, blockMember(t, "description"))
 		b = append(b, `,"parameters":`...)
 		b = appendOrNull(b, blockMember(t, "input_schema"))
+		b = append(b, `,"defer_loading":`...) // vLLM passes it on (null when absent); templates that print tools show it
+		b = appendOrNull(b, blockMember(t, "defer_loading"))
 		b = append(b, `}}`...)
 		return nil
 	})

@@ -42,7 +42,7 @@ func TestMessagesRequest(t *testing.T) {
 				{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/map.png"}}]},
 				{"role":"user","content":"Thanks"},
 				{"role":"tool","tool_call_id":"toolu_2","content":"ok"}]`,
-			tools: `[{"type":"function","function":{"name":"get_weather","description":"Weather.","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`},
+			tools: `[{"type":"function","function":{"name":"get_weather","description":"Weather.","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"defer_loading":null}}]`},
 		{name: "assistant tool_result as text", body: `{"max_tokens":5,"messages":[{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t","content":"42"}]}]}`,
 			messages: `[{"role":"user","content":"a"},{"role":"assistant","content":"Tool result: 42"}]`},
 		{name: "empty user message dropped", body: `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":""}]},{"role":"user","content":"b"}]}`,

@@ -21,6 +21,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/responses", resp.create)
 	mux.HandleFunc("GET /v1/responses/{id}", resp.get)
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", resp.cancel)
+	s.messagesRoutes(mux) // POST /v1/messages, POST /v1/messages/count_tokens (messages.go)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })

@@ -1,0 +1,55 @@
+// Driven by anthropic_test.go: the ingress through Anthropic's official
+// TypeScript SDK, as Claude Code and Anthropic-API applications call a vLLM
+// server (its /v1/messages); prints one JSON object.
+import Anthropic from "@anthropic-ai/sdk";
+
+const baseURL = process.env.KVMESH_BASE_URL; // without /v1: the SDK adds it
+const apiKey = process.env.KVMESH_API_KEY;
+const model = process.env.KVMESH_MODEL;
+const out = {};
+
+async function capture(name, fn) {
+  try {
+    out[name] = await fn();
+  } catch (e) {
+    out[name] = { error: true, status: e.status ?? null, type: e.error?.error?.type ?? null, message: String(e.message).slice(0, 500), name: e.constructor?.name };
+  }
+}
+
+const client = new Anthropic({ baseURL, apiKey, maxRetries: 0 });
+const system = [{ type: "text", text: "You are a terse assistant that answers questions about the weather in European cities." }];
+const turn1 = [{ role: "user", content: "What is the weather like in Rome in spring?" }];
+
+await capture("create", async () => {
+  const m = await client.messages.create({ model, max_tokens: 7, system, messages: turn1 });
+  return { type: m.type, role: m.role, text: m.content.map((b) => b.text ?? "").join(""), blocks: m.content.map((b) => b.type), stop: m.stop_reason, usage: m.usage };
+});
+
+await capture("stream", async () => {
+  const s = client.messages.stream({ model, max_tokens: 5, system, messages: turn1 });
+  const events = [];
+  let text = "";
+  s.on("streamEvent", (e) => events.push(e.type));
+  s.on("text", (t) => { text += t; });
+  const final = await s.finalMessage();
+  return { events, text, stop: final.stop_reason, usage: final.usage };
+});
+
+await capture("tools", async () => {
+  const tools = [{ name: "get_weather", description: "Current weather of a city.", input_schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } }];
+  const m = await client.messages.create({
+    model, max_tokens: 4, system, tools,
+    messages: [
+      ...turn1,
+      { role: "assistant", content: [{ type: "text", text: "Let me check." }, { type: "tool_use", id: "toolu_01", name: "get_weather", input: { city: "Rome" } }] },
+      { role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_01", content: "21 C, sunny" }] },
+    ],
+  });
+  return { text: m.content.map((b) => b.text ?? "").join(""), usage: m.usage };
+});
+
+await capture("no_max_tokens", () => client.messages.create({ model, system, messages: turn1 }));
+
+await capture("wrong_key", () => new Anthropic({ baseURL, apiKey: "wrong-key-0000", maxRetries: 0 }).messages.create({ model, max_tokens: 3, messages: turn1 }));
+
+process.stdout.write(JSON.stringify(out));
