@@ -43,6 +43,35 @@ func (k *keySpy) last() []uint64 {
 	return k.keys[len(k.keys)-1]
 }
 
+// templateEngine starts a simulator serving model that renders chat with
+// tpl and tokenizes with nt, and an ingress in front of it (chatMode, "" for
+// the default) keying with the same, its scheduler spied on.
+func templateEngine(t *testing.T, model string, nt *tokenizer.Native, tpl *tokenizer.ChatTemplate, chatMode string) (*sim.Server, *Server, *keySpy, Config) {
+	t.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: model, TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	cfg := testConfig(StaticEngine{ID: "s", Model: model, URL: sm.URL()})
+	if chatMode != "" {
+		cfg.ChatMode = chatMode
+	}
+	tk, err := NewTokenizer(nt, tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := Deps{Tokenizers: TokenizerMap{model: tk}, Logger: quiet}
+	sch, err := defaultScheduler(&cfg, &deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := &keySpy{Scheduler: sch}
+	deps.Scheduler = spy
+	return sm, startIngress(t, cfg, deps), spy, cfg
+}
+
 // toolsTemplate is vLLM's Llama 3.1 tool template (tools in the first user
 // turn, tool calls as JSON, tool results as ipython turns).
 func toolsTemplate(t *testing.T) *tokenizer.ChatTemplate {
@@ -77,26 +106,7 @@ func TestChatToolsKeysEqualEngine(t *testing.T) {
 	tpl := toolsTemplate(t)
 	for _, mode := range []string{ChatModeChat, ChatModeCompletions} {
 		t.Run(mode, func(t *testing.T) {
-			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-			sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { sm.Close() })
-			cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()})
-			cfg.ChatMode = mode
-			tk, err := NewTokenizer(nt, tpl)
-			if err != nil {
-				t.Fatal(err)
-			}
-			deps := Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: quiet}
-			sch, err := defaultScheduler(&cfg, &deps)
-			if err != nil {
-				t.Fatal(err)
-			}
-			spy := &keySpy{Scheduler: sch}
-			deps.Scheduler = spy
-			s := startIngress(t, cfg, deps)
+			sm, s, spy, cfg := templateEngine(t, "llama", nt, tpl, mode)
 
 			st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", toolsRequest)
 			if st != http.StatusOK {

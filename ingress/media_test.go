@@ -1,10 +1,7 @@
 package ingress
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"slices"
@@ -16,7 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/kvevents"
-	"github.com/kvmesh/kvmesh/sim"
 )
 
 // A chat request with images is forwarded as chat (vLLM fetches and encodes
@@ -44,26 +40,7 @@ func TestMediaKeysBeforeFirstItem(t *testing.T) {
 }
 
 func testMediaKeys(t *testing.T, nt *tokenizer.Native, tpl *tokenizer.ChatTemplate) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sm, err := sim.Start(context.Background(), sim.Config{Model: "vl", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sm.Close() })
-	cfg := testConfig(StaticEngine{ID: "s", Model: "vl", URL: sm.URL()})
-	cfg.ChatMode = ChatModeCompletions // a request with media must still go as chat
-	tk, err := NewTokenizer(nt, tpl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deps := Deps{Tokenizers: TokenizerMap{"vl": tk}, Logger: quiet}
-	sch, err := defaultScheduler(&cfg, &deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spy := &keySpy{Scheduler: sch}
-	deps.Scheduler = spy
-	s := startIngress(t, cfg, deps)
+	sm, s, spy, cfg := templateEngine(t, "vl", nt, tpl, ChatModeCompletions) // a request with media must still go as chat
 
 	system := strings.Repeat("You read photographs of shop signs and answer with the text they show, nothing else. ", 8)
 	chat := func(url string) string {

@@ -1,10 +1,7 @@
 package ingress
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"slices"
 	"testing"
@@ -12,7 +9,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
-	"github.com/kvmesh/kvmesh/sim"
 )
 
 // A Messages request's block keys at the ingress are blocks the engine
@@ -22,25 +18,7 @@ import (
 func TestMessagesKeysEqualEngine(t *testing.T) {
 	nt, _ := llama(t)
 	tpl := toolsTemplate(t)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sm.Close() })
-	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()})
-	tk, err := NewTokenizer(nt, tpl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deps := Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: quiet}
-	sch, err := defaultScheduler(&cfg, &deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spy := &keySpy{Scheduler: sch}
-	deps.Scheduler = spy
-	s := startIngress(t, cfg, deps)
+	sm, s, spy, cfg := templateEngine(t, "llama", nt, tpl, "")
 
 	const head = `{"model":"llama","max_tokens":3,
 	 "system":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are a weather bot for travellers in Europe. Answer in one short sentence."}],

@@ -153,7 +153,7 @@ func checkMessagesAnswer(t *testing.T, path string, body []byte, rec *httptest.R
 // optional text block (start, deltas, stop), message_delta, message_stop.
 func checkMessagesStream(t *testing.T, body []byte, r io.Reader) {
 	t.Helper()
-	ev := &msgEvents{t: t, r: bufio.NewReader(r)}
+	ev := &sseEvents{t: t, r: bufio.NewReader(r)}
 	var types []string
 	for {
 		e, err := ev.read()

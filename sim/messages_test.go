@@ -33,89 +33,9 @@ func msgPost(t *testing.T, s *Server, body any) (messageObject, []byte, http.Hea
 	return m, b, h
 }
 
-// msgEvents reads a Messages event stream strictly: every event is an
-// "event: <type>" line, a "data: <json>" line whose type is the same, and a
-// blank line.
-type msgEvents struct {
-	t *testing.T
-	r *bufio.Reader
-}
-
-type msgEv struct {
-	typ  string
-	data string
-	m    map[string]any
-}
-
-func (e *msgEvents) line() (string, error) {
-	l, err := e.r.ReadString('\n')
-	if err != nil {
-		if err == io.EOF && l != "" {
-			return "", fmt.Errorf("stream ended inside a line %q", l)
-		}
-		return "", err
-	}
-	return strings.TrimSuffix(l, "\n"), nil
-}
-
-// read returns the next event, or io.EOF at a clean end of stream.
-func (e *msgEvents) read() (msgEv, error) {
-	l, err := e.line()
-	if err != nil {
-		return msgEv{}, err
-	}
-	typ, ok := strings.CutPrefix(l, "event: ")
-	if !ok {
-		return msgEv{}, fmt.Errorf("line %q is not an event line", l)
-	}
-	if l, err = e.line(); err != nil {
-		return msgEv{}, err
-	}
-	data, ok := strings.CutPrefix(l, "data: ")
-	if !ok {
-		return msgEv{}, fmt.Errorf("line %q is not a data line", l)
-	}
-	if l, err = e.line(); err != nil || l != "" {
-		return msgEv{}, fmt.Errorf("no blank line after the data (%q, %v)", l, err)
-	}
-	ev := msgEv{typ: typ, data: data}
-	if err := json.Unmarshal([]byte(data), &ev.m); err != nil {
-		return msgEv{}, fmt.Errorf("%v: %s", err, data)
-	}
-	if ev.m["type"] != typ {
-		return msgEv{}, fmt.Errorf("data type %v under event %q", ev.m["type"], typ)
-	}
-	return ev, nil
-}
-
-func (e *msgEvents) must() msgEv {
-	e.t.Helper()
-	ev, err := e.read()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return ev
-}
-
-// rest reads to the end of the stream.
-func (e *msgEvents) rest() []msgEv {
-	e.t.Helper()
-	var out []msgEv
-	for {
-		ev, err := e.read()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		out = append(out, ev)
-	}
-}
-
 // msgStreamPost starts a streamed Messages request; it returns once the
 // headers are in.
-func msgStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *msgEvents) {
+func msgStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *sseEvents) {
 	t.Helper()
 	body["stream"] = true
 	b, _ := json.Marshal(body)
@@ -128,7 +48,7 @@ func msgStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response
 		msg, _ := io.ReadAll(resp.Body)
 		t.Fatalf("status %d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), msg)
 	}
-	return resp, &msgEvents{t: t, r: bufio.NewReader(resp.Body)}
+	return resp, &sseEvents{t: t, r: bufio.NewReader(resp.Body)}
 }
 
 // chatAnswer runs the chat endpoint on msgs (extra: more body fields).
@@ -252,7 +172,7 @@ func TestMessagesStreamEvents(t *testing.T) {
 	if ct := rec.Header().Get("Content-Type"); rec.Code != http.StatusOK || ct != "text/event-stream; charset=utf-8" {
 		t.Fatalf("status %d, content type %q", rec.Code, ct)
 	}
-	ev := &msgEvents{t: t, r: bufio.NewReader(bytes.NewReader(rec.Body.Bytes()))}
+	ev := &sseEvents{t: t, r: bufio.NewReader(bytes.NewReader(rec.Body.Bytes()))}
 	all := ev.rest()
 	// message_start comes with the first output token, after the prefill:
 	// when it was written, the engine had taken a step.
@@ -263,13 +183,13 @@ func TestMessagesStreamEvents(t *testing.T) {
 	prompt := tokenizeCount(t, s, []map[string]any{{"role": "user", "content": "stream this"}})
 	want := fmt.Sprintf(`{"type":"message_start","message":{"id":%q,"content":[],"model":"test-model","stop_reason":null,`+
 		`"stop_sequence":null,"usage":{"input_tokens":%d,"output_tokens":0}}}`, id, prompt)
-	if all[0].typ != "message_start" || all[0].data != want {
+	if all[0].typ != "message_start" || string(all[0].data) != want {
 		t.Fatalf("first event %q %s, want %s", all[0].typ, all[0].data, want)
 	}
 	rest := all[1:]
 	n := len(rest)
-	if n < 5 || rest[0].data != `{"type":"content_block_start","content_block":{"type":"text","text":""},"index":0}` ||
-		rest[n-3].data != `{"type":"content_block_stop","index":0}` || rest[n-1].data != `{"type":"message_stop"}` {
+	if n < 5 || string(rest[0].data) != `{"type":"content_block_start","content_block":{"type":"text","text":""},"index":0}` ||
+		string(rest[n-3].data) != `{"type":"content_block_stop","index":0}` || string(rest[n-1].data) != `{"type":"message_stop"}` {
 		t.Fatalf("events %v", rest)
 	}
 	var text string
@@ -282,7 +202,7 @@ func TestMessagesStreamEvents(t *testing.T) {
 	}
 	wantDelta := fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"input_tokens":%d,`+
 		`"output_tokens":10,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}}`, prompt)
-	if rest[n-2].data != wantDelta {
+	if string(rest[n-2].data) != wantDelta {
 		t.Fatalf("message_delta %s, want %s", rest[n-2].data, wantDelta)
 	}
 	// The generation is the prompt's (seeded): unstreamed it is the same
@@ -614,7 +534,7 @@ func TestMessagesStreamRestartAndDisconnect(t *testing.T) {
 	if err := s.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	var last msgEv
+	var last sseEv
 	for {
 		e, err := ev.read()
 		if errors.Is(err, io.EOF) {
@@ -625,7 +545,7 @@ func TestMessagesStreamRestartAndDisconnect(t *testing.T) {
 		}
 		last = e
 	}
-	if want := `{"type":"error","error":{"type":"internal_error","message":"request aborted: engine restarted"}}`; last.data != want {
+	if want := `{"type":"error","error":{"type":"internal_error","message":"request aborted: engine restarted"}}`; string(last.data) != want {
 		t.Fatalf("last event %s %s", last.typ, last.data)
 	}
 

@@ -76,8 +76,8 @@ func checkResponsesAnswer(t *testing.T, body []byte, rec *httptest.ResponseRecor
 		}
 		return
 	}
-	ev := &respEvents{t: t, r: bufio.NewReader(rec.Body)}
-	var last respEv
+	ev := &sseEvents{t: t, r: bufio.NewReader(rec.Body), seq: true}
+	var last sseEv
 	for {
 		e, err := ev.read()
 		if err == io.EOF {

@@ -48,94 +48,8 @@ func tokenizeCount(t *testing.T, s *Server, msgs []map[string]any, extra ...any)
 	return tr.Count
 }
 
-// respEvents reads a Responses event stream strictly: every event is an
-// "event: <type>" line, a "data: <json>" line whose type is the same and
-// whose sequence_number counts from 0, and a blank line.
-type respEvents struct {
-	t    *testing.T
-	r    *bufio.Reader
-	next int
-}
-
-type respEv struct {
-	typ  string
-	data []byte
-	m    map[string]any
-}
-
-func (e *respEvents) line() (string, error) {
-	l, err := e.r.ReadString('\n')
-	if err != nil {
-		if err == io.EOF && l != "" {
-			return "", fmt.Errorf("stream ended inside a line %q", l)
-		}
-		return "", err
-	}
-	return strings.TrimSuffix(l, "\n"), nil
-}
-
-// read returns the next event, or io.EOF at a clean end of stream.
-func (e *respEvents) read() (respEv, error) {
-	l, err := e.line()
-	if err != nil {
-		return respEv{}, err
-	}
-	typ, ok := strings.CutPrefix(l, "event: ")
-	if !ok {
-		return respEv{}, fmt.Errorf("event %d: line %q is not an event line", e.next, l)
-	}
-	l, err = e.line()
-	if err != nil {
-		return respEv{}, fmt.Errorf("event %d: %v", e.next, err)
-	}
-	data, ok := strings.CutPrefix(l, "data: ")
-	if !ok {
-		return respEv{}, fmt.Errorf("event %d: line %q is not a data line", e.next, l)
-	}
-	if l, err = e.line(); err != nil || l != "" {
-		return respEv{}, fmt.Errorf("event %d: no blank line after the data (%q, %v)", e.next, l, err)
-	}
-	ev := respEv{typ: typ, data: []byte(data)}
-	if err := json.Unmarshal(ev.data, &ev.m); err != nil {
-		return respEv{}, fmt.Errorf("event %d: %v: %s", e.next, err, data)
-	}
-	if ev.m["type"] != typ {
-		return respEv{}, fmt.Errorf("event %d: data type %v under event %q", e.next, ev.m["type"], typ)
-	}
-	if n, ok := ev.m["sequence_number"].(float64); !ok || int(n) != e.next {
-		return respEv{}, fmt.Errorf("event %d: sequence_number %v", e.next, ev.m["sequence_number"])
-	}
-	e.next++
-	return ev, nil
-}
-
-func (e *respEvents) must() respEv {
-	e.t.Helper()
-	ev, err := e.read()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return ev
-}
-
-// rest reads to the end of the stream.
-func (e *respEvents) rest() []respEv {
-	e.t.Helper()
-	var out []respEv
-	for {
-		ev, err := e.read()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		out = append(out, ev)
-	}
-}
-
 // respStreamPost starts a streamed Responses request.
-func respStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *respEvents) {
+func respStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *sseEvents) {
 	t.Helper()
 	body["stream"] = true
 	b, _ := json.Marshal(body)
@@ -148,10 +62,10 @@ func respStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Respons
 		msg, _ := io.ReadAll(resp.Body)
 		t.Fatalf("status %d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), msg)
 	}
-	return resp, &respEvents{t: t, r: bufio.NewReader(resp.Body)}
+	return resp, &sseEvents{t: t, r: bufio.NewReader(resp.Body), seq: true}
 }
 
-func eventResponse(t *testing.T, ev respEv) responseObject {
+func eventResponse(t *testing.T, ev sseEv) responseObject {
 	t.Helper()
 	var x struct {
 		Response responseObject `json:"response"`
@@ -577,7 +491,7 @@ func TestResponsesStreamRestartAndDisconnect(t *testing.T) {
 	if err := s.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	var last respEv
+	var last sseEv
 	for {
 		e, err := ev.read()
 		if errors.Is(err, io.EOF) {

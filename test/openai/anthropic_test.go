@@ -2,14 +2,11 @@ package openai
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // anthropicSDKVersion pins Anthropic's TypeScript SDK.
@@ -22,21 +19,8 @@ const anthropicSDKVersion = "1.16.0"
 func TestAnthropicNodeClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	script, err := os.ReadFile("anthropic.mjs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := testutil.NPMPackages(t, "anthropic-"+anthropicSDKVersion, "the test drives the ingress with Anthropic's SDK",
-		[]string{"@anthropic-ai/sdk@" + anthropicSDKVersion}, nil)
-	work := t.TempDir()
-	if err := os.Symlink(filepath.Join(dir, "node_modules"), filepath.Join(work, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"anthropic.mjs": script, "package.json": []byte(`{"type":"module"}`)} {
-		if err := os.WriteFile(filepath.Join(work, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	work := nodeWork(t, "anthropic-"+anthropicSDKVersion, "the test drives the ingress with Anthropic's SDK",
+		[]string{"@anthropic-ai/sdk@" + anthropicSDKVersion}, "anthropic.mjs")
 	const model = "e2e-model"
 	cfg := ingress.DefaultConfig()
 	cfg.Engines = startEngines(t, ctx, 2, model, nil)

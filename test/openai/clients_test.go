@@ -2,13 +2,10 @@ package openai
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // Pinned releases of the other clients.
@@ -26,25 +23,9 @@ const (
 func TestOtherNodeClients(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	script, err := os.ReadFile("clients.mjs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := testutil.NPMPackages(t, "clients-"+aiSDKVersion+"-"+aiSDKOpenAIVersion+"-"+langchainVersion,
+	work := nodeWork(t, "clients-"+aiSDKVersion+"-"+aiSDKOpenAIVersion+"-"+langchainVersion,
 		"the test drives the ingress with the AI SDK and LangChain",
-		[]string{"ai@" + aiSDKVersion, "@ai-sdk/openai@" + aiSDKOpenAIVersion, "@langchain/openai@" + langchainVersion},
-		nil)
-	// The script runs from a directory of its own whose node_modules links
-	// to the shared install (the cached install stays as npm left it).
-	work := t.TempDir()
-	if err := os.Symlink(filepath.Join(dir, "node_modules"), filepath.Join(work, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"clients.mjs": script, "package.json": []byte(`{"type":"module"}`)} {
-		if err := os.WriteFile(filepath.Join(work, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+		[]string{"ai@" + aiSDKVersion, "@ai-sdk/openai@" + aiSDKOpenAIVersion, "@langchain/openai@" + langchainVersion}, "clients.mjs")
 	const model = "e2e-model"
 	cfg := ingress.DefaultConfig()
 	cfg.Engines = startEngines(t, ctx, 2, model, nil)

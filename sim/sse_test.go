@@ -1,0 +1,98 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+)
+
+// sseEvents reads a named-event stream (the Responses and Messages APIs)
+// strictly: every event is an "event: <type>" line, a "data: <json>" line
+// whose type is the same (and, with seq, whose sequence_number counts from
+// 0, as the Responses API's does), and a blank line.
+type sseEvents struct {
+	t    *testing.T
+	r    *bufio.Reader
+	seq  bool
+	next int
+}
+
+type sseEv struct {
+	typ  string
+	data []byte
+	m    map[string]any
+}
+
+func (e *sseEvents) line() (string, error) {
+	l, err := e.r.ReadString('\n')
+	if err != nil {
+		if err == io.EOF && l != "" {
+			return "", fmt.Errorf("stream ended inside a line %q", l)
+		}
+		return "", err
+	}
+	return strings.TrimSuffix(l, "\n"), nil
+}
+
+// read returns the next event, or io.EOF at a clean end of stream.
+func (e *sseEvents) read() (sseEv, error) {
+	l, err := e.line()
+	if err != nil {
+		return sseEv{}, err
+	}
+	typ, ok := strings.CutPrefix(l, "event: ")
+	if !ok {
+		return sseEv{}, fmt.Errorf("event %d: line %q is not an event line", e.next, l)
+	}
+	l, err = e.line()
+	if err != nil {
+		return sseEv{}, fmt.Errorf("event %d: %v", e.next, err)
+	}
+	data, ok := strings.CutPrefix(l, "data: ")
+	if !ok {
+		return sseEv{}, fmt.Errorf("event %d: line %q is not a data line", e.next, l)
+	}
+	if l, err = e.line(); err != nil || l != "" {
+		return sseEv{}, fmt.Errorf("event %d: no blank line after the data (%q, %v)", e.next, l, err)
+	}
+	ev := sseEv{typ: typ, data: []byte(data)}
+	if err := json.Unmarshal(ev.data, &ev.m); err != nil {
+		return sseEv{}, fmt.Errorf("event %d: %v: %s", e.next, err, data)
+	}
+	if ev.m["type"] != typ {
+		return sseEv{}, fmt.Errorf("event %d: data type %v under event %q", e.next, ev.m["type"], typ)
+	}
+	if n, ok := ev.m["sequence_number"].(float64); e.seq && (!ok || int(n) != e.next) {
+		return sseEv{}, fmt.Errorf("event %d: sequence_number %v", e.next, ev.m["sequence_number"])
+	}
+	e.next++
+	return ev, nil
+}
+
+func (e *sseEvents) must() sseEv {
+	e.t.Helper()
+	ev, err := e.read()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ev
+}
+
+// rest reads to the end of the stream.
+func (e *sseEvents) rest() []sseEv {
+	e.t.Helper()
+	var out []sseEv
+	for {
+		ev, err := e.read()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+}
