@@ -23,8 +23,8 @@ import (
 // manifest appears, and reloaded when a sidecar publishes a new revision.
 //
 // For is on the request path: a loaded tokenizer is one atomic load and a map
-// read; a model known to be unpublished is answered "none" without I/O until
-// its retry time.
+// read; a model known to be unpublished, or whose published files failed to
+// fetch or load, is answered "none" without I/O until its retry time.
 type StoreTokenizers struct {
 	static Tokenizers
 	cfg    StoreTokenizersConfig
@@ -35,7 +35,7 @@ type StoreTokenizers struct {
 	mu      sync.Mutex
 	reader  *tokenstore.Reader       // nil until the bucket exists
 	loading map[string]chan struct{} // one fetch per model at a time
-	missed  map[string]time.Time     // unpublished models: retry after
+	missed  map[string]time.Time     // unpublished or failed models: retry after
 	revs    map[string]string        // model → loaded revision
 	ready   chan struct{}            // closed once Run has a connection
 	js      atomic.Pointer[jsHolder] // set by Run
@@ -49,8 +49,9 @@ type StoreTokenizersConfig struct {
 	CacheDir string
 	// FetchTimeout bounds how long a request waits for a first fetch (default 10s).
 	FetchTimeout time.Duration
-	// MissRetry is how long an unpublished model is answered "none" before the
-	// store is asked again (default 5s).
+	// MissRetry is how long an unpublished model (or one whose files failed
+	// to fetch or load) is answered "none" before the store is asked again
+	// (default 5s).
 	MissRetry time.Duration
 	// Load builds a tokenizer from a fetched directory (default: as
 	// LoadTokenizers does for a configured directory).
@@ -147,9 +148,15 @@ func (s *StoreTokenizers) refresh(ctx context.Context, model string) error {
 		err := s.fetch(ctx, model)
 		s.mu.Lock()
 		delete(s.loading, model)
-		if errors.Is(err, tokenstore.ErrNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
+		if err != nil {
+			// Unpublished, unreachable, or published files that do not
+			// load: requests route without it until the retry time (a
+			// new revision is loaded as soon as Run's watch sees it).
+			// Before, only an unpublished model waited: a tokenizer that
+			// failed to load was fetched and parsed again by every
+			// request.
 			s.missed[model] = time.Now().Add(s.cfg.MissRetry)
-		} else if err == nil {
+		} else {
 			delete(s.missed, model)
 		}
 		s.mu.Unlock()

@@ -8,10 +8,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/internal/tokenstore"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
@@ -102,4 +107,57 @@ func mustProfile(t *testing.T, name string) engine.Profile {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A published tokenizer that does not load (here a model type the native
+// tokenizer lacks) is tried once per MissRetry, not by every request: the
+// requests meanwhile get no tokenizer at once.
+func TestStoreTokenizerLoadFailureWaits(t *testing.T) {
+	ns := testutil.NATS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ncfg := natsutil.DefaultConfig()
+	ncfg.URLs = []string{ns.URL()}
+	nc, err := natsutil.Connect(ctx, ncfg, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := tokenstore.EnsureBucket(ctx, js, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model":{"type":"NoSuchModel"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const model = "broken/model"
+	if _, _, err := tokenstore.Publish(ctx, bucket, model, "", dir); err != nil {
+		t.Fatal(err)
+	}
+	var loads atomic.Int32
+	store := NewStoreTokenizers(nil, StoreTokenizersConfig{CacheDir: t.TempDir(), MissRetry: time.Hour, Logger: quietLog(),
+		Load: func(model, dir string) (Tokenizer, error) {
+			loads.Add(1)
+			return loadTokenizerDir(model, dir)
+		}})
+	done := make(chan struct{})
+	go func() { defer close(done); store.Run(ctx, nc.NC) }()
+	defer func() { cancel(); <-done }()
+	testutil.WaitFor(t, 10*time.Second, "the store's first load attempt", func() bool {
+		_, _ = store.For(model)
+		return loads.Load() > 0
+	})
+	for i := 0; i < 50; i++ {
+		if _, ok := store.For(model); ok {
+			t.Fatal("a tokenizer that does not load was returned")
+		}
+	}
+	if n := loads.Load(); n > 2 { // the first request's and, racing it, the watch's
+		t.Fatalf("%d load attempts for 50 requests within the retry time", n)
+	}
 }
