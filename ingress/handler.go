@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
@@ -420,7 +421,14 @@ func (c *call) tokenize() error {
 		}
 		var n, media int
 		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
-			if errors.Is(err, ErrNoChatTemplate) {
+			if errors.Is(err, ErrNoChatTemplate) || errors.Is(err, chattmpl.ErrRender) {
+				// No template, or one this interpreter failed on (not the
+				// template's own raise_exception, which vLLM answers with
+				// a 400 too): routed by load, for the engine to render.
+				if !errors.Is(err, ErrNoChatTemplate) {
+					s.m.renderFallbacks.Inc()
+					s.log.Debug("chat template failed to render here; routing unkeyed", "model", c.model, "err", err)
+				}
 				c.tokens = nil
 				c.approx = len(c.req.messages) / 4
 				return nil

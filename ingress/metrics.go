@@ -18,6 +18,10 @@ type metrics struct {
 	matchRatio   prometheus.Histogram
 	inflight     prometheus.Gauge
 	streamErrors prometheus.Counter
+	// renderFallbacks counts chat requests the ingress's template
+	// interpreter failed to render: forwarded unkeyed, for the engine to
+	// render.
+	renderFallbacks prometheus.Counter
 
 	statusLabels map[int]string // avoids strconv per request
 
@@ -55,6 +59,8 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 			Help: "Requests this replica is serving now.", ConstLabels: constLabels}),
 		streamErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_stream_errors_total",
 			Help: "Streams ended with an error event after bytes reached the client.", ConstLabels: constLabels}),
+		renderFallbacks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_chat_render_fallbacks_total",
+			Help: "Chat requests whose template failed to render here (not a raise_exception): routed by load, unkeyed, for the engine to render.", ConstLabels: constLabels}),
 		statusLabels: map[int]string{},
 	}
 	for _, c := range []int{200, 400, 401, 404, 413, 429, 499, 500, 502, 503, 504} {
@@ -70,7 +76,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 		m.ttftBy[ep] = m.ttft.WithLabelValues(ep.String())
 		m.durationBy[ep] = m.duration.WithLabelValues(ep.String())
 	}
-	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors)
+	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks)
 	if indexKeys != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_keys",
 			Help: "Keys in the local index (all engines and tiers).", ConstLabels: constLabels}, indexKeys))

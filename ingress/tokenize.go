@@ -4,11 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"unsafe"
 
 	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
+	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -178,17 +178,32 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 		if err != nil {
 			return fmt.Errorf("tokenizer for %s: %w", model, err)
 		}
+		// The template: the configured file, or the model directory's
+		// (chat_template.jinja, chat_template.json, tokenizer_config.json).
 		tplPath := cfg.ChatTemplates[model]
 		if tplPath == "" {
 			if st, err := os.Stat(path); err == nil && st.IsDir() {
-				if _, err := os.Stat(filepath.Join(path, "tokenizer_config.json")); err == nil {
-					tplPath = filepath.Join(path, "tokenizer_config.json")
-				}
+				tplPath = path
 			}
 		}
 		var tpl *tokenizer.ChatTemplate
 		if tplPath != "" {
-			if tpl, err = tokenizer.LoadChatTemplateFile(tplPath); err != nil {
+			if tplPath == path {
+				tpl, err = tokenizer.LoadChatTemplateDir(path) // nil when the directory has none
+			} else {
+				tpl, err = tokenizer.LoadChatTemplateFile(tplPath)
+			}
+			switch {
+			case errors.Is(err, chattmpl.ErrSyntax):
+				// A template this interpreter cannot parse (vLLM's Jinja
+				// may): serve the model with chat routed by load rather
+				// than refuse to start.
+				if deps.Logger != nil {
+					deps.Logger.Warn("chat template not supported here: chat requests for this model are routed by load, unkeyed",
+						"model", model, "template", tplPath, "err", err)
+				}
+				tpl = nil
+			case err != nil:
 				return fmt.Errorf("chat template for %s: %w", model, err)
 			}
 		}

@@ -33,8 +33,9 @@ type Options struct {
 	// ReplayLayout is "new" (with the topic frame, vLLM ≥ PR #45177) or "old".
 	ReplayLayout string
 	// TokenizerPath is a Hugging Face tokenizer.json for text prompts ("":
-	// the byte-level fallback). ChatTemplatePath is a tokenizer_config.json
-	// whose chat_template renders chat requests ("": built-in Llama 3 markup).
+	// the byte-level fallback). ChatTemplatePath is the chat template
+	// (tokenizer.LoadChatTemplateFile: a model directory, tokenizer_config.json,
+	// chat_template.jinja/.json or a Jinja file; "": built-in Llama 3 markup).
 	TokenizerPath, ChatTemplatePath string
 	// LogLevel of the text log on stderr. Default info.
 	LogLevel slog.Level

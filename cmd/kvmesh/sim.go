@@ -44,7 +44,7 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 	fs.IntVar(&cfg.Engine.CPUBlocks, "cpu-blocks", 0, "CPU tier capacity in blocks (0 = no CPU tier)")
 	fs.IntVar(&cfg.DP, "dp", cfg.DP, "data-parallel ranks (each an engine; event ports offset by rank)")
 	fs.StringVar(&opts.TokenizerPath, "tokenizer", "", "Hugging Face tokenizer.json for text prompts (default: byte-level fallback)")
-	fs.StringVar(&opts.ChatTemplatePath, "chat-template", "", "tokenizer_config.json whose chat_template renders chat requests (default: built-in Llama 3 markup)")
+	fs.StringVar(&opts.ChatTemplatePath, "chat-template", "", "chat template: a model directory (chat_template.jinja, chat_template.json or tokenizer_config.json, as transformers finds it), one of those files, or a Jinja file (default: built-in Llama 3 markup)")
 	fs.StringVar(&opts.Profile, "profile", opts.Profile, "timing profile: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.StringVar(&opts.ProfileFile, "profile-file", opts.ProfileFile, "timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "modelled seconds per wall second (>1 runs faster than real time)")

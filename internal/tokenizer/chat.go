@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
 )
@@ -34,13 +36,55 @@ var errNoChatTemplate = fmt.Errorf("parse tokenizer_config: %w: no chat_template
 
 var specialTokenKeys = []string{"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}
 
-// LoadChatTemplateFile reads tokenizer_config.json.
+// LoadChatTemplateFile reads a chat template: a model directory
+// (LoadChatTemplateDir), a tokenizer_config.json or a processor's
+// chat_template.json (its chat_template), or a Jinja file (vLLM's
+// --chat-template), whose special tokens come from the tokenizer_config.json
+// beside it when there is one.
 func LoadChatTemplateFile(path string) (*ChatTemplate, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		ct, err := LoadChatTemplateDir(path)
+		if err == nil && ct == nil {
+			err = fmt.Errorf("load chat template: %s: %w", path, errNoChatTemplate)
+		}
+		return ct, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("load chat template: %w", err)
 	}
+	if strings.HasSuffix(path, ".jinja") || !json.Valid(b) {
+		return NewChatTemplate(string(b), specialTokensBeside(path))
+	}
 	return ParseChatTemplateConfig(b)
+}
+
+// specialTokensBeside reads the special tokens of the tokenizer_config.json
+// in path's directory (none when it has none).
+func specialTokensBeside(path string) map[string]string {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(path), "tokenizer_config.json"))
+	if err != nil {
+		return nil
+	}
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(b, &raw) != nil {
+		return nil
+	}
+	return specialTokens(raw)
+}
+
+// specialTokens picks the special-token variables out of a
+// tokenizer_config.json.
+func specialTokens(raw map[string]json.RawMessage) map[string]string {
+	vars := map[string]string{}
+	for _, k := range specialTokenKeys {
+		if v, ok := raw[k]; ok {
+			if s, ok := tokenContent(v); ok {
+				vars[k] = s
+			}
+		}
+	}
+	return vars
 }
 
 // ParseChatTemplateConfig parses the bytes of a tokenizer_config.json. A
@@ -54,15 +98,7 @@ func ParseChatTemplateConfig(data []byte) (*ChatTemplate, error) {
 	if err != nil {
 		return nil, err
 	}
-	vars := map[string]string{}
-	for _, k := range specialTokenKeys {
-		if v, ok := raw[k]; ok {
-			if s, ok := tokenContent(v); ok {
-				vars[k] = s
-			}
-		}
-	}
-	return NewChatTemplate(src, vars)
+	return NewChatTemplate(src, specialTokens(raw))
 }
 
 func templateSource(raw json.RawMessage) (string, error) {

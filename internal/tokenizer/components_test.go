@@ -242,3 +242,60 @@ func TestLlama2Style(t *testing.T) {
 		t.Error("a Prepend normalizer must disable the prefix cache")
 	}
 }
+
+// TestLoadChatTemplateDir: a model directory's template is found where
+// transformers and vLLM look, first found wins: chat_template.jinja, a
+// processor's chat_template.json, tokenizer_config.json; the special tokens
+// always come from tokenizer_config.json; a directory without any has none.
+func TestLoadChatTemplateDir(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	render := func(ct *ChatTemplate) string {
+		t.Helper()
+		if ct == nil {
+			return "<none>"
+		}
+		s, err := ct.Render([]Message{{Role: "user", Content: "hi"}}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	check := func(want string) {
+		t.Helper()
+		ct, err := LoadChatTemplateDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := render(ct); got != want {
+			t.Fatalf("got %q, want %q", got, want)
+		}
+		// A path to the directory loads the same (an empty one is an error).
+		if ct2, err := LoadChatTemplateFile(dir); (ct == nil) != (err != nil) || render(ct2) != want && ct != nil {
+			t.Fatalf("LoadChatTemplateFile(dir): %v %q", err, render(ct2))
+		}
+	}
+	check("<none>")
+	write("tokenizer_config.json", `{"bos_token":"<s>"}`)
+	check("<none>")
+	write("tokenizer_config.json", `{"bos_token":"<s>","chat_template":"{{ bos_token }}config:{{ messages[0].content }}"}`)
+	check("<s>config:hi")
+	write("chat_template.json", `{"chat_template":"{{ bos_token }}processor:{{ messages[0].content }}"}`)
+	check("<s>processor:hi")
+	write("chat_template.jinja", "{{ bos_token }}jinja:{{ messages[0].content }}")
+	check("<s>jinja:hi")
+	// A Jinja file named on its own takes the special tokens beside it.
+	ct, err := LoadChatTemplateFile(filepath.Join(dir, "chat_template.jinja"))
+	if err != nil || render(ct) != "<s>jinja:hi" {
+		t.Fatalf("the .jinja file: %q %v", render(ct), err)
+	}
+	write("chat_template.json", `{"chat_template":7}`)
+	if _, err := LoadChatTemplateDir(dir); err != nil {
+		t.Fatalf("chat_template.jinja wins before a malformed chat_template.json is read: %v", err)
+	}
+}

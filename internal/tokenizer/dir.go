@@ -18,21 +18,58 @@ func LoadDir(dir string) (*Native, *ChatTemplate, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return tk, nil, nil
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("load chat template: %w", err)
-	}
-	ct, err := ParseChatTemplateConfig(b)
-	if errors.Is(err, errNoChatTemplate) {
-		return tk, nil, nil
-	}
+	ct, err := LoadChatTemplateDir(dir)
 	if err != nil {
 		return nil, nil, err
 	}
 	return tk, ct, nil
+}
+
+// LoadChatTemplateDir loads a model directory's chat template where
+// transformers and vLLM find it, first found wins: chat_template.jinja (what
+// transformers saves since 4.47), a processor's chat_template.json
+// (multimodal models; vLLM prefers the processor's template), then
+// tokenizer_config.json's chat_template. The special tokens come from
+// tokenizer_config.json. nil, and no error, when the directory has none.
+func LoadChatTemplateDir(dir string) (*ChatTemplate, error) {
+	cfg, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("load chat template: %w", err)
+	}
+	var raw map[string]json.RawMessage
+	if len(cfg) > 0 {
+		if err := json.Unmarshal(cfg, &raw); err != nil {
+			return nil, fmt.Errorf("parse tokenizer_config: %w: %v", ErrInvalid, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+		return NewChatTemplate(string(b), specialTokens(raw))
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("load chat template: %w", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.json")); err == nil {
+		var proc map[string]json.RawMessage
+		if err := json.Unmarshal(b, &proc); err != nil {
+			return nil, fmt.Errorf("parse chat_template.json: %w: %v", ErrInvalid, err)
+		}
+		src, err := templateSource(proc["chat_template"])
+		if err == nil {
+			return NewChatTemplate(src, specialTokens(raw))
+		}
+		if !errors.Is(err, errNoChatTemplate) {
+			return nil, err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("load chat template: %w", err)
+	}
+	src, err := templateSource(raw["chat_template"])
+	if errors.Is(err, errNoChatTemplate) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return NewChatTemplate(src, specialTokens(raw))
 }
 
 // LoadPath loads a tokenizer.json file, or a directory holding tokenizer.json

@@ -39,7 +39,7 @@ const Bucket = "KVMESH_TOKENIZERS"
 
 // Files are the files published per model, in this order; tokenizer.json is
 // required, the others are published when present.
-var Files = []string{"tokenizer.json", "tokenizer_config.json"}
+var Files = []string{"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json"}
 
 // MaxFileBytes bounds one published file (the largest tokenizers are ~20 MB).
 const MaxFileBytes = 64 << 20
