@@ -21,7 +21,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs := newFlagSet("loadtest", stderr)
 	cfg := loadgen.DefaultConfig()
 	var (
-		endpoint   = fs.String("endpoint", string(cfg.Endpoint), "API: completions (token-id prompts), chat or responses (the Responses API; both render the tokens as words)")
+		endpoint   = fs.String("endpoint", string(cfg.Endpoint), "API: completions (token-id prompts), chat, responses (the Responses API) or messages (Anthropic's Messages API); the last three render the tokens as words")
 		kind       = fs.String("workload", "shared-prefix", "workload: shared-prefix, mooncake or bailian (Alibaba Bailian JSONL)")
 		sp         = workload.SharedPrefix{Groups: 32, Prompts: 16, Shared: 2048, Question: 128, Output: 64, Seed: 1}
 		trace      = fs.String("trace", "testdata/traces/mooncake_synthetic_trace.jsonl", "trace (JSONL) for -workload mooncake or bailian")

@@ -20,6 +20,10 @@ const (
 	// Responses sends /v1/responses (the Responses API) with the tokens
 	// rendered as words, like Chat, as the input string.
 	Responses Endpoint = "responses"
+	// Messages sends /v1/messages (Anthropic's Messages API, as vLLM serves
+	// it) with the tokens rendered as words, like Chat. The API takes no
+	// min_tokens or ignore_eos: an engine may stop before max_tokens.
+	Messages Endpoint = "messages"
 )
 
 // Config configures a run. Arrivals are open-loop (each request is sent at its
@@ -32,7 +36,7 @@ type Config struct {
 	// URLs, when set, replaces URL with several servers (e.g. ingress replicas without
 	// a load balancer in front): request i goes to URLs[i mod len].
 	URLs []string
-	// Endpoint is Completions (default), Chat or Responses.
+	// Endpoint is Completions (default), Chat, Responses or Messages.
 	Endpoint Endpoint
 	// Model is the model field of every request.
 	Model string
@@ -97,8 +101,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: url %q is not an http(s) URL", ErrConfig, raw))
 		}
 	}
-	if c.Endpoint != Completions && c.Endpoint != Chat && c.Endpoint != Responses {
-		errs = append(errs, fmt.Errorf("%w: endpoint %q (want completions, chat or responses)", ErrConfig, c.Endpoint))
+	if c.Endpoint != Completions && c.Endpoint != Chat && c.Endpoint != Responses && c.Endpoint != Messages {
+		errs = append(errs, fmt.Errorf("%w: endpoint %q (want completions, chat, responses or messages)", ErrConfig, c.Endpoint))
 	}
 	if c.Model == "" {
 		errs = append(errs, fmt.Errorf("%w: model is required", ErrConfig))

@@ -346,15 +346,21 @@ func FuzzReadBody(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":null}\r\n\r\ndata: [DONE]\r\n\r\n"), true, false)
 	f.Add([]byte(respStream), true, true)
 	f.Add([]byte(`{"output":[{"content":[{"text":"a"}]}],"usage":{"input_tokens":3,"output_tokens":1}}`), false, true)
-	f.Fuzz(func(t *testing.T, body []byte, stream, responses bool) {
-		var res Result
-		readBody(context.Background(), strings.NewReader(string(body)), stream, responses, time.Now(), &res)
-		if res.ErrKind == "" {
-			if res.TTFT > res.E2E {
-				t.Fatalf("accepted body gave %+v", res)
+	f.Add([]byte(msgStream), true, true)
+	f.Fuzz(func(t *testing.T, body []byte, stream, named bool) {
+		for _, ep := range []Endpoint{Completions, Responses, Messages} {
+			if named == (ep == Completions) {
+				continue
 			}
-		} else if res.ErrKind != KindStream && res.ErrKind != KindInStream {
-			t.Fatalf("unexpected kind %q", res.ErrKind)
+			var res Result
+			readBody(context.Background(), strings.NewReader(string(body)), stream, ep, time.Now(), &res)
+			if res.ErrKind == "" {
+				if res.TTFT > res.E2E {
+					t.Fatalf("accepted body gave %+v", res)
+				}
+			} else if res.ErrKind != KindStream && res.ErrKind != KindInStream {
+				t.Fatalf("unexpected kind %q", res.ErrKind)
+			}
 		}
 	})
 }
@@ -378,7 +384,7 @@ func TestReadBody(t *testing.T) {
 		{"not json", []byte("data: hello\n\ndata: [DONE]\n\n"), KindStream},
 	} {
 		var res Result
-		readBody(context.Background(), strings.NewReader(string(tc.body)), true, false, time.Now(), &res)
+		readBody(context.Background(), strings.NewReader(string(tc.body)), true, Completions, time.Now(), &res)
 		if res.ErrKind != tc.kind {
 			t.Errorf("%s: kind %q, want %q (%s)", tc.name, res.ErrKind, tc.kind, res.ErrMsg)
 		}
@@ -407,8 +413,11 @@ func TestReadBodyResponses(t *testing.T) {
 		{"plain form is not accepted for chat", respStream, true, "chat"},
 	} {
 		var res Result
-		responses := tc.kind != "chat"
-		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, responses, time.Now(), &res)
+		ep := Responses
+		if tc.kind == "chat" {
+			ep = Chat
+		}
+		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, ep, time.Now(), &res)
 		want := tc.kind
 		if want == "chat" {
 			want = KindStream // a chat reader refuses event lines
@@ -471,6 +480,37 @@ func TestRunFollowUps(t *testing.T) {
 			if f.Sent < p.Sent+p.E2E+reqs[j].Think {
 				t.Errorf("rate %v: request %d sent at %v, before request %d's answer (%v + %v) + %v", rate, j, f.Sent, i, p.Sent, p.E2E, reqs[j].Think)
 			}
+		}
+	}
+}
+
+// msgStream is a Messages API stream as vLLM writes it.
+const msgStream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"usage\":{\"input_tokens\":40,\"output_tokens\":0}}}\n\n" +
+	"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"content_block\":{\"type\":\"text\",\"text\":\"\"},\"index\":0}\n\n" +
+	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"},\"index\":0}\n\n" +
+	"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+	"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":8,\"output_tokens\":1,\"cache_read_input_tokens\":32}}\n\n" +
+	"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+
+func TestReadBodyMessages(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		body   string
+		stream bool
+		kind   string
+	}{
+		{"stream", msgStream, true, ""},
+		{"answer", `{"type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":8,"cache_read_input_tokens":32,"output_tokens":1}}`, false, ""},
+		{"error event", msgStream[:strings.Index(msgStream, "event: content_block_stop")] + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"boom\"}}\n\n", true, KindInStream},
+		{"cut inside an event", msgStream[:len(msgStream)-5], true, KindStream},
+	} {
+		var res Result
+		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, Messages, time.Now(), &res)
+		if res.ErrKind != tc.kind {
+			t.Fatalf("%s: kind %q (%s), want %q", tc.name, res.ErrKind, res.ErrMsg, tc.kind)
+		}
+		if tc.kind == "" && (res.PromptTokens != 40 || res.CachedTokens != 32 || res.OutputTokens != 1 || res.TTFT <= 0) {
+			t.Fatalf("%s: %+v", tc.name, res)
 		}
 	}
 }

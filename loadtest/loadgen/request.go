@@ -56,7 +56,7 @@ func appendBody(dst []byte, cfg *Config, r *workload.Request, scratch []uint32) 
 	dst = append(dst, `{"model":`...)
 	dst = openai.AppendString(dst, cfg.Model)
 	switch cfg.Endpoint {
-	case Chat:
+	case Chat, Messages:
 		dst = append(dst, `,"messages":[{"role":"user","content":"`...)
 		dst = appendWords(dst, scratch)
 		dst = append(dst, `"}]`...)
@@ -75,13 +75,17 @@ func appendBody(dst []byte, cfg *Config, r *workload.Request, scratch []uint32) 
 		dst = append(dst, `,"max_tokens":`...)
 	}
 	dst = strconv.AppendInt(dst, int64(out), 10)
-	// ignore_eos + min_tokens make the engine produce exactly the workload's output length.
-	dst = append(dst, `,"min_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(out), 10)
-	dst = append(dst, `,"ignore_eos":true,"temperature":0`...)
+	if cfg.Endpoint == Messages {
+		dst = append(dst, `,"temperature":0`...) // the Messages API has no min_tokens or ignore_eos
+	} else {
+		// ignore_eos + min_tokens make the engine produce exactly the workload's output length.
+		dst = append(dst, `,"min_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(out), 10)
+		dst = append(dst, `,"ignore_eos":true,"temperature":0`...)
+	}
 	switch {
 	case cfg.NoStream:
-	case cfg.Endpoint == Responses: // its streams always end with the usage
+	case cfg.Endpoint == Responses, cfg.Endpoint == Messages: // their streams always end with the usage
 		dst = append(dst, `,"stream":true`...)
 	default:
 		dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}`...)
@@ -159,6 +163,38 @@ type respUsage struct {
 	} `json:"input_tokens_details"`
 }
 
+// msgChunk is the part of a Messages API event, answer or error the client
+// reads: a text delta, a non-streamed answer's content, the usage (of
+// message_delta, or of message_start's message), an error.
+type msgChunk struct {
+	Type  string `json:"type"`
+	Delta struct {
+		Text string `json:"text"`
+	} `json:"delta"`
+	Content []struct {
+		Text string `json:"text"`
+	} `json:"content"`
+	Message *msgChunk `json:"message"`
+	Usage   *struct {
+		InputTokens          int `json:"input_tokens"`
+		OutputTokens         int `json:"output_tokens"`
+		CacheReadInputTokens int `json:"cache_read_input_tokens"`
+	} `json:"usage"`
+	Error *openai.ErrorDetail `json:"error"`
+}
+
+func (c *msgChunk) hasText() bool {
+	if c.Delta.Text != "" {
+		return true
+	}
+	for _, b := range c.Content {
+		if b.Text != "" {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *chunk) hasText() bool {
 	for i := range c.Choices {
 		ch := &c.Choices[i]
@@ -209,16 +245,17 @@ func (g *generator) do(ctx context.Context, url string, body []byte, r *workload
 		res.E2E = time.Since(t0)
 		return
 	}
-	readBody(ctx, resp.Body, !g.cfg.NoStream, g.cfg.Endpoint == Responses, t0, res)
+	readBody(ctx, resp.Body, !g.cfg.NoStream, g.cfg.Endpoint, t0, res)
 }
 
 // readBody reads a 200 response (an SSE stream, or one JSON body when stream is false)
 // into res: TTFT at the first generated text, usage, and an error kind when the body
 // is malformed or carries an error event. It never panics on bad input.
-func readBody(ctx context.Context, body io.Reader, stream, responses bool, t0 time.Time, res *Result) {
+func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, t0 time.Time, res *Result) {
 	var (
 		c      chunk
 		rc     respChunk
+		mc     msgChunk
 		chunks int
 		err    error
 	)
@@ -246,7 +283,35 @@ func readBody(ctx context.Context, body io.Reader, stream, responses bool, t0 ti
 		}
 		return nil
 	}
-	if responses {
+	switch ep {
+	case Messages:
+		apply = func(payload []byte) error {
+			mc = msgChunk{}
+			if err := json.Unmarshal(payload, &mc); err != nil {
+				return fmt.Errorf("%w: %w", openai.ErrBadStream, err)
+			}
+			if mc.Type == "error" || mc.Error != nil && mc.Error.Message != "" {
+				msg := ""
+				if mc.Error != nil {
+					msg = mc.Error.Message
+				}
+				return &inStreamError{msg: msg}
+			}
+			text(mc.hasText())
+			u := mc.Usage
+			if mc.Message != nil && mc.Message.Usage != nil {
+				u = mc.Message.Usage
+			}
+			if u != nil {
+				// vLLM's input_tokens is the uncached part (cache_read_input_tokens the rest).
+				res.PromptTokens, res.CachedTokens = u.InputTokens+u.CacheReadInputTokens, u.CacheReadInputTokens
+				if u.OutputTokens > 0 {
+					res.OutputTokens = u.OutputTokens
+				}
+			}
+			return nil
+		}
+	case Responses:
 		apply = func(payload []byte) error {
 			rc = respChunk{}
 			if err := json.Unmarshal(payload, &rc); err != nil {
@@ -270,7 +335,7 @@ func readBody(ctx context.Context, body io.Reader, stream, responses bool, t0 ti
 		}
 	}
 	switch {
-	case stream && responses:
+	case stream && (ep == Responses || ep == Messages): // named events, no [DONE]
 		err = openai.ReadAllResponses(body, apply)
 	case stream:
 		err = openai.ReadAll(body, apply)

@@ -256,6 +256,8 @@ func endpointURL(base string, ep Endpoint) string {
 		return base + "/v1/chat/completions"
 	case Responses:
 		return base + "/v1/responses"
+	case Messages:
+		return base + "/v1/messages"
 	}
 	return base + "/v1/completions"
 }
