@@ -139,3 +139,26 @@ func BenchmarkChatRender(b *testing.B) {
 		dst = tk.AppendEncode(dst[:0], s, false)
 	}
 }
+
+// BenchmarkRenderPromptInlineImage: RenderPrompt of a chat turn carrying a
+// 12 MB base64 image (both renderings, the media key), with Qwen3-VL's
+// template.
+func BenchmarkRenderPromptInlineImage(b *testing.B) {
+	src, err := os.ReadFile(templatesDir + "ardan-Qwen3-VL-30B-A3B-Instruct-Q8_0.jinja")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ct, err := NewChatTemplate(string(src), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs := []byte(`[{"role":"user","content":[{"type":"text","text":"What is in this photo?"},{"type":"image_url","image_url":{"url":"data:image/jpeg;base64,` +
+		strings.Repeat("QUJD", 3<<20) + `"}}]}]`)
+	b.SetBytes(int64(len(msgs)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if p, err := ct.RenderPrompt(&ChatRequest{Messages: msgs, AddGenerationPrompt: true}); err != nil || len(p.Media) != 1 {
+			b.Fatal(p.Media, err)
+		}
+	}
+}
