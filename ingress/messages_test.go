@@ -121,3 +121,41 @@ func FuzzParseMessages(f *testing.F) {
 		}
 	})
 }
+
+// TestMessagesStreamEvents checks the stream helpers on vLLM's Messages
+// events: no preamble (message_start comes after the prefill), the end at
+// message_stop, output tokens from message_delta's usage (message_start's
+// zero ignored), and a broken stream's last event in Anthropic's shape.
+func TestMessagesStreamEvents(t *testing.T) {
+	ev := func(typ, data string) string {
+		return "event: " + typ + "\ndata: {\"type\":\"" + typ + "\"" + data + "}\n\n"
+	}
+	start := ev("message_start", `,"message":{"id":"m","content":[],"usage":{"input_tokens":5,"output_tokens":0}}`)
+	delta := ev("content_block_delta", `,"delta":{"type":"text_delta","text":"hi"},"index":0`)
+	end := ev("message_delta", `,"delta":{"stop_reason":"max_tokens"},"usage":{"input_tokens":5,"output_tokens":7}`) + ev("message_stop", "")
+	if messagesStream.preambleOnly([]byte(start)) || messagesStream.firstEventFailed([]byte(start)) ||
+		!messagesStream.firstEventFailed([]byte(ev("error", `,"error":{"type":"overloaded_error","message":"x"}`))) {
+		t.Fatal("first event")
+	}
+	if messagesStream.ended([]byte(start+delta)) || !messagesStream.ended([]byte(delta+end)) {
+		t.Fatal("ended")
+	}
+	p := &proxyStream{c: &call{}, named: messagesStream}
+	p.observe([]byte(start + delta + delta))
+	if p.c.outTokens != 2 {
+		t.Fatalf("%d tokens from two deltas", p.c.outTokens)
+	}
+	p.observe([]byte(end))
+	if p.c.outTokens != 7 {
+		t.Fatalf("%d tokens after usage 7", p.c.outTokens)
+	}
+	tail := appendMessagesErrorEvent(nil, `engine "x" failed`)
+	var e struct {
+		Type  string
+		Error struct{ Type, Message string }
+	}
+	if !strings.HasPrefix(string(tail), "event: error\ndata: ") || !strings.HasSuffix(string(tail), "\n\n") ||
+		json.Unmarshal(tail[len("event: error\ndata: "):], &e) != nil || e.Type != "error" || e.Error.Type != "api_error" || e.Error.Message != `engine "x" failed` {
+		t.Fatalf("error event %q", tail)
+	}
+}
