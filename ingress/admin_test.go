@@ -22,6 +22,7 @@ func TestDebugOnlyOnAdminListener(t *testing.T) {
 	cfg.AdminToken = "admin-secret"
 	cfg.Cluster.GossipKey = []byte("gossip-secret-16")
 	cfg.Cluster.NATSAuth.Password = "nats-secret"
+	cfg.EngineAPIKey = "engine-api-secret"
 	s := startIngress(t, cfg, Deps{})
 	client, admin := "http://"+s.Addr(), "http://"+s.AdminAddr()
 	for _, p := range []string{"/debug/config", "/debug/engines", "/debug/index", "/debug/health", "/debug/pprof/", "/debug/pprof/cmdline", "/metrics"} {
@@ -42,7 +43,7 @@ func TestDebugOnlyOnAdminListener(t *testing.T) {
 		t.Errorf("/debug/engines shows the engine URL's password: %s", eng)
 	}
 	_, body := getAuth(t, admin+"/debug/config", "admin-secret")
-	for _, secret := range []string{"admin-secret", "engine-secret", "nats-secret", "gossip-secret"} {
+	for _, secret := range []string{"admin-secret", "engine-secret", "nats-secret", "gossip-secret", "engine-api-secret"} {
 		if strings.Contains(body, secret) {
 			t.Errorf("/debug/config shows %q: %s", secret, body)
 		}

@@ -76,6 +76,11 @@ type Config struct {
 	// ("*": any, as vLLM's default; cors.go). Empty (default): no CORS
 	// headers, so browsers refuse cross-origin answers.
 	CORSOrigins []string `yaml:"corsOrigins"`
+	// EngineAPIKey is sent to the engines as "Authorization: Bearer <key>"
+	// on every /v1 request (vLLM's --api-key / VLLM_API_KEY protect those
+	// paths). Empty (default): none. kvmesh ingress also reads it from
+	// $KVMESH_ENGINE_API_KEY.
+	EngineAPIKey string `yaml:"engineAPIKey"`
 	// FairQueue turns on weighted fair admission across tenants (ingress/fair)
 	// instead of the session-boost queue. Nil: off.
 	FairQueue *fair.Config `yaml:"fairQueue"`

@@ -71,6 +71,9 @@ func redactConfig(cfg Config) Config {
 	if cfg.AdminToken != "" {
 		cfg.AdminToken = natsutil.Redacted
 	}
+	if cfg.EngineAPIKey != "" {
+		cfg.EngineAPIKey = natsutil.Redacted
+	}
 	engines := make([]StaticEngine, len(cfg.Engines))
 	for i, e := range cfg.Engines {
 		e.URL = natsutil.RedactURL(e.URL)

@@ -38,12 +38,13 @@ type call struct {
 	urls      []string // parallel to cands
 	sreq      scheduler.Request
 	dec       scheduler.Decision
-	body      []byte // upstream body (rewritten) or nil: the client's body
-	alt       []byte // second body buffer (swapped with body when rewriting twice)
-	dropUsage bool   // the usage chunk was added by us: keep it from the client
-	path      string // upstream path
-	wrap      bool   // chat answered through /v1/completions and re-wrapped
-	media     int    // media items in the chat prompt (keys stop at the first)
+	body      []byte                      // upstream body (rewritten) or nil: the client's body
+	alt       []byte                      // second body buffer (swapped with body when rewriting twice)
+	dropUsage bool                        // the usage chunk was added by us: keep it from the client
+	path      string                      // upstream path
+	wrap      bool                        // chat answered through /v1/completions and re-wrapped
+	media     int                         // media items in the chat prompt (keys stop at the first)
+	fwd       [len(forwardHeaders)][]byte // the client's forwarded headers (upstreamhdr.go)
 	engine    string
 	picked    string // the policy's pick, until reported finished (policyDone)
 	match     index.Match
@@ -83,6 +84,7 @@ func (c *call) reset() {
 
 		scratch:     c.scratch[:0],
 		scratchText: c.scratchText[:0],
+		fwd:         c.fwd,
 		rt:          c.rt.reset(),
 	}
 	c.req.reset()
@@ -160,6 +162,7 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 		}
 		c.keyID = id
 	}
+	c.keepForwardHeaders(&ctx.Request.Header)
 	t := time.Now()
 	if err := parseRequest(&c.req, c.ep, ctx.PostBody()); err != nil {
 		return err

@@ -60,6 +60,7 @@ func (c *call) upstreamRequest(ctx *fasthttp.RequestCtx) *fasthttp.Request {
 	ureq := fasthttp.AcquireRequest()
 	ureq.Header.SetMethod(fasthttp.MethodPost)
 	ureq.Header.SetContentType("application/json")
+	c.setUpstreamHeaders(&ureq.Header)
 	ureq.SetBodyRaw(body)
 	if !c.req.stream {
 		// A stream learns of a gone client when its body is closed; a

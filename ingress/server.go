@@ -32,6 +32,9 @@ type Server struct {
 	ups    *upstreams
 	cl     *cluster
 	health *ejector // nil when passive ejection is off
+	// engineAuth is the Authorization value upstream requests carry
+	// ("Bearer " + Config.EngineAPIKey), nil without a key.
+	engineAuth []byte
 
 	srv            *fasthttp.Server
 	ln             net.Listener
@@ -109,6 +112,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Scheduler = sch
 	}
 	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej, learn: lr}
+	if cfg.EngineAPIKey != "" {
+		s.engineAuth = []byte("Bearer " + cfg.EngineAPIKey)
+	}
 	if len(cfg.Cluster.NATSURLs) > 0 {
 		if s.deps.Synced == nil {
 			s.deps.Synced = func() bool { return cl.mat != nil && cl.mat.Synced() }

@@ -89,6 +89,9 @@ type Config struct {
 	Chat ChatRenderer
 	// LoRA serves LoRA adapters as vLLM does (lora.go).
 	LoRA LoRAConfig
+	// APIKey, when set, is required on /v1 requests as "Authorization:
+	// Bearer <key>" (vLLM's --api-key / VLLM_API_KEY).
+	APIKey string
 	// ResponsesStore keeps Responses API responses in memory when a request
 	// asks to store them (--responses-store; vLLM's
 	// VLLM_ENABLE_RESPONSES_API_STORE=1). Off, store=true is silently

@@ -1,17 +1,37 @@
 package sim
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
+
+// requireAPIKey is vLLM's --api-key: with a key set, a /v1 request without
+// "Authorization: Bearer <key>" is a 401 {"error": "Unauthorized"}; other
+// paths (/health, /metrics, /tokenize…) stay open, as in vLLM.
+func (s *Server) requireAPIKey(next http.Handler) http.Handler {
+	if s.cfg.APIKey == "" {
+		return next
+	}
+	want := "Bearer " + s.cfg.APIKey
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1") && r.Method != http.MethodOptions &&
+			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -36,7 +56,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path)
 	})
-	return mux
+	return s.requireAPIKey(mux)
 }
 
 // httpError carries a status to the edge.

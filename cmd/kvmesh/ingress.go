@@ -102,6 +102,9 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size when membership does not say")
 	fs.BoolVar(&cfg.AccessLog, "access-log", cfg.AccessLog, "one JSON line per request on stderr")
 	fs.StringVar(&opts.APIKeysFile, "api-keys-file", "", "API keys file (also $KVMESH_API_KEYS); none: open")
+	if k := os.Getenv("KVMESH_ENGINE_API_KEY"); k != "" && cfg.EngineAPIKey == "" {
+		cfg.EngineAPIKey = k // the engines' own key (vLLM --api-key), sent on every /v1 request; config engineAPIKey
+	}
 	probs.NonNegative(fs, &opts.KeyLimits.InputTokens, "key-input-tpm", "per-key input tokens per minute (0: none)")
 	probs.NonNegative(fs, &opts.KeyLimits.OutputTokens, "key-output-tpm", "per-key output tokens per minute (0: none)")
 	probs.NonNegative(fs, &opts.ModelLimits.InputTokens, "model-input-tpm", "per-model input tokens per minute (0: none)")
