@@ -22,9 +22,9 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	cfg := loadgen.DefaultConfig()
 	var (
 		endpoint   = fs.String("endpoint", string(cfg.Endpoint), "API: completions (token-id prompts), chat, responses (the Responses API) or messages (Anthropic's Messages API); the last three render the tokens as words")
-		kind       = fs.String("workload", "shared-prefix", "workload: shared-prefix, mooncake or bailian (Alibaba Bailian JSONL)")
+		kind       = fs.String("workload", "shared-prefix", "workload: shared-prefix, mooncake, bailian (Alibaba Bailian JSONL) or sharegpt (ShareGPT JSON conversations as sessions)")
 		sp         = workload.SharedPrefix{Groups: 32, Prompts: 16, Shared: 2048, Question: 128, Output: 64, Seed: 1}
-		trace      = fs.String("trace", "testdata/traces/mooncake_synthetic_trace.jsonl", "trace (JSONL) for -workload mooncake or bailian")
+		trace      = fs.String("trace", "testdata/traces/mooncake_synthetic_trace.jsonl", "trace (JSONL) for -workload mooncake or bailian; the ShareGPT JSON for sharegpt")
 		traceScale = fs.Float64("trace-rate-scale", 1, "mooncake: multiply the trace's arrival rate")
 		traceBlock = fs.Int("trace-block-size", 0, "mooncake, bailian: tokens per hash_ids block (0 = the format's: 512, Bailian 16)")
 		limit      = fs.Int("limit", 0, "send only the first N requests (0 = all)")
@@ -66,8 +66,13 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		// Rows without output_length generate -output tokens.
 		reqs, err = workload.Mooncake{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit, BlockTokens: *traceBlock, Output: sp.Output,
 			Bailian: *kind == "bailian"}.ReadFile(*trace)
+	case "sharegpt":
+		if !(*traceScale > 0) || math.IsInf(*traceScale, 0) {
+			return fmt.Errorf("%w: -trace-rate-scale %v (want a finite number > 0)", errUsage, *traceScale)
+		}
+		reqs, err = workload.ShareGPT{RateScale: *traceScale, Seed: cfg.Seed, Limit: *limit}.ReadFile(*trace)
 	default:
-		return fmt.Errorf("%w: -workload %q (want shared-prefix, mooncake or bailian)", errUsage, *kind)
+		return fmt.Errorf("%w: -workload %q (want shared-prefix, mooncake, bailian or sharegpt)", errUsage, *kind)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)

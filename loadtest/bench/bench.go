@@ -272,13 +272,13 @@ func (o *Options) checkWorkload(bad func(string, ...any)) {
 	atLeast(bad, "trace-block-size", o.TraceBlockTokens, 0, " (0 = the format's: 512, Bailian 16)")
 	switch o.Workload {
 	case "shared-prefix":
-	case "trace", "bailian", "azure":
+	case "trace", "bailian", "azure", "sharegpt":
 		if o.Trace == "" {
 			bad("--workload %s needs --trace FILE", o.Workload)
 		}
 	case "chat", "tool-agent":
 	default:
-		bad("--workload %q: want shared-prefix, trace, bailian, azure, chat or tool-agent", o.Workload)
+		bad("--workload %q: want shared-prefix, trace, bailian, azure, sharegpt, chat or tool-agent", o.Workload)
 	}
 }
 
@@ -329,6 +329,8 @@ func (o *Options) requests() ([]workload.Request, error) {
 		return o.Mooncake(seed).ReadFile(o.Trace)
 	case "azure":
 		return workload.Azure{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
+	case "sharegpt":
+		return workload.ShareGPT{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.ReadFile(o.Trace)
 	case "chat":
 		return workload.Chat{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
 	case "tool-agent":

@@ -33,7 +33,7 @@ import (
 
 func main() {
 	var (
-		kind     = flag.String("workload", "trace", "trace (Mooncake), bailian, azure, chat, tool-agent or shared-prefix")
+		kind     = flag.String("workload", "trace", "trace (Mooncake), bailian, azure, sharegpt, chat, tool-agent or shared-prefix")
 		trace    = flag.String("trace", "", "trace file (trace, bailian, azure)")
 		seed     = flag.Uint64("seed", 1, "workload seed")
 		limit    = flag.Int("limit", 0, "first N requests (0 = all)")
@@ -57,6 +57,8 @@ func main() {
 		reqs, err = workload.Mooncake{Seed: *seed, Limit: *limit, BlockTokens: *tblock, Output: 1, Bailian: *kind == "bailian"}.ReadFile(*trace)
 	case "azure":
 		reqs, err = workload.Azure{Seed: *seed, Limit: *limit}.ReadFile(*trace)
+	case "sharegpt":
+		reqs, err = workload.ShareGPT{Seed: *seed, Limit: *limit}.ReadFile(*trace)
 	case "chat":
 		reqs, err = workload.Chat{Seed: *seed, Limit: *limit}.Generate()
 	case "tool-agent":
