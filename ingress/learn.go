@@ -57,6 +57,10 @@ type LearnConfig struct {
 	// estimate pooled over every engine (learn.Config.Unpooled). Always
 	// so with a P/D policy (pd.policy).
 	Unpooled bool `yaml:"unpooled"`
+	// Shared prices every engine with the costs pooled over all of them
+	// (learn.Config.Shared): for a pool of identical replicas. Off by
+	// default (docs/BENCHMARKS.md, "Per-engine or shared learned costs").
+	Shared bool `yaml:"shared"`
 	// FreeIntercept fits the prefill line's intercept without its prior at
 	// the decode step's cost (learn.Config.FreeIntercept). Always so with
 	// a P/D policy.
@@ -70,7 +74,7 @@ func (c *LearnConfig) learnConfig() learn.Config {
 	p.PrefillRate = cmp.Or(p.PrefillRate, d.PrefillRate)
 	p.StepBase = cmp.Or(p.StepBase, d.StepBase)
 	p.DecodeSecPerToken = cmp.Or(p.DecodeSecPerToken, d.DecodeSecPerToken)
-	lc := learn.Config{Prior: p, PriorWeight: c.PriorWeight, Memory: c.Memory, Clamp: c.Clamp, Unpooled: c.Unpooled, FreeIntercept: c.FreeIntercept}
+	lc := learn.Config{Prior: p, PriorWeight: c.PriorWeight, Memory: c.Memory, Clamp: c.Clamp, Unpooled: c.Unpooled, Shared: c.Shared, FreeIntercept: c.FreeIntercept}
 	lc.Defaults()
 	return lc
 }

@@ -75,6 +75,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.IntVar(&o.Limit, "limit", o.Limit, "trace, azure, sharegpt, chat, tool-agent: use only the first N requests (0 = all)")
 	fs.DurationVar(&o.EventDelay, "event-delay", o.EventDelay, "KV event propagation delay to the index")
 	fs.DurationVar(&o.SnapshotInterval, "snapshot-interval", o.SnapshotInterval, "engine load snapshot period (gossip staleness); negative = always fresh")
+	fs.BoolVar(&o.LearnShared, "learn-shared", false, "des: kvmesh's learner prices every engine with the costs pooled over all of them (engines taken as replicas; no per-engine rates)")
 	fs.BoolVar(&o.LearnUnpooled, "learn-unpooled", false, "des: kvmesh's learner starts each engine from its prior, not from the estimate pooled over every engine (an ablation)")
 	fs.BoolVar(&o.LearnFreeIntercept, "learn-free-intercept", false, "des: kvmesh's learner fits the prefill line's intercept without its prior at the decode step's cost (an ablation)")
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "SchedulerConfig YAML (policy parameters; --policies still picks the policies)")

@@ -80,6 +80,9 @@ type Options struct {
 	// prior, not from the estimate pooled over every engine
 	// (learn.Config.Unpooled; an ablation).
 	LearnUnpooled bool
+	// LearnShared (des) prices every engine with the learned costs pooled
+	// over all of them (learn.Config.Shared).
+	LearnShared bool
 	// LearnFreeIntercept (des) fits the learner's prefill line without its
 	// intercept prior (learn.Config.FreeIntercept; an ablation).
 	LearnFreeIntercept bool
@@ -198,7 +201,7 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 		SnapshotInterval: o.SnapshotInterval,
 		Seed:             seed,
 		Parallel:         o.Parallel,
-		Learn:            learn.Config{Unpooled: o.LearnUnpooled, FreeIntercept: o.LearnFreeIntercept},
+		Learn:            learn.Config{Unpooled: o.LearnUnpooled, Shared: o.LearnShared, FreeIntercept: o.LearnFreeIntercept},
 	}
 	if len(probs) == 0 {
 		// Whatever des would still reject (a --config parameter...), as a

@@ -89,6 +89,11 @@ type Config struct {
 	// estimate pooled over every engine (no partial pooling; for
 	// ablations).
 	Unpooled bool
+	// Shared prices every engine with the estimate pooled over all of them
+	// (Rates is RatesOver every engine): the engines are taken to be
+	// replicas of one model on one GPU type, and no engine's own samples
+	// set its rate apart.
+	Shared bool
 	// FreeIntercept leaves the prefill line's intercept to its samples and
 	// the pseudo-samples alone, without the prior at the decode step's
 	// cost (see interceptWeight; for the P/D step and ablations).
@@ -247,7 +252,9 @@ func (l *Learner) Rates(engine string) Rates {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var m model
-	l.gather(&m, engine)
+	if !l.cfg.Shared {
+		l.gather(&m, engine)
+	}
 	if m.prefill.w == 0 && m.decode.w == 0 {
 		return l.estimate(l.orPooled(&m))
 	}

@@ -281,3 +281,27 @@ func TestInterceptPrior(t *testing.T) {
 		}
 	}
 }
+
+// TestShared: with Config.Shared every engine is priced with the pooled
+// estimate, whatever its own samples say; without it, an engine's own
+// samples set it apart.
+func TestShared(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		l, err := New(Config{Shared: shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 400; i++ {
+			tokens := 500 + 37*(i%50)
+			l.ObservePrefill("fast", tokens, time.Duration(float64(tokens)/20000*float64(time.Second)))
+			l.ObservePrefill("slow", tokens, time.Duration(float64(tokens)/5000*float64(time.Second)))
+		}
+		fast, slow := l.Rates("fast").PrefillRate, l.Rates("slow").PrefillRate
+		if shared && fast != slow {
+			t.Errorf("shared: fast %v and slow %v differ", fast, slow)
+		}
+		if !shared && !(fast > 2*slow) {
+			t.Errorf("per engine: fast %v not above twice slow %v", fast, slow)
+		}
+	}
+}
