@@ -72,6 +72,23 @@ func templateEngine(t *testing.T, model string, nt *tokenizer.Native, tpl *token
 	return sm, startIngress(t, cfg, deps), spy, cfg
 }
 
+// engineCachedAll waits until the engine has cached the last of keys, then
+// fails the test unless it has cached every one of them.
+func engineCachedAll(t *testing.T, sm *sim.Server, keys []uint64) {
+	t.Helper()
+	var engine []uint64
+	testutil.WaitFor(t, 10*time.Second, "the engine to cache the request's blocks", func() bool {
+		engine = sm.CachedKeys(0, kvevents.TierGPU)
+		_, found := slices.BinarySearch(engine, keys[len(keys)-1])
+		return found
+	})
+	for i, k := range keys {
+		if _, found := slices.BinarySearch(engine, k); !found {
+			t.Fatalf("ingress key %d of %d (%x) is not among the engine's %d cached keys", i, len(keys), k, len(engine))
+		}
+	}
+}
+
 // toolsTemplate is vLLM's Llama 3.1 tool template (tools in the first user
 // turn, tool calls as JSON, tool results as ipython turns).
 func toolsTemplate(t *testing.T) *tokenizer.ChatTemplate {

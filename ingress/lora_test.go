@@ -9,10 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sim"
 )
@@ -77,17 +75,7 @@ func testLoRAReuse(t *testing.T, viaConfig bool) {
 	if len(keys) == 0 || !slices.Equal(keys, want) {
 		t.Fatalf("ingress keys %x, want the adapter chain %x", keys, want)
 	}
-	var engine []uint64
-	testutil.WaitFor(t, 10*time.Second, "the engine to cache the adapter's blocks", func() bool {
-		engine = sm.CachedKeys(0, kvevents.TierGPU)
-		_, found := slices.BinarySearch(engine, keys[len(keys)-1])
-		return found
-	})
-	for i, k := range keys {
-		if _, found := slices.BinarySearch(engine, k); !found {
-			t.Fatalf("ingress key %d is not among the engine's cached keys", i)
-		}
-	}
+	engineCachedAll(t, sm, keys)
 
 	// /v1/models on the engine lists the adapter with its parent.
 	resp, err := http.Get(sm.URL() + "/v1/models")

@@ -7,12 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
-	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // A chat request with images is forwarded as chat (vLLM fetches and encodes
@@ -78,20 +75,7 @@ func testMediaKeys(t *testing.T, nt *tokenizer.Native, tpl *tokenizer.ChatTempla
 		}
 		return u, spy.last()
 	}
-	cachedAll := func(keys []uint64) {
-		t.Helper()
-		var engine []uint64
-		testutil.WaitFor(t, 10*time.Second, "the engine to cache the request's blocks", func() bool {
-			engine = sm.CachedKeys(0, kvevents.TierGPU)
-			_, found := slices.BinarySearch(engine, keys[len(keys)-1])
-			return found
-		})
-		for i, k := range keys {
-			if _, found := slices.BinarySearch(engine, k); !found {
-				t.Fatalf("ingress key %d of %d (%x) is not among the engine's %d cached keys", i, len(keys), k, len(engine))
-			}
-		}
-	}
+	cachedAll := func(keys []uint64) { t.Helper(); engineCachedAll(t, sm, keys) }
 
 	first, keys := send("/v1/chat/completions", chat("https://example.com/a.png"))
 	bs := cfg.BlockSize

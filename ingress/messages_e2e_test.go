@@ -5,10 +5,6 @@ import (
 	"net/http"
 	"slices"
 	"testing"
-	"time"
-
-	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // A Messages request's block keys at the ingress are blocks the engine
@@ -48,17 +44,7 @@ func TestMessagesKeysEqualEngine(t *testing.T) {
 	if len(keys) < 8 || len(keys)*cfg.BlockSize > prompt {
 		t.Fatalf("%d keys for a %d-token prompt", len(keys), prompt)
 	}
-	var engine []uint64
-	testutil.WaitFor(t, 10*time.Second, "the engine to cache the request's blocks", func() bool {
-		engine = sm.CachedKeys(0, kvevents.TierGPU)
-		_, found := slices.BinarySearch(engine, keys[len(keys)-1])
-		return found
-	})
-	for i, k := range keys {
-		if _, found := slices.BinarySearch(engine, k); !found {
-			t.Fatalf("ingress key %d of %d is not among the engine's %d cached keys", i, len(keys), len(engine))
-		}
-	}
+	engineCachedAll(t, sm, keys)
 	cached, prompt2, keys2 := send(head + `,{"role":"assistant","content":"It is 21 C and sunny in Paris."},{"role":"user","content":"And in Rome?"}]}`)
 	if !slices.Equal(keys2[:len(keys)-1], keys[:len(keys)-1]) || prompt2 <= prompt || cached < (len(keys)-1)*cfg.BlockSize {
 		t.Fatalf("next turn: %d cached of %d, keys share the first turn's: %v", cached, prompt2, slices.Equal(keys2[:len(keys)-1], keys[:len(keys)-1]))
