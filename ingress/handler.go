@@ -152,11 +152,7 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 // parse authenticates the caller and parses the body.
 func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 	if c.s.deps.Auth != nil {
-		cred := ctx.Request.Header.Peek("Authorization")
-		if k := ctx.Request.Header.Peek("X-Api-Key"); len(cred) == 0 && len(k) > 0 && c.ep == epMessages {
-			cred = append([]byte("Bearer "), k...) // Anthropic's clients send the key so
-		}
-		id, err := c.s.deps.Auth.Check(cred)
+		id, err := c.s.deps.Auth.Check(credential(&ctx.Request.Header))
 		if err != nil {
 			return unauthorized(err)
 		}

@@ -179,6 +179,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
+		HeaderReceived:     s.headerReceived,
 		ErrorHandler:       s.handleTransportError,
 		Name:               "kvmesh-ingress",
 		Logger:             fasthttpLogger{s.log},
@@ -383,6 +384,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 // handleTransportError answers requests fasthttp could not read (too large, malformed HTTP).
 func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.deps.Auth != nil {
+		if _, aerr := s.deps.Auth.Check(credential(&ctx.Request.Header)); aerr != nil {
+			writeError(ctx, unauthorized(aerr)) // headerReceived kept its body small: no credential, no buffer
+			s.m.requests.WithLabelValues("unknown", "401").Inc()
+			return
+		}
+	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		writeError(ctx, fmt.Errorf("%w: limit is %d bytes", ErrTooLarge, s.cfg.MaxBodyBytes))
 		s.m.requests.WithLabelValues("unknown", "413").Inc()
@@ -390,6 +398,39 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	writeError(ctx, badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)))
 	s.m.requests.WithLabelValues("unknown", "400").Inc()
+}
+
+// unauthBodyLimit is the most an unauthenticated request may send when
+// authentication is on: its body is refused with 401 before it is buffered
+// (a 32 MiB limit times thousands of connections is gigabytes).
+const unauthBodyLimit = 64 << 10
+
+// headerReceived (fasthttp.Server.HeaderReceived) checks the credential of
+// a request that announces a body over unauthBodyLimit (or a chunked one)
+// before the body is read, when authentication is on: a failing one may
+// send at most unauthBodyLimit bytes, and handleTransportError answers
+// 401. Smaller requests are checked once, by the request path, as before.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if s.deps.Auth == nil {
+		return fasthttp.RequestConfig{}
+	}
+	if n := h.ContentLength(); n >= 0 && n <= unauthBodyLimit {
+		return fasthttp.RequestConfig{}
+	}
+	if _, err := s.deps.Auth.Check(credential(h)); err != nil {
+		return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// credential is the request's Authorization header, or its X-Api-Key as a
+// bearer token on Anthropic's Messages API (its clients send the key so).
+func credential(h *fasthttp.RequestHeader) []byte {
+	cred := h.Peek("Authorization")
+	if k := h.Peek("X-Api-Key"); len(cred) == 0 && len(k) > 0 && bytes.HasPrefix(h.RequestURI(), []byte("/v1/messages")) {
+		cred = append([]byte("Bearer "), k...)
+	}
+	return cred
 }
 
 // fasthttpLogger sends fasthttp's own messages (e.g. a client's malformed
