@@ -59,22 +59,7 @@ func TestMessagesRequest(t *testing.T) {
 		{name: "bad tools", body: `{"max_tokens":5,"tools":[{"description":"x"}],"messages":[{"role":"user","content":"x"}]}`, wantErr: "tools[0].name", param: "tools"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var r request
-			err := parseRequest(&r, epMessages, []byte(tc.body))
-			if tc.wantErr != "" {
-				ae := toAPIError(err)
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || ae.status != 400 || ae.param != tc.param {
-					t.Fatalf("err %v (status %d, param %q), want 400 %q at %q", err, ae.status, ae.param, tc.wantErr, tc.param)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			jsonEq(t, "messages", string(r.messages), tc.messages)
-			if tc.tools != "" {
-				jsonEq(t, "tools", string(r.tools), tc.tools)
-			}
+			parseAsChat(t, epMessages, tc.body, tc.messages, tc.tools, tc.wantErr, tc.param)
 		})
 	}
 }

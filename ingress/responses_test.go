@@ -58,27 +58,40 @@ func TestResponsesRequest(t *testing.T) {
 		{name: "bad max_output_tokens", body: `{"model":"m","input":"x","max_output_tokens":-1}`, wantErr: "non-negative integer", param: "max_output_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var r request
-			err := parseRequest(&r, epResponses, []byte(tc.body))
-			if tc.wantErr != "" {
-				ae := toAPIError(err)
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || ae.status != 400 || ae.param != tc.param {
-					t.Fatalf("err %v (status %d, param %q), want 400 %q at %q", err, ae.status, ae.param, tc.wantErr, tc.param)
-				}
+			r, ok := parseAsChat(t, epResponses, tc.body, tc.messages, tc.tools, tc.wantErr, tc.param)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			jsonEq(t, "messages", string(r.messages), tc.messages)
-			if tc.tools != "" {
-				jsonEq(t, "tools", string(r.tools), tc.tools)
 			}
 			if r.maxTokens != tc.maxTokens || string(r.prevResponse) != tc.prev || r.hasRequestID != tc.hasRequestID {
 				t.Fatalf("maxTokens %d prev %q hasRequestID %v, want %d %q %v", r.maxTokens, r.prevResponse, r.hasRequestID, tc.maxTokens, tc.prev, tc.hasRequestID)
 			}
 		})
 	}
+}
+
+// parseAsChat parses body for endpoint ep and checks the chat messages and
+// tools it is routed as (JSON, compared as values; no tools check when
+// tools is ""), or, when wantErr is set, its 400 naming param; ok says
+// whether the request parsed.
+func parseAsChat(t *testing.T, ep endpoint, body, messages, tools, wantErr, param string) (r *request, ok bool) {
+	t.Helper()
+	r = new(request)
+	err := parseRequest(r, ep, []byte(body))
+	if wantErr != "" {
+		ae := toAPIError(err)
+		if err == nil || !strings.Contains(err.Error(), wantErr) || ae.status != 400 || ae.param != param {
+			t.Fatalf("err %v (status %d, param %q), want 400 %q at %q", err, ae.status, ae.param, wantErr, param)
+		}
+		return r, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsonEq(t, "messages", string(r.messages), messages)
+	if tools != "" {
+		jsonEq(t, "tools", string(r.tools), tools)
+	}
+	return r, true
 }
 
 func jsonEq(t *testing.T, what, got, want string) {

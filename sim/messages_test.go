@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -534,17 +533,8 @@ func TestMessagesStreamRestartAndDisconnect(t *testing.T) {
 	if err := s.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	var last sseEv
-	for {
-		e, err := ev.read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = e
-	}
+	all := ev.rest()
+	last := all[len(all)-1]
 	if want := `{"type":"error","error":{"type":"internal_error","message":"request aborted: engine restarted"}}`; string(last.data) != want {
 		t.Fatalf("last event %s %s", last.typ, last.data)
 	}

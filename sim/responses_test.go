@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -491,17 +490,8 @@ func TestResponsesStreamRestartAndDisconnect(t *testing.T) {
 	if err := s.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	var last sseEv
-	for {
-		e, err := ev.read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = e
-	}
+	all := ev.rest()
+	last := all[len(all)-1]
 	if last.typ != "error" || last.m["code"] == nil || last.m["message"] != "request aborted: engine restarted" ||
 		last.m["param"] != nil || !hasKey(last.m, "param") {
 		t.Fatalf("last event %s %s", last.typ, last.data)
