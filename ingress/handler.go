@@ -44,6 +44,8 @@ type call struct {
 	path      string                      // upstream path
 	wrap      bool                        // chat answered through /v1/completions and re-wrapped
 	media     int                         // media items in the chat prompt (keys stop at the first)
+	textToks  int                         // with media: the prompt's text tokens (mediatokens.go)
+	engPrompt int                         // with media: the prompt tokens the engine's usage reported
 	fwd       [len(forwardHeaders)][]byte // the client's forwarded headers (upstreamhdr.go)
 	engine    string
 	picked    string // the policy's pick, until reported finished (policyDone)
@@ -441,7 +443,9 @@ func (c *call) tokenize() error {
 		if media > 0 {
 			// Keys cover the prompt before its first media item; the
 			// request goes as chat, for the engine to fetch the media.
-			c.promptTokens, c.media = max(1, n), media
+			// The media's own tokens as learned from earlier answers.
+			c.textToks, c.media = n, media
+			c.promptTokens = max(1, n+int(float64(media)*s.media.perItem(c.model)+0.5))
 			if len(c.tokens) == 0 {
 				c.tokens = nil
 			}
@@ -582,6 +586,9 @@ func (c *call) finish() {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
+			if c.media > 0 {
+				s.media.observe(c.model, c.media, c.textToks, c.engPrompt)
+			}
 			if s.slo != nil {
 				s.slo.observeCall(c, total)
 			}

@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -77,7 +78,12 @@ func testMediaKeys(t *testing.T, nt *tokenizer.Native, tpl *tokenizer.ChatTempla
 	}
 	cachedAll := func(keys []uint64) { t.Helper(); engineCachedAll(t, sm, keys) }
 
+	counted := func() float64 { return val(s.m.tokensIn) } // the prompt tokens the ingress counted
+	before := counted()
 	first, keys := send("/v1/chat/completions", chat("https://example.com/a.png"))
+	if n := counted() - before; n > float64(first.PromptTokens-256) {
+		t.Fatalf("first media request counted %v of %d tokens: nothing learned yet, the image should count for nothing", n, first.PromptTokens)
+	}
 	bs := cfg.BlockSize
 	if len(keys)*bs < len(nt.Encode(system, false)) || len(keys)*bs > first.PromptTokens-256 {
 		t.Fatalf("%d keys of %d tokens for a %d-token system prompt and a %d-token prompt with a 256-token image",
@@ -92,9 +98,14 @@ func testMediaKeys(t *testing.T, nt *tokenizer.Native, tpl *tokenizer.ChatTempla
 	if got := other.CachedTokens(); got < len(keys)*bs || got >= first.PromptTokens-256 {
 		t.Fatalf("another image: %d cached tokens, want the %d before the image and none past it (prompt %d)", got, len(keys)*bs, other.PromptTokens)
 	}
+	before = counted()
 	same, _ := send("/v1/chat/completions", chat("https://example.com/a.png"))
 	if got := same.CachedTokens(); got < same.PromptTokens-bs {
 		t.Fatalf("the same image again: %d of %d tokens cached", got, same.PromptTokens)
+	}
+	// The image's 256 tokens are learned from the engine's answers.
+	if n := counted() - before; math.Abs(n-float64(same.PromptTokens)) > 2 {
+		t.Fatalf("after two answers the ingress counted %v tokens for a %d-token prompt", n, same.PromptTokens)
 	}
 
 	// A photo inline as a base64 data URL (12 MB of it) goes through too.

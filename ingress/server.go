@@ -32,6 +32,8 @@ type Server struct {
 	ups    *upstreams
 	cl     *cluster
 	health *ejector // nil when passive ejection is off
+	// media is each model's learned tokens per media item (mediatokens.go).
+	media mediaTokens
 	// engineAuth is the Authorization value upstream requests carry
 	// ("Bearer " + Config.EngineAPIKey), nil without a key.
 	engineAuth []byte
