@@ -24,8 +24,8 @@ type ChatRequest struct {
 	ContinueFinalMessage bool // continue the last (assistant) message instead of opening a new one
 }
 
-// ErrUnsupportedContent: a message part the model cannot take (an image,
-// audio or video part for a text-only tokenizer, or an unknown part type).
+// ErrUnsupportedContent: a message part vLLM refuses (a file part, an
+// unknown part type, a part without one).
 var ErrUnsupportedContent = errors.New("unsupported content")
 
 // reservedVars are template variables a chat_template_kwargs entry may not
