@@ -30,18 +30,10 @@ func (r *request) messagesMember(key, val []byte) error {
 			return badRequest("system", fmt.Errorf("%w: system must be a string or an array of text blocks", ErrBadRequest))
 		}
 		r.instructions = val
-	case "tools":
-		if val[0] != '[' && val[0] != 'n' {
-			return badRequest("tools", fmt.Errorf("%w: tools must be an array", ErrBadRequest))
-		}
-		r.respTools = val
-	case "tool_choice":
-		r.toolChoice = val
+	case "tools", "tool_choice":
+		return r.responsesMember(key, val, 0, 0) // kept as the Responses API's, converted by finishMessages
 	case "chat_template_kwargs":
-		if val[0] != '{' && val[0] != 'n' {
-			return badRequest("chat_template_kwargs", fmt.Errorf("%w: chat_template_kwargs must be an object", ErrBadRequest))
-		}
-		r.templateKwargs = val
+		return r.chatMember(key, val, 0, 0)
 	}
 	return nil
 }

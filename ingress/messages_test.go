@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"encoding/json"
-	"strings"
 	"testing"
 )
 
@@ -125,22 +124,13 @@ func TestMessagesStreamEvents(t *testing.T) {
 	if messagesStream.ended([]byte(start+delta)) || !messagesStream.ended([]byte(delta+end)) {
 		t.Fatal("ended")
 	}
-	p := &proxyStream{c: &call{}, named: messagesStream}
-	p.observe([]byte(start + delta + delta))
-	if p.c.outTokens != 2 {
-		t.Fatalf("%d tokens from two deltas", p.c.outTokens)
-	}
-	p.observe([]byte(end))
-	if p.c.outTokens != 7 {
-		t.Fatalf("%d tokens after usage 7", p.c.outTokens)
-	}
+	checkOutTokens(t, messagesStream, start, delta, end, 7)
 	tail := appendMessagesErrorEvent(nil, `engine "x" failed`)
 	var e struct {
 		Type  string
 		Error struct{ Type, Message string }
 	}
-	if !strings.HasPrefix(string(tail), "event: error\ndata: ") || !strings.HasSuffix(string(tail), "\n\n") ||
-		json.Unmarshal(tail[len("event: error\ndata: "):], &e) != nil || e.Type != "error" || e.Error.Type != "api_error" || e.Error.Message != `engine "x" failed` {
+	if errorEventData(t, tail, &e); e.Type != "error" || e.Error.Type != "api_error" || e.Error.Message != `engine "x" failed` {
 		t.Fatalf("error event %q", tail)
 	}
 }

@@ -244,7 +244,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	s.wg.Add(1)
-	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.upstreamHeaderList(), charge, start)
+	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.forwardCopy(), charge, start)
 	answered, fail := c.sglangDecode(ctx, leg, decode, body)
 	if answered {
 		return true, false
@@ -343,7 +343,7 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 // (owned by the server: s.wg; bounded by the upstream connection's idle
 // timeout). It holds g's slot and charges the prefill engine's load until
 // the answer is read.
-func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *prefillGate, uri string, body []byte, hdrs [][2]string, charge int64, start time.Time) {
+func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *prefillGate, uri string, body []byte, fwd [len(forwardHeaders)][]byte, charge int64, start time.Time) {
 	defer s.wg.Done()
 	defer g.release()
 	var res legResult
@@ -356,9 +356,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	defer fasthttp.ReleaseRequest(req)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
-	for _, h := range hdrs {
-		req.Header.Set(h[0], h[1])
-	}
+	s.putUpstreamHeaders(&req.Header, func(i int) []byte { return fwd[i] })
 	req.SetRequestURI(uri)
 	req.SetHost(up.hc.Addr)
 	req.SetBodyRaw(body)

@@ -464,14 +464,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	defer fasthttp.ReleaseRequest(ureq)
 	defer fasthttp.ReleaseResponse(resp)
 	ureq.Header.SetMethodBytes(ctx.Method())
-	if len(s.engineAuth) > 0 {
-		ureq.Header.SetBytesV("Authorization", s.engineAuth)
-	}
-	for _, name := range forwardHeaders {
-		if v := ctx.Request.Header.Peek(name); len(v) > 0 {
-			ureq.Header.SetBytesV(name, v)
-		}
-	}
+	s.putUpstreamHeaders(&ureq.Header, func(i int) []byte { return ctx.Request.Header.Peek(forwardHeaders[i]) })
 	ureq.SetRequestURI(up.url + string(ctx.RequestURI()))
 	ureq.SetHost(up.hc.Addr)
 	if cancel {

@@ -69,6 +69,35 @@ func TestResponsesRequest(t *testing.T) {
 	}
 }
 
+// checkOutTokens checks ns's output-token count over a stream: one per
+// delta event before the usage (head + delta twice: 2), then the usage's
+// count once end carries it.
+func checkOutTokens(t *testing.T, ns *namedStream, head, delta, end string, usage int) {
+	t.Helper()
+	p := &proxyStream{c: &call{}, named: ns}
+	p.observe([]byte(head + delta + delta))
+	if p.c.outTokens != 2 {
+		t.Fatalf("%d tokens from two deltas", p.c.outTokens)
+	}
+	p.observe([]byte(end))
+	if p.c.outTokens != usage {
+		t.Fatalf("%d tokens after usage %d", p.c.outTokens, usage)
+	}
+}
+
+// errorEventData checks tail is one "event: error" event and decodes its
+// data into v.
+func errorEventData(t *testing.T, tail []byte, v any) {
+	t.Helper()
+	const head = "event: error\ndata: "
+	if !strings.HasPrefix(string(tail), head) || !strings.HasSuffix(string(tail), "\n\n") || strings.Count(string(tail), "\n\n") != 1 {
+		t.Fatalf("error event %q", tail)
+	}
+	if err := json.Unmarshal(tail[len(head):], v); err != nil {
+		t.Fatalf("error event %q: %v", tail, err)
+	}
+}
+
 // parseAsChat parses body for endpoint ep and checks the chat messages and
 // tools it is routed as (JSON, compared as values; no tools check when
 // tools is ""), or, when wantErr is set, its 400 naming param; ok says
@@ -173,22 +202,11 @@ func TestResponsesStreamEvents(t *testing.T) {
 	if responsesStream.ended([]byte(pre+delta)) || !responsesStream.ended([]byte(delta+done)) {
 		t.Fatal("ended")
 	}
-	p := &proxyStream{c: &call{}, named: responsesStream}
-	p.observe([]byte(pre + delta + delta))
-	if p.c.outTokens != 2 {
-		t.Fatalf("%d tokens from two deltas", p.c.outTokens)
-	}
-	p.observe([]byte(done))
-	if p.c.outTokens != 12 {
-		t.Fatalf("%d tokens after usage 12", p.c.outTokens)
-	}
+	checkOutTokens(t, responsesStream, pre, delta, done, 12)
 	tail := appendRespErrorEvent(nil, `engine "x" failed`)
-	if !strings.HasPrefix(string(tail), "event: error\ndata: ") || !strings.HasSuffix(string(tail), "\n\n") {
-		t.Fatalf("error event %q", tail)
-	}
 	var e map[string]any
-	if err := json.Unmarshal(tail[len("event: error\ndata: "):], &e); err != nil || e["type"] != "error" || e["message"] != `engine "x" failed` {
-		t.Fatalf("error event %q: %v", tail, err)
+	if errorEventData(t, tail, &e); e["type"] != "error" || e["message"] != `engine "x" failed` {
+		t.Fatalf("error event %q", tail)
 	}
 }
 

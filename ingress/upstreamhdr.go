@@ -1,6 +1,10 @@
 package ingress
 
-import "github.com/valyala/fasthttp"
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
 
 // forwardHeaders are the client's request headers every upstream request
 // carries: vLLM takes its request id from X-Request-Id (its logs and answer
@@ -17,17 +21,11 @@ func (c *call) keepForwardHeaders(h *fasthttp.RequestHeader) {
 	}
 }
 
-// upstreamHeaderList is what setUpstreamHeaders sets, copied for a leg that
-// outlives the handler's buffers (the SGLang prefill leg's goroutine).
-func (c *call) upstreamHeaderList() [][2]string {
-	var out [][2]string
-	if len(c.s.engineAuth) > 0 {
-		out = append(out, [2]string{"Authorization", string(c.s.engineAuth)})
-	}
-	for i, name := range forwardHeaders {
-		if len(c.fwd[i]) > 0 {
-			out = append(out, [2]string{name, string(c.fwd[i])})
-		}
+// forwardCopy is a copy of the client's forwarded headers, for a leg that
+// may outlive the call's buffers (the SGLang prefill leg's goroutine).
+func (c *call) forwardCopy() (out [len(forwardHeaders)][]byte) {
+	for i := range c.fwd {
+		out[i] = bytes.Clone(c.fwd[i])
 	}
 	return out
 }
@@ -35,12 +33,18 @@ func (c *call) upstreamHeaderList() [][2]string {
 // setUpstreamHeaders puts the engine API key and the client's forwarded
 // headers on an upstream request.
 func (c *call) setUpstreamHeaders(h *fasthttp.RequestHeader) {
-	if len(c.s.engineAuth) > 0 {
-		h.SetBytesV("Authorization", c.s.engineAuth)
+	c.s.putUpstreamHeaders(h, func(i int) []byte { return c.fwd[i] })
+}
+
+// putUpstreamHeaders puts the engine API key on h and forwardHeaders[i]
+// with value fwd(i) when it is not empty.
+func (s *Server) putUpstreamHeaders(h *fasthttp.RequestHeader, fwd func(i int) []byte) {
+	if len(s.engineAuth) > 0 {
+		h.SetBytesV("Authorization", s.engineAuth)
 	}
 	for i, name := range forwardHeaders {
-		if len(c.fwd[i]) > 0 {
-			h.SetBytesV(name, c.fwd[i])
+		if v := fwd(i); len(v) > 0 {
+			h.SetBytesV(name, v)
 		}
 	}
 }

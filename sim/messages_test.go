@@ -32,24 +32,6 @@ func msgPost(t *testing.T, s *Server, body any) (messageObject, []byte, http.Hea
 	return m, b, h
 }
 
-// msgStreamPost starts a streamed Messages request; it returns once the
-// headers are in.
-func msgStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *sseEvents) {
-	t.Helper()
-	body["stream"] = true
-	b, _ := json.Marshal(body)
-	resp, err := http.Post(s.URL()+"/v1/messages", "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream; charset=utf-8" {
-		msg, _ := io.ReadAll(resp.Body)
-		t.Fatalf("status %d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), msg)
-	}
-	return resp, &sseEvents{t: t, r: bufio.NewReader(resp.Body)}
-}
-
 // chatAnswer runs the chat endpoint on msgs (extra: more body fields).
 func chatAnswer(t *testing.T, s *Server, msgs []map[string]any, maxTokens int, extra ...any) openai.ChatCompletion {
 	t.Helper()

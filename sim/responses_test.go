@@ -1,8 +1,6 @@
 package sim
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -45,23 +43,6 @@ func tokenizeCount(t *testing.T, s *Server, msgs []map[string]any, extra ...any)
 		t.Fatalf("tokenize %d %s", code, b)
 	}
 	return tr.Count
-}
-
-// respStreamPost starts a streamed Responses request.
-func respStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *sseEvents) {
-	t.Helper()
-	body["stream"] = true
-	b, _ := json.Marshal(body)
-	resp, err := http.Post(s.URL()+"/v1/responses", "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		msg, _ := io.ReadAll(resp.Body)
-		t.Fatalf("status %d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), msg)
-	}
-	return resp, &sseEvents{t: t, r: bufio.NewReader(resp.Body), seq: true}
 }
 
 func eventResponse(t *testing.T, ev sseEv) responseObject {

@@ -2,9 +2,11 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -95,4 +97,35 @@ func (e *sseEvents) rest() []sseEv {
 		}
 		out = append(out, ev)
 	}
+}
+
+// streamPost starts a streamed request to path (the Responses or Messages
+// API) and returns once the headers are in; seq checks sequence numbers
+// as the Responses API's events carry them.
+func streamPost(t *testing.T, s *Server, path string, body map[string]any, seq bool) (*http.Response, *sseEvents) {
+	t.Helper()
+	body["stream"] = true
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(s.URL()+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream; charset=utf-8" {
+		msg, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), msg)
+	}
+	return resp, &sseEvents{t: t, r: bufio.NewReader(resp.Body), seq: seq}
+}
+
+// respStreamPost starts a streamed Responses request.
+func respStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *sseEvents) {
+	t.Helper()
+	return streamPost(t, s, "/v1/responses", body, true)
+}
+
+// msgStreamPost starts a streamed Messages request.
+func msgStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *sseEvents) {
+	t.Helper()
+	return streamPost(t, s, "/v1/messages", body, false)
 }
