@@ -2,13 +2,16 @@ package ingress
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sim"
 )
 
@@ -46,9 +49,32 @@ func TestChatTemplateFallbacks(t *testing.T) {
 		t.Cleanup(func() { sm.Close() })
 		cfg.Engines = append(cfg.Engines, StaticEngine{ID: model, Model: model, URL: sm.URL()})
 	}
-	deps := Deps{Logger: quiet}
+	// A tokenizer.json with a normalizer Native lacks: that model is served
+	// unkeyed, the others keep theirs.
+	var tj map[string]any
+	if err := json.Unmarshal(tok, &tj); err != nil {
+		t.Fatal(err)
+	}
+	tj["normalizer"] = map[string]any{"type": "Precompiled", "precompiled_charsmap": "AAAA"}
+	d := t.TempDir()
+	if err := os.WriteFile(filepath.Join(d, "tokenizer.json"), mustJSON(t, tj), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Tokenizers["precompiled"] = d
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "precompiled", TimeScale: 500, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	cfg.Engines = append(cfg.Engines, StaticEngine{ID: "precompiled", Model: "precompiled", URL: sm.URL()})
+
+	warned := &testutil.SyncBuffer{}
+	deps := Deps{Logger: slog.New(slog.NewTextHandler(warned, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	if err := LoadTokenizers(&cfg, &deps); err != nil {
-		t.Fatalf("a model's template stopped the ingress: %v", err)
+		t.Fatalf("a model's template or tokenizer stopped the ingress: %v", err)
+	}
+	if _, ok := deps.Tokenizers.For("precompiled"); ok || !strings.Contains(warned.String(), "tokenizer not supported here") {
+		t.Fatalf("unsupported tokenizer: loaded %v, log:\n%s", ok, warned)
 	}
 	for model, wantTpl := range map[string]bool{"jinja": true, "unparsable": false, "unrenderable": true} {
 		tk, _ := deps.Tokenizers.For(model)
@@ -64,7 +90,7 @@ func TestChatTemplateFallbacks(t *testing.T) {
 	deps.Scheduler = spy
 	s := startIngress(t, cfg, deps)
 	long := `{"role":"system","content":"You answer questions about the weather in every European capital, briefly and in celsius."}`
-	for model, wantKeys := range map[string]bool{"jinja": true, "unparsable": false, "unrenderable": false} {
+	for model, wantKeys := range map[string]bool{"jinja": true, "unparsable": false, "unrenderable": false, "precompiled": false} {
 		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions",
 			`{"model":"`+model+`","max_tokens":2,"messages":[`+long+`,{"role":"user","content":"Rome?"}]}`)
 		if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != model {

@@ -33,24 +33,26 @@ type call struct {
 	keys   []uint64
 	block  int
 
-	infos     []EngineInfo
-	cands     []scheduler.Engine
-	urls      []string // parallel to cands
-	sreq      scheduler.Request
-	dec       scheduler.Decision
-	body      []byte                      // upstream body (rewritten) or nil: the client's body
-	alt       []byte                      // second body buffer (swapped with body when rewriting twice)
-	dropUsage bool                        // the usage chunk was added by us: keep it from the client
-	path      string                      // upstream path
-	wrap      bool                        // chat answered through /v1/completions and re-wrapped
-	media     int                         // media items in the chat prompt (keys stop at the first)
-	textToks  int                         // with media: the prompt's text tokens (mediatokens.go)
-	engPrompt int                         // with media: the prompt tokens the engine's usage reported
-	fwd       [len(forwardHeaders)][]byte // the client's forwarded headers (upstreamhdr.go)
-	engine    string
-	picked    string // the policy's pick, until reported finished (policyDone)
-	match     index.Match
-	pd        pdCall // the P/D plan and prefill leg (pd.go)
+	infos       []EngineInfo
+	cands       []scheduler.Engine
+	urls        []string // parallel to cands
+	sreq        scheduler.Request
+	dec         scheduler.Decision
+	body        []byte // upstream body (rewritten) or nil: the client's body
+	alt         []byte // second body buffer (swapped with body when rewriting twice)
+	dropUsage   bool   // the usage chunk was added by us: keep it from the client
+	path        string // upstream path
+	wrap        bool   // chat answered through /v1/completions and re-wrapped
+	media       int    // media items in the chat prompt (keys stop at the first)
+	textToks    int    // with media: the prompt's text tokens (mediatokens.go)
+	engPrompt   int    // the prompt tokens the engine's usage reported (tokencheck.go)
+	engCached   int    // the cached prompt tokens it reported, when engCachedOK
+	engCachedOK bool
+	fwd         [len(forwardHeaders)][]byte // the client's forwarded headers (upstreamhdr.go)
+	engine      string
+	picked      string // the policy's pick, until reported finished (policyDone)
+	match       index.Match
+	pd          pdCall // the P/D plan and prefill leg (pd.go)
 
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
@@ -589,6 +591,7 @@ func (c *call) finish() {
 			if c.media > 0 {
 				s.media.observe(c.model, c.media, c.textToks, c.engPrompt)
 			}
+			s.check.observe(c) // tokencheck.go
 			if s.slo != nil {
 				s.slo.observeCall(c, total)
 			}

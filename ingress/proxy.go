@@ -254,9 +254,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	c.s.m.attemptOK.Inc()
 	c.s.health.ok(up)
 	c.outTokens = usageCompletionTokens(out)
-	if c.media > 0 {
-		c.engPrompt = usagePromptTokens(c.ep, out)
-	}
+	c.readUsage(out) // tokencheck.go
 	if c.ep == epResponses || c.ep == epMessages {
 		if i := bytes.LastIndex(out, outTokensKey); i >= 0 {
 			c.outTokens = uintAt(out, i+len(outTokensKey))
@@ -506,11 +504,7 @@ func (p *proxyStream) endWith(err error) {
 // observe counts output from the passing SSE bytes: the usage chunk when the
 // engine sends one, else one token per data event.
 func (p *proxyStream) observe(b []byte) {
-	if p.c.media > 0 {
-		if n := usagePromptTokens(p.c.ep, b); n > 0 {
-			p.c.engPrompt = n
-		}
-	}
+	p.c.readUsage(b) // tokencheck.go
 	if p.named != nil {
 		p.named.outTokens(p.c, b)
 		return

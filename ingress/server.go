@@ -34,6 +34,8 @@ type Server struct {
 	health *ejector // nil when passive ejection is off
 	// media is each model's learned tokens per media item (mediatokens.go).
 	media mediaTokens
+	// check compares the ingress's prompt tokens with the engines' answers (tokencheck.go).
+	check *tokenCheck
 	// engineAuth is the Authorization value upstream requests carry
 	// ("Bearer " + Config.EngineAPIKey), nil without a key.
 	engineAuth []byte
@@ -155,6 +157,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.m = newMetrics(deps.Registry, cfg.ID, indexKeys, deps.PropagationLag, func() float64 {
 		return float64(len(s.deps.Membership.Engines(nil)))
 	})
+	s.check = newTokenCheck(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
 	// Index and scheduler series carry no replica label: with a registry
 	// shared by several replicas in one process only the first registers.
 	if deps.Index != nil {

@@ -3,6 +3,7 @@ package ingress
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"unsafe"
 
@@ -163,54 +164,76 @@ func (m TokenizerMap) For(model string) (Tokenizer, bool) {
 }
 
 // LoadTokenizers loads Config.Tokenizers into deps.Tokenizers (when it is
-// nil). A path may be tokenizer.json itself or a directory holding it.
+// nil). A path may be tokenizer.json itself or a directory holding it. A
+// tokenizer.json with a component Native lacks (the Precompiled
+// normalizer) does not stop the ingress: the model is served routed by
+// load, unkeyed, with a warning, as for a template that does not parse
+// here.
 func LoadTokenizers(cfg *Config, deps *Deps) error {
 	if deps.Tokenizers != nil || len(cfg.Tokenizers) == 0 {
 		return nil
 	}
 	m := TokenizerMap{}
 	for model, path := range cfg.Tokenizers {
-		nt, err := tokenizer.LoadPath(path) // tokenizer.json, or a directory (tiktoken.model too)
+		t, err := loadTokenizer(model, path, cfg.ChatTemplates[model], deps.Logger)
+		if errors.Is(err, tokenizer.ErrUnsupported) {
+			if deps.Logger != nil {
+				deps.Logger.Warn("tokenizer not supported here: requests for this model are routed by load, unkeyed (docs/TOKENIZER.md, Known limits)",
+					"model", model, "tokenizer", path, "err", err)
+			}
+			continue
+		}
 		if err != nil {
-			return fmt.Errorf("tokenizer for %s: %w", model, err)
+			return err
 		}
-		ct, err := tokenizer.NewCachingTokenizer(nt, tokenizer.DefaultCacheConfig())
-		if err != nil {
-			return fmt.Errorf("tokenizer for %s: %w", model, err)
-		}
-		// The template: the configured file, or the model directory's
-		// (chat_template.jinja, chat_template.json, tokenizer_config.json).
-		tplPath := cfg.ChatTemplates[model]
-		if tplPath == "" {
-			if st, err := os.Stat(path); err == nil && st.IsDir() {
-				tplPath = path
-			}
-		}
-		var tpl *tokenizer.ChatTemplate
-		if tplPath != "" {
-			if tplPath == path {
-				tpl, err = tokenizer.LoadChatTemplateDir(path) // nil when the directory has none
-			} else {
-				tpl, err = tokenizer.LoadChatTemplateFile(tplPath)
-			}
-			switch {
-			case errors.Is(err, chattmpl.ErrSyntax):
-				// A template this interpreter cannot parse (vLLM's Jinja
-				// may): serve the model with chat routed by load rather
-				// than refuse to start.
-				if deps.Logger != nil {
-					deps.Logger.Warn("chat template not supported here: chat requests for this model are routed by load, unkeyed",
-						"model", model, "template", tplPath, "err", err)
-				}
-				tpl = nil
-			case err != nil:
-				return fmt.Errorf("chat template for %s: %w", model, err)
-			}
-		}
-		m[model] = &hfTokenizer{enc: ct, tpl: tpl, vocab: nt.VocabSize()}
+		m[model] = t
 	}
 	deps.Tokenizers = m
 	return nil
+}
+
+// loadTokenizer loads model's tokenizer from path (tokenizer.json, or a
+// directory holding it or tiktoken.model) and its chat template from
+// tplPath, or from the directory when tplPath is empty
+// (chat_template.jinja, chat_template.json, tokenizer_config.json). A
+// template this interpreter cannot parse is logged on log (when not nil)
+// and left out: chat for the model is routed by load.
+func loadTokenizer(model, path, tplPath string, log *slog.Logger) (*hfTokenizer, error) {
+	nt, err := tokenizer.LoadPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer for %s: %w", model, err)
+	}
+	ct, err := tokenizer.NewCachingTokenizer(nt, tokenizer.DefaultCacheConfig())
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer for %s: %w", model, err)
+	}
+	if tplPath == "" {
+		if st, err := os.Stat(path); err == nil && st.IsDir() {
+			tplPath = path
+		}
+	}
+	var tpl *tokenizer.ChatTemplate
+	if tplPath != "" {
+		if tplPath == path {
+			tpl, err = tokenizer.LoadChatTemplateDir(path) // nil when the directory has none
+		} else {
+			tpl, err = tokenizer.LoadChatTemplateFile(tplPath)
+		}
+		switch {
+		case errors.Is(err, chattmpl.ErrSyntax):
+			// A template this interpreter cannot parse (vLLM's Jinja may):
+			// serve the model with chat routed by load rather than refuse
+			// to start.
+			if log != nil {
+				log.Warn("chat template not supported here: chat requests for this model are routed by load, unkeyed",
+					"model", model, "template", tplPath, "err", err)
+			}
+			tpl = nil
+		case err != nil:
+			return nil, fmt.Errorf("chat template for %s: %w", model, err)
+		}
+	}
+	return &hfTokenizer{enc: ct, tpl: tpl, vocab: nt.VocabSize()}, nil
 }
 
 // SessionErrors maps ingress/session's admission errors onto the ingress

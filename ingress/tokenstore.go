@@ -3,7 +3,6 @@ package ingress
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -85,13 +84,9 @@ var _ Tokenizers = (*StoreTokenizers)(nil)
 
 // loadTokenizerDir loads a fetched directory the way a configured one is loaded.
 func loadTokenizerDir(model, dir string) (Tokenizer, error) {
-	var deps Deps
-	if err := LoadTokenizers(&Config{Tokenizers: map[string]string{model: dir}}, &deps); err != nil {
-		return nil, err
-	}
-	t, ok := deps.Tokenizers.For(model)
-	if !ok {
-		return nil, fmt.Errorf("tokenizer for %s: not loaded", model)
+	t, err := loadTokenizer(model, dir, "", nil)
+	if err != nil {
+		return nil, err // not a nil *hfTokenizer in an interface
 	}
 	return t, nil
 }

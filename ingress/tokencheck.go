@@ -1,0 +1,129 @@
+package ingress
+
+import (
+	"bytes"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+)
+
+// Checking the ingress's tokens against the engine's answers.
+//
+// In chat mode "chat" (the default), and for the Messages and Responses
+// APIs, the engine renders and tokenizes each chat request itself. The
+// ingress's block keys match the engine's cache only if both produced the
+// same tokens: the same tokenizer revision, the same chat template, the
+// same template defaults. When they do not, nothing fails: routing goes on
+// with keys no engine ever holds, by load alone, and hit rates quietly
+// fall. So for every answered text-only chat request the engine tokenized,
+// the ingress compares its own prompt token count with the one the
+// engine's usage reports (streams too: the ingress asks for the usage
+// chunk), counts the answers that agree and those that differ, and warns
+// at most once a minute per model with both counts. Equal counts are
+// evidence, not proof (different tokens can add up the same); a different
+// count is proof.
+//
+// Where answers report cached prompt tokens (vLLM with
+// --enable-prompt-tokens-details, SGLang, the simulator, the Messages
+// API's cache_read_input_tokens), it also sums the tokens the router
+// expected the chosen engine to hold for the request (its matched blocks,
+// confirmed or speculative) and the tokens the engine reported: their
+// ratio is how well routing's picture of the caches matches them.
+
+// tokenCheckWarnEvery spaces the warnings about one model.
+const tokenCheckWarnEvery = time.Minute
+
+// tokenCheck holds the comparison's series and warning clock.
+type tokenCheck struct {
+	equal, differ     prometheus.Counter
+	predicted, cached prometheus.Counter
+	warned            sync.Map // model → *atomic.Int64 (unix nanoseconds of the last warning)
+}
+
+func newTokenCheck(reg prometheus.Registerer, constLabels prometheus.Labels) *tokenCheck {
+	checks := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_prompt_token_checks_total",
+		Help: "Text-only chat requests the engine tokenized itself whose answer reported its prompt tokens, by whether " +
+			"that count equals the ingress's (differ: the ingress's keys cannot match the engine's cache).",
+		ConstLabels: constLabels}, []string{"result"})
+	cached := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_cached_prompt_tokens_total",
+		Help: "Over answers that report cached prompt tokens: the tokens the router expected the chosen engine to " +
+			"hold (predicted) and the tokens the engine reported cached (engine).",
+		ConstLabels: constLabels}, []string{"source"})
+	reg.MustRegister(checks, cached)
+	return &tokenCheck{equal: checks.WithLabelValues("equal"), differ: checks.WithLabelValues("differ"),
+		predicted: cached.WithLabelValues("predicted"), cached: cached.WithLabelValues("engine")}
+}
+
+// Usage members that count cached prompt tokens: OpenAI's
+// prompt_tokens_details / the Responses API's input_tokens_details, and
+// the Messages API's.
+var cachedTokensKey = []byte(`"cached_tokens":`)
+
+// usageCachedTokens finds the cached prompt tokens in an answer or in
+// stream events for endpoint ep; ok is false when b reports none.
+func usageCachedTokens(ep endpoint, b []byte) (n int, ok bool) {
+	key := cachedTokensKey
+	if ep == epMessages {
+		key = cacheReadKey
+	}
+	i := bytes.LastIndex(b, key)
+	if i < 0 {
+		return 0, false
+	}
+	return uintAt(b, i+len(key)), true
+}
+
+// readUsage takes the prompt and cached token counts from an answer, or
+// from stream events, when c needs them (a media request's learning, the
+// check above).
+func (c *call) readUsage(b []byte) {
+	if c.tokens == nil || len(c.req.batch) > 1 {
+		return
+	}
+	if n := usagePromptTokens(c.ep, b); n > 0 {
+		c.engPrompt = n
+	}
+	if n, ok := usageCachedTokens(c.ep, b); ok {
+		c.engCached, c.engCachedOK = n, true
+	}
+}
+
+// observe compares a finished call's counts with the engine's.
+func (tc *tokenCheck) observe(c *call) {
+	if c.media > 0 || c.tokens == nil || c.engPrompt == 0 {
+		return
+	}
+	if c.req.kind == promptChat && !c.wrap {
+		n := len(c.tokens)
+		if c.engPrompt == n {
+			tc.equal.Inc()
+		} else {
+			tc.differ.Inc()
+			tc.warn(c, n)
+		}
+	}
+	if c.engCachedOK && c.block > 0 && c.pd.plan.Mode != pd.Disaggregated {
+		// The engine computes at least the prompt's last token, in whole
+		// blocks (vLLM, the simulator).
+		limit := (c.engPrompt - 1) / c.block
+		tc.predicted.Add(float64(min(c.match.Spec, limit) * c.block))
+		tc.cached.Add(float64(c.engCached))
+	}
+}
+
+func (tc *tokenCheck) warn(c *call, n int) {
+	v, _ := tc.warned.LoadOrStore(c.model, new(atomic.Int64))
+	last := v.(*atomic.Int64)
+	now := time.Now().UnixNano()
+	prev := last.Load()
+	if prev != 0 && now-prev < int64(tokenCheckWarnEvery) || !last.CompareAndSwap(prev, now) {
+		return
+	}
+	c.s.log.Warn("the engine tokenized a chat request differently from this ingress, so its block keys cannot match the engine's cache; "+
+		"check that the ingress loads the tokenizer and chat template the engine serves (docs/TOKENIZER.md), or set chatMode: completions",
+		"model", c.model, "engine", c.engine, "endpoint", c.ep.String(), "ingress_tokens", n, "engine_tokens", c.engPrompt)
+}

@@ -1,0 +1,92 @@
+package ingress
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/internal/tokenizer"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// checkEngine starts a simulator rendering chat with simTpl and an ingress
+// keying with ingTpl (the same tokenizer for both), its warnings in log.
+func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.ChatTemplate) (*Server, *testutil.SyncBuffer) {
+	t.Helper()
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: simTpl}, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()})
+	cfg.SpeculativeTTL = time.Hour // the routed keys count as the engine's for the whole test
+	tk, err := NewTokenizer(nt, ingTpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &testutil.SyncBuffer{}
+	deps := Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Registry: prometheus.NewRegistry()}
+	return startIngress(t, cfg, deps), log
+}
+
+// The ingress compares its prompt token count with the engine's for chat
+// requests the engine tokenized (chat, streamed chat, Responses, Messages):
+// equal where both render with the same template, and the tokens it
+// expected cached on the engine are the tokens the engine reports cached.
+// With another template on the engine every answer differs, and one
+// warning says so.
+func TestTokenCheck(t *testing.T) {
+	nt, tpl := llama(t)
+	system := strings.Repeat("You answer questions about the weather in one short sentence. ", 12)
+	chat := `{"model":"llama","max_tokens":2,"messages":[{"role":"system","content":` + string(mustJSON(t, system)) + `},{"role":"user","content":"Is it raining?"}]}`
+	reqs := []struct{ path, body string }{
+		{"/v1/chat/completions", chat},
+		{"/v1/chat/completions", strings.Replace(chat, `"max_tokens":2`, `"max_tokens":2,"stream":true`, 1)},
+		{"/v1/responses", `{"model":"llama","max_output_tokens":2,"instructions":` + string(mustJSON(t, system)) + `,"input":"Is it snowing?"}`},
+		{"/v1/messages", `{"model":"llama","max_tokens":2,"system":` + string(mustJSON(t, system)) + `,"messages":[{"role":"user","content":"Is it windy?"}]}`},
+	}
+	send := func(s *Server) {
+		t.Helper()
+		for _, r := range reqs {
+			if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+r.path, r.body); st != http.StatusOK {
+				t.Fatalf("%s: status %d: %s", r.path, st, b)
+			}
+		}
+	}
+
+	s, log := checkEngine(t, nt, tpl, tpl)
+	send(s)
+	if eq, df := val(s.check.equal), val(s.check.differ); eq != float64(len(reqs)) || df != 0 {
+		t.Fatalf("same template: %v equal and %v different counts, want %d and 0", eq, df, len(reqs))
+	}
+	// The first request found nothing cached; each later one the system
+	// prompt's blocks (the streamed repeat the whole prompt but its last
+	// token), exactly as the router predicted them.
+	pred, eng := val(s.check.predicted), val(s.check.cached)
+	if eng < float64(3*len(nt.Encode(system, false))-3*16) || pred != eng {
+		t.Fatalf("same template: %v cached tokens predicted, %v reported by the engine", pred, eng)
+	}
+	if strings.Contains(log.String(), "tokenized a chat request differently") {
+		t.Fatalf("warned with the same template:\n%s", log)
+	}
+
+	s, log = checkEngine(t, nt, toolsTemplate(t), tpl) // the engine's template adds a system header
+	send(s)
+	send(s)
+	if eq, df := val(s.check.equal), val(s.check.differ); eq != 0 || df != float64(2*len(reqs)) {
+		t.Fatalf("another template: %v equal and %v different counts, want 0 and %d", eq, df, 2*len(reqs))
+	}
+	if n := strings.Count(log.String(), "tokenized a chat request differently"); n != 1 {
+		t.Fatalf("%d warnings for one model within a minute, want 1:\n%s", n, log)
+	}
+	if !strings.Contains(log.String(), "ingress_tokens=") || !strings.Contains(log.String(), "engine_tokens=") {
+		t.Fatalf("the warning does not give both counts:\n%s", log)
+	}
+}
