@@ -378,9 +378,10 @@ func (l *chaosLoad) run(ctx context.Context, workers int) *sync.WaitGroup {
 func (l *chaosLoad) one(ctx context.Context, client *http.Client, in int, rng *rand.Rand) {
 	phase := *l.phase.Load()
 	var prompt []string
+	g := rng.IntN(8)
 	for j := range 48 { // a shared 32-token prefix (8 groups), then a private tail
 		if j < 32 {
-			prompt = append(prompt, strconv.Itoa(1000+rng.IntN(8)*100+j))
+			prompt = append(prompt, strconv.Itoa(1000+g*100+j))
 		} else {
 			prompt = append(prompt, strconv.Itoa(rng.IntN(50000)))
 		}
@@ -622,6 +623,9 @@ type sample struct {
 	rss        [2]int64 // ingress KiB
 	goroutines [2]int
 	scRSS      [2]int64
+	// cached prompt tokens the ingresses predicted and the engines reported
+	// (kvmesh_ingress_cached_prompt_tokens_total), summed over both.
+	predicted, reported float64
 }
 
 func (m *chaosMesh) sample() sample {
@@ -630,8 +634,37 @@ func (m *chaosMesh) sample() sample {
 		s.rss[i] = rssKiB(m.ingress[i].pid())
 		s.scRSS[i] = rssKiB(m.sidecars[i].pid())
 		s.goroutines[i] = goroutines(fmt.Sprintf("http://127.0.0.1:%d/metrics", m.inAdmin[i]))
+		p, e := cachedTokens(fmt.Sprintf("http://127.0.0.1:%d/metrics", m.inAdmin[i]))
+		s.predicted += p
+		s.reported += e
 	}
 	return s
+}
+
+// cachedTokens reads an ingress's kvmesh_ingress_cached_prompt_tokens_total
+// series: the tokens it predicted cached and those the engines reported.
+func cachedTokens(url string) (predicted, reported float64) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return -1, -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "kvmesh_ingress_cached_prompt_tokens_total{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+		switch {
+		case strings.Contains(line, `source="predicted"`):
+			predicted += v
+		case strings.Contains(line, `source="engine"`):
+			reported += v
+		}
+	}
+	return predicted, reported
 }
 
 func rssKiB(pid int) int64 {
@@ -684,6 +717,9 @@ func chaosReport(rs []faultResult, warm, soak phaseStats, soakDur time.Duration,
 			r.stats.brokenMidStream, r.stats.deadIngress, route, conv)
 	}
 	fmt.Fprintf(&w, "\nSoak %v: %d requests, %d ok, %d failed before streaming, %d broken mid-stream.\n", soakDur, soak.sent, soak.ok, soak.failedBeforeStream, soak.brokenMidStream)
+	if p, e := b.predicted-a.predicted, b.reported-a.reported; p > 0 {
+		fmt.Fprintf(&w, "Cached prompt tokens over the soak (both ingresses): %.0f predicted by routing, %.0f reported by the engines (%.3f).\n", p, e, e/p)
+	}
 	for i := range 2 {
 		fmt.Fprintf(&w, "ingress%d: RSS %d → %d KiB, goroutines %d → %d; sidecar%d: RSS %d → %d KiB\n", i, a.rss[i], b.rss[i], a.goroutines[i], b.goroutines[i], i, a.scRSS[i], b.scRSS[i])
 	}
