@@ -36,14 +36,7 @@ func BenchmarkChatMode(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { sm.Close() })
-	var msgs strings.Builder
-	msgs.WriteString(`[{"role":"system","content":"You are a helpful assistant that answers questions about distributed systems."}`)
-	long := strings.Repeat("The key-value cache of a transformer stores attention keys and values for every token of the prompt. ", 40)
-	for i := 0; i < 3; i++ {
-		msgs.WriteString(`,{"role":"user","content":"` + long + `"},{"role":"assistant","content":"Understood."}`)
-	}
-	msgs.WriteString(`,{"role":"user","content":"Summarize."}]`)
-	body := `{"model":"llama","max_tokens":1,"messages":` + msgs.String() + `}`
+	body := `{"model":"llama","max_tokens":1,"messages":` + benchConversation() + `}`
 	modes := []string{ChatModeChat, ChatModeCompletions}
 	var hcs []*fasthttp.HostClient
 	var reqs []*fasthttp.Request
@@ -71,9 +64,15 @@ func BenchmarkChatMode(b *testing.B) {
 		hcs = append(hcs, &fasthttp.HostClient{Addr: s.Addr()})
 		reqs = append(reqs, req)
 	}
+	interleave(b, modes, hcs, reqs)
+}
+
+// interleave warms each of the ingresses up, then sends req[i] to hcs[i]
+// in turn, b.N rounds, and reports each one's p50 and p99 latency.
+func interleave(b *testing.B, names []string, hcs []*fasthttp.HostClient, reqs []*fasthttp.Request) {
 	resp := fasthttp.AcquireResponse()
-	lat := make([][]time.Duration, len(modes))
-	for i := range modes {
+	lat := make([][]time.Duration, len(names))
+	for i := range names {
 		for j := 0; j < 20; j++ {
 			if err := doOnce(hcs[i], reqs[i], resp); err != nil {
 				b.Fatal(err)
@@ -82,8 +81,8 @@ func BenchmarkChatMode(b *testing.B) {
 	}
 	b.ResetTimer()
 	for n := 0; n < b.N; n++ {
-		for k := range modes {
-			i := (n + k) % len(modes)
+		for k := range names {
+			i := (n + k) % len(names)
 			t0 := time.Now()
 			if err := doOnce(hcs[i], reqs[i], resp); err != nil {
 				b.Fatal(err)
@@ -92,11 +91,86 @@ func BenchmarkChatMode(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	for i, mode := range modes {
+	for i, name := range names {
 		slices.Sort(lat[i])
-		b.ReportMetric(float64(lat[i][len(lat[i])/2].Microseconds()), mode+"-p50-µs")
-		b.ReportMetric(float64(lat[i][len(lat[i])*99/100].Microseconds()), mode+"-p99-µs")
+		b.ReportMetric(float64(lat[i][len(lat[i])/2].Microseconds()), name+"-p50-µs")
+		b.ReportMetric(float64(lat[i][len(lat[i])*99/100].Microseconds()), name+"-p99-µs")
 	}
+}
+
+// BenchmarkEngineTokenize is what keying a model the ingress has no
+// tokenizer for costs (enginetok.go): the same ~1,000-token conversation
+// through an ingress that tokenizes it itself and one that asks the
+// engine's /tokenize, against a simulator rendering with the same Llama 3
+// template and tokenizer. Interleaved, sequential.
+func BenchmarkEngineTokenize(b *testing.B) {
+	tokJSON, tplJSON := llamaFiles(b)
+	nt, err := tokenizer.LoadFile(tokJSON)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tpl, err := tokenizer.LoadChatTemplateFile(tplJSON)
+	if err != nil {
+		b.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 1e6, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sm.Close() })
+	body := `{"model":"llama","max_tokens":1,"messages":` + benchConversation() + `}`
+	names := []string{"local", "engine"}
+	var hcs []*fasthttp.HostClient
+	var reqs []*fasthttp.Request
+	for _, name := range names {
+		cfg := DefaultConfig()
+		cfg.Listen, cfg.AccessLog = "127.0.0.1:0", false
+		cfg.Engines = []StaticEngine{{ID: "s", Model: "llama", URL: sm.URL()}}
+		deps := Deps{Logger: quiet}
+		if name == "local" {
+			tk, err := NewTokenizer(nt, tpl)
+			if err != nil {
+				b.Fatal(err)
+			}
+			deps.Tokenizers = TokenizerMap{"llama": tk}
+		}
+		s, err := New(cfg, deps)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		req := fasthttp.AcquireRequest()
+		req.SetRequestURI("http://" + s.Addr() + "/v1/chat/completions")
+		req.Header.SetMethod("POST")
+		req.Header.SetContentType("application/json")
+		req.SetBodyString(body)
+		hcs = append(hcs, &fasthttp.HostClient{Addr: s.Addr()})
+		reqs = append(reqs, req)
+		if name == "engine" {
+			b.Cleanup(func() {
+				if n := val(s.etok.ok); n == 0 {
+					b.Errorf("the engine-tokenizing ingress never keyed on the engine's tokens")
+				}
+			})
+		}
+	}
+	interleave(b, names, hcs, reqs)
+}
+
+// benchConversation is an 8-message, ~1,000-token conversation.
+func benchConversation() string {
+	var msgs strings.Builder
+	msgs.WriteString(`[{"role":"system","content":"You are a helpful assistant that answers questions about distributed systems."}`)
+	long := strings.Repeat("The key-value cache of a transformer stores attention keys and values for every token of the prompt. ", 40)
+	for i := 0; i < 3; i++ {
+		msgs.WriteString(`,{"role":"user","content":"` + long + `"},{"role":"assistant","content":"Understood."}`)
+	}
+	msgs.WriteString(`,{"role":"user","content":"Summarize."}]`)
+	return msgs.String()
 }
 
 // BenchmarkRewrapChunk is the ingress's cost per streamed chunk in

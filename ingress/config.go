@@ -118,13 +118,21 @@ type Config struct {
 	ChatMode string `yaml:"chatMode"`
 	// Tokenizers maps a model name to its tokenizer (a tokenizer.json path or a
 	// directory holding tokenizer.json and tokenizer_config.json). A model
-	// without one is routed on load only (no prefix matching) and its text is
+	// without one is keyed on its engines' /tokenize (EngineTokenizeTimeout),
+	// or routed on load only when that is off or fails, and its text is
 	// forwarded untouched.
 	Tokenizers map[string]string `yaml:"tokenizers"`
 	// ChatTemplates maps a model to the tokenizer_config.json holding its
 	// chat template (default: the one beside a directory in Tokenizers).
-	// Without one, chat for the model is routed on load only.
+	// Without one, chat for the model is keyed on the engines' /tokenize,
+	// or routed on load only.
 	ChatTemplates map[string]string `yaml:"chatTemplates"`
+	// EngineTokenizeTimeout bounds asking an engine's /tokenize for the
+	// tokens of a prompt the ingress cannot tokenize itself (no tokenizer
+	// for the model, or a chat template that fails here: enginetok.go).
+	// Default 250ms; 0 turns the fallback off (such requests are routed by
+	// load, unkeyed).
+	EngineTokenizeTimeout time.Duration `yaml:"engineTokenizeTimeout"`
 	// BlockSize is the engines' KV block size in tokens, used for keys when
 	// membership does not tell it. Default 16.
 	BlockSize int `yaml:"blockSize"`
@@ -179,24 +187,25 @@ type Config struct {
 // DefaultConfig returns the defaults for every field.
 func DefaultConfig() Config {
 	return Config{
-		Listen:            "127.0.0.1:8000",
-		MaxBodyBytes:      32 << 20,
-		MaxPromptTokens:   131072,
-		MaxConcurrent:     4096,
-		MaxAttempts:       3,
-		ConnectTimeout:    2 * time.Second,
-		IdleTimeout:       5 * time.Minute,
-		MaxConnsPerEngine: 4096,
-		DrainTimeout:      30 * time.Second,
-		ChatMode:          ChatModeChat,
-		BlockSize:         16,
-		LoadInterval:      200 * time.Millisecond,
-		SpeculativeTTL:    5 * time.Second,
-		AccessLog:         true,
-		SessionSlack:      8,
-		Scheduler:         registry.DefaultConfig(),
-		Health:            DefaultHealthConfig(),
-		Cluster:           ClusterConfig{IndexSyncGrace: 30 * time.Second},
+		Listen:                "127.0.0.1:8000",
+		MaxBodyBytes:          32 << 20,
+		MaxPromptTokens:       131072,
+		MaxConcurrent:         4096,
+		MaxAttempts:           3,
+		ConnectTimeout:        2 * time.Second,
+		IdleTimeout:           5 * time.Minute,
+		MaxConnsPerEngine:     4096,
+		DrainTimeout:          30 * time.Second,
+		ChatMode:              ChatModeChat,
+		EngineTokenizeTimeout: 250 * time.Millisecond,
+		BlockSize:             16,
+		LoadInterval:          200 * time.Millisecond,
+		SpeculativeTTL:        5 * time.Second,
+		AccessLog:             true,
+		SessionSlack:          8,
+		Scheduler:             registry.DefaultConfig(),
+		Health:                DefaultHealthConfig(),
+		Cluster:               ClusterConfig{IndexSyncGrace: 30 * time.Second},
 	}
 }
 
@@ -249,6 +258,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ChatMode != ChatModeChat && c.ChatMode != ChatModeCompletions {
 		bad("chat mode must be %q or %q, got %q", ChatModeChat, ChatModeCompletions, c.ChatMode)
+	}
+	if c.EngineTokenizeTimeout < 0 {
+		bad("engine tokenize timeout must be >= 0 (0: off), got %v", c.EngineTokenizeTimeout)
 	}
 	if c.BlockSize <= 0 {
 		bad("block size must be > 0, got %d", c.BlockSize)

@@ -399,8 +399,11 @@ func (c *call) tokenize() error {
 		}
 		if tok == nil {
 			c.approx = len(c.req.text)/4 + 1
-			c.tokens = nil
-			return nil
+			if !c.tokenizeOnEngine() { // enginetok.go
+				c.tokens = nil
+				return nil
+			}
+			break
 		}
 		if c.tokens, err = tok.Encode(c.tokens[:0], c.req.text); err != nil {
 			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt: %w", ErrBadRequest, err))
@@ -419,8 +422,11 @@ func (c *call) tokenize() error {
 			for _, m := range c.req.chatMessages() {
 				c.approx += len(m.Content)/4 + 4
 			}
-			c.tokens = nil
-			return nil
+			if !c.tokenizeOnEngine() { // enginetok.go
+				c.tokens = nil
+				return nil
+			}
+			break
 		}
 		var n, media int
 		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
@@ -432,9 +438,12 @@ func (c *call) tokenize() error {
 					s.m.renderFallbacks.Inc()
 					s.log.Debug("chat template failed to render here; routing unkeyed", "model", c.model, "err", err)
 				}
-				c.tokens = nil
 				c.approx = len(c.req.messages) / 4
-				return nil
+				if !c.tokenizeOnEngine() { // enginetok.go
+					c.tokens = nil
+					return nil
+				}
+				break
 			}
 			var ae *apiError
 			if errors.As(err, &ae) {

@@ -36,6 +36,8 @@ type Server struct {
 	media mediaTokens
 	// check compares the ingress's prompt tokens with the engines' answers (tokencheck.go).
 	check *tokenCheck
+	// etok asks engines to tokenize what the ingress cannot (enginetok.go).
+	etok *engineTok
 	// engineAuth is the Authorization value upstream requests carry
 	// ("Bearer " + Config.EngineAPIKey), nil without a key.
 	engineAuth []byte
@@ -158,6 +160,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return float64(len(s.deps.Membership.Engines(nil)))
 	})
 	s.check = newTokenCheck(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
+	s.etok = newEngineTok(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
 	// Index and scheduler series carry no replica label: with a registry
 	// shared by several replicas in one process only the first registers.
 	if deps.Index != nil {

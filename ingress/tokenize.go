@@ -14,7 +14,8 @@ import (
 )
 
 // ErrNoChatTemplate means a model's tokenizer has no chat template: chat
-// requests for it are routed on load only and forwarded as chat.
+// requests for it are keyed on an engine's /tokenize (enginetok.go) or
+// routed on load only, and forwarded as chat.
 var ErrNoChatTemplate = errors.New("no chat template")
 
 // hfTokenizer adapts internal/tokenizer (with its per-prefix cache) to Tokenizer.
@@ -178,7 +179,7 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 		t, err := loadTokenizer(model, path, cfg.ChatTemplates[model], deps.Logger)
 		if errors.Is(err, tokenizer.ErrUnsupported) {
 			if deps.Logger != nil {
-				deps.Logger.Warn("tokenizer not supported here: requests for this model are routed by load, unkeyed (docs/TOKENIZER.md, Known limits)",
+				deps.Logger.Warn("tokenizer not supported here: this model's requests are keyed on its engines' /tokenize, or routed by load (docs/TOKENIZER.md, Known limits)",
 					"model", model, "tokenizer", path, "err", err)
 			}
 			continue
@@ -225,7 +226,7 @@ func loadTokenizer(model, path, tplPath string, log *slog.Logger) (*hfTokenizer,
 			// serve the model with chat routed by load rather than refuse
 			// to start.
 			if log != nil {
-				log.Warn("chat template not supported here: chat requests for this model are routed by load, unkeyed",
+				log.Warn("chat template not supported here: this model's chat is keyed on its engines' /tokenize, or routed by load",
 					"model", model, "template", tplPath, "err", err)
 			}
 			tpl = nil

@@ -1,0 +1,187 @@
+package ingress
+
+import (
+	"bytes"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/openai"
+)
+
+// Tokenizing on an engine.
+//
+// A model the ingress cannot tokenize itself used to be routed by load
+// alone: no tokenizer configured or published for it (a sidecar that
+// cannot read the engine's model files), a tokenizer.json with a component
+// Native lacks, a chat template that does not parse or render here. vLLM
+// serves POST /tokenize, which renders a chat request with the engine's
+// own template and tokenizer (its mistral tokenizer mode too) and returns
+// the prompt's token ids. So for such a request the ingress asks one of
+// the model's engines (the least loaded it is allowed to send to) for the
+// prompt's tokens and keys on them: the keys are the engine's by
+// construction. It costs one round trip to an engine's API server per
+// such request, bounded by Config.EngineTokenizeTimeout; any failure
+// leaves the request unkeyed, as before, and an engine that does not
+// serve /tokenize (404, 405, 501) turns it off for the model for
+// engineTokenizeOff. Requests with media are not sent (the engine expands
+// a media item into tokens /tokenize does not show), nor batches.
+
+// engineTokenizeOff is how long a model's engines are not asked again
+// after one answered that it has no /tokenize.
+const engineTokenizeOff = 5 * time.Minute
+
+// engineTok holds the fallback's state and series.
+type engineTok struct {
+	off               sync.Map // model → *atomic.Int64 (unix ns until which the model is not asked)
+	ok, failed, unsup prometheus.Counter
+}
+
+func newEngineTok(reg prometheus.Registerer, constLabels prometheus.Labels) *engineTok {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_tokenize_total",
+		Help: "Requests the ingress could not tokenize itself whose prompt an engine's /tokenize tokenized, by result " +
+			"(ok: keyed on the engine's tokens; failed and unsupported: routed unkeyed).",
+		ConstLabels: constLabels}, []string{"result"})
+	reg.MustRegister(v)
+	return &engineTok{ok: v.WithLabelValues("ok"), failed: v.WithLabelValues("failed"), unsup: v.WithLabelValues("unsupported")}
+}
+
+// keylessPolicy names the policies that route without looking at keys:
+// tokenizing on an engine would buy them nothing.
+var keylessPolicy = map[string]bool{"random": true, "round-robin": true, "least-request": true}
+
+// mediaMarks are the content-part members that carry media.
+var mediaMarks = [][]byte{[]byte(`"image_url"`), []byte(`"input_image"`), []byte(`"input_audio"`), []byte(`"audio_url"`),
+	[]byte(`"video_url"`), []byte(`"image_embeds"`), []byte(`"audio_embeds"`)}
+
+// tokenizeOnEngine fills c.tokens from an engine's /tokenize for a text
+// prompt or a chat request the ingress cannot tokenize; false leaves the
+// request unkeyed.
+func (c *call) tokenizeOnEngine() bool {
+	s := c.s
+	et := s.etok
+	if et == nil || s.cfg.EngineTokenizeTimeout <= 0 || len(c.req.batch) > 1 || keylessPolicy[s.cfg.Scheduler.Policy] {
+		return false
+	}
+	if v, ok := et.off.Load(c.model); ok && time.Now().UnixNano() < v.(*atomic.Int64).Load() {
+		return false
+	}
+	body := c.engineTokenizeBody()
+	if body == nil {
+		return false
+	}
+	// The least loaded engine of the model this replica may send to.
+	at := -1
+	for i := range c.cands {
+		if !s.health.allowed(c.cands[i].ID) {
+			continue
+		}
+		if at < 0 || c.cands[i].InFlight+c.cands[i].Waiting < c.cands[at].InFlight+c.cands[at].Waiting {
+			at = i
+		}
+	}
+	if at < 0 {
+		return false
+	}
+	up, err := s.ups.get(c.cands[at].ID, c.urls[at])
+	if err != nil {
+		et.failed.Inc()
+		return false
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) }()
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI(c.urls[at] + "/tokenize")
+	req.SetHost(up.hc.Addr)
+	req.Header.SetContentType("application/json")
+	c.setUpstreamHeaders(&req.Header)
+	req.SetBodyRaw(body)
+	if err := up.hc.DoTimeout(req, resp, s.cfg.EngineTokenizeTimeout); err != nil {
+		et.failed.Inc()
+		s.log.Debug("engine /tokenize failed; routing unkeyed", "model", c.model, "engine", up.id, "err", err)
+		return false
+	}
+	switch st := resp.StatusCode(); {
+	case st == fasthttp.StatusNotFound || st == fasthttp.StatusMethodNotAllowed || st == fasthttp.StatusNotImplemented:
+		et.unsup.Inc()
+		v, _ := et.off.LoadOrStore(c.model, new(atomic.Int64))
+		v.(*atomic.Int64).Store(time.Now().Add(engineTokenizeOff).UnixNano())
+		s.log.Warn("the engine serves no /tokenize: this model's requests the ingress cannot tokenize are routed by load, unkeyed",
+			"model", c.model, "engine", up.id, "status", st, "retry_in", engineTokenizeOff)
+		return false
+	case st != fasthttp.StatusOK:
+		et.failed.Inc()
+		s.log.Debug("engine /tokenize refused the prompt; routing unkeyed", "model", c.model, "engine", up.id, "status", st)
+		return false
+	}
+	ids, ok := tokenizeAnswerIDs(c.tokens[:0], resp.Body())
+	if !ok || len(ids) == 0 {
+		et.failed.Inc()
+		return false
+	}
+	c.tokens = ids
+	et.ok.Inc()
+	return true
+}
+
+// engineTokenizeBody is the /tokenize body for c's prompt (vLLM's
+// TokenizeCompletionRequest or TokenizeChatRequest), nil when the request
+// cannot be tokenized there.
+func (c *call) engineTokenizeBody() []byte {
+	r := &c.req
+	b := append(c.scratchText[:0], `{"model":`...)
+	b = openai.AppendString(b, c.model)
+	switch r.kind {
+	case promptText:
+		b = append(b, `,"prompt":`...)
+		b = append(b, c.reqBody()[r.promptStart:r.promptEnd]...)
+	case promptChat:
+		for _, m := range mediaMarks {
+			if bytes.Contains(r.messages, m) {
+				return nil
+			}
+		}
+		b = append(b, `,"messages":`...)
+		b = append(b, r.messages...)
+		for _, m := range [...]struct {
+			key string
+			val []byte
+		}{{"tools", r.tools}, {"documents", r.documents}, {"chat_template_kwargs", r.templateKwargs}} {
+			if len(m.val) > 0 && string(m.val) != "null" {
+				b = append(b, `,"`...)
+				b = append(b, m.key...)
+				b = append(b, `":`...)
+				b = append(b, m.val...)
+			}
+		}
+		if !r.addGenPrompt {
+			b = append(b, `,"add_generation_prompt":false`...)
+		}
+		if r.continueFinal {
+			b = append(b, `,"continue_final_message":true`...)
+		}
+	default:
+		return nil
+	}
+	c.scratchText = append(b, '}')
+	return c.scratchText
+}
+
+var tokensKey = []byte(`"tokens":`)
+
+// tokenizeAnswerIDs appends the "tokens" of a /tokenize answer to dst.
+func tokenizeAnswerIDs(dst []uint32, b []byte) ([]uint32, bool) {
+	i := bytes.Index(b, tokensKey)
+	if i < 0 {
+		return dst, false
+	}
+	ids, _, err := scanTokenIDs(dst, b, jsonscan.SkipWS(b, i+len(tokensKey)))
+	if err != nil {
+		return dst, false
+	}
+	return ids, true
+}

@@ -1,0 +1,105 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// A model the ingress has no tokenizer for is keyed on the tokens the
+// engine's /tokenize gives: every key of a chat request (the engine's own
+// template) and of a text prompt is a block the engine cached, and the
+// engine's prompt token count agrees. A request with an image is not sent
+// there; an engine without /tokenize is asked once, then the model is
+// routed unkeyed.
+func TestEngineTokenize(t *testing.T) {
+	nt, tpl := llama(t)
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	// A second model on a proxy to the same simulator that hides /tokenize,
+	// as an engine without it answers.
+	target, _ := url.Parse(sm.URL())
+	var asked atomic.Int64
+	rp := httputil.NewSingleHostReverseProxy(target)
+	hidden := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			asked.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		b = bytes.Replace(b, []byte(`"model":"other"`), []byte(`"model":"llama"`), 1)
+		r2 := r.Clone(r.Context())
+		r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		rp.ServeHTTP(w, r2)
+	}))
+	t.Cleanup(hidden.Close)
+
+	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()}, StaticEngine{ID: "h", Model: "other", URL: hidden.URL})
+	cfg.Scheduler.Policy = "kvmesh"
+	deps := Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()}
+	sch, err := defaultScheduler(&cfg, &deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := &keySpy{Scheduler: sch}
+	deps.Scheduler = spy
+	s := startIngress(t, cfg, deps)
+
+	system := strings.Repeat("You translate short English phrases into French and say nothing else. ", 10)
+	send := func(path, body string) []uint64 {
+		t.Helper()
+		if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+path, body); st != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", path, st, b)
+		}
+		return spy.last()
+	}
+	chat := `{"model":"llama","max_tokens":2,"messages":[{"role":"system","content":` + string(mustJSON(t, system)) + `},{"role":"user","content":"Good morning"}]}`
+	keys := send("/v1/chat/completions", chat)
+	if len(keys) < len(nt.Encode(system, false))/16 {
+		t.Fatalf("chat: %d keys for a %d-token system prompt", len(keys), len(nt.Encode(system, false)))
+	}
+	engineCachedAll(t, sm, keys)
+	text := `{"model":"llama","max_tokens":2,"prompt":` + string(mustJSON(t, system+"Thank you")) + `}`
+	keys = send("/v1/completions", text)
+	if len(keys) == 0 {
+		t.Fatal("text prompt: no keys")
+	}
+	engineCachedAll(t, sm, keys)
+	if ok, eq, df := val(s.etok.ok), val(s.check.equal), val(s.check.differ); ok != 2 || eq != 1 || df != 0 {
+		t.Fatalf("%v prompts tokenized on the engine (want 2); token counts %v equal, %v different (want 1, 0)", ok, eq, df)
+	}
+
+	image := `{"model":"llama","max_tokens":2,"messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`
+	if keys := send("/v1/chat/completions", image); len(keys) != 0 || val(s.etok.ok) != 2 {
+		t.Fatalf("a request with an image: %d keys, %v engine tokenizations", len(keys), val(s.etok.ok))
+	}
+
+	other := strings.Replace(chat, `"model":"llama"`, `"model":"other"`, 1)
+	for range 3 {
+		if keys := send("/v1/chat/completions", other); len(keys) != 0 {
+			t.Fatalf("engine without /tokenize: %d keys", len(keys))
+		}
+	}
+	if n := asked.Load(); n != 1 || val(s.etok.unsup) != 1 {
+		t.Fatalf("an engine without /tokenize was asked %d times (%v counted), want once", n, val(s.etok.unsup))
+	}
+}
