@@ -171,17 +171,22 @@ func (c *call) engineTokenizeBody() []byte {
 	return c.scratchText
 }
 
-var tokensKey = []byte(`"tokens":`)
-
-// tokenizeAnswerIDs appends the "tokens" of a /tokenize answer to dst.
-func tokenizeAnswerIDs(dst []uint32, b []byte) ([]uint32, bool) {
-	i := bytes.Index(b, tokensKey)
-	if i < 0 {
-		return dst, false
-	}
-	ids, _, err := scanTokenIDs(dst, b, jsonscan.SkipWS(b, i+len(tokensKey)))
+// tokenizeAnswerIDs appends the top-level "tokens" array of a /tokenize
+// answer to dst; ok is false unless the answer is a JSON object with one.
+func tokenizeAnswerIDs(dst []uint32, b []byte) (ids []uint32, ok bool) {
+	ids = dst
+	err := jsonscan.ScanMembers(b, func(key, b []byte, at int) (int, bool, error) {
+		if ok || string(key) != "tokens" || b[at] != '[' {
+			return 0, false, nil
+		}
+		var end int
+		var err error
+		ids, end, err = scanTokenIDs(dst, b, at)
+		ok = err == nil
+		return end, true, err
+	}, func(key, val []byte, keyOff, valOff int) error { return nil })
 	if err != nil {
 		return dst, false
 	}
-	return ids, true
+	return ids, ok
 }

@@ -3,11 +3,13 @@ package ingress
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -102,4 +104,58 @@ func TestEngineTokenize(t *testing.T) {
 	if n := asked.Load(); n != 1 || val(s.etok.unsup) != 1 {
 		t.Fatalf("an engine without /tokenize was asked %d times (%v counted), want once", n, val(s.etok.unsup))
 	}
+}
+
+// FuzzTokenizeAnswer: reading a /tokenize answer never panics, and what it
+// accepts is the answer's top-level "tokens" as encoding/json reads them.
+func FuzzTokenizeAnswer(f *testing.F) {
+	f.Add([]byte(`{"count":3,"max_model_len":8192,"tokens":[1,2,3],"token_strs":null}`))
+	f.Add([]byte(`{"tokens":[]}`))
+	f.Add([]byte(`{"a":"\"tokens\":[9]","tokens":[4294967295]}`))
+	f.Add([]byte(`{"tokens":[1,-2]}`))
+	f.Add([]byte(`{"tokens":[1],"tokens":[2]}`))
+	f.Add([]byte(`[1,2]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ids, ok := tokenizeAnswerIDs(nil, b)
+		if !ok {
+			return
+		}
+		if !json.Valid(b) {
+			t.Fatalf("accepted invalid JSON %q", b)
+		}
+		if bytes.IndexByte(b, '\\') >= 0 {
+			return // an escaped key may spell "tokens": the reference below would see it
+		}
+		want, found := firstTokens(b)
+		if !found || !slices.Equal(ids, want) {
+			t.Fatalf("%q: read %v, encoding/json's first \"tokens\" %v (found %v)", b, ids, want, found)
+		}
+	})
+}
+
+// firstTokens decodes the first top-level "tokens" member of b with
+// encoding/json.
+func firstTokens(b []byte) ([]uint32, bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, false
+		}
+		if k == "tokens" {
+			var ids []uint32
+			if err := json.Unmarshal(raw, &ids); err != nil {
+				return nil, false
+			}
+			return ids, true
+		}
+	}
+	return nil, false
 }
