@@ -64,7 +64,7 @@ var mediaMarks = [][]byte{[]byte(`"image_url"`), []byte(`"input_image"`), []byte
 func (c *call) tokenizeOnEngine() bool {
 	s := c.s
 	et := s.etok
-	if et == nil || s.cfg.EngineTokenizeTimeout <= 0 || len(c.req.batch) > 1 || keylessPolicy[s.cfg.Scheduler.Policy] {
+	if !c.canTokenizeOnEngine() || len(c.req.batch) > 1 {
 		return false
 	}
 	if v, ok := et.off.Load(c.model); ok && time.Now().UnixNano() < v.(*atomic.Int64).Load() {
@@ -126,6 +126,12 @@ func (c *call) tokenizeOnEngine() bool {
 	c.tokens = ids
 	et.ok.Inc()
 	return true
+}
+
+// canTokenizeOnEngine reports whether asking an engine for tokens is on
+// and could help c's routing.
+func (c *call) canTokenizeOnEngine() bool {
+	return c.s.etok != nil && c.s.cfg.EngineTokenizeTimeout > 0 && !keylessPolicy[c.s.cfg.Scheduler.Policy]
 }
 
 // engineTokenizeBody is the /tokenize body for c's prompt (vLLM's

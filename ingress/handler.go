@@ -428,6 +428,9 @@ func (c *call) tokenize() error {
 			}
 			break
 		}
+		if s.check.engineFirst(c.model) && c.tokenizeOnEngine() { // tokencheck.go: our tokens disagreed with the engine's
+			break
+		}
 		var n, media int
 		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
 			if errors.Is(err, ErrNoChatTemplate) || errors.Is(err, chattmpl.ErrRender) {

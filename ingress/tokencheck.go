@@ -25,7 +25,8 @@ import (
 // chunk), counts the answers that agree and those that differ, and warns
 // at most once a minute per model with both counts. Equal counts are
 // evidence, not proof (different tokens can add up the same); a different
-// count is proof.
+// count is proof. Several in a row switch the model's chat to the
+// engines' /tokenize for a while (enginetok.go).
 //
 // Where answers report cached prompt tokens (vLLM with
 // --enable-prompt-tokens-details, SGLang, the simulator, the Messages
@@ -37,11 +38,44 @@ import (
 // tokenCheckWarnEvery spaces the warnings about one model.
 const tokenCheckWarnEvery = time.Minute
 
-// tokenCheck holds the comparison's series and warning clock.
+// After differStreak different counts in a row for a model, its chat is
+// keyed on the engines' /tokenize (enginetok.go) for engineSpell, then the
+// ingress tries its own tokens again. A chat template the engine was
+// started with (vLLM's --chat-template, e.g. a tool-calling template) and
+// the sidecars do not publish is the common cause; the engine's own
+// rendering keys it right.
+const (
+	differStreak = 3
+	engineSpell  = 10 * time.Minute
+)
+
+// tokenCheck holds the comparison's series and each model's state.
 type tokenCheck struct {
 	equal, differ     prometheus.Counter
 	predicted, cached prometheus.Counter
-	warned            sync.Map // model → *atomic.Int64 (unix nanoseconds of the last warning)
+	models            sync.Map // model → *modelCheck
+}
+
+// modelCheck is one model's recent comparisons.
+type modelCheck struct {
+	streak      atomic.Int32 // different counts in a row
+	engineUntil atomic.Int64 // unix ns until which chat is keyed on the engines' /tokenize
+	warned      atomic.Int64 // unix ns of the last warning
+}
+
+func (tc *tokenCheck) model(name string) *modelCheck {
+	if v, ok := tc.models.Load(name); ok {
+		return v.(*modelCheck)
+	}
+	v, _ := tc.models.LoadOrStore(name, new(modelCheck))
+	return v.(*modelCheck)
+}
+
+// engineFirst reports whether model's chat is keyed on the engines'
+// /tokenize now, its own tokens having disagreed with theirs.
+func (tc *tokenCheck) engineFirst(model string) bool {
+	v, ok := tc.models.Load(model)
+	return ok && time.Now().UnixNano() < v.(*modelCheck).engineUntil.Load()
 }
 
 func newTokenCheck(reg prometheus.Registerer, constLabels prometheus.Labels) *tokenCheck {
@@ -99,11 +133,20 @@ func (tc *tokenCheck) observe(c *call) {
 	}
 	if c.req.kind == promptChat && !c.wrap {
 		n := len(c.tokens)
+		mc := tc.model(c.model)
 		if c.engPrompt == n {
 			tc.equal.Inc()
+			mc.streak.Store(0)
 		} else {
 			tc.differ.Inc()
-			tc.warn(c, n)
+			tc.warn(c, mc, n)
+			if mc.streak.Add(1) >= differStreak && c.canTokenizeOnEngine() {
+				now := time.Now()
+				if until := mc.engineUntil.Load(); until < now.UnixNano() && mc.engineUntil.CompareAndSwap(until, now.Add(engineSpell).UnixNano()) {
+					c.s.log.Warn("this model's chat is keyed on its engines' /tokenize for a while: the ingress's own tokens differed from the engine's "+
+						"several times in a row", "model", c.model, "for", engineSpell, "in_a_row", mc.streak.Load())
+				}
+			}
 		}
 	}
 	if c.engCachedOK && c.block > 0 && c.pd.plan.Mode != pd.Disaggregated {
@@ -115,15 +158,15 @@ func (tc *tokenCheck) observe(c *call) {
 	}
 }
 
-func (tc *tokenCheck) warn(c *call, n int) {
-	v, _ := tc.warned.LoadOrStore(c.model, new(atomic.Int64))
-	last := v.(*atomic.Int64)
+func (tc *tokenCheck) warn(c *call, mc *modelCheck, n int) {
+	last := &mc.warned
 	now := time.Now().UnixNano()
 	prev := last.Load()
 	if prev != 0 && now-prev < int64(tokenCheckWarnEvery) || !last.CompareAndSwap(prev, now) {
 		return
 	}
 	c.s.log.Warn("the engine tokenized a chat request differently from this ingress, so its block keys cannot match the engine's cache; "+
-		"check that the ingress loads the tokenizer and chat template the engine serves (docs/TOKENIZER.md), or set chatMode: completions",
+		"check that the ingress loads the tokenizer and chat template the engine serves (docs/TOKENIZER.md), or set chatMode: completions; "+
+		"after a few in a row this model's chat is keyed on the engines' /tokenize for a while",
 		"model", c.model, "engine", c.engine, "endpoint", c.ep.String(), "ingress_tokens", n, "engine_tokens", c.engPrompt)
 }

@@ -17,7 +17,7 @@ import (
 
 // checkEngine starts a simulator rendering chat with simTpl and an ingress
 // keying with ingTpl (the same tokenizer for both), its warnings in log.
-func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.ChatTemplate) (*Server, *testutil.SyncBuffer) {
+func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.ChatTemplate, policy string) (*Server, *sim.Server, *keySpy, *testutil.SyncBuffer) {
 	t.Helper()
 	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: simTpl}, Logger: quietLog()})
 	if err != nil {
@@ -26,6 +26,7 @@ func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.C
 	t.Cleanup(func() { sm.Close() })
 	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()})
 	cfg.SpeculativeTTL = time.Hour // the routed keys count as the engine's for the whole test
+	cfg.Scheduler.Policy = policy
 	tk, err := NewTokenizer(nt, ingTpl)
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +34,13 @@ func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.C
 	log := &testutil.SyncBuffer{}
 	deps := Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Registry: prometheus.NewRegistry()}
-	return startIngress(t, cfg, deps), log
+	sch, err := defaultScheduler(&cfg, &deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := &keySpy{Scheduler: sch}
+	deps.Scheduler = spy
+	return startIngress(t, cfg, deps), sm, spy, log
 }
 
 // The ingress compares its prompt token count with the engine's for chat
@@ -61,7 +68,7 @@ func TestTokenCheck(t *testing.T) {
 		}
 	}
 
-	s, log := checkEngine(t, nt, tpl, tpl)
+	s, _, _, log := checkEngine(t, nt, tpl, tpl, "least-request")
 	send(s)
 	if eq, df := val(s.check.equal), val(s.check.differ); eq != float64(len(reqs)) || df != 0 {
 		t.Fatalf("same template: %v equal and %v different counts, want %d and 0", eq, df, len(reqs))
@@ -77,7 +84,7 @@ func TestTokenCheck(t *testing.T) {
 		t.Fatalf("warned with the same template:\n%s", log)
 	}
 
-	s, log = checkEngine(t, nt, toolsTemplate(t), tpl) // the engine's template adds a system header
+	s, _, _, log = checkEngine(t, nt, toolsTemplate(t), tpl, "least-request") // the engine's template adds a system header
 	send(s)
 	send(s)
 	if eq, df := val(s.check.equal), val(s.check.differ); eq != 0 || df != float64(2*len(reqs)) {
@@ -89,4 +96,38 @@ func TestTokenCheck(t *testing.T) {
 	if !strings.Contains(log.String(), "ingress_tokens=") || !strings.Contains(log.String(), "engine_tokens=") {
 		t.Fatalf("the warning does not give both counts:\n%s", log)
 	}
+}
+
+// Under a policy that keys, three different counts in a row switch the
+// model's chat to the engine's /tokenize: from then on the counts agree and
+// every key is a block the engine cached.
+func TestTokenCheckKeysOnEngine(t *testing.T) {
+	nt, tpl := llama(t)
+	s, sm, spy, log := checkEngine(t, nt, toolsTemplate(t), tpl, "kvmesh")
+	system := strings.Repeat("You answer questions about the weather in one short sentence. ", 12)
+	send := func(q string) []uint64 {
+		t.Helper()
+		body := `{"model":"llama","max_tokens":2,"messages":[{"role":"system","content":` + string(mustJSON(t, system)) + `},{"role":"user","content":` + string(mustJSON(t, q)) + `}]}`
+		if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", body); st != http.StatusOK {
+			t.Fatalf("status %d: %s", st, b)
+		}
+		return spy.last()
+	}
+	for _, q := range []string{"Rain?", "Snow?", "Wind?"} {
+		send(q)
+	}
+	if df, ok := val(s.check.differ), val(s.etok.ok); df != differStreak || ok != 0 {
+		t.Fatalf("%v different counts and %v engine tokenizations before the switch, want %d and 0", df, ok, differStreak)
+	}
+	if !strings.Contains(log.String(), "keyed on its engines' /tokenize") {
+		t.Fatalf("no warning of the switch:\n%s", log)
+	}
+	var keys []uint64
+	for _, q := range []string{"Fog?", "Hail?"} {
+		keys = send(q)
+	}
+	if eq, df, ok := val(s.check.equal), val(s.check.differ), val(s.etok.ok); eq != 2 || df != differStreak || ok != 2 {
+		t.Fatalf("after the switch: %v equal, %v different counts, %v engine tokenizations; want 2, %d, 2", eq, df, ok, differStreak)
+	}
+	engineCachedAll(t, sm, keys)
 }
