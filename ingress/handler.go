@@ -428,7 +428,7 @@ func (c *call) tokenize() error {
 			}
 			break
 		}
-		if s.check.engineFirst(c.model) && c.tokenizeOnEngine() { // tokencheck.go: our tokens disagreed with the engine's
+		if c.ep == epChat && s.check.engineFirst(c.model) && c.tokenizeOnEngine() { // tokencheck.go: our tokens disagreed with the engine's
 			break
 		}
 		var n, media int

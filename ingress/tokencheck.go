@@ -136,11 +136,16 @@ func (tc *tokenCheck) observe(c *call) {
 		mc := tc.model(c.model)
 		if c.engPrompt == n {
 			tc.equal.Inc()
-			mc.streak.Store(0)
+			if c.ep == epChat {
+				mc.streak.Store(0)
+			}
 		} else {
 			tc.differ.Inc()
 			tc.warn(c, mc, n)
-			if mc.streak.Add(1) >= differStreak && c.canTokenizeOnEngine() {
+			// Only chat counts toward the switch: on the Messages and
+			// Responses APIs a difference may be the ingress's conversion to
+			// chat, which the engine's /tokenize would repeat.
+			if c.ep == epChat && mc.streak.Add(1) >= differStreak && c.canTokenizeOnEngine() {
 				now := time.Now()
 				if until := mc.engineUntil.Load(); until < now.UnixNano() && mc.engineUntil.CompareAndSwap(until, now.Add(engineSpell).UnixNano()) {
 					c.s.log.Warn("this model's chat is keyed on its engines' /tokenize for a while: the ingress's own tokens differed from the engine's "+
