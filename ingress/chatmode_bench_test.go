@@ -48,23 +48,29 @@ func BenchmarkChatMode(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s, err := New(cfg, Deps{Logger: quiet, Tokenizers: TokenizerMap{"llama": tk}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Start(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { s.Close() })
-		req := fasthttp.AcquireRequest()
-		req.SetRequestURI("http://" + s.Addr() + "/v1/chat/completions")
-		req.Header.SetMethod("POST")
-		req.Header.SetContentType("application/json")
-		req.SetBodyString(body)
-		hcs = append(hcs, &fasthttp.HostClient{Addr: s.Addr()})
-		reqs = append(reqs, req)
+		_, hc, req := benchChatIngress(b, cfg, Deps{Logger: quiet, Tokenizers: TokenizerMap{"llama": tk}}, body)
+		hcs, reqs = append(hcs, hc), append(reqs, req)
 	}
 	interleave(b, modes, hcs, reqs)
+}
+
+// benchChatIngress starts an ingress and returns a client for it and a
+// chat request carrying body.
+func benchChatIngress(b *testing.B, cfg Config, deps Deps, body string) (*Server, *fasthttp.HostClient, *fasthttp.Request) {
+	s, err := New(cfg, deps)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	req := fasthttp.AcquireRequest()
+	req.SetRequestURI("http://" + s.Addr() + "/v1/chat/completions")
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/json")
+	req.SetBodyString(body)
+	return s, &fasthttp.HostClient{Addr: s.Addr()}, req
 }
 
 // interleave warms each of the ingresses up, then sends req[i] to hcs[i]
@@ -135,21 +141,8 @@ func BenchmarkEngineTokenize(b *testing.B) {
 			}
 			deps.Tokenizers = TokenizerMap{"llama": tk}
 		}
-		s, err := New(cfg, deps)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Start(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { s.Close() })
-		req := fasthttp.AcquireRequest()
-		req.SetRequestURI("http://" + s.Addr() + "/v1/chat/completions")
-		req.Header.SetMethod("POST")
-		req.Header.SetContentType("application/json")
-		req.SetBodyString(body)
-		hcs = append(hcs, &fasthttp.HostClient{Addr: s.Addr()})
-		reqs = append(reqs, req)
+		s, hc, req := benchChatIngress(b, cfg, deps, body)
+		hcs, reqs = append(hcs, hc), append(reqs, req)
 		if name == "engine" {
 			b.Cleanup(func() {
 				if n := val(s.etok.ok); n == 0 {

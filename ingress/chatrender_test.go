@@ -63,13 +63,20 @@ func templateEngine(t *testing.T, model string, nt *tokenizer.Native, tpl *token
 		t.Fatal(err)
 	}
 	deps := Deps{Tokenizers: TokenizerMap{model: tk}, Logger: quiet}
+	s, spy := spiedIngress(t, cfg, deps)
+	return sm, s, spy, cfg
+}
+
+// spiedIngress starts an ingress with cfg's default scheduler, spied on.
+func spiedIngress(t *testing.T, cfg Config, deps Deps) (*Server, *keySpy) {
+	t.Helper()
 	sch, err := defaultScheduler(&cfg, &deps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	spy := &keySpy{Scheduler: sch}
 	deps.Scheduler = spy
-	return sm, startIngress(t, cfg, deps), spy, cfg
+	return startIngress(t, cfg, deps), spy
 }
 
 // engineCachedAll waits until the engine has cached the last of keys, then

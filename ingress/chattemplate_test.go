@@ -82,13 +82,7 @@ func TestChatTemplateFallbacks(t *testing.T) {
 			t.Errorf("%s: template loaded %v, want %v", model, h.tpl != nil, wantTpl)
 		}
 	}
-	sch, err := defaultScheduler(&cfg, &deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spy := &keySpy{Scheduler: sch}
-	deps.Scheduler = spy
-	s := startIngress(t, cfg, deps)
+	s, spy := spiedIngress(t, cfg, deps)
 	long := `{"role":"system","content":"You answer questions about the weather in every European capital, briefly and in celsius."}`
 	for model, wantKeys := range map[string]bool{"jinja": true, "unparsable": false, "unrenderable": false, "precompiled": false} {
 		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions",

@@ -58,13 +58,7 @@ func TestEngineTokenize(t *testing.T) {
 	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()}, StaticEngine{ID: "h", Model: "other", URL: hidden.URL})
 	cfg.Scheduler.Policy = "kvmesh"
 	deps := Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()}
-	sch, err := defaultScheduler(&cfg, &deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spy := &keySpy{Scheduler: sch}
-	deps.Scheduler = spy
-	s := startIngress(t, cfg, deps)
+	s, spy := spiedIngress(t, cfg, deps)
 
 	system := strings.Repeat("You translate short English phrases into French and say nothing else. ", 10)
 	send := func(path, body string) []uint64 {

@@ -45,13 +45,7 @@ func testLoRAReuse(t *testing.T, viaConfig bool) {
 		cfg.LoRAAdapters = map[string]string{"sql-lora": "llama"}
 		deps.Tokenizers = TokenizerMap{"llama": tk}
 	}
-	sch, err := defaultScheduler(&cfg, &deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spy := &keySpy{Scheduler: sch}
-	deps.Scheduler = spy
-	s := startIngress(t, cfg, deps)
+	s, spy := spiedIngress(t, cfg, deps)
 
 	prompt := strings.Repeat("select the name and the total of every order placed this year ", 6)
 	body := `{"model":"sql-lora","max_tokens":2,"prompt":` + string(mustJSON(t, prompt)) + `}`

@@ -34,13 +34,8 @@ func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.C
 	log := &testutil.SyncBuffer{}
 	deps := Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Registry: prometheus.NewRegistry()}
-	sch, err := defaultScheduler(&cfg, &deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spy := &keySpy{Scheduler: sch}
-	deps.Scheduler = spy
-	return startIngress(t, cfg, deps), sm, spy, log
+	s, spy := spiedIngress(t, cfg, deps)
+	return s, sm, spy, log
 }
 
 // The ingress compares its prompt token count with the engine's for chat
