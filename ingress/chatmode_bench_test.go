@@ -21,15 +21,7 @@ import (
 // Llama 3 tokenizer (so in chat mode the engine renders and tokenizes again,
 // as vLLM does). Interleaved, sequential; reports p50/p99 per mode.
 func BenchmarkChatMode(b *testing.B) {
-	tokJSON, tplJSON := llamaFiles(b)
-	nt, err := tokenizer.LoadFile(tokJSON)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tpl, err := tokenizer.LoadChatTemplateFile(tplJSON)
-	if err != nil {
-		b.Fatal(err)
-	}
+	nt, tpl := llama3(b)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 1e6, Tokenizer: nt, Logger: quiet})
 	if err != nil {
@@ -52,6 +44,20 @@ func BenchmarkChatMode(b *testing.B) {
 		hcs, reqs = append(hcs, hc), append(reqs, req)
 	}
 	interleave(b, modes, hcs, reqs)
+}
+
+// llama3 loads the real Llama 3 tokenizer and chat template.
+func llama3(b *testing.B) (*tokenizer.Native, *tokenizer.ChatTemplate) {
+	tokJSON, tplJSON := llamaFiles(b)
+	nt, err := tokenizer.LoadFile(tokJSON)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tpl, err := tokenizer.LoadChatTemplateFile(tplJSON)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return nt, tpl
 }
 
 // benchChatIngress starts an ingress and returns a client for it and a
@@ -110,15 +116,7 @@ func interleave(b *testing.B, names []string, hcs []*fasthttp.HostClient, reqs [
 // engine's /tokenize, against a simulator rendering with the same Llama 3
 // template and tokenizer. Interleaved, sequential.
 func BenchmarkEngineTokenize(b *testing.B) {
-	tokJSON, tplJSON := llamaFiles(b)
-	nt, err := tokenizer.LoadFile(tokJSON)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tpl, err := tokenizer.LoadChatTemplateFile(tplJSON)
-	if err != nil {
-		b.Fatal(err)
-	}
+	nt, tpl := llama3(b)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 1e6, Tokenizer: nt, Chat: sim.TemplateChat{T: tpl}, Logger: quiet})
 	if err != nil {
