@@ -47,7 +47,7 @@ func BenchmarkChatMode(b *testing.B) {
 }
 
 // llama3 loads the real Llama 3 tokenizer and chat template.
-func llama3(b *testing.B) (*tokenizer.Native, *tokenizer.ChatTemplate) {
+func llama3(b testing.TB) (*tokenizer.Native, *tokenizer.ChatTemplate) {
 	tokJSON, tplJSON := llamaFiles(b)
 	nt, err := tokenizer.LoadFile(tokJSON)
 	if err != nil {

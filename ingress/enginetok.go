@@ -62,17 +62,31 @@ var mediaMarks = [][]byte{[]byte(`"image_url"`), []byte(`"input_image"`), []byte
 // prompt or a chat request the ingress cannot tokenize; false leaves the
 // request unkeyed.
 func (c *call) tokenizeOnEngine() bool {
-	s := c.s
-	et := s.etok
-	if !c.canTokenizeOnEngine() || len(c.req.batch) > 1 {
+	if !c.canTokenizeOnEngine() {
 		return false
 	}
+	ids, ok := c.engineTokens(c.tokens[:0])
+	if ok {
+		c.tokens = ids
+		c.s.etok.ok.Inc()
+	}
+	return ok
+}
+
+// engineTokens appends the token ids an engine's /tokenize gives for c's
+// prompt to dst; false when it is off, cannot be asked or fails.
+func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
+	s := c.s
+	et := s.etok
+	if et == nil || s.cfg.EngineTokenizeTimeout <= 0 || len(c.req.batch) > 1 {
+		return dst, false
+	}
 	if v, ok := et.off.Load(c.model); ok && time.Now().UnixNano() < v.(*atomic.Int64).Load() {
-		return false
+		return dst, false
 	}
 	body := c.engineTokenizeBody()
 	if body == nil {
-		return false
+		return dst, false
 	}
 	// The least loaded engine of the model this replica may send to.
 	at := -1
@@ -85,12 +99,12 @@ func (c *call) tokenizeOnEngine() bool {
 		}
 	}
 	if at < 0 {
-		return false
+		return dst, false
 	}
 	up, err := s.ups.get(c.cands[at].ID, c.urls[at])
 	if err != nil {
 		et.failed.Inc()
-		return false
+		return dst, false
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) }()
@@ -103,7 +117,7 @@ func (c *call) tokenizeOnEngine() bool {
 	if err := up.hc.DoTimeout(req, resp, s.cfg.EngineTokenizeTimeout); err != nil {
 		et.failed.Inc()
 		s.log.Debug("engine /tokenize failed; routing unkeyed", "model", c.model, "engine", up.id, "err", err)
-		return false
+		return dst, false
 	}
 	switch st := resp.StatusCode(); {
 	case st == fasthttp.StatusNotFound || st == fasthttp.StatusMethodNotAllowed || st == fasthttp.StatusNotImplemented:
@@ -112,20 +126,18 @@ func (c *call) tokenizeOnEngine() bool {
 		v.(*atomic.Int64).Store(time.Now().Add(engineTokenizeOff).UnixNano())
 		s.log.Warn("the engine serves no /tokenize: this model's requests the ingress cannot tokenize are routed by load, unkeyed",
 			"model", c.model, "engine", up.id, "status", st, "retry_in", engineTokenizeOff)
-		return false
+		return dst, false
 	case st != fasthttp.StatusOK:
 		et.failed.Inc()
 		s.log.Debug("engine /tokenize refused the prompt; routing unkeyed", "model", c.model, "engine", up.id, "status", st)
-		return false
+		return dst, false
 	}
-	ids, ok := tokenizeAnswerIDs(c.tokens[:0], resp.Body())
-	if !ok || len(ids) == 0 {
+	ids, ok := tokenizeAnswerIDs(dst, resp.Body())
+	if !ok || len(ids) == len(dst) {
 		et.failed.Inc()
-		return false
+		return dst, false
 	}
-	c.tokens = ids
-	et.ok.Inc()
-	return true
+	return ids, true
 }
 
 // canTokenizeOnEngine reports whether asking an engine for tokens is on

@@ -405,8 +405,19 @@ func (c *call) tokenize() error {
 			}
 			break
 		}
+		if s.check.engineFirst(c.model) { // tokencheck.go: our ids differed from the engine's
+			c.approx = len(c.req.text)/4 + 1
+			if !c.tokenizeOnEngine() {
+				c.tokens = nil
+				return nil
+			}
+			break // the text goes as the client wrote it
+		}
 		if c.tokens, err = tok.Encode(c.tokens[:0], c.req.text); err != nil {
 			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt: %w", ErrBadRequest, err))
+		}
+		if !c.verifyTokens() { // tokencheck.go: c.tokens are the engine's now
+			break
 		}
 		// Pass the tokens on so the engine does not tokenize again.
 		c.body = rewritePrompt(c.body[:0], c.reqBody(), c.req.promptStart, c.req.promptEnd, c.tokens)
@@ -464,6 +475,9 @@ func (c *call) tokenize() error {
 				c.tokens = nil
 			}
 			break
+		}
+		if c.ep == epChat && !c.verifyTokens() { // tokencheck.go: c.tokens are the engine's now
+			break // forwarded as chat
 		}
 		if s.cfg.ChatMode == ChatModeCompletions && c.ep == epChat {
 			c.path = "/v1/completions"

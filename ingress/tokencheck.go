@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"bytes"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,11 +50,23 @@ const (
 	engineSpell  = 10 * time.Minute
 )
 
+// Where the ingress sends its own tokens (a text prompt it tokenized goes
+// to the engine as token ids; chat in chatMode completions), a tokenizer
+// that differs from the engine's would change what the model reads, and no
+// count in the answer shows it. So once per verifyEvery per model a
+// request's own ids are compared, id for id, with the engine's /tokenize
+// (one extra round trip for that request): if they differ, the model's
+// requests are keyed on the engine's tokens and sent as the client wrote
+// them for engineSpell, with a warning naming the first differing token.
+// Chat completions are verified too: equal counts can hide different ids.
+const verifyEvery = 10 * time.Minute
+
 // tokenCheck holds the comparison's series and each model's state.
 type tokenCheck struct {
-	equal, differ     prometheus.Counter
-	predicted, cached prometheus.Counter
-	models            sync.Map // model → *modelCheck
+	equal, differ            prometheus.Counter
+	predicted, cached        prometheus.Counter
+	vEqual, vDiffer, vFailed prometheus.Counter
+	models                   sync.Map // model → *modelCheck
 }
 
 // modelCheck is one model's recent comparisons.
@@ -61,6 +74,7 @@ type modelCheck struct {
 	streak      atomic.Int32 // different counts in a row
 	engineUntil atomic.Int64 // unix ns until which chat is keyed on the engines' /tokenize
 	warned      atomic.Int64 // unix ns of the last warning
+	verified    atomic.Int64 // unix ns of the last comparison with an engine's /tokenize
 }
 
 func (tc *tokenCheck) model(name string) *modelCheck {
@@ -87,9 +101,49 @@ func newTokenCheck(reg prometheus.Registerer, constLabels prometheus.Labels) *to
 		Help: "Over answers that report cached prompt tokens: the tokens the router expected the chosen engine to " +
 			"hold (predicted) and the tokens the engine reported cached (engine).",
 		ConstLabels: constLabels}, []string{"source"})
-	reg.MustRegister(checks, cached)
+	verify := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tokenizer_verifications_total",
+		Help: "Comparisons of the ingress's own token ids for a prompt with an engine's /tokenize (one per model every " +
+			"10 minutes), by result (differ: the model's requests use the engine's tokens for a while).",
+		ConstLabels: constLabels}, []string{"result"})
+	reg.MustRegister(checks, cached, verify)
 	return &tokenCheck{equal: checks.WithLabelValues("equal"), differ: checks.WithLabelValues("differ"),
-		predicted: cached.WithLabelValues("predicted"), cached: cached.WithLabelValues("engine")}
+		predicted: cached.WithLabelValues("predicted"), cached: cached.WithLabelValues("engine"),
+		vEqual: verify.WithLabelValues("equal"), vDiffer: verify.WithLabelValues("differ"), vFailed: verify.WithLabelValues("failed")}
+}
+
+// verifyTokens compares c's own token ids with an engine's /tokenize when
+// the model is due (verifyEvery); false when they differ: c.tokens then
+// holds the engine's ids, and the model uses the engine's tokens for
+// engineSpell.
+func (c *call) verifyTokens() bool {
+	tc := c.s.check
+	mc := tc.model(c.model)
+	now := time.Now()
+	last := mc.verified.Load()
+	if last != 0 && now.UnixNano()-last < int64(verifyEvery) || !mc.verified.CompareAndSwap(last, now.UnixNano()) {
+		return true
+	}
+	ids, ok := c.engineTokens(c.scratch[:0])
+	c.scratch = ids
+	if !ok {
+		tc.vFailed.Inc() // asked again after verifyEvery: a failing engine must not slow every request
+		return true
+	}
+	if slices.Equal(ids, c.tokens) {
+		tc.vEqual.Inc()
+		return true
+	}
+	tc.vDiffer.Inc()
+	at := 0
+	for at < len(ids) && at < len(c.tokens) && ids[at] == c.tokens[at] {
+		at++
+	}
+	mc.engineUntil.Store(now.Add(engineSpell).UnixNano())
+	c.s.log.Warn("this ingress's tokenizer gives other token ids than the engine's for the same prompt: the model's requests use the "+
+		"engine's /tokenize and go as the client wrote them for a while; check the tokenizer the ingress loads (docs/TOKENIZER.md)",
+		"model", c.model, "ingress_tokens", len(c.tokens), "engine_tokens", len(ids), "first_difference_at", at, "for", engineSpell)
+	c.tokens = append(c.tokens[:0], ids...)
+	return false
 }
 
 // Usage members that count cached prompt tokens: OpenAI's

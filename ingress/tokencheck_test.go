@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/sim"
@@ -17,7 +19,7 @@ import (
 
 // checkEngine starts a simulator rendering chat with simTpl and an ingress
 // keying with ingTpl (the same tokenizer for both), its warnings in log.
-func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.ChatTemplate, policy string) (*Server, *sim.Server, *keySpy, *testutil.SyncBuffer) {
+func checkEngine(t *testing.T, nt, ingTok *tokenizer.Native, simTpl, ingTpl *tokenizer.ChatTemplate, policy string) (*Server, *sim.Server, *keySpy, *testutil.SyncBuffer) {
 	t.Helper()
 	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Chat: sim.TemplateChat{T: simTpl}, Logger: quietLog()})
 	if err != nil {
@@ -27,7 +29,7 @@ func checkEngine(t *testing.T, nt *tokenizer.Native, simTpl, ingTpl *tokenizer.C
 	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()})
 	cfg.SpeculativeTTL = time.Hour // the routed keys count as the engine's for the whole test
 	cfg.Scheduler.Policy = policy
-	tk, err := NewTokenizer(nt, ingTpl)
+	tk, err := NewTokenizer(ingTok, ingTpl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +65,7 @@ func TestTokenCheck(t *testing.T) {
 		}
 	}
 
-	s, _, _, log := checkEngine(t, nt, tpl, tpl, "least-request")
+	s, _, _, log := checkEngine(t, nt, nt, tpl, tpl, "least-request")
 	send(s)
 	if eq, df := val(s.check.equal), val(s.check.differ); eq != float64(len(reqs)) || df != 0 {
 		t.Fatalf("same template: %v equal and %v different counts, want %d and 0", eq, df, len(reqs))
@@ -79,7 +81,8 @@ func TestTokenCheck(t *testing.T) {
 		t.Fatalf("warned with the same template:\n%s", log)
 	}
 
-	s, _, _, log = checkEngine(t, nt, toolsTemplate(t), tpl, "least-request") // the engine's template adds a system header
+	s, _, _, log = checkEngine(t, nt, nt, toolsTemplate(t), tpl, "least-request") // the engine's template adds a system header
+	s.check.model("llama").verified.Store(time.Now().UnixNano()) // no id-for-id comparison due: the counts alone
 	send(s)
 	send(s)
 	if eq, df := val(s.check.equal), val(s.check.differ); eq != 0 || df != float64(2*len(reqs)) {
@@ -98,7 +101,8 @@ func TestTokenCheck(t *testing.T) {
 // every key is a block the engine cached.
 func TestTokenCheckKeysOnEngine(t *testing.T) {
 	nt, tpl := llama(t)
-	s, sm, spy, log := checkEngine(t, nt, toolsTemplate(t), tpl, "kvmesh")
+	s, sm, spy, log := checkEngine(t, nt, nt, toolsTemplate(t), tpl, "kvmesh")
+	s.check.model("llama").verified.Store(time.Now().UnixNano()) // no id-for-id comparison due: the counts alone
 	system := strings.Repeat("You answer questions about the weather in one short sentence. ", 12)
 	send := func(q string) []uint64 {
 		t.Helper()
@@ -125,4 +129,51 @@ func TestTokenCheckKeysOnEngine(t *testing.T) {
 		t.Fatalf("after the switch: %v equal, %v different counts, %v engine tokenizations; want 2, %d, 2", eq, df, ok, differStreak)
 	}
 	engineCachedAll(t, sm, keys)
+}
+
+// A text prompt the ingress tokenized goes to the engine as token ids: with
+// a tokenizer other than the engine's that would change what the model
+// reads. The first request per model compares its ids with the engine's
+// /tokenize; when they differ it and the model's next requests are keyed on
+// the engine's tokens and sent as the client wrote them. With the engine's
+// own tokenizer one comparison passes and nothing changes.
+func TestVerifyTokens(t *testing.T) {
+	engineTok, tpl := llama(t) // the engine's tokenizer
+	otherTok, _ := llama3(t)   // another vocabulary: Llama 3's
+	prompt := strings.Repeat("Disaggregated prefill/decode serving cuts inter-token latency; KV-cache-aware routing matters. ", 12)
+	body := `{"model":"llama","max_tokens":2,"prompt":` + string(mustJSON(t, prompt)) + `}`
+	want := len(engineTok.Encode(prompt, true))
+	for _, c := range []struct {
+		name    string
+		ingress *tokenizer.Native
+		differ  bool
+	}{{"other tokenizer", otherTok, true}, {"the engine's tokenizer", engineTok, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			s, sm, spy, log := checkEngine(t, engineTok, c.ingress, tpl, tpl, "kvmesh")
+			var keys []uint64
+			for range 3 {
+				st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+				if st != http.StatusOK {
+					t.Fatalf("status %d: %s", st, b)
+				}
+				var r struct{ Usage openai.Usage }
+				if err := json.Unmarshal(b, &r); err != nil {
+					t.Fatal(err)
+				}
+				if r.Usage.PromptTokens != want {
+					t.Fatalf("the engine read %d prompt tokens, its own tokenizer makes %d of the text", r.Usage.PromptTokens, want)
+				}
+				keys = spy.last()
+			}
+			engineCachedAll(t, sm, keys)
+			eq, df := val(s.check.vEqual), val(s.check.vDiffer)
+			warned := strings.Contains(log.String(), "first_difference_at=")
+			if c.differ && (df != 1 || eq != 0 || val(s.etok.ok) != 2 || !warned) {
+				t.Fatalf("%v equal, %v different verifications, %v engine tokenizations, warned %v; want 0, 1, 2, true", eq, df, val(s.etok.ok), warned)
+			}
+			if !c.differ && (eq != 1 || df != 0 || val(s.etok.ok) != 0 || warned) {
+				t.Fatalf("%v equal, %v different verifications, %v engine tokenizations, warned %v; want 1, 0, 0, false", eq, df, val(s.etok.ok), warned)
+			}
+		})
+	}
 }
