@@ -151,8 +151,9 @@ func (c *call) canTokenizeOnEngine() bool {
 // cannot be tokenized there.
 func (c *call) engineTokenizeBody() []byte {
 	r := &c.req
+	served, _ := c.adapterOf() // an adapter tokenizes as its base model, which every engine serving it knows
 	b := append(c.scratchText[:0], `{"model":`...)
-	b = openai.AppendString(b, c.model)
+	b = openai.AppendString(b, served)
 	switch r.kind {
 	case promptText:
 		b = append(b, `,"prompt":`...)
