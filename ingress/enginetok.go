@@ -159,6 +159,9 @@ func (c *call) engineTokenizeBody() []byte {
 		b = append(b, `,"prompt":`...)
 		b = append(b, c.reqBody()[r.promptStart:r.promptEnd]...)
 	case promptChat:
+		if len(r.documents) > 0 && string(r.documents) != "null" {
+			return nil // vLLM's TokenizeChatRequest has no documents: its rendering would differ
+		}
 		for _, m := range mediaMarks {
 			if bytes.Contains(r.messages, m) {
 				return nil
@@ -169,7 +172,7 @@ func (c *call) engineTokenizeBody() []byte {
 		for _, m := range [...]struct {
 			key string
 			val []byte
-		}{{"tools", r.tools}, {"documents", r.documents}, {"chat_template_kwargs", r.templateKwargs}} {
+		}{{"tools", r.tools}, {"chat_template_kwargs", r.templateKwargs}} {
 			if len(m.val) > 0 && string(m.val) != "null" {
 				b = append(b, `,"`...)
 				b = append(b, m.key...)
