@@ -84,6 +84,8 @@ func (s *Server) handleAdminPath(ctx *fasthttp.RequestCtx, path string) bool {
 		s.handleDebugConfig(ctx)
 	case "/debug/health":
 		s.handleDebugHealth(ctx)
+	case "/debug/tokenizers":
+		s.handleDebugTokenizers(ctx) // tokencheck.go
 	case "/health":
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)

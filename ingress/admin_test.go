@@ -25,7 +25,7 @@ func TestDebugOnlyOnAdminListener(t *testing.T) {
 	cfg.EngineAPIKey = "engine-api-secret"
 	s := startIngress(t, cfg, Deps{})
 	client, admin := "http://"+s.Addr(), "http://"+s.AdminAddr()
-	for _, p := range []string{"/debug/config", "/debug/engines", "/debug/index", "/debug/health", "/debug/pprof/", "/debug/pprof/cmdline", "/metrics"} {
+	for _, p := range []string{"/debug/config", "/debug/engines", "/debug/index", "/debug/health", "/debug/tokenizers", "/debug/pprof/", "/debug/pprof/cmdline", "/metrics"} {
 		if st, body, _ := get(client + p); st != http.StatusNotFound {
 			t.Errorf("client port %s: %d %.80s, want 404", p, st, body)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
@@ -228,4 +229,44 @@ func (tc *tokenCheck) warn(c *call, mc *modelCheck, n int) {
 		"check that the ingress loads the tokenizer and chat template the engine serves (docs/TOKENIZER.md), or set chatMode: completions; "+
 		"after a few in a row this model's chat is keyed on the engines' /tokenize for a while",
 		"model", c.model, "engine", c.engine, "endpoint", c.ep.String(), "ingress_tokens", n, "engine_tokens", c.engPrompt)
+}
+
+// handleDebugTokenizers is the admin listener's /debug/tokenizers: for each
+// model this replica has compared with its engines, when its ids were last
+// compared with an engine's /tokenize, how many different counts came in a
+// row, and until when its requests use the engines' tokens (or the engines'
+// /tokenize is not asked, having none).
+func (s *Server) handleDebugTokenizers(ctx *fasthttp.RequestCtx) {
+	type modelState struct {
+		Verified          *time.Time `json:"last_verified,omitempty"`
+		DifferInARow      int32      `json:"different_counts_in_a_row"`
+		EngineTokensUntil *time.Time `json:"engine_tokens_until,omitempty"`
+		NoTokenizeUntil   *time.Time `json:"engine_tokenize_off_until,omitempty"`
+	}
+	now := time.Now().UnixNano()
+	at := func(ns int64, future bool) *time.Time {
+		if ns == 0 || future && ns <= now {
+			return nil
+		}
+		t := time.Unix(0, ns).UTC()
+		return &t
+	}
+	out := map[string]*modelState{}
+	s.check.models.Range(func(k, v any) bool {
+		mc := v.(*modelCheck)
+		out[k.(string)] = &modelState{Verified: at(mc.verified.Load(), false), DifferInARow: mc.streak.Load(), EngineTokensUntil: at(mc.engineUntil.Load(), true)}
+		return true
+	})
+	s.etok.off.Range(func(k, v any) bool {
+		if until := at(v.(*atomic.Int64).Load(), true); until != nil {
+			ms := out[k.(string)]
+			if ms == nil {
+				ms = &modelState{}
+				out[k.(string)] = ms
+			}
+			ms.NoTokenizeUntil = until
+		}
+		return true
+	})
+	writeJSON(ctx, map[string]any{"models": out, "engine_tokenize_timeout": s.cfg.EngineTokenizeTimeout.String()})
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -82,7 +83,7 @@ func TestTokenCheck(t *testing.T) {
 	}
 
 	s, _, _, log = checkEngine(t, nt, nt, toolsTemplate(t), tpl, "least-request") // the engine's template adds a system header
-	s.check.model("llama").verified.Store(time.Now().UnixNano()) // no id-for-id comparison due: the counts alone
+	s.check.model("llama").verified.Store(time.Now().UnixNano())                  // no id-for-id comparison due: the counts alone
 	send(s)
 	send(s)
 	if eq, df := val(s.check.equal), val(s.check.differ); eq != 0 || df != float64(2*len(reqs)) {
@@ -129,6 +130,17 @@ func TestTokenCheckKeysOnEngine(t *testing.T) {
 		t.Fatalf("after the switch: %v equal, %v different counts, %v engine tokenizations; want 2, %d, 2", eq, df, ok, differStreak)
 	}
 	engineCachedAll(t, sm, keys)
+	// /debug/tokenizers says so.
+	var ctx fasthttp.RequestCtx
+	s.handleDebugTokenizers(&ctx)
+	var dbg struct {
+		Models map[string]struct {
+			EngineTokensUntil *time.Time `json:"engine_tokens_until"`
+		}
+	}
+	if err := json.Unmarshal(ctx.Response.Body(), &dbg); err != nil || dbg.Models["llama"].EngineTokensUntil == nil {
+		t.Fatalf("/debug/tokenizers (%v): %s", err, ctx.Response.Body())
+	}
 }
 
 // A text prompt the ingress tokenized goes to the engine as token ids: with
