@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"bytes"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,18 +28,59 @@ import (
 // construction. It costs one round trip to an engine's API server per
 // such request, bounded by Config.EngineTokenizeTimeout; any failure
 // leaves the request unkeyed, as before, and an engine that does not
-// serve /tokenize (404, 405, 501) turns it off for the model for
-// engineTokenizeOff. Requests with media are not sent (the engine expands
-// a media item into tokens /tokenize does not show), nor batches.
+// serve /tokenize (404, 405, 501), or failRun failures in a row, turn it
+// off for the model for engineTokenizeOff. Requests with media are not
+// sent (the engine expands a media item into tokens /tokenize does not
+// show), nor batches, nor chat with documents (vLLM's /tokenize takes
+// none).
 
 // engineTokenizeOff is how long a model's engines are not asked again
-// after one answered that it has no /tokenize.
-const engineTokenizeOff = 5 * time.Minute
+// after one answered that it has no /tokenize, or after failRun failures
+// in a row (an engine whose /tokenize takes no chat messages, or too slow
+// for the timeout): a failing fallback must not cost every request a
+// round trip.
+const (
+	engineTokenizeOff = 5 * time.Minute
+	failRun           = 3
+)
 
 // engineTok holds the fallback's state and series.
 type engineTok struct {
-	off               sync.Map // model → *atomic.Int64 (unix ns until which the model is not asked)
+	models            sync.Map // model → *tokModel
 	ok, failed, unsup prometheus.Counter
+}
+
+// tokModel is one model's fallback state.
+type tokModel struct {
+	off   atomic.Int64 // unix ns until which the model's engines are not asked
+	fails atomic.Int32 // failures in a row
+}
+
+func (et *engineTok) model(name string) *tokModel {
+	if v, ok := et.models.Load(name); ok {
+		return v.(*tokModel)
+	}
+	v, _ := et.models.LoadOrStore(name, new(tokModel))
+	return v.(*tokModel)
+}
+
+// fail counts a failed ask for c's model and turns the fallback off for it
+// after failRun in a row (at once when unsupported), with a warning.
+func (et *engineTok) fail(c *call, engine string, unsupported bool, why any) {
+	tm := et.model(c.model)
+	if unsupported {
+		et.unsup.Inc()
+	} else {
+		et.failed.Inc()
+		c.s.log.Debug("engine /tokenize failed; the request keeps the ingress's own keys or none", "model", c.model, "engine", engine, "why", why)
+		if tm.fails.Add(1) < failRun {
+			return
+		}
+	}
+	tm.fails.Store(0)
+	tm.off.Store(time.Now().Add(engineTokenizeOff).UnixNano())
+	c.s.log.Warn("the model's engines are not asked to tokenize for a while: requests the ingress cannot tokenize are routed by load, unkeyed",
+		"model", c.model, "engine", engine, "unsupported", unsupported, "why", why, "retry_in", engineTokenizeOff)
 }
 
 func newEngineTok(reg prometheus.Registerer, constLabels prometheus.Labels) *engineTok {
@@ -81,7 +123,7 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	if et == nil || s.cfg.EngineTokenizeTimeout <= 0 || len(c.req.batch) > 1 {
 		return dst, false
 	}
-	if v, ok := et.off.Load(c.model); ok && time.Now().UnixNano() < v.(*atomic.Int64).Load() {
+	if v, ok := et.models.Load(c.model); ok && time.Now().UnixNano() < v.(*tokModel).off.Load() {
 		return dst, false
 	}
 	body := c.engineTokenizeBody()
@@ -103,7 +145,7 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	}
 	up, err := s.ups.get(c.cands[at].ID, c.urls[at])
 	if err != nil {
-		et.failed.Inc()
+		et.fail(c, c.cands[at].ID, false, err)
 		return dst, false
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -115,28 +157,23 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	c.setUpstreamHeaders(&req.Header)
 	req.SetBodyRaw(body)
 	if err := up.hc.DoTimeout(req, resp, s.cfg.EngineTokenizeTimeout); err != nil {
-		et.failed.Inc()
-		s.log.Debug("engine /tokenize failed; routing unkeyed", "model", c.model, "engine", up.id, "err", err)
+		et.fail(c, up.id, false, err)
 		return dst, false
 	}
 	switch st := resp.StatusCode(); {
 	case st == fasthttp.StatusNotFound || st == fasthttp.StatusMethodNotAllowed || st == fasthttp.StatusNotImplemented:
-		et.unsup.Inc()
-		v, _ := et.off.LoadOrStore(c.model, new(atomic.Int64))
-		v.(*atomic.Int64).Store(time.Now().Add(engineTokenizeOff).UnixNano())
-		s.log.Warn("the engine serves no /tokenize: this model's requests the ingress cannot tokenize are routed by load, unkeyed",
-			"model", c.model, "engine", up.id, "status", st, "retry_in", engineTokenizeOff)
+		et.fail(c, up.id, true, fmt.Sprintf("status %d", st))
 		return dst, false
 	case st != fasthttp.StatusOK:
-		et.failed.Inc()
-		s.log.Debug("engine /tokenize refused the prompt; routing unkeyed", "model", c.model, "engine", up.id, "status", st)
+		et.fail(c, up.id, false, fmt.Sprintf("status %d", st))
 		return dst, false
 	}
 	ids, ok := tokenizeAnswerIDs(dst, resp.Body())
 	if !ok || len(ids) == len(dst) {
-		et.failed.Inc()
+		et.fail(c, up.id, false, "no token ids in the answer")
 		return dst, false
 	}
+	et.model(c.model).fails.Store(0)
 	return ids, true
 }
 

@@ -32,30 +32,37 @@ func TestEngineTokenize(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sm.Close() })
-	// A second model on a proxy to the same simulator that hides /tokenize,
-	// as an engine without it answers.
+	// Two more models on proxies to the same simulator: one hides
+	// /tokenize, as an engine without it answers, the other refuses chat
+	// there (422), as an engine whose /tokenize takes no messages.
 	target, _ := url.Parse(sm.URL())
-	var asked atomic.Int64
 	rp := httputil.NewSingleHostReverseProxy(target)
-	hidden := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/tokenize" {
-			asked.Add(1)
-			http.NotFound(w, r)
-			return
-		}
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		b = bytes.Replace(b, []byte(`"model":"other"`), []byte(`"model":"llama"`), 1)
-		r2 := r.Clone(r.Context())
-		r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-		rp.ServeHTTP(w, r2)
-	}))
-	t.Cleanup(hidden.Close)
+	proxy := func(model string, status int, asked *atomic.Int64) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/tokenize" {
+				asked.Add(1)
+				http.Error(w, "no", status)
+				return
+			}
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			b = bytes.Replace(b, []byte(`"model":"`+model+`"`), []byte(`"model":"llama"`), 1)
+			r2 := r.Clone(r.Context())
+			r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+			rp.ServeHTTP(w, r2)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	var asked, refused atomic.Int64
+	hidden := proxy("other", http.StatusNotFound, &asked)
+	refusing := proxy("refusing", http.StatusUnprocessableEntity, &refused)
 
-	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()}, StaticEngine{ID: "h", Model: "other", URL: hidden.URL})
+	cfg := testConfig(StaticEngine{ID: "s", Model: "llama", URL: sm.URL()}, StaticEngine{ID: "h", Model: "other", URL: hidden.URL},
+		StaticEngine{ID: "r", Model: "refusing", URL: refusing.URL})
 	cfg.Scheduler.Policy = "kvmesh"
 	deps := Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()}
 	s, spy := spiedIngress(t, cfg, deps)
@@ -97,6 +104,15 @@ func TestEngineTokenize(t *testing.T) {
 	}
 	if n := asked.Load(); n != 1 || val(s.etok.unsup) != 1 {
 		t.Fatalf("an engine without /tokenize was asked %d times (%v counted), want once", n, val(s.etok.unsup))
+	}
+	refusingChat := strings.Replace(chat, `"model":"llama"`, `"model":"refusing"`, 1)
+	for range failRun + 3 {
+		if keys := send("/v1/chat/completions", refusingChat); len(keys) != 0 {
+			t.Fatalf("engine refusing chat on /tokenize: %d keys", len(keys))
+		}
+	}
+	if n := refused.Load(); n != failRun {
+		t.Fatalf("an engine refusing chat on /tokenize was asked %d times for %d requests, want %d", n, failRun+3, failRun)
 	}
 }
 

@@ -257,8 +257,8 @@ func (s *Server) handleDebugTokenizers(ctx *fasthttp.RequestCtx) {
 		out[k.(string)] = &modelState{Verified: at(mc.verified.Load(), false), DifferInARow: mc.streak.Load(), EngineTokensUntil: at(mc.engineUntil.Load(), true)}
 		return true
 	})
-	s.etok.off.Range(func(k, v any) bool {
-		if until := at(v.(*atomic.Int64).Load(), true); until != nil {
+	s.etok.models.Range(func(k, v any) bool {
+		if until := at(v.(*tokModel).off.Load(), true); until != nil {
 			ms := out[k.(string)]
 			if ms == nil {
 				ms = &modelState{}
