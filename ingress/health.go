@@ -50,10 +50,10 @@ type HealthConfig struct {
 	// engine (a frozen process, a stuck GPU, a blackholed network path)
 	// accepts connections and answers nothing, so no request fails and
 	// IdleTimeout (minutes, for long prefills) would be the only bound. Two
-	// failed probes in a row eject it and cuts its requests that had no byte yet,
+	// failed probes (overlapping) eject it and cut its requests that had no byte yet,
 	// which are retried on another engine (streams under way are left to
 	// resume or time out). A live engine answers the probe and keeps its
-	// requests. Default 3s; 0 turns the watch off.
+	// requests. Default 1s; 0 turns the watch off.
 	StallAfter time.Duration `yaml:"stallAfter"`
 }
 
@@ -61,7 +61,7 @@ type HealthConfig struct {
 func DefaultHealthConfig() HealthConfig {
 	return HealthConfig{ConsecutiveFailures: 3, ErrorRate: 0.5, MinRequests: 10, ErrorHalfLife: 10 * time.Second,
 		EjectionTime: 500 * time.Millisecond, MaxEjectionTime: 15 * time.Second, ProbePath: "/health", ProbeTimeout: time.Second,
-		StallAfter: 3 * time.Second}
+		StallAfter: time.Second}
 }
 
 func (c *HealthConfig) problems(bad func(string, ...any)) {
@@ -307,13 +307,32 @@ func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.
 	clear(e.stallBuf)
 }
 
-// stallProbe probes a stalled engine: two failures in a row (one could be a
-// busy moment of the engine's HTTP server) eject it and cut its requests
-// still waiting for a first byte, which move on now.
+// stallProbe probes a stalled engine twice, the second probe a quarter of
+// ProbeTimeout after the first and overlapping it: both failing (one could
+// be a busy moment of the engine's HTTP server) eject it and cut its
+// requests still waiting for a first byte, which move on now. Overlapped,
+// a frozen engine is out ProbeTimeout×1.25 after the stall was seen, where
+// two probes in a row took twice ProbeTimeout.
 func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream) {
+	second, skip := make(chan error, 1), make(chan struct{})
+	go func() { // owned here: stallProbe waits for its answer below
+		gap := time.NewTimer(e.cfg.ProbeTimeout / 4)
+		defer gap.Stop()
+		select {
+		case <-gap.C:
+			second <- e.get1(ctx, up.url+e.cfg.ProbePath)
+		case <-skip:
+			second <- nil
+		case <-ctx.Done():
+			second <- ctx.Err()
+		}
+	}()
 	err := e.get1(ctx, up.url+e.cfg.ProbePath)
-	if err != nil && ctx.Err() == nil {
-		err = e.get1(ctx, up.url+e.cfg.ProbePath)
+	if err == nil {
+		close(skip) // answered: no second probe unless it is already out
+	}
+	if err2 := <-second; err2 == nil {
+		err = nil // one answered: a busy moment, not a hang
 	}
 	h.mu.Lock()
 	h.probing = false

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,6 +338,34 @@ func TestStallWatchEjectsHungEngine(t *testing.T) {
 	}
 	if got := val(s2.health.stalls); got != 0 || slow.probes.Load() == 0 {
 		t.Fatalf("%v stall ejections of a live engine after %d probes; want 0 after at least one", got, slow.probes.Load())
+	}
+
+	// A busy moment: the first probe of a stall gets no answer, the second
+	// (overlapping it) does. Not ejected.
+	var probes atomic.Int64
+	quit := make(chan struct{})
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && probes.Add(1) > 1 {
+			return // 200
+		}
+		select { // the first probe, and every request: no answer
+		case <-r.Context().Done():
+		case <-quit:
+		}
+	}))
+	t.Cleanup(busy.Close)
+	t.Cleanup(func() { close(quit) }) // runs first: Close waits for the handlers
+	cfg3 := testConfig(StaticEngine{ID: "busy", Model: "m", URL: busy.URL})
+	cfg3.IdleTimeout = 2 * time.Second
+	cfg3.MaxAttempts = 1
+	cfg3.Health.StallAfter = 100 * time.Millisecond
+	cfg3.Health.ProbeTimeout = 400 * time.Millisecond
+	s3 := startIngress(t, cfg3, Deps{})
+	if st, _, _ := post(t, client, "http://"+s3.Addr()+"/v1/completions", `{"model":"m","prompt":[1]}`); st != 504 {
+		t.Fatalf("status %d from a busy engine, want 504 after the idle timeout", st)
+	}
+	if got := val(s3.health.stalls); got != 0 || probes.Load() < 2 {
+		t.Fatalf("%v stall ejections after %d probes of an engine whose second probe answers; want 0 after at least 2", got, probes.Load())
 	}
 }
 

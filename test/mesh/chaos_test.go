@@ -430,8 +430,11 @@ func (l *chaosLoad) one(ctx context.Context, client *http.Client, in int, rng *r
 			st.deadIngress++
 			return
 		}
-		st.brokenMidStream++
-		l.note(phase, fmt.Sprintf("broken stream from %s via ingress%d (read error %v): …%s", resp.Header.Get("X-Kvmesh-Engine"), in, rerr, tail(b, 300)))
+		// Counted where it broke: a stream that started in one phase and
+		// broke when the next one's fault struck belongs to that fault.
+		end := *l.phase.Load()
+		l.stats(end).brokenMidStream++
+		l.note(end, fmt.Sprintf("broken stream from %s via ingress%d (read error %v): …%s", resp.Header.Get("X-Kvmesh-Engine"), in, rerr, tail(b, 300)))
 		return
 	}
 	st.ok++
@@ -571,6 +574,21 @@ func TestChaos(t *testing.T) {
 		l.down.Store(-1)
 	})
 	fault("NATS SIGKILL", func() string { m.nats.kill(); return "" }, func() {
+		m.nats.start(t)
+		waitTCP(t, m.natsPort)
+		for i := range 2 {
+			m.waitReady(fmt.Sprintf("sidecar%d", i), fmt.Sprintf("http://127.0.0.1:%d/ready", m.scAdmin[i]))
+		}
+	})
+	fault("NATS SIGKILL, back without its store", func() string {
+		m.nats.kill()
+		// A NATS pod rescheduled onto an empty volume: the delta stream and
+		// every consumer are gone.
+		if err := os.RemoveAll(filepath.Join(m.dir, "js")); err != nil {
+			t.Errorf("remove the NATS store: %v", err)
+		}
+		return ""
+	}, func() {
 		m.nats.start(t)
 		waitTCP(t, m.natsPort)
 		for i := range 2 {
