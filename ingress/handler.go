@@ -397,21 +397,16 @@ func (c *call) tokenize() error {
 		if len(c.req.batch) > 1 {
 			return c.tokenizeBatch(tok)
 		}
-		if tok == nil {
-			c.approx = len(c.req.text)/4 + 1
-			if !c.tokenizeOnEngine() { // enginetok.go
-				c.tokens = nil
-				return nil
-			}
-			break
-		}
-		if s.check.engineFirst(c.model) { // tokencheck.go: our ids differed from the engine's
+		if tok == nil || s.check.engineFirst(c.model) {
+			// No tokenizer here, or ours gave other ids than the engine's
+			// (tokencheck.go): keyed on the engine's tokens (enginetok.go),
+			// the text goes as the client wrote it.
 			c.approx = len(c.req.text)/4 + 1
 			if !c.tokenizeOnEngine() {
 				c.tokens = nil
 				return nil
 			}
-			break // the text goes as the client wrote it
+			break
 		}
 		if c.tokens, err = tok.Encode(c.tokens[:0], c.req.text); err != nil {
 			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt: %w", ErrBadRequest, err))
