@@ -123,6 +123,22 @@ func parseAsChat(t *testing.T, ep endpoint, body, messages, tools, wantErr, para
 	return r, true
 }
 
+// fuzzParsesAsChat parses a fuzzed body for ep: a 400 or valid chat
+// messages and tools (ok), never another status or invalid JSON.
+func fuzzParsesAsChat(t *testing.T, ep endpoint, body []byte) (r request, ok bool) {
+	t.Helper()
+	if err := parseRequest(&r, ep, body); err != nil {
+		if ae := toAPIError(err); ae.status != 400 {
+			t.Fatalf("status %d for %v", ae.status, err)
+		}
+		return r, false
+	}
+	if !json.Valid(body) || !json.Valid(r.messages) || (len(r.tools) > 0 && !json.Valid(r.tools)) {
+		t.Fatalf("from %q: messages %q tools %q", body, r.messages, r.tools)
+	}
+	return r, true
+}
+
 func jsonEq(t *testing.T, what, got, want string) {
 	t.Helper()
 	var g, w any
@@ -219,16 +235,9 @@ func FuzzParseResponses(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		var r request
-		err := parseRequest(&r, epResponses, body)
-		if err != nil {
-			if ae := toAPIError(err); ae.status != 400 {
-				t.Fatalf("status %d for %v", ae.status, err)
-			}
+		r, ok := fuzzParsesAsChat(t, epResponses, body)
+		if !ok {
 			return
-		}
-		if !json.Valid(body) || !json.Valid(r.messages) || (len(r.tools) > 0 && !json.Valid(r.tools)) {
-			t.Fatalf("from %q: messages %q tools %q", body, r.messages, r.tools)
 		}
 		c := &call{ep: epResponses, req: r}
 		c.responsesBody()

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -25,14 +26,7 @@ func FuzzHandlers(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	p, _ := engine.LookupProfile("tiny")
-	s, err := Start(f.Context(), Config{Model: "m", TimeScale: 1e6, Engine: engine.Config{BlockSize: 4, GPUBlocks: 64, Profile: p},
-		Logger: quietLogger()})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { _ = s.Close() })
-	h := s.httpSrv.Handler
+	h := fuzzHandler(f, Config{})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, path := range []string{"/v1/completions", "/v1/chat/completions", "/tokenize"} {
 			rec := httptest.NewRecorder()
@@ -48,4 +42,28 @@ func FuzzHandlers(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fuzzHandler starts a simulator for a fuzz target (model "m", the tiny
+// profile, 4-token blocks, 64 of them, time scale 10^6; cfg's other fields
+// as given) and returns its HTTP handler.
+func fuzzHandler(f *testing.F, cfg Config) http.Handler {
+	p, _ := engine.LookupProfile("tiny")
+	cfg.Model, cfg.TimeScale, cfg.Logger = "m", 1e6, quietLogger()
+	cfg.Engine = engine.Config{BlockSize: 4, GPUBlocks: 64, Profile: p}
+	s, err := Start(f.Context(), cfg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = s.Close() })
+	return s.httpSrv.Handler
+}
+
+// checkDecodeErr fails unless err, a request decoder's, is nil or a 400.
+func checkDecodeErr(t *testing.T, body []byte, err error) {
+	t.Helper()
+	var he *httpError
+	if err != nil && (!errors.As(err, &he) || he.status != http.StatusBadRequest) {
+		t.Fatalf("%q: decode error %v is not a 400", body, err)
+	}
 }

@@ -4,14 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"testing"
-
-	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // FuzzMessagesRequest feeds arbitrary bodies to the Messages decoder and
@@ -44,14 +41,7 @@ func FuzzMessagesRequest(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	p, _ := engine.LookupProfile("tiny")
-	s, err := Start(f.Context(), Config{Model: "m", TimeScale: 1e6,
-		Engine: engine.Config{BlockSize: 4, GPUBlocks: 64, Profile: p}, Logger: quietLogger()})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { _ = s.Close() })
-	h := s.httpSrv.Handler
+	h := fuzzHandler(f, Config{})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		checkMessagesDecode(t, body)
 		checkPyDumps(t, body)
@@ -68,11 +58,7 @@ func FuzzMessagesRequest(f *testing.F) {
 func checkMessagesDecode(t *testing.T, body []byte) {
 	t.Helper()
 	r, err := decodeMessagesRequest(body)
-	if err != nil {
-		var he *httpError
-		if !errors.As(err, &he) || he.status != http.StatusBadRequest {
-			t.Fatalf("%q: decode error %v is not a 400", body, err)
-		}
+	if checkDecodeErr(t, body, err); err != nil {
 		return
 	}
 	if len(r.chat) == 0 {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 )
 
@@ -509,30 +508,8 @@ func TestMessagesStreamRestartAndDisconnect(t *testing.T) {
 	body := func() map[string]any {
 		return map[string]any{"model": "test-model", "max_tokens": 500, "messages": []any{map[string]any{"role": "user", "content": "a long answer"}}}
 	}
-	_, ev := msgStreamPost(t, s, body())
-	for ev.must().typ != "content_block_delta" {
-	}
-	if err := s.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	all := ev.rest()
-	last := all[len(all)-1]
+	last := streamRestartAndDisconnect(t, s, func() (*http.Response, *sseEvents) { return msgStreamPost(t, s, body()) }, "content_block_delta")
 	if want := `{"type":"error","error":{"type":"internal_error","message":"request aborted: engine restarted"}}`; string(last.data) != want {
 		t.Fatalf("last event %s %s", last.typ, last.data)
-	}
-
-	resp, ev := msgStreamPost(t, s, body())
-	for ev.must().typ != "content_block_delta" {
-	}
-	rk := s.ranks[0]
-	rk.hold(true) // no more steps: the request can only leave the engine by an abort
-	t.Cleanup(func() { rk.hold(false) })
-	resp.Body.Close()
-	testutil.WaitFor(t, 10*time.Second, "the abandoned request to be aborted", func() bool {
-		l := s.Load(0)
-		return l.Running+l.Waiting == 0
-	})
-	if l := s.Load(0); l.Finished != 0 {
-		t.Fatalf("%d requests finished, want the abandoned one aborted", l.Finished)
 	}
 }

@@ -4,14 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
-	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // FuzzResponses feeds arbitrary bodies to the Responses decoder and to POST
@@ -34,21 +32,10 @@ func FuzzResponses(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	p, _ := engine.LookupProfile("tiny")
-	s, err := Start(f.Context(), Config{Model: "m", TimeScale: 1e6, ResponsesStore: true,
-		Engine: engine.Config{BlockSize: 4, GPUBlocks: 64, Profile: p}, Logger: quietLogger()})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { _ = s.Close() })
-	h := s.httpSrv.Handler
+	h := fuzzHandler(f, Config{ResponsesStore: true})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		if _, err := decodeResponsesRequest(body); err != nil {
-			var he *httpError
-			if !errors.As(err, &he) || he.status != http.StatusBadRequest {
-				t.Fatalf("%q: decode error %v is not a 400", body, err)
-			}
-		}
+		_, err := decodeResponsesRequest(body)
+		checkDecodeErr(t, body, err)
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/responses", bytes.NewReader(body)))
 		switch rec.Code {

@@ -8,10 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 )
 
@@ -465,35 +463,10 @@ func TestResponsesStreamRestartAndDisconnect(t *testing.T) {
 	body := func() map[string]any {
 		return map[string]any{"model": "test-model", "input": "a long answer", "max_output_tokens": 500}
 	}
-	_, ev := respStreamPost(t, s, body())
-	for ev.must().typ != "response.output_text.delta" {
-	}
-	if err := s.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	all := ev.rest()
-	last := all[len(all)-1]
+	last := streamRestartAndDisconnect(t, s, func() (*http.Response, *sseEvents) { return respStreamPost(t, s, body()) }, "response.output_text.delta")
 	if last.typ != "error" || last.m["code"] == nil || last.m["message"] != "request aborted: engine restarted" ||
 		last.m["param"] != nil || !hasKey(last.m, "param") {
 		t.Fatalf("last event %s %s", last.typ, last.data)
-	}
-
-	resp, ev := respStreamPost(t, s, body())
-	for ev.must().typ != "response.output_text.delta" {
-	}
-	rk := s.ranks[0]
-	rk.hold(true) // no more steps: the request can only leave the engine by an abort
-	t.Cleanup(func() { rk.hold(false) })
-	if l := s.Load(0); l.Running != 1 {
-		t.Fatalf("running %d", l.Running)
-	}
-	resp.Body.Close()
-	testutil.WaitFor(t, 10*time.Second, "the abandoned request to be aborted", func() bool {
-		l := s.Load(0)
-		return l.Running+l.Waiting == 0
-	})
-	if l := s.Load(0); l.Finished != 0 {
-		t.Fatalf("%d requests finished, want the abandoned one aborted", l.Finished)
 	}
 }
 

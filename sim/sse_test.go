@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // sseEvents reads a named-event stream (the Responses and Messages APIs)
@@ -128,4 +131,39 @@ func respStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Respons
 func msgStreamPost(t *testing.T, s *Server, body map[string]any) (*http.Response, *sseEvents) {
 	t.Helper()
 	return streamPost(t, s, "/v1/messages", body, false)
+}
+
+// streamRestartAndDisconnect starts a long stream with post and, at its
+// first delta event, restarts the engine: it returns the stream's last
+// event. Then it starts another, holds the engine at its first delta and
+// closes the connection: the engine request must be aborted, not finished.
+func streamRestartAndDisconnect(t *testing.T, s *Server, post func() (*http.Response, *sseEvents), delta string) sseEv {
+	t.Helper()
+	_, ev := post()
+	for ev.must().typ != delta {
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	all := ev.rest()
+	last := all[len(all)-1]
+
+	resp, ev := post()
+	for ev.must().typ != delta {
+	}
+	rk := s.ranks[0]
+	rk.hold(true) // no more steps: the request can only leave the engine by an abort
+	t.Cleanup(func() { rk.hold(false) })
+	if l := s.Load(0); l.Running != 1 {
+		t.Fatalf("running %d", l.Running)
+	}
+	resp.Body.Close()
+	testutil.WaitFor(t, 10*time.Second, "the abandoned request to be aborted", func() bool {
+		l := s.Load(0)
+		return l.Running+l.Waiting == 0
+	})
+	if l := s.Load(0); l.Finished != 0 {
+		t.Fatalf("%d requests finished, want the abandoned one aborted", l.Finished)
+	}
+	return last
 }

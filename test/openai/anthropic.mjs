@@ -3,18 +3,9 @@
 // server (its /v1/messages); prints one JSON object.
 import Anthropic from "@anthropic-ai/sdk";
 
-const baseURL = process.env.KVMESH_BASE_URL; // without /v1: the SDK adds it
-const apiKey = process.env.KVMESH_API_KEY;
-const model = process.env.KVMESH_MODEL;
-const out = {};
+import { env, capture, done } from "./harness.mjs";
 
-async function capture(name, fn) {
-  try {
-    out[name] = await fn();
-  } catch (e) {
-    out[name] = { error: true, status: e.status ?? null, type: e.error?.error?.type ?? null, message: String(e.message).slice(0, 500), name: e.constructor?.name };
-  }
-}
+const { baseURL, apiKey, model } = env; // baseURL without /v1: the SDK adds it
 
 const client = new Anthropic({ baseURL, apiKey, maxRetries: 0 });
 const system = [{ type: "text", text: "You are a terse assistant that answers questions about the weather in European cities." }];
@@ -52,4 +43,4 @@ await capture("no_max_tokens", () => client.messages.create({ model, system, mes
 
 await capture("wrong_key", () => new Anthropic({ baseURL, apiKey: "wrong-key-0000", maxRetries: 0 }).messages.create({ model, max_tokens: 3, messages: turn1 }));
 
-process.stdout.write(JSON.stringify(out));
+done();

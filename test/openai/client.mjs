@@ -1,19 +1,11 @@
 // Driven by openai_test.go: runs every check against the ingress with the
 // official client and prints one JSON object with what it saw.
 import OpenAI from "openai";
+import { env, capture, done } from "./harness.mjs";
 
-const base = process.env.KVMESH_BASE_URL;
-const client = new OpenAI({ baseURL: base, apiKey: process.env.KVMESH_API_KEY, maxRetries: 0, timeout: 30000 });
-const model = process.env.KVMESH_MODEL;
-const out = {};
-
-async function capture(name, fn) {
-  try {
-    out[name] = await fn();
-  } catch (e) {
-    out[name] = { error: true, status: e.status ?? null, type: e.type ?? null, code: e.code ?? null, message: String(e.message), name: e.constructor?.name };
-  }
-}
+const base = env.baseURL;
+const client = new OpenAI({ baseURL: base, apiKey: env.apiKey, maxRetries: 0, timeout: 30000 });
+const model = env.model;
 
 await capture("models", async () => {
   const list = await client.models.list();
@@ -89,4 +81,4 @@ await capture("bad_request", () => client.completions.create({ model, prompt: [-
 await capture("wrong_key", () => new OpenAI({ baseURL: base, apiKey: "wrong-key-0000", maxRetries: 0 }).models.list().then(() =>
   new OpenAI({ baseURL: base, apiKey: "wrong-key-0000", maxRetries: 0 }).completions.create({ model, prompt: "x", max_tokens: 1 })));
 
-process.stdout.write(JSON.stringify(out));
+done();

@@ -5,18 +5,9 @@ import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, streamText } from "ai";
 import { ChatOpenAI } from "@langchain/openai";
 
-const baseURL = process.env.KVMESH_BASE_URL;
-const apiKey = process.env.KVMESH_API_KEY;
-const model = process.env.KVMESH_MODEL;
-const out = {};
+import { env, capture, done } from "./harness.mjs";
 
-async function capture(name, fn) {
-  try {
-    out[name] = await fn();
-  } catch (e) {
-    out[name] = { error: true, status: e.statusCode ?? e.status ?? null, message: String(e.message).slice(0, 500), name: e.constructor?.name };
-  }
-}
+const { baseURL, apiKey, model } = env;
 
 const sdk = createOpenAI({ baseURL, apiKey });
 const usageOf = (u) => ({ input: u?.inputTokens ?? null, output: u?.outputTokens ?? null });
@@ -65,4 +56,4 @@ await capture("langchain_responses", async () => {
   return { text, usage: { input: r.usage_metadata?.input_tokens, output: r.usage_metadata?.output_tokens } };
 });
 
-process.stdout.write(JSON.stringify(out));
+done();

@@ -108,21 +108,25 @@ func num(v any) int { f, _ := v.(float64); return int(f) }
 func usage(r map[string]any) map[string]any { u, _ := r["usage"].(map[string]any); return u }
 
 // nodeWork installs pkgs (pinned npm packages, cached under name) and
-// returns a working directory of the test's own with script in it, its
-// node_modules linking to the shared install (which stays as npm left it).
-func nodeWork(t *testing.T, name, why string, pkgs []string, script string) string {
+// returns a working directory of the test's own with scripts and
+// harness.mjs (their shared helpers) in it, its node_modules linking to the
+// shared install (which stays as npm left it).
+func nodeWork(t *testing.T, name, why string, pkgs []string, scripts ...string) string {
 	t.Helper()
-	src, err := os.ReadFile(script)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := testutil.NPMPackages(t, name, why, pkgs, nil)
 	work := t.TempDir()
 	if err := os.Symlink(filepath.Join(dir, "node_modules"), filepath.Join(work, "node_modules")); err != nil {
 		t.Fatal(err)
 	}
-	for name, b := range map[string][]byte{script: src, "package.json": []byte(`{"type":"module"}`)} {
-		if err := os.WriteFile(filepath.Join(work, name), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(work, "package.json"), []byte(`{"type":"module"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, script := range append(scripts, "harness.mjs") {
+		src, err := os.ReadFile(script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(work, script), src, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -2,14 +2,10 @@ package openai
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // openaiVersion pins the client the test installs.
@@ -23,7 +19,7 @@ const testKey = "sk-kvmesh-e2e-0123456789"
 func TestOpenAINodeClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	node, dir := installClient(t, ctx)
+	node, dir := installClient(t)
 	const model = "e2e-model"
 	cfg := ingress.DefaultConfig()
 	cfg.Engines = startEngines(t, ctx, 2, model, nil)
@@ -31,29 +27,14 @@ func TestOpenAINodeClient(t *testing.T) {
 	checkClient(t, ctx, node, dir, srv.Addr(), model)
 }
 
-// installClient installs the pinned openai npm package and client.mjs into
-// a temporary directory (skipping without node/npm outside CI).
-func installClient(t *testing.T, ctx context.Context) (node, dir string) {
+// installClient installs the pinned openai npm package (cached) and
+// returns a working directory with the openai client's scripts (skipping
+// without node/npm outside CI).
+func installClient(t *testing.T) (node, dir string) {
 	t.Helper()
-	node = testutil.RequireTool(t, "node", "the test drives the ingress with the openai npm client (Node.js 20+)")
-	npm := testutil.RequireTool(t, "npm", "it installs the openai npm client")
-	dir = t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"kvmesh-e2e","private":true,"type":"module"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	inst := exec.CommandContext(ctx, npm, "install", "openai@"+openaiVersion, "--no-audit", "--no-fund", "--loglevel=error")
-	inst.Dir = dir
-	if out, err := inst.CombinedOutput(); err != nil {
-		t.Fatalf("npm install openai@%s: %v\n%s", openaiVersion, err, out)
-	}
-	script, err := os.ReadFile("client.mjs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "client.mjs"), script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return node, dir
+	dir = nodeWork(t, "openai-"+openaiVersion, "the test drives the ingress with the openai npm client (Node.js 20+)",
+		[]string{"openai@" + openaiVersion}, "client.mjs", "responses.mjs", "security.mjs")
+	return "node", dir
 }
 
 // checkClient runs client.mjs against an ingress at addr and checks every

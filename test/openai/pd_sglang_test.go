@@ -19,7 +19,7 @@ import (
 func TestOpenAINodeClientSGLangPD(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	node, dir := installClient(t, ctx)
+	node, dir := installClient(t)
 	const model = "e2e-model"
 	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: sim.Config{Model: model, TimeScale: 200, Seed: 1, Logger: quiet, HTTPAddr: "127.0.0.1:0"}})
 	m := pdMembership(cl, model)

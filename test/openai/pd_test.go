@@ -42,7 +42,7 @@ func pdMembership(c *simtest.PD, model string) roleMembership {
 func TestOpenAINodeClientPD(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	node, dir := installClient(t, ctx)
+	node, dir := installClient(t)
 	const model = "e2e-model"
 	cl := simtest.StartPDForTest(t, simtest.PDOptions{Base: sim.Config{Model: model, TimeScale: 200, Seed: 1, Logger: quiet, HTTPAddr: "127.0.0.1:0"}})
 	cfg := ingress.DefaultConfig()

@@ -1,19 +1,11 @@
 // Driven by responses_test.go: the Responses API through two ingress
 // replicas with the official client; prints one JSON object.
 import OpenAI from "openai";
+import { env, capture, done } from "./harness.mjs";
 
-const model = process.env.KVMESH_MODEL;
+const { model } = env;
 const [a, b] = process.env.KVMESH_BASE_URLS.split(",").map((baseURL) =>
-  new OpenAI({ baseURL, apiKey: process.env.KVMESH_API_KEY, maxRetries: 0, timeout: 30000 }));
-const out = {};
-
-async function capture(name, fn) {
-  try {
-    out[name] = await fn();
-  } catch (e) {
-    out[name] = { error: true, status: e.status ?? null, type: e.type ?? null, message: String(e.message), name: e.constructor?.name };
-  }
-}
+  new OpenAI({ baseURL, apiKey: env.apiKey, maxRetries: 0, timeout: 30000 }));
 
 await capture("create", async () => {
   const { data: r, response } = await a.responses.create({ model, instructions: "Be brief.", input: "Hello there", max_output_tokens: 8 }).withResponse();
@@ -55,4 +47,4 @@ await capture("unknown_previous", () => a.responses.create({ model, input: "x", 
 await capture("retrieve_unknown", () => b.responses.retrieve("resp_nothere"));
 await capture("bad_input", () => a.responses.create({ model, input: [{ type: "message", content: "no role" }] }));
 
-process.stdout.write(JSON.stringify(out));
+done();

@@ -2,8 +2,6 @@ package openai
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,14 +19,7 @@ import (
 func TestOpenAINodeClientResponses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	node, dir := installClient(t, ctx)
-	script, err := os.ReadFile("responses.mjs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "responses.mjs"), script, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	node, dir := installClient(t)
 	const model = "e2e-model"
 	engines := startEngines(t, ctx, 2, model, func(c *sim.Config) { c.ResponsesStore = true })
 	store := keyStore(t, dir)

@@ -33,11 +33,9 @@ import (
 // token is served, an expired one, one signed by another key and one for
 // another audience get 401 in the OpenAI error shape.
 func TestTLSAndJWTWithOpenAIClient(t *testing.T) {
-	node, npm := needNode(t)
+	node, dir := installClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	npmInstall(ctx, t, npm, dir, "security.mjs")
 
 	caPEM, certFile, keyFile := writeServerCert(t, dir)
 	caFile := filepath.Join(dir, "ca.pem")
@@ -112,40 +110,6 @@ func TestTLSAndJWTWithOpenAIClient(t *testing.T) {
 		if r := res[name]; r.OK || r.Status != 401 || r.Type == "" {
 			t.Errorf("%s: %+v, want a 401 OpenAI error", name, r)
 		}
-	}
-}
-
-// needNode finds node and npm; outside CI their absence skips the test.
-func needNode(t *testing.T) (node, npm string) {
-	t.Helper()
-	node, errNode := exec.LookPath("node")
-	npm, errNpm := exec.LookPath("npm")
-	if errNode != nil || errNpm != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("node and npm are required in CI: %v %v", errNode, errNpm)
-		}
-		t.Skip("node and npm are needed for the openai npm client test; install Node.js 20+ to run it")
-	}
-	return node, npm
-}
-
-// npmInstall installs the pinned openai client into dir and copies script there.
-func npmInstall(ctx context.Context, t *testing.T, npm, dir, script string) {
-	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"kvmesh-e2e","private":true,"type":"module"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	inst := exec.CommandContext(ctx, npm, "install", "openai@"+openaiVersion, "--no-audit", "--no-fund", "--loglevel=error")
-	inst.Dir = dir
-	if out, err := inst.CombinedOutput(); err != nil {
-		t.Fatalf("npm install openai@%s: %v\n%s", openaiVersion, err, out)
-	}
-	b, err := os.ReadFile(script)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, script), b, 0o644); err != nil {
-		t.Fatal(err)
 	}
 }
 
