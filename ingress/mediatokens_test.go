@@ -19,6 +19,14 @@ func TestUsagePromptTokens(t *testing.T) {
 		if got := usagePromptTokens(c.ep, []byte(c.body)); got != c.want {
 			t.Errorf("%s %s: %d, want %d", c.ep, c.body, got, c.want)
 		}
+		if hasUsage([]byte(c.body)) != (c.want > 0) {
+			t.Errorf("%s: hasUsage %v", c.body, !(c.want > 0))
+		}
+	}
+	for _, b := range []string{`{"choices":[{"delta":{"content":"x"}}],"usage":null}`, `{"usage":null,"x":"\"usage\":"}`} {
+		if hasUsage([]byte(b)) {
+			t.Errorf("%s: a chunk without usage read as having it", b)
+		}
 	}
 	var mt mediaTokens
 	if mt.perItem("m") != 0 {

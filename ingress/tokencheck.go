@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
 
@@ -170,14 +171,32 @@ func usageCachedTokens(ep endpoint, b []byte) (n int, ok bool) {
 // from stream events, when c needs them (a media request's learning, the
 // check above).
 func (c *call) readUsage(b []byte) {
-	if c.tokens == nil || len(c.req.batch) > 1 {
-		return
+	if c.tokens == nil && c.media == 0 || len(c.req.batch) > 1 || !hasUsage(b) {
+		return // a media request keyed on nothing (its first item comes first) still learns its items' tokens
 	}
 	if n := usagePromptTokens(c.ep, b); n > 0 {
 		c.engPrompt = n
 	}
 	if n, ok := usageCachedTokens(c.ep, b); ok {
 		c.engCached, c.engCachedOK = n, true
+	}
+}
+
+var usageKey = []byte(`"usage":`)
+
+// hasUsage reports whether b holds a usage object (not "usage":null, which
+// every other chunk of a chat stream carries): one scan per streamed chunk
+// instead of one per member read.
+func hasUsage(b []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(b[i:], usageKey)
+		if j < 0 {
+			return false
+		}
+		i += j + len(usageKey)
+		if k := jsonscan.SkipWS(b, i); k < len(b) && b[k] == '{' {
+			return true
+		}
 	}
 }
 
