@@ -96,7 +96,7 @@ func buildRig(onPick func(time.Duration)) (_ *benchRig, stop func(), _ error) {
 		return nil, nil, err
 	}
 	s.onPick = onPick
-	if err := ing.Start(nil); err != nil {
+	if err := ing.Start(context.Background()); err != nil {
 		return nil, nil, err
 	}
 	if err := s.Start(); err != nil {

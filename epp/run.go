@@ -85,7 +85,8 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := ing.Start(nil); err != nil {
+	// Background: the drain below closes the ingress in order, not ctx.
+	if err := ing.Start(context.Background()); err != nil {
 		return err
 	}
 	if err := picker.Start(); err != nil {

@@ -37,7 +37,7 @@ func staticPicker(t *testing.T, cfg Config) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ing.Start(nil); err != nil {
+	if err := ing.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Start(); err != nil {

@@ -51,8 +51,6 @@ type ClusterConfig struct {
 	IndexSyncGrace time.Duration `yaml:"indexSyncGrace"`
 }
 
-func (c *ClusterConfig) enabled() bool { return c.GossipBind != "" || len(c.NATSURLs) > 0 }
-
 func (c *ClusterConfig) problems(bad func(string, ...any)) {
 	if c.GossipBind != "" {
 		var gc gossip.Config

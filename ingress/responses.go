@@ -457,6 +457,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if up == nil {
+		//lint:ignore ST1005 OpenAI's own message, word for word
 		fail(newAPIError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "", fmt.Errorf("%w: Response with id '%s' not found.", ErrNotFound, id)))
 		return
 	}

@@ -36,7 +36,6 @@ type StoreTokenizers struct {
 	loading map[string]chan struct{} // one fetch per model at a time
 	missed  map[string]time.Time     // unpublished or failed models: retry after
 	revs    map[string]string        // model → loaded revision
-	ready   chan struct{}            // closed once Run has a connection
 	js      atomic.Pointer[jsHolder] // set by Run
 }
 

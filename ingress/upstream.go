@@ -134,7 +134,7 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 		StreamResponseBody:            true,
 		DisableHeaderNamesNormalizing: false,
 		MaxIdemponentCallAttempts:     1, // retries are ours: on the next engine
-		RetryIf:                       func(*fasthttp.Request) bool { return false },
+		RetryIfErr:                    func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 		Dial: func(addr string) (net.Conn, error) {
 			c, err := dialer.Dial("tcp", addr)
 			if err != nil {

@@ -30,10 +30,7 @@ func FuzzParseReplay(f *testing.F) {
 	f.Add(join([]byte("x"), seq, []byte("p")))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var frames [][]byte
-		for _, fr := range splitBytes(b, 0xFE) {
-			frames = append(frames, fr)
-		}
+		frames := splitBytes(b, 0xFE)
 		s, payload, end, valid := parseReplay(frames)
 		if !valid {
 			return

@@ -95,6 +95,7 @@ func (c *SubscriberConfig) setDefaults() {
 func (c *SubscriberConfig) Validate() error {
 	var errs []error
 	if c.Endpoint == "" && len(c.Endpoints) == 0 {
+		//lint:ignore ST1005 names the field
 		errs = append(errs, errors.New("Endpoint is required"))
 	}
 	if c.DPSize < 0 {
@@ -124,6 +125,7 @@ func (c *SubscriberConfig) Validate() error {
 	if len(c.Endpoints) == 0 && c.Endpoint != "" {
 		for r := 0; r < max(c.DPSize, 1); r++ {
 			if _, err := OffsetEndpoint(c.Endpoint, r); err != nil {
+				//lint:ignore ST1005 names the field
 				errs = append(errs, fmt.Errorf("Endpoint: %w", err))
 				break
 			}

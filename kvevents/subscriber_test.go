@@ -338,10 +338,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func contains(s, sub string) bool {
-	return len(sub) == 0 || len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub))
-}
-
 func TestEndpoints(t *testing.T) {
 	tests := []struct {
 		in   string

@@ -55,8 +55,7 @@ type TierWeightsConfig struct {
 
 // DefaultTierWeightsConfig is DefaultTierWeights as a config block.
 func DefaultTierWeightsConfig() TierWeightsConfig {
-	w := DefaultTierWeights()
-	return TierWeightsConfig{GPU: w.GPU, CPU: w.CPU, Other: w.Other, Speculative: w.Speculative}
+	return TierWeightsConfig(DefaultTierWeights())
 }
 
 // UnmarshalYAML decodes tierWeights onto DefaultTierWeightsConfig. It

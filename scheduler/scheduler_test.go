@@ -44,7 +44,7 @@ func TestScheduleRanksAndFilters(t *testing.T) {
 	x.Store("c", kvevents.TierCPU, k)
 	es := engines(4)
 	es[3].Healthy = false
-	s, err := registry.NewPolicy("weighted-prefix-placeholder", 1, x)
+	_, err := registry.NewPolicy("weighted-prefix-placeholder", 1, x)
 	if err == nil {
 		t.Fatal("unknown policy accepted")
 	}
@@ -53,7 +53,7 @@ func TestScheduleRanksAndFilters(t *testing.T) {
 	if err := cfg.SetParams("weighted", scheduler.WeightedConfig{{Name: "prefix", Weight: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	s, err = registry.New(cfg, x, nil)
+	s, err := registry.New(cfg, x, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

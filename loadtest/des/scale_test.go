@@ -21,9 +21,8 @@ type scripted struct {
 }
 
 type scriptStep struct {
-	at      time.Duration
-	p, d    int
-	applied bool
+	at   time.Duration
+	p, d int
 }
 
 type seenSync struct {

@@ -3,10 +3,8 @@ package local
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"sync/atomic"
 	"syscall"
@@ -92,12 +90,4 @@ func (p *proc) stop(ctx context.Context, grace time.Duration) error {
 	_ = p.cmd.Process.Kill()
 	<-p.done
 	return fmt.Errorf("%s did not stop within %v: killed", p.name, grace)
-}
-
-// kill ends the child at once (tests use it as a crash).
-func (p *proc) kill() error {
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
-	}
-	return nil
 }

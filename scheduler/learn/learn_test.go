@@ -87,15 +87,6 @@ func drive(t *testing.T, l *Learner, p engine.Profile, waves int, rng *rand.Rand
 	return done
 }
 
-func indexOf(rs []*engine.Request, r *engine.Request) int {
-	for i := range rs {
-		if rs[i] == r {
-			return i
-		}
-	}
-	return -1
-}
-
 func within(got, want, tol float64) bool { return math.Abs(got-want) <= tol*want }
 
 // TestConvergesFromTwiceOff is issue 16's convergence check: started from a

@@ -137,14 +137,6 @@ func (r *Request) Result() Result {
 	return res
 }
 
-// tokenAt is token i of the request's sequence (prompt, then generated).
-func (r *Request) tokenAt(i int) uint32 {
-	if i < len(r.Prompt) {
-		return r.Prompt[i]
-	}
-	return fillerToken(r.outSeed, i-len(r.Prompt))
-}
-
 // appendTokens appends tokens [from, to) of the sequence to dst.
 func (r *Request) appendTokens(dst []uint32, from, to int) []uint32 {
 	if from < len(r.Prompt) {

@@ -101,7 +101,7 @@ func runRandomWorkload(t *testing.T, seed uint64, steps int) {
 		}
 		checkInvariants(t, e)
 	}
-	now = runUntilIdle(t, e, now, now+time.Hour)
+	runUntilIdle(t, e, now, now+time.Hour)
 	for _, r := range reqs {
 		if !r.Done() || (!r.aborted && r.Generated() != r.OutputLen) {
 			t.Fatalf("%s: done %v aborted %v generated %d of %d", r.ID, r.Done(), r.aborted, r.Generated(), r.OutputLen)

@@ -42,7 +42,7 @@ func (d *Dict) Keys() []string { return d.keys }
 // Namespace is the mutable object made by namespace().
 type Namespace struct{ d *Dict }
 
-type undefinedT struct{ name string }
+type undefinedT struct{}
 
 // undefined renders as "" and is falsy, like Jinja's default Undefined.
 var undefined = &undefinedT{}
