@@ -3,12 +3,15 @@ package testutil
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -16,7 +19,8 @@ import (
 // NPMPackages returns a directory holding node_modules with the pinned npm
 // packages pkgs ("name@version") and the files given (name → content, e.g. a
 // script node runs there), installing them on first use under the user cache
-// directory, in kvmesh-test/<name>. Concurrent test binaries install into
+// directory, in kvmesh-test/<name>-<digest of pkgs and files> (a changed list
+// or script installs afresh instead of reusing a stale copy). Concurrent test binaries install into
 // private temporary directories and rename; the loser discards its copy. A
 // missing node or npm skips the test, except in CI (Need). why says what the
 // packages are for.
@@ -29,7 +33,7 @@ func NPMPackages(tb testing.TB, name, why string, pkgs []string, files map[strin
 	if err != nil {
 		cache = os.TempDir()
 	}
-	dir := filepath.Join(cache, "kvmesh-test", name)
+	dir := filepath.Join(cache, "kvmesh-test", name+"-"+installDigest(pkgs, files))
 	marker := filepath.Join(dir, ".installed")
 	if _, err := os.Stat(marker); err == nil {
 		return dir
@@ -70,6 +74,24 @@ func NPMPackages(tb testing.TB, name, why string, pkgs []string, files map[strin
 		tb.Fatal(fmt.Errorf("install %v: %v", pkgs, err))
 	}
 	return dir
+}
+
+// installDigest names an install by what it holds: the packages and the
+// files, in a stable order.
+func installDigest(pkgs []string, files map[string]string) string {
+	h := sha256.New()
+	for _, p := range pkgs {
+		fmt.Fprintf(h, "pkg %q\n", p)
+	}
+	names := make([]string, 0, len(files))
+	for f := range files {
+		names = append(names, f)
+	}
+	slices.Sort(names)
+	for _, f := range names {
+		fmt.Fprintf(h, "file %q %q\n", f, files[f])
+	}
+	return hex.EncodeToString(h.Sum(nil)[:6])
 }
 
 // RunNode runs node script (a file in dir) with args and then the path of a

