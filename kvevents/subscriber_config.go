@@ -7,6 +7,11 @@ import (
 	"time"
 )
 
+// MaxDPSize bounds the data-parallel ranks one subscriber (and one sidecar
+// engine) follows: each rank has its own socket and state, so a mistyped
+// size must be an error, not an allocation of that many.
+const MaxDPSize = 1024
+
 // SubscriberConfig configures the ZMQ subscriber of one engine and its DP
 // ranks. Rank r's endpoints are rank 0's with the port offset by r
 // (OffsetEndpoint), unless Endpoints/ReplayEndpoints list them explicitly.
@@ -98,8 +103,8 @@ func (c *SubscriberConfig) Validate() error {
 		//lint:ignore ST1005 names the field
 		errs = append(errs, errors.New("Endpoint is required"))
 	}
-	if c.DPSize < 0 {
-		errs = append(errs, fmt.Errorf("DPSize %d is negative", c.DPSize))
+	if c.DPSize < 0 || c.DPSize > MaxDPSize {
+		errs = append(errs, fmt.Errorf("DPSize %d is out of range [0, %d]", c.DPSize, MaxDPSize))
 	}
 	if len(c.Endpoints) > 0 && c.ReplayEndpoint != "" && len(c.ReplayEndpoints) == 0 {
 		errs = append(errs, errors.New("with Endpoints, list the replay endpoints in ReplayEndpoints"))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // Resync policies for lost history (see the package doc).
@@ -203,6 +204,9 @@ func (c *Config) Validate() error {
 		}
 		if e.DPSize < 0 || e.BlockSize < 0 {
 			add("engine %q: dp size %d and block size %d must not be negative", e.ID, e.DPSize, e.BlockSize)
+		}
+		if e.DPSize > kvevents.MaxDPSize || len(e.RankEvents) > kvevents.MaxDPSize {
+			add("engine %q: %d data-parallel ranks; at most %d", e.ID, max(e.DPSize, len(e.RankEvents)), kvevents.MaxDPSize)
 		}
 	}
 	if err := c.NATS.Validate(); err != nil {

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 func TestParseEngineSpec(t *testing.T) {
@@ -53,4 +55,36 @@ func TestOptionsBuild(t *testing.T) {
 	if _, err := o.Build(slog.Default()); err == nil || !strings.Contains(err.Error(), `gossip bind "nope"`) {
 		t.Fatalf("bad bind: %v", err)
 	}
+}
+
+// FuzzParseEngineSpec: a --engine spec (an operator's flag, a DaemonSet's
+// list) parses or fails with ErrConfig, never panics, and one that also
+// validates asks for a bounded number of DP ranks (each rank is a socket and
+// a map: `dp=2000000000` must be refused before the sidecar allocates).
+func FuzzParseEngineSpec(f *testing.F) {
+	f.Add("model=m,url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557,dp=2,block=16,role=decode")
+	f.Add("id=p,model=m,url=http://h:1,events=tcp://h:2,role=prefill,group=g,pd=sglang,bootstrap=8995,bind=true")
+	f.Add("id=a,model=m,url=http://h:1,events=tcp://h:2,dp=2000000000")
+	f.Add("id=a,dp=-1")
+	f.Add("novalue")
+	f.Fuzz(func(t *testing.T, s string) {
+		e, err := ParseEngineSpec(s)
+		if err != nil {
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("%q: error %v does not wrap ErrConfig", s, err)
+			}
+			return
+		}
+		c := DefaultConfig()
+		c.Engines = []EngineConfig{e}
+		if err := c.Validate(); err != nil {
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("%q: validation error %v does not wrap ErrConfig", s, err)
+			}
+			return
+		}
+		if e.DPSize < 0 || e.DPSize > kvevents.MaxDPSize {
+			t.Fatalf("%q: accepted with dp size %d", s, e.DPSize)
+		}
+	})
 }
