@@ -157,7 +157,7 @@ func (s *Server) startCluster() error {
 		if cl.node != nil {
 			mc.Membership = cl.node
 		}
-		mc.Logger = s.log
+		mc.Logger = s.deps.Logger.With("ingress", s.cfg.ID) // the materializer names its own component
 		mc.Registerer = s.deps.Registry
 		mat, err := materialize.New(mc)
 		if err != nil {

@@ -119,7 +119,7 @@ func decodePDRequest(body []byte) (*pdRequest, error) {
 func isTrue(b *bool) bool { return b != nil && *b }
 
 func newPDState(s *Server) (*pdState, error) {
-	p := &pdState{s: s, cfg: s.cfg.PD, log: s.log.With("component", "sim-pd"), holds: make(map[string]*hold),
+	p := &pdState{s: s, cfg: s.cfg.PD, log: s.cfg.Logger.With("component", "sim-pd", "model", s.cfg.Model), holds: make(map[string]*hold),
 		rooms: make(map[uint64]*room), conns: make(map[net.Conn]struct{}), quit: make(chan struct{})}
 	p.metrics = newPDMetrics(s, p)
 	switch {

@@ -82,8 +82,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "kvmesh — a KV-cache-aware router for LLM inference")
 	fmt.Fprintln(w, "\nUsage: kvmesh <command> [flags]\n\nCommands:")
+	width := 0
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		width = max(width, len(c.name))
+	}
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun 'kvmesh <command> -h' for a command's flags.")
 }
