@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/internal/logutil"
 )
 
 // Options is what `kvmesh epp` runs: an ingress replica (its Options: mesh,
@@ -56,7 +56,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.Ingress.LogLevel}))
+	log := logutil.New(stderr, o.Ingress.LogFormat, o.Ingress.LogLevel)
 	ing, err := o.Ingress.NewServer(ctx, log)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/ingress/routes"
 	"github.com/kvmesh/kvmesh/ingress/session"
+	"github.com/kvmesh/kvmesh/internal/logutil"
 )
 
 // Options is what `kvmesh ingress` runs: the replica's Config plus the
@@ -35,8 +36,10 @@ type Options struct {
 	// the queueing (504 after). Default 30s.
 	AdmitMax     int
 	AdmitMaxWait time.Duration
-	// LogLevel of the JSON log (and the access log) on stderr. Default info.
+	// LogLevel of the log (and the access log) on stderr. Default info.
 	LogLevel slog.Level
+	// LogFormat of that log: logutil.JSON (default) or logutil.Text.
+	LogFormat string
 	// JWT, when its JWKSFile or JWKSURL is set, accepts bearer JWTs besides
 	// the API keys; a token's rate-limit claim sets its tenant's budget.
 	JWT auth.JWTConfig
@@ -50,7 +53,7 @@ type Options struct {
 
 // DefaultOptions is DefaultConfig with no keys, limits or admission.
 func DefaultOptions() Options {
-	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo, TokenizerStore: true}
+	return Options{Config: DefaultConfig(), AdmitMaxWait: 30 * time.Second, LogLevel: slog.LevelInfo, LogFormat: logutil.JSON, TokenizerStore: true}
 }
 
 // Validate lists every problem, each wrapping ErrConfig.
@@ -79,7 +82,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
+	log := logutil.New(stderr, o.LogFormat, o.LogLevel)
 	srv, err := o.NewServer(ctx, log)
 	if err != nil {
 		return err

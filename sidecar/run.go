@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/logutil"
 )
 
 // Options is what `kvmesh sidecar` runs: the sidecar's Config plus the
@@ -32,14 +33,17 @@ type Options struct {
 	// Gossip holds the other gossip settings (Profile, Name, SecretKey);
 	// its addresses, seeds, meta and logger are set by Build.
 	Gossip gossip.Config
-	// LogLevel of the text log on stderr. Default info.
+	// LogLevel of the log on stderr. Default info.
 	LogLevel slog.Level
+	// LogFormat of that log: logutil.JSON (default) or logutil.Text.
+	LogFormat string
 }
 
 // DefaultOptions are DefaultConfig, gossip's defaults and one mixed engine
 // with one DP rank.
 func DefaultOptions() Options {
-	return Options{Config: DefaultConfig(), Engine: EngineConfig{Role: "mixed", DPSize: 1}, Gossip: gossip.DefaultConfig()}
+	return Options{Config: DefaultConfig(), Engine: EngineConfig{Role: "mixed", DPSize: 1}, Gossip: gossip.DefaultConfig(),
+		LogFormat: logutil.JSON}
 }
 
 // Build resolves o into the Config New takes, listing every problem (each
@@ -83,10 +87,10 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	return cfg, errors.Join(errs...)
 }
 
-// Run builds and runs a sidecar until ctx ends, logging text to stderr.
+// Run builds and runs a sidecar until ctx ends, logging to stderr.
 // Configuration problems wrap ErrConfig.
 func Run(ctx context.Context, o Options, stderr io.Writer) error {
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel}))
+	log := logutil.New(stderr, o.LogFormat, o.LogLevel)
 	cfg, err := o.Build(log)
 	if err != nil {
 		return err

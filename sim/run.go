@@ -7,10 +7,10 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/kvmesh/kvmesh/kvevents/kvtest"
-
+	"github.com/kvmesh/kvmesh/internal/logutil"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -37,8 +37,11 @@ type Options struct {
 	// (tokenizer.LoadChatTemplateFile: a model directory, tokenizer_config.json,
 	// chat_template.jinja/.json or a Jinja file; "": built-in Llama 3 markup).
 	TokenizerPath, ChatTemplatePath string
-	// LogLevel of the text log on stderr. Default info.
+	// LogLevel of the log on stderr. Default info.
 	LogLevel slog.Level
+	// LogFormat of that log: logutil.Text (the default: the simulator is a
+	// developer's tool) or logutil.JSON.
+	LogFormat string
 
 	// pdFinish applies the P/D flags (BindPDFlags) onto a Config's PD.
 	pdFinish func(c *PDConfig, httpAddr string) error
@@ -51,7 +54,7 @@ func DefaultOptions() Options {
 	c.Model, c.HTTPAddr, c.DP = "kvmesh-sim", "127.0.0.1:8000", 1
 	c.Engine.BlockSize, c.Engine.GPUBlocks = 16, 4096
 	c.TimeScale, c.ReplayBuffer, c.MaxWaiting = 1, 10000, 4096
-	return Options{Config: c, Profile: engine.DefaultProfile, EventForm: "array", ReplayLayout: "new"}
+	return Options{Config: c, Profile: engine.DefaultProfile, EventForm: "array", ReplayLayout: "new", LogFormat: logutil.Text}
 }
 
 // Build resolves o into the Config Start takes: every naming problem is
@@ -114,9 +117,9 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 }
 
 // Run serves the simulator until ctx ends: it writes its HTTP URL and
-// every rank's event endpoints to stdout and logs text to stderr.
+// every rank's event endpoints to stdout and logs to stderr.
 func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
-	cfg, err := o.Build(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.LogLevel})))
+	cfg, err := o.Build(logutil.New(stderr, o.LogFormat, o.LogLevel))
 	if err != nil {
 		return err
 	}

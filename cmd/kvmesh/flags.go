@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/kvmesh/kvmesh/internal/logutil"
 )
 
 // flagProblems collects bad flag values instead of stopping at the first,
@@ -79,6 +81,17 @@ func (p *flagProblems) LogLevel(fs *flag.FlagSet, dst *slog.Level) {
 		if err := dst.UnmarshalText([]byte(s)); err != nil {
 			return fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
 		}
+		return nil
+	})
+}
+
+// LogFormat binds --log-format onto dst.
+func (p *flagProblems) LogFormat(fs *flag.FlagSet, dst *string) {
+	p.Var(fs, "log-format", *dst, "log format on stderr: json or text", func(s string) error {
+		if err := logutil.CheckFormat(s); err != nil {
+			return fmt.Errorf("--%w", err)
+		}
+		*dst = s
 		return nil
 	})
 }

@@ -125,13 +125,13 @@ func TestIngressCommandBadFlags(t *testing.T) {
 	var out, errOut testutil.SyncBuffer
 	code := run([]string{"ingress", "--listen", "nope", "--engine", "only-one-part", "--tokenizer", "no-equals",
 		"--chat-mode", "sideways", "--max-attempts", "0", "--log-level", "loud", "--key-input-tpm", "-1",
-		"--gossip-key", "!!"}, &out, &errOut)
+		"--gossip-key", "!!", "--log-format", "logfmt"}, &out, &errOut)
 	if code != 2 {
 		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
 	}
 	msg := errOut.String()
 	for _, want := range []string{`listen "nope"`, `engine "only-one-part"`, `--tokenizer "no-equals"`, `chat mode`, `max attempts`,
-		`--log-level "loud"`, `--key-input-tpm must be >= 0`, `--gossip-key`} {
+		`--log-level "loud"`, `--key-input-tpm must be >= 0`, `--gossip-key`, `--log-format "logfmt"`} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message lacks %q:\n%s", want, msg)
 		}

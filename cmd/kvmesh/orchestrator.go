@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/logutil"
 	"github.com/kvmesh/kvmesh/orchestrator"
 	"github.com/kvmesh/kvmesh/orchestrator/view"
 	"github.com/kvmesh/kvmesh/orchestrator/webhook"
@@ -58,6 +59,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", cfg.AutoscaleInterval, "how often AutoscalingPolicies are stepped")
 	fs.StringVar(&cfg.PrometheusURL, "prometheus-url", "", "Prometheus base URL for policy metrics with source prometheus (a policy's spec.prometheus.address wins)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", logutil.JSON, "log format on stderr: json or text")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -65,10 +67,13 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("%w: bad --log-level", errUsage)
 	}
+	if err := logutil.CheckFormat(*logFormat); err != nil {
+		return fmt.Errorf("%w: --%w", errUsage, err)
+	}
 	if *webhookAddr != "" && *webhookListen != "" {
 		return fmt.Errorf("%w: --webhook-addr and --webhook-listen exclude each other", errUsage)
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = logutil.New(stderr, *logFormat, level)
 	if *gossipBind != "" {
 		node, err := joinMesh(*gossipBind, *join, *gossipKey, cfg.Logger)
 		if err != nil {

@@ -75,4 +75,5 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.StringVar(&cfg.AdminAddr, "admin", "127.0.0.1:9101", "admin address for /health, /ready, /metrics, /debug/state (empty: off)")
 	fs.StringVar(&cfg.ResyncPolicy, "resync-policy", cfg.ResyncPolicy, "when event history is lost: rebuild (keep the engine cache, under-report until re-stored) or reset-engine (POST /reset_prefix_cache: exact, costs the cache)")
 	probs.LogLevel(fs, &opts.LogLevel)
+	probs.LogFormat(fs, &opts.LogFormat)
 }

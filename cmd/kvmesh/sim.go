@@ -77,5 +77,6 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 		return nil
 	})
 	probs.LogLevel(fs, &opts.LogLevel)
+	probs.LogFormat(fs, &opts.LogFormat)
 	opts.BindPDFlags(fs) // --kv-transfer-config, --nixl-side-channel, --kv-transfer-gbps, --disaggregation-mode, ...
 }

@@ -1,0 +1,35 @@
+// Package logutil builds the components' loggers: one log format flag shared
+// by every long-running command (ingress, epp, sidecar, sim, orchestrator), so
+// a cluster's log pipeline parses every kvmesh process the same way.
+package logutil
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+)
+
+// Formats a log can be written in: JSON objects (one per line, what log
+// pipelines in Kubernetes parse) or slog's key=value text.
+const (
+	JSON = "json"
+	Text = "text"
+)
+
+// CheckFormat reports whether format is JSON or Text.
+func CheckFormat(format string) error {
+	if format != JSON && format != Text {
+		return fmt.Errorf("log-format %q: want %s or %s", format, JSON, Text)
+	}
+	return nil
+}
+
+// New returns a logger writing format to w at level; an unknown format
+// writes JSON (CheckFormat is where a user's value is refused).
+func New(w io.Writer, format string, level slog.Leveler) *slog.Logger {
+	o := &slog.HandlerOptions{Level: level}
+	if format == Text {
+		return slog.New(slog.NewTextHandler(w, o))
+	}
+	return slog.New(slog.NewJSONHandler(w, o))
+}

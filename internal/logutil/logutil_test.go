@@ -1,0 +1,32 @@
+package logutil
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+func TestNew(t *testing.T) {
+	var b bytes.Buffer
+	New(&b, JSON, slog.LevelInfo).Info("hello", "k", 1)
+	New(&b, JSON, slog.LevelInfo).Debug("not written")
+	var m map[string]any
+	if err := json.Unmarshal(b.Bytes(), &m); err != nil || m["msg"] != "hello" || m["k"] != 1.0 {
+		t.Fatalf("json log %q: %v", b.String(), err)
+	}
+	b.Reset()
+	New(&b, Text, slog.LevelDebug).Debug("hello", "k", 1)
+	if s := b.String(); !strings.Contains(s, "level=DEBUG") || !strings.Contains(s, "msg=hello k=1") {
+		t.Fatalf("text log %q", s)
+	}
+	for _, f := range []string{JSON, Text} {
+		if err := CheckFormat(f); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := CheckFormat("logfmt"); err == nil {
+		t.Error("logfmt accepted")
+	}
+}
