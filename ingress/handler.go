@@ -163,6 +163,11 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 		c.keyID = id
 	}
 	c.keepForwardHeaders(&ctx.Request.Header)
+	if len(ctx.Request.Header.ContentEncoding()) > 0 {
+		if err := c.s.decodeBody(&ctx.Request); err != nil { // encoding.go
+			return err
+		}
+	}
 	t := time.Now()
 	if err := parseRequest(&c.req, c.ep, ctx.PostBody()); err != nil {
 		return err
