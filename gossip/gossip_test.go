@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -205,6 +206,31 @@ func FuzzDecodeGossip(f *testing.F) {
 		_, _ = decodeMeta(b)
 		if bytes.HasPrefix(b, []byte{wireState}) {
 			_, _, _ = decodeState(b[1:])
+		}
+	})
+}
+
+// FuzzJoinLoRAs: whatever adapter names an engine lists, the sidecar's
+// LoRAs field passes the receivers' check and splits back into sorted,
+// distinct names it was given.
+func FuzzJoinLoRAs(f *testing.F) {
+	f.Add("sql-lora\x00chat-lora\x00sql-lora")
+	f.Add("a,b\x00\x00" + strings.Repeat("x", 300))
+	f.Fuzz(func(t *testing.T, s string) {
+		names := strings.Split(s, "\x00")
+		st := EngineState{ID: "e", Model: "m", LoRAs: JoinLoRAs(names)}
+		e := entry{Origin: "n", Kind: kindEngine, Name: "e", Engine: &st}
+		if err := e.check(); err != nil {
+			t.Fatalf("JoinLoRAs(%q) = %q: %v", names, st.LoRAs, err)
+		}
+		got := st.Adapters()
+		if !slices.IsSorted(got) || len(slices.Compact(slices.Clone(got))) != len(got) {
+			t.Fatalf("adapters %q not sorted and distinct", got)
+		}
+		for _, a := range got {
+			if !slices.Contains(names, a) {
+				t.Fatalf("adapter %q was not given", a)
+			}
 		}
 	})
 }

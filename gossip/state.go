@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -39,9 +41,46 @@ type EngineState struct {
 	// (--disaggregation-bootstrap-port on the engine's host).
 	Bootstrap string `json:"boot,omitempty"`
 
+	// LoRAs are the LoRA adapters the engine serves (vLLM lists them in
+	// /v1/models with their base model as parent): sorted names joined by
+	// commas (a string keeps EngineState comparable), at most MaxLoRAs names
+	// of at most MaxLoRAName bytes, none empty or holding a comma. The
+	// ingress routes a request naming one to the engines that list it,
+	// keyed as the adapter (Adapters splits them).
+	LoRAs string `json:"lora,omitempty"`
+
 	// Digest is the key-set digest per tier at its delta head; Digest.Digests[t].Count
 	// is the block count of tier t.
 	Digest kvevents.EngineDigest `json:"dig"`
+}
+
+// Bounds of EngineState.LoRAs: a state past them is malformed.
+const (
+	MaxLoRAs    = 64
+	MaxLoRAName = 256
+)
+
+// JoinLoRAs is the LoRAs field for names: sorted, deduplicated, and only the
+// first MaxLoRAs that fit (an empty name, one with a comma or one over
+// MaxLoRAName bytes is left out).
+func JoinLoRAs(names []string) string {
+	var ok []string
+	for _, n := range names {
+		if n != "" && len(n) <= MaxLoRAName && !strings.Contains(n, ",") {
+			ok = append(ok, n)
+		}
+	}
+	slices.Sort(ok)
+	ok = slices.Compact(ok)
+	return strings.Join(ok[:min(len(ok), MaxLoRAs)], ",")
+}
+
+// Adapters returns the LoRA adapters of s (nil when none).
+func (s *EngineState) Adapters() []string {
+	if s.LoRAs == "" {
+		return nil
+	}
+	return strings.Split(s.LoRAs, ",")
 }
 
 // PDProtocolSGLang is EngineState.PDProtocol of an SGLang engine run with
@@ -167,6 +206,17 @@ func (e *entry) check() error {
 		}
 		if e.Engine.KVUsage < 0 || e.Engine.KVUsage > 1.0001 || e.Engine.Running < 0 || e.Engine.Waiting < 0 {
 			return fmt.Errorf("%w: engine load out of range", errMalformed)
+		}
+		if l := e.Engine.LoRAs; l != "" {
+			names := strings.Split(l, ",")
+			if len(names) > MaxLoRAs {
+				return fmt.Errorf("%w: %d LoRA adapters", errMalformed, len(names))
+			}
+			for _, a := range names {
+				if a == "" || len(a) > MaxLoRAName {
+					return fmt.Errorf("%w: LoRA adapter name of %d bytes", errMalformed, len(a))
+				}
+			}
 		}
 	case kindInFlight:
 		for _, n := range e.InFlight {

@@ -305,6 +305,7 @@ func (g *gossipMembership) refresh() {
 				// the engine: they count as in flight there.
 				InFlight: max(0, inflight[v.ID]-own[v.ID]) + queued,
 				Group:    v.Group,
+				LoRAs:    v.Adapters(),
 			},
 			URL: v.URL, BlockSize: v.BlockSize,
 			PDProtocol: v.PDProtocol, Bootstrap: v.Bootstrap,

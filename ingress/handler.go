@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -41,6 +42,7 @@ type call struct {
 	body        []byte // upstream body (rewritten) or nil: the client's body
 	alt         []byte // second body buffer (swapped with body when rewriting twice)
 	dropUsage   bool   // the usage chunk was added by us: keep it from the client
+	loraBase    string // base model of a LoRA adapter the engines list (gossip) and no config names
 	path        string // upstream path
 	wrap        bool   // chat answered through /v1/completions and re-wrapped
 	media       int    // media items in the chat prompt (keys stop at the first)
@@ -216,22 +218,24 @@ func (c *call) candidates() error {
 	s := c.s
 	c.infos = s.deps.Membership.Engines(c.infos[:0])
 	known := false
-	served, _ := c.adapterOf()
+	served, adapter := c.adapterOf()
 	for i := range c.infos {
-		e := &c.infos[i]
-		if e.Model != served {
-			continue
+		if e := &c.infos[i]; e.Model == served {
+			known = true
+			c.addCandidate(e)
 		}
-		known = true
-		if c.block == 0 && e.BlockSize > 0 {
-			c.block = e.BlockSize
+	}
+	if !known && adapter == "" {
+		// A LoRA adapter the engines list (their sidecars read /v1/models)
+		// that no flag or route names: served by the engines that list it,
+		// under their base model, keyed as the adapter.
+		for i := range c.infos {
+			e := &c.infos[i]
+			if (c.loraBase == "" || e.Model == c.loraBase) && slices.Contains(e.LoRAs, c.model) {
+				c.loraBase, known = e.Model, true
+				c.addCandidate(e)
+			}
 		}
-		eng := e.Engine
-		n, pre, act := s.ups.local(e.ID)
-		eng.InFlight += n
-		eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
-		c.cands = append(c.cands, eng)
-		c.urls = append(c.urls, e.URL)
 	}
 	if !known {
 		if len(c.infos) == 0 {
@@ -244,6 +248,19 @@ func (c *call) candidates() error {
 		c.block = s.cfg.BlockSize
 	}
 	return nil
+}
+
+// addCandidate adds e, with this replica's own load, to the candidates.
+func (c *call) addCandidate(e *EngineInfo) {
+	if c.block == 0 && e.BlockSize > 0 {
+		c.block = e.BlockSize
+	}
+	eng := e.Engine
+	n, pre, act := c.s.ups.local(e.ID)
+	eng.InFlight += n
+	eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
+	c.cands = append(c.cands, eng)
+	c.urls = append(c.urls, e.URL)
 }
 
 // admit applies the prompt-length limit, the token rate limits and the
@@ -376,7 +393,7 @@ func (c *call) tokenize() error {
 	if s.deps.Tokenizers != nil {
 		var ok bool
 		if tok, ok = s.deps.Tokenizers.For(c.model); !ok {
-			if base, isAdapter := s.cfg.LoRAAdapters[c.model]; isAdapter {
+			if base, adapter := c.adapterOf(); adapter != "" {
 				tok, _ = s.deps.Tokenizers.For(base) // an adapter tokenizes as its base model
 			}
 		}

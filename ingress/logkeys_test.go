@@ -3,9 +3,7 @@ package ingress
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -19,12 +17,7 @@ import (
 // pipelines keep the first or the last of a repeated key as they please, so
 // a materializer line used to read as the ingress's.
 func TestLogKeysUnique(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := fmt.Sprintf("nats://%s", ln.Addr())
-	ln.Close() // nothing listens: the materializer logs that it waits for NATS
+	url := "nats://" + testutil.NewGate(t).Addr() // never opened: the materializer logs that it waits for NATS
 
 	var buf testutil.SyncBuffer
 	cfg := DefaultConfig()

@@ -9,10 +9,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
 // A request naming a LoRA adapter reaches the engine serving its base model,
@@ -94,4 +99,88 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestLoRADiscovered: an adapter the engine serves (vLLM's --lora-modules)
+// and nobody named to the ingress is found by the sidecar in the engine's
+// /v1/models, gossiped, listed by the ingress's /v1/models with its base
+// model, and routed to the one engine that serves it (its sibling serves the
+// base model only, and would answer 404), keyed as the adapter's blocks.
+func TestLoRADiscovered(t *testing.T) {
+	nt, tpl := llama(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ns, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	tk, err := NewTokenizer(nt, tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.LoadInterval = 50 * time.Millisecond
+	cfg.Cluster = ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{ns.URL()}}
+	s, spy := spiedIngress(t, cfg, Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: quiet})
+	var withLoRA *sim.Server
+	for _, id := range []string{"base-only", "with-lora"} {
+		sc := sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Logger: quiet,
+			KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0", Engine: engine.Config{BlockSize: 16, GPUBlocks: 2048}}
+		if id == "with-lora" {
+			sc.LoRA = sim.LoRAConfig{Enable: true, Modules: map[string]string{"sql-lora": "/adapters/sql"}, MaxLoRAs: 2}
+		}
+		sm, err := sim.Start(context.Background(), sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sm.Close() })
+		if id == "with-lora" {
+			withLoRA = sm
+		}
+		startSidecar(t, sidecar.EngineConfig{ID: id, Model: "llama", URL: sm.URL(), DPSize: 1,
+			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints()}, ns.URL(), s.GossipAddr(), quiet)
+	}
+	base := "http://" + s.Addr()
+	testutil.WaitFor(t, 20*time.Second, "both engines healthy, the adapter gossiped", func() bool {
+		if healthyEngines(s) != 2 {
+			return false
+		}
+		for _, e := range s.deps.Membership.Engines(nil) {
+			if slices.Contains(e.LoRAs, "sql-lora") {
+				return true
+			}
+		}
+		return false
+	})
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ml struct {
+		Data []struct{ ID, Parent string } `json:"data"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&ml)
+	resp.Body.Close()
+	if err != nil || len(ml.Data) != 2 || ml.Data[0].ID != "llama" || ml.Data[0].Parent != "" ||
+		ml.Data[1].ID != "sql-lora" || ml.Data[1].Parent != "llama" {
+		t.Fatalf("/v1/models %+v (%v): want llama and sql-lora with parent llama", ml.Data, err)
+	}
+
+	prompt := strings.Repeat("list every customer who placed an order in the last month ", 6)
+	body := `{"model":"sql-lora","max_tokens":2,"prompt":` + string(mustJSON(t, prompt)) + `}`
+	for i := range 6 {
+		st, hdr, b := post(t, http.DefaultClient, base+"/v1/completions", body)
+		if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != "with-lora" {
+			t.Fatalf("request %d: status %d engine %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	keys := spy.last()
+	want := kvevents.AppendKeys(nil, kvevents.Root("llama", "sql-lora", ""), nt.Encode(prompt, true), cfg.BlockSize)
+	if len(keys) == 0 || !slices.Equal(keys, want) {
+		t.Fatalf("ingress keys %x, want the adapter chain %x", keys, want)
+	}
+	engineCachedAll(t, withLoRA, keys)
+	if st, _, b := post(t, http.DefaultClient, base+"/v1/completions", `{"model":"no-such-lora","prompt":"x"}`); st != http.StatusNotFound {
+		t.Fatalf("unknown model: %d %s", st, b)
+	}
 }

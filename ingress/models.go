@@ -31,21 +31,36 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
+		Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
 	}
 	seen := map[string]bool{}
 	var out []model
-	for _, e := range s.deps.Membership.Engines(nil) {
-		if !e.Healthy || seen[e.Model] {
-			continue
-		}
-		seen[e.Model] = true
-		out = append(out, model{ID: e.Model, Object: "model", Created: s.startUnix(), OwnedBy: "kvmesh"})
-	}
-	for _, id := range s.routeModels() { // route.go: names the routes accept
+	add := func(id, parent string) {
 		if !seen[id] {
 			seen[id] = true
-			out = append(out, model{ID: id, Object: "model", Created: s.startUnix(), OwnedBy: "kvmesh"})
+			out = append(out, model{ID: id, Object: "model", Created: s.startUnix(), OwnedBy: "kvmesh", Parent: parent})
 		}
+	}
+	engines := s.deps.Membership.Engines(nil)
+	for _, e := range engines {
+		if e.Healthy {
+			add(e.Model, "")
+		}
+	}
+	for _, e := range engines { // adapters after every base model: a name both serve is the base's
+		if e.Healthy {
+			for _, a := range e.LoRAs {
+				add(a, e.Model)
+			}
+		}
+	}
+	for a, base := range s.cfg.LoRAAdapters {
+		if seen[base] {
+			add(a, base)
+		}
+	}
+	for _, id := range s.routeModels() { // route.go: names the routes accept
+		add(id, "")
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	if out == nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -24,13 +23,8 @@ import (
 // ingress discovers the engine and indexes its cache — no restart.
 func TestStartsBeforeNATS(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close() // nothing listens there until NATS starts below
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	gate := testutil.NewGate(t) // NATS is down until the gate opens onto it below
+	url := "nats://" + gate.Addr()
 
 	cfg := DefaultConfig()
 	cfg.ID = "ingress-before-nats"
@@ -58,11 +52,12 @@ func TestStartsBeforeNATS(t *testing.T) {
 		t.Fatalf("/ready %d %s without NATS (no index sync, no grace): want 503", st, body)
 	}
 
-	ns, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Port: port})
+	ns, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(ns.Shutdown)
+	gate.Open(strings.TrimPrefix(ns.URL(), "nats://"))
 	testutil.WaitFor(t, 30*time.Second, "ingress ready with the engine healthy once NATS is up", func() bool {
 		st, _, _ := get(base + "/ready")
 		return st == 200 && healthyEngines(s) == 1
@@ -96,12 +91,7 @@ func ids(n int) string {
 // With NATS unreachable, an ingress is ready once its index sync grace has
 // passed (routing on load until NATS answers), and says so.
 func TestReadyAfterIndexSyncGrace(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "nats://" + ln.Addr().String()
-	ln.Close()
+	url := "nats://" + testutil.NewGate(t).Addr() // never opened: NATS stays down
 	good := startFaultEngine(t, faultOK)
 	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: good.url()})
 	cfg.Cluster = ClusterConfig{NATSURLs: []string{url}, IndexSyncGrace: 200 * time.Millisecond}

@@ -292,6 +292,9 @@ func (c *call) adapterOf() (served, adapter string) {
 	if base, ok := c.s.cfg.LoRAAdapters[c.model]; ok {
 		return base, c.model
 	}
+	if c.loraBase != "" { // handler.go candidates: an adapter the engines list
+		return c.loraBase, c.model
+	}
 	if ab, ok := c.s.deps.Tokenizers.(AdapterBases); ok {
 		if base, isAdapter := ab.AdapterBase(c.model); isAdapter {
 			return base, c.model

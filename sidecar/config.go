@@ -133,6 +133,10 @@ type Config struct {
 	ScrapeInterval time.Duration
 	// GossipInterval for publishing load, head and digest (default 250ms).
 	GossipInterval time.Duration
+	// ModelsInterval is how often the engine's /v1/models is read for the
+	// LoRA adapters it serves, gossiped to the ingresses (default 10s; 0
+	// disables).
+	ModelsInterval time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer for kvmesh_sidecar_* metrics; nil uses a private registry
@@ -152,6 +156,7 @@ func DefaultConfig() Config {
 		SnapshotChunkKeys: 65536,
 		ScrapeInterval:    time.Second,
 		GossipInterval:    250 * time.Millisecond,
+		ModelsInterval:    10 * time.Second,
 	}
 }
 
@@ -242,6 +247,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BatchWindow < 0 || c.ScrapeInterval <= 0 || c.GossipInterval <= 0 {
 		add("batch window %v must not be negative; scrape %v and gossip %v intervals must be positive", c.BatchWindow, c.ScrapeInterval, c.GossipInterval)
+	}
+	if c.ModelsInterval < 0 {
+		add("models interval %v must not be negative", c.ModelsInterval)
 	}
 	return errors.Join(errs...)
 }

@@ -57,7 +57,8 @@ type engine struct {
 	published kvevents.EngineDigest // head and digests as of the last delta
 	lastTS    int64
 	load      Load
-	running   bool // the event loop is consuming
+	loras     string // gossip.JoinLoRAs of the adapters /v1/models lists (models.go)
+	running   bool   // the event loop is consuming
 	// scrapeFails counts metrics scrapes failed in a row; from
 	// unreadyScrapeFails on, the engine is gossiped as not ready.
 	scrapeFails int

@@ -150,6 +150,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() { defer wg.Done(); e.scrapeLoop(ctx, client, e.cfg.MetricsURL) }()
 		}
+		if s.cfg.ModelsInterval > 0 && e.cfg.URL != "" {
+			wg.Add(1)
+			go func() { defer wg.Done(); e.modelsLoop(ctx, client, e.cfg.URL+"/v1/models") }() // models.go
+		}
 		if s.cfg.ResyncPolicy == ResyncResetEngine {
 			wg.Add(1)
 			go func() { defer wg.Done(); e.resetLoop(ctx, client) }()
@@ -350,6 +354,7 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 				Running: e.load.Running, Waiting: e.load.Waiting, KVUsage: e.load.KVUsage, QueuedPrefill: e.load.QueuedPrefill,
 				Ready: e.readyLocked(), Digest: e.published,
 				Group: e.cfg.PDGroup, PDProtocol: gossipPDProtocol(e.cfg.PDProtocol), Bootstrap: e.cfg.Bootstrap(),
+				LoRAs: e.loras,
 			}
 			e.mu.Unlock()
 			if st != last[i] { // unchanged state is re-broadcast by the node itself

@@ -66,7 +66,7 @@ func benchPropagation(b *testing.B, batchesPerSec int) {
 	var idxs []*latencyIndex
 	var stops []func()
 	for i := 0; i < ingresses; i++ {
-		nc, err := nats.Connect(ns.url())
+		nc, err := nats.Connect(ns.directURL())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -103,7 +103,7 @@ func benchPropagation(b *testing.B, batchesPerSec int) {
 		model := fmt.Sprintf("bench-%d", i)
 		cfg := sidecar.DefaultConfig()
 		cfg.Engines = []sidecar.EngineConfig{{ID: fmt.Sprintf("e%02d", i), Model: model, Events: pub.Endpoint(), Replay: pub.ReplayEndpoint(), MetricsURL: "-"}}
-		cfg.NATS = natsConfig(ns.url())
+		cfg.NATS = natsConfig(ns.directURL())
 		s, err := sidecar.New(cfg)
 		if err != nil {
 			b.Fatal(err)

@@ -18,29 +18,32 @@ import (
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 
-// natsServer is an embedded NATS server that can be restarted on the same
-// port with the same JetStream store.
+// natsServer is an embedded NATS server that can be restarted with the same
+// JetStream store, behind one address: clients reach it through a gate that
+// holds the port (a restart on the same port would race every other socket
+// on the machine for it).
 type natsServer struct {
 	t     testing.TB
 	e     *natsutil.Embedded
-	port  int
+	gate  *testutil.Gate
 	store string
 }
 
 func startNATS(t testing.TB) *natsServer {
 	t.Helper()
-	s := &natsServer{t: t, port: -1, store: t.TempDir()}
+	s := &natsServer{t: t, gate: testutil.NewGate(t), store: t.TempDir()}
 	s.start()
 	t.Cleanup(func() { s.e.Shutdown() })
 	return s
 }
 
 func (s *natsServer) start() {
-	e, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Host: "127.0.0.1", Port: s.port, StoreDir: s.store})
+	e, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Host: "127.0.0.1", Port: -1, StoreDir: s.store})
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.e, s.port = e, e.Port()
+	s.e = e
+	s.gate.Open(fmt.Sprintf("127.0.0.1:%d", e.Port()))
 }
 
 func (s *natsServer) restart() {
@@ -48,7 +51,11 @@ func (s *natsServer) restart() {
 	s.start()
 }
 
-func (s *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.port) }
+func (s *natsServer) url() string { return "nats://" + s.gate.Addr() }
+
+// directURL is the running server's own address, without the gate's hop
+// (for benchmarks; it changes on restart).
+func (s *natsServer) directURL() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.e.Port()) }
 
 func natsConfig(url string) natsutil.Config {
 	c := natsutil.DefaultConfig()
