@@ -137,6 +137,10 @@ type Config struct {
 	// LoRA adapters it serves, gossiped to the ingresses (default 10s; 0
 	// disables).
 	ModelsInterval time.Duration
+	// EngineAPIKey is sent as a bearer token on the /v1/models reads, for
+	// engines started with vLLM's --api-key (the command takes it from
+	// $KVMESH_ENGINE_API_KEY, as the ingress does). /metrics needs none.
+	EngineAPIKey string
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer for kvmesh_sidecar_* metrics; nil uses a private registry

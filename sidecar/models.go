@@ -24,7 +24,7 @@ func (e *engine) modelsLoop(ctx context.Context, client *http.Client, url string
 	t := time.NewTicker(e.s.cfg.ModelsInterval)
 	defer t.Stop()
 	for {
-		names, err := fetchAdapters(ctx, client, url)
+		names, err := fetchAdapters(ctx, client, url, e.s.cfg.EngineAPIKey)
 		if err != nil {
 			e.log.Debug("engine /v1/models poll failed", "url", natsutil.RedactURL(url), "err", err)
 		} else {
@@ -41,10 +41,13 @@ func (e *engine) modelsLoop(ctx context.Context, client *http.Client, url string
 	}
 }
 
-func fetchAdapters(ctx context.Context, client *http.Client, url string) ([]string, error) {
+func fetchAdapters(ctx context.Context, client *http.Client, url, key string) ([]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	resp, err := client.Do(req)
 	if err != nil {

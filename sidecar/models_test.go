@@ -1,6 +1,9 @@
 package sidecar
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -40,4 +43,24 @@ func FuzzParseAdapters(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An engine started with vLLM's --api-key answers /v1/models only with the
+// key: the sidecar sends EngineAPIKey.
+func TestFetchAdaptersWithKey(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer sk-engine" {
+			http.Error(w, `{"error":"Unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte(`{"data":[{"id":"m","parent":null},{"id":"a","parent":"m"}]}`))
+	}))
+	defer srv.Close()
+	if _, err := fetchAdapters(context.Background(), srv.Client(), srv.URL, ""); err == nil {
+		t.Fatal("no key: no error")
+	}
+	got, err := fetchAdapters(context.Background(), srv.Client(), srv.URL, "sk-engine")
+	if err != nil || !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("with the key: %q, %v", got, err)
+	}
 }

@@ -62,6 +62,7 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	cfg.NATS.Name = "kvmesh-sidecar"
 	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "KVMESH_DELTAS retention by age")
+	cfg.EngineAPIKey = os.Getenv("KVMESH_ENGINE_API_KEY")
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often the engine's /v1/models is read for the LoRA adapters it serves (gossiped to the ingresses; 0: never)")
 	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "KVMESH_DELTAS retention by size")
 	fs.IntVar(&cfg.NATS.Stream.Replicas, "stream-replicas", cfg.NATS.Stream.Replicas, "KVMESH_DELTAS replicas (clustered JetStream)")
