@@ -60,6 +60,10 @@ type SidecarConfig struct {
 	GossipSecret string
 }
 
+// EngineAPIKeySecret is the optional Secret holding the engines' own API key
+// (key "key"), as manifests/base names it.
+const EngineAPIKeySecret = "kvmesh-engine-api-key"
+
 // DefaultSidecarConfig matches manifests/base.
 func DefaultSidecarConfig() SidecarConfig {
 	return SidecarConfig{
@@ -162,6 +166,12 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 	if c.GossipSecret != "" && c.GossipJoin != "" {
 		env = append(env, secret("KVMESH_GOSSIP_KEY", c.GossipSecret, "key"))
 	}
+	// The engines' own key (vllm --api-key), when the installation has one:
+	// the sidecar reads the engine's /v1/models with it (the ingress
+	// manifests read the same Secret).
+	apiKey := secret("KVMESH_ENGINE_API_KEY", EngineAPIKeySecret, "key")
+	apiKey.ValueFrom.SecretKeyRef.Optional = new(true)
+	env = append(env, apiKey)
 	var mounts []corev1.VolumeMount
 	if dir := pod.Annotations[AnnotationTokenizerDir]; dir != "" {
 		m, ok := mountOf(pod, dir)
