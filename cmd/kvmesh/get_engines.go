@@ -253,6 +253,9 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	if e.DPSize > 1 {
 		field("DP size", e.DPSize)
 	}
+	if e.LoRAs != "" {
+		field("LoRA adapters", strings.ReplaceAll(e.LoRAs, ",", ", "))
+	}
 	field("Node", e.Node)
 	if m, ok := members[e.Node]; ok {
 		field("Node role", m.Role)

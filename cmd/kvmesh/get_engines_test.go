@@ -28,8 +28,12 @@ func startEngine(t *testing.T, nats *natsutil.Embedded, id, role, seed string) *
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	s, err := sim.Start(ctx, sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
-		TimeScale: 1, Seed: 1, Logger: log})
+	cfg := sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
+		TimeScale: 1, Seed: 1, Logger: log}
+	if role == "decode" { // serves two LoRA adapters, which its sidecar gossips
+		cfg.LoRA = sim.LoRAConfig{Enable: true, Modules: map[string]string{"sql-lora": "/a/sql", "chat-lora": "/a/chat"}, MaxLoRAs: 2}
+	}
+	s, err := sim.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +80,7 @@ func TestGetEngines(t *testing.T) {
 		for _, c := range []*sidecar.Sidecar{p, d} {
 			e1, ok1 := c.Gossip().Engine("eng-prefill-0")
 			e2, ok2 := c.Gossip().Engine("eng-decode-0")
-			if !ok1 || !ok2 || !e1.Ready || !e2.Ready {
+			if !ok1 || !ok2 || !e1.Ready || !e2.Ready || e2.LoRAs == "" {
 				return false
 			}
 		}
@@ -139,7 +143,7 @@ func TestGetEngines(t *testing.T) {
 		t.Fatalf("describe: exit %d: %s", code, errb.String())
 	}
 	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks",
-		"Learned costs:   none yet"} {
+		"Learned costs:   none yet", "LoRA adapters:   chat-lora, sql-lora"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("describe lacks %q:\n%s", s, out.String())
 		}
