@@ -289,6 +289,7 @@ type Status struct {
 	RankResets      uint64                 `json:"rank_resets"`
 	LostHistory     uint64                 `json:"lost_history"`
 	EngineResets    uint64                 `json:"engine_resets"`
+	LoRAs           string                 `json:"loras,omitempty"` // the adapters /v1/models lists (models.go)
 }
 
 func (e *engine) status() Status {
@@ -296,7 +297,8 @@ func (e *engine) status() Status {
 	defer e.mu.Unlock()
 	s := Status{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, Load: e.load, Running: e.running,
 		OrphanParents: e.st.c.orphanParents, OrphanLocations: e.st.c.orphanLocations, UnknownRemoves: e.st.c.unknownRemoves,
-		RankResets: e.c.rankResets.Load(), LostHistory: e.c.lostHistory.Load(), EngineResets: e.c.engineResets.Load()}
+		RankResets: e.c.rankResets.Load(), LostHistory: e.c.lostHistory.Load(), EngineResets: e.c.engineResets.Load(),
+		LoRAs: e.loras}
 	for t := range s.Keys {
 		s.Keys[t] = len(e.st.keyRefs[t])
 	}
