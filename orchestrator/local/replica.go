@@ -83,7 +83,8 @@ func (r *replica) sidecarCommand(natsURL, seed string) []string {
 		"--role", string(r.kind), "--events", r.addrs.events, "--replay", r.addrs.replay,
 		"--nats", natsURL, "--gossip-bind", "127.0.0.1:0", "--join", seed, "--gossip-profile", "local",
 		"--node-name", "sidecar-" + r.id, "--admin", "", "--block-size", r.blockSize(),
-		"--pd-group", r.md + "-0"} // one group per deployment locally, named as the controller names group 0
+		"--pd-group", r.md + "-0", // one group per deployment locally, named as the controller names group 0
+		"--log-format", "text"} // beside the simulators' and the supervisor's own text on the terminal
 }
 
 // blockSize is the sim's --block-size among the spec's sim flags, else
