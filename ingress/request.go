@@ -156,8 +156,9 @@ func (r *request) consumeIDs(key, b []byte, at int) (int, bool, error) {
 func (r *request) member(key, val []byte, koff, off int) error {
 	switch string(key) {
 	case "model":
-		if string(val) == "null" {
-			return nil // as absent: the ingress's one model (handler.go, defaultModel)
+		if string(val) == "null" { // as absent: the ingress's one model (handler.go, defaultModel)
+			r.model, r.hasModel = r.model[:0], false // a later member wins, as in every JSON parser
+			return nil
 		}
 		if val[0] != '"' {
 			return badRequest("model", fmt.Errorf("%w: model must be a string", ErrBadRequest))

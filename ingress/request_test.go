@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseRequest(t *testing.T) {
@@ -249,8 +250,20 @@ func FuzzParseRequest(f *testing.F) {
 			if !json.Valid(body) {
 				t.Fatalf("accepted invalid JSON %q", body)
 			}
-			if len(r.model) == 0 {
-				t.Fatal("accepted without model")
+			// The model is what every JSON parser (the engine's) reads:
+			// escaped keys decoded, the last member of a name winning; absent
+			// or null means the one model served (handler.go, defaultModel).
+			var top map[string]json.RawMessage
+			if json.Unmarshal(body, &top) == nil && utf8.Valid(body) {
+				var want string
+				if raw, ok := top["model"]; ok && string(raw) != "null" {
+					if err := json.Unmarshal(raw, &want); err != nil {
+						t.Fatalf("accepted model %s, not a string", raw)
+					}
+				}
+				if string(r.model) != want {
+					t.Fatalf("model %q, encoding/json reads %q in %q", r.model, want, body)
+				}
 			}
 			if r.kind == promptText || r.kind == promptIDs {
 				out := rewritePrompt(nil, body, r.promptStart, r.promptEnd, []uint32{1, 2})
@@ -286,4 +299,23 @@ func FuzzChatRewrap(f *testing.F) {
 			t.Fatalf("valid input %q produced invalid %q", b, out)
 		}
 	})
+}
+
+// TestEscapedKeys: a member whose key is written with escapes is the member
+// every JSON parser reads, the engine's included ("mod\u0065l" is "model"):
+// before, the ingress skipped it, so it routed, budgeted and streamed by
+// other values than the engine served by. A later member wins, null too.
+func TestEscapedKeys(t *testing.T) {
+	var r request
+	body := `{"mod\u0065l":"m","prompt":"x","str\u0065am":true,"max_tok\u0065ns":5}`
+	if err := parseRequest(&r, epCompletions, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if string(r.model) != "m" || !r.stream || r.maxTokens != 5 || r.kind != promptText {
+		t.Fatalf("model %q stream %v max tokens %d kind %v", r.model, r.stream, r.maxTokens, r.kind)
+	}
+	r = request{}
+	if err := parseRequest(&r, epCompletions, []byte(`{"model":"a","prompt":"x","model":null}`)); err != nil || len(r.model) != 0 {
+		t.Fatalf("model %q after a later null, %v", r.model, err)
+	}
 }

@@ -251,10 +251,10 @@ func HexVal(c byte) int {
 }
 
 // ForEachMember calls fn with every top-level member of the object that is
-// the whole of b (only whitespace may follow it); key is the raw key without
-// quotes, or nil when it holds escapes (decode b[keyOff:] then); val is the
-// raw value span; keyOff and valOff are the offsets of the key's opening
-// quote and of the value in b.
+// the whole of b (only whitespace may follow it); key is the key without
+// quotes, decoded when it holds escapes (a copy then; fn must not keep it
+// either way); val is the raw value span; keyOff and valOff are the offsets
+// of the key's opening quote and of the value in b.
 func ForEachMember(b []byte, fn func(key, val []byte, keyOff, valOff int) error) error {
 	return ScanMembers(b, nil, fn)
 }
@@ -282,7 +282,9 @@ func ScanMembers(b []byte, consume func(key, b []byte, at int) (end int, handled
 		}
 		key := b[i+1 : kend-1]
 		if kesc {
-			key = nil // escaped keys never name a field we read
+			// "mod\u0065l" is "model" to every JSON parser, the engine's
+			// included: decoded (rare, so a copy), never skipped.
+			key = AppendUnquote(nil, b[i0:kend])
 		}
 		i = SkipWS(b, kend)
 		if i >= len(b) || b[i] != ':' {

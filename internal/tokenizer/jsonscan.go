@@ -27,15 +27,17 @@ func fields(b []byte) (map[string][]byte, error) {
 	return out, err
 }
 
-// memberKey decodes a member's key: k is its raw text, nil when it holds
-// escapes, in which case the literal at b[koff] is decoded.
+// memberKey decodes a member's key as encoding/json does: k is its text; a
+// key that holds escapes is decoded again from its literal at b[koff], so
+// invalid UTF-8 next to an escape becomes U+FFFD exactly as encoding/json
+// makes it.
 func memberKey(b, k []byte, koff int) (string, error) {
-	if k != nil {
-		return str(k, false)
-	}
-	end, _, err := jsonscan.SkipString(b, koff)
+	end, esc, err := jsonscan.SkipString(b, koff)
 	if err != nil {
 		return "", err
+	}
+	if !esc {
+		return str(k, false)
 	}
 	return str(b[koff:end], true)
 }
