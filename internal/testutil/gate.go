@@ -45,14 +45,22 @@ func (g *Gate) Open(target string) {
 	g.mu.Unlock()
 }
 
-// Close stops accepting and cuts every forwarded connection.
-func (g *Gate) Close() {
-	g.ln.Close()
+// Shut cuts every forwarded connection and refuses new ones until the next
+// Open (a network partition between the clients and the server).
+func (g *Gate) Shut() {
 	g.mu.Lock()
+	g.target = ""
 	for c := range g.conns {
 		c.Close()
 	}
+	clear(g.conns)
 	g.mu.Unlock()
+}
+
+// Close stops accepting and cuts every forwarded connection.
+func (g *Gate) Close() {
+	g.ln.Close()
+	g.Shut()
 	g.wg.Wait()
 }
 

@@ -75,7 +75,7 @@ type chaosMesh struct {
 	procs    []*proc
 	nats     *proc
 	natsPort int
-	proxy    *cutProxy // ingress 1's way to NATS
+	proxy    *testutil.Gate // ingress 1's way to NATS, which the run can cut
 	engines  [2]*proc
 	sidecars [2]*proc
 	ingress  [2]*proc
@@ -154,9 +154,6 @@ func startChaosMesh(t *testing.T) *chaosMesh {
 		for _, p := range m.procs {
 			p.kill()
 		}
-		if m.proxy != nil {
-			m.proxy.close()
-		}
 	})
 
 	pool := newPortPool(t, 32)
@@ -166,7 +163,8 @@ func startChaosMesh(t *testing.T) *chaosMesh {
 	m.nats.start(t)
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", m.natsPort)
 	waitTCP(t, m.natsPort)
-	m.proxy = newCutProxy(t, m.natsPort)
+	m.proxy = testutil.NewGate(t)
+	m.proxy.Open(fmt.Sprintf("127.0.0.1:%d", m.natsPort))
 
 	gossipPorts := []int{freePort(t), freePort(t), freePort(t), freePort(t)}
 	join := func(self int) string {
@@ -201,7 +199,7 @@ func startChaosMesh(t *testing.T) *chaosMesh {
 		m.inListen[i], m.inAdmin[i] = freePort(t), freePort(t)
 		url := natsURL
 		if i == 1 {
-			url = m.proxy.url()
+			url = "nats://" + m.proxy.Addr()
 		}
 		m.ingress[i] = m.newProc(fmt.Sprintf("ingress%d", i), kv, "ingress", "--listen", "127.0.0.1:"+strconv.Itoa(m.inListen[i]),
 			"--admin", "127.0.0.1:"+strconv.Itoa(m.inAdmin[i]), "--gossip-bind", "127.0.0.1:"+strconv.Itoa(gossipPorts[2+i]),
@@ -595,7 +593,7 @@ func TestChaos(t *testing.T) {
 			m.waitReady(fmt.Sprintf("sidecar%d", i), fmt.Sprintf("http://127.0.0.1:%d/ready", m.scAdmin[i]))
 		}
 	})
-	fault("NATS partitioned from ingress1", func() string { m.proxy.cut(); return "" }, func() { m.proxy.heal() })
+	fault("NATS partitioned from ingress1", func() string { m.proxy.Shut(); return "" }, func() { m.proxy.Open(fmt.Sprintf("127.0.0.1:%d", m.natsPort)) })
 
 	m.checkAlive()
 	// Soak: plain load, memory and goroutines sampled at both ends.
@@ -742,83 +740,4 @@ func chaosReport(rs []faultResult, warm, soak phaseStats, soakDur time.Duration,
 		fmt.Fprintf(&w, "ingress%d: RSS %d → %d KiB, goroutines %d → %d; sidecar%d: RSS %d → %d KiB\n", i, a.rss[i], b.rss[i], a.goroutines[i], b.goroutines[i], i, a.scRSS[i], b.scRSS[i])
 	}
 	return w.String()
-}
-
-// cutProxy is a TCP proxy on loopback whose connections can be cut (a
-// network partition between one ingress and NATS) and healed.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cutOff bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
-
-func newCutProxy(t *testing.T, port int) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, target: "127.0.0.1:" + strconv.Itoa(port), conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	return p
-}
-
-func (p *cutProxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *cutProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cutOff {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			defer p.wg.Done()
-			_, _ = io.Copy(dst, src)
-			dst.Close()
-			src.Close()
-		}
-		p.wg.Add(2)
-		go pipe(up, c)
-		go pipe(c, up)
-	}
-}
-
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cutOff = true
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-func (p *cutProxy) heal() {
-	p.mu.Lock()
-	p.cutOff = false
-	p.mu.Unlock()
-}
-
-func (p *cutProxy) close() {
-	p.cut()
-	p.ln.Close()
-	p.wg.Wait()
 }
