@@ -66,7 +66,7 @@ const (
 func JoinLoRAs(names []string) string {
 	var ok []string
 	for _, n := range names {
-		if n != "" && len(n) <= MaxLoRAName && !strings.Contains(n, ",") {
+		if validLoRA(n) {
 			ok = append(ok, n)
 		}
 	}
@@ -74,6 +74,9 @@ func JoinLoRAs(names []string) string {
 	ok = slices.Compact(ok)
 	return strings.Join(ok[:min(len(ok), MaxLoRAs)], ",")
 }
+
+// validLoRA is the rule for one name of EngineState.LoRAs.
+func validLoRA(n string) bool { return n != "" && len(n) <= MaxLoRAName && !strings.Contains(n, ",") }
 
 // Adapters returns the LoRA adapters of s (nil when none).
 func (s *EngineState) Adapters() []string {
@@ -207,13 +210,12 @@ func (e *entry) check() error {
 		if e.Engine.KVUsage < 0 || e.Engine.KVUsage > 1.0001 || e.Engine.Running < 0 || e.Engine.Waiting < 0 {
 			return fmt.Errorf("%w: engine load out of range", errMalformed)
 		}
-		if l := e.Engine.LoRAs; l != "" {
-			names := strings.Split(l, ",")
-			if len(names) > MaxLoRAs {
-				return fmt.Errorf("%w: %d LoRA adapters", errMalformed, len(names))
+		if l := e.Engine.LoRAs; l != "" { // checked in place: every received state passes here
+			if n := strings.Count(l, ",") + 1; n > MaxLoRAs {
+				return fmt.Errorf("%w: %d LoRA adapters", errMalformed, n)
 			}
-			for _, a := range names {
-				if a == "" || len(a) > MaxLoRAName {
+			for a := range strings.SplitSeq(l, ",") {
+				if !validLoRA(a) {
 					return fmt.Errorf("%w: LoRA adapter name of %d bytes", errMalformed, len(a))
 				}
 			}

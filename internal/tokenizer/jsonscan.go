@@ -27,17 +27,18 @@ func fields(b []byte) (map[string][]byte, error) {
 	return out, err
 }
 
-// memberKey decodes a member's key as encoding/json does: k is its text; a
-// key that holds escapes is decoded again from its literal at b[koff], so
-// invalid UTF-8 next to an escape becomes U+FFFD exactly as encoding/json
-// makes it.
+// memberKey decodes a member's key as encoding/json does: k is its text (the
+// bytes of b after the quote at koff when it holds no escapes). A key that
+// held escapes arrives decoded in a copy; it is decoded again from its
+// literal, so invalid UTF-8 next to an escape becomes U+FFFD exactly as
+// encoding/json makes it.
 func memberKey(b, k []byte, koff int) (string, error) {
-	end, esc, err := jsonscan.SkipString(b, koff)
+	if len(k) == 0 || &k[0] == &b[koff+1] { // written as it reads: no second scan
+		return str(k, false)
+	}
+	end, _, err := jsonscan.SkipString(b, koff)
 	if err != nil {
 		return "", err
-	}
-	if !esc {
-		return str(k, false)
 	}
 	return str(b[koff:end], true)
 }
