@@ -3,7 +3,6 @@ package des
 import (
 	"context"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
 
@@ -34,8 +33,8 @@ const evTransferDone evKind = 16
 // Simplification: the prefill engine frees its blocks when its leg ends,
 // not when the decode engine has read them (a few milliseconds later).
 type pdSim struct {
+	clock
 	cfg    *PDConfig
-	reqs   []workload.Request
 	idx    *index.Index
 	router *pd.Router
 	root   uint64
@@ -47,16 +46,7 @@ type pdSim struct {
 	stepPending []bool
 	awaitFirst  [][]int
 
-	h        eventHeap
-	nextArr  int
-	arrAt    time.Duration
-	nextSnap time.Duration
-	inflight int
-	backlog  []int
-	bhead    int
-	pending  int
-	busy     int // prefill legs and transfers in flight (they feed other engines)
-	fol      *followUps
+	busy int // prefill legs and transfers in flight (they feed other engines)
 
 	flights []pdFlight
 	byReq   map[*engine.Request]int
@@ -141,10 +131,10 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	if err != nil {
 		return nil, err
 	}
-	s := &pdSim{cfg: cfg, reqs: reqs, idx: idx, router: router, root: kvevents.Root(cfg.Model, "", ""),
+	s := &pdSim{cfg: cfg, idx: idx, router: router, root: kvevents.Root(cfg.Model, "", ""),
 		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int), learner: lr,
 		outs: outs}
-	if s.fol, err = newFollowUps(reqs); err != nil {
+	if err := s.clock.init(reqs, cfg.Concurrency, cfg.SnapshotInterval); err != nil {
 		return nil, err
 	}
 	s.out.init(len(reqs))
@@ -187,13 +177,7 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 
 func (s *pdSim) run(ctx context.Context) PDResult {
 	start := time.Now()
-	s.pushArrival()
-	s.pending = len(s.reqs)
-	s.nextSnap = -1
-	if s.cfg.SnapshotInterval > 0 {
-		s.nextSnap = 0
-		s.h.push(0, evSnapshot, 0)
-	}
+	s.start()
 	for n := 0; s.h.len() > 0; n++ {
 		if n&4095 == 0 && ctx.Err() != nil {
 			break
@@ -202,30 +186,19 @@ func (s *pdSim) run(ctx context.Context) PDResult {
 		now := ev.at
 		switch ev.kind {
 		case evArrival, evFollow:
-			if ev.kind == evArrival {
-				s.pushArrival()
-			} else {
-				s.fol.fired()
+			if s.arrived(ev) {
+				s.dispatch(ev.arg, now)
 			}
-			if s.cfg.Concurrency > 0 && s.inflight >= s.cfg.Concurrency {
-				s.backlog = append(s.backlog, ev.arg)
-				continue
-			}
-			s.dispatch(ev.arg, now)
 		case evRelease:
 			s.inflight--
-			s.next(now)
+			s.release(now)
 		case evStep:
 			s.step(ev.arg, now)
 		case evTransferDone:
 			s.transferDone(ev.arg, now)
 		case evSnapshot:
 			s.snapshot()
-			s.nextSnap = -1
-			if s.pending > 0 {
-				s.nextSnap = now + s.cfg.SnapshotInterval
-				s.h.push(s.nextSnap, evSnapshot, 0)
-			}
+			s.snapshotted(now)
 		}
 	}
 	s.out.wall = time.Since(start)
@@ -235,62 +208,14 @@ func (s *pdSim) run(ctx context.Context) PDResult {
 	return s.out.result(s.cfg)
 }
 
-func (s *pdSim) next(now time.Duration) {
-	if s.bhead < len(s.backlog) {
-		i := s.backlog[s.bhead]
-		s.bhead++
+// release dispatches the request the client's backlog releases, if any.
+func (s *pdSim) release(now time.Duration) {
+	if i, ok := s.next(); ok {
 		s.dispatch(i, now)
 	}
 }
 
-func (s *pdSim) pushArrival() {
-	s.arrAt = -1
-	for s.nextArr < len(s.reqs) && s.reqs[s.nextArr].After > 0 {
-		s.nextArr++ // a follow-up (followUps)
-	}
-	if s.nextArr < len(s.reqs) {
-		s.arrAt = s.reqs[s.nextArr].Arrival
-		s.h.push(s.arrAt, evArrival, s.nextArr)
-		s.nextArr++
-	}
-}
-
-// horizon: as sim.horizon, and while prefill legs or transfers are in
-// flight any event can add a request to an engine, so the heap top.
-func (s *pdSim) horizon() time.Duration {
-	if s.busy > 0 || s.bhead < len(s.backlog) {
-		if t, ok := s.h.peek(); ok {
-			return t
-		}
-	}
-	until := time.Duration(math.MaxInt64)
-	if s.arrAt >= 0 {
-		until = s.arrAt
-	}
-	if s.nextSnap >= 0 && s.nextSnap < until {
-		until = s.nextSnap
-	}
-	if t, ok := s.fol.earliest(); ok && t < until {
-		until = t
-	}
-	return until
-}
-
-// snapshot is what gossip/metrics scrapes give every router: running,
-// waiting, KV usage and the TTFT/TPOT histograms' means since the last
-// scrape. vLLM exports no queued-prefill-tokens metric, so no router gets
-// it (each counts its own in-flight prefill tokens, LocalPrefillTokens).
-func (s *pdSim) snapshot() {
-	for e, eng := range s.engines {
-		l := eng.Load()
-		v := &s.view[e]
-		v.Running, v.Waiting, v.KVUsage = l.Running, l.Waiting, l.KVUsage
-		if a := &s.lat[e]; a.n > 0 {
-			v.TTFT, v.TPOT = a.ttft/time.Duration(a.n), a.tpot/time.Duration(a.n)
-			*a = latAcc{}
-		}
-	}
-}
+func (s *pdSim) snapshot() { scrape(s.engines, s.view, s.lat) }
 
 func (s *pdSim) dispatch(i int, now time.Duration) {
 	if s.cfg.SnapshotInterval < 0 {
@@ -366,8 +291,8 @@ func (s *pdSim) fail(i int, now time.Duration) {
 	s.out.failed++
 	s.pending--
 	s.fol.done(&s.h, i, now, now)
-	if s.cfg.Concurrency == 0 || s.inflight < s.cfg.Concurrency {
-		s.next(now)
+	if s.free() {
+		s.release(now)
 	}
 }
 
@@ -381,7 +306,7 @@ func (s *pdSim) step(e int, now time.Duration) {
 		s.ctx[e].meter.At(now, c0)
 	}
 	before := s.ctx[e].meter.Integral()
-	res := eng.Step(now, s.horizon())
+	res := eng.Step(now, s.horizon(s.busy > 0))
 	if s.learner != nil && res.Steps > 0 {
 		s.ctx[e].meter.At(res.End, s.ctx[e].tokens(eng.Load()))
 		if !prefilling && seqs > 0 {

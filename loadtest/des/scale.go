@@ -134,10 +134,7 @@ func newScaleSim(cfg *ScaleConfig, reqs []workload.Request, as Autoscaler) (*sca
 
 func (s *scaleSim) run(ctx context.Context) ScaleResult {
 	start := time.Now()
-	s.pushArrival()
-	s.pending = len(s.reqs)
-	s.nextSnap = 0
-	s.h.push(0, evSnapshot, 0)
+	s.start()
 	s.h.push(0, evScaleTick, 0)
 	var now time.Duration
 	for n := 0; s.h.len() > 0; n++ {
@@ -147,16 +144,13 @@ func (s *scaleSim) run(ctx context.Context) ScaleResult {
 		ev := s.h.pop()
 		now = ev.at
 		switch ev.kind {
-		case evArrival:
-			s.pushArrival()
-			if s.cfg.Concurrency > 0 && s.inflight >= s.cfg.Concurrency {
-				s.backlog = append(s.backlog, ev.arg)
-				continue
+		case evArrival, evFollow:
+			if s.arrived(ev) {
+				s.dispatch(ev.arg, now)
 			}
-			s.dispatch(ev.arg, now)
 		case evRelease:
 			s.inflight--
-			s.next(now)
+			s.release(now)
 		case evStep:
 			s.step(ev.arg, now)
 			s.maybeStop(s.slot[ev.arg], now)
@@ -164,11 +158,7 @@ func (s *scaleSim) run(ctx context.Context) ScaleResult {
 			s.transferDone(ev.arg, now)
 		case evSnapshot:
 			s.snapshot()
-			s.nextSnap = -1
-			if s.pending > 0 {
-				s.nextSnap = now + s.cfg.SnapshotInterval
-				s.h.push(s.nextSnap, evSnapshot, 0)
-			}
+			s.snapshotted(now)
 		case evScaleTick:
 			s.tick(now)
 			if s.pending > 0 {

@@ -3,7 +3,6 @@ package des
 import (
 	"context"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
 
@@ -25,8 +24,8 @@ var epoch = time.Unix(1_700_000_000, 0)
 // sim is one policy's run. Single goroutine; nothing is shared with other
 // runs except the read-only request list.
 type sim struct {
+	clock
 	cfg   *Config
-	reqs  []workload.Request
 	idx   *index.Index
 	sched *scheduler.Scheduler
 	root  uint64
@@ -37,16 +36,6 @@ type sim struct {
 	trans       []*translator
 	stepPending []bool
 	awaitFirst  [][]int // per engine: requests without a first token yet
-
-	h        eventHeap
-	nextArr  int           // next request to push as an arrival (arrivals are pushed one at a time)
-	arrAt    time.Duration // time of the pending arrival (-1 = none)
-	nextSnap time.Duration // time of the pending snapshot event (-1 = none)
-	inflight int
-	backlog  []int
-	bhead    int
-	pending  int        // arrivals not yet dispatched + in flight
-	fol      *followUps // closed-loop follow-ups (nil: none)
 
 	flights []flight
 	byReq   map[*engine.Request]int
@@ -131,7 +120,7 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	}
 	fin, _ := pol.(policies.Finisher)
 	s := &sim{
-		cfg: cfg, reqs: reqs, idx: idx, sched: sched, learner: lr, finisher: fin,
+		cfg: cfg, idx: idx, sched: sched, learner: lr, finisher: fin,
 		lat:     make([]latAcc, cfg.Engines),
 		ctx:     make([]engineCtx, cfg.Engines),
 		root:    kvevents.Root(cfg.Model, "", ""),
@@ -139,7 +128,7 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 		flights: make([]flight, len(reqs)),
 		byReq:   make(map[*engine.Request]int),
 	}
-	if s.fol, err = newFollowUps(reqs); err != nil {
+	if err := s.clock.init(reqs, cfg.Concurrency, cfg.SnapshotInterval); err != nil {
 		return nil, err
 	}
 	s.out.init(len(reqs), cfg.Engines)
@@ -202,13 +191,7 @@ func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*schedule
 // every few thousand events; the partial result is then discarded).
 func (s *sim) run(ctx context.Context) runStats {
 	start := time.Now()
-	s.pushArrival()
-	s.pending = len(s.reqs)
-	s.nextSnap = -1
-	if s.cfg.SnapshotInterval > 0 {
-		s.nextSnap = 0
-		s.h.push(0, evSnapshot, 0)
-	}
+	s.start()
 	for n := 0; s.h.len() > 0; n++ {
 		if n&4095 == 0 && ctx.Err() != nil {
 			break
@@ -217,32 +200,19 @@ func (s *sim) run(ctx context.Context) runStats {
 		now := ev.at
 		switch ev.kind {
 		case evArrival, evFollow:
-			if ev.kind == evArrival {
-				s.pushArrival()
-			} else {
-				s.fol.fired()
+			if s.arrived(ev) {
+				s.dispatch(ev.arg, now)
 			}
-			if s.cfg.Concurrency > 0 && s.inflight >= s.cfg.Concurrency {
-				s.backlog = append(s.backlog, ev.arg)
-				continue
-			}
-			s.dispatch(ev.arg, now)
 		case evRelease:
 			s.inflight--
-			if s.bhead < len(s.backlog) {
-				i := s.backlog[s.bhead]
-				s.bhead++
+			if i, ok := s.next(); ok {
 				s.dispatch(i, now)
 			}
 		case evStep:
 			s.step(ev.arg, now)
 		case evSnapshot:
 			s.snapshot()
-			s.nextSnap = -1
-			if s.pending > 0 {
-				s.nextSnap = now + s.cfg.SnapshotInterval
-				s.h.push(s.nextSnap, evSnapshot, 0)
-			}
+			s.snapshotted(now)
 		}
 	}
 	s.out.wall = time.Since(start)
@@ -253,59 +223,7 @@ func (s *sim) run(ctx context.Context) runStats {
 	return s.out
 }
 
-// pushArrival schedules the next workload request's arrival. Arrivals are
-// sorted, so one pending arrival at a time keeps the heap small and makes
-// the next arrival time known for step fusing. Follow-ups arrive when
-// their predecessor ends (followUps).
-func (s *sim) pushArrival() {
-	s.arrAt = -1
-	for s.nextArr < len(s.reqs) && s.reqs[s.nextArr].After > 0 {
-		s.nextArr++
-	}
-	if s.nextArr < len(s.reqs) {
-		s.arrAt = s.reqs[s.nextArr].Arrival
-		s.h.push(s.arrAt, evArrival, s.nextArr)
-		s.nextArr++
-	}
-}
-
-// horizon is the earliest time an outside event can change an engine's
-// input, passed to Step so it fuses decode-only steps up to it: the next
-// arrival or snapshot; with a client backlog also any engine's next step
-// (a finish frees a slot and the freed request may be routed anywhere), so
-// then it is the heap top.
-func (s *sim) horizon() time.Duration {
-	if s.bhead < len(s.backlog) {
-		if t, ok := s.h.peek(); ok {
-			return t
-		}
-	}
-	until := time.Duration(math.MaxInt64)
-	if s.arrAt >= 0 {
-		until = s.arrAt
-	}
-	if s.nextSnap >= 0 && s.nextSnap < until {
-		until = s.nextSnap
-	}
-	if t, ok := s.fol.earliest(); ok && t < until {
-		until = t
-	}
-	return until
-}
-
-func (s *sim) snapshot() {
-	for e, eng := range s.engines {
-		l := eng.Load()
-		v := &s.view[e]
-		// vLLM exports running, waiting and KV usage; it has no queued
-		// prefill tokens metric, so the router does not get it.
-		v.Running, v.Waiting, v.KVUsage = l.Running, l.Waiting, l.KVUsage
-		if a := &s.lat[e]; a.n > 0 {
-			v.TTFT, v.TPOT = a.ttft/time.Duration(a.n), a.tpot/time.Duration(a.n)
-			*a = latAcc{}
-		}
-	}
-}
+func (s *sim) snapshot() { scrape(s.engines, s.view, s.lat) }
 
 // applyDelayed applies KV-event ops that have reached the index by now.
 func (s *sim) applyDelayed(now time.Duration) {
@@ -407,16 +325,16 @@ func (s *sim) fail(i int, now time.Duration) {
 	s.pending--
 	s.fol.done(&s.h, i, now, now)
 	// The client slot is never taken; let the next backlog request go.
-	if s.bhead < len(s.backlog) && (s.cfg.Concurrency == 0 || s.inflight < s.cfg.Concurrency) {
-		j := s.backlog[s.bhead]
-		s.bhead++
-		s.dispatch(j, now)
+	if s.free() {
+		if j, ok := s.next(); ok {
+			s.dispatch(j, now)
+		}
 	}
 }
 
 func (s *sim) step(e int, now time.Duration) {
 	s.stepPending[e] = false
-	until := s.horizon()
+	until := s.horizon(false)
 	eng := s.engines[e]
 	var (
 		c0, seqs   float64
