@@ -195,6 +195,9 @@ func (c *call) engineTokenizeBody() []byte {
 	case promptText:
 		b = append(b, `,"prompt":`...)
 		b = append(b, c.reqBody()[r.promptStart:r.promptEnd]...)
+		if r.noSpecial {
+			b = append(b, `,"add_special_tokens":false`...)
+		}
 	case promptChat:
 		if len(r.documents) > 0 && string(r.documents) != "null" {
 			return nil // vLLM's TokenizeChatRequest has no documents: its rendering would differ

@@ -28,6 +28,7 @@ var (
 	ErrQueueTimeout   = errors.New("admission queue wait expired")
 	ErrDraining       = errors.New("ingress is draining")
 	ErrNotFound       = errors.New("not found")
+	ErrAnswerTooLarge = errors.New("upstream answer too large")
 )
 
 // apiError is an error with everything the OpenAI error body needs.
@@ -85,6 +86,8 @@ func toAPIError(err error) *apiError {
 		e := newAPIError(503, "server_error", "service_unavailable", "", err)
 		e.retryAfter = time.Second
 		return e
+	case errors.Is(err, ErrAnswerTooLarge):
+		return newAPIError(502, "server_error", "upstream_response_too_large", "", err)
 	case errors.Is(err, ErrNotFound):
 		return newAPIError(404, "invalid_request_error", "not_found", "", err)
 	case errors.Is(err, ErrBadRequest), errors.Is(err, jsonscan.ErrMalformed):

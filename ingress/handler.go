@@ -417,9 +417,12 @@ func (c *call) tokenize() error {
 	case promptText:
 		c.path = "/v1/completions"
 		if len(c.req.batch) > 1 {
+			if c.req.noSpecial && tok != nil && !canEncodePlain(tok) {
+				tok = nil // the texts go as they came
+			}
 			return c.tokenizeBatch(tok)
 		}
-		if tok == nil || s.check.engineFirst(c.model) {
+		if tok == nil || s.check.engineFirst(c.model) || c.req.noSpecial && !canEncodePlain(tok) {
 			// No tokenizer here, or ours gave other ids than the engine's
 			// (tokencheck.go): keyed on the engine's tokens (enginetok.go),
 			// the text goes as the client wrote it.
@@ -430,7 +433,7 @@ func (c *call) tokenize() error {
 			}
 			break
 		}
-		if c.tokens, err = tok.Encode(c.tokens[:0], c.req.text); err != nil {
+		if c.tokens, err = c.encode(tok, c.tokens[:0], c.req.text); err != nil {
 			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt: %w", ErrBadRequest, err))
 		}
 		if !c.verifyTokens() { // tokencheck.go: c.tokens are the engine's now
@@ -564,7 +567,7 @@ func (c *call) tokenizeBatch(tok Tokenizer) error {
 			continue
 		}
 		var err error
-		if c.scratch, err = tok.Encode(c.scratch[:0], c.scratchText); err != nil {
+		if c.scratch, err = c.encode(tok, c.scratch[:0], c.scratchText); err != nil {
 			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt[%d]: %w", ErrBadRequest, i, err))
 		}
 		if len(c.scratch) == 0 {
@@ -605,6 +608,26 @@ func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	if c.engine != "" {
 		ctx.Response.Header.Set("X-Kvmesh-Engine", c.engine)
 	}
+}
+
+// plainEncoder is a Tokenizer that can also leave special tokens out.
+type plainEncoder interface {
+	EncodePlain(dst []uint32, text []byte) ([]uint32, error)
+}
+
+func canEncodePlain(tok Tokenizer) bool {
+	_, ok := tok.(plainEncoder)
+	return ok
+}
+
+// encode tokenizes a completions prompt as the engine will: with the
+// tokenizer's special tokens unless the request's add_special_tokens is
+// false.
+func (c *call) encode(tok Tokenizer, dst []uint32, text []byte) ([]uint32, error) {
+	if p, ok := tok.(plainEncoder); ok && c.req.noSpecial {
+		return p.EncodePlain(dst, text)
+	}
+	return tok.Encode(dst, text)
 }
 
 // finish records the request once: load, limits, session, metrics, access

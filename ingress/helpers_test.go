@@ -28,12 +28,15 @@ import (
 type faultMode int
 
 const (
-	faultOK          faultMode = iota // a well-formed completions answer (stream or not)
-	fault500                          // 500 with an error body
-	faultHang                         // accept, never answer (until the test ends)
-	faultBreakStream                  // 200, two events, then the connection drops
-	faultSlowStream                   // one event per tick until the client goes away
-	faultHangAlive                    // inference requests hang; GET /health answers 200 (slow, not dead)
+	faultOK             faultMode = iota // a well-formed completions answer (stream or not)
+	fault500                             // 500 with an error body
+	faultHang                            // accept, never answer (until the test ends)
+	faultBreakStream                     // 200, two events, then the connection drops
+	faultSlowStream                      // one event per tick until the client goes away
+	faultHangAlive                       // inference requests hang; GET /health answers 200 (slow, not dead)
+	faultStreamError400                  // 200, then an error event with code 400 first, as vLLM raises a request's error inside its stream
+	faultStreamError500                  // the same with code 500 (the engine failed)
+	faultHugeAnswer                      // a 200 JSON answer over the ingress's 64 MiB buffer
 )
 
 // faultEngine is a FAKE engine for what the simulator cannot be made to do on
@@ -93,6 +96,23 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(500)
 		io.WriteString(w, `{"error":{"message":"engine broke","type":"server_error","param":null,"code":500}}`)
+	case faultStreamError400, faultStreamError500:
+		code := 400
+		if fe.mode == faultStreamError500 {
+			code = 500
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "data: {\"error\": {\"message\": \"bad prompt\", \"type\": \"BadRequestError\", \"param\": null, \"code\": %d}}\n\ndata: [DONE]\n\n", code)
+	case faultHugeAnswer:
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"data":"`)
+		chunk := bytes.Repeat([]byte("a"), 1<<20)
+		for i := 0; i <= maxUpstreamBody>>20; i++ {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+		io.WriteString(w, `"}`)
 	case faultHang, faultHangAlive:
 		select {
 		case <-r.Context().Done():

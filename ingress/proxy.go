@@ -62,12 +62,12 @@ func (c *call) upstreamRequest(ctx *fasthttp.RequestCtx) *fasthttp.Request {
 	ureq.Header.SetContentType("application/json")
 	c.setUpstreamHeaders(&ureq.Header)
 	ureq.SetBodyRaw(body)
-	if !c.req.stream {
-		// A stream learns of a gone client when its body is closed; a
-		// buffered answer needs the watcher (clientwatch.go).
-		if c.watch = c.s.ups.startWatch(ctx); c.watch != nil {
-			ureq.Header.SetBytesV(watchHeader, c.watch.idText)
-		}
+	// The watcher (clientwatch.go) cancels the engine's work for a client
+	// that goes away: for a buffered answer until it is relayed, for a
+	// stream until its first event commits it (from then on the stream
+	// learns of a gone client when its body is closed).
+	if c.watch = c.s.ups.startWatch(ctx); c.watch != nil {
+		ureq.Header.SetBytesV(watchHeader, c.watch.idText)
 	}
 	return ureq
 }
@@ -209,7 +209,10 @@ func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
 		buf.Write(resp.Body())
 		return buf, nil
 	}
-	_, err := buf.ReadFrom(io.LimitReader(r, maxUpstreamBody))
+	_, err := buf.ReadFrom(io.LimitReader(r, maxUpstreamBody+1))
+	if err == nil && buf.Len() > maxUpstreamBody {
+		err = fmt.Errorf("%w: the engine's answer is over %d bytes", ErrAnswerTooLarge, maxUpstreamBody)
+	}
 	return buf, err
 }
 
@@ -237,6 +240,19 @@ func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasth
 func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response) (bool, error) {
 	buf, err := readAll(resp)
 	c.ttft = time.Since(c.start)
+	if errors.Is(err, ErrAnswerTooLarge) {
+		// Another engine would answer as much: not retried, and never
+		// relayed cut short.
+		bufPool.Put(buf)
+		c.watch.release()
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		c.endAttempt(up)
+		ae := writeError(ctx, fmt.Errorf("engine %s: %w", up.id, err))
+		c.status, c.errMsg = ae.status, ae.msg
+		c.finish()
+		return true, nil
+	}
 	if err != nil {
 		bufPool.Put(buf)
 		return false, c.attemptFailed(up, resp, classifyErr(err), err)
@@ -310,10 +326,21 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	for ps.upErr == nil && (ps.cut == 0 || ps.named != nil && ps.fill < len(ps.buf) && ps.named.preambleOnly(ps.buf[:ps.cut])) {
 		ps.fillOnce()
 	}
+	result, reqErr := "", false
 	if ps.cut > 0 && (bytes.HasPrefix(ps.buf, errorEventPrefix) || ps.named != nil && ps.named.firstEventFailed(ps.buf[:ps.cut])) {
-		// The engine gave up before producing anything (e.g. it is
-		// restarting): nothing useful reached the client, try the next one.
-		ps.cut, ps.upErr = 0, fmt.Errorf("engine sent an error event first: %.200s", ps.buf[:bytes.Index(ps.buf, eventSep)])
+		first := ps.buf[:bytes.Index(ps.buf, eventSep)]
+		if code := errorEventCode(first); code < 400 || code >= 500 {
+			// The engine failed before producing anything (e.g. it is
+			// restarting): nothing useful reached the client, try the
+			// next one, as after a 5xx.
+			ps.cut, ps.upErr, result = 0, fmt.Errorf("engine sent an error event first: %.200s", first), "status_5xx"
+		} else {
+			reqErr = true
+		}
+		// A 4xx is the request's own error, raised inside the stream
+		// (vLLM and SGLang validate some requests there): another engine
+		// would say the same, so it reaches the client as the engine sent
+		// it, and the engine is not at fault.
 	}
 	if ps.cut == 0 {
 		err := ps.upErr
@@ -322,11 +349,20 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return false, c.attemptFailed(up, resp, classifyErr(err), fmt.Errorf("before first byte: %w", err))
+		if result == "" {
+			result = classifyErr(err)
+		}
+		return false, c.attemptFailed(up, resp, result, fmt.Errorf("before first byte: %w", err))
 	}
 	c.ttft = time.Since(c.start)
+	if c.watch != nil {
+		c.watch.stop() // committed: the body's Close learns of a gone client now
+		c.watch = nil
+	}
 	c.firstByte(up)
-	c.learnFirstToken(up)
+	if !reqErr {
+		c.learnFirstToken(up) // an error is no first token
+	}
 	c.s.m.attemptOK.Inc()
 	c.s.health.ok(up)
 	c.s.m.matchRatio.Observe(c.matchRatio())
@@ -533,7 +569,19 @@ var (
 	errorEventPrefix = []byte(`data: {"error"`)
 	doneMarker       = []byte("[DONE]")
 	usageMarker      = []byte(`"completion_tokens":`)
+	codeMarker       = []byte(`"code":`)
 )
+
+// errorEventCode is the status code an engine's error event carries
+// ("code": N inside it, as vLLM's and SGLang's ErrorResponse write it; 0
+// when it has none).
+func errorEventCode(ev []byte) int {
+	i := bytes.Index(ev, codeMarker)
+	if i < 0 {
+		return 0
+	}
+	return uintAt(ev, i+len(codeMarker))
+}
 
 // usageCompletionTokens finds "completion_tokens":N in b (0 when absent).
 func usageCompletionTokens(b []byte) int {

@@ -402,3 +402,138 @@ func TestLargeFirstEvent(t *testing.T) {
 		}
 	}
 }
+
+// An error event with a 4xx code as a stream's first event is the request's
+// own error (vLLM and SGLang raise some validation errors inside the
+// stream): the client gets it as the engine sent it, no other engine is
+// tried and the engine stays in routing. With a 5xx code the engine failed:
+// the request is retried on the next engine, as after a 5xx answer.
+func TestErrorEventFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mode  faultMode
+		retry bool
+	}{{"code 400", faultStreamError400, false}, {"code 500", faultStreamError500, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := startFaultEngine(t, tc.mode)
+			good := startFaultEngine(t, faultOK)
+			cfg := testConfig(StaticEngine{ID: "bad", Model: "m", URL: bad.url()}, StaticEngine{ID: "good", Model: "m", URL: good.url()})
+			cfg.Scheduler.Policy = "round-robin"
+			cfg.Health.ConsecutiveFailures = 1 // one hard failure would eject
+			s := startIngress(t, cfg, Deps{})
+			url := "http://" + s.Addr() + "/v1/completions"
+			served := 0
+			for i := 0; i < 6; i++ {
+				st, hdr, body := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1],"stream":true}`)
+				if st != 200 {
+					t.Fatalf("status %d: %s", st, body)
+				}
+				if hdr.Get("X-Kvmesh-Engine") != "bad" {
+					continue
+				}
+				evs := sseEvents(body)
+				if tc.retry {
+					t.Fatalf("served by the failing engine: %q", evs)
+				}
+				if len(evs) != 2 || !strings.Contains(evs[0], `"code": 400`) || evs[1] != "[DONE]" {
+					t.Fatalf("events %q", evs)
+				}
+				served++
+			}
+			if tc.retry {
+				if bad.hits.Load() == 0 {
+					t.Fatal("the failing engine was never tried")
+				}
+				return
+			}
+			if served != 3 || val(s.health.ejections) != 0 {
+				t.Fatalf("the engine served %d of 6 round-robin requests, %v ejections; want 3 and none: it is not at fault", served, val(s.health.ejections))
+			}
+		})
+	}
+}
+
+// A request head up to 16 KiB (what vLLM's server takes) is served; a
+// larger one gets 431 in the OpenAI error shape, and the error quotes none
+// of the head (it holds the credential).
+func TestLargeRequestHeaders(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{})
+	do := func(n int) (int, string) {
+		req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":[1]}`))
+		req.Header.Set("Authorization", "Bearer secret-"+strings.Repeat("x", n))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, b := do(9 << 10); st != 200 {
+		t.Fatalf("9 KiB header: %d %s", st, b)
+	}
+	st, b := do(20 << 10)
+	if st != 431 || strings.Contains(b, "secret") || !strings.Contains(b, `"code":"request_header_too_large"`) {
+		t.Fatalf("20 KiB header: %d %s", st, b)
+	}
+}
+
+// A non-streamed answer larger than the ingress buffers is a clear 502,
+// not a body cut short under a 200, and is not retried elsewhere.
+func TestHugeAnswerIs502(t *testing.T) {
+	huge := startFaultEngine(t, faultHugeAnswer)
+	other := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "huge", Model: "m", URL: huge.url()}, StaticEngine{ID: "ok", Model: "m", URL: other.url()})
+	cfg.Scheduler.Policy = "round-robin"
+	s := startIngress(t, cfg, Deps{})
+	for i := 0; i < 2; i++ {
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1]}`)
+		if hdr.Get("X-Kvmesh-Engine") == "ok" || st == 200 && len(b) < 1<<20 {
+			continue
+		}
+		if st != 502 || !strings.Contains(string(b), `"code":"upstream_response_too_large"`) {
+			t.Fatalf("%d %.300s", st, b)
+		}
+	}
+	asked := 0
+	for len(huge.bodies) > 0 {
+		if strings.Contains(string(<-huge.bodies), `"prompt"`) {
+			asked++
+		}
+	}
+	if asked != 1 || other.hits.Load() != 1 {
+		t.Fatalf("requests %d and %d; want one each (the huge answer not retried)", asked, other.hits.Load())
+	}
+}
+
+// A streamed request whose client goes away before the first event (the
+// engine still queueing or prefilling it) is cancelled upstream at once, as
+// vLLM cancels on disconnect, and is not retried elsewhere.
+func TestClientDisconnectCancelsStreamBeforeFirstEvent(t *testing.T) {
+	hang := startFaultEngine(t, faultHang)
+	cfg := testConfig(StaticEngine{ID: "hang", Model: "m", URL: hang.url()})
+	cfg.IdleTimeout = time.Minute
+	cfg.Health.StallAfter = 0
+	s := startIngress(t, cfg, Deps{})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+s.Addr()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":[1],"stream":true}`))
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	testutil.WaitFor(t, 10*time.Second, "the request reached the engine", func() bool { return hang.hits.Load() == 1 })
+	cancel()
+	<-done
+	testutil.WaitFor(t, 10*time.Second, "the upstream request canceled", func() bool { return hang.canceled.Load() == 1 })
+	waitSettled(t, s)
+	if hang.hits.Load() != 1 {
+		t.Fatalf("%d upstream requests; want 1 (not retried)", hang.hits.Load())
+	}
+}

@@ -59,6 +59,7 @@ type request struct {
 	stream           bool
 	includeUsage     bool
 	hasStreamOptions bool
+	noSpecial        bool // completions: "add_special_tokens": false
 	maxTokens        int
 	kind             promptKind
 	text             []byte   // promptText: the unescaped prompt
@@ -168,6 +169,10 @@ func (r *request) member(key, val []byte, koff, off int) error {
 	case "stream":
 		b, err := boolMember("stream", val)
 		r.stream = b
+		return err
+	case "add_special_tokens":
+		b, err := boolMember("add_special_tokens", val)
+		r.noSpecial = !b && r.ep == epCompletions // chat's default is false already; its true is the template's business
 		return err
 	case "stream_options":
 		r.hasStreamOptions = true

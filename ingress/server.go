@@ -192,11 +192,15 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		Name:               "kvmesh-ingress",
 		Logger:             fasthttpLogger{s.log},
 		MaxRequestBodySize: cfg.MaxBodyBytes,
-		ReadTimeout:        60 * time.Second, // a client must send its request within this
-		IdleTimeout:        90 * time.Second,
-		CloseOnShutdown:    true,
-		NoDefaultDate:      true,
-		ReduceMemoryUsage:  false,
+		ReadBufferSize:     maxHeaderBytes,
+		// Parse errors must not quote the request head back to the client
+		// or into logs: it holds the credential.
+		SecureErrorLogMessage: true,
+		ReadTimeout:           60 * time.Second, // a client must send its request within this
+		IdleTimeout:           90 * time.Second,
+		CloseOnShutdown:       true,
+		NoDefaultDate:         true,
+		ReduceMemoryUsage:     false,
 	}
 	return s, nil
 }
@@ -404,9 +408,21 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		s.m.requests.WithLabelValues("unknown", "413").Inc()
 		return
 	}
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		writeError(ctx, newAPIError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large", "",
+			fmt.Errorf("%w: request header fields too large: limit is %d bytes", ErrBadRequest, maxHeaderBytes)))
+		s.m.requests.WithLabelValues("unknown", "431").Inc()
+		return
+	}
 	writeError(ctx, badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)))
 	s.m.requests.WithLabelValues("unknown", "400").Inc()
 }
+
+// maxHeaderBytes bounds a request's head (request line and headers): 16
+// KiB, what vLLM's own server (uvicorn's h11) accepts, so a client with a
+// long token or cookies is served by the ingress as by the engine.
+const maxHeaderBytes = 16 << 10
 
 // unauthBodyLimit is the most an unauthenticated request may send when
 // authentication is on: its body is refused with 401 before it is buffered

@@ -35,6 +35,12 @@ func (h *hfTokenizer) Encode(dst []uint32, text []byte) ([]uint32, error) {
 	return h.enc.AppendEncode(dst, unsafe.String(unsafe.SliceData(text), len(text)), true), nil
 }
 
+// EncodePlain tokenizes a completions prompt sent with add_special_tokens
+// false: no special tokens added.
+func (h *hfTokenizer) EncodePlain(dst []uint32, text []byte) ([]uint32, error) {
+	return h.enc.AppendEncode(dst, unsafe.String(unsafe.SliceData(text), len(text)), false), nil
+}
+
 // RenderChat renders flattened messages (role and text only); the request
 // path uses RenderChatRequest, which sees the whole request.
 func (h *hfTokenizer) RenderChat(dst []uint32, msgs []Message) ([]uint32, error) {

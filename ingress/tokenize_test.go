@@ -208,3 +208,35 @@ func TestChatAsCompletionsMatchesChat(t *testing.T) {
 		t.Fatalf("role %v usage %v content %q: %q", sawRole, sawUsage, content.String(), evs)
 	}
 }
+
+// "add_special_tokens": false on a completions prompt (one or a batch) is
+// tokenized as the engine would: without the BOS the tokenizer adds.
+func TestAddSpecialTokensFalse(t *testing.T) {
+	s, nt := tokenizedRig(t, ChatModeChat)
+	const text = "Tokenized without special tokens."
+	plain, with := len(nt.Encode(text, false)), len(nt.Encode(text, true))
+	if plain == with {
+		t.Fatal("the test tokenizer adds no special token")
+	}
+	for _, tc := range []struct {
+		prompt string
+		n      int
+		want   int
+	}{{`"` + text + `"`, 1, plain}, {`["` + text + `","` + text + `"]`, 2, 2 * plain}} {
+		for _, add := range []string{`false`, `true`} {
+			st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions",
+				`{"model":"llama","prompt":`+tc.prompt+`,"max_tokens":1,"add_special_tokens":`+add+`}`)
+			var u usageBody
+			if err := json.Unmarshal(b, &u); st != 200 || err != nil {
+				t.Fatalf("%d %s %v", st, b, err)
+			}
+			want := tc.want
+			if add == "true" {
+				want = tc.n * with
+			}
+			if u.Usage.PromptTokens != want {
+				t.Fatalf("prompt %s, add_special_tokens %s: the engine saw %d prompt tokens, want %d", tc.prompt, add, u.Usage.PromptTokens, want)
+			}
+		}
+	}
+}
