@@ -18,12 +18,17 @@ import (
 // first and then among those the sidecars published to the mesh's tokenizer
 // object store (internal/tokenstore): an ingress needs no local copy of a
 // model's tokenizer files. A published model is fetched and loaded on first
-// use (the first request waits for it, at most FetchTimeout) or as soon as its
-// manifest appears, and reloaded when a sidecar publishes a new revision.
+// use or as soon as its manifest appears, and reloaded when a sidecar
+// publishes a new revision.
 //
-// For is on the request path: a loaded tokenizer is one atomic load and a map
-// read; a model known to be unpublished, or whose published files failed to
-// fetch or load, is answered "none" without I/O until its retry time.
+// For is on the request path and never waits for NATS beyond FirstWait: a
+// loaded tokenizer is one atomic load and a map read; a model known to be
+// unpublished, or whose published files failed to fetch or load, is answered
+// "none" at once, and after its retry time the store is asked again in the
+// background (one fetch per model, owned by Run) while requests keep getting
+// "none" until it has loaded. Only the very first lookup of a never-seen
+// model waits, at most FirstWait, for that fetch; every lookup while the
+// NATS connection is down answers with what is known, without a fetch.
 type StoreTokenizers struct {
 	static Tokenizers
 	cfg    StoreTokenizersConfig
@@ -36,17 +41,27 @@ type StoreTokenizers struct {
 	loading map[string]chan struct{} // one fetch per model at a time
 	missed  map[string]time.Time     // unpublished or failed models: retry after
 	revs    map[string]string        // model → loaded revision
+	stopped bool                     // Run has returned: no new background fetches
+	bg      sync.WaitGroup           // background fetches, waited for by Run
 	js      atomic.Pointer[jsHolder] // set by Run
 }
 
-type jsHolder struct{ js jetstream.JetStream }
+type jsHolder struct {
+	js  jetstream.JetStream
+	nc  *nats.Conn
+	ctx context.Context // Run's: ends the background fetches
+}
 
 // StoreTokenizersConfig configures StoreTokenizers.
 type StoreTokenizersConfig struct {
 	// CacheDir receives the fetched files (default: a temporary directory).
 	CacheDir string
-	// FetchTimeout bounds how long a request waits for a first fetch (default 10s).
+	// FetchTimeout bounds one fetch (run in the background; default 10s).
 	FetchTimeout time.Duration
+	// FirstWait bounds how long the first lookup of a never-seen model waits
+	// for its fetch (default 1s); the fetch goes on in the background, and
+	// every other lookup answers at once with what is known.
+	FirstWait time.Duration
 	// MissRetry is how long an unpublished model (or one whose files failed
 	// to fetch or load) is answered "none" before the store is asked again
 	// (default 5s).
@@ -65,6 +80,9 @@ func NewStoreTokenizers(static Tokenizers, cfg StoreTokenizersConfig) *StoreToke
 	}
 	if cfg.MissRetry <= 0 {
 		cfg.MissRetry = 5 * time.Second
+	}
+	if cfg.FirstWait <= 0 {
+		cfg.FirstWait = time.Second
 	}
 	if cfg.Load == nil {
 		cfg.Load = loadTokenizerDir
@@ -90,8 +108,15 @@ func loadTokenizerDir(model, dir string) (Tokenizer, error) {
 	return t, nil
 }
 
-// For returns model's tokenizer: a configured one, a loaded published one, or
-// (the first time) one fetched now, waiting at most FetchTimeout.
+// For returns model's tokenizer: a configured one or a loaded published one.
+// It never waits on a NATS round trip, except that the very first lookup of a
+// model (nothing known about it yet) waits at most FirstWait for its fetch:
+// a tokenizer published long ago is then used from the first request on,
+// while NATS being slow or partitioned costs that one request at most
+// FirstWait and every other one nothing. A model known to be missing is
+// answered "none" at once; once its retry time has passed the fetch is
+// started in the background (single-flight) and the lookup still answers
+// "none" at once. While the NATS connection is not connected no fetch starts.
 func (s *StoreTokenizers) For(model string) (Tokenizer, bool) {
 	if s.static != nil {
 		if t, ok := s.static.For(model); ok {
@@ -101,26 +126,82 @@ func (s *StoreTokenizers) For(model string) (Tokenizer, bool) {
 	if t, ok := (*s.loaded.Load())[model]; ok {
 		return t, true
 	}
-	if s.js.Load() == nil {
+	h := s.js.Load()
+	if h == nil || !h.nc.IsConnected() {
 		return nil, false
 	}
 	s.mu.Lock()
-	if until, ok := s.missed[model]; ok && time.Now().Before(until) {
+	until, known := s.missed[model]
+	if known && time.Now().Before(until) {
 		s.mu.Unlock()
 		return nil, false
 	}
+	if !known {
+		// From now on the model is known-missing (retry due) until its
+		// fetch says otherwise: concurrent lookups do not wait.
+		s.missed[model] = time.Now()
+	}
+	done := s.startLocked(h, model)
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.FetchTimeout)
-	defer cancel()
-	if err := s.refresh(ctx, model); err != nil {
+	if known || done == nil {
 		return nil, false
 	}
-	t, ok := (*s.loaded.Load())[model]
-	return t, ok
+	t := time.NewTimer(s.cfg.FirstWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	tok, ok := (*s.loaded.Load())[model]
+	return tok, ok
+}
+
+// startLocked starts model's background fetch unless one is under way (its
+// channel is returned then) or Run has returned (nil). Called with s.mu held.
+// The fetch is owned by the store: bounded by FetchTimeout, ended with Run's
+// context, and waited for by Run before it returns.
+func (s *StoreTokenizers) startLocked(h *jsHolder, model string) chan struct{} {
+	if wait, ok := s.loading[model]; ok {
+		return wait
+	}
+	if s.stopped || h.ctx.Err() != nil {
+		return nil
+	}
+	done := make(chan struct{})
+	s.loading[model] = done
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		ctx, cancel := context.WithTimeout(h.ctx, s.cfg.FetchTimeout)
+		defer cancel()
+		err := s.fetch(ctx, model)
+		s.finish(model, done, err)
+	}()
+	return done
+}
+
+// finish records the outcome of model's fetch and wakes its waiters.
+func (s *StoreTokenizers) finish(model string, done chan struct{}, err error) {
+	s.mu.Lock()
+	delete(s.loading, model)
+	if err != nil {
+		// Unpublished, unreachable, or published files that do not
+		// load: requests route without it until the retry time (a
+		// new revision is loaded as soon as Run's watch sees it).
+		// Before, only an unpublished model waited: a tokenizer that
+		// failed to load was fetched and parsed again by every
+		// request.
+		s.missed[model] = time.Now().Add(s.cfg.MissRetry)
+	} else {
+		delete(s.missed, model)
+	}
+	s.mu.Unlock()
+	close(done)
 }
 
 // refresh fetches and loads model's current revision unless it is loaded
-// already; concurrent calls for a model share one fetch.
+// already; concurrent calls for a model share one fetch. Run's watch calls it
+// (never a request: For starts a background fetch instead).
 func (s *StoreTokenizers) refresh(ctx context.Context, model string) error {
 	for {
 		s.mu.Lock()
@@ -140,21 +221,7 @@ func (s *StoreTokenizers) refresh(ctx context.Context, model string) error {
 		s.loading[model] = done
 		s.mu.Unlock()
 		err := s.fetch(ctx, model)
-		s.mu.Lock()
-		delete(s.loading, model)
-		if err != nil {
-			// Unpublished, unreachable, or published files that do not
-			// load: requests route without it until the retry time (a
-			// new revision is loaded as soon as Run's watch sees it).
-			// Before, only an unpublished model waited: a tokenizer that
-			// failed to load was fetched and parsed again by every
-			// request.
-			s.missed[model] = time.Now().Add(s.cfg.MissRetry)
-		} else {
-			delete(s.missed, model)
-		}
-		s.mu.Unlock()
-		close(done)
+		s.finish(model, done, err)
 		return err
 	}
 }
@@ -228,7 +295,13 @@ func (s *StoreTokenizers) Run(ctx context.Context, nc *nats.Conn) {
 		s.log.Error("tokenizer store", "err", err)
 		return
 	}
-	s.js.Store(&jsHolder{js: js})
+	s.js.Store(&jsHolder{js: js, nc: nc, ctx: ctx})
+	defer func() {
+		s.mu.Lock()
+		s.stopped = true
+		s.mu.Unlock()
+		s.bg.Wait() // the background fetches end with ctx
+	}()
 	for fail := 0; ctx.Err() == nil; fail++ {
 		r, err := s.readerFor(ctx)
 		if err == nil {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -159,5 +161,142 @@ func TestStoreTokenizerLoadFailureWaits(t *testing.T) {
 	}
 	if n := loads.Load(); n > 2 { // the first request's and, racing it, the watch's
 		t.Fatalf("%d load attempts for 50 requests within the retry time", n)
+	}
+}
+
+// A request never waits on NATS for a tokenizer refresh (docs/RELIABILITY.md:
+// routing never waits for NATS). A model known to be missing whose retry time
+// has passed is fetched again in the background: the lookup answers "none"
+// while that fetch is provably still blocked (JetStream's API is answered by
+// a subscriber that never replies until the test ends). Before, the lookup
+// ran the fetch itself and waited up to FetchTimeout, and so did every
+// concurrent request for that model.
+func TestStoreTokenizerRefreshDoesNotBlockRequests(t *testing.T) {
+	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start() // owned by srv: Shutdown stops it
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	const model = "unpublished/model"
+	store := NewStoreTokenizers(nil, StoreTokenizersConfig{CacheDir: t.TempDir(), Logger: quietLog(),
+		FetchTimeout: time.Hour, MissRetry: time.Millisecond, FirstWait: time.Hour})
+	done := make(chan struct{})
+	go func() { defer close(done); store.Run(ctx, nc) }()
+	defer func() { cancel(); <-done }()
+
+	// No JetStream and no hanging responder yet: the first lookup's fetch
+	// fails at once (no responders) and the model is known to be missing.
+	testutil.WaitFor(t, 10*time.Second, "the first lookup answered (the model known to be missing)", func() bool {
+		if store.js.Load() == nil {
+			return false
+		}
+		_, ok := store.For(model)
+		return !ok
+	})
+
+	// From now on JetStream's API swallows every request without a reply.
+	hit := make(chan struct{}, 1)
+	hang, err := nc.Subscribe("$JS.API.>", func(*nats.Msg) {
+		select {
+		case hit <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hang.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the model's retry time passed", func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return time.Now().After(store.missed[model])
+	})
+
+	lookups := func(n int) {
+		t.Helper()
+		got := make(chan bool, n)
+		for i := 0; i < n; i++ {
+			go func() { _, ok := store.For(model); got <- ok }()
+		}
+		for i := 0; i < n; i++ {
+			select {
+			case ok := <-got:
+				if ok {
+					t.Fatal("a tokenizer for a model nobody published")
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("a lookup after the retry time waited on the NATS round trip of a refresh")
+			}
+		}
+	}
+	lookups(8)
+	// The refresh was started (its JetStream request reached the swallowing
+	// subscriber) and is still blocked: it has no reply and an hour to wait.
+	select {
+	case <-hit:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no refresh was started after the retry time")
+	}
+	store.mu.Lock()
+	_, inFlight := store.loading[model]
+	store.mu.Unlock()
+	if !inFlight {
+		t.Fatal("the refresh is not in flight")
+	}
+	lookups(8) // the refresh still blocked: answered at once, no second fetch
+}
+
+// While the NATS connection is down no fetch starts: the lookup answers with
+// what is known.
+func TestStoreTokenizerSkipsFetchWhileDisconnected(t *testing.T) {
+	ns := testutil.NATS(t)
+	gate := testutil.NewGate(t)
+	gate.Open(strings.TrimPrefix(ns.URL(), "nats://"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ncfg := natsutil.DefaultConfig()
+	ncfg.URLs = []string{"nats://" + gate.Addr()}
+	nc, err := natsutil.Connect(ctx, ncfg, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	store := NewStoreTokenizers(nil, StoreTokenizersConfig{CacheDir: t.TempDir(), Logger: quietLog(), FetchTimeout: time.Hour, FirstWait: time.Hour})
+	done := make(chan struct{})
+	go func() { defer close(done); store.Run(ctx, nc.NC) }()
+	defer func() { cancel(); <-done }()
+	testutil.WaitFor(t, 10*time.Second, "the store running", func() bool { return store.js.Load() != nil })
+	gate.Shut()
+	testutil.WaitFor(t, 10*time.Second, "the connection down", func() bool { return !nc.NC.IsConnected() })
+	got := make(chan bool, 1)
+	go func() { _, ok := store.For("never/seen"); got <- ok }()
+	select {
+	case ok := <-got:
+		if ok {
+			t.Fatal("a tokenizer for a model nobody published")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a lookup while NATS is down waited for a fetch")
+	}
+	store.mu.Lock()
+	n := len(store.loading)
+	store.mu.Unlock()
+	if n != 0 {
+		t.Fatal("a fetch was started while NATS is down")
 	}
 }
