@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -499,7 +500,7 @@ func (c *call) tokenize() error {
 		if c.ep == epChat && !c.verifyTokens() { // tokencheck.go: c.tokens are the engine's now
 			break // forwarded as chat
 		}
-		if s.cfg.ChatMode == ChatModeCompletions && c.ep == epChat {
+		if s.cfg.ChatMode == ChatModeCompletions && c.ep == epChat && !c.req.chatOnly && !hasTools(c.req.tools) {
 			c.path = "/v1/completions"
 			c.wrap = true
 			c.body = chatToCompletionsBody(c.body[:0], c.reqBody(), &c.req, c.tokens)
@@ -510,6 +511,11 @@ func (c *call) tokenize() error {
 	}
 	c.askUsage()
 	return nil
+}
+
+// hasTools reports whether a request's tools member lists any.
+func hasTools(tools []byte) bool {
+	return len(tools) > 0 && string(tools) != "null" && string(bytes.TrimSpace(tools)) != "[]"
 }
 
 // askUsage makes a streamed request ask for the usage chunk.

@@ -60,6 +60,7 @@ type request struct {
 	includeUsage     bool
 	hasStreamOptions bool
 	noSpecial        bool // completions: "add_special_tokens": false
+	chatOnly         bool // chat: members /v1/completions reads otherwise or not at all (chatOnlyMember)
 	maxTokens        int
 	kind             promptKind
 	text             []byte   // promptText: the unescaped prompt
@@ -153,6 +154,21 @@ func (r *request) consumeIDs(key, b []byte, at int) (int, bool, error) {
 	return end, true, nil
 }
 
+// chatOnlyMember reports whether a chat request's member asks for what
+// only vLLM's chat endpoint gives (chat-shaped logprobs, chat's echo, every
+// choice's role, the reasoning parser): ChatModeCompletions then forwards
+// the request as chat. Tools are checked with the request (they need the
+// chat endpoint's tool parser).
+func chatOnlyMember(key string, val []byte) bool {
+	switch key {
+	case "logprobs", "echo", "include_reasoning":
+		return string(val) == "true"
+	case "n":
+		return string(val) != "1" && string(val) != "null"
+	}
+	return string(val) != "null"
+}
+
 // member reads one top-level member.
 func (r *request) member(key, val []byte, koff, off int) error {
 	switch string(key) {
@@ -170,6 +186,10 @@ func (r *request) member(key, val []byte, koff, off int) error {
 		b, err := boolMember("stream", val)
 		r.stream = b
 		return err
+	case "logprobs", "top_logprobs", "echo", "n", "reasoning_effort", "include_reasoning", "parallel_tool_calls":
+		if r.ep == epChat && chatOnlyMember(string(key), val) {
+			r.chatOnly = true
+		}
 	case "add_special_tokens":
 		b, err := boolMember("add_special_tokens", val)
 		r.noSpecial = !b && r.ep == epCompletions // chat's default is false already; its true is the template's business

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/sim"
@@ -237,6 +239,48 @@ func TestAddSpecialTokensFalse(t *testing.T) {
 			if u.Usage.PromptTokens != want {
 				t.Fatalf("prompt %s, add_special_tokens %s: the engine saw %d prompt tokens, want %d", tc.prompt, add, u.Usage.PromptTokens, want)
 			}
+		}
+	}
+}
+
+// In completions mode a chat request that asks for what only the chat
+// endpoint answers in chat's shape (tools, logprobs, echo, n > 1, reasoning)
+// goes to the engine as chat; any other goes as the rendered tokens.
+func TestChatOnlyRequestsStayChat(t *testing.T) {
+	nt, tpl := llama(t)
+	tk, err := NewTokenizer(nt, tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e", Model: "llama", URL: fe.url()})
+	cfg.ChatMode = ChatModeCompletions
+	cfg.EngineTokenizeTimeout = 0
+	s := startIngress(t, cfg, Deps{Tokenizers: TokenizerMap{"llama": tk}})
+	const msgs = `{"model":"llama","messages":[{"role":"user","content":"Hi"}]`
+	for _, tc := range []struct {
+		extra string
+		chat  bool
+	}{
+		{``, false},
+		{`,"logprobs":false,"n":1,"tools":null`, false},
+		{`,"tools":[]`, false},
+		{`,"logprobs":true`, true},
+		{`,"top_logprobs":2`, true},
+		{`,"echo":true`, true},
+		{`,"n":2`, true},
+		{`,"include_reasoning":true`, true},
+		{`,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]`, true},
+	} {
+		post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", msgs+tc.extra+`}`)
+		var got []byte
+		select {
+		case got = <-fe.bodies:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the engine got no request", tc.extra)
+		}
+		if asChat := bytes.Contains(got, []byte(`"messages"`)); asChat != tc.chat {
+			t.Fatalf("%q: forwarded as chat %v, want %v: %s", tc.extra, asChat, tc.chat, got)
 		}
 	}
 }
