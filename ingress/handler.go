@@ -509,6 +509,19 @@ func (c *call) tokenize() error {
 	if c.tokens != nil && len(c.tokens) == 0 {
 		return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
 	}
+	if k := c.req.truncate; k > 0 && len(c.req.batch) <= 1 {
+		// The engine keeps the last k tokens (vLLM truncates on the
+		// left): the limits count, and the keys route on, what it keeps.
+		if len(c.tokens) > k {
+			c.tokens = c.tokens[len(c.tokens)-k:]
+		}
+		if c.tokens == nil && c.approx > k {
+			c.approx = k
+		}
+		if c.promptTokens > k {
+			c.promptTokens = k
+		}
+	}
 	c.askUsage()
 	return nil
 }

@@ -537,3 +537,22 @@ func TestClientDisconnectCancelsStreamBeforeFirstEvent(t *testing.T) {
 		t.Fatalf("%d upstream requests; want 1 (not retried)", hang.hits.Load())
 	}
 }
+
+// truncate_prompt_tokens: the engine keeps the prompt's last k tokens, so
+// the prompt limit counts k, not what the client sent.
+func TestTruncatePromptTokens(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
+	cfg.MaxPromptTokens = 100
+	s := startIngress(t, cfg, Deps{})
+	ids := strings.TrimSuffix(strings.Repeat("7,", 150), ",")
+	for _, tc := range []struct {
+		extra string
+		want  int
+	}{{``, 400}, {`,"truncate_prompt_tokens":50`, 200}, {`,"truncate_prompt_tokens":-1`, 400}, {`,"truncate_prompt_tokens":0`, 400}, {`,"truncate_prompt_tokens":"x"`, 400}} {
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[`+ids+`]`+tc.extra+`}`)
+		if st != tc.want {
+			t.Fatalf("%q: %d %s", tc.extra, st, b)
+		}
+	}
+}

@@ -60,6 +60,7 @@ type request struct {
 	includeUsage     bool
 	hasStreamOptions bool
 	noSpecial        bool // completions: "add_special_tokens": false
+	truncate         int  // truncate_prompt_tokens > 0: the engine keeps the prompt's last truncate tokens
 	chatOnly         bool // chat: members /v1/completions reads otherwise or not at all (chatOnlyMember)
 	maxTokens        int
 	kind             promptKind
@@ -190,6 +191,15 @@ func (r *request) member(key, val []byte, koff, off int) error {
 		if r.ep == epChat && chatOnlyMember(string(key), val) {
 			r.chatOnly = true
 		}
+	case "truncate_prompt_tokens":
+		if val[0] == 'n' || val[0] == '-' {
+			return nil // null, or -1 (the model's length, which the engine applies)
+		}
+		n, err := strconv.Atoi(string(val))
+		if err != nil || n < 1 {
+			return badRequest("truncate_prompt_tokens", fmt.Errorf("%w: truncate_prompt_tokens must be a positive integer or -1", ErrBadRequest))
+		}
+		r.truncate = n
 	case "add_special_tokens":
 		b, err := boolMember("add_special_tokens", val)
 		r.noSpecial = !b && r.ep == epCompletions // chat's default is false already; its true is the template's business
