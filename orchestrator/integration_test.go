@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -329,4 +330,35 @@ func conditionTrue(cs []metav1.Condition, typ string) bool {
 		}
 	}
 	return false
+}
+
+// A service of the deployment's name that is not the deployment's (a user's
+// own) is left alone: a ServiceConflict event says why the pods' names may
+// not resolve, and deleting the deployment does not delete it.
+func TestForeignServiceKept(t *testing.T) {
+	e := newEnv(t)
+	svcs := e.kube.CoreV1().Services(e.ns)
+	mine := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "llama-pd"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	if _, err := svcs.Create(e.ctx, mine, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.startController(t, e.srv.Config)
+	e.apply(t, "examples/pd-modeldeployment.yaml")
+	sel := labels.Set{v1alpha1.LabelDeployment: "llama-pd"}
+	testutil.WaitFor(t, wait, "the pods and a ServiceConflict event", func() bool {
+		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{})
+		return err == nil && len(e.pods(t, sel)) == 4 && slices.ContainsFunc(evs.Items, func(ev corev1.Event) bool { return ev.Reason == "ServiceConflict" })
+	})
+	mdc := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns)
+	if err := mdc.Delete(e.ctx, "llama-pd", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the deployment and its pods gone", func() bool {
+		_, err := mdc.Get(e.ctx, "llama-pd", metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && len(e.pods(t, sel)) == 0
+	})
+	if _, err := svcs.Get(e.ctx, "llama-pd", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the user's service was deleted with the deployment: %v", err)
+	}
 }

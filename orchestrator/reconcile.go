@@ -183,7 +183,18 @@ func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string
 
 func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeployment) error {
 	_, err := c.kube.CoreV1().Services(md.Namespace).Create(ctx, headlessService(md), metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	if apierrors.IsAlreadyExists(err) {
+		// Ours from an earlier pass, or someone else's of the same name:
+		// that one is left alone (and never deleted with the deployment),
+		// and said once per pass, since the pods' DNS names go through it.
+		svc, gerr := c.kube.CoreV1().Services(md.Namespace).Get(ctx, md.Name, metav1.GetOptions{})
+		if gerr == nil && !metav1.IsControlledBy(svc, md) {
+			c.recorder.Eventf(md, corev1.EventTypeWarning, "ServiceConflict",
+				"service %s exists and is not this deployment's: the pods' names (subdomain %s) resolve only if it is headless and selects them", md.Name, md.Name)
+		}
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("create service: %w", err)
 	}
 	return nil
@@ -226,8 +237,14 @@ func (c *Controller) finalize(ctx context.Context, md *v1alpha1.ModelDeployment,
 	if c.volcano {
 		errs = append(errs, c.deletePodGroups(ctx, md, 0))
 	}
-	err = c.kube.CoreV1().Services(md.Namespace).Delete(ctx, md.Name, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	// The headless service, only when it is this deployment's (a user's
+	// service of the same name stays), and only that object (UID).
+	if svc, err := c.kube.CoreV1().Services(md.Namespace).Get(ctx, md.Name, metav1.GetOptions{}); err == nil && metav1.IsControlledBy(svc, md) {
+		err = c.kube.CoreV1().Services(md.Namespace).Delete(ctx, md.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &svc.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			errs = append(errs, err)
+		}
+	} else if err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

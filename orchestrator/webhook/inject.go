@@ -195,8 +195,11 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 			{Name: "gossip-tcp", ContainerPort: int32(c.GossipPort), Protocol: corev1.ProtocolTCP},
 			{Name: "gossip-udp", ContainerPort: int32(c.GossipPort), Protocol: corev1.ProtocolUDP},
 		},
+		// The sidecar's readiness is the pod's: /health (it answers), not
+		// /ready (NATS connected), or a NATS outage would take every engine
+		// out of its Service and the gateway's pool while it can serve.
 		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-			Path: "/ready", Port: intstrPort(c.AdminPort)}}},
+			Path: "/health", Port: intstrPort(c.AdminPort)}}},
 		LivenessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 			Path: "/health", Port: intstrPort(c.AdminPort)}}},
 		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{

@@ -192,6 +192,8 @@ func TestSidecarCredentialsAndTokenizerDir(t *testing.T) {
 	}
 	if c.LivenessProbe == nil || c.ReadinessProbe == nil {
 		t.Error("the sidecar has no liveness or readiness probe")
+	} else if c.ReadinessProbe.HTTPGet.Path == "/ready" {
+		t.Error("the engine pod's readiness waits on NATS (the sidecar's /ready)")
 	}
 	pod.Annotations[AnnotationTokenizerDir] = "/elsewhere"
 	if _, err := DefaultSidecarConfig().sidecar(pod); !errors.Is(err, ErrBadTokenizerDir) {
