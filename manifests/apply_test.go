@@ -75,6 +75,10 @@ func TestEveryOverlayAppliesToARealAPIServer(t *testing.T) {
 	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crdFiles...); err != nil {
 		t.Fatalf("install CRDs: %v", err)
 	}
+	// The parts applied with or after the orchestrator (base, gateway, monitoring) land in its Namespace.
+	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, filepath.Join("namespace", "namespace.yaml")); err != nil {
+		t.Fatalf("namespace kvmesh: %v", err)
+	}
 
 	dirs := kustomizations(t)
 	for _, want := range []string{"base", "install", "monitoring", "overlays/daemonset", "overlays/sidecar-container", "overlays/injected"} {
@@ -94,6 +98,15 @@ func TestEveryOverlayAppliesToARealAPIServer(t *testing.T) {
 			}
 			if len(objs) == 0 {
 				t.Fatal("renders nothing")
+			}
+			// What the docs apply alone to a fresh cluster brings its own Namespace
+			// (the shared API server would hide a missing one: an earlier subtest made it).
+			if dir == "orchestrator" || dir == "install" || strings.HasPrefix(dir, "overlays/") {
+				if !slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool {
+					return o.GetKind() == "Namespace" && o.GetName() == "kvmesh"
+				}) {
+					t.Error("no Namespace kvmesh: kubectl apply -k fails on a fresh cluster")
+				}
 			}
 			// CRDs and namespaces for real (dry-run objects cannot land in a namespace that does not exist).
 			var first, rest []*unstructured.Unstructured
