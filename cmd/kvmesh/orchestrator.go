@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -195,34 +196,16 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func runView(ctx context.Context, verb string, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet(verb, stderr)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (env KUBECONFIG; default: in-cluster)")
-	ns := fs.String("namespace", "default", "namespace")
-	all := fs.Bool("all-namespaces", false, "every namespace (get only)")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: kvmesh %s modeldeployments|autoscalingpolicies|rolescalers [NAME] [--namespace NS]\n", verb)
-		fs.PrintDefaults()
+	o, err := parseViewArgs(verb, args, stderr)
+	if err != nil {
+		return err
 	}
-	// Flags may follow the positional arguments, as with kubectl.
-	var pos []string
-	for len(args) > 0 {
-		if err := parseFlags(fs, args, 100); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
-	}
-	if len(pos) < 1 || len(pos) > 2 || (verb == "describe" && len(pos) != 2) {
-		fs.Usage()
-		return fmt.Errorf("%w: want a resource and %s", errUsage, map[string]string{"get": "an optional name", "describe": "a name"}[verb])
-	}
+	pos, ns := o.pos, o.namespace
 	res, err := view.Resource(pos[0])
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	cfg, err := kubeConfig(*kubeconfig)
+	cfg, err := kubeConfig(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -231,10 +214,72 @@ func runView(ctx context.Context, verb string, args []string, stdout, stderr io.
 		name = pos[1]
 	}
 	if verb == "describe" {
-		return view.Describe(ctx, cfg, res, *ns, name, stdout)
+		return view.Describe(ctx, cfg, res, ns, name, stdout)
 	}
-	if *all {
-		*ns = ""
+	if o.all {
+		ns = ""
 	}
-	return view.Get(ctx, cfg, res, *ns, name, stdout)
+	return view.Get(ctx, cfg, res, ns, name, stdout)
+}
+
+// viewArgs are kvmesh get/describe's parsed command line.
+type viewArgs struct {
+	pos        []string // the resource and the optional name
+	kubeconfig string
+	namespace  string // --namespace/-n, else the kubeconfig context's (in a pod: the pod's), else "default"
+	all        bool   // --all-namespaces/-A
+}
+
+// parseViewArgs parses kvmesh get/describe's arguments with kubectl's
+// spellings (-n, -A), flags before or after the positional arguments.
+func parseViewArgs(verb string, args []string, stderr io.Writer) (viewArgs, error) {
+	var o viewArgs
+	fs := newFlagSet(verb, stderr)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (env KUBECONFIG; default: in-cluster)")
+	fs.StringVar(&o.namespace, "namespace", "", "namespace (default: the kubeconfig context's, else \"default\")")
+	fs.StringVar(&o.namespace, "n", "", "shorthand for --namespace")
+	fs.BoolVar(&o.all, "all-namespaces", false, "every namespace (get only)")
+	fs.BoolVar(&o.all, "A", false, "shorthand for --all-namespaces")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: kvmesh %s modeldeployments|autoscalingpolicies|rolescalers [NAME] [-n NS]%s\n", verb, map[string]string{"get": " [-A]"}[verb])
+		fs.PrintDefaults()
+	}
+	// Flags may follow the positional arguments, as with kubectl.
+	for len(args) > 0 {
+		if err := parseFlags(fs, args, 100); err != nil {
+			return o, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		o.pos, args = append(o.pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	if len(o.pos) < 1 || len(o.pos) > 2 || (verb == "describe" && len(o.pos) != 2) {
+		fs.Usage()
+		return o, fmt.Errorf("%w: want a resource and %s", errUsage, map[string]string{"get": "an optional name", "describe": "a name"}[verb])
+	}
+	if o.namespace == "" {
+		o.namespace = kubeNamespace(o.kubeconfig)
+	}
+	return o, nil
+}
+
+// kubeNamespace is the namespace kubectl would use without -n: the kubeconfig's
+// current context's, or in a pod (no kubeconfig, as kubeConfig) the pod's own;
+// "default" when neither says.
+func kubeNamespace(kubeconfig string) string {
+	if kubeconfig == "" {
+		if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+			if ns := strings.TrimSpace(string(b)); ns != "" {
+				return ns
+			}
+		}
+		return "default"
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}
+	ns, _, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).Namespace()
+	if err != nil || ns == "" {
+		return "default" // a broken kubeconfig fails in kubeConfig, with its own error
+	}
+	return ns
 }

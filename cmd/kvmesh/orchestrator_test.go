@@ -112,7 +112,7 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 	var got *testutil.SyncBuffer
 	testutil.WaitFor(t, time.Minute, "kvmesh get md to show the status columns", func() bool {
 		got = &testutil.SyncBuffer{}
-		return runGet(ctx, []string{"md", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, got, &errOut) == nil &&
+		return runGet(ctx, []string{"md", "--kubeconfig", s.Kubeconfig, "-n", "models"}, got, &errOut) == nil &&
 			strings.Contains(got.String(), "0/1")
 	})
 	for _, w := range []string{"NAME", "MODEL", "READY", "STATUS", "llama-pd", "meta-llama/Llama-3.1-8B-Instruct", "GroupsNotReady"} {

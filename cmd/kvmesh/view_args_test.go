@@ -1,0 +1,67 @@
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestViewArgsKubectlSpellings: kvmesh get/describe take -n and -A as kubectl
+// does, flags before or after the names, and without -n use the kubeconfig's
+// current context's namespace (else "default").
+func TestViewArgsKubectlSpellings(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, ctxNS string) string {
+		p := filepath.Join(dir, name)
+		ns := ""
+		if ctxNS != "" {
+			ns = "\n    namespace: " + ctxNS
+		}
+		cfg := `apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: x
+  context:
+    cluster: c
+    user: u` + ns + `
+current-context: x
+`
+		if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	withNS, withoutNS := write("with", "models"), write("without", "")
+	for _, c := range []struct {
+		verb string
+		args []string
+		pos  []string
+		ns   string
+		all  bool
+	}{
+		{"get", []string{"md", "-n", "team-a", "--kubeconfig", withNS}, []string{"md"}, "team-a", false},
+		{"get", []string{"-n", "team-a", "md", "x", "--kubeconfig", withNS}, []string{"md", "x"}, "team-a", false},
+		{"get", []string{"md", "--namespace", "team-b", "--kubeconfig", withNS}, []string{"md"}, "team-b", false},
+		{"get", []string{"md", "-A", "--kubeconfig", withNS}, []string{"md"}, "models", true},
+		{"get", []string{"asp", "--all-namespaces", "--kubeconfig", withoutNS}, []string{"asp"}, "default", true},
+		{"describe", []string{"md", "x", "--kubeconfig", withNS}, []string{"md", "x"}, "models", false},
+		{"describe", []string{"md", "x", "--kubeconfig", withoutNS}, []string{"md", "x"}, "default", false},
+	} {
+		o, err := parseViewArgs(c.verb, c.args, io.Discard)
+		if err != nil {
+			t.Errorf("%s %q: %v", c.verb, c.args, err)
+			continue
+		}
+		if !slices.Equal(o.pos, c.pos) || o.namespace != c.ns || o.all != c.all {
+			t.Errorf("%s %q: names %q namespace %q all %v, want %q %q %v", c.verb, c.args, o.pos, o.namespace, o.all, c.pos, c.ns, c.all)
+		}
+	}
+}
