@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -131,7 +132,16 @@ func Describe(ctx context.Context, cfg *rest.Config, resource, ns, name string, 
 	if err != nil {
 		return err
 	}
-	evs, err := kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	// The object's own events: the same name alone would show a same-named
+	// object of another kind (an AutoscalingPolicy named after its ModelDeployment).
+	about := fields.Set{"involvedObject.name": name}
+	if kind, _ := obj["kind"].(string); kind != "" {
+		about["involvedObject.kind"] = kind
+	}
+	if uid, _ := md["uid"].(string); uid != "" {
+		about["involvedObject.uid"] = uid
+	}
+	evs, err := kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: about.AsSelector().String()})
 	if err != nil {
 		return nil // events are optional (RBAC may forbid them)
 	}
