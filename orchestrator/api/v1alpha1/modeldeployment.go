@@ -67,7 +67,11 @@ type ModelDeploymentSpec struct {
 	// Groups is the number of copies of the whole topology (the /scale
 	// subresource of the ModelDeployment). Default 1.
 	Groups *int32 `json:"groups,omitempty"`
-	// Roles are the engine roles of one group; names are unique.
+	// Roles are the engine roles of one group; names are unique. The CRD makes
+	// it a map list keyed by name (x-kubernetes-list-type: map), so server-side
+	// apply merges roles by name instead of owning the list as a whole.
+	// +listType=map
+	// +listMapKey=name
 	Roles []Role `json:"roles"`
 	// RecoveryPolicy: GroupRecreate, RoleRecreate (default) or None.
 	RecoveryPolicy RecoveryPolicy `json:"recoveryPolicy,omitempty"`
