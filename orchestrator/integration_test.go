@@ -86,7 +86,7 @@ func newEnv(t *testing.T) *env {
 
 // startController runs a controller for the namespace under cfg (leader
 // election on a Lease in the namespace) until the test ends.
-func (e *env) startController(t *testing.T, cfg *rest.Config) {
+func (e *env) startController(t *testing.T, cfg *rest.Config) *Controller {
 	t.Helper()
 	c := DefaultConfig()
 	c.Namespace, c.LeaseNamespace = e.ns, e.ns
@@ -113,6 +113,7 @@ func (e *env) startController(t *testing.T, cfg *rest.Config) {
 			t.Error("controller did not stop")
 		}
 	})
+	return ctrl
 }
 
 func (e *env) apply(t *testing.T, file string) {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 )
@@ -28,6 +29,29 @@ func podName(md string, s slot) string {
 		n += "-w" + strconv.Itoa(s.Member)
 	}
 	return n
+}
+
+// nameProblems says why the controller cannot make md's objects from its
+// names (nil: it can): the headless Service takes the deployment's name (a
+// DNS-1035 label), and every pod's name, also its hostname, must be a DNS
+// label at the largest indexes the schema allows. The CRD refuses such names
+// at admission; this catches a deployment admitted before it did.
+func nameProblems(md *v1alpha1.ModelDeployment) []string {
+	var probs []string
+	for _, p := range validation.IsDNS1035Label(md.Name) {
+		probs = append(probs, fmt.Sprintf("name %q: %s", md.Name, p))
+	}
+	if len(probs) > 0 {
+		return probs // every pod name would be refused for the same reason
+	}
+	for _, r := range md.Spec.Roles {
+		longest := podName(md.Name, slot{Group: v1alpha1.MaxGroups - 1, Role: r.Name, Replica: v1alpha1.MaxReplicas - 1, Member: v1alpha1.MaxWorkers})
+		if len(md.Name)+len(r.Name) > v1alpha1.MaxNamesLength || len(validation.IsDNS1123Label(longest)) > 0 {
+			probs = append(probs, fmt.Sprintf("role %s: pod names such as %s are longer than a hostname may be (63): the deployment's and the role's names may hold %d characters together, not %d",
+				r.Name, longest, v1alpha1.MaxNamesLength, len(md.Name)+len(r.Name)))
+		}
+	}
+	return probs
 }
 
 // slotOf reads a pod's slot from its labels; ok is false for a pod that

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -58,6 +61,9 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	if md.DeletionTimestamp != nil {
 		return c.finalize(ctx, md, pods)
 	}
+	if probs := nameProblems(md); probs != nil {
+		return 0, c.refuseNames(ctx, u, md, probs) // not retried: only an edit of the spec can help
+	}
 	if !slices.Contains(md.Finalizers, Finalizer) {
 		return 0, c.setFinalizers(ctx, md, append(slices.Clone(md.Finalizers), Finalizer))
 	}
@@ -79,6 +85,38 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 		return 0, err
 	}
 	return 0, gangErr
+}
+
+// reasonInvalidName is the condition reason and event of a deployment whose
+// names the controller cannot make objects from.
+const reasonInvalidName = "InvalidName"
+
+// refuseNames says, once, on the status (Available and Progressing false,
+// reason InvalidName) and in a warning event, why nothing is created.
+func (c *Controller) refuseNames(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, probs []string) error {
+	msg := "nothing is created: " + strings.Join(probs, "; ")
+	st := md.Status
+	st.Conditions = slices.Clone(st.Conditions)
+	st.ObservedGeneration = md.Generation
+	for _, t := range []string{v1alpha1.ConditionAvailable, v1alpha1.ConditionProgressing} {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: metav1.ConditionFalse,
+			Reason: reasonInvalidName, Message: msg, ObservedGeneration: md.Generation})
+	}
+	if reflect.DeepEqual(st, md.Status) {
+		return nil // said already
+	}
+	c.recorder.Event(md, corev1.EventTypeWarning, reasonInvalidName, msg)
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return err
+	}
+	u = u.DeepCopy()
+	u.Object["status"] = obj
+	_, err = c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil // a newer version is on its way through the informer
+	}
+	return err
 }
 
 // execute carries out a plan: deletions, creations, then each new group as

@@ -206,6 +206,21 @@ const (
 	DefaultPDGroupLabel = "kvmesh.io/pd-group"
 )
 
+// Bounds of the CRD's schema (manifests/crds/kvmesh.io_modeldeployments.yaml),
+// and what they leave for names.
+const (
+	MaxGroups   = 1000 // spec.groups
+	MaxReplicas = 1000 // a role's replicas
+	MaxWorkers  = 64   // a role's workers.count
+	// MaxNamesLength bounds a deployment's name plus any of its role's: the
+	// controller names each pod <deployment>-<group>-<role>-<replica>[-w<worker>]
+	// and makes that its hostname, a DNS label of at most 63 characters, 13 of
+	// which the separators and indexes take at the bounds above. The
+	// deployment's name must also be a DNS-1035 label: it names the headless
+	// Service, is the pods' subdomain and a label value of every pod.
+	MaxNamesLength = 50
+)
+
 // Condition types of a ModelDeployment.
 const (
 	ConditionAvailable   = "Available"
