@@ -487,4 +487,48 @@ func TestNetworkPoliciesAllowWhatEachPodNeeds(t *testing.T) {
 			}
 		}
 	}
+	// Every pod with a metrics port is scraped, once, by the monitoring
+	// PodMonitors (the Prometheus Operator selects pods by one label selector each).
+	var monitors []*unstructured.Unstructured
+	for _, o := range render(t, kc, "monitoring") {
+		if o.GetKind() == "PodMonitor" {
+			monitors = append(monitors, o)
+		}
+	}
+	for _, d := range []dest{{"ingress", ingress}, {"orchestrator", orch}, {"sidecar written in", written}, {"sidecar DaemonSet", dsPod},
+		{"injected engine", injected}, {"injected engine, team namespace", injectedTeam}, {"ModelDeployment prefill", prefill},
+		{"ModelDeployment decode", decode}, {"multi-node leader", leader}} {
+		for _, cp := range declaredPorts(d.pod) {
+			if cp.Name != "kvmesh-admin" && cp.Name != "admin" && cp.Name != "metrics" {
+				continue
+			}
+			var by []string
+			for _, m := range monitors {
+				var spec struct {
+					Selector          metav1.LabelSelector `json:"selector"`
+					NamespaceSelector struct {
+						Any bool `json:"any"`
+					} `json:"namespaceSelector"`
+					PodMetricsEndpoints []struct {
+						Port string `json:"port"`
+					} `json:"podMetricsEndpoints"`
+				}
+				raw, _ := m.Object["spec"].(map[string]any)
+				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
+					t.Fatalf("PodMonitor %s: %v", m.GetName(), err)
+				}
+				if (!spec.NamespaceSelector.Any && d.pod.Namespace != ns) || !selects(&spec.Selector, d.pod.Labels) {
+					continue
+				}
+				for _, e := range spec.PodMetricsEndpoints {
+					if e.Port == cp.Name {
+						by = append(by, m.GetName())
+					}
+				}
+			}
+			if len(by) != 1 {
+				t.Errorf("%s's port %s is scraped by %v, want exactly one PodMonitor", d.name, cp.Name, by)
+			}
+		}
+	}
 }
