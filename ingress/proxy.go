@@ -321,8 +321,8 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	ps.c, ps.up, ps.resp, ps.body, ps.wrap, ps.named = c, up, resp, r, c.wrap, namedStreamOf(c.ep)
 	// A Responses stream opens with events vLLM sends before the prefill
 	// (responses.go): wait past them, so TTFT and retries mean the same.
-	// (A first event larger than the buffer is forwarded in pieces by
-	// fillOnce; a preamble that fills the buffer commits there.)
+	// (A first event larger than the buffer grows it, in fillOnce; a
+	// preamble that fills the buffer commits there.)
 	for ps.upErr == nil && (ps.cut == 0 || ps.named != nil && ps.fill < len(ps.buf) && ps.named.preambleOnly(ps.buf[:ps.cut])) {
 		ps.fillOnce()
 	}
@@ -344,8 +344,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	}
 	if ps.cut == 0 {
 		err := ps.upErr
-		ps.c, ps.up, ps.resp, ps.body = nil, nil, nil, nil
-		streamPool.Put(ps)
+		putStream(ps)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
@@ -375,16 +374,30 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	return true, nil
 }
 
+// streamBufSize is a stream's buffer; an event larger than it grows it (to
+// the event's size, at most maxStreamEvent) until that event has gone.
 const streamBufSize = 16 << 10
 
-var streamPool = sync.Pool{New: func() any { return &proxyStream{buf: make([]byte, streamBufSize)} }}
+// maxStreamEvent bounds one SSE event (a chunk carrying a long prompt's
+// prompt_token_ids or logprobs can be megabytes); a larger one ends the
+// stream with an error event, as a non-streamed answer over maxUpstreamBody
+// is refused.
+const maxStreamEvent = maxUpstreamBody
+
+var streamPool = sync.Pool{New: func() any {
+	b := make([]byte, streamBufSize)
+	return &proxyStream{buf: b, small: b}
+}}
 
 // proxyStream is the response body of a streamed answer. fasthttp reads it
 // and writes (and flushes) each read as one chunk, so SSE events pass
 // through as they arrive. Only whole events are handed out, so a stream that
-// breaks leaves no half event before the error event. fasthttp closes it
-// when the response ends or the client goes away; Close then cancels the
-// upstream request.
+// breaks leaves no half event before the error event; an event is never
+// split or cut, whatever its size. Line endings are LF on the way out:
+// CRLF and CR (legal SSE, sent by some servers and proxies) become LF as
+// they are read, so event boundaries, [DONE], error events and usage are
+// found alike. fasthttp closes it when the response ends or the client
+// goes away; Close then cancels the upstream request.
 type proxyStream struct {
 	c    *call
 	up   *upstream
@@ -392,8 +405,11 @@ type proxyStream struct {
 	body io.Reader
 
 	buf      []byte // upstream bytes: buf[:cut] whole events, buf[cut:fill] a partial one
+	small    []byte // the pooled buffer; buf is a larger one while an event needs it
 	fill     int
 	cut      int
+	scan     int    // buf[:scan] was searched for event ends
+	cr       bool   // the last byte read was a CR (an LF next is its CRLF's)
 	pending  []byte // what Read hands out next: buf[pos:cut] or converted events
 	upErr    error  // upstream error seen, acted on once pending drains
 	tail     []byte // error event + [DONE] after a broken stream
@@ -406,31 +422,47 @@ type proxyStream struct {
 	closed   bool
 }
 
+// maxPooledOut bounds the converted-events buffer a pooled stream keeps
+// (one huge event's conversion is not kept for every later stream).
+const maxPooledOut = 4 * streamBufSize
+
 func (p *proxyStream) reset() {
-	*p = proxyStream{buf: p.buf, out: p.out[:0], tail: p.tail[:0]}
+	out := p.out[:0]
+	if cap(out) > maxPooledOut {
+		out = nil
+	}
+	buf := p.small
+	if buf == nil {
+		buf = p.buf
+	}
+	*p = proxyStream{buf: buf, small: p.small, out: out, tail: p.tail[:0]}
 }
 
 // fillOnce reads once from upstream and, when whole events arrived, makes
-// them pending.
+// them pending. A buffer that one partial event fills grows first.
 func (p *proxyStream) fillOnce() {
-	if p.fill == len(p.buf) {
-		// One event larger than the buffer: forward what there is.
-		p.cut = p.fill
-	} else {
-		n, err := p.body.Read(p.buf[p.fill:])
-		if err != nil {
-			p.upErr = err
-		}
-		if n == 0 {
-			return
-		}
-		p.fill += n
-		i := bytes.LastIndex(p.buf[:p.fill], eventSep)
-		if i < 0 {
-			return
-		}
-		p.cut = i + len(eventSep)
+	if p.fill == len(p.buf) && !p.grow() {
+		p.upErr = fmt.Errorf("%w: an event over %d bytes", ErrAnswerTooLarge, maxStreamEvent)
+		return
 	}
+	n, err := p.body.Read(p.buf[p.fill:])
+	if err != nil {
+		p.upErr = err
+	}
+	if n == 0 {
+		return
+	}
+	p.fill += p.toLF(p.buf[p.fill : p.fill+n])
+	// Only the new bytes (and the LF before them, which may end an event
+	// with a new one) can hold a new event end: a large event arriving in
+	// many reads is searched once.
+	from := max(p.cut, p.scan-1, 0)
+	p.scan = p.fill
+	i := bytes.LastIndex(p.buf[from:p.fill], eventSep)
+	if i < 0 {
+		return
+	}
+	p.cut = from + i + len(eventSep)
 	events := p.buf[:p.cut]
 	if hasDoneEvent(events) || p.named != nil && p.named.ended(events) {
 		p.sawDone = true
@@ -449,10 +481,48 @@ func (p *proxyStream) fillOnce() {
 	}
 }
 
+// grow doubles the buffer for an event that fills it (up to
+// maxStreamEvent); false when it is that large already.
+func (p *proxyStream) grow() bool {
+	if len(p.buf) >= maxStreamEvent {
+		return false
+	}
+	nb := make([]byte, min(2*len(p.buf), maxStreamEvent))
+	copy(nb, p.buf[:p.fill])
+	p.buf = nb
+	return true
+}
+
+// toLF rewrites b's line endings to LF in place (CRLF to LF, a lone CR to
+// LF, an LF after a CR that ended the previous read dropped) and returns
+// b's new length. A stream with no CR costs one scan.
+func (p *proxyStream) toLF(b []byte) int {
+	if bytes.IndexByte(b, '\r') < 0 && !(p.cr && b[0] == '\n') {
+		p.cr = false
+		return len(b)
+	}
+	w := 0
+	for _, ch := range b { // w never passes the byte being read
+		switch {
+		case ch == '\r':
+			b[w] = '\n'
+			w++
+			p.cr = true
+		case ch == '\n' && p.cr:
+			p.cr = false
+		default:
+			b[w] = ch
+			w++
+			p.cr = false
+		}
+	}
+	return w
+}
+
 var usageOnly = []byte(`"choices":[]`)
 
-// hasDoneEvent reports whether events hold a "data: [DONE]" line (at a line
-// start, not inside some other payload).
+// hasDoneEvent reports whether events hold a "data: [DONE]" line (the
+// whole line, not inside some other payload).
 func hasDoneEvent(events []byte) bool {
 	for i := 0; ; {
 		j := bytes.Index(events[i:], doneEvent)
@@ -460,7 +530,8 @@ func hasDoneEvent(events []byte) bool {
 			return false
 		}
 		at := i + j
-		if at == 0 || events[at-1] == '\n' {
+		end := at + len(doneEvent)
+		if (at == 0 || events[at-1] == '\n') && (end == len(events) || events[end] == '\n') {
 			return true
 		}
 		i = at + 1
@@ -493,8 +564,12 @@ func (p *proxyStream) Read(b []byte) (int, error) {
 			return n, nil
 		}
 		if p.cut > 0 { // pending drained: keep only the partial event
-			p.fill = copy(p.buf, p.buf[p.cut:p.fill])
-			p.cut = 0
+			dst := p.buf
+			if p.small != nil && len(p.buf) > len(p.small) && p.fill-p.cut <= len(p.small) {
+				dst = p.small // a large event has gone: back to the pooled buffer
+			}
+			p.fill = copy(dst, p.buf[p.cut:p.fill])
+			p.buf, p.cut, p.scan = dst, 0, p.fill
 		}
 		if len(p.tail) > 0 {
 			n := copy(b, p.tail)
@@ -517,7 +592,7 @@ func (p *proxyStream) Read(b []byte) (int, error) {
 // (bytes already reached the client, so it cannot be retried).
 func (p *proxyStream) endWith(err error) {
 	p.done = true
-	if err == io.EOF && (p.fill > 0 || !p.sawDone) {
+	if err == io.EOF && (len(bytes.TrimLeft(p.buf[:p.fill], "\n")) > 0 || !p.sawDone) {
 		// A half event or no [DONE]: the engine stopped short.
 		err = io.ErrUnexpectedEOF
 	}
@@ -622,7 +697,12 @@ func (p *proxyStream) Close() error {
 	fasthttp.ReleaseResponse(p.resp)
 	c.endAttempt(p.up)
 	c.finish()
-	p.c, p.up, p.resp, p.body = nil, nil, nil, nil
-	streamPool.Put(p)
+	putStream(p)
 	return nil
+}
+
+// putStream returns p to the pool, without a buffer one large event grew.
+func putStream(p *proxyStream) {
+	p.reset()
+	streamPool.Put(p)
 }

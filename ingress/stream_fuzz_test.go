@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"testing/iotest"
 )
@@ -17,6 +18,11 @@ func FuzzProxyStream(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"cho"), true, uint8(1))
 	f.Add([]byte("data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\ndata: [DONE]\n\n"), true, uint8(2))
 	f.Add([]byte(": comment\n\n\n\n"), false, uint8(3))
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\r\n\r\ndata: [DONE]\r\n\r\n"), false, uint8(1))
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\r\rdata: [DONE]\r\r"), true, uint8(2))
+	f.Add([]byte("data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"completion_tokens\":3}}\r\n\r\ndata: [DONE]\r\n\r\n"), false, uint8(6))
+	f.Add([]byte("data: {\"error\": {\"code\": 400}}\r\n\r\ndata: [DONE]\r\n\n"), false, uint8(0))
+	f.Add([]byte("data: {\"choices\":[{\"text\":\""+strings.Repeat("x", 700)+"\"}]}\n\ndata: [DONE]\n\n"), true, uint8(2))
 	s, err := New(DefaultConfig(), Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		f.Fatal(err)
@@ -55,6 +61,22 @@ func FuzzProxyStream(f *testing.F) {
 		}
 		if !bytes.HasSuffix(o, []byte("data: [DONE]\n\n")) {
 			t.Fatalf("stream does not end with [DONE]: %q", o)
+		}
+		if bytes.IndexByte(o, '\r') >= 0 {
+			t.Fatalf("a CR reached the client (line endings are LF on the way out): %q", o)
+		}
+		if wrap || c.dropUsage {
+			return
+		}
+		// Passed through: the engine's whole events, with LF line endings,
+		// then the ingress's error event when the engine stopped short. An
+		// event larger than the 256-byte buffer is not cut.
+		lf := bytes.ReplaceAll(bytes.ReplaceAll(in, []byte("\r\n"), []byte("\n")), []byte("\r"), []byte("\n"))
+		if c.errMsg != "" {
+			o = o[:bytes.LastIndex(o, []byte(`data: {"error":{"message":"engine e failed mid-stream`))]
+		}
+		if !bytes.HasPrefix(lf, o) || len(o) > 0 && !bytes.HasSuffix(o, []byte("\n\n")) {
+			t.Fatalf("not the engine's whole events: %q of %q", o, lf)
 		}
 	})
 }
