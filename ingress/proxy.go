@@ -370,6 +370,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	passUpstreamHeaders(&ctx.Response.Header, &resp.Header) // upstreamhdr.go
 	ctx.Response.SetBodyStream(ps, -1)
 	return true, nil
 }

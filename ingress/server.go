@@ -379,6 +379,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 	case "/ready":
 		s.handleReady(ctx)
+	case "/ping": // vLLM's (SageMaker's health check): 200 when ready
+		s.handlePing(ctx)
+	case "/version": // vLLM's: {"version": ...}, kvmesh's here
+		s.handleVersion(ctx)
 	case "/metrics":
 		if s.cfg.AdminListen != "" { // served on the admin listener instead
 			writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))

@@ -48,3 +48,20 @@ func (s *Server) putUpstreamHeaders(h *fasthttp.RequestHeader, fwd func(i int) [
 		}
 	}
 }
+
+// passHeaders are the engine's response headers the client gets with its
+// answer (streamed or not): vLLM run with --enable-request-id-headers
+// answers with X-Request-Id (the client's, or the id it made), so a caller
+// finds its request in the engine's logs and traces. The engine's other
+// headers stay at the ingress (the answer's framing is the ingress's own).
+var passHeaders = [...]string{"X-Request-Id"}
+
+// passUpstreamHeaders copies passHeaders from an engine's answer to the
+// client's response, when the engine sent them.
+func passUpstreamHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
+	for _, name := range passHeaders {
+		if v := src.Peek(name); len(v) > 0 {
+			dst.SetBytesV(name, v)
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+func startSim(t *testing.T, cfg sim.Config) *sim.Server {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 500
+	}
+	sm, err := sim.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	return sm
+}
+
+// The engine's X-Request-Id answer header (vLLM with
+// --enable-request-id-headers; the simulator always) reaches the client:
+// the client's own id echoed, or the one the engine made, which its answer's
+// id carries.
+func TestEngineRequestIDPassesThrough(t *testing.T) {
+	sm := startSim(t, sim.Config{Model: "m"})
+	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: sm.URL()}), Deps{})
+	for _, stream := range []bool{true} {
+		for _, id := range []string{"", "req-42"} {
+			body := `{"model":"m","prompt":"hello there","max_tokens":2}`
+			if stream {
+				body = `{"model":"m","prompt":"hello there","max_tokens":2,"stream":true}`
+			}
+			var hdr []string
+			if id != "" {
+				hdr = []string{"X-Request-Id", id}
+			}
+			st, h, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body, hdr...)
+			if st != 200 {
+				t.Fatalf("stream %v: %d %s", stream, st, b)
+			}
+			var ans struct{ ID string }
+			first := b
+			if stream {
+				first = []byte(sseEvents(b)[0])
+			}
+			if err := json.Unmarshal(first, &ans); err != nil {
+				t.Fatalf("stream %v: %v: %s", stream, err, b)
+			}
+			got := h.Get("X-Request-Id")
+			if got == "" || (id != "" && got != id) || ans.ID != "cmpl-"+got {
+				t.Fatalf("stream %v, client's id %q: X-Request-Id %q, answer id %q", stream, id, got, ans.ID)
+			}
+		}
+	}
+}
+
+// vLLM's /ping (SageMaker's health check, GET or POST) and /version are
+// served: ping is 200 while the ingress is ready and a 503 with the OpenAI
+// error body when it is not (draining here); version is kvmesh's.
+func TestPingAndVersion(t *testing.T) {
+	sm := startSim(t, sim.Config{Model: "m"})
+	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: sm.URL()}), Deps{})
+	base := "http://" + s.Addr()
+	for _, method := range []string{"GET", "POST"} {
+		req, _ := http.NewRequest(method, base+"/ping", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s /ping: %d, want 200 from a ready ingress", method, resp.StatusCode)
+		}
+	}
+	resp, err := http.Get(base + "/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct{ Version string }
+	err = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err != nil || v.Version == "" {
+		t.Fatalf("/version: %d %v %+v", resp.StatusCode, err, v)
+	}
+
+	s.draining.Store(true) // what Close does first
+	resp, err = http.Get(base + "/ping")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e struct {
+		Error struct{ Message, Type string } `json:"error"`
+	}
+	if resp.StatusCode != 503 || json.Unmarshal(b, &e) != nil || e.Error.Type == "" || !strings.Contains(e.Error.Message, "draining") {
+		t.Fatalf("/ping while draining: %d %s, want a 503 with the OpenAI error body", resp.StatusCode, b)
+	}
+}
