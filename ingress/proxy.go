@@ -224,6 +224,7 @@ func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasth
 	ctx.SetStatusCode(st)
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	passUpstreamHeaders(&ctx.Response.Header, &resp.Header) // upstreamhdr.go
 	if err == nil {
 		ctx.SetBody(buf.Bytes())
 	}
@@ -264,6 +265,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		bufPool.Put(buf)
 		return false, c.attemptFailed(up, resp, "empty_response", fmt.Errorf("engine %s: empty or non-JSON answer", up.id))
 	}
+	passUpstreamHeaders(&ctx.Response.Header, &resp.Header) // upstreamhdr.go
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)

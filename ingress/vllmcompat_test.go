@@ -29,13 +29,14 @@ func startSim(t *testing.T, cfg sim.Config) *sim.Server {
 }
 
 // The engine's X-Request-Id answer header (vLLM with
-// --enable-request-id-headers; the simulator always) reaches the client:
+// --enable-request-id-headers; the simulator always) reaches the client,
+// streamed or not:
 // the client's own id echoed, or the one the engine made, which its answer's
 // id carries.
 func TestEngineRequestIDPassesThrough(t *testing.T) {
 	sm := startSim(t, sim.Config{Model: "m"})
 	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: sm.URL()}), Deps{})
-	for _, stream := range []bool{true} {
+	for _, stream := range []bool{false, true} {
 		for _, id := range []string{"", "req-42"} {
 			body := `{"model":"m","prompt":"hello there","max_tokens":2}`
 			if stream {
