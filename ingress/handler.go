@@ -40,16 +40,17 @@ type call struct {
 	urls        []string // parallel to cands
 	sreq        scheduler.Request
 	dec         scheduler.Decision
-	body        []byte // upstream body (rewritten) or nil: the client's body
-	alt         []byte // second body buffer (swapped with body when rewriting twice)
-	dropUsage   bool   // the usage chunk was added by us: keep it from the client
-	loraBase    string // base model of a LoRA adapter the engines list (gossip) and no config names
-	path        string // upstream path
-	wrap        bool   // chat answered through /v1/completions and re-wrapped
-	media       int    // media items in the chat prompt (keys stop at the first)
-	textToks    int    // with media: the prompt's text tokens (mediatokens.go)
-	engPrompt   int    // the prompt tokens the engine's usage reported (tokencheck.go)
-	engCached   int    // the cached prompt tokens it reported, when engCachedOK
+	body        []byte      // upstream body (rewritten) or nil: the client's body
+	alt         []byte      // second body buffer (swapped with body when rewriting twice)
+	dropUsage   bool        // the usage chunk was added by us: keep it from the client
+	usage       *usageState // the model's forced-usage state when this stream is its probe (forcedusage.go)
+	loraBase    string      // base model of a LoRA adapter the engines list (gossip) and no config names
+	path        string      // upstream path
+	wrap        bool        // chat answered through /v1/completions and re-wrapped
+	media       int         // media items in the chat prompt (keys stop at the first)
+	textToks    int         // with media: the prompt's text tokens (mediatokens.go)
+	engPrompt   int         // the prompt tokens the engine's usage reported (tokencheck.go)
+	engCached   int         // the cached prompt tokens it reported, when engCachedOK
 	engCachedOK bool
 	fwd         [len(forwardHeaders)][]byte // the client's forwarded headers (upstreamhdr.go)
 	engine      string
@@ -535,14 +536,18 @@ func hasTools(tools []byte) bool {
 func (c *call) askUsage() {
 	if c.req.stream && !c.req.hasStreamOptions && c.ep != epResponses && c.ep != epMessages { // their streams end with their usage
 		// Ask for the usage chunk so output tokens (metrics, rate limits,
-		// access log) are exact; the proxy drops it from the client's stream.
+		// access log) are exact; the proxy drops it from the client's
+		// stream unless the engines send it unasked (forcedusage.go, which
+		// sets c.dropUsage, or makes this request the probe that learns it).
+		if !c.planUsage() {
+			return
+		}
 		src := c.body
 		if len(src) == 0 {
 			src = c.req.body
 		}
 		c.alt = appendUsageRequest(c.alt[:0], src)
 		c.body, c.alt = c.alt, c.body
-		c.dropUsage = true
 	}
 }
 

@@ -162,7 +162,9 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 				w.(http.Flusher).Flush()
 			}
 			io.WriteString(w, completionEvent(3, "", "length"))
-			io.WriteString(w, `data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4,"total_tokens":6}}`+"\n\n")
+			if bytes.Contains(body, []byte(`"include_usage":true`)) { // as vLLM: only when asked
+				io.WriteString(w, `data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4,"total_tokens":6}}`+"\n\n")
+			}
 			io.WriteString(w, "data: [DONE]\n\n")
 			return
 		}

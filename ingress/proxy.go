@@ -470,6 +470,9 @@ func (p *proxyStream) fillOnce() {
 	if hasDoneEvent(events) || p.named != nil && p.named.ended(events) {
 		p.sawDone = true
 	}
+	if p.c.usage != nil {
+		p.probeUsage(events, p.sawDone) // forcedusage.go
+	}
 	switch {
 	case p.wrap:
 		p.out = p.rewrap(p.out[:0], events)
@@ -542,7 +545,8 @@ func hasDoneEvent(events []byte) bool {
 }
 
 // dropUsageEvents appends the events except the usage-only chunk (empty
-// choices, a usage object), which the ingress requested for itself.
+// choices, a usage object), which the ingress requested for itself (and
+// the model's engines do not send unasked: forcedusage.go).
 func dropUsageEvents(dst, events []byte) []byte {
 	for len(events) > 0 {
 		i := bytes.Index(events, eventSep)

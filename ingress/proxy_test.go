@@ -44,7 +44,15 @@ func TestProxyStreamPassesThroughAndCounts(t *testing.T) {
 	if got := val(s.m.requests.WithLabelValues("completions", "200")); got != 1 {
 		t.Fatalf("requests_total = %v", got)
 	}
-	// The engine got the prompt as token ids, untouched, and the usage request.
+	// The engine got the prompt as token ids, untouched; the model's first
+	// stream is the forced-usage probe (forcedusage.go), sent as the client
+	// wrote it, and a later one carries the ingress's usage request.
+	if b := <-fe.bodies; !strings.Contains(string(b), `"prompt":[1,2,3]`) || strings.Contains(string(b), `"stream_options"`) || !json.Valid(b) {
+		t.Fatalf("engine body %s", b)
+	}
+	if _, _, body = post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"stream":true}`); len(sseEvents(body)) != 5 {
+		t.Fatalf("events %q", sseEvents(body))
+	}
 	if b := <-fe.bodies; !strings.Contains(string(b), `"prompt":[1,2,3]`) || !strings.Contains(string(b), `"include_usage":true`) || !json.Valid(b) {
 		t.Fatalf("engine body %s", b)
 	}

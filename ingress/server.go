@@ -38,6 +38,8 @@ type Server struct {
 	check *tokenCheck
 	// etok asks engines to tokenize what the ingress cannot (enginetok.go).
 	etok *engineTok
+	// forced is each model's learned forced-usage mode (forcedusage.go).
+	forced forcedUsage
 	// engineAuth is the Authorization value upstream requests carry
 	// ("Bearer " + Config.EngineAPIKey), nil without a key.
 	engineAuth []byte

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -20,11 +21,31 @@ import (
 // written step bytes at a time with a flush after each (so events arrive
 // split across reads, as over a network); with cutAt > 0 the connection
 // drops after cutAt bytes. Any other path is a 404 (the ingress's /tokenize
-// check then leaves the tokens alone).
+// check then leaves the tokens alone). As vLLM, it sends the usage chunk
+// (the event with "choices":[]) only when the request asks for it, unless
+// forced (vLLM's --enable-force-include-usage).
 type sseEngine struct {
 	ln     net.Listener
 	paths  chan string // request paths seen (dropped when full)
 	bodies chan []byte // request bodies seen (dropped when full)
+	forced atomic.Bool
+}
+
+// withoutUsage is body without its usage chunk.
+func withoutUsage(body string) string {
+	sep := "\n\n"
+	for _, s := range []string{"\r\n\r\n", "\r\r"} {
+		if strings.Contains(body, s) {
+			sep = s
+		}
+	}
+	var out []string
+	for _, ev := range strings.SplitAfter(body, sep) {
+		if !strings.Contains(ev, `"choices":[]`) {
+			out = append(out, ev)
+		}
+	}
+	return strings.Join(out, "")
 }
 
 func startSSEEngine(t testing.TB, body string, step, cutAt int, hdr ...string) *sseEngine {
@@ -53,6 +74,9 @@ func startSSEEngine(t testing.TB, body string, step, cutAt int, hdr ...string) *
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		out := body
+		if !se.forced.Load() && !bytes.Contains(b, []byte(`"include_usage":true`)) {
+			out = withoutUsage(out)
+		}
 		if cutAt > 0 {
 			out = body[:cutAt]
 		}
@@ -122,20 +146,21 @@ func bigLogprobsEvent(size int) (ev, logprobs string) {
 func TestLargeEventsWhole(t *testing.T) {
 	big, bigLogprobs := bigLogprobsEvent(200 << 10)
 	stream := completionEvent(0, "a", "") + big + completionEvent(2, "c", "length") +
-		`data: {"id":"cmpl-big","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}` + "\n\n" +
+		`data: {"id":"cmpl-big","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":7,"total_tokens":9}}` + "\n\n" +
 		"data: [DONE]\n\n"
 
 	t.Run("completions", func(t *testing.T) {
 		se := startSSEEngine(t, stream, 4000, 0)
 		s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: se.url()}), Deps{})
+		knownUsage(s, "m", usageAsked)
 		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2],"stream":true}`)
 		want := completionEvent(0, "a", "") + big + completionEvent(2, "c", "length") + "data: [DONE]\n\n" // the usage chunk the ingress asked for is dropped
 		if st != 200 || string(b) != want {
 			t.Fatalf("status %d, %d bytes, want %d unchanged (%.200q)", st, len(b), len(want), b)
 		}
 		waitSettled(t, s)
-		if got := val(s.m.tokensOut); got != 3 {
-			t.Fatalf("%v output tokens counted, want the usage's 3", got)
+		if got := val(s.m.tokensOut); got != 7 {
+			t.Fatalf("%v output tokens counted, want the usage's 7", got)
 		}
 	})
 
@@ -186,6 +211,15 @@ func TestLargeEventsWhole(t *testing.T) {
 			}
 		}
 	})
+}
+
+// knownUsage sets what the ingress has learned of model's engines (usageAsked:
+// they send the usage chunk only when asked; usageForced: always), so no
+// stream goes as the forced-usage probe (forcedusage.go).
+func knownUsage(s *Server, model string, verdict int32) {
+	st := s.forced.state(model)
+	st.verdict.Store(verdict)
+	st.probeAt.Store(time.Now().UnixNano())
 }
 
 // wrapIngress is an ingress in chat mode completions (re-wrap) in front of
@@ -244,7 +278,7 @@ func TestStreamBufferShrinksAfterLargeEvent(t *testing.T) {
 // often split between two reads.
 func TestCRLFStreams(t *testing.T) {
 	lf := completionEvent(0, "a", "") + completionEvent(1, "b", "") + completionEvent(2, "c", "length") +
-		`data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}` + "\n\n" +
+		`data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":7,"total_tokens":9}}` + "\n\n" +
 		"data: [DONE]\n\n"
 	wantLF := completionEvent(0, "a", "") + completionEvent(1, "b", "") + completionEvent(2, "c", "length") + "data: [DONE]\n\n"
 	errFirst := "data: {\"error\": {\"message\": \"engine restarting\", \"type\": \"InternalServerError\", \"param\": null, \"code\": 500}}\n\ndata: [DONE]\n\n"
@@ -254,13 +288,14 @@ func TestCRLFStreams(t *testing.T) {
 		t.Run(name+" completions", func(t *testing.T) {
 			se := startSSEEngine(t, conv(lf), 7, 0)
 			s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: se.url()}), Deps{})
+			knownUsage(s, "m", usageAsked) // the ingress asks for the usage chunk, and drops it
 			st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2],"stream":true}`)
 			if st != 200 || string(b) != wantLF {
 				t.Fatalf("status %d: got %q, want %q", st, b, wantLF)
 			}
 			waitSettled(t, s)
-			if got, errs := val(s.m.tokensOut), val(s.m.streamErrors); got != 3 || errs != 0 {
-				t.Fatalf("%v output tokens (want the usage's 3), %v stream errors (want 0)", got, errs)
+			if got, errs := val(s.m.tokensOut), val(s.m.streamErrors); got != 7 || errs != 0 {
+				t.Fatalf("%v output tokens (want the usage's 7), %v stream errors (want 0)", got, errs)
 			}
 		})
 		t.Run(name+" error event first", func(t *testing.T) {

@@ -38,6 +38,10 @@ func checkEngine(t *testing.T, nt, ingTok *tokenizer.Native, simTpl, ingTpl *tok
 	deps := Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Registry: prometheus.NewRegistry()}
 	s, spy := spiedIngress(t, cfg, deps)
+	// The model's engines send usage only when asked, known already: no
+	// stream goes as the forced-usage probe (forcedusage.go), whose usage
+	// the check would miss.
+	knownUsage(s, "llama", usageAsked)
 	return s, sm, spy, log
 }
 
