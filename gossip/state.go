@@ -48,16 +48,23 @@ type EngineState struct {
 	// ingress routes a request naming one to the engines that list it,
 	// keyed as the adapter (Adapters splits them).
 	LoRAs string `json:"lora,omitempty"`
+	// MaxModelLen and Root are the base model's max_model_len and root (the
+	// path or repository the engine loaded) as the engine's /v1/models
+	// lists them (vLLM's model card); 0 and "" when unknown. The ingress's
+	// /v1/models shows them. Root is at most MaxRoot bytes.
+	MaxModelLen int    `json:"mml,omitempty"`
+	Root        string `json:"root,omitempty"`
 
 	// Digest is the key-set digest per tier at its delta head; Digest.Digests[t].Count
 	// is the block count of tier t.
 	Digest kvevents.EngineDigest `json:"dig"`
 }
 
-// Bounds of EngineState.LoRAs: a state past them is malformed.
+// Bounds of EngineState.LoRAs and Root: a state past them is malformed.
 const (
 	MaxLoRAs    = 64
 	MaxLoRAName = 256
+	MaxRoot     = 1024
 )
 
 // JoinLoRAs is the LoRAs field for names: sorted, deduplicated, and only the
@@ -209,6 +216,9 @@ func (e *entry) check() error {
 		}
 		if e.Engine.KVUsage < 0 || e.Engine.KVUsage > 1.0001 || e.Engine.Running < 0 || e.Engine.Waiting < 0 {
 			return fmt.Errorf("%w: engine load out of range", errMalformed)
+		}
+		if e.Engine.MaxModelLen < 0 || len(e.Engine.Root) > MaxRoot {
+			return fmt.Errorf("%w: max_model_len %d, root of %d bytes", errMalformed, e.Engine.MaxModelLen, len(e.Engine.Root))
 		}
 		if l := e.Engine.LoRAs; l != "" { // checked in place: every received state passes here
 			if n := strings.Count(l, ",") + 1; n > MaxLoRAs {

@@ -310,6 +310,7 @@ func (g *gossipMembership) refresh() {
 			URL: v.URL, BlockSize: v.BlockSize,
 			PDProtocol: v.PDProtocol, Bootstrap: v.Bootstrap,
 			PrefillLegs: max(0, pf.Legs-opf.Legs), PrefillQueued: queued,
+			MaxModelLen: v.MaxModelLen, Root: v.Root,
 		})
 	}
 	g.snap.Store(&out)

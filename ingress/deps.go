@@ -33,6 +33,11 @@ type EngineInfo struct {
 	Bootstrap     string
 	PrefillLegs   int
 	PrefillQueued int
+	// The base model's max_model_len and root as the engine's /v1/models
+	// lists them (from its sidecar; 0 and "" when unknown), for the
+	// ingress's /v1/models (models.go).
+	MaxModelLen int
+	Root        string
 }
 
 // Membership lists the live engines (gossip; or the static list).

@@ -21,7 +21,41 @@ func writeJSON(ctx *fasthttp.RequestCtx, v any) {
 	ctx.SetBody(b)
 }
 
-// handleModels lists the models the live engines serve (OpenAI list shape).
+// modelCard is one /v1/models entry, vLLM's model card: root, parent and
+// max_model_len are null when not known (vLLM's LoRA cards have no
+// max_model_len; a base model's parent is null).
+type modelCard struct {
+	ID          string            `json:"id"`
+	Object      string            `json:"object"`
+	Created     int64             `json:"created"`
+	OwnedBy     string            `json:"owned_by"`
+	Root        *string           `json:"root"`
+	Parent      *string           `json:"parent"`
+	MaxModelLen *int              `json:"max_model_len"`
+	Permission  []modelPermission `json:"permission"`
+}
+
+// modelPermission is vLLM's (fixed) ModelPermission.
+type modelPermission struct {
+	ID                 string  `json:"id"`
+	Object             string  `json:"object"`
+	Created            int64   `json:"created"`
+	AllowCreateEngine  bool    `json:"allow_create_engine"`
+	AllowSampling      bool    `json:"allow_sampling"`
+	AllowLogprobs      bool    `json:"allow_logprobs"`
+	AllowSearchIndices bool    `json:"allow_search_indices"`
+	AllowView          bool    `json:"allow_view"`
+	AllowFineTuning    bool    `json:"allow_fine_tuning"`
+	Organization       string  `json:"organization"`
+	Group              *string `json:"group"`
+	IsBlocking         bool    `json:"is_blocking"`
+}
+
+// handleModels lists the models the live engines serve (OpenAI list shape,
+// vLLM's model cards): a base model's max_model_len is the smallest its
+// engines report (a request that fits it fits every engine), its root the
+// one they report (the first by name if they differ); an adapter's parent
+// is its base model.
 func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	if s.deps.Auth != nil {
 		if _, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization")); err != nil {
@@ -29,25 +63,34 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-		Parent  string `json:"parent,omitempty"` // a LoRA adapter's base model, as vLLM lists it
-	}
-	seen := map[string]bool{}
-	var out []model
-	add := func(id, parent string) {
-		if !seen[id] {
-			seen[id] = true
-			out = append(out, model{ID: id, Object: "model", Created: s.startUnix(), OwnedBy: "kvmesh", Parent: parent})
+	created := s.startUnix()
+	cards := map[string]*modelCard{}
+	var out []*modelCard
+	add := func(id, parent string) *modelCard {
+		if c := cards[id]; c != nil {
+			return c
 		}
+		c := &modelCard{ID: id, Object: "model", Created: created, OwnedBy: "kvmesh", Permission: []modelPermission{{
+			ID: fmt.Sprintf("modelperm-%016x", fnv64(id)), Object: "model_permission", Created: created,
+			AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*"}}}
+		if parent != "" {
+			c.Parent = &parent
+		}
+		cards[id] = c
+		out = append(out, c)
+		return c
 	}
 	engines := s.deps.Membership.Engines(nil)
 	for _, e := range engines {
-		if e.Healthy {
-			add(e.Model, "")
+		if !e.Healthy {
+			continue
+		}
+		c := add(e.Model, "")
+		if e.MaxModelLen > 0 && (c.MaxModelLen == nil || e.MaxModelLen < *c.MaxModelLen) {
+			c.MaxModelLen = &e.MaxModelLen
+		}
+		if e.Root != "" && (c.Root == nil || e.Root < *c.Root) {
+			c.Root = &e.Root
 		}
 	}
 	for _, e := range engines { // adapters after every base model: a name both serve is the base's
@@ -58,7 +101,7 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	for a, base := range s.cfg.LoRAAdapters {
-		if seen[base] {
+		if cards[base] != nil {
 			add(a, base)
 		}
 	}
@@ -67,9 +110,19 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	if out == nil {
-		out = []model{}
+		out = []*modelCard{}
 	}
 	writeJSON(ctx, map[string]any{"object": "list", "data": out})
+}
+
+// fnv64 is the FNV-1a hash of s (a stable permission id per model).
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
 }
 
 func (s *Server) startUnix() int64 { return s.created.Unix() }

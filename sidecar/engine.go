@@ -58,7 +58,10 @@ type engine struct {
 	lastTS    int64
 	load      Load
 	loras     string // gossip.JoinLoRAs of the adapters /v1/models lists (models.go)
-	running   bool   // the event loop is consuming
+	// maxModelLen and root: the base model's, as /v1/models lists them (models.go).
+	maxModelLen int
+	root        string
+	running     bool // the event loop is consuming
 	// scrapeFails counts metrics scrapes failed in a row; from
 	// unreadyScrapeFails on, the engine is gossiped as not ready.
 	scrapeFails int

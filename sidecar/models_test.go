@@ -7,7 +7,30 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/gossip"
 )
+
+// vLLM's model card of the base model: max_model_len and root, of the
+// entry named as the sidecar's model when the engine serves several names.
+func TestParseModelsBaseCard(t *testing.T) {
+	const vllm = `{"object":"list","data":[{"id":"other","parent":null,"root":"/models/other","max_model_len":2048},
+		{"id":"llama","object":"model","parent":null,"root":"meta-llama/Llama-3.1-8B-Instruct","max_model_len":131072},
+		{"id":"sql-lora","parent":"llama","root":"/a/sql","max_model_len":null}]}`
+	for _, tc := range []struct {
+		model, root string
+		maxLen      int
+	}{{"llama", "meta-llama/Llama-3.1-8B-Instruct", 131072}, {"unlisted", "/models/other", 2048}} {
+		got, err := parseModels(strings.NewReader(vllm), tc.model)
+		if err != nil || got.root != tc.root || got.maxModelLen != tc.maxLen || !slices.Equal(got.adapters, []string{"sql-lora"}) {
+			t.Fatalf("model %s: %+v, %v", tc.model, got, err)
+		}
+	}
+	long := `{"data":[{"id":"m","parent":null,"root":"` + strings.Repeat("r", gossip.MaxRoot+1) + `","max_model_len":-3}]}`
+	if got, err := parseModels(strings.NewReader(long), "m"); err != nil || got.root != "" || got.maxModelLen != 0 {
+		t.Fatalf("a root over gossip.MaxRoot, a negative length: %+v, %v", got, err)
+	}
+}
 
 func TestParseAdapters(t *testing.T) {
 	// vLLM's /v1/models with --lora-modules: the base model has parent null,
@@ -15,12 +38,12 @@ func TestParseAdapters(t *testing.T) {
 	const vllm = `{"object":"list","data":[{"id":"llama","object":"model","parent":null,"root":"meta/llama"},
 		{"id":"sql-lora","object":"model","parent":"llama","root":"/a/sql"},{"id":"chat-lora","parent":"llama"},
 		{"id":"","parent":"llama"},{"id":"self","parent":"self"},{"id":"empty-parent","parent":""}]}`
-	got, err := parseAdapters(strings.NewReader(vllm))
-	if err != nil || !slices.Equal(got, []string{"sql-lora", "chat-lora"}) {
-		t.Fatalf("adapters %q, %v", got, err)
+	got, err := parseModels(strings.NewReader(vllm), "llama")
+	if err != nil || !slices.Equal(got.adapters, []string{"sql-lora", "chat-lora"}) {
+		t.Fatalf("adapters %q, %v", got.adapters, err)
 	}
 	for _, bad := range []string{"", "[]", `{"data":{}}`, "<html>"} {
-		if _, err := parseAdapters(strings.NewReader(bad)); err == nil {
+		if _, err := parseModels(strings.NewReader(bad), "llama"); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
 	}
@@ -33,11 +56,14 @@ func FuzzParseAdapters(f *testing.F) {
 	f.Add(`{"data":[{"id":"a","parent":7}]}`)
 	f.Add(`{"data":null}`)
 	f.Fuzz(func(t *testing.T, s string) {
-		names, err := parseAdapters(strings.NewReader(s))
+		m, err := parseModels(strings.NewReader(s), "b")
 		if err != nil {
 			return
 		}
-		for _, n := range names {
+		if m.maxModelLen < 0 || len(m.root) > gossip.MaxRoot {
+			t.Fatalf("%q: max_model_len %d, root of %d bytes", s, m.maxModelLen, len(m.root))
+		}
+		for _, n := range m.adapters {
 			if n == "" {
 				t.Fatalf("%q: an empty adapter name", s)
 			}
@@ -56,11 +82,11 @@ func TestFetchAdaptersWithKey(t *testing.T) {
 		_, _ = w.Write([]byte(`{"data":[{"id":"m","parent":null},{"id":"a","parent":"m"}]}`))
 	}))
 	defer srv.Close()
-	if _, err := fetchAdapters(context.Background(), srv.Client(), srv.URL, ""); err == nil {
+	if _, err := fetchModels(context.Background(), srv.Client(), srv.URL, "", "m"); err == nil {
 		t.Fatal("no key: no error")
 	}
-	got, err := fetchAdapters(context.Background(), srv.Client(), srv.URL, "sk-engine")
-	if err != nil || !slices.Equal(got, []string{"a"}) {
-		t.Fatalf("with the key: %q, %v", got, err)
+	got, err := fetchModels(context.Background(), srv.Client(), srv.URL, "sk-engine", "m")
+	if err != nil || !slices.Equal(got.adapters, []string{"a"}) {
+		t.Fatalf("with the key: %q, %v", got.adapters, err)
 	}
 }

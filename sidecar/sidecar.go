@@ -354,7 +354,7 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 				Running: e.load.Running, Waiting: e.load.Waiting, KVUsage: e.load.KVUsage, QueuedPrefill: e.load.QueuedPrefill,
 				Ready: e.readyLocked(), Digest: e.published,
 				Group: e.cfg.PDGroup, PDProtocol: gossipPDProtocol(e.cfg.PDProtocol), Bootstrap: e.cfg.Bootstrap(),
-				LoRAs: e.loras,
+				LoRAs: e.loras, MaxModelLen: e.maxModelLen, Root: e.root,
 			}
 			e.mu.Unlock()
 			if st != last[i] { // unchanged state is re-broadcast by the node itself

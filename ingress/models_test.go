@@ -1,0 +1,119 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// getModels reads the ingress's /v1/models as raw cards.
+func getModels(t *testing.T, s *Server) map[string]map[string]json.RawMessage {
+	t.Helper()
+	resp, err := http.Get("http://" + s.Addr() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ml struct {
+		Object string                       `json:"object"`
+		Data   []map[string]json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ml); err != nil || resp.StatusCode != 200 || ml.Object != "list" {
+		t.Fatalf("/v1/models: %d %v", resp.StatusCode, err)
+	}
+	out := map[string]map[string]json.RawMessage{}
+	for _, c := range ml.Data {
+		var id string
+		_ = json.Unmarshal(c["id"], &id)
+		out[id] = c
+	}
+	return out
+}
+
+// checkCard compares a card's members with want (raw JSON) and checks
+// vLLM's other members are there.
+func checkCard(t *testing.T, id string, card map[string]json.RawMessage, want map[string]string) {
+	t.Helper()
+	if card == nil {
+		t.Fatalf("%s is not listed", id)
+	}
+	for k, v := range want {
+		if string(card[k]) != v {
+			t.Errorf("%s: %s is %s, want %s", id, k, card[k], v)
+		}
+	}
+	var perm []struct {
+		ID, Object    string
+		AllowSampling bool `json:"allow_sampling"`
+	}
+	if err := json.Unmarshal(card["permission"], &perm); err != nil || len(perm) != 1 || perm[0].Object != "model_permission" || !perm[0].AllowSampling {
+		t.Errorf("%s: permission %s", id, card["permission"])
+	}
+	for _, k := range []string{"object", "created", "owned_by"} {
+		if card[k] == nil {
+			t.Errorf("%s: no %s", id, k)
+		}
+	}
+}
+
+// /v1/models has vLLM's model card: a base model's root and max_model_len
+// as its engines report them in their own /v1/models (read by the sidecars,
+// gossiped; the smallest max_model_len of the model's engines), a LoRA
+// adapter's parent with a null max_model_len, as vLLM lists them. Without
+// sidecars (static engines) they are null: not known.
+func TestModelCards(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ns, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	cfg := DefaultConfig()
+	cfg.LoadInterval = 50 * time.Millisecond
+	cfg.Cluster = ClusterConfig{GossipBind: "127.0.0.1:0", GossipProfile: "local", NATSURLs: []string{ns.URL()}}
+	s := startIngress(t, cfg, Deps{Logger: quiet})
+	for i, maxLen := range []int{4096, 2048} {
+		sc := sim.Config{Model: "llama", TimeScale: 500, Logger: quiet, KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
+			Engine: engine.Config{BlockSize: 16, GPUBlocks: 1024, MaxModelLen: maxLen}}
+		if i == 0 {
+			sc.LoRA = sim.LoRAConfig{Enable: true, Modules: map[string]string{"sql-lora": "/adapters/sql"}, MaxLoRAs: 2}
+		}
+		sm, err := sim.Start(context.Background(), sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sm.Close() })
+		startSidecar(t, sidecar.EngineConfig{ID: []string{"a", "b"}[i], Model: "llama", URL: sm.URL(), DPSize: 1,
+			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints()}, ns.URL(), s.GossipAddr(), quiet)
+	}
+	testutil.WaitFor(t, 20*time.Second, "both engines healthy, their model cards gossiped", func() bool {
+		n, lora := 0, false
+		for _, e := range s.deps.Membership.Engines(nil) {
+			if e.Healthy && e.MaxModelLen > 0 {
+				n++
+			}
+			lora = lora || len(e.LoRAs) > 0
+		}
+		return n == 2 && lora
+	})
+	cards := getModels(t, s)
+	if len(cards) != 2 {
+		t.Fatalf("%d models listed, want llama and sql-lora", len(cards))
+	}
+	checkCard(t, "llama", cards["llama"], map[string]string{"root": `"llama"`, "parent": "null", "max_model_len": "2048", "owned_by": `"kvmesh"`})
+	checkCard(t, "sql-lora", cards["sql-lora"], map[string]string{"parent": `"llama"`, "max_model_len": "null"})
+
+	// Static engines: nothing reported, so null.
+	st := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://127.0.0.1:1"}), Deps{Logger: quiet})
+	checkCard(t, "m", getModels(t, st)["m"], map[string]string{"root": "null", "parent": "null", "max_model_len": "null"})
+}
