@@ -527,8 +527,9 @@ func (p *proxyStream) toLF(b []byte) int {
 
 var usageOnly = []byte(`"choices":[]`)
 
-// hasDoneEvent reports whether events hold a "data: [DONE]" line (the
-// whole line, not inside some other payload).
+// hasDoneEvent reports whether events hold a [DONE] event: a whole
+// "data: [DONE]" line that starts an event (a second data line of another
+// event joins that event's data, and is no [DONE] to a client).
 func hasDoneEvent(events []byte) bool {
 	for i := 0; ; {
 		j := bytes.Index(events[i:], doneEvent)
@@ -537,7 +538,7 @@ func hasDoneEvent(events []byte) bool {
 		}
 		at := i + j
 		end := at + len(doneEvent)
-		if (at == 0 || events[at-1] == '\n') && (end == len(events) || events[end] == '\n') {
+		if (at == 0 || events[at-1] == '\n' && (at == 1 || events[at-2] == '\n')) && (end == len(events) || events[end] == '\n') {
 			return true
 		}
 		i = at + 1
