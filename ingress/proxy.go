@@ -382,9 +382,9 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 const streamBufSize = 16 << 10
 
 // maxStreamEvent bounds one SSE event (a chunk carrying a long prompt's
-// prompt_token_ids or logprobs can be megabytes); a larger one ends the
-// stream with an error event, as a non-streamed answer over maxUpstreamBody
-// is refused.
+// prompt_token_ids or logprobs can be megabytes); a larger one fails the
+// attempt, or ends the stream with an error event once it has committed,
+// as a non-streamed answer over maxUpstreamBody is refused.
 const maxStreamEvent = maxUpstreamBody
 
 var streamPool = sync.Pool{New: func() any {
