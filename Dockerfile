@@ -16,7 +16,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o /out/kvmesh ./cmd/kvmesh
+RUN CGO_ENABLED=1 go build -trimpath -ldflags "-s -w -X github.com/kvmesh/kvmesh/ingress.Version=${VERSION}" -o /out/kvmesh ./cmd/kvmesh
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 # The runtime package set is written once, in hack/image-packages.txt, and shared with hack/image-rootfs.sh.
