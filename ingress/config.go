@@ -103,12 +103,30 @@ type Config struct {
 	MaxAttempts int `yaml:"maxAttempts"`
 	// ConnectTimeout bounds dialing an engine. Default 2s.
 	ConnectTimeout time.Duration `yaml:"connectTimeout"`
-	// IdleTimeout bounds each wait for upstream bytes (the response headers,
-	// and every read of the body). Before the first byte reached the client a
-	// timeout moves the request to the next engine; after it the stream ends
-	// with an error event. It must exceed the longest non-streamed generation.
-	// Default 5m.
+	// IdleTimeout bounds each wait for upstream bytes once the answer
+	// commits to the client: between a stream's events. A timeout there
+	// ends the stream with an error event. Before the commit the wait is
+	// FirstByteTimeout's (with the stall watch off and no FirstByteTimeout,
+	// IdleTimeout bounds that wait too). Default 5m.
 	IdleTimeout time.Duration `yaml:"idleTimeout"`
+	// FirstByteTimeout bounds the wait for an answer until it commits to the
+	// client: a non-streamed answer's whole generation (a healthy engine
+	// sends nothing until it is done) or a stream's queueing and prefill up
+	// to its first event. Default 0: no bound of its own while the stall
+	// watch is on (health.stallAfter): a hung engine is the watch's to find
+	// (it is ejected and its waiting requests move on), a client that
+	// leaves is the client watcher's (clientwatch.go; plain TCP client
+	// connections only: behind the ingress's own TLS a live engine
+	// finishes the generation, bounded by its max_tokens), and a live
+	// engine finishes what it started, however long. A timeout with the watch on is a live engine's
+	// slowness: the client gets 504, the request is not retried (another
+	// engine would start the generation over) and the engine is not
+	// ejected. With the watch off (or health disabled) nothing tells a slow
+	// engine from a hung one: the wait is FirstByteTimeout, else
+	// IdleTimeout, and a timeout is retried on the next engine and ejects,
+	// as a dead engine's. With the watch on it must exceed
+	// stallAfter + 1.25 × probeTimeout, the time the watch takes to judge.
+	FirstByteTimeout time.Duration `yaml:"firstByteTimeout"`
 	// MaxConnsPerEngine bounds pooled upstream connections per engine. Default 4096.
 	MaxConnsPerEngine int `yaml:"maxConnsPerEngine"`
 	// DrainTimeout bounds the graceful drain in Close. Default 30s.
@@ -250,6 +268,11 @@ func (c *Config) Validate() error {
 	if c.IdleTimeout <= 0 {
 		bad("idle timeout must be > 0")
 	}
+	if c.FirstByteTimeout < 0 {
+		bad("first byte timeout must be >= 0 (0: none while the stall watch is on), got %v", c.FirstByteTimeout)
+	} else if judge := c.Health.StallAfter + c.Health.ProbeTimeout*5/4; c.FirstByteTimeout > 0 && c.stallWatch() && c.FirstByteTimeout <= judge {
+		bad("first byte timeout %v must exceed health.stallAfter + 1.25 × health.probeTimeout (%v), the stall watch's time to judge a hung engine", c.FirstByteTimeout, judge)
+	}
 	if c.MaxConnsPerEngine <= 0 {
 		bad("max conns per engine must be > 0")
 	}
@@ -314,6 +337,19 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %s", ErrConfig, strings.Join(probs, "; "))
 	}
 	return nil
+}
+
+// stallWatch reports whether the stall watch (health.go) judges the engines'
+// liveness.
+func (c *Config) stallWatch() bool { return !c.Health.Disabled && c.Health.StallAfter > 0 }
+
+// firstByteWait is how long an upstream read may wait before the answer
+// commits to the client (FirstByteTimeout); 0: no bound.
+func (c *Config) firstByteWait() time.Duration {
+	if c.FirstByteTimeout > 0 || c.stallWatch() {
+		return c.FirstByteTimeout
+	}
+	return c.IdleTimeout
 }
 
 // ParseStaticEngine parses "id=model=url" or "model=url" (id defaults to the

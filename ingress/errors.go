@@ -29,6 +29,10 @@ var (
 	ErrDraining       = errors.New("ingress is draining")
 	ErrNotFound       = errors.New("not found")
 	ErrAnswerTooLarge = errors.New("upstream answer too large")
+
+	// ErrFirstByteTimeout: an engine that answers its health probes sent
+	// no answer within Config.FirstByteTimeout (not retried elsewhere).
+	ErrFirstByteTimeout = errors.New("upstream first-byte timeout")
 )
 
 // apiError is an error with everything the OpenAI error body needs.
@@ -80,7 +84,7 @@ func toAPIError(err error) *apiError {
 		e := newAPIError(429, "rate_limit_error", "too_many_requests", "", err)
 		e.retryAfter = time.Second
 		return e
-	case errors.Is(err, ErrUpstreamTimout), errors.Is(err, ErrQueueTimeout):
+	case errors.Is(err, ErrUpstreamTimout), errors.Is(err, ErrQueueTimeout), errors.Is(err, ErrFirstByteTimeout):
 		return newAPIError(504, "server_error", "timeout", "", err)
 	case errors.Is(err, ErrNoEngine), errors.Is(err, ErrUpstream), errors.Is(err, ErrDraining):
 		e := newAPIError(503, "server_error", "service_unavailable", "", err)

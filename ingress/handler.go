@@ -71,7 +71,8 @@ type call struct {
 	outTokens                    int
 	errMsg                       string
 	release                      func()
-	watch                        *watch // non-streamed requests: the client connection watcher
+	watch                        *watch    // non-streamed requests: the client connection watcher
+	upConn                       *idleConn // the attempt's upstream connection, held until the answer commits (proxy.go)
 	finishOnce                   sync.Once
 	rt                           routeCall // model route (route.go)
 	lc                           learnCall // the cost learner's samples (learn.go)

@@ -21,7 +21,9 @@ import (
 // Connect errors and timeouts eject on the first failure, so a request waits
 // on a dead engine's timeout at most once per ejection; answers of 5xx eject
 // after ConsecutiveFailures in a row or when the decaying error rate passes
-// ErrorRate. 429 is the engine shedding load, not a failure, and never ejects.
+// ErrorRate. 429 is the engine shedding load, not a failure, and never
+// ejects; neither does a first-byte timeout of an engine that answers its
+// probes (Config.FirstByteTimeout: slow, not dead).
 type HealthConfig struct {
 	// Disabled turns passive ejection off (readiness from gossip still applies).
 	Disabled bool `yaml:"disabled"`
@@ -48,12 +50,15 @@ type HealthConfig struct {
 	// StallAfter is how long an engine may hold this replica's requests
 	// without sending a byte before it is probed (the stall watch): a hung
 	// engine (a frozen process, a stuck GPU, a blackholed network path)
-	// accepts connections and answers nothing, so no request fails and
-	// IdleTimeout (minutes, for long prefills) would be the only bound. Two
-	// failed probes (overlapping) eject it and cut its requests that had no byte yet,
-	// which are retried on another engine (streams under way are left to
-	// resume or time out). A live engine answers the probe and keeps its
-	// requests. Default 1s; 0 turns the watch off.
+	// accepts connections and answers nothing, so no request fails. Two
+	// failed probes (overlapping) eject it and cut its requests that have
+	// not committed to their clients (no answer yet, or a stream's headers
+	// and no event), which are retried on another engine (streams under
+	// way are left to resume or time out). A live engine answers the probe
+	// and keeps its requests, however long they take: while the watch is
+	// on, the wait for an answer has no bound but Config.FirstByteTimeout.
+	// Default 1s; 0 turns the watch off (then Config.IdleTimeout bounds
+	// that wait too, and a timeout ejects).
 	StallAfter time.Duration `yaml:"stallAfter"`
 }
 

@@ -37,6 +37,8 @@ const (
 	faultStreamError400                  // 200, then an error event with code 400 first, as vLLM raises a request's error inside its stream
 	faultStreamError500                  // the same with code 500 (the engine failed)
 	faultHugeAnswer                      // a 200 JSON answer over the ingress's 64 MiB buffer
+	faultSlowAlive                       // GET /health answers 200; an inference answer (a stream's headers go at once) waits until slowProbes probes were answered
+	faultHeadersHang                     // hung after a stream's headers: 200 and headers, then nothing; GET /health gets nothing either
 )
 
 // faultEngine is a FAKE engine for what the simulator cannot be made to do on
@@ -52,6 +54,12 @@ type faultEngine struct {
 	bodies   chan []byte  // request bodies seen (buffered, dropped when full)
 	quit     chan struct{}
 	once     sync.Once
+
+	// faultSlowAlive: the answered probes an answer waits for. Set before
+	// the first request.
+	slowProbes int64
+	probeMu    sync.Mutex
+	probed     chan struct{} // closed (and replaced) at each answered probe
 }
 
 func startFaultEngine(t testing.TB, mode faultMode) *faultEngine {
@@ -60,7 +68,7 @@ func startFaultEngine(t testing.TB, mode faultMode) *faultEngine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fe := &faultEngine{mode: mode, ln: ln, bodies: make(chan []byte, 64), quit: make(chan struct{})}
+	fe := &faultEngine{mode: mode, ln: ln, bodies: make(chan []byte, 64), quit: make(chan struct{}), probed: make(chan struct{})}
 	fe.srv = &http.Server{Handler: http.HandlerFunc(fe.serve), ReadHeaderTimeout: 5 * time.Second}
 	go fe.srv.Serve(ln)
 	t.Cleanup(fe.close)
@@ -80,8 +88,19 @@ func (fe *faultEngine) close() {
 }
 
 func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
-	if fe.mode == faultHangAlive && r.URL.Path == "/health" {
+	if (fe.mode == faultHangAlive || fe.mode == faultSlowAlive) && r.URL.Path == "/health" {
+		fe.probeMu.Lock()
 		fe.probes.Add(1)
+		close(fe.probed)
+		fe.probed = make(chan struct{})
+		fe.probeMu.Unlock()
+		return
+	}
+	if fe.mode == faultHeadersHang && r.URL.Path == "/health" {
+		select {
+		case <-r.Context().Done():
+		case <-fe.quit:
+		}
 		return
 	}
 	fe.hits.Add(1)
@@ -113,6 +132,38 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		io.WriteString(w, `"}`)
+	case faultHeadersHang:
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			fe.canceled.Add(1)
+		case <-fe.quit:
+		}
+	case faultSlowAlive:
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+		}
+		for {
+			fe.probeMu.Lock()
+			n, probed := fe.probes.Load(), fe.probed
+			fe.probeMu.Unlock()
+			if n >= fe.slowProbes {
+				break
+			}
+			select {
+			case <-probed:
+			case <-r.Context().Done():
+				fe.canceled.Add(1)
+				return
+			case <-fe.quit:
+				return
+			}
+		}
+		fe.answer(w, stream, body)
 	case faultHang, faultHangAlive:
 		select {
 		case <-r.Context().Done():
@@ -155,22 +206,27 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	default:
-		if stream {
-			w.Header().Set("Content-Type", "text/event-stream")
-			for i := 0; i < 3; i++ {
-				io.WriteString(w, completionEvent(i, fmt.Sprintf("t%d", i), ""))
-				w.(http.Flusher).Flush()
-			}
-			io.WriteString(w, completionEvent(3, "", "length"))
-			if bytes.Contains(body, []byte(`"include_usage":true`)) { // as vLLM: only when asked
-				io.WriteString(w, `data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4,"total_tokens":6}}`+"\n\n")
-			}
-			io.WriteString(w, "data: [DONE]\n\n")
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"t0t1t2","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`)
+		fe.answer(w, stream, body)
 	}
+}
+
+// answer writes a well-formed completions answer, streamed or not.
+func (fe *faultEngine) answer(w http.ResponseWriter, stream bool, body []byte) {
+	if stream {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < 3; i++ {
+			io.WriteString(w, completionEvent(i, fmt.Sprintf("t%d", i), ""))
+			w.(http.Flusher).Flush()
+		}
+		io.WriteString(w, completionEvent(3, "", "length"))
+		if bytes.Contains(body, []byte(`"include_usage":true`)) { // as vLLM: only when asked
+			io.WriteString(w, `data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4,"total_tokens":6}}`+"\n\n")
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"t0t1t2","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`)
 }
 
 func completionEvent(i int, text, finish string) string {

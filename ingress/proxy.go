@@ -22,7 +22,9 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // proxy sends the request down the scheduler's ranking until an engine
 // answers. Before the first byte reaches the client, connect errors, 5xx,
-// 429 and timeouts move on to the next engine (Config.MaxAttempts at most).
+// 429 and a dead engine's timeouts move on to the next engine
+// (Config.MaxAttempts at most). A live engine's first-byte timeout is not
+// retried (ErrFirstByteTimeout).
 func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	ureq := c.upstreamRequest(ctx)
 	defer fasthttp.ReleaseRequest(ureq)
@@ -38,6 +40,9 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		lastErr = err
+		if errors.Is(err, ErrFirstByteTimeout) {
+			break
+		}
 	}
 	if c.watch.isCanceled() {
 		c.clientGone(ctx)
@@ -46,7 +51,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	if lastErr == nil {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
 	}
-	if c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
+	if !errors.Is(lastErr, ErrFirstByteTimeout) && c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
 		return
 	}
 	c.fail(ctx, lastErr)
@@ -94,7 +99,9 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	c.startAttempt(up, rk.Match.Spec)
 	c.watch.attempt()
 	up.total.Add(1)
-	if err := up.hc.Do(ureq, resp); err != nil {
+	err = up.hc.Do(ureq, resp)
+	c.upConn = connOf(resp)
+	if err != nil {
 		return false, c.attemptFailed(up, resp, classifyErr(err), err)
 	}
 	st := resp.StatusCode()
@@ -107,9 +114,11 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 		c.relayBuffered(ctx, up, resp, st)
 		return true, nil
 	case c.req.stream:
+		c.upConn.hold() // until its first event commits it (firstByte)
 		ok, err := c.startStream(ctx, up, resp)
 		return ok, err
 	}
+	c.upConn.hold() // until the whole answer is read
 	ok, err := c.relayBufferedOK(ctx, up, resp)
 	return ok, err
 }
@@ -137,8 +146,11 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	c.learnStart(up, pre) // learn.go
 }
 
-// firstByte ends the attempt's prefill charge.
+// firstByte ends the attempt's prefill charge; the answer has committed to
+// the client, so the stall watch leaves its connection alone from now on and
+// the idle timeout bounds its reads.
 func (c *call) firstByte(up *upstream) {
+	c.releaseConn()
 	up.progress.Store(time.Now().UnixNano())
 	up.prefill.Add(-c.prefillCharge)
 	c.prefillCharge = 0
@@ -153,6 +165,14 @@ func (c *call) endAttempt(up *upstream) {
 	c.learnEnd(up)
 }
 
+// releaseConn ends the hold on the attempt's connection (idleConn.hold):
+// the answer committed, or the attempt is over. It runs before the
+// connection can go back to the pool.
+func (c *call) releaseConn() {
+	c.upConn.release()
+	c.upConn = nil
+}
+
 func (c *call) urlOf(engine string) string {
 	for i := range c.cands {
 		if c.cands[i].ID == engine {
@@ -165,21 +185,32 @@ func (c *call) urlOf(engine string) string {
 // attemptFailed releases a failed attempt and returns the error to report if
 // it was the last.
 func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result string, err error) error {
-	if c.watch.isCanceled() {
+	slow := result == "timeout" && c.upConn.firstByteExpired() && c.s.cfg.stallWatch() && c.s.health.allowed(up.id)
+	switch {
+	case c.watch.isCanceled():
 		result = "client_gone" // we cut it: not the engine's failure
-	} else {
+	case slow:
+		// The stall watch would have ejected a hung engine and cut this
+		// request long before (Validate): the engine is alive and slow.
+		result = "first_byte_timeout"
+	default:
 		up.failures.Add(1)
 		c.s.health.observe(up, result)
 	}
 	c.s.m.attempts.WithLabelValues(result).Inc()
 	c.watch.release()
+	c.releaseConn()
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
 	if c.s.debugEnabled() {
 		c.s.log.Debug("upstream attempt failed", "engine", up.id, "result", result, "err", err)
 	}
-	if result == "timeout" {
+	switch result {
+	case "first_byte_timeout":
+		return fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
+			ErrFirstByteTimeout, up.id, c.s.cfg.firstByteWait(), err)
+	case "timeout":
 		return fmt.Errorf("%w: engine %s: %w", ErrUpstreamTimout, up.id, err)
 	}
 	return fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
@@ -220,6 +251,7 @@ func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
 func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response, st int) {
 	buf, err := readAll(resp)
 	c.watch.release()
+	c.releaseConn()
 	_ = resp.CloseBodyStream()
 	ctx.SetStatusCode(st)
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
@@ -246,6 +278,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		// relayed cut short.
 		bufPool.Put(buf)
 		c.watch.release()
+		c.releaseConn()
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		c.endAttempt(up)
@@ -266,6 +299,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		return false, c.attemptFailed(up, resp, "empty_response", fmt.Errorf("engine %s: empty or non-JSON answer", up.id))
 	}
 	passUpstreamHeaders(&ctx.Response.Header, &resp.Header) // upstreamhdr.go
+	c.releaseConn()
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)

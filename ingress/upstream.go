@@ -2,9 +2,11 @@ package ingress
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,18 +60,19 @@ func newUpstreams(cfg *Config) *upstreams {
 	return &upstreams{cfg: cfg, m: map[string]*upstream{}, conns: map[*idleConn]struct{}{}, watched: map[uint64]*watch{}}
 }
 
-// closeEngine closes the connections to engine id that wait for the first
-// byte of an answer: those requests fail at once and, having sent nothing to
-// their clients, are retried on another engine. Streams already under way
-// are left to go on if the engine comes back (or to the idle timeout): their
-// clients have bytes and their own timeouts. Used when the stall watch
-// ejects the engine.
+// closeEngine closes the connections to engine id whose request has not
+// committed to its client (connState awaiting or held): those requests fail
+// at once and, having sent nothing to their clients, are retried on another
+// engine. A streamed request that got its response headers but no first
+// event is among them. Streams already relaying are left to go on if the
+// engine comes back (or to the idle timeout): their clients have bytes and
+// their own timeouts. Used when the stall watch ejects the engine.
 func (u *upstreams) closeEngine(id string) int {
 	u.connMu.Lock()
 	defer u.connMu.Unlock()
 	n := 0
 	for c := range u.conns {
-		if c.up.id == id && c.awaiting.Load() {
+		if c.up.id == id && c.state.Load() != connIdle {
 			_ = c.Conn.Close()
 			n++
 		}
@@ -121,7 +124,7 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 		return up, nil
 	}
 	cfg := u.cfg
-	idle := cfg.IdleTimeout
+	idle, first := cfg.IdleTimeout, cfg.firstByteWait()
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout}
 	nu := &upstream{id: id, url: baseURL}
 	nu.hc = &fasthttp.HostClient{
@@ -140,7 +143,8 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 			if err != nil {
 				return nil, err
 			}
-			ic := &idleConn{Conn: c, idle: idle, set: u, up: nu}
+			ic := &idleConn{Conn: c, idle: idle, first: first, set: u, up: nu}
+			ic.laddr = &connAddr{Addr: c.LocalAddr(), c: ic}
 			u.connMu.Lock()
 			u.conns[ic] = struct{}{}
 			u.connMu.Unlock()
@@ -193,18 +197,80 @@ type EngineLoad struct {
 }
 
 // idleConn gives every Read its own deadline, so a hung engine is detected
-// both before the response headers and between streamed chunks, while a
-// long healthy stream is never cut (fasthttp's own timeouts bound the whole
-// exchange instead).
+// between streamed chunks while a long healthy stream is never cut
+// (fasthttp's own timeouts bound the whole exchange instead). Until the
+// request commits to its client the wait is the first-byte wait instead
+// (Config.FirstByteTimeout): none while the stall watch judges liveness, as
+// a healthy engine sends a non-streamed answer only when the whole
+// generation is done.
 type idleConn struct {
 	net.Conn
-	idle time.Duration
-	set  *upstreams
-	up   *upstream // whose progress a read marks, and whose closeEngine closes it
-	once sync.Once
-	// awaiting: a request was written and no byte of its answer has come
-	// back yet (closeEngine cuts only these; started streams keep going).
-	awaiting atomic.Bool
+	idle  time.Duration
+	first time.Duration // the wait before the commit; 0: none (Config.firstByteWait)
+	set   *upstreams
+	up    *upstream // whose progress a read marks, and whose closeEngine closes it
+	laddr *connAddr
+	once  sync.Once
+	// state is where the request on the connection is (connIdle,
+	// connAwaiting, connHeld): closeEngine cuts all but idle ones, and
+	// the read deadline follows it.
+	state atomic.Int32
+	// firstExpired: a read under the first-byte wait timed out (reset per
+	// request), which the proxy tells apart from a dial timeout.
+	firstExpired atomic.Bool
+}
+
+// Connection states. A request written is awaiting until its first answer
+// byte; the proxy holds it past the response head until its answer commits
+// to the client (the first event relayed, or the whole buffered answer read),
+// so a stream with headers and no event is still cut by the stall watch.
+// Exchanges the proxy does not hold (P/D legs, /tokenize) are idle again
+// from their first byte.
+const (
+	connIdle int32 = iota
+	connAwaiting
+	connHeld
+)
+
+// connAddr is the local address an idleConn reports. fasthttp.HostClient
+// does not say which connection carries a request; Response.LocalAddr, taken
+// from the connection before the request is written, is the one trace of it
+// a response keeps, so connOf finds the connection with no lookup.
+type connAddr struct {
+	net.Addr
+	c *idleConn
+}
+
+func (c *idleConn) LocalAddr() net.Addr { return c.laddr }
+
+// connOf returns the connection that carried resp's exchange, or nil (the
+// dial failed, or resp did not come through an upstreams pool).
+func connOf(resp *fasthttp.Response) *idleConn {
+	if a, ok := resp.LocalAddr().(*connAddr); ok {
+		return a.c
+	}
+	return nil
+}
+
+// hold keeps c's request uncommitted after its response head (nil-safe).
+func (c *idleConn) hold() {
+	if c != nil {
+		c.state.Store(connHeld)
+	}
+}
+
+// release marks c's exchange committed to the client or over (nil-safe).
+// Called before the connection can go back to the pool.
+func (c *idleConn) release() {
+	if c != nil {
+		c.state.Store(connIdle)
+	}
+}
+
+// firstByteExpired reports whether c's current request timed out waiting
+// for its commit (nil-safe).
+func (c *idleConn) firstByteExpired() bool {
+	return c != nil && c.firstExpired.Load()
 }
 
 func (c *idleConn) Close() error {
@@ -217,15 +283,27 @@ func (c *idleConn) Close() error {
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
-	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+	st := c.state.Load()
+	d := c.idle
+	if st != connIdle {
+		d = c.first
+	}
+	var deadline time.Time // zero: none
+	if d > 0 {
+		deadline = time.Now().Add(d)
+	}
+	if err := c.Conn.SetReadDeadline(deadline); err != nil {
 		return 0, err
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.up.progress.Store(time.Now().UnixNano()) // the engine is answering (stall watch, health.go)
-		if c.awaiting.Load() {
-			c.awaiting.Store(false)
+		if st == connAwaiting {
+			c.state.CompareAndSwap(connAwaiting, connIdle)
 		}
+	}
+	if err != nil && st != connIdle && errors.Is(err, os.ErrDeadlineExceeded) {
+		c.firstExpired.Store(true)
 	}
 	return n, err
 }
@@ -235,11 +313,12 @@ func (c *idleConn) Write(p []byte) (int, error) {
 	if c.set.nWatched.Load() > 0 {
 		c.set.claim(c, p)
 	}
-	if !c.awaiting.Load() {
-		c.awaiting.Store(true)
+	if c.state.Load() != connAwaiting {
+		c.state.Store(connAwaiting)
+		c.firstExpired.Store(false)
 	}
 	return c.Conn.Write(p)
 }
 
-// SetReadDeadline is a no-op: the per-read idle deadline above rules.
+// SetReadDeadline is a no-op: the per-read deadline above rules.
 func (c *idleConn) SetReadDeadline(time.Time) error { return nil }

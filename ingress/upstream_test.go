@@ -1,0 +1,108 @@
+package ingress
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// A live engine's long generation is not cut by the idle timeout: until the
+// answer commits to the client only the stall watch (which probes the
+// engine and finds it alive) and FirstByteTimeout (off by default) judge the
+// wait, streamed (headers at once, the first event late) or not (nothing
+// until the end). The engines answer only after the watch has probed them
+// slowProbes times, so at least slowProbes × stallAfter (8 × 100ms) passed,
+// 16 idle timeouts: before, the read timed out, the generation was run again
+// on the other engine and the client got 504.
+func TestLongGenerationOutlivesIdleTimeout(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+			a, b := startFaultEngine(t, faultSlowAlive), startFaultEngine(t, faultSlowAlive)
+			a.slowProbes, b.slowProbes = 8, 8
+			cfg := testConfig(StaticEngine{ID: "a", Model: "m", URL: a.url()}, StaticEngine{ID: "b", Model: "m", URL: b.url()})
+			cfg.IdleTimeout = 50 * time.Millisecond
+			cfg.MaxAttempts = 2
+			cfg.Health.StallAfter = 100 * time.Millisecond
+			cfg.Health.ProbeTimeout = 10 * time.Second // however busy the machine, a live engine's probe answers
+			s := startIngress(t, cfg, Deps{})
+			client := &http.Client{Timeout: time.Minute} // a deadlock guard only
+			st, _, body := post(t, client, "http://"+s.Addr()+"/v1/completions", fmt.Sprintf(`{"model":"m","prompt":[1,2],"stream":%v}`, stream))
+			if st != 200 {
+				t.Fatalf("status %d: %s", st, body)
+			}
+			if stream {
+				if evs := sseEvents(body); len(evs) == 0 || evs[len(evs)-1] != "[DONE]" || strings.Contains(string(body), `"error"`) {
+					t.Fatalf("events %q", evs)
+				}
+			} else if !json.Valid(body) || !strings.Contains(string(body), `"text":"t0t1t2"`) {
+				t.Fatalf("body %s", body)
+			}
+			if hits := a.hits.Load() + b.hits.Load(); hits != 1 {
+				t.Fatalf("the generation ran %d times; want once", hits)
+			}
+			waitSettled(t, s)
+			if v := val(s.m.attempts.WithLabelValues("timeout")); v != 0 || val(s.health.ejections) != 0 || val(s.health.stalls) != 0 {
+				t.Fatalf("timeouts %v, ejections %v, stalls %v; want none for live engines", v, val(s.health.ejections), val(s.health.stalls))
+			}
+		})
+	}
+}
+
+// A hung engine that sent a stream's response headers and no event has not
+// committed the request to its client: the stall watch ejects the engine
+// and cuts the request, which is retried on the live engine. Before, the
+// header bytes marked the request as answered, the cut passed it by, and it
+// waited for the idle timeout (10 minutes here; the client gives up first).
+func TestStallWatchCutsStreamWithHeadersOnly(t *testing.T) {
+	hung := startFaultEngine(t, faultHeadersHang)
+	good := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "hung", Model: "m", URL: hung.url()}, StaticEngine{ID: "good", Model: "m", URL: good.url()})
+	cfg.Scheduler.Policy = "round-robin" // one of the first two requests goes to each engine
+	cfg.IdleTimeout = 10 * time.Minute
+	cfg.MaxAttempts = 2
+	// Loose enough that a busy machine does not get the live engine
+	// probed, and failing both its probes, by mistake.
+	cfg.Health.StallAfter = 300 * time.Millisecond
+	cfg.Health.ProbeTimeout = time.Second
+	s := startIngress(t, cfg, Deps{})
+	client := &http.Client{Timeout: time.Minute} // far below the idle timeout: a stuck request fails the test
+	for i := 0; i < 4; i++ {
+		st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2],"stream":true}`)
+		evs := sseEvents(b)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
+			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if hung.hits.Load() != 1 || val(s.health.stalls) != 1 {
+		t.Fatalf("hung engine got %d requests, %v stall ejections; want 1 and 1", hung.hits.Load(), val(s.health.stalls))
+	}
+	testutil.WaitFor(t, 10*time.Second, "the hung engine saw its request cut", func() bool { return hung.canceled.Load() == 1 })
+	waitSettled(t, s)
+}
+
+// A first-byte bound shorter than the stall watch's time to judge would
+// time out a hung engine's requests as a slow one's (504, not retried):
+// refused at start. Negative is refused too; with the watch off any bound
+// goes.
+func TestValidateFirstByteTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		first, stall time.Duration
+		ok           bool
+	}{
+		{0, time.Second, true}, {10 * time.Minute, time.Second, true}, {-time.Second, time.Second, false},
+		{2 * time.Second, time.Second, false}, {2 * time.Second, 0, true},
+	} {
+		cfg := DefaultConfig()
+		cfg.FirstByteTimeout, cfg.Health.StallAfter = tc.first, tc.stall
+		err := cfg.Validate()
+		if (err == nil) != tc.ok || err != nil && (!errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "first byte timeout")) {
+			t.Errorf("first %v stall %v: %v", tc.first, tc.stall, err)
+		}
+	}
+}
