@@ -33,6 +33,8 @@ var (
 	// ErrFirstByteTimeout: an engine that answers its health probes sent
 	// no answer within Config.FirstByteTimeout (not retried elsewhere).
 	ErrFirstByteTimeout = errors.New("upstream first-byte timeout")
+	// ErrEnginesShedding: every engine tried answered 429.
+	ErrEnginesShedding = errors.New("engines shedding load")
 )
 
 // apiError is an error with everything the OpenAI error body needs.
@@ -98,6 +100,65 @@ func toAPIError(err error) *apiError {
 		return newAPIError(400, "invalid_request_error", "", "", err)
 	}
 	return newAPIError(500, "server_error", "internal_error", "", err)
+}
+
+// shedError is an attempt an engine refused with 429 (it sheds load), with
+// the wait its Retry-After asked for.
+type shedError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *shedError) Error() string { return e.err.Error() }
+func (e *shedError) Unwrap() error { return e.err }
+
+// shedding follows a request's attempts: when every one was refused with
+// 429 the client gets 429 too, with the soonest Retry-After the engines
+// gave, and not the 503 of a failed upstream.
+type shedding struct {
+	shed, other int
+	after       time.Duration
+}
+
+func (s *shedding) add(err error) {
+	var se *shedError
+	switch {
+	case err == nil:
+	case errors.As(err, &se):
+		if s.shed == 0 || se.after < s.after {
+			s.after = se.after
+		}
+		s.shed++
+	default:
+		s.other++
+	}
+}
+
+// verdict returns the error to answer with: last, or a 429 when every
+// attempt shed load.
+func (s *shedding) verdict(last error) error {
+	if s.shed == 0 || s.other > 0 {
+		return last
+	}
+	return &apiError{status: fasthttp.StatusTooManyRequests, typ: "rate_limit_error", code: "engine_overloaded",
+		msg:        fmt.Sprintf("every engine tried is shedding load (%d answered 429); retry later: %v", s.shed, last),
+		retryAfter: s.after, err: fmt.Errorf("%w: %w", ErrEnginesShedding, last)}
+}
+
+// maxRetryAfter bounds an engine's Retry-After passed on to clients.
+const maxRetryAfter = time.Hour
+
+// retryAfter reads a Retry-After header (seconds or an HTTP date) as a wait
+// from now: at least 1s (also when absent or unreadable), at most
+// maxRetryAfter.
+func retryAfter(v []byte, now time.Time) time.Duration {
+	d := time.Second
+	if n, err := strconv.ParseUint(string(v), 10, 32); err == nil {
+		d = time.Duration(n) * time.Second
+	} else if t, err := fasthttp.ParseHTTPDate(v); err == nil {
+		d = t.Sub(now)
+	}
+	return min(max(d, time.Second), maxRetryAfter)
 }
 
 // writeError writes err as an OpenAI error response.

@@ -37,6 +37,7 @@ const (
 	faultStreamError400                  // 200, then an error event with code 400 first, as vLLM raises a request's error inside its stream
 	faultStreamError500                  // the same with code 500 (the engine failed)
 	faultHugeAnswer                      // a 200 JSON answer over the ingress's 64 MiB buffer
+	faultShed                            // 429 (shedding load) with Retry-After: retryAfter
 	faultSlowAlive                       // GET /health answers 200; an inference answer (a stream's headers go at once) waits until slowProbes probes were answered
 	faultHeadersHang                     // hung after a stream's headers: 200 and headers, then nothing; GET /health gets nothing either
 )
@@ -55,8 +56,9 @@ type faultEngine struct {
 	quit     chan struct{}
 	once     sync.Once
 
-	// faultSlowAlive: the answered probes an answer waits for. Set before
-	// the first request.
+	// faultShed: the Retry-After header ("" for none). faultSlowAlive: the
+	// answered probes an answer waits for. Set before the first request.
+	retryAfter string
 	slowProbes int64
 	probeMu    sync.Mutex
 	probed     chan struct{} // closed (and replaced) at each answered probe
@@ -132,6 +134,13 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		io.WriteString(w, `"}`)
+	case faultShed:
+		if fe.retryAfter != "" {
+			w.Header().Set("Retry-After", fe.retryAfter)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(429)
+		io.WriteString(w, `{"error":{"message":"too many requests waiting","type":"RateLimitError","param":null,"code":429}}`)
 	case faultHeadersHang:
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(200)

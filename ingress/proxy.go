@@ -24,11 +24,13 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // answers. Before the first byte reaches the client, connect errors, 5xx,
 // 429 and a dead engine's timeouts move on to the next engine
 // (Config.MaxAttempts at most). A live engine's first-byte timeout is not
-// retried (ErrFirstByteTimeout).
+// retried (ErrFirstByteTimeout); when every engine tried shed load (429) the
+// client gets 429 with the engines' Retry-After.
 func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	ureq := c.upstreamRequest(ctx)
 	defer fasthttp.ReleaseRequest(ureq)
 	var lastErr error
+	var shed shedding
 	limit := min(c.s.cfg.MaxAttempts, len(c.dec.Ranked))
 	for i := 0; i < limit; i++ {
 		if c.watch.isCanceled() {
@@ -40,6 +42,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		lastErr = err
+		shed.add(err)
 		if errors.Is(err, ErrFirstByteTimeout) {
 			break
 		}
@@ -51,6 +54,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	if lastErr == nil {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
 	}
+	lastErr = shed.verdict(lastErr)
 	if !errors.Is(lastErr, ErrFirstByteTimeout) && c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
 		return
 	}
@@ -106,7 +110,11 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	}
 	st := resp.StatusCode()
 	switch {
-	case st >= 500 || st == fasthttp.StatusTooManyRequests:
+	case st == fasthttp.StatusTooManyRequests:
+		after := retryAfter(resp.Header.Peek(fasthttp.HeaderRetryAfter), time.Now())
+		err := c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered 429 (shedding load)", rk.Engine))
+		return false, &shedError{err: err, after: after}
+	case st >= 500:
 		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d", rk.Engine, st))
 	case st != fasthttp.StatusOK:
 		// The engine judged the request itself (4xx): relay its answer.

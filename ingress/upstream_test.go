@@ -86,6 +86,81 @@ func TestStallWatchCutsStreamWithHeadersOnly(t *testing.T) {
 	waitSettled(t, s)
 }
 
+// When every engine tried sheds load (429), the client gets 429 in the
+// OpenAI error shape with the soonest Retry-After the engines asked for (1s
+// when none did), not a 503; a 429 never ejects. An engine that failed
+// otherwise among them makes it the 503 of a failed upstream.
+func TestEnginesSheddingLoadIs429(t *testing.T) {
+	shed := func(after string) *faultEngine {
+		fe := startFaultEngine(t, faultShed)
+		fe.retryAfter = after
+		return fe
+	}
+	e7, e3, none, e500 := shed("7"), shed("3"), shed(""), startFaultEngine(t, fault500)
+	for _, tc := range []struct {
+		name       string
+		engines    []*faultEngine
+		status     int
+		retryAfter string
+	}{
+		{"one engine", []*faultEngine{e7}, 429, "7"},
+		{"the soonest of two", []*faultEngine{e7, e3}, 429, "3"},
+		{"no Retry-After", []*faultEngine{none}, 429, "1"},
+		{"one failed", []*faultEngine{e7, e500}, 503, "1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var engines []StaticEngine
+			for i, fe := range tc.engines {
+				engines = append(engines, StaticEngine{ID: fmt.Sprint("e", i), Model: "m", URL: fe.url()})
+			}
+			cfg := testConfig(engines...)
+			cfg.Health.ConsecutiveFailures = 1
+			s := startIngress(t, cfg, Deps{})
+			for _, fe := range tc.engines {
+				prompts(fe) // drop what earlier cases left
+			}
+			for i := 0; i < 3; i++ {
+				st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1]}`)
+				var e struct{ Error struct{ Type, Code string } }
+				if st != tc.status || hdr.Get("Retry-After") != tc.retryAfter || json.Unmarshal(b, &e) != nil || e.Error.Type == "" {
+					t.Fatalf("request %d: %d Retry-After %q: %s; want %d, %q", i, st, hdr.Get("Retry-After"), b, tc.status, tc.retryAfter)
+				}
+				if st == 429 && (e.Error.Type != "rate_limit_error" || e.Error.Code != "engine_overloaded") {
+					t.Fatalf("error body %s", b)
+				}
+				if tc.status == 503 && i == 0 {
+					break // the 5xx ejects its engine: later requests see only the shedding one
+				}
+			}
+			if tc.status == 429 {
+				hits := 0
+				for _, fe := range tc.engines {
+					hits += prompts(fe)
+				}
+				if hits != 3*len(tc.engines) || val(s.health.ejections) != 0 {
+					t.Fatalf("%d attempts, %v ejections; want every engine tried each time and none ejected", hits, val(s.health.ejections))
+				}
+			}
+		})
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{"", time.Second}, {"7", 7 * time.Second}, {"0", time.Second}, {"x", time.Second}, {"-3", time.Second},
+		{"99999999999", time.Second}, {"86400", maxRetryAfter},
+		{"Fri, 04 Dec 2026 03:00:30 GMT", 30 * time.Second}, {"Fri, 04 Dec 2026 02:00:00 GMT", time.Second},
+	} {
+		if got := retryAfter([]byte(tc.in), now); got != tc.want {
+			t.Errorf("retryAfter(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
 // A first-byte bound shorter than the stall watch's time to judge would
 // time out a hung engine's requests as a slow one's (504, not retried):
 // refused at start. Negative is refused too; with the watch off any bound
