@@ -335,6 +335,14 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	return true, nil
 }
 
+// streamBroke counts a stream that broke after it committed (the engine's
+// connection died, or went silent for the idle timeout) against the engine
+// for passive ejection; the request itself is not retried, bytes went out.
+func (c *call) streamBroke(up *upstream) {
+	up.failures.Add(1)
+	c.s.health.observe(up, "stream_error")
+}
+
 // clientGone ends a request whose client went away before its answer; the
 // status is recorded, nothing can be written.
 func (c *call) clientGone(ctx *fasthttp.RequestCtx) {
@@ -652,6 +660,7 @@ func (p *proxyStream) endWith(err error) {
 	c := p.c
 	c.s.m.streamErrors.Inc()
 	c.s.m.attempts.WithLabelValues("stream_error").Inc()
+	c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
 	c.errMsg = "upstream stream broke: " + err.Error()
 	if p.named != nil {
 		p.tail = p.named.appendError(p.tail, fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err))
