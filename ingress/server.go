@@ -323,6 +323,14 @@ func (s *Server) Close() error {
 		if s.admin != nil {
 			_ = s.admin.ShutdownWithContext(sctx)
 		}
+		// Shutdown closes only the listeners Serve has registered: one whose
+		// goroutine had not reached Serve yet would keep accepting and wg
+		// would never be done. Closing them here covers that (a second
+		// close is harmless).
+		_ = s.ln.Close()
+		if s.adminLn != nil {
+			_ = s.adminLn.Close()
+		}
 		s.wg.Wait()
 		s.cl.close()
 	})
