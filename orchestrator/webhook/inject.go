@@ -34,6 +34,9 @@ const (
 	// container mounts it) whose tokenizer files the sidecar publishes to
 	// NATS for the ingresses; the sidecar gets the same volume, read-only.
 	AnnotationTokenizerDir = "kvmesh.io/tokenizer-dir"
+	// LabelModel is read when AnnotationModel is absent (a model name that
+	// fits in a label value).
+	LabelModel = "kvmesh.io/model"
 	// ContainerName is the injected container's name.
 	ContainerName = "kvmesh-sidecar"
 )
@@ -88,6 +91,9 @@ func port(ann map[string]string, key string, def int) (int, error) {
 	return n, nil
 }
 
+// ErrNoModel is a pod asking for the sidecar without naming its model.
+var ErrNoModel = errors.New("no kvmesh.io/model")
+
 // ErrBadPDProtocol is a kvmesh.io/pd-protocol annotation other than nixl or sglang.
 var ErrBadPDProtocol = errors.New("bad P/D protocol annotation")
 
@@ -127,6 +133,14 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 		return corev1.Container{}, fmt.Errorf("%w: %s=%q (want nixl or sglang)", ErrBadPDProtocol, AnnotationPDProtocol, p)
 	}
 	model := pod.Annotations[AnnotationModel]
+	if model == "" {
+		model = pod.Labels[LabelModel]
+	}
+	if model == "" {
+		// The sidecar refuses to start without it: reject the pod with the
+		// reason instead of admitting one whose sidecar crash-loops.
+		return corev1.Container{}, fmt.Errorf("%w: annotate the pod with %s (the served model name)", ErrNoModel, AnnotationModel)
+	}
 	role := pod.Labels[LabelRoleKind]
 	if role == "" {
 		role = "mixed"
@@ -140,9 +154,7 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 		"--role=" + role,
 		"--admin=0.0.0.0:" + strconv.Itoa(c.AdminPort),
 	}
-	if model != "" {
-		args = append(args, "--model="+model)
-	}
+	args = append(args, "--model="+model)
 	args = append(args, pdArgs(pod, bootstrapPort)...)
 	if c.NATS != "" {
 		args = append(args, "--nats="+c.NATS)

@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
+	"net"
+	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,7 +60,12 @@ func TestReview(t *testing.T) {
 		{"labelled", enginePod("b", inject, map[string]string{AnnotationEventsPort: "6000", AnnotationModel: "m"}), true, true,
 			[]string{`"restartPolicy":"Always"`, `--events=tcp://127.0.0.1:6000`, `--replay=tcp://127.0.0.1:5558`,
 				`--engine-url=http://$(POD_IP):8000`, `--role=decode`, `--model=m`, `/spec/initContainers`}},
-		{"bad port", enginePod("c", inject, map[string]string{AnnotationEnginePort: "http"}), false, false, nil},
+		{"bad port", enginePod("c", inject, map[string]string{AnnotationEnginePort: "http", AnnotationModel: "m"}), false, false, nil},
+		// The sidecar refuses to start without a model: say so at admission.
+		{"no model", enginePod("e", inject, nil), false, false, nil},
+		{"model as a label", enginePod("f", map[string]string{LabelInject: "true", LabelModel: "llama3"}, nil), true, true,
+			[]string{`--model=llama3`}},
+		{"model but no inject label", enginePod("g", map[string]string{LabelModel: "llama3"}, map[string]string{AnnotationModel: "m"}), true, false, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -112,7 +121,12 @@ func TestInjectionThroughAdmissionChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := Listen("127.0.0.1:0", certs.Cert, &Handler{Sidecar: DefaultSidecarConfig()})
+	var calls atomic.Int64
+	h := &Handler{Sidecar: DefaultSidecarConfig()}
+	srv, err := Listen("127.0.0.1:0", certs.Cert, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		h.ServeHTTP(w, r)
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +145,7 @@ func TestInjectionThroughAdmissionChain(t *testing.T) {
 	inject := map[string]string{LabelInject: "true"}
 	// The API server loads webhook configurations asynchronously: probe with dry runs.
 	testutil.WaitFor(t, time.Minute, "the API server to call the webhook", func() bool {
-		p, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("probe", inject, nil), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		p, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("probe", inject, map[string]string{AnnotationModel: "m"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err == nil && len(p.Spec.InitContainers) == 1
 	})
 	p, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("engine", inject, map[string]string{AnnotationModel: "m"}), metav1.CreateOptions{})
@@ -145,11 +159,23 @@ func TestInjectionThroughAdmissionChain(t *testing.T) {
 	if p.Annotations[AnnotationInjected] != "true" {
 		t.Errorf("annotations %v", p.Annotations)
 	}
-	plain, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("plain", nil, nil), metav1.CreateOptions{})
-	if err != nil || len(plain.Spec.InitContainers) != 0 {
-		t.Fatalf("unlabelled pod: %v %v", plain.Spec.InitContainers, err)
+	// Pods that are not kvmesh engines never reach the webhook (objectSelector),
+	// even with a model label or annotation.
+	before := calls.Load()
+	for i, labels := range []map[string]string{nil, {LabelModel: "llama3"}, {LabelInject: "false"}} {
+		plain, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod(fmt.Sprintf("plain-%d", i), labels, map[string]string{AnnotationModel: "m"}), metav1.CreateOptions{})
+		if err != nil || len(plain.Spec.InitContainers) != 0 || plain.Annotations[AnnotationInjected] != "" {
+			t.Fatalf("pod labelled %v: %v %v", labels, plain.Spec.InitContainers, err)
+		}
 	}
-	_, err = kube.CoreV1().Pods(ns).Create(ctx, enginePod("badport", inject, map[string]string{AnnotationReplayPort: "99999"}), metav1.CreateOptions{})
+	if n := calls.Load() - before; n != 0 {
+		t.Errorf("the API server called the webhook %d times for pods without %s=true", n, LabelInject)
+	}
+	_, err = kube.CoreV1().Pods(ns).Create(ctx, enginePod("nomodel", inject, nil), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "kvmesh.io/model") {
+		t.Fatalf("an engine pod without a model admitted: %v", err)
+	}
+	_, err = kube.CoreV1().Pods(ns).Create(ctx, enginePod("badport", inject, map[string]string{AnnotationReplayPort: "99999", AnnotationModel: "m"}), metav1.CreateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "bad port annotation") {
 		t.Fatalf("bad port annotation admitted: %v", err)
 	}
@@ -249,5 +275,42 @@ func TestSidecarPDFlags(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With the webhook down (failurePolicy Fail), pods asking for the sidecar
+// are rejected (an engine without it is invisible to the router) and every
+// other pod is created as if there were no webhook.
+func TestOutageRejectsOnlyEnginePods(t *testing.T) {
+	s := kubetest.Shared(t)
+	ns := s.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	kube := kubernetes.NewForConfigOrDie(s.Config)
+	certs, err := GenerateCerts("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there: the orchestrator is down
+	if err := Ensure(ctx, kube, Target{URL: "https://" + dead + Path}, certs.CABundle); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(context.Background(), ConfigName, metav1.DeleteOptions{})
+	})
+	inject := map[string]string{LabelInject: "true"}
+	testutil.WaitFor(t, time.Minute, "the API server to load the configuration and fail engine pods", func() bool {
+		_, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod("probe", inject, map[string]string{AnnotationModel: "m"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "sidecar.kvmesh.io")
+	})
+	for i, labels := range []map[string]string{nil, {"app": "web"}, {LabelModel: "llama3"}} {
+		if _, err := kube.CoreV1().Pods(ns).Create(ctx, enginePod(fmt.Sprintf("other-%d", i), labels, nil), metav1.CreateOptions{}); err != nil {
+			t.Errorf("pod labelled %v blocked by the webhook outage: %v", labels, err)
+		}
 	}
 }
