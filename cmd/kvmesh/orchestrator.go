@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,9 +30,10 @@ import (
 )
 
 // runOrchestrator runs the ModelDeployment controller and, when asked, the
-// sidecar-injection webhook: in cluster (service account, --webhook-listen
-// with a mounted certificate) or out of cluster (--kubeconfig,
-// --webhook-addr HOST:PORT registered by URL with a generated CA).
+// sidecar-injection webhook: in cluster (service account, --webhook-listen,
+// the certificate kept in the Secret --webhook-secret) or out of cluster
+// (--kubeconfig, --webhook-addr HOST:PORT registered by URL with a CA
+// generated in memory).
 func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if localMode(args) { // --local FILE: the same resources as processes on loopback
 		return runLocalOrchestrator(ctx, args, stdout, stderr)
@@ -47,7 +49,8 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.StringVar(&cfg.LeaseName, "lease-name", cfg.LeaseName, "name of the leader-election Lease")
 	webhookAddr := fs.String("webhook-addr", "", "out of cluster: serve the webhook on HOST:PORT and register https://HOST:PORT by URL")
 	webhookListen := fs.String("webhook-listen", "", "in cluster: serve the webhook here (e.g. 0.0.0.0:9443)")
-	certDir := fs.String("webhook-cert-dir", "", "directory with tls.crt, tls.key[, ca.crt] (default: generate at start)")
+	certDir := fs.String("webhook-cert-dir", "", "read the webhook certificate from this directory (tls.crt, tls.key[, ca.crt]; re-read every 30 s) instead of the Secret")
+	certSecret := fs.String("webhook-secret", webhook.SecretName, "[namespace/]name of the kubernetes.io/tls Secret holding the webhook certificate, created or renewed when needed and shared by the replicas (namespace: the Service's); with --webhook-addr only when given")
 	svc := fs.String("webhook-service", "kvmesh/kvmesh-orchestrator", "in cluster: namespace/name[:port] of the webhook's Service")
 	failOpen := fs.Bool("webhook-fail-open", false, "admit pods uninjected when the webhook is down")
 	fs.StringVar(&sc.Image, "sidecar-image", sc.Image, "image of the injected sidecar")
@@ -91,24 +94,54 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	var wcfg *webhook.RunConfig
-	switch {
-	case *webhookAddr != "":
-		host, port, err := net.SplitHostPort(*webhookAddr)
-		if err != nil {
-			return fmt.Errorf("%w: --webhook-addr: %w", errUsage, err)
-		}
-		wcfg = &webhook.RunConfig{Listen: net.JoinHostPort(host, port), CertDir: *certDir, URLHost: host}
-	case *webhookListen != "":
-		ns, name, port, err := webhook.ParseService(*svc)
-		if err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
-		}
-		wcfg = &webhook.RunConfig{Listen: *webhookListen, CertDir: *certDir,
-			Hosts:  []string{name + "." + ns + ".svc", name + "." + ns + ".svc.cluster.local"},
-			Target: webhook.Target{ServiceNamespace: ns, Service: name, ServicePort: port}}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	wcfg, err := webhookRunConfig(*webhookAddr, *webhookListen, *svc, *certDir, *certSecret, set)
+	if err != nil {
+		return err
 	}
 	return runOrchestratorParts(ctx, restCfg, ctrl, wcfg, sc, *failOpen, *metricsAddr, cfg.Logger, stdout)
+}
+
+// webhookRunConfig maps the webhook flags onto a RunConfig (nil: no
+// webhook); set names the flags given. The certificate comes from
+// --webhook-cert-dir when given, else in cluster from the Secret, else (out
+// of cluster) from the Secret only when --webhook-secret is given, or is
+// generated in memory.
+func webhookRunConfig(addr, listen, svc, certDir, secret string, set map[string]bool) (*webhook.RunConfig, error) {
+	if addr == "" && listen == "" {
+		return nil, nil
+	}
+	if set["webhook-cert-dir"] && set["webhook-secret"] {
+		return nil, fmt.Errorf("%w: --webhook-cert-dir and --webhook-secret exclude each other", errUsage)
+	}
+	ns, name, port, err := webhook.ParseService(svc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	cfg := &webhook.RunConfig{Listen: listen,
+		Hosts:  []string{name + "." + ns + ".svc", name + "." + ns + ".svc.cluster.local"},
+		Target: webhook.Target{ServiceNamespace: ns, Service: name, ServicePort: port}}
+	if addr != "" {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --webhook-addr: %w", errUsage, err)
+		}
+		cfg.Listen, cfg.URLHost, cfg.Hosts, cfg.Target = net.JoinHostPort(host, port), host, []string{host}, webhook.Target{}
+	}
+	secretNS, secretName, ok := strings.Cut(secret, "/")
+	if !ok {
+		secretNS, secretName = ns, secret
+	}
+	switch {
+	case certDir != "":
+		cfg.Certs = &webhook.DirSource{Dir: certDir, Hosts: cfg.Hosts}
+	case secretName == "" || secretNS == "" || strings.Contains(secretName, "/"):
+		return nil, fmt.Errorf("%w: --webhook-secret %q: want [namespace/]name", errUsage, secret)
+	case listen != "" || set["webhook-secret"]:
+		cfg.Certs = &webhook.SecretSource{Namespace: secretNS, Name: secretName, Hosts: cfg.Hosts}
+	}
+	return cfg, nil
 }
 
 // runOrchestratorParts runs the controller, the webhook and the metrics
@@ -126,6 +159,12 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 			return err
 		}
 		wcfg.Sidecar, wcfg.Logger, wcfg.Target.FailOpen = sc, log, failOpen
+		switch src := wcfg.Certs.(type) {
+		case *webhook.SecretSource:
+			src.Kube, src.Log = kube, log
+		case *webhook.DirSource:
+			src.Log = log
+		}
 		wcfg.Ready = func(where string) { fmt.Fprintln(stdout, "webhook registered at", where) }
 		wg.Go(func() { errs[1] = webhook.Run(ctx, kube, *wcfg); cancel() })
 	}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +45,8 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
-	files := append(crds, filepath.Join("..", "..", "manifests", "orchestrator", "rbac.yaml"))
+	// rbac.yaml lets the orchestrator update its webhook's configuration, not create it: webhook.yaml does.
+	files := append(crds, filepath.Join("..", "..", "manifests", "orchestrator", "rbac.yaml"), filepath.Join("..", "..", "manifests", "orchestrator", "webhook.yaml"))
 	if _, err := kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{}, files...); err != nil {
 		t.Fatal(err)
 	}
@@ -85,9 +88,9 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 			t.Error("orchestrator did not stop")
 		}
 	})
-	testutil.WaitFor(t, time.Minute, "the webhook to be registered", func() bool {
-		_, err := admin.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "kvmesh-sidecar-injector", metav1.GetOptions{})
-		return err == nil
+	testutil.WaitFor(t, time.Minute, "the webhook to be registered by URL", func() bool {
+		c, err := admin.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "kvmesh-sidecar-injector", metav1.GetOptions{})
+		return err == nil && c.Webhooks[0].ClientConfig.URL != nil && strings.Contains(out.String(), "webhook registered at https://127.0.0.1:")
 	})
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "models"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -204,4 +207,66 @@ func TestOrchestratorManifestAndInjectedArgsAreRealFlags(t *testing.T) {
 		t.Fatalf("patch value: %s (%v)", ops[0].Value, err)
 	}
 	check("injected sidecar", cs[0].Args)
+}
+
+// The webhook flags pick the certificate's source: in cluster the Secret
+// (by default kvmesh-webhook-tls in the Service's namespace), out of
+// cluster a certificate generated in memory unless a Secret is named, a
+// directory when given; contradictions are usage errors.
+func TestWebhookRunConfigFlags(t *testing.T) {
+	const svc = "kvmesh/kvmesh-orchestrator"
+	cases := []struct {
+		name                      string
+		addr, listen, dir, secret string
+		set                       []string
+		want                      string // source type and where
+		hosts                     []string
+		err                       bool
+	}{
+		{name: "in cluster", listen: "0.0.0.0:9443", secret: webhook.SecretName, want: "secret kvmesh/kvmesh-webhook-tls",
+			hosts: []string{"kvmesh-orchestrator.kvmesh.svc", "kvmesh-orchestrator.kvmesh.svc.cluster.local"}},
+		{name: "in cluster, other namespace", listen: ":9443", secret: "ops/hook-tls", set: []string{"webhook-secret"}, want: "secret ops/hook-tls"},
+		{name: "in cluster, directory", listen: ":9443", secret: webhook.SecretName, dir: "/etc/tls", set: []string{"webhook-cert-dir"}, want: "dir /etc/tls"},
+		{name: "out of cluster", addr: "127.0.0.1:9443", secret: webhook.SecretName, want: "generated", hosts: []string{"127.0.0.1"}},
+		{name: "out of cluster, Secret", addr: "127.0.0.1:9443", secret: "kvmesh-webhook-tls", set: []string{"webhook-secret"},
+			want: "secret kvmesh/kvmesh-webhook-tls", hosts: []string{"127.0.0.1"}},
+		{name: "both sources", listen: ":9443", secret: "x", dir: "/d", set: []string{"webhook-secret", "webhook-cert-dir"}, err: true},
+		{name: "bad secret", listen: ":9443", secret: "a/b/c", set: []string{"webhook-secret"}, err: true},
+		{name: "no webhook", secret: webhook.SecretName, want: "none"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			set := map[string]bool{}
+			for _, f := range tc.set {
+				set[f] = true
+			}
+			cfg, err := webhookRunConfig(tc.addr, tc.listen, svc, tc.dir, tc.secret, set)
+			if tc.err {
+				if !errors.Is(err, errUsage) {
+					t.Fatalf("err %v, want a usage error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := "none"
+			if cfg != nil {
+				switch src := cfg.Certs.(type) {
+				case nil:
+					got = "generated"
+				case *webhook.SecretSource:
+					got = "secret " + src.Namespace + "/" + src.Name
+				case *webhook.DirSource:
+					got = "dir " + src.Dir
+				}
+			}
+			if got != tc.want {
+				t.Errorf("source %q, want %q", got, tc.want)
+			}
+			if tc.hosts != nil && !slices.Equal(cfg.Hosts, tc.hosts) {
+				t.Errorf("hosts %v, want %v", cfg.Hosts, tc.hosts)
+			}
+		})
+	}
 }

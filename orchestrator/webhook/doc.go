@@ -6,6 +6,10 @@
 // (kvmesh.io/engine-port, kvmesh.io/kv-events-port, kvmesh.io/replay-port)
 // with vLLM's defaults.
 //
-// The package owns the HTTPS server and the MutatingWebhookConfiguration it
-// registers; it must not mutate anything but pods that ask for injection.
+// The package owns the HTTPS server, its serving certificate (CertSource:
+// the Secret kvmesh-webhook-tls it creates and renews, mounted files, or one
+// generated in memory) and the CA bundle of the MutatingWebhookConfiguration
+// it registers, kept in step with every rotation. It must not mutate
+// anything but pods that ask for injection, nor write a Secret cert-manager
+// issued.
 package webhook

@@ -1,13 +1,21 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 )
 
 // ConfigName is the MutatingWebhookConfiguration's name.
@@ -64,13 +72,18 @@ func Configuration(t Target, caBundle []byte) *admissionregistrationv1.MutatingW
 }
 
 // Ensure creates or updates the configuration so the API server calls t
-// with caBundle.
+// with caBundle. In cluster manifests/orchestrator/webhook.yaml creates it
+// and the orchestrator may only update it: a missing one that cannot be
+// created says so.
 func Ensure(ctx context.Context, kube kubernetes.Interface, t Target, caBundle []byte) error {
 	want := Configuration(t, caBundle)
 	api := kube.AdmissionregistrationV1().MutatingWebhookConfigurations()
 	cur, err := api.Get(ctx, ConfigName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		_, err = api.Create(ctx, want, metav1.CreateOptions{})
+		if apierrors.IsForbidden(err) {
+			return fmt.Errorf("register webhook: %s is missing (apply manifests/orchestrator): %w", ConfigName, err)
+		}
 		return wrap(err)
 	}
 	if err != nil {
@@ -86,4 +99,130 @@ func wrap(err error) error {
 		return fmt.Errorf("register webhook: %w", err)
 	}
 	return nil
+}
+
+// registrar keeps the configuration trusting the certificate being served:
+// it registers the CA bundle of the first certificate and of every new one,
+// and again whenever the configuration stops holding it (replaced, deleted,
+// its caBundle emptied: it watches the one configuration by name). Failures
+// are retried with backoff; each is logged at once and counted
+// (kvmesh_webhook_registration_errors_total), and readiness fails until the
+// served bundle is registered.
+type registrar struct {
+	kube   kubernetes.Interface
+	target Target
+	store  *certStore // run is the only reader of store.changed
+	log    *slog.Logger
+	// onRegistered, if set, is called after the first registration.
+	onRegistered func()
+
+	mu      sync.Mutex // guards bundle and lastErr
+	bundle  []byte     // registered CA bundle; nil when not (or no longer) in place
+	lastErr error      // of the last failed attempt
+}
+
+// run registers until ctx ends; it owns the configuration's informer.
+func (r *registrar) run(ctx context.Context) {
+	drift := make(chan struct{}, 1)
+	factory := informers.NewSharedInformerFactoryWithOptions(r.kube, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigName).String()
+		}))
+	inf := factory.Admissionregistration().V1().MutatingWebhookConfigurations().Informer()
+	check := func(obj any) {
+		var held []byte
+		if c, ok := obj.(*admissionregistrationv1.MutatingWebhookConfiguration); ok && len(c.Webhooks) > 0 {
+			held = c.Webhooks[0].ClientConfig.CABundle
+		}
+		served := r.store.current()
+		if served == nil || bytes.Equal(held, served.CABundle) {
+			return
+		}
+		r.mu.Lock()
+		r.bundle = nil // no longer in place: readiness fails until written again
+		r.mu.Unlock()
+		select {
+		case drift <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: check, UpdateFunc: func(_, o any) { check(o) }, DeleteFunc: func(any) { check(nil) },
+	}); err != nil {
+		r.log.Error("watch the webhook configuration", "err", err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { inf.RunWithContext(ctx) })
+
+	bo := retryBackoff()
+	var retry <-chan time.Time // set while a failed attempt waits for its retry
+	attempts := 0
+	first := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.store.changed:
+		case <-drift:
+			r.log.Warn("sidecar webhook configuration changed under the orchestrator; registering again", "configuration", ConfigName)
+		case <-retry:
+		}
+		retry = nil
+		c := r.store.current()
+		if c == nil || r.registered(c.CABundle) {
+			continue
+		}
+		err := Ensure(ctx, r.kube, r.target, c.CABundle)
+		if ctx.Err() != nil {
+			return
+		}
+		r.mu.Lock()
+		if err != nil {
+			r.lastErr = err
+		} else {
+			r.bundle, r.lastErr = c.CABundle, nil
+		}
+		r.mu.Unlock()
+		if err != nil {
+			attempts++
+			registered.Set(0)
+			registrationErrors.Inc()
+			wait := bo.Step()
+			r.log.Error("sidecar webhook not registered; pods asking for the sidecar are rejected until it is",
+				"err", err, "attempt", attempts, "retryIn", wait)
+			retry = time.After(wait)
+			continue
+		}
+		attempts, bo = 0, retryBackoff()
+		registered.Set(1)
+		r.log.Info("sidecar webhook registered", "configuration", ConfigName, "caBundleBytes", len(c.CABundle))
+		if first && r.onRegistered != nil {
+			r.onRegistered()
+		}
+		first = false
+	}
+}
+
+func (r *registrar) registered(bundle []byte) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.bundle != nil && bytes.Equal(r.bundle, bundle)
+}
+
+// ready is nil once the served certificate's bundle is registered.
+func (r *registrar) ready() error {
+	c := r.store.current()
+	if c == nil {
+		return errors.New("no certificate yet")
+	}
+	if r.registered(c.CABundle) {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastErr != nil {
+		return fmt.Errorf("not registered: %w", r.lastErr)
+	}
+	return errors.New("not registered yet")
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 
 	"k8s.io/client-go/kubernetes"
 )
@@ -16,9 +17,10 @@ import (
 type RunConfig struct {
 	// Listen is the HTTPS address (e.g. 0.0.0.0:9443, or 127.0.0.1:0 out of cluster).
 	Listen string
-	// CertDir holds tls.crt/tls.key[/ca.crt] (a mounted Secret); empty
-	// generates a CA and a certificate for Hosts at start.
-	CertDir string
+	// Certs is where the serving certificate comes from: a SecretSource in
+	// cluster, a DirSource for mounted files. Nil generates one in memory
+	// for Hosts (or URLHost) at start, as out of cluster.
+	Certs CertSource
 	// Hosts the generated certificate is valid for.
 	Hosts []string
 	// URLHost, when set, registers https://URLHost:<bound port>/mutate-pods
@@ -28,54 +30,70 @@ type RunConfig struct {
 	Sidecar SidecarConfig
 	Logger  *slog.Logger
 	// Ready, if set, receives the registered URL or service once the
-	// configuration is in place.
+	// configuration is first in place.
 	Ready func(where string)
+	// Listening, if set, receives the bound address (Listen may ask for port 0).
+	Listening func(addr string)
 }
 
-// Run serves the webhook and keeps it registered until ctx ends.
+// Run serves the webhook with the source's current certificate and keeps
+// the configuration trusting it, until ctx ends. A failing registration or
+// certificate source is retried and logged at once, and /readyz fails
+// meanwhile; Run returns early only if the listener or the source fails for
+// good.
 func Run(ctx context.Context, kube kubernetes.Interface, cfg RunConfig) error {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
 	}
-	var certs *Certs
-	var err error
-	if cfg.CertDir != "" {
-		certs, err = LoadCerts(cfg.CertDir)
-	} else {
+	src := cfg.Certs
+	if src == nil {
 		hosts := cfg.Hosts
 		if len(hosts) == 0 && cfg.URLHost != "" {
 			hosts = []string{cfg.URLHost}
 		}
-		if len(hosts) == 0 {
-			return errors.New("webhook: a generated certificate needs hosts")
-		}
-		certs, err = GenerateCerts(hosts...)
+		src = &GeneratedSource{Hosts: hosts, Log: log}
 	}
-	if err != nil {
-		return fmt.Errorf("webhook certificate: %w", err)
-	}
-	srv, err := Listen(cfg.Listen, certs.Cert, &Handler{Sidecar: cfg.Sidecar, Log: cfg.Logger})
+	st := newCertStore(log)
+	reg := &registrar{kube: kube, target: cfg.Target, store: st, log: log}
+	srv, err := listen(cfg.Listen, st.getCertificate, reg.ready, &Handler{Sidecar: cfg.Sidecar, Log: log})
 	if err != nil {
 		return fmt.Errorf("webhook listen: %w", err)
 	}
-	t := cfg.Target
-	where := t.ServiceNamespace + "/" + t.Service
+	if cfg.Listening != nil {
+		cfg.Listening(srv.Addr())
+	}
+	where := reg.target.ServiceNamespace + "/" + reg.target.Service
 	if cfg.URLHost != "" {
 		_, p, _ := net.SplitHostPort(srv.Addr())
-		t.URL = "https://" + net.JoinHostPort(cfg.URLHost, p) + Path
-		where = t.URL
+		reg.target.URL = "https://" + net.JoinHostPort(cfg.URLHost, p) + Path
+		where = reg.target.URL
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ctx) }()
-	if err := Ensure(ctx, kube, t, certs.CABundle); err != nil {
-		<-errc
-		return err
+	reg.onRegistered = func() {
+		log.Info("sidecar webhook serving", "at", where, "listen", srv.Addr())
+		if cfg.Ready != nil {
+			cfg.Ready(where)
+		}
 	}
-	cfg.Logger.Info("sidecar webhook registered", "at", where, "listen", srv.Addr())
-	if cfg.Ready != nil {
-		cfg.Ready(where)
-	}
-	return <-errc
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var srcErr, srvErr error
+	wg.Go(func() {
+		if err := src.Run(ctx, st.publish); err != nil {
+			srcErr = fmt.Errorf("webhook certificate: %w", err)
+			cancel()
+		}
+	})
+	wg.Go(func() {
+		if err := srv.Serve(ctx); err != nil {
+			srvErr = fmt.Errorf("webhook serve: %w", err)
+			cancel()
+		}
+	})
+	wg.Go(func() { reg.run(ctx) })
+	wg.Wait()
+	return errors.Join(srcErr, srvErr)
 }
 
 // ParseService reads "namespace/name[:port]" (port default 443).

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,13 +23,6 @@ const Path = "/mutate-pods"
 
 // maxBody bounds an AdmissionReview (the API server sends at most ~3 MiB objects).
 const maxBody = 8 << 20
-
-var reviews = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "kvmesh_webhook_reviews_total", Help: "Admission reviews by outcome (injected, skipped, rejected, bad_request).",
-}, []string{"outcome"})
-
-// Register adds the webhook's metrics to r.
-func Register(r prometheus.Registerer) error { return r.Register(reviews) }
 
 func intstrPort(p int) intstr.IntOrString { return intstr.FromInt32(int32(p)) }
 
@@ -106,14 +98,23 @@ func (h *Handler) Review(body []byte) (*admissionv1.AdmissionReview, error) {
 	return out, nil
 }
 
-// Server is the webhook's HTTPS server.
+// Server is the webhook's HTTPS server: the webhook on Path, liveness on
+// /healthz (it serves) and readiness on /readyz (its certificate is the one
+// the API server is told to trust).
 type Server struct {
 	srv *http.Server
 	ln  net.Listener
 }
 
-// Listen binds addr with the certificate; Serve runs it.
+// Listen binds addr with a fixed certificate, always ready; Serve runs it.
 func Listen(addr string, cert tls.Certificate, h http.Handler) (*Server, error) {
+	return listen(addr, func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }, nil, h)
+}
+
+// listen binds addr; each TLS handshake presents getCert's certificate, so
+// a rotated one is served from the next connection on. ready (nil: always)
+// answers /readyz.
+func listen(addr string, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), ready func() error, h http.Handler) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -121,9 +122,18 @@ func Listen(addr string, cert tls.Certificate, h http.Handler) (*Server, error) 
 	mux := http.NewServeMux()
 	mux.Handle(Path, h)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	})
 	srv := &http.Server{
 		Handler:           mux,
-		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		TLSConfig:         &tls.Config{GetCertificate: getCert, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 	}

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,13 +20,17 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvmesh/kvmesh/internal/kubetest"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{})) }
+// The API server authorizes with RBAC so the tests can act as the
+// orchestrator's ServiceAccount with rbac.yaml's rules; the admin is in
+// system:masters.
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{RBAC: true})) }
 
 func enginePod(name string, labels, ann map[string]string) *corev1.Pod {
 	return &corev1.Pod{
@@ -313,4 +318,69 @@ func TestOutageRejectsOnlyEnginePods(t *testing.T) {
 			t.Errorf("pod labelled %v blocked by the webhook outage: %v", labels, err)
 		}
 	}
+}
+
+// manifests/orchestrator/webhook.yaml is the configuration the orchestrator
+// writes for the install's Service, caBundle aside: after
+// `kubectl apply --server-side` and the orchestrator's write, the
+// orchestrator owns caBundle alone, and applying the manifest again (an
+// upgrade) neither conflicts nor drops the CA.
+func TestWebhookManifest(t *testing.T) {
+	s := kubetest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := kubernetes.NewForConfigOrDie(s.Config)
+	api := admin.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	_ = api.Delete(ctx, ConfigName, metav1.DeleteOptions{})
+	t.Cleanup(func() { _ = api.Delete(context.Background(), ConfigName, metav1.DeleteOptions{}) })
+	manifest := manifestObjects(t, "webhook.yaml")[0]
+	apply := func() error {
+		_, err := api.Patch(ctx, ConfigName, types.ApplyPatchType, manifest, metav1.PatchOptions{FieldManager: "kubectl"})
+		return err
+	}
+	if err := apply(); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := api.Get(ctx, ConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := GenerateCerts("kvmesh-orchestrator.kvmesh.svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := Target{ServiceNamespace: "kvmesh", Service: "kvmesh-orchestrator", ServicePort: 443}
+	if err := Ensure(ctx, admin, install, certs.CABundle); err != nil {
+		t.Fatal(err)
+	}
+	got, err := api.Get(ctx, ConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Everything but the bundle is as applied (both defaulted by the API server).
+	w := got.Webhooks[0].DeepCopy()
+	w.ClientConfig.CABundle = nil
+	if !equality(w, &applied.Webhooks[0]) {
+		t.Errorf("the orchestrator's configuration differs from webhook.yaml's:\n%+v\nvs\n%+v", w, applied.Webhooks[0])
+	}
+	for _, mf := range got.ManagedFields {
+		if mf.Manager == "kubectl" || mf.FieldsV1 == nil {
+			continue
+		}
+		if f := string(mf.FieldsV1.Raw); strings.Count(f, `"f:`) != strings.Count(f, `"f:caBundle"`)+strings.Count(f, `"f:clientConfig"`)+strings.Count(f, `"f:webhooks"`) {
+			t.Errorf("manager %s owns more than caBundle: %s", mf.Manager, f)
+		}
+	}
+	if err := apply(); err != nil {
+		t.Fatalf("re-applying webhook.yaml after the orchestrator's write: %v", err)
+	}
+	if b := registeredBundle(ctx, admin); !bytes.Equal(b, certs.CABundle) {
+		t.Error("re-applying webhook.yaml dropped the CA bundle")
+	}
+}
+
+func equality(a, b any) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
 }

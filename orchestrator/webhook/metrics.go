@@ -1,0 +1,39 @@
+package webhook
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The webhook's metrics, registered by Register.
+var (
+	reviews = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_webhook_reviews_total", Help: "Admission reviews by outcome (injected, skipped, rejected, bad_request).",
+	}, []string{"outcome"})
+	registered = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvmesh_webhook_registered",
+		Help: "1 when the MutatingWebhookConfiguration holds the CA bundle of the certificate being served, else 0.",
+	})
+	registrationErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_webhook_registration_errors_total", Help: "Failed attempts to register the MutatingWebhookConfiguration (each is retried).",
+	})
+	certErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_webhook_certificate_errors_total", Help: "Failed attempts to read, create or renew the serving certificate (each is retried).",
+	})
+	certReloads = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_webhook_certificate_loads_total", Help: "Serving certificates loaded (the first and every rotation or renewal).",
+	})
+	certNotAfter = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvmesh_webhook_certificate_expiry_timestamp_seconds", Help: "When the serving certificate expires (Unix time).",
+	})
+)
+
+// Register adds the webhook's metrics to r.
+func Register(r prometheus.Registerer) error {
+	var errs []error
+	for _, c := range []prometheus.Collector{reviews, registered, registrationErrors, certErrors, certReloads, certNotAfter} {
+		errs = append(errs, r.Register(c))
+	}
+	return errors.Join(errs...)
+}
