@@ -23,8 +23,10 @@ import (
 // registered; applying again (an upgrade) keeps both; `kubectl delete -k`
 // removes the cluster-scoped configuration, which deleting the namespace
 // alone would leave behind.
+//
+// It has an API server of its own: the uninstall deletes CRDs and the
+// namespace kvmesh, which stays Terminating here (no namespace controller).
 func TestInstallAndUninstallWithKubectl(t *testing.T) {
-	s := kubetest.Shared(t)
 	kc, err := exec.LookPath("kubectl")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -32,6 +34,7 @@ func TestInstallAndUninstallWithKubectl(t *testing.T) {
 		}
 		t.Skip("kubectl not installed")
 	}
+	s := kubetest.StartT(t, kubetest.Options{RBAC: true})
 	dir := filepath.Join("..", "..", "manifests", "orchestrator")
 	kubectl := func(args ...string) {
 		t.Helper()
