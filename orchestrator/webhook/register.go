@@ -141,6 +141,7 @@ func (r *registrar) run(ctx context.Context) {
 		r.mu.Lock()
 		r.bundle = nil // no longer in place: readiness fails until written again
 		r.mu.Unlock()
+		registered.Set(0)
 		select {
 		case drift <- struct{}{}:
 		default:

@@ -297,6 +297,9 @@ func TestReplacedConfigurationRegisteredAgain(t *testing.T) {
 		code, _ := in.readyz()
 		return code == http.StatusServiceUnavailable
 	})
+	if promtest.ToFloat64(registered) != 0 {
+		t.Error("kvmesh_webhook_registered stays 1 without the configuration")
+	}
 	if _, err := api.Create(ctx, manifestWebhook(t), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
