@@ -28,6 +28,9 @@ func FuzzParseReplay(f *testing.F) {
 	f.Add(join(nil, []byte("topic"), seq, []byte("payload")))
 	f.Add(join(nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
 	f.Add(join([]byte("x"), seq, []byte("p")))
+	// ff×8 is the end marker's seq: with a payload it is no batch either.
+	f.Add(join(nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, []byte("p")))
+	f.Add(join(nil, []byte("topic"), []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, []byte("p")))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		frames := splitBytes(b, 0xFE)
@@ -44,7 +47,7 @@ func FuzzParseReplay(f *testing.F) {
 			}
 			return
 		}
-		if len(frames) > 4 || len(payload) == 0 || s != binary.BigEndian.Uint64(frames[len(frames)-2]) {
+		if len(frames) > 4 || len(payload) == 0 || s != binary.BigEndian.Uint64(frames[len(frames)-2]) || s == 1<<64-1 {
 			t.Fatalf("data reply %q parsed as seq %d payload %q", frames, s, payload)
 		}
 	})

@@ -33,7 +33,7 @@ func NewSubscriberCollector(engine string, sub *Subscriber) *SubscriberCollector
 			{d("gaps", "Sequence gaps seen on the live socket."), func(s SubscriberStats) uint64 { return s.Gaps }},
 			{d("replays", "Replay requests sent to the engine."), func(s SubscriberStats) uint64 { return s.Replays }},
 			{d("replayed", "Batches recovered through replay."), func(s SubscriberStats) uint64 { return s.Replayed }},
-			{d("replay_failures", "Replay exchanges that timed out."), func(s SubscriberStats) uint64 { return s.ReplayFailures }},
+			{d("replay_failures", "Replay exchanges that timed out or ran past the batch bound."), func(s SubscriberStats) uint64 { return s.ReplayFailures }},
 			{d("resets", "Engine restarts detected (sequence went backwards)."), func(s SubscriberStats) uint64 { return s.Resets }},
 			{d("lost_history", "Holes in the event stream that could not be replayed."), func(s SubscriberStats) uint64 { return s.LostHistory }},
 			{d("decode_errors", "Payloads that failed to decode (skipped)."), func(s SubscriberStats) uint64 { return s.DecodeErrors }},

@@ -14,6 +14,10 @@ import (
 // live duplicates that follow are recognised by their payload hash.
 const noLive = math.MaxUint64
 
+// endSeq is the seq of vLLM's replay end marker (ff×8, i.e. -1): it never
+// numbers a batch, live or replayed.
+const endSeq = math.MaxUint64
+
 // recover fills rank rs's hole [from, live) through its replay socket and
 // delivers what it gets, in order. Batches at or after live are ignored
 // here: they arrive (or arrived) on the live socket. Whatever cannot be
@@ -78,6 +82,7 @@ type replayExchange struct {
 	verify              bool   // the first reply is the last delivered batch, to compare
 	lastSum             uint64 // its checksum
 	replies             int
+	prev                uint64 // the last reply's seq: replies must increase
 	restarted, timedOut bool
 }
 
@@ -102,17 +107,32 @@ func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) e
 			return nil
 		}
 		seq, payload, end, valid := parseReplay(frames)
+		if valid && !end && x.replies > 0 && seq <= x.prev {
+			valid = false // an engine replays its buffer in order, once
+		}
 		if !valid {
+			// Not progress: a server repeating garbage or old batches
+			// forever must not hold the socket loop past the timeout.
 			s.st.malformed.Add(1)
 			continue
 		}
 		if end {
 			return nil
 		}
+		if x.replies >= s.cfg.MaxReplayBatches {
+			// More batches than any engine buffers: end the exchange as if
+			// it had timed out (a fresh socket drops what else comes).
+			s.st.replayFailures.Add(1)
+			s.cfg.Logger.Warn("kv events replay too long", "rank", rs.rank, "endpoint", rs.replayEP, "batches", x.replies)
+			s.resetDealer(rs)
+			x.timedOut = true
+			return nil
+		}
 		// The timeout bounds silence, not the whole exchange: a long replay
 		// to a slow consumer is progress.
 		deadline = time.Now().Add(s.cfg.ReplayTimeout)
 		x.replies++
+		x.prev = seq
 		if x.verify && x.replies == 1 && seq == from-1 && xxh3.Hash(payload) != x.lastSum {
 			x.restarted = true // read on to the end marker, then start over
 		}
@@ -175,7 +195,11 @@ func parseReplay(frames [][]byte) (seq uint64, payload []byte, end, valid bool) 
 	if len(frames) > 4 || len(seqFrame) != 8 {
 		return 0, nil, false, false
 	}
-	return binary.BigEndian.Uint64(seqFrame), last, false, true
+	seq = binary.BigEndian.Uint64(seqFrame)
+	if seq == endSeq {
+		return 0, nil, false, false // the end marker's seq never numbers a batch
+	}
+	return seq, last, false, true
 }
 
 func (s *Subscriber) resetDealer(rs *rankState) {

@@ -65,11 +65,11 @@ type SubscriberStats struct {
 	Gaps           uint64 // live seq jumped ahead (or first sight after seq 0)
 	Replays        uint64 // replay requests sent
 	Replayed       uint64 // batches delivered from replay
-	ReplayFailures uint64 // replay exchanges that timed out
+	ReplayFailures uint64 // replay exchanges that timed out or ran past MaxReplayBatches
 	Resets         uint64 // seq went backwards: engine restarted
 	LostHistory    uint64 // holes that could not be filled
 	DecodeErrors   uint64 // payloads that did not decode (counted, skipped, reported as lost history)
-	Malformed      uint64 // messages with the wrong frame layout (skipped)
+	Malformed      uint64 // messages with the wrong frame layout or seq ff×8, replay replies out of order (skipped)
 	Duplicates     uint64 // live batches already delivered through replay (skipped)
 	Probes         uint64 // idle probes (replay requests not caused by a gap)
 	UnknownEvents  uint64 // events of unknown types skipped inside delivered batches
@@ -351,9 +351,16 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 		s.st.malformed.Add(1)
 		return nil
 	}
+	seq := binary.BigEndian.Uint64(frames[1])
+	if seq == endSeq {
+		// Never a batch's seq. Taken as one, it would wrap last+1 to 0
+		// and the next real batch would replay (and deliver twice)
+		// everything from 0.
+		s.st.malformed.Add(1)
+		return nil
+	}
 	s.st.received.Add(1)
 	rs.lastMsg = time.Now()
-	seq := binary.BigEndian.Uint64(frames[1])
 	switch {
 	case rs.has && seq == rs.last+1:
 	case rs.has && seq > rs.last+1:

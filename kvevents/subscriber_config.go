@@ -45,6 +45,12 @@ type SubscriberConfig struct {
 	// 2s): no reply for this long ends it, and what was not replayed counts
 	// as lost history.
 	ReplayTimeout time.Duration
+	// MaxReplayBatches bounds the replies read in one replay exchange
+	// (default 1,000,000; vLLM buffers 10,000 batches by default): a replay
+	// server that streams without end is cut off there, counted as a replay
+	// failure, and what it did not deliver is lost history. Keep it above
+	// the engine's buffer_steps.
+	MaxReplayBatches int
 	// ReplayOnStart requests every rank's replay buffer from seq 0 as soon
 	// as the subscriber starts, so a sidecar (re)started next to an idle
 	// engine learns its cache without waiting for the next event. Batches
@@ -66,11 +72,12 @@ type SubscriberConfig struct {
 // DefaultSubscriberConfig returns the defaults applied to zero fields.
 func DefaultSubscriberConfig() SubscriberConfig {
 	return SubscriberConfig{
-		DPSize:        1,
-		QueueSize:     1024,
-		RcvHWM:        100000,
-		ReplayTimeout: 2 * time.Second,
-		PollInterval:  50 * time.Millisecond,
+		DPSize:           1,
+		QueueSize:        1024,
+		RcvHWM:           100000,
+		ReplayTimeout:    2 * time.Second,
+		MaxReplayBatches: 1_000_000,
+		PollInterval:     50 * time.Millisecond,
 	}
 }
 
@@ -87,6 +94,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.ReplayTimeout == 0 {
 		c.ReplayTimeout = d.ReplayTimeout
+	}
+	if c.MaxReplayBatches == 0 {
+		c.MaxReplayBatches = d.MaxReplayBatches
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = d.PollInterval
@@ -120,6 +130,9 @@ func (c *SubscriberConfig) Validate() error {
 	}
 	if c.ReplayTimeout < 0 {
 		errs = append(errs, fmt.Errorf("ReplayTimeout %v is negative", c.ReplayTimeout))
+	}
+	if c.MaxReplayBatches < 0 {
+		errs = append(errs, fmt.Errorf("MaxReplayBatches %d is negative", c.MaxReplayBatches))
 	}
 	if c.IdleProbe < 0 {
 		errs = append(errs, fmt.Errorf("IdleProbe %v is negative", c.IdleProbe))

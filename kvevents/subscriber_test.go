@@ -674,6 +674,13 @@ func TestDPPortOffsets(t *testing.T) {
 // subscription is up; every message of the join is drained.
 func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *kvevents.Subscriber) {
 	t.Helper()
+	return joinedRawPubCfg(t, first, kvevents.SubscriberConfig{})
+}
+
+// joinedRawPubCfg is joinedRawPub with a subscriber configured by cfg (its
+// Endpoint is set to the raw PUB's).
+func joinedRawPubCfg(t *testing.T, first []byte, cfg kvevents.SubscriberConfig) (*zmq.Socket, *kvevents.Subscriber) {
+	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		t.Fatal(err)
@@ -688,7 +695,8 @@ func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *kvevents.Subscriber
 		t.Fatal(err)
 	}
 	last, _ := pub.GetLastEndpoint()
-	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: zmqep.Connectable(last)})
+	cfg.Endpoint = zmqep.Connectable(last)
+	sub := newTestSubscriber(t, cfg)
 	deadline := time.Now().Add(10 * time.Second)
 	for sub.Stats().Received == 0 {
 		if time.Now().After(deadline) {

@@ -292,6 +292,21 @@ func (p *Publisher) Publish(b *kvevents.Batch) (uint64, error) {
 	return seq, nil
 }
 
+// SendRaw sends frames on the live socket as they are, outside the
+// sequence and the replay buffer: malformed or hostile messages for fault
+// tests.
+func (p *Publisher) SendRaw(frames ...any) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("send raw: %w", kvevents.ErrClosed)
+	}
+	if _, err := p.pub.SendMessage(frames...); err != nil {
+		return fmt.Errorf("send raw: %w", err)
+	}
+	return nil
+}
+
 // DropNext makes the next n batches skip the live socket (they still enter
 // the replay buffer), as if the PUB high-water mark had dropped them.
 func (p *Publisher) DropNext(n int) {

@@ -1,0 +1,177 @@
+package kvevents_test
+
+import (
+	"math"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+	zmqep "github.com/kvmesh/kvmesh/kvevents/internal/endpoint"
+	"github.com/kvmesh/kvmesh/kvevents/kvtest"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// rogueMode is how a fake replay server answers a request for seq 0..
+type rogueMode int
+
+const (
+	rogueSilent  rogueMode = iota // reads requests, never answers
+	rogueGarbage                  // answers with malformed replies, without end
+	roguePartial                  // answers seqs 0-2, then stops (no end marker)
+	rogueRepeat                   // answers seq 0 again and again
+	rogueEndless                  // answers 0, 1, 2, … without end
+)
+
+// rogueReplay runs a ROUTER that answers every replay request in mode, with
+// payload as every batch, until the test ends. Its goroutine owns the socket.
+func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, err := zctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sock.SetLinger(0)
+	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := sock.GetLastEndpoint()
+	quit, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(quit); <-done; _ = sock.Close(); _ = zctx.Term() })
+	go func() {
+		defer close(done)
+		poller := zmq.NewPoller()
+		poller.Add(sock, zmq.POLLIN)
+		var peer []byte
+		var next uint64
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if peer == nil || mode == rogueSilent || mode == roguePartial && next > 2 {
+				polled, err := poller.Poll(10 * time.Millisecond)
+				if err != nil || len(polled) == 0 {
+					continue
+				}
+				req, err := sock.RecvMessageBytes(0)
+				if err != nil || len(req) != 3 {
+					continue
+				}
+				peer, next = req[0], 0
+				continue
+			}
+			var err error
+			switch mode {
+			case rogueGarbage:
+				_, err = sock.SendMessage(peer, "not-empty", seq8(next), payload)
+			case rogueRepeat:
+				_, err = sock.SendMessage(peer, "", seq8(0), payload)
+			default:
+				_, err = sock.SendMessage(peer, "", seq8(next), payload)
+				next++
+			}
+			if err != nil {
+				peer = nil
+			}
+			// Paced, so the flood stays small; the subscriber must end the
+			// exchange however fast or slow the server chatters.
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return zmqep.Connectable(ep)
+}
+
+// TestReplayServerFaults: a gap is followed by a replay exchange with a
+// faulty server. Whatever it does, the exchange ends (the socket loop is
+// not held: the live batch after the gap is delivered), the fault is
+// counted, what was not replayed is lost history, nothing is delivered
+// twice or out of order (view.handle checks), and Close leaves no goroutine.
+func TestReplayServerFaults(t *testing.T) {
+	beforeAll := runtime.NumGoroutine()
+	good := readFixture(t, "vllm_batch_array_form.msgpack")
+	cases := []struct {
+		name     string
+		mode     rogueMode
+		down     bool
+		lostFrom uint64 // 0: no lost history expected
+		replayed uint64
+	}{
+		{name: "down", down: true, lostFrom: 1},
+		{name: "silent", mode: rogueSilent, lostFrom: 1},
+		{name: "garbage", mode: rogueGarbage, lostFrom: 1},
+		{name: "partial", mode: roguePartial, lostFrom: 3, replayed: 2},
+		{name: "repeats-forever", mode: rogueRepeat, lostFrom: 1},
+		{name: "streams-forever", mode: rogueEndless, replayed: 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			replay := "tcp://127.0.0.1:1" // nothing listens on port 1
+			if !tc.down {
+				replay = rogueReplay(t, tc.mode, good)
+			}
+			pub, sub := joinedRawPubCfg(t, good, kvevents.SubscriberConfig{
+				ReplayEndpoint: replay, ReplayTimeout: 300 * time.Millisecond, MaxReplayBatches: 50,
+			})
+			v := newView()
+			v.last[0] = 0 // seq 0 was delivered by the join
+			if _, err := pub.SendMessage("", seq8(5), good); err != nil {
+				t.Fatal(err)
+			}
+			pump(t, sub, v, "the live batch after the gap", func() bool { return v.last[0] == 5 })
+			st := sub.Stats()
+			if st.ReplayFailures == 0 || st.Replays != 1 || st.Replayed != tc.replayed {
+				t.Fatalf("stats %+v: want one replay, counted as failed, %d batches replayed", st, tc.replayed)
+			}
+			switch {
+			case tc.lostFrom == 0 && len(v.lost) != 0:
+				t.Fatalf("lost history %+v, want none", v.lost)
+			case tc.lostFrom != 0 && (len(v.lost) != 1 || v.lost[0].From != tc.lostFrom || v.lost[0].Seq != 5):
+				t.Fatalf("lost history %+v, want [%d, 5)", v.lost, tc.lostFrom)
+			}
+			if tc.mode == rogueGarbage && !tc.down && st.Malformed == 0 {
+				t.Fatalf("garbage replies not counted: %+v", st)
+			}
+		})
+	}
+	// The subtests' servers and subscribers are closed by now (Cleanup).
+	testutil.WaitFor(t, 5*time.Second, "goroutines to stop", func() bool { return runtime.NumGoroutine() <= beforeAll })
+}
+
+// TestLiveEndMarkerSeq: a live message numbered ff×8 (the replay end
+// marker's seq, never a batch's) is malformed. Taken as a batch it wrapped
+// the next expected seq to 0, so the next real batch replayed everything
+// from 0 and delivered it a second time.
+func TestLiveEndMarkerSeq(t *testing.T) {
+	good := readFixture(t, "vllm_batch_array_form.msgpack")
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 21)
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
+	v := newView()
+	connect(t, sub, v, eng)
+	for i := 0; i < 5; i++ {
+		eng.step()
+	}
+	pump(t, sub, v, "caught up", func() bool { return v.last[0] == eng.pub.NextSeq()-1 })
+	base := sub.Stats()
+
+	if err := eng.pub.SendRaw("", seq8(math.MaxUint64), good); err != nil {
+		t.Fatal(err)
+	}
+	eng.step()
+	pump(t, sub, v, "the next batch", func() bool { return v.last[0] == eng.pub.NextSeq()-1 })
+	st := sub.Stats()
+	if st.Malformed-base.Malformed != 1 || st.Delivered-base.Delivered != 1 || st.Replayed != base.Replayed || len(v.lost)+len(v.resets) != 0 {
+		t.Fatalf("stats %+v (before %+v), lost %+v, resets %+v: want one malformed message and one batch", st, base, v.lost, v.resets)
+	}
+	if !equalTo(v, eng)() {
+		t.Fatal("view differs from the engine")
+	}
+}
