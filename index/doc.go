@@ -24,8 +24,9 @@
 // engine elements: 12-bit slot, 3 tier bits, 1 speculative bit), homed on
 // 64-byte lines; keys on more than four engines keep two elements inline and
 // the rest in 64-byte chunks of one arena. Engine ids map to small slots (at
-// most MaxEngines per Index). Large arrays live in their own mappings backed
-// by transparent huge pages on Linux (mem_linux.go).
+// most MaxEngines at once; ClearEngine releases a slot for reuse, so engines
+// that come and go do not use them up). Large arrays live in their own
+// mappings backed by transparent huge pages on Linux (mem_linux.go).
 //
 // Lookup searches a chain by default (search.go): it probes spread-out keys
 // in rounds and applies the spans between probes with equal elements by

@@ -59,9 +59,17 @@ type Index struct {
 
 	mu sync.RWMutex // guards everything below
 	t  *table
-	// slots maps an engine id to its small slot; names is the reverse.
+	// slots maps an engine id to its small slot; names is the reverse
+	// ("" for a released slot). names is copied on write once a slot is
+	// released: lookup Results keep the slice they saw, read without mu.
 	slots map[string]uint16
 	names []string
+	// free lists released slots (ClearEngine), reused before new ones, so
+	// engines that come and go do not use up MaxEngines.
+	free []uint16
+	// gens[slot] counts the slot's releases: speculative records of an
+	// earlier holder of the slot are void.
+	gens []uint32
 	// counts[slot][tier] is how many keys the engine holds per tier;
 	// counts[slot][3] its live speculative keys.
 	counts [][4]int
@@ -89,17 +97,43 @@ func (x *Index) slotLocked(engine string, create bool) (uint16, bool) {
 	if s, ok := x.slots[engine]; ok {
 		return s, true
 	}
-	if !create || len(x.names) >= MaxEngines {
+	if !create || len(x.slots) >= MaxEngines {
 		if create {
 			x.dropped++
 		}
 		return 0, false
 	}
+	if n := len(x.free); n > 0 {
+		s := x.free[n-1]
+		x.free = x.free[:n-1]
+		x.slots[engine] = s
+		x.setName(s, engine)
+		return s, true
+	}
 	s := uint16(len(x.names))
 	x.slots[engine] = s
 	x.names = append(x.names, engine)
+	x.gens = append(x.gens, 0)
 	x.counts = append(x.counts, [4]int{})
 	return s, true
+}
+
+// setName changes a slot's name in a copy of names (see Index.names).
+func (x *Index) setName(s uint16, engine string) {
+	names := make([]string, len(x.names), cap(x.names))
+	copy(names, x.names)
+	names[s] = engine
+	x.names = names
+}
+
+// releaseLocked frees engine's slot, which holds nothing any more, for
+// reuse by another engine.
+func (x *Index) releaseLocked(engine string, s uint16) {
+	delete(x.slots, engine)
+	x.setName(s, "")
+	x.gens[s]++
+	x.counts[s] = [4]int{}
+	x.free = append(x.free, s)
 }
 
 func tierBit(tier kvevents.Tier) uint16 {
@@ -157,7 +191,9 @@ func (x *Index) Remove(engine string, tier kvevents.Tier, keys []uint64) {
 }
 
 // ClearEngine drops everything engine holds, in every tier, speculative
-// entries included. The engine keeps its slot.
+// entries included, and releases its slot: the engine is forgotten until
+// it is written again (maybe in another slot), and engines that come and
+// go reuse slots instead of using up MaxEngines.
 func (x *Index) ClearEngine(engine string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -166,6 +202,7 @@ func (x *Index) ClearEngine(engine string) {
 		return
 	}
 	x.clearSlotLocked(slot)
+	x.releaseLocked(engine, slot)
 }
 
 // clearSlotLocked walks the whole table: clears are rare (engine restart).
@@ -228,7 +265,7 @@ func (x *Index) AddSpeculative(engine string, keys []uint64, now time.Time) {
 		added++
 	}
 	if added > 0 {
-		x.spec.push(now.Add(x.cfg.SpeculativeTTL).UnixNano(), slot, keys)
+		x.spec.push(now.Add(x.cfg.SpeculativeTTL).UnixNano(), slot, x.gens[slot], keys)
 	}
 }
 
@@ -247,6 +284,9 @@ func (x *Index) expireLocked(now time.Time) {
 		if !ok {
 			return
 		}
+		if r.gen != x.gens[r.slot] {
+			continue // the slot was released since (ClearEngine cleared these)
+		}
 		c := &x.counts[r.slot]
 		for _, k := range keys {
 			if x.t.clearBits(k, r.slot, specBit)&specBit != 0 {
@@ -263,14 +303,18 @@ type EngineStats struct {
 	Speculative int
 }
 
-// Engines returns per-engine key counts, in slot order.
+// Engines returns per-engine key counts, in slot order (engines cleared
+// with ClearEngine are not listed).
 func (x *Index) Engines() []EngineStats {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	out := make([]EngineStats, len(x.names))
+	out := make([]EngineStats, 0, len(x.slots))
 	for i, n := range x.names {
+		if s, ok := x.slots[n]; !ok || int(s) != i {
+			continue // released
+		}
 		c := x.counts[i]
-		out[i] = EngineStats{Engine: n, Keys: [3]int{c[0], c[1], c[2]}, Speculative: c[3]}
+		out = append(out, EngineStats{Engine: n, Keys: [3]int{c[0], c[1], c[2]}, Speculative: c[3]})
 	}
 	return out
 }
@@ -294,8 +338,8 @@ type MemStats struct {
 	OverflowKeys  int     // keys held by more than the inline engines (using chunks)
 	TableBytes    int     // bytes of the hash table and the overflow chunk arena
 	BytesPerEntry float64 // TableBytes / Entries
-	Engines       int
-	DroppedWrites uint64 // writes refused because MaxEngines was reached
+	Engines       int     // engines known now (released slots excluded)
+	DroppedWrites uint64  // writes refused because MaxEngines was reached
 }
 
 // MemStats returns the current memory statistics. It walks the engine
@@ -308,7 +352,7 @@ func (x *Index) MemStats() MemStats {
 		Keys:          t.used,
 		Buckets:       len(t.b),
 		OverflowKeys:  t.ovKeys,
-		Engines:       len(x.names),
+		Engines:       len(x.slots),
 		DroppedWrites: x.dropped,
 	}
 	if t.zeroUsed {

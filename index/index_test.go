@@ -366,3 +366,56 @@ func TestClearDropsSpeculation(t *testing.T) {
 		t.Fatalf("%+v", ms)
 	}
 }
+
+// TestEnginesComingAndGoing: engines that are cleared (they left) give their
+// slot back, so a long run with many engines coming and going neither grows
+// the engine table nor reaches MaxEngines (before, the 4096th engine ever
+// seen was refused and every write for it dropped).
+func TestEnginesComingAndGoing(t *testing.T) {
+	x := newIndex(t)
+	now := time.Unix(100, 0)
+	x.Store("stays", kvevents.TierGPU, []uint64{1, 2})
+	const n = 3 * (MaxEngines + 1) // even: the last pair leaves too
+	for i := 0; i < n; i++ {
+		e := "e" + strconv.Itoa(i)
+		x.Store(e, kvevents.Tier(i%3), []uint64{uint64(i) + 10, uint64(i) + 11})
+		x.AddSpeculative(e, []uint64{uint64(i) + 12}, now)
+		if i%2 == 1 { // two at a time: the previous one leaves now
+			x.ClearEngine("e" + strconv.Itoa(i-1))
+			x.ClearEngine(e)
+		}
+	}
+	ms := x.MemStats()
+	if ms.DroppedWrites != 0 || ms.Engines != 1 || len(x.Engines()) != 1 || len(x.names) > 3 || ms.Entries != 2 {
+		t.Fatalf("after %d engines came and went: %+v, %d slots, engines %+v", n, ms, len(x.names), x.Engines())
+	}
+	var res Result
+	x.Lookup([]uint64{1, 2}, &res)
+	if len(res.Slots) != 1 || res.Engine(res.Slots[0]) != "stays" || res.Get(res.Slots[0]).GPU != 2 {
+		t.Fatalf("lookup %v", res.Slots)
+	}
+	x.Store("new", kvevents.TierGPU, []uint64{7})
+	x.Lookup([]uint64{7}, &res)
+	if len(res.Slots) != 1 || res.Engine(res.Slots[0]) != "new" {
+		t.Fatalf("a new engine after the churn: slots %v", res.Slots)
+	}
+}
+
+// TestReusedSlotKeepsItsSpeculation: the speculative records of an engine
+// whose slot was released do not expire the next holder's entries.
+func TestReusedSlotKeepsItsSpeculation(t *testing.T) {
+	x := newIndex(t) // SpeculativeTTL 1s
+	t0 := time.Unix(50, 0)
+	x.AddSpeculative("a", []uint64{5}, t0)
+	x.ClearEngine("a")
+	x.AddSpeculative("b", []uint64{5}, t0.Add(500*time.Millisecond)) // gets a's slot
+	x.ExpireSpeculative(t0.Add(time.Second))                         // a's record is due, b's is not
+	if es := x.Engines(); len(es) != 1 || es[0].Engine != "b" || es[0].Speculative != 1 {
+		t.Fatalf("engines %+v", es)
+	}
+	var res Result
+	x.Lookup([]uint64{5}, &res)
+	if len(res.Slots) != 1 || res.Get(res.Slots[0]).Spec != 1 {
+		t.Fatal("b's speculative entry expired with a's record")
+	}
+}

@@ -49,8 +49,9 @@ func (r *Result) Engine(s uint16) string {
 	return ""
 }
 
-// Slot returns engine's slot and whether the index knows it. Slots are stable
-// for the life of the Index, so callers may cache them.
+// Slot returns engine's slot and whether the index knows it. A slot is
+// stable until ClearEngine releases it (another engine may get it then), so
+// resolve slots under the same lookup, as LookupFor does.
 func (x *Index) Slot(engine string) (uint16, bool) {
 	x.mu.RLock()
 	s, ok := x.slots[engine]

@@ -17,11 +17,12 @@ type specQueue struct {
 type specRec struct {
 	exp  int64
 	slot uint16
+	gen  uint32 // the slot's generation: a record of a released slot is void
 	off  int
 	n    int
 }
 
-func (q *specQueue) push(exp int64, slot uint16, keys []uint64) {
+func (q *specQueue) push(exp int64, slot uint16, gen uint32, keys []uint64) {
 	if q.head == len(q.recs) {
 		// Empty: restart both buffers from the beginning.
 		q.recs, q.head = q.recs[:0], 0
@@ -29,7 +30,7 @@ func (q *specQueue) push(exp int64, slot uint16, keys []uint64) {
 	} else if q.head > 1024 && q.head*2 > len(q.recs) {
 		q.compact()
 	}
-	q.recs = append(q.recs, specRec{exp: exp, slot: slot, off: len(q.keys), n: len(keys)})
+	q.recs = append(q.recs, specRec{exp: exp, slot: slot, gen: gen, off: len(q.keys), n: len(keys)})
 	q.keys = append(q.keys, keys...)
 }
 
