@@ -77,9 +77,15 @@ func (m *Materializer) tick(now time.Time) {
 			m.snapshotLocked(e, "retry")
 		}
 		if views == nil {
-			if e.synced && !e.snapshotting && now.Sub(e.lastMsg) >= m.cfg.IdleCheck {
+			switch {
+			case e.synced && !e.snapshotting && now.Sub(e.lastMsg) >= m.cfg.IdleCheck:
 				e.lastMsg = now // one probe per IdleCheck
 				m.snapshotLocked(e, "idle check")
+			case !e.synced && !e.snapshotting && now.Sub(e.lastMsg) > 10*m.cfg.SnapshotTimeout:
+				// No sidecar answered (cleared) and no delta came for long:
+				// the engine left. Kept, it would be retried forever and every
+				// engine that ever came and went would stay in memory.
+				m.forgetLocked(e, "unreachable")
 			}
 			continue
 		}

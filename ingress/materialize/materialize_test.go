@@ -3,6 +3,8 @@ package materialize_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -278,4 +281,65 @@ func TestIdleCheckClearsVanishedEngineWithoutGossip(t *testing.T) {
 	})
 	_ = s.Close()
 	testutil.WaitFor(t, 10*time.Second, "vanished engine cleared", func() bool { return len(idx.Engines()) == 0 })
+}
+
+// TestEnginesComingAndGoingWithoutGossip: without Membership, engines that
+// left (their sidecar no longer answers, no delta comes) are forgotten, not
+// only cleared: after many engines came and went the materializer and the
+// real index hold nothing for them. Before, each stayed in the engine map
+// and was re-snapshotted with backoff forever.
+func TestEnginesComingAndGoingWithoutGossip(t *testing.T) {
+	srv := testutil.NATS(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Logger = nc, idx, slog.New(slog.DiscardHandler)
+	cfg.CheckInterval, cfg.IdleCheck, cfg.SnapshotTimeout = 10*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
+	m, err := materialize.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mdone := make(chan error, 1)
+	go func() { mdone <- m.Run(ctx) }()
+	defer func() { cancel(); <-mdone }()
+
+	const engines = 20
+	for i := 0; i < engines; i++ {
+		id := "e" + strconv.Itoa(i)
+		keys := []uint64{uint64(i)*10 + 1, uint64(i)*10 + 2, uint64(i)*10 + 3}
+		// A sidecar for the engine's lifetime: it serves one snapshot and
+		// publishes one delta, then the engine goes away.
+		var buf []byte
+		snap, err := nc.Subscribe(natsutil.SnapSubject("m", id), func(msg *nats.Msg) {
+			c := kvevents.SnapshotChunk{Engine: id, Model: "m", Epoch: 1, Seq: 1, Chunks: 1,
+				Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: keys}}}
+			buf = kvevents.AppendSnapshotChunk(buf[:0], &c)
+			_ = msg.Respond(buf)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		d := kvevents.Delta{Engine: id, Model: "m", Epoch: 1, Seq: 1, Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: keys}}}
+		if err := nc.Publish(natsutil.DeltaSubject("m", id), kvevents.AppendDelta(nil, &d)); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 10*time.Second, id+" indexed", func() bool { return idx.KeyCount(id, kvevents.TierGPU) == 3 })
+		if err := snap.Unsubscribe(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, 30*time.Second, "every engine that left forgotten", func() bool {
+		return len(m.Status()) == 0 && m.KeyCount() == 0 && len(idx.Engines()) == 0 && idx.MemStats().Entries == 0
+	})
 }
