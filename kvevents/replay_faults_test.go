@@ -1,6 +1,7 @@
 package kvevents_test
 
 import (
+	"context"
 	"math"
 	"runtime"
 	"testing"
@@ -173,5 +174,54 @@ func TestLiveEndMarkerSeq(t *testing.T) {
 	}
 	if !equalTo(v, eng)() {
 		t.Fatal("view differs from the engine")
+	}
+}
+
+// TestBigBatchesDoNotStayInMemory: the decode slots reuse their slices, so
+// each used to keep the capacity of the biggest batch it ever held: after a
+// burst of big batches (a long prefill) QueueSize+2 of them stayed in memory
+// for good. A slot that held a batch far bigger than the next one now lets
+// it go.
+func TestBigBatchesDoNotStayInMemory(t *testing.T) {
+	small := readFixture(t, "vllm_batch_array_form.msgpack")
+	big := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 16, Medium: "GPU"}
+	for i := uint64(0); i < 1<<16; i++ { // 1M tokens: ~5 MiB decoded
+		big.BlockHashes = append(big.BlockHashes, 1<<40+i)
+		for j := uint32(0); j < 16; j++ {
+			big.TokenIDs = append(big.TokenIDs, 1000+j)
+		}
+	}
+	bigPayload := kvtest.AppendBatch(nil, &kvevents.Batch{Events: []kvevents.Event{big}}, kvtest.ArrayForm)
+	big = kvevents.Event{}
+	const slots = 8 + 2 // QueueSize + 2
+	pub, sub := joinedRawPubCfg(t, small, kvevents.SubscriberConfig{QueueSize: 8})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seq := uint64(0)
+	send := func(payload []byte, n int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			seq++
+			if _, err := pub.SendMessage("", seq8(seq), payload); err != nil {
+				t.Fatal(err)
+			}
+			m, err := sub.Next(ctx)
+			if err != nil || m.Kind != kvevents.MsgBatch || m.Seq != seq {
+				t.Fatalf("message %+v, %v; want batch %d", m, err, seq)
+			}
+		}
+	}
+	heap := func() uint64 {
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	send(small, 2*slots)
+	before := heap()
+	send(bigPayload, slots) // every slot holds a big batch once
+	send(small, 2*slots)    // then only small ones
+	if after := heap(); after > before+(16<<20) {
+		t.Fatalf("heap %d MiB after the big batches passed, %d MiB before", after>>20, before>>20)
 	}
 }

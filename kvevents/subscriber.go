@@ -109,6 +109,9 @@ type Subscriber struct {
 
 	out  chan Message
 	ring []Batch // decode slots: QueueSize+2 so a slot is never reused while queued or held
+	// peak[i] is the biggest payload decoded into ring[i] since its slices
+	// were last dropped (see deliver).
+	peak []int
 	pos  int
 
 	quit chan struct{}
@@ -133,6 +136,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		cfg:  cfg,
 		out:  make(chan Message, cfg.QueueSize),
 		ring: make([]Batch, cfg.QueueSize+2),
+		peak: make([]int, cfg.QueueSize+2),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -266,6 +270,11 @@ func (s *Subscriber) closeSockets() {
 		_ = s.zctx.Term() // returns once every socket is closed (linger 0)
 	}
 }
+
+// slotKeepBytes is the payload size a decode slot's slices may stay sized
+// for: reusing them makes decoding allocation-free, but past this a slot
+// drops them once a much smaller batch comes.
+const slotKeepBytes = 256 << 10
 
 // maxDrain bounds the messages read from one rank per poll, so one busy
 // rank cannot starve the others.
@@ -410,6 +419,12 @@ func (s *Subscriber) reset(rs *rankState, seq uint64, why string) error {
 // counted and reported as a one-batch hole.
 func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed bool) error {
 	slot := &s.ring[s.pos]
+	if p := &s.peak[s.pos]; *p > slotKeepBytes && len(payload) < *p/4 {
+		// The slot's slices are sized for a far bigger batch: let them go,
+		// or every slot would keep the biggest batch it ever held.
+		*slot, *p = Batch{}, 0
+	}
+	s.peak[s.pos] = max(s.peak[s.pos], len(payload))
 	s.pos = (s.pos + 1) % len(s.ring)
 	rs.last, rs.has = seq, true
 	rs.remember(seq, xxh3.Hash(payload))
