@@ -1,7 +1,9 @@
 package sidecar
 
 import (
+	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -167,5 +169,62 @@ func BenchmarkStateApply(b *testing.B) {
 		s.apply(0, &batch)
 		ops := s.takePending()
 		s.pending = ops[:0] // reuse, as flush does not (deltas own their ops)
+	}
+}
+
+// TestStateMemoryStaysBounded: a long run of stores, removes, location
+// updates, cache clears and rank restarts, each cycle with new hashes and a
+// new cache salt, leaves the state no bigger after 2N cycles than after N:
+// per-rank maps, key counts, roots and pending ops are bounded by what the
+// engine holds now, not by what it ever held.
+func TestStateMemoryStaysBounded(t *testing.T) {
+	s := newState("m", 4, 2)
+	const blocks = 256
+	next := uint64(1)
+	cycle := func(c int) {
+		r := c % 2
+		hashes := make([]uint64, blocks)
+		for i := range hashes {
+			hashes[i] = next
+			next++
+		}
+		ev := stored(hashes, nil, toks(c*7, blocks*4), "GPU")
+		ev.CacheSalt = "salt-" + strconv.Itoa(c) // per-user salts: roots must stay bounded
+		b := kvevents.Batch{Events: []kvevents.Event{ev, stored(hashes[:blocks/2], nil, nil, "CPU")}}
+		s.apply(r, &b)
+		b = kvevents.Batch{Events: []kvevents.Event{removed("GPU", hashes[:blocks/2]...), removed("CPU", hashes[blocks/4:blocks/2]...)}}
+		s.apply(r, &b)
+		switch c % 3 {
+		case 0:
+			s.dropRank(r) // the rank's engine restarted
+		case 1:
+			b = kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared}}}
+			s.apply(r, &b)
+		}
+		_ = s.takePending() // published as a delta
+	}
+	size := func() (entries int, heap uint64) {
+		for _, m := range s.ranks {
+			entries += len(m)
+		}
+		for _, m := range s.keyRefs {
+			entries += len(m)
+		}
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		return entries, ms.HeapAlloc
+	}
+	const n = 1500
+	for c := 0; c < n; c++ {
+		cycle(c)
+	}
+	e1, h1 := size()
+	for c := n; c < 2*n; c++ {
+		cycle(c)
+	}
+	e2, h2 := size()
+	if e2 > 4*blocks || e2 > e1+2*blocks || len(s.roots) > 1024 || len(s.pending) != 0 || h2 > h1+(4<<20) {
+		t.Fatalf("after %d cycles: %d entries, %d roots, heap %d KiB; after %d: %d entries, heap %d KiB", n, e1, len(s.roots), h1>>10, 2*n, e2, h2>>10)
 	}
 }
