@@ -25,6 +25,9 @@ type rankState struct {
 	has     bool
 	hist    [histSize]histEntry // direct-mapped by seq % histSize
 	lastMsg time.Time           // last live message or probe, for idle probes
+	// replayFails counts replay exchanges failed in a row (timed out or
+	// cut off): idle probes back off while the replay socket is down.
+	replayFails int
 }
 
 type histEntry struct {

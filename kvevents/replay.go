@@ -104,6 +104,7 @@ func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) e
 			s.cfg.Logger.Warn("kv events replay timed out", "rank", rs.rank, "endpoint", rs.replayEP)
 			s.resetDealer(rs)
 			x.timedOut = true
+			rs.replayFails++
 			return nil
 		}
 		seq, payload, end, valid := parseReplay(frames)
@@ -117,6 +118,7 @@ func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) e
 			continue
 		}
 		if end {
+			rs.replayFails = 0
 			return nil
 		}
 		if x.replies >= s.cfg.MaxReplayBatches {
@@ -126,6 +128,7 @@ func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) e
 			s.cfg.Logger.Warn("kv events replay too long", "rank", rs.rank, "endpoint", rs.replayEP, "batches", x.replies)
 			s.resetDealer(rs)
 			x.timedOut = true
+			rs.replayFails++
 			return nil
 		}
 		// The timeout bounds silence, not the whole exchange: a long replay

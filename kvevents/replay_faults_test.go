@@ -225,3 +225,20 @@ func TestBigBatchesDoNotStayInMemory(t *testing.T) {
 		t.Fatalf("heap %d MiB after the big batches passed, %d MiB before", after>>20, before>>20)
 	}
 }
+
+// TestIdleProbeBacksOffWhileReplayIsDown: each failed probe holds the socket
+// loop for ReplayTimeout; while the replay socket stays down, probes back
+// off (doubling) instead of repeating every IdleProbe. Slowness can only
+// make the measured time longer, so the lower bound cannot flake.
+func TestIdleProbeBacksOffWhileReplayIsDown(t *testing.T) {
+	const probe, failures = 5 * time.Millisecond, 9
+	start := time.Now()
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://127.0.0.1:1",
+		IdleProbe: probe, ReplayTimeout: 10 * time.Millisecond, PollInterval: time.Millisecond})
+	testutil.WaitFor(t, 60*time.Second, "failed probes", func() bool { return sub.Stats().ReplayFailures >= failures })
+	// Backed off: the probes after the first waited 2, 4, … 256 × IdleProbe
+	// (2.55 s in all); without it, 9 probes take 9 × (IdleProbe + timeout).
+	if elapsed := time.Since(start); elapsed < 200*probe {
+		t.Fatalf("%d failed probes in %v: no backoff (stats %+v)", failures, elapsed, sub.Stats())
+	}
+}

@@ -338,7 +338,7 @@ func (s *Subscriber) probeIdle() error {
 	}
 	now := time.Now()
 	for _, rs := range s.ranks {
-		if rs.dealer == nil || now.Sub(rs.lastMsg) < s.cfg.IdleProbe {
+		if rs.dealer == nil || now.Sub(rs.lastMsg) < s.probeInterval(rs) {
 			continue
 		}
 		rs.lastMsg = now
@@ -352,6 +352,21 @@ func (s *Subscriber) probeIdle() error {
 		}
 	}
 	return nil
+}
+
+// maxProbeBackoff bounds how far probes of a rank whose replay fails back off.
+const maxProbeBackoff = time.Minute
+
+// probeInterval is IdleProbe, doubled for each replay exchange of rs that
+// failed in a row (up to maxProbeBackoff, or IdleProbe if longer): each
+// failed probe holds the socket loop for ReplayTimeout, so a replay socket
+// that is down must not cost that every IdleProbe.
+func (s *Subscriber) probeInterval(rs *rankState) time.Duration {
+	d := s.cfg.IdleProbe
+	for i := 0; i < rs.replayFails && d < maxProbeBackoff; i++ {
+		d *= 2
+	}
+	return max(min(d, maxProbeBackoff), s.cfg.IdleProbe)
 }
 
 // onLive handles one live [topic, seq, payload] message.

@@ -60,7 +60,8 @@ type SubscriberConfig struct {
 	// has been quiet this long (and again every IdleProbe while quiet): it
 	// recovers batches lost at the end of a burst and notices an engine that
 	// restarted and stayed idle. The first probe runs at start (like
-	// ReplayOnStart). Zero disables probes.
+	// ReplayOnStart). While replay exchanges fail in a row the interval
+	// doubles per failure, up to a minute. Zero disables probes.
 	IdleProbe time.Duration
 	// PollInterval is how often the socket loop checks for Close (default
 	// 50ms); it bounds Close latency, not message latency.
