@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -96,11 +97,49 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["sidecar-image"] {
+		// In a pod, injected sidecars run the orchestrator's own image, so
+		// a kustomize images: pin (or an upgrade) moves both together.
+		if img, err := ownImage(ctx, restCfg, os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")); err != nil {
+			cfg.Logger.Warn("sidecar image: own image unknown, using the default", "image", sc.Image, "err", err)
+		} else if img != "" {
+			sc.Image = img
+		}
+	}
 	wcfg, err := webhookRunConfig(*webhookAddr, *webhookListen, *svc, *certDir, *certSecret, set)
 	if err != nil {
 		return err
 	}
 	return runOrchestratorParts(ctx, restCfg, ctrl, wcfg, sc, *failOpen, *metricsAddr, cfg.Logger, stdout)
+}
+
+// ownImage is the image of this process's container, read from its own pod
+// (env POD_NAMESPACE and POD_NAME, from the downward API): the container
+// named "orchestrator", else the pod's only one. "" with no error out of a
+// pod (the variables unset).
+func ownImage(ctx context.Context, restCfg *rest.Config, ns, name string) (string, error) {
+	if ns == "" || name == "" {
+		return "", nil
+	}
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return "", err
+	}
+	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pod, err := kube.CoreV1().Pods(ns).Get(gctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "orchestrator" {
+			return c.Image, nil
+		}
+	}
+	if len(pod.Spec.Containers) == 1 {
+		return pod.Spec.Containers[0].Image, nil
+	}
+	return "", fmt.Errorf("pod %s/%s has no container named orchestrator", ns, name)
 }
 
 // webhookRunConfig maps the webhook flags onto a RunConfig (nil: no

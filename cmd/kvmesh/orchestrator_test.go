@@ -70,6 +70,16 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		t.Fatalf("listing secrets as the orchestrator: %v, want Forbidden", err)
 	}
 
+	// Its own pod, as the Deployment's downward API names it: injected
+	// sidecars get its image (read under RBAC).
+	const ownImg = "registry.example/kvmesh:v1.2.3"
+	if _, err := admin.CoreV1().Pods("kvmesh").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "kvmesh-orchestrator-0"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "orchestrator", Image: ownImg}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("POD_NAMESPACE", "kvmesh")
+	t.Setenv("POD_NAME", "kvmesh-orchestrator-0")
+
 	octx, stop := context.WithCancel(context.Background())
 	var out, errOut testutil.SyncBuffer
 	done := make(chan error, 1)
@@ -107,6 +117,9 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		for _, p := range l.Items {
 			if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Name != "kvmesh-sidecar" {
 				return false
+			}
+			if img := p.Spec.InitContainers[0].Image; img != ownImg {
+				t.Fatalf("injected sidecar image %q, want the orchestrator's own %q", img, ownImg)
 			}
 		}
 		return true
@@ -268,5 +281,35 @@ func TestWebhookRunConfigFlags(t *testing.T) {
 				t.Errorf("hosts %v, want %v", cfg.Hosts, tc.hosts)
 			}
 		})
+	}
+}
+
+// The Deployment passes the pod's name and namespace, from which the
+// orchestrator reads its own image for injected sidecars
+// (TestOrchestratorUnderRBAC checks the image of the sidecars it injects).
+func TestOrchestratorDeploymentNamesItsPod(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "manifests", "orchestrator", "deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := kubetest.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+	for _, o := range objs {
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range cs {
+			env, _, _ := unstructured.NestedSlice(c.(map[string]any), "env")
+			for _, e := range env {
+				path, _, _ := unstructured.NestedString(e.(map[string]any), "valueFrom", "fieldRef", "fieldPath")
+				if name, _ := e.(map[string]any)["name"].(string); want[name] == path {
+					delete(want, name)
+				}
+			}
+		}
+	}
+	if len(want) != 0 {
+		t.Fatalf("deployment.yaml lacks the downward-API variables %v", want)
 	}
 }
