@@ -367,7 +367,7 @@ func TestWebhookManifest(t *testing.T) {
 		if mf.Manager == "kubectl" || mf.FieldsV1 == nil {
 			continue
 		}
-		if f := string(mf.FieldsV1.Raw); strings.Count(f, `"f:`) != strings.Count(f, `"f:caBundle"`)+strings.Count(f, `"f:clientConfig"`)+strings.Count(f, `"f:webhooks"`) {
+		if f := mf.FieldsV1.GetRawString(); strings.Count(f, `"f:`) != strings.Count(f, `"f:caBundle"`)+strings.Count(f, `"f:clientConfig"`)+strings.Count(f, `"f:webhooks"`) {
 			t.Errorf("manager %s owns more than caBundle: %s", mf.Manager, f)
 		}
 	}
