@@ -106,17 +106,7 @@ func (c *Controller) refuseNames(ctx context.Context, u *unstructured.Unstructur
 		return nil // said already
 	}
 	c.recorder.Event(md, corev1.EventTypeWarning, reasonInvalidName, msg)
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
-	if err != nil {
-		return err
-	}
-	u = u.DeepCopy()
-	u.Object["status"] = obj
-	_, err = c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
-	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		return nil // a newer version is on its way through the informer
-	}
-	return err
+	return c.writeStatus(ctx, u, md, &st)
 }
 
 // execute carries out a plan: deletions, creations, then each new group as

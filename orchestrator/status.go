@@ -120,7 +120,12 @@ func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructu
 	if reflect.DeepEqual(st, md.Status) {
 		return nil
 	}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	return c.writeStatus(ctx, u, md, &st)
+}
+
+// writeStatus writes st as md's status subresource (u is md as read).
+func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, st *v1alpha1.ModelDeploymentStatus) error {
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
 	if err != nil {
 		return err
 	}

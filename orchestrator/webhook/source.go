@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kvmesh/kvmesh/internal/backoff"
 )
 
 // CertSource yields the webhook's serving certificate and keeps it current.
@@ -77,18 +79,6 @@ func retryBackoff() wait.Backoff {
 	return wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 2 * time.Minute}
 }
 
-// sleep waits d or until ctx ends (false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // GeneratedSource makes a CA and a serving certificate in memory at start
 // (out of cluster: nothing else needs them) and renews the certificate, with
 // the same CA, two thirds into its lifetime.
@@ -124,7 +114,7 @@ func (g *GeneratedSource) Run(ctx context.Context, publish func(*Certs)) error {
 		}
 		publish(c)
 		renewAt, _ := c.Check(g.Hosts, now)
-		if !sleep(ctx, time.Until(renewAt)) {
+		if !backoff.Sleep(ctx, time.Until(renewAt)) {
 			return nil
 		}
 	}
@@ -167,7 +157,7 @@ func (d *DirSource) Run(ctx context.Context, publish func(*Certs)) error {
 			last = c
 			publish(c)
 		}
-		if !sleep(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return nil
 		}
 	}
