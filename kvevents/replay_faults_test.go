@@ -52,6 +52,10 @@ func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
 		poller.Add(sock, zmq.POLLIN)
 		var peer []byte
 		var next uint64
+		// Paced by a ticker, so the flood stays small; the subscriber must
+		// end the exchange however fast or slow the server chatters.
+		pace := time.NewTicker(time.Millisecond)
+		defer pace.Stop()
 		for {
 			select {
 			case <-quit:
@@ -83,9 +87,11 @@ func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
 			if err != nil {
 				peer = nil
 			}
-			// Paced, so the flood stays small; the subscriber must end the
-			// exchange however fast or slow the server chatters.
-			time.Sleep(time.Millisecond)
+			select {
+			case <-quit:
+				return
+			case <-pace.C:
+			}
 		}
 	}()
 	return zmqep.Connectable(ep)
