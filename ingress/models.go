@@ -70,8 +70,10 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 		if c := cards[id]; c != nil {
 			return c
 		}
+		var tag [respTagLen]byte
+		engineTag(tag[:], id) // FNV-1a: a stable permission id per model
 		c := &modelCard{ID: id, Object: "model", Created: created, OwnedBy: "kvmesh", Permission: []modelPermission{{
-			ID: fmt.Sprintf("modelperm-%016x", fnv64(id)), Object: "model_permission", Created: created,
+			ID: "modelperm-" + string(tag[:]), Object: "model_permission", Created: created,
 			AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*"}}}
 		if parent != "" {
 			c.Parent = &parent
@@ -115,15 +117,6 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, map[string]any{"object": "list", "data": out})
 }
 
-// fnv64 is the FNV-1a hash of s (a stable permission id per model).
-func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
 
 func (s *Server) startUnix() int64 { return s.created.Unix() }
 
