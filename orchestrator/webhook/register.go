@@ -156,7 +156,6 @@ func (r *registrar) run(ctx context.Context) {
 	defer wg.Wait()
 	wg.Go(func() { inf.RunWithContext(ctx) })
 
-	bo := retryBackoff()
 	var retry <-chan time.Time // set while a failed attempt waits for its retry
 	attempts := 0
 	first := true
@@ -186,16 +185,16 @@ func (r *registrar) run(ctx context.Context) {
 		}
 		r.mu.Unlock()
 		if err != nil {
+			wait := retryBackoff.Delay(attempts)
 			attempts++
 			registered.Set(0)
 			registrationErrors.Inc()
-			wait := bo.Step()
 			r.log.Error("sidecar webhook not registered; pods asking for the sidecar are rejected until it is",
 				"err", err, "attempt", attempts, "retryIn", wait)
 			retry = time.After(wait)
 			continue
 		}
-		attempts, bo = 0, retryBackoff()
+		attempts = 0
 		registered.Set(1)
 		r.log.Info("sidecar webhook registered", "configuration", ConfigName, "caBundleBytes", len(c.CABundle))
 		if first && r.onRegistered != nil {

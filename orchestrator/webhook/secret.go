@@ -77,7 +77,7 @@ func (s *SecretSource) Run(ctx context.Context, publish func(*Certs)) error {
 	defer cancel()
 	wg.Go(func() { inf.RunWithContext(ctx) })
 
-	bo := retryBackoff()
+	fails := 0 // in a row
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -93,10 +93,11 @@ func (s *SecretSource) Run(ctx context.Context, publish func(*Certs)) error {
 				return nil
 			}
 			certErrors.Inc()
-			next = bo.Step()
+			next = retryBackoff.Delay(fails)
+			fails++
 			logger(s.Log).Error("webhook certificate Secret", "secret", s.Namespace+"/"+s.Name, "err", err, "retryIn", next)
 		} else {
-			bo = retryBackoff()
+			fails = 0
 			publish(c)
 		}
 		timer.Reset(next)

@@ -5,12 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kvmesh/kvmesh/internal/backoff"
 )
@@ -74,10 +71,8 @@ func (s *certStore) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, erro
 }
 
 // retryBackoff is how sources and the registration retry: 1 s doubling to
-// 2 min, with 10 % jitter.
-func retryBackoff() wait.Backoff {
-	return wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 2 * time.Minute}
-}
+// 2 min, with 10 % jitter (Delay(n) for the n-th failure in a row, from 0).
+var retryBackoff = backoff.Backoff{Min: time.Second, Max: 2 * time.Minute, Jitter: 0.1}
 
 // GeneratedSource makes a CA and a serving certificate in memory at start
 // (out of cluster: nothing else needs them) and renews the certificate, with
@@ -139,7 +134,7 @@ func (d *DirSource) Run(ctx context.Context, publish func(*Certs)) error {
 	if every <= 0 {
 		every = 30 * time.Second
 	}
-	bo := retryBackoff()
+	fails := 0 // in a row
 	var last *Certs
 	for {
 		wait := every
@@ -147,10 +142,11 @@ func (d *DirSource) Run(ctx context.Context, publish func(*Certs)) error {
 		switch {
 		case err != nil:
 			certErrors.Inc()
-			wait = min(bo.Step(), every)
+			wait = min(retryBackoff.Delay(fails), every)
+			fails++
 			logger(d.Log).Error("webhook certificate: cannot read the certificate directory", "dir", d.Dir, "err", err, "retryIn", wait)
 		case !c.same(last):
-			bo = retryBackoff()
+			fails = 0
 			if _, cerr := c.Check(d.Hosts, time.Now()); cerr != nil {
 				logger(d.Log).Warn("webhook certificate from the directory does not verify", "dir", d.Dir, "err", cerr)
 			}
