@@ -117,7 +117,6 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, map[string]any{"object": "list", "data": out})
 }
 
-
 func (s *Server) startUnix() int64 { return s.created.Unix() }
 
 // readiness is /ready's judgement: the index has synced (or its grace has
