@@ -158,6 +158,11 @@ type KVMesh struct {
 	// long-prompt queue "saturated" and gave up the hits (mean TTFT 5.0 →
 	// 21 s); 0.5 is what the cross-validation ran with the bound.
 	SaturationQueue float64
+	// Hold is the router-side hold (hold.go): the router, not the engines,
+	// keeps the backlog once every engine has Hold.Seconds of this
+	// router's prefill queued. The policy itself does not hold (Pick
+	// ranks engines); the ingress and the benchmark that run it do.
+	Hold Hold
 	// Costs, when set, replaces PrefillRate, StepBase and DecodeSecPerToken
 	// per engine by its learned estimate (the fields are then unused).
 	Costs CostModel
@@ -181,6 +186,9 @@ type KVMeshConfig struct {
 	BalanceRequests     float64 `yaml:"balanceRequests"`
 	BalanceSeconds      float64 `yaml:"balanceSeconds"`
 	SaturationQueue     float64 `yaml:"saturationQueue"`
+	HoldSeconds         float64 `yaml:"holdSeconds"`
+	HoldAging           float64 `yaml:"holdAging"`
+	HoldAffinity        float64 `yaml:"holdAffinity"`
 }
 
 // DefaultKVMeshConfig is the kvmesh policy's default cost model (a 7B model
@@ -188,7 +196,8 @@ type KVMeshConfig struct {
 func DefaultKVMeshConfig() KVMeshConfig {
 	return KVMeshConfig{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7, DecodeWeight: 0.15,
 		DefaultOutputTokens: 128, ExternalityWeight: 1, StallWeight: 0.2, MissPenalty: 1, WaitingWeight: 2,
-		BalanceBound: 0, BalanceRequests: 4, BalanceSeconds: 1, SaturationQueue: 0}
+		BalanceBound: 0, BalanceRequests: 4, BalanceSeconds: 1, SaturationQueue: 0,
+		HoldSeconds: 2, HoldAging: 0.5, HoldAffinity: 0.5}
 }
 
 // Validate lists every problem, with paths under name.
@@ -207,6 +216,9 @@ func (k KVMeshConfig) Validate(name string) error {
 	p.NonNegative("balanceRequests", k.BalanceRequests)
 	p.NonNegative("balanceSeconds", k.BalanceSeconds)
 	p.NonNegative("saturationQueue", k.SaturationQueue)
+	p.NonNegative("holdSeconds", k.HoldSeconds)
+	p.NonNegative("holdAging", k.HoldAging)
+	p.NonNegative("holdAffinity", k.HoldAffinity)
 	return errors.Join(p.Errs()...)
 }
 
@@ -227,7 +239,8 @@ func KVMeshFrom(k KVMeshConfig) KVMesh {
 	return KVMesh{PrefillRate: k.PrefillRate, StepBase: k.StepBase, DecodeSecPerToken: k.DecodeSecPerToken,
 		DecodeWeight: k.DecodeWeight, DefaultOutputTokens: k.DefaultOutputTokens, ExternalityWeight: k.ExternalityWeight,
 		StallWeight: k.StallWeight, MissPenalty: k.MissPenalty, WaitingWeight: k.WaitingWeight, BalanceBound: k.BalanceBound,
-		BalanceRequests: k.BalanceRequests, BalanceSeconds: k.BalanceSeconds, SaturationQueue: k.SaturationQueue}
+		BalanceRequests: k.BalanceRequests, BalanceSeconds: k.BalanceSeconds, SaturationQueue: k.SaturationQueue,
+		Hold: Hold{Seconds: k.HoldSeconds, Aging: k.HoldAging, Affinity: k.HoldAffinity}}
 }
 
 // Validate lists every problem.
@@ -237,8 +250,8 @@ func (p KVMesh) Validate() error {
 		errs = append(errs, fmt.Errorf("kvmesh: prefillRate %v must be > 0", p.PrefillRate))
 	}
 	if p.StepBase < 0 || p.DecodeSecPerToken < 0 || p.DecodeWeight < 0 || p.DefaultOutputTokens < 0 || p.ExternalityWeight < 0 || p.StallWeight < 0 || p.MissPenalty < 0 || p.WaitingWeight < 0 ||
-		p.BalanceBound < 0 || p.BalanceRequests < 0 || p.BalanceSeconds < 0 || p.SaturationQueue < 0 {
-		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight, stallWeight, missPenalty, waitingWeight, balanceBound, balanceRequests, balanceSeconds and saturationQueue must be ≥ 0"))
+		p.BalanceBound < 0 || p.BalanceRequests < 0 || p.BalanceSeconds < 0 || p.SaturationQueue < 0 || p.Hold.Seconds < 0 || p.Hold.Aging < 0 || p.Hold.Affinity < 0 {
+		errs = append(errs, fmt.Errorf("kvmesh: stepBase, decodeSecPerToken, decodeWeight, defaultOutputTokens, externalityWeight, stallWeight, missPenalty, waitingWeight, balanceBound, balanceRequests, balanceSeconds, saturationQueue, holdSeconds, holdAging and holdAffinity must be ≥ 0"))
 	}
 	if len(errs) == 0 {
 		return nil
