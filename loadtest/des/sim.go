@@ -56,6 +56,8 @@ type sim struct {
 	decision scheduler.Decision
 	sreq     scheduler.Request
 
+	hold holdState // hold.go
+
 	out runStats
 }
 
@@ -119,8 +121,12 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 		return nil, fmt.Errorf("policy %s: %w", policy, err)
 	}
 	fin, _ := pol.(policies.Finisher)
+	var hold holdState
+	if k, ok := pol.(policies.KVMesh); ok && lr != nil && k.Hold.On() {
+		hold = holdState{rule: k.Hold, since: make([]time.Duration, len(reqs))}
+	}
 	s := &sim{
-		cfg: cfg, idx: idx, sched: sched, learner: lr, finisher: fin,
+		cfg: cfg, idx: idx, sched: sched, learner: lr, finisher: fin, hold: hold,
 		lat:     make([]latAcc, cfg.Engines),
 		ctx:     make([]engineCtx, cfg.Engines),
 		root:    kvevents.Root(cfg.Model, "", ""),
@@ -265,7 +271,16 @@ func (s *sim) onEvents(e int, now time.Duration, events []kvevents.Event) {
 	}
 }
 
+// dispatch routes request i, or holds it (hold.go).
 func (s *sim) dispatch(i int, now time.Duration) {
+	if s.holding() {
+		s.holdArrival(i, now)
+		return
+	}
+	s.send(i, now)
+}
+
+func (s *sim) send(i int, now time.Duration) {
 	s.applyDelayed(now)
 	if s.cfg.SnapshotInterval < 0 {
 		s.snapshot()
@@ -285,6 +300,9 @@ func (s *sim) dispatch(i int, now time.Duration) {
 	if err := s.sched.Schedule(&s.sreq, s.view, &s.decision); err != nil {
 		s.fail(i, now)
 		return
+	}
+	if s.holding() {
+		s.pickRoom(len(prompt))
 	}
 	e := s.ids[s.decision.Engine]
 	m := s.decision.Ranked[0].Match
@@ -369,6 +387,9 @@ func (s *sim) step(e int, now time.Duration) {
 		aw = append(aw, i)
 	}
 	s.awaitFirst[e] = aw
+	if len(s.hold.held) > 0 {
+		defer s.drainHeld(now) // first tokens freed room
+	}
 	for _, r := range res.Finished {
 		i, ok := s.byReq[r]
 		if !ok {
@@ -381,6 +402,10 @@ func (s *sim) step(e int, now time.Duration) {
 		v.LocalActiveTokens -= f.active
 		f.req = nil
 		res := r.Result()
+		if s.hold.since != nil {
+			h := s.hold.since[i]
+			res.Arrival, res.TTFT, res.QueueTime = res.Arrival-h, res.TTFT+h, res.QueueTime+h
+		}
 		s.ctx[e].prompt -= f.prompt
 		s.ctx[e].finGen += uint64(res.OutputTokens)
 		s.outPred.Observe(res.OutputTokens)
