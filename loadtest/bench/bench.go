@@ -150,8 +150,8 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, stallWeight %g, missPenalty %g, waitingWeight %g\n",
-			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.StallWeight, k.MissPenalty, k.WaitingWeight)
+		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, stallWeight %g, missPenalty %g, waitingWeight %g; hold %gs (aging %g, affinity %g)\n",
+			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.StallWeight, k.MissPenalty, k.WaitingWeight, k.Hold.Seconds, k.Hold.Aging, k.Hold.Affinity)
 	}
 	if err := rep.WriteTable(stdout); err != nil || o.Mode != "live" {
 		return err

@@ -67,8 +67,11 @@ type CostModel interface {
 // becomes uneven. The price is paid at the end of such a burst: the long
 // prompts' backlog drains last, so the run takes longer; StallWeight
 // below 1 narrows that (it lets long prompts use the short-request
-// engines' spare prefill time). The defaults sit at a local optimum:
-// docs/BENCHMARKS.md lists the variants measured.
+// engines' spare prefill time), and the router-side hold (Hold, hold.go)
+// removes it: the backlog waits in the router, where it can still go to
+// whichever engine frees room first, instead of in the engines' queues.
+// The defaults sit at a local optimum: docs/BENCHMARKS.md lists the
+// variants measured.
 type KVMesh struct {
 	// PrefillRate is prefill throughput in tokens/s. Default 30,000 (7B on
 	// an H100-class GPU).
