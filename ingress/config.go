@@ -200,6 +200,9 @@ type Config struct {
 
 	// Health configures passive ejection of failing engines (health.go).
 	Health HealthConfig `yaml:"health"`
+
+	// Hold bounds the kvmesh policy's router-side hold (hold.go).
+	Hold HoldConfig `yaml:"hold"`
 }
 
 // DefaultConfig returns the defaults for every field.
@@ -223,6 +226,7 @@ func DefaultConfig() Config {
 		SessionSlack:          8,
 		Scheduler:             registry.DefaultConfig(),
 		Health:                DefaultHealthConfig(),
+		Hold:                  DefaultHoldConfig(),
 		Cluster:               ClusterConfig{IndexSyncGrace: 30 * time.Second},
 	}
 }
@@ -301,6 +305,7 @@ func (c *Config) Validate() error {
 	c.PD.problems(bad)
 	c.Learn.problems(bad)
 	c.Health.problems(bad)
+	c.Hold.problems(bad)
 	c.TLS.problems(bad)
 	sc := c.Scheduler
 	sc.Defaults()

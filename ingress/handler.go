@@ -57,6 +57,7 @@ type call struct {
 	picked      string // the policy's pick, until reported finished (policyDone)
 	match       index.Match
 	pd          pdCall // the P/D plan and prefill leg (pd.go)
+	baton       bool   // released from the hold with its baton, not passed on yet (hold.go)
 
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
@@ -144,6 +145,9 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	}
 	c.tTokenize = time.Since(t)
 	if err := c.admit(ctx); err != nil {
+		return err
+	}
+	if err := c.holdStep(ctx); err != nil { // hold.go: the router-side hold
 		return err
 	}
 	if err := c.schedule(); err != nil {
@@ -307,7 +311,8 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 }
 
 // schedule computes the prompt's chain keys and ranks the engines: the
-// policy, session affinity, then the P/D step.
+// policy, the hold's pick of an engine with room (hold.go), session
+// affinity, then the P/D step.
 func (c *call) schedule() error {
 	s := c.s
 	c.policyDone() // a reschedule: the earlier pick is over
@@ -333,6 +338,7 @@ func (c *call) schedule() error {
 		return fmt.Errorf("%w: scheduler ranked no engine", ErrNoEngine)
 	}
 	c.picked = c.dec.Engine
+	c.holdPick() // hold.go: an engine with room first
 	if c.sreq.SessionEngine != "" {
 		c.keepSession()
 	}
@@ -667,6 +673,7 @@ func (c *call) finish() {
 			c.watch = nil
 		}
 		total := time.Since(c.start)
+		c.passBaton() // hold.go: a request that ends before charging an engine
 		if c.release != nil {
 			c.release()
 		}

@@ -152,6 +152,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	pre := up.prefill.Add(c.prefillCharge)
 	up.active.Add(c.activeCharge)
 	c.learnStart(up, pre) // learn.go
+	c.passBaton()         // hold.go: charged, the next held request may go
 }
 
 // firstByte ends the attempt's prefill charge; the answer has committed to
@@ -162,6 +163,7 @@ func (c *call) firstByte(up *upstream) {
 	up.progress.Store(time.Now().UnixNano())
 	up.prefill.Add(-c.prefillCharge)
 	c.prefillCharge = 0
+	c.s.holdWake() // hold.go: room may have freed
 }
 
 // endAttempt removes what startAttempt charged and is still charged.
@@ -171,6 +173,7 @@ func (c *call) endAttempt(up *upstream) {
 	up.active.Add(-c.activeCharge)
 	c.prefillCharge, c.activeCharge = 0, 0
 	c.learnEnd(up)
+	c.s.holdWake() // hold.go: room may have freed
 }
 
 // releaseConn ends the hold on the attempt's connection (idleConn.hold):

@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
 
 // Server is one ingress replica. New → Start → Close; Close drains.
@@ -71,6 +72,12 @@ type Server struct {
 	// in Start with gossip and a learner.
 	learnSh     learnSharer
 	learnShares *prometheus.CounterVec
+	// hold is the kvmesh policy's router-side hold rule and holdQ its held
+	// requests (hold.go); holdQ is nil when the hold is off. roomFn is
+	// engineRoom, bound once.
+	hold   policies.Hold
+	holdQ  *holdQueue
+	roomFn func(engine string) bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -112,14 +119,19 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var hold policies.Hold
 	if deps.Scheduler == nil {
-		sch, err := learningScheduler(&cfg, &deps, lr)
+		sch, h, err := learningScheduler(&cfg, &deps, lr)
 		if err != nil {
 			return nil, fmt.Errorf("new ingress: %w", err)
 		}
-		deps.Scheduler = sch
+		deps.Scheduler, hold = sch, h
 	}
 	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej, learn: lr}
+	if hold.On() && lr != nil && deps.PD == nil && cfg.PD.Policy == "" { // hold.go: not with P/D
+		s.hold, s.roomFn = hold, s.engineRoom
+		s.holdQ = newHoldQueue(hold, cfg.Hold, s.roomFn, func() time.Duration { return time.Since(s.created) })
+	}
 	if cfg.EngineAPIKey != "" {
 		s.engineAuth = []byte("Bearer " + cfg.EngineAPIKey)
 	}
@@ -176,6 +188,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		if err := rm.RegisterMetrics(deps.Registry); err != nil {
 			s.log.Warn("scheduler metrics not registered", "err", err)
 		}
+	}
+	if s.holdQ != nil {
+		s.holdQ.register(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
 	}
 	if s.learn != nil {
 		if err := deps.Registry.Register(newLearnCollector(s)); err != nil {
@@ -253,6 +268,13 @@ func (s *Server) Start(ctx context.Context) error {
 		go func() {
 			defer s.wg.Done()
 			s.health.probeLoop(s.quit, s.cfg.Health.EjectionTime/4)
+		}()
+	}
+	if s.holdQ != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.holdLoop() // hold.go
 		}()
 	}
 	if ctx != nil {

@@ -17,50 +17,55 @@ import (
 // holding only speculative entries when no materialized index is wired, so
 // routing still follows recent prefixes).
 func defaultScheduler(cfg *Config, deps *Deps) (Scheduler, error) {
-	return learningScheduler(cfg, deps, nil)
+	s, _, err := learningScheduler(cfg, deps, nil)
+	return s, err
 }
 
 // learningScheduler is defaultScheduler with lr, when not nil, as the
-// kvmesh policy's cost model (learn.go).
-func learningScheduler(cfg *Config, deps *Deps, lr *learn.Learner) (Scheduler, error) {
+// kvmesh policy's cost model (learn.go); hold is that policy's router-side
+// hold rule (hold.go), zero (off) for any other policy or without lr.
+func learningScheduler(cfg *Config, deps *Deps, lr *learn.Learner) (_ Scheduler, hold policies.Hold, _ error) {
 	if deps.Index == nil {
 		idx, err := index.New(index.Config{SpeculativeTTL: cfg.SpeculativeTTL, ExactLookup: cfg.ExactLookup})
 		if err != nil {
-			return nil, fmt.Errorf("local index: %w", err)
+			return nil, hold, fmt.Errorf("local index: %w", err)
 		}
 		deps.Index = idx
 	}
 	sc := cfg.Scheduler
 	if lr != nil {
-		if s, ok, err := learnedKVMesh(sc, deps, lr); ok || err != nil {
-			return s, err
+		if s, k, ok, err := learnedKVMesh(sc, deps, lr); ok || err != nil {
+			if err != nil {
+				return nil, hold, err
+			}
+			return s, k.Hold, nil
 		}
 	}
 	s, err := registry.New(sc, deps.Index, deps.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: %w", err)
+		return nil, hold, fmt.Errorf("scheduler: %w", err)
 	}
-	return s, nil
+	return s, hold, nil
 }
 
 // learnedKVMesh builds the scheduler as registry.New does, with lr set as
-// the kvmesh policy's Costs (the DES does the same); ok is false when the
-// policy is not kvmesh's.
-func learnedKVMesh(sc scheduler.Config, deps *Deps, lr *learn.Learner) (*scheduler.Scheduler, bool, error) {
+// the kvmesh policy's Costs (the DES does the same), and the policy; ok is
+// false when the policy is not kvmesh's.
+func learnedKVMesh(sc scheduler.Config, deps *Deps, lr *learn.Learner) (_ *scheduler.Scheduler, k policies.KVMesh, ok bool, _ error) {
 	sc.Defaults()
 	if err := registry.Validate(&sc); err != nil {
-		return nil, true, fmt.Errorf("scheduler: %w", err)
+		return nil, k, true, fmt.Errorf("scheduler: %w", err)
 	}
 	pol, err := registry.Policy(&sc)
 	if err != nil {
-		return nil, true, fmt.Errorf("scheduler: %w", err)
+		return nil, k, true, fmt.Errorf("scheduler: %w", err)
 	}
-	k, ok := pol.(policies.KVMesh)
+	k, ok = pol.(policies.KVMesh)
 	if !ok {
 		if c, isCloser := pol.(scheduler.Closer); isCloser {
 			_ = c.Close()
 		}
-		return nil, false, nil
+		return nil, k, false, nil
 	}
 	k.Costs = lr
 	var fp *yaml.Node
@@ -69,11 +74,11 @@ func learnedKVMesh(sc scheduler.Config, deps *Deps, lr *learn.Learner) (*schedul
 	}
 	fs, err := filters.Factory("filters", fp)
 	if err != nil {
-		return nil, true, fmt.Errorf("scheduler: %w", err)
+		return nil, k, true, fmt.Errorf("scheduler: %w", err)
 	}
 	s, err := scheduler.New(fs, k, deps.Index, scheduler.Options{TierWeights: sc.Weights(), Seed: sc.Seed, Logger: deps.Logger})
 	if err != nil {
-		return nil, true, fmt.Errorf("scheduler: %w", err)
+		return nil, k, true, fmt.Errorf("scheduler: %w", err)
 	}
-	return s, true, nil
+	return s, k, true, nil
 }
