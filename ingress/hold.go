@@ -121,15 +121,26 @@ func (q *holdQueue) register(reg prometheus.Registerer, cl prometheus.Labels) {
 		Help: "Requests waiting in the router-side hold now.", ConstLabels: cl}, func() float64 { return float64(q.n.Load()) }))
 }
 
-// anyRoom reports whether one of cands has room (without the lock's cache).
+// anyRoom reports whether one of cands has room (without the lock's
+// cache), or none can take the request: nothing to wait for (the
+// scheduler answers).
 func (q *holdQueue) anyRoom(cands []scheduler.Engine) bool {
+	some := false
 	for i := range cands {
-		if q.room(cands[i].ID) {
-			return true
+		if holdable(&cands[i]) {
+			if q.room(cands[i].ID) {
+				return true
+			}
+			some = true
 		}
 	}
-	return false
+	return !some
 }
+
+// holdable reports whether e can take the request at all: an unhealthy
+// engine, or a prefill-role one (P/D off: the scheduler drops it), has
+// room because nothing is sent there; its room must not release anyone.
+func holdable(e *scheduler.Engine) bool { return e.Healthy && e.Role != scheduler.RolePrefill }
 
 // holdVerdict is how a wait ended.
 type holdVerdict int
@@ -235,7 +246,12 @@ func (q *holdQueue) dispatchLocked() {
 
 // roomFor is anyRoom with each engine's room asked once per pass (under mu).
 func (q *holdQueue) roomFor(cands []scheduler.Engine) bool {
+	some := false
 	for i := range cands {
+		if !holdable(&cands[i]) {
+			continue
+		}
+		some = true
 		id := cands[i].ID
 		r, ok := q.seen[id]
 		if !ok {
@@ -246,7 +262,7 @@ func (q *holdQueue) roomFor(cands []scheduler.Engine) bool {
 			return true
 		}
 	}
-	return false
+	return !some
 }
 
 // pass hands the baton on: the released request charged its engine (or

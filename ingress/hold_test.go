@@ -66,7 +66,10 @@ type holdResult struct {
 func (r *holdRig) start(name string, key float64, done <-chan struct{}, res chan<- holdResult, engines ...string) {
 	cands := make([]scheduler.Engine, len(engines))
 	for i, e := range engines {
-		cands[i].ID = e
+		cands[i].ID, cands[i].Healthy = e, true
+		if id, ok := strings.CutSuffix(e, "!"); ok { // unhealthy
+			cands[i].ID, cands[i].Healthy = id, false
+		}
 	}
 	go func() {
 		v, b := r.q.wait(done, cands, key)
@@ -146,7 +149,8 @@ func TestHoldQueueOrderAndBaton(t *testing.T) {
 func TestHoldQueueOtherModelNotBlocked(t *testing.T) {
 	r := newHoldRig(t, policies.Hold{Seconds: 1, Aging: 0.5}, DefaultHoldConfig(), "a1", "a2", "b")
 	res := make(chan holdResult, 2)
-	r.startHeld(t, "model-a", 1, res, 1, "a1", "a2")
+	// a3 is unhealthy: its room (nothing is sent there) does not count.
+	r.startHeld(t, "model-a", 1, res, 1, "a1", "a2", "a3!")
 	r.startHeld(t, "model-b", 2, res, 2, "b")
 	r.setRoom("b", true)
 	r.q.wake()
@@ -183,6 +187,10 @@ func TestHoldQueueBounds(t *testing.T) {
 	r.start("room", 1, nil, res, "b")
 	if h := recv(t, res); h.v != holdNot {
 		t.Fatalf("%+v with room and nobody waiting, want not held", h)
+	}
+	r.start("no-engine", 1, nil, res, "a!")
+	if h := recv(t, res); h.v != holdNot {
+		t.Fatalf("%+v with no healthy engine, want not held (the scheduler answers)", h)
 	}
 	done := make(chan struct{})
 	r.start("canceled", 1, done, res, "a")
