@@ -39,7 +39,10 @@ type PickInput struct {
 // plane uses (Start), move the charge if the data plane served another one
 // (Start again), end its prefill charge at the first response byte
 // (FirstByte) and release it exactly once (Done). A Picked is owned by one
-// goroutine; it is pooled, so nothing may touch it after Done.
+// goroutine; it is pooled, so nothing may touch it after Done. With the
+// kvmesh policy's router-side hold (hold.go) Pick may wait, and a request
+// it released holds the next one back until Start charges it (or Done):
+// call Start as soon as the data plane sends.
 type Picked struct {
 	c       *call
 	rc      fasthttp.RequestCtx
