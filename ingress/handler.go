@@ -66,6 +66,7 @@ type call struct {
 	scratch                      []uint32
 	scratchText                  []byte
 	prefillCharge                int64 // tokens charged to the engine's prefill until the first byte
+	streamCharge                 int64 // the same when the request streams (upstream.streamPrefill)
 	activeCharge                 int64 // tokens charged to the engine's active set until the end
 	attempts                     int
 	status                       int

@@ -315,10 +315,11 @@ func (s *Server) holdLoop() {
 	}
 }
 
-// engineRoom reports whether engine id has room under the hold's rule.
+// engineRoom reports whether engine id has room under the hold's rule,
+// counting this replica's streamed requests' prefill only
+// (upstream.streamPrefill): the hold works on streamed traffic.
 func (s *Server) engineRoom(id string) bool {
-	_, pre, _ := s.ups.local(id)
-	return s.hold.Room(pre, s.learn.Rates(id).PrefillRate)
+	return s.hold.Room(s.ups.streamPrefill(id), s.learn.Rates(id).PrefillRate)
 }
 
 // holdStep is the hold before scheduling: the request waits while the

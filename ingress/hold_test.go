@@ -343,8 +343,9 @@ func startGate(t *testing.T, target string) *gate {
 
 // TestHoldEndToEnd: an ingress in front of two simulated engines with a
 // hold so small that one request fills an engine. With both engines busy
-// (their answers gated), further requests wait in the ingress, not on the
-// engines; once the engines answer, every request is sent and succeeds.
+// (their answers gated), further streamed requests wait in the ingress, not
+// on the engines; once the engines answer, every request is sent and
+// succeeds.
 func TestHoldEndToEnd(t *testing.T) {
 	const prompt, n = 1000, 8
 	gates := [2]*gate{}
@@ -361,8 +362,8 @@ func TestHoldEndToEnd(t *testing.T) {
 	if err := cfg.Scheduler.SetParams("kvmesh", k); err != nil {
 		t.Fatal(err)
 	}
-	// Non-streamed requests give the learner no prefill samples: the rate
-	// stays the prior's.
+	// No stream has its first token before the gates open: the rate stays
+	// the prior's while requests are held.
 	cfg.Learn.Prior = learn.Rates{PrefillRate: 10000}
 	reg := prometheus.NewRegistry()
 	s := startIngress(t, cfg, Deps{Registry: reg})
@@ -382,7 +383,7 @@ func TestHoldEndToEnd(t *testing.T) {
 
 	body := func(i int) string {
 		var sb strings.Builder
-		sb.WriteString(`{"model":"m","max_tokens":2,"prompt":[`)
+		sb.WriteString(`{"model":"m","max_tokens":2,"stream":true,"prompt":[`)
 		for j := 0; j < prompt; j++ {
 			if j > 0 {
 				sb.WriteByte(',')
@@ -437,17 +438,28 @@ func TestHoldEndToEnd(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("%d answers of %d", i, n)
 		}
-		var out struct {
-			Object  string `json:"object"`
-			Choices []struct {
-				Text string `json:"text"`
-			} `json:"choices"`
-			Usage struct {
-				PromptTokens int `json:"prompt_tokens"`
-			} `json:"usage"`
-		}
-		if a.err != nil || a.st != 200 || json.Unmarshal(a.body, &out) != nil || out.Object != "text_completion" || len(out.Choices) != 1 || out.Usage.PromptTokens != prompt {
+		if a.err != nil || a.st != 200 {
 			t.Fatalf("answer %d: status %d err %v body %.300s", i, a.st, a.err, a.body)
+		}
+		var events []string
+		for _, l := range strings.Split(string(a.body), "\n") {
+			if d, ok := strings.CutPrefix(l, "data: "); ok {
+				events = append(events, d)
+			}
+		}
+		if len(events) < 2 || events[len(events)-1] != "[DONE]" {
+			t.Fatalf("answer %d: not a whole stream: %.300s", i, a.body)
+		}
+		for _, e := range events[:len(events)-1] {
+			var out struct {
+				Object  string `json:"object"`
+				Choices []struct {
+					Text string `json:"text"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal([]byte(e), &out) != nil || out.Object != "text_completion" || len(out.Choices) != 1 {
+				t.Fatalf("answer %d: event %.200s", i, e)
+			}
 		}
 	}
 	if h := held(); h != 0 {
@@ -522,11 +534,11 @@ func holdServer(t *testing.T) *Server {
 	return s
 }
 
-// holdCall is a call of s for a 1,000-token completion (seed: its tokens),
+// holdCall is a call of s for a streamed 1,000-token completion (seed: its tokens),
 // with a request context that can wait.
 func holdCall(s *Server, seed int) (*call, *fasthttp.RequestCtx) {
 	var sb strings.Builder
-	sb.WriteString(`{"model":"m","max_tokens":4,"prompt":[`)
+	sb.WriteString(`{"model":"m","max_tokens":4,"stream":true,"prompt":[`)
 	for j := 0; j < 1000; j++ {
 		if j > 0 {
 			sb.WriteByte(',')
@@ -553,7 +565,7 @@ func charge(t *testing.T, s *Server, id string) (*call, *upstream) {
 		t.Fatal(err)
 	}
 	c, _ := holdCall(s, 99)
-	c.promptTokens, c.block = 1000, 16
+	c.promptTokens, c.block, c.req.stream = 1000, 16, true
 	c.startAttempt(up, 0)
 	return c, up
 }
@@ -646,6 +658,7 @@ func TestHoldPickPrefersRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	up0.prefill.Add(1000)
+	up0.streamPrefill.Add(1000) // a stream's prefill (non-streamed ones do not count)
 	if s.engineRoom("e0") || !s.engineRoom("e1") {
 		t.Fatalf("room: e0 %v e1 %v, want e1 only", s.engineRoom("e0"), s.engineRoom("e1"))
 	}
@@ -657,11 +670,46 @@ func TestHoldPickPrefersRoom(t *testing.T) {
 		t.Fatalf("went to %s (%s), picked %s: want e1, the engine with room, ahead of the policy's e0", c.dec.Engine, c.dec.Reason, c.picked)
 	}
 	up0.prefill.Add(-1000)
+	up0.streamPrefill.Add(-1000)
 	c2, ctx2 := holdCall(s, 4)
 	if err := c2.prepare(ctx2); err != nil {
 		t.Fatal(err)
 	}
 	if c2.dec.Engine != "e0" {
 		t.Fatalf("went to %s (%s) with room everywhere, want the policy's e0", c2.dec.Engine, c2.dec.Reason)
+	}
+}
+
+// TestHoldCountsStreamedPrefillOnly: a non-streamed request's prefill
+// charge lasts until its whole answer (its first byte), so it does not
+// count toward an engine's room; a stream's charge does, until its first
+// byte.
+func TestHoldCountsStreamedPrefillOnly(t *testing.T) {
+	s := holdServer(t)
+	up, err := s.ups.get("e0", "http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := holdCall(s, 1)
+	plain.promptTokens, plain.block, plain.req.stream = 1000, 16, false
+	plain.startAttempt(up, 0)
+	if !s.engineRoom("e0") {
+		t.Fatal("a non-streamed request's prefill took the engine's room")
+	}
+	c, _ := charge(t, s, "e0")
+	if s.engineRoom("e0") {
+		t.Fatal("a stream's prefill left the engine room")
+	}
+	c.firstByte(up)
+	if !s.engineRoom("e0") {
+		t.Fatal("the stream's first byte did not free the room")
+	}
+	if _, pre, _ := s.ups.local("e0"); pre != 1000 {
+		t.Fatalf("queued prefill %d, want the non-streamed request's 1,000 (the cost model still counts it)", pre)
+	}
+	c.endAttempt(up)
+	plain.endAttempt(up)
+	if _, pre, _ := s.ups.local("e0"); pre != 0 || up.streamPrefill.Load() != 0 {
+		t.Fatalf("charges left: prefill %d, streamed %d", pre, up.streamPrefill.Load())
 	}
 }

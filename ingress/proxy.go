@@ -150,6 +150,10 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 		up.progress.Store(time.Now().UnixNano()) // the stall watch counts from the first request in flight
 	}
 	pre := up.prefill.Add(c.prefillCharge)
+	if c.req.stream {
+		c.streamCharge = c.prefillCharge
+		up.streamPrefill.Add(c.streamCharge)
+	}
 	up.active.Add(c.activeCharge)
 	c.learnStart(up, pre) // learn.go
 	c.passBaton()         // hold.go: charged, the next held request may go
@@ -162,7 +166,8 @@ func (c *call) firstByte(up *upstream) {
 	c.releaseConn()
 	up.progress.Store(time.Now().UnixNano())
 	up.prefill.Add(-c.prefillCharge)
-	c.prefillCharge = 0
+	up.streamPrefill.Add(-c.streamCharge)
+	c.prefillCharge, c.streamCharge = 0, 0
 	c.s.holdWake() // hold.go: room may have freed
 }
 
@@ -170,8 +175,9 @@ func (c *call) firstByte(up *upstream) {
 func (c *call) endAttempt(up *upstream) {
 	up.inflight.Add(-1)
 	up.prefill.Add(-c.prefillCharge)
+	up.streamPrefill.Add(-c.streamCharge)
 	up.active.Add(-c.activeCharge)
-	c.prefillCharge, c.activeCharge = 0, 0
+	c.prefillCharge, c.streamCharge, c.activeCharge = 0, 0, 0
 	c.learnEnd(up)
 	c.s.holdWake() // hold.go: room may have freed
 }

@@ -26,11 +26,17 @@ type upstream struct {
 	// the engine that have not had their first byte yet; active is prompt
 	// plus expected output tokens of every request in flight. The
 	// scheduler's cost model reads both (scheduler.Engine.Local*Tokens).
-	prefill  atomic.Int64
-	active   atomic.Int64
-	total    atomic.Uint64
-	failures atomic.Uint64
-	lw       learnLoad // the cost learner's counts (learn.go)
+	prefill atomic.Int64
+	// streamPrefill is the part of prefill charged by streamed requests:
+	// the router-side hold's room (hold.go). A non-streamed answer's first
+	// byte comes only with the whole answer, so its charge outlives its
+	// prefill by the whole decode; counted as queued prefill, it would cap
+	// each engine's batch at the hold's seconds of prompts.
+	streamPrefill atomic.Int64
+	active        atomic.Int64
+	total         atomic.Uint64
+	failures      atomic.Uint64
+	lw            learnLoad // the cost learner's counts (learn.go)
 	// progress is when the engine last sent this replica a byte, or when
 	// its first request in flight started (unix ns): the stall watch
 	// (health.go) suspects an engine with requests in flight and no
@@ -184,6 +190,18 @@ func (u *upstreams) local(id string) (inflight, prefill, active int) {
 		return 0, 0, 0
 	}
 	return int(up.inflight.Load()), int(up.prefill.Load()), int(up.active.Load())
+}
+
+// streamPrefill returns this replica's streamed requests' pending prefill
+// tokens on engine id (upstream.streamPrefill).
+func (u *upstreams) streamPrefill(id string) int {
+	u.mu.RLock()
+	up := u.m[id]
+	u.mu.RUnlock()
+	if up == nil {
+		return 0
+	}
+	return int(up.streamPrefill.Load())
 }
 
 // EngineLoad is this replica's in-flight request count on one engine, the
