@@ -301,7 +301,9 @@ func TestEnginesComingAndGoingWithoutGossip(t *testing.T) {
 	}
 	cfg := materialize.DefaultConfig()
 	cfg.Conn, cfg.Index, cfg.Logger = nc, idx, slog.New(slog.DiscardHandler)
-	cfg.CheckInterval, cfg.IdleCheck, cfg.SnapshotTimeout = 10*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
+	// SnapshotTimeout also bounds Run's first flush, so not too short for a
+	// busy machine; each gone engine's unanswered snapshots wait it out.
+	cfg.CheckInterval, cfg.IdleCheck, cfg.SnapshotTimeout = 10*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond
 	m, err := materialize.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -310,6 +312,10 @@ func TestEnginesComingAndGoingWithoutGossip(t *testing.T) {
 	mdone := make(chan error, 1)
 	go func() { mdone <- m.Run(ctx) }()
 	defer func() { cancel(); <-mdone }()
+	// Deltas are core NATS: one published before the materializer
+	// subscribed is lost, and without gossip nothing else names the
+	// engine. Synced means subscribed (and flushed).
+	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
 
 	const engines = 20
 	for i := 0; i < engines; i++ {
