@@ -121,17 +121,29 @@ func (q *holdQueue) register(reg prometheus.Registerer, cl prometheus.Labels) {
 		Help: "Requests waiting in the router-side hold now.", ConstLabels: cl}, func() float64 { return float64(q.n.Load()) }))
 }
 
-// anyRoom reports whether one of cands has room (without the lock's
-// cache), or none can take the request: nothing to wait for (the
-// scheduler answers).
-func (q *holdQueue) anyRoom(cands []scheduler.Engine) bool {
+// anyRoom reports whether one of cands has room, or none can take the
+// request: nothing to wait for (the scheduler answers).
+func (q *holdQueue) anyRoom(cands []scheduler.Engine) bool { return q.roomIn(cands, nil) }
+
+// roomIn is anyRoom with each engine's room asked once per pass when seen
+// is not nil (a dispatch pass, under mu).
+func (q *holdQueue) roomIn(cands []scheduler.Engine, seen map[string]bool) bool {
 	some := false
 	for i := range cands {
-		if holdable(&cands[i]) {
-			if q.room(cands[i].ID) {
-				return true
+		if !holdable(&cands[i]) {
+			continue
+		}
+		some = true
+		id := cands[i].ID
+		r, ok := seen[id]
+		if !ok {
+			r = q.room(id)
+			if seen != nil {
+				seen[id] = r
 			}
-			some = true
+		}
+		if r {
+			return true
 		}
 	}
 	return !some
@@ -156,10 +168,7 @@ const (
 // when the rule says so, until it is released, maxWait passes or done
 // fires. baton: the request holds the baton and must pass it (pass).
 func (q *holdQueue) wait(done <-chan struct{}, cands []scheduler.Engine, key float64) (v holdVerdict, baton bool) {
-	if q.pending.Load() == 0 && q.anyRoom(cands) {
-		return holdNot, false
-	}
-	q.mu.Lock()
+	q.mu.Lock() // the lock-free fast path is the caller's (holdStep)
 	if q.closed || len(q.ws) >= q.maxLen || len(q.ws) == 0 && !q.baton && q.anyRoom(cands) {
 		q.mu.Unlock()
 		return holdNot, false
@@ -233,7 +242,7 @@ func (q *holdQueue) dispatchLocked() {
 	}
 	clear(q.seen)
 	for i, w := range q.ws {
-		if !q.roomFor(w.cands) {
+		if !q.roomIn(w.cands, q.seen) {
 			continue
 		}
 		q.ws = slices.Delete(q.ws, i, i+1)
@@ -242,27 +251,6 @@ func (q *holdQueue) dispatchLocked() {
 		close(w.ready)
 		return
 	}
-}
-
-// roomFor is anyRoom with each engine's room asked once per pass (under mu).
-func (q *holdQueue) roomFor(cands []scheduler.Engine) bool {
-	some := false
-	for i := range cands {
-		if !holdable(&cands[i]) {
-			continue
-		}
-		some = true
-		id := cands[i].ID
-		r, ok := q.seen[id]
-		if !ok {
-			r = q.room(id)
-			q.seen[id] = r
-		}
-		if r {
-			return true
-		}
-	}
-	return !some
 }
 
 // pass hands the baton on: the released request charged its engine (or

@@ -114,9 +114,7 @@ func (u *upstreams) closeAll() int {
 // get returns the upstream for engine id at baseURL, creating it on first use
 // or when the engine moved to another URL.
 func (u *upstreams) get(id, baseURL string) (*upstream, error) {
-	u.mu.RLock()
-	up := u.m[id]
-	u.mu.RUnlock()
+	up := u.lookup(id)
 	if up != nil && up.url == baseURL {
 		return up, nil
 	}
@@ -183,9 +181,7 @@ func (u *upstreams) inflight(id string) int {
 // local returns this replica's in-flight requests, pending prefill tokens
 // and active tokens on engine id.
 func (u *upstreams) local(id string) (inflight, prefill, active int) {
-	u.mu.RLock()
-	up := u.m[id]
-	u.mu.RUnlock()
+	up := u.lookup(id)
 	if up == nil {
 		return 0, 0, 0
 	}
@@ -195,13 +191,17 @@ func (u *upstreams) local(id string) (inflight, prefill, active int) {
 // streamPrefill returns this replica's streamed requests' pending prefill
 // tokens on engine id (upstream.streamPrefill).
 func (u *upstreams) streamPrefill(id string) int {
-	u.mu.RLock()
-	up := u.m[id]
-	u.mu.RUnlock()
-	if up == nil {
-		return 0
+	if up := u.lookup(id); up != nil {
+		return int(up.streamPrefill.Load())
 	}
-	return int(up.streamPrefill.Load())
+	return 0
+}
+
+// lookup returns engine id's upstream, nil when this replica has none.
+func (u *upstreams) lookup(id string) *upstream {
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	return u.m[id]
 }
 
 // EngineLoad is this replica's in-flight request count on one engine, the

@@ -11,7 +11,8 @@ import (
 // in the router, smallest Hold.Key first, and go one at a time as first
 // tokens free room. The time held counts in the request's TTFT and E2E.
 
-// holdState is a run's held requests; zero when the policy does not hold.
+// holdState is a run's held requests; zero when the policy does not hold
+// (since is allocated only when it does, with the learner's rates).
 type holdState struct {
 	rule  policies.Hold
 	held  []heldReq
@@ -24,7 +25,7 @@ type heldReq struct {
 	key float64
 }
 
-func (s *sim) holding() bool { return s.hold.rule.On() && s.learner != nil }
+func (s *sim) holding() bool { return s.hold.since != nil }
 
 // room reports whether engine e may take another request now.
 func (s *sim) room(e int) bool {
