@@ -2,9 +2,12 @@ package ingress
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -193,4 +196,81 @@ func (u *upstreams) claim(c *idleConn, p []byte) {
 func canPeek(conn net.Conn) bool {
 	_, ok := conn.(*net.TCPConn)
 	return ok && peekSupported
+}
+
+// ErrClientGone: the client closed its connection while its request waited
+// in the router (the admission queue or the hold); it is never sent (499 in
+// the access log, as clientGone).
+var ErrClientGone = fmt.Errorf("%w: client closed the connection while waiting", context.Canceled)
+
+// waitCtx is the context a request waits in the router with (the admission
+// queue, the router-side hold): done when the server closes (the request's
+// fasthttp context) or when the client closes its connection, found as the
+// watcher above finds it (a MSG_PEEK on the idle client socket). Waiting is
+// the slow path: the watcher goroutine starts at the first Done, so a
+// request admitted at once (Err only) pays nothing, and stop ends it before
+// the request goes on. It lives in the pooled call; the waits and stop run
+// on the handler's goroutine, the watcher only sets gone and cancels.
+type waitCtx struct {
+	rc     *fasthttp.RequestCtx
+	inner  context.Context // the server's life, canceled by the watcher; nil until Done
+	cancel context.CancelFunc
+	exited chan struct{} // closed when the watcher returns; nil: nothing watched
+	gone   atomic.Bool
+}
+
+func (w *waitCtx) Deadline() (time.Time, bool) { return w.rc.Deadline() }
+func (w *waitCtx) Value(key any) any           { return w.rc.Value(key) }
+
+// Done starts the watcher (once until stop) and returns its channel.
+func (w *waitCtx) Done() <-chan struct{} {
+	if w.inner == nil {
+		w.start()
+	}
+	return w.inner.Done()
+}
+
+// Err is ErrClientGone once the client left, else the server's verdict.
+func (w *waitCtx) Err() error {
+	if w.gone.Load() {
+		return ErrClientGone
+	}
+	if w.inner == nil {
+		return w.rc.Err()
+	}
+	return w.inner.Err()
+}
+
+func (w *waitCtx) start() {
+	w.inner, w.cancel = context.WithCancel(w.rc)
+	conn := w.rc.Conn()
+	if conn == nil || !canPeek(conn) {
+		return
+	}
+	// The read deadline fasthttp set for reading the request (ReadTimeout)
+	// would end the watch early: a wait may be longer.
+	_ = w.rc.SetReadDeadline(time.Time{})
+	w.exited = make(chan struct{})
+	go func(exited chan struct{}, cancel context.CancelFunc) { // owner: the waiting request; stop ends it
+		defer close(exited)
+		if peerClosed(conn) {
+			w.gone.Store(true)
+			cancel()
+		}
+	}(w.exited, w.cancel)
+}
+
+// stop ends the watcher, if any, and waits for it (as watch.stop does); Err
+// keeps its verdict. A later Done starts a new one.
+func (w *waitCtx) stop() {
+	if w.inner == nil {
+		return
+	}
+	if w.exited != nil {
+		_ = w.rc.SetReadDeadline(time.Unix(1, 0))
+		<-w.exited
+		_ = w.rc.SetReadDeadline(time.Time{})
+	}
+	w.cancel()
+	w.inner, w.cancel, w.exited = nil, nil, nil
 }

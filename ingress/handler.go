@@ -74,6 +74,7 @@ type call struct {
 	errMsg                       string
 	release                      func()
 	watch                        *watch    // non-streamed requests: the client connection watcher
+	wctx                         waitCtx   // the waits in the router (admission queue, hold): clientwatch.go
 	upConn                       *idleConn // the attempt's upstream connection, held until the answer commits (proxy.go)
 	finishOnce                   sync.Once
 	rt                           routeCall // model route (route.go)
@@ -118,6 +119,10 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
 		err = fmt.Errorf("%w: limit is %d", ErrOverloaded, s.cfg.MaxConcurrent)
 	default:
 		err = c.prepare(ctx)
+	}
+	if errors.Is(err, ErrClientGone) {
+		c.clientGone(ctx) // it left while waiting in the router: never sent
+		return
 	}
 	if err != nil {
 		c.fail(ctx, err)
@@ -301,7 +306,7 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 			if s.deps.ClassifyError != nil {
 				err = s.deps.ClassifyError(err)
 			}
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			if !errors.Is(err, ErrClientGone) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 				err = fmt.Errorf("%w: %w", ErrQueueTimeout, err)
 			}
 			return fmt.Errorf("admission: %w", err)
@@ -392,8 +397,13 @@ func (c *call) keepSession() {
 	c.dec.Engine, c.dec.Reason = r.Engine, "session-affinity"
 }
 
-// admitContext bounds the admission wait by the server's life.
-func admitContext(ctx *fasthttp.RequestCtx) context.Context { return ctx }
+// waitContext is the context of a wait in the router: it ends with the
+// server's life or when the client closes its connection (waitCtx). The
+// caller ends its watcher with c.wctx.stop once the wait is over.
+func (c *call) waitContext(ctx *fasthttp.RequestCtx) context.Context {
+	c.wctx.rc = ctx
+	return &c.wctx
+}
 
 // tokenize fills c.tokens (when the model has a tokenizer) and decides the
 // upstream path and body.
@@ -673,6 +683,7 @@ func (c *call) finish() {
 			c.watch.stop()
 			c.watch = nil
 		}
+		c.wctx.stop() // stopped after each wait already; a no-op then
 		total := time.Since(c.start)
 		c.passBaton() // hold.go: a request that ends before charging an engine
 		if c.release != nil {

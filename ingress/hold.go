@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -41,9 +42,9 @@ import (
 // Bounded: a wait past HoldConfig.MaxWait sends the request anyway (the
 // hold decides where requests queue, it is not admission control), a
 // request arriving with MaxQueue waiters is not held, and the wait ends
-// with the server's life (as the admission queue's: 504). A client that
-// leaves while held is found by the client watcher once the request is
-// sent (clientwatch.go), as after the admission queue.
+// with the server's life (as the admission queue's: 504) or when the
+// client closes its connection (waitCtx, clientwatch.go: the request is
+// never sent, 499).
 //
 // Only with the kvmesh policy and its online learner (the rule prices
 // with learned rates), not with P/D configured, and never for the
@@ -94,8 +95,10 @@ type holdQueue struct {
 	closed bool          // the server is closing: nothing waits
 	seen   map[string]bool
 
-	waitS   prometheus.Histogram // nil-safe use: set together by register
+	waitS   prometheus.Histogram // set together by register (or newHoldQueue: unregistered)
 	expired prometheus.Counter
+	full    prometheus.Counter // sent unheld: maxQueue waiters already
+	left    prometheus.Counter // the client closed its connection while held
 }
 
 // holdWaiter is one held request.
@@ -108,16 +111,27 @@ type holdWaiter struct {
 }
 
 func newHoldQueue(rule policies.Hold, cfg HoldConfig, room func(string) bool, now func() time.Duration) *holdQueue {
-	return &holdQueue{rule: rule, maxWait: cfg.MaxWait, maxLen: cfg.MaxQueue, room: room, now: now, seen: map[string]bool{}}
+	q := &holdQueue{rule: rule, maxWait: cfg.MaxWait, maxLen: cfg.MaxQueue, room: room, now: now, seen: map[string]bool{}}
+	q.metrics(nil)
+	return q
 }
 
-// register adds the hold's series to reg.
-func (q *holdQueue) register(reg prometheus.Registerer, cl prometheus.Labels) {
+// metrics makes the hold's series with the labels cl.
+func (q *holdQueue) metrics(cl prometheus.Labels) {
 	q.waitS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_hold_seconds",
 		Help: "Time held requests waited in the router-side hold (released, sent after maxWait, or ended).", ConstLabels: cl, Buckets: latencyBuckets})
 	q.expired = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_hold_expired_total",
 		Help: "Held requests sent after waiting hold.maxWait, with no engine's room.", ConstLabels: cl})
-	reg.MustRegister(q.waitS, q.expired, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_held_requests",
+	q.full = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_hold_full_total",
+		Help: "Requests the hold would have held, sent at once because hold.maxQueue requests were held already.", ConstLabels: cl})
+	q.left = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_hold_left_total",
+		Help: "Held requests whose client closed its connection while held: never sent (status 499).", ConstLabels: cl})
+}
+
+// register adds the hold's series to reg.
+func (q *holdQueue) register(reg prometheus.Registerer, cl prometheus.Labels) {
+	q.metrics(cl)
+	reg.MustRegister(q.waitS, q.expired, q.full, q.left, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_held_requests",
 		Help: "Requests waiting in the router-side hold now.", ConstLabels: cl}, func() float64 { return float64(q.n.Load()) }))
 }
 
@@ -169,8 +183,15 @@ const (
 // fires. baton: the request holds the baton and must pass it (pass).
 func (q *holdQueue) wait(done <-chan struct{}, cands []scheduler.Engine, key float64) (v holdVerdict, baton bool) {
 	q.mu.Lock() // the lock-free fast path is the caller's (holdStep)
-	if q.closed || len(q.ws) >= q.maxLen || len(q.ws) == 0 && !q.baton && q.anyRoom(cands) {
+	if q.closed || len(q.ws) == 0 && !q.baton && q.anyRoom(cands) {
 		q.mu.Unlock()
+		return holdNot, false
+	}
+	if len(q.ws) >= q.maxLen {
+		q.mu.Unlock()
+		if q.maxLen > 0 {
+			q.full.Inc()
+		}
 		return holdNot, false
 	}
 	w := &holdWaiter{key: key, cands: cands, ready: make(chan struct{})}
@@ -209,7 +230,7 @@ func (q *holdQueue) wait(done <-chan struct{}, cands []scheduler.Engine, key flo
 	q.remove(w)
 	q.dispatchLocked()
 	q.mu.Unlock()
-	if v == holdExpired && q.expired != nil {
+	if v == holdExpired {
 		q.expired.Inc()
 	}
 	return v, false
@@ -324,15 +345,20 @@ func (c *call) holdStep(ctx *fasthttp.RequestCtx) error {
 	}
 	t := time.Now()
 	key := q.rule.Key(c.promptTokens, s.learn.Pooled().PrefillRate, q.now())
-	actx := admitContext(ctx)
-	v, baton := q.wait(actx.Done(), c.cands, key)
+	wctx := c.waitContext(ctx)
+	v, baton := q.wait(wctx.Done(), c.cands, key)
+	c.wctx.stop()
 	if v == holdNot {
 		return nil
 	}
 	c.baton = baton
 	q.waitS.Observe(time.Since(t).Seconds())
 	if v == holdEnded {
-		err := actx.Err()
+		err := wctx.Err()
+		if errors.Is(err, ErrClientGone) {
+			q.left.Inc()
+			return fmt.Errorf("hold: %w", err)
+		}
 		if err == nil {
 			err = context.Canceled
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -209,6 +210,9 @@ func TestHoldQueueBounds(t *testing.T) {
 	if h := recv(t, res); h.name != "full-queue" || h.v != holdNot {
 		t.Fatalf("%+v with maxQueue waiters, want full-queue not held", h)
 	}
+	if n := val(r.q.full); n != 1 {
+		t.Fatalf("full counter %v, want 1 (room and cancel do not count)", n)
+	}
 	r.q.close()
 	for i := 0; i < 2; i++ {
 		if h := recv(t, res); h.v != holdReleased || h.baton {
@@ -341,19 +345,22 @@ func startGate(t *testing.T, target string) *gate {
 	return g
 }
 
-// TestHoldEndToEnd: an ingress in front of two simulated engines with a
-// hold so small that one request fills an engine. With both engines busy
-// (their answers gated), further streamed requests wait in the ingress, not
-// on the engines; once the engines answer, every request is sent and
-// succeeds.
-func TestHoldEndToEnd(t *testing.T) {
-	const prompt, n = 1000, 8
-	gates := [2]*gate{}
+// holdE2E is an ingress in front of two gated simulated engines with a hold
+// so small that one request fills an engine.
+type holdE2E struct {
+	s         *Server
+	reg       *prometheus.Registry
+	gates     [2]*gate
+	openGates func()
+}
+
+func startHoldE2E(t *testing.T) *holdE2E {
+	r := &holdE2E{}
 	var engines []StaticEngine
-	for i := range gates {
+	for i := range r.gates {
 		eng, _ := startLearnSim(t, 100000)
-		gates[i] = startGate(t, eng.URL())
-		engines = append(engines, StaticEngine{ID: "e" + strconv.Itoa(i), Model: "m", URL: gates[i].srv.URL})
+		r.gates[i] = startGate(t, eng.URL())
+		engines = append(engines, StaticEngine{ID: "e" + strconv.Itoa(i), Model: "m", URL: r.gates[i].srv.URL})
 	}
 	cfg := testConfig(engines...)
 	cfg.Scheduler.Policy = "kvmesh"
@@ -365,34 +372,48 @@ func TestHoldEndToEnd(t *testing.T) {
 	// No stream has its first token before the gates open: the rate stays
 	// the prior's while requests are held.
 	cfg.Learn.Prior = learn.Rates{PrefillRate: 10000}
-	reg := prometheus.NewRegistry()
-	s := startIngress(t, cfg, Deps{Registry: reg})
-	if s.holdQ == nil {
+	r.reg = prometheus.NewRegistry()
+	r.s = startIngress(t, cfg, Deps{Registry: r.reg})
+	if r.s.holdQ == nil {
 		t.Fatal("hold off")
 	}
 	opened := false
-	openGates := func() {
+	r.openGates = func() {
 		if !opened {
 			opened = true
-			for _, g := range gates {
+			for _, g := range r.gates {
 				close(g.open)
 			}
 		}
 	}
-	t.Cleanup(openGates) // before the ingress closes: a failed test's requests end
+	t.Cleanup(r.openGates) // before the ingress closes: a failed test's requests end
+	return r
+}
 
-	body := func(i int) string {
-		var sb strings.Builder
-		sb.WriteString(`{"model":"m","max_tokens":2,"stream":true,"prompt":[`)
-		for j := 0; j < prompt; j++ {
-			if j > 0 {
-				sb.WriteByte(',')
-			}
-			sb.WriteString(strconv.Itoa(1 + (i*7919+j*31)%5000)) // no prefix shared
+// holdBody is request i of the hold's end-to-end tests: a streamed
+// 1,000-token prompt sharing no prefix with another's.
+func holdBody(i int) string {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"m","max_tokens":2,"stream":true,"prompt":[`)
+	for j := 0; j < 1000; j++ {
+		if j > 0 {
+			sb.WriteByte(',')
 		}
-		sb.WriteString("]}")
-		return sb.String()
+		sb.WriteString(strconv.Itoa(1 + (i*7919+j*31)%5000))
 	}
+	sb.WriteString("]}")
+	return sb.String()
+}
+
+// TestHoldEndToEnd: an ingress in front of two simulated engines with a
+// hold so small that one request fills an engine. With both engines busy
+// (their answers gated), further streamed requests wait in the ingress, not
+// on the engines; once the engines answer, every request is sent and
+// succeeds.
+func TestHoldEndToEnd(t *testing.T) {
+	const n = 8
+	r := startHoldE2E(t)
+	s, reg, gates, openGates := r.s, r.reg, r.gates, r.openGates
 	type answer struct {
 		st   int
 		body []byte
@@ -401,7 +422,7 @@ func TestHoldEndToEnd(t *testing.T) {
 	answers := make(chan answer, n)
 	send := func(i int) {
 		go func() {
-			resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(body(i)))
+			resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(holdBody(i)))
 			if err != nil {
 				answers <- answer{err: err}
 				return
@@ -711,5 +732,76 @@ func TestHoldCountsStreamedPrefillOnly(t *testing.T) {
 	plain.endAttempt(up)
 	if _, pre, _ := s.ups.local("e0"); pre != 0 || up.streamPrefill.Load() != 0 {
 		t.Fatalf("charges left: prefill %d, streamed %d", pre, up.streamPrefill.Load())
+	}
+}
+
+// dialRequest writes body as a POST to path on the ingress over its own
+// connection and returns the connection, unread: the test closes it to
+// play a client that leaves.
+func dialRequest(t *testing.T, addr, path, body string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: kvmesh\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// TestHoldClientLeaves: a client that closes its connection while its
+// request is held leaves the hold at once (counted, 499 in the requests
+// metric) and the request never reaches an engine; the one that stays is
+// sent when room frees.
+func TestHoldClientLeaves(t *testing.T) {
+	r := startHoldE2E(t)
+	s, reg, gates := r.s, r.reg, r.gates
+	arrived := func() int64 { return gates[0].arrived.Load() + gates[1].arrived.Load() }
+	held := func() float64 { return gaugeValue(t, reg, "kvmesh_ingress_held_requests") }
+	// One request fills each engine (raw connections, kept open).
+	for i := 0; i < 2; i++ {
+		dialRequest(t, s.Addr(), "/v1/completions", holdBody(i))
+		testutil.WaitFor(t, 10*time.Second, "a request on an engine", func() bool { return arrived() == int64(i+1) })
+	}
+	// Three held: two clients leave, one stays.
+	leaving := []net.Conn{dialRequest(t, s.Addr(), "/v1/completions", holdBody(2)), dialRequest(t, s.Addr(), "/v1/completions", holdBody(3))}
+	stay := make(chan int, 1)
+	go func() {
+		resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(holdBody(4)))
+		if err != nil {
+			stay <- -1
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		stay <- resp.StatusCode
+	}()
+	testutil.WaitFor(t, 10*time.Second, "3 requests held", func() bool { return held() == 3 })
+	for _, c := range leaving {
+		c.Close()
+	}
+	testutil.WaitFor(t, 10*time.Second, "the two that left gone from the hold", func() bool {
+		return held() == 1 && val(s.holdQ.left) == 2
+	})
+	if n := val(s.m.requests.WithLabelValues("completions", "499")); n != 2 {
+		t.Fatalf("requests with status 499: %v, want 2", n)
+	}
+	r.openGates()
+	select {
+	case st := <-stay:
+		if st != 200 {
+			t.Fatalf("the request that stayed: status %d", st)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request that stayed was never answered")
+	}
+	// The two that left were never sent: 2 first requests + the one that stayed.
+	if a := arrived(); a != 3 {
+		t.Fatalf("%d requests reached the engines, want 3", a)
+	}
+	if e := val(s.holdQ.expired); e != 0 {
+		t.Fatalf("%v sent after maxWait, want 0", e)
 	}
 }

@@ -34,11 +34,15 @@ func (c *call) tenant(ctx *fasthttp.RequestCtx) string {
 
 // acquire asks Deps.Admitter for a slot: per tenant, priced in prompt tokens,
 // when it shares fairly; per session otherwise.
+// A client that closes its connection while queued leaves the queue
+// (ErrClientGone).
 func (c *call) acquire(ctx *fasthttp.RequestCtx, promptTokens int) (func(), error) {
+	wctx := c.waitContext(ctx)
+	defer c.wctx.stop()
 	if ta, ok := c.s.deps.Admitter.(TenantAdmitter); ok {
-		return ta.AcquireFor(admitContext(ctx), fair.Ticket{Tenant: c.tenant(ctx), Cost: float64(max(promptTokens, 1))})
+		return ta.AcquireFor(wctx, fair.Ticket{Tenant: c.tenant(ctx), Cost: float64(max(promptTokens, 1))})
 	}
-	return c.s.deps.Admitter.Acquire(admitContext(ctx), string(c.req.sessionID))
+	return c.s.deps.Admitter.Acquire(wctx, string(c.req.sessionID))
 }
 
 // FairErrors maps ingress/fair's errors onto the ingress sentinels (for
