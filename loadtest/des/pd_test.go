@@ -6,7 +6,10 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -185,6 +188,82 @@ func TestPDOutputDist(t *testing.T) {
 		}
 		if res := s.run(context.Background()); res.Completed != len(reqs) {
 			t.Fatalf("%s: %d of %d completed", p, res.Completed, len(reqs))
+		}
+	}
+}
+
+// TestRunPDAggregatedHolds: the P/D benchmark's aggregated routing runs the
+// router-side hold as an ingress without P/D does (hold.go): under
+// overload it delays requests in the router and counts the wait in their
+// TTFT; a P/D router never holds, nor aggregated with holdSeconds 0.
+func TestRunPDAggregatedHolds(t *testing.T) {
+	reqs, err := workload.SharedPrefix{Groups: 8, Prompts: 8, Shared: 4096, Question: 4096, Output: 32, Rate: 8, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 30000, Profile: prof}}, Roles: Roles{Prefill: 1, Decode: 1}}
+	rep, err := RunPD(context.Background(), cfg, reqs, []string{"aggregated", "kvmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := policies.DefaultKVMeshConfig()
+	off.HoldSeconds = 0
+	if err := cfg.Scheduler.SetParams("kvmesh", off); err != nil {
+		t.Fatal(err)
+	}
+	free, err := RunPD(context.Background(), cfg, reqs, []string{"aggregated"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agg, k, f := rep.Policies["aggregated"], rep.Policies["kvmesh"], free.Policies["aggregated"]
+	t.Logf("aggregated: %.0f %% held for %.2f s on average, TTFT mean %.2f s; without the hold %.2f s", 100*agg.Held, agg.HeldMean, agg.TTFTMean, f.TTFTMean)
+	for name, r := range map[string]PDResult{"aggregated": agg, "kvmesh": k, "aggregated without the hold": f} {
+		if r.Completed != len(reqs) {
+			t.Fatalf("%s: %d of %d completed", name, r.Completed, len(reqs))
+		}
+	}
+	if agg.Held < 0.1 || agg.HeldMean <= 0 {
+		t.Fatalf("aggregated held %.2f of requests (mean %.3f s): the overload must engage the hold", agg.Held, agg.HeldMean)
+	}
+	if k.Held != 0 || f.Held != 0 {
+		t.Fatalf("held: kvmesh P/D %.2f, aggregated with holdSeconds 0 %.2f; want none", k.Held, f.Held)
+	}
+	// Each request's TTFT counts its wait in the router.
+	if agg.TTFTMean < agg.Held*agg.HeldMean {
+		t.Fatalf("TTFT mean %.3f s below the mean time held %.3f s", agg.TTFTMean, agg.Held*agg.HeldMean)
+	}
+}
+
+// TestPDPickRoom: a request the hold releases goes to the best-ranked
+// aggregated option whose engine has room, or whose engine holds
+// holdAffinity of its prompt.
+func TestPDPickRoom(t *testing.T) {
+	prof, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 1000, Profile: prof}}, Roles: Roles{Prefill: 1, Decode: 1}}
+	cfg.Defaults()
+	s, err := newPDSim(&cfg, make([]workload.Request, 1), "aggregated")
+	if err != nil || !s.hold.on() {
+		t.Fatalf("aggregated: hold on %v, err %v", s != nil && s.hold.on(), err)
+	}
+	full, free := s.view[0].ID, s.view[1].ID
+	s.view[0].LocalPrefillTokens = 1 << 30 // no room at any rate
+	bs := cfg.Engine.BlockSize
+	for _, c := range []struct {
+		matched int // blocks the full engine holds of the 1,024-token prompt
+		want    string
+	}{{0, free}, {1024 / bs / 4, free}, {1024 / bs / 2, full}} {
+		s.plan.Decode = full
+		s.plan.Options = append(s.plan.Options[:0], pd.Choice{Decode: full, DecodeMatch: index.Match{Spec: c.matched}}, pd.Choice{Decode: free})
+		s.pickRoom(1024)
+		if s.plan.Decode != c.want {
+			t.Errorf("full engine holding %d blocks: picked %s, want %s", c.matched, s.plan.Decode, c.want)
 		}
 	}
 }

@@ -18,6 +18,8 @@ type pdStats struct {
 	goodCandidates  [][2]float64 // (TTFT, TPOT) per finished request
 	cached, prompt  int
 	disaggregated   int
+	held            int     // requests the router-side hold delayed (aggregated routing)
+	heldSum         float64 // their seconds held
 	xferBytes       float64
 	perEngine       map[int]int
 	first, last     time.Duration
@@ -72,6 +74,11 @@ type PDResult struct {
 	E2EMean       float64 `json:"e2e_mean_s"`
 	// Disaggregated is the fraction of requests served by a pair.
 	Disaggregated float64 `json:"disaggregated"`
+	// Held is the fraction of requests the router-side hold delayed
+	// (aggregated routing only), HeldMean their mean wait there (counted
+	// in their TTFT and E2E).
+	Held     float64 `json:"held"`
+	HeldMean float64 `json:"held_mean_s"`
 	// PrefixHitRate is Σ prompt tokens not computed by the leg that
 	// prefilled / Σ prompt tokens.
 	PrefixHitRate float64       `json:"prefix_hit_rate"`
@@ -116,6 +123,10 @@ func (r *pdStats) result(cfg *PDConfig) PDResult {
 	}
 	p.E2EMean = mean(r.e2e)
 	p.Disaggregated = float64(r.disaggregated) / float64(len(r.ttft)+r.failed)
+	p.Held = float64(r.held) / float64(len(r.ttft)+r.failed)
+	if r.held > 0 {
+		p.HeldMean = r.heldSum / float64(r.held)
+	}
 	if r.prompt > 0 {
 		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
 	}
@@ -126,15 +137,15 @@ func (r *pdStats) result(cfg *PDConfig) PDResult {
 func (r PDReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "roles %v; SLO TTFT %.3gs, TPOT %.3gs\n", r.Roles, r.SLOTTFT, r.SLOTPOT)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tgoodput rps\tSLO met\tthroughput rps\tTTFT p50 s\tp90 s\tp99 s\tTPOT p50 ms\tp90 ms\tp99 ms\tdisagg\thit rate\txfer GB\tdone\tfailed\tpreempt\twall\t")
+	fmt.Fprintln(tw, "policy\tgoodput rps\tSLO met\tthroughput rps\tTTFT p50 s\tp90 s\tp99 s\tTPOT p50 ms\tp90 ms\tp99 ms\tdisagg\theld\thit rate\txfer GB\tdone\tfailed\tpreempt\twall\t")
 	for _, name := range r.Order {
 		p, ok := r.Policies[name]
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.1f%%\t%.2f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%.0f%%\t%.3f\t%.1f\t%d\t%d\t%d\t%.1fs\t\n",
+		fmt.Fprintf(tw, "%s\t%.2f\t%.1f%%\t%.2f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%.0f%%\t%.0f%%\t%.3f\t%.1f\t%d\t%d\t%d\t%.1fs\t\n",
 			name, p.GoodputRPS, 100*p.SLOAttainment, p.ThroughputRPS, p.TTFTP50, p.TTFTP90, p.TTFTP99,
-			1e3*p.TPOTP50, 1e3*p.TPOTP90, 1e3*p.TPOTP99, 100*p.Disaggregated, p.PrefixHitRate, p.TransferGB,
+			1e3*p.TPOTP50, 1e3*p.TPOTP90, 1e3*p.TPOTP99, 100*p.Disaggregated, 100*p.Held, p.PrefixHitRate, p.TransferGB,
 			p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
 	}
 	return tw.Flush()

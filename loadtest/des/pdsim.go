@@ -60,6 +60,10 @@ type pdSim struct {
 	lat     []latAcc           // per engine: TTFT/TPOT finished since the last snapshot
 	legs    []int              // per engine: legs the ingress has in flight there
 
+	// The router-side hold (hold.go): aggregated routing only, as the
+	// ingress holds without P/D configured.
+	hold holdState
+
 	keyBuf []uint64
 	plan   pd.Plan
 	sreq   scheduler.Request
@@ -127,13 +131,21 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", policy, err)
 	}
+	var hold holdState
+	if policy == "aggregated" {
+		k, err := pd.CostFrom(cfg.Scheduler)
+		if err != nil {
+			return nil, err
+		}
+		hold = newHoldState(policies.Hold{Seconds: k.HoldSeconds, Aging: k.HoldAging, Affinity: k.HoldAffinity}, lr, len(reqs))
+	}
 	router, err := pd.NewRouter(sched, pol)
 	if err != nil {
 		return nil, err
 	}
 	s := &pdSim{cfg: cfg, idx: idx, router: router, root: kvevents.Root(cfg.Model, "", ""),
 		ids: make(map[string]int), flights: make([]pdFlight, len(reqs)), byReq: make(map[*engine.Request]int), learner: lr,
-		outs: outs}
+		outs: outs, hold: hold}
 	if err := s.clock.init(reqs, cfg.Concurrency, cfg.SnapshotInterval); err != nil {
 		return nil, err
 	}
@@ -217,7 +229,43 @@ func (s *pdSim) release(now time.Duration) {
 
 func (s *pdSim) snapshot() { scrape(s.engines, s.view, s.lat) }
 
+// dispatch routes request i, or holds it (hold.go).
 func (s *pdSim) dispatch(i int, now time.Duration) {
+	if s.hold.on() {
+		s.inflight++ // its client slot, while it waits
+		s.hold.arrive(i, s.reqs[i].PromptTokens, s.learner, now)
+		s.drainHeld(now)
+		return
+	}
+	s.send(i, now)
+}
+
+// drainHeld sends held requests, smallest key first, while an engine has
+// room; each is charged to its engine before the next is considered.
+func (s *pdSim) drainHeld(now time.Duration) {
+	for {
+		i, ok := s.hold.next(s.view, s.learner, now)
+		if !ok {
+			return
+		}
+		s.inflight--
+		s.send(i, now)
+	}
+}
+
+// pickRoom moves the plan to the best option the hold lets the request go
+// to now (Hold.Pick over the aggregated options).
+func (s *pdSim) pickRoom(promptTokens int) {
+	bs := s.cfg.Engine.BlockSize
+	for _, o := range s.plan.Options {
+		if s.hold.rule.May(s.hold.room(&s.view[s.ids[o.Decode]], s.learner), o.DecodeMatch.Spec*bs, promptTokens) {
+			s.plan.Decode, s.plan.DecodeMatch, s.plan.DecodeCached = o.Decode, o.DecodeMatch, o.DecodeCached
+			return
+		}
+	}
+}
+
+func (s *pdSim) send(i int, now time.Duration) {
 	if s.cfg.SnapshotInterval < 0 {
 		s.snapshot()
 	}
@@ -236,6 +284,9 @@ func (s *pdSim) dispatch(i int, now time.Duration) {
 	if err := s.router.Route(&s.sreq, s.view, &s.plan); err != nil {
 		s.fail(i, now)
 		return
+	}
+	if s.hold.on() {
+		s.pickRoom(len(prompt))
 	}
 	f := pdFlight{prefill: -1, decode: s.ids[s.plan.Decode], sent: now, active: len(prompt) + predOut, prompt: len(prompt)}
 	f.uncachedD = max(0, len(prompt)-s.plan.DecodeCached)
@@ -334,6 +385,9 @@ func (s *pdSim) step(e int, now time.Duration) {
 		aw = append(aw, i)
 	}
 	s.awaitFirst[e] = aw
+	if len(s.hold.held) > 0 {
+		defer s.drainHeld(now) // first tokens freed room
+	}
 	for _, r := range res.Finished {
 		i, ok := s.byReq[r]
 		if !ok {
@@ -407,7 +461,12 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 		a.tpot += (res.Finished - res.FirstToken) / time.Duration(res.OutputTokens-1)
 		a.n++
 	}
-	s.out.finished(f.decode, f.sent, res, cached)
+	h := s.hold.heldFor(i)
+	if h > 0 {
+		s.out.held++
+		s.out.heldSum += h.Seconds()
+	}
+	s.out.finished(f.decode, f.sent-h, res, cached) // the client's TTFT counts the time held
 	s.pending--
 	s.h.push(max(res.Finished, now), evRelease, i)
 	s.fol.done(&s.h, i, res.Finished, now)

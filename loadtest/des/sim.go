@@ -122,8 +122,8 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	}
 	fin, _ := pol.(policies.Finisher)
 	var hold holdState
-	if k, ok := pol.(policies.KVMesh); ok && lr != nil && k.Hold.On() {
-		hold = holdState{rule: k.Hold, since: make([]time.Duration, len(reqs))}
+	if k, ok := pol.(policies.KVMesh); ok {
+		hold = newHoldState(k.Hold, lr, len(reqs))
 	}
 	s := &sim{
 		cfg: cfg, idx: idx, sched: sched, learner: lr, finisher: fin, hold: hold,
@@ -402,8 +402,8 @@ func (s *sim) step(e int, now time.Duration) {
 		v.LocalActiveTokens -= f.active
 		f.req = nil
 		res := r.Result()
-		if s.hold.since != nil {
-			h := s.hold.since[i]
+		if s.holding() {
+			h := s.hold.heldFor(i)
 			res.Arrival, res.TTFT, res.QueueTime = res.Arrival-h, res.TTFT+h, res.QueueTime+h
 		}
 		s.ctx[e].prompt -= f.prompt

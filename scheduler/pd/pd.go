@@ -93,6 +93,10 @@ type Choice struct {
 	Prefill string
 	Decode  string
 	Score   float64
+	// DecodeMatch and DecodeCached are the decode engine's matched prefix
+	// and cached prompt tokens (as Plan's).
+	DecodeMatch  index.Match
+	DecodeCached int
 }
 
 // Plan is a P/D decision. Reuse one per goroutine: Route overwrites it
@@ -156,7 +160,8 @@ func (r *Router) Route(req *scheduler.Request, engines []Engine, plan *Plan) err
 			return 0
 		})
 		for _, o := range v.Options {
-			c := Choice{Decode: cs[o.Decode].ID, Score: o.Score}
+			d := &cs[o.Decode]
+			c := Choice{Decode: d.ID, Score: o.Score, DecodeMatch: d.Match, DecodeCached: d.CachedTokens}
 			if !o.Aggregated() {
 				c.Prefill = cs[o.Prefill].ID
 			}

@@ -67,6 +67,13 @@ func (h Hold) Key(promptTokens int, rate float64, heldAt time.Duration) float64 
 	return k
 }
 
+// May reports whether a request of promptTokens may go now to an engine
+// with room (room) whose matched prefix (confirmed or speculative) covers
+// matchedTokens of it: with room, or holding at least Affinity of it.
+func (h Hold) May(room bool, matchedTokens, promptTokens int) bool {
+	return room || h.Affinity > 0 && float64(matchedTokens) >= h.Affinity*float64(promptTokens)
+}
+
 // Pick moves to the front of d.Ranked the best-ranked engine a request may
 // go to now: one with room, or one whose matched prefix (confirmed or
 // speculative) covers at least Affinity of the prompt. When none
@@ -75,7 +82,7 @@ func (h Hold) Key(promptTokens int, rate float64, heldAt time.Duration) float64 
 func (h Hold) Pick(d *scheduler.Decision, promptTokens, blockSize int, room func(engine string) bool) {
 	for i := range d.Ranked {
 		r := &d.Ranked[i]
-		if !room(r.Engine) && (h.Affinity <= 0 || float64(r.Match.Spec*blockSize) < h.Affinity*float64(promptTokens)) {
+		if !h.May(room(r.Engine), r.Match.Spec*blockSize, promptTokens) {
 			continue
 		}
 		if i > 0 {
