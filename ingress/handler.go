@@ -67,6 +67,7 @@ type call struct {
 	scratchText                  []byte
 	prefillCharge                int64 // tokens charged to the engine's prefill until the first byte
 	streamCharge                 int64 // the same when the request streams (upstream.streamPrefill)
+	bufEnd, bufDur               int64 // a non-streamed attempt's estimated prefill end and length on upstream.bufDone (ns; hold.go)
 	activeCharge                 int64 // tokens charged to the engine's active set until the end
 	attempts                     int
 	status                       int

@@ -20,9 +20,11 @@ import (
 // (policies.Hold, whose comment says why), as the discrete-event benchmark
 // runs it (loadtest/des/hold.go):
 //
-//   - An engine has room while this replica's uncached prompt tokens
-//     awaiting a first byte on it (upstream.prefill) are under
-//     Hold.Seconds of its learned prefill rate.
+//   - An engine has room while this replica's prefill queued on it is
+//     under Hold.Seconds of its learned prefill rate: streamed requests'
+//     uncached prompt tokens awaiting a first byte (upstream.streamPrefill)
+//     plus what is left of non-streamed requests' estimated prefill
+//     (upstream.bufDone, queueBuffered).
 //   - After admission and before scheduling, a request waits here when
 //     requests are already waiting (or one just released has not charged
 //     its engine yet), or when none of its candidate engines has room.
@@ -324,11 +326,59 @@ func (s *Server) holdLoop() {
 	}
 }
 
-// engineRoom reports whether engine id has room under the hold's rule,
-// counting this replica's streamed requests' prefill only
-// (upstream.streamPrefill): the hold works on streamed traffic.
+// engineRoom reports whether engine id has room under the hold's rule:
+// this replica's streamed requests' prefill awaiting a first byte
+// (upstream.streamPrefill) plus what is left of its non-streamed requests'
+// estimated prefill (upstream.bufDone), at the learned rate.
 func (s *Server) engineRoom(id string) bool {
-	return s.hold.Room(s.ups.streamPrefill(id), s.learn.Rates(id).PrefillRate)
+	rate := s.learn.Rates(id).PrefillRate
+	up := s.ups.lookup(id)
+	if up == nil {
+		return s.hold.Room(0, rate)
+	}
+	pending := float64(up.streamPrefill.Load())
+	if ahead := up.bufDone.Load() - s.holdNow(); ahead > 0 && rate > 0 {
+		pending += float64(ahead) / 1e9 * rate
+	}
+	return s.hold.Room(int(pending), rate)
+}
+
+// queueBuffered puts a non-streamed attempt's uncached prompt tokens on
+// its engine's estimated prefill clock (upstream.bufDone): its first byte
+// is its whole answer, so the hold cannot wait for it to free the room;
+// instead the room frees as the learned rate says the engine prefills it,
+// after the non-streamed prefill this replica sent there before it.
+func (c *call) queueBuffered(up *upstream) {
+	s := c.s
+	if s.holdQ == nil || c.ep == epOther || c.prefillCharge <= 0 {
+		return
+	}
+	rate := s.learn.Rates(up.id).PrefillRate
+	if rate <= 0 {
+		return
+	}
+	d := int64(float64(c.prefillCharge) / rate * 1e9)
+	now := s.holdNow()
+	for {
+		cur := up.bufDone.Load()
+		end := max(cur, now) + d
+		if up.bufDone.CompareAndSwap(cur, end) {
+			c.bufEnd, c.bufDur = end, d
+			return
+		}
+	}
+}
+
+// unqueueBuffered takes back what is left of the attempt's estimated
+// prefill when its answer (or failure) comes before the estimate's end.
+func (c *call) unqueueBuffered(up *upstream) {
+	if c.bufEnd == 0 {
+		return
+	}
+	if left := min(c.bufEnd-c.s.holdNow(), c.bufDur); left > 0 {
+		up.bufDone.Add(-left)
+	}
+	c.bufEnd, c.bufDur = 0, 0
 }
 
 // holdStep is the hold before scheduling: the request waits while the

@@ -701,21 +701,48 @@ func TestHoldPickPrefersRoom(t *testing.T) {
 	}
 }
 
-// TestHoldCountsStreamedPrefillOnly: a non-streamed request's prefill
-// charge lasts until its whole answer (its first byte), so it does not
-// count toward an engine's room; a stream's charge does, until its first
-// byte.
-func TestHoldCountsStreamedPrefillOnly(t *testing.T) {
-	s := holdServer(t)
+// TestHoldCountsBufferedPrefillByEstimate: a stream's prefill counts
+// toward its engine's room until its first byte. A non-streamed request's
+// first byte is its whole answer, so its prefill counts by estimate: queued
+// behind this replica's earlier non-streamed prefill there at the learned
+// rate (10,000 tokens/s: 1,000 tokens take 0.1 s), freed as the clock
+// passes, and what is left of it taken back when its answer comes sooner.
+func TestHoldCountsBufferedPrefillByEstimate(t *testing.T) {
+	s := holdServer(t) // room while under 100 tokens
+	var now atomic.Int64
+	now.Store(1e18)
+	s.holdNow = now.Load
+	at := func(ms int64) { now.Store(1e18 + ms*int64(time.Millisecond)) }
 	up, err := s.ups.get("e0", "http://127.0.0.1:1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, _ := holdCall(s, 1)
-	plain.promptTokens, plain.block, plain.req.stream = 1000, 16, false
-	plain.startAttempt(up, 0)
-	if !s.engineRoom("e0") {
-		t.Fatal("a non-streamed request's prefill took the engine's room")
+	plain := func(seed int) *call {
+		c, _ := holdCall(s, seed)
+		c.promptTokens, c.block, c.req.stream = 1000, 16, false
+		c.startAttempt(up, 0)
+		return c
+	}
+	room := func(ms int64, want bool, why string) {
+		t.Helper()
+		at(ms)
+		if got := s.engineRoom("e0"); got != want {
+			t.Fatalf("at %d ms: room %v, want %v (%s)", ms, got, want, why)
+		}
+	}
+	p1 := plain(1)
+	room(0, false, "1,000 tokens of non-streamed prefill just sent")
+	room(50, false, "half of it prefilled by estimate")
+	room(95, true, "50 tokens left by estimate")
+	p2 := plain(2) // at 95 ms: queued behind p1, estimated done at 200 ms
+	room(150, false, "the second request's prefill is queued behind the first's")
+	at(120)
+	p2.firstByte(up) // its whole answer at 120 ms: 80 ms of estimate taken back
+	room(120, true, "the second answered before its estimate, the first's estimate over")
+	p1.endAttempt(up)
+	p2.endAttempt(up)
+	if got := up.bufDone.Load(); got > now.Load() {
+		t.Fatalf("estimated prefill left after every answer: until %d, now %d", got, now.Load())
 	}
 	c, _ := charge(t, s, "e0")
 	if s.engineRoom("e0") {
@@ -725,11 +752,7 @@ func TestHoldCountsStreamedPrefillOnly(t *testing.T) {
 	if !s.engineRoom("e0") {
 		t.Fatal("the stream's first byte did not free the room")
 	}
-	if _, pre, _ := s.ups.local("e0"); pre != 1000 {
-		t.Fatalf("queued prefill %d, want the non-streamed request's 1,000 (the cost model still counts it)", pre)
-	}
 	c.endAttempt(up)
-	plain.endAttempt(up)
 	if _, pre, _ := s.ups.local("e0"); pre != 0 || up.streamPrefill.Load() != 0 {
 		t.Fatalf("charges left: prefill %d, streamed %d", pre, up.streamPrefill.Load())
 	}

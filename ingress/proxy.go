@@ -153,6 +153,8 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	if c.req.stream {
 		c.streamCharge = c.prefillCharge
 		up.streamPrefill.Add(c.streamCharge)
+	} else {
+		c.queueBuffered(up) // hold.go
 	}
 	up.active.Add(c.activeCharge)
 	c.learnStart(up, pre) // learn.go
@@ -168,7 +170,8 @@ func (c *call) firstByte(up *upstream) {
 	up.prefill.Add(-c.prefillCharge)
 	up.streamPrefill.Add(-c.streamCharge)
 	c.prefillCharge, c.streamCharge = 0, 0
-	c.s.holdWake() // hold.go: room may have freed
+	c.unqueueBuffered(up) // a whole answer: its prefill is done
+	c.s.holdWake()        // hold.go: room may have freed
 }
 
 // endAttempt removes what startAttempt charged and is still charged.
@@ -178,6 +181,7 @@ func (c *call) endAttempt(up *upstream) {
 	up.streamPrefill.Add(-c.streamCharge)
 	up.active.Add(-c.activeCharge)
 	c.prefillCharge, c.streamCharge, c.activeCharge = 0, 0, 0
+	c.unqueueBuffered(up)
 	c.learnEnd(up)
 	c.s.holdWake() // hold.go: room may have freed
 }

@@ -78,6 +78,9 @@ type Server struct {
 	hold   policies.Hold
 	holdQ  *holdQueue
 	roomFn func(engine string) bool
+	// holdNow is the hold's clock for non-streamed requests' estimated
+	// prefill (unix ns; tests set it).
+	holdNow func() int64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -129,7 +132,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej, learn: lr}
 	if hold.On() && lr != nil && deps.PD == nil && cfg.PD.Policy == "" { // hold.go: not with P/D
-		s.hold, s.roomFn = hold, s.engineRoom
+		s.hold, s.roomFn, s.holdNow = hold, s.engineRoom, func() int64 { return time.Now().UnixNano() }
 		s.holdQ = newHoldQueue(hold, cfg.Hold, s.roomFn, func() time.Duration { return time.Since(s.created) })
 	}
 	if cfg.EngineAPIKey != "" {

@@ -33,10 +33,16 @@ type upstream struct {
 	// prefill by the whole decode; counted as queued prefill, it would cap
 	// each engine's batch at the hold's seconds of prompts.
 	streamPrefill atomic.Int64
-	active        atomic.Int64
-	total         atomic.Uint64
-	failures      atomic.Uint64
-	lw            learnLoad // the cost learner's counts (learn.go)
+	// bufDone is when this replica's non-streamed requests sent to the
+	// engine are estimated to have had their prefill (unix ns): their
+	// uncached tokens queued one after another at the learned prefill rate
+	// (hold.go, queueBuffered), so the hold counts them without waiting
+	// for a first byte that comes only with the whole answer.
+	bufDone  atomic.Int64
+	active   atomic.Int64
+	total    atomic.Uint64
+	failures atomic.Uint64
+	lw       learnLoad // the cost learner's counts (learn.go)
 	// progress is when the engine last sent this replica a byte, or when
 	// its first request in flight started (unix ns): the stall watch
 	// (health.go) suspects an engine with requests in flight and no
@@ -186,15 +192,6 @@ func (u *upstreams) local(id string) (inflight, prefill, active int) {
 		return 0, 0, 0
 	}
 	return int(up.inflight.Load()), int(up.prefill.Load()), int(up.active.Load())
-}
-
-// streamPrefill returns this replica's streamed requests' pending prefill
-// tokens on engine id (upstream.streamPrefill).
-func (u *upstreams) streamPrefill(id string) int {
-	if up := u.lookup(id); up != nil {
-		return int(up.streamPrefill.Load())
-	}
-	return 0
 }
 
 // lookup returns engine id's upstream, nil when this replica has none.

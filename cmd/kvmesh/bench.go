@@ -47,6 +47,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.StringVar(&o.Mode, "mode", o.Mode, "benchmark mode (des: discrete-event simulation; live: sim engines, sidecars, NATS and ingresses at --time-scale)")
 	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "live: engines and arrivals run this many times faster than real time")
 	fs.IntVar(&o.Ingresses, "ingresses", o.Ingresses, "live: ingress replicas (requests round-robin over them)")
+	fs.BoolVar(&o.NoStream, "no-stream", false, "live: non-streamed requests (the client's TTFT is then its E2E)")
 	fs.StringVar(&o.HTML, "html", o.HTML, "also write a self-contained HTML report (plots, table) to this file")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "simulated engines (1..4000)")
 	fs.Func("policies", "comma-separated policies (default "+strings.Join(o.Policies, ",")+")", func(s string) error {

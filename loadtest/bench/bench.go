@@ -96,7 +96,11 @@ type Options struct {
 	// generator's progress lines.
 	TimeScale float64
 	Ingresses int
-	Progress  io.Writer
+	// NoStream sends the live requests without streaming (a buffered
+	// answer: the client's TTFT is its E2E; the engines' own TTFT is
+	// still reported).
+	NoStream bool
+	Progress io.Writer
 }
 
 // DefaultOptions compares the baselines, the emulated routers and kvmesh

@@ -39,6 +39,9 @@ const DefaultTimeScale = 10
 // checkLive checks the options only live mode reads.
 func (o *Options) checkLive(bad func(string, ...any)) {
 	if o.Mode != "live" {
+		if o.NoStream {
+			bad("--no-stream: live mode only (the DES's router sees every first token)")
+		}
 		return
 	}
 	if o.Engines > maxLiveEngines {
@@ -121,6 +124,7 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 	lc.Seed = max(o.Seed, 1)
 	lc.SessionHeader = "X-Session-ID"
 	lc.Timeout = 10 * time.Minute
+	lc.NoStream = o.NoStream
 	if o.Progress != nil {
 		lc.Progress = loadgen.ProgressLine(o.Progress, policy+" ")
 	}
