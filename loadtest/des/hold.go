@@ -80,6 +80,21 @@ func (h *holdState) next(view []scheduler.Engine, lr *learn.Learner, now time.Du
 	return r.i, true
 }
 
+// drain sends held requests, smallest key first, while an engine has
+// room; send charges each to its engine before the next is considered.
+// inflight is the run's client slots in use: a held request's is handed on
+// to send.
+func (h *holdState) drain(view []scheduler.Engine, lr *learn.Learner, now time.Duration, inflight *int, send func(int, time.Duration)) {
+	for {
+		i, ok := h.next(view, lr, now)
+		if !ok {
+			return
+		}
+		*inflight--
+		send(i, now)
+	}
+}
+
 // heldFor is how long request i was held.
 func (h *holdState) heldFor(i int) time.Duration {
 	if h.since == nil {
@@ -100,16 +115,7 @@ func (s *sim) holdArrival(i int, now time.Duration) {
 
 // drainHeld sends held requests, smallest key first, while an engine has
 // room; each is charged to its engine before the next is considered.
-func (s *sim) drainHeld(now time.Duration) {
-	for {
-		i, ok := s.hold.next(s.view, s.learner, now)
-		if !ok {
-			return
-		}
-		s.inflight--
-		s.send(i, now)
-	}
-}
+func (s *sim) drainHeld(now time.Duration) { s.hold.drain(s.view, s.learner, now, &s.inflight, s.send) }
 
 // pickRoom moves the decision to the best-ranked engine with room (or
 // holding Hold.Affinity of the prompt).

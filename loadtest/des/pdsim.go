@@ -243,14 +243,7 @@ func (s *pdSim) dispatch(i int, now time.Duration) {
 // drainHeld sends held requests, smallest key first, while an engine has
 // room; each is charged to its engine before the next is considered.
 func (s *pdSim) drainHeld(now time.Duration) {
-	for {
-		i, ok := s.hold.next(s.view, s.learner, now)
-		if !ok {
-			return
-		}
-		s.inflight--
-		s.send(i, now)
-	}
+	s.hold.drain(s.view, s.learner, now, &s.inflight, s.send)
 }
 
 // pickRoom moves the plan to the best option the hold lets the request go
