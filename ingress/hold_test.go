@@ -392,9 +392,12 @@ func startHoldE2E(t *testing.T) *holdE2E {
 
 // holdBody is request i of the hold's end-to-end tests: a streamed
 // 1,000-token prompt sharing no prefix with another's.
-func holdBody(i int) string {
+func holdBody(i int) string { return holdBodyOut(i, 2) }
+
+// holdBodyOut is holdBody with maxTokens.
+func holdBodyOut(i, maxTokens int) string {
 	var sb strings.Builder
-	sb.WriteString(`{"model":"m","max_tokens":2,"stream":true,"prompt":[`)
+	sb.WriteString(`{"model":"m","max_tokens":` + strconv.Itoa(maxTokens) + `,"stream":true,"prompt":[`)
 	for j := 0; j < 1000; j++ {
 		if j > 0 {
 			sb.WriteByte(',')
@@ -558,19 +561,10 @@ func holdServer(t *testing.T) *Server {
 // holdCall is a call of s for a streamed 1,000-token completion (seed: its tokens),
 // with a request context that can wait.
 func holdCall(s *Server, seed int) (*call, *fasthttp.RequestCtx) {
-	var sb strings.Builder
-	sb.WriteString(`{"model":"m","max_tokens":4,"stream":true,"prompt":[`)
-	for j := 0; j < 1000; j++ {
-		if j > 0 {
-			sb.WriteByte(',')
-		}
-		sb.WriteString(strconv.Itoa(1 + (seed*7919+j*31)%5000))
-	}
-	sb.WriteString("]}")
 	ctx := new(fasthttp.RequestCtx)
 	ctx.Init2(nil, fasthttpLogger{slog.New(slog.NewTextHandler(io.Discard, nil))}, false)
 	ctx.Request.Header.SetMethod("POST")
-	ctx.Request.SetBody([]byte(sb.String()))
+	ctx.Request.SetBody([]byte(holdBodyOut(seed, 4)))
 	c := new(call)
 	c.reset()
 	c.s, c.ep, c.start = s, epCompletions, time.Now()

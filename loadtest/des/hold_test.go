@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -27,11 +28,7 @@ func TestHoldUnderOverload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	off := policies.DefaultKVMeshConfig()
-	off.HoldSeconds = 0
-	if err := cfg.Scheduler.SetParams("kvmesh", off); err != nil {
-		t.Fatal(err)
-	}
+	holdOff(t, &cfg.Scheduler)
 	free, err := Run(context.Background(), cfg, reqs, []string{"kvmesh"})
 	if err != nil {
 		t.Fatal(err)
@@ -44,5 +41,15 @@ func TestHoldUnderOverload(t *testing.T) {
 	}
 	if h.ThroughputRPS < 1.2*f.ThroughputRPS || h.TTFTP99 > 0.7*f.TTFTP99 || h.LoadImbalance > 1.3 || f.LoadImbalance < 2 {
 		t.Errorf("the hold must raise throughput ≥ 20 %%, cut p99 ≥ 30 %% and even out the load (≤ 1.3, from ≥ 2)")
+	}
+}
+
+// holdOff sets the kvmesh policy's defaults with the hold off in sc.
+func holdOff(t *testing.T, sc *scheduler.Config) {
+	t.Helper()
+	off := policies.DefaultKVMeshConfig()
+	off.HoldSeconds = 0
+	if err := sc.SetParams("kvmesh", off); err != nil {
+		t.Fatal(err)
 	}
 }

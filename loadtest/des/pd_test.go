@@ -9,7 +9,6 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
-	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -210,11 +209,7 @@ func TestRunPDAggregatedHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	off := policies.DefaultKVMeshConfig()
-	off.HoldSeconds = 0
-	if err := cfg.Scheduler.SetParams("kvmesh", off); err != nil {
-		t.Fatal(err)
-	}
+	holdOff(t, &cfg.Scheduler)
 	free, err := RunPD(context.Background(), cfg, reqs, []string{"aggregated"})
 	if err != nil {
 		t.Fatal(err)
