@@ -3,6 +3,7 @@ package ingress
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strconv"
@@ -22,8 +23,11 @@ import (
 // consumed, keep-alive and pipelining keep working). Zero bytes means the
 // client closed its side: the upstream request is cancelled by closing the
 // upstream connection that carries it, which is how an engine (vLLM, the
-// simulator) learns to abort. Bytes mean a pipelined request: the watcher
-// ends without a verdict. The handler stops the watcher before it returns
+// simulator) learns to abort. Bytes are a pipelined request or, over TLS, a
+// record (a TLS client that closes sends its close_notify alert ahead of
+// its FIN): on Linux the watcher then asks poll for POLLRDHUP, which
+// reports a FIN behind unread bytes, and otherwise waits on; elsewhere it
+// ends without a verdict, and TLS connections are not watched. The handler stops the watcher before it returns
 // by setting a past read deadline (ctx.SetReadDeadline, which fasthttp resets
 // after the handler) and waits for it to exit, so its lifetime is bounded by
 // the request's.
@@ -36,8 +40,9 @@ import (
 // Which upstream connection carries the request is not visible through
 // fasthttp.HostClient, so a watched request is tagged with a header
 // (watchHeader: call number) that the upstream connection wrapper (idleConn)
-// recognises when the request is written. Connections that are not TCP (or
-// platforms without MSG_PEEK) are not watched; a client that half-closes
+// recognises when the request is written. The watcher peeks at the socket
+// under TLS (socketOf). Connections that are not TCP (or platforms without
+// MSG_PEEK) are not watched; a client that half-closes
 // (shutdown(SHUT_WR)) while waiting for its answer is taken as gone, as
 // nginx and vLLM do.
 
@@ -192,10 +197,23 @@ func (u *upstreams) claim(c *idleConn, p []byte) {
 	}
 }
 
-// canPeek reports whether conn is a socket the watcher can peek at.
+// canPeek reports whether conn is a socket the watcher can peek at: TCP,
+// or TLS over TCP where the platform can tell a FIN behind unread bytes.
 func canPeek(conn net.Conn) bool {
-	_, ok := conn.(*net.TCPConn)
+	if _, ok := conn.(*tls.Conn); ok && !peekTLS {
+		return false
+	}
+	_, ok := socketOf(conn).(*net.TCPConn)
 	return ok && peekSupported
+}
+
+// socketOf is the connection under conn's TLS, if any: the watcher peeks
+// at the socket, below the records.
+func socketOf(conn net.Conn) net.Conn {
+	if tc, ok := conn.(*tls.Conn); ok {
+		return tc.NetConn()
+	}
+	return conn
 }
 
 // ErrClientGone: the client closed its connection while its request waited

@@ -4,6 +4,6 @@ package ingress
 
 import "net"
 
-const peekSupported = false
+const peekSupported, peekTLS = false, false
 
 func peerClosed(net.Conn) bool { return false }

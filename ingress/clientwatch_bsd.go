@@ -1,4 +1,4 @@
-//go:build linux || darwin || freebsd || netbsd || openbsd
+//go:build darwin || freebsd || netbsd || openbsd
 
 package ingress
 
@@ -7,12 +7,15 @@ import (
 	"syscall"
 )
 
-const peekSupported = true
+// TLS connections are not watched here: without POLLRDHUP a close_notify
+// alert ahead of the FIN looks like a pipelined request.
+const peekSupported, peekTLS = true, false
 
 // peerClosed waits until conn is readable or its read deadline passes and
-// reports whether the peer closed it (EOF or reset). It consumes nothing.
+// reports whether the peer closed it (EOF or reset). It consumes nothing;
+// unread bytes (a pipelined request) end the wait without a verdict.
 func peerClosed(conn net.Conn) bool {
-	sc, ok := conn.(syscall.Conn)
+	sc, ok := socketOf(conn).(syscall.Conn)
 	if !ok {
 		return false
 	}

@@ -1,0 +1,122 @@
+package ingress
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// startHangIngress is an ingress in front of one engine that never answers,
+// with tlsOn a TLS listener (a self-signed certificate); the client's
+// leaving is the only way its requests end.
+func startHangIngress(t *testing.T, tlsOn bool) (*Server, *faultEngine) {
+	t.Helper()
+	hang := startFaultEngine(t, faultHang)
+	cfg := testConfig(StaticEngine{ID: "hang", Model: "m", URL: hang.url()})
+	cfg.IdleTimeout = time.Minute
+	cfg.Health.StallAfter = 0 // the hang is the client's to end, not the stall watch's
+	if tlsOn {
+		cfg.TLS.CertFile, cfg.TLS.KeyFile = writeSelfSigned(t)
+	}
+	return startIngress(t, cfg, Deps{}), hang
+}
+
+// leaveMidRequest sends one non-streamed request on conn, waits until the
+// engine has it, runs then (the client's last act before closing) and closes
+// conn; it checks that the engine's request is canceled and the request
+// counted as 499.
+func leaveMidRequest(t *testing.T, s *Server, hang *faultEngine, conn net.Conn, then func()) {
+	t.Helper()
+	body := `{"model":"m","prompt":[1,2]}`
+	if _, err := fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: kvmesh\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the request on the hanging engine", func() bool { return hang.hits.Load() == 1 })
+	if then != nil {
+		then()
+	}
+	conn.Close()
+	testutil.WaitFor(t, 10*time.Second, "the engine's request canceled", func() bool { return hang.canceled.Load() == 1 })
+	waitSettled(t, s)
+	if got := val(s.m.requests.WithLabelValues("completions", "499")); got != 1 {
+		t.Fatalf("499 count %v", got)
+	}
+}
+
+// A TLS client that closes its connection while its non-streamed request
+// runs: its close_notify alert reaches the socket ahead of its FIN, and the
+// watcher still sees it leave (POLLRDHUP behind the unread record).
+func TestClientDisconnectOverTLSCancelsUpstream(t *testing.T) {
+	if !peekTLS {
+		t.Skip("TLS connections are not watched on this platform")
+	}
+	s, hang := startHangIngress(t, true)
+	conn, err := tls.Dial("tcp", s.Addr(), &tls.Config{InsecureSkipVerify: true}) // the test's own self-signed certificate
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	leaveMidRequest(t, s, hang, conn, nil)
+}
+
+// A plain-HTTP client that pipelines the start of a next request and then
+// closes: the unread bytes do not hide its FIN from the watcher.
+func TestClientDisconnectAfterPipelinedBytesCancelsUpstream(t *testing.T) {
+	if !peekTLS {
+		t.Skip("unread bytes end the watch on this platform")
+	}
+	s, hang := startHangIngress(t, false)
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	leaveMidRequest(t, s, hang, conn, func() {
+		if _, err := fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// writeSelfSigned writes a self-signed ECDSA certificate for 127.0.0.1 and
+// its key to the test's directory.
+func writeSelfSigned(t *testing.T) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
