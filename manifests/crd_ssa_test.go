@@ -6,12 +6,10 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvmesh/kvmesh/internal/kubetest"
@@ -29,10 +27,7 @@ func TestModelDeploymentReapplyAfterRoleScale(t *testing.T) {
 	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, filepath.Join("crds", "kvmesh.io_modeldeployments.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	const ns = "ssa-reapply"
-	if _, err := kubernetes.NewForConfigOrDie(srv.Config).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := srv.Namespace(t)
 	var manifest unstructured.Unstructured
 	if err := yaml.Unmarshal([]byte(`apiVersion: kvmesh.io/v1alpha1
 kind: ModelDeployment

@@ -24,17 +24,13 @@ func TestEnsureCreatesOnceAndNeverOverwrites(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, ns := range []string{"kvmesh", "engines"} {
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	home, engines := srv.Namespace(t), srv.Namespace(t) // fresh each run (-count)
 	// An operator brought their own admin password.
-	if _, err := cs.CoreV1().Secrets("kvmesh").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: NATSSecret},
+	if _, err := cs.CoreV1().Secrets(home).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: NATSSecret},
 		Data: map[string][]byte{"admin-password": []byte("mine")}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Ensure(ctx, cs, "kvmesh", []string{"engines"})
+	res, err := Ensure(ctx, cs, home, []string{engines})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +45,7 @@ func TestEnsureCreatesOnceAndNeverOverwrites(t *testing.T) {
 		}
 		return s.Data
 	}
-	nats := get("kvmesh", NATSSecret)
+	nats := get(home, NATSSecret)
 	if string(nats["admin-password"]) != "mine" {
 		t.Fatalf("the operator's admin password was overwritten: %q", nats["admin-password"])
 	}
@@ -61,20 +57,20 @@ func TestEnsureCreatesOnceAndNeverOverwrites(t *testing.T) {
 	if nats["sidecar-password"] == nil || string(nats["sidecar-password"]) == string(nats["ingress-password"]) {
 		t.Fatal("roles share a password")
 	}
-	key, err := base64.StdEncoding.DecodeString(string(get("kvmesh", GossipSecret)["key"]))
+	key, err := base64.StdEncoding.DecodeString(string(get(home, GossipSecret)["key"]))
 	if err != nil || len(key) != 32 {
 		t.Fatalf("gossip key: %d bytes, %v; want 32 (AES-256)", len(key), err)
 	}
-	eng := get("engines", NATSSecret)
+	eng := get(engines, NATSSecret)
 	if string(eng["sidecar-password"]) != string(nats["sidecar-password"]) || eng["ingress-password"] != nil || eng["admin-password"] != nil {
 		t.Fatalf("the engines' namespace got %v: want only the sidecar's password, the same value", keysOf(eng))
 	}
 	// A rerun changes nothing.
-	res, err = Ensure(ctx, cs, "kvmesh", []string{"engines"})
+	res, err = Ensure(ctx, cs, home, []string{engines})
 	if err != nil || len(res.Created) != 0 {
 		t.Fatalf("rerun created %v (err %v)", res.Created, err)
 	}
-	if string(get("kvmesh", NATSSecret)["sidecar-password"]) != string(nats["sidecar-password"]) {
+	if string(get(home, NATSSecret)["sidecar-password"]) != string(nats["sidecar-password"]) {
 		t.Fatal("a rerun rotated a password")
 	}
 }

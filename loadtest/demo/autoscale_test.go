@@ -19,7 +19,7 @@ var (
 )
 
 // kvmeshBinary builds the kvmesh binary once for this package's tests (the
-// local backend runs it as its children).
+// local backend runs it as its children); TestMain removes it.
 func kvmeshBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -34,8 +34,17 @@ func kvmeshBinary(t *testing.T) string {
 	if buildErr != nil {
 		t.Fatalf("build kvmesh: %v\n%s", buildErr, buildOut)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(binPath)) })
 	return binPath
+}
+
+// TestMain removes the binary kvmeshBinary built, after every test and
+// every -count run used it.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
 }
 
 // TestAutoscaleDemo runs `kvmesh demo --autoscale` in a short mode (a 40 s

@@ -34,10 +34,7 @@ func TestDescribeShowsOnlyTheObjectsOwnEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	kube := kubernetes.NewForConfigOrDie(srv.Config)
-	const ns = "view-events"
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := srv.Namespace(t)
 	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{Namespace: ns},
 		filepath.Join(root, "examples", "pd-modeldeployment.yaml"), filepath.Join(root, "examples", "autoscalingpolicy.yaml")); err != nil {
 		t.Fatal(err)
