@@ -65,10 +65,11 @@ type call struct {
 	batchN                       int // prompts in the request (1 unless batched)
 	scratch                      []uint32
 	scratchText                  []byte
-	prefillCharge                int64 // tokens charged to the engine's prefill until the first byte
-	streamCharge                 int64 // the same when the request streams (upstream.streamPrefill)
-	bufEnd, bufDur               int64 // a non-streamed attempt's estimated prefill end and length on upstream.bufDone (ns; hold.go)
-	activeCharge                 int64 // tokens charged to the engine's active set until the end
+	prefillCharge                int64     // tokens charged to the engine's prefill until the first byte
+	streamCharge                 int64     // the same when the request streams (upstream.streamPrefill)
+	bufEnd, bufDur               int64     // a non-streamed attempt's estimated prefill end and length on upstream.bufDone (ns; hold.go)
+	activeCharge                 int64     // tokens charged to the engine's active set until the end
+	sentAt                       time.Time // the last attempt's sending, with Server.outs
 	attempts                     int
 	status                       int
 	outTokens                    int
@@ -699,6 +700,10 @@ func (c *call) finish() {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
+			if s.outs != nil && c.outTokens > 0 && !c.sentAt.IsZero() {
+				// The answer's length, weighted by its time at the engine (pd.OutputDist).
+				s.outs.Observe(c.outTokens, time.Since(c.sentAt).Seconds())
+			}
 			if c.media > 0 {
 				s.media.observe(c.model, c.media, c.textToks, c.engPrompt)
 			}

@@ -219,7 +219,7 @@ func TestBuildPDPassesCostsAndTPOT(t *testing.T) {
 		t.Fatal("no learner")
 	}
 	pc := s.pdPolicyConfig(cfg.PD, nil)
-	if pc.Costs != s.learn || pc.SLOTPOT != 0.04 || pc.SLOTTFT != 2 {
+	if pc.Costs != s.learn || pc.SLOTPOT != 0.04 || pc.SLOTTFT != 2 || pc.Outputs == nil || pc.Outputs != s.outs {
 		t.Fatalf("pd config: costs %v (learner %p), sloTPOT %v, sloTTFT %v", pc.Costs, s.learn, pc.SLOTPOT, pc.SLOTTFT)
 	}
 	pol, err := pd.New(pc)
@@ -227,7 +227,7 @@ func TestBuildPDPassesCostsAndTPOT(t *testing.T) {
 		t.Fatal(err)
 	}
 	k, ok := pol.(pd.KVMesh)
-	if !ok || k.Cost.Costs != s.learn || k.SLOTPOT != 0.04 {
+	if !ok || k.Cost.Costs != s.learn || k.SLOTPOT != 0.04 || k.Outputs != s.outs {
 		t.Fatalf("pd policy %T: costs %v sloTPOT %v", pol, k.Cost.Costs, k.SLOTPOT)
 	}
 	if s.buildPD(cfg.PD) == nil {

@@ -344,14 +344,16 @@ func (s *Server) buildPD(c PDConfig) PDPlanner {
 	return nil
 }
 
-// pdPolicyConfig is the P/D policy's config: the objectives, and the
-// ingress's learner, when on, as its per-engine cost model (learn.go).
+// pdPolicyConfig is the P/D policy's config: the objectives, the
+// ingress's learner, when on, as its per-engine cost model (learn.go), and
+// the output lengths of finished attempts (Server.outs).
 func (s *Server) pdPolicyConfig(c PDConfig, cost *policies.KVMeshConfig) pd.Config {
 	pc := pd.Config{Policy: c.Policy, Cost: cost, TransferGbps: c.TransferGbps,
 		SLOTTFT: c.SLOTTFT.Seconds(), SLOTPOT: c.SLOTPOT.Seconds()}
 	if s.learn != nil {
 		pc.Costs = s.learn
 	}
+	pc.Outputs = s.outs
 	return pc
 }
 

@@ -240,6 +240,11 @@ func TestPDFromConfig(t *testing.T) {
 	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || p.prefills.Load() != 1 || d.params.Load().(string) == "" {
 		t.Fatalf("status %d engine %q prefills %d params %q body %s", st, hdr.Get("X-Kvmesh-Engine"), p.prefills.Load(), d.params.Load(), b)
 	}
+	// The decode answer's output length went into the distribution the
+	// P/D step prices streams' TPOT risk over.
+	if s.outs == nil || s.outs.Weight() <= 0 {
+		t.Fatalf("output lengths observed: %v", s.outs)
+	}
 	bad := testConfig()
 	bad.PD = PDConfig{Policy: "nope"}
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "pd") {

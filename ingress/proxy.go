@@ -157,6 +157,9 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 		c.queueBuffered(up) // hold.go
 	}
 	up.active.Add(c.activeCharge)
+	if c.s.outs != nil {
+		c.sentAt = time.Now()
+	}
 	c.learnStart(up, pre) // learn.go
 	c.passBaton()         // hold.go: charged, the next held request may go
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
 
@@ -75,6 +76,10 @@ type Server struct {
 	// hold is the kvmesh policy's router-side hold rule and holdQ its held
 	// requests (hold.go); holdQ is nil when the hold is off. roomFn is
 	// engineRoom, bound once.
+	// outs is the output lengths of the streams the engines run, from this
+	// replica's finished attempts (endAttempt), for the kvmesh P/D step;
+	// nil without it.
+	outs   *pd.OutputDist
 	hold   policies.Hold
 	holdQ  *holdQueue
 	roomFn func(engine string) bool
@@ -134,6 +139,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if hold.On() && lr != nil && deps.PD == nil && cfg.PD.Policy == "" { // hold.go: not with P/D
 		s.hold, s.roomFn, s.holdNow = hold, s.engineRoom, func() int64 { return time.Now().UnixNano() }
 		s.holdQ = newHoldQueue(hold, cfg.Hold, s.roomFn, func() time.Duration { return time.Since(s.created) })
+	}
+	if deps.PD == nil && (cfg.PD.Policy == "kvmesh" || cfg.PD.Policy == "kvmesh-always") {
+		s.outs = pd.NewOutputDist() // pd.go: the P/D step prices streams' TPOT risk over it
 	}
 	if cfg.EngineAPIKey != "" {
 		s.engineAuth = []byte("Bearer " + cfg.EngineAPIKey)

@@ -79,9 +79,12 @@ type PDConfig struct {
 	// MixedPrefill lets kvmesh and kvmesh-always send prefill legs to
 	// mixed engines (pd.Config.MixedPrefill); aggregated never splits.
 	MixedPrefill bool
-	// OutputDist has kvmesh and kvmesh-always price the running streams'
-	// TPOT risk over the output lengths of finished requests
-	// (pd.Config.Outputs) instead of at their mean.
+	// OutputDist has kvmesh and kvmesh-always price decode engines'
+	// running streams' TPOT risk over the output lengths of finished
+	// requests, weighted by their time at the engine (pd.Config.Outputs),
+	// instead of at their mean, as the ingress does (`kvmesh bench`'s
+	// --output-dist, on by default). The autoscaling benchmark leaves it
+	// off: its tables were measured before it.
 	OutputDist bool
 }
 

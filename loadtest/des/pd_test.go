@@ -165,7 +165,8 @@ func TestRunPDMixedPrefill(t *testing.T) {
 }
 
 // TestPDOutputDist: with OutputDist kvmesh's runs keep the distribution of
-// the output lengths they observe; the other policies get none.
+// the output lengths they observe (fed by finished requests); the other
+// policies get none.
 func TestPDOutputDist(t *testing.T) {
 	reqs, err := workload.SharedPrefix{Groups: 2, Prompts: 4, Shared: 512, Question: 512, Output: 16, Rate: 8, Seed: 1}.Generate()
 	if err != nil {
@@ -187,6 +188,9 @@ func TestPDOutputDist(t *testing.T) {
 		}
 		if res := s.run(context.Background()); res.Completed != len(reqs) {
 			t.Fatalf("%s: %d of %d completed", p, res.Completed, len(reqs))
+		}
+		if s.outs != nil && s.outs.Weight() <= 0 {
+			t.Fatalf("%s: no finished request observed", p)
 		}
 	}
 }

@@ -5,17 +5,24 @@ import (
 	"sync"
 )
 
-// OutputDist is the distribution of finished requests' output lengths, as
-// the router observes them (log-spaced buckets, forgetting over about 500
-// requests like learn.OutputLength). KVMesh uses it, when set, to price a
-// running stream's TPOT risk from a prefill stall over the output lengths
-// streams actually have instead of at their mean: a stall of s seconds
-// adds s ÷ (n − 1) to the TPOT of a stream of n tokens, so short streams
-// miss their objective on one prefill chunk the mean hides. Safe for
-// concurrent use.
+// OutputDist is the distribution of the output lengths of the streams an
+// engine runs, as the router observes finished requests (log-spaced
+// buckets, forgetting over about 500 requests like learn.OutputLength).
+// KVMesh uses it, when set, to price a running stream's TPOT risk from a
+// prefill stall over the output lengths streams actually have instead of
+// at their mean: a stall of s seconds adds s ÷ (n − 1) to the TPOT of a
+// stream of n tokens, so short streams miss their objective on one prefill
+// chunk the mean hides.
+//
+// A stream found on an engine is not a request drawn at random: each
+// request is there for its time at the engine (sent to finished), so a
+// request's length counts in proportion to that time (the inspection
+// paradox). Counted once each, short requests, which come and go, would
+// be taken for a large share of the running streams and every local
+// prefill priced as breaking them. Safe for concurrent use.
 type OutputDist struct {
 	mu sync.Mutex
-	w  [distBuckets]float64
+	w  [distBuckets]float64 // seconds at the engine per length bucket, forgetting
 }
 
 const (
@@ -34,11 +41,14 @@ var distLen = func() (l [distBuckets]float64) {
 // NewOutputDist returns an empty distribution.
 func NewOutputDist() *OutputDist { return &OutputDist{} }
 
-// Observe records a finished request's output length.
-func (d *OutputDist) Observe(n int) {
+// Observe records a finished request's output length n and its time at
+// the engine in seconds (from its sending to its last token; a time ≤ 0
+// counts as 1 ms).
+func (d *OutputDist) Observe(n int, seconds float64) {
 	if d == nil || n < 1 {
 		return
 	}
+	seconds = max(seconds, 1e-3)
 	b := min(distBuckets-1, int(math.Round(2*math.Log2(float64(n)))))
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -46,7 +56,19 @@ func (d *OutputDist) Observe(n int) {
 	for i := range d.w {
 		d.w[i] *= keep
 	}
-	d.w[b]++
+	d.w[b] += seconds
+}
+
+// Weight is the seconds at the engine of the requests observed, with the
+// forgetting applied.
+func (d *OutputDist) Weight() float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var sum float64
+	for _, w := range d.w {
+		sum += w
+	}
+	return sum
 }
 
 // pMissStall is the chance a running stream with TPOT now misses the

@@ -13,11 +13,11 @@ import (
 func TestOutputDist(t *testing.T) {
 	s := setup{prompt: 8192, output: 256, engines: []eng{{id: "p0", role: P, running: 2, waiting: 2, local: 20000},
 		{id: "d0", role: D, running: 8, tpot: 30 * time.Millisecond}}}
-	short := NewOutputDist()
+	short := NewOutputDist() // short requests' prompts keep them at the engine 2 s each; a 2,000-token one 30 s
 	for i := 0; i < 200; i++ {
-		short.Observe(2 + i%2)
+		short.Observe(2+i%2, 2)
 		if i%10 == 0 {
-			short.Observe(2000)
+			short.Observe(2000, 30)
 		}
 	}
 	tests := []struct {
@@ -40,6 +40,18 @@ func TestOutputDist(t *testing.T) {
 			}
 		})
 	}
+	// A mixed engine's streams stay priced at the mean (streamRisk).
+	t.Run("mixed engine: priced at the mean", func(t *testing.T) {
+		m := setup{prompt: s.prompt, output: s.output, engines: []eng{s.engines[0], s.engines[1]}}
+		m.engines[1].role = M
+		plan, err := route(t, m, mustPolicy(t, Config{SLOTTFT: 2, SLOTPOT: 0.05, Outputs: short}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan.Mode != Aggregated {
+			t.Fatalf("plan %v %q→%q, want aggregated; options %+v", plan.Mode, plan.Prefill, plan.Decode, plan.Options)
+		}
+	})
 }
 
 func TestOutputDistRisk(t *testing.T) {
@@ -48,15 +60,24 @@ func TestOutputDistRisk(t *testing.T) {
 		t.Fatal("nil distribution priced")
 	}
 	d := NewOutputDist()
-	d.Observe(0) // ignored
+	d.Observe(0, 1) // ignored
 	if _, ok := d.pMissStall(0.03, 0.3, 0.05); ok {
 		t.Fatal("empty distribution priced")
 	}
-	d.Observe(1000)
+	d.Observe(1000, 15)
 	long, _ := d.pMissStall(0.03, 0.3, 0.05)
-	d.Observe(2)
+	d.Observe(2, 15) // as long at the engine as the long one (a long prompt)
 	mixed, _ := d.pMissStall(0.03, 0.3, 0.05)
 	if !(long < 0.3) || !(mixed > long+0.3) {
 		t.Fatalf("risk %v with one 1000-token output, %v with a 2-token one added", long, mixed)
+	}
+	// The same two requests, the short one 150 ms at the engine: a stream
+	// found running is the long one 99 % of the time.
+	e := NewOutputDist()
+	e.Observe(1000, 15)
+	e.Observe(2, 0.15)
+	brief, _ := e.pMissStall(0.03, 0.3, 0.05)
+	if !(brief < long+0.02) {
+		t.Fatalf("risk %v with a 2-token output that stayed 1 %% of the time, %v without it", brief, long)
 	}
 }
