@@ -200,7 +200,7 @@ func (u *upstreams) claim(c *idleConn, p []byte) {
 // canPeek reports whether conn is a socket the watcher can peek at: TCP,
 // or TLS over TCP where the platform can tell a FIN behind unread bytes.
 func canPeek(conn net.Conn) bool {
-	if _, ok := conn.(*tls.Conn); ok && !peekTLS {
+	if _, ok := conn.(*tls.Conn); ok && !finBehindBytes {
 		return false
 	}
 	_, ok := socketOf(conn).(*net.TCPConn)

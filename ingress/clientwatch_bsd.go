@@ -7,9 +7,10 @@ import (
 	"syscall"
 )
 
-// TLS connections are not watched here: without POLLRDHUP a close_notify
-// alert ahead of the FIN looks like a pipelined request.
-const peekSupported, peekTLS = true, false
+// A FIN behind unread bytes is not seen here (no POLLRDHUP), so TLS
+// connections are not watched: a close_notify alert ahead of the FIN looks
+// like a pipelined request.
+const peekSupported, finBehindBytes = true, false
 
 // peerClosed waits until conn is readable or its read deadline passes and
 // reports whether the peer closed it (EOF or reset). It consumes nothing;

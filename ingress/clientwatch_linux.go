@@ -8,9 +8,9 @@ import (
 )
 
 // On Linux the watcher also sees a peer's close behind bytes it has not
-// read (POLLRDHUP), so TLS client connections are watched too: a TLS client
-// that closes sends its close_notify alert before its FIN.
-const peekSupported, peekTLS = true, true
+// read (POLLRDHUP: finBehindBytes), so TLS client connections are watched
+// too: a TLS client that closes sends its close_notify alert before its FIN.
+const peekSupported, finBehindBytes = true, true
 
 // peerClosed waits until conn's socket is readable or its read deadline
 // passes and reports whether the peer closed it (EOF, reset, or a FIN behind

@@ -4,6 +4,6 @@ package ingress
 
 import "net"
 
-const peekSupported, peekTLS = false, false
+const peekSupported, finBehindBytes = false, false
 
 func peerClosed(net.Conn) bool { return false }

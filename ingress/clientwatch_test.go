@@ -60,7 +60,7 @@ func leaveMidRequest(t *testing.T, s *Server, hang *faultEngine, conn net.Conn, 
 // runs: its close_notify alert reaches the socket ahead of its FIN, and the
 // watcher still sees it leave (POLLRDHUP behind the unread record).
 func TestClientDisconnectOverTLSCancelsUpstream(t *testing.T) {
-	if !peekTLS {
+	if !finBehindBytes {
 		t.Skip("TLS connections are not watched on this platform")
 	}
 	s, hang := startHangIngress(t, true)
@@ -75,7 +75,7 @@ func TestClientDisconnectOverTLSCancelsUpstream(t *testing.T) {
 // A plain-HTTP client that pipelines the start of a next request and then
 // closes: the unread bytes do not hide its FIN from the watcher.
 func TestClientDisconnectAfterPipelinedBytesCancelsUpstream(t *testing.T) {
-	if !peekTLS {
+	if !finBehindBytes {
 		t.Skip("unread bytes end the watch on this platform")
 	}
 	s, hang := startHangIngress(t, false)
