@@ -701,8 +701,8 @@ func (c *call) finish() {
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
 			if s.outs != nil && c.outTokens > 0 && !c.sentAt.IsZero() {
-				// The answer's length, weighted by its time at the engine (pd.OutputDist).
-				s.outs.Observe(c.outTokens, time.Since(c.sentAt).Seconds())
+				// The answer's length per prompt, weighted by its time at the engine (pd.OutputDist).
+				s.outs.Observe(c.outTokens/max(1, c.batchN), time.Since(c.sentAt).Seconds())
 			}
 			if c.media > 0 {
 				s.media.observe(c.model, c.media, c.textToks, c.engPrompt)
