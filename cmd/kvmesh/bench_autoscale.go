@@ -94,7 +94,7 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 		bad("--autoscale runs in --mode des only")
 	}
 	cfg := des.ScaleConfig{PDConfig: des.PDConfig{Config: base, TransferGbps: *pdf.transferGbps, TransferSetup: max(*pdf.transferSet, time.Nanosecond),
-		SLOTTFT: *pdf.sloTTFT, SLOTPOT: *pdf.sloTPOT, NonCachedTokens: *pdf.nonCached},
+		SLOTTFT: *pdf.sloTTFT, SLOTPOT: *pdf.sloTPOT, NonCachedTokens: *pdf.nonCached, OutputDist: *pdf.outputDist},
 		StartupDelay: *f.startup, SyncPeriod: *f.sync, MaxPerRole: *f.maxPerRole}
 	if *f.startup == 0 {
 		cfg.StartupDelay = -1

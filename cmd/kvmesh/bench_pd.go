@@ -36,7 +36,7 @@ func pdBenchFlags(fs *flag.FlagSet) pdFlags {
 		sloTTFT:      fs.Duration("slo-ttft", 2*time.Second, "with --roles: goodput's TTFT objective"),
 		sloTPOT:      fs.Duration("slo-tpot", 50*time.Millisecond, "with --roles: goodput's time-per-output-token objective"),
 		nonCached:    fs.Int("llmd-non-cached-tokens", 16, "with --roles: llm-d's prefix-based P/D decider threshold"),
-		outputDist:   fs.Bool("output-dist", true, "with --roles: kvmesh prices decode engines' streams' TPOT risk over the output lengths of the streams engines run (finished requests weighted by their time at the engine), not their mean"),
+		outputDist:   fs.Bool("output-dist", true, "with --roles or --autoscale: kvmesh prices decode engines' streams' TPOT risk over the output lengths of the streams engines run (finished requests weighted by their time at the engine), not their mean"),
 		mixedPrefill: fs.Bool("mixed-prefill", true, "with --roles: kvmesh may send prefill legs to mixed engines (kv_role kv_both)"),
 	}
 }

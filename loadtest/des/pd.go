@@ -83,8 +83,7 @@ type PDConfig struct {
 	// running streams' TPOT risk over the output lengths of finished
 	// requests, weighted by their time at the engine (pd.Config.Outputs),
 	// instead of at their mean, as the ingress does (`kvmesh bench`'s
-	// --output-dist, on by default). The autoscaling benchmark leaves it
-	// off: its tables were measured before it.
+	// --output-dist, on by default with --roles and --autoscale).
 	OutputDist bool
 }
 
