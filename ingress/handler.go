@@ -331,7 +331,7 @@ func (c *call) schedule() error {
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
 	}
 	c.sreq = scheduler.Request{
-		Keys: c.keys, BlockSize: c.block, PromptTokens: c.promptTokens, OutputTokens: max(c.req.maxTokens, 0) * c.batchN,
+		Keys: c.keys, BlockSize: c.block, PromptTokens: c.promptTokens, OutputTokens: s.outLens.estimate(served, c.req.maxTokens) * c.batchN,
 		Model: served, LoRA: adapter, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
@@ -700,6 +700,7 @@ func (c *call) finish() {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
+			s.outLens.observe(c.sreq.Model, c.outTokens/max(1, c.batchN)) // outlen.go
 			if s.outs != nil && c.outTokens > 0 && !c.sentAt.IsZero() {
 				// The answer's length per prompt, weighted by its time at the engine (pd.OutputDist).
 				s.outs.Observe(c.outTokens/max(1, c.batchN), time.Since(c.sentAt).Seconds())

@@ -79,10 +79,12 @@ type Server struct {
 	// outs is the output lengths of the streams the engines run, from this
 	// replica's finished attempts (endAttempt), for the kvmesh P/D step;
 	// nil without it.
-	outs   *pd.OutputDist
-	hold   policies.Hold
-	holdQ  *holdQueue
-	roomFn func(engine string) bool
+	outs *pd.OutputDist
+	// outLens predicts output lengths per served model (outlen.go).
+	outLens outputLengths
+	hold    policies.Hold
+	holdQ   *holdQueue
+	roomFn  func(engine string) bool
 	// holdNow is the hold's clock for non-streamed requests' estimated
 	// prefill (unix ns; tests set it).
 	holdNow func() int64

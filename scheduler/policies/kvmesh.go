@@ -91,7 +91,10 @@ type KVMesh struct {
 	// llm-d, p90 TTFT 3.5× higher); 0.1–0.15 kept every benchmark's e2e
 	// and improved TTFT everywhere (docs/BENCHMARKS.md, "decodeWeight").
 	DecodeWeight float64
-	// DefaultOutputTokens is assumed when a request does not say. Default 128.
+	// DefaultOutputTokens is assumed when a request carries no output
+	// estimate (the ingress's prediction from finished answers, capped by
+	// max_tokens; none before the first answer without max_tokens).
+	// Default 128.
 	DefaultOutputTokens int
 	// ExternalityWeight scales the cost imposed on the engine's running
 	// requests (0 = route on the request's own latency). Default 1.
