@@ -27,10 +27,10 @@ import (
 // record (a TLS client that closes sends its close_notify alert ahead of
 // its FIN): on Linux the watcher then asks poll for POLLRDHUP, which
 // reports a FIN behind unread bytes, and otherwise waits on; elsewhere it
-// ends without a verdict, and TLS connections are not watched. The handler stops the watcher before it returns
-// by setting a past read deadline (ctx.SetReadDeadline, which fasthttp resets
-// after the handler) and waits for it to exit, so its lifetime is bounded by
-// the request's.
+// ends without a verdict, and TLS connections are not watched. The handler
+// stops the watcher before it returns by setting a past read deadline
+// (ctx.SetReadDeadline, which fasthttp resets after the handler) and waits
+// for it to exit, so its lifetime is bounded by the request's.
 //
 // Most non-streamed answers arrive within milliseconds; the watcher only
 // starts after watchDelay (a pooled timer), so those pay no goroutine, no

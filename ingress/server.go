@@ -73,18 +73,18 @@ type Server struct {
 	// in Start with gossip and a learner.
 	learnSh     learnSharer
 	learnShares *prometheus.CounterVec
-	// hold is the kvmesh policy's router-side hold rule and holdQ its held
-	// requests (hold.go); holdQ is nil when the hold is off. roomFn is
-	// engineRoom, bound once.
 	// outs is the output lengths of the streams the engines run, from this
-	// replica's finished attempts (endAttempt), for the kvmesh P/D step;
-	// nil without it.
+	// replica's finished answers (finish), for the kvmesh P/D step; nil
+	// without it.
 	outs *pd.OutputDist
 	// outLens predicts output lengths per served model (outlen.go).
 	outLens outputLengths
-	hold    policies.Hold
-	holdQ   *holdQueue
-	roomFn  func(engine string) bool
+	// hold is the kvmesh policy's router-side hold rule and holdQ its held
+	// requests (hold.go); holdQ is nil when the hold is off. roomFn is
+	// engineRoom, bound once.
+	hold   policies.Hold
+	holdQ  *holdQueue
+	roomFn func(engine string) bool
 	// holdNow is the hold's clock for non-streamed requests' estimated
 	// prefill (unix ns; tests set it).
 	holdNow func() int64
