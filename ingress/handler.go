@@ -703,7 +703,7 @@ func (c *call) finish() {
 			s.outLens.observe(c.sreq.Model, c.outTokens/max(1, c.batchN)) // outlen.go
 			if s.outs != nil && c.outTokens > 0 && !c.sentAt.IsZero() {
 				// The answer's length per prompt, weighted by its time at the engine (pd.OutputDist).
-				s.outs.Observe(c.outTokens/max(1, c.batchN), time.Since(c.sentAt).Seconds())
+				s.outs.Observe(c.sreq.Model, c.outTokens/max(1, c.batchN), time.Since(c.sentAt).Seconds())
 			}
 			if c.media > 0 {
 				s.media.observe(c.model, c.media, c.textToks, c.engPrompt)

@@ -242,7 +242,7 @@ func TestPDFromConfig(t *testing.T) {
 	}
 	// The decode answer's output length went into the distribution the
 	// P/D step prices streams' TPOT risk over.
-	if s.outs == nil || s.outs.Weight() <= 0 {
+	if s.outs == nil || s.outs.Weight("m") <= 0 {
 		t.Fatalf("output lengths observed: %v", s.outs)
 	}
 	bad := testConfig()

@@ -73,9 +73,9 @@ type Server struct {
 	// in Start with gossip and a learner.
 	learnSh     learnSharer
 	learnShares *prometheus.CounterVec
-	// outs is the output lengths of the streams the engines run, from this
-	// replica's finished answers (finish), for the kvmesh P/D step; nil
-	// without it.
+	// outs is the output lengths of the streams the engines run, per served
+	// model, from this replica's finished answers (finish), for the kvmesh
+	// P/D step; nil without it.
 	outs *pd.OutputDist
 	// outLens predicts output lengths per served model (outlen.go).
 	outLens outputLengths

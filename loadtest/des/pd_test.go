@@ -189,7 +189,7 @@ func TestPDOutputDist(t *testing.T) {
 		if res := s.run(context.Background()); res.Completed != len(reqs) {
 			t.Fatalf("%s: %d of %d completed", p, res.Completed, len(reqs))
 		}
-		if s.outs != nil && s.outs.Weight() <= 0 {
+		if s.outs != nil && s.outs.Weight(cfg.Model) <= 0 {
 			t.Fatalf("%s: no finished request observed", p)
 		}
 	}

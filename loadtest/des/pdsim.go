@@ -447,7 +447,7 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 		cached = f.prefillCached
 	}
 	s.outPred.Observe(res.OutputTokens)
-	s.outs.Observe(res.OutputTokens, res.E2E.Seconds())
+	s.outs.Observe(s.cfg.Model, res.OutputTokens, res.E2E.Seconds())
 	if res.OutputTokens > 1 {
 		a := &s.lat[f.decode]
 		a.ttft += res.TTFT

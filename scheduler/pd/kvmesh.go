@@ -137,10 +137,10 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 			// matter as far as they risk it: a stream well inside its
 			// objective loses nothing it is judged by.
 			risk = min(risk, pMiss(after, k.SLOTPOT))
-			t.Stall *= k.streamRisk(c.Role, now, after, t.Prefill)
+			t.Stall *= k.streamRisk(r.Model, c.Role, now, after, t.Prefill)
 		}
 		cost := t.Total(step) + k.kvWait(r, c, t)
-		cost += k.miss(out, t.Queue+t.Prefill+step, now) + k.broken(c, out, now, k.streamRisk(c.Role, now, after, t.Prefill))
+		cost += k.miss(out, t.Queue+t.Prefill+step, now) + k.broken(c, out, now, k.streamRisk(r.Model, c.Role, now, after, t.Prefill))
 		v.Add(-1, d, -cost)
 	}
 	for _, d := range v.Decoders {
@@ -211,7 +211,7 @@ func (k KVMesh) addPair(r *scheduler.Request, v *View, p, d int, out, xfer, dec,
 		stall := tp.Stall
 		if k.SLOTPOT > 0 {
 			now := k.tpotNow(r, cp, tp, out)
-			w := k.streamRisk(cp.Role, now, now+tp.Prefill/out, tp.Prefill)
+			w := k.streamRisk(r.Model, cp.Role, now, now+tp.Prefill/out, tp.Prefill)
 			stall = stall*w + k.broken(cp, out, now, w)
 		}
 		leg += stall + tp.Behind
@@ -283,7 +283,7 @@ func (k KVMesh) miss(out, ttft, tpot float64) float64 {
 	return k.missPrice(out) * (1 - ok)
 }
 
-// streamRisk is the chance a running stream of an engine of role misses
+// streamRisk is the chance a running stream of model on an engine of role misses
 // its TPOT objective after a prefill of stall seconds joins its steps: at
 // the mean output (TPOT after), or, on a decode-role engine, over the
 // observed output lengths when Outputs is set. A mixed engine's streams
@@ -291,9 +291,9 @@ func (k KVMesh) miss(out, ttft, tpot float64) float64 {
 // over the distribution made kvmesh pair more mixed prefillers, whose
 // prefill stalls their own streams all the same, and lost goodput and
 // TPOT tail (docs/BENCHMARKS.md, "kvmesh on mixed=8").
-func (k KVMesh) streamRisk(role scheduler.Role, now, after, stall float64) float64 {
+func (k KVMesh) streamRisk(model string, role scheduler.Role, now, after, stall float64) float64 {
 	if role == scheduler.RoleDecode {
-		if p, ok := k.Outputs.pMissStall(now, stall, k.SLOTPOT); ok {
+		if p, ok := k.Outputs.pMissStall(model, now, stall, k.SLOTPOT); ok {
 			return p
 		}
 	}

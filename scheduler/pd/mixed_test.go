@@ -109,7 +109,7 @@ func TestMixedPairsNoAlloc(t *testing.T) {
 		t.Fatal(err)
 	}
 	outs := NewOutputDist()
-	outs.Observe(3, 1)
+	outs.Observe("m", 3, 1)
 	r, err := NewRouter(sched, mustPolicy(t, Config{MixedPrefill: true, SLOTTFT: 2, SLOTPOT: 0.05, Outputs: outs}))
 	if err != nil {
 		t.Fatal(err)

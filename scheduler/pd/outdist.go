@@ -6,8 +6,9 @@ import (
 )
 
 // OutputDist is the distribution of the output lengths of the streams an
-// engine runs, as the router observes finished requests (log-spaced
-// buckets, forgetting over about 500 requests like learn.OutputLength).
+// engine runs, per model, as the router observes finished requests
+// (log-spaced buckets, forgetting over about 500 requests like
+// learn.OutputLength).
 // KVMesh uses it, when set, to price a running stream's TPOT risk from a
 // prefill stall over the output lengths streams actually have instead of
 // at their mean: a stall of s seconds adds s ÷ (n − 1) to the TPOT of a
@@ -22,7 +23,7 @@ import (
 // prefill priced as breaking them. Safe for concurrent use.
 type OutputDist struct {
 	mu sync.Mutex
-	w  [distBuckets]float64 // seconds at the engine per length bucket, forgetting
+	m  map[string]*[distBuckets]float64 // per model: seconds at the engine per length bucket, forgetting
 }
 
 const (
@@ -39,12 +40,12 @@ var distLen = func() (l [distBuckets]float64) {
 }()
 
 // NewOutputDist returns an empty distribution.
-func NewOutputDist() *OutputDist { return &OutputDist{} }
+func NewOutputDist() *OutputDist { return &OutputDist{m: map[string]*[distBuckets]float64{}} }
 
-// Observe records a finished request's output length n and its time at
-// the engine in seconds (from its sending to its last token; a time ≤ 0
-// counts as 1 ms).
-func (d *OutputDist) Observe(n int, seconds float64) {
+// Observe records a finished request of model: its output length n and its
+// time at the engine in seconds (from its sending to its last token; a time
+// ≤ 0 counts as 1 ms).
+func (d *OutputDist) Observe(model string, n int, seconds float64) {
 	if d == nil || n < 1 {
 		return
 	}
@@ -52,36 +53,47 @@ func (d *OutputDist) Observe(n int, seconds float64) {
 	b := min(distBuckets-1, int(math.Round(2*math.Log2(float64(n)))))
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	keep := 1 - 1.0/distMemory
-	for i := range d.w {
-		d.w[i] *= keep
+	w := d.m[model]
+	if w == nil {
+		w = new([distBuckets]float64)
+		d.m[model] = w
 	}
-	d.w[b] += seconds
+	keep := 1 - 1.0/distMemory
+	for i := range w {
+		w[i] *= keep
+	}
+	w[b] += seconds
 }
 
-// Weight is the seconds at the engine of the requests observed, with the
-// forgetting applied.
-func (d *OutputDist) Weight() float64 {
+// Weight is the seconds at the engine of model's requests observed, with
+// the forgetting applied.
+func (d *OutputDist) Weight(model string) float64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var sum float64
-	for _, w := range d.w {
-		sum += w
+	if w := d.m[model]; w != nil {
+		for _, x := range w {
+			sum += x
+		}
 	}
 	return sum
 }
 
-// pMissStall is the chance a running stream with TPOT now misses the
-// objective slo after stall seconds are added to one of its steps, over
-// the observed output lengths; ok false before any was observed.
-func (d *OutputDist) pMissStall(now, stall, slo float64) (p float64, ok bool) {
+// pMissStall is the chance a running stream of model with TPOT now misses
+// the objective slo after stall seconds are added to one of its steps,
+// over the observed output lengths; ok false before any was observed.
+func (d *OutputDist) pMissStall(model string, now, stall, slo float64) (p float64, ok bool) {
 	if d == nil || slo <= 0 {
 		return 0, false
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	ws := d.m[model]
+	if ws == nil {
+		return 0, false
+	}
 	var sum float64
-	for b, w := range d.w {
+	for b, w := range ws {
 		if w == 0 {
 			continue
 		}

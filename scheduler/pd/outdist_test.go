@@ -15,9 +15,9 @@ func TestOutputDist(t *testing.T) {
 		{id: "d0", role: D, running: 8, tpot: 30 * time.Millisecond}}}
 	short := NewOutputDist() // short requests' prompts keep them at the engine 2 s each; a 2,000-token one 30 s
 	for i := 0; i < 200; i++ {
-		short.Observe(2+i%2, 2)
+		short.Observe("m", 2+i%2, 2)
 		if i%10 == 0 {
-			short.Observe(2000, 30)
+			short.Observe("m", 2000, 30)
 		}
 	}
 	tests := []struct {
@@ -56,28 +56,32 @@ func TestOutputDist(t *testing.T) {
 
 func TestOutputDistRisk(t *testing.T) {
 	var nilDist *OutputDist
-	if _, ok := nilDist.pMissStall(0.03, 0.3, 0.05); ok {
+	if _, ok := nilDist.pMissStall("m", 0.03, 0.3, 0.05); ok {
 		t.Fatal("nil distribution priced")
 	}
 	d := NewOutputDist()
-	d.Observe(0, 1) // ignored
-	if _, ok := d.pMissStall(0.03, 0.3, 0.05); ok {
+	d.Observe("m", 0, 1) // ignored
+	if _, ok := d.pMissStall("m", 0.03, 0.3, 0.05); ok {
 		t.Fatal("empty distribution priced")
 	}
-	d.Observe(1000, 15)
-	long, _ := d.pMissStall(0.03, 0.3, 0.05)
-	d.Observe(2, 15) // as long at the engine as the long one (a long prompt)
-	mixed, _ := d.pMissStall(0.03, 0.3, 0.05)
+	d.Observe("m", 1000, 15)
+	long, _ := d.pMissStall("m", 0.03, 0.3, 0.05)
+	d.Observe("m", 2, 15) // as long at the engine as the long one (a long prompt)
+	mixed, _ := d.pMissStall("m", 0.03, 0.3, 0.05)
 	if !(long < 0.3) || !(mixed > long+0.3) {
 		t.Fatalf("risk %v with one 1000-token output, %v with a 2-token one added", long, mixed)
 	}
 	// The same two requests, the short one 150 ms at the engine: a stream
 	// found running is the long one 99 % of the time.
 	e := NewOutputDist()
-	e.Observe(1000, 15)
-	e.Observe(2, 0.15)
-	brief, _ := e.pMissStall(0.03, 0.3, 0.05)
+	e.Observe("m", 1000, 15)
+	e.Observe("m", 2, 0.15)
+	brief, _ := e.pMissStall("m", 0.03, 0.3, 0.05)
 	if !(brief < long+0.02) {
 		t.Fatalf("risk %v with a 2-token output that stayed 1 %% of the time, %v without it", brief, long)
+	}
+	// Per model: another model's streams have no distribution yet.
+	if _, ok := e.pMissStall("other", 0.03, 0.3, 0.05); ok {
+		t.Fatal("a model with no finished request priced over another's")
 	}
 }
