@@ -69,7 +69,7 @@ type call struct {
 	streamCharge                 int64     // the same when the request streams (upstream.streamPrefill)
 	bufEnd, bufDur               int64     // a non-streamed attempt's estimated prefill end and length on upstream.bufDone (ns; hold.go)
 	activeCharge                 int64     // tokens charged to the engine's active set until the end
-	sentAt                       time.Time // the last attempt's sending, with Server.outs
+	sentAt                       time.Time // the last attempt's sending, with Server.outs or the learner
 	attempts                     int
 	status                       int
 	outTokens                    int
@@ -700,10 +700,11 @@ func (c *call) finish() {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
-			s.outLens.observe(c.sreq.Model, c.outTokens/max(1, c.batchN)) // outlen.go
-			if s.outs != nil && c.outTokens > 0 && !c.sentAt.IsZero() {
-				// The answer's length per prompt, weighted by its time at the engine (pd.OutputDist).
-				s.outs.Observe(c.sreq.Model, c.outTokens/max(1, c.batchN), time.Since(c.sentAt).Seconds())
+			perPrompt := c.outTokens / max(1, c.batchN)
+			s.outLens.observe(c.sreq.Model, perPrompt) // outlen.go
+			if s.outs != nil && perPrompt > 0 && !c.sentAt.IsZero() {
+				// The answer's length, weighted by its time at the engine (pd.OutputDist).
+				s.outs.Observe(c.sreq.Model, perPrompt, time.Since(c.sentAt).Seconds())
 			}
 			if c.media > 0 {
 				s.media.observe(c.model, c.media, c.textToks, c.engPrompt)

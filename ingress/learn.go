@@ -137,13 +137,13 @@ type learnCall struct {
 	seqsS, ctxTS float64
 }
 
-// learnStart records an attempt sent to up with prefill tokens now
-// outstanding there (its own included).
+// learnStart records an attempt sent to up (at c.sentAt) with prefill
+// tokens now outstanding there (its own included).
 func (c *call) learnStart(up *upstream, prefill int64) {
 	if c.s.learn == nil {
 		return
 	}
-	c.lc = learnCall{sent: time.Now(), ahead: prefill, ctx: int64(c.promptTokens)}
+	c.lc = learnCall{sent: c.sentAt, ahead: prefill, ctx: int64(c.promptTokens)}
 	up.lw.ctx.Add(c.lc.ctx)
 }
 

@@ -157,7 +157,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 		c.queueBuffered(up) // hold.go
 	}
 	up.active.Add(c.activeCharge)
-	if c.s.outs != nil {
+	if c.s.outs != nil || c.s.learn != nil {
 		c.sentAt = time.Now()
 	}
 	c.learnStart(up, pre) // learn.go

@@ -132,15 +132,18 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		t := k.Cost.Terms(r, c, max(0, r.PromptTokens-c.CachedTokens))
 		now := k.tpotNow(r, c, t, out)
 		after := now + t.Prefill/out
+		var broken float64
 		if k.SLOTPOT > 0 {
 			// Under a TPOT objective the running streams' lost seconds
 			// matter as far as they risk it: a stream well inside its
 			// objective loses nothing it is judged by.
 			risk = min(risk, pMiss(after, k.SLOTPOT))
-			t.Stall *= k.streamRisk(r.Model, c.Role, now, after, t.Prefill)
+			w := k.streamRisk(r.Model, c.Role, now, after, t.Prefill)
+			t.Stall *= w
+			broken = k.broken(c, out, now, w)
 		}
 		cost := t.Total(step) + k.kvWait(r, c, t)
-		cost += k.miss(out, t.Queue+t.Prefill+step, now) + k.broken(c, out, now, k.streamRisk(r.Model, c.Role, now, after, t.Prefill))
+		cost += k.miss(out, t.Queue+t.Prefill+step, now) + broken
 		v.Add(-1, d, -cost)
 	}
 	for _, d := range v.Decoders {
