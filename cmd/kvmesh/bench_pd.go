@@ -83,6 +83,9 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	}
 	cfg := des.PDConfig{Config: base, Roles: roles, TransferGbps: *f.transferGbps, TransferSetup: *f.transferSet,
 		SLOTTFT: *f.sloTTFT, SLOTPOT: *f.sloTPOT, NonCachedTokens: *f.nonCached, MixedPrefill: *f.mixedPrefill, OutputDist: *f.outputDist}
+	if o.Mode != "des" {
+		bad("--roles runs in --mode des only (a live P/D cluster on loopback: kvmesh demo --pd)")
+	}
 	if *f.sloTTFT <= 0 || *f.sloTPOT <= 0 {
 		bad("--slo-ttft and --slo-tpot must be > 0")
 	}
@@ -99,13 +102,18 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	if len(probs) > 0 {
 		return fmt.Errorf("%w: %s", bench.ErrUsage, strings.Join(probs, "; "))
 	}
-	reqs, err := pdRequests(o)
+	reqs, err := o.Requests()
 	if err != nil {
 		return fmt.Errorf("%w: %v", bench.ErrUsage, err)
 	}
 	rep, err := des.RunPD(ctx, cfg, reqs, pols)
 	if err != nil {
 		return err
+	}
+	if o.HTML != "" {
+		if err := o.WritePDHTML(rep, reqs, cfg); err != nil {
+			return err
+		}
 	}
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
@@ -116,17 +124,6 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	fmt.Fprintf(stdout, "workload: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s), transfer %.0f Gbit/s\n",
 		st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), roles.Total(), base.Engine.Profile.Name, cfg.TransferGbps)
 	return rep.WriteTable(stdout)
-}
-
-// pdRequests generates or reads the workload as loadtest/bench does (its
-// helper is unexported there).
-func pdRequests(o bench.Options) ([]workload.Request, error) {
-	seed := max(o.Seed, 1)
-	if o.Workload == "trace" || o.Workload == "bailian" {
-		return o.Mooncake(seed).ReadFile(o.Trace)
-	}
-	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,
-		Output: o.Output, Rate: o.Rate, Seed: seed}.Generate()
 }
 
 func flagGiven(fs *flag.FlagSet, name string) bool {

@@ -123,7 +123,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reqs, err := o.requests()
+	reqs, err := o.Requests()
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
@@ -328,8 +328,8 @@ func (o *Options) Mooncake(seed uint64) workload.Mooncake {
 		Bailian: o.Workload == "bailian"}
 }
 
-// requests generates or reads the workload.
-func (o *Options) requests() ([]workload.Request, error) {
+// Requests generates or reads the workload o names (after Prepare).
+func (o *Options) Requests() ([]workload.Request, error) {
 	seed := max(o.Seed, 1)
 	switch o.Workload {
 	case "trace", "bailian":

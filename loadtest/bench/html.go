@@ -27,11 +27,32 @@ func (o Options) writeHTML(rep report.Report, reqs []workload.Request, cfg des.C
 		notes = append(notes, fmt.Sprintf("live: sim engines at %g× real time, %d ingress replicas; times in engine seconds",
 			o.TimeScale, o.Ingresses))
 	}
+	return o.writeHTMLFile(rep, report.HTMLMeta{Title: title, Notes: notes})
+}
+
+// WritePDHTML writes a P/D run (`kvmesh bench --roles ...`) as a
+// self-contained HTML report to o.HTML: the plots of the aggregated
+// benchmark's report over the requests' decoding engines, and each policy's
+// goodput, attainment and disaggregated share (des.PDReport.HTML).
+func (o Options) WritePDHTML(rep des.PDReport, reqs []workload.Request, cfg des.PDConfig) error {
+	r, pdNotes := rep.HTML()
+	st := workload.Summarize(reqs)
+	notes := append([]string{
+		fmt.Sprintf("workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs", o.Workload,
+			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds()),
+		fmt.Sprintf("%d engines, profile %s, %d GPU blocks of %d tokens, transfer %g Gbit/s, seed %d", cfg.Roles.Total(),
+			cfg.Engine.Profile.Name, cfg.Engine.Defaults().GPUBlocks, cfg.Engine.Defaults().BlockSize, cfg.TransferGbps, max(o.Seed, 1)),
+		"policies: " + strings.Join(r.Order, ", ") + " (aggregated: the same engines, all mixed)",
+	}, pdNotes...)
+	return o.writeHTMLFile(r, report.HTMLMeta{Title: "kvmesh bench --roles (prefill/decode, discrete-event simulation)", Notes: notes})
+}
+
+func (o Options) writeHTMLFile(rep report.Report, m report.HTMLMeta) error {
 	f, err := os.Create(o.HTML)
 	if err != nil {
 		return fmt.Errorf("--html: %w", err)
 	}
-	err = report.WriteHTML(f, rep, report.HTMLMeta{Title: title, Notes: notes})
+	err = report.WriteHTML(f, rep, m)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

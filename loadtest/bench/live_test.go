@@ -55,7 +55,7 @@ func runReport(t *testing.T, o Options) report.Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs, err := o.requests()
+	reqs, err := o.Requests()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -167,14 +168,22 @@ func RunPD(ctx context.Context, cfg PDConfig, reqs []workload.Request, policies 
 		return PDReport{}, err
 	}
 	rep := PDReport{Policies: make(map[string]PDResult, len(policies)), Order: policies, Roles: cfg.Roles,
-		SLOTTFT: cfg.SLOTTFT.Seconds(), SLOTPOT: cfg.SLOTPOT.Seconds()}
-	err := eachPolicy(ctx, policies, cfg.Parallel, func(p string) (PDResult, error) {
+		SLOTTFT: cfg.SLOTTFT.Seconds(), SLOTPOT: cfg.SLOTPOT.Seconds(),
+		Runs: make(map[string]report.Run, len(policies)), imbalance: make(map[string]float64, len(policies))}
+	type outcome struct {
+		res       PDResult
+		run       report.Run
+		imbalance float64
+	}
+	err := eachPolicy(ctx, policies, cfg.Parallel, func(p string) (outcome, error) {
 		s, err := newPDSim(&cfg, reqs, p)
 		if err != nil {
-			return PDResult{}, err
+			return outcome{}, err
 		}
-		return s.run(ctx), nil
-	}, func(p string, r PDResult) { rep.Policies[p] = r })
+		o := outcome{res: s.run(ctx)}
+		o.run, o.imbalance = s.records()
+		return o, nil
+	}, func(p string, o outcome) { rep.Policies[p], rep.Runs[p], rep.imbalance[p] = o.res, o.run, o.imbalance })
 	if err != nil {
 		return PDReport{}, err
 	}

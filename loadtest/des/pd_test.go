@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -61,6 +64,7 @@ func TestRunPD(t *testing.T) {
 		if r.Completed != len(reqs) || r.Failed != 0 {
 			t.Fatalf("%s: %d of %d completed, %d failed", p, r.Completed, len(reqs), r.Failed)
 		}
+		checkPDRecords(t, p, rep, cfg.Roles)
 	}
 	agg, k := rep.Policies["aggregated"], rep.Policies["kvmesh"]
 	if agg.Disaggregated != 0 || agg.TransferGB != 0 {
@@ -78,6 +82,38 @@ func TestRunPD(t *testing.T) {
 		if e := rep.Policies[p]; k.SLOAttainment < e.SLOAttainment {
 			t.Errorf("kvmesh met the SLOs for %.3f of requests, below %s's %.3f", k.SLOAttainment, p, e.SLOAttainment)
 		}
+	}
+}
+
+// checkPDRecords: the HTML report's records of policy p are its finished
+// requests, each decoded by an engine that may decode, with the table's
+// TTFT mean; the report's summary carries the policy's numbers.
+func checkPDRecords(t *testing.T, p string, rep PDReport, roles Roles) {
+	t.Helper()
+	r, run := rep.Policies[p], rep.Runs[p]
+	if len(run.Records) != r.Completed || len(run.EngineIDs) != roles.Total() {
+		t.Fatalf("%s: %d records of %d completed, %d engine names for %d engines", p, len(run.Records), r.Completed,
+			len(run.EngineIDs), roles.Total())
+	}
+	var ttft float64
+	for _, rec := range run.Records {
+		if rec.TTFT <= 0 || rec.E2E < rec.TTFT || rec.Start < 0 || rec.CachedTokens > rec.PromptTokens {
+			t.Fatalf("%s: record %+v", p, rec)
+		}
+		if id := run.EngineIDs[rec.Engine]; p != "aggregated" && strings.HasPrefix(id, "prefill") {
+			t.Fatalf("%s: a request decoded on %s", p, id)
+		}
+		ttft += rec.TTFT
+	}
+	if m := ttft / float64(len(run.Records)); math.Abs(m-r.TTFTMean) > 1e-9*max(1, m) {
+		t.Errorf("%s: records' TTFT mean %v, table's %v", p, m, r.TTFTMean)
+	}
+	h, notes := rep.HTML()
+	if hp := h.Policies[p]; hp.ThroughputRPS != r.ThroughputRPS || hp.Completed != r.Completed || hp.LoadImbalance < 1 {
+		t.Errorf("%s: HTML summary %+v for %+v", p, hp, r)
+	}
+	if !slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, p+": goodput ") }) {
+		t.Errorf("%s: no goodput note in %q", p, notes)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/report"
+	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -21,7 +22,7 @@ type pdStats struct {
 	held            int     // requests the router-side hold delayed (aggregated routing)
 	heldSum         float64 // their seconds held
 	xferBytes       float64
-	perEngine       map[int]int
+	recs            []report.Record // every finished request (the HTML report's plots)
 	first, last     time.Duration
 	any             bool
 	failed          int
@@ -31,7 +32,7 @@ type pdStats struct {
 
 func (r *pdStats) init(n int) {
 	r.ttft, r.e2e, r.tpot = make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
-	r.perEngine = make(map[int]int)
+	r.recs = make([]report.Record, 0, n)
 }
 
 func (r *pdStats) dispatched(now time.Duration) {
@@ -52,7 +53,8 @@ func (r *pdStats) finished(e int, sent time.Duration, res engine.Result, cached 
 	r.goodCandidates = append(r.goodCandidates, [2]float64{ttft, tpot})
 	r.cached += cached
 	r.prompt += res.PromptTokens
-	r.perEngine[e]++
+	r.recs = append(r.recs, report.Record{Start: sent.Seconds(), TTFT: ttft, E2E: (res.Finished - sent).Seconds(),
+		PromptTokens: res.PromptTokens, CachedTokens: cached, OutputTokens: res.OutputTokens, Engine: e})
 	r.last = max(r.last, res.Finished)
 }
 
@@ -97,6 +99,57 @@ type PDReport struct {
 	SLOTTFT  float64             `json:"slo_ttft_s"`
 	SLOTPOT  float64             `json:"slo_tpot_s"`
 	Order    []string            `json:"-"`
+	// Runs holds each policy's finished requests (Record.Engine: the
+	// engine that decoded), for the HTML report.
+	Runs map[string]report.Run `json:"-"`
+	// imbalance is each policy's max ÷ mean completions over the engines
+	// that may decode (the HTML report's table).
+	imbalance map[string]float64
+}
+
+// HTML is r in the aggregated benchmark's terms for report.WriteHTML (its
+// table, TTFT and TPOT CDFs, throughput, queue and hit rate over time,
+// requests per decoding engine), and one note line per policy with what
+// that table has no column for: goodput under the SLOs, attainment, the
+// share disaggregated and held, the KV transferred.
+func (r PDReport) HTML() (report.Report, []string) {
+	rep := report.Report{Policies: make(map[string]report.PolicyResult, len(r.Policies)), Order: r.Order, Runs: r.Runs}
+	notes := []string{fmt.Sprintf("roles %v; goodput: requests/s with TTFT ≤ %.3gs and TPOT ≤ %.3gs", r.Roles, r.SLOTTFT, r.SLOTPOT)}
+	for _, name := range r.Order {
+		p, ok := r.Policies[name]
+		if !ok {
+			continue
+		}
+		rep.Policies[name] = report.PolicyResult{ThroughputRPS: p.ThroughputRPS, TTFTMean: p.TTFTMean, TTFTP50: p.TTFTP50,
+			TTFTP90: p.TTFTP90, TTFTP99: p.TTFTP99, E2EMean: p.E2EMean, PrefixHitRate: p.PrefixHitRate,
+			LoadImbalance: r.imbalance[name], Completed: p.Completed, Failed: p.Failed, Preemptions: p.Preemptions,
+			Makespan: p.Makespan, Wall: p.Wall}
+		notes = append(notes, fmt.Sprintf("%s: goodput %.2f req/s, SLO met %.1f %%, disaggregated %.0f %%, held %.0f %%, KV transferred %.1f GB",
+			name, p.GoodputRPS, 100*p.SLOAttainment, 100*p.Disaggregated, 100*p.Held, p.TransferGB))
+	}
+	return rep, notes
+}
+
+// records is the finished requests with the engines' names, and the max ÷
+// mean completions over the engines that may decode.
+func (s *pdSim) records() (report.Run, float64) {
+	ids := make([]string, len(s.view))
+	per := make([]int, len(s.view))
+	for _, rec := range s.out.recs {
+		per[rec.Engine]++
+	}
+	var sum, top, n int
+	for e, v := range s.view {
+		ids[e] = v.ID
+		if v.Role != scheduler.RolePrefill {
+			sum, top, n = sum+per[e], max(top, per[e]), n+1
+		}
+	}
+	imb := 0.0
+	if sum > 0 {
+		imb = float64(top) * float64(n) / float64(sum)
+	}
+	return report.Run{Records: s.out.recs, EngineIDs: ids}, imb
 }
 
 func (r *pdStats) result(cfg *PDConfig) PDResult {
