@@ -20,13 +20,23 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("bench", stderr)
 	benchFlags(fs, &opts)
 	pdf := pdBenchFlags(fs)
+	asOnly := map[string]int{}
+	fs.VisitAll(func(f *flag.Flag) { asOnly[f.Name] = -1 })
 	asf := autoscaleBenchFlags(fs)
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := asOnly[f.Name]; !ok && f.Name != "autoscale" {
+			asOnly[f.Name] = runAutoscale
+		}
+	})
 	quiet := fs.Bool("quiet", false, "live mode: no progress on stderr")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	if !*quiet {
 		opts.Progress = stderr
+	}
+	if err := benchFlagsRead(fs, opts.Mode, asf.on(), pdf.on(), asOnly); err != nil {
+		return err
 	}
 	var err error
 	if asf.on() {
@@ -40,6 +50,64 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("%w: %s", errUsage, strings.TrimPrefix(err.Error(), bench.ErrUsage.Error()+": "))
 	}
 	return err
+}
+
+// Kinds of `kvmesh bench` run, as benchFlagReaders names them.
+const (
+	runDES       = 1 << iota // --mode des
+	runLive                  // --mode live
+	runPD                    // --roles
+	runAutoscale             // --autoscale
+	runAll       = runDES | runLive | runPD | runAutoscale
+)
+
+// benchFlagReaders is, for the flags not every kind of run reads, the
+// kinds that do. A flag given to a run that does not read it is a usage
+// error: silently ignored, it would make the run look like what it is not
+// (`--workload chat --roles ...` ran the shared-prefix workload).
+var benchFlagReaders = map[string]int{
+	"time-scale": runLive, "ingresses": runLive, "no-stream": runLive,
+	"html": runDES | runLive | runPD, "policies": runDES | runLive | runPD,
+	"engines": runDES | runLive, "event-delay": runDES,
+	"snapshot-interval": runDES | runPD | runAutoscale, "parallel": runDES | runPD,
+	"learn-shared": runDES | runPD | runAutoscale, "learn-unpooled": runDES | runPD | runAutoscale,
+	"learn-free-intercept": runDES | runPD | runAutoscale, "config": runDES | runLive | runPD | runAutoscale,
+	"workload": runDES | runLive | runPD, "trace": runDES | runLive | runPD, "trace-block-size": runDES | runLive | runPD,
+	"groups": runDES | runLive | runPD, "prompts": runDES | runLive | runPD, "shared": runDES | runLive | runPD,
+	"question": runDES | runLive | runPD, "output": runDES | runLive | runPD, "rate": runDES | runLive | runPD,
+	"rate-scale": runDES | runLive | runPD, "limit": runDES | runLive | runPD,
+	"roles": runPD | runAutoscale, "transfer-gbps": runPD | runAutoscale, "transfer-setup": runPD | runAutoscale,
+	"slo-ttft": runPD | runAutoscale, "slo-tpot": runPD | runAutoscale, "llmd-non-cached-tokens": runPD | runAutoscale,
+	"output-dist": runPD | runAutoscale, "mixed-prefill": runPD,
+}
+
+// benchFlagsRead refuses flags the run fs describes would not read:
+// benchFlagReaders' flags, and those of readers (the --autoscale ones:
+// runAutoscale; -1 for others), outside their runs.
+func benchFlagsRead(fs *flag.FlagSet, mode string, autoscaling, pd bool, readers map[string]int) error {
+	kind, name := runDES, "--mode des"
+	switch {
+	case autoscaling:
+		kind, name = runAutoscale, "--autoscale"
+	case pd:
+		kind, name = runPD, "--roles"
+	case mode == "live":
+		kind, name = runLive, "--mode live"
+	}
+	var probs []string
+	fs.Visit(func(f *flag.Flag) {
+		r, ok := benchFlagReaders[f.Name]
+		if !ok {
+			r = readers[f.Name]
+		}
+		if r > 0 && r&kind == 0 {
+			probs = append(probs, fmt.Sprintf("--%s is not read by a %s run", f.Name, name))
+		}
+	})
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
+	}
+	return nil
 }
 
 // benchFlags binds every `kvmesh bench` flag onto o.

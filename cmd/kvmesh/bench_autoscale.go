@@ -93,9 +93,6 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 	if o.Mode != "des" {
 		bad("--autoscale runs in --mode des only")
 	}
-	if o.HTML != "" {
-		bad("--html is not written for --autoscale runs (the table or --json is their report)")
-	}
 	cfg := des.ScaleConfig{PDConfig: des.PDConfig{Config: base, TransferGbps: *pdf.transferGbps, TransferSetup: max(*pdf.transferSet, time.Nanosecond),
 		SLOTTFT: *pdf.sloTTFT, SLOTPOT: *pdf.sloTPOT, NonCachedTokens: *pdf.nonCached, OutputDist: *pdf.outputDist},
 		StartupDelay: *f.startup, SyncPeriod: *f.sync, MaxPerRole: *f.maxPerRole}

@@ -85,11 +85,47 @@ func TestBenchPDUsage(t *testing.T) {
 	}{
 		{[]string{"bench", "--mode", "live", "--roles", "prefill=1,decode=1"}, "--roles runs in --mode des only"},
 		{[]string{"bench", "--mode", "des", "--autoscale", "static", "--roles", "prefill=1,decode=1", "--html", "x.html"},
-			"--html is not written for --autoscale"},
+			"--html is not read by a --autoscale run"},
 	} {
 		code, out, errOut := benchRunCLI(t, tc.args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 naming %q", tc.args, code, out, errOut, tc.want)
+		}
+	}
+}
+
+// TestBenchFlagsNotRead: a flag the kind of run does not read is refused
+// by name (each kind: aggregated DES, live, --roles, --autoscale), every
+// one at once; the same flags are accepted by runs that read them (the
+// other tests here and in bench_des_test.go, bench_autoscale_test.go).
+func TestBenchFlagsNotRead(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--mode", "des", "--engines", "2", "--time-scale", "5", "--ingresses", "2", "--roles", "", "--slo-ttft", "1s",
+			"--peak-rate", "3", "--mixed-prefill=false"},
+			[]string{"--time-scale is not read by a --mode des run", "--ingresses is not read", "--roles is not read",
+				"--slo-ttft is not read", "--peak-rate is not read", "--mixed-prefill is not read"}},
+		{[]string{"--mode", "live", "--engines", "2", "--event-delay", "0s", "--learn-shared", "--parallel", "2", "--snapshot-interval", "1s"},
+			[]string{"--event-delay is not read by a --mode live run", "--learn-shared is not read", "--parallel is not read",
+				"--snapshot-interval is not read"}},
+		{[]string{"--mode", "des", "--roles", "prefill=1,decode=1", "--engines", "4", "--event-delay", "1s", "--shape", "bursty"},
+			[]string{"--engines is not read by a --roles run", "--event-delay is not read", "--shape is not read"}},
+		{[]string{"--mode", "des", "--autoscale", "static", "--roles", "prefill=1,decode=1", "--workload", "chat", "--policies", "kvmesh",
+			"--groups", "3", "--engines", "2", "--mixed-prefill=false", "--parallel", "2"},
+			[]string{"--workload is not read by a --autoscale run", "--policies is not read", "--groups is not read",
+				"--engines is not read", "--mixed-prefill is not read", "--parallel is not read"}},
+	} {
+		code, out, errOut := benchRunCLI(t, append([]string{"bench"}, tc.args...)...)
+		if code != 2 || out != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2", tc.args, code, out, errOut)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("%v: stderr does not say %q: %s", tc.args, w, errOut)
+			}
 		}
 	}
 }
