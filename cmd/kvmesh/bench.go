@@ -94,20 +94,13 @@ func benchFlagsRead(fs *flag.FlagSet, mode string, autoscaling, pd bool, readers
 	case mode == "live":
 		kind, name = runLive, "--mode live"
 	}
-	var probs []string
-	fs.Visit(func(f *flag.Flag) {
-		r, ok := benchFlagReaders[f.Name]
+	return refuseUnread(fs, name, func(f string) bool {
+		r, ok := benchFlagReaders[f]
 		if !ok {
-			r = readers[f.Name]
+			r = readers[f]
 		}
-		if r > 0 && r&kind == 0 {
-			probs = append(probs, fmt.Sprintf("--%s is not read by a %s run", f.Name, name))
-		}
+		return r <= 0 || r&kind != 0
 	})
-	if len(probs) > 0 {
-		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
-	}
-	return nil
 }
 
 // benchFlags binds every `kvmesh bench` flag onto o.

@@ -3,15 +3,41 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/demo"
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 )
+
+// demoWorkloadFlags are the flags of the aggregated demo the P/D demo reads
+// too (when given; otherwise its own defaults).
+var demoWorkloadFlags = []string{"groups", "prompts", "shared", "question", "output", "concurrency", "gpu-blocks", "time-scale"}
+
+// demoFlagsRead refuses the flags the kind of demo does not read:
+// --autoscale reads its own, --pd its own and demoWorkloadFlags, the
+// aggregated demo neither's.
+func demoFlagsRead(fs *flag.FlagSet, autoscaling, pd bool) error {
+	common := func(f string) bool { return f == "quiet" || f == "v" }
+	switch {
+	case autoscaling:
+		return refuseUnread(fs, "--autoscale", func(f string) bool {
+			return common(f) || f == "autoscale" || f == "duration" || f == "peak-rate"
+		})
+	case pd:
+		return refuseUnread(fs, "--pd", func(f string) bool {
+			return common(f) || f == "json" || strings.HasPrefix(f, "pd") || slices.Contains(demoWorkloadFlags, f)
+		})
+	}
+	return refuseUnread(fs, "demo", func(f string) bool {
+		return f != "autoscale" && f != "duration" && f != "peak-rate" && !strings.HasPrefix(f, "pd-")
+	})
+}
 
 // runDemo runs the whole mesh on loopback and compares routing policies.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -37,6 +63,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&cfg.Engine.GPUBlocks, "gpu-blocks", cfg.Engine.GPUBlocks, "GPU KV capacity of each engine in blocks")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "engine model seconds per wall second")
 	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if err := demoFlagsRead(fs, *asf.on, *pdf.on); err != nil {
 		return err
 	}
 	if *asf.on {

@@ -151,3 +151,19 @@ func commaList(s string) []string {
 	}
 	return out
 }
+
+// refuseUnread is a usage error naming every flag given that a run of the
+// kind run does not read (read reports whether it does), or nil: a flag
+// silently ignored makes a run look like what it is not.
+func refuseUnread(fs *flag.FlagSet, run string, read func(name string) bool) error {
+	var probs []string
+	fs.Visit(func(f *flag.Flag) {
+		if !read(f.Name) {
+			probs = append(probs, fmt.Sprintf("--%s is not read by a %s run", f.Name, run))
+		}
+	})
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
+	}
+	return nil
+}

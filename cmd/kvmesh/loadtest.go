@@ -17,6 +17,23 @@ import (
 
 // runLoadtest sends a workload to any OpenAI-compatible URL and reports client-side
 // latency, throughput, tokens and errors.
+// loadtestReads reports whether a -workload kind run reads flag f: the
+// shared-prefix generator's shape flags and the trace readers' flags each
+// belong to their workloads (an unknown kind is refused after).
+func loadtestReads(kind, f string) bool {
+	switch f {
+	case "groups", "prompts", "shared", "question":
+		return kind == "shared-prefix"
+	case "output":
+		return kind != "sharegpt"
+	case "trace", "trace-rate-scale":
+		return kind != "shared-prefix"
+	case "trace-block-size":
+		return kind == "mooncake" || kind == "bailian"
+	}
+	return true
+}
+
 func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("loadtest", stderr)
 	cfg := loadgen.DefaultConfig()
@@ -47,6 +64,9 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&sp.Question, "question", sp.Question, "shared-prefix: question tokens")
 	fs.IntVar(&sp.Output, "output", sp.Output, "shared-prefix: output tokens; mooncake: for rows without output_length")
 	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if err := refuseUnread(fs, "-workload "+*kind, func(f string) bool { return loadtestReads(*kind, f) }); err != nil {
 		return err
 	}
 	cfg.Endpoint = loadgen.Endpoint(*endpoint)

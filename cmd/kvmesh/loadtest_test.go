@@ -77,3 +77,42 @@ func TestLoadtestAndDemoUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoAndLoadtestFlagsNotRead: each kind of demo, and the load
+// generator for each workload, refuses by name the flags it would ignore
+// (before: `kvmesh demo --pd --engines 8` ran 2 + 2 engines, `kvmesh
+// loadtest -trace t.jsonl` sent the shared-prefix workload).
+func TestDemoAndLoadtestFlagsNotRead(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+		run  func(context.Context, []string, io.Writer, io.Writer) error
+	}{
+		{[]string{"-trace", "t.jsonl", "-trace-rate-scale", "2"},
+			[]string{"--trace is not read by a -workload shared-prefix run", "--trace-rate-scale is not read"}, runLoadtest},
+		{[]string{"-workload", "sharegpt", "-groups", "3", "-output", "4", "-trace-block-size", "2"},
+			[]string{"--groups is not read by a -workload sharegpt run", "--output is not read", "--trace-block-size is not read"}, runLoadtest},
+		{[]string{"-workload", "mooncake", "-shared", "3"}, []string{"--shared is not read by a -workload mooncake run"}, runLoadtest},
+		{[]string{"--pd", "--engines", "8", "--policies", "random", "--rate", "3", "--peak-rate", "2"},
+			[]string{"--engines is not read by a --pd run", "--policies is not read", "--rate is not read", "--peak-rate is not read"}, nil},
+		{[]string{"--autoscale", "--groups", "3", "--json", "--pd-prefill", "1"},
+			[]string{"--groups is not read by a --autoscale run", "--json is not read", "--pd-prefill is not read"}, nil},
+		{[]string{"--pd-decode", "3", "--duration", "1s"},
+			[]string{"--pd-decode is not read by a demo run", "--duration is not read"}, nil},
+	} {
+		if tc.run == nil {
+			tc.run = runDemo
+		}
+		var out, errOut bytes.Buffer
+		err := tc.run(context.Background(), tc.args, &out, &errOut)
+		if !errors.Is(err, errUsage) || out.Len() > 0 {
+			t.Errorf("%v: err %v, stdout %q; want a usage error and nothing run", tc.args, err, out.String())
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: %v does not say %q", tc.args, err, w)
+			}
+		}
+	}
+}
