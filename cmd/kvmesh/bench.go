@@ -67,7 +67,7 @@ const (
 // (`--workload chat --roles ...` ran the shared-prefix workload).
 var benchFlagReaders = map[string]int{
 	"time-scale": runLive, "ingresses": runLive, "no-stream": runLive,
-	"html": runDES | runLive | runPD, "policies": runDES | runLive | runPD,
+	"html": runDES | runLive | runPD, "requests-csv": runDES | runLive | runPD, "policies": runDES | runLive | runPD,
 	"engines": runDES | runLive, "event-delay": runDES,
 	"snapshot-interval": runDES | runPD | runAutoscale, "parallel": runDES | runPD,
 	"learn-shared": runDES | runPD | runAutoscale, "learn-unpooled": runDES | runPD | runAutoscale,
@@ -110,6 +110,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.IntVar(&o.Ingresses, "ingresses", o.Ingresses, "live: ingress replicas (requests round-robin over them)")
 	fs.BoolVar(&o.NoStream, "no-stream", false, "live: non-streamed requests (the client's TTFT is then its E2E)")
 	fs.StringVar(&o.HTML, "html", o.HTML, "also write a self-contained HTML report (plots, table) to this file")
+	fs.StringVar(&o.RequestsCSV, "requests-csv", o.RequestsCSV, "also write every finished request (policy, engines, start, TTFT, E2E, TPOT, prompt, cached and output tokens) to this CSV file")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "simulated engines (1..4000)")
 	fs.Func("policies", "comma-separated policies (default "+strings.Join(o.Policies, ",")+")", func(s string) error {
 		o.Policies = strings.Split(s, ",")

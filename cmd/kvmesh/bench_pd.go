@@ -115,6 +115,12 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 			return err
 		}
 	}
+	if o.RequestsCSV != "" {
+		r, _ := rep.AsReport()
+		if err := o.WriteRequestsCSV(r); err != nil {
+			return err
+		}
+	}
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

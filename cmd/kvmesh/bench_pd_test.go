@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/csv"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -126,6 +127,58 @@ func TestBenchFlagsNotRead(t *testing.T) {
 			if !strings.Contains(errOut, w) {
 				t.Errorf("%v: stderr does not say %q: %s", tc.args, w, errOut)
 			}
+		}
+	}
+}
+
+// TestBenchRequestsCSV: --requests-csv writes one row per finished request
+// of every policy, for the aggregated DES and for --roles (where a split
+// request names its prefill engine, a prefill-role one, and an aggregated
+// one none); the table is still printed.
+func TestBenchRequestsCSV(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		n    int
+	}{
+		{"des", []string{"bench", "--mode", "des", "--engines", "2", "--workload", "chat", "--limit", "12", "--policies", "kvmesh,random"}, 12},
+		{"roles", pdBenchArgs, 12},
+	} {
+		path := filepath.Join(t.TempDir(), "r.csv")
+		code, out, errOut := benchRunCLI(t, append(append([]string{}, tc.args...), "--requests-csv", path)...)
+		if code != 0 || !strings.Contains(out, "policy") {
+			t.Fatalf("%s: exit %d: %s%s", tc.name, code, out, errOut)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := csv.NewReader(f).ReadAll()
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[string]int{}
+		split := 0
+		for _, r := range rows[1:] {
+			per[r[0]]++
+			if r[2] != "" {
+				split++
+				if !strings.HasPrefix(r[2], "prefill-") || r[0] == "aggregated" {
+					t.Errorf("%s: row %q: split by a policy or onto an engine that cannot", tc.name, r)
+				}
+			}
+		}
+		for p, n := range per {
+			if n != tc.n {
+				t.Errorf("%s: %s has %d rows, want %d", tc.name, p, n, tc.n)
+			}
+		}
+		if want := strings.Count(tc.args[len(tc.args)-1], ",") + 1; len(per) != want {
+			t.Errorf("%s: policies %v, want %d", tc.name, per, want)
+		}
+		if tc.name == "roles" && split < tc.n { // kthena always splits
+			t.Errorf("roles: %d split rows, want at least kthena's %d", split, tc.n)
 		}
 	}
 }

@@ -91,6 +91,9 @@ type Options struct {
 	JSON       bool // JSON instead of a table
 	// HTML, when set, is a file to write a self-contained HTML report to.
 	HTML string
+	// RequestsCSV, when set, is a file to write every finished request to
+	// (report.WriteCSV).
+	RequestsCSV string
 	// Live mode (live.go): engines run TimeScale× faster than real time
 	// behind Ingresses ingress replicas; Progress, when set, gets the load
 	// generator's progress lines.
@@ -133,6 +136,11 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	}
 	if o.HTML != "" {
 		if err := o.writeHTML(rep, reqs, cfg); err != nil {
+			return err
+		}
+	}
+	if o.RequestsCSV != "" {
+		if err := o.WriteRequestsCSV(rep); err != nil {
 			return err
 		}
 	}

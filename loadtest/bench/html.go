@@ -35,7 +35,7 @@ func (o Options) writeHTML(rep report.Report, reqs []workload.Request, cfg des.C
 // benchmark's report over the requests' decoding engines, and each policy's
 // goodput, attainment and disaggregated share (des.PDReport.HTML).
 func (o Options) WritePDHTML(rep des.PDReport, reqs []workload.Request, cfg des.PDConfig) error {
-	r, pdNotes := rep.HTML()
+	r, pdNotes := rep.AsReport()
 	st := workload.Summarize(reqs)
 	notes := append([]string{
 		fmt.Sprintf("workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs", o.Workload,
@@ -58,6 +58,23 @@ func (o Options) writeHTMLFile(rep report.Report, m report.HTMLMeta) error {
 	}
 	if err != nil {
 		return fmt.Errorf("--html %s: %w", o.HTML, err)
+	}
+	return nil
+}
+
+// WriteRequestsCSV writes every finished request of rep (report.WriteCSV)
+// to o.RequestsCSV.
+func (o Options) WriteRequestsCSV(rep report.Report) error {
+	f, err := os.Create(o.RequestsCSV)
+	if err != nil {
+		return fmt.Errorf("--requests-csv: %w", err)
+	}
+	err = report.WriteCSV(f, rep)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("--requests-csv %s: %w", o.RequestsCSV, err)
 	}
 	return nil
 }

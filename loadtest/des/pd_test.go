@@ -108,7 +108,7 @@ func checkPDRecords(t *testing.T, p string, rep PDReport, roles Roles) {
 	if m := ttft / float64(len(run.Records)); math.Abs(m-r.TTFTMean) > 1e-9*max(1, m) {
 		t.Errorf("%s: records' TTFT mean %v, table's %v", p, m, r.TTFTMean)
 	}
-	h, notes := rep.HTML()
+	h, notes := rep.AsReport()
 	if hp := h.Policies[p]; hp.ThroughputRPS != r.ThroughputRPS || hp.Completed != r.Completed || hp.LoadImbalance < 1 {
 		t.Errorf("%s: HTML summary %+v for %+v", p, hp, r)
 	}

@@ -23,6 +23,7 @@ type pdStats struct {
 	heldSum         float64 // their seconds held
 	xferBytes       float64
 	recs            []report.Record // every finished request (the HTML report's plots)
+	prefills        []int           // parallel to recs: the prefill leg's engine, -1 when aggregated
 	first, last     time.Duration
 	any             bool
 	failed          int
@@ -32,7 +33,7 @@ type pdStats struct {
 
 func (r *pdStats) init(n int) {
 	r.ttft, r.e2e, r.tpot = make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
-	r.recs = make([]report.Record, 0, n)
+	r.recs, r.prefills = make([]report.Record, 0, n), make([]int, 0, n)
 }
 
 func (r *pdStats) dispatched(now time.Duration) {
@@ -41,7 +42,9 @@ func (r *pdStats) dispatched(now time.Duration) {
 	}
 }
 
-func (r *pdStats) finished(e int, sent time.Duration, res engine.Result, cached int) {
+// finished records a request decoded on engine e (prefilled on engine
+// prefill, -1 when on e), sent at sent.
+func (r *pdStats) finished(e, prefill int, sent time.Duration, res engine.Result, cached int) {
 	ttft := (res.FirstToken - sent).Seconds()
 	r.ttft = append(r.ttft, ttft)
 	r.e2e = append(r.e2e, (res.Finished - sent).Seconds())
@@ -55,6 +58,7 @@ func (r *pdStats) finished(e int, sent time.Duration, res engine.Result, cached 
 	r.prompt += res.PromptTokens
 	r.recs = append(r.recs, report.Record{Start: sent.Seconds(), TTFT: ttft, E2E: (res.Finished - sent).Seconds(),
 		PromptTokens: res.PromptTokens, CachedTokens: cached, OutputTokens: res.OutputTokens, Engine: e})
+	r.prefills = append(r.prefills, prefill)
 	r.last = max(r.last, res.Finished)
 }
 
@@ -107,12 +111,12 @@ type PDReport struct {
 	imbalance map[string]float64
 }
 
-// HTML is r in the aggregated benchmark's terms for report.WriteHTML (its
-// table, TTFT and TPOT CDFs, throughput, queue and hit rate over time,
-// requests per decoding engine), and one note line per policy with what
-// that table has no column for: goodput under the SLOs, attainment, the
-// share disaggregated and held, the KV transferred.
-func (r PDReport) HTML() (report.Report, []string) {
+// AsReport is r in the aggregated benchmark's terms, for report.WriteHTML
+// (its table, TTFT and TPOT CDFs, throughput, queue and hit rate over time,
+// requests per decoding engine) and report.WriteCSV, and one note line per
+// policy with what that table has no column for: goodput under the SLOs,
+// attainment, the share disaggregated and held, the KV transferred.
+func (r PDReport) AsReport() (report.Report, []string) {
 	rep := report.Report{Policies: make(map[string]report.PolicyResult, len(r.Policies)), Order: r.Order, Runs: r.Runs}
 	notes := []string{fmt.Sprintf("roles %v; goodput: requests/s with TTFT ≤ %.3gs and TPOT ≤ %.3gs", r.Roles, r.SLOTTFT, r.SLOTPOT)}
 	for _, name := range r.Order {
@@ -149,7 +153,7 @@ func (s *pdSim) records() (report.Run, float64) {
 	if sum > 0 {
 		imb = float64(top) * float64(n) / float64(sum)
 	}
-	return report.Run{Records: s.out.recs, EngineIDs: ids}, imb
+	return report.Run{Records: s.out.recs, EngineIDs: ids, Prefill: s.out.prefills}, imb
 }
 
 func (r *pdStats) result(cfg *PDConfig) PDResult {

@@ -459,7 +459,7 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 		s.out.held++
 		s.out.heldSum += h.Seconds()
 	}
-	s.out.finished(f.decode, f.sent-h, res, cached) // the client's TTFT counts the time held
+	s.out.finished(f.decode, f.prefill, f.sent-h, res, cached) // the client's TTFT counts the time held
 	s.pending--
 	s.h.push(max(res.Finished, now), evRelease, i)
 	s.fol.done(&s.h, i, res.Finished, now)

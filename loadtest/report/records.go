@@ -7,6 +7,10 @@ type Run struct {
 	Records []Record
 	// EngineIDs names the engines Record.Engine indexes.
 	EngineIDs []string
+	// Prefill, when not nil, is parallel to Records: the engine (as
+	// Record.Engine indexes) that ran each request's prefill leg, -1 when
+	// Record.Engine prefilled it (a P/D run's aggregated requests).
+	Prefill []int
 }
 
 // Record is one finished request, the raw material of the HTML report's
