@@ -20,14 +20,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("bench", stderr)
 	benchFlags(fs, &opts)
 	pdf := pdBenchFlags(fs)
-	asOnly := map[string]int{}
-	fs.VisitAll(func(f *flag.Flag) { asOnly[f.Name] = -1 })
+	before := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
 	asf := autoscaleBenchFlags(fs)
-	fs.VisitAll(func(f *flag.Flag) {
-		if _, ok := asOnly[f.Name]; !ok && f.Name != "autoscale" {
-			asOnly[f.Name] = runAutoscale
-		}
-	})
+	asOnly := map[string]bool{} // the flags only --autoscale runs read
+	fs.VisitAll(func(f *flag.Flag) { asOnly[f.Name] = !before[f.Name] && f.Name != "autoscale" })
 	quiet := fs.Bool("quiet", false, "live mode: no progress on stderr")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -58,7 +55,6 @@ const (
 	runLive                  // --mode live
 	runPD                    // --roles
 	runAutoscale             // --autoscale
-	runAll       = runDES | runLive | runPD | runAutoscale
 )
 
 // benchFlagReaders is, for the flags not every kind of run reads, the
@@ -66,25 +62,43 @@ const (
 // error: silently ignored, it would make the run look like what it is not
 // (`--workload chat --roles ...` ran the shared-prefix workload).
 var benchFlagReaders = map[string]int{
-	"time-scale": runLive, "ingresses": runLive, "no-stream": runLive,
-	"html": runDES | runLive | runPD, "requests-csv": runDES | runLive | runPD, "policies": runDES | runLive | runPD,
-	"engines": runDES | runLive, "event-delay": runDES,
-	"snapshot-interval": runDES | runPD | runAutoscale, "parallel": runDES | runPD,
-	"learn-shared": runDES | runPD | runAutoscale, "learn-unpooled": runDES | runPD | runAutoscale,
-	"learn-free-intercept": runDES | runPD | runAutoscale, "config": runDES | runLive | runPD | runAutoscale,
-	"workload": runDES | runLive | runPD, "trace": runDES | runLive | runPD, "trace-block-size": runDES | runLive | runPD,
-	"groups": runDES | runLive | runPD, "prompts": runDES | runLive | runPD, "shared": runDES | runLive | runPD,
-	"question": runDES | runLive | runPD, "output": runDES | runLive | runPD, "rate": runDES | runLive | runPD,
-	"rate-scale": runDES | runLive | runPD, "limit": runDES | runLive | runPD,
-	"roles": runPD | runAutoscale, "transfer-gbps": runPD | runAutoscale, "transfer-setup": runPD | runAutoscale,
-	"slo-ttft": runPD | runAutoscale, "slo-tpot": runPD | runAutoscale, "llmd-non-cached-tokens": runPD | runAutoscale,
-	"output-dist": runPD | runAutoscale, "mixed-prefill": runPD,
+	"time-scale":             runLive,
+	"ingresses":              runLive,
+	"no-stream":              runLive,
+	"html":                   runDES | runLive | runPD,
+	"requests-csv":           runDES | runLive | runPD,
+	"policies":               runDES | runLive | runPD,
+	"engines":                runDES | runLive,
+	"event-delay":            runDES,
+	"snapshot-interval":      runDES | runPD | runAutoscale,
+	"parallel":               runDES | runPD,
+	"learn-shared":           runDES | runPD | runAutoscale,
+	"learn-unpooled":         runDES | runPD | runAutoscale,
+	"learn-free-intercept":   runDES | runPD | runAutoscale,
+	"workload":               runDES | runLive | runPD,
+	"trace":                  runDES | runLive | runPD,
+	"trace-block-size":       runDES | runLive | runPD,
+	"groups":                 runDES | runLive | runPD,
+	"prompts":                runDES | runLive | runPD,
+	"shared":                 runDES | runLive | runPD,
+	"question":               runDES | runLive | runPD,
+	"output":                 runDES | runLive | runPD,
+	"rate":                   runDES | runLive | runPD,
+	"rate-scale":             runDES | runLive | runPD,
+	"limit":                  runDES | runLive | runPD,
+	"roles":                  runPD | runAutoscale,
+	"transfer-gbps":          runPD | runAutoscale,
+	"transfer-setup":         runPD | runAutoscale,
+	"slo-ttft":               runPD | runAutoscale,
+	"slo-tpot":               runPD | runAutoscale,
+	"llmd-non-cached-tokens": runPD | runAutoscale,
+	"output-dist":            runPD | runAutoscale,
+	"mixed-prefill":          runPD,
 }
 
-// benchFlagsRead refuses flags the run fs describes would not read:
-// benchFlagReaders' flags, and those of readers (the --autoscale ones:
-// runAutoscale; -1 for others), outside their runs.
-func benchFlagsRead(fs *flag.FlagSet, mode string, autoscaling, pd bool, readers map[string]int) error {
+// benchFlagsRead refuses the flags the run fs describes would not read:
+// benchFlagReaders' outside their runs, asOnly's outside --autoscale runs.
+func benchFlagsRead(fs *flag.FlagSet, mode string, autoscaling, pd bool, asOnly map[string]bool) error {
 	kind, name := runDES, "--mode des"
 	switch {
 	case autoscaling:
@@ -95,11 +109,11 @@ func benchFlagsRead(fs *flag.FlagSet, mode string, autoscaling, pd bool, readers
 		kind, name = runLive, "--mode live"
 	}
 	return refuseUnread(fs, name, func(f string) bool {
-		r, ok := benchFlagReaders[f]
-		if !ok {
-			r = readers[f]
+		r := benchFlagReaders[f]
+		if asOnly[f] {
+			r = runAutoscale
 		}
-		return r <= 0 || r&kind != 0
+		return r == 0 || r&kind != 0
 	})
 }
 
