@@ -105,7 +105,10 @@ func isString(b []byte) bool {
 // parseTokenList decodes a JSON array of non-negative integers < 2^32 with a
 // hand-written scanner: one allocation for the result, none per token.
 func parseTokenList(b []byte) ([]uint32, error) {
-	b = bytes.TrimSpace(b)
+	b = b[skipSpace(b, 0):] // JSON whitespace only (bytes.TrimSpace trims \v, \f, U+0085, U+00A0 too)
+	for len(b) > 0 && isSpace(b[len(b)-1]) {
+		b = b[:len(b)-1]
+	}
 	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
 		return nil, errors.New("want a list of token ids")
 	}
@@ -140,8 +143,11 @@ func parseTokenList(b []byte) ([]uint32, error) {
 	}
 }
 
+// isSpace reports whether c is JSON whitespace.
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
 func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+	for i < len(b) && isSpace(b[i]) {
 		i++
 	}
 	return i
