@@ -65,7 +65,6 @@ var benchFlagReaders = map[string]int{
 	"time-scale":             runLive,
 	"ingresses":              runLive,
 	"no-stream":              runLive,
-	"html":                   runDES | runLive | runPD,
 	"requests-csv":           runDES | runLive | runPD,
 	"policies":               runDES | runLive | runPD,
 	"engines":                runDES | runLive,

@@ -125,6 +125,11 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 		}
 		rep.Runs = append(rep.Runs, res)
 	}
+	if o.HTML != "" {
+		if err := o.WriteScaleHTML(rep); err != nil {
+			return err
+		}
+	}
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

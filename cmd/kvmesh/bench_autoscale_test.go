@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -9,11 +11,14 @@ import (
 )
 
 // TestBenchAutoscaleJSON runs every autoscaler on a two-minute trace and
-// checks the report: one run per setting, windows, GPU-hours.
+// checks the report: one run per setting, windows, GPU-hours; and the
+// --html page: a table row and a line on each of the five charts per run.
 func TestBenchAutoscaleJSON(t *testing.T) {
+	page := filepath.Join(t.TempDir(), "as.html")
 	code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--autoscale", "static,slo,kthena", "--roles", "prefill=2,decode=1",
 		"--initial-roles", "prefill=1,decode=1", "--profile", "7b-l40s", "--gpu-blocks", "8000", "--duration", "2m", "--peak-rate", "2",
-		"--prefix-tokens", "128", "--own-tokens", "256", "--output-tokens", "16", "--slo-util", "0.5,0.9:0.6", "--kthena-targets", "2:20", "--json")
+		"--prefix-tokens", "128", "--own-tokens", "256", "--output-tokens", "16", "--slo-util", "0.5,0.9:0.6", "--kthena-targets", "2:20", "--json",
+		"--html", page)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -32,6 +37,25 @@ func TestBenchAutoscaleJSON(t *testing.T) {
 	}
 	if !strings.Contains(rep.Runs[2].Setting, "P 0.90 D 0.60") {
 		t.Fatalf("setting %q", rep.Runs[2].Setting)
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	html := string(b)
+	if n := strings.Count(html, "<tr><td>"); n != 4 {
+		t.Errorf("%d table rows, want 4", n)
+	}
+	for _, id := range []string{"prefill-engines", "decode-engines", "arrivals", "attainment", "ttft-p90"} {
+		i := strings.Index(html, `<svg id="`+id+`"`)
+		if i < 0 {
+			t.Errorf("no chart %s", id)
+			continue
+		}
+		svg := html[i : i+strings.Index(html[i:], "</svg>")]
+		if n := strings.Count(svg, `class="series"`); n != 4 {
+			t.Errorf("%s: %d lines, want one per run (4)", id, n)
+		}
 	}
 }
 

@@ -85,8 +85,6 @@ func TestBenchPDUsage(t *testing.T) {
 		want string
 	}{
 		{[]string{"bench", "--mode", "live", "--roles", "prefill=1,decode=1"}, "--roles runs in --mode des only"},
-		{[]string{"bench", "--mode", "des", "--autoscale", "static", "--roles", "prefill=1,decode=1", "--html", "x.html"},
-			"--html is not read by a --autoscale run"},
 	} {
 		code, out, errOut := benchRunCLI(t, tc.args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, tc.want) {

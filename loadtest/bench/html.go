@@ -47,6 +47,32 @@ func (o Options) WritePDHTML(rep des.PDReport, reqs []workload.Request, cfg des.
 	return o.writeHTMLFile(r, report.HTMLMeta{Title: "kvmesh bench --roles (prefill/decode, discrete-event simulation)", Notes: notes})
 }
 
+// WriteScaleHTML writes an autoscaling run (`kvmesh bench --autoscale
+// ...`) as a self-contained HTML report to o.HTML: the runs' table and,
+// window by window, their engines, the arrivals, attainment and TTFT p90
+// (des.ScaleReport.Charts).
+func (o Options) WriteScaleHTML(rep des.ScaleReport) error {
+	names, header, rows, charts := rep.Charts()
+	notes := []string{
+		fmt.Sprintf("%s: %d requests; SLO TTFT %.3gs, TPOT %.3gs; engine start-up %.0fs", rep.Workload, rep.Requests,
+			rep.SLOTTFT, rep.SLOTPOT, rep.StartupDelay),
+		"GPU-hours count every engine from its request to its stop; \"÷ static\" is against the static run",
+	}
+	f, err := os.Create(o.HTML)
+	if err != nil {
+		return fmt.Errorf("--html: %w", err)
+	}
+	err = report.WriteChartsHTML(f, report.HTMLMeta{Title: "kvmesh bench --autoscale (discrete-event simulation)", Notes: notes},
+		names, header, rows, charts)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("--html %s: %w", o.HTML, err)
+	}
+	return nil
+}
+
 func (o Options) writeHTMLFile(rep report.Report, m report.HTMLMeta) error {
 	f, err := os.Create(o.HTML)
 	if err != nil {

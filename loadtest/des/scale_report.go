@@ -3,6 +3,7 @@ package des
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"text/tabwriter"
 	"time"
@@ -163,4 +164,54 @@ func (r ScaleReport) WriteTable(w io.Writer) error {
 			x.PeakPrefill, x.PeakDecode, x.EnginesStarted, x.ScaleDecisions, x.TTFTP99, 1e3*x.TPOTP99, x.Failed, x.Wall.Seconds())
 	}
 	return tw.Flush()
+}
+
+// Charts is r for report.WriteChartsHTML: a name per run (its autoscaler
+// and setting), the table's columns and rows, and over the report windows
+// (x in minutes) the prefill and decode engines each run holds (requested,
+// starting ones included), the arrival rate, each window's SLO attainment
+// and TTFT p90.
+func (r ScaleReport) Charts() (names, header []string, rows [][]string, charts []report.Chart) {
+	header = []string{"run", "SLO met", "GPU-h", "÷ static", "prefill GPU-h", "decode GPU-h", "peak P/D", "started",
+		"decisions", "TTFT p99 s", "TPOT p99 ms", "failed"}
+	charts = []report.Chart{
+		{ID: "prefill-engines", Title: "Prefill engines", XLabel: "time (min)", YLabel: "engines"},
+		{ID: "decode-engines", Title: "Decode engines", XLabel: "time (min)", YLabel: "engines"},
+		{ID: "arrivals", Title: "Arrivals", XLabel: "time (min)", YLabel: "requests / s"},
+		{ID: "attainment", Title: "SLO attainment per window", XLabel: "time (min)", YLabel: "share within both SLOs"},
+		{ID: "ttft-p90", Title: "TTFT p90 per window", XLabel: "time (min)", YLabel: "seconds"},
+	}
+	f := func(format string, a ...any) string { return fmt.Sprintf(format, a...) }
+	for i, x := range r.Runs {
+		name := x.Autoscaler
+		if x.Setting != "" {
+			name += " " + x.Setting
+		}
+		if slices.Contains(names, name) {
+			name = f("%s (%d)", name, i+1)
+		}
+		names = append(names, name)
+		ratio := "-"
+		if r.StaticGPUHours > 0 {
+			ratio = f("%.2f", x.GPUHours/r.StaticGPUHours)
+		}
+		rows = append(rows, []string{name, f("%.2f %%", 100*x.Attainment), f("%.2f", x.GPUHours), ratio,
+			f("%.2f", x.PrefillGPUHours), f("%.2f", x.DecodeGPUHours), f("%d/%d", x.PeakPrefill, x.PeakDecode),
+			f("%d", x.EnginesStarted), f("%d", x.ScaleDecisions), f("%.2f", x.TTFTP99), f("%.1f", 1e3*x.TPOTP99),
+			f("%d", x.Failed)})
+		n := len(x.Windows)
+		t, pre, dec, arr, att, ttft := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n),
+			make([]float64, n), make([]float64, n)
+		for j, w := range x.Windows {
+			t[j], pre[j], dec[j], arr[j], ttft[j] = w.T/60, float64(w.Prefill), float64(w.Decode), w.ArrivalRPS, w.TTFTP90
+			att[j] = w.Attainment
+			if w.Finished == 0 {
+				att[j], ttft[j] = math.NaN(), math.NaN() // nothing finished: no point
+			}
+		}
+		for k, ys := range [][]float64{pre, dec, arr, att, ttft} {
+			charts[k].Lines = append(charts[k].Lines, report.ChartLine{Name: name, X: t, Y: ys})
+		}
+	}
+	return names, header, rows, charts
 }

@@ -41,6 +41,13 @@ func WriteHTML(w io.Writer, r Report, m HTMLMeta) error {
 	if m.Bins <= 0 {
 		m.Bins = defaultBins(r)
 	}
+	names := r.policies()
+	return writePage(w, m, names, func(b *strings.Builder) { writeSummary(b, r, names) }, r.plots(names, m.Bins))
+}
+
+// writePage writes the page around a table (summary) and plots: title,
+// notes, the legend of names.
+func writePage(w io.Writer, m HTMLMeta, names []string, summary func(*strings.Builder), plots []plot) error {
 	var b strings.Builder
 	b.WriteString("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>")
 	b.WriteString(html.EscapeString(m.Title))
@@ -53,16 +60,67 @@ func WriteHTML(w io.Writer, r Report, m HTMLMeta) error {
 	if !m.Generated.IsZero() {
 		fmt.Fprintf(&b, "<p class=\"note\">generated %s</p>\n", html.EscapeString(m.Generated.UTC().Format(time.RFC3339)))
 	}
-	names := r.policies()
 	writeLegend(&b, names)
-	writeSummary(&b, r, names)
+	summary(&b)
 	b.WriteString("<div class=\"plots\">\n")
-	for _, p := range r.plots(names, m.Bins) {
+	for _, p := range plots {
 		p.svg(&b)
 	}
 	b.WriteString("</div>\n</body>\n</html>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// Chart is one line chart of WriteChartsHTML.
+type Chart struct {
+	// ID is the <svg> element's id; Title heads it.
+	ID, Title, XLabel, YLabel string
+	Lines                     []ChartLine
+}
+
+// ChartLine is one run's series on a Chart: Name is one of
+// WriteChartsHTML's names (its colour), X and Y its points.
+type ChartLine struct {
+	Name string
+	X, Y []float64
+}
+
+// WriteChartsHTML writes one self-contained page as WriteHTML does, for
+// results that are not per-request records (the autoscaling benchmark's
+// windows): a table (header and rows, every cell escaped) and line charts,
+// names in the legend coloured in order.
+func WriteChartsHTML(w io.Writer, m HTMLMeta, names, header []string, rows [][]string, charts []Chart) error {
+	if m.Title == "" {
+		m.Title = "kvmesh benchmark"
+	}
+	plots := make([]plot, 0, len(charts))
+	for _, c := range charts {
+		p := plot{id: c.ID, title: c.Title, xlabel: c.XLabel, ylabel: c.YLabel}
+		for _, l := range c.Lines {
+			col := "#555"
+			if i := slices.Index(names, l.Name); i >= 0 {
+				col = color(i)
+			}
+			n := min(len(l.X), len(l.Y))
+			p.lines = append(p.lines, line{policy: l.Name, color: col, xs: l.X[:n], ys: l.Y[:n]})
+		}
+		plots = append(plots, p)
+	}
+	return writePage(w, m, names, func(b *strings.Builder) {
+		b.WriteString("<table class=\"summary\">\n<tr>")
+		for _, h := range header {
+			fmt.Fprintf(b, "<th>%s</th>", html.EscapeString(h))
+		}
+		b.WriteString("</tr>\n")
+		for _, r := range rows {
+			b.WriteString("<tr>")
+			for _, c := range r {
+				fmt.Fprintf(b, "<td>%s</td>", html.EscapeString(c))
+			}
+			b.WriteString("</tr>\n")
+		}
+		b.WriteString("</table>\n")
+	}, plots)
 }
 
 // defaultBins is about 8 completions per bin of the smallest run, within

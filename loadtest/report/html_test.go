@@ -148,8 +148,9 @@ func checkMonotone(t *testing.T, what, points string) {
 	}
 }
 
-// checkSVGWellFormed decodes every <svg>…</svg> of the page as XML.
-func checkSVGWellFormed(t *testing.T, page string) {
+// checkSVGWellFormed decodes every <svg>…</svg> of the page as XML: want
+// of them (6 when none is given).
+func checkSVGWellFormed(t *testing.T, page string, want ...int) {
 	t.Helper()
 	n := 0
 	for rest := page; ; n++ {
@@ -172,8 +173,8 @@ func checkSVGWellFormed(t *testing.T, page string) {
 		}
 		rest = rest[i+j:]
 	}
-	if n != 6 {
-		t.Errorf("%d svg elements, want 6", n)
+	if w := append(want, 6)[0]; n != w {
+		t.Errorf("%d svg elements, want %d", n, w)
 	}
 }
 
@@ -244,4 +245,60 @@ func text(n *html.Node) string {
 		}
 	}
 	return b.String()
+}
+
+// TestChartsHTML: WriteChartsHTML's page is well-formed, nothing loaded from
+// anywhere; the table's cells are escaped; each chart has one line per
+// series in its name's legend colour (unknown names grey); a NaN point is
+// left out of its line, which still joins its neighbours.
+func TestChartsHTML(t *testing.T) {
+	names := []string{"static", "slo <P 1.1>"}
+	charts := []Chart{
+		{ID: "engines", Title: "Engines", XLabel: "min", YLabel: "n", Lines: []ChartLine{
+			{Name: "static", X: []float64{1, 2, 3}, Y: []float64{3, 3, 3}},
+			{Name: "slo <P 1.1>", X: []float64{1, 2, 3}, Y: []float64{1, 2, 4}},
+		}},
+		{ID: "attainment", Title: "Attainment", Lines: []ChartLine{
+			{Name: "slo <P 1.1>", X: []float64{1, 2, 3, 4}, Y: []float64{1, math.NaN(), 0.5, 0.9}},
+			{Name: "other", X: []float64{1, 2}, Y: []float64{0.2, 0.3}},
+		}},
+	}
+	var b bytes.Buffer
+	err := WriteChartsHTML(&b, HTMLMeta{Title: "t"}, names, []string{"run", "GPU-h"},
+		[][]string{{"static", "5.02"}, {"slo <P 1.1>", "3.35"}}, charts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	checkSVGWellFormed(t, page, 2)
+	if strings.Contains(page, "<P 1.1>") || !strings.Contains(page, "<td>slo &lt;P 1.1&gt;</td><td>3.35</td>") {
+		t.Errorf("table cells not escaped as text:\n%s", page)
+	}
+	doc, err := html.Parse(strings.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := map[string][]*html.Node{}
+	for n := range doc.Descendants() {
+		if n.Type == html.ElementNode && n.Data == "script" {
+			t.Errorf("a script")
+		}
+		if attr(n, "class") == "series" {
+			lines[attr(n.Parent, "id")] = append(lines[attr(n.Parent, "id")], n)
+		}
+	}
+	if len(lines["engines"]) != 2 || len(lines["attainment"]) != 2 {
+		t.Fatalf("lines per chart: %d, %d", len(lines["engines"]), len(lines["attainment"]))
+	}
+	for _, n := range append(lines["engines"], lines["attainment"]...) {
+		want := map[string]string{"static": color(0), "slo <P 1.1>": color(1), "other": "#555"}[attr(n, "data-policy")]
+		if got := attr(n, "stroke"); got != want {
+			t.Errorf("%s: stroke %s, want %s", attr(n, "data-policy"), got, want)
+		}
+		if attr(n, "data-policy") == "slo <P 1.1>" && attr(n.Parent, "id") == "attainment" {
+			if pts := strings.Fields(attr(n, "points")); len(pts) != 3 {
+				t.Errorf("attainment line points %q, want the 3 finite ones", pts)
+			}
+		}
+	}
 }
