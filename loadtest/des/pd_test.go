@@ -100,7 +100,7 @@ func checkPDRecords(t *testing.T, p string, rep PDReport, roles Roles) {
 		if rec.TTFT <= 0 || rec.E2E < rec.TTFT || rec.Start < 0 || rec.CachedTokens > rec.PromptTokens {
 			t.Fatalf("%s: record %+v", p, rec)
 		}
-		if id := run.EngineIDs[rec.Engine]; p != "aggregated" && strings.HasPrefix(id, "prefill") {
+		if id := run.EngineIDs[rec.Engine]; strings.HasPrefix(id, "prefill") || (p == "aggregated") != strings.HasPrefix(id, "mixed") {
 			t.Fatalf("%s: a request decoded on %s", p, id)
 		}
 		ttft += rec.TTFT

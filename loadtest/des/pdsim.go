@@ -159,11 +159,10 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 			if err != nil {
 				return fmt.Errorf("engine %d: %w", e, err)
 			}
-			r := role
+			r, id := role, role.String()+"-"+strconv.Itoa(j)
 			if policy == "aggregated" {
-				r = scheduler.RoleMixed // the same GPUs, no P/D
+				r, id = scheduler.RoleMixed, "mixed-"+strconv.Itoa(e) // the same GPUs, no P/D
 			}
-			id := role.String() + "-" + strconv.Itoa(j)
 			s.engines = append(s.engines, eng)
 			s.ids[id] = e
 			s.view = append(s.view, scheduler.Engine{ID: id, Healthy: true, Model: cfg.Model, Role: r, GPUBlocks: ec.GPUBlocks})
