@@ -48,6 +48,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		asJSON     = fs.Bool("json", false, "print the report as JSON on stdout")
 		quiet      = fs.Bool("quiet", false, "no progress line on stderr")
 		htmlFile   = fs.String("html", "", "also write a self-contained HTML report (plots, table) to this file")
+		csvFile    = fs.String("requests-csv", "", "also write every finished request (engine, start, TTFT, E2E, TPOT, prompt, cached and output tokens; wall seconds) to this CSV file")
 	)
 	fs.StringVar(&cfg.URL, "url", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible server")
 	fs.StringVar(&cfg.Model, "model", "kvmesh-sim", "model name sent in every request")
@@ -115,6 +116,11 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			return herr
 		}
 	}
+	if *csvFile != "" {
+		if cerr := writeLoadtestCSV(*csvFile, rep); cerr != nil {
+			return cerr
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -133,9 +139,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // writeLoadtestHTML writes rep as a self-contained HTML report.
 // The command line is left out: it may carry -api-key.
 func writeLoadtestHTML(path string, rep *loadgen.Report, kind string) error {
-	ids := slices.Sorted(maps.Keys(rep.PerEngine))
-	r := report.Report{Policies: map[string]report.PolicyResult{"run": rep.PolicyResult()}, Order: []string{"run"},
-		Runs: map[string]report.Run{"run": rep.Run(1, ids)}}
+	r := loadtestReport(rep)
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("-html: %w", err)
@@ -152,4 +156,25 @@ func writeLoadtestHTML(path string, rep *loadgen.Report, kind string) error {
 // redrawn line on a terminal, periodic plain lines elsewhere).
 func progressLine(w io.Writer, prefix string) func(loadgen.Progress) {
 	return loadgen.ProgressLine(w, prefix)
+}
+
+// loadtestReport is rep as the benchmark's report of one policy, "run".
+func loadtestReport(rep *loadgen.Report) report.Report {
+	ids := slices.Sorted(maps.Keys(rep.PerEngine))
+	return report.Report{Policies: map[string]report.PolicyResult{"run": rep.PolicyResult()}, Order: []string{"run"},
+		Runs: map[string]report.Run{"run": rep.Run(1, ids)}}
+}
+
+// writeLoadtestCSV writes rep's finished requests as CSV rows
+// (report.WriteCSV; the policy column says "run").
+func writeLoadtestCSV(path string, rep *loadgen.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("-requests-csv: %w", err)
+	}
+	err = report.WriteCSV(f, loadtestReport(rep))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
