@@ -139,17 +139,14 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // writeLoadtestHTML writes rep as a self-contained HTML report.
 // The command line is left out: it may carry -api-key.
 func writeLoadtestHTML(path string, rep *loadgen.Report, kind string) error {
-	r := loadtestReport(rep)
-	f, err := os.Create(path)
+	err := report.WriteFile(path, func(w io.Writer) error {
+		return report.WriteHTML(w, loadtestReport(rep), report.HTMLMeta{Title: "kvmesh loadtest", Notes: []string{
+			fmt.Sprintf("workload %s: %d requests sent, %d completed; measured at the client (wall seconds)", kind, rep.Sent, rep.Completed)}})
+	})
 	if err != nil {
 		return fmt.Errorf("-html: %w", err)
 	}
-	err = report.WriteHTML(f, r, report.HTMLMeta{Title: "kvmesh loadtest", Notes: []string{
-		fmt.Sprintf("workload %s: %d requests sent, %d completed; measured at the client (wall seconds)", kind, rep.Sent, rep.Completed)}})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return nil
 }
 
 // progressLine reports loadgen progress on w (loadgen.ProgressLine: one
@@ -168,13 +165,8 @@ func loadtestReport(rep *loadgen.Report) report.Report {
 // writeLoadtestCSV writes rep's finished requests as CSV rows
 // (report.WriteCSV; the policy column says "run").
 func writeLoadtestCSV(path string, rep *loadgen.Report) error {
-	f, err := os.Create(path)
-	if err != nil {
+	if err := report.WriteFile(path, func(w io.Writer) error { return report.WriteCSV(w, loadtestReport(rep)) }); err != nil {
 		return fmt.Errorf("-requests-csv: %w", err)
 	}
-	err = report.WriteCSV(f, loadtestReport(rep))
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return nil
 }

@@ -2,7 +2,7 @@ package bench
 
 import (
 	"fmt"
-	"os"
+	"io"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/loadtest/des"
@@ -58,49 +58,27 @@ func (o Options) WriteScaleHTML(rep des.ScaleReport) error {
 			rep.SLOTTFT, rep.SLOTPOT, rep.StartupDelay),
 		"GPU-hours count every engine from its request to its stop; \"÷ static\" is against the static run",
 	}
-	f, err := os.Create(o.HTML)
-	if err != nil {
-		return fmt.Errorf("--html: %w", err)
-	}
-	err = report.WriteChartsHTML(f, report.HTMLMeta{Title: "kvmesh bench --autoscale (discrete-event simulation)", Notes: notes},
-		names, header, rows, charts)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("--html %s: %w", o.HTML, err)
-	}
-	return nil
+	return fileFlag("--html", o.HTML, func(w io.Writer) error {
+		return report.WriteChartsHTML(w, report.HTMLMeta{Title: "kvmesh bench --autoscale (discrete-event simulation)", Notes: notes},
+			names, header, rows, charts)
+	})
 }
 
 func (o Options) writeHTMLFile(rep report.Report, m report.HTMLMeta) error {
-	f, err := os.Create(o.HTML)
-	if err != nil {
-		return fmt.Errorf("--html: %w", err)
-	}
-	err = report.WriteHTML(f, rep, m)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("--html %s: %w", o.HTML, err)
-	}
-	return nil
+	return fileFlag("--html", o.HTML, func(w io.Writer) error { return report.WriteHTML(w, rep, m) })
 }
 
 // WriteRequestsCSV writes every finished request of rep (report.WriteCSV)
 // to o.RequestsCSV.
 func (o Options) WriteRequestsCSV(rep report.Report) error {
-	f, err := os.Create(o.RequestsCSV)
-	if err != nil {
-		return fmt.Errorf("--requests-csv: %w", err)
-	}
-	err = report.WriteCSV(f, rep)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("--requests-csv %s: %w", o.RequestsCSV, err)
+	return fileFlag("--requests-csv", o.RequestsCSV, func(w io.Writer) error { return report.WriteCSV(w, rep) })
+}
+
+// fileFlag writes the file a flag names (report.WriteFile); an error names
+// the flag.
+func fileFlag(flag, path string, write func(io.Writer) error) error {
+	if err := report.WriteFile(path, write); err != nil {
+		return fmt.Errorf("%s: %w", flag, err)
 	}
 	return nil
 }

@@ -1,6 +1,10 @@
 package report
 
-import "math"
+import (
+	"io"
+	"math"
+	"os"
+)
 
 // Run is one policy's finished requests.
 type Run struct {
@@ -105,4 +109,18 @@ func End(recs []Record) float64 {
 		end = max(end, r.Start+r.E2E)
 	}
 	return end
+}
+
+// WriteFile creates the file at path and writes it with write (WriteHTML,
+// WriteCSV), closing it; the first error is returned.
+func WriteFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	err = write(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
