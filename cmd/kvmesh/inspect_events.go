@@ -43,6 +43,9 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 		return fmt.Errorf("%w: --count must be >= 0 and --dp-size >= 1", errUsage)
 	}
 	if *file != "" {
+		if err := refuseUnread(fs, "--file", func(f string) bool { return f == "file" }); err != nil {
+			return err // the subscriber's flags (--bind, --count, --topic, --dp-size) would be ignored
+		}
 		payload, err := os.ReadFile(*file)
 		if err != nil {
 			return fmt.Errorf("read: %w", err)

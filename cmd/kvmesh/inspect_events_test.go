@@ -93,6 +93,12 @@ func TestInspectEventsMalformed(t *testing.T) {
 	if code := run([]string{"inspect", "events"}, &out, &errOut); code != 2 {
 		t.Fatalf("no source: exit %d", code)
 	}
+	// The subscriber's flags are not read with --file: refused by name.
+	errOut.Reset()
+	code = run([]string{"inspect", "events", "--file", bad, "--count", "3", "--bind"}, &out, &errOut)
+	if e := errOut.String(); code != 2 || !strings.Contains(e, "--count is not read by a --file run") || !strings.Contains(e, "--bind is not read") {
+		t.Fatalf("--file with --count --bind: exit %d, stderr %q", code, e)
+	}
 }
 
 // TestInspectEventsZMQ follows a real publisher over loopback.

@@ -36,6 +36,18 @@ func runInspectStream(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
+	var err error
+	if *summary { // --keys and --count shape the delta tail; --interval the summary
+		err = refuseUnread(fs, "--summary", func(f string) bool { return f != "keys" && f != "count" })
+	} else {
+		err = refuseUnread(fs, "delta tail (no --summary)", func(f string) bool { return f != "interval" })
+	}
+	switch {
+	case err != nil:
+		return err
+	case *interval <= 0 || *count < 0:
+		return fmt.Errorf("%w: --interval must be > 0 and --count >= 0 (got %v, %d)", errUsage, *interval, *count)
+	}
 	cfg.Name = "kvmesh-inspect"
 	cfg.Stream.Disabled = true // read-only: never create or change the stream
 	if len(cfg.URLs) == 0 {

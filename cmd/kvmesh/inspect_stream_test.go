@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,26 @@ func TestSidecarFlags(t *testing.T) {
 	}
 	if code := run([]string{"sidecar", "--model", "m"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "no KV-event endpoint") {
 		t.Fatalf("missing events endpoint: exit %d, %s", code, errOut.String())
+	}
+}
+
+// TestInspectStreamUsage: flags the chosen mode does not read, and an
+// interval or count out of range (a zero --interval would panic the
+// summary's ticker), are usage errors before any connection is made.
+func TestInspectStreamUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--summary", "--keys", "--count", "3"}, "--keys is not read by a --summary run"},
+		{[]string{"--interval", "5s"}, "--interval is not read by a delta tail"},
+		{[]string{"--summary", "--interval", "0s"}, "--interval must be > 0"},
+		{[]string{"--count", "-1"}, "--count >= 0"},
+	} {
+		var out, errOut bytes.Buffer
+		err := runInspectStream(context.Background(), append([]string{"--nats", "nats://127.0.0.1:1"}, tc.args...), &out, &errOut)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want a usage error saying %q", tc.args, err, tc.want)
+		}
 	}
 }

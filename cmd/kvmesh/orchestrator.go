@@ -336,6 +336,9 @@ func parseViewArgs(verb string, args []string, stderr io.Writer) (viewArgs, erro
 		fs.Usage()
 		return o, fmt.Errorf("%w: want a resource and %s", errUsage, map[string]string{"get": "an optional name", "describe": "a name"}[verb])
 	}
+	if o.all && len(o.pos) == 2 { // kubectl's rule too; describe always names one
+		return o, fmt.Errorf("%w: --all-namespaces lists a resource; it is not read with a name (use -n)", errUsage)
+	}
 	if o.namespace == "" {
 		o.namespace = kubeNamespace(o.kubeconfig)
 	}

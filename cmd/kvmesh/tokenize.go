@@ -33,6 +33,8 @@ func runTokenize(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("%w: --chat-template and --messages go together", errUsage)
 	case *msgPath != "" && fs.NArg() > 0:
 		return fmt.Errorf("%w: give either --messages or TEXTFILE", errUsage)
+	case *noGen && *msgPath == "":
+		return fmt.Errorf("%w: --no-generation-prompt is read with --messages only", errUsage)
 	}
 	tk, err := tokenizer.LoadFile(*tokPath)
 	if err != nil {

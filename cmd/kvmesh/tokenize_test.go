@@ -105,6 +105,7 @@ func TestTokenizeUsageErrors(t *testing.T) {
 		{},
 		{"--tokenizer", "x.json", "--messages", "m.json"},
 		{"--tokenizer", "x.json", "a.txt", "b.txt"},
+		{"--tokenizer", "x.json", "--no-generation-prompt", "a.txt"}, // read with --messages only
 	} {
 		var stdout, stderr bytes.Buffer
 		err := runTokenize(context.Background(), args, &stdout, &stderr)

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -62,6 +64,22 @@ current-context: x
 		}
 		if !slices.Equal(o.pos, c.pos) || o.namespace != c.ns || o.all != c.all {
 			t.Errorf("%s %q: names %q namespace %q all %v, want %q %q %v", c.verb, c.args, o.pos, o.namespace, o.all, c.pos, c.ns, c.all)
+		}
+	}
+}
+
+// TestViewArgsAllNamespacesWithName: -A lists; with a name (get NAME, or
+// describe, which always names one) it would be ignored, so it is refused.
+func TestViewArgsAllNamespacesWithName(t *testing.T) {
+	for _, c := range []struct {
+		verb string
+		args []string
+	}{
+		{"get", []string{"md", "x", "-A"}},
+		{"describe", []string{"md", "x", "--all-namespaces"}},
+	} {
+		if _, err := parseViewArgs(c.verb, c.args, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--all-namespaces") {
+			t.Errorf("%s %q: %v, want a usage error naming --all-namespaces", c.verb, c.args, err)
 		}
 	}
 }
