@@ -242,8 +242,10 @@ func (e *ejector) ejectLocked(h *engineHealth, now time.Time) {
 }
 
 // probeLoop probes ejected engines whose ejection time passed, until quit.
+// It ticks at least every millisecond apart (tick is ejectionTime ÷ 4,
+// which a valid ejectionTime of under 4 ns makes 0: NewTicker would panic).
 func (e *ejector) probeLoop(quit <-chan struct{}, tick time.Duration) {
-	t := time.NewTicker(tick)
+	t := time.NewTicker(max(tick, time.Millisecond))
 	defer t.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -75,6 +76,22 @@ func TestEjectedEngineGetsNoRequestsAndReturns(t *testing.T) {
 	if n := failedAttempts(s) - failedBefore; n != 1 {
 		t.Fatalf("%v failed attempts in all, want 1", n)
 	}
+}
+
+// TestProbeLoopTinyEjectionTime: an ejectionTime of 3 ns is valid and
+// makes the probe tick 0; the loop runs (no NewTicker panic) and stops.
+func TestProbeLoopTinyEjectionTime(t *testing.T) {
+	cfg := DefaultHealthConfig()
+	cfg.EjectionTime, cfg.MaxEjectionTime = 3, 3
+	var probs []string
+	cfg.problems(func(f string, a ...any) { probs = append(probs, fmt.Sprintf(f, a...)) })
+	if len(probs) > 0 {
+		t.Fatalf("3 ns is a valid ejection time: %v", probs)
+	}
+	e := newEjector(cfg, prometheus.NewRegistry(), "t")
+	quit := make(chan struct{})
+	close(quit)
+	e.probeLoop(quit, cfg.EjectionTime/4)
 }
 
 // Answers of 5xx eject after ConsecutiveFailures in a row; 429 never ejects.
