@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/sim"
@@ -23,6 +24,16 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
+	// The configuration reads 0 as "the default" for these; given on the
+	// command line, 0 is a mistake to report, not to replace.
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "time-scale", "dp", "block-size", "gpu-blocks", "kv-transfer-gbps":
+			if v, err := strconv.ParseFloat(f.Value.String(), 64); err == nil && v == 0 {
+				probs.add("--%s 0: want > 0", f.Name)
+			}
+		}
+	})
 	if err := probs.err(); err != nil {
 		return err
 	}

@@ -105,4 +105,14 @@ func TestSimCommandUsage(t *testing.T) {
 	if code := run([]string{"sim", "--dp", "-1", "--http", "127.0.0.1:0"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "dp") {
 		t.Errorf("--dp -1: exit %d, %q", code, errOut.String())
 	}
+	// 0 given for a setting whose configuration reads 0 as its default is
+	// reported, every one at once (it ran with the default before).
+	errOut.Reset()
+	code := run([]string{"sim", "--http", "127.0.0.1:0", "--time-scale", "0", "--dp", "0", "--block-size", "0", "--gpu-blocks", "0",
+		"--kv-transfer-gbps", "0"}, &out, &errOut)
+	for _, f := range []string{"time-scale", "dp", "block-size", "gpu-blocks", "kv-transfer-gbps"} {
+		if code != 2 || !strings.Contains(errOut.String(), "--"+f+" 0: want > 0") {
+			t.Errorf("--%s 0: exit %d, stderr %q", f, code, errOut.String())
+		}
+	}
 }
