@@ -1,18 +1,9 @@
 package ingress
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -20,7 +11,7 @@ import (
 )
 
 // startHangIngress is an ingress in front of one engine that never answers,
-// with tlsOn a TLS listener (a self-signed certificate); the client's
+// with tlsOn a TLS listener (a certificate from testutil.ServerCert); the client's
 // leaving is the only way its requests end.
 func startHangIngress(t *testing.T, tlsOn bool) (*Server, *faultEngine) {
 	t.Helper()
@@ -29,7 +20,7 @@ func startHangIngress(t *testing.T, tlsOn bool) (*Server, *faultEngine) {
 	cfg.IdleTimeout = time.Minute
 	cfg.Health.StallAfter = 0 // the hang is the client's to end, not the stall watch's
 	if tlsOn {
-		cfg.TLS.CertFile, cfg.TLS.KeyFile = writeSelfSigned(t)
+		_, cfg.TLS.CertFile, cfg.TLS.KeyFile = testutil.ServerCert(t, t.TempDir())
 	}
 	return startIngress(t, cfg, Deps{}), hang
 }
@@ -64,7 +55,7 @@ func TestClientDisconnectOverTLSCancelsUpstream(t *testing.T) {
 		t.Skip("TLS connections are not watched on this platform")
 	}
 	s, hang := startHangIngress(t, true)
-	conn, err := tls.Dial("tcp", s.Addr(), &tls.Config{InsecureSkipVerify: true}) // the test's own self-signed certificate
+	conn, err := tls.Dial("tcp", s.Addr(), &tls.Config{InsecureSkipVerify: true}) // the test's own CA signed it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,34 +80,4 @@ func TestClientDisconnectAfterPipelinedBytesCancelsUpstream(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-}
-
-// writeSelfSigned writes a self-signed ECDSA certificate for 127.0.0.1 and
-// its key to the test's directory.
-func writeSelfSigned(t *testing.T) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
 }

@@ -13,10 +13,8 @@ import (
 // writeHTML writes rep as a self-contained HTML report (report.WriteHTML)
 // to o.HTML.
 func (o Options) writeHTML(rep report.Report, reqs []workload.Request, cfg des.Config) error {
-	st := workload.Summarize(reqs)
 	notes := []string{
-		fmt.Sprintf("workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs", o.Workload,
-			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds()),
+		o.workloadNote(reqs),
 		fmt.Sprintf("%d engines, profile %s, %d GPU blocks of %d tokens, seed %d", o.Engines, cfg.Engine.Profile.Name,
 			cfg.Engine.Defaults().GPUBlocks, cfg.Engine.Defaults().BlockSize, max(o.Seed, 1)),
 		"policies: " + strings.Join(rep.Order, ", "),
@@ -30,16 +28,21 @@ func (o Options) writeHTML(rep report.Report, reqs []workload.Request, cfg des.C
 	return o.writeHTMLFile(rep, report.HTMLMeta{Title: title, Notes: notes})
 }
 
+// workloadNote is the report's line about the workload.
+func (o Options) workloadNote(reqs []workload.Request) string {
+	st := workload.Summarize(reqs)
+	return fmt.Sprintf("workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs", o.Workload,
+		st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds())
+}
+
 // WritePDHTML writes a P/D run (`kvmesh bench --roles ...`) as a
 // self-contained HTML report to o.HTML: the plots of the aggregated
 // benchmark's report over the requests' decoding engines, and each policy's
-// goodput, attainment and disaggregated share (des.PDReport.HTML).
+// goodput, attainment and disaggregated share (des.PDReport.AsReport).
 func (o Options) WritePDHTML(rep des.PDReport, reqs []workload.Request, cfg des.PDConfig) error {
 	r, pdNotes := rep.AsReport()
-	st := workload.Summarize(reqs)
 	notes := append([]string{
-		fmt.Sprintf("workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs", o.Workload,
-			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds()),
+		o.workloadNote(reqs),
 		fmt.Sprintf("%d engines, profile %s, %d GPU blocks of %d tokens, transfer %g Gbit/s, seed %d", cfg.Roles.Total(),
 			cfg.Engine.Profile.Name, cfg.Engine.Defaults().GPUBlocks, cfg.Engine.Defaults().BlockSize, cfg.TransferGbps, max(o.Seed, 1)),
 		"policies: " + strings.Join(r.Order, ", ") + " (aggregated: the same engines, all mixed)",
