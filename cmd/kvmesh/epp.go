@@ -23,6 +23,7 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	opts.Picker.MaxBodyBytes = opts.Ingress.Config.MaxBodyBytes
 	probs.addErr(opts.Validate())
+	ingressFlagsRead(fs, &opts.Ingress, &probs)
 	if err := probs.err(); err != nil {
 		return err
 	}

@@ -152,6 +152,28 @@ func commaList(s string) []string {
 	return out
 }
 
+// offFlag is a flag read only while a feature is on: off says the final
+// configuration (flags over any config file) leaves it off, why how it
+// would be on ("without --admin").
+type offFlag struct {
+	name string
+	off  bool
+	why  string
+}
+
+// refuseOff adds a problem for every flag given in fs whose feature is off
+// (each flag once; the first of its rules that is off says why).
+func (p *flagProblems) refuseOff(fs *flag.FlagSet, rules []offFlag) {
+	fs.Visit(func(f *flag.Flag) {
+		for _, r := range rules {
+			if r.name == f.Name && r.off {
+				p.add("--%s is not read %s", f.Name, r.why)
+				return
+			}
+		}
+	})
+}
+
 // refuseUnread is a usage error naming every flag given that a run of the
 // kind run does not read (read reports whether it does), or nil: a flag
 // silently ignored makes a run look like what it is not.

@@ -19,12 +19,22 @@ import (
 // runIngress runs one ingress replica until SIGTERM/SIGINT, then drains
 // (ingress.Run).
 func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	opts, err := ingressOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	return ingress.Run(ctx, opts, stdout, stderr)
+}
+
+// ingressOptions reads `kvmesh ingress`'s command line (and its --config
+// file) into checked options.
+func ingressOptions(args []string, stderr io.Writer) (ingress.Options, error) {
 	opts := ingress.DefaultOptions()
 	// A YAML file, when given, sets the defaults the flags then override.
 	if path := configFlag(args); path != "" {
 		c, err := ingress.LoadConfigFile(path)
 		if err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
+			return opts, fmt.Errorf("%w: %w", errUsage, err)
 		}
 		opts.Config = c
 	}
@@ -33,13 +43,44 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	ingressFlags(fs, &opts, &probs)
 	listenTLSFlags(fs, &opts.Config)
 	if err := parseFlags(fs, args, 0); err != nil {
-		return err
+		return opts, err
 	}
 	probs.addErr(opts.Validate())
-	if err := probs.err(); err != nil {
-		return err
+	ingressFlagsRead(fs, &opts, &probs)
+	return opts, probs.err()
+}
+
+// ingressFlagsRead adds a problem for each ingress flag given whose
+// feature o (flags over --config) leaves off, where it would be ignored:
+// --admin-token without --admin would leave the client port's /metrics as
+// open as before.
+func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems) {
+	cfg := &o.Config
+	fair := cfg.FairQueue != nil
+	noJWKS := o.JWT.JWKSFile == "" && o.JWT.JWKSURL == ""
+	noNATS := len(cfg.Cluster.NATSURLs) == 0
+	noGossip := cfg.Cluster.GossipBind == ""
+	const jwks, nats, gossipBind = "without --jwks-file or --jwks-url", "without --nats", "without --gossip-bind"
+	const fairOn = "with fair admission on (--fair-max-concurrent, --tenant or the config's fairQueue), which replaces it"
+	rules := []offFlag{
+		{"admit-max", fair, fairOn},
+		{"admit-max-wait", fair, fairOn},
+		{"admit-max-wait", o.AdmitMax == 0, "without --admit-max"},
+		{"tenant-header", !fair, "without fair admission (--fair-max-concurrent, --tenant or the config's fairQueue)"},
+		{"admin-token", cfg.AdminListen == "", "without --admin (the client port's /metrics takes no token)"},
+		{"jwt-audience", noJWKS, jwks},
+		{"jwt-issuer", noJWKS, jwks},
+		{"jwt-tenant-claim", noJWKS, jwks},
+		{"pd-transfer-gbps", cfg.PD.Policy == "", "without --pd-policy"},
+		{"tokenizer-store", noNATS, nats},
+		{"tokenizer-cache", noNATS, nats},
+		{"tokenizer-cache", !o.TokenizerStore, "without --tokenizer-store"},
+		{"gossip-advertise", noGossip, gossipBind},
+		{"gossip-profile", noGossip, gossipBind},
+		{"gossip-key", noGossip, gossipBind},
 	}
-	return ingress.Run(ctx, opts, stdout, stderr)
+	rules = append(rules, natsFlagsOff(noNATS)...)
+	probs.refuseOff(fs, rules)
 }
 
 // listenTLSFlags binds the client listener's TLS. `kvmesh epp` leaves them

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
@@ -143,5 +145,70 @@ func TestIngressCommandBadFlags(t *testing.T) {
 	// An unknown flag stops the parser: exit 2 as well.
 	if code := run([]string{"ingress", "--no-such-flag"}, &out, &errOut); code != 2 {
 		t.Fatalf("unknown flag: exit %d", code)
+	}
+}
+
+// A flag whose feature the configuration leaves off is refused by name
+// (it would be ignored); with the feature on (by flag or by --config) the
+// same flag is read.
+func TestIngressFlagsNotRead(t *testing.T) {
+	base := []string{"--engine", "m=http://127.0.0.1:1"}
+	fairYAML := filepath.Join(t.TempDir(), "fair.yaml")
+	if err := os.WriteFile(fairYAML, []byte("fairQueue:\n  maxConcurrent: 8\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want []string // each refused flag's problem; none: accepted
+	}{
+		{[]string{"--admit-max-wait", "5s"}, []string{"--admit-max-wait is not read without --admit-max"}},
+		{[]string{"--admit-max", "4", "--admit-max-wait", "5s"}, nil},
+		{[]string{"--fair-max-concurrent", "4", "--admit-max", "4"}, []string{"--admit-max is not read with fair admission on"}},
+		{[]string{"--config", fairYAML, "--admit-max", "4", "--admit-max-wait", "1s"},
+			[]string{"--admit-max is not read with fair admission on", "--admit-max-wait is not read with fair admission on"}},
+		{[]string{"--tenant-header", "X-Tenant"}, []string{"--tenant-header is not read without fair admission"}},
+		{[]string{"--tenant", "a=1", "--tenant-header", "X-Tenant"}, nil},
+		{[]string{"--config", fairYAML, "--tenant-header", "X-Tenant"}, nil},
+		{[]string{"--admin-token", "s3cret"}, []string{"--admin-token is not read without --admin"}},
+		{[]string{"--admin", "127.0.0.1:0", "--admin-token", "s3cret"}, nil},
+		{[]string{"--jwt-audience", "a", "--jwt-issuer", "i", "--jwt-tenant-claim", "t"},
+			[]string{"--jwt-audience is not read without --jwks-file", "--jwt-issuer is not read", "--jwt-tenant-claim is not read"}},
+		{[]string{"--pd-transfer-gbps", "10"}, []string{"--pd-transfer-gbps is not read without --pd-policy"}},
+		{[]string{"--pd-policy", "kvmesh", "--pd-transfer-gbps", "10"}, nil},
+		{[]string{"--tokenizer-cache", "/tmp/x", "--nats-user", "u", "--nats-tls-insecure"},
+			[]string{"--tokenizer-cache is not read without --nats", "--nats-user is not read without --nats", "--nats-tls-insecure is not read without --nats"}},
+		{[]string{"--nats", "nats://127.0.0.1:1", "--tokenizer-store=false", "--tokenizer-cache", "/tmp/x"},
+			[]string{"--tokenizer-cache is not read without --tokenizer-store"}},
+		{[]string{"--nats", "nats://127.0.0.1:1", "--tokenizer-cache", "/tmp/x", "--nats-user", "u"}, nil},
+		{[]string{"--gossip-advertise", "10.0.0.1", "--gossip-profile", "wan", "--gossip-key", "MDEyMzQ1Njc4OWFiY2RlZg=="},
+			[]string{"--gossip-advertise is not read without --gossip-bind", "--gossip-profile is not read", "--gossip-key is not read"}},
+		{[]string{"--gossip-bind", "127.0.0.1:0", "--gossip-advertise", "10.0.0.1", "--gossip-profile", "wan"}, nil},
+	} {
+		_, err := ingressOptions(append(append([]string(nil), base...), c.args...), io.Discard)
+		if len(c.want) == 0 {
+			if err != nil {
+				t.Errorf("%v: %v", c.args, err)
+			}
+			continue
+		}
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%v: err %v, want a usage error", c.args, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: %q lacks %q", c.args, err, w)
+			}
+		}
+		if n := strings.Count(err.Error(), "is not read"); n != len(c.want) {
+			t.Errorf("%v: %d flags refused, want %d: %v", c.args, n, len(c.want), err)
+		}
+	}
+
+	// kvmesh epp shares the flags and the rule: exit 2.
+	var out, errOut testutil.SyncBuffer
+	if code := run([]string{"epp", "--admit-max-wait", "5s"}, &out, &errOut); code != 2 ||
+		!strings.Contains(errOut.String(), "--admit-max-wait is not read without --admit-max") {
+		t.Errorf("epp: exit %d: %s", code, errOut.String())
 	}
 }

@@ -16,6 +16,20 @@ import (
 // --engine specs, for every engine on a node) until SIGTERM/SIGINT
 // (sidecar.Run).
 func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	opts, err := sidecarOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	err = sidecar.Run(ctx, opts, stderr)
+	if errors.Is(err, sidecar.ErrConfig) {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return err
+}
+
+// sidecarOptions reads `kvmesh sidecar`'s command line into options
+// (sidecar.Run's Build checks the rest).
+func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 	opts := sidecar.DefaultOptions()
 	fs := newFlagSet("sidecar", stderr)
 	var probs flagProblems
@@ -26,16 +40,47 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, 0); err != nil {
-		return err
+		return opts, err
 	}
-	if err := probs.err(); err != nil {
-		return err
+	sidecarFlagsRead(fs, &opts, &probs)
+	return opts, probs.err()
+}
+
+// sidecarFlagsRead adds a problem for each sidecar flag given whose
+// feature o leaves off, where it would be ignored: the one-engine flags
+// without that engine (--model, --engine-url or --events; a DaemonSet-mode
+// --engine spec carries its own role=, dp=, ...), gossip's without
+// --gossip-bind, the NATS connection's without --nats (the embedded server
+// takes no credentials).
+func sidecarFlagsRead(fs *flag.FlagSet, o *sidecar.Options, probs *flagProblems) {
+	e := &o.Engine
+	noEngine := e.Events == "" && e.Model == "" && e.URL == ""
+	const engine = "without --model, --engine-url or --events (a DaemonSet --engine spec takes its own: role=, dp=, ...)"
+	var rules []offFlag
+	for _, f := range []string{"engine-id", "metrics-url", "role", "replay", "bind-events", "dp-size", "block-size",
+		"tokenizer-dir", "tokenizer-revision", "pd-group", "pd-protocol", "bootstrap-port"} {
+		rules = append(rules, offFlag{f, noEngine, engine})
 	}
-	err := sidecar.Run(ctx, opts, stderr)
-	if errors.Is(err, sidecar.ErrConfig) {
-		return fmt.Errorf("%w: %w", errUsage, err)
+	rules = append(rules, offFlag{"tokenizer-revision", e.TokenizerDir == "", "without --tokenizer-dir"})
+	for _, f := range []string{"gossip-advertise", "gossip-profile", "gossip-key", "node-name"} {
+		rules = append(rules, offFlag{f, o.GossipBind == "", "without --gossip-bind"})
 	}
-	return err
+	rules = append(rules, natsFlagsOff(len(o.Config.NATS.URLs) == 0)...)
+	probs.refuseOff(fs, rules)
+}
+
+// natsFlagsOff are the NATS connection's flags (natsutil.BindFlags) but
+// --nats itself, off when noNATS.
+func natsFlagsOff(noNATS bool) []offFlag {
+	var rules []offFlag
+	nfs := flag.NewFlagSet("", flag.ContinueOnError)
+	natsutil.BindFlags(nfs, new([]string), new(natsutil.Auth), "")
+	nfs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "nats" {
+			rules = append(rules, offFlag{f.Name, noNATS, "without --nats"})
+		}
+	})
+	return rules
 }
 
 // sidecarFlags binds every `kvmesh sidecar` flag onto opts; bad values go

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -32,5 +34,49 @@ func TestSidecarPDFlags(t *testing.T) {
 	o := parse("--role", "prefill", "--engine-url", "http://10.0.0.5:30000", "--pd-group", "g", "--pd-protocol", "sglang", "--bootstrap-port", "8995")
 	if o.Engine.PDGroup != "g" || o.Engine.Bootstrap() != "10.0.0.5:8995" {
 		t.Fatalf("flags: %+v, bootstrap %q", o.Engine, o.Engine.Bootstrap())
+	}
+}
+
+// A sidecar flag whose feature is off is refused by name: the one-engine
+// flags beside DaemonSet-mode specs only, gossip's without --gossip-bind,
+// the NATS connection's without --nats; with the feature on they are read.
+func TestSidecarFlagsNotRead(t *testing.T) {
+	spec := "--engine=id=a,model=m,url=http://127.0.0.1:1,events=tcp://127.0.0.1:1"
+	one := []string{"--model", "m", "--engine-url", "http://127.0.0.1:1", "--events", "tcp://127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{spec, "--role", "prefill", "--dp-size", "2"},
+			[]string{"--dp-size is not read without --model, --engine-url or --events", "--role is not read without --model"}},
+		{[]string{spec, "--engine", "id=b,model=m,url=http://127.0.0.1:2,events=tcp://127.0.0.1:2,role=prefill,dp=2"}, nil},
+		{append([]string{"--role", "prefill", "--dp-size", "2"}, one...), nil},
+		{append([]string{"--tokenizer-revision", "r1"}, one...), []string{"--tokenizer-revision is not read without --tokenizer-dir"}},
+		{append([]string{"--gossip-advertise", "10.0.0.1", "--node-name", "n"}, one...),
+			[]string{"--gossip-advertise is not read without --gossip-bind", "--node-name is not read without --gossip-bind"}},
+		{append([]string{"--gossip-bind", "127.0.0.1:0", "--gossip-advertise", "10.0.0.1", "--node-name", "n"}, one...), nil},
+		{append([]string{"--nats-user", "u", "--nats-creds", "/c"}, one...),
+			[]string{"--nats-creds is not read without --nats", "--nats-user is not read without --nats"}},
+		{append([]string{"--nats", "nats://127.0.0.1:1", "--nats-user", "u"}, one...), nil},
+	} {
+		_, err := sidecarOptions(c.args, io.Discard)
+		if len(c.want) == 0 {
+			if err != nil {
+				t.Errorf("%v: %v", c.args, err)
+			}
+			continue
+		}
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%v: err %v, want a usage error", c.args, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: %q lacks %q", c.args, err, w)
+			}
+		}
+		if n := strings.Count(err.Error(), "is not read"); n != len(c.want) {
+			t.Errorf("%v: %d flags refused, want %d: %v", c.args, n, len(c.want), err)
+		}
 	}
 }

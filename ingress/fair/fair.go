@@ -59,6 +59,32 @@ type Config struct {
 	Default Tenant `yaml:"default"`
 }
 
+// UnmarshalYAML decodes a tenant over the default share (weight 1), so a
+// tenant given only its priority keeps weight 1. The local type has the
+// type's name (strict decoding's errors still name fair.Tenant) but not
+// this method (no recursion); the func-style Unmarshaler keeps the
+// caller's decoder and its KnownFields.
+func (t *Tenant) UnmarshalYAML(unmarshal func(any) error) error {
+	type fields = Tenant
+	type Tenant fields
+	v := Tenant{Weight: 1}
+	err := unmarshal(&v)
+	*t = fields(v)
+	return err
+}
+
+// UnmarshalYAML decodes a fairQueue block over DefaultConfig, so the
+// fields left out keep the defaults documented on Config (as the ingress's
+// --tenant and --fair-max-concurrent flags do).
+func (c *Config) UnmarshalYAML(unmarshal func(any) error) error {
+	type fields = Config
+	type Config fields
+	v := Config(DefaultConfig())
+	err := unmarshal(&v)
+	*c = fields(v)
+	return err
+}
+
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{MaxConcurrent: 256, MaxQueue: 4096, MaxQueuePerTenant: 1024, MaxWait: 30 * time.Second,

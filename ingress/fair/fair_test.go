@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
@@ -205,4 +209,37 @@ func indexOf(s, sub string) int {
 		}
 	}
 	return -1
+}
+
+// A fairQueue block keeps the documented defaults for the fields it leaves
+// out, a tenant given only its priority keeps weight 1, and strict decoding
+// still refuses an unknown field.
+func TestConfigYAMLDefaults(t *testing.T) {
+	decode := func(doc string) (Config, error) {
+		var c Config
+		dec := yaml.NewDecoder(strings.NewReader(doc))
+		dec.KnownFields(true)
+		err := dec.Decode(&c)
+		return c, err
+	}
+	c, err := decode("maxConcurrent: 8\ntenants:\n  a: {priority: 2}\n  b: {weight: 3}\ndefault: {priority: 1}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	want.MaxConcurrent = 8
+	want.Tenants = map[string]Tenant{"a": {Weight: 1, Priority: 2}, "b": {Weight: 3}}
+	want.Default = Tenant{Weight: 1, Priority: 1}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("decoded %+v, want %+v", c, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("validate: %v", err)
+	}
+	if _, err := decode("maxConcurent: 8\n"); err == nil || !strings.Contains(err.Error(), "maxConcurent") {
+		t.Errorf("unknown field: err %v", err)
+	}
+	if _, err := decode("tenants:\n  a: {wieght: 2}\n"); err == nil || !strings.Contains(err.Error(), "wieght") {
+		t.Errorf("unknown tenant field: err %v", err)
+	}
 }

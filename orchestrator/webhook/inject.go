@@ -171,7 +171,7 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 			LocalObjectReference: corev1.LocalObjectReference{Name: secretName}, Key: key}}}
 	}
-	if c.NATSSecret != "" {
+	if c.NATS != "" && c.NATSSecret != "" { // credentials for the server named (kvmesh sidecar refuses them without one)
 		args = append(args, "--nats-user="+c.NATSUser)
 		env = append(env, secret("KVMESH_NATS_PASSWORD", c.NATSSecret, "sidecar-password"))
 	}

@@ -221,6 +221,25 @@ func TestSidecarCredentialsAndTokenizerDir(t *testing.T) {
 	if secrets["KVMESH_NATS_PASSWORD"] != "kvmesh-nats/sidecar-password" || secrets["KVMESH_GOSSIP_KEY"] != "kvmesh-gossip/key" {
 		t.Errorf("secret env %v", secrets)
 	}
+
+	// No NATS server named (the sidecar's embedded one): no credentials,
+	// which kvmesh sidecar would refuse without --nats.
+	noNATS := DefaultSidecarConfig()
+	noNATS.NATS = ""
+	c2, err := noNATS.sidecar(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range c2.Args {
+		if strings.HasPrefix(a, "--nats") {
+			t.Errorf("no NATS server, yet %s", a)
+		}
+	}
+	for _, e := range c2.Env {
+		if e.Name == "KVMESH_NATS_PASSWORD" {
+			t.Error("no NATS server, yet a NATS password")
+		}
+	}
 	if c.LivenessProbe == nil || c.ReadinessProbe == nil {
 		t.Error("the sidecar has no liveness or readiness probe")
 	} else if c.ReadinessProbe.HTTPGet.Path == "/ready" {
