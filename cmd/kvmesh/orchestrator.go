@@ -78,6 +78,21 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if *webhookAddr != "" && *webhookListen != "" {
 		return fmt.Errorf("%w: --webhook-addr and --webhook-listen exclude each other", errUsage)
 	}
+	var probs flagProblems
+	noWebhook, noGossip := *webhookAddr == "" && *webhookListen == "", *gossipBind == ""
+	rules := []offFlag{{"lease-namespace", !cfg.LeaderElection, "without --leader-elect"},
+		{"lease-name", !cfg.LeaderElection, "without --leader-elect"},
+		{"webhook-service", *webhookAddr != "", "with --webhook-addr (registered by URL)"}}
+	for _, f := range []string{"webhook-cert-dir", "webhook-secret", "webhook-service", "webhook-fail-open", "sidecar-image", "sidecar-nats", "sidecar-join"} {
+		rules = append(rules, offFlag{f, noWebhook, "without --webhook-addr or --webhook-listen"})
+	}
+	for _, f := range []string{"join", "gossip-key", "autoscale-interval", "prometheus-url"} {
+		rules = append(rules, offFlag{f, noGossip, "without --gossip-bind (AutoscalingPolicies run only in the mesh)"})
+	}
+	probs.refuseOff(fs, rules)
+	if err := probs.err(); err != nil {
+		return err
+	}
 	cfg.Logger = logutil.New(stderr, *logFormat, level)
 	if *gossipBind != "" {
 		node, err := joinMesh(*gossipBind, *join, *gossipKey, cfg.Logger)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -220,6 +221,63 @@ func TestOrchestratorManifestAndInjectedArgsAreRealFlags(t *testing.T) {
 		t.Fatalf("patch value: %s (%v)", ops[0].Value, err)
 	}
 	check("injected sidecar", cs[0].Args)
+	// And kvmesh sidecar reads every one of them (no flag whose feature is off).
+	if _, err := sidecarOptions(cs[0].Args[1:], io.Discard); err != nil {
+		t.Errorf("injected sidecar: %v", err)
+	}
+}
+
+// An orchestrator flag whose feature is off is refused by name before
+// anything starts; the Deployment's own arguments are all read (that run
+// gets as far as the kubeconfig).
+func TestOrchestratorFlagsNotRead(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--leader-elect=false", "--lease-name", "x"}, []string{"--lease-name is not read without --leader-elect"}},
+		{[]string{"--sidecar-image", "img", "--webhook-fail-open", "--join", "127.0.0.1:1", "--prometheus-url", "http://p"},
+			[]string{"--sidecar-image is not read without --webhook-addr or --webhook-listen", "--webhook-fail-open is not read without --webhook",
+				"--join is not read without --gossip-bind", "--prometheus-url is not read without --gossip-bind"}},
+		{[]string{"--webhook-addr", "127.0.0.1:0", "--webhook-service", "a/b"}, []string{"--webhook-service is not read with --webhook-addr"}},
+	} {
+		err := runOrchestrator(context.Background(), append([]string{"--kubeconfig", "/nonexistent"}, c.args...), io.Discard, io.Discard)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%v: err %v, want a usage error", c.args, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: %q lacks %q", c.args, err, w)
+			}
+		}
+		if n := strings.Count(err.Error(), "is not read"); n != len(c.want) {
+			t.Errorf("%v: %d flags refused, want %d: %v", c.args, n, len(c.want), err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("..", "..", "manifests", "orchestrator", "deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := kubetest.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, _, _ := unstructured.NestedSlice(objs[0].Object, "spec", "template", "spec", "containers")
+	args := []string{"--kubeconfig", "/nonexistent"}
+	for _, a := range cs[0].(map[string]any)["args"].([]any)[1:] {
+		switch f, _, _ := strings.Cut(a.(string), "="); f {
+		case "--gossip-bind", "--metrics-addr":
+			a = f + "=127.0.0.1:0" // loopback only
+		case "--join":
+			a = f + "=127.0.0.1:1"
+		}
+		args = append(args, a.(string))
+	}
+	if err := runOrchestrator(context.Background(), args, io.Discard, io.Discard); errors.Is(err, errUsage) || err == nil ||
+		!strings.Contains(err.Error(), "nonexistent") {
+		t.Errorf("deployment.yaml's arguments: %v, want the kubeconfig's error", err)
+	}
 }
 
 // The webhook flags pick the certificate's source: in cluster the Secret
