@@ -10,6 +10,11 @@ clairvoyant bound, which no LRU engine reaches. A request's blocks are looked up
 first miss the rest of the prompt is computed (and inserted) even if later blocks were cached, as vLLM's prefix
 cache does.
 
+It counts the trace's blocks, each hash id one block whatever its length, so a request's partial last block weighs as
+a full one; the DES counts tokens of 16-token blocks. To set a DES hit rate against the bound use
+loadtest/analysis/lruhit, which replays the prompts as the DES generates them (on the whole Mooncake synthetic trace at
+240,000 blocks: 0.371 there, 0.358 here).
+
 usage: lrubound.py TRACE.jsonl CAPACITY_BLOCKS [CAPACITY_BLOCKS ...]
 e.g.   lrubound.py testdata/traces/mooncake_synthetic_trace.jsonl 7500     # 8 engines x 30,000 x 16 tokens / 512
 """

@@ -6,7 +6,8 @@ import "container/list"
 // capacityBlocks blocks of blockSize tokens (the whole cluster's
 // capacity) replaying the requests in arrival order: the bound a router in
 // front of LRU engines can expect at best (loadtest/analysis/lrubound.py
-// does the same on a Mooncake trace's 512-token hash ids). A request's
+// does the same on a Mooncake trace's 512-token hash ids, counting blocks,
+// not tokens: a coarser and lower bound). A request's
 // blocks are looked up as a prefix, as vLLM does: after the first miss the
 // rest of the prompt is computed and inserted. Only full blocks hit.
 func LRUHitRate(reqs []Request, blockSize, capacityBlocks int) float64 {
