@@ -17,6 +17,7 @@ func FuzzParseConfig(f *testing.F) {
 		"cluster: {gossipBind: '127.0.0.1:0', natsURLs: [nats://u:p@h:4222], natsAuth: {user: u}}\n",
 		"health: {consecutiveFailures: 0, errorRate: 2}\ntls: {certFile: x}\n",
 		"scheduler: {policy: kvmesh}\n",
+		"fairQueue: {maxConcurrent: 8, tenants: {a: {priority: 1}, b: {weight: 3}}, default: {priority: 2}}\ntenantHeader: X-T\n",
 		"unknownField: 1\n",
 		"listen: [1, 2\n",
 	} {
