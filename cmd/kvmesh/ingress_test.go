@@ -185,30 +185,39 @@ func TestIngressFlagsNotRead(t *testing.T) {
 		{[]string{"--gossip-bind", "127.0.0.1:0", "--gossip-advertise", "10.0.0.1", "--gossip-profile", "wan"}, nil},
 	} {
 		_, err := ingressOptions(append(append([]string(nil), base...), c.args...), io.Discard)
-		if len(c.want) == 0 {
-			if err != nil {
-				t.Errorf("%v: %v", c.args, err)
-			}
-			continue
-		}
-		if !errors.Is(err, errUsage) {
-			t.Errorf("%v: err %v, want a usage error", c.args, err)
-			continue
-		}
-		for _, w := range c.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%v: %q lacks %q", c.args, err, w)
-			}
-		}
-		if n := strings.Count(err.Error(), "is not read"); n != len(c.want) {
-			t.Errorf("%v: %d flags refused, want %d: %v", c.args, n, len(c.want), err)
-		}
+		checkRefused(t, c.args, err, c.want)
 	}
 
-	// kvmesh epp shares the flags and the rule: exit 2.
+	// kvmesh epp shares the flags and the rule: exit 2 (--listen nope
+	// makes it exit 2 even were the rule gone, not serve).
 	var out, errOut testutil.SyncBuffer
-	if code := run([]string{"epp", "--admit-max-wait", "5s"}, &out, &errOut); code != 2 ||
+	if code := run([]string{"epp", "--listen", "nope", "--admit-max-wait", "5s"}, &out, &errOut); code != 2 ||
 		!strings.Contains(errOut.String(), "--admit-max-wait is not read without --admit-max") {
 		t.Errorf("epp: exit %d: %s", code, errOut.String())
+	}
+}
+
+// checkRefused checks the error a command line args gave: nil when want is
+// empty, else a usage error naming each of want (substrings of its
+// problems) and refusing exactly len(want) flags as not read.
+func checkRefused(t *testing.T, args []string, err error, want []string) {
+	t.Helper()
+	if len(want) == 0 {
+		if err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+		return
+	}
+	if !errors.Is(err, errUsage) {
+		t.Errorf("%v: err %v, want a usage error", args, err)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("%v: %q lacks %q", args, err, w)
+		}
+	}
+	if n := strings.Count(err.Error(), "is not read"); n != len(want) {
+		t.Errorf("%v: %d flags refused, want %d: %v", args, n, len(want), err)
 	}
 }

@@ -174,29 +174,15 @@ func TestOrchestratorManifestAndInjectedArgsAreRealFlags(t *testing.T) {
 			t.Errorf("%s: kvmesh %s rejected (exit %d): %s", what, strings.Join(args, " "), code, stderr.String())
 		}
 	}
-	b, err := os.ReadFile(filepath.Join("..", "..", "manifests", "orchestrator", "deployment.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	cs := orchestratorContainers(t)
+	if len(cs) != 1 {
+		t.Fatalf("%d containers in deployment.yaml", len(cs))
 	}
-	objs, err := kubetest.Decode(bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
+	var args []string
+	for _, a := range cs[0].(map[string]any)["args"].([]any) {
+		args = append(args, a.(string))
 	}
-	found := 0
-	for _, o := range objs {
-		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-		for _, c := range cs {
-			var args []string
-			for _, a := range c.(map[string]any)["args"].([]any) {
-				args = append(args, a.(string))
-			}
-			check("deployment.yaml", args)
-			found++
-		}
-	}
-	if found != 1 {
-		t.Fatalf("%d containers in deployment.yaml", found)
-	}
+	check("deployment.yaml", args)
 	h := &webhook.Handler{Sidecar: webhook.DefaultSidecarConfig()}
 	pod := &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
@@ -216,13 +202,13 @@ func TestOrchestratorManifestAndInjectedArgsAreRealFlags(t *testing.T) {
 	if err := json.Unmarshal(out.Response.Patch, &ops); err != nil {
 		t.Fatal(err)
 	}
-	var cs []corev1.Container
-	if err := json.Unmarshal(ops[0].Value, &cs); err != nil || len(cs) != 1 {
+	var injected []corev1.Container
+	if err := json.Unmarshal(ops[0].Value, &injected); err != nil || len(injected) != 1 {
 		t.Fatalf("patch value: %s (%v)", ops[0].Value, err)
 	}
-	check("injected sidecar", cs[0].Args)
+	check("injected sidecar", injected[0].Args)
 	// And kvmesh sidecar reads every one of them (no flag whose feature is off).
-	if _, err := sidecarOptions(cs[0].Args[1:], io.Discard); err != nil {
+	if _, err := sidecarOptions(injected[0].Args[1:], io.Discard); err != nil {
 		t.Errorf("injected sidecar: %v", err)
 	}
 }
@@ -242,30 +228,10 @@ func TestOrchestratorFlagsNotRead(t *testing.T) {
 		{[]string{"--webhook-addr", "127.0.0.1:0", "--webhook-service", "a/b"}, []string{"--webhook-service is not read with --webhook-addr"}},
 	} {
 		err := runOrchestrator(context.Background(), append([]string{"--kubeconfig", "/nonexistent"}, c.args...), io.Discard, io.Discard)
-		if !errors.Is(err, errUsage) {
-			t.Errorf("%v: err %v, want a usage error", c.args, err)
-			continue
-		}
-		for _, w := range c.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%v: %q lacks %q", c.args, err, w)
-			}
-		}
-		if n := strings.Count(err.Error(), "is not read"); n != len(c.want) {
-			t.Errorf("%v: %d flags refused, want %d: %v", c.args, n, len(c.want), err)
-		}
+		checkRefused(t, c.args, err, c.want)
 	}
-	b, err := os.ReadFile(filepath.Join("..", "..", "manifests", "orchestrator", "deployment.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := kubetest.Decode(bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, _, _ := unstructured.NestedSlice(objs[0].Object, "spec", "template", "spec", "containers")
 	args := []string{"--kubeconfig", "/nonexistent"}
-	for _, a := range cs[0].(map[string]any)["args"].([]any)[1:] {
+	for _, a := range orchestratorContainers(t)[0].(map[string]any)["args"].([]any)[1:] {
 		switch f, _, _ := strings.Cut(a.(string), "="); f {
 		case "--gossip-bind", "--metrics-addr":
 			a = f + "=127.0.0.1:0" // loopback only
@@ -346,6 +312,25 @@ func TestWebhookRunConfigFlags(t *testing.T) {
 // orchestrator reads its own image for injected sidecars
 // (TestOrchestratorUnderRBAC checks the image of the sidecars it injects).
 func TestOrchestratorDeploymentNamesItsPod(t *testing.T) {
+	want := map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+	for _, c := range orchestratorContainers(t) {
+		env, _, _ := unstructured.NestedSlice(c.(map[string]any), "env")
+		for _, e := range env {
+			path, _, _ := unstructured.NestedString(e.(map[string]any), "valueFrom", "fieldRef", "fieldPath")
+			if name, _ := e.(map[string]any)["name"].(string); want[name] == path {
+				delete(want, name)
+			}
+		}
+	}
+	if len(want) != 0 {
+		t.Fatalf("deployment.yaml lacks the downward-API variables %v", want)
+	}
+}
+
+// orchestratorContainers is every pod template container in
+// manifests/orchestrator/deployment.yaml.
+func orchestratorContainers(t *testing.T) []any {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join("..", "..", "manifests", "orchestrator", "deployment.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -354,20 +339,10 @@ func TestOrchestratorDeploymentNamesItsPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+	var all []any
 	for _, o := range objs {
 		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-		for _, c := range cs {
-			env, _, _ := unstructured.NestedSlice(c.(map[string]any), "env")
-			for _, e := range env {
-				path, _, _ := unstructured.NestedString(e.(map[string]any), "valueFrom", "fieldRef", "fieldPath")
-				if name, _ := e.(map[string]any)["name"].(string); want[name] == path {
-					delete(want, name)
-				}
-			}
-		}
+		all = append(all, cs...)
 	}
-	if len(want) != 0 {
-		t.Fatalf("deployment.yaml lacks the downward-API variables %v", want)
-	}
+	return all
 }

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"io"
-	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -60,23 +58,6 @@ func TestSidecarFlagsNotRead(t *testing.T) {
 		{append([]string{"--nats", "nats://127.0.0.1:1", "--nats-user", "u"}, one...), nil},
 	} {
 		_, err := sidecarOptions(c.args, io.Discard)
-		if len(c.want) == 0 {
-			if err != nil {
-				t.Errorf("%v: %v", c.args, err)
-			}
-			continue
-		}
-		if !errors.Is(err, errUsage) {
-			t.Errorf("%v: err %v, want a usage error", c.args, err)
-			continue
-		}
-		for _, w := range c.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%v: %q lacks %q", c.args, err, w)
-			}
-		}
-		if n := strings.Count(err.Error(), "is not read"); n != len(c.want) {
-			t.Errorf("%v: %d flags refused, want %d: %v", c.args, n, len(c.want), err)
-		}
+		checkRefused(t, c.args, err, c.want)
 	}
 }
