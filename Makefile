@@ -76,14 +76,11 @@ chaos: deps
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-# fuzz runs every native fuzz target for FUZZTIME each.
+# fuzz runs every native fuzz target for FUZZTIME each (hack/fuzz.sh: a crasher fails it; Go 1.26's bare
+# "context deadline exceeded" at the deadline, go.dev/issue/75804, is reported and passed over).
 FUZZTIME ?= 20s
 fuzz: deps
-	@for pkg in $$($(GO) list $(PKGS)); do \
-		for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
-			echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
-		done; \
-	done
+	@bash hack/fuzz.sh $(GO) $(FUZZTIME) $(PKGS)
 
 # image-rootfs assembles the runtime image's filesystem from the Dockerfile's Debian packages (no container daemon
 # needed) and runs the binary in it as the image's non-root user (hack/image-rootfs.sh; needs root for chroot).
