@@ -153,8 +153,8 @@ func commaList(s string) []string {
 }
 
 // offFlag is a flag read only while a feature is on: off says the final
-// configuration (flags over any config file) leaves it off, why how it
-// would be on ("without --admin").
+// configuration (flags over any config file) leaves it off, why what the
+// flag lacks ("without --admin").
 type offFlag struct {
 	name string
 	off  bool

@@ -72,7 +72,7 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 		{"jwt-issuer", noJWKS, jwks},
 		{"jwt-tenant-claim", noJWKS, jwks},
 		{"pd-transfer-gbps", cfg.PD.Policy == "", "without --pd-policy"},
-		{"tokenizer-store", noNATS, nats},
+		{"tokenizer-store", noNATS && o.TokenizerStore, nats}, // --tokenizer-store=false is read: it says so
 		{"tokenizer-cache", noNATS, nats},
 		{"tokenizer-cache", !o.TokenizerStore, "without --tokenizer-store"},
 		{"gossip-advertise", noGossip, gossipBind},

@@ -180,6 +180,8 @@ func TestIngressFlagsNotRead(t *testing.T) {
 		{[]string{"--nats", "nats://127.0.0.1:1", "--tokenizer-store=false", "--tokenizer-cache", "/tmp/x"},
 			[]string{"--tokenizer-cache is not read without --tokenizer-store"}},
 		{[]string{"--nats", "nats://127.0.0.1:1", "--tokenizer-cache", "/tmp/x", "--nats-user", "u"}, nil},
+		{[]string{"--tokenizer-store"}, []string{"--tokenizer-store is not read without --nats"}},
+		{[]string{"--tokenizer-store=false"}, nil},
 		{[]string{"--gossip-advertise", "10.0.0.1", "--gossip-profile", "wan", "--gossip-key", "MDEyMzQ1Njc4OWFiY2RlZg=="},
 			[]string{"--gossip-advertise is not read without --gossip-bind", "--gossip-profile is not read", "--gossip-key is not read"}},
 		{[]string{"--gossip-bind", "127.0.0.1:0", "--gossip-advertise", "10.0.0.1", "--gossip-profile", "wan"}, nil},
