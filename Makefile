@@ -11,7 +11,8 @@ BIN       := bin/kvmesh
 all: build
 
 # deps installs what cgo needs (libzmq for github.com/pebbe/zmq4) and the tools some tests drive (node and npm
-# for the openai client and k6 script checks, kubectl for the manifests) when they are missing. With CI=true a
+# for the openai client and k6 script checks, kubectl for the manifests, Python's httpx and aiohttp for the
+# Python client test) when they are missing. With CI=true a
 # test whose tool is missing fails instead of skipping (internal/testutil.RequireTool).
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -22,7 +23,10 @@ deps:
 	fi; \
 	command -v node >/dev/null || { echo "installing nodejs (apt-get)"; apt nodejs || skipped node; }; \
 	command -v npm >/dev/null || { echo "installing npm (apt-get)"; apt npm || skipped npm; }; \
-	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || apt kubernetes-client || skipped kubectl; }
+	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || apt kubernetes-client || skipped kubectl; }; \
+	pyclients() { "$$1" -c 'import httpx, aiohttp' 2>/dev/null; }; \
+	pyclients python3 || pyclients /usr/bin/python3 || { echo "installing python3-httpx and python3-aiohttp (apt-get)"; \
+		apt python3-httpx python3-aiohttp || skipped "python3-httpx and python3-aiohttp"; }
 
 build: deps
 	$(GO) build -o $(BIN) ./cmd/kvmesh

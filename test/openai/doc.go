@@ -1,4 +1,5 @@
-// Package openai holds kvmesh's end-to-end test with the official `openai`
-// npm client: simulated engines behind an ingress, driven from Node.js
+// Package openai holds kvmesh's end-to-end tests with real clients: the
+// official `openai` npm client and other Node clients, and Python's HTTP
+// stacks (httpx, aiohttp): simulated engines behind an ingress, driven
 // exactly as a user's application would call them. It owns no library code.
 package openai

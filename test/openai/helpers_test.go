@@ -70,18 +70,18 @@ func startIngress(t *testing.T, ctx context.Context, cfg ingress.Config, deps in
 	return srv
 }
 
-// runScript runs a Node.js script in dir with env added and decodes the one
-// JSON object it prints into out.
-func runScript(t *testing.T, ctx context.Context, node, dir, script string, out any, env ...string) {
+// runScript runs a script with interpreter (node, python3) in dir with env
+// added and decodes the one JSON object it prints into out.
+func runScript(t *testing.T, ctx context.Context, interpreter, dir, script string, out any, env ...string) {
 	t.Helper()
-	run := exec.CommandContext(ctx, node, script)
+	run := exec.CommandContext(ctx, interpreter, script)
 	run.Dir = dir
 	run.Env = append(os.Environ(), env...)
 	var stderr strings.Builder
 	run.Stderr = &stderr
 	b, err := run.Output()
 	if err != nil {
-		t.Fatalf("node %s: %v\nstderr:\n%s\nstdout:\n%s", script, err, stderr.String(), b)
+		t.Fatalf("%s %s: %v\nstderr:\n%s\nstdout:\n%s", filepath.Base(interpreter), script, err, stderr.String(), b)
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		t.Fatalf("%s output %q: %v", script, b, err)
