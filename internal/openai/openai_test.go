@@ -61,6 +61,8 @@ func TestDecodeCompletionRequest(t *testing.T) {
 		`{"model":"m","prompt":"x","max_tokens":0}`:                          "max_tokens",
 		`{"model":"m","prompt":"x","max_tokens":2,"min_tokens":3}`:           "min_tokens",
 		`{"model":"m","prompt":"x","stream_options":{"include_usage":true}}`: "stream_options",
+		`{"model":"m","prompt":"x","n":0}`:                                   "n 0: must be at least 1",
+		`{"model":"m","prompt":"x","n":2}`:                                   "n 2: only n=1",
 		`{"model":"m","prompt":"x"} {}`:                                      "trailing",
 		`{"model":"m","prompt":[1,-2]}`:                                      "token id",
 		`{"model":1,"prompt":"x"}`:                                           "model",
@@ -76,6 +78,9 @@ func TestDecodeCompletionRequest(t *testing.T) {
 	// listed at once.
 	if _, err := DecodeCompletionRequest([]byte(`{"prompt":"x"}`)); err != nil {
 		t.Errorf("no model: %v", err)
+	}
+	if _, err := DecodeCompletionRequest([]byte(`{"prompt":"x","n":1}`)); err != nil {
+		t.Errorf("n 1: %v", err)
 	}
 	_, err = DecodeCompletionRequest([]byte(`{"max_tokens":0}`))
 	for _, w := range []string{"prompt", "max_tokens"} {

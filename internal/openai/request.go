@@ -51,7 +51,7 @@ type SamplingParams struct {
 	TopP          *float64       `json:"top_p,omitempty"`
 	TopK          *int           `json:"top_k,omitempty"`
 	Seed          *int64         `json:"seed,omitempty"`
-	N             int            `json:"n,omitempty"`
+	N             *int           `json:"n,omitempty"`
 	Stop          Stop           `json:"stop,omitempty"`
 	Stream        bool           `json:"stream,omitempty"`
 	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
@@ -81,8 +81,10 @@ func (s *SamplingParams) validate() []string {
 	if s.MaxTokens != nil && s.MinTokens > *s.MaxTokens {
 		p = append(p, fmt.Sprintf("min_tokens %d: must not exceed max_tokens %d", s.MinTokens, *s.MaxTokens))
 	}
-	if s.N < 0 || s.N > 1 {
-		p = append(p, fmt.Sprintf("n %d: only n=1 is supported", s.N))
+	if s.N != nil && *s.N < 1 {
+		p = append(p, fmt.Sprintf("n %d: must be at least 1", *s.N)) // vLLM's SamplingParams check
+	} else if s.N != nil && *s.N > 1 {
+		p = append(p, fmt.Sprintf("n %d: only n=1 is supported", *s.N))
 	}
 	if s.Temperature != nil && *s.Temperature < 0 {
 		p = append(p, "temperature: must not be negative") // vLLM accepts any t >= 0
