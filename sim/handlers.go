@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -184,6 +185,7 @@ type gen struct {
 	usage     bool // stream_options.include_usage
 	chat      bool
 	retIDs    bool
+	logprobs  int // alternatives per output token; -1: no logprobs (logprobs.go)
 
 	// P/D (pd.go): the request's fields, and what prepare decided.
 	pd           *pdRequest
@@ -243,7 +245,11 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora}
+		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
+		logprobs: -1}
+	if req.Logprobs != nil {
+		g.logprobs = *req.Logprobs
+	}
 	if g.maxTokens == 0 {
 		g.maxTokens = s.cfg.DefaultMaxTokens
 	}
@@ -275,7 +281,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
-		prompts: [][]uint32{prompt}}
+		prompts: [][]uint32{prompt}, logprobs: -1}
+	if req.Logprobs {
+		g.logprobs = 0
+		if req.TopLogprobs != nil {
+			g.logprobs = *req.TopLogprobs
+		}
+	}
 	if g.maxTokens == 0 {
 		g.maxTokens = min(s.cfg.DefaultChatMaxTokens, max(1, s.cfg.Engine.MaxModelLen-len(g.prompts[0])))
 	}
@@ -397,9 +409,12 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 		c := calls[0]
 		sn := c.snap()
 		text := s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true)
+		ch := openai.ChatChoice{Message: openai.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: openai.StringPtr(sn.reason)}
+		if g.logprobs >= 0 {
+			ch.Logprobs = s.appendChatLogprobs(nil, c.req, 0, sn.generated, g.logprobs)
+		}
 		writeJSON(w, http.StatusOK, withKVTransfer(openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model,
-			Choices: []openai.ChatChoice{{Message: openai.ChatMessageOut{Role: "assistant", Content: text},
-				FinishReason: openai.StringPtr(sn.reason)}}, Usage: s.usage(calls)}, kv))
+			Choices: []openai.ChatChoice{ch}, Usage: s.usage(calls)}, kv))
 		return
 	}
 	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
@@ -407,6 +422,9 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 		sn := c.snap()
 		ids := c.req.OutputTokens(nil, 0, sn.generated)
 		ch := openai.CompletionChoice{Index: i, Text: s.tok.Decode(ids, true), FinishReason: openai.StringPtr(sn.reason)}
+		if g.logprobs >= 0 {
+			ch.Logprobs = s.appendCompletionLogprobs(nil, c.req, 0, sn.generated, g.logprobs, 0)
+		}
 		if g.retIDs {
 			ch.PromptTokenIDs, ch.TokenIDs = c.req.Prompt, ids
 		}
@@ -431,7 +449,9 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 	sse := openai.NewSSEWriter(w)
 	f := &openai.ChunkFields{ID: responseID(g), Created: s.created, Model: s.cfg.Model}
 	sent := make([]int, len(calls))
+	offset := make([]int, len(calls)) // characters of each choice's text sent (completions' text_offset)
 	closed := make([]bool, len(calls))
+	var lp []byte
 	var buf []byte
 	var tokBuf []uint32
 	roleSent := false
@@ -453,6 +473,15 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 			}
 			tokBuf = c.req.OutputTokens(tokBuf[:0], sent[i], sn.generated)
 			text := s.tok.Decode(tokBuf, true)
+			lp = lp[:0]
+			if g.logprobs >= 0 && sn.generated > sent[i] {
+				if g.chat {
+					lp = s.appendChatLogprobs(lp, c.req, sent[i], sn.generated, g.logprobs)
+				} else {
+					lp = s.appendCompletionLogprobs(lp, c.req, sent[i], sn.generated, g.logprobs, offset[i])
+				}
+			}
+			offset[i] += utf8.RuneCountInString(text)
 			sent[i] = sn.generated
 			var err error
 			if g.chat {
@@ -464,9 +493,9 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 						return
 					}
 				}
-				buf = openai.AppendChatChunk(buf[:0], f, "", &text, sn.reason)
+				buf = openai.AppendChatChunkLogprobs(buf[:0], f, "", &text, sn.reason, lp)
 			} else {
-				buf = openai.AppendCompletionChunkIndex(buf[:0], f, i, text, sn.reason)
+				buf = openai.AppendCompletionChunkLogprobs(buf[:0], f, i, text, sn.reason, lp)
 			}
 			if err = sse.Data(buf); err != nil {
 				s.abortAll(calls)

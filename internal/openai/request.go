@@ -116,6 +116,11 @@ type ChatRequest struct {
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt,omitempty"`
 	ContinueFinalMessage bool            `json:"continue_final_message,omitempty"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	// Logprobs asks for each output token's log probability and, with
+	// TopLogprobs, that many alternatives (vLLM requires logprobs true
+	// whenever top_logprobs is given).
+	Logprobs    bool `json:"logprobs,omitempty"`
+	TopLogprobs *int `json:"top_logprobs,omitempty"`
 	// Tools and Documents are passed to the chat template as sent.
 	Tools     json.RawMessage `json:"tools,omitempty"`
 	Documents json.RawMessage `json:"documents,omitempty"`
@@ -213,8 +218,26 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, error) {
 	if r.Prompt.Len() == 0 {
 		problems = append(problems, "prompt: required")
 	}
+	if r.Logprobs != nil {
+		problems = append(problems, logprobsProblems("logprobs", *r.Logprobs)...)
+	}
 	problems = append(problems, r.validate()...)
 	return &r, joinProblems(problems)
+}
+
+// MaxLogprobs is the most alternatives a request may ask for per token
+// (vLLM's --max-logprobs default).
+const MaxLogprobs = 20
+
+// logprobsProblems checks a requested number of alternatives per token.
+func logprobsProblems(field string, n int) []string {
+	switch {
+	case n < 0:
+		return []string{fmt.Sprintf("%s %d: must not be negative", field, n)}
+	case n > MaxLogprobs:
+		return []string{fmt.Sprintf("%s %d: at most %d (the engine's max_logprobs)", field, n, MaxLogprobs)}
+	}
+	return nil
 }
 
 // DecodeChatRequest decodes and validates a chat completions body.
@@ -242,6 +265,12 @@ func DecodeChatRequest(body []byte) (*ChatRequest, error) {
 	}
 	if r.MaxCompletionTokens != nil && *r.MaxCompletionTokens < 1 {
 		problems = append(problems, "max_completion_tokens: must be at least 1")
+	}
+	if r.TopLogprobs != nil {
+		problems = append(problems, logprobsProblems("top_logprobs", *r.TopLogprobs)...)
+		if !r.Logprobs {
+			problems = append(problems, "top_logprobs: logprobs must be true when top_logprobs is given")
+		}
 	}
 	problems = append(problems, r.validate()...)
 	return &r, joinProblems(problems)

@@ -147,12 +147,20 @@ func AppendCompletionChunk(dst []byte, f *ChunkFields, text, finish string) []by
 // AppendCompletionChunkIndex is AppendCompletionChunk for choice index i
 // (a completion with several prompts streams one choice per prompt).
 func AppendCompletionChunkIndex(dst []byte, f *ChunkFields, i int, text, finish string) []byte {
+	return AppendCompletionChunkLogprobs(dst, f, i, text, finish, nil)
+}
+
+// AppendCompletionChunkLogprobs is AppendCompletionChunkIndex with the
+// chunk's logprobs object (raw JSON; nil writes null).
+func AppendCompletionChunkLogprobs(dst []byte, f *ChunkFields, i int, text, finish string, logprobs []byte) []byte {
 	dst = appendChunkHead(dst, f, ObjectCompletion)
 	dst = append(dst, `"choices":[{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	dst = append(dst, `,"text":`...)
 	dst = AppendString(dst, text)
-	dst = append(dst, `,"logprobs":null,"finish_reason":`...)
+	dst = append(dst, `,"logprobs":`...)
+	dst = appendRawOrNull(dst, logprobs)
+	dst = append(dst, `,"finish_reason":`...)
 	dst = appendNullableString(dst, finish)
 	dst = append(dst, `,"stop_reason":null}],"usage":null}`...)
 	return dst
@@ -161,6 +169,12 @@ func AppendCompletionChunkIndex(dst []byte, f *ChunkFields, i int, text, finish 
 // AppendChatChunk appends one chat.completion.chunk (choice 0). role is set
 // only on the first chunk; content nil omits the field (final chunk).
 func AppendChatChunk(dst []byte, f *ChunkFields, role string, content *string, finish string) []byte {
+	return AppendChatChunkLogprobs(dst, f, role, content, finish, nil)
+}
+
+// AppendChatChunkLogprobs is AppendChatChunk with the chunk's logprobs
+// object (raw JSON; nil writes null).
+func AppendChatChunkLogprobs(dst []byte, f *ChunkFields, role string, content *string, finish string, logprobs []byte) []byte {
 	dst = appendChunkHead(dst, f, ObjectChatChunk)
 	dst = append(dst, `"choices":[{"index":0,"delta":{`...)
 	comma := false
@@ -176,10 +190,20 @@ func AppendChatChunk(dst []byte, f *ChunkFields, role string, content *string, f
 		dst = append(dst, `"content":`...)
 		dst = AppendString(dst, *content)
 	}
-	dst = append(dst, `},"logprobs":null,"finish_reason":`...)
+	dst = append(dst, `},"logprobs":`...)
+	dst = appendRawOrNull(dst, logprobs)
+	dst = append(dst, `,"finish_reason":`...)
 	dst = appendNullableString(dst, finish)
 	dst = append(dst, `}],"usage":null}`...)
 	return dst
+}
+
+// appendRawOrNull appends raw JSON, or null when raw is empty.
+func appendRawOrNull(dst, raw []byte) []byte {
+	if len(raw) == 0 {
+		return append(dst, "null"...)
+	}
+	return append(dst, raw...)
 }
 
 // AppendUsageChunk appends the final usage-only chunk ("choices":[]) of a
