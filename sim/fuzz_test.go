@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +24,10 @@ func FuzzHandlers(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"min_tokens":5,"max_tokens":2}`,
 		`{"prompt":"x","messages":[]}`,
 		`{"model":"m","prompt":[4294967295],"max_tokens":100000}`,
+		`{"model":"m","prompt":"hi","max_tokens":3,"logprobs":2}`,
+		`{"model":"m","prompt":["a","b"],"max_tokens":3,"logprobs":0,"stream":true}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2,"logprobs":true,"top_logprobs":20,"stream":true}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":1}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -33,6 +38,7 @@ func FuzzHandlers(f *testing.F) {
 			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
 			switch rec.Code {
 			case http.StatusOK:
+				checkJSONBody(t, path, body, rec.Body.Bytes())
 			case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusServiceUnavailable:
 				if _, ok := openai.DecodeError(rec.Body.Bytes()); !ok {
 					t.Fatalf("%s %q: status %d without an OpenAI error body: %q", path, body, rec.Code, rec.Body.String())
@@ -42,6 +48,24 @@ func FuzzHandlers(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkJSONBody fails unless a 200 answer is JSON, or an event stream whose
+// every data payload but [DONE] is.
+func checkJSONBody(t *testing.T, path string, req, body []byte) {
+	t.Helper()
+	if !bytes.HasPrefix(body, []byte("data: ")) {
+		if !json.Valid(body) {
+			t.Fatalf("%s %q: answer is not JSON: %q", path, req, body)
+		}
+		return
+	}
+	for _, ev := range bytes.Split(bytes.TrimSpace(body), []byte("\n\n")) {
+		data, ok := bytes.CutPrefix(ev, []byte("data: "))
+		if !ok || !bytes.Equal(data, []byte("[DONE]")) && !json.Valid(data) {
+			t.Fatalf("%s %q: bad event %q", path, req, ev)
+		}
+	}
 }
 
 // fuzzHandler starts a simulator for a fuzz target (model "m", the tiny
