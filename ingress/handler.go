@@ -63,6 +63,7 @@ type call struct {
 	ttft                         time.Duration
 	promptTokens                 int // all prompts of a batch
 	batchN                       int // prompts in the request (1 unless batched)
+	seqs                         int // sequences the engine decodes: prompts × n (parallel sampling)
 	scratch                      []uint32
 	scratchText                  []byte
 	prefillCharge                int64     // tokens charged to the engine's prefill until the first byte
@@ -331,7 +332,7 @@ func (c *call) schedule() error {
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
 	}
 	c.sreq = scheduler.Request{
-		Keys: c.keys, BlockSize: c.block, PromptTokens: c.promptTokens, OutputTokens: s.outLens.estimate(served, c.req.maxTokens) * c.batchN,
+		Keys: c.keys, BlockSize: c.block, PromptTokens: c.promptTokens, OutputTokens: s.outLens.estimate(served, c.req.maxTokens) * c.seqs,
 		Model: served, LoRA: adapter, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {
@@ -422,6 +423,7 @@ func (c *call) tokenize() error {
 	}
 	var err error
 	c.batchN = max(1, len(c.req.batch))
+	c.seqs = c.batchN * max(1, c.req.n)
 	if c.ep == epOther {
 		c.passthrough() // passthrough.go
 		return nil
@@ -700,7 +702,7 @@ func (c *call) finish() {
 				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 			}
 			s.m.tokensOut.Add(float64(c.outTokens))
-			perPrompt := c.outTokens / max(1, c.batchN)
+			perPrompt := c.outTokens / max(1, c.seqs)  // one sequence's answer
 			s.outLens.observe(c.sreq.Model, perPrompt) // outlen.go
 			if s.outs != nil && perPrompt > 0 && !c.sentAt.IsZero() {
 				// The answer's length, weighted by its time at the engine (pd.OutputDist).

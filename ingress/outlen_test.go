@@ -49,3 +49,25 @@ func TestOutputLengthLearnedFromAnswers(t *testing.T) {
 		t.Fatalf("estimate after one 3-token answer: %d, want 3", got)
 	}
 }
+
+// With n choices per prompt the answer's usage counts every sequence the
+// engine decoded: the learned output length is one sequence's (a request
+// is then priced and charged for n of them); n is read from the body.
+func TestOutputLengthPerSequence(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{})
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2],"max_tokens":1000,"n":3}`)
+	if st != 200 {
+		t.Fatalf("status %d %s", st, b)
+	}
+	if got := s.outLens.estimate("m", 1000); got != 1 { // the fake engine's usage: 3 completion tokens over 3 sequences
+		t.Fatalf("estimate after a 3-token answer of n=3: %d, want 1", got)
+	}
+	var r request
+	for body, want := range map[string]int{`{"prompt":"x","n":2}`: 2, `{"prompt":"x","n":null}`: 0, `{"prompt":"x","n":"2"}`: 0, `{"prompt":"x"}`: 0} {
+		r.reset()
+		if err := parseRequest(&r, epCompletions, []byte(body)); err != nil || r.n != want {
+			t.Errorf("%s: n %d (%v), want %d", body, r.n, err, want)
+		}
+	}
+}

@@ -266,7 +266,7 @@ func (c *call) planPD() error {
 	if p.router == nil {
 		return nil
 	}
-	if c.batchN > 1 || c.ep == epResponses || c.ep == epMessages || c.ep == epOther { // vLLM's Responses API takes no kv_transfer_params; the Messages API is kept whole too
+	if c.seqs > 1 || c.ep == epResponses || c.ep == epMessages || c.ep == epOther { // vLLM's Responses API takes no kv_transfer_params; the Messages API is kept whole too
 		c.dropPrefillEngines("")
 		return nil
 	}

@@ -143,7 +143,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	if out <= 0 {
 		out = defaultOutputTokens
 	}
-	out *= max(1, c.batchN)
+	out *= max(1, c.seqs)
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
 	c.activeCharge = int64(c.promptTokens + out)
 	if up.inflight.Add(1) == 1 {

@@ -63,6 +63,7 @@ type request struct {
 	truncate         int  // truncate_prompt_tokens > 0: the engine keeps the prompt's last truncate tokens
 	chatOnly         bool // chat: members /v1/completions reads otherwise or not at all (chatOnlyMember)
 	maxTokens        int
+	n                int // choices per prompt ("n"; 0: absent): the engine decodes that many sequences
 	kind             promptKind
 	text             []byte   // promptText: the unescaped prompt
 	ids              []uint32 // promptIDs as given; later the tokens of any prompt
@@ -190,6 +191,12 @@ func (r *request) member(key, val []byte, koff, off int) error {
 	case "logprobs", "top_logprobs", "echo", "n", "reasoning_effort", "include_reasoning", "parallel_tool_calls":
 		if r.ep == epChat && chatOnlyMember(string(key), val) {
 			r.chatOnly = true
+		}
+		if string(key) == "n" && val[0] != 'n' {
+			// A count the engine would refuse is left for it to answer.
+			if n, ok := jsonscan.ParseUint(val, math.MaxInt32); ok {
+				r.n = int(n)
+			}
 		}
 	case "truncate_prompt_tokens":
 		if val[0] == 'n' || val[0] == '-' {
