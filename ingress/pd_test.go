@@ -251,3 +251,23 @@ func TestPDFromConfig(t *testing.T) {
 		t.Fatalf("Validate with an unknown P/D policy: %v", err)
 	}
 }
+
+// TestPDParallelSamplingAggregated: a request with n > 1 (several
+// sequences decoded from one prompt) is not split even by kvmesh-always:
+// the decode engine serves it whole, no prefill leg is sent.
+func TestPDParallelSamplingAggregated(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2,"n":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if p.prefills.Load() != 0 || d.params.Load().(string) != "" {
+		t.Fatalf("n=2 was split: %d prefill legs, decode kv_transfer_params %q", p.prefills.Load(), d.params.Load())
+	}
+	// The same request with n 1 is split (the test's control).
+	if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2,"n":1}`); st != 200 || p.prefills.Load() != 1 {
+		t.Fatalf("n=1: status %d, %d prefill legs: %s", st, p.prefills.Load(), b)
+	}
+}
