@@ -47,10 +47,10 @@ func alternatives(dst []uint32, req *engine.Request, pos int, chosen uint32, n i
 	return dst
 }
 
-// appendTokenEntry appends {"token","logprob","bytes"} for id (chat's
-// per-token and top_logprobs entries).
-func (s *Server) appendTokenEntry(dst []byte, id uint32, lp float64) []byte {
-	t := s.tok.Decode([]uint32{id}, false)
+// appendTokenFields appends `{"token":t,"logprob":lp,"bytes":[...]`, the
+// members chat's per-token and top_logprobs entries share, leaving the
+// object open for the caller to close (or to add top_logprobs to).
+func appendTokenFields(dst []byte, t string, lp float64) []byte {
 	dst = append(dst, `{"token":`...)
 	dst = openai.AppendString(dst, t)
 	dst = append(dst, `,"logprob":`...)
@@ -62,7 +62,7 @@ func (s *Server) appendTokenEntry(dst []byte, id uint32, lp float64) []byte {
 		}
 		dst = strconv.AppendUint(dst, uint64(t[i]), 10)
 	}
-	return append(dst, "]}"...)
+	return append(dst, ']')
 }
 
 // appendChatLogprobs appends chat's {"content":[...]} for output positions
@@ -70,21 +70,20 @@ func (s *Server) appendTokenEntry(dst []byte, id uint32, lp float64) []byte {
 func (s *Server) appendChatLogprobs(dst []byte, req *engine.Request, from, to, top int) []byte {
 	dst = append(dst, `{"content":[`...)
 	var alts []uint32
-	for pos := from; pos < to; pos++ {
-		if pos > from {
+	for i, id := range req.OutputTokens(nil, from, to) {
+		if i > 0 {
 			dst = append(dst, ',')
 		}
-		id := req.OutputTokens(nil, pos, pos+1)[0]
-		lp := tokenLogprob(id, pos)
-		e := s.appendTokenEntry(nil, id, lp)
-		dst = append(dst, e[:len(e)-1]...) // reopen the entry for its top_logprobs
+		pos := from + i
+		t, lp := s.tok.Decode([]uint32{id}, false), tokenLogprob(id, pos)
+		dst = appendTokenFields(dst, t, lp)
 		dst = append(dst, `,"top_logprobs":[`...)
 		if top > 0 {
-			dst = s.appendTokenEntry(dst, id, lp)
+			dst = append(appendTokenFields(dst, t, lp), '}') // the sampled token, the likeliest
 			alts = alternatives(alts[:0], req, pos, id, top-1)
 			for k, a := range alts {
 				dst = append(dst, ',')
-				dst = s.appendTokenEntry(dst, a, lp-0.5-float64(k))
+				dst = append(appendTokenFields(dst, s.tok.Decode([]uint32{a}, false), lp-0.5-float64(k)), '}')
 			}
 		}
 		dst = append(dst, "]}"...)
