@@ -62,7 +62,6 @@ type call struct {
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
 	promptTokens                 int // all prompts of a batch
-	batchN                       int // prompts in the request (1 unless batched)
 	seqs                         int // sequences the engine decodes: prompts × n (parallel sampling)
 	scratch                      []uint32
 	scratchText                  []byte
@@ -422,8 +421,7 @@ func (c *call) tokenize() error {
 		}
 	}
 	var err error
-	c.batchN = max(1, len(c.req.batch))
-	c.seqs = c.batchN * max(1, c.req.n)
+	c.seqs = max(1, len(c.req.batch)) * max(1, c.req.n) // prompts (1 unless batched) × n
 	if c.ep == epOther {
 		c.passthrough() // passthrough.go
 		return nil
