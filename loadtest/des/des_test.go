@@ -279,3 +279,39 @@ func TestMooncakeReduced(t *testing.T) {
 		t.Errorf("kvmesh hit %.3f / TTFT %.3fs vs random %.3f / %.3fs", k.PrefixHitRate, k.TTFTMean, r.PrefixHitRate, r.TTFTMean)
 	}
 }
+
+// TestOfferedHitRate: the hit rate offered at routing time (the engine the
+// index shows caching most of each prompt) bounds what a policy takes, a
+// cache-blind policy gives a part of it up (with 3 engines it still lands on
+// a holder often) and a cache-aware one takes nearly all of it.
+func TestOfferedHitRate(t *testing.T) {
+	cfg, reqs := smallConfig()
+	rep, err := Run(context.Background(), cfg, reqs, []string{"random", "llmd", "kvmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + buf.String())
+	if !strings.Contains(buf.String(), "hit rate offered (the engine caching most") {
+		t.Error("the table does not print the offered hit rate")
+	}
+	for name, p := range rep.Policies {
+		if p.OfferedHitRate <= 0 || p.OfferedHitRate > rep.OracleHitRate+1e-9 {
+			t.Errorf("%s: offered hit rate %.3f outside (0, oracle %.3f]", name, p.OfferedHitRate, rep.OracleHitRate)
+		}
+		if p.PrefixHitRate > p.OfferedHitRate+0.01 {
+			t.Errorf("%s: took %.3f, more than the %.3f offered", name, p.PrefixHitRate, p.OfferedHitRate)
+		}
+	}
+	if r := rep.Policies["random"]; r.PrefixHitRate > 0.75*r.OfferedHitRate {
+		t.Errorf("random took %.3f of the %.3f offered: cache-blind routing should give a part up", r.PrefixHitRate, r.OfferedHitRate)
+	}
+	for _, name := range []string{"llmd", "kvmesh"} {
+		if p := rep.Policies[name]; p.PrefixHitRate < 0.9*p.OfferedHitRate {
+			t.Errorf("%s took %.3f of the %.3f offered", name, p.PrefixHitRate, p.OfferedHitRate)
+		}
+	}
+}

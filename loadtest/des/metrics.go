@@ -28,6 +28,10 @@ type runStats struct {
 	// dispatched requests that had a prediction.
 	predErr, predTrue float64
 	recs              records // every finished request (series.go)
+	// offered and routed: Σ the prompt tokens the engine caching most of
+	// each request's prompt held at routing time (the router's index), and
+	// Σ the routed requests' prompt tokens.
+	offered, routed int
 }
 
 func (r *runStats) predicted(pred, actual int) {
@@ -35,6 +39,13 @@ func (r *runStats) predicted(pred, actual int) {
 		r.predErr += math.Abs(float64(pred - actual))
 		r.predTrue += float64(actual)
 	}
+}
+
+// offer records a routed request: its prompt and the largest prefix, in
+// tokens, any candidate engine held for it in the router's index.
+func (r *runStats) offer(prompt, best int) {
+	r.offered += min(best, prompt)
+	r.routed += prompt
 }
 
 func (r *runStats) init(n, engines int) {
@@ -80,6 +91,9 @@ func (r *runStats) result() report.PolicyResult {
 	p.QueueMean = r.queueSum / float64(len(r.ttft))
 	if r.prompt > 0 {
 		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
+	}
+	if r.routed > 0 {
+		p.OfferedHitRate = float64(r.offered) / float64(r.routed)
 	}
 	p.LoadImbalance = report.Imbalance(slices.Values(r.perEngine))
 	if r.predTrue > 0 {

@@ -306,6 +306,11 @@ func (s *sim) send(i int, now time.Duration) {
 	}
 	e := s.ids[s.decision.Engine]
 	m := s.decision.Ranked[0].Match
+	best := 0
+	for _, c := range s.decision.Ranked {
+		best = max(best, c.Match.Spec)
+	}
+	s.out.offer(len(prompt), best*bs)
 	uncached := max(0, len(prompt)-m.Spec*bs)
 	r := &engine.Request{ID: strconv.Itoa(i), Prompt: prompt, OutputLen: w.OutputTokens}
 	if err := s.engines[e].Add(r, now); err != nil {

@@ -178,6 +178,9 @@ func writeSummary(b *strings.Builder, r Report, names []string) {
 			1000*meanOf(tpot), 1000*Quantile(tpot, 0.99), res.E2EMean, res.PrefixHitRate, res.LoadImbalance, res.Completed, res.Failed)
 	}
 	b.WriteString("</table>\n")
+	if o := r.offered(names); o != "" {
+		fmt.Fprintf(b, "<p class=\"note\">%s</p>\n", html.EscapeString(o))
+	}
 	if r.OracleHitRate > 0 {
 		fmt.Fprintf(b, "<p class=\"note\">oracle (one infinite shared cache) hit rate: %.3f</p>\n", r.OracleHitRate)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"iter"
 	"math"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -25,6 +26,14 @@ type PolicyResult struct {
 	E2EMean       float64 `json:"e2e_mean_s"`
 	// PrefixHitRate is Σ cached prompt tokens / Σ prompt tokens.
 	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// OfferedHitRate is the hit rate the requests would have had on the
+	// engine caching most of each prompt when it was routed (the router's
+	// index; DES only). PrefixHitRate below it is hits the policy gave up,
+	// for balance or by mistake; OfferedHitRate below a bound of the whole
+	// cluster's capacity is the caches' own loss (copies, evictions). Table
+	// only: the JSON is the same in DES and live mode, and a live run's
+	// routing happens inside the ingresses.
+	OfferedHitRate float64 `json:"-"`
 	// LoadImbalance is max / mean of requests completed per engine
 	// (1 = perfectly even).
 	LoadImbalance float64 `json:"load_imbalance"`
@@ -89,8 +98,26 @@ func (r Report) WriteTable(w io.Writer) error {
 				name, p.Learned.PrefillRate, p.Learned.StepBase, p.Learned.DecodeSecPerToken, 100*p.OutputPredError)
 		}
 	}
+	if o := r.offered(r.Order); o != "" {
+		fmt.Fprintln(w, o)
+	}
 	_, err := fmt.Fprintf(w, "oracle (infinite shared cache) hit rate: %.3f\n", r.OracleHitRate)
 	return err
+}
+
+// offered is the line that lists names' offered hit rates and the part
+// each policy took ("" when none was measured: live runs, P/D).
+func (r Report) offered(names []string) string {
+	var b strings.Builder
+	for _, name := range names {
+		if p := r.Policies[name]; p.OfferedHitRate > 0 {
+			if b.Len() == 0 {
+				b.WriteString("hit rate offered (the engine caching most of each prompt when routed), and the part taken:")
+			}
+			fmt.Fprintf(&b, " %s %.3f (%.0f%%)", name, p.OfferedHitRate, 100*p.PrefixHitRate/p.OfferedHitRate)
+		}
+	}
+	return b.String()
 }
 
 // Quantile is the nearest-rank q-quantile of sorted v (0 when v is empty).

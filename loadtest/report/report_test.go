@@ -42,3 +42,38 @@ func TestWriteTable(t *testing.T) {
 		t.Fatalf("table:\n%s", out)
 	}
 }
+
+// TestOfferedLine: the text table and the HTML page name each policy's
+// offered hit rate and the part it took, in the report's order, and say
+// nothing of it when no policy measured one (live runs).
+func TestOfferedLine(t *testing.T) {
+	r := Report{Policies: map[string]PolicyResult{"a": {PrefixHitRate: 0.3, OfferedHitRate: 0.4}, "b": {PrefixHitRate: 0.2, OfferedHitRate: 0.25}, "c": {PrefixHitRate: 0.1}},
+		Order: []string{"b", "a", "c"}}
+	var sb strings.Builder
+	if err := r.WriteTable(&sb); err != nil {
+		t.Fatal(err)
+	}
+	const want = "and the part taken: b 0.250 (80%) a 0.400 (75%)\n"
+	if !strings.Contains(sb.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, sb.String())
+	}
+	var hb strings.Builder
+	if err := WriteHTML(&hb, r, HTMLMeta{}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(hb.String(), "and the part taken: b 0.250 (80%) a 0.400 (75%)</p>") {
+		t.Errorf("HTML lacks the offered line")
+	}
+	r.Policies = map[string]PolicyResult{"a": {PrefixHitRate: 0.3}}
+	sb.Reset()
+	hb.Reset()
+	if err := r.WriteTable(&sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteHTML(&hb, r, HTMLMeta{}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sb.String()+hb.String(), "offered") {
+		t.Errorf("an offered line without offered hit rates:\n%s", sb.String())
+	}
+}
