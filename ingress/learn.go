@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
@@ -119,7 +121,10 @@ func newLearner(cfg *Config) (*learn.Learner, error) {
 type learnLoad struct {
 	// ctx is the context tokens of this replica's requests on the engine:
 	// their prompts plus the tokens streamed back so far.
-	ctx            atomic.Int64
+	ctx atomic.Int64
+	// seqs is the sequences of this replica's requests on the engine: a
+	// request decodes prompts × n of them (call.seqs).
+	seqs           atomic.Int64
 	prefillSamples atomic.Uint64
 	decodeSamples  atomic.Uint64
 }
@@ -129,11 +134,17 @@ type learnCall struct {
 	sent  time.Time // attempt sent
 	ahead int64     // prefill tokens outstanding on the engine, own included
 	ctx   int64     // tokens this attempt added to learnLoad.ctx
+	seqs  int64     // sequences this attempt added to learnLoad.seqs
 	last  time.Time // last stream read after the first token; zero before
 	pure  bool      // no prefill outstanding at the last read
-	// The pure-decode stretches so far: time, tokens, ∫seqs dt, ∫ctx dt.
+	// thinned: one of several sequences has finished, so later steps decode
+	// fewer than seqs and the stretches stop (their tokens over seqs would
+	// undercount the steps).
+	thinned bool
+	// The pure-decode stretches so far: time, tokens (over all of the
+	// attempt's sequences), ∫seqs dt, ∫ctx dt.
 	dur          time.Duration
-	steps        int
+	tokens       int
 	seqsS, ctxTS float64
 }
 
@@ -143,8 +154,11 @@ func (c *call) learnStart(up *upstream, prefill int64) {
 	if c.s.learn == nil {
 		return
 	}
-	c.lc = learnCall{sent: c.sentAt, ahead: prefill, ctx: int64(c.promptTokens)}
+	// Every sequence reads its prompt's context (n samples of one prompt
+	// read it n times per step, shared blocks or not).
+	c.lc = learnCall{sent: c.sentAt, ahead: prefill, ctx: int64(c.promptTokens) * int64(max(1, c.req.n)), seqs: int64(c.seqs)}
 	up.lw.ctx.Add(c.lc.ctx)
+	up.lw.seqs.Add(c.lc.seqs)
 }
 
 // learnFirstToken records a streamed attempt's first event: a prefill
@@ -181,7 +195,7 @@ func (c *call) learnTokens(up *upstream, k int) {
 	}
 	up.lw.ctx.Add(int64(k))
 	c.lc.ctx += int64(k)
-	if c.lc.last.IsZero() {
+	if c.lc.last.IsZero() || c.lc.thinned {
 		return // the first event's read: the prefill's, not decode
 	}
 	now := time.Now()
@@ -189,8 +203,8 @@ func (c *call) learnTokens(up *upstream, k int) {
 	if pure && c.lc.pure {
 		dt := now.Sub(c.lc.last)
 		c.lc.dur += dt
-		c.lc.steps += k
-		c.lc.seqsS += float64(up.inflight.Load()) * dt.Seconds()
+		c.lc.tokens += k
+		c.lc.seqsS += float64(up.lw.seqs.Load()) * dt.Seconds()
 		c.lc.ctxTS += float64(up.lw.ctx.Load()) * dt.Seconds()
 	}
 	c.lc.last, c.lc.pure = now, pure
@@ -204,12 +218,27 @@ func (c *call) learnEnd(up *upstream) {
 	}
 	l := &c.lc
 	up.lw.ctx.Add(-l.ctx)
-	if l.steps >= 2 && l.dur > 0 {
-		sec := l.dur.Seconds()
-		c.s.learn.ObserveDecode(up.id, l.seqsS/sec, l.ctxTS/sec, l.dur/time.Duration(l.steps), l.steps)
+	up.lw.seqs.Add(-l.seqs)
+	if seqs, ctx, step, steps, ok := l.decodeSample(); ok {
+		c.s.learn.ObserveDecode(up.id, seqs, ctx, step, steps)
 		up.lw.decodeSamples.Add(1)
 	}
 	*l = learnCall{}
+}
+
+// decodeSample is the attempt's pure-decode stretches as one decode
+// sample: the engine's mean sequences and context over them, the time a
+// step took and the steps (ok false with fewer than two). A step decodes
+// one token of each of the attempt's sequences, so its tokens over its
+// sequences are the steps it saw (the stretches stop when one of several
+// sequences finishes: thinned).
+func (l *learnCall) decodeSample() (seqs, ctx float64, step time.Duration, steps int, ok bool) {
+	steps = l.tokens / int(max(1, l.seqs))
+	if steps < 2 || l.dur <= 0 {
+		return 0, 0, 0, 0, false
+	}
+	sec := l.dur.Seconds()
+	return l.seqsS / sec, l.ctxTS / sec, l.dur / time.Duration(steps), steps, true
 }
 
 // learnedRates is one engine's learned cost model as /debug/engines shows it.
@@ -263,4 +292,24 @@ func (p *proxyStream) observeLearn(events []byte) {
 	n := p.c.outTokens
 	p.observe(events)
 	p.c.learnTokens(p.up, p.c.outTokens-n)
+	if p.c.seqs > 1 && !p.c.lc.thinned && finishes(events) {
+		p.c.lc.thinned = true
+	}
+}
+
+var finishMarker = []byte(`"finish_reason":`)
+
+// finishes reports whether events end a choice (a finish_reason that is a
+// string, not null).
+func finishes(events []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(events[i:], finishMarker)
+		if j < 0 {
+			return false
+		}
+		i = jsonscan.SkipWS(events, i+j+len(finishMarker))
+		if i < len(events) && events[i] == '"' {
+			return true
+		}
+	}
 }

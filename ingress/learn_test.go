@@ -391,3 +391,64 @@ func TestLearnerFedByPDLegs(t *testing.T) {
 		t.Errorf("prefill engine %+v, decode engine %+v: want %d prefill samples on p0, none on d0, decode samples on d0", *p, *d, n)
 	}
 }
+
+// TestLearnParallelSampling: a request sampling n sequences counts n
+// sequences and n times its prompt's context on the engine while it runs;
+// its decode sample counts a step per n tokens, and stops at the first
+// sequence's finish (later steps decode fewer); nothing stays charged.
+func TestLearnParallelSampling(t *testing.T) {
+	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: "http://127.0.0.1:1"})
+	cfg.Scheduler.Policy = "kvmesh"
+	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := s.ups.get("e0", "http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, prompt = 4, 1000
+	c := &call{s: s, promptTokens: prompt, block: 16, seqs: n}
+	c.req.n = n
+	c.startAttempt(up, 0)
+	if got, ctx := up.lw.seqs.Load(), up.lw.ctx.Load(); got != n || ctx != n*prompt {
+		t.Fatalf("running: %d sequences, %d context tokens; want %d and %d", got, ctx, n, n*prompt)
+	}
+	c.firstByte(up)
+	c.learnFirstToken(up)
+	p := &proxyStream{c: c, up: up}
+	chunk := func(i int, finish string) []byte {
+		return []byte(`data: {"choices":[{"index":` + strconv.Itoa(i) + `,"text":"a","finish_reason":` + finish + "}]}\n\n")
+	}
+	for step := 0; step < 5; step++ { // five steps of four sequences
+		time.Sleep(time.Millisecond) // each read a measurable stretch
+		var ev []byte
+		for i := 0; i < n; i++ {
+			ev = append(ev, chunk(i, "null")...)
+		}
+		p.observeLearn(ev)
+	}
+	if _, _, _, steps, ok := c.lc.decodeSample(); !ok || steps != 5 {
+		t.Fatalf("decode sample of 5 steps of %d sequences: %d steps (ok %v)", n, steps, ok)
+	}
+	time.Sleep(time.Millisecond)
+	p.observeLearn(append(chunk(0, `"stop"`), chunk(1, "null")...)) // choice 0 ends
+	for step := 0; step < 3; step++ {
+		time.Sleep(time.Millisecond)
+		p.observeLearn(append(chunk(1, "null"), chunk(2, "null")...))
+	}
+	seqs, ctx, _, steps, ok := c.lc.decodeSample()
+	if !ok || steps != 5 || seqs != n || ctx < n*prompt {
+		t.Errorf("after a finish and thinner steps: %d steps, %.1f sequences, %.0f context (ok %v); want the 5 whole steps of %d sequences over ≥ %d tokens",
+			steps, seqs, ctx, ok, n, n*prompt)
+	}
+	c.endAttempt(up)
+	if up.lw.seqs.Load() != 0 || up.lw.ctx.Load() != 0 || up.lw.decodeSamples.Load() != 1 {
+		t.Errorf("after the end: %d sequences, %d context tokens, %d decode samples; want 0, 0, 1", up.lw.seqs.Load(), up.lw.ctx.Load(), up.lw.decodeSamples.Load())
+	}
+	for ev, want := range map[string]bool{`"finish_reason":null`: false, `"finish_reason": "length"`: true, `"finish_reason":"stop"`: true, `{"x":1}`: false, `"finish_reason":`: false} {
+		if finishes([]byte(ev)) != want {
+			t.Errorf("finishes(%s) = %v", ev, !want)
+		}
+	}
+}

@@ -109,3 +109,62 @@ func TestPingAndVersion(t *testing.T) {
 		t.Fatalf("/ping while draining: %d %s, want a 503 with the OpenAI error body", resp.StatusCode, b)
 	}
 }
+
+// n > 1 through the ingress to a simulator that samples it (vLLM's
+// shapes): the client gets every choice, streamed or not; the ingress
+// learns one sequence's output length from the usage (completion tokens
+// over n) and leaves nothing charged on the engine (TestLearnParallelSampling
+// covers the decode sample itself: whether a stream's steps arrive in
+// separate reads depends on the machine).
+func TestParallelSamplingThroughIngress(t *testing.T) {
+	sm := startSim(t, sim.Config{Model: "m", TimeScale: 50})
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: sm.URL()})
+	cfg.Scheduler.Policy = "kvmesh"
+	s := startIngress(t, cfg, Deps{})
+	const n = 3
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"sample this","max_tokens":12,"n":3,"ignore_eos":true}`)
+	var full struct {
+		Choices []struct {
+			Index int
+			Text  string
+		}
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal(b, &full); st != 200 || err != nil || len(full.Choices) != n || full.Usage.CompletionTokens != n*12 {
+		t.Fatalf("status %d (%v): %s", st, err, b)
+	}
+	if got := s.outLens.estimate("m", 1000); got != 12 {
+		t.Errorf("output length learned from n=%d answers of 12 tokens each: %d, want 12", n, got)
+	}
+	st, _, b = post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"sample this","max_tokens":12,"n":3,"ignore_eos":true,"stream":true}`)
+	if st != 200 {
+		t.Fatalf("stream: status %d %s", st, b)
+	}
+	texts := make([]string, n)
+	for _, ev := range sseEvents(b) {
+		if ev == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Choices []struct {
+				Index int
+				Text  string
+			}
+		}
+		if err := json.Unmarshal([]byte(ev), &c); err != nil || len(c.Choices) != 1 || c.Choices[0].Index >= n {
+			t.Fatalf("event %s (%v)", ev, err)
+		}
+		texts[c.Choices[0].Index] += c.Choices[0].Text
+	}
+	for i := range texts {
+		if texts[i] != full.Choices[i].Text {
+			t.Errorf("streamed choice %d %q, not streamed %q", i, texts[i], full.Choices[i].Text)
+		}
+	}
+	up, _ := s.ups.get("e", sm.URL())
+	if up.lw.seqs.Load() != 0 || up.lw.ctx.Load() != 0 || up.inflight.Load() != 0 {
+		t.Errorf("%d sequences, %d context tokens and %d requests still counted", up.lw.seqs.Load(), up.lw.ctx.Load(), up.inflight.Load())
+	}
+}

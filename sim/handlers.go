@@ -176,6 +176,8 @@ func (s *Server) requestID(r *http.Request) string {
 type gen struct {
 	id        string
 	prompts   [][]uint32
+	n         int  // sequences sampled from each prompt (0 or 1: one)
+	greedy    bool // temperature 0: every sample is the prompt's own
 	maxTokens int
 	minTokens int
 	ignoreEOS bool
@@ -196,10 +198,14 @@ type gen struct {
 	room         *uint64 // SGLang bootstrap room of a prefill leg
 }
 
-// submit turns g into engine calls on rank rk.
+// submit turns g into engine calls on rank rk: one per prompt and sample,
+// choice k = prompt i × n + sample j, as vLLM runs n > 1 (one engine
+// request per sample; the samples after the first find the prompt cached
+// once it is computed).
 func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 	notify := make(chan struct{}, 1)
-	calls := make([]*call, 0, len(g.prompts))
+	n := max(1, g.n)
+	calls := make([]*call, 0, min(len(g.prompts)*n, 64)) // MaxWaiting ends a huge batch early (503)
 	for i, p := range g.prompts {
 		if len(p) == 0 {
 			return s.abortAll(calls), nil, badRequest("prompt %d is empty", i)
@@ -208,20 +214,26 @@ func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 			return s.abortAll(calls), nil, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 				s.cfg.Engine.MaxModelLen, need, len(p), g.maxTokens)
 		}
-		id := g.id
-		if len(g.prompts) > 1 {
-			id += "-" + strconv.Itoa(i)
-		}
-		c := &call{rk: rk, notify: notify, maxOut: g.maxTokens, req: &engine.Request{ID: id, Prompt: p,
-			OutputLen: outputLen(&s.cfg, p, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt, LoraName: g.lora}}
-		g.applyPD(c)
-		if err := rk.submit(c); err != nil {
-			if errors.Is(err, engine.ErrDuplicateID) {
-				err = badRequest("request id %q is already in flight", id)
+		for j := range n {
+			id := g.id
+			if len(g.prompts)*n > 1 {
+				id += "-" + strconv.Itoa(i*n+j)
 			}
-			return s.abortAll(calls), nil, err
+			sample := j
+			if g.greedy {
+				sample = 0
+			}
+			c := &call{rk: rk, notify: notify, maxOut: g.maxTokens, sample: j, req: &engine.Request{ID: id, Prompt: p, Sample: sample,
+				OutputLen: outputLen(&s.cfg, p, sample, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt, LoraName: g.lora}}
+			g.applyPD(c)
+			if err := rk.submit(c); err != nil {
+				if errors.Is(err, engine.ErrDuplicateID) {
+					err = badRequest("request id %q is already in flight", id)
+				}
+				return s.abortAll(calls), nil, err
+			}
+			calls = append(calls, c)
 		}
-		calls = append(calls, c)
 	}
 	return calls, notify, nil
 }
@@ -246,7 +258,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
-		logprobs: -1}
+		logprobs: -1, n: req.Samples(), greedy: req.Greedy()}
 	if req.Logprobs != nil {
 		g.logprobs = *req.Logprobs
 	}
@@ -281,7 +293,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
-		prompts: [][]uint32{prompt}, logprobs: -1}
+		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy()}
 	if req.Logprobs {
 		g.logprobs = 0
 		if req.TopLogprobs != nil {
@@ -394,9 +406,11 @@ func (s *Server) usage(calls []*call) *openai.Usage {
 	u := &openai.Usage{PromptTokensDetails: &openai.PromptTokensDetails{}}
 	for _, c := range calls {
 		sn := c.snap()
-		u.PromptTokens += len(c.req.Prompt)
 		u.CompletionTokens += sn.generated
-		u.PromptTokensDetails.CachedTokens += sn.cached
+		if c.sample == 0 { // a prompt counts once, however many samples (vLLM's usage)
+			u.PromptTokens += len(c.req.Prompt)
+			u.PromptTokensDetails.CachedTokens += sn.cached
+		}
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	return u
@@ -406,15 +420,17 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 	id := responseID(g)
 	kv := s.pd.responseParams(rk, g, calls[0])
 	if g.chat {
-		c := calls[0]
-		sn := c.snap()
-		text := s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true)
-		ch := openai.ChatChoice{Message: openai.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: openai.StringPtr(sn.reason)}
-		if g.logprobs >= 0 {
-			ch.Logprobs = s.appendChatLogprobs(nil, c.req, 0, sn.generated, g.logprobs)
+		resp := openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
+		for i, c := range calls {
+			sn := c.snap()
+			text := s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true)
+			ch := openai.ChatChoice{Index: i, Message: openai.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: openai.StringPtr(sn.reason)}
+			if g.logprobs >= 0 {
+				ch.Logprobs = s.appendChatLogprobs(nil, c.req, 0, sn.generated, g.logprobs)
+			}
+			resp.Choices = append(resp.Choices, ch)
 		}
-		writeJSON(w, http.StatusOK, withKVTransfer(openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model,
-			Choices: []openai.ChatChoice{ch}, Usage: s.usage(calls)}, kv))
+		writeJSON(w, http.StatusOK, withKVTransfer(resp, kv))
 		return
 	}
 	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
@@ -485,15 +501,17 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 			sent[i] = sn.generated
 			var err error
 			if g.chat {
-				if !roleSent {
+				if !roleSent { // vLLM opens every choice with its role before any content
 					empty := ""
 					roleSent = true
-					if err = sse.Data(openai.AppendChatChunk(buf[:0], f, "assistant", &empty, "")); err != nil {
-						s.abortAll(calls)
-						return
+					for k := range calls {
+						if err = sse.Data(openai.AppendChatChunkLogprobs(buf[:0], f, k, "assistant", &empty, "", nil)); err != nil {
+							s.abortAll(calls)
+							return
+						}
 					}
 				}
-				buf = openai.AppendChatChunkLogprobs(buf[:0], f, "", &text, sn.reason, lp)
+				buf = openai.AppendChatChunkLogprobs(buf[:0], f, i, "", &text, sn.reason, lp)
 			} else {
 				buf = openai.AppendCompletionChunkLogprobs(buf[:0], f, i, text, sn.reason, lp)
 			}

@@ -315,8 +315,8 @@ func (p *pdState) prepare(ctx context.Context, rk *rank, g *gen) error {
 	if pr == nil {
 		return nil
 	}
-	if len(g.prompts) != 1 {
-		p.log.Warn("P/D fields on a request with several prompts are ignored", "request_id", g.id)
+	if len(g.prompts) != 1 || g.n > 1 {
+		p.log.Warn("P/D fields on a request with several prompts or n > 1 are ignored", "request_id", g.id)
 		return nil
 	}
 	if p.cfg.KVTransfer != nil && pr.KVTransferParams != nil {

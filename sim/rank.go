@@ -57,6 +57,7 @@ type call struct {
 	req    *engine.Request
 	notify chan struct{} // cap 1, shared by the calls of one HTTP request
 	maxOut int           // the request's max_tokens (finish reason "length" when reached)
+	sample int           // which of its prompt's n samples (0: the one whose prompt the usage counts)
 
 	pdKey   string  // P/D hold key of a prefill leg ("" otherwise)
 	room    *uint64 // SGLang bootstrap room of a prefill leg
@@ -312,7 +313,7 @@ func (k keyer) Chain(parent uint64, block []uint32) uint64 {
 // outputLen decides how many tokens a request generates: max_tokens with
 // ignore_eos or EOSRate 0; otherwise min_tokens plus a geometric number of
 // tokens (a seeded stand-in for sampling EOS), capped at max_tokens.
-func outputLen(cfg *Config, prompt []uint32, maxTokens, minTokens int, ignoreEOS bool) int {
+func outputLen(cfg *Config, prompt []uint32, sample, maxTokens, minTokens int, ignoreEOS bool) int {
 	if ignoreEOS || cfg.EOSRate == 0 {
 		return maxTokens
 	}
@@ -320,7 +321,7 @@ func outputLen(cfg *Config, prompt []uint32, maxTokens, minTokens int, ignoreEOS
 	for _, t := range prompt {
 		buf = binary.LittleEndian.AppendUint32(buf, t)
 	}
-	h := xxh3.HashSeed(buf, cfg.Seed^0x656f73) // "eos"
+	h := xxh3.HashSeed(buf, cfg.Seed^0x656f73^uint64(sample)*0x9e3779b97f4a7c15) // "eos"; each sample its own length
 	u := (float64(h>>11) + 0.5) / (1 << 53)
 	extra := int(math.Floor(math.Log(u) / math.Log1p(-cfg.EOSRate)))
 	return max(1, min(maxTokens, minTokens+extra+1))

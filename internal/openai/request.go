@@ -64,6 +64,21 @@ type SamplingParams struct {
 	Priority int `json:"priority,omitempty"`
 }
 
+// MaxN bounds n: vLLM sets none (its scheduler's max_num_seqs bounds how
+// many run at once), the simulator allocates a call per sequence.
+const MaxN = 256
+
+// Samples is n: the sequences to sample from each prompt (1 when unset).
+func (s *SamplingParams) Samples() int {
+	if s.N == nil {
+		return 1
+	}
+	return *s.N
+}
+
+// Greedy reports an explicit temperature 0: every sample is the same.
+func (s *SamplingParams) Greedy() bool { return s.Temperature != nil && *s.Temperature == 0 }
+
 // IncludeUsage reports whether a stream must end with a usage chunk.
 func (s *SamplingParams) IncludeUsage() bool {
 	return s.StreamOptions != nil && s.StreamOptions.IncludeUsage
@@ -83,8 +98,8 @@ func (s *SamplingParams) validate() []string {
 	}
 	if s.N != nil && *s.N < 1 {
 		p = append(p, fmt.Sprintf("n %d: must be at least 1", *s.N)) // vLLM's SamplingParams check
-	} else if s.N != nil && *s.N > 1 {
-		p = append(p, fmt.Sprintf("n %d: only n=1 is supported", *s.N))
+	} else if s.N != nil && *s.N > MaxN {
+		p = append(p, fmt.Sprintf("n %d: the simulator samples at most %d sequences per prompt", *s.N, MaxN))
 	}
 	if s.Temperature != nil && *s.Temperature < 0 {
 		p = append(p, "temperature: must not be negative") // vLLM accepts any t >= 0

@@ -169,14 +169,17 @@ func AppendCompletionChunkLogprobs(dst []byte, f *ChunkFields, i int, text, fini
 // AppendChatChunk appends one chat.completion.chunk (choice 0). role is set
 // only on the first chunk; content nil omits the field (final chunk).
 func AppendChatChunk(dst []byte, f *ChunkFields, role string, content *string, finish string) []byte {
-	return AppendChatChunkLogprobs(dst, f, role, content, finish, nil)
+	return AppendChatChunkLogprobs(dst, f, 0, role, content, finish, nil)
 }
 
-// AppendChatChunkLogprobs is AppendChatChunk with the chunk's logprobs
-// object (raw JSON; nil writes null).
-func AppendChatChunkLogprobs(dst []byte, f *ChunkFields, role string, content *string, finish string, logprobs []byte) []byte {
+// AppendChatChunkLogprobs is AppendChatChunk for choice index i (n > 1
+// streams one choice per sample) with the chunk's logprobs object (raw
+// JSON; nil writes null).
+func AppendChatChunkLogprobs(dst []byte, f *ChunkFields, i int, role string, content *string, finish string, logprobs []byte) []byte {
 	dst = appendChunkHead(dst, f, ObjectChatChunk)
-	dst = append(dst, `"choices":[{"index":0,"delta":{`...)
+	dst = append(dst, `"choices":[{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"delta":{`...)
 	comma := false
 	if role != "" {
 		dst = append(dst, `"role":`...)

@@ -126,6 +126,9 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	r.arrival = now
 	r.root = rootFor(e.none, r.LoraName, r.CacheSalt)
 	r.outSeed = promptSeed(r.Prompt, e.cfg.HashSeed, e.byteBuf)
+	if r.Sample != 0 {
+		r.outSeed = sampleSeed(r.outSeed, r.Sample)
+	}
 	nb := (len(r.Prompt) + r.OutputLen + e.bs - 1) / e.bs
 	if cap(r.blocks) < nb {
 		r.blocks = make([]int32, 0, nb)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -28,6 +29,10 @@ type Request struct {
 	// path does. At most len(Prompt)−1 are used: the last prompt token is
 	// recomputed to sample the first output token.
 	ExternalTokens int
+	// Sample numbers one of several sequences sampled from one prompt (an
+	// HTTP request's n > 1, which vLLM runs as that many requests): each
+	// number draws its own output tokens. 0 draws the prompt's own.
+	Sample int
 
 	arrival    time.Duration
 	root       uint64 // parent hash of block 0
@@ -158,4 +163,12 @@ func promptSeed(prompt []uint32, seed uint64, buf []byte) uint64 {
 		prompt = prompt[n:]
 	}
 	return xxh3.HashStringSeed("out", h)
+}
+
+// sampleSeed is the output seed of sample k > 0 of a prompt whose own seed
+// is seed.
+func sampleSeed(seed uint64, k int) uint64 {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(k))
+	return xxh3.HashSeed(b[:], seed)
 }

@@ -74,6 +74,21 @@ await capture("chat_stream", async () => {
   return { content, chunks, usage, role, finish };
 });
 
+await capture("chat_n_stream", async () => {
+  const s = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 2, stream: true, stream_options: { include_usage: true } });
+  const content = {}, finish = {};
+  let usage = null;
+  for await (const c of s) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices ?? []) {
+      content[ch.index] = (content[ch.index] ?? "") + (ch.delta?.content ?? "");
+      if (ch.finish_reason) finish[ch.index] = ch.finish_reason;
+    }
+  }
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 2 });
+  return { content, finish, usage, full: r.choices.map((c) => c.message.content), fullIndexes: r.choices.map((c) => c.index), fullUsage: r.usage };
+});
+
 await capture("unknown_model", () => client.completions.create({ model: "no-such-model", prompt: "x", max_tokens: 1 }));
 
 await capture("bad_request", () => client.completions.create({ model, prompt: [-1], max_tokens: 1 }));

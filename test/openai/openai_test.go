@@ -78,6 +78,16 @@ func checkClient(t *testing.T, ctx context.Context, node, dir, addr, model strin
 	if chs["role"] != "assistant" || chs["content"] == "" || num(usage(chs)["completion_tokens"]) != 5 || chs["finish"] != "length" {
 		t.Errorf("chat stream: %v", chs)
 	}
+	chn := res.ok(t, "chat_n_stream") // n = 2: two choices, streamed and not, the prompt counted once
+	content, _ := chn["content"].(map[string]any)
+	finish, _ := chn["finish"].(map[string]any)
+	full, _ := chn["full"].([]any)
+	fullIdx, _ := chn["fullIndexes"].([]any)
+	if len(content) != 2 || len(finish) != 2 || len(full) != 2 || len(fullIdx) != 2 || num(fullIdx[1]) != 1 ||
+		content["0"] != full[0] || content["1"] != full[1] || content["0"] == "" ||
+		num(usage(chn)["completion_tokens"]) != 8 || num(usage(chn)["prompt_tokens"]) != num(usage(ch)["prompt_tokens"]) {
+		t.Errorf("chat with n 2: %v", chn)
+	}
 	wantErr := func(name string, status int, typ string) {
 		r := res[name]
 		if r == nil || r["error"] != true || num(r["status"]) != status || (typ != "" && r["type"] != typ) {
