@@ -11,17 +11,20 @@ import (
 
 	oai "github.com/openai/openai-go/v3"
 	oaiopt "github.com/openai/openai-go/v3/option"
+	oairesp "github.com/openai/openai-go/v3/responses"
 	gooai "github.com/sashabaranov/go-openai"
 
 	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
-// startGoClientMesh is two simulated engines behind an ingress; it returns
+// startGoClientMesh is two simulated engines (keeping stored responses, as
+// vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1) behind an ingress; it returns
 // the ingress's /v1 base URL.
 func startGoClientMesh(t *testing.T, ctx context.Context, model string) string {
 	t.Helper()
 	cfg := ingress.DefaultConfig()
-	cfg.Engines = startEngines(t, ctx, 2, model, nil)
+	cfg.Engines = startEngines(t, ctx, 2, model, func(c *sim.Config) { c.ResponsesStore = true })
 	srv := startIngress(t, ctx, cfg, ingress.Deps{})
 	return "http://" + srv.Addr() + "/v1"
 }
@@ -29,7 +32,8 @@ func startGoClientMesh(t *testing.T, ctx context.Context, model string) string {
 // TestOpenAIGoClient drives the ingress with OpenAI's official Go SDK
 // (github.com/openai/openai-go), an independent decoder of every answer:
 // models, a chat and its stream (through the SDK's accumulator), n = 2, a
-// completion, and an unknown model as the SDK's typed error.
+// completion, a stored response and its follow-up, and an unknown model as
+// the SDK's typed error.
 func TestOpenAIGoClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -74,6 +78,19 @@ func TestOpenAIGoClient(t *testing.T) {
 		Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("The quick brown fox")}, MaxTokens: oai.Int(5)})
 	if err != nil || len(comp.Choices) != 1 || comp.Choices[0].Text == "" || comp.Usage.CompletionTokens != 5 {
 		t.Errorf("completion: %+v %v", comp, err)
+	}
+
+	// The Responses API: a stored response, then a turn that follows it
+	// (the ingress sends it to the engine holding the first).
+	r1, err := c.Responses.New(ctx, oairesp.ResponseNewParams{Model: model, Input: oairesp.ResponseNewParamsInputUnion{OfString: oai.String("Say hello.")},
+		MaxOutputTokens: oai.Int(6), Store: oai.Bool(true)})
+	if err != nil || r1.ID == "" || r1.OutputText() == "" || r1.Usage.OutputTokens != 6 {
+		t.Fatalf("responses: %+v %v", r1, err)
+	}
+	r2, err := c.Responses.New(ctx, oairesp.ResponseNewParams{Model: model, Input: oairesp.ResponseNewParamsInputUnion{OfString: oai.String("Again.")},
+		MaxOutputTokens: oai.Int(3), PreviousResponseID: oai.String(r1.ID)})
+	if err != nil || r2.OutputText() == "" || r2.Usage.InputTokens <= r1.Usage.InputTokens+r1.Usage.OutputTokens {
+		t.Errorf("follow-up: %+v %v (want input counting the first turn, %d + %d tokens)", r2, err, r1.Usage.InputTokens, r1.Usage.OutputTokens)
 	}
 
 	_, err = c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: "no-such-model", Messages: msgs, MaxTokens: oai.Int(1)})
