@@ -438,7 +438,7 @@ func TestLearnParallelSampling(t *testing.T) {
 		p.observeLearn(append(chunk(1, "null"), chunk(2, "null")...))
 	}
 	seqs, ctx, _, steps, ok := c.lc.decodeSample()
-	if !ok || steps != 5 || seqs != n || ctx < n*prompt {
+	if !ok || steps != 5 || math.Abs(seqs-n) > 1e-9 || ctx < n*prompt { // seqs: Σ n·dt over Σ dt, in floating point
 		t.Errorf("after a finish and thinner steps: %d steps, %.1f sequences, %.0f context (ok %v); want the 5 whole steps of %d sequences over ≥ %d tokens",
 			steps, seqs, ctx, ok, n, n*prompt)
 	}
