@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"bytes"
 	"cmp"
 	"fmt"
 	"math"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
@@ -301,15 +299,4 @@ var finishMarker = []byte(`"finish_reason":`)
 
 // finishes reports whether events end a choice (a finish_reason that is a
 // string, not null).
-func finishes(events []byte) bool {
-	for i := 0; ; {
-		j := bytes.Index(events[i:], finishMarker)
-		if j < 0 {
-			return false
-		}
-		i = jsonscan.SkipWS(events, i+j+len(finishMarker))
-		if i < len(events) && events[i] == '"' {
-			return true
-		}
-	}
-}
+func finishes(events []byte) bool { return memberStarts(events, finishMarker, '"') }

@@ -334,10 +334,10 @@ func TestLearnerConfig(t *testing.T) {
 	}
 }
 
-// TestLearnHooksAllocateNothing: once an engine is known, an attempt's
-// learner bookkeeping (send, first token, streamed tokens, end) allocates
-// nothing.
-func TestLearnHooksAllocateNothing(t *testing.T) {
+// learnHookServer is a kvmesh-policy ingress (not started) and its upstream
+// for engine e0, for driving the learner hooks by hand.
+func learnHookServer(t *testing.T) (*Server, *upstream) {
+	t.Helper()
 	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: "http://127.0.0.1:1"})
 	cfg.Scheduler.Policy = "kvmesh"
 	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -348,6 +348,14 @@ func TestLearnHooksAllocateNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, up
+}
+
+// TestLearnHooksAllocateNothing: once an engine is known, an attempt's
+// learner bookkeeping (send, first token, streamed tokens, end) allocates
+// nothing.
+func TestLearnHooksAllocateNothing(t *testing.T) {
+	s, up := learnHookServer(t)
 	c := &call{s: s, promptTokens: 1000, block: 16}
 	one := func() {
 		c.startAttempt(up, 0)
@@ -397,16 +405,7 @@ func TestLearnerFedByPDLegs(t *testing.T) {
 // its decode sample counts a step per n tokens, and stops at the first
 // sequence's finish (later steps decode fewer); nothing stays charged.
 func TestLearnParallelSampling(t *testing.T) {
-	cfg := testConfig(StaticEngine{ID: "e0", Model: "m", URL: "http://127.0.0.1:1"})
-	cfg.Scheduler.Policy = "kvmesh"
-	s, err := New(cfg, Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	up, err := s.ups.get("e0", "http://127.0.0.1:1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, up := learnHookServer(t)
 	const n, prompt = 4, 1000
 	c := &call{s: s, promptTokens: prompt, block: 16, seqs: n}
 	c.req.n = n

@@ -187,14 +187,19 @@ var usageKey = []byte(`"usage":`)
 // hasUsage reports whether b holds a usage object (not "usage":null, which
 // every other chunk of a chat stream carries): one scan per streamed chunk
 // instead of one per member read.
-func hasUsage(b []byte) bool {
+func hasUsage(b []byte) bool { return memberStarts(b, usageKey, '{') }
+
+// memberStarts reports whether b holds key (a quoted member name and its
+// colon) followed by a value whose first byte is c: a scan of raw event
+// bytes, no JSON decoded.
+func memberStarts(b, key []byte, c byte) bool {
 	for i := 0; ; {
-		j := bytes.Index(b[i:], usageKey)
+		j := bytes.Index(b[i:], key)
 		if j < 0 {
 			return false
 		}
-		i += j + len(usageKey)
-		if k := jsonscan.SkipWS(b, i); k < len(b) && b[k] == '{' {
+		i += j + len(key)
+		if k := jsonscan.SkipWS(b, i); k < len(b) && b[k] == c {
 			return true
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -25,9 +26,12 @@ func smallConfig() (Config, []workload.Request) {
 	return Config{Engines: 3, Concurrency: 48, Engine: engine.Config{GPUBlocks: 1200, Profile: prof}}, reqs
 }
 
-func TestKVMeshBeatsRandom(t *testing.T) {
+// runSmall runs policies on smallConfig and logs the table; it returns the
+// report and the table.
+func runSmall(t *testing.T, policies ...string) (report.Report, []workload.Request, string) {
+	t.Helper()
 	cfg, reqs := smallConfig()
-	rep, err := Run(context.Background(), cfg, reqs, []string{"random", "kvmesh"})
+	rep, err := Run(context.Background(), cfg, reqs, policies)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +40,11 @@ func TestKVMeshBeatsRandom(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + buf.String())
+	return rep, reqs, buf.String()
+}
+
+func TestKVMeshBeatsRandom(t *testing.T) {
+	rep, reqs, _ := runSmall(t, "random", "kvmesh")
 	r, k := rep.Policies["random"], rep.Policies["kvmesh"]
 	if r.Completed != len(reqs) || k.Completed != len(reqs) || k.BadEvents != 0 || r.BadEvents != 0 {
 		t.Fatalf("incomplete run: random %+v kvmesh %+v", r, k)
@@ -285,17 +294,8 @@ func TestMooncakeReduced(t *testing.T) {
 // cache-blind policy gives a part of it up (with 3 engines it still lands on
 // a holder often) and a cache-aware one takes nearly all of it.
 func TestOfferedHitRate(t *testing.T) {
-	cfg, reqs := smallConfig()
-	rep, err := Run(context.Background(), cfg, reqs, []string{"random", "llmd", "kvmesh"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := rep.WriteTable(&buf); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + buf.String())
-	if !strings.Contains(buf.String(), "hit rate offered (the engine caching most") {
+	rep, _, table := runSmall(t, "random", "llmd", "kvmesh")
+	if !strings.Contains(table, "hit rate offered (the engine caching most") {
 		t.Error("the table does not print the offered hit rate")
 	}
 	for name, p := range rep.Policies {
