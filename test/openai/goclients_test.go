@@ -46,12 +46,12 @@ func TestOpenAIGoClient(t *testing.T) {
 		t.Fatalf("models: %+v %v", models, err)
 	}
 	msgs := []oai.ChatCompletionMessageParamUnion{oai.SystemMessage("You are terse."), oai.UserMessage("Say hello.")}
-	chat, err := c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: model, Messages: msgs, MaxTokens: oai.Int(7)})
+	chat, err := c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: model, Messages: msgs, MaxCompletionTokens: oai.Int(7)})
 	if err != nil || len(chat.Choices) != 1 || chat.Choices[0].Message.Content == "" || chat.Usage.CompletionTokens != 7 || chat.Choices[0].FinishReason != "length" {
 		t.Fatalf("chat: %+v %v", chat, err)
 	}
 
-	stream := c.Chat.Completions.NewStreaming(ctx, oai.ChatCompletionNewParams{Model: model, Messages: msgs, MaxTokens: oai.Int(7),
+	stream := c.Chat.Completions.NewStreaming(ctx, oai.ChatCompletionNewParams{Model: model, Messages: msgs, MaxCompletionTokens: oai.Int(7),
 		StreamOptions: oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}})
 	var acc oai.ChatCompletionAccumulator
 	chunks := 0
@@ -69,7 +69,7 @@ func TestOpenAIGoClient(t *testing.T) {
 		t.Errorf("stream: %d chunks, accumulated %+v; want the non-streamed answer %q and 7 tokens", chunks, acc.ChatCompletion, chat.Choices[0].Message.Content)
 	}
 
-	two, err := c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: model, Messages: msgs, MaxTokens: oai.Int(4), N: oai.Int(2)})
+	two, err := c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: model, Messages: msgs, MaxCompletionTokens: oai.Int(4), N: oai.Int(2)})
 	if err != nil || len(two.Choices) != 2 || two.Choices[1].Index != 1 || two.Usage.CompletionTokens != 8 || two.Usage.PromptTokens != chat.Usage.PromptTokens {
 		t.Errorf("n 2: %+v %v", two, err)
 	}
@@ -93,7 +93,7 @@ func TestOpenAIGoClient(t *testing.T) {
 		t.Errorf("follow-up: %+v %v (want input counting the first turn, %d + %d tokens)", r2, err, r1.Usage.InputTokens, r1.Usage.OutputTokens)
 	}
 
-	_, err = c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: "no-such-model", Messages: msgs, MaxTokens: oai.Int(1)})
+	_, err = c.Chat.Completions.New(ctx, oai.ChatCompletionNewParams{Model: "no-such-model", Messages: msgs, MaxCompletionTokens: oai.Int(1)})
 	var apiErr *oai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Message == "" || apiErr.Type == "" {
 		t.Errorf("unknown model: %v (want the SDK's 404 error with the OpenAI error body)", err)
@@ -116,12 +116,12 @@ func TestGoOpenAIClient(t *testing.T) {
 		t.Fatalf("models: %+v %v", models, err)
 	}
 	msgs := []gooai.ChatCompletionMessage{{Role: gooai.ChatMessageRoleSystem, Content: "You are terse."}, {Role: gooai.ChatMessageRoleUser, Content: "Say hello."}}
-	chat, err := c.CreateChatCompletion(ctx, gooai.ChatCompletionRequest{Model: model, Messages: msgs, MaxTokens: 7})
+	chat, err := c.CreateChatCompletion(ctx, gooai.ChatCompletionRequest{Model: model, Messages: msgs, MaxCompletionTokens: 7})
 	if err != nil || len(chat.Choices) != 1 || chat.Choices[0].Message.Content == "" || chat.Usage.CompletionTokens != 7 || chat.Choices[0].FinishReason != gooai.FinishReasonLength {
 		t.Fatalf("chat: %+v %v", chat, err)
 	}
 
-	stream, err := c.CreateChatCompletionStream(ctx, gooai.ChatCompletionRequest{Model: model, Messages: msgs, MaxTokens: 7, Stream: true,
+	stream, err := c.CreateChatCompletionStream(ctx, gooai.ChatCompletionRequest{Model: model, Messages: msgs, MaxCompletionTokens: 7, Stream: true,
 		StreamOptions: &gooai.StreamOptions{IncludeUsage: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +152,7 @@ func TestGoOpenAIClient(t *testing.T) {
 		t.Errorf("stream: %q, usage %+v, finish %q; want the non-streamed %q, 7 tokens, length", text.String(), usage, finish, chat.Choices[0].Message.Content)
 	}
 
-	two, err := c.CreateChatCompletion(ctx, gooai.ChatCompletionRequest{Model: model, Messages: msgs, MaxTokens: 4, N: 2})
+	two, err := c.CreateChatCompletion(ctx, gooai.ChatCompletionRequest{Model: model, Messages: msgs, MaxCompletionTokens: 4, N: 2})
 	if err != nil || len(two.Choices) != 2 || two.Choices[1].Index != 1 || two.Usage.CompletionTokens != 8 {
 		t.Errorf("n 2: %+v %v", two, err)
 	}
@@ -162,7 +162,7 @@ func TestGoOpenAIClient(t *testing.T) {
 		t.Errorf("completion: %+v %v", comp, err)
 	}
 
-	_, err = c.CreateChatCompletion(ctx, gooai.ChatCompletionRequest{Model: "no-such-model", Messages: msgs, MaxTokens: 1})
+	_, err = c.CreateChatCompletion(ctx, gooai.ChatCompletionRequest{Model: "no-such-model", Messages: msgs, MaxCompletionTokens: 1})
 	var apiErr *gooai.APIError
 	if !errors.As(err, &apiErr) || apiErr.HTTPStatusCode != http.StatusNotFound || apiErr.Message == "" || apiErr.Type == "" {
 		t.Errorf("unknown model: %v (want go-openai's APIError, 404, with the OpenAI error body)", err)
