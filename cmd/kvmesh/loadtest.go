@@ -59,6 +59,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "per-request timeout")
 	fs.StringVar(&cfg.SessionHeader, "session-header", "", "send each request's session id in this header (e.g. X-Session-ID)")
 	fs.BoolVar(&cfg.NoStream, "no-stream", false, "non-streaming requests (TTFT = E2E)")
+	fs.IntVar(&cfg.N, "n", 0, "sampled sequences per request (\"n\", parallel sampling as RL rollouts ask; completions and chat; 0 or 1: one)")
 	fs.IntVar(&sp.Groups, "groups", sp.Groups, "shared-prefix: groups")
 	fs.IntVar(&sp.Prompts, "prompts", sp.Prompts, "shared-prefix: prompts per group")
 	fs.IntVar(&sp.Shared, "shared", sp.Shared, "shared-prefix: shared prefix tokens")

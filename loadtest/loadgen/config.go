@@ -42,6 +42,11 @@ type Config struct {
 	Model string
 	// APIKey, when set, is sent as "Authorization: Bearer <key>".
 	APIKey string
+	// N, when > 1, asks N sampled sequences per request ("n": parallel
+	// sampling, as RL rollouts do): the engine decodes N answers to each
+	// prompt. Completions and Chat only (the Responses and Messages APIs
+	// have no n). 0 or 1: one.
+	N int
 	// Stream requests SSE streaming (needed for TTFT). Default true; set NoStream to
 	// measure non-streaming requests (TTFT is then E2E).
 	NoStream bool
@@ -106,6 +111,11 @@ func (c Config) Validate() error {
 	}
 	if c.Model == "" {
 		errs = append(errs, fmt.Errorf("%w: model is required", ErrConfig))
+	}
+	if c.N < 0 || c.N > 256 {
+		errs = append(errs, fmt.Errorf("%w: n %d not in [0, 256]", ErrConfig, c.N))
+	} else if c.N > 1 && (c.Endpoint == Responses || c.Endpoint == Messages) {
+		errs = append(errs, fmt.Errorf("%w: n %d: the %s endpoint samples one answer (no n)", ErrConfig, c.N, c.Endpoint))
 	}
 	if c.Concurrency < 1 || c.Concurrency > 100_000 {
 		errs = append(errs, fmt.Errorf("%w: concurrency %d not in [1, 100000]", ErrConfig, c.Concurrency))

@@ -26,7 +26,7 @@ func (r *Report) Run(scale float64, ids []string) report.Run {
 		}
 		run.Records = append(run.Records, report.Record{
 			Start: res.Sent.Seconds() * scale, TTFT: res.TTFT.Seconds() * scale, E2E: res.E2E.Seconds() * scale,
-			PromptTokens: res.PromptTokens, CachedTokens: res.CachedTokens, OutputTokens: res.OutputTokens,
+			PromptTokens: res.PromptTokens, CachedTokens: res.CachedTokens, OutputTokens: res.OutputTokens, Sequences: res.Sequences,
 			Engine: slices.Index(ids, res.Engine),
 		})
 	}

@@ -36,6 +36,9 @@ type Result struct {
 	TTFT    time.Duration // to the first generated text (E2E for non-streaming requests)
 	E2E     time.Duration
 	Status  int
+	// Sequences is the answers the request sampled (its n; 1 without):
+	// OutputTokens counts all of them.
+	Sequences int
 	// ErrKind is "" on success, else one of the Kind* constants or "http_<status>".
 	ErrKind string
 	ErrMsg  string
@@ -75,6 +78,10 @@ func appendBody(dst []byte, cfg *Config, r *workload.Request, scratch []uint32) 
 		dst = append(dst, `,"max_tokens":`...)
 	}
 	dst = strconv.AppendInt(dst, int64(out), 10)
+	if cfg.N > 1 {
+		dst = append(dst, `,"n":`...)
+		dst = strconv.AppendInt(dst, int64(cfg.N), 10)
+	}
 	if cfg.Endpoint == Messages {
 		dst = append(dst, `,"temperature":0`...) // the Messages API has no min_tokens or ignore_eos
 	} else {

@@ -171,7 +171,7 @@ func (g *generator) one(ctx context.Context, url string, r *workload.Request, ar
 	*bp, *sp = appendBody((*bp)[:0], &g.cfg, r, *sp)
 	g.scratchPool.Put(sp)
 
-	*res = Result{ID: r.ID, Group: r.Group, Session: r.Session}
+	*res = Result{ID: r.ID, Group: r.Group, Session: r.Session, Sequences: max(1, g.cfg.N)}
 	res.Sent = time.Since(g.start)
 	res.SendLag = max(res.Sent-arrival, 0)
 	g.sent.Add(1)

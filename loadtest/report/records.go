@@ -27,17 +27,21 @@ type Record struct {
 	// TTFT and E2E are measured from Start.
 	TTFT, E2E                                float64
 	PromptTokens, CachedTokens, OutputTokens int
+	// Sequences is the answers OutputTokens is spread over (the request's
+	// n: they decode side by side); 0 or 1: one.
+	Sequences int
 	// Engine indexes Run.EngineIDs (-1: unknown).
 	Engine int
 }
 
-// TPOT is the mean time per output token after the first (0 for a
-// request of one token).
+// TPOT is the mean time per output token of one sequence after its first
+// (0 for a request of one token per sequence).
 func (r Record) TPOT() float64 {
-	if r.OutputTokens < 2 {
+	out := r.OutputTokens / max(1, r.Sequences)
+	if out < 2 {
 		return 0
 	}
-	return (r.E2E - r.TTFT) / float64(r.OutputTokens-1)
+	return (r.E2E - r.TTFT) / float64(out-1)
 }
 
 // Series is a run's records binned over time, as the HTML report plots them.
