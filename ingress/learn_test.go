@@ -400,6 +400,13 @@ func TestLearnerFedByPDLegs(t *testing.T) {
 	}
 }
 
+// clockTick waits until the clock has moved on, so the next stream read
+// ends a stretch of non-zero length.
+func clockTick() {
+	for t0 := time.Now(); !time.Now().After(t0); {
+	}
+}
+
 // TestLearnParallelSampling: a request sampling n sequences counts n
 // sequences and n times its prompt's context on the engine while it runs;
 // its decode sample counts a step per n tokens, and stops at the first
@@ -420,7 +427,7 @@ func TestLearnParallelSampling(t *testing.T) {
 		return []byte(`data: {"choices":[{"index":` + strconv.Itoa(i) + `,"text":"a","finish_reason":` + finish + "}]}\n\n")
 	}
 	for step := 0; step < 5; step++ { // five steps of four sequences
-		time.Sleep(time.Millisecond) // each read a measurable stretch
+		clockTick() // each read a measurable stretch
 		var ev []byte
 		for i := 0; i < n; i++ {
 			ev = append(ev, chunk(i, "null")...)
@@ -430,10 +437,10 @@ func TestLearnParallelSampling(t *testing.T) {
 	if _, _, _, steps, ok := c.lc.decodeSample(); !ok || steps != 5 {
 		t.Fatalf("decode sample of 5 steps of %d sequences: %d steps (ok %v)", n, steps, ok)
 	}
-	time.Sleep(time.Millisecond)
+	clockTick()
 	p.observeLearn(append(chunk(0, `"stop"`), chunk(1, "null")...)) // choice 0 ends
 	for step := 0; step < 3; step++ {
-		time.Sleep(time.Millisecond)
+		clockTick()
 		p.observeLearn(append(chunk(1, "null"), chunk(2, "null")...))
 	}
 	seqs, ctx, _, steps, ok := c.lc.decodeSample()
