@@ -13,6 +13,7 @@ type metrics struct {
 	noCandidates  atomic.Uint64
 	filtered      atomic.Uint64
 	matchedBlocks atomic.Uint64 // chosen engine's tier-weighted matched blocks (rounded)
+	offeredBlocks atomic.Uint64 // the most any candidate held, tier-weighted (rounded)
 	requestBlocks atomic.Uint64
 }
 
@@ -30,6 +31,7 @@ func (s *Scheduler) RegisterMetrics(reg prometheus.Registerer) error {
 		counter("kvmesh_scheduler_no_candidates_total", "Requests for which every engine was filtered out.", &s.m.noCandidates),
 		counter("kvmesh_scheduler_filtered_engines_total", "Engines removed by filters, summed over decisions.", &s.m.filtered),
 		counter("kvmesh_scheduler_matched_blocks_total", "Tier-weighted prefix blocks the chosen engine already held (ratio to request blocks = routed hit rate).", &s.m.matchedBlocks),
+		counter("kvmesh_scheduler_offered_blocks_total", "Tier-weighted prefix blocks the candidate holding the most of each request held (matched over offered = the part of the cache hits on offer the policy took).", &s.m.offeredBlocks),
 		counter("kvmesh_scheduler_request_blocks_total", "Full blocks of routed requests.", &s.m.requestBlocks),
 	} {
 		if err := reg.Register(c); err != nil {

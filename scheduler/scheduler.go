@@ -151,13 +151,16 @@ func (s *Scheduler) Schedule(req *Request, engines []Engine, d *Decision) error 
 		}
 		return 0
 	})
+	offered := 0.0
 	for _, c := range kept {
 		d.Ranked = append(d.Ranked, EngineScore{Engine: c.ID, Score: c.Score, Match: c.Match, Hit: c.Hit})
+		offered = max(offered, s.weights.Weighted(c.Match))
 	}
 	d.Engine, d.Reason = kept[0].ID, reason
 	s.m.decisions.Add(1)
 	s.m.requestBlocks.Add(uint64(len(req.Keys)))
 	s.m.matchedBlocks.Add(uint64(s.weights.Weighted(kept[0].Match) + 0.5))
+	s.m.offeredBlocks.Add(uint64(offered + 0.5))
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log.Debug("schedule", "policy", d.Policy, "engine", d.Engine, "reason", reason,
 			"hit", kept[0].Hit, "candidates", len(kept), "filtered", d.Filtered)

@@ -161,7 +161,31 @@ func TestSchedulerMetrics(t *testing.T) {
 		got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
 	}
 	if got["kvmesh_scheduler_decisions_total"] != 1 || got["kvmesh_scheduler_filtered_engines_total"] != 1 ||
-		got["kvmesh_scheduler_matched_blocks_total"] != 8 || got["kvmesh_scheduler_request_blocks_total"] != 8 {
+		got["kvmesh_scheduler_matched_blocks_total"] != 8 || got["kvmesh_scheduler_request_blocks_total"] != 8 ||
+		got["kvmesh_scheduler_offered_blocks_total"] != 8 {
 		t.Fatalf("metrics %v", got)
+	}
+
+	// A cache-blind policy sends the request to the idle engine: the
+	// 8 blocks engine a holds were offered, none taken.
+	lr, err := registry.NewPolicy("least-request", 1, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg = prometheus.NewPedanticRegistry()
+	if err := lr.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	es = engines(2)
+	es[0].InFlight = 5
+	if err := lr.Schedule(&scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 128}, es, &d); err != nil || d.Engine != "b" {
+		t.Fatalf("least-request chose %q (%v), want the idle b", d.Engine, err)
+	}
+	mfs, _ = reg.Gather()
+	for _, mf := range mfs {
+		got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+	}
+	if got["kvmesh_scheduler_matched_blocks_total"] != 0 || got["kvmesh_scheduler_offered_blocks_total"] != 8 {
+		t.Fatalf("least-request metrics %v: want 0 matched of 8 offered", got)
 	}
 }
