@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/openai"
 )
 
 // Endpoint selects the OpenAI API the requests are sent to.
@@ -112,8 +114,8 @@ func (c Config) Validate() error {
 	if c.Model == "" {
 		errs = append(errs, fmt.Errorf("%w: model is required", ErrConfig))
 	}
-	if c.N < 0 || c.N > 256 {
-		errs = append(errs, fmt.Errorf("%w: n %d not in [0, 256]", ErrConfig, c.N))
+	if c.N < 0 || c.N > openai.MaxN {
+		errs = append(errs, fmt.Errorf("%w: n %d not in [0, %d]", ErrConfig, c.N, openai.MaxN))
 	} else if c.N > 1 && (c.Endpoint == Responses || c.Endpoint == Messages) {
 		errs = append(errs, fmt.Errorf("%w: n %d: the %s endpoint samples one answer (no n)", ErrConfig, c.N, c.Endpoint))
 	}
