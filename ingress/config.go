@@ -197,6 +197,10 @@ type Config struct {
 	// reloaded when it changes. Empty: none. Loaded by Run (embedders set
 	// Deps.Routes).
 	Routes string `yaml:"routesFile"`
+	// RoutesOptional lets the routes file not exist yet (no routes until it
+	// appears): a ConfigMap the orchestrator renders from ModelRoutes,
+	// mounted optional. A file that exists must be valid.
+	RoutesOptional bool `yaml:"routesOptional"`
 
 	// Health configures passive ejection of failing engines (health.go).
 	Health HealthConfig `yaml:"health"`

@@ -140,7 +140,7 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 	}
 	deps.Affinity = aff
 	if o.Config.Routes != "" {
-		w, err := routes.NewWatcher(routes.WatcherConfig{Path: o.Config.Routes, Logger: log, Registerer: reg})
+		w, err := routes.NewWatcher(routes.WatcherConfig{Path: o.Config.Routes, Optional: o.Config.RoutesOptional, Logger: log, Registerer: reg})
 		if err != nil {
 			return deps, err
 		}

@@ -43,6 +43,11 @@ type Config struct {
 	PrometheusURL string
 	// PrometheusTimeout bounds one query (default 5 s).
 	PrometheusTimeout time.Duration
+	// RouteConfigMap names the ConfigMap each namespace's ModelRoutes are
+	// rendered into (orchestrator/modelroutes; key routes.yaml, the
+	// ingress's --routes file). Default kvmesh-routes; "" turns ModelRoutes
+	// off.
+	RouteConfigMap string
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -53,6 +58,7 @@ func DefaultConfig() Config {
 		Workers: 2, Resync: 10 * time.Minute, AutoscaleInterval: 15 * time.Second, PrometheusTimeout: 5 * time.Second,
 		LeaderElection: true, LeaseNamespace: "kvmesh", LeaseName: "kvmesh-orchestrator",
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		RouteConfigMap: "kvmesh-routes",
 	}
 }
 

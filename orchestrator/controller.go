@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/orchestrator/modelroutes"
 )
 
 // Controller reconciles ModelDeployments into pods and RoleScalers.
@@ -54,6 +55,9 @@ type Controller struct {
 	// mdGens are the generations of the deployments' spec writes the
 	// informer cache has not shown yet (see generations).
 	mdGens generations
+	// routes renders ModelRoutes into route files (nil: off); run owns its
+	// goroutine, so it too runs on the leader alone.
+	routes *modelroutes.Controller
 }
 
 // Scheme holds client-go's types and kvmesh.io/v1alpha1 (for events).
@@ -121,6 +125,13 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 			UpdateFunc: func(_, o any) { c.enqueue(key, o) },
 			DeleteFunc: func(o any) { c.enqueue(key, o) },
 		}); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.RouteConfigMap != "" {
+		rc := modelroutes.DefaultConfig()
+		rc.Namespace, rc.ConfigMap, rc.Resync, rc.Logger = cfg.Namespace, cfg.RouteConfigMap, cfg.Resync, cfg.Logger
+		if c.routes, err = modelroutes.New(restCfg, rc); err != nil {
 			return nil, err
 		}
 	}
@@ -194,6 +205,13 @@ func (c *Controller) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	if c.policies != nil {
 		wg.Go(func() { c.runAutoscaler(ctx) })
+	}
+	if c.routes != nil {
+		wg.Go(func() {
+			if err := c.routes.Run(ctx); err != nil {
+				c.log.Error("model routes stopped", "err", err)
+			}
+		})
 	}
 	for range c.cfg.Workers {
 		wg.Go(func() {

@@ -72,6 +72,7 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 		{"jwt-issuer", noJWKS, jwks},
 		{"jwt-tenant-claim", noJWKS, jwks},
 		{"pd-transfer-gbps", cfg.PD.Policy == "", "without --pd-policy"},
+		{"routes-optional", cfg.Routes == "", "without --routes"},
 		{"tokenizer-store", noNATS && o.TokenizerStore, nats}, // --tokenizer-store=false is read: it says so
 		{"tokenizer-cache", noNATS, nats},
 		{"tokenizer-cache", !o.TokenizerStore, "without --tokenizer-store"},
@@ -133,6 +134,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 		return nil
 	})
 	fs.StringVar(&cfg.Routes, "routes", cfg.Routes, "model routes file (RouteConfig YAML: weighted splits, fallbacks, LoRA adapters, rate limits; reloaded on change)")
+	fs.BoolVar(&cfg.RoutesOptional, "routes-optional", cfg.RoutesOptional, "the --routes file may not exist yet: no routes until it appears (a ConfigMap rendered from ModelRoutes, mounted optional)")
 	fs.StringVar(&cfg.ChatMode, "chat-mode", cfg.ChatMode, "chat forwarding: chat (forward as chat) or completions (send rendered tokens, re-wrap)")
 	fs.DurationVar(&cfg.EngineTokenizeTimeout, "engine-tokenize-timeout", cfg.EngineTokenizeTimeout, "bound on asking an engine's /tokenize for a prompt the ingress cannot tokenize itself (0: off, such requests are routed unkeyed)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body", cfg.MaxBodyBytes, "max request body bytes (413 above)")

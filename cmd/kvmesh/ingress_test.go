@@ -175,6 +175,7 @@ func TestIngressFlagsNotRead(t *testing.T) {
 			[]string{"--jwt-audience is not read without --jwks-file", "--jwt-issuer is not read", "--jwt-tenant-claim is not read"}},
 		{[]string{"--pd-transfer-gbps", "10"}, []string{"--pd-transfer-gbps is not read without --pd-policy"}},
 		{[]string{"--pd-policy", "kvmesh", "--pd-transfer-gbps", "10"}, nil},
+		{[]string{"--routes-optional"}, []string{"--routes-optional is not read without --routes"}},
 		{[]string{"--tokenizer-cache", "/tmp/x", "--nats-user", "u", "--nats-tls-insecure"},
 			[]string{"--tokenizer-cache is not read without --nats", "--nats-user is not read without --nats", "--nats-tls-insecure is not read without --nats"}},
 		{[]string{"--nats", "nats://127.0.0.1:1", "--tokenizer-store=false", "--tokenizer-cache", "/tmp/x"},

@@ -62,6 +62,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated")
 	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key (env KVMESH_GOSSIP_KEY)")
 	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", cfg.AutoscaleInterval, "how often AutoscalingPolicies are stepped")
+	fs.StringVar(&cfg.RouteConfigMap, "routes-configmap", cfg.RouteConfigMap, "render each namespace's ModelRoutes into this ConfigMap (key routes.yaml, the ingress's --routes file; empty: ModelRoutes off)")
 	fs.StringVar(&cfg.PrometheusURL, "prometheus-url", "", "Prometheus base URL for policy metrics with source prometheus (a policy's spec.prometheus.address wins)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", logutil.JSON, "log format on stderr: json or text")
@@ -334,7 +335,7 @@ func parseViewArgs(verb string, args []string, stderr io.Writer) (viewArgs, erro
 	fs.BoolVar(&o.all, "all-namespaces", false, "every namespace (get only)")
 	fs.BoolVar(&o.all, "A", false, "shorthand for --all-namespaces")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: kvmesh %s modeldeployments|autoscalingpolicies|rolescalers [NAME] [-n NS]%s\n", verb, map[string]string{"get": " [-A]"}[verb])
+		fmt.Fprintf(stderr, "Usage: kvmesh %s modeldeployments|autoscalingpolicies|rolescalers|modelroutes [NAME] [-n NS]%s\n", verb, map[string]string{"get": " [-A]"}[verb])
 		fs.PrintDefaults()
 	}
 	// Flags may follow the positional arguments, as with kubectl.

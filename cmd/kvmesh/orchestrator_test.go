@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/kvmesh/kvmesh/ingress/routes"
 	"github.com/kvmesh/kvmesh/internal/kubetest"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
@@ -142,6 +143,29 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		desc = &testutil.SyncBuffer{}
 		err := runDescribe(ctx, []string{"modeldeployments", "llama-pd", "--kubeconfig", s.Kubeconfig, "--namespace", "models"}, desc, &errOut)
 		return err == nil && strings.Contains(desc.String(), "GroupCreated") && strings.Contains(desc.String(), "readyGroups")
+	})
+	// ModelRoutes under the same RBAC: the route file (a ConfigMap the
+	// orchestrator creates, then may only read and update by name) and the
+	// routes' status, shown by kvmesh get.
+	if _, err := kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{Namespace: "models"}, filepath.Join("..", "..", "examples", "modelroutes.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, time.Minute, "the route file with the example's two routes", func() bool {
+		cm, err := admin.CoreV1().ConfigMaps("models").Get(ctx, "kvmesh-routes", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		c, err := routes.Parse([]byte(cm.Data["routes.yaml"]))
+		return err == nil && len(c.Routes) == 2 && c.Routes[0].Name == "chat-canary"
+	})
+	testutil.WaitFor(t, time.Minute, "kvmesh get modelroutes to show both accepted and programmed", func() bool {
+		got = &testutil.SyncBuffer{}
+		if runGet(ctx, []string{"modelroutes", "--kubeconfig", s.Kubeconfig, "-n", "models"}, got, &errOut) != nil {
+			return false
+		}
+		lines := strings.Split(strings.TrimSpace(got.String()), "\n")
+		return len(lines) == 3 && strings.Contains(lines[0], "PROGRAMMED") &&
+			strings.Count(lines[1], "True") == 2 && strings.Count(lines[2], "True") == 2
 	})
 	dyn := dynamic.NewForConfigOrDie(s.Config)
 	mds := dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace("models")

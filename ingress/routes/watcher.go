@@ -3,6 +3,7 @@ package routes
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -24,6 +25,11 @@ type WatcherConfig struct {
 	// Registerer receives kvmesh_ingress_route_reload_errors_total and
 	// kvmesh_ingress_route_reloads_total; nil: not registered.
 	Registerer prometheus.Registerer
+	// Optional lets the file not exist yet: until it appears there are no
+	// routes (the ConfigMap the orchestrator renders from ModelRoutes,
+	// mounted optional, appears with the first one). A file that exists
+	// and is invalid still fails NewWatcher.
+	Optional bool
 }
 
 // Watcher holds the current Table and reloads it when its file changes. A
@@ -67,6 +73,12 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 		}
 	}
 	st, err := os.Stat(cfg.Path)
+	if err != nil && cfg.Optional && errors.Is(err, fs.ErrNotExist) {
+		w.cur.Store(NewTable(&Config{}, nil))
+		w.size = -1 // Check loads the file once it appears
+		w.log.Info("route config not there yet; no routes until it appears")
+		return w, nil
+	}
 	if err != nil {
 		return nil, errors.Join(ErrConfig, err)
 	}

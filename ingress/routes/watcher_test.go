@@ -122,3 +122,33 @@ func TestNewWatcherRejectsBadFile(t *testing.T) {
 		t.Fatalf("missing file: err = %v", err)
 	}
 }
+
+// TestWatcherOptional: with Optional a missing file is no routes (not an
+// error, not a counted reload failure) until it appears; an existing invalid
+// file still fails at start, and without Optional a missing one does.
+func TestWatcherOptional(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	if _, err := NewWatcher(WatcherConfig{Path: path, Logger: quiet()}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("missing file without Optional: %v", err)
+	}
+	w, err := NewWatcher(WatcherConfig{Path: path, Optional: true, Logger: quiet(), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.Table().Match("x", "/v1/completions", func(string) []byte { return nil }); ok || w.Table().Len() != 0 {
+		t.Fatal("routes before the file exists")
+	}
+	w.Check()
+	if w.ReloadErrors() != 0 {
+		t.Fatalf("a file not there yet counted as a reload error")
+	}
+	write(t, path, routeYAML("a"), 0)
+	w.Check()
+	if pickOf(t, w) != "a" {
+		t.Fatal("the file that appeared was not loaded")
+	}
+	write(t, path, "routes: [", 1)
+	if _, err := NewWatcher(WatcherConfig{Path: path, Optional: true, Logger: quiet()}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("invalid file with Optional: %v", err)
+	}
+}

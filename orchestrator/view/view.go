@@ -30,8 +30,10 @@ func Resource(s string) (string, error) {
 		return "autoscalingpolicies", nil
 	case "rolescalers", "rolescaler":
 		return "rolescalers", nil
+	case "modelroutes", "modelroute", "mroute":
+		return "modelroutes", nil
 	}
-	return "", fmt.Errorf("unknown resource %q (modeldeployments, autoscalingpolicies, rolescalers)", s)
+	return "", fmt.Errorf("unknown resource %q (modeldeployments, autoscalingpolicies, rolescalers, modelroutes)", s)
 }
 
 func client(cfg *rest.Config) (*rest.RESTClient, error) {

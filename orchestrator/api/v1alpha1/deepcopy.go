@@ -57,3 +57,15 @@ func (in *AutoscalingPolicyList) DeepCopy() *AutoscalingPolicyList { return deep
 
 // DeepCopyObject implements runtime.Object.
 func (in *AutoscalingPolicyList) DeepCopyObject() runtime.Object { return in.DeepCopy() }
+
+// DeepCopy returns a deep copy.
+func (in *ModelRoute) DeepCopy() *ModelRoute { return deepCopy(in) }
+
+// DeepCopyObject implements runtime.Object.
+func (in *ModelRoute) DeepCopyObject() runtime.Object { return in.DeepCopy() }
+
+// DeepCopy returns a deep copy.
+func (in *ModelRouteList) DeepCopy() *ModelRouteList { return deepCopy(in) }
+
+// DeepCopyObject implements runtime.Object.
+func (in *ModelRouteList) DeepCopyObject() runtime.Object { return in.DeepCopy() }

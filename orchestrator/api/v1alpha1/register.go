@@ -20,9 +20,11 @@ var (
 	ModelDeploymentsResource    = SchemeGroupVersion.WithResource("modeldeployments")
 	RoleScalersResource         = SchemeGroupVersion.WithResource("rolescalers")
 	AutoscalingPoliciesResource = SchemeGroupVersion.WithResource("autoscalingpolicies")
+	ModelRoutesResource         = SchemeGroupVersion.WithResource("modelroutes")
 	ModelDeploymentKind         = SchemeGroupVersion.WithKind("ModelDeployment")
 	RoleScalerKind              = SchemeGroupVersion.WithKind("RoleScaler")
 	AutoscalingPolicyKind       = SchemeGroupVersion.WithKind("AutoscalingPolicy")
+	ModelRouteKind              = SchemeGroupVersion.WithKind("ModelRoute")
 	schemeBuilder               = runtime.NewSchemeBuilder(addKnownTypes)
 	AddToScheme                 = schemeBuilder.AddToScheme
 )
@@ -31,7 +33,8 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(SchemeGroupVersion,
 		&ModelDeployment{}, &ModelDeploymentList{},
 		&RoleScaler{}, &RoleScalerList{},
-		&AutoscalingPolicy{}, &AutoscalingPolicyList{})
+		&AutoscalingPolicy{}, &AutoscalingPolicyList{},
+		&ModelRoute{}, &ModelRouteList{})
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }
