@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -149,7 +151,7 @@ func TestLocalPDLifecycle(t *testing.T) {
 func TestLocalCommandSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	spec, status := filepath.Join(dir, "spec.yaml"), filepath.Join(dir, "status.json")
-	if err := os.WriteFile(spec, []byte(pdSpec), 0o600); err != nil {
+	if err := os.WriteFile(spec, []byte(pdSpec+routeDoc), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var out testutil.SyncBuffer
@@ -173,6 +175,26 @@ func TestLocalCommandSIGTERM(t *testing.T) {
 		p, _ := st.Role("demo", "prefill")
 		d, _ := st.Role("demo", "decode")
 		return p.Ready == 1 && d.Ready == 1 && st.Ingress != ""
+	})
+	// The spec's ModelRoute reaches the ingress, and a changed one replaces it.
+	complete := func(model string) int {
+		resp, err := http.Post(st.Ingress+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"`+model+`","prompt":"hi","max_tokens":2}`))
+		if err != nil {
+			return 0
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	testutil.WaitFor(t, time.Minute, "model chat served through the route (once the ingress sees the engines)", func() bool {
+		return complete("chat") == http.StatusOK
+	})
+	if err := os.WriteFile(spec, []byte(pdSpec+strings.ReplaceAll(routeDoc, "chat", "assistant")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, time.Minute, "the changed route served, the old one gone", func() bool {
+		return complete("assistant") == http.StatusOK && complete("chat") == http.StatusNotFound
 	})
 	pids := map[int]string{}
 	for _, p := range st.PIDs() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ type Orchestrator struct {
 	sup       *Supervisor
 	ingress   *proc
 	ingAddr   string
+	routeDir  string                   // holds routes.yaml, the ingress's --routes file
 	runners   map[string]*policyRunner // by deployment
 	slo       *sloScraper
 	exited    chan struct{}
@@ -256,6 +258,11 @@ func (o *Orchestrator) reload(ctx context.Context) {
 	old := o.spec
 	o.spec = spec
 	o.cfg.Logger.Info("spec file reloaded", "file", o.cfg.File)
+	if spec.RouteFile != old.RouteFile {
+		if err := o.writeRoutes(); err != nil { // the ingress reloads the file itself
+			o.cfg.Logger.Warn("write route file", "err", err)
+		}
+	}
 	if err := o.apply(ctx, old, spec); err != nil {
 		o.cfg.Logger.Warn("apply spec", "err", err)
 	}
@@ -267,8 +274,19 @@ func (o *Orchestrator) startIngress(ctx context.Context, addr string) error {
 	if addr == "" {
 		addr = o.cfg.IngressListen
 	}
+	if o.routeDir == "" {
+		dir, err := os.MkdirTemp("", "kvmesh-local-routes-")
+		if err != nil {
+			return err
+		}
+		o.routeDir = dir
+		if err := o.writeRoutes(); err != nil {
+			return err
+		}
+	}
 	args := []string{"ingress", "--listen", addr, "--gossip-bind", "127.0.0.1:0", "--join", o.sup.seed,
-		"--gossip-profile", "local", "--nats", o.natsURL, "--id", "kvmesh-local-ingress", "--access-log=false"}
+		"--gossip-profile", "local", "--nats", o.natsURL, "--id", "kvmesh-local-ingress", "--access-log=false",
+		"--routes", filepath.Join(o.routeDir, "routes.yaml")}
 	if o.spec.hasPD() {
 		args = append(args, "--pd-policy", o.cfg.PDPolicy)
 	}
@@ -303,6 +321,19 @@ func (o *Orchestrator) startIngress(ctx context.Context, addr string) error {
 	return err
 }
 
+// writeRoutes replaces the ingress's route file with the spec's ModelRoutes
+// (written aside and renamed, so the ingress never reads half a file).
+func (o *Orchestrator) writeRoutes() error {
+	if o.routeDir == "" {
+		return nil // no ingress yet: startIngress writes it
+	}
+	tmp := filepath.Join(o.routeDir, ".routes.yaml.tmp")
+	if err := os.WriteFile(tmp, []byte(o.spec.RouteFile), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(o.routeDir, "routes.yaml"))
+}
+
 func (s *Spec) hasPD() bool {
 	for _, md := range s.Deployments {
 		for _, r := range md.Spec.Roles {
@@ -319,6 +350,9 @@ func (o *Orchestrator) shutdown() error {
 	var errs []error
 	if o.ingress != nil {
 		errs = append(errs, o.ingress.stop(context.Background(), o.cfg.StopTimeout))
+	}
+	if o.routeDir != "" {
+		errs = append(errs, os.RemoveAll(o.routeDir))
 	}
 	if o.sup != nil {
 		o.sup.stopAll()

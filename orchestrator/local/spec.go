@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/orchestrator/modelroutes"
 )
 
 // Annotations the local backend reads; the Kubernetes controller ignores them.
@@ -28,6 +29,10 @@ const (
 type Spec struct {
 	Deployments []v1alpha1.ModelDeployment
 	Policies    []v1alpha1.AutoscalingPolicy
+	Routes      []v1alpha1.ModelRoute
+	// RouteFile is the ingress's route file rendered from Routes (an empty
+	// route list without any).
+	RouteFile string
 }
 
 // ErrSpec wraps every problem found in a file.
@@ -92,8 +97,15 @@ func ParseSpec(b []byte) (*Spec, error) {
 				continue
 			}
 			s.Policies = append(s.Policies, ap)
+		case "ModelRoute":
+			var mr v1alpha1.ModelRoute
+			if err := yaml.UnmarshalStrict([]byte(doc), &mr); err != nil {
+				add("document %d: %v", i+1, err)
+				continue
+			}
+			s.Routes = append(s.Routes, mr)
 		default:
-			add("document %d: kind %q, want ModelDeployment or AutoscalingPolicy", i+1, head.Kind)
+			add("document %d: kind %q, want ModelDeployment, AutoscalingPolicy or ModelRoute", i+1, head.Kind)
 		}
 	}
 	errs = append(errs, s.validate()...)
@@ -183,6 +195,23 @@ func (s *Spec) validate() []error {
 			add("AutoscalingPolicy %q: %v", ap.Name, err)
 		}
 	}
+	names := map[string]bool{}
+	for _, r := range s.Routes {
+		if !nameRE.MatchString(r.Name) {
+			add("ModelRoute name %q: want a DNS label", r.Name)
+		}
+		if names[r.Name] {
+			add("ModelRoute %q twice", r.Name)
+		}
+		names[r.Name] = true
+	}
+	// The same rules and order as the Kubernetes controller; here an
+	// invalid route fails the file, as any bad configuration does.
+	file, err := modelroutes.File("the local spec", s.Routes)
+	if err != nil {
+		add("%v", err)
+	}
+	s.RouteFile = file
 	return errs
 }
 

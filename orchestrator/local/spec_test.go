@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/ingress/routes"
 )
 
 const pdSpec = `# a P/D deployment and its policy
@@ -32,6 +34,14 @@ spec:
   ratio: {numeratorRole: prefill, denominatorRole: decode, minRatio: 0.5, maxRatio: 2}
 `
 
+// routeDoc routes the client-facing model "chat" to demo's model.
+const routeDoc = `---
+apiVersion: kvmesh.io/v1alpha1
+kind: ModelRoute
+metadata: {name: chat}
+spec: {match: {model: chat}, backends: [{model: kvmesh-sim}]}
+`
+
 func TestParseSpec(t *testing.T) {
 	s, err := ParseSpec([]byte(pdSpec))
 	if err != nil {
@@ -56,6 +66,9 @@ func TestParseSpec(t *testing.T) {
 		{"two groups", strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  groups: 2", 1), "one group"},
 		{"too many replicas", strings.Replace(pdSpec, "replicas: 1,", "replicas: 99,", 1), "replicas 99"},
 		{"not yaml", "apiVersion: [", "document 1"},
+		{"invalid route", pdSpec + strings.Replace(routeDoc, "{model: kvmesh-sim}", "{model: kvmesh-sim, weight: 0}", 1), `ModelRoute "chat"`},
+		{"route twice", pdSpec + routeDoc + routeDoc, `ModelRoute "chat" twice`},
+		{"route field", pdSpec + strings.Replace(routeDoc, "match:", "matches:", 1), "matches"},
 	}
 	for _, c := range bad {
 		t.Run(c.name, func(t *testing.T) {
@@ -77,17 +90,28 @@ func TestParseExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := ParseSpec([]byte(string(md) + "\n---\n" + string(ap)))
+	mr, err := os.ReadFile("../../examples/modelroutes.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.Deployments) != 1 || s.policyFor(s.Deployments[0].Name) == nil || !s.hasPD() {
+	s, err := ParseSpec([]byte(string(md) + "\n---\n" + string(ap) + "\n---\n" + string(mr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Deployments) != 1 || s.policyFor(s.Deployments[0].Name) == nil || !s.hasPD() || len(s.Routes) != 2 {
 		t.Fatalf("examples parsed to %+v", s)
+	}
+	// The route file the local ingress gets: the example's two routes,
+	// higher priority first, as the ingress parses it.
+	c, err := routes.Parse([]byte(s.RouteFile))
+	if err != nil || len(c.Routes) != 2 || c.Routes[0].Name != "chat-canary" || c.Routes[1].Name != "chat" {
+		t.Fatalf("route file %v:\n%s", err, s.RouteFile)
 	}
 }
 
 func FuzzParseSpec(f *testing.F) {
 	f.Add([]byte(pdSpec))
+	f.Add([]byte(pdSpec + routeDoc))
 	f.Add([]byte("---\n---\n"))
 	f.Add([]byte("apiVersion: kvmesh.io/v1alpha1\nkind: AutoscalingPolicy\nspec: {roles: [{}]}\n"))
 	f.Add([]byte(strings.Replace(pdSpec, "replicas: 1,", "replicas: -5,", 1)))

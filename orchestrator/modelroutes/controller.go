@@ -256,7 +256,7 @@ type notProgrammed struct {
 // writeFile creates or updates ns's ConfigMap with plan's file. It reports
 // whether the file now holds the accepted routes, and why not.
 func (c *Controller) writeFile(ctx context.Context, ns string, cm *corev1.ConfigMap, plan plan) (bool, notProgrammed) {
-	data, err := plan.render(ns)
+	data, err := plan.render("namespace " + ns)
 	if err != nil { // unreachable: each route passed the same validation
 		return false, notProgrammed{reason: "RenderFailed", message: err.Error()}
 	}

@@ -3,6 +3,7 @@ package modelroutes
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -21,8 +22,9 @@ import (
 
 // entry is one ModelRoute of a namespace as planned.
 type entry struct {
-	obj      *unstructured.Unstructured
-	route    *v1alpha1.ModelRoute // nil when the object does not decode
+	name     string
+	obj      *unstructured.Unstructured // as listed; nil for File's typed routes
+	route    *v1alpha1.ModelRoute       // nil when the object does not decode
 	spec     routes.RouteSpec
 	invalid  error // why the route stays out of the file
 	position int   // index in the file, when valid
@@ -40,21 +42,32 @@ func planRoutes(objs []runtime.Object) plan {
 		if !ok {
 			continue
 		}
-		e := entry{obj: u}
 		var mr v1alpha1.ModelRoute
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &mr); err != nil {
-			e.invalid = fmt.Errorf("decode: %w", err)
-		} else {
-			e.route, e.spec = &mr, routeSpec(&mr)
-			one := routes.Config{APIVersion: routes.APIVersion, Kind: routes.Kind, Routes: []routes.RouteSpec{e.spec}}
-			one.Defaults()
-			if err := one.Validate(); err != nil {
-				e.invalid = err
-			}
-			e.spec = one.Routes[0]
+			p.entries = append(p.entries, entry{name: u.GetName(), obj: u, invalid: fmt.Errorf("decode: %w", err)})
+			continue
 		}
+		e := newEntry(&mr)
+		e.obj = u
 		p.entries = append(p.entries, e)
 	}
+	p.order()
+	return p
+}
+
+// newEntry validates one route with the ingress's rules.
+func newEntry(mr *v1alpha1.ModelRoute) entry {
+	e := entry{name: mr.Name, route: mr}
+	one := routes.Config{APIVersion: routes.APIVersion, Kind: routes.Kind, Routes: []routes.RouteSpec{routeSpec(mr)}}
+	one.Defaults()
+	e.invalid = one.Validate()
+	e.spec = one.Routes[0]
+	return e
+}
+
+// order sorts the valid routes by priority (higher first), then name, ahead
+// of the invalid ones, and numbers the positions.
+func (p *plan) order() {
 	slices.SortFunc(p.entries, func(a, b entry) int {
 		if (a.invalid == nil) != (b.invalid == nil) {
 			if a.invalid == nil {
@@ -62,12 +75,30 @@ func planRoutes(objs []runtime.Object) plan {
 			}
 			return 1
 		}
-		return cmp.Or(cmp.Compare(priority(b), priority(a)), strings.Compare(a.obj.GetName(), b.obj.GetName()))
+		return cmp.Or(cmp.Compare(priority(b), priority(a)), strings.Compare(a.name, b.name))
 	})
 	for i := range p.entries {
 		p.entries[i].position = i
 	}
-	return p
+}
+
+// File renders routes as the controller does, for the local backend: the
+// file of the valid ones in order, and every invalid route's problem. from
+// says where they came from (the file's header comment).
+func File(from string, rs []v1alpha1.ModelRoute) (string, error) {
+	var p plan
+	for i := range rs {
+		p.entries = append(p.entries, newEntry(&rs[i]))
+	}
+	p.order()
+	var errs []error
+	for _, e := range p.entries {
+		if e.invalid != nil {
+			errs = append(errs, fmt.Errorf("ModelRoute %q: %w", e.name, e.invalid))
+		}
+	}
+	data, err := p.render(from)
+	return data, errors.Join(append(errs, err)...)
 }
 
 func priority(e entry) int32 {
@@ -110,7 +141,7 @@ func (p plan) accepted() int {
 
 // render is the route file: one RouteConfig of the valid routes in order,
 // checked with the ingress's own parser.
-func (p plan) render(ns string) (string, error) {
+func (p plan) render(from string) (string, error) {
 	c := routes.Config{APIVersion: routes.APIVersion, Kind: routes.Kind, Routes: []routes.RouteSpec{}}
 	for _, e := range p.entries {
 		if e.invalid == nil {
@@ -121,7 +152,7 @@ func (p plan) render(ns string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	data := "# Written by the kvmesh orchestrator from the ModelRoutes of namespace " + ns + "; edit those, not this.\n" + string(b)
+	data := "# Written by the kvmesh orchestrator from the ModelRoutes of " + from + "; edit those, not this.\n" + string(b)
 	if _, err := routes.Parse([]byte(data)); err != nil {
 		return "", err
 	}
