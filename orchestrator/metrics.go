@@ -1,6 +1,10 @@
 package orchestrator
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/orchestrator/modelroutes"
+)
 
 // The orchestrator's metrics (registered by Register).
 var (
@@ -52,7 +56,8 @@ func init() {
 
 // Register adds the orchestrator's metrics to r.
 func Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors, learnShareErrors} {
+	cs := []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors, learnShareErrors}
+	for _, c := range append(cs, modelroutes.Collectors()...) {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -235,6 +235,7 @@ func (c *Controller) reconcile(ctx context.Context, ns string) error {
 		return err
 	}
 	programmed, why := c.writeFile(ctx, ns, cm, plan)
+	observe(ns, plan, programmed)
 	var errs []error
 	if why.err != nil {
 		errs = append(errs, why.err)
@@ -267,8 +268,10 @@ func (c *Controller) writeFile(ctx context.Context, ns string, cm *corev1.Config
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: c.cfg.ConfigMap, Namespace: ns,
 			Labels: map[string]string{LabelManagedBy: ManagedBy}}, Data: map[string]string{c.cfg.Key: data}}
 		if _, err := c.kube.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			fileWrites.WithLabelValues("error").Inc()
 			return false, notProgrammed{reason: "WriteFailed", message: err.Error(), err: err}
 		}
+		fileWrites.WithLabelValues("created").Inc()
 		c.log.Info("route file created", "namespace", ns, "configMap", c.cfg.ConfigMap, "routes", plan.accepted())
 		return true, notProgrammed{}
 	case cm.Labels[LabelManagedBy] != ManagedBy:
@@ -283,8 +286,10 @@ func (c *Controller) writeFile(ctx context.Context, ns string, cm *corev1.Config
 	}
 	cm.Data[c.cfg.Key] = data
 	if _, err := c.kube.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		fileWrites.WithLabelValues("error").Inc()
 		return false, notProgrammed{reason: "WriteFailed", message: err.Error(), err: err}
 	}
+	fileWrites.WithLabelValues("updated").Inc()
 	c.log.Info("route file updated", "namespace", ns, "configMap", c.cfg.ConfigMap, "routes", plan.accepted())
 	return true, notProgrammed{}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -207,6 +208,12 @@ func TestModelRoutesRenderTheRouteFile(t *testing.T) {
 		return a0 == metav1.ConditionTrue && p0 == metav1.ConditionTrue && p1 == metav1.ConditionTrue && ab == metav1.ConditionFalse &&
 			s0.Position != nil && *s0.Position == 0 && s1.Position != nil && *s1.Position == 1 && s0.ConfigMap == "kvmesh-routes"
 	})
+	// The metrics, per namespace.
+	testutil.WaitFor(t, wait, "2 programmed and 1 invalid route in the metrics", func() bool {
+		return promtest.ToFloat64(routeStates.WithLabelValues(e.ns, "programmed")) == 2 &&
+			promtest.ToFloat64(routeStates.WithLabelValues(e.ns, "invalid")) == 1 &&
+			promtest.ToFloat64(routeStates.WithLabelValues(e.ns, "pending")) == 0
+	})
 	bad := e.status(t, "drained")
 	if _, reason, msg := condition(bad, v1alpha1.ConditionAccepted); reason != "Invalid" || !strings.Contains(msg, "weight") {
 		t.Errorf("drained: Accepted %s %q", reason, msg)
@@ -269,6 +276,9 @@ func TestForeignConfigMapKept(t *testing.T) {
 		p, reason, _ := condition(st, v1alpha1.ConditionProgrammed)
 		return a == metav1.ConditionTrue && p == metav1.ConditionFalse && reason == "ConfigMapNotManaged"
 	})
+	if n := promtest.ToFloat64(routeStates.WithLabelValues(e.ns, "pending")); n != 1 {
+		t.Errorf("pending routes in the metrics: %v, want 1", n)
+	}
 	cm, err := e.kube.CoreV1().ConfigMaps(e.ns).Get(e.ctx, "kvmesh-routes", metav1.GetOptions{})
 	if err != nil || cm.Data["routes.yaml"] != mine {
 		t.Fatalf("the user's ConfigMap changed: %v %q", err, cm.Data["routes.yaml"])
