@@ -28,6 +28,8 @@ func FuzzHandlers(f *testing.F) {
 		`{"model":"m","prompt":["a","b"],"max_tokens":3,"logprobs":0,"stream":true}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2,"logprobs":true,"top_logprobs":20,"stream":true}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":1}`,
+		`{"model":"m","prompt":"hi","max_tokens":9,"stop":[" l","o","\u00e9"],"min_tokens":2,"stream":true}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":9,"stop":"e","include_stop_str_in_output":true,"n":2}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -181,6 +181,8 @@ type gen struct {
 	maxTokens int
 	minTokens int
 	ignoreEOS bool
+	stop      []string // stop strings: the output ends at the first (stop.go)
+	keepStop  bool     // include_stop_str_in_output
 	salt      string
 	lora      string // LoRA adapter name, "" for the base model
 	stream    bool
@@ -223,8 +225,13 @@ func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 			if g.greedy {
 				sample = 0
 			}
-			c := &call{rk: rk, notify: notify, maxOut: g.maxTokens, sample: j, req: &engine.Request{ID: id, Prompt: p, Sample: sample,
-				OutputLen: outputLen(&s.cfg, p, sample, g.maxTokens, g.minTokens, g.ignoreEOS), CacheSalt: g.salt, LoraName: g.lora}}
+			out := outputLen(&s.cfg, p, sample, g.maxTokens, g.minTokens, g.ignoreEOS)
+			cut := s.stopAt(p, sample, out, g)
+			if cut.tokens > 0 {
+				out = cut.tokens
+			}
+			c := &call{rk: rk, notify: notify, maxOut: g.maxTokens, sample: j, cut: cut, req: &engine.Request{ID: id, Prompt: p, Sample: sample,
+				OutputLen: out, CacheSalt: g.salt, LoraName: g.lora}}
 			g.applyPD(c)
 			if err := rk.submit(c); err != nil {
 				if errors.Is(err, engine.ErrDuplicateID) {
@@ -258,7 +265,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
-		logprobs: -1, n: req.Samples(), greedy: req.Greedy()}
+		logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, keepStop: req.IncludeStopStrInOutput}
 	if req.Logprobs != nil {
 		g.logprobs = *req.Logprobs
 	}
@@ -293,7 +300,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
-		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy()}
+		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, keepStop: req.IncludeStopStrInOutput}
 	if req.Logprobs {
 		g.logprobs = 0
 		if req.TopLogprobs != nil {
@@ -423,8 +430,9 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 		resp := openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
 		for i, c := range calls {
 			sn := c.snap()
-			text := s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true)
-			ch := openai.ChatChoice{Index: i, Message: openai.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: openai.StringPtr(sn.reason)}
+			text := c.cut.clip(s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true), 0)
+			ch := openai.ChatChoice{Index: i, Message: openai.ChatMessageOut{Role: "assistant", Content: text}, FinishReason: openai.StringPtr(sn.reason),
+				StopReason: c.cut.reason()}
 			if g.logprobs >= 0 {
 				ch.Logprobs = s.appendChatLogprobs(nil, c.req, 0, sn.generated, g.logprobs)
 			}
@@ -437,7 +445,8 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 	for i, c := range calls {
 		sn := c.snap()
 		ids := c.req.OutputTokens(nil, 0, sn.generated)
-		ch := openai.CompletionChoice{Index: i, Text: s.tok.Decode(ids, true), FinishReason: openai.StringPtr(sn.reason)}
+		ch := openai.CompletionChoice{Index: i, Text: c.cut.clip(s.tok.Decode(ids, true), 0), FinishReason: openai.StringPtr(sn.reason),
+			StopReason: c.cut.reason()}
 		if g.logprobs >= 0 {
 			ch.Logprobs = s.appendCompletionLogprobs(nil, c.req, 0, sn.generated, g.logprobs, 0)
 		}
@@ -465,7 +474,8 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 	sse := openai.NewSSEWriter(w)
 	f := &openai.ChunkFields{ID: responseID(g), Created: s.created, Model: s.cfg.Model}
 	sent := make([]int, len(calls))
-	offset := make([]int, len(calls)) // characters of each choice's text sent (completions' text_offset)
+	offset := make([]int, len(calls))   // characters of each choice's text sent (completions' text_offset)
+	bytesOut := make([]int, len(calls)) // bytes of each choice's text sent (the stop string's cut)
 	closed := make([]bool, len(calls))
 	var lp []byte
 	var buf []byte
@@ -488,7 +498,12 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 				continue
 			}
 			tokBuf = c.req.OutputTokens(tokBuf[:0], sent[i], sn.generated)
-			text := s.tok.Decode(tokBuf, true)
+			text := c.cut.clip(s.tok.Decode(tokBuf, true), bytesOut[i])
+			bytesOut[i] += len(text)
+			stopReason := ""
+			if sn.done {
+				stopReason = c.cut.stop
+			}
 			lp = lp[:0]
 			if g.logprobs >= 0 && sn.generated > sent[i] {
 				if g.chat {
@@ -511,9 +526,9 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 						}
 					}
 				}
-				buf = openai.AppendChatChunkLogprobs(buf[:0], f, i, "", &text, sn.reason, lp)
+				buf = openai.AppendChatChunkStop(buf[:0], f, i, "", &text, sn.reason, stopReason, lp)
 			} else {
-				buf = openai.AppendCompletionChunkLogprobs(buf[:0], f, i, text, sn.reason, lp)
+				buf = openai.AppendCompletionChunkStop(buf[:0], f, i, text, sn.reason, stopReason, lp)
 			}
 			if err = sse.Data(buf); err != nil {
 				s.abortAll(calls)

@@ -181,7 +181,7 @@ func (s *Server) messagesGen(r *http.Request, req *messagesRequest, pd *pdReques
 		return nil, err
 	}
 	g := &gen{id: s.requestID(r), prompts: [][]uint32{prompt}, maxTokens: *req.MaxTokens, lora: lora,
-		stream: isTrue(req.Stream), chat: true, pd: pd}
+		stream: isTrue(req.Stream), chat: true, pd: pd, stop: req.StopSequences}
 	if req.CacheSalt != nil {
 		g.salt = *req.CacheSalt
 	}
@@ -211,7 +211,7 @@ func (s *Server) anthropicTokens(p *anthropicPrompt) ([]uint32, error) {
 // generation has no content block (as vLLM).
 func (s *Server) messageAnswer(model string, g *gen, c *call) messageObject {
 	sn := c.snap()
-	text := s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true)
+	text := c.cut.clip(s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true), 0)
 	m := messageObject{ID: responseID(g), Type: "message", Role: "assistant", Content: []textBlock{}, Model: model,
 		StopReason: stopReason(sn.reason), Usage: cacheUsage(s.usage([]*call{c}))}
 	if text != "" {
@@ -255,7 +255,7 @@ func (s *Server) streamMessages(w http.ResponseWriter, r *http.Request, model st
 	ms := &msgStream{st: respStream{w: w}}
 	c := calls[0]
 	var tokBuf []uint32
-	sent, started := 0, false
+	sent, started, bytesOut := 0, false, 0
 	for {
 		sn := c.snap()
 		if sn.aborted {
@@ -270,7 +270,9 @@ func (s *Server) streamMessages(w http.ResponseWriter, r *http.Request, model st
 		if err == nil && sn.generated > sent {
 			tokBuf = c.req.OutputTokens(tokBuf[:0], sent, sn.generated)
 			sent = sn.generated
-			err = ms.text(s.tok.Decode(tokBuf, true))
+			text := c.cut.clip(s.tok.Decode(tokBuf, true), bytesOut)
+			bytesOut += len(text)
+			err = ms.text(text)
 		}
 		if err != nil {
 			s.abortAll(calls)

@@ -45,7 +45,7 @@ type messagesRequest struct {
 	MaxTokens        *int            `json:"max_tokens"`
 	Metadata         json.RawMessage `json:"metadata"`
 	OutputConfig     json.RawMessage `json:"output_config"`
-	StopSequences    []string        `json:"stop_sequences"` // vLLM's stop; the simulator's text never holds them
+	StopSequences    []string        `json:"stop_sequences"` // vLLM's stop (reported as end_turn, as vLLM does)
 	Stream           *bool           `json:"stream"`
 	Temperature      *float64        `json:"temperature"`
 	TopK             *int            `json:"top_k"`

@@ -58,6 +58,7 @@ type call struct {
 	notify chan struct{} // cap 1, shared by the calls of one HTTP request
 	maxOut int           // the request's max_tokens (finish reason "length" when reached)
 	sample int           // which of its prompt's n samples (0: the one whose prompt the usage counts)
+	cut    stopCut       // where a stop string ends the output (stop.go); zero: none
 
 	pdKey   string  // P/D hold key of a prefill leg ("" otherwise)
 	room    *uint64 // SGLang bootstrap room of a prefill leg
@@ -286,6 +287,9 @@ func (rk *rank) restart() error {
 func (c *call) finishReason() string {
 	if c.aborted {
 		return "abort"
+	}
+	if c.cut.tokens > 0 && c.result.OutputTokens >= c.cut.tokens {
+		return "stop" // the stop string, even on the last token max_tokens allows
 	}
 	if c.result.OutputTokens >= c.maxOut {
 		return "length"

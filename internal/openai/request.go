@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 )
 
 // StreamOptions is the OpenAI stream_options object.
@@ -62,6 +63,9 @@ type SamplingParams struct {
 	ReturnTokenIDs bool `json:"return_token_ids,omitempty"`
 	// Priority (vLLM) for the priority scheduling policy.
 	Priority int `json:"priority,omitempty"`
+	// IncludeStopStrInOutput (vLLM) keeps the stop string that ended the
+	// output in its text.
+	IncludeStopStrInOutput bool `json:"include_stop_str_in_output,omitempty"`
 }
 
 // MaxN bounds n: vLLM sets none (its scheduler's max_num_seqs bounds how
@@ -103,6 +107,9 @@ func (s *SamplingParams) validate() []string {
 	}
 	if s.Temperature != nil && *s.Temperature < 0 {
 		p = append(p, "temperature: must not be negative") // vLLM accepts any t >= 0
+	}
+	if slices.Contains(s.Stop, "") {
+		p = append(p, "stop cannot contain an empty string") // vLLM's SamplingParams check
 	}
 	if s.StreamOptions != nil && !s.Stream {
 		p = append(p, "stream_options: only allowed when stream is true")

@@ -665,3 +665,25 @@ func TestPreemptAllThenReset(t *testing.T) {
 		t.Fatalf("after reset: %+v %+v", a.Result(), b.Result())
 	}
 }
+
+// TestGeneratedTokensMatchTheEngine: Config.GeneratedTokens predicts what
+// an added request generates, for short and long prompts (the prompt seed
+// hashes in chunks of the engine's buffer), other block sizes, samples and
+// seeds.
+func TestGeneratedTokensMatchTheEngine(t *testing.T) {
+	for _, c := range []struct {
+		bs, prompt, sample int
+		seed               uint64
+	}{{16, 10, 0, 0}, {16, 700, 0, 7}, {16, 700, 3, 7}, {512, 1500, 1, 9}} {
+		cfg := Config{BlockSize: c.bs, GPUBlocks: 400, HashSeed: c.seed}
+		e := newTestEngine(t, cfg, nil)
+		r := &Request{Prompt: seq(5, c.prompt), OutputLen: 4, Sample: c.sample}
+		if err := e.Add(r, 0); err != nil {
+			t.Fatal(err)
+		}
+		want := r.OutputTokens(nil, 0, 40)
+		if got := cfg.GeneratedTokens(nil, r.Prompt, c.sample, 40); !slices.Equal(got, want) {
+			t.Errorf("%+v: predicted %v, the engine's %v", c, got[:4], want[:4])
+		}
+	}
+}

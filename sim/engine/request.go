@@ -172,3 +172,20 @@ func sampleSeed(seed uint64, k int) uint64 {
 	binary.LittleEndian.PutUint64(b[:], uint64(k))
 	return xxh3.HashSeed(b[:], seed)
 }
+
+// GeneratedTokens appends the first n tokens an engine with config c
+// generates for prompt (sample sample), the tokens Request.OutputTokens
+// gives once the request is added: generation is a pure function of the
+// prompt, so a server can read an answer before it is generated (the
+// simulator cuts an output at its first stop string this way).
+func (c Config) GeneratedTokens(dst, prompt []uint32, sample, n int) []uint32 {
+	c = c.Defaults()
+	seed := promptSeed(prompt, c.HashSeed, make([]byte, 4*max(c.BlockSize, 256))) // Engine.byteBuf's size: the seed depends on it
+	if sample != 0 {
+		seed = sampleSeed(seed, sample)
+	}
+	for i := range n {
+		dst = append(dst, fillerToken(seed, i))
+	}
+	return dst
+}

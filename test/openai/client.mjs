@@ -74,6 +74,20 @@ await capture("chat_stream", async () => {
   return { content, chunks, usage, role, finish };
 });
 
+await capture("chat_stop", async () => {
+  const whole = await client.chat.completions.create({ model, messages, max_tokens: 12 });
+  const stop = whole.choices[0].message.content.trim().split(/\s+/)[3];
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 12, stop: [stop] });
+  const s = await client.chat.completions.create({ model, messages, max_tokens: 12, stop, stream: true });
+  let streamed = "", finish = null;
+  for await (const c of s) {
+    streamed += c.choices[0]?.delta?.content ?? "";
+    if (c.choices[0]?.finish_reason) finish = c.choices[0].finish_reason;
+  }
+  return { whole: whole.choices[0].message.content, stop, text: r.choices[0].message.content, finish: r.choices[0].finish_reason,
+    stopReason: r.choices[0].stop_reason, streamed, streamFinish: finish };
+});
+
 await capture("chat_n_stream", async () => {
   const s = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 2, stream: true, stream_options: { include_usage: true } });
   const content = {}, finish = {};

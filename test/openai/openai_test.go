@@ -2,6 +2,7 @@ package openai
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,13 @@ func checkClient(t *testing.T, ctx context.Context, node, dir, addr, model strin
 		content["0"] != full[0] || content["1"] != full[1] || content["0"] == "" ||
 		num(usage(chn)["completion_tokens"]) != 8 || num(usage(chn)["prompt_tokens"]) != num(usage(ch)["prompt_tokens"]) {
 		t.Errorf("chat with n 2: %v", chn)
+	}
+	cst := res.ok(t, "chat_stop") // a stop string: the text cut before it, streamed and not, finish_reason stop
+	whole, _ := cst["whole"].(string)
+	stop, _ := cst["stop"].(string)
+	if at := strings.Index(whole, stop); stop == "" || at < 0 || cst["text"] != whole[:at] || cst["streamed"] != cst["text"] ||
+		cst["finish"] != "stop" || cst["streamFinish"] != "stop" || cst["stopReason"] != stop {
+		t.Errorf("chat with a stop string: %v", cst)
 	}
 	wantErr := func(name string, status int, typ string) {
 		r := res[name]
