@@ -26,9 +26,11 @@ const (
 // ErrConfig marks an invalid route config.
 var ErrConfig = errors.New("invalid route config")
 
+// MaxRoutes bounds a file's routes.
+const MaxRoutes = 1024
+
 // Limits bound on a route's inputs.
 const (
-	maxRoutes   = 1024
 	maxBackends = 64
 	maxWeight   = 1_000_000
 )
@@ -146,8 +148,8 @@ func (c *Config) Validate() error {
 	if c.Kind != Kind {
 		bad("kind must be %q, got %q", Kind, c.Kind)
 	}
-	if len(c.Routes) > maxRoutes {
-		bad("at most %d routes, got %d", maxRoutes, len(c.Routes))
+	if len(c.Routes) > MaxRoutes {
+		bad("at most %d routes, got %d", MaxRoutes, len(c.Routes))
 	}
 	names := map[string]bool{}
 	for i := range c.Routes {

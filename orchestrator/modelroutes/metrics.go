@@ -30,7 +30,7 @@ func observe(ns string, p plan, programmed bool) {
 		switch {
 		case e.invalid != nil:
 			invalid++
-		case programmed:
+		case programmed && !e.excess:
 			ok++
 		default:
 			pending++

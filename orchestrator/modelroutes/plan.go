@@ -28,6 +28,7 @@ type entry struct {
 	spec     routes.RouteSpec
 	invalid  error // why the route stays out of the file
 	position int   // index in the file, when valid
+	excess   bool  // valid, but past the file's routes.MaxRoutes
 }
 
 // plan is a namespace's routes in file order (valid ones first, in their
@@ -78,7 +79,9 @@ func (p *plan) order() {
 		return cmp.Or(cmp.Compare(priority(b), priority(a)), strings.Compare(a.name, b.name))
 	})
 	for i := range p.entries {
-		p.entries[i].position = i
+		e := &p.entries[i]
+		e.position = i
+		e.excess = e.invalid == nil && i >= routes.MaxRoutes
 	}
 }
 
@@ -93,8 +96,11 @@ func File(from string, rs []v1alpha1.ModelRoute) (string, error) {
 	p.order()
 	var errs []error
 	for _, e := range p.entries {
-		if e.invalid != nil {
+		switch {
+		case e.invalid != nil:
 			errs = append(errs, fmt.Errorf("ModelRoute %q: %w", e.name, e.invalid))
+		case e.excess:
+			errs = append(errs, fmt.Errorf("ModelRoute %q: past the %d routes a route file holds", e.name, routes.MaxRoutes))
 		}
 	}
 	data, err := p.render(from)
@@ -128,11 +134,11 @@ func routeSpec(mr *v1alpha1.ModelRoute) routes.RouteSpec {
 	return r
 }
 
-// accepted is the number of valid routes.
+// accepted is the number of routes the file holds.
 func (p plan) accepted() int {
 	n := 0
 	for _, e := range p.entries {
-		if e.invalid == nil {
+		if e.invalid == nil && !e.excess {
 			n++
 		}
 	}
@@ -144,7 +150,7 @@ func (p plan) accepted() int {
 func (p plan) render(from string) (string, error) {
 	c := routes.Config{APIVersion: routes.APIVersion, Kind: routes.Kind, Routes: []routes.RouteSpec{}}
 	for _, e := range p.entries {
-		if e.invalid == nil {
+		if e.invalid == nil && !e.excess {
 			c.Routes = append(c.Routes, e.spec)
 		}
 	}
@@ -179,6 +185,10 @@ func (c *Controller) writeStatus(ctx context.Context, e *entry, programmed bool,
 	case e.invalid != nil:
 		set(v1alpha1.ConditionAccepted, false, "Invalid", e.invalid.Error())
 		set(v1alpha1.ConditionProgrammed, false, "Invalid", "an invalid route stays out of the route file")
+	case e.excess:
+		set(v1alpha1.ConditionAccepted, true, "Valid", "the route is valid")
+		set(v1alpha1.ConditionProgrammed, false, "TooManyRoutes", fmt.Sprintf(
+			"position %d: a route file holds %d routes; raise the priority of routes that must be in it", e.position, routes.MaxRoutes))
 	case !programmed:
 		set(v1alpha1.ConditionAccepted, true, "Valid", "the route is valid")
 		set(v1alpha1.ConditionProgrammed, false, why.reason, why.message)
