@@ -24,7 +24,7 @@ import (
 type entry struct {
 	name     string
 	obj      *unstructured.Unstructured // as listed; nil for File's typed routes
-	route    *v1alpha1.ModelRoute       // nil when the object does not decode
+	priority int32                      // spec.priority (0 when the object does not decode)
 	spec     routes.RouteSpec
 	invalid  error // why the route stays out of the file
 	position int   // index in the file, when valid
@@ -58,7 +58,7 @@ func planRoutes(objs []runtime.Object) plan {
 
 // newEntry validates one route with the ingress's rules.
 func newEntry(mr *v1alpha1.ModelRoute) entry {
-	e := entry{name: mr.Name, route: mr}
+	e := entry{name: mr.Name, priority: mr.Spec.Priority}
 	one := routes.Config{APIVersion: routes.APIVersion, Kind: routes.Kind, Routes: []routes.RouteSpec{routeSpec(mr)}}
 	one.Defaults()
 	e.invalid = one.Validate()
@@ -76,7 +76,7 @@ func (p *plan) order() {
 			}
 			return 1
 		}
-		return cmp.Or(cmp.Compare(priority(b), priority(a)), strings.Compare(a.name, b.name))
+		return cmp.Or(cmp.Compare(b.priority, a.priority), strings.Compare(a.name, b.name))
 	})
 	for i := range p.entries {
 		e := &p.entries[i]
@@ -105,13 +105,6 @@ func File(from string, rs []v1alpha1.ModelRoute) (string, error) {
 	}
 	data, err := p.render(from)
 	return data, errors.Join(append(errs, err)...)
-}
-
-func priority(e entry) int32 {
-	if e.route == nil {
-		return 0
-	}
-	return e.route.Spec.Priority
 }
 
 // routeSpec maps a ModelRoute onto the ingress's rule; the route is named
