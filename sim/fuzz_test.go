@@ -30,6 +30,8 @@ func FuzzHandlers(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":1}`,
 		`{"model":"m","prompt":"hi","max_tokens":9,"stop":[" l","o","\u00e9"],"min_tokens":2,"stream":true}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":9,"stop":"e","include_stop_str_in_output":true,"n":2}`,
+		`{"model":"m","prompt":[5,6,7],"max_tokens":12,"stop_token_ids":[100,101,102,103,104,105,106,107,108,109,110,111,112,113,114,115],"min_tokens":1,"stream":true}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":9,"stop_token_ids":[-1,4294967296],"stop":"a","include_stop_str_in_output":true}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -182,6 +182,7 @@ type gen struct {
 	minTokens int
 	ignoreEOS bool
 	stop      []string // stop strings: the output ends at the first (stop.go)
+	stopIDs   []int64  // stop_token_ids (stop.go)
 	keepStop  bool     // include_stop_str_in_output
 	salt      string
 	lora      string // LoRA adapter name, "" for the base model
@@ -265,7 +266,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
-		logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, keepStop: req.IncludeStopStrInOutput}
+		logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput}
 	if req.Logprobs != nil {
 		g.logprobs = *req.Logprobs
 	}
@@ -300,7 +301,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
-		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, keepStop: req.IncludeStopStrInOutput}
+		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput}
 	if req.Logprobs {
 		g.logprobs = 0
 		if req.TopLogprobs != nil {
@@ -500,9 +501,9 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 			tokBuf = c.req.OutputTokens(tokBuf[:0], sent[i], sn.generated)
 			text := c.cut.clip(s.tok.Decode(tokBuf, true), bytesOut[i])
 			bytesOut[i] += len(text)
-			stopReason := ""
-			if sn.done {
-				stopReason = c.cut.stop
+			var stopReason []byte
+			if sn.done && c.cut.tokens > 0 {
+				stopReason = c.cut.reason()
 			}
 			lp = lp[:0]
 			if g.logprobs >= 0 && sn.generated > sent[i] {

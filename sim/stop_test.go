@@ -3,6 +3,8 @@ package sim
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -130,5 +132,128 @@ func TestStopStrings(t *testing.T) {
 
 	if code, b, _ := post(t, url, map[string]any{"model": "test-model", "prompt": prompt, "stop": []string{"x", ""}}); code != http.StatusBadRequest {
 		t.Errorf("an empty stop string: %d %s, want 400", code, b)
+	}
+}
+
+// TestStopTokenIDs: stop_token_ids end the output on the first generated
+// token among them, from min_tokens on, as vLLM's engine core does: the
+// token counts as output, its text is left out unless
+// include_stop_str_in_output, stop_reason is its id; one that would be the
+// max_tokens-th token finishes by length.
+func TestStopTokenIDs(t *testing.T) {
+	s := startSim(t, nil)
+	url := s.URL() + "/v1/completions"
+	prompt := tokens(700, 10)
+	complete := func(extra map[string]any) openai.CompletionChoice {
+		t.Helper()
+		body := map[string]any{"model": "test-model", "prompt": prompt, "max_tokens": 40, "return_token_ids": true}
+		for k, v := range extra {
+			body[k] = v
+		}
+		code, b, _ := post(t, url, body)
+		var c openai.Completion
+		if code != http.StatusOK || json.Unmarshal(b, &c) != nil || len(c.Choices) != 1 {
+			t.Fatalf("status %d: %s", code, b)
+		}
+		if c.Usage.CompletionTokens != len(c.Choices[0].TokenIDs) {
+			t.Errorf("usage %d completion tokens, %d token ids", c.Usage.CompletionTokens, len(c.Choices[0].TokenIDs))
+		}
+		return c.Choices[0]
+	}
+	whole := complete(nil)
+	ids := whole.TokenIDs
+	if len(ids) != 40 {
+		t.Fatalf("without a stop: %d tokens", len(ids))
+	}
+	// A token first generated some way in, and one first generated later.
+	firstAt := func(id uint32) int { return slices.Index(ids, id) }
+	k := 5
+	for firstAt(ids[k]) != k {
+		k++
+	}
+	later := k + 1
+	for later < 39 && firstAt(ids[later]) != later {
+		later++
+	}
+	if later >= 39 {
+		t.Fatalf("no second distinct token in %v", ids)
+	}
+	stop := ids[k]
+	c := complete(map[string]any{"stop_token_ids": []uint32{ids[later], stop}})
+	if len(c.TokenIDs) != k+1 || *c.FinishReason != "stop" || string(c.StopReason) != strconv.Itoa(int(stop)) {
+		t.Errorf("cut: %d tokens, %s, stop_reason %s; want %d, stop, %d", len(c.TokenIDs), *c.FinishReason, c.StopReason, k+1, stop)
+	}
+	if want := s.tok.Decode(ids[:k], true); c.Text != want {
+		t.Errorf("text %q, want %q (the stop token's text left out)", c.Text, want)
+	}
+	if kept := complete(map[string]any{"stop_token_ids": []uint32{stop}, "include_stop_str_in_output": true}); kept.Text != s.tok.Decode(ids[:k+1], true) {
+		t.Errorf("include_stop_str_in_output: %q, want %q", kept.Text, s.tok.Decode(ids[:k+1], true))
+	}
+	// min_tokens past it: the next of the two from min_tokens on ends it.
+	want := 40
+	for p := k + 2; p < 40; p++ {
+		if ids[p-1] == stop || ids[p-1] == ids[later] {
+			want = p
+			break
+		}
+	}
+	if m := complete(map[string]any{"stop_token_ids": []uint32{stop, ids[later]}, "min_tokens": k + 2}); len(m.TokenIDs) != want {
+		t.Errorf("min_tokens %d: cut after %d tokens (%s), want %d", k+2, len(m.TokenIDs), m.StopReason, want)
+	}
+	// The max_tokens-th token: length, as the engine core checks it first.
+	if l := complete(map[string]any{"stop_token_ids": []uint32{stop}, "max_tokens": k + 1}); *l.FinishReason != "length" || string(l.StopReason) != "null" || len(l.TokenIDs) != k+1 {
+		t.Errorf("stop token at max_tokens: %s %s after %d tokens, want length", *l.FinishReason, l.StopReason, len(l.TokenIDs))
+	}
+	// A stop string that ends before the token wins.
+	if text := s.tok.Decode(ids[:k], true); len(strings.Fields(text)) > 2 {
+		word := strings.Fields(text)[1]
+		if w := complete(map[string]any{"stop_token_ids": []uint32{stop}, "stop": word}); string(w.StopReason) != `"`+word+`"` {
+			t.Errorf("stop %q before the stop token: stop_reason %s", word, w.StopReason)
+		}
+	}
+	// The stop token's own text completing a stop string: the string when
+	// that text is kept (the detokenizer checks it), the token otherwise.
+	before, with := s.tok.Decode(ids[:k], true), s.tok.Decode(ids[:k+1], true)
+	if own := strings.TrimSpace(strings.TrimPrefix(with, before)); own != "" && !strings.Contains(before, own) {
+		both := map[string]any{"stop_token_ids": []uint32{stop}, "stop": own, "include_stop_str_in_output": true}
+		if b := complete(both); string(b.StopReason) != `"`+own+`"` || b.Text != with[:strings.Index(with, own)+len(own)] {
+			t.Errorf("stop %q in the kept stop token's text: %q, stop_reason %s", own, b.Text, b.StopReason)
+		}
+		both["include_stop_str_in_output"] = false
+		if b := complete(both); string(b.StopReason) != strconv.Itoa(int(stop)) || b.Text != before {
+			t.Errorf("stop %q in the dropped stop token's text: %q, stop_reason %s", own, b.Text, b.StopReason)
+		}
+	} else {
+		t.Fatalf("token %d's text %q: pick another prompt", k, strings.TrimPrefix(with, before))
+	}
+
+	// Streamed, chat: the reason on the last chunk is the id.
+	chat := map[string]any{"model": "test-model", "messages": []map[string]string{{"role": "user", "content": "stop me"}}, "max_tokens": 30}
+	var creq openai.ChatRequest
+	raw, _ := json.Marshal(chat)
+	if err := json.Unmarshal(raw, &creq); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := s.chatTokens(&creq, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cids := s.cfg.Engine.GeneratedTokens(nil, cp, 0, 30) // what the engine generates for that chat
+	j := 3
+	for slices.Index(cids, cids[j]) != j {
+		j++
+	}
+	chat["stop_token_ids"], chat["stream"] = []uint32{cids[j]}, true
+	var got string
+	var last map[string]any
+	for _, m := range streamData(t, s.URL()+"/v1/chat/completions", chat) {
+		ch := choice0(t, m)
+		d, _ := ch["delta"].(map[string]any)
+		piece, _ := d["content"].(string)
+		got += piece
+		last = ch
+	}
+	if want := s.tok.Decode(cids[:j], true); got != want || last["stop_reason"] != float64(cids[j]) || last["finish_reason"] != "stop" {
+		t.Errorf("chat stream: %q, last %v; want %q, stop_reason %d", got, last, want, cids[j])
 	}
 }

@@ -66,6 +66,9 @@ type SamplingParams struct {
 	// IncludeStopStrInOutput (vLLM) keeps the stop string that ended the
 	// output in its text.
 	IncludeStopStrInOutput bool `json:"include_stop_str_in_output,omitempty"`
+	// StopTokenIDs (vLLM) end the output at the first generated token
+	// among them, from min_tokens on (stop_reason is that token's id).
+	StopTokenIDs []int64 `json:"stop_token_ids,omitempty"`
 }
 
 // MaxN bounds n: vLLM sets none (its scheduler's max_num_seqs bounds how

@@ -153,12 +153,13 @@ func AppendCompletionChunkIndex(dst []byte, f *ChunkFields, i int, text, finish 
 // AppendCompletionChunkLogprobs is AppendCompletionChunkIndex with the
 // chunk's logprobs object (raw JSON; nil writes null).
 func AppendCompletionChunkLogprobs(dst []byte, f *ChunkFields, i int, text, finish string, logprobs []byte) []byte {
-	return AppendCompletionChunkStop(dst, f, i, text, finish, "", logprobs)
+	return AppendCompletionChunkStop(dst, f, i, text, finish, nil, logprobs)
 }
 
 // AppendCompletionChunkStop is AppendCompletionChunkLogprobs with the
-// choice's stop_reason: the stop string that ended it ("" writes null).
-func AppendCompletionChunkStop(dst []byte, f *ChunkFields, i int, text, finish, stop string, logprobs []byte) []byte {
+// choice's stop_reason as raw JSON: the stop string or stop token id that
+// ended it (nil writes null).
+func AppendCompletionChunkStop(dst []byte, f *ChunkFields, i int, text, finish string, stop, logprobs []byte) []byte {
 	dst = appendChunkHead(dst, f, ObjectCompletion)
 	dst = append(dst, `"choices":[{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
@@ -169,7 +170,7 @@ func AppendCompletionChunkStop(dst []byte, f *ChunkFields, i int, text, finish, 
 	dst = append(dst, `,"finish_reason":`...)
 	dst = appendNullableString(dst, finish)
 	dst = append(dst, `,"stop_reason":`...)
-	dst = appendNullableString(dst, stop)
+	dst = appendRawOrNull(dst, stop)
 	dst = append(dst, `}],"usage":null}`...)
 	return dst
 }
@@ -184,13 +185,13 @@ func AppendChatChunk(dst []byte, f *ChunkFields, role string, content *string, f
 // streams one choice per sample) with the chunk's logprobs object (raw
 // JSON; nil writes null).
 func AppendChatChunkLogprobs(dst []byte, f *ChunkFields, i int, role string, content *string, finish string, logprobs []byte) []byte {
-	return AppendChatChunkStop(dst, f, i, role, content, finish, "", logprobs)
+	return AppendChatChunkStop(dst, f, i, role, content, finish, nil, logprobs)
 }
 
 // AppendChatChunkStop is AppendChatChunkLogprobs with the choice's
-// stop_reason, written when stop is set (the stop string that ended it), as
-// vLLM writes it on the last chunk only.
-func AppendChatChunkStop(dst []byte, f *ChunkFields, i int, role string, content *string, finish, stop string, logprobs []byte) []byte {
+// stop_reason as raw JSON, written when stop is set (the stop string or
+// stop token id that ended it), as vLLM writes it on the last chunk only.
+func AppendChatChunkStop(dst []byte, f *ChunkFields, i int, role string, content *string, finish string, stop, logprobs []byte) []byte {
 	dst = appendChunkHead(dst, f, ObjectChatChunk)
 	dst = append(dst, `"choices":[{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
@@ -212,9 +213,9 @@ func AppendChatChunkStop(dst []byte, f *ChunkFields, i int, role string, content
 	dst = appendRawOrNull(dst, logprobs)
 	dst = append(dst, `,"finish_reason":`...)
 	dst = appendNullableString(dst, finish)
-	if stop != "" {
+	if len(stop) > 0 {
 		dst = append(dst, `,"stop_reason":`...)
-		dst = AppendString(dst, stop)
+		dst = append(dst, stop...)
 	}
 	dst = append(dst, `}],"usage":null}`...)
 	return dst
