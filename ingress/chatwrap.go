@@ -37,7 +37,7 @@ func (p *proxyStream) convertEvent(dst, ev []byte) []byte {
 	if bytes.Equal(payload, doneMarker) || len(payload) == 0 || payload[0] != '{' {
 		return append(append(dst, payload...), eventSep...)
 	}
-	if n := usageCompletionTokens(payload); n > 0 {
+	if n := usageCompletionTokens(payload); n > 0 && requestUsage(p.c, payload) {
 		p.c.outTokens = n
 		if p.c.dropUsage && bytes.Contains(payload, usageOnly) {
 			return dst[:len(dst)-len(dataPrefix)]

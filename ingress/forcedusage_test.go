@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -66,6 +67,57 @@ func TestForcedUsagePassesThrough(t *testing.T) {
 		evs := sseEvents(b)
 		if st != 200 || len(evs) != 4 || !strings.Contains(evs[2], `"object":"chat.completion.chunk"`) || !strings.Contains(evs[2], `"completion_tokens":7`) {
 			t.Fatalf("re-wrap, request %d: %d %q", i, st, evs)
+		}
+	}
+}
+
+// With stream_options continuous_usage_stats (vLLM) every chunk carries the
+// usage of its own choice. Through the ingress the client gets every one
+// of them; the ingress counts the request's output tokens from a chunk's
+// usage only when the engine decodes one sequence, and from the final
+// usage-only chunk otherwise (mid-stream, one token per event), so n > 1
+// never reads one choice's count as the request's.
+func TestContinuousUsageCounted(t *testing.T) {
+	s := startIngress(t, testConfig(simEngines(startSims(t, 1, "m"), "m")...), Deps{})
+	for _, n := range []int{1, 2} {
+		body := fmt.Sprintf(`{"model":"m","prompt":"count these tokens","max_tokens":9,"ignore_eos":true,"n":%d,"stream":true,`+
+			`"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, n)
+		before := val(s.m.tokensOut)
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		evs := sseEvents(b)
+		if st != 200 || len(evs) < 3 || evs[len(evs)-1] != "[DONE]" {
+			t.Fatalf("n %d: status %d: %q", n, st, evs)
+		}
+		for _, ev := range evs[:len(evs)-1] {
+			if !strings.Contains(ev, `"completion_tokens":`) {
+				t.Fatalf("n %d: a chunk without its usage: %s", n, ev)
+			}
+		}
+		waitSettled(t, s)
+		if got := val(s.m.tokensOut) - before; got != float64(9*n) {
+			t.Errorf("n %d: %v output tokens counted, want %d", n, got, 9*n)
+		}
+	}
+
+	// Mid-stream, two choices: events, not one choice's usage.
+	ev := func(i, k int) string {
+		return fmt.Sprintf(`data: {"choices":[{"index":%d,"text":"x","finish_reason":null}],"usage":{"prompt_tokens":3,"total_tokens":%d,"completion_tokens":%d}}`+"\n\n", i, 3+k, k)
+	}
+	for _, tc := range []struct {
+		seqs, want int
+	}{{1, 2}, {2, 4}} {
+		p := &proxyStream{c: &call{seqs: tc.seqs}}
+		p.observe([]byte(ev(0, 1) + ev(1, 1)))
+		p.observe([]byte(ev(0, 2)))
+		if tc.seqs == 2 {
+			p.observe([]byte(ev(1, 2)))
+		}
+		if p.c.outTokens != tc.want {
+			t.Errorf("%d sequences: %d output tokens mid-stream, want %d", tc.seqs, p.c.outTokens, tc.want)
+		}
+		p.observe([]byte(`data: {"choices":[],"usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4}}` + "\n\ndata: [DONE]\n\n"))
+		if p.c.outTokens != 4 {
+			t.Errorf("%d sequences: %d output tokens after the final usage, want 4", tc.seqs, p.c.outTokens)
 		}
 	}
 }

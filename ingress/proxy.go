@@ -696,7 +696,7 @@ func (p *proxyStream) observe(b []byte) {
 		return
 	}
 	c := p.c
-	if n := usageCompletionTokens(b); n > 0 {
+	if n := usageCompletionTokens(b); n > 0 && requestUsage(c, b) {
 		c.outTokens = n
 		return
 	}
@@ -731,6 +731,15 @@ func errorEventCode(ev []byte) int {
 		return 0
 	}
 	return uintAt(ev, i+len(codeMarker))
+}
+
+// requestUsage reports whether the last usage in b counts the whole
+// request: the usage-only chunk, or any chunk's usage when the engine
+// decodes one sequence. With continuous_usage_stats (vLLM) every chunk
+// carries the usage of its own choice, so with several sequences a chunk's
+// count is one choice's; the events are counted until the final chunk.
+func requestUsage(c *call, b []byte) bool {
+	return c.seqs <= 1 || bytes.Contains(b, usageOnly)
 }
 
 // usageCompletionTokens finds "completion_tokens":N in b (0 when absent).

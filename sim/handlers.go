@@ -188,6 +188,7 @@ type gen struct {
 	lora      string // LoRA adapter name, "" for the base model
 	stream    bool
 	usage     bool // stream_options.include_usage
+	contUsage bool // and continuous_usage_stats: usage on every chunk
 	chat      bool
 	retIDs    bool
 	logprobs  int // alternatives per output token; -1: no logprobs (logprobs.go)
@@ -265,7 +266,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
+		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), contUsage: req.ContinuousUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
 		logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput}
 	if req.Logprobs != nil {
 		g.logprobs = *req.Logprobs
@@ -300,7 +301,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), chat: true, pd: pd,
+		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), contUsage: req.ContinuousUsage(), chat: true, pd: pd,
 		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput}
 	if req.Logprobs {
 		g.logprobs = 0
@@ -481,6 +482,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 	var lp []byte
 	var buf []byte
 	var tokBuf []uint32
+	var cu openai.Usage // a chunk's usage (continuous_usage_stats)
 	roleSent := false
 	for {
 		open := 0
@@ -521,14 +523,17 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 					empty := ""
 					roleSent = true
 					for k := range calls {
+						f.Usage = chunkUsage(g, &cu, calls[k], 0)
 						if err = sse.Data(openai.AppendChatChunkLogprobs(buf[:0], f, k, "assistant", &empty, "", nil)); err != nil {
 							s.abortAll(calls)
 							return
 						}
 					}
 				}
+				f.Usage = chunkUsage(g, &cu, c, sent[i])
 				buf = openai.AppendChatChunkStop(buf[:0], f, i, "", &text, sn.reason, stopReason, lp)
 			} else {
+				f.Usage = chunkUsage(g, &cu, c, sent[i])
 				buf = openai.AppendCompletionChunkStop(buf[:0], f, i, text, sn.reason, stopReason, lp)
 			}
 			if err = sse.Data(buf); err != nil {
@@ -564,6 +569,17 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 		}
 	}
 	_ = sse.Done()
+}
+
+// chunkUsage is the usage one chunk of choice c carries with
+// continuous_usage_stats, as vLLM writes it: its prompt's tokens and the
+// tokens c generated so far (no details); nil without.
+func chunkUsage(g *gen, u *openai.Usage, c *call, generated int) *openai.Usage {
+	if !g.contUsage {
+		return nil
+	}
+	*u = openai.Usage{PromptTokens: len(c.req.Prompt), CompletionTokens: generated, TotalTokens: len(c.req.Prompt) + generated}
+	return u
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {

@@ -91,6 +91,12 @@ func (s *SamplingParams) IncludeUsage() bool {
 	return s.StreamOptions != nil && s.StreamOptions.IncludeUsage
 }
 
+// ContinuousUsage reports whether every chunk of a stream carries usage
+// (vLLM: continuous_usage_stats, with include_usage).
+func (s *SamplingParams) ContinuousUsage() bool {
+	return s.IncludeUsage() && s.StreamOptions.ContinuousUsageStats
+}
+
 // validate lists the sampling problems common to both endpoints.
 func (s *SamplingParams) validate() []string {
 	var p []string

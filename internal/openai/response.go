@@ -135,6 +135,9 @@ type ChunkFields struct {
 	ID      string
 	Created int64
 	Model   string
+	// Usage is written in each chunk when set (vLLM's
+	// stream_options.continuous_usage_stats); nil writes null.
+	Usage *Usage
 }
 
 // AppendCompletionChunk appends one text_completion stream chunk (choice 0)
@@ -171,7 +174,7 @@ func AppendCompletionChunkStop(dst []byte, f *ChunkFields, i int, text, finish s
 	dst = appendNullableString(dst, finish)
 	dst = append(dst, `,"stop_reason":`...)
 	dst = appendRawOrNull(dst, stop)
-	dst = append(dst, `}],"usage":null}`...)
+	dst = appendChunkUsage(dst, f)
 	return dst
 }
 
@@ -217,7 +220,7 @@ func AppendChatChunkStop(dst []byte, f *ChunkFields, i int, role string, content
 		dst = append(dst, `,"stop_reason":`...)
 		dst = append(dst, stop...)
 	}
-	dst = append(dst, `}],"usage":null}`...)
+	dst = appendChunkUsage(dst, f)
 	return dst
 }
 
@@ -252,6 +255,15 @@ func AppendUsage(dst []byte, u *Usage) []byte {
 		dst = append(dst, '}')
 	}
 	return append(dst, '}')
+}
+
+// appendChunkUsage closes a chunk's choices with its usage: f.Usage, or null.
+func appendChunkUsage(dst []byte, f *ChunkFields) []byte {
+	dst = append(dst, `}],"usage":`...)
+	if f.Usage == nil {
+		return append(dst, "null}"...)
+	}
+	return append(AppendUsage(dst, f.Usage), '}')
 }
 
 func appendChunkHead(dst []byte, f *ChunkFields, object string) []byte {
