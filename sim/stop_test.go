@@ -11,6 +11,36 @@ import (
 	"github.com/kvmesh/kvmesh/internal/openai"
 )
 
+// completeOne posts a 40-token completion of prompt with extra fields and
+// return_token_ids, and decodes its one choice.
+func completeOne(t *testing.T, url string, prompt []uint32, extra map[string]any) openai.Completion {
+	t.Helper()
+	body := map[string]any{"model": "test-model", "prompt": prompt, "max_tokens": 40, "return_token_ids": true}
+	for k, v := range extra {
+		body[k] = v
+	}
+	code, b, _ := post(t, url, body)
+	var c openai.Completion
+	if code != http.StatusOK || json.Unmarshal(b, &c) != nil || len(c.Choices) != 1 {
+		t.Fatalf("status %d: %s", code, b)
+	}
+	return c
+}
+
+// chatStream streams a chat completion and returns its text and the last
+// chunk's choice.
+func chatStream(t *testing.T, base string, body map[string]any) (text string, last map[string]any) {
+	t.Helper()
+	for _, m := range streamData(t, base+"/v1/chat/completions", body) {
+		ch := choice0(t, m)
+		d, _ := ch["delta"].(map[string]any)
+		piece, _ := d["content"].(string)
+		text += piece
+		last = ch
+	}
+	return text, last
+}
+
 // TestStopStrings: a stop string ends the output as vLLM ends it: at the
 // first token whose text completes it (not before min_tokens), the text
 // cut before it (after it with include_stop_str_in_output), finish_reason
@@ -22,19 +52,7 @@ func TestStopStrings(t *testing.T) {
 	s := startSim(t, nil)
 	url := s.URL() + "/v1/completions"
 	prompt := tokens(500, 10)
-	complete := func(extra map[string]any) openai.Completion {
-		t.Helper()
-		body := map[string]any{"model": "test-model", "prompt": prompt, "max_tokens": 40, "return_token_ids": true}
-		for k, v := range extra {
-			body[k] = v
-		}
-		code, b, _ := post(t, url, body)
-		var c openai.Completion
-		if code != http.StatusOK || json.Unmarshal(b, &c) != nil || len(c.Choices) != 1 {
-			t.Fatalf("status %d: %s", code, b)
-		}
-		return c
-	}
+	complete := func(extra map[string]any) openai.Completion { t.Helper(); return completeOne(t, url, prompt, extra) }
 	whole := complete(nil)
 	text, ids := whole.Choices[0].Text, whole.Choices[0].TokenIDs
 	if len(ids) != 40 || *whole.Choices[0].FinishReason != "length" || string(whole.Choices[0].StopReason) != "null" {
@@ -103,15 +121,7 @@ func TestStopStrings(t *testing.T) {
 	chatText := full.Choices[0].Message.Content
 	chatStop := strings.Fields(chatText)[4]
 	chat["stop"], chat["stream"] = []string{chatStop}, true
-	var got string
-	last = nil
-	for _, m := range streamData(t, s.URL()+"/v1/chat/completions", chat) {
-		ch := choice0(t, m)
-		d, _ := ch["delta"].(map[string]any)
-		piece, _ := d["content"].(string)
-		got += piece
-		last = ch
-	}
+	got, last := chatStream(t, s.URL(), chat)
 	if wantChat := chatText[:strings.Index(chatText, chatStop)]; got != wantChat || last["stop_reason"] != chatStop || last["finish_reason"] != "stop" {
 		t.Errorf("chat stream: %q, last %v; want %q", got, last, wantChat)
 	}
@@ -146,15 +156,7 @@ func TestStopTokenIDs(t *testing.T) {
 	prompt := tokens(700, 10)
 	complete := func(extra map[string]any) openai.CompletionChoice {
 		t.Helper()
-		body := map[string]any{"model": "test-model", "prompt": prompt, "max_tokens": 40, "return_token_ids": true}
-		for k, v := range extra {
-			body[k] = v
-		}
-		code, b, _ := post(t, url, body)
-		var c openai.Completion
-		if code != http.StatusOK || json.Unmarshal(b, &c) != nil || len(c.Choices) != 1 {
-			t.Fatalf("status %d: %s", code, b)
-		}
+		c := completeOne(t, url, prompt, extra)
 		if c.Usage.CompletionTokens != len(c.Choices[0].TokenIDs) {
 			t.Errorf("usage %d completion tokens, %d token ids", c.Usage.CompletionTokens, len(c.Choices[0].TokenIDs))
 		}
@@ -244,15 +246,7 @@ func TestStopTokenIDs(t *testing.T) {
 		j++
 	}
 	chat["stop_token_ids"], chat["stream"] = []uint32{cids[j]}, true
-	var got string
-	var last map[string]any
-	for _, m := range streamData(t, s.URL()+"/v1/chat/completions", chat) {
-		ch := choice0(t, m)
-		d, _ := ch["delta"].(map[string]any)
-		piece, _ := d["content"].(string)
-		got += piece
-		last = ch
-	}
+	got, last := chatStream(t, s.URL(), chat)
 	if want := s.tok.Decode(cids[:j], true); got != want || last["stop_reason"] != float64(cids[j]) || last["finish_reason"] != "stop" {
 		t.Errorf("chat stream: %q, last %v; want %q, stop_reason %d", got, last, want, cids[j])
 	}
