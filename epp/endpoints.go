@@ -43,7 +43,7 @@ func endpointOf(rawURL string) (string, bool) {
 		return rest, true
 	}
 	if strings.ContainsAny(rest, "[]") {
-		if !strings.HasPrefix(rest, "[") || !strings.HasSuffix(rest, "]") || len(rest) < 3 {
+		if !strings.HasPrefix(rest, "[") || !strings.HasSuffix(rest, "]") || len(rest) < 3 || strings.ContainsAny(rest[1:len(rest)-1], "[]") {
 			return "", false
 		}
 		return rest + ":" + port, true
