@@ -74,6 +74,30 @@ await capture("chat_stream", async () => {
   return { content, chunks, usage, role, finish };
 });
 
+await capture("completion_stop_ids", async () => {
+  // vLLM's extra fields, sent as they are: the output ends on a stop token id.
+  const whole = await client.completions.create({ model, prompt: "Count with me", max_tokens: 10, return_token_ids: true });
+  const ids = whole.choices[0].token_ids;
+  let k = 3;
+  while (k < ids.length && ids.indexOf(ids[k]) !== k) k++;
+  const r = await client.completions.create({ model, prompt: "Count with me", max_tokens: 10, return_token_ids: true, stop_token_ids: [ids[k]] });
+  return { ids, k, got: r.choices[0].token_ids, finish: r.choices[0].finish_reason, stopReason: r.choices[0].stop_reason, usage: r.usage };
+});
+
+await capture("chat_usage_continuous", async () => {
+  const s = await client.chat.completions.create({ model, messages, max_tokens: 6, n: 2, stream: true,
+    stream_options: { include_usage: true, continuous_usage_stats: true } });
+  let chunks = 0, withUsage = 0, last = null;
+  const perChoice = {};
+  for await (const c of s) {
+    chunks++;
+    if (c.usage) withUsage++;
+    if (c.choices?.length) perChoice[c.choices[0].index] = c.usage?.completion_tokens;
+    else last = c.usage;
+  }
+  return { chunks, withUsage, perChoice, last };
+});
+
 await capture("chat_stop", async () => {
   const whole = await client.chat.completions.create({ model, messages, max_tokens: 12 });
   const stop = whole.choices[0].message.content.trim().split(/\s+/)[3];

@@ -96,6 +96,22 @@ func checkClient(t *testing.T, ctx context.Context, node, dir, addr, model strin
 		cst["finish"] != "stop" || cst["streamFinish"] != "stop" || cst["stopReason"] != stop {
 		t.Errorf("chat with a stop string: %v", cst)
 	}
+	sid := res.ok(t, "completion_stop_ids") // a stop token id: the output ends on it, stop_reason the id
+	if ids, _ := sid["ids"].([]any); len(ids) > 4 {
+		k := int(num(sid["k"]))
+		got, _ := sid["got"].([]any)
+		if k >= len(ids) || len(got) != k+1 || sid["finish"] != "stop" || num(sid["stopReason"]) != num(ids[k]) || num(usage(sid)["completion_tokens"]) != k+1 {
+			t.Errorf("completion with stop_token_ids: %v", sid)
+		}
+	} else {
+		t.Errorf("completion_stop_ids: no token ids: %v", sid)
+	}
+	cu := res.ok(t, "chat_usage_continuous") // continuous_usage_stats: every chunk's usage passed through
+	per, _ := cu["perChoice"].(map[string]any)
+	last, _ := cu["last"].(map[string]any)
+	if num(cu["withUsage"]) != num(cu["chunks"]) || len(per) != 2 || num(last["completion_tokens"]) != num(per["0"])+num(per["1"]) || num(per["0"]) < 1 {
+		t.Errorf("chat with continuous_usage_stats: %v", cu)
+	}
 	wantErr := func(name string, status int, typ string) {
 		r := res[name]
 		if r == nil || r["error"] != true || num(r["status"]) != status || (typ != "" && r["type"] != typ) {
