@@ -99,20 +99,7 @@ func (e *env) startController(t *testing.T, cfg *rest.Config) *Controller {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("controller: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("controller did not stop")
-		}
-	})
+	testutil.Run(t, "controller", ctrl.Run, nil)
 	return ctrl
 }
 

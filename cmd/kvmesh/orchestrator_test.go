@@ -82,24 +82,11 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 	t.Setenv("POD_NAMESPACE", "kvmesh")
 	t.Setenv("POD_NAME", "kvmesh-orchestrator-0")
 
-	octx, stop := context.WithCancel(context.Background())
 	var out, errOut testutil.SyncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- runOrchestrator(octx, []string{"--kubeconfig", kubeconfig, "--webhook-addr", "127.0.0.1:0",
+	testutil.Run(t, "orchestrator", func(octx context.Context) error {
+		return runOrchestrator(octx, []string{"--kubeconfig", kubeconfig, "--webhook-addr", "127.0.0.1:0",
 			"--metrics-addr", "127.0.0.1:0", "--log-level", "debug"}, &out, &errOut)
-	}()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("orchestrator: %v\n%s", err, errOut.String())
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("orchestrator did not stop")
-		}
-	})
+	}, errOut.String)
 	testutil.WaitFor(t, time.Minute, "the webhook to be registered by URL", func() bool {
 		c, err := admin.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "kvmesh-sidecar-injector", metav1.GetOptions{})
 		return err == nil && c.Webhooks[0].ClientConfig.URL != nil && strings.Contains(out.String(), "webhook registered at https://127.0.0.1:")

@@ -75,20 +75,7 @@ func (e *env) start(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("controller: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("controller did not stop")
-		}
-	})
+	testutil.Run(t, "controller", c.Run, nil)
 }
 
 // file is the namespace's route file as the ingress would load it (nil:

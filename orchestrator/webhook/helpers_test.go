@@ -173,24 +173,11 @@ func startWebhook(t testing.TB, kube kubernetes.Interface, cfg RunConfig) *insta
 	case *GeneratedSource:
 		src.Log = cfg.Logger
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, kube, cfg) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("webhook: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("webhook did not stop")
-		}
-	})
+	run := testutil.Run(t, "webhook", func(ctx context.Context) error { return Run(ctx, kube, cfg) }, nil)
 	select {
 	case in.addr = <-bound:
-	case err := <-done:
-		t.Fatalf("webhook ended before listening: %v", err)
+	case <-run.Done():
+		t.Fatalf("webhook ended before listening: %v", run.Err())
 	}
 	return in
 }
