@@ -50,15 +50,6 @@ type env struct {
 	ctx  context.Context
 }
 
-func repoFile(t testing.TB, rel string) string {
-	t.Helper()
-	root, err := kubetest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Join(root, rel)
-}
-
 // installCRDs applies manifests/crds once per API server.
 func installCRDs(t testing.TB, s *kubetest.Server) {
 	t.Helper()
@@ -67,7 +58,7 @@ func installCRDs(t testing.TB, s *kubetest.Server) {
 	o.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		files, _ := filepath.Glob(repoFile(t, "manifests/crds/kvmesh.io_*.yaml"))
+		files, _ := filepath.Glob(kubetest.RepoFile(t, "manifests/crds/kvmesh.io_*.yaml"))
 		_, o.err = kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{}, files...)
 	})
 	if o.err != nil {
@@ -105,7 +96,7 @@ func (e *env) startController(t *testing.T, cfg *rest.Config) *Controller {
 
 func (e *env) apply(t *testing.T, file string) {
 	t.Helper()
-	if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{Namespace: e.ns}, repoFile(t, file)); err != nil {
+	if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{Namespace: e.ns}, kubetest.RepoFile(t, file)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -200,7 +191,7 @@ func TestCRDValidation(t *testing.T) {
 	}
 	// Every example validates (server-side dry run through the CRDs' schemas).
 	for _, f := range []string{"examples/pd-modeldeployment.yaml", "examples/multinode-modeldeployment.yaml", "examples/autoscalingpolicy.yaml"} {
-		if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{Namespace: e.ns, DryRun: true}, repoFile(t, f)); err != nil {
+		if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{Namespace: e.ns, DryRun: true}, kubetest.RepoFile(t, f)); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
 	}

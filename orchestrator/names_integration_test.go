@@ -88,7 +88,7 @@ func TestCRDRefusesNamesItCannotRun(t *testing.T) {
 func TestControllerRefusesBadNamesOnce(t *testing.T) {
 	e := newEnv(t)
 	// The CRD as it was before the name rules; the real one is back at the end.
-	b, err := os.ReadFile(repoFile(t, "manifests/crds/kvmesh.io_modeldeployments.yaml"))
+	b, err := os.ReadFile(kubetest.RepoFile(t, "manifests/crds/kvmesh.io_modeldeployments.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestControllerRefusesBadNamesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{}, repoFile(t, "manifests/crds/kvmesh.io_modeldeployments.yaml")); err != nil {
+		if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{}, kubetest.RepoFile(t, "manifests/crds/kvmesh.io_modeldeployments.yaml")); err != nil {
 			t.Errorf("restore the CRD: %v", err)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 )
 
 // Versions built by hack/kube-bins.sh; keep in step with the script.
@@ -110,3 +111,14 @@ func repoRoot() (string, error) {
 // RepoRoot is the repository root (the directory holding hack/kube-bins.sh),
 // for tests that read manifests.
 func RepoRoot() (string, error) { return repoRoot() }
+
+// RepoFile is rel under the repository root; it fails t when there is no
+// root.
+func RepoFile(t testing.TB, rel string) string {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, rel)
+}

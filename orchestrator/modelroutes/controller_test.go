@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -39,15 +38,6 @@ type env struct {
 	ctx  context.Context
 }
 
-func repoFile(t testing.TB, rel string) string {
-	t.Helper()
-	root, err := kubetest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Join(root, rel)
-}
-
 // newEnv installs the ModelRoute CRD (applying it again is a no-op) and
 // gives the test a namespace; start runs a controller for it.
 func newEnv(t *testing.T) *env {
@@ -55,7 +45,7 @@ func newEnv(t *testing.T) *env {
 	s := kubetest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	if _, err := kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{}, repoFile(t, "manifests/crds/kvmesh.io_modelroutes.yaml")); err != nil {
+	if _, err := kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{}, kubetest.RepoFile(t, "manifests/crds/kvmesh.io_modelroutes.yaml")); err != nil {
 		t.Fatal(err)
 	}
 	ns := s.Namespace(t)
@@ -149,7 +139,7 @@ func (e *env) create(t *testing.T, yaml string) {
 func TestModelRoutesRenderTheRouteFile(t *testing.T) {
 	e := newEnv(t)
 	e.start(t)
-	if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{Namespace: e.ns}, repoFile(t, "examples/modelroutes.yaml")); err != nil {
+	if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{Namespace: e.ns}, kubetest.RepoFile(t, "examples/modelroutes.yaml")); err != nil {
 		t.Fatal(err)
 	}
 	// Valid for the CRD's schema, not for the ingress: every weight 0.
