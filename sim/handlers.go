@@ -184,6 +184,7 @@ type gen struct {
 	stop      []string // stop strings: the output ends at the first (stop.go)
 	stopIDs   []int64  // stop_token_ids (stop.go)
 	keepStop  bool     // include_stop_str_in_output
+	truncate  *int     // truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context length)
 	salt      string
 	lora      string // LoRA adapter name, "" for the base model
 	stream    bool
@@ -211,6 +212,16 @@ func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 	n := max(1, g.n)
 	calls := make([]*call, 0, min(len(g.prompts)*n, 64)) // MaxWaiting ends a huge batch early (503)
 	for i, p := range g.prompts {
+		if g.truncate != nil {
+			k := *g.truncate
+			if k < 0 {
+				k = s.cfg.Engine.MaxModelLen
+			}
+			if k > s.cfg.Engine.MaxModelLen {
+				return s.abortAll(calls), nil, badRequest("truncate_prompt_tokens value (%d) is greater than max_model_len (%d). Please, select a smaller truncation size.", k, s.cfg.Engine.MaxModelLen)
+			}
+			p = p[max(0, len(p)-k):] // vLLM truncates on the left
+		}
 		if len(p) == 0 {
 			return s.abortAll(calls), nil, badRequest("prompt %d is empty", i)
 		}
@@ -267,7 +278,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), contUsage: req.ContinuousUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
-		logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput}
+		logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput,
+		truncate: req.TruncatePromptTokens}
 	if req.Logprobs != nil {
 		g.logprobs = *req.Logprobs
 	}
@@ -302,7 +314,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
 		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), contUsage: req.ContinuousUsage(), chat: true, pd: pd,
-		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput}
+		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput,
+		truncate: req.TruncatePromptTokens}
 	if req.Logprobs {
 		g.logprobs = 0
 		if req.TopLogprobs != nil {

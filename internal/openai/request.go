@@ -66,6 +66,9 @@ type SamplingParams struct {
 	// IncludeStopStrInOutput (vLLM) keeps the stop string that ended the
 	// output in its text.
 	IncludeStopStrInOutput bool `json:"include_stop_str_in_output,omitempty"`
+	// TruncatePromptTokens (vLLM) keeps the prompt's last k tokens (-1:
+	// the model's context length).
+	TruncatePromptTokens *int `json:"truncate_prompt_tokens,omitempty"`
 	// StopTokenIDs (vLLM) end the output at the first generated token
 	// among them, from min_tokens on (stop_reason is that token's id).
 	StopTokenIDs []int64 `json:"stop_token_ids,omitempty"`
@@ -116,6 +119,9 @@ func (s *SamplingParams) validate() []string {
 	}
 	if s.Temperature != nil && *s.Temperature < 0 {
 		p = append(p, "temperature: must not be negative") // vLLM accepts any t >= 0
+	}
+	if s.TruncatePromptTokens != nil && *s.TruncatePromptTokens < -1 {
+		p = append(p, fmt.Sprintf("truncate_prompt_tokens %d: must be at least -1", *s.TruncatePromptTokens)) // vLLM's field bound
 	}
 	if slices.Contains(s.Stop, "") {
 		p = append(p, "stop cannot contain an empty string") // vLLM's SamplingParams check
