@@ -29,16 +29,24 @@ type omap []pair
 // types, which the library cannot parse; duplicate "events" keys).
 var errOracleUndecided = errors.New("oracle: undecided")
 
+// undecided turns the library's errors about ext values into
+// errOracleUndecided: it cannot parse ext types it has no decoder for, and
+// it reads ext type -128 as its own interned-string extension, which the
+// msgpack spec leaves reserved (vLLM never writes ext values).
+func undecided(err error) error {
+	if strings.Contains(err.Error(), "ext") || strings.Contains(err.Error(), "interned string") {
+		return errOracleUndecided
+	}
+	return err
+}
+
 // libDecode parses one msgpack value with the library and rejects trailing bytes.
 func libDecode(data []byte) (any, error) {
 	// Skip first: the library's untyped decode allocates a slice of the
 	// header's length before reading elements (a 5-byte array header asks for
 	// 64 GiB), while Skip walks the elements and fails at the end of input.
 	if err := msgpack.NewDecoder(bytes.NewReader(data)).Skip(); err != nil {
-		if strings.Contains(err.Error(), "ext") {
-			return nil, errOracleUndecided
-		}
-		return nil, err
+		return nil, undecided(err)
 	}
 	r := bytes.NewReader(data)
 	dec := msgpack.NewDecoder(r)
@@ -63,10 +71,7 @@ func libDecode(data []byte) (any, error) {
 	})
 	v, err := dec.DecodeInterfaceLoose()
 	if err != nil {
-		if strings.Contains(err.Error(), "ext") {
-			return nil, errOracleUndecided
-		}
-		return nil, err
+		return nil, undecided(err)
 	}
 	if r.Len() != 0 {
 		return nil, fmt.Errorf("%d trailing bytes", r.Len())
