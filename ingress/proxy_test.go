@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -591,6 +593,48 @@ func TestTruncatePromptTokens(t *testing.T) {
 		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[`+ids+`]`+tc.extra+`}`)
 		if st != tc.want {
 			t.Fatalf("%q: %d %s", tc.extra, st, b)
+		}
+	}
+}
+
+// Behind real simulators, which keep the prompt's last k tokens as vLLM
+// does: a request with truncate_prompt_tokens is keyed on that tail, so
+// another head with the same tail goes to the engine that holds it, and
+// that engine reports the tail cached.
+func TestTruncatedPromptRoutesOnItsTail(t *testing.T) {
+	cfg := testConfig(simEngines(startSims(t, 4, "m"), "m")...)
+	cfg.Scheduler.Policy = "kvmesh"
+	s := startIngress(t, cfg, Deps{})
+	prompt := func(head, tail int) string {
+		var b strings.Builder
+		for i := range 300 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if i < 100 {
+				b.WriteString(strconv.Itoa(head*1000 + i + 1))
+			} else {
+				b.WriteString(strconv.Itoa(500000 + tail*1000 + i))
+			}
+		}
+		return b.String()
+	}
+	for tail := range 6 {
+		var first string
+		for head := range 2 {
+			st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions",
+				`{"model":"m","max_tokens":1,"truncate_prompt_tokens":200,"prompt":[`+prompt(tail*10+head, tail)+`]}`)
+			var c struct{ Usage openai.Usage }
+			if st != 200 || json.Unmarshal(b, &c) != nil || c.Usage.PromptTokens != 200 {
+				t.Fatalf("tail %d, head %d: %d %s", tail, head, st, b)
+			}
+			if head == 0 {
+				first = hdr.Get("X-Kvmesh-Engine")
+				continue
+			}
+			if got := hdr.Get("X-Kvmesh-Engine"); got != first || c.Usage.CachedTokens() < 176 {
+				t.Errorf("tail %d: the second head went to %s (the first to %s) with %d tokens cached", tail, got, first, c.Usage.CachedTokens())
+			}
 		}
 	}
 }
