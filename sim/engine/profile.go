@@ -81,6 +81,7 @@ var profiles = map[string]Profile{
 		Name: "70b-4xh100", Params: 70.6e9, WeightBytes: 141e9, Layers: 80, Hidden: 8192,
 		KVBytesPerToken: 2 * 80 * 8 * 128 * 2, FLOPS: 4 * 400e12 * 0.85, MemBW: 4 * 2.7e12 * 0.85, HostBW: 4 * 25e9,
 		StepOverhead: 4 * time.Millisecond, PerSeqOverhead: 30 * time.Microsecond,
+		MaxNumSeqs: 1024, MaxNumBatchedTokens: 8192, // vLLM's defaults on an H100
 	},
 	// Qwen2-0.5B-like model on an L4 (121 TFLOP/s bf16 at ~40%, 300 GB/s at ~80%).
 	"0.5b-l4": {
