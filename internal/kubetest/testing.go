@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,11 +16,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// shared is the package's server started by Main.
+// shared is the package's server, started by the first Shared call of a
+// test binary that runs Main.
 var (
-	shared    *Server
-	sharedErr error
-	nsSeq     atomic.Int64
+	sharedOpts Options
+	sharedOnce sync.Once
+	shared     *Server
+	sharedErr  error
+	nsSeq      atomic.Int64
 )
 
 // Main runs a test package against one shared API server (starting it costs
@@ -27,14 +31,13 @@ var (
 //
 //	func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{})) }
 //
-// Tests get the server with Shared(t). When the binaries are missing and CI is
-// not "true", tests that call Shared are skipped; every other start-up
-// failure fails them.
+// Tests get the server with Shared(t); the first call starts it, so a run
+// whose tests need none (`-run` of other tests, a fuzzing worker, which runs
+// TestMain too and is killed, not stopped) starts none. When the binaries are
+// missing and CI is not "true", tests that call Shared are skipped; every
+// other start-up failure fails them.
 func Main(m *testing.M, opts Options) int {
-	shared, sharedErr = Start(opts)
-	if sharedErr != nil {
-		fmt.Fprintln(os.Stderr, "kubetest:", sharedErr)
-	}
+	sharedOpts = opts
 	code := m.Run()
 	if shared != nil {
 		if code != 0 {
@@ -45,9 +48,16 @@ func Main(m *testing.M, opts Options) int {
 	return code
 }
 
-// Shared returns the server Main started; see Main for when it skips.
+// Shared returns the package's server, started on the first call; see Main for
+// when it skips.
 func Shared(t testing.TB) *Server {
 	t.Helper()
+	sharedOnce.Do(func() {
+		shared, sharedErr = Start(sharedOpts)
+		if sharedErr != nil {
+			fmt.Fprintln(os.Stderr, "kubetest:", sharedErr)
+		}
+	})
 	if shared != nil {
 		return shared
 	}

@@ -157,6 +157,7 @@ func TestLocalCommandSIGTERM(t *testing.T) {
 	var out testutil.SyncBuffer
 	cmd := exec.Command(kvmeshBin(t), "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--ingress")
 	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir) // its temporary files (NATS store, route file) go with the test's
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +233,7 @@ func TestLocalKilledOrchestratorTakesChildren(t *testing.T) {
 	cmd := exec.Command(kvmeshBin(t), "orchestrator", "--local", spec, "--status-file", status, "--interval", "200ms", "--quiet")
 	var out bytes.Buffer
 	cmd.Stderr = &out
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir) // killed, it cannot remove its temporary files: the test's directory takes them
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
