@@ -210,17 +210,20 @@ type gen struct {
 func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 	notify := make(chan struct{}, 1)
 	n := max(1, g.n)
+	keep := -1 // truncate_prompt_tokens: tokens each prompt keeps (-1: all)
+	if g.truncate != nil {
+		keep = *g.truncate
+		if keep < 0 {
+			keep = s.cfg.Engine.MaxModelLen
+		}
+		if keep > s.cfg.Engine.MaxModelLen {
+			return nil, nil, badRequest("truncate_prompt_tokens value (%d) is greater than max_model_len (%d). Please, select a smaller truncation size.", keep, s.cfg.Engine.MaxModelLen)
+		}
+	}
 	calls := make([]*call, 0, min(len(g.prompts)*n, 64)) // MaxWaiting ends a huge batch early (503)
 	for i, p := range g.prompts {
-		if g.truncate != nil {
-			k := *g.truncate
-			if k < 0 {
-				k = s.cfg.Engine.MaxModelLen
-			}
-			if k > s.cfg.Engine.MaxModelLen {
-				return s.abortAll(calls), nil, badRequest("truncate_prompt_tokens value (%d) is greater than max_model_len (%d). Please, select a smaller truncation size.", k, s.cfg.Engine.MaxModelLen)
-			}
-			p = p[max(0, len(p)-k):] // vLLM truncates on the left
+		if keep >= 0 {
+			p = p[max(0, len(p)-keep):] // vLLM truncates on the left
 		}
 		if len(p) == 0 {
 			return s.abortAll(calls), nil, badRequest("prompt %d is empty", i)

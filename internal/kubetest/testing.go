@@ -20,6 +20,7 @@ import (
 // test binary that runs Main.
 var (
 	sharedOpts Options
+	mainRan    bool // Main is running the tests: it stops what Shared starts
 	sharedOnce sync.Once
 	shared     *Server
 	sharedErr  error
@@ -37,7 +38,7 @@ var (
 // missing and CI is not "true", tests that call Shared are skipped; every
 // other start-up failure fails them.
 func Main(m *testing.M, opts Options) int {
-	sharedOpts = opts
+	sharedOpts, mainRan = opts, true
 	code := m.Run()
 	if shared != nil {
 		if code != 0 {
@@ -53,6 +54,10 @@ func Main(m *testing.M, opts Options) int {
 func Shared(t testing.TB) *Server {
 	t.Helper()
 	sharedOnce.Do(func() {
+		if !mainRan { // nothing would stop a server started here
+			sharedErr = errors.New("kubetest: Shared needs kubetest.Main in the package's TestMain")
+			return
+		}
 		shared, sharedErr = Start(sharedOpts)
 		if sharedErr != nil {
 			fmt.Fprintln(os.Stderr, "kubetest:", sharedErr)
