@@ -302,3 +302,48 @@ func TestPDPickRoom(t *testing.T) {
 		}
 	}
 }
+
+// TestPDUniformPromptsSpreadDecode: every request with one prompt length
+// (1,024 shared + 1,024 own tokens, 512 output) on 2 prefill + 6 decode
+// engines, past the point where the decode engines' TPOT nears the
+// objective. The learner cannot tell a decode step's per-token cost from
+// its per-sequence cost on such traffic (context = sequences × one
+// length); when it put the cost on the sequences, which the policy does
+// not price, kvmesh saw no TPOT growth on a busy decode engine and sent
+// one of six 263 of 512 requests (half missed the TPOT objective, goodput
+// 4.70 against the emulations' 12.25–12.77 req/s). kvmesh must spread its
+// decode legs (no decode engine over 1.5× the mean) and keep at least 0.9×
+// the best emulation's goodput.
+func TestPDUniformPromptsSpreadDecode(t *testing.T) {
+	reqs, err := workload.SharedPrefix{Groups: 64, Prompts: 8, Shared: 1024, Question: 1024, Output: 512, Rate: 20, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 30000, Profile: prof}}, Roles: Roles{Prefill: 2, Decode: 6}}
+	emulations := []string{"kthena", "sglang", "aibrix"}
+	rep, err := RunPD(context.Background(), cfg, reqs, append([]string{"kvmesh"}, emulations...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, run := rep.Policies["kvmesh"], rep.Runs["kvmesh"]
+	if k.Completed != len(reqs) {
+		t.Fatalf("kvmesh completed %d of %d", k.Completed, len(reqs))
+	}
+	legs := make([]int, len(run.EngineIDs))
+	for _, rec := range run.Records {
+		legs[rec.Engine]++
+	}
+	mean := float64(len(run.Records)) / float64(cfg.Roles.Decode)
+	if m := slices.Max(legs); float64(m) > 1.5*mean {
+		t.Errorf("decode legs per engine %v (%v): one engine has %d, over 1.5× the mean %.0f", legs, run.EngineIDs, m, mean)
+	}
+	for _, p := range emulations {
+		if e := rep.Policies[p]; k.GoodputRPS < 0.9*e.GoodputRPS {
+			t.Errorf("kvmesh goodput %.2f req/s, below 0.9× %s's %.2f", k.GoodputRPS, p, e.GoodputRPS)
+		}
+	}
+}

@@ -145,6 +145,21 @@ var (
 
 const priorSeqSec = 20e-6
 
+// The decode line's per-sequence cost is not fitted: it stays at the prior
+// plane's (priorSeqSec), and the samples fit the step's fixed cost and its
+// cost per context token. Rates reports no per-sequence cost (the policy
+// prices a step as StepBase + DecodeSecPerToken · context), so whatever
+// the fit put there the policy would not see. When every request has about
+// the same prompt, context is sequences × one length, and the router counts
+// its sequences exactly but its context only roughly (an average over the
+// stretch): fitted freely, the per-sequence coefficient took the whole
+// cost and DecodeSecPerToken fell to its clamp (3.8e-9 s against 8.3e-8
+// true on 7b-l40s), a decode engine's predicted TPOT no longer grew with
+// its streams, and the P/D step sent one of six decode engines 263 of 512
+// requests (docs/BENCHMARKS.md, "The decode line's per-sequence cost").
+// An engine whose real per-sequence cost differs has the difference
+// charged to its context, which is where the policy can price it.
+
 // interceptWeight is how many samples the prefill line's intercept prior
 // counts for. The prior sits at the decode line's step cost: a first token
 // takes at least one step, and the router's TTFT model is exactly
@@ -371,7 +386,7 @@ func (l *Learner) estimateFrom(m *model, pp [2][3]float64) Rates {
 func (l *Learner) planes(m *model, pp [2][3]float64) (θ [2][3]float64, ok [2]bool) {
 	θ = pp
 	if m.decode.w > 0 {
-		θ[1], ok[1] = m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1]), true
+		θ[1], ok[1] = m.decode.fit(l.cfg.PriorWeight, decodeAt, pp[1], 2), true
 	}
 	if m.prefill.w > 0 {
 		s := m.prefill
@@ -380,7 +395,7 @@ func (l *Learner) planes(m *model, pp [2][3]float64) (θ [2][3]float64, ok [2]bo
 			s.xtx[0][0] += interceptWeight
 			s.xty[0] += interceptWeight * sb
 		}
-		θ[0], ok[0] = s.fit(l.cfg.PriorWeight, prefillAt, pp[0]), true
+		θ[0], ok[0] = s.fit(l.cfg.PriorWeight, prefillAt, pp[0], 3), true
 	}
 	return θ, ok
 }
@@ -397,9 +412,10 @@ func clamp(v, prior, c float64) float64 {
 // reg is a weighted least-squares fit of y = θ·(1, x₁, x₂) with
 // forgetting: the normal equations' sums, discounted by keep per sample.
 // Prefill uses one regressor (x₂ always 0 and its coefficient pinned by the
-// prior), decode two (context tokens and sequences: the per-sequence cost
-// of sampling and bookkeeping grows with the batch, and leaving it out
-// would be charged to the context).
+// prior), decode two (context tokens and sequences), of which the fit
+// solves for the context's coefficient only: the sequences' stays at the
+// prior's (priorSeqSec). The sums keep x₂ so that shared Stats keep one
+// form.
 type reg struct {
 	w   float64
 	xtx [3][3]float64
@@ -430,8 +446,9 @@ func (s *reg) add(x1, x2, y, keep, w float64) {
 
 // fit solves the normal equations of the samples plus the prior's
 // pseudo-samples (weight pw/len(at) each, at the points at, on the prior's
-// plane θ0). It returns θ0 when the system is singular.
-func (s *reg) fit(pw float64, at [][2]float64, θ0 [3]float64) [3]float64 {
+// plane θ0) for the first n coefficients; the others stay θ0's. It returns
+// θ0 when the system is singular.
+func (s *reg) fit(pw float64, at [][2]float64, θ0 [3]float64, n int) [3]float64 {
 	a, b := s.xtx, s.xty
 	h := pw / float64(len(at))
 	for _, p := range at {
@@ -444,10 +461,17 @@ func (s *reg) fit(pw float64, at [][2]float64, θ0 [3]float64) [3]float64 {
 			}
 		}
 	}
-	// Gaussian elimination with partial pivoting on the 3×3 system.
-	for c := 0; c < 3; c++ {
+	θ := θ0
+	// The fixed coefficients' part of y moves to the right-hand side.
+	for i := 0; i < n; i++ {
+		for k := n; k < 3; k++ {
+			b[i] -= a[i][k] * θ0[k]
+		}
+	}
+	// Gaussian elimination with partial pivoting on the n×n system.
+	for c := 0; c < n; c++ {
 		piv := c
-		for r := c + 1; r < 3; r++ {
+		for r := c + 1; r < n; r++ {
 			if math.Abs(a[r][c]) > math.Abs(a[piv][c]) {
 				piv = r
 			}
@@ -457,18 +481,17 @@ func (s *reg) fit(pw float64, at [][2]float64, θ0 [3]float64) [3]float64 {
 		}
 		a[c], a[piv] = a[piv], a[c]
 		b[c], b[piv] = b[piv], b[c]
-		for r := c + 1; r < 3; r++ {
+		for r := c + 1; r < n; r++ {
 			f := a[r][c] / a[c][c]
-			for k := c; k < 3; k++ {
+			for k := c; k < n; k++ {
 				a[r][k] -= f * a[c][k]
 			}
 			b[r] -= f * b[c]
 		}
 	}
-	var θ [3]float64
-	for r := 2; r >= 0; r-- {
+	for r := n - 1; r >= 0; r-- {
 		v := b[r]
-		for k := r + 1; k < 3; k++ {
+		for k := r + 1; k < n; k++ {
 			v -= a[r][k] * θ[k]
 		}
 		θ[r] = v / a[r][r]

@@ -126,8 +126,10 @@ func TestConvergesFromTwiceOff(t *testing.T) {
 				t.Errorf("not within 10 %%: got %+v, true {%.0f %.4f %.3g}", got, pr, sb, dt)
 			}
 			// The engine's own lines start from the pooled ones (partial
-			// pooling), so with one engine the two agree within 1 %, not to the bit.
-			if other := l.Rates("unseen"); other != l.Pooled() || !near(other, got, 0.01) {
+			// pooling), so with one engine the two agree within 2 %, not to
+			// the bit (the pooled lines' pseudo-samples sit on the prior,
+			// 2× off, and pull its per-token cost 1.7 % up).
+			if other := l.Rates("unseen"); other != l.Pooled() || !near(other, got, 0.02) {
 				t.Errorf("an engine without samples should use the pooled estimate %+v: %+v vs %+v", l.Pooled(), other, got)
 			}
 		})
@@ -293,6 +295,46 @@ func TestShared(t *testing.T) {
 		}
 		if !shared && !(fast > 2*slow) {
 			t.Errorf("per engine: fast %v not above twice slow %v", fast, slow)
+		}
+	}
+}
+
+// TestUniformPromptsKeepTheContextCost: when every request has about the
+// same prompt, an engine's context is its sequence count times one length,
+// and the decode samples cannot tell the per-token cost from the
+// per-sequence one. Rates reports no per-sequence cost, so the per-token
+// slope must carry it: what one more stream adds to a step (its context
+// times DecodeSecPerToken) stays within 25 % of what it adds on the
+// simulated engine. Without the ridge on the per-sequence coefficient the
+// fit put the whole cost on the sequences and the slope fell to the clamp,
+// and a P/D router piled streams onto one decode engine.
+func TestUniformPromptsKeepTheContextCost(t *testing.T) {
+	p, err := engine.LookupProfile("7b-l40s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const prompt = 2048
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 3000; i++ {
+		// A decode engine's stretches: seqs streams of one prompt length,
+		// each some way into its 512-token output.
+		// The router's count of the context is an average over the
+		// stretch and a little off the engine's.
+		seqs := 1 + rng.IntN(160)
+		ctx := seqs * (prompt + rng.IntN(512))
+		seen := float64(ctx) * (1 + 0.05*rng.NormFloat64())
+		l.ObserveDecode("d", float64(seqs), seen, p.DecodeStepTime(seqs, ctx), 1+rng.IntN(8))
+	}
+	got := l.Rates("d")
+	for _, seqs := range []int{8, 64, 150} {
+		ctx := seqs * (prompt + 256)
+		want := (p.DecodeStepTime(seqs+1, ctx+prompt+256) - p.DecodeStepTime(seqs, ctx)).Seconds()
+		if add := got.DecodeSecPerToken * (prompt + 256); !within(add, want, 0.25) {
+			t.Errorf("at %d streams one more adds %.3g s per step, predicted %.3g (rates %+v)", seqs, want, add, got)
 		}
 	}
 }
