@@ -319,11 +319,7 @@ func TestPDUniformPromptsSpreadDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prof, err := engine.LookupProfile("7b-l40s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 30000, Profile: prof}}, Roles: Roles{Prefill: 2, Decode: 6}}
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 30000, Profile: mustProfile("7b-l40s")}}, Roles: Roles{Prefill: 2, Decode: 6}}
 	emulations := []string{"kthena", "sglang", "aibrix"}
 	rep, err := RunPD(context.Background(), cfg, reqs, append([]string{"kvmesh"}, emulations...))
 	if err != nil {
