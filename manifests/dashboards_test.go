@@ -269,9 +269,8 @@ func runOrchestrator(t *testing.T, quiet *slog.Logger, seed string) string {
 	}
 	hs := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	t.Cleanup(hs.Close)
-	root, _ := kubetest.RepoRoot()
 	for _, f := range []string{"pd-modeldeployment.yaml", "autoscalingpolicy.yaml"} {
-		if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{Namespace: ns}, filepath.Join(root, "examples", f)); err != nil {
+		if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{Namespace: ns}, kubetest.RepoFile(t, filepath.Join("examples", f))); err != nil {
 			t.Fatalf("examples/%s: %v", f, err)
 		}
 	}

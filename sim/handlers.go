@@ -268,6 +268,14 @@ func (s *Server) abortAll(calls []*call) []*call {
 	return nil
 }
 
+// newGen is a generation with the sampling fields both endpoints share (no
+// logprobs until the endpoint's own fields ask for them).
+func newGen(id string, sp *openai.SamplingParams) *gen {
+	return &gen{id: id, minTokens: sp.MinTokens, ignoreEOS: sp.IgnoreEOS, salt: sp.CacheSalt, stream: sp.Stream,
+		usage: sp.IncludeUsage(), contUsage: sp.ContinuousUsage(), logprobs: -1, n: sp.Samples(), greedy: sp.Greedy(),
+		stop: sp.Stop, stopIDs: sp.StopTokenIDs, keepStop: sp.IncludeStopStrInOutput, truncate: sp.TruncatePromptTokens}
+}
+
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	req, pd, err := readPDRequest(s, w, r, openai.DecodeCompletionRequest)
 	if err != nil {
@@ -279,10 +287,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, stream: req.Stream, usage: req.IncludeUsage(), contUsage: req.ContinuousUsage(), retIDs: req.ReturnTokenIDs, pd: pd, lora: lora,
-		logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput,
-		truncate: req.TruncatePromptTokens}
+	g := newGen(s.requestID(r), &req.SamplingParams)
+	g.maxTokens, g.retIDs, g.pd, g.lora = req.MaxOutput(), req.ReturnTokenIDs, pd, lora
 	if req.Logprobs != nil {
 		g.logprobs = *req.Logprobs
 	}
@@ -315,10 +321,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, badRequest("render chat template: %v", err))
 		return
 	}
-	g := &gen{id: s.requestID(r), maxTokens: req.MaxOutput(), minTokens: req.MinTokens, ignoreEOS: req.IgnoreEOS,
-		salt: req.CacheSalt, lora: lora, stream: req.Stream, usage: req.IncludeUsage(), contUsage: req.ContinuousUsage(), chat: true, pd: pd,
-		prompts: [][]uint32{prompt}, logprobs: -1, n: req.Samples(), greedy: req.Greedy(), stop: req.Stop, stopIDs: req.StopTokenIDs, keepStop: req.IncludeStopStrInOutput,
-		truncate: req.TruncatePromptTokens}
+	g := newGen(s.requestID(r), &req.SamplingParams)
+	g.maxTokens, g.chat, g.pd, g.lora, g.prompts = req.MaxOutput(), true, pd, lora, [][]uint32{prompt}
 	if req.Logprobs {
 		g.logprobs = 0
 		if req.TopLogprobs != nil {
