@@ -130,6 +130,8 @@ func engineFields(r *replica) (string, bool) {
 		delete(e, "local_inflight")
 		delete(e, "requests")
 		delete(e, "failures")
+		delete(e, "recent_ttft_s") // per replica: its own answers' latencies
+		delete(e, "recent_tpot_s")
 		delete(e, "learned") // per replica (off in these tests)
 	}
 	b, err := json.Marshal(list)

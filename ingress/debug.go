@@ -3,6 +3,7 @@ package ingress
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -16,9 +17,14 @@ import (
 func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 	type engine struct {
 		EngineInfo
-		LocalInFlight int    `json:"local_inflight"`
-		Requests      uint64 `json:"requests"`
-		Failures      uint64 `json:"failures"`
+		LocalInFlight int `json:"local_inflight"`
+		// RecentTTFT and RecentTPOT are the means this replica's streamed
+		// answers saw (latency.go): what its scheduler reads as the
+		// engine's TTFT and TPOT.
+		RecentTTFT float64 `json:"recent_ttft_s,omitempty"`
+		RecentTPOT float64 `json:"recent_tpot_s,omitempty"`
+		Requests   uint64  `json:"requests"`
+		Failures   uint64  `json:"failures"`
 		// Learned is the cost learner's estimate (learn.go); absent when off.
 		Learned *learnedRates `json:"learned,omitempty"`
 	}
@@ -29,6 +35,8 @@ func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 		s.ups.mu.RLock()
 		if up := s.ups.m[e.ID]; up != nil {
 			en.Requests, en.Failures = up.total.Load(), up.failures.Load()
+			ttft, tpot := up.lat.get(time.Now())
+			en.RecentTTFT, en.RecentTPOT = ttft.Seconds(), tpot.Seconds()
 		}
 		s.ups.mu.RUnlock()
 		en.Learned = s.learned(e.ID)

@@ -271,9 +271,14 @@ func (c *call) addCandidate(e *EngineInfo) {
 		c.block = e.BlockSize
 	}
 	eng := e.Engine
-	n, pre, act := c.s.ups.local(e.ID)
-	eng.InFlight += n
-	eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
+	if up := c.s.ups.lookup(e.ID); up != nil {
+		eng.InFlight += int(up.inflight.Load())
+		eng.LocalPrefillTokens, eng.LocalActiveTokens = int(up.prefill.Load()), int(up.active.Load())
+		if eng.TTFT == 0 && eng.TPOT == 0 {
+			// Gossip carries no latencies: this replica's own (latency.go).
+			eng.TTFT, eng.TPOT = up.lat.get(c.start)
+		}
+	}
 	c.cands = append(c.cands, eng)
 	c.urls = append(c.urls, e.URL)
 }
@@ -712,6 +717,11 @@ func (c *call) finish() {
 			s.check.observe(c) // tokencheck.go
 			if s.slo != nil {
 				s.slo.observeCall(c, total)
+			}
+			if c.req.stream && c.ttft > 0 && perPrompt > 1 && total > c.ttft {
+				if up := s.ups.lookup(c.engine); up != nil {
+					up.lat.observe(c.ttft, (total-c.ttft)/time.Duration(perPrompt-1))
+				}
 			}
 		}
 		ep := c.ep.String()

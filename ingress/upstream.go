@@ -42,7 +42,8 @@ type upstream struct {
 	active   atomic.Int64
 	total    atomic.Uint64
 	failures atomic.Uint64
-	lw       learnLoad // the cost learner's counts (learn.go)
+	lw       learnLoad     // the cost learner's counts (learn.go)
+	lat      recentLatency // recent TTFT and TPOT (latency.go)
 	// progress is when the engine last sent this replica a byte, or when
 	// its first request in flight started (unix ns): the stall watch
 	// (health.go) suspects an engine with requests in flight and no
