@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
@@ -271,6 +272,9 @@ func (c *call) addCandidate(e *EngineInfo) {
 		c.block = e.BlockSize
 	}
 	eng := e.Engine
+	// SGLang's prefill servers take prefill legs only (vLLM's kv_both
+	// engines serve whole requests too).
+	eng.PrefillOnly = eng.PrefillOnly || (eng.Role == scheduler.RolePrefill && e.PDProtocol == gossip.PDProtocolSGLang)
 	if up := c.s.ups.lookup(e.ID); up != nil {
 		eng.InFlight += int(up.inflight.Load())
 		eng.LocalPrefillTokens, eng.LocalActiveTokens = int(up.prefill.Load()), int(up.active.Load())

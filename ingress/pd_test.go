@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
@@ -269,5 +270,58 @@ func TestPDParallelSamplingAggregated(t *testing.T) {
 	// The same request with n 1 is split (the test's control).
 	if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2,"n":1}`); st != 200 || p.prefills.Load() != 1 {
 		t.Fatalf("n=1: status %d, %d prefill legs: %s", st, p.prefills.Load(), b)
+	}
+}
+
+// wholePlanner is a FAKE P/D planner that serves every request whole on
+// the first prefill engine that may take one (what kvmesh's P/D step does
+// when no decode engine keeps the TPOT objective), and records the
+// PrefillOnly mark of every engine it is shown.
+type wholePlanner struct {
+	only map[string]bool
+}
+
+func (w *wholePlanner) Policy() string { return "whole-on-prefill" }
+
+func (w *wholePlanner) Route(_ *scheduler.Request, es []scheduler.Engine, plan *pd.Plan) error {
+	*plan = pd.Plan{Mode: pd.Aggregated, Policy: w.Policy(), Reason: "aggregated-on-prefill"}
+	for _, e := range es {
+		w.only[e.ID] = e.PrefillOnly
+		if e.Role == scheduler.RolePrefill && !e.PrefillOnly && plan.Decode == "" {
+			plan.Decode = e.ID
+		}
+	}
+	plan.Options = append(plan.Options, pd.Choice{Decode: plan.Decode})
+	return nil
+}
+
+// TestPDWholeRequestOnPrefillEngine: a plan that serves a request whole on
+// a prefill engine sends it there as an ordinary request (no
+// kv_transfer_params, streamed and not), and the client gets that engine's
+// answer; SGLang's prefill servers reach the planner marked PrefillOnly
+// (they take prefill legs only), vLLM's NIXL ones and decode engines not.
+func TestPDWholeRequestOnPrefillEngine(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	sg := pdEngine("sg0", scheduler.RolePrefill, "http://127.0.0.1:1")
+	sg.PDProtocol = gossip.PDProtocolSGLang
+	w := &wholePlanner{only: map[string]bool{}}
+	s := startIngress(t, testConfig(), Deps{Membership: roleMembership{sg, pdEngine("p0", scheduler.RolePrefill, p.url()),
+		pdEngine("d0", scheduler.RoleDecode, d.url())}, PD: w})
+	for _, stream := range []bool{false, true} {
+		body := `{"model":"m","prompt":[1,2,3],"max_tokens":2,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "p0" {
+			t.Fatalf("stream %v: status %d engine %q body %s", stream, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if p.decodes.Load() != 2 || p.prefills.Load() != 0 || d.decodes.Load()+d.prefills.Load() != 0 {
+		t.Fatalf("prefill engine served %d whole, %d legs; decode engine %d requests; want 2, 0, 0",
+			p.decodes.Load(), p.prefills.Load(), d.decodes.Load()+d.prefills.Load())
+	}
+	if kv := p.params.Load().(string); kv != "" {
+		t.Fatalf("the whole request carried kv_transfer_params %s", kv)
+	}
+	if !w.only["sg0"] || w.only["p0"] || w.only["d0"] {
+		t.Fatalf("PrefillOnly marks %v: want SGLang's prefill engine only", w.only)
 	}
 }

@@ -89,6 +89,11 @@ type Engine struct {
 	// group. "" is a group of its own like any other value.
 	Group string
 	LoRAs []string // adapters currently loaded (snapshot)
+	// PrefillOnly marks a prefill-role engine that cannot serve a whole
+	// request (SGLang's disaggregation-mode prefill server). A vLLM engine
+	// with NixlConnector's kv_role "kv_both" can, and the P/D step may send
+	// it one when the decode engines cannot keep TPOT (scheduler/pd).
+	PrefillOnly bool
 
 	Running             int     // snapshot: requests in the running batch
 	Waiting             int     // snapshot: requests waiting to be scheduled

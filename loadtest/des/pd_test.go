@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -340,6 +341,59 @@ func TestPDUniformPromptsSpreadDecode(t *testing.T) {
 	for _, p := range emulations {
 		if e := rep.Policies[p]; k.GoodputRPS < 0.9*e.GoodputRPS {
 			t.Errorf("kvmesh goodput %.2f req/s, below 0.9× %s's %.2f", k.GoodputRPS, p, e.GoodputRPS)
+		}
+	}
+}
+
+// TestPDPrefillEnginesServeWhenDecodeSaturated: on 5 prefill + 3 decode
+// engines the mix's decode work is more than three engines keep within the
+// TPOT objective at rate 32; kvmesh then serves whole requests on prefill
+// engines (vLLM's kv_both) and keeps at least twice the goodput of the
+// routers that only disaggregate. At rate 8 the decode engines keep TPOT
+// and no prefill engine serves a whole request.
+func TestPDPrefillEnginesServeWhenDecodeSaturated(t *testing.T) {
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 30000, Profile: mustProfile("7b-l40s")}}, Roles: Roles{Prefill: 5, Decode: 3}}
+	whole := func(run report.Run) int {
+		n := 0
+		for i, rec := range run.Records {
+			if run.Prefill[i] < 0 && strings.HasPrefix(run.EngineIDs[rec.Engine], "prefill") {
+				n++
+			}
+		}
+		return n
+	}
+	for _, rate := range []float64{8, 32} {
+		reqs, err := workload.SharedPrefix{Groups: 64, Prompts: 8, Shared: 1024, Question: 1024, Output: 512, Rate: rate, Seed: 1}.Generate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		others := []string{"kvmesh-always", "llmd", "sglang"}
+		rep, err := RunPD(context.Background(), cfg, reqs, append([]string{"kvmesh"}, others...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, n := rep.Policies["kvmesh"], whole(rep.Runs["kvmesh"])
+		if k.Completed != len(reqs) {
+			t.Fatalf("rate %v: kvmesh completed %d of %d", rate, k.Completed, len(reqs))
+		}
+		for _, p := range others {
+			if m := whole(rep.Runs[p]); m != 0 {
+				t.Errorf("rate %v: %s served %d whole requests on prefill engines", rate, p, m)
+			}
+		}
+		if rate == 8 {
+			if n != 0 {
+				t.Errorf("rate 8: %d whole requests on prefill engines while the decode engines keep TPOT", n)
+			}
+			continue
+		}
+		if n == 0 {
+			t.Errorf("rate 32: no whole request on a prefill engine")
+		}
+		for _, p := range others {
+			if e := rep.Policies[p]; k.GoodputRPS < 2*e.GoodputRPS {
+				t.Errorf("rate 32: kvmesh goodput %.2f req/s, below 2× %s's %.2f", k.GoodputRPS, p, e.GoodputRPS)
+			}
 		}
 	}
 }

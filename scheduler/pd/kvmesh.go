@@ -25,7 +25,11 @@ import (
 // With MixedPrefill a mixed engine p may be the prefiller of a pair (never
 // with itself); its prefill leg is priced as a local prefill there
 // (queue_p + prefill_p + stall_p·w_p + behind_p + broken_p + step), and such
-// pairs are offered only when every aggregated option's w ≥ ½.
+// pairs are offered only when every aggregated option's w ≥ ½. Likewise a
+// prefill engine that can serve a whole request (not PrefillOnly) is an
+// aggregated option, priced as one on a decode engine, only when the
+// request's own TPOT would more likely than not miss the objective on
+// every engine that decodes (not with Always).
 //
 // stall is n running × the request's uncached prefill time: on a decode
 // engine it is TPOT lost by every running stream, on a prefill engine the
@@ -121,30 +125,29 @@ func (KVMesh) Name() string { return "kvmesh" }
 func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string {
 	out := float64(max(k.Cost.Output(r), 1))
 	// risk is the lowest chance, over the aggregated options, that the
-	// running streams miss the TPOT objective after a local prefill.
-	risk := 1.0
+	// running streams miss the TPOT objective after a local prefill; own
+	// the lowest chance, over the engines that decode, that the request
+	// itself misses it there.
+	risk, own := 1.0, 1.0
 	for _, d := range v.Decoders {
-		c := &v.Cands[d]
-		_, step, _ := k.Cost.Rates(c.ID)
-		if k.Always && c.Role == scheduler.RoleDecode && len(v.Prefillers) > 0 {
+		if k.Always && v.Cands[d].Role == scheduler.RoleDecode && len(v.Prefillers) > 0 {
 			continue
 		}
-		t := k.Cost.Terms(r, c, max(0, r.PromptTokens-c.CachedTokens))
-		now := k.tpotNow(r, c, t, out)
-		after := now + t.Prefill/out
-		var broken float64
-		if k.SLOTPOT > 0 {
-			// Under a TPOT objective the running streams' lost seconds
-			// matter as far as they risk it: a stream well inside its
-			// objective loses nothing it is judged by.
-			risk = min(risk, pMiss(after, k.SLOTPOT))
-			w := k.streamRisk(r.Model, c.Role, now, after, t.Prefill)
-			t.Stall *= w
-			broken = k.broken(c, out, now, w)
+		risk, own = k.addWhole(r, v, d, out, risk, own)
+	}
+	if !k.Always && k.SLOTPOT > 0 && own >= 0.5 {
+		// No engine that decodes keeps this request within the TPOT
+		// objective (P(miss) ≥ ½ on each): a prefill engine that can
+		// serve a whole request (vLLM's kv_role "kv_both") is offered,
+		// priced as a local prefill and decode there. Its streams decode
+		// between other requests' prefill legs, so while the decode
+		// engines have TPOT to spare it never is (docs/BENCHMARKS.md,
+		// "Whole requests on prefill engines, gated").
+		for _, p := range v.Prefillers {
+			if !v.Cands[p].PrefillOnly {
+				risk, _ = k.addWhole(r, v, p, out, risk, own)
+			}
 		}
-		cost := t.Total(step) + k.kvWait(r, c, t)
-		cost += k.miss(out, t.Queue+t.Prefill+step, now) + broken
-		v.Add(-1, d, -cost)
 	}
 	for _, d := range v.Decoders {
 		c := &v.Cands[d]
@@ -184,9 +187,38 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		if len(v.Prefillers) == 0 && (!k.MixedPrefill || len(v.Mixed) < 2) {
 			return "aggregated-no-prefill"
 		}
+		if v.Cands[v.Options[best].Decode].Role == scheduler.RolePrefill {
+			return "aggregated-on-prefill"
+		}
 		return "aggregated-cheaper"
 	}
 	return "disaggregated-cheaper"
+}
+
+// addWhole adds the aggregated option on d (prefilled and decoded there)
+// and returns risk and own lowered by its streams' and the request's TPOT
+// miss chances.
+func (k KVMesh) addWhole(r *scheduler.Request, v *View, d int, out, risk, own float64) (float64, float64) {
+	c := &v.Cands[d]
+	_, step, _ := k.Cost.Rates(c.ID)
+	t := k.Cost.Terms(r, c, max(0, r.PromptTokens-c.CachedTokens))
+	now := k.tpotNow(r, c, t, out)
+	after := now + t.Prefill/out
+	var broken float64
+	if k.SLOTPOT > 0 {
+		// Under a TPOT objective the running streams' lost seconds
+		// matter as far as they risk it: a stream well inside its
+		// objective loses nothing it is judged by.
+		risk = min(risk, pMiss(after, k.SLOTPOT))
+		own = min(own, pMiss(now, k.SLOTPOT))
+		w := k.streamRisk(r.Model, c.Role, now, after, t.Prefill)
+		t.Stall *= w
+		broken = k.broken(c, out, now, w)
+	}
+	cost := t.Total(step) + k.kvWait(r, c, t)
+	cost += k.miss(out, t.Queue+t.Prefill+step, now) + broken
+	v.Add(-1, d, -cost)
+	return risk, own
 }
 
 // addPair adds the option prefill on p, decode on d. xfer is the transfer

@@ -92,28 +92,15 @@ func TestKVMeshMixedPrefill(t *testing.T) {
 // the TPOT objective offer every ordered pair of distinct engines (8 × 7)
 // beside the 8 aggregated options, and routing allocates nothing.
 func TestMixedPairsNoAlloc(t *testing.T) {
-	idx, err := index.New(index.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), make([]uint32, 8192), bs)
 	var es []scheduler.Engine
 	for i := 0; i < 8; i++ {
 		es = append(es, scheduler.Engine{ID: "m" + strconv.Itoa(i), Healthy: true, Model: "m", Role: M, Running: 40, InFlight: 40,
 			GPUBlocks: 30000, TPOT: 60 * time.Millisecond})
 	}
-	sc := scheduler.DefaultConfig()
-	sc.Policy = "kvmesh"
-	sched, err := registry.New(sc, idx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	outs := NewOutputDist()
 	outs.Observe("m", 3, 1)
-	r, err := NewRouter(sched, mustPolicy(t, Config{MixedPrefill: true, SLOTTFT: 2, SLOTPOT: 0.05, Outputs: outs}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := emptyIndexRouter(t, Config{MixedPrefill: true, SLOTTFT: 2, SLOTPOT: 0.05, Outputs: outs})
 	req := scheduler.Request{Keys: keys, BlockSize: bs, PromptTokens: 8192, OutputTokens: 16, Model: "m"}
 	var plan Plan
 	if err := r.Route(&req, es, &plan); err != nil {
@@ -131,10 +118,38 @@ func TestMixedPairsNoAlloc(t *testing.T) {
 	if pairs != 56 || len(plan.Options) != 64 {
 		t.Fatalf("%d options, %d pairs; want 64 and 56", len(plan.Options), pairs)
 	}
-	if raceEnabled {
-		return // the allocation guard runs in unit-norace
+	routeAllocsNothing(t, r, &req, es, &plan)
+}
+
+// emptyIndexRouter is a Router with a policy from c over the kvmesh
+// scheduler and an empty index.
+func emptyIndexRouter(t *testing.T, c Config) *Router {
+	t.Helper()
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = r.Route(&req, es, &plan) }); n != 0 {
+	sc := scheduler.DefaultConfig()
+	sc.Policy = "kvmesh"
+	sched, err := registry.New(sc, idx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(sched, mustPolicy(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// routeAllocsNothing fails when routing req over es allocates (the guard
+// runs without the race detector: unit-norace).
+func routeAllocsNothing(t *testing.T, r *Router, req *scheduler.Request, es []scheduler.Engine, plan *Plan) {
+	t.Helper()
+	if raceEnabled {
+		return
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = r.Route(req, es, plan) }); n != 0 {
 		t.Fatalf("Route allocates %v times", n)
 	}
 }

@@ -26,6 +26,8 @@ type eng struct {
 	cached  int // leading blocks of the request cached
 	tpot    time.Duration
 	local   int // this router's in-flight prefill tokens there
+	// prefillOnly: a prefill engine that cannot serve a whole request.
+	prefillOnly bool
 }
 
 type setup struct {
@@ -54,7 +56,7 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 		}
 		es = append(es, scheduler.Engine{ID: e.id, Healthy: true, Model: "m", Role: e.role, Group: e.group,
 			Running: e.running, Waiting: e.waiting, QueuedPrefillTokens: e.queued, InFlight: e.running + e.waiting,
-			GPUBlocks: 30000, TPOT: e.tpot, LocalPrefillTokens: e.local})
+			GPUBlocks: 30000, TPOT: e.tpot, LocalPrefillTokens: e.local, PrefillOnly: e.prefillOnly})
 	}
 	sc := scheduler.DefaultConfig()
 	sc.Policy = "kvmesh"
