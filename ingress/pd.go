@@ -255,8 +255,10 @@ func (g *prefillGate) release() { <-g.slots }
 
 // planPD runs the P/D step when a prefill engine is a candidate, and puts
 // the plan's decode engine first in the ranking. With P/D on, prefill-role
-// engines leave the ranking (they serve prefill legs, not whole requests)
-// unless nothing else is left; batched prompts are served aggregated.
+// engines leave the ranking (they serve prefill legs) unless the plan
+// serves the request whole on one (the kvmesh policy, when no decode
+// engine keeps its TPOT) or nothing else is left; batched prompts are
+// served aggregated.
 func (c *call) planPD() error {
 	s := c.s
 	if !hasPrefill(c.cands) {
