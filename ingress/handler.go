@@ -276,8 +276,9 @@ func (c *call) addCandidate(e *EngineInfo) {
 	// engines serve whole requests too).
 	eng.PrefillOnly = eng.PrefillOnly || (eng.Role == scheduler.RolePrefill && e.PDProtocol == gossip.PDProtocolSGLang)
 	if up := c.s.ups.lookup(e.ID); up != nil {
-		eng.InFlight += int(up.inflight.Load())
-		eng.LocalPrefillTokens, eng.LocalActiveTokens = int(up.prefill.Load()), int(up.active.Load())
+		n, pre, act := up.load()
+		eng.InFlight += n
+		eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
 		if eng.TTFT == 0 && eng.TPOT == 0 {
 			// Gossip carries no latencies: this replica's own (latency.go).
 			eng.TTFT, eng.TPOT = up.lat.get(c.start)
@@ -722,7 +723,7 @@ func (c *call) finish() {
 			if s.slo != nil {
 				s.slo.observeCall(c, total)
 			}
-			if c.req.stream && c.ttft > 0 && perPrompt > 1 && total > c.ttft {
+			if c.req.stream && perPrompt > 1 { // observe drops a zero TTFT or TPOT
 				if up := s.ups.lookup(c.engine); up != nil {
 					up.lat.observe(c.ttft, (total-c.ttft)/time.Duration(perPrompt-1))
 				}

@@ -14,7 +14,10 @@ import (
 // scheduler.Engine.TTFT and TPOT (the P/D step's streams' TPOT, the Kthena
 // and AIBrix emulations' latency scores); the DES gives every router the
 // same per-engine means over its 200 ms snapshots (loadtest/des/clock.go,
-// scrape), so a policy measured there sees here what it saw there.
+// scrape), so a policy measured there sees here what it saw there. The
+// SLORecorder (slo_gossip.go) sees the same answers but keeps p90s over a
+// 30 s window for the autoscaler, and only in cluster mode: too slow and
+// too coarse for a per-request price.
 //
 // Observe runs once per finished request and takes the lock; get runs for
 // every candidate of every request and takes it only when a window is due.

@@ -192,6 +192,12 @@ func (u *upstreams) local(id string) (inflight, prefill, active int) {
 	if up == nil {
 		return 0, 0, 0
 	}
+	return up.load()
+}
+
+// load is this replica's in-flight requests, pending prefill tokens and
+// active tokens on the engine.
+func (up *upstream) load() (inflight, prefill, active int) {
 	return int(up.inflight.Load()), int(up.prefill.Load()), int(up.active.Load())
 }
 
