@@ -396,7 +396,10 @@ func (s *pdSim) step(e int, now time.Duration) {
 		}
 		s.decodeDone(i, r.Result(), now)
 	}
-	if res.Steps > 0 && !eng.Idle() {
+	if res.Steps > 0 {
+		// The engine is busy until the step's end even when the step
+		// finished every request it had: a request that arrives meanwhile
+		// waits for the next step, which starts there.
 		s.stepPending[e] = true
 		s.h.push(max(res.End, now+1), evStep, e)
 	}
