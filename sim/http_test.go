@@ -347,8 +347,17 @@ func TestMetricsParseAndMove(t *testing.T) {
 	}()
 	testutil.WaitFor(t, 10*time.Second, "running gauge to show the request", func() bool {
 		m := scrape(t, s)
-		return m["vllm:num_requests_running"+e] == 1 && m["vllm:kv_cache_usage_perc"+e] > 0
+		return m["vllm:num_requests_running"+e] == 1 && m["vllm:kv_cache_usage_perc"+e] > 0 && m["vllm:generation_tokens_total"+e] >= 3
 	})
+	// vLLM observes each token's gap as it is sampled: the histogram moves
+	// while the request still runs (held: no step can finish it).
+	s.ranks[0].hold(true)
+	t.Cleanup(func() { s.ranks[0].hold(false) })
+	testutil.WaitFor(t, 10*time.Second, "inter-token latency observed before the request finishes", func() bool {
+		m := scrape(t, s)
+		return m["vllm:num_requests_running"+e] == 1 && m["vllm:inter_token_latency_seconds"+e+"_count"] >= 2
+	})
+	s.ranks[0].hold(false)
 	if _, ok := <-done; !ok {
 		t.FailNow()
 	}

@@ -52,6 +52,7 @@ func newMetrics(s *Server) *metrics {
 
 	for _, rk := range s.ranks {
 		rk := rk
+		rk.itl = m.itl.WithLabelValues(s.cfg.Model, strconv.Itoa(rk.idx)) // before the ranks run
 		cl := prometheus.Labels{"model_name": s.cfg.Model, "engine": strconv.Itoa(rk.idx)}
 		load := func() engine.Load { return rk.load() }
 		gauge := func(name, help string, f func(engine.Load) float64) {
@@ -122,8 +123,4 @@ func (m *metrics) observe(model string, rank int, res engine.Result, reason stri
 	m.queue.WithLabelValues(lv...).Observe(res.QueueTime.Seconds())
 	m.prefill.WithLabelValues(lv...).Observe(res.PrefillTime.Seconds())
 	m.decode.WithLabelValues(lv...).Observe((res.Finished - res.FirstToken).Seconds())
-	itl := m.itl.WithLabelValues(lv...)
-	for i := 1; i < len(res.TokenTimes); i++ {
-		itl.Observe((res.TokenTimes[i] - res.TokenTimes[i-1]).Seconds())
-	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/kvevents/kvtest"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -40,6 +41,8 @@ type rank struct {
 	batch kvevents.Batch
 	fin   []*engine.Request
 	held  bool // tests only: the driver takes no step while set (see hold)
+
+	itl prometheus.Observer // vllm:inter_token_latency_seconds of this rank (under mu)
 
 	wake chan struct{} // cap 1: a request arrived
 	// transferring counts this rank's decode requests reading their KV from
@@ -239,6 +242,11 @@ func (rk *rank) deliver() {
 	defer rk.mu.Unlock()
 	for r, c := range rk.calls {
 		if g := r.Generated(); g != c.generated {
+			// vLLM observes every token's gap from the one before as it is
+			// sampled (IterationStats), not when the request finishes.
+			for i := max(1, c.generated); i < g; i++ {
+				rk.itl.Observe((r.TokenTime(i) - r.TokenTime(i-1)).Seconds())
+			}
 			c.generated = g
 			signal(c.notify)
 		}

@@ -104,6 +104,15 @@ func (r *Request) Generated() int { return r.generated }
 // Done reports whether the request finished or was aborted.
 func (r *Request) Done() bool { return r.state == stateDone }
 
+// TokenTime is when output token i (0-based, < Generated) was sampled, in
+// engine time; zero unless the engine records token times.
+func (r *Request) TokenTime(i int) time.Duration {
+	if i < 0 || i >= len(r.tokenTimes) {
+		return 0
+	}
+	return r.tokenTimes[i]
+}
+
 // OutputToken is the i-th generated token id (0-based); defined for any i.
 func (r *Request) OutputToken(i int) uint32 { return fillerToken(r.outSeed, i) }
 
