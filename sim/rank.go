@@ -42,7 +42,7 @@ type rank struct {
 	fin   []*engine.Request
 	held  bool // tests only: the driver takes no step while set (see hold)
 
-	itl prometheus.Observer // vllm:inter_token_latency_seconds of this rank (under mu)
+	itl prometheus.Observer // vllm:inter_token_latency_seconds of this rank: set before the ranks run, observed in deliver
 
 	wake chan struct{} // cap 1: a request arrived
 	// transferring counts this rank's decode requests reading their KV from
