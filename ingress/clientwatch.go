@@ -85,6 +85,12 @@ func (u *upstreams) startWatch(ctx *fasthttp.RequestCtx) *watch {
 	w.idText = strconv.AppendUint(w.idText[:0], w.id, 10)
 	w.conn, w.canceled, w.done = nil, false, false
 	w.exited = make(chan struct{})
+	// The read deadline fasthttp set for reading the request (ReadTimeout)
+	// would end the watch without a verdict once it passes, and a client
+	// leaving later would go unseen: the answer may take longer. Cleared
+	// here, before the watcher can start, so stop's past deadline always
+	// comes after it.
+	_ = ctx.SetReadDeadline(time.Time{})
 	u.watchMu.Lock()
 	u.watched[w.id] = w
 	u.watchMu.Unlock()

@@ -13,10 +13,13 @@ import (
 // startHangIngress is an ingress in front of one engine that never answers,
 // with tlsOn a TLS listener (a certificate from testutil.ServerCert); the client's
 // leaving is the only way its requests end.
-func startHangIngress(t *testing.T, tlsOn bool) (*Server, *faultEngine) {
+func startHangIngress(t *testing.T, tlsOn bool, adjust ...func(*Config)) (*Server, *faultEngine) {
 	t.Helper()
 	hang := startFaultEngine(t, faultHang)
 	cfg := testConfig(StaticEngine{ID: "hang", Model: "m", URL: hang.url()})
+	for _, f := range adjust {
+		f(&cfg)
+	}
 	cfg.IdleTimeout = time.Minute
 	cfg.Health.StallAfter = 0 // the hang is the client's to end, not the stall watch's
 	if tlsOn {
@@ -79,5 +82,23 @@ func TestClientDisconnectAfterPipelinedBytesCancelsUpstream(t *testing.T) {
 		if _, err := fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\n"); err != nil {
 			t.Fatal(err)
 		}
+	})
+}
+
+// A client that leaves after the server's read timeout (the deadline for
+// reading its request, which the connection still carries while the answer
+// is awaited) is seen leaving: the watch does not end at that deadline.
+func TestClientDisconnectAfterReadTimeoutCancelsUpstream(t *testing.T) {
+	const readTimeout = 100 * time.Millisecond
+	s, hang := startHangIngress(t, false, func(c *Config) { c.ReadTimeout = readTimeout })
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	leaveMidRequest(t, s, hang, conn, func() {
+		// The request's read deadline has passed once this much wall time
+		// has; the client leaves only then.
+		<-time.After(3 * readTimeout)
 	})
 }

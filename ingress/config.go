@@ -127,6 +127,12 @@ type Config struct {
 	// as a dead engine's. With the watch on it must exceed
 	// stallAfter + 1.25 × probeTimeout, the time the watch takes to judge.
 	FirstByteTimeout time.Duration `yaml:"firstByteTimeout"`
+	// ReadTimeout bounds reading a client's request, head and body (a slow
+	// upload of a large body needs more). It does not bound the answer:
+	// once the request is read, a client may wait for it as long as the
+	// engine takes, and its leaving is still seen (clientwatch.go).
+	// Default 60s.
+	ReadTimeout time.Duration `yaml:"readTimeout"`
 	// MaxConnsPerEngine bounds pooled upstream connections per engine. Default 4096.
 	MaxConnsPerEngine int `yaml:"maxConnsPerEngine"`
 	// DrainTimeout bounds the graceful drain in Close. Default 30s.
@@ -219,6 +225,7 @@ func DefaultConfig() Config {
 		MaxAttempts:           3,
 		ConnectTimeout:        2 * time.Second,
 		IdleTimeout:           5 * time.Minute,
+		ReadTimeout:           60 * time.Second,
 		MaxConnsPerEngine:     4096,
 		DrainTimeout:          30 * time.Second,
 		ChatMode:              ChatModeChat,
@@ -275,6 +282,9 @@ func (c *Config) Validate() error {
 	}
 	if c.IdleTimeout <= 0 {
 		bad("idle timeout must be > 0")
+	}
+	if c.ReadTimeout <= 0 {
+		bad("read timeout must be > 0")
 	}
 	if c.FirstByteTimeout < 0 {
 		bad("first byte timeout must be >= 0 (0: none while the stall watch is on), got %v", c.FirstByteTimeout)

@@ -226,7 +226,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		// Parse errors must not quote the request head back to the client
 		// or into logs: it holds the credential.
 		SecureErrorLogMessage: true,
-		ReadTimeout:           60 * time.Second, // a client must send its request within this
+		ReadTimeout:           cfg.ReadTimeout, // a client must send its request within this
 		IdleTimeout:           90 * time.Second,
 		CloseOnShutdown:       true,
 		NoDefaultDate:         true,
