@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -161,7 +162,8 @@ func retryAfter(v []byte, now time.Time) time.Duration {
 	return min(max(d, time.Second), maxRetryAfter)
 }
 
-// writeError writes err as an OpenAI error response.
+// writeError writes err as an OpenAI error response, or in Anthropic's
+// shape on the Messages API's paths (messagesPath).
 func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
 	ae := toAPIError(err)
 	ctx.Response.Reset()
@@ -171,8 +173,19 @@ func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
 		secs := int64((ae.retryAfter + time.Second - 1) / time.Second)
 		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
-	ctx.Response.SetBodyRaw(appendErrorBody(nil, ae))
+	if messagesPath(ctx.Path()) {
+		ctx.Response.SetBodyRaw(appendMessagesError(nil, ae))
+	} else {
+		ctx.Response.SetBodyRaw(appendErrorBody(nil, ae))
+	}
 	return ae
+}
+
+// messagesPath reports whether path is the Messages API's (/v1/messages and
+// below it, e.g. count_tokens), whose clients read Anthropic's error shape.
+func messagesPath(path []byte) bool {
+	const p = "/v1/messages"
+	return bytes.HasPrefix(path, []byte(p)) && (len(path) == len(p) || path[len(p)] == '/')
 }
 
 // appendErrorBody appends {"error":{"message","type","param","code"}}.

@@ -651,12 +651,10 @@ func (c *call) tokenizeBatch(tok Tokenizer) error {
 // reqBody is the client's body; set by proxy before use.
 func (c *call) reqBody() []byte { return c.req.body }
 
-// fail answers with an OpenAI error (Anthropic's on the Messages API).
+// fail answers with an OpenAI error (Anthropic's on the Messages API:
+// writeError).
 func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	ae := writeError(ctx, err)
-	if c.ep == epMessages {
-		ctx.Response.SetBodyRaw(appendMessagesError(nil, ae))
-	}
 	c.status = ae.status
 	c.errMsg = ae.msg
 	if c.engine != "" {

@@ -442,6 +442,9 @@ func appendOrNull(dst, v []byte) []byte {
 // as Anthropic names them.
 func appendMessagesError(dst []byte, ae *apiError) []byte {
 	typ := "api_error"
+	if ae.status >= 400 && ae.status < 500 {
+		typ = "invalid_request_error" // the other client errors (405, 431, ...)
+	}
 	switch ae.status {
 	case 400, 422:
 		typ = "invalid_request_error"

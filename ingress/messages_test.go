@@ -1,6 +1,10 @@
 package ingress
 
 import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -112,12 +116,58 @@ func TestMessagesStreamEvents(t *testing.T) {
 		t.Fatal("ended")
 	}
 	checkOutTokens(t, messagesStream, start, delta, end, 7)
-	tail := appendMessagesErrorEvent(nil, `engine "x" failed`)
+	tail := appendMessagesErrorEvent(nil, `engine "x" failed`, 0)
 	var e struct {
 		Type  string
 		Error struct{ Type, Message string }
 	}
 	if errorEventData(t, tail, &e); e.Type != "error" || e.Error.Type != "api_error" || e.Error.Message != `engine "x" failed` {
 		t.Fatalf("error event %q", tail)
+	}
+}
+
+// Every error the ingress itself answers on the Messages API's paths,
+// count_tokens and the transport's 413 included, is in Anthropic's shape;
+// the other endpoints keep OpenAI's.
+func TestMessagesPathsErrorShape(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()})
+	cfg.MaxBodyBytes = 4096
+	s := startIngress(t, cfg, Deps{})
+	base := "http://" + s.Addr()
+	big := `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		typ                string
+	}{
+		{"POST", "/v1/messages", big, 413, "request_too_large"},
+		{"POST", "/v1/messages", `{"model":"nope","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, 404, "not_found_error"},
+		{"POST", "/v1/messages/count_tokens", `{"model":"m",`, 400, "invalid_request_error"},
+		{"POST", "/v1/messages/count_tokens", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, "not_found_error"},
+		{"POST", "/v1/messages/count_tokens", big, 413, "request_too_large"},
+		{"GET", "/v1/messages/count_tokens", "", 405, "invalid_request_error"},
+	} {
+		req, _ := http.NewRequest(c.method, base+c.path, strings.NewReader(c.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct {
+			Type  string
+			Error struct{ Type, Message string }
+		}
+		if err := json.Unmarshal(b, &e); err != nil || resp.StatusCode != c.status || e.Type != "error" || e.Error.Type != c.typ || e.Error.Message == "" {
+			t.Errorf("%s %s: %d %s, want %d in Anthropic's shape, type %s", c.method, c.path, resp.StatusCode, b, c.status, c.typ)
+		}
+	}
+	st, _, b := post(t, http.DefaultClient, base+"/v1/chat/completions", big)
+	var oe struct {
+		Error struct{ Type, Message string }
+	}
+	if err := json.Unmarshal(b, &oe); err != nil || st != 413 || oe.Error.Type != "invalid_request_error" {
+		t.Errorf("chat: %d %s, want 413 in OpenAI's shape", st, b)
 	}
 }

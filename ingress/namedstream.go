@@ -21,8 +21,10 @@ type namedStream struct {
 	// delta marks an output event, counted when no usage says how many
 	// tokens came.
 	delta []byte
-	// appendError appends the event ending a stream the engine broke.
-	appendError func(dst []byte, msg string) []byte
+	// appendError appends the event ending a stream the engine broke; seq
+	// is the sequence number after the last event relayed (the Responses
+	// API numbers its events).
+	appendError func(dst []byte, msg string, seq int) []byte
 }
 
 // outTokensKey is the usage member both APIs count output tokens with.
@@ -101,6 +103,24 @@ func (n *namedStream) outTokens(c *call, b []byte) {
 	c.outTokens += bytes.Count(b, n.delta)
 }
 
+var (
+	seqKey          = []byte(`"sequence_number":`)
+	errorEventStart = []byte("\n\nevent: error\n")
+)
+
+// track notes, in whole events about to be relayed on p, the last sequence
+// number and whether the engine sent its own error event. events starts at
+// an event's start; a key inside a JSON string has its quotes escaped, so
+// it does not match.
+func (n *namedStream) track(p *proxyStream, events []byte) {
+	if i := bytes.LastIndex(events, seqKey); i >= 0 {
+		p.nextSeq = uintAt(events, i+len(seqKey)) + 1
+	}
+	if bytes.HasPrefix(events, errorEventStart[2:]) || bytes.Contains(events, errorEventStart) {
+		p.sawError = true
+	}
+}
+
 func containsAny(b []byte, marks [][]byte) bool {
 	for _, m := range marks {
 		if bytes.Contains(b, m) {
@@ -112,7 +132,7 @@ func containsAny(b []byte, marks [][]byte) bool {
 
 // appendMessagesErrorEvent appends the error event ending a broken
 // Messages stream (Anthropic's error shape).
-func appendMessagesErrorEvent(dst []byte, msg string) []byte {
+func appendMessagesErrorEvent(dst []byte, msg string, _ int) []byte {
 	dst = append(dst, "event: error\ndata: "...)
 	dst = append(dst, `{"type":"error","error":{"type":"api_error","message":`...)
 	dst = openai.AppendString(dst, msg)

@@ -487,6 +487,8 @@ type proxyStream struct {
 	named    *namedStream // a named-event stream (namedstream.go), nil for completions and chat
 	out      []byte       // re-wrap: converted events
 	sawDone  bool         // the engine's [DONE] went through
+	sawError bool         // named: the engine's own error event went through
+	nextSeq  int          // named: the sequence_number after the last one relayed
 	sentRole bool
 	closed   bool
 }
@@ -535,6 +537,9 @@ func (p *proxyStream) fillOnce() {
 	events := p.buf[:p.cut]
 	if hasDoneEvent(events) || p.named != nil && p.named.ended(events) {
 		p.sawDone = true
+	}
+	if p.named != nil {
+		p.named.track(p, events)
 	}
 	if p.c.usage != nil {
 		p.probeUsage(events, p.sawDone) // forcedusage.go
@@ -679,7 +684,9 @@ func (p *proxyStream) endWith(err error) {
 	c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
 	c.errMsg = "upstream stream broke: " + err.Error()
 	if p.named != nil {
-		p.tail = p.named.appendError(p.tail, fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err))
+		if !p.sawError { // else the engine's own error event ended it
+			p.tail = p.named.appendError(p.tail, fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), p.nextSeq)
+		}
 		return
 	}
 	p.tail = append(p.tail, "data: "...)

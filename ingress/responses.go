@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -484,10 +485,12 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 }
 
 // appendRespErrorEvent appends the error event ending a broken Responses
-// stream.
-func appendRespErrorEvent(dst []byte, msg string) []byte {
+// stream, numbered seq (the one after the last event relayed).
+func appendRespErrorEvent(dst []byte, msg string, seq int) []byte {
 	dst = append(dst, "event: error\ndata: "...)
 	dst = append(dst, `{"type":"error","code":"upstream_error","message":`...)
 	dst = openai.AppendString(dst, msg)
-	return append(dst, `,"param":null,"sequence_number":0}`+"\n\n"...)
+	dst = append(dst, `,"param":null,"sequence_number":`...)
+	dst = strconv.AppendInt(dst, int64(seq), 10)
+	return append(dst, "}\n\n"...)
 }

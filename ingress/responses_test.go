@@ -2,6 +2,9 @@ package ingress
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -219,7 +222,7 @@ func TestResponsesStreamEvents(t *testing.T) {
 		t.Fatal("ended")
 	}
 	checkOutTokens(t, responsesStream, pre, delta, done, 12)
-	tail := appendRespErrorEvent(nil, `engine "x" failed`)
+	tail := appendRespErrorEvent(nil, `engine "x" failed`, 0)
 	var e map[string]any
 	if errorEventData(t, tail, &e); e["type"] != "error" || e["message"] != `engine "x" failed` {
 		t.Fatalf("error event %q", tail)
@@ -245,4 +248,49 @@ func FuzzParseResponses(f *testing.F) {
 			t.Fatalf("upstream body %q from %q", c.body, body)
 		}
 	})
+}
+
+// A Responses stream the engine breaks ends with an error event numbered
+// after the last event relayed; one the engine ended with its own error
+// event (and then closed) gets no second one, on the Messages API too.
+func TestNamedStreamBrokenErrorEvent(t *testing.T) {
+	s, err := New(DefaultConfig(), Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := func(named *namedStream, in string) string {
+		c := &call{s: s}
+		p := &proxyStream{c: c, up: &upstream{id: "e"}, body: strings.NewReader(in), buf: make([]byte, 256), named: named}
+		out, err := io.ReadAll(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	ev := func(typ string, seq int) string {
+		return fmt.Sprintf("event: %s\ndata: {\"type\":\"%s\",\"delta\":\"\\\"sequence_number\\\":99\",\"sequence_number\":%d}\n\n", typ, typ, seq)
+	}
+	body := ev("response.created", 0) + ev("response.in_progress", 1) + ev("response.output_text.delta", 2) + ev("response.output_text.delta", 3)
+	out := relay(responsesStream, body)
+	if !strings.HasPrefix(out, body) || strings.Count(out, "event: error\n") != 1 {
+		t.Fatalf("broken stream relayed as %q", out)
+	}
+	var e struct {
+		Type string
+		Seq  int `json:"sequence_number"`
+	}
+	if errorEventData(t, []byte(out[len(body):]), &e); e.Type != "error" || e.Seq != 4 {
+		t.Fatalf("error event %q: want type error, sequence_number 4", out[len(body):])
+	}
+	own := body + "event: error\ndata: {\"type\":\"error\",\"code\":\"x\",\"message\":\"sim: closed\",\"param\":null,\"sequence_number\":4}\n\n"
+	if out := relay(responsesStream, own); out != own {
+		t.Fatalf("a stream the engine ended with its error event relayed as %q", out)
+	}
+	msgs := "event: message_start\ndata: {\"type\":\"message_start\"}\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"sim: closed\"}}\n\n"
+	if out := relay(messagesStream, msgs); out != msgs {
+		t.Fatalf("a Messages stream the engine ended with its error event relayed as %q", out)
+	}
+	if out := relay(messagesStream, msgs[:strings.Index(msgs, "event: error")]); strings.Count(out, "event: error\n") != 1 {
+		t.Fatalf("a broken Messages stream relayed as %q", out)
+	}
 }
