@@ -204,12 +204,13 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 	begin := time.Now()
 	timer := time.NewTimer(q.cfg.MaxWait)
 	defer timer.Stop()
+	reason := "timeout"
 	select {
 	case <-w.ch:
 		q.metrics.admit(tq.name, time.Since(begin).Seconds())
 		return q.releaser(), nil
 	case <-ctx.Done():
-		err = ctx.Err()
+		err, reason = ctx.Err(), "canceled" // the client left (or the server closes)
 	case <-timer.C:
 		err = fmt.Errorf("%w after %v", ErrQueueTimeout, q.cfg.MaxWait)
 	}
@@ -217,14 +218,14 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 	if w.index >= 0 || q.inFIFO(w) {
 		q.dequeue(w)
 		q.mu.Unlock()
-		q.metrics.reject(tq.name, "timeout")
+		q.metrics.reject(tq.name, reason)
 		return nil, err
 	}
 	q.mu.Unlock()
 	// The grant raced with the timeout: the slot is ours; pass it on.
 	<-w.ch
 	q.releaseSlot()
-	q.metrics.reject(tq.name, "timeout")
+	q.metrics.reject(tq.name, reason)
 	return nil, err
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"reflect"
 	"strings"
 	"sync"
@@ -182,6 +183,12 @@ func TestBoundsAndTimeout(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled waiter: %v", err)
+	}
+	// Counted as what it was (a and b are not configured: "other"): three
+	// timeouts, one cancel.
+	to, cn := promtest.ToFloat64(q.metrics.rejected.WithLabelValues(otherTenants, "timeout")), promtest.ToFloat64(q.metrics.rejected.WithLabelValues(otherTenants, "canceled"))
+	if to != 3 || cn != 1 {
+		t.Errorf("rejected: %v timeout, %v canceled; want 3, 1", to, cn)
 	}
 	rel()
 	rel() // a second call is ignored

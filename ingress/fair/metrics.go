@@ -19,7 +19,7 @@ func newMetrics(cfg Config) *metrics {
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tenant_admitted_total",
 			Help: "Requests admitted by the fair queue, per tenant (unlisted tenants: other)."}, []string{"tenant"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tenant_rejected_total",
-			Help: "Requests the fair queue refused, per tenant and reason (full, timeout)."}, []string{"tenant", "reason"}),
+			Help: "Requests the fair queue refused, per tenant and reason (full, timeout; canceled: the client left while waiting)."}, []string{"tenant", "reason"}),
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvmesh_ingress_tenant_queued_requests",
 			Help: "Requests waiting in the fair queue, per tenant."}, []string{"tenant"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_tenant_queue_wait_seconds",
@@ -35,7 +35,7 @@ func newMetrics(cfg Config) *metrics {
 		m.admitted.WithLabelValues(l)
 		m.waiting.WithLabelValues(l)
 		m.wait.WithLabelValues(l)
-		for _, reason := range []string{"full", "timeout"} {
+		for _, reason := range []string{"full", "timeout", "canceled"} {
 			m.rejected.WithLabelValues(l, reason)
 		}
 	}
