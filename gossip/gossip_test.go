@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -233,4 +234,41 @@ func FuzzJoinLoRAs(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A seed that restarts with no seeds of its own (the first sidecar, started
+// without --join) is alone; the members that joined through it are not, and
+// still find it again: they join the seeds at which no member listens.
+func TestRestartedSeedIsJoinedAgain(t *testing.T) {
+	seed := start(t, testConfig("seed", RoleSidecar, nil))
+	addr := seed.Addr()
+	a := start(t, testConfig("a", RoleIngress, nil, addr))
+	b := start(t, testConfig("b", RoleSidecar, nil, addr))
+	testutil.WaitFor(t, 10*time.Second, "3 members everywhere", func() bool {
+		return seed.NumMembers() == 3 && a.NumMembers() == 3 && b.NumMembers() == 3
+	})
+	seed.Shutdown() // a crash: no leave message
+	testutil.WaitFor(t, 15*time.Second, "the seed declared gone", func() bool { return a.NumMembers() == 2 && b.NumMembers() == 2 })
+
+	c := testConfig("seed", RoleSidecar, nil)
+	c.BindAddr, c.BindPort = addrParts(t, addr)
+	back := start(t, c)
+	back.SetEngine(EngineState{ID: "e-seed", Model: "m"})
+	testutil.WaitFor(t, 15*time.Second, "the restarted seed a member again", func() bool {
+		_, ok := a.Engine("e-seed")
+		return ok && back.NumMembers() == 3 && b.NumMembers() == 3
+	})
+}
+
+func addrParts(t *testing.T, addr string) (string, int) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host, p
 }

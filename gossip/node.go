@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -193,13 +195,18 @@ func (n *Node) Members() map[string]NodeMeta {
 }
 
 // loop broadcasts own changed entries, re-broadcasts all of them now and then,
-// and retries the seeds while this node is alone. Owned by Node; stopped by Close.
+// retries the seeds while this node is alone and, less often, joins the
+// seeds that are not members: a seed that restarted with no seeds of its own
+// (the first sidecar of a cluster, started without --join) is alone, and
+// the members that declared it dead would otherwise never contact it again.
+// Owned by Node; stopped by Close.
 func (n *Node) loop(ctx context.Context) {
 	defer close(n.done)
 	tick := time.NewTicker(n.cfg.BroadcastInterval)
 	defer tick.Stop()
-	lastJoin := time.Now()
+	lastJoin, lastCheck := time.Now(), time.Now()
 	rejoinAfter := backoff.Jitter(n.cfg.RejoinInterval, 0.3) // members cut off together do not retry together
+	checkAfter := backoff.Jitter(seedCheckEvery*n.cfg.RejoinInterval, 0.3)
 	for i := 1; ; i++ {
 		select {
 		case <-ctx.Done():
@@ -207,13 +214,54 @@ func (n *Node) loop(ctx context.Context) {
 		case <-tick.C:
 		}
 		n.flush(i%10 == 0)
-		if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 && time.Since(lastJoin) >= rejoinAfter {
+		switch {
+		case len(n.cfg.Join) == 0:
+		case n.ml.NumMembers() <= 1 && time.Since(lastJoin) >= rejoinAfter:
 			lastJoin, rejoinAfter = time.Now(), backoff.Jitter(n.cfg.RejoinInterval, 0.3)
 			if _, err := n.Join(n.cfg.Join); err != nil {
 				n.log.Debug("gossip rejoin failed", "err", err)
 			}
+		case n.ml.NumMembers() > 1 && time.Since(lastCheck) >= checkAfter:
+			lastCheck, checkAfter = time.Now(), backoff.Jitter(seedCheckEvery*n.cfg.RejoinInterval, 0.3)
+			if missing := n.missingSeeds(ctx); len(missing) > 0 {
+				if _, err := n.Join(missing); err != nil {
+					n.log.Debug("gossip join of absent seeds failed", "seeds", missing, "err", err)
+				}
+			}
 		}
 	}
+}
+
+// seedCheckEvery × RejoinInterval is how often a node that is not alone
+// looks for seeds that are not members (20s by default).
+const seedCheckEvery = 10
+
+// missingSeeds returns the seeds' addresses (DNS names resolved, as
+// memberlist resolves them) at which no live member listens.
+func (n *Node) missingSeeds(ctx context.Context) []string {
+	live := map[string]bool{}
+	for _, m := range n.ml.Members() {
+		live[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var out []string
+	for _, seed := range n.cfg.Join {
+		host, port, err := net.SplitHostPort(seed)
+		if err != nil {
+			continue
+		}
+		ips, err := net.DefaultResolver.LookupHost(ctx, host)
+		if err != nil {
+			continue
+		}
+		for _, ip := range ips {
+			if a := net.JoinHostPort(ip, port); !live[a] {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
 }
 
 // flush queues own dirty entries (all own entries when all is set).
