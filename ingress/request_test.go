@@ -59,6 +59,13 @@ func TestParseRequest(t *testing.T) {
 		{name: "model wrong type", ep: epCompletions, body: `{"model":3,"prompt":"x"}`, wantErr: "model must be a string"},
 		{name: "stream wrong type", ep: epCompletions, body: `{"model":"m","prompt":"x","stream":"yes"}`, wantErr: "stream must be a boolean"},
 		{name: "max_tokens negative", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":-1}`, wantErr: "max_tokens"},
+		{name: "max_tokens a fraction", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":2.5}`, wantErr: "max_tokens"},
+		{name: "max_tokens a whole float", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":2.0}`, // pydantic's lax int, as vLLM
+			check: func(t *testing.T, r *request) {
+				if r.maxTokens != 2 {
+					t.Fatalf("max_tokens %d", r.maxTokens)
+				}
+			}},
 		{name: "empty prompt", ep: epCompletions, body: `{"model":"m","prompt":""}`, wantErr: "empty"},
 		{name: "empty ids", ep: epCompletions, body: `{"model":"m","prompt":[]}`, wantErr: "empty"},
 		{name: "negative id", ep: epCompletions, body: `{"model":"m","prompt":[1,-2]}`, wantErr: "invalid token ids"},

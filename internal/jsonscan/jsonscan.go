@@ -9,6 +9,8 @@ package jsonscan
 import (
 	"encoding/binary"
 	"errors"
+	"math"
+	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -386,14 +388,17 @@ func hex4(b []byte) int {
 }
 
 // ParseUint parses a JSON number that must be a non-negative integer <= max.
+// A number written with a fraction or an exponent counts when its value is
+// a whole number (2.0, 1e3, -0), as vLLM's request models (pydantic, lax)
+// read an int field; 2.5 does not.
 func ParseUint(raw []byte, max uint64) (uint64, bool) {
 	if len(raw) == 0 || len(raw) > 20 {
-		return 0, false
+		return parseWholeFloat(raw, max)
 	}
 	var v uint64
 	for _, c := range raw {
 		if c < '0' || c > '9' {
-			return 0, false
+			return parseWholeFloat(raw, max)
 		}
 		d := uint64(c - '0')
 		if v > (max-d)/10 {
@@ -402,6 +407,19 @@ func ParseUint(raw []byte, max uint64) (uint64, bool) {
 		v = v*10 + d
 	}
 	return v, true
+}
+
+// parseWholeFloat is ParseUint's path for a number with a sign, fraction
+// or exponent: exact below 2^53, the range of a whole float64.
+func parseWholeFloat(raw []byte, max uint64) (uint64, bool) {
+	if len(raw) == 0 || len(raw) > 64 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || f != math.Trunc(f) || f < 0 || f >= 1<<53 || f > float64(max) {
+		return 0, false
+	}
+	return uint64(f), true
 }
 
 // ForEachElem calls fn with every element of the JSON array raw, a value

@@ -3,6 +3,7 @@ package jsonscan
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -112,4 +113,27 @@ func FuzzSkipString(f *testing.F) {
 		}
 		sameSkip(t, b, i)
 	})
+}
+
+// ParseUint reads integers and whole numbers written as floats (pydantic's
+// lax int); fractions, negatives and values above max are refused.
+func TestParseUint(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		max  uint64
+		want uint64
+		ok   bool
+	}{
+		{"0", 10, 0, true}, {"7", 10, 7, true}, {"10", 10, 10, true}, {"11", 10, 0, false},
+		{"2.0", 10, 2, true}, {"2.00", 10, 2, true}, {"1e1", 10, 10, true}, {"25e-1", 10, 0, false},
+		{"2.5", 10, 0, false}, {"-0", 10, 0, true}, {"-0.0", 10, 0, true}, {"-1", 10, 0, false},
+		{"1e2", 10, 0, false}, {"18446744073709551615", math.MaxUint64, math.MaxUint64, true},
+		{"18446744073709551616", math.MaxUint64, 0, false}, {"1e300", math.MaxUint64, 0, false},
+		{"", 10, 0, false}, {"x", 10, 0, false}, {"1.5e1", 100, 15, true},
+	} {
+		got, ok := ParseUint([]byte(c.in), c.max)
+		if got != c.want || ok != c.ok {
+			t.Errorf("ParseUint(%q, %d) = %d, %v; want %d, %v", c.in, c.max, got, ok, c.want, c.ok)
+		}
+	}
 }
