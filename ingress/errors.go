@@ -46,6 +46,7 @@ type apiError struct {
 	param      string
 	msg        string
 	retryAfter time.Duration // 429/503: Retry-After header when > 0
+	allow      string        // 405: the Allow header (RFC 9110 §15.5.6)
 	err        error
 }
 
@@ -54,6 +55,14 @@ func (e *apiError) Unwrap() error { return e.err }
 
 func newAPIError(status int, typ, code, param string, err error) *apiError {
 	return &apiError{status: status, typ: typ, code: code, param: param, msg: err.Error(), err: err}
+}
+
+// methodNotAllowed is a 405 naming the methods path takes.
+func methodNotAllowed(allow string, method, path []byte) *apiError {
+	ae := newAPIError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+		fmt.Errorf("%w: %s %s: use %s", ErrBadRequest, method, path, allow))
+	ae.allow = allow
+	return ae
 }
 
 // unauthorized keeps the authenticator's message and wraps ErrUnauthorized.
@@ -172,6 +181,9 @@ func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
 	if ae.retryAfter > 0 {
 		secs := int64((ae.retryAfter + time.Second - 1) / time.Second)
 		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	if ae.allow != "" {
+		ctx.Response.Header.Set("Allow", ae.allow)
 	}
 	if messagesPath(ctx.Path()) {
 		ctx.Response.SetBodyRaw(appendMessagesError(nil, ae))

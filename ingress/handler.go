@@ -115,7 +115,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
 	var err error
 	switch {
 	case !ctx.IsPost():
-		err = newAPIError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "", fmt.Errorf("%w: use POST", ErrBadRequest))
+		err = methodNotAllowed("POST", ctx.Method(), ctx.Path())
 	case s.draining.Load():
 		err = ErrDraining
 	case n > int64(s.cfg.MaxConcurrent):

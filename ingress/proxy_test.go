@@ -638,3 +638,33 @@ func TestTruncatedPromptRoutesOnItsTail(t *testing.T) {
 		}
 	}
 }
+
+// A request that does not arrive within readTimeout gets 408 (not 400 with
+// the socket's error) and its connection is closed.
+func TestSlowRequestIs408(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
+	cfg.ReadTimeout = 200 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// Half a request head, then nothing: the server's read deadline passes.
+	if _, err := fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\nHost: kvmesh\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 408 || !resp.Close || !strings.Contains(string(b), `"code":"request_timeout"`) {
+		t.Fatalf("%d close=%v %s, want 408 closing the connection", resp.StatusCode, resp.Close, b)
+	}
+}

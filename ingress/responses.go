@@ -443,8 +443,11 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	switch {
-	case cancel && !ctx.IsPost(), !cancel && !ctx.IsGet():
-		fail(newAPIError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "", fmt.Errorf("%w: %s %s", ErrBadRequest, ctx.Method(), ctx.Path())))
+	case cancel && !ctx.IsPost():
+		fail(methodNotAllowed("POST", ctx.Method(), ctx.Path()))
+		return
+	case !cancel && !ctx.IsGet():
+		fail(methodNotAllowed("GET", ctx.Method(), ctx.Path()))
 		return
 	}
 	tag := respIDTag(id)

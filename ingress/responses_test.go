@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -292,5 +293,26 @@ func TestNamedStreamBrokenErrorEvent(t *testing.T) {
 	}
 	if out := relay(messagesStream, msgs[:strings.Index(msgs, "event: error")]); strings.Count(out, "event: error\n") != 1 {
 		t.Fatalf("a broken Messages stream relayed as %q", out)
+	}
+}
+
+// A 405 names the methods its path takes (RFC 9110's Allow header).
+func TestMethodNotAllowedNamesAllow(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()}), Deps{})
+	for _, c := range []struct{ method, path, allow string }{
+		{"GET", "/v1/completions", "POST"}, {"PUT", "/v1/chat/completions", "POST"},
+		{"POST", "/v1/responses/resp_x", "GET"}, {"GET", "/v1/responses/resp_x/cancel", "POST"},
+	} {
+		req, _ := http.NewRequest(c.method, "http://"+s.Addr()+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != c.allow || !strings.Contains(string(b), `"code":"method_not_allowed"`) {
+			t.Errorf("%s %s: %d, Allow %q, %s; want 405, Allow %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), b, c.allow)
+		}
 	}
 }

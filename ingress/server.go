@@ -464,6 +464,15 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		s.m.requests.WithLabelValues("unknown", "431").Inc()
 		return
 	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		// The request did not arrive within readTimeout: 408, as RFC 9110
+		// names it, and the connection closes.
+		writeError(ctx, newAPIError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "",
+			fmt.Errorf("%w: the request was not received within %v", ErrBadRequest, s.cfg.ReadTimeout)))
+		ctx.SetConnectionClose()
+		s.m.requests.WithLabelValues("unknown", "408").Inc()
+		return
+	}
 	writeError(ctx, badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)))
 	s.m.requests.WithLabelValues("unknown", "400").Inc()
 }
