@@ -73,11 +73,7 @@ func TestClientDisconnectAfterPipelinedBytesCancelsUpstream(t *testing.T) {
 		t.Skip("unread bytes end the watch on this platform")
 	}
 	s, hang := startHangIngress(t, false)
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dialIngress(t, s)
 	leaveMidRequest(t, s, hang, conn, func() {
 		if _, err := fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\n"); err != nil {
 			t.Fatal(err)
@@ -91,11 +87,7 @@ func TestClientDisconnectAfterPipelinedBytesCancelsUpstream(t *testing.T) {
 func TestClientDisconnectAfterReadTimeoutCancelsUpstream(t *testing.T) {
 	const readTimeout = 100 * time.Millisecond
 	s, hang := startHangIngress(t, false, func(c *Config) { c.ReadTimeout = readTimeout })
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dialIngress(t, s)
 	leaveMidRequest(t, s, hang, conn, func() {
 		// The request's read deadline has passed once this much wall time
 		// has; the client leaves only then.

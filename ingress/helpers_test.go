@@ -375,3 +375,18 @@ func healthyEngines(s *Server) int {
 	}
 	return n
 }
+
+// dialIngress is a raw TCP connection to s, closed with the test, that
+// gives up on reads and writes after 10 s.
+func dialIngress(t *testing.T, s *Server) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}

@@ -228,14 +228,7 @@ func TestClientDisconnectCancelsNonStreamUpstream(t *testing.T) {
 func TestClientWatchKeepsPipelining(t *testing.T) {
 	fe := startFaultEngine(t, faultOK)
 	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{})
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	conn := dialIngress(t, s)
 	const n = 3
 	var reqs strings.Builder
 	for i := 0; i < n; i++ {
@@ -646,14 +639,7 @@ func TestSlowRequestIs408(t *testing.T) {
 	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
 	cfg.ReadTimeout = 200 * time.Millisecond
 	s := startIngress(t, cfg, Deps{})
-	conn, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	conn := dialIngress(t, s)
 	// Half a request head, then nothing: the server's read deadline passes.
 	if _, err := fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\nHost: kvmesh\r\n"); err != nil {
 		t.Fatal(err)
