@@ -108,11 +108,11 @@ var (
 	errorEventStart = []byte("\n\nevent: error\n")
 )
 
-// track notes, in whole events about to be relayed on p, the last sequence
-// number and whether the engine sent its own error event. events starts at
-// an event's start; a key inside a JSON string has its quotes escaped, so
-// it does not match.
-func (n *namedStream) track(p *proxyStream, events []byte) {
+// trackNamed notes, in whole events of a named stream about to be
+// relayed, the last sequence number and whether the engine sent its own
+// error event. events starts at an event's start; a key inside a JSON
+// string has its quotes escaped, so it does not match.
+func (p *proxyStream) trackNamed(events []byte) {
 	if i := bytes.LastIndex(events, seqKey); i >= 0 {
 		p.nextSeq = uintAt(events, i+len(seqKey)) + 1
 	}

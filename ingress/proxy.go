@@ -539,7 +539,7 @@ func (p *proxyStream) fillOnce() {
 		p.sawDone = true
 	}
 	if p.named != nil {
-		p.named.track(p, events)
+		p.trackNamed(events)
 	}
 	if p.c.usage != nil {
 		p.probeUsage(events, p.sawDone) // forcedusage.go
