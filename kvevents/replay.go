@@ -118,6 +118,13 @@ func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) e
 			continue
 		}
 		if end {
+			// The end test is an empty last frame, so a batch with an empty
+			// payload ends the exchange early, and the rest of the engine's
+			// replies would wait in this socket's queue to be read as the
+			// next exchange's (after an engine restart: the dead engine's
+			// blocks, restored). Each exchange gets a fresh socket: replies
+			// to an old one are dropped with it.
+			s.resetDealer(rs)
 			rs.replayFails = 0
 			return nil
 		}

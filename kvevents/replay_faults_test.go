@@ -2,6 +2,7 @@ package kvevents_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"runtime"
 	"testing"
@@ -246,5 +247,91 @@ func TestIdleProbeBacksOffWhileReplayIsDown(t *testing.T) {
 	// (2.55 s in all); without it, 9 probes take 9 × (IdleProbe + timeout).
 	if elapsed := time.Since(start); elapsed < 200*probe {
 		t.Fatalf("%d failed probes in %v: no backoff (stats %+v)", failures, elapsed, sub.Stats())
+	}
+}
+
+// scriptedReplay runs a ROUTER that answers its k-th replay request with
+// script[k] (each reply's frames after the peer's identity) and any later
+// request with the end marker alone. Its goroutine owns the socket.
+func scriptedReplay(t *testing.T, script [][][][]byte) string {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, err := zctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sock.SetLinger(0)
+	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := sock.GetLastEndpoint()
+	quit, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(quit); <-done; _ = sock.Close(); _ = zctx.Term() })
+	go func() {
+		defer close(done)
+		poller := zmq.NewPoller()
+		poller.Add(sock, zmq.POLLIN)
+		end := [][]byte{{}, seq8(math.MaxUint64), {}}
+		for k := 0; ; {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			polled, err := poller.Poll(10 * time.Millisecond)
+			if err != nil || len(polled) == 0 {
+				continue
+			}
+			req, err := sock.RecvMessageBytes(0)
+			if err != nil || len(req) != 3 {
+				continue
+			}
+			replies := [][][]byte{end}
+			if k < len(script) {
+				replies = script[k]
+			}
+			k++
+			for _, r := range replies {
+				if _, err := sock.SendMessage(req[0], r); err != nil {
+					break
+				}
+			}
+		}
+	}()
+	return zmqep.Connectable(ep)
+}
+
+// TestReplayEndedEarlyLeavesNoStaleReplies: a batch with an empty payload
+// looks like the end marker (the robust end test is an empty last frame),
+// so the exchange ends there and the engine's later replies (seqs 7, 8 and
+// the real end) are still on their way. They used to wait in the replay
+// socket's queue and be read as the next exchange's replies: after an
+// engine restart, the old engine's batches were delivered as the new one's
+// history. The next exchange must see only its own replies.
+func TestReplayEndedEarlyLeavesNoStaleReplies(t *testing.T) {
+	good := readFixture(t, "vllm_batch_array_form.msgpack")
+	end := [][]byte{{}, seq8(math.MaxUint64), {}}
+	replay := scriptedReplay(t, [][][][]byte{
+		{{{}, seq8(0), good}, {{}, seq8(1), {}}, {{}, seq8(7), good}, {{}, seq8(8), good}, end},
+		{end}, // the second exchange: nothing buffered
+	})
+	pub, sub := joinedRawPubCfg(t, good, kvevents.SubscriberConfig{ReplayEndpoint: replay})
+	v := newView()
+	v.last[0] = 0                          // seq 0 was delivered by the join
+	for _, live := range []uint64{5, 10} { // a gap before each: one exchange each
+		if _, err := pub.SendMessage("", seq8(live), good); err != nil {
+			t.Fatal(err)
+		}
+		pump(t, sub, v, fmt.Sprintf("live batch %d", live), func() bool { return v.last[0] == live })
+	}
+	st := sub.Stats()
+	if st.Replays != 2 || st.Replayed != 0 {
+		t.Fatalf("stats %+v: want two exchanges and no batch replayed", st)
+	}
+	if len(v.lost) != 2 || v.lost[0].From != 1 || v.lost[0].Seq != 5 || v.lost[1].From != 6 || v.lost[1].Seq != 10 {
+		t.Fatalf("lost history %+v, want [1, 5) and [6, 10)", v.lost)
 	}
 }
