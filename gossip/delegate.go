@@ -15,8 +15,9 @@ import (
 type delegate struct{ n *Node }
 
 var (
-	_ memberlist.Delegate      = delegate{}
-	_ memberlist.EventDelegate = delegate{}
+	_ memberlist.Delegate         = delegate{}
+	_ memberlist.EventDelegate    = delegate{}
+	_ memberlist.ConflictDelegate = delegate{}
 )
 
 // NodeMeta returns this node's encoded metadata (validated to fit at start).
@@ -70,6 +71,10 @@ func (d delegate) NotifyUpdate(node *memberlist.Node) { d.n.memberUp(node) }
 
 // NotifyLeave drops a member that left or was declared dead, with its state.
 func (d delegate) NotifyLeave(node *memberlist.Node) { d.n.memberDown(node.Name) }
+
+// NotifyConflict learns that other claims existing's name from another
+// address (memberlist keeps existing and ignores other's claims).
+func (d delegate) NotifyConflict(existing, other *memberlist.Node) { d.n.nameConflict(existing, other) }
 
 // broadcast is one queued entry; a newer entry with the same key replaces it.
 type broadcast struct {

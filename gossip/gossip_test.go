@@ -272,3 +272,56 @@ func addrParts(t *testing.T, addr string) (string, int) {
 	}
 	return host, p
 }
+
+// TestNameTaken: a member started under the name of a live member is
+// refused at New (memberlist ignores its claims about itself, but the state
+// it gossiped under that name would live as long as the first member), the
+// first member keeps working, and a member refused on a later join
+// publishes nothing. Once the first member is dead, its name may be taken
+// from another address.
+func TestNameTaken(t *testing.T) {
+	first := start(t, testConfig("dup", RoleSidecar, nil))
+	first.SetEngine(EngineState{ID: "e1", Model: "m"})
+	obs := start(t, testConfig("observer", RoleIngress, nil, first.Addr()))
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return first.NumMembers() == 2 && obs.NumMembers() == 2 })
+
+	if n, err := New(testConfig("dup", RoleSidecar, nil, obs.Addr())); !errors.Is(err, ErrNameTaken) {
+		if err == nil {
+			n.Shutdown()
+		}
+		t.Fatalf("New with a live member's name: %v, want ErrNameTaken", err)
+	}
+	// The newcomer's push/pull carried its claim to the observer.
+	testutil.WaitFor(t, 10*time.Second, "the observer to count the conflict", func() bool { return obs.m.conflicts.Load() > 0 })
+	if first.taken.Load() != nil {
+		t.Fatalf("the first member was refused (taken by %s)", *first.taken.Load())
+	}
+
+	// Alone first, then a join finds the name taken: refused, it stops and
+	// publishes nothing more; Close does not leave in the other's name.
+	late := start(t, testConfig("dup", RoleSidecar, nil))
+	late.SetEngine(EngineState{ID: "e4", Model: "m"})
+	if _, err := late.Join([]string{obs.Addr()}); !errors.Is(err, ErrNameTaken) {
+		t.Fatalf("late join: %v, want ErrNameTaken", err)
+	}
+	late.flush(true)
+	if q := late.queue.NumQueued(); q != 0 {
+		t.Fatalf("a refused node queued %d broadcasts", q)
+	}
+	if err := late.Close(); err != nil {
+		t.Fatalf("closing a refused node: %v", err)
+	}
+	if _, ok := obs.Members()["dup"]; !ok || first.NumMembers() != 2 {
+		t.Fatalf("the first member lost its place: observer members %v, first sees %d", obs.Members(), first.NumMembers())
+	}
+
+	// The first member dies: its name is free for another address.
+	first.Shutdown()
+	testutil.WaitFor(t, 20*time.Second, "the observer to see the first member dead", func() bool { return obs.NumMembers() == 1 })
+	again := start(t, testConfig("dup", RoleSidecar, nil, obs.Addr()))
+	again.SetEngine(EngineState{ID: "e5", Model: "m"})
+	testutil.WaitFor(t, 10*time.Second, "the observer to see the new member's engine", func() bool {
+		_, ok := obs.Engine("e5")
+		return ok && obs.NumMembers() == 2
+	})
+}

@@ -12,6 +12,7 @@ type metrics struct {
 	malformed atomic.Uint64 // undecodable messages, entries or metadata
 	received  atomic.Uint64 // entries accepted (newer than what we had)
 	ignored   atomic.Uint64 // entries from unknown/dead origins or not newer
+	conflicts atomic.Uint64 // a member claiming a live member's name
 }
 
 // registerMetrics registers the series on reg and returns a func that
@@ -35,6 +36,7 @@ func (n *Node) registerMetrics(reg prometheus.Registerer) (unregister func(), er
 			func() float64 { return float64(n.NumMembers()) }),
 		counter("kvmesh_gossip_malformed_total", "Gossip messages, entries or node metadata that failed to decode and were skipped.", &n.m.malformed),
 		counter("kvmesh_gossip_entries_received_total", "Gossip state entries accepted from other members.", &n.m.received),
+		counter("kvmesh_gossip_name_conflicts_total", "Members seen claiming the name of another live member (names must be unique; the member known first keeps it).", &n.m.conflicts),
 		counter("kvmesh_gossip_entries_ignored_total", "Gossip state entries ignored: older than known, or from a member not alive.", &n.m.ignored),
 	} {
 		if err := reg.Register(c); err != nil {

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -42,11 +43,24 @@ type Node struct {
 	lastVer int64
 	onApp   []func(node, name string, blob []byte)
 	onLeave []func(node string)
+	// conflicts holds the addresses whose name conflict was logged.
+	conflicts map[string]bool
+
+	// joiningAlone is set while this node, alone, joins a cluster: a name
+	// conflict about itself then means it is the later of two members with
+	// one name. taken is then the address of the member holding the name,
+	// and this node stops (memberlist shut down, nothing published).
+	joiningAlone atomic.Bool
+	taken        atomic.Pointer[string]
 
 	cancel context.CancelFunc
 	done   chan struct{}
 	once   sync.Once
 }
+
+// ErrNameTaken is returned by New and Join when a live member of the
+// cluster already has this node's name.
+var ErrNameTaken = errors.New("gossip: the node name is taken by a live member")
 
 // New validates cfg, starts the memberlist listener, tries the seeds once
 // (and keeps retrying them in the background while alone) and starts the
@@ -70,7 +84,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, log: log.With("gossip", cfg.Name), metaBytes: meta,
 		alive: map[string]NodeMeta{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
-		done: make(chan struct{}),
+		conflicts: map[string]bool{}, done: make(chan struct{}),
 	}
 	unregister, err := n.registerMetrics(cfg.Registerer)
 	if err != nil {
@@ -99,6 +113,11 @@ func New(cfg Config) (*Node, error) {
 	mc.PushPullInterval = cfg.PushPullInterval
 	mc.Delegate = delegate{n}
 	mc.Events = delegate{n}
+	mc.Conflict = delegate{n}
+	// A member restarted at another address under its old name takes the
+	// name over once the old one is dead (memberlist's default, 0, keeps
+	// the dead one's address until it is reaped).
+	mc.DeadNodeReclaimTime = time.Nanosecond
 	mc.LogOutput = nil
 	mc.Logger = slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)
 	if !n.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -113,7 +132,10 @@ func New(cfg Config) (*Node, error) {
 	n.ml = ml
 	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
 	if len(cfg.Join) > 0 {
-		if _, err := n.Join(cfg.Join); err != nil {
+		if _, err := n.Join(cfg.Join); errors.Is(err, ErrNameTaken) {
+			unregister()
+			return nil, err
+		} else if err != nil {
 			n.log.Warn("gossip join failed; retrying in the background", "seeds", cfg.Join, "err", err)
 		}
 	}
@@ -164,12 +186,60 @@ func (n *Node) RemoveKey(key []byte) error {
 // Join contacts seeds ("host:port", DNS names allowed) and returns how many
 // answered. A member with a different encryption key gets an error.
 func (n *Node) Join(seeds []string) (int, error) {
+	if err := n.nameTaken(); err != nil {
+		return 0, err
+	}
+	if n.ml.NumMembers() <= 1 {
+		n.joiningAlone.Store(true)
+		defer n.joiningAlone.Store(false)
+	}
 	k, err := n.ml.Join(seeds)
+	if err := n.nameTaken(); err != nil {
+		// Refused: stop at once, without a leave message (that would be
+		// taken as the other member's).
+		_ = n.ml.Shutdown()
+		return k, err
+	}
 	if err != nil {
 		return k, fmt.Errorf("gossip join: %w", err)
 	}
 	return k, nil
 }
+
+func (n *Node) nameTaken() error {
+	if addr := n.taken.Load(); addr != nil {
+		return fmt.Errorf("%w: %q is the member's at %s; give each member its own name", ErrNameTaken, n.cfg.Name, *addr)
+	}
+	return nil
+}
+
+// nameConflict: other claims existing's name. memberlist keeps the member
+// it knew first and ignores the other's claims about itself, but not the
+// state entries the other gossips under that name: they would last as long
+// as the first member. So a node that finds its own name taken while it
+// joins from alone is the later one and stops publishing (New and Join
+// fail with ErrNameTaken); anywhere else the conflict is counted and logged.
+func (n *Node) nameConflict(existing, other *memberlist.Node) {
+	n.m.conflicts.Add(1)
+	if existing.Name == n.cfg.Name && n.joiningAlone.Load() {
+		addr := other.Address()
+		n.taken.CompareAndSwap(nil, &addr)
+		return
+	}
+	n.mu.Lock()
+	first := !n.conflicts[other.Address()]
+	if first && len(n.conflicts) < maxLoggedConflicts {
+		n.conflicts[other.Address()] = true
+	}
+	n.mu.Unlock()
+	if first { // every gossip round repeats the claim
+		n.log.Error("two gossip members use one name; names must be unique (the member known first keeps it)",
+			"member", existing.Name, "kept", existing.Address(), "ignored", other.Address())
+	}
+}
+
+// maxLoggedConflicts bounds the addresses whose name conflict was logged.
+const maxLoggedConflicts = 64
 
 // Name is this member's unique name.
 func (n *Node) Name() string { return n.cfg.Name }
@@ -218,7 +288,10 @@ func (n *Node) loop(ctx context.Context) {
 		case len(n.cfg.Join) == 0:
 		case n.ml.NumMembers() <= 1 && time.Since(lastJoin) >= rejoinAfter:
 			lastJoin, rejoinAfter = time.Now(), backoff.Jitter(n.cfg.RejoinInterval, 0.3)
-			if _, err := n.Join(n.cfg.Join); err != nil {
+			if _, err := n.Join(n.cfg.Join); errors.Is(err, ErrNameTaken) {
+				n.log.Error("gossip stopped: this node's name is taken", "err", err)
+				return
+			} else if err != nil {
 				n.log.Debug("gossip rejoin failed", "err", err)
 			}
 		case n.ml.NumMembers() > 1 && time.Since(lastCheck) >= checkAfter:
@@ -266,6 +339,9 @@ func (n *Node) missingSeeds(ctx context.Context) []string {
 
 // flush queues own dirty entries (all own entries when all is set).
 func (n *Node) flush(all bool) {
+	if n.taken.Load() != nil {
+		return
+	}
 	n.mu.Lock()
 	var out []*broadcast
 	for k, e := range n.entries {
@@ -535,7 +611,8 @@ func (n *Node) Close() error {
 	n.once.Do(func() {
 		n.cancel()
 		<-n.done
-		if lerr := n.ml.Leave(time.Second); lerr != nil {
+		if n.taken.Load() != nil { // refused: memberlist is down already, and its name is not ours to leave
+		} else if lerr := n.ml.Leave(time.Second); lerr != nil {
 			err = fmt.Errorf("gossip leave: %w", lerr)
 		}
 		if serr := n.ml.Shutdown(); serr != nil && err == nil {

@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
@@ -148,5 +152,63 @@ func TestBrokenEngineDoesNotStopOthers(t *testing.T) {
 	})
 	if s.Ready() {
 		t.Fatal("ready with a broken engine")
+	}
+}
+
+// TestEngineIDTaken: a sidecar whose engine id another live member already
+// serves at another URL refuses to run (two engines under one id replace
+// each other's index and load in every ingress); at the same URL (a
+// sidecar restart overlapping its old self) it runs.
+func TestEngineIDTaken(t *testing.T) {
+	srv := testutil.NATS(t)
+	cache, err := meshtest.NewCache("m", 4, 16, 8, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Pub.Close()
+	gc := gossip.DefaultConfig()
+	gc.Name, gc.Profile, gc.Meta = "old-sidecar", "local", gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1"}
+	gc.Logger = slog.New(slog.DiscardHandler)
+	other, err := gossip.New(gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	other.SetEngine(gossip.EngineState{ID: "e1", Model: "m", URL: "http://127.0.0.1:1"})
+
+	run := func(url string) (*sidecar.Sidecar, chan error) {
+		cfg := sidecar.DefaultConfig()
+		cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", URL: url, Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint()}}
+		cfg.NATS.URLs = []string{srv.URL()}
+		cfg.Logger, cfg.Registerer = slog.New(slog.DiscardHandler), prometheus.NewRegistry()
+		g := gossip.DefaultConfig()
+		g.Profile, g.Join, g.Logger = "local", []string{other.Addr()}, cfg.Logger
+		g.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1"}
+		cfg.Gossip = &g
+		s, err := sidecar.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Run(context.Background()) }()
+		return s, done
+	}
+	_, done := run("http://127.0.0.1:2")
+	select {
+	case err := <-done:
+		if !errors.Is(err, sidecar.ErrEngineIDTaken) {
+			t.Fatalf("Run with a taken engine id: %v, want ErrEngineIDTaken", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run with a taken engine id did not return")
+	}
+
+	s, done := run("http://127.0.0.1:1") // the same engine
+	testutil.WaitFor(t, 10*time.Second, "the sidecar of the same engine ready", s.Ready)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
