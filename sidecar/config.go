@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -208,6 +209,11 @@ func (c *Config) Validate() error {
 		if e.BootstrapPort < 0 || e.BootstrapPort > 65535 {
 			add("engine %q: bootstrap port %d out of range", e.ID, e.BootstrapPort)
 		}
+		for _, ep := range slices.Concat([]string{e.Events, e.Replay}, e.RankEvents, e.RankReplay) {
+			if _, err := kvevents.OffsetEndpoint(ep, 0); ep != "" && err != nil {
+				add("engine %q: %v", e.ID, err)
+			}
+		}
 		if len(e.RankReplay) > 0 && len(e.RankReplay) != len(e.RankEvents) {
 			add("engine %q: %d replay endpoints for %d event endpoints", e.ID, len(e.RankReplay), len(e.RankEvents))
 		}
@@ -219,11 +225,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.NATS.Validate(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	if c.Gossip != nil {
 		if err := c.Gossip.Validate(); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
 		}
 	}
 	switch c.ResyncPolicy {

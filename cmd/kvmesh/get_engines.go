@@ -46,7 +46,7 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	fs := newFlagSet(verb+" engines", stderr)
 	var probs flagProblems
 	var seeds []string
-	List(fs, &seeds, "join", "gossip seeds host:port, comma-separated (a sidecar, an ingress or `kvmesh orchestrator --local`'s gossip address; env KVMESH_GOSSIP_SEEDS)")
+	List(fs, &seeds, "join", "gossip seeds host:port, comma-separated (a sidecar, an ingress or kvmesh orchestrator --local's gossip address; env KVMESH_GOSSIP_SEEDS)")
 	var key []byte
 	var extra [][]byte
 	gossipKeyFlag(fs, &key, &extra, &probs)

@@ -336,6 +336,7 @@ func parseViewArgs(verb string, args []string, stderr io.Writer) (viewArgs, erro
 	fs.BoolVar(&o.all, "A", false, "shorthand for --all-namespaces")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: kvmesh %s modeldeployments|autoscalingpolicies|rolescalers|modelroutes [NAME] [-n NS]%s\n", verb, map[string]string{"get": " [-A]"}[verb])
+		fmt.Fprintf(stderr, "       kvmesh %s %s --join HOST:PORT[,...] (engines in the mesh's gossip; -h for its flags)\n", verb, map[string]string{"get": "engines [NAME]", "describe": "engine NAME"}[verb])
 		fs.PrintDefaults()
 	}
 	// Flags may follow the positional arguments, as with kubectl.
