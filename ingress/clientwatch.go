@@ -121,6 +121,16 @@ func (w *watch) cancel() {
 	}
 }
 
+// expire closes the upstream connection of the current attempt, if any,
+// without taking the client as gone: the attempt is past its deadline.
+func (w *watch) expire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn != nil && !w.done {
+		_ = w.conn.Close()
+	}
+}
+
 // isCanceled reports whether the client went away.
 func (w *watch) isCanceled() bool {
 	if w == nil {

@@ -388,12 +388,22 @@ func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
 		return c.sglangLegs(ctx) // pd_sglang.go: both legs at once
 	}
 	p := c.s.pdInit()
-	start := time.Now()
-	res, ok := c.runPrefill(ctx, p, start)
+	_, ok := c.runPrefill(ctx, p, time.Now())
+	return ok
+}
+
+// prefillDone records a leg's result (metrics, the access log's fields);
+// it runs before the call is finished, after which nothing may touch c.
+func (c *call) prefillDone(p *pdState, res string, start time.Time) string {
 	c.pd.result, c.pd.duration = res, time.Since(start)
 	p.legs.WithLabelValues("prefill", res).Inc()
-	p.prefillS.Observe(c.pd.duration.Seconds())
-	return ok
+	switch res {
+	case "rejected", "fallback_admission_timeout", "fallback_body", "fallback_no_engine":
+		// never sent: not a leg's duration
+	default:
+		p.prefillS.Observe(c.pd.duration.Seconds())
+	}
+	return res
 }
 
 func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time) (string, bool) {
@@ -401,23 +411,24 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	g := p.gate(c.pd.prefill)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
+			c.prefillDone(p, "rejected", start)
 			c.fail(ctx, newAPIError(fasthttp.StatusTooManyRequests, "rate_limit_error", "prefill_queue_full", "",
 				fmt.Errorf("%w: %s", ErrPrefillFull, c.pd.prefill)))
 			c.finish()
 			return "rejected", false
 		}
-		return "fallback_admission_timeout", true
+		return c.prefillDone(p, "fallback_admission_timeout", start), true
 	}
 	defer g.release()
 	body := c.upstreamBody() // route.go: "model" names the routed pool
 	pbody, err := prefillBody(body)
 	if err != nil {
-		return "fallback_body", true
+		return c.prefillDone(p, "fallback_body", start), true
 	}
 	url := c.urlOf(c.pd.prefill)
 	up, err := s.ups.get(c.pd.prefill, url)
 	if err != nil {
-		return "fallback_no_engine", true
+		return c.prefillDone(p, "fallback_no_engine", start), true
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -427,6 +438,20 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	req.SetRequestURI(url + c.path)
 	req.SetHost(up.hc.Addr)
 	req.SetBodyRaw(pbody)
+	// The client watcher (clientwatch.go) cancels the leg of a client that
+	// leaves, and the leg's deadline cuts it at PrefillTimeout: either way
+	// the engine's connection is closed, which is how it learns to abort
+	// (an abandoned leg would otherwise hold its blocks for the decode
+	// read that never comes). The watch stays for the decode leg.
+	if c.watch == nil {
+		c.watch = s.ups.startWatch(ctx)
+	}
+	var expiry *time.Timer
+	if c.watch != nil {
+		req.Header.SetBytesV(watchHeader, c.watch.idText)
+		c.watch.attempt()
+		expiry = time.AfterFunc(time.Until(start.Add(p.cfg.PrefillTimeout)), c.watch.expire)
+	}
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	if up.inflight.Add(1) == 1 {
 		up.progress.Store(time.Now().UnixNano()) // the stall watch counts from here (health.go)
@@ -434,49 +459,66 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	pre := up.prefill.Add(charge)
 	up.total.Add(1)
 	// Do, not DoDeadline: the upstream clients stream response bodies,
-	// which DoDeadline does not support; the connection's own timeouts
-	// bound a hung engine.
+	// which DoDeadline does not support; the expiry timer bounds the leg.
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
 	err = up.hc.Do(req, resp)
+	expired := expiry != nil && !expiry.Stop()
 	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
 		c.learnPrefillLeg(up, pre, time.Since(sent)) // learn.go
 	}
 	up.inflight.Add(-1)
 	up.prefill.Add(-charge)
-	if err != nil {
+	if c.watch.isCanceled() {
+		c.watch.release()
+		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
-		return "fallback_" + classifyErr(err), true
+		c.prefillDone(p, "client_gone", start)
+		c.clientGone(ctx)
+		return "client_gone", false
+	}
+	if err != nil {
+		c.watch.release()
+		fasthttp.ReleaseResponse(resp)
+		if expired {
+			return c.prefillDone(p, "fallback_timeout", start), true
+		}
+		up.failures.Add(1)
+		s.health.observe(up, classifyErr(err)) // a dead prefill engine leaves this replica's ranking at once
+		return c.prefillDone(p, "fallback_"+classifyErr(err), start), true
 	}
 	st := resp.StatusCode()
 	switch {
 	case st >= 500 || st == fasthttp.StatusTooManyRequests:
+		c.watch.release()
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
-		return "fallback_" + statusResult(st), true
+		return c.prefillDone(p, "fallback_"+statusResult(st), start), true
 	case st != fasthttp.StatusOK:
 		c.engine = c.pd.prefill
+		c.prefillDone(p, "client_error", start)
 		up.inflight.Add(1) // relayBuffered ends an attempt
 		c.relayBuffered(ctx, up, resp, st)
 		return "client_error", false
 	}
 	buf, rerr := readAll(resp)
+	c.watch.release()
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	defer bufPool.Put(buf)
 	if rerr != nil {
-		return "fallback_read_error", true
+		return c.prefillDone(p, "fallback_read_error", start), true
 	}
 	params, ok := kvTransferParams(buf.Bytes())
 	if !ok {
-		return "fallback_no_params", true
+		return c.prefillDone(p, "fallback_no_params", start), true
 	}
 	dbody, err := withKVParams(body, params)
 	if err != nil {
-		return "fallback_body", true
+		return c.prefillDone(p, "fallback_body", start), true
 	}
 	c.body = dbody
-	return "ok", true
+	return c.prefillDone(p, "ok", start), true
 }
 
 // prefillBody is the prefill leg's body: the request with stream false, no

@@ -2,15 +2,19 @@ package ingress
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
@@ -97,6 +101,13 @@ func startPDIngress(t *testing.T, policy string, cfg PDConfig, engines ...Engine
 // config from c.
 func startPDIngressWith(t *testing.T, policy string, cfg PDConfig, c Config, engines ...EngineInfo) *Server {
 	t.Helper()
+	c.PD = cfg
+	return startIngress(t, c, Deps{Membership: roleMembership(engines), PD: pdRouter(t, policy)})
+}
+
+// pdRouter is the P/D step of policy over kvmesh's scheduler.
+func pdRouter(t *testing.T, policy string) *pd.Router {
+	t.Helper()
 	sched, err := registry.NewPolicy("kvmesh", 1, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -109,8 +120,7 @@ func startPDIngressWith(t *testing.T, policy string, cfg PDConfig, c Config, eng
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.PD = cfg
-	return startIngress(t, c, Deps{Membership: roleMembership(engines), PD: router})
+	return router
 }
 
 func pdEngine(id string, role scheduler.Role, url string) EngineInfo {
@@ -199,15 +209,24 @@ func TestPDPrefillEngineHung(t *testing.T) {
 }
 
 // TestPDPrefillQueueFull: with no slot and no queue, a prefill leg gets 429
-// in the OpenAI error shape.
+// in the OpenAI error shape, and the access log names the leg's result (it
+// was written before the result was recorded, which then touched a call
+// already back in its pool).
 func TestPDPrefillQueueFull(t *testing.T) {
 	p, d := startFakePD(t, false), startFakePD(t, false)
-	s := startPDIngress(t, "kvmesh-always", PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1},
-		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	var log testutil.SyncBuffer
+	c := testConfig()
+	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+	s := startIngress(t, c, Deps{PD: pdRouter(t, "kvmesh-always"), AccessLog: slog.New(slog.NewJSONHandler(&log, nil)),
+		Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url())}})
 	s.pdInit().gate("p0").slots <- struct{}{} // the one slot is taken
 	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
 	if st != 429 || !strings.Contains(string(b), `"error"`) || p.prefills.Load() != 0 {
 		t.Fatalf("status %d body %s prefills %d", st, b, p.prefills.Load())
+	}
+	testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return strings.Contains(log.String(), `"prefill_result"`) })
+	if l := log.String(); !strings.Contains(l, `"prefill_result":"rejected"`) {
+		t.Fatalf("access log %s", l)
 	}
 }
 
@@ -323,5 +342,94 @@ func TestPDWholeRequestOnPrefillEngine(t *testing.T) {
 	}
 	if !w.only["sg0"] || w.only["p0"] || w.only["d0"] {
 		t.Fatalf("PrefillOnly marks %v: want SGLang's prefill engine only", w.only)
+	}
+}
+
+// blockingPrefill is a FAKE prefill engine whose legs never finish: each
+// waits until its connection is closed (as vLLM aborts a request whose
+// client left) and reports it on cut. Other requests (health probes) get 200.
+func blockingPrefill(t *testing.T) (url string, cut <-chan struct{}) {
+	t.Helper()
+	ch := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		_, _ = io.ReadAll(r.Body)
+		<-r.Context().Done()
+		ch <- struct{}{}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, ch
+}
+
+// TestPDPrefillLegTimesOut: PrefillTimeout bounds the leg itself, not only
+// its wait for a slot: the engine's connection is closed (it aborts the
+// request and frees what it holds) and the request is served aggregated.
+// The leg used to wait on an engine as long as it took.
+func TestPDPrefillLegTimesOut(t *testing.T) {
+	purl, cut := blockingPrefill(t)
+	d := startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{PrefillTimeout: 200 * time.Millisecond},
+		pdEngine("p0", scheduler.RolePrefill, purl), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	client := &http.Client{Timeout: time.Minute}
+	st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || d.params.Load().(string) != "" {
+		t.Fatalf("status %d engine %q decode params %q body %s", st, hdr.Get("X-Kvmesh-Engine"), d.params.Load(), b)
+	}
+	select {
+	case <-cut:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the prefill engine's connection was never closed")
+	}
+	if got := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_timeout")); got != 1 {
+		t.Fatalf("%v legs counted as timed out, want 1", got)
+	}
+}
+
+// TestPDPrefillLegClientGone: a client that leaves during the prefill leg
+// cancels it (the engine's connection is closed) and no decode leg is sent.
+// Abandoned legs used to run to the end and hold their blocks for 480 s.
+func TestPDPrefillLegClientGone(t *testing.T) {
+	purl, cut := blockingPrefill(t)
+	d := startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{PrefillTimeout: 10 * time.Minute},
+		pdEngine("p0", scheduler.RolePrefill, purl), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	conn := dialIngress(t, s)
+	body := `{"model":"m","prompt":[1,2,3],"max_tokens":2}`
+	if _, err := fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the prefill leg in flight", func() bool {
+		return val(s.pdInit().legsNow) == 1
+	})
+	_ = conn.Close()
+	select {
+	case <-cut:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the prefill engine's connection was never closed")
+	}
+	testutil.WaitFor(t, 30*time.Second, "the leg counted as the client's", func() bool {
+		return val(s.pdInit().legs.WithLabelValues("prefill", "client_gone")) == 1
+	})
+	if n := d.decodes.Load(); n != 0 {
+		t.Fatalf("%d decode legs sent for a client that left", n)
+	}
+}
+
+// TestPDPrefillConnectErrorEjects: a prefill engine that refuses
+// connections leaves this replica's ranking at once, as a decode engine
+// would (the request itself is served aggregated); its legs used to be
+// planned onto it until gossip marked it down.
+func TestPDPrefillConnectErrorEjects(t *testing.T) {
+	d := startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, "http://127.0.0.1:1"), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if s.health.allowed("p0") {
+		t.Fatal("a prefill engine refusing connections is still allowed")
 	}
 }

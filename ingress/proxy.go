@@ -75,7 +75,10 @@ func (c *call) upstreamRequest(ctx *fasthttp.RequestCtx) *fasthttp.Request {
 	// that goes away: for a buffered answer until it is relayed, for a
 	// stream until its first event commits it (from then on the stream
 	// learns of a gone client when its body is closed).
-	if c.watch = c.s.ups.startWatch(ctx); c.watch != nil {
+	if c.watch == nil { // a P/D prefill leg may have started it (pd.go)
+		c.watch = c.s.ups.startWatch(ctx)
+	}
+	if c.watch != nil {
 		ureq.Header.SetBytesV(watchHeader, c.watch.idText)
 	}
 	return ureq

@@ -230,6 +230,13 @@ func (r *request) member(key, val []byte, koff, off int) error {
 			return nil // not Responses members (max_output_tokens is)
 		}
 		return r.maxTokensMember(key, val, koff, off)
+	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
+		// The P/D legs' members (pd.go, pd_sglang.go) are the router's to
+		// set: from a client they would make an engine connect where the
+		// client says or hold KV blocks for a transfer that never comes.
+		if val[0] != 'n' {
+			return badRequest(string(key), fmt.Errorf("%w: %s is set by the router for prefill/decode disaggregation; a client may not send it", ErrBadRequest, key))
+		}
 	case "cache_salt":
 		if val[0] != '"' {
 			return badRequest("cache_salt", fmt.Errorf("%w: cache_salt must be a string", ErrBadRequest))

@@ -98,6 +98,18 @@ func TestParseRequest(t *testing.T) {
 		{name: "message content wrong type", ep: epChat, body: `{"model":"m","messages":[{"role":"user","content":5}]}`, wantErr: "content must be"},
 		{name: "bad escape", ep: epCompletions, body: `{"model":"m","prompt":"\x"}`, wantErr: "escape"},
 		{name: "control char", ep: epCompletions, body: "{\"model\":\"m\",\"prompt\":\"a\x01\"}", wantErr: "control"},
+		// The P/D legs' members are the router's: from a client an engine
+		// would connect where it says, or hold blocks for no transfer.
+		{name: "client kv_transfer_params", ep: epCompletions, body: `{"model":"m","prompt":"a","kv_transfer_params":{"do_remote_decode":true}}`, wantErr: "kv_transfer_params is set by the router"},
+		{name: "client bootstrap_room", ep: epChat, body: `{"model":"m","messages":[{"role":"user","content":"x"}],"bootstrap_room":7}`, wantErr: "bootstrap_room is set by the router"},
+		{name: "client bootstrap_host", ep: epResponses, body: `{"model":"m","input":"x","bootstrap_host":"10.0.0.1"}`, wantErr: "bootstrap_host is set by the router"},
+		{name: "client bootstrap_port", ep: epMessages, body: `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"bootstrap_port":1}`, wantErr: "bootstrap_port is set by the router"},
+		{name: "null P/D members are absent", ep: epCompletions, body: `{"model":"m","prompt":"a","kv_transfer_params":null,"bootstrap_room":null}`,
+			check: func(t *testing.T, r *request) {
+				if r.kind != promptText || string(r.text) != "a" {
+					t.Fatalf("got %+v", r)
+				}
+			}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
