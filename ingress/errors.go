@@ -92,6 +92,10 @@ func toAPIError(err error) *apiError {
 		return newAPIError(400, "invalid_request_error", "context_length_exceeded", "prompt", err)
 	case errors.Is(err, ErrRateLimited):
 		return newAPIError(429, "rate_limit_error", "rate_limit_exceeded", "", err)
+	case errors.Is(err, ErrPrefillFull):
+		e := newAPIError(429, "rate_limit_error", "prefill_queue_full", "", err)
+		e.retryAfter = time.Second
+		return e
 	case errors.Is(err, ErrOverloaded):
 		e := newAPIError(429, "rate_limit_error", "too_many_requests", "", err)
 		e.retryAfter = time.Second

@@ -269,6 +269,11 @@ func (c *call) planPD() error {
 		return nil
 	}
 	if c.seqs > 1 || c.ep == epResponses || c.ep == epMessages || c.ep == epOther { // vLLM's Responses API takes no kv_transfer_params; the Messages API is kept whole too
+		reason := "several_sequences"
+		if c.seqs <= 1 {
+			reason = "endpoint"
+		}
+		p.decisions.WithLabelValues(pd.Aggregated.String(), reason).Inc()
 		c.dropPrefillEngines("")
 		return nil
 	}
@@ -412,8 +417,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
 			c.prefillDone(p, "rejected", start)
-			c.fail(ctx, newAPIError(fasthttp.StatusTooManyRequests, "rate_limit_error", "prefill_queue_full", "",
-				fmt.Errorf("%w: %s", ErrPrefillFull, c.pd.prefill)))
+			c.fail(ctx, fmt.Errorf("%w: %s", ErrPrefillFull, c.pd.prefill))
 			c.finish()
 			return "rejected", false
 		}

@@ -228,8 +228,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		if errors.Is(err, ErrPrefillFull) {
 			p.legs.WithLabelValues("prefill", "rejected").Inc()
 			c.pd.result = "rejected"
-			c.fail(ctx, newAPIError(fasthttp.StatusTooManyRequests, "rate_limit_error", "prefill_queue_full", "",
-				fmt.Errorf("%w: %s", ErrPrefillFull, pi.ID)))
+			c.fail(ctx, fmt.Errorf("%w: %s", ErrPrefillFull, pi.ID))
 			c.finish()
 			return true, false
 		}

@@ -220,9 +220,9 @@ func TestPDPrefillQueueFull(t *testing.T) {
 	s := startIngress(t, c, Deps{PD: pdRouter(t, "kvmesh-always"), AccessLog: slog.New(slog.NewJSONHandler(&log, nil)),
 		Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url())}})
 	s.pdInit().gate("p0").slots <- struct{}{} // the one slot is taken
-	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
-	if st != 429 || !strings.Contains(string(b), `"error"`) || p.prefills.Load() != 0 {
-		t.Fatalf("status %d body %s prefills %d", st, b, p.prefills.Load())
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || hdr.Get("Retry-After") != "1" || p.prefills.Load() != 0 {
+		t.Fatalf("status %d Retry-After %q body %s prefills %d", st, hdr.Get("Retry-After"), b, p.prefills.Load())
 	}
 	testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return strings.Contains(log.String(), `"prefill_result"`) })
 	if l := log.String(); !strings.Contains(l, `"prefill_result":"rejected"`) {
@@ -285,6 +285,9 @@ func TestPDParallelSamplingAggregated(t *testing.T) {
 	}
 	if p.prefills.Load() != 0 || d.params.Load().(string) != "" {
 		t.Fatalf("n=2 was split: %d prefill legs, decode kv_transfer_params %q", p.prefills.Load(), d.params.Load())
+	}
+	if got := val(s.pdInit().decisions.WithLabelValues("aggregated", "several_sequences")); got != 1 {
+		t.Fatalf("%v aggregated decisions counted for n=2, want 1", got)
 	}
 	// The same request with n 1 is split (the test's control).
 	if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2,"n":1}`); st != 200 || p.prefills.Load() != 1 {

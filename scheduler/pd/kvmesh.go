@@ -192,6 +192,9 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		}
 		return "aggregated-cheaper"
 	}
+	if k.Always {
+		return "disaggregated-always"
+	}
 	return "disaggregated-cheaper"
 }
 

@@ -131,7 +131,7 @@ func TestKVMeshDecision(t *testing.T) {
 		{name: "always: no bypass on decode engines",
 			cfg:  Config{Policy: "kvmesh-always"},
 			s:    setup{prompt: 8192, engines: []eng{{id: "p0", role: P}, {id: "d0", role: D, running: 64, cached: 511}}},
-			mode: Disaggregated, prefill: "p0", decode: "d0", reason: "disaggregated-cheaper"},
+			mode: Disaggregated, prefill: "p0", decode: "d0", reason: "disaggregated-always"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
