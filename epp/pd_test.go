@@ -46,6 +46,15 @@ func TestPrefillerHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRouting(t, res, m.ep["eng-d"], 1) // no prefiller, a client's header removed
+
+	// A bodyless request goes to decode engines too (it went to the
+	// least-loaded endpoints, prefill engines among them).
+	if res, err = env.do(ctx, httpRequest{method: "GET", path: "/v1/models"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if res.dest != m.ep["eng-d"] {
+		t.Fatalf("bodyless request with P/D: destination %q, want %s only", res.dest, m.ep["eng-d"])
+	}
 }
 
 func TestUncachedThresholdNeedsAPrefillEngine(t *testing.T) {

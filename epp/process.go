@@ -50,6 +50,12 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			}
 			return err
 		}
+		if req.GetRequest() == nil {
+			// No phase to answer: waiting for the next message would leave
+			// the data plane waiting on this one.
+			s.m.results.WithLabelValues("bad_message").Inc()
+			return status.Error(codes.InvalidArgument, "ext_proc: a ProcessingRequest without a request or response phase")
+		}
 		t := time.Now()
 		x.out = x.out[:0]
 		was := x.answered
@@ -326,6 +332,9 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 		ep, ok := s.eps.of(e.URL)
 		if !ok || !e.Healthy || (x.hasSubset && !contains(x.subset, ep)) || contains(x.dests, ep) {
 			continue
+		}
+		if s.pd != nil && e.Role == scheduler.RolePrefill {
+			continue // with P/D, prefill engines serve prefill legs only (as routed requests)
 		}
 		x.dests = append(x.dests, ep)
 		x.engines = append(x.engines, e.ID)

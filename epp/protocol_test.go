@@ -13,8 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -142,6 +144,20 @@ func TestPickerProtocol(t *testing.T) {
 		}
 		if res.status != 200 || !strings.Contains(string(res.respBody), model) {
 			t.Fatalf("/v1/models through the picked endpoint: %d %s", res.status, res.respBody)
+		}
+	})
+	t.Run("a message without a phase ends the stream with InvalidArgument", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second) // unanswered, the stream would wait for good
+		defer cancel()
+		st, err := duplex.client.Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&extprocv3.ProcessingRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("answer to an empty ProcessingRequest: %v, want InvalidArgument", err)
 		}
 	})
 	t.Run("STREAMED without send_body_without_waiting is refused clearly", func(t *testing.T) {
