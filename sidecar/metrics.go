@@ -31,6 +31,8 @@ var (
 		{"orphan_locations_total", "Tier location updates for unknown hashes."},
 		{"unknown_removes_total", "BlockRemoved for hashes not held."},
 		{"key_conflicts_total", "Known hashes stored again with different tokens."},
+		{"skipped_group_events_total", "Events of KV-cache groups other than full attention (sliding window, Mamba): not routable, not indexed."},
+		{"bad_events_total", "Events (or their trailing blocks) missing what a key needs: no block size, fewer tokens than blocks. Not indexed."},
 	}
 	descKeys = prometheus.NewDesc("kvmesh_sidecar_keys", "Keys in the engine's key set per tier.", []string{"engine", "tier"}, nil)
 	descSeq  = prometheus.NewDesc("kvmesh_sidecar_delta_seq", "Last published delta sequence of the current epoch.", []string{"engine"}, nil)
@@ -70,6 +72,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			"event_loop_restarts_total": e.c.loopRestarts.Load(),
 			"orphan_parents_total":      sc.orphanParents, "orphan_locations_total": sc.orphanLocations,
 			"unknown_removes_total": sc.unknownRemoves, "key_conflicts_total": sc.keyConflicts,
+			"skipped_group_events_total": sc.skippedGroups, "bad_events_total": sc.badEvents,
 		}
 		for name, v := range vals {
 			ch <- prometheus.MustNewConstMetric(descCounters[name], prometheus.CounterValue, float64(v), e.cfg.ID)

@@ -82,7 +82,8 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	code, body := get("/metrics")
 	if code != 200 || !strings.Contains(body, `kvmesh_sidecar_keys{engine="e1",tier="gpu"}`) || !strings.Contains(body, "kvmesh_sidecar_deltas_published_total") ||
-		!strings.Contains(body, `kvmesh_kvevents_delivered_total{engine="e1"}`) {
+		!strings.Contains(body, `kvmesh_kvevents_delivered_total{engine="e1"}`) ||
+		!strings.Contains(body, `kvmesh_sidecar_bad_events_total{engine="e1"}`) || !strings.Contains(body, `kvmesh_sidecar_skipped_group_events_total{engine="e1"}`) {
 		t.Fatalf("/metrics %d:\n%s", code, body)
 	}
 	_, body = get("/debug/state")

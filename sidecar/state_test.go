@@ -152,6 +152,16 @@ func TestStateSkipsSlidingWindowGroups(t *testing.T) {
 	}
 }
 
+// TestStateCountsBlocksWithoutTokens: a BlockStored with more hashes than
+// full blocks of tokens keys the blocks it can and counts the event.
+func TestStateCountsBlocksWithoutTokens(t *testing.T) {
+	s := newState("m", 4, 1)
+	s.apply(0, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{1, 2}, nil, toks(0, 6), "GPU")}}) // block size 4
+	if n := len(s.keyRefs[0]); n != 1 || s.c.badEvents != 1 {
+		t.Fatalf("%d keys, %d bad events; want 1 and 1", n, s.c.badEvents)
+	}
+}
+
 func BenchmarkStateApply(b *testing.B) {
 	s := newState("m", 16, 1)
 	tokens := toks(0, 16*32)
