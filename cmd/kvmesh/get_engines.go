@@ -272,7 +272,7 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	b.WriteString("Index:\n")
 	for t := range kvevents.NumTiers {
 		d := e.Digest.Digests[t]
-		fmt.Fprintf(&b, "  %-6s %d blocks (digest %016x)\n", kvevents.Tier(t).String(), d.Count, d.Sum^d.Xor)
+		fmt.Fprintf(&b, "  %-6s %d blocks (digest sum %016x xor %016x)\n", kvevents.Tier(t).String(), d.Count, d.Sum, d.Xor)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -142,7 +142,7 @@ func TestGetEngines(t *testing.T) {
 	if code := run([]string{"describe", "engine", "eng-decode-0", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
 		t.Fatalf("describe: exit %d: %s", code, errb.String())
 	}
-	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks",
+	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks (digest sum 0000000000000000 xor 0000000000000000)",
 		"Learned costs:   none yet", "LoRA adapters:   chat-lora, sql-lora"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("describe lacks %q:\n%s", s, out.String())
