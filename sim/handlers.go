@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
@@ -449,7 +450,7 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 	id := responseID(g)
 	kv := s.pd.responseParams(rk, g, calls[0])
 	if g.chat {
-		resp := openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
+		resp := openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: time.Now().Unix(), Model: s.cfg.Model, Usage: s.usage(calls)}
 		for i, c := range calls {
 			sn := c.snap()
 			text := c.cut.clip(s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true), 0)
@@ -463,7 +464,7 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 		writeJSON(w, http.StatusOK, withKVTransfer(resp, kv))
 		return
 	}
-	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: s.created, Model: s.cfg.Model, Usage: s.usage(calls)}
+	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: time.Now().Unix(), Model: s.cfg.Model, Usage: s.usage(calls)}
 	for i, c := range calls {
 		sn := c.snap()
 		ids := c.req.OutputTokens(nil, 0, sn.generated)
@@ -494,7 +495,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 	openai.SetHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
 	sse := openai.NewSSEWriter(w)
-	f := &openai.ChunkFields{ID: responseID(g), Created: s.created, Model: s.cfg.Model}
+	f := &openai.ChunkFields{ID: responseID(g), Created: time.Now().Unix(), Model: s.cfg.Model}
 	sent := make([]int, len(calls))
 	offset := make([]int, len(calls))   // characters of each choice's text sent (completions' text_offset)
 	bytesOut := make([]int, len(calls)) // bytes of each choice's text sent (the stop string's cut)

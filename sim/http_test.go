@@ -386,3 +386,16 @@ func TestMetricsParseAndMove(t *testing.T) {
 		t.Error("e2e latency sum did not move")
 	}
 }
+
+// TestCreatedIsTheRequestsTime: "created" is stamped per request, as vLLM
+// does, not the server's start (a client sorting or expiring by it saw
+// every answer as old as the process).
+func TestCreatedIsTheRequestsTime(t *testing.T) {
+	s := startSim(t, nil)
+	started := time.Now().Unix()
+	testutil.WaitFor(t, 5*time.Second, "the next second", func() bool { return time.Now().Unix() > started })
+	sent := time.Now().Unix()
+	if c := complete(t, s, tokens(0, 8), 2); c.Created < sent {
+		t.Fatalf("created %d, sent at %d (the server started at %d)", c.Created, sent, started)
+	}
+}
