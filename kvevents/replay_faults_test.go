@@ -28,9 +28,10 @@ const (
 	rogueEndless                  // answers 0, 1, 2, … without end
 )
 
-// rogueReplay runs a ROUTER that answers every replay request in mode, with
-// payload as every batch, until the test ends. Its goroutine owns the socket.
-func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
+// replayServer binds a ROUTER on loopback and runs serve on a goroutine
+// that owns the socket until the test ends (serve returns once quit is
+// closed); it returns the endpoint to connect to.
+func replayServer(t *testing.T, serve func(sock *zmq.Socket, quit <-chan struct{})) string {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
@@ -49,6 +50,16 @@ func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
 	t.Cleanup(func() { close(quit); <-done; _ = sock.Close(); _ = zctx.Term() })
 	go func() {
 		defer close(done)
+		serve(sock, quit)
+	}()
+	return zmqep.Connectable(ep)
+}
+
+// rogueReplay runs a ROUTER that answers every replay request in mode, with
+// payload as every batch, until the test ends. Its goroutine owns the socket.
+func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
+	t.Helper()
+	return replayServer(t, func(sock *zmq.Socket, quit <-chan struct{}) {
 		poller := zmq.NewPoller()
 		poller.Add(sock, zmq.POLLIN)
 		var peer []byte
@@ -94,8 +105,7 @@ func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
 			case <-pace.C:
 			}
 		}
-	}()
-	return zmqep.Connectable(ep)
+	})
 }
 
 // TestReplayServerFaults: a gap is followed by a replay exchange with a
@@ -255,23 +265,7 @@ func TestIdleProbeBacksOffWhileReplayIsDown(t *testing.T) {
 // request with the end marker alone. Its goroutine owns the socket.
 func scriptedReplay(t *testing.T, script [][][][]byte) string {
 	t.Helper()
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock, err := zctx.NewSocket(zmq.ROUTER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = sock.SetLinger(0)
-	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	ep, _ := sock.GetLastEndpoint()
-	quit, done := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() { close(quit); <-done; _ = sock.Close(); _ = zctx.Term() })
-	go func() {
-		defer close(done)
+	return replayServer(t, func(sock *zmq.Socket, quit <-chan struct{}) {
 		poller := zmq.NewPoller()
 		poller.Add(sock, zmq.POLLIN)
 		end := [][]byte{{}, seq8(math.MaxUint64), {}}
@@ -300,8 +294,7 @@ func scriptedReplay(t *testing.T, script [][][][]byte) string {
 				}
 			}
 		}
-	}()
-	return zmqep.Connectable(ep)
+	})
 }
 
 // TestReplayEndedEarlyLeavesNoStaleReplies: a batch with an empty payload
