@@ -52,6 +52,9 @@ const (
 	reasonAmbiguous       = "AmbiguousTarget"
 	reasonKindUnavailable = "WorkloadKindUnavailable"
 	reasonForbidden       = "Forbidden"
+	// reasonScaleFailed: reading or writing the target's /scale failed
+	// (the API server did not answer, a webhook refused it).
+	reasonScaleFailed = "ScaleFailed"
 )
 
 func badTarget(reason, format string, a ...any) *targetError {
@@ -199,7 +202,7 @@ func (c *Controller) modelDeploymentTargets(ap *v1alpha1.AutoscalingPolicy) (map
 	for _, r := range md.Spec.Roles {
 		t := roleTarget{current: *r.Replicas, groups: groups}
 		for _, p := range pods {
-			if p.Labels[v1alpha1.LabelRole] == r.Name {
+			if p.Labels[v1alpha1.LabelRole] == r.Name && metav1.IsControlledBy(p, md) {
 				t.engines = append(t.engines, p.Name)
 			}
 		}

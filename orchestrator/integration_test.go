@@ -29,7 +29,9 @@ import (
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{})) }
+// The server authorizes by RBAC: the admin (system:masters) may do anything,
+// TestAutoscalingPolicyUnderRBAC runs the controller under rbac.yaml's rules.
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{RBAC: true})) }
 
 const wait = 90 * time.Second
 

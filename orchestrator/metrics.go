@@ -29,7 +29,7 @@ var (
 		Name: "kvmesh_orchestrator_autoscale_decisions_total", Help: "Autoscaler role decisions by direction (up, down, hold).",
 	}, []string{"direction"})
 	policyTargetErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvmesh_orchestrator_autoscale_target_errors_total", Help: "Autoscaler steps skipped because the policy's target could not be resolved, by reason.",
+		Name: "kvmesh_orchestrator_autoscale_target_errors_total", Help: "Autoscaler steps whose target could not be resolved or scaled, by reason.",
 	}, []string{"reason"})
 	promQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_orchestrator_prometheus_queries_total", Help: "Prometheus queries of AutoscalingPolicy metrics, by outcome (ok, error, stale).",

@@ -226,6 +226,7 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	res := e.a.Step(now, obs, slo)
 	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)
 	scaled := false
+	var scaleErr *targetError
 	for _, r := range ap.Spec.Roles {
 		d, ok := res.Roles[r.Name]
 		if !ok {
@@ -236,7 +237,11 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 		recordDecision(ap, r.Name, d)
 		if d.Desired != d.Current && t.scale != nil {
 			if err := t.scale(ctx, d.Desired); err != nil {
-				return err
+				// The other roles still move; the policy says it cannot.
+				if scaleErr == nil {
+					scaleErr = scaleError(r.Name, err)
+				}
+				continue
 			}
 			what := "role " + r.Name
 			if t.workload != "" {
@@ -254,7 +259,11 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	if ap.Spec.Target == "" {
 		msg = fmt.Sprintf("adopting %d workloads; %s", len(targets), msg)
 	}
-	pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", msg)
+	if scaleErr != nil {
+		c.targetFailed(ap, pc, scaleErr)
+	} else {
+		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", msg)
+	}
 	switch {
 	case res.Ratio == nil:
 	case res.Ratio.Infeasible:
@@ -292,11 +301,32 @@ func (c *Controller) targetFailed(ap *v1alpha1.AutoscalingPolicy, pc *policyCond
 	pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, te.reason, te.msg)
 }
 
+// scaleError is a failed read or write of a role's /scale: Forbidden when
+// the RBAC does not cover it, TargetNotFound when the object is gone,
+// ScaleFailed otherwise.
+func scaleError(role string, err error) *targetError {
+	var te *targetError
+	switch {
+	case errors.As(err, &te):
+		return te
+	case apierrors.IsForbidden(err):
+		return badTarget(reasonForbidden, "role %s: %v (see the RBAC in manifests/orchestrator/rbac.yaml)", role, err)
+	case apierrors.IsNotFound(err):
+		return badTarget(reasonTargetNotFound, "role %s: %v", role, err)
+	}
+	return badTarget(reasonScaleFailed, "role %s: %v", role, err)
+}
+
 // scaleRole writes the role's RoleScaler through its /scale subresource,
 // the same path an HPA takes; the controller copies it into the deployment.
+// A RoleScaler of that name that md does not control is not written.
 func (c *Controller) scaleRole(ctx context.Context, md *v1alpha1.ModelDeployment, role string, n int32) error {
+	name := scalerName(md.Name, role)
+	if o, err := c.scalers.ByNamespace(md.Namespace).Get(name); err == nil && !metav1.IsControlledBy(o.(metav1.Object), md) {
+		return badTarget(reasonRoleScalerConflict, "role %s: RoleScaler %s is not ModelDeployment %s's", role, name, md.Name)
+	}
 	rc := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace)
-	s, err := rc.Get(ctx, scalerName(md.Name, role), metav1.GetOptions{}, "scale")
+	s, err := rc.Get(ctx, name, metav1.GetOptions{}, "scale")
 	if err != nil {
 		return fmt.Errorf("get scale of role %s: %w", role, err)
 	}

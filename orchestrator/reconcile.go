@@ -48,13 +48,13 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	u := obj.(*unstructured.Unstructured)
 	md := &v1alpha1.ModelDeployment{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, md); err != nil {
-		return 0, fmt.Errorf("decode %s: %w", key, err)
+		return c.undecodable(ctx, u, err)
 	}
 	md.Defaults()
 	if c.mdGens.stale(md.UID, md.Generation) {
 		return staleRequeue, nil // our own write is on its way: its event brings us back
 	}
-	pods, err := c.pods.Pods(ns).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelDeployment: name}))
+	pods, err := c.ownedPods(md)
 	if err != nil {
 		return 0, err
 	}
@@ -70,7 +70,7 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	if err := c.ensureService(ctx, md); err != nil {
 		return 0, err
 	}
-	changed, err := c.syncScalers(ctx, md, pods)
+	changed, conflicts, err := c.syncScalers(ctx, md, pods)
 	if err != nil || changed {
 		return 0, err // the deployment changed: its event brings us back
 	}
@@ -81,32 +81,77 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 			return 0, err
 		}
 	}
-	if err := c.updateStatus(ctx, u, md, pods, gangErr); err != nil {
+	if err := c.updateStatus(ctx, u, md, pods, gangErr, conflicts); err != nil {
 		return 0, err
 	}
 	return 0, gangErr
 }
 
-// reasonInvalidName is the condition reason and event of a deployment whose
-// names the controller cannot make objects from.
-const reasonInvalidName = "InvalidName"
+// ownedPods are the pods md controls (a controller owner reference with its
+// UID) among those labelled with its name: a pod someone else labelled so is
+// neither counted nor deleted.
+func (c *Controller) ownedPods(md *v1alpha1.ModelDeployment) ([]*corev1.Pod, error) {
+	all, err := c.pods.Pods(md.Namespace).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelDeployment: md.Name}))
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(p *corev1.Pod) bool { return !metav1.IsControlledBy(p, md) }), nil
+}
 
-// refuseNames says, once, on the status (Available and Progressing false,
-// reason InvalidName) and in a warning event, why nothing is created.
+// Condition reasons and events of a deployment the controller makes
+// nothing from: names it cannot make objects from, or a spec that does not
+// decode (a role template that is no PodTemplateSpec: the schema keeps a
+// template's unknown fields, so the API server admits it).
+const (
+	reasonInvalidName     = "InvalidName"
+	reasonInvalidTemplate = "InvalidTemplate"
+)
+
+// refuseNames refuses a deployment whose names make no valid objects.
 func (c *Controller) refuseNames(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, probs []string) error {
-	msg := "nothing is created: " + strings.Join(probs, "; ")
+	return c.refuse(ctx, u, md, reasonInvalidName, "nothing is created: "+strings.Join(probs, "; "))
+}
+
+// refuse says, once, on the status (Available and Progressing false with
+// the reason) and in a warning event, why nothing is created.
+func (c *Controller) refuse(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, reason, msg string) error {
 	st := md.Status
 	st.Conditions = slices.Clone(st.Conditions)
 	st.ObservedGeneration = md.Generation
 	for _, t := range []string{v1alpha1.ConditionAvailable, v1alpha1.ConditionProgressing} {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: metav1.ConditionFalse,
-			Reason: reasonInvalidName, Message: msg, ObservedGeneration: md.Generation})
+			Reason: reason, Message: msg, ObservedGeneration: md.Generation})
 	}
 	if reflect.DeepEqual(st, md.Status) {
 		return nil // said already
 	}
-	c.recorder.Event(md, corev1.EventTypeWarning, reasonInvalidName, msg)
+	c.recorder.Event(md, corev1.EventTypeWarning, reason, msg)
 	return c.writeStatus(ctx, u, md, &st)
+}
+
+// undecodable handles a deployment whose spec does not decode. Cleanup needs
+// only its metadata, so a deleted one still releases its children and its
+// finalizer; otherwise it is refused (InvalidTemplate) and not retried: only
+// an edit of the spec can help, and the edit's event brings it back. Its
+// existing pods are left as they are.
+func (c *Controller) undecodable(ctx context.Context, u *unstructured.Unstructured, derr error) (time.Duration, error) {
+	md := &v1alpha1.ModelDeployment{}
+	rest := u.DeepCopy()
+	delete(rest.Object, "spec")
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(rest.Object, md); err != nil {
+		delete(rest.Object, "status") // a status some other writer broke is rewritten
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(rest.Object, md); err != nil {
+			return 0, fmt.Errorf("decode %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+		}
+	}
+	if md.DeletionTimestamp != nil {
+		pods, err := c.ownedPods(md)
+		if err != nil {
+			return 0, err
+		}
+		return c.finalize(ctx, md, pods)
+	}
+	return 0, c.refuse(ctx, u, md, reasonInvalidTemplate, fmt.Sprintf("nothing is created or changed: the spec does not decode (is every role's template a pod template?): %v", derr))
 }
 
 // execute carries out a plan: deletions, creations, then each new group as

@@ -24,6 +24,9 @@ func roleSelector(md, role string) string {
 	return labels.Set{v1alpha1.LabelDeployment: md, v1alpha1.LabelRole: role, v1alpha1.LabelWorker: "0"}.String()
 }
 
+// ownedScalers are the RoleScalers md controls (a controller owner
+// reference with its UID). A RoleScaler anyone else made, whatever its spec
+// names, is never driven, written or deleted by md's reconcile.
 func (c *Controller) ownedScalers(md *v1alpha1.ModelDeployment) ([]*v1alpha1.RoleScaler, error) {
 	objs, err := c.scalers.ByNamespace(md.Namespace).List(labels.Everything())
 	if err != nil {
@@ -35,43 +38,54 @@ func (c *Controller) ownedScalers(md *v1alpha1.ModelDeployment) ([]*v1alpha1.Rol
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.(*unstructured.Unstructured).Object, s); err != nil {
 			continue
 		}
-		if s.Spec.Deployment == md.Name {
+		if metav1.IsControlledBy(s, md) {
 			out = append(out, s)
 		}
 	}
 	return out, nil
 }
 
-// syncScalers keeps one RoleScaler per role and its replicas equal to the
-// role's: a scaler whose spec changed since the controller last saw it
-// (generation > observedGeneration) was scaled by someone (HPA, KEDA, a
-// user) and its value is copied into the deployment; otherwise the
+// syncScalers keeps one RoleScaler per role, <md>-<role>, and its replicas
+// equal to the role's: a scaler whose spec changed since the controller
+// last saw it (generation > observedGeneration) was scaled by someone (HPA,
+// KEDA, a user) and its value is copied into the deployment; otherwise the
 // deployment's value is copied into the scaler. changed reports that the
-// deployment was written (its event brings the next reconcile).
-func (c *Controller) syncScalers(ctx context.Context, md *v1alpha1.ModelDeployment, pods []*corev1.Pod) (changed bool, err error) {
+// deployment was written (its event brings the next reconcile). conflicts
+// names the roles whose <md>-<role> exists and is not md's: such a role
+// runs at the deployment's replicas and has no RoleScaler.
+func (c *Controller) syncScalers(ctx context.Context, md *v1alpha1.ModelDeployment, pods []*corev1.Pod) (changed bool, conflicts []string, err error) {
 	existing, err := c.ownedScalers(md)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
-	byRole := map[string]*v1alpha1.RoleScaler{}
+	byName := map[string]*v1alpha1.RoleScaler{}
 	for _, s := range existing {
-		byRole[s.Spec.Role] = s
+		byName[s.Name] = s
 	}
 	rc := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace)
 	for i := range md.Spec.Roles {
 		r := &md.Spec.Roles[i]
-		s := byRole[r.Name]
-		delete(byRole, r.Name)
+		name := scalerName(md.Name, r.Name)
+		s := byName[name]
+		delete(byName, name)
 		if s == nil {
-			if err := c.createScaler(ctx, md, r); err != nil {
-				return false, err
+			if _, err := c.scalers.ByNamespace(md.Namespace).Get(name); err == nil {
+				conflicts = append(conflicts, r.Name) // there, and not md's
+				continue
+			}
+			mine, err := c.createScaler(ctx, md, r)
+			if err != nil {
+				return false, nil, err
+			}
+			if !mine {
+				conflicts = append(conflicts, r.Name)
 			}
 			continue
 		}
 		switch {
 		case s.Generation != s.Status.ObservedGeneration && s.Spec.Replicas != *r.Replicas:
 			if err := c.patchRoleReplicas(ctx, md, i, s.Spec.Replicas); err != nil {
-				return false, err
+				return false, nil, err
 			}
 			c.recorder.Eventf(md, corev1.EventTypeNormal, "ScaledRole", "role %s: %d -> %d replicas per group (RoleScaler %s)",
 				r.Name, *r.Replicas, s.Spec.Replicas, s.Name)
@@ -79,7 +93,7 @@ func (c *Controller) syncScalers(ctx context.Context, md *v1alpha1.ModelDeployme
 		case s.Generation == s.Status.ObservedGeneration && s.Spec.Replicas != *r.Replicas:
 			s.Spec.Replicas = *r.Replicas
 			if err := c.writeScaler(ctx, s, false); err != nil {
-				return false, err
+				return false, nil, err
 			}
 			continue // status follows on the next pass (the scaler's generation moved)
 		}
@@ -91,16 +105,17 @@ func (c *Controller) syncScalers(ctx context.Context, md *v1alpha1.ModelDeployme
 		if !reflect.DeepEqual(st, s.Status) {
 			s.Status = st
 			if err := c.writeScaler(ctx, s, true); err != nil {
-				return false, err
+				return false, nil, err
 			}
 		}
 	}
-	for _, s := range byRole { // roles that were removed
-		if err := rc.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return false, err
+	for _, s := range byName { // md's scalers of roles that were removed: only that object (UID)
+		err := rc.Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return false, nil, err
 		}
 	}
-	return changed, nil
+	return changed, conflicts, nil
 }
 
 // currentReplicas is the role's replicas per group as the /scale status
@@ -120,7 +135,10 @@ func currentReplicas(md *v1alpha1.ModelDeployment, role string, pods []*corev1.P
 	return int32(leaders / len(groups))
 }
 
-func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeployment, r *v1alpha1.Role) error {
+// createScaler creates the role's RoleScaler. mine is false when one of
+// that name exists and md does not control it (a user's, or one left by an
+// earlier deployment of the same name): it is left alone.
+func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeployment, r *v1alpha1.Role) (mine bool, err error) {
 	s := &v1alpha1.RoleScaler{
 		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "RoleScaler"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -132,14 +150,22 @@ func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeploym
 	}
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
 	if err != nil {
-		return err
+		return false, err
 	}
-	_, err = c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace).
-		Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create role scaler %s: %w", s.Name, err)
+	rc := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace)
+	_, err = rc.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		// Ours, which the cache has not shown yet, or someone else's.
+		got, gerr := rc.Get(ctx, s.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return false, fmt.Errorf("get role scaler %s: %w", s.Name, gerr)
+		}
+		return metav1.IsControlledBy(got, md), nil
 	}
-	return nil
+	if err != nil {
+		return false, fmt.Errorf("create role scaler %s: %w", s.Name, err)
+	}
+	return true, nil
 }
 
 func (c *Controller) writeScaler(ctx context.Context, s *v1alpha1.RoleScaler, status bool) error {

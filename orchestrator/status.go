@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,7 +19,8 @@ import (
 )
 
 // computeStatus derives the status from the pods the controller saw.
-func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha1.ModelDeploymentStatus, gangErr error) v1alpha1.ModelDeploymentStatus {
+// conflicts names the roles whose RoleScaler name another object holds.
+func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha1.ModelDeploymentStatus, gangErr error, conflicts []string) v1alpha1.ModelDeploymentStatus {
 	st, _ := newState(pods)
 	groups := int(*md.Spec.Groups)
 	out := v1alpha1.ModelDeploymentStatus{
@@ -60,11 +62,11 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 		}
 	}
 	out.Ready = strconv.Itoa(int(out.ReadyGroups)) + "/" + strconv.Itoa(groups)
-	setConditions(&out, md, groups, complete, gangErr)
+	setConditions(&out, md, groups, complete, gangErr, conflicts)
 	return out
 }
 
-func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, groups int, complete bool, gangErr error) {
+func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, groups int, complete bool, gangErr error, conflicts []string) {
 	cond := func(t string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse
 		if ok {
@@ -88,6 +90,11 @@ func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeploy
 		cond(v1alpha1.ConditionGangBlocked, true, "GangCreateFailed", gangErr.Error())
 	} else {
 		cond(v1alpha1.ConditionGangBlocked, false, "GangsComplete", "every group was created whole")
+	}
+	if len(conflicts) > 0 {
+		cond(v1alpha1.ConditionRoleScalerConflict, true, reasonRoleScalerConflict, scalerConflictMessage(md, conflicts))
+	} else {
+		cond(v1alpha1.ConditionRoleScalerConflict, false, "RoleScalersControlled", "every role has its RoleScaler")
 	}
 }
 
@@ -114,11 +121,30 @@ func groupReady(md *v1alpha1.ModelDeployment, st *state, g int) bool {
 	return true
 }
 
-// updateStatus writes the status subresource when it changed.
-func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr error) error {
-	st := computeStatus(md, pods, md.Status, gangErr)
+// reasonRoleScalerConflict is the event and condition reason of a role
+// whose RoleScaler's name another object holds.
+const reasonRoleScalerConflict = "RoleScalerConflict"
+
+func scalerConflictMessage(md *v1alpha1.ModelDeployment, roles []string) string {
+	names := make([]string, len(roles))
+	for i, r := range roles {
+		names[i] = scalerName(md.Name, r)
+	}
+	return fmt.Sprintf("RoleScaler %s exists and is not this deployment's: role %s is not scaled through it (it keeps the deployment's replicas); delete or rename it",
+		strings.Join(names, ", "), strings.Join(roles, ", "))
+}
+
+// updateStatus writes the status subresource when it changed, with a
+// Warning event when a RoleScaler conflict is new.
+func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr error, conflicts []string) error {
+	st := computeStatus(md, pods, md.Status, gangErr, conflicts)
 	if reflect.DeepEqual(st, md.Status) {
 		return nil
+	}
+	if now := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionRoleScalerConflict); now.Status == metav1.ConditionTrue {
+		if old := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.ConditionRoleScalerConflict); old == nil || old.Status != now.Status || old.Message != now.Message {
+			c.recorder.Event(md, corev1.EventTypeWarning, reasonRoleScalerConflict, now.Message)
+		}
 	}
 	return c.writeStatus(ctx, u, md, &st)
 }

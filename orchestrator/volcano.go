@@ -71,7 +71,8 @@ func (c *Controller) ensurePodGroup(ctx context.Context, md *v1alpha1.ModelDeplo
 	return nil
 }
 
-// deletePodGroups removes the PodGroups of groups ≥ from.
+// deletePodGroups removes md's PodGroups (controlled by it, not merely
+// labelled) of groups ≥ from.
 func (c *Controller) deletePodGroups(ctx context.Context, md *v1alpha1.ModelDeployment, from int) error {
 	l, err := c.dyn.Resource(podGroupsResource).Namespace(md.Namespace).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelDeployment + "=" + md.Name})
 	if err != nil {
@@ -79,10 +80,12 @@ func (c *Controller) deletePodGroups(ctx context.Context, md *v1alpha1.ModelDepl
 	}
 	for _, pg := range l.Items {
 		g, err := strconv.Atoi(pg.GetLabels()[v1alpha1.LabelGroup])
-		if err != nil || g < from {
+		if err != nil || g < from || !metav1.IsControlledBy(&pg, md) {
 			continue
 		}
-		if err := c.dyn.Resource(podGroupsResource).Namespace(md.Namespace).Delete(ctx, pg.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		uid := pg.GetUID()
+		err = c.dyn.Resource(podGroupsResource).Namespace(md.Namespace).Delete(ctx, pg.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return err
 		}
 	}

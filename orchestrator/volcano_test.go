@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -27,7 +28,8 @@ const podGroupCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResou
 
 // TestVolcanoPodGroupPerGroup: with the PodGroup CRD served, each group
 // gets a PodGroup whose minMember is its gang, and its pods name it and the
-// volcano scheduler; scaling groups down removes the surplus PodGroup.
+// volcano scheduler; scaling groups down removes the surplus PodGroup, and
+// never a user's PodGroup that merely carries the deployment's labels.
 func TestVolcanoPodGroupPerGroup(t *testing.T) {
 	s := kubetest.StartT(t, kubetest.Options{})
 	installCRDs(t, s)
@@ -38,19 +40,27 @@ func TestVolcanoPodGroupPerGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &env{srv: s, ns: s.Namespace(t), kube: kubernetes.NewForConfigOrDie(s.Config), dyn: dynamic.NewForConfigOrDie(s.Config), ctx: ctx}
+	pgs := e.dyn.Resource(podGroupsResource).Namespace(e.ns)
+	user := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+		"metadata": map[string]any{"name": "a-user-pg", "labels": map[string]any{v1alpha1.LabelDeployment: "roll", v1alpha1.LabelGroup: "1"}}}}
+	if _, err := pgs.Create(ctx, user, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	e.startController(t, s.Config)
 	objs, _ = kubetest.Decode(stringsReader(rollDoc))
 	_ = unstructured.SetNestedField(objs[0].Object, int64(2), "spec", "groups")
 	if err := kubetest.Apply(ctx, s.Config, kubetest.ApplyOptions{Namespace: e.ns}, objs...); err != nil {
 		t.Fatal(err)
 	}
-	pgs := e.dyn.Resource(podGroupsResource).Namespace(e.ns)
-	testutil.WaitFor(t, wait, "two PodGroups of 6 members and 12 pods", func() bool {
+	testutil.WaitFor(t, wait, "two PodGroups of 6 members (and the user's) and 12 pods", func() bool {
 		l, err := pgs.List(ctx, metav1.ListOptions{})
-		if err != nil || len(l.Items) != 2 {
+		if err != nil || len(l.Items) != 3 {
 			return false
 		}
 		for _, pg := range l.Items {
+			if pg.GetName() == "a-user-pg" {
+				continue
+			}
 			if n, _, _ := unstructured.NestedInt64(pg.Object, "spec", "minMember"); n != 6 {
 				return false
 			}
@@ -63,8 +73,16 @@ func TestVolcanoPodGroupPerGroup(t *testing.T) {
 		}
 	}
 	e.setScale(t, e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns), "roll", 1)
-	testutil.WaitFor(t, wait, "one PodGroup left", func() bool {
-		l, err := pgs.List(ctx, metav1.ListOptions{})
-		return err == nil && len(l.Items) == 1 && l.Items[0].GetName() == "roll-0"
+	testutil.WaitFor(t, wait, "PodGroup roll-1 gone", func() bool {
+		_, err := pgs.Get(ctx, "roll-1", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
 	})
+	// The user's is listed first: a delete by label alone would have removed it before roll-1.
+	l, err := pgs.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Items) != 2 || l.Items[0].GetName() != "a-user-pg" || l.Items[1].GetName() != "roll-0" {
+		t.Fatalf("PodGroups %d, want a-user-pg (the user's) and roll-0", len(l.Items))
+	}
 }

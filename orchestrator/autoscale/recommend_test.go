@@ -1,6 +1,7 @@
 package autoscale
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -111,6 +112,31 @@ func TestStepPanicNeverScalesDownAndCooldown(t *testing.T) {
 		if p, c := got[i-1]["d"], got[i]["d"]; c < p && c < p/2 {
 			t.Fatalf("step %d: %d -> %d breaks the scale-down rate", i, p, c)
 		}
+	}
+}
+
+// TestStepUnobservedRoleHolds: a role no metric observes holds its replicas,
+// also after a scale by hand (4 -> 1): its old size is no demand, so no panic
+// takes it back up; its bounds still apply.
+func TestStepUnobservedRoleHolds(t *testing.T) {
+	a, _ := New(policy(map[string]RolePolicy{"d": waitingRole(1, 8)}))
+	t0 := time.Unix(0, 0)
+	step := func(i int, current int32) Decision {
+		t.Helper()
+		return a.Step(t0.Add(time.Duration(i)*5*time.Second), map[string]Observation{"d": {Current: current}}, nil).Roles["d"]
+	}
+	for i := range 6 {
+		if d := step(i, 4); d.Desired != 4 {
+			t.Fatalf("step %d at 4: %+v, want held", i, d)
+		}
+	}
+	for i := 6; i < 30; i++ {
+		if d := step(i, 1); d.Desired != 1 {
+			t.Fatalf("step %d after a scale by hand to 1: %+v, want held", i, d)
+		}
+	}
+	if d := step(30, 0); d.Desired != 1 || !strings.Contains(d.Reason, "bounds") {
+		t.Errorf("below its min: %+v, want 1 (bounds)", d)
 	}
 }
 

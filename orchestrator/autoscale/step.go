@@ -133,9 +133,12 @@ func (a *Autoscaler) Step(now time.Time, obs map[string]Observation, slo *SLOObs
 		if !ok {
 			continue
 		}
-		demand := a.demand(name, rp, o, sized)
-		d := a.stepRole(now, name, rp, o.Current, demand, &res)
-		res.Roles[name] = d
+		demand, seen := a.demand(name, rp, o, sized)
+		if !seen {
+			res.Roles[name] = hold(rp, o.Current)
+			continue
+		}
+		res.Roles[name] = a.stepRole(now, name, rp, o.Current, demand, &res)
 	}
 	a.applyRatio(now, &res)
 	for name, d := range res.Roles {
@@ -149,22 +152,33 @@ func (a *Autoscaler) Step(now time.Time, obs map[string]Observation, slo *SLOObs
 	return res
 }
 
-func (a *Autoscaler) demand(name string, rp RolePolicy, o Observation, sized *SLOResult) float64 {
+// demand is the role's demand at this step; seen is false when neither the
+// SLO mode nor any of its metrics observed it.
+func (a *Autoscaler) demand(name string, rp RolePolicy, o Observation, sized *SLOResult) (d float64, seen bool) {
 	if sized != nil && name == a.p.SLOPrefill && sized.PrefillSized {
-		return float64(sized.Prefill)
+		return float64(sized.Prefill), true
 	}
 	if sized != nil && name == a.p.SLODecode && sized.DecodeSized {
-		return float64(sized.Decode)
+		return float64(sized.Decode), true
 	}
-	d, seen := 0.0, false
 	for _, t := range rp.Targets {
 		if v, ok := o.Metrics[t.Name]; ok {
 			d = math.Max(d, Demand(t.Name, v, t.Target, o.Current))
 			seen = true
 		}
 	}
-	if !seen {
-		return float64(o.Current)
+	return d, seen
+}
+
+// hold is the decision for a role nothing observed: it keeps its replicas
+// (within its bounds), and the step adds no sample to its windows. A sample
+// of "current" would hold a role only while nobody scales it: after a scale
+// by hand the old size would read as demand (panic, from 4 down to 1, would
+// take it back up).
+func hold(rp RolePolicy, current int32) Decision {
+	d := Decision{Current: current, Desired: current, Reason: "no metric observed: holding"}
+	if c := clamp(current, rp.Bounds); c != current {
+		d.Desired, d.Reason = c, d.Reason+"; bounds"
 	}
 	return d
 }

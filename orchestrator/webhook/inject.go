@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -97,6 +98,10 @@ var ErrNoModel = errors.New("no kvmesh.io/model")
 // ErrBadPDProtocol is a kvmesh.io/pd-protocol annotation other than nixl or sglang.
 var ErrBadPDProtocol = errors.New("bad P/D protocol annotation")
 
+// ErrBadRoleKind is a kvmesh.io/role-kind label the sidecar's --role
+// refuses (prefill, decode or mixed).
+var ErrBadRoleKind = errors.New("bad role-kind label")
+
 // pdArgs are the sidecar's P/D flags from the pod's group label and protocol
 // annotations: the injected container does not see the engine containers'
 // KVMESH_PD_GROUP, so the group is passed explicitly.
@@ -142,8 +147,13 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 		return corev1.Container{}, fmt.Errorf("%w: annotate the pod with %s (the served model name)", ErrNoModel, AnnotationModel)
 	}
 	role := pod.Labels[LabelRoleKind]
-	if role == "" {
+	switch role {
+	case "":
 		role = "mixed"
+	case "prefill", "decode", "mixed":
+	default:
+		// The sidecar would refuse --role and crash-loop: say so at admission.
+		return corev1.Container{}, fmt.Errorf("%w: %s=%q (want prefill, decode or mixed)", ErrBadRoleKind, LabelRoleKind, role)
 	}
 	args := []string{
 		"sidecar",
@@ -239,15 +249,16 @@ func mountOf(pod *corev1.Pod, dir string) (corev1.VolumeMount, bool) {
 }
 
 // patchFor returns the JSON patch that injects the sidecar, or nil when the
-// pod does not ask for it or already has it (the webhook may be reinvoked).
+// pod does not ask for it or already has it (the webhook may be reinvoked),
+// as an init container or a regular one of that name (a pod that runs its
+// own: a second container of the name would be refused).
 func (c SidecarConfig) patchFor(pod *corev1.Pod) ([]byte, error) {
 	if pod.Labels[LabelInject] != "true" {
 		return nil, nil
 	}
-	for _, ic := range pod.Spec.InitContainers {
-		if ic.Name == ContainerName {
-			return nil, nil
-		}
+	named := func(ct corev1.Container) bool { return ct.Name == ContainerName }
+	if slices.ContainsFunc(pod.Spec.InitContainers, named) || slices.ContainsFunc(pod.Spec.Containers, named) {
+		return nil, nil
 	}
 	sc, err := c.sidecar(pod)
 	if err != nil {

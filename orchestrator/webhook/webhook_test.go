@@ -71,6 +71,10 @@ func TestReview(t *testing.T) {
 		{"model as a label", enginePod("f", map[string]string{LabelInject: "true", LabelModel: "llama3"}, nil), true, true,
 			[]string{`--model=llama3`}},
 		{"model but no inject label", enginePod("g", map[string]string{LabelModel: "llama3"}, map[string]string{AnnotationModel: "m"}), true, false, nil},
+		// The sidecar refuses --role=encode: say so at admission.
+		{"bad role kind", enginePod("h", map[string]string{LabelInject: "true", LabelRoleKind: "encode"}, map[string]string{AnnotationModel: "m"}), false, false, nil},
+		{"prefill role kind", enginePod("i", map[string]string{LabelInject: "true", LabelRoleKind: "prefill"}, map[string]string{AnnotationModel: "m"}), true, true,
+			[]string{`--role=prefill`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -93,6 +97,13 @@ func TestReview(t *testing.T) {
 	p.Spec.InitContainers = []corev1.Container{{Name: ContainerName}}
 	if out, _ := h.Review(review(t, p)); out.Response.Patch != nil {
 		t.Errorf("injected twice: %s", out.Response.Patch)
+	}
+	// A pod running its own sidecar as a regular container is left alone:
+	// a second container of that name would be refused.
+	p = enginePod("d2", inject, map[string]string{AnnotationModel: "m"})
+	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: ContainerName, Image: "kvmesh"})
+	if out, _ := h.Review(review(t, p)); !out.Response.Allowed || out.Response.Patch != nil {
+		t.Errorf("a pod with its own %s container: allowed %v, patch %s", ContainerName, out.Response.Allowed, out.Response.Patch)
 	}
 	for _, bad := range []string{"", "{", `{"request":null}`, `{"request":{"kind":{"kind":"Pod"},"object":"x"}}`} {
 		if _, err := h.Review([]byte(bad)); !errors.Is(err, ErrBadReview) {

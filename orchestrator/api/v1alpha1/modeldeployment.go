@@ -226,6 +226,10 @@ const (
 	ConditionAvailable   = "Available"
 	ConditionProgressing = "Progressing"
 	ConditionGangBlocked = "GangBlocked"
+	// ConditionRoleScalerConflict is True while a role's RoleScaler name
+	// (<deployment>-<role>) is held by an object the deployment does not
+	// control: that role cannot be scaled alone.
+	ConditionRoleScalerConflict = "RoleScalerConflict"
 )
 
 // Defaults fills the optional fields with their defaults in place.
