@@ -129,10 +129,17 @@ func TestBrokenEngineDoesNotStopOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cache.Pub.Close()
+	// The broken engine's endpoint is valid but cannot be bound: a port
+	// taken by a listener of the test.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
 	cfg := sidecar.DefaultConfig()
 	cfg.Engines = []sidecar.EngineConfig{
 		{ID: "good", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"},
-		{ID: "broken", Model: "m", Events: "no-such-transport://x", MetricsURL: "-"},
+		{ID: "broken", Model: "m", Events: "tcp://" + taken.Addr().String(), Bind: true, MetricsURL: "-"},
 	}
 	cfg.NATS.URLs = []string{srv.URL()}
 	s, err := sidecar.New(cfg)
