@@ -217,8 +217,9 @@ func (n *Node) nameTaken() error {
 // it knew first and ignores the other's claims about itself, but not the
 // state entries the other gossips under that name: they would last as long
 // as the first member. So a node that finds its own name taken while it
-// joins from alone is the later one and stops publishing (New and Join
-// fail with ErrNameTaken); anywhere else the conflict is counted and logged.
+// joins from alone is the later one and stops (New and Join fail with
+// ErrNameTaken; the loop ends); anywhere else the conflict is counted and
+// logged.
 func (n *Node) nameConflict(existing, other *memberlist.Node) {
 	n.m.conflicts.Add(1)
 	if existing.Name == n.cfg.Name && n.joiningAlone.Load() {
