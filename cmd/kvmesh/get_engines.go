@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -109,7 +110,9 @@ func observeMesh(bind string, seeds []string, key []byte, extra [][]byte) (*goss
 		return nil, fmt.Errorf("%w: bad --gossip-bind %q", errUsage, bind)
 	}
 	hn, _ := os.Hostname()
-	g.Name = fmt.Sprintf("kvmesh-get-%s-%d", hn, os.Getpid())
+	// Unique per call: a member of the same name that left moments ago may
+	// still be alive to the seed, which would refuse this one.
+	g.Name = fmt.Sprintf("kvmesh-get-%s-%d-%08x", hn, os.Getpid(), rand.Uint32())
 	g.BindAddr, g.BindPort, g.Join, g.SecretKey, g.ExtraKeys = host, p, seeds, key, extra
 	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator, ID: g.Name}
 	g.Logger = discardLogger()
