@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,6 +53,8 @@ const (
 	reasonAmbiguous       = "AmbiguousTarget"
 	reasonKindUnavailable = "WorkloadKindUnavailable"
 	reasonForbidden       = "Forbidden"
+	// reasonRoleNotFound: the policy names a role its ModelDeployment lacks.
+	reasonRoleNotFound = "RoleNotFound"
 	// reasonScaleFailed: reading or writing the target's /scale failed
 	// (the API server did not answer, a webhook refused it).
 	reasonScaleFailed = "ScaleFailed"
@@ -209,6 +212,21 @@ func (c *Controller) modelDeploymentTargets(ap *v1alpha1.AutoscalingPolicy) (map
 		role := r.Name
 		t.scale = func(ctx context.Context, n int32) error { return c.scaleRole(ctx, md, role, n) }
 		out[r.Name] = t
+	}
+	// A policy role the deployment lacks would show as scaling while
+	// nothing is scaled: the policy is wrong, as with a ratio's unknown role.
+	var missing []string
+	for _, r := range ap.Spec.Roles {
+		if _, ok := out[r.Name]; !ok {
+			missing = append(missing, r.Name)
+		}
+	}
+	if len(missing) > 0 {
+		have := make([]string, len(md.Spec.Roles))
+		for i, r := range md.Spec.Roles {
+			have[i] = r.Name
+		}
+		return nil, badTarget(reasonRoleNotFound, "ModelDeployment %s has no role %s (its roles: %s)", md.Name, strings.Join(missing, ", "), strings.Join(have, ", "))
 	}
 	return out, nil
 }

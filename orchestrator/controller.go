@@ -154,12 +154,22 @@ func objectKey(obj any) (string, bool) {
 	return k, err == nil
 }
 
+// labelKey is the deployment a pod's label names, else the one its
+// controller owner reference names: a pod relabelled away from its
+// deployment leaves the informer (its selector) as a deletion that still
+// brings its owner back, which then releases it (nameTaken).
 func labelKey(obj any) (string, bool) {
 	p, ok := obj.(*corev1.Pod)
-	if !ok || p.Labels[v1alpha1.LabelDeployment] == "" {
+	if !ok {
 		return "", false
 	}
-	return p.Namespace + "/" + p.Labels[v1alpha1.LabelDeployment], true
+	if d := p.Labels[v1alpha1.LabelDeployment]; d != "" {
+		return p.Namespace + "/" + d, true
+	}
+	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "ModelDeployment" && ref.APIVersion == v1alpha1.SchemeGroupVersion.String() {
+		return p.Namespace + "/" + ref.Name, true
+	}
+	return "", false
 }
 
 func scalerKey(obj any) (string, bool) {

@@ -160,3 +160,27 @@ func TestControllerRefusesBadNamesOnce(t *testing.T) {
 		t.Errorf("%v reconcile errors", d)
 	}
 }
+
+// TestPDGroupLabelIsALabelKey: pdGroupLabel becomes a label key of every
+// pod, so the CRD admits only a label key (it failed at pod creation), and
+// the controller refuses one admitted before the CRD checked it.
+func TestPDGroupLabelIsALabelKey(t *testing.T) {
+	e := newEnv(t)
+	mds := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns)
+	for key, ok := range map[string]bool{"not a label!": false, "a/b/c": false, "Example.com/g": false, "-g": false,
+		"kvmesh.io/pd-group": true, "example.com/pd_group.v1": true, "group": true} {
+		u := namedMD(t, "pdl", "decode")
+		if err := unstructured.SetNestedField(u.Object, key, "spec", "pdGroupLabel"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := mds.Create(e.ctx, u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if ok && err != nil || !ok && !(apierrors.IsInvalid(err) && strings.Contains(err.Error(), "spec.pdGroupLabel")) {
+			t.Errorf("pdGroupLabel %q: got %v, want admitted %v", key, err, ok)
+		}
+		m := testMD(1, "", role("decode", 1, 0))
+		m.Spec.PDGroupLabel = key
+		if probs := nameProblems(m); (probs == nil) != ok {
+			t.Errorf("pdGroupLabel %q: problems %q, want ok=%v", key, probs, ok)
+		}
+	}
+}

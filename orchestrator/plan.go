@@ -34,8 +34,9 @@ func podName(md string, s slot) string {
 // nameProblems says why the controller cannot make md's objects from its
 // names (nil: it can): the headless Service takes the deployment's name (a
 // DNS-1035 label), and every pod's name, also its hostname, must be a DNS
-// label at the largest indexes the schema allows. The CRD refuses such names
-// at admission; this catches a deployment admitted before it did.
+// label at the largest indexes the schema allows; pdGroupLabel is a label
+// key of every pod. The CRD refuses such names at admission; this catches a
+// deployment admitted before it did.
 func nameProblems(md *v1alpha1.ModelDeployment) []string {
 	var probs []string
 	for _, p := range validation.IsDNS1035Label(md.Name) {
@@ -43,6 +44,9 @@ func nameProblems(md *v1alpha1.ModelDeployment) []string {
 	}
 	if len(probs) > 0 {
 		return probs // every pod name would be refused for the same reason
+	}
+	for _, p := range validation.IsQualifiedName(md.Spec.PDGroupLabel) {
+		probs = append(probs, fmt.Sprintf("pdGroupLabel %q is no label key: %s", md.Spec.PDGroupLabel, p))
 	}
 	for _, r := range md.Spec.Roles {
 		longest := podName(md.Name, slot{Group: v1alpha1.MaxGroups - 1, Role: r.Name, Replica: v1alpha1.MaxReplicas - 1, Member: v1alpha1.MaxWorkers})

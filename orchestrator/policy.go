@@ -1,10 +1,13 @@
 package orchestrator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -63,6 +66,8 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 		return
 	}
 	seen := map[types.UID]bool{}
+	var aps []*v1alpha1.AutoscalingPolicy
+	us := map[types.UID]*unstructured.Unstructured{}
 	for _, o := range objs {
 		u := o.(*unstructured.Unstructured)
 		ap := &v1alpha1.AutoscalingPolicy{}
@@ -70,7 +75,11 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 			continue
 		}
 		seen[ap.UID] = true
-		if err := c.stepPolicy(ctx, now, u, ap); err != nil {
+		aps, us[ap.UID] = append(aps, ap), u
+	}
+	losers := policyConflicts(aps)
+	for _, ap := range aps {
+		if err := c.stepPolicy(ctx, now, us[ap.UID], ap, losers[ap.UID]); err != nil {
 			c.log.Warn("autoscale", "policy", ap.Namespace+"/"+ap.Name, "err", err)
 		}
 	}
@@ -193,9 +202,16 @@ func (c *Controller) resolveTargets(ctx context.Context, ap *v1alpha1.Autoscalin
 	return c.adoptedTargets(ctx, ap)
 }
 
-func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructured.Unstructured, ap *v1alpha1.AutoscalingPolicy) error {
+// stepPolicy takes one autoscaling step of ap; a policy that lost a
+// conflict (policyConflicts) scales nothing and says why.
+func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructured.Unstructured, ap *v1alpha1.AutoscalingPolicy, conflict *targetError) error {
 	pc := &policyConds{gen: ap.Generation, st: v1alpha1.AutoscalingPolicyStatus{ObservedGeneration: ap.Generation, LastScaleTime: ap.Status.LastScaleTime,
 		Conditions: append([]metav1.Condition(nil), ap.Status.Conditions...)}}
+	if conflict != nil {
+		delete(c.autoscalers, ap.UID) // its windows start afresh once it wins
+		c.targetFailed(ap, pc, conflict)
+		return c.writePolicyStatus(ctx, u, ap, pc.st)
+	}
 	targets, err := c.resolveTargets(ctx, ap)
 	var te *targetError
 	if errors.As(err, &te) {
@@ -274,6 +290,59 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "WithinBand", res.Ratio.Reason)
 	}
 	return c.writePolicyStatus(ctx, u, ap, pc.st)
+}
+
+// reasonPolicyConflict: another AutoscalingPolicy, older, scales the same
+// role or workload; two would undo each other's every step.
+const reasonPolicyConflict = "PolicyConflict"
+
+// policyConflicts finds policies that scale what an older one scales (a
+// ModelDeployment's role, or a workload adopted by name; one adopted by a
+// selector is not known before it is resolved): the oldest (creation time,
+// then name) wins, every other one is returned with the reason it does not
+// scale at all.
+func policyConflicts(aps []*v1alpha1.AutoscalingPolicy) map[types.UID]*targetError {
+	sorted := slices.Clone(aps)
+	slices.SortFunc(sorted, func(a, b *v1alpha1.AutoscalingPolicy) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	owner := map[string]string{} // namespace/claim -> the winning policy's name
+	out := map[types.UID]*targetError{}
+	for _, ap := range sorted {
+		var lost []string
+		winner := ""
+		for _, what := range policyClaims(ap) {
+			if w, ok := owner[ap.Namespace+"/"+what]; ok {
+				lost, winner = append(lost, what), w
+			}
+		}
+		if len(lost) > 0 {
+			out[ap.UID] = badTarget(reasonPolicyConflict, "AutoscalingPolicy %s, older, scales %s: this policy scales nothing while both do (delete one, or remove the role from one)",
+				winner, strings.Join(lost, ", "))
+			continue // a loser claims nothing
+		}
+		for _, what := range policyClaims(ap) {
+			owner[ap.Namespace+"/"+what] = ap.Name
+		}
+	}
+	return out
+}
+
+// policyClaims names what a policy scales, as far as its spec says.
+func policyClaims(ap *v1alpha1.AutoscalingPolicy) []string {
+	var out []string
+	for _, r := range ap.Spec.Roles {
+		switch {
+		case ap.Spec.Target != "":
+			out = append(out, fmt.Sprintf("role %s of ModelDeployment %s", r.Name, ap.Spec.Target))
+		case r.Workload != nil && r.Workload.Name != "":
+			out = append(out, r.Workload.Kind+" "+r.Workload.Name)
+		}
+	}
+	return out
 }
 
 // recordDecision exports one role's decision as metrics.

@@ -64,6 +64,10 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	if probs := nameProblems(md); probs != nil {
 		return 0, c.refuseNames(ctx, u, md, probs) // not retried: only an edit of the spec can help
 	}
+	if n := totalPods(md); n > v1alpha1.MaxPods {
+		return 0, c.refuse(ctx, u, md, reasonTooManyPods, fmt.Sprintf("nothing is created or changed: %d pods (groups × replicas × (1 + workers), over every role) is more than the %d a deployment may have",
+			n, v1alpha1.MaxPods))
+	}
 	if !slices.Contains(md.Finalizers, Finalizer) {
 		return 0, c.setFinalizers(ctx, md, append(slices.Clone(md.Finalizers), Finalizer))
 	}
@@ -75,7 +79,10 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 		return 0, err // the deployment changed: its event brings us back
 	}
 	p := computePlan(md, pods)
-	gangErr := c.execute(ctx, md, p)
+	held, gangErr := c.execute(ctx, md, p)
+	if errors.Is(gangErr, errSuperseded) {
+		return 0, nil // deleted or edited meanwhile: its event brings the next step
+	}
 	if c.volcano && hasGroupAbove(pods, int(*md.Spec.Groups)) {
 		if err := c.deletePodGroups(ctx, md, int(*md.Spec.Groups)); err != nil {
 			return 0, err
@@ -84,8 +91,17 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	if err := c.updateStatus(ctx, u, md, pods, gangErr, conflicts); err != nil {
 		return 0, err
 	}
+	if held && gangErr == nil {
+		// The pod holding a slot's name goes without an event the
+		// controller sees (it is not labelled as md's): look again.
+		return nameHeldRequeue, nil
+	}
 	return 0, gangErr
 }
+
+// nameHeldRequeue is how often a deployment looks again at a slot whose
+// pod name another pod holds.
+const nameHeldRequeue = 10 * time.Second
 
 // ownedPods are the pods md controls (a controller owner reference with its
 // UID) among those labelled with its name: a pod someone else labelled so is
@@ -105,7 +121,33 @@ func (c *Controller) ownedPods(md *v1alpha1.ModelDeployment) ([]*corev1.Pod, err
 const (
 	reasonInvalidName     = "InvalidName"
 	reasonInvalidTemplate = "InvalidTemplate"
+	reasonTooManyPods     = "TooManyPods"
 )
+
+// totalPods is how many pods md's spec asks for (defaulted).
+func totalPods(md *v1alpha1.ModelDeployment) int {
+	per := 0
+	for i := range md.Spec.Roles {
+		per += int(*md.Spec.Roles[i].Replicas) * members(&md.Spec.Roles[i])
+	}
+	return int(*md.Spec.Groups) * per
+}
+
+// errSuperseded stops a step whose deployment was deleted or edited since
+// it was read: creating a large deployment takes minutes (the client's
+// rate limit), and the rest of the step would act on a spec that is gone.
+var errSuperseded = errors.New("deployment deleted or changed during the step")
+
+// superseded reports, from the informer cache, whether md was deleted,
+// marked for deletion or edited since the step read it.
+func (c *Controller) superseded(md *v1alpha1.ModelDeployment) bool {
+	obj, err := c.mds.ByNamespace(md.Namespace).Get(md.Name)
+	if err != nil {
+		return apierrors.IsNotFound(err)
+	}
+	m, ok := obj.(metav1.Object)
+	return !ok || m.GetUID() != md.UID || m.GetDeletionTimestamp() != nil || m.GetGeneration() != md.Generation
+}
 
 // refuseNames refuses a deployment whose names make no valid objects.
 func (c *Controller) refuseNames(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, probs []string) error {
@@ -155,8 +197,9 @@ func (c *Controller) undecodable(ctx context.Context, u *unstructured.Unstructur
 }
 
 // execute carries out a plan: deletions, creations, then each new group as
-// a gang (all of its minimum or none).
-func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, p *plan) error {
+// a gang (all of its minimum or none). held reports a slot not created
+// because another pod holds its name (errNameHeld).
+func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, p *plan) (held bool, err error) {
 	var errs []error
 	for _, d := range p.Delete {
 		if err := c.deletePod(ctx, d.Pod, d.Reason); err != nil {
@@ -170,7 +213,14 @@ func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, 
 		c.recorder.Eventf(md, corev1.EventTypeNormal, "RollingUpdate", "role %s: replacing %d outdated replica(s)", role, n)
 	}
 	for _, s := range p.Create {
-		if _, err := c.createPod(ctx, md, s); err != nil {
+		if c.superseded(md) {
+			return held, errors.Join(append(errs, errSuperseded)...)
+		}
+		_, err := c.createPod(ctx, md, s)
+		switch {
+		case errors.Is(err, errNameHeld):
+			held = true
+		case err != nil:
 			errs = append(errs, err)
 		}
 	}
@@ -182,9 +232,12 @@ func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, 
 	for _, g := range groups {
 		if err := c.createGang(ctx, md, g, p.Gang[g]); err != nil {
 			errs = append(errs, err)
+			if errors.Is(err, errSuperseded) {
+				break
+			}
 		}
 	}
-	return errors.Join(errs...)
+	return held, errors.Join(errs...)
 }
 
 // errGang marks a group whose gang could not be created.
@@ -198,6 +251,14 @@ func (c *Controller) createGang(ctx context.Context, md *v1alpha1.ModelDeploymen
 	}
 	var made []*corev1.Pod
 	for _, s := range slots {
+		if c.superseded(md) {
+			// A gang is all or none: the part made goes (the next step
+			// deletes it anyway when the deployment is gone or smaller).
+			for _, p := range made {
+				_ = c.deletePod(ctx, p, "GangRollback")
+			}
+			return errSuperseded
+		}
 		pod, err := c.createPod(ctx, md, s)
 		if err != nil {
 			for _, p := range made {
@@ -228,13 +289,56 @@ func (c *Controller) createPod(ctx context.Context, md *v1alpha1.ModelDeployment
 	}
 	pod, err := c.kube.CoreV1().Pods(md.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		return nil, nil // a stale cache: the pod is there
+		return nil, c.nameTaken(ctx, md, podName(md.Name, s))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create pod %s: %w", podName(md.Name, s), err)
 	}
 	podActions.WithLabelValues("create", "").Inc()
 	return pod, nil
+}
+
+// errNameHeld: a slot's pod name is held by a pod that is not md's (a
+// user's, or one md released).
+var errNameHeld = errors.New("pod name held by another pod")
+
+// nameTaken looks at the pod holding a slot's name. One md controls that
+// is labelled as md's is a stale cache (nil). One md controls whose labels
+// no longer say so (kubectl label pod ... kvmesh.io/deployment-) is
+// released as a ReplicaSet releases a pod whose labels stop matching: md's
+// owner reference is removed, so neither md's deletion nor the garbage
+// collector deletes it. Then, and for any other pod of the name, the slot
+// stays empty until that pod goes (errNameHeld, a Warning event).
+func (c *Controller) nameTaken(ctx context.Context, md *v1alpha1.ModelDeployment, name string) error {
+	pods := c.kube.CoreV1().Pods(md.Namespace)
+	p, err := pods.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil // gone meanwhile: created on the next pass
+	}
+	if err != nil {
+		return fmt.Errorf("get pod %s: %w", name, err)
+	}
+	ours := p.Labels[v1alpha1.LabelDeployment] == md.Name
+	if ours && metav1.IsControlledBy(p, md) {
+		return nil // a stale cache: the pod is there
+	}
+	if metav1.IsControlledBy(p, md) {
+		refs := slices.DeleteFunc(slices.Clone(p.OwnerReferences), func(r metav1.OwnerReference) bool { return r.UID == md.UID })
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+			"ownerReferences": refs, "uid": p.UID, "resourceVersion": p.ResourceVersion,
+		}})
+		if _, err := pods.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("release pod %s: %w", name, err) // changed meanwhile (Conflict) or failed: retried
+		}
+		podActions.WithLabelValues("release", "").Inc()
+		c.recorder.Eventf(md, corev1.EventTypeWarning, "PodReleased",
+			"pod %s is no longer labelled %s=%s: released (owner reference removed; it stays when the deployment goes) and not replaced while it holds the name; delete it to have the slot recreated",
+			name, v1alpha1.LabelDeployment, md.Name)
+		return errNameHeld
+	}
+	c.recorder.Eventf(md, corev1.EventTypeWarning, "PodNameConflict",
+		"pod %s exists and is not this deployment's: its slot stays empty until that pod is deleted", name)
+	return errNameHeld
 }
 
 func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string) error {
@@ -286,10 +390,21 @@ func (c *Controller) setFinalizers(ctx context.Context, md *v1alpha1.ModelDeploy
 	return err
 }
 
-// finalize deletes every child, then releases the deployment.
+// finalize deletes every child, then releases the deployment; one deleted
+// with the orphan finalizer is released with its children left.
 func (c *Controller) finalize(ctx context.Context, md *v1alpha1.ModelDeployment, pods []*corev1.Pod) (time.Duration, error) {
 	if !slices.Contains(md.Finalizers, Finalizer) {
 		return 0, nil
+	}
+	release := func() error {
+		return c.setFinalizers(ctx, md, slices.DeleteFunc(slices.Clone(md.Finalizers), func(f string) bool { return f == Finalizer }))
+	}
+	if slices.Contains(md.Finalizers, metav1.FinalizerOrphanDependents) {
+		// Deleted with propagationPolicy Orphan (kubectl delete
+		// --cascade=orphan): the children stay, and the garbage collector
+		// removes their owner references.
+		c.recorder.Eventf(md, corev1.EventTypeNormal, "Orphaned", "deleted with propagation Orphan: its %d pod(s), role scalers and service are left as they are", len(pods))
+		return 0, release()
 	}
 	var errs []error
 	for _, p := range pods {
@@ -327,7 +442,7 @@ func (c *Controller) finalize(ctx context.Context, md *v1alpha1.ModelDeployment,
 		return time.Second, nil // wait until the cache shows them gone
 	}
 	c.recorder.Eventf(md, corev1.EventTypeNormal, "CleanedUp", "deleted every pod, role scaler and the service")
-	return 0, c.setFinalizers(ctx, md, slices.DeleteFunc(slices.Clone(md.Finalizers), func(f string) bool { return f == Finalizer }))
+	return 0, release()
 }
 
 // hasGroupAbove reports a pod of a group ≥ groups (a group scale-down).

@@ -33,11 +33,12 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 			out.Groups++
 		}
 	}
-	complete := true
+	complete, held := true, 0
 	for i := range md.Spec.Roles {
 		r := &md.Spec.Roles[i]
 		rev := revision(r)
 		rs := v1alpha1.RoleStatus{Name: r.Name, Revision: rev}
+		var roleHeld int32 // outdated replicas below the partition: the rollout leaves them
 		for s, v := range st.bySlot {
 			if s.Role != r.Name || s.Member != 0 || s.Group >= groups || s.Replica >= int(*r.Replicas) {
 				continue
@@ -46,14 +47,18 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 			if replicaReady(st, r, s) {
 				rs.ReadyReplicas++
 			}
-			if v.Revision == rev {
+			switch {
+			case v.Revision == rev:
 				rs.UpdatedReplicas++
+			case s.Replica < int(*r.Rollout.Partition):
+				roleHeld++
 			}
 		}
 		want := int32(groups) * *r.Replicas
-		if rs.Replicas != want || rs.UpdatedReplicas != want {
+		if rs.Replicas != want || rs.UpdatedReplicas+roleHeld != want {
 			complete = false
 		}
+		held += int(roleHeld)
 		out.Roles = append(out.Roles, rs)
 	}
 	for g := range groups {
@@ -62,11 +67,13 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 		}
 	}
 	out.Ready = strconv.Itoa(int(out.ReadyGroups)) + "/" + strconv.Itoa(groups)
-	setConditions(&out, md, groups, complete, gangErr, conflicts)
+	setConditions(&out, md, groups, complete, held, gangErr, conflicts)
 	return out
 }
 
-func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, groups int, complete bool, gangErr error, conflicts []string) {
+// setConditions: complete means every replica exists at the current
+// revision, or, for held of them, at the old one below rollout.partition.
+func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, groups int, complete bool, held int, gangErr error, conflicts []string) {
 	cond := func(t string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse
 		if ok {
@@ -81,9 +88,15 @@ func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeploy
 	} else {
 		cond(v1alpha1.ConditionAvailable, false, "GroupsNotReady", fmt.Sprintf("%d/%d groups ready", out.ReadyGroups, groups))
 	}
-	if complete {
+	switch {
+	case complete && held > 0:
+		// Settled as a Deployment paused mid-rollout: nothing more happens
+		// until the partition is lowered.
+		cond(v1alpha1.ConditionProgressing, false, reasonPartitionHeld,
+			fmt.Sprintf("every replica exists; %d below rollout.partition keep the old revision until it is lowered", held))
+	case complete:
 		cond(v1alpha1.ConditionProgressing, false, "Complete", "every replica exists at the current revision")
-	} else {
+	default:
 		cond(v1alpha1.ConditionProgressing, true, "Reconciling", "creating, deleting or rolling replicas")
 	}
 	if gangErr != nil && errors.Is(gangErr, errGang) {
@@ -120,6 +133,9 @@ func groupReady(md *v1alpha1.ModelDeployment, st *state, g int) bool {
 	}
 	return true
 }
+
+// reasonPartitionHeld: the rollout is as far as rollout.partition lets it go.
+const reasonPartitionHeld = "PartitionHeld"
 
 // reasonRoleScalerConflict is the event and condition reason of a role
 // whose RoleScaler's name another object holds.

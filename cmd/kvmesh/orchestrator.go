@@ -64,10 +64,15 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", cfg.AutoscaleInterval, "how often AutoscalingPolicies are stepped")
 	fs.StringVar(&cfg.RouteConfigMap, "routes-configmap", cfg.RouteConfigMap, "render each namespace's ModelRoutes into this ConfigMap (key routes.yaml, the ingress's --routes file; empty: ModelRoutes off)")
 	fs.StringVar(&cfg.PrometheusURL, "prometheus-url", "", "Prometheus base URL for policy metrics with source prometheus (a policy's spec.prometheus.address wins)")
+	qps := fs.Float64("kube-api-qps", defaultKubeQPS, "requests per second to the API server (client-go's rate limit; its default, 5, creates a large deployment's pods at 5 a second)")
+	burst := fs.Int("kube-api-burst", defaultKubeBurst, "requests to the API server allowed in a burst above --kube-api-qps")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", logutil.JSON, "log format on stderr: json or text")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
+	}
+	if *qps <= 0 || *burst < 1 {
+		return fmt.Errorf("%w: --kube-api-qps must be > 0 and --kube-api-burst ≥ 1", errUsage)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -103,7 +108,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 		defer node.Close()
 		cfg.Load = node
 	}
-	restCfg, err := kubeConfig(*kubeconfig)
+	restCfg, err := orchestratorKubeConfig(*kubeconfig, *qps, *burst)
 	if err != nil {
 		return err
 	}
@@ -262,6 +267,24 @@ func joinMesh(bind, join, key string, log *slog.Logger) (*gossip.Node, error) {
 	return gossip.New(g)
 }
 
+// The orchestrator's client rate limit, controller-runtime's defaults:
+// client-go's own (5 per second, bursts of 10) would create a large
+// deployment's pods at 5 a second.
+const (
+	defaultKubeQPS   = 20
+	defaultKubeBurst = 30
+)
+
+// orchestratorKubeConfig is kubeConfig with the orchestrator's rate limit.
+func orchestratorKubeConfig(path string, qps float64, burst int) (*rest.Config, error) {
+	cfg, err := kubeConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = float32(qps), burst
+	return cfg, nil
+}
+
 func kubeConfig(path string) (*rest.Config, error) {
 	if path != "" {
 		return clientcmd.BuildConfigFromFlags("", path)
@@ -313,7 +336,7 @@ func runView(ctx context.Context, verb string, args []string, stdout, stderr io.
 	if o.all {
 		ns = ""
 	}
-	return view.Get(ctx, cfg, res, ns, name, stdout)
+	return view.Get(ctx, cfg, res, ns, name, stdout, stderr)
 }
 
 // viewArgs are kvmesh get/describe's parsed command line.

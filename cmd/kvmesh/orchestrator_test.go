@@ -357,3 +357,29 @@ func orchestratorContainers(t *testing.T) []any {
 	}
 	return all
 }
+
+// The orchestrator's client is not left at client-go's rate limit (5 per
+// second), at which a large deployment's pods came at 5 a second.
+func TestOrchestratorClientRateLimit(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	const doc = `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+contexts: [{name: c, context: {cluster: c}}]
+current-context: c
+`
+	if err := os.WriteFile(kc, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := orchestratorKubeConfig(kc, defaultKubeQPS, defaultKubeBurst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.QPS != 20 || cfg.Burst != 30 {
+		t.Errorf("QPS %v, burst %d; want 20 and 30", cfg.QPS, cfg.Burst)
+	}
+	err = runOrchestrator(context.Background(), []string{"--kubeconfig", kc, "--kube-api-qps", "0"}, io.Discard, io.Discard)
+	if !errors.Is(err, errUsage) {
+		t.Errorf("--kube-api-qps 0: %v, want a usage error", err)
+	}
+}

@@ -45,8 +45,9 @@ func client(cfg *rest.Config) (*rest.RESTClient, error) {
 }
 
 // Get prints resource in namespace (all namespaces when ns is "") as the
-// API server's table, or one object when name is set.
-func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w io.Writer) error {
+// API server's table, or one object when name is set. An empty list prints
+// kubectl's "No resources found" line to errW instead of a bare header.
+func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w, errW io.Writer) error {
 	rc, err := client(cfg)
 	if err != nil {
 		return err
@@ -65,6 +66,14 @@ func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w io.
 	var t metav1.Table
 	if err := json.Unmarshal(body, &t); err != nil {
 		return fmt.Errorf("decode table: %w", err)
+	}
+	if name == "" && len(t.Rows) == 0 {
+		if ns == "" {
+			_, err = fmt.Fprintln(errW, "No resources found")
+		} else {
+			_, err = fmt.Fprintf(errW, "No resources found in %s namespace.\n", ns)
+		}
+		return err
 	}
 	return printTable(w, &t, ns == "")
 }

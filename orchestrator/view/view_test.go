@@ -76,3 +76,31 @@ func TestDescribeShowsOnlyTheObjectsOwnEvents(t *testing.T) {
 		}
 	}
 }
+
+// An empty list says so as kubectl does (on stderr), not with a bare header.
+func TestGetEmptyListSaysNoResources(t *testing.T) {
+	srv := kubetest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
+	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
+		t.Fatal(err)
+	}
+	ns := srv.Namespace(t)
+	var out, errOut bytes.Buffer
+	if err := Get(ctx, srv.Config, "modeldeployments", ns, "", &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if out.Len() != 0 || errOut.String() != "No resources found in "+ns+" namespace.\n" {
+		t.Errorf("stdout %q, stderr %q; want nothing and kubectl's line", out.String(), errOut.String())
+	}
+	// A namespace that does not exist lists nothing too, as with kubectl.
+	out.Reset()
+	errOut.Reset()
+	if err := Get(ctx, srv.Config, "modeldeployments", "nonexistent", "", &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if out.Len() != 0 || errOut.String() != "No resources found in nonexistent namespace.\n" {
+		t.Errorf("nonexistent: stdout %q, stderr %q", out.String(), errOut.String())
+	}
+}

@@ -82,7 +82,7 @@ func Ensure(ctx context.Context, kube kubernetes.Interface, t Target, caBundle [
 	if apierrors.IsNotFound(err) {
 		_, err = api.Create(ctx, want, metav1.CreateOptions{})
 		if apierrors.IsForbidden(err) {
-			return fmt.Errorf("register webhook: %s is missing (apply manifests/orchestrator): %w", ConfigName, err)
+			return fmt.Errorf("register webhook: %w (apply manifests/orchestrator): %w", ErrConfigurationMissing, err)
 		}
 		return wrap(err)
 	}
@@ -92,6 +92,25 @@ func Ensure(ctx context.Context, kube kubernetes.Interface, t Target, caBundle [
 	cur.Webhooks = want.Webhooks
 	_, err = api.Update(ctx, cur, metav1.UpdateOptions{})
 	return wrap(err)
+}
+
+// ErrConfigurationMissing: the MutatingWebhookConfiguration does not exist
+// and the orchestrator may not create it. The API server then calls no
+// webhook: pods are admitted without the sidecar.
+var ErrConfigurationMissing = errors.New("the webhook configuration " + ConfigName + " is missing")
+
+// unregisteredEffect says what happens to pods asking for the sidecar while
+// registering fails with err: without the configuration they are admitted
+// uninjected; with one that does not trust the served certificate the API
+// server's call fails, which rejects them unless the policy fails open.
+func unregisteredEffect(err error, failOpen bool) string {
+	switch {
+	case errors.Is(err, ErrConfigurationMissing):
+		return "no webhook is called: pods asking for the sidecar are admitted without it until it is"
+	case failOpen:
+		return "pods asking for the sidecar are admitted without it (failure policy Ignore) until it is"
+	}
+	return "pods asking for the sidecar are rejected until it is"
 }
 
 func wrap(err error) error {
@@ -130,19 +149,11 @@ func (r *registrar) run(ctx context.Context) {
 		}))
 	inf := factory.Admissionregistration().V1().MutatingWebhookConfigurations().Informer()
 	check := func(obj any) {
-		var held []byte
-		if c, ok := obj.(*admissionregistrationv1.MutatingWebhookConfiguration); ok && len(c.Webhooks) > 0 {
-			held = c.Webhooks[0].ClientConfig.CABundle
-		}
 		served := r.store.current()
-		if served == nil || bytes.Equal(held, served.CABundle) {
+		if served == nil || bytes.Equal(heldBundle(obj), served.CABundle) {
 			return
 		}
-		r.mu.Lock()
-		r.bundle = nil // no longer in place: readiness fails until written again
-		r.mu.Unlock()
-		registered.Set(0)
-		select {
+		select { // run reads the configuration again: the event may predate its own write
 		case drift <- struct{}{}:
 		default:
 		}
@@ -165,6 +176,11 @@ func (r *registrar) run(ctx context.Context) {
 			return
 		case <-r.store.changed:
 		case <-drift:
+			if first || !r.drifted(ctx) {
+				// Not registered yet (the certificate's own signal or a retry
+				// does it), or an event older than the registrar's own write.
+				continue
+			}
 			r.log.Warn("sidecar webhook configuration changed under the orchestrator; registering again", "configuration", ConfigName)
 		case <-retry:
 		}
@@ -189,7 +205,7 @@ func (r *registrar) run(ctx context.Context) {
 			attempts++
 			registered.Set(0)
 			registrationErrors.Inc()
-			r.log.Error("sidecar webhook not registered; pods asking for the sidecar are rejected until it is",
+			r.log.Error("sidecar webhook not registered; "+unregisteredEffect(err, r.target.FailOpen),
 				"err", err, "attempt", attempts, "retryIn", wait)
 			retry = time.After(wait)
 			continue
@@ -202,6 +218,34 @@ func (r *registrar) run(ctx context.Context) {
 		}
 		first = false
 	}
+}
+
+// heldBundle is the CA bundle a configuration object holds (nil for none).
+func heldBundle(obj any) []byte {
+	if c, ok := obj.(*admissionregistrationv1.MutatingWebhookConfiguration); ok && len(c.Webhooks) > 0 {
+		return c.Webhooks[0].ClientConfig.CABundle
+	}
+	return nil
+}
+
+// drifted reads the configuration and reports that it no longer holds the
+// served bundle (then readiness fails until it is written again). An
+// informer event can show a state older than the registrar's own write:
+// the configuration as listed at start-up, before the first registration.
+func (r *registrar) drifted(ctx context.Context) bool {
+	served := r.store.current()
+	if served == nil {
+		return false
+	}
+	cur, err := r.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, ConfigName, metav1.GetOptions{})
+	if err == nil && bytes.Equal(heldBundle(cur), served.CABundle) && r.registered(served.CABundle) {
+		return false
+	}
+	r.mu.Lock()
+	r.bundle = nil // no longer in place: readiness fails until written again
+	r.mu.Unlock()
+	registered.Set(0)
+	return true
 }
 
 func (r *registrar) registered(bundle []byte) bool {

@@ -276,7 +276,9 @@ func TestRegistrationFailureSurfacedAndRetried(t *testing.T) {
 
 // A configuration replaced under the running orchestrator (deleted and
 // re-applied from webhook.yaml, which has no caBundle) gets the CA again
-// without a restart or a rotation.
+// without a restart or a rotation. While it is missing the log says pods
+// are admitted without the sidecar (no webhook is called), and only the
+// two changes are warned of, not the start-up's own write.
 func TestReplacedConfigurationRegisteredAgain(t *testing.T) {
 	s := kubetest.Shared(t)
 	ns := s.Namespace(t)
@@ -293,10 +295,13 @@ func TestReplacedConfigurationRegisteredAgain(t *testing.T) {
 	if err := api.Delete(ctx, ConfigName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, time.Minute, "/readyz to fail without the configuration", func() bool {
+	testutil.WaitFor(t, time.Minute, "/readyz to fail without the configuration, and the log to say pods are admitted uninjected", func() bool {
 		code, _ := in.readyz()
-		return code == http.StatusServiceUnavailable
+		return code == http.StatusServiceUnavailable && strings.Contains(in.log.String(), "pods asking for the sidecar are admitted without it")
 	})
+	if strings.Contains(in.log.String(), "rejected until") {
+		t.Errorf("without a configuration no webhook is called, yet the log says pods are rejected:\n%s", in.log.String())
+	}
 	if promtest.ToFloat64(registered) != 0 {
 		t.Error("kvmesh_webhook_registered stays 1 without the configuration")
 	}
@@ -307,4 +312,9 @@ func TestReplacedConfigurationRegisteredAgain(t *testing.T) {
 		return bytes.Equal(registeredBundle(ctx, admin), want)
 	})
 	in.waitReady(t)
+	// Two changes under it (the deletion, the re-applied one): the
+	// start-up's own registration is none.
+	if n := strings.Count(in.log.String(), "changed under the orchestrator"); n != 2 {
+		t.Errorf("%d warnings of a changed configuration, want 2:\n%s", n, in.log.String())
+	}
 }

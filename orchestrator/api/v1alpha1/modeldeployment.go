@@ -219,6 +219,11 @@ const (
 	// deployment's name must also be a DNS-1035 label: it names the headless
 	// Service, is the pods' subdomain and a label value of every pod.
 	MaxNamesLength = 50
+	// MaxPods bounds a deployment's pods, groups × Σ roles' replicas ×
+	// (1 + workers): the schema's bounds alone admit millions (1000 groups
+	// of 1000 replicas), which the controller would create for hours. The
+	// controller refuses a deployment above it (reason TooManyPods).
+	MaxPods = 10000
 )
 
 // Condition types of a ModelDeployment.
