@@ -1,10 +1,7 @@
 package orchestrator
 
 import (
-	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -111,17 +108,7 @@ func TestAdoptExistingWorkloads(t *testing.T) {
 	side.SetEngine(gossip.EngineState{ID: "llm-prefill-7d9f-abcde", Model: "m", EngineRole: "prefill"})
 	testutil.WaitFor(t, 30*time.Second, "the orchestrator to see both engines", func() bool { return len(orch.Engines()) == 2 })
 
-	c := DefaultConfig()
-	c.Namespace, c.LeaderElection, c.Load, c.AutoscaleInterval = e.ns, false, orch, 200*time.Millisecond
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctrl, err := New(e.srv.Config, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	e.startAutoscaler(t, orch)
 
 	if err := e.applyDoc(t, replaceAll(adoptDoc, "PROM", prom.srv.URL)); err != nil {
 		t.Fatal(err)

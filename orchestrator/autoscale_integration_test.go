@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"testing"
@@ -55,17 +54,7 @@ func TestAutoscalingPolicyScalesRolesFromTheMesh(t *testing.T) {
 	side.SetEngine(gossip.EngineState{ID: "pd-0-prefill-0", Model: "m", EngineRole: "prefill"})
 	testutil.WaitFor(t, 30*time.Second, "the orchestrator to see both engines", func() bool { return len(orch.Engines()) == 2 })
 
-	c := DefaultConfig()
-	c.Namespace, c.LeaderElection, c.Load, c.AutoscaleInterval = e.ns, false, orch, 200*time.Millisecond
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctrl, err := New(e.srv.Config, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	e.startAutoscaler(t, orch)
 
 	objs, _ := kubetest.Decode(stringsReader(pdDoc))
 	if err := kubetest.Apply(e.ctx, e.srv.Config, kubetest.ApplyOptions{Namespace: e.ns}, objs...); err != nil {

@@ -24,11 +24,12 @@ type noEngines struct{}
 
 func (noEngines) Engines() []gossip.EngineView { return nil }
 
-// startAutoscaler runs a controller that steps policies every 200 ms.
-func (e *env) startAutoscaler(t *testing.T) {
+// startAutoscaler runs a controller that steps policies every 200 ms on
+// the engines load lists, until the test ends.
+func (e *env) startAutoscaler(t *testing.T, load LoadSource) {
 	t.Helper()
 	c := DefaultConfig()
-	c.Namespace, c.LeaderElection, c.Load, c.AutoscaleInterval = e.ns, false, noEngines{}, 200*time.Millisecond
+	c.Namespace, c.LeaderElection, c.Load, c.AutoscaleInterval = e.ns, false, load, 200*time.Millisecond
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctrl, err := New(e.srv.Config, c)
 	if err != nil {
@@ -57,7 +58,7 @@ func scalingActive(ap *v1alpha1.AutoscalingPolicy) (metav1.ConditionStatus, stri
 // RoleNotFound instead of Observing an empty status.
 func TestPolicyConflictAndMissingRole(t *testing.T) {
 	e := newEnv(t)
-	e.startAutoscaler(t)
+	e.startAutoscaler(t, noEngines{})
 	const doc = `{"apiVersion":"kvmesh.io/v1alpha1","kind":"ModelDeployment","metadata":{"name":"pd"},
  "spec":{"model":"m","engine":"vllm","roles":[
   {"name":"prefill","kind":"prefill","replicas":1,"template":{"spec":{"containers":[{"name":"engine","image":"engine:v1"}]}}},
