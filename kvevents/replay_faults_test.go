@@ -30,8 +30,9 @@ const (
 
 // replayServer binds a ROUTER on loopback and runs serve on a goroutine
 // that owns the socket until the test ends (serve returns once quit is
-// closed); it returns the endpoint to connect to.
-func replayServer(t *testing.T, serve func(sock *zmq.Socket, quit <-chan struct{})) string {
+// closed); it returns the endpoint to connect to. serve's request waits up
+// to 10 ms for a replay request and returns its sender's identity.
+func replayServer(t *testing.T, serve func(sock *zmq.Socket, request func() (peer []byte, ok bool), quit <-chan struct{})) string {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
@@ -48,9 +49,22 @@ func replayServer(t *testing.T, serve func(sock *zmq.Socket, quit <-chan struct{
 	ep, _ := sock.GetLastEndpoint()
 	quit, done := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(quit); <-done; _ = sock.Close(); _ = zctx.Term() })
+	poller := zmq.NewPoller()
+	poller.Add(sock, zmq.POLLIN)
+	request := func() ([]byte, bool) {
+		polled, err := poller.Poll(10 * time.Millisecond)
+		if err != nil || len(polled) == 0 {
+			return nil, false
+		}
+		req, err := sock.RecvMessageBytes(0)
+		if err != nil || len(req) != 3 {
+			return nil, false
+		}
+		return req[0], true
+	}
 	go func() {
 		defer close(done)
-		serve(sock, quit)
+		serve(sock, request, quit)
 	}()
 	return zmqep.Connectable(ep)
 }
@@ -59,9 +73,7 @@ func replayServer(t *testing.T, serve func(sock *zmq.Socket, quit <-chan struct{
 // payload as every batch, until the test ends. Its goroutine owns the socket.
 func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
 	t.Helper()
-	return replayServer(t, func(sock *zmq.Socket, quit <-chan struct{}) {
-		poller := zmq.NewPoller()
-		poller.Add(sock, zmq.POLLIN)
+	return replayServer(t, func(sock *zmq.Socket, request func() ([]byte, bool), quit <-chan struct{}) {
 		var peer []byte
 		var next uint64
 		// Paced by a ticker, so the flood stays small; the subscriber must
@@ -75,15 +87,9 @@ func rogueReplay(t *testing.T, mode rogueMode, payload []byte) string {
 			default:
 			}
 			if peer == nil || mode == rogueSilent || mode == roguePartial && next > 2 {
-				polled, err := poller.Poll(10 * time.Millisecond)
-				if err != nil || len(polled) == 0 {
-					continue
+				if p, ok := request(); ok {
+					peer, next = p, 0
 				}
-				req, err := sock.RecvMessageBytes(0)
-				if err != nil || len(req) != 3 {
-					continue
-				}
-				peer, next = req[0], 0
 				continue
 			}
 			var err error
@@ -265,9 +271,7 @@ func TestIdleProbeBacksOffWhileReplayIsDown(t *testing.T) {
 // request with the end marker alone. Its goroutine owns the socket.
 func scriptedReplay(t *testing.T, script [][][][]byte) string {
 	t.Helper()
-	return replayServer(t, func(sock *zmq.Socket, quit <-chan struct{}) {
-		poller := zmq.NewPoller()
-		poller.Add(sock, zmq.POLLIN)
+	return replayServer(t, func(sock *zmq.Socket, request func() ([]byte, bool), quit <-chan struct{}) {
 		end := [][]byte{{}, seq8(math.MaxUint64), {}}
 		for k := 0; ; {
 			select {
@@ -275,12 +279,8 @@ func scriptedReplay(t *testing.T, script [][][][]byte) string {
 				return
 			default:
 			}
-			polled, err := poller.Poll(10 * time.Millisecond)
-			if err != nil || len(polled) == 0 {
-				continue
-			}
-			req, err := sock.RecvMessageBytes(0)
-			if err != nil || len(req) != 3 {
+			peer, ok := request()
+			if !ok {
 				continue
 			}
 			replies := [][][]byte{end}
@@ -289,7 +289,7 @@ func scriptedReplay(t *testing.T, script [][][][]byte) string {
 			}
 			k++
 			for _, r := range replies {
-				if _, err := sock.SendMessage(req[0], r); err != nil {
+				if _, err := sock.SendMessage(peer, r); err != nil {
 					break
 				}
 			}

@@ -312,9 +312,10 @@ func policyConflicts(aps []*v1alpha1.AutoscalingPolicy) map[types.UID]*targetErr
 	owner := map[string]string{} // namespace/claim -> the winning policy's name
 	out := map[types.UID]*targetError{}
 	for _, ap := range sorted {
+		claims := policyClaims(ap)
 		var lost []string
 		winner := ""
-		for _, what := range policyClaims(ap) {
+		for _, what := range claims {
 			if w, ok := owner[ap.Namespace+"/"+what]; ok {
 				lost, winner = append(lost, what), w
 			}
@@ -324,7 +325,7 @@ func policyConflicts(aps []*v1alpha1.AutoscalingPolicy) map[types.UID]*targetErr
 				winner, strings.Join(lost, ", "))
 			continue // a loser claims nothing
 		}
-		for _, what := range policyClaims(ap) {
+		for _, what := range claims {
 			owner[ap.Namespace+"/"+what] = ap.Name
 		}
 	}
