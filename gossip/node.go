@@ -52,6 +52,9 @@ type Node struct {
 	// and this node stops (memberlist shut down, nothing published).
 	joiningAlone atomic.Bool
 	taken        atomic.Pointer[string]
+	// created is ml once Create returned, for what memberlist's goroutines
+	// may call before (numNodes).
+	created atomic.Pointer[memberlist.Memberlist]
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -124,13 +127,16 @@ func New(cfg Config) (*Node, error) {
 		mc.Logger = nil
 		mc.LogOutput = io.Discard
 	}
+	// The queue exists before memberlist does: its listener may ask for
+	// broadcasts (answering a peer's ping) before Create returns.
+	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: n.numNodes, RetransmitMult: mc.RetransmitMult}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		unregister() // a retry with the same registry must not find them taken
 		return nil, fmt.Errorf("gossip listen: %w", err)
 	}
 	n.ml = ml
-	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
+	n.created.Store(ml)
 	if len(cfg.Join) > 0 {
 		if _, err := n.Join(cfg.Join); errors.Is(err, ErrNameTaken) {
 			unregister()
@@ -241,6 +247,15 @@ func (n *Node) nameConflict(existing, other *memberlist.Node) {
 
 // maxLoggedConflicts bounds the addresses whose name conflict was logged.
 const maxLoggedConflicts = 64
+
+// numNodes is the cluster size the broadcast queue retransmits for (1
+// until memberlist is created).
+func (n *Node) numNodes() int {
+	if ml := n.created.Load(); ml != nil {
+		return ml.NumMembers()
+	}
+	return 1
+}
 
 // Name is this member's unique name.
 func (n *Node) Name() string { return n.cfg.Name }
