@@ -110,3 +110,217 @@ export function hitRateSummary(data) {
   const rate = p > 0 ? c / p : 0;
   return 'kvmesh prefix hit rate: ' + (100 * rate).toFixed(1) + '% (' + c + ' of ' + p + ' prompt tokens cached)\n';
 }
+
+// ---- Trace replay (trace-replay.js) -----------------------------------------------------------
+// The functions below are pure (no k6 call), so k6_test.go runs them under node.
+
+// parseTrace reads a trace as loadtest/workload/mooncake.go does (docs/BENCHMARKS.md, "Trace
+// files"): JSON lines of {timestamp ms, input_length, output_length, hash_ids}, where equal hash ids
+// are equal blocks of cfg.blockSize tokens (default 512; 16 for Bailian), in the forms aiperf's and
+// Dynamo's tools write too:
+//   - hash_ids covering the prompt rounded up (the last block partial) or down (input_length //
+//     block ids); tokens past the last block, and a whole prompt without hash_ids, are the row's own;
+//   - absolute (epoch ms) timestamps and rows in any order: arrivals are the timestamps less the
+//     earliest, requests sorted by them (ties keep file order), cfg.limit keeps the earliest;
+//   - aiperf's multi-turn rows: session_id plus delay and no timestamp is the session's next turn,
+//     sent delay ms after the previous turn's answer (closed loop; its arrival is the estimate
+//     delay after the previous turn's, which orders it);
+//   - no output_length: cfg.output tokens (0: such a row is an error).
+// cfg.format 'bailian' reads Alibaba's Bailian traces: timestamps in seconds, 16-token blocks, turns
+// linked into sessions by chat_id / parent_chat_id. cfg.rateScale divides timestamps and delays.
+// A malformed row throws an error naming its line (k6 then stops at init): a benchmark on a silently
+// mangled trace would mislead.
+//
+// It returns the requests in arrival order: { line, arrival (s), input, output, ids (unsigned
+// decimal strings), session ('' unless the trace names one), after (index of the request whose
+// answer this one follows, -1 for none), think (s after that answer) }.
+export function parseTrace(text, cfg) {
+  const c = Object.assign({ blockSize: 0, output: 0, rateScale: 1, limit: 0, format: 'mooncake' }, cfg || {});
+  if (c.format !== 'mooncake' && c.format !== 'bailian') throw new Error('trace format ' + c.format + ': want mooncake or bailian');
+  const bailian = c.format === 'bailian';
+  if (!c.blockSize) c.blockSize = bailian ? 16 : 512;
+  if (!(c.rateScale > 0 && isFinite(c.rateScale))) throw new Error('trace rate scale ' + c.rateScale + ': want a finite number > 0');
+  if (!Number.isInteger(c.blockSize) || c.blockSize < 1 || c.blockSize > 1 << 20) throw new Error('trace block size ' + c.blockSize + ': want 1..' + (1 << 20));
+  if (!Number.isInteger(c.output) || c.output < 0) throw new Error('trace default output ' + c.output + ': want an integer ≥ 0');
+  if (!Number.isInteger(c.limit) || c.limit < 0) throw new Error('trace limit ' + c.limit + ': want an integer ≥ 0');
+  const rows = [];
+  const prev = {}; // session → its latest row { at, row }
+  const roots = {}; // Bailian: chat_id → its session's first chat_id
+  const lines = String(text).split('\n');
+  for (let k = 0; k < lines.length; k++) {
+    if (lines[k].trim() === '') continue;
+    rows.push(traceRow(lines[k], k + 1, rows.length, c, bailian, prev, roots));
+  }
+  if (rows.length === 0) throw new Error('the trace has no requests');
+  let t0 = rows[0].at;
+  for (const r of rows) t0 = Math.min(t0, r.at);
+  const arrival = rows.map((r) => (r.at - t0) / c.rateScale / 1000);
+  let order = rows.map((r, i) => i);
+  order.sort((a, b) => arrival[a] - arrival[b] || a - b); // stable whatever the engine's sort
+  if (c.limit > 0 && order.length > c.limit) order = order.slice(0, c.limit);
+  const pos = {};
+  order.forEach((i, k) => { pos[i] = k; });
+  return order.map((i) => {
+    const r = rows[i];
+    const after = r.prev >= 0 && pos[r.prev] !== undefined ? pos[r.prev] : -1;
+    return { line: r.line, arrival: arrival[i], input: r.input, output: Math.max(1, r.output), ids: r.ids,
+      session: r.session, after, think: after >= 0 ? r.think / c.rateScale / 1000 : 0 };
+  });
+}
+
+// traceChains groups the requests of parseTrace into what one k6 iteration sends: a request that
+// follows none, then each turn that follows the previous one's answer, in order. Chains are in
+// arrival order of their first request.
+export function traceChains(reqs) {
+  const next = reqs.map(() => -1);
+  reqs.forEach((r, k) => {
+    if (r.after < 0) return;
+    if (next[r.after] >= 0) throw new Error('trace line ' + r.line + ': a second turn after line ' + reqs[r.after].line);
+    next[r.after] = k;
+  });
+  const chains = [];
+  reqs.forEach((r, k) => {
+    if (r.after >= 0) return;
+    const chain = [];
+    for (let j = k; j >= 0; j = next[j]) chain.push(j);
+    chains.push(chain);
+  });
+  return chains;
+}
+
+// tracePrompt is a request's token ids: each hash id's block (the same tokens wherever the id
+// appears; the last block cut to the prompt), then the row's own tokens up to input_length.
+export function tracePrompt(r, blockSize) {
+  const out = [];
+  let left = r.input;
+  for (const id of r.ids) {
+    const n = Math.min(left, blockSize);
+    if (n <= 0) break;
+    keyTokens('h' + id, n, out);
+    left -= n;
+  }
+  if (left > 0) keyTokens('o' + r.line, left, out);
+  return out;
+}
+
+// keyTokens appends to out (or a new array) n deterministic token ids for a string key (FNV-1a
+// seeds the PRNG): hash ids may be 64-bit, past what a JavaScript number holds exactly, so they
+// are keyed as text. The 'h' (hash id) and 'o' (a row's own tokens) prefixes keep the two apart.
+export function keyTokens(key, n, out) {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < key.length; i++) h = Math.imul(h ^ key.charCodeAt(i), 0x01000193) >>> 0;
+  const r = rng(h);
+  out = out || [];
+  for (let i = 0; i < n; i++) out.push(TOKEN_BASE + Math.floor(r() * TOKEN_RANGE));
+  return out;
+}
+
+function traceRow(text, line, idx, c, bailian, prev, roots) {
+  const bad = (msg) => new Error('trace line ' + line + ': ' + msg);
+  let m;
+  try {
+    m = JSON.parse(quoteHashIds(text));
+  } catch (e) {
+    throw bad(e.message);
+  }
+  if (m === null || typeof m !== 'object' || Array.isArray(m)) throw bad('want a JSON object');
+  if (m.input_length == null) {
+    throw bad(m.text_input != null ? 'text_input without input_length: replaying a trace needs token counts' : 'missing input_length');
+  }
+  const isInt = (v) => typeof v === 'number' && Number.isInteger(v);
+  if (!isInt(m.input_length)) throw bad('input_length ' + JSON.stringify(m.input_length) + ': want an integer');
+  let session = textID(m.session_id, 'session_id', bad);
+  let ts = m.timestamp;
+  let delay = m.delay;
+  if (ts != null && typeof ts !== 'number') throw bad('timestamp ' + JSON.stringify(ts) + ': want a number');
+  if (delay != null && typeof delay !== 'number') throw bad('delay ' + JSON.stringify(delay) + ': want a number');
+  if (bailian) {
+    const chat = textID(m.chat_id, 'chat_id', bad);
+    if (chat === '') throw bad('missing chat_id');
+    const parent = textID(m.parent_chat_id, 'parent_chat_id', bad);
+    let root = chat;
+    if (parent !== '' && parent !== '-1') root = roots[parent] || parent;
+    roots[chat] = root;
+    session = 'b' + root;
+    if (ts != null) { ts *= 1000; delay = null; } // seconds
+  }
+  let out = c.output;
+  if (m.output_length != null) {
+    if (!isInt(m.output_length)) throw bad('output_length ' + JSON.stringify(m.output_length) + ': want an integer');
+    out = m.output_length;
+  } else if (c.output === 0) {
+    throw bad('missing output_length (and no default output length given: OUTPUT)');
+  }
+  const okMillis = (v) => v >= 0 && v <= 1e15;
+  const last = session !== '' ? prev[session] : undefined;
+  const row = { line, at: 0, input: m.input_length, output: out, ids: [], session, prev: -1, think: 0 };
+  if (ts != null) {
+    if (!okMillis(ts)) throw bad('timestamp ' + ts);
+    row.at = ts;
+  } else if (delay != null && last) {
+    if (!okMillis(delay)) throw bad('delay ' + delay);
+    row.at = last.at + delay;
+    row.prev = last.row;
+    row.think = delay;
+  } else {
+    throw bad('missing timestamp (a row without one needs a session_id and a delay after an earlier row of its session)');
+  }
+  if (session !== '') prev[session] = { at: row.at, row: idx };
+  if (row.input <= 0 || row.output < 0) throw bad('input_length ' + row.input + ', output_length ' + row.output);
+  if (m.hash_ids != null) {
+    if (!Array.isArray(m.hash_ids)) throw bad('hash_ids: want an array');
+    row.ids = m.hash_ids.map((v) => unsigned64(v, bad));
+  }
+  const n = row.ids.length;
+  const bt = c.blockSize;
+  if (n > 0 && (row.input <= (n - 1) * bt || row.input >= (n + 1) * bt)) {
+    let hint = '';
+    for (let b = 1; b <= 1 << 20 && hint === ''; b *= 2) {
+      if (row.input > (n - 1) * b && row.input < (n + 1) * b) hint = ' (its blocks look like ' + b + ' tokens: TRACE_BLOCK_SIZE=' + b + '?)';
+    }
+    throw bad('input_length ' + row.input + ' does not fit ' + n + ' blocks of ' + bt + ' tokens' + hint);
+  }
+  return row;
+}
+
+// quoteHashIds turns the numbers of a line's hash_ids into strings ('#' and the number's text)
+// before JSON.parse, which would round 64-bit hashes to the nearest double (and so merge different
+// ones); a string in hash_ids stays one, without the '#', and is refused as the Go reader does.
+function quoteHashIds(text) {
+  return text.replace(/("hash_ids"\s*:\s*\[)([^\]]*)\]/g,
+    (all, head, body) => head + body.replace(/[^,\s]+/g, (v) => (v[0] === '"' ? v : '"#' + v + '"')) + ']');
+}
+
+// textID is a session_id's (or chat_id's) text: a JSON string or number; '' when absent.
+function textID(v, name, bad) {
+  if (v == null) return '';
+  if (typeof v === 'string') return v;
+  if (typeof v === 'number') return String(v);
+  throw bad(name + ' ' + JSON.stringify(v) + ': want a string or a number');
+}
+
+const TWO64 = '18446744073709551616';
+
+// unsigned64 is a hash id as an unsigned 64-bit decimal string: an unsigned or a signed 64-bit
+// integer (a hash printed signed keeps its bits, as in the Go reader).
+function unsigned64(v, bad) {
+  const s = String(v);
+  const m = /^#(-?)(0|[1-9][0-9]*)$/.exec(s);
+  const fits = (a, max) => a.length < max.length || (a.length === max.length && a <= max);
+  if (!m || (m[1] === '' && !fits(m[2], '18446744073709551615')) || (m[1] === '-' && !fits(m[2], '9223372036854775808'))) {
+    throw bad('hash id ' + JSON.stringify(v).replace(/^"#(.*)"$/, '$1').slice(0, 40) + ': want a 64-bit integer');
+  }
+  if (m[1] === '' || m[2] === '0') return m[2];
+  // 2^64 − |v|, digit by digit.
+  const a = TWO64;
+  const b = m[2].padStart(a.length, '0');
+  let out = '';
+  let borrow = 0;
+  for (let i = a.length - 1; i >= 0; i--) {
+    let d = a.charCodeAt(i) - b.charCodeAt(i) - borrow;
+    borrow = d < 0 ? 1 : 0;
+    if (d < 0) d += 10;
+    out = d + out;
+  }
+  return out.replace(/^0+(?=.)/, '');
+}

@@ -1,44 +1,64 @@
-// Replays a Mooncake-format trace (JSON lines {timestamp ms, input_length,
-// output_length, hash_ids}; every hash id is a 512-token prefix block, equal ids mean
-// equal tokens) at its own arrival times, scaled by RATE_SCALE. Each VU takes the next
-// request and sleeps until its arrival, so with enough VUs the replay is open-loop.
+// Replays a Mooncake-format trace (JSON lines {timestamp ms, input_length, output_length,
+// hash_ids}; every hash id is a TRACE_BLOCK_SIZE-token prefix block, equal ids mean equal tokens)
+// at its own arrival times, scaled by RATE_SCALE. It reads the forms loadtest/workload/mooncake.go
+// reads (docs/BENCHMARKS.md, "Trace files"; parseTrace in lib.js): epoch timestamps and unsorted
+// rows (arrivals count from the earliest), hash_ids rounded up or down (input_length is honoured,
+// tokens past the last block are the row's own, as are those of a row without hash_ids), rows
+// without output_length (OUTPUT tokens), aiperf's multi-turn rows (session_id + delay: the turn is
+// sent delay ms after the previous turn's answer) and, with TRACE_FORMAT=bailian, Bailian's traces.
 //
-//   k6 run -e KVMESH_URL=http://127.0.0.1:8000 -e TRACE=testdata/traces/mooncake_synthetic_trace.jsonl \
+// Each iteration takes the next request that follows no other, sleeps until its arrival, sends it
+// and then each turn of its session that follows it, delay after the previous answer. With more
+// VUs than sessions in flight the replay is open-loop between sessions, closed-loop within one.
+//
+// k6 resolves a relative TRACE against this script's directory (loadtest/k6/), not the working
+// directory, so give an absolute path:
+//
+//   k6 run -e KVMESH_URL=http://127.0.0.1:8000 -e TRACE=$PWD/testdata/traces/mooncake_synthetic_trace.jsonl \
 //          -e RATE_SCALE=1 -e LIMIT=500 loadtest/k6/trace-replay.js
 import exec from 'k6/execution';
 import { sleep } from 'k6';
 import { textSummary } from 'https://jslib.k6.io/k6-summary/0.1.0/index.js';
-import { send, tokens, hitRateSummary } from './lib.js';
+import { send, hitRateSummary, parseTrace, traceChains, tracePrompt } from './lib.js';
 
-const BLOCK = 512;
+const TRACE = __ENV.TRACE || '../../testdata/traces/mooncake_synthetic_trace.jsonl';
+const FORMAT = __ENV.TRACE_FORMAT || 'mooncake'; // or bailian
+const BLOCK = parseInt(__ENV.TRACE_BLOCK_SIZE || (FORMAT === 'bailian' ? '16' : '512'));
+const OUTPUT = parseInt(__ENV.OUTPUT || '64'); // rows without output_length
 const RATE_SCALE = parseFloat(__ENV.RATE_SCALE || '1');
 const LIMIT = parseInt(__ENV.LIMIT || '0');
 const VUS = parseInt(__ENV.VUS || '128');
 const MAX_PROMPT = parseInt(__ENV.MAX_PROMPT || '0'); // cut long prompts for small engines (0 = as traced)
 
 // open() runs once per VU in the init context; the parsed trace is small.
-const lines = open(__ENV.TRACE || '../../testdata/traces/mooncake_synthetic_trace.jsonl').split('\n').filter((l) => l.trim() !== '');
-const trace = (LIMIT > 0 ? lines.slice(0, LIMIT) : lines).map((l) => JSON.parse(l));
+let text;
+try {
+  text = open(TRACE);
+} catch (e) {
+  throw new Error('TRACE=' + TRACE + ': ' + e + ' (k6 resolves a relative path against loadtest/k6/; give an absolute one, e.g. -e TRACE=$PWD/testdata/traces/…)');
+}
+const trace = parseTrace(text, { blockSize: BLOCK, output: OUTPUT, rateScale: RATE_SCALE, limit: LIMIT, format: FORMAT });
+const chains = traceChains(trace);
 
 export const options = {
-  scenarios: { replay: { executor: 'shared-iterations', vus: VUS, iterations: trace.length, maxDuration: '2h' } },
+  // k6 refuses fewer iterations than VUs.
+  scenarios: { replay: { executor: 'shared-iterations', vus: Math.max(1, Math.min(VUS, chains.length)), iterations: chains.length, maxDuration: '2h' } },
   thresholds: { kvmesh_failed: ['rate<0.01'] },
 };
 
 export default function () {
-  const r = trace[exec.scenario.iterationInTest];
-  if (!r) return;
-  const due = r.timestamp / 1000 / RATE_SCALE;
+  const chain = chains[exec.scenario.iterationInTest];
+  if (!chain) return;
+  const due = trace[chain[0]].arrival;
   const now = (Date.now() - exec.scenario.startTime) / 1000;
   if (due > now) sleep(due - now);
-  let prompt = [];
-  for (let b = 0; b < r.hash_ids.length; b++) {
-    const n = Math.min(BLOCK, r.input_length - b * BLOCK);
-    if (n <= 0) break;
-    prompt = prompt.concat(tokens(7 + r.hash_ids[b], n));
+  for (let k = 0; k < chain.length; k++) {
+    const r = trace[chain[k]];
+    if (k > 0 && r.think > 0) sleep(r.think); // after the previous turn's answer (or failure)
+    let prompt = tracePrompt(r, BLOCK);
+    if (MAX_PROMPT > 0 && prompt.length > MAX_PROMPT) prompt = prompt.slice(0, MAX_PROMPT);
+    send({ prompt, maxTokens: r.output, sessionId: r.session || undefined });
   }
-  if (MAX_PROMPT > 0 && prompt.length > MAX_PROMPT) prompt = prompt.slice(0, MAX_PROMPT);
-  send({ prompt, maxTokens: Math.max(1, r.output_length) });
 }
 
 export function handleSummary(data) {
