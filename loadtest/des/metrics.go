@@ -29,9 +29,12 @@ type runStats struct {
 	predErr, predTrue float64
 	recs              records // every finished request (series.go)
 	// offered and routed: Σ the prompt tokens the engine caching most of
-	// each request's prompt held at routing time (the router's index), and
-	// Σ the routed requests' prompt tokens.
-	offered, routed int
+	// each request's prompt held at routing time (the router's index), over
+	// the requests an engine took, and Σ every routed request's prompt
+	// tokens, including those the engine refused (failed: too long).
+	// pending is the offer of the request being routed until its engine
+	// takes it (dispatched) or refuses it (the next offer drops it).
+	offered, routed, pending int
 }
 
 func (r *runStats) predicted(pred, actual int) {
@@ -42,9 +45,13 @@ func (r *runStats) predicted(pred, actual int) {
 }
 
 // offer records a routed request: its prompt and the largest prefix, in
-// tokens, any candidate engine held for it in the router's index.
+// tokens, any candidate engine held for it in the router's index. The
+// prefix counts as offered once the engine takes the request (dispatched,
+// which sim.send calls after a successful engine Add and before routing
+// the next request): a request no engine can serve is offered nothing it
+// could take, but its prompt stays in the denominator (result).
 func (r *runStats) offer(prompt, best int) {
-	r.offered += min(best, prompt)
+	r.pending = min(best, prompt)
 	r.routed += prompt
 }
 
@@ -56,6 +63,8 @@ func (r *runStats) init(n, engines int) {
 }
 
 func (r *runStats) dispatched(now time.Duration) {
+	r.offered += r.pending
+	r.pending = 0
 	if !r.anyDispatch || now < r.firstDispatch {
 		r.firstDispatch, r.anyDispatch = now, true
 	}
@@ -89,11 +98,20 @@ func (r *runStats) result() report.PolicyResult {
 	p.TTFTP99 = report.Quantile(r.ttft, 0.99)
 	p.E2EMean = mean(r.e2e)
 	p.QueueMean = r.queueSum / float64(len(r.ttft))
-	if r.prompt > 0 {
-		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
+	// The hit rate and the offered one share a denominator with the
+	// oracle's (Run: every request): the prompt tokens of every routed
+	// request, a failed one included as taking and being offered nothing.
+	// Over the finished requests only, one long request that no engine
+	// could hold made the hit rate exceed both the offered rate and the
+	// oracle. Without a filter shedding requests before routing, every
+	// request is routed, so taken ≤ offered (up to the index's lag) ≤ oracle.
+	den := r.routed
+	if den == 0 {
+		den = r.prompt
 	}
-	if r.routed > 0 {
-		p.OfferedHitRate = float64(r.offered) / float64(r.routed)
+	if den > 0 {
+		p.PrefixHitRate = float64(r.cached) / float64(den)
+		p.OfferedHitRate = float64(r.offered) / float64(den)
 	}
 	p.LoadImbalance = report.Imbalance(slices.Values(r.perEngine))
 	if r.predTrue > 0 {

@@ -243,7 +243,7 @@ func (r Report) plots(names []string, bins int) []plot {
 		xs, ys = cdf(sortedValues(run.Records, Record.TPOT), 1000)
 		tpot.lines = append(tpot.lines, line{p, c, xs, ys})
 		s := Bin(run.Records, end, bins)
-		mids := make([]float64, bins)
+		mids := make([]float64, len(s.Throughput)) // none when the records span no time
 		for j := range mids {
 			mids[j] = (float64(j) + 0.5) * s.BinWidth
 		}
@@ -308,7 +308,7 @@ func (p plot) svg(b *strings.Builder) {
 			fmt.Fprintf(b, "<polyline class=\"series\" data-policy=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" points=\"",
 				html.EscapeString(l.policy), l.color)
 			for i := range l.xs {
-				if !isFinite(l.ys[i]) {
+				if !isFinite(l.xs[i]) || !isFinite(l.ys[i]) {
 					continue // an empty bin: the line joins its neighbours
 				}
 				if i > 0 {
@@ -327,7 +327,7 @@ func (p plot) bounds() (x0, x1, y0, y1 float64) {
 	x0, x1, y1 = math.Inf(1), math.Inf(-1), 0
 	for _, l := range p.lines {
 		for i, x := range l.xs {
-			if !isFinite(l.ys[i]) {
+			if !isFinite(x) || !isFinite(l.ys[i]) {
 				continue
 			}
 			x0, x1, y1 = min(x0, x), max(x1, x), max(y1, l.ys[i])
@@ -338,6 +338,18 @@ func (p plot) bounds() (x0, x1, y0, y1 float64) {
 	}
 	if p.bars {
 		x0, x1 = x0-0.5, x1+0.5
+	} else if x0 == x1 {
+		// One point, or every value equal (one request; two alike): an
+		// empty range, whose step was log10(0) and every coordinate NaN.
+		// The axis runs from 0 to a round value at or past the point.
+		switch {
+		case x0 > 0:
+			x0, x1 = 0, niceCeil(x0)
+		case x0 < 0:
+			x0, x1 = -niceCeil(-x0), 0
+		default:
+			x1 = 1
+		}
 	} else if x0 < 0.3*x1 {
 		x0 = min(x0, 0) // latencies and times from 0, unless the data sits far from it
 	} else {
@@ -415,14 +427,20 @@ func ticks(lo, hi float64) []float64 {
 	}
 	step := niceStep((hi - lo) / 5)
 	var out []float64
-	for t := math.Ceil(lo/step) * step; t <= hi+step*1e-9; t += step {
+	// At most a few dozen: a step too small to move t (a range wider than
+	// float64 holds, whose step niceStep makes 1) must not loop forever.
+	for t := math.Ceil(lo/step) * step; t <= hi+step*1e-9 && len(out) < 50; t += step {
 		out = append(out, t)
 	}
 	return out
 }
 
-// niceStep is the 1, 2 or 5 × 10^k nearest above d.
+// niceStep is the 1, 2 or 5 × 10^k nearest above d; 1 for a d that is
+// not a positive finite number (whose log would make every tick NaN).
 func niceStep(d float64) float64 {
+	if !(d > 0) || math.IsInf(d, 0) {
+		return 1
+	}
 	p := math.Pow(10, math.Floor(math.Log10(d)))
 	for _, m := range []float64{1, 2, 5, 10} {
 		if m*p >= d {

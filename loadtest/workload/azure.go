@@ -142,6 +142,10 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 		plen[i] = c.PrefixMin + rng.IntN(c.PrefixMax-c.PrefixMin+1)
 	}
 	zipf := rand.NewZipf(rng, c.ZipfS, 1, uint64(max(c.Groups-1, 0)))
+	r, err := traceText(r)
+	if err != nil {
+		return nil, err
+	}
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = -1 // checked against the columns below
 	cr.ReuseRecord = true
@@ -175,8 +179,11 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 		}
 		in, err1 := strconv.Atoi(strings.TrimSpace(rec[cols[1]]))
 		out, err2 := strconv.Atoi(strings.TrimSpace(rec[cols[2]]))
-		if err := errors.Join(err1, err2); err != nil || in <= 0 || out < 0 || in > 1<<24 {
+		if err := errors.Join(err1, err2); err != nil || in <= 0 || out < 0 {
 			return nil, fmt.Errorf("%w: azure trace line %d: prompt tokens %q, output tokens %q", ErrBadWorkload, line, rec[cols[1]], rec[cols[2]])
+		}
+		if in > MaxTraceTokens || out > MaxTraceTokens {
+			return nil, fmt.Errorf("%w: azure trace line %d: prompt tokens %d, output tokens %d: a row may hold at most %d tokens each (workload.MaxTraceTokens)", ErrBadWorkload, line, in, out, MaxTraceTokens)
 		}
 		if len(reqs) == 0 {
 			t0 = ts

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -150,14 +151,24 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 			c.BlockTokens = BailianBlockTokens
 		}
 	}
-	if c.BlockTokens < 1 || c.BlockTokens > 1<<20 || c.Output < 0 {
-		return nil, fmt.Errorf("%w: trace block size %d (want 1..%d), output %d (want ≥ 0)", ErrBadWorkload, c.BlockTokens, 1<<20, c.Output)
+	if c.BlockTokens < 1 || c.BlockTokens > 1<<20 || c.Output < 0 || c.Output > MaxTraceTokens {
+		return nil, fmt.Errorf("%w: trace block size %d (want 1..%d), output %d (want 0..%d)", ErrBadWorkload, c.BlockTokens, 1<<20, c.Output, MaxTraceTokens)
 	}
 	if c.MaxLineBytes == 0 {
 		c.MaxLineBytes = 16 << 20
 	}
+	r, err := traceText(r)
+	if err != nil {
+		return nil, err
+	}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), c.MaxLineBytes)
+	// The scanner's limit is the larger of its buffer's capacity and
+	// MaxLineBytes: a smaller buffer makes a limit under 64 KiB hold.
+	buf := 64 << 10
+	if c.MaxLineBytes > 0 {
+		buf = min(buf, c.MaxLineBytes)
+	}
+	sc.Buffer(make([]byte, 0, buf), c.MaxLineBytes)
 	var rows []mooncakeRow
 	prev := make(map[string]lastTurn) // session → its latest row
 	roots := make(map[string]string)  // Bailian: chat_id → its session's first chat_id
@@ -169,11 +180,18 @@ func (c Mooncake) Read(r io.Reader) ([]Request, error) {
 		}
 		row, err := c.parse(sc.Bytes(), line, len(rows), prev, roots)
 		if err != nil {
+			if rerr := sc.Err(); rerr != nil {
+				// A read error (a truncated gzip file) cut the line
+				// short: the error is the read's.
+				return nil, fmt.Errorf("%w: trace line %d: %w", ErrBadWorkload, line, rerr)
+			}
 			return nil, err
 		}
 		rows = append(rows, row)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("%w: trace line %d: longer than the reader's limit of %d bytes a line (Mooncake.MaxLineBytes): %w", ErrBadWorkload, line+1, max(buf, c.MaxLineBytes), err)
+	} else if err != nil {
 		return nil, fmt.Errorf("%w: trace line %d: %w", ErrBadWorkload, line+1, err)
 	}
 	return c.requests(rows)
@@ -235,6 +253,9 @@ func (c Mooncake) parse(b []byte, line, idx int, prev map[string]lastTurn, roots
 	}
 	if row.in <= 0 || row.out < 0 {
 		return bad("input_length %d, output_length %d", row.in, row.out)
+	}
+	if row.in > MaxTraceTokens || row.out > MaxTraceTokens {
+		return bad("input_length %d, output_length %d: a row may hold at most %d tokens each (workload.MaxTraceTokens)", row.in, row.out, MaxTraceTokens)
 	}
 	if n, bt := len(row.ids), c.BlockTokens; n > 0 && (row.in <= (n-1)*bt || row.in >= (n+1)*bt) {
 		return bad("input_length %d does not fit %d blocks of %d tokens%s", row.in, n, bt, blockHint(row.in, n))

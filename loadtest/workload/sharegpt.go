@@ -110,9 +110,13 @@ func (s ShareGPT) Read(r io.Reader) ([]Request, error) {
 	if s.MaxContext == 0 {
 		s.MaxContext = 32768
 	}
-	if !(s.Rate > 0) || s.Think < 0 || !(s.Bytes > 0) || s.MaxContext < 2 || s.Conversations < 0 {
-		return nil, fmt.Errorf("%w: sharegpt rate %v must be > 0, think %v ≥ 0, bytes %v > 0, max context %d ≥ 2, conversations %d ≥ 0",
-			ErrBadWorkload, s.Rate, s.Think, s.Bytes, s.MaxContext, s.Conversations)
+	if !(s.Rate > 0) || s.Think < 0 || !(s.Bytes > 0) || s.MaxContext < 2 || s.MaxContext > MaxTraceTokens || s.Conversations < 0 {
+		return nil, fmt.Errorf("%w: sharegpt rate %v must be > 0, think %v ≥ 0, bytes %v > 0, max context %d in 2..%d (workload.MaxTraceTokens), conversations %d ≥ 0",
+			ErrBadWorkload, s.Rate, s.Think, s.Bytes, s.MaxContext, MaxTraceTokens, s.Conversations)
+	}
+	r, err := traceText(r)
+	if err != nil {
+		return nil, err
 	}
 	dec := json.NewDecoder(bufio.NewReaderSize(r, 1<<20))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {

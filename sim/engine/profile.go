@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -121,14 +123,30 @@ func ProfileNames() []string {
 	return names
 }
 
-// validate lists what is wrong with p.
+// validate lists what is wrong with p. Every float must be finite: a NaN
+// passes any "<= 0" test, and a NaN or infinite rate makes every step's
+// duration meaningless. Fields are named by their profile-file keys.
 func (p *Profile) validate() []error {
 	var errs []error
-	if p.Params <= 0 || p.FLOPS <= 0 || p.MemBW <= 0 {
-		errs = append(errs, fmt.Errorf("profile %q: Params, FLOPS and MemBW must be > 0", p.Name))
+	for _, f := range []struct {
+		key      string
+		v        float64
+		positive bool
+	}{
+		{"params", p.Params, true}, {"weightBytes", p.WeightBytes, false}, {"kvBytesPerToken", p.KVBytesPerToken, false},
+		{"flops", p.FLOPS, true}, {"memBW", p.MemBW, true}, {"hostBW", p.HostBW, false},
+	} {
+		switch {
+		case math.IsNaN(f.v) || math.IsInf(f.v, 0):
+			errs = append(errs, fmt.Errorf("profile %q: %s %v: want a finite number", p.Name, f.key, f.v))
+		case f.positive && f.v <= 0:
+			errs = append(errs, fmt.Errorf("profile %q: %s %v: want > 0", p.Name, f.key, f.v))
+		case f.v < 0:
+			errs = append(errs, fmt.Errorf("profile %q: %s %v: must not be negative", p.Name, f.key, f.v))
+		}
 	}
-	if p.WeightBytes < 0 || p.KVBytesPerToken < 0 || p.Layers < 0 || p.Hidden < 0 || p.HostBW < 0 {
-		errs = append(errs, fmt.Errorf("profile %q: sizes must not be negative", p.Name))
+	if p.Layers < 0 || p.Hidden < 0 {
+		errs = append(errs, fmt.Errorf("profile %q: layers %d, hidden %d: must not be negative", p.Name, p.Layers, p.Hidden))
 	}
 	if p.StepOverhead < 0 || p.PerSeqOverhead < 0 {
 		errs = append(errs, fmt.Errorf("profile %q: overheads must not be negative", p.Name))
@@ -136,6 +154,87 @@ func (p *Profile) validate() []error {
 	if p.MaxNumSeqs < 0 || p.MaxNumBatchedTokens < 0 {
 		errs = append(errs, fmt.Errorf("profile %q: batch defaults must not be negative", p.Name))
 	}
+	return errs
+}
+
+// Plausibility bounds for a profile file (plausible): a lone decode step
+// of one sequence of plausibleContext tokens, and a lone prefill of as
+// many, take at most this long on any real GPU. A profile past them almost
+// surely has a unit mistake (TFLOP/s or GB/s where FLOP/s and bytes/s are
+// wanted), which would otherwise make the discrete-event runs crawl
+// through hours of virtual time per step.
+const (
+	plausibleContext    = 1024
+	plausibleDecodeStep = 10 * time.Second
+	plausiblePrefill    = 10 * time.Minute
+)
+
+// plausible lists why p cannot be a real model on a real GPU: a decode
+// step or a prefill past the bounds above, naming the fields behind it and
+// the unit mistake that would explain them. p must be valid.
+func (p *Profile) plausible() []error {
+	var errs []error
+	n := float64(plausibleContext)
+	check := func(what string, limit time.Duration, flops, bytes float64) {
+		overhead := p.StepOverhead.Seconds() + p.PerSeqOverhead.Seconds()
+		compute, memory := flops/p.FLOPS, bytes/p.MemBW
+		total := overhead + max(compute, memory)
+		if total <= limit.Seconds() {
+			return
+		}
+		// Every term over the limit on its own is a mistake; when none
+		// is, the largest.
+		var why []string
+		for _, t := range []struct {
+			sec  float64
+			desc func() string
+		}{
+			{overhead, func() string {
+				return fmt.Sprintf("stepOverhead %v + perSeqOverhead %v (Go durations, e.g. 2ms and 20us)", p.StepOverhead, p.PerSeqOverhead)
+			}},
+			{compute, func() string {
+				d := fmt.Sprintf("%.3g FLOPs at flops %g FLOP/s take %.3g s", flops, p.FLOPS, compute)
+				switch {
+				case p.FLOPS >= 1 && p.FLOPS < 1e9:
+					d += fmt.Sprintf(" (flops is FLOP/s, not TFLOP/s: %g TFLOP/s is flops: %ge12)", p.FLOPS, p.FLOPS)
+				case p.FLOPS < 1e9:
+					d += " (flops is FLOP/s: an H100 sustains about 400e12)"
+				}
+				return d
+			}},
+			{memory, func() string {
+				d := fmt.Sprintf("%.3g bytes (weightBytes + kvBytesPerToken × %d) at memBW %g bytes/s take %.3g s", bytes, plausibleContext, p.MemBW, memory)
+				switch {
+				case p.MemBW >= 1 && p.MemBW < 1e8:
+					d += fmt.Sprintf(" (memBW is bytes/s, not GB/s: %g GB/s is memBW: %ge9)", p.MemBW, p.MemBW)
+				case p.MemBW < 1e8:
+					d += " (memBW is bytes/s: an H100's HBM sustains about 2.7e12)"
+				}
+				return d
+			}},
+		} {
+			if t.sec > limit.Seconds() {
+				why = append(why, t.desc())
+			}
+		}
+		if len(why) == 0 {
+			switch {
+			case overhead >= max(compute, memory):
+				why = append(why, "the overheads dominate")
+			case compute >= memory:
+				why = append(why, fmt.Sprintf("compute dominates (flops %g FLOP/s)", p.FLOPS))
+			default:
+				why = append(why, fmt.Sprintf("memory traffic dominates (memBW %g bytes/s)", p.MemBW))
+			}
+		}
+		errs = append(errs, fmt.Errorf("profile %q: %s takes %.3g s, over %v (a unit mistake?): %s",
+			p.Name, what, total, limit, strings.Join(why, "; ")))
+	}
+	attn := 4 * float64(p.Layers) * float64(p.Hidden)
+	check(fmt.Sprintf("a lone decode step of one sequence of %d tokens", plausibleContext), plausibleDecodeStep,
+		2*p.Params+attn*n, p.WeightBytes+p.KVBytesPerToken*n)
+	check(fmt.Sprintf("a lone %d-token prefill", plausibleContext), plausiblePrefill,
+		2*p.Params*n+attn*n*(n+1)/2, p.WeightBytes+p.KVBytesPerToken*n)
 	return errs
 }
 
@@ -156,11 +255,38 @@ func (p *Profile) stepTime(w *stepWork) time.Duration {
 	if w.loadTokens > 0 && p.HostBW > 0 {
 		sec += p.KVBytesPerToken * float64(w.loadTokens) / p.HostBW
 	}
-	d := p.StepOverhead + time.Duration(w.seqs)*p.PerSeqOverhead + time.Duration(sec*1e9)
+	d := maxStepTime
+	if ns := sec * 1e9; ns < float64(maxStepTime) { // false for NaN
+		d = time.Duration(ns)
+	}
+	d = addStep(d, p.StepOverhead)
+	if w.seqs > 0 && p.PerSeqOverhead > 0 {
+		if time.Duration(w.seqs) > maxStepTime/p.PerSeqOverhead {
+			d = maxStepTime
+		} else {
+			d = addStep(d, time.Duration(w.seqs)*p.PerSeqOverhead)
+		}
+	}
 	if d < time.Microsecond {
 		d = time.Microsecond // a step always takes time, so virtual time advances
 	}
 	return d
+}
+
+// maxStepTime (2^50 ns, about 13 days) is where a step's duration
+// saturates: far past any real step (a profile file must pass plausible),
+// and small enough that a virtual clock can add thousands of such steps
+// without overflowing a time.Duration. Without it a profile in the wrong
+// units overflowed the conversion into a negative duration, clamped to
+// 1 µs: free steps.
+const maxStepTime = time.Duration(1 << 50)
+
+// addStep is a + b for non-negative durations, saturating at maxStepTime.
+func addStep(a, b time.Duration) time.Duration {
+	if b > 0 && a > maxStepTime-b {
+		return maxStepTime
+	}
+	return a + b
 }
 
 // PrefillTime is the modelled duration of a lone prefill of n uncached tokens
@@ -270,7 +396,11 @@ func ParseProfile(b []byte) (Profile, error) {
 	if p.Layers <= 0 || p.Hidden <= 0 || p.KVBytesPerToken <= 0 || p.WeightBytes <= 0 {
 		errs = append(errs, fmt.Errorf("profile %q: layers, hidden, kvBytesPerToken and weightBytes must be > 0", p.Name))
 	}
-	errs = append(errs, p.validate()...)
+	if v := p.validate(); len(v) > 0 {
+		errs = append(errs, v...)
+	} else {
+		errs = append(errs, p.plausible()...) // on valid numbers only: it divides by them
+	}
 	if len(errs) > 0 {
 		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, errors.Join(errs...))
 	}

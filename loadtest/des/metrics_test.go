@@ -1,0 +1,61 @@
+package des
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/loadtest/workload"
+	"github.com/kvmesh/kvmesh/sim/engine"
+)
+
+// TestHitRatesWithFailures: a request no engine can hold (70,000 tokens;
+// an engine holds 4,096 blocks × 16) fails, and the hit rate, the offered
+// one and the oracle are then over the same requests: taken ≤ offered ≤
+// oracle. The hit rate was over the finished requests only (0.496) while
+// offered and the oracle counted the failed one too (0.014): "3600 %".
+func TestHitRatesWithFailures(t *testing.T) {
+	// The long row starts with the first row's blocks: the index offers
+	// it their 992 tokens, which no engine can take.
+	ids := make([]string, 137) // 70,000 tokens in 512-token blocks
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+	}
+	rows := `{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}
+{"timestamp": 1000, "input_length": 70000, "output_length": 10, "hash_ids": [` + strings.Join(ids, ", ") + `]}
+{"timestamp": 2000, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}
+`
+	reqs, err := workload.Mooncake{Seed: 1}.Read(strings.NewReader(rows))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, _ := engine.LookupProfile("7b-l40s")
+	cfg := Config{Engines: 2, Engine: engine.Config{GPUBlocks: 4096, Profile: prof}}
+	rep, err := Run(context.Background(), cfg, reqs, []string{"random", "kvmesh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oracle := rep.OracleHitRate
+	// The second and third requests can reuse 62 full blocks (992 tokens)
+	// of the first.
+	if want := 2 * 992.0 / 72000; oracle < want-1e-9 || oracle > want+1e-9 {
+		t.Fatalf("oracle %.4f, want %.4f", oracle, want)
+	}
+	for name, p := range rep.Policies {
+		if p.Completed != 2 || p.Failed != 1 {
+			t.Fatalf("%s: %d completed, %d failed; want 2 and 1", name, p.Completed, p.Failed)
+		}
+		if p.PrefixHitRate > p.OfferedHitRate+1e-9 || p.OfferedHitRate > oracle+1e-9 {
+			t.Errorf("%s: taken %.4f, offered %.4f, oracle %.4f: want taken ≤ offered ≤ oracle", name, p.PrefixHitRate, p.OfferedHitRate, oracle)
+		}
+	}
+	// kvmesh routes the repeat to the engine holding its prefix: it takes
+	// all it was offered, the third request's 992 tokens over all 72,000
+	// prompt tokens (what the failed request was offered it could not
+	// take, so that is not counted as offered).
+	want := 992.0 / 72000
+	if k := rep.Policies["kvmesh"]; k.PrefixHitRate < want-1e-9 || k.OfferedHitRate > want+1e-9 {
+		t.Errorf("kvmesh: taken %.4f, offered %.4f, want both %.4f", k.PrefixHitRate, k.OfferedHitRate, want)
+	}
+}
