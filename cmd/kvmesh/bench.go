@@ -32,7 +32,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*quiet {
 		opts.Progress = stderr
 	}
-	if err := benchFlagsRead(fs, opts.Mode, asf.on(), pdf.on(), asOnly); err != nil {
+	if err := benchFlagsRead(fs, opts.Mode, opts.Workload, asf.on(), pdf.on(), asOnly); err != nil {
 		return err
 	}
 	var err error
@@ -95,9 +95,36 @@ var benchFlagReaders = map[string]int{
 	"mixed-prefill":          runPD,
 }
 
+// benchWorkloadReads reports whether a --workload kind run reads the
+// workload flag f: the shared-prefix generator's shape, the trace
+// readers' file and block size, and the rate scale and limit of every
+// workload but shared-prefix (`--trace FILE` without `--workload trace`
+// ran the shared-prefix workload, the trace unread).
+func benchWorkloadReads(kind, f string) bool {
+	switch kind {
+	case "shared-prefix", "trace", "bailian", "azure", "sharegpt", "chat", "tool-agent":
+	default:
+		return true // an unknown kind is refused after, by name
+	}
+	switch f {
+	case "groups", "prompts", "shared", "question", "rate":
+		return kind == "shared-prefix"
+	case "output":
+		return kind == "shared-prefix" || kind == "trace" || kind == "bailian"
+	case "trace":
+		return kind == "trace" || kind == "bailian" || kind == "azure" || kind == "sharegpt"
+	case "trace-block-size":
+		return kind == "trace" || kind == "bailian"
+	case "rate-scale", "limit":
+		return kind != "shared-prefix"
+	}
+	return true
+}
+
 // benchFlagsRead refuses the flags the run fs describes would not read:
-// benchFlagReaders' outside their runs, asOnly's outside --autoscale runs.
-func benchFlagsRead(fs *flag.FlagSet, mode string, autoscaling, pd bool, asOnly map[string]bool) error {
+// benchFlagReaders' outside their runs, asOnly's outside --autoscale runs,
+// and a workload's flags outside runs of that workload.
+func benchFlagsRead(fs *flag.FlagSet, mode, wl string, autoscaling, pd bool, asOnly map[string]bool) error {
 	kind, name := runDES, "--mode des"
 	switch {
 	case autoscaling:
@@ -107,13 +134,16 @@ func benchFlagsRead(fs *flag.FlagSet, mode string, autoscaling, pd bool, asOnly 
 	case mode == "live":
 		kind, name = runLive, "--mode live"
 	}
-	return refuseUnread(fs, name, func(f string) bool {
+	if err := refuseUnread(fs, name, func(f string) bool {
 		r := benchFlagReaders[f]
 		if asOnly[f] {
 			r = runAutoscale
 		}
 		return r == 0 || r&kind != 0
-	})
+	}); err != nil || kind == runAutoscale {
+		return err
+	}
+	return refuseUnread(fs, "--workload "+wl, func(f string) bool { return benchWorkloadReads(wl, f) })
 }
 
 // benchFlags binds every `kvmesh bench` flag onto o.

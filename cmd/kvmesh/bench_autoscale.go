@@ -125,17 +125,20 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 		}
 		rep.Runs = append(rep.Runs, res)
 	}
-	if o.HTML != "" {
-		if err := o.WriteScaleHTML(rep); err != nil {
-			return err
-		}
-	}
+	// stdout first, then the file (checked writable by Prepare).
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := rep.WriteTable(stdout); err != nil {
+		return err
 	}
-	return rep.WriteTable(stdout)
+	if o.HTML != "" {
+		return o.WriteScaleHTML(rep)
+	}
+	return nil
 }
 
 type autoscaleRun struct {

@@ -53,7 +53,7 @@ func checkBenchJSON(t *testing.T, out string, policies []string) float64 {
 	if got, want := benchSortedKeys(pols), slices.Sorted(slices.Values(policies)); !slices.Equal(got, want) {
 		t.Fatalf("policies %v, want %v", got, want)
 	}
-	wantKeys := []string{"e2e_mean_s", "load_imbalance", "prefix_hit_rate", "throughput_rps",
+	wantKeys := []string{"completed", "e2e_mean_s", "failed", "load_imbalance", "prefix_hit_rate", "throughput_rps",
 		"ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"}
 	for name, obj := range pols {
 		if keys := benchSortedKeys(obj); !slices.Equal(keys, wantKeys) {
@@ -245,9 +245,9 @@ func TestBenchDESUsageErrors(t *testing.T) {
 		{[]string{"--rate", "-1"}, []string{"--rate -1"}},
 		{[]string{"--rate", "NaN"}, []string{"--rate NaN"}},
 		{[]string{"--rate", "+Inf"}, []string{"--rate +Inf"}},
-		{[]string{"--rate-scale", "0"}, []string{"--rate-scale 0"}},
-		{[]string{"--rate-scale", "-2"}, []string{"--rate-scale -2"}},
-		{[]string{"--rate-scale", "NaN"}, []string{"--rate-scale NaN"}},
+		{[]string{"--workload", "chat", "--rate-scale", "0"}, []string{"--rate-scale 0"}},
+		{[]string{"--workload", "chat", "--rate-scale", "-2"}, []string{"--rate-scale -2"}},
+		{[]string{"--workload", "chat", "--rate-scale", "NaN"}, []string{"--rate-scale NaN"}},
 		{[]string{"--groups", "0"}, []string{"--groups 0"}},
 		{[]string{"--prompts", "0"}, []string{"--prompts 0"}},
 		{[]string{"--shared", "-1"}, []string{"--shared -1"}},
@@ -255,7 +255,7 @@ func TestBenchDESUsageErrors(t *testing.T) {
 		{[]string{"--output", "-1"}, []string{"--output -1"}},
 		{[]string{"--concurrency", "-1"}, []string{"--concurrency -1"}},
 		{[]string{"--gpu-blocks", "-1"}, []string{"--gpu-blocks -1"}},
-		{[]string{"--limit", "-1"}, []string{"--limit -1"}},
+		{[]string{"--workload", "tool-agent", "--limit", "-1"}, []string{"--limit -1"}},
 		{[]string{"--max-running", "-1"}, []string{"--max-running -1"}},
 		{[]string{"--max-batch-tokens", "-1"}, []string{"--max-batch-tokens -1"}},
 		{[]string{"--policies", "kvmesh,nope"}, []string{`unknown policy "nope"`}},
@@ -268,16 +268,22 @@ func TestBenchDESUsageErrors(t *testing.T) {
 		{[]string{"--mode", "bogus"}, []string{`--mode "bogus"`}},
 		{[]string{"--mode", "live", "--time-scale", "0"}, []string{"--time-scale 0"}},
 		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, []string{"--config"}},
-		// Every problem at once is named at once.
-		{[]string{"--engines", "0", "--rate", "NaN", "--rate-scale", "0", "--groups", "0", "--prompts", "0",
+		// Every problem at once is named at once (a workload's flags with
+		// that workload: the others are refused before any value is read).
+		{[]string{"--engines", "0", "--rate", "NaN", "--groups", "0", "--prompts", "0",
 			"--shared", "-1", "--question", "-1", "--output", "-1", "--concurrency", "-1", "--gpu-blocks", "-1",
-			"--policies", "foo,kvmesh,bar", "--workload", "trace", "--profile", "bogus"},
-			[]string{"--engines 0", "--rate NaN", "--rate-scale 0", "--groups 0", "--prompts 0", "--shared -1",
+			"--policies", "foo,kvmesh,bar", "--profile", "bogus"},
+			[]string{"--engines 0", "--rate NaN", "--groups 0", "--prompts 0", "--shared -1",
 				"--question -1", "--output -1", "--concurrency -1", "--gpu-blocks -1", `unknown policy "foo"`,
-				`unknown policy "bar"`, "--workload trace needs --trace", `--profile "bogus"`}},
+				`unknown policy "bar"`, `--profile "bogus"`}},
+		{[]string{"--engines", "0", "--rate-scale", "0", "--output", "-1", "--workload", "trace", "--profile", "bogus"},
+			[]string{"--engines 0", "--rate-scale 0", "--output -1", "--workload trace needs --trace", `--profile "bogus"`}},
 	} {
-		args := append([]string{"bench", "--mode", "des", "--engines", "2", "--policies", "random",
-			"--groups", "1", "--prompts", "1"}, tc.args...)
+		args := []string{"bench", "--mode", "des", "--engines", "2", "--policies", "random"}
+		if !slices.Contains(tc.args, "--workload") {
+			args = append(args, "--groups", "1", "--prompts", "1")
+		}
+		args = append(args, tc.args...)
 		code, out, errOut := benchRunCLI(t, args...)
 		if code != 2 {
 			t.Errorf("%v: exit %d, want 2 (stderr %q)", tc.args, code, errOut)

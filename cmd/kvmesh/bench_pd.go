@@ -110,6 +110,22 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	if err != nil {
 		return err
 	}
+	// stdout first, then the files (checked writable by Prepare): a file
+	// that fails after all loses no result.
+	if o.JSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		st := workload.Summarize(reqs)
+		fmt.Fprintf(stdout, "workload: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s), transfer %.0f Gbit/s\n",
+			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), roles.Total(), base.Engine.Profile.Name, cfg.TransferGbps)
+		if err := rep.WriteTable(stdout); err != nil {
+			return err
+		}
+	}
 	if o.HTML != "" {
 		if err := o.WritePDHTML(rep, reqs, cfg); err != nil {
 			return err
@@ -117,19 +133,9 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	}
 	if o.RequestsCSV != "" {
 		r, _ := rep.AsReport()
-		if err := o.WriteRequestsCSV(r); err != nil {
-			return err
-		}
+		return o.WriteRequestsCSV(r)
 	}
-	if o.JSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	st := workload.Summarize(reqs)
-	fmt.Fprintf(stdout, "workload: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s), transfer %.0f Gbit/s\n",
-		st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), roles.Total(), base.Engine.Profile.Name, cfg.TransferGbps)
-	return rep.WriteTable(stdout)
+	return nil
 }
 
 func flagGiven(fs *flag.FlagSet, name string) bool {

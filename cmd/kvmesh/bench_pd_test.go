@@ -94,8 +94,9 @@ func TestBenchPDUsage(t *testing.T) {
 }
 
 // TestBenchFlagsNotRead: a flag the kind of run does not read is refused
-// by name (each kind: aggregated DES, live, --roles, --autoscale), every
-// one at once; the same flags are accepted by runs that read them (the
+// by name (each kind: aggregated DES, live, --roles, --autoscale; and a
+// workload's own flags outside its workload), every one at once, as is a
+// report file that cannot be written; the same flags are accepted by runs that read them (the
 // other tests here and in bench_des_test.go, bench_autoscale_test.go).
 func TestBenchFlagsNotRead(t *testing.T) {
 	for _, tc := range []struct {
@@ -115,6 +116,18 @@ func TestBenchFlagsNotRead(t *testing.T) {
 			"--groups", "3", "--engines", "2", "--mixed-prefill=false", "--parallel", "2"},
 			[]string{"--workload is not read by a --autoscale run", "--policies is not read", "--groups is not read",
 				"--engines is not read", "--mixed-prefill is not read", "--parallel is not read"}},
+		// A workload's own flags outside its runs (before: `--trace FILE`
+		// alone ran the shared-prefix workload, the trace unread).
+		{[]string{"--engines", "2", "--trace", "t.jsonl", "--rate-scale", "3", "--limit", "2", "--trace-block-size", "64"},
+			[]string{"--trace is not read by a --workload shared-prefix run", "--rate-scale is not read",
+				"--limit is not read", "--trace-block-size is not read"}},
+		{[]string{"--engines", "2", "--workload", "trace", "--trace", "t.jsonl", "--rate", "5", "--groups", "2", "--shared", "100"},
+			[]string{"--rate is not read by a --workload trace run", "--groups is not read", "--shared is not read"}},
+		{[]string{"--mode", "live", "--engines", "2", "--workload", "chat", "--output", "9", "--trace", "t.jsonl"},
+			[]string{"--output is not read by a --workload chat run", "--trace is not read"}},
+		// Report files that cannot be written are refused before the run.
+		{[]string{"--engines", "2", "--html", "/nonexistent-dir/x.html", "--requests-csv", "/"},
+			[]string{"--html /nonexistent-dir/x.html: cannot create the file", "--requests-csv /: not a regular file"}},
 	} {
 		code, out, errOut := benchRunCLI(t, append([]string{"bench"}, tc.args...)...)
 		if code != 2 || out != "" {

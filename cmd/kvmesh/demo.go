@@ -95,7 +95,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	res, err := demo.Run(ctx, cfg)
-	if res == nil {
+	if res == nil || err != nil {
+		// An interrupted or failed run has no comparison to show: a table
+		// of a cancelled run's requests would read as a result.
 		return err
 	}
 	if *asJSON {

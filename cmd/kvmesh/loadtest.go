@@ -15,8 +15,6 @@ import (
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )
 
-// runLoadtest sends a workload to any OpenAI-compatible URL and reports client-side
-// latency, throughput, tokens and errors.
 // loadtestReads reports whether a -workload kind run reads flag f: the
 // shared-prefix generator's shape flags and the trace readers' flags each
 // belong to their workloads (an unknown kind is refused after).
@@ -34,6 +32,8 @@ func loadtestReads(kind, f string) bool {
 	return true
 }
 
+// runLoadtest sends a workload to any OpenAI-compatible URL and reports client-side
+// latency, throughput, tokens and errors.
 func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("loadtest", stderr)
 	cfg := loadgen.DefaultConfig()
@@ -105,12 +105,31 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	for _, out := range []struct{ flag, path string }{{"-html", *htmlFile}, {"-requests-csv", *csvFile}} {
+		if out.path == "" {
+			continue
+		}
+		if err := report.CheckWritable(out.flag, out.path); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+	}
 	if !*quiet {
 		cfg.Progress = progressLine(stderr, "")
 	}
 	rep, err := loadgen.Run(ctx, cfg, reqs)
 	if rep == nil {
 		return err
+	}
+	// stdout first, then the files (checked writable above): a file that
+	// fails after all loses no result.
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(rep); jerr != nil {
+			return jerr
+		}
+	} else if werr := rep.WriteText(stdout); werr != nil {
+		return werr
 	}
 	if *htmlFile != "" {
 		if herr := writeLoadtestHTML(*htmlFile, rep, *kind); herr != nil {
@@ -121,15 +140,6 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if cerr := writeLoadtestCSV(*csvFile, rep); cerr != nil {
 			return cerr
 		}
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if jerr := enc.Encode(rep); jerr != nil {
-			return jerr
-		}
-	} else if werr := rep.WriteText(stdout); werr != nil {
-		return werr
 	}
 	if err == nil && rep.Sent > 0 && rep.Completed == 0 {
 		return fmt.Errorf("no request succeeded (%d failed)", rep.Failed)

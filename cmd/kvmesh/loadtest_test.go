@@ -93,6 +93,10 @@ func TestDemoAndLoadtestFlagsNotRead(t *testing.T) {
 		{[]string{"-workload", "sharegpt", "-groups", "3", "-output", "4", "-trace-block-size", "2"},
 			[]string{"--groups is not read by a -workload sharegpt run", "--output is not read", "--trace-block-size is not read"}, runLoadtest},
 		{[]string{"-workload", "mooncake", "-shared", "3"}, []string{"--shared is not read by a -workload mooncake run"}, runLoadtest},
+		// Bad values and unwritable report files, before anything is sent.
+		{[]string{"-rate", "-2"}, []string{"rate -2 (want requests/s ≥ 0, or -1 for a closed loop)"}, runLoadtest},
+		{[]string{"-rate", "NaN"}, []string{"rate NaN"}, runLoadtest},
+		{[]string{"-html", "/nonexistent-dir/r.html"}, []string{"-html /nonexistent-dir/r.html: cannot create the file"}, runLoadtest},
 		{[]string{"--pd", "--engines", "8", "--policies", "random", "--rate", "3", "--peak-rate", "2"},
 			[]string{"--engines is not read by a --pd run", "--policies is not read", "--rate is not read", "--peak-rate is not read"}, nil},
 		{[]string{"--autoscale", "--groups", "3", "--json", "--pd-prefill", "1"},

@@ -134,16 +134,25 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The report goes to stdout first: a file that cannot be written
+	// after all (checked in Prepare, but the disk may fill) loses no
+	// result.
+	if err := o.writeReport(stdout, rep, reqs, cfg, names); err != nil {
+		return err
+	}
 	if o.HTML != "" {
 		if err := o.writeHTML(rep, reqs, cfg); err != nil {
 			return err
 		}
 	}
 	if o.RequestsCSV != "" {
-		if err := o.WriteRequestsCSV(rep); err != nil {
-			return err
-		}
+		return o.WriteRequestsCSV(rep)
 	}
+	return nil
+}
+
+// writeReport writes rep to stdout as JSON or as the table.
+func (o Options) writeReport(stdout io.Writer, rep report.Report, reqs []workload.Request, cfg des.Config, names []string) error {
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -189,6 +198,14 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 	prof := o.checkEngines(bad)
 	o.checkWorkload(bad)
 	o.checkLive(bad)
+	for _, out := range []struct{ flag, path string }{{"--html", o.HTML}, {"--requests-csv", o.RequestsCSV}} {
+		if out.path == "" {
+			continue
+		}
+		if err := report.CheckWritable(out.flag, out.path); err != nil {
+			bad("%v", err)
+		}
+	}
 	var sc scheduler.Config
 	if o.ConfigPath != "" {
 		var err error

@@ -150,8 +150,13 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 		res.Preemptions = int(after.preemptions - before.preemptions)
 	}
 	err = errors.Join(err, serr)
-	if err == nil && lr.Failed > 0 {
-		err = fmt.Errorf("%d of %d requests failed: %v", lr.Failed, lr.Sent, lr.Errors)
+	if err == nil && lr.Completed == 0 && lr.Sent > 0 {
+		err = fmt.Errorf("no request succeeded (%d failed: %s)", lr.Failed, lr.FailureSummary())
+	} else if lr.Failed > 0 {
+		// Failures are part of the result, as in the DES (its "failed"
+		// column): the other requests' numbers and the other policies
+		// still count. The reason goes under the table.
+		res.FailureNote = fmt.Sprintf("%d of %d requests failed: %s", lr.Failed, lr.Sent, lr.FailureSummary())
 	}
 	if err != nil {
 		err = fmt.Errorf("%s: %w", policy, err)
@@ -174,6 +179,11 @@ func (o Options) liveNote(w io.Writer) {
 func (o Options) liveOverheads(w io.Writer, rep report.Report) error {
 	for _, p := range rep.Order {
 		r, ok := rep.Policies[p]
+		if ok && r.FailureNote != "" {
+			if _, err := fmt.Fprintf(w, "%s: %s\n", p, r.FailureNote); err != nil {
+				return err
+			}
+		}
 		if !ok || r.EngineTTFTMean == 0 {
 			continue
 		}

@@ -235,3 +235,34 @@ func TestLiveEngines(t *testing.T) {
 		t.Fatalf("cluster %+v\nwant engines like %+v", dc, want)
 	}
 }
+
+// TestLiveReportsFailures: a request the engines refuse (a prompt over
+// the model length) is a failure in the report, as in the DES, with its
+// reason under the table; the run and its other requests still count
+// (before, one failed request ended the run with no table).
+func TestLiveReportsFailures(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	trace := `{"timestamp": 0, "input_length": 300, "output_length": 4}
+{"timestamp": 100, "input_length": 20000, "output_length": 4}
+{"timestamp": 200, "input_length": 300, "output_length": 4}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.Mode, o.Engines, o.TimeScale, o.Workload, o.Trace = "live", 2, 2, "trace", path
+	o.GPUBlocks, o.Policies = 1024, []string{"random"} // 16,384 tokens per engine
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := Run(ctx, o, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if want := "random: 1 of 3 requests failed: http_400 1 (first: "; !strings.Contains(out.String(), want) {
+		t.Fatalf("report does not say %q:\n%s", want, out.String())
+	}
+	rep := runReport(t, o)
+	if r := rep.Policies["random"]; r.Completed != 2 || r.Failed != 1 {
+		t.Fatalf("completed %d, failed %d; want 2 and 1", r.Completed, r.Failed)
+	}
+}

@@ -128,13 +128,21 @@ func (r *Result) WriteTable(w io.Writer) error {
 		100*r.Report.OracleHitRate, r.Wall.Round(100*time.Millisecond))
 	if rnd, ok := r.Report.Policies["random"]; ok {
 		if kv, ok := r.Report.Policies["kvmesh"]; ok && kv.TTFTP50 > 0 {
-			fmt.Fprintf(&b, "kvmesh vs random: TTFT p50 %.1f× lower, p99 %.1f× lower, hit rate %+.1f points, throughput %.2f×\n",
-				rnd.TTFTP50/kv.TTFTP50, rnd.TTFTP99/max(kv.TTFTP99, 1e-9), 100*(kv.PrefixHitRate-rnd.PrefixHitRate),
+			fmt.Fprintf(&b, "kvmesh vs random: TTFT p50 %s, p99 %s, hit rate %+.1f points, throughput %.2f×\n",
+				lowerOrHigher(kv.TTFTP50, rnd.TTFTP50), lowerOrHigher(kv.TTFTP99, rnd.TTFTP99), 100*(kv.PrefixHitRate-rnd.PrefixHitRate),
 				kv.ThroughputRPS/max(rnd.ThroughputRPS, 1e-9))
 		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// lowerOrHigher says how x compares with ref: "3.2× lower" or "1.3× higher".
+func lowerOrHigher(x, ref float64) string {
+	if x <= ref {
+		return fmt.Sprintf("%.1f× lower", ref/max(x, 1e-9))
+	}
+	return fmt.Sprintf("%.1f× higher", x/max(ref, 1e-9))
 }
 
 func ms(s float64) string { return fmt.Sprintf("%.0fms", s*1000) }

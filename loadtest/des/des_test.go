@@ -142,12 +142,13 @@ func TestEveryPolicyRunsDeterministically(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := m["policies"].(map[string]any)["kvmesh"].(map[string]any)
-	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "prefix_hit_rate", "load_imbalance"} {
+	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "prefix_hit_rate", "load_imbalance",
+		"completed", "failed"} {
 		if _, ok := pol[k]; !ok {
 			t.Errorf("json lacks %s", k)
 		}
 	}
-	if len(pol) != 8 || len(m) != 2 {
+	if len(pol) != 10 || len(m) != 2 {
 		t.Errorf("json has extra keys: %s", ja)
 	}
 	if _, ok := m["oracle_hit_rate"]; !ok {

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"time"
 
@@ -57,7 +58,7 @@ type Config struct {
 	// the wait is reported separately (Report.SendLag).
 	Concurrency int
 	// Rate, when > 0, replaces the workload's arrival times with Poisson arrivals at
-	// Rate requests/s (seeded by Seed); when < 0 every request arrives at 0 (closed loop).
+	// Rate requests/s (seeded by Seed); -1: every request arrives at 0 (closed loop).
 	Rate float64
 	// Seed fixes Rate's arrival times.
 	Seed uint64
@@ -118,6 +119,9 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: n %d not in [0, %d]", ErrConfig, c.N, openai.MaxN))
 	} else if c.N > 1 && (c.Endpoint == Responses || c.Endpoint == Messages) {
 		errs = append(errs, fmt.Errorf("%w: n %d: the %s endpoint samples one answer (no n)", ErrConfig, c.N, c.Endpoint))
+	}
+	if math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) || (c.Rate < 0 && c.Rate != -1) {
+		errs = append(errs, fmt.Errorf("%w: rate %v (want requests/s ≥ 0, or -1 for a closed loop)", ErrConfig, c.Rate))
 	}
 	if c.Concurrency < 1 || c.Concurrency > 100_000 {
 		errs = append(errs, fmt.Errorf("%w: concurrency %d not in [1, 100000]", ErrConfig, c.Concurrency))

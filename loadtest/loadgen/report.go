@@ -36,6 +36,10 @@ type Report struct {
 	TTFT             Latency        `json:"ttft"`
 	E2E              Latency        `json:"e2e"`
 	SendLagP99S      float64        `json:"send_lag_p99_s"`
+	// SlotWaits counts the arrivals that found every concurrency slot
+	// taken (their send lag is that wait; without any, lag is the client
+	// host's own scheduling delay).
+	SlotWaits int `json:"slot_waits"`
 	// OpenLoop is true when requests had arrival times (send lag then means the
 	// concurrency cap delayed arrivals; in a closed loop every request waits by design).
 	OpenLoop      bool           `json:"open_loop"`
@@ -47,6 +51,41 @@ type Report struct {
 	LoadImbalance float64        `json:"load_imbalance"`
 	// Results holds every request's measurements, in send order.
 	Results []Result `json:"-"`
+	// enginesKnown: CountEngines gave every engine, so PerEngine holds
+	// those that served nothing too.
+	enginesKnown bool
+}
+
+// FailureSummary is one line per error kind with its count and the first
+// message seen ("" when nothing failed).
+func (r *Report) FailureSummary() string {
+	first := r.firstErrors()
+	parts := make([]string, 0, len(r.Errors))
+	for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
+		p := fmt.Sprintf("%s %d", k, r.Errors[k])
+		if m := first[k]; m != "" {
+			p += " (first: " + m + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// firstErrors is each error kind's first message, cut to 200 bytes.
+func (r *Report) firstErrors() map[string]string {
+	first := map[string]string{}
+	for i := range r.Results {
+		res := &r.Results[i]
+		if _, ok := first[res.ErrKind]; res.ErrKind == "" || ok {
+			continue
+		}
+		m := strings.TrimSpace(res.ErrMsg)
+		if len(m) > 200 {
+			m = strings.ToValidUTF8(m[:200], "") + "…"
+		}
+		first[res.ErrKind] = m
+	}
+	return first
 }
 
 func buildReport(results []Result, total int) *Report {
@@ -92,6 +131,7 @@ func buildReport(results []Result, total int) *Report {
 // CountEngines adds engines that served nothing (known from elsewhere, e.g. the
 // cluster's membership), so the load imbalance counts them as the zeros they are.
 func (r *Report) CountEngines(ids []string) {
+	r.enginesKnown = true
 	for _, id := range ids {
 		if _, ok := r.PerEngine[id]; !ok {
 			r.PerEngine[id] = 0
@@ -132,23 +172,40 @@ func (r *Report) PolicyResult() report.PolicyResult {
 func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "requests      %d sent, %d completed, %d failed\n", r.Sent, r.Completed, r.Failed)
+	first := r.firstErrors()
 	for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
-		fmt.Fprintf(&b, "  error %-14s %d\n", k, r.Errors[k])
+		fmt.Fprintf(&b, "  error %-14s %d", k, r.Errors[k])
+		if m := first[k]; m != "" {
+			fmt.Fprintf(&b, " (first: %s)", m)
+		}
+		b.WriteByte('\n')
 	}
 	fmt.Fprintf(&b, "duration      %.2f s\n", r.DurationS)
 	fmt.Fprintf(&b, "throughput    %.2f req/s, %.0f output tok/s\n", r.ThroughputRPS, r.OutputTokensPerS)
 	fmt.Fprintf(&b, "TTFT          mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.TTFT.Mean), ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99))
 	fmt.Fprintf(&b, "E2E           mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.E2E.Mean), ms(r.E2E.P50), ms(r.E2E.P90), ms(r.E2E.P99))
-	fmt.Fprintf(&b, "tokens        prompt %d (cached %d, hit rate %.1f%%), output %d\n", r.PromptTokens, r.CachedTokens, 100*r.PrefixHitRate, r.OutputTokens)
+	if r.PromptTokens == 0 && r.Completed > 0 {
+		fmt.Fprintf(&b, "tokens        prompt and cached not reported (the server sent no usage), output %d (counted as text chunks)\n", r.OutputTokens)
+	} else {
+		fmt.Fprintf(&b, "tokens        prompt %d (cached %d, hit rate %.1f%%), output %d\n", r.PromptTokens, r.CachedTokens, 100*r.PrefixHitRate, r.OutputTokens)
+	}
 	if len(r.PerEngine) > 0 {
-		fmt.Fprintf(&b, "engines       load imbalance %.2f:", r.LoadImbalance)
+		if r.enginesKnown {
+			fmt.Fprintf(&b, "engines       load imbalance %.2f:", r.LoadImbalance)
+		} else {
+			fmt.Fprintf(&b, "engines       load imbalance %.2f over the %d that answered (engines that served nothing are unseen):", r.LoadImbalance, len(r.PerEngine))
+		}
 		for _, e := range slices.Sorted(maps.Keys(r.PerEngine)) {
 			fmt.Fprintf(&b, " %s=%d", e, r.PerEngine[e])
 		}
 		b.WriteByte('\n')
 	}
 	if r.OpenLoop && r.SendLagP99S > 0.001 {
-		fmt.Fprintf(&b, "send lag p99  %s (arrivals waited for a concurrency slot)\n", ms(r.SendLagP99S))
+		if r.SlotWaits > 0 {
+			fmt.Fprintf(&b, "send lag p99  %s (%d arrivals waited for a concurrency slot)\n", ms(r.SendLagP99S), r.SlotWaits)
+		} else {
+			fmt.Fprintf(&b, "send lag p99  %s (the client host's scheduling delay: no arrival waited for a slot)\n", ms(r.SendLagP99S))
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -39,6 +39,7 @@ type generator struct {
 	client *http.Client
 
 	sent, completed, failed atomic.Int64
+	slotWaits               atomic.Int64 // arrivals that found every concurrency slot taken
 	prompt, cached, outToks atomic.Int64
 	bodyPool                sync.Pool // *[]byte request bodies
 	scratchPool             sync.Pool // *[]uint32 prompt token buffers
@@ -97,9 +98,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Report, err
 				case <-ctx.Done():
 					return
 				}
-				select {
-				case sem <- struct{}{}:
-				case <-ctx.Done():
+				if !g.acquire(ctx, sem) {
 					return
 				}
 				send(j, at)
@@ -122,9 +121,7 @@ dispatch:
 				break dispatch
 			}
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
+		if !g.acquire(ctx, sem) {
 			break dispatch
 		}
 		wg.Add(1)
@@ -143,10 +140,28 @@ dispatch:
 	}
 	rep := buildReport(done, len(reqs))
 	rep.OpenLoop = len(arrivals) > 0 && arrivals[len(arrivals)-1] > 0
+	rep.SlotWaits = int(g.slotWaits.Load())
 	if err := ctx.Err(); err != nil {
 		return rep, fmt.Errorf("loadgen: stopped after %d of %d requests: %w", len(done), len(reqs), err)
 	}
 	return rep, nil
+}
+
+// acquire takes a concurrency slot, counting an arrival that had to wait
+// for one; false when ctx ended first.
+func (g *generator) acquire(ctx context.Context, sem chan struct{}) bool {
+	select {
+	case sem <- struct{}{}:
+		return true
+	default:
+	}
+	g.slotWaits.Add(1)
+	select {
+	case sem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // firstOf is i's first follow-up (-1: none; first is nil when no request

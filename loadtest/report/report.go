@@ -44,13 +44,20 @@ type PolicyResult struct {
 
 	// QueueMean is the mean time a request waited in the engine's queue
 	// before its first scheduling (part of TTFT).
-	QueueMean   float64       `json:"-"`
-	Completed   int           `json:"-"`
-	Failed      int           `json:"-"`
+	QueueMean float64 `json:"-"`
+	// Completed and Failed count the requests that finished and those
+	// that did not: latencies and throughput are over the completed ones
+	// (the DES's hit rate over every request routed), so a script reading
+	// the JSON must see the failures too.
+	Completed   int           `json:"completed"`
+	Failed      int           `json:"failed"`
 	Preemptions int           `json:"-"`
 	BadEvents   int           `json:"-"`
 	Makespan    time.Duration `json:"-"`
 	Wall        time.Duration `json:"-"`
+	// FailureNote says why requests failed, when some did and the run
+	// knows (live mode: each error kind's count and first message).
+	FailureNote string `json:"-"`
 	// OutputPredError is the router's output-length prediction error,
 	// Σ|predicted − true| / Σ true (0 when nothing was predicted).
 	OutputPredError float64 `json:"-"`
