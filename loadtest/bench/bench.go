@@ -174,8 +174,18 @@ func (o Options) writeReport(stdout io.Writer, rep report.Report, reqs []workloa
 		fmt.Fprintf(stdout, "kvmesh cost model learned online from prior prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; decodeWeight %g, externalityWeight %g, stallWeight %g, missPenalty %g, waitingWeight %g; hold %gs (aging %g, affinity %g)\n",
 			k.PrefillRate, k.StepBase, k.DecodeSecPerToken, k.DecodeWeight, k.ExternalityWeight, k.StallWeight, k.MissPenalty, k.WaitingWeight, k.Hold.Seconds, k.Hold.Aging, k.Hold.Affinity)
 	}
-	if err := rep.WriteTable(stdout); err != nil || o.Mode != "live" {
+	if err := rep.WriteTable(stdout); err != nil {
 		return err
+	}
+	for _, p := range rep.Order {
+		if note := rep.Policies[p].FailureNote; note != "" {
+			if _, err := fmt.Fprintf(stdout, "%s: %s\n", p, note); err != nil {
+				return err
+			}
+		}
+	}
+	if o.Mode != "live" {
+		return nil
 	}
 	return o.liveOverheads(stdout, rep)
 }

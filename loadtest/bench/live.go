@@ -179,11 +179,6 @@ func (o Options) liveNote(w io.Writer) {
 func (o Options) liveOverheads(w io.Writer, rep report.Report) error {
 	for _, p := range rep.Order {
 		r, ok := rep.Policies[p]
-		if ok && r.FailureNote != "" {
-			if _, err := fmt.Fprintf(w, "%s: %s\n", p, r.FailureNote); err != nil {
-				return err
-			}
-		}
 		if !ok || r.EngineTTFTMean == 0 {
 			continue
 		}

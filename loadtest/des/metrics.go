@@ -1,6 +1,7 @@
 package des
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -35,6 +36,7 @@ type runStats struct {
 	// pending is the offer of the request being routed until its engine
 	// takes it (dispatched) or refuses it (the next offer drops it).
 	offered, routed, pending int
+	failErr                  error // the first failed request's reason
 }
 
 func (r *runStats) predicted(pred, actual int) {
@@ -84,6 +86,9 @@ func (r *runStats) finished(_ int, e int, res engine.Result) {
 
 func (r *runStats) result() report.PolicyResult {
 	p := report.PolicyResult{Completed: len(r.ttft), Failed: r.failed, Preemptions: r.preemptions, BadEvents: r.badEvents, Wall: r.wall}
+	if r.failed > 0 && r.failErr != nil {
+		p.FailureNote = fmt.Sprintf("%d of %d requests failed (first: %v)", r.failed, r.failed+len(r.ttft), r.failErr)
+	}
 	if len(r.ttft) == 0 {
 		return p
 	}

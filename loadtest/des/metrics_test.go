@@ -46,6 +46,10 @@ func TestHitRatesWithFailures(t *testing.T) {
 		if p.Completed != 2 || p.Failed != 1 {
 			t.Fatalf("%s: %d completed, %d failed; want 2 and 1", name, p.Completed, p.Failed)
 		}
+		// The reason is reported (before, "failed 1" and nothing else).
+		if !strings.Contains(p.FailureNote, "1 of 3 requests failed (first: ") || !strings.Contains(p.FailureNote, "max model len") {
+			t.Fatalf("%s: failure note %q", name, p.FailureNote)
+		}
 		if p.PrefixHitRate > p.OfferedHitRate+1e-9 || p.OfferedHitRate > oracle+1e-9 {
 			t.Errorf("%s: taken %.4f, offered %.4f, oracle %.4f: want taken ≤ offered ≤ oracle", name, p.PrefixHitRate, p.OfferedHitRate, oracle)
 		}

@@ -298,7 +298,7 @@ func (s *sim) send(i int, now time.Duration) {
 		Model: s.cfg.Model, SessionID: w.Session, Now: epoch.Add(now),
 	}
 	if err := s.sched.Schedule(&s.sreq, s.view, &s.decision); err != nil {
-		s.fail(i, now)
+		s.fail(i, now, err)
 		return
 	}
 	if s.holding() {
@@ -314,7 +314,7 @@ func (s *sim) send(i int, now time.Duration) {
 	uncached := max(0, len(prompt)-m.Spec*bs)
 	r := &engine.Request{ID: strconv.Itoa(i), Prompt: prompt, OutputLen: w.OutputTokens}
 	if err := s.engines[e].Add(r, now); err != nil {
-		s.fail(i, now)
+		s.fail(i, now, err)
 		return
 	}
 	s.idx.AddSpeculative(s.decision.Engine, s.keyBuf, epoch.Add(now))
@@ -342,9 +342,13 @@ func (s *sim) send(i int, now time.Duration) {
 	}
 }
 
-// fail drops a request the cluster cannot take (too long, no engine).
-func (s *sim) fail(i int, now time.Duration) {
+// fail drops a request the cluster cannot take (too long, no engine) for
+// the reason err.
+func (s *sim) fail(i int, now time.Duration, err error) {
 	s.out.failed++
+	if s.out.failErr == nil {
+		s.out.failErr = err
+	}
 	s.pending--
 	s.fol.done(&s.h, i, now, now)
 	// The client slot is never taken; let the next backlog request go.
