@@ -12,7 +12,7 @@ all: build
 
 # deps installs what cgo needs (libzmq for github.com/pebbe/zmq4) and the tools some tests drive (node and npm
 # for the openai client and k6 script checks, kubectl for the manifests, Python's httpx and aiohttp for the
-# Python client test) when they are missing. With CI=true a
+# Python client test, Python's Jinja2 for the chat-template reference) when they are missing. With CI=true a
 # test whose tool is missing fails instead of skipping (internal/testutil.RequireTool).
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -26,7 +26,9 @@ deps:
 	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || apt kubernetes-client || skipped kubectl; }; \
 	pyclients() { "$$1" -c 'import httpx, aiohttp' 2>/dev/null; }; \
 	pyclients python3 || pyclients /usr/bin/python3 || { echo "installing python3-httpx and python3-aiohttp (apt-get)"; \
-		apt python3-httpx python3-aiohttp || skipped "python3-httpx and python3-aiohttp"; }
+		apt python3-httpx python3-aiohttp || skipped "python3-httpx and python3-aiohttp"; }; \
+	python3 -c 'import jinja2' 2>/dev/null || /usr/bin/python3 -c 'import jinja2' 2>/dev/null || { echo "installing python3-jinja2 (apt-get)"; \
+		apt python3-jinja2 || skipped python3-jinja2; }
 
 build: deps
 	$(GO) build -o $(BIN) ./cmd/kvmesh

@@ -28,8 +28,8 @@ func TestChatTemplateFallbacks(t *testing.T) {
 	}
 	dirs := map[string]string{
 		"jinja":        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>",
-		"unparsable":   "{% filter upper %}{{ messages[0].content }}{% endfilter %}",
-		"unrenderable": "{% for pair in messages | batch(2) %}{{ pair[0].content }}{% endfor %}",
+		"unparsable":   "{% include 'x.jinja' %}",
+		"unrenderable": "{{ messages[0].content | wordwrap(10) }}",
 	}
 	cfg := testConfig()
 	cfg.Tokenizers = map[string]string{}

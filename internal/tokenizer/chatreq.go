@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"strings"
+	"unicode"
 
 	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
 )
@@ -130,7 +131,15 @@ func (c *ChatTemplate) render(req *ChatRequest, mp *mediaPass) (string, error) {
 	if req.ContinueFinalMessage && req.AddGenerationPrompt {
 		return "", fmt.Errorf("render chat: %w: add_generation_prompt and continue_final_message cannot both be true", ErrInvalid)
 	}
-	msgs, err := c.conversation(req.Messages, mp)
+	tools, err := toolValues(req.Tools)
+	if err != nil {
+		return "", err
+	}
+	v, err := c.variant(tools != nil) // vLLM passes tools=None only when the request has none
+	if err != nil {
+		return "", err
+	}
+	msgs, err := c.conversation(req.Messages, v.openaiFormat, mp)
 	if err != nil {
 		return "", err
 	}
@@ -140,14 +149,12 @@ func (c *ChatTemplate) render(req *ChatRequest, mp *mediaPass) (string, error) {
 		return "", err
 	}
 	vars["messages"] = msgs
-	if vars["tools"], err = toolValues(req.Tools); err != nil {
-		return "", err
-	}
+	vars["tools"] = tools
 	if vars["documents"], err = optionalJSON(req.Documents, "documents"); err != nil {
 		return "", err
 	}
 	vars["add_generation_prompt"] = req.AddGenerationPrompt
-	s, err := c.tmpl.Render(vars)
+	s, err := v.tmpl.Render(vars)
 	if err != nil {
 		return "", fmt.Errorf("render chat: %w", err)
 	}
@@ -188,7 +195,7 @@ func optionalJSON(raw []byte, field string) (any, error) {
 }
 
 // conversation builds the template's messages from the request's.
-func (c *ChatTemplate) conversation(raw []byte, mp *mediaPass) ([]any, error) {
+func (c *ChatTemplate) conversation(raw []byte, openaiFormat bool, mp *mediaPass) ([]any, error) {
 	list := mp.parsed
 	if list == nil {
 		v, err := chattmpl.FromJSON(raw)
@@ -208,21 +215,21 @@ func (c *ChatTemplate) conversation(raw []byte, mp *mediaPass) ([]any, error) {
 		if !ok {
 			return nil, fmt.Errorf("render chat: %w: messages[%d] must be an object", ErrInvalid, i)
 		}
-		if out[i], err = c.message(d, i, mp); err != nil {
+		if out[i], err = message(d, i, openaiFormat, mp); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-func (c *ChatTemplate) message(m *chattmpl.Dict, i int, mp *mediaPass) (*chattmpl.Dict, error) {
+func message(m *chattmpl.Dict, i int, openaiFormat bool, mp *mediaPass) (*chattmpl.Dict, error) {
 	rv, _ := m.Get("role")
 	role, ok := rv.(string)
 	if !ok || role == "" {
 		return nil, fmt.Errorf("render chat: %w: messages[%d].role must be a non-empty string", ErrInvalid, i)
 	}
 	cv, _ := m.Get("content")
-	wantParts := c.openaiFormat && role != "tool"
+	wantParts := openaiFormat && role != "tool"
 	out := chattmpl.NewDict()
 	out.Set("role", role)
 	if s, ok := cv.(string); ok && !wantParts {
@@ -528,7 +535,11 @@ func copyExtra(dst, src *chattmpl.Dict) {
 }
 
 // continueFinal cuts the rendering after the final message's text, as
-// transformers does for continue_final_message.
+// transformers does for continue_final_message: it finds the last
+// occurrence of the stripped text and keeps the text's trailing whitespace
+// only when the rendering has the whole message, as written, there (a
+// message with leading whitespace never matches, so it loses its trailing
+// whitespace).
 func continueFinal(s string, msgs []any) (string, error) {
 	last := msgs[len(msgs)-1].(*chattmpl.Dict)
 	cv, _ := last.Get("content")
@@ -540,13 +551,18 @@ func continueFinal(s string, msgs []any) (string, error) {
 			}
 		}
 	}
-	trimmed := strings.TrimSpace(final)
+	trimmed := strings.TrimFunc(final, pyIsSpace)
 	at := strings.LastIndex(s, trimmed)
 	if !ok || at < 0 {
 		return "", fmt.Errorf("render chat: %w: continue_final_message: the final message's text is not in the rendered chat", ErrInvalid)
 	}
-	if lead := strings.TrimLeft(final, " \t\n\r\v\f"); strings.HasPrefix(s[at:], lead) {
-		return s[:at+len(lead)], nil
+	lead := strings.TrimLeftFunc(final, pyIsSpace)
+	if lead == final && strings.HasPrefix(s[at:], final) {
+		return s[:at+len(final)], nil
 	}
 	return s[:at+len(trimmed)], nil
 }
+
+// pyIsSpace is Python's str.isspace for one character (what str.strip
+// strips).
+func pyIsSpace(r rune) bool { return unicode.IsSpace(r) || r >= 0x1c && r <= 0x1f }

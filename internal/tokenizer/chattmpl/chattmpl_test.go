@@ -75,7 +75,7 @@ func TestConstructs(t *testing.T) {
 		{"repr", `{{ none }} {{ true }} {{ [none, 'a', 1.5] }} {{ {'a': 'b'} }}`, "None True [None, 'a', 1.5] {'a': 'b'}"},
 		{"and or not", `{{ 1 and 'x' }}{{ 0 or 'y' }}{{ not none }}`, "xyTrue"},
 		{"tuple unpack set", `{% set a, b = 1, 2 %}{{ a }}{{ b }}`, "12"},
-		{"range", `{% for i in range(3) %}{{ i }}{% endfor %}{{ range(1, 7, 2) }}`, "012[1, 3, 5]"},
+		{"range", `{% for i in range(3) %}{{ i }}{% endfor %}{{ range(1, 7, 2) }}{{ range(1, 7, 2) | list }}`, "012range(1, 7, 2)[1, 3, 5]"},
 		{"test with bare argument", `{{ flag is sameas true }}{{ 2 is divisibleby 2 }}{{ 'a' is equalto 'a' }}`, "TrueTrueTrue"},
 		{"string compare", `{{ 'a' < 'b' }}{{ 2 >= 3 }}`, "TrueFalse"},
 	}

@@ -9,12 +9,12 @@ package chattmpl
 // slices.
 func (t *Template) IteratesContent() bool {
 	var sets []setNode
-	var fors []forNode
+	var fors []*forNode
 	walkNodes(t.nodes, func(n node) {
 		switch x := n.(type) {
 		case setNode:
 			sets = append(sets, x)
-		case forNode:
+		case *forNode:
 			fors = append(fors, x)
 		}
 	})
@@ -73,13 +73,19 @@ func walkNodes(nodes []node, fn func(node)) {
 				walkNodes(b, fn)
 			}
 			walkNodes(x.els, fn)
-		case forNode:
+		case *forNode:
 			walkNodes(x.body, fn)
 			walkNodes(x.els, fn)
 		case setNode:
 			walkNodes(x.body, fn)
 		case macroNode:
 			walkNodes(x.body, fn)
+		case withNode:
+			walkNodes(x.body, fn)
+		case filterBlockNode:
+			walkNodes(x.body, fn)
+		case callBlockNode:
+			walkNodes(x.caller.body, fn)
 		}
 	}
 }

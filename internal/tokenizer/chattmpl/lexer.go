@@ -2,6 +2,7 @@ package chattmpl
 
 import (
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -24,13 +25,26 @@ type segment struct {
 	line int
 }
 
+// newlineRe is Jinja2's newline_re: every line ending counts as one.
+var newlineRe = regexp.MustCompile(`\r\n|\r|\n`)
+
+// endRawRe finds a raw block's end tag: {% endraw %} with its whitespace
+// control ("-" on either side, "+" on the right).
+var endRawRe = regexp.MustCompile(`\{%([-+]?)\s*endraw\s*([-+]?)%\}`)
+
 // splitSegments applies Jinja's whitespace control with transformers'
 // settings (trim_blocks and lstrip_blocks on): "-" strips all whitespace on
 // that side; a statement or comment tag swallows one newline after it and the
-// spaces and tabs before it on its line ("+" disables the latter). It is one
-// scanning loop with its whitespace state (~85 lines), kept whole because
-// the trim rules depend on both neighbours of every tag.
+// spaces and tabs before it on its line ("+" disables the latter). As
+// Jinja2's lexer does, it first makes every line ending "\n" and drops one
+// trailing newline (keep_trailing_newline is off), and it reads {% raw %}
+// blocks as text. It is one scanning loop with its whitespace state, kept
+// whole because the trim rules depend on both neighbours of every tag.
 func splitSegments(src string) ([]segment, error) {
+	if strings.ContainsRune(src, '\r') {
+		src = newlineRe.ReplaceAllLiteralString(src, "\n")
+	}
+	src = strings.TrimSuffix(src, "\n")
 	var segs []segment
 	line := 1
 	trimNextNewline := false
@@ -43,13 +57,9 @@ func splitSegments(src string) ([]segment, error) {
 			text = src[:i]
 		}
 		if stripNextSpace {
-			text = strings.TrimLeft(text, " \t\r\n")
+			text = strings.TrimLeftFunc(text, pyIsSpace)
 		} else if trimNextNewline {
-			if strings.HasPrefix(text, "\r\n") {
-				text = text[2:]
-			} else if strings.HasPrefix(text, "\n") {
-				text = text[1:]
-			}
+			text = strings.TrimPrefix(text, "\n")
 		}
 		trimNextNewline, stripNextSpace = false, false
 		if i < 0 {
@@ -66,15 +76,9 @@ func splitSegments(src string) ([]segment, error) {
 			rest = rest[1:]
 		}
 		if leftStrip {
-			text = strings.TrimRight(text, " \t\r\n")
+			text = strings.TrimRightFunc(text, pyIsSpace)
 		} else if open != "{{" && !leftKeep {
-			// lstrip_blocks: drop spaces/tabs between line start and the tag,
-			// judged on the source as written.
-			orig := src[:i]
-			j := strings.LastIndexByte(orig, '\n')
-			if strings.Trim(orig[j+1:], " \t") == "" && (j >= 0 || atStart) {
-				text = strings.TrimRight(text, " \t")
-			}
+			text = lstripBlock(text, src[:i], atStart)
 		}
 		atStart = false
 		if text != "" {
@@ -96,24 +100,66 @@ func splitSegments(src string) ([]segment, error) {
 		}
 		inner := rest[:end]
 		after := rest[end+2:]
+		rightStrip := false
 		if strings.HasSuffix(inner, "-") {
 			inner = inner[:len(inner)-1]
-			stripNextSpace = true
+			stripNextSpace, rightStrip = true, true
 		} else if strings.HasSuffix(inner, "+") {
 			inner = inner[:len(inner)-1]
 		} else if open != "{{" {
 			trimNextNewline = true
 		}
-		switch open {
-		case "{{":
+		line += strings.Count(src[i:len(src)-len(after)], "\n")
+		switch {
+		case open == "{{":
 			segs = append(segs, segment{segOutput, inner, line})
-		case "{%":
+		case open == "{%" && strings.TrimSpace(inner) == "raw":
+			// {% raw %}…{% endraw %}: text as written. The newline after
+			// {% raw %} stays (Jinja2 applies trim_blocks to the end tag only).
+			trimNextNewline, stripNextSpace = false, false
+			m := endRawRe.FindStringSubmatchIndex(after)
+			if m == nil {
+				return nil, fmt.Errorf("line %d: %w: missing {%% endraw %%}", line, ErrSyntax)
+			}
+			body := after[:m[0]]
+			if rightStrip {
+				body = strings.TrimLeftFunc(body, pyIsSpace)
+			}
+			switch after[m[2]:m[3]] {
+			case "-":
+				body = strings.TrimRightFunc(body, pyIsSpace)
+			case "":
+				if j := strings.LastIndexByte(body, '\n'); j >= 0 && strings.Trim(body[j+1:], " \t") == "" {
+					body = body[:j+1]
+				}
+			}
+			if body != "" {
+				segs = append(segs, segment{segText, body, line})
+			}
+			switch after[m[4]:m[5]] {
+			case "-":
+				stripNextSpace = true
+			case "":
+				trimNextNewline = true
+			}
+			line += strings.Count(after[:m[1]], "\n")
+			after = after[m[1]:]
+		case open == "{%":
 			segs = append(segs, segment{segStmt, inner, line})
 		}
-		line += strings.Count(src[i:len(src)-len(after)], "\n")
 		src = after
 	}
 	return segs, nil
+}
+
+// lstripBlock is lstrip_blocks: the spaces and tabs between the start of
+// the line and a block tag go, judged on the source as written.
+func lstripBlock(text, before string, atStart bool) string {
+	j := strings.LastIndexByte(before, '\n')
+	if strings.Trim(before[j+1:], " \t") == "" && (j >= 0 || atStart) {
+		return strings.TrimRight(text, " \t")
+	}
+	return text
 }
 
 func indexTagStart(s string) int {
@@ -125,13 +171,16 @@ func indexTagStart(s string) int {
 	return -1
 }
 
-// findClose finds the closing delimiter, skipping string literals in tags.
+// findClose finds the closing delimiter, skipping string literals in tags
+// and, as Jinja2's lexer does, any inside open brackets: `{{ {'a': {}} }}`
+// ends at the last "}}".
 func findClose(s, closeTok string, comment bool) int {
 	if comment {
 		return strings.Index(s, closeTok)
 	}
 	var quote byte
-	for i := 0; i+1 < len(s); i++ {
+	depth := 0
+	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if quote != 0 {
 			if c == '\\' {
@@ -141,12 +190,18 @@ func findClose(s, closeTok string, comment bool) int {
 			}
 			continue
 		}
-		if c == '\'' || c == '"' {
-			quote = c
-			continue
-		}
-		if s[i:i+2] == closeTok {
+		if depth == 0 && strings.HasPrefix(s[i:], closeTok) {
 			return i
+		}
+		switch c {
+		case '\'', '"':
+			quote = c
+		case '(', '[', '{':
+			depth++
+		case ')', ']', '}':
+			if depth > 0 {
+				depth--
+			}
 		}
 	}
 	return -1
@@ -170,6 +225,13 @@ type token struct {
 
 var ops3 = []string{"**", "//", "==", "!=", "<=", ">="}
 
+// Jinja2's number literals: floats (tried first) and integers with
+// underscores and 0b/0o/0x prefixes.
+var (
+	floatRe = regexp.MustCompile(`^(?:\d+_)*\d+(?:(?:\.(?:\d+_)*\d+)?[eE][+\-]?(?:\d+_)*\d+|\.(?:\d+_)*\d+)`)
+	intRe   = regexp.MustCompile(`^(?:0[bB](?:_?[01])+|0[oO](?:_?[0-7])+|0[xX](?:_?[0-9a-fA-F])+|[1-9](?:_?\d)*|0(?:_?0)*)`)
+)
+
 func tokenize(src string, line int) ([]token, error) {
 	var toks []token
 	for i := 0; i < len(src); {
@@ -185,21 +247,18 @@ func tokenize(src string, line int) ([]token, error) {
 			toks = append(toks, token{tkName, src[i:j]})
 			i = j
 		case c >= '0' && c <= '9':
-			j := i
-			isFloat := false
-			for j < len(src) && (src[j] >= '0' && src[j] <= '9' || src[j] == '_' ||
-				src[j] == '.' && !isFloat && j+1 < len(src) && src[j+1] >= '0' && src[j+1] <= '9') {
-				if src[j] == '.' {
-					isFloat = true
-				}
-				j++
+			// (?<!\.): after a dot (foo.0.1) a float is not read
+			if m := floatRe.FindString(src[i:]); m != "" && (i == 0 || src[i-1] != '.') {
+				toks = append(toks, token{tkFloat, strings.ReplaceAll(m, "_", "")})
+				i += len(m)
+				continue
 			}
-			k := tkInt
-			if isFloat {
-				k = tkFloat
+			m := intRe.FindString(src[i:])
+			if m == "" {
+				return nil, fmt.Errorf("line %d: %w: bad number", line, ErrSyntax)
 			}
-			toks = append(toks, token{k, strings.ReplaceAll(src[i:j], "_", "")})
-			i = j
+			toks = append(toks, token{tkInt, strings.ReplaceAll(m, "_", "")})
+			i += len(m)
 		case c == '\'' || c == '"':
 			s, n, err := unquote(src[i:])
 			if err != nil {
@@ -215,7 +274,7 @@ func tokenize(src string, line int) ([]token, error) {
 					break
 				}
 			}
-			if !strings.Contains("+-*/%~|.,:()[]{}=<>!", string(c)) {
+			if !strings.Contains("+-*/%~|.,:()[]{}=<>!", string(c)) || op == "!" {
 				return nil, fmt.Errorf("line %d: %w: unexpected %q", line, ErrSyntax, c)
 			}
 			toks = append(toks, token{tkOp, op})
@@ -225,7 +284,8 @@ func tokenize(src string, line int) ([]token, error) {
 	return append(toks, token{kind: tkEOF}), nil
 }
 
-// unquote reads a Python string literal at the start of s.
+// unquote reads a string literal at the start of s and decodes it as
+// Jinja2 does (Python's unicode-escape codec).
 func unquote(s string) (string, int, error) {
 	q := s[0]
 	var sb strings.Builder
@@ -239,32 +299,49 @@ func unquote(s string) (string, int, error) {
 			continue
 		}
 		i++
-		switch s[i] {
+		switch e := s[i]; e {
+		case '\n':
+			// a line continuation
+		case '\\', '\'', '"':
+			sb.WriteByte(e)
+		case 'a':
+			sb.WriteByte('\a')
+		case 'b':
+			sb.WriteByte('\b')
+		case 'f':
+			sb.WriteByte('\f')
 		case 'n':
 			sb.WriteByte('\n')
-		case 't':
-			sb.WriteByte('\t')
 		case 'r':
 			sb.WriteByte('\r')
-		case '\\', '\'', '"':
-			sb.WriteByte(s[i])
-		case 'u', 'x':
-			n := 4
-			if s[i] == 'x' {
-				n = 2
+		case 't':
+			sb.WriteByte('\t')
+		case 'v':
+			sb.WriteByte('\v')
+		case '0', '1', '2', '3', '4', '5', '6', '7':
+			j := i
+			for j < len(s) && j < i+3 && s[j] >= '0' && s[j] <= '7' {
+				j++
 			}
-			if i+n < len(s) {
-				if v, err := strconv.ParseUint(s[i+1:i+1+n], 16, 32); err == nil {
-					sb.WriteRune(rune(v))
-					i += n
-					continue
-				}
+			v, _ := strconv.ParseUint(s[i:j], 8, 32)
+			sb.WriteRune(rune(v))
+			i = j - 1
+		case 'x', 'u', 'U':
+			n := map[byte]int{'x': 2, 'u': 4, 'U': 8}[e]
+			if i+n >= len(s) {
+				return "", 0, fmt.Errorf("%w: truncated \\%c escape", ErrSyntax, e)
 			}
-			sb.WriteByte('\\')
-			sb.WriteByte(s[i])
+			v, err := strconv.ParseUint(s[i+1:i+1+n], 16, 32)
+			if err != nil || v > 0x10ffff {
+				return "", 0, fmt.Errorf("%w: bad \\%c escape", ErrSyntax, e)
+			}
+			sb.WriteRune(rune(v))
+			i += n
+		case 'N':
+			return "", 0, fmt.Errorf("%w: \\N{...} escapes are not supported", ErrSyntax)
 		default:
 			sb.WriteByte('\\')
-			sb.WriteByte(s[i])
+			sb.WriteByte(e)
 		}
 	}
 	return "", 0, fmt.Errorf("%w: unterminated string", ErrSyntax)

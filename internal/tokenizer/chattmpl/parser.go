@@ -21,11 +21,15 @@ type ifNode struct {
 	els    []node
 }
 type forNode struct {
-	targets []string
-	iter    expr
-	cond    expr // optional filter: for x in y if cond
-	body    []node
-	els     []node
+	targets   []string
+	iter      expr
+	cond      expr // optional filter: for x in y if cond
+	body      []node
+	els       []node
+	recursive bool
+	// keepsScope: the body defines a macro or a call block, whose closure
+	// keeps the iteration's scope.
+	keepsScope bool
 }
 type setNode struct {
 	targets []string // one name, or several for tuple unpacking
@@ -34,10 +38,21 @@ type setNode struct {
 	body    []node
 }
 type macroNode struct {
-	name     string
-	params   []string
-	defaults []expr
-	body     []node
+	name string
+	macroDef
+}
+type withNode struct {
+	targets []string
+	values  []expr
+	body    []node
+}
+type filterBlockNode struct {
+	filters []filterExpr // applied in order to the body's text
+	body    []node
+}
+type callBlockNode struct {
+	call   *callExpr
+	caller macroDef
 }
 type loopCtl struct{ brk bool }
 
@@ -46,7 +61,10 @@ type expr interface{}
 
 type literal struct{ v any }
 type nameExpr struct{ name string }
-type listExpr struct{ items []expr }
+type listExpr struct {
+	items []expr
+	tuple bool
+}
 type dictExpr struct{ keys, vals []expr }
 type attrExpr struct {
 	obj  expr
@@ -81,6 +99,13 @@ type unaryExpr struct {
 }
 type condExpr struct{ cond, yes, no expr }
 
+// compareExpr is a comparison chain a < b <= c (Python: a < b and b <= c).
+type compareExpr struct {
+	first expr
+	ops   []string
+	rest  []expr
+}
+
 // parser walks the segments; exprs are parsed from each tag's tokens.
 type parser struct {
 	segs []segment
@@ -88,6 +113,7 @@ type parser struct {
 	toks []token
 	tp   int
 	line int
+	nest int // open blocks and brackets
 }
 
 // parse builds the node list of a whole template.
@@ -111,10 +137,24 @@ func (p *parser) errf(format string, args ...any) error {
 	return fmt.Errorf("line %d: %w: %s", p.line, ErrSyntax, fmt.Sprintf(format, args...))
 }
 
+// enter counts one more level of nesting (a block, a bracket, an operand);
+// leave it with p.nest--.
+func (p *parser) enter() error {
+	p.nest++
+	if p.nest > maxNest {
+		return p.errf("nested too deeply")
+	}
+	return nil
+}
+
 // parseBody parses nodes until a statement it does not own (endif, else,
 // …) and returns that statement's keyword ("" at end of input); the tag's
 // tokens are left in p.toks after the keyword.
 func (p *parser) parseBody() ([]node, string, error) {
+	if err := p.enter(); err != nil {
+		return nil, "", err
+	}
+	defer func() { p.nest-- }()
 	var nodes []node
 	for p.pos < len(p.segs) {
 		s := p.segs[p.pos]
@@ -127,7 +167,7 @@ func (p *parser) parseBody() ([]node, string, error) {
 			if err := p.startTag(s); err != nil {
 				return nil, "", err
 			}
-			e, err := p.parseExpr()
+			e, err := p.parseTuple(true)
 			if err != nil {
 				return nil, "", err
 			}
@@ -213,30 +253,46 @@ func (p *parser) parseStmt(kw string) (node, error) {
 		return p.parseSet()
 	case "macro":
 		return p.parseMacro()
+	case "with":
+		return p.parseWith()
+	case "filter":
+		return p.parseFilterBlock()
+	case "call":
+		return p.parseCallBlock()
 	case "break", "continue":
 		return loopCtl{brk: kw == "break"}, p.expectEnd()
-	case "generation", "filter", "raw":
-		// {% generation %} (transformers' assistant mask) just renders its body.
-		if kw != "generation" {
-			return nil, p.errf("{%% %s %%} is not supported", kw)
+	case "generation":
+		// {% generation %} (transformers' assistant mask) renders its body
+		// (in its own scope, as the call block it is in Jinja2).
+		if err := p.expectEnd(); err != nil {
+			return nil, err
 		}
-		body, end, err := p.parseBody()
+		body, err := p.parseBlockBody("endgeneration")
 		if err != nil {
 			return nil, err
 		}
-		if end != "endgeneration" {
-			return nil, p.errf("expected endgeneration")
-		}
-		return ifNode{conds: []expr{literal{true}}, bodies: [][]node{body}}, nil
-	case "endif", "else", "elif", "endfor", "endset", "endmacro", "endgeneration":
+		return withNode{body: body}, nil
+	case "endif", "else", "elif", "endfor", "endset", "endmacro", "endgeneration", "endwith", "endfilter", "endcall":
 		return nil, nil
 	}
 	return nil, p.errf("unknown statement %q", kw)
 }
 
+// parseBlockBody parses a body that must end with {% end %}.
+func (p *parser) parseBlockBody(end string) ([]node, error) {
+	body, got, err := p.parseBody()
+	if err != nil {
+		return nil, err
+	}
+	if got != end {
+		return nil, p.errf("expected %s, found %q", end, got)
+	}
+	return body, p.expectEnd()
+}
+
 func (p *parser) parseIf() (node, error) {
 	n := ifNode{}
-	cond, err := p.parseExpr()
+	cond, err := p.parseTuple(false)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +308,7 @@ func (p *parser) parseIf() (node, error) {
 		n.bodies = append(n.bodies, body)
 		switch end {
 		case "elif":
-			if cond, err = p.parseExpr(); err != nil {
+			if cond, err = p.parseTuple(false); err != nil {
 				return nil, err
 			}
 			continue
@@ -260,15 +316,10 @@ func (p *parser) parseIf() (node, error) {
 			if err := p.expectEnd(); err != nil {
 				return nil, err
 			}
-			els, end, err := p.parseBody()
-			if err != nil {
+			if n.els, err = p.parseBlockBody("endif"); err != nil {
 				return nil, err
 			}
-			if end != "endif" {
-				return nil, p.errf("expected endif, found %q", end)
-			}
-			n.els = els
-			return n, p.expectEnd()
+			return n, nil
 		case "endif":
 			return n, p.expectEnd()
 		}
@@ -276,30 +327,46 @@ func (p *parser) parseIf() (node, error) {
 	}
 }
 
-func (p *parser) parseFor() (node, error) {
-	n := forNode{}
+// parseTargets parses assignment names: a, b or (a, b).
+func (p *parser) parseTargets() ([]string, error) {
+	paren := p.accept("(")
+	var names []string
 	for {
 		name, err := p.expectName()
 		if err != nil {
 			return nil, err
 		}
-		n.targets = append(n.targets, name)
-		if !p.accept(",") {
+		names = append(names, name)
+		if !p.accept(",") || paren && p.isOp(")") {
 			break
 		}
+	}
+	if paren {
+		if err := p.expect(")"); err != nil {
+			return nil, err
+		}
+	}
+	return names, nil
+}
+
+func (p *parser) parseFor() (node, error) {
+	n := &forNode{}
+	var err error
+	if n.targets, err = p.parseTargets(); err != nil {
+		return nil, err
 	}
 	if err := p.expect("in"); err != nil {
 		return nil, err
 	}
-	var err error
-	if n.iter, err = p.parseOr(); err != nil {
+	if n.iter, err = p.parseTuple(false); err != nil {
 		return nil, err
 	}
 	if p.accept("if") {
-		if n.cond, err = p.parseOr(); err != nil {
+		if n.cond, err = p.parseExpr(); err != nil {
 			return nil, err
 		}
 	}
+	n.recursive = p.accept("recursive")
 	if err := p.expectEnd(); err != nil {
 		return nil, err
 	}
@@ -319,6 +386,12 @@ func (p *parser) parseFor() (node, error) {
 	if end != "endfor" {
 		return nil, p.errf("expected endfor, found %q", end)
 	}
+	walkNodes(n.body, func(x node) {
+		switch x.(type) {
+		case macroNode, callBlockNode:
+			n.keepsScope = true
+		}
+	})
 	return n, p.expectEnd()
 }
 
@@ -342,7 +415,7 @@ func (p *parser) parseSet() (node, error) {
 		n.targets = append(n.targets, name)
 	}
 	if p.accept("=") {
-		if n.value, err = p.parseTuple(); err != nil {
+		if n.value, err = p.parseTuple(true); err != nil {
 			return nil, err
 		}
 		return n, p.expectEnd()
@@ -350,15 +423,35 @@ func (p *parser) parseSet() (node, error) {
 	if err := p.expectEnd(); err != nil {
 		return nil, err
 	}
-	body, end, err := p.parseBody()
-	if err != nil {
+	if n.body, err = p.parseBlockBody("endset"); err != nil {
 		return nil, err
 	}
-	if end != "endset" {
-		return nil, p.errf("expected endset, found %q", end)
+	return n, nil
+}
+
+// parseSignature parses a macro's or call block's (a, b=default, …).
+func (p *parser) parseSignature(d *macroDef) error {
+	if err := p.expect("("); err != nil {
+		return err
 	}
-	n.body = body
-	return n, p.expectEnd()
+	for !p.accept(")") {
+		name, err := p.expectName()
+		if err != nil {
+			return err
+		}
+		var def expr
+		if p.accept("=") {
+			if def, err = p.parseExpr(); err != nil {
+				return err
+			}
+		}
+		d.params = append(d.params, name)
+		d.defaults = append(d.defaults, def)
+		if !p.accept(",") {
+			return p.expect(")")
+		}
+	}
+	return nil
 }
 
 func (p *parser) parseMacro() (node, error) {
@@ -367,64 +460,143 @@ func (p *parser) parseMacro() (node, error) {
 	if n.name, err = p.expectName(); err != nil {
 		return nil, err
 	}
-	if err := p.expect("("); err != nil {
+	if err := p.parseSignature(&n.macroDef); err != nil {
 		return nil, err
 	}
-	for !p.accept(")") {
+	if err := p.expectEnd(); err != nil {
+		return nil, err
+	}
+	if n.body, err = p.parseBlockBody("endmacro"); err != nil {
+		return nil, err
+	}
+	n.findSpecialNames()
+	return n, nil
+}
+
+// findSpecialNames notes whether the body uses varargs, kwargs or caller
+// (Jinja2's find_undeclared): only then does the macro accept extra
+// arguments or a call block.
+func (d *macroDef) findSpecialNames() {
+	walkExprs(d.body, func(e expr) {
+		if n, ok := e.(nameExpr); ok {
+			switch n.name {
+			case "varargs":
+				d.varargs = true
+			case "kwargs":
+				d.kwargs = true
+			case "caller":
+				d.caller = true
+			}
+		}
+	})
+}
+
+func (p *parser) parseWith() (node, error) {
+	n := withNode{}
+	for p.peek().kind != tkEOF {
+		if len(n.targets) > 0 {
+			if err := p.expect(","); err != nil {
+				return nil, err
+			}
+		}
 		name, err := p.expectName()
 		if err != nil {
 			return nil, err
 		}
-		var def expr
-		if p.accept("=") {
-			if def, err = p.parseExpr(); err != nil {
-				return nil, err
-			}
+		if err := p.expect("="); err != nil {
+			return nil, err
 		}
-		n.params = append(n.params, name)
-		n.defaults = append(n.defaults, def)
-		if !p.accept(",") {
-			if err := p.expect(")"); err != nil {
-				return nil, err
-			}
+		v, err := p.parseExpr()
+		if err != nil {
+			return nil, err
+		}
+		n.targets, n.values = append(n.targets, name), append(n.values, v)
+	}
+	var err error
+	if n.body, err = p.parseBlockBody("endwith"); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (p *parser) parseFilterBlock() (node, error) {
+	n := filterBlockNode{}
+	for {
+		f, err := p.parseFilterCall(nil)
+		if err != nil {
+			return nil, err
+		}
+		n.filters = append(n.filters, f)
+		if !p.accept("|") {
 			break
 		}
 	}
 	if err := p.expectEnd(); err != nil {
 		return nil, err
 	}
-	body, end, err := p.parseBody()
+	var err error
+	if n.body, err = p.parseBlockBody("endfilter"); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (p *parser) parseCallBlock() (node, error) {
+	n := callBlockNode{}
+	if p.isOp("(") {
+		if err := p.parseSignature(&n.caller); err != nil {
+			return nil, err
+		}
+	}
+	e, err := p.parseExpr()
 	if err != nil {
 		return nil, err
 	}
-	if end != "endmacro" {
-		return nil, p.errf("expected endmacro, found %q", end)
+	call, ok := e.(*callExpr)
+	if !ok {
+		return nil, p.errf("expected a call")
 	}
-	n.body = body
-	return n, p.expectEnd()
+	n.call = call
+	if err := p.expectEnd(); err != nil {
+		return nil, err
+	}
+	if n.caller.body, err = p.parseBlockBody("endcall"); err != nil {
+		return nil, err
+	}
+	n.caller.findSpecialNames()
+	return n, nil
 }
 
-// parseTuple: a, b (a tuple is a list here).
-func (p *parser) parseTuple() (expr, error) {
-	e, err := p.parseExpr()
+// parseTuple parses an expression or a tuple of them (a, b); withCond
+// allows conditional expressions (not in a for loop's iterable or an if).
+func (p *parser) parseTuple(withCond bool) (expr, error) {
+	parseOne := p.parseExpr
+	if !withCond {
+		parseOne = p.parseOr
+	}
+	e, err := parseOne()
 	if err != nil || !p.isOp(",") {
 		return e, err
 	}
 	items := []expr{e}
 	for p.accept(",") {
-		if p.peek().kind == tkEOF {
+		if k := p.peek(); k.kind == tkEOF || k.kind == tkOp && k.s == ")" || k.kind == tkName && (k.s == "if" || k.s == "recursive") {
 			break
 		}
-		e, err := p.parseExpr()
+		e, err := parseOne()
 		if err != nil {
 			return nil, err
 		}
 		items = append(items, e)
 	}
-	return listExpr{items}, nil
+	return listExpr{items: items, tuple: true}, nil
 }
 
 func (p *parser) parseExpr() (expr, error) {
+	if err := p.enter(); err != nil {
+		return nil, err
+	}
+	defer func() { p.nest-- }()
 	e, err := p.parseOr()
 	if err != nil {
 		return nil, err
@@ -467,6 +639,10 @@ func (p *parser) parseAnd() (expr, error) {
 
 func (p *parser) parseNot() (expr, error) {
 	if p.accept("not") {
+		if err := p.enter(); err != nil {
+			return nil, err
+		}
+		defer func() { p.nest-- }()
 		e, err := p.parseNot()
 		return unaryExpr{"not", e}, err
 	}
@@ -474,8 +650,12 @@ func (p *parser) parseNot() (expr, error) {
 }
 
 func (p *parser) parseCompare() (expr, error) {
-	l, err := p.parseConcat()
-	for err == nil {
+	l, err := p.parseAdd()
+	if err != nil {
+		return nil, err
+	}
+	c := compareExpr{first: l}
+	for {
 		var op string
 		switch {
 		case p.isOp("==") || p.isOp("!=") || p.isOp("<") || p.isOp("<=") || p.isOp(">") || p.isOp(">="):
@@ -487,9 +667,31 @@ func (p *parser) parseCompare() (expr, error) {
 			p.next()
 			p.next()
 			op = "not in"
-		default:
-			return l, nil
 		}
+		if op == "" {
+			break
+		}
+		r, err := p.parseAdd()
+		if err != nil {
+			return nil, err
+		}
+		c.ops, c.rest = append(c.ops, op), append(c.rest, r)
+	}
+	switch len(c.ops) {
+	case 0:
+		return l, nil
+	case 1:
+		return binExpr{c.ops[0], l, c.rest[0]}, nil
+	}
+	return c, nil
+}
+
+// Jinja2's precedence, loosest first: + and -, then ~, then * / // %,
+// then **, then unary - and +, then filters and tests.
+func (p *parser) parseAdd() (expr, error) {
+	l, err := p.parseConcat()
+	for err == nil && (p.isOp("+") || p.isOp("-")) {
+		op := p.next().s
 		var r expr
 		r, err = p.parseConcat()
 		l = binExpr{op, l, r}
@@ -498,55 +700,70 @@ func (p *parser) parseCompare() (expr, error) {
 }
 
 func (p *parser) parseConcat() (expr, error) {
-	l, err := p.parseAdd()
+	l, err := p.parseMul()
 	for err == nil && p.accept("~") {
 		var r expr
-		r, err = p.parseAdd()
+		r, err = p.parseMul()
 		l = binExpr{"~", l, r}
 	}
 	return l, err
 }
 
-func (p *parser) parseAdd() (expr, error) {
-	l, err := p.parseMul()
-	for err == nil && (p.isOp("+") || p.isOp("-")) {
-		op := p.next().s
-		var r expr
-		r, err = p.parseMul()
-		l = binExpr{op, l, r}
-	}
-	return l, err
-}
-
 func (p *parser) parseMul() (expr, error) {
-	l, err := p.parseUnary()
+	l, err := p.parsePow()
 	for err == nil && (p.isOp("*") || p.isOp("/") || p.isOp("//") || p.isOp("%")) {
 		op := p.next().s
 		var r expr
-		r, err = p.parseUnary()
+		r, err = p.parsePow()
 		l = binExpr{op, l, r}
 	}
 	return l, err
 }
 
-func (p *parser) parseUnary() (expr, error) {
-	if p.isOp("-") || p.isOp("+") {
-		op := p.next().s
-		e, err := p.parseUnary()
-		return unaryExpr{op, e}, err
+func (p *parser) parsePow() (expr, error) {
+	l, err := p.parseUnary(true)
+	for err == nil && p.accept("**") {
+		var r expr
+		r, err = p.parseUnary(true)
+		l = binExpr{"**", l, r}
 	}
-	e, err := p.parsePrimary()
-	if err != nil {
-		return nil, err
-	}
-	return p.parsePostfix(e)
+	return l, err
 }
 
+// parseUnary is Jinja2's: a sign applies to the operand before any
+// filter, so -x|abs is abs(-x).
+func (p *parser) parseUnary(withFilter bool) (expr, error) {
+	if err := p.enter(); err != nil {
+		return nil, err
+	}
+	defer func() { p.nest-- }()
+	var e expr
+	var err error
+	if p.isOp("-") || p.isOp("+") {
+		op := p.next().s
+		var inner expr
+		if inner, err = p.parseUnary(false); err != nil {
+			return nil, err
+		}
+		e = unaryExpr{op, inner}
+	} else if e, err = p.parsePrimary(); err != nil {
+		return nil, err
+	}
+	if e, err = p.parsePostfix(e); err != nil {
+		return nil, err
+	}
+	if withFilter {
+		return p.parseFilterExpr(e)
+	}
+	return e, nil
+}
+
+// parsePostfix parses .attr, [index] and calls.
 func (p *parser) parsePostfix(e expr) (expr, error) {
 	for {
 		switch {
 		case p.accept("."):
-			if t := p.peek(); t.kind == tkInt || t.kind == tkFloat { // foo.0 is foo[0]; foo.0.1 lexes as foo . 0.1
+			if t := p.peek(); t.kind == tkInt || t.kind == tkFloat { // foo.0 is foo[0]
 				p.next()
 				for _, part := range strings.Split(t.s, ".") {
 					n, err := strconv.ParseInt(part, 10, 64)
@@ -573,16 +790,20 @@ func (p *parser) parsePostfix(e expr) (expr, error) {
 				return nil, err
 			}
 			e = c
+		default:
+			return e, nil
+		}
+	}
+}
+
+// parseFilterExpr parses filters, tests and calls after an operand.
+func (p *parser) parseFilterExpr(e expr) (expr, error) {
+	for {
+		switch {
 		case p.accept("|"):
-			name, err := p.expectName()
+			f, err := p.parseFilterCall(e)
 			if err != nil {
 				return nil, err
-			}
-			f := filterExpr{arg: e, name: name}
-			if p.isOp("(") {
-				if f.call, err = p.parseCall(nil); err != nil {
-					return nil, err
-				}
 			}
 			e = f
 		case p.isName("is"):
@@ -593,6 +814,13 @@ func (p *parser) parsePostfix(e expr) (expr, error) {
 			if err != nil {
 				return nil, err
 			}
+			for p.accept(".") { // dotted test names
+				part, err := p.expectName()
+				if err != nil {
+					return nil, err
+				}
+				name += "." + part
+			}
 			t.name = name
 			if p.isOp("(") {
 				c, err := p.parseCall(nil)
@@ -600,18 +828,65 @@ func (p *parser) parsePostfix(e expr) (expr, error) {
 					return nil, err
 				}
 				t.args = c.args
-			} else if k := p.peek().kind; k == tkString || k == tkInt || k == tkFloat || isConstName(p.peek()) {
+			} else if p.testArgFollows() {
 				a, err := p.parsePrimary()
 				if err != nil {
+					return nil, err
+				}
+				if a, err = p.parsePostfix(a); err != nil {
 					return nil, err
 				}
 				t.args = []expr{a}
 			}
 			e = t
+		case p.isOp("("):
+			c, err := p.parseCall(e)
+			if err != nil {
+				return nil, err
+			}
+			e = c
 		default:
 			return e, nil
 		}
 	}
+}
+
+// testArgFollows: `x is divisibleby 3`, `x is sameas false`, `x is eq y`:
+// a test takes one argument without parentheses when a name (but else, or,
+// and), a literal or a bracket follows.
+func (p *parser) testArgFollows() bool {
+	t := p.peek()
+	switch t.kind {
+	case tkString, tkInt, tkFloat:
+		return true
+	case tkName:
+		return t.s != "else" && t.s != "or" && t.s != "and"
+	case tkOp:
+		return t.s == "[" || t.s == "{"
+	}
+	return false
+}
+
+// parseFilterCall parses name(args) after a "|" (arg nil in a filter block).
+func (p *parser) parseFilterCall(arg expr) (filterExpr, error) {
+	name, err := p.expectName()
+	if err != nil {
+		return filterExpr{}, err
+	}
+	for p.accept(".") {
+		part, err := p.expectName()
+		if err != nil {
+			return filterExpr{}, err
+		}
+		name += "." + part
+	}
+	f := filterExpr{arg: arg, name: name}
+	if p.isOp("(") {
+		if f.call, err = p.parseCall(nil); err != nil {
+			return filterExpr{}, err
+		}
+	}
+	return f, nil
 }
 
 func (p *parser) parseSubscript(obj expr) (expr, error) {
@@ -640,6 +915,9 @@ func (p *parser) parseSubscript(obj expr) (expr, error) {
 		break
 	}
 	if !isSlice {
+		if parts[0] == nil {
+			return nil, p.errf("expected an index")
+		}
 		return indexExpr{obj, parts[0]}, nil
 	}
 	return sliceExpr{obj, parts[0], parts[1], parts[2]}, nil
@@ -651,6 +929,9 @@ func (p *parser) parseCall(fn expr) (*callExpr, error) {
 	}
 	c := &callExpr{fn: fn}
 	for !p.accept(")") {
+		if p.isOp("*") || p.isOp("**") {
+			return nil, p.errf("*args and **kwargs in calls are not supported")
+		}
 		if p.peek().kind == tkName && p.peek2().kind == tkOp && p.peek2().s == "=" {
 			k := p.next().s
 			p.next()
@@ -661,6 +942,9 @@ func (p *parser) parseCall(fn expr) (*callExpr, error) {
 			c.kwKeys = append(c.kwKeys, k)
 			c.kwVals = append(c.kwVals, v)
 		} else {
+			if len(c.kwKeys) > 0 {
+				return nil, p.errf("positional argument after keyword argument")
+			}
 			a, err := p.parseExpr()
 			if err != nil {
 				return nil, err
@@ -678,8 +962,8 @@ func (p *parser) parseCall(fn expr) (*callExpr, error) {
 }
 
 // parsePrimary parses literals, names, parenthesised expressions and tuples,
-// lists and dicts. One switch over the token kinds (~85 lines), kept whole so
-// the grammar's primary rule reads in one place.
+// lists and dicts. One switch over the token kinds, kept whole so the
+// grammar's primary rule reads in one place.
 func (p *parser) parsePrimary() (expr, error) {
 	t := p.next()
 	switch t.kind {
@@ -690,14 +974,17 @@ func (p *parser) parsePrimary() (expr, error) {
 		}
 		return literal{s}, nil
 	case tkInt:
-		i, err := strconv.ParseInt(t.s, 10, 64)
+		i, err := strconv.ParseInt(t.s, 0, 64)
 		if err != nil {
-			return nil, p.errf("bad integer %q", t.s)
+			if strings.HasPrefix(t.s, "0") && len(t.s) > 1 && strings.Trim(t.s, "0") == "" {
+				return literal{int64(0)}, nil
+			}
+			return nil, p.errf("bad integer %q (integers beyond 64 bits are not supported)", t.s)
 		}
 		return literal{i}, nil
 	case tkFloat:
 		f, err := strconv.ParseFloat(t.s, 64)
-		if err != nil {
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
 			return nil, p.errf("bad float %q", t.s)
 		}
 		return literal{f}, nil
@@ -715,9 +1002,9 @@ func (p *parser) parsePrimary() (expr, error) {
 		switch t.s {
 		case "(":
 			if p.accept(")") {
-				return listExpr{}, nil
+				return listExpr{tuple: true}, nil
 			}
-			e, err := p.parseTuple()
+			e, err := p.parseTuple(true)
 			if err != nil {
 				return nil, err
 			}
@@ -774,15 +1061,73 @@ func (p *parser) peek2() token {
 	return token{kind: tkEOF}
 }
 
-// isConstName: true/false/none may follow a test without parentheses
-// (`x is sameas false`).
-func isConstName(t token) bool {
-	if t.kind != tkName {
-		return false
+// walkExprs calls fn on every expression in nodes, nested ones included
+// (macro bodies too).
+func walkExprs(nodes []node, fn func(expr)) {
+	walkNodes(nodes, func(n node) {
+		var es []expr
+		switch x := n.(type) {
+		case outputNode:
+			es = []expr{x.e}
+		case ifNode:
+			es = x.conds
+		case *forNode:
+			es = []expr{x.iter, x.cond}
+		case setNode:
+			es = []expr{x.value}
+		case macroNode:
+			es = x.defaults
+		case withNode:
+			es = x.values
+		case filterBlockNode:
+			for _, f := range x.filters {
+				es = append(es, f)
+			}
+		case callBlockNode:
+			es = append([]expr{x.call}, x.caller.defaults...)
+		}
+		for _, e := range es {
+			walkExpr(e, fn)
+		}
+	})
+}
+
+func walkExpr(e expr, fn func(expr)) {
+	if e == nil {
+		return
 	}
-	switch t.s {
-	case "true", "True", "false", "False", "none", "None":
-		return true
+	fn(e)
+	var kids []expr
+	switch x := e.(type) {
+	case listExpr:
+		kids = x.items
+	case dictExpr:
+		kids = append(append(kids, x.keys...), x.vals...)
+	case attrExpr:
+		kids = []expr{x.obj}
+	case indexExpr:
+		kids = []expr{x.obj, x.idx}
+	case sliceExpr:
+		kids = []expr{x.obj, x.lo, x.hi, x.step}
+	case *callExpr:
+		kids = append(append([]expr{x.fn}, x.args...), x.kwVals...)
+	case filterExpr:
+		kids = []expr{x.arg}
+		if x.call != nil {
+			kids = append(append(kids, x.call.args...), x.call.kwVals...)
+		}
+	case testExpr:
+		kids = append([]expr{x.arg}, x.args...)
+	case binExpr:
+		kids = []expr{x.l, x.r}
+	case unaryExpr:
+		kids = []expr{x.e}
+	case condExpr:
+		kids = []expr{x.cond, x.yes, x.no}
+	case compareExpr:
+		kids = append([]expr{x.first}, x.rest...)
 	}
-	return false
+	for _, k := range kids {
+		walkExpr(k, fn)
+	}
 }

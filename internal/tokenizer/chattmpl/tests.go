@@ -2,31 +2,29 @@ package chattmpl
 
 import (
 	"fmt"
-	"strings"
 )
 
-// Jinja tests: `x is name(args)`.
+// Jinja tests: `x is name(args)`, with Jinja2 3.1's semantics.
 
 func (r *renderer) evalTest(t testExpr) (any, error) {
 	v, err := r.eval(t.arg)
 	if err != nil {
 		return nil, err
 	}
-	args := make([]any, 0, len(t.args))
-	for _, a := range t.args {
-		x, err := r.eval(a)
-		if err != nil {
-			return nil, err
-		}
-		args = append(args, x)
+	args, _, err := r.evalArgs(&callExpr{args: t.args})
+	if err != nil {
+		return nil, err
 	}
-	ok, err := applyTest(t.name, v, args)
+	if err := r.scan(size(v)); err != nil {
+		return nil, err
+	}
+	ok, err := r.applyTest(t.name, v, args)
 	return ok != t.neg, err
 }
 
 // applyTest runs the Jinja test name on v: first the type tests, then the
 // ones that compare v with an argument.
-func applyTest(name string, v any, args []any) (bool, error) {
+func (r *renderer) applyTest(name string, v any, args []any) (bool, error) {
 	if ok, known := typeTest(name, v); known {
 		return ok, nil
 	}
@@ -44,9 +42,9 @@ func typeTest(name string, v any) (ok, known bool) {
 		return v == nil, true
 	case "string":
 		_, ok = v.(string)
-	case "number":
+	case "number": // a bool is a number in Python
 		switch v.(type) {
-		case int64, float64:
+		case int64, float64, bool:
 			ok = true
 		}
 	case "integer":
@@ -60,65 +58,110 @@ func typeTest(name string, v any) (ok, known bool) {
 	case "false":
 		ok = v == false
 	case "mapping":
+		_, ok = v.(*Dict)
+	case "iterable":
 		switch v.(type) {
-		case *Dict, *Namespace:
+		case []any, tuple, *Dict, string, rangeT, dictView, *undefinedT, *generator:
 			ok = true
 		}
-	case "iterable", "sequence":
+	case "sequence":
 		switch v.(type) {
-		case []any, *Dict, string:
+		case []any, tuple, *Dict, string, rangeT, dictView, *undefinedT:
 			ok = true
 		}
 	case "callable":
-		_, ok = v.(builtin)
+		switch v.(type) {
+		case builtin, *loopObj: // a LoopContext is callable (loop(items))
+			ok = true
+		}
+	case "escaped":
+		ok = false
+	case "filter":
+		s, isStr := v.(string)
+		_, ok = filters[s]
+		ok = ok && isStr
+	case "test":
+		s, isStr := v.(string)
+		ok = isStr && knownTests[s]
 	default:
 		return false, false
 	}
 	return ok, true
 }
 
+var knownTests = map[string]bool{"defined": true, "undefined": true, "none": true, "string": true, "number": true,
+	"integer": true, "float": true, "boolean": true, "true": true, "false": true, "mapping": true, "iterable": true,
+	"sequence": true, "callable": true, "escaped": true, "filter": true, "test": true, "odd": true, "even": true,
+	"divisibleby": true, "eq": true, "equalto": true, "==": true, "sameas": true, "ne": true, "!=": true, "in": true,
+	"lower": true, "upper": true, "gt": true, "greaterthan": true, ">": true, "lt": true, "lessthan": true, "<": true,
+	"ge": true, ">=": true, "le": true, "<=": true}
+
 // valueTest answers the tests that look at v's value or compare it.
 func valueTest(name string, v any, args []any) (bool, error) {
 	switch name {
-	case "even", "odd":
-		n, ok := v.(int64)
-		if !ok {
-			return false, fmt.Errorf("%w: %s test needs an integer", ErrRender, name)
+	case "even", "odd", "divisibleby":
+		d := any(int64(2))
+		if name == "divisibleby" {
+			d = firstArg(args)
 		}
-		return (n%2 == 0) == (name == "even"), nil
-	case "divisibleby":
-		n, ok1 := v.(int64)
-		d, ok2 := firstArg(args).(int64)
-		if !ok1 || !ok2 || d == 0 {
-			return false, fmt.Errorf("%w: divisibleby needs integers", ErrRender)
+		m, err := arith("%", v, d)
+		if err != nil {
+			return false, err
 		}
-		return n%d == 0, nil
-	case "eq", "equalto", "==", "sameas":
+		want := int64(0)
+		if name == "odd" {
+			want = 1
+		}
+		return equal(m, want), nil
+	case "eq", "equalto", "==":
 		return equal(v, firstArg(args)), nil
+	case "sameas":
+		return sameAs(v, firstArg(args))
 	case "ne", "!=":
 		return !equal(v, firstArg(args)), nil
 	case "in":
 		return contains(firstArg(args), v)
-	case "lower":
-		s, ok := v.(string)
-		return ok && strings.ToLower(s) == s, nil
-	case "upper":
-		s, ok := v.(string)
-		return ok && strings.ToUpper(s) == s, nil
-	case "gt", "greaterthan", "lt", "lessthan", "ge", "le":
+	case "lower", "upper":
+		s := toStr(v)
+		return strPredicate(s, "is"+name), nil
+	case "gt", "greaterthan", ">", "lt", "lessthan", "<", "ge", ">=", "le", "<=":
 		c, err := compare(v, firstArg(args))
 		if err != nil {
 			return false, err
 		}
+		if c == 2 {
+			return false, nil
+		}
 		switch name {
-		case "gt", "greaterthan":
+		case "gt", "greaterthan", ">":
 			return c > 0, nil
-		case "lt", "lessthan":
+		case "lt", "lessthan", "<":
 			return c < 0, nil
-		case "ge":
+		case "ge", ">=":
 			return c >= 0, nil
 		}
 		return c <= 0, nil
 	}
 	return false, fmt.Errorf("%w: unknown test %q", ErrRender, name)
+}
+
+// sameAs is Python's `is` where a template can know it: None, booleans,
+// CPython's cached small ints, and the same dict or namespace. Other
+// identities depend on how Python built the objects: refused.
+func sameAs(a, b any) (bool, error) {
+	switch x := a.(type) {
+	case nil, bool:
+		return a == b, nil
+	case int64:
+		if y, ok := b.(int64); ok && x >= -5 && x <= 256 && y >= -5 && y <= 256 {
+			return x == y, nil
+		}
+	case *Dict, *Namespace:
+		return a == b, nil
+	}
+	switch b.(type) {
+	case nil, bool:
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: 'sameas' on %s and %s depends on Python's object identity", ErrRender, typeName(a), typeName(b))
 }
