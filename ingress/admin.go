@@ -95,12 +95,17 @@ func (s *Server) handleAdminPath(ctx *fasthttp.RequestCtx, path string) bool {
 	return true
 }
 
-// adminAuthorized checks the bearer token in constant time.
+// adminAuthorized checks the bearer token in constant time. The scheme is
+// case-insensitive (RFC 9110 §11.1), as on the client port.
 func (s *Server) adminAuthorized(ctx *fasthttp.RequestCtx) bool {
 	if s.cfg.AdminToken == "" {
 		return true
 	}
-	h := ctx.Request.Header.Peek("Authorization")
-	tok, ok := strings.CutPrefix(string(h), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.AdminToken)) == 1
+	const scheme = "bearer "
+	h := strings.TrimSpace(string(ctx.Request.Header.Peek("Authorization")))
+	if len(h) < len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+		return false
+	}
+	tok := strings.TrimSpace(h[len(scheme):])
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.AdminToken)) == 1
 }

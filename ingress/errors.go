@@ -176,8 +176,14 @@ func retryAfter(v []byte, now time.Time) time.Duration {
 }
 
 // writeError writes err as an OpenAI error response, or in Anthropic's
-// shape on the Messages API's paths (messagesPath).
+// shape on the Messages API's paths (messagesPath). It replaces whatever
+// answer ctx held; the server adds the CORS headers after (cors.go).
 func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
+	return writeErrorShape(ctx, err, messagesPath(ctx.Path()))
+}
+
+// writeErrorShape is writeError in Anthropic's shape when messages is set.
+func writeErrorShape(ctx *fasthttp.RequestCtx, err error, messages bool) *apiError {
 	ae := toAPIError(err)
 	ctx.Response.Reset()
 	ctx.SetStatusCode(ae.status)
@@ -189,7 +195,7 @@ func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
 	if ae.allow != "" {
 		ctx.Response.Header.Set("Allow", ae.allow)
 	}
-	if messagesPath(ctx.Path()) {
+	if messages {
 		ctx.Response.SetBodyRaw(appendMessagesError(nil, ae))
 	} else {
 		ctx.Response.SetBodyRaw(appendErrorBody(nil, ae))

@@ -57,11 +57,9 @@ type modelPermission struct {
 // one they report (the first by name if they differ); an adapter's parent
 // is its base model.
 func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
-	if s.deps.Auth != nil {
-		if _, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization")); err != nil {
-			writeError(ctx, unauthorized(err))
-			return
-		}
+	if _, err := s.authenticate(&ctx.Request.Header); err != nil { // server.go: x-api-key too, as Anthropic API clients may send it here
+		writeError(ctx, err)
+		return
 	}
 	created := s.startUnix()
 	cards := map[string]*modelCard{}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +27,10 @@ import (
 // bind onto it (cmd/kvmesh/ingress.go) over a YAML Config file.
 type Options struct {
 	Config Config
-	// APIKeysFile is an API keys file (auth.ParseKeys format). "": the
-	// keys in $KVMESH_API_KEYS, and none there means an open ingress.
+	// APIKeysFile is an API keys file (auth.ParseKeys format), re-read when
+	// it changes (a reload that fails or finds no key keeps the keys in
+	// force). "": the keys in $KVMESH_API_KEYS, and no such variable means an
+	// open ingress. A file, or a set variable, that holds no key is refused.
 	APIKeysFile string
 	// KeyLimits and ModelLimits are token rate limits per minute, per API
 	// key and per model. Zero: none.
@@ -72,7 +76,22 @@ func (o *Options) Validate() error {
 	if o.AdmitMax > 0 && o.AdmitMaxWait <= 0 {
 		errs = append(errs, fmt.Errorf("%w: admit max wait must be > 0", ErrConfig))
 	}
+	errs = append(errs, checkCORSOrigins(o.Config.CORSOrigins)) // cors.go
+	// The keys are read here too, so a keys file of comments or an empty
+	// $KVMESH_API_KEYS is a configuration error at start, not an open ingress.
+	if _, err := auth.Load(o.authConfig()); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+	}
 	return errors.Join(errs...)
+}
+
+// authConfig is where the API keys come from: keys are required from each
+// source named (the file, or $KVMESH_API_KEYS when it is set at all).
+func (o *Options) authConfig() auth.Config {
+	ac := auth.DefaultConfig()
+	ac.KeysFile = o.APIKeysFile
+	ac.Required = len(ac.Sources()) > 0
+	return ac
 }
 
 // Run serves one ingress replica until ctx ends, then drains: it builds
@@ -90,7 +109,11 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err := srv.Start(ctx); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "kvmesh ingress listening on http://%s\n", srv.Addr())
+	scheme := "http"
+	if o.Config.TLS.CertFile != "" {
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "kvmesh ingress listening on %s://%s\n", scheme, srv.Addr())
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "draining")
 	return srv.Close()
@@ -102,22 +125,26 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	deps := Deps{Logger: log, AccessLog: log, Registry: reg}
-	ac := auth.DefaultConfig()
-	ac.KeysFile = o.APIKeysFile
-	store, err := auth.Load(ac)
+	keys, nkeys, err := o.apiKeys(log, reg)
 	if err != nil {
 		return deps, err
 	}
-	if store.Enabled() {
-		deps.Auth = store
+	if nkeys > 0 {
+		deps.Auth = keys
 	}
 	var jwtv *auth.JWTVerifier
 	if o.JWT.JWKSFile != "" || o.JWT.JWKSURL != "" {
-		if jwtv, err = auth.NewJWT(ctx, o.JWT); err != nil {
+		jc := o.JWT
+		if jc.Logger == nil {
+			jc.Logger = log
+		}
+		if jwtv, err = auth.NewJWT(ctx, jc); err != nil {
 			return deps, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		deps.Auth = auth.Chain{Keys: store, Verifier: jwtv}
+		reg.MustRegister(jwtv.Collectors()...)
+		deps.Auth = auth.Chain{Keys: keys, Verifier: jwtv}
 	}
+	o.logAuth(log, nkeys, jwtv != nil)
 	if o.KeyLimits != (ratelimit.Limits{}) || o.ModelLimits != (ratelimit.Limits{}) || jwtv != nil {
 		rc := ratelimit.DefaultConfig()
 		rc.PerKey, rc.PerModel = o.KeyLimits, o.ModelLimits
@@ -166,4 +193,52 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 		deps.ClassifyError = SessionErrors
 	}
 	return deps, nil
+}
+
+// apiKeys loads the API keys: from a file, re-read on change (the server
+// runs the watcher: Server.Start); else from $KVMESH_API_KEYS once.
+func (o *Options) apiKeys(log *slog.Logger, reg prometheus.Registerer) (auth.KeyChecker, int, error) {
+	ac := o.authConfig()
+	if ac.KeysFile != "" {
+		k, err := auth.WatchKeys(ac, auth.WatchConfig{Logger: log, Registerer: reg})
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		return k, k.Len(), nil
+	}
+	store, err := auth.Load(ac)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return store, store.Len(), nil
+}
+
+// logAuth says at start how clients authenticate: API keys (how many, from
+// where), JWTs, both, or not at all (a warning: anyone reaching the client
+// port is served).
+func (o *Options) logAuth(log *slog.Logger, keys int, jwt bool) {
+	metrics := "admin listener"
+	if o.Config.AdminListen == "" {
+		metrics = "client port, with a client credential"
+	}
+	switch {
+	case keys > 0 || jwt:
+		var args []any
+		if keys > 0 {
+			args = append(args, "api_keys", keys, "api_keys_from", strings.Join(o.authConfig().Sources(), ","))
+		}
+		if jwt {
+			jwks := o.JWT.JWKSFile
+			if u, err := url.Parse(o.JWT.JWKSURL); jwks == "" && err == nil {
+				jwks = u.Redacted()
+			}
+			args = append(args, "jwt_jwks", jwks, "jwt_audience", o.JWT.Audience)
+		}
+		log.Info("client authentication on", append(args, "metrics", metrics)...)
+	default:
+		if o.Config.AdminListen == "" {
+			metrics = "client port, open"
+		}
+		log.Warn("client authentication off: every request is served as anonymous (--api-keys-file, $KVMESH_API_KEYS or --jwks-file/--jwks-url turn it on)", "metrics", metrics)
+	}
 }

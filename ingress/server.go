@@ -13,12 +13,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -53,6 +55,9 @@ type Server struct {
 	metricsHandler fasthttp.RequestHandler
 
 	created time.Time
+	// heads remembers what chunked requests' heads said, for
+	// handleTransportError.
+	heads headMemo
 	// admitBase is the admitter's configured limit, restored when the
 	// cluster is not saturated (0: the admitter cannot be resized).
 	admitBase int
@@ -98,6 +103,9 @@ type Server struct {
 // New builds a Server from a validated config and its collaborators.
 func New(cfg Config, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkCORSOrigins(cfg.CORSOrigins); err != nil { // cors.go
 		return nil, err
 	}
 	if deps.Logger == nil {
@@ -290,6 +298,13 @@ func (s *Server) Start(ctx context.Context) error {
 			s.holdLoop() // hold.go
 		}()
 	}
+	if r, ok := s.deps.Auth.(authRunner); ok { // auth.Keys re-reading its file, alone or in an auth.Chain
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			r.Run(s.quit)
+		}()
+	}
 	if ctx != nil {
 		// The caller's context ends the server too (SIGTERM in the command).
 		s.wg.Add(1)
@@ -404,6 +419,24 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if s.cors(ctx) { // cors.go: a preflight, answered
 		return
 	}
+	s.route(ctx)
+	if len(s.cfg.CORSOrigins) > 0 {
+		// After the answer is made, so error answers (writeError resets
+		// the response) carry them too; fasthttp sends the head after
+		// handle returns, streams' included.
+		s.corsHeaders(ctx, s.corsIndex(ctx.Request.Header.Peek("Origin")))
+	}
+}
+
+// route serves ctx by its path.
+func (s *Server) route(ctx *fasthttp.RequestCtx) {
+	if s.deps.Auth != nil {
+		if err := repeatedCredential(&ctx.Request.Header); err != nil {
+			writeError(ctx, err)
+			s.m.requests.WithLabelValues("unknown", "400").Inc()
+			return
+		}
+	}
 	path := ctx.Path()
 	switch string(path) {
 	case "/v1/completions":
@@ -433,6 +466,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
 			return
 		}
+		// With client authentication on, the metrics (engine addresses,
+		// tenants' names) need a client credential like the API does; a
+		// scraper sends one as a bearer token.
+		if _, err := s.authenticate(&ctx.Request.Header); err != nil {
+			writeError(ctx, err)
+			return
+		}
 		s.metricsHandler(ctx)
 	default: // /debug/* included: admin listener only (admin.go)
 		if bytes.HasPrefix(path, []byte("/v1/responses/")) {
@@ -443,38 +483,92 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// authRunner is the optional capability of Deps.Auth that has background
+// work (auth.Keys re-reading its file, alone or in an auth.Chain): Start
+// runs it and Close stops it.
+type authRunner interface {
+	Run(stop <-chan struct{})
+}
+
+// authenticate checks h's credential when authentication is on: the
+// caller's identity, or the error to answer with (400 for a repeated
+// credential header, else 401).
+func (s *Server) authenticate(h *fasthttp.RequestHeader) (string, error) {
+	if s.deps.Auth == nil {
+		return "", nil
+	}
+	if err := repeatedCredential(h); err != nil {
+		return "", err
+	}
+	id, err := s.deps.Auth.Check(credential(h))
+	if err != nil {
+		return "", unauthorized(err)
+	}
+	return id, nil
+}
+
+// repeatedCredential refuses a request with more than one Authorization
+// (or X-Api-Key) header: which one counts would depend on the reader (the
+// ingress read the first, a proxy in front may read the last), so neither
+// does.
+func repeatedCredential(h *fasthttp.RequestHeader) error {
+	for _, name := range [...]string{"Authorization", "X-Api-Key"} {
+		if len(h.PeekAll(name)) > 1 {
+			return badRequest("", fmt.Errorf("%w: more than one %s header", ErrBadRequest, name))
+		}
+	}
+	return nil
+}
+
 // handleTransportError answers requests fasthttp could not read (too large, malformed HTTP).
 func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
+	h := &ctx.Request.Header
+	// fasthttp resets the whole request, head included, when reading a
+	// chunked body fails (too large or broken): what headerReceived read of
+	// that head is in heads.
+	var broken fasthttp.ErrBrokenChunk
+	reset := h.ContentLength() == 0 && (errors.Is(err, fasthttp.ErrBodyTooLarge) || errors.As(err, &broken))
+	note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(ctx.Path())}
+	if reset {
+		note = s.heads.take(h)
+	}
+	fail := func(err error, status string) {
+		ae := writeErrorShape(ctx, err, note.messages)
+		if status == "" {
+			status = s.m.status(ae.status)
+		}
+		s.m.requests.WithLabelValues("unknown", status).Inc()
+		s.corsHeaders(ctx, note.cors)
+	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.deps.Auth != nil {
-		if _, aerr := s.deps.Auth.Check(credential(&ctx.Request.Header)); aerr != nil {
-			writeError(ctx, unauthorized(aerr)) // headerReceived kept its body small: no credential, no buffer
-			s.m.requests.WithLabelValues("unknown", "401").Inc()
+		aerr := note.authErr
+		if !reset {
+			_, aerr = s.authenticate(h)
+		}
+		if aerr != nil {
+			fail(aerr, "") // headerReceived kept its body small: no credential, no buffer
 			return
 		}
 	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(ctx, fmt.Errorf("%w: limit is %d bytes", ErrTooLarge, s.cfg.MaxBodyBytes))
-		s.m.requests.WithLabelValues("unknown", "413").Inc()
+		fail(fmt.Errorf("%w: limit is %d bytes", ErrTooLarge, s.cfg.MaxBodyBytes), "413")
 		return
 	}
 	var small *fasthttp.ErrSmallBuffer
 	if errors.As(err, &small) {
-		writeError(ctx, newAPIError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large", "",
-			fmt.Errorf("%w: request header fields too large: limit is %d bytes", ErrBadRequest, maxHeaderBytes)))
-		s.m.requests.WithLabelValues("unknown", "431").Inc()
+		fail(newAPIError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large", "",
+			fmt.Errorf("%w: request header fields too large: limit is %d bytes", ErrBadRequest, maxHeaderBytes)), "431")
 		return
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		// The request did not arrive within readTimeout: 408, as RFC 9110
 		// names it, and the connection closes.
-		writeError(ctx, newAPIError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "",
-			fmt.Errorf("%w: the request was not received within %v", ErrBadRequest, s.cfg.ReadTimeout)))
+		fail(newAPIError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "",
+			fmt.Errorf("%w: the request was not received within %v", ErrBadRequest, s.cfg.ReadTimeout)), "408")
 		ctx.SetConnectionClose()
-		s.m.requests.WithLabelValues("unknown", "408").Inc()
 		return
 	}
-	writeError(ctx, badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)))
-	s.m.requests.WithLabelValues("unknown", "400").Inc()
+	fail(badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)), "400")
 }
 
 // maxHeaderBytes bounds a request's head (request line and headers): 16
@@ -492,27 +586,98 @@ const unauthBodyLimit = 64 << 10
 // before the body is read, when authentication is on: a failing one may
 // send at most unauthBodyLimit bytes, and handleTransportError answers
 // 401. Smaller requests are checked once, by the request path, as before.
+// A chunked request's verdict, Origin and path are kept in s.heads: if its
+// body fails to read, fasthttp wipes its head before handleTransportError
+// sees it.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	if s.deps.Auth == nil {
+	n := h.ContentLength()
+	if n == -1 && (s.deps.Auth != nil || len(s.cfg.CORSOrigins) > 0) {
+		note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(uriPath(h.RequestURI()))}
+		_, note.authErr = s.authenticate(h)
+		s.heads.put(h, note)
+		if note.authErr != nil {
+			return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
+		}
 		return fasthttp.RequestConfig{}
 	}
-	if n := h.ContentLength(); n >= 0 && n <= unauthBodyLimit {
+	if s.deps.Auth == nil || n >= 0 && n <= unauthBodyLimit {
 		return fasthttp.RequestConfig{}
 	}
-	if _, err := s.deps.Auth.Check(credential(h)); err != nil {
+	if _, err := s.authenticate(h); err != nil {
 		return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
 	}
 	return fasthttp.RequestConfig{}
 }
 
+// headMemo remembers, for chunked requests only, what headerReceived read
+// from a request's head, keyed by the head's address: fasthttp resets the
+// request, head included, when reading a chunked body fails (too large,
+// malformed), and then handleTransportError would see neither the
+// credential nor the Origin. A fixed table, so aborted uploads cannot grow
+// it; a slot another request took since reads as not found, which is
+// answered as an unauthenticated request (401, no CORS): the safe side.
+type headMemo struct {
+	mu    sync.Mutex
+	slots [256]headNote
+}
+
+// headNote is what a request's head said.
+type headNote struct {
+	head     uintptr // the *fasthttp.RequestHeader's address (not a pointer: nothing is kept alive)
+	authErr  error   // the credential's verdict (nil: accepted, or authentication off)
+	cors     int     // corsIndex of its Origin
+	messages bool    // on the Messages API (its error shape)
+}
+
+func headSlot(h uintptr) int { return int((uint64(h) >> 6) * 0x9E3779B97F4A7C15 >> 56) }
+
+func (m *headMemo) put(h *fasthttp.RequestHeader, n headNote) {
+	n.head = uintptr(unsafe.Pointer(h))
+	m.mu.Lock()
+	m.slots[headSlot(n.head)] = n
+	m.mu.Unlock()
+}
+
+// take returns and forgets h's note; not found: an unauthenticated request.
+func (m *headMemo) take(h *fasthttp.RequestHeader) headNote {
+	p := uintptr(unsafe.Pointer(h))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sl := &m.slots[headSlot(p)]
+	if sl.head != p {
+		return headNote{cors: -1, authErr: unauthorized(auth.ErrMissingKey)}
+	}
+	n := *sl
+	*sl = headNote{}
+	return n
+}
+
 // credential is the request's Authorization header, or its X-Api-Key as a
-// bearer token on Anthropic's Messages API (its clients send the key so).
+// bearer token on the paths of Anthropic's API (apiKeyPath), whose clients
+// send the key so.
 func credential(h *fasthttp.RequestHeader) []byte {
 	cred := h.Peek("Authorization")
-	if k := h.Peek("X-Api-Key"); len(cred) == 0 && len(k) > 0 && bytes.HasPrefix(h.RequestURI(), []byte("/v1/messages")) {
+	if k := h.Peek("X-Api-Key"); len(cred) == 0 && len(k) > 0 && apiKeyPath(uriPath(h.RequestURI())) {
 		cred = append([]byte("Bearer "), k...)
 	}
 	return cred
+}
+
+// apiKeyPath reports whether X-Api-Key is read as the credential on path:
+// Anthropic's API's paths, /v1/messages (count_tokens too) and /v1/models,
+// which its SDKs call with that header. Not elsewhere: the OpenAI API's
+// clients send Authorization, and a second place for a credential on paths
+// that never need one is only one more thing for a gateway in front to miss.
+func apiKeyPath(path []byte) bool {
+	return messagesPath(path) || string(path) == "/v1/models"
+}
+
+// uriPath is a request URI's path (without its query).
+func uriPath(uri []byte) []byte {
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		return uri[:i]
+	}
+	return uri
 }
 
 // fasthttpLogger sends fasthttp's own messages (e.g. a client's malformed

@@ -32,17 +32,43 @@ func (c *call) tenant(ctx *fasthttp.RequestCtx) string {
 	return ""
 }
 
-// acquire asks Deps.Admitter for a slot: per tenant, priced in prompt tokens,
-// when it shares fairly; per session otherwise.
+// acquire asks Deps.Admitter for a slot: per tenant, priced in tokens of
+// work (fairCost), when it shares fairly; per session otherwise.
 // A client that closes its connection while queued leaves the queue
 // (ErrClientGone).
 func (c *call) acquire(ctx *fasthttp.RequestCtx, promptTokens int) (func(), error) {
 	wctx := c.waitContext(ctx)
 	defer c.wctx.stop()
 	if ta, ok := c.s.deps.Admitter.(TenantAdmitter); ok {
-		return ta.AcquireFor(wctx, fair.Ticket{Tenant: c.tenant(ctx), Cost: float64(max(promptTokens, 1))})
+		return ta.AcquireFor(wctx, fair.Ticket{Tenant: c.tenant(ctx), Cost: c.fairCost(promptTokens)})
 	}
 	return c.s.deps.Admitter.Acquire(wctx, string(c.req.sessionID))
+}
+
+// fairCost prices a request for the fair queue by the work it asks for: its
+// prompt tokens plus the output it may produce, max_tokens × the sequences
+// the engine decodes, bounded by what the model's context leaves when the
+// engines report it (contextLeft). Without max_tokens the output is the
+// mean this replica has seen the model give per sequence (defaultOutputTokens
+// before any answer), equally bounded. A request is at least 1.
+func (c *call) fairCost(promptTokens int) float64 {
+	var out int
+	switch {
+	case c.ep == epOther: // no output
+	case c.req.maxTokens >= 0:
+		out = satMul(c.req.maxTokens, c.seqs)
+	default:
+		served, _ := c.adapterOf()
+		per := c.s.outLens.estimate(served, -1)
+		if per <= 0 {
+			per = defaultOutputTokens
+		}
+		out = satMul(per, c.seqs)
+	}
+	if left := c.contextLeft(promptTokens); left > 0 && out > left {
+		out = left
+	}
+	return max(float64(promptTokens)+float64(out), 1)
 }
 
 // FairErrors maps ingress/fair's errors onto the ingress sentinels (for

@@ -129,3 +129,79 @@ func TestFairSharesBetweenTenants(t *testing.T) {
 	}()
 	testutil.WaitFor(t, 30*time.Second, "the queue drained", func() bool { in, n := q.Stats(); return in == 0 && n == 0 })
 }
+
+// TestFairPricesOutput: the fair queue prices a request by its prompt and the
+// output it asks for (max_tokens × n), not its prompt alone. Tenant a sends
+// 3-token prompts asking 400 output tokens, tenant b 500-token prompts asking
+// 1, with equal weights, a's burst queued first: of the next 20 admissions each
+// gets its share of the work (about 11 and 9). Priced in prompt tokens, a got
+// 19 of them.
+func TestFairPricesOutput(t *testing.T) {
+	eng := startGateEngine(t)
+	fc := fair.DefaultConfig()
+	fc.MaxConcurrent = 1
+	q, err := fair.New(fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://" + eng.ln.Addr().String()})
+	cfg.TenantHeader = "X-Tenant"
+	cfg.IdleTimeout = time.Minute
+	s := startIngress(t, cfg, Deps{Admitter: q, ClassifyError: FairErrors})
+	url := "http://" + s.Addr() + "/v1/completions"
+	long := make([]string, 500)
+	for i := range long {
+		long[i] = fmt.Sprint(4 + i%1000)
+	}
+	bodies := map[string]string{
+		"a": `{"model":"m","prompt":[1,2,3],"max_tokens":400}`,
+		"b": `{"model":"m","prompt":[` + strings.Join(long, ",") + `],"max_tokens":1}`,
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	t.Cleanup(func() { wg.Wait(); close(done) })
+	t.Cleanup(func() { // on failure too: the engine lets every request go
+		go func() {
+			for {
+				select {
+				case eng.gate <- struct{}{}:
+				case <-done:
+					return
+				}
+			}
+		}()
+	})
+	send := func(tenant string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", url, strings.NewReader(bodies[tenant]))
+			req.Header.Set("X-Tenant", tenant)
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	send("a") // holds the one slot
+	testutil.WaitFor(t, 10*time.Second, "the first request at the engine", func() bool { return len(eng.arrived()) == 1 })
+	for i := 0; i < 20; i++ {
+		send("a")
+	}
+	testutil.WaitFor(t, 10*time.Second, "tenant a's burst queued", func() bool { _, n := q.Stats(); return n == 20 })
+	for i := 0; i < 20; i++ {
+		send("b")
+	}
+	testutil.WaitFor(t, 10*time.Second, "both tenants queued", func() bool { _, n := q.Stats(); return n == 40 })
+	for i := 1; i <= 20; i++ {
+		eng.gate <- struct{}{}
+		testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("admission %d at the engine", i), func() bool { return len(eng.arrived()) == i+1 })
+	}
+	got := map[string]int{}
+	for _, tenant := range eng.arrived()[1:] {
+		got[tenant]++
+	}
+	if got["a"] < 8 || got["b"] < 7 {
+		t.Fatalf("20 admissions under contention: %v, want about a:b = 11:9 (each at least 7)", got)
+	}
+}

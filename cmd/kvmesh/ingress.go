@@ -67,7 +67,7 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 		{"admit-max-wait", fair, fairOn},
 		{"admit-max-wait", o.AdmitMax == 0, "without --admit-max"},
 		{"tenant-header", !fair, "without fair admission (--fair-max-concurrent, --tenant or the config's fairQueue)"},
-		{"admin-token", cfg.AdminListen == "", "without --admin (the client port's /metrics takes no token)"},
+		{"admin-token", cfg.AdminListen == "", "without --admin (the client port's /metrics takes a client credential, never the admin token)"},
 		{"jwt-audience", noJWKS, jwks},
 		{"jwt-issuer", noJWKS, jwks},
 		{"jwt-tenant-claim", noJWKS, jwks},
@@ -99,7 +99,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
 	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<random hex>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port)")
+	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port, behind the client credential when API keys or JWTs are on)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", os.Getenv("KVMESH_ADMIN_TOKEN"), "bearer token required on the admin address (env KVMESH_ADMIN_TOKEN; empty: none)")
 	fs.StringVar(&cfg.TLS.UpstreamCAFile, "upstream-ca", cfg.TLS.UpstreamCAFile, "PEM CA verifying https:// engines")
 	fs.StringVar(&cfg.TLS.UpstreamCertFile, "upstream-cert", cfg.TLS.UpstreamCertFile, "PEM client certificate towards engines (mutual TLS)")
@@ -146,7 +146,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "graceful drain bound on SIGTERM")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size when membership does not say")
 	fs.BoolVar(&cfg.AccessLog, "access-log", cfg.AccessLog, "one JSON line per request on stderr")
-	fs.StringVar(&opts.APIKeysFile, "api-keys-file", "", "API keys file (also $KVMESH_API_KEYS); none: open")
+	fs.StringVar(&opts.APIKeysFile, "api-keys-file", "", "API keys file, re-read on change (also $KVMESH_API_KEYS); neither: open; one that holds no key is refused")
 	if k := os.Getenv("KVMESH_ENGINE_API_KEY"); k != "" && cfg.EngineAPIKey == "" {
 		cfg.EngineAPIKey = k // the engines' own key (vLLM --api-key), sent on every /v1 request; config engineAPIKey
 	}
@@ -210,7 +210,7 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 		}
 		return cfg.FairQueue
 	}
-	List(fs, &cfg.CORSOrigins, "cors-origins", "browser origins allowed to call the API, comma-separated (* for any, as vLLM's default); empty: no CORS")
+	List(fs, &cfg.CORSOrigins, "cors-origins", "browser origins allowed to call the API, comma-separated, each scheme://host[:port] as browsers send it (* for any, as vLLM's default); empty: no CORS")
 	fs.StringVar(&cfg.TenantHeader, "tenant-header", cfg.TenantHeader, "request header naming the tenant of unauthenticated requests (fair admission); trust it only behind a gateway that sets it")
 	probs.Var(fs, "fair-max-concurrent", "0", "weighted fair admission across tenants: max requests in service before queueing (0: off)", func(s string) error {
 		n, err := strconv.Atoi(s)

@@ -44,9 +44,37 @@ type Config struct {
 	// EnvVar names an environment variable in the same format (entries may be separated
 	// by ','). "" means DefaultEnvVar; "-" disables the environment.
 	EnvVar string
-	// Required makes Load fail when no key is configured, so a misconfigured deployment
-	// does not silently run open.
+	// Required makes Load fail when no key is configured, and when a source it names
+	// holds none (KeysFile, or EnvVar when that variable is set, even to ""), so a
+	// misconfigured deployment (a keys file of comments, an empty Secret) does not
+	// silently run open.
 	Required bool
+}
+
+// envName is the environment variable cfg reads, "" for none.
+func (c Config) envName() string {
+	switch c.EnvVar {
+	case "":
+		return DefaultEnvVar
+	case "-":
+		return ""
+	}
+	return c.EnvVar
+}
+
+// Sources says where cfg's keys come from, for logs: the keys file and/or the
+// environment variable when it is set.
+func (c Config) Sources() []string {
+	var out []string
+	if c.KeysFile != "" {
+		out = append(out, c.KeysFile)
+	}
+	if env := c.envName(); env != "" {
+		if _, set := os.LookupEnv(env); set {
+			out = append(out, "$"+env)
+		}
+	}
+	return out
 }
 
 // DefaultConfig reads keys from KVMESH_API_KEYS only and allows running without keys.
@@ -88,30 +116,51 @@ func Load(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
-	var src strings.Builder
+	var file, env []byte
 	if cfg.KeysFile != "" {
 		b, err := os.ReadFile(cfg.KeysFile)
 		if err != nil {
 			return nil, fmt.Errorf("auth: read keys file: %w", err)
 		}
-		src.Write(b)
+		file = b
+	}
+	name := cfg.envName()
+	v, envSet := "", false
+	if name != "" {
+		v, envSet = os.LookupEnv(name)
+		env = []byte(v)
+	}
+	var src bytes.Buffer
+	if file != nil {
+		src.Write(file)
 		src.WriteByte('\n')
 	}
-	env := cfg.EnvVar
-	if env == "" {
-		env = DefaultEnvVar
-	}
-	if env != "-" {
-		src.WriteString(os.Getenv(env))
-	}
-	entries, err := ParseKeys(strings.NewReader(src.String()))
+	src.Write(env)
+	entries, err := ParseKeys(&src)
 	if err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
-	if cfg.Required && len(entries) == 0 {
-		return nil, fmt.Errorf("auth: %w: keys are required but none are configured", ErrConfig)
+	if cfg.Required {
+		// Each source named must hold a key on its own: one that holds none is a
+		// mistake (a file of comments, an empty Secret) even when the other has some.
+		if cfg.KeysFile != "" && countKeys(file) == 0 {
+			return nil, fmt.Errorf("auth: %w: keys file %q holds no key", ErrConfig, cfg.KeysFile)
+		}
+		if envSet && countKeys(env) == 0 {
+			return nil, fmt.Errorf("auth: %w: $%s is set but holds no key (unset it to run without keys)", ErrConfig, name)
+		}
+		if len(entries) == 0 {
+			return nil, fmt.Errorf("auth: %w: keys are required but none are configured", ErrConfig)
+		}
 	}
 	return NewStore(entries), nil
+}
+
+// countKeys is the number of entries in src, which the merged parse has
+// already checked.
+func countKeys(src []byte) int {
+	entries, _ := ParseKeys(bytes.NewReader(src))
+	return len(entries)
 }
 
 // NewStore builds a Store from parsed entries (later duplicates replace earlier ones;

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -16,14 +17,43 @@ import (
 
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// JWT errors; each wraps ErrUnauthorized (401 at the edge).
+// JWT errors; each wraps ErrUnauthorized (401 at the edge). They are all a
+// client is told: what else failed (the signature, a claim, the key id, the
+// algorithm) goes to the log at debug level and to the rejection counter's
+// reason label, never into the answer.
 var (
 	ErrInvalidToken = fmt.Errorf("%w: invalid bearer token", ErrUnauthorized)
-	ErrExpiredToken = fmt.Errorf("%w: bearer token expired or not yet valid", ErrUnauthorized)
+	ErrExpiredToken = fmt.Errorf("%w: bearer token expired", ErrUnauthorized)
+	ErrNotYetValid  = fmt.Errorf("%w: bearer token not yet valid", ErrUnauthorized)
 	ErrWrongAudOrIs = fmt.Errorf("%w: bearer token for another audience or issuer", ErrUnauthorized)
 )
+
+// Rejection is a token Verify refused: its Error is one of the JWT errors
+// above, the same for every way a token can fail in that class; Reason (a
+// short label) and Detail (go-jose's or the claim's own message) are for
+// logs and metrics.
+type Rejection struct {
+	Public error  // ErrInvalidToken, ErrExpiredToken, ErrNotYetValid or ErrWrongAudOrIs
+	Reason string // malformed, unknown_kid, signature, bad_claim, no_exp, expired, not_yet_valid, audience, issuer, no_identity
+	Detail error  // nil when Reason says it all
+}
+
+func (r *Rejection) Error() string { return r.Public.Error() }
+func (r *Rejection) Unwrap() error { return r.Public }
+
+func reject(public error, reason string, detail error) *Rejection {
+	return &Rejection{Public: public, Reason: reason, Detail: detail}
+}
+
+// rejectReasons are every Rejection.Reason (the counter's label values).
+var rejectReasons = []string{"malformed", "unknown_kid", "signature", "bad_claim", "no_exp", "expired", "not_yet_valid", "audience", "issuer", "no_identity"}
+
+// maxTenantLimits bounds the tenants whose claimed budgets are remembered;
+// past it one is forgotten for each new one (its next token sets it again).
+const maxTenantLimits = 1 << 16
 
 // JWTConfig verifies bearer JWTs against a JSON Web Key Set. go-jose does
 // the JOSE work (signature, algorithms, key ids); this file adds only the
@@ -53,6 +83,9 @@ type JWTConfig struct {
 	RateLimitClaim string `yaml:"rateLimitClaim"`
 	// HTTPClient fetches JWKSURL; nil: a client with a 10s timeout.
 	HTTPClient *http.Client `yaml:"-"`
+	// Logger receives why a token was refused (debug level; never the
+	// token). nil: slog.Default().
+	Logger *slog.Logger `yaml:"-"`
 }
 
 func (c *JWTConfig) defaults() {
@@ -76,6 +109,9 @@ func (c *JWTConfig) defaults() {
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 }
 
@@ -122,9 +158,13 @@ type JWTVerifier struct {
 	loadedAt   atomic.Int64 // unix nanos of the last load attempt
 	refreshing atomic.Bool
 
-	mu     sync.Mutex         // guards limits
-	limits map[string]*Claims // tenant → the latest token's budgets
+	mu     sync.Mutex              // guards limits
+	limits map[string]tenantLimits // tenant → the budgets its latest verified token claimed
+
+	rejected *prometheus.CounterVec // tokens refused by Check, by Rejection.Reason
 }
+
+type tenantLimits struct{ in, out int64 }
 
 // NewJWT loads the key set once (failing start when it cannot be read).
 func NewJWT(ctx context.Context, cfg JWTConfig) (*JWTVerifier, error) {
@@ -132,7 +172,12 @@ func NewJWT(ctx context.Context, cfg JWTConfig) (*JWTVerifier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	v := &JWTVerifier{cfg: cfg, limits: map[string]*Claims{}}
+	v := &JWTVerifier{cfg: cfg, limits: map[string]tenantLimits{},
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_jwt_rejected_total",
+			Help: "Bearer JWTs refused, by reason (the client is told only invalid, expired, not yet valid or audience/issuer)."}, []string{"reason"})}
+	for _, r := range rejectReasons {
+		v.rejected.WithLabelValues(r)
+	}
 	for _, a := range cfg.Algorithms {
 		v.algs = append(v.algs, jose.SignatureAlgorithm(a))
 	}
@@ -216,62 +261,78 @@ func (v *JWTVerifier) maybeRefresh(unknownKid bool) {
 // LooksLikeJWT says whether a bearer credential has the JWS compact shape.
 func LooksLikeJWT(tok []byte) bool { return bytes.Count(tok, []byte{'.'}) == 2 }
 
-// Verify checks one compact JWS and returns its claims.
+// Verify checks one compact JWS and returns its claims. A refused token's
+// error is a *Rejection.
 func (v *JWTVerifier) Verify(token string, now time.Time) (*Claims, error) {
 	tok, err := jwt.ParseSigned(token, v.algs)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidToken, err)
+		return nil, reject(ErrInvalidToken, "malformed", err)
 	}
 	ks := v.keys.Load()
 	if len(tok.Headers) > 0 && tok.Headers[0].KeyID != "" && len(ks.Key(tok.Headers[0].KeyID)) == 0 {
 		v.maybeRefresh(true)
-		return nil, fmt.Errorf("%w: unknown key id", ErrInvalidToken)
+		return nil, reject(ErrInvalidToken, "unknown_kid", fmt.Errorf("key id %q not in the key set", tok.Headers[0].KeyID))
 	}
 	v.maybeRefresh(false)
 	var std jwt.Claims
 	var custom map[string]json.RawMessage
 	if err := tok.Claims(ks, &std, &custom); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidToken, err)
+		switch {
+		case errors.Is(err, jose.ErrJWKSKidNotFound):
+			return nil, reject(ErrInvalidToken, "unknown_kid", err)
+		case errors.Is(err, jose.ErrCryptoFailure):
+			return nil, reject(ErrInvalidToken, "signature", err)
+		}
+		return nil, reject(ErrInvalidToken, "bad_claim", err)
 	}
 	if std.Expiry == nil {
-		return nil, fmt.Errorf("%w: no exp claim", ErrInvalidToken)
+		return nil, reject(ErrInvalidToken, "no_exp", nil)
 	}
 	err = std.ValidateWithLeeway(jwt.Expected{Issuer: v.cfg.Issuer, AnyAudience: jwt.Audience{v.cfg.Audience}, Time: now}, v.cfg.Leeway)
 	switch {
-	case errors.Is(err, jwt.ErrExpired), errors.Is(err, jwt.ErrNotValidYet), errors.Is(err, jwt.ErrIssuedInTheFuture):
-		return nil, ErrExpiredToken
-	case errors.Is(err, jwt.ErrInvalidAudience), errors.Is(err, jwt.ErrInvalidIssuer):
-		return nil, ErrWrongAudOrIs
+	case errors.Is(err, jwt.ErrExpired):
+		return nil, reject(ErrExpiredToken, "expired", nil)
+	case errors.Is(err, jwt.ErrNotValidYet), errors.Is(err, jwt.ErrIssuedInTheFuture):
+		return nil, reject(ErrNotYetValid, "not_yet_valid", err)
+	case errors.Is(err, jwt.ErrInvalidAudience):
+		return nil, reject(ErrWrongAudOrIs, "audience", nil)
+	case errors.Is(err, jwt.ErrInvalidIssuer):
+		return nil, reject(ErrWrongAudOrIs, "issuer", nil)
 	case err != nil:
-		return nil, fmt.Errorf("%w: %v", ErrInvalidToken, err)
+		return nil, reject(ErrInvalidToken, "bad_claim", err)
 	}
 	c := &Claims{Subject: std.Subject, ExpiresAt: std.Expiry.Time()}
 	if raw, ok := custom[v.cfg.TenantClaim]; ok {
 		if err := json.Unmarshal(raw, &c.Tenant); err != nil {
-			return nil, fmt.Errorf("%w: %s claim is not a string", ErrInvalidToken, v.cfg.TenantClaim)
+			return nil, reject(ErrInvalidToken, "bad_claim", fmt.Errorf("%s claim is not a string", v.cfg.TenantClaim))
 		}
 	}
 	if c.Tenant == "" {
 		c.Tenant = c.Subject
 	}
 	if c.Tenant == "" {
-		return nil, fmt.Errorf("%w: no %s or sub claim", ErrInvalidToken, v.cfg.TenantClaim)
+		return nil, reject(ErrInvalidToken, "no_identity", fmt.Errorf("no %s or sub claim", v.cfg.TenantClaim))
 	}
-	if raw, ok := custom[v.cfg.RateLimitClaim]; ok {
+	// A null claim is no claim, as an absent one: it must not read as a
+	// budget of zeros (unlimited).
+	if raw, ok := custom[v.cfg.RateLimitClaim]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		var rl struct {
 			In  int64 `json:"input_tpm"`
 			Out int64 `json:"output_tpm"`
 		}
 		if err := json.Unmarshal(raw, &rl); err != nil || rl.In < 0 || rl.Out < 0 {
-			return nil, fmt.Errorf("%w: bad %s claim", ErrInvalidToken, v.cfg.RateLimitClaim)
+			return nil, reject(ErrInvalidToken, "bad_claim", fmt.Errorf("bad %s claim", v.cfg.RateLimitClaim))
 		}
 		c.InputTPM, c.OutputTPM, c.HasRateLimit = rl.In, rl.Out, true
 	}
 	return c, nil
 }
 
-// Check verifies "Bearer <jwt>" and returns the tenant as the identity,
-// remembering the token's budgets for TenantLimits.
+// Check verifies "Bearer <jwt>" and returns the tenant as the identity. Each
+// verified token sets its tenant's budgets (TenantLimits) to what it claims,
+// or clears them when it claims none, so a tenant's budgets follow its
+// current tokens. A refused token is logged (debug) and counted by reason;
+// the error returned says no more than Rejection.Public.
 func (v *JWTVerifier) Check(authorization []byte) (string, error) {
 	tok, err := bearerToken(authorization)
 	if err != nil {
@@ -279,26 +340,47 @@ func (v *JWTVerifier) Check(authorization []byte) (string, error) {
 	}
 	c, err := v.Verify(string(tok), time.Now())
 	if err != nil {
+		if r, ok := errors.AsType[*Rejection](err); ok {
+			v.rejected.WithLabelValues(r.Reason).Inc()
+			if v.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) {
+				v.cfg.Logger.Debug("bearer token refused", "reason", r.Reason, "detail", r.Detail, "answer", r.Public.Error())
+			}
+		}
 		return "", err
 	}
-	if c.HasRateLimit {
-		v.mu.Lock()
-		v.limits[c.Tenant] = c
-		v.mu.Unlock()
-	}
+	v.setLimits(c)
 	return c.Tenant, nil
 }
 
+// setLimits records (or clears) c's tenant's claimed budgets.
+func (v *JWTVerifier) setLimits(c *Claims) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !c.HasRateLimit {
+		delete(v.limits, c.Tenant)
+		return
+	}
+	if _, known := v.limits[c.Tenant]; !known && len(v.limits) >= maxTenantLimits {
+		for t := range v.limits { // forget one (any); its next token sets it again
+			delete(v.limits, t)
+			break
+		}
+	}
+	v.limits[c.Tenant] = tenantLimits{in: c.InputTPM, out: c.OutputTPM}
+}
+
 // TenantLimits returns the budgets the latest verified token of tenant
-// carried (tokens per minute; ok false when none did).
+// carried (tokens per minute; ok false when it carried none).
 func (v *JWTVerifier) TenantLimits(tenant string) (inputTPM, outputTPM int64, ok bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	c := v.limits[tenant]
-	if c == nil {
-		return 0, 0, false
-	}
-	return c.InputTPM, c.OutputTPM, true
+	l, ok := v.limits[tenant]
+	return l.in, l.out, ok
+}
+
+// Collectors are the verifier's metrics (kvmesh_ingress_jwt_rejected_total).
+func (v *JWTVerifier) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{v.rejected}
 }
 
 func bearerToken(authorization []byte) ([]byte, error) {
@@ -313,25 +395,44 @@ func bearerToken(authorization []byte) ([]byte, error) {
 	return tok, nil
 }
 
+// KeyChecker is what Chain needs of its API keys: a *Store, or *Keys (a
+// Store re-read when its file changes).
+type KeyChecker interface {
+	Check(authorization []byte) (string, error)
+	Enabled() bool
+}
+
 // Chain accepts a JWT (when Verifier is set and the credential is one) or
 // an API key from Keys. With neither configured every caller is Anonymous.
 type Chain struct {
-	Keys     *Store
+	Keys     KeyChecker // nil: none
 	Verifier *JWTVerifier
 }
 
 // Check implements the ingress's Authenticator.
 func (c Chain) Check(authorization []byte) (string, error) {
+	keysOn := c.Keys != nil && c.Keys.Enabled()
 	if c.Verifier != nil {
 		if tok, err := bearerToken(authorization); err == nil && LooksLikeJWT(tok) {
 			return c.Verifier.Check(authorization)
 		}
-		if !c.Keys.Enabled() { // JWT only: an opaque key is never valid
+		if !keysOn { // JWT only: an opaque key is never valid
 			if _, err := bearerToken(authorization); err != nil {
 				return "", err
 			}
 			return "", ErrInvalidToken
 		}
 	}
+	if c.Keys == nil {
+		return Anonymous, nil
+	}
 	return c.Keys.Check(authorization)
+}
+
+// Run runs the background work of Keys, when it has any (*Keys re-reading
+// its file), until stop is closed; else it returns at once.
+func (c Chain) Run(stop <-chan struct{}) {
+	if r, ok := c.Keys.(interface{ Run(stop <-chan struct{}) }); ok {
+		r.Run(stop)
+	}
 }

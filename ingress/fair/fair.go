@@ -7,7 +7,8 @@
 // virtual start tag max(V, the tenant's last finish tag) and the finish tag
 // start + cost/weight, and a freed slot goes to the smallest start tag. Over
 // any busy period each backlogged tenant receives slots in proportion to its
-// weight (in cost units: prompt tokens, or 1 per request), whatever order the
+// weight (in cost units: the ingress prices a request in tokens of work, its
+// prompt and the output it asks for; or 1 per request), whatever order the
 // requests arrived in; a tenant that was idle starts at the current virtual
 // time, so it neither hoards credit nor waits behind a backlog that is not its
 // own. Within a tenant, FIFO.
@@ -15,7 +16,12 @@
 // Bounded everywhere: each tenant's queue (MaxQueuePerTenant) and the total
 // (MaxQueue); a full queue refuses at once with ErrQueueFull (the ingress
 // answers 429 with Retry-After) and a request that waits longer than MaxWait
-// gets ErrQueueTimeout (503): shedding before latency collapses.
+// gets ErrQueueTimeout (503): shedding before latency collapses. The tenants
+// themselves: a name is at most MaxTenantName bytes (a longer one is cut and
+// tagged with a hash of the whole), an idle tenant whose finish tag the
+// virtual time has passed carries nothing a fresh one would not and is
+// forgotten, and at most MaxTenants are kept: when that many are busy, a
+// tenant not listed in Config.Tenants shares one overflow tenant.
 package fair
 
 import (
@@ -26,6 +32,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/zeebo/xxh3"
 )
 
 var (
@@ -57,7 +65,26 @@ type Config struct {
 	Tenants map[string]Tenant `yaml:"tenants"`
 	// Default applies to tenants not listed (default weight 1, priority 0).
 	Default Tenant `yaml:"default"`
+	// MaxTenants bounds the tenants the queue keeps state for (default
+	// 10,000; 0: the default). Idle tenants (nothing waiting or in service)
+	// are forgotten first; when every tracked tenant is busy, a tenant not
+	// listed in Tenants shares one overflow tenant (Default's share) with the
+	// others beyond the bound, counted in kvmesh_ingress_tenant_overflow_total.
+	MaxTenants int `yaml:"maxTenants"`
+	// MaxTenantName bounds a tenant name in bytes (default 256; 0: the
+	// default). A longer name is cut to its first MaxTenantName−17 bytes,
+	// '#' and 16 hex digits of a hash of the whole name, so long names that
+	// differ stay different tenants while each costs bounded memory.
+	MaxTenantName int `yaml:"maxTenantName"`
 }
+
+// Defaults of the tenant bounds.
+const (
+	DefaultMaxTenants    = 10_000
+	DefaultMaxTenantName = 256
+	minTenantName        = 32 // room for a cut name's hash tag
+	sweepFloor           = 64 // tenants kept before the first sweep
+)
 
 // UnmarshalYAML decodes a tenant over the default share (weight 1), so a
 // tenant given only its priority keeps weight 1. The local type has the
@@ -88,7 +115,7 @@ func (c *Config) UnmarshalYAML(unmarshal func(any) error) error {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{MaxConcurrent: 256, MaxQueue: 4096, MaxQueuePerTenant: 1024, MaxWait: 30 * time.Second,
-		Default: Tenant{Weight: 1}}
+		Default: Tenant{Weight: 1}, MaxTenants: DefaultMaxTenants, MaxTenantName: DefaultMaxTenantName}
 }
 
 // Validate lists every problem at once.
@@ -106,9 +133,22 @@ func (c Config) Validate() error {
 	if c.Default.Weight <= 0 {
 		errs = append(errs, fmt.Errorf("default weight %v must be > 0", c.Default.Weight))
 	}
+	if c.MaxTenants < 0 {
+		errs = append(errs, fmt.Errorf("maxTenants %d must be ≥ 0", c.MaxTenants))
+	}
+	if c.MaxTenantName != 0 && c.MaxTenantName < minTenantName {
+		errs = append(errs, fmt.Errorf("maxTenantName %d must be ≥ %d (or 0: %d)", c.MaxTenantName, minTenantName, DefaultMaxTenantName))
+	}
+	maxName := c.MaxTenantName
+	if maxName == 0 {
+		maxName = DefaultMaxTenantName
+	}
 	for name, t := range c.Tenants {
 		if t.Weight <= 0 {
 			errs = append(errs, fmt.Errorf("tenant %q: weight %v must be > 0", name, t.Weight))
+		}
+		if len(name) > maxName {
+			errs = append(errs, fmt.Errorf("tenant %.40q...: name longer than maxTenantName (%d bytes)", name, maxName))
 		}
 	}
 	return errors.Join(errs...)
@@ -117,7 +157,7 @@ func (c Config) Validate() error {
 // Ticket describes one request asking for a slot.
 type Ticket struct {
 	Tenant string
-	// Cost in the unit shares are counted in (prompt tokens, or 1); ≤ 0 counts 1.
+	// Cost in the unit shares are counted in (tokens of work, or 1); ≤ 0 counts 1.
 	Cost float64
 }
 
@@ -136,14 +176,19 @@ type tenantQ struct {
 	lastFinish float64
 	fifo       []*waiter
 	queued     int
+	running    int // admitted, not released
 	class      *class
 }
 
+// busy reports whether the tenant has requests waiting or in service.
+func (tq *tenantQ) busy() bool { return tq.queued > 0 || tq.running > 0 }
+
 // class is one priority class: a heap of tenants' head waiters by start tag.
 type class struct {
-	prio  int
-	heads waiterHeap
-	v     float64 // virtual time: the start tag of the last admitted request
+	prio      int
+	heads     waiterHeap
+	v         float64 // virtual time: the start tag of the last admitted request
+	maxFinish float64 // the largest finish tag given out
 }
 
 // Queue is the fair admission queue. Safe for concurrent use.
@@ -155,6 +200,9 @@ type Queue struct {
 	queued   int
 	seq      uint64
 	tenants  map[string]*tenantQ
+	busy     int      // tenants with requests waiting or in service
+	sweepAt  int      // len(tenants) at which idle tenants are looked for next
+	overflow *tenantQ // the tenants beyond MaxTenants (made on first use)
 	classes  []*class // by priority, highest first
 
 	metrics *metrics
@@ -165,7 +213,13 @@ func New(cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("fair queue: %w", err)
 	}
-	return &Queue{cfg: cfg, tenants: map[string]*tenantQ{}, metrics: newMetrics(cfg)}, nil
+	if cfg.MaxTenants == 0 {
+		cfg.MaxTenants = DefaultMaxTenants
+	}
+	if cfg.MaxTenantName == 0 {
+		cfg.MaxTenantName = DefaultMaxTenantName
+	}
+	return &Queue{cfg: cfg, tenants: map[string]*tenantQ{}, sweepAt: sweepFloor, metrics: newMetrics(cfg)}, nil
 }
 
 // Acquire implements the ingress's Admitter for callers that know no tenant.
@@ -189,9 +243,10 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 	if q.inFlight < q.cfg.MaxConcurrent && q.queued == 0 {
 		q.inFlight++
 		q.charge(tq, cost)
+		q.started(tq)
 		q.mu.Unlock()
 		q.metrics.admit(tq.name, 0)
-		return q.releaser(), nil
+		return q.releaser(tq), nil
 	}
 	if q.queued >= q.cfg.MaxQueue || tq.queued >= q.cfg.MaxQueuePerTenant {
 		q.mu.Unlock()
@@ -208,7 +263,7 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 	select {
 	case <-w.ch:
 		q.metrics.admit(tq.name, time.Since(begin).Seconds())
-		return q.releaser(), nil
+		return q.releaser(tq), nil
 	case <-ctx.Done():
 		err, reason = ctx.Err(), "canceled" // the client left (or the server closes)
 	case <-timer.C:
@@ -224,28 +279,103 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 	q.mu.Unlock()
 	// The grant raced with the timeout: the slot is ours; pass it on.
 	<-w.ch
-	q.releaseSlot()
+	q.releaseSlot(tq)
 	q.metrics.reject(tq.name, reason)
 	return nil, err
 }
 
-// tenant returns (making it) the tenant's state. Caller holds mu.
+// tenant returns (making it) the tenant's state: the overflow tenant's when
+// MaxTenants are tracked and busy. Caller holds mu.
 func (q *Queue) tenant(name string) *tenantQ {
+	if len(name) > q.cfg.MaxTenantName {
+		name = q.cutName(name)
+	}
 	if tq, ok := q.tenants[name]; ok {
 		return tq
 	}
-	share, ok := q.cfg.Tenants[name]
-	if !ok {
+	share, listed := q.cfg.Tenants[name]
+	if !listed {
 		share = q.cfg.Default
 	}
+	// Sweeps look for idle tenants only when there are some: a scan that
+	// cannot forget any would cost every new tenant the whole map.
+	if len(q.tenants) >= q.sweepAt && len(q.tenants) > q.busy {
+		q.sweep(false)
+	}
+	if len(q.tenants) >= q.cfg.MaxTenants && len(q.tenants) > q.busy {
+		q.sweep(true)
+	}
+	if len(q.tenants) >= q.cfg.MaxTenants && !listed {
+		q.metrics.overflow.Inc()
+		if q.overflow == nil {
+			q.overflow = q.newTenant(overflowTenant, q.cfg.Default)
+		}
+		return q.overflow
+	}
+	tq := q.newTenant(name, share)
+	q.tenants[name] = tq
+	q.metrics.tracked.Set(float64(len(q.tenants)))
+	return tq
+}
+
+// overflowTenant names the tenant the tenants beyond MaxTenants share (in
+// errors; its metrics are other's).
+const overflowTenant = "(overflow)"
+
+func (q *Queue) newTenant(name string, share Tenant) *tenantQ {
 	if share.Weight <= 0 {
 		share.Weight = 1
 	}
 	tq := &tenantQ{name: name, share: share, class: q.classFor(share.Priority)}
 	// A tenant first seen now starts at the class's virtual time.
 	tq.lastFinish = tq.class.v
-	q.tenants[name] = tq
 	return tq
+}
+
+// cutName bounds a long name: its first bytes, '#', and a hash of the whole.
+func (q *Queue) cutName(name string) string {
+	const tag = 17 // '#' and 16 hex digits
+	return fmt.Sprintf("%s#%016x", name[:q.cfg.MaxTenantName-tag], xxh3.HashString(name))
+}
+
+// sweep forgets idle tenants (nothing waiting or in service) whose last
+// finish tag the class's virtual time has passed: such a tenant would start
+// at the virtual time anyway, exactly as a fresh one does. With force (the
+// tenants are at MaxTenants) it forgets every idle tenant, each losing at
+// most its last request's lead over the virtual time. Caller holds mu.
+func (q *Queue) sweep(force bool) {
+	for name, tq := range q.tenants {
+		if !tq.busy() && (force || tq.lastFinish <= tq.class.v) {
+			delete(q.tenants, name)
+		}
+	}
+	q.sweepAt = min(max(2*len(q.tenants), sweepFloor), q.cfg.MaxTenants)
+	q.metrics.tracked.Set(float64(len(q.tenants)))
+}
+
+// counted keeps Queue.busy after a change to tq's requests; was is whether
+// tq was busy before. Caller holds mu.
+func (q *Queue) counted(tq *tenantQ, was bool) {
+	switch now := tq.busy(); {
+	case tq == q.overflow:
+	case now && !was:
+		q.busy++
+	case was && !now:
+		q.busy--
+	}
+}
+
+// started and stopped count a tenant's requests in service. Caller holds mu.
+func (q *Queue) started(tq *tenantQ) {
+	was := tq.busy()
+	tq.running++
+	q.counted(tq, was)
+}
+
+func (q *Queue) stopped(tq *tenantQ) {
+	was := tq.busy()
+	tq.running--
+	q.counted(tq, was)
 }
 
 func (q *Queue) classFor(prio int) *class {
@@ -269,16 +399,20 @@ func (q *Queue) charge(tq *tenantQ, cost float64) {
 	s := max(tq.class.v, tq.lastFinish)
 	tq.lastFinish = s + cost/tq.share.Weight
 	tq.class.v = s
+	tq.class.maxFinish = max(tq.class.maxFinish, tq.lastFinish)
 }
 
 // enqueue tags a waiter and queues it behind its tenant's earlier ones.
 func (q *Queue) enqueue(tq *tenantQ, cost float64) *waiter {
 	s := max(tq.class.v, tq.lastFinish)
 	tq.lastFinish = s + cost/tq.share.Weight
+	tq.class.maxFinish = max(tq.class.maxFinish, tq.lastFinish)
 	q.seq++
 	w := &waiter{ch: make(chan bool, 1), tenant: tq, start: s, seq: q.seq, index: -1}
 	tq.fifo = append(tq.fifo, w)
+	was := tq.busy()
 	tq.queued++
+	q.counted(tq, was)
 	q.queued++
 	if len(tq.fifo) == 1 {
 		heap.Push(&tq.class.heads, w)
@@ -311,7 +445,9 @@ func (q *Queue) dequeue(w *waiter) {
 			heap.Push(&tq.class.heads, tq.fifo[0])
 		}
 	}
+	was := tq.busy()
 	tq.queued--
+	q.counted(tq, was)
 	q.queued--
 	q.metrics.queued(tq.name, -1)
 }
@@ -329,6 +465,7 @@ func (q *Queue) next() *waiter {
 			heap.Push(&c.heads, tq.fifo[0])
 		}
 		tq.queued--
+		tq.running++ // busy throughout
 		q.queued--
 		c.v = max(c.v, w.start)
 		q.metrics.queued(tq.name, -1)
@@ -337,19 +474,24 @@ func (q *Queue) next() *waiter {
 	return nil
 }
 
-func (q *Queue) releaser() func() {
+func (q *Queue) releaser(tq *tenantQ) func() {
 	var done atomic.Bool
 	return func() {
 		if done.CompareAndSwap(false, true) {
-			q.releaseSlot()
+			q.releaseSlot(tq)
 		}
 	}
 }
 
-// releaseSlot hands the freed slot to the next waiter, or returns it.
-func (q *Queue) releaseSlot() {
+// releaseSlot ends a request of tq and hands the freed slot to the next
+// waiter, or returns it. When nothing is left in service or waiting, every
+// class's virtual time moves past every finish tag (start-time fair queuing's
+// rule for an idle server): what tenants did before no longer counts, and
+// every tenant can be forgotten at the next sweep.
+func (q *Queue) releaseSlot(tq *tenantQ) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.stopped(tq)
 	if q.inFlight <= q.cfg.MaxConcurrent {
 		if w := q.next(); w != nil {
 			w.ch <- true // the slot moves to w
@@ -357,6 +499,11 @@ func (q *Queue) releaseSlot() {
 		}
 	}
 	q.inFlight--
+	if q.inFlight == 0 && q.queued == 0 {
+		for _, c := range q.classes {
+			c.v = max(c.v, c.maxFinish)
+		}
+	}
 }
 
 // Stats reports the requests in service and waiting.

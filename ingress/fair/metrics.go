@@ -12,6 +12,8 @@ type metrics struct {
 	rejected *prometheus.CounterVec
 	waiting  *prometheus.GaugeVec
 	wait     *prometheus.HistogramVec
+	overflow prometheus.Counter // requests charged to the overflow tenant
+	tracked  prometheus.Gauge   // tenants with state
 }
 
 func newMetrics(cfg Config) *metrics {
@@ -25,6 +27,10 @@ func newMetrics(cfg Config) *metrics {
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_tenant_queue_wait_seconds",
 			Help:    "Time admitted requests waited in the fair queue, per tenant.",
 			Buckets: []float64{0, .001, .005, .025, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"tenant"}),
+		overflow: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_tenant_overflow_total",
+			Help: "Requests of unlisted tenants the fair queue folded into one shared overflow tenant because maxTenants busy tenants were tracked."}),
+		tracked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_ingress_tenants",
+			Help: "Tenants the fair queue keeps state for (at most maxTenants, plus the listed ones)."}),
 	}
 	for name := range cfg.Tenants {
 		m.known[name] = true
@@ -63,7 +69,7 @@ func (m *metrics) queued(tenant string, d float64) { m.waiting.WithLabelValues(m
 
 // Collectors returns the queue's metrics for registration.
 func (q *Queue) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{q.metrics.admitted, q.metrics.rejected, q.metrics.waiting, q.metrics.wait}
+	return []prometheus.Collector{q.metrics.admitted, q.metrics.rejected, q.metrics.waiting, q.metrics.wait, q.metrics.overflow, q.metrics.tracked}
 }
 
 func mapKeys(m map[string]Tenant) []string {

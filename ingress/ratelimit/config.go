@@ -35,9 +35,13 @@ type Config struct {
 	MaxScopes int `yaml:"max_scopes"`
 	// MaxOrigins bounds how many other replicas' usage is kept; more are ignored.
 	MaxOrigins int `yaml:"max_origins"`
-	// KeyLimits, when set, is asked first for a key's limits: budgets that
-	// arrive with the caller (a JWT's rate-limit claim, ingress/auth). ok
-	// false falls back to Keys and PerKey. Must be fast and concurrency-safe.
+	// KeyLimits, when set, is asked for a key's limits on every request:
+	// budgets that arrive with the caller (a JWT's rate-limit claim,
+	// ingress/auth). Each dimension it sets (> 0) replaces the one of Keys
+	// or PerKey; one it leaves 0, or ok false, keeps the operator's. Nothing
+	// is cached here, so a key whose caller's budgets are gone (ok false)
+	// is back under the operator's limits at once. Must be fast and
+	// concurrency-safe.
 	KeyLimits func(key string) (l Limits, ok bool) `yaml:"-"`
 	// Now is the clock; nil means time.Now. Tests set it.
 	Now func() time.Time `yaml:"-"`

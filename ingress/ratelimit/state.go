@@ -9,8 +9,14 @@ import (
 // The state another replica publishes (through gossip) is its own usage, per scope, for
 // its current and previous window:
 //
-//	version=1 | uvarint window_ms | varint window_index | uvarint n |
-//	n × ( scope id: 8 bytes LE | uvarint curr_in | curr_out | prev_in | prev_out )
+//	version=2 | uvarint window_ms | varint window_index | uvarint n |
+//	n × ( scope id: 8 bytes LE | uvarint curr_in | curr_out | prev_in | prev_out |
+//	      curr_freed | prev_freed )
+//
+// out counts the output charged (reservations included) and freed the part of those
+// reservations released at the end (Settle): the window's output is out − freed. They
+// are sent apart so that, within one window, every counter only grows. Version 1 (no
+// freed counters, from replicas that reserve nothing) is still read.
 //
 // Scope ids are xxh3 hashes of the key or model name, so no name crosses the wire and
 // every replica computes the same id. Merge rule: per origin, a newer window replaces
@@ -18,14 +24,21 @@ import (
 // merging takes the maximum and reordered or duplicated gossip is harmless. Across
 // origins the counters are summed.
 const (
-	stateVersion   = 1
-	maxEntryBytes  = 8 + 4*binary.MaxVarintLen64
-	minEntryBytes  = 8 + 4
+	stateVersion   = 2
+	maxEntryBytes  = 8 + 6*binary.MaxVarintLen64
 	maxStateBytes  = 1 << 20
 	DefaultMaxSize = 1024 // a payload that fits in one gossip packet with room to spare
 )
 
-type remoteCounts struct{ curr, prev [2]int64 }
+// entryValues is how many counters an entry of a state version carries.
+func entryValues(version byte) int {
+	if version == 1 {
+		return 4
+	}
+	return 6
+}
+
+type remoteCounts struct{ curr, prev [3]int64 }
 
 // origin is the latest state received from one other replica.
 type origin struct {
@@ -50,10 +63,11 @@ func (l *Limiter) AppendState(dst []byte, maxBytes int) []byte {
 	items := make([]item, 0, len(l.local))
 	for id, c := range l.local {
 		c.roll(w)
-		if c.win != w || c.curr == [2]int64{} && c.prev == [2]int64{} {
+		if c.win != w || c.curr == [3]int64{} && c.prev == [3]int64{} {
 			continue
 		}
-		items = append(items, item{id, remoteCounts{c.curr, c.prev}, c.curr[0] + c.curr[1] + c.prev[0] + c.prev[1]})
+		total := count(c.curr, dimIn) + count(c.curr, dimOut) + count(c.prev, dimIn) + count(c.prev, dimOut)
+		items = append(items, item{id, remoteCounts{c.curr, c.prev}, total})
 	}
 	l.mu.Unlock()
 	slices.SortFunc(items, func(a, b item) int {
@@ -76,6 +90,8 @@ func (l *Limiter) AppendState(dst []byte, maxBytes int) []byte {
 		e = binary.AppendUvarint(e, uint64(it.c.curr[1]))
 		e = binary.AppendUvarint(e, uint64(it.c.prev[0]))
 		e = binary.AppendUvarint(e, uint64(it.c.prev[1]))
+		e = binary.AppendUvarint(e, uint64(it.c.curr[2]))
+		e = binary.AppendUvarint(e, uint64(it.c.prev[2]))
 		if len(header)+binary.MaxVarintLen64+len(body)+len(e) > maxBytes {
 			break
 		}
@@ -92,9 +108,10 @@ func decodeState(b []byte) (windowMS uint64, win int64, scopes map[uint64]remote
 	if len(b) == 0 || len(b) > maxStateBytes {
 		return 0, 0, nil, fmt.Errorf("%w: length %d", ErrBadState, len(b))
 	}
-	if b[0] != stateVersion {
+	if b[0] != 1 && b[0] != stateVersion {
 		return 0, 0, nil, fmt.Errorf("%w: version %d", ErrBadState, b[0])
 	}
+	values := entryValues(b[0])
 	p := b[1:]
 	next := func(what string) (uint64, error) {
 		v, k := binary.Uvarint(p)
@@ -116,7 +133,7 @@ func decodeState(b []byte) (windowMS uint64, win int64, scopes map[uint64]remote
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	if n > uint64(len(p)/minEntryBytes) {
+	if n > uint64(len(p)/(8+values)) {
 		return 0, 0, nil, fmt.Errorf("%w: count %d exceeds payload", ErrBadState, n)
 	}
 	scopes = make(map[uint64]remoteCounts, n)
@@ -126,8 +143,8 @@ func decodeState(b []byte) (windowMS uint64, win int64, scopes map[uint64]remote
 		}
 		id := binary.LittleEndian.Uint64(p)
 		p = p[8:]
-		var vals [4]int64
-		for j := range vals {
+		var vals [6]int64
+		for j := range values {
 			u, err := next("counter")
 			if err != nil {
 				return 0, 0, nil, err
@@ -137,7 +154,7 @@ func decodeState(b []byte) (windowMS uint64, win int64, scopes map[uint64]remote
 			}
 			vals[j] = int64(u)
 		}
-		c := remoteCounts{curr: [2]int64{vals[0], vals[1]}, prev: [2]int64{vals[2], vals[3]}}
+		c := remoteCounts{curr: [3]int64{vals[0], vals[1], vals[4]}, prev: [3]int64{vals[2], vals[3], vals[5]}}
 		scopes[id] = maxCounts(scopes[id], c)
 	}
 	if len(p) != 0 {
@@ -147,7 +164,7 @@ func decodeState(b []byte) (windowMS uint64, win int64, scopes map[uint64]remote
 }
 
 func maxCounts(a, b remoteCounts) remoteCounts {
-	for d := 0; d < 2; d++ {
+	for d := range a.curr {
 		a.curr[d] = max(a.curr[d], b.curr[d])
 		a.prev[d] = max(a.prev[d], b.prev[d])
 	}

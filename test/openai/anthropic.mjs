@@ -39,6 +39,20 @@ await capture("tools", async () => {
   return { text: m.content.map((b) => b.text ?? "").join(""), usage: m.usage };
 });
 
+await capture("models", async () => {
+  const page = await client.models.list();
+  return { ids: page.data.map((m) => m.id) };
+});
+
+// The key as x-api-key, as earlier SDKs, Claude Code and Anthropic's API
+// reference send it (this SDK version sends Authorization: Bearer), to
+// /v1/models.
+const xApiKey = new Anthropic({ baseURL, apiKey: null, authToken: null, defaultHeaders: { "x-api-key": apiKey }, maxRetries: 0 });
+await capture("models_x_api_key", async () => {
+  const page = await xApiKey.models.list();
+  return { ids: page.data.map((m) => m.id) };
+});
+
 await capture("no_max_tokens", () => client.messages.create({ model, system, messages: turn1 }));
 
 await capture("wrong_key", () => new Anthropic({ baseURL, apiKey: "wrong-key-0000", maxRetries: 0 }).messages.create({ model, max_tokens: 3, messages: turn1 }));

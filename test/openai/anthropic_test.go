@@ -13,9 +13,11 @@ import (
 const anthropicSDKVersion = "1.16.0"
 
 // TestAnthropicNodeClient drives the ingress's /v1/messages with
-// Anthropic's official TypeScript SDK, authenticating with x-api-key as the
-// SDK does: a message, a stream read through the SDK's event helpers, a
-// tool round trip, and the errors the SDK maps to its types.
+// Anthropic's official TypeScript SDK (this version sends its key as
+// Authorization: Bearer): a message, a stream read through the SDK's event
+// helpers, a tool round trip, models.list() (also with the key as
+// x-api-key, as earlier SDKs send it), and the errors the SDK maps to its
+// types.
 func TestAnthropicNodeClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -54,6 +56,11 @@ func TestAnthropicNodeClient(t *testing.T) {
 	tu := usage(res.ok(t, "tools"))
 	if num(tu["output_tokens"]) != 4 || prompt(tu) <= prompt(u) {
 		t.Errorf("tools: usage %v (the tool turn's prompt is longer than %v)", tu, u["input_tokens"])
+	}
+	for _, name := range []string{"models", "models_x_api_key"} {
+		if ids, _ := res.ok(t, name)["ids"].([]any); !slices.Contains(ids, any(model)) {
+			t.Errorf("%s: models.list(): %v", name, res[name])
+		}
 	}
 	for name, want := range map[string][2]any{"no_max_tokens": {400.0, "invalid_request_error"}, "wrong_key": {401.0, "authentication_error"}} {
 		r := res[name]

@@ -27,7 +27,9 @@ import (
 // TestTLSAndJWTWithOpenAIClient: the official client reaches the ingress
 // over HTTPS and authenticates with JWTs checked against a JWKS; a valid
 // token is served, an expired one, one signed by another key and one for
-// another audience get 401 in the OpenAI error shape.
+// another audience get 401 in the OpenAI error shape, whose message says
+// only the class of the failure (docs/SECURITY.md): none of go-jose's
+// texts, key ids or claim names.
 func TestTLSAndJWTWithOpenAIClient(t *testing.T) {
 	node, dir := installClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -73,11 +75,16 @@ func TestTLSAndJWTWithOpenAIClient(t *testing.T) {
 	claims := func(aud string, exp time.Time) map[string]any {
 		return map[string]any{"aud": aud, "sub": "user", "tenant": "acme", "exp": exp.Unix(), "iat": now.Unix()}
 	}
+	badTenant := claims("kvmesh-e2e", now.Add(time.Hour))
+	badTenant["tenant"] = 42
 	tokens := map[string]string{
 		"valid":          sign(t, issuer, claims("kvmesh-e2e", now.Add(time.Hour))),
 		"expired":        sign(t, issuer, claims("kvmesh-e2e", now.Add(-time.Hour))),
 		"wrong_key":      sign(t, other, claims("kvmesh-e2e", now.Add(time.Hour))),
 		"wrong_audience": sign(t, issuer, claims("another-service", now.Add(time.Hour))),
+		"unknown_kid":    signKid(t, other, "k9", claims("kvmesh-e2e", now.Add(time.Hour))),
+		"bad_tenant":     sign(t, issuer, badTenant),
+		"hs256":          "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl",
 	}
 	tj, _ := json.Marshal(tokens)
 	run := exec.CommandContext(ctx, node, "security.mjs")
@@ -102,9 +109,15 @@ func TestTLSAndJWTWithOpenAIClient(t *testing.T) {
 	if r := res["valid"]; !r.OK {
 		t.Errorf("valid token over TLS: %+v", r)
 	}
-	for _, name := range []string{"expired", "wrong_key", "wrong_audience"} {
-		if r := res[name]; r.OK || r.Status != 401 || r.Type == "" {
+	for name, want := range map[string]string{"expired": "bearer token expired", "wrong_key": "invalid bearer token",
+		"wrong_audience": "bearer token for another audience or issuer", "unknown_kid": "invalid bearer token",
+		"bad_tenant": "invalid bearer token", "hs256": "invalid bearer token"} {
+		r := res[name]
+		if r.OK || r.Status != 401 || r.Type == "" {
 			t.Errorf("%s: %+v, want a 401 OpenAI error", name, r)
+		}
+		if !strings.HasSuffix(r.Msg, want) {
+			t.Errorf("%s: message %q, want only %q", name, r.Msg, want)
 		}
 	}
 }
@@ -120,7 +133,12 @@ func newKey(t *testing.T) *ecdsa.PrivateKey {
 
 func sign(t *testing.T, k *ecdsa.PrivateKey, claims map[string]any) string {
 	t.Helper()
-	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: k}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", "k1"))
+	return signKid(t, k, "k1", claims)
+}
+
+func signKid(t *testing.T, k *ecdsa.PrivateKey, kid string, claims map[string]any) string {
+	t.Helper()
+	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: k}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
 	if err != nil {
 		t.Fatal(err)
 	}
