@@ -266,8 +266,14 @@ func (c *call) candidates() error {
 			// No engine at all (starting, or gossip not converged): not the client's fault.
 			return fmt.Errorf("%w: no live engines", ErrNoEngine)
 		}
+		if s.served.recently(served, time.Now()) {
+			// Served minutes ago: its engines' sidecars are gone or
+			// restarting, an outage to retry, not a model that does not exist.
+			return fmt.Errorf("%w: no live engine serves the model %q right now", ErrNoEngine, c.model)
+		}
 		return fmt.Errorf("%w: the model %q does not exist or no engine serves it", ErrModelNotFound, c.model)
 	}
+	s.served.seen(served, time.Now())
 	if c.block == 0 {
 		c.block = s.cfg.BlockSize
 	}

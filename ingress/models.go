@@ -138,7 +138,14 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	if !ready {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 	}
-	writeJSON(ctx, map[string]any{"ready": ready, "index_synced": synced, "index_sync_grace_passed": degraded, "engines": engines, "draining": s.draining.Load()})
+	body := map[string]any{"ready": ready, "index_synced": synced, "index_sync_grace_passed": degraded, "engines": engines, "draining": s.draining.Load()}
+	if s.cl != nil && s.cl.mat != nil {
+		// How long NATS has been unreachable (0: it is not): the index is
+		// frozen meanwhile and routing degrades, but the ingress still
+		// serves, so readiness does not change (docs/OPERATIONS.md).
+		body["index_stale_seconds"] = s.cl.mat.StaleFor().Seconds()
+	}
+	writeJSON(ctx, body)
 }
 
 // handlePing is vLLM's /ping (GET or POST; SageMaker's health check): an

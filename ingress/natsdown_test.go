@@ -58,10 +58,16 @@ func TestStartsBeforeNATS(t *testing.T) {
 	}
 	t.Cleanup(ns.Shutdown)
 	gate.Open(strings.TrimPrefix(ns.URL(), "nats://"))
+	var ready string
 	testutil.WaitFor(t, 30*time.Second, "ingress ready with the engine healthy once NATS is up", func() bool {
-		st, _, _ := get(base + "/ready")
+		var st int
+		st, ready, _ = get(base + "/ready")
 		return st == 200 && healthyEngines(s) == 1
 	})
+	// Connected: /ready says the index is not stale.
+	if !strings.Contains(ready, `"index_stale_seconds": 0`) {
+		t.Fatalf("/ready %s", ready)
+	}
 	// A prompt through the ingress: the engine's KV events reach the ingress's
 	// index by way of the sidecar and NATS.
 	if st, _, b := post(t, http.DefaultClient, base+"/v1/completions", `{"model":"sim/tiny","prompt":[`+ids(64)+`],"max_tokens":2}`); st != 200 {

@@ -682,18 +682,29 @@ func (p *proxyStream) endWith(err error) {
 		return
 	}
 	c := p.c
-	c.s.m.streamErrors.Inc()
-	c.s.m.attempts.WithLabelValues("stream_error").Inc()
-	c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
-	c.errMsg = "upstream stream broke: " + err.Error()
+	var msg, code string
+	if c.s.draining.Load() && errors.Is(err, net.ErrClosed) {
+		// The ingress closed the connection itself: its drain timeout cut
+		// what was still streaming (Server.Close). Not the engine's failure:
+		// said so, with the code a draining ingress answers new requests
+		// with, and not counted against the engine (ejection, stream errors).
+		msg, code = fmt.Sprintf("the ingress is shutting down: its drain timeout ended this stream from engine %s", p.up.id), "service_unavailable"
+		c.errMsg = "stream cut at the drain timeout"
+	} else {
+		c.s.m.streamErrors.Inc()
+		c.s.m.attempts.WithLabelValues("stream_error").Inc()
+		c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
+		c.errMsg = "upstream stream broke: " + err.Error()
+		msg, code = fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), "upstream_error"
+	}
 	if p.named != nil {
 		if !p.sawError { // else the engine's own error event ended it
-			p.tail = p.named.appendError(p.tail, fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), p.nextSeq)
+			p.tail = p.named.appendError(p.tail, msg, p.nextSeq)
 		}
 		return
 	}
 	p.tail = append(p.tail, "data: "...)
-	p.tail = appendErrorBody(p.tail, &apiError{msg: fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), typ: "server_error", code: "upstream_error"})
+	p.tail = appendErrorBody(p.tail, &apiError{msg: msg, typ: "server_error", code: code})
 	p.tail = append(p.tail, "\n\ndata: [DONE]\n\n"...)
 }
 

@@ -55,6 +55,9 @@ type Server struct {
 	metricsHandler fasthttp.RequestHandler
 
 	created time.Time
+	// served: when each model last had a live engine (404 or 503 when
+	// none has now, servedmodels.go).
+	served servedModels
 	// heads remembers what chunked requests' heads said, for
 	// handleTransportError.
 	heads headMemo

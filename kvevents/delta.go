@@ -11,9 +11,14 @@ import (
 // version and the message kind, so a decoder can reject what it does not know
 // before looking further:
 //
-//	delta:    [1, 1, engine str, model str, epoch uint, seq uint, ts int, ops]
-//	snapshot: [1, 2, engine str, model str, epoch uint, seq uint, ts int, ops, chunk uint, chunks uint]
+//	delta:    [1, 1, engine str, model str, epoch uint, seq uint, ts int, ops (, epoch start int)]
+//	snapshot: [1, 2, engine str, model str, epoch uint, seq uint, ts int, ops, chunk uint, chunks uint (, epoch start int)]
 //	op:       [kind uint, tier uint, keys bin]
+//
+// The epoch start (when the sidecar's epoch began, unix ns) is optional and
+// written only when set: readers before it skip trailing fields, and what
+// sidecars before it write decodes with EpochStart 0 (unknown). A trailing
+// field of another type in its place is skipped as unknown.
 //
 // keys are packed as little-endian uint64s in one bin: 8 bytes a key instead of
 // 9, and decoding is a bounds check plus a copy. The codec is hand-written so a
@@ -67,6 +72,23 @@ type Delta struct {
 	Seq    uint64
 	TS     int64 // unix nanoseconds of the newest engine batch in the delta (its event time)
 	Ops    []Op
+	// EpochStart is when the sidecar's epoch began (unix nanoseconds; 0:
+	// unknown, a sidecar that predates the field). Of two live epochs of one
+	// engine (a sidecar restart overlapping its old self) the later start is
+	// the newer, so every ingress follows the same one (NewerEpoch).
+	EpochStart int64
+}
+
+// NewerEpoch reports whether epoch a, started at aStart, is newer than b,
+// started at bStart (0: unknown): the later start wins, an unknown start
+// losing to a known one, and equal starts are decided by the larger epoch
+// number, so every reader orders two epochs the same way.
+func NewerEpoch(a uint64, aStart int64, b uint64, bStart int64) bool {
+	aStart, bStart = max(aStart, 0), max(bStart, 0)
+	if aStart != bStart {
+		return aStart > bStart
+	}
+	return a > b
 }
 
 // SnapshotChunk is one part of a snapshot reply: the engine's full key set per
@@ -81,6 +103,8 @@ type SnapshotChunk struct {
 	Ops    []Op
 	Chunk  int
 	Chunks int
+	// EpochStart is Delta.EpochStart of the epoch the snapshot reflects.
+	EpochStart int64
 }
 
 // Limits that keep a decoder bounded whatever the input claims.
@@ -101,18 +125,34 @@ var (
 
 // AppendDelta appends the encoding of d to dst.
 func AppendDelta(dst []byte, d *Delta) []byte {
-	dst = append(dst, 0x98) // fixarray(8)
+	if d.EpochStart != 0 {
+		dst = append(dst, 0x99) // fixarray(9)
+	} else {
+		dst = append(dst, 0x98) // fixarray(8): what readers of every version expect
+	}
 	dst = deltaAppendHeader(dst, msgDelta, d.Engine, d.Model, d.Epoch, d.Seq, d.TS)
-	return deltaAppendOps(dst, d.Ops)
+	dst = deltaAppendOps(dst, d.Ops)
+	if d.EpochStart != 0 {
+		dst = wire.AppendInt(dst, d.EpochStart)
+	}
+	return dst
 }
 
 // AppendSnapshotChunk appends the encoding of c to dst.
 func AppendSnapshotChunk(dst []byte, c *SnapshotChunk) []byte {
-	dst = append(dst, 0x9a) // fixarray(10)
+	if c.EpochStart != 0 {
+		dst = append(dst, 0x9b) // fixarray(11)
+	} else {
+		dst = append(dst, 0x9a) // fixarray(10)
+	}
 	dst = deltaAppendHeader(dst, msgSnapshot, c.Engine, c.Model, c.Epoch, c.Seq, c.TS)
 	dst = deltaAppendOps(dst, c.Ops)
 	dst = wire.AppendUint(dst, uint64(c.Chunk))
-	return wire.AppendUint(dst, uint64(c.Chunks))
+	dst = wire.AppendUint(dst, uint64(c.Chunks))
+	if c.EpochStart != 0 {
+		dst = wire.AppendInt(dst, c.EpochStart)
+	}
+	return dst
 }
 
 // EncodedDeltaSize is an upper bound of the encoded size of a delta with the
@@ -165,6 +205,13 @@ func DecodeDelta(b []byte, d *Delta) error {
 	if d.Ops, err = deltaOps(&r, d.Ops); err != nil {
 		return err
 	}
+	d.EpochStart = 0
+	if n > 8 {
+		if d.EpochStart, err = deltaOptInt(&r); err != nil {
+			return err
+		}
+		return deltaEnd(&r, n-9)
+	}
 	return deltaEnd(&r, n-8)
 }
 
@@ -205,7 +252,28 @@ func DecodeSnapshotChunk(b []byte, c *SnapshotChunk) error {
 		return fmt.Errorf("%w: snapshot chunk %d of %d", ErrMalformedDelta, chunk, chunks)
 	}
 	c.Chunk, c.Chunks = int(chunk), int(chunks)
+	c.EpochStart = 0
+	if n > 10 {
+		if c.EpochStart, err = deltaOptInt(&r); err != nil {
+			return err
+		}
+		return deltaEnd(&r, n-11)
+	}
 	return deltaEnd(&r, n-10)
+}
+
+// deltaOptInt reads an optional int field (any int encoding, as ts): a value
+// of another type in its place is skipped and reads as 0.
+func deltaOptInt(r *reader) (int64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c <= 0x7f || c >= 0xe0 || c >= 0xcc && c <= 0xd3 {
+		v, _, err := r.integer()
+		return int64(v), err
+	}
+	return 0, deltaSkip(r, 0)
 }
 
 // deltaEnd skips n trailing fields and rejects bytes after the message (found

@@ -5,6 +5,8 @@ import (
 	"math"
 	"reflect"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/kvevents/internal/wire"
 )
 
 func sampleDelta() *Delta {
@@ -98,6 +100,67 @@ func TestDeltaSkipsTrailingFields(t *testing.T) {
 	}
 }
 
+// The epoch start is an optional trailing field: written only when set, as
+// one int after what every earlier reader reads (which skips trailing
+// fields), and absent from what earlier sidecars write (read as 0).
+func TestEpochStartIsOptionalTrailingField(t *testing.T) {
+	const start = 1757500000250000000
+	d := sampleDelta()
+	old := AppendDelta(nil, d)
+	d.EpochStart = start
+	b := AppendDelta(nil, d)
+	want := append(append([]byte{0x99}, old[1:]...), wire.AppendInt(nil, start)...)
+	if !reflect.DeepEqual(b, want) {
+		t.Fatalf("a delta with its epoch start is not the old encoding plus one trailing int:\n% x\n% x", b, want)
+	}
+	var got Delta
+	if err := DecodeDelta(b, &got); err != nil || got.EpochStart != start || got.Seq != d.Seq {
+		t.Fatalf("decode: %v %+v", err, got)
+	}
+	if err := DecodeDelta(old, &got); err != nil || got.EpochStart != 0 {
+		t.Fatalf("an old sidecar's delta: %v, epoch start %d (want 0, unknown)", err, got.EpochStart)
+	}
+
+	c := &SnapshotChunk{Engine: "e1", Model: "m", Epoch: 9, Seq: 100, TS: 3, Chunk: 0, Chunks: 1,
+		Ops: []Op{{Kind: OpStore, Tier: TierGPU, Keys: []uint64{5, 6}}}}
+	oldChunk := AppendSnapshotChunk(nil, c)
+	c.EpochStart = start
+	b = AppendSnapshotChunk(nil, c)
+	want = append(append([]byte{0x9b}, oldChunk[1:]...), wire.AppendInt(nil, start)...)
+	if !reflect.DeepEqual(b, want) {
+		t.Fatalf("a chunk with its epoch start is not the old encoding plus one trailing int")
+	}
+	var gc SnapshotChunk
+	if err := DecodeSnapshotChunk(b, &gc); err != nil || gc.EpochStart != start || gc.Chunks != 1 {
+		t.Fatalf("decode chunk: %v %+v", err, gc)
+	}
+	if err := DecodeSnapshotChunk(oldChunk, &gc); err != nil || gc.EpochStart != 0 {
+		t.Fatalf("an old sidecar's chunk: %v, epoch start %d", err, gc.EpochStart)
+	}
+}
+
+func TestNewerEpoch(t *testing.T) {
+	for _, tc := range []struct {
+		a      uint64
+		aStart int64
+		b      uint64
+		bStart int64
+		want   bool
+	}{
+		{a: 1, aStart: 200, b: 9, bStart: 100, want: true}, // the later start wins whatever the numbers
+		{a: 9, aStart: 100, b: 1, bStart: 200, want: false},
+		{a: 1, aStart: 100, b: 9, bStart: 0, want: true}, // a known start beats an unknown one
+		{a: 9, aStart: 0, b: 1, bStart: 100, want: false},
+		{a: 9, aStart: 0, b: 1, bStart: 0, want: true}, // both unknown: the larger epoch, the same everywhere
+		{a: 1, aStart: 0, b: 9, bStart: 0, want: false},
+		{a: 5, aStart: 7, b: 5, bStart: 7, want: false}, // an epoch is not newer than itself
+	} {
+		if got := NewerEpoch(tc.a, tc.aStart, tc.b, tc.bStart); got != tc.want {
+			t.Errorf("NewerEpoch(%d@%d, %d@%d) = %v", tc.a, tc.aStart, tc.b, tc.bStart, got)
+		}
+	}
+}
+
 func TestDigestOrderIndependent(t *testing.T) {
 	var a, b Digest
 	keys := []uint64{1, 99, 12345, math.MaxUint64, 0}
@@ -130,6 +193,8 @@ func TestDigestOrderIndependent(t *testing.T) {
 func FuzzDecodeDelta(f *testing.F) {
 	f.Add(AppendDelta(nil, sampleDelta()))
 	f.Add(AppendSnapshotChunk(nil, &SnapshotChunk{Engine: "x", Chunks: 1, Ops: []Op{{Kind: OpStore, Keys: []uint64{1}}}}))
+	f.Add(AppendDelta(nil, &Delta{Engine: "x", Epoch: 2, Seq: 1, EpochStart: -3}))
+	f.Add(AppendSnapshotChunk(nil, &SnapshotChunk{Engine: "x", Chunks: 1, EpochStart: 1 << 60}))
 	f.Add([]byte{0x98, 1, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var d Delta

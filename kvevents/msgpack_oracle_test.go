@@ -464,7 +464,7 @@ func TestOracleFixtures(t *testing.T) {
 }
 
 // oracleDelta interprets a parsed delta by the layout in delta.go:
-// [1, 1, engine, model, epoch, seq, ts, [[kind, tier, keys bin], ...], ...].
+// [1, 1, engine, model, epoch, seq, ts, [[kind, tier, keys bin], ...], epoch start?, ...].
 func oracleDelta(v any) (Delta, error) {
 	var d Delta
 	a, ok := v.([]any)
@@ -520,6 +520,11 @@ func oracleDelta(v any) (Delta, error) {
 		}
 		d.Ops = append(d.Ops, op)
 	}
+	if len(a) > 8 { // the optional epoch start: an int, else an unknown field
+		if u, _, ok := oracleInt(a[8]); ok {
+			d.EpochStart = int64(u)
+		}
+	}
 	return d, nil
 }
 
@@ -531,6 +536,7 @@ func oracleDelta(v any) (Delta, error) {
 func FuzzDecodeDeltaOracle(f *testing.F) {
 	f.Add(AppendDelta(nil, sampleDelta()))
 	f.Add(AppendDelta(nil, &Delta{Engine: "e", Ops: []Op{{Kind: OpClear, Tier: TierCPU}}}))
+	f.Add(AppendDelta(nil, &Delta{Engine: "e", Epoch: 3, EpochStart: 1757500000250000000}))
 	f.Add([]byte{0x98, 1, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var got Delta

@@ -101,7 +101,7 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	defer cancel()
 
 	side := jsAs(t, url, "sidecar", "sidecar-pw")
-	if _, err := natsutil.EnsureStream(ctx, side, natsutil.DefaultConfig().Stream); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, side, natsutil.DefaultConfig().Stream, nil); err != nil {
 		t.Fatalf("sidecar creates the delta stream: %v", err)
 	}
 	store, err := tokenstore.EnsureBucket(ctx, side, 1, false)
@@ -149,8 +149,15 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 		t.Cleanup(cc)
 		return c
 	}
-	if _, err := natsutil.EnsureStream(short(), ing, natsutil.DefaultConfig().Stream); err == nil {
-		t.Fatal("the ingress user could create or alter the delta stream")
+	// Limits other than the defaults are applied to the existing stream
+	// (natsutil.StreamConfig's rule): an update the ingress may not make.
+	alter := natsutil.DefaultConfig().Stream
+	alter.MaxAge = time.Hour
+	if _, err := natsutil.EnsureStream(short(), ing, alter, nil); err == nil {
+		t.Fatal("the ingress user could alter the delta stream")
+	}
+	if _, err := ing.CreateStream(short(), jetstream.StreamConfig{Name: "KVMESH_OTHER", Subjects: []string{"kvmesh.other.>"}}); err == nil {
+		t.Fatal("the ingress user could create a stream")
 	}
 	istore, err := ing.ObjectStore(short(), tokenstore.Bucket)
 	if err != nil {

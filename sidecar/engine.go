@@ -45,6 +45,10 @@ type engine struct {
 	subject string
 	c       engineCounters
 	resetCh chan struct{} // cap 1: a reset is pending (reset-engine policy)
+
+	// epochStart (unix ns) orders this epoch against another live one of
+	// the same engine (kvevents.NewerEpoch): a restart overlapping itself.
+	epochStart int64
 	// subMetrics exports the running subscriber's counters (nil when stopped).
 	subMetrics atomic.Pointer[kvevents.SubscriberCollector]
 
@@ -73,7 +77,7 @@ func newEngine(s *Sidecar, cfg EngineConfig) *engine {
 	_, _ = rand.Read(b[:])
 	epoch := binary.LittleEndian.Uint64(b[:]) | 1 // never 0: 0 means "no head" in gossip
 	e := &engine{
-		cfg: cfg, s: s, epoch: epoch,
+		cfg: cfg, s: s, epoch: epoch, epochStart: time.Now().UnixNano(),
 		log:     s.log.With("engine", cfg.ID),
 		subject: natsutil.DeltaSubject(cfg.Model, cfg.ID),
 		resetCh: make(chan struct{}, 1),
@@ -255,7 +259,7 @@ func (e *engine) publishLocked(ops []kvevents.Op, nkeys int) {
 	if ts == 0 {
 		ts = time.Now().UnixNano()
 	}
-	d := kvevents.Delta{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, TS: ts, Ops: ops}
+	d := kvevents.Delta{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, TS: ts, Ops: ops, EpochStart: e.epochStart}
 	e.c.deltas.Add(1)
 	e.c.deltaKeys.Add(uint64(nkeys))
 	if err := e.s.enqueue(e, kvevents.AppendDelta(make([]byte, 0, kvevents.EncodedDeltaSize(len(ops), nkeys, d.Engine, d.Model)), &d)); err != nil {

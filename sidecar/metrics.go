@@ -18,7 +18,7 @@ var (
 		{"batches_total", "Engine KV-event batches applied."},
 		{"deltas_published_total", "Deltas published."},
 		{"delta_keys_total", "Keys in published delta ops."},
-		{"publish_errors_total", "Delta publishes that failed (receivers resync on the gap)."},
+		{"publish_errors_total", "Delta publishes that failed: core NATS sends (receivers resync on the gap) and JetStream stream acks (a missing stream is recreated)."},
 		{"publish_queue_drops_total", "Deltas dropped because the publish queue was full (NATS slow or gone; receivers resync on the gap)."},
 		{"snapshots_served_total", "Snapshot requests answered."},
 		{"rank_resets_total", "DP-rank restarts seen (state dropped)."},

@@ -40,7 +40,14 @@ type Sidecar struct {
 	// pubq hands encoded deltas from the event loops (under their engine's
 	// lock, never blocking) to publishLoop, in sequence order.
 	pubq chan pubMsg
+	// Failed publishes since the last warning, and when it was logged
+	// (unix ns): at most one warning per publishErrLogEvery.
+	pubErrs      atomic.Uint64
+	pubErrLogged atomic.Int64
 }
+
+// publishErrLogEvery spaces the warnings about failed delta publishes.
+const publishErrLogEvery = 10 * time.Second
 
 // pubMsg is one encoded delta waiting for NATS.
 type pubMsg struct {
@@ -114,6 +121,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	defer conn.Close()
 	s.conn.Store(conn)
+	conn.OnPublishError(s.publishFailed) // JetStream acks that never came, a missing stream
 
 	for _, e := range s.engines {
 		sub, err := conn.NC.Subscribe(natsutil.SnapSubject(e.cfg.Model, e.cfg.ID), e.serveSnapshot)
@@ -302,10 +310,40 @@ func (s *Sidecar) publishLoop(ctx context.Context) {
 		case m := <-s.pubq:
 			if err := s.publish(m.e.subject, m.data); err != nil {
 				m.e.c.publishErrors.Add(1)
-				m.e.log.Debug("delta publish failed", "err", err)
+				s.warnPublishError(m.e.cfg.ID, err)
 			}
 		}
 	}
+}
+
+// publishFailed is told (by natsutil.Conn, on a NATS goroutine) of each
+// JetStream publish that failed after it was sent: no ack within the ack
+// timeout, no stream (KVMESH_DELTAS deleted: the connection then creates it
+// again), an error from the stream, an ack lost with the connection. The
+// delta went out as a NATS message, so live ingresses may have it; the stream
+// may not. Counted in kvmesh_sidecar_publish_errors_total.
+func (s *Sidecar) publishFailed(subject string, err error) {
+	id := subject
+	for _, e := range s.engines {
+		if e.subject == subject {
+			e.c.publishErrors.Add(1)
+			id = e.cfg.ID
+			break
+		}
+	}
+	s.warnPublishError(id, err)
+}
+
+// warnPublishError logs a failed publish, at most once per
+// publishErrLogEvery with the number of failures since the last warning.
+func (s *Sidecar) warnPublishError(engine string, err error) {
+	s.pubErrs.Add(1)
+	now, last := time.Now().UnixNano(), s.pubErrLogged.Load()
+	if last != 0 && now-last < int64(publishErrLogEvery) || !s.pubErrLogged.CompareAndSwap(last, now) {
+		return
+	}
+	s.log.Warn("delta publishes failing", "failed", s.pubErrs.Swap(0), "engine", engine, "err", err,
+		"next_warning_in", publishErrLogEvery)
 }
 
 // publish sends one delta: through JetStream (the stream captures it, async
@@ -341,7 +379,8 @@ func (e *engine) serveSnapshot(msg *nats.Msg) {
 		total += len(k)
 	}
 	chunks := max((total+limit-1)/limit, 1)
-	c := kvevents.SnapshotChunk{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: head.Epoch, Seq: head.Seq, TS: time.Now().UnixNano(), Chunks: chunks}
+	c := kvevents.SnapshotChunk{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: head.Epoch, Seq: head.Seq, TS: time.Now().UnixNano(), Chunks: chunks,
+		EpochStart: e.epochStart}
 	var buf []byte
 	t, off := 0, 0
 	for i := 0; i < chunks; i++ {

@@ -52,7 +52,7 @@ type Config struct {
 	// flight. When full, the buffer is dropped and another snapshot follows: a
 	// snapshot is always correct, a buffer only saves work. Default 4096.
 	MaxBuffered int
-	// CheckInterval is the period of the housekeeping loop (reconnect check,
+	// CheckInterval is the period of the housekeeping loop (connection check,
 	// gossip digest compare, discovery, retries). Default 250ms.
 	CheckInterval time.Duration
 	// GoneAfter: an engine that gossip stops listing is cleared after this long.
@@ -62,6 +62,12 @@ type Config struct {
 	// before a resync (the two sides may sample between a delta and its gossip).
 	// Default 1s.
 	DigestGrace time.Duration
+	// EpochGrace: deltas of an engine's older sidecar epoch (a sidecar
+	// restart overlapping itself, epoch.go) are ignored while the newer one
+	// is live; when they keep coming this long while the newer one sends
+	// nothing, its sidecar is taken to be gone and the older one is followed
+	// again. Default 2s.
+	EpochGrace time.Duration
 	// IdleCheck: without Membership, an engine with no delta for this long is
 	// re-snapshotted, so an engine whose sidecar vanished is cleared (no
 	// responders) instead of being routed to forever. Default 30s; gossip
@@ -82,6 +88,7 @@ func DefaultConfig() Config {
 		CheckInterval:          250 * time.Millisecond,
 		GoneAfter:              time.Second,
 		DigestGrace:            time.Second,
+		EpochGrace:             2 * time.Second,
 		IdleCheck:              30 * time.Second,
 	}
 }
@@ -116,8 +123,8 @@ func (c *Config) Validate() error {
 	if c.IdleCheck <= 0 {
 		add("idle check %v must be positive", c.IdleCheck)
 	}
-	if c.GoneAfter < 0 || c.DigestGrace < 0 {
-		add("gone-after %v and digest grace %v must not be negative", c.GoneAfter, c.DigestGrace)
+	if c.GoneAfter < 0 || c.DigestGrace < 0 || c.EpochGrace < 0 {
+		add("gone-after %v, digest grace %v and epoch grace %v must not be negative", c.GoneAfter, c.DigestGrace, c.EpochGrace)
 	}
 	return errors.Join(errs...)
 }

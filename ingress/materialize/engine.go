@@ -22,6 +22,15 @@ type engineState struct {
 	failures     int
 	buf          []*kvevents.Delta // deltas that arrived while not in sequence, bounded
 
+	// epochs is the sidecar epoch followed and the others seen (epoch.go);
+	// epoch above is the installed snapshot's, which catches up with it.
+	epochs epochView
+	// followSeen: the followed epoch's last delta or snapshot; staleSince:
+	// the first ignored delta of an older epoch since (zero: none).
+	followSeen, staleSince time.Time
+	// probe is the gossiped epoch whose head made the snapshot in flight.
+	probe uint64
+
 	lastMsg       time.Time
 	lag           time.Duration
 	applied       uint64
@@ -38,7 +47,7 @@ func (e *engineState) buffer(d *kvevents.Delta, limit int) {
 	if len(e.buf) >= limit {
 		e.buf = nil
 	}
-	c := &kvevents.Delta{Engine: d.Engine, Model: d.Model, Epoch: d.Epoch, Seq: d.Seq, TS: d.TS, Ops: make([]kvevents.Op, len(d.Ops))}
+	c := &kvevents.Delta{Engine: d.Engine, Model: d.Model, Epoch: d.Epoch, Seq: d.Seq, TS: d.TS, EpochStart: d.EpochStart, Ops: make([]kvevents.Op, len(d.Ops))}
 	for i, op := range d.Ops {
 		c.Ops[i] = kvevents.Op{Kind: op.Kind, Tier: op.Tier, Keys: append([]uint64(nil), op.Keys...)}
 	}
@@ -63,6 +72,9 @@ func (m *Materializer) tick(now time.Time) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// While the link is down a snapshot request cannot be answered: the
+	// reconnect resyncs every engine (Run), so no retry or check now.
+	down := !m.downSince.IsZero()
 	for _, v := range engines {
 		e := m.engines[v.id]
 		if e == nil {
@@ -70,15 +82,17 @@ func (m *Materializer) tick(now time.Time) {
 			m.snapshotLocked(e, "discovered in gossip")
 		}
 		e.inGossip, e.goneSince = true, time.Time{}
-		m.checkHeadLocked(e, v.digest, now)
+		if !down {
+			m.checkHeadLocked(e, v.digest, now)
+		}
 	}
 	for id, e := range m.engines {
-		if !e.snapshotting && e.retryAt != (time.Time{}) && !now.Before(e.retryAt) {
+		if !down && !e.snapshotting && e.retryAt != (time.Time{}) && !now.Before(e.retryAt) {
 			m.snapshotLocked(e, "retry")
 		}
 		if views == nil {
 			switch {
-			case e.synced && !e.snapshotting && now.Sub(e.lastMsg) >= m.cfg.IdleCheck:
+			case !down && e.synced && !e.snapshotting && now.Sub(e.lastMsg) >= m.cfg.IdleCheck:
 				e.lastMsg = now // one probe per IdleCheck
 				m.snapshotLocked(e, "idle check")
 			case !e.synced && !e.snapshotting && now.Sub(e.lastMsg) > 10*m.cfg.SnapshotTimeout:
@@ -119,6 +133,12 @@ func (m *Materializer) checkHeadLocked(e *engineState, g kvevents.EngineDigest, 
 		return
 	}
 	h := e.head()
+	if g.Head.Epoch != h.Epoch && e.epochs.older(g.Head.Epoch, 0) {
+		// Gossip shows the older of two live sidecars of the engine (the
+		// view follows whichever updated last): not a reason to resync.
+		e.behindSince, e.mismatchSince = time.Time{}, time.Time{}
+		return
+	}
 	quiet := now.Sub(e.lastMsg) >= m.cfg.DigestGrace
 	behind := quiet && (g.Head.Epoch != h.Epoch || g.Head.Seq > h.Seq)
 	mismatch := g.Head == h && g.Digests != e.digests
@@ -129,6 +149,9 @@ func (m *Materializer) checkHeadLocked(e *engineState, g kvevents.EngineDigest, 
 			e.behindSince = now
 		} else if now.Sub(e.behindSince) >= m.cfg.DigestGrace {
 			m.met.gaps.Inc()
+			if g.Head.Epoch != h.Epoch {
+				e.probe = g.Head.Epoch // lost, unless it answers (installSnapshot)
+			}
 			m.snapshotLocked(e, "behind gossip head")
 		}
 	case mismatch:
@@ -182,6 +205,8 @@ type EngineStatus struct {
 	Buffered  int                    `json:"buffered"`
 	InGossip  bool                   `json:"in_gossip"`
 	Digest    kvevents.EngineDigest  `json:"digest"`
+	// Snapshotting: a snapshot is in flight or due (a retry).
+	Snapshotting bool `json:"snapshotting"`
 }
 
 // Status returns every engine's status, sorted by engine id.
@@ -193,7 +218,8 @@ func (m *Materializer) Status() []EngineStatus {
 		s := EngineStatus{
 			Engine: e.id, Model: e.model, Epoch: e.epoch, Seq: e.seq, Synced: e.synced,
 			Lag: e.lag, LastDelta: e.lastMsg, Applied: e.applied, Buffered: len(e.buf), InGossip: e.inGossip,
-			Digest: kvevents.EngineDigest{Head: e.head(), Digests: e.digests},
+			Digest:       kvevents.EngineDigest{Head: e.head(), Digests: e.digests},
+			Snapshotting: e.snapshotting || e.retryAt != (time.Time{}),
 		}
 		for t := range e.sets {
 			s.Keys[t] = len(e.sets[t])

@@ -36,8 +36,11 @@ type Materializer struct {
 	scratch    []uint64
 	discovered bool
 	keys       int
-	ctx        context.Context
-	wg         sync.WaitGroup // snapshot workers
+	// downSince: when Run saw the NATS connection down (lost, or found
+	// dead by its pings); zero while connected.
+	downSince time.Time
+	ctx       context.Context
+	wg        sync.WaitGroup // snapshot workers
 
 	running atomic.Bool
 }
@@ -57,7 +60,8 @@ func New(cfg Config) (*Materializer, error) {
 	}
 	err := m.met.register(cfg.Registerer,
 		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(len(m.engines)) },
-		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.keys) })
+		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.keys) },
+		func() float64 { return m.StaleFor().Seconds() })
 	if err != nil {
 		return nil, fmt.Errorf("materializer metrics: %w", err)
 	}
@@ -114,13 +118,56 @@ func (m *Materializer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
-			if r := nc.Stats().Reconnects; r != reconnects {
-				reconnects = r
-				m.resyncAll("nats reconnect")
-			}
+			m.checkLink(now, &reconnects)
 			m.tick(now)
 		}
 	}
+}
+
+// checkLink follows the connection: down (lost, or found dead by its
+// pings), the index is stale and no snapshot is tried; connected again for
+// real (nats.go counts a reconnect once TCP connects, before the handshake,
+// so against a blackholing path the count climbs every attempt while
+// nothing is connected), every engine is resynced, once.
+func (m *Materializer) checkLink(now time.Time, reconnects *uint64) {
+	nc := m.cfg.Conn
+	r := nc.Stats().Reconnects // before the status: a reconnect after the status read is seen next time
+	up := nc.IsConnected()
+	m.mu.Lock()
+	wasDown := !m.downSince.IsZero()
+	switch {
+	case !up && !wasDown:
+		m.downSince = now
+		m.log.Warn("nats connection down: the index no longer follows the sidecars until it is back", "status", nc.Status().String())
+	case up && wasDown:
+		m.log.Info("nats connection back", "stale_for", now.Sub(m.downSince).Round(time.Millisecond))
+		m.downSince = time.Time{}
+	}
+	m.mu.Unlock()
+	if up && (r != *reconnects || wasDown) {
+		*reconnects = r
+		m.resyncAll("nats reconnect")
+	}
+}
+
+// Stale reports whether the index has stopped following the sidecars: the
+// NATS connection is down (lost, or found dead by its pings, within
+// natsutil's Auth.StaleAfter of the path dying), as Run last saw it. The
+// index keeps what it had, so routing goes on with it; the reconnect resyncs
+// every engine. Synced is not changed by it: it says the first sync is done,
+// and what follows it (the ingress's and the endpoint picker's readiness)
+// must not take every replica out of service because NATS is away.
+func (m *Materializer) Stale() bool { return m.StaleFor() > 0 }
+
+// StaleFor is how long the index has been stale (0: it is not), the
+// kvmesh_materializer_stale_seconds gauge.
+func (m *Materializer) StaleFor() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.downSince.IsZero() {
+		return 0
+	}
+	return max(time.Since(m.downSince), time.Nanosecond)
 }
 
 // waitConnected waits until the connection is up (a connection made in the
@@ -185,21 +232,51 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		m.met.malformed.Inc()
 		return
 	}
+	now := time.Now()
 	e := m.engines[d.Engine]
 	if e == nil {
 		e = m.engine(d.Engine, d.Model)
+		e.epochs.setFollow(d.Epoch, d.EpochStart)
+		e.followSeen = now
 		e.buffer(d, m.cfg.MaxBuffered)
 		m.snapshotLocked(e, "first sight")
 		return
 	}
-	e.lastMsg = time.Now()
-	switch {
-	case e.snapshotting || e.retryAt != (time.Time{}):
-		e.buffer(d, m.cfg.MaxBuffered)
-	case d.Epoch != e.epoch:
+	e.lastMsg = now
+	if e.epochs.follow == 0 { // discovered, its first epoch seen now: nothing to compare with
+		e.epochs.setFollow(d.Epoch, d.EpochStart)
+	}
+	if d.Epoch != e.epochs.follow {
+		if e.epochs.older(d.Epoch, d.EpochStart) {
+			// Another live sidecar of the engine, older than the one
+			// followed (epoch.go): ignored, unless the followed one has
+			// been silent for EpochGrace while this one kept sending.
+			m.met.staleEpochs.Inc()
+			e.epochs.note(d.Epoch, d.EpochStart, true)
+			if e.staleSince.IsZero() {
+				e.staleSince = now
+			}
+			if now.Sub(e.staleSince) < m.cfg.EpochGrace {
+				return
+			}
+			m.log.Info("following an older sidecar epoch again: the newer one went silent", "engine", e.id,
+				"epoch", d.Epoch, "silent_epoch", e.epochs.follow, "silent_for", now.Sub(e.followSeen).Round(time.Millisecond))
+		}
+		e.epochs.setFollow(d.Epoch, d.EpochStart)
+		e.followSeen, e.staleSince = now, time.Time{}
 		m.met.epochs.Inc()
 		e.buffer(d, m.cfg.MaxBuffered)
 		m.snapshotLocked(e, "new epoch")
+		return
+	}
+	e.followSeen, e.staleSince = now, time.Time{}
+	e.epochs.setFollow(d.Epoch, d.EpochStart) // learns its start
+	switch {
+	case e.snapshotting || e.retryAt != (time.Time{}):
+		e.buffer(d, m.cfg.MaxBuffered)
+	case d.Epoch != e.epoch: // followed, not installed (cleared meanwhile)
+		e.buffer(d, m.cfg.MaxBuffered)
+		m.snapshotLocked(e, "not synced")
 	case d.Seq <= e.seq:
 		m.met.duplicates.Inc()
 	case d.Seq > e.seq+1:
@@ -294,6 +371,9 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 	e.retryAt = time.Time{}
 	m.log.Debug("snapshot", "engine", e.id, "reason", reason)
 	ctx := m.ctx
+	// Replies of an epoch older than the followed one are only a fallback.
+	epochs := e.epochs.clone()
+	accept := func(epoch uint64, start int64) bool { return !epochs.older(epoch, start) }
 	m.wg.Add(1)
 	go func() { // owned by Run through m.wg; ends with ctx
 		defer m.wg.Done()
@@ -303,7 +383,7 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
-		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id)
+		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept)
 		cancel()
 		<-m.sem
 		m.installSnapshot(e, s, err)
@@ -316,6 +396,8 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e.snapshotting = false
+	probe := e.probe
+	e.probe = 0
 	if m.engines[e.id] != e {
 		return // forgotten meanwhile
 	}
@@ -341,6 +423,32 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 	}
 	m.met.snapshots.WithLabelValues("ok").Inc()
 	e.failures = 0
+	for _, o := range s.Others { // their starts, for ordering their deltas
+		e.epochs.note(o.epoch, o.start, false)
+	}
+	switch {
+	case e.epochs.follow == 0 || s.Epoch == e.epochs.follow:
+		e.epochs.setFollow(s.Epoch, s.EpochStart)
+	case !e.epochs.older(s.Epoch, s.EpochStart):
+		// A newer epoch than the one followed answered before its deltas came.
+		m.met.epochs.Inc()
+		e.epochs.setFollow(s.Epoch, s.EpochStart)
+	case !s.Fallback:
+		// A newer epoch came while this reply was in flight.
+		m.snapshotLocked(e, "newer epoch during the snapshot")
+		return
+	default:
+		// Only an older epoch answered: the followed one's sidecar is gone.
+		m.log.Info("following an older sidecar epoch again: the newer one did not answer its snapshot", "engine", e.id,
+			"epoch", s.Epoch, "silent_epoch", e.epochs.follow)
+		e.epochs.setFollow(s.Epoch, s.EpochStart)
+	}
+	if probe != 0 && probe != s.Epoch {
+		// Gossip showed an epoch that did not win this snapshot: an older
+		// live sidecar, not a head to catch up with.
+		e.epochs.note(probe, 0, true)
+	}
+	e.followSeen, e.staleSince = time.Now(), time.Time{}
 	for t := range s.Keys {
 		m.replaceTierLocked(e, kvevents.Tier(t), s.Keys[t])
 	}
@@ -356,8 +464,8 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 	for i, d := range buf {
 		switch {
 		case d.Epoch != e.epoch || d.Seq <= e.seq:
-			// Older than the snapshot, or from another sidecar epoch: if that
-			// epoch is the newer one, its next delta or gossip triggers a resync.
+			// Older than the snapshot, or from another sidecar epoch: the
+			// followed one is installed, and the others are older.
 		case d.Seq == e.seq+1:
 			m.applyLocked(e, d)
 		default:

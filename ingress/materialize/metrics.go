@@ -15,8 +15,10 @@ type metrics struct {
 	mismatches prometheus.Counter
 	malformed  prometheus.Counter
 	resyncs    prometheus.Counter
-	snapshots  *prometheus.CounterVec
-	lag        prometheus.Histogram
+	// staleEpochs: deltas of an engine's older live sidecar epoch.
+	staleEpochs prometheus.Counter
+	snapshots   *prometheus.CounterVec
+	lag         prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -33,6 +35,8 @@ func newMetrics() *metrics {
 		mismatches: c("digest_mismatches_total", "Digest differences with gossip at the same head that triggered a snapshot."),
 		malformed:  c("malformed_total", "Undecodable deltas or snapshot chunks, skipped."),
 		resyncs:    c("reconnect_resyncs_total", "NATS reconnects after which every engine was resynced."),
+		staleEpochs: c("stale_epoch_deltas_total",
+			"Deltas of an engine's older sidecar epoch while a newer one is live (a sidecar restart overlapping itself), ignored."),
 		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_materializer_snapshots_total", Help: "Snapshot requests by result (ok, timeout, no_responders, error).",
 		}, []string{"result"}),
@@ -44,14 +48,16 @@ func newMetrics() *metrics {
 	}
 }
 
-func (m *metrics) register(reg prometheus.Registerer, engines, keys func() float64) error {
+func (m *metrics) register(reg prometheus.Registerer, engines, keys, stale func() float64) error {
 	if reg == nil {
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.snapshots, m.lag,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_stale_seconds",
+			Help: "How long the index has not followed the sidecars because the NATS connection is down (lost, or found dead by its pings); 0 while connected."}, stale),
 	} {
 		if err := reg.Register(col); err != nil {
 			return err

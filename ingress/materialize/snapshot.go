@@ -20,13 +20,28 @@ var (
 // snapshot is an engine's full key set per tier as of (Epoch, Seq).
 type snapshot struct {
 	Epoch, Seq uint64
+	EpochStart int64
 	Keys       [kvevents.NumTiers][]uint64
+	// Fallback: no reply of an accepted epoch came before the deadline and
+	// this one, of an epoch the request did not accept (older than the one
+	// followed), did.
+	Fallback bool
+	// Others are the other epochs that answered before this one completed.
+	Others []epochInfo
 }
 
-// fetchSnapshot asks the engine's sidecar for its key set and collects every
-// chunk of the reply. The request carries an inbox subscribed beforehand, so
-// chunks cannot be missed; the reply ends when all chunks arrived.
-func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string) (*snapshot, error) {
+// maxReplyEpochs bounds the epochs one snapshot request assembles replies
+// of (normally one sidecar answers; two while a restart overlaps itself).
+const maxReplyEpochs = 4
+
+// fetchSnapshot asks the engine's sidecars for their key set and collects
+// every chunk of the replies. The request carries an inbox subscribed
+// beforehand, so chunks cannot be missed. Two sidecars may answer (a restart
+// overlapping its old self, each with its own epoch): chunks are assembled
+// per epoch, and the first complete reply of an epoch accept takes is the
+// answer. A complete reply accept refuses (an older epoch) is kept and
+// returned, marked Fallback, when nothing else completed by ctx's deadline.
+func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool) (*snapshot, error) {
 	inbox := nc.NewRespInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -40,13 +55,18 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string) (*s
 		return nil, fmt.Errorf("snapshot request: %w", err)
 	}
 	var chunk kvevents.SnapshotChunk
-	a := assembler{engine: engine}
+	var replies []*assembler
+	var fallback *snapshot
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil, ErrNoResponders
 		}
 		if err != nil {
+			if fallback != nil && errors.Is(err, context.DeadlineExceeded) {
+				fallback.Fallback = true
+				return fallback, nil
+			}
 			return nil, fmt.Errorf("snapshot reply: %w", err)
 		}
 		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
@@ -55,12 +75,36 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string) (*s
 		if err := kvevents.DecodeSnapshotChunk(msg.Data, &chunk); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSnapshot, err)
 		}
+		var a *assembler
+		for _, r := range replies {
+			if r.s.Epoch == chunk.Epoch {
+				a = r
+			}
+		}
+		if a == nil {
+			if len(replies) == maxReplyEpochs {
+				continue
+			}
+			a = &assembler{engine: engine}
+			replies = append(replies, a)
+		}
 		done, err := a.add(&chunk)
 		if err != nil {
 			return nil, err
 		}
-		if done {
+		if !done {
+			continue
+		}
+		if accept == nil || accept(a.s.Epoch, a.s.EpochStart) {
+			for _, r := range replies {
+				if r != a {
+					a.s.Others = append(a.s.Others, epochInfo{epoch: r.s.Epoch, start: r.s.EpochStart})
+				}
+			}
 			return &a.s, nil
+		}
+		if fallback == nil {
+			fallback = &a.s
 		}
 	}
 }
@@ -82,7 +126,7 @@ func (a *assembler) add(c *kvevents.SnapshotChunk) (done bool, err error) {
 		if c.Chunks <= 0 {
 			return false, fmt.Errorf("%w: %d chunks", ErrSnapshot, c.Chunks)
 		}
-		a.s.Epoch, a.s.Seq = c.Epoch, c.Seq
+		a.s.Epoch, a.s.Seq, a.s.EpochStart = c.Epoch, c.Seq, c.EpochStart
 		a.seen, a.left = make([]bool, c.Chunks), c.Chunks
 	}
 	if c.Epoch != a.s.Epoch || c.Seq != a.s.Seq || c.Chunks != len(a.seen) || c.Engine != a.engine {

@@ -61,6 +61,45 @@ type Auth struct {
 	TLSCertFile           string `yaml:"tlsCertFile"`
 	TLSKeyFile            string `yaml:"tlsKeyFile"`
 	TLSInsecureSkipVerify bool   `yaml:"tlsInsecureSkipVerify"`
+
+	// PingInterval and MaxPingsOutstanding find a path that stays up but
+	// carries nothing (a hung server, a blackholing middlebox, a stopped
+	// relay): the client pings every PingInterval and, once more than
+	// MaxPingsOutstanding pings went unanswered, declares the connection
+	// stale, drops it and reconnects; the ingress's materializer then
+	// reports its index stale and resyncs once reconnected. Zero: the
+	// defaults, 5s and 2, which find a dead path 10 to 15 s after it died
+	// (nats.go's own, 2 min and 2, took up to 6 minutes). They live here,
+	// beside the credentials, because every component binds them with
+	// BindFlags (--nats-ping-interval, --nats-max-pings-outstanding) and an
+	// ingress YAML file sets them in cluster.natsAuth.
+	PingInterval        time.Duration `yaml:"pingInterval"`
+	MaxPingsOutstanding int           `yaml:"maxPingsOutstanding"`
+}
+
+// Liveness defaults (Auth.PingInterval, Auth.MaxPingsOutstanding).
+const (
+	DefaultPingInterval        = 5 * time.Second
+	DefaultMaxPingsOutstanding = 2
+)
+
+// pings are the effective ping settings: a zero field takes its default.
+func (a Auth) pings() (time.Duration, int) {
+	iv, n := a.PingInterval, a.MaxPingsOutstanding
+	if iv == 0 {
+		iv = DefaultPingInterval
+	}
+	if n == 0 {
+		n = DefaultMaxPingsOutstanding
+	}
+	return iv, n
+}
+
+// StaleAfter is the longest a dead path goes unnoticed with a's ping
+// settings: (MaxPingsOutstanding + 1) ping intervals.
+func (a Auth) StaleAfter() time.Duration {
+	iv, n := a.pings()
+	return time.Duration(n+1) * iv
 }
 
 // Redacted is a copy with the secrets replaced, for logs and /debug/config.
@@ -76,6 +115,13 @@ func (a Auth) Redacted() Auth {
 
 // StreamConfig bounds the KVMESH_DELTAS stream. Retention must be bounded:
 // the stream is for operators and catch-up, the snapshot is the source of truth.
+//
+// The stream is shared by every sidecar, so its limits follow one rule
+// (EnsureStream): an absent stream is created with these limits; on an
+// existing stream only the limits set to something other than their default
+// (MaxAge, MaxBytes, Replicas) are applied, each change logged old → new.
+// Limits left at their defaults never overwrite what is there: another
+// sidecar's explicit flags, or an operator's `nats stream edit`.
 type StreamConfig struct {
 	// MaxAge drops deltas older than this. Default 10m.
 	MaxAge time.Duration
@@ -158,6 +204,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxReconnects < -1 {
 		add("max reconnects %d must be -1 (forever) or more", c.MaxReconnects)
+	}
+	if c.PingInterval < 0 {
+		add("ping interval %v must not be negative (0: the default %v)", c.PingInterval, DefaultPingInterval)
+	}
+	if c.MaxPingsOutstanding < 0 {
+		add("max pings outstanding %d must not be negative (0: the default %d)", c.MaxPingsOutstanding, DefaultMaxPingsOutstanding)
 	}
 	if c.ReconnectBufSize < 0 {
 		add("reconnect buffer %d must not be negative", c.ReconnectBufSize)

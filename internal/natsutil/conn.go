@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,11 +25,16 @@ type Conn struct {
 
 	cfg  Config
 	once sync.Once
-	// With WaitForServer, ensureLoop (owned by Connect, ended by Close)
-	// ensures the stream after each (re)connect.
+	// ensureLoop (owned by Connect, ended by Close) ensures the stream
+	// after each (re)connect (connected, with WaitForServer) and when a
+	// publish failed in a way a missing stream explains (check).
 	connected chan struct{}
+	check     chan struct{}
 	quit      chan struct{}
 	wg        sync.WaitGroup
+	// pubErr is told of each JetStream publish that failed after
+	// PublishAsync returned (OnPublishError).
+	pubErr atomic.Pointer[func(subject string, err error)]
 }
 
 // Connect validates cfg, starts the embedded server when cfg.URLs is empty,
@@ -52,7 +58,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		urls = []string{e.URL()}
 		log.Info("started embedded nats server", "url", e.URL(), "store", e.StoreDir())
 	}
-	c.connected, c.quit = make(chan struct{}, 1), make(chan struct{})
+	c.connected, c.check, c.quit = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
 	opts, err := options(cfg, log, c.signalConnected)
 	if err != nil {
 		c.Close()
@@ -70,26 +76,60 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	if !cfg.Stream.Disabled {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024),
 			// An ack that never comes frees its pending slot after this.
-			jetstream.WithPublishAsyncTimeout(5*time.Second))
+			jetstream.WithPublishAsyncTimeout(5*time.Second),
+			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, msg *nats.Msg, err error) {
+				c.publishFailed(msg, err)
+			}))
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("jetstream: %w", err)
 		}
 		c.JS = js
 		if !cfg.WaitForServer {
-			if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
+			if _, err := EnsureStream(ctx, js, cfg.Stream, log); err != nil {
 				c.Close()
 				return nil, err
 			}
-		} else {
-			if nc.IsConnected() {
-				c.signalConnected()
-			}
-			c.wg.Add(1)
-			go func() { defer c.wg.Done(); c.ensureLoop(log) }()
+		} else if nc.IsConnected() {
+			c.signalConnected()
 		}
+		c.wg.Add(1)
+		go func() { defer c.wg.Done(); c.ensureLoop(log) }()
 	}
 	return c, nil
+}
+
+// OnPublishError sets fn to be told of every JetStream publish that failed
+// after PublishAsync returned: no ack within the 5 s timeout, no stream
+// answering, an error from the stream, or an ack lost with the connection.
+// fn runs on a NATS goroutine and must not block; nil removes it. Such a
+// failure (but a lost connection, whose reconnect ensures the stream anyway)
+// also has the connection check, at most once a second, that the stream
+// exists, and create it again when it does not (it was deleted while NATS
+// stayed up).
+func (c *Conn) OnPublishError(fn func(subject string, err error)) {
+	if fn == nil {
+		c.pubErr.Store(nil)
+		return
+	}
+	c.pubErr.Store(&fn)
+}
+
+// publishFailed is the JetStream async error handler.
+func (c *Conn) publishFailed(msg *nats.Msg, err error) {
+	subject := ""
+	if msg != nil {
+		subject = msg.Subject
+	}
+	if !errors.Is(err, nats.ErrDisconnected) {
+		select { // coalesced: one check covers every failure until it runs
+		case c.check <- struct{}{}:
+		default:
+		}
+	}
+	if fn := c.pubErr.Load(); fn != nil {
+		(*fn)(subject, err)
+	}
 }
 
 func (c *Conn) signalConnected() {
@@ -99,19 +139,26 @@ func (c *Conn) signalConnected() {
 	}
 }
 
+// streamCheckEvery spaces the stream checks publish failures ask for.
+const streamCheckEvery = time.Second
+
 // ensureLoop ensures the stream after each (re)connect, retrying while the
 // connection stays up: a server that comes up late, or comes back without
-// its store, gets the stream again.
+// its store, gets the stream again. A publish failure asks for the same
+// check (a stream deleted while NATS stayed up), at most once a second.
 func (c *Conn) ensureLoop(log *slog.Logger) {
 	for {
+		checked := false
 		select {
 		case <-c.quit:
 			return
 		case <-c.connected:
+		case <-c.check:
+			checked = true
 		}
 		for n := 0; c.NC.IsConnected(); n++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := EnsureStream(ctx, c.JS, c.cfg.Stream)
+			_, err := EnsureStream(ctx, c.JS, c.cfg.Stream, log)
 			cancel()
 			if err == nil {
 				break
@@ -121,6 +168,13 @@ func (c *Conn) ensureLoop(log *slog.Logger) {
 			case <-c.quit:
 				return
 			case <-time.After(min(time.Duration(n+1)*250*time.Millisecond, 5*time.Second)):
+			}
+		}
+		if checked { // publishes fail for a while before the first ack times out: do not ask the server for each
+			select {
+			case <-c.quit:
+				return
+			case <-time.After(streamCheckEvery):
 			}
 		}
 	}
@@ -146,8 +200,12 @@ func (c *Conn) Close() {
 // options builds the connection's options; connected is called on each
 // (re)connect.
 func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, error) {
+	ping, pings := cfg.pings()
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
+		// A path that stays up and carries nothing is found by pings alone.
+		nats.PingInterval(ping),
+		nats.MaxPingsOutstanding(pings),
 		nats.Timeout(cfg.ConnectTimeout),
 		nats.ReconnectWait(cfg.ReconnectWait),
 		nats.MaxReconnects(cfg.MaxReconnects),
@@ -160,6 +218,11 @@ func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, err
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil {
 				return // our own Close
+			}
+			if errors.Is(err, nats.ErrStaleConnection) {
+				log.Warn("nats disconnected: pings unanswered, the path is dead", "err", err,
+					"ping_interval", ping, "max_pings_outstanding", pings)
+				return
 			}
 			log.Warn("nats disconnected", "err", err)
 		}),
@@ -202,9 +265,16 @@ func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, err
 	return opts, nil
 }
 
-// EnsureStream creates the KVMESH_DELTAS stream on kvmesh.delta.> or updates
-// its limits to cfg. Old deltas are discarded first when a limit is hit.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
+// EnsureStream makes sure the KVMESH_DELTAS stream on kvmesh.delta.> exists
+// (old deltas discarded first when a limit is hit), by the rule of
+// StreamConfig: absent, it is created with cfg's limits; present, only cfg's
+// limits that differ from their defaults are applied, each change logged old
+// → new on log (nil: slog.Default()), and everything else about the stream
+// (another sidecar's limits, an operator's edits) is left as it is.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, log *slog.Logger) (jetstream.Stream, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	storage := jetstream.FileStorage
 	if cfg.Memory {
 		storage = jetstream.MemoryStorage
@@ -220,12 +290,44 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		Replicas:    cfg.Replicas,
 		Storage:     storage,
 	}
-	s, err := js.CreateOrUpdateStream(ctx, sc)
-	if err != nil && errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		s, err = js.UpdateStream(ctx, sc)
+	for try := 0; ; try++ {
+		s, err := js.Stream(ctx, StreamName)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			s, err = js.CreateStream(ctx, sc)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && try == 0 {
+				continue // another sidecar created it meanwhile: apply the rule to its stream
+			}
+			if err != nil {
+				return nil, fmt.Errorf("create stream %s: %w", StreamName, err)
+			}
+			log.Info("created the delta stream", "stream", StreamName, "max_age", cfg.MaxAge, "max_bytes", cfg.MaxBytes, "replicas", cfg.Replicas)
+			return s, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("ensure stream %s: %w", StreamName, err)
+		}
+		cur := s.CachedInfo().Config
+		next, changes := cur, []any{}
+		def := DefaultConfig().Stream
+		if cfg.MaxAge != def.MaxAge && cur.MaxAge != cfg.MaxAge {
+			next.MaxAge = cfg.MaxAge
+			changes = append(changes, "max_age", fmt.Sprintf("%v → %v", cur.MaxAge, cfg.MaxAge))
+		}
+		if cfg.MaxBytes != def.MaxBytes && cur.MaxBytes != cfg.MaxBytes {
+			next.MaxBytes = cfg.MaxBytes
+			changes = append(changes, "max_bytes", fmt.Sprintf("%d → %d", cur.MaxBytes, cfg.MaxBytes))
+		}
+		if cfg.Replicas != def.Replicas && cur.Replicas != cfg.Replicas {
+			next.Replicas = cfg.Replicas
+			changes = append(changes, "replicas", fmt.Sprintf("%d → %d", cur.Replicas, cfg.Replicas))
+		}
+		if len(changes) == 0 {
+			return s, nil
+		}
+		if s, err = js.UpdateStream(ctx, next); err != nil {
+			return nil, fmt.Errorf("update stream %s limits: %w", StreamName, err)
+		}
+		log.Info("changed the delta stream's limits to this sidecar's explicit ones", append([]any{"stream", StreamName}, changes...)...)
+		return s, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("ensure stream %s: %w", StreamName, err)
-	}
-	return s, nil
 }

@@ -2,6 +2,7 @@ package natsutil
 
 import (
 	"flag"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -12,8 +13,9 @@ const Redacted = "redacted"
 
 // BindFlags registers the NATS flags every kvmesh command shares: --nats
 // (comma-separated URLs, appended to urls), credentials (--nats-user,
-// --nats-password, --nats-token, --nats-nkey, --nats-creds) and TLS
-// (--nats-ca, --nats-cert, --nats-key, --nats-tls-insecure). The password and
+// --nats-password, --nats-token, --nats-nkey, --nats-creds), TLS
+// (--nats-ca, --nats-cert, --nats-key, --nats-tls-insecure) and the dead-path
+// check (--nats-ping-interval, --nats-max-pings-outstanding). The password and
 // token default to $KVMESH_NATS_PASSWORD and $KVMESH_NATS_TOKEN so they stay
 // out of process listings.
 func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
@@ -27,6 +29,10 @@ func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
 	fs.StringVar(&a.TLSCertFile, "nats-cert", a.TLSCertFile, "client certificate for NATS (mutual TLS)")
 	fs.StringVar(&a.TLSKeyFile, "nats-key", a.TLSKeyFile, "client key for NATS (mutual TLS)")
 	fs.BoolVar(&a.TLSInsecureSkipVerify, "nats-tls-insecure", a.TLSInsecureSkipVerify, "do not verify NATS server certificates (test clusters only)")
+	fs.DurationVar(&a.PingInterval, "nats-ping-interval", a.PingInterval,
+		fmt.Sprintf("ping NATS this often to find a dead path (0: %v)", DefaultPingInterval))
+	fs.IntVar(&a.MaxPingsOutstanding, "nats-max-pings-outstanding", a.MaxPingsOutstanding,
+		fmt.Sprintf("unanswered pings after which the NATS connection is stale and redialed (0: %d)", DefaultMaxPingsOutstanding))
 }
 
 func envOr(name, def string) string {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestBindFlagsSetsEveryField(t *testing.T) {
@@ -15,11 +16,13 @@ func TestBindFlagsSetsEveryField(t *testing.T) {
 	cfg.URLs = []string{"nats://default:4222"}
 	BindFlags(fs, &cfg.URLs, &cfg.Auth, "urls")
 	err := fs.Parse([]string{"--nats", "nats://a:1, nats://b:2", "--nats-user", "u", "--nats-password", "p",
-		"--nats-ca", "ca.pem", "--nats-cert", "c.pem", "--nats-key", "k.pem", "--nats-tls-insecure"})
+		"--nats-ca", "ca.pem", "--nats-cert", "c.pem", "--nats-key", "k.pem", "--nats-tls-insecure",
+		"--nats-ping-interval", "3s", "--nats-max-pings-outstanding", "4"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Auth{User: "u", Password: "p", TLSCAFile: "ca.pem", TLSCertFile: "c.pem", TLSKeyFile: "k.pem", TLSInsecureSkipVerify: true}
+	want := Auth{User: "u", Password: "p", TLSCAFile: "ca.pem", TLSCertFile: "c.pem", TLSKeyFile: "k.pem", TLSInsecureSkipVerify: true,
+		PingInterval: 3 * time.Second, MaxPingsOutstanding: 4}
 	if cfg.Auth != want || !slices.Equal(cfg.URLs, []string{"nats://a:1", "nats://b:2"}) {
 		t.Fatalf("auth %+v urls %q", cfg.Auth, cfg.URLs)
 	}

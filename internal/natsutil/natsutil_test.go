@@ -117,7 +117,7 @@ func TestConnectEmbeddedEnsuresStream(t *testing.T) {
 	}
 	// Updating limits on an existing stream works (a second process with other limits).
 	cfg.Stream.MaxAge = 2 * time.Minute
-	s2, err := EnsureStream(ctx, c.JS, cfg.Stream)
+	s2, err := EnsureStream(ctx, c.JS, cfg.Stream, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

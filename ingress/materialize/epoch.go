@@ -1,0 +1,116 @@
+package materialize
+
+import "github.com/kvmesh/kvmesh/kvevents"
+
+// Two live sidecars for one engine are allowed on purpose: the same engine
+// id at the same URL is a sidecar restart overlapping its old self. Both
+// publish the engine's changes, each in its own epoch, and both answer
+// snapshot requests. Taking a snapshot on every delta of an epoch other
+// than the current one made the two epochs take turns for ever (a snapshot
+// storm: 362 snapshots in 10 s in the fault test). Instead the materializer
+// follows one epoch, the newest it knows of, and ignores (and counts) the
+// deltas of older ones:
+//
+//   - Both epochs' starts known (sidecars that send kvevents'
+//     Delta.EpochStart): the later start is newer (kvevents.NewerEpoch),
+//     the same answer in every ingress.
+//   - Otherwise (a sidecar from before the field): an epoch this engine
+//     followed before, or that lost to another, is older; one never seen is
+//     newer, which is what a plain restart looks like.
+//
+// So an epoch takes at most one snapshot when it appears. A followed epoch
+// whose sidecar has gone while an older one keeps sending is given up after
+// Config.EpochGrace of its silence during their deltas (the older is
+// followed again), or when only the older one answers a snapshot request.
+
+// epochInfo is what is known of one epoch of an engine.
+type epochInfo struct {
+	epoch uint64
+	start int64 // unix ns; 0: unknown
+	lost  bool  // followed before, or lost to the followed epoch
+}
+
+// maxOtherEpochs bounds the epochs remembered per engine besides the one
+// followed (normally at most one: the sidecar the followed one replaced).
+const maxOtherEpochs = 8
+
+// epochView is an engine's followed epoch and the others it has seen.
+type epochView struct {
+	follow      uint64 // 0: none yet
+	followStart int64
+	others      []epochInfo
+}
+
+// clone is a copy that shares nothing (for a snapshot request in flight).
+func (v *epochView) clone() epochView {
+	c := *v
+	c.others = append([]epochInfo(nil), v.others...)
+	return c
+}
+
+func (v *epochView) find(ep uint64) *epochInfo {
+	for i := range v.others {
+		if v.others[i].epoch == ep {
+			return &v.others[i]
+		}
+	}
+	return nil
+}
+
+// older reports whether epoch ep, started at start (0: unknown), is older
+// than the followed one, so its deltas and snapshot replies are not used.
+func (v *epochView) older(ep uint64, start int64) bool {
+	if v.follow == 0 || ep == v.follow {
+		return false
+	}
+	o := v.find(ep)
+	if start <= 0 && o != nil {
+		start = o.start
+	}
+	if start > 0 && v.followStart > 0 {
+		return !kvevents.NewerEpoch(ep, start, v.follow, v.followStart)
+	}
+	return o != nil && o.lost
+}
+
+// note records what is known of an epoch other than the followed one: its
+// start when learned, and that it lost when lost is set.
+func (v *epochView) note(ep uint64, start int64, lost bool) {
+	if ep == 0 || ep == v.follow {
+		return
+	}
+	o := v.find(ep)
+	if o == nil {
+		if len(v.others) == maxOtherEpochs {
+			v.others = append(v.others[:0], v.others[1:]...) // the longest known goes
+		}
+		v.others = append(v.others, epochInfo{epoch: ep})
+		o = &v.others[len(v.others)-1]
+	}
+	if start > 0 {
+		o.start = start
+	}
+	o.lost = o.lost || lost
+}
+
+// setFollow follows ep from now on; the epoch followed until now has lost.
+func (v *epochView) setFollow(ep uint64, start int64) {
+	if ep == v.follow {
+		if start > 0 {
+			v.followStart = start
+		}
+		return
+	}
+	prev, prevStart := v.follow, v.followStart
+	for i, o := range v.others {
+		if o.epoch == ep {
+			if start <= 0 {
+				start = o.start
+			}
+			v.others = append(v.others[:i], v.others[i+1:]...)
+			break
+		}
+	}
+	v.follow, v.followStart = ep, max(start, 0)
+	v.note(prev, prevStart, true)
+}

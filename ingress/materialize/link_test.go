@@ -1,0 +1,129 @@
+package materialize_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/ingress/materialize"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
+)
+
+// gauge reads one gauge.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}
+
+// The ingress's path to NATS blackholed (a relay that stops forwarding: TCP
+// up, nothing flows) is found by the connection's pings, and the
+// materializer reports its index stale (Stale, kvmesh_materializer_stale_seconds)
+// instead of looking in sync while frozen. While the path stays dead,
+// nats.go's reconnect count climbs with every TCP connect to the relay
+// although no handshake completes: that is no reconnect, and no engine is
+// resynced for it (before, every attempt resynced every engine). Once the
+// path works, the index is resynced once and is no longer stale.
+func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
+	srv := testutil.NATS(t)
+	cache, err := meshtest.NewCache("m", 4, 16, 0, 31)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cache.Pub.Close() })
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+	sc.NATS.URLs = []string{srv.URL()} // the sidecar's own path stays up
+	side, err := sidecar.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdone := make(chan error, 1)
+	go func() { sdone <- side.Run(context.Background()) }()
+	t.Cleanup(func() { _ = side.Close(); <-sdone })
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
+
+	r := newRelay(t, srv.URL()[len("nats://"):])
+	nc := natsutil.DefaultConfig()
+	nc.URLs = []string{r.url()}
+	nc.Stream.Disabled = true
+	nc.PingInterval = 250 * time.Millisecond
+	nc.ConnectTimeout, nc.ReconnectWait = 200*time.Millisecond, 20*time.Millisecond
+	conn, err := natsutil.Connect(context.Background(), nc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+
+	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer = conn.NC, idx, reg
+	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour
+	m := startMaterializer(t, cfg)
+	load := func(n int) {
+		for i := 0; i < n; i++ {
+			if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	equal := func() bool {
+		truth := cache.Truth()[kvevents.TierGPU]
+		got := idx.Keys("e1", kvevents.TierGPU)
+		if len(got) != len(truth) || len(idx.Problems()) > 0 {
+			return false
+		}
+		for i := range got {
+			if got[i] != truth[i] {
+				return false
+			}
+		}
+		return true
+	}
+	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
+	load(20)
+	testutil.WaitFor(t, 10*time.Second, "index equals the cache, not stale", func() bool {
+		return equal() && !m.Stale() && gauge(t, reg, "kvmesh_materializer_stale_seconds") == 0
+	})
+
+	r.freeze()
+	testutil.WaitFor(t, 20*time.Second, "the blackholed path reported stale", func() bool {
+		return m.Stale() && gauge(t, reg, "kvmesh_materializer_stale_seconds") > 0
+	})
+	// The reconnects counted from here on connect TCP to the frozen relay
+	// and never complete a handshake.
+	resyncs := counter(t, reg, "kvmesh_materializer_reconnect_resyncs_total")
+	attempts := conn.NC.Stats().Reconnects
+	load(20) // the index cannot follow these
+	testutil.WaitFor(t, 30*time.Second, "reconnect attempts against the blackhole", func() bool {
+		return conn.NC.Stats().Reconnects >= attempts+3
+	})
+	if got := counter(t, reg, "kvmesh_materializer_reconnect_resyncs_total"); got != resyncs {
+		t.Fatalf("%v resyncs for reconnect attempts that never connected", got-resyncs)
+	}
+	if !m.Stale() {
+		t.Fatal("not stale while the path is dead")
+	}
+
+	r.thaw()
+	testutil.WaitFor(t, 20*time.Second, "index resynced after the path came back, not stale", func() bool {
+		return !m.Stale() && gauge(t, reg, "kvmesh_materializer_stale_seconds") == 0 && equal() &&
+			counter(t, reg, "kvmesh_materializer_reconnect_resyncs_total") > resyncs
+	})
+}

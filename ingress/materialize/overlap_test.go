@@ -1,0 +1,256 @@
+package materialize_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/ingress/materialize"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
+)
+
+// startMaterializer runs a materializer on nc until the test ends.
+func startMaterializer(t *testing.T, cfg materialize.Config) *materialize.Materializer {
+	t.Helper()
+	m, err := materialize.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return m
+}
+
+// Two live sidecars for one engine (a restart overlapping its old self:
+// same engine id, same engine) publish the same changes in two epochs. The
+// materializer follows the newer sidecar (the later epoch start, in every
+// ingress), ignores and counts the older one's deltas, and takes no
+// snapshot for them. Before, every delta of the epoch it was not on took a
+// snapshot, and the two epochs took turns for ever (362 snapshots in 10 s).
+func TestOverlappingSidecarsFollowTheNewerWithoutSnapshotStorm(t *testing.T) {
+	srv := testutil.NATS(t)
+	cache, err := meshtest.NewCache("m", 4, 16, 0, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cache.Pub.Close() })
+	start := func() *sidecar.Sidecar { // one sidecar of engine e1; the second is the newer
+		sc := sidecar.DefaultConfig()
+		sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", URL: "http://engine-1:8000", Events: cache.Pub.Endpoint(),
+			Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+		sc.NATS.URLs = []string{srv.URL()}
+		s, err := sidecar.New(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Run(context.Background()) }()
+		t.Cleanup(func() { _ = s.Close(); <-done })
+		testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
+		return s
+	}
+	old := start()
+	newer := start()
+
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer = nc, idx, reg
+	// No gossip and no idle probe: only deltas and their snapshots here. A
+	// busy machine must not make the newer sidecar look gone.
+	cfg.CheckInterval, cfg.IdleCheck, cfg.EpochGrace = 20*time.Millisecond, time.Hour, time.Hour
+	m := startMaterializer(t, cfg)
+	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
+
+	load := func(n int) {
+		for i := 0; i < n; i++ {
+			if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// In step with the newer sidecar: its epoch and head, the engine's keys.
+	following := func() bool {
+		st, side := m.Status(), newer.Status()[0]
+		if len(st) != 1 || st[0].Epoch != side.Epoch || st[0].Seq != side.Seq || st[0].Snapshotting || len(idx.Problems()) > 0 {
+			return false
+		}
+		truth := cache.Truth()[kvevents.TierGPU]
+		got := idx.Keys("e1", kvevents.TierGPU)
+		if len(got) != len(truth) {
+			return false
+		}
+		for i := range got {
+			if got[i] != truth[i] {
+				return false
+			}
+		}
+		return true
+	}
+	load(20)
+	testutil.WaitFor(t, 20*time.Second, "following the newer sidecar", following)
+	if old.Status()[0].Epoch == newer.Status()[0].Epoch {
+		t.Fatal("both sidecars have one epoch")
+	}
+	snaps, epochs := counter(t, reg, "kvmesh_materializer_snapshots_total"), counter(t, reg, "kvmesh_materializer_new_epochs_total")
+	if snaps > 2 || epochs > 1 {
+		t.Fatalf("%v snapshots and %v new epochs to settle on the newer sidecar, want at most 2 and 1 (first sight, then the newer epoch)", snaps, epochs)
+	}
+	ignored := counter(t, reg, "kvmesh_materializer_stale_epoch_deltas_total")
+
+	// Both sidecars keep publishing every change, request after request:
+	// the older one's deltas are ignored and counted, and no snapshot is
+	// taken for them.
+	const requests = 30
+	for i := 0; i < requests; i++ {
+		load(1)
+		testutil.WaitFor(t, 20*time.Second, "in step with the newer sidecar, the older one done too", func() bool {
+			keys, _ := old.Keys("e1")
+			return following() && len(keys[kvevents.TierGPU]) == len(cache.Truth()[kvevents.TierGPU])
+		})
+	}
+	if got := counter(t, reg, "kvmesh_materializer_snapshots_total"); got != snaps {
+		t.Fatalf("%v snapshots while both sidecars published %d requests' changes, want none (%v before)", got-snaps, requests, snaps)
+	}
+	if got := counter(t, reg, "kvmesh_materializer_new_epochs_total"); got != epochs {
+		t.Fatalf("new epochs went from %v to %v", epochs, got)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the older sidecar's deltas counted", func() bool {
+		return counter(t, reg, "kvmesh_materializer_stale_epoch_deltas_total") > ignored
+	})
+	if !following() {
+		t.Fatal("not following the newer sidecar after the load")
+	}
+}
+
+// fakeSidecar is a FAKE sidecar of an older kvmesh version (no epoch start
+// in its messages): it publishes deltas of one epoch, storing one key each,
+// and answers snapshot requests with its set at its head.
+type fakeSidecar struct {
+	t     *testing.T
+	nc    *nats.Conn
+	epoch uint64
+	mu    sync.Mutex
+	seq   uint64
+	keys  []uint64
+	sub   *nats.Subscription
+}
+
+func newFakeSidecar(t *testing.T, nc *nats.Conn, epoch uint64) *fakeSidecar {
+	f := &fakeSidecar{t: t, nc: nc, epoch: epoch}
+	var err error
+	f.sub, err = nc.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
+		f.mu.Lock()
+		c := kvevents.SnapshotChunk{Engine: "e1", Model: "m", Epoch: f.epoch, Seq: f.seq, Chunks: 1,
+			Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: append([]uint64(nil), f.keys...)}}}
+		f.mu.Unlock()
+		_ = msg.Respond(kvevents.AppendSnapshotChunk(nil, &c))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// publish stores key k in the next delta.
+func (f *fakeSidecar) publish(k uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	f.keys = append(f.keys, k)
+	d := kvevents.Delta{Engine: "e1", Model: "m", Epoch: f.epoch, Seq: f.seq, Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{k}}}}
+	if err := f.nc.Publish(natsutil.DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// Two live sidecars of a version before the epoch start: each epoch takes
+// at most one snapshot, the second seen wins (a plain restart looks like
+// that), the first's deltas are ignored, and once the followed sidecar
+// goes silent while the other keeps sending (it is gone), the other is
+// followed again.
+func TestOverlappingOldSidecarsAtMostOneSnapshotPerEpoch(t *testing.T) {
+	srv := testutil.NATS(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer = nc, idx, reg
+	cfg.CheckInterval, cfg.IdleCheck, cfg.EpochGrace = 20*time.Millisecond, time.Hour, time.Millisecond
+	m := startMaterializer(t, cfg)
+	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
+
+	x := newFakeSidecar(t, nc, 0x5000)
+	in := func(f *fakeSidecar) func() bool {
+		return func() bool {
+			f.mu.Lock()
+			want := meshtest.Sorted(append([]uint64(nil), f.keys...))
+			seq := f.seq
+			f.mu.Unlock()
+			st := m.Status()
+			got := idx.Keys("e1", kvevents.TierGPU)
+			if len(st) != 1 || st[0].Epoch != f.epoch || st[0].Seq != seq || st[0].Snapshotting || len(got) != len(want) {
+				return false
+			}
+			for i := range got {
+				if got[i] != want[i] {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	x.publish(1)
+	testutil.WaitFor(t, 10*time.Second, "x followed", in(x))
+	y := newFakeSidecar(t, nc, 0x3000) // the smaller epoch: the order is by sight
+	// Alternating deltas (one NATS connection keeps their order): y, seen
+	// second, is newer; x's deltas are ignored from then on.
+	for i := uint64(0); i < 30; i++ {
+		y.publish(1000 + i)
+		x.publish(2 + i)
+		testutil.WaitFor(t, 10*time.Second, "y followed", in(y))
+	}
+	if got := counter(t, reg, "kvmesh_materializer_snapshots_total"); got > 2 {
+		t.Fatalf("%v snapshots for two epochs, want at most 2", got)
+	}
+	if got := counter(t, reg, "kvmesh_materializer_stale_epoch_deltas_total"); got < 1 {
+		t.Fatal("the older epoch's deltas were not counted")
+	}
+
+	// y's sidecar is gone; x keeps sending: after EpochGrace of y's silence
+	// x is followed again (its snapshot answered by x alone).
+	if err := y.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	k := uint64(5000)
+	testutil.WaitFor(t, 20*time.Second, "x followed again", func() bool {
+		k++
+		x.publish(k)
+		return in(x)()
+	})
+}

@@ -1,0 +1,297 @@
+package natsutil_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// relay is a TCP relay between NATS clients and a server that a test can
+// freeze: then nothing flows either way while every connection stays open,
+// and new connections are accepted and never answered, which is what a
+// SIGSTOPped proxy or a blackholing middlebox does to a path (the fault
+// injection of finding 1 stopped a relay).
+type relay struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cond   *sync.Cond
+	frozen bool
+	closed bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+}
+
+func newRelay(t *testing.T, target string) *relay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	r.cond = sync.NewCond(&r.mu)
+	r.wg.Add(1)
+	go r.accept() // owned by the relay; ends when close closes the listener
+	t.Cleanup(r.close)
+	return r
+}
+
+func (r *relay) url() string { return "nats://" + r.ln.Addr().String() }
+
+// freeze stops every byte; thaw lets them flow again (connections accepted
+// while frozen are closed then: their clients gave up on them long ago).
+func (r *relay) freeze() { r.mu.Lock(); r.frozen = true; r.mu.Unlock() }
+func (r *relay) thaw()   { r.mu.Lock(); r.frozen = false; r.cond.Broadcast(); r.mu.Unlock() }
+
+func (r *relay) close() {
+	r.ln.Close()
+	r.mu.Lock()
+	r.closed = true
+	for c := range r.conns {
+		c.Close()
+	}
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// track registers c; false when the relay is closed.
+func (r *relay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		c.Close()
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+// waitThawed blocks while the relay is frozen; false once it is closed.
+func (r *relay) waitThawed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.frozen && !r.closed {
+		r.cond.Wait()
+	}
+	return !r.closed
+}
+
+func (r *relay) accept() {
+	defer r.wg.Done()
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !r.track(c) {
+			return
+		}
+		r.wg.Add(1)
+		go func() { // owned by the relay
+			defer r.wg.Done()
+			r.mu.Lock()
+			parked := r.frozen
+			r.mu.Unlock()
+			if parked { // accepted, never answered
+				r.waitThawed()
+				c.Close()
+				return
+			}
+			up, err := net.Dial("tcp", r.target)
+			if err != nil || !r.track(up) {
+				c.Close()
+				return
+			}
+			r.wg.Add(1)
+			go func() { defer r.wg.Done(); r.pipe(up, c) }()
+			r.pipe(c, up)
+		}()
+	}
+}
+
+// pipe copies src to dst, holding what it read while the relay is frozen.
+func (r *relay) pipe(dst, src net.Conn) {
+	defer func() { dst.Close(); src.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !r.waitThawed() {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil { // EOF, or a connection closed by the relay or a client
+			return
+		}
+	}
+}
+
+// A path that stays up and carries nothing (the relay frozen) is found by
+// the connection's pings and the connection redialed; before, nats.go's
+// default 2 min ping interval let it go unnoticed for about 6 minutes.
+// Once the path works again the connection is back.
+func TestPingsFindDeadPath(t *testing.T) {
+	srv := testutil.NATS(t)
+	r := newRelay(t, srv.URL()[len("nats://"):])
+	var logs testutil.SyncBuffer
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{r.url()}
+	cfg.Stream.Disabled = true
+	cfg.PingInterval = 50 * time.Millisecond
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testutil.WaitFor(t, 10*time.Second, "connected through the relay", c.NC.IsConnected)
+	r.freeze()
+	testutil.WaitFor(t, 10*time.Second, "the dead path found (connection no longer taken as connected)", func() bool {
+		return !c.NC.IsConnected()
+	})
+	testutil.WaitFor(t, 10*time.Second, "the stale connection logged", func() bool {
+		return strings.Contains(logs.String(), "pings unanswered")
+	})
+	r.thaw()
+	testutil.WaitFor(t, 10*time.Second, "reconnected once the path works", c.NC.IsConnected)
+}
+
+// The defaults find a dead path within 20 s, for every component: the
+// sidecar's and the ingress's connections are both made by Connect, whose
+// options take the ping settings from Auth, zero meaning the default.
+func TestDefaultPingsFindDeadPathWithin20s(t *testing.T) {
+	var a natsutil.Auth // what an ingress built from its flags or YAML carries
+	if got := a.StaleAfter(); got > 20*time.Second || got < 5*time.Second {
+		t.Fatalf("a dead path is found after up to %v with the defaults, want 5–20 s", got)
+	}
+	cfg := natsutil.DefaultConfig()
+	cfg.PingInterval = -time.Second
+	cfg.MaxPingsOutstanding = -1
+	err := cfg.Validate()
+	for _, want := range []string{"ping interval", "max pings outstanding"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("negative %s accepted: %v", want, err)
+		}
+	}
+}
+
+// The stream limits rule: an absent stream is created with the sidecar's
+// limits; on an existing stream only limits given other than their default
+// are applied (and logged old → new), so a sidecar with default flags no
+// longer puts back the defaults over another sidecar's explicit limits or an
+// operator's `nats stream edit`.
+func TestEnsureStreamLimitsRule(t *testing.T) {
+	srv := testutil.NATS(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var logs testutil.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	info := func() jetstream.StreamConfig {
+		t.Helper()
+		s, err := js.Stream(ctx, natsutil.StreamName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config
+	}
+
+	explicit := natsutil.DefaultConfig().Stream
+	explicit.MaxAge = 20 * time.Minute
+	if _, err := natsutil.EnsureStream(ctx, js, explicit, log); err != nil {
+		t.Fatal(err)
+	}
+	if c := info(); c.MaxAge != 20*time.Minute || c.MaxBytes != explicit.MaxBytes || c.Subjects[0] != natsutil.DeltaWildcard {
+		t.Fatalf("created with %+v", c)
+	}
+
+	// The operator edits the stream (nats stream edit).
+	edited := info()
+	edited.MaxAge, edited.MaxBytes = 30*time.Minute, 1<<30
+	if _, err := js.UpdateStream(ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	// A sidecar with the default limits leaves them alone.
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log); err != nil {
+		t.Fatal(err)
+	}
+	if c := info(); c.MaxAge != 30*time.Minute || c.MaxBytes != 1<<30 {
+		t.Fatalf("a sidecar with default limits rewrote the stream: max age %v, max bytes %d", c.MaxAge, c.MaxBytes)
+	}
+	// One with an explicit max age sets that one only, and says so.
+	explicit.MaxAge = 40 * time.Minute
+	if _, err := natsutil.EnsureStream(ctx, js, explicit, log); err != nil {
+		t.Fatal(err)
+	}
+	if c := info(); c.MaxAge != 40*time.Minute || c.MaxBytes != 1<<30 {
+		t.Fatalf("explicit max age: max age %v, max bytes %d (want 40m, the operator's 1 GiB)", c.MaxAge, c.MaxBytes)
+	}
+	if !strings.Contains(logs.String(), "max_age=\"30m0s → 40m0s\"") {
+		t.Fatalf("the change is not logged old → new:\n%s", logs.String())
+	}
+}
+
+// A stream deleted while NATS stays up is created again once publishes
+// report it missing, and each failed publish is reported (the sidecar
+// counts them); before, both waited for the next reconnect.
+func TestPublishFailureRecreatesDeletedStream(t *testing.T) {
+	srv := testutil.NATS(t)
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{srv.URL()}
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var failed atomic.Int64
+	c.OnPublishError(func(subject string, err error) {
+		if subject == natsutil.DeltaSubject("m", "e") {
+			failed.Add(1)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The connection ensures the stream once more after it connected, maybe
+	// after a first deletion: delete and publish until a publish fails.
+	testutil.WaitFor(t, 20*time.Second, "a publish to the deleted stream failed and was reported", func() bool {
+		if failed.Load() > 0 {
+			return true
+		}
+		if _, err := c.JS.Stream(ctx, natsutil.StreamName); err == nil {
+			if err := c.JS.DeleteStream(ctx, natsutil.StreamName); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				t.Fatal(err)
+			}
+			if _, err := c.JS.PublishAsync(natsutil.DeltaSubject("m", "e"), []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return false
+	})
+	testutil.WaitFor(t, 20*time.Second, "the stream created again", func() bool {
+		_, err := c.JS.Stream(ctx, natsutil.StreamName)
+		return err == nil
+	})
+}

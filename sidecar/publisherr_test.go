@@ -1,0 +1,108 @@
+package sidecar_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
+)
+
+// The KVMESH_DELTAS stream deleted while NATS stays up: the JetStream
+// publishes that fail are counted in kvmesh_sidecar_publish_errors_total and
+// logged (rate-limited), and the stream is created again once publishes
+// report it missing. Before, the async failures were ignored (the counter
+// stayed 0) and the stream came back only with the sidecar's next reconnect.
+func TestDeletedStreamCountedAndRecreated(t *testing.T) {
+	srv := testutil.NATS(t)
+	cache, err := meshtest.NewCache("m", 4, 16, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Pub.Close()
+	reg := prometheus.NewRegistry()
+	var logs testutil.SyncBuffer
+	cfg := sidecar.DefaultConfig()
+	cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+	cfg.NATS.URLs = []string{srv.URL()}
+	cfg.Registerer = reg
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	s, err := sidecar.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	defer func() { _ = s.Close(); <-done }()
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
+
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	publishErrors := func() float64 {
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == "kvmesh_sidecar_publish_errors_total" {
+				return f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	// The sidecar ensures the stream after connecting, maybe after a first
+	// deletion: delete it (again) and make deltas until publishes fail.
+	testutil.WaitFor(t, 30*time.Second, "failed publishes counted", func() bool {
+		if publishErrors() > 0 {
+			return true
+		}
+		if _, err := js.Stream(ctx, natsutil.StreamName); err == nil {
+			if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				t.Fatal(err)
+			}
+		}
+		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
+			t.Fatal(err)
+		}
+		return false
+	})
+	testutil.WaitFor(t, 30*time.Second, "the stream created again", func() bool {
+		_, err := js.Stream(ctx, natsutil.StreamName)
+		return err == nil
+	})
+	if !strings.Contains(logs.String(), "delta publishes failing") {
+		t.Fatalf("failed publishes not logged:\n%s", logs.String())
+	}
+	// Deltas are captured again.
+	before := s.Status()[0].Seq
+	testutil.WaitFor(t, 30*time.Second, "a new delta in the stream", func() bool {
+		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
+			t.Fatal(err)
+		}
+		st, err := js.Stream(ctx, natsutil.StreamName)
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs > 0 && s.Status()[0].Seq > before
+	})
+}
