@@ -59,9 +59,9 @@ func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 	t.Cleanup(func() { _ = side.Close(); <-sdone })
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
 
-	r := newRelay(t, srv.URL()[len("nats://"):])
+	r := testutil.NewRelay(t, srv.URL()[len("nats://"):])
 	nc := natsutil.DefaultConfig()
-	nc.URLs = []string{r.url()}
+	nc.URLs = []string{"nats://" + r.Addr()}
 	nc.Stream.Disabled = true
 	nc.PingInterval = 250 * time.Millisecond
 	nc.ConnectTimeout, nc.ReconnectWait = 200*time.Millisecond, 20*time.Millisecond
@@ -102,7 +102,7 @@ func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 		return equal() && !m.Stale() && gauge(t, reg, "kvmesh_materializer_stale_seconds") == 0
 	})
 
-	r.freeze()
+	r.Freeze()
 	testutil.WaitFor(t, 20*time.Second, "the blackholed path reported stale", func() bool {
 		return m.Stale() && gauge(t, reg, "kvmesh_materializer_stale_seconds") > 0
 	})
@@ -121,7 +121,7 @@ func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 		t.Fatal("not stale while the path is dead")
 	}
 
-	r.thaw()
+	r.Thaw()
 	testutil.WaitFor(t, 20*time.Second, "index resynced after the path came back, not stale", func() bool {
 		return !m.Stale() && gauge(t, reg, "kvmesh_materializer_stale_seconds") == 0 && equal() &&
 			counter(t, reg, "kvmesh_materializer_reconnect_resyncs_total") > resyncs

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,140 +16,16 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-// relay is a TCP relay between NATS clients and a server that a test can
-// freeze: then nothing flows either way while every connection stays open,
-// and new connections are accepted and never answered, which is what a
-// SIGSTOPped proxy or a blackholing middlebox does to a path (the fault
-// injection of finding 1 stopped a relay).
-type relay struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cond   *sync.Cond
-	frozen bool
-	closed bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
-
-func newRelay(t *testing.T, target string) *relay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	r.cond = sync.NewCond(&r.mu)
-	r.wg.Add(1)
-	go r.accept() // owned by the relay; ends when close closes the listener
-	t.Cleanup(r.close)
-	return r
-}
-
-func (r *relay) url() string { return "nats://" + r.ln.Addr().String() }
-
-// freeze stops every byte; thaw lets them flow again (connections accepted
-// while frozen are closed then: their clients gave up on them long ago).
-func (r *relay) freeze() { r.mu.Lock(); r.frozen = true; r.mu.Unlock() }
-func (r *relay) thaw()   { r.mu.Lock(); r.frozen = false; r.cond.Broadcast(); r.mu.Unlock() }
-
-func (r *relay) close() {
-	r.ln.Close()
-	r.mu.Lock()
-	r.closed = true
-	for c := range r.conns {
-		c.Close()
-	}
-	r.cond.Broadcast()
-	r.mu.Unlock()
-	r.wg.Wait()
-}
-
-// track registers c; false when the relay is closed.
-func (r *relay) track(c net.Conn) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		c.Close()
-		return false
-	}
-	r.conns[c] = struct{}{}
-	return true
-}
-
-// waitThawed blocks while the relay is frozen; false once it is closed.
-func (r *relay) waitThawed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for r.frozen && !r.closed {
-		r.cond.Wait()
-	}
-	return !r.closed
-}
-
-func (r *relay) accept() {
-	defer r.wg.Done()
-	for {
-		c, err := r.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !r.track(c) {
-			return
-		}
-		r.wg.Add(1)
-		go func() { // owned by the relay
-			defer r.wg.Done()
-			r.mu.Lock()
-			parked := r.frozen
-			r.mu.Unlock()
-			if parked { // accepted, never answered
-				r.waitThawed()
-				c.Close()
-				return
-			}
-			up, err := net.Dial("tcp", r.target)
-			if err != nil || !r.track(up) {
-				c.Close()
-				return
-			}
-			r.wg.Add(1)
-			go func() { defer r.wg.Done(); r.pipe(up, c) }()
-			r.pipe(c, up)
-		}()
-	}
-}
-
-// pipe copies src to dst, holding what it read while the relay is frozen.
-func (r *relay) pipe(dst, src net.Conn) {
-	defer func() { dst.Close(); src.Close() }()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if !r.waitThawed() {
-				return
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil { // EOF, or a connection closed by the relay or a client
-			return
-		}
-	}
-}
-
 // A path that stays up and carries nothing (the relay frozen) is found by
 // the connection's pings and the connection redialed; before, nats.go's
 // default 2 min ping interval let it go unnoticed for about 6 minutes.
 // Once the path works again the connection is back.
 func TestPingsFindDeadPath(t *testing.T) {
 	srv := testutil.NATS(t)
-	r := newRelay(t, srv.URL()[len("nats://"):])
+	r := testutil.NewRelay(t, srv.URL()[len("nats://"):])
 	var logs testutil.SyncBuffer
 	cfg := natsutil.DefaultConfig()
-	cfg.URLs = []string{r.url()}
+	cfg.URLs = []string{"nats://" + r.Addr()}
 	cfg.Stream.Disabled = true
 	cfg.PingInterval = 50 * time.Millisecond
 	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -160,14 +34,14 @@ func TestPingsFindDeadPath(t *testing.T) {
 	}
 	defer c.Close()
 	testutil.WaitFor(t, 10*time.Second, "connected through the relay", c.NC.IsConnected)
-	r.freeze()
+	r.Freeze()
 	testutil.WaitFor(t, 10*time.Second, "the dead path found (connection no longer taken as connected)", func() bool {
 		return !c.NC.IsConnected()
 	})
 	testutil.WaitFor(t, 10*time.Second, "the stale connection logged", func() bool {
 		return strings.Contains(logs.String(), "pings unanswered")
 	})
-	r.thaw()
+	r.Thaw()
 	testutil.WaitFor(t, 10*time.Second, "reconnected once the path works", c.NC.IsConnected)
 }
 

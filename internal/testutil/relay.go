@@ -1,4 +1,4 @@
-package materialize_test
+package testutil
 
 import (
 	"net"
@@ -6,15 +6,13 @@ import (
 	"testing"
 )
 
-// The relay below is a copy of the one in internal/natsutil's tests (test
-// code is not shared across packages).
-
-// relay is a TCP relay between NATS clients and a server that a test can
+// Relay is a TCP relay between NATS clients and a server that a test can
 // freeze: then nothing flows either way while every connection stays open,
 // and new connections are accepted and never answered, which is what a
-// SIGSTOPped proxy or a blackholing middlebox does to a path (the fault
-// injection of finding 1 stopped a relay).
-type relay struct {
+// SIGSTOPped proxy or a blackholing middlebox does to a path (a fault injection
+// stopped a relay between an ingress and NATS to find the 6-minute blind spot
+// nats.go's default pings left).
+type Relay struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
@@ -25,28 +23,30 @@ type relay struct {
 	wg     sync.WaitGroup
 }
 
-func newRelay(t *testing.T, target string) *relay {
-	t.Helper()
+// NewRelay relays to target (host:port) until the test ends.
+func NewRelay(tb testing.TB, target string) *Relay {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	r := &relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	r := &Relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	r.cond = sync.NewCond(&r.mu)
 	r.wg.Add(1)
 	go r.accept() // owned by the relay; ends when close closes the listener
-	t.Cleanup(r.close)
+	tb.Cleanup(r.close)
 	return r
 }
 
-func (r *relay) url() string { return "nats://" + r.ln.Addr().String() }
+// Addr is the relay's own address.
+func (r *Relay) Addr() string { return r.ln.Addr().String() }
 
-// freeze stops every byte; thaw lets them flow again (connections accepted
+// Freeze stops every byte; Thaw lets them flow again (connections accepted
 // while frozen are closed then: their clients gave up on them long ago).
-func (r *relay) freeze() { r.mu.Lock(); r.frozen = true; r.mu.Unlock() }
-func (r *relay) thaw()   { r.mu.Lock(); r.frozen = false; r.cond.Broadcast(); r.mu.Unlock() }
+func (r *Relay) Freeze() { r.mu.Lock(); r.frozen = true; r.mu.Unlock() }
+func (r *Relay) Thaw()   { r.mu.Lock(); r.frozen = false; r.cond.Broadcast(); r.mu.Unlock() }
 
-func (r *relay) close() {
+func (r *Relay) close() {
 	r.ln.Close()
 	r.mu.Lock()
 	r.closed = true
@@ -58,8 +58,8 @@ func (r *relay) close() {
 	r.wg.Wait()
 }
 
-// track registers c; false when the relay is closed.
-func (r *relay) track(c net.Conn) bool {
+// track registers c; false when the Relay is closed.
+func (r *Relay) track(c net.Conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -70,8 +70,8 @@ func (r *relay) track(c net.Conn) bool {
 	return true
 }
 
-// waitThawed blocks while the relay is frozen; false once it is closed.
-func (r *relay) waitThawed() bool {
+// waitThawed blocks while the Relay is frozen; false once it is closed.
+func (r *Relay) waitThawed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for r.frozen && !r.closed {
@@ -80,7 +80,7 @@ func (r *relay) waitThawed() bool {
 	return !r.closed
 }
 
-func (r *relay) accept() {
+func (r *Relay) accept() {
 	defer r.wg.Done()
 	for {
 		c, err := r.ln.Accept()
@@ -113,8 +113,8 @@ func (r *relay) accept() {
 	}
 }
 
-// pipe copies src to dst, holding what it read while the relay is frozen.
-func (r *relay) pipe(dst, src net.Conn) {
+// pipe copies src to dst, holding what it read while the Relay is frozen.
+func (r *Relay) pipe(dst, src net.Conn) {
 	defer func() { dst.Close(); src.Close() }()
 	buf := make([]byte, 32<<10)
 	for {
@@ -127,7 +127,7 @@ func (r *relay) pipe(dst, src net.Conn) {
 				return
 			}
 		}
-		if err != nil { // EOF, or a connection closed by the relay or a client
+		if err != nil { // EOF, or a connection closed by the Relay or a client
 			return
 		}
 	}
