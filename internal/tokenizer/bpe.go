@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"container/heap"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -51,6 +52,16 @@ const noRank = ^uint32(0)
 const smallWord = 48
 
 func (m *bpe) size() int { return len(m.vocabR) }
+
+// spellsEveryByte reports whether every character has tokens without the
+// unknown token: a byte-level vocabulary with all 256 bytes, or byte
+// fallback with all 256 <0xXX> tokens.
+func (m *bpe) spellsEveryByte() bool {
+	if m.byteLevel && m.contPrefix == "" && m.eowSuffix == "" && !slices.Contains(m.byteIDs[:], -1) {
+		return true
+	}
+	return m.byteFallback && !slices.Contains(m.fallbackIDs[:], -1)
+}
 
 func (m *bpe) tokenToID(tok string) (uint32, bool) {
 	id, ok := m.vocab[tok]

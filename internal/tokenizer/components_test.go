@@ -165,8 +165,11 @@ func TestLookups(t *testing.T) {
 	}
 }
 
+// TestRustLowercase: per character, as NormalizedString::lowercase (no
+// final sigma: the reference lowercases "ΣΑΣ" to "σασ"; TestComponentsMatchReference
+// checks it against the reference).
 func TestRustLowercase(t *testing.T) {
-	for in, want := range map[string]string{"İ": "i\u0307", "ΟΔΟΣ": "οδος", "ΣΑ": "σα", "ABC": "abc"} {
+	for in, want := range map[string]string{"İ": "i\u0307", "ΟΔΟΣ": "οδοσ", "ΣΑΣ σας": "σασ σας", "ΣΑ": "σα", "ABC": "abc"} {
 		if got := rustLower(in); got != want {
 			t.Errorf("rustLower(%q) = %q want %q", in, got, want)
 		}
@@ -181,6 +184,11 @@ func TestLoadErrors(t *testing.T) {
 		`{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}`:                                                                     ErrInvalid,
 		`{"model": {"type": "WordLevel", "vocab": {}}, "normalizer": {"type": "Precompiled"}}`:                                                 ErrUnsupported,
 		`{"model": {"type": "WordLevel", "vocab": {}}, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"}}`: ErrInvalid,
+		// Oniguruma takes these; Native does not translate them (the ingress
+		// then keys the model on the engine's /tokenize instead of exiting).
+		`{"model": {"type": "WordLevel", "vocab": {}}, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "\\p{Emoji}"}, "behavior": "Isolated"}}`: ErrUnsupported,
+		`{"model": {"type": "WordLevel", "vocab": {}}, "normalizer": {"type": "Replace", "pattern": {"Regex": "(a)\\1"}, "content": ""}}`:               ErrUnsupported,
+		`{"model": {"type": "WordPiece", "vocab": {"a": 0}}}`: ErrUnsupported,
 	}
 	for js, want := range cases {
 		if _, err := Load([]byte(js)); !errors.Is(err, want) {

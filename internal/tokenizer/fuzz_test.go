@@ -2,11 +2,11 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"github.com/dlclark/regexp2"
+	"errors"
 	"maps"
 	"slices"
-	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -61,26 +61,26 @@ func FuzzEncode(f *testing.F) {
 }
 
 // FuzzSplitMatchers: the hand-written Llama 3 and GPT-2 matchers split
-// exactly like the patterns run by regexp2 (the general engine).
+// exactly like the patterns compiled as any other tokenizer.json pattern
+// (translated from Oniguruma, run by regexp2).
 func FuzzSplitMatchers(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add(s)
 	}
+	f.Add("'ſ 'ſt 'LL 'Ve")
 	ref := map[string]splitMatcher{}
 	for _, p := range []string{llama3Pattern, gpt2Pattern, qwen2Pattern} {
-		ref[p] = &regexMatcher{re: regexp2.MustCompile(p, regexp2.Unicode)}
+		re, err := compileOnig(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		ref[p] = &regexMatcher{re: re}
 	}
 	fast := map[string]splitMatcher{llama3Pattern: llama3Matcher{3}, gpt2Pattern: gpt2Matcher{}, qwen2Pattern: llama3Matcher{1}}
 	f.Fuzz(func(t *testing.T, text string) {
 		if !utf8.ValidString(text) || len(text) > 256 {
 			// regexp2 decodes invalid bytes differently (both are total on
 			// them), and it backtracks cubically on long whitespace runs.
-			return
-		}
-		if strings.ContainsRune(text, 'ſ') {
-			// (?i) matches the long s as s in Oniguruma (tokenizers) and Rust's
-			// regex (tiktoken), by Unicode case folding; regexp2 follows .NET,
-			// which does not. We follow the references.
 			return
 		}
 		for p, m := range fast {
@@ -93,12 +93,38 @@ func FuzzSplitMatchers(f *testing.F) {
 	})
 }
 
+// FuzzOnigTranslate: any pattern is translated or refused with ErrInvalid or
+// ErrUnsupported, never a panic; a translation compiles or is refused as
+// ErrUnsupported, and what compiles splits any text.
+func FuzzOnigTranslate(f *testing.F) {
+	for _, p := range slices.Concat(splitPatterns, refusedPatterns, invalidPatterns) {
+		f.Add(p, "Hello wörld ² 12 中文 'S\n")
+	}
+	f.Fuzz(func(t *testing.T, pattern, text string) {
+		re, err := compileOnig(pattern)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnsupported) {
+				t.Fatalf("%q: %v", pattern, err)
+			}
+			return
+		}
+		re.MatchTimeout = 50 * time.Millisecond
+		last := 0
+		for _, m := range (&regexMatcher{re: re}).appendMatches(nil, text) {
+			if m.start < last || m.end < m.start || m.end > len(text) {
+				t.Fatalf("%q on %q: bad match %v after %d", pattern, text, m, last)
+			}
+			last = m.end
+		}
+	})
+}
+
 // FuzzLoad: malformed tokenizer.json is an error, never a panic.
 func FuzzLoad(f *testing.F) {
 	f.Add(`{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]},"pre_tokenizer":{"type":"ByteLevel"}}`)
 	f.Add(`{"model":{"type":"WordPiece","vocab":{"[UNK]":0,"a":1,"##b":2}},"normalizer":{"type":"BertNormalizer"},"pre_tokenizer":{"type":"BertPreTokenizer"},"post_processor":{"type":"BertProcessing","cls":["[CLS]",1],"sep":["[SEP]",2]}}`)
 	f.Add(`{"model":{"type":"Unigram","vocab":[["a",-1.0],["b",-2.0]],"unk_id":0},"pre_tokenizer":{"type":"Metaspace"}}`)
-	f.Add(`{"model":{"vocab":{"x":0}},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Removed"}}`)
+	f.Add(`{"model":{"vocab":{"x":0,"[UNK]":1},"unk_token":"[UNK]"},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+$|[^\\p{L}&&[^a]]"},"behavior":"Removed"}}`)
 	f.Fuzz(func(t *testing.T, data string) {
 		tk, err := Load([]byte(data))
 		if err != nil {

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode"
 
-	"github.com/dlclark/regexp2"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -89,7 +89,7 @@ func Load(data []byte) (*Native, error) {
 	if t.normalizer, err = loadNormalizer(f.Normalizer); err != nil {
 		return nil, fmt.Errorf("load normalizer: %w", err)
 	}
-	if t.pre, t.byteLevel, err = loadPreTokenizer(f.PreTokenizer); err != nil {
+	if t.pre, t.byteLevel, err = loadPreTokenizer(f.PreTokenizer, false); err != nil {
 		return nil, fmt.Errorf("load pre_tokenizer: %w", err)
 	}
 	if t.model, err = loadModel(f.Model, t.byteLevel); err != nil {
@@ -220,11 +220,10 @@ func loadReplacer(c *component) (replacer, error) {
 	case v.Pattern.String != nil:
 		r.literal = *v.Pattern.String
 	case v.Pattern.Regex != nil:
-		re, err := regexp2.Compile(*v.Pattern.Regex, regexp2.Unicode)
+		re, err := compileOnig(*v.Pattern.Regex)
 		if err != nil {
-			return r, fmt.Errorf("replace pattern: %w: %v", ErrInvalid, err)
+			return r, fmt.Errorf("replace pattern: %w", err)
 		}
-		re.MatchTimeout = regexTimeout
 		r.re = re
 	default:
 		return r, fmt.Errorf("replace: %w: no pattern", ErrInvalid)
@@ -238,14 +237,20 @@ var behaviors = map[string]splitBehavior{
 }
 
 // loadPreTokenizer also reports whether a ByteLevel step is present (then the
-// model's vocabulary is byte-level).
-func loadPreTokenizer(raw json.RawMessage) (preTokenizer, bool, error) {
+// model's vocabulary is byte-level). mapped says a ByteLevel step ran before
+// this one in a Sequence: tokenizers' later steps then see the byte-level
+// alphabet (a space is "Ġ", the byte 0xB2 of "в" is "²"), not the text.
+func loadPreTokenizer(raw json.RawMessage, mapped bool) (preTokenizer, bool, error) {
 	c, err := parseComponent(raw)
 	if c == nil || err != nil {
 		return nil, false, err
 	}
+	var p preTokenizer
 	switch c.Type {
 	case "ByteLevel":
+		if mapped {
+			return nil, false, fmt.Errorf("pre_tokenizer: a second ByteLevel step: %w", ErrUnsupported)
+		}
 		v := struct {
 			AddPrefixSpace bool `json:"add_prefix_space"`
 			UseRegex       bool `json:"use_regex"`
@@ -254,25 +259,30 @@ func loadPreTokenizer(raw json.RawMessage) (preTokenizer, bool, error) {
 			return nil, false, err
 		}
 		return &byteLevelPre{v.AddPrefixSpace, v.UseRegex}, true, nil
-	case "Split":
-		p, err := loadSplitPre(c)
-		return p, false, err
-	case "Whitespace":
-		return &funcPre{whitespacePre, true}, false, nil
-	case "WhitespaceSplit":
-		return &funcPre{whitespaceSplit, true}, false, nil
-	case "BertPreTokenizer":
-		return &funcPre{bertSplit, true}, false, nil
-	case "Punctuation", "Digits":
-		p, err := loadRunePre(c)
-		return p, false, err
-	case "Metaspace":
-		p, err := loadMetaspacePre(c)
-		return p, false, err
 	case "Sequence":
-		return loadPreSequence(c)
+		return loadPreSequence(c, mapped)
+	case "Split":
+		p, err = loadSplitPre(c)
+	case "Whitespace":
+		p = &funcPre{whitespacePre, true}
+	case "WhitespaceSplit":
+		p = &funcPre{whitespaceSplit, true}
+	case "BertPreTokenizer":
+		p = &funcPre{bertSplit, true}
+	case "Punctuation", "Digits":
+		p, err = loadRunePre(c)
+	case "Metaspace":
+		p, err = loadMetaspacePre(c)
+	default:
+		return nil, false, fmt.Errorf("pre_tokenizer %q: %w", c.Type, ErrUnsupported)
 	}
-	return nil, false, fmt.Errorf("pre_tokenizer %q: %w", c.Type, ErrUnsupported)
+	if err != nil {
+		return nil, false, err
+	}
+	if mapped {
+		p = &mappedPre{p}
+	}
+	return p, false, nil
 }
 
 // loadSplitPre loads a Split pre-tokenizer (regex or literal pattern).
@@ -314,7 +324,8 @@ func loadRunePre(c *component) (preTokenizer, error) {
 		if err := c.decode(&v); err != nil {
 			return nil, err
 		}
-		m := runeMatcher{f: func(r rune) bool { return r >= '0' && r <= '9' || isUnicodeDigit(r) }, contiguous: !v.Individual}
+		// char::is_numeric: all of N (², ½, Ⅻ), not only decimal digits.
+		m := runeMatcher{f: unicode.IsNumber, contiguous: !v.Individual}
 		return &splitPre{m: m, beh: behIsolated}, nil
 	}
 	v := struct {
@@ -350,8 +361,9 @@ func loadMetaspacePre(c *component) (preTokenizer, error) {
 	return &metaspacePre{replacement: v.Replacement, scheme: scheme, splitWords: v.Split}, nil
 }
 
-// loadPreSequence loads a Sequence; it is byte-level when any step is.
-func loadPreSequence(c *component) (preTokenizer, bool, error) {
+// loadPreSequence loads a Sequence; it is byte-level when any step is, and
+// the steps after a ByteLevel step run on its alphabet.
+func loadPreSequence(c *component, mapped bool) (preTokenizer, bool, error) {
 	var v struct {
 		Pre []json.RawMessage `json:"pretokenizers"`
 	}
@@ -361,7 +373,7 @@ func loadPreSequence(c *component) (preTokenizer, bool, error) {
 	var seq preSequence
 	anyByte := false
 	for _, r := range v.Pre {
-		p, bl, err := loadPreTokenizer(r)
+		p, bl, err := loadPreTokenizer(r, mapped || anyByte)
 		if err != nil {
 			return nil, false, err
 		}
@@ -404,7 +416,11 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 		if m.MaxChars != nil {
 			maxChars = *m.MaxChars
 		}
-		return newWordPiece(vocab, strOr(m.ContPrefix, "##"), strOr(m.UnkToken, "[UNK]"), maxChars), nil
+		unk := strOr(m.UnkToken, "[UNK]")
+		if _, ok := vocab[unk]; !ok {
+			return nil, errMissingUnk(m.Type, unk)
+		}
+		return newWordPiece(vocab, strOr(m.ContPrefix, "##"), unk, maxChars), nil
 	case "WordLevel":
 		vocab, err := scanVocab(m.Vocab)
 		if err != nil {
@@ -412,12 +428,25 @@ func loadModel(raw json.RawMessage, byteLevel bool) (model, error) {
 		}
 		wl := &wordLevel{vocab: vocab}
 		wl.vocabR, wl.has = reverseVocab(vocab)
-		wl.unk, wl.hasUnk = vocab[strOr(m.UnkToken, "")]
+		unk := strOr(m.UnkToken, "")
+		if wl.unk, wl.hasUnk = vocab[unk]; !wl.hasUnk {
+			return nil, errMissingUnk(m.Type, unk)
+		}
 		return wl, nil
 	case "Unigram":
 		return loadUnigram(m)
 	}
 	return nil, fmt.Errorf("model %q: %w", m.Type, ErrUnsupported)
+}
+
+// errMissingUnk refuses a model whose unknown token is not in its
+// vocabulary: tokenizers fails to encode any text with a word the model
+// cannot spell ("Missing [UNK] token from the vocabulary"), where Native
+// would have dropped the word and keyed the request on ids the engine never
+// produces. ErrUnsupported lets the ingress key such a model on the engine's
+// /tokenize instead.
+func errMissingUnk(model, unk string) error {
+	return fmt.Errorf("%s: unknown token %q is not in the vocabulary (tokenizers fails on unknown words): %w", model, unk, ErrUnsupported)
 }
 
 func strOr(p *string, def string) string {
@@ -484,12 +513,29 @@ func loadBPE(m *modelJSON, byteLevel bool) (model, error) {
 	}
 	opts := bpe{byteLevel: byteLevel, ignoreMerges: m.IgnoreMerges, byteFallback: m.ByteFallback,
 		fuseUnk: m.FuseUnk, contPrefix: strOr(m.ContPrefix, ""), eowSuffix: strOr(m.EOWSuffix, ""), unk: -1}
+	absentUnk := false
 	if m.UnkToken != nil {
 		if id, ok := vocab[*m.UnkToken]; ok {
 			opts.unk = int64(id)
+		} else {
+			absentUnk = true
 		}
 	}
-	return newBPE(vocab, merges, opts)
+	b, err := newBPE(vocab, merges, opts)
+	if err != nil {
+		return nil, err
+	}
+	if !absentUnk {
+		return b, nil
+	}
+	// tokenizers fails on a character it cannot spell when the unk_token it
+	// names is missing (without an unk_token it drops the character, as
+	// Native does). Such a character cannot occur when every byte has a
+	// token, as in byte-level vocabularies.
+	if !b.spellsEveryByte() {
+		return nil, errMissingUnk(m.Type, *m.UnkToken)
+	}
+	return b, nil
 }
 
 func loadUnigram(m *modelJSON) (model, error) {
@@ -507,6 +553,12 @@ func loadUnigram(m *modelJSON) (model, error) {
 	unk := -1
 	if m.UnkID != nil {
 		unk = *m.UnkID
+		if unk < 0 || unk >= len(pieces) {
+			return nil, fmt.Errorf("unigram unk_id %d: %w: not in the vocabulary", unk, ErrInvalid)
+		}
+	}
+	if unk < 0 { // tokenizers fails on any unknown character then, byte fallback or not
+		return nil, errMissingUnk(m.Type, "unk_id")
 	}
 	return newUnigram(pieces, scores, unk, m.ByteFallback), nil
 }

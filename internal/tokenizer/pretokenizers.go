@@ -35,18 +35,20 @@ func applyBehavior(dst []string, s string, matches []span, beh splitBehavior, in
 	var buf [64]part
 	parts := buf[:0]
 	last := 0
+	// As tokenizers' find_matches: an empty match is a part too (it ends
+	// runs in Contiguous and the merges), and parts left empty are dropped
+	// at the end.
 	for _, m := range matches {
 		if m.start > last {
 			parts = append(parts, part{last, m.start, invert})
 		}
-		if m.end > m.start {
-			parts = append(parts, part{m.start, m.end, !invert})
-		}
+		parts = append(parts, part{m.start, m.end, !invert})
 		last = m.end
 	}
 	if last < len(s) {
 		parts = append(parts, part{last, len(s), invert})
 	}
+	base0 := len(dst)
 	switch beh {
 	case behIsolated:
 		for _, p := range parts {
@@ -103,7 +105,14 @@ func applyBehavior(dst []string, s string, matches []span, beh splitBehavior, in
 			prevMatch = p.match
 		}
 	}
-	return dst
+	// PreTokenizedString::split drops empty pieces.
+	out := dst[:base0]
+	for _, w := range dst[base0:] {
+		if w != "" {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // splitPre is the Split pre-tokenizer.
@@ -214,11 +223,14 @@ func whitespaceSplit(dst []string, w string) []string {
 	return dst
 }
 
+// isBertPunct is BertPreTokenizer's and Punctuation's test: ASCII
+// punctuation (is_ascii_punctuation: symbols too) or Unicode 8's P (see
+// oldPunct).
 func isBertPunct(r rune) bool {
-	if (r >= 33 && r <= 47) || (r >= 58 && r <= 64) || (r >= 91 && r <= 96) || (r >= 123 && r <= 126) {
-		return true
+	if r < utf8.RuneSelf {
+		return (r >= 33 && r <= 47) || (r >= 58 && r <= 64) || (r >= 91 && r <= 96) || (r >= 123 && r <= 126)
 	}
-	return unicode.IsPunct(r)
+	return unicode.Is(oldPunct, r)
 }
 
 // bertSplit is BertPreTokenizer: whitespace removed, punctuation isolated.
@@ -249,14 +261,15 @@ func bertSplit(dst []string, w string) []string {
 	return dst
 }
 
-// whitespacePre is Whitespace: `\w+|[^\w\s]+`, whitespace dropped.
+// whitespacePre is Whitespace: `\w+|[^\w\s]+` (Rust's regex crate, not
+// Oniguruma), whitespace dropped.
 func whitespacePre(dst []string, w string) []string {
 	const none, word, other = 0, 1, 2
 	kind := func(r rune) int {
 		switch {
 		case unicode.IsSpace(r):
 			return none
-		case unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.Is(unicode.M, r) || unicode.Is(unicode.Pc, r):
+		case isRegexWord(r):
 			return word
 		}
 		return other
@@ -334,6 +347,27 @@ func (p *metaspacePre) split(words []string, sc *scratch, atStart bool) []string
 	return out
 }
 
+// mappedPre runs a pre-tokenizer that follows a ByteLevel step: tokenizers
+// has mapped the text to the byte-level alphabet by then (one rune per byte),
+// so the step classifies those runes. Native keeps raw bytes (the vocabulary
+// is converted at load), so the words are mapped for the step and its pieces
+// mapped back, byte for rune.
+type mappedPre struct{ inner preTokenizer }
+
+// cutSafe: a space is "Ġ" to the step, so it may not cut there.
+func (p *mappedPre) cutSafe() bool { return false }
+
+func (p *mappedPre) split(words []string, sc *scratch, atStart bool) []string {
+	for i, w := range words {
+		words[i] = byteLevelEncodeString(w)
+	}
+	words = p.inner.split(words, sc, atStart)
+	for i, w := range words {
+		words[i] = byteLevelDecodeToken(w)
+	}
+	return words
+}
+
 // preSequence runs pre-tokenizers in order.
 type preSequence []preTokenizer
 
@@ -353,4 +387,14 @@ func (q preSequence) split(words []string, sc *scratch, atStart bool) []string {
 	return words
 }
 
-func isUnicodeDigit(r rune) bool { return unicode.IsDigit(r) }
+// isRegexWord is \w of Rust's regex crate (UTS #18's word class):
+// Alphabetic, marks, decimal digits, connector punctuation and Join_Control.
+// Unlike Go's unicode.IsLetter it includes letter numbers (Ⅱ) and the other
+// alphabetic symbols (Ⓜ).
+func isRegexWord(r rune) bool {
+	if r < utf8.RuneSelf {
+		return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '_'
+	}
+	return unicode.In(r, unicode.L, unicode.M, unicode.Nd, unicode.Pc, unicode.Nl, unicode.Other_Alphabetic,
+		unicode.Other_Lowercase, unicode.Other_Uppercase, unicode.Join_Control)
+}

@@ -45,11 +45,10 @@ func newSplitMatcher(pattern string, isRegex bool) (splitMatcher, error) {
 	case qwen2Pattern:
 		return llama3Matcher{maxDigits: 1}, nil
 	}
-	re, err := regexp2.Compile(pattern, regexp2.Unicode)
+	re, err := compileOnig(pattern)
 	if err != nil {
-		return nil, fmt.Errorf("split pattern %q: %w: %v", pattern, ErrInvalid, err)
+		return nil, fmt.Errorf("split pattern: %w", err)
 	}
-	re.MatchTimeout = regexTimeout
 	return &regexMatcher{re: re}, nil
 }
 
@@ -278,8 +277,11 @@ type literalMatcher string
 func (literalMatcher) cutSafe() bool { return false }
 
 func (m literalMatcher) appendMatches(dst []span, s string) []span {
-	if m == "" {
-		return dst
+	if m == "" { // tokenizers compiles the empty regex: an empty match at every character boundary
+		for i := range s {
+			dst = append(dst, span{i, i})
+		}
+		return append(dst, span{len(s), len(s)})
 	}
 	for i := 0; i <= len(s)-len(m); {
 		if s[i:i+len(m)] == string(m) {
@@ -304,6 +306,11 @@ type regexMatcher struct{ re *regexp2.Regexp }
 
 func (*regexMatcher) cutSafe() bool { return false }
 
+// appendMatches lists the matches as the onig crate's find_iter does
+// (tokenizers splits and replaces by it): each search starts where the last
+// match ended, and an empty match right where the last match ended is
+// skipped, the search moving on one character. Empty matches are listed:
+// they split the text too ("x*" cuts "ab" into "a", "b").
 func (m *regexMatcher) appendMatches(dst []span, s string) []span {
 	runes := []rune(s)
 	// offsets[k] is the byte offset of rune k.
@@ -319,12 +326,18 @@ func (m *regexMatcher) appendMatches(dst []span, s string) []span {
 		}
 	}
 	offsets[len(runes)] = len(s)
-	match, err := m.re.FindRunesMatch(runes)
-	for err == nil && match != nil {
-		if match.Length > 0 {
-			dst = append(dst, span{offsets[match.Index], offsets[match.Index+match.Length]})
+	for pos, lastEnd := 0, -1; pos <= len(runes); {
+		match, err := m.re.FindRunesMatchStartingAt(runes, pos)
+		if err != nil || match == nil {
+			break
 		}
-		match, err = m.re.FindNextMatch(match)
+		start, end := match.Index, match.Index+match.Length
+		if start == end && end == lastEnd {
+			pos++
+			continue
+		}
+		dst = append(dst, span{offsets[start], offsets[end]})
+		pos, lastEnd = end, end
 	}
 	return dst
 }
@@ -336,16 +349,28 @@ type replacer struct {
 	content string
 }
 
+// replaceAll replaces every match. The content is inserted as written:
+// tokenizers expands no $1 or $0 in it (regexp2's Replace would).
 func (r replacer) replaceAll(s string) string {
-	if r.re == nil {
-		if r.literal == "" {
-			return s
-		}
-		return strings.ReplaceAll(s, r.literal, r.content)
-	}
-	out, err := r.re.Replace(s, r.content, -1, -1)
-	if err != nil {
+	if s == "" { // tokenizers' find_matches has no match in empty text
 		return s
 	}
-	return out
+	if r.re == nil {
+		// An empty literal matches at every character boundary, in both.
+		return strings.ReplaceAll(s, r.literal, r.content)
+	}
+	var ms []span
+	ms = (&regexMatcher{re: r.re}).appendMatches(ms, s)
+	if len(ms) == 0 {
+		return s
+	}
+	var sb strings.Builder
+	last := 0
+	for _, m := range ms {
+		sb.WriteString(s[last:m.start])
+		sb.WriteString(r.content)
+		last = m.end
+	}
+	sb.WriteString(s[last:])
+	return sb.String()
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,7 +48,7 @@ func LoadTiktoken(modelPath, configPath, pattern string) (*Native, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load tiktoken config: %w", err)
 	}
-	data, err := tiktokenJSON(ranks, cfgData, rewriteClassIntersections(pattern))
+	data, err := tiktokenJSON(ranks, cfgData, pattern)
 	if err != nil {
 		return nil, err
 	}
@@ -234,13 +233,4 @@ func tiktokenPost(cfg *tiktokenConfig) []byte {
 func writeJSONString(b *bytes.Buffer, s string) {
 	q, _ := json.Marshal(s)
 	b.Write(q)
-}
-
-// classIntersection matches Rust regex's [X&&[^Y]] (Kimi's pattern).
-var classIntersection = regexp.MustCompile(`\[((?:\\p\{\w+\})+)&&\[\^((?:\\p\{\w+\})+)\]\]`)
-
-// rewriteClassIntersections turns [X&&[^Y]] into (?:(?![Y])[X]), which the
-// regexp2 engine (no class intersection) reads the same.
-func rewriteClassIntersections(p string) string {
-	return classIntersection.ReplaceAllString(p, `(?:(?![$2])[$1])`)
 }

@@ -66,13 +66,6 @@ func TestTiktokenKimi(t *testing.T) {
 	}
 }
 
-func TestRewriteClassIntersections(t *testing.T) {
-	got := rewriteClassIntersections(`a[\p{Lu}\p{M}&&[^\p{Han}]]*b`)
-	if want := `a(?:(?![\p{Han}])[\p{Lu}\p{M}])*b`; got != want {
-		t.Fatalf("got %s want %s", got, want)
-	}
-}
-
 // FuzzTiktoken: any tiktoken file and config either load or fail with
 // ErrInvalid/ErrUnsupported, never a panic; what loads encodes and decodes
 // its own bytes.
