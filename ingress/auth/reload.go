@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/ingress/filewatch"
 )
 
 // WatchConfig says how Keys follows its file.
@@ -39,8 +40,7 @@ type Keys struct {
 	oks      prometheus.Counter
 
 	// Owned by the goroutine calling Poll (Run's), after WatchKeys.
-	modTime time.Time
-	size    int64
+	file *filewatch.File
 }
 
 // WatchKeys loads cfg's keys once (every problem fails here: bad
@@ -72,11 +72,10 @@ func WatchKeys(cfg Config, wc WatchConfig) (*Keys, error) {
 			}
 		}
 	}
-	st, err := os.Stat(cfg.KeysFile)
-	if err != nil {
+	var err error
+	if k.file, err = filewatch.New(cfg.KeysFile); err != nil {
 		return nil, fmt.Errorf("auth: %w: keys file: %w", ErrConfig, err)
 	}
-	k.modTime, k.size = st.ModTime(), st.Size()
 	if err := k.load(); err != nil {
 		return nil, err
 	}
@@ -111,19 +110,14 @@ func (k *Keys) Run(stop <-chan struct{}) {
 // Poll reloads the file if its modification time or size changed. Run
 // calls it; tests call it directly. Not safe to call concurrently.
 func (k *Keys) Poll() {
-	st, err := os.Stat(k.cfg.KeysFile)
-	if err != nil {
-		if k.size != -1 {
-			k.errs.Inc()
-			k.log.Error("API keys file unreadable; keeping the previous keys", "err", err, "keys", k.Len())
-			k.size = -1 // once until the file is back
-		}
+	changed, err := k.file.Poll()
+	if err != nil { // once until the file is back
+		k.errs.Inc()
+		k.log.Error("API keys file unreadable; keeping the previous keys", "err", err, "keys", k.Len())
+	}
+	if !changed {
 		return
 	}
-	if st.ModTime().Equal(k.modTime) && st.Size() == k.size {
-		return
-	}
-	k.modTime, k.size = st.ModTime(), st.Size()
 	if err := k.load(); err != nil {
 		k.errs.Inc()
 		k.log.Error("API keys file rejected; keeping the previous keys", "err", err, "keys", k.Len())

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
-	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/ingress/filewatch"
 )
 
 // WatcherConfig configures a Watcher.
@@ -43,8 +44,7 @@ type Watcher struct {
 	oks  prometheus.Counter
 
 	// Owned by the goroutine calling Check (Run's), after NewWatcher.
-	modTime time.Time
-	size    int64
+	file *filewatch.File
 }
 
 // NewWatcher loads the file once; an invalid file at start is an error (bad
@@ -72,17 +72,16 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 			}
 		}
 	}
-	st, err := os.Stat(cfg.Path)
+	var err error
+	w.file, err = filewatch.New(cfg.Path)
 	if err != nil && cfg.Optional && errors.Is(err, fs.ErrNotExist) {
 		w.cur.Store(NewTable(&Config{}, nil))
-		w.size = -1 // Check loads the file once it appears
-		w.log.Info("route config not there yet; no routes until it appears")
+		w.log.Info("route config not there yet; no routes until it appears") // Check loads it once it does
 		return w, nil
 	}
 	if err != nil {
 		return nil, errors.Join(ErrConfig, err)
 	}
-	w.modTime, w.size = st.ModTime(), st.Size()
 	if err := w.load(); err != nil {
 		return nil, err
 	}
@@ -112,19 +111,14 @@ func (w *Watcher) Run(ctx context.Context) {
 // Check reloads the file if its modification time or size changed. Run
 // calls it; tests call it directly. Not safe to call concurrently.
 func (w *Watcher) Check() {
-	st, err := os.Stat(w.cfg.Path)
-	if err != nil {
-		if w.size != -1 {
-			w.errs.Inc()
-			w.log.Error("route config unreadable; keeping the previous routes", "err", err)
-			w.size = -1 // once until the file is back
-		}
+	changed, err := w.file.Poll()
+	if err != nil { // once until the file is back
+		w.errs.Inc()
+		w.log.Error("route config unreadable; keeping the previous routes", "err", err)
+	}
+	if !changed {
 		return
 	}
-	if st.ModTime().Equal(w.modTime) && st.Size() == w.size {
-		return
-	}
-	w.modTime, w.size = st.ModTime(), st.Size()
 	if err := w.load(); err != nil {
 		w.errs.Inc()
 		w.log.Error("route config rejected; keeping the previous routes", "err", err)
