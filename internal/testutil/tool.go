@@ -38,3 +38,25 @@ func Need(t testing.TB, err error, what string) {
 	}
 	t.Skipf("%s (%v); skipped (it fails when CI=true)", what, err)
 }
+
+// Python returns a Python 3 for which the code probe runs (e.g. an import
+// of the modules the test needs): python3 on PATH, else /usr/bin/python3,
+// where make deps installs Debian's python3-* packages when no python3 on
+// PATH has them. Otherwise it is Need's: skip, or fail in CI; what says
+// what is missing and why it is needed.
+func Python(t testing.TB, probe, what string) string {
+	t.Helper()
+	var err error
+	for _, py := range []string{"python3", "/usr/bin/python3"} {
+		path, lerr := exec.LookPath(py)
+		if lerr != nil {
+			err = lerr
+			continue
+		}
+		if err = exec.Command(path, "-c", probe).Run(); err == nil {
+			return path
+		}
+	}
+	Need(t, err, what)
+	return ""
+}

@@ -2,7 +2,6 @@ package openai
 
 import (
 	"context"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -15,19 +14,8 @@ import (
 // for /usr/bin/python3 when no python3 on PATH has them).
 func pythonWithClients(t *testing.T) string {
 	t.Helper()
-	var err error
-	for _, py := range []string{"python3", "/usr/bin/python3"} {
-		path, lerr := exec.LookPath(py)
-		if lerr != nil {
-			err = lerr
-			continue
-		}
-		if err = exec.Command(path, "-c", "import httpx, aiohttp").Run(); err == nil {
-			return path
-		}
-	}
-	testutil.Need(t, err, "python3 with httpx and aiohttp is needed: the test drives the ingress with Python's HTTP clients")
-	return ""
+	return testutil.Python(t, "import httpx, aiohttp",
+		"python3 with httpx and aiohttp is needed: the test drives the ingress with Python's HTTP clients")
 }
 
 // TestPythonHTTPClients drives the ingress with Python's HTTP stacks,

@@ -73,23 +73,12 @@ type jinja2Result struct {
 	Err string `json:"err,omitempty"`
 }
 
-// pythonJinja2 is a Python 3 with Jinja2 3.x: python3 on PATH, else
-// /usr/bin/python3 (where make deps installs python3-jinja2).
+// pythonJinja2 is a Python 3 with Jinja2 3.x (make deps installs
+// python3-jinja2 for /usr/bin/python3).
 func pythonJinja2(t *testing.T) string {
 	t.Helper()
-	var err error
-	for _, py := range []string{"python3", "/usr/bin/python3"} {
-		path, lerr := exec.LookPath(py)
-		if lerr != nil {
-			err = lerr
-			continue
-		}
-		if err = exec.Command(path, "-c", "import jinja2; assert jinja2.__version__.startswith('3.')").Run(); err == nil {
-			return path
-		}
-	}
-	testutil.Need(t, err, "python3 with Jinja2 3.x (Debian's python3-jinja2) is needed: it is the reference renderer vLLM uses")
-	return ""
+	return testutil.Python(t, "import jinja2; assert jinja2.__version__.startswith('3.')",
+		"python3 with Jinja2 3.x (Debian's python3-jinja2) is needed: it is the reference renderer vLLM uses")
 }
 
 // renderJinja2 renders jobs with Python Jinja2 in one process.
