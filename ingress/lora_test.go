@@ -23,15 +23,9 @@ import (
 // A request naming a LoRA adapter reaches the engine serving its base model,
 // is keyed like the sidecar keys the adapter's blocks (root with the
 // adapter's name), and a second identical request reuses the first's blocks.
+// The adapter's base comes from the ingress's config (--lora-adapter, YAML
+// loraAdapters).
 func TestLoRARequestsReuseAdapterBlocks(t *testing.T) {
-	// The adapter's base comes from the tokenizer set (a Go embedding) or
-	// from the ingress's config (--lora-adapter, YAML loraAdapters).
-	for _, viaConfig := range []bool{false, true} {
-		t.Run(map[bool]string{false: "deps", true: "config"}[viaConfig], func(t *testing.T) { testLoRAReuse(t, viaConfig) })
-	}
-}
-
-func testLoRAReuse(t *testing.T, viaConfig bool) {
 	nt, tpl := llama(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sm, err := sim.Start(context.Background(), sim.Config{Model: "llama", TimeScale: 500, Tokenizer: nt, Logger: quiet,
@@ -45,11 +39,8 @@ func testLoRAReuse(t *testing.T, viaConfig bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deps := Deps{Tokenizers: ModelTokenizers{Models: TokenizerMap{"llama": tk}, Adapters: map[string]string{"sql-lora": "llama"}}, Logger: quiet}
-	if viaConfig {
-		cfg.LoRAAdapters = map[string]string{"sql-lora": "llama"}
-		deps.Tokenizers = TokenizerMap{"llama": tk}
-	}
+	cfg.LoRAAdapters = map[string]string{"sql-lora": "llama"}
+	deps := Deps{Tokenizers: TokenizerMap{"llama": tk}, Logger: quiet}
 	s, spy := spiedIngress(t, cfg, deps)
 
 	prompt := strings.Repeat("select the name and the total of every order placed this year ", 6)

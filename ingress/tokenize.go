@@ -255,40 +255,6 @@ func SessionErrors(err error) error {
 	return err
 }
 
-// AdapterBases is the optional capability of a Tokenizers to name a LoRA
-// adapter's base model. Requests naming an adapter are then keyed as the
-// sidecar keys the adapter's blocks from the engine's events (lora_name):
-// kvevents.Root(base, adapter, salt); they use the base model's tokenizer.
-type AdapterBases interface {
-	AdapterBase(adapter string) (base string, ok bool)
-}
-
-// ModelTokenizers is a Tokenizers with LoRA adapters: Adapters maps each
-// adapter name to its base model, whose tokenizer the adapter uses.
-type ModelTokenizers struct {
-	Models   TokenizerMap
-	Adapters map[string]string
-}
-
-var (
-	_ Tokenizers   = ModelTokenizers{}
-	_ AdapterBases = ModelTokenizers{}
-)
-
-// For returns the tokenizer of model, or of the base of adapter model.
-func (m ModelTokenizers) For(model string) (Tokenizer, bool) {
-	if base, ok := m.Adapters[model]; ok {
-		model = base
-	}
-	return m.Models.For(model)
-}
-
-// AdapterBase returns adapter's base model.
-func (m ModelTokenizers) AdapterBase(adapter string) (string, bool) {
-	base, ok := m.Adapters[adapter]
-	return base, ok
-}
-
 // adapterOf splits the request's model into the model the engines serve and
 // the LoRA adapter ("" for a base-model request).
 func (c *call) adapterOf() (served, adapter string) {
@@ -300,11 +266,6 @@ func (c *call) adapterOf() (served, adapter string) {
 	}
 	if c.loraBase != "" { // handler.go candidates: an adapter the engines list
 		return c.loraBase, c.model
-	}
-	if ab, ok := c.s.deps.Tokenizers.(AdapterBases); ok {
-		if base, isAdapter := ab.AdapterBase(c.model); isAdapter {
-			return base, c.model
-		}
 	}
 	return c.model, ""
 }

@@ -91,25 +91,6 @@ func ArgMax(cs []Candidate, cyc *Cycle) int {
 	return best
 }
 
-// ArgMin returns the index of the lowest value of f, ties at random.
-func ArgMin(cs []Candidate, cyc *Cycle, f func(c *Candidate) float64) int {
-	best, n := 0, 0
-	bv := 0.0
-	for i := range cs {
-		v := f(&cs[i])
-		switch {
-		case i == 0 || v < bv:
-			best, n, bv = i, 1, v
-		case v == bv:
-			n++
-			if cyc.Intn(n) == 0 {
-				best = i
-			}
-		}
-	}
-	return best
-}
-
 // ScorerConfig is one scorer of a weighted policy's block: a registered
 // scorer's name and its weight (> 0).
 type ScorerConfig struct {

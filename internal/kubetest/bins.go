@@ -108,10 +108,6 @@ func repoRoot() (string, error) {
 	}
 }
 
-// RepoRoot is the repository root (the directory holding hack/kube-bins.sh),
-// for tests that read manifests.
-func RepoRoot() (string, error) { return repoRoot() }
-
 // RepoFile is rel under the repository root; it fails t when there is no
 // root.
 func RepoFile(t testing.TB, rel string) string {

@@ -31,9 +31,6 @@ type Prompt struct {
 // Len is the number of prompts.
 func (p *Prompt) Len() int { return len(p.Texts) + len(p.Tokens) }
 
-// TextPrompt returns a single-text prompt.
-func TextPrompt(s string) Prompt { return Prompt{Texts: []string{s}} }
-
 // TokenPrompt returns a single pre-tokenized prompt.
 func TokenPrompt(ids []uint32) Prompt { return Prompt{Tokens: [][]uint32{ids}} }
 

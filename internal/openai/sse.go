@@ -54,15 +54,6 @@ func (s *SSEWriter) Data(p []byte) error {
 	return s.flush()
 }
 
-// JSON writes one event with v encoded as JSON.
-func (s *SSEWriter) JSON(v any) error {
-	p, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("sse write: %w", err)
-	}
-	return s.Data(p)
-}
-
 // Done writes the terminating [DONE] event.
 func (s *SSEWriter) Done() error {
 	s.buf = AppendDone(s.buf[:0])
@@ -175,9 +166,6 @@ func (s *SSEReader) Next() ([]byte, error) {
 		return payload, nil
 	}
 }
-
-// Events is the number of events read so far, [DONE] included.
-func (s *SSEReader) Events() int { return s.events }
 
 // readLine returns one line without its LF or CRLF. A bare CR, a NUL byte or
 // an over-long line is an error; io.EOF only at a clean line boundary.
