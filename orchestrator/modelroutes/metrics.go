@@ -23,8 +23,13 @@ func init() {
 // Collectors are the controller's metrics.
 func Collectors() []prometheus.Collector { return []prometheus.Collector{routeStates, fileWrites} }
 
-// observe sets namespace ns's route counts after a reconcile.
+// observe sets namespace ns's route counts after a reconcile; a namespace
+// with no ModelRoute left loses its series (namespaces come and go).
 func observe(ns string, p plan, programmed bool) {
+	if len(p.entries) == 0 {
+		routeStates.DeletePartialMatch(prometheus.Labels{"namespace": ns})
+		return
+	}
 	var ok, invalid, pending float64
 	for _, e := range p.entries {
 		switch {

@@ -3,7 +3,6 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -27,13 +26,7 @@ import (
 // It has an API server of its own: the uninstall deletes CRDs and the
 // namespace kvmesh, which stays Terminating here (no namespace controller).
 func TestInstallAndUninstallWithKubectl(t *testing.T) {
-	kc, err := exec.LookPath("kubectl")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("kubectl is required in CI")
-		}
-		t.Skip("kubectl not installed")
-	}
+	kc := testutil.RequireTool(t, "kubectl", "the install is applied with kubectl")
 	s := kubetest.StartT(t, kubetest.Options{RBAC: true})
 	dir := filepath.Join("..", "..", "manifests", "orchestrator")
 	kubectl := func(args ...string) {
