@@ -29,7 +29,8 @@ type Options struct {
 }
 
 // DefaultOptions: the ingress's defaults with its HTTP listener on :9090
-// (metrics, health, debug) and the picker on :9002.
+// (/metrics, /health and /ready only; Run narrows it) and the picker on
+// :9002.
 func DefaultOptions() Options {
 	o := Options{Ingress: ingress.DefaultOptions(), Picker: DefaultConfig()}
 	o.Ingress.Config.Listen = ":9090"
@@ -50,12 +51,15 @@ func (o *Options) Validate() error {
 }
 
 // Run serves the picker until ctx ends, then drains: the pool informer (when
-// a pool is named), the ingress replica (mesh, index, metrics on its HTTP
-// listener) and the ext_proc server.
+// a pool is named), the ingress replica (mesh, index; /metrics, /health and
+// /ready on its HTTP listener, no client API) and the ext_proc server.
 func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
+	// Clients reach the engines through the gateway; the client API on the
+	// HTTP listener would be a way around it and its authentication.
+	o.Ingress.Config.OpsOnly = true
 	log := logutil.New(stderr, o.Ingress.LogFormat, o.Ingress.LogLevel)
 	ing, err := o.Ingress.NewServer(ctx, log)
 	if err != nil {

@@ -62,6 +62,11 @@ type Config struct {
 	// AdminToken, when set, is required on the admin listener as
 	// "Authorization: Bearer <token>". Not read from YAML (a secret).
 	AdminToken string `yaml:"-"`
+	// OpsOnly narrows the client listener to /metrics, /health and /ready
+	// and answers 404 to every other path: kvmesh epp's listener, where the
+	// API would be a proxy around the gateway and its authentication. Not
+	// read from YAML (epp.Run sets it).
+	OpsOnly bool `yaml:"-"`
 	// TLS for the client listener and (optionally mutual) TLS to engines.
 	TLS TLSConfig `yaml:"tls"`
 	// LoRAAdapters maps a LoRA adapter's name to its base model: requests naming

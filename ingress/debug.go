@@ -2,12 +2,14 @@ package ingress
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/scheduler"
 )
 
 // The /debug/* endpoints below are served on the admin listener only
@@ -58,7 +60,60 @@ func (s *Server) handleDebugIndex(ctx *fasthttp.RequestCtx) {
 // handleDebugConfig shows the effective configuration, secrets redacted:
 // the gossip keys, the admin token, NATS secrets and every URL's userinfo.
 func (s *Server) handleDebugConfig(ctx *fasthttp.RequestCtx) {
-	writeJSON(ctx, map[string]any{"config": redactConfig(s.cfg), "policy": s.deps.Scheduler.Policy()})
+	writeJSON(ctx, map[string]any{"config": showConfig(redactConfig(s.cfg)), "policy": s.deps.Scheduler.Policy()})
+}
+
+// shownConfig is Config as /debug/config shows it. The scheduler's plugin
+// blocks are kept as yaml.Nodes (for their line numbers in errors), whose
+// JSON would be the parser's internals (Kind, Tag, Line, ...): shownScheduler
+// replaces them with the values they hold.
+type shownConfig struct {
+	Config
+	Scheduler shownScheduler
+}
+
+type shownScheduler struct {
+	scheduler.Config
+	Params map[string]any
+}
+
+func showConfig(cfg Config) shownConfig {
+	out := shownConfig{Config: cfg, Scheduler: shownScheduler{Config: cfg.Scheduler}}
+	if len(cfg.Scheduler.Params) > 0 {
+		out.Scheduler.Params = make(map[string]any, len(cfg.Scheduler.Params))
+	}
+	for name, n := range cfg.Scheduler.Params {
+		var v any
+		if err := n.Decode(&v); err != nil {
+			v = "undecodable: " + err.Error() // Validate has refused such a block already
+		}
+		out.Scheduler.Params[name] = jsonValue(v)
+	}
+	return out
+}
+
+// jsonValue makes a decoded YAML value encodable as JSON: a mapping with
+// keys other than strings (yaml's map[any]any) gets its keys printed.
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = jsonValue(e)
+		}
+		return v
+	case map[any]any:
+		m := make(map[string]any, len(v))
+		for k, e := range v {
+			m[fmt.Sprint(k)] = jsonValue(e)
+		}
+		return m
+	case []any:
+		for i, e := range v {
+			v[i] = jsonValue(e)
+		}
+		return v
+	}
+	return v
 }
 
 // redactConfig returns a copy of cfg fit to show.

@@ -419,6 +419,10 @@ func (s *Server) shareLoadLoop() {
 
 // handle is the fasthttp entry point.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if s.cfg.OpsOnly && !opsPath(ctx.Path()) { // before CORS: no preflight for what is not served
+		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), ctx.Path()))
+		return
+	}
 	if s.cors(ctx) { // cors.go: a preflight, answered
 		return
 	}
@@ -429,6 +433,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		// handle returns, streams' included.
 		s.corsHeaders(ctx, s.corsIndex(ctx.Request.Header.Peek("Origin")))
 	}
+}
+
+// opsPath reports whether path is one Config.OpsOnly serves.
+func opsPath(path []byte) bool {
+	switch string(path) {
+	case "/metrics", "/health", "/ready":
+		return true
+	}
+	return false
 }
 
 // route serves ctx by its path.

@@ -44,7 +44,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlagSet("demo", stderr)
 	cfg := demo.DefaultConfig()
 	var (
-		asJSON   = fs.Bool("json", false, "print the results as JSON (the shape of `kvmesh bench --json`)")
+		asJSON   = fs.Bool("json", false, "print the results as JSON (the shape of kvmesh bench --json)")
 		policies = fs.String("policies", strings.Join(cfg.Policies, ","), "comma-separated routing policies to compare, in order")
 		quiet    = fs.Bool("quiet", false, "no progress on stderr")
 		verbose  = fs.Bool("v", false, "log the components' own messages on stderr")

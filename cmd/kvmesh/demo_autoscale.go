@@ -20,7 +20,7 @@ type demoAutoscale struct {
 
 func demoAutoscaleFlags(fs *flag.FlagSet) demoAutoscale {
 	return demoAutoscale{
-		on:       fs.Bool("autoscale", false, "autoscaling demo: a P/D deployment run by `kvmesh orchestrator --local` under a load ramp (up, hold, down); prefill and decode scale within the ratio band"),
+		on:       fs.Bool("autoscale", false, "autoscaling demo: a P/D deployment run by kvmesh orchestrator --local under a load ramp (up, hold, down); prefill and decode scale within the ratio band"),
 		duration: fs.Duration("duration", 75*time.Second, "with --autoscale: length of the ramp"),
 		peak:     fs.Float64("peak-rate", 24, "with --autoscale: arrival rate at the hold, req/s"),
 	}

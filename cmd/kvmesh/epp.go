@@ -11,13 +11,15 @@ import (
 
 // runEPP runs the Gateway API Inference Extension endpoint picker (epp.Run):
 // an ingress replica answering the gateway over ext_proc. Every ingress flag
-// applies (--listen is the HTTP listener for /metrics, /health, /ready).
+// applies (--listen is the HTTP listener for /metrics, /health and /ready
+// only: the client API is the gateway's).
 func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opts := epp.DefaultOptions()
 	fs := newFlagSet("epp", stderr)
 	var probs flagProblems
 	ingressFlags(fs, &opts.Ingress, &probs)
 	eppFlags(fs, &opts)
+	fs.Lookup("listen").Usage = "HTTP address for /metrics, /health and /ready (no client API: that is the gateway's)"
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}

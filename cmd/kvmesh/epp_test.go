@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -114,7 +115,10 @@ func TestEPPCommandBadFlags(t *testing.T) {
 }
 
 // TestGatewayManifestsUseRealFlags renders the gateway overlays and parses
-// every kvmesh container's arguments with the binary's own flag sets.
+// every kvmesh container's arguments with the binary's own flag sets. The
+// picker connects to NATS with the ingress's credentials (the install's
+// NATS admits named users only) and takes its tokenizers from the
+// sidecars' object store as the ingress does, not from a local directory.
 func TestGatewayManifestsUseRealFlags(t *testing.T) {
 	kubectl := testutil.RequireTool(t, "kubectl", "it renders the gateway overlays")
 	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
@@ -126,6 +130,7 @@ func TestGatewayManifestsUseRealFlags(t *testing.T) {
 		dec := yaml.NewDecoder(bytes.NewReader(out))
 		kinds := map[string]int{}
 		sawEPP := false
+		creds := map[string]string{} // command: its NATS user and password Secret key
 		for {
 			var doc map[string]any
 			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
@@ -144,6 +149,14 @@ func TestGatewayManifestsUseRealFlags(t *testing.T) {
 					args = append(args, envRef.ReplaceAllString(a.(string), "10.0.0.1"))
 				}
 				sawEPP = sawEPP || args[0] == "epp"
+				creds[args[0]] = natsCredentials(args, c)
+				if args[0] == "epp" {
+					for _, a := range args {
+						if strings.HasPrefix(a, "--tokenizer=") || strings.HasPrefix(a, "--chat-template=") || a == "--tokenizer-store=false" {
+							t.Errorf("%s: the picker reads a tokenizer from a local path (%s), not from the object store as the ingress", dir, a)
+						}
+					}
+				}
 				var stdout, stderr bytes.Buffer
 				if code := run(append(args, "-h"), &stdout, &stderr); code != 0 {
 					t.Errorf("%s: kvmesh %s rejects its manifest arguments (exit %d): %s", dir, strings.Join(args, " "), code, stderr.String())
@@ -153,5 +166,33 @@ func TestGatewayManifestsUseRealFlags(t *testing.T) {
 		if !sawEPP || kinds["InferencePool"] != 1 || kinds["HTTPRoute"] != 1 || kinds["CustomResourceDefinition"] < 1 {
 			t.Fatalf("%s: epp container %v, kinds %v", dir, sawEPP, kinds)
 		}
+		if creds["ingress"] == "" || creds["epp"] != creds["ingress"] {
+			t.Errorf("%s: the picker's NATS credentials %q, the ingress's %q", dir, creds["epp"], creds["ingress"])
+		}
 	}
+}
+
+// natsCredentials is a kvmesh container's --nats-user and the Secret key its
+// $KVMESH_NATS_PASSWORD comes from ("" without either).
+func natsCredentials(args []string, c map[string]any) string {
+	var user string
+	for _, a := range args {
+		if u, ok := strings.CutPrefix(a, "--nats-user="); ok {
+			user = u
+		}
+	}
+	env, _ := c["env"].([]any)
+	for _, e := range env {
+		em, _ := e.(map[string]any)
+		if em["name"] != "KVMESH_NATS_PASSWORD" {
+			continue
+		}
+		vf, _ := em["valueFrom"].(map[string]any)
+		ref, _ := vf["secretKeyRef"].(map[string]any)
+		if user == "" || ref["name"] == nil || ref["optional"] == true {
+			return ""
+		}
+		return fmt.Sprintf("%s %v/%v", user, ref["name"], ref["key"])
+	}
+	return ""
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -42,6 +41,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	cfg := orchestrator.DefaultConfig()
 	sc := webhook.DefaultSidecarConfig()
 	fs := newFlagSet("orchestrator", stderr)
+	var probs flagProblems
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster service account)")
 	fs.StringVar(&cfg.Namespace, "namespace", "", "watch only this namespace (default: all)")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "reconcile workers")
@@ -60,7 +60,11 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics and /healthz here (empty: off)")
 	gossipBind := fs.String("gossip-bind", "", "join the mesh's gossip from host:port to run AutoscalingPolicies (empty: policies are not run)")
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated")
-	gossipKey := fs.String("gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "base64 gossip encryption key (env KVMESH_GOSSIP_KEY)")
+	// The same keys and rotation list as every other member: the orchestrator
+	// reads the Secret they all read (docs/SECURITY.md, "Gossip").
+	var gossipKey []byte
+	var gossipExtra [][]byte
+	gossipKeyFlag(fs, &gossipKey, &gossipExtra, &probs)
 	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", cfg.AutoscaleInterval, "how often AutoscalingPolicies are stepped")
 	fs.StringVar(&cfg.RouteConfigMap, "routes-configmap", cfg.RouteConfigMap, "render each namespace's ModelRoutes into this ConfigMap (key routes.yaml, the ingress's --routes file; empty: ModelRoutes off)")
 	fs.StringVar(&cfg.PrometheusURL, "prometheus-url", "", "Prometheus base URL for policy metrics with source prometheus (a policy's spec.prometheus.address wins)")
@@ -84,7 +88,6 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if *webhookAddr != "" && *webhookListen != "" {
 		return fmt.Errorf("%w: --webhook-addr and --webhook-listen exclude each other", errUsage)
 	}
-	var probs flagProblems
 	noWebhook, noGossip := *webhookAddr == "" && *webhookListen == "", *gossipBind == ""
 	rules := []offFlag{{"lease-namespace", !cfg.LeaderElection, "without --leader-elect"},
 		{"lease-name", !cfg.LeaderElection, "without --leader-elect"},
@@ -101,7 +104,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	cfg.Logger = logutil.New(stderr, *logFormat, level)
 	if *gossipBind != "" {
-		node, err := joinMesh(*gossipBind, *join, *gossipKey, cfg.Logger)
+		node, err := joinMesh(*gossipBind, *join, gossipKey, gossipExtra, cfg.Logger)
 		if err != nil {
 			return err
 		}
@@ -249,8 +252,9 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 }
 
 // joinMesh makes the orchestrator a gossip member so AutoscalingPolicies
-// read every engine's live load.
-func joinMesh(bind, join, key string, log *slog.Logger) (*gossip.Node, error) {
+// read every engine's live load. key encrypts; extra are accepted during a
+// rotation.
+func joinMesh(bind, join string, key []byte, extra [][]byte, log *slog.Logger) (*gossip.Node, error) {
 	g := gossip.DefaultConfig()
 	host, port, err := net.SplitHostPort(bind)
 	p, perr := strconv.Atoi(port)
@@ -259,11 +263,7 @@ func joinMesh(bind, join, key string, log *slog.Logger) (*gossip.Node, error) {
 	}
 	g.BindAddr, g.BindPort, g.Join, g.Logger = host, p, commaList(join), log
 	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator}
-	if key != "" {
-		if g.SecretKey, err = base64.StdEncoding.DecodeString(key); err != nil {
-			return nil, fmt.Errorf("%w: --gossip-key is not base64", errUsage)
-		}
-	}
+	g.SecretKey, g.ExtraKeys = key, extra
 	return gossip.New(g)
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -381,5 +382,30 @@ current-context: c
 	err = runOrchestrator(context.Background(), []string{"--kubeconfig", kc, "--kube-api-qps", "0"}, io.Discard, io.Discard)
 	if !errors.Is(err, errUsage) {
 		t.Errorf("--kube-api-qps 0: %v, want a usage error", err)
+	}
+}
+
+// TestOrchestratorGossipKeyList: the orchestrator is a gossip member and
+// reads the Secret every member reads, so --gossip-key and
+// $KVMESH_GOSSIP_KEY take the same comma-separated rotation list
+// (docs/SECURITY.md, "Gossip"): two keys join the mesh and the run gets as
+// far as the kubeconfig; a bad key is a usage error naming it.
+func TestOrchestratorGossipKeyList(t *testing.T) {
+	oldKey := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32))
+	newKey := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{2}, 16))
+	base := []string{"--kubeconfig", "/nonexistent", "--gossip-bind", "127.0.0.1:0"}
+	reachedKube := func(what string, err error) {
+		t.Helper()
+		if errors.Is(err, errUsage) || err == nil || !strings.Contains(err.Error(), "nonexistent") {
+			t.Errorf("%s: %v, want the kubeconfig's error", what, err)
+		}
+	}
+	t.Setenv("KVMESH_GOSSIP_KEY", "")
+	reachedKube("--gossip-key OLD,NEW", runOrchestrator(context.Background(), append(base, "--gossip-key", oldKey+","+newKey), io.Discard, io.Discard))
+	t.Setenv("KVMESH_GOSSIP_KEY", newKey+","+oldKey)
+	reachedKube("KVMESH_GOSSIP_KEY=NEW,OLD", runOrchestrator(context.Background(), base, io.Discard, io.Discard))
+	args := append(base, "--gossip-key", oldKey+",nope")
+	if err := runOrchestrator(context.Background(), args, io.Discard, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "gossip key 1") {
+		t.Errorf("%v: %v, want a usage error naming key 1", args, err)
 	}
 }

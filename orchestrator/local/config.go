@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
 )
 
 // Config configures the local backend. Start from DefaultConfig.
@@ -95,6 +97,9 @@ func (c *Config) Validate() error {
 	}
 	if c.IngressListen == "" {
 		add("empty ingress listen address")
+	}
+	if _, _, err := gossip.ParseKeys(c.GossipKey); err != nil {
+		add("%v", err)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

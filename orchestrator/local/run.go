@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -122,13 +121,13 @@ func (o *Orchestrator) startMesh() error {
 	g.BroadcastInterval, g.PushPullInterval, g.RejoinInterval = 100*time.Millisecond, time.Second, 500*time.Millisecond
 	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator, ID: g.Name}
 	g.Logger = o.cfg.Logger
-	if o.cfg.GossipKey != "" {
-		k, err := base64.StdEncoding.DecodeString(o.cfg.GossipKey)
-		if err != nil {
-			return fmt.Errorf("%w: gossip key is not base64", ErrConfig)
-		}
-		g.SecretKey = k
+	// The comma-separated rotation list every member takes (gossip.ParseKeys);
+	// the children get the same list through their environment.
+	k, extra, err := gossip.ParseKeys(o.cfg.GossipKey)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	g.SecretKey, g.ExtraKeys = k, extra
 	node, err := gossip.New(g)
 	if err != nil {
 		return fmt.Errorf("join gossip: %w", err)
