@@ -56,8 +56,9 @@ type Config struct {
 	// entries too large for a UDP broadcast. Default 2s.
 	PushPullInterval time.Duration
 	// RejoinInterval: how often seeds are retried while alone. Default 2s.
-	// Ten times as often, a node that is not alone joins the seeds at
+	// Every ten intervals, a node that is not alone joins the seeds at
 	// which no member listens (a seed restarted without seeds of its own).
+	// Joins run beside the broadcasts, never in their way.
 	RejoinInterval time.Duration
 	// Logger for membership changes; memberlist's own log goes here at debug level.
 	Logger *slog.Logger

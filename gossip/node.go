@@ -38,6 +38,7 @@ type Node struct {
 	// or callbacks.
 	mu      sync.Mutex
 	alive   map[string]NodeMeta // member name → metadata
+	addrs   map[string]string   // member name → "ip:port", for missingSeeds
 	entries map[entryKey]*entry // all known entries, own ones included
 	dirty   map[entryKey]bool   // own entries changed since the last broadcast
 	lastVer int64
@@ -56,9 +57,11 @@ type Node struct {
 	// may call before (numNodes).
 	created atomic.Pointer[memberlist.Memberlist]
 
-	cancel context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
+	// stop ends the broadcast and seed loops and every stream connection
+	// of the transport; wg waits for the loops.
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	once sync.Once
 }
 
 // ErrNameTaken is returned by New and Join when a live member of the
@@ -67,7 +70,7 @@ var ErrNameTaken = errors.New("gossip: the node name is taken by a live member")
 
 // New validates cfg, starts the memberlist listener, tries the seeds once
 // (and keeps retrying them in the background while alone) and starts the
-// broadcast loop.
+// broadcast and seed loops.
 func New(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -86,8 +89,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, log: log.With("gossip", cfg.Name), metaBytes: meta,
-		alive: map[string]NodeMeta{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
-		conflicts: map[string]bool{}, done: make(chan struct{}),
+		alive: map[string]NodeMeta{}, addrs: map[string]string{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
+		conflicts: map[string]bool{},
 	}
 	unregister, err := n.registerMetrics(cfg.Registerer)
 	if err != nil {
@@ -130,24 +133,36 @@ func New(cfg Config) (*Node, error) {
 	// The queue exists before memberlist does: its listener may ask for
 	// broadcasts (answering a peer's ping) before Create returns.
 	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: n.numNodes, RetransmitMult: mc.RetransmitMult}
+	ctx, stop := context.WithCancel(context.Background())
+	fail := func(err error) (*Node, error) {
+		stop()
+		unregister() // a retry with the same registry must not find them taken
+		return nil, err
+	}
+	tr, err := newTransport(ctx, mc)
+	if err != nil {
+		return fail(fmt.Errorf("gossip listen: %w", err))
+	}
+	mc.Transport = tr
 	ml, err := memberlist.Create(mc)
 	if err != nil {
-		unregister() // a retry with the same registry must not find them taken
-		return nil, fmt.Errorf("gossip listen: %w", err)
+		_ = tr.Shutdown() // memberlist leaves a given transport open when it fails before starting
+		return fail(fmt.Errorf("gossip listen: %w", err))
 	}
 	n.ml = ml
 	n.created.Store(ml)
 	if len(cfg.Join) > 0 {
 		if _, err := n.Join(cfg.Join); errors.Is(err, ErrNameTaken) {
-			unregister()
-			return nil, err
+			return fail(err)
 		} else if err != nil {
 			n.log.Warn("gossip join failed; retrying in the background", "seeds", cfg.Join, "err", err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n.cancel = cancel
-	go n.loop(ctx)
+	n.stop = stop
+	n.wg.Go(func() { n.loop(ctx) })
+	if len(cfg.Join) > 0 {
+		n.wg.Go(func() { n.seedLoop(ctx) })
+	}
 	return n, nil
 }
 
@@ -263,7 +278,7 @@ func (n *Node) Name() string { return n.cfg.Name }
 // Addr is this member's gossip address "ip:port" for others to join.
 func (n *Node) Addr() string {
 	ln := n.ml.LocalNode()
-	return fmt.Sprintf("%s:%d", ln.Addr, ln.Port)
+	return net.JoinHostPort(ln.Addr.String(), strconv.Itoa(int(ln.Port))) // [::1]:port for IPv6
 }
 
 // NumMembers counts alive members, this one included.
@@ -280,19 +295,14 @@ func (n *Node) Members() map[string]NodeMeta {
 	return maps.Clone(n.alive)
 }
 
-// loop broadcasts own changed entries, re-broadcasts all of them now and then,
-// retries the seeds while this node is alone and, less often, joins the
-// seeds that are not members: a seed that restarted with no seeds of its own
-// (the first sidecar of a cluster, started without --join) is alone, and
-// the members that declared it dead would otherwise never contact it again.
-// Owned by Node; stopped by Close.
+// loop broadcasts own changed entries and re-broadcasts all of them now
+// and then. It does nothing else: peers' routing reads these entries
+// (loads, rate-limit usage, learned costs) every BroadcastInterval, so no
+// network wait may hold it (joins are seedLoop's). Owned by Node; stopped
+// by Close.
 func (n *Node) loop(ctx context.Context) {
-	defer close(n.done)
 	tick := time.NewTicker(n.cfg.BroadcastInterval)
 	defer tick.Stop()
-	lastJoin, lastCheck := time.Now(), time.Now()
-	rejoinAfter := backoff.Jitter(n.cfg.RejoinInterval, 0.3) // members cut off together do not retry together
-	checkAfter := backoff.Jitter(seedCheckEvery*n.cfg.RejoinInterval, 0.3)
 	for i := 1; ; i++ {
 		select {
 		case <-ctx.Done():
@@ -300,17 +310,39 @@ func (n *Node) loop(ctx context.Context) {
 		case <-tick.C:
 		}
 		n.flush(i%10 == 0)
+	}
+}
+
+// seedLoop retries the seeds while this node is alone and, less often,
+// joins the seeds that are not members: a seed that restarted with no
+// seeds of its own (the first sidecar of a cluster, started without
+// --join) is alone, and the members that declared it dead would otherwise
+// never contact it again. A join waits on each address in turn, up to the
+// profile's TCPTimeout for one that does not answer (a dead pod's IP stays
+// in a headless Service's DNS for minutes), hence its own goroutine. Owned
+// by Node; stopped by Close, which also ends a join in progress (the
+// transport closes its connections).
+func (n *Node) seedLoop(ctx context.Context) {
+	wait := time.NewTimer(backoff.Jitter(n.cfg.RejoinInterval, 0.3)) // members cut off together do not retry together
+	defer wait.Stop()
+	lastCheck := time.Now()
+	checkAfter := backoff.Jitter(seedCheckEvery*n.cfg.RejoinInterval, 0.3)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wait.C:
+		}
 		switch {
-		case len(n.cfg.Join) == 0:
-		case n.ml.NumMembers() <= 1 && time.Since(lastJoin) >= rejoinAfter:
-			lastJoin, rejoinAfter = time.Now(), backoff.Jitter(n.cfg.RejoinInterval, 0.3)
-			if _, err := n.Join(n.cfg.Join); errors.Is(err, ErrNameTaken) {
+		case n.ml.NumMembers() <= 1:
+			resolved, other := n.seedAddrs(ctx)
+			if _, err := n.Join(append(resolved, other...)); errors.Is(err, ErrNameTaken) {
 				n.log.Error("gossip stopped: this node's name is taken", "err", err)
 				return
 			} else if err != nil {
 				n.log.Debug("gossip rejoin failed", "err", err)
 			}
-		case n.ml.NumMembers() > 1 && time.Since(lastCheck) >= checkAfter:
+		case time.Since(lastCheck) >= checkAfter:
 			lastCheck, checkAfter = time.Now(), backoff.Jitter(seedCheckEvery*n.cfg.RejoinInterval, 0.3)
 			if missing := n.missingSeeds(ctx); len(missing) > 0 {
 				if _, err := n.Join(missing); err != nil {
@@ -318,6 +350,7 @@ func (n *Node) loop(ctx context.Context) {
 				}
 			}
 		}
+		wait.Reset(backoff.Jitter(n.cfg.RejoinInterval, 0.3))
 	}
 }
 
@@ -325,29 +358,50 @@ func (n *Node) loop(ctx context.Context) {
 // looks for seeds that are not members (20s by default).
 const seedCheckEvery = 10
 
-// missingSeeds returns the seeds' addresses (DNS names resolved, as
-// memberlist resolves them) at which no live member listens.
-func (n *Node) missingSeeds(ctx context.Context) []string {
-	live := map[string]bool{}
-	for _, m := range n.ml.Members() {
-		live[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+// resolveTimeout bounds one round of seed lookups.
+const resolveTimeout = 5 * time.Second
+
+// seedAddrs resolves the "host:port" seeds' DNS names as memberlist would,
+// but within a bound and ending with ctx (memberlist's lookup has no
+// context). other holds the seeds in memberlist's further forms (a host
+// without a port), which memberlist resolves itself.
+func (n *Node) seedAddrs(ctx context.Context) (resolved, other []string) {
+	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 	defer cancel()
-	var out []string
 	for _, seed := range n.cfg.Join {
 		host, port, err := net.SplitHostPort(seed)
 		if err != nil {
+			other = append(other, seed)
 			continue
 		}
 		ips, err := net.DefaultResolver.LookupHost(ctx, host)
 		if err != nil {
+			n.log.Debug("gossip seed not resolved", "seed", seed, "err", err)
 			continue
 		}
 		for _, ip := range ips {
-			if a := net.JoinHostPort(ip, port); !live[a] {
-				out = append(out, a)
-			}
+			resolved = append(resolved, net.JoinHostPort(ip, port))
+		}
+	}
+	return resolved, other
+}
+
+// missingSeeds returns the seeds' addresses (DNS names resolved) at which
+// no live member listens.
+func (n *Node) missingSeeds(ctx context.Context) []string {
+	// From the join/update callbacks, not memberlist.Members(): its nodes
+	// are memberlist's own, written under its lock while we would read.
+	live := map[string]bool{}
+	n.mu.Lock()
+	for _, a := range n.addrs {
+		live[a] = true
+	}
+	n.mu.Unlock()
+	resolved, _ := n.seedAddrs(ctx)
+	var out []string
+	for _, a := range resolved {
+		if !live[a] {
+			out = append(out, a)
 		}
 	}
 	return out
@@ -598,6 +652,7 @@ func (n *Node) memberUp(node *memberlist.Node) {
 	n.mu.Lock()
 	_, known := n.alive[node.Name]
 	n.alive[node.Name] = meta
+	n.addrs[node.Name] = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
 	n.mu.Unlock()
 	if !known {
 		n.log.Info("gossip member up", "member", node.Name, "role", meta.Role, "id", meta.ID)
@@ -607,6 +662,7 @@ func (n *Node) memberUp(node *memberlist.Node) {
 func (n *Node) memberDown(name string) {
 	n.mu.Lock()
 	delete(n.alive, name)
+	delete(n.addrs, name)
 	for k := range n.entries {
 		if k.origin == name {
 			delete(n.entries, k)
@@ -621,12 +677,12 @@ func (n *Node) memberDown(name string) {
 }
 
 // Close leaves the cluster gracefully (peers drop this node's engines at
-// once) and stops. Safe to call twice.
+// once) and stops. A join in progress is abandoned. Safe to call twice.
 func (n *Node) Close() error {
 	var err error
 	n.once.Do(func() {
-		n.cancel()
-		<-n.done
+		n.stop()
+		n.wg.Wait()
 		if n.taken.Load() != nil { // refused: memberlist is down already, and its name is not ours to leave
 		} else if lerr := n.ml.Leave(time.Second); lerr != nil {
 			err = fmt.Errorf("gossip leave: %w", lerr)
@@ -643,8 +699,8 @@ func (n *Node) Close() error {
 // failure detection. Safe to call twice, and after Close.
 func (n *Node) Shutdown() {
 	n.once.Do(func() {
-		n.cancel()
-		<-n.done
+		n.stop()
+		n.wg.Wait()
 		_ = n.ml.Shutdown()
 		n.forget()
 	})

@@ -21,7 +21,7 @@ import (
 // engines resource: its first positional argument (flags skipped, with the
 // value of those that take one) is engines, engine or eng.
 func engineResource(args []string) bool {
-	valued := map[string]bool{"kubeconfig": true, "namespace": true, "join": true, "gossip-key": true, "wait": true, "gossip-bind": true}
+	valued := map[string]bool{"kubeconfig": true, "namespace": true, "join": true, "gossip-key": true, "wait": true, "gossip-bind": true, "gossip-advertise": true}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if name, ok := strings.CutPrefix(strings.TrimPrefix(a, "-"), "-"); ok || strings.HasPrefix(a, "-") {
@@ -51,7 +51,8 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	var key []byte
 	var extra [][]byte
 	gossipKeyFlag(fs, &key, &extra, &probs)
-	bind := fs.String("gossip-bind", "127.0.0.1:0", "where this observer listens (must be reachable by the members)")
+	bind := fs.String("gossip-bind", "127.0.0.1:0", "where this observer listens, host:port (must be reachable by the members)")
+	advertise := fs.String("gossip-advertise", "", "gossip host or host:port the members dial, when it differs from the bind address")
 	wait := fs.Duration("wait", 3*time.Second, "how long to wait for the view to settle")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: kvmesh %s engine%s --join HOST:PORT[,...] [--gossip-key KEY]\n", verb, map[string]string{"get": "s [NAME]", "describe": " NAME"}[verb])
@@ -81,7 +82,7 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	if len(pos) == 2 {
 		name = pos[1]
 	}
-	node, err := observeMesh(*bind, seeds, key, extra)
+	node, err := observeMesh(*bind, *advertise, seeds, key, extra)
 	if err != nil {
 		return err
 	}
@@ -102,18 +103,18 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	return writeEngines(stdout, engines, lr, time.Now())
 }
 
-func observeMesh(bind string, seeds []string, key []byte, extra [][]byte) (*gossip.Node, error) {
+// observeMesh joins the gossip at seeds as an observer. bind and advertise
+// are read by gossip.Config.SetAddrs, as every member's are (IPv6 too).
+func observeMesh(bind, advertise string, seeds []string, key []byte, extra [][]byte) (*gossip.Node, error) {
 	g := gossip.DefaultConfig()
-	host, port, ok := strings.Cut(bind, ":")
-	p := 0
-	if _, err := fmt.Sscan(port, &p); !ok || err != nil {
-		return nil, fmt.Errorf("%w: bad --gossip-bind %q", errUsage, bind)
+	if err := g.SetAddrs(bind, advertise); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	hn, _ := os.Hostname()
 	// Unique per call: a member of the same name that left moments ago may
 	// still be alive to the seed, which would refuse this one.
 	g.Name = fmt.Sprintf("kvmesh-get-%s-%d-%08x", hn, os.Getpid(), rand.Uint32())
-	g.BindAddr, g.BindPort, g.Join, g.SecretKey, g.ExtraKeys = host, p, seeds, key, extra
+	g.Join, g.SecretKey, g.ExtraKeys = seeds, key, extra
 	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator, ID: g.Name}
 	g.Logger = discardLogger()
 	node, err := gossip.New(g)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -162,9 +163,45 @@ func TestGetEngines(t *testing.T) {
 	}
 }
 
+// TestGetEnginesIPv6: the observer's --gossip-bind and --gossip-advertise
+// are read as every member's are (gossip.Config.SetAddrs), IPv6 included.
+func TestGetEnginesIPv6(t *testing.T) {
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		_ = ln.Close()
+	}
+	g := gossip.DefaultConfig()
+	if err := g.SetAddrs("[::1]:0", ""); err != nil {
+		t.Fatal(err)
+	}
+	g.Name, g.Profile, g.Logger = "sidecar-v6", "local", slog.New(slog.NewTextHandler(io.Discard, nil))
+	g.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "eng-v6"}
+	sc, err := gossip.New(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sc.Close() })
+	sc.SetEngine(gossip.EngineState{ID: "eng-v6", Model: "m", Ready: true})
+
+	var out, errb strings.Builder
+	if code := run([]string{"get", "engines", "--join", sc.Addr(), "--gossip-bind", "[::1]:0", "--gossip-advertise", "::1", "--wait", "30s"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[1], "eng-v6 ") {
+		t.Fatalf("want a header and eng-v6:\n%s", out.String())
+	}
+	errb.Reset()
+	if code := run([]string{"get", "engines", "--join", sc.Addr(), "--gossip-bind", "nope"}, io.Discard, &errb); code != 2 ||
+		!strings.Contains(errb.String(), `gossip bind "nope": want host:port`) {
+		t.Errorf("bad --gossip-bind: exit %d, %s", code, errb.String())
+	}
+}
+
 func TestEngineResource(t *testing.T) {
 	for args, want := range map[string]bool{
 		"engines":                              true,
+		"--gossip-advertise 10.0.0.1 engines":  true,
 		"--join 1.2.3.4:7946 engines":          true,
 		"-join=x engine e1":                    true,
 		"--namespace engines modeldeployments": false,

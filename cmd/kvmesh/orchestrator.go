@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +58,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.StringVar(&sc.GossipJoin, "sidecar-join", sc.GossipJoin, "gossip seeds given to injected sidecars (empty: no gossip)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics and /healthz here (empty: off)")
 	gossipBind := fs.String("gossip-bind", "", "join the mesh's gossip from host:port to run AutoscalingPolicies (empty: policies are not run)")
+	gossipAdvertise := fs.String("gossip-advertise", "", "gossip host or host:port other members dial, when it differs from --gossip-bind")
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated")
 	// The same keys and rotation list as every other member: the orchestrator
 	// reads the Secret they all read (docs/SECURITY.md, "Gossip").
@@ -95,7 +95,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	for _, f := range []string{"webhook-cert-dir", "webhook-secret", "webhook-service", "webhook-fail-open", "sidecar-image", "sidecar-nats", "sidecar-join"} {
 		rules = append(rules, offFlag{f, noWebhook, "without --webhook-addr or --webhook-listen"})
 	}
-	for _, f := range []string{"join", "gossip-key", "autoscale-interval", "prometheus-url"} {
+	for _, f := range []string{"join", "gossip-advertise", "gossip-key", "autoscale-interval", "prometheus-url"} {
 		rules = append(rules, offFlag{f, noGossip, "without --gossip-bind (AutoscalingPolicies run only in the mesh)"})
 	}
 	probs.refuseOff(fs, rules)
@@ -104,7 +104,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	cfg.Logger = logutil.New(stderr, *logFormat, level)
 	if *gossipBind != "" {
-		node, err := joinMesh(*gossipBind, *join, gossipKey, gossipExtra, cfg.Logger)
+		node, err := joinMesh(*gossipBind, *gossipAdvertise, *join, gossipKey, gossipExtra, cfg.Logger)
 		if err != nil {
 			return err
 		}
@@ -254,14 +254,12 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 // joinMesh makes the orchestrator a gossip member so AutoscalingPolicies
 // read every engine's live load. key encrypts; extra are accepted during a
 // rotation.
-func joinMesh(bind, join string, key []byte, extra [][]byte, log *slog.Logger) (*gossip.Node, error) {
+func joinMesh(bind, advertise, join string, key []byte, extra [][]byte, log *slog.Logger) (*gossip.Node, error) {
 	g := gossip.DefaultConfig()
-	host, port, err := net.SplitHostPort(bind)
-	p, perr := strconv.Atoi(port)
-	if err != nil || perr != nil {
-		return nil, fmt.Errorf("%w: bad --gossip-bind %q", errUsage, bind)
+	if err := g.SetAddrs(bind, advertise); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	g.BindAddr, g.BindPort, g.Join, g.Logger = host, p, commaList(join), log
+	g.Join, g.Logger = commaList(join), log
 	g.Meta = gossip.NodeMeta{Role: gossip.RoleOrchestrator}
 	g.SecretKey, g.ExtraKeys = key, extra
 	return gossip.New(g)

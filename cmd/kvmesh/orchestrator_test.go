@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -407,5 +408,31 @@ func TestOrchestratorGossipKeyList(t *testing.T) {
 	args := append(base, "--gossip-key", oldKey+",nope")
 	if err := runOrchestrator(context.Background(), args, io.Discard, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "gossip key 1") {
 		t.Errorf("%v: %v, want a usage error naming key 1", args, err)
+	}
+}
+
+// TestOrchestratorGossipAddrs: the orchestrator parses its gossip addresses
+// as every member does (gossip.Config.SetAddrs): IPv6 and an advertise
+// address are accepted, a bad bind address is a usage error naming it, and
+// --gossip-advertise without --gossip-bind is refused.
+func TestOrchestratorGossipAddrs(t *testing.T) {
+	t.Setenv("KVMESH_GOSSIP_KEY", "")
+	run := func(args ...string) error {
+		return runOrchestrator(context.Background(), append([]string{"--kubeconfig", "/nonexistent"}, args...), io.Discard, io.Discard)
+	}
+	if err := run("--gossip-bind", "127.0.0.1:0", "--gossip-advertise", "127.0.0.1"); errors.Is(err, errUsage) || err == nil || !strings.Contains(err.Error(), "nonexistent") {
+		t.Errorf("--gossip-advertise: %v, want the kubeconfig's error", err)
+	}
+	if ln, err := net.Listen("tcp", "[::1]:0"); err == nil {
+		ln.Close()
+		if err := run("--gossip-bind", "[::1]:0", "--gossip-advertise", "::1"); errors.Is(err, errUsage) || err == nil || !strings.Contains(err.Error(), "nonexistent") {
+			t.Errorf("IPv6 --gossip-bind: %v, want the kubeconfig's error", err)
+		}
+	}
+	if err := run("--gossip-bind", "nope"); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `"nope"`) {
+		t.Errorf("--gossip-bind nope: %v, want a usage error naming it", err)
+	}
+	if err := run("--gossip-advertise", "127.0.0.1"); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "gossip-advertise") {
+		t.Errorf("--gossip-advertise alone: %v, want it refused by name", err)
 	}
 }
