@@ -129,6 +129,9 @@ type engineHealth struct {
 	probing     bool
 	stallNext   time.Time // stall watch: no new stall probe before
 	stalled     bool      // ejected by the stall watch (until a probe restores it)
+	// gone: the record was forgotten (forget.go); a probe still out for it
+	// can no longer eject it.
+	gone bool
 }
 
 // ejector tracks engine health for one replica. Its probe loop is owned by
@@ -233,6 +236,9 @@ func (e *ejector) observe(up *upstream, result string) {
 func (e *ejector) ok(up *upstream) { e.observe(up, "ok") }
 
 func (e *ejector) ejectLocked(h *engineHealth, now time.Time) {
+	if h.gone {
+		return // nEjected counts the records in m only
+	}
 	h.until = now.Add(e.bo.Delay(h.ejections))
 	h.ejections++
 	if !h.ejected.Swap(true) {
@@ -344,7 +350,7 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	}
 	h.mu.Lock()
 	h.probing = false
-	eject := err != nil && !h.ejected.Load() && ctx.Err() == nil
+	eject := err != nil && !h.ejected.Load() && !h.gone && ctx.Err() == nil
 	if eject {
 		e.ejectLocked(h, time.Now())
 		h.stalled = true
@@ -388,6 +394,40 @@ func (e *ejector) get1(ctx context.Context, url string) error {
 		return fmt.Errorf("probe %s: status %d", url, resp.StatusCode)
 	}
 	return nil
+}
+
+// forget drops engine id's record (it left membership: forget.go), and
+// with it its ejection.
+func (e *ejector) forget(id string) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	h := e.m[id]
+	delete(e.m, id)
+	e.mu.Unlock()
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.gone = true
+	if h.ejected.Swap(false) {
+		e.nEjected.Add(-1)
+	}
+	h.mu.Unlock()
+}
+
+// ids appends the engine ids with a record.
+func (e *ejector) ids(dst []string) []string {
+	if e == nil {
+		return dst
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for id := range e.m {
+		dst = append(dst, id)
+	}
+	return dst
 }
 
 // ejected lists the ejected engine ids (debugging, tests).

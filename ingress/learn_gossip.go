@@ -40,7 +40,7 @@ type learnSharer struct {
 	epoch  uint64 // random, drawn at the first share
 	last   time.Time
 	tick   uint64
-	sent   map[string]learnSent // by engine (the learner keeps every engine it saw, so does this)
+	sent   map[string]learnSent // by engine: the learner's own (an engine it forgot leaves at the next share)
 	own    []learn.EngineStats
 	picked []learn.EngineStats
 	buf    bytes.Buffer
@@ -70,6 +70,11 @@ func (ls *learnSharer) share(now time.Time, lr *learn.Learner) ([]byte, error) {
 	}
 	if ls.sent == nil {
 		ls.sent = make(map[string]learnSent)
+	}
+	for id := range ls.sent { // ls.own is sorted by engine (learn.Learner.Own)
+		if _, ok := slices.BinarySearchFunc(ls.own, id, func(e learn.EngineStats, id string) int { return cmp.Compare(e.Engine, id) }); !ok {
+			delete(ls.sent, id) // forgotten by the learner (forget.go)
+		}
 	}
 	gain := func(e *learn.EngineStats) uint64 { return e.Samples - ls.sent[e.Engine].samples }
 	slices.SortStableFunc(ls.own, func(a, b learn.EngineStats) int {

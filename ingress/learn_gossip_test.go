@@ -231,3 +231,33 @@ func TestLearnedCostsSharedByGossip(t *testing.T) {
 		t.Errorf("rejected shares changed a: %+v (was %+v), %d peers", got, before, a.learn.Peers())
 	}
 }
+
+// TestLearnSharerForgetsWhatTheLearnerForgot: the sharer's record of what
+// it sent follows the learner's engines (forget.go drops departed ones).
+func TestLearnSharerForgetsWhatTheLearnerForgot(t *testing.T) {
+	const n = 8
+	lr := fedLearner(t, n)
+	var ls learnSharer
+	now := time.Unix(1000, 0)
+	if b, err := ls.share(now, lr); err != nil || b == nil {
+		t.Fatalf("share: %v", err)
+	}
+	if len(ls.sent) != n {
+		t.Fatalf("sent %d engines, want %d", len(ls.sent), n)
+	}
+	own, _ := lr.Own(nil)
+	for _, e := range own[:n/2] {
+		lr.Forget(e.Engine)
+	}
+	if b, err := ls.share(now.Add(learnShareInterval), lr); err != nil || b == nil {
+		t.Fatalf("share: %v", err)
+	}
+	if len(ls.sent) != n/2 {
+		t.Fatalf("the sharer keeps %d engines, the learner %d", len(ls.sent), n/2)
+	}
+	for _, e := range own[:n/2] {
+		if _, ok := ls.sent[e.Engine]; ok {
+			t.Fatalf("%s kept after the learner forgot it", e.Engine)
+		}
+	}
+}

@@ -119,6 +119,9 @@ type pdState struct {
 	// router is Deps.PD, or the one built from PDConfig.Policy over the
 	// server's scheduler; nil: P/D off.
 	router PDPlanner
+	// inited is set when once's function has run: goroutines that do not
+	// take the once (forget.go) read router only after it.
+	inited atomic.Bool
 
 	legs      *prometheus.CounterVec // leg, result
 	prefillS  prometheus.Histogram
@@ -162,8 +165,49 @@ func (s *Server) pdInit() *pdState {
 				s.log.Warn("pd metrics", "err", err)
 			}
 		}
+		p.inited.Store(true)
 	})
 	return p
+}
+
+// busy reports whether engine has prefill legs of this replica holding or
+// waiting for an admission slot.
+func (p *pdState) busy(engine string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g := p.gates[engine]
+	return g != nil && (len(g.slots) > 0 || g.waiting.Load() > 0)
+}
+
+// forget drops engine's admission gate unless legs hold or wait for it
+// (false then), and the P/D router's state of it (forget.go). A leg that
+// took the gate just before is admitted on the dropped gate, and releases
+// it there.
+func (p *pdState) forget(engine string) bool {
+	p.mu.Lock()
+	g := p.gates[engine]
+	if g != nil && (len(g.slots) > 0 || g.waiting.Load() > 0) {
+		p.mu.Unlock()
+		return false
+	}
+	delete(p.gates, engine)
+	p.mu.Unlock()
+	if p.inited.Load() {
+		if f, ok := p.router.(scheduler.Forgetter); ok {
+			f.Forget(engine)
+		}
+	}
+	return true
+}
+
+// gateIDs appends the engines with an admission gate.
+func (p *pdState) gateIDs(dst []string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id := range p.gates {
+		dst = append(dst, id)
+	}
+	return dst
 }
 
 func (p *pdState) inFlight() float64 {

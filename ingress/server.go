@@ -413,6 +413,7 @@ func (s *Server) shareLoadLoop() {
 			}
 			blob = s.shareCluster(blob)
 			s.followSaturation()
+			s.forgetDeparted() // forget.go: drop the state of engines gone from membership
 		}
 	}
 }

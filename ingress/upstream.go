@@ -15,8 +15,9 @@ import (
 )
 
 // upstream is one engine's connection pool and this replica's in-flight
-// count for it. Upstreams live for the server's lifetime (keyed by engine id
-// and URL); an engine that leaves keeps its idle pool until connections idle out.
+// count for it, keyed by engine id (and URL: an engine that moves gets a new
+// one). An engine that leaves membership keeps its upstream until it has
+// been gone for a grace period with nothing in flight (forget.go).
 type upstream struct {
 	id       string
 	url      string
@@ -51,7 +52,8 @@ type upstream struct {
 	progress atomic.Int64
 }
 
-// upstreams is the set of engines this replica has talked to.
+// upstreams is the set of engines this replica has talked to (and not yet
+// forgotten: forget.go).
 // Lock rule: mu guards m only; lookups of a known engine take the read lock.
 type upstreams struct {
 	cfg *Config
@@ -61,6 +63,10 @@ type upstreams struct {
 
 	connMu sync.Mutex // guards conns
 	conns  map[*idleConn]struct{}
+
+	// departed tracks engines gone from membership, whose state here is
+	// dropped after a grace period (forget.go; the load loop's).
+	departed departures
 
 	// Watched non-streamed requests (clientwatch.go), by call number.
 	nextCall atomic.Uint64
@@ -167,6 +173,46 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 	}
 	u.m[id] = nu
 	return nu, nil
+}
+
+// forget drops engine id's upstream unless this replica has requests on
+// it (false then), and closes its idle connections. An engine absent from
+// membership gets no new request; one that races the check in (membership
+// read before the engine left) counts on the dropped upstream and ends
+// there, as on an upstream replaced when its engine moved.
+func (u *upstreams) forget(id string) bool {
+	u.mu.Lock()
+	up := u.m[id]
+	if up != nil && up.busy() {
+		u.mu.Unlock()
+		return false
+	}
+	delete(u.m, id)
+	u.mu.Unlock()
+	if up != nil {
+		up.hc.CloseIdleConnections()
+	}
+	return true
+}
+
+// busy reports whether engine id has requests of this replica in flight.
+func (u *upstreams) busy(id string) bool {
+	up := u.lookup(id)
+	return up != nil && up.busy()
+}
+
+func (up *upstream) busy() bool {
+	return up.inflight.Load() != 0 || up.prefill.Load() != 0 || up.active.Load() != 0
+}
+
+// ids appends the engine ids with an upstream.
+func (u *upstreams) ids(dst []string) []string {
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	for id := range u.m {
+		dst = append(dst, id)
+	}
+	return dst
 }
 
 // snapshot appends every engine's in-flight count.

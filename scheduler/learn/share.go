@@ -204,6 +204,37 @@ func (l *Learner) forgetPeer(name string) {
 	}
 }
 
+// Forget drops engine's lines, this router's own and what every peer
+// shared of it (the engine left the cluster): a peer's share that no
+// longer lists an engine would otherwise keep its last sums for good.
+// The pooled sums keep the engine's samples, which forgetting wears off as
+// it does any engine's. An engine seen again starts from the pooled lines.
+func (l *Learner) Forget(engine string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.engines, engine)
+	delete(l.shared, engine)
+	for _, p := range l.peers {
+		delete(p.engines, engine)
+	}
+}
+
+// Engines appends the engines the learner holds lines of, its own or a
+// peer's (unsorted; an engine may be listed more than once).
+func (l *Learner) Engines(dst []string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id := range l.engines {
+		dst = append(dst, id)
+	}
+	for _, p := range l.peers {
+		for id := range p.engines {
+			dst = append(dst, id)
+		}
+	}
+	return dst
+}
+
 // Peers is how many routers' shares the estimates hold.
 func (l *Learner) Peers() int {
 	l.mu.Lock()

@@ -326,3 +326,43 @@ func TestRatesOverWeighsBySamples(t *testing.T) {
 		t.Errorf("from the share: %.0f, want %.0f", got, group)
 	}
 }
+
+// TestForgetDropsEngineEverywhere: Forget drops an engine's own lines and
+// what every peer shared of it (a peer's later shares may leave it out),
+// so it is priced on the pooled estimate again; other engines keep theirs.
+func TestForgetDropsEngineEverywhere(t *testing.T) {
+	a, _ := New(Config{})
+	b, _ := New(Config{})
+	for _, s := range samples(40, 3) {
+		s.feed(a)
+		s.feed(b)
+	}
+	es, pooled := a.Own(nil)
+	if err := b.SetPeer("a", pooled, es); err != nil {
+		t.Fatal(err)
+	}
+	e1 := b.Rates("e1")
+	if !b.Measured("e0") || len(b.Engines(nil)) != 4 { // e0 and e1, own and a's
+		t.Fatalf("before: engines %v", b.Engines(nil))
+	}
+	b.Forget("e0")
+	if b.Measured("e0") || b.Rates("e0") != b.Pooled() {
+		t.Fatalf("e0 forgotten but still measured: %+v, pooled %+v", b.Rates("e0"), b.Pooled())
+	}
+	if got := b.Engines(nil); len(got) != 2 || got[0] != "e1" || got[1] != "e1" {
+		t.Fatalf("after: engines %v, want e1 (own and a's)", got)
+	}
+	if own, _ := b.Own(nil); len(own) != 1 || own[0].Engine != "e1" {
+		t.Fatalf("b publishes %v after forgetting e0", own)
+	}
+	if got := b.Rates("e1"); got != e1 {
+		t.Fatalf("e1 changed: %+v, was %+v", got, e1)
+	}
+	// A share from a that no longer lists e0 does not bring it back.
+	if err := b.SetPeer("a", pooled, es[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if b.Measured("e0") {
+		t.Fatal("e0 back from a share that does not list it")
+	}
+}

@@ -222,6 +222,12 @@ func (y Dynamo) Choose(r *scheduler.Request, v *View, cyc *scheduler.Cycle) stri
 // at once.
 type SGLang struct{ Prefill policies.SGLang }
 
+var _ scheduler.Forgetter = SGLang{}
+
+// Forget implements scheduler.Forgetter: the prefill policy's routed
+// history of the engine goes.
+func (s SGLang) Forget(engine string) { s.Prefill.Forget(engine) }
+
 // NewSGLang returns the defaults.
 func NewSGLang() SGLang { return SGLang{Prefill: policies.NewSGLang()} }
 

@@ -96,7 +96,13 @@ type KVMesh struct {
 	stalls *stallLedger // the local prefills this router sent (NewKVMesh)
 }
 
-var _ Policy = KVMesh{}
+var (
+	_ Policy              = KVMesh{}
+	_ scheduler.Forgetter = KVMesh{}
+)
+
+// Forget implements scheduler.Forgetter: the engine's stall ledger goes.
+func (k KVMesh) Forget(engine string) { k.stalls.forget(engine) }
 
 // NewKVMesh returns the policy with cost c and the transfer defaults. The
 // stall term is priced at full weight (c.StallWeight is set to 1): the P/D

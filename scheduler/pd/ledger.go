@@ -49,6 +49,26 @@ func (l *stallLedger) add(engine string, now time.Time, sec float64) {
 	r.n = min(r.n+1, ledgerSize)
 }
 
+// forget drops engine's records (the engine left the cluster).
+func (l *stallLedger) forget(engine string) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.m, engine)
+}
+
+// engines is how many engines have records.
+func (l *stallLedger) engines() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.m)
+}
+
 // since sums the prefill seconds sent to engine after from.
 func (l *stallLedger) since(engine string, from time.Time) float64 {
 	if l == nil {

@@ -134,6 +134,18 @@ func NewRouter(s *scheduler.Scheduler, p Policy) (*Router, error) {
 	return &Router{s: s, p: p}, nil
 }
 
+var _ scheduler.Forgetter = (*Router)(nil)
+
+// Forget implements scheduler.Forgetter: engine's state goes from the
+// scheduler's policy and from the P/D policy (the KVMesh policy's stall
+// ledger, an emulation's routed history).
+func (r *Router) Forget(engine string) {
+	r.s.Forget(engine)
+	if f, ok := r.p.(scheduler.Forgetter); ok {
+		f.Forget(engine)
+	}
+}
+
 // Policy returns the P/D policy's name.
 func (r *Router) Policy() string { return r.p.Name() }
 

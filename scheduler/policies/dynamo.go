@@ -49,7 +49,17 @@ var _ scheduler.Policy = Dynamo{}
 // prompt's keys (scheduler.Finisher).
 type Finisher = scheduler.Finisher
 
-var _ Finisher = Dynamo{}
+var (
+	_ Finisher            = Dynamo{}
+	_ scheduler.Forgetter = Dynamo{}
+)
+
+// Forget implements scheduler.Forgetter: the engine's active blocks go.
+func (p Dynamo) Forget(engine string) {
+	if p.Active != nil {
+		p.Active.Forget(engine)
+	}
+}
 
 // DynamoConfig is the dynamo block: the KV router's overlap credits.
 type DynamoConfig struct {
@@ -167,6 +177,20 @@ func (a *ActiveBlocks) Add(worker string, keys []uint64) {
 	for _, k := range keys {
 		m[k]++
 	}
+}
+
+// Forget drops worker's record (the worker left the cluster).
+func (a *ActiveBlocks) Forget(worker string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.w, worker)
+}
+
+// Workers is how many workers have a record.
+func (a *ActiveBlocks) Workers() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.w)
 }
 
 // Remove ends one request holding keys on worker.

@@ -116,6 +116,21 @@ func (h *History) InsertCap(engine string, keys []uint64, capacity int) {
 	}
 }
 
+// Forget drops engine's record (the engine left the cluster), as SGLang's
+// router removes a worker's tree when the worker is removed.
+func (h *History) Forget(engine string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.engines, engine)
+}
+
+// Engines is how many engines have a record.
+func (h *History) Engines() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.engines)
+}
+
 // Touch marks keys that engine already holds as just used, deepest first
 // (as Insert orders them), adding none: a radix tree's timestamp update on a
 // match.

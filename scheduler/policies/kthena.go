@@ -66,7 +66,17 @@ type Kthena struct {
 	History *History
 }
 
-var _ scheduler.Policy = Kthena{}
+var (
+	_ scheduler.Policy    = Kthena{}
+	_ scheduler.Forgetter = Kthena{}
+)
+
+// Forget implements scheduler.Forgetter: the engine's routed history goes.
+func (k Kthena) Forget(engine string) {
+	if k.History != nil {
+		k.History.Forget(engine)
+	}
+}
 
 // KthenaConfig is the kthena (and kthena-kvcache) block: plugin weights
 // and the prefix plugins' sizes.

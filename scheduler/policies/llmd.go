@@ -124,6 +124,15 @@ type LLMDApproximate struct {
 	AutoTune bool
 }
 
+var _ scheduler.Forgetter = LLMDApproximate{}
+
+// Forget implements scheduler.Forgetter: the server's routed history goes.
+func (l LLMDApproximate) Forget(engine string) {
+	if l.History != nil {
+		l.History.Forget(engine)
+	}
+}
+
 // NewLLMDApproximate is LLMDApproximate with the given weights, autoTune on
 // (upstream's default) and a fresh history.
 func NewLLMDApproximate(w LLMDWeights) (LLMDApproximate, error) {

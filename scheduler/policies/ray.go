@@ -38,7 +38,17 @@ type Ray struct {
 	ProbedQueue bool
 }
 
-var _ scheduler.Policy = Ray{}
+var (
+	_ scheduler.Policy    = Ray{}
+	_ scheduler.Forgetter = Ray{}
+)
+
+// Forget implements scheduler.Forgetter: the engine's routed history goes.
+func (p Ray) Forget(engine string) {
+	if p.History != nil {
+		p.History.Forget(engine)
+	}
+}
 
 // RayConfig is the ray block: PrefixCacheAffinityRouter's thresholds.
 type RayConfig struct {

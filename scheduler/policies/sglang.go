@@ -50,7 +50,17 @@ type SGLang struct {
 	epoch             *atomic.Uint64
 }
 
-var _ scheduler.Policy = SGLang{}
+var (
+	_ scheduler.Policy    = SGLang{}
+	_ scheduler.Forgetter = SGLang{}
+)
+
+// Forget implements scheduler.Forgetter: the engine's routed history goes.
+func (p SGLang) Forget(engine string) {
+	if p.History != nil {
+		p.History.Forget(engine)
+	}
+}
 
 // SGLangConfig is the sglang block: cache_aware's thresholds and tree size.
 type SGLangConfig struct {
