@@ -148,9 +148,10 @@ func TestParallelRequestsReserveOutput(t *testing.T) {
 	}
 }
 
-// budgetAsk: max_tokens × sequences; without max_tokens, what the smallest
-// reported context leaves after each prompt, per sequence, marked unbounded;
-// nothing for vLLM's other endpoints.
+// budgetAsk: max_tokens × sequences; without max_tokens, the output expected
+// per sequence (the mean answer seen; defaultOutputTokens before any) bounded
+// by what the smallest reported context leaves after each prompt, marked
+// unbounded; nothing for vLLM's other endpoints.
 func TestBudgetAsk(t *testing.T) {
 	s, err := New(testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://127.0.0.1:1"}), Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -172,9 +173,10 @@ func TestBudgetAsk(t *testing.T) {
 		{"max_tokens × n", epCompletions, 100, 3, 1, infos, ratelimit.Ask{InputTokens: 100, OutputTokens: 300}},
 		{"max_tokens × batch × n", epCompletions, 10, 2, 3, infos, ratelimit.Ask{InputTokens: 100, OutputTokens: 60}},
 		{"max_tokens 0", epChat, 0, 0, 1, infos, ratelimit.Ask{InputTokens: 100}},
-		{"no max_tokens: the context left", epChat, -1, 2, 1, infos, ratelimit.Ask{InputTokens: 100, OutputTokens: 2 * 900, Unbounded: true}},
-		{"no max_tokens, batch", epCompletions, -1, 1, 2, infos, ratelimit.Ask{InputTokens: 100, OutputTokens: 2*1000 - 100, Unbounded: true}},
-		{"no max_tokens, no context known", epChat, -1, 1, 1, infos[3:], ratelimit.Ask{InputTokens: 100, Unbounded: true}},
+		{"no max_tokens: the output expected", epChat, -1, 2, 1, infos, ratelimit.Ask{InputTokens: 100, OutputTokens: 2 * defaultOutputTokens, Unbounded: true}},
+		{"no max_tokens, batch", epCompletions, -1, 1, 2, infos, ratelimit.Ask{InputTokens: 100, OutputTokens: 2 * defaultOutputTokens, Unbounded: true}},
+		{"no max_tokens, no context known", epChat, -1, 1, 1, infos[3:], ratelimit.Ask{InputTokens: 100, OutputTokens: defaultOutputTokens, Unbounded: true}},
+		{"no max_tokens: bounded by the context left", epChat, -1, 1, 1, []EngineInfo{{Engine: scheduler.Engine{ID: "a", Model: "m"}, MaxModelLen: 150}}, ratelimit.Ask{InputTokens: 100, OutputTokens: 50, Unbounded: true}},
 		{"embeddings", epOther, -1, 0, 1, infos, ratelimit.Ask{InputTokens: 100}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -186,7 +188,14 @@ func TestBudgetAsk(t *testing.T) {
 			}
 		})
 	}
-	c := &call{s: s, ep: epCompletions, model: "m", seqs: 1 << 40}
+	// Once answers were seen, their mean per sequence.
+	s.outLens.observe("m", 40)
+	c := &call{s: s, ep: epChat, model: "m", infos: infos, seqs: 3}
+	c.req.maxTokens = -1
+	if got, want := c.budgetAsk(100), (ratelimit.Ask{InputTokens: 100, OutputTokens: 120, Unbounded: true}); got != want {
+		t.Fatalf("after answers of 40: budgetAsk = %+v, want %+v", got, want)
+	}
+	c = &call{s: s, ep: epCompletions, model: "m", seqs: 1 << 40}
 	c.req.maxTokens = 1 << 30
 	if got := c.budgetAsk(1).OutputTokens; got <= 0 {
 		t.Fatalf("max_tokens × sequences overflowed to %d", got)

@@ -340,10 +340,11 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 	return nil
 }
 
-// budgeter is a RateLimiter that reserves a request's largest output at
-// admission and settles it to the actual at the end (ingress/ratelimit), so
-// requests in flight together cannot spend more than the budget. Settle is
-// called once per admitted request, whatever its status.
+// budgeter is a RateLimiter that reserves a request's output at admission
+// (its largest, or without max_tokens the output expected) and settles it
+// to the actual at the end (ingress/ratelimit), so requests in flight
+// together cannot reserve more than the budget. Settle is called once per
+// admitted request, whatever its status.
 type budgeter interface {
 	Reserve(keyID, model string, a ratelimit.Ask) ratelimit.Decision
 	Settle(keyID, model string, r ratelimit.Reservation, outputTokens int)
@@ -392,9 +393,11 @@ func budgetRefusal(keyID, model string, d ratelimit.Decision) error {
 // budgetAsk is what the request asks of the token budgets: its prompt and
 // the most output it may produce, max_tokens (or max_completion_tokens,
 // max_output_tokens) × the sequences the engine decodes. Without max_tokens
-// the engine stops at the model's context, so the bound is what that leaves
-// when the engines report it (the limiter reserves at most a whole budget
-// then). vLLM's other endpoints produce no output.
+// the engine stops only at the model's context, which would hold a budget
+// for one request at a time: the reservation is then the output expected
+// (expectedOutput), and what the answer produces beyond it is charged when
+// it ends (the limiter carries it into later windows). vLLM's other
+// endpoints produce no output.
 func (c *call) budgetAsk(promptTokens int) ratelimit.Ask {
 	a := ratelimit.Ask{InputTokens: promptTokens}
 	switch {
@@ -403,9 +406,26 @@ func (c *call) budgetAsk(promptTokens int) ratelimit.Ask {
 		a.OutputTokens = satMul(c.req.maxTokens, c.seqs)
 	default:
 		a.Unbounded = true
-		a.OutputTokens = c.contextLeft(promptTokens)
+		a.OutputTokens = c.expectedOutput(promptTokens)
 	}
 	return a
+}
+
+// expectedOutput is the output a request without max_tokens is expected to
+// produce: the mean answer this replica has seen the model give
+// (outputLengths; defaultOutputTokens before any) for each of its
+// sequences, bounded by what the model's context leaves (contextLeft).
+func (c *call) expectedOutput(promptTokens int) int {
+	served, _ := c.adapterOf()
+	per := c.s.outLens.estimate(served, -1)
+	if per <= 0 {
+		per = defaultOutputTokens
+	}
+	out := satMul(per, c.seqs)
+	if left := c.contextLeft(promptTokens); left > 0 && out > left {
+		out = left
+	}
+	return out
 }
 
 // contextLeft is the most output the engines let the request produce: what

@@ -64,7 +64,7 @@ func TestOutputLengthPerSequence(t *testing.T) {
 		t.Fatalf("estimate after a 3-token answer of n=3: %d, want 1", got)
 	}
 	var r request
-	for body, want := range map[string]int{`{"prompt":"x","n":2}`: 2, `{"prompt":"x","n":null}`: 0, `{"prompt":"x","n":"2"}`: 0, `{"prompt":"x"}`: 0} {
+	for body, want := range map[string]int{`{"prompt":"x","n":2}`: 2, `{"prompt":"x","n":null}`: 0, `{"prompt":"x","n":"2"}`: 2, `{"prompt":"x"}`: 0} {
 		r.reset()
 		if err := parseRequest(&r, epCompletions, []byte(body)); err != nil || r.n != want {
 			t.Errorf("%s: n %d (%v), want %d", body, r.n, err, want)

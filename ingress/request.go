@@ -62,8 +62,8 @@ type request struct {
 	noSpecial        bool // completions: "add_special_tokens": false
 	truncate         int  // truncate_prompt_tokens > 0: the engine keeps the prompt's last truncate tokens
 	chatOnly         bool // chat: members /v1/completions reads otherwise or not at all (chatOnlyMember)
-	maxTokens        int
-	n                int // choices per prompt ("n"; 0: absent): the engine decodes that many sequences
+	maxTokens        int  // the output limit the engine applies (settle); -1: none
+	n                int  // choices per prompt ("n"; 0: absent): the engine decodes that many sequences
 	kind             promptKind
 	text             []byte   // promptText: the unescaped prompt
 	ids              []uint32 // promptIDs as given; later the tokens of any prompt
@@ -85,13 +85,22 @@ type request struct {
 	// or token-id arrays); text/ids above hold its first element, which
 	// routing keys on. Empty for a single prompt.
 	batch [][]byte
-	// Spans of the output-limit members, for chat sent as completions:
-	// max_completion_tokens must be renamed max_tokens there.
-	mctKey   [2]int // the "max_completion_tokens" key, quotes included
-	mtMember [2]int // the whole "max_tokens" member (key to value end)
-	hasMCT   bool
-	mctNull  bool // max_completion_tokens is null: mctKey spans the member, dropped as completions
-	hasMT    bool
+	// The int members as read (intMember), each the last of its name, as
+	// vLLM reads the body (Python's json keeps a name's last member, null
+	// included): max_tokens (the Responses API's max_output_tokens),
+	// max_completion_tokens and truncate_prompt_tokens. settle decides what
+	// they mean together.
+	mt, mct, trunc intField
+	// Spans of the last output-limit members, for chat sent as
+	// completions: max_completion_tokens must be renamed max_tokens there.
+	mctKey    [2]int // the "max_completion_tokens" key, quotes included
+	mctMember [2]int // the whole "max_completion_tokens" member (key to value end)
+	mctVal    int    // where its value starts
+	mtMember  [2]int // the whole "max_tokens" member
+	mtN, mctN uint8  // members of each name (2: more than one)
+	hasMCT    bool   // the last max_completion_tokens is a number: it wins over max_tokens
+	mctNull   bool   // the last max_completion_tokens is null: dropped as completions
+	hasMT     bool   // the last max_tokens is a number
 	// Responses API members (responses.go): input, instructions and tools
 	// as sent (the Messages API's messages, system and tools: messages.go);
 	// synth holds the chat messages and tools built from them.
@@ -134,7 +143,72 @@ func parseRequest(r *request, ep endpoint, body []byte) error {
 		}
 		return badRequest("", fmt.Errorf("%w: %w", ErrBadRequest, err))
 	}
+	if err := r.settle(); err != nil {
+		return err
+	}
 	return r.finish()
+}
+
+// intField is an int member as read: its last member's value, when that
+// is an int as pydantic reads one (pyInt); bad when it is not an int nor
+// null; neither when absent or null.
+type intField struct {
+	v   int64
+	set bool
+	bad bool
+}
+
+// intMember reads the int member val (null: as absent).
+func intMember(val []byte) intField {
+	if val[0] == 'n' {
+		return intField{}
+	}
+	v, ok := pyInt(val)
+	return intField{v: v, set: ok, bad: !ok}
+}
+
+// settle decides what the int members mean once every member is read (the
+// last of each name), as vLLM does: a max_completion_tokens that is a
+// number wins over max_tokens; a member that is not an int is a 400 even
+// when another wins (pydantic validates every field), a negative limit
+// only when it is the one that applies.
+func (r *request) settle() error {
+	mtName := "max_tokens"
+	if r.ep == epResponses {
+		mtName = "max_output_tokens"
+	}
+	switch {
+	case r.mct.bad:
+		return limitError("max_completion_tokens")
+	case r.mt.bad:
+		return limitError(mtName)
+	}
+	r.hasMCT, r.hasMT = r.mct.set, r.mt.set
+	r.maxTokens = -1
+	if r.hasMCT || r.hasMT {
+		v, name := r.mt.v, mtName
+		if r.hasMCT {
+			v, name = r.mct.v, "max_completion_tokens"
+		}
+		if v < 0 {
+			return limitError(name)
+		}
+		r.maxTokens = int(min(v, math.MaxInt32))
+	}
+	r.truncate = 0
+	switch t := r.trunc; {
+	case t.set && t.v == -1, !t.set && !t.bad:
+		// -1 is the model's length, which the engine applies.
+	case t.set && t.v > 0:
+		r.truncate = int(min(t.v, math.MaxInt32))
+	default:
+		return badRequest("truncate_prompt_tokens", fmt.Errorf("%w: truncate_prompt_tokens must be a positive integer or -1", ErrBadRequest))
+	}
+	return nil
+}
+
+func limitError(name string) error {
+	return badRequest(name, fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, name))
 }
 
 // consumeIDs parses a token-id prompt in place of skipping it (one pass).
@@ -147,7 +221,7 @@ func (r *request) consumeIDs(key, b []byte, at int) (int, bool, error) {
 		return 0, false, nil
 	}
 	ids, end, err := scanTokenIDs(r.ids[:0], b, at)
-	r.ids = ids
+	r.ids, r.batch = ids, r.batch[:0] // a later prompt member replaces an earlier batch
 	if err != nil {
 		return 0, true, badRequest("prompt", fmt.Errorf("%w: invalid token ids: %w", ErrBadRequest, err))
 	}
@@ -192,27 +266,24 @@ func (r *request) member(key, val []byte, koff, off int) error {
 		if r.ep == epChat && chatOnlyMember(string(key), val) {
 			r.chatOnly = true
 		}
-		if string(key) == "n" && val[0] != 'n' {
-			// A count the engine would refuse is left for it to answer.
-			if n, ok := jsonscan.ParseUint(val, math.MaxInt32); ok {
-				r.n = int(n)
+		if string(key) == "n" && (r.ep == epCompletions || r.ep == epChat) { // the Responses and Messages APIs have no n
+			// The last member wins; null, or a count the engine refuses
+			// (it answers that), leaves the default one.
+			r.n = 0
+			if n, ok := pyInt(val); ok && n > 0 {
+				r.n = int(min(n, math.MaxInt32))
 			}
 		}
 	case "truncate_prompt_tokens":
-		if val[0] == 'n' || val[0] == '-' {
-			return nil // null, or -1 (the model's length, which the engine applies)
+		if r.ep == epCompletions || r.ep == epChat { // vLLM's Responses and Messages APIs ignore it
+			r.trunc = intMember(val)
 		}
-		n, err := strconv.Atoi(string(val))
-		if err != nil || n < 1 {
-			return badRequest("truncate_prompt_tokens", fmt.Errorf("%w: truncate_prompt_tokens must be a positive integer or -1", ErrBadRequest))
-		}
-		r.truncate = n
 	case "add_special_tokens":
 		b, err := boolMember("add_special_tokens", val)
 		r.noSpecial = !b && r.ep == epCompletions // chat's default is false already; its true is the template's business
 		return err
 	case "stream_options":
-		r.hasStreamOptions = true
+		r.hasStreamOptions, r.includeUsage = val[0] != 'n', false // null: as absent
 		if val[0] == 'n' {
 			return nil
 		}
@@ -226,10 +297,7 @@ func (r *request) member(key, val []byte, koff, off int) error {
 			return nil
 		})
 	case "max_tokens", "max_completion_tokens":
-		if r.ep == epResponses {
-			return nil // not Responses members (max_output_tokens is)
-		}
-		return r.maxTokensMember(key, val, koff, off)
+		r.maxTokensMember(key, val, koff, off)
 	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
 		// The P/D legs' members (pd.go, pd_sglang.go) are the router's to
 		// set: from a client they would make an engine connect where the
@@ -238,6 +306,10 @@ func (r *request) member(key, val []byte, koff, off int) error {
 			return badRequest(string(key), fmt.Errorf("%w: %s is set by the router for prefill/decode disaggregation; a client may not send it", ErrBadRequest, key))
 		}
 	case "cache_salt":
+		if val[0] == 'n' {
+			r.cacheSalt = r.cacheSalt[:0]
+			return nil
+		}
 		if val[0] != '"' {
 			return badRequest("cache_salt", fmt.Errorf("%w: cache_salt must be a string", ErrBadRequest))
 		}
@@ -247,6 +319,7 @@ func (r *request) member(key, val []byte, koff, off int) error {
 			return nil // not ours, or already parsed by consumeIDs
 		}
 		r.promptStart, r.promptEnd = off, off+len(val)
+		r.batch = r.batch[:0] // a later prompt member replaces an earlier batch
 		return r.parsePrompt(val)
 	default:
 		switch r.ep {
@@ -272,30 +345,30 @@ func boolMember(name string, val []byte) (bool, error) {
 	return false, badRequest(name, fmt.Errorf("%w: %s must be a boolean", ErrBadRequest, name))
 }
 
-func (r *request) maxTokensMember(key, val []byte, koff, off int) error {
-	if val[0] == 'n' {
-		if string(key) == "max_completion_tokens" {
-			r.mctNull = true // dropped when sent as completions
-			r.mctKey = [2]int{koff, off + len(val)}
-		}
-		return nil
-	}
-	n, ok := jsonscan.ParseUint(val, math.MaxInt32)
-	if !ok {
-		return badRequest(string(key), fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, key))
-	}
+// maxTokensMember reads an output-limit member (settle decides which
+// applies). max_completion_tokens is chat's alone: vLLM's /v1/completions
+// and Messages API ignore it, and the Responses API reads neither (its
+// max_output_tokens: responses.go); the engine's other endpoints produce no
+// output.
+func (r *request) maxTokensMember(key, val []byte, koff, off int) {
 	if string(key) == "max_completion_tokens" {
-		r.hasMCT = true
-		r.mctKey = [2]int{koff, koff + len(`"max_completion_tokens"`)}
-	} else {
-		r.hasMT = true
-		r.mtMember = [2]int{koff, off + len(val)}
-		if r.hasMCT {
-			return nil // vLLM: max_completion_tokens wins over the deprecated max_tokens
+		if r.ep != epChat {
+			return
 		}
+		r.mct = intMember(val)
+		r.mctN = min(r.mctN+1, 2)
+		kend, _, _ := jsonscan.SkipString(r.body, koff) // the key as written (escapes included)
+		r.mctKey = [2]int{koff, kend}
+		r.mctMember, r.mctVal = [2]int{koff, off + len(val)}, off
+		r.mctNull = val[0] == 'n'
+		return
 	}
-	r.maxTokens = int(n)
-	return nil
+	if r.ep == epResponses || r.ep == epOther {
+		return
+	}
+	r.mt = intMember(val)
+	r.mtN = min(r.mtN+1, 2)
+	r.mtMember = [2]int{koff, off + len(val)}
 }
 
 // chatMember reads the members that shape a chat prompt: the template sees
@@ -632,17 +705,23 @@ func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32) []byte {
 	n := 0
 	eds[n] = bodyEdit{r.msgStart, r.msgEnd, editPrompt}
 	n++
-	if r.mctNull && !r.hasMCT {
-		eds[n] = dropMember(body, r.mctKey[0], r.mctKey[1])
-		n++
-	}
-	if r.hasMCT {
+	last := false // a "max_tokens" member with max_completion_tokens' value goes last
+	switch {
+	case r.mtN > 1 || r.mctN > 1:
+		// A name sent more than once: the engine reads the last member of
+		// each, so the members stay as they came, and a max_tokens added
+		// after them all carries the max_completion_tokens that wins.
+		last = r.hasMCT
+	case r.hasMCT:
 		eds[n] = bodyEdit{r.mctKey[0], r.mctKey[1], editRename}
 		n++
-		if r.hasMT {
+		if r.mtN > 0 { // a max_tokens after it, null too, would win as completions
 			eds[n] = dropMember(body, r.mtMember[0], r.mtMember[1])
 			n++
 		}
+	case r.mctNull:
+		eds[n] = dropMember(body, r.mctMember[0], r.mctMember[1])
+		n++
 	}
 	for i := 1; i < n; i++ { // sort by start (at most 3)
 		for j := i; j > 0 && eds[j].start < eds[j-1].start; j-- {
@@ -660,6 +739,16 @@ func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32) []byte {
 			dst = append(dst, `"max_tokens"`...)
 		}
 		at = e.end
+	}
+	if last {
+		end := len(body) - 1
+		for end > at && body[end] != '}' {
+			end--
+		}
+		dst = append(dst, body[at:end]...)
+		dst = append(dst, `,"max_tokens":`...)
+		dst = append(dst, body[r.mctVal:r.mctMember[1]]...)
+		at = end
 	}
 	return append(dst, body[at:]...)
 }

@@ -1,9 +1,9 @@
 package ingress
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -254,6 +254,11 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":["a","b"]}`, `{"model":"m","prompt":[[1,2],[3]]}`,
 		`{"max_tokens":2,"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":3}`,
 		`{"max_completion_tokens":null,"model":"m","messages":[{"role":"user","content":"x"}] , "max_tokens":4}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1,"max_tokens":null,"n":"64"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":"1_0","max_tokens":" 7 ","max_completion_tokens":null}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tok\u0065ns":5,"max_tokens":2,"max_tokens":true}`,
+		`{"model":"m","prompt":"x","max_tokens":"064","n":2.0,"n":"\u0033","truncate_prompt_tokens":"5"}`,
+		`{"model":"m","prompt":["a","b"],"prompt":"c","stream_options":{"include_usage":true},"stream_options":null,"cache_salt":null}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -283,6 +288,44 @@ func FuzzParseRequest(f *testing.F) {
 				if string(r.model) != want {
 					t.Fatalf("model %q, encoding/json reads %q in %q", r.model, want, body)
 				}
+				// So are the output limit and n, as pydantic reads an int
+				// (pyInt): max_completion_tokens (chat's alone) over
+				// max_tokens when a number; n only when positive.
+				intOf := func(name string) (int64, bool) {
+					raw, ok := top[name]
+					if !ok || string(raw) == "null" {
+						return 0, false
+					}
+					return pyInt(raw)
+				}
+				wantMax := int64(-1)
+				if v, ok := intOf("max_completion_tokens"); ok && chat {
+					wantMax = v
+				} else if v, ok := intOf("max_tokens"); ok {
+					wantMax = v
+				}
+				if wantMax >= 0 && int64(r.maxTokens) != min(wantMax, math.MaxInt32) || wantMax < 0 && r.maxTokens != -1 {
+					t.Fatalf("max tokens %d, vLLM reads %d in %q", r.maxTokens, wantMax, body)
+				}
+				wantN := int64(0)
+				if v, ok := intOf("n"); ok && v > 0 {
+					wantN = min(v, math.MaxInt32)
+				}
+				if int64(r.n) != wantN {
+					t.Fatalf("n %d, vLLM reads %d in %q", r.n, wantN, body)
+				}
+				if chat && r.kind == promptChat {
+					// Sent as completions, the body's last max_tokens is chat's limit.
+					var out map[string]json.RawMessage
+					if err := json.Unmarshal(chatToCompletionsBody(nil, body, &r, []uint32{1, 2}), &out); err != nil {
+						t.Fatalf("chat body from %q: %v", body, err)
+					}
+					raw, has := out["max_tokens"]
+					v, ok := pyInt(raw)
+					if r.maxTokens >= 0 && (!ok || v != int64(r.maxTokens)) || r.maxTokens < 0 && has && string(raw) != "null" {
+						t.Fatalf("chat limit %d, completions max_tokens %s, from %q", r.maxTokens, raw, body)
+					}
+				}
 			}
 			if r.kind == promptText || r.kind == promptIDs {
 				out := rewritePrompt(nil, body, r.promptStart, r.promptEnd, []uint32{1, 2})
@@ -296,7 +339,7 @@ func FuzzParseRequest(f *testing.F) {
 				if err := json.Unmarshal(out, &m); err != nil {
 					t.Fatalf("chat body %q from %q: %v", out, body, err)
 				}
-				once := bytes.Count(body, []byte(`"max_completion_tokens"`)) == 1 // duplicated keys: the last one counts
+				once := r.mctN == 1 && r.mtN <= 1 // duplicated names stay (the last one counts)
 				if _, has := m["max_completion_tokens"]; has && once && (r.hasMCT || r.mctNull) {
 					t.Fatalf("max_completion_tokens kept in %q", out)
 				}

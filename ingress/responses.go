@@ -78,18 +78,17 @@ func (r *request) responsesMember(key, val []byte, koff, off int) error {
 		if val[0] != '"' && val[0] != 'n' {
 			return badRequest("instructions", fmt.Errorf("%w: instructions must be a string", ErrBadRequest))
 		}
+		r.instructions = nil // a later member wins, null too
 		if val[0] == '"' {
 			r.instructions = val
 		}
 	case "max_output_tokens":
-		if val[0] == 'n' {
-			return nil
-		}
-		return r.maxTokensMember([]byte("max_output_tokens"), val, koff, off)
+		r.mt = intMember(val) // settle reads it as max_tokens
 	case "previous_response_id":
 		if val[0] != '"' && val[0] != 'n' {
 			return badRequest("previous_response_id", fmt.Errorf("%w: previous_response_id must be a string", ErrBadRequest))
 		}
+		r.prevResponse = r.prevResponse[:0] // a later member wins, null too
 		if val[0] == '"' {
 			r.prevResponse = jsonscan.AppendUnquote(r.prevResponse[:0], val)
 		}

@@ -16,12 +16,12 @@
 // Bounded everywhere: each tenant's queue (MaxQueuePerTenant) and the total
 // (MaxQueue); a full queue refuses at once with ErrQueueFull (the ingress
 // answers 429 with Retry-After) and a request that waits longer than MaxWait
-// gets ErrQueueTimeout (503): shedding before latency collapses. The tenants
-// themselves: a name is at most MaxTenantName bytes (a longer one is cut and
-// tagged with a hash of the whole), an idle tenant whose finish tag the
-// virtual time has passed carries nothing a fresh one would not and is
-// forgotten, and at most MaxTenants are kept: when that many are busy, a
-// tenant not listed in Config.Tenants shares one overflow tenant.
+// gets ErrQueueTimeout (the ingress answers 504): shedding before latency
+// collapses. The tenants themselves: a name is at most MaxTenantName bytes (a
+// longer one is cut and tagged with a hash of the whole), an idle tenant whose
+// finish tag the virtual time has passed carries nothing a fresh one would not
+// and is forgotten, and at most MaxTenants are kept: when that many are busy,
+// a tenant not listed in Config.Tenants shares one overflow tenant.
 package fair
 
 import (

@@ -12,7 +12,9 @@
 // (Reserve: the most the request may produce, max_tokens × sequences) and settled to
 // the actual at the end (Settle), which releases the unused part: requests in flight
 // together never hold more than the budget, and one that alone asks more than a
-// scope's whole limit is refused as too large. A charge never fills a window past its
+// scope's whole limit is refused as too large. A request with no maximum reserves
+// what it is expected to produce instead, and Settle charges what it produced beyond
+// that (Ask.Unbounded). A charge never fills a window past its
 // limit: the rest is carried into the following windows, at most a whole limit each,
 // so a debt (a prompt larger than the limit, output beyond a reservation) is paid off
 // rather than forgotten when its window slides out. The package owns no HTTP and no
@@ -144,9 +146,10 @@ type Limiter struct {
 	window  int64 // nanoseconds
 	metrics *metrics
 
-	mu      sync.Mutex // guards local and origins
+	mu      sync.Mutex // guards local, origins and remote
 	local   map[uint64]*counter
 	origins map[string]*origin
+	remote  map[uint64][]remoteSum // per scope, the origins' counts summed per window they are at (state.go)
 }
 
 // New validates cfg (after defaults) and returns a Limiter.
@@ -161,6 +164,7 @@ func New(cfg Config) (*Limiter, error) {
 		metrics: newMetrics(),
 		local:   make(map[uint64]*counter),
 		origins: make(map[string]*origin),
+		remote:  make(map[uint64][]remoteSum),
 	}, nil
 }
 
@@ -217,11 +221,13 @@ type Ask struct {
 	// sequences the engine decodes), reserved at admission and settled to the actual
 	// by Settle. More than a scope's whole limit is refused as too large.
 	OutputTokens int
-	// Unbounded: the request sets no maximum (no max_tokens), so OutputTokens is only
-	// what the ingress knows bounds it (the model's context left; 0: nothing). Each
-	// scope then reserves that, or its whole output limit when that is smaller or
-	// nothing is known, and never refuses the request as too large; output beyond
-	// the reservation is charged at the end (carried into later windows).
+	// Unbounded: the request sets no maximum (no max_tokens), so OutputTokens is the
+	// output it is expected to produce (the ingress: the model's mean answer, bounded
+	// by the context left), not a bound. Each scope then reserves that, or its whole
+	// output limit when that is smaller or nothing is expected (0), and never refuses
+	// the request as too large; output beyond the reservation is charged at the end
+	// (Settle; carried into later windows, so the scope pays it off before it admits
+	// more).
 	Unbounded bool
 }
 
@@ -477,23 +483,21 @@ func (l *Limiter) sweep(w int64) {
 }
 
 // usage sums the previous- and current-window counts of one scope and dimension over
-// this replica and every known origin. Caller holds l.mu.
+// this replica and every known origin: the origins' through their running sums, one
+// per window they are at (usually one or two), whatever their number. Caller holds
+// l.mu.
 func (l *Limiter) usage(id uint64, c *counter, w int64, dim int) (prev, curr float64) {
 	if c == untracked {
 		return 0, 0
 	}
 	p, q := count(c.prev, dim), count(c.curr, dim)
-	for _, o := range l.origins {
-		e, ok := o.scopes[id]
-		if !ok {
-			continue
-		}
-		switch o.win {
+	for _, s := range l.remote[id] {
+		switch s.win {
 		case w:
-			p += count(e.prev, dim)
-			q += count(e.curr, dim)
+			p += s.prev[dim]
+			q += s.curr[dim]
 		case w - 1:
-			p += count(e.curr, dim)
+			p += s.curr[dim]
 		}
 	}
 	return float64(p), float64(q)

@@ -49,8 +49,8 @@ func TestReserveBoundsParallelOutput(t *testing.T) {
 	}
 }
 
-// Without max_tokens a request reserves what bounds it (the model's context left) or,
-// when that is unknown or larger, the scope's whole limit; it is never too large.
+// Without max_tokens a request reserves the output it is expected to produce or, when
+// nothing is expected or that is larger, the scope's whole limit; it is never too large.
 func TestReserveUnbounded(t *testing.T) {
 	c := newClock()
 	l := newLimiter(t, Config{PerModel: Limits{OutputTokens: 100}}, c)
@@ -64,11 +64,11 @@ func TestReserveUnbounded(t *testing.T) {
 	l.SettleAt("a", "m", d.Reservation, 0, c.now())
 	for i := 0; i < 2; i++ {
 		if !l.ReserveAt("b", "m", Ask{Unbounded: true, OutputTokens: 50}, c.now()).Allowed {
-			t.Fatalf("request %d with 50 tokens of context left refused", i)
+			t.Fatalf("request %d expecting 50 tokens refused", i)
 		}
 	}
 	if l.ReserveAt("b", "m", Ask{Unbounded: true, OutputTokens: 50}, c.now()).Allowed {
-		t.Fatal("third request with 50 tokens of context left admitted under 100")
+		t.Fatal("third request expecting 50 tokens admitted under 100")
 	}
 	if d := l.ReserveAt("b", "m", Ask{Unbounded: true, OutputTokens: 1 << 30}, c.now()); d.TooLarge {
 		t.Fatalf("unbounded request refused as too large: %+v", d)

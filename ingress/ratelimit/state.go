@@ -46,6 +46,77 @@ type origin struct {
 	scopes map[uint64]remoteCounts
 }
 
+// remoteSum is, for one scope, the sum of the counts (count: net of released
+// output, per origin) of the origins whose latest state is of window win, and
+// refs how many origins it sums. The limiter keeps these running sums as states
+// arrive (Limiter.remote), so an admission adds the other replicas' usage of a
+// scope in a step per window they are at rather than a lookup per origin.
+type remoteSum struct {
+	win        int64
+	refs       int64
+	curr, prev [2]int64 // dimIn, dimOut
+}
+
+// counts is what an origin's counts c add to its scope's sums: the current and
+// previous windows' input and net output.
+func (c remoteCounts) counts() (curr, prev [2]int64) {
+	return [2]int64{count(c.curr, dimIn), count(c.curr, dimOut)}, [2]int64{count(c.prev, dimIn), count(c.prev, dimOut)}
+}
+
+// account adds (sign 1) or takes away (sign −1) one origin's counts c of scope id,
+// its state being of window win, to or from the running sums. Caller holds l.mu.
+func (l *Limiter) account(id uint64, win int64, c remoteCounts, sign int64) {
+	curr, prev := c.counts()
+	l.shiftSum(id, win, sign, curr, prev, sign)
+}
+
+// regrow moves one origin's counts of scope id at window win from old to c in the
+// running sums (the same origin, so refs stay). Caller holds l.mu.
+func (l *Limiter) regrow(id uint64, win int64, old, c remoteCounts) {
+	oc, op := old.counts()
+	nc, np := c.counts()
+	l.shiftSum(id, win, 0, [2]int64{nc[0] - oc[0], nc[1] - oc[1]}, [2]int64{np[0] - op[0], np[1] - op[1]}, 1)
+}
+
+// shiftSum adds refs, and sign × curr and prev, to scope id's sum for window win,
+// dropping a sum no origin is counted in any more. Caller holds l.mu.
+func (l *Limiter) shiftSum(id uint64, win, refs int64, curr, prev [2]int64, sign int64) {
+	sums := l.remote[id]
+	i := 0
+	for i < len(sums) && sums[i].win != win {
+		i++
+	}
+	if i == len(sums) {
+		if refs <= 0 {
+			return // nothing of this window was counted
+		}
+		sums = append(sums, remoteSum{win: win})
+		l.remote[id] = sums
+	}
+	s := &sums[i]
+	s.refs += refs
+	for d := range s.curr {
+		s.curr[d] += sign * curr[d]
+		s.prev[d] += sign * prev[d]
+	}
+	if s.refs <= 0 {
+		last := len(sums) - 1
+		sums[i] = sums[last]
+		if last == 0 {
+			delete(l.remote, id)
+		} else {
+			l.remote[id] = sums[:last]
+		}
+	}
+}
+
+// forget takes an origin's state out of the running sums. Caller holds l.mu.
+func (l *Limiter) forget(o *origin) {
+	for id, c := range o.scopes {
+		l.account(id, o.win, c, -1)
+	}
+}
+
 // AppendState appends this replica's current usage to dst, at most maxBytes long
 // (≤ 0 means DefaultMaxSize). When not every scope fits, the busiest are sent: the
 // others are too small to move a limit. Call it every gossip interval.
@@ -193,6 +264,7 @@ func (l *Limiter) MergeState(originID string, b []byte) error {
 		if len(l.origins) >= l.cfg.MaxOrigins {
 			for id, old := range l.origins {
 				if old.win < w-1 {
+					l.forget(old)
 					delete(l.origins, id)
 				}
 			}
@@ -201,16 +273,34 @@ func (l *Limiter) MergeState(originID string, b []byte) error {
 				return fmt.Errorf("ratelimit: merge from %q: %w: more than %d origins", originID, ErrBadState, l.cfg.MaxOrigins)
 			}
 		}
-		l.origins[originID] = &origin{win: win, scopes: scopes}
+		o = &origin{win: win, scopes: scopes}
+		l.origins[originID] = o
+		for id, c := range scopes {
+			l.account(id, win, c, 1)
+		}
 		l.metrics.origins.Set(float64(len(l.origins)))
 		return nil
 	}
 	switch {
 	case win > o.win:
+		l.forget(o)
 		o.win, o.scopes = win, scopes
+		for id, c := range scopes {
+			l.account(id, win, c, 1)
+		}
 	case win == o.win:
 		for id, c := range scopes {
-			o.scopes[id] = maxCounts(o.scopes[id], c)
+			old, had := o.scopes[id]
+			c = maxCounts(old, c)
+			switch {
+			case !had:
+				l.account(id, win, c, 1)
+			case c != old: // most scopes did not move since the last state
+				l.regrow(id, win, old, c)
+			default:
+				continue
+			}
+			o.scopes[id] = c
 		}
 	}
 	return nil
@@ -219,7 +309,10 @@ func (l *Limiter) MergeState(originID string, b []byte) error {
 // ForgetOrigin drops a replica's state, e.g. when gossip reports it left or died.
 func (l *Limiter) ForgetOrigin(originID string) {
 	l.mu.Lock()
-	delete(l.origins, originID)
+	if o, ok := l.origins[originID]; ok {
+		l.forget(o)
+		delete(l.origins, originID)
+	}
 	l.metrics.origins.Set(float64(len(l.origins)))
 	l.mu.Unlock()
 }

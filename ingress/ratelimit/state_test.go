@@ -194,6 +194,14 @@ func FuzzMergeState(f *testing.F) {
 				t.Fatal("merged scope count differs")
 			}
 		}
+		// The running sums follow whatever was merged, merged again by
+		// another origin, and forgotten.
+		checkSums(t, l)
+		_ = l.MergeState("p", b)
+		_ = l.MergeState("o", b)
+		checkSums(t, l)
+		l.ForgetOrigin("o")
+		checkSums(t, l)
 		l.AdmitAt("k0", "m", 10, c.now()) // must not panic whatever was merged
 	})
 }
