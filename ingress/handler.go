@@ -675,7 +675,11 @@ func (c *call) tokenize() error {
 		if s.cfg.ChatMode == ChatModeCompletions && c.ep == epChat && !c.req.chatOnly && !hasTools(c.req.tools) {
 			c.path = "/v1/completions"
 			c.wrap = true
-			c.body = chatToCompletionsBody(c.body[:0], c.reqBody(), &c.req, c.tokens)
+			room := 0 // vLLM's chat: up to the context left after the prompt
+			if left := c.contextLeft(len(c.tokens)); left > 0 {
+				room = left / max(1, c.req.n)
+			}
+			c.body = chatToCompletionsBody(c.body[:0], c.reqBody(), &c.req, c.tokens, room)
 		}
 	}
 	if c.tokens != nil && len(c.tokens) == 0 {

@@ -700,7 +700,12 @@ func rewritePrompt(dst, body []byte, start, end int, ids []uint32) []byte {
 // replacing the "messages" member with the rendered prompt's token ids and
 // renaming max_completion_tokens (chat only) to max_tokens, dropping a
 // max_tokens it overrides; the other sampling fields carry over unchanged.
-func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32) []byte {
+// A chat with no output limit runs to the model's context, but
+// /v1/completions stops at 16 tokens when max_tokens is absent (vLLM's
+// default), so the body then says max_tokens: room (the context left after
+// the prompt, as vLLM's chat computes it) or, when room is unknown (≤ 0),
+// null, which vLLM reads as that same context.
+func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32, room int) []byte {
 	var eds [3]bodyEdit
 	n := 0
 	eds[n] = bodyEdit{r.msgStart, r.msgEnd, editPrompt}
@@ -740,14 +745,21 @@ func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32) []byte {
 		}
 		at = e.end
 	}
-	if last {
+	if last || r.maxTokens < 0 {
 		end := len(body) - 1
 		for end > at && body[end] != '}' {
 			end--
 		}
 		dst = append(dst, body[at:end]...)
 		dst = append(dst, `,"max_tokens":`...)
-		dst = append(dst, body[r.mctVal:r.mctMember[1]]...)
+		switch {
+		case last:
+			dst = append(dst, body[r.mctVal:r.mctMember[1]]...)
+		case room > 0:
+			dst = strconv.AppendInt(dst, int64(room), 10)
+		default:
+			dst = append(dst, "null"...)
+		}
 		at = end
 	}
 	return append(dst, body[at:]...)

@@ -152,13 +152,21 @@ func TestRewritePromptAndChatBody(t *testing.T) {
 	if err := parseRequest(&c, epChat, chat); err != nil {
 		t.Fatal(err)
 	}
-	out = chatToCompletionsBody(nil, chat, &c, []uint32{9, 8})
+	out = chatToCompletionsBody(nil, chat, &c, []uint32{9, 8}, 0)
 	got = nil
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("%s: %v", out, err)
 	}
+	// No limit in chat: completions would stop at 16 without one.
+	if mt, has := got["max_tokens"]; !has || mt != nil {
+		t.Fatalf("chat without a limit, completions body %s: want max_tokens null", out)
+	}
 	if _, has := got["messages"]; has || len(got["prompt"].([]any)) != 2 || got["stream"] != true {
 		t.Fatalf("chat body: %s", out)
+	}
+	out = chatToCompletionsBody(nil, chat, &c, []uint32{9, 8}, 4094) // the context left, when known
+	if got = nil; json.Unmarshal(out, &got) != nil || got["max_tokens"] != float64(4094) {
+		t.Fatalf("chat without a limit, 4094 tokens of context left: %s", out)
 	}
 }
 
@@ -181,7 +189,7 @@ func TestChatBodyRenamesMaxCompletionTokens(t *testing.T) {
 			if err := parseRequest(&r, epChat, []byte(tc.body)); err != nil {
 				t.Fatal(err)
 			}
-			out := chatToCompletionsBody(nil, []byte(tc.body), &r, []uint32{4, 2})
+			out := chatToCompletionsBody(nil, []byte(tc.body), &r, []uint32{4, 2}, 0)
 			var got map[string]any
 			if err := json.Unmarshal(out, &got); err != nil {
 				t.Fatalf("%s: %v", out, err)
@@ -317,12 +325,12 @@ func FuzzParseRequest(f *testing.F) {
 				if chat && r.kind == promptChat {
 					// Sent as completions, the body's last max_tokens is chat's limit.
 					var out map[string]json.RawMessage
-					if err := json.Unmarshal(chatToCompletionsBody(nil, body, &r, []uint32{1, 2}), &out); err != nil {
+					if err := json.Unmarshal(chatToCompletionsBody(nil, body, &r, []uint32{1, 2}, 0), &out); err != nil {
 						t.Fatalf("chat body from %q: %v", body, err)
 					}
 					raw, has := out["max_tokens"]
 					v, ok := pyInt(raw)
-					if r.maxTokens >= 0 && (!ok || v != int64(r.maxTokens)) || r.maxTokens < 0 && has && string(raw) != "null" {
+					if r.maxTokens >= 0 && (!ok || v != int64(r.maxTokens)) || r.maxTokens < 0 && (!has || string(raw) != "null") {
 						t.Fatalf("chat limit %d, completions max_tokens %s, from %q", r.maxTokens, raw, body)
 					}
 				}
@@ -334,7 +342,7 @@ func FuzzParseRequest(f *testing.F) {
 				}
 			}
 			if r.kind == promptChat {
-				out := chatToCompletionsBody(nil, body, &r, []uint32{1, 2})
+				out := chatToCompletionsBody(nil, body, &r, []uint32{1, 2}, 0)
 				var m map[string]json.RawMessage
 				if err := json.Unmarshal(out, &m); err != nil {
 					t.Fatalf("chat body %q from %q: %v", out, body, err)
