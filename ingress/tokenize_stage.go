@@ -1,0 +1,268 @@
+package ingress
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
+)
+
+// The tokenize stage: the prompt's tokens as the engine will see them, and
+// the upstream path and body they decide.
+
+// tokenize fills c.tokens (when the model has a tokenizer) and decides the
+// upstream path and body.
+func (c *call) tokenize() error {
+	s := c.s
+	var tok Tokenizer
+	if s.deps.Tokenizers != nil {
+		var ok bool
+		if tok, ok = s.deps.Tokenizers.For(c.model); !ok {
+			if base, adapter := c.adapterOf(); adapter != "" {
+				tok, _ = s.deps.Tokenizers.For(base) // an adapter tokenizes as its base model
+			}
+		}
+	}
+	var err error
+	c.seqs = max(1, len(c.req.batch)) * max(1, c.req.n) // prompts (1 unless batched) × n
+	if c.ep == epOther {
+		c.passthrough() // passthrough.go
+		return nil
+	}
+	switch c.req.kind {
+	case promptIDs:
+		if err := checkVocab(tok, c.req.ids, c.req.batch); err != nil {
+			return err
+		}
+		c.tokens = append(c.tokens[:0], c.req.ids...)
+		c.path = "/v1/completions"
+		if len(c.req.batch) > 1 {
+			return c.countBatchIDs()
+		}
+	case promptText:
+		c.path = "/v1/completions"
+		if len(c.req.batch) > 1 {
+			if c.req.noSpecial && tok != nil && !canEncodePlain(tok) {
+				tok = nil // the texts go as they came
+			}
+			return c.tokenizeBatch(tok)
+		}
+		if tok == nil || s.check.engineFirst(c.model) || c.req.noSpecial && !canEncodePlain(tok) {
+			// No tokenizer here, or ours gave other ids than the engine's
+			// (tokencheck.go): keyed on the engine's tokens (enginetok.go),
+			// the text goes as the client wrote it.
+			c.approx = len(c.req.text)/4 + 1
+			if !c.tokenizeOnEngine() {
+				c.tokens = nil
+				return nil
+			}
+			break
+		}
+		if c.tokens, err = c.encode(tok, c.tokens[:0], c.req.text); err != nil {
+			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt: %w", ErrBadRequest, err))
+		}
+		if !c.verifyTokens() { // tokencheck.go: c.tokens are the engine's now
+			break
+		}
+		// Pass the tokens on so the engine does not tokenize again.
+		c.body = rewritePrompt(c.body[:0], c.reqBody(), c.req.promptStart, c.req.promptEnd, c.tokens)
+	case promptChat:
+		c.path = "/v1/chat/completions"
+		switch c.ep {
+		case epResponses:
+			c.responsesBody() // responses.go
+		case epMessages:
+			c.path = "/v1/messages" // forwarded as it came (messages.go)
+		}
+		if tok == nil {
+			for _, m := range c.req.chatMessages() {
+				c.approx += len(m.Content)/4 + 4
+			}
+			if !c.tokenizeOnEngine() { // enginetok.go
+				c.tokens = nil
+				return nil
+			}
+			break
+		}
+		if c.ep == epChat && s.check.engineFirst(c.model) && c.tokenizeOnEngine() { // tokencheck.go: our tokens disagreed with the engine's
+			break
+		}
+		var n, media int
+		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
+			if errors.Is(err, ErrNoChatTemplate) || errors.Is(err, chattmpl.ErrRender) {
+				// No template, or one this interpreter failed on (not the
+				// template's own raise_exception, which vLLM answers with
+				// a 400 too): routed by load, for the engine to render.
+				if !errors.Is(err, ErrNoChatTemplate) {
+					s.m.renderFallbacks.Inc()
+					s.log.Debug("chat template failed to render here; routing unkeyed", "model", c.model, "err", err)
+				}
+				c.approx = len(c.req.messages) / 4
+				if !c.tokenizeOnEngine() { // enginetok.go
+					c.tokens = nil
+					return nil
+				}
+				break
+			}
+			var ae *apiError
+			if errors.As(err, &ae) {
+				return err
+			}
+			return badRequest("messages", fmt.Errorf("%w: render chat: %w", ErrBadRequest, err))
+		}
+		if media > 0 {
+			// Keys cover the prompt before its first media item; the
+			// request goes as chat, for the engine to fetch the media.
+			// The media's own tokens as learned from earlier answers.
+			c.textToks, c.media = n, media
+			c.promptTokens = max(1, n+int(float64(media)*s.media.perItem(c.model)+0.5))
+			if len(c.tokens) == 0 {
+				c.tokens = nil
+			}
+			break
+		}
+		if c.ep == epChat && !c.verifyTokens() { // tokencheck.go: c.tokens are the engine's now
+			break // forwarded as chat
+		}
+		if s.cfg.ChatMode == ChatModeCompletions && c.ep == epChat && !c.req.chatOnly && !hasTools(c.req.tools) {
+			c.path = "/v1/completions"
+			c.wrap = true
+			room := 0 // vLLM's chat: up to the context left after the prompt
+			if left := c.contextLeft(len(c.tokens)); left > 0 {
+				room = left / max(1, c.req.n)
+			}
+			c.body = chatToCompletionsBody(c.body[:0], c.reqBody(), &c.req, c.tokens, room)
+		}
+	}
+	if c.tokens != nil && len(c.tokens) == 0 {
+		return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
+	}
+	if k := c.req.truncate; k > 0 && len(c.req.batch) <= 1 {
+		// The engine keeps the last k tokens (vLLM truncates on the
+		// left): the limits count, and the keys route on, what it keeps.
+		if len(c.tokens) > k {
+			c.tokens = c.tokens[len(c.tokens)-k:]
+		}
+		if c.tokens == nil && c.approx > k {
+			c.approx = k
+		}
+		if c.promptTokens > k {
+			c.promptTokens = k
+		}
+	}
+	c.askUsage()
+	return nil
+}
+
+// hasTools reports whether a request's tools member lists any.
+func hasTools(tools []byte) bool {
+	return len(tools) > 0 && string(tools) != "null" && string(bytes.TrimSpace(tools)) != "[]"
+}
+
+// askUsage makes a streamed request ask for the usage chunk.
+func (c *call) askUsage() {
+	if c.req.stream && !c.req.hasStreamOptions && c.ep != epResponses && c.ep != epMessages { // their streams end with their usage
+		// Ask for the usage chunk so output tokens (metrics, rate limits,
+		// access log) are exact; the proxy drops it from the client's
+		// stream unless the engines send it unasked (forcedusage.go, which
+		// sets c.dropUsage, or makes this request the probe that learns it).
+		if !c.planUsage() {
+			return
+		}
+		src := c.body
+		if len(src) == 0 {
+			src = c.req.body
+		}
+		c.alt = appendUsageRequest(c.alt[:0], src)
+		c.body, c.alt = c.alt, c.body
+	}
+}
+
+// countBatchIDs validates every token-id prompt of a batch and sums their
+// lengths; the body goes upstream as it came. Routing keys on the first.
+func (c *call) countBatchIDs() error {
+	total := 0
+	for i, e := range c.req.batch {
+		var err error
+		if c.scratch, err = appendTokenIDs(c.scratch[:0], e); err != nil {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d]: invalid token ids: %w", ErrBadRequest, i, err))
+		}
+		if len(c.scratch) == 0 {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
+		}
+		total += len(c.scratch)
+	}
+	c.promptTokens = total
+	c.askUsage()
+	return nil
+}
+
+// tokenizeBatch tokenizes every text prompt of a batch and rewrites the
+// prompt as a list of token-id lists (the engine does not tokenize again);
+// c.tokens keeps the first prompt's tokens, which routing keys on. Without a
+// tokenizer the texts go as they came and the count is an estimate.
+func (c *call) tokenizeBatch(tok Tokenizer) error {
+	body := c.reqBody()
+	if tok != nil {
+		c.body = append(c.body[:0], body[:c.req.promptStart]...)
+		c.body = append(c.body, '[')
+	}
+	total := 0
+	for i, e := range c.req.batch {
+		c.scratchText = jsonscan.AppendUnquote(c.scratchText[:0], e)
+		if len(c.scratchText) == 0 {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
+		}
+		if tok == nil {
+			total += len(c.scratchText)/4 + 1
+			continue
+		}
+		var err error
+		if c.scratch, err = c.encode(tok, c.scratch[:0], c.scratchText); err != nil {
+			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt[%d]: %w", ErrBadRequest, i, err))
+		}
+		if len(c.scratch) == 0 {
+			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
+		}
+		if i == 0 {
+			c.tokens = append(c.tokens[:0], c.scratch...)
+		}
+		if i > 0 {
+			c.body = append(c.body, ',')
+		}
+		c.body = appendIDs(c.body, c.scratch)
+		total += len(c.scratch)
+	}
+	if tok == nil {
+		c.tokens = nil
+		c.approx = total
+	} else {
+		c.body = append(c.body, ']')
+		c.body = append(c.body, body[c.req.promptEnd:]...)
+	}
+	c.promptTokens = total
+	c.askUsage()
+	return nil
+}
+
+// plainEncoder is a Tokenizer that can also leave special tokens out.
+type plainEncoder interface {
+	EncodePlain(dst []uint32, text []byte) ([]uint32, error)
+}
+
+func canEncodePlain(tok Tokenizer) bool {
+	_, ok := tok.(plainEncoder)
+	return ok
+}
+
+// encode tokenizes a completions prompt as the engine will: with the
+// tokenizer's special tokens unless the request's add_special_tokens is
+// false.
+func (c *call) encode(tok Tokenizer, dst []uint32, text []byte) ([]uint32, error) {
+	if p, ok := tok.(plainEncoder); ok && c.req.noSpecial {
+		return p.EncodePlain(dst, text)
+	}
+	return tok.Encode(dst, text)
+}
