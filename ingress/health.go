@@ -297,7 +297,7 @@ func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.
 	if e.cfg.StallAfter <= 0 || e.ups == nil {
 		return
 	}
-	e.stallBuf = e.ups.stalled(e.stallBuf[:0], now.Add(-e.cfg.StallAfter).UnixNano())
+	e.stallBuf = e.ups.stalled(e.stallBuf[:0], stallCutoff(now, e.cfg.StallAfter))
 	for _, up := range e.stallBuf {
 		h := e.get(up.id, up.url)
 		h.mu.Lock()

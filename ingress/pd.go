@@ -502,7 +502,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	}
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	if up.inflight.Add(1) == 1 {
-		up.progress.Store(time.Now().UnixNano()) // the stall watch counts from here (health.go)
+		up.progress.Store(monoNow()) // the stall watch counts from here (health.go)
 	}
 	pre := up.prefill.Add(charge)
 	up.total.Add(1)

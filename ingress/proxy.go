@@ -150,7 +150,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
 	c.activeCharge = int64(c.promptTokens + out)
 	if up.inflight.Add(1) == 1 {
-		up.progress.Store(time.Now().UnixNano()) // the stall watch counts from the first request in flight
+		up.progress.Store(monoNow()) // the stall watch counts from the first request in flight
 	}
 	pre := up.prefill.Add(c.prefillCharge)
 	if c.req.stream {
@@ -172,7 +172,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 // the idle timeout bounds its reads.
 func (c *call) firstByte(up *upstream) {
 	c.releaseConn()
-	up.progress.Store(time.Now().UnixNano())
+	up.progress.Store(monoNow())
 	up.prefill.Add(-c.prefillCharge)
 	up.streamPrefill.Add(-c.streamCharge)
 	c.prefillCharge, c.streamCharge = 0, 0

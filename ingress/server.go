@@ -70,6 +70,13 @@ type Server struct {
 	started   atomic.Bool
 	reqPool   sync.Pool // *call
 	pd        pdState   // P/D admission and metrics (pd.go)
+	// life orders Start and Close: Close tears down only what a Start that
+	// succeeded set up (running), and waits for a Start in progress.
+	life    sync.Mutex
+	running bool // guarded by life: Start succeeded
+	// ctxDone is closed when Start's context watcher has ended (nil: no
+	// watcher); guarded by life. Close waits for it.
+	ctxDone chan struct{}
 	// slo records per-engine TTFT/TPOT for gossip (slo_gossip.go); set in
 	// Start with gossip, before serving; nil without gossip.
 	slo *SLORecorder
@@ -94,7 +101,8 @@ type Server struct {
 	holdQ  *holdQueue
 	roomFn func(engine string) bool
 	// holdNow is the hold's clock for non-streamed requests' estimated
-	// prefill (unix ns; tests set it).
+	// prefill: monotonic ns since created (mono), so a wall-clock step does
+	// not move it; tests set it.
 	holdNow func() int64
 
 	closeOnce sync.Once
@@ -149,9 +157,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Scheduler, hold = sch, h
 	}
 	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej, learn: lr}
+	// A head's note outlives its request's read, which ReadTimeout bounds.
+	s.heads.init(cfg.ReadTimeout+time.Minute, s.mono)
 	if hold.On() && lr != nil && deps.PD == nil && cfg.PD.Policy == "" { // hold.go: not with P/D
-		s.hold, s.roomFn, s.holdNow = hold, s.engineRoom, func() int64 { return time.Now().UnixNano() }
-		s.holdQ = newHoldQueue(hold, cfg.Hold, s.roomFn, func() time.Duration { return time.Since(s.created) })
+		s.hold, s.roomFn, s.holdNow = hold, s.engineRoom, func() int64 { return int64(s.mono()) }
+		s.holdQ = newHoldQueue(hold, cfg.Hold, s.roomFn, s.mono)
 	}
 	if deps.PD == nil && (cfg.PD.Policy == "kvmesh" || cfg.PD.Policy == "kvmesh-always") {
 		s.outs = pd.NewOutputDist() // pd.go: the P/D step prices streams' TPOT risk over it
@@ -246,10 +256,24 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	return s, nil
 }
 
-// Start listens and serves until Close. It returns once listening.
+// Start listens and serves until Close. It returns once listening. A
+// Server starts once: a failed Start leaves nothing running, and Close
+// after it only marks the Server closed.
+//
+// When ctx ends (SIGTERM in the command), the server closes as by Close:
+// a goroutine Start owns drains it, logs the outcome, and Close waits for
+// that goroutine and returns the same error. A ctx that never ends
+// (context.Background) starts no such goroutine; the caller calls Close.
 func (s *Server) Start(ctx context.Context) error {
+	s.life.Lock()
+	defer s.life.Unlock()
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("ingress: already started")
+	}
+	select {
+	case <-s.quit:
+		return errors.New("ingress: closed")
+	default:
 	}
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
@@ -268,7 +292,6 @@ func (s *Server) Start(ctx context.Context) error {
 		s.cl.close()
 		return err
 	}
-	s.ln = ln
 	if s.cfg.AdminListen != "" {
 		if err := s.startAdmin(); err != nil {
 			ln.Close()
@@ -276,6 +299,7 @@ func (s *Server) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	s.ln = ln
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
@@ -301,25 +325,32 @@ func (s *Server) Start(ctx context.Context) error {
 			s.holdLoop() // hold.go
 		}()
 	}
-	if r, ok := s.deps.Auth.(authRunner); ok { // auth.Keys re-reading its file, alone or in an auth.Chain
+	if r, ok := s.deps.Auth.(authRunner); ok { // auth.Keys re-reading its file and/or auth.JWTVerifier its key set (an auth.Chain)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			r.Run(s.quit)
 		}()
 	}
-	if ctx != nil {
+	if ctx != nil && ctx.Done() != nil {
 		// The caller's context ends the server too (SIGTERM in the command).
-		s.wg.Add(1)
+		// Not on wg, which the drain waits for; Close waits for ctxDone.
+		done := make(chan struct{})
+		s.ctxDone = done
 		go func() {
-			defer s.wg.Done()
+			defer close(done)
 			select {
 			case <-ctx.Done():
-				go s.Close() // Close waits on wg; do not block this goroutine's exit
-			case <-s.quit:
+				if err := s.shutdown(); err != nil {
+					s.log.Error("close on context end", "err", err)
+				} else {
+					s.log.Info("closed on context end")
+				}
+			case <-s.quit: // Close, which waits for this goroutine
 			}
 		}()
 	}
+	s.running = true
 	s.log.Info("ingress listening", "addr", s.Addr(), "admin", s.AdminAddr(), "policy", s.deps.Scheduler.Policy())
 	return nil
 }
@@ -342,13 +373,31 @@ func (s *Server) AdminAddr() string {
 
 // Close drains: /ready turns false and new requests get 503 at once, requests
 // in service finish (bounded by Config.DrainTimeout), then listeners and
-// owned goroutines stop. Safe to call more than once.
+// owned goroutines stop. Safe to call more than once, and after a failed
+// Start. Once Start's context has ended, Close waits for the close that
+// started and returns its error.
 func (s *Server) Close() error {
+	err := s.shutdown()
+	s.life.Lock()
+	done := s.ctxDone
+	s.life.Unlock()
+	if done != nil {
+		<-done
+	}
+	return err
+}
+
+// shutdown is Close without waiting for Start's context watcher (which
+// calls it).
+func (s *Server) shutdown() error {
 	s.closeOnce.Do(func() {
 		s.draining.Store(true)
 		close(s.quit)
-		if !s.started.Load() {
-			return
+		s.life.Lock() // a Start in progress finishes first
+		running := s.running
+		s.life.Unlock()
+		if !running {
+			return // never started, or Start failed and cleaned up after itself
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
 		defer cancel()
@@ -390,6 +439,10 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
+// mono is the time since New by the monotonic clock: the clock of the
+// hold and of the head memo, which a wall-clock step must not move.
+func (s *Server) mono() time.Duration { return time.Since(s.created) }
+
 // shareLoadLoop hands this replica's in-flight counts to gossip.
 func (s *Server) shareLoadLoop() {
 	t := time.NewTicker(s.cfg.LoadInterval)
@@ -420,6 +473,9 @@ func (s *Server) shareLoadLoop() {
 
 // handle is the fasthttp entry point.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if ctx.Request.Header.ContentLength() == -1 {
+		s.heads.forget(&ctx.Request.Header) // a chunked body read whole: its head's note is not needed
+	}
 	if s.cfg.OpsOnly && !opsPath(ctx.Path()) { // before CORS: no preflight for what is not served
 		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), ctx.Path()))
 		return
@@ -501,7 +557,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 }
 
 // authRunner is the optional capability of Deps.Auth that has background
-// work (auth.Keys re-reading its file, alone or in an auth.Chain): Start
+// work (auth.Keys re-reading its file, auth.JWTVerifier its key set, alone or in an auth.Chain): Start
 // runs it and Close stops it.
 type authRunner interface {
 	Run(stop <-chan struct{})
@@ -630,28 +686,52 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 // from a request's head, keyed by the head's address: fasthttp resets the
 // request, head included, when reading a chunked body fails (too large,
 // malformed), and then handleTransportError would see neither the
-// credential nor the Origin. A fixed table, so aborted uploads cannot grow
-// it; a slot another request took since reads as not found, which is
-// answered as an unauthenticated request (401, no CORS): the safe side.
+// credential nor the Origin.
+//
+// fasthttp serves each connection with one RequestCtx (and so one head) at
+// a time, so no two requests being read share a key: a note is replaced
+// only by the next request on its own connection. Notes go when taken, when
+// their request reaches the handler (forget), or, left by a request that
+// did neither (an empty chunked body), once older than ttl: by then the
+// read of their request has ended (ReadTimeout bounds it), so live notes
+// are never dropped and the map holds only recent chunked requests.
 type headMemo struct {
+	n     atomic.Int32 // len(m), read without the lock by forget
 	mu    sync.Mutex
-	slots [256]headNote
+	m     map[uintptr]headNote // by the *fasthttp.RequestHeader's address (not a pointer: nothing is kept alive)
+	ttl   time.Duration
+	now   func() time.Duration // monotonic (Server.mono)
+	sweep int                  // sweep notes older than ttl when m grows to this
 }
 
 // headNote is what a request's head said.
 type headNote struct {
-	head     uintptr // the *fasthttp.RequestHeader's address (not a pointer: nothing is kept alive)
-	authErr  error   // the credential's verdict (nil: accepted, or authentication off)
-	cors     int     // corsIndex of its Origin
-	messages bool    // on the Messages API (its error shape)
+	at       time.Duration // when put (headMemo.now)
+	authErr  error         // the credential's verdict (nil: accepted, or authentication off)
+	cors     int           // corsIndex of its Origin
+	messages bool          // on the Messages API (its error shape)
 }
 
-func headSlot(h uintptr) int { return int((uint64(h) >> 6) * 0x9E3779B97F4A7C15 >> 56) }
+// minHeadSweep is the size below which headMemo does not sweep.
+const minHeadSweep = 256
+
+func (m *headMemo) init(ttl time.Duration, now func() time.Duration) {
+	m.m, m.ttl, m.now, m.sweep = make(map[uintptr]headNote), ttl, now, minHeadSweep
+}
 
 func (m *headMemo) put(h *fasthttp.RequestHeader, n headNote) {
-	n.head = uintptr(unsafe.Pointer(h))
+	n.at = m.now()
 	m.mu.Lock()
-	m.slots[headSlot(n.head)] = n
+	m.m[uintptr(unsafe.Pointer(h))] = n
+	if len(m.m) >= m.sweep {
+		for k, v := range m.m {
+			if n.at-v.at > m.ttl {
+				delete(m.m, k)
+			}
+		}
+		m.sweep = max(minHeadSweep, 2*len(m.m)) // amortized: O(1) a put
+	}
+	m.n.Store(int32(len(m.m)))
 	m.mu.Unlock()
 }
 
@@ -660,13 +740,28 @@ func (m *headMemo) take(h *fasthttp.RequestHeader) headNote {
 	p := uintptr(unsafe.Pointer(h))
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sl := &m.slots[headSlot(p)]
-	if sl.head != p {
+	n, ok := m.m[p]
+	if !ok {
 		return headNote{cors: -1, authErr: unauthorized(auth.ErrMissingKey)}
 	}
-	n := *sl
-	*sl = headNote{}
+	delete(m.m, p)
+	m.n.Store(int32(len(m.m)))
 	return n
+}
+
+// forget drops h's note, if any: its request was read whole. No lock while
+// the memo is empty.
+func (m *headMemo) forget(h *fasthttp.RequestHeader) {
+	if m.n.Load() == 0 {
+		return
+	}
+	p := uintptr(unsafe.Pointer(h))
+	m.mu.Lock()
+	if _, ok := m.m[p]; ok {
+		delete(m.m, p)
+		m.n.Store(int32(len(m.m)))
+	}
+	m.mu.Unlock()
 }
 
 // credential is the request's Authorization header, or its X-Api-Key as a

@@ -35,10 +35,11 @@ type upstream struct {
 	// each engine's batch at the hold's seconds of prompts.
 	streamPrefill atomic.Int64
 	// bufDone is when this replica's non-streamed requests sent to the
-	// engine are estimated to have had their prefill (unix ns): their
-	// uncached tokens queued one after another at the learned prefill rate
-	// (hold.go, queueBuffered), so the hold counts them without waiting
-	// for a first byte that comes only with the whole answer.
+	// engine are estimated to have had their prefill (ns on Server.holdNow,
+	// a monotonic clock): their uncached tokens queued one after another at
+	// the learned prefill rate (hold.go, queueBuffered), so the hold counts
+	// them without waiting for a first byte that comes only with the whole
+	// answer.
 	bufDone  atomic.Int64
 	active   atomic.Int64
 	total    atomic.Uint64
@@ -46,11 +47,23 @@ type upstream struct {
 	lw       learnLoad     // the cost learner's counts (learn.go)
 	lat      recentLatency // recent TTFT and TPOT (latency.go)
 	// progress is when the engine last sent this replica a byte, or when
-	// its first request in flight started (unix ns): the stall watch
+	// its first request in flight started (monoNow): the stall watch
 	// (health.go) suspects an engine with requests in flight and no
 	// progress for HealthConfig.StallAfter.
 	progress atomic.Int64
 }
+
+// monoBase anchors monoNow.
+var monoBase = time.Now()
+
+// monoNow is the monotonic clock in ns since monoBase: a wall-clock step
+// neither makes every engine look stalled nor hides a stall.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
+
+// stallCutoff is the progress (monoNow's clock) before which an engine with
+// requests in flight has been silent for after at now; monotonic when now
+// is a time.Now() reading.
+func stallCutoff(now time.Time, after time.Duration) int64 { return int64(now.Sub(monoBase) - after) }
 
 // upstreams is the set of engines this replica has talked to (and not yet
 // forgotten: forget.go).
@@ -100,7 +113,7 @@ func (u *upstreams) closeEngine(id string) int {
 }
 
 // stalled appends the engines with requests in flight and no progress
-// since before cutoff (unix ns).
+// since before cutoff (monoNow's clock).
 func (u *upstreams) stalled(dst []*upstream, cutoff int64) []*upstream {
 	u.mu.RLock()
 	defer u.mu.RUnlock()
@@ -365,7 +378,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.up.progress.Store(time.Now().UnixNano()) // the engine is answering (stall watch, health.go)
+		c.up.progress.Store(monoNow()) // the engine is answering (stall watch, health.go)
 		if st == connAwaiting {
 			c.state.CompareAndSwap(connAwaiting, connIdle)
 		}

@@ -3,6 +3,7 @@ package auth
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +52,13 @@ func reject(public error, reason string, detail error) *Rejection {
 // rejectReasons are every Rejection.Reason (the counter's label values).
 var rejectReasons = []string{"malformed", "unknown_kid", "signature", "bad_claim", "no_exp", "expired", "not_yet_valid", "audience", "issuer", "no_identity"}
 
+// DefaultTokenCache is JWTConfig.TokenCache's default, and tokenCacheTTL
+// how long a verified token is trusted without verifying it again.
+const (
+	DefaultTokenCache = 10000
+	tokenCacheTTL     = 5 * time.Minute
+)
+
 // maxTenantLimits bounds the tenants whose claimed budgets are remembered;
 // past it one is forgotten for each new one (its next token sets it again).
 const maxTenantLimits = 1 << 16
@@ -63,7 +71,8 @@ type JWTConfig struct {
 	JWKSFile string `yaml:"jwksFile"`
 	JWKSURL  string `yaml:"jwksURL"`
 	// Refresh is how often the key set is re-read (a new kid also triggers a
-	// re-read, at most once per MinRefresh). Default 5m and 10s.
+	// re-read, at most once per MinRefresh). Default 5m and 10s. The reads
+	// happen in Run.
 	Refresh    time.Duration `yaml:"refresh"`
 	MinRefresh time.Duration `yaml:"minRefresh"`
 	// Audience must be in the token's aud. Required.
@@ -81,6 +90,10 @@ type JWTConfig struct {
 	// RateLimitClaim holds the tenant's token budgets, an object
 	// {"input_tpm": N, "output_tpm": N}. Default "rate_limit".
 	RateLimitClaim string `yaml:"rateLimitClaim"`
+	// TokenCache bounds the verified tokens remembered (by the SHA-256 of
+	// the token), so a client sending the same token again is not verified
+	// again. Default DefaultTokenCache; negative: no cache.
+	TokenCache int `yaml:"tokenCache"`
 	// HTTPClient fetches JWKSURL; nil: a client with a 10s timeout.
 	HTTPClient *http.Client `yaml:"-"`
 	// Logger receives why a token was refused (debug level; never the
@@ -106,6 +119,9 @@ func (c *JWTConfig) defaults() {
 	}
 	if c.RateLimitClaim == "" {
 		c.RateLimitClaim = "rate_limit"
+	}
+	if c.TokenCache == 0 {
+		c.TokenCache = DefaultTokenCache
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Timeout: 10 * time.Second}
@@ -146,17 +162,30 @@ type Claims struct {
 	Subject      string
 	ExpiresAt    time.Time
 	HasRateLimit bool
+
+	validFrom time.Time // the later of nbf and iat; zero: neither
 }
 
-// JWTVerifier checks bearer JWTs. Safe for concurrent use; it starts no
-// goroutine that outlives a refresh (one bounded fetch at a time).
+// JWTVerifier checks bearer JWTs. Safe for concurrent use. Its checks
+// start no goroutine: the key set is re-read by Run, which its owner runs
+// (the ingress server, through Chain.Run) and stops; without Run the set
+// loaded by NewJWT stays.
+//
+// Check remembers the tokens it verified (TokenCache of them, each for at
+// most 5 minutes), so a token sent again costs a hash and a map look-up,
+// not a signature check. A remembered token's exp and nbf are checked at
+// each use, and a key set that changes forgets every token.
 type JWTVerifier struct {
 	cfg  JWTConfig
 	algs []jose.SignatureAlgorithm
+	now  func() time.Time // time.Now; tests set it
 
-	keys       atomic.Pointer[jose.JSONWebKeySet]
-	loadedAt   atomic.Int64 // unix nanos of the last load attempt
-	refreshing atomic.Bool
+	keys     atomic.Pointer[jose.JSONWebKeySet]
+	keysSum  [sha256.Size]byte // of the key set's bytes; owned by load's caller (NewJWT, then Run)
+	loadedAt atomic.Int64      // unix nanos of the last load attempt
+	kick     chan struct{}     // an unknown kid asks Run for a re-read (cap 1)
+
+	cache tokenCache
 
 	mu     sync.Mutex              // guards limits
 	limits map[string]tenantLimits // tenant → the budgets its latest verified token claimed
@@ -172,7 +201,8 @@ func NewJWT(ctx context.Context, cfg JWTConfig) (*JWTVerifier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	v := &JWTVerifier{cfg: cfg, limits: map[string]tenantLimits{},
+	v := &JWTVerifier{cfg: cfg, now: time.Now, limits: map[string]tenantLimits{}, kick: make(chan struct{}, 1),
+		cache: tokenCache{max: cfg.TokenCache, m: map[[sha256.Size]byte]cachedToken{}},
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_jwt_rejected_total",
 			Help: "Bearer JWTs refused, by reason (the client is told only invalid, expired, not yet valid or audience/issuer)."}, []string{"reason"})}
 	for _, r := range rejectReasons {
@@ -187,8 +217,12 @@ func NewJWT(ctx context.Context, cfg JWTConfig) (*JWTVerifier, error) {
 	return v, nil
 }
 
+// load reads the key set. A set whose bytes are those already loaded is
+// kept (and the tokens verified against it); another replaces it and
+// forgets every remembered token, so a token signed by a key that left the
+// set is refused from then on.
 func (v *JWTVerifier) load(ctx context.Context) error {
-	v.loadedAt.Store(time.Now().UnixNano())
+	v.loadedAt.Store(v.now().UnixNano())
 	var b []byte
 	var err error
 	if v.cfg.JWKSFile != "" {
@@ -199,11 +233,19 @@ func (v *JWTVerifier) load(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("auth: jwks: %w", err)
 	}
+	sum := sha256.Sum256(b)
+	if v.keys.Load() != nil && sum == v.keysSum {
+		return nil
+	}
 	ks, err := ParseJWKS(b)
 	if err != nil {
 		return fmt.Errorf("auth: jwks: %w", err)
 	}
+	v.keysSum = sum
+	v.cache.mu.Lock() // with put's check of the set, no token of the old set stays
 	v.keys.Store(ks)
+	clear(v.cache.m)
+	v.cache.mu.Unlock()
 	return nil
 }
 
@@ -242,20 +284,57 @@ func ParseJWKS(b []byte) (*jose.JSONWebKeySet, error) {
 	return out, nil
 }
 
-// maybeRefresh re-reads the key set in the background when it is older
-// than Refresh (or, for an unknown kid, MinRefresh); one refresh at a time.
-func (v *JWTVerifier) maybeRefresh(unknownKid bool) {
-	age := time.Duration(time.Now().UnixNano() - v.loadedAt.Load())
-	if age < v.cfg.Refresh && (!unknownKid || age < v.cfg.MinRefresh) {
-		return
-	}
-	if !v.refreshing.CompareAndSwap(false, true) {
-		return
-	}
-	go func() { // bounded by the HTTP client's timeout; ends by itself
-		defer v.refreshing.Store(false)
-		_ = v.load(context.Background()) // keep the old set on failure
+// Run re-reads the key set every Refresh, and when a token names a key id
+// the set lacks (at most once per MinRefresh), until stop is closed; a read
+// in flight is cancelled then. A failed read keeps the old set. The caller
+// owns the goroutine; run it once.
+func (v *JWTVerifier) Run(stop <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // ends with Run: stop closes or Run's cancel runs
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
 	}()
+	t := time.NewTicker(v.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			v.reload(ctx)
+		case <-v.kick:
+			if v.age() >= v.cfg.MinRefresh {
+				v.reload(ctx)
+			}
+		}
+	}
+}
+
+func (v *JWTVerifier) reload(ctx context.Context) {
+	if err := v.load(ctx); err != nil && ctx.Err() == nil {
+		v.cfg.Logger.Warn("JWKS refresh failed; keeping the previous key set", "err", err)
+	}
+}
+
+// age is how long ago the key set was last read (or tried).
+func (v *JWTVerifier) age() time.Duration {
+	return time.Duration(v.now().UnixNano() - v.loadedAt.Load())
+}
+
+// askRefresh asks Run for a re-read, for a token naming an unknown key id;
+// it never blocks.
+func (v *JWTVerifier) askRefresh() {
+	if v.age() < v.cfg.MinRefresh {
+		return
+	}
+	select {
+	case v.kick <- struct{}{}:
+	default: // one is pending
+	}
 }
 
 // LooksLikeJWT says whether a bearer credential has the JWS compact shape.
@@ -270,10 +349,9 @@ func (v *JWTVerifier) Verify(token string, now time.Time) (*Claims, error) {
 	}
 	ks := v.keys.Load()
 	if len(tok.Headers) > 0 && tok.Headers[0].KeyID != "" && len(ks.Key(tok.Headers[0].KeyID)) == 0 {
-		v.maybeRefresh(true)
+		v.askRefresh()
 		return nil, reject(ErrInvalidToken, "unknown_kid", fmt.Errorf("key id %q not in the key set", tok.Headers[0].KeyID))
 	}
-	v.maybeRefresh(false)
 	var std jwt.Claims
 	var custom map[string]json.RawMessage
 	if err := tok.Claims(ks, &std, &custom); err != nil {
@@ -302,6 +380,11 @@ func (v *JWTVerifier) Verify(token string, now time.Time) (*Claims, error) {
 		return nil, reject(ErrInvalidToken, "bad_claim", err)
 	}
 	c := &Claims{Subject: std.Subject, ExpiresAt: std.Expiry.Time()}
+	for _, t := range []*jwt.NumericDate{std.NotBefore, std.IssuedAt} {
+		if t != nil && t.Time().After(c.validFrom) {
+			c.validFrom = t.Time()
+		}
+	}
 	if raw, ok := custom[v.cfg.TenantClaim]; ok {
 		if err := json.Unmarshal(raw, &c.Tenant); err != nil {
 			return nil, reject(ErrInvalidToken, "bad_claim", fmt.Errorf("%s claim is not a string", v.cfg.TenantClaim))
@@ -332,13 +415,25 @@ func (v *JWTVerifier) Verify(token string, now time.Time) (*Claims, error) {
 // verified token sets its tenant's budgets (TenantLimits) to what it claims,
 // or clears them when it claims none, so a tenant's budgets follow its
 // current tokens. A refused token is logged (debug) and counted by reason;
-// the error returned says no more than Rejection.Public.
+// the error returned says no more than Rejection.Public. A token verified
+// before (and still remembered, in its validity window, under the same key
+// set) is not verified again; that path does not allocate.
 func (v *JWTVerifier) Check(authorization []byte) (string, error) {
 	tok, err := bearerToken(authorization)
 	if err != nil {
 		return "", err
 	}
-	c, err := v.Verify(string(tok), time.Now())
+	now := v.now()
+	var sum [sha256.Size]byte
+	if v.cache.max > 0 {
+		sum = sha256.Sum256(tok)
+		if c, ok := v.cache.get(sum, now, v.cfg.Leeway); ok {
+			v.setLimits(&c)
+			return c.Tenant, nil
+		}
+	}
+	ks := v.keys.Load()
+	c, err := v.Verify(string(tok), now)
 	if err != nil {
 		if r, ok := errors.AsType[*Rejection](err); ok {
 			v.rejected.WithLabelValues(r.Reason).Inc()
@@ -348,8 +443,97 @@ func (v *JWTVerifier) Check(authorization []byte) (string, error) {
 		}
 		return "", err
 	}
+	if v.cache.max > 0 {
+		v.cache.put(sum, c, ks, &v.keys, now)
+	}
 	v.setLimits(c)
 	return c.Tenant, nil
+}
+
+// tokenCache remembers verified tokens by the SHA-256 of their bytes. It
+// holds at most max; when full, an entry past its time is dropped if the
+// first few looked at include one, else an arbitrary one (Go's map order):
+// a forgotten token is only verified again.
+type tokenCache struct {
+	max int // <= 0: off
+	mu  sync.RWMutex
+	m   map[[sha256.Size]byte]cachedToken
+}
+
+type cachedToken struct {
+	claims Claims
+	until  time.Time // verified at + tokenCacheTTL
+}
+
+// usable says whether e may stand for a verification at now: within the
+// cache's TTL and the token's own exp and nbf/iat (with leeway, as go-jose
+// checks them).
+func (e *cachedToken) usable(now time.Time, leeway time.Duration) bool {
+	return now.Before(e.until) && !now.Add(-leeway).After(e.claims.ExpiresAt) &&
+		(e.claims.validFrom.IsZero() || !now.Add(leeway).Before(e.claims.validFrom))
+}
+
+// get returns the claims of a remembered token usable at now. One that is
+// remembered but not usable is forgotten (Check then verifies the token
+// afresh and answers as it would have without the cache).
+func (tc *tokenCache) get(sum [sha256.Size]byte, now time.Time, leeway time.Duration) (Claims, bool) {
+	tc.mu.RLock()
+	e, ok := tc.m[sum]
+	tc.mu.RUnlock()
+	if !ok {
+		return Claims{}, false
+	}
+	if !e.usable(now, leeway) {
+		tc.mu.Lock()
+		if cur, ok := tc.m[sum]; ok && cur.until.Equal(e.until) {
+			delete(tc.m, sum)
+		}
+		tc.mu.Unlock()
+		return Claims{}, false
+	}
+	return e.claims, true
+}
+
+// put remembers c, verified at now against ks, unless the key set has
+// changed since (load swaps the set and clears the map under mu).
+func (tc *tokenCache) put(sum [sha256.Size]byte, c *Claims, ks *jose.JSONWebKeySet, cur *atomic.Pointer[jose.JSONWebKeySet], now time.Time) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if cur.Load() != ks {
+		return
+	}
+	if _, known := tc.m[sum]; !known && len(tc.m) >= tc.max {
+		tc.evict(now)
+	}
+	tc.m[sum] = cachedToken{claims: *c, until: now.Add(tokenCacheTTL)}
+}
+
+// evict drops one entry: the first past its cache time or its exp among
+// the first 8 map order gives, else the first of them.
+func (tc *tokenCache) evict(now time.Time) {
+	var victim [sha256.Size]byte
+	n := 0
+	for k, e := range tc.m {
+		if n == 0 {
+			victim = k
+		}
+		if !now.Before(e.until) || now.After(e.claims.ExpiresAt) {
+			victim = k
+			break
+		}
+		n++
+		if n == 8 {
+			break
+		}
+	}
+	delete(tc.m, victim)
+}
+
+// len is the number of tokens remembered (tests).
+func (tc *tokenCache) len() int {
+	tc.mu.RLock()
+	defer tc.mu.RUnlock()
+	return len(tc.m)
 }
 
 // setLimits records (or clears) c's tenant's claimed budgets.
@@ -429,10 +613,16 @@ func (c Chain) Check(authorization []byte) (string, error) {
 	return c.Keys.Check(authorization)
 }
 
-// Run runs the background work of Keys, when it has any (*Keys re-reading
-// its file), until stop is closed; else it returns at once.
+// Run runs the background work of Keys (*Keys re-reading its file) and of
+// Verifier (re-reading its key set), those it has, until stop is closed;
+// with neither it returns at once. It returns when both have.
 func (c Chain) Run(stop <-chan struct{}) {
+	var wg sync.WaitGroup
 	if r, ok := c.Keys.(interface{ Run(stop <-chan struct{}) }); ok {
-		r.Run(stop)
+		wg.Go(func() { r.Run(stop) })
 	}
+	if c.Verifier != nil {
+		c.Verifier.Run(stop)
+	}
+	wg.Wait()
 }

@@ -14,9 +14,9 @@ import (
 
 // WatchConfig says how Keys follows its file.
 type WatchConfig struct {
-	// Interval is how often the keys file's modification time and size are
-	// polled (as the ingress's routes file is: no fsnotify dependency).
-	// Default 2s.
+	// Interval is how often the keys file is polled (its modification
+	// time, size and content, as the ingress's routes file is: no fsnotify
+	// dependency). Default 2s.
 	Interval time.Duration
 	// Logger; default slog.Default(). Keys are never logged, only counts.
 	Logger *slog.Logger
@@ -107,7 +107,7 @@ func (k *Keys) Run(stop <-chan struct{}) {
 	}
 }
 
-// Poll reloads the file if its modification time or size changed. Run
+// Poll reloads the file if it changed (filewatch.File.Poll). Run
 // calls it; tests call it directly. Not safe to call concurrently.
 func (k *Keys) Poll() {
 	changed, err := k.file.Poll()

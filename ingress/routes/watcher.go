@@ -17,7 +17,7 @@ import (
 type WatcherConfig struct {
 	// Path is the RouteConfig file.
 	Path string
-	// Interval is how often the file's modification time and size are
+	// Interval is how often the file's modification time, size and content are
 	// polled (no fsnotify dependency; a reload within Interval is enough for
 	// configuration). Default 2s.
 	Interval time.Duration
@@ -108,7 +108,7 @@ func (w *Watcher) Run(ctx context.Context) {
 	}
 }
 
-// Check reloads the file if its modification time or size changed. Run
+// Check reloads the file if its modification time, size or content changed. Run
 // calls it; tests call it directly. Not safe to call concurrently.
 func (w *Watcher) Check() {
 	changed, err := w.file.Poll()
