@@ -79,59 +79,9 @@ func TestParallelRequestsReserveOutput(t *testing.T) {
 	s := startIngress(t, cfg, Deps{Limiter: lim})
 	url := "http://" + s.Addr() + "/v1/completions"
 
-	var (
-		mu       sync.Mutex
-		statuses []int
-		wg       sync.WaitGroup
-		done     = make(chan struct{})
-	)
-	t.Cleanup(func() { wg.Wait(); close(done) })
-	t.Cleanup(func() { // on failure too: the engine lets every request go
-		go func() {
-			for {
-				select {
-				case eng.gate <- struct{}{}:
-				case <-done:
-					return
-				}
-			}
-		}()
-	})
-	for i := 0; i < 20; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","prompt":[1,2,3],"max_tokens":20}`))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode == 429 {
-				var e openAIError
-				if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 || json.Unmarshal(body, &e) != nil || e.Error.Type != "rate_limit_error" {
-					t.Errorf("429 without Retry-After or OpenAI body: %q %s", resp.Header.Get("Retry-After"), body)
-				}
-			}
-			mu.Lock()
-			statuses = append(statuses, resp.StatusCode)
-			mu.Unlock()
-		}()
-	}
-	refused := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		n := 0
-		for _, st := range statuses {
-			if st == 429 {
-				n++
-			}
-		}
-		return n
-	}
-	testutil.WaitFor(t, 10*time.Second, "every request at the engine or refused", func() bool { return len(eng.arrived())+refused() == 20 })
-	if at, n := len(eng.arrived()), refused(); at != 5 || n != 15 {
+	b := parallelPosts(t, eng, url, `{"model":"m","prompt":[1,2,3],"max_tokens":20}`, 20)
+	testutil.WaitFor(t, 10*time.Second, "every request at the engine or refused", func() bool { return len(eng.arrived())+b.refused() == 20 })
+	if at, n := len(eng.arrived()), b.refused(); at != 5 || n != 15 {
 		t.Fatalf("20 parallel requests of max_tokens 20 under 100: %d at the engine, %d refused; want 5 and 15", at, n)
 	}
 
@@ -142,10 +92,80 @@ func TestParallelRequestsReserveOutput(t *testing.T) {
 	for range eng.arrived() {
 		eng.gate <- struct{}{}
 	}
-	wg.Wait()
-	if got := len(statuses) - refused(); got != len(eng.arrived()) {
+	if got := b.answered(); got != len(eng.arrived()) {
 		t.Errorf("%d answered, %d at the engine", got, len(eng.arrived()))
 	}
+}
+
+// burst is parallelPosts' answers.
+type burst struct {
+	mu       sync.Mutex
+	statuses []int
+	wg       sync.WaitGroup
+}
+
+// parallelPosts sends n copies of body to url at once through eng, which
+// holds each request until the test lets it go (eng.gate). Every 429 must
+// carry Retry-After and the OpenAI body. The cleanups let the engine go and
+// wait for the clients, on failure too.
+func parallelPosts(t *testing.T, eng *gateEngine, url, body string, n int) *burst {
+	t.Helper()
+	b := &burst{}
+	done := make(chan struct{})
+	t.Cleanup(func() { b.wg.Wait(); close(done) })
+	t.Cleanup(func() {
+		go func() {
+			for {
+				select {
+				case eng.gate <- struct{}{}:
+				case <-done:
+					return
+				}
+			}
+		}()
+	})
+	for range n {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			resp, err := http.Post(url, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			rb, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode == 429 {
+				var e openAIError
+				if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 || json.Unmarshal(rb, &e) != nil || e.Error.Type != "rate_limit_error" {
+					t.Errorf("429 without Retry-After or OpenAI body: %q %s", resp.Header.Get("Retry-After"), rb)
+				}
+			}
+			b.mu.Lock()
+			b.statuses = append(b.statuses, resp.StatusCode)
+			b.mu.Unlock()
+		}()
+	}
+	return b
+}
+
+// refused counts the 429s so far.
+func (b *burst) refused() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, st := range b.statuses {
+		if st == 429 {
+			n++
+		}
+	}
+	return n
+}
+
+// answered waits for every client and counts the answers that were not 429.
+func (b *burst) answered() int {
+	b.wg.Wait()
+	return len(b.statuses) - b.refused()
 }
 
 // budgetAsk: max_tokens × sequences; without max_tokens, the output expected

@@ -2,10 +2,7 @@ package ingress
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -83,63 +80,15 @@ func TestNoMaxTokensModelBudgetNotContextBound(t *testing.T) {
 	s := startIngress(t, cfg, Deps{Limiter: lim, Membership: contextMembership{url: "http://" + eng.ln.Addr().String(), maxLen: 600}})
 	url := "http://" + s.Addr() + "/v1/completions"
 
-	var (
-		mu       sync.Mutex
-		statuses []int
-		wg       sync.WaitGroup
-		done     = make(chan struct{})
-	)
-	t.Cleanup(func() { wg.Wait(); close(done) })
-	t.Cleanup(func() { // on failure too: the engine lets every request go
-		go func() {
-			for {
-				select {
-				case eng.gate <- struct{}{}:
-				case <-done:
-					return
-				}
-			}
-		}()
-	})
-	for range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","prompt":[1,2,3]}`))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode == 429 && resp.Header.Get("Retry-After") == "" {
-				t.Errorf("429 without Retry-After: %s", body)
-			}
-			mu.Lock()
-			statuses = append(statuses, resp.StatusCode)
-			mu.Unlock()
-		}()
-	}
-	refused := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		n := 0
-		for _, st := range statuses {
-			if st == 429 {
-				n++
-			}
-		}
-		return n
-	}
-	testutil.WaitFor(t, 10*time.Second, "every request at the engine or refused", func() bool { return len(eng.arrived())+refused() == 10 })
-	if at, n := len(eng.arrived()), refused(); at != 7 || n != 3 {
+	b := parallelPosts(t, eng, url, `{"model":"m","prompt":[1,2,3]}`, 10)
+	testutil.WaitFor(t, 10*time.Second, "every request at the engine or refused", func() bool { return len(eng.arrived())+b.refused() == 10 })
+	if at, n := len(eng.arrived()), b.refused(); at != 7 || n != 3 {
 		t.Fatalf("10 parallel requests without max_tokens under a model budget of 1000, context 600: %d at the engine, %d refused; want 7 and 3", at, n)
 	}
 	for range eng.arrived() {
 		eng.gate <- struct{}{}
 	}
-	wg.Wait()
-	if got := len(statuses) - refused(); got != 7 {
+	if got := b.answered(); got != 7 {
 		t.Errorf("%d answered, want 7", got)
 	}
 }
