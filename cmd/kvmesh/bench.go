@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/loadtest/bench"
+	"github.com/kvmesh/kvmesh/loadtest/des"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -32,7 +34,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*quiet {
 		opts.Progress = stderr
 	}
-	if err := benchFlagsRead(fs, opts.Mode, opts.Workload, asf.on(), pdf.on(), asOnly); err != nil {
+	pols := opts.Policies
+	if pdf.on() && !flagGiven(fs, "policies") {
+		pols = des.PDPolicies
+	}
+	if err := benchFlagsRead(fs, opts.Mode, opts.Workload, pols, asf.on(), pdf.on(), asOnly); err != nil {
 		return err
 	}
 	var err error
@@ -72,8 +78,9 @@ var benchFlagReaders = map[string]int{
 	"snapshot-interval":      runDES | runPD | runAutoscale,
 	"parallel":               runDES | runPD,
 	"learn-shared":           runDES | runPD | runAutoscale,
-	"learn-unpooled":         runDES | runPD | runAutoscale,
-	"learn-free-intercept":   runDES | runPD | runAutoscale,
+	"learn-unpooled":         runDES, // P/D's learner is always unpooled (pd.LearnConfig)
+	"learn-free-intercept":   runDES, // and fits its intercept freely
+	"quiet":                  runLive,
 	"workload":               runDES | runLive | runPD,
 	"trace":                  runDES | runLive | runPD,
 	"trace-block-size":       runDES | runLive | runPD,
@@ -121,10 +128,18 @@ func benchWorkloadReads(kind, f string) bool {
 	return true
 }
 
-// benchFlagsRead refuses the flags the run fs describes would not read:
-// benchFlagReaders' outside their runs, asOnly's outside --autoscale runs,
-// and a workload's flags outside runs of that workload.
-func benchFlagsRead(fs *flag.FlagSet, mode, wl string, autoscaling, pd bool, asOnly map[string]bool) error {
+// benchLearners are the policies that price with kvmesh's learner (the
+// aggregated ones: loadtest/des sim.go; the P/D ones: pdsim.go); the
+// --learn-* flags configure it, so a run of none of them does not read
+// them.
+var benchLearners = []string{"kvmesh", "kvmesh-always", "aggregated"}
+
+// benchFlagsRead refuses, every one at once, the flags the run fs
+// describes would not read: benchFlagReaders' outside their runs, asOnly's
+// outside --autoscale runs, a workload's flags outside runs of that
+// workload, and the learner's flags in runs whose policies (pols) do not
+// learn.
+func benchFlagsRead(fs *flag.FlagSet, mode, wl string, pols []string, autoscaling, pd bool, asOnly map[string]bool) error {
 	kind, name := runDES, "--mode des"
 	switch {
 	case autoscaling:
@@ -134,16 +149,31 @@ func benchFlagsRead(fs *flag.FlagSet, mode, wl string, autoscaling, pd bool, asO
 	case mode == "live":
 		kind, name = runLive, "--mode live"
 	}
-	if err := refuseUnread(fs, name, func(f string) bool {
+	byKind := func(f string) bool {
 		r := benchFlagReaders[f]
 		if asOnly[f] {
 			r = runAutoscale
 		}
 		return r == 0 || r&kind != 0
-	}); err != nil || kind == runAutoscale {
-		return err
 	}
-	return refuseUnread(fs, "--workload "+wl, func(f string) bool { return benchWorkloadReads(wl, f) })
+	learns := slices.ContainsFunc(pols, func(p string) bool { return slices.Contains(benchLearners, strings.TrimSpace(p)) })
+	errs := []error{refuseUnread(fs, name, byKind)}
+	if kind != runAutoscale { // --autoscale runs kvmesh on its own workload
+		errs = append(errs,
+			refuseUnread(fs, "--workload "+wl, func(f string) bool { return !byKind(f) || benchWorkloadReads(wl, f) }),
+			refuseUnread(fs, "--policies "+strings.Join(pols, ",")+" (no kvmesh learner)",
+				func(f string) bool { return learns || !byKind(f) || !strings.HasPrefix(f, "learn-") }))
+	}
+	var probs []string
+	for _, err := range errs {
+		if err != nil {
+			probs = append(probs, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		}
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
+	}
+	return nil
 }
 
 // benchFlags binds every `kvmesh bench` flag onto o.
@@ -163,7 +193,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.StringVar(&o.ProfileFile, "profile-file", o.ProfileFile, "engine timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
 	fs.IntVar(&o.GPUBlocks, "gpu-blocks", o.GPUBlocks, "GPU KV capacity per engine in blocks (0 = engine default)")
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", o.CPUBlocks, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
-	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block")
+	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block: 1, 8, 16, 32, 64, 128 or 256, as vLLM's --block-size")
 	fs.IntVar(&o.MaxRunning, "max-running", o.MaxRunning, "max sequences per batch (0 = the profile's vLLM default)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget per step (0 = the profile's vLLM default)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload and scheduler seed (0 means the default, 1)")

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -268,6 +269,10 @@ func TestBenchDESUsageErrors(t *testing.T) {
 		{[]string{"--mode", "bogus"}, []string{`--mode "bogus"`}},
 		{[]string{"--mode", "live", "--time-scale", "0"}, []string{"--time-scale 0"}},
 		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, []string{"--config"}},
+		// A block size vLLM refuses cannot be the engine simulated (before:
+		// 7 and 1024 ran).
+		{[]string{"--block-size", "7"}, []string{"--block-size 7: want one of 1, 8, 16, 32, 64, 128, 256 (vLLM's"}},
+		{[]string{"--block-size", "1024"}, []string{"--block-size 1024: want one of"}},
 		// Every problem at once is named at once (a workload's flags with
 		// that workload: the others are refused before any value is read).
 		{[]string{"--engines", "0", "--rate", "NaN", "--groups", "0", "--prompts", "0",
@@ -300,5 +305,51 @@ func TestBenchDESUsageErrors(t *testing.T) {
 				t.Errorf("%v: stderr does not name %q: %s", tc.args, w, errOut)
 			}
 		}
+	}
+}
+
+// TestBenchDESNoneCompleted: a policy none of whose requests completed
+// (every prompt longer than the KV cache) has no throughput, TTFT, E2E or
+// imbalance: the table says n/a and why, the JSON null (before: 0.00,
+// which ranked it fastest); a policy with fewer completions than engines
+// has no imbalance (before: 2,000 engines, 64 requests printed 156.25).
+func TestBenchDESNoneCompleted(t *testing.T) {
+	args := []string{"bench", "--mode", "des", "--engines", "2", "--policies", "random", "--groups", "1", "--prompts", "2",
+		"--profile", "tiny", "--gpu-blocks", "10", "--block-size", "8"}
+	code, out, errOut := benchRunCLI(t, args...)
+	row := regexp.MustCompile(`(?m)^ *random +n/a +n/a +n/a +n/a +n/a +n/a +n/a +0\.000 +n/a +0 +2 `)
+	if code != 0 || !row.MatchString(out) ||
+		!strings.Contains(out, "random: 2 of 2 requests failed (first: ") ||
+		!strings.Contains(out, "none completed, so its throughput, latencies and imbalance are n/a") {
+		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
+	}
+	code, out, errOut = benchRunCLI(t, append(args, "--json")...)
+	var rep struct {
+		Policies map[string]map[string]any `json:"policies"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
+		t.Fatalf("exit %d, stderr %q, JSON:\n%s", code, errOut, out)
+	}
+	p := rep.Policies["random"]
+	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "load_imbalance"} {
+		if v, ok := p[k]; !ok || v != nil {
+			t.Errorf("%s: %v (present %v), want null", k, v, ok)
+		}
+	}
+	if p["completed"] != 0.0 || p["failed"] != 2.0 || p["prefix_hit_rate"] != 0.0 {
+		t.Errorf("counts: %v", p)
+	}
+
+	// 2 requests on 3 engines: they complete, the imbalance is n/a.
+	args = []string{"bench", "--mode", "des", "--engines", "3", "--policies", "random", "--groups", "1", "--prompts", "2", "--profile", "tiny"}
+	code, out, errOut = benchRunCLI(t, args...)
+	row = regexp.MustCompile(`(?m)^ *random +[0-9.]+ .* +n/a +2 +0 `)
+	if code != 0 || !row.MatchString(out) || !strings.Contains(out, "imbalance n/a (random): fewer requests completed than there are engines") {
+		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
+	}
+	code, out, _ = benchRunCLI(t, append(args, "--json")...)
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || rep.Policies["random"]["load_imbalance"] != nil ||
+		rep.Policies["random"]["throughput_rps"] == nil {
+		t.Fatalf("exit %d, JSON:\n%s", code, out)
 	}
 }

@@ -125,6 +125,18 @@ func TestBenchFlagsNotRead(t *testing.T) {
 			[]string{"--rate is not read by a --workload trace run", "--groups is not read", "--shared is not read"}},
 		{[]string{"--mode", "live", "--engines", "2", "--workload", "chat", "--output", "9", "--trace", "t.jsonl"},
 			[]string{"--output is not read by a --workload chat run", "--trace is not read"}},
+		// --quiet is live mode's (before: accepted and ignored in DES); the
+		// learner's flags with no policy that learns (--policies without
+		// kvmesh), and the two P/D's learner always has (pd.LearnConfig).
+		{[]string{"--mode", "des", "--engines", "2", "--quiet", "--policies", "random,sglang", "--learn-shared", "--learn-unpooled",
+			"--learn-free-intercept", "--groups", "2", "--workload", "chat"},
+			[]string{"--quiet is not read by a --mode des run", "--groups is not read by a --workload chat run",
+				"--learn-shared is not read by a --policies random,sglang (no kvmesh learner) run",
+				"--learn-unpooled is not read by a --policies random,sglang", "--learn-free-intercept is not read by a --policies random,sglang"}},
+		{[]string{"--mode", "des", "--roles", "prefill=1,decode=1", "--policies", "llmd,sglang", "--learn-shared", "--learn-unpooled",
+			"--learn-free-intercept", "--quiet"},
+			[]string{"--learn-unpooled is not read by a --roles run", "--learn-free-intercept is not read by a --roles run",
+				"--quiet is not read by a --roles run", "--learn-shared is not read by a --policies llmd,sglang (no kvmesh learner) run"}},
 		// Report files that cannot be written are refused before the run.
 		{[]string{"--engines", "2", "--html", "/nonexistent-dir/x.html", "--requests-csv", "/"},
 			[]string{"--html /nonexistent-dir/x.html: cannot create the file", "--requests-csv /: not a regular file"}},
@@ -191,5 +203,38 @@ func TestBenchRequestsCSV(t *testing.T) {
 		if tc.name == "roles" && split < tc.n { // kthena always splits
 			t.Errorf("roles: %d split rows, want at least kthena's %d", split, tc.n)
 		}
+	}
+}
+
+// TestBenchLearnFlagsRead: the learner's flags are read where a policy
+// learns: --learn-shared in a --roles run with kvmesh (the default P/D
+// policies), all three in a DES run whose --policies has kvmesh among
+// others (TestBenchFlagsNotRead: refused without).
+func TestBenchLearnFlagsRead(t *testing.T) {
+	for _, args := range [][]string{
+		{"--policies", "random,kvmesh", "--engines", "2", "--groups", "1", "--prompts", "2", "--profile", "tiny",
+			"--learn-shared", "--learn-unpooled", "--learn-free-intercept"},
+		{"--roles", "prefill=1,decode=1", "--policies", "sglang,aggregated", "--workload", "chat", "--limit", "4", "--profile", "tiny",
+			"--learn-shared"},
+	} {
+		if code, _, errOut := benchRunCLI(t, append([]string{"bench", "--mode", "des"}, args...)...); code != 0 {
+			t.Errorf("%v: exit %d: %s", args, code, errOut)
+		}
+	}
+}
+
+// TestBenchPDImbalanceFewRequests: a --roles run's HTML table has no
+// imbalance with fewer completions than decoding engines (2 on 3), as the
+// aggregated run's (TestBenchDESNoneCompleted).
+func TestBenchPDImbalanceFewRequests(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.html")
+	code, _, errOut := benchRunCLI(t, "bench", "--mode", "des", "--roles", "prefill=1,decode=3", "--policies", "kvmesh",
+		"--workload", "chat", "--limit", "2", "--profile", "tiny", "--html", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	page, err := os.ReadFile(path)
+	if err != nil || !strings.Contains(string(page), "imbalance n/a (kvmesh): fewer requests completed than there are engines") {
+		t.Errorf("HTML lacks the imbalance n/a note (%v)", err)
 	}
 }

@@ -97,6 +97,16 @@ def bound(args, wl, prof, seed):
     return b["ttft_bound_mean_s"], b["ttft_bound_p99_s"]
 
 
+def completed(pols, what):
+    """The policies that completed a request: one that completed none has
+    null throughput and latencies (kvmesh bench prints n/a) and is no one's
+    best; kvmesh completing none is a failed row."""
+    done = {k: v for k, v in pols.items() if v.get("completed", 1) > 0}
+    if "kvmesh" in pols and "kvmesh" not in done:
+        raise SystemExit(f"{what}: kvmesh completed no request")
+    return done
+
+
 def kvmesh_config(args):
     return (["--config", args.config] if args.config else []) + (args.kvmesh_flags.split() if args.kvmesh_flags else [])
 
@@ -105,9 +115,9 @@ def row(args, wl, rate, prof, seed):
     base = WORKLOADS[wl](rate) + ["--profile", prof, "--engines", str(ENGINES), "--gpu-blocks", str(GPU_BLOCKS),
                                   "--seed", str(seed), "--limit", str(args.limit)]
     key = f"{wl}_{rate}x_{prof}_s{seed}_n{args.limit}"
-    emu = run(args, base + ["--policies", ",".join(EMUS)], os.path.join(args.out, key + "_emu.json"), False)["policies"]
-    km = run(args, base + ["--policies", "kvmesh"] + kvmesh_config(args), os.path.join(args.out, key + f"_kvmesh{args.tag}.json"),
-             args.rerun_kvmesh)["policies"]["kvmesh"]
+    emu = completed(run(args, base + ["--policies", ",".join(EMUS)], os.path.join(args.out, key + "_emu.json"), False)["policies"], key)
+    km = completed(run(args, base + ["--policies", "kvmesh"] + kvmesh_config(args), os.path.join(args.out, key + f"_kvmesh{args.tag}.json"),
+                       args.rerun_kvmesh)["policies"], key)["kvmesh"]
     best = lambda m, lo: (min if lo else max)(emu.items(), key=lambda kv: kv[1][m])
     bm, bp, bt = best("ttft_mean_s", True), best("ttft_p99_s", True), best("throughput_rps", False)
     lb = lru(args, wl, seed)
@@ -136,9 +146,9 @@ def fmt(r):
 def kthena(args, seed):
     base = KTHENA + ["--profile", "7b-l40s", "--seed", str(seed)]
     key = f"kthena_s{seed}"
-    emu = run(args, base + ["--policies", ",".join(KTHENA_POLICIES)], os.path.join(args.out, key + "_emu.json"), False)["policies"]
-    km = run(args, base + ["--policies", "kvmesh"] + kvmesh_config(args), os.path.join(args.out, key + f"_kvmesh{args.tag}.json"),
-             args.rerun_kvmesh)["policies"]["kvmesh"]
+    emu = completed(run(args, base + ["--policies", ",".join(KTHENA_POLICIES)], os.path.join(args.out, key + "_emu.json"), False)["policies"], key)
+    km = completed(run(args, base + ["--policies", "kvmesh"] + kvmesh_config(args), os.path.join(args.out, key + f"_kvmesh{args.tag}.json"),
+                       args.rerun_kvmesh)["policies"], key)["kvmesh"]
     rnd = emu["random"]
     emus = {k: v for k, v in emu.items() if k != "random"}
     bt = max(emus.items(), key=lambda kv: kv[1]["throughput_rps"])

@@ -106,6 +106,12 @@ type Options struct {
 	Progress io.Writer
 }
 
+// vllmBlockSizes are the block sizes vLLM's --block-size accepts
+// (vllm/config/cache.py's BlockSize; 256 since v0.10). The simulated
+// engine would run any size up to 1024, but an engine no vLLM can be is
+// not a faithful comparison, so --block-size is one of these.
+var vllmBlockSizes = []int{1, 8, 16, 32, 64, 128, 256}
+
 // DefaultOptions compares the baselines, the emulated routers and kvmesh
 // on 8 engines with a shared-prefix workload of 64 groups of 16 prompts.
 func DefaultOptions() Options {
@@ -178,7 +184,11 @@ func (o Options) writeReport(stdout io.Writer, rep report.Report, reqs []workloa
 		return err
 	}
 	for _, p := range rep.Order {
-		if note := rep.Policies[p].FailureNote; note != "" {
+		if res := rep.Policies[p]; res.FailureNote != "" {
+			note := res.FailureNote
+			if res.Completed == 0 {
+				note += "; none completed, so its throughput, latencies and imbalance are n/a"
+			}
 			if _, err := fmt.Fprintf(stdout, "%s: %s\n", p, note); err != nil {
 				return err
 			}
@@ -282,8 +292,9 @@ func (o *Options) checkEngines(bad func(string, ...any)) engine.Profile {
 	if o.CPUBlocks < 0 || o.CPUBlocks > 1<<30 {
 		bad("--cpu-blocks %d: want 0..2^30", o.CPUBlocks)
 	}
-	if o.BlockSize < 1 || o.BlockSize > 1024 {
-		bad("--block-size %d: want 1..1024", o.BlockSize)
+	if !slices.Contains(vllmBlockSizes, o.BlockSize) {
+		bad("--block-size %d: want one of %s (vLLM's --block-size choices: the simulated engines are vLLM's)", o.BlockSize,
+			strings.Trim(strings.Join(strings.Fields(fmt.Sprint(vllmBlockSizes)), ", "), "[]"))
 	}
 	atLeast(bad, "max-running", o.MaxRunning, 0, "")
 	atLeast(bad, "max-batch-tokens", o.MaxBatchTokens, 0, "")

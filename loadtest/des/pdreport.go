@@ -135,7 +135,8 @@ func (r PDReport) AsReport() (report.Report, []string) {
 }
 
 // records is the finished requests with the engines' names, and the max ÷
-// mean completions over the engines that may decode.
+// mean completions over the engines that may decode (0, undefined, with
+// fewer completions than those engines: report.Imbalance).
 func (s *pdSim) records() (report.Run, float64) {
 	ids := make([]string, len(s.view))
 	per := make([]int, len(s.view))
@@ -150,7 +151,7 @@ func (s *pdSim) records() (report.Run, float64) {
 		}
 	}
 	imb := 0.0
-	if sum > 0 {
+	if sum > 0 && sum >= n { // report.Imbalance: undefined with fewer requests than engines
 		imb = float64(top) * float64(n) / float64(sum)
 	}
 	return report.Run{Records: s.out.recs, EngineIDs: ids, Prefill: s.out.prefills}, imb

@@ -173,11 +173,17 @@ func writeSummary(b *strings.Builder, r Report, names []string) {
 	for _, p := range names {
 		res := r.Policies[p]
 		tpot := sortedValues(r.Runs[p].Records, Record.TPOT)
-		fmt.Fprintf(b, "<tr><td>%s</td><td>%.2f</td><td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.1f</td><td>%.1f</td><td>%.3f</td><td>%.3f</td><td>%.2f</td><td>%d</td><td>%d</td></tr>\n",
-			html.EscapeString(p), res.ThroughputRPS, res.TTFTMean, res.TTFTP50, res.TTFTP90, res.TTFTP99,
-			1000*meanOf(tpot), 1000*Quantile(tpot, 0.99), res.E2EMean, res.PrefixHitRate, res.LoadImbalance, res.Completed, res.Failed)
+		done := res.Completed > 0
+		fmt.Fprintf(b, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.3f</td><td>%s</td><td>%d</td><td>%d</td></tr>\n",
+			html.EscapeString(p), cell(done, "%.2f", res.ThroughputRPS), cell(done, "%.3f", res.TTFTMean), cell(done, "%.3f", res.TTFTP50),
+			cell(done, "%.3f", res.TTFTP90), cell(done, "%.3f", res.TTFTP99), cell(done, "%.1f", 1000*meanOf(tpot)),
+			cell(done, "%.1f", 1000*Quantile(tpot, 0.99)), cell(done, "%.3f", res.E2EMean), res.PrefixHitRate,
+			cell(res.imbalanceDefined(), "%.2f", res.LoadImbalance), res.Completed, res.Failed)
 	}
 	b.WriteString("</table>\n")
+	if n := r.fewerThanEngines(names); n != "" {
+		fmt.Fprintf(b, "<p class=\"note\">imbalance n/a (%s): fewer requests completed than there are engines</p>\n", html.EscapeString(n))
+	}
 	if o := r.offered(names); o != "" {
 		fmt.Fprintf(b, "<p class=\"note\">%s</p>\n", html.EscapeString(o))
 	}

@@ -6,6 +6,7 @@
 package report
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"iter"
@@ -35,7 +36,9 @@ type PolicyResult struct {
 	// routing happens inside the ingresses.
 	OfferedHitRate float64 `json:"-"`
 	// LoadImbalance is max / mean of requests completed per engine
-	// (1 = perfectly even).
+	// (1 = perfectly even), defined only when at least as many requests
+	// completed as there are engines (Imbalance): 0 when not (JSON null,
+	// table n/a).
 	LoadImbalance float64 `json:"load_imbalance"`
 	// EngineTTFTMean is the mean TTFT the engines themselves report
 	// (vLLM's time-to-first-token histogram), live mode only: the client's
@@ -48,7 +51,9 @@ type PolicyResult struct {
 	// Completed and Failed count the requests that finished and those
 	// that did not: latencies and throughput are over the completed ones
 	// (the DES's hit rate over every request routed), so a script reading
-	// the JSON must see the failures too.
+	// the JSON must see the failures too. With none completed they are
+	// undefined: JSON null (throughput_rps, ttft_*, e2e_mean_s,
+	// load_imbalance), table n/a.
 	Completed   int           `json:"completed"`
 	Failed      int           `json:"failed"`
 	Preemptions int           `json:"-"`
@@ -65,6 +70,51 @@ type PolicyResult struct {
 	// pooled over engines (zero for other policies): prefill tokens/s, a
 	// decode step's fixed cost and its cost per context token, seconds.
 	Learned LearnedCosts `json:"-"`
+}
+
+// policyJSON is PolicyResult's JSON: its JSON fields, in its order, the
+// numbers that may be undefined as pointers (nil: null).
+type policyJSON struct {
+	ThroughputRPS  *float64 `json:"throughput_rps"`
+	TTFTMean       *float64 `json:"ttft_mean_s"`
+	TTFTP50        *float64 `json:"ttft_p50_s"`
+	TTFTP90        *float64 `json:"ttft_p90_s"`
+	TTFTP99        *float64 `json:"ttft_p99_s"`
+	E2EMean        *float64 `json:"e2e_mean_s"`
+	PrefixHitRate  float64  `json:"prefix_hit_rate"`
+	LoadImbalance  *float64 `json:"load_imbalance"`
+	EngineTTFTMean float64  `json:"engine_ttft_mean_s,omitempty"`
+	Completed      int      `json:"completed"`
+	Failed         int      `json:"failed"`
+}
+
+// MarshalJSON writes p's JSON fields, null where p.Completed or
+// p.LoadImbalance says they are undefined: a 0 there read as a measured
+// throughput or TTFT ranks a policy that completed nothing first (or
+// divides by it).
+func (p PolicyResult) MarshalJSON() ([]byte, error) {
+	done := p.Completed > 0
+	opt := func(ok bool, v float64) *float64 {
+		if !ok {
+			return nil
+		}
+		return &v
+	}
+	return json.Marshal(policyJSON{ThroughputRPS: opt(done, p.ThroughputRPS), TTFTMean: opt(done, p.TTFTMean),
+		TTFTP50: opt(done, p.TTFTP50), TTFTP90: opt(done, p.TTFTP90), TTFTP99: opt(done, p.TTFTP99), E2EMean: opt(done, p.E2EMean),
+		PrefixHitRate: p.PrefixHitRate, LoadImbalance: opt(p.imbalanceDefined(), p.LoadImbalance),
+		EngineTTFTMean: p.EngineTTFTMean, Completed: p.Completed, Failed: p.Failed})
+}
+
+// imbalanceDefined reports whether p.LoadImbalance is a measurement.
+func (p PolicyResult) imbalanceDefined() bool { return p.Completed > 0 && p.LoadImbalance > 0 }
+
+// cell formats v as format does, or "n/a" when it is undefined (!ok).
+func cell(ok bool, format string, v float64) string {
+	if !ok {
+		return "n/a"
+	}
+	return fmt.Sprintf(format, v)
 }
 
 // LearnedCosts is a learned cost model (scheduler/learn.Rates).
@@ -92,12 +142,17 @@ func (r Report) WriteTable(w io.Writer) error {
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.2f\t%d\t%d\t%d\t%.1fs\t\n",
-			name, p.ThroughputRPS, p.TTFTMean, p.TTFTP50, p.TTFTP90, p.TTFTP99, p.QueueMean, p.E2EMean,
-			p.PrefixHitRate, p.LoadImbalance, p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
+		done := p.Completed > 0
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%d\t%d\t%d\t%.1fs\t\n",
+			name, cell(done, "%.2f", p.ThroughputRPS), cell(done, "%.3f", p.TTFTMean), cell(done, "%.3f", p.TTFTP50),
+			cell(done, "%.3f", p.TTFTP90), cell(done, "%.3f", p.TTFTP99), cell(done, "%.3f", p.QueueMean), cell(done, "%.3f", p.E2EMean),
+			p.PrefixHitRate, cell(p.imbalanceDefined(), "%.2f", p.LoadImbalance), p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if n := r.fewerThanEngines(r.Order); n != "" {
+		fmt.Fprintf(w, "imbalance n/a (%s): fewer requests completed than there are engines\n", n)
 	}
 	for _, name := range r.Order {
 		if p := r.Policies[name]; p.Learned.PrefillRate > 0 {
@@ -110,6 +165,18 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	_, err := fmt.Fprintf(w, "oracle (infinite shared cache) hit rate: %.3f\n", r.OracleHitRate)
 	return err
+}
+
+// fewerThanEngines lists names' policies whose requests completed but
+// too few for an imbalance ("" when none).
+func (r Report) fewerThanEngines(names []string) string {
+	var few []string
+	for _, name := range names {
+		if p, ok := r.Policies[name]; ok && p.Completed > 0 && !p.imbalanceDefined() {
+			few = append(few, name)
+		}
+	}
+	return strings.Join(few, ", ")
 }
 
 // offered is the line that lists names' offered hit rates and the part
@@ -138,14 +205,19 @@ func Quantile(sorted []float64, q float64) float64 {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// Imbalance is max / mean of the requests each engine completed (1 = even;
-// 0 when none completed). Engines that completed nothing count as zeros.
+// Imbalance is max / mean of the requests each engine completed (1 =
+// even). Engines that completed nothing count as zeros. It is defined only
+// when at least as many requests completed as there are engines, and 0
+// (undefined) otherwise: with fewer, some engines must stay idle whatever
+// the router does, and max / mean measures the request count, not the
+// balance (64 requests on 2,000 engines, at most 5 on one: 156). From one
+// request per engine up, the most even split scores below 2.
 func Imbalance(perEngine iter.Seq[int]) float64 {
 	mx, sum, n := 0, 0, 0
 	for c := range perEngine {
 		mx, sum, n = max(mx, c), sum+c, n+1
 	}
-	if sum == 0 {
+	if sum == 0 || sum < n {
 		return 0
 	}
 	return float64(mx) / (float64(sum) / float64(n))

@@ -1,6 +1,8 @@
 package report
 
 import (
+	"encoding/json"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -22,7 +24,9 @@ func TestImbalance(t *testing.T) {
 	for _, tc := range []struct {
 		per  []int
 		want float64
-	}{{[]int{5, 5}, 1}, {[]int{8, 0}, 2}, {[]int{0, 0}, 0}, {[]int{3, 1, 2}, 1.5}} {
+	}{{[]int{5, 5}, 1}, {[]int{8, 0}, 2}, {[]int{0, 0}, 0}, {[]int{3, 1, 2}, 1.5},
+		// Fewer requests than engines: undefined (0), not 3 / (3/4) = 4.
+		{[]int{3, 0, 0, 0}, 0}, {[]int{1, 1, 0}, 0}, {[]int{2, 1, 0}, 2}} {
 		if got := Imbalance(slices.Values(tc.per)); got != tc.want {
 			t.Errorf("Imbalance(%v) = %v, want %v", tc.per, got, tc.want)
 		}
@@ -75,5 +79,85 @@ func TestOfferedLine(t *testing.T) {
 	}
 	if strings.Contains(sb.String()+hb.String(), "offered") {
 		t.Errorf("an offered line without offered hit rates:\n%s", sb.String())
+	}
+}
+
+// TestUndefinedNumbers: a policy that completed nothing has no throughput,
+// TTFT, E2E, queue or imbalance, and one with fewer completions than
+// engines no imbalance: the JSON says null (the other fields and their
+// order unchanged), the table and the HTML n/a, and the table says why
+// the imbalance is missing.
+func TestUndefinedNumbers(t *testing.T) {
+	r := Report{Policies: map[string]PolicyResult{
+		"none": {PrefixHitRate: 0.125, Failed: 3, Wall: 1},
+		"few":  {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, Completed: 2},
+		"ok":   {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, LoadImbalance: 1.25, Completed: 9, EngineTTFTMean: 0.25},
+	}, Order: []string{"none", "few", "ok"}}
+	got := map[string]string{}
+	for name, p := range r.Policies {
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[name] = string(b)
+	}
+	want := map[string]string{
+		"none": `{"throughput_rps":null,"ttft_mean_s":null,"ttft_p50_s":null,"ttft_p90_s":null,"ttft_p99_s":null,"e2e_mean_s":null,"prefix_hit_rate":0.125,"load_imbalance":null,"completed":0,"failed":3}`,
+		"few":  `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"prefix_hit_rate":0,"load_imbalance":null,"completed":2,"failed":0}`,
+		"ok":   `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"prefix_hit_rate":0,"load_imbalance":1.25,"engine_ttft_mean_s":0.25,"completed":9,"failed":0}`,
+	}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("%s JSON:\n got %s\nwant %s", name, got[name], w)
+		}
+	}
+	// The JSON reads back into a PolicyResult (null: zero).
+	var back PolicyResult
+	if err := json.Unmarshal([]byte(got["ok"]), &back); err != nil || back.LoadImbalance != 1.25 || back.EngineTTFTMean != 0.25 {
+		t.Errorf("read back: %+v, %v", back, err)
+	}
+	var sb strings.Builder
+	if err := r.WriteTable(&sb); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"  none             n/a          n/a    n/a    n/a    n/a      n/a         n/a     0.125        n/a     0       3 ",
+		"   few            2.00        0.500  0.500  0.500  0.500    0.000       1.000     0.000        n/a     2       0 ",
+		"    ok            2.00        0.500  0.500  0.500  0.500    0.000       1.000     0.000       1.25     9       0 ",
+		"imbalance n/a (few): fewer requests completed than there are engines\n",
+	} {
+		if !strings.Contains(sb.String(), w) {
+			t.Errorf("table lacks %q:\n%s", w, sb.String())
+		}
+	}
+	var hb strings.Builder
+	if err := WriteHTML(&hb, r, HTMLMeta{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"<tr><td>none</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>0.125</td><td>n/a</td><td>0</td><td>3</td></tr>",
+		"<td>0.000</td><td>n/a</td><td>2</td><td>0</td></tr>",
+		"imbalance n/a (few): fewer requests completed than there are engines</p>",
+	} {
+		if !strings.Contains(hb.String(), w) {
+			t.Errorf("HTML lacks %q", w)
+		}
+	}
+}
+
+// TestPolicyJSONFields: MarshalJSON writes PolicyResult's JSON fields,
+// same names, same order (a field added to one must be added to both).
+func TestPolicyJSONFields(t *testing.T) {
+	tags := func(v any) []string {
+		var out []string
+		for f := range reflect.TypeOf(v).Fields() {
+			if tag := f.Tag.Get("json"); tag != "-" {
+				out = append(out, tag)
+			}
+		}
+		return out
+	}
+	if a, b := tags(PolicyResult{}), tags(policyJSON{}); !slices.Equal(a, b) {
+		t.Errorf("PolicyResult's JSON fields %v, MarshalJSON's %v", a, b)
 	}
 }
