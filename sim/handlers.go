@@ -293,15 +293,25 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if req.Logprobs != nil {
 		g.logprobs = *req.Logprobs
 	}
-	if g.maxTokens == 0 {
-		g.maxTokens = s.cfg.DefaultMaxTokens
-	}
 	if len(req.Prompt.Tokens) > 0 {
 		g.prompts = req.Prompt.Tokens
 	} else {
 		for _, t := range req.Prompt.Texts {
 			g.prompts = append(g.prompts, s.tok.AppendEncode(nil, t, true))
 		}
+	}
+	switch {
+	case g.maxTokens > 0:
+	case req.MaxTokensNull:
+		// vLLM: up to the context left after the prompt (the longest
+		// prompt of a batch here), capped as chat's is.
+		longest := 0
+		for _, p := range g.prompts {
+			longest = max(longest, len(p))
+		}
+		g.maxTokens = min(s.cfg.DefaultChatMaxTokens, max(1, s.cfg.Engine.MaxModelLen-longest))
+	default:
+		g.maxTokens = s.cfg.DefaultMaxTokens
 	}
 	s.generate(w, r, g)
 }

@@ -139,6 +139,10 @@ type CompletionRequest struct {
 	SamplingParams
 	Echo     bool `json:"echo,omitempty"`
 	Logprobs *int `json:"logprobs,omitempty"`
+	// MaxTokensNull: the body's (last) max_tokens is null. vLLM's
+	// completions default is 16 tokens when max_tokens is absent but the
+	// model's context when it is null; set by DecodeCompletionRequest.
+	MaxTokensNull bool `json:"-"`
 	// LoRA adapters are selected by model name in vLLM; kept for routers.
 }
 
@@ -250,6 +254,12 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, error) {
 	var r CompletionRequest
 	if err := decodeStrictJSON(body, &r); err != nil {
 		return nil, err
+	}
+	if r.MaxTokens == nil {
+		var mt struct {
+			MaxTokens json.RawMessage `json:"max_tokens"`
+		}
+		r.MaxTokensNull = json.Unmarshal(body, &mt) == nil && string(mt.MaxTokens) == "null"
 	}
 	var problems []string
 	if r.Prompt.Len() == 0 {
