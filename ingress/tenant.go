@@ -57,16 +57,11 @@ func (c *call) fairCost(promptTokens int) float64 {
 	case c.ep == epOther: // no output
 	case c.req.maxTokens >= 0:
 		out = satMul(c.req.maxTokens, c.seqs)
-	default:
-		served, _ := c.adapterOf()
-		per := c.s.outLens.estimate(served, -1)
-		if per <= 0 {
-			per = defaultOutputTokens
+		if left := c.contextLeft(promptTokens); left > 0 && out > left {
+			out = left
 		}
-		out = satMul(per, c.seqs)
-	}
-	if left := c.contextLeft(promptTokens); left > 0 && out > left {
-		out = left
+	default:
+		out = c.expectedOutput(promptTokens) // budget.go: bounded by the context too
 	}
 	return max(float64(promptTokens)+float64(out), 1)
 }
