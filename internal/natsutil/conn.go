@@ -230,6 +230,14 @@ func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, err
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
 			connected()
 		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			// nats.go gives up on a server that refuses the credentials
+			// twice; nothing reconnects after this, so say why loudly.
+			if err := nc.LastError(); errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+				log.Error("nats refused this client's credentials; not connecting again (check the NATS user, password, token, nkey or creds file)",
+					"err", err)
+			}
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
 			if sub != nil {
