@@ -11,7 +11,7 @@ import (
 // upstream with "stream_options":{"include_usage":true} added, so the
 // ingress counts output tokens exactly (metrics, token limits, the access
 // log, the prompt token check), and the usage chunk it asked for is kept
-// from the client (dropUsageEvents, proxy.go).
+// from the client (dropUsageEvents, proxystream.go).
 //
 // vLLM run with --enable-force-include-usage sends that chunk even when the
 // client did not ask for it (should_include_usage: a stream without

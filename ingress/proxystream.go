@@ -1,0 +1,363 @@
+package ingress
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/valyala/fasthttp"
+)
+
+// proxyStream is the response body of a streamed answer. fasthttp reads it
+// and writes (and flushes) each read as one chunk, so SSE events pass
+// through as they arrive. Only whole events are handed out, so a stream that
+// breaks leaves no half event before the error event; an event is never
+// split or cut, whatever its size. Line endings are LF on the way out:
+// CRLF and CR (legal SSE, sent by some servers and proxies) become LF as
+// they are read, so event boundaries, [DONE], error events and usage are
+// found alike. fasthttp closes it when the response ends or the client
+// goes away; Close then cancels the upstream request.
+type proxyStream struct {
+	c    *call
+	up   *upstream
+	resp *fasthttp.Response
+	body io.Reader
+
+	buf      []byte // upstream bytes: buf[:cut] whole events, buf[cut:fill] a partial one
+	small    []byte // the pooled buffer; buf is a larger one while an event needs it
+	fill     int
+	cut      int
+	scan     int    // buf[:scan] was searched for event ends
+	cr       bool   // the last byte read was a CR (an LF next is its CRLF's)
+	pending  []byte // what Read hands out next: buf[pos:cut] or converted events
+	upErr    error  // upstream error seen, acted on once pending drains
+	tail     []byte // error event + [DONE] after a broken stream
+	done     bool
+	wrap     bool         // chat re-wrap mode
+	named    *namedStream // a named-event stream (namedstream.go), nil for completions and chat
+	out      []byte       // re-wrap: converted events
+	sawDone  bool         // the engine's [DONE] went through
+	sawError bool         // named: the engine's own error event went through
+	nextSeq  int          // named: the sequence_number after the last one relayed
+	sentRole bool
+	closed   bool
+}
+
+// maxPooledOut bounds the converted-events buffer a pooled stream keeps
+// (one huge event's conversion is not kept for every later stream).
+const maxPooledOut = 4 * streamBufSize
+
+func (p *proxyStream) reset() {
+	out := p.out[:0]
+	if cap(out) > maxPooledOut {
+		out = nil
+	}
+	buf := p.small
+	if buf == nil {
+		buf = p.buf
+	}
+	*p = proxyStream{buf: buf, small: p.small, out: out, tail: p.tail[:0]}
+}
+
+// fillOnce reads once from upstream and, when whole events arrived, makes
+// them pending. A buffer that one partial event fills grows first.
+func (p *proxyStream) fillOnce() {
+	if p.fill == len(p.buf) && !p.grow() {
+		p.upErr = fmt.Errorf("%w: an event over %d bytes", ErrAnswerTooLarge, maxStreamEvent)
+		return
+	}
+	n, err := p.body.Read(p.buf[p.fill:])
+	if err != nil {
+		p.upErr = err
+	}
+	if n == 0 {
+		return
+	}
+	p.fill += p.toLF(p.buf[p.fill : p.fill+n])
+	// Only the new bytes (and the LF before them, which may end an event
+	// with a new one) can hold a new event end: a large event arriving in
+	// many reads is searched once.
+	from := max(p.cut, p.scan-1, 0)
+	p.scan = p.fill
+	i := bytes.LastIndex(p.buf[from:p.fill], eventSep)
+	if i < 0 {
+		return
+	}
+	p.cut = from + i + len(eventSep)
+	events := p.buf[:p.cut]
+	if hasDoneEvent(events) || p.named != nil && p.named.ended(events) {
+		p.sawDone = true
+	}
+	if p.named != nil {
+		p.trackNamed(events)
+	}
+	if p.c.usage != nil {
+		p.probeUsage(events, p.sawDone) // forcedusage.go
+	}
+	switch {
+	case p.wrap:
+		p.out = p.rewrap(p.out[:0], events)
+		p.pending = p.out
+	case p.c.dropUsage:
+		p.observeLearn(events)
+		p.out = dropUsageEvents(p.out[:0], events)
+		p.pending = p.out
+	default:
+		p.observeLearn(events)
+		p.pending = events
+	}
+}
+
+// grow doubles the buffer for an event that fills it (up to
+// maxStreamEvent); false when it is that large already.
+func (p *proxyStream) grow() bool {
+	if len(p.buf) >= maxStreamEvent {
+		return false
+	}
+	nb := make([]byte, min(2*len(p.buf), maxStreamEvent))
+	copy(nb, p.buf[:p.fill])
+	p.buf = nb
+	return true
+}
+
+// toLF rewrites b's line endings to LF in place (CRLF to LF, a lone CR to
+// LF, an LF after a CR that ended the previous read dropped) and returns
+// b's new length. A stream with no CR costs one scan.
+func (p *proxyStream) toLF(b []byte) int {
+	if bytes.IndexByte(b, '\r') < 0 && !(p.cr && b[0] == '\n') {
+		p.cr = false
+		return len(b)
+	}
+	w := 0
+	for _, ch := range b { // w never passes the byte being read
+		switch {
+		case ch == '\r':
+			b[w] = '\n'
+			w++
+			p.cr = true
+		case ch == '\n' && p.cr:
+			p.cr = false
+		default:
+			b[w] = ch
+			w++
+			p.cr = false
+		}
+	}
+	return w
+}
+
+var usageOnly = []byte(`"choices":[]`)
+
+// hasDoneEvent reports whether events hold a [DONE] event: a whole
+// "data: [DONE]" line that starts an event (a second data line of another
+// event joins that event's data, and is no [DONE] to a client).
+func hasDoneEvent(events []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(events[i:], doneEvent)
+		if j < 0 {
+			return false
+		}
+		at := i + j
+		end := at + len(doneEvent)
+		if (at == 0 || events[at-1] == '\n' && (at == 1 || events[at-2] == '\n')) && (end == len(events) || events[end] == '\n') {
+			return true
+		}
+		i = at + 1
+	}
+}
+
+// dropUsageEvents appends the events except the usage-only chunk (empty
+// choices, a usage object), which the ingress requested for itself (and
+// the model's engines do not send unasked: forcedusage.go).
+func dropUsageEvents(dst, events []byte) []byte {
+	for len(events) > 0 {
+		i := bytes.Index(events, eventSep)
+		if i < 0 {
+			return append(dst, events...)
+		}
+		ev := events[:i+len(eventSep)]
+		events = events[i+len(eventSep):]
+		if bytes.Contains(ev, usageOnly) && bytes.Contains(ev, usageMarker) {
+			continue
+		}
+		dst = append(dst, ev...)
+	}
+	return dst
+}
+
+func (p *proxyStream) Read(b []byte) (int, error) {
+	for {
+		if len(p.pending) > 0 {
+			n := copy(b, p.pending)
+			p.pending = p.pending[n:]
+			return n, nil
+		}
+		if p.cut > 0 { // pending drained: keep only the partial event
+			dst := p.buf
+			if p.small != nil && len(p.buf) > len(p.small) && p.fill-p.cut <= len(p.small) {
+				dst = p.small // a large event has gone: back to the pooled buffer
+			}
+			p.fill = copy(dst, p.buf[p.cut:p.fill])
+			p.buf, p.cut, p.scan = dst, 0, p.fill
+		}
+		if len(p.tail) > 0 {
+			n := copy(b, p.tail)
+			p.tail = p.tail[n:]
+			return n, nil
+		}
+		if p.done {
+			return 0, io.EOF
+		}
+		if p.upErr != nil {
+			p.endWith(p.upErr)
+			continue
+		}
+		p.fillOnce()
+	}
+}
+
+// endWith finishes the stream after the upstream ended: cleanly on EOF with
+// no partial event left, with an OpenAI error event and [DONE] otherwise
+// (bytes already reached the client, so it cannot be retried).
+func (p *proxyStream) endWith(err error) {
+	p.done = true
+	if err == io.EOF && (len(bytes.TrimLeft(p.buf[:p.fill], "\n")) > 0 || !p.sawDone) {
+		// A half event or no [DONE]: the engine stopped short.
+		err = io.ErrUnexpectedEOF
+	}
+	if err == io.EOF {
+		return
+	}
+	c := p.c
+	var msg, code string
+	if c.s.draining.Load() && errors.Is(err, net.ErrClosed) {
+		// The ingress closed the connection itself: its drain timeout cut
+		// what was still streaming (Server.Close). Not the engine's failure:
+		// said so, with the code a draining ingress answers new requests
+		// with, and not counted against the engine (ejection, stream errors).
+		msg, code = fmt.Sprintf("the ingress is shutting down: its drain timeout ended this stream from engine %s", p.up.id), "service_unavailable"
+		c.errMsg = "stream cut at the drain timeout"
+	} else {
+		c.s.m.streamErrors.Inc()
+		c.s.m.attempts.WithLabelValues("stream_error").Inc()
+		c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
+		c.errMsg = "upstream stream broke: " + err.Error()
+		msg, code = fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), "upstream_error"
+	}
+	if p.named != nil {
+		if !p.sawError { // else the engine's own error event ended it
+			p.tail = p.named.appendError(p.tail, msg, p.nextSeq)
+		}
+		return
+	}
+	p.tail = append(p.tail, "data: "...)
+	p.tail = appendErrorBody(p.tail, &apiError{msg: msg, typ: "server_error", code: code})
+	p.tail = append(p.tail, "\n\ndata: [DONE]\n\n"...)
+}
+
+// observe counts output from the passing SSE bytes: the usage chunk when the
+// engine sends one, else one token per data event.
+func (p *proxyStream) observe(b []byte) {
+	p.c.readUsage(b) // tokencheck.go
+	if p.named != nil {
+		p.named.outTokens(p.c, b)
+		return
+	}
+	c := p.c
+	if n := usageCompletionTokens(b); n > 0 && requestUsage(c, b) {
+		c.outTokens = n
+		return
+	}
+	for i := 0; ; {
+		j := bytes.Index(b[i:], dataPrefix)
+		if j < 0 {
+			return
+		}
+		i += j + len(dataPrefix)
+		if !bytes.HasPrefix(b[i:], doneMarker) {
+			c.outTokens++
+		}
+	}
+}
+
+var (
+	eventSep         = []byte("\n\n")
+	dataPrefix       = []byte("data: ")
+	doneEvent        = []byte("data: [DONE]")
+	errorEventPrefix = []byte(`data: {"error"`)
+	doneMarker       = []byte("[DONE]")
+	usageMarker      = []byte(`"completion_tokens":`)
+	codeMarker       = []byte(`"code":`)
+)
+
+// errorEventCode is the status code an engine's error event carries
+// ("code": N inside it, as vLLM's and SGLang's ErrorResponse write it; 0
+// when it has none).
+func errorEventCode(ev []byte) int {
+	i := bytes.Index(ev, codeMarker)
+	if i < 0 {
+		return 0
+	}
+	return uintAt(ev, i+len(codeMarker))
+}
+
+// requestUsage reports whether the last usage in b counts the whole
+// request: the usage-only chunk, or any chunk's usage when the engine
+// decodes one sequence. With continuous_usage_stats (vLLM) every chunk
+// carries the usage of its own choice, so with several sequences a chunk's
+// count is one choice's; the events are counted until the final chunk.
+func requestUsage(c *call, b []byte) bool {
+	return c.seqs <= 1 || bytes.Contains(b, usageOnly)
+}
+
+// usageCompletionTokens finds "completion_tokens":N in b (0 when absent).
+func usageCompletionTokens(b []byte) int {
+	i := bytes.LastIndex(b, usageMarker)
+	if i < 0 {
+		return 0
+	}
+	return uintAt(b, i+len(usageMarker))
+}
+
+// uintAt reads the non-negative integer at b[i:] after whitespace (0 when
+// there is none or it is absurdly large).
+func uintAt(b []byte, i int) int {
+	i = jsonscan.SkipWS(b, i)
+	n := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		n = n*10 + int(b[i]-'0')
+		if n > 1<<30 {
+			return 0
+		}
+	}
+	return n
+}
+
+// Close ends the upstream request (cancelling it if still running, e.g.
+// when the client went away) and records the request.
+func (p *proxyStream) Close() error {
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	c := p.c
+	if !p.done {
+		c.errMsg = "client closed the stream"
+		c.status = 499
+	}
+	_ = p.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(p.resp)
+	c.endAttempt(p.up)
+	c.finish()
+	putStream(p)
+	return nil
+}
+
+// putStream returns p to the pool, without a buffer one large event grew.
+func putStream(p *proxyStream) {
+	p.reset()
+	streamPool.Put(p)
+}
