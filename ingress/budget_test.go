@@ -111,19 +111,7 @@ type burst struct {
 func parallelPosts(t *testing.T, eng *gateEngine, url, body string, n int) *burst {
 	t.Helper()
 	b := &burst{}
-	done := make(chan struct{})
-	t.Cleanup(func() { b.wg.Wait(); close(done) })
-	t.Cleanup(func() {
-		go func() {
-			for {
-				select {
-				case eng.gate <- struct{}{}:
-				case <-done:
-					return
-				}
-			}
-		}()
-	})
+	eng.releaseAtEnd(t, &b.wg)
 	for range n {
 		b.wg.Add(1)
 		go func() {

@@ -63,6 +63,24 @@ func (g *gateEngine) arrived() []string {
 	return append([]string(nil), g.seen...)
 }
 
+// releaseAtEnd has the test's cleanups let every request through the gate
+// and then wait for wg (the test's clients), on failure too.
+func (g *gateEngine) releaseAtEnd(t *testing.T, wg *sync.WaitGroup) {
+	done := make(chan struct{})
+	t.Cleanup(func() { wg.Wait(); close(done) })
+	t.Cleanup(func() {
+		go func() {
+			for {
+				select {
+				case g.gate <- struct{}{}:
+				case <-done:
+					return
+				}
+			}
+		}()
+	})
+}
+
 // TestFairSharesBetweenTenants: two tenants with weights 1:3 saturate an
 // ingress whose fair queue admits one request at a time; of the next 40
 // requests the engine receives, the tenants get 10 and 30 (within 10 %),
@@ -70,54 +88,12 @@ func (g *gateEngine) arrived() []string {
 func TestFairSharesBetweenTenants(t *testing.T) {
 	eng := startGateEngine(t)
 	fc := fair.DefaultConfig()
-	fc.MaxConcurrent = 1
 	fc.Tenants = map[string]fair.Tenant{"a": {Weight: 1}, "b": {Weight: 3}}
-	q, err := fair.New(fc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://" + eng.ln.Addr().String()})
-	cfg.TenantHeader = "X-Tenant"
-	cfg.IdleTimeout = time.Minute
-	s := startIngress(t, cfg, Deps{Admitter: q, ClassifyError: FairErrors})
-	url := "http://" + s.Addr() + "/v1/completions"
-
-	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	send := func(tenant string) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			prompt := "[1,2,3]"
-			if tenant == "b" {
-				prompt = "[4,5,6]"
-			}
-			req, _ := http.NewRequest("POST", url, strings.NewReader(`{"model":"m","prompt":`+prompt+`,"max_tokens":1}`))
-			req.Header.Set("X-Tenant", tenant)
-			req.Header.Set("Content-Type", "application/json")
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		}()
-	}
-	send("a") // holds the one slot
-	testutil.WaitFor(t, 10*time.Second, "the first request at the engine", func() bool { return len(eng.arrived()) == 1 })
-	for i := 0; i < 40; i++ {
-		send("a")
-	}
-	testutil.WaitFor(t, 10*time.Second, "tenant a's burst queued", func() bool { _, n := q.Stats(); return n == 40 })
-	for i := 0; i < 40; i++ {
-		send("b")
-	}
-	testutil.WaitFor(t, 10*time.Second, "both tenants queued", func() bool { _, n := q.Stats(); return n == 80 })
-	for i := 1; i <= 40; i++ {
-		eng.gate <- struct{}{}
-		testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("admission %d at the engine", i), func() bool { return len(eng.arrived()) == i+1 })
-	}
-	got := map[string]int{}
-	for _, tenant := range eng.arrived()[1:] {
-		got[tenant]++
-	}
+	q, url := fairIngress(t, eng, fc)
+	got := contend(t, eng, q, url, map[string]string{
+		"a": `{"model":"m","prompt":[1,2,3],"max_tokens":1}`,
+		"b": `{"model":"m","prompt":[4,5,6],"max_tokens":1}`,
+	}, 40)
 	if got["a"] < 9 || got["a"] > 11 || got["b"] < 27 || got["b"] > 33 {
 		t.Fatalf("40 admissions under contention: %v, want a:b = 10:30 within 10 %%", got)
 	}
@@ -138,7 +114,24 @@ func TestFairSharesBetweenTenants(t *testing.T) {
 // 19 of them.
 func TestFairPricesOutput(t *testing.T) {
 	eng := startGateEngine(t)
-	fc := fair.DefaultConfig()
+	q, url := fairIngress(t, eng, fair.DefaultConfig())
+	long := make([]string, 500)
+	for i := range long {
+		long[i] = fmt.Sprint(4 + i%1000)
+	}
+	got := contend(t, eng, q, url, map[string]string{
+		"a": `{"model":"m","prompt":[1,2,3],"max_tokens":400}`,
+		"b": `{"model":"m","prompt":[` + strings.Join(long, ",") + `],"max_tokens":1}`,
+	}, 20)
+	if got["a"] < 8 || got["b"] < 7 {
+		t.Fatalf("20 admissions under contention: %v, want about a:b = 11:9 (each at least 7)", got)
+	}
+}
+
+// fairIngress starts an ingress over eng whose fair queue (fc, admitting
+// one request at a time) takes the tenant from X-Tenant.
+func fairIngress(t *testing.T, eng *gateEngine, fc fair.Config) (*fair.Queue, string) {
+	t.Helper()
 	fc.MaxConcurrent = 1
 	q, err := fair.New(fc)
 	if err != nil {
@@ -148,29 +141,18 @@ func TestFairPricesOutput(t *testing.T) {
 	cfg.TenantHeader = "X-Tenant"
 	cfg.IdleTimeout = time.Minute
 	s := startIngress(t, cfg, Deps{Admitter: q, ClassifyError: FairErrors})
-	url := "http://" + s.Addr() + "/v1/completions"
-	long := make([]string, 500)
-	for i := range long {
-		long[i] = fmt.Sprint(4 + i%1000)
-	}
-	bodies := map[string]string{
-		"a": `{"model":"m","prompt":[1,2,3],"max_tokens":400}`,
-		"b": `{"model":"m","prompt":[` + strings.Join(long, ",") + `],"max_tokens":1}`,
-	}
+	return q, "http://" + s.Addr() + "/v1/completions"
+}
+
+// contend has tenant a's first request hold the queue's one slot, queues a
+// burst of n of a's requests and then n of b's (bodies by tenant), lets n
+// of them through one at a time and counts those n admissions by tenant.
+// The cleanups let the engine answer the rest and wait for the clients, on
+// failure too.
+func contend(t *testing.T, eng *gateEngine, q *fair.Queue, url string, bodies map[string]string, n int) map[string]int {
+	t.Helper()
 	var wg sync.WaitGroup
-	done := make(chan struct{})
-	t.Cleanup(func() { wg.Wait(); close(done) })
-	t.Cleanup(func() { // on failure too: the engine lets every request go
-		go func() {
-			for {
-				select {
-				case eng.gate <- struct{}{}:
-				case <-done:
-					return
-				}
-			}
-		}()
-	})
+	eng.releaseAtEnd(t, &wg)
 	send := func(tenant string) {
 		wg.Add(1)
 		go func() {
@@ -185,15 +167,15 @@ func TestFairPricesOutput(t *testing.T) {
 	}
 	send("a") // holds the one slot
 	testutil.WaitFor(t, 10*time.Second, "the first request at the engine", func() bool { return len(eng.arrived()) == 1 })
-	for i := 0; i < 20; i++ {
+	for range n {
 		send("a")
 	}
-	testutil.WaitFor(t, 10*time.Second, "tenant a's burst queued", func() bool { _, n := q.Stats(); return n == 20 })
-	for i := 0; i < 20; i++ {
+	testutil.WaitFor(t, 10*time.Second, "tenant a's burst queued", func() bool { _, k := q.Stats(); return k == n })
+	for range n {
 		send("b")
 	}
-	testutil.WaitFor(t, 10*time.Second, "both tenants queued", func() bool { _, n := q.Stats(); return n == 40 })
-	for i := 1; i <= 20; i++ {
+	testutil.WaitFor(t, 10*time.Second, "both tenants queued", func() bool { _, k := q.Stats(); return k == 2*n })
+	for i := 1; i <= n; i++ {
 		eng.gate <- struct{}{}
 		testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("admission %d at the engine", i), func() bool { return len(eng.arrived()) == i+1 })
 	}
@@ -201,7 +183,5 @@ func TestFairPricesOutput(t *testing.T) {
 	for _, tenant := range eng.arrived()[1:] {
 		got[tenant]++
 	}
-	if got["a"] < 8 || got["b"] < 7 {
-		t.Fatalf("20 admissions under contention: %v, want about a:b = 11:9 (each at least 7)", got)
-	}
+	return got
 }
