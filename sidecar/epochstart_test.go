@@ -40,13 +40,7 @@ func TestDeltasAndSnapshotsCarryEpochStart(t *testing.T) {
 	cfg := sidecar.DefaultConfig()
 	cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
 	cfg.NATS.URLs = []string{srv.URL()}
-	s, err := sidecar.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(context.Background()) }()
-	defer func() { _ = s.Close(); <-done }()
+	s := meshtest.StartSidecar(t, cfg)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
 	if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
 		t.Fatal(err)

@@ -37,13 +37,7 @@ func TestDeletedStreamCountedAndRecreated(t *testing.T) {
 	cfg.NATS.URLs = []string{srv.URL()}
 	cfg.Registerer = reg
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	s, err := sidecar.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(context.Background()) }()
-	defer func() { _ = s.Close(); <-done }()
+	s := meshtest.StartSidecar(t, cfg)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
 
 	nc, err := nats.Connect(srv.URL())

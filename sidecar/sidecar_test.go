@@ -142,13 +142,7 @@ func TestBrokenEngineDoesNotStopOthers(t *testing.T) {
 		{ID: "broken", Model: "m", Events: "tcp://" + taken.Addr().String(), Bind: true, MetricsURL: "-"},
 	}
 	cfg.NATS.URLs = []string{srv.URL()}
-	s, err := sidecar.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(context.Background()) }()
-	defer func() { _ = s.Close(); <-done }()
+	s := meshtest.StartSidecar(t, cfg)
 	for i := 0; i < 10; i++ {
 		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
 			t.Fatal(err)

@@ -50,13 +50,7 @@ func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 	sc := sidecar.DefaultConfig()
 	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
 	sc.NATS.URLs = []string{srv.URL()} // the sidecar's own path stays up
-	side, err := sidecar.New(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sdone := make(chan error, 1)
-	go func() { sdone <- side.Run(context.Background()) }()
-	t.Cleanup(func() { _ = side.Close(); <-sdone })
+	side := meshtest.StartSidecar(t, sc)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
 
 	r := testutil.NewRelay(t, srv.URL()[len("nats://"):])

@@ -67,12 +67,7 @@ func newFixture(t *testing.T) *fixture {
 	sc := sidecar.DefaultConfig()
 	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: f.cache.Pub.Endpoint(), Replay: f.cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
 	sc.NATS.URLs = []string{f.srv.URL()}
-	if f.sc, err = sidecar.New(sc); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- f.sc.Run(context.Background()) }()
-	t.Cleanup(func() { _ = f.sc.Close(); <-done })
+	f.sc = meshtest.StartSidecar(t, sc)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", f.sc.Ready)
 
 	if f.nc, err = nats.Connect(f.srv.URL()); err != nil {
@@ -244,13 +239,7 @@ func TestIdleCheckClearsVanishedEngineWithoutGossip(t *testing.T) {
 	sc := sidecar.DefaultConfig()
 	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
 	sc.NATS.URLs = []string{srv.URL()}
-	s, err := sidecar.New(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sdone := make(chan error, 1)
-	go func() { sdone <- s.Run(context.Background()) }()
-	defer func() { _ = s.Close(); <-sdone }()
+	s := meshtest.StartSidecar(t, sc)
 
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {

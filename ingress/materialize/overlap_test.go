@@ -54,13 +54,7 @@ func TestOverlappingSidecarsFollowTheNewerWithoutSnapshotStorm(t *testing.T) {
 		sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", URL: "http://engine-1:8000", Events: cache.Pub.Endpoint(),
 			Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
 		sc.NATS.URLs = []string{srv.URL()}
-		s, err := sidecar.New(sc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- s.Run(context.Background()) }()
-		t.Cleanup(func() { _ = s.Close(); <-done })
+		s := meshtest.StartSidecar(t, sc)
 		testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
 		return s
 	}
