@@ -1,0 +1,198 @@
+package ingress
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/kvmesh/kvmesh/ingress/auth"
+	"github.com/valyala/fasthttp"
+)
+
+// authRunner is the optional capability of Deps.Auth that has background
+// work (auth.Keys re-reading its file, auth.JWTVerifier its key set, alone or in an auth.Chain): Start
+// runs it and Close stops it.
+type authRunner interface {
+	Run(stop <-chan struct{})
+}
+
+// authenticate checks h's credential when authentication is on: the
+// caller's identity, or the error to answer with (400 for a repeated
+// credential header, else 401).
+func (s *Server) authenticate(h *fasthttp.RequestHeader) (string, error) {
+	if s.deps.Auth == nil {
+		return "", nil
+	}
+	if err := repeatedCredential(h); err != nil {
+		return "", err
+	}
+	id, err := s.deps.Auth.Check(credential(h))
+	if err != nil {
+		return "", unauthorized(err)
+	}
+	return id, nil
+}
+
+// repeatedCredential refuses a request with more than one Authorization
+// (or X-Api-Key) header: which one counts would depend on the reader (the
+// ingress read the first, a proxy in front may read the last), so neither
+// does.
+func repeatedCredential(h *fasthttp.RequestHeader) error {
+	for _, name := range [...]string{"Authorization", "X-Api-Key"} {
+		if len(h.PeekAll(name)) > 1 {
+			return badRequest("", fmt.Errorf("%w: more than one %s header", ErrBadRequest, name))
+		}
+	}
+	return nil
+}
+
+// maxHeaderBytes bounds a request's head (request line and headers): 16
+// KiB, what vLLM's own server (uvicorn's h11) accepts, so a client with a
+// long token or cookies is served by the ingress as by the engine.
+const maxHeaderBytes = 16 << 10
+
+// unauthBodyLimit is the most an unauthenticated request may send when
+// authentication is on: its body is refused with 401 before it is buffered
+// (a 32 MiB limit times thousands of connections is gigabytes).
+const unauthBodyLimit = 64 << 10
+
+// headerReceived (fasthttp.Server.HeaderReceived) checks the credential of
+// a request that announces a body over unauthBodyLimit (or a chunked one)
+// before the body is read, when authentication is on: a failing one may
+// send at most unauthBodyLimit bytes, and handleTransportError answers
+// 401. Smaller requests are checked once, by the request path, as before.
+// A chunked request's verdict, Origin and path are kept in s.heads: if its
+// body fails to read, fasthttp wipes its head before handleTransportError
+// sees it.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	n := h.ContentLength()
+	if n == -1 && (s.deps.Auth != nil || len(s.cfg.CORSOrigins) > 0) {
+		note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(uriPath(h.RequestURI()))}
+		_, note.authErr = s.authenticate(h)
+		s.heads.put(h, note)
+		if note.authErr != nil {
+			return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
+		}
+		return fasthttp.RequestConfig{}
+	}
+	if s.deps.Auth == nil || n >= 0 && n <= unauthBodyLimit {
+		return fasthttp.RequestConfig{}
+	}
+	if _, err := s.authenticate(h); err != nil {
+		return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// headMemo remembers, for chunked requests only, what headerReceived read
+// from a request's head, keyed by the head's address: fasthttp resets the
+// request, head included, when reading a chunked body fails (too large,
+// malformed), and then handleTransportError would see neither the
+// credential nor the Origin.
+//
+// fasthttp serves each connection with one RequestCtx (and so one head) at
+// a time, so no two requests being read share a key: a note is replaced
+// only by the next request on its own connection. Notes go when taken, when
+// their request reaches the handler (forget), or, left by a request that
+// did neither (an empty chunked body), once older than ttl: by then the
+// read of their request has ended (ReadTimeout bounds it), so live notes
+// are never dropped and the map holds only recent chunked requests.
+type headMemo struct {
+	n     atomic.Int32 // len(m), read without the lock by forget
+	mu    sync.Mutex
+	m     map[uintptr]headNote // by the *fasthttp.RequestHeader's address (not a pointer: nothing is kept alive)
+	ttl   time.Duration
+	now   func() time.Duration // monotonic (Server.mono)
+	sweep int                  // sweep notes older than ttl when m grows to this
+}
+
+// headNote is what a request's head said.
+type headNote struct {
+	at       time.Duration // when put (headMemo.now)
+	authErr  error         // the credential's verdict (nil: accepted, or authentication off)
+	cors     int           // corsIndex of its Origin
+	messages bool          // on the Messages API (its error shape)
+}
+
+// minHeadSweep is the size below which headMemo does not sweep.
+const minHeadSweep = 256
+
+func (m *headMemo) init(ttl time.Duration, now func() time.Duration) {
+	m.m, m.ttl, m.now, m.sweep = make(map[uintptr]headNote), ttl, now, minHeadSweep
+}
+
+func (m *headMemo) put(h *fasthttp.RequestHeader, n headNote) {
+	n.at = m.now()
+	m.mu.Lock()
+	m.m[uintptr(unsafe.Pointer(h))] = n
+	if len(m.m) >= m.sweep {
+		for k, v := range m.m {
+			if n.at-v.at > m.ttl {
+				delete(m.m, k)
+			}
+		}
+		m.sweep = max(minHeadSweep, 2*len(m.m)) // amortized: O(1) a put
+	}
+	m.n.Store(int32(len(m.m)))
+	m.mu.Unlock()
+}
+
+// take returns and forgets h's note; not found: an unauthenticated request.
+func (m *headMemo) take(h *fasthttp.RequestHeader) headNote {
+	p := uintptr(unsafe.Pointer(h))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n, ok := m.m[p]
+	if !ok {
+		return headNote{cors: -1, authErr: unauthorized(auth.ErrMissingKey)}
+	}
+	delete(m.m, p)
+	m.n.Store(int32(len(m.m)))
+	return n
+}
+
+// forget drops h's note, if any: its request was read whole. No lock while
+// the memo is empty.
+func (m *headMemo) forget(h *fasthttp.RequestHeader) {
+	if m.n.Load() == 0 {
+		return
+	}
+	p := uintptr(unsafe.Pointer(h))
+	m.mu.Lock()
+	if _, ok := m.m[p]; ok {
+		delete(m.m, p)
+		m.n.Store(int32(len(m.m)))
+	}
+	m.mu.Unlock()
+}
+
+// credential is the request's Authorization header, or its X-Api-Key as a
+// bearer token on the paths of Anthropic's API (apiKeyPath), whose clients
+// send the key so.
+func credential(h *fasthttp.RequestHeader) []byte {
+	cred := h.Peek("Authorization")
+	if k := h.Peek("X-Api-Key"); len(cred) == 0 && len(k) > 0 && apiKeyPath(uriPath(h.RequestURI())) {
+		cred = append([]byte("Bearer "), k...)
+	}
+	return cred
+}
+
+// apiKeyPath reports whether X-Api-Key is read as the credential on path:
+// Anthropic's API's paths, /v1/messages (count_tokens too) and /v1/models,
+// which its SDKs call with that header. Not elsewhere: the OpenAI API's
+// clients send Authorization, and a second place for a credential on paths
+// that never need one is only one more thing for a gateway in front to miss.
+func apiKeyPath(path []byte) bool {
+	return messagesPath(path) || string(path) == "/v1/models"
+}
+
+// uriPath is a request URI's path (without its query).
+func uriPath(uri []byte) []byte {
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		return uri[:i]
+	}
+	return uri
+}

@@ -1,0 +1,138 @@
+package ingress
+
+import (
+	"strconv"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
+)
+
+// appendIDs appends ids as a JSON array.
+func appendIDs(dst []byte, ids []uint32) []byte {
+	dst = append(dst, '[')
+	for i, id := range ids {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(id), 10)
+	}
+	return append(dst, ']')
+}
+
+// rewritePrompt appends body with its prompt value replaced by ids.
+func rewritePrompt(dst, body []byte, start, end int, ids []uint32) []byte {
+	dst = append(dst, body[:start]...)
+	dst = appendIDs(dst, ids)
+	return append(dst, body[end:]...)
+}
+
+// chatToCompletionsBody turns a chat body into a completions body by
+// replacing the "messages" member with the rendered prompt's token ids and
+// renaming max_completion_tokens (chat only) to max_tokens, dropping a
+// max_tokens it overrides; the other sampling fields carry over unchanged.
+// A chat with no output limit runs to the model's context, but
+// /v1/completions stops at 16 tokens when max_tokens is absent (vLLM's
+// default), so the body then says max_tokens: room (the context left after
+// the prompt, as vLLM's chat computes it) or, when room is unknown (≤ 0),
+// null, which vLLM reads as that same context.
+func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32, room int) []byte {
+	var eds [3]bodyEdit
+	n := 0
+	eds[n] = bodyEdit{r.msgStart, r.msgEnd, editPrompt}
+	n++
+	last := false // a "max_tokens" member with max_completion_tokens' value goes last
+	switch {
+	case r.mtN > 1 || r.mctN > 1:
+		// A name sent more than once: the engine reads the last member of
+		// each, so the members stay as they came, and a max_tokens added
+		// after them all carries the max_completion_tokens that wins.
+		last = r.hasMCT
+	case r.hasMCT:
+		eds[n] = bodyEdit{r.mctKey[0], r.mctKey[1], editRename}
+		n++
+		if r.mtN > 0 { // a max_tokens after it, null too, would win as completions
+			eds[n] = dropMember(body, r.mtMember[0], r.mtMember[1])
+			n++
+		}
+	case r.mctNull:
+		eds[n] = dropMember(body, r.mctMember[0], r.mctMember[1])
+		n++
+	}
+	for i := 1; i < n; i++ { // sort by start (at most 3)
+		for j := i; j > 0 && eds[j].start < eds[j-1].start; j-- {
+			eds[j], eds[j-1] = eds[j-1], eds[j]
+		}
+	}
+	at := 0
+	for _, e := range eds[:n] {
+		dst = append(dst, body[at:e.start]...)
+		switch e.kind {
+		case editPrompt:
+			dst = append(dst, `"prompt":`...)
+			dst = appendIDs(dst, ids)
+		case editRename:
+			dst = append(dst, `"max_tokens"`...)
+		}
+		at = e.end
+	}
+	if last || r.maxTokens < 0 {
+		end := len(body) - 1
+		for end > at && body[end] != '}' {
+			end--
+		}
+		dst = append(dst, body[at:end]...)
+		dst = append(dst, `,"max_tokens":`...)
+		switch {
+		case last:
+			dst = append(dst, body[r.mctVal:r.mctMember[1]]...)
+		case room > 0:
+			dst = strconv.AppendInt(dst, int64(room), 10)
+		default:
+			dst = append(dst, "null"...)
+		}
+		at = end
+	}
+	return append(dst, body[at:]...)
+}
+
+// bodyEdit replaces body[start:end] in chatToCompletionsBody.
+type bodyEdit struct {
+	start, end int
+	kind       uint8
+}
+
+const (
+	editDrop   uint8 = iota // cut the span
+	editPrompt              // the chat messages → "prompt":[ids]
+	editRename              // "max_completion_tokens" → "max_tokens"
+)
+
+// dropMember returns the edit removing the object member at body[start:end]
+// together with one adjacent comma.
+func dropMember(body []byte, start, end int) bodyEdit {
+	if j := jsonscan.SkipWS(body, end); j < len(body) && body[j] == ',' {
+		end = j + 1
+	} else {
+		for k := start - 1; k >= 0; k-- {
+			if body[k] == ',' {
+				start = k
+				break
+			}
+			if body[k] != ' ' && body[k] != '\t' && body[k] != '\n' && body[k] != '\r' {
+				break
+			}
+		}
+	}
+	return bodyEdit{start, end, editDrop}
+}
+
+// appendUsageRequest appends body with "stream_options":{"include_usage":true}
+// added as its last member (the body is a validated object with members).
+func appendUsageRequest(dst, body []byte) []byte {
+	end := len(body) - 1
+	for end > 0 && body[end] != '}' {
+		end--
+	}
+	dst = append(dst, body[:end]...)
+	dst = append(dst, `,"stream_options":{"include_usage":true}`...)
+	return append(dst, body[end:]...)
+}
