@@ -80,7 +80,7 @@ func TestNoMaxTokensModelBudgetNotContextBound(t *testing.T) {
 	s := startIngress(t, cfg, Deps{Limiter: lim, Membership: contextMembership{url: "http://" + eng.ln.Addr().String(), maxLen: 600}})
 	url := "http://" + s.Addr() + "/v1/completions"
 
-	b := parallelPosts(t, eng, url, `{"model":"m","prompt":[1,2,3]}`, 10)
+	b := parallelPosts(t, eng, url, `{"model":"m","prompt":[1,2,3],"max_tokens":null}`, 10) // null: up to the context (absent: 16)
 	testutil.WaitFor(t, 10*time.Second, "every request at the engine or refused", func() bool { return len(eng.arrived())+b.refused() == 10 })
 	if at, n := len(eng.arrived()), b.refused(); at != 7 || n != 3 {
 		t.Fatalf("10 parallel requests without max_tokens under a model budget of 1000, context 600: %d at the engine, %d refused; want 7 and 3", at, n)

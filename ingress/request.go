@@ -184,7 +184,8 @@ func (r *request) settle() error {
 	}
 	r.hasMCT, r.hasMT = r.mct.set, r.mt.set
 	r.maxTokens = -1
-	if r.hasMCT || r.hasMT {
+	switch {
+	case r.hasMCT || r.hasMT:
 		v, name := r.mt.v, mtName
 		if r.hasMCT {
 			v, name = r.mct.v, "max_completion_tokens"
@@ -193,6 +194,10 @@ func (r *request) settle() error {
 			return limitError(name)
 		}
 		r.maxTokens = int(min(v, math.MaxInt32))
+	case r.ep == epCompletions && r.mtN == 0:
+		// Absent (not null) is the completions default of vLLM's and
+		// SGLang's request models: the engine stops there.
+		r.maxTokens = completionsDefaultMaxTokens
 	}
 	r.truncate = 0
 	switch t := r.trunc; {
@@ -205,6 +210,11 @@ func (r *request) settle() error {
 	}
 	return nil
 }
+
+// completionsDefaultMaxTokens is max_tokens of a completions request that
+// sends none, in vLLM's CompletionRequest and SGLang's alike (null is the
+// model's context instead).
+const completionsDefaultMaxTokens = 16
 
 func limitError(name string) error {
 	return badRequest(name, fmt.Errorf("%w: %s must be a non-negative integer", ErrBadRequest, name))

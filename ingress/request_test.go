@@ -207,6 +207,31 @@ func TestChatBodyRenamesMaxCompletionTokens(t *testing.T) {
 	}
 }
 
+// A completions request without max_tokens stops at 16 tokens in vLLM and
+// SGLang (their request models' default), so the budgets and the cost model
+// see 16; null is the model's context, as is a chat request without one.
+func TestCompletionsDefaultMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		ep   endpoint
+		body string
+		want int
+	}{
+		{epCompletions, `{"model":"m","prompt":"x"}`, 16},
+		{epCompletions, `{"model":"m","prompt":"x","max_tokens":null}`, -1},
+		{epCompletions, `{"model":"m","prompt":"x","max_tokens":40}`, 40},
+		{epCompletions, `{"model":"m","prompt":"x","max_completion_tokens":40}`, 16},
+		{epChat, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, -1},
+	} {
+		var r request
+		if err := parseRequest(&r, tc.ep, []byte(tc.body)); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if r.maxTokens != tc.want {
+			t.Fatalf("%v %s: max tokens %d, want %d", tc.ep, tc.body, r.maxTokens, tc.want)
+		}
+	}
+}
+
 func TestErrorBody(t *testing.T) {
 	ae := toAPIError(errors.New("boom \"quoted\"\n\x01é"))
 	b := appendErrorBody(nil, ae)
@@ -311,6 +336,8 @@ func FuzzParseRequest(f *testing.F) {
 					wantMax = v
 				} else if v, ok := intOf("max_tokens"); ok {
 					wantMax = v
+				} else if _, sent := top["max_tokens"]; !sent && !chat {
+					wantMax = 16 // vLLM's CompletionRequest default; null is the context
 				}
 				if wantMax >= 0 && int64(r.maxTokens) != min(wantMax, math.MaxInt32) || wantMax < 0 && r.maxTokens != -1 {
 					t.Fatalf("max tokens %d, vLLM reads %d in %q", r.maxTokens, wantMax, body)
