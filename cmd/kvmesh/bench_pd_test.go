@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -236,5 +237,36 @@ func TestBenchPDImbalanceFewRequests(t *testing.T) {
 	page, err := os.ReadFile(path)
 	if err != nil || !strings.Contains(string(page), "imbalance n/a (kvmesh): fewer requests completed than there are engines") {
 		t.Errorf("HTML lacks the imbalance n/a note (%v)", err)
+	}
+}
+
+// TestBenchPDNoneCompleted: a --roles policy that completed nothing (every
+// prompt larger than the engines' KV cache) shows n/a for its throughput
+// and latencies, JSON null, as the aggregated run's
+// (TestBenchDESNoneCompleted); goodput and SLO attainment stay 0.
+func TestBenchPDNoneCompleted(t *testing.T) {
+	args := []string{"bench", "--mode", "des", "--roles", "prefill=1,decode=1", "--policies", "kvmesh", "--groups", "1",
+		"--prompts", "2", "--profile", "tiny", "--gpu-blocks", "10", "--block-size", "8"}
+	code, out, errOut := benchRunCLI(t, args...)
+	row := regexp.MustCompile(`(?m)^ *kvmesh +0\.00 +0\.0% +n/a +n/a +n/a +n/a +n/a +n/a +n/a `)
+	if code != 0 || !row.MatchString(out) {
+		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
+	}
+	code, out, errOut = benchRunCLI(t, append(args, "--json")...)
+	var rep struct {
+		Policies map[string]map[string]any `json:"policies"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
+		t.Fatalf("exit %d, stderr %q, JSON:\n%s", code, errOut, out)
+	}
+	p := rep.Policies["kvmesh"]
+	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
+		"tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_mean_s"} {
+		if v, ok := p[k]; !ok || v != nil {
+			t.Errorf("%s: %v (present %v), want null", k, v, ok)
+		}
+	}
+	if p["completed"] != 0.0 || p["failed"] != 2.0 || p["goodput_rps"] != 0.0 || p["slo_attainment"] != 0.0 {
+		t.Errorf("counts: %v", p)
 	}
 }

@@ -1,6 +1,7 @@
 package des
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -94,6 +95,50 @@ type PDResult struct {
 	Preemptions   int           `json:"preemptions"`
 	Makespan      time.Duration `json:"-"`
 	Wall          time.Duration `json:"-"`
+}
+
+// pdResultJSON is PDResult's JSON: its fields in its order, the numbers
+// undefined when nothing completed as pointers (nil: null).
+type pdResultJSON struct {
+	GoodputRPS    float64  `json:"goodput_rps"`
+	SLOAttainment float64  `json:"slo_attainment"`
+	ThroughputRPS *float64 `json:"throughput_rps"`
+	TTFTMean      *float64 `json:"ttft_mean_s"`
+	TTFTP50       *float64 `json:"ttft_p50_s"`
+	TTFTP90       *float64 `json:"ttft_p90_s"`
+	TTFTP99       *float64 `json:"ttft_p99_s"`
+	TPOTMean      *float64 `json:"tpot_mean_s"`
+	TPOTP50       *float64 `json:"tpot_p50_s"`
+	TPOTP90       *float64 `json:"tpot_p90_s"`
+	TPOTP99       *float64 `json:"tpot_p99_s"`
+	E2EMean       *float64 `json:"e2e_mean_s"`
+	Disaggregated float64  `json:"disaggregated"`
+	Held          float64  `json:"held"`
+	HeldMean      float64  `json:"held_mean_s"`
+	PrefixHitRate float64  `json:"prefix_hit_rate"`
+	TransferGB    float64  `json:"transfer_gb"`
+	Completed     int      `json:"completed"`
+	Failed        int      `json:"failed"`
+	Preemptions   int      `json:"preemptions"`
+}
+
+// MarshalJSON writes p's JSON fields, null for the throughput and
+// latencies when no request completed (as report.PolicyResult's): a 0
+// there reads as the best TTFT. Goodput and SLO attainment stay numbers:
+// none of the requests met the SLOs.
+func (p PDResult) MarshalJSON() ([]byte, error) {
+	opt := func(v float64) *float64 {
+		if p.Completed == 0 {
+			return nil
+		}
+		return &v
+	}
+	return json.Marshal(pdResultJSON{GoodputRPS: p.GoodputRPS, SLOAttainment: p.SLOAttainment,
+		ThroughputRPS: opt(p.ThroughputRPS), TTFTMean: opt(p.TTFTMean), TTFTP50: opt(p.TTFTP50), TTFTP90: opt(p.TTFTP90),
+		TTFTP99: opt(p.TTFTP99), TPOTMean: opt(p.TPOTMean), TPOTP50: opt(p.TPOTP50), TPOTP90: opt(p.TPOTP90),
+		TPOTP99: opt(p.TPOTP99), E2EMean: opt(p.E2EMean), Disaggregated: p.Disaggregated, Held: p.Held,
+		HeldMean: p.HeldMean, PrefixHitRate: p.PrefixHitRate, TransferGB: p.TransferGB, Completed: p.Completed,
+		Failed: p.Failed, Preemptions: p.Preemptions})
 }
 
 // PDReport is `kvmesh bench --mode des --roles ...`'s output.
@@ -201,10 +246,16 @@ func (r PDReport) WriteTable(w io.Writer) error {
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.1f%%\t%.2f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%.0f%%\t%.0f%%\t%.3f\t%.1f\t%d\t%d\t%d\t%.1fs\t\n",
-			name, p.GoodputRPS, 100*p.SLOAttainment, p.ThroughputRPS, p.TTFTP50, p.TTFTP90, p.TTFTP99,
-			1e3*p.TPOTP50, 1e3*p.TPOTP90, 1e3*p.TPOTP99, 100*p.Disaggregated, 100*p.Held, p.PrefixHitRate, p.TransferGB,
-			p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
+		cell := func(format string, v float64) string { // n/a when nothing completed
+			if p.Completed == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf(format, v)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.1f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%.3f\t%.1f\t%d\t%d\t%d\t%.1fs\t\n",
+			name, p.GoodputRPS, 100*p.SLOAttainment, cell("%.2f", p.ThroughputRPS), cell("%.3f", p.TTFTP50), cell("%.3f", p.TTFTP90),
+			cell("%.3f", p.TTFTP99), cell("%.1f", 1e3*p.TPOTP50), cell("%.1f", 1e3*p.TPOTP90), cell("%.1f", 1e3*p.TPOTP99),
+			100*p.Disaggregated, 100*p.Held, p.PrefixHitRate, p.TransferGB, p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
 	}
 	return tw.Flush()
 }
