@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 func newIndex(t testing.TB) *Index {
@@ -338,6 +339,24 @@ func TestEngineLimit(t *testing.T) {
 	ms := x.MemStats()
 	if ms.Engines != MaxEngines || ms.DroppedWrites != 1 || ms.Keys != MaxEngines {
 		t.Fatalf("%+v", ms)
+	}
+	// Refused writes are a counter, as Prometheus' rate() needs.
+	reg := prometheus.NewPedanticRegistry()
+	if err := x.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dropped *dto.MetricFamily
+	for _, mf := range mfs {
+		if mf.GetName() == "kvmesh_index_dropped_writes_total" {
+			dropped = mf
+		}
+	}
+	if dropped == nil || dropped.GetType() != dto.MetricType_COUNTER || dropped.GetMetric()[0].GetCounter().GetValue() != 1 {
+		t.Fatalf("dropped writes metric %v, want a counter at 1", dropped)
 	}
 	// The last engine's key is not reported for any engine.
 	var res Result

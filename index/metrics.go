@@ -4,8 +4,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// RegisterMetrics registers the kvmesh_index_* gauges with reg. They read
-// MemStats (cheap: no table walk) when scraped. Call once per Index.
+// RegisterMetrics registers the kvmesh_index_* gauges and the dropped
+// writes counter with reg. They read MemStats (cheap: no table walk) when
+// scraped. Call once per Index.
 func (x *Index) RegisterMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
@@ -18,7 +19,8 @@ func (x *Index) RegisterMetrics(reg prometheus.Registerer) error {
 		gauge("kvmesh_index_entries", "(key, engine) entries in the prefix index, speculative included.", func(m MemStats) float64 { return float64(m.Entries) }),
 		gauge("kvmesh_index_engines", "Engines known to the prefix index.", func(m MemStats) float64 { return float64(m.Engines) }),
 		gauge("kvmesh_index_table_bytes", "Bytes of the prefix index's hash table and overflow lists.", func(m MemStats) float64 { return float64(m.TableBytes) }),
-		gauge("kvmesh_index_dropped_writes", "Index writes refused because the engine limit was reached.", func(m MemStats) float64 { return float64(m.DroppedWrites) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvmesh_index_dropped_writes_total", Help: "Index writes refused because the engine limit was reached."},
+			func() float64 { return float64(x.MemStats().DroppedWrites) }),
 	} {
 		if err := reg.Register(c); err != nil {
 			return err
