@@ -109,10 +109,11 @@ type Subscriber struct {
 
 	out  chan Message
 	ring []Batch // decode slots: QueueSize+2 so a slot is never reused while queued or held
-	// peak[i] is the biggest payload decoded into ring[i] since its slices
-	// were last dropped (see deliver).
-	peak []int
-	pos  int
+	// kept[i] is the decoded capacity ring[i] holds (Batch.retainedBytes),
+	// keptSum their sum, bounded by ringKeepBytes (see deliver).
+	kept    []int
+	keptSum int
+	pos     int
 
 	quit chan struct{}
 	done chan struct{}
@@ -136,7 +137,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		cfg:  cfg,
 		out:  make(chan Message, cfg.QueueSize),
 		ring: make([]Batch, cfg.QueueSize+2),
-		peak: make([]int, cfg.QueueSize+2),
+		kept: make([]int, cfg.QueueSize+2),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -271,10 +272,15 @@ func (s *Subscriber) closeSockets() {
 	}
 }
 
-// slotKeepBytes is the payload size a decode slot's slices may stay sized
-// for: reusing them makes decoding allocation-free, but past this a slot
-// drops them once a much smaller batch comes.
-const slotKeepBytes = 256 << 10
+// ringKeepBytes bounds the decoded capacity (events and their hashes,
+// tokens and extra keys) the decode slots keep between batches, summed over
+// the ring. Reusing a slot's slices makes decoding allocation-free; past
+// this, a slot about to be reused lets them go. Each slot keeps the biggest
+// batch it ever decoded (every event position its biggest slices), so a
+// per-slot rule let a sidecar's ring (1,026 slots) hold hundreds of MB
+// under long prompts; with the sum bounded, small batches still decode
+// without allocating and big ones cost an allocation each.
+const ringKeepBytes = 8 << 20
 
 // maxDrain bounds the messages read from one rank per poll, so one busy
 // rank cannot starve the others.
@@ -433,17 +439,20 @@ func (s *Subscriber) reset(rs *rankState, seq uint64, why string) error {
 // deliver decodes one batch and hands it on; an undecodable payload is
 // counted and reported as a one-batch hole.
 func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed bool) error {
-	slot := &s.ring[s.pos]
-	if p := &s.peak[s.pos]; *p > slotKeepBytes && len(payload) < *p/4 {
-		// The slot's slices are sized for a far bigger batch: let them go,
-		// or every slot would keep the biggest batch it ever held.
-		*slot, *p = Batch{}, 0
+	pos := s.pos
+	slot := &s.ring[pos]
+	if s.keptSum > ringKeepBytes {
+		s.keptSum -= s.kept[pos]
+		*slot, s.kept[pos] = Batch{}, 0
 	}
-	s.peak[s.pos] = max(s.peak[s.pos], len(payload))
 	s.pos = (s.pos + 1) % len(s.ring)
 	rs.last, rs.has = seq, true
 	rs.remember(seq, xxh3.Hash(payload))
-	if err := DecodeBatch(payload, slot); err != nil {
+	err := DecodeBatch(payload, slot)
+	k := slot.retainedBytes()
+	s.keptSum += k - s.kept[pos]
+	s.kept[pos] = k
+	if err != nil {
 		s.st.decodeErrors.Add(1)
 		s.st.lost.Add(1)
 		s.cfg.Logger.Warn("kv events payload skipped", "rank", rs.rank, "seq", seq, "err", err)

@@ -33,11 +33,15 @@ type SubscriberConfig struct {
 	DPSize int
 	// Topic filters frame 0 by prefix (default "" = everything).
 	Topic string
-	// QueueSize bounds the hand-off queue to the consumer (default 1024).
-	// When it is full the socket loop blocks; ZMQ then queues up to RcvHWM
-	// messages per rank and the engine's PUB drops beyond its own HWM, which
-	// the subscriber later sees as a gap and repairs by replay. Nothing is
-	// dropped silently.
+	// QueueSize bounds the hand-off queue of decoded batches to the
+	// consumer (default 64). When it is full the socket loop blocks; ZMQ
+	// then queues up to RcvHWM messages per rank (raw, far smaller than
+	// decoded) and the engine's PUB drops beyond its own HWM, which the
+	// subscriber later sees as a gap and repairs by replay. Nothing is
+	// dropped silently. Each queued batch holds a decode slot (QueueSize+2
+	// of them): a deep queue of decoded batches buys nothing ZMQ's own
+	// buffer does not, and costs memory under long prompts (1,024 slots of
+	// 2,000 evictions each: 620 MB).
 	QueueSize int
 	// RcvHWM is the SUB receive high-water mark (default 100000, vLLM's).
 	RcvHWM int
@@ -74,7 +78,7 @@ type SubscriberConfig struct {
 func DefaultSubscriberConfig() SubscriberConfig {
 	return SubscriberConfig{
 		DPSize:           1,
-		QueueSize:        1024,
+		QueueSize:        64,
 		RcvHWM:           100000,
 		ReplayTimeout:    2 * time.Second,
 		MaxReplayBatches: 1_000_000,
