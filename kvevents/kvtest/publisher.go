@@ -273,6 +273,9 @@ func (p *Publisher) Publish(b *kvevents.Batch) (uint64, error) {
 	if len(p.ring) > 0 {
 		e := &p.ring[seq%uint64(len(p.ring))]
 		e.seq, e.valid = seq, true
+		if cap(e.payload) > 2*len(p.scratch)+512 {
+			e.payload = nil // sized for a far bigger batch: every entry would keep its biggest
+		}
 		e.payload = append(e.payload[:0], p.scratch...)
 	}
 	p.seq++

@@ -244,3 +244,29 @@ func benchBatch() *kvevents.Batch {
 	}
 	return b
 }
+
+// The replay ring's entries do not keep the biggest batch they ever held:
+// an entry reused for a batch far smaller lets the old payload go (the
+// simulator's --replay-buffer is 10,000 entries).
+func TestReplayRingDoesNotKeepBigPayloads(t *testing.T) {
+	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 4, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	big := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 16}
+	for i := range 4096 {
+		big.BlockHashes = append(big.BlockHashes, uint64(i)+1)
+	}
+	small := kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{7}}
+	for _, ev := range []kvevents.Event{big, big, big, big, small, small, small, small} {
+		if _, err := pub.Publish(&kvevents.Batch{Events: []kvevents.Event{ev}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, e := range pub.ring {
+		if cap(e.payload) > 1024 {
+			t.Fatalf("ring entry %d keeps %d bytes for a %d-byte batch", i, cap(e.payload), len(e.payload))
+		}
+	}
+}
