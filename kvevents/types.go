@@ -63,8 +63,11 @@ type Event struct {
 	LoraName      string // "" when nil or absent
 	SpecKind      string // kv_cache_spec_kind, "" when absent ("full_attention"-like groups are indexed)
 	SlidingWindow int64  // kv_cache_spec_sliding_window, 0 when absent
-	CacheSalt     string // SGLang/vLLM extras when present, "" otherwise
-	SessionID     string // optional session_id (vLLM PR #51381, SGLang maps)
+	// CacheSalt is the cache_salt map key newer SGLang sends (its event
+	// recorder passes the radix key's cache_salt); "" when absent. vLLM has
+	// no such field: its salt is in block 0's ExtraKeys (AppendStoredKeys).
+	CacheSalt string
+	SessionID string // optional session_id (vLLM PR #51381, SGLang maps)
 	// ExtraKeys is the raw msgpack of extra_keys (one entry per block) when
 	// present and not nil, copied out of the payload so re-encoding is exact.
 	ExtraKeys []byte

@@ -35,13 +35,12 @@ type state struct {
 
 	pending     []kvevents.Op // ops since the last delta, in order; consecutive same-kind ops coalesce
 	pendingKeys int
-	roots       map[[2]string]uint64 // (lora, salt) → root key
 	scratch     []uint64
 	c           stateCounters
 }
 
 func newState(model string, blockSize, dpSize int) *state {
-	s := &state{model: model, blockSize: blockSize, roots: map[[2]string]uint64{}}
+	s := &state{model: model, blockSize: blockSize}
 	s.ranks = make([]map[uint64]hashEntry, max(dpSize, 1))
 	for r := range s.ranks {
 		s.ranks[r] = map[uint64]hashEntry{}
@@ -122,14 +121,16 @@ func (s *state) stored(r int, ev *kvevents.Event) bool {
 			return false
 		}
 		parent = pe.key
-	} else {
-		parent = s.root(ev.LoraName, ev.CacheSalt)
 	}
 	n := min(len(ev.BlockHashes), len(ev.TokenIDs)/bs)
 	if n < len(ev.BlockHashes) {
 		s.c.badEvents++ // fewer tokens than blocks: key what we can
 	}
-	s.scratch = kvevents.AppendKeys(s.scratch[:0], parent, ev.TokenIDs[:n*bs], bs)
+	// The root (no parent) comes from the event's LoRA and cache salt, which
+	// vLLM sends in block 0's extra keys; blocks with extra keys the ingress
+	// cannot reproduce (multimodal, prompt embeds) get keys no text request
+	// has (kvevents.AppendStoredKeys).
+	s.scratch = kvevents.AppendStoredKeys(s.scratch[:0], s.model, ev, parent, n, bs)
 	for i, key := range s.scratch {
 		h := ev.BlockHashes[i]
 		e, ok := hashes[h]
@@ -141,18 +142,6 @@ func (s *state) stored(r int, ev *kvevents.Event) bool {
 		s.addRef(hashes, h, e, tier)
 	}
 	return true
-}
-
-func (s *state) root(lora, salt string) uint64 {
-	k := [2]string{lora, salt}
-	if v, ok := s.roots[k]; ok {
-		return v
-	}
-	v := kvevents.Root(s.model, lora, salt)
-	if len(s.roots) < 1024 { // bounded: salts can be per user
-		s.roots[k] = v
-	}
-	return v
 }
 
 func (s *state) removed(r int, ev *kvevents.Event) {

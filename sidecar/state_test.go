@@ -185,7 +185,7 @@ func BenchmarkStateApply(b *testing.B) {
 // TestStateMemoryStaysBounded: a long run of stores, removes, location
 // updates, cache clears and rank restarts, each cycle with new hashes and a
 // new cache salt, leaves the state no bigger after 2N cycles than after N:
-// per-rank maps, key counts, roots and pending ops are bounded by what the
+// per-rank maps, key counts and pending ops are bounded by what the
 // engine holds now, not by what it ever held.
 func TestStateMemoryStaysBounded(t *testing.T) {
 	s := newState("m", 4, 2)
@@ -199,7 +199,7 @@ func TestStateMemoryStaysBounded(t *testing.T) {
 			next++
 		}
 		ev := stored(hashes, nil, toks(c*7, blocks*4), "GPU")
-		ev.CacheSalt = "salt-" + strconv.Itoa(c) // per-user salts: roots must stay bounded
+		ev.CacheSalt = "salt-" + strconv.Itoa(c) // per-user salts
 		b := kvevents.Batch{Events: []kvevents.Event{ev, stored(hashes[:blocks/2], nil, nil, "CPU")}}
 		s.apply(r, &b)
 		b = kvevents.Batch{Events: []kvevents.Event{removed("GPU", hashes[:blocks/2]...), removed("CPU", hashes[blocks/4:blocks/2]...)}}
@@ -234,7 +234,31 @@ func TestStateMemoryStaysBounded(t *testing.T) {
 		cycle(c)
 	}
 	e2, h2 := size()
-	if e2 > 4*blocks || e2 > e1+2*blocks || len(s.roots) > 1024 || len(s.pending) != 0 || h2 > h1+(4<<20) {
-		t.Fatalf("after %d cycles: %d entries, %d roots, heap %d KiB; after %d: %d entries, heap %d KiB", n, e1, len(s.roots), h1>>10, 2*n, e2, h2>>10)
+	if e2 > 4*blocks || e2 > e1+2*blocks || len(s.pending) != 0 || h2 > h1+(4<<20) {
+		t.Fatalf("after %d cycles: %d entries, heap %d KiB; after %d: %d entries, heap %d KiB", n, e1, h1>>10, 2*n, e2, h2>>10)
 	}
+}
+
+// vLLM sends a request's cache_salt only in block 0's extra_keys (there is
+// no cache_salt field): salted blocks get the keys the ingress computes for
+// the salted request, not the unsalted ones (compat report F1).
+func TestStateKeysSaltFromVLLMExtraKeys(t *testing.T) {
+	s := newState("m", 4, 1)
+	ev := stored([]uint64{1, 2}, nil, toks(1, 8), "GPU")
+	ev.ExtraKeys = kvevents.AppendExtraKeys(nil, 2, true, "", "tenant-a")
+	b := kvevents.Batch{Events: []kvevents.Event{ev}}
+	s.apply(0, &b)
+	want := kvevents.AppendKeys(nil, kvevents.Root("m", "", "tenant-a"), toks(1, 8), 4)
+	slices.Sort(want)
+	if got := setKeys(keySet(s)); !slices.Equal(got, want) {
+		t.Fatalf("keys %x, want the salted request's %x", got, want)
+	}
+}
+
+func keySet(s *state) map[uint64]bool {
+	m := map[uint64]bool{}
+	for k := range s.keyRefs[0] {
+		m[k] = true
+	}
+	return m
 }

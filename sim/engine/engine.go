@@ -63,6 +63,7 @@ type Engine struct {
 	events   []kvevents.Event
 	hashBuf  []uint64
 	tokBuf   []uint32
+	extraBuf []byte // extra_keys of the step's BlockStored events
 	hitBuf   []int32
 	byteBuf  []byte
 	blockBuf []uint32

@@ -20,6 +20,7 @@ func (s *recSink) KVEvents(now time.Duration, evs []kvevents.Event) {
 	for i, ev := range evs {
 		ev.BlockHashes = slices.Clone(ev.BlockHashes)
 		ev.TokenIDs = slices.Clone(ev.TokenIDs)
+		ev.ExtraKeys = slices.Clone(ev.ExtraKeys)
 		cp[i] = ev
 	}
 	s.batches = append(s.batches, cp)
@@ -640,6 +641,42 @@ func TestCacheSaltIsolates(t *testing.T) {
 	runUntilIdle(t, e, now, now)
 	if b.CachedTokens() != 0 || c.CachedTokens() != 8 {
 		t.Fatalf("salted hits: bob %d alice %d", b.CachedTokens(), c.CachedTokens())
+	}
+}
+
+// The engine sends a request's salt and LoRA name as vLLM does, in the
+// blocks' extra_keys (salt in block 0 only; no cache_salt field), and a
+// consumer keying the events gets the keys of the salted LoRA request.
+func TestSaltAndLoRAInExtraKeys(t *testing.T) {
+	sink := &recSink{}
+	e := newTestEngine(t, Config{BlockSize: 4, GPUBlocks: 32}, sink)
+	r := &Request{Prompt: seq(1, 17), OutputLen: 1, CacheSalt: "alice", LoraName: "sql"}
+	_ = e.Add(r, 0)
+	runUntilIdle(t, e, 0, 0)
+	var keys []uint64
+	parent := map[uint64]uint64{}
+	for _, ev := range sink.all() {
+		if ev.Kind != kvevents.BlockStored {
+			continue
+		}
+		if ev.CacheSalt != "" {
+			t.Fatalf("cache_salt field %q: vLLM has none", ev.CacheSalt)
+		}
+		first := !ev.HasParent
+		want := kvevents.AppendExtraKeys(nil, len(ev.BlockHashes), first, "sql", "alice")
+		if !slices.Equal(ev.ExtraKeys, want) {
+			t.Fatalf("extra_keys %x, want %x", ev.ExtraKeys, want)
+		}
+		n := len(ev.TokenIDs) / ev.BlockSize
+		ks := kvevents.AppendStoredKeys(nil, "m", &ev, parent[ev.ParentHash], n, ev.BlockSize)
+		for i, k := range ks {
+			parent[ev.BlockHashes[i]] = k
+		}
+		keys = append(keys, ks...)
+	}
+	want := kvevents.AppendKeys(nil, kvevents.Root("m", "sql", "alice"), seq(1, 16), 4)
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys %x, want %x", keys, want)
 	}
 }
 

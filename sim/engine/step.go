@@ -490,8 +490,14 @@ func (e *Engine) cacheBlocks(r *Request, upto int) {
 		BlockSize:   e.bs, Medium: e.cfg.Medium, LoraName: r.LoraName}
 	if first > 0 {
 		ev.ParentHash, ev.HasParent = r.hashes[first-1], true
-	} else {
-		ev.CacheSalt = r.CacheSalt // vLLM carries the salt in block 0's extra keys
+	}
+	if r.LoraName != "" || first == 0 && r.CacheSalt != "" {
+		// As vLLM: the LoRA name in every block's extra keys, the salt in the
+		// request's first block's (there is no cache_salt field). Plain
+		// requests send none, as vLLM before extra_keys.
+		xs := len(e.extraBuf)
+		e.extraBuf = kvevents.AppendExtraKeys(e.extraBuf, len(ev.BlockHashes), first == 0, r.LoraName, r.CacheSalt)
+		ev.ExtraKeys = e.extraBuf[xs:len(e.extraBuf):len(e.extraBuf)]
 	}
 	e.events = append(e.events, ev)
 }
@@ -565,6 +571,7 @@ func (e *Engine) resetEvents() {
 	e.events = e.events[:0]
 	e.hashBuf = e.hashBuf[:0]
 	e.tokBuf = e.tokBuf[:0]
+	e.extraBuf = e.extraBuf[:0]
 }
 
 func (e *Engine) flushEvents(now time.Duration) {
