@@ -33,6 +33,10 @@ import (
 // of uint32 tokens hashed by ChainKey.
 const extraDomain = "kvmesh/v1/extra"
 
+// loraIDDomain prefixes LoRAIDRoot's input; Root's input always has 0x00 at
+// this position, so the two never hash the same string.
+const loraIDDomain = "kvmesh/v1/lora-id"
+
 // MixExtra folds the digest of raw (a block's extra keys that the ingress
 // cannot reproduce) into the block's chained key.
 func MixExtra(key uint64, raw []byte) uint64 {
@@ -42,11 +46,29 @@ func MixExtra(key uint64, raw []byte) uint64 {
 	return xxh3.HashSeed(b[:], key)
 }
 
+// LoRAIDRoot is the root of the blocks of an adapter known only by its
+// engine-local integer id (vLLM before lora_name, which sends lora_id alone).
+// No request the ingress keys has this root: such blocks never alias the base
+// model's keys, and never match an adapter request either.
+func LoRAIDRoot(model string, loraID int64, salt string) uint64 {
+	var h xxh3.Hasher
+	h.Reset()
+	var b [len(loraIDDomain) + 1 + 8]byte
+	copy(b[:], loraIDDomain)
+	binary.LittleEndian.PutUint64(b[len(loraIDDomain)+1:], uint64(loraID))
+	_, _ = h.Write(b[:])
+	_, _ = h.WriteString(model)
+	_, _ = h.Write([]byte{0})
+	_, _ = h.WriteString(salt)
+	return h.Sum64()
+}
+
 // AppendStoredKeys appends the kvmesh keys of the first n blocks (of bs
 // tokens each) of BlockStored event ev to dst. parent is the key of the
 // block before ev's first block when ev.HasParent; otherwise the chain starts
 // at the root of the event's model, LoRA and cache salt:
-//   - LoRA: lora_name, else the name leading block 0's extra keys;
+//   - LoRA: lora_name, else the name leading block 0's extra keys, else (a
+//     lora_id alone) LoRAIDRoot;
 //   - salt: a cache_salt field when an engine sends one, else the salt in
 //     block 0's extra keys.
 //
@@ -89,14 +111,17 @@ func eventRoot(model string, ev *Event, lora, salt string) uint64 {
 	if ev.CacheSalt != "" {
 		salt = ev.CacheSalt
 	}
-	if ev.LoraName != "" {
+	switch {
+	case ev.LoraName != "":
 		lora = ev.LoraName
+	case lora == "" && ev.HasLoraID:
+		return LoRAIDRoot(model, ev.LoraID, salt)
 	}
 	return Root(model, lora, salt)
 }
 
 // bstr views b as a string without copying; the result must not outlive b
-// (Root does not keep it).
+// (Root and LoRAIDRoot do not keep it).
 func bstr(b []byte) string {
 	if len(b) == 0 {
 		return ""

@@ -50,12 +50,17 @@ func TestStoredKeysFromVLLMExtraKeys(t *testing.T) {
 			kvevents.Event{LoraID: 3, HasLoraID: true, ExtraKeys: kvevents.AppendExtraKeys(nil, 2, true, "sql", "")},
 			textKeys(kvevents.Root("m", "sql", ""))},
 		{"cache_salt field (SGLang maps)", kvevents.Event{CacheSalt: "s"}, textKeys(kvevents.Root("m", "", "s"))},
+		{"lora_id alone (vLLM before lora_name)", kvevents.Event{LoraID: 1, HasLoraID: true},
+			textKeys(kvevents.LoRAIDRoot("m", 1, ""))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := storedKeys(tc.ev, 0); !sameKeys(got, tc.want) {
 				t.Fatalf("keys %x, want %x", got, tc.want)
 			}
 		})
+	}
+	if kvevents.LoRAIDRoot("m", 1, "") == kvevents.Root("m", "", "") || kvevents.LoRAIDRoot("m", 1, "") == kvevents.LoRAIDRoot("m", 2, "") {
+		t.Fatal("lora-id roots alias the base model or each other")
 	}
 	// A continuation (parent known) of a LoRA request chains from the parent.
 	parent := plain[0]

@@ -253,6 +253,17 @@ func TestStateKeysSaltFromVLLMExtraKeys(t *testing.T) {
 	if got := setKeys(keySet(s)); !slices.Equal(got, want) {
 		t.Fatalf("keys %x, want the salted request's %x", got, want)
 	}
+	// A LoRA block of a vLLM that sends lora_id only is not a base-model block (F2).
+	s = newState("m", 4, 1)
+	ev = stored([]uint64{1, 2}, nil, toks(1, 8), "GPU")
+	ev.LoraID, ev.HasLoraID = 1, true
+	b = kvevents.Batch{Events: []kvevents.Event{ev}}
+	s.apply(0, &b)
+	for _, k := range kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks(1, 8), 4) {
+		if s.keyRefs[0][k] != 0 {
+			t.Fatalf("adapter (lora_id 1) block keyed as the base model's %x", k)
+		}
+	}
 }
 
 func keySet(s *state) map[uint64]bool {
