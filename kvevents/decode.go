@@ -9,8 +9,9 @@ import (
 // DecodeBatch decodes one KVEventBatch payload (frame 2 of a live message)
 // into dst, in every form of the spec: array or map envelopes with 2 or 3
 // fields, array- or map-encoded events, hashes as ints of any width and sign
-// or as bin digests (folded), missing trailing fields and unknown extra fields
-// or keys. Events of unknown types are skipped and counted in dst.Skipped.
+// or as bin digests (folded), token ids as ints or as SGLang's bigram pairs
+// [t_j, t_j+1] (EAGLE; t_j is kept), missing trailing fields and unknown
+// extra fields or keys. Events of unknown types are skipped and counted in dst.Skipped.
 //
 // dst's slices (Events and each event's BlockHashes, TokenIDs, ExtraKeys) are
 // reused, so a caller decoding into the same Batch allocates nothing once
@@ -427,6 +428,15 @@ func decodeTokens(r *reader, ev *Event) error {
 			}
 		}
 		r.off = off
+		if off < len(b) && isArray(b[off]) {
+			// SGLang with EAGLE/MTP (bigram radix keys) sends each position as
+			// the pair (token[j], token[j+1]): the position's token is the first.
+			if err := r.bigram(&toks[i]); err != nil {
+				return fmt.Errorf("token_ids[%d]: %w", i, err)
+			}
+			off = r.off
+			continue
+		}
 		v, neg, err := r.integer()
 		if err != nil {
 			return fmt.Errorf("token_ids[%d]: %w", i, err)
@@ -439,6 +449,30 @@ func decodeTokens(r *reader, ev *Event) error {
 	}
 	r.off = off
 	ev.TokenIDs = toks
+	return nil
+}
+
+// bigram reads a bigram pair [t_j, t_j+1] of token ids and stores t_j in t.
+func (r *reader) bigram(t *uint32) error {
+	n, err := r.arrayLen()
+	if err != nil {
+		return fmt.Errorf("bigram: %w", err)
+	}
+	if n != 2 {
+		return r.errf("bigram of %d token ids, want 2", n)
+	}
+	for k := 0; k < 2; k++ {
+		v, neg, err := r.integer()
+		if err != nil {
+			return fmt.Errorf("bigram: %w", err)
+		}
+		if neg || v > math.MaxUint32 {
+			return r.errf("bigram: %d is not a uint32 token id", int64(v))
+		}
+		if k == 0 {
+			*t = uint32(v)
+		}
+	}
 	return nil
 }
 

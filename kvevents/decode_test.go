@@ -319,3 +319,28 @@ func BenchmarkAppendBatch(b *testing.B) {
 		buf = kvtest.AppendBatch(buf[:0], src, kvtest.MapForm)
 	}
 }
+
+// SGLang with EAGLE/MTP keys its radix tree by bigrams and sends token_ids
+// as pairs [t_j, t_j+1] (python/sglang/srt/mem_cache/events.py
+// record_store): each position's token is the pair's first, so the block's
+// tokens (and keys) are the prompt's. A pair of another length or with a
+// bad id is a malformed payload.
+func TestDecodeBigramTokenIDs(t *testing.T) {
+	var b kvevents.Batch
+	payload := mp(byte(0x92), 1.5, byte(0x91), byte(0x97), "BlockStored", byte(0x91), 1, byte(0xc0),
+		byte(0x94), byte(0x92), 1, 2, byte(0x92), 2, 3, byte(0x92), 3, 70000, byte(0x92), 70000, 5, 4, byte(0xc0), "GPU")
+	if err := kvevents.DecodeBatch(payload, &b); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Events[0].TokenIDs; !slices.Equal(got, []uint32{1, 2, 3, 70000}) || b.Events[0].BlockSize != 4 {
+		t.Fatalf("tokens %v, block size %d", got, b.Events[0].BlockSize)
+	}
+	for _, bad := range [][]byte{
+		mp(byte(0x92), 1.5, byte(0x91), byte(0x95), "BlockStored", byte(0x91), 1, byte(0xc0), byte(0x91), byte(0x93), 1, 2, 3, 1),
+		mp(byte(0x92), 1.5, byte(0x91), byte(0x95), "BlockStored", byte(0x91), 1, byte(0xc0), byte(0x91), byte(0x92), 1, -2, 1),
+	} {
+		if err := kvevents.DecodeBatch(bad, &b); !errors.Is(err, kvevents.ErrBadPayload) {
+			t.Fatalf("bad bigram %x: err %v", bad, err)
+		}
+	}
+}

@@ -175,6 +175,12 @@ func oracleField(ev *Event, f field, v any) (err error) {
 		}
 		ev.TokenIDs = []uint32{}
 		for _, x := range l {
+			if pair, isPair := x.([]any); isPair && len(pair) == 2 { // SGLang bigram: keep the first
+				if u, neg, ok := oracleInt(pair[1]); !ok || neg || u > math.MaxUint32 {
+					return fmt.Errorf("bad bigram %v", x)
+				}
+				x = pair[0]
+			}
 			u, neg, ok := oracleInt(x)
 			if !ok || neg || u > math.MaxUint32 {
 				return fmt.Errorf("bad token id %v", x)
@@ -442,6 +448,11 @@ func FuzzDecodeBatchOracle(f *testing.F) {
 	f.Add(wiretest.MP(byte(0x92), 1.5, byte(0x91), byte(0x83), "type", "BlockStored", "block_hashes", byte(0x92), 7, 8, "block_hashes", byte(0x91), 9))
 	f.Add(wiretest.MP(byte(0x92), 1, byte(0x91), byte(0x93), "BlockStored", byte(0x91), byte(0xd0), byte(0x05), byte(0xc0)))
 	f.Add(wiretest.MP(byte(0x82), "events", byte(0x91), byte(0x82), "token_ids", byte(0x91), byte(0xff), "type", "Future", "ts", 2))
+	// SGLang EAGLE bigram token ids, and a bad pair.
+	f.Add(wiretest.MP(byte(0x92), 1.5, byte(0x91), byte(0x97), "BlockStored", byte(0x91), 1, byte(0xc0),
+		byte(0x92), byte(0x92), 1, 2, byte(0x92), 2, 3, 2, byte(0xc0), "GPU"))
+	f.Add(wiretest.MP(byte(0x92), 1.5, byte(0x91), byte(0x95), "BlockStored", byte(0x91), 1, byte(0xc0),
+		byte(0x92), byte(0x92), 1, -2, byte(0x93), 2, 3, 4, 2))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkAgainstOracle(t, data)
 	})

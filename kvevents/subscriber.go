@@ -56,6 +56,10 @@ type Message struct {
 	// next call to Next: copy what must outlive it.
 	Batch    *Batch
 	Replayed bool // MsgBatch arrived through replay, not live
+	// Undecodable (MsgLostHistory only): the hole is one batch the decoder
+	// could not read, not a transport loss. Asking the engine to resend or
+	// reset does not help: its next batch may be just as unreadable.
+	Undecodable bool
 }
 
 // SubscriberStats are the subscriber's counters, read atomically.
@@ -456,7 +460,7 @@ func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed
 		s.st.decodeErrors.Add(1)
 		s.st.lost.Add(1)
 		s.cfg.Logger.Warn("kv events payload skipped", "rank", rs.rank, "seq", seq, "err", err)
-		return s.emit(Message{Kind: MsgLostHistory, Rank: rs.rank, From: seq, Seq: seq + 1})
+		return s.emit(Message{Kind: MsgLostHistory, Rank: rs.rank, From: seq, Seq: seq + 1, Undecodable: true})
 	}
 	s.st.delivered.Add(1)
 	if slot.Skipped > 0 {

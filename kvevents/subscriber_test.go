@@ -290,7 +290,7 @@ func TestMalformedMessages(t *testing.T) {
 		t.Fatalf("stats %+v (before %+v)", st, base)
 	}
 	// Gap 1..99 (no replay) → lost; 100 undecodable → lost; 101 delivered.
-	if msgs[0].Kind != kvevents.MsgLostHistory || msgs[1].Kind != kvevents.MsgLostHistory || msgs[1].From != 100 || msgs[1].Seq != 101 ||
+	if msgs[0].Kind != kvevents.MsgLostHistory || msgs[0].Undecodable || msgs[1].Kind != kvevents.MsgLostHistory || !msgs[1].Undecodable || msgs[1].From != 100 || msgs[1].Seq != 101 ||
 		msgs[2].Kind != kvevents.MsgBatch || msgs[2].Seq != 101 || msgs[3].Kind != kvevents.MsgBatch || len(msgs[3].Batch.Events) != 1 || msgs[3].Batch.Skipped != 1 {
 		t.Fatalf("messages %+v", msgs)
 	}

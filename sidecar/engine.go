@@ -32,6 +32,7 @@ type engineCounters struct {
 	engineResets, resetFailures, scrapeErrs   atomic.Uint64
 	clears                                    atomic.Uint64 // AllBlocksCleared events seen
 	loopRestarts                              atomic.Uint64
+	resetsSuppressed                          atomic.Uint64 // reset requests within resetMinInterval of the last
 }
 
 // engine is the sidecar's work for one engine: the event loop owns the
@@ -70,6 +71,8 @@ type engine struct {
 	// unreadyScrapeFails on, the engine is gossiped as not ready.
 	scrapeFails int
 	started     bool // the event loop ran before (its state must be dropped on restart)
+	// lastResetReq is when requestReset last asked for an engine reset.
+	lastResetReq time.Time
 }
 
 func newEngine(s *Sidecar, cfg EngineConfig) *engine {
@@ -209,17 +212,35 @@ func (e *engine) handle(m kvevents.Message) {
 		e.st.dropRank(m.Rank)
 	case kvevents.MsgLostHistory:
 		e.c.lostHistory.Add(1)
-		e.log.Warn("engine event history lost", "rank", m.Rank, "from", m.From, "to", m.Seq, "policy", e.s.cfg.ResyncPolicy)
+		e.log.Warn("engine event history lost", "rank", m.Rank, "from", m.From, "to", m.Seq, "policy", e.s.cfg.ResyncPolicy,
+			"undecodable", m.Undecodable)
 		e.st.dropRank(m.Rank)
-		if e.s.cfg.ResyncPolicy == ResyncResetEngine {
+		// A batch the decoder cannot read is no reason to reset the engine:
+		// its next batches are likely just as unreadable (a wire format kvmesh
+		// does not know), and each would reset it again.
+		if e.s.cfg.ResyncPolicy == ResyncResetEngine && !m.Undecodable {
 			e.requestReset("lost history")
 		}
 	}
 }
 
+// resetMinInterval bounds reset-engine: at most one engine reset is
+// requested per interval, however often history is lost or parents are
+// unknown (a recurring cause would otherwise reset the engine at every batch).
+const resetMinInterval = time.Minute
+
+// requestReset asks resetLoop to reset the engine's prefix cache. Caller
+// holds mu.
 func (e *engine) requestReset(reason string) {
+	now := time.Now()
+	if !e.lastResetReq.IsZero() && now.Sub(e.lastResetReq) < resetMinInterval {
+		e.c.resetsSuppressed.Add(1)
+		e.log.Debug("engine cache reset not requested: one was requested recently", "reason", reason, "at", e.lastResetReq)
+		return
+	}
 	select {
 	case e.resetCh <- struct{}{}:
+		e.lastResetReq = now
 		e.log.Info("engine cache reset requested", "reason", reason)
 	default: // one is pending already
 	}
