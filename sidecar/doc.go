@@ -24,7 +24,8 @@
 //     again: the view under-reports, it never routes to blocks that are gone.
 //     This never costs the engine anything, which is why it is the default.
 //   - "reset-engine": POSTs /reset_prefix_cache?reset_running_requests=true
-//     so the engine clears its cache and emits AllBlocksCleared: exact again at
+//     (SGLang's /flush_cache when that is not found, remembered) so the
+//     engine clears its cache and emits AllBlocksCleared: exact again at
 //     once, at the price of the engine's whole prefix cache. Only the event
 //     confirms a reset (vLLM answers 200 even when it could not); retried.
 package sidecar

@@ -123,12 +123,22 @@ func scrape(ctx context.Context, client *http.Client, url string) (Load, error) 
 	return parseLoad(io.LimitReader(resp.Body, maxScrapeBytes))
 }
 
+// The engines' prefix-cache reset endpoints: vLLM's, and SGLang's (which has
+// no /reset_prefix_cache; it refuses with 400 while requests run).
+const (
+	vllmResetPath   = "/reset_prefix_cache?reset_running_requests=true"
+	sglangResetPath = "/flush_cache"
+)
+
 // resetLoop serves reset requests (reset-engine policy). A reset counts only
 // when the engine's AllBlocksCleared event arrives: vLLM answers 200 even when
 // it could not reset (requests were running), and older versions do not know
 // reset_running_requests. Attempts are retried with backoff for a minute.
+// The endpoint is vLLM's until it answers 404, then SGLang's; the one that
+// worked is used from then on.
 func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
 	const confirmWithin = 2 * time.Second
+	path := vllmResetPath
 	for {
 		select {
 		case <-ctx.Done():
@@ -139,7 +149,8 @@ func (e *engine) resetLoop(ctx context.Context, client *http.Client) {
 		bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
 		for n := 0; ; n++ {
 			before := e.c.clears.Load()
-			err := postReset(ctx, client, e.cfg.URL+"/reset_prefix_cache?reset_running_requests=true")
+			var err error
+			path, err = e.postReset(ctx, client, path)
 			if err == nil && e.awaitClear(ctx, before, confirmWithin) {
 				e.c.engineResets.Add(1)
 				e.log.Info("engine prefix cache reset")
@@ -178,19 +189,40 @@ func (e *engine) awaitClear(ctx context.Context, before uint64, within time.Dura
 	return true
 }
 
-func postReset(ctx context.Context, client *http.Client, url string) error {
+// postReset posts the reset endpoint path and, when it is not found, the
+// other engine kind's. It returns the path to use next time.
+func (e *engine) postReset(ctx context.Context, client *http.Client, path string) (string, error) {
+	status, err := postURL(ctx, client, e.cfg.URL+path)
+	if status != http.StatusNotFound {
+		return path, err
+	}
+	other := sglangResetPath
+	if path == sglangResetPath {
+		other = vllmResetPath
+	}
+	if status, err2 := postURL(ctx, client, e.cfg.URL+other); status != http.StatusNotFound {
+		if err2 == nil {
+			e.log.Info("engine prefix cache reset endpoint", "path", other)
+		}
+		return other, err2
+	}
+	return path, err
+}
+
+// postURL posts an empty body; status is 0 when there was no answer.
+func postURL(ctx context.Context, client *http.Client, url string) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("reset: status %d", resp.StatusCode)
+		return resp.StatusCode, fmt.Errorf("reset: status %d", resp.StatusCode)
 	}
-	return nil
+	return resp.StatusCode, nil
 }
