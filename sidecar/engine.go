@@ -33,6 +33,7 @@ type engineCounters struct {
 	clears                                    atomic.Uint64 // AllBlocksCleared events seen
 	loopRestarts                              atomic.Uint64
 	resetsSuppressed                          atomic.Uint64 // reset requests within resetMinInterval of the last
+	metricsMissing                            atomic.Uint64 // scrapes answered 404 (engine without metrics)
 }
 
 // engine is the sidecar's work for one engine: the event loop owns the
@@ -70,7 +71,9 @@ type engine struct {
 	// scrapeFails counts metrics scrapes failed in a row; from
 	// unreadyScrapeFails on, the engine is gossiped as not ready.
 	scrapeFails int
-	started     bool // the event loop ran before (its state must be dropped on restart)
+	// warnedNoMetrics: the "engine serves no metrics" warning was logged.
+	warnedNoMetrics bool
+	started         bool // the event loop ran before (its state must be dropped on restart)
 	// lastResetReq is when requestReset last asked for an engine reset.
 	lastResetReq time.Time
 }

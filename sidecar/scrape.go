@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -23,6 +24,9 @@ var (
 	usageNames   = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
 	prefillNames = []string{"vllm:num_queued_prefill_tokens", "kvmesh_sim_queued_prefill_tokens", "sglang:num_queued_prefill_tokens"}
 )
+
+// errNoMetrics: the metrics URL answered 404 (an engine without metrics).
+var errNoMetrics = errors.New("scrape: no metrics (404)")
 
 // maxScrapeBytes bounds one /metrics body.
 const maxScrapeBytes = 8 << 20
@@ -89,7 +93,19 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 	for {
 		l, err := scrape(ctx, client, url)
 		e.mu.Lock()
-		if err != nil {
+		if errors.Is(err, errNoMetrics) {
+			// The engine's HTTP server is alive but serves no metrics (SGLang
+			// without --enable-metrics): ready, load unknown (as with
+			// --metrics-url -), not a dead engine.
+			e.load, e.scrapeFails = Load{}, 0
+			e.mu.Unlock()
+			e.c.metricsMissing.Add(1)
+			if !e.warnedNoMetrics {
+				e.warnedNoMetrics = true
+				e.log.Warn("engine serves no metrics (404): routing it without load; start SGLang with --enable-metrics, or run the sidecar with --metrics-url - to stop scraping",
+					"url", natsutil.RedactURL(url))
+			}
+		} else if err != nil {
 			e.scrapeFails++
 			e.mu.Unlock()
 			e.c.scrapeErrs.Add(1)
@@ -117,6 +133,9 @@ func scrape(ctx context.Context, client *http.Client, url string) (Load, error) 
 		return Load{}, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return Load{}, errNoMetrics
+	}
 	if resp.StatusCode != http.StatusOK {
 		return Load{}, fmt.Errorf("scrape: status %d", resp.StatusCode)
 	}
