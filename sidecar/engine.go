@@ -71,6 +71,10 @@ type engine struct {
 	// scrapeFails counts metrics scrapes failed in a row; from
 	// unreadyScrapeFails on, the engine is gossiped as not ready.
 	scrapeFails int
+	// scrapeErr is the last failed scrape's error ("" after a success);
+	// unreadySince is when the failed scrapes made the engine not ready.
+	scrapeErr    string
+	unreadySince time.Time
 	// warnedNoMetrics: the "engine serves no metrics" warning was logged.
 	warnedNoMetrics bool
 	started         bool // the event loop ran before (its state must be dropped on restart)
@@ -307,20 +311,24 @@ func (e *engine) snapshot() (kvevents.Head, [kvevents.NumTiers][]uint64) {
 
 // Status is one engine's state in the sidecar (for /debug/state and tests).
 type Status struct {
-	Engine          string                 `json:"engine"`
-	Model           string                 `json:"model"`
-	Epoch           uint64                 `json:"epoch"`
-	Seq             uint64                 `json:"seq"`
-	Keys            [kvevents.NumTiers]int `json:"keys"`
-	Load            Load                   `json:"load"`
-	Running         bool                   `json:"running"`
-	OrphanParents   uint64                 `json:"orphan_parents"`
-	OrphanLocations uint64                 `json:"orphan_locations"`
-	UnknownRemoves  uint64                 `json:"unknown_removes"`
-	RankResets      uint64                 `json:"rank_resets"`
-	LostHistory     uint64                 `json:"lost_history"`
-	EngineResets    uint64                 `json:"engine_resets"`
-	LoRAs           string                 `json:"loras,omitempty"` // the adapters /v1/models lists (models.go)
+	Engine  string                 `json:"engine"`
+	Model   string                 `json:"model"`
+	Epoch   uint64                 `json:"epoch"`
+	Seq     uint64                 `json:"seq"`
+	Keys    [kvevents.NumTiers]int `json:"keys"`
+	Load    Load                   `json:"load"`
+	Running bool                   `json:"running"`
+	// Ready is what gossip tells the ingresses (routable); ScrapeError the
+	// last failed metrics scrape while it is not.
+	Ready           bool   `json:"ready"`
+	ScrapeError     string `json:"last_scrape_error,omitempty"`
+	OrphanParents   uint64 `json:"orphan_parents"`
+	OrphanLocations uint64 `json:"orphan_locations"`
+	UnknownRemoves  uint64 `json:"unknown_removes"`
+	RankResets      uint64 `json:"rank_resets"`
+	LostHistory     uint64 `json:"lost_history"`
+	EngineResets    uint64 `json:"engine_resets"`
+	LoRAs           string `json:"loras,omitempty"` // the adapters /v1/models lists (models.go)
 }
 
 func (e *engine) status() Status {
@@ -329,7 +337,7 @@ func (e *engine) status() Status {
 	s := Status{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, Load: e.load, Running: e.running,
 		OrphanParents: e.st.c.orphanParents, OrphanLocations: e.st.c.orphanLocations, UnknownRemoves: e.st.c.unknownRemoves,
 		RankResets: e.c.rankResets.Load(), LostHistory: e.c.lostHistory.Load(), EngineResets: e.c.engineResets.Load(),
-		LoRAs: e.loras}
+		LoRAs: e.loras, Ready: e.readyLocked(), ScrapeError: e.scrapeErr}
 	for t := range s.Keys {
 		s.Keys[t] = len(e.st.keyRefs[t])
 	}

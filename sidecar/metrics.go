@@ -36,8 +36,10 @@ var (
 		{"skipped_group_events_total", "Events of KV-cache groups other than full attention (sliding window, Mamba): not routable, not indexed."},
 		{"bad_events_total", "Events (or their trailing blocks) missing what a key needs: no block size, fewer tokens than blocks. Not indexed."},
 	}
-	descKeys = prometheus.NewDesc("kvmesh_sidecar_keys", "Keys in the engine's key set per tier.", []string{"engine", "tier"}, nil)
-	descSeq  = prometheus.NewDesc("kvmesh_sidecar_delta_seq", "Last published delta sequence of the current epoch.", []string{"engine"}, nil)
+	descKeys  = prometheus.NewDesc("kvmesh_sidecar_keys", "Keys in the engine's key set per tier.", []string{"engine", "tier"}, nil)
+	descSeq   = prometheus.NewDesc("kvmesh_sidecar_delta_seq", "Last published delta sequence of the current epoch.", []string{"engine"}, nil)
+	descReady = prometheus.NewDesc("kvmesh_sidecar_engine_ready", "1 when the engine is gossiped as ready (its event loop runs and its metrics answer), 0 when not.",
+		[]string{"engine"}, nil)
 )
 
 func init() {
@@ -52,6 +54,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- descKeys
 	ch <- descSeq
+	ch <- descReady
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -63,6 +66,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			keys[t] = len(e.st.keyRefs[t])
 		}
 		seq := e.seq
+		ready := 0.0
+		if e.readyLocked() {
+			ready = 1
+		}
 		e.mu.Unlock()
 		vals := map[string]uint64{
 			"batches_total": e.c.batches.Load(), "deltas_published_total": e.c.deltas.Load(),
@@ -84,6 +91,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(n), e.cfg.ID, kvevents.Tier(t).String())
 		}
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(seq), e.cfg.ID)
+		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready, e.cfg.ID)
 	}
 }
 

@@ -2,8 +2,10 @@ package sidecar
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,9 +25,11 @@ func TestScrapeFailuresMakeEngineUnready(t *testing.T) {
 		_, _ = w.Write([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"))
 	}))
 	defer srv.Close()
+	var logs testutil.SyncBuffer
 	cfg := DefaultConfig()
 	cfg.ScrapeInterval = 10 * time.Millisecond
 	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: srv.URL}}
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -46,8 +50,39 @@ func TestScrapeFailuresMakeEngineUnready(t *testing.T) {
 	}
 	broken.Store(true)
 	testutil.WaitFor(t, 10*time.Second, "the engine to turn unready", func() bool { return !ready() })
+	testutil.WaitFor(t, 10*time.Second, "more failed scrapes", func() bool { return e.c.scrapeErrs.Load() >= 5 })
+	// An operator sees it: the state, the gauge, one warning per outage.
+	if st := s.Status()[0]; st.Ready || !strings.Contains(st.ScrapeError, "503") {
+		t.Fatalf("status while unready: ready %v, scrape error %q", st.Ready, st.ScrapeError)
+	}
+	if v := readyGauge(t, s); v != 0 {
+		t.Fatalf("kvmesh_sidecar_engine_ready %v while unready", v)
+	}
+	if n := strings.Count(logs.String(), "engine not answering its metrics"); n != 1 {
+		t.Fatalf("%d warnings for one outage:\n%s", n, logs.String())
+	}
 	broken.Store(false)
 	testutil.WaitFor(t, 10*time.Second, "the engine to be ready again", ready)
+	if st := s.Status()[0]; !st.Ready || st.ScrapeError != "" || readyGauge(t, s) != 1 ||
+		!strings.Contains(logs.String(), "engine answering its metrics again") {
+		t.Fatalf("status once ready again: %+v, gauge %v, logs:\n%s", st, readyGauge(t, s), logs.String())
+	}
+}
+
+// readyGauge is s's kvmesh_sidecar_engine_ready of its one engine.
+func readyGauge(t *testing.T, s *Sidecar) float64 {
+	t.Helper()
+	mfs, err := s.gather.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "kvmesh_sidecar_engine_ready" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no kvmesh_sidecar_engine_ready")
+	return -1
 }
 
 // SGLang without --enable-metrics answers 404 on /metrics: the engine is

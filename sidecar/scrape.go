@@ -97,9 +97,13 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 			// The engine's HTTP server is alive but serves no metrics (SGLang
 			// without --enable-metrics): ready, load unknown (as with
 			// --metrics-url -), not a dead engine.
-			e.load, e.scrapeFails = Load{}, 0
+			back := e.scrapeFails >= unreadyScrapeFails
+			e.load, e.scrapeFails, e.scrapeErr = Load{}, 0, ""
 			e.mu.Unlock()
 			e.c.metricsMissing.Add(1)
+			if back {
+				e.log.Info("engine answering again (no metrics): gossiped as ready")
+			}
 			if !e.warnedNoMetrics {
 				e.warnedNoMetrics = true
 				e.log.Warn("engine serves no metrics (404): routing it without load; start SGLang with --enable-metrics, or run the sidecar with --metrics-url - to stop scraping",
@@ -107,13 +111,27 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 			}
 		} else if err != nil {
 			e.scrapeFails++
+			e.scrapeErr = err.Error()
+			lost := e.scrapeFails == unreadyScrapeFails // once per outage
+			if lost {
+				e.unreadySince = time.Now()
+			}
 			e.mu.Unlock()
 			e.c.scrapeErrs.Add(1)
 			e.log.Debug("engine metrics scrape failed", "url", natsutil.RedactURL(url), "err", err)
+			if lost {
+				e.log.Warn("engine not answering its metrics: gossiped as not ready, the ingresses stop routing to it",
+					"url", natsutil.RedactURL(url), "failed_scrapes", unreadyScrapeFails, "err", err)
+			}
 		} else {
+			back := e.scrapeFails >= unreadyScrapeFails
+			since := e.unreadySince
 			l.Scraped = time.Now()
-			e.load, e.scrapeFails = l, 0
+			e.load, e.scrapeFails, e.scrapeErr = l, 0, ""
 			e.mu.Unlock()
+			if back {
+				e.log.Info("engine answering its metrics again: gossiped as ready", "unready_for", time.Since(since).Round(time.Millisecond))
+			}
 		}
 		select {
 		case <-ctx.Done():
