@@ -64,6 +64,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer for the kvmesh_gossip_* metrics; nil: not registered.
 	Registerer prometheus.Registerer
+	// Relay, when set, is also handed every own entry queued because it
+	// changed (see Relay for its contract); receivers merge it with
+	// Node.MergeRelayed. nil: gossip only.
+	Relay Relay
 }
 
 // NodeMeta is the node metadata of Contract 3. A DaemonSet sidecar with several

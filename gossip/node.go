@@ -31,8 +31,10 @@ type Node struct {
 	ml        *memberlist.Memberlist
 	queue     *memberlist.TransmitLimitedQueue
 	metaBytes []byte
-	keyring   *memberlist.Keyring // nil without encryption
-	m         metrics
+	// maxBroadcast is the largest entry a gossip packet carries.
+	maxBroadcast int
+	keyring      *memberlist.Keyring // nil without encryption
+	m            metrics
 
 	// mu guards everything below; held only for map work, never across I/O
 	// or callbacks.
@@ -41,9 +43,11 @@ type Node struct {
 	addrs   map[string]string   // member name → "ip:port", for missingSeeds
 	entries map[entryKey]*entry // all known entries, own ones included
 	dirty   map[entryKey]bool   // own entries changed since the last broadcast
-	lastVer int64
-	onApp   []func(node, name string, blob []byte)
-	onLeave []func(node string)
+	// oversize holds the own keys logged as too large for a broadcast.
+	oversize map[entryKey]bool
+	lastVer  int64
+	onApp    []func(node, name string, blob []byte)
+	onLeave  []func(node string)
 	// conflicts holds the addresses whose name conflict was logged.
 	conflicts map[string]bool
 
@@ -90,7 +94,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, log: log.With("gossip", cfg.Name), metaBytes: meta,
 		alive: map[string]NodeMeta{}, addrs: map[string]string{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
-		conflicts: map[string]bool{},
+		conflicts: map[string]bool{}, oversize: map[entryKey]bool{},
 	}
 	unregister, err := n.registerMetrics(cfg.Registerer)
 	if err != nil {
@@ -117,6 +121,7 @@ func New(cfg Config) (*Node, error) {
 		n.keyring = kr
 	}
 	mc.PushPullInterval = cfg.PushPullInterval
+	n.maxBroadcast = maxBroadcastBytes(mc, len(cfg.SecretKey) > 0)
 	mc.Delegate = delegate{n}
 	mc.Events = delegate{n}
 	mc.Conflict = delegate{n}
@@ -407,29 +412,86 @@ func (n *Node) missingSeeds(ctx context.Context) []string {
 	return out
 }
 
-// flush queues own dirty entries (all own entries when all is set).
+// flush queues own dirty entries (all own entries when all is set) and
+// hands the dirty ones to the relay. An entry too large for one broadcast
+// packet is not queued (memberlist would keep it and never send it): it
+// travels by push/pull and by the relay; it is counted each time and
+// logged once per key.
 func (n *Node) flush(all bool) {
 	if n.taken.Load() != nil {
 		return
 	}
+	type out struct {
+		key       entryKey
+		name      string
+		msg       []byte
+		dirty     bool
+		firstOver bool // too large, and not logged before
+	}
 	n.mu.Lock()
-	var out []*broadcast
+	var outs []out
 	for k, e := range n.entries {
-		if k.origin != n.cfg.Name || !(all || n.dirty[k]) {
+		dirty := n.dirty[k]
+		if k.origin != n.cfg.Name || !(all || dirty) {
 			continue
 		}
 		b, err := encodeEntry(e)
 		if err != nil {
 			continue
 		}
-		out = append(out, &broadcast{name: fmt.Sprintf("%d/%s", k.kind, k.name), msg: b})
+		o := out{key: k, name: fmt.Sprintf("%d/%s", k.kind, k.name), msg: b, dirty: dirty}
+		if len(b) > n.maxBroadcast && !n.oversize[k] && len(n.oversize) < maxLoggedOversize {
+			n.oversize[k] = true
+			o.firstOver = true
+		}
+		outs = append(outs, o)
 	}
 	clear(n.dirty)
 	n.mu.Unlock()
-	for _, b := range out {
-		// Entries too large for one UDP packet still travel by push/pull.
-		n.queue.QueueBroadcast(b)
+	for _, o := range outs {
+		if o.dirty && n.cfg.Relay != nil {
+			n.cfg.Relay.Relay(o.name, o.msg)
+		}
+		if len(o.msg) <= n.maxBroadcast {
+			n.queue.QueueBroadcast(&broadcast{name: o.name, msg: o.msg})
+			continue
+		}
+		n.m.oversize.Add(1)
+		if o.firstOver {
+			n.log.Warn("gossip entry too large for a broadcast packet: it reaches peers by push/pull only (and by the NATS state lane where it runs); further ones of this key are counted in kvmesh_gossip_oversize_entries_total",
+				"kind", kindName(o.key.kind), "name", o.key.name, "bytes", len(o.msg), "limit", n.maxBroadcast)
+		}
 	}
+}
+
+// maxLoggedOversize bounds the own keys whose oversize was logged (own
+// keys are few: this member's engines, its in-flight entry, app names).
+const maxLoggedOversize = 256
+
+// kindName names an entry kind in logs.
+func kindName(k uint8) string {
+	switch k {
+	case kindEngine:
+		return "engine"
+	case kindInFlight:
+		return "inflight"
+	case kindApp:
+		return "app"
+	}
+	return strconv.Itoa(int(k))
+}
+
+// maxBroadcastBytes is the largest entry memberlist piggybacks on a gossip
+// packet: UDPBufferSize less its compound header (2), the encryption
+// overhead with a key (29, version 1), the compound entry overhead (2) and
+// the user-message type byte (1) (memberlist v0.7 state.go gossip,
+// broadcast.go getBroadcasts, queue.go GetBroadcasts).
+func maxBroadcastBytes(mc *memberlist.Config, encrypted bool) int {
+	n := mc.UDPBufferSize - 2 - 2 - 1
+	if encrypted {
+		n -= 29
+	}
+	return n
 }
 
 // setLocal replaces one own entry; the loop broadcasts it.
@@ -598,7 +660,7 @@ func (n *Node) PrefillLoads() map[string]PrefillLoad {
 
 // merge applies entries received from peers: newer versions from alive
 // origins win; own entries are never overwritten by echoes.
-func (n *Node) merge(es []*entry) {
+func (n *Node) merge(es []*entry) (accepted int) {
 	type appEvent struct {
 		node, name string
 		blob       []byte
@@ -620,6 +682,7 @@ func (n *Node) merge(es []*entry) {
 		}
 		n.entries[k] = e
 		n.m.received.Add(1)
+		accepted++
 		if e.Kind == kindApp {
 			apps = append(apps, appEvent{e.Origin, e.Name, e.App})
 		}
@@ -631,6 +694,7 @@ func (n *Node) merge(es []*entry) {
 			fn(a.node, a.name, a.blob)
 		}
 	}
+	return accepted
 }
 
 // snapshotEntries copies the entries of alive origins for push/pull.

@@ -1,0 +1,199 @@
+package gossip
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// directRelay hands each relayed entry to the node in to (a transport that
+// delivers at once; MergeRelayed never waits, so the contract holds).
+type directRelay struct {
+	from string
+	to   atomic.Pointer[Node]
+	sent atomic.Int64
+}
+
+func (r *directRelay) Relay(_ string, msg []byte) {
+	r.sent.Add(1)
+	if n := r.to.Load(); n != nil {
+		_, _ = n.MergeRelayed(r.from, msg)
+	}
+}
+
+// manyLoRAs makes an engine state too large for a broadcast packet (F1).
+func manyLoRAs() string {
+	names := make([]string, 40)
+	for i := range names {
+		names[i] = fmt.Sprintf("customer-adapter-finetune-v2-%03d", i)
+	}
+	return JoinLoRAs(names)
+}
+
+// Gossip cannot carry the new load here: push/pull runs once an hour and
+// the entry is too large for a broadcast packet. The relay carries it.
+func TestRelayCarriesWhatGossipCannot(t *testing.T) {
+	relay := &directRelay{from: "sidecar-1"}
+	ic := testConfig("ingress-1", RoleIngress, nil)
+	ic.PushPullInterval = time.Hour
+	in := start(t, ic)
+	sc := testConfig("sidecar-1", RoleSidecar, nil, in.Addr())
+	sc.PushPullInterval = time.Hour
+	sc.Relay = relay
+	s := start(t, sc)
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && s.NumMembers() == 2 })
+	relay.to.Store(in)
+
+	loras := manyLoRAs()
+	for _, running := range []int{3, 9} {
+		s.SetEngine(EngineState{ID: "e1", Model: "m", LoRAs: loras, Running: running})
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("the ingress sees running=%d", running), func() bool {
+			v, ok := in.Engine("e1")
+			return ok && v.Running == running && v.LoRAs == loras
+		})
+	}
+	if got := in.m.relayed.Load(); got < 2 {
+		t.Fatalf("relay_received = %d, want >= 2", got)
+	}
+	// F1: the oversize entry is counted, never queued for a broadcast.
+	if got := s.m.oversize.Load(); got < 2 {
+		t.Fatalf("oversize = %d, want >= 2", got)
+	}
+	if got := s.queue.NumQueued(); got != 0 {
+		t.Fatalf("%d broadcasts queued, want the oversize entry left out", got)
+	}
+}
+
+// Only changed entries are relayed: not the periodic re-broadcast of
+// unchanged ones.
+func TestRelayOnlyChangedEntries(t *testing.T) {
+	relay := &directRelay{from: "sidecar-1"}
+	c := testConfig("sidecar-1", RoleSidecar, nil)
+	c.Relay = relay
+	s := start(t, c)
+	s.SetEngine(EngineState{ID: "e1", Model: "m", Running: 1})
+	s.SetEngine(EngineState{ID: "e2", Model: "m"})
+	testutil.WaitFor(t, 5*time.Second, "both engines relayed", func() bool { return relay.sent.Load() >= 2 })
+	before := relay.sent.Load()
+	for i := 0; i <= 10; i++ {
+		s.flush(i == 10) // the loop's own flushes find nothing dirty either
+	}
+	if got := relay.sent.Load(); got != before {
+		t.Fatalf("relay got %d more messages for unchanged entries", got-before)
+	}
+	if got := s.queue.NumQueued(); got == 0 {
+		t.Fatal("the re-broadcast queued nothing") // gossip still re-broadcasts them
+	}
+}
+
+func TestMergeRelayedRules(t *testing.T) {
+	in := start(t, testConfig("ingress-1", RoleIngress, nil))
+	sc := start(t, testConfig("sidecar-1", RoleSidecar, nil, in.Addr()))
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && sc.NumMembers() == 2 })
+
+	enc := func(origin string, ver int64, running int) []byte {
+		b, err := encodeEntry(&entry{Origin: origin, Kind: kindEngine, Name: "e1", Version: ver, Engine: &EngineState{ID: "e1", Model: "m", Running: running}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	running := func() int {
+		v, ok := in.Engine("e1")
+		if !ok {
+			return -1
+		}
+		return v.Running
+	}
+
+	// Malformed input and an origin other than the sender: counted, rejected.
+	bad0 := in.m.malformed.Load()
+	for _, c := range []struct {
+		from string
+		msg  []byte
+	}{
+		{"sidecar-1", nil},
+		{"sidecar-1", []byte{0xff, '{'}},
+		{"sidecar-1", append([]byte{wireEntry}, `{"o":"sidecar-1","k":1,"n":"e1","v":5}`...)}, // no engine
+		{"sidecar-1", append([]byte{wireEntry}, strings.Repeat("[", 10000)...)},
+		{"sidecar-1", append([]byte{wireState}, "[]"...)},
+		{"someone-else", enc("sidecar-1", 10, 1)},
+	} {
+		if ok, err := in.MergeRelayed(c.from, c.msg); ok || err == nil {
+			t.Errorf("MergeRelayed(%q, %q) = %v, %v; want rejected", c.from, c.msg, ok, err)
+		}
+	}
+	if got := in.m.malformed.Load() - bad0; got != 6 {
+		t.Fatalf("malformed += %d, want 6", got)
+	}
+	if running() != -1 {
+		t.Fatal("a rejected entry reached the view")
+	}
+
+	// A newer version is merged; an older one (an echo) does not overwrite it.
+	if ok, err := in.MergeRelayed("sidecar-1", enc("sidecar-1", 20, 7)); !ok || err != nil {
+		t.Fatalf("newer entry: %v, %v", ok, err)
+	}
+	for _, v := range []int64{20, 19} {
+		if ok, err := in.MergeRelayed("sidecar-1", enc("sidecar-1", v, 1)); ok || err != nil {
+			t.Fatalf("version %d over 20: %v, %v; want ignored", v, ok, err)
+		}
+	}
+	if got := running(); got != 7 {
+		t.Fatalf("running = %d after an older version; want 7", got)
+	}
+	// The member's own entry is never overwritten by an echo.
+	in.SetEngine(EngineState{ID: "own", Model: "m", Running: 4})
+	own, _ := encodeEntry(&entry{Origin: "ingress-1", Kind: kindEngine, Name: "own", Version: 1 << 62, Engine: &EngineState{ID: "own", Model: "m", Running: 1}})
+	if ok, err := in.MergeRelayed("ingress-1", own); ok || err != nil {
+		t.Fatalf("own echo: %v, %v; want ignored", ok, err)
+	}
+	if v, _ := in.Engine("own"); v.Running != 4 {
+		t.Fatalf("own entry overwritten: running %d", v.Running)
+	}
+	// A member not alive (never joined, or gone) is ignored.
+	if ok, err := in.MergeRelayed("ghost", enc("ghost", 30, 5)); ok || err != nil {
+		t.Fatalf("unknown origin: %v, %v; want ignored", ok, err)
+	}
+	_ = sc.Close()
+	testutil.WaitFor(t, 10*time.Second, "the sidecar gone", func() bool { return in.NumMembers() == 1 })
+	if ok, err := in.MergeRelayed("sidecar-1", enc("sidecar-1", 40, 8)); ok || err != nil {
+		t.Fatalf("dead origin: %v, %v; want ignored", ok, err)
+	}
+	if got := running(); got != -1 {
+		t.Fatalf("a dead member's entry is in the view (running %d)", got)
+	}
+}
+
+// FuzzMergeRelayed: whatever a relay delivers, MergeRelayed neither panics
+// nor accepts what decodeEntry rejects, and an accepted entry is the view's.
+func FuzzMergeRelayed(f *testing.F) {
+	good, _ := encodeEntry(&entry{Origin: "peer", Kind: kindEngine, Name: "e", Version: 3, Engine: &EngineState{ID: "e", KVUsage: 0.3}})
+	inf, _ := encodeEntry(&entry{Origin: "peer", Kind: kindInFlight, Version: 4, InFlight: map[string]int{"e": 2}})
+	f.Add("peer", good)
+	f.Add("", inf)
+	f.Add("other", good)
+	f.Add("peer", []byte{wireEntry, '{', '}'})
+	n, err := New(testConfig("fuzz", RoleIngress, nil))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(n.Shutdown)
+	n.mu.Lock()
+	n.alive["peer"] = NodeMeta{Role: RoleSidecar}
+	n.mu.Unlock()
+	f.Fuzz(func(t *testing.T, from string, b []byte) {
+		ok, err := n.MergeRelayed(from, b)
+		e, derr := decodeEntry(b)
+		if ok && (err != nil || derr != nil || (from != "" && e.Origin != from)) {
+			t.Fatalf("accepted %q from %q: err %v, decode %v", b, from, err, derr)
+		}
+		if derr == nil && from != "" && e.Origin != from && err == nil {
+			t.Fatalf("origin %q relayed as %q's not rejected", e.Origin, from)
+		}
+	})
+}
