@@ -450,7 +450,7 @@ func (n *Node) flush(all bool) {
 	n.mu.Unlock()
 	for _, o := range outs {
 		if o.dirty && n.cfg.Relay != nil {
-			n.cfg.Relay.Relay(o.name, o.msg)
+			n.cfg.Relay.Relay(n.cfg.Name, o.name, o.msg)
 		}
 		if len(o.msg) <= n.maxBroadcast {
 			n.queue.QueueBroadcast(&broadcast{name: o.name, msg: o.msg})

@@ -16,14 +16,15 @@ type Relay interface {
 	// once per BroadcastInterval per key, never for the periodic
 	// re-broadcast of unchanged entries, and also when the entry is too
 	// large for a broadcast packet (push/pull is then gossip's only way).
-	// key names the entry among this member's own and is stable across
+	// member is this member's name (Node.Name; the entries' origin). key
+	// names the entry among the member's own and is stable across
 	// versions: a newer msg under a key supersedes an unsent older one.
 	//
 	// It is called from the Node's broadcast loop goroutine, one call at
 	// a time, with no Node lock held. It must not block or do I/O there
 	// (that loop also feeds gossip): hand msg to a bounded queue of its
 	// own. msg is the callee's to keep; the Node never reuses it.
-	Relay(key string, msg []byte)
+	Relay(member, key string, msg []byte)
 }
 
 // MergeRelayed merges one entry that a Relay carried from member from (the

@@ -18,7 +18,10 @@ type directRelay struct {
 	sent atomic.Int64
 }
 
-func (r *directRelay) Relay(_ string, msg []byte) {
+func (r *directRelay) Relay(member, _ string, msg []byte) {
+	if member != r.from {
+		panic("relayed as " + member)
+	}
 	r.sent.Add(1)
 	if n := r.to.Load(); n != nil {
 		_, _ = n.MergeRelayed(r.from, msg)

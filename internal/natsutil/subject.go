@@ -11,7 +11,24 @@ const (
 	DeltaWildcard = "kvmesh.delta.>"
 	// StreamName is the JetStream stream that captures DeltaWildcard.
 	StreamName = "KVMESH_DELTAS"
+	// StatePrefix and StateWildcard: the state lane (core NATS, no
+	// stream). Each gossip member publishes its own changed gossip entries
+	// on StateSubject(its member name); ingresses subscribe to all.
+	StatePrefix   = "kvmesh.state."
+	StateWildcard = "kvmesh.state.>"
 )
+
+// StateSubject is the subject a gossip member publishes its own entries on.
+func StateSubject(member string) string { return StatePrefix + EscapeToken(member) }
+
+// ParseStateSubject returns the (unescaped) member name of a state subject.
+func ParseStateSubject(subject string) (member string, ok bool) {
+	rest, found := strings.CutPrefix(subject, StatePrefix)
+	if !found || strings.Contains(rest, ".") {
+		return "", false
+	}
+	return UnescapeToken(rest)
+}
 
 // DeltaSubject is the subject one engine's deltas are published on.
 func DeltaSubject(model, engine string) string {

@@ -1,0 +1,209 @@
+// Package natsrelay is the state lane: gossip members' own changed entries
+// over core NATS (no JetStream), beside gossip. A member publishes on
+// natsutil.StateSubject(its gossip name) through a Publisher, set as its
+// gossip.Config.Relay; ingresses subscribe to natsutil.StateWildcard and
+// merge what arrives with gossip.Node.MergeRelayed, under gossip's rules
+// (newer versions of alive members only). Gossip stays the membership and
+// the fallback: without NATS, or when a message is lost, push/pull and the
+// periodic re-broadcast still converge.
+//
+// Every engine's entry reaches every ingress directly, once per change and
+// at most once per broadcast interval: N sidecars cost each ingress N
+// small messages per interval, where gossip's all-to-all spreading cost
+// every member O(N) and never kept up past a few dozen members.
+package natsrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+)
+
+// Publisher implements gossip.Relay over core NATS. Relay only records the
+// newest message per key; Run publishes. Its queue is bounded by the
+// member's own keys (its engines, its in-flight entry, a few app names):
+// when a key's message is still unsent, the newer one replaces it.
+type Publisher struct {
+	// mu guards pending and subject; held only to put a message or swap
+	// the map, never across a publish.
+	mu      sync.Mutex
+	pending map[string]outMsg
+	member  string // whose subject is subject
+	subject string
+	wake    chan struct{} // capacity 1: pending has something
+
+	published atomic.Uint64
+	failed    atomic.Uint64
+}
+
+var _ gossip.Relay = (*Publisher)(nil)
+
+type outMsg struct {
+	subject string
+	data    []byte
+}
+
+// NewPublisher returns a publisher for gossip.Config.Relay; it publishes
+// once Run runs.
+func NewPublisher() *Publisher {
+	return &Publisher{pending: map[string]outMsg{}, wake: make(chan struct{}, 1)}
+}
+
+// Relay records msg as key's newest, to be published on
+// natsutil.StateSubject(member); it never blocks (gossip.Relay).
+func (p *Publisher) Relay(member, key string, msg []byte) {
+	p.mu.Lock()
+	if member != p.member || p.subject == "" { // one member in practice: escaped once
+		p.member, p.subject = member, natsutil.StateSubject(member)
+	}
+	p.pending[key] = outMsg{p.subject, msg}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+// Run publishes recorded messages on nc until ctx ends. Its owner is the
+// caller, who runs it on one goroutine and stops it with ctx. While nc is
+// not connected messages are dropped and counted, not buffered: the next
+// change supersedes them, and gossip carries the state meanwhile.
+func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
+	batch := map[string]outMsg{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		p.mu.Lock()
+		batch, p.pending = p.pending, batch
+		p.mu.Unlock()
+		for k, msg := range batch {
+			if !nc.IsConnected() || nc.Publish(msg.subject, msg.data) != nil {
+				p.failed.Add(1)
+			} else {
+				p.published.Add(1)
+			}
+			delete(batch, k)
+		}
+	}
+}
+
+// Register registers the publisher's counters on reg and returns a func
+// that unregisters them.
+func (p *Publisher) Register(reg prometheus.Registerer) (unregister func(), err error) {
+	return register(reg,
+		counter("kvmesh_gossip_nats_published_total", "Own gossip entries published on the NATS state lane (kvmesh.state.<member>).", p.published.Load),
+		counter("kvmesh_gossip_nats_publish_failed_total", "Own gossip entries not published on the NATS state lane: NATS not connected or the publish failed (gossip still carries them).", p.failed.Load),
+	)
+}
+
+// Pending limits of the ingress's subscription: about a minute of 256
+// sidecars at 4 Hz; beyond, NATS drops messages (counted) and gossip fills
+// the gap.
+const (
+	pendingMsgs  = 64 << 10
+	pendingBytes = 64 << 20
+)
+
+// Subscription feeds every member's relayed entries into a gossip node.
+type Subscription struct {
+	sub      *nats.Subscription
+	dropped  atomic.Uint64 // last count NATS reported
+	rejected atomic.Uint64 // subjects that name no member
+}
+
+// Subscribe subscribes node to natsutil.StateWildcard on nc. Messages are
+// handled on the subscription's NATS goroutine (owned by nc; ended by
+// Unsubscribe or nc.Close), each merged by node.MergeRelayed; when more
+// than the pending limits wait, NATS drops the newest and Dropped counts
+// them. Malformed messages are counted by node (kvmesh_gossip_malformed_total)
+// and logged at debug.
+func Subscribe(nc *nats.Conn, node *gossip.Node, log *slog.Logger) (*Subscription, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Subscription{}
+	sub, err := nc.Subscribe(natsutil.StateWildcard, func(m *nats.Msg) {
+		member, ok := natsutil.ParseStateSubject(m.Subject)
+		if !ok {
+			s.rejected.Add(1)
+			return
+		}
+		if _, err := node.MergeRelayed(member, m.Data); err != nil {
+			log.Debug("state lane: message rejected", "subject", m.Subject, "err", err)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("state lane subscribe: %w", err)
+	}
+	if err := sub.SetPendingLimits(pendingMsgs, pendingBytes); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("state lane pending limits: %w", err)
+	}
+	s.sub = sub
+	return s, nil
+}
+
+// Dropped is how many messages NATS dropped for the subscription's
+// pending limits (a slow consumer) so far.
+func (s *Subscription) Dropped() uint64 {
+	if d, err := s.sub.Dropped(); err == nil && d >= 0 {
+		s.dropped.Store(uint64(d)) // kept: Dropped errors once unsubscribed
+	}
+	return s.dropped.Load()
+}
+
+// Rejected is how many messages arrived on a subject that names no member.
+func (s *Subscription) Rejected() uint64 { return s.rejected.Load() }
+
+// Unsubscribe ends the subscription. Safe to call twice.
+func (s *Subscription) Unsubscribe() error {
+	if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrBadSubscription) && !errors.Is(err, nats.ErrConnectionClosed) {
+		return err
+	}
+	return nil
+}
+
+// Register registers the subscription's counters on reg and returns a
+// func that unregisters them.
+func (s *Subscription) Register(reg prometheus.Registerer) (unregister func(), err error) {
+	return register(reg,
+		counter("kvmesh_gossip_nats_dropped_total", "State lane messages NATS dropped because the ingress's subscription had too many pending (gossip fills the gap).", s.Dropped),
+		counter("kvmesh_gossip_nats_rejected_total", "State lane messages on a subject naming no gossip member.", s.rejected.Load),
+	)
+}
+
+func counter(name, help string, f func() uint64) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) })
+}
+
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) (unregister func(), err error) {
+	var done []prometheus.Collector
+	unregister = func() {
+		for _, c := range done {
+			reg.Unregister(c)
+		}
+	}
+	if reg == nil {
+		return func() {}, nil
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			unregister()
+			return func() {}, err
+		}
+		done = append(done, c)
+	}
+	return unregister, nil
+}

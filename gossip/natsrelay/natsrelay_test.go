@@ -1,0 +1,241 @@
+package natsrelay
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+func gossipConfig(name, role string, join ...string) gossip.Config {
+	c := gossip.DefaultConfig()
+	c.Name = name
+	c.Profile = "local"
+	c.BroadcastInterval = 50 * time.Millisecond
+	c.PushPullInterval = time.Hour // gossip's full sync never runs within the test
+	c.RejoinInterval = 200 * time.Millisecond
+	c.Meta = gossip.NodeMeta{Role: role, ID: name}
+	c.Join = join
+	return c
+}
+
+func startNode(t *testing.T, c gossip.Config) *gossip.Node {
+	t.Helper()
+	n, err := gossip.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// tooBigForGossip is an adapter list that makes an engine's entry larger
+// than a broadcast packet: gossip carries it only by push/pull, which runs
+// once an hour here.
+func tooBigForGossip() string {
+	names := make([]string, 40)
+	for i := range names {
+		names[i] = fmt.Sprintf("customer-adapter-finetune-v2-%03d", i)
+	}
+	return gossip.JoinLoRAs(names)
+}
+
+func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
+	srv := testutil.NATS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	inReg := prometheus.NewRegistry()
+	ic := gossipConfig("ingress-1", gossip.RoleIngress)
+	ic.Registerer = inReg
+	in := startNode(t, ic)
+	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if _, err := sub.Register(inReg); err != nil {
+		t.Fatal(err)
+	}
+
+	pub := NewPublisher()
+	sc := gossipConfig("sidecar.1*", gossip.RoleSidecar, in.Addr()) // a name that is no subject token as it is
+	sc.Relay = pub
+	s := startNode(t, sc)
+	pnc := connect(t, srv.URL())
+	wg.Go(func() { pub.Run(ctx, pnc) })
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && s.NumMembers() == 2 })
+
+	loras := tooBigForGossip()
+	for _, running := range []int{3, 9, 4} {
+		s.SetEngine(gossip.EngineState{ID: "e1", Model: "m", LoRAs: loras, Running: running, KVUsage: 0.5})
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("the ingress sees running=%d", running), func() bool {
+			v, ok := in.Engine("e1")
+			return ok && v.Running == running && v.LoRAs == loras && v.Node == "sidecar.1*"
+		})
+	}
+	if got := counterValue(t, inReg, "kvmesh_gossip_relay_received_total"); got < 3 {
+		t.Fatalf("relay_received = %v, want >= 3", got)
+	}
+
+	// A malformed message, one claiming another member's entry and one on
+	// a subject that names no member: counted and rejected.
+	raw := connect(t, srv.URL())
+	for subj, data := range map[string][]byte{
+		natsutil.StateSubject("sidecar.1*"): []byte("\x01{not json"),
+		natsutil.StateSubject("ingress-1"):  []byte(`{}`),
+		"kvmesh.state.a.b":                  []byte("x"),
+		"kvmesh.state.~41":                  []byte("x"), // a safe byte escaped: not canonical
+	} {
+		if err := raw.Publish(subj, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := raw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the bad messages counted", func() bool {
+		return counterValue(t, inReg, "kvmesh_gossip_malformed_total") == 2 && counterValue(t, inReg, "kvmesh_gossip_nats_rejected_total") == 2
+	})
+	if v, _ := in.Engine("e1"); v.Running != 4 {
+		t.Fatalf("running = %d after bad messages; want 4", v.Running)
+	}
+}
+
+// A message older than what the ingress has (NATS and gossip both
+// delivered; one arrives late) does not overwrite it.
+func TestOlderRelayedEntryDoesNotOverwrite(t *testing.T) {
+	srv := testutil.NATS(t)
+	in := startNode(t, gossipConfig("ingress-1", gossip.RoleIngress))
+	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	rec := &recorder{}
+	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
+	sc.Relay = rec
+	s := startNode(t, sc)
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 })
+
+	big := tooBigForGossip()
+	for i, st := range []gossip.EngineState{
+		{ID: "e1", Model: "m", LoRAs: big, Running: 1},
+		{ID: "e1", Model: "m", LoRAs: big, Running: 2},
+		{ID: "marker", Model: "m", LoRAs: big},
+	} {
+		s.SetEngine(st)
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("state %d recorded", i), func() bool { return rec.len() == i+1 })
+	}
+	// Newest first, then the older one late, then the marker: one
+	// connection, one subscription, so they are merged in this order.
+	nc := connect(t, srv.URL())
+	for _, i := range []int{1, 0, 2} {
+		if err := nc.Publish(natsutil.StateSubject("sidecar-1"), rec.msg(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, 5*time.Second, "the marker merged", func() bool {
+		_, ok := in.Engine("marker")
+		return ok
+	})
+	if v, _ := in.Engine("e1"); v.Running != 2 {
+		t.Fatalf("running = %d: an older relayed state overwrote the newer", v.Running)
+	}
+}
+
+// The publisher keeps the newest message per key and publishes on the
+// member's escaped subject.
+func TestPublisherKeepsNewestPerKey(t *testing.T) {
+	srv := testutil.NATS(t)
+	nc := connect(t, srv.URL())
+	msgs := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe(natsutil.StateWildcard, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	p := NewPublisher()
+	p.Relay("a.b>", "k", []byte("old"))
+	p.Relay("a.b>", "k", []byte("new"))
+	p.Relay("a.b>", "j", []byte("other"))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { p.Run(ctx, nc) })
+	defer func() { cancel(); wg.Wait() }()
+	got := map[string]bool{}
+	for len(got) < 2 {
+		select {
+		case m := <-msgs:
+			if m.Subject != "kvmesh.state.a~2Eb~3E" {
+				t.Fatalf("subject %q", m.Subject)
+			}
+			got[string(m.Data)] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf("got %v", got)
+		}
+	}
+	if got["old"] || !got["new"] || !got["other"] {
+		t.Fatalf("published %v; want the newest per key", got)
+	}
+}
+
+type recorder struct {
+	mu   sync.Mutex
+	msgs [][]byte
+}
+
+func (r *recorder) Relay(_, _ string, msg []byte) {
+	r.mu.Lock()
+	r.msgs = append(r.msgs, msg)
+	r.mu.Unlock()
+}
+
+func (r *recorder) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+func (r *recorder) msg(i int) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.msgs[i]
+}
