@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,9 +46,13 @@ type Node struct {
 	dirty   map[entryKey]bool   // own entries changed since the last broadcast
 	// oversize holds the own keys logged as too large for a broadcast.
 	oversize map[entryKey]bool
-	lastVer  int64
-	onApp    []func(node, name string, blob []byte)
-	onLeave  []func(node string)
+	// relayed holds the own entries last handed to the relay, by key: an
+	// entry set again unchanged (the ingress shares its loads every load
+	// interval) is not relayed again.
+	relayed map[entryKey]*entry
+	lastVer int64
+	onApp   []func(node, name string, blob []byte)
+	onLeave []func(node string)
 	// conflicts holds the addresses whose name conflict was logged.
 	conflicts map[string]bool
 
@@ -94,7 +99,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, log: log.With("gossip", cfg.Name), metaBytes: meta,
 		alive: map[string]NodeMeta{}, addrs: map[string]string{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
-		conflicts: map[string]bool{}, oversize: map[entryKey]bool{},
+		conflicts: map[string]bool{}, oversize: map[entryKey]bool{}, relayed: map[entryKey]*entry{},
 	}
 	unregister, err := n.registerMetrics(cfg.Registerer)
 	if err != nil {
@@ -425,7 +430,7 @@ func (n *Node) flush(all bool) {
 		key       entryKey
 		name      string
 		msg       []byte
-		dirty     bool
+		relay     bool // changed since last relayed
 		firstOver bool // too large, and not logged before
 	}
 	n.mu.Lock()
@@ -439,7 +444,11 @@ func (n *Node) flush(all bool) {
 		if err != nil {
 			continue
 		}
-		o := out{key: k, name: fmt.Sprintf("%d/%s", k.kind, k.name), msg: b, dirty: dirty}
+		o := out{key: k, name: fmt.Sprintf("%d/%s", k.kind, k.name), msg: b}
+		if dirty && n.cfg.Relay != nil && !sameContent(n.relayed[k], e) {
+			n.relayed[k] = e // own entries are replaced, never changed in place
+			o.relay = true
+		}
 		if len(b) > n.maxBroadcast && !n.oversize[k] && len(n.oversize) < maxLoggedOversize {
 			n.oversize[k] = true
 			o.firstOver = true
@@ -449,7 +458,7 @@ func (n *Node) flush(all bool) {
 	clear(n.dirty)
 	n.mu.Unlock()
 	for _, o := range outs {
-		if o.dirty && n.cfg.Relay != nil {
+		if o.relay {
 			n.cfg.Relay.Relay(n.cfg.Name, o.name, o.msg)
 		}
 		if len(o.msg) <= n.maxBroadcast {
@@ -462,6 +471,22 @@ func (n *Node) flush(all bool) {
 				"kind", kindName(o.key.kind), "name", o.key.name, "bytes", len(o.msg), "limit", n.maxBroadcast)
 		}
 	}
+}
+
+// sameContent: a and b (own entries of one key) differ at most in version.
+func sameContent(a, b *entry) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	switch {
+	case (a.Engine == nil) != (b.Engine == nil),
+		a.Engine != nil && *a.Engine != *b.Engine,
+		!maps.Equal(a.InFlight, b.InFlight),
+		!maps.Equal(a.Prefill, b.Prefill),
+		!bytes.Equal(a.App, b.App):
+		return false
+	}
+	return true
 }
 
 // maxLoggedOversize bounds the own keys whose oversize was logged (own

@@ -11,11 +11,12 @@ import (
 // (Node.MergeRelayed), so whichever copy arrives first wins and the other
 // is an ignored duplicate.
 type Relay interface {
-	// Relay is handed one own entry, encoded as a gossip broadcast, each
-	// time the member queues it for broadcast because it changed: at most
-	// once per BroadcastInterval per key, never for the periodic
-	// re-broadcast of unchanged entries, and also when the entry is too
-	// large for a broadcast packet (push/pull is then gossip's only way).
+	// Relay is handed one own entry, encoded as a gossip broadcast, when
+	// the member queues it for broadcast and its content changed since
+	// it was last relayed: at most once per BroadcastInterval per key,
+	// never for an entry set again unchanged nor for the periodic
+	// re-broadcast, and also when the entry is too large for a broadcast
+	// packet (push/pull is then gossip's only way).
 	// member is this member's name (Node.Name; the entries' origin). key
 	// names the entry among the member's own and is stable across
 	// versions: a newer msg under a key supersedes an unsent older one.

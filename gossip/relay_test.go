@@ -71,8 +71,8 @@ func TestRelayCarriesWhatGossipCannot(t *testing.T) {
 	}
 }
 
-// Only changed entries are relayed: not the periodic re-broadcast of
-// unchanged ones.
+// Only changed entries are relayed: not one set again unchanged, nor the
+// periodic re-broadcast.
 func TestRelayOnlyChangedEntries(t *testing.T) {
 	relay := &directRelay{from: "sidecar-1"}
 	c := testConfig("sidecar-1", RoleSidecar, nil)
@@ -82,6 +82,7 @@ func TestRelayOnlyChangedEntries(t *testing.T) {
 	s.SetEngine(EngineState{ID: "e2", Model: "m"})
 	testutil.WaitFor(t, 5*time.Second, "both engines relayed", func() bool { return relay.sent.Load() >= 2 })
 	before := relay.sent.Load()
+	s.SetEngine(EngineState{ID: "e1", Model: "m", Running: 1}) // set again, unchanged
 	for i := 0; i <= 10; i++ {
 		s.flush(i == 10) // the loop's own flushes find nothing dirty either
 	}

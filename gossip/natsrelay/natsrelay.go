@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -41,6 +42,7 @@ type Publisher struct {
 	subject string
 	wake    chan struct{} // capacity 1: pending has something
 
+	log       *slog.Logger
 	published atomic.Uint64
 	failed    atomic.Uint64
 }
@@ -53,9 +55,13 @@ type outMsg struct {
 }
 
 // NewPublisher returns a publisher for gossip.Config.Relay; it publishes
-// once Run runs.
-func NewPublisher() *Publisher {
-	return &Publisher{pending: map[string]outMsg{}, wake: make(chan struct{}, 1)}
+// once Run runs. log (nil: slog.Default) gets the one error of a NATS user
+// not allowed to publish on the lane.
+func NewPublisher(log *slog.Logger) *Publisher {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Publisher{pending: map[string]outMsg{}, wake: make(chan struct{}, 1), log: log}
 }
 
 // Relay records msg as key's newest, to be published on
@@ -76,7 +82,10 @@ func (p *Publisher) Relay(member, key string, msg []byte) {
 // Run publishes recorded messages on nc until ctx ends. Its owner is the
 // caller, who runs it on one goroutine and stops it with ctx. While nc is
 // not connected messages are dropped and counted, not buffered: the next
-// change supersedes them, and gossip carries the state meanwhile.
+// change supersedes them, and gossip carries the state meanwhile. When the
+// server refuses the lane's subject (a NATS user whose permissions predate
+// it), Run logs that once and returns: each refused publish would log a
+// NATS error, several a second.
 func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 	batch := map[string]outMsg{}
 	for {
@@ -95,6 +104,10 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 				p.published.Add(1)
 			}
 			delete(batch, k)
+		}
+		if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to \""+natsutil.StatePrefix) {
+			p.log.Error("state lane off: the NATS user may not publish on "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) or turn the lane off; gossip alone carries the state meanwhile", "err", err)
+			return
 		}
 	}
 }

@@ -3,10 +3,14 @@ package natsrelay
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -92,7 +96,7 @@ func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	pub := NewPublisher()
+	pub := NewPublisher(nil)
 	sc := gossipConfig("sidecar.1*", gossip.RoleSidecar, in.Addr()) // a name that is no subject token as it is
 	sc.Relay = pub
 	s := startNode(t, sc)
@@ -192,7 +196,7 @@ func TestPublisherKeepsNewestPerKey(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	p := NewPublisher()
+	p := NewPublisher(nil)
 	p.Relay("a.b>", "k", []byte("old"))
 	p.Relay("a.b>", "k", []byte("new"))
 	p.Relay("a.b>", "j", []byte("other"))
@@ -238,4 +242,53 @@ func (r *recorder) msg(i int) []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.msgs[i]
+}
+
+// A NATS user whose permissions predate the lane: the publisher stops
+// after the first refusal instead of drawing a NATS error per publish.
+func TestPublisherStopsWhenTheSubjectIsRefused(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		Users: []*server.User{{Username: "old", Password: "pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>"}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start() // owned by srv: Shutdown stops it
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	var asyncErrs atomic.Int64
+	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("old", "pw"),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) { asyncErrs.Add(1) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	p := NewPublisher(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { defer close(done); p.Run(ctx, nc) }() // owned by the test: ends by itself, or with cancel
+	stopped := func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	}
+	for i := 0; !stopped(); i++ {
+		if i > 2000 {
+			t.Fatal("the publisher kept publishing on a refused subject")
+		}
+		p.Relay("m", "k", []byte{byte(i)})
+		testutil.WaitFor(t, 5*time.Second, "the message handed to NATS", func() bool { return p.published.Load()+p.failed.Load() > uint64(i) || stopped() })
+		if err := nc.FlushTimeout(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := asyncErrs.Load(); n > 5 {
+		t.Fatalf("%d NATS errors before the publisher stopped", n)
+	}
 }
