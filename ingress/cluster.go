@@ -42,6 +42,10 @@ type ClusterConfig struct {
 	// JetStream stream (the sidecars or the orchestrator own it), so a NATS
 	// user without stream-admin rights is enough.
 	NATSAuth natsutil.Auth `yaml:"natsAuth"`
+	// StateOverNATSOff turns the NATS state lane off (statelane.go): with
+	// gossip and NATS both on, engine load then reaches routing by gossip
+	// alone. Default false (the lane runs).
+	StateOverNATSOff bool `yaml:"stateOverNATSOff"`
 	// IndexSyncGrace bounds how long /ready waits for the first index sync
 	// (NATS reachable, every engine snapshotted). Past it the replica is
 	// ready anyway and routes on load and its own speculative entries until
@@ -84,6 +88,7 @@ type cluster struct {
 	nc   *natsutil.Conn
 	mat  *materialize.Materializer
 	mem  *gossipMembership
+	lane *stateLane // nil without NATS (statelane.go)
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 }
@@ -109,6 +114,7 @@ func (s *Server) startCluster() error {
 		gc.Meta = gossip.NodeMeta{Role: gossip.RoleIngress, ID: s.cfg.ID}
 		gc.Logger = s.log
 		gc.Registerer = s.deps.Registry
+		gc.Relay = s.stateLaneRelay()
 		node, err := gossip.New(gc)
 		if err != nil {
 			return fmt.Errorf("ingress gossip: %w", err)
@@ -151,6 +157,7 @@ func (s *Server) startCluster() error {
 			return fmt.Errorf("ingress nats: %w", err)
 		}
 		cl.nc = conn
+		s.startStateLane(ctx, conn)
 		mc := materialize.DefaultConfig()
 		mc.Conn = conn.NC
 		mc.Index = s.deps.Index

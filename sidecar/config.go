@@ -106,6 +106,10 @@ type Config struct {
 	NATS natsutil.Config
 	// Gossip membership; nil disables gossip (deltas and snapshots still work).
 	Gossip *gossip.Config
+	// StateOverNATSOff stops publishing the engines' gossip entries on the
+	// NATS state lane (staterelay.go); the ingresses then learn engine load
+	// by gossip alone. Default false (published).
+	StateOverNATSOff bool
 	// AdminAddr serves /health, /ready, /metrics and /debug/state; "" disables.
 	AdminAddr string
 	// ResyncPolicy for lost event history: "rebuild" (default) or "reset-engine".

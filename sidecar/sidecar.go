@@ -177,6 +177,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		if gc.Logger == nil {
 			gc.Logger = s.log
 		}
+		s.startStateLane(ctx, &wg, &gc, conn) // staterelay.go
 		node, err := gossip.New(gc)
 		if err == nil {
 			if err = s.engineIDsFree(node); err != nil {
