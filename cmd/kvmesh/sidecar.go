@@ -62,7 +62,7 @@ func sidecarFlagsRead(fs *flag.FlagSet, o *sidecar.Options, probs *flagProblems)
 		rules = append(rules, offFlag{f, noEngine, engine})
 	}
 	rules = append(rules, offFlag{"tokenizer-revision", e.TokenizerDir == "", "without --tokenizer-dir"})
-	for _, f := range []string{"gossip-advertise", "gossip-profile", "gossip-key", "node-name"} {
+	for _, f := range []string{"gossip-advertise", "gossip-profile", "gossip-key", "node-name", "state-over-nats"} {
 		rules = append(rules, offFlag{f, o.GossipBind == "", "without --gossip-bind"})
 	}
 	rules = append(rules, natsFlagsOff(len(o.Config.NATS.URLs) == 0)...)
@@ -118,6 +118,7 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	gossipKeyFlag(fs, &opts.Gossip.SecretKey, &opts.Gossip.ExtraKeys, probs)
 	fs.StringVar(&opts.Gossip.Profile, "gossip-profile", opts.Gossip.Profile, "gossip timings: local, lan or wan")
 	fs.StringVar(&opts.Gossip.Name, "node-name", "", "gossip member name (default hostname-random)")
+	stateLaneFlag(fs, &cfg.StateOverNATSOff, "publish the engines' gossip state on NATS too (kvmesh.state.<node-name>), where the ingresses read it within a broadcast interval (default true)")
 
 	fs.StringVar(&cfg.AdminAddr, "admin", "127.0.0.1:9101", "admin address for /health, /ready, /metrics, /debug/state (empty: off)")
 	fs.StringVar(&cfg.ResyncPolicy, "resync-policy", cfg.ResyncPolicy, "when event history is lost: rebuild (keep the engine cache, under-report until re-stored) or reset-engine (POST /reset_prefix_cache: exact, costs the cache)")
