@@ -60,7 +60,9 @@ type Config struct {
 	// which no member listens (a seed restarted without seeds of its own).
 	// Joins run beside the broadcasts, never in their way.
 	RejoinInterval time.Duration
-	// Logger for membership changes; memberlist's own log goes here at debug level.
+	// Logger for membership changes; memberlist's own log goes here too:
+	// its [ERR] and [WARN] lines at warn level (at most one a minute per
+	// kind), the rest at debug.
 	Logger *slog.Logger
 	// Registerer for the kvmesh_gossip_* metrics; nil: not registered.
 	Registerer prometheus.Registerer

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -135,11 +134,7 @@ func New(cfg Config) (*Node, error) {
 	// the dead one's address until it is reaped).
 	mc.DeadNodeReclaimTime = time.Nanosecond
 	mc.LogOutput = nil
-	mc.Logger = slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)
-	if !n.log.Enabled(context.Background(), slog.LevelDebug) {
-		mc.Logger = nil
-		mc.LogOutput = io.Discard
-	}
+	mc.Logger = newMLLogger(n.log) // mllog.go: [ERR]/[WARN] at warn, rate-limited; the rest at debug
 	// The queue exists before memberlist does: its listener may ask for
 	// broadcasts (answering a peer's ping) before Create returns.
 	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: n.numNodes, RetransmitMult: mc.RetransmitMult}
