@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,7 +47,8 @@ type Config struct {
 	// Profile picks memberlist timings: "local" (loopback/tests: probe 1s,
 	// dead within ~3-5s), "lan" (default in production) or "wan".
 	Profile string
-	// Meta is this node's metadata (Contract 3); at most ~500 bytes encoded.
+	// Meta is this node's metadata (Contract 3); at most MetaLimit bytes
+	// encoded (CheckMeta).
 	Meta NodeMeta
 	// BroadcastInterval is how often changed local state is queued for
 	// gossip; unchanged state is re-broadcast every 10 intervals so late
@@ -143,10 +145,41 @@ func (c *Config) Validate() error {
 	if c.RejoinInterval <= 0 {
 		add("rejoin interval %v must be positive", c.RejoinInterval)
 	}
-	if b, err := encodeMeta(c.Meta); err == nil && len(b) > metaLimit {
-		add("meta encodes to %d bytes; limit %d", len(b), metaLimit)
+	if err := CheckMeta(c.Meta); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// CheckMeta says whether m fits memberlist's node metadata once encoded
+// (MetaLimit bytes). When it does not, the error (wrapping ErrConfig) names
+// the fields that take the room with their sizes, longest first: a DaemonSet
+// sidecar checks every engine's metadata this way, not only the first's.
+func CheckMeta(m NodeMeta) error {
+	b, err := encodeMeta(m)
+	if err != nil {
+		return fmt.Errorf("%w: meta: %w", ErrConfig, err)
+	}
+	if len(b) <= MetaLimit {
+		return nil
+	}
+	type field struct {
+		name string
+		n    int
+	}
+	var fs []field
+	for _, f := range []field{{"model", len(m.Model)}, {"url", len(m.EngineURL)}, {"id", len(m.ID)}, {"engine role", len(m.EngineRole)}} {
+		if f.n > 0 {
+			fs = append(fs, f)
+		}
+	}
+	slices.SortStableFunc(fs, func(a, b field) int { return b.n - a.n })
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		parts[i] = fmt.Sprintf("%s %d bytes", f.name, f.n)
+	}
+	return fmt.Errorf("%w: gossip metadata of %q encodes to %d bytes, limit %d (%s): shorten the model name, engine URL or id by %d bytes",
+		ErrConfig, m.ID, len(b), MetaLimit, strings.Join(parts, ", "), len(b)-MetaLimit)
 }
 
 // ParseKeys parses the --gossip-key form: comma-separated base64 keys, the

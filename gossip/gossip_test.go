@@ -175,7 +175,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	if !errors.Is(err, ErrConfig) {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"secret key", "profile", "bind port", "broadcast interval", "role", "meta encodes"} {
+	for _, want := range []string{"secret key", "profile", "bind port", "broadcast interval", "role", "gossip metadata of", "model 600 bytes"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)
 		}

@@ -145,9 +145,11 @@ func (e *entry) key() entryKey { return entryKey{e.Origin, e.Kind, e.Name} }
 // Wire: one version byte, then JSON. Gossip is low-rate state, so a readable
 // encoding that decodes safely wins over a compact one.
 const (
-	wireEntry  = 1 // a single entry (UDP broadcast)
-	wireState  = 2 // a push/pull full state: a JSON array of entries
-	metaLimit  = 500
+	wireEntry = 1 // a single entry (UDP broadcast)
+	wireState = 2 // a push/pull full state: a JSON array of entries
+	// MetaLimit bounds a member's encoded metadata (memberlist's limit is
+	// 512).
+	MetaLimit  = 500
 	maxAppBlob = 4 << 10
 )
 

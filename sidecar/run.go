@@ -75,9 +75,15 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 		}
 		g.Join = o.GossipSeeds
 		g.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar}
-		if len(cfg.Engines) > 0 {
-			e := cfg.Engines[0]
-			g.Meta.ID, g.Meta.Model, g.Meta.EngineURL, g.Meta.EngineRole, g.Meta.BlockSize = e.ID, e.Model, e.URL, e.Role, e.BlockSize
+		for i, e := range cfg.Engines {
+			m := gossip.NodeMeta{Role: gossip.RoleSidecar, ID: e.ID, Model: e.Model, EngineURL: e.URL, EngineRole: e.Role, BlockSize: e.BlockSize}
+			if i == 0 {
+				g.Meta = m // the first engine's is the member's (Contract 3)
+			}
+			// Every engine's must fit, whatever the --engine order.
+			if err := gossip.CheckMeta(m); err != nil && i > 0 {
+				errs = append(errs, fmt.Errorf("%w: --engine %d: %w", ErrConfig, i+1, err))
+			}
 		}
 		g.Logger = log
 		cfg.Gossip = &g
