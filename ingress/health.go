@@ -21,7 +21,8 @@ import (
 // Connect errors and timeouts eject on the first failure, so a request waits
 // on a dead engine's timeout at most once per ejection; answers of 5xx and
 // streams that break after they started (the engine's connection died
-// mid-answer) eject after ConsecutiveFailures in a row or when the decaying
+// mid-answer) and answers the ingress cannot read as HTTP (protocol errors:
+// the engine is alive) eject after ConsecutiveFailures in a row or when the decaying
 // error rate passes ErrorRate. 429 is the engine shedding load, not a
 // failure, and never ejects; neither does a first-byte timeout of an engine
 // that answers its probes (Config.FirstByteTimeout: slow, not dead).
@@ -108,7 +109,7 @@ func healthKind(result string) int {
 		return healthOK
 	case "connect_error", "timeout", "empty_response":
 		return healthHardFail
-	case "status_5xx", "stream_error":
+	case "status_5xx", "stream_error", "protocol_error":
 		return healthSoftFail
 	}
 	return healthNeutral

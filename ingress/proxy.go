@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -232,6 +234,9 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	if c.s.debugEnabled() {
 		c.s.log.Debug("upstream attempt failed", "engine", up.id, "result", result, "err", err)
 	}
+	if result == "protocol_error" {
+		err = errUnreadableAnswer
+	}
 	switch result {
 	case "first_byte_timeout":
 		return fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
@@ -242,13 +247,55 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	return fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
 }
 
+// classifyErr names an attempt's transport error: "timeout",
+// "protocol_error" (the engine answered, with something the ingress
+// cannot read as HTTP: isProtocolErr) or "connect_error" (no connection,
+// or it dropped).
 func classifyErr(err error) string {
 	var ne net.Error
 	if errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
 		return "timeout"
 	}
+	if isProtocolErr(err) {
+		return "protocol_error"
+	}
 	return "connect_error"
 }
+
+// errUnreadableAnswer is what a client learns of a protocol error: not
+// fasthttp's text, which may quote the engine's answer.
+var errUnreadableAnswer = fmt.Errorf("the engine's answer is not readable HTTP (malformed, or a head over %d bytes)", maxUpstreamHead)
+
+// isProtocolErr reports whether err is fasthttp's verdict on an answer it
+// read and could not parse (a head over the read buffer, a malformed
+// status line or header, a broken chunk), as opposed to a connection that
+// failed or closed (io.EOF, a net.Error, a reset), which wraps its cause.
+func isProtocolErr(err error) bool {
+	var small *fasthttp.ErrSmallBuffer
+	var chunk fasthttp.ErrBrokenChunk
+	switch {
+	case errors.As(err, &small), errors.As(err, &chunk):
+		return true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, fasthttp.ErrConnectionClosed):
+		return false
+	}
+	var ne net.Error
+	var se syscall.Errno
+	if errors.As(err, &ne) || errors.As(err, &se) {
+		return false
+	}
+	for _, pe := range responseParseErrs {
+		if errors.Is(err, pe) {
+			return true
+		}
+	}
+	// Other head parse errors are fasthttp's unwrapped texts under this prefix.
+	return strings.HasPrefix(err.Error(), "error when reading response headers")
+}
+
+var responseParseErrs = [...]error{fasthttp.ErrResponseFirstLineMissingSpace, fasthttp.ErrUnexpectedStatusCodeChar,
+	fasthttp.ErrNonNumericChars, fasthttp.ErrDuplicateContentLength, fasthttp.ErrUnsupportedTransferEncoding,
+	fasthttp.ErrSmallReadBuffer, fasthttp.ErrReadingResponseHeaders}
 
 func statusResult(st int) string {
 	if st == fasthttp.StatusTooManyRequests {

@@ -2,7 +2,12 @@
 
 package ingress
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
 
 // Reading the int members as pydantic does allocates nothing, numeric
 // strings with escapes and duplicates included.
@@ -19,5 +24,21 @@ func TestIntMembersNoAlloc(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("%v allocations per parse", n)
+	}
+}
+
+// Keeping the forwarded headers, a client request id replaced by one the
+// ingress makes included, allocates nothing once the call's buffers grew.
+func TestForwardHeadersNoAlloc(t *testing.T) {
+	var h fasthttp.RequestHeader
+	h.Set("X-Request-Id", strings.Repeat("a", 4000))
+	h.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	var c call
+	c.keepForwardHeaders(&h)
+	if n := testing.AllocsPerRun(100, func() { c.keepForwardHeaders(&h) }); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+	if len(c.fwd[fwdRequestID]) != 32 {
+		t.Fatalf("request id %.40q", c.fwd[fwdRequestID])
 	}
 }

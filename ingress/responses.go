@@ -468,7 +468,13 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	defer fasthttp.ReleaseRequest(ureq)
 	defer fasthttp.ReleaseResponse(resp)
 	ureq.Header.SetMethodBytes(ctx.Method())
-	s.putUpstreamHeaders(&ureq.Header, func(i int) []byte { return ctx.Request.Header.Peek(forwardHeaders[i]) })
+	s.putUpstreamHeaders(&ureq.Header, func(i int) []byte {
+		v := ctx.Request.Header.Peek(forwardHeaders[i])
+		if i == fwdRequestID && len(v) > 0 && !validRequestID(v) {
+			return appendRequestID(nil) // upstreamhdr.go
+		}
+		return v
+	})
 	ureq.SetRequestURI(up.url + string(ctx.RequestURI()))
 	ureq.SetHost(up.hc.Addr)
 	if cancel {
@@ -476,6 +482,9 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		ureq.SetBody(ctx.PostBody())
 	}
 	if err := up.hc.Do(ureq, resp); err != nil {
+		if isProtocolErr(err) {
+			err = errUnreadableAnswer // proxy.go
+		}
 		fail(fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err))
 		return
 	}

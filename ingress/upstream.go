@@ -14,6 +14,12 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// maxUpstreamHead is an upstream connection's read buffer, and so the
+// longest answer head the ingress reads (fasthttp's default, 4 KiB, is
+// easily passed by an engine echoing a request id behind a proxy that adds
+// headers of its own). It costs that much per connection in use.
+const maxUpstreamHead = 64 << 10
+
 // upstream is one engine's connection pool and this replica's in-flight
 // count for it, keyed by engine id (and URL: an engine that moves gets a new
 // one). An engine that leaves membership keeps its upstream until it has
@@ -166,8 +172,13 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 		MaxIdleConnDuration:           5 * time.Second, // also how long a closed client's cleaner lingers
 		StreamResponseBody:            true,
 		DisableHeaderNamesNormalizing: false,
-		MaxIdemponentCallAttempts:     1, // retries are ours: on the next engine
-		RetryIfErr:                    func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+		// An answer's head may be long (an engine or a proxy in front of
+		// it adding headers); one over the buffer fails as a protocol
+		// error (classifyErr), never quoted: the error names no content.
+		ReadBufferSize:            maxUpstreamHead,
+		SecureErrorLogMessage:     true,
+		MaxIdemponentCallAttempts: 1, // retries are ours: on the next engine
+		RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 		Dial: func(addr string) (net.Conn, error) {
 			c, err := dialer.Dial("tcp", addr)
 			if err != nil {

@@ -2,6 +2,9 @@ package ingress
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"math/rand/v2"
 
 	"github.com/valyala/fasthttp"
 )
@@ -13,11 +16,48 @@ import (
 // the ingress (the client's credentials above all).
 var forwardHeaders = [...]string{"X-Request-Id", "Traceparent", "Tracestate", "Baggage"}
 
+// fwdRequestID is X-Request-Id's index in forwardHeaders.
+const fwdRequestID = 0
+
+// maxRequestID bounds a client's X-Request-Id: an engine echoes it in its
+// answer's head (vLLM with --enable-request-id-headers, the simulator
+// always), so a long one would make that head long, and a request id has
+// no use for more.
+const maxRequestID = 128
+
+// validRequestID reports whether a client's request id is forwarded as it
+// is: 1 to maxRequestID bytes of visible ASCII (no space, no control byte).
+func validRequestID(id []byte) bool {
+	if len(id) == 0 || len(id) > maxRequestID {
+		return false
+	}
+	for _, b := range id {
+		if b < 0x21 || b > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// appendRequestID appends a request id of the ingress's own: 32 hex digits
+// (128 random bits), made without allocating.
+func appendRequestID(dst []byte) []byte {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	return hex.AppendEncode(dst, b[:])
+}
+
 // keepForwardHeaders copies the client's forwarded headers into c (the
-// request context is not to be read from a P/D leg's goroutine).
+// request context is not to be read from a P/D leg's goroutine). A client
+// request id that is not valid (validRequestID) is replaced by one the
+// ingress makes.
 func (c *call) keepForwardHeaders(h *fasthttp.RequestHeader) {
 	for i, name := range forwardHeaders {
 		c.fwd[i] = append(c.fwd[i][:0], h.Peek(name)...)
+	}
+	if id := c.fwd[fwdRequestID]; len(id) > 0 && !validRequestID(id) {
+		c.fwd[fwdRequestID] = appendRequestID(id[:0])
 	}
 }
 
