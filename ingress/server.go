@@ -6,12 +6,15 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -243,7 +246,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		MaxRequestBodySize: cfg.MaxBodyBytes,
 		ReadBufferSize:     maxHeaderBytes,
 		// Parse errors must not quote the request head back to the client
-		// or into logs: it holds the credential.
+		// or into logs: it holds the credential. fasthttp's option leaves
+		// some in (a bad header's value); handleTransportError and
+		// fasthttpLogger answer and log transportErrText.
 		SecureErrorLogMessage: true,
 		ReadTimeout:           cfg.ReadTimeout, // a client must send its request within this
 		IdleTimeout:           90 * time.Second,
@@ -602,15 +607,46 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		ctx.SetConnectionClose()
 		return
 	}
-	fail(badRequest("", fmt.Errorf("%w: %v", ErrBadRequest, err)), "400")
+	fail(badRequest("", fmt.Errorf("%w: %s", ErrBadRequest, transportErrText(err))), "400")
+}
+
+// transportErrText is a fixed text for an error fasthttp met reading a
+// request: its parse errors quote the offending header value (an
+// Authorization header with a stray byte is the credential), so neither
+// the client's answer nor the log gets their text. Connection errors keep
+// theirs (addresses and a cause, no content).
+func transportErrText(err error) string {
+	var small *fasthttp.ErrSmallBuffer
+	var chunk fasthttp.ErrBrokenChunk
+	var ne net.Error
+	var se syscall.Errno
+	switch {
+	case errors.As(err, &small):
+		return "request header fields too large"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return "request body too large"
+	case errors.As(err, &chunk):
+		return "malformed chunked request body"
+	case errors.As(err, &ne), errors.As(err, &se), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return err.Error()
+	case strings.Contains(err.Error(), "request headers"):
+		return "malformed request header"
+	}
+	return "malformed request"
 }
 
 // fasthttpLogger sends fasthttp's own messages (e.g. a client's malformed
-// request, already answered) to slog at debug level.
+// request, already answered) to slog at debug level, their errors as
+// transportErrText.
 type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		for i, a := range args {
+			if err, ok := a.(error); ok {
+				args[i] = transportErrText(err)
+			}
+		}
 		l.log.Debug(fmt.Sprintf(format, args...), "source", "fasthttp")
 	}
 }
