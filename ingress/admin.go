@@ -56,7 +56,7 @@ func (s *Server) startAdmin() error {
 				return
 			}
 			if !s.handleAdminPath(ctx, path) {
-				writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
+				writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clip(path)))
 			}
 		},
 	}

@@ -60,7 +60,7 @@ func newAPIError(status int, typ, code, param string, err error) *apiError {
 // methodNotAllowed is a 405 naming the methods path takes.
 func methodNotAllowed(allow string, method, path []byte) *apiError {
 	ae := newAPIError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
-		fmt.Errorf("%w: %s %s: use %s", ErrBadRequest, method, path, allow))
+		fmt.Errorf("%w: %s %s: use %s", ErrBadRequest, clipBytes(method), clipBytes(path), allow))
 	ae.allow = allow
 	return ae
 }

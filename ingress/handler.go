@@ -265,9 +265,9 @@ func (c *call) candidates() error {
 		if s.served.recently(served, time.Now()) {
 			// Served minutes ago: its engines' sidecars are gone or
 			// restarting, an outage to retry, not a model that does not exist.
-			return fmt.Errorf("%w: no live engine serves the model %q right now", ErrNoEngine, c.model)
+			return fmt.Errorf("%w: no live engine serves the model %q right now", ErrNoEngine, clip(c.model))
 		}
-		return fmt.Errorf("%w: the model %q does not exist or no engine serves it", ErrModelNotFound, c.model)
+		return fmt.Errorf("%w: the model %q does not exist or no engine serves it", ErrModelNotFound, clip(c.model))
 	}
 	s.served.seen(served, time.Now())
 	if c.block == 0 {
@@ -519,7 +519,7 @@ func (c *call) logAccess(total time.Duration) {
 	attrs := [...]slog.Attr{
 		slog.String("ingress", c.s.cfg.ID),
 		slog.String("endpoint", c.ep.String()),
-		slog.String("model", c.model),
+		slog.String("model", clip(c.model)), // clip.go: client-chosen strings are bounded
 		slog.Int("status", c.status),
 		slog.String("engine", c.engine),
 		slog.String("policy", c.dec.Policy),
@@ -534,7 +534,7 @@ func (c *call) logAccess(total time.Duration) {
 		slog.Int("output_tokens", c.outTokens),
 		slog.Bool("stream", c.req.stream),
 		slog.String("key", c.keyID),
-		slog.String("session", string(c.req.sessionID)),
+		slog.String("session", clipBytes(c.req.sessionID)),
 		slog.Float64("parse_ms", ms(c.tParse)),
 		slog.Float64("tokenize_ms", ms(c.tTokenize)),
 		slog.Float64("schedule_ms", ms(c.tSchedule)),

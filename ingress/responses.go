@@ -437,7 +437,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	if i := bytes.IndexByte(rest, '/'); i >= 0 {
 		id, cancel = rest[:i], string(rest[i:]) == "/cancel"
 		if !cancel {
-			fail(fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), ctx.Path()))
+			fail(fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(ctx.Path())))
 			return
 		}
 	}
@@ -461,7 +461,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	}
 	if up == nil {
 		//lint:ignore ST1005 OpenAI's own message, word for word
-		fail(newAPIError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "", fmt.Errorf("%w: Response with id '%s' not found.", ErrNotFound, id)))
+		fail(newAPIError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "", fmt.Errorf("%w: Response with id '%s' not found.", ErrNotFound, clip(string(id)))))
 		return
 	}
 	ureq, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()

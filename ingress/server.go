@@ -480,7 +480,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.heads.forget(&ctx.Request.Header) // a chunked body read whole: its head's note is not needed
 	}
 	if s.cfg.OpsOnly && !opsPath(ctx.Path()) { // before CORS: no preflight for what is not served
-		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), ctx.Path()))
+		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(ctx.Path())))
 		return
 	}
 	if s.cors(ctx) { // cors.go: a preflight, answered
@@ -539,7 +539,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		s.handleVersion(ctx)
 	case "/metrics":
 		if s.cfg.AdminListen != "" { // served on the admin listener instead
-			writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
+			writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path)))
 			return
 		}
 		// With client authentication on, the metrics (engine addresses,
@@ -555,7 +555,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 			s.handleResponseByID(ctx) // responses.go
 			return
 		}
-		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, ctx.Method(), path))
+		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path)))
 	}
 }
 
