@@ -71,7 +71,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	}
 	c.NC = nc
 	if !nc.IsConnected() {
-		log.Warn("nats not reachable yet; connecting in the background", "urls", strings.Join(cfg.URLs, ","))
+		log.Warn("nats not reachable yet; connecting in the background", "urls", strings.Join(RedactURLs(cfg.URLs), ","))
 	}
 	if !cfg.Stream.Disabled {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024),

@@ -46,3 +46,41 @@ func TestRefusedCredentialsLogged(t *testing.T) {
 		t.Fatalf("logged below error:\n%s", logs.String())
 	}
 }
+
+// No log line of a connection holds a password given in a NATS URL: not
+// the warning that NATS is not reachable yet (the pod-start race), nor the
+// refused credentials' error, at any level.
+func TestNoPasswordInLogs(t *testing.T) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "u", Password: "right", NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	down := "nats://kvm:LeakMeDown@" + testutil.NewGate(t).Addr() // never opened
+	refused := strings.Replace(s.ClientURL(), "nats://", "nats://u:LeakMeWrong@", 1)
+	for _, url := range []string{down, refused} {
+		cfg := natsutil.DefaultConfig()
+		cfg.URLs = []string{url}
+		cfg.WaitForServer = true
+		cfg.ReconnectWait = 50 * time.Millisecond
+		cfg.Stream.Disabled = true
+		var logs testutil.SyncBuffer
+		c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "not reachable yet"
+		if url == refused {
+			want = "refused this client's credentials"
+		}
+		testutil.WaitFor(t, 10*time.Second, want, func() bool { return strings.Contains(logs.String(), want) })
+		c.Close()
+		if strings.Contains(logs.String(), "LeakMe") || !strings.Contains(logs.String(), "redacted@") && url == down {
+			t.Fatalf("%s:\n%s", url, logs.String())
+		}
+	}
+}
