@@ -51,7 +51,8 @@ type call struct {
 	engPrompt   int         // the prompt tokens the engine's usage reported (tokencheck.go)
 	engCached   int         // the cached prompt tokens it reported, when engCachedOK
 	engCachedOK bool
-	fwd         [len(forwardHeaders)][]byte // the client's forwarded headers (upstreamhdr.go)
+	fwd         [len(forwardHeaders)][]byte // the client's forwarded headers, the request id first (upstreamhdr.go)
+	engineReqID []byte                      // the engine's X-Request-Id when not the request's (upstreamhdr.go)
 	engine      string
 	picked      string // the policy's pick, until reported finished (policyDone)
 	match       index.Match
@@ -104,6 +105,7 @@ func (c *call) reset() {
 		scratch:     c.scratch[:0],
 		scratchText: c.scratchText[:0],
 		fwd:         c.fwd,
+		engineReqID: c.engineReqID[:0],
 		rt:          c.rt.reset(),
 	}
 	c.req.reset()
@@ -114,6 +116,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
 	c := s.reqPool.Get().(*call)
 	c.reset()
 	c.s, c.ep, c.start = s, ep, time.Now()
+	c.keepForwardHeaders(&ctx.Request.Header) // upstreamhdr.go: the request id first, for every answer
 	s.m.inflight.Inc()
 	n := s.inflight.Add(1)
 	var err error
@@ -184,7 +187,6 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 		}
 		c.keyID = id
 	}
-	c.keepForwardHeaders(&ctx.Request.Header)
 	if len(ctx.Request.Header.ContentEncoding()) > 0 {
 		if err := c.s.decodeBody(&ctx.Request); err != nil { // encoding.go
 			return err
@@ -432,6 +434,7 @@ func (c *call) reqBody() []byte { return c.req.body }
 // writeError).
 func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	ae := writeError(ctx, err)
+	c.setRequestIDHeader(ctx) // upstreamhdr.go
 	c.status = ae.status
 	c.errMsg = ae.msg
 	if c.engine != "" {
@@ -518,6 +521,7 @@ func (c *call) logAccess(total time.Duration) {
 	prompt := c.promptTokens
 	attrs := [...]slog.Attr{
 		slog.String("ingress", c.s.cfg.ID),
+		slog.String("request_id", string(c.requestID())),
 		slog.String("endpoint", c.ep.String()),
 		slog.String("model", clip(c.model)), // clip.go: client-chosen strings are bounded
 		slog.Int("status", c.status),
@@ -545,8 +549,13 @@ func (c *call) logAccess(total time.Duration) {
 		slog.String("prefill_result", c.pd.result),
 		slog.Float64("prefill_ms", ms(c.pd.duration)),
 		slog.String("error", c.errMsg),
+		{}, // engine_request_id when the engine answered another id
 	}
-	c.s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs[:]...)
+	n := len(attrs) - 1
+	if len(c.engineReqID) > 0 {
+		attrs[n], n = slog.String("engine_request_id", string(c.engineReqID)), n+1
+	}
+	c.s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs[:n]...)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

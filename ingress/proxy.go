@@ -232,7 +232,7 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
 	if c.s.debugEnabled() {
-		c.s.log.Debug("upstream attempt failed", "engine", up.id, "result", result, "err", err)
+		c.s.log.Debug("upstream attempt failed", "request_id", string(c.requestID()), "engine", up.id, "result", result, "err", err)
 	}
 	if result == "protocol_error" {
 		err = errUnreadableAnswer
@@ -329,7 +329,7 @@ func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasth
 	ctx.SetStatusCode(st)
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
-	passUpstreamHeaders(&ctx.Response.Header, &resp.Header) // upstreamhdr.go
+	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	if err == nil {
 		ctx.SetBody(buf.Bytes())
 	}
@@ -356,6 +356,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		fasthttp.ReleaseResponse(resp)
 		c.endAttempt(up)
 		ae := writeError(ctx, fmt.Errorf("engine %s: %w", up.id, err))
+		c.setRequestIDHeader(ctx)
 		c.status, c.errMsg = ae.status, ae.msg
 		c.finish()
 		return true, nil
@@ -371,7 +372,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		bufPool.Put(buf)
 		return false, c.attemptFailed(up, resp, "empty_response", fmt.Errorf("engine %s: empty or non-JSON answer", up.id))
 	}
-	passUpstreamHeaders(&ctx.Response.Header, &resp.Header) // upstreamhdr.go
+	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	c.releaseConn()
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
@@ -487,7 +488,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
-	passUpstreamHeaders(&ctx.Response.Header, &resp.Header) // upstreamhdr.go
+	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	ctx.Response.SetBodyStream(ps, -1)
 	return true, nil
 }

@@ -49,17 +49,22 @@ func appendRequestID(dst []byte) []byte {
 }
 
 // keepForwardHeaders copies the client's forwarded headers into c (the
-// request context is not to be read from a P/D leg's goroutine). A client
-// request id that is not valid (validRequestID) is replaced by one the
-// ingress makes.
+// request context is not to be read from a P/D leg's goroutine). The
+// request id is the client's X-Request-Id when it is valid
+// (validRequestID), else one the ingress makes: every request has one, sent
+// upstream (vLLM names the request by it), returned to the client and
+// written in the access log.
 func (c *call) keepForwardHeaders(h *fasthttp.RequestHeader) {
 	for i, name := range forwardHeaders {
 		c.fwd[i] = append(c.fwd[i][:0], h.Peek(name)...)
 	}
-	if id := c.fwd[fwdRequestID]; len(id) > 0 && !validRequestID(id) {
+	if id := c.fwd[fwdRequestID]; !validRequestID(id) {
 		c.fwd[fwdRequestID] = appendRequestID(id[:0])
 	}
 }
+
+// requestID is the request's id (keepForwardHeaders).
+func (c *call) requestID() []byte { return c.fwd[fwdRequestID] }
 
 // forwardCopy is a copy of the client's forwarded headers, for a leg that
 // may outlive the call's buffers (the SGLang prefill leg's goroutine).
@@ -89,19 +94,25 @@ func (s *Server) putUpstreamHeaders(h *fasthttp.RequestHeader, fwd func(i int) [
 	}
 }
 
-// passHeaders are the engine's response headers the client gets with its
-// answer (streamed or not): vLLM run with --enable-request-id-headers
-// answers with X-Request-Id (the client's, or the id it made), so a caller
-// finds its request in the engine's logs and traces. The engine's other
+// passUpstreamHeaders puts the request id on the client's response
+// (streamed or not) and notes the engine's X-Request-Id when it differs:
+// vLLM run with --enable-request-id-headers echoes the id it was sent, so
+// the client, the access log and the engine's logs name the request alike.
+// An engine that answers another id (one that makes its own) does not
+// change what the client gets, the id the ingress logged and sent; the
+// access log has the engine's as engine_request_id. The engine's other
 // headers stay at the ingress (the answer's framing is the ingress's own).
-var passHeaders = [...]string{"X-Request-Id"}
+func (c *call) passUpstreamHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	c.setRequestIDHeader(ctx)
+	if v := resp.Header.Peek("X-Request-Id"); len(v) > 0 && !bytes.Equal(v, c.requestID()) {
+		c.engineReqID = append(c.engineReqID[:0], v[:min(len(v), maxRequestID)]...)
+	}
+}
 
-// passUpstreamHeaders copies passHeaders from an engine's answer to the
-// client's response, when the engine sent them.
-func passUpstreamHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
-	for _, name := range passHeaders {
-		if v := src.Peek(name); len(v) > 0 {
-			dst.SetBytesV(name, v)
-		}
+// setRequestIDHeader puts the request id on the client's response (its
+// answer, or its error: writeError resets the response, so after it).
+func (c *call) setRequestIDHeader(ctx *fasthttp.RequestCtx) {
+	if id := c.requestID(); len(id) > 0 {
+		ctx.Response.Header.SetBytesV("X-Request-Id", id)
 	}
 }
