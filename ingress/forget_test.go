@@ -330,7 +330,7 @@ func TestForgetEjectedEngine(t *testing.T) {
 		t.Fatalf("after forget: ejected %v, count %d", ej.ejected(), ej.nEjected.Load())
 	}
 	h.mu.Lock()
-	ej.ejectLocked(h, time.Now()) // a failed stall probe landing on the old record
+	ej.ejectLocked(h, time.Now(), "stalled") // a failed stall probe landing on the old record
 	h.mu.Unlock()
 	if ej.nEjected.Load() != 0 {
 		t.Fatalf("a forgotten record was ejected: count %d", ej.nEjected.Load())

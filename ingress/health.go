@@ -3,6 +3,7 @@ package ingress
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"sync"
@@ -119,9 +120,12 @@ func healthKind(result string) int {
 // it; ejected is also read without the lock on the request path.
 type engineHealth struct {
 	ejected atomic.Bool
+	id      string
 
 	mu          sync.Mutex
 	url         string
+	ejectedAt   time.Time // when the current ejection began (logged at the restore)
+	reason      string    // why (logged at the restore)
 	consecutive int
 	fails, reqs float64 // decayed counts
 	last        time.Time
@@ -146,6 +150,10 @@ type ejector struct {
 	bo       backoff.Backoff
 	ups      *upstreams // the stall watch's view of requests in flight (set by the Server)
 	stallBuf []*upstream
+	// log gets one line per transition: an engine ejected (WARN, with
+	// why) and restored (INFO, with how long it was out). Failed probes
+	// of an ejected engine are not logged again (the ejection said it).
+	log *slog.Logger
 
 	ejections prometheus.Counter
 	restores  prometheus.Counter
@@ -153,7 +161,7 @@ type ejector struct {
 }
 
 func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector {
-	e := &ejector{cfg: cfg, m: map[string]*engineHealth{},
+	e := &ejector{cfg: cfg, m: map[string]*engineHealth{}, log: slog.New(slog.DiscardHandler),
 		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true}},
 		bo:     backoff.Backoff{Min: cfg.EjectionTime, Max: cfg.MaxEjectionTime, Jitter: 0.2}}
 	cl := prometheus.Labels{"ingress": id}
@@ -189,7 +197,7 @@ func (e *ejector) get(id, url string) *engineHealth {
 	if h == nil {
 		e.mu.Lock()
 		if h = e.m[id]; h == nil {
-			h = &engineHealth{url: url}
+			h = &engineHealth{id: id, url: url}
 			e.m[id] = h
 		}
 		e.mu.Unlock()
@@ -227,24 +235,32 @@ func (e *ejector) observe(up *upstream, result string) {
 	}
 	h.fails++
 	h.consecutive++
-	if kind == healthHardFail || h.consecutive >= e.cfg.ConsecutiveFailures ||
-		(h.reqs >= e.cfg.MinRequests && h.fails/h.reqs >= e.cfg.ErrorRate) {
-		e.ejectLocked(h, now)
+	switch {
+	case kind == healthHardFail:
+		e.ejectLocked(h, now, result)
+	case h.consecutive >= e.cfg.ConsecutiveFailures:
+		e.ejectLocked(h, now, fmt.Sprintf("%s, %d failures in a row", result, h.consecutive))
+	case h.reqs >= e.cfg.MinRequests && h.fails/h.reqs >= e.cfg.ErrorRate:
+		e.ejectLocked(h, now, fmt.Sprintf("%s, error rate %.2f over %.1f recent requests", result, h.fails/h.reqs, h.reqs))
 	}
 }
 
 // ok records a successful attempt.
 func (e *ejector) ok(up *upstream) { e.observe(up, "ok") }
 
-func (e *ejector) ejectLocked(h *engineHealth, now time.Time) {
+// ejectLocked ejects h for reason (logged once per ejection).
+func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
 	if h.gone {
 		return // nEjected counts the records in m only
 	}
-	h.until = now.Add(e.bo.Delay(h.ejections))
+	delay := e.bo.Delay(h.ejections)
+	h.until = now.Add(delay)
 	h.ejections++
 	if !h.ejected.Swap(true) {
 		e.nEjected.Add(1)
 		e.ejections.Inc()
+		h.ejectedAt, h.reason = now, reason
+		e.log.Warn("engine ejected from routing", "engine", h.id, "reason", reason, "first_probe_in", delay.Round(time.Millisecond).String())
 	}
 }
 
@@ -353,7 +369,7 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	h.probing = false
 	eject := err != nil && !h.ejected.Load() && !h.gone && ctx.Err() == nil
 	if eject {
-		e.ejectLocked(h, time.Now())
+		e.ejectLocked(h, time.Now(), fmt.Sprintf("stalled: requests in flight, no byte for %v, two probes failed: %v", e.cfg.StallAfter, err))
 		h.stalled = true
 		e.stalls.Inc()
 	}
@@ -378,6 +394,8 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	if h.ejected.Swap(false) {
 		e.nEjected.Add(-1)
 		e.restores.Inc()
+		e.log.Info("engine restored to routing: its probe answered", "engine", h.id,
+			"ejected_for", now.Sub(h.ejectedAt).Round(time.Millisecond).String(), "reason", h.reason)
 	}
 }
 

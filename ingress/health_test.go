@@ -28,7 +28,8 @@ func TestEjectedEngineGetsNoRequestsAndReturns(t *testing.T) {
 	addr := victim.HTTPAddr()
 	cfg := testConfig(simEngines(sims, "m")...)
 	cfg.Scheduler.Policy = "round-robin"
-	s := startIngress(t, cfg, Deps{})
+	var logs testutil.SyncBuffer
+	s := startIngress(t, cfg, Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	url := "http://" + s.Addr() + "/v1/completions"
 	body := func(i int) string { return `{"model":"m","prompt":[` + strconv.Itoa(i+1) + `,2,3,4],"max_tokens":2}` }
 
@@ -75,6 +76,13 @@ func TestEjectedEngineGetsNoRequestsAndReturns(t *testing.T) {
 	}
 	if n := failedAttempts(s) - failedBefore; n != 1 {
 		t.Fatalf("%v failed attempts in all, want 1", n)
+	}
+	// Each transition is logged once, naming the engine and why.
+	out := logs.String()
+	if strings.Count(out, "engine ejected") != 1 || !strings.Contains(out, `level=WARN msg="engine ejected from routing" component=ingress ingress=`) ||
+		!strings.Contains(out, "engine=sim0 reason=connect_error") ||
+		strings.Count(out, "engine restored") != 1 || !strings.Contains(out, "engine=sim0 ejected_for=") {
+		t.Fatalf("the ejection and the restore, once each:\n%s", out)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -317,7 +318,8 @@ func TestStallWatchEjectsHungEngine(t *testing.T) {
 	cfg.MaxAttempts = 2
 	cfg.Health.StallAfter = 100 * time.Millisecond
 	cfg.Health.ProbeTimeout = 200 * time.Millisecond
-	s := startIngress(t, cfg, Deps{})
+	var logs testutil.SyncBuffer
+	s := startIngress(t, cfg, Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	client := &http.Client{Timeout: time.Minute} // far below the idle timeout: a stuck request fails the test
 	for i := 0; i < 6; i++ {
 		stream := i%2 == 1
@@ -329,6 +331,9 @@ func TestStallWatchEjectsHungEngine(t *testing.T) {
 	}
 	if got := val(s.health.stalls); got != 1 {
 		t.Fatalf("%v stall ejections, want 1 (the frozen engine, once: it stays ejected)", got)
+	}
+	if out := logs.String(); strings.Count(out, "engine ejected") != 1 || !strings.Contains(out, `engine=frozen reason="stalled: requests in flight`) {
+		t.Fatalf("the stall ejection, logged once:\n%s", out)
 	}
 	if ej := s.health.ejected(); len(ej) != 1 || ej[0] != "frozen" {
 		t.Fatalf("ejected %v", ej)

@@ -158,6 +158,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Scheduler, hold = sch, h
 	}
 	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej, learn: lr}
+	if ej != nil {
+		ej.log = s.log // health.go: ejections and restores
+	}
 	// A head's note outlives its request's read, which ReadTimeout bounds.
 	s.heads.init(cfg.ReadTimeout+time.Minute, s.mono)
 	if hold.On() && lr != nil && deps.PD == nil && cfg.PD.Policy == "" { // hold.go: not with P/D
