@@ -55,11 +55,10 @@ type modelPermission struct {
 // vLLM's model cards): a base model's max_model_len is the smallest its
 // engines report (a request that fits it fits every engine), its root the
 // one they report (the first by name if they differ); an adapter's parent
-// is its base model.
-func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
+// is its base model. It returns the error it answered with (otherlog.go).
+func (s *Server) handleModels(ctx *fasthttp.RequestCtx) *apiError {
 	if _, err := s.authenticate(&ctx.Request.Header); err != nil { // server.go: x-api-key too, as Anthropic API clients may send it here
-		writeError(ctx, err)
-		return
+		return writeError(ctx, err)
 	}
 	created := s.startUnix()
 	cards := map[string]*modelCard{}
@@ -113,6 +112,7 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 		out = []*modelCard{}
 	}
 	writeJSON(ctx, map[string]any{"object": "list", "data": out})
+	return nil
 }
 
 func (s *Server) startUnix() int64 { return s.created.Unix() }

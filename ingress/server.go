@@ -105,6 +105,9 @@ type Server struct {
 	// prefill: monotonic ns since created (mono), so a wall-clock step does
 	// not move it; tests set it.
 	holdNow func() int64
+	// otherLog bounds the access lines of requests outside the inference
+	// handlers (otherlog.go).
+	otherLog lineLimiter
 
 	closeOnce sync.Once
 	closeErr  error
@@ -516,7 +519,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	path := ctx.Path()
+	path, start := ctx.Path(), time.Now()
 	switch string(path) {
 	case "/v1/completions":
 		s.handleInference(ctx, epCompletions)
@@ -530,7 +533,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		"/v1/messages/count_tokens":
 		s.handleInference(ctx, epOther) // passthrough.go
 	case "/v1/models":
-		s.handleModels(ctx)
+		s.finishOther(ctx, "models", start, s.handleModels(ctx)) // otherlog.go
 	case "/health":
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
@@ -542,23 +545,24 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		s.handleVersion(ctx)
 	case "/metrics":
 		if s.cfg.AdminListen != "" { // served on the admin listener instead
-			writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path)))
+			s.finishOther(ctx, "unknown", start, writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path))))
 			return
 		}
 		// With client authentication on, the metrics (engine addresses,
 		// tenants' names) need a client credential like the API does; a
 		// scraper sends one as a bearer token.
 		if _, err := s.authenticate(&ctx.Request.Header); err != nil {
-			writeError(ctx, err)
+			s.finishOther(ctx, "metrics", start, writeError(ctx, err))
 			return
 		}
 		s.metricsHandler(ctx)
+		s.finishOther(ctx, "metrics", start, nil)
 	default: // /debug/* included: admin listener only (admin.go)
 		if bytes.HasPrefix(path, []byte("/v1/responses/")) {
 			s.handleResponseByID(ctx) // responses.go
 			return
 		}
-		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path)))
+		s.finishOther(ctx, "unknown", start, writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path))))
 	}
 }
 
