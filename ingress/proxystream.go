@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/valyala/fasthttp"
@@ -44,6 +45,7 @@ type proxyStream struct {
 	nextSeq  int          // named: the sequence_number after the last one relayed
 	sentRole bool
 	closed   bool
+	errCode  int // the first error event's code (errorEvent), 0 for none
 }
 
 // maxPooledOut bounds the converted-events buffer a pooled stream keeps
@@ -259,7 +261,10 @@ func (p *proxyStream) endWith(err error) {
 }
 
 // observe counts output from the passing SSE bytes: the usage chunk when the
-// engine sends one, else one token per data event.
+// engine sends one, else one token per data event; an error event (vLLM and
+// SGLang send `data: {"error": ...}` inside a 200 stream) is no token, and
+// sets the request's status and error for the access log and metrics
+// (errorEvent).
 func (p *proxyStream) observe(b []byte) {
 	p.c.readUsage(b) // tokencheck.go
 	if p.named != nil {
@@ -276,11 +281,34 @@ func (p *proxyStream) observe(b []byte) {
 		if j < 0 {
 			return
 		}
+		ev := b[i+j:]
 		i += j + len(dataPrefix)
-		if !bytes.HasPrefix(b[i:], doneMarker) {
+		switch {
+		case bytes.HasPrefix(b[i:], doneMarker):
+		case bytes.HasPrefix(ev, errorEventPrefix):
+			p.errorEvent(ev)
+		default:
 			c.outTokens++
 		}
 	}
+}
+
+// errorEvent notes the stream's first error event (ev starts with it): its
+// code (500 when it has none in 4xx–5xx) becomes the request's status when
+// the stream ends (Close), for the access log and metrics. The event's
+// message is not copied: a validation error may quote the request's input.
+func (p *proxyStream) errorEvent(ev []byte) {
+	if p.errCode != 0 {
+		return
+	}
+	if k := bytes.Index(ev, eventSep); k >= 0 {
+		ev = ev[:k]
+	}
+	code := errorEventCode(ev)
+	if code < 400 || code > 599 {
+		code = fasthttp.StatusInternalServerError
+	}
+	p.errCode = code
 }
 
 var (
@@ -347,6 +375,11 @@ func (p *proxyStream) Close() error {
 	if !p.done {
 		c.errMsg = "client closed the stream"
 		c.status = 499
+	} else if p.errCode != 0 && c.status == fasthttp.StatusOK {
+		c.status = p.errCode
+		if c.errMsg == "" {
+			c.errMsg = "the engine sent an error event in the stream (code " + strconv.Itoa(p.errCode) + ")"
+		}
 	}
 	_ = p.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(p.resp)
