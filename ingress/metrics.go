@@ -32,7 +32,11 @@ type metrics struct {
 	ttftBy, durationBy                       [epOther + 1]prometheus.Observer // by endpoint
 }
 
-var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+// latencyBuckets are TTFT's and request duration's: a long generation
+// streams for minutes (each gap bounded by the 5 min idle timeout), after
+// up to 30 s of admission wait, so the buckets go to 30 min and a
+// percentile over a minute is still known.
+var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
 
 func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() float64, engines func() float64) *metrics {
 	constLabels := prometheus.Labels{"ingress": id}
@@ -45,7 +49,9 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 			Help: "Time from request arrival to the end of the response.", ConstLabels: constLabels, Buckets: latencyBuckets}, []string{"endpoint"}),
 		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_stage_seconds",
 			Help: "Time spent in each ingress stage before proxying.", ConstLabels: constLabels,
-			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05}}, []string{"stage"}),
+			// To 1 s: the tokenize stage includes the engine /tokenize
+			// fallback (--engine-tokenize-timeout, 250 ms by default).
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05, .1, .25, .5, 1}}, []string{"stage"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tokens_total",
 			Help: "Prompt (in) and completion (out) tokens.", ConstLabels: constLabels}, []string{"direction"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_upstream_attempts_total",

@@ -2,7 +2,9 @@ package ingress
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 )
 
 // NewServer builds, without starting, the replica o describes: the
@@ -14,6 +16,9 @@ import (
 func (o *Options) NewServer(ctx context.Context, log *slog.Logger) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
+	}
+	if o.Config.ID == "" { // as New names it, known to the series deps registers
+		o.Config.ID = fmt.Sprintf("ingress-%08x", rand.Uint32())
 	}
 	deps, err := o.deps(ctx, log)
 	if err != nil {

@@ -179,7 +179,9 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 		if err != nil {
 			return deps, err
 		}
-		reg.MustRegister(q.Collectors()...)
+		// Its kvmesh_ingress_tenant_* series carry the replica's label as
+		// every kvmesh_ingress_* series does.
+		prometheus.WrapRegistererWith(prometheus.Labels{"ingress": o.Config.ID}, reg).MustRegister(q.Collectors()...)
 		deps.Admitter, deps.ClassifyError = q, FairErrors
 	} else if o.AdmitMax > 0 {
 		adc := session.DefaultAdmissionConfig()
