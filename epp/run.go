@@ -97,9 +97,11 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		ing.Close()
 		return err
 	}
-	fmt.Fprintf(stdout, "kvmesh epp: ext_proc on %s, metrics on http://%s\n", picker.Addr(), ing.Addr())
+	banner := ingress.Banner(stdout, o.Ingress.LogFormat) // one JSON object per line in JSON mode
+	banner(fmt.Sprintf("kvmesh epp: ext_proc on %s, metrics on http://%s", picker.Addr(), ing.Addr()),
+		"ext_proc", picker.Addr(), "metrics", "http://"+ing.Addr())
 	<-ctx.Done()
-	fmt.Fprintln(stdout, "draining")
+	banner("draining")
 	sctx, cancel := context.WithTimeout(context.Background(), o.Ingress.Config.DrainTimeout+5*time.Second)
 	defer cancel()
 	picker.Close(sctx)

@@ -113,10 +113,29 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if o.Config.TLS.CertFile != "" {
 		scheme = "https"
 	}
+	// The banner stays text in both formats: `kvmesh orchestrator --local`
+	// reads it from this line's start (orchestrator/local) whatever the
+	// format. In JSON mode it is also logged, so a JSON-only pipeline has it.
 	fmt.Fprintf(stdout, "kvmesh ingress listening on %s://%s\n", scheme, srv.Addr())
+	banner := Banner(stdout, o.LogFormat)
+	if o.LogFormat == logutil.JSON {
+		log.Info("listening", "addr", scheme+"://"+srv.Addr())
+	}
 	<-ctx.Done()
-	fmt.Fprintln(stdout, "draining")
+	banner("draining")
 	return srv.Close()
+}
+
+// Banner returns how a command prints its lines on stdout (the address it
+// listens on, "draining"): as they are in text format, as one JSON object
+// each ({"time":...,"level":"INFO","msg":line, attrs...}) in JSON format,
+// so every line of a JSON-mode process parses.
+func Banner(stdout io.Writer, format string) func(line string, attrs ...any) {
+	if format != logutil.JSON {
+		return func(line string, _ ...any) { fmt.Fprintln(stdout, line) }
+	}
+	l := logutil.New(stdout, logutil.JSON, slog.LevelInfo)
+	return func(line string, attrs ...any) { l.Info(line, attrs...) }
 }
 
 // deps builds the optional request-path components o configures, their

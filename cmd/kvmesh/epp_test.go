@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -57,6 +58,14 @@ func TestEPPCommand(t *testing.T) {
 		}
 		return false
 	})
+	// JSON mode (the default): the banner is one JSON object too.
+	var banner struct {
+		Msg     string `json:"msg"`
+		ExtProc string `json:"ext_proc"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out.String())), &banner); err != nil || banner.ExtProc != addr || !strings.HasPrefix(banner.Msg, "kvmesh epp: ext_proc on ") {
+		t.Fatalf("banner %q: %v", out.String(), err)
+	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,14 @@ func TestIngressCommand(t *testing.T) {
 	if !strings.Contains(out.String(), "draining") {
 		t.Fatalf("stdout %q", out.String())
 	}
+	// JSON mode (the default): every stdout line but the listening banner
+	// (which orchestrator/local reads as text) is a JSON object.
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		if !strings.HasPrefix(l, "kvmesh ingress listening on ") && json.Unmarshal([]byte(l), &m) != nil {
+			t.Fatalf("stdout line not JSON: %q", l)
+		}
+	}
 	// Upstream pool cleaners exit after their idle period (5 s).
 	deadline := time.Now().Add(20 * time.Second)
 	tick := time.NewTicker(10 * time.Millisecond)

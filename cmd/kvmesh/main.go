@@ -8,9 +8,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+
+	"github.com/kvmesh/kvmesh/internal/logutil"
 )
 
 // command is one subcommand. run gets the arguments after the subcommand name
@@ -67,16 +71,57 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return 0
 		case errors.Is(err, errUsage):
+			// Text in every format: a command-line mistake is read by
+			// whoever typed it, next to the flag package's usage text.
 			fmt.Fprintf(stderr, "kvmesh %s: %v\n", c.name, err)
 			return 2
 		default:
-			fmt.Fprintf(stderr, "kvmesh %s: %v\n", c.name, err)
+			fatal(stderr, c.name, args[1:], err)
 			return 1
 		}
 	}
 	fmt.Fprintf(stderr, "kvmesh: unknown command %q\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// logFormatCommands are the commands with --log-format (JSON by default):
+// their fatal error is one JSON object in JSON mode, as their log lines are.
+var logFormatCommands = map[string]bool{"sim": true, "sidecar": true, "ingress": true, "epp": true, "orchestrator": true}
+
+// fatal writes the error a command failed with (not a usage error):
+// "kvmesh <name>: <err>", or
+// with --log-format json (those commands' default) one JSON log line
+// {"time":...,"level":"ERROR","msg":"kvmesh <name> exiting","err":...}, so a
+// JSON-only log pipeline keeps the line that says why the process stopped.
+func fatal(stderr io.Writer, name string, args []string, err error) {
+	if logFormatCommands[name] && argLogFormat(args) == logutil.JSON {
+		logutil.New(stderr, logutil.JSON, slog.LevelError).Error("kvmesh "+name+" exiting", "err", err.Error())
+		return
+	}
+	fmt.Fprintf(stderr, "kvmesh %s: %v\n", name, err)
+}
+
+// argLogFormat is the --log-format args give (the last one, as the flag
+// package takes it), logutil.JSON when none does.
+func argLogFormat(args []string) string {
+	format := logutil.JSON
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "log-format" {
+			continue
+		}
+		if !hasVal && i+1 < len(args) {
+			i++
+			val = args[i]
+		}
+		format = val
+	}
+	return format
 }
 
 func usage(w io.Writer) {
