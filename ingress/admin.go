@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"net"
 	"net/http/pprof"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
 
 // The admin listener (Config.AdminListen) serves what operators need and
@@ -26,10 +30,10 @@ func (s *Server) startAdmin() error {
 	}
 	s.adminLn = aln
 	prof := map[string]fasthttp.RequestHandler{
-		"/debug/pprof/cmdline": fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Cmdline),
-		"/debug/pprof/profile": fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Profile),
+		"/debug/pprof/cmdline": serveCmdline,
+		"/debug/pprof/profile": maxSeconds(fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Profile)),
 		"/debug/pprof/symbol":  fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Symbol),
-		"/debug/pprof/trace":   fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Trace),
+		"/debug/pprof/trace":   maxSeconds(fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Trace)),
 	}
 	index := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
 	s.admin = &fasthttp.Server{
@@ -68,6 +72,79 @@ func (s *Server) startAdmin() error {
 		}
 	}()
 	return nil
+}
+
+// maxPprofSeconds bounds /debug/pprof/profile's and /trace's seconds:
+// behind fasthttpadaptor no http.Server WriteTimeout caps them, and the
+// adaptor buffers the whole answer (a trace of an hour under load is GBs).
+const maxPprofSeconds = 60
+
+// maxSeconds refuses a profile or trace request whose seconds is not a
+// whole number in 1..maxPprofSeconds (400); absent, pprof's default holds.
+func maxSeconds(h fasthttp.RequestHandler) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		if v := ctx.QueryArgs().Peek("seconds"); len(v) > 0 {
+			n, err := strconv.Atoi(string(v))
+			if err != nil || n < 1 || n > maxPprofSeconds {
+				writeError(ctx, badRequest("seconds", fmt.Errorf("%w: seconds must be a whole number from 1 to %d", ErrBadRequest, maxPprofSeconds)))
+				return
+			}
+		}
+		h(ctx)
+	}
+}
+
+// serveCmdline is /debug/pprof/cmdline with the values of secret flags
+// (passwords, tokens, keys, secrets) and URL passwords redacted, as
+// /debug/config redacts them.
+func serveCmdline(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString(strings.Join(redactArgs(os.Args), "\x00"))
+}
+
+// redactArgs returns args with every secret flag's value ("--admin-token
+// x", "--nats-password=x") and every URL's password replaced.
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	secretNext := false
+	for i, a := range args {
+		if secretNext {
+			out[i], secretNext = natsutil.Redacted, false
+			continue
+		}
+		name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && secretFlag(name) {
+			if hasVal {
+				out[i] = a[:strings.IndexByte(a, '=')+1] + natsutil.Redacted
+			} else {
+				out[i], secretNext = a, true
+			}
+			continue
+		}
+		out[i] = a
+		if strings.Contains(a, "://") && strings.Contains(a, "@") {
+			out[i] = strings.Join(natsutil.RedactURLs(strings.Split(a, ",")), ",")
+		}
+	}
+	return out
+}
+
+// secretFlag reports whether a flag's name says its value is a secret: a
+// word of it is password, token, secret or key (--nats-password,
+// --admin-token, --gossip-key), and it does not name a file or a variable.
+func secretFlag(name string) bool {
+	words := strings.Split(strings.ToLower(name), "-")
+	switch words[len(words)-1] {
+	case "file", "env", "dir", "path":
+		return false
+	}
+	for _, w := range words {
+		switch w {
+		case "password", "passwd", "token", "secret", "key", "keys":
+			return true
+		}
+	}
+	return false
 }
 
 // handleAdminPath serves the non-pprof admin endpoints; false when path is
