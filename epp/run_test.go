@@ -33,7 +33,7 @@ func TestRunListenerServesNoAPI(t *testing.T) {
 	o.Picker.TLS = TLSOff
 	var out, errOut testutil.SyncBuffer
 	run := testutil.Run(t, "epp.Run", func(ctx context.Context) error { return Run(ctx, o, &out, &errOut) }, errOut.String)
-	addrRE := regexp.MustCompile(`metrics on http://(\S+)`)
+	addrRE := regexp.MustCompile(`metrics on http://([^\s",]+)`) // text, or the msg of the JSON banner
 	var base string
 	testutil.WaitFor(t, 10*time.Second, "the listening line", func() bool {
 		select {
