@@ -3,6 +3,7 @@ package gossip
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -324,4 +325,43 @@ func TestNameTaken(t *testing.T) {
 		_, ok := obs.Engine("e5")
 		return ok && obs.NumMembers() == 2
 	})
+}
+
+func TestLoRAsLeftOut(t *testing.T) {
+	many := make([]string, MaxLoRAs+6)
+	for i := range many {
+		many[i] = fmt.Sprintf("a%03d", i)
+	}
+	for _, tc := range []struct {
+		name  string
+		names []string
+		want  int
+	}{
+		{"none", nil, 0},
+		{"all fit", []string{"b", "a", "b"}, 0},
+		{"invalid", []string{"", "x,y", strings.Repeat("n", MaxLoRAName+1), "ok"}, 3},
+		{"beyond the bound", many, 6},
+		{"beyond, duplicates not counted", append(many, many[:10]...), 6},
+	} {
+		if got := LoRAsLeftOut(tc.names); got != tc.want {
+			t.Errorf("%s: %d left out, want %d", tc.name, got, tc.want)
+		}
+		if kept := len((&EngineState{LoRAs: JoinLoRAs(tc.names)}).Adapters()); kept+tc.want+dups(tc.names) != len(tc.names) {
+			t.Errorf("%s: %d kept + %d left out + duplicates ≠ %d names", tc.name, kept, tc.want, len(tc.names))
+		}
+	}
+}
+
+// dups counts the repeated valid names in names.
+func dups(names []string) int {
+	seen, n := map[string]bool{}, 0
+	for _, s := range names {
+		if validLoRA(s) {
+			if seen[s] {
+				n++
+			}
+			seen[s] = true
+		}
+	}
+	return n
 }

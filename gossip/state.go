@@ -82,6 +82,21 @@ func JoinLoRAs(names []string) string {
 	return strings.Join(ok[:min(len(ok), MaxLoRAs)], ",")
 }
 
+// LoRAsLeftOut is how many of names JoinLoRAs leaves out: beyond the first
+// MaxLoRAs distinct valid names, or invalid (empty, with a comma, over
+// MaxLoRAName bytes). Duplicates are not counted.
+func LoRAsLeftOut(names []string) int {
+	valid, invalid := map[string]bool{}, 0
+	for _, n := range names {
+		if validLoRA(n) {
+			valid[n] = true
+		} else {
+			invalid++
+		}
+	}
+	return invalid + max(len(valid)-MaxLoRAs, 0)
+}
+
 // validLoRA is the rule for one name of EngineState.LoRAs.
 func validLoRA(n string) bool { return n != "" && len(n) <= MaxLoRAName && !strings.Contains(n, ",") }
 

@@ -75,6 +75,9 @@ type engine struct {
 	// unreadySince is when the failed scrapes made the engine not ready.
 	scrapeErr    string
 	unreadySince time.Time
+	// lorasLeftOut is how many of the engine's adapters /v1/models listed
+	// that gossip does not carry (gossip.LoRAsLeftOut), warned once per change.
+	lorasLeftOut int
 	// warnedNoMetrics: the "engine serves no metrics" warning was logged.
 	warnedNoMetrics bool
 	started         bool // the event loop ran before (its state must be dropped on restart)

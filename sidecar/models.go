@@ -31,9 +31,16 @@ func (e *engine) modelsLoop(ctx context.Context, client *http.Client, url string
 			e.log.Debug("engine /v1/models poll failed", "url", natsutil.RedactURL(url), "err", err)
 		} else {
 			loras := gossip.JoinLoRAs(m.adapters)
+			left := gossip.LoRAsLeftOut(m.adapters)
 			e.mu.Lock()
 			e.loras, e.maxModelLen, e.root = loras, m.maxModelLen, m.root
+			warn := left != e.lorasLeftOut // once per change
+			e.lorasLeftOut = left
 			e.mu.Unlock()
+			if warn && left > 0 {
+				e.log.Warn("engine lists LoRA adapters the mesh does not gossip: requests naming them get 404 from the ingresses unless mapped there (--lora-adapter NAME=BASE or a model route)",
+					"gossiped", gossip.MaxLoRAs, "left_out", left, "rule", "at most 64 names, each 1–256 bytes without a comma")
+			}
 		}
 		select {
 		case <-ctx.Done():

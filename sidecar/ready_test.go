@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -115,4 +116,49 @@ func TestMetrics404KeepsEngineReady(t *testing.T) {
 	}
 	srv.Close() // connection refused from now on
 	testutil.WaitFor(t, 10*time.Second, "the engine to turn unready", func() bool { return !ready() })
+}
+
+// An engine listing more LoRA adapters than gossip carries (64) is warned
+// about once per change of how many are left out, not on every poll.
+func TestLoRAsLeftOutWarnedOnce(t *testing.T) {
+	var count atomic.Int32
+	count.Store(70)
+	var polls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		polls.Add(1)
+		var sb strings.Builder
+		sb.WriteString(`{"object":"list","data":[{"id":"m","parent":null}`)
+		for i := range int(count.Load()) {
+			fmt.Fprintf(&sb, `,{"id":"adapter-%03d","parent":"m"}`, i)
+		}
+		sb.WriteString(`]}`)
+		_, _ = w.Write([]byte(sb.String()))
+	}))
+	defer srv.Close()
+	var logs testutil.SyncBuffer
+	cfg := DefaultConfig()
+	cfg.ModelsInterval = 5 * time.Millisecond
+	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: srv.URL}}
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.engines[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.modelsLoop(ctx, srv.Client(), srv.URL+"/v1/models") }()
+	defer func() { cancel(); <-done }()
+	const warning = "engine lists LoRA adapters the mesh does not gossip"
+	testutil.WaitFor(t, 10*time.Second, "polls", func() bool { return polls.Load() >= 4 })
+	if n := strings.Count(logs.String(), warning); n != 1 || !strings.Contains(logs.String(), "left_out=6") {
+		t.Fatalf("%d warnings for 70 adapters:\n%s", n, logs.String())
+	}
+	count.Store(10) // fits: nothing to say
+	testutil.WaitFor(t, 10*time.Second, "the shorter list", func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.lorasLeftOut == 0 })
+	count.Store(66)
+	testutil.WaitFor(t, 10*time.Second, "a second warning", func() bool { return strings.Count(logs.String(), warning) == 2 })
+	if !strings.Contains(logs.String(), "left_out=2") {
+		t.Fatalf("second warning:\n%s", logs.String())
+	}
 }
