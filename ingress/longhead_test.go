@@ -73,18 +73,7 @@ func (re *rawEngine) url() string { return "http://" + re.ln.Addr().String() }
 // their answer's head). A short one goes through as it is.
 func TestLongRequestIDReplaced(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sm.Close() })
-	var mu sync.Mutex
-	var seen []string
-	front := recordingFront(t, sm.URL(), func(h http.Header) {
-		mu.Lock()
-		seen = append(seen, h.Get("X-Request-Id"))
-		mu.Unlock()
-	})
+	front, lastSent := simRecordingIDs(t)
 	reg := prometheus.NewRegistry()
 	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: front}), Deps{Logger: quiet, Registry: reg})
 	body := `{"model":"m","prompt":[1,2,3],"max_tokens":2}`
@@ -99,9 +88,7 @@ func TestLongRequestIDReplaced(t *testing.T) {
 		if st != http.StatusOK {
 			t.Fatalf("id of %d bytes: %d %s", len(tc.id), st, b)
 		}
-		mu.Lock()
-		got := seen[len(seen)-1]
-		mu.Unlock()
+		got := lastSent()
 		if tc.want != "" && got != tc.want || tc.want == "" && (len(got) != 32 || strings.Contains(tc.id, got)) {
 			t.Fatalf("client id of %d bytes %.20q: the engine got %.40q (%d bytes)", len(tc.id), tc.id, got, len(got))
 		}
@@ -111,6 +98,32 @@ func TestLongRequestIDReplaced(t *testing.T) {
 	}
 	if n := len(s.health.ejected()); n != 0 {
 		t.Fatalf("%d engines ejected", n)
+	}
+}
+
+// simRecordingIDs starts a simulator behind a recordingFront; lastSent is
+// the X-Request-Id of the last request it was sent.
+func simRecordingIDs(t *testing.T) (front string, lastSent func() string) {
+	t.Helper()
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	var mu sync.Mutex
+	var sent []string
+	front = recordingFront(t, sm.URL(), func(h http.Header) {
+		mu.Lock()
+		sent = append(sent, h.Get("X-Request-Id"))
+		mu.Unlock()
+	})
+	return front, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(sent) == 0 {
+			return ""
+		}
+		return sent[len(sent)-1]
 	}
 }
 

@@ -1,16 +1,13 @@
 package ingress
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/sim"
 )
 
 // Every request has an id: the client's X-Request-Id when valid, else one
@@ -20,18 +17,7 @@ import (
 // the engine's as engine_request_id.
 func TestRequestIDEndToEnd(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sm.Close() })
-	var mu sync.Mutex
-	var sent []string
-	front := recordingFront(t, sm.URL(), func(h http.Header) {
-		mu.Lock()
-		sent = append(sent, h.Get("X-Request-Id"))
-		mu.Unlock()
-	})
+	front, lastSent := simRecordingIDs(t)
 	own := startRawEngine(t, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: engine-own-7\r\n")
 	var alog testutil.SyncBuffer
 	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: front}, StaticEngine{ID: "own", Model: "other", URL: own.url()})
@@ -46,9 +32,7 @@ func TestRequestIDEndToEnd(t *testing.T) {
 	for i, stream := range []string{"false", "true"} {
 		st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2],"max_tokens":2,"stream":`+stream+`}`)
 		id := hdr.Get("X-Request-Id")
-		mu.Lock()
-		got := sent[len(sent)-1]
-		mu.Unlock()
+		got := lastSent()
 		if st != 200 || len(id) != 32 || got != id {
 			t.Fatalf("no client id, stream %s: %d, the client got %q, the engine %q: %.200s", stream, st, id, got, b)
 		}
@@ -57,9 +41,7 @@ func TestRequestIDEndToEnd(t *testing.T) {
 		}
 	}
 	st, hdr, _ := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2],"max_tokens":2}`, "X-Request-Id", "client-id-1")
-	mu.Lock()
-	got := sent[len(sent)-1]
-	mu.Unlock()
+	got := lastSent()
 	if st != 200 || hdr.Get("X-Request-Id") != "client-id-1" || got != "client-id-1" || lastLine(3)["request_id"] != "client-id-1" {
 		t.Fatalf("client id: %d, answer %q, engine %q, log %v", st, hdr.Get("X-Request-Id"), got, lastLine(3))
 	}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 
@@ -26,26 +25,11 @@ func TestUpstreamHeaders(t *testing.T) {
 	// What reaches the engine, recorded by a pass-through in front of it.
 	var mu sync.Mutex
 	var seen []http.Header
-	target := sm.URL()
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	front := recordingFront(t, sm.URL(), func(h http.Header) {
 		mu.Lock()
-		seen = append(seen, r.Header.Clone())
+		seen = append(seen, h)
 		mu.Unlock()
-		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target+r.URL.RequestURI(), r.Body)
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		for k, v := range resp.Header {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(resp.StatusCode)
-		_, _ = io.Copy(w, resp.Body)
-	}))
-	t.Cleanup(front.Close)
+	})
 
 	if resp, err := http.Get(sm.URL() + "/health"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("the engine's /health needs no key (as vLLM's): %v %v", resp, err)
@@ -54,11 +38,11 @@ func TestUpstreamHeaders(t *testing.T) {
 	}
 	body := `{"model":"m","prompt":"hello there","max_tokens":2}`
 	hdr := []string{"Authorization", "Bearer client-key", "X-Request-Id", "req-42", "Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
-	without := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: front.URL}), Deps{Logger: quiet})
+	without := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: front}), Deps{Logger: quiet})
 	if st, _, b := post(t, http.DefaultClient, "http://"+without.Addr()+"/v1/completions", body, hdr...); st != http.StatusUnauthorized {
 		t.Fatalf("no engine key: %d %s, want the engine's 401", st, b)
 	}
-	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: front.URL})
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: front})
 	cfg.EngineAPIKey = "engine-key"
 	with := startIngress(t, cfg, Deps{Logger: quiet})
 	st, _, b := post(t, http.DefaultClient, "http://"+with.Addr()+"/v1/completions", body, hdr...)

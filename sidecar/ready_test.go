@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -27,18 +28,7 @@ func TestScrapeFailuresMakeEngineUnready(t *testing.T) {
 	}))
 	defer srv.Close()
 	var logs testutil.SyncBuffer
-	cfg := DefaultConfig()
-	cfg.ScrapeInterval = 10 * time.Millisecond
-	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: srv.URL}}
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := s.engines[0]
-	e.mu.Lock()
-	e.running = true // the event loop's part of readiness
-	e.mu.Unlock()
+	s, e := polledEngine(t, srv.URL, &logs, true)
 	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -70,6 +60,27 @@ func TestScrapeFailuresMakeEngineUnready(t *testing.T) {
 	}
 }
 
+// polledEngine makes a sidecar (not run) for one engine at url whose
+// metrics and /v1/models a test polls itself (scrapeLoop, modelsLoop) at
+// test speed, logging to logs; running marks its event loop as running
+// (the event loop's part of readiness).
+func polledEngine(t *testing.T, url string, logs io.Writer, running bool) (*Sidecar, *engine) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.ScrapeInterval, cfg.ModelsInterval = 10*time.Millisecond, 5*time.Millisecond
+	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: url}}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.engines[0]
+	e.mu.Lock()
+	e.running = running
+	e.mu.Unlock()
+	return s, e
+}
+
 // readyGauge is s's kvmesh_sidecar_engine_ready of its one engine.
 func readyGauge(t *testing.T, s *Sidecar) float64 {
 	t.Helper()
@@ -92,17 +103,7 @@ func readyGauge(t *testing.T, s *Sidecar) float64 {
 func TestMetrics404KeepsEngineReady(t *testing.T) {
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1); http.NotFound(w, r) }))
-	cfg := DefaultConfig()
-	cfg.ScrapeInterval = 10 * time.Millisecond
-	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: srv.URL}}
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := s.engines[0]
-	e.mu.Lock()
-	e.running = true
-	e.mu.Unlock()
+	_, e := polledEngine(t, srv.URL, io.Discard, true)
 	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -136,15 +137,7 @@ func TestLoRAsLeftOutWarnedOnce(t *testing.T) {
 	}))
 	defer srv.Close()
 	var logs testutil.SyncBuffer
-	cfg := DefaultConfig()
-	cfg.ModelsInterval = 5 * time.Millisecond
-	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: srv.URL}}
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := s.engines[0]
+	_, e := polledEngine(t, srv.URL, &logs, false)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); e.modelsLoop(ctx, srv.Client(), srv.URL+"/v1/models") }()
