@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"fmt"
+	"time"
 )
 
 // Relay carries this member's own entries over a second transport beside
@@ -28,11 +29,18 @@ type Relay interface {
 	Relay(member, key string, msg []byte)
 }
 
+// MaxRelayAhead bounds how far ahead of the receiver's clock a relayed
+// entry's version (its origin's wall clock in ns) may be: room for clock
+// skew between hosts, while a forged far-future version, which would make
+// the origin's real entries look older until it left the mesh, is refused.
+const MaxRelayAhead = 5 * time.Minute
+
 // MergeRelayed merges one entry that a Relay carried from member from (the
 // sender the transport names, e.g. by subject; "" when it names none)
 // exactly as a gossip broadcast is merged: the same decoding and checks,
 // newer versions of alive origins only, own entries never overwritten.
-// Input that fails to decode, or whose origin is not from, is counted in
+// Input that fails to decode, whose origin is not from, or whose version is
+// more than MaxRelayAhead past this clock, is counted in
 // kvmesh_gossip_malformed_total and returned as an error; accepted is false
 // for an entry ignored as older, own or of a member not alive. Safe for
 // concurrent use; it never waits on I/O. OnAppState callbacks run on the
@@ -41,6 +49,12 @@ func (n *Node) MergeRelayed(from string, msg []byte) (accepted bool, err error) 
 	e, err := decodeEntry(msg)
 	if err == nil && from != "" && e.Origin != from {
 		err = fmt.Errorf("%w: entry of %q relayed as %q's", errMalformed, e.Origin, from)
+	}
+	if err == nil && e.Version > time.Now().Add(MaxRelayAhead).UnixNano() {
+		// Versions are the origin's clock: one far ahead would freeze the
+		// member's state (every real entry older) until it leaves.
+		err = fmt.Errorf("%w: entry of %q versioned %v ahead of this clock", errMalformed, e.Origin,
+			time.Until(time.Unix(0, e.Version)).Round(time.Second))
 	}
 	if err != nil {
 		n.m.malformed.Add(1)

@@ -126,13 +126,14 @@ func TestMergeRelayedRules(t *testing.T) {
 		{"sidecar-1", append([]byte{wireEntry}, strings.Repeat("[", 10000)...)},
 		{"sidecar-1", append([]byte{wireState}, "[]"...)},
 		{"someone-else", enc("sidecar-1", 10, 1)},
+		{"sidecar-1", enc("sidecar-1", 1<<62, 0)}, // a forged far-future version would freeze sidecar-1's state
 	} {
 		if ok, err := in.MergeRelayed(c.from, c.msg); ok || err == nil {
 			t.Errorf("MergeRelayed(%q, %q) = %v, %v; want rejected", c.from, c.msg, ok, err)
 		}
 	}
-	if got := in.m.malformed.Load() - bad0; got != 6 {
-		t.Fatalf("malformed += %d, want 6", got)
+	if got := in.m.malformed.Load() - bad0; got != 7 {
+		t.Fatalf("malformed += %d, want 7", got)
 	}
 	if running() != -1 {
 		t.Fatal("a rejected entry reached the view")
@@ -152,7 +153,7 @@ func TestMergeRelayedRules(t *testing.T) {
 	}
 	// The member's own entry is never overwritten by an echo.
 	in.SetEngine(EngineState{ID: "own", Model: "m", Running: 4})
-	own, _ := encodeEntry(&entry{Origin: "ingress-1", Kind: kindEngine, Name: "own", Version: 1 << 62, Engine: &EngineState{ID: "own", Model: "m", Running: 1}})
+	own, _ := encodeEntry(&entry{Origin: "ingress-1", Kind: kindEngine, Name: "own", Version: time.Now().Add(time.Minute).UnixNano(), Engine: &EngineState{ID: "own", Model: "m", Running: 1}})
 	if ok, err := in.MergeRelayed("ingress-1", own); ok || err != nil {
 		t.Fatalf("own echo: %v, %v; want ignored", ok, err)
 	}
