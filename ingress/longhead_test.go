@@ -156,13 +156,13 @@ func recordingFront(t *testing.T, target string, seen func(http.Header)) string 
 	return "http://" + ln.Addr().String()
 }
 
-// An engine's answer with a long head (here 20 KB of headers, as a proxy in
+// An engine's answer with a long head (here 12 KB of headers, as a proxy in
 // front of it may add) is read; one over the ingress's read buffer, or one
 // that is not HTTP, is a protocol error of the engine: the attempt fails
 // (retried on the next engine), the engine is not ejected as a dead one is,
 // and the client's error quotes nothing of the answer.
 func TestUpstreamLongOrMalformedHead(t *testing.T) {
-	long := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + strings.Repeat("p", 20000) + "\r\n"
+	long := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + strings.Repeat("p", 12000) + "\r\n"
 	huge := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Secret-Pad: " + strings.Repeat("s", maxUpstreamHead+1000) + "\r\n"
 	broken := "HTTP/1.1 2x0 SECRETSTATUS\r\nContent-Type: application/json\r\n"
 	body := `{"model":"m","prompt":[1,2,3],"max_tokens":2}`
@@ -170,7 +170,7 @@ func TestUpstreamLongOrMalformedHead(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s := startIngress(t, testConfig(StaticEngine{ID: "long", Model: "m", URL: startRawEngine(t, long).url()}), Deps{Registry: reg})
 	if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body); st != http.StatusOK || !strings.Contains(string(b), `"text":"ok"`) {
-		t.Fatalf("a 20 KB answer head: %d %.300s", st, b)
+		t.Fatalf("a 12 KB answer head: %d %.300s", st, b)
 	}
 
 	for _, tc := range []struct{ name, head string }{{"huge", huge}, {"broken", broken}} {

@@ -15,10 +15,13 @@ import (
 )
 
 // maxUpstreamHead is an upstream connection's read buffer, and so the
-// longest answer head the ingress reads (fasthttp's default, 4 KiB, is
-// easily passed by an engine echoing a request id behind a proxy that adds
-// headers of its own). It costs that much per connection in use.
-const maxUpstreamHead = 64 << 10
+// longest answer head the ingress reads: 16 KiB, as the heads it accepts
+// from clients (fasthttp's default, 4 KiB, is passed by an engine behind a
+// proxy that adds headers of its own). It costs that much per connection
+// in use, for as long as a stream lasts (10,000 streams: 160 MiB), so it
+// is not larger: the request id an engine echoes is bounded apart
+// (maxRequestID).
+const maxUpstreamHead = 16 << 10
 
 // upstream is one engine's connection pool and this replica's in-flight
 // count for it, keyed by engine id (and URL: an engine that moves gets a new
