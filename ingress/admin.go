@@ -35,7 +35,9 @@ func (s *Server) startAdmin() error {
 		"/debug/pprof/symbol":  fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Symbol),
 		"/debug/pprof/trace":   maxSeconds(fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Trace)),
 	}
-	index := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
+	// The named profiles (heap, allocs, goroutine, block, mutex, ...) take a
+	// seconds parameter too (a delta over that long): the same bound.
+	index := maxSeconds(fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index))
 	s.admin = &fasthttp.Server{
 		Name:               "kvmesh-ingress-admin",
 		Logger:             fasthttpLogger{s.log},

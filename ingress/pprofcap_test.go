@@ -17,7 +17,7 @@ func TestPprofBounded(t *testing.T) {
 	cfg.AdminToken = "admin-secret"
 	s := startIngress(t, cfg, Deps{})
 	admin := "http://" + s.AdminAddr()
-	for _, q := range []string{"/debug/pprof/trace?seconds=3600", "/debug/pprof/profile?seconds=61", "/debug/pprof/trace?seconds=0", "/debug/pprof/profile?seconds=x"} {
+	for _, q := range []string{"/debug/pprof/trace?seconds=3600", "/debug/pprof/profile?seconds=61", "/debug/pprof/trace?seconds=0", "/debug/pprof/profile?seconds=x", "/debug/pprof/allocs?seconds=86400", "/debug/pprof/goroutine?seconds=61"} {
 		if st, body := getAuth(t, admin+q, "admin-secret"); st != http.StatusBadRequest || !strings.Contains(body, "seconds must be a whole number from 1 to 60") {
 			t.Errorf("%s: %d %.200s", q, st, body)
 		}
