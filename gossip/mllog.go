@@ -67,6 +67,16 @@ func (w *mlLog) Write(p []byte) (int, error) {
 	k := w.kinds[kind]
 	if k == nil {
 		if len(w.kinds) >= maxMLKinds {
+			// Forget kinds quiet for a period (a gone member's push/pull
+			// failures), so new ones, a key mismatch above all, keep their
+			// own line instead of sharing one.
+			for name, old := range w.kinds {
+				if old.suppressed == 0 && now.Sub(old.last) >= mlLogEvery {
+					delete(w.kinds, name)
+				}
+			}
+		}
+		if len(w.kinds) >= maxMLKinds {
 			kind = "\x00other"
 		}
 		if k = w.kinds[kind]; k == nil {

@@ -121,3 +121,25 @@ func TestKeyMismatchLoggedAtWarn(t *testing.T) {
 		return ok
 	})
 }
+
+// Kinds quiet for a period are forgotten once the table is full: after 64
+// members' push/pull failures (one kind each), a key mismatch still gets
+// its own line instead of sharing one a minute with everything else.
+func TestMemberlistKindsForgotten(t *testing.T) {
+	h := &records{level: slog.LevelDebug}
+	now := time.Unix(1000, 0)
+	w := &mlLog{log: slog.New(h), now: func() time.Time { return now }, kinds: map[string]*mlKind{}}
+	l := func(s string) { _, _ = w.Write([]byte(s + "\n")) }
+	for i := range maxMLKinds {
+		l(fmt.Sprintf("[ERR] memberlist: Push/Pull with member-%c%c failed: dial tcp: connection refused", 'a'+i/26, 'a'+i%26))
+	}
+	now = now.Add(2 * mlLogEvery)
+	l("[ERR] memberlist: failed to receive: No installed keys could decrypt the message from=127.0.0.1:1")
+	l("[ERR] memberlist: Push/Pull with member-zz failed: dial tcp: connection refused")
+	if _, ok := h.find(slog.LevelWarn, "No installed keys could decrypt"); !ok {
+		t.Fatal("a new kind after a full table of quiet ones was not logged")
+	}
+	if _, ok := h.find(slog.LevelWarn, "member-zz"); !ok {
+		t.Fatal("a second new kind was folded into the first")
+	}
+}
