@@ -14,7 +14,10 @@ import (
 // block (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys):
 //
 //	lora_name (every block of a LoRA request)
-//	+ (mm identifier, offset) pairs (blocks overlapping an image, audio ...)
+//	+ mm identifiers (blocks overlapping an image, audio ...): strings in
+//	  released vLLM, (identifier, offset) pairs in newer code; in block 0 a
+//	  string one cannot be told from the salt and is read as one, which gives
+//	  the block a root of that image's own (no text request reaches it)
 //	+ cache_salt (the request's first block only)
 //	+ prompt-embeds digests (bytes, every block of an embeds prompt)
 //
