@@ -323,14 +323,7 @@ func TestBenchDESNoneCompleted(t *testing.T) {
 		!strings.Contains(out, "none completed, so its throughput, latencies and imbalance are n/a") {
 		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
 	}
-	code, out, errOut = benchRunCLI(t, append(args, "--json")...)
-	var rep struct {
-		Policies map[string]map[string]any `json:"policies"`
-	}
-	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
-		t.Fatalf("exit %d, stderr %q, JSON:\n%s", code, errOut, out)
-	}
-	p := rep.Policies["random"]
+	p := benchJSONPolicies(t, append(args, "--json")...)["random"]
 	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "load_imbalance"} {
 		if v, ok := p[k]; !ok || v != nil {
 			t.Errorf("%s: %v (present %v), want null", k, v, ok)
@@ -347,9 +340,21 @@ func TestBenchDESNoneCompleted(t *testing.T) {
 	if code != 0 || !row.MatchString(out) || !strings.Contains(out, "imbalance n/a (random): fewer requests completed than there are engines") {
 		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
 	}
-	code, out, _ = benchRunCLI(t, append(args, "--json")...)
-	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || rep.Policies["random"]["load_imbalance"] != nil ||
-		rep.Policies["random"]["throughput_rps"] == nil {
-		t.Fatalf("exit %d, JSON:\n%s", code, out)
+	if p := benchJSONPolicies(t, append(args, "--json")...)["random"]; p["load_imbalance"] != nil || p["throughput_rps"] == nil {
+		t.Fatalf("JSON: %v", p)
 	}
+}
+
+// benchJSONPolicies runs a bench command with --json and returns its
+// policies' JSON objects.
+func benchJSONPolicies(t *testing.T, args ...string) map[string]map[string]any {
+	t.Helper()
+	code, out, errOut := benchRunCLI(t, args...)
+	var rep struct {
+		Policies map[string]map[string]any `json:"policies"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
+		t.Fatalf("exit %d, stderr %q, JSON:\n%s", code, errOut, out)
+	}
+	return rep.Policies
 }

@@ -252,14 +252,7 @@ func TestBenchPDNoneCompleted(t *testing.T) {
 	if code != 0 || !row.MatchString(out) {
 		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
 	}
-	code, out, errOut = benchRunCLI(t, append(args, "--json")...)
-	var rep struct {
-		Policies map[string]map[string]any `json:"policies"`
-	}
-	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
-		t.Fatalf("exit %d, stderr %q, JSON:\n%s", code, errOut, out)
-	}
-	p := rep.Policies["kvmesh"]
+	p := benchJSONPolicies(t, append(args, "--json")...)["kvmesh"]
 	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
 		"tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_mean_s"} {
 		if v, ok := p[k]; !ok || v != nil {

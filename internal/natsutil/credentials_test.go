@@ -18,15 +18,7 @@ import (
 // that is logged as an error naming the credentials, not left at "nats not
 // reachable yet" while the process runs on without NATS.
 func TestRefusedCredentialsLogged(t *testing.T) {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "u", Password: "right", NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	s := passwordServer(t)
 	cfg := natsutil.DefaultConfig()
 	cfg.URLs = []string{s.ClientURL()}
 	cfg.User, cfg.Password = "u", "wrong"
@@ -51,15 +43,7 @@ func TestRefusedCredentialsLogged(t *testing.T) {
 // the warning that NATS is not reachable yet (the pod-start race), nor the
 // refused credentials' error, at any level.
 func TestNoPasswordInLogs(t *testing.T) {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "u", Password: "right", NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	s := passwordServer(t)
 	down := "nats://kvm:LeakMeDown@" + testutil.NewGate(t).Addr() // never opened
 	refused := strings.Replace(s.ClientURL(), "nats://", "nats://u:LeakMeWrong@", 1)
 	for _, url := range []string{down, refused} {
@@ -83,4 +67,20 @@ func TestNoPasswordInLogs(t *testing.T) {
 			t.Fatalf("%s:\n%s", url, logs.String())
 		}
 	}
+}
+
+// passwordServer starts a NATS server that accepts user "u" with password
+// "right" only.
+func passwordServer(t *testing.T) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "u", Password: "right", NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	return s
 }
