@@ -4,24 +4,13 @@ import (
 	"strconv"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/openai"
 )
-
-// appendIDs appends ids as a JSON array.
-func appendIDs(dst []byte, ids []uint32) []byte {
-	dst = append(dst, '[')
-	for i, id := range ids {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = strconv.AppendUint(dst, uint64(id), 10)
-	}
-	return append(dst, ']')
-}
 
 // rewritePrompt appends body with its prompt value replaced by ids.
 func rewritePrompt(dst, body []byte, start, end int, ids []uint32) []byte {
 	dst = append(dst, body[:start]...)
-	dst = appendIDs(dst, ids)
+	dst = openai.AppendTokenIDs(dst, ids)
 	return append(dst, body[end:]...)
 }
 
@@ -68,7 +57,7 @@ func chatToCompletionsBody(dst, body []byte, r *request, ids []uint32, room int)
 		switch e.kind {
 		case editPrompt:
 			dst = append(dst, `"prompt":`...)
-			dst = appendIDs(dst, ids)
+			dst = openai.AppendTokenIDs(dst, ids)
 		case editRename:
 			dst = append(dst, `"max_tokens"`...)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
 )
 
@@ -232,7 +233,7 @@ func (c *call) tokenizeBatch(tok Tokenizer) error {
 		if i > 0 {
 			c.body = append(c.body, ',')
 		}
-		c.body = appendIDs(c.body, c.scratch)
+		c.body = openai.AppendTokenIDs(c.body, c.scratch)
 		total += len(c.scratch)
 	}
 	if tok == nil {

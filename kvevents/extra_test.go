@@ -1,6 +1,7 @@
 package kvevents_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -16,18 +17,6 @@ func storedKeys(ev kvevents.Event, parent uint64) []uint64 {
 }
 
 func textKeys(root uint64) []uint64 { return kvevents.AppendKeys(nil, root, seq32(1, 8), 4) }
-
-func sameKeys(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
 
 // vLLM sends a request's cache_salt (and LoRA name) only in extra_keys: the
 // sidecar's keys must be the ones the ingress computes for that request,
@@ -54,7 +43,7 @@ func TestStoredKeysFromVLLMExtraKeys(t *testing.T) {
 			textKeys(kvevents.LoRAIDRoot("m", 1, ""))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := storedKeys(tc.ev, 0); !sameKeys(got, tc.want) {
+			if got := storedKeys(tc.ev, 0); !slices.Equal(got, tc.want) {
 				t.Fatalf("keys %x, want %x", got, tc.want)
 			}
 		})
@@ -66,7 +55,7 @@ func TestStoredKeysFromVLLMExtraKeys(t *testing.T) {
 	parent := plain[0]
 	ev := kvevents.Event{HasParent: true, ParentHash: 7, LoraName: "sql", HasLoraID: true, LoraID: 1,
 		ExtraKeys: kvevents.AppendExtraKeys(nil, 2, false, "sql", "")}
-	if got, want := storedKeys(ev, parent), kvevents.AppendKeys(nil, parent, seq32(1, 8), 4); !sameKeys(got, want) {
+	if got, want := storedKeys(ev, parent), kvevents.AppendKeys(nil, parent, seq32(1, 8), 4); !slices.Equal(got, want) {
 		t.Fatalf("continuation keys %x, want %x", got, want)
 	}
 }
