@@ -18,9 +18,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,19 +35,33 @@ import (
 // newest message per key; Run publishes. Its queue is bounded by the
 // member's own keys (its engines, its in-flight entry, a few app names):
 // when a key's message is still unsent, the newer one replaces it.
+//
+// It also keeps the newest message of every key, sent or not: the lane
+// carries an entry only when it changes, so one dropped while NATS was
+// unreachable would otherwise stay missing from the lane until the entry
+// next changed (an idle engine's, for good). After a failed publish, once
+// NATS is connected again, Run publishes every key's newest once more;
+// receivers ignore the ones they already hold (same version).
 type Publisher struct {
-	// mu guards pending and subject; held only to put a message or swap
-	// the map, never across a publish.
+	// mu guards pending, last and subject; held only to put a message or
+	// swap the map, never across a publish.
 	mu      sync.Mutex
 	pending map[string]outMsg
-	member  string // whose subject is subject
+	last    map[string]outMsg // newest per key, sent or not
+	member  string            // whose subject is subject
 	subject string
 	wake    chan struct{} // capacity 1: pending has something
 
-	log       *slog.Logger
-	published atomic.Uint64
-	failed    atomic.Uint64
+	log        *slog.Logger
+	published  atomic.Uint64
+	failed     atomic.Uint64
+	resent     atomic.Uint64
+	publishing atomic.Bool // Run runs and the lane was not refused
 }
+
+// resendCheck is how often Run looks whether NATS is back after a failed
+// publish.
+var resendCheck = time.Second
 
 var _ gossip.Relay = (*Publisher)(nil)
 
@@ -61,7 +77,7 @@ func NewPublisher(log *slog.Logger) *Publisher {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Publisher{pending: map[string]outMsg{}, wake: make(chan struct{}, 1), log: log}
+	return &Publisher{pending: map[string]outMsg{}, last: map[string]outMsg{}, wake: make(chan struct{}, 1), log: log}
 }
 
 // Relay records msg as key's newest, to be published on
@@ -72,6 +88,7 @@ func (p *Publisher) Relay(member, key string, msg []byte) {
 		p.member, p.subject = member, natsutil.StateSubject(member)
 	}
 	p.pending[key] = outMsg{p.subject, msg}
+	p.last[key] = outMsg{p.subject, msg}
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -82,31 +99,50 @@ func (p *Publisher) Relay(member, key string, msg []byte) {
 // Run publishes recorded messages on nc until ctx ends. Its owner is the
 // caller, who runs it on one goroutine and stops it with ctx. While nc is
 // not connected messages are dropped and counted, not buffered: the next
-// change supersedes them, and gossip carries the state meanwhile. When the
-// server refuses the lane's subject (a NATS user whose permissions predate
-// it), Run logs that once and returns: each refused publish would log a
-// NATS error, several a second.
+// change supersedes them, gossip carries the state meanwhile, and once nc
+// is connected again every key's newest message is published anew. When
+// the server refuses the lane's subject (a NATS user whose permissions
+// predate it), Run logs that once and returns: each refused publish would
+// log a NATS error, several a second.
 func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
+	p.publishing.Store(true)
+	defer p.publishing.Store(false)
+	tick := time.NewTicker(resendCheck)
+	defer tick.Stop()
 	batch := map[string]outMsg{}
+	lost := false // a publish failed since every key was last sent
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-tick.C:
+			if !lost || !nc.IsConnected() {
+				continue
+			}
+			p.mu.Lock()
+			maps.Copy(p.pending, p.last)
+			p.mu.Unlock()
+			p.resent.Add(1)
+			lost = false
 		case <-p.wake:
 		}
 		p.mu.Lock()
 		batch, p.pending = p.pending, batch
 		p.mu.Unlock()
 		for k, msg := range batch {
-			if !nc.IsConnected() || nc.Publish(msg.subject, msg.data) != nil {
+			if !nc.IsConnected() {
 				p.failed.Add(1)
+				lost = true
+			} else if err := nc.Publish(msg.subject, msg.data); err != nil {
+				p.failed.Add(1)
+				lost = lost || !errors.Is(err, nats.ErrMaxPayload) // sent again, it would fail again
 			} else {
 				p.published.Add(1)
 			}
 			delete(batch, k)
 		}
 		if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to \""+natsutil.StatePrefix) {
-			p.log.Error("state lane off: the NATS user may not publish on "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) or turn the lane off; gossip alone carries the state meanwhile", "err", err)
+			p.log.Error("state lane off: the NATS user may not publish on "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries the state meanwhile", "err", err)
 			return
 		}
 	}
@@ -117,7 +153,14 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 func (p *Publisher) Register(reg prometheus.Registerer) (unregister func(), err error) {
 	return register(reg,
 		counter("kvmesh_gossip_nats_published_total", "Own gossip entries published on the NATS state lane (kvmesh.state.<member>).", p.published.Load),
-		counter("kvmesh_gossip_nats_publish_failed_total", "Own gossip entries not published on the NATS state lane: NATS not connected or the publish failed (gossip still carries them).", p.failed.Load),
+		counter("kvmesh_gossip_nats_publish_failed_total", "Own gossip entries not published on the NATS state lane: NATS not connected or the publish failed (gossip still carries them; they are published again once NATS is back).", p.failed.Load),
+		counter("kvmesh_gossip_nats_republished_total", "Times every own entry was published on the NATS state lane again after NATS came back from a failed publish.", p.resent.Load),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_nats_publishing", Help: "1 while this member publishes its entries on the NATS state lane; 0 before it starts, after it stops, or when the NATS user may not publish on kvmesh.state.> (logged once; gossip alone carries the state)."}, func() float64 {
+			if p.publishing.Load() {
+				return 1
+			}
+			return 0
+		}),
 	)
 }
 

@@ -292,3 +292,91 @@ func TestPublisherStopsWhenTheSubjectIsRefused(t *testing.T) {
 		t.Fatalf("%d NATS errors before the publisher stopped", n)
 	}
 }
+
+// The lane carries an entry only when it changes: one dropped while NATS
+// was unreachable is published again once NATS is back, without a new
+// change (an idle engine's state would otherwise never reach the lane).
+func TestPublisherSendsAgainAfterNATSReturns(t *testing.T) {
+	defer func(d time.Duration) { resendCheck = d }(resendCheck)
+	resendCheck = 20 * time.Millisecond
+	srv := testutil.NATS(t)
+	gate := testutil.NewGate(t)
+	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
+
+	sub := connect(t, srv.URL())
+	msgs := make(chan *nats.Msg, 16)
+	s, err := sub.ChanSubscribe(natsutil.StateWildcard, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Unsubscribe() }()
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	receive := func(want ...string) {
+		t.Helper()
+		missing := map[string]bool{}
+		for _, w := range want {
+			missing[w] = true
+		}
+		for len(missing) > 0 {
+			select {
+			case m := <-msgs:
+				delete(missing, string(m.Data))
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%v never arrived", missing)
+			}
+		}
+	}
+
+	pnc, err := nats.Connect("nats://"+gate.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pnc.Close)
+	reg := prometheus.NewRegistry()
+	p := NewPublisher(nil)
+	if _, err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { p.Run(ctx, pnc) })
+	defer func() { cancel(); wg.Wait() }()
+
+	p.Relay("m", "k", []byte("v1"))
+	receive("v1")
+	testutil.WaitFor(t, 5*time.Second, "publishing gauge 1", func() bool { return gaugeValue(t, reg, "kvmesh_gossip_nats_publishing") == 1 })
+
+	gate.Shut()
+	testutil.WaitFor(t, 10*time.Second, "the publisher disconnected", func() bool { return !pnc.IsConnected() })
+	p.Relay("m", "k", []byte("v2"))
+	p.Relay("m", "j", []byte("other")) // a key that never reached NATS before
+	testutil.WaitFor(t, 5*time.Second, "the publishes dropped", func() bool { return p.failed.Load() >= 2 })
+
+	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
+	receive("v2", "other")
+	if got := counterValue(t, reg, "kvmesh_gossip_nats_republished_total"); got < 1 {
+		t.Fatalf("republished_total = %v", got)
+	}
+	cancel()
+	wg.Wait()
+	if got := gaugeValue(t, reg, "kvmesh_gossip_nats_publishing"); got != 0 {
+		t.Fatalf("publishing gauge %v after Run returned", got)
+	}
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
