@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,3 +79,33 @@ func TestIngressRunsWithoutStreamAdminRights(t *testing.T) {
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// A NATS user allowed to publish on the state lane but not to subscribe to
+// it (an upgrade applied halfway): NATS refuses the subscription
+// asynchronously, and the ingress says the lane is off, as it does for a
+// refused publish, instead of one generic async-error line.
+func TestIngressSaysWhenTheLaneSubscriptionIsRefused(t *testing.T) {
+	half := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"kvmesh.snap.>", "kvmesh.state.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>", "_INBOX.>"}},
+	}
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		Users: []*server.User{{Username: "ingress", Password: "ingress-pw", Permissions: half}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start() // owned by srv: Shutdown stops it
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	log, buf := syncLog()
+	cfg := testConfig()
+	cfg.Cluster.GossipBind, cfg.Cluster.GossipProfile = "127.0.0.1:0", "local"
+	cfg.Cluster.NATSURLs = []string{srv.ClientURL()}
+	cfg.Cluster.NATSAuth = natsutil.Auth{User: "ingress", Password: "ingress-pw"}
+	startIngress(t, cfg, Deps{Logger: log})
+	testutil.WaitFor(t, 15*time.Second, "the refused subscription logged", func() bool {
+		return strings.Contains(buf.String(), "state lane off: the NATS user may not subscribe to kvmesh.state.>")
+	})
+}

@@ -2,6 +2,11 @@ package ingress
 
 import (
 	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/gossip/natsrelay"
@@ -48,5 +53,34 @@ func (s *Server) startStateLane(ctx context.Context, conn *natsutil.Conn) {
 	}
 	if _, err := sub.Register(s.deps.Registry); err != nil {
 		s.log.Warn("state lane: metrics not registered", "err", err)
+	}
+	cl.wg.Go(func() { s.checkLaneSubscription(ctx, conn.NC, sub) })
+}
+
+// laneFlushTimeout bounds each round trip checkLaneSubscription waits for.
+const laneFlushTimeout = 5 * time.Second
+
+// checkLaneSubscription says so when the server refused the lane's
+// subscription (a NATS user whose permissions predate the lane: a half
+// applied upgrade). NATS refuses a subscription asynchronously, with an
+// error ahead of the reply to the next ping, so once a flush has come back
+// the refusal, if any, is the connection's last error. It tries until the
+// connection has answered one flush or ctx ends (the ingress may start
+// before NATS).
+func (s *Server) checkLaneSubscription(ctx context.Context, nc *nats.Conn, sub *natsrelay.Subscription) {
+	for ctx.Err() == nil {
+		fctx, cancel := context.WithTimeout(ctx, laneFlushTimeout)
+		err := nc.FlushWithContext(fctx)
+		if err != nil && ctx.Err() == nil {
+			<-fctx.Done() // not connected yet: FlushWithContext fails at once; wait out the round
+		}
+		cancel()
+		if err == nil {
+			break
+		}
+	}
+	if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Subscription to \""+natsutil.StateWildcard+"\"") {
+		_ = sub.Unsubscribe()
+		s.log.Error("state lane off: the NATS user may not subscribe to "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries engine load meanwhile", "err", err)
 	}
 }

@@ -118,7 +118,7 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	gossipKeyFlag(fs, &opts.Gossip.SecretKey, &opts.Gossip.ExtraKeys, probs)
 	fs.StringVar(&opts.Gossip.Profile, "gossip-profile", opts.Gossip.Profile, "gossip timings: local, lan or wan")
 	fs.StringVar(&opts.Gossip.Name, "node-name", "", "gossip member name (default hostname-random)")
-	stateLaneFlag(fs, &cfg.StateOverNATSOff, "publish the engines' gossip state on NATS too (kvmesh.state.<node-name>), where the ingresses read it within a broadcast interval (default true)")
+	stateLaneFlag(fs, &cfg.StateOverNATSOff, "publish the engines' gossip state on NATS too (kvmesh.state.<node-name>), where the ingresses read it within a broadcast interval (default true)", probs)
 
 	fs.StringVar(&cfg.AdminAddr, "admin", "127.0.0.1:9101", "admin address for /health, /ready, /metrics, /debug/state (empty: off)")
 	fs.StringVar(&cfg.ResyncPolicy, "resync-policy", cfg.ResyncPolicy, "when event history is lost: rebuild (keep the engine cache, under-report until re-stored) or reset-engine (POST /reset_prefix_cache: exact, costs the cache)")
