@@ -6,3 +6,14 @@ func DrainOut(s *Subscriber) {
 		<-s.out
 	}
 }
+
+// WithLoopHook returns cfg with hook run on the socket loop at the top of
+// every round, before idle probes (hook may block: it holds the loop).
+func WithLoopHook(cfg SubscriberConfig, hook func(*Subscriber)) SubscriberConfig {
+	cfg.loopHook = hook
+	return cfg
+}
+
+// PendingInput reports whether rank's SUB socket has a message waiting.
+// Call it only on the socket loop (from a loop hook).
+func PendingInput(s *Subscriber, rank int) bool { return pendingInput(s.ranks[rank]) }

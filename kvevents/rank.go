@@ -28,6 +28,10 @@ type rankState struct {
 	// replayFails counts replay exchanges failed in a row (timed out or
 	// cut off): idle probes back off while the replay socket is down.
 	replayFails int
+	// lateNext is the seq the next late live copy would have, after
+	// isLateCopy confirmed one (lateOK): a run of them costs one exchange.
+	lateNext uint64
+	lateOK   bool
 }
 
 type histEntry struct {
@@ -48,5 +52,6 @@ func (rs *rankState) sumOf(seq uint64) (uint64, bool) {
 // forget drops everything known about the rank (engine restarted).
 func (rs *rankState) forget() {
 	rs.last, rs.has = 0, false
+	rs.lateNext, rs.lateOK = 0, false
 	clear(rs.hist[:])
 }

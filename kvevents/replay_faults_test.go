@@ -43,6 +43,7 @@ func replayServer(t *testing.T, serve func(sock *zmq.Socket, request func() (pee
 		t.Fatal(err)
 	}
 	_ = sock.SetLinger(0)
+	_ = sock.SetSndhwm(0) // a scripted exchange may exceed the default 1,000 (ROUTER drops past it)
 	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
 		t.Fatal(err)
 	}

@@ -93,9 +93,13 @@ type SubscriberStats struct {
 // MsgLostHistory{From: 0}.
 //
 // ReplayOnStart replays every rank from 0 at start (a sidecar restarted
-// next to an idle engine); IdleProbe replays quiet ranks periodically. Live
-// copies of batches already delivered by a replay are recognised by payload
-// hash and skipped, never mistaken for a restart.
+// next to an idle engine); IdleProbe replays quiet ranks periodically (a
+// rank with live messages waiting is not quiet, however long the loop was
+// held). Live copies of batches already delivered by a replay are
+// recognised by payload hash and skipped, never mistaken for a restart;
+// past the last 1,024 batches, where the hash is no longer remembered, the
+// engine's replay of the last delivered batch decides (the same batch: a
+// late copy; another or none: a restart).
 //
 // Limits (inherent in the wire protocol): without IdleProbe, batches lost at
 // the end of a burst are noticed only when the engine publishes again; a
@@ -312,6 +316,9 @@ func (s *Subscriber) loop() {
 			return
 		default:
 		}
+		if s.cfg.loopHook != nil {
+			s.cfg.loopHook(s)
+		}
 		if err := s.probeIdle(); err != nil {
 			return // errStopped
 		}
@@ -342,13 +349,19 @@ func (s *Subscriber) loop() {
 // probeIdle replays each rank that has been quiet for IdleProbe: it
 // delivers batches whose live copies were lost at the end of a burst, and
 // notices an engine that restarted and stayed idle.
+//
+// A rank with live messages waiting on its SUB socket is not quiet, however
+// long ago the loop last read it: the loop was held (process paused, CPU
+// starved, consumer slow). Replaying it first would deliver ahead of the
+// queued copies, and more than histSize of them could no longer be told
+// from an engine restart.
 func (s *Subscriber) probeIdle() error {
 	if s.cfg.IdleProbe <= 0 {
 		return nil
 	}
 	now := time.Now()
 	for _, rs := range s.ranks {
-		if rs.dealer == nil || now.Sub(rs.lastMsg) < s.probeInterval(rs) {
+		if rs.dealer == nil || now.Sub(rs.lastMsg) < s.probeInterval(rs) || pendingInput(rs) {
 			continue
 		}
 		rs.lastMsg = now
@@ -362,6 +375,12 @@ func (s *Subscriber) probeIdle() error {
 		}
 	}
 	return nil
+}
+
+// pendingInput reports whether rs's SUB socket has a message waiting.
+func pendingInput(rs *rankState) bool {
+	ev, err := rs.sub.GetEvents()
+	return err == nil && ev&zmq.POLLIN != 0
 }
 
 // maxProbeBackoff bounds how far probes of a rank whose replay fails back off.
@@ -397,6 +416,7 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 	rs.lastMsg = time.Now()
 	switch {
 	case rs.has && seq == rs.last+1:
+		rs.lateOK = false // a run of late copies (isLateCopy) is over
 	case rs.has && seq > rs.last+1:
 		s.st.gaps.Add(1)
 		s.cfg.Logger.Info("kv events gap", "rank", rs.rank, "after", rs.last, "got", seq)
@@ -404,6 +424,9 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 			return err
 		}
 	case rs.has && s.isDuplicate(rs, seq, frames[2]):
+		s.st.duplicates.Add(1)
+		return nil
+	case rs.has && s.isLateCopy(rs, seq):
 		s.st.duplicates.Add(1)
 		return nil
 	case rs.has: // seq <= last with another payload: a new incarnation of the engine
@@ -430,6 +453,70 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 func (s *Subscriber) isDuplicate(rs *rankState, seq uint64, payload []byte) bool {
 	sum, ok := rs.sumOf(seq)
 	return ok && sum == xxh3.Hash(payload)
+}
+
+// isLateCopy decides a live batch at seq <= last whose history slot has
+// been reused by a newer seq (seq was delivered more than histSize batches
+// ago, typically by a replay that overtook queued live copies), so its
+// payload cannot be compared. A new incarnation of the engine looks the
+// same from here, so the engine is asked: a replay from last returning the
+// very batch delivered at last means the engine still has this history and
+// the live batch is a late copy. A run of late copies (consecutive seqs)
+// costs one exchange. Anything else (another payload at last, an empty or
+// failed replay, no replay socket) is left to the restart rule, as before.
+func (s *Subscriber) isLateCopy(rs *rankState, seq uint64) bool {
+	if seq > rs.last {
+		return false
+	}
+	if e := rs.hist[seq%histSize]; !e.ok || e.seq <= seq {
+		return false // remembered (another payload: a restart) or never delivered
+	}
+	if rs.lateNext == seq && rs.lateOK {
+		rs.lateNext++
+		return true
+	}
+	if !s.sameHistory(rs) {
+		return false
+	}
+	rs.lateNext, rs.lateOK = seq+1, true
+	return true
+}
+
+// sameHistory asks rs's replay socket for the batch at rs.last and reports
+// whether it is the one delivered there. Only the first reply matters: the
+// socket is replaced afterwards, which drops the rest of the exchange.
+func (s *Subscriber) sameHistory(rs *rankState) bool {
+	sum, ok := rs.sumOf(rs.last)
+	if rs.dealer == nil || !ok {
+		return false
+	}
+	s.st.replays.Add(1)
+	var startb [8]byte
+	binary.BigEndian.PutUint64(startb[:], rs.last)
+	if _, err := rs.dealer.SendMessage("", startb[:]); err != nil {
+		s.cfg.Logger.Warn("kv events replay request", "rank", rs.rank, "err", err)
+		return false
+	}
+	defer s.resetDealer(rs)
+	deadline := time.Now().Add(s.cfg.ReplayTimeout)
+	for {
+		frames, ok, err := s.recvReplay(rs, deadline)
+		if err != nil || !ok {
+			if err == nil {
+				s.st.replayFailures.Add(1)
+				rs.replayFails++
+				s.cfg.Logger.Warn("kv events replay timed out", "rank", rs.rank, "endpoint", rs.replayEP)
+			}
+			return false // stopped, or no answer: undecided
+		}
+		seq, payload, end, valid := parseReplay(frames)
+		if !valid {
+			s.st.malformed.Add(1)
+			continue
+		}
+		rs.replayFails = 0
+		return !end && seq == rs.last && xxh3.Hash(payload) == sum
+	}
 }
 
 // reset tells the consumer that rank rs restarted and forgets its state.

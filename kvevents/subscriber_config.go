@@ -72,6 +72,10 @@ type SubscriberConfig struct {
 	PollInterval time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+
+	// loopHook, when set (tests only), runs on the socket loop at the top
+	// of every round, before idle probes.
+	loopHook func(*Subscriber)
 }
 
 // DefaultSubscriberConfig returns the defaults applied to zero fields.
