@@ -155,11 +155,30 @@ func AppendSnapshotChunk(dst []byte, c *SnapshotChunk) []byte {
 	return dst
 }
 
-// EncodedDeltaSize is an upper bound of the encoded size of a delta with the
-// given total number of keys over nops ops; senders use it to bound messages.
+// EncodedDeltaSize is an upper bound of the encoded size of a delta or a
+// snapshot chunk with the given total number of keys over nops ops; senders
+// use it to bound messages.
 func EncodedDeltaSize(nops, nkeys int, engine, model string) int {
 	return deltaOverhead + len(engine) + len(model) + nops*8 + nkeys*8
 }
+
+// MaxKeysIn is how many keys a delta or snapshot chunk of at most nops ops
+// for engine and model may carry for its encoding to fit in size bytes (a
+// NATS server's max_payload); 0 when not even one key fits.
+func MaxKeysIn(size, nops int, engine, model string) int {
+	return max(size-EncodedDeltaSize(nops, 0, engine, model), 0) / 8
+}
+
+// MaxSnapshotChunks is the most chunks a snapshot reply may have: readers
+// reject a chunk count above it.
+const MaxSnapshotChunks = deltaMaxChunks
+
+// SnapshotErrorHeader names the NATS header of a sidecar's snapshot error
+// reply: a message without data whose header says why the sidecar cannot
+// send its key set (e.g. a chunk over the server's max_payload). Readers
+// that predate it fail to decode the empty reply and retry the snapshot, as
+// they would after a bad chunk.
+const SnapshotErrorHeader = "Kvmesh-Snapshot-Error"
 
 func deltaAppendHeader(dst []byte, kind uint64, engine, model string, epoch, seq uint64, ts int64) []byte {
 	dst = wire.AppendUint(dst, DeltaVersion)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kvevents/internal/wire"
@@ -251,4 +252,58 @@ func BenchmarkAppendDelta(b *testing.B) {
 	for b.Loop() {
 		buf = AppendDelta(buf[:0], d)
 	}
+}
+
+// TestMaxKeysInFits: a delta and a snapshot chunk of MaxKeysIn keys, with
+// every field at its widest (longest names a reader accepts, 64-bit epoch,
+// seq, ts and epoch start, the last chunk of the most chunks, keys spread
+// over every tier), encode to at most the size asked for, and one key more
+// than MaxKeysIn allows may not: senders cut messages to a NATS server's
+// max_payload with it (a snapshot chunked by key count alone failed on a
+// 64 KiB max_payload).
+func TestMaxKeysInFits(t *testing.T) {
+	long := strings.Repeat("x", deltaMaxNameLen)
+	for _, size := range []int{200, 1000, 4096, 64 << 10, 1 << 20, 8 << 20} {
+		for _, names := range [][2]string{{"e", "m"}, {long, long}} {
+			n := MaxKeysIn(size, NumTiers, names[0], names[1])
+			if n < 1 {
+				if len(names[0]) == 1 {
+					t.Fatalf("size %d: no key fits", size)
+				}
+				continue // the names alone take more than size
+			}
+			ops := spread(n)
+			c := SnapshotChunk{Engine: names[0], Model: names[1], Epoch: math.MaxUint64, Seq: math.MaxUint64, TS: math.MinInt64,
+				Ops: ops, Chunk: MaxSnapshotChunks - 1, Chunks: MaxSnapshotChunks, EpochStart: math.MinInt64}
+			if got := len(AppendSnapshotChunk(nil, &c)); got > size {
+				t.Errorf("size %d, names %d bytes: a chunk of %d keys takes %d bytes", size, len(names[0]), n, got)
+			}
+			d := Delta{Engine: names[0], Model: names[1], Epoch: math.MaxUint64, Seq: math.MaxUint64, TS: math.MinInt64,
+				Ops: ops, EpochStart: math.MinInt64}
+			if got := len(AppendDelta(nil, &d)); got > size {
+				t.Errorf("size %d, names %d bytes: a delta of %d keys takes %d bytes", size, len(names[0]), n, got)
+			}
+			var back SnapshotChunk
+			if err := DecodeSnapshotChunk(AppendSnapshotChunk(nil, &c), &back); err != nil {
+				t.Fatalf("the widest chunk does not decode: %v", err)
+			}
+		}
+	}
+	if n := MaxKeysIn(50, NumTiers, "e", "m"); n != 0 {
+		t.Fatalf("MaxKeysIn(50) = %d, want 0", n)
+	}
+}
+
+// spread puts n keys over every tier (one op each).
+func spread(n int) []Op {
+	ops := make([]Op, NumTiers)
+	for i := 0; i < n; i++ {
+		t := i % NumTiers
+		ops[t].Kind, ops[t].Tier = OpStore, Tier(t)
+		ops[t].Keys = append(ops[t].Keys, math.MaxUint64-uint64(i))
+	}
+	for t := range ops {
+		ops[t].Kind, ops[t].Tier = OpStore, Tier(t)
+	}
+	return ops
 }

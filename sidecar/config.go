@@ -115,7 +115,8 @@ type Config struct {
 	// ResyncPolicy for lost event history: "rebuild" (default) or "reset-engine".
 	ResyncPolicy string
 	// MaxDeltaKeys bounds the keys in one delta (default 16384: ~130 KB, well
-	// under NATS's 1 MB default payload). Larger change sets span several deltas.
+	// under NATS's 1 MB default payload; a server's smaller max_payload lowers
+	// it). Larger change sets span several deltas.
 	MaxDeltaKeys int
 	// PublishQueue bounds the deltas encoded but not yet handed to NATS
 	// (all engines together). The event loops enqueue without blocking and
@@ -132,7 +133,8 @@ type Config struct {
 	// batches and an engine that restarted and stayed idle. 0 disables.
 	// Default 5s (one tiny replay request per idle rank per period).
 	IdleProbe time.Duration
-	// SnapshotChunkKeys bounds the keys in one snapshot reply message (default 65536: ~520 KB).
+	// SnapshotChunkKeys bounds the keys in one snapshot reply message (default 65536: ~520 KB);
+	// a NATS server's smaller max_payload lowers it (kvevents.MaxKeysIn).
 	SnapshotChunkKeys int
 	// ScrapeInterval for engine /metrics (default 1s).
 	ScrapeInterval time.Duration

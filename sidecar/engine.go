@@ -34,6 +34,7 @@ type engineCounters struct {
 	loopRestarts                              atomic.Uint64
 	resetsSuppressed                          atomic.Uint64 // reset requests within resetMinInterval of the last
 	metricsMissing                            atomic.Uint64 // scrapes answered 404 (engine without metrics)
+	snapshotErrors                            atomic.Uint64 // snapshot requests answered with an error reply
 }
 
 // engine is the sidecar's work for one engine: the event loop owns the
@@ -257,26 +258,37 @@ func (e *engine) requestReset(reason string) {
 }
 
 // flushLocked publishes the pending ops as deltas of at most MaxDeltaKeys
-// keys each. Caller holds mu, so deltas leave in sequence order.
+// keys each, and each small enough for the NATS server's max_payload (once
+// known). Caller holds mu, so deltas leave in sequence order.
 func (e *engine) flushLocked() {
 	ops := e.st.takePending()
 	if len(ops) == 0 {
 		return
 	}
 	limit := e.s.cfg.MaxDeltaKeys
+	size := int(e.s.maxPayload.Load()) // 0: not connected yet
 	for len(ops) > 0 {
 		var part []kvevents.Op
-		n := 0
+		n, keys := 0, 0
 		for len(ops) > 0 && n < limit {
 			op := ops[0]
-			if room := limit - n; len(op.Keys) > room && op.Kind != kvevents.OpClear {
+			room := limit - n
+			if size > 0 {
+				fit := kvevents.MaxKeysIn(size, len(part)+1, e.cfg.ID, e.cfg.Model) - keys
+				if fit < 1 && len(part) > 0 {
+					break // not even one more op fits
+				}
+				room = min(room, max(fit, 1))
+			}
+			if len(op.Keys) > room && op.Kind != kvevents.OpClear {
 				part = append(part, kvevents.Op{Kind: op.Kind, Tier: op.Tier, Keys: op.Keys[:room]})
 				ops[0].Keys = op.Keys[room:]
-				n = limit
+				n += room
 				break
 			}
 			part = append(part, op)
 			n += max(len(op.Keys), 1)
+			keys += len(op.Keys)
 			ops = ops[1:]
 		}
 		e.publishLocked(part, n)

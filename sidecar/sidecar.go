@@ -44,6 +44,10 @@ type Sidecar struct {
 	// (unix ns): at most one warning per publishErrLogEvery.
 	pubErrs      atomic.Uint64
 	pubErrLogged atomic.Int64
+	// maxPayload is the NATS server's max_payload (0 until known), read
+	// from the connection by the NATS-side goroutines (publish loop,
+	// snapshot replies) so engine loops bound deltas without its lock.
+	maxPayload atomic.Int64
 }
 
 // publishErrLogEvery spaces the warnings about failed delta publishes.
@@ -121,6 +125,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	defer conn.Close()
 	s.conn.Store(conn)
+	// 0 until connected; the publish loop and snapshot replies keep it current.
+	s.maxPayload.Store(conn.NC.MaxPayload())
 	conn.OnPublishError(s.publishFailed) // JetStream acks that never came, a missing stream
 
 	for _, e := range s.engines {
@@ -309,7 +315,13 @@ func (s *Sidecar) publishLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case m := <-s.pubq:
+			if c := s.conn.Load(); c != nil {
+				s.maxPayload.Store(c.NC.MaxPayload())
+			}
 			if err := s.publish(m.e.subject, m.data); err != nil {
+				if errors.Is(err, nats.ErrMaxPayload) { // deltas are cut to fit once the limit is known
+					s.log.Error("delta over the NATS max_payload", "engine", m.e.cfg.ID, "bytes", len(m.data), "nats_max_payload", s.maxPayload.Load())
+				}
 				m.e.c.publishErrors.Add(1)
 				s.warnPublishError(m.e.cfg.ID, err)
 			}
@@ -367,19 +379,39 @@ func (s *Sidecar) publish(subject string, data []byte) error {
 }
 
 // serveSnapshot answers one snapshot request with the engine's key set in
-// chunks of at most SnapshotChunkKeys keys, sent to the request's inbox.
+// chunks of at most SnapshotChunkKeys keys, and each small enough for the
+// NATS server's max_payload, sent to the request's inbox. A reply that
+// cannot be sent is logged at error and followed by an error reply
+// (kvevents.SnapshotErrorHeader), so the ingress knows why instead of
+// waiting for its timeout.
 func (e *engine) serveSnapshot(msg *nats.Msg) {
 	if msg.Reply == "" {
 		return
 	}
+	var payload int64
+	if c := e.s.conn.Load(); c != nil {
+		payload = c.NC.MaxPayload()
+		e.s.maxPayload.Store(payload)
+	}
 	head, keys := e.snapshot()
 	e.c.snapshots.Add(1)
 	limit := e.s.cfg.SnapshotChunkKeys
+	if payload > 0 {
+		limit = min(limit, kvevents.MaxKeysIn(int(payload), kvevents.NumTiers, e.cfg.ID, e.cfg.Model))
+	}
 	total := 0
 	for _, k := range keys {
 		total += len(k)
 	}
+	if limit < 1 {
+		e.failSnapshot(msg, fmt.Sprintf("max_payload %d leaves no room for a key", payload), payload)
+		return
+	}
 	chunks := max((total+limit-1)/limit, 1)
+	if chunks > kvevents.MaxSnapshotChunks {
+		e.failSnapshot(msg, fmt.Sprintf("%d keys need %d chunks at max_payload %d, over %d", total, chunks, payload, kvevents.MaxSnapshotChunks), payload)
+		return
+	}
 	c := kvevents.SnapshotChunk{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: head.Epoch, Seq: head.Seq, TS: time.Now().UnixNano(), Chunks: chunks,
 		EpochStart: e.epochStart}
 	var buf []byte
@@ -399,9 +431,21 @@ func (e *engine) serveSnapshot(msg *nats.Msg) {
 		}
 		buf = kvevents.AppendSnapshotChunk(buf[:0], &c)
 		if err := msg.Respond(buf); err != nil {
-			e.log.Warn("snapshot reply failed", "err", err)
+			e.failSnapshot(msg, fmt.Sprintf("chunk %d of %d (%d bytes): %v", i, chunks, len(buf), err), payload)
 			return
 		}
+	}
+}
+
+// failSnapshot logs a snapshot request the engine cannot answer and sends
+// the requester an error reply saying why.
+func (e *engine) failSnapshot(msg *nats.Msg, why string, payload int64) {
+	e.c.snapshotErrors.Add(1)
+	e.log.Error("snapshot reply failed: ingresses cannot sync this engine", "why", why, "nats_max_payload", payload)
+	r := nats.NewMsg(msg.Reply)
+	r.Header.Set(kvevents.SnapshotErrorHeader, why)
+	if err := msg.RespondMsg(r); err != nil {
+		e.log.Error("snapshot error reply failed", "err", err)
 	}
 }
 

@@ -32,7 +32,7 @@ func (e *engine) tokenizerLoop(ctx context.Context, js jetstream.JetStream) {
 			var m tokenstore.Manifest
 			var changed bool
 			if err == nil {
-				m, changed, err = tokenstore.Publish(ctx, store, e.cfg.Model, e.cfg.TokenizerRevision, dir)
+				m, changed, err = tokenstore.PublishLimited(ctx, store, e.cfg.Model, e.cfg.TokenizerRevision, dir, js.Conn().MaxPayload())
 			}
 			switch {
 			case err != nil:

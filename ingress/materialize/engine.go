@@ -174,9 +174,16 @@ func (m *Materializer) forgetLocked(e *engineState, reason string) {
 	delete(m.engines, e.id)
 }
 
+// failingSnapshots is how many snapshots of an engine in a row must fail
+// for it to count as failing: Synced no longer waits for it, a warning is
+// logged (once per streak) and kvmesh_materializer_failing_engines counts it.
+const failingSnapshots = 3
+
 // Synced reports whether the initial discovery is done and every known
 // engine has been snapshotted (engines that failed three times in a row do
-// not hold readiness hostage). Use it for the ingress's /ready.
+// not hold readiness hostage: they are logged, counted in
+// kvmesh_materializer_failing_engines and marked in Status). Use it for the
+// ingress's /ready.
 func (m *Materializer) Synced() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -184,7 +191,7 @@ func (m *Materializer) Synced() bool {
 		return false
 	}
 	for _, e := range m.engines {
-		if !e.synced && e.failures < 3 {
+		if !e.synced && e.failures < failingSnapshots {
 			return false
 		}
 	}
@@ -207,6 +214,8 @@ type EngineStatus struct {
 	Digest    kvevents.EngineDigest  `json:"digest"`
 	// Snapshotting: a snapshot is in flight or due (a retry).
 	Snapshotting bool `json:"snapshotting"`
+	// SnapshotFailures: snapshots failed in a row (3 or more: failing).
+	SnapshotFailures int `json:"snapshot_failures"`
 }
 
 // Status returns every engine's status, sorted by engine id.
@@ -219,7 +228,7 @@ func (m *Materializer) Status() []EngineStatus {
 			Engine: e.id, Model: e.model, Epoch: e.epoch, Seq: e.seq, Synced: e.synced,
 			Lag: e.lag, LastDelta: e.lastMsg, Applied: e.applied, Buffered: len(e.buf), InGossip: e.inGossip,
 			Digest:       kvevents.EngineDigest{Head: e.head(), Digests: e.digests},
-			Snapshotting: e.snapshotting || e.retryAt != (time.Time{}),
+			Snapshotting: e.snapshotting || e.retryAt != (time.Time{}), SnapshotFailures: e.failures,
 		}
 		for t := range e.sets {
 			s.Keys[t] = len(e.sets[t])

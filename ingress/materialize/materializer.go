@@ -61,7 +61,18 @@ func New(cfg Config) (*Materializer, error) {
 	err := m.met.register(cfg.Registerer,
 		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(len(m.engines)) },
 		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.keys) },
-		func() float64 { return m.StaleFor().Seconds() })
+		func() float64 { return m.StaleFor().Seconds() },
+		func() float64 {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			n := 0
+			for _, e := range m.engines {
+				if e.failures >= failingSnapshots {
+					n++
+				}
+			}
+			return float64(n)
+		})
 	if err != nil {
 		return nil, fmt.Errorf("materializer metrics: %w", err)
 	}
@@ -409,11 +420,18 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 			m.clearLocked(e) // nobody serves this engine now: no stale routing
 		case errors.Is(err, context.DeadlineExceeded):
 			result = "timeout"
+		case errors.Is(err, ErrSidecarFailed):
+			result = "sidecar_error"
 		case errors.Is(err, ErrSnapshot):
 			m.met.malformed.Inc()
 		}
 		m.met.snapshots.WithLabelValues(result).Inc()
 		e.failures++
+		if e.failures == failingSnapshots {
+			// From here Synced no longer waits for the engine: say so once.
+			m.log.Warn("snapshots of an engine keep failing: readiness no longer waits for it, and its index entries stay as they were (empty if never synced) until one succeeds",
+				"engine", e.id, "failures", e.failures, "result", result, "err", err)
+		}
 		// Jittered: after a NATS outage every ingress retries every
 		// sidecar, and in lock step they would arrive together.
 		wait := snapshotBackoff.Delay(e.failures - 1)
@@ -422,6 +440,9 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		return
 	}
 	m.met.snapshots.WithLabelValues("ok").Inc()
+	if e.failures >= failingSnapshots {
+		m.log.Info("snapshot succeeded again", "engine", e.id, "after_failures", e.failures)
+	}
 	e.failures = 0
 	for _, o := range s.Others { // their starts, for ordering their deltas
 		e.epochs.note(o.epoch, o.start, false)

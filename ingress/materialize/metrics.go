@@ -38,7 +38,7 @@ func newMetrics() *metrics {
 		staleEpochs: c("stale_epoch_deltas_total",
 			"Deltas of an engine's older sidecar epoch while a newer one is live (a sidecar restart overlapping itself), ignored."),
 		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvmesh_materializer_snapshots_total", Help: "Snapshot requests by result (ok, timeout, no_responders, error).",
+			Name: "kvmesh_materializer_snapshots_total", Help: "Snapshot requests by result (ok, timeout, no_responders, sidecar_error: the sidecar answered it cannot send its key set, error).",
 		}, []string{"result"}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvmesh_materializer_propagation_lag_seconds",
@@ -48,7 +48,7 @@ func newMetrics() *metrics {
 	}
 }
 
-func (m *metrics) register(reg prometheus.Registerer, engines, keys, stale func() float64) error {
+func (m *metrics) register(reg prometheus.Registerer, engines, keys, stale, failing func() float64) error {
 	if reg == nil {
 		return nil
 	}
@@ -58,6 +58,8 @@ func (m *metrics) register(reg prometheus.Registerer, engines, keys, stale func(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_stale_seconds",
 			Help: "How long the index has not followed the sidecars because the NATS connection is down (lost, or found dead by its pings); 0 while connected."}, stale),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_failing_engines",
+			Help: "Engines whose last 3 or more snapshots failed: readiness does not wait for them, their index entries are stale (empty if never synced)."}, failing),
 	} {
 		if err := reg.Register(col); err != nil {
 			return err

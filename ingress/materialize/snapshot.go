@@ -15,6 +15,9 @@ import (
 var (
 	ErrNoResponders = errors.New("snapshot: no sidecar answers")
 	ErrSnapshot     = errors.New("snapshot: bad reply")
+	// ErrSidecarFailed: the sidecar answered that it cannot send its key
+	// set (kvevents.SnapshotErrorHeader), e.g. a chunk over NATS max_payload.
+	ErrSidecarFailed = errors.New("snapshot: the sidecar cannot send its key set")
 )
 
 // snapshot is an engine's full key set per tier as of (Epoch, Seq).
@@ -57,6 +60,7 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 	var chunk kvevents.SnapshotChunk
 	var replies []*assembler
 	var fallback *snapshot
+	var failed error // an error reply, while another epoch's reply may still complete
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
 		if errors.Is(err, nats.ErrNoResponders) {
@@ -67,10 +71,20 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 				fallback.Fallback = true
 				return fallback, nil
 			}
+			if failed != nil && errors.Is(err, context.DeadlineExceeded) {
+				return nil, failed
+			}
 			return nil, fmt.Errorf("snapshot reply: %w", err)
 		}
 		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
 			return nil, ErrNoResponders
+		}
+		if why := msg.Header.Get(kvevents.SnapshotErrorHeader); why != "" {
+			failed = fmt.Errorf("%w: %s", ErrSidecarFailed, why)
+			if len(replies) == 0 && fallback == nil {
+				return nil, failed
+			}
+			continue // another sidecar's reply is under way
 		}
 		if err := kvevents.DecodeSnapshotChunk(msg.Data, &chunk); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSnapshot, err)

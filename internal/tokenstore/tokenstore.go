@@ -148,6 +148,14 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, mem
 // digests, so every sidecar of a model may call it at start. changed reports
 // whether a new revision was published.
 func Publish(ctx context.Context, store jetstream.ObjectStore, model, revision, dir string) (m Manifest, changed bool, err error) {
+	return PublishLimited(ctx, store, model, revision, dir, 0)
+}
+
+// PublishLimited is Publish for a NATS server whose max_payload is
+// maxPayload bytes (0: unknown, the object store's 128 KiB chunks): files
+// are stored in chunks that fit it, where 128 KiB chunks would fail with
+// "maximum payload exceeded" (a 64 KiB max_payload).
+func PublishLimited(ctx context.Context, store jetstream.ObjectStore, model, revision, dir string, maxPayload int64) (m Manifest, changed bool, err error) {
 	if model == "" {
 		return Manifest{}, false, errors.New("publish tokenizer: empty model")
 	}
@@ -176,7 +184,8 @@ func Publish(ctx context.Context, store jetstream.ObjectStore, model, revision, 
 		if !ok {
 			continue
 		}
-		if _, err := store.PutBytes(ctx, fileName(model, revision, f), b); err != nil {
+		meta := jetstream.ObjectMeta{Name: fileName(model, revision, f), Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunkSize(maxPayload)}}
+		if _, err := store.Put(ctx, meta, bytes.NewReader(b)); err != nil {
 			return Manifest{}, false, fmt.Errorf("publish tokenizer %s: put %s: %w", model, f, err)
 		}
 	}
@@ -189,6 +198,20 @@ func Publish(ctx context.Context, store jetstream.ObjectStore, model, revision, 
 		return Manifest{}, false, fmt.Errorf("publish tokenizer %s: manifest: %w", model, err)
 	}
 	return m, true, nil
+}
+
+// chunkHeadroom is what a chunk leaves of max_payload for the message's
+// headers (an object chunk carries none today).
+const chunkHeadroom = 1 << 10
+
+// chunkSize is the object chunk size for a server's max_payload: 0 (the
+// object store's default, 128 KiB) when that fits or the limit is unknown.
+func chunkSize(maxPayload int64) uint32 {
+	const dflt = 128 << 10
+	if maxPayload <= 0 || maxPayload >= dflt+chunkHeadroom {
+		return 0
+	}
+	return uint32(max(maxPayload-chunkHeadroom, 1<<10))
 }
 
 // revisionOf names content by its digests (stable across sidecars of a model).

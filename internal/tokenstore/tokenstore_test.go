@@ -5,9 +5,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -203,4 +205,51 @@ func FuzzDecodeManifest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPublishUnderSmallMaxPayload: with a NATS max_payload of 64 KiB, below
+// the object store's default 128 KiB chunk, a 300 KB tokenizer.json is
+// published (in chunks that fit) and read back whole. Before, every publish
+// failed with "maximum payload exceeded".
+func TestPublishUnderSmallMaxPayload(t *testing.T) {
+	ctx := ctxT(t)
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoLog: true, NoSigs: true, MaxPayload: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start() // owned by srv: Shutdown stops it
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := EnsureBucket(ctx, js, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := `{"model":{"type":"BPE","pad":"` + strings.Repeat("x", 300<<10) + `"}}`
+	if _, _, err := PublishLimited(ctx, store, "m", "", writeModel(t, tok, ""), nc.MaxPayload()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := OpenReader(ctx, js, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _, err := r.Fetch(ctx, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "tokenizer.json")); err != nil || string(got) != tok {
+		t.Fatalf("read back %d bytes (err %v), want %d", len(got), err, len(tok))
+	}
 }
