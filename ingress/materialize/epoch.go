@@ -22,6 +22,10 @@ import "github.com/kvmesh/kvmesh/kvevents"
 // whose sidecar has gone while an older one keeps sending is given up after
 // Config.EpochGrace of its silence during their deltas (the older is
 // followed again), or when only the older one answers a snapshot request.
+// Starts are wall-clock times of the sidecars' hosts, so the "older" one may
+// be a sidecar restarted with a clock behind its dead predecessor's: it too
+// is followed only after EpochGrace (the gossip view, one state per engine,
+// does not say that the followed epoch's sidecar is gone).
 
 // epochInfo is what is known of one epoch of an engine.
 type epochInfo struct {

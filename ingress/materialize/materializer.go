@@ -270,8 +270,11 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 			if now.Sub(e.staleSince) < m.cfg.EpochGrace {
 				return
 			}
-			m.log.Info("following an older sidecar epoch again: the newer one went silent", "engine", e.id,
-				"epoch", d.Epoch, "silent_epoch", e.epochs.follow, "silent_for", now.Sub(e.followSeen).Round(time.Millisecond))
+			// Older by start time only: an older sidecar still running, or a
+			// restarted one on a host whose clock is behind the silent one's.
+			m.log.Info("switching to another sidecar epoch: the followed one went silent", "engine", e.id,
+				"epoch", d.Epoch, "epoch_start", startTime(d.EpochStart), "silent_epoch", e.epochs.follow,
+				"silent_epoch_start", startTime(e.epochs.followStart), "silent_for", now.Sub(e.followSeen).Round(time.Millisecond))
 		}
 		e.epochs.setFollow(d.Epoch, d.EpochStart)
 		e.followSeen, e.staleSince = now, time.Time{}
@@ -362,6 +365,15 @@ func (m *Materializer) applyLocked(e *engineState, d *kvevents.Delta) {
 		e.lag = lag
 		m.met.lag.Observe(lag.Seconds())
 	}
+}
+
+// startTime is an epoch start for the log ("unknown" for a sidecar that
+// does not send it).
+func startTime(ns int64) any {
+	if ns <= 0 {
+		return "unknown"
+	}
+	return time.Unix(0, ns).UTC()
 }
 
 // snapshotBackoff spaces a failing engine's snapshot retries.
@@ -460,8 +472,9 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		return
 	default:
 		// Only an older epoch answered: the followed one's sidecar is gone.
-		m.log.Info("following an older sidecar epoch again: the newer one did not answer its snapshot", "engine", e.id,
-			"epoch", s.Epoch, "silent_epoch", e.epochs.follow)
+		m.log.Info("switching to another sidecar epoch: the followed one did not answer its snapshot", "engine", e.id,
+			"epoch", s.Epoch, "epoch_start", startTime(s.EpochStart), "silent_epoch", e.epochs.follow,
+			"silent_epoch_start", startTime(e.epochs.followStart))
 		e.epochs.setFollow(s.Epoch, s.EpochStart)
 	}
 	if probe != 0 && probe != s.Epoch {

@@ -2,6 +2,7 @@ package materialize_test
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -143,6 +144,7 @@ type fakeSidecar struct {
 	t     *testing.T
 	nc    *nats.Conn
 	epoch uint64
+	start int64 // the epoch start sent (0: none, as the older version); set before the first publish
 	mu    sync.Mutex
 	seq   uint64
 	keys  []uint64
@@ -154,7 +156,7 @@ func newFakeSidecar(t *testing.T, nc *nats.Conn, epoch uint64) *fakeSidecar {
 	var err error
 	f.sub, err = nc.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
 		f.mu.Lock()
-		c := kvevents.SnapshotChunk{Engine: "e1", Model: "m", Epoch: f.epoch, Seq: f.seq, Chunks: 1,
+		c := kvevents.SnapshotChunk{Engine: "e1", Model: "m", Epoch: f.epoch, EpochStart: f.start, Seq: f.seq, Chunks: 1,
 			Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: append([]uint64(nil), f.keys...)}}}
 		f.mu.Unlock()
 		_ = msg.Respond(kvevents.AppendSnapshotChunk(nil, &c))
@@ -174,7 +176,7 @@ func (f *fakeSidecar) publish(k uint64) {
 	defer f.mu.Unlock()
 	f.seq++
 	f.keys = append(f.keys, k)
-	d := kvevents.Delta{Engine: "e1", Model: "m", Epoch: f.epoch, Seq: f.seq, Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{k}}}}
+	d := kvevents.Delta{Engine: "e1", Model: "m", Epoch: f.epoch, EpochStart: f.start, Seq: f.seq, Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{k}}}}
 	if err := f.nc.Publish(natsutil.DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
 		f.t.Fatal(err)
 	}
@@ -247,4 +249,54 @@ func TestOverlappingOldSidecarsAtMostOneSnapshotPerEpoch(t *testing.T) {
 		x.publish(k)
 		return in(x)()
 	})
+}
+
+// A sidecar restarted on a host whose clock is behind its dead
+// predecessor's (which ran 10 minutes ahead) starts an epoch that orders
+// as older. Its deltas are ignored until the dead one has been silent for
+// EpochGrace, then it is followed; the log says so for what it is (a
+// switch because the followed epoch went silent), where it used to blame
+// the live sidecar: "following an older sidecar epoch again: the newer one
+// went silent", about an epoch never followed before.
+func TestEarlierClockSidecarFollowedOnceTheOtherIsSilent(t *testing.T) {
+	srv := testutil.NATS(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	idx, reg, log := meshtest.NewMapIndex(), prometheus.NewRegistry(), &logged{level: slog.LevelInfo}
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer, cfg.Logger = nc, idx, reg, slog.New(log)
+	cfg.CheckInterval, cfg.IdleCheck, cfg.EpochGrace = 20*time.Millisecond, time.Hour, time.Millisecond
+	m := startMaterializer(t, cfg)
+	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
+
+	now := time.Now()
+	dead := newFakeSidecar(t, nc, 0x5000)
+	dead.start = now.Add(10 * time.Minute).UnixNano()
+	dead.publish(1)
+	testutil.WaitFor(t, 10*time.Second, "the first sidecar followed", func() bool {
+		st := m.Status()
+		return len(st) == 1 && st[0].Epoch == dead.epoch && !st[0].Snapshotting
+	})
+	if err := dead.sub.Unsubscribe(); err != nil { // killed with its engine
+		t.Fatal(err)
+	}
+	restarted := newFakeSidecar(t, nc, 0x3000)
+	restarted.start = now.UnixNano()
+	k := uint64(100)
+	testutil.WaitFor(t, 20*time.Second, "the restarted sidecar followed", func() bool {
+		k++
+		restarted.publish(k)
+		st := m.Status()
+		got := idx.Keys("e1", kvevents.TierGPU)
+		return len(st) == 1 && st[0].Epoch == restarted.epoch && !st[0].Snapshotting && len(got) > 0 && got[0] > 100
+	})
+	if n := log.count("switching to another sidecar epoch: the followed one"); n != 1 {
+		t.Fatalf("%d switch messages, want 1 (logged: %q)", n, log.msgs)
+	}
+	if n := log.count("older sidecar epoch again"); n != 0 {
+		t.Fatalf("the switch blamed the live sidecar (logged: %q)", log.msgs)
+	}
 }

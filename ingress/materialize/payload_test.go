@@ -115,23 +115,24 @@ func TestSmallMaxPayloadSnapshotsAndDeltasFit(t *testing.T) {
 	}
 }
 
-// warnings records the messages of warnings logged.
-type warnings struct {
-	mu   sync.Mutex
-	msgs []string
+// logged records the messages logged at level or above.
+type logged struct {
+	level slog.Level
+	mu    sync.Mutex
+	msgs  []string
 }
 
-func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+func (w *logged) Enabled(_ context.Context, l slog.Level) bool { return l >= w.level }
+func (w *logged) Handle(_ context.Context, r slog.Record) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.msgs = append(w.msgs, r.Message)
 	return nil
 }
-func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
-func (w *warnings) WithGroup(string) slog.Handler      { return w }
+func (w *logged) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *logged) WithGroup(string) slog.Handler      { return w }
 
-func (w *warnings) count(sub string) int {
+func (w *logged) count(sub string) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := 0
@@ -172,7 +173,7 @@ func TestSnapshotErrorReplyIsCountedAndVisible(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	idx, reg, warned := meshtest.NewMapIndex(), prometheus.NewRegistry(), &warnings{}
+	idx, reg, warned := meshtest.NewMapIndex(), prometheus.NewRegistry(), &logged{level: slog.LevelWarn}
 	cfg := materialize.DefaultConfig()
 	cfg.Conn, cfg.Index, cfg.Registerer, cfg.Logger = nc, idx, reg, slog.New(warned)
 	mem := &fakeMembership{}
