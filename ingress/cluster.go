@@ -180,7 +180,7 @@ func (s *Server) startCluster() error {
 		}()
 		if st, ok := s.deps.Tokenizers.(*StoreTokenizers); ok {
 			cl.wg.Add(1)
-			go func() { defer cl.wg.Done(); st.Run(ctx, conn.NC) }()
+			go func() { defer cl.wg.Done(); st.Run(ctx, conn) }()
 		}
 	}
 	return nil

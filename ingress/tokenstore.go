@@ -8,9 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/tokenstore"
 )
 
@@ -47,9 +47,9 @@ type StoreTokenizers struct {
 }
 
 type jsHolder struct {
-	js  jetstream.JetStream
-	nc  *nats.Conn
-	ctx context.Context // Run's: ends the background fetches
+	js   jetstream.JetStream
+	conn *natsutil.Conn  // Connected only: For never takes the nats.Conn's lock
+	ctx  context.Context // Run's: ends the background fetches
 }
 
 // StoreTokenizersConfig configures StoreTokenizers.
@@ -116,7 +116,9 @@ func loadTokenizerDir(model, dir string) (Tokenizer, error) {
 // FirstWait and every other one nothing. A model known to be missing is
 // answered "none" at once; once its retry time has passed the fetch is
 // started in the background (single-flight) and the lookup still answers
-// "none" at once. While the NATS connection is not connected no fetch starts.
+// "none" at once. While the NATS connection is not connected no fetch starts;
+// whether it is connected is read from natsutil.Conn.Connected, never from
+// the nats.Conn (whose lock a reconnect holds through each attempt).
 func (s *StoreTokenizers) For(model string) (Tokenizer, bool) {
 	if s.static != nil {
 		if t, ok := s.static.For(model); ok {
@@ -127,12 +129,20 @@ func (s *StoreTokenizers) For(model string) (Tokenizer, bool) {
 		return t, true
 	}
 	h := s.js.Load()
-	if h == nil || !h.nc.IsConnected() {
+	if h == nil {
 		return nil, false
 	}
 	s.mu.Lock()
 	until, known := s.missed[model]
 	if known && time.Now().Before(until) {
+		s.mu.Unlock()
+		return nil, false
+	}
+	// Connected, not nats.Conn.IsConnected: the latter waits for the
+	// connection's lock, which the reconnect loop holds through each
+	// connect attempt; against a hung server (TCP accepted, no INFO) that
+	// stalled every request here for up to ConnectTimeout.
+	if !h.conn.Connected() {
 		s.mu.Unlock()
 		return nil, false
 	}
@@ -285,17 +295,17 @@ func (s *StoreTokenizers) readerFor(ctx context.Context) (*tokenstore.Reader, er
 	return r, nil
 }
 
-// Run serves the store over nc until ctx ends: it watches the published
+// Run serves the store over conn until ctx ends: it watches the published
 // manifests and (re)loads every model as soon as it is published or changed.
 // The bucket may not exist yet (no sidecar has published): Run retries.
 // Owned by the ingress's cluster; returns when ctx ends.
-func (s *StoreTokenizers) Run(ctx context.Context, nc *nats.Conn) {
-	js, err := jetstream.New(nc)
+func (s *StoreTokenizers) Run(ctx context.Context, conn *natsutil.Conn) {
+	js, err := jetstream.New(conn.NC)
 	if err != nil {
 		s.log.Error("tokenizer store", "err", err)
 		return
 	}
-	s.js.Store(&jsHolder{js: js, nc: nc, ctx: ctx})
+	s.js.Store(&jsHolder{js: js, conn: conn, ctx: ctx})
 	defer func() {
 		s.mu.Lock()
 		s.stopped = true

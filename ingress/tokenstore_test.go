@@ -4,10 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,7 +150,7 @@ func TestStoreTokenizerLoadFailureWaits(t *testing.T) {
 			return loadTokenizerDir(model, dir)
 		}})
 	done := make(chan struct{})
-	go func() { defer close(done); store.Run(ctx, nc.NC) }()
+	go func() { defer close(done); store.Run(ctx, nc) }()
 	defer func() { cancel(); <-done }()
 	testutil.WaitFor(t, 10*time.Second, "the store's first load attempt", func() bool {
 		_, _ = store.For(model)
@@ -183,17 +185,21 @@ func TestStoreTokenizerRefreshDoesNotBlockRequests(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL())
+	ncfg := natsutil.DefaultConfig()
+	ncfg.URLs = []string{srv.ClientURL()}
+	ncfg.Stream.Disabled = true // this server has no JetStream
+	conn, err := natsutil.Connect(ctx, ncfg, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	defer conn.Close()
+	nc := conn.NC
 
 	const model = "unpublished/model"
 	store := NewStoreTokenizers(nil, StoreTokenizersConfig{CacheDir: t.TempDir(), Logger: quietLog(),
 		FetchTimeout: time.Hour, MissRetry: time.Millisecond, FirstWait: time.Hour})
 	done := make(chan struct{})
-	go func() { defer close(done); store.Run(ctx, nc) }()
+	go func() { defer close(done); store.Run(ctx, conn) }()
 	defer func() { cancel(); <-done }()
 
 	// No JetStream and no hanging responder yet: the first lookup's fetch
@@ -278,11 +284,13 @@ func TestStoreTokenizerSkipsFetchWhileDisconnected(t *testing.T) {
 	defer nc.Close()
 	store := NewStoreTokenizers(nil, StoreTokenizersConfig{CacheDir: t.TempDir(), Logger: quietLog(), FetchTimeout: time.Hour, FirstWait: time.Hour})
 	done := make(chan struct{})
-	go func() { defer close(done); store.Run(ctx, nc.NC) }()
+	go func() { defer close(done); store.Run(ctx, nc) }()
 	defer func() { cancel(); <-done }()
 	testutil.WaitFor(t, 10*time.Second, "the store running", func() bool { return store.js.Load() != nil })
 	gate.Shut()
-	testutil.WaitFor(t, 10*time.Second, "the connection down", func() bool { return !nc.NC.IsConnected() })
+	// Connected, what For reads: the disconnect handler runs shortly after
+	// nats.go has marked the connection down.
+	testutil.WaitFor(t, 10*time.Second, "the connection down", func() bool { return !nc.Connected() })
 	got := make(chan bool, 1)
 	go func() { _, ok := store.For("never/seen"); got <- ok }()
 	select {
@@ -298,5 +306,137 @@ func TestStoreTokenizerSkipsFetchWhileDisconnected(t *testing.T) {
 	store.mu.Unlock()
 	if n != 0 {
 		t.Fatal("a fetch was started while NATS is down")
+	}
+}
+
+// silentServer accepts TCP connections and never answers (what a SIGSTOPped
+// NATS server looks like to a client: the kernel completes the handshake,
+// nothing sends INFO). It holds every connection until release.
+type silentServer struct {
+	ln       net.Listener
+	accepted atomic.Int32
+	mu       sync.Mutex
+	conns    []net.Conn
+	once     sync.Once
+	done     chan struct{}
+}
+
+func newSilentServer(t *testing.T) *silentServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &silentServer{ln: ln, done: make(chan struct{})}
+	go func() { // owned by s: ends when release closes the listener
+		defer close(s.done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, c)
+			s.mu.Unlock()
+			s.accepted.Add(1)
+		}
+	}()
+	t.Cleanup(s.release)
+	return s
+}
+
+// release closes the listener and every connection it accepted.
+func (s *silentServer) release() {
+	s.once.Do(func() {
+		s.ln.Close()
+		<-s.done
+		s.mu.Lock()
+		for _, c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+	})
+}
+
+// A hung NATS server (TCP accepted, never answered) does not stall the
+// request path: nats.go's reconnect loop holds the connection's lock
+// through each connect attempt, a dial and the wait for INFO (ConnectTimeout,
+// here an hour so the attempt lasts until the test lets go), and For used to
+// wait for that lock in nats.Conn.IsConnected. The lookups run while the
+// attempt is provably in progress (the silent server has accepted the
+// client's connection and holds it; a probe calling nc.IsConnected stays
+// blocked) and must all answer before the server lets go.
+func TestStoreTokenizerForDuringHungReconnect(t *testing.T) {
+	ns := testutil.NATS(t)
+	gate := testutil.NewGate(t)
+	gate.Open(strings.TrimPrefix(ns.URL(), "nats://"))
+	silent := newSilentServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ncfg := natsutil.DefaultConfig()
+	ncfg.URLs = []string{"nats://" + gate.Addr()}
+	ncfg.Stream.Disabled = true
+	ncfg.ConnectTimeout = time.Hour
+	ncfg.ReconnectWait = 10 * time.Millisecond
+	nc, err := natsutil.Connect(ctx, ncfg, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	store := NewStoreTokenizers(nil, StoreTokenizersConfig{CacheDir: t.TempDir(), Logger: quietLog(),
+		MissRetry: time.Hour, FirstWait: 10 * time.Second})
+	done := make(chan struct{})
+	go func() { defer close(done); store.Run(ctx, nc) }()
+	// Deferred after nc.Close, so run before it: the attempt holds the
+	// connection's lock until the silent server lets go, and Close and
+	// Run's end need that lock.
+	defer func() { silent.release(); cancel(); <-done }()
+
+	// Connected, with one model known to be missing (nobody published it).
+	const known = "known/missing"
+	testutil.WaitFor(t, 10*time.Second, "the model known to be missing", func() bool {
+		if !nc.Connected() {
+			return false
+		}
+		_, _ = store.For(known)
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		_, loading := store.loading[known]
+		return !loading && time.Now().Before(store.missed[known])
+	})
+
+	// NATS goes away and what answers at its address from now on is hung.
+	gate.Shut()
+	gate.Open(silent.ln.Addr().String())
+	testutil.WaitFor(t, 10*time.Second, "the reconnect's connect attempt held by the hung server", func() bool {
+		return silent.accepted.Load() > 0
+	})
+	probe := make(chan struct{})
+	go func() { _ = nc.NC.IsConnected(); close(probe) }() // ends when the silent server lets go
+
+	got := make(chan bool, 2)
+	go func() { _, ok := store.For(known); got <- ok }()
+	go func() { _, ok := store.For("never/seen"); got <- ok }()
+	for i := 0; i < 2; i++ {
+		var ok bool
+		testutil.WaitFor(t, 20*time.Second, "a lookup while the reconnect waits on a hung server", func() bool {
+			select {
+			case ok = <-got:
+				return true
+			default:
+				return false
+			}
+		})
+		if ok {
+			t.Fatal("a tokenizer for a model nobody published")
+		}
+	}
+	select {
+	case <-probe:
+		t.Fatal("the connection's lock was free: the test did not hold a connect attempt")
+	default:
+	}
+	if nc.Connected() {
+		t.Fatal("Connected says up while reconnecting")
 	}
 }

@@ -35,7 +35,23 @@ type Conn struct {
 	// pubErr is told of each JetStream publish that failed after
 	// PublishAsync returned (OnPublishError).
 	pubErr atomic.Pointer[func(subject string, err error)]
+	// up is Connected: set by the connection's (re)connect handlers,
+	// cleared by its disconnect and close handlers.
+	up atomic.Bool
 }
+
+// Connected reports whether the connection is up, as its handlers last
+// said: true from the (re)connect handler on, false from the disconnect
+// (or close) handler on. It is one atomic load and never waits, unlike
+// nats.Conn's IsConnected and Status: those take the connection's lock,
+// which nats.go's reconnect loop holds through each connect attempt (a dial
+// and the wait for the server's INFO, up to ConnectTimeout) — against a hung
+// server, one that accepts TCP and never answers, almost all the time.
+// Anything on a request path asks Connected instead. It lags the
+// connection's real state by the handlers' dispatch (nats.go runs them on
+// its own goroutine, in order), so it is a hint: a publish it allowed may
+// still fail.
+func (c *Conn) Connected() bool { return c.up.Load() }
 
 // Connect validates cfg, starts the embedded server when cfg.URLs is empty,
 // connects (retrying in the background after the first success, as
@@ -59,7 +75,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		log.Info("started embedded nats server", "url", e.URL(), "store", e.StoreDir())
 	}
 	c.connected, c.check, c.quit = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
-	opts, err := options(cfg, log, c.signalConnected)
+	opts, err := options(cfg, log, &c.up, c.signalConnected)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -197,9 +213,12 @@ func (c *Conn) Close() {
 	})
 }
 
-// options builds the connection's options; connected is called on each
-// (re)connect.
-func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, error) {
+// options builds the connection's options; up follows the connection (set
+// on each (re)connect, cleared on each disconnect and on close) and
+// connected is called on each (re)connect. The handlers run in order on
+// nats.go's callback goroutine; up is set before anything that could take
+// the connection's lock.
+func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func()) ([]nats.Option, error) {
 	ping, pings := cfg.pings()
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
@@ -211,11 +230,13 @@ func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, err
 		nats.MaxReconnects(cfg.MaxReconnects),
 		nats.ReconnectBufSize(cfg.ReconnectBufSize),
 		nats.RetryOnFailedConnect(cfg.WaitForServer),
-		nats.ConnectHandler(func(nc *nats.Conn) { // with WaitForServer: the first connection, made late
+		nats.ConnectHandler(func(nc *nats.Conn) { // the first connection (with WaitForServer: made late)
+			up.Store(true)
 			log.Info("nats connected", "url", nc.ConnectedUrlRedacted())
 			connected()
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			up.Store(false)
 			if err == nil {
 				return // our own Close
 			}
@@ -227,10 +248,12 @@ func options(cfg Config, log *slog.Logger, connected func()) ([]nats.Option, err
 			log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			up.Store(true)
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
 			connected()
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
+			up.Store(false)
 			// nats.go gives up on a server that refuses the credentials
 			// twice; nothing reconnects after this, so say why loudly.
 			if err := nc.LastError(); errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {

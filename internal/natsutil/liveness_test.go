@@ -169,3 +169,28 @@ func TestPublishFailureRecreatesDeletedStream(t *testing.T) {
 		return err == nil
 	})
 }
+
+// Connected follows the connection through its handlers: up once
+// connected, down while it is lost and reconnecting, up again once
+// reconnected, and down after Close.
+func TestConnectedFollowsTheConnection(t *testing.T) {
+	srv := testutil.NATS(t)
+	gate := testutil.NewGate(t)
+	gate.Open(strings.TrimPrefix(srv.URL(), "nats://"))
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{"nats://" + gate.Addr()}
+	cfg.Stream.Disabled = true
+	cfg.ReconnectWait = 10 * time.Millisecond
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testutil.WaitFor(t, 10*time.Second, "Connected after the first connection", c.Connected)
+	gate.Shut()
+	testutil.WaitFor(t, 10*time.Second, "not Connected once the connection is lost", func() bool { return !c.Connected() })
+	gate.Open(strings.TrimPrefix(srv.URL(), "nats://"))
+	testutil.WaitFor(t, 10*time.Second, "Connected after the reconnect", c.Connected)
+	c.Close()
+	testutil.WaitFor(t, 10*time.Second, "not Connected after Close", func() bool { return !c.Connected() })
+}
