@@ -329,7 +329,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 				continue // another sidecar created it meanwhile: apply the rule to its stream
 			}
 			if err != nil {
-				return nil, fmt.Errorf("create stream %s: %w", StreamName, err)
+				return nil, fmt.Errorf("create stream %s: %w", StreamName, storageRemedy(err, sc))
 			}
 			log.Info("created the delta stream", "stream", StreamName, "max_age", cfg.MaxAge, "max_bytes", cfg.MaxBytes, "replicas", cfg.Replicas)
 			return s, nil
@@ -356,9 +356,31 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 			return s, nil
 		}
 		if s, err = js.UpdateStream(ctx, next); err != nil {
-			return nil, fmt.Errorf("update stream %s limits: %w", StreamName, err)
+			return nil, fmt.Errorf("update stream %s limits: %w", StreamName, storageRemedy(err, next))
 		}
 		log.Info("changed the delta stream's limits to this sidecar's explicit ones", append([]any{"stream", StreamName}, changes...)...)
 		return s, nil
 	}
+}
+
+// JetStream's API error codes for a stream the server has no room for.
+const (
+	jsInsufficientResources  = 10023 // "insufficient resources"
+	jsStorageResourcesExceed = 10047 // "insufficient storage resources available"
+)
+
+// storageRemedy adds to err, when the server refused the stream sc for lack of
+// storage, what to change: the stream's max_bytes (--stream-max-bytes) or the
+// server's JetStream storage. Other errors are returned as they are.
+func storageRemedy(err error, sc jetstream.StreamConfig) error {
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != jsStorageResourcesExceed && api.ErrorCode != jsInsufficientResources {
+		return err
+	}
+	limit := "max_file_store"
+	if sc.Storage == jetstream.MemoryStorage {
+		limit = "max_memory_store"
+	}
+	return fmt.Errorf("%w (the stream asks for max_bytes=%d, %s storage: lower the sidecar's --stream-max-bytes, or raise the NATS server's JetStream %s)",
+		err, sc.MaxBytes, sc.Storage, limit)
 }

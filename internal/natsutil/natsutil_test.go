@@ -3,12 +3,14 @@ package natsutil
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestEscapeToken(t *testing.T) {
@@ -160,4 +162,49 @@ func TestConnectUserPassword(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
+}
+
+// A server whose JetStream storage is smaller than the stream's max_bytes
+// refuses the stream ("insufficient storage resources available"); the
+// error names what to change: --stream-max-bytes or the server's storage.
+func TestStreamTooLargeForServerNamesRemedy(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 2 << 20, JetStreamMaxMemory: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start() // owned by srv: Shutdown stops it
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	quiet := slog.New(slog.DiscardHandler)
+	cfg := DefaultConfig()
+	cfg.URLs = []string{srv.ClientURL()}
+	cfg.Stream.Disabled = true // EnsureStream by hand below
+	c, err := Connect(ctx, cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	js, err := jetstream.New(c.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := DefaultConfig().Stream // 256 MiB: more than the server has
+	_, err = EnsureStream(ctx, js, sc, quiet)
+	if err == nil {
+		t.Fatal("a stream larger than the server's storage was created")
+	}
+	for _, want := range []string{"insufficient storage", "max_bytes=268435456", "--stream-max-bytes", "max_file_store"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	sc.MaxBytes = 1 << 20 // fits: the remedy works
+	if _, err := EnsureStream(ctx, js, sc, quiet); err != nil {
+		t.Fatalf("a stream within the server's storage: %v", err)
+	}
 }
