@@ -262,12 +262,19 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func()) ([
 			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-			subject := ""
 			if sub != nil {
-				subject = sub.Subject
+				// Slow consumers drop messages; receivers see the gap and resync.
+				log.Warn("nats async error", "subject", sub.Subject, "err", err)
+				return
 			}
-			// Slow consumers drop messages; receivers see the gap and resync.
-			log.Warn("nats async error", "subject", subject, "err", err)
+			// The server's error names no subscription (a refused
+			// subscription, a permission, a protocol error): say so
+			// rather than log an empty subject.
+			if errors.Is(err, nats.ErrMaxSubscriptionsExceeded) {
+				log.Warn("nats async error (connection-level: the server names no subscription); a subscription was refused: raise the NATS account's or server's max_subscriptions", "err", err)
+				return
+			}
+			log.Warn("nats async error (connection-level: the server names no subscription)", "err", err)
 		}),
 	}
 	switch {

@@ -84,3 +84,45 @@ func passwordServer(t *testing.T) *server.Server {
 	}
 	return s
 }
+
+// An async error the server raises for the connection (here a refused
+// subscription: max_subscriptions reached) comes with no subscription: it
+// is logged as connection-level with the remedy, not with an empty subject.
+func TestAsyncErrorWithoutSubscriptionLogged(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxSubs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start() // owned by srv: Shutdown stops it
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{srv.ClientURL()}
+	cfg.Stream.Disabled = true
+	var logs testutil.SyncBuffer
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, subj := range []string{"a", "b"} { // the second is one too many
+		if _, err := c.NC.SubscribeSync(subj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = c.NC.Flush()
+	testutil.WaitFor(t, 10*time.Second, "the refused subscription logged", func() bool {
+		return strings.Contains(logs.String(), "maximum subscriptions exceeded")
+	})
+	out := logs.String()
+	if strings.Contains(out, `subject=""`) {
+		t.Errorf("logged with an empty subject:\n%s", out)
+	}
+	for _, want := range []string{"connection-level", "max_subscriptions"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+}
