@@ -167,6 +167,7 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 	if o.KeyLimits != (ratelimit.Limits{}) || o.ModelLimits != (ratelimit.Limits{}) || jwtv != nil {
 		rc := ratelimit.DefaultConfig()
 		rc.PerKey, rc.PerModel = o.KeyLimits, o.ModelLimits
+		rc.Logger = log.With("component", "ratelimit")
 		if jwtv != nil { // a token's rate_limit claim sets its tenant's budget
 			rc.KeyLimits = func(tenant string) (ratelimit.Limits, bool) {
 				in, out, ok := jwtv.TenantLimits(tenant)

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -45,6 +46,9 @@ type Config struct {
 	KeyLimits func(key string) (l Limits, ok bool) `yaml:"-"`
 	// Now is the clock; nil means time.Now. Tests set it.
 	Now func() time.Time `yaml:"-"`
+	// Logger gets the warnings about other replicas' clocks (MergeState); nil
+	// means slog.Default().
+	Logger *slog.Logger `yaml:"-"`
 }
 
 // DefaultConfig has a one-minute window and no limits (every request is admitted).
@@ -66,6 +70,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c
 }

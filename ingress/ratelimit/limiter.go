@@ -85,8 +85,18 @@ type counter struct {
 // roll advances c to window w, shifting or clearing counts that fell out, and moves
 // what it owes into the windows it passes: a whole limit each until it is paid.
 func (c *counter) roll(w int64) {
+	if w < c.win-1 {
+		// The clock stepped back by more than a window (corrected): the
+		// counts are this replica's latest usage, so they move to w.
+		// Before, they stayed in the future window, which was neither
+		// published (AppendState sends window w only) nor rolled until
+		// the clock caught up: others ignored this replica's usage and
+		// it counted its own against one window for that long.
+		c.win = w
+		return
+	}
 	if w <= c.win {
-		return // same window, or the clock went backwards: keep counting into the newest
+		return // same window, or the clock went back a little: keep counting into the newest
 	}
 	k := w - c.win
 	if k == 1 {
@@ -498,6 +508,11 @@ func (l *Limiter) usage(id uint64, c *counter, w int64, dim int) (prev, curr flo
 			q += s.curr[dim]
 		case w - 1:
 			p += s.curr[dim]
+		case w + 1:
+			// Origins whose clock is ahead (by a little, or placed so:
+			// placeWindow): their previous window is mostly this one,
+			// so both count in full. Before, they were not counted.
+			q += s.curr[dim] + s.prev[dim]
 		}
 	}
 	return float64(p), float64(q)

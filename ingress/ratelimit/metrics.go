@@ -10,6 +10,7 @@ type metrics struct {
 	limitedBy   [2][2]prometheus.Counter // [scope][dim]
 	untracked   prometheus.Counter
 	mergeErrors prometheus.Counter
+	skewed      prometheus.Counter
 	origins     prometheus.Gauge
 }
 
@@ -26,6 +27,9 @@ func newMetrics() *metrics {
 		}),
 		mergeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_ratelimit_state_merge_errors_total", Help: "Gossiped rate-limit states skipped as malformed or incompatible.",
+		}),
+		skewed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_ratelimit_state_skewed_total", Help: "Gossiped rate-limit states from a replica whose clock is more than a window from this one's, or stepped back by more than a window: counted as if the clocks agreed (and logged, once a minute per replica).",
 		}),
 		origins: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvmesh_ratelimit_origins", Help: "Other replicas whose rate-limit usage is known.",
@@ -53,5 +57,5 @@ func (m *metrics) limited(scope, dim string) prometheus.Counter {
 // Collectors returns the limiter's metrics for the ingress to register.
 func (l *Limiter) Collectors() []prometheus.Collector {
 	m := l.metrics
-	return []prometheus.Collector{m.allowed, m.limitedVec, m.untracked, m.mergeErrors, m.origins}
+	return []prometheus.Collector{m.allowed, m.limitedVec, m.untracked, m.mergeErrors, m.skewed, m.origins}
 }

@@ -24,6 +24,8 @@ func scanUsage(l *Limiter, id uint64, w int64, dim int) (prev, curr int64) {
 			curr += count(e.curr, dim)
 		case w - 1:
 			prev += count(e.curr, dim)
+		case w + 1:
+			curr += count(e.curr, dim) + count(e.prev, dim)
 		}
 	}
 	return prev, curr

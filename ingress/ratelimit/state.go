@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // The state another replica publishes (through gossip) is its own usage, per scope, for
@@ -21,8 +22,11 @@ import (
 // Scope ids are xxh3 hashes of the key or model name, so no name crosses the wire and
 // every replica computes the same id. Merge rule: per origin, a newer window replaces
 // the older state; within the same window every counter only grows (a G-counter), so
-// merging takes the maximum and reordered or duplicated gossip is harmless. Across
-// origins the counters are summed.
+// merging takes the maximum and reordered or duplicated gossip is harmless; a window
+// more than one older than the origin's last is its clock stepping back and replaces
+// it too. Across origins the counters are summed, each origin's placed in this
+// replica's windows within one of where its window index says (placeWindow), so
+// clocks that disagree by minutes still share one budget.
 const (
 	stateVersion   = 2
 	maxEntryBytes  = 8 + 6*binary.MaxVarintLen64
@@ -40,10 +44,40 @@ func entryValues(version byte) int {
 
 type remoteCounts struct{ curr, prev [3]int64 }
 
-// origin is the latest state received from one other replica.
+// origin is the latest state received from one other replica. raw is the window
+// index the origin sent (its clock); win is where its counts are placed in this
+// replica's windows (the running sums): raw, unless the two clocks are more than a
+// window apart (placeWindow).
 type origin struct {
 	win    int64
+	raw    int64
 	scopes map[uint64]remoteCounts
+	warned [2]time.Time // last warning about this origin's skew, and its clock stepping back (Config.Now)
+}
+
+// placeWindow is where, in this replica's windows (w, now), an origin's state of
+// window raw is counted, and whether the clocks are skewed by more than a window.
+// An origin's latest state is its usage of its last window or two, whatever its
+// clock says: a state ahead is counted a window ahead (usage: both its windows as
+// current), a state behind as current (its current window as this one, its previous
+// as the previous), so none of it is missed. A window apart is the normal case too
+// (a state sent just before a boundary, clocks a fraction of a window apart), not
+// skew; further apart only skew explains it. Before, a state was counted only at
+// its own window when that was this one or the previous: a replica whose clock was
+// a window or more off spent a budget of its own and counted nobody else's, and one
+// a fraction behind had its current usage counted as the previous window's, faded.
+// What remains is the sliding window's own estimate: an origin whose clock is
+// behind by a fraction s of a window has up to s of its previous window's usage
+// undercounted (one ahead is overcounted instead).
+func placeWindow(raw, w int64) (at int64, skewed bool) {
+	switch d := raw - w; {
+	case d >= 1:
+		return w + 1, d > 1
+	case d < 0:
+		return w, d < -1
+	default:
+		return raw, false
+	}
 }
 
 // remoteSum is, for one scope, the sum of the counts (count: net of released
@@ -245,7 +279,12 @@ func maxCounts(a, b remoteCounts) remoteCounts {
 // MergeState folds another replica's published state into this limiter. A malformed
 // payload is counted, reported and otherwise ignored; a payload from a replica with a
 // different window length is refused (ErrOldWindow) because its counts are not
-// comparable.
+// comparable. A state whose window is more than one window from this replica's
+// (clock skew) is counted as if the clocks agreed (placeWindow), and a state more
+// than a window older than the origin's last is taken as its clock having stepped
+// back and replaces it (gossip delivers an origin's states in order, so it is no
+// reordering); both are counted in kvmesh_ratelimit_state_skewed_total and logged
+// (a warning per origin at most once a minute).
 func (l *Limiter) MergeState(originID string, b []byte) error {
 	windowMS, win, scopes, err := decodeState(b)
 	if err != nil {
@@ -256,7 +295,31 @@ func (l *Limiter) MergeState(originID string, b []byte) error {
 		l.metrics.mergeErrors.Inc()
 		return fmt.Errorf("ratelimit: merge from %q: %w: %d ms, want %d ms", originID, ErrOldWindow, windowMS, l.cfg.Window.Milliseconds())
 	}
-	w := l.cfg.Now().UnixNano() / l.window
+	now := l.cfg.Now()
+	w := now.UnixNano() / l.window
+	skew, back, warn, err := l.merge(originID, win, w, scopes, now)
+	if warn { // logged outside l.mu: requests wait on it
+		if back != 0 {
+			l.cfg.Logger.Warn("rate-limit state from a replica whose clock stepped back: its usage replaces what it sent before",
+				"origin", originID, "stepped_back", time.Duration(back)*l.cfg.Window, "skew", time.Duration(skew)*l.cfg.Window)
+		} else {
+			l.cfg.Logger.Warn("rate-limit state from a replica whose clock is more than a window off: counted as if the clocks agreed (fix the clock: token budgets are estimates while it lasts)",
+				"origin", originID, "skew", time.Duration(skew)*l.cfg.Window)
+		}
+	}
+	return err
+}
+
+// skewWarnEvery spaces the skew warnings about one origin.
+const skewWarnEvery = time.Minute
+
+// merge is MergeState's part under l.mu: the origin's state of window win, this
+// replica being at window w. skew is the origin's window minus this one's and back
+// how many windows it stepped back (0: it did not), both meaningful when warn, which
+// says a skew warning about the origin is due.
+func (l *Limiter) merge(originID string, win, w int64, scopes map[uint64]remoteCounts, now time.Time) (skew, back int64, warn bool, err error) {
+	at, skewed := placeWindow(win, w)
+	skew = win - w
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	o, ok := l.origins[originID]
@@ -270,40 +333,65 @@ func (l *Limiter) MergeState(originID string, b []byte) error {
 			}
 			if len(l.origins) >= l.cfg.MaxOrigins {
 				l.metrics.mergeErrors.Inc()
-				return fmt.Errorf("ratelimit: merge from %q: %w: more than %d origins", originID, ErrBadState, l.cfg.MaxOrigins)
+				return 0, 0, false, fmt.Errorf("ratelimit: merge from %q: %w: more than %d origins", originID, ErrBadState, l.cfg.MaxOrigins)
 			}
 		}
-		o = &origin{win: win, scopes: scopes}
+		o = &origin{win: at, raw: win, scopes: scopes}
 		l.origins[originID] = o
 		for id, c := range scopes {
-			l.account(id, win, c, 1)
+			l.account(id, at, c, 1)
 		}
 		l.metrics.origins.Set(float64(len(l.origins)))
-		return nil
-	}
-	switch {
-	case win > o.win:
-		l.forget(o)
-		o.win, o.scopes = win, scopes
-		for id, c := range scopes {
-			l.account(id, win, c, 1)
-		}
-	case win == o.win:
-		for id, c := range scopes {
-			old, had := o.scopes[id]
-			c = maxCounts(old, c)
-			switch {
-			case !had:
-				l.account(id, win, c, 1)
-			case c != old: // most scopes did not move since the last state
-				l.regrow(id, win, old, c)
-			default:
-				continue
+	} else {
+		switch {
+		case win > o.raw || win < o.raw-1: // newer, or the origin's clock stepped back
+			if win < o.raw-1 {
+				back, skewed = o.raw-win, true
 			}
-			o.scopes[id] = c
+			l.forget(o)
+			o.win, o.raw, o.scopes = at, win, scopes
+			for id, c := range scopes {
+				l.account(id, at, c, 1)
+			}
+		case win == o.raw && at != o.win: // the same window, placed anew: this clock moved on
+			l.forget(o)
+			o.win = at
+			for id, c := range scopes {
+				o.scopes[id] = maxCounts(o.scopes[id], c)
+			}
+			for id, c := range o.scopes {
+				l.account(id, at, c, 1)
+			}
+		case win == o.raw:
+			for id, c := range scopes {
+				old, had := o.scopes[id]
+				c = maxCounts(old, c)
+				switch {
+				case !had:
+					l.account(id, at, c, 1)
+				case c != old: // most scopes did not move since the last state
+					l.regrow(id, at, old, c)
+				default:
+					continue
+				}
+				o.scopes[id] = c
+			}
 		}
+		// A window older than the last: reordered, ignored.
 	}
-	return nil
+	if !skewed {
+		return 0, 0, false, nil
+	}
+	l.metrics.skewed.Inc()
+	last := &o.warned[0]
+	if back != 0 {
+		last = &o.warned[1]
+	}
+	if since := now.Sub(*last); !last.IsZero() && since < skewWarnEvery && since > -skewWarnEvery {
+		return skew, back, false, nil
+	}
+	*last = now
+	return skew, back, true, nil
 }
 
 // ForgetOrigin drops a replica's state, e.g. when gossip reports it left or died.

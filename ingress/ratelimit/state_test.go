@@ -73,16 +73,22 @@ func TestMergeRule(t *testing.T) {
 		t.Fatal("merged counter too high")
 	}
 
-	// A state from a later window replaces the old one; an earlier window is ignored.
+	// A state from a later window replaces the old one; one a window earlier
+	// (reordered across a boundary) is ignored. More than a window earlier is the
+	// origin's clock stepping back, a reset (TestSharedBudgetUnderClockSkew).
 	c.add(2 * time.Minute)
 	fresh := newLimiter(t, cfg, c)
 	fresh.AdmitAt("k", "m", 100, c.now())
 	later := fresh.AppendState(nil, 0)
+	before := &clock{t: c.now().Add(-time.Minute)}
+	old := newLimiter(t, cfg, before)
+	old.AdmitAt("k", "m", 700, before.now())
+	stale := old.AppendState(nil, 0)
 	dst2 := newLimiter(t, cfg, c)
 	if err := dst2.MergeState("src", later); err != nil {
 		t.Fatal(err)
 	}
-	if err := dst2.MergeState("src", newer); err != nil { // two windows old
+	if err := dst2.MergeState("src", stale); err != nil { // a window old
 		t.Fatal(err)
 	}
 	if !dst2.AdmitAt("k", "m", 900, c.now()).Allowed {
