@@ -14,6 +14,7 @@ type metrics struct {
 	ignored   atomic.Uint64 // entries from unknown/dead origins or not newer
 	conflicts atomic.Uint64 // a member claiming a live member's name
 	relayed   atomic.Uint64 // entries accepted through MergeRelayed
+	future    atomic.Uint64 // relayed entries refused as versioned past MaxRelayAhead
 	oversize  atomic.Uint64 // own entries queued too large for a broadcast packet
 }
 
@@ -40,6 +41,7 @@ func (n *Node) registerMetrics(reg prometheus.Registerer) (unregister func(), er
 		counter("kvmesh_gossip_entries_received_total", "Gossip state entries accepted from other members.", &n.m.received),
 		counter("kvmesh_gossip_name_conflicts_total", "Members seen claiming the name of another live member (names must be unique; the member known first keeps it).", &n.m.conflicts),
 		counter("kvmesh_gossip_relay_received_total", "Gossip state entries accepted from the relay (the NATS state lane) rather than from gossip: newer than what gossip had delivered.", &n.m.relayed),
+		counter("kvmesh_gossip_relay_future_total", "Entries the relay (the NATS state lane) carried that were refused because their version, the origin's clock, was more than gossip.MaxRelayAhead (5 min) ahead of this member's clock: clock skew (logged once a minute per member with the skew); gossip still carries them.", &n.m.future),
 		counter("kvmesh_gossip_oversize_entries_total", "Own state entries too large for one gossip broadcast packet, counted each time one is due: gossip carries them by push/pull only (the NATS state lane carries them where it runs).", &n.m.oversize),
 		counter("kvmesh_gossip_entries_ignored_total", "Gossip state entries ignored: older than known, or from a member not alive.", &n.m.ignored),
 	} {

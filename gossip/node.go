@@ -54,6 +54,7 @@ type Node struct {
 	onLeave []func(node string)
 	// conflicts holds the addresses whose name conflict was logged.
 	conflicts map[string]bool
+	ahead     aheadWarnings // origins warned about as relayed too far ahead (relay.go)
 
 	// joiningAlone is set while this node, alone, joins a cluster: a name
 	// conflict about itself then means it is the later of two members with

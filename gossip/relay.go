@@ -1,7 +1,9 @@
 package gossip
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -33,36 +35,103 @@ type Relay interface {
 // entry's version (its origin's wall clock in ns) may be: room for clock
 // skew between hosts, while a forged far-future version, which would make
 // the origin's real entries look older until it left the mesh, is refused.
+// Gossip itself has no such bound: what arrives by gossip was sent by a
+// holder of the gossip key, a member; the relay's transport is trusted
+// apart (publish rights on the NATS subject), so the bound guards what
+// that trust adds. A member whose clock is that far ahead of the receiver's
+// is refused on the lane only, and its entries still arrive by gossip.
 const MaxRelayAhead = 5 * time.Minute
+
+// ErrRelayAhead is wrapped by MergeRelayed's error for an entry versioned
+// more than MaxRelayAhead ahead of this clock.
+var ErrRelayAhead = errors.New("relayed entry versioned too far ahead of this clock")
+
+// aheadWarnEvery spaces the warnings about one origin's clock, and
+// aheadWarnMax bounds how many origins they remember.
+const (
+	aheadWarnEvery = time.Minute
+	aheadWarnMax   = 1024
+)
 
 // MergeRelayed merges one entry that a Relay carried from member from (the
 // sender the transport names, e.g. by subject; "" when it names none)
 // exactly as a gossip broadcast is merged: the same decoding and checks,
 // newer versions of alive origins only, own entries never overwritten.
-// Input that fails to decode, whose origin is not from, or whose version is
-// more than MaxRelayAhead past this clock, is counted in
-// kvmesh_gossip_malformed_total and returned as an error; accepted is false
-// for an entry ignored as older, own or of a member not alive. Safe for
-// concurrent use; it never waits on I/O. OnAppState callbacks run on the
-// caller's goroutine, as they run on memberlist's for a broadcast.
+// Input that fails to decode, or whose origin is not from, is counted in
+// kvmesh_gossip_malformed_total and returned as an error. An entry whose
+// version is more than MaxRelayAhead past this clock (clock skew, or a
+// forged version) is counted in kvmesh_gossip_relay_future_total, warned
+// about once a minute per origin with the measured skew, and returned as an
+// error wrapping ErrRelayAhead. accepted is false for an entry ignored as
+// older, own or of a member not alive. Safe for concurrent use; it never
+// waits on I/O. OnAppState callbacks run on the caller's goroutine, as they
+// run on memberlist's for a broadcast.
 func (n *Node) MergeRelayed(from string, msg []byte) (accepted bool, err error) {
 	e, err := decodeEntry(msg)
 	if err == nil && from != "" && e.Origin != from {
 		err = fmt.Errorf("%w: entry of %q relayed as %q's", errMalformed, e.Origin, from)
 	}
-	if err == nil && e.Version > time.Now().Add(MaxRelayAhead).UnixNano() {
-		// Versions are the origin's clock: one far ahead would freeze the
-		// member's state (every real entry older) until it leaves.
-		err = fmt.Errorf("%w: entry of %q versioned %v ahead of this clock", errMalformed, e.Origin,
-			time.Until(time.Unix(0, e.Version)).Round(time.Second))
-	}
 	if err != nil {
 		n.m.malformed.Add(1)
 		return false, fmt.Errorf("gossip relay: %w", err)
+	}
+	now := time.Now()
+	if ahead := time.Duration(e.Version - now.UnixNano()); e.Version > now.Add(MaxRelayAhead).UnixNano() {
+		// Versions are the origin's clock: one far ahead would freeze the
+		// member's state (every real entry older) until it leaves.
+		n.m.future.Add(1)
+		n.warnAhead(e.Origin, ahead, now)
+		return false, fmt.Errorf("gossip relay: %w: entry of %q versioned %v ahead (at most %v)", ErrRelayAhead, e.Origin,
+			ahead.Round(time.Second), MaxRelayAhead)
 	}
 	if n.merge([]*entry{e}) == 0 {
 		return false, nil
 	}
 	n.m.relayed.Add(1)
 	return true, nil
+}
+
+// warnAhead logs, at most once a minute per origin, that origin's relayed
+// entries are refused as too far ahead. Before, they were counted as
+// malformed and logged at debug: a receiver whose clock was minutes behind
+// refused every member's entries with no word.
+func (n *Node) warnAhead(origin string, ahead time.Duration, now time.Time) {
+	if n.ahead.due(origin, now) {
+		n.log.Warn("state lane: refusing a member's entries versioned too far ahead of this clock (clock skew between the hosts; gossip still carries them, seconds later); fix the clocks (NTP). After a clock is stepped back its member's versions stay ahead until real time catches up",
+			"origin", origin, "ahead", ahead.Round(time.Second), "max_ahead", MaxRelayAhead)
+	}
+}
+
+// aheadWarnings holds when each origin was last warned about by warnAhead.
+type aheadWarnings struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// due reports whether a warning about origin is due at now, and if so
+// records it. At most aheadWarnMax origins are remembered: forged names must
+// not grow the map, so when it is full the quiet ones are forgotten, and
+// while it stays full no new origin is warned about (all are counted).
+func (a *aheadWarnings) due(origin string, now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.last == nil {
+		a.last = map[string]time.Time{}
+	}
+	last, ok := a.last[origin]
+	if ok && now.Sub(last) < aheadWarnEvery && !now.Before(last) {
+		return false
+	}
+	if !ok && len(a.last) >= aheadWarnMax {
+		for o, t := range a.last {
+			if now.Sub(t) >= aheadWarnEvery {
+				delete(a.last, o)
+			}
+		}
+		if len(a.last) >= aheadWarnMax {
+			return false
+		}
+	}
+	a.last[origin] = now
+	return true
 }

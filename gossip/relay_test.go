@@ -1,7 +1,9 @@
 package gossip
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -132,8 +134,11 @@ func TestMergeRelayedRules(t *testing.T) {
 			t.Errorf("MergeRelayed(%q, %q) = %v, %v; want rejected", c.from, c.msg, ok, err)
 		}
 	}
-	if got := in.m.malformed.Load() - bad0; got != 7 {
-		t.Fatalf("malformed += %d, want 7", got)
+	if got := in.m.malformed.Load() - bad0; got != 6 {
+		t.Fatalf("malformed += %d, want 6", got)
+	}
+	if got := in.m.future.Load(); got != 1 { // the far-future one: TestRelayAheadCountedAndWarned
+		t.Fatalf("relay_future = %d, want 1", got)
 	}
 	if running() != -1 {
 		t.Fatal("a rejected entry reached the view")
@@ -201,4 +206,55 @@ func FuzzMergeRelayed(f *testing.F) {
 			t.Fatalf("origin %q relayed as %q's not rejected", e.Origin, from)
 		}
 	})
+}
+
+// An entry relayed with a version more than MaxRelayAhead ahead of this
+// clock (its member's clock minutes ahead, or this one's behind) is refused
+// with a counter of its own and a warning naming the member and the skew,
+// once a minute per member. Before, it was counted as malformed and logged
+// at debug: an ingress whose clock was 10 minutes behind refused every
+// member's entries with no word.
+func TestRelayAheadCountedAndWarned(t *testing.T) {
+	var logs testutil.SyncBuffer
+	ic := testConfig("ingress-1", RoleIngress, nil)
+	ic.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	in := start(t, ic)
+	sc := start(t, testConfig("sidecar-1", RoleSidecar, nil, in.Addr()))
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && sc.NumMembers() == 2 })
+	ahead := func(d time.Duration) []byte {
+		b, err := encodeEntry(&entry{Origin: "sidecar-1", Kind: kindEngine, Name: "e1", Version: time.Now().Add(d).UnixNano(),
+			Engine: &EngineState{ID: "e1", Model: "m", Running: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	bad0 := in.m.malformed.Load()
+	for range 3 {
+		if ok, err := in.MergeRelayed("sidecar-1", ahead(10*time.Minute)); ok || !errors.Is(err, ErrRelayAhead) {
+			t.Fatalf("an entry 10 min ahead: %v, %v; want refused with ErrRelayAhead", ok, err)
+		}
+	}
+	if got := in.m.future.Load(); got != 3 {
+		t.Fatalf("relay_future = %d, want 3", got)
+	}
+	if got := in.m.malformed.Load() - bad0; got != 0 {
+		t.Fatalf("malformed += %d for entries that are well formed", got)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "versioned too far ahead"); n != 1 {
+		t.Fatalf("%d warnings for 3 refusals within a minute, want 1:\n%s", n, out)
+	}
+	for _, want := range []string{"level=WARN", "origin=sidecar-1", "max_ahead=5m0s"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("warning lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(out, " ahead=10m") && !strings.Contains(out, " ahead=9m") { // measured: 10 min less the time since
+		t.Fatalf("warning lacks the skew (ahead=~10m):\n%s", out)
+	}
+	// Within the bound it is merged.
+	if ok, err := in.MergeRelayed("sidecar-1", ahead(time.Minute)); !ok || err != nil {
+		t.Fatalf("an entry a minute ahead: %v, %v; want merged", ok, err)
+	}
 }

@@ -184,7 +184,9 @@ type Subscription struct {
 // Unsubscribe or nc.Close), each merged by node.MergeRelayed; when more
 // than the pending limits wait, NATS drops the newest and Dropped counts
 // them. Malformed messages are counted by node (kvmesh_gossip_malformed_total)
-// and logged at debug.
+// and logged at debug; entries versioned too far ahead of this clock are
+// counted (kvmesh_gossip_relay_future_total) and warned about by node, once
+// a minute per member (gossip.MaxRelayAhead).
 func Subscribe(nc *nats.Conn, node *gossip.Node, log *slog.Logger) (*Subscription, error) {
 	if log == nil {
 		log = slog.Default()

@@ -2,6 +2,7 @@ package natsrelay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -379,4 +380,64 @@ func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// A member's entry on the lane versioned more than gossip.MaxRelayAhead ahead
+// of the ingress's clock (that member's clock minutes ahead) is counted in
+// kvmesh_gossip_relay_future_total, not as malformed: a real entry of the
+// sidecar, taken off the lane, sent again with its version 10 min ahead.
+func TestFutureEntryOverNATSCounted(t *testing.T) {
+	srv := testutil.NATS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	inReg := prometheus.NewRegistry()
+	ic := gossipConfig("ingress-1", gossip.RoleIngress)
+	ic.Registerer = inReg
+	in := startNode(t, ic)
+	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	raw := connect(t, srv.URL())
+	seen, err := raw.SubscribeSync(natsutil.StateSubject("sidecar-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pub := NewPublisher(nil)
+	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
+	sc.Relay = pub
+	s := startNode(t, sc)
+	pnc := connect(t, srv.URL())
+	wg.Go(func() { pub.Run(ctx, pnc) })
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && s.NumMembers() == 2 })
+	s.SetEngine(gossip.EngineState{ID: "e1", Model: "m", Running: 3})
+	msg, err := seen.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A broadcast is a type byte and the entry's JSON, its version in "v".
+	var e map[string]json.RawMessage
+	if err := json.Unmarshal(msg.Data[1:], &e); err != nil {
+		t.Fatal(err)
+	}
+	e["v"] = json.RawMessage(fmt.Sprint(time.Now().Add(10 * time.Minute).UnixNano()))
+	b, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	malformed0 := counterValue(t, inReg, "kvmesh_gossip_malformed_total")
+	if err := raw.Publish(msg.Subject, append([]byte{msg.Data[0]}, b...)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the entry ahead counted", func() bool {
+		return counterValue(t, inReg, "kvmesh_gossip_relay_future_total") == 1
+	})
+	if got := counterValue(t, inReg, "kvmesh_gossip_malformed_total"); got != malformed0 {
+		t.Fatalf("malformed %v → %v for a well-formed entry ahead", malformed0, got)
+	}
 }
