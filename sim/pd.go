@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -46,6 +47,9 @@ type pdState struct {
 	sideAddrs []string       // NIXL: rank r's side-channel address (host from config, bound port)
 	quit      chan struct{}
 	wg        sync.WaitGroup
+	// posted counts decode reads past the blocks' arrival, in their
+	// modelled transfer (tests wait on it).
+	posted atomic.Int64
 }
 
 // hold is a finished prefill leg's blocks waiting to be read.
@@ -100,15 +104,36 @@ func (s *Server) decodePD(body []byte) (*pdRequest, error) {
 }
 
 // decodePDRequest extracts the P/D fields of a request body (the OpenAI
-// decoders ignore them). Wrong types are a 400, like a bad field anywhere.
+// decoders ignore them). Members are read by their exact names, as Python
+// reads a dict: encoding/json's struct decoding would also take a
+// case-variant "KV_Transfer_Params". Wrong types are a 400, like a bad
+// field anywhere.
 func decodePDRequest(body []byte) (*pdRequest, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, nil // not an object: reported by the OpenAI decoder
+	}
 	var p pdRequest
-	if err := json.Unmarshal(body, &p); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, badRequest("%s: %v", te.Field, err)
+	for _, f := range [...]struct {
+		name string
+		dst  any
+	}{{"kv_transfer_params", &p.KVTransferParams}, {"bootstrap_host", &p.BootstrapHost},
+		{"bootstrap_port", &p.BootstrapPort}, {"bootstrap_room", &p.BootstrapRoom}} {
+		v, ok := m[f.name]
+		if !ok {
+			continue
 		}
-		return nil, nil // syntax errors are reported by the OpenAI decoder
+		if err := json.Unmarshal(v, f.dst); err != nil {
+			var te *json.UnmarshalTypeError
+			if !errors.As(err, &te) {
+				return nil, nil
+			}
+			field := f.name
+			if te.Field != "" {
+				field += "." + te.Field
+			}
+			return nil, badRequest("%s: %v", field, err)
+		}
 	}
 	if p.KVTransferParams == nil && p.BootstrapRoom == nil && p.BootstrapHost == nil {
 		return nil, nil

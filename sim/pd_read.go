@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -101,7 +102,17 @@ func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameTy
 		return 0, 0, fmt.Errorf("dial side channel: %w", err)
 	}
 	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	// Until the read is posted the request's end cuts the wait (a deadline
+	// in the past wakes it); after, the transfer runs out (below).
+	var mu sync.Mutex
+	posted := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !posted {
+			_ = conn.SetDeadline(time.Unix(1, 0))
+		}
+	})
 	defer stop()
 	replyWait := 30 * time.Second
 	if t == frameWait {
@@ -125,7 +136,20 @@ func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameTy
 		return 0, 0, errors.New("the remote blocks hold other tokens than this prompt")
 	}
 	d := p.s.cfg.Engine.Profile.KVTransferTime(blocks, bs, p.cfg.TransferGbps)
-	if err := p.sleepModelled(ctx, d); err != nil {
+	// The read is posted now. In vLLM the NIXL READ carries a notification
+	// that reaches the prefill engine when the transfer completes, even when
+	// the decode request is aborted meanwhile (the decode engine keeps the
+	// destination blocks until then), and the prefill engine frees its
+	// blocks on it, not at its abort timeout. So the request's end no longer
+	// cuts the exchange: the modelled transfer runs out and DONE is sent
+	// (only the server's close stops it), and a cancelled request fails
+	// after that.
+	mu.Lock()
+	posted = true
+	mu.Unlock()
+	p.posted.Add(1)
+	defer p.posted.Add(-1)
+	if err := p.sleepModelled(context.WithoutCancel(ctx), d); err != nil {
 		return 0, 0, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
@@ -135,6 +159,9 @@ func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameTy
 	if typ, rb, err := readFrame(br, nil); err != nil || typ != frameAck || decodeEmpty(rb) != nil {
 		// The KV arrived; only the prefill's acknowledgement is missing.
 		p.log.Debug("no ACK after DONE", "remote", addr, "frame", typ, "err", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err // the request ended during the transfer
 	}
 	return len(want), d, nil
 }

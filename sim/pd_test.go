@@ -2,6 +2,8 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -616,4 +618,69 @@ func sourceCounts(t *testing.T, s *Server) map[string]float64 {
 		out[src] = v
 	}
 	return out
+}
+
+// TestPDNixlReadCancelledMidTransferFreesBlocks: a decode request that ends
+// while its KV is in flight still completes the read and tells the prefill
+// engine (vLLM's NIXL notification reaches it even when the decode request
+// is aborted), which frees the blocks then, not at its 480 s abort timeout.
+func TestPDNixlReadCancelledMidTransferFreesBlocks(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	// 20 blocks at 70 kbit/s: a few seconds of wall time in transfer.
+	d := startSim(t, func(c *Config) { nixlConfig(c); c.PD.TransferGbps = 7e-5 })
+	prompt := tokens(1, 80)
+	_, pr, raw := postPD(t, p, prefillLeg(prompt))
+	if pr.KVTransferParams == nil || p.HeldRequests(0) != 1 {
+		t.Fatalf("the prefill leg held nothing: %s", raw)
+	}
+	b, err := json.Marshal(decodeLeg(prompt, pr.KVTransferParams, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL()+"/v1/completions", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	testutil.WaitFor(t, waitLong, "the decode engine's read posted", func() bool { return d.pd.posted.Load() == 1 })
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the decode request ended before it was cancelled")
+	}
+	testutil.WaitFor(t, waitLong, "the prefill engine to free the read blocks", func() bool {
+		return p.Load(0).HeldBlocks == 0 && p.HeldRequests(0) == 0
+	})
+	pm := scrape(t, p)
+	if pm["vllm:nixl_num_kv_expired_reqs_total{engine=0}"] != 0 || pm["kvmesh_sim_pd_transfers_total"] != 1 {
+		t.Fatalf("expired %v, transfers %v: want the read's completion to free the blocks", pm["vllm:nixl_num_kv_expired_reqs_total{engine=0}"], pm["kvmesh_sim_pd_transfers_total"])
+	}
+}
+
+// TestPDMembersExactNames: a case-variant "KV_Transfer_Params" is not
+// kv_transfer_params (vLLM reads the request's members by their exact
+// names, as Python does), even when the lower-case key is nested elsewhere.
+func TestPDMembersExactNames(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	body := map[string]any{"model": "test-model", "prompt": tokens(1, 40), "max_tokens": 1,
+		"KV_Transfer_Params": map[string]any{"do_remote_decode": true}, "metadata": map[string]any{"kv_transfer_params": 1}}
+	code, r, raw := postPD(t, p, body)
+	if code != http.StatusOK || r.KVTransferParams != nil || p.HeldRequests(0) != 0 {
+		t.Fatalf("status %d, held %d: %s", code, p.HeldRequests(0), raw)
+	}
+	// A wrong type under the exact name is still a 400 naming the field.
+	body = map[string]any{"model": "test-model", "prompt": tokens(1, 40), "max_tokens": 1,
+		"kv_transfer_params": map[string]any{"do_remote_decode": true, "remote_port": "x"}}
+	if code, _, raw := postPD(t, p, body); code != http.StatusBadRequest || !strings.Contains(string(raw), "kv_transfer_params.remote_port") {
+		t.Fatalf("wrong type: status %d: %s", code, raw)
+	}
 }
