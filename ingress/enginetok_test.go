@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -168,4 +169,72 @@ func firstTokens(b []byte) ([]uint32, bool) {
 		}
 	}
 	return nil, false
+}
+
+// TestEngineTokenizeHungEngine: an engine whose /tokenize hangs (a stopped
+// process: the port accepts, nothing answers) costs a request at most
+// EngineTokenizeTimeout there; the request is routed unkeyed and served.
+// The upstream connection's read deadline used to ignore the call's
+// timeout, so the request waited as long as the engine did.
+func TestEngineTokenizeHungEngine(t *testing.T) {
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	target, _ := url.Parse(sm.URL())
+	rp := httputil.NewSingleHostReverseProxy(target)
+	hung := make(chan struct{})
+	var asked atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			asked.Add(1)
+			<-hung
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close) // after close(hung) below: cleanups run last first
+	t.Cleanup(func() { close(hung) })
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: srv.URL})
+	cfg.Scheduler.Policy = "kvmesh"
+	s := startIngress(t, cfg, Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()})
+	client := &http.Client{Timeout: 30 * time.Second} // far above the 250 ms bound: only a hang reaches it
+	for i := range 2 {
+		st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":2,"prompt":"a prompt the ingress cannot tokenize"}`)
+		if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != "e" {
+			t.Fatalf("request %d: status %d engine %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if n, failed, ok := asked.Load(), val(s.etok.failed), val(s.etok.ok); n != 2 || failed != 2 || ok != 0 {
+		t.Fatalf("/tokenize asked %d times, %v failed, %v ok; want 2, 2, 0", n, failed, ok)
+	}
+}
+
+// TestEngineTokenizeDeadlineEndsWithTheCall: the /tokenize call's deadline
+// does not outlive it. With one connection to the engine, the stream after
+// a tokenized prompt runs on the connection the call used, for longer than
+// EngineTokenizeTimeout, and is not cut.
+func TestEngineTokenizeDeadlineEndsWithTheCall(t *testing.T) {
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 0.05, Logger: quietLog()}) // 20× slower than the model
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: sm.URL()})
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.MaxConnsPerEngine = 1
+	s := startIngress(t, cfg, Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()})
+	start := time.Now()
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":12,"ignore_eos":true,"stream":true,"prompt":"a prompt the ingress cannot tokenize"}`)
+	evs := sseEvents(b)
+	if st != http.StatusOK || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" || strings.Contains(string(b), `"error"`) {
+		t.Fatalf("status %d: %s", st, b)
+	}
+	if val(s.etok.ok) != 1 {
+		t.Fatalf("%v prompts tokenized on the engine, want 1", val(s.etok.ok))
+	}
+	if d := time.Since(start); d < 2*cfg.EngineTokenizeTimeout {
+		t.Logf("the stream took %v: too fast to show the deadline cleared", d)
+	}
 }

@@ -297,7 +297,8 @@ type EngineLoad struct {
 // request commits to its client the wait is the first-byte wait instead
 // (Config.FirstByteTimeout): none while the stall watch judges liveness, as
 // a healthy engine sends a non-streamed answer only when the whole
-// generation is done.
+// generation is done. A call made with a timeout (the engine's /tokenize)
+// is bounded by it as well (SetReadDeadline).
 type idleConn struct {
 	net.Conn
 	idle  time.Duration
@@ -313,6 +314,10 @@ type idleConn struct {
 	// firstExpired: a read under the first-byte wait timed out (reset per
 	// request), which the proxy tells apart from a dial timeout.
 	firstExpired atomic.Bool
+	// deadline is the exchange's own read deadline (unix ns; 0: none),
+	// which fasthttp sets for a call with a timeout (DoTimeout: the
+	// engine's /tokenize) and clears for the next call on the connection.
+	deadline atomic.Int64
 }
 
 // Connection states. A request written is awaiting until its first answer
@@ -387,6 +392,10 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	if d > 0 {
 		deadline = time.Now().Add(d)
 	}
+	own := false // the exchange's own deadline comes first
+	if dl := c.deadline.Load(); dl != 0 && (deadline.IsZero() || dl < deadline.UnixNano()) {
+		deadline, own = time.Unix(0, dl), true
+	}
 	if err := c.Conn.SetReadDeadline(deadline); err != nil {
 		return 0, err
 	}
@@ -397,7 +406,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 			c.state.CompareAndSwap(connAwaiting, connIdle)
 		}
 	}
-	if err != nil && st != connIdle && errors.Is(err, os.ErrDeadlineExceeded) {
+	if err != nil && st != connIdle && !own && errors.Is(err, os.ErrDeadlineExceeded) {
 		c.firstExpired.Store(true)
 	}
 	return n, err
@@ -415,5 +424,15 @@ func (c *idleConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// SetReadDeadline is a no-op: the per-read deadline above rules.
-func (c *idleConn) SetReadDeadline(time.Time) error { return nil }
+// SetReadDeadline sets the exchange's own deadline; each read waits until
+// the earlier of it and the per-read deadline above. Only a call with a
+// timeout sets one (fasthttp clears it for the next call on the
+// connection), so streams, which have none, keep the per-read deadline.
+func (c *idleConn) SetReadDeadline(t time.Time) error {
+	var ns int64
+	if !t.IsZero() {
+		ns = t.UnixNano()
+	}
+	c.deadline.Store(ns)
+	return nil
+}
