@@ -447,7 +447,7 @@ func (c *call) prefillDone(p *pdState, res string, start time.Time) string {
 	c.pd.result, c.pd.duration = res, time.Since(start)
 	p.legs.WithLabelValues("prefill", res).Inc()
 	switch res {
-	case "rejected", "fallback_admission_timeout", "fallback_body", "fallback_no_engine":
+	case "rejected", "fallback_admission_timeout", "fallback_body", "fallback_invalid", "fallback_no_engine":
 		// never sent: not a leg's duration
 	default:
 		p.prefillS.Observe(c.pd.duration.Seconds())
@@ -457,6 +457,17 @@ func (c *call) prefillDone(p *pdState, res string, start time.Time) string {
 
 func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time) (string, bool) {
 	s := c.s
+	body := c.upstreamBody() // route.go: "model" names the routed pool
+	pbody, err := prefillBody(body, c.req.maxTokens, c.req.stream)
+	if errors.Is(err, errLegHidesRefusal) {
+		// Served aggregated: the engine answers the 400 itself, as on the
+		// aggregated path, and no prefill engine holds blocks for a decode
+		// leg it would refuse.
+		return c.prefillDone(p, "fallback_invalid", start), true
+	}
+	if err != nil {
+		return c.prefillDone(p, "fallback_body", start), true
+	}
 	g := p.gate(c.pd.prefill)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
@@ -468,11 +479,6 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		return c.prefillDone(p, "fallback_admission_timeout", start), true
 	}
 	defer g.release()
-	body := c.upstreamBody() // route.go: "model" names the routed pool
-	pbody, err := prefillBody(body)
-	if err != nil {
-		return c.prefillDone(p, "fallback_body", start), true
-	}
 	url := c.urlOf(c.pd.prefill)
 	up, err := s.ups.get(c.pd.prefill, url)
 	if err != nil {
@@ -569,12 +575,25 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	return c.prefillDone(p, "ok", start), true
 }
 
+// errLegHidesRefusal: the engine refuses the request (400) for a member
+// the prefill leg's body rewrites, so the leg would succeed, hold its
+// blocks, and only the decode leg would be refused.
+var errLegHidesRefusal = errors.New("the prefill leg would hide values the engine refuses")
+
 // prefillBody is the prefill leg's body: the request with stream false, no
 // stream_options or min_tokens, one output token and do_remote_decode set.
-func prefillBody(body []byte) ([]byte, error) {
+// maxTokens is the output limit the engine applies (request.maxTokens, -1:
+// none) and stream the client's. errLegHidesRefusal when the client's
+// values are ones vLLM's validation refuses (SamplingParams: max_tokens
+// at least 1, 0 ≤ min_tokens ≤ max_tokens; stream_options only with
+// stream) and the rewrite would hide.
+func prefillBody(body []byte, maxTokens int, stream bool) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, fmt.Errorf("prefill body: %w", err)
+	}
+	if legHidesRefusal(m, maxTokens, stream) {
+		return nil, errLegHidesRefusal
 	}
 	delete(m, "stream_options")
 	delete(m, "min_tokens") // the leg generates one token; min_tokens > 1 would be a 400
@@ -585,6 +604,32 @@ func prefillBody(body []byte) ([]byte, error) {
 	}
 	m["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 	return json.Marshal(m)
+}
+
+// legHidesRefusal reports whether the members prefillBody rewrites hold a
+// value the engine refuses. Erring towards true costs only the split: the
+// request is served aggregated.
+func legHidesRefusal(m map[string]json.RawMessage, maxTokens int, stream bool) bool {
+	if maxTokens == 0 {
+		return true
+	}
+	for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {
+		// vLLM's chat takes max_completion_tokens or else max_tokens: a
+		// limit below 1 under either name is refused or changes which applies.
+		if v, ok := m[k]; ok && string(v) != "null" {
+			if n, ok := pyInt(v); !ok || n < 1 {
+				return true
+			}
+		}
+	}
+	if v, ok := m["min_tokens"]; ok && string(v) != "null" {
+		n, ok := pyInt(v)
+		if !ok || n < 0 || (maxTokens >= 0 && n > int64(maxTokens)) {
+			return true
+		}
+	}
+	v, ok := m["stream_options"]
+	return ok && !stream && string(v) != "null" && string(bytes.Join(bytes.Fields(v), nil)) != "{}" // a non-empty object is truthy
 }
 
 // kvTransferParams returns the prefill answer's kv_transfer_params object

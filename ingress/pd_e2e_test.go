@@ -107,3 +107,44 @@ func TestPDPrefillKilledMidRun(t *testing.T) {
 		}
 	}
 }
+
+// TestPDRefusedLimitsServedAggregated: a request the engine refuses for a
+// member the prefill leg rewrites (max_tokens 0, min_tokens over
+// max_tokens, stream_options without stream) runs no prefill leg: it is
+// served aggregated, so the client gets the engine's own 400, the same
+// answer as on the aggregated path, and no prefill engine holds blocks for
+// a decode leg that would be refused.
+func TestPDRefusedLimitsServedAggregated(t *testing.T) {
+	cl, s := startPDCluster(t, sim.Config{TimeScale: 100, Seed: 1}, 1, 1)
+	agg := startIngress(t, testConfig(StaticEngine{ID: "d0", Model: "m", URL: cl.Decode[0].URL()}), Deps{})
+	p := cl.Prefill[0]
+	prompt := `"prompt":"` + strings.Repeat("refused ", 60) + `"`
+	for _, tc := range []string{
+		`{"model":"m",` + prompt + `,"max_tokens":0}`,
+		`{"model":"m",` + prompt + `,"max_tokens":5,"min_tokens":9}`,
+		`{"model":"m",` + prompt + `,"max_tokens":5,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`,
+	} {
+		path := "/v1/completions"
+		if strings.Contains(tc, `"messages"`) {
+			path = "/v1/chat/completions"
+		}
+		wst, _, want := post(t, http.DefaultClient, "http://"+agg.Addr()+path, tc)
+		st, hdr, got := post(t, http.DefaultClient, "http://"+s.Addr()+path, tc)
+		if wst != http.StatusBadRequest || st != wst || string(got) != string(want) || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Errorf("%s: P/D status %d engine %q %s; aggregated %d %s", tc, st, hdr.Get("X-Kvmesh-Engine"), got, wst, want)
+		}
+	}
+	if l := p.Load(0); l.Finished != 0 || l.HeldBlocks != 0 || p.HeldRequests(0) != 0 {
+		t.Fatalf("the prefill engine ran %d legs and holds %d blocks", l.Finished, l.HeldBlocks)
+	}
+	legs := s.pdInit().legs
+	if n := val(legs.WithLabelValues("prefill", "fallback_invalid")); n != 4 {
+		t.Fatalf("%v requests served aggregated for refused values, want 4", n)
+	}
+	// Values the engine takes still split: min_tokens within max_tokens.
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m",`+prompt+`,"max_tokens":5,"min_tokens":3}`)
+	if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != "d0" || val(legs.WithLabelValues("prefill", "ok")) != 1 {
+		t.Fatalf("status %d engine %q, %v legs ok: %s", st, hdr.Get("X-Kvmesh-Engine"), val(legs.WithLabelValues("prefill", "ok")), b)
+	}
+}

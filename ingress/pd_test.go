@@ -136,7 +136,10 @@ func TestPDTwoLegs(t *testing.T) {
 	s := startPDIngress(t, "kvmesh-always", PDConfig{},
 		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
 	for _, stream := range []bool{false, true} {
-		body := `{"model":"m","prompt":[1,2,3],"max_tokens":2,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `,"stream_options":{"include_usage":true}}`
+		body := `{"model":"m","prompt":[1,2,3],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`
+		if !stream { // vLLM refuses stream_options without stream
+			body = `{"model":"m","prompt":[1,2,3],"max_tokens":2,"stream":false}`
+		}
 		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
 		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
 			t.Fatalf("stream %v: status %d engine %q body %s", stream, st, hdr.Get("X-Kvmesh-Engine"), b)
@@ -245,7 +248,7 @@ func FuzzKVTransferParams(f *testing.F) {
 				t.Fatalf("params %q from a valid answer do not embed: %v", kv, err)
 			}
 		}
-		_, _ = prefillBody(b)
+		_, _ = prefillBody(b, 16, false)
 	})
 }
 
