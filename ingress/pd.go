@@ -47,7 +47,9 @@ type PDPlanner interface {
 
 var _ PDPlanner = (*pd.Router)(nil)
 
-// ErrPrefillFull: a prefill engine's admission queue is full (429).
+// ErrPrefillFull: a prefill engine's admission queue is full. The request
+// then falls back as for any prefill failure (the next SGLang pair, or
+// aggregated on the decode engine), never a 429 while an engine can serve it.
 var ErrPrefillFull = errors.New("prefill engine queue full")
 
 // PDConfig is the P/D path: the decision and admission control.
@@ -69,7 +71,8 @@ type PDConfig struct {
 	// from this replica. Default 8.
 	MaxPrefillInFlight int `yaml:"maxPrefillInFlight"`
 	// PrefillQueue bounds legs waiting for a slot per prefill engine; a
-	// leg arriving at a full queue gets 429. Default 64; negative: no queue.
+	// request arriving at a full queue falls back (served aggregated, or
+	// by the next SGLang pair). Default 64; negative: no queue.
 	PrefillQueue int `yaml:"prefillQueue"`
 	// PrefillTimeout bounds a prefill leg, queue wait included; past it the
 	// request falls back to aggregated. Default 60s.
@@ -151,7 +154,7 @@ func (s *Server) pdInit() *pdState {
 		}
 		cl := prometheus.Labels{"ingress": s.cfg.ID}
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
-			Help: "P/D legs by leg (prefill) and result (ok, fallback_*, rejected, client_error).", ConstLabels: cl}, []string{"leg", "result"})
+			Help: "P/D legs by leg (prefill) and result (ok, fallback_*, client_error, client_gone; SGLang: failed_*).", ConstLabels: cl}, []string{"leg", "result"})
 		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
 			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
 		p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_decisions_total",
@@ -428,7 +431,7 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 
 // prefillLeg runs the prefill leg of a disaggregated request. On success
 // c.body becomes the decode leg's body. It returns false when it answered
-// the client itself (a 4xx from the prefill engine, or a full queue).
+// the client itself (a 4xx from the prefill engine, or the client left).
 func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
 	if c.pd.prefill == "" {
 		return true
@@ -447,7 +450,7 @@ func (c *call) prefillDone(p *pdState, res string, start time.Time) string {
 	c.pd.result, c.pd.duration = res, time.Since(start)
 	p.legs.WithLabelValues("prefill", res).Inc()
 	switch res {
-	case "rejected", "fallback_admission_timeout", "fallback_body", "fallback_invalid", "fallback_no_engine":
+	case "fallback_queue_full", "fallback_admission_timeout", "fallback_body", "fallback_invalid", "fallback_no_engine":
 		// never sent: not a leg's duration
 	default:
 		p.prefillS.Observe(c.pd.duration.Seconds())
@@ -471,10 +474,8 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	g := p.gate(c.pd.prefill)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
-			c.prefillDone(p, "rejected", start)
-			c.fail(ctx, fmt.Errorf("%w: %s", ErrPrefillFull, c.pd.prefill))
-			c.finish()
-			return "rejected", false
+			// Like any prefill failure: the decode engine serves it whole.
+			return c.prefillDone(p, "fallback_queue_full", start), true
 		}
 		return c.prefillDone(p, "fallback_admission_timeout", start), true
 	}

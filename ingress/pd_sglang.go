@@ -226,11 +226,8 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 	g := p.gate(pi.ID)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
-			p.legs.WithLabelValues("prefill", "rejected").Inc()
-			c.pd.result = "rejected"
-			c.fail(ctx, fmt.Errorf("%w: %s", ErrPrefillFull, pi.ID))
-			c.finish()
-			return true, false
+			p.legs.WithLabelValues("prefill", "fallback_queue_full").Inc()
+			return false, true // the next pair, or aggregated
 		}
 		p.legs.WithLabelValues("prefill", "fallback_admission_timeout").Inc()
 		return false, true

@@ -345,3 +345,33 @@ func TestSGLangStaticConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestSGLangPrefillQueueFullFallsBack: a prefill engine whose admission
+// queue is full sends the request to the plan's next pair, and with every
+// pair full it is served aggregated: never a 429 while an engine can serve
+// it.
+func TestSGLangPrefillQueueFullFallsBack(t *testing.T) {
+	cl, s := startSGLangCluster(t, sim.Config{TimeScale: 100, Seed: 1}, 2, 1)
+	p := s.pdInit()
+	fill := func(id string) {
+		g := p.gate(id)
+		for len(g.slots) < cap(g.slots) {
+			g.slots <- struct{}{}
+		}
+		g.waiting.Store(int64(p.cfg.PrefillQueue))
+	}
+	fill("p0")
+	fill("p1")
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if n, agg := val(p.legs.WithLabelValues("prefill", "fallback_queue_full")), val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); n != 2 || agg != 1 {
+		t.Fatalf("%v legs fell back for a full queue (want 2: both pairs), %v requests served aggregated (want 1)", n, agg)
+	}
+	for i, e := range cl.Prefill {
+		if l := e.Load(0); l.Finished != 0 || l.Running+l.Waiting != 0 {
+			t.Fatalf("prefill engine %d was sent a leg: %+v", i, l)
+		}
+	}
+}

@@ -211,10 +211,12 @@ func TestPDPrefillEngineHung(t *testing.T) {
 	}
 }
 
-// TestPDPrefillQueueFull: with no slot and no queue, a prefill leg gets 429
-// in the OpenAI error shape, and the access log names the leg's result (it
-// was written before the result was recorded, which then touched a call
-// already back in its pool).
+// TestPDPrefillQueueFull: with no slot and no queue on the prefill engine,
+// the request falls back like any prefill failure and is served aggregated
+// on the decode engine (it used to get 429 although the decode engine was
+// free), and the access log names the leg's result (it was written before
+// the result was recorded, which then touched a call already back in its
+// pool).
 func TestPDPrefillQueueFull(t *testing.T) {
 	p, d := startFakePD(t, false), startFakePD(t, false)
 	var log testutil.SyncBuffer
@@ -224,11 +226,14 @@ func TestPDPrefillQueueFull(t *testing.T) {
 		Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url())}})
 	s.pdInit().gate("p0").slots <- struct{}{} // the one slot is taken
 	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
-	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || hdr.Get("Retry-After") != "1" || p.prefills.Load() != 0 {
-		t.Fatalf("status %d Retry-After %q body %s prefills %d", st, hdr.Get("Retry-After"), b, p.prefills.Load())
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || p.prefills.Load() != 0 || d.decodes.Load() != 1 || d.params.Load().(string) != "" {
+		t.Fatalf("status %d engine %q body %s; prefills %d decodes %d with params %q", st, hdr.Get("X-Kvmesh-Engine"), b, p.prefills.Load(), d.decodes.Load(), d.params.Load())
+	}
+	if n := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_queue_full")); n != 1 {
+		t.Fatalf("%v legs fell back for a full queue, want 1", n)
 	}
 	testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return strings.Contains(log.String(), `"prefill_result"`) })
-	if l := log.String(); !strings.Contains(l, `"prefill_result":"rejected"`) {
+	if l := log.String(); !strings.Contains(l, `"prefill_result":"fallback_queue_full"`) {
 		t.Fatalf("access log %s", l)
 	}
 }
