@@ -190,6 +190,23 @@ func (e *ejector) allowed(id string) bool {
 	return h == nil || !h.ejected.Load()
 }
 
+// stalledOut reports whether the stall watch has ejected engine id (it
+// closes the connections of the requests waiting there, which then fail).
+func (e *ejector) stalledOut(id string) bool {
+	if e == nil || e.nEjected.Load() == 0 {
+		return false
+	}
+	e.mu.RLock()
+	h := e.m[id]
+	e.mu.RUnlock()
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ejected.Load() && h.stalled
+}
+
 func (e *ejector) get(id, url string) *engineHealth {
 	e.mu.RLock()
 	h := e.m[id]

@@ -154,7 +154,8 @@ func (s *Server) pdInit() *pdState {
 		}
 		cl := prometheus.Labels{"ingress": s.cfg.ID}
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
-			Help: "P/D legs by leg (prefill) and result (ok, fallback_*, client_error, client_gone; SGLang: failed_*).", ConstLabels: cl}, []string{"leg", "result"})
+			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, fallback_<why> when served aggregated instead; " +
+				"SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
 		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
 			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
 		p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_decisions_total",
@@ -538,9 +539,13 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		if expired {
 			return c.prefillDone(p, "fallback_timeout", start), true
 		}
+		why := classifyErr(err)
+		if s.health.stalledOut(up.id) {
+			why = "stalled" // hung: the stall watch cut the leg
+		}
 		up.failures.Add(1)
 		s.health.observe(up, classifyErr(err)) // a dead prefill engine leaves this replica's ranking at once
-		return c.prefillDone(p, "fallback_"+classifyErr(err), start), true
+		return c.prefillDone(p, "fallback_"+why, start), true
 	}
 	st := resp.StatusCode()
 	switch {

@@ -30,12 +30,11 @@ import (
 //     proxy's relay, so the shapes are those of the aggregated path); the
 //     prefill leg's answer is read and dropped by a goroutine that holds the
 //     prefill engine's admission slot until it ends;
-//   - a prefill leg that fails before its first byte in a way that means
-//     the room will never be filled (the engine was not reachable, or it
-//     answered with a status other than 200) cuts the decode leg, which
-//     would otherwise wait for the KV until its bootstrap timeout. Other
-//     prefill failures (the engine died mid-request) reach the decode engine
-//     through the bootstrap connection, and it fails by itself;
+//   - a prefill leg that fails before its answer's head (the engine was
+//     not reachable, hung until the stall watch cut it, or broke off) or
+//     answers with a status other than 200 cuts the decode leg, which would
+//     otherwise wait for the KV until its bootstrap timeout (a hung engine
+//     keeps the bootstrap connection open);
 //   - a decode leg that fails before its first byte is retried on the next
 //     pair of the plan (another prefill engine), then served aggregated down
 //     the ranking, prefill-role engines excluded. A decode failure caused by
@@ -365,11 +364,17 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	defer func() { up.inflight.Add(-1); up.prefill.Add(-charge) }()
 	if err := up.hc.Do(req, resp); err != nil {
 		res.result = "failed_" + classifyErr(err)
+		if s.health.stalledOut(up.id) {
+			res.result = "failed_stalled" // hung: the stall watch cut the leg
+		}
 		up.failures.Add(1)
 		s.health.observe(up, classifyErr(err))
-		if isDialError(err) {
-			leg.cutDecode(res) // the engine never saw the request: no KV will come
-		}
+		// No answer head: the engine never saw the request (dial), hangs
+		// (the stall watch's cut), or broke off. The room may never be
+		// filled, and the decode leg would wait for it until its bootstrap
+		// timeout (a hung prefill engine keeps the bootstrap connection
+		// open): it moves on now, to the next pair or aggregated.
+		leg.cutDecode(res)
 		return
 	}
 	res.status = resp.StatusCode()
@@ -399,13 +404,6 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	}
 	s.health.ok(up)
 	res.result = "ok"
-}
-
-// isDialError reports whether err happened before the request reached the
-// engine (connection refused, dial timeout).
-func isDialError(err error) bool {
-	var oe *net.OpError
-	return errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &oe) && oe.Op == "dial")
 }
 
 // bootstrapOf is the bootstrap host and port of an SGLang prefill engine:

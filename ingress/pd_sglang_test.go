@@ -375,3 +375,37 @@ func TestSGLangPrefillQueueFullFallsBack(t *testing.T) {
 		}
 	}
 }
+
+// TestSGLangPrefillHungCutsDecode: a prefill engine that hangs (its port
+// and its bootstrap port accept, nothing answers) is cut by the stall
+// watch, and its decode leg, which would wait for the room until its
+// bootstrap timeout, is cut with it: the request is served aggregated on
+// the decode engine, and the leg is counted as failed_stalled.
+func TestSGLangPrefillHungCutsDecode(t *testing.T) {
+	base := sim.Config{Model: "m", TimeScale: 100, Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	base.PD.BootstrapTimeout = time.Hour // the decode leg would wait for the room that long
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	frozen := frozenEngine(t)
+	hung := pdEngine("p0", scheduler.RolePrefill, frozen)
+	hung.PDProtocol, hung.Bootstrap = gossip.PDProtocolSGLang, strings.TrimPrefix(frozenEngine(t), "http://")
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	c.IdleTimeout = 10 * time.Minute
+	c.Health.StallAfter, c.Health.ProbeTimeout = 100*time.Millisecond, 200*time.Millisecond
+	s := startIngress(t, c, Deps{Membership: roleMembership{hung, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	client := &http.Client{Timeout: time.Minute} // far below the bootstrap timeout
+	st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hung `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	p := s.pdInit()
+	testutil.WaitFor(t, 10*time.Second, "the prefill leg counted as stalled", func() bool {
+		return val(p.legs.WithLabelValues("prefill", "failed_stalled")) == 1
+	})
+	if n, agg := val(p.legs.WithLabelValues("prefill", "failed_connect_error")), val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); n != 0 || agg != 1 {
+		t.Fatalf("%v prefill legs counted as connect errors (want 0), %v requests served aggregated (want 1)", n, agg)
+	}
+	if got := val(s.health.stalls); got != 1 {
+		t.Fatalf("%v stall ejections, want 1", got)
+	}
+}

@@ -209,6 +209,9 @@ func TestPDPrefillEngineHung(t *testing.T) {
 	if got := val(s.health.stalls); got != 1 {
 		t.Fatalf("%v stall ejections, want 1", got)
 	}
+	if got := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_stalled")); got != 1 {
+		t.Fatalf("%v prefill legs counted as cut by the stall watch, want 1", got)
+	}
 }
 
 // TestPDPrefillQueueFull: with no slot and no queue on the prefill engine,
