@@ -143,13 +143,17 @@ func (m *Materializer) Run(ctx context.Context) error {
 func (m *Materializer) checkLink(now time.Time, reconnects *uint64) {
 	nc := m.cfg.Conn
 	r := nc.Stats().Reconnects // before the status: a reconnect after the status read is seen next time
-	up := nc.IsConnected()
+	// Read before m.mu: nats.go's reconnect loop holds the connection's
+	// lock through each connect attempt (up to its connect timeout against
+	// a hung server), and requests take m.mu (Synced, StaleFor).
+	status := nc.Status()
+	up := status == nats.CONNECTED || status == nats.DRAINING_SUBS || status == nats.DRAINING_PUBS // nc.IsConnected()
 	m.mu.Lock()
 	wasDown := !m.downSince.IsZero()
 	switch {
 	case !up && !wasDown:
 		m.downSince = now
-		m.log.Warn("nats connection down: the index no longer follows the sidecars until it is back", "status", nc.Status().String())
+		m.log.Warn("nats connection down: the index no longer follows the sidecars until it is back", "status", status.String())
 	case up && wasDown:
 		m.log.Info("nats connection back", "stale_for", now.Sub(m.downSince).Round(time.Millisecond))
 		m.downSince = time.Time{}
