@@ -49,7 +49,8 @@ var _ PDPlanner = (*pd.Router)(nil)
 
 // ErrPrefillFull: a prefill engine's admission queue is full. The request
 // then falls back as for any prefill failure (the next SGLang pair, or
-// aggregated on the decode engine), never a 429 while an engine can serve it.
+// aggregated on the decode engine); 429 only when the engine it would fall
+// back to is queueing too.
 var ErrPrefillFull = errors.New("prefill engine queue full")
 
 // PDConfig is the P/D path: the decision and admission control.
@@ -72,7 +73,8 @@ type PDConfig struct {
 	MaxPrefillInFlight int `yaml:"maxPrefillInFlight"`
 	// PrefillQueue bounds legs waiting for a slot per prefill engine; a
 	// request arriving at a full queue falls back (served aggregated, or
-	// by the next SGLang pair). Default 64; negative: no queue.
+	// by the next SGLang pair), or gets 429 when the engine it would fall
+	// back to is queueing. Default 64; negative: no queue.
 	PrefillQueue int `yaml:"prefillQueue"`
 	// PrefillTimeout bounds a prefill leg, queue wait included; past it the
 	// request falls back to aggregated. Default 60s.
@@ -154,7 +156,7 @@ func (s *Server) pdInit() *pdState {
 		}
 		cl := prometheus.Labels{"ingress": s.cfg.ID}
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
-			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, fallback_<why> when served aggregated instead; " +
+			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, rejected (429), fallback_<why> when served aggregated instead; " +
 				"SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
 		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
 			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
@@ -430,6 +432,18 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 	return scheduler.RoleMixed
 }
 
+// queueing reports whether engine id has requests waiting (its last
+// reported load): a prefill queue that is full falls back to aggregated
+// only onto an engine that is not, else the client gets 429.
+func (c *call) queueing(id string) bool {
+	for i := range c.cands {
+		if c.cands[i].ID == id {
+			return c.cands[i].Waiting > 0
+		}
+	}
+	return false
+}
+
 // prefillLeg runs the prefill leg of a disaggregated request. On success
 // c.body becomes the decode leg's body. It returns false when it answered
 // the client itself (a 4xx from the prefill engine, or the client left).
@@ -475,6 +489,15 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	g := p.gate(c.pd.prefill)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
+			if c.queueing(c.pd.plan.Decode) {
+				// No engine left for it: the decode engine is queueing
+				// already, and a whole prefill there would wait behind
+				// its queue and stall its streams.
+				c.prefillDone(p, "rejected", start)
+				c.fail(ctx, fmt.Errorf("%w: %s, and %s is queueing", ErrPrefillFull, c.pd.prefill, c.pd.plan.Decode))
+				c.finish()
+				return "rejected", false
+			}
 			// Like any prefill failure: the decode engine serves it whole.
 			return c.prefillDone(p, "fallback_queue_full", start), true
 		}

@@ -187,7 +187,7 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 	start := time.Now()
 	c.pd.result = "concurrent" // per-leg results: kvmesh_ingress_pd_legs_total
 	tried := map[string]bool{}
-	pairs := 0
+	pairs, full := 0, 0
 	for _, o := range c.pd.plan.Options {
 		if pairs == maxSGLangPairs {
 			break
@@ -203,11 +203,23 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		if answered {
 			return false // c may be finished: touch nothing
 		}
+		if c.pd.result == "fallback_queue_full" {
+			full++
+			c.pd.result = "concurrent"
+		}
 		if !ok {
 			break
 		}
 	}
 	c.pd.duration = time.Since(start)
+	if full > 0 && full == pairs && c.queueing(c.pd.plan.Decode) {
+		// Every prefill queue tried is full and the engine the request
+		// would fall back to is queueing: no engine is left for it.
+		c.pd.result = "rejected"
+		c.fail(ctx, fmt.Errorf("%w: every prefill engine tried, and %s is queueing", ErrPrefillFull, c.pd.plan.Decode))
+		c.finish()
+		return false
+	}
 	p.decisions.WithLabelValues("aggregated", "sglang_fallback").Inc()
 	return true
 }
@@ -226,7 +238,10 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
 			p.legs.WithLabelValues("prefill", "fallback_queue_full").Inc()
-			return false, true // the next pair, or aggregated
+			// sglangLegs counts the pairs so refused; then the next pair,
+			// or aggregated.
+			c.pd.result = "fallback_queue_full"
+			return false, true
 		}
 		p.legs.WithLabelValues("prefill", "fallback_admission_timeout").Inc()
 		return false, true

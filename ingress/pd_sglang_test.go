@@ -376,6 +376,36 @@ func TestSGLangPrefillQueueFullFallsBack(t *testing.T) {
 	}
 }
 
+// TestSGLangPrefillQueueFullDecodeQueueing: every prefill queue full and
+// the decode engine queueing: 429 prefill_queue_full, no engine sent a leg.
+func TestSGLangPrefillQueueFullDecodeQueueing(t *testing.T) {
+	base := sim.Config{Model: "m", TimeScale: 100, Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base, Prefill: 2, Decode: 1})
+	busy := sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])
+	busy.Waiting = 2
+	m := roleMembership{sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]), sglangEngine("p1", scheduler.RolePrefill, cl.Prefill[1]), busy}
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: m})
+	p := s.pdInit()
+	for _, id := range []string{"p0", "p1"} {
+		g := p.gate(id)
+		for len(g.slots) < cap(g.slots) {
+			g.slots <- struct{}{}
+		}
+		g.waiting.Store(int64(p.cfg.PrefillQueue))
+	}
+	st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
+	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) {
+		t.Fatalf("status %d body %s", st, b)
+	}
+	for _, e := range append(append([]*sim.Server(nil), cl.Prefill...), cl.Decode...) {
+		if l := e.Load(0); l.Finished != 0 || l.Running+l.Waiting != 0 {
+			t.Fatalf("an engine was sent the request: %+v", l)
+		}
+	}
+}
+
 // TestSGLangPrefillHungCutsDecode: a prefill engine that hangs (its port
 // and its bootstrap port accept, nothing answers) is cut by the stall
 // watch, and its decode leg, which would wait for the room until its

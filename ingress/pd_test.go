@@ -241,6 +241,28 @@ func TestPDPrefillQueueFull(t *testing.T) {
 	}
 }
 
+// TestPDPrefillQueueFullDecodeQueueing: a full prefill queue falls back to
+// aggregated only onto a decode engine that is not queueing itself; when
+// it is, no engine is left for the request and the client gets 429
+// prefill_queue_full (OpenAI's error body), and neither engine is sent it.
+func TestPDPrefillQueueFullDecodeQueueing(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	c := testConfig()
+	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+	busy := pdEngine("d0", scheduler.RoleDecode, d.url())
+	busy.Waiting = 3
+	s := startIngress(t, c, Deps{PD: pdRouter(t, "kvmesh-always"),
+		Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), busy}})
+	s.pdInit().gate("p0").slots <- struct{}{} // the one slot is taken
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 429 || hdr.Get("Retry-After") == "" || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || p.prefills.Load() != 0 || d.decodes.Load() != 0 {
+		t.Fatalf("status %d retry-after %q body %s; prefills %d decodes %d", st, hdr.Get("Retry-After"), b, p.prefills.Load(), d.decodes.Load())
+	}
+	if n := val(s.pdInit().legs.WithLabelValues("prefill", "rejected")); n != 1 {
+		t.Fatalf("%v legs rejected, want 1", n)
+	}
+}
+
 func FuzzKVTransferParams(f *testing.F) {
 	f.Add([]byte(`{"kv_transfer_params":{"remote_block_ids":[1]}}`))
 	f.Add([]byte(`{"kv_transfer_params":null}`))
