@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,21 +19,12 @@ import (
 // request snapshots: it never creates or alters the JetStream stream, whose
 // retention the sidecars (or the orchestrator) set.
 func TestIngressRunsWithoutStreamAdminRights(t *testing.T) {
-	dir := t.TempDir()
 	reader := &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: []string{"kvmesh.snap.>"}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>", "_INBOX.>"}},
 	}
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
+	srv := testutil.NATSServer(t, server.Options{JetStream: true,
 		Users: []*server.User{{Username: "admin", Password: "admin-pw"}, {Username: "ingress", Password: "ingress-pw", Permissions: reader}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown(); os.RemoveAll(dir) })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
 	ctx := context.Background()
 
 	// The stream as a sidecar made it, with its own retention.
@@ -89,16 +79,7 @@ func TestIngressSaysWhenTheLaneSubscriptionIsRefused(t *testing.T) {
 		Publish:   &server.SubjectPermission{Allow: []string{"kvmesh.snap.>", "kvmesh.state.>"}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>", "_INBOX.>"}},
 	}
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		Users: []*server.User{{Username: "ingress", Password: "ingress-pw", Permissions: half}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start() // owned by srv: Shutdown stops it
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
+	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "ingress", Password: "ingress-pw", Permissions: half}}})
 	log, buf := syncLog()
 	cfg := testConfig()
 	cfg.Cluster.GossipBind, cfg.Cluster.GossipProfile = "127.0.0.1:0", "local"

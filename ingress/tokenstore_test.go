@@ -174,15 +174,7 @@ func TestStoreTokenizerLoadFailureWaits(t *testing.T) {
 // ran the fetch itself and waited up to FetchTimeout, and so did every
 // concurrent request for that model.
 func TestStoreTokenizerRefreshDoesNotBlockRequests(t *testing.T) {
-	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start() // owned by srv: Shutdown stops it
-	t.Cleanup(srv.Shutdown)
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	srv := testutil.NATSServer(t, natsserver.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ncfg := natsutil.DefaultConfig()

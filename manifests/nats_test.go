@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenstore"
 )
 
@@ -64,17 +65,8 @@ func startManifestNATS(t *testing.T) string {
 	if opts.Cluster.Port != 0 || len(opts.Routes) != 0 {
 		t.Fatalf("cluster block not removed for the single test server")
 	}
-	opts.Host, opts.Port, opts.HTTPPort, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, 0, true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	return srv.ClientURL()
+	opts.HTTPPort = 0
+	return testutil.NATSServer(t, *opts).ClientURL()
 }
 
 func jsAs(t *testing.T, url, user, pw string) jetstream.JetStream {

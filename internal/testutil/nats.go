@@ -2,6 +2,9 @@ package testutil
 
 import (
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
@@ -15,5 +18,27 @@ func NATS(tb testing.TB) *natsutil.Embedded {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(srv.Shutdown)
+	return srv
+}
+
+// NATSServer starts a nats-server with opts (users, permissions, limits)
+// on a free loopback port, without logs or signal handling, and with a
+// temporary store when it runs JetStream; it shuts down when tb's test
+// ends. NATS is the plain embedded server for a test that needs no options.
+func NATSServer(tb testing.TB, opts server.Options) *server.Server {
+	tb.Helper()
+	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+	if opts.JetStream && opts.StoreDir == "" {
+		opts.StoreDir = tb.TempDir()
+	}
+	srv, err := server.NewServer(&opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go srv.Start() // owned by srv: Shutdown stops it
+	tb.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		tb.Fatal("nats-server not ready")
+	}
 	return srv
 }

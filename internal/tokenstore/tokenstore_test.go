@@ -213,17 +213,7 @@ func FuzzDecodeManifest(f *testing.F) {
 // failed with "maximum payload exceeded".
 func TestPublishUnderSmallMaxPayload(t *testing.T) {
 	ctx := ctxT(t)
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true, MaxPayload: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start() // owned by srv: Shutdown stops it
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	srv := testutil.NATSServer(t, server.Options{JetStream: true, MaxPayload: 64 << 10})
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)
