@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -155,6 +156,9 @@ type Limiter struct {
 	cfg     Config
 	window  int64 // nanoseconds
 	metrics *metrics
+	// interval is the gossip interval in nanoseconds (Share's; 250 ms until
+	// then), for the grace after a window boundary (state.go).
+	interval atomic.Int64
 
 	mu      sync.Mutex // guards local, origins and remote
 	local   map[uint64]*counter
@@ -168,14 +172,16 @@ func New(cfg Config) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("ratelimit: %w", err)
 	}
-	return &Limiter{
+	l := &Limiter{
 		cfg:     cfg,
 		window:  int64(cfg.Window),
 		metrics: newMetrics(),
 		local:   make(map[uint64]*counter),
 		origins: make(map[string]*origin),
 		remote:  make(map[uint64][]remoteSum),
-	}, nil
+	}
+	l.interval.Store(int64(defaultShareInterval))
+	return l, nil
 }
 
 // Enabled reports whether any limit is configured at all.

@@ -9,6 +9,9 @@ import (
 // StateName is the gossip app-state name the limiter's usage travels under.
 const StateName = "kvmesh.ratelimit.v1"
 
+// defaultShareInterval is Share's interval when none is given.
+const defaultShareInterval = 250 * time.Millisecond
+
 // Carrier is the part of gossip the limiter shares its usage through; *gossip.Node
 // satisfies it. SetAppState replaces this node's blob (last writer wins per origin);
 // the OnAppState callback runs for every newer blob from another member and must not
@@ -25,8 +28,9 @@ type Carrier interface {
 // does not block gossip. Run it in a goroutine owned by the ingress.
 func (l *Limiter) Share(ctx context.Context, c Carrier, interval time.Duration, log *slog.Logger) {
 	if interval <= 0 {
-		interval = 250 * time.Millisecond
+		interval = defaultShareInterval
 	}
+	l.interval.Store(int64(interval))
 	if log == nil {
 		log = slog.Default()
 	}

@@ -117,3 +117,72 @@ func TestSharedBudgetUnderClockSkew(t *testing.T) {
 		})
 	}
 }
+
+// Clocks in sync, b's last state of window W arrives just after a entered W+1
+// (sent before the boundary, still in gossip): b's usage of W counts as a's
+// previous window and nothing of it as current, so with 400 of W and 400 of
+// W-1 used on b, 500 more fit a budget of 1000. Before, the late state was
+// placed as a's current window and b's W-1 usage counted on top (refused for
+// a gossip interval after every boundary).
+func TestLateStateAtWindowBoundary(t *testing.T) {
+	c := newClock() // the start of W-1
+	cfg := Config{PerKey: Limits{InputTokens: 1000}}
+	a, b := newLimiter(t, cfg, c), newLimiter(t, cfg, c)
+	c.add(10 * time.Second)
+	if !b.AdmitAt("k", "m", 400, c.now()).Allowed {
+		t.Fatal("b refused 400 in W-1")
+	}
+	c.add(time.Minute) // W
+	if !b.AdmitAt("k", "m", 400, c.now()).Allowed {
+		t.Fatal("b refused 400 in W")
+	}
+	if err := a.MergeState("b", b.AppendState(nil, 0)); err != nil {
+		t.Fatal(err)
+	}
+	c.add(50*time.Second - 100*time.Millisecond) // 100 ms before W+1
+	late := b.AppendState(nil, 0)
+	c.add(200 * time.Millisecond) // 100 ms into W+1
+	if err := a.MergeState("b", late); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.AdmitAt("k", "m", 500, c.now()); !r.Allowed {
+		t.Fatalf("500 refused although about 400 of 1000 is used in the sliding window: %+v", r)
+	}
+	if got := promtest.ToFloat64(a.metrics.skewed); got != 0 {
+		t.Fatalf("a late state counted as skewed (%v)", got)
+	}
+}
+
+// b's clock is a window behind a's. Its state of one window behind arrives
+// just after a's boundary too, but b was already a window behind well past
+// the previous boundary: its clock is behind, not its state late, so its
+// current window still counts as current, as the clocks agreeing would have
+// it (placeWindow). A state one window behind is kept at its own window only
+// when the origin was in step until the boundary.
+func TestStateAWindowBehindAtBoundary(t *testing.T) {
+	c := newClock() // the start of a's window A
+	cfg := Config{PerKey: Limits{InputTokens: 1000}}
+	a := newLimiter(t, cfg, c)
+	cfg.Now = func() time.Time { return c.now().Add(-time.Minute) }
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.add(70 * time.Second) // a: A+1 at 10 s; b: A at 10 s
+	if !b.AdmitAt("k", "m", 400, cfg.Now()).Allowed {
+		t.Fatal("b refused 400")
+	}
+	if err := a.MergeState("b", b.AppendState(nil, 0)); err != nil {
+		t.Fatal(err)
+	}
+	c.add(51 * time.Second) // a: A+2 at 1 s; b: A+1 at 1 s, its 400 of A as previous
+	if err := a.MergeState("b", b.AppendState(nil, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.AdmitAt("k", "m", 700, c.now()); r.Allowed {
+		t.Fatal("700 admitted although b used 400 of 1000 within the last minute")
+	}
+	if r := a.AdmitAt("k", "m", 550, c.now()); !r.Allowed {
+		t.Fatalf("550 refused with about 400 of 1000 used: %+v", r)
+	}
+}

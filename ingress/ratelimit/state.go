@@ -51,6 +51,7 @@ type remoteCounts struct{ curr, prev [3]int64 }
 type origin struct {
 	win    int64
 	raw    int64
+	behind int64 // this replica's last window in which a state of the one before arrived after the grace (late)
 	scopes map[uint64]remoteCounts
 	warned [2]time.Time // last warning about this origin's skew, and its clock stepping back (Config.Now)
 }
@@ -69,6 +70,15 @@ type origin struct {
 // What remains is the sliding window's own estimate: an origin whose clock is
 // behind by a fraction s of a window has up to s of its previous window's usage
 // undercounted (one ahead is overcounted instead).
+//
+// A state one window behind that arrives within the grace after this replica's
+// boundary (late) is, with clocks in sync, the origin's last state of the window
+// that just ended, sent before the boundary and still in gossip: merge keeps it at
+// its own window (its current usage as this window's previous), unless in this
+// replica's previous window the origin was already a window behind past the grace
+// (o.behind): then its clock is behind, and it is placed as above. Before, such a
+// late state was placed as current for a gossip interval after every boundary, and
+// its previous window (the one before the one that just ended) was counted on top.
 func placeWindow(raw, w int64) (at int64, skewed bool) {
 	switch d := raw - w; {
 	case d >= 1:
@@ -310,6 +320,13 @@ func (l *Limiter) MergeState(originID string, b []byte) error {
 	return err
 }
 
+// grace is how long after a window boundary a state of the window that just ended
+// is taken as late rather than as its origin's clock being behind (placeWindow): a
+// twentieth of the window, and at least three gossip intervals (Share's).
+func (l *Limiter) grace() int64 {
+	return max(l.window/20, 3*l.interval.Load())
+}
+
 // skewWarnEvery spaces the skew warnings about one origin.
 const skewWarnEvery = time.Minute
 
@@ -320,9 +337,16 @@ const skewWarnEvery = time.Minute
 func (l *Limiter) merge(originID string, win, w int64, scopes map[uint64]remoteCounts, now time.Time) (skew, back int64, warn bool, err error) {
 	at, skewed := placeWindow(win, w)
 	skew = win - w
+	late := win == w-1 && now.UnixNano()-w*l.window < l.grace()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	o, ok := l.origins[originID]
+	if late && (!ok || o.behind != w-1) {
+		at = win // sent before the boundary, not skew (placeWindow)
+	}
+	if ok && win < w && !late {
+		o.behind = w
+	}
 	if !ok {
 		if len(l.origins) >= l.cfg.MaxOrigins {
 			for id, old := range l.origins {
@@ -337,6 +361,9 @@ func (l *Limiter) merge(originID string, win, w int64, scopes map[uint64]remoteC
 			}
 		}
 		o = &origin{win: at, raw: win, scopes: scopes}
+		if win < w && !late {
+			o.behind = w
+		}
 		l.origins[originID] = o
 		for id, c := range scopes {
 			l.account(id, at, c, 1)
