@@ -39,9 +39,13 @@ import (
 // It also keeps the newest message of every key, sent or not: the lane
 // carries an entry only when it changes, so one dropped while NATS was
 // unreachable would otherwise stay missing from the lane until the entry
-// next changed (an idle engine's, for good). After a failed publish, once
-// NATS is connected again, Run publishes every key's newest once more;
-// receivers ignore the ones they already hold (same version).
+// next changed (an idle engine's, for good). After a failed publish, and
+// after every reconnect, once NATS is connected again, Run publishes every
+// key's newest once more; receivers ignore the ones they already hold
+// (same version). A reconnect alone is reason enough: a publish into a
+// connection nats.go does not know dead yet (a hung or partitioned server,
+// up to its stale-connection limit) returns no error, and what was in the
+// socket when it broke is gone.
 type Publisher struct {
 	// mu guards pending, last and subject; held only to put a message or
 	// swap the map, never across a publish.
@@ -59,8 +63,8 @@ type Publisher struct {
 	publishing atomic.Bool // Run runs and the lane was not refused
 }
 
-// resendCheck is how often Run looks whether NATS is back after a failed
-// publish.
+// resendCheck is how often Run looks whether NATS reconnected, or is back
+// after a failed publish.
 var resendCheck = time.Second
 
 var _ gossip.Relay = (*Publisher)(nil)
@@ -100,7 +104,9 @@ func (p *Publisher) Relay(member, key string, msg []byte) {
 // caller, who runs it on one goroutine and stops it with ctx. While nc is
 // not connected messages are dropped and counted, not buffered: the next
 // change supersedes them, gossip carries the state meanwhile, and once nc
-// is connected again every key's newest message is published anew. When
+// is connected again (after a failed publish or any reconnect: nc's
+// Reconnects, read here on each check) every key's newest message is
+// published anew. When
 // the server refuses the lane's subject (a NATS user whose permissions
 // predate it), Run logs that once and returns: each refused publish would
 // log a NATS error, several a second.
@@ -110,12 +116,18 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 	tick := time.NewTicker(resendCheck)
 	defer tick.Stop()
 	batch := map[string]outMsg{}
-	lost := false // a publish failed since every key was last sent
+	lost := false // a publish failed, or nc reconnected, since every key was last sent
+	reconnects := nc.Stats().Reconnects
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			if r := nc.Stats().Reconnects; r != reconnects {
+				// What was published into the connection that broke
+				// may be lost although no publish failed.
+				reconnects, lost = r, true
+			}
 			if !lost || !nc.IsConnected() {
 				continue
 			}
@@ -154,7 +166,7 @@ func (p *Publisher) Register(reg prometheus.Registerer) (unregister func(), err 
 	return register(reg,
 		counter("kvmesh_gossip_nats_published_total", "Own gossip entries published on the NATS state lane (kvmesh.state.<member>).", p.published.Load),
 		counter("kvmesh_gossip_nats_publish_failed_total", "Own gossip entries not published on the NATS state lane: NATS not connected or the publish failed (gossip still carries them; they are published again once NATS is back).", p.failed.Load),
-		counter("kvmesh_gossip_nats_republished_total", "Times every own entry was published on the NATS state lane again after NATS came back from a failed publish.", p.resent.Load),
+		counter("kvmesh_gossip_nats_republished_total", "Times every own entry was published on the NATS state lane again: after a reconnect to NATS, or once NATS was back after a failed publish.", p.resent.Load),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_nats_publishing", Help: "1 while this member publishes its entries on the NATS state lane; 0 before it starts, after it stops, or when the NATS user may not publish on kvmesh.state.> (logged once; gossip alone carries the state)."}, func() float64 {
 			if p.publishing.Load() {
 				return 1

@@ -367,6 +367,95 @@ func TestPublisherSendsAgainAfterNATSReturns(t *testing.T) {
 	}
 }
 
+// A publish into a connection nats.go does not know broken (a hung or
+// partitioned server, up to its stale-connection limit) returns no error
+// and is lost all the same: after a reconnect the publisher sends every
+// key's newest again although no publish failed. Here v2 is published
+// without error while no ingress listens (lost, as into a dead socket),
+// then the publisher's connection is cut and comes back: v2 arrives with
+// no new change and nothing counted as failed. Before, only a failed
+// publish brought a resend, and v2 stayed off the lane.
+func TestPublisherSendsAgainAfterReconnect(t *testing.T) {
+	defer func(d time.Duration) { resendCheck = d }(resendCheck)
+	resendCheck = 20 * time.Millisecond
+	srv := testutil.NATS(t)
+	gate := testutil.NewGate(t)
+	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
+
+	sub := connect(t, srv.URL())
+	msgs := make(chan *nats.Msg, 16)
+	subscribe := func() *nats.Subscription {
+		t.Helper()
+		s, err := sub.ChanSubscribe(natsutil.StateWildcard, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sub.Flush(); err != nil { // the server has the interest
+			t.Fatal(err)
+		}
+		return s
+	}
+	pnc, err := nats.Connect("nats://"+gate.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pnc.Close)
+	reg := prometheus.NewRegistry()
+	p := NewPublisher(nil)
+	if _, err := p.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { p.Run(ctx, pnc) })
+	defer func() { cancel(); wg.Wait() }()
+
+	receive := func(want string) {
+		t.Helper()
+		for {
+			select {
+			case m := <-msgs:
+				if string(m.Data) == want {
+					return
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s never arrived (reconnects %d, resent %d, failed %d, connected %v)", want, pnc.Stats().Reconnects, p.resent.Load(), p.failed.Load(), pnc.IsConnected())
+			}
+		}
+	}
+
+	s := subscribe()
+	p.Relay("m", "k", []byte("v1"))
+	receive("v1")
+
+	if err := s.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil { // the server has no interest left: v2 goes nowhere
+		t.Fatal(err)
+	}
+	p.Relay("m", "k", []byte("v2"))
+	testutil.WaitFor(t, 5*time.Second, "v2 published", func() bool { return p.published.Load() == 2 })
+	if err := pnc.Flush(); err != nil { // the server had v2, and dropped it
+		t.Fatal(err)
+	}
+	s = subscribe()
+	defer func() { _ = s.Unsubscribe() }()
+
+	gate.Shut()
+	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
+	receive("v2")
+	if got := counterValue(t, reg, "kvmesh_gossip_nats_republished_total"); got < 1 {
+		t.Fatalf("republished_total = %v", got)
+	}
+	if got := p.failed.Load(); got != 0 {
+		t.Fatalf("%d publishes failed: the resend was not for a reconnect alone", got)
+	}
+	if got := pnc.Stats().Reconnects; got < 1 {
+		t.Fatalf("reconnects = %d", got)
+	}
+}
+
 func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	mfs, err := g.Gather()
