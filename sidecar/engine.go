@@ -266,7 +266,7 @@ func (e *engine) flushLocked() {
 		return
 	}
 	limit := e.s.cfg.MaxDeltaKeys
-	size := int(e.s.maxPayload.Load()) // 0: not connected yet
+	size := int(e.s.maxPayload()) // 0: not connected yet
 	for len(ops) > 0 {
 		var part []kvevents.Op
 		n, keys := 0, 0

@@ -44,10 +44,17 @@ type Sidecar struct {
 	// (unix ns): at most one warning per publishErrLogEvery.
 	pubErrs      atomic.Uint64
 	pubErrLogged atomic.Int64
-	// maxPayload is the NATS server's max_payload (0 until known), read
-	// from the connection by the NATS-side goroutines (publish loop,
-	// snapshot replies) so engine loops bound deltas without its lock.
-	maxPayload atomic.Int64
+}
+
+// maxPayload is the NATS server's max_payload (0 until connected), as
+// natsutil.Conn stores it on each (re)connect: the first deltas after one
+// are cut to the new server's limit, and engine loops bound deltas with an
+// atomic load rather than the connection's lock.
+func (s *Sidecar) maxPayload() int64 {
+	if c := s.conn.Load(); c != nil {
+		return c.MaxPayload()
+	}
+	return 0
 }
 
 // publishErrLogEvery spaces the warnings about failed delta publishes.
@@ -125,8 +132,6 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	defer conn.Close()
 	s.conn.Store(conn)
-	// 0 until connected; the publish loop and snapshot replies keep it current.
-	s.maxPayload.Store(conn.NC.MaxPayload())
 	conn.OnPublishError(s.publishFailed) // JetStream acks that never came, a missing stream
 
 	for _, e := range s.engines {
@@ -315,12 +320,9 @@ func (s *Sidecar) publishLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case m := <-s.pubq:
-			if c := s.conn.Load(); c != nil {
-				s.maxPayload.Store(c.NC.MaxPayload())
-			}
 			if err := s.publish(m.e.subject, m.data); err != nil {
 				if errors.Is(err, nats.ErrMaxPayload) { // deltas are cut to fit once the limit is known
-					s.log.Error("delta over the NATS max_payload", "engine", m.e.cfg.ID, "bytes", len(m.data), "nats_max_payload", s.maxPayload.Load())
+					s.log.Error("delta over the NATS max_payload", "engine", m.e.cfg.ID, "bytes", len(m.data), "nats_max_payload", s.maxPayload())
 				}
 				m.e.c.publishErrors.Add(1)
 				s.warnPublishError(m.e.cfg.ID, err)
@@ -388,11 +390,7 @@ func (e *engine) serveSnapshot(msg *nats.Msg) {
 	if msg.Reply == "" {
 		return
 	}
-	var payload int64
-	if c := e.s.conn.Load(); c != nil {
-		payload = c.NC.MaxPayload()
-		e.s.maxPayload.Store(payload)
-	}
+	payload := e.s.maxPayload()
 	head, keys := e.snapshot()
 	e.c.snapshots.Add(1)
 	limit := e.s.cfg.SnapshotChunkKeys

@@ -38,7 +38,16 @@ type Conn struct {
 	// up is Connected: set by the connection's (re)connect handlers,
 	// cleared by its disconnect and close handlers.
 	up atomic.Bool
+	// maxPayload is MaxPayload: the server's max_payload, stored by
+	// Connect and by the (re)connect handlers.
+	maxPayload atomic.Int64
 }
+
+// MaxPayload is the max_payload of the server the connection last
+// connected to (0 before the first connection): stored when it connects
+// and on each reconnect, before anything is told of it, and one atomic
+// load, unlike nats.Conn's MaxPayload (the connection's lock).
+func (c *Conn) MaxPayload() int64 { return c.maxPayload.Load() }
 
 // Connected reports whether the connection is up, as its handlers last
 // said: true from the (re)connect handler on, false from the disconnect
@@ -75,7 +84,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		log.Info("started embedded nats server", "url", e.URL(), "store", e.StoreDir())
 	}
 	c.connected, c.check, c.quit = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
-	opts, err := options(cfg, log, &c.up, c.signalConnected)
+	opts, err := options(cfg, log, &c.up, c.onConnect)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -86,7 +95,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		return nil, fmt.Errorf("nats connect: %w", err)
 	}
 	c.NC = nc
-	if !nc.IsConnected() {
+	if nc.IsConnected() { // the handler, on nats.go's goroutine, may not have run yet
+		c.maxPayload.CompareAndSwap(0, nc.MaxPayload())
+	} else {
 		log.Warn("nats not reachable yet; connecting in the background", "urls", strings.Join(RedactURLs(cfg.URLs), ","))
 	}
 	if !cfg.Stream.Disabled {
@@ -146,6 +157,13 @@ func (c *Conn) publishFailed(msg *nats.Msg, err error) {
 	if fn := c.pubErr.Load(); fn != nil {
 		(*fn)(subject, err)
 	}
+}
+
+// onConnect is the (re)connect handlers' part: the new server's
+// max_payload, then the stream check.
+func (c *Conn) onConnect(nc *nats.Conn) {
+	c.maxPayload.Store(nc.MaxPayload())
+	c.signalConnected()
 }
 
 func (c *Conn) signalConnected() {
@@ -218,7 +236,7 @@ func (c *Conn) Close() {
 // connected is called on each (re)connect. The handlers run in order on
 // nats.go's callback goroutine; up is set before anything that could take
 // the connection's lock.
-func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func()) ([]nats.Option, error) {
+func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats.Conn)) ([]nats.Option, error) {
 	ping, pings := cfg.pings()
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
@@ -233,7 +251,7 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func()) ([
 		nats.ConnectHandler(func(nc *nats.Conn) { // the first connection (with WaitForServer: made late)
 			up.Store(true)
 			log.Info("nats connected", "url", nc.ConnectedUrlRedacted())
-			connected()
+			connected(nc)
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			up.Store(false)
@@ -250,7 +268,7 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func()) ([
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			up.Store(true)
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
-			connected()
+			connected(nc)
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			up.Store(false)

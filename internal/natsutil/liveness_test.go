@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -193,4 +194,44 @@ func TestConnectedFollowsTheConnection(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "Connected after the reconnect", c.Connected)
 	c.Close()
 	testutil.WaitFor(t, 10*time.Second, "not Connected after Close", func() bool { return !c.Connected() })
+}
+
+// MaxPayload follows the server the connection is on: stored when it
+// connects and again on a reconnect to a server with another max_payload,
+// so what is cut to it (the sidecar's deltas) fits from the first message.
+func TestMaxPayloadFollowsReconnects(t *testing.T) {
+	start := func(maxPayload int32) *server.Server {
+		t.Helper()
+		srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: maxPayload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Start() // owned by srv: Shutdown stops it
+		if !srv.ReadyForConnections(10 * time.Second) {
+			srv.Shutdown()
+			t.Fatal("nats-server not ready")
+		}
+		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		return srv
+	}
+	small, large := start(4096), start(8192)
+	gate := testutil.NewGate(t) // shut: no server yet
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{"nats://" + gate.Addr()}
+	cfg.Stream.Disabled = true
+	cfg.WaitForServer = true
+	cfg.ReconnectWait = 10 * time.Millisecond
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.MaxPayload(); got != 0 {
+		t.Fatalf("MaxPayload %d before any connection", got)
+	}
+	gate.Open(strings.TrimPrefix(small.ClientURL(), "nats://"))
+	testutil.WaitFor(t, 10*time.Second, "MaxPayload of the first server", func() bool { return c.MaxPayload() == 4096 })
+	gate.Shut()
+	gate.Open(strings.TrimPrefix(large.ClientURL(), "nats://"))
+	testutil.WaitFor(t, 10*time.Second, "MaxPayload of the server reconnected to", func() bool { return c.MaxPayload() == 8192 })
 }
