@@ -28,6 +28,10 @@ type engineState struct {
 	// followSeen: the followed epoch's last delta or snapshot; staleSince:
 	// the first ignored delta of an older epoch since (zero: none).
 	followSeen, staleSince time.Time
+	// otherSeen: the last delta of another epoch than the followed one (an
+	// older one ignored, or the one followed before a switch): while it is
+	// recent, two sidecars answer a snapshot request (fetchSnapshot).
+	otherSeen time.Time
 	// probe is the gossiped epoch whose head made the snapshot in flight.
 	probe uint64
 

@@ -268,6 +268,7 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 			// been silent for EpochGrace while this one kept sending.
 			m.met.staleEpochs.Inc()
 			e.epochs.note(d.Epoch, d.EpochStart, true)
+			e.otherSeen = now
 			if e.staleSince.IsZero() {
 				e.staleSince = now
 			}
@@ -281,6 +282,9 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 				"silent_epoch_start", startTime(e.epochs.followStart), "silent_for", now.Sub(e.followSeen).Round(time.Millisecond))
 		}
 		e.epochs.setFollow(d.Epoch, d.EpochStart)
+		if e.followSeen.After(e.otherSeen) {
+			e.otherSeen = e.followSeen // the one followed until now
+		}
 		e.followSeen, e.staleSince = now, time.Time{}
 		m.met.epochs.Inc()
 		e.buffer(d, m.cfg.MaxBuffered)
@@ -401,6 +405,10 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 	// Replies of an epoch older than the followed one are only a fallback.
 	epochs := e.epochs.clone()
 	accept := func(epoch uint64, start int64) bool { return !epochs.older(epoch, start) }
+	responders := 1
+	if !e.otherSeen.IsZero() && time.Since(e.otherSeen) < m.cfg.SnapshotTimeout {
+		responders = 2 // an overlap: an error reply of one does not end the request
+	}
 	m.wg.Add(1)
 	go func() { // owned by Run through m.wg; ends with ctx
 		defer m.wg.Done()
@@ -410,7 +418,7 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
-		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept)
+		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept, responders)
 		cancel()
 		<-m.sem
 		m.installSnapshot(e, s, err)

@@ -44,7 +44,12 @@ const maxReplyEpochs = 4
 // per epoch, and the first complete reply of an epoch accept takes is the
 // answer. A complete reply accept refuses (an older epoch) is kept and
 // returned, marked Fallback, when nothing else completed by ctx's deadline.
-func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool) (*snapshot, error) {
+// responders is how many sidecars are expected to answer (2 while another
+// epoch than the followed one was heard from lately, else 1): an error reply
+// ends the request at once only when that many error replies came and no
+// other reply is under way; otherwise it is returned at ctx's deadline if
+// nothing completed by then.
+func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool, responders int) (*snapshot, error) {
 	inbox := nc.NewRespInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -61,6 +66,7 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 	var replies []*assembler
 	var fallback *snapshot
 	var failed error // an error reply, while another epoch's reply may still complete
+	failures := 0    // error replies
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
 		if errors.Is(err, nats.ErrNoResponders) {
@@ -81,10 +87,14 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 		}
 		if why := msg.Header.Get(kvevents.SnapshotErrorHeader); why != "" {
 			failed = fmt.Errorf("%w: %s", ErrSidecarFailed, why)
-			if len(replies) == 0 && fallback == nil {
+			failures++
+			if failures >= responders && len(replies) == 0 && fallback == nil {
 				return nil, failed
 			}
-			continue // another sidecar's reply is under way
+			// Another sidecar's reply is under way, or expected: during an
+			// epoch overlap (a restart) the tiny error reply of one
+			// usually comes before the other's chunks.
+			continue
 		}
 		if err := kvevents.DecodeSnapshotChunk(msg.Data, &chunk); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSnapshot, err)
