@@ -50,6 +50,10 @@ type pdState struct {
 	// posted counts decode reads past the blocks' arrival, in their
 	// modelled transfer (tests wait on it).
 	posted atomic.Int64
+	// onArmed and onCut, when set (tests only), run in a decode read once
+	// the request's end can cut its wait for the reply, and in the hook
+	// that cuts it.
+	onArmed, onCut func()
 }
 
 // hold is a finished prefill leg's blocks waiting to be read.

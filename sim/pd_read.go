@@ -102,8 +102,15 @@ func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameTy
 		return 0, 0, fmt.Errorf("dial side channel: %w", err)
 	}
 	defer conn.Close()
+	replyWait := 30 * time.Second
+	if t == frameWait {
+		replyWait += p.cfg.BootstrapTimeout
+	}
+	_ = conn.SetDeadline(time.Now().Add(replyWait))
 	// Until the read is posted the request's end cuts the wait (a deadline
-	// in the past wakes it); after, the transfer runs out (below).
+	// in the past wakes it); after, the transfer runs out (below). The hook
+	// is registered after the reply deadline is set: a deadline, unlike a
+	// close, can be overwritten, and a cancel that came first must stick.
 	var mu sync.Mutex
 	posted := false
 	stop := context.AfterFunc(ctx, func() {
@@ -112,13 +119,14 @@ func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameTy
 		if !posted {
 			_ = conn.SetDeadline(time.Unix(1, 0))
 		}
+		if p.onCut != nil {
+			p.onCut()
+		}
 	})
 	defer stop()
-	replyWait := 30 * time.Second
-	if t == frameWait {
-		replyWait += p.cfg.BootstrapTimeout
+	if p.onArmed != nil {
+		p.onArmed()
 	}
-	_ = conn.SetDeadline(time.Now().Add(replyWait))
 	if _, err := conn.Write(appendFrame(nil, t, body)); err != nil {
 		return 0, 0, fmt.Errorf("send %v: %w", t, err)
 	}

@@ -684,3 +684,62 @@ func TestPDMembersExactNames(t *testing.T) {
 		t.Fatalf("wrong type: status %d: %s", code, raw)
 	}
 }
+
+// TestPDDecodeCancelledBeforeReplyEndsPromptly: a decode request that ends
+// just as its KV read is armed (connected, before the request frame) ends
+// then, not when the reply wait (30 s + the bootstrap timeout) runs out. The
+// request's end cuts the wait with a deadline in the past, which the reply
+// wait's deadline used to overwrite when it was set after the hook. The peer
+// (a bootstrap server that never answers) holds the connection until the
+// test ends.
+func TestPDDecodeCancelledBeforeReplyEndsPromptly(t *testing.T) {
+	d := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "decode"; c.PD.BootstrapTimeout = time.Hour })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release); ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { <-release; c.Close() }()
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cut := make(chan struct{})
+	var once sync.Once
+	d.pd.onCut = func() { once.Do(func() { close(cut) }) }
+	// The client leaves once the read is armed; the read goes on only after
+	// the request's end has reached the hook that cuts it.
+	d.pd.onArmed = func() { cancel(); <-cut }
+	host, portStr, _ := net.SplitHostPort(ln.Addr().String())
+	port, _ := strconv.Atoi(portStr)
+	b, err := json.Marshal(map[string]any{"model": "test-model", "prompt": tokens(7, 150), "max_tokens": 3, "ignore_eos": true,
+		"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL()+"/v1/completions", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("the decode request ended before it was cancelled")
+	}
+	select {
+	case <-cut:
+	case <-time.After(waitLong):
+		t.Fatal("the request's end never reached the read")
+	}
+	// The peer is still holding the connection: only the cut can end the read.
+	testutil.WaitFor(t, waitLong, "the cancelled decode leg's read to end", func() bool {
+		return d.pd.metrics.inflight.Load() == 0 && d.ranks[0].transferring.Load() == 0
+	})
+}
