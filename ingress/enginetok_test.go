@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,28 +214,80 @@ func TestEngineTokenizeHungEngine(t *testing.T) {
 
 // TestEngineTokenizeDeadlineEndsWithTheCall: the /tokenize call's deadline
 // does not outlive it. With one connection to the engine, the stream after
-// a tokenized prompt runs on the connection the call used, for longer than
-// EngineTokenizeTimeout, and is not cut.
+// a tokenized prompt runs on the connection the call used, and is not cut
+// when that deadline passes: the engine's answer is held after its first
+// bytes until EngineTokenizeTimeout has run out since the stream began
+// (so since after the call's deadline was set), then let go.
 func TestEngineTokenizeDeadlineEndsWithTheCall(t *testing.T) {
-	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 0.05, Logger: quietLog()}) // 20× slower than the model
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 0.05, Logger: quietLog()}) // 20× slower than the model: a token per write
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sm.Close() })
-	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: sm.URL()})
+	target, _ := url.Parse(sm.URL())
+	rp := httputil.NewSingleHostReverseProxy(target)
+	streaming, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" && held.CompareAndSwap(false, true) {
+			w = &holdingWriter{ResponseWriter: w, first: streaming, gate: release}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close) // after close(release) below: cleanups run last first
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: srv.URL})
 	cfg.Scheduler.Policy = "kvmesh"
 	cfg.MaxConnsPerEngine = 1
+	cfg.EngineTokenizeTimeout = 2 * time.Second // the call itself must not time out on a busy machine
 	s := startIngress(t, cfg, Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()})
-	start := time.Now()
+	go func() {
+		select {
+		case <-streaming:
+		case <-time.After(30 * time.Second):
+			let() // the request failed before its stream; the checks below report it
+			return
+		}
+		// The call's deadline was set before the stream began: it has
+		// passed once its timeout has since the stream's first bytes.
+		<-time.After(cfg.EngineTokenizeTimeout)
+		let()
+	}()
 	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":12,"ignore_eos":true,"stream":true,"prompt":"a prompt the ingress cannot tokenize"}`)
 	evs := sseEvents(b)
-	if st != http.StatusOK || len(evs) == 0 || evs[len(evs)-1] != "[DONE]" || strings.Contains(string(b), `"error"`) {
-		t.Fatalf("status %d: %s", st, b)
+	if st != http.StatusOK || len(evs) < 2 || evs[len(evs)-1] != "[DONE]" || strings.Contains(string(b), `"error"`) {
+		t.Fatalf("status %d, %d events: %s", st, len(evs), b)
 	}
 	if val(s.etok.ok) != 1 {
 		t.Fatalf("%v prompts tokenized on the engine, want 1", val(s.etok.ok))
 	}
-	if d := time.Since(start); d < 2*cfg.EngineTokenizeTimeout {
-		t.Logf("the stream took %v: too fast to show the deadline cleared", d)
+	select {
+	case <-streaming:
+	default:
+		t.Fatal("the stream did not go through the holding engine")
 	}
 }
+
+// holdingWriter sends the first write of a response, closes first and
+// holds the rest of the response until gate closes.
+type holdingWriter struct {
+	http.ResponseWriter
+	first, gate chan struct{}
+	n           int
+}
+
+func (w *holdingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	if w.n++; w.n == 1 {
+		w.Flush()
+		close(w.first)
+		<-w.gate
+	}
+	return n, err
+}
+
+func (w *holdingWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *holdingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -421,7 +421,11 @@ func TestSGLangPrefillHungCutsDecode(t *testing.T) {
 	c := testConfig()
 	c.PD = PDConfig{Policy: "kvmesh-always"}
 	c.IdleTimeout = 10 * time.Minute
-	c.Health.StallAfter, c.Health.ProbeTimeout = 100*time.Millisecond, 200*time.Millisecond
+	// The hung engine never answers (nothing accepts on its ports until the
+	// test ends), so only the live decode engine's probes are timed: d0's
+	// leg sends no byte while it waits for the room, and a long ProbeTimeout
+	// keeps a busy machine from failing two of them in a row (ejecting d0).
+	c.Health.StallAfter, c.Health.ProbeTimeout = 500*time.Millisecond, 3*time.Second
 	s := startIngress(t, c, Deps{Membership: roleMembership{hung, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
 	client := &http.Client{Timeout: time.Minute} // far below the bootstrap timeout
 	st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hung `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
