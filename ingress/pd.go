@@ -432,6 +432,16 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 	return scheduler.RoleMixed
 }
 
+// fallbackEngine is the engine an aggregated fallback is sent to first:
+// the ranking's head, as the proxy takes it (planPD put the plan's decode
+// engine there when the scheduler ranked it); "" when nothing is ranked.
+func (c *call) fallbackEngine() string {
+	if len(c.dec.Ranked) == 0 {
+		return ""
+	}
+	return c.dec.Ranked[0].Engine
+}
+
 // queueing reports whether engine id has requests waiting (its last
 // reported load): a prefill queue that is full falls back to aggregated
 // only onto an engine that is not, else the client gets 429.
@@ -489,12 +499,12 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	g := p.gate(c.pd.prefill)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
-			if c.queueing(c.pd.plan.Decode) {
-				// No engine left for it: the decode engine is queueing
-				// already, and a whole prefill there would wait behind
-				// its queue and stall its streams.
+			if fb := c.fallbackEngine(); c.queueing(fb) {
+				// No engine left for it: the engine the fallback would
+				// take is queueing already, and a whole prefill there
+				// would wait behind its queue and stall its streams.
 				c.prefillDone(p, "rejected", start)
-				c.fail(ctx, fmt.Errorf("%w: %s, and %s is queueing", ErrPrefillFull, c.pd.prefill, c.pd.plan.Decode))
+				c.fail(ctx, fmt.Errorf("%w: %s, and %s is queueing", ErrPrefillFull, c.pd.prefill, fb))
 				c.finish()
 				return "rejected", false
 			}

@@ -212,11 +212,12 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		}
 	}
 	c.pd.duration = time.Since(start)
-	if full > 0 && full == pairs && c.queueing(c.pd.plan.Decode) {
+	if fb := c.fallbackEngine(); full > 0 && full == pairs && c.queueing(fb) {
 		// Every prefill queue tried is full and the engine the request
-		// would fall back to is queueing: no engine is left for it.
+		// would fall back to (the ranking's head, not necessarily a
+		// pair's decode engine) is queueing: no engine is left for it.
 		c.pd.result = "rejected"
-		c.fail(ctx, fmt.Errorf("%w: every prefill engine tried, and %s is queueing", ErrPrefillFull, c.pd.plan.Decode))
+		c.fail(ctx, fmt.Errorf("%w: every prefill engine tried, and %s is queueing", ErrPrefillFull, fb))
 		c.finish()
 		return false
 	}

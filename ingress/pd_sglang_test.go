@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/kvmesh/kvmesh/sim/simtest"
@@ -404,6 +405,49 @@ func TestSGLangPrefillQueueFullDecodeQueueing(t *testing.T) {
 			t.Fatalf("an engine was sent the request: %+v", l)
 		}
 	}
+}
+
+// TestSGLangPrefillQueueFullFallbackEngineQueueing: the 429 is decided on
+// the engine the aggregated fallback would take (the ranking's head), not
+// on the plan's decode engine: here the planner names a decode engine the
+// scheduler did not rank (gone from the candidates), which queues nothing,
+// while the one the fallback would reach is queueing.
+func TestSGLangPrefillQueueFullFallbackEngineQueueing(t *testing.T) {
+	base := sim.Config{Model: "m", TimeScale: 100, Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base, Prefill: 1, Decode: 1})
+	busy := sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])
+	busy.Waiting = 2
+	m := roleMembership{sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]), busy}
+	c := testConfig()
+	s := startIngress(t, c, Deps{Membership: m, PD: goneDecodePlanner{pdRouter(t, "kvmesh-always")}})
+	p := s.pdInit()
+	g := p.gate("p0")
+	for len(g.slots) < cap(g.slots) {
+		g.slots <- struct{}{}
+	}
+	g.waiting.Store(int64(p.cfg.PrefillQueue))
+	st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
+	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) {
+		t.Fatalf("status %d body %s", st, b)
+	}
+	if l := cl.Decode[0].Load(0); l.Finished != 0 || l.Running+l.Waiting != 0 {
+		t.Fatalf("the queueing decode engine was sent the request: %+v", l)
+	}
+}
+
+// goneDecodePlanner plans as its router does, then names a decode engine
+// that is not among the candidates.
+type goneDecodePlanner struct{ PDPlanner }
+
+func (g goneDecodePlanner) Route(req *scheduler.Request, engines []scheduler.Engine, plan *pd.Plan) error {
+	if err := g.PDPlanner.Route(req, engines, plan); err != nil {
+		return err
+	}
+	plan.Decode = "gone"
+	for i := range plan.Options {
+		plan.Options[i].Decode = "gone"
+	}
+	return nil
 }
 
 // TestSGLangPrefillHungCutsDecode: a prefill engine that hangs (its port

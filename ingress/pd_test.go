@@ -263,6 +263,24 @@ func TestPDPrefillQueueFullDecodeQueueing(t *testing.T) {
 	}
 }
 
+// TestPDPrefillQueueFullFallbackEngineQueueing: the 429 is decided on the
+// engine the aggregated fallback would take (the ranking's head), not on
+// the plan's decode engine, here one the scheduler did not rank.
+func TestPDPrefillQueueFullFallbackEngineQueueing(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	c := testConfig()
+	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+	busy := pdEngine("d0", scheduler.RoleDecode, d.url())
+	busy.Waiting = 3
+	s := startIngress(t, c, Deps{PD: goneDecodePlanner{pdRouter(t, "kvmesh-always")},
+		Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), busy}})
+	s.pdInit().gate("p0").slots <- struct{}{} // the one slot is taken
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || p.prefills.Load() != 0 || d.decodes.Load() != 0 {
+		t.Fatalf("status %d body %s; prefills %d decodes %d", st, b, p.prefills.Load(), d.decodes.Load())
+	}
+}
+
 func FuzzKVTransferParams(f *testing.F) {
 	f.Add([]byte(`{"kv_transfer_params":{"remote_block_ids":[1]}}`))
 	f.Add([]byte(`{"kv_transfer_params":null}`))
