@@ -432,6 +432,24 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 	return scheduler.RoleMixed
 }
 
+// legFailure accounts a P/D leg that failed without an answer head on up
+// (the engine's failures and health) and returns its failure's label:
+// classifyErr's, or "stalled" while the stall watch has the engine ejected
+// (hung: its cut ended the leg). The leg cannot tell whether its own
+// connection was the one cut (closeEngine closes the connections under
+// fasthttp), so another failure on an engine the watch ejected meanwhile,
+// a rare race, is labelled "stalled" too.
+func (s *Server) legFailure(up *upstream, err error) string {
+	why := classifyErr(err)
+	stalled := s.health.stalledOut(up.id) // before observe, which may eject it anew
+	up.failures.Add(1)
+	s.health.observe(up, why)
+	if stalled {
+		return "stalled"
+	}
+	return why
+}
+
 // fallbackEngine is the engine an aggregated fallback is sent to first:
 // the ranking's head, as the proxy takes it (planPD put the plan's decode
 // engine there when the scheduler ranked it); "" when nothing is ranked.
@@ -572,13 +590,8 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		if expired {
 			return c.prefillDone(p, "fallback_timeout", start), true
 		}
-		why := classifyErr(err)
-		if s.health.stalledOut(up.id) {
-			why = "stalled" // hung: the stall watch cut the leg
-		}
-		up.failures.Add(1)
-		s.health.observe(up, classifyErr(err)) // a dead prefill engine leaves this replica's ranking at once
-		return c.prefillDone(p, "fallback_"+why, start), true
+		// A dead prefill engine leaves this replica's ranking at once.
+		return c.prefillDone(p, "fallback_"+s.legFailure(up, err), start), true
 	}
 	st := resp.StatusCode()
 	switch {

@@ -379,12 +379,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	up.total.Add(1)
 	defer func() { up.inflight.Add(-1); up.prefill.Add(-charge) }()
 	if err := up.hc.Do(req, resp); err != nil {
-		res.result = "failed_" + classifyErr(err)
-		if s.health.stalledOut(up.id) {
-			res.result = "failed_stalled" // hung: the stall watch cut the leg
-		}
-		up.failures.Add(1)
-		s.health.observe(up, classifyErr(err))
+		res.result = "failed_" + s.legFailure(up, err)
 		// No answer head: the engine never saw the request (dial), hangs
 		// (the stall watch's cut), or broke off. The room may never be
 		// filled, and the decode leg would wait for it until its bootstrap
