@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -65,17 +66,28 @@ func tooBigForGossip() string {
 
 func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
+	return metricValue(t, g, name).GetCounter().GetValue()
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	return metricValue(t, g, name).GetGauge().GetValue()
+}
+
+// metricValue is the first series of metric name in g.
+func metricValue(t *testing.T, g prometheus.Gatherer, name string) *dto.Metric {
+	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+			return mf.GetMetric()[0]
 		}
 	}
 	t.Fatalf("no metric %s", name)
-	return 0
+	return nil
 }
 
 func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
@@ -454,21 +466,6 @@ func TestPublisherSendsAgainAfterReconnect(t *testing.T) {
 	if got := pnc.Stats().Reconnects; got < 1 {
 		t.Fatalf("reconnects = %d", got)
 	}
-}
-
-func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }
 
 // A member's entry on the lane versioned more than gossip.MaxRelayAhead ahead
