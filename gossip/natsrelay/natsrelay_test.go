@@ -260,17 +260,8 @@ func (r *recorder) msg(i int) []byte {
 // A NATS user whose permissions predate the lane: the publisher stops
 // after the first refusal instead of drawing a NATS error per publish.
 func TestPublisherStopsWhenTheSubjectIsRefused(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		Users: []*server.User{{Username: "old", Password: "pw", Permissions: &server.Permissions{
-			Publish: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>"}}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start() // owned by srv: Shutdown stops it
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
+	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "old", Password: "pw", Permissions: &server.Permissions{
+		Publish: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>"}}}}}})
 	var asyncErrs atomic.Int64
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("old", "pw"),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) { asyncErrs.Add(1) }))

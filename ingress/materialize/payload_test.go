@@ -25,18 +25,7 @@ import (
 // maxPayload bytes until the test ends, and returns its client URL.
 func smallPayloadNATS(t *testing.T, maxPayload int32) string {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true, MaxPayload: maxPayload})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start() // owned by srv: Shutdown stops it
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
+	return testutil.NATSServer(t, server.Options{JetStream: true, MaxPayload: maxPayload}).ClientURL()
 }
 
 // longPrompt is a prompt of blocks full blocks no other prompt shares.

@@ -73,31 +73,14 @@ func TestNoPasswordInLogs(t *testing.T) {
 // "right" only.
 func passwordServer(t *testing.T) *server.Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "u", Password: "right", NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	t.Cleanup(s.Shutdown)
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	return s
+	return testutil.NATSServer(t, server.Options{Username: "u", Password: "right"})
 }
 
 // An async error the server raises for the connection (here a refused
 // subscription: max_subscriptions reached) comes with no subscription: it
 // is logged as connection-level with the remedy, not with an empty subject.
 func TestAsyncErrorWithoutSubscriptionLogged(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxSubs: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start() // owned by srv: Shutdown stops it
-	t.Cleanup(srv.Shutdown)
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
+	srv := testutil.NATSServer(t, server.Options{MaxSubs: 1})
 	cfg := natsutil.DefaultConfig()
 	cfg.URLs = []string{srv.ClientURL()}
 	cfg.Stream.Disabled = true

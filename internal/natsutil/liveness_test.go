@@ -202,17 +202,7 @@ func TestConnectedFollowsTheConnection(t *testing.T) {
 func TestMaxPayloadFollowsReconnects(t *testing.T) {
 	start := func(maxPayload int32) *server.Server {
 		t.Helper()
-		srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: maxPayload})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Start() // owned by srv: Shutdown stops it
-		if !srv.ReadyForConnections(10 * time.Second) {
-			srv.Shutdown()
-			t.Fatal("nats-server not ready")
-		}
-		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-		return srv
+		return testutil.NATSServer(t, server.Options{MaxPayload: maxPayload})
 	}
 	small, large := start(4096), start(8192)
 	gate := testutil.NewGate(t) // shut: no server yet
