@@ -297,75 +297,108 @@ func TestPublisherStopsWhenTheSubjectIsRefused(t *testing.T) {
 	}
 }
 
-// The lane carries an entry only when it changes: one dropped while NATS
-// was unreachable is published again once NATS is back, without a new
-// change (an idle engine's state would otherwise never reach the lane).
-func TestPublisherSendsAgainAfterNATSReturns(t *testing.T) {
-	defer func(d time.Duration) { resendCheck = d }(resendCheck)
+// laneRig is a publisher whose NATS connection goes through a gate the
+// test can cut, and an ingress-side connection that subscribes to the lane
+// directly (never cut).
+type laneRig struct {
+	t    *testing.T
+	port int
+	gate *testutil.Gate
+	sub  *nats.Conn
+	msgs chan *nats.Msg
+	pnc  *nats.Conn
+	p    *Publisher
+	reg  *prometheus.Registry
+	stop func() // ends Run and waits for it
+}
+
+func startLaneRig(t *testing.T) *laneRig {
+	t.Helper()
+	t.Cleanup(func(d time.Duration) func() { return func() { resendCheck = d } }(resendCheck)) // after Run has ended (cleanups run last first)
 	resendCheck = 20 * time.Millisecond
 	srv := testutil.NATS(t)
-	gate := testutil.NewGate(t)
-	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
-
-	sub := connect(t, srv.URL())
-	msgs := make(chan *nats.Msg, 16)
-	s, err := sub.ChanSubscribe(natsutil.StateWildcard, msgs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = s.Unsubscribe() }()
-	if err := sub.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	receive := func(want ...string) {
-		t.Helper()
-		missing := map[string]bool{}
-		for _, w := range want {
-			missing[w] = true
-		}
-		for len(missing) > 0 {
-			select {
-			case m := <-msgs:
-				delete(missing, string(m.Data))
-			case <-time.After(10 * time.Second):
-				t.Fatalf("%v never arrived", missing)
-			}
-		}
-	}
-
-	pnc, err := nats.Connect("nats://"+gate.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	r := &laneRig{t: t, port: srv.Port(), gate: testutil.NewGate(t), sub: connect(t, srv.URL()), msgs: make(chan *nats.Msg, 16),
+		p: NewPublisher(nil), reg: prometheus.NewRegistry()}
+	r.gate.Open(fmt.Sprintf("127.0.0.1:%d", r.port))
+	pnc, err := nats.Connect("nats://"+r.gate.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pnc.Close)
-	reg := prometheus.NewRegistry()
-	p := NewPublisher(nil)
-	if _, err := p.Register(reg); err != nil {
+	r.pnc = pnc
+	if _, err := r.p.Register(r.reg); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { p.Run(ctx, pnc) })
-	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { r.p.Run(ctx, pnc) })
+	testutil.WaitFor(t, 5*time.Second, "the publisher running", func() bool { return r.p.publishing.Load() })
+	r.stop = func() { cancel(); wg.Wait() }
+	t.Cleanup(r.stop)
+	return r
+}
 
-	p.Relay("m", "k", []byte("v1"))
-	receive("v1")
-	testutil.WaitFor(t, 5*time.Second, "publishing gauge 1", func() bool { return gaugeValue(t, reg, "kvmesh_gossip_nats_publishing") == 1 })
+// subscribe subscribes the ingress side to the lane; once it returns the
+// server has the interest.
+func (r *laneRig) subscribe() *nats.Subscription {
+	r.t.Helper()
+	s, err := r.sub.ChanSubscribe(natsutil.StateWildcard, r.msgs)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := r.sub.Flush(); err != nil {
+		r.t.Fatal(err)
+	}
+	return s
+}
 
-	gate.Shut()
-	testutil.WaitFor(t, 10*time.Second, "the publisher disconnected", func() bool { return !pnc.IsConnected() })
-	p.Relay("m", "k", []byte("v2"))
-	p.Relay("m", "j", []byte("other")) // a key that never reached NATS before
-	testutil.WaitFor(t, 5*time.Second, "the publishes dropped", func() bool { return p.failed.Load() >= 2 })
+// receive waits until every message of want has arrived (others are
+// passed over).
+func (r *laneRig) receive(want ...string) {
+	r.t.Helper()
+	missing := map[string]bool{}
+	for _, w := range want {
+		missing[w] = true
+	}
+	for len(missing) > 0 {
+		select {
+		case m := <-r.msgs:
+			delete(missing, string(m.Data))
+		case <-time.After(10 * time.Second):
+			r.t.Fatalf("%v never arrived (reconnects %d, resent %d, failed %d, connected %v)", missing, r.pnc.Stats().Reconnects, r.p.resent.Load(), r.p.failed.Load(), r.pnc.IsConnected())
+		}
+	}
+}
 
-	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
-	receive("v2", "other")
-	if got := counterValue(t, reg, "kvmesh_gossip_nats_republished_total"); got < 1 {
+func (r *laneRig) reopen() { r.gate.Open(fmt.Sprintf("127.0.0.1:%d", r.port)) }
+
+// The lane carries an entry only when it changes: one dropped while NATS
+// was unreachable is published again once NATS is back, without a new
+// change (an idle engine's state would otherwise never reach the lane).
+func TestPublisherSendsAgainAfterNATSReturns(t *testing.T) {
+	r := startLaneRig(t)
+	s := r.subscribe()
+	defer func() { _ = s.Unsubscribe() }()
+
+	r.p.Relay("m", "k", []byte("v1"))
+	r.receive("v1")
+	if got := gaugeValue(t, r.reg, "kvmesh_gossip_nats_publishing"); got != 1 {
+		t.Fatalf("publishing gauge %v while Run runs", got)
+	}
+
+	r.gate.Shut()
+	testutil.WaitFor(t, 10*time.Second, "the publisher disconnected", func() bool { return !r.pnc.IsConnected() })
+	r.p.Relay("m", "k", []byte("v2"))
+	r.p.Relay("m", "j", []byte("other")) // a key that never reached NATS before
+	testutil.WaitFor(t, 5*time.Second, "the publishes dropped", func() bool { return r.p.failed.Load() >= 2 })
+
+	r.reopen()
+	r.receive("v2", "other")
+	if got := counterValue(t, r.reg, "kvmesh_gossip_nats_republished_total"); got < 1 {
 		t.Fatalf("republished_total = %v", got)
 	}
-	cancel()
-	wg.Wait()
-	if got := gaugeValue(t, reg, "kvmesh_gossip_nats_publishing"); got != 0 {
+	r.stop()
+	if got := gaugeValue(t, r.reg, "kvmesh_gossip_nats_publishing"); got != 0 {
 		t.Fatalf("publishing gauge %v after Run returned", got)
 	}
 }
@@ -379,82 +412,35 @@ func TestPublisherSendsAgainAfterNATSReturns(t *testing.T) {
 // no new change and nothing counted as failed. Before, only a failed
 // publish brought a resend, and v2 stayed off the lane.
 func TestPublisherSendsAgainAfterReconnect(t *testing.T) {
-	defer func(d time.Duration) { resendCheck = d }(resendCheck)
-	resendCheck = 20 * time.Millisecond
-	srv := testutil.NATS(t)
-	gate := testutil.NewGate(t)
-	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
-
-	sub := connect(t, srv.URL())
-	msgs := make(chan *nats.Msg, 16)
-	subscribe := func() *nats.Subscription {
-		t.Helper()
-		s, err := sub.ChanSubscribe(natsutil.StateWildcard, msgs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := sub.Flush(); err != nil { // the server has the interest
-			t.Fatal(err)
-		}
-		return s
-	}
-	pnc, err := nats.Connect("nats://"+gate.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pnc.Close)
-	reg := prometheus.NewRegistry()
-	p := NewPublisher(nil)
-	if _, err := p.Register(reg); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.Run(ctx, pnc) })
-	defer func() { cancel(); wg.Wait() }()
-
-	receive := func(want string) {
-		t.Helper()
-		for {
-			select {
-			case m := <-msgs:
-				if string(m.Data) == want {
-					return
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("%s never arrived (reconnects %d, resent %d, failed %d, connected %v)", want, pnc.Stats().Reconnects, p.resent.Load(), p.failed.Load(), pnc.IsConnected())
-			}
-		}
-	}
-
-	s := subscribe()
-	p.Relay("m", "k", []byte("v1"))
-	receive("v1")
+	r := startLaneRig(t)
+	s := r.subscribe()
+	r.p.Relay("m", "k", []byte("v1"))
+	r.receive("v1")
 
 	if err := s.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.Flush(); err != nil { // the server has no interest left: v2 goes nowhere
+	if err := r.sub.Flush(); err != nil { // the server has no interest left: v2 goes nowhere
 		t.Fatal(err)
 	}
-	p.Relay("m", "k", []byte("v2"))
-	testutil.WaitFor(t, 5*time.Second, "v2 published", func() bool { return p.published.Load() == 2 })
-	if err := pnc.Flush(); err != nil { // the server had v2, and dropped it
+	r.p.Relay("m", "k", []byte("v2"))
+	testutil.WaitFor(t, 5*time.Second, "v2 published", func() bool { return r.p.published.Load() == 2 })
+	if err := r.pnc.Flush(); err != nil { // the server had v2, and dropped it
 		t.Fatal(err)
 	}
-	s = subscribe()
+	s = r.subscribe()
 	defer func() { _ = s.Unsubscribe() }()
 
-	gate.Shut()
-	gate.Open(fmt.Sprintf("127.0.0.1:%d", srv.Port()))
-	receive("v2")
-	if got := counterValue(t, reg, "kvmesh_gossip_nats_republished_total"); got < 1 {
+	r.gate.Shut()
+	r.reopen()
+	r.receive("v2")
+	if got := counterValue(t, r.reg, "kvmesh_gossip_nats_republished_total"); got < 1 {
 		t.Fatalf("republished_total = %v", got)
 	}
-	if got := p.failed.Load(); got != 0 {
+	if got := r.p.failed.Load(); got != 0 {
 		t.Fatalf("%d publishes failed: the resend was not for a reconnect alone", got)
 	}
-	if got := pnc.Stats().Reconnects; got < 1 {
+	if got := r.pnc.Stats().Reconnects; got < 1 {
 		t.Fatalf("reconnects = %d", got)
 	}
 }
