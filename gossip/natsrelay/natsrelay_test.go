@@ -90,24 +90,33 @@ func metricValue(t *testing.T, g prometheus.Gatherer, name string) *dto.Metric {
 	return nil
 }
 
+// startSubscribedIngress starts an ingress-role gossip member named
+// ingress-1 whose entries come over the lane on NATS url too, with the
+// node's and the subscription's counters on its registry.
+func startSubscribedIngress(t *testing.T, url string) (*gossip.Node, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	ic := gossipConfig("ingress-1", gossip.RoleIngress)
+	ic.Registerer = reg
+	in := startNode(t, ic)
+	sub, err := Subscribe(connect(t, url), in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if _, err := sub.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	return in, reg
+}
+
 func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
 	srv := testutil.NATS(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	inReg := prometheus.NewRegistry()
-	ic := gossipConfig("ingress-1", gossip.RoleIngress)
-	ic.Registerer = inReg
-	in := startNode(t, ic)
-	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if _, err := sub.Register(inReg); err != nil {
-		t.Fatal(err)
-	}
+	in, inReg := startSubscribedIngress(t, srv.URL())
 
 	pub := NewPublisher(nil)
 	sc := gossipConfig("sidecar.1*", gossip.RoleSidecar, in.Addr()) // a name that is no subject token as it is
@@ -454,15 +463,7 @@ func TestFutureEntryOverNATSCounted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	inReg := prometheus.NewRegistry()
-	ic := gossipConfig("ingress-1", gossip.RoleIngress)
-	ic.Registerer = inReg
-	in := startNode(t, ic)
-	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	in, inReg := startSubscribedIngress(t, srv.URL())
 	raw := connect(t, srv.URL())
 	seen, err := raw.SubscribeSync(natsutil.StateSubject("sidecar-1"))
 	if err != nil {

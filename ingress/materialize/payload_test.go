@@ -37,6 +37,25 @@ func longPrompt(rng *rand.Rand, blocks, blockSize int) []uint32 {
 	return toks
 }
 
+// startCacheSidecar starts a sidecar for engine e1 of model m, fed by a
+// simulated cache of gpuBlocks blocks (seeded), publishing on NATS url,
+// with its config changed by set; it returns once the sidecar is ready.
+func startCacheSidecar(t *testing.T, url string, gpuBlocks int, seed uint64, set func(*sidecar.Config)) (*meshtest.Cache, *sidecar.Sidecar) {
+	t.Helper()
+	cache, err := meshtest.NewCache("m", 4, gpuBlocks, 0, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cache.Pub.Close() })
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+	sc.NATS.URLs = []string{url}
+	set(&sc)
+	side := meshtest.StartSidecar(t, sc)
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
+	return cache, side
+}
+
 // With a NATS max_payload of 64 KiB (below a default snapshot chunk of
 // 65,536 keys, ~520 KB, and a 10,000-key delta), a restarted
 // ingress still gets the sidecar's whole key set by snapshot, and a running
@@ -46,16 +65,7 @@ func longPrompt(rng *rand.Rand, blocks, blockSize int) []uint32 {
 // deltas over the limit were lost.
 func TestSmallMaxPayloadSnapshotsAndDeltasFit(t *testing.T) {
 	url := smallPayloadNATS(t, 64<<10)
-	cache, err := meshtest.NewCache("m", 4, 30000, 0, 41)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cache.Pub.Close() })
-	sc := sidecar.DefaultConfig()
-	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
-	sc.NATS.URLs = []string{url}
-	side := meshtest.StartSidecar(t, sc)
-	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
+	cache, side := startCacheSidecar(t, url, 30000, 41, func(*sidecar.Config) {})
 
 	rng := rand.New(rand.NewPCG(41, 1))
 	load := func(blocks ...int) {
@@ -141,17 +151,7 @@ func (w *logged) count(sub string) int {
 // silently on the sidecar's side and the ingress saw only timeouts.
 func TestSnapshotErrorReplyIsCountedAndVisible(t *testing.T) {
 	url := smallPayloadNATS(t, 96)
-	cache, err := meshtest.NewCache("m", 4, 64, 0, 43)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cache.Pub.Close() })
-	sc := sidecar.DefaultConfig()
-	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
-	sc.NATS.URLs = []string{url}
-	sc.NATS.Stream.Disabled = true
-	side := meshtest.StartSidecar(t, sc)
-	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
+	cache, side := startCacheSidecar(t, url, 64, 43, func(sc *sidecar.Config) { sc.NATS.Stream.Disabled = true })
 	if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
 		t.Fatal(err)
 	}
