@@ -18,7 +18,23 @@ import (
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 
-// startMaterializer runs a materializer on nc until the test ends.
+// materializerConfig is the default config on a new NATS connection to
+// url (closed when the test ends), with a map index and a registry of its
+// own.
+func materializerConfig(t *testing.T, url string) (materialize.Config, *meshtest.MapIndex, *prometheus.Registry) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer = nc, idx, reg
+	return cfg, idx, reg
+}
+
+// startMaterializer runs a materializer on cfg.Conn until the test ends.
 func startMaterializer(t *testing.T, cfg materialize.Config) *materialize.Materializer {
 	t.Helper()
 	m, err := materialize.New(cfg)
@@ -62,14 +78,7 @@ func TestOverlappingSidecarsFollowTheNewerWithoutSnapshotStorm(t *testing.T) {
 	old := start()
 	newer := start()
 
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer = nc, idx, reg
+	cfg, idx, reg := materializerConfig(t, srv.URL())
 	// No gossip and no idle probe: only deltas and their snapshots here. A
 	// busy machine must not make the newer sidecar look gone.
 	cfg.CheckInterval, cfg.IdleCheck, cfg.EpochGrace = 20*time.Millisecond, time.Hour, time.Hour
@@ -189,19 +198,12 @@ func (f *fakeSidecar) publish(k uint64) {
 // followed again.
 func TestOverlappingOldSidecarsAtMostOneSnapshotPerEpoch(t *testing.T) {
 	srv := testutil.NATS(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer = nc, idx, reg
+	cfg, idx, reg := materializerConfig(t, srv.URL())
 	cfg.CheckInterval, cfg.IdleCheck, cfg.EpochGrace = 20*time.Millisecond, time.Hour, time.Millisecond
 	m := startMaterializer(t, cfg)
 	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
 
-	x := newFakeSidecar(t, nc, 0x5000)
+	x := newFakeSidecar(t, cfg.Conn, 0x5000)
 	in := func(f *fakeSidecar) func() bool {
 		return func() bool {
 			f.mu.Lock()
@@ -223,7 +225,7 @@ func TestOverlappingOldSidecarsAtMostOneSnapshotPerEpoch(t *testing.T) {
 	}
 	x.publish(1)
 	testutil.WaitFor(t, 10*time.Second, "x followed", in(x))
-	y := newFakeSidecar(t, nc, 0x3000) // the smaller epoch: the order is by sight
+	y := newFakeSidecar(t, cfg.Conn, 0x3000) // the smaller epoch: the order is by sight
 	// Alternating deltas (one NATS connection keeps their order): y, seen
 	// second, is newer; x's deltas are ignored from then on.
 	for i := uint64(0); i < 30; i++ {
@@ -260,20 +262,15 @@ func TestOverlappingOldSidecarsAtMostOneSnapshotPerEpoch(t *testing.T) {
 // went silent", about an epoch never followed before.
 func TestEarlierClockSidecarFollowedOnceTheOtherIsSilent(t *testing.T) {
 	srv := testutil.NATS(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	idx, reg, log := meshtest.NewMapIndex(), prometheus.NewRegistry(), &logged{level: slog.LevelInfo}
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer, cfg.Logger = nc, idx, reg, slog.New(log)
+	cfg, idx, _ := materializerConfig(t, srv.URL())
+	log := &logged{level: slog.LevelInfo}
+	cfg.Logger = slog.New(log)
 	cfg.CheckInterval, cfg.IdleCheck, cfg.EpochGrace = 20*time.Millisecond, time.Hour, time.Millisecond
 	m := startMaterializer(t, cfg)
 	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
 
 	now := time.Now()
-	dead := newFakeSidecar(t, nc, 0x5000)
+	dead := newFakeSidecar(t, cfg.Conn, 0x5000)
 	dead.start = now.Add(10 * time.Minute).UnixNano()
 	dead.publish(1)
 	testutil.WaitFor(t, 10*time.Second, "the first sidecar followed", func() bool {
@@ -283,7 +280,7 @@ func TestEarlierClockSidecarFollowedOnceTheOtherIsSilent(t *testing.T) {
 	if err := dead.sub.Unsubscribe(); err != nil { // killed with its engine
 		t.Fatal(err)
 	}
-	restarted := newFakeSidecar(t, nc, 0x3000)
+	restarted := newFakeSidecar(t, cfg.Conn, 0x3000)
 	restarted.start = now.UnixNano()
 	k := uint64(100)
 	testutil.WaitFor(t, 20*time.Second, "the restarted sidecar followed", func() bool {

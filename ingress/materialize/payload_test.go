@@ -10,11 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/gossip"
-	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -81,14 +78,7 @@ func TestSmallMaxPayloadSnapshotsAndDeltasFit(t *testing.T) {
 	load(6000, 6000) // 12,000 keys: a snapshot of 2 chunks at most 8,180 keys each
 	testutil.WaitFor(t, 20*time.Second, "the sidecar's key set", sideHas(12000))
 
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer = nc, idx, reg
+	cfg, idx, reg := materializerConfig(t, url)
 	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour // no resync but for a gap
 	m := startMaterializer(t, cfg)
 	equal := func() bool {
@@ -157,14 +147,9 @@ func TestSnapshotErrorReplyIsCountedAndVisible(t *testing.T) {
 	}
 	testutil.WaitFor(t, 10*time.Second, "the sidecar's key set", func() bool { return side.Status()[0].Keys[kvevents.TierGPU] > 0 })
 
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	idx, reg, warned := meshtest.NewMapIndex(), prometheus.NewRegistry(), &logged{level: slog.LevelWarn}
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer, cfg.Logger = nc, idx, reg, slog.New(warned)
+	cfg, _, reg := materializerConfig(t, url)
+	warned := &logged{level: slog.LevelWarn}
+	cfg.Logger = slog.New(warned)
 	mem := &fakeMembership{}
 	mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "e1", Model: "m"}})
 	cfg.Membership = mem

@@ -6,13 +6,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
-	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 
 // During a sidecar restart overlapping its old self both sidecars answer a
@@ -64,14 +61,7 @@ func TestSnapshotErrorReplyFirstDoesNotEndAnOverlap(t *testing.T) {
 		}
 	}
 
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer = nc, idx, reg
+	cfg, _, _ := materializerConfig(t, srv.URL())
 	cfg.CheckInterval, cfg.IdleCheck, cfg.EpochGrace = 20*time.Millisecond, time.Hour, time.Hour
 	cfg.SnapshotTimeout = time.Minute // the old epoch was heard from within it
 	m := startMaterializer(t, cfg)
