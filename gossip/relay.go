@@ -47,7 +47,11 @@ const MaxRelayAhead = 5 * time.Minute
 var ErrRelayAhead = errors.New("relayed entry versioned too far ahead of this clock")
 
 // aheadWarnEvery spaces the warnings about one origin's clock, and
-// aheadWarnMax bounds how many origins they remember.
+// aheadWarnMax bounds how many origins they remember. Only alive members
+// get a line of their own: the origins a NATS publisher names are not
+// checked against the membership before this refusal, and one forging a
+// fresh name per message must not turn each into a warning (it drew up to
+// aheadWarnMax lines a minute); all other origins share one line.
 const (
 	aheadWarnEvery = time.Minute
 	aheadWarnMax   = 1024
@@ -61,7 +65,8 @@ const (
 // kvmesh_gossip_malformed_total and returned as an error. An entry whose
 // version is more than MaxRelayAhead past this clock (clock skew, or a
 // forged version) is counted in kvmesh_gossip_relay_future_total, warned
-// about once a minute per origin with the measured skew, and returned as an
+// about once a minute per alive member with the measured skew (other
+// origins, forged names included, share one line a minute), and returned as an
 // error wrapping ErrRelayAhead. accepted is false for an entry ignored as
 // older, own or of a member not alive. Safe for concurrent use; it never
 // waits on I/O. OnAppState callbacks run on the caller's goroutine, as they
@@ -91,47 +96,80 @@ func (n *Node) MergeRelayed(from string, msg []byte) (accepted bool, err error) 
 	return true, nil
 }
 
-// warnAhead logs, at most once a minute per origin, that origin's relayed
-// entries are refused as too far ahead. Before, they were counted as
-// malformed and logged at debug: a receiver whose clock was minutes behind
-// refused every member's entries with no word.
+// warnAhead logs, at most once a minute per alive member, that origin's
+// relayed entries are refused as too far ahead. Origins that are no alive
+// member (forged, or gone) share one line a minute, which names the latest
+// and how many refusals went unlogged since the last; every refusal is
+// counted in kvmesh_gossip_relay_future_total all the same. Before, they
+// were counted as malformed and logged at debug: a receiver whose clock was
+// minutes behind refused every member's entries with no word.
 func (n *Node) warnAhead(origin string, ahead time.Duration, now time.Time) {
-	if n.ahead.due(origin, now) {
-		n.log.Warn("state lane: refusing a member's entries versioned too far ahead of this clock (clock skew between the hosts; gossip still carries them, seconds later); fix the clocks (NTP). After a clock is stepped back its member's versions stay ahead until real time catches up",
-			"origin", origin, "ahead", ahead.Round(time.Second), "max_ahead", MaxRelayAhead)
+	n.mu.Lock()
+	_, member := n.alive[origin]
+	n.mu.Unlock()
+	key := origin
+	if !member {
+		key = aheadOthers
 	}
+	due, suppressed := n.ahead.due(key, now)
+	if !due {
+		return
+	}
+	attrs := []any{"origin", origin, "ahead", ahead.Round(time.Second), "max_ahead", MaxRelayAhead}
+	if !member {
+		attrs = append(attrs, "member", false)
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed", suppressed, "per", aheadWarnEvery)
+	}
+	n.log.Warn("state lane: refusing a member's entries versioned too far ahead of this clock (clock skew between the hosts; gossip still carries them, seconds later); fix the clocks (NTP). After a clock is stepped back its member's versions stay ahead until real time catches up",
+		attrs...)
 }
 
-// aheadWarnings holds when each origin was last warned about by warnAhead.
+// aheadOthers is the key of aheadWarnings' shared line: every origin that
+// is no alive member, and members past aheadWarnMax. No member name is
+// empty.
+const aheadOthers = ""
+
+// aheadWarnings holds when each origin was last warned about by warnAhead,
+// and how many of its refusals were not logged since.
 type aheadWarnings struct {
 	mu   sync.Mutex
-	last map[string]time.Time
+	last map[string]aheadWarned
 }
 
-// due reports whether a warning about origin is due at now, and if so
-// records it. At most aheadWarnMax origins are remembered: forged names must
-// not grow the map, so when it is full the quiet ones are forgotten, and
-// while it stays full no new origin is warned about (all are counted).
-func (a *aheadWarnings) due(origin string, now time.Time) bool {
+type aheadWarned struct {
+	at         time.Time
+	suppressed int
+}
+
+// due reports whether a warning about key is due at now and, if so,
+// records it and returns how many were suppressed since the last one. At
+// most aheadWarnMax keys are remembered: when the map is full the quiet
+// ones are forgotten, and while it stays full a new key shares aheadOthers.
+func (a *aheadWarnings) due(key string, now time.Time) (due bool, suppressed int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.last == nil {
-		a.last = map[string]time.Time{}
+		a.last = map[string]aheadWarned{}
 	}
-	last, ok := a.last[origin]
-	if ok && now.Sub(last) < aheadWarnEvery && !now.Before(last) {
-		return false
-	}
+	w, ok := a.last[key]
 	if !ok && len(a.last) >= aheadWarnMax {
-		for o, t := range a.last {
-			if now.Sub(t) >= aheadWarnEvery {
-				delete(a.last, o)
+		for k, old := range a.last {
+			if old.suppressed == 0 && now.Sub(old.at) >= aheadWarnEvery {
+				delete(a.last, k)
 			}
 		}
 		if len(a.last) >= aheadWarnMax {
-			return false
+			key = aheadOthers
+			w, ok = a.last[key]
 		}
 	}
-	a.last[origin] = now
-	return true
+	if ok && now.Sub(w.at) < aheadWarnEvery && !now.Before(w.at) {
+		w.suppressed++
+		a.last[key] = w
+		return false, 0
+	}
+	a.last[key] = aheadWarned{at: now}
+	return true, w.suppressed
 }

@@ -258,3 +258,59 @@ func TestRelayAheadCountedAndWarned(t *testing.T) {
 		t.Fatalf("an entry a minute ahead: %v, %v; want merged", ok, err)
 	}
 }
+
+// A NATS publisher that forges a fresh origin name per far-ahead entry
+// drew one warning per name (up to aheadWarnMax a minute); origins that
+// are no alive member now share one line a minute, carrying how many went
+// unlogged, and every refusal is still counted.
+func TestRelayAheadForgedOriginsShareOneWarning(t *testing.T) {
+	var logs testutil.SyncBuffer
+	c := testConfig("ingress-1", RoleIngress, nil)
+	c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	in := start(t, c)
+	const forged = 300
+	for i := range forged {
+		origin := fmt.Sprintf("forged-%d", i)
+		b, err := encodeEntry(&entry{Origin: origin, Kind: kindEngine, Name: "e1", Version: time.Now().Add(10 * time.Minute).UnixNano(),
+			Engine: &EngineState{ID: "e1", Model: "m"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := in.MergeRelayed(origin, b); ok || !errors.Is(err, ErrRelayAhead) {
+			t.Fatalf("forged entry %d: %v, %v; want refused with ErrRelayAhead", i, ok, err)
+		}
+	}
+	if got := in.m.future.Load(); got != forged {
+		t.Fatalf("relay_future = %d, want %d (every refusal counted)", got, forged)
+	}
+	if n := strings.Count(logs.String(), "versioned too far ahead"); n >= forged/2 {
+		t.Fatalf("%d warnings for %d forged origins, want about one a minute:\n%.2000s", n, forged, logs.String())
+	}
+
+	// The same through a clock of the test's own: one line, then, a
+	// minute on, one line counting the rest.
+	in.ahead.mu.Lock()
+	in.ahead.last = nil
+	in.ahead.mu.Unlock()
+	before := strings.Count(logs.String(), "versioned too far ahead")
+	now := time.Unix(1000, 0)
+	for i := range forged {
+		in.warnAhead(fmt.Sprintf("forged-%d", i), 10*time.Minute, now)
+	}
+	if n := strings.Count(logs.String(), "versioned too far ahead") - before; n != 1 {
+		t.Fatalf("%d warnings for %d forged origins within a minute, want 1:\n%.2000s", n, forged, logs.String())
+	}
+	in.warnAhead("forged-last", 10*time.Minute, now.Add(aheadWarnEvery))
+	out := logs.String()
+	if n := strings.Count(out, "versioned too far ahead") - before; n != 2 {
+		t.Fatalf("%d warnings a minute on, want 2:\n%s", n, out)
+	}
+	for _, want := range []string{"origin=forged-last", "member=false", fmt.Sprintf("suppressed=%d", forged-1)} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("second warning lacks %q:\n%s", want, out)
+		}
+	}
+	if len(in.ahead.last) != 1 {
+		t.Fatalf("%d origins remembered for forged names, want 1 (the shared line)", len(in.ahead.last))
+	}
+}
