@@ -16,9 +16,21 @@ import (
 // complaints every probe or push/pull, so warn records are limited per
 // kind (level and the message's first words, digits dropped): one per
 // mlLogEvery, the next one telling how many were suppressed.
+//
+// Two kinds of [ERR]/[WARN] line are what a restart looks like, not a
+// fault, and are logged lower (mlLevel): a member restarted under its old
+// name (a fixed --id) refutes, while it starts, the dead or suspect state
+// its previous run left in the cluster; and a node that is stopping has
+// its own sockets closed under memberlist's last sends and reads (and its
+// dials cancelled: transport.go ends them with the node).
 type mlLog struct {
 	log *slog.Logger
 	now func() time.Time
+	// started is when the node started: refutations within
+	// mlRefuteGrace of it are about the previous run.
+	started time.Time
+	// stopped is closed once the node stops (nil: never).
+	stopped <-chan struct{}
 
 	// mu guards kinds; held only for the map lookup.
 	mu    sync.Mutex
@@ -33,10 +45,51 @@ type mlKind struct {
 const (
 	mlLogEvery = time.Minute
 	maxMLKinds = 64
+	// mlRefuteGrace covers the join's push/pull and the retransmissions
+	// of the previous run's dead or suspect message (a few gossip
+	// intervals per member); a refutation later means the running member
+	// was declared suspect or dead: a real problem, logged at warn.
+	mlRefuteGrace = time.Minute
 )
 
-func newMLLogger(l *slog.Logger) *log.Logger {
-	return log.New(&mlLog{log: l, now: time.Now, kinds: map[string]*mlKind{}}, "", 0)
+// newMLLogger returns memberlist's logger for a node started now whose
+// stop closes stopped.
+func newMLLogger(l *slog.Logger, stopped <-chan struct{}) *log.Logger {
+	return log.New(&mlLog{log: l, now: time.Now, started: time.Now(), stopped: stopped, kinds: map[string]*mlKind{}}, "", 0)
+}
+
+// memberlist's texts (v0.7.0, state.go and net.go) of the restart noise.
+const (
+	mlRefuteDead    = "Refuting a dead message"
+	mlRefuteSuspect = "Refuting a suspect message"
+	mlClosedConn    = "use of closed network connection" // net.ErrClosed: a socket this process closed
+	mlDialCanceled  = "operation was canceled"           // a dial of transport.go's, cancelled by the node's stop
+)
+
+// mlLevel is the level of a memberlist line tagged at level: the restart
+// noise described at mlLog lower, everything else as tagged. "Refuting an
+// alive message" is not noise: another process claims this member's name
+// (a duplicate --id), and stays at warn.
+func (w *mlLog) mlLevel(level slog.Level, msg string) slog.Level {
+	if level < slog.LevelWarn {
+		return level
+	}
+	if (strings.HasPrefix(msg, mlRefuteDead) || strings.HasPrefix(msg, mlRefuteSuspect)) && w.now().Sub(w.started) < mlRefuteGrace {
+		return slog.LevelInfo
+	}
+	if (strings.Contains(msg, mlClosedConn) || strings.Contains(msg, mlDialCanceled)) && w.stopping() {
+		return slog.LevelDebug
+	}
+	return level
+}
+
+func (w *mlLog) stopping() bool {
+	select {
+	case <-w.stopped:
+		return true
+	default:
+		return false
+	}
 }
 
 // Write takes one line (memberlist logs through log.Logger, one Write a line).
@@ -53,15 +106,16 @@ func (w *mlLog) Write(p []byte) (int, error) {
 		}
 	}
 	msg = strings.TrimPrefix(msg, "memberlist: ")
+	level = w.mlLevel(level, msg)
 	ctx := context.Background()
 	if !w.log.Enabled(ctx, level) {
 		return len(p), nil
 	}
-	if level < slog.LevelWarn {
+	if level < slog.LevelInfo {
 		w.log.Debug(msg, "from", "memberlist")
 		return len(p), nil
 	}
-	kind := mlKindOf(msg)
+	kind := level.String() + " " + mlKindOf(msg) // a refutation at info must not hold back one at warn
 	now := w.now()
 	w.mu.Lock()
 	k := w.kinds[kind]
@@ -93,9 +147,9 @@ func (w *mlLog) Write(p []byte) (int, error) {
 	w.mu.Unlock()
 	switch {
 	case suppressed > 0:
-		w.log.Warn(msg, "from", "memberlist", "suppressed", suppressed, "per", mlLogEvery)
+		w.log.Log(ctx, level, msg, "from", "memberlist", "suppressed", suppressed, "per", mlLogEvery)
 	case suppressed == 0:
-		w.log.Warn(msg, "from", "memberlist")
+		w.log.Log(ctx, level, msg, "from", "memberlist")
 	}
 	return len(p), nil
 }

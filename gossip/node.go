@@ -134,12 +134,12 @@ func New(cfg Config) (*Node, error) {
 	// name over once the old one is dead (memberlist's default, 0, keeps
 	// the dead one's address until it is reaped).
 	mc.DeadNodeReclaimTime = time.Nanosecond
+	ctx, stop := context.WithCancel(context.Background())
 	mc.LogOutput = nil
-	mc.Logger = newMLLogger(n.log) // mllog.go: [ERR]/[WARN] at warn, rate-limited; the rest at debug
+	mc.Logger = newMLLogger(n.log, ctx.Done()) // mllog.go: [ERR]/[WARN] at warn (restart noise lower), rate-limited; the rest at debug
 	// The queue exists before memberlist does: its listener may ask for
 	// broadcasts (answering a peer's ping) before Create returns.
 	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: n.numNodes, RetransmitMult: mc.RetransmitMult}
-	ctx, stop := context.WithCancel(context.Background())
 	fail := func(err error) (*Node, error) {
 		stop()
 		unregister() // a retry with the same registry must not find them taken
