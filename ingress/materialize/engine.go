@@ -35,7 +35,11 @@ type engineState struct {
 	// probe is the gossiped epoch whose head made the snapshot in flight.
 	probe uint64
 
-	lastMsg       time.Time
+	lastMsg time.Time
+	// confirmed: the last time this copy was known to equal the engine's
+	// (a delta applied in sequence, a snapshot installed, gossip's head and
+	// digest equal to it), kvmesh_materializer_engine_state_age_seconds.
+	confirmed     time.Time
 	lag           time.Duration
 	applied       uint64
 	inGossip      bool
@@ -142,6 +146,9 @@ func (m *Materializer) checkHeadLocked(e *engineState, g kvevents.EngineDigest, 
 		// view follows whichever updated last): not a reason to resync.
 		e.behindSince, e.mismatchSince = time.Time{}, time.Time{}
 		return
+	}
+	if g.Head == h && g.Digests == e.digests {
+		e.confirmed = now // an idle engine's copy is current, though no delta came
 	}
 	quiet := now.Sub(e.lastMsg) >= m.cfg.DigestGrace
 	behind := quiet && (g.Head.Epoch != h.Epoch || g.Head.Seq > h.Seq)

@@ -43,6 +43,8 @@ type Materializer struct {
 	wg        sync.WaitGroup // snapshot workers
 
 	running atomic.Bool
+	// now is the clock of the engine state age gauge (tests set it).
+	now func() time.Time
 }
 
 // New validates cfg and registers the metrics.
@@ -56,9 +58,9 @@ func New(cfg Config) (*Materializer, error) {
 	}
 	m := &Materializer{
 		cfg: cfg, log: log.With("component", "materializer"), met: newMetrics(),
-		sem: make(chan struct{}, cfg.MaxConcurrentSnapshots), engines: map[string]*engineState{},
+		sem: make(chan struct{}, cfg.MaxConcurrentSnapshots), engines: map[string]*engineState{}, now: time.Now,
 	}
-	err := m.met.register(cfg.Registerer,
+	err := m.met.register(cfg.Registerer, engineAges{m},
 		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(len(m.engines)) },
 		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.keys) },
 		func() float64 { return m.StaleFor().Seconds() },
@@ -307,11 +309,13 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		m.snapshotLocked(e, "gap")
 	default:
 		m.applyLocked(e, d)
+		e.confirmed = now
 	}
 }
 
 func (m *Materializer) engine(id, model string) *engineState {
-	e := &engineState{id: id, model: model, lastMsg: time.Now()}
+	now := time.Now()
+	e := &engineState{id: id, model: model, lastMsg: now, confirmed: now}
 	for t := range e.sets {
 		e.sets[t] = map[uint64]struct{}{}
 	}
@@ -494,7 +498,8 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		// live sidecar, not a head to catch up with.
 		e.epochs.note(probe, 0, true)
 	}
-	e.followSeen, e.staleSince = time.Now(), time.Time{}
+	now := time.Now()
+	e.followSeen, e.staleSince, e.confirmed = now, time.Time{}, now
 	for t := range s.Keys {
 		m.replaceTierLocked(e, kvevents.Tier(t), s.Keys[t])
 	}

@@ -1,6 +1,9 @@
 package materialize
 
 import (
+	"sort"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -48,12 +51,12 @@ func newMetrics() *metrics {
 	}
 }
 
-func (m *metrics) register(reg prometheus.Registerer, engines, keys, stale, failing func() float64) error {
+func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector, engines, keys, stale, failing func() float64) error {
 	if reg == nil {
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_stale_seconds",
@@ -66,4 +69,57 @@ func (m *metrics) register(reg prometheus.Registerer, engines, keys, stale, fail
 		}
 	}
 	return nil
+}
+
+// maxEngineAgeSeries bounds kvmesh_materializer_engine_state_age_seconds:
+// engine ids come from the sidecars' subjects and gossip, and a scrape must
+// stay small however many there are. Past it, the oldest states are the
+// ones exported (what an operator looks for); kvmesh_materializer_engines
+// still counts them all.
+const maxEngineAgeSeries = 1024
+
+var descEngineAge = prometheus.NewDesc("kvmesh_materializer_engine_state_age_seconds",
+	"Per engine: seconds since this ingress last confirmed its copy of the engine's cache (a delta applied in sequence, "+
+		"a snapshot installed, or gossip's head and digest equal to its own); since the engine was first seen if never. "+
+		"The series goes when the engine leaves the index; at most 1024 engines, the oldest.",
+	[]string{"engine"}, nil)
+
+// engineAges is kvmesh_materializer_engine_state_age_seconds: read from
+// the engines under m.mu at scrape time, so the delta path only stores a
+// time and a forgotten engine's series is gone with it (no label to
+// delete, none left behind).
+type engineAges struct{ m *Materializer }
+
+var _ prometheus.Collector = engineAges{}
+
+func (c engineAges) Describe(ch chan<- *prometheus.Desc) { ch <- descEngineAge }
+
+func (c engineAges) Collect(ch chan<- prometheus.Metric) {
+	type age struct {
+		engine string
+		age    time.Duration
+	}
+	now := c.m.now()
+	c.m.mu.Lock()
+	ages := make([]age, 0, len(c.m.engines))
+	for id, e := range c.m.engines {
+		ages = append(ages, age{id, max(now.Sub(e.confirmed), 0)})
+	}
+	c.m.mu.Unlock()
+	if len(ages) > maxEngineAgeSeries {
+		sort.Slice(ages, func(i, j int) bool {
+			if ages[i].age != ages[j].age {
+				return ages[i].age > ages[j].age
+			}
+			return ages[i].engine < ages[j].engine
+		})
+		ages = ages[:maxEngineAgeSeries]
+	}
+	for _, a := range ages {
+		// An engine id that is no valid label value (not UTF-8) has no
+		// series rather than a panic; it still counts in _engines.
+		if mt, err := prometheus.NewConstMetric(descEngineAge, prometheus.GaugeValue, a.age.Seconds(), a.engine); err == nil {
+			ch <- mt
+		}
+	}
 }
