@@ -59,6 +59,7 @@ type Publisher struct {
 	log        *slog.Logger
 	published  atomic.Uint64
 	failed     atomic.Uint64
+	oversize   atomic.Uint64
 	resent     atomic.Uint64
 	publishing atomic.Bool // Run runs and the lane was not refused
 }
@@ -106,8 +107,12 @@ func (p *Publisher) Relay(member, key string, msg []byte) {
 // change supersedes them, gossip carries the state meanwhile, and once nc
 // is connected again (after a failed publish or any reconnect: nc's
 // Reconnects, read here on each check) every key's newest message is
-// published anew. When
-// the server refuses the lane's subject (a NATS user whose permissions
+// published anew. A message larger than the server's max_payload is not
+// handed to NATS (nats.go would refuse it with ErrMaxPayload, naming
+// neither the entry nor the limit, and only count it as failed): it is
+// counted as oversize and logged at error once per key until one of the
+// key's messages fits again; gossip's push/pull still carries the entry.
+// When the server refuses the lane's subject (a NATS user whose permissions
 // predate it), Run logs that once and returns: each refused publish would
 // log a NATS error, several a second.
 func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
@@ -117,6 +122,8 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 	defer tick.Stop()
 	batch := map[string]outMsg{}
 	lost := false // a publish failed, or nc reconnected, since every key was last sent
+	// tooBig: keys logged as over max_payload (bounded by the member's own keys).
+	tooBig := map[string]bool{}
 	reconnects := nc.Stats().Reconnects
 	for {
 		select {
@@ -141,15 +148,22 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 		p.mu.Lock()
 		batch, p.pending = p.pending, batch
 		p.mu.Unlock()
+		maxPayload := nc.MaxPayload() // the server's, once connected: 0 before
 		for k, msg := range batch {
-			if !nc.IsConnected() {
+			switch {
+			case !nc.IsConnected():
 				p.failed.Add(1)
 				lost = true
-			} else if err := nc.Publish(msg.subject, msg.data); err != nil {
-				p.failed.Add(1)
-				lost = lost || !errors.Is(err, nats.ErrMaxPayload) // sent again, it would fail again
-			} else {
-				p.published.Add(1)
+			case maxPayload > 0 && int64(len(msg.data)) > maxPayload:
+				p.tooLarge(tooBig, k, len(msg.data), maxPayload)
+			default:
+				if err := nc.Publish(msg.subject, msg.data); err != nil {
+					p.failed.Add(1)
+					lost = lost || !errors.Is(err, nats.ErrMaxPayload) // sent again, it would fail again
+				} else {
+					p.published.Add(1)
+					delete(tooBig, k)
+				}
 			}
 			delete(batch, k)
 		}
@@ -160,12 +174,28 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 	}
 }
 
+// tooLarge counts key's message of size bytes, over the server's
+// maxPayload, and logs it once per key (logged, owned by Run's goroutine,
+// holds the keys logged until one of their messages is published). The
+// message stays the key's newest: a resend after a reconnect, to a server
+// with a larger max_payload, publishes it.
+func (p *Publisher) tooLarge(logged map[string]bool, key string, size int, maxPayload int64) {
+	p.oversize.Add(1)
+	if logged[key] {
+		return
+	}
+	logged[key] = true
+	p.log.Error("state lane: gossip entry larger than the NATS max_payload, not published on the lane; gossip's push/pull still carries it (seconds later); raise max_payload or make the entry smaller (fewer adapters); further ones of this key are counted in kvmesh_gossip_nats_oversize_total",
+		"key", key, "bytes", size, "nats_max_payload", maxPayload)
+}
+
 // Register registers the publisher's counters on reg and returns a func
 // that unregisters them.
 func (p *Publisher) Register(reg prometheus.Registerer) (unregister func(), err error) {
 	return register(reg,
 		counter("kvmesh_gossip_nats_published_total", "Own gossip entries published on the NATS state lane (kvmesh.state.<member>).", p.published.Load),
 		counter("kvmesh_gossip_nats_publish_failed_total", "Own gossip entries not published on the NATS state lane: NATS not connected or the publish failed (gossip still carries them; they are published again once NATS is back).", p.failed.Load),
+		counter("kvmesh_gossip_nats_oversize_total", "Own gossip entries not published on the NATS state lane because they are larger than the server's max_payload (logged once per key; gossip's push/pull still carries them).", p.oversize.Load),
 		counter("kvmesh_gossip_nats_republished_total", "Times every own entry was published on the NATS state lane again: after a reconnect to NATS, or once NATS was back after a failed publish.", p.resent.Load),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_nats_publishing", Help: "1 while this member publishes its entries on the NATS state lane; 0 before it starts, after it stops, or when the NATS user may not publish on kvmesh.state.> (logged once; gossip alone carries the state)."}, func() float64 {
 			if p.publishing.Load() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -503,5 +504,89 @@ func TestFutureEntryOverNATSCounted(t *testing.T) {
 	})
 	if got := counterValue(t, inReg, "kvmesh_gossip_malformed_total"); got != malformed0 {
 		t.Fatalf("malformed %v → %v for a well-formed entry ahead", malformed0, got)
+	}
+}
+
+// An entry larger than the NATS server's max_payload (an engine with many
+// adapters, a server configured small) is not handed to NATS: it is
+// counted in kvmesh_gossip_nats_oversize_total (not as a failed publish)
+// and logged at error once per key with its size and the limit, the lane
+// keeps carrying the member's other entries, and gossip's push/pull
+// carries the large one. Before, nats.go refused it with ErrMaxPayload,
+// counted only as kvmesh_gossip_nats_publish_failed_total, with no word
+// of which entry or why.
+func TestEntryOverMaxPayloadCountedLoggedOnce(t *testing.T) {
+	const maxPayload = 1024
+	srv := testutil.NATSServer(t, server.Options{MaxPayload: maxPayload})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	in, _ := startSubscribedIngress(t, srv.ClientURL())
+	raw := connect(t, srv.ClientURL())
+	seen, err := raw.SubscribeSync(natsutil.StateSubject("sidecar-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.SyncBuffer
+	pub := NewPublisher(slog.New(slog.NewTextHandler(&logs, nil)))
+	reg := prometheus.NewRegistry()
+	if _, err := pub.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
+	sc.PushPullInterval = 100 * time.Millisecond // the large entry's way to the ingress
+	sc.Relay = pub
+	s := startNode(t, sc)
+	pnc := connect(t, srv.ClientURL())
+	wg.Go(func() { pub.Run(ctx, pnc) })
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && s.NumMembers() == 2 })
+
+	loras := tooBigForGossip() // over 1.4 KB
+	s.SetEngine(gossip.EngineState{ID: "big", Model: "m", Running: 1, LoRAs: loras})
+	testutil.WaitFor(t, 10*time.Second, "the large entry counted", func() bool {
+		return counterValue(t, reg, "kvmesh_gossip_nats_oversize_total") == 1
+	})
+	s.SetEngine(gossip.EngineState{ID: "big", Model: "m", Running: 2, LoRAs: loras})
+	testutil.WaitFor(t, 10*time.Second, "its next version counted", func() bool {
+		return counterValue(t, reg, "kvmesh_gossip_nats_oversize_total") == 2
+	})
+
+	// The lane carries the member's other entries all the same.
+	s.SetEngine(gossip.EngineState{ID: "small", Model: "m", Running: 5})
+	for {
+		msg, err := seen.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no state lane message for the small entry: %v", err)
+		}
+		if len(msg.Data) > maxPayload {
+			t.Fatalf("a %d-byte message published over max_payload %d", len(msg.Data), maxPayload)
+		}
+		if strings.Contains(string(msg.Data), `"small"`) {
+			break
+		}
+	}
+	if got := counterValue(t, reg, "kvmesh_gossip_nats_publish_failed_total"); got != 0 {
+		t.Fatalf("publish_failed = %v: an entry over max_payload is oversize, not a failed publish", got)
+	}
+	if !pnc.IsConnected() || pnc.Stats().Reconnects != 0 {
+		t.Fatalf("the publisher's connection did not stay up: connected %v, reconnects %d", pnc.IsConnected(), pnc.Stats().Reconnects)
+	}
+	// Gossip's push/pull brings the large entry, newest version.
+	testutil.WaitFor(t, 10*time.Second, "the large entry at the ingress by push/pull", func() bool {
+		v, ok := in.Engine("big")
+		return ok && v.Running == 2
+	})
+
+	out := logs.String()
+	if n := strings.Count(out, "larger than the NATS max_payload"); n != 1 {
+		t.Fatalf("%d error lines for one key over max_payload twice, want 1:\n%s", n, out)
+	}
+	for _, want := range []string{"level=ERROR", "big", "nats_max_payload=1024", "bytes="} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("the error lacks %q:\n%s", want, out)
+		}
 	}
 }
