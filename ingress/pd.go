@@ -48,8 +48,10 @@ type PDPlanner interface {
 var _ PDPlanner = (*pd.Router)(nil)
 
 // ErrPrefillFull: a prefill engine's admission queue is full. The request
-// then falls back as for any prefill failure (the next SGLang pair, or
-// aggregated on the decode engine); 429 only when the engine it would fall
+// then moves to the plan's next prefill engine (NIXL: the next one for the
+// same decode engine the cost model ranks above serving it whole there;
+// SGLang: the next pair), or else falls back as for any prefill failure,
+// aggregated on the decode engine; 429 only when the engine it would fall
 // back to is queueing too.
 var ErrPrefillFull = errors.New("prefill engine queue full")
 
@@ -72,9 +74,10 @@ type PDConfig struct {
 	// from this replica. Default 8.
 	MaxPrefillInFlight int `yaml:"maxPrefillInFlight"`
 	// PrefillQueue bounds legs waiting for a slot per prefill engine; a
-	// request arriving at a full queue falls back (served aggregated, or
-	// by the next SGLang pair), or gets 429 when the engine it would fall
-	// back to is queueing. Default 64; negative: no queue.
+	// request arriving at a full queue moves to the plan's next prefill
+	// engine (the next SGLang pair), else is served aggregated, or gets
+	// 429 when the engine it would fall back to is queueing. Default 64;
+	// negative: no queue.
 	PrefillQueue int `yaml:"prefillQueue"`
 	// PrefillTimeout bounds a prefill leg, queue wait included; past it the
 	// request falls back to aggregated. Default 60s.
@@ -156,8 +159,8 @@ func (s *Server) pdInit() *pdState {
 		}
 		cl := prometheus.Labels{"ingress": s.cfg.ID}
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
-			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, rejected (429), fallback_<why> when served aggregated instead; " +
-				"SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
+			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, rejected (429), fallback_<why> when served aggregated instead, " +
+				"next_queue_full when a full queue moved the leg to the plan's next prefill engine; SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
 		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
 			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
 		p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_decisions_total",
@@ -472,6 +475,30 @@ func (c *call) queueing(id string) bool {
 	return false
 }
 
+// nextPrefill returns the option a leg whose prefill queue is full moves
+// to, and the index to go on from: the first of the plan's options from
+// index from on (best first by the cost model) that keeps the plan's
+// decode engine (the ranking's head, where the decode leg goes) and whose
+// prefill engine speaks NIXL. -1 when there is none, or when the cost
+// model ranks serving the request whole on the decode engine (the
+// aggregated fallback) above it.
+func (c *call) nextPrefill(from int) (pd.Choice, int) {
+	pl := &c.pd.plan
+	for i := from; i < len(pl.Options); i++ {
+		o := pl.Options[i]
+		switch {
+		case o.Decode != pl.Decode:
+			continue
+		case o.Prefill == "":
+			return pd.Choice{}, -1
+		}
+		if pi := c.infoOf(o.Prefill); pi != nil && pi.PDProtocol != gossip.PDProtocolSGLang {
+			return o, i + 1
+		}
+	}
+	return pd.Choice{}, -1
+}
+
 // prefillLeg runs the prefill leg of a disaggregated request. On success
 // c.body becomes the decode leg's body. It returns false when it answered
 // the client itself (a 4xx from the prefill engine, or the client left).
@@ -515,7 +542,22 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		return c.prefillDone(p, "fallback_body", start), true
 	}
 	g := p.gate(c.pd.prefill)
-	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
+	err = g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout))
+	for next := 1; errors.Is(err, ErrPrefillFull); {
+		// The plan's next prefill engine for the same decode engine,
+		// charged with its own prefix match (the plan's first option is
+		// the one just refused); the refusal is counted apart from the
+		// request's final result.
+		var o pd.Choice
+		if o, next = c.nextPrefill(next); next < 0 {
+			break
+		}
+		p.legs.WithLabelValues("prefill", "next_queue_full").Inc()
+		c.pd.prefill, c.pd.pmatch = o.Prefill, o.PrefillMatch
+		g = p.gate(c.pd.prefill)
+		err = g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout))
+	}
+	if err != nil {
 		if errors.Is(err, ErrPrefillFull) {
 			if fb := c.fallbackEngine(); c.queueing(fb) {
 				// No engine left for it: the engine the fallback would

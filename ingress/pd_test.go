@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
@@ -34,15 +35,25 @@ type fakePDEngine struct {
 	decodes  atomic.Int64
 	params   atomic.Value // string: the last decode leg's kv_transfer_params
 	prefillB atomic.Value // string: the last prefill leg's body
+	// onPrefill, when set, runs as a prefill leg arrives (the leg is in
+	// flight at the ingress meanwhile).
+	onPrefill func()
 }
 
 func startFakePD(t *testing.T, fail bool) *fakePDEngine {
+	t.Helper()
+	return startFakePDWith(t, fail, nil)
+}
+
+// startFakePDWith is startFakePD with onPrefill run as each prefill leg
+// arrives.
+func startFakePDWith(t *testing.T, fail bool, onPrefill func()) *fakePDEngine {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakePDEngine{ln: ln, fail: fail}
+	f := &fakePDEngine{ln: ln, fail: fail, onPrefill: onPrefill}
 	f.params.Store("")
 	f.prefillB.Store("")
 	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve)}
@@ -64,6 +75,9 @@ func (f *fakePDEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if strings.Contains(string(m.KV), `"do_remote_decode":true`) {
+		if f.onPrefill != nil {
+			f.onPrefill()
+		}
 		f.prefills.Add(1)
 		f.prefillB.Store(string(body))
 		if f.fail {
@@ -278,6 +292,101 @@ func TestPDPrefillQueueFullFallbackEngineQueueing(t *testing.T) {
 	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
 	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || p.prefills.Load() != 0 || d.decodes.Load() != 0 {
 		t.Fatalf("status %d body %s; prefills %d decodes %d", st, b, p.prefills.Load(), d.decodes.Load())
+	}
+}
+
+// TestPDPrefillQueueFullNextPrefill: a prefill engine whose queue is full
+// moves the leg to the plan's next prefill engine for the same decode
+// engine (vLLM's NIXL protocol, as SGLang's next pair); the refusal is
+// counted as next_queue_full, the leg's own result as ok, and the access
+// log names the prefill engine that ran it. With every prefill queue full
+// the request is served aggregated on the decode engine as before.
+func TestPDPrefillQueueFullNextPrefill(t *testing.T) {
+	p0, p1, d := startFakePD(t, false), startFakePD(t, false), startFakePD(t, false)
+	var log testutil.SyncBuffer
+	c := testConfig()
+	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+	loaded := pdEngine("p1", scheduler.RolePrefill, p1.url())
+	loaded.Waiting = 2 // the cost model ranks p0 first
+	s := startIngress(t, c, Deps{PD: pdRouter(t, "kvmesh-always"), AccessLog: slog.New(slog.NewJSONHandler(&log, nil)),
+		Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p0.url()), loaded, pdEngine("d0", scheduler.RoleDecode, d.url())}})
+	p := s.pdInit()
+	p.gate("p0").slots <- struct{}{} // p0's one slot is taken, and it has no queue
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || p0.prefills.Load() != 0 || p1.prefills.Load() != 1 || d.decodes.Load() != 1 || d.params.Load().(string) == "" {
+		t.Fatalf("status %d engine %q body %s; prefills p0 %d p1 %d, decodes %d with params %q", st, hdr.Get("X-Kvmesh-Engine"), b,
+			p0.prefills.Load(), p1.prefills.Load(), d.decodes.Load(), d.params.Load())
+	}
+	next, ok, full := val(p.legs.WithLabelValues("prefill", "next_queue_full")), val(p.legs.WithLabelValues("prefill", "ok")), val(p.legs.WithLabelValues("prefill", "fallback_queue_full"))
+	if next != 1 || ok != 1 || full != 0 {
+		t.Fatalf("legs: %v next_queue_full, %v ok, %v fallback_queue_full; want 1, 1, 0", next, ok, full)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return strings.Contains(log.String(), `"prefill_result"`) })
+	if l := log.String(); !strings.Contains(l, `"prefill_engine":"p1","prefill_result":"ok"`) {
+		t.Fatalf("access log %s", l)
+	}
+
+	p.gate("p1").slots <- struct{}{} // now both are full: aggregated on d0
+	st, hdr, b = post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || p0.prefills.Load()+p1.prefills.Load() != 1 || d.params.Load().(string) != "" {
+		t.Fatalf("both full: status %d engine %q body %s; prefills %d, decode params %q", st, hdr.Get("X-Kvmesh-Engine"), b,
+			p0.prefills.Load()+p1.prefills.Load(), d.params.Load())
+	}
+	if next, full := val(p.legs.WithLabelValues("prefill", "next_queue_full")), val(p.legs.WithLabelValues("prefill", "fallback_queue_full")); next != 2 || full != 1 {
+		t.Fatalf("both full: %v next_queue_full (want 2), %v fallback_queue_full (want 1)", next, full)
+	}
+}
+
+// fixedPlanner is a FAKE P/D planner that returns one plan, for tests of
+// how the ingress walks a plan's options.
+type fixedPlanner struct{ plan pd.Plan }
+
+func (f fixedPlanner) Policy() string { return "fixed" }
+
+func (f fixedPlanner) Route(_ *scheduler.Request, _ []scheduler.Engine, plan *pd.Plan) error {
+	opts := append(plan.Options[:0], f.plan.Options...)
+	*plan = f.plan
+	plan.Options = opts
+	return nil
+}
+
+// TestPDPrefillQueueFullNextPrefillCharge: the leg moved to another
+// prefill engine charges that engine's load with the tokens it does not
+// cache (its own option's prefix match, not the plan's first engine's);
+// and the walk down the options stops at the aggregated option on the
+// decode engine: a pair the cost model ranks below serving the request
+// whole is not tried.
+func TestPDPrefillQueueFullNextPrefillCharge(t *testing.T) {
+	var srv atomic.Pointer[Server] // set before any request: the hook reads it on the engine's goroutine
+	charged := make(chan int64, 1)
+	p0, p2 := startFakePD(t, false), startFakePD(t, false)
+	p1 := startFakePDWith(t, false, func() { charged <- srv.Load().ups.lookup("p1").prefill.Load() })
+	d := startFakePD(t, false)
+	cached := index.Match{GPU: 1, CPU: 1, Other: 1, Spec: 1} // p0 caches the prompt's block, p1 nothing
+	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", PrefillMatch: cached, Policy: "fixed", Reason: "test",
+		Options: []pd.Choice{{Prefill: "p0", Decode: "d0", PrefillMatch: cached}, {Prefill: "p1", Decode: "d0"}, {Decode: "d0"}, {Prefill: "p2", Decode: "d0"}}}
+	c := testConfig()
+	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p0.url()),
+		pdEngine("p1", scheduler.RolePrefill, p1.url()), pdEngine("p2", scheduler.RolePrefill, p2.url()), pdEngine("d0", scheduler.RoleDecode, d.url())}})
+	srv.Store(s)
+	p := s.pdInit()
+	p.gate("p0").slots <- struct{}{}
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || p1.prefills.Load() != 1 {
+		t.Fatalf("status %d, p1 prefills %d: %s", st, p1.prefills.Load(), b)
+	}
+	if got := <-charged; got != 3 {
+		t.Fatalf("p1 was charged %d prefill tokens during its leg, want 3 (the whole prompt: it caches none of it)", got)
+	}
+
+	p.gate("p1").slots <- struct{}{} // p0 and p1 full; p2 has room but ranks below aggregated on d0
+	st, _, b = post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || p2.prefills.Load() != 0 || d.params.Load().(string) != "" {
+		t.Fatalf("status %d, p2 prefills %d, decode params %q: %s", st, p2.prefills.Load(), d.params.Load(), b)
+	}
+	if full := val(p.legs.WithLabelValues("prefill", "fallback_queue_full")); full != 1 {
+		t.Fatalf("%v fallback_queue_full, want 1", full)
 	}
 }
 

@@ -97,6 +97,11 @@ type Choice struct {
 	// and cached prompt tokens (as Plan's).
 	DecodeMatch  index.Match
 	DecodeCached int
+	// PrefillMatch and PrefillCached are the prefill engine's (zero when
+	// aggregated): an ingress that moves a leg to this option's prefill
+	// engine charges that engine's load with its own uncached tokens.
+	PrefillMatch  index.Match
+	PrefillCached int
 }
 
 // Plan is a P/D decision. Reuse one per goroutine: Route overwrites it
@@ -175,7 +180,8 @@ func (r *Router) Route(req *scheduler.Request, engines []Engine, plan *Plan) err
 			d := &cs[o.Decode]
 			c := Choice{Decode: d.ID, Score: o.Score, DecodeMatch: d.Match, DecodeCached: d.CachedTokens}
 			if !o.Aggregated() {
-				c.Prefill = cs[o.Prefill].ID
+				p := &cs[o.Prefill]
+				c.Prefill, c.PrefillMatch, c.PrefillCached = p.ID, p.Match, p.CachedTokens
 			}
 			plan.Options = append(plan.Options, c)
 		}

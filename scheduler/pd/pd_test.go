@@ -304,3 +304,32 @@ func TestStallLedger(t *testing.T) {
 		t.Error("nil ledger")
 	}
 }
+
+// TestOptionsCarryPrefillMatch: every pair option names its own prefill
+// engine's matched prefix and cached tokens (not the plan's best), so an
+// ingress that moves a leg down the options charges that engine's load
+// with its own uncached tokens; aggregated options carry none.
+func TestOptionsCarryPrefillMatch(t *testing.T) {
+	plan, err := route(t, setup{prompt: 4096, engines: []eng{{id: "p0", role: P, cached: 200}, {id: "p1", role: P, cached: 40},
+		{id: "p2", role: P}, {id: "d0", role: D}}}, mustPolicy(t, Config{Policy: "kvmesh-always"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"p0": 200, "p1": 40, "p2": 0}
+	pairs := 0
+	for _, o := range plan.Options {
+		if o.Prefill == "" {
+			if o.PrefillMatch != (index.Match{}) || o.PrefillCached != 0 {
+				t.Fatalf("aggregated option %+v carries a prefill match", o)
+			}
+			continue
+		}
+		pairs++
+		if o.PrefillMatch.GPU != want[o.Prefill] || o.PrefillCached != want[o.Prefill]*bs {
+			t.Fatalf("option %+v: prefill match %+v cached %d, want %d blocks", o, o.PrefillMatch, o.PrefillCached, want[o.Prefill])
+		}
+	}
+	if pairs != 3 || plan.Options[0].PrefillMatch != plan.PrefillMatch {
+		t.Fatalf("%d pairs, first option %+v, plan's prefill match %+v", pairs, plan.Options[0], plan.PrefillMatch)
+	}
+}
