@@ -2,8 +2,10 @@ package ingress
 
 import (
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -62,5 +64,72 @@ func TestAccessLogBoundsClientStrings(t *testing.T) {
 	// A short string is kept whole, a long one is cut at a character boundary.
 	if long := strings.Repeat("a", maxEcho-1) + "éb"; clip("é") != "é" || clip(long) != strings.Repeat("a", maxEcho-1)+"…(258 bytes)" {
 		t.Fatalf("clip: %q", clip(long))
+	}
+}
+
+// TestAccessLogResponseByID: GET /v1/responses/{id} and its cancel write
+// one access line per request, as the inference endpoints do: the engine
+// that answered, the status, the request id sent upstream, the API key's
+// name, and the error when the ingress answered itself (an unknown id, a
+// method the path does not take, a bad key).
+func TestAccessLogResponseByID(t *testing.T) {
+	var alog testutil.SyncBuffer
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"`+strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/responses/"), "/cancel")+`","object":"response","status":"completed"}`)
+	}))
+	t.Cleanup(engine.Close)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: engine.URL}),
+		Deps{Auth: edgeKeys(t), AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	tag := make([]byte, respTagLen)
+	engineTag(tag, "e1")
+	id := respIDPrefix + string(tag) + strings.Repeat("0", 32)
+	send := func(method, path, key, reqID string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+s.Addr()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("X-Request-Id", reqID)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	want := []struct {
+		method, path, key, reqID string
+		status                   int
+		engine                   string
+		failed                   bool
+	}{
+		{"GET", "/v1/responses/" + id, edgeKey, "get-1", 200, "e1", false},
+		{"POST", "/v1/responses/" + id + "/cancel", edgeKey, "cancel-1", 200, "e1", false},
+		{"DELETE", "/v1/responses/" + id, edgeKey, "delete-1", 405, "", true},
+		{"GET", "/v1/responses/resp_unknown", edgeKey, "unknown-1", 404, "", true},
+		{"GET", "/v1/responses/" + id, "sk-wrong-0123456789", "badkey-1", 401, "", true},
+	}
+	for _, w := range want {
+		if st := send(w.method, w.path, w.key, w.reqID); st != w.status {
+			t.Fatalf("%s %s: status %d, want %d", w.method, w.path, st, w.status)
+		}
+	}
+	testutil.WaitFor(t, 5*time.Second, "the access lines", func() bool { return len(accessLines(t, &alog)) >= len(want) })
+	lines := accessLines(t, &alog)
+	if len(lines) != len(want) {
+		t.Fatalf("%d access lines for %d requests:\n%s", len(lines), len(want), alog.String())
+	}
+	for i, w := range want {
+		l := lines[i]
+		if l["endpoint"] != "responses" || l["method"] != w.method || l["path"] != w.path || l["status"] != float64(w.status) ||
+			l["engine"] != w.engine || l["request_id"] != w.reqID || (l["error"] != "") != w.failed {
+			t.Errorf("line %d for %s %s: %v", i, w.method, w.path, l)
+		}
+		if key := l["key"]; (w.status == 401) != (key == "") {
+			t.Errorf("line %d for %s %s: key %q", i, w.method, w.path, key)
+		}
+	}
+	if strings.Contains(alog.String(), "sk-wrong") {
+		t.Fatalf("the rejected key is in the log:\n%s", alog.String())
 	}
 }

@@ -86,3 +86,43 @@ func (s *Server) finishOther(ctx *fasthttp.RequestCtx, endpoint string, start ti
 	}
 	s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs[:n]...)
 }
+
+// byIDLine is what the access line of a request for a stored response
+// (GET /v1/responses/{id}, POST .../cancel; responses.go) says beyond the
+// answer's status: the request id sent upstream, the API key's name, the
+// engine that answered ("" when none did) and the error answered.
+type byIDLine struct {
+	start  time.Time
+	reqID  []byte
+	key    string
+	engine string
+	ae     *apiError
+}
+
+// finishByID counts a request for a stored response under the endpoint
+// "responses" and writes its access line. Unlike finishOther's, these
+// lines are not bounded: like an inference request's, each names an
+// engine's work (or a refusal of a client's request), one line per
+// request.
+func (s *Server) finishByID(ctx *fasthttp.RequestCtx, l *byIDLine) {
+	status := ctx.Response.StatusCode()
+	s.m.requests.WithLabelValues("responses", s.m.status(status)).Inc()
+	if s.alog == nil {
+		return
+	}
+	msg := ""
+	if l.ae != nil {
+		msg = l.ae.msg
+	}
+	s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request",
+		slog.String("ingress", s.cfg.ID),
+		slog.String("request_id", string(l.reqID)),
+		slog.String("endpoint", "responses"),
+		slog.String("method", clipBytes(ctx.Method())),
+		slog.String("path", clipBytes(ctx.Path())),
+		slog.Int("status", status),
+		slog.String("engine", l.engine),
+		slog.String("key", l.key),
+		slog.Float64("total_ms", ms(time.Since(l.start))),
+		slog.String("error", msg))
+}

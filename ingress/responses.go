@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -421,16 +422,22 @@ func (c *call) keepResponseEngine() {
 
 // handleResponseByID serves GET /v1/responses/{id} and POST
 // /v1/responses/{id}/cancel: the engine named by the id's tag answers; an
-// id this ingress did not make, or whose engine is gone, is a 404.
+// id this ingress did not make, or whose engine is gone, is a 404. Every
+// request is counted and access-logged (finishByID).
 func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
-	status := 0
-	defer func() { s.m.requests.WithLabelValues("responses", s.m.status(status)).Inc() }()
-	fail := func(err error) { status = writeError(ctx, err).status }
+	l := byIDLine{start: time.Now(), reqID: ctx.Request.Header.Peek("X-Request-Id")}
+	if len(l.reqID) > 0 && !validRequestID(l.reqID) {
+		l.reqID = appendRequestID(nil) // upstreamhdr.go: sent upstream and logged
+	}
+	defer func() { s.finishByID(ctx, &l) }()
+	fail := func(err error) { l.ae = writeError(ctx, err) }
 	if s.deps.Auth != nil {
-		if _, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization")); err != nil {
+		key, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
+		if err != nil {
 			fail(unauthorized(err))
 			return
 		}
+		l.key = key
 	}
 	rest := bytes.TrimPrefix(ctx.Path(), []byte("/v1/responses/"))
 	id, cancel := rest, false
@@ -469,11 +476,10 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	defer fasthttp.ReleaseResponse(resp)
 	ureq.Header.SetMethodBytes(ctx.Method())
 	s.putUpstreamHeaders(&ureq.Header, func(i int) []byte {
-		v := ctx.Request.Header.Peek(forwardHeaders[i])
-		if i == fwdRequestID && len(v) > 0 && !validRequestID(v) {
-			return appendRequestID(nil) // upstreamhdr.go
+		if i == fwdRequestID {
+			return l.reqID
 		}
-		return v
+		return ctx.Request.Header.Peek(forwardHeaders[i])
 	})
 	ureq.SetRequestURI(up.url + string(ctx.RequestURI()))
 	ureq.SetHost(up.hc.Addr)
@@ -488,8 +494,8 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		fail(fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err))
 		return
 	}
-	status = resp.StatusCode()
-	ctx.SetStatusCode(status)
+	l.engine = up.id
+	ctx.SetStatusCode(resp.StatusCode())
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
 	ctx.SetBody(resp.Body())
