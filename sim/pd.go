@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -110,29 +111,71 @@ func (s *Server) decodePD(body []byte) (*pdRequest, error) {
 // decodePDRequest extracts the P/D fields of a request body (the OpenAI
 // decoders ignore them). Members are read by their exact names, as Python
 // reads a dict: encoding/json's struct decoding would also take a
-// case-variant "KV_Transfer_Params". Wrong types are a 400, like a bad
-// field anywhere.
+// case-variant "KV_Transfer_Params"; the last of repeated members wins, as
+// in a dict. The top-level members are scanned in place (jsonscan) and
+// only the P/D values decoded: no map of the body's members and no copy of
+// each (the prompt's included) per request. Wrong types are a 400, like a
+// bad field anywhere.
 func decodePDRequest(body []byte) (*pdRequest, error) {
+	var vals [len(pdMembers)][]byte // the last value of each, a span of body
+	err := jsonscan.ForEachMember(body, func(key, val []byte, _, _ int) error {
+		for i, name := range pdMembers {
+			if string(key) == name {
+				vals[i] = val
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// Not an object, or one the scanner does not take (nested deeper
+		// than its limit, which encoding/json's decoders allow): read
+		// as encoding/json reads it.
+		return decodePDRequestMap(body)
+	}
+	return pdFromMembers(&vals)
+}
+
+// decodePDRequestMap is decodePDRequest through a map of every member
+// (encoding/json's reading): the fallback for bodies the scanner refuses.
+func decodePDRequestMap(body []byte) (*pdRequest, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, nil // not an object: reported by the OpenAI decoder
 	}
-	var p pdRequest
-	for _, f := range [...]struct {
-		name string
-		dst  any
-	}{{"kv_transfer_params", &p.KVTransferParams}, {"bootstrap_host", &p.BootstrapHost},
-		{"bootstrap_port", &p.BootstrapPort}, {"bootstrap_room", &p.BootstrapRoom}} {
-		v, ok := m[f.name]
-		if !ok {
+	var vals [len(pdMembers)][]byte
+	for i, name := range pdMembers {
+		if v, ok := m[name]; ok {
+			vals[i] = v
+		}
+	}
+	return pdFromMembers(&vals)
+}
+
+// pdMembers are the P/D members' names, in pdRequest's field order.
+var pdMembers = [...]string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room"}
+
+// pdFromMembers decodes the raw values of pdMembers (nil: absent); nil
+// when the body names no P/D leg.
+func pdFromMembers(vals *[len(pdMembers)][]byte) (*pdRequest, error) {
+	for i, v := range vals {
+		if string(v) == "null" {
+			vals[i] = nil // as absent: decoding null leaves the field nil
+		}
+	}
+	if vals[0] == nil && vals[1] == nil && vals[2] == nil && vals[3] == nil {
+		return nil, nil // no allocation for a body without P/D members
+	}
+	p := new(pdRequest)
+	for i, dst := range [...]any{&p.KVTransferParams, &p.BootstrapHost, &p.BootstrapPort, &p.BootstrapRoom} {
+		if vals[i] == nil {
 			continue
 		}
-		if err := json.Unmarshal(v, f.dst); err != nil {
+		if err := json.Unmarshal(vals[i], dst); err != nil {
 			var te *json.UnmarshalTypeError
 			if !errors.As(err, &te) {
 				return nil, nil
 			}
-			field := f.name
+			field := pdMembers[i]
 			if te.Field != "" {
 				field += "." + te.Field
 			}
@@ -142,7 +185,7 @@ func decodePDRequest(body []byte) (*pdRequest, error) {
 	if p.KVTransferParams == nil && p.BootstrapRoom == nil && p.BootstrapHost == nil {
 		return nil, nil
 	}
-	return &p, nil
+	return p, nil
 }
 
 func isTrue(b *bool) bool { return b != nil && *b }
