@@ -155,9 +155,11 @@ type ejector struct {
 	// of an ejected engine are not logged again (the ejection said it).
 	log *slog.Logger
 
-	ejections prometheus.Counter
-	restores  prometheus.Counter
-	stalls    prometheus.Counter
+	// Per engine (label engine; the series of an engine go when it is
+	// forgotten: forget).
+	ejections *prometheus.CounterVec
+	restores  *prometheus.CounterVec
+	stalls    *prometheus.CounterVec
 }
 
 func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector {
@@ -165,12 +167,12 @@ func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector
 		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true}},
 		bo:     backoff.Backoff{Min: cfg.EjectionTime, Max: cfg.MaxEjectionTime, Jitter: 0.2}}
 	cl := prometheus.Labels{"ingress": id}
-	e.ejections = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_ejections_total",
-		Help: "Engines taken out of routing after failed requests or failed probes.", ConstLabels: cl})
-	e.restores = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_restores_total",
-		Help: "Ejected engines returned to routing after a successful probe.", ConstLabels: cl})
-	e.stalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_stalls_total",
-		Help: "Engines ejected by the stall watch: requests in flight, no byte for health.stallAfter, and a failed probe.", ConstLabels: cl})
+	e.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_ejections_total",
+		Help: "Ejections of the engine from routing after failed requests or failed probes.", ConstLabels: cl}, []string{"engine"})
+	e.restores = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_restores_total",
+		Help: "Returns of the ejected engine to routing after a successful probe.", ConstLabels: cl}, []string{"engine"})
+	e.stalls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_stalls_total",
+		Help: "Ejections of the engine by the stall watch: requests in flight, no byte for health.stallAfter, and a failed probe.", ConstLabels: cl}, []string{"engine"})
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines_ejected",
 		Help: "Engines ejected from routing now.", ConstLabels: cl}, func() float64 { return float64(e.nEjected.Load()) })
 	for _, c := range []prometheus.Collector{e.ejections, e.restores, e.stalls, ejected} {
@@ -275,7 +277,7 @@ func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
 	h.ejections++
 	if !h.ejected.Swap(true) {
 		e.nEjected.Add(1)
-		e.ejections.Inc()
+		e.ejections.WithLabelValues(h.id).Inc()
 		h.ejectedAt, h.reason = now, reason
 		e.log.Warn("engine ejected from routing", "engine", h.id, "reason", reason, "first_probe_in", delay.Round(time.Millisecond).String())
 	}
@@ -388,7 +390,7 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	if eject {
 		e.ejectLocked(h, time.Now(), fmt.Sprintf("stalled: requests in flight, no byte for %v, two probes failed: %v", e.cfg.StallAfter, err))
 		h.stalled = true
-		e.stalls.Inc()
+		e.stalls.WithLabelValues(h.id).Inc()
 	}
 	h.mu.Unlock()
 	if eject {
@@ -410,7 +412,7 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	h.consecutive, h.fails, h.reqs, h.stalled = 0, 0, 0, false
 	if h.ejected.Swap(false) {
 		e.nEjected.Add(-1)
-		e.restores.Inc()
+		e.restores.WithLabelValues(h.id).Inc()
 		e.log.Info("engine restored to routing: its probe answered", "engine", h.id,
 			"ejected_for", now.Sub(h.ejectedAt).Round(time.Millisecond).String(), "reason", h.reason)
 	}
@@ -433,7 +435,10 @@ func (e *ejector) get1(ctx context.Context, url string) error {
 }
 
 // forget drops engine id's record (it left membership: forget.go), and
-// with it its ejection.
+// with it its ejection and its series: engine ids come and go with pods,
+// and a departed engine's counters would stay forever. The series are
+// deleted under h.mu after gone is set, so no ejection, stall or restore
+// of the record (each counted under h.mu, none once gone) brings them back.
 func (e *ejector) forget(id string) {
 	if e == nil {
 		return
@@ -450,6 +455,9 @@ func (e *ejector) forget(id string) {
 	if h.ejected.Swap(false) {
 		e.nEjected.Add(-1)
 	}
+	e.ejections.DeleteLabelValues(id)
+	e.restores.DeleteLabelValues(id)
+	e.stalls.DeleteLabelValues(id)
 	h.mu.Unlock()
 }
 

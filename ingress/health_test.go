@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -163,5 +165,75 @@ func TestAllEnginesEjectedShedsAtOnce(t *testing.T) {
 	}
 	if n := failedAttempts(s); n != attempts {
 		t.Fatalf("%v more attempts on dead engines after their ejection", n-attempts)
+	}
+}
+
+// engineSeries returns the value of metric name's series per engine label
+// in reg.
+func engineSeries(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			engine := "<none>"
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "engine" {
+					engine = l.GetValue()
+				}
+			}
+			out[engine] += m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+// TestEjectionMetricsPerEngine: ejections, restores and stall ejections
+// are counted per engine (label engine), and an engine's series go when
+// the engine is forgotten (forget.go), not to come back from a probe still
+// out for its old record.
+func TestEjectionMetricsPerEngine(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEjector(DefaultHealthConfig(), reg, "i")
+	e.ups = &upstreams{} // the stall watch cuts nothing here
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(srv.Close)
+	x := &upstream{id: "x", url: srv.URL}              // fails once, then its probe answers
+	y := &upstream{id: "y", url: "http://127.0.0.1:1"} // fails
+	z := &upstream{id: "z", url: "http://127.0.0.1:1"} // stalls: its probes fail
+	e.observe(x, "connect_error")
+	e.observe(y, "connect_error")
+	hx, hz := e.get("x", x.url), e.get("z", z.url)
+	e.probe(context.Background(), hx, x.url)
+	e.stallProbe(context.Background(), hz, z)
+	want := map[string]map[string]float64{
+		"kvmesh_ingress_engine_ejections_total": {"x": 1, "y": 1, "z": 1},
+		"kvmesh_ingress_engine_restores_total":  {"x": 1},
+		"kvmesh_ingress_engine_stalls_total":    {"z": 1},
+	}
+	for name, w := range want {
+		if got := engineSeries(t, reg, name); !maps.Equal(got, w) {
+			t.Fatalf("%s: %v, want %v", name, got, w)
+		}
+	}
+	e.observe(x, "connect_error") // ejected again, then forgotten
+	e.forget("x")
+	e.forget("z")
+	hx.mu.Lock()
+	e.ejectLocked(hx, time.Now(), "stalled") // a failed probe landing on the forgotten record
+	hx.mu.Unlock()
+	e.probe(context.Background(), hx, x.url)
+	for name, w := range want {
+		delete(w, "x")
+		delete(w, "z")
+		if got := engineSeries(t, reg, name); !maps.Equal(got, w) {
+			t.Fatalf("after x and z were forgotten, %s: %v, want %v", name, got, w)
+		}
 	}
 }

@@ -302,6 +302,18 @@ func sseEvents(b []byte) []string {
 	return out
 }
 
+// seriesSum adds up the current values of every series of a counter or gauge
+// vector (e.g. a per-engine counter over all engines).
+func seriesSum(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { c.Collect(ch); close(ch) }() // ends when Collect returns
+	n := 0.0
+	for m := range ch {
+		n += val(m)
+	}
+	return n
+}
+
 // val reads a counter's or gauge's current value.
 func val(m prometheus.Metric) float64 {
 	var d dto.Metric

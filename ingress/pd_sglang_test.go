@@ -483,7 +483,7 @@ func TestSGLangPrefillHungCutsDecode(t *testing.T) {
 	if n, agg := val(p.legs.WithLabelValues("prefill", "failed_connect_error")), val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); n != 0 || agg != 1 {
 		t.Fatalf("%v prefill legs counted as connect errors (want 0), %v requests served aggregated (want 1)", n, agg)
 	}
-	if got := val(s.health.stalls); got != 1 {
+	if got := seriesSum(s.health.stalls); got != 1 {
 		t.Fatalf("%v stall ejections, want 1", got)
 	}
 }

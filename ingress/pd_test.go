@@ -220,7 +220,7 @@ func TestPDPrefillEngineHung(t *testing.T) {
 	if kv := d.params.Load().(string); kv != "" {
 		t.Fatalf("fallback decode leg carried kv_transfer_params %s", kv)
 	}
-	if got := val(s.health.stalls); got != 1 {
+	if got := seriesSum(s.health.stalls); got != 1 {
 		t.Fatalf("%v stall ejections, want 1", got)
 	}
 	if got := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_stalled")); got != 1 {

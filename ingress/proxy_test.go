@@ -329,7 +329,7 @@ func TestStallWatchEjectsHungEngine(t *testing.T) {
 			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
 		}
 	}
-	if got := val(s.health.stalls); got != 1 {
+	if got := seriesSum(s.health.stalls); got != 1 {
 		t.Fatalf("%v stall ejections, want 1 (the frozen engine, once: it stays ejected)", got)
 	}
 	if out := logs.String(); strings.Count(out, "engine ejected") != 1 || !strings.Contains(out, `engine=frozen reason="stalled: requests in flight`) {
@@ -363,7 +363,7 @@ func TestStallWatchEjectsHungEngine(t *testing.T) {
 	if okAsked := prompts(good2); slow.hits.Load() != 1 || okAsked != 1 {
 		t.Fatalf("slow engine %d requests, good one %d: want 1 and 1 (the timeout not retried)", slow.hits.Load(), okAsked)
 	}
-	if got := val(s2.health.stalls); got != 0 || slow.probes.Load() == 0 || len(s2.health.ejected()) != 0 {
+	if got := seriesSum(s2.health.stalls); got != 0 || slow.probes.Load() == 0 || len(s2.health.ejected()) != 0 {
 		t.Fatalf("%v stall ejections of a live engine after %d probes, ejected %v; want 0 after at least one, none", got, slow.probes.Load(), s2.health.ejected())
 	}
 	if got := val(s2.m.attempts.WithLabelValues("first_byte_timeout")); got != 1 {
@@ -394,7 +394,7 @@ func TestStallWatchEjectsHungEngine(t *testing.T) {
 	if st, _, _ := post(t, client, "http://"+s3.Addr()+"/v1/completions", `{"model":"m","prompt":[1]}`); st != 504 {
 		t.Fatalf("status %d from a busy engine, want 504 after the first-byte timeout", st)
 	}
-	if got := val(s3.health.stalls); got != 0 || probes.Load() < 2 {
+	if got := seriesSum(s3.health.stalls); got != 0 || probes.Load() < 2 {
 		t.Fatalf("%v stall ejections after %d probes of an engine whose second probe answers; want 0 after at least 2", got, probes.Load())
 	}
 }
@@ -476,8 +476,8 @@ func TestErrorEventFirst(t *testing.T) {
 				}
 				return
 			}
-			if served != 3 || val(s.health.ejections) != 0 {
-				t.Fatalf("the engine served %d of 6 round-robin requests, %v ejections; want 3 and none: it is not at fault", served, val(s.health.ejections))
+			if served != 3 || seriesSum(s.health.ejections) != 0 {
+				t.Fatalf("the engine served %d of 6 round-robin requests, %v ejections; want 3 and none: it is not at fault", served, seriesSum(s.health.ejections))
 			}
 		})
 	}

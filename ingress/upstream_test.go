@@ -47,8 +47,8 @@ func TestLongGenerationOutlivesIdleTimeout(t *testing.T) {
 				t.Fatalf("the generation ran %d times; want once", hits)
 			}
 			waitSettled(t, s)
-			if v := val(s.m.attempts.WithLabelValues("timeout")); v != 0 || val(s.health.ejections) != 0 || val(s.health.stalls) != 0 {
-				t.Fatalf("timeouts %v, ejections %v, stalls %v; want none for live engines", v, val(s.health.ejections), val(s.health.stalls))
+			if v := val(s.m.attempts.WithLabelValues("timeout")); v != 0 || seriesSum(s.health.ejections) != 0 || seriesSum(s.health.stalls) != 0 {
+				t.Fatalf("timeouts %v, ejections %v, stalls %v; want none for live engines", v, seriesSum(s.health.ejections), seriesSum(s.health.stalls))
 			}
 		})
 	}
@@ -79,8 +79,8 @@ func TestStallWatchCutsStreamWithHeadersOnly(t *testing.T) {
 			t.Fatalf("request %d: %d via %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
 		}
 	}
-	if hung.hits.Load() != 1 || val(s.health.stalls) != 1 {
-		t.Fatalf("hung engine got %d requests, %v stall ejections; want 1 and 1", hung.hits.Load(), val(s.health.stalls))
+	if hung.hits.Load() != 1 || seriesSum(s.health.stalls) != 1 {
+		t.Fatalf("hung engine got %d requests, %v stall ejections; want 1 and 1", hung.hits.Load(), seriesSum(s.health.stalls))
 	}
 	testutil.WaitFor(t, 10*time.Second, "the hung engine saw its request cut", func() bool { return hung.canceled.Load() == 1 })
 	waitSettled(t, s)
@@ -137,8 +137,8 @@ func TestEnginesSheddingLoadIs429(t *testing.T) {
 				for _, fe := range tc.engines {
 					hits += prompts(fe)
 				}
-				if hits != 3*len(tc.engines) || val(s.health.ejections) != 0 {
-					t.Fatalf("%d attempts, %v ejections; want every engine tried each time and none ejected", hits, val(s.health.ejections))
+				if hits != 3*len(tc.engines) || seriesSum(s.health.ejections) != 0 {
+					t.Fatalf("%d attempts, %v ejections; want every engine tried each time and none ejected", hits, seriesSum(s.health.ejections))
 				}
 			}
 		})
@@ -186,8 +186,8 @@ func TestMidStreamBreakCountsTowardEjection(t *testing.T) {
 		ej := s.health.ejected()
 		return len(ej) == 1 && ej[0] == "broken"
 	})
-	if n := prompts(fe); n != 2 || val(s.health.ejections) != 1 {
-		t.Fatalf("%d upstream requests, %v ejections; want 2 (a broken stream is not retried) and 1", n, val(s.health.ejections))
+	if n := prompts(fe); n != 2 || seriesSum(s.health.ejections) != 1 {
+		t.Fatalf("%d upstream requests, %v ejections; want 2 (a broken stream is not retried) and 1", n, seriesSum(s.health.ejections))
 	}
 }
 
