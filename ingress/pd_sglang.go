@@ -198,7 +198,9 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		}
 		tried[o.Prefill] = true
 		pairs++
-		c.pd.prefill = o.Prefill
+		// The pair's own prefill engine's match: its load is charged
+		// with the prompt tokens it does not cache.
+		c.pd.prefill, c.pd.pmatch = o.Prefill, o.PrefillMatch
 		answered, ok := c.sglangPair(ctx, p, pi, o.Decode, start)
 		if answered {
 			return false // c may be finished: touch nothing

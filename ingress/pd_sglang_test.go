@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
@@ -485,5 +487,45 @@ func TestSGLangPrefillHungCutsDecode(t *testing.T) {
 	}
 	if got := seriesSum(s.health.stalls); got != 1 {
 		t.Fatalf("%v stall ejections, want 1", got)
+	}
+}
+
+// TestSGLangNextPairCharge: a pair tried after a full prefill queue
+// charges its own prefill engine's load with the prompt tokens that engine
+// does not cache (its option's prefix match), not with the plan's first
+// prefill engine's match.
+func TestSGLangNextPairCharge(t *testing.T) {
+	var srv atomic.Pointer[Server] // set before any request: the handler reads it on the engine's goroutine
+	charged := make(chan int64, 1)
+	p1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case charged <- srv.Load().ups.lookup("p1").prefill.Load():
+		default:
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-p","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","finish_reason":"length"}]}`)
+	}))
+	t.Cleanup(p1.Close)
+	d := startFakePD(t, false)
+	sg := func(id, url string) EngineInfo {
+		e := pdEngine(id, scheduler.RolePrefill, url)
+		e.PDProtocol, e.Bootstrap = gossip.PDProtocolSGLang, "127.0.0.1:8998"
+		return e
+	}
+	cached := index.Match{GPU: 1, CPU: 1, Other: 1, Spec: 1} // p0 caches the prompt's block, p1 nothing
+	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", PrefillMatch: cached, Policy: "fixed", Reason: "test",
+		Options: []pd.Choice{{Prefill: "p0", Decode: "d0", PrefillMatch: cached}, {Prefill: "p1", Decode: "d0"}}}
+	c := testConfig()
+	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sg("p0", "http://127.0.0.1:1"), sg("p1", p1.URL),
+		pdEngine("d0", scheduler.RoleDecode, d.url())}})
+	srv.Store(s)
+	s.pdInit().gate("p0").slots <- struct{}{} // p0 is full: the next pair
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q: %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if got := <-charged; got != 3 {
+		t.Fatalf("p1 was charged %d prefill tokens during its leg, want 3 (the whole prompt: it caches none of it)", got)
 	}
 }
