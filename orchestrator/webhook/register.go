@@ -47,8 +47,16 @@ func Configuration(t Target, caBundle []byte) *admissionregistrationv1.MutatingW
 	if t.FailOpen {
 		fail = admissionregistrationv1.Ignore
 	}
+	// Every field the API server would default is written with its default,
+	// as manifests/orchestrator/webhook.yaml writes it: a server-side apply
+	// of the manifest over a configuration the orchestrator created (an
+	// upgrade from a release that did not ship the manifest) compares the
+	// atomic rules list whole, and a defaulted scope the manifest lacked
+	// was a conflict.
 	none := admissionregistrationv1.SideEffectClassNone
 	reinvoke := admissionregistrationv1.IfNeededReinvocationPolicy
+	equivalent := admissionregistrationv1.Equivalent
+	scope := admissionregistrationv1.AllScopes
 	timeout := int32(10)
 	return &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: ConfigName, Labels: map[string]string{"app.kubernetes.io/name": "kvmesh-orchestrator"}},
@@ -60,11 +68,13 @@ func Configuration(t Target, caBundle []byte) *admissionregistrationv1.MutatingW
 			FailurePolicy:           &fail,
 			ReinvocationPolicy:      &reinvoke,
 			TimeoutSeconds:          &timeout,
+			MatchPolicy:             &equivalent,
+			NamespaceSelector:       &metav1.LabelSelector{},
 			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{LabelInject: "true"}},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 				Rule: admissionregistrationv1.Rule{
-					APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"},
+					APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: &scope,
 				},
 			}},
 		}},

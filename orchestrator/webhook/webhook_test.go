@@ -354,7 +354,9 @@ func TestOutageRejectsOnlyEnginePods(t *testing.T) {
 // writes for the install's Service, caBundle aside: after
 // `kubectl apply --server-side` and the orchestrator's write, the
 // orchestrator owns caBundle alone, and applying the manifest again (an
-// upgrade) neither conflicts nor drops the CA.
+// upgrade) neither conflicts nor drops the CA; nor does applying it over a
+// configuration the orchestrator created (an upgrade from a release that
+// did not ship webhook.yaml).
 func TestWebhookManifest(t *testing.T) {
 	s := kubetest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -406,6 +408,52 @@ func TestWebhookManifest(t *testing.T) {
 	}
 	if b := registeredBundle(ctx, admin); !bytes.Equal(b, certs.CABundle) {
 		t.Error("re-applying webhook.yaml dropped the CA bundle")
+	}
+
+	// The other order: the orchestrator wrote the configuration first (a
+	// release before webhook.yaml was part of the install created it), so
+	// its manager owns every field, the atomic rules list included; the
+	// upgrade's server-side apply (no --force-conflicts) must not conflict.
+	// It did on rules, which the API server had stored with the defaulted
+	// scope "*" the manifest lacked.
+	if err := api.Delete(ctx, ConfigName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Ensure(ctx, admin, install, certs.CABundle); err != nil {
+		t.Fatal(err)
+	}
+	created, err := api.Get(ctx, ConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The API server defaults nothing in what the orchestrator writes:
+	// every field a manifest may set already holds the stored value.
+	if want := Configuration(install, certs.CABundle).Webhooks[0]; !equality(&created.Webhooks[0], &want) {
+		t.Errorf("the API server defaulted fields of the orchestrator's configuration:\nstored %+v\nwritten %+v", created.Webhooks[0], want)
+	}
+	if err := apply(); err != nil {
+		t.Fatalf("applying webhook.yaml over the orchestrator's own configuration (an upgrade): %v", err)
+	}
+	if b := registeredBundle(ctx, admin); !bytes.Equal(b, certs.CABundle) {
+		t.Error("applying webhook.yaml over the orchestrator's configuration dropped the CA bundle")
+	}
+
+	// Out of cluster the orchestrator registers a URL: the manifest's
+	// service then joins it and the API server refuses the object (one of
+	// url or service). docs/INSTALL.md says to delete the configuration
+	// before applying; the apply then creates it and the orchestrator
+	// fills in the bundle.
+	if err := Ensure(ctx, admin, Target{URL: "https://127.0.0.1:9443" + Path}, certs.CABundle); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(); err == nil || !strings.Contains(err.Error(), "exactly one of url or service") {
+		t.Errorf("applying webhook.yaml over a URL registration: %v, want the API server's one-of-url-or-service refusal (docs/INSTALL.md)", err)
+	}
+	if err := api.Delete(ctx, ConfigName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(); err != nil {
+		t.Fatalf("applying webhook.yaml once the URL registration is deleted: %v", err)
 	}
 }
 
