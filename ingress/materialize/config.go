@@ -65,8 +65,10 @@ type Config struct {
 	// EpochGrace: deltas of an engine's older sidecar epoch (a sidecar
 	// restart overlapping itself, epoch.go) are ignored while the newer one
 	// is live; when they keep coming this long while the newer one sends
-	// nothing, its sidecar is taken to be gone and the older one is followed
-	// again. Default 2s.
+	// nothing, or when one of them brought a change to the engine's cache
+	// that the newer one has not published this long after (an engine
+	// gone idle), its sidecar is taken to be gone and the older one is
+	// followed again (seen by the first CheckInterval pass after). Default 2s.
 	EpochGrace time.Duration
 	// IdleCheck: without Membership, an engine with no delta for this long is
 	// re-snapshotted, so an engine whose sidecar vanished is cleared (no

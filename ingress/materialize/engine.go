@@ -28,6 +28,13 @@ type engineState struct {
 	// followSeen: the followed epoch's last delta or snapshot; staleSince:
 	// the first ignored delta of an older epoch since (zero: none).
 	followSeen, staleSince time.Time
+	// staleNews: since staleSince an ignored delta changed what the copy
+	// holds (a key it lacks stored, one it holds removed), which the
+	// followed sidecar, were it alive, would have published too;
+	// staleEpoch is the older epoch last heard from. tick switches to it
+	// once the followed one has echoed nothing for EpochGrace.
+	staleNews  bool
+	staleEpoch uint64
 	// otherSeen: the last delta of another epoch than the followed one (an
 	// older one ignored, or the one followed before a switch): while it is
 	// recent, two sidecars answer a snapshot request (fetchSnapshot).
@@ -98,6 +105,9 @@ func (m *Materializer) tick(now time.Time) {
 		if !down && !e.snapshotting && e.retryAt != (time.Time{}) && !now.Before(e.retryAt) {
 			m.snapshotLocked(e, "retry")
 		}
+		if !down {
+			m.checkSilentLocked(e, now)
+		}
 		if views == nil {
 			switch {
 			case !down && e.synced && !e.snapshotting && now.Sub(e.lastMsg) >= m.cfg.IdleCheck:
@@ -123,6 +133,23 @@ func (m *Materializer) tick(now time.Time) {
 			m.forgetLocked(e, "unreachable") // a stream subject of a long-dead engine
 		}
 	}
+}
+
+// checkSilentLocked follows the older epoch again once the followed one
+// has been silent for EpochGrace since an older one's delta brought a
+// change: both sidecars publish every change of the engine, so a live
+// followed one would have sent it too (an older one merely behind sends
+// nothing new). onDelta switches only on a later delta of the older epoch,
+// which an engine gone idle after a short burst never sends: its index
+// stayed behind the engine until the next request, minutes later.
+func (m *Materializer) checkSilentLocked(e *engineState, now time.Time) {
+	if !e.staleNews || e.staleSince.IsZero() || now.Sub(e.staleSince) < m.cfg.EpochGrace {
+		return
+	}
+	m.log.Info("switching to another sidecar epoch: the followed one went silent", "engine", e.id,
+		"epoch", e.staleEpoch, "epoch_start", startTime(e.epochs.startOf(e.staleEpoch)), "silent_epoch", e.epochs.follow,
+		"silent_epoch_start", startTime(e.epochs.followStart), "silent_for", now.Sub(e.followSeen).Round(time.Millisecond))
+	m.followLocked(e, e.staleEpoch, 0, now)
 }
 
 type engineView struct {

@@ -21,7 +21,10 @@ import "github.com/kvmesh/kvmesh/kvevents"
 // So an epoch takes at most one snapshot when it appears. A followed epoch
 // whose sidecar has gone while an older one keeps sending is given up after
 // Config.EpochGrace of its silence during their deltas (the older is
-// followed again), or when only the older one answers a snapshot request.
+// followed again), after EpochGrace of its silence since an older one's
+// delta that changed the engine's copy (checked by tick: an engine gone
+// idle sends no later delta; a live followed sidecar would have published
+// that change too), or when only the older one answers a snapshot request.
 // Starts are wall-clock times of the sidecars' hosts, so the "older" one may
 // be a sidecar restarted with a clock behind its dead predecessor's: it too
 // is followed only after EpochGrace (the gossip view, one state per engine,
@@ -75,6 +78,17 @@ func (v *epochView) older(ep uint64, start int64) bool {
 		return !kvevents.NewerEpoch(ep, start, v.follow, v.followStart)
 	}
 	return o != nil && o.lost
+}
+
+// startOf is epoch ep's start as known (0: unknown).
+func (v *epochView) startOf(ep uint64) int64 {
+	if ep == v.follow {
+		return v.followStart
+	}
+	if o := v.find(ep); o != nil {
+		return o.start
+	}
+	return 0
 }
 
 // note records what is known of an epoch other than the followed one: its

@@ -272,10 +272,12 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 			e.epochs.note(d.Epoch, d.EpochStart, true)
 			e.otherSeen = now
 			if e.staleSince.IsZero() {
-				e.staleSince = now
+				e.staleSince, e.staleNews = now, false
 			}
+			e.staleEpoch = d.Epoch
+			e.staleNews = e.staleNews || m.newsLocked(e, d)
 			if now.Sub(e.staleSince) < m.cfg.EpochGrace {
-				return
+				return // or tick's checkSilentLocked, if no delta comes
 			}
 			// Older by start time only: an older sidecar still running, or a
 			// restarted one on a host whose clock is behind the silent one's.
@@ -283,14 +285,8 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 				"epoch", d.Epoch, "epoch_start", startTime(d.EpochStart), "silent_epoch", e.epochs.follow,
 				"silent_epoch_start", startTime(e.epochs.followStart), "silent_for", now.Sub(e.followSeen).Round(time.Millisecond))
 		}
-		e.epochs.setFollow(d.Epoch, d.EpochStart)
-		if e.followSeen.After(e.otherSeen) {
-			e.otherSeen = e.followSeen // the one followed until now
-		}
-		e.followSeen, e.staleSince = now, time.Time{}
-		m.met.epochs.Inc()
 		e.buffer(d, m.cfg.MaxBuffered)
-		m.snapshotLocked(e, "new epoch")
+		m.followLocked(e, d.Epoch, d.EpochStart, now)
 		return
 	}
 	e.followSeen, e.staleSince = now, time.Time{}
@@ -311,6 +307,44 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		m.applyLocked(e, d)
 		e.confirmed = now
 	}
+}
+
+// followLocked follows epoch ep of e (started at start; 0: unknown) from
+// now on instead of the one followed until now, and snapshots it.
+func (m *Materializer) followLocked(e *engineState, ep uint64, start int64, now time.Time) {
+	e.epochs.setFollow(ep, start)
+	if e.followSeen.After(e.otherSeen) {
+		e.otherSeen = e.followSeen // the one followed until now
+	}
+	e.followSeen, e.staleSince = now, time.Time{}
+	m.met.epochs.Inc()
+	m.snapshotLocked(e, "new epoch")
+}
+
+// newsLocked reports whether d, a delta of an epoch not followed, changes
+// e's copy: it stores a key the copy lacks or removes one it holds. A copy
+// not in place (a snapshot due) tells nothing.
+func (m *Materializer) newsLocked(e *engineState, d *kvevents.Delta) bool {
+	if !e.synced || e.snapshotting || e.retryAt != (time.Time{}) {
+		return false
+	}
+	for i := range d.Ops {
+		op := &d.Ops[i]
+		set := e.sets[op.Tier]
+		switch op.Kind {
+		case kvevents.OpStore, kvevents.OpRemove:
+			for _, k := range op.Keys {
+				if _, ok := set[k]; ok != (op.Kind == kvevents.OpStore) {
+					return true
+				}
+			}
+		case kvevents.OpClear:
+			if len(set) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (m *Materializer) engine(id, model string) *engineState {

@@ -3,6 +3,7 @@ package materialize_test
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -226,11 +227,12 @@ func TestOverlappingOldSidecarsAtMostOneSnapshotPerEpoch(t *testing.T) {
 	x.publish(1)
 	testutil.WaitFor(t, 10*time.Second, "x followed", in(x))
 	y := newFakeSidecar(t, cfg.Conn, 0x3000) // the smaller epoch: the order is by sight
-	// Alternating deltas (one NATS connection keeps their order): y, seen
-	// second, is newer; x's deltas are ignored from then on.
+	// Alternating deltas (one NATS connection keeps their order), x's
+	// publishing the change y's just did, as two sidecars of one engine do:
+	// y, seen second, is newer; x's deltas are ignored from then on.
 	for i := uint64(0); i < 30; i++ {
 		y.publish(1000 + i)
-		x.publish(2 + i)
+		x.publish(1000 + i)
 		testutil.WaitFor(t, 10*time.Second, "y followed", in(y))
 	}
 	if got := counter(t, reg, "kvmesh_materializer_snapshots_total"); got > 2 {
@@ -295,5 +297,70 @@ func TestEarlierClockSidecarFollowedOnceTheOtherIsSilent(t *testing.T) {
 	}
 	if n := log.count("older sidecar epoch again"); n != 0 {
 		t.Fatalf("the switch blamed the live sidecar (logged: %q)", log.msgs)
+	}
+}
+
+// After the newer of two sidecars of an engine stops, a short burst of the
+// engine's changes reaches the ingress only through the older one, whose
+// deltas are ignored, and then the engine goes idle. The housekeeping pass
+// follows the older sidecar again once the followed one has echoed none of
+// those changes for EpochGrace; before, only a later delta of the older
+// one switched, and the index stayed behind the engine until the next
+// request (over a minute in the report). Changes the followed sidecar did
+// publish, echoed late by the older one, are no reason to switch. The
+// ticker is off: the test runs each pass at the time it chooses.
+func TestIdleEngineFollowsOlderSidecarOnceTheNewerIsSilent(t *testing.T) {
+	srv := testutil.NATS(t)
+	cfg, idx, reg := materializerConfig(t, srv.URL())
+	log := &logged{level: slog.LevelInfo}
+	cfg.Logger = slog.New(log)
+	cfg.CheckInterval, cfg.IdleCheck, cfg.SnapshotTimeout = time.Hour, time.Hour, time.Second
+	m := startMaterializer(t, cfg)
+	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
+
+	older := newFakeSidecar(t, cfg.Conn, 0x5000)
+	older.publish(1)
+	followed := func(f *fakeSidecar, keys ...uint64) func() bool {
+		return func() bool {
+			st := m.Status()
+			got := idx.Keys("e1", kvevents.TierGPU)
+			return len(st) == 1 && st[0].Epoch == f.epoch && !st[0].Snapshotting && slices.Equal(got, keys)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "the first sidecar followed", followed(older, 1))
+	newer := newFakeSidecar(t, cfg.Conn, 0x3000) // seen second: the newer
+	newer.keys = []uint64{1}
+	newer.publish(2)
+	testutil.WaitFor(t, 10*time.Second, "the newer sidecar followed", followed(newer, 1, 2))
+	stale := func(n float64) func() bool {
+		return func() bool { return counter(t, reg, "kvmesh_materializer_stale_epoch_deltas_total") == n }
+	}
+
+	// Both live: the older sidecar publishes the change the newer one
+	// already did. Ignored, and no switch however long the engine idles.
+	older.publish(2)
+	testutil.WaitFor(t, 10*time.Second, "the older sidecar's echo counted", stale(1))
+	m.TickAt(time.Now().Add(time.Minute))
+	if !followed(newer, 1, 2)() {
+		t.Fatalf("switched on an echo of a change the followed sidecar published: %+v", m.Status())
+	}
+
+	// The newer sidecar is gone; the older one publishes two changes, then
+	// the engine idles.
+	if err := newer.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	older.publish(3)
+	older.publish(4)
+	testutil.WaitFor(t, 10*time.Second, "the older sidecar's changes counted", stale(3))
+	m.TickAt(start) // within EpochGrace: still waiting for the newer one
+	if !followed(newer, 1, 2)() {
+		t.Fatalf("switched before EpochGrace: %+v", m.Status())
+	}
+	m.TickAt(time.Now().Add(cfg.EpochGrace))
+	testutil.WaitFor(t, 10*time.Second, "the older sidecar followed again, its changes in the index", followed(older, 1, 2, 3, 4))
+	if n := log.count("switching to another sidecar epoch: the followed one went silent"); n != 1 {
+		t.Fatalf("%d switch messages, want 1 (logged: %q)", n, log.msgs)
 	}
 }
