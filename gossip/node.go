@@ -55,6 +55,7 @@ type Node struct {
 	// conflicts holds the addresses whose name conflict was logged.
 	conflicts map[string]bool
 	ahead     aheadWarnings // origins warned about as relayed too far ahead (relay.go)
+	dups      dupWarnings   // engine ids and URLs held more than once (duplicates.go)
 
 	// joiningAlone is set while this node, alone, joins a cluster: a name
 	// conflict about itself then means it is the later of two members with
@@ -302,10 +303,11 @@ func (n *Node) Members() map[string]NodeMeta {
 }
 
 // loop broadcasts own changed entries and re-broadcasts all of them now
-// and then. It does nothing else: peers' routing reads these entries
-// (loads, rate-limit usage, learned costs) every BroadcastInterval, so no
-// network wait may hold it (joins are seedLoop's). Owned by Node; stopped
-// by Close.
+// and then, and now and then looks for engines held twice (a pass over the
+// entries, duplicates.go). It does nothing else: peers' routing reads these
+// entries (loads, rate-limit usage, learned costs) every BroadcastInterval,
+// so no network wait may hold it (joins are seedLoop's). Owned by Node;
+// stopped by Close.
 func (n *Node) loop(ctx context.Context) {
 	tick := time.NewTicker(n.cfg.BroadcastInterval)
 	defer tick.Stop()
@@ -316,6 +318,9 @@ func (n *Node) loop(ctx context.Context) {
 		case <-tick.C:
 		}
 		n.flush(i%10 == 0)
+		if i%dupCheckEvery == 0 {
+			n.checkDuplicates(time.Now())
+		}
 	}
 }
 
