@@ -89,6 +89,7 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	defer node.Close()
 	engines := settle(ctx, node, *wait)
 	members := node.Members()
+	dups := node.Duplicates()
 	lr, _ := learn.FromShares(node.AppStates(learn.StateName)) // the ingresses' learned costs
 	if name != "" {
 		i := slices.IndexFunc(engines, func(e gossip.EngineView) bool { return e.ID == name })
@@ -98,9 +99,53 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 		engines = engines[i : i+1]
 	}
 	if verb == "describe" {
-		return describeEngine(stdout, engines[0], members, lr, time.Now())
+		return describeEngine(stdout, engines[0], members, dups, lr, time.Now())
 	}
-	return writeEngines(stdout, engines, lr, time.Now())
+	if err := writeEngines(stdout, engines, dups, lr, time.Now()); err != nil {
+		return err
+	}
+	writeDuplicates(stderr, engines, dups)
+	return nil
+}
+
+// nodes are the members gossiping e: the one whose state is shown first,
+// then any other (two sidecars for one engine), sorted.
+func nodes(e gossip.EngineView, dups gossip.Duplicates) []string {
+	out := []string{e.Node}
+	for _, n := range dups.Engines[e.ID] {
+		if n != e.Node {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// sharedURL is the other engine ids gossiped with e's URL (nil: none).
+func sharedURL(e gossip.EngineView, dups gossip.Duplicates) []string {
+	var out []string
+	for _, id := range dups.URLs[strings.TrimSuffix(e.URL, "/")] {
+		if id != e.ID {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// writeDuplicates warns, below the table, of the listed engines that two
+// sidecars gossip and of the URLs several of them share (docs/OPERATIONS.md,
+// "A second sidecar on one engine").
+func writeDuplicates(w io.Writer, es []gossip.EngineView, dups gossip.Duplicates) {
+	urls := map[string]bool{}
+	for _, e := range es {
+		if ns := nodes(e, dups); len(ns) > 1 {
+			fmt.Fprintf(w, "warning: engine %s is gossiped by %d sidecars (%s): two sidecars for one engine\n", e.ID, len(ns), strings.Join(ns, ", "))
+		}
+		u := strings.TrimSuffix(e.URL, "/")
+		if ids := dups.URLs[u]; len(ids) > 1 && !urls[u] {
+			urls[u] = true
+			fmt.Fprintf(w, "warning: engines %s share the URL %s: different --engine-id for one engine, routed to as %d engines\n", strings.Join(ids, ", "), u, len(ids))
+		}
+	}
 }
 
 // observeMesh joins the gossip at seeds as an observer. bind and advertise
@@ -158,18 +203,21 @@ func settle(ctx context.Context, n *gossip.Node, wait time.Duration) []gossip.En
 		case <-tick.C:
 		}
 		cur := n.Engines()
-		if len(cur) > 0 && ids(cur) == ids(last) && everySidecarSeen(n.Members(), cur) {
+		if len(cur) > 0 && ids(cur) == ids(last) && everySidecarSeen(n.Members(), cur, n.Duplicates()) {
 			return cur
 		}
 		last = cur
 	}
 }
 
-// everySidecarSeen: each live sidecar member gossips at least one engine.
-func everySidecarSeen(members map[string]gossip.NodeMeta, es []gossip.EngineView) bool {
+// everySidecarSeen: each live sidecar member gossips at least one engine
+// (dups names the second sidecar of an engine, whose state es may not show).
+func everySidecarSeen(members map[string]gossip.NodeMeta, es []gossip.EngineView, dups gossip.Duplicates) bool {
 	from := make(map[string]bool, len(es))
 	for _, e := range es {
-		from[e.Node] = true
+		for _, n := range nodes(e, dups) {
+			from[n] = true
+		}
 	}
 	for name, m := range members {
 		if m.Role == gossip.RoleSidecar && !from[name] {
@@ -203,16 +251,18 @@ func role(e gossip.EngineView) string {
 	return e.EngineRole
 }
 
-// writeEngines prints the table. AGE is the age of the engine's last
-// gossiped state (sidecars refresh it every 250 ms; a large AGE is a
-// sidecar that stopped publishing). PREFILL TOK/S is the prefill rate the
-// ingresses have learned for the engine ("-": none has measured it).
-func writeEngines(w io.Writer, es []gossip.EngineView, lr *learn.Learner, now time.Time) error {
+// writeEngines prints the table. NODES are the members gossiping the
+// engine, the one whose state is shown first (more than one: two sidecars
+// for one engine). AGE is the age of the engine's last gossiped state
+// (sidecars refresh it every 250 ms; a large AGE is a sidecar that stopped
+// publishing). PREFILL TOK/S is the prefill rate the ingresses have learned
+// for the engine ("-": none has measured it).
+func writeEngines(w io.Writer, es []gossip.EngineView, dups gossip.Duplicates, lr *learn.Learner, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tGROUP\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODE\tAGE\tPREFILL TOK/S")
+	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tGROUP\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODES\tAGE\tPREFILL TOK/S")
 	for _, e := range es {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.0f\t%d\t%s\t%s\t%s\n", e.ID, e.Model, role(e), group(e), e.Ready, e.Running, e.Waiting,
-			100*e.KVUsage, blocks(e), e.Node, age(now.Sub(e.Updated)), learnedPrefill(lr, e.ID))
+			100*e.KVUsage, blocks(e), strings.Join(nodes(e, dups), ","), age(now.Sub(e.Updated)), learnedPrefill(lr, e.ID))
 	}
 	return tw.Flush()
 }
@@ -237,7 +287,7 @@ func age(d time.Duration) string {
 	}
 }
 
-func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.NodeMeta, lr *learn.Learner, now time.Time) error {
+func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.NodeMeta, dups gossip.Duplicates, lr *learn.Learner, now time.Time) error {
 	var b strings.Builder
 	field := func(k string, v any) { fmt.Fprintf(&b, "%-16s %v\n", k+":", v) }
 	field("Name", e.ID)
@@ -248,6 +298,9 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 		field("P/D protocol", e.PDProtocol)
 	}
 	field("URL", e.URL)
+	if ids := sharedURL(e, dups); len(ids) > 0 {
+		field("URL shared by", strings.Join(ids, ", ")+" (different --engine-id for this engine: routed to as one engine each)")
+	}
 	field("Ready", e.Ready)
 	field("Running", e.Running)
 	field("Waiting", e.Waiting)
@@ -263,6 +316,9 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	field("Node", e.Node)
 	if m, ok := members[e.Node]; ok {
 		field("Node role", m.Role)
+	}
+	if ns := nodes(e, dups); len(ns) > 1 {
+		field("Other nodes", strings.Join(ns[1:], ", ")+" (two sidecars for one engine)")
 	}
 	field("Updated", fmt.Sprintf("%s ago", age(now.Sub(e.Updated))))
 	field("Delta head", fmt.Sprintf("epoch %x seq %d", e.Digest.Head.Epoch, e.Digest.Head.Seq))

@@ -114,7 +114,7 @@ func TestGetEngines(t *testing.T) {
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") {
 		t.Fatalf("want a header and two engines:\n%s", out.String())
 	}
-	for _, c := range []string{"MODEL", "ROLE", "GROUP", "READY", "RUNNING", "WAITING", "KV%", "BLOCKS", "NODE", "AGE", "PREFILL TOK/S"} {
+	for _, c := range []string{"MODEL", "ROLE", "GROUP", "READY", "RUNNING", "WAITING", "KV%", "BLOCKS", "NODES", "AGE", "PREFILL TOK/S"} {
 		if !strings.Contains(lines[0], c) {
 			t.Errorf("header lacks %s: %s", c, lines[0])
 		}
@@ -222,10 +222,65 @@ func TestEverySidecarSeen(t *testing.T) {
 		"ingress-1": {Role: gossip.RoleIngress}}
 	a := gossip.EngineView{EngineState: gossip.EngineState{ID: "a"}, Node: "sidecar-a"}
 	b := gossip.EngineView{EngineState: gossip.EngineState{ID: "b"}, Node: "sidecar-b"}
-	if everySidecarSeen(members, []gossip.EngineView{a}) {
+	if everySidecarSeen(members, []gossip.EngineView{a}, gossip.Duplicates{}) {
 		t.Error("sidecar-b's engine missing, yet settled")
 	}
-	if !everySidecarSeen(members, []gossip.EngineView{a, b}) {
+	if !everySidecarSeen(members, []gossip.EngineView{a, b}, gossip.Duplicates{}) {
 		t.Error("every sidecar seen, yet not settled")
+	}
+	// sidecar-b gossips engine a too: its state is not the one shown.
+	if !everySidecarSeen(members, []gossip.EngineView{a}, gossip.Duplicates{Engines: map[string][]string{"a": {"sidecar-a", "sidecar-b"}}}) {
+		t.Error("sidecar-b gossips engine a, yet not settled")
+	}
+}
+
+// TestGetEnginesShowsDuplicates: an engine two sidecars gossip lists both
+// under NODES and in describe, and engines sharing one URL are named in
+// describe and in a warning under the table. Before, get engines showed
+// one node and nothing of a shared URL.
+func TestGetEnginesShowsDuplicates(t *testing.T) {
+	now := time.Now()
+	view := func(id, url, node string) gossip.EngineView {
+		return gossip.EngineView{EngineState: gossip.EngineState{ID: id, Model: "m", URL: url}, Node: node, Updated: now}
+	}
+	es := []gossip.EngineView{view("e1", "http://10.0.0.1:8000", "sidecar-b"), view("e2", "http://10.0.0.2:8000", "sidecar-c"), view("e3", "http://10.0.0.2:8000/", "sidecar-d")}
+	dups := gossip.Duplicates{
+		Engines: map[string][]string{"e1": {"sidecar-a", "sidecar-b"}},
+		URLs:    map[string][]string{"http://10.0.0.2:8000": {"e2", "e3"}},
+	}
+	var out, warn strings.Builder
+	lr, _ := learn.FromShares(nil)
+	if err := writeEngines(&out, es, dups, lr, now); err != nil {
+		t.Fatal(err)
+	}
+	writeDuplicates(&warn, es, dups)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if f := strings.Fields(lines[1]); len(f) != 12 || f[9] != "sidecar-b,sidecar-a" {
+		t.Errorf("e1's row %q, want NODES sidecar-b,sidecar-a (the shown state's node first)", lines[1])
+	}
+	if f := strings.Fields(lines[2]); len(f) != 12 || f[9] != "sidecar-c" {
+		t.Errorf("e2's row %q", lines[2])
+	}
+	for _, s := range []string{"warning: engine e1 is gossiped by 2 sidecars (sidecar-b, sidecar-a)", "warning: engines e2, e3 share the URL http://10.0.0.2:8000"} {
+		if !strings.Contains(warn.String(), s) {
+			t.Errorf("warnings lack %q:\n%s", s, warn.String())
+		}
+	}
+	if n := strings.Count(warn.String(), "\n"); n != 2 {
+		t.Errorf("%d warning lines, want 2:\n%s", n, warn.String())
+	}
+	out.Reset()
+	if err := describeEngine(&out, es[0], nil, dups, lr, now); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "Other nodes:     sidecar-a") {
+		t.Errorf("describe e1 lacks the second sidecar:\n%s", out.String())
+	}
+	out.Reset()
+	if err := describeEngine(&out, es[2], nil, dups, lr, now); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "URL shared by:   e2") {
+		t.Errorf("describe e3 lacks the engine sharing its URL:\n%s", out.String())
 	}
 }
