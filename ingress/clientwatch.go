@@ -223,13 +223,14 @@ func canPeek(conn net.Conn) bool {
 	return ok && peekSupported
 }
 
-// socketOf is the connection under conn's TLS, if any: the watcher peeks
-// at the socket, below the records.
+// socketOf is the socket under conn's TLS, if any, and under the send
+// timeout's wrapper (sendtimeout.go): the watcher peeks at the socket,
+// below the records.
 func socketOf(conn net.Conn) net.Conn {
 	if tc, ok := conn.(*tls.Conn); ok {
-		return tc.NetConn()
+		conn = tc.NetConn()
 	}
-	return conn
+	return netConnOf(conn)
 }
 
 // ErrClientGone: the client closed its connection while its request waited

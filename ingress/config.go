@@ -138,6 +138,14 @@ type Config struct {
 	// engine takes, and its leaving is still seen (clientwatch.go).
 	// Default 60s.
 	ReadTimeout time.Duration `yaml:"readTimeout"`
+	// SendTimeout bounds how long a write of an answer to a client may go
+	// without the client taking a byte of it (nginx's send_timeout): a
+	// client that stops reading a stream, or a large answer, is cut then,
+	// its engine's request cancelled and its MaxConcurrent slot freed (the
+	// access log says 499, "client stopped reading"). It bounds each write,
+	// not the answer: a stream may run as long as its engine sends and its
+	// client reads (sendtimeout.go). Default 60s; 0 turns it off.
+	SendTimeout time.Duration `yaml:"sendTimeout"`
 	// MaxConnsPerEngine bounds pooled upstream connections per engine. Default 4096.
 	MaxConnsPerEngine int `yaml:"maxConnsPerEngine"`
 	// DrainTimeout bounds the graceful drain in Close. Default 30s.
@@ -231,6 +239,7 @@ func DefaultConfig() Config {
 		ConnectTimeout:        2 * time.Second,
 		IdleTimeout:           5 * time.Minute,
 		ReadTimeout:           60 * time.Second,
+		SendTimeout:           60 * time.Second,
 		MaxConnsPerEngine:     4096,
 		DrainTimeout:          30 * time.Second,
 		ChatMode:              ChatModeChat,
@@ -290,6 +299,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadTimeout <= 0 {
 		bad("read timeout must be > 0")
+	}
+	if c.SendTimeout < 0 {
+		bad("send timeout must be >= 0 (0: off), got %v", c.SendTimeout)
 	}
 	if c.FirstByteTimeout < 0 {
 		bad("first byte timeout must be >= 0 (0: none while the stall watch is on), got %v", c.FirstByteTimeout)

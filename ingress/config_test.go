@@ -20,6 +20,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	cfg.Listen = "nope"
 	cfg.MaxAttempts = 0
 	cfg.ChatMode = "both"
+	cfg.SendTimeout = -time.Second
 	cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: "ftp://x"}, {ID: "a", Model: "", URL: "http://h:1"}}
 	cfg.Cluster.GossipSeeds = []string{"h:1"}
 	cfg.Scheduler.Policy = "nonesuch"
@@ -27,7 +28,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	if !errors.Is(err, ErrConfig) {
 		t.Fatalf("err %v", err)
 	}
-	for _, want := range []string{"listen", "max attempts", "chat mode", "url", "duplicate id", "empty model", "gossip seeds", "scheduler"} {
+	for _, want := range []string{"listen", "max attempts", "chat mode", "send timeout", "url", "duplicate id", "empty model", "gossip seeds", "scheduler"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)
 		}

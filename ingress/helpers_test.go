@@ -40,6 +40,7 @@ const (
 	faultShed                            // 429 (shedding load) with Retry-After: retryAfter
 	faultSlowAlive                       // GET /health answers 200; an inference answer (a stream's headers go at once) waits until slowProbes probes were answered
 	faultHeadersHang                     // hung after a stream's headers: 200 and headers, then nothing; GET /health gets nothing either
+	faultFloodStream                     // a stream of 8 KiB events as fast as they are taken, until the client goes away
 )
 
 // faultEngine is a FAKE engine for what the simulator cannot be made to do on
@@ -97,6 +98,9 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		fe.probed = make(chan struct{})
 		fe.probeMu.Unlock()
 		return
+	}
+	if fe.mode == faultFloodStream && r.URL.Path == "/health" {
+		return // live: the stall watch's probe of an engine blocked writing
 	}
 	if fe.mode == faultHeadersHang && r.URL.Path == "/health" {
 		select {
@@ -194,6 +198,25 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(bw, "%x\r\n%s\r\n", 6, "data: ")
 		bw.Flush()
 		conn.Close()
+	case faultFloodStream:
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		ev := completionEvent(0, strings.Repeat("x", 8<<10), "")
+		for {
+			if _, err := io.WriteString(w, ev); err != nil {
+				fe.canceled.Add(1)
+				return
+			}
+			fl.Flush()
+			select {
+			case <-r.Context().Done():
+				fe.canceled.Add(1)
+				return
+			case <-fe.quit:
+				return
+			default:
+			}
+		}
 	case faultSlowStream:
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)

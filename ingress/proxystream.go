@@ -20,7 +20,7 @@ import (
 // CRLF and CR (legal SSE, sent by some servers and proxies) become LF as
 // they are read, so event boundaries, [DONE], error events and usage are
 // found alike. fasthttp closes it when the response ends or the client
-// goes away; Close then cancels the upstream request.
+// goes away; CloseWithError then cancels the upstream request.
 type proxyStream struct {
 	c    *call
 	up   *upstream
@@ -364,15 +364,23 @@ func uintAt(b []byte, i int) int {
 	return n
 }
 
-// Close ends the upstream request (cancelling it if still running, e.g.
-// when the client went away) and records the request.
-func (p *proxyStream) Close() error {
+// CloseWithError ends the upstream request (cancelling it if still
+// running, e.g. when the client went away) and records the request.
+// fasthttp calls it when the response ends, with the error that ended
+// writing it (nil when it was written): errSendTimeout when the client
+// stopped reading (sendtimeout.go). It is the stream's only close: as an
+// io.Closer as well, fasthttp would call Close first, before the error is
+// known.
+func (p *proxyStream) CloseWithError(werr error) error {
 	if p.closed {
 		return nil
 	}
 	p.closed = true
 	c := p.c
-	if !p.done {
+	if errors.Is(werr, errSendTimeout) {
+		c.errMsg = werr.Error()
+		c.status = 499
+	} else if !p.done {
 		c.errMsg = "client closed the stream"
 		c.status = 499
 	} else if p.errCode != 0 && c.status == fasthttp.StatusOK {
@@ -388,6 +396,8 @@ func (p *proxyStream) Close() error {
 	putStream(p)
 	return nil
 }
+
+var _ fasthttp.ReadCloserWithError = (*proxyStream)(nil)
 
 // putStream returns p to the pool, without a buffer one large event grew.
 func putStream(p *proxyStream) {

@@ -288,6 +288,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ingress listen: %w", err)
 	}
+	if s.cfg.SendTimeout > 0 {
+		ln = sendTimeoutListener{Listener: ln, d: s.cfg.SendTimeout} // sendtimeout.go
+	}
 	tc, err := s.cfg.TLS.serverTLS()
 	if err != nil {
 		ln.Close()

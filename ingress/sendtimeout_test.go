@@ -1,0 +1,69 @@
+package ingress
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// dialNoRead is a TCP connection to s with a small receive buffer, for a
+// client that sends a request and never reads its answer; closed with the
+// test.
+func dialNoRead(t *testing.T, s *Server) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	conn, err := d.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// sendRequest writes one HTTP/1.1 POST of body to path on conn.
+func sendRequest(t *testing.T, conn net.Conn, path, body string) {
+	t.Helper()
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A client that stops reading a stream is cut after the send timeout with
+// no byte taken: the engine sees its request cancelled, the request's
+// MaxConcurrent slot is freed, and the access log says 499, client stopped
+// reading. Before, the stream stalled with its slot and upstream connection
+// until the client closed.
+func TestSendTimeoutCutsAClientThatStopsReading(t *testing.T) {
+	var alog testutil.SyncBuffer
+	fe := startFaultEngine(t, faultFloodStream)
+	cfg := testConfig(StaticEngine{ID: "flood", Model: "m", URL: fe.url()})
+	cfg.SendTimeout = 200 * time.Millisecond
+	cfg.IdleTimeout = time.Hour // no upstream bound can end it
+	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	conn := dialNoRead(t, s)
+	sendRequest(t, conn, "/v1/completions", `{"model":"m","prompt":[1],"stream":true}`)
+	testutil.WaitFor(t, 30*time.Second, "the engine's request cancelled", func() bool { return fe.canceled.Load() == 1 })
+	waitSettled(t, s)
+	testutil.WaitFor(t, 5*time.Second, "the access line", func() bool { return strings.Contains(alog.String(), `"msg":"request"`) })
+	l := accessLines(t, &alog)[0]
+	if st, _ := l["status"].(float64); st != 499 {
+		t.Fatalf("status %v, want 499: %v", l["status"], l)
+	}
+	if e, _ := l["error"].(string); !strings.HasPrefix(e, "client stopped reading") {
+		t.Fatalf("error %q, want client stopped reading", e)
+	}
+}
