@@ -41,6 +41,7 @@ const (
 	faultSlowAlive                       // GET /health answers 200; an inference answer (a stream's headers go at once) waits until slowProbes probes were answered
 	faultHeadersHang                     // hung after a stream's headers: 200 and headers, then nothing; GET /health gets nothing either
 	faultFloodStream                     // a stream of 8 KiB events as fast as they are taken, until the client goes away
+	faultBigAnswer                       // a 200 JSON answer of 16 MiB, under the ingress's 64 MiB buffer
 )
 
 // faultEngine is a FAKE engine for what the simulator cannot be made to do on
@@ -99,8 +100,8 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		fe.probeMu.Unlock()
 		return
 	}
-	if fe.mode == faultFloodStream && r.URL.Path == "/health" {
-		return // live: the stall watch's probe of an engine blocked writing
+	if (fe.mode == faultFloodStream || fe.mode == faultBigAnswer) && r.URL.Path == "/health" {
+		return // live: the stall watch's probe of an engine busy writing
 	}
 	if fe.mode == faultHeadersHang && r.URL.Path == "/health" {
 		select {
@@ -198,6 +199,10 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(bw, "%x\r\n%s\r\n", 6, "data: ")
 		bw.Flush()
 		conn.Close()
+	case faultBigAnswer:
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"`+
+			strings.Repeat("x", 16<<20)+`","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`)
 	case faultFloodStream:
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)

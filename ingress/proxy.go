@@ -330,15 +330,15 @@ func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasth
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
+	var out []byte
 	if err == nil {
-		ctx.SetBody(buf.Bytes())
+		out = buf.Bytes()
 	}
-	bufPool.Put(buf)
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
 	c.status = st
 	c.errMsg = fmt.Sprintf("engine answered %d", st)
-	c.finish()
+	c.sendAnswer(ctx, buf, out) // answerbody.go: finished once written
 }
 
 // relayBufferedOK reads a whole non-streamed answer; a read error is still
@@ -390,14 +390,11 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	ctx.SetContentType("application/json")
 	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
 	if c.wrap {
-		ctx.SetBody(completionToChat(nil, out))
-	} else {
-		ctx.SetBody(out)
+		out = completionToChat(nil, out)
 	}
-	bufPool.Put(buf)
 	c.status = fasthttp.StatusOK
 	c.s.m.matchRatio.Observe(c.matchRatio())
-	c.finish()
+	c.sendAnswer(ctx, buf, out) // answerbody.go: finished once written
 	return true, nil
 }
 

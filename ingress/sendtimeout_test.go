@@ -67,3 +67,32 @@ func TestSendTimeoutCutsAClientThatStopsReading(t *testing.T) {
 		t.Fatalf("error %q, want client stopped reading", e)
 	}
 }
+
+// A big non-streamed answer to a client that does not read stays in
+// service (its MaxConcurrent slot, the in-flight gauge) until it is written
+// or the send timeout ends it: the access log says 499, client stopped
+// reading, and the ingress settles. Before, the request finished (200) as
+// the handler returned, and the answer waited in memory, uncounted, for as
+// long as the client kept its connection.
+func TestBufferedAnswerInServiceUntilWritten(t *testing.T) {
+	var alog testutil.SyncBuffer
+	fe := startFaultEngine(t, faultBigAnswer)
+	cfg := testConfig(StaticEngine{ID: "big", Model: "m", URL: fe.url()})
+	cfg.SendTimeout = 200 * time.Millisecond
+	cfg.Health.StallAfter = 0 // a slow read of the answer on a loaded machine is no stall
+	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	conn := dialNoRead(t, s)
+	sendRequest(t, conn, "/v1/completions", `{"model":"m","prompt":[1]}`)
+	testutil.WaitFor(t, 30*time.Second, "the access line", func() bool { return strings.Contains(alog.String(), `"msg":"request"`) })
+	l := accessLines(t, &alog)[0]
+	if st, _ := l["status"].(float64); st != 499 {
+		t.Fatalf("status %v, want 499: %v", l["status"], l)
+	}
+	if e, _ := l["error"].(string); !strings.HasPrefix(e, "client stopped reading") {
+		t.Fatalf("error %q, want client stopped reading", e)
+	}
+	waitSettled(t, s)
+	if fe.hits.Load() != 1 {
+		t.Fatalf("%d engine requests, want 1", fe.hits.Load())
+	}
+}
