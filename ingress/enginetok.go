@@ -27,33 +27,53 @@ import (
 // prompt's tokens and keys on them: the keys are the engine's by
 // construction. It costs one round trip to an engine's API server per
 // such request, bounded by Config.EngineTokenizeTimeout; any failure
-// leaves the request unkeyed, as before, and an engine that does not
-// serve /tokenize (404, 405, 501), or failRun failures in a row, turn it
-// off for the model for engineTokenizeOff. Requests with media are not
-// sent (the engine expands a media item into tokens /tokenize does not
-// show), nor batches, nor chat with documents (vLLM's /tokenize takes
-// none).
+// leaves the request unkeyed, as before. An engine that does not serve
+// /tokenize (404, 405, 501), or failRun answered failures in a row (an
+// error status, no tokens), turn it off for the model for
+// engineTokenizeOff. failRun calls in a row that get no answer in time
+// (or no connection) are an engine under load, not a missing endpoint:
+// the model's engines are not asked for a backoff that starts at
+// slowBackoff and doubles while it recurs (up to engineTokenizeOff), and a
+// tokenized prompt resets it. Requests with media are not sent (the engine
+// expands a media item into tokens /tokenize does not show), nor batches,
+// nor chat with documents (vLLM's /tokenize takes none).
 
 // engineTokenizeOff is how long a model's engines are not asked again
-// after one answered that it has no /tokenize, or after failRun failures
-// in a row (an engine whose /tokenize takes no chat messages, or too slow
-// for the timeout): a failing fallback must not cost every request a
-// round trip.
+// after one answered that it has no /tokenize, or after failRun answered
+// failures in a row (an engine whose /tokenize takes no chat messages): a
+// failing fallback must not cost every request a round trip. slowBackoff
+// is the first pause after failRun calls in a row went unanswered (a
+// burst: a few seconds without prefix-aware routing, not five minutes).
 const (
 	engineTokenizeOff = 5 * time.Minute
+	slowBackoff       = 5 * time.Second
 	failRun           = 3
+)
+
+// tokFailure is how an ask for tokens failed.
+type tokFailure int
+
+const (
+	tokSlow        tokFailure = iota // no answer within the timeout, or no connection: an engine under load
+	tokRefused                       // an answer with an error status or without tokens
+	tokUnsupported                   // 404, 405, 501: the engine has no /tokenize
 )
 
 // engineTok holds the fallback's state and series.
 type engineTok struct {
 	models            sync.Map // model → *tokModel
 	ok, failed, unsup prometheus.Counter
+	now               func() time.Time // time.Now; tests set it
 }
 
-// tokModel is one model's fallback state.
+// tokModel is one model's fallback state. off moves from past to future
+// by CompareAndSwap only, so one failure turns the fallback off (and warns)
+// however many fail at once.
 type tokModel struct {
-	off   atomic.Int64 // unix ns until which the model's engines are not asked
-	fails atomic.Int32 // failures in a row
+	off     atomic.Int64 // unix ns until which the model's engines are not asked
+	fails   atomic.Int32 // answered failures in a row
+	slow    atomic.Int32 // unanswered calls in a row
+	backoff atomic.Int64 // the last pause after unanswered calls (0: none since a success)
 }
 
 func (et *engineTok) model(name string) *tokModel {
@@ -64,23 +84,67 @@ func (et *engineTok) model(name string) *tokModel {
 	return v.(*tokModel)
 }
 
+// asking reports whether the model's engines may be asked now.
+func (et *engineTok) asking(model string) bool {
+	v, ok := et.models.Load(model)
+	return !ok || et.now().UnixNano() >= v.(*tokModel).off.Load()
+}
+
+// succeeded resets the model's runs and backoff after a tokenized prompt.
+func (et *engineTok) succeeded(model string) {
+	tm := et.model(model)
+	tm.fails.Store(0)
+	tm.slow.Store(0)
+	tm.backoff.Store(0)
+}
+
 // fail counts a failed ask for c's model and turns the fallback off for it
-// after failRun in a row (at once when unsupported), with a warning.
-func (et *engineTok) fail(c *call, engine string, unsupported bool, why any) {
+// at once when unsupported, for engineTokenizeOff after failRun answered
+// failures in a row, and for the next backoff after failRun unanswered
+// ones; one warning per turn off.
+func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 	tm := et.model(c.model)
-	if unsupported {
+	var d time.Duration
+	switch kind {
+	case tokUnsupported:
 		et.unsup.Inc()
-	} else {
+		d = engineTokenizeOff
+	case tokRefused:
 		et.failed.Inc()
 		c.s.log.Debug("engine /tokenize failed; the request keeps the ingress's own keys or none", "model", c.model, "engine", engine, "why", why)
 		if tm.fails.Add(1) < failRun {
 			return
 		}
+		d = engineTokenizeOff
+	default:
+		et.failed.Inc()
+		c.s.log.Debug("engine /tokenize did not answer in time; the request keeps the ingress's own keys or none", "model", c.model, "engine", engine, "why", why)
+		if tm.slow.Add(1) < failRun {
+			return
+		}
+		d = min(max(2*time.Duration(tm.backoff.Load()), slowBackoff), engineTokenizeOff)
+	}
+	now := et.now()
+	until := now.Add(d).UnixNano()
+	for {
+		old := tm.off.Load()
+		if old > now.UnixNano() && (kind != tokUnsupported || old >= until) {
+			// Off already: a call that was asked before it went off (a
+			// burst's others) changes nothing. Only a missing /tokenize
+			// lengthens a short pause.
+			return
+		}
+		if tm.off.CompareAndSwap(old, until) {
+			break
+		}
 	}
 	tm.fails.Store(0)
-	tm.off.Store(time.Now().Add(engineTokenizeOff).UnixNano())
+	tm.slow.Store(0)
+	if kind == tokSlow {
+		tm.backoff.Store(int64(d))
+	}
 	c.s.log.Warn("the model's engines are not asked to tokenize for a while: requests the ingress cannot tokenize are routed by load, unkeyed",
-		"model", c.model, "engine", engine, "unsupported", unsupported, "why", why, "retry_in", engineTokenizeOff)
+		"model", c.model, "engine", engine, "unsupported", kind == tokUnsupported, "unanswered", kind == tokSlow, "why", why, "retry_in", d)
 }
 
 func newEngineTok(reg prometheus.Registerer, constLabels prometheus.Labels) *engineTok {
@@ -89,7 +153,7 @@ func newEngineTok(reg prometheus.Registerer, constLabels prometheus.Labels) *eng
 			"(ok: keyed on the engine's tokens; failed and unsupported: routed unkeyed).",
 		ConstLabels: constLabels}, []string{"result"})
 	reg.MustRegister(v)
-	return &engineTok{ok: v.WithLabelValues("ok"), failed: v.WithLabelValues("failed"), unsup: v.WithLabelValues("unsupported")}
+	return &engineTok{ok: v.WithLabelValues("ok"), failed: v.WithLabelValues("failed"), unsup: v.WithLabelValues("unsupported"), now: time.Now}
 }
 
 // keylessPolicy names the policies that route without looking at keys:
@@ -123,7 +187,7 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	if et == nil || s.cfg.EngineTokenizeTimeout <= 0 || len(c.req.batch) > 1 {
 		return dst, false
 	}
-	if v, ok := et.models.Load(c.model); ok && time.Now().UnixNano() < v.(*tokModel).off.Load() {
+	if !et.asking(c.model) {
 		return dst, false
 	}
 	body := c.engineTokenizeBody()
@@ -145,7 +209,7 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	}
 	up, err := s.ups.get(c.cands[at].ID, c.urls[at])
 	if err != nil {
-		et.fail(c, c.cands[at].ID, false, err)
+		et.fail(c, c.cands[at].ID, tokRefused, err)
 		return dst, false
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -157,23 +221,23 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	c.setUpstreamHeaders(&req.Header)
 	req.SetBodyRaw(body)
 	if err := up.hc.DoTimeout(req, resp, s.cfg.EngineTokenizeTimeout); err != nil {
-		et.fail(c, up.id, false, err)
+		et.fail(c, up.id, tokSlow, err)
 		return dst, false
 	}
 	switch st := resp.StatusCode(); {
 	case st == fasthttp.StatusNotFound || st == fasthttp.StatusMethodNotAllowed || st == fasthttp.StatusNotImplemented:
-		et.fail(c, up.id, true, fmt.Sprintf("status %d", st))
+		et.fail(c, up.id, tokUnsupported, fmt.Sprintf("status %d", st))
 		return dst, false
 	case st != fasthttp.StatusOK:
-		et.fail(c, up.id, false, fmt.Sprintf("status %d", st))
+		et.fail(c, up.id, tokRefused, fmt.Sprintf("status %d", st))
 		return dst, false
 	}
 	ids, ok := tokenizeAnswerIDs(dst, resp.Body())
 	if !ok || len(ids) == len(dst) {
-		et.fail(c, up.id, false, "no token ids in the answer")
+		et.fail(c, up.id, tokRefused, "no token ids in the answer")
 		return dst, false
 	}
-	et.model(c.model).fails.Store(0)
+	et.succeeded(c.model)
 	return ids, true
 }
 
