@@ -545,9 +545,10 @@ func (c *call) logAccess(total time.Duration) {
 		slog.Float64("ttft_ms", ms(c.ttft)),
 		slog.Float64("total_ms", ms(total)),
 		slog.String("pd_mode", c.pd.plan.Mode.String()),
-		slog.String("prefill_engine", c.pd.prefill),
+		slog.String("prefill_engine", c.prefillEngine()),
 		slog.String("prefill_result", c.pd.result),
 		slog.Float64("prefill_ms", ms(c.pd.duration)),
+		slog.String("prefill_planned", c.pd.planned),
 		slog.String("error", c.errMsg),
 		{}, // engine_request_id when the engine answered another id
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,9 +112,16 @@ func (c *PDConfig) defaults() {
 
 // pdCall is one call's P/D state.
 type pdCall struct {
-	plan     pd.Plan
-	prefill  string // prefill engine, "" when aggregated
-	pmatch   index.Match
+	plan pd.Plan
+	// prefill is the engine that runs the request's prefill leg: "" when
+	// the request is served aggregated, by its plan or after the leg fell
+	// back (servedWhole), so that the answering engine counts as the one
+	// that did the prefill.
+	prefill string
+	pmatch  index.Match
+	// planned is the prefill engine a leg was given up on (fallback or
+	// 429), for the access log; "" otherwise.
+	planned  string
 	result   string // prefill leg result for the access log
 	duration time.Duration
 }
@@ -514,10 +522,36 @@ func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
 	return ok
 }
 
+// servedWhole records that the request planned with a prefill leg is
+// served without one (aggregated, or not at all): the engine that answers
+// does the whole prefill, so the learner takes its prefill sample
+// (learnFirstToken), the SLO recorder credits it the TTFT (observeCall) and
+// the access log names it, instead of the prefill engine given up.
+func (c *call) servedWhole() {
+	if c.pd.prefill != "" {
+		c.pd.planned = c.pd.prefill
+	}
+	c.pd.prefill, c.pd.pmatch = "", index.Match{}
+}
+
+// prefillEngine is the engine that did the request's prefill, for the
+// access log: the prefill leg's engine, or after a leg was given up the
+// engine that answered; "" for a request planned aggregated (its engine
+// did it).
+func (c *call) prefillEngine() string {
+	if c.pd.prefill == "" && c.pd.planned != "" {
+		return c.engine
+	}
+	return c.pd.prefill
+}
+
 // prefillDone records a leg's result (metrics, the access log's fields);
 // it runs before the call is finished, after which nothing may touch c.
 func (c *call) prefillDone(p *pdState, res string, start time.Time) string {
 	c.pd.result, c.pd.duration = res, time.Since(start)
+	if res == "rejected" || strings.HasPrefix(res, "fallback_") {
+		c.servedWhole()
+	}
 	p.legs.WithLabelValues("prefill", res).Inc()
 	switch res {
 	case "fallback_queue_full", "fallback_admission_timeout", "fallback_body", "fallback_invalid", "fallback_no_engine":
@@ -563,8 +597,9 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 				// No engine left for it: the engine the fallback would
 				// take is queueing already, and a whole prefill there
 				// would wait behind its queue and stall its streams.
+				err := fmt.Errorf("%w: %s, and %s is queueing", ErrPrefillFull, c.pd.prefill, fb)
 				c.prefillDone(p, "rejected", start)
-				c.fail(ctx, fmt.Errorf("%w: %s, and %s is queueing", ErrPrefillFull, c.pd.prefill, fb))
+				c.fail(ctx, err)
 				c.finish()
 				return "rejected", false
 			}

@@ -182,6 +182,7 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		// A prefill leg runs on a goroutine the server waits for (s.wg);
 		// none may start once Close may be waiting.
 		c.pd.result = "draining"
+		c.servedWhole()
 		return true
 	}
 	start := time.Now()
@@ -214,6 +215,7 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		}
 	}
 	c.pd.duration = time.Since(start)
+	c.servedWhole() // aggregated or 429: no pair's prefill engine did it
 	if fb := c.fallbackEngine(); full > 0 && full == pairs && c.queueing(fb) {
 		// Every prefill queue tried is full and the engine the request
 		// would fall back to (the ranking's head, not necessarily a

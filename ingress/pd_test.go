@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -594,5 +595,77 @@ func TestPDPrefillConnectErrorEjects(t *testing.T) {
 	}
 	if s.health.allowed("p0") {
 		t.Fatal("a prefill engine refusing connections is still allowed")
+	}
+}
+
+// TestPDFallbackRecordsServingEngine: a request whose prefill leg is given
+// up and served aggregated had its prefill done by the engine that
+// answered, and every record says so: the learner takes that engine's
+// prefill sample (its first token is its own prefill's), the SLO recorder
+// credits it the TTFT and the prompt, and the access log names it as the
+// prefill engine (prefill_planned keeps the one given up). They used to
+// name the plan's prefill engine, which never ran the prefill. Both
+// protocols: a NIXL leg that fails (500) or finds the queue full, and an
+// SGLang pair whose queue is full.
+func TestPDFallbackRecordsServingEngine(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		sglang bool
+		fail   bool // the prefill engine answers 500; else its queue is full
+		result string
+	}{
+		{name: "nixl-failed", fail: true, result: "fallback_status_5xx"},
+		{name: "nixl-queue-full", result: "fallback_queue_full"},
+		{name: "sglang-queue-full", sglang: true, result: "concurrent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, d := startFakePD(t, tc.fail), startFakePD(t, false)
+			pe := pdEngine("p0", scheduler.RolePrefill, p.url())
+			if tc.sglang {
+				pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, "127.0.0.1:8998"
+			}
+			plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", Policy: "fixed", Reason: "test",
+				Options: []pd.Choice{{Prefill: "p0", Decode: "d0"}}}
+			var log testutil.SyncBuffer
+			cfg := testConfig()
+			cfg.Listen = "127.0.0.1:0"
+			cfg.Scheduler.Policy = "kvmesh" // the learner runs
+			cfg.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+			s, err := New(cfg, Deps{PD: fixedPlanner{plan}, Logger: quiet, AccessLog: slog.New(slog.NewJSONHandler(&log, nil)),
+				Membership: roleMembership{pe, pdEngine("d0", scheduler.RoleDecode, d.url())}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.slo = NewSLORecorder(SLOConfig{Interval: time.Second}) // what Start does with gossip
+			if err := s.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			if s.learn == nil {
+				t.Fatal("no learner")
+			}
+			if !tc.fail {
+				s.pdInit().gate("p0").slots <- struct{}{} // the one slot is taken, and there is no queue
+			}
+			st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2,"stream":true}`)
+			if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || d.decodes.Load() != 1 || d.params.Load().(string) != "" {
+				t.Fatalf("status %d engine %q body %s; decodes %d with params %q", st, hdr.Get("X-Kvmesh-Engine"), b, d.decodes.Load(), d.params.Load())
+			}
+			testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return strings.Contains(log.String(), `"prefill_result"`) })
+			if pl, dl := s.learned("p0"), s.learned("d0"); pl.PrefillSamples != 0 || dl.PrefillSamples != 1 {
+				t.Errorf("learner: %d prefill samples on p0, %d on d0; want 0 and 1 (d0 did the prefill)", pl.PrefillSamples, dl.PrefillSamples)
+			}
+			sum := decodeSummary(t, s.slo.Summary())
+			if len(sum.Engines) != 1 || sum.Engines[0].ID != "d0" || sum.Engines[0].TTFTN != 1 || sum.Engines[0].PromptTokens != 3 {
+				t.Errorf("SLO summary %+v: want the TTFT and prompt on d0 alone", sum.Engines)
+			}
+			l := log.String()
+			for _, want := range []string{`"prefill_engine":"d0","prefill_result":"` + tc.result + `"`, `"prefill_planned":"p0"`} {
+				if !strings.Contains(l, want) {
+					t.Errorf("access log %s: want %s", l, want)
+				}
+			}
+		})
 	}
 }
