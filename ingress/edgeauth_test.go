@@ -3,6 +3,7 @@ package ingress
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim"
 )
 
 const edgeKey = "sk-edge-test-0123456789"
@@ -518,5 +520,64 @@ func TestEdgeChecksAllocateNothing(t *testing.T) {
 	}
 	if got := string(ctx.Response.Header.Peek("Access-Control-Allow-Origin")); got != app {
 		t.Fatalf("Access-Control-Allow-Origin %q", got)
+	}
+}
+
+// TestResponseByIDAuthLikeInference: GET /v1/responses/{id} and its cancel
+// authenticate as POST /v1/responses does, through the same code
+// (identify): for every credential a client may send, the three give the
+// same verdict, and the Messages API's x-api-key is read on none of them
+// (it is on /v1/messages). A stored response is not scoped to the key that
+// made it, as in vLLM (docs/SECURITY.md): another valid key holding its id
+// reads it; no key, or a wrong one, does not.
+func TestResponseByIDAuthLikeInference(t *testing.T) {
+	const alice, bob = "sk-alice-0123456789", "sk-bob-0123456789"
+	kf := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(kf, []byte("alice "+alice+"\nbob "+bob+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.Load(auth.Config{KeysFile: kf, EnvVar: "-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine := startSim(t, sim.Config{Model: "m", ResponsesStore: true})
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: engine.URL()}), Deps{Auth: keys})
+	url := "http://" + s.Addr()
+	st, _, b := edgeSend(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","max_output_tokens":2,"store":true}`, "Authorization", "Bearer "+alice)
+	var made struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(b), &made); st != 200 || err != nil || !strings.HasPrefix(made.ID, respIDPrefix) {
+		t.Fatalf("alice's response: %d %.300s (%v)", st, b, err)
+	}
+	for _, c := range []struct {
+		name string
+		hdr  []string
+		ok   bool
+	}{
+		{"alice", []string{"Authorization", "Bearer " + alice}, true},
+		{"bob", []string{"Authorization", "bearer " + bob}, true},
+		{"none", nil, false},
+		{"wrong key", []string{"Authorization", "Bearer sk-wrong-0123456789"}, false},
+		{"x-api-key", []string{"X-Api-Key", alice}, false},
+		{"x-api-key beside a wrong bearer", []string{"Authorization", "Bearer sk-wrong-0123456789", "X-Api-Key", alice}, false},
+	} {
+		for _, r := range []struct{ method, path, body string }{
+			{"POST", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":1}`},
+			{"GET", "/v1/responses/" + made.ID, ""},
+			{"POST", "/v1/responses/" + made.ID + "/cancel", ""},
+		} {
+			st, _, b := edgeSend(t, r.method, url+r.path, r.body, c.hdr...)
+			if (st != http.StatusUnauthorized) != c.ok {
+				t.Errorf("%s: %s %s: %d %.200s; want accepted %v", c.name, r.method, r.path, st, b, c.ok)
+			}
+			if c.ok && r.method == "GET" && (st != 200 || !strings.Contains(b, made.ID)) {
+				t.Errorf("%s: GET of alice's response: %d %.200s", c.name, st, b)
+			}
+		}
+	}
+	// The same key as x-api-key is a credential on the Messages API.
+	if st, _, b := edgeSend(t, "POST", url+"/v1/messages", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, "X-Api-Key", alice); st != 200 {
+		t.Errorf("/v1/messages with x-api-key: %d %.200s", st, b)
 	}
 }

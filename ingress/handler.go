@@ -180,13 +180,11 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 
 // parse authenticates the caller and parses the body.
 func (c *call) parse(ctx *fasthttp.RequestCtx) error {
-	if c.s.deps.Auth != nil {
-		id, err := c.s.deps.Auth.Check(credential(&ctx.Request.Header))
-		if err != nil {
-			return unauthorized(err)
-		}
-		c.keyID = id
+	id, err := c.s.identify(&ctx.Request.Header) // header.go
+	if err != nil {
+		return err
 	}
+	c.keyID = id
 	if len(ctx.Request.Header.ContentEncoding()) > 0 {
 		if err := c.s.decodeBody(&ctx.Request); err != nil { // encoding.go
 			return err

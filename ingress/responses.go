@@ -431,14 +431,12 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	}
 	defer func() { s.finishByID(ctx, &l) }()
 	fail := func(err error) { l.ae = writeError(ctx, err) }
-	if s.deps.Auth != nil {
-		key, err := s.deps.Auth.Check(ctx.Request.Header.Peek("Authorization"))
-		if err != nil {
-			fail(unauthorized(err))
-			return
-		}
-		l.key = key
+	key, err := s.identify(&ctx.Request.Header) // as an inference request (parse)
+	if err != nil {
+		fail(err)
+		return
 	}
+	l.key = key
 	rest := bytes.TrimPrefix(ctx.Path(), []byte("/v1/responses/"))
 	id, cancel := rest, false
 	if i := bytes.IndexByte(rest, '/'); i >= 0 {
