@@ -168,7 +168,7 @@ func (s *Server) pdInit() *pdState {
 		cl := prometheus.Labels{"ingress": s.cfg.ID}
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
 			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, rejected (429), fallback_<why> when served aggregated instead, " +
-				"next_queue_full when a full queue moved the leg to the plan's next prefill engine; SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
+				"next_queue_full when a full queue moved the leg to the plan's next prefill engine (SGLang: the next pair); SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
 		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
 			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
 		p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_decisions_total",

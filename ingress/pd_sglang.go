@@ -189,6 +189,11 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 	c.pd.result = "concurrent" // per-leg results: kvmesh_ingress_pd_legs_total
 	tried := map[string]bool{}
 	pairs, full := 0, 0
+	// refused: the last pair tried found its prefill queue full. It is
+	// counted as NIXL counts a full queue (runPrefill): next_queue_full
+	// when the request moves on to another pair, else as the request
+	// ends, fallback_queue_full (aggregated) or rejected (429).
+	refused := false
 	for _, o := range c.pd.plan.Options {
 		if pairs == maxSGLangPairs {
 			break
@@ -197,18 +202,22 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		if o.Prefill == "" || tried[o.Prefill] || pi == nil || pi.PDProtocol != gossip.PDProtocolSGLang {
 			continue
 		}
+		if refused {
+			p.legs.WithLabelValues("prefill", "next_queue_full").Inc()
+			refused = false
+		}
 		tried[o.Prefill] = true
 		pairs++
 		// The pair's own prefill engine's match: its load is charged
 		// with the prompt tokens it does not cache.
 		c.pd.prefill, c.pd.pmatch = o.Prefill, o.PrefillMatch
-		answered, ok := c.sglangPair(ctx, p, pi, o.Decode, start)
+		answered, ok, isFull := c.sglangPair(ctx, p, pi, o.Decode, start)
 		if answered {
 			return false // c may be finished: touch nothing
 		}
-		if c.pd.result == "fallback_queue_full" {
+		if isFull {
 			full++
-			c.pd.result = "concurrent"
+			refused = true
 		}
 		if !ok {
 			break
@@ -221,41 +230,43 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		// would fall back to (the ranking's head, not necessarily a
 		// pair's decode engine) is queueing: no engine is left for it.
 		c.pd.result = "rejected"
+		p.legs.WithLabelValues("prefill", "rejected").Inc()
 		c.fail(ctx, fmt.Errorf("%w: every prefill engine tried, and %s is queueing", ErrPrefillFull, fb))
 		c.finish()
 		return false
+	}
+	if refused {
+		p.legs.WithLabelValues("prefill", "fallback_queue_full").Inc()
 	}
 	p.decisions.WithLabelValues("aggregated", "sglang_fallback").Inc()
 	return true
 }
 
 // sglangPair runs one (prefill, decode) pair. answered: the client has its
-// answer; ok false: do not try another pair.
-func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, decode string, start time.Time) (answered, ok bool) {
+// answer; ok false: do not try another pair; full: the prefill engine's
+// queue was full, and sglangLegs counts the refusal once it knows where
+// the request goes instead.
+func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, decode string, start time.Time) (answered, ok, full bool) {
 	s := c.s
 	host, port := bootstrapOf(pi)
 	body, err := withBootstrap(c.upstreamBody(), host, port, rand.Uint64()&(1<<63-1))
 	if err != nil {
 		p.legs.WithLabelValues("prefill", "fallback_body").Inc()
-		return false, false
+		return false, false, false
 	}
 	g := p.gate(pi.ID)
 	if err := g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout)); err != nil {
 		if errors.Is(err, ErrPrefillFull) {
-			p.legs.WithLabelValues("prefill", "fallback_queue_full").Inc()
-			// sglangLegs counts the pairs so refused; then the next pair,
-			// or aggregated.
-			c.pd.result = "fallback_queue_full"
-			return false, true
+			return false, true, true
 		}
 		p.legs.WithLabelValues("prefill", "fallback_admission_timeout").Inc()
-		return false, true
+		return false, true, false
 	}
 	pup, err := s.ups.get(pi.ID, pi.URL)
 	if err != nil {
 		g.release()
 		p.legs.WithLabelValues("prefill", "fallback_no_engine").Inc()
-		return false, true
+		return false, true, false
 	}
 	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
@@ -263,7 +274,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.forwardCopy(), charge, start)
 	answered, fail := c.sglangDecode(ctx, leg, decode, body)
 	if answered {
-		return true, false
+		return true, false, false
 	}
 	res := leg.decodeFailed(s, fail)
 	if fail.cut && res.status >= 400 && res.status < 500 && res.status != fasthttp.StatusTooManyRequests {
@@ -276,9 +287,9 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		ctx.Response.Header.Set("X-Kvmesh-Engine", pi.ID)
 		ctx.SetBody(res.body)
 		c.finish()
-		return true, false
+		return true, false, false
 	}
-	return false, true
+	return false, true, false
 }
 
 // sglangDecode sends the decode leg and, once the decode engine answers

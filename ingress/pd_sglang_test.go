@@ -369,8 +369,10 @@ func TestSGLangPrefillQueueFullFallsBack(t *testing.T) {
 	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
 		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
 	}
-	if n, agg := val(p.legs.WithLabelValues("prefill", "fallback_queue_full")), val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); n != 2 || agg != 1 {
-		t.Fatalf("%v legs fell back for a full queue (want 2: both pairs), %v requests served aggregated (want 1)", n, agg)
+	next, n, agg := val(p.legs.WithLabelValues("prefill", "next_queue_full")), val(p.legs.WithLabelValues("prefill", "fallback_queue_full")),
+		val(p.decisions.WithLabelValues("aggregated", "sglang_fallback"))
+	if next != 1 || n != 1 || agg != 1 {
+		t.Fatalf("%v moves to the next pair (want 1), %v legs fell back for a full queue (want 1: the last pair), %v requests served aggregated (want 1)", next, n, agg)
 	}
 	for i, e := range cl.Prefill {
 		if l := e.Load(0); l.Finished != 0 || l.Running+l.Waiting != 0 {
@@ -401,6 +403,11 @@ func TestSGLangPrefillQueueFullDecodeQueueing(t *testing.T) {
 	st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
 	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) {
 		t.Fatalf("status %d body %s", st, b)
+	}
+	// As NIXL counts it: a move to the next pair, then the 429.
+	if next, rej, full := val(p.legs.WithLabelValues("prefill", "next_queue_full")), val(p.legs.WithLabelValues("prefill", "rejected")),
+		val(p.legs.WithLabelValues("prefill", "fallback_queue_full")); next != 1 || rej != 1 || full != 0 {
+		t.Fatalf("legs: %v next_queue_full, %v rejected, %v fallback_queue_full; want 1, 1, 0", next, rej, full)
 	}
 	for _, e := range append(append([]*sim.Server(nil), cl.Prefill...), cl.Decode...) {
 		if l := e.Load(0); l.Finished != 0 || l.Running+l.Waiting != 0 {
@@ -527,5 +534,53 @@ func TestSGLangNextPairCharge(t *testing.T) {
 	}
 	if got := <-charged; got != 3 {
 		t.Fatalf("p1 was charged %d prefill tokens during its leg, want 3 (the whole prompt: it caches none of it)", got)
+	}
+}
+
+// TestSGLangPrefillQueueFullNextPair: a full prefill queue on a pair that
+// the next pair then serves is counted as NIXL counts a move to the next
+// prefill engine, next_queue_full, and the next pair's leg as ok; only
+// when no pair is left and the request is served aggregated is the last
+// refusal fallback_queue_full. It used to count fallback_queue_full for
+// every full pair, though the request was served disaggregated.
+func TestSGLangPrefillQueueFullNextPair(t *testing.T) {
+	p1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-p","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","finish_reason":"length"}]}`)
+	}))
+	t.Cleanup(p1.Close)
+	d := startFakePD(t, false)
+	sg := func(id, url string) EngineInfo {
+		e := pdEngine(id, scheduler.RolePrefill, url)
+		e.PDProtocol, e.Bootstrap = gossip.PDProtocolSGLang, "127.0.0.1:8998"
+		return e
+	}
+	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", Policy: "fixed", Reason: "test",
+		Options: []pd.Choice{{Prefill: "p0", Decode: "d0"}, {Prefill: "p1", Decode: "d0"}}}
+	c := testConfig()
+	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sg("p0", "http://127.0.0.1:1"), sg("p1", p1.URL),
+		pdEngine("d0", scheduler.RoleDecode, d.url())}})
+	p := s.pdInit()
+	p.gate("p0").slots <- struct{}{} // p0 is full: the next pair
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q: %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	testutil.WaitFor(t, 10*time.Second, "p1's leg counted ok", func() bool { return val(p.legs.WithLabelValues("prefill", "ok")) == 1 })
+	if next, full, agg := val(p.legs.WithLabelValues("prefill", "next_queue_full")), val(p.legs.WithLabelValues("prefill", "fallback_queue_full")),
+		val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); next != 1 || full != 0 || agg != 0 {
+		t.Fatalf("next pair: %v next_queue_full, %v fallback_queue_full, %v served aggregated; want 1, 0, 0", next, full, agg)
+	}
+
+	p.gate("p1").slots <- struct{}{} // now both are full: aggregated on d0
+	st, hdr, b = post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || d.decodes.Load() != 2 {
+		t.Fatalf("both full: status %d engine %q: %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if next, full, agg := val(p.legs.WithLabelValues("prefill", "next_queue_full")), val(p.legs.WithLabelValues("prefill", "fallback_queue_full")),
+		val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); next != 2 || full != 1 || agg != 1 {
+		t.Fatalf("both full: %v next_queue_full (want 2), %v fallback_queue_full (want 1), %v served aggregated (want 1)", next, full, agg)
 	}
 }
