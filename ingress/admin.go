@@ -4,7 +4,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"net"
 	"net/http/pprof"
 	"os"
 	"strconv"
@@ -24,7 +23,7 @@ import (
 
 // startAdmin listens on Config.AdminListen and serves until Close.
 func (s *Server) startAdmin() error {
-	aln, err := net.Listen("tcp", s.cfg.AdminListen)
+	aln, err := s.listen(s.cfg.AdminListen, "admin")
 	if err != nil {
 		return fmt.Errorf("ingress admin listen: %w", err)
 	}
@@ -69,9 +68,7 @@ func (s *Server) startAdmin() error {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := s.admin.Serve(aln); err != nil {
-			s.log.Error("admin server", "err", err)
-		}
+		s.serve(s.admin, aln, "admin")
 	}()
 	return nil
 }

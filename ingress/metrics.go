@@ -22,6 +22,8 @@ type metrics struct {
 	// interpreter failed to render: forwarded unkeyed, for the engine to
 	// render.
 	renderFallbacks prometheus.Counter
+	// acceptErrors counts accept errors the listeners waited out (accept.go).
+	acceptErrors *prometheus.CounterVec // listener, errno
 
 	statusLabels map[int]string // avoids strconv per request
 
@@ -67,6 +69,8 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 			Help: "Streams ended with an error event after bytes reached the client.", ConstLabels: constLabels}),
 		renderFallbacks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_chat_render_fallbacks_total",
 			Help: "Chat requests whose template failed to render here (not a raise_exception): routed by load, unkeyed, for the engine to render.", ConstLabels: constLabels}),
+		acceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_accept_errors_total",
+			Help: "Accept errors a listener (client, admin) waited out and retried, by errno (EMFILE: out of file descriptors).", ConstLabels: constLabels}, []string{"listener", "errno"}),
 		statusLabels: map[int]string{},
 	}
 	for _, c := range []int{200, 400, 401, 404, 413, 429, 499, 500, 502, 503, 504} {
@@ -82,7 +86,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 		m.ttftBy[ep] = m.ttft.WithLabelValues(ep.String())
 		m.durationBy[ep] = m.duration.WithLabelValues(ep.String())
 	}
-	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks)
+	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.acceptErrors)
 	if indexKeys != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_keys",
 			Help: "Keys in the local index (all engines and tiers).", ConstLabels: constLabels}, indexKeys))

@@ -121,7 +121,14 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if o.LogFormat == logutil.JSON {
 		log.Info("listening", "addr", scheme+"://"+srv.Addr())
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case err := <-srv.Failed():
+		// A listener stopped accepting: exit, so a supervisor restarts the
+		// replica, instead of living on unreachable.
+		banner("draining", "err", err.Error())
+		return errors.Join(err, srv.Close())
+	}
 	banner("draining")
 	return srv.Close()
 }

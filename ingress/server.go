@@ -109,6 +109,14 @@ type Server struct {
 	// handlers (otherlog.go).
 	otherLog lineLimiter
 
+	// failed receives the error of a listener that stopped serving while
+	// the Server was not closing (Failed); one slot per listener, never
+	// blocks.
+	failed chan error
+	// acceptFault wraps the raw listeners in tests (a fake accept error);
+	// nil in production.
+	acceptFault func(net.Listener) net.Listener
+
 	closeOnce sync.Once
 	closeErr  error
 	quit      chan struct{}
@@ -160,7 +168,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 		deps.Scheduler, hold = sch, h
 	}
-	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), created: time.Now(), cl: cl, health: ej, learn: lr}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger.With("component", "ingress", "ingress", cfg.ID), quit: make(chan struct{}), failed: make(chan error, 2), created: time.Now(), cl: cl, health: ej, learn: lr}
 	if ej != nil {
 		ej.log = s.log // health.go: ejections and restores
 	}
@@ -284,7 +292,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return errors.New("ingress: closed")
 	default:
 	}
-	ln, err := net.Listen("tcp", s.cfg.Listen)
+	ln, err := s.listen(s.cfg.Listen, "client")
 	if err != nil {
 		return fmt.Errorf("ingress listen: %w", err)
 	}
@@ -315,9 +323,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
-		if err := s.srv.Serve(ln); err != nil {
-			s.log.Error("serve", "err", err)
-		}
+		s.serve(s.srv, ln, "client")
 	}()
 	go func() {
 		defer s.wg.Done()
@@ -366,6 +372,43 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("ingress listening", "addr", s.Addr(), "admin", s.AdminAddr(), "policy", s.deps.Scheduler.Policy())
 	return nil
 }
+
+// listen listens on addr, its accept errors retried (accept.go).
+func (s *Server) listen(addr, name string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if s.acceptFault != nil {
+		ln = s.acceptFault(ln)
+	}
+	return newAcceptListener(ln, name, s.m.acceptErrors, s.log), nil
+}
+
+// serve runs srv on ln until Close. Serve returning before Close is a
+// listener that can no longer accept (an accept error that is not retried):
+// the Server fails (Failed) rather than live on unable to take a
+// connection.
+func (s *Server) serve(srv *fasthttp.Server, ln net.Listener, name string) {
+	err := srv.Serve(ln)
+	select {
+	case <-s.quit:
+		return // closing: Shutdown ended Serve
+	default:
+	}
+	if err == nil {
+		err = errors.New("serve returned")
+	}
+	err = fmt.Errorf("ingress %s listener stopped: %w", name, err)
+	s.log.Error("listener stopped serving; the ingress fails", "listener", name, "err", err)
+	s.failed <- err
+}
+
+// Failed receives an error when a listener (client or admin) has stopped
+// serving while the Server was not closing: it can no longer take
+// connections there, and its owner should close it and exit so a
+// supervisor restarts it (Run does).
+func (s *Server) Failed() <-chan error { return s.failed }
 
 // Addr is the listening address (host:port), "" before Start.
 func (s *Server) Addr() string {
