@@ -98,6 +98,35 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 	return fasthttp.RequestConfig{}
 }
 
+// expect (fasthttp.Server.ExpectHandler) answers a request that sent
+// "Expect: 100-continue" before its body: one the ingress will refuse
+// anyway gets that answer now, without "100 Continue" (RFC 9110 §10.1.1),
+// so the client does not start a body that will be cut off (and may lose
+// the answer to a reset). They are the refusals handleTransportError
+// makes once the body is read: a failing credential with a body over
+// unauthBodyLimit (401, or 400 for a repeated one), then a Content-Length
+// over MaxBodyBytes (413). fasthttp closes the connection after. Anything
+// else, a chunked body included (its size is not known yet), gets 100.
+func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
+	h := &ctx.Request.Header
+	n := h.ContentLength()
+	var err error
+	if s.deps.Auth != nil && n > unauthBodyLimit {
+		_, err = s.authenticate(h)
+	}
+	if err == nil && n > s.cfg.MaxBodyBytes {
+		err = fmt.Errorf("%w: limit is %d bytes", ErrTooLarge, s.cfg.MaxBodyBytes)
+	}
+	if err == nil {
+		return fasthttp.StatusContinue
+	}
+	// fasthttp writes this response as it is (the handler does not run).
+	ae := writeErrorShape(ctx, err, messagesPath(ctx.Path()))
+	s.m.requests.WithLabelValues("unknown", s.m.status(ae.status)).Inc()
+	s.corsHeaders(ctx, s.corsIndex(h.Peek("Origin")))
+	return ae.status
+}
+
 // headMemo remembers, for chunked requests only, what headerReceived read
 // from a request's head, keyed by the head's address: fasthttp resets the
 // request, head included, when reading a chunked body fails (too large,

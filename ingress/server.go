@@ -254,6 +254,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
 		HeaderReceived:     s.headerReceived,
+		ExpectHandler:      s.expect, // header.go: no "100 Continue" for a body refused anyway
 		ErrorHandler:       s.handleTransportError,
 		Name:               "kvmesh-ingress",
 		Logger:             fasthttpLogger{s.log},
