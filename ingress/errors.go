@@ -36,6 +36,10 @@ var (
 	ErrFirstByteTimeout = errors.New("upstream first-byte timeout")
 	// ErrEnginesShedding: every engine tried answered 429.
 	ErrEnginesShedding = errors.New("engines shedding load")
+	// ErrLocalResources: the ingress could not open a connection for want
+	// of its own resources (file descriptors, ephemeral ports, buffers),
+	// not the engine's fault: not retried elsewhere, no ejection.
+	ErrLocalResources = errors.New("the ingress is out of resources (its own limit, not the engine's)")
 )
 
 // apiError is an error with everything the OpenAI error body needs.
@@ -102,6 +106,10 @@ func toAPIError(err error) *apiError {
 		return e
 	case errors.Is(err, ErrUpstreamTimout), errors.Is(err, ErrQueueTimeout), errors.Is(err, ErrFirstByteTimeout):
 		return newAPIError(504, "server_error", "timeout", "", err)
+	case errors.Is(err, ErrLocalResources):
+		e := newAPIError(503, "server_error", "ingress_resource_exhausted", "", err)
+		e.retryAfter = time.Second
+		return e
 	case errors.Is(err, ErrNoEngine), errors.Is(err, ErrUpstream), errors.Is(err, ErrDraining):
 		e := newAPIError(503, "server_error", "service_unavailable", "", err)
 		e.retryAfter = time.Second

@@ -25,8 +25,10 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // answers. Before the first byte reaches the client, connect errors, 5xx,
 // 429 and a dead engine's timeouts move on to the next engine
 // (Config.MaxAttempts at most). A live engine's first-byte timeout is not
-// retried (ErrFirstByteTimeout); when every engine tried shed load (429) the
-// client gets 429 with the engines' Retry-After.
+// retried (ErrFirstByteTimeout), nor is the ingress running out of its own
+// resources (ErrLocalResources: every engine would fail the same way); when
+// every engine tried shed load (429) the client gets 429 with the engines'
+// Retry-After.
 func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	ureq := c.upstreamRequest(ctx)
 	defer fasthttp.ReleaseRequest(ureq)
@@ -44,7 +46,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 		}
 		lastErr = err
 		shed.add(err)
-		if errors.Is(err, ErrFirstByteTimeout) {
+		if errors.Is(err, ErrFirstByteTimeout) || errors.Is(err, ErrLocalResources) {
 			break
 		}
 	}
@@ -56,7 +58,7 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
 	}
 	lastErr = shed.verdict(lastErr)
-	if !errors.Is(lastErr, ErrFirstByteTimeout) && c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
+	if !errors.Is(lastErr, ErrFirstByteTimeout) && !errors.Is(lastErr, ErrLocalResources) && c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
 		return
 	}
 	c.fail(ctx, lastErr)
@@ -221,6 +223,8 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 		// The stall watch would have ejected a hung engine and cut this
 		// request long before (Validate): the engine is alive and slow.
 		result = "first_byte_timeout"
+	case result == "local_error":
+		// The ingress's own limit: nothing about the engine.
 	default:
 		up.failures.Add(1)
 		c.s.health.observe(up, result)
@@ -238,6 +242,8 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 		err = errUnreadableAnswer
 	}
 	switch result {
+	case "local_error":
+		return fmt.Errorf("%w: no connection to engine %s: %w", ErrLocalResources, up.id, localErrno(err))
 	case "first_byte_timeout":
 		return fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
 			ErrFirstByteTimeout, up.id, c.s.cfg.firstByteWait(), err)
@@ -247,11 +253,15 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	return fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
 }
 
-// classifyErr names an attempt's transport error: "timeout",
+// classifyErr names an attempt's transport error: "local_error" (the
+// ingress is out of its own resources: localErrno), "timeout",
 // "protocol_error" (the engine answered, with something the ingress
 // cannot read as HTTP: isProtocolErr) or "connect_error" (no connection,
 // or it dropped).
 func classifyErr(err error) string {
+	if localErrno(err) != 0 {
+		return "local_error"
+	}
 	var ne net.Error
 	if errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
 		return "timeout"
@@ -260,6 +270,22 @@ func classifyErr(err error) string {
 		return "protocol_error"
 	}
 	return "connect_error"
+}
+
+// localErrno is err's errno when it says the ingress itself ran out of a
+// resource opening a connection: file descriptors (EMFILE, the process's;
+// ENFILE, the host's), kernel buffers or memory (ENOBUFS, ENOMEM), or
+// ephemeral ports (EADDRNOTAVAIL). 0 otherwise. The errno alone is what a
+// client is told: it names no address.
+func localErrno(err error) syscall.Errno {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL:
+			return errno
+		}
+	}
+	return 0
 }
 
 // errUnreadableAnswer is what a client learns of a protocol error: not

@@ -95,6 +95,10 @@ type upstreams struct {
 	nWatched atomic.Int64 // len(watched), read without the lock on every write
 	watchMu  sync.Mutex   // guards watched
 	watched  map[uint64]*watch
+
+	// dialFault replaces the engines' dial in tests (a fake local error
+	// such as EMFILE); nil in production. Set before the first request.
+	dialFault func(addr string) (net.Conn, error)
 }
 
 func newUpstreams(cfg *Config) *upstreams {
@@ -183,7 +187,11 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 		MaxIdemponentCallAttempts: 1, // retries are ours: on the next engine
 		RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 		Dial: func(addr string) (net.Conn, error) {
-			c, err := dialer.Dial("tcp", addr)
+			dial := func(addr string) (net.Conn, error) { return dialer.Dial("tcp", addr) }
+			if u.dialFault != nil {
+				dial = u.dialFault
+			}
+			c, err := dial(addr)
 			if err != nil {
 				return nil, err
 			}
