@@ -434,7 +434,7 @@ func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	ae := writeError(ctx, err)
 	c.setRequestIDHeader(ctx) // upstreamhdr.go
 	c.status = ae.status
-	c.errMsg = ae.msg
+	c.errMsg = logText(ae.msg, err) // proxy.go: the log keeps the engine's address
 	if c.engine != "" {
 		ctx.Response.Header.Set("X-Kvmesh-Engine", c.engine)
 	}

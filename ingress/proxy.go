@@ -245,12 +245,55 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	case "local_error":
 		return fmt.Errorf("%w: no connection to engine %s: %w", ErrLocalResources, up.id, localErrno(err))
 	case "first_byte_timeout":
-		return fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
+		err = fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
 			ErrFirstByteTimeout, up.id, c.s.cfg.firstByteWait(), err)
 	case "timeout":
-		return fmt.Errorf("%w: engine %s: %w", ErrUpstreamTimout, up.id, err)
+		err = fmt.Errorf("%w: engine %s: %w", ErrUpstreamTimout, up.id, err)
+	default:
+		err = fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
 	}
-	return fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
+	return &upstreamError{msg: clientText(err), err: err}
+}
+
+// upstreamError is a failed attempt as its client reads it (Error: the
+// engine's id and the cause) and as the log keeps it (Unwrap: the whole
+// error, with the addresses docs/SECURITY.md keeps from clients).
+type upstreamError struct {
+	msg string
+	err error
+}
+
+func (e *upstreamError) Error() string { return e.msg }
+func (e *upstreamError) Unwrap() error { return e.err }
+
+// logText is err's text for the log: an upstreamError's client text
+// replaced by its whole error.
+func logText(msg string, err error) string {
+	if ue, ok := errors.AsType[*upstreamError](err); ok {
+		return strings.Replace(msg, ue.msg, ue.err.Error(), 1)
+	}
+	return msg
+}
+
+// clientText is err's text without the addresses a net.OpError names
+// ("dial tcp 10.0.0.7:8000: connect: connection refused" reads "dial:
+// connect: connection refused") or a failed lookup's host and server.
+func clientText(err error) string {
+	text := err.Error()
+	oe, ok := errors.AsType[*net.OpError](err)
+	if !ok {
+		return text
+	}
+	cause := "failed"
+	if dns, ok := errors.AsType[*net.DNSError](oe.Err); ok {
+		cause = "lookup: " + dns.Err
+	} else if oe.Err != nil {
+		cause = oe.Err.Error()
+	}
+	if full := oe.Error(); strings.Contains(text, full) {
+		return strings.Replace(text, full, oe.Op+": "+cause, 1)
+	}
+	return oe.Op + ": " + cause // the address is somewhere in text: keep none of it
 }
 
 // classifyErr names an attempt's transport error: "local_error" (the
