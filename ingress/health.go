@@ -20,7 +20,8 @@ import (
 // its health endpoint (never a client request) brings it back.
 //
 // Connect errors and timeouts eject on the first failure, so a request waits
-// on a dead engine's timeout at most once per ejection; answers of 5xx and
+// on a dead engine's timeout at most once per ejection (a connect timeout
+// only with the stall watch off: healthKind); answers of 5xx and
 // streams that break after they started (the engine's connection died
 // mid-answer) and answers the ingress cannot read as HTTP (protocol errors:
 // the engine is alive) eject after ConsecutiveFailures in a row or when the decaying
@@ -104,10 +105,27 @@ const (
 	healthNeutral
 )
 
-func healthKind(result string) int {
+// healthKind is how an attempt's result counts toward ejection (stallWatch:
+// HealthConfig.StallAfter > 0). A connect timeout is hard evidence only
+// without the stall watch. A dial that does not complete in time is what a
+// dead or blackholed engine causes, and also what the ingress's own
+// overload causes (thousands of dials at once on a busy host, all timing
+// out in the same second: no count of failures in a row tells the two
+// apart). With the watch on, the engine
+// is asked instead: one that sends this replica nothing for StallAfter while
+// requests (dials included) wait on it is probed and ejected if it does not
+// answer, and one that answers its probes or its other requests is busy,
+// not dead. A refused connection stays hard: the engine's host said nothing
+// listens.
+func healthKind(result string, stallWatch bool) int {
 	switch result {
 	case "ok":
 		return healthOK
+	case "connect_timeout":
+		if stallWatch {
+			return healthNeutral
+		}
+		return healthHardFail
 	case "connect_error", "timeout", "empty_response":
 		return healthHardFail
 	case "status_5xx", "stream_error", "protocol_error":
@@ -229,7 +247,7 @@ func (e *ejector) observe(up *upstream, result string) {
 	if e == nil || e.cfg.Disabled {
 		return
 	}
-	kind := healthKind(result)
+	kind := healthKind(result, e.cfg.StallAfter > 0)
 	if kind == healthNeutral {
 		return
 	}

@@ -247,7 +247,7 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	case "first_byte_timeout":
 		err = fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
 			ErrFirstByteTimeout, up.id, c.s.cfg.firstByteWait(), err)
-	case "timeout":
+	case "timeout", "connect_timeout":
 		err = fmt.Errorf("%w: engine %s: %w", ErrUpstreamTimout, up.id, err)
 	default:
 		err = fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
@@ -297,13 +297,17 @@ func clientText(err error) string {
 }
 
 // classifyErr names an attempt's transport error: "local_error" (the
-// ingress is out of its own resources: localErrno), "timeout",
+// ingress is out of its own resources: localErrno), "connect_timeout" (the
+// dial did not complete in time), "timeout",
 // "protocol_error" (the engine answered, with something the ingress
 // cannot read as HTTP: isProtocolErr) or "connect_error" (no connection,
 // or it dropped).
 func classifyErr(err error) string {
 	if localErrno(err) != 0 {
 		return "local_error"
+	}
+	if oe, ok := errors.AsType[*net.OpError](err); ok && oe.Op == "dial" && oe.Timeout() {
+		return "connect_timeout"
 	}
 	var ne net.Error
 	if errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
