@@ -236,6 +236,12 @@ func (e *ejector) get(id, url string) *engineHealth {
 		if h = e.m[id]; h == nil {
 			h = &engineHealth{id: id, url: url}
 			e.m[id] = h
+			// Each engine's series exist from its first request, at 0,
+			// so rate() and dashboards see them before its first
+			// ejection (forget deletes them).
+			e.ejections.WithLabelValues(id)
+			e.restores.WithLabelValues(id)
+			e.stalls.WithLabelValues(id)
 		}
 		e.mu.Unlock()
 	}

@@ -214,8 +214,8 @@ func TestEjectionMetricsPerEngine(t *testing.T) {
 	e.stallProbe(context.Background(), hz, z)
 	want := map[string]map[string]float64{
 		"kvmesh_ingress_engine_ejections_total": {"x": 1, "y": 1, "z": 1},
-		"kvmesh_ingress_engine_restores_total":  {"x": 1},
-		"kvmesh_ingress_engine_stalls_total":    {"z": 1},
+		"kvmesh_ingress_engine_restores_total":  {"x": 1, "y": 0, "z": 0}, // each engine's series from its first request
+		"kvmesh_ingress_engine_stalls_total":    {"x": 0, "y": 0, "z": 1},
 	}
 	for name, w := range want {
 		if got := engineSeries(t, reg, name); !maps.Equal(got, w) {
