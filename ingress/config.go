@@ -379,6 +379,15 @@ func (c *Config) Validate() error {
 // liveness.
 func (c *Config) stallWatch() bool { return !c.Health.Disabled && c.Health.StallAfter > 0 }
 
+// watchSeesDials reports whether the stall watch sees a dial that hangs
+// before ConnectTimeout ends it: the dial must outlast StallAfter and one
+// tick of the watch (the probe loop's, EjectionTime ÷ 4, at least 1 ms).
+// Only then may a connect timeout be left to the watch (health.go,
+// healthKind).
+func (c *Config) watchSeesDials() bool {
+	return c.stallWatch() && c.ConnectTimeout > c.Health.StallAfter+max(c.Health.EjectionTime/4, time.Millisecond)
+}
+
 // firstByteWait is how long an upstream read may wait before the answer
 // commits to the client (FirstByteTimeout); 0: no bound.
 func (c *Config) firstByteWait() time.Duration {

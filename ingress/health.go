@@ -105,24 +105,27 @@ const (
 	healthNeutral
 )
 
-// healthKind is how an attempt's result counts toward ejection (stallWatch:
-// HealthConfig.StallAfter > 0). A connect timeout is hard evidence only
-// without the stall watch. A dial that does not complete in time is what a
-// dead or blackholed engine causes, and also what the ingress's own
-// overload causes (thousands of dials at once on a busy host, all timing
-// out in the same second: no count of failures in a row tells the two
-// apart). With the watch on, the engine
-// is asked instead: one that sends this replica nothing for StallAfter while
-// requests (dials included) wait on it is probed and ejected if it does not
-// answer, and one that answers its probes or its other requests is busy,
-// not dead. A refused connection stays hard: the engine's host said nothing
-// listens.
-func healthKind(result string, stallWatch bool) int {
+// healthKind is how an attempt's result counts toward ejection
+// (dialsWatched: Config.watchSeesDials). A connect timeout is hard evidence
+// only where the stall watch cannot see the dial. A dial that does not
+// complete in time is what a dead or blackholed engine causes, and also what
+// the ingress's own overload causes (thousands of dials at once on a busy
+// host, all timing out in the same second: no count of failures in a row
+// tells the two apart). Where the watch sees dials, the engine is asked
+// instead: one that sends this replica nothing for StallAfter while requests
+// (dials included) wait on it is probed and ejected if it does not answer,
+// and one that answers its probes or its other requests is busy, not dead.
+// The watch sees a dial only if the dial outlasts StallAfter and the watch's
+// tick: with a shorter ConnectTimeout each dial gives up unseen, and a
+// blackholed engine would stay in routing for good, so there a connect
+// timeout ejects as before. A refused connection stays hard: the engine's
+// host said nothing listens.
+func healthKind(result string, dialsWatched bool) int {
 	switch result {
 	case "ok":
 		return healthOK
 	case "connect_timeout":
-		if stallWatch {
+		if dialsWatched {
 			return healthNeutral
 		}
 		return healthHardFail
@@ -167,7 +170,11 @@ type ejector struct {
 	client   *http.Client
 	bo       backoff.Backoff
 	ups      *upstreams // the stall watch's view of requests in flight (set by the Server)
-	stallBuf []*upstream
+	// dialsWatched: the stall watch sees a dial before it times out
+	// (Config.watchSeesDials; set by the Server), so a connect timeout
+	// alone does not eject (healthKind).
+	dialsWatched bool
+	stallBuf     []*upstream
 	// log gets one line per transition: an engine ejected (WARN, with
 	// why) and restored (INFO, with how long it was out). Failed probes
 	// of an ejected engine are not logged again (the ejection said it).
@@ -253,7 +260,7 @@ func (e *ejector) observe(up *upstream, result string) {
 	if e == nil || e.cfg.Disabled {
 		return
 	}
-	kind := healthKind(result, e.cfg.StallAfter > 0)
+	kind := healthKind(result, e.dialsWatched)
 	if kind == healthNeutral {
 		return
 	}

@@ -154,6 +154,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	var ej *ejector
 	if !cfg.Health.Disabled {
 		ej = newEjector(cfg.Health, deps.Registry, cfg.ID)
+		ej.dialsWatched = cfg.watchSeesDials()
 		deps.Membership = healthMembership{Membership: deps.Membership, ej: ej}
 	}
 	lr, err := newLearner(&cfg)
