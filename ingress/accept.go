@@ -44,6 +44,12 @@ type acceptListener struct {
 }
 
 func newAcceptListener(ln net.Listener, name string, errs *prometheus.CounterVec, log *slog.Logger) *acceptListener {
+	// Every label exists from the start, at 0, so an alert on
+	// rate(...{errno=~"EMFILE|ENFILE"}) fires on the first episode.
+	for _, r := range retryableErrnos {
+		errs.WithLabelValues(name, r.name)
+	}
+	errs.WithLabelValues(name, "timeout")
 	return &acceptListener{Listener: ln, name: name, errs: errs, log: log, closed: make(chan struct{})}
 }
 
@@ -82,6 +88,15 @@ func (l *acceptListener) Close() error {
 	return l.Listener.Close()
 }
 
+// retryableErrnos are the accept errors waited out, by their label.
+var retryableErrnos = [...]struct {
+	errno syscall.Errno
+	name  string
+}{
+	{syscall.EMFILE, "EMFILE"}, {syscall.ENFILE, "ENFILE"}, {syscall.ENOBUFS, "ENOBUFS"}, {syscall.ENOMEM, "ENOMEM"},
+	{syscall.ECONNABORTED, "ECONNABORTED"}, {syscall.ECONNRESET, "ECONNRESET"}, {syscall.EINTR, "EINTR"},
+}
+
 // retryableAccept reports whether an accept error is one the process
 // recovers from by waiting, and its errno label (a fixed set: the metric's
 // cardinality is bounded).
@@ -91,21 +106,10 @@ func retryableAccept(err error) (string, bool) {
 	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
-		switch errno {
-		case syscall.EMFILE:
-			return "EMFILE", true
-		case syscall.ENFILE:
-			return "ENFILE", true
-		case syscall.ENOBUFS:
-			return "ENOBUFS", true
-		case syscall.ENOMEM:
-			return "ENOMEM", true
-		case syscall.ECONNABORTED:
-			return "ECONNABORTED", true
-		case syscall.ECONNRESET:
-			return "ECONNRESET", true
-		case syscall.EINTR:
-			return "EINTR", true
+		for _, r := range retryableErrnos {
+			if r.errno == errno {
+				return r.name, true
+			}
 		}
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fakeAcceptErrors is a listener whose first n Accepts fail with err (as
@@ -237,4 +239,46 @@ func emfileChild() {
 		panic(err)
 	}
 	s.Close()
+}
+
+// Every accept-error series exists at 0 before the first error, so the
+// documented alert, rate(kvmesh_ingress_accept_errors_total{errno=~
+// "EMFILE|ENFILE"}[5m]) > 0, fires on the first episode (a series born at
+// its first increment shows no rate for it).
+func TestAcceptErrorSeriesExistBeforeTheFirst(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := startIngress(t, testConfig(), Deps{Logger: quietLog(), Registry: reg})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvmesh_ingress_accept_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var l, e string
+			for _, lp := range m.GetLabel() {
+				switch lp.GetName() {
+				case "listener":
+					l = lp.GetValue()
+				case "errno":
+					e = lp.GetValue()
+				}
+			}
+			seen[l+" "+e] = m.GetCounter().GetValue()
+		}
+	}
+	listeners := []string{"client"}
+	if s.AdminAddr() != "" {
+		listeners = append(listeners, "admin")
+	}
+	for _, l := range listeners {
+		for _, e := range []string{"EMFILE", "ENFILE"} {
+			if v, ok := seen[l+" "+e]; !ok || v != 0 {
+				t.Errorf("accept_errors_total{listener=%q,errno=%q}: %v (present %v), want 0 before any error", l, e, v, ok)
+			}
+		}
+	}
 }
