@@ -72,3 +72,26 @@ func TestLocalDialErrorIsNotTheEngines(t *testing.T) {
 		t.Errorf("attempts{result=connect_error} = %v, want 0", n)
 	}
 }
+
+// A P/D leg that fails for want of the ingress's own resources is not its
+// engine's failure either: legFailure labels it local_error and neither
+// counts it on the engine nor ejects it, as attemptFailed does for whole
+// requests.
+func TestPDLegLocalErrorIsNotTheEngines(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "p0", Model: "m", URL: fe.url()}), Deps{})
+	up, err := s.ups.get("p0", fe.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	emfile := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}
+	if why := s.legFailure(up, emfile); why != "local_error" {
+		t.Fatalf("legFailure(EMFILE) = %q, want local_error", why)
+	}
+	if n := up.failures.Load(); n != 0 {
+		t.Errorf("the engine's failures = %d after a local error, want 0", n)
+	}
+	if !s.health.allowed("p0") {
+		t.Error("a local error ejected the engine")
+	}
+}
