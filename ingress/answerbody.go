@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -16,8 +17,10 @@ import (
 // client that does not read (up to maxUpstreamBody each), and the send
 // timeout (sendtimeout.go) ends the wait. Before, finish ran as the
 // handler returned and such answers piled up in memory uncounted. The
-// pooled read buffer is the body (no copy into the response), returned to
-// bufPool when the body closes.
+// engine's side of the request (endEngine: admission, the policy's record,
+// what is learned from the answer) ends as the answer is handed over, not
+// when the client has read it. The pooled read buffer is the body (no copy
+// into the response), returned to bufPool when the body closes.
 type answerBody struct {
 	c   *call
 	buf *bytes.Buffer // from bufPool; nil when the body is not in it
@@ -32,16 +35,15 @@ var (
 )
 
 // sendAnswer makes out (which may live in buf, a bufPool buffer the body
-// returns there) the response body and leaves finishing the request to
-// the body's close. c.status and c.errMsg are the request's unless the
-// body is not written whole. Nothing may touch c after it but fasthttp.
+// returns there) the response body, ends the engine's side of the request
+// (endEngine: the engine is done with it) and leaves the rest of finishing
+// it to the body's close. c.status and c.errMsg are the request's unless
+// the body is not written whole. Nothing may touch c after it but fasthttp.
 func (c *call) sendAnswer(ctx *fasthttp.RequestCtx, buf *bytes.Buffer, out []byte) {
-	if c.watch != nil {
-		// Stopped here, in the handler, as its stop needs (clientwatch.go);
-		// a client that leaves now fails the write instead.
-		c.watch.stop()
-		c.watch = nil
-	}
+	// endEngine stops the client watcher here, in the handler, as its stop
+	// needs (clientwatch.go); a client that leaves now fails the write
+	// instead.
+	c.endEngine(time.Since(c.start))
 	b := answerPool.Get().(*answerBody)
 	b.c, b.buf = c, buf
 	b.rd.Reset(out)

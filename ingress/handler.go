@@ -79,6 +79,7 @@ type call struct {
 	wctx                         waitCtx   // the waits in the router (admission queue, hold): clientwatch.go
 	upConn                       *idleConn // the attempt's upstream connection, held until the answer commits (proxy.go)
 	finishOnce                   sync.Once
+	engineEnded                  bool      // endEngine ran (sendAnswer: before the answer is written)
 	rt                           routeCall // model route (route.go)
 	lc                           learnCall // the cost learner's samples (learn.go)
 
@@ -440,66 +441,95 @@ func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
-// finish records the request once: load, limits, session, metrics, access
-// log; then the call goes back to the pool. Nothing may touch c afterwards.
+// finish records the request once: its engine's side (endEngine, unless
+// sendAnswer ended it already), then its client's (endClient); then the
+// call goes back to the pool. Nothing may touch c afterwards.
 func (c *call) finish() {
 	first := false
 	c.finishOnce.Do(func() {
 		first = true
-		s := c.s
-		if c.watch != nil {
-			c.watch.stop()
-			c.watch = nil
-		}
-		c.wctx.stop() // stopped after each wait already; a no-op then
 		total := time.Since(c.start)
-		c.passBaton() // hold.go: a request that ends before charging an engine
-		if c.release != nil {
-			c.release()
-		}
-		c.policyDone()
-		c.settleBudget() // whatever the status
-		if c.status == 200 {
-			if s.deps.Affinity != nil && len(c.req.sessionID) > 0 && c.engine != "" {
-				s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
-			}
-			s.m.tokensOut.Add(float64(c.outTokens))
-			perPrompt := c.outTokens / max(1, c.seqs)  // one sequence's answer
-			s.outLens.observe(c.sreq.Model, perPrompt) // outlen.go
-			if s.outs != nil && perPrompt > 0 && !c.sentAt.IsZero() {
-				// The answer's length, weighted by its time at the engine (pd.OutputDist).
-				s.outs.Observe(c.sreq.Model, perPrompt, time.Since(c.sentAt).Seconds())
-			}
-			if c.media > 0 {
-				s.media.observe(c.model, c.media, c.textToks, c.engPrompt)
-			}
-			s.check.observe(c) // tokencheck.go
-			if s.slo != nil {
-				s.slo.observeCall(c, total)
-			}
-			if c.req.stream && perPrompt > 1 { // observe drops a zero TTFT or TPOT
-				if up := s.ups.lookup(c.engine); up != nil {
-					up.lat.observe(c.ttft, (total-c.ttft)/time.Duration(perPrompt-1))
-				}
-			}
-		}
-		ep := c.ep.String()
-		s.m.requests.WithLabelValues(ep, s.m.status(c.status)).Inc()
-		s.m.durationBy[c.ep].Observe(total.Seconds())
-		if c.ttft > 0 {
-			s.m.ttftBy[c.ep].Observe(c.ttft.Seconds())
-		}
-		if s.alog != nil {
-			c.logAccess(total)
-		}
-		s.m.inflight.Dec()
-		s.inflight.Add(-1)
+		c.endEngine(total)
+		c.endClient(total)
 	})
 	if first {
 		// Outside Do: Once writes its done flag after f returns, and a pooled
 		// call may already be reset by the next request by then.
 		c.s.reqPool.Put(c)
 	}
+}
+
+// endEngine ends what describes the engine's part of the request, once:
+// the hold's baton, the admission slot, the policy's record, the token
+// budgets, session affinity and what is learned from the answer (output
+// lengths, the time at the engine, token counts, SLO and latency
+// samples). A streamed answer ends it as it ends (finish); a non-streamed
+// one as it is handed to fasthttp (sendAnswer), so that a client slow to
+// read its answer holds only its MaxConcurrent slot (endClient), not load
+// its engine no longer carries. total is the request's time so far.
+func (c *call) endEngine(total time.Duration) {
+	if c.engineEnded {
+		return
+	}
+	c.engineEnded = true
+	s := c.s
+	if c.watch != nil {
+		c.watch.stop()
+		c.watch = nil
+	}
+	c.wctx.stop() // stopped after each wait already; a no-op then
+	c.passBaton() // hold.go: a request that ends before charging an engine
+	if c.release != nil {
+		c.release()
+		c.release = nil
+	}
+	c.policyDone()
+	c.settleBudget() // whatever the status
+	if c.status != 200 {
+		return
+	}
+	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 && c.engine != "" {
+		s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
+	}
+	s.m.tokensOut.Add(float64(c.outTokens))
+	perPrompt := c.outTokens / max(1, c.seqs)  // one sequence's answer
+	s.outLens.observe(c.sreq.Model, perPrompt) // outlen.go
+	if s.outs != nil && perPrompt > 0 && !c.sentAt.IsZero() {
+		// The answer's length, weighted by its time at the engine (pd.OutputDist).
+		s.outs.Observe(c.sreq.Model, perPrompt, time.Since(c.sentAt).Seconds())
+	}
+	if c.media > 0 {
+		s.media.observe(c.model, c.media, c.textToks, c.engPrompt)
+	}
+	s.check.observe(c) // tokencheck.go
+	if s.slo != nil {
+		s.slo.observeCall(c, total)
+	}
+	if c.req.stream && perPrompt > 1 { // observe drops a zero TTFT or TPOT
+		if up := s.ups.lookup(c.engine); up != nil {
+			up.lat.observe(c.ttft, (total-c.ttft)/time.Duration(perPrompt-1))
+		}
+	}
+}
+
+// endClient ends the request's time in service, when its answer is
+// written or its client is gone: the request metrics with its final status
+// (499 when the client did not take a non-streamed answer), the access
+// line, and its MaxConcurrent slot and in-flight count. total is the
+// request's whole time.
+func (c *call) endClient(total time.Duration) {
+	s := c.s
+	ep := c.ep.String()
+	s.m.requests.WithLabelValues(ep, s.m.status(c.status)).Inc()
+	s.m.durationBy[c.ep].Observe(total.Seconds())
+	if c.ttft > 0 {
+		s.m.ttftBy[c.ep].Observe(c.ttft.Seconds())
+	}
+	if s.alog != nil {
+		c.logAccess(total)
+	}
+	s.m.inflight.Dec()
+	s.inflight.Add(-1)
 }
 
 // policyDone reports the end of the request the policy picked an engine
