@@ -144,7 +144,9 @@ type Config struct {
 	// its engine's request cancelled and its MaxConcurrent slot freed (the
 	// access log says 499, "client stopped reading"). It bounds each write,
 	// not the answer: a stream may run as long as its engine sends and its
-	// client reads (sendtimeout.go). Default 60s; 0 turns it off.
+	// client reads (sendtimeout.go). Default 60s; 0 turns it off: an
+	// answer nobody reads then holds its MaxConcurrent slot until the TCP
+	// connection dies, and Close waits out DrainTimeout for it.
 	SendTimeout time.Duration `yaml:"sendTimeout"`
 	// MaxConnsPerEngine bounds pooled upstream connections per engine. Default 4096.
 	MaxConnsPerEngine int `yaml:"maxConnsPerEngine"`
