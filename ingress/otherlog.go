@@ -90,13 +90,15 @@ func (s *Server) finishOther(ctx *fasthttp.RequestCtx, endpoint string, start ti
 // byIDLine is what the access line of a request for a stored response
 // (GET /v1/responses/{id}, POST .../cancel; responses.go) says beyond the
 // answer's status: the request id sent upstream, the API key's name, the
-// engine that answered ("" when none did) and the error answered.
+// engine that answered ("" when none did) and the error answered (ae, as
+// the client read it; err, whole, for the line: logText).
 type byIDLine struct {
 	start  time.Time
 	reqID  []byte
 	key    string
 	engine string
 	ae     *apiError
+	err    error
 }
 
 // finishByID counts a request for a stored response under the endpoint
@@ -112,7 +114,7 @@ func (s *Server) finishByID(ctx *fasthttp.RequestCtx, l *byIDLine) {
 	}
 	msg := ""
 	if l.ae != nil {
-		msg = l.ae.msg
+		msg = logText(l.ae.msg, l.err) // proxy.go: the line keeps the engine's address
 	}
 	s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("ingress", s.cfg.ID),

@@ -247,7 +247,9 @@ func (p *proxyStream) endWith(err error) {
 		c.s.m.attempts.WithLabelValues("stream_error").Inc()
 		c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
 		c.errMsg = "upstream stream broke: " + err.Error()
-		msg, code = fmt.Sprintf("engine %s failed mid-stream: %v", p.up.id, err), "upstream_error"
+		// The client's event names the engine by id, not by address
+		// (clientText, proxy.go); c.errMsg keeps the address for the log.
+		msg, code = fmt.Sprintf("engine %s failed mid-stream: %s", p.up.id, clientText(err)), "upstream_error"
 	}
 	if p.named != nil {
 		if !p.sawError { // else the engine's own error event ended it

@@ -430,7 +430,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		l.reqID = appendRequestID(nil) // upstreamhdr.go: sent upstream and logged
 	}
 	defer func() { s.finishByID(ctx, &l) }()
-	fail := func(err error) { l.ae = writeError(ctx, err) }
+	fail := func(err error) { l.ae, l.err = writeError(ctx, err), err }
 	key, err := s.identify(&ctx.Request.Header) // as an inference request (parse)
 	if err != nil {
 		fail(err)
@@ -489,7 +489,10 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		if isProtocolErr(err) {
 			err = errUnreadableAnswer // proxy.go
 		}
-		fail(fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err))
+		// The client reads the engine's id and the cause, the access line
+		// the whole error with the engine's address (proxy.go: upstreamError).
+		err = fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
+		fail(&upstreamError{msg: clientText(err), err: err})
 		return
 	}
 	l.engine = up.id
