@@ -133,3 +133,62 @@ func TestAccessLogResponseByID(t *testing.T) {
 		t.Fatalf("the rejected key is in the log:\n%s", alog.String())
 	}
 }
+
+// A request for a stored response with no X-Request-Id, or one the ingress
+// does not forward (over maxRequestID), gets an id of the ingress's own,
+// as an inference request does (keepForwardHeaders): the engine receives
+// it and the access line names it. A client's valid id is sent as it is.
+func TestResponseByIDMakesRequestID(t *testing.T) {
+	var alog testutil.SyncBuffer
+	got := make(chan string, 3)
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("X-Request-Id")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"response","status":"completed"}`)
+	}))
+	t.Cleanup(engine.Close)
+	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: engine.URL})
+	cfg.AccessLog = true
+	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	tag := make([]byte, respTagLen)
+	engineTag(tag, "e1")
+	url := "http://" + s.Addr() + "/v1/responses/" + respIDPrefix + string(tag) + strings.Repeat("0", 32)
+	sent := []string{"", strings.Repeat("x", maxRequestID+1), "client-1"}
+	var upstream []string
+	for _, id := range sent {
+		req, _ := http.NewRequest("GET", url, nil)
+		if id != "" {
+			req.Header.Set("X-Request-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("X-Request-Id %q: status %d", id, resp.StatusCode)
+		}
+		upstream = append(upstream, <-got)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the access lines", func() bool { return len(accessLines(t, &alog)) >= len(sent) })
+	lines := accessLines(t, &alog)
+	if len(lines) != len(sent) {
+		t.Fatalf("%d access lines for %d requests:\n%s", len(lines), len(sent), alog.String())
+	}
+	for i, id := range sent {
+		up := upstream[i]
+		switch {
+		case i == len(sent)-1 && up != id:
+			t.Errorf("the client's X-Request-Id %q reached the engine as %q", id, up)
+		case i < len(sent)-1 && (len(up) != 32 || strings.Trim(up, "0123456789abcdef") != "" || !validRequestID([]byte(up))):
+			t.Errorf("X-Request-Id %.20q: the engine got %q, want an id of the ingress's own (32 hex digits)", id, up)
+		}
+		if l := lines[i]; l["request_id"] != up {
+			t.Errorf("X-Request-Id %.20q: the access line says request_id %q, the engine got %q", id, l["request_id"], up)
+		}
+	}
+	if upstream[0] == upstream[1] {
+		t.Errorf("two requests sent the same made id %q", upstream[0])
+	}
+}

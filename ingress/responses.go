@@ -426,7 +426,7 @@ func (c *call) keepResponseEngine() {
 // request is counted and access-logged (finishByID).
 func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	l := byIDLine{start: time.Now(), reqID: ctx.Request.Header.Peek("X-Request-Id")}
-	if len(l.reqID) > 0 && !validRequestID(l.reqID) {
+	if !validRequestID(l.reqID) { // none, or not one to forward: as an inference request's (keepForwardHeaders)
 		l.reqID = appendRequestID(nil) // upstreamhdr.go: sent upstream and logged
 	}
 	defer func() { s.finishByID(ctx, &l) }()
