@@ -169,7 +169,11 @@ func TestResponseByIDMakesRequestID(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("X-Request-Id %q: status %d", id, resp.StatusCode)
 		}
-		upstream = append(upstream, <-got)
+		up := <-got
+		if h := resp.Header.Get("X-Request-Id"); h != up {
+			t.Errorf("X-Request-Id %.20q: the client's answer says %q, the engine got %q", id, h, up)
+		}
+		upstream = append(upstream, up)
 	}
 	testutil.WaitFor(t, 5*time.Second, "the access lines", func() bool { return len(accessLines(t, &alog)) >= len(sent) })
 	lines := accessLines(t, &alog)

@@ -108,6 +108,7 @@ type byIDLine struct {
 // request.
 func (s *Server) finishByID(ctx *fasthttp.RequestCtx, l *byIDLine) {
 	status := ctx.Response.StatusCode()
+	ctx.Response.Header.SetBytesV("X-Request-Id", l.reqID) // as an inference request's answer (upstreamhdr.go)
 	s.m.requests.WithLabelValues("responses", s.m.status(status)).Inc()
 	if s.alog == nil {
 		return
