@@ -9,13 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/sim"
 )
@@ -58,15 +55,7 @@ type openAIError struct {
 func TestBadInput(t *testing.T) {
 	const key = "sk-test-key-0123456789"
 	const probeKey = "sk-probe-key-0123456789" // no rate limit: checks the server still serves
-	dir := t.TempDir()
-	kf := filepath.Join(dir, "keys")
-	if err := os.WriteFile(kf, []byte("tester "+key+"\nprobe "+probeKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(auth.Config{KeysFile: kf, EnvVar: "-"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := keyFileStore(t, "tester "+key+"\nprobe "+probeKey+"\n")
 	rc := ratelimit.DefaultConfig()
 	rc.Keys = map[string]ratelimit.Limits{"tester": {InputTokens: 1000}}
 	lim, err := ratelimit.New(rc)

@@ -5,13 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvmesh/kvmesh/ingress/auth"
 )
 
 // With authentication on, a request announcing a body over
@@ -21,14 +17,7 @@ import (
 // read whole (here: too long a prompt, a 400 from the request path).
 func TestLargeBodyNeedsCredential(t *testing.T) {
 	const key = "sk-body-test-0123456789"
-	kf := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(kf, []byte("tester "+key+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(auth.Config{KeysFile: kf, EnvVar: "-"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := keyFileStore(t, "tester "+key+"\n")
 	fe := startFaultEngine(t, faultOK)
 	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
 	cfg.MaxPromptTokens = 1000

@@ -29,8 +29,15 @@ const edgeKey = "sk-edge-test-0123456789"
 // edgeKeys is an auth.Store holding edgeKey (as "tester").
 func edgeKeys(t *testing.T) *auth.Store {
 	t.Helper()
+	return keyFileStore(t, "tester "+edgeKey+"\n")
+}
+
+// keyFileStore is the key store of a --api-keys-file holding lines
+// ("name key" each).
+func keyFileStore(t *testing.T, lines string) *auth.Store {
+	t.Helper()
 	kf := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(kf, []byte("tester "+edgeKey+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(kf, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	store, err := auth.Load(auth.Config{KeysFile: kf, EnvVar: "-"})
@@ -532,14 +539,7 @@ func TestEdgeChecksAllocateNothing(t *testing.T) {
 // reads it; no key, or a wrong one, does not.
 func TestResponseByIDAuthLikeInference(t *testing.T) {
 	const alice, bob = "sk-alice-0123456789", "sk-bob-0123456789"
-	kf := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(kf, []byte("alice "+alice+"\nbob "+bob+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := auth.Load(auth.Config{KeysFile: kf, EnvVar: "-"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := keyFileStore(t, "alice "+alice+"\nbob "+bob+"\n")
 	engine := startSim(t, sim.Config{Model: "m", ResponsesStore: true})
 	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: engine.URL()}), Deps{Auth: keys})
 	url := "http://" + s.Addr()

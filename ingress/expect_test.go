@@ -6,13 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvmesh/kvmesh/ingress/auth"
 )
 
 // expectResponse sends a POST head with "Expect: 100-continue" and hdr, and
@@ -47,14 +43,7 @@ func expectResponse(t *testing.T, addr, hdr string, contentLength int) (*http.Re
 // and then its answer.
 func TestExpectContinueRefusesEarly(t *testing.T) {
 	const key = "sk-expect-test-0123456789"
-	kf := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(kf, []byte("tester "+key+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := auth.Load(auth.Config{KeysFile: kf, EnvVar: "-"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := keyFileStore(t, "tester "+key+"\n")
 	fe := startFaultEngine(t, faultOK)
 	open := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{})
 	keyed := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{Auth: store})

@@ -31,6 +31,14 @@ func sglangEngine(id string, role scheduler.Role, s *sim.Server) EngineInfo {
 	return e
 }
 
+// sglangPrefillAt is a membership entry of an SGLang prefill engine at url
+// whose bootstrap server is never dialled (the decode leg is a fake's).
+func sglangPrefillAt(id, url string) EngineInfo {
+	e := pdEngine(id, scheduler.RolePrefill, url)
+	e.PDProtocol, e.Bootstrap = gossip.PDProtocolSGLang, "127.0.0.1:8998"
+	return e
+}
+
 // startSGLangCluster starts SGLang-mode simulators (bootstrap servers on
 // loopback) and an ingress disaggregating every request.
 func startSGLangCluster(t *testing.T, base sim.Config, prefill, decode int) (*simtest.PD, *Server) {
@@ -514,17 +522,12 @@ func TestSGLangNextPairCharge(t *testing.T) {
 	}))
 	t.Cleanup(p1.Close)
 	d := startFakePD(t, false)
-	sg := func(id, url string) EngineInfo {
-		e := pdEngine(id, scheduler.RolePrefill, url)
-		e.PDProtocol, e.Bootstrap = gossip.PDProtocolSGLang, "127.0.0.1:8998"
-		return e
-	}
 	cached := index.Match{GPU: 1, CPU: 1, Other: 1, Spec: 1} // p0 caches the prompt's block, p1 nothing
 	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", PrefillMatch: cached, Policy: "fixed", Reason: "test",
 		Options: []pd.Choice{{Prefill: "p0", Decode: "d0", PrefillMatch: cached}, {Prefill: "p1", Decode: "d0"}}}
 	c := testConfig()
 	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
-	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sg("p0", "http://127.0.0.1:1"), sg("p1", p1.URL),
+	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sglangPrefillAt("p0", "http://127.0.0.1:1"), sglangPrefillAt("p1", p1.URL),
 		pdEngine("d0", scheduler.RoleDecode, d.url())}})
 	srv.Store(s)
 	s.pdInit().gate("p0").slots <- struct{}{} // p0 is full: the next pair
@@ -551,16 +554,11 @@ func TestSGLangPrefillQueueFullNextPair(t *testing.T) {
 	}))
 	t.Cleanup(p1.Close)
 	d := startFakePD(t, false)
-	sg := func(id, url string) EngineInfo {
-		e := pdEngine(id, scheduler.RolePrefill, url)
-		e.PDProtocol, e.Bootstrap = gossip.PDProtocolSGLang, "127.0.0.1:8998"
-		return e
-	}
 	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", Policy: "fixed", Reason: "test",
 		Options: []pd.Choice{{Prefill: "p0", Decode: "d0"}, {Prefill: "p1", Decode: "d0"}}}
 	c := testConfig()
 	c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
-	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sg("p0", "http://127.0.0.1:1"), sg("p1", p1.URL),
+	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sglangPrefillAt("p0", "http://127.0.0.1:1"), sglangPrefillAt("p1", p1.URL),
 		pdEngine("d0", scheduler.RoleDecode, d.url())}})
 	p := s.pdInit()
 	p.gate("p0").slots <- struct{}{} // p0 is full: the next pair
