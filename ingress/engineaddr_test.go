@@ -30,6 +30,15 @@ func TestClientErrorsNameNoEngineAddress(t *testing.T) {
 		ln.Close() // nothing listens there now: the dial is refused
 		return addr
 	}
+	// start starts an ingress routing to engine id at url, with an access
+	// log (returned) and its other logs kept out of the test's output.
+	start := func(t *testing.T, id, url string) (*Server, *testutil.SyncBuffer) {
+		log, _ := syncLog()
+		alog, abuf := syncLog()
+		cfg := testConfig(StaticEngine{ID: id, Model: "m", URL: url})
+		cfg.AccessLog = true
+		return startIngress(t, cfg, Deps{Logger: log, AccessLog: alog}), abuf
+	}
 	// check fails t when the client's text lacks the engine's id or the
 	// cause or names an address, or when the access log lost the address.
 	check := func(t *testing.T, client, engine, cause, addr string, alog *testutil.SyncBuffer) {
@@ -47,11 +56,7 @@ func TestClientErrorsNameNoEngineAddress(t *testing.T) {
 
 	t.Run("failed attempt", func(t *testing.T) {
 		addr := closedAddr(t)
-		log, _ := syncLog()
-		alog, abuf := syncLog()
-		cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: "http://" + addr})
-		cfg.AccessLog = true
-		s := startIngress(t, cfg, Deps{Logger: log, AccessLog: alog})
+		s, abuf := start(t, "e1", "http://"+addr)
 		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hi","max_tokens":1}`)
 		if st != 503 {
 			t.Fatalf("status %d %s; want 503", st, body)
@@ -61,11 +66,7 @@ func TestClientErrorsNameNoEngineAddress(t *testing.T) {
 
 	t.Run("stored response", func(t *testing.T) {
 		addr := closedAddr(t)
-		log, _ := syncLog()
-		alog, abuf := syncLog()
-		cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: "http://" + addr})
-		cfg.AccessLog = true
-		s := startIngress(t, cfg, Deps{Logger: log, AccessLog: alog})
+		s, abuf := start(t, "e1", "http://"+addr)
 		tag := make([]byte, respTagLen)
 		engineTag(tag, "e1")
 		id := respIDPrefix + string(tag) + strings.Repeat("0", 32)
@@ -118,11 +119,7 @@ func TestClientErrorsNameNoEngineAddress(t *testing.T) {
 		}))
 		t.Cleanup(engine.Close)
 		addr := strings.TrimPrefix(engine.URL, "http://")
-		log, _ := syncLog()
-		alog, abuf := syncLog()
-		cfg := testConfig(StaticEngine{ID: "broken", Model: "m", URL: engine.URL})
-		cfg.AccessLog = true
-		s := startIngress(t, cfg, Deps{Logger: log, AccessLog: alog})
+		s, abuf := start(t, "broken", engine.URL)
 		req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":[1],"stream":true}`))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -56,15 +54,7 @@ func TestFirstDeltasAfterLateConnectFitMaxPayload(t *testing.T) {
 	sc.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	side := meshtest.StartSidecar(t, sc)
 
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testutil.JetStream(t, srv.ClientURL())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	testutil.WaitFor(t, 20*time.Second, "the sidecar running without NATS", func() bool { return strings.Contains(logs.String(), "nats not reachable yet") })

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -40,15 +39,7 @@ func TestDeletedStreamCountedAndRecreated(t *testing.T) {
 	s := meshtest.StartSidecar(t, cfg)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
 
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testutil.JetStream(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	publishErrors := func() float64 {

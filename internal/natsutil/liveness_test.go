@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -72,15 +71,7 @@ func TestDefaultPingsFindDeadPathWithin20s(t *testing.T) {
 // operator's `nats stream edit`.
 func TestEnsureStreamLimitsRule(t *testing.T) {
 	srv := testutil.NATS(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testutil.JetStream(t, srv.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var logs testutil.SyncBuffer

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
@@ -41,4 +43,21 @@ func NATSServer(tb testing.TB, opts server.Options) *server.Server {
 		tb.Fatal("nats-server not ready")
 	}
 	return srv
+}
+
+// JetStream connects to the NATS server at url with opts (the connection
+// closes when tb's test ends) and returns the connection and its
+// JetStream context.
+func JetStream(tb testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return nc, js
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -19,15 +18,7 @@ import (
 func jsFor(t *testing.T) jetstream.JetStream {
 	t.Helper()
 	srv := testutil.NATS(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testutil.JetStream(t, srv.URL())
 	return js
 }
 
@@ -214,15 +205,7 @@ func FuzzDecodeManifest(f *testing.F) {
 func TestPublishUnderSmallMaxPayload(t *testing.T) {
 	ctx := ctxT(t)
 	srv := testutil.NATSServer(t, server.Options{JetStream: true, MaxPayload: 64 << 10})
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testutil.JetStream(t, srv.ClientURL())
 	store, err := EnsureBucket(ctx, js, 1, true)
 	if err != nil {
 		t.Fatal(err)
