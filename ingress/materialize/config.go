@@ -52,6 +52,20 @@ type Config struct {
 	// flight. When full, the buffer is dropped and another snapshot follows: a
 	// snapshot is always correct, a buffer only saves work. Default 4096.
 	MaxBuffered int
+	// MaxBufferedBytes bounds the memory of every engine's buffer together
+	// (estimated: 8 bytes a key plus the deltas' and ops' headers). After a
+	// NATS reconnect every engine snapshots at once and buffers what arrives
+	// meanwhile; past the budget the largest buffers are dropped, as a full
+	// one is. Default 64 MiB.
+	MaxBufferedBytes int
+	// MaxUnlisted bounds, when Membership is set, the engines known from
+	// deltas or stream subjects alone, not (yet) listed by gossip: a live
+	// engine's sidecar is in gossip within seconds, and every id on the
+	// delta subjects must not become a record (a misbehaving or
+	// compromised publisher). Past it, deltas of further unlisted engines
+	// are dropped and counted (kvmesh_materializer_unlisted_dropped_total);
+	// gossip discovers a live one anyway. Default 4096.
+	MaxUnlisted int
 	// CheckInterval is the period of the housekeeping loop (connection check,
 	// gossip digest compare, discovery, retries). Default 250ms.
 	CheckInterval time.Duration
@@ -87,6 +101,8 @@ func DefaultConfig() Config {
 		SnapshotTimeout:        5 * time.Second,
 		MaxConcurrentSnapshots: 4,
 		MaxBuffered:            4096,
+		MaxBufferedBytes:       64 << 20,
+		MaxUnlisted:            4096,
 		CheckInterval:          250 * time.Millisecond,
 		GoneAfter:              time.Second,
 		DigestGrace:            time.Second,
@@ -118,6 +134,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBuffered <= 0 {
 		add("max buffered %d must be positive", c.MaxBuffered)
+	}
+	if c.MaxBufferedBytes <= 0 {
+		add("max buffered bytes %d must be positive", c.MaxBufferedBytes)
+	}
+	if c.MaxUnlisted <= 0 {
+		add("max unlisted %d must be positive", c.MaxUnlisted)
 	}
 	if c.CheckInterval <= 0 {
 		add("check interval %v must be positive", c.CheckInterval)

@@ -21,6 +21,7 @@ type engineState struct {
 	retryAt      time.Time // non-zero: a snapshot is due at this time (failure backoff)
 	failures     int
 	buf          []*kvevents.Delta // deltas that arrived while not in sequence, bounded
+	bufBytes     int               // buf's estimated memory (deltaBytes)
 
 	// epochs is the sidecar epoch followed and the others seen (epoch.go);
 	// epoch above is the installed snapshot's, which catches up with it.
@@ -55,18 +56,73 @@ type engineState struct {
 	mismatchSince time.Time
 }
 
-// buffer keeps a copy of d (the decoder reuses its slices). When the buffer
-// is full it is dropped: the snapshot that follows is correct on its own and a
-// missing delta after it shows up as a gap, which takes another snapshot.
-func (e *engineState) buffer(d *kvevents.Delta, limit int) {
-	if len(e.buf) >= limit {
-		e.buf = nil
+// Estimated memory of a buffered delta: its header, each op's, 8 bytes a
+// key (what MaxBufferedBytes counts).
+const (
+	deltaOverhead = 128
+	opOverhead    = 48
+)
+
+func deltaBytes(d *kvevents.Delta) int {
+	n := deltaOverhead + len(d.Engine) + len(d.Model)
+	for i := range d.Ops {
+		n += opOverhead + 8*len(d.Ops[i].Keys)
+	}
+	return n
+}
+
+// bufferLocked keeps a copy of d in e's buffer (the decoder reuses its
+// slices). A buffer only saves work: the snapshot that follows is correct
+// on its own, and a delta missing after it shows up as a gap (or as gossip's
+// head ahead), which takes another snapshot. So it is bounded twice: an
+// engine's full buffer (MaxBuffered deltas) is dropped, and past
+// MaxBufferedBytes over every engine the largest buffers are dropped until
+// d fits (d itself, if it alone is over).
+func (m *Materializer) bufferLocked(e *engineState, d *kvevents.Delta) {
+	if len(e.buf) >= m.cfg.MaxBuffered {
+		m.dropBufferLocked(e, "engine_limit")
+	}
+	size := deltaBytes(d)
+	for m.bufBytes > 0 && m.bufBytes+size > m.cfg.MaxBufferedBytes {
+		m.dropBufferLocked(m.largestBufferLocked(), "byte_budget")
+	}
+	if size > m.cfg.MaxBufferedBytes {
+		m.met.bufferDrops.WithLabelValues("byte_budget").Inc()
+		return
 	}
 	c := &kvevents.Delta{Engine: d.Engine, Model: d.Model, Epoch: d.Epoch, Seq: d.Seq, TS: d.TS, EpochStart: d.EpochStart, Ops: make([]kvevents.Op, len(d.Ops))}
 	for i, op := range d.Ops {
 		c.Ops[i] = kvevents.Op{Kind: op.Kind, Tier: op.Tier, Keys: append([]uint64(nil), op.Keys...)}
 	}
 	e.buf = append(e.buf, c)
+	e.bufBytes += size
+	m.bufBytes += size
+}
+
+// takeBufferLocked empties e's buffer and returns what it held.
+func (m *Materializer) takeBufferLocked(e *engineState) []*kvevents.Delta {
+	buf := e.buf
+	m.bufBytes -= e.bufBytes
+	e.buf, e.bufBytes = nil, 0
+	return buf
+}
+
+// dropBufferLocked drops e's buffer (reason: engine_limit, byte_budget).
+func (m *Materializer) dropBufferLocked(e *engineState, reason string) {
+	m.takeBufferLocked(e)
+	m.met.bufferDrops.WithLabelValues(reason).Inc()
+}
+
+// largestBufferLocked is the engine whose buffer holds the most bytes
+// (called only when the budget is full: a scan of the engines is rare).
+func (m *Materializer) largestBufferLocked() *engineState {
+	var big *engineState
+	for _, e := range m.engines {
+		if big == nil || e.bufBytes > big.bufBytes {
+			big = e
+		}
+	}
+	return big
 }
 
 func (e *engineState) head() kvevents.Head { return kvevents.Head{Epoch: e.epoch, Seq: e.seq} }
@@ -95,6 +151,9 @@ func (m *Materializer) tick(now time.Time) {
 		if e == nil {
 			e = m.engine(v.id, v.model)
 			m.snapshotLocked(e, "discovered in gossip")
+		}
+		if !e.inGossip {
+			m.unlisted--
 		}
 		e.inGossip, e.goneSince = true, time.Time{}
 		if !down {
@@ -209,6 +268,10 @@ func (m *Materializer) checkHeadLocked(e *engineState, g kvevents.EngineDigest, 
 func (m *Materializer) forgetLocked(e *engineState, reason string) {
 	m.log.Info("forgetting engine", "engine", e.id, "reason", reason)
 	m.clearLocked(e)
+	m.takeBufferLocked(e)
+	if !e.inGossip {
+		m.unlisted--
+	}
 	delete(m.engines, e.id)
 }
 
@@ -248,8 +311,10 @@ type EngineStatus struct {
 	LastDelta time.Time              `json:"last_delta"`
 	Applied   uint64                 `json:"deltas_applied"`
 	Buffered  int                    `json:"buffered"`
-	InGossip  bool                   `json:"in_gossip"`
-	Digest    kvevents.EngineDigest  `json:"digest"`
+	// BufferedBytes: the buffer's estimated memory (Config.MaxBufferedBytes).
+	BufferedBytes int                   `json:"buffered_bytes"`
+	InGossip      bool                  `json:"in_gossip"`
+	Digest        kvevents.EngineDigest `json:"digest"`
 	// Snapshotting: a snapshot is in flight or due (a retry).
 	Snapshotting bool `json:"snapshotting"`
 	// SnapshotFailures: snapshots failed in a row (3 or more: failing).
@@ -264,7 +329,7 @@ func (m *Materializer) Status() []EngineStatus {
 	for _, e := range m.engines {
 		s := EngineStatus{
 			Engine: e.id, Model: e.model, Epoch: e.epoch, Seq: e.seq, Synced: e.synced,
-			Lag: e.lag, LastDelta: e.lastMsg, Applied: e.applied, Buffered: len(e.buf), InGossip: e.inGossip,
+			Lag: e.lag, LastDelta: e.lastMsg, Applied: e.applied, Buffered: len(e.buf), BufferedBytes: e.bufBytes, InGossip: e.inGossip,
 			Digest:       kvevents.EngineDigest{Head: e.head(), Digests: e.digests},
 			Snapshotting: e.snapshotting || e.retryAt != (time.Time{}), SnapshotFailures: e.failures,
 		}

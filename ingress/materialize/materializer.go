@@ -36,6 +36,11 @@ type Materializer struct {
 	scratch    []uint64
 	discovered bool
 	keys       int
+	// bufBytes: every engine's buffer (Config.MaxBufferedBytes); unlisted:
+	// the engines gossip does not list (Config.MaxUnlisted).
+	bufBytes, unlisted int
+	// unlistedWarned: the last warning that unlisted engines were dropped.
+	unlistedWarned time.Time
 	// downSince: when Run saw the NATS connection down (lost, or found
 	// dead by its pings); zero while connected.
 	downSince time.Time
@@ -74,7 +79,8 @@ func New(cfg Config) (*Materializer, error) {
 				}
 			}
 			return float64(n)
-		})
+		},
+		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.bufBytes) })
 	if err != nil {
 		return nil, fmt.Errorf("materializer metrics: %w", err)
 	}
@@ -233,7 +239,7 @@ func (m *Materializer) discoverStream(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		if m.engines[engine] == nil {
+		if m.engines[engine] == nil && !m.tooManyUnlistedLocked(engine) {
 			m.snapshotLocked(m.engine(engine, model), "discovered in stream")
 		}
 	}
@@ -252,10 +258,13 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 	now := time.Now()
 	e := m.engines[d.Engine]
 	if e == nil {
+		if m.tooManyUnlistedLocked(d.Engine) {
+			return
+		}
 		e = m.engine(d.Engine, d.Model)
 		e.epochs.setFollow(d.Epoch, d.EpochStart)
 		e.followSeen = now
-		e.buffer(d, m.cfg.MaxBuffered)
+		m.bufferLocked(e, d)
 		m.snapshotLocked(e, "first sight")
 		return
 	}
@@ -285,7 +294,7 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 				"epoch", d.Epoch, "epoch_start", startTime(d.EpochStart), "silent_epoch", e.epochs.follow,
 				"silent_epoch_start", startTime(e.epochs.followStart), "silent_for", now.Sub(e.followSeen).Round(time.Millisecond))
 		}
-		e.buffer(d, m.cfg.MaxBuffered)
+		m.bufferLocked(e, d)
 		m.followLocked(e, d.Epoch, d.EpochStart, now)
 		return
 	}
@@ -293,15 +302,15 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 	e.epochs.setFollow(d.Epoch, d.EpochStart) // learns its start
 	switch {
 	case e.snapshotting || e.retryAt != (time.Time{}):
-		e.buffer(d, m.cfg.MaxBuffered)
+		m.bufferLocked(e, d)
 	case d.Epoch != e.epoch: // followed, not installed (cleared meanwhile)
-		e.buffer(d, m.cfg.MaxBuffered)
+		m.bufferLocked(e, d)
 		m.snapshotLocked(e, "not synced")
 	case d.Seq <= e.seq:
 		m.met.duplicates.Inc()
 	case d.Seq > e.seq+1:
 		m.met.gaps.Inc()
-		e.buffer(d, m.cfg.MaxBuffered)
+		m.bufferLocked(e, d)
 		m.snapshotLocked(e, "gap")
 	default:
 		m.applyLocked(e, d)
@@ -354,7 +363,24 @@ func (m *Materializer) engine(id, model string) *engineState {
 		e.sets[t] = map[uint64]struct{}{}
 	}
 	m.engines[id] = e
+	m.unlisted++ // until tick sees it in gossip
 	return e
+}
+
+// tooManyUnlistedLocked reports (and counts) that engine, unknown so far,
+// is not taken on: with gossip, MaxUnlisted engines it does not list are
+// known already. A warning at most once a minute names one such engine.
+func (m *Materializer) tooManyUnlistedLocked(engine string) bool {
+	if m.cfg.Membership == nil || m.unlisted < m.cfg.MaxUnlisted {
+		return false
+	}
+	m.met.unlistedDropped.Inc()
+	if now := time.Now(); now.Sub(m.unlistedWarned) >= time.Minute {
+		m.unlistedWarned = now
+		m.log.Warn("too many engines publish deltas that gossip does not list; ignoring further ones until gossip lists them or the others are forgotten",
+			"engine", engine, "unlisted", m.unlisted, "max_unlisted", m.cfg.MaxUnlisted)
+	}
+	return true
 }
 
 // applyLocked applies one in-sequence delta to e and the index.
@@ -543,8 +569,7 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		m.snapshotLocked(e, "requested during the last snapshot")
 		return
 	}
-	buf := e.buf
-	e.buf = nil
+	buf := m.takeBufferLocked(e)
 	sort.SliceStable(buf, func(i, j int) bool { return buf[i].Seq < buf[j].Seq })
 	for i, d := range buf {
 		switch {
@@ -555,7 +580,9 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 			m.applyLocked(e, d)
 		default:
 			m.met.gaps.Inc()
-			e.buf = buf[i:]
+			for _, d := range buf[i:] {
+				m.bufferLocked(e, d)
+			}
 			m.snapshotLocked(e, "gap after snapshot")
 			return
 		}

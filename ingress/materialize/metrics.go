@@ -22,13 +22,17 @@ type metrics struct {
 	staleEpochs prometheus.Counter
 	snapshots   *prometheus.CounterVec
 	lag         prometheus.Histogram
+	// bufferDrops: buffers dropped by reason (engine_limit, byte_budget).
+	bufferDrops *prometheus.CounterVec
+	// unlistedDropped: deltas of engines gossip does not list, past MaxUnlisted.
+	unlistedDropped prometheus.Counter
 }
 
 func newMetrics() *metrics {
 	c := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_materializer_" + name, Help: help})
 	}
-	return &metrics{
+	met := &metrics{
 		applied:    c("deltas_applied_total", "Deltas applied in sequence."),
 		ops:        c("ops_applied_total", "Delta ops applied."),
 		keys:       c("keys_applied_total", "Keys in applied delta ops (the ingest rate)."),
@@ -48,17 +52,30 @@ func newMetrics() *metrics {
 			Help:    "Engine event time to applied in this ingress's index (clock skew between hosts included).",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
 		}),
+		bufferDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_materializer_buffer_drops_total",
+			Help: "Engines' delta buffers (deltas that came during a snapshot or after a gap) dropped by reason: engine_limit (an engine's max buffered deltas), " +
+				"byte_budget (the largest, when every engine's together reached max buffered bytes). The next snapshot recovers; many drops mean extra snapshots.",
+		}, []string{"reason"}),
+		unlistedDropped: c("unlisted_dropped_total",
+			"Deltas of engines gossip does not list, ignored because max unlisted such engines are known already."),
 	}
+	for _, r := range []string{"engine_limit", "byte_budget"} {
+		met.bufferDrops.WithLabelValues(r)
+	}
+	return met
 }
 
-func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector, engines, keys, stale, failing func() float64) error {
+func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector, engines, keys, stale, failing, buffered func() float64) error {
 	if reg == nil {
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_buffered_bytes",
+			Help: "Estimated memory of every engine's delta buffer (bounded by max buffered bytes)."}, buffered),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_stale_seconds",
 			Help: "How long the index has not followed the sidecars because the NATS connection is down (lost, or found dead by its pings); 0 while connected."}, stale),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_failing_engines",
