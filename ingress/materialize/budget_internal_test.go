@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	kvtestutil "github.com/kvmesh/kvmesh/internal/testutil"
@@ -187,4 +188,49 @@ func TestUnlistedUnboundedWithoutGossip(t *testing.T) {
 	if n := len(m.Status()); n != 5 {
 		t.Fatalf("%d engines known without gossip, want 5", n)
 	}
+}
+
+// A sidecar whose host clock is ahead of the ingress's stamps its deltas in
+// this host's future. That is no propagation lag: observed, the histogram's
+// sum went below zero (an ingress ten minutes behind read -100,798 s, so a
+// lag alert could never fire). Such deltas are counted instead, and the
+// others still measured.
+func TestDeltasStampedAheadKeptOutOfTheLag(t *testing.T) {
+	m, _ := newUnrunMaterializer(t, func(*Config) {})
+	m.mu.Lock()
+	e := m.engine("e", "m")
+	e.synced, e.epoch, e.seq = true, 1, 0
+	m.mu.Unlock()
+	send := func(seq uint64, ts time.Time) {
+		d := kvevents.Delta{Engine: "e", Model: "m", Epoch: 1, Seq: seq, TS: ts.UnixNano(), Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{seq}}}}
+		m.onDelta(&nats.Msg{Data: kvevents.AppendDelta(nil, &d)})
+	}
+	send(1, time.Now().Add(10*time.Minute))
+	if n := testutil.CollectAndCount(m.met.lag); n != 1 {
+		t.Fatalf("%d lag series", n)
+	}
+	h := histogram(t, m.met.lag)
+	if h.GetSampleCount() != 0 || testutil.ToFloat64(m.met.aheadStamps) != 1 {
+		t.Fatalf("a delta stamped 10 min ahead: %d lag samples (sum %v), %v counted ahead; want 0 and 1",
+			h.GetSampleCount(), h.GetSampleSum(), testutil.ToFloat64(m.met.aheadStamps))
+	}
+	send(2, time.Now().Add(-2*time.Second))
+	h = histogram(t, m.met.lag)
+	if h.GetSampleCount() != 1 || h.GetSampleSum() < 2 {
+		t.Fatalf("a delta stamped 2 s ago: %d lag samples, sum %v; want 1 sample of at least 2 s", h.GetSampleCount(), h.GetSampleSum())
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e.applied != 2 {
+		t.Fatalf("%d deltas applied, want both", e.applied)
+	}
+}
+
+func histogram(t *testing.T, h prometheus.Histogram) *dto.Histogram {
+	t.Helper()
+	var out dto.Metric
+	if err := h.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetHistogram()
 }

@@ -39,8 +39,9 @@ type Materializer struct {
 	// bufBytes: every engine's buffer (Config.MaxBufferedBytes); unlisted:
 	// the engines gossip does not list (Config.MaxUnlisted).
 	bufBytes, unlisted int
-	// unlistedWarned: the last warning that unlisted engines were dropped.
-	unlistedWarned time.Time
+	// unlistedWarned, skewWarned: the last warnings that unlisted engines
+	// were dropped, that a sidecar's clock is ahead of this host's.
+	unlistedWarned, skewWarned time.Time
 	// downSince: when Run saw the NATS connection down (lost, or found
 	// dead by its pings); zero while connected.
 	downSince time.Time
@@ -433,9 +434,27 @@ func (m *Materializer) applyLocked(e *engineState, d *kvevents.Delta) {
 	m.met.applied.Inc()
 	m.met.ops.Add(float64(len(d.Ops)))
 	if d.TS > 0 {
-		lag := time.Since(time.Unix(0, d.TS))
+		m.observeLagLocked(e, time.Since(time.Unix(0, d.TS)))
+	}
+}
+
+// observeLagLocked records one applied delta's propagation lag: its
+// sidecar's wall-clock stamp to now here. A negative lag is no lag but the
+// sidecar's host clock ahead of this one: kept out of the histogram, where
+// it would drag the sum below zero (a lag alert could never fire), counted,
+// and warned about once a minute with the skew it shows at least.
+func (m *Materializer) observeLagLocked(e *engineState, lag time.Duration) {
+	if lag >= 0 {
 		e.lag = lag
 		m.met.lag.Observe(lag.Seconds())
+		return
+	}
+	e.lag = 0
+	m.met.aheadStamps.Inc()
+	if now := time.Now(); now.Sub(m.skewWarned) >= time.Minute {
+		m.skewWarned = now
+		m.log.Warn("a sidecar stamps its deltas later than this host's clock: the two hosts' clocks disagree (is NTP running?); the propagation lag is not measured for such deltas",
+			"engine", e.id, "ahead_by_at_least", (-lag).Round(time.Millisecond))
 	}
 }
 

@@ -26,6 +26,8 @@ type metrics struct {
 	bufferDrops *prometheus.CounterVec
 	// unlistedDropped: deltas of engines gossip does not list, past MaxUnlisted.
 	unlistedDropped prometheus.Counter
+	// aheadStamps: deltas stamped later than the local clock (host clocks skewed).
+	aheadStamps prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -59,6 +61,8 @@ func newMetrics() *metrics {
 		}, []string{"reason"}),
 		unlistedDropped: c("unlisted_dropped_total",
 			"Deltas of engines gossip does not list, ignored because max unlisted such engines are known already."),
+		aheadStamps: c("deltas_stamped_ahead_total",
+			"Deltas applied whose sidecar's timestamp is later than this host's clock (the hosts' clocks disagree): not in the propagation lag histogram."),
 	}
 	for _, r := range []string{"engine_limit", "byte_budget"} {
 		met.bufferDrops.WithLabelValues(r)
@@ -71,7 +75,7 @@ func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector,
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_buffered_bytes",
