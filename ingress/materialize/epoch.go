@@ -14,9 +14,11 @@ import "github.com/kvmesh/kvmesh/kvevents"
 //   - Both epochs' starts known (sidecars that send kvevents'
 //     Delta.EpochStart): the later start is newer (kvevents.NewerEpoch),
 //     the same answer in every ingress.
-//   - Otherwise (a sidecar from before the field): an epoch this engine
-//     followed before, or that lost to another, is older; one never seen is
+//   - Otherwise (a sidecar from before the field): one never seen is
 //     newer, which is what a plain restart looks like.
+//   - Either way, an epoch this engine followed before (given up when it
+//     went silent), or that lost to another, is older: a switch is never
+//     undone by the start times of a sidecar that was given up.
 //
 // So an epoch takes at most one snapshot when it appears. A followed epoch
 // whose sidecar has gone while an older one keeps sending is given up after
@@ -71,13 +73,21 @@ func (v *epochView) older(ep uint64, start int64) bool {
 		return false
 	}
 	o := v.find(ep)
+	if o != nil && o.lost {
+		// Followed before and given up (it went silent), or beaten by the
+		// followed one: older whatever the starts say. A dead sidecar whose
+		// clock ran ahead of its successor's would otherwise stay "newer"
+		// for ever, and gossip still showing its head would take a resync
+		// every DigestGrace.
+		return true
+	}
 	if start <= 0 && o != nil {
 		start = o.start
 	}
 	if start > 0 && v.followStart > 0 {
 		return !kvevents.NewerEpoch(ep, start, v.follow, v.followStart)
 	}
-	return o != nil && o.lost
+	return false
 }
 
 // startOf is epoch ep's start as known (0: unknown).

@@ -1,0 +1,51 @@
+package materialize
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// A sidecar restarted on a host whose clock is behind its dead
+// predecessor's is followed once the dead one stays silent, but gossip may
+// still show the dead epoch's head (an entry that outlives its sidecar).
+// That epoch lost: it is older now, whatever the start times say, and its
+// head is no reason to resync. It was not: every DigestGrace the
+// materializer took a "behind gossip head" snapshot, answered by the live
+// sidecar, for as long as the engine stayed idle (a black-box test saw 1.5
+// snapshots a second for over five minutes, nothing logged).
+func TestLostEpochInGossipTakesNoSnapshots(t *testing.T) {
+	m, _ := newUnrunMaterializer(t, func(*Config) {})
+	const dead, live = 0xdead, 0x11fe
+	deadStart := time.Now().Add(5 * time.Minute).UnixNano() // the dead sidecar's clock was ahead
+	liveStart := time.Now().UnixNano()
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.engine("e", "m")
+	e.epochs.setFollow(dead, deadStart)
+	e.epoch, e.seq, e.synced = dead, 100, true
+	// The dead one went silent: the live one is followed and installed.
+	m.followLocked(e, live, liveStart, now)
+	e.retryAt = time.Time{}
+	e.epoch, e.seq, e.synced = live, 3, true
+	e.lastMsg = now
+
+	g := kvevents.EngineDigest{Head: kvevents.Head{Epoch: dead, Seq: 100}}
+	for i := range 10 {
+		m.checkHeadLocked(e, g, now.Add(time.Duration(i+1)*m.cfg.DigestGrace))
+	}
+	if n := testutil.ToFloat64(m.met.gaps); n != 0 || !e.retryAt.IsZero() {
+		t.Fatalf("gossip showing the lost epoch's head: %v resyncs, snapshot due %v; want none", n, !e.retryAt.IsZero())
+	}
+	// A head of the followed epoch ahead of the copy still resyncs.
+	g.Head = kvevents.Head{Epoch: live, Seq: 9}
+	m.checkHeadLocked(e, g, now.Add(20*m.cfg.DigestGrace))
+	m.checkHeadLocked(e, g, now.Add(22*m.cfg.DigestGrace))
+	if n := testutil.ToFloat64(m.met.gaps); n != 1 || e.retryAt.IsZero() {
+		t.Fatalf("gossip ahead in the followed epoch: %v resyncs, snapshot due %v; want 1 and true", n, !e.retryAt.IsZero())
+	}
+}
