@@ -21,6 +21,21 @@ import (
 // /debug/config, /debug/health and /metrics. With Config.AdminToken set every
 // admin request needs "Authorization: Bearer <token>".
 
+// adminSendTimeout bounds the admin listener's send timeout: its answers
+// are small and bounded, so a client that takes nothing for this long is
+// gone or hostile, whatever the client port's --send-timeout (or with it
+// off).
+const adminSendTimeout = 60 * time.Second
+
+// adminSendTimeoutOf is the admin listener's send timeout: the client
+// port's, at most adminSendTimeout.
+func adminSendTimeoutOf(client time.Duration) time.Duration {
+	if client <= 0 || client > adminSendTimeout {
+		return adminSendTimeout
+	}
+	return client
+}
+
 // startAdmin listens on Config.AdminListen and serves until Close.
 func (s *Server) startAdmin() error {
 	aln, err := s.listen(s.cfg.AdminListen, "admin")
@@ -28,6 +43,11 @@ func (s *Server) startAdmin() error {
 		return fmt.Errorf("ingress admin listen: %w", err)
 	}
 	s.adminLn = aln
+	// A client that sends requests and never reads the answers would
+	// otherwise keep its connection, its fd and megabytes of kernel send
+	// buffer for good: a blocked write is bound by neither ReadTimeout nor
+	// IdleTimeout, and enough of them starve the client port of fds.
+	sln := sendTimeoutListener{Listener: aln, d: adminSendTimeoutOf(s.cfg.SendTimeout)} // sendtimeout.go
 	prof := map[string]fasthttp.RequestHandler{
 		"/debug/pprof/cmdline": serveCmdline,
 		"/debug/pprof/profile": maxSeconds(fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Profile)),
@@ -38,9 +58,12 @@ func (s *Server) startAdmin() error {
 	// seconds parameter too (a delta over that long): the same bound.
 	index := maxSeconds(fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index))
 	s.admin = &fasthttp.Server{
-		Name:               "kvmesh-ingress-admin",
-		Logger:             fasthttpLogger{s.log},
-		ReadTimeout:        10 * time.Second,
+		Name:        "kvmesh-ingress-admin",
+		Logger:      fasthttpLogger{s.log},
+		ReadTimeout: 10 * time.Second,
+		// The whole answer's write (a profile is computed first, then
+		// written); the send timeout bounds each write within it.
+		WriteTimeout:       2 * adminSendTimeout,
 		IdleTimeout:        60 * time.Second,
 		NoDefaultDate:      true,
 		CloseOnShutdown:    true,
@@ -68,7 +91,7 @@ func (s *Server) startAdmin() error {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.serve(s.admin, aln, "admin")
+		s.serve(s.admin, sln, "admin")
 	}()
 	return nil
 }

@@ -110,3 +110,24 @@ func TestStartFailureLeaksNothing(t *testing.T) {
 		t.Fatal("NATS connection left open")
 	}
 }
+
+// An admin client that sends requests and never reads the answers is cut
+// by the send timeout, as on the client port: its connection closes.
+// Before, a blocked write was bound by neither the admin ReadTimeout nor
+// its IdleTimeout, and the connection (its fd and megabytes of kernel send
+// buffer) stayed for as long as the client kept it.
+func TestAdminSendTimeoutCutsAClientThatStopsReading(t *testing.T) {
+	cfg := testConfig()
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.SendTimeout = 200 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	conn := dialNoReadAddr(t, s.AdminAddr())
+	// Far more answers than the kernel's buffers hold (each /metrics answer
+	// is kilobytes), so the server's write blocks.
+	req := strings.Repeat("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 2000)
+	if _, err := conn.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the admin connection to open", func() bool { return s.admin.GetOpenConnectionsCount() == 1 })
+	testutil.WaitFor(t, 30*time.Second, "the admin connection closed by the send timeout", func() bool { return s.admin.GetOpenConnectionsCount() == 0 })
+}

@@ -17,6 +17,12 @@ import (
 // test.
 func dialNoRead(t *testing.T, s *Server) net.Conn {
 	t.Helper()
+	return dialNoReadAddr(t, s.Addr())
+}
+
+// dialNoReadAddr is dialNoRead to addr.
+func dialNoReadAddr(t *testing.T, addr string) net.Conn {
+	t.Helper()
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
@@ -26,7 +32,7 @@ func dialNoRead(t *testing.T, s *Server) net.Conn {
 		}
 		return serr
 	}}
-	conn, err := d.Dial("tcp", s.Addr())
+	conn, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

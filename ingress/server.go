@@ -480,7 +480,11 @@ func (s *Server) shutdown() error {
 			s.closeErr = fmt.Errorf("ingress shutdown: %w", err)
 		}
 		if s.admin != nil {
-			_ = s.admin.ShutdownWithContext(sctx)
+			// Not the Server's error (the client listener's is): admin
+			// connections still open when sctx ends are closed below.
+			if err := s.admin.ShutdownWithContext(sctx); err != nil {
+				s.log.Warn("admin listener shutdown", "err", err)
+			}
 		}
 		// Shutdown closes only the listeners Serve has registered: one whose
 		// goroutine had not reached Serve yet would keep accepting and wg
