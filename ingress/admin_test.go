@@ -6,8 +6,12 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
@@ -130,4 +134,67 @@ func TestAdminSendTimeoutCutsAClientThatStopsReading(t *testing.T) {
 	}
 	testutil.WaitFor(t, 5*time.Second, "the admin connection to open", func() bool { return s.admin.GetOpenConnectionsCount() == 1 })
 	testutil.WaitFor(t, 30*time.Second, "the admin connection closed by the send timeout", func() bool { return s.admin.GetOpenConnectionsCount() == 0 })
+}
+
+// blockingCollector's Collect waits until release is closed, counting the
+// renders waiting in it.
+type blockingCollector struct {
+	in      atomic.Int32
+	release chan struct{}
+}
+
+func (c *blockingCollector) Describe(chan<- *prometheus.Desc) {}
+func (c *blockingCollector) Collect(chan<- prometheus.Metric) {
+	c.in.Add(1)
+	<-c.release
+}
+
+// /metrics renders run at most maxMetricsInFlight at a time: one more gets
+// a 503 at once, and /health is answered meanwhile. Before, a /metrics
+// flood on the admin port rendered without bound and took the cores the
+// client port routes with.
+func TestMetricsRendersAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	bc := &blockingCollector{release: make(chan struct{})}
+	reg.MustRegister(bc)
+	cfg := testConfig()
+	cfg.AdminListen = "127.0.0.1:0"
+	s := startIngress(t, cfg, Deps{Registry: reg})
+	admin := "http://" + s.AdminAddr()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(bc.release)
+		}
+	}
+	defer release()
+	for range maxMetricsInFlight {
+		wg.Go(func() {
+			if resp, err := http.Get(admin + "/metrics"); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, "the renders to block", func() bool { return bc.in.Load() == maxMetricsInFlight })
+	// Bounded: without the limit this render would wait for release too.
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatalf("/metrics beyond the limit: %v, want a 503 at once", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/metrics beyond the limit: %d, want 503", resp.StatusCode)
+	}
+	if st, _ := getAuth(t, admin+"/health", ""); st != http.StatusOK {
+		t.Errorf("/health while renders are blocked: %d", st)
+	}
+	release()
+	wg.Wait()
+	if st, _ := getAuth(t, admin+"/metrics", ""); st != http.StatusOK {
+		t.Errorf("/metrics after the renders ended: %d", st)
+	}
 }

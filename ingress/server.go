@@ -247,7 +247,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			s.log.Warn("learned cost metrics not registered", "err", err)
 		}
 	}
-	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
+	// A render costs milliseconds of CPU: a scraper gone wrong or a curl
+	// loop must not take the routing's cores (MaxRequestsInFlight: a 503
+	// beyond it). /health and /ready render nothing and are not limited.
+	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(deps.Registry,
+		promhttp.HandlerOpts{MaxRequestsInFlight: maxMetricsInFlight}))
 	s.reqPool.New = func() any { return new(call) }
 	if ls, ok := deps.Admitter.(limitSetter); ok {
 		_, _, _, s.admitBase = ls.Stats()
@@ -274,6 +278,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	return s, nil
 }
+
+// maxMetricsInFlight is how many /metrics renders run at once; Prometheus
+// scrapes one at a time per target, so a few replicas' scrapers fit.
+const maxMetricsInFlight = 4
 
 // Start listens and serves until Close. It returns once listening. A
 // Server starts once: a failed Start leaves nothing running, and Close
