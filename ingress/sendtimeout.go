@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,19 +39,37 @@ func (l sendTimeoutListener) Accept() (net.Conn, error) {
 }
 
 // sendConn is a client connection whose writes fail after d without
-// progress. Writes come from the connection's serving goroutine only.
+// progress. Writes come from the connection's serving goroutine; Close
+// (crypto/tls's close_notify, written through Write) may come from
+// another.
 type sendConn struct {
 	net.Conn
 	d time.Duration
+	// deadline is a write deadline the caller set (unix ns; 0: none):
+	// crypto/tls's 5 s for its close_notify alert, the admin server's
+	// WriteTimeout. A write waits until the earlier of it and d.
+	deadline atomic.Int64
+	// fired: a write went d without progress. The client is not reading,
+	// so every later write fails at once; else closing a TLS connection
+	// would wait another whole d to write its close_notify.
+	fired atomic.Bool
 }
 
 // Write writes p, failing with errSendTimeout once a wait of d passes in
 // which the client took none of it. A wait that moved some bytes starts
-// another: a slow but reading client is not cut, however large p.
+// another: a slow but reading client is not cut, however large p. A
+// deadline the caller set ends the write as a net.Conn's does.
 func (c *sendConn) Write(p []byte) (int, error) {
+	if c.fired.Load() {
+		return 0, &sendTimeoutError{d: c.d}
+	}
 	written := 0
 	for {
-		if err := c.Conn.SetWriteDeadline(time.Now().Add(c.d)); err != nil {
+		deadline, own := time.Now().Add(c.d), false
+		if dl := c.deadline.Load(); dl != 0 && dl < deadline.UnixNano() {
+			deadline, own = time.Unix(0, dl), true
+		}
+		if err := c.Conn.SetWriteDeadline(deadline); err != nil {
 			return written, err
 		}
 		n, err := c.Conn.Write(p[written:])
@@ -58,12 +77,29 @@ func (c *sendConn) Write(p []byte) (int, error) {
 		switch {
 		case err == nil:
 			return written, nil
-		case !errors.Is(err, os.ErrDeadlineExceeded):
+		case !errors.Is(err, os.ErrDeadlineExceeded), own:
 			return written, err
 		case n == 0:
+			c.fired.Store(true)
 			return written, &sendTimeoutError{d: c.d}
 		}
 	}
+}
+
+// SetWriteDeadline records the caller's write deadline, which Write keeps.
+func (c *sendConn) SetWriteDeadline(t time.Time) error {
+	var ns int64
+	if !t.IsZero() {
+		ns = t.UnixNano()
+	}
+	c.deadline.Store(ns)
+	return nil
+}
+
+// SetDeadline sets the read deadline and records the write deadline.
+func (c *sendConn) SetDeadline(t time.Time) error {
+	_ = c.SetWriteDeadline(t)
+	return c.Conn.SetReadDeadline(t)
 }
 
 // errSendTimeout is what a client connection's write fails with when the

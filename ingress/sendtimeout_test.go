@@ -1,9 +1,12 @@
 package ingress
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -100,5 +103,79 @@ func TestBufferedAnswerInServiceUntilWritten(t *testing.T) {
 	waitSettled(t, s)
 	if fe.hits.Load() != 1 {
 		t.Fatalf("%d engine requests, want 1", fe.hits.Load())
+	}
+}
+
+// Once a write has gone the send timeout with nothing taken, the client is
+// not reading: later writes fail at once, and closing a TLS connection
+// (whose close_notify goes through sendConn) returns promptly. Before, the
+// close_notify write replaced crypto/tls's 5 s deadline with the send
+// timeout, and the connection lingered for a second whole send timeout.
+func TestSendTimeoutTLSCloseIsPrompt(t *testing.T) {
+	ca := newTestCA(t)
+	srvRaw, cliRaw := net.Pipe()
+	defer cliRaw.Close()
+	sc := &sendConn{Conn: srvRaw, d: 100 * time.Millisecond}
+	crt, key := ca.validLeaf(t, "server")
+	srv := tls.Server(sc, &tls.Config{Certificates: []tls.Certificate{pair(t, crt, key)}})
+	cli := tls.Client(cliRaw, &tls.Config{RootCAs: ca.pool(), ServerName: "127.0.0.1"})
+	hs := make(chan error, 1)
+	go func() { hs <- cli.Handshake() }()
+	if err := srv.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-hs; err != nil {
+		t.Fatal(err)
+	}
+	// The client reads nothing more: the answer's write is cut.
+	if _, err := srv.Write(make([]byte, 64<<10)); !errors.Is(err, errSendTimeout) {
+		t.Fatalf("write to a client that does not read: %v, want %v", err, errSendTimeout)
+	}
+	// Were another wait started, it would take this long: far beyond the
+	// bounds below, which only a prompt failure meets.
+	sc.d = time.Hour
+	done := make(chan error, 1)
+	go func() {
+		_, err := sc.Write([]byte("more"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errSendTimeout) {
+			t.Fatalf("write after the send timeout: %v, want %v", err, errSendTimeout)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a write after the send timeout fired waits again")
+	}
+	go func() { done <- srv.Close() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing the TLS connection waits for a second send timeout")
+	}
+}
+
+// A write deadline the caller sets (crypto/tls's for its close_notify, the
+// admin server's WriteTimeout) ends a write before the send timeout, with
+// the deadline's own error.
+func TestSendConnKeepsTheCallersDeadline(t *testing.T) {
+	srvRaw, cliRaw := net.Pipe()
+	defer cliRaw.Close()
+	sc := &sendConn{Conn: srvRaw, d: time.Hour}
+	if err := sc.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := sc.Write([]byte("x"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errSendTimeout) {
+			t.Fatalf("write past the caller's deadline: %v, want the deadline's error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the caller's write deadline is ignored")
 	}
 }
