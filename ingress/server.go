@@ -34,6 +34,7 @@ type Server struct {
 	log    *slog.Logger
 	alog   *slog.Logger // access log; nil when off
 	m      *metrics
+	certs  *tlsCerts // TLS credentials in force, re-read on change (tls.go)
 	ups    *upstreams
 	cl     *cluster
 	health *ejector // nil when passive ejection is off
@@ -204,9 +205,6 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if s.health != nil {
 		s.health.ups = s.ups // the stall watch (health.go)
 	}
-	if s.ups.tls, err = cfg.TLS.upstreamTLS(); err != nil {
-		return nil, fmt.Errorf("new ingress: %w", err)
-	}
 	var indexKeys func() float64
 	if deps.Index != nil {
 		idx := deps.Index
@@ -223,6 +221,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.m = newMetrics(deps.Registry, cfg.ID, indexKeys, deps.PropagationLag, func() float64 {
 		return float64(len(s.deps.Membership.Engines(nil)))
 	})
+	if s.certs, err = newTLSCerts(&s.cfg.TLS, s.log, newTLSMetrics(deps.Registry, prometheus.Labels{"ingress": cfg.ID})); err != nil {
+		return nil, fmt.Errorf("new ingress: %w", err)
+	}
+	if s.ups.tls, err = s.certs.upstreamTLS(); err != nil {
+		return nil, fmt.Errorf("new ingress: %w", err)
+	}
 	s.check = newTokenCheck(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
 	s.etok = newEngineTok(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
 	// Index and scheduler series carry no replica label: with a registry
@@ -309,12 +313,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.cfg.SendTimeout > 0 {
 		ln = sendTimeoutListener{Listener: ln, d: s.cfg.SendTimeout} // sendtimeout.go
 	}
-	tc, err := s.cfg.TLS.serverTLS()
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	if tc != nil {
+	if tc := s.certs.serverTLS(); tc != nil {
 		ln = tls.NewListener(ln, tc)
 	}
 	if err := s.startCluster(); err != nil {
@@ -351,6 +350,13 @@ func (s *Server) Start(ctx context.Context) error {
 		go func() {
 			defer s.wg.Done()
 			s.holdLoop() // hold.go
+		}()
+	}
+	if s.certs.watching() {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.certs.Run(s.quit) // tls.go: certificates re-read on change
 		}()
 	}
 	if r, ok := s.deps.Auth.(authRunner); ok { // auth.Keys re-reading its file and/or auth.JWTVerifier its key set (an auth.Chain)

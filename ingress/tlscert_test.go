@@ -101,3 +101,9 @@ func writeFile(t testing.TB, dir, name string, b []byte) string {
 	}
 	return p
 }
+
+// validPair is validLeaf as a tls.Certificate.
+func (ca *testCA) validPair(t testing.TB, cn string) tls.Certificate {
+	crt, key := ca.validLeaf(t, cn)
+	return pair(t, crt, key)
+}
