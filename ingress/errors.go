@@ -40,6 +40,10 @@ var (
 	// of its own resources (file descriptors, ephemeral ports, buffers),
 	// not the engine's fault: not retried elsewhere, no ejection.
 	ErrLocalResources = errors.New("the ingress is out of resources (its own limit, not the engine's)")
+	// ErrClientCertRefused: an engine refused the ingress's own TLS
+	// client certificate (expired, from a CA the engine does not trust,
+	// missing): the ingress's configuration, not the engine's failure.
+	ErrClientCertRefused = errors.New("an engine refused this ingress's TLS client certificate (its upstream certificate: the ingress's configuration, not the engine's failure)")
 )
 
 // apiError is an error with everything the OpenAI error body needs.
@@ -108,6 +112,10 @@ func toAPIError(err error) *apiError {
 		return newAPIError(504, "server_error", "timeout", "", err)
 	case errors.Is(err, ErrLocalResources):
 		e := newAPIError(503, "server_error", "ingress_resource_exhausted", "", err)
+		e.retryAfter = time.Second
+		return e
+	case errors.Is(err, ErrClientCertRefused):
+		e := newAPIError(503, "server_error", "ingress_client_certificate_refused", "", err)
 		e.retryAfter = time.Second
 		return e
 	case errors.Is(err, ErrNoEngine), errors.Is(err, ErrUpstream), errors.Is(err, ErrDraining):

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -51,6 +52,7 @@ type faultEngine struct {
 	mode     faultMode
 	srv      *http.Server
 	ln       net.Listener
+	scheme   string // "http" unless startTLSFaultEngine
 	hits     atomic.Int64
 	canceled atomic.Int64 // requests whose client went away
 	probes   atomic.Int64 // GET /health answered (faultHangAlive)
@@ -68,18 +70,29 @@ type faultEngine struct {
 
 func startFaultEngine(t testing.TB, mode faultMode) *faultEngine {
 	t.Helper()
+	return startTLSFaultEngine(t, mode, nil)
+}
+
+// startTLSFaultEngine is startFaultEngine serving https with tc (nil:
+// plain http).
+func startTLSFaultEngine(t testing.TB, mode faultMode, tc *tls.Config) *faultEngine {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fe := &faultEngine{mode: mode, ln: ln, bodies: make(chan []byte, 64), quit: make(chan struct{}), probed: make(chan struct{})}
+	scheme := "http"
+	if tc != nil {
+		ln, scheme = tls.NewListener(ln, tc), "https"
+	}
+	fe := &faultEngine{mode: mode, ln: ln, scheme: scheme, bodies: make(chan []byte, 64), quit: make(chan struct{}), probed: make(chan struct{})}
 	fe.srv = &http.Server{Handler: http.HandlerFunc(fe.serve), ReadHeaderTimeout: 5 * time.Second}
 	go fe.srv.Serve(ln)
 	t.Cleanup(fe.close)
 	return fe
 }
 
-func (fe *faultEngine) url() string { return "http://" + fe.ln.Addr().String() }
+func (fe *faultEngine) url() string { return fe.scheme + "://" + fe.ln.Addr().String() }
 
 func (fe *faultEngine) close() {
 	fe.once.Do(func() {

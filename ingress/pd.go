@@ -453,8 +453,8 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 // a rare race, is labelled "stalled" too.
 func (s *Server) legFailure(up *upstream, err error) string {
 	why := classifyErr(err)
-	if why == "local_error" {
-		return why // the ingress's own limit: nothing about the engine (as attemptFailed)
+	if why == "local_error" || why == "client_cert_refused" {
+		return why // the ingress's own limit or certificate: nothing about the engine (as attemptFailed)
 	}
 	stalled := s.health.stalledOut(up.id) // before observe, which may eject it anew
 	up.failures.Add(1)
@@ -650,7 +650,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	// which DoDeadline does not support; the expiry timer bounds the leg.
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
-	err = up.hc.Do(req, resp)
+	err = tlsCauseOf(resp, up.hc.Do(req, resp)) // upstreamtls.go: an alert refusing our certificate
 	expired := expiry != nil && !expiry.Stop()
 	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
 		c.learnPrefillLeg(up, pre, time.Since(sent)) // learn.go

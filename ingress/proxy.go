@@ -109,7 +109,7 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	c.startAttempt(up, rk.Match.Spec)
 	c.watch.attempt()
 	up.total.Add(1)
-	err = up.hc.Do(ureq, resp)
+	err = tlsCauseOf(resp, up.hc.Do(ureq, resp)) // upstreamtls.go: an alert refusing our certificate
 	c.upConn = connOf(resp)
 	if err != nil {
 		return false, c.attemptFailed(up, resp, classifyErr(err), err)
@@ -223,8 +223,8 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 		// The stall watch would have ejected a hung engine and cut this
 		// request long before (Validate): the engine is alive and slow.
 		result = "first_byte_timeout"
-	case result == "local_error":
-		// The ingress's own limit: nothing about the engine.
+	case result == "local_error", result == "client_cert_refused":
+		// The ingress's own limit or certificate: nothing about the engine.
 	default:
 		up.failures.Add(1)
 		c.s.health.observe(up, result)
@@ -244,6 +244,8 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	switch result {
 	case "local_error":
 		return fmt.Errorf("%w: no connection to engine %s: %w", ErrLocalResources, up.id, localErrno(err))
+	case "client_cert_refused":
+		err = fmt.Errorf("%w: engine %s refused it: %w", ErrClientCertRefused, up.id, err)
 	case "first_byte_timeout":
 		err = fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
 			ErrFirstByteTimeout, up.id, c.s.cfg.firstByteWait(), err)
@@ -279,9 +281,18 @@ func logText(msg string, err error) string {
 // ("dial tcp 10.0.0.7:8000: connect: connection refused" reads "dial:
 // connect: connection refused") or a failed lookup's host and server.
 func clientText(err error) string {
+	text := netClientText(err)
+	if te, ok := errors.AsType[*engineTLSError](err); ok { // x509's text may name the engine's address
+		text = strings.Replace(text, te.Error(), te.clientText(), 1)
+	}
+	return text
+}
+
+// netClientText is clientText for a net.OpError.
+func netClientText(err error) string {
 	text := err.Error()
 	oe, ok := errors.AsType[*net.OpError](err)
-	if !ok {
+	if !ok || oe.Op == "remote error" { // a TLS alert names no address
 		return text
 	}
 	cause := "failed"
@@ -297,7 +308,8 @@ func clientText(err error) string {
 }
 
 // classifyErr names an attempt's transport error: "local_error" (the
-// ingress is out of its own resources: localErrno), "connect_timeout" (the
+// ingress is out of its own resources: localErrno), "client_cert_refused"
+// (the engine refused this ingress's TLS certificate), "connect_timeout" (the
 // dial did not complete in time), "timeout",
 // "protocol_error" (the engine answered, with something the ingress
 // cannot read as HTTP: isProtocolErr) or "connect_error" (no connection,
@@ -305,6 +317,9 @@ func clientText(err error) string {
 func classifyErr(err error) string {
 	if localErrno(err) != 0 {
 		return "local_error"
+	}
+	if refusedOurCert(err) {
+		return "client_cert_refused" // upstreamtls.go: the ingress's certificate, not the engine
 	}
 	if oe, ok := errors.AsType[*net.OpError](err); ok && oe.Op == "dial" && oe.Timeout() {
 		return "connect_timeout"

@@ -224,6 +224,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if s.certs, err = newTLSCerts(&s.cfg.TLS, s.log, newTLSMetrics(deps.Registry, prometheus.Labels{"ingress": cfg.ID})); err != nil {
 		return nil, fmt.Errorf("new ingress: %w", err)
 	}
+	s.ups.tlsErrs, s.ups.log = s.m.upstreamTLS, s.log
 	if s.ups.tls, err = s.certs.upstreamTLS(); err != nil {
 		return nil, fmt.Errorf("new ingress: %w", err)
 	}

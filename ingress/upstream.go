@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
 
@@ -96,6 +98,12 @@ type upstreams struct {
 	watchMu  sync.Mutex   // guards watched
 	watched  map[uint64]*watch
 
+	// tlsErrs and log count and warn of TLS failures with engines
+	// (upstreamtls.go); tlsLastLog is when the last warning was (unix ns).
+	tlsErrs    *prometheus.CounterVec // cause
+	log        *slog.Logger
+	tlsLastLog atomic.Int64
+
 	// dialFault replaces the engines' dial in tests (a fake local error
 	// such as EMFILE); nil in production. Set before the first request.
 	dialFault func(addr string) (net.Conn, error)
@@ -170,10 +178,20 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 	idle, first := cfg.IdleTimeout, cfg.firstByteWait()
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout}
 	nu := &upstream{id: id, url: baseURL}
+	var tc *tls.Config // https: the handshake is the dial's (upstreamtls.go)
+	if pu.Scheme == "https" {
+		tc = &tls.Config{}
+		if u.tls != nil {
+			tc = u.tls.Clone()
+		}
+		if tc.ServerName == "" {
+			tc.ServerName = pu.Hostname()
+		}
+	}
 	nu.hc = &fasthttp.HostClient{
 		Addr:                          pu.Host,
 		IsTLS:                         pu.Scheme == "https",
-		TLSConfig:                     u.tls,
+		TLSConfig:                     tc,
 		Name:                          "kvmesh-ingress",
 		MaxConns:                      cfg.MaxConnsPerEngine,
 		MaxIdleConnDuration:           5 * time.Second, // also how long a closed client's cleaner lingers
@@ -200,6 +218,9 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 			u.connMu.Lock()
 			u.conns[ic] = struct{}{}
 			u.connMu.Unlock()
+			if tc != nil {
+				return u.dialTLS(ic, tc, cfg.ConnectTimeout)
+			}
 			return ic, nil
 		},
 	}
@@ -322,6 +343,9 @@ type idleConn struct {
 	// firstExpired: a read under the first-byte wait timed out (reset per
 	// request), which the proxy tells apart from a dial timeout.
 	firstExpired atomic.Bool
+	// tlsErr is an engine's alert refusing this ingress's certificate,
+	// read on the connection (upstreamtls.go).
+	tlsErr atomic.Pointer[engineTLSError]
 	// deadline is the exchange's own read deadline (unix ns; 0: none),
 	// which fasthttp sets for a call with a timeout (DoTimeout: the
 	// engine's /tokenize) and clears for the next call on the connection.
