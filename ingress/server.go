@@ -29,15 +29,18 @@ import (
 
 // Server is one ingress replica. New → Start → Close; Close drains.
 type Server struct {
-	cfg    Config
-	deps   Deps
-	log    *slog.Logger
-	alog   *slog.Logger // access log; nil when off
-	m      *metrics
-	certs  *tlsCerts // TLS credentials in force, re-read on change (tls.go)
-	ups    *upstreams
-	cl     *cluster
-	health *ejector // nil when passive ejection is off
+	cfg   Config
+	deps  Deps
+	log   *slog.Logger
+	alog  *slog.Logger // access log; nil when off
+	m     *metrics
+	certs *tlsCerts // TLS credentials in force, re-read on change (tls.go)
+	// hsLastLog is when a failed client handshake was last logged at
+	// info (unix ns; tlshandshake.go).
+	hsLastLog atomic.Int64
+	ups       *upstreams
+	cl        *cluster
+	health    *ejector // nil when passive ejection is off
 	// media is each model's learned tokens per media item (mediatokens.go).
 	media mediaTokens
 	// check compares the ingress's prompt tokens with the engines' answers (tokencheck.go).
@@ -635,6 +638,9 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 
 // handleTransportError answers requests fasthttp could not read (too large, malformed HTTP).
 func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
+	if s.tlsHandshakeFailed(ctx, err) { // tlshandshake.go: not a request, nothing can be answered on it
+		return
+	}
 	h := &ctx.Request.Header
 	// fasthttp resets the whole request, head included, when reading a
 	// chunked body fails (too large or broken): what headerReceived read of

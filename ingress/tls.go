@@ -69,6 +69,9 @@ type tlsMetrics struct {
 	expiry     *prometheus.GaugeVec   // cert: server, client
 	reloads    *prometheus.CounterVec // cert: server, client_ca, client
 	reloadErrs *prometheus.CounterVec // cert
+	// handshakeErrs counts the client listener's failed handshakes by
+	// reason (tlshandshake.go).
+	handshakeErrs *prometheus.CounterVec
 }
 
 func newTLSMetrics(reg prometheus.Registerer, constLabels prometheus.Labels) *tlsMetrics {
@@ -80,11 +83,16 @@ func newTLSMetrics(reg prometheus.Registerer, constLabels prometheus.Labels) *tl
 		reloadErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tls_cert_reload_errors_total",
 			Help: "TLS certificate file reloads rejected (unreadable, unparsable, key not matching); the previous certificate stays.", ConstLabels: constLabels}, []string{"cert"}),
 	}
+	m.handshakeErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tls_handshake_errors_total",
+		Help: "TLS handshakes with clients that failed, by reason (not_tls, client_cert, timeout, closed, protocol); not counted as requests.", ConstLabels: constLabels}, []string{"reason"})
+	for _, r := range handshakeReasons {
+		m.handshakeErrs.WithLabelValues(r)
+	}
 	for _, c := range []string{certServer, certClientCA, certClient} {
 		m.reloads.WithLabelValues(c)
 		m.reloadErrs.WithLabelValues(c)
 	}
-	reg.MustRegister(m.expiry, m.reloads, m.reloadErrs)
+	reg.MustRegister(m.expiry, m.reloads, m.reloadErrs, m.handshakeErrs)
 	return m
 }
 

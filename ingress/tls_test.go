@@ -3,7 +3,9 @@ package ingress
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -157,5 +159,79 @@ func TestTLSCertsWarnOfExpiry(t *testing.T) {
 				t.Errorf("log %q: want a warning %q naming the file", buf.String(), c.want)
 			}
 		})
+	}
+}
+
+// Failed TLS handshakes are counted by reason in
+// kvmesh_ingress_tls_handshake_errors_total, not as requests answered:
+// nothing can be written on such a connection. Plain HTTP sent to the TLS
+// port gets net/http's hint as a 400 (with the OpenAI error body). Before,
+// each was counted as requests_total{endpoint="unknown",status="400"} (or
+// 408) and plain HTTP got an empty reply.
+func TestTLSHandshakeErrorsAreNotRequests(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t)
+	crt, key := ca.validLeaf(t, "server")
+	f := tlsFiles{cert: dir + "/tls.crt", key: dir + "/tls.key"}
+	f.write(t, crt, key)
+	cfg := testConfig()
+	cfg.TLS = TLSConfig{CertFile: f.cert, KeyFile: f.key, ClientCAFile: writeFile(t, dir, "ca.crt", ca.pem)}
+	cfg.ReadTimeout = 500 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	hs := func(reason string) float64 { return val(s.certs.m.handshakeErrs.WithLabelValues(reason)) }
+	raw := func(send string, closeAfter bool) string {
+		t.Helper()
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte(send)); err != nil {
+			t.Fatal(err)
+		}
+		if closeAfter {
+			return ""
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+
+	answer := raw("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", false)
+	if !strings.HasPrefix(answer, "HTTP/1.0 400 Bad Request\r\n") || !strings.Contains(answer, "client sent an HTTP request to an HTTPS server") ||
+		!strings.Contains(answer, `"type":"invalid_request_error"`) {
+		t.Errorf("plain HTTP to the TLS port: %q", answer)
+	}
+	testutil.WaitFor(t, 10*time.Second, "not_tls counted", func() bool { return hs(hsNotTLS) == 1 })
+
+	if _, err := servedCert(s.Addr(), ca.pool(), nil); err == nil {
+		t.Error("a client without a certificate was let in")
+	}
+	testutil.WaitFor(t, 10*time.Second, "client_cert counted", func() bool { return hs(hsClientCert) == 1 })
+
+	c, err := tls.Dial("tcp", s.Addr(), &tls.Config{RootCAs: ca.pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11})
+	if err == nil {
+		c.Close()
+		t.Error("TLS 1.1 accepted")
+	}
+	testutil.WaitFor(t, 10*time.Second, "protocol counted", func() bool { return hs(hsProtocol) == 1 })
+
+	raw("\x16\x03\x01", true) // a ClientHello's start, then gone
+	testutil.WaitFor(t, 10*time.Second, "closed counted", func() bool { return hs(hsClosed) == 1 })
+
+	stalled, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	if _, err := stalled.Write([]byte("\x16\x03\x01\x00")); err != nil { // and nothing more: readTimeout ends it
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "timeout counted", func() bool { return hs(hsTimeout) == 1 })
+
+	for _, st := range []string{"400", "408"} {
+		if n := val(s.m.requests.WithLabelValues("unknown", st)); n != 0 {
+			t.Errorf("requests_total{endpoint=unknown,status=%s} = %v, want 0: no request was answered", st, n)
+		}
 	}
 }
