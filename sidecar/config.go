@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,8 @@ type EngineConfig struct {
 	// Model is the served model name (part of the root key and the subjects).
 	Model string
 	// URL is the engine's HTTP base ("http://10.0.0.5:8000"): gossiped for the
-	// ingress to proxy to, and the base of /reset_prefix_cache.
+	// ingress to proxy to, and the base of /metrics, /v1/models and
+	// /reset_prefix_cache. No path (not ".../v1"); a trailing "/" is dropped.
 	URL string
 	// MetricsURL is scraped for load; default URL + "/metrics". "-" disables scraping.
 	MetricsURL string
@@ -200,6 +202,11 @@ func (c *Config) Validate() error {
 		if e.URL != "" {
 			if u, err := url.Parse(e.URL); err != nil || u.Scheme == "" || u.Host == "" {
 				add("engine %q: bad url %q", e.ID, e.URL)
+			} else if strings.TrimSuffix(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" {
+				// The ingresses append /v1/completions and the sidecar /metrics
+				// and /v1/models to this URL: a pasted OpenAI base URL
+				// (".../v1") would make every request a 404.
+				add("engine %q: url %q has a path, query or fragment; give the engine's base URL, scheme://host:port (drop /v1)", e.ID, e.URL)
 			}
 		}
 		switch e.Role {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,6 +90,10 @@ func New(cfg Config) (*Sidecar, error) {
 		if ec.Role == "" {
 			ec.Role = "mixed"
 		}
+		// "http://host:port/" is the same engine: without the slash the
+		// paths built on it (URL+"/metrics") and the gossiped URL the
+		// ingresses proxy to stay single-slashed.
+		ec.URL = strings.TrimSuffix(ec.URL, "/")
 		if ec.MetricsURL == "" && ec.URL != "" {
 			ec.MetricsURL = ec.URL + "/metrics"
 		}

@@ -1,0 +1,44 @@
+package sidecar
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// An engine URL with a path (a pasted OpenAI base URL, ".../v1") is refused
+// at start: the ingresses and the sidecar append /v1/... and /metrics to it,
+// so every request would 404. A lone trailing slash is the same engine.
+func TestEngineURLWithPathRefused(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		ok   bool
+		want string // the URL New keeps
+	}{
+		{"http://127.0.0.1:8000", true, "http://127.0.0.1:8000"},
+		{"http://127.0.0.1:8000/", true, "http://127.0.0.1:8000"},
+		{"http://[::1]:8000/", true, "http://[::1]:8000"},
+		{"http://127.0.0.1:8000/v1", false, ""},
+		{"http://127.0.0.1:8000/v1/", false, ""},
+		{"https://engine.example:443/openai/v1", false, ""},
+		{"http://127.0.0.1:8000/?x=1", false, ""},
+		{"http://127.0.0.1:8000#frag", false, ""},
+	} {
+		cfg := DefaultConfig()
+		cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: tc.url}}
+		s, err := New(cfg)
+		if !tc.ok {
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "drop /v1") || !strings.Contains(err.Error(), tc.url) {
+				t.Errorf("%s: %v, want a config error naming the URL and saying to drop /v1", tc.url, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.url, err)
+			continue
+		}
+		if got := s.engines[0].cfg; got.URL != tc.want || got.MetricsURL != tc.want+"/metrics" {
+			t.Errorf("%s: url %q, metrics %q; want %q", tc.url, got.URL, got.MetricsURL, tc.want)
+		}
+	}
+}
