@@ -84,6 +84,11 @@ type engine struct {
 	started         bool // the event loop ran before (its state must be dropped on restart)
 	// lastResetReq is when requestReset last asked for an engine reset.
 	lastResetReq time.Time
+	// modelMismatch says what the engine serves while its /v1/models does
+	// not list the configured model ("" while it does): not ready meanwhile.
+	modelMismatch string
+	// lastBlockSize is the last non-zero block size in effect (checkBlockSize).
+	lastBlockSize int
 }
 
 func newEngine(s *Sidecar, cfg EngineConfig) *engine {
@@ -106,7 +111,9 @@ func newEngine(s *Sidecar, cfg EngineConfig) *engine {
 const unreadyScrapeFails = 2
 
 // readyLocked is the engine's gossiped readiness (mu held).
-func (e *engine) readyLocked() bool { return e.running && e.scrapeFails < unreadyScrapeFails }
+func (e *engine) readyLocked() bool {
+	return e.running && e.scrapeFails < unreadyScrapeFails && e.modelMismatch == ""
+}
 
 // runForever runs the event loop until ctx ends, restarting it with backoff
 // when its subscriber fails, so one broken engine does not stop the others
@@ -209,6 +216,7 @@ func (e *engine) handle(m kvevents.Message) {
 		if e.st.apply(m.Rank, m.Batch) && e.s.cfg.ResyncPolicy == ResyncResetEngine {
 			e.requestReset("unknown parent")
 		}
+		e.checkBlockSize()
 		if m.Batch.TS > 0 {
 			e.lastTS = int64(m.Batch.TS * 1e9)
 		}
@@ -220,7 +228,7 @@ func (e *engine) handle(m kvevents.Message) {
 	case kvevents.MsgReset:
 		e.c.rankResets.Add(1)
 		e.log.Info("engine rank restarted: dropping its state", "rank", m.Rank)
-		e.st.dropRank(m.Rank)
+		e.st.restarted(m.Rank)
 	case kvevents.MsgLostHistory:
 		e.c.lostHistory.Add(1)
 		e.log.Warn("engine event history lost", "rank", m.Rank, "from", m.From, "to", m.Seq, "policy", e.s.cfg.ResyncPolicy,
@@ -233,6 +241,22 @@ func (e *engine) handle(m kvevents.Message) {
 			e.requestReset("lost history")
 		}
 	}
+}
+
+// checkBlockSize warns when the block size in effect differs from the last
+// one gossiped: the engine restarted with another (learned again after the
+// restart, or read from a batch, which dropped the keys of the old size).
+// The ingresses key this engine's requests with the new size from the next
+// gossip round. Caller holds mu.
+func (e *engine) checkBlockSize() {
+	bs := e.st.blockSize
+	if bs == 0 || bs == e.lastBlockSize {
+		return
+	}
+	if e.lastBlockSize != 0 {
+		e.log.Warn("engine block size changed: keys of the old size dropped, the new size gossiped", "from", e.lastBlockSize, "to", bs)
+	}
+	e.lastBlockSize = bs
 }
 
 // resetMinInterval bounds reset-engine: at most one engine reset is
@@ -335,8 +359,11 @@ type Status struct {
 	Running bool                   `json:"running"`
 	// Ready is what gossip tells the ingresses (routable); ScrapeError the
 	// last failed metrics scrape while it is not.
-	Ready           bool   `json:"ready"`
-	ScrapeError     string `json:"last_scrape_error,omitempty"`
+	Ready       bool   `json:"ready"`
+	ScrapeError string `json:"last_scrape_error,omitempty"`
+	// ModelMismatch is what the engine serves while its /v1/models does
+	// not list Model (models.go): not ready meanwhile.
+	ModelMismatch   string `json:"model_mismatch,omitempty"`
 	OrphanParents   uint64 `json:"orphan_parents"`
 	OrphanLocations uint64 `json:"orphan_locations"`
 	UnknownRemoves  uint64 `json:"unknown_removes"`
@@ -352,7 +379,7 @@ func (e *engine) status() Status {
 	s := Status{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, Load: e.load, Running: e.running,
 		OrphanParents: e.st.c.orphanParents, OrphanLocations: e.st.c.orphanLocations, UnknownRemoves: e.st.c.unknownRemoves,
 		RankResets: e.c.rankResets.Load(), LostHistory: e.c.lostHistory.Load(), EngineResets: e.c.engineResets.Load(),
-		LoRAs: e.loras, Ready: e.readyLocked(), ScrapeError: e.scrapeErr}
+		LoRAs: e.loras, Ready: e.readyLocked(), ScrapeError: e.scrapeErr, ModelMismatch: e.modelMismatch}
 	for t := range s.Keys {
 		s.Keys[t] = len(e.st.keyRefs[t])
 	}

@@ -35,11 +35,15 @@ var (
 		{"unknown_removes_total", "BlockRemoved for hashes not held."},
 		{"key_conflicts_total", "Known hashes stored again with different tokens."},
 		{"skipped_group_events_total", "Events of KV-cache groups other than full attention (sliding window, Mamba): not routable, not indexed."},
+		{"block_size_changes_total", "Events of a block size other than the one in effect (the engine restarted with another): the engine's keys were dropped and the new size gossiped."},
 		{"bad_events_total", "Events (or their trailing blocks) missing what a key needs: no block size, fewer tokens than blocks. Not indexed."},
 	}
 	descKeys  = prometheus.NewDesc("kvmesh_sidecar_keys", "Keys in the engine's key set per tier.", []string{"engine", "tier"}, nil)
 	descSeq   = prometheus.NewDesc("kvmesh_sidecar_delta_seq", "Last published delta sequence of the current epoch.", []string{"engine"}, nil)
-	descReady = prometheus.NewDesc("kvmesh_sidecar_engine_ready", "1 when the engine is gossiped as ready (its event loop runs and its metrics answer), 0 when not.",
+	descReady = prometheus.NewDesc("kvmesh_sidecar_engine_ready", "1 when the engine is gossiped as ready (its event loop runs, its metrics answer and it serves the configured model), 0 when not.",
+		[]string{"engine"}, nil)
+	descMismatch = prometheus.NewDesc("kvmesh_sidecar_engine_model_mismatch",
+		"1 while the engine's /v1/models does not list the sidecar's --model (another model or engine at its URL): gossiped as not ready; 0 otherwise.",
 		[]string{"engine"}, nil)
 )
 
@@ -56,6 +60,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descKeys
 	ch <- descSeq
 	ch <- descReady
+	ch <- descMismatch
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -67,9 +72,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			keys[t] = len(e.st.keyRefs[t])
 		}
 		seq := e.seq
-		ready := 0.0
+		ready, mismatch := 0.0, 0.0
 		if e.readyLocked() {
 			ready = 1
+		}
+		if e.modelMismatch != "" {
+			mismatch = 1
 		}
 		e.mu.Unlock()
 		vals := map[string]uint64{
@@ -84,6 +92,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			"orphan_parents_total":      sc.orphanParents, "orphan_locations_total": sc.orphanLocations,
 			"unknown_removes_total": sc.unknownRemoves, "key_conflicts_total": sc.keyConflicts,
 			"skipped_group_events_total": sc.skippedGroups, "bad_events_total": sc.badEvents,
+			"block_size_changes_total": sc.blockSizeChanges,
 		}
 		for name, v := range vals {
 			ch <- prometheus.MustNewConstMetric(descCounters[name], prometheus.CounterValue, float64(v), e.cfg.ID)
@@ -93,6 +102,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(seq), e.cfg.ID)
 		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready, e.cfg.ID)
+		ch <- prometheus.MustNewConstMetric(descMismatch, prometheus.GaugeValue, mismatch, e.cfg.ID)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
@@ -22,6 +23,13 @@ const maxModelsBytes = 1 << 20
 // without being told of it and list the model as the engine does. A failed
 // poll keeps the last answer: an engine that is briefly busy does not lose
 // its adapters.
+//
+// It also checks that the engine serves the configured model: an engine
+// restarted in place with another model, or another engine now at this
+// address, would get this model's requests and answer 404 (vLLM) or answer
+// them with the wrong model (SGLang does not check the name). Until it lists
+// the model again the engine is gossiped as not ready (readyLocked), logged
+// at error once per change and exported as kvmesh_sidecar_engine_model_mismatch.
 func (e *engine) modelsLoop(ctx context.Context, client *http.Client, url string) {
 	t := time.NewTicker(e.s.cfg.ModelsInterval)
 	defer t.Stop()
@@ -30,17 +38,7 @@ func (e *engine) modelsLoop(ctx context.Context, client *http.Client, url string
 		if err != nil {
 			e.log.Debug("engine /v1/models poll failed", "url", natsutil.RedactURL(url), "err", err)
 		} else {
-			loras := gossip.JoinLoRAs(m.adapters)
-			left := gossip.LoRAsLeftOut(m.adapters)
-			e.mu.Lock()
-			e.loras, e.maxModelLen, e.root = loras, m.maxModelLen, m.root
-			warn := left != e.lorasLeftOut // once per change
-			e.lorasLeftOut = left
-			e.mu.Unlock()
-			if warn && left > 0 {
-				e.log.Warn("engine lists LoRA adapters the mesh does not gossip: requests naming them get 404 from the ingresses unless mapped there (--lora-adapter NAME=BASE or a model route)",
-					"gossiped", gossip.MaxLoRAs, "left_out", left, "rule", "at most 64 names, each 1–256 bytes without a comma")
-			}
+			e.checkModel(m)
 		}
 		select {
 		case <-ctx.Done():
@@ -50,8 +48,51 @@ func (e *engine) modelsLoop(ctx context.Context, client *http.Client, url string
 	}
 }
 
+// checkModel keeps one /v1/models answer: the adapters and base model card
+// when the engine serves the configured model, the mismatch otherwise.
+func (e *engine) checkModel(m engineModels) {
+	served := strings.Join(m.served, ", ")
+	e.mu.Lock()
+	was, wasServed := e.modelMismatch != "", e.modelMismatch
+	if !m.listed {
+		// The other model's adapters and card are not this model's: keep
+		// the last ones (the engine is not routed to meanwhile).
+		now := "engine serves " + served
+		if served == "" {
+			now = "engine lists no model"
+		}
+		e.modelMismatch = now
+		e.mu.Unlock()
+		if !was || wasServed != now {
+			e.log.Error("engine does not serve the configured model: gossiped as not ready, the ingresses stop routing to it; a different engine at this URL, or the engine restarted with another model (its --served-model-name must be --model)",
+				"configured", e.cfg.Model, "served", served)
+		}
+		return
+	}
+	loras := gossip.JoinLoRAs(m.adapters)
+	left := gossip.LoRAsLeftOut(m.adapters)
+	e.loras, e.maxModelLen, e.root = loras, m.maxModelLen, m.root
+	e.modelMismatch = ""
+	warn := left != e.lorasLeftOut // once per change
+	e.lorasLeftOut = left
+	e.mu.Unlock()
+	if was {
+		e.log.Info("engine serves the configured model again: gossiped as ready", "model", e.cfg.Model)
+	}
+	if warn && left > 0 {
+		e.log.Warn("engine lists LoRA adapters the mesh does not gossip: requests naming them get 404 from the ingresses unless mapped there (--lora-adapter NAME=BASE or a model route)",
+			"gossiped", gossip.MaxLoRAs, "left_out", left, "rule", "at most 64 names, each 1–256 bytes without a comma")
+	}
+}
+
 // engineModels is what the sidecar keeps of an engine's /v1/models.
 type engineModels struct {
+	// listed: an entry's id is the configured model (vLLM lists each
+	// --served-model-name, SGLang its served_model_name).
+	listed bool
+	// served names the base models listed (at most maxServedNames), for
+	// the log when the configured one is not.
+	served      []string
 	adapters    []string // LoRA adapters' ids
 	maxModelLen int      // the base model's max_model_len (0: not listed)
 	root        string   // the base model's root ("": not listed, or over gossip.MaxRoot bytes)
@@ -76,10 +117,15 @@ func fetchModels(ctx context.Context, client *http.Client, url, key, model strin
 	return parseModels(io.LimitReader(resp.Body, maxModelsBytes), model)
 }
 
-// parseModels reads an OpenAI model list: the ids of the entries vLLM
-// marks as LoRA adapters (those with a parent, their base model; a base
-// model's entry has "parent": null), and the max_model_len and root of the
-// base model entry named model (or else the first base model entry).
+// maxServedNames bounds the base model names kept for the mismatch log.
+const maxServedNames = 8
+
+// parseModels reads an OpenAI model list: whether an entry's id is model,
+// the ids of the entries vLLM marks as LoRA adapters (those with a parent,
+// their base model; a base model's entry has "parent": null, and SGLang's
+// has none), and the max_model_len and root of the base model entry named
+// model. vLLM lists one entry per served name (aliases share the root);
+// SGLang one, whose id and root are its served_model_name.
 func parseModels(r io.Reader, model string) (engineModels, error) {
 	var list struct {
 		Data []struct {
@@ -95,10 +141,18 @@ func parseModels(r io.Reader, model string) (engineModels, error) {
 	var out engineModels
 	base := -1
 	for i, m := range list.Data {
+		if m.ID == model {
+			out.listed = true
+		}
 		if m.Parent != nil && *m.Parent != "" && m.ID != "" && m.ID != *m.Parent {
 			out.adapters = append(out.adapters, m.ID)
-		} else if base < 0 || m.ID == model && list.Data[base].ID != model {
+			continue
+		}
+		if m.ID == model && base < 0 {
 			base = i
+		}
+		if m.ID != "" && len(out.served) < maxServedNames {
+			out.served = append(out.served, m.ID)
 		}
 	}
 	if base >= 0 {

@@ -20,15 +20,54 @@ func TestParseModelsBaseCard(t *testing.T) {
 	for _, tc := range []struct {
 		model, root string
 		maxLen      int
-	}{{"llama", "meta-llama/Llama-3.1-8B-Instruct", 131072}, {"unlisted", "/models/other", 2048}} {
+		listed      bool
+	}{{"llama", "meta-llama/Llama-3.1-8B-Instruct", 131072, true}, {"other", "/models/other", 2048, true},
+		{"unlisted", "", 0, false}} { // another model's card is not this one's
 		got, err := parseModels(strings.NewReader(vllm), tc.model)
-		if err != nil || got.root != tc.root || got.maxModelLen != tc.maxLen || !slices.Equal(got.adapters, []string{"sql-lora"}) {
+		if err != nil || got.listed != tc.listed || got.root != tc.root || got.maxModelLen != tc.maxLen ||
+			!slices.Equal(got.adapters, []string{"sql-lora"}) || !slices.Equal(got.served, []string{"other", "llama"}) {
 			t.Fatalf("model %s: %+v, %v", tc.model, got, err)
 		}
 	}
 	long := `{"data":[{"id":"m","parent":null,"root":"` + strings.Repeat("r", gossip.MaxRoot+1) + `","max_model_len":-3}]}`
 	if got, err := parseModels(strings.NewReader(long), "m"); err != nil || got.root != "" || got.maxModelLen != 0 {
 		t.Fatalf("a root over gossip.MaxRoot, a negative length: %+v, %v", got, err)
+	}
+}
+
+// Whether the engine serves the sidecar's model, as vLLM (one entry per
+// --served-model-name alias, adapters with their parent) and SGLang (one
+// entry, id and root its served_model_name, no parent field; newer
+// versions add adapters with a parent) list it.
+func TestParseModelsListed(t *testing.T) {
+	const (
+		vllmAliases = `{"object":"list","data":[{"id":"llama","object":"model","owned_by":"vllm","root":"/models/llama-3.1-8b","parent":null,"max_model_len":8192},
+			{"id":"llama-8b","object":"model","owned_by":"vllm","root":"/models/llama-3.1-8b","parent":null,"max_model_len":8192},
+			{"id":"sql","object":"model","owned_by":"vllm","root":"/a/sql","parent":"llama"}]}`
+		sglang = `{"object":"list","data":[{"id":"meta-llama/Llama-3.1-8B-Instruct","object":"model","created":1733000000,"owned_by":"sglang",
+			"root":"meta-llama/Llama-3.1-8B-Instruct","max_model_len":131072}]}`
+		sglangLoRA = `{"object":"list","data":[{"id":"qwen","object":"model","owned_by":"sglang","root":"qwen","max_model_len":32768,"parent":null},
+			{"id":"qwen-sql","object":"model","owned_by":"sglang","root":"/a/sql","parent":"qwen"}]}`
+	)
+	for _, tc := range []struct {
+		list, model string
+		listed      bool
+		maxLen      int
+		served      []string
+	}{
+		{vllmAliases, "llama", true, 8192, []string{"llama", "llama-8b"}},
+		{vllmAliases, "llama-8b", true, 8192, []string{"llama", "llama-8b"}},           // an alias
+		{vllmAliases, "/models/llama-3.1-8b", false, 0, []string{"llama", "llama-8b"}}, // the root is no served name
+		{vllmAliases, "mistral", false, 0, []string{"llama", "llama-8b"}},
+		{sglang, "meta-llama/Llama-3.1-8B-Instruct", true, 131072, []string{"meta-llama/Llama-3.1-8B-Instruct"}},
+		{sglang, "llama", false, 0, []string{"meta-llama/Llama-3.1-8B-Instruct"}},
+		{sglangLoRA, "qwen", true, 32768, []string{"qwen"}},
+		{`{"object":"list","data":[]}`, "m", false, 0, nil},
+	} {
+		got, err := parseModels(strings.NewReader(tc.list), tc.model)
+		if err != nil || got.listed != tc.listed || got.maxModelLen != tc.maxLen || !slices.Equal(got.served, tc.served) {
+			t.Errorf("%s in %.60s...: %+v, %v; want listed %v, max_model_len %d, served %q", tc.model, tc.list, got, err, tc.listed, tc.maxLen, tc.served)
+		}
 	}
 }
 

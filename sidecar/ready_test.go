@@ -155,3 +155,79 @@ func TestLoRAsLeftOutWarnedOnce(t *testing.T) {
 		t.Fatalf("second warning:\n%s", logs.String())
 	}
 }
+
+// An engine whose /v1/models stops listing the sidecar's model (restarted
+// with another, or another engine at its URL) is not ready, logged at error
+// once per change naming both models and exported as
+// kvmesh_sidecar_engine_model_mismatch (0 from the start); it is ready
+// again, with one line, once the model is listed again.
+func TestModelMismatchMakesEngineUnready(t *testing.T) {
+	var served atomic.Value
+	served.Store("m")
+	var polls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		polls.Add(1)
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"parent":null,"root":"/models/x","max_model_len":4096}]}`, served.Load())
+	}))
+	defer srv.Close()
+	var logs testutil.SyncBuffer
+	s, e := polledEngine(t, srv.URL, &logs, true)
+	if v := mismatchGauge(t, s); v != 0 {
+		t.Fatalf("kvmesh_sidecar_engine_model_mismatch %v before any poll", v)
+	}
+	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.modelsLoop(ctx, srv.Client(), srv.URL+"/v1/models") }()
+	defer func() { cancel(); <-done }()
+	waitPolls := func(n int32) {
+		t.Helper()
+		from := polls.Load()
+		testutil.WaitFor(t, 10*time.Second, "more polls", func() bool { return polls.Load() >= from+n })
+	}
+
+	waitPolls(2)
+	if !ready() || mismatchGauge(t, s) != 0 {
+		t.Fatalf("serving the model: ready %v, gauge %v", ready(), mismatchGauge(t, s))
+	}
+	const errLine = "engine does not serve the configured model"
+	served.Store("other")
+	waitPolls(4)
+	if st := s.Status()[0]; ready() || st.Ready || st.ModelMismatch != "engine serves other" || mismatchGauge(t, s) != 1 || readyGauge(t, s) != 0 {
+		t.Fatalf("serving another model: ready %v, status %+v, mismatch gauge %v", ready(), st, mismatchGauge(t, s))
+	}
+	if n := strings.Count(logs.String(), errLine); n != 1 || !strings.Contains(logs.String(), "level=ERROR") ||
+		!strings.Contains(logs.String(), "configured=m served=other") {
+		t.Fatalf("%d errors for one mismatch:\n%s", n, logs.String())
+	}
+	e.mu.Lock()
+	root, maxLen := e.root, e.maxModelLen
+	e.mu.Unlock()
+	if root != "/models/x" || maxLen != 4096 {
+		t.Fatalf("the other model's card replaced this one's: root %q, max_model_len %d", root, maxLen)
+	}
+	served.Store("third") // a change: said again
+	testutil.WaitFor(t, 10*time.Second, "a second error", func() bool { return strings.Count(logs.String(), errLine) == 2 })
+	served.Store("m")
+	testutil.WaitFor(t, 10*time.Second, "ready again", ready)
+	if st := s.Status()[0]; st.ModelMismatch != "" || mismatchGauge(t, s) != 0 ||
+		!strings.Contains(logs.String(), "engine serves the configured model again") {
+		t.Fatalf("once served again: %+v, gauge %v, logs:\n%s", st, mismatchGauge(t, s), logs.String())
+	}
+}
+
+// mismatchGauge is s's kvmesh_sidecar_engine_model_mismatch of its one engine.
+func mismatchGauge(t *testing.T, s *Sidecar) float64 {
+	t.Helper()
+	mfs, err := s.gather.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "kvmesh_sidecar_engine_model_mismatch" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no kvmesh_sidecar_engine_model_mismatch")
+	return -1
+}

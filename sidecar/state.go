@@ -21,13 +21,21 @@ type stateCounters struct {
 	keyConflicts    uint64 // a known hash stored again with different tokens
 	skippedGroups   uint64 // events of non-full-attention KV groups (not routable)
 	badEvents       uint64 // events without the fields they need
+	// blockSizeChanges: events of a block size other than the one in
+	// effect (the engine restarted with another): the state was dropped.
+	blockSizeChanges uint64
 }
 
 // state is one engine's authoritative key set: the union over its DP ranks.
 // Not safe for concurrent use; the sidecar guards it with engine.mu.
 type state struct {
-	model     string
-	blockSize int // from config, or learned from the first event carrying one
+	model string
+	// blockSize is the size the keys are made with and gossiped: the
+	// config's, or learned from the first event carrying one. An event
+	// with another size replaces it (changeBlockSize); an engine restart
+	// that leaves the engine empty forgets a learned one (restarted).
+	blockSize    int
+	cfgBlockSize int
 
 	ranks   []map[uint64]hashEntry
 	keyRefs [kvevents.NumTiers]map[uint64]uint32 // key → number of (rank, hash) entries holding it in the tier
@@ -40,7 +48,7 @@ type state struct {
 }
 
 func newState(model string, blockSize, dpSize int) *state {
-	s := &state{model: model, blockSize: blockSize}
+	s := &state{model: model, blockSize: blockSize, cfgBlockSize: blockSize}
 	s.ranks = make([]map[uint64]hashEntry, max(dpSize, 1))
 	for r := range s.ranks {
 		s.ranks[r] = map[uint64]hashEntry{}
@@ -110,8 +118,9 @@ func (s *state) stored(r int, ev *kvevents.Event) bool {
 		s.c.badEvents++
 		return true
 	}
-	if s.blockSize == 0 {
-		s.blockSize = bs
+	if bs != s.blockSize {
+		s.changeBlockSize(bs)
+		hashes = s.rank(r) // changeBlockSize may have replaced the rank's map
 	}
 	var parent uint64
 	if ev.HasParent {
@@ -237,6 +246,37 @@ func (s *state) dropRank(r int) {
 		}
 	}
 	s.ranks[r] = map[uint64]hashEntry{}
+}
+
+// changeBlockSize makes bs the block size. Keys made with another size can
+// never match a request the ingresses key with bs (the gossiped size), so
+// every rank's state is dropped, as on an engine restart (an engine's block
+// size changes only with one). Counted in blockSizeChanges unless learned
+// for the first time.
+func (s *state) changeBlockSize(bs int) {
+	if s.blockSize != 0 {
+		s.c.blockSizeChanges++
+		for r := range s.ranks {
+			s.dropRank(r)
+		}
+	}
+	s.blockSize = bs
+}
+
+// restarted drops rank r after the engine restarted. When no rank holds
+// anything any more (the whole engine restarted), a learned block size is
+// forgotten too: the engine may have come back with another one, and the
+// next event says which. While other ranks hold keys their size stays;
+// a different size from the restarted rank then drops them
+// (changeBlockSize).
+func (s *state) restarted(r int) {
+	s.dropRank(r)
+	for _, m := range s.ranks {
+		if len(m) > 0 {
+			return
+		}
+	}
+	s.blockSize = s.cfgBlockSize
 }
 
 // takePending hands the pending ops to a delta and starts a new list.

@@ -273,3 +273,48 @@ func keySet(s *state) map[uint64]bool {
 	}
 	return m
 }
+
+// A batch of another block size (the engine restarted with it) makes it the
+// size in effect and drops every rank's keys: made with the old size, no
+// request keyed with the new one can match them (churn report F2).
+func TestStateBlockSizeChange(t *testing.T) {
+	s := newState("m", 0, 2)
+	s.apply(0, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{1, 2}, nil, toks(0, 8), "GPU")}})
+	s.apply(1, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{3}, nil, toks(100, 4), "GPU")}})
+	sets := [kvevents.NumTiers]map[uint64]bool{{}, {}, {}}
+	replay(&sets, s.takePending())
+	if s.blockSize != 4 || len(sets[kvevents.TierGPU]) != 3 || s.c.blockSizeChanges != 0 {
+		t.Fatalf("block size %d, %d keys, %d changes; want 4, 3, 0 (learned, not changed)", s.blockSize, len(sets[kvevents.TierGPU]), s.c.blockSizeChanges)
+	}
+	ev := stored([]uint64{9}, nil, toks(0, 8), "GPU")
+	ev.BlockSize = 8
+	s.apply(0, &kvevents.Batch{Events: []kvevents.Event{ev}})
+	replay(&sets, s.takePending())
+	want := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks(0, 8), 8)
+	if got := setKeys(sets[kvevents.TierGPU]); s.blockSize != 8 || s.c.blockSizeChanges != 1 || !slices.Equal(got, want) || len(s.ranks[1]) != 0 {
+		t.Fatalf("after a batch of 8-token blocks: block size %d, %d changes, keys %x (want %x), rank 1 holds %d",
+			s.blockSize, s.c.blockSizeChanges, got, want, len(s.ranks[1]))
+	}
+}
+
+// An engine restart forgets a learned block size once no rank holds
+// anything (the engine may come back with another); while another rank
+// holds keys their size stays. A configured size is kept.
+func TestStateRestartForgetsLearnedBlockSize(t *testing.T) {
+	for _, tc := range []struct {
+		cfg, want int
+		otherRank bool
+	}{{0, 0, false}, {0, 4, true}, {16, 16, false}} {
+		s := newState("m", tc.cfg, 2)
+		s.blockSize = 4 // as learned
+		s.apply(0, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{1}, nil, toks(0, 4), "GPU")}})
+		if tc.otherRank {
+			s.apply(1, &kvevents.Batch{Events: []kvevents.Event{stored([]uint64{2}, nil, toks(50, 4), "GPU")}})
+		}
+		s.restarted(0)
+		if s.blockSize != tc.want || len(s.ranks[0]) != 0 {
+			t.Errorf("configured %d, other rank holding %v: block size %d after rank 0 restarted, want %d; rank 0 holds %d",
+				tc.cfg, tc.otherRank, s.blockSize, tc.want, len(s.ranks[0]))
+		}
+	}
+}
