@@ -146,6 +146,15 @@ type Config struct {
 	// LoRA adapters it serves, gossiped to the ingresses (default 10s; 0
 	// disables).
 	ModelsInterval time.Duration
+	// EngineIDWait is how long Run waits, before gossiping, while another
+	// live member serves one of its engine ids at another URL and keeps
+	// answering there as that engine; it then exits with ErrEngineIDTaken
+	// (a copied manifest). The id is taken over earlier once gossip drops
+	// the holder or its URL stops answering as that engine (engineid.go): a
+	// rescheduled engine's old pod, dead but not yet declared dead. Default
+	// 60s, beyond memberlist's LAN failure detection (probes, then up to
+	// ~24s of suspicion); give more with the wan profile. 0 checks once.
+	EngineIDWait time.Duration
 	// EngineAPIKey is sent as a bearer token on the /v1/models reads, for
 	// engines started with vLLM's --api-key (the command takes it from
 	// $KVMESH_ENGINE_API_KEY, as the ingress does). /metrics needs none.
@@ -170,6 +179,7 @@ func DefaultConfig() Config {
 		ScrapeInterval:    time.Second,
 		GossipInterval:    250 * time.Millisecond,
 		ModelsInterval:    10 * time.Second,
+		EngineIDWait:      time.Minute,
 	}
 }
 
@@ -270,6 +280,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BatchWindow < 0 || c.ScrapeInterval <= 0 || c.GossipInterval <= 0 {
 		add("batch window %v must not be negative; scrape %v and gossip %v intervals must be positive", c.BatchWindow, c.ScrapeInterval, c.GossipInterval)
+	}
+	if c.EngineIDWait < 0 {
+		add("engine id wait %v must not be negative", c.EngineIDWait)
 	}
 	if c.ModelsInterval < 0 {
 		add("models interval %v must not be negative", c.ModelsInterval)

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -98,6 +99,14 @@ type engineModels struct {
 	root        string   // the base model's root ("": not listed, or over gossip.MaxRoot bytes)
 }
 
+// statusError is a /v1/models answer other than 200.
+type statusError int
+
+func (e statusError) Error() string { return fmt.Sprintf("models: status %d", int(e)) }
+
+// errModelsDecode wraps a /v1/models body that is no model list.
+var errModelsDecode = errors.New("models: decode")
+
 func fetchModels(ctx context.Context, client *http.Client, url, key, model string) (engineModels, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -112,7 +121,7 @@ func fetchModels(ctx context.Context, client *http.Client, url, key, model strin
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return engineModels{}, fmt.Errorf("models: status %d", resp.StatusCode)
+		return engineModels{}, statusError(resp.StatusCode)
 	}
 	return parseModels(io.LimitReader(resp.Body, maxModelsBytes), model)
 }
@@ -136,7 +145,7 @@ func parseModels(r io.Reader, model string) (engineModels, error) {
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(r).Decode(&list); err != nil {
-		return engineModels{}, fmt.Errorf("models: %w", err)
+		return engineModels{}, fmt.Errorf("%w: %w", errModelsDecode, err)
 	}
 	var out engineModels
 	base := -1

@@ -196,13 +196,17 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		s.startStateLane(ctx, &wg, &gc, conn) // staterelay.go
 		node, err := gossip.New(gc)
 		if err == nil {
-			if err = s.engineIDsFree(node); err != nil {
+			if err = s.engineIDsFree(ctx, node); err != nil { // engineid.go
 				node.Shutdown() // nothing published yet: no leave to send
 			}
 		}
 		if err != nil {
+			stopped := ctx.Err() != nil // Close or ctx while waiting for an engine id: no failure
 			cancel()
 			wg.Wait()
+			if stopped {
+				return nil
+			}
 			return fmt.Errorf("sidecar: %w", err)
 		}
 		s.gossip.Store(node)
@@ -216,26 +220,6 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	<-ctx.Done()
 	s.ready.Store(false)
 	wg.Wait()
-	return nil
-}
-
-// ErrEngineIDTaken is returned by Run when another gossip member already
-// serves one of this sidecar's engine ids at another URL.
-var ErrEngineIDTaken = errors.New("engine id taken")
-
-// engineIDsFree refuses engine ids that another live member serves at
-// another URL: two engines under one id would each replace the other's
-// index and load in every ingress. The same URL is the same engine (a
-// sidecar restart overlapping its old self), which the ingresses resolve
-// by the newest state. node's view is the seed's, from the join; two
-// sidecars started at once can both pass.
-func (s *Sidecar) engineIDsFree(node *gossip.Node) error {
-	for _, e := range s.engines {
-		if v, ok := node.Engine(e.cfg.ID); ok && v.Node != node.Name() && v.URL != e.cfg.URL {
-			return fmt.Errorf("%w: %q is served by gossip member %s at %s, not %s; give each engine its own id",
-				ErrEngineIDTaken, e.cfg.ID, v.Node, v.URL, e.cfg.URL)
-		}
-	}
 	return nil
 }
 

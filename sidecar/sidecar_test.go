@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -157,10 +158,14 @@ func TestBrokenEngineDoesNotStopOthers(t *testing.T) {
 	}
 }
 
-// TestEngineIDTaken: a sidecar whose engine id another live member already
-// serves at another URL refuses to run (two engines under one id replace
-// each other's index and load in every ingress); at the same URL (a
-// sidecar restart overlapping its old self) it runs.
+// TestEngineIDTaken: a sidecar whose engine id another live member serves
+// at another URL waits (logged once) and takes the id over when that URL no
+// longer answers as the engine (refused, another model there) or gossip
+// declares the holder dead; it refuses to run (two engines under one id
+// replace each other's index and load in every ingress) only when the
+// holder keeps serving its model at its URL for EngineIDWait. At the same
+// URL (a sidecar restart overlapping its old self) it runs at once
+// (churn report F3b: a rescheduled pod's sidecar exited, then crash-looped).
 func TestEngineIDTaken(t *testing.T) {
 	srv := testutil.NATS(t)
 	cache, err := meshtest.NewCache("m", 4, 16, 8, 3)
@@ -168,23 +173,26 @@ func TestEngineIDTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cache.Pub.Close()
-	gc := gossip.DefaultConfig()
-	gc.Name, gc.Profile, gc.Meta = "old-sidecar", "local", gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1"}
-	gc.Logger = slog.New(slog.DiscardHandler)
-	other, err := gossip.New(gc)
-	if err != nil {
-		t.Fatal(err)
+	holder := func(url string) *gossip.Node {
+		gc := gossip.DefaultConfig()
+		gc.Name, gc.Profile, gc.Meta = fmt.Sprintf("old-sidecar-%d", time.Now().UnixNano()), "local", gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1"}
+		gc.Logger = slog.New(slog.DiscardHandler)
+		n, err := gossip.New(gc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Close() })
+		n.SetEngine(gossip.EngineState{ID: "e1", Model: "m", URL: url})
+		return n
 	}
-	defer other.Close()
-	other.SetEngine(gossip.EngineState{ID: "e1", Model: "m", URL: "http://127.0.0.1:1"})
-
-	run := func(url string) (*sidecar.Sidecar, chan error) {
+	run := func(join *gossip.Node, url string, wait time.Duration, logs io.Writer) (*sidecar.Sidecar, chan error) {
 		cfg := sidecar.DefaultConfig()
 		cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", URL: url, Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint()}}
 		cfg.NATS.URLs = []string{srv.URL()}
-		cfg.Logger, cfg.Registerer = slog.New(slog.DiscardHandler), prometheus.NewRegistry()
+		cfg.Logger, cfg.Registerer = slog.New(slog.NewTextHandler(logs, nil)), prometheus.NewRegistry()
+		cfg.EngineIDWait = wait
 		g := gossip.DefaultConfig()
-		g.Profile, g.Join, g.Logger = "local", []string{other.Addr()}, cfg.Logger
+		g.Profile, g.Join, g.Logger = "local", []string{join.Addr()}, slog.New(slog.DiscardHandler)
 		g.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1"}
 		cfg.Gossip = &g
 		s, err := sidecar.New(cfg)
@@ -195,22 +203,62 @@ func TestEngineIDTaken(t *testing.T) {
 		go func() { done <- s.Run(context.Background()) }()
 		return s, done
 	}
-	_, done := run("http://127.0.0.1:2")
+	runs := func(s *sidecar.Sidecar, done chan error, what string) {
+		t.Helper()
+		testutil.WaitFor(t, 30*time.Second, what, func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("%s: Run returned %v", what, err)
+			default:
+			}
+			return s.Ready()
+		})
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	simM, _ := startSimAt(t, "m", 4, simAddrs{}) // the holder's engine, alive and serving its model
+	simB, _ := startSimAt(t, "B", 4, simAddrs{}) // another engine, serving another model
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedURL := "http://" + refused.Addr().String()
+	refused.Close() // nothing listens there: connection refused
+
+	// A copied manifest: the holder serves its model at its URL throughout.
+	var logs testutil.SyncBuffer
+	_, done := run(holder(simM.URL()), "http://127.0.0.1:2", time.Second, &logs)
 	select {
 	case err := <-done:
-		if !errors.Is(err, sidecar.ErrEngineIDTaken) {
-			t.Fatalf("Run with a taken engine id: %v, want ErrEngineIDTaken", err)
+		if !errors.Is(err, sidecar.ErrEngineIDTaken) || !strings.Contains(err.Error(), "answers there as that engine") {
+			t.Fatalf("Run with a taken engine id: %v, want ErrEngineIDTaken saying the holder answers as the engine", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run with a taken engine id did not return")
 	}
+	if n := strings.Count(logs.String(), "waiting for gossip to declare it dead"); n != 1 {
+		t.Fatalf("%d waiting lines, want 1:\n%s", n, logs.String())
+	}
 
-	s, done := run("http://127.0.0.1:1") // the same engine
-	testutil.WaitFor(t, 10*time.Second, "the sidecar of the same engine ready", s.Ready)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	// The holder's pod is gone: its URL refuses, or another engine has the address.
+	s, done := run(holder(refusedURL), "http://127.0.0.1:2", time.Minute, io.Discard)
+	runs(s, done, "the sidecar taking over from a holder whose URL refuses")
+	s, done = run(holder(simB.URL()), "http://127.0.0.1:2", time.Minute, io.Discard)
+	runs(s, done, "the sidecar taking over from a holder whose URL serves another model")
+
+	// The holder's URL still serves the model (the address went to a copy
+	// of the engine), but the holder crashed: gossip declares it dead.
+	h := holder(simM.URL())
+	var waitLogs testutil.SyncBuffer
+	s, done = run(h, "http://127.0.0.1:2", time.Minute, &waitLogs)
+	testutil.WaitFor(t, 10*time.Second, "the sidecar waiting", func() bool { return strings.Contains(waitLogs.String(), "waiting for gossip") })
+	h.Shutdown() // a crash: no leave
+	runs(s, done, "the sidecar taking over once gossip declares the holder dead")
+
+	s, done = run(holder(simM.URL()), simM.URL(), time.Minute, io.Discard) // the same engine
+	runs(s, done, "the sidecar of the same engine ready")
 }
