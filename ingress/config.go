@@ -358,6 +358,10 @@ func (c *Config) Validate() error {
 		}
 		if u, err := url.Parse(e.URL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 			bad("engines[%d]: url %q must be http(s)://host:port", i, e.URL)
+		} else if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+			// The ingress appends /v1/... to it: an OpenAI base URL
+			// pasted here (…/v1) made every request 404 (/v1/v1/...).
+			bad("engines[%d]: url %q has a path, query or fragment: give the engine's base URL, http(s)://host:port without /v1", i, e.URL)
 		}
 		if _, ok := scheduler.ParseRole(e.Role); !ok {
 			bad("engines[%d]: role %q: want prefill, decode or mixed", i, e.Role)

@@ -35,6 +35,28 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	}
 }
 
+// A static engine's URL is the engine's base: the ingress appends /v1/...
+// to it. An OpenAI base URL pasted there (http://h:p/v1) was accepted and
+// every request then 404ed on /v1/v1/...; a lone trailing slash is fine
+// and dropped.
+func TestStaticEngineURLWithPathRefused(t *testing.T) {
+	for _, u := range []string{"http://h:1/v1", "http://h:1/v1/", "https://h:1/x?y=1", "http://h:1#f"} {
+		cfg := DefaultConfig()
+		cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: u}}
+		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "without /v1") {
+			t.Errorf("url %q: %v, want a path refused", u, err)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: "http://h:1/"}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("a trailing slash: %v", err)
+	}
+	if got := newStaticMembership(cfg.Engines).Engines(nil)[0].URL; got != "http://h:1" {
+		t.Fatalf("engine URL %q, want the trailing slash dropped", got)
+	}
+}
+
 func TestLoadConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "ingress.yaml")

@@ -1,6 +1,8 @@
 package ingress
 
 import (
+	"strings"
+
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
@@ -19,7 +21,7 @@ func newStaticMembership(list []StaticEngine) *staticMembership {
 			pdp = gossip.PDProtocolSGLang
 		}
 		m.engines = append(m.engines, EngineInfo{Engine: scheduler.Engine{ID: e.ID, Model: e.Model, Healthy: true, Role: role, Group: e.Group},
-			URL: e.URL, PDProtocol: pdp, Bootstrap: e.Bootstrap})
+			URL: strings.TrimSuffix(e.URL, "/"), PDProtocol: pdp, Bootstrap: e.Bootstrap})
 	}
 	return m
 }
