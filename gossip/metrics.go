@@ -37,10 +37,12 @@ func (n *Node) registerMetrics(reg prometheus.Registerer) (unregister func(), er
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_members", Help: "Alive members of the gossip cluster, this node included."},
 			func() float64 { return float64(n.NumMembers()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_engines_multiple_sidecars", Help: "Engine ids gossiped by more than one alive member: two sidecars for one engine (a restart overlapping its old self, for seconds; longer, a second sidecar doing the first one's job). Warned about after 30 s."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_engines_multiple_sidecars", Help: "Engine ids gossiped by more than one alive member: two sidecars for one engine (a restart overlapping its old self, for seconds; longer, a second sidecar doing the first one's job), or, with different URLs, two engines under one id (kvmesh_gossip_engine_ids_conflicting). Warned about after 30 s."},
 			func() float64 { return float64(len(n.Duplicates().Engines)) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_engine_urls_shared", Help: "Engine URLs gossiped under more than one engine id: sidecars with different --engine-id for one engine, which the ingress routes to as several engines. Warned about after 30 s."},
 			func() float64 { return float64(len(n.Duplicates().URLs)) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_engine_ids_conflicting", Help: "Engine ids gossiped by several alive members with different URLs: two engines given one id, a configuration error (routing alternates between them while the index follows one). Also counted in kvmesh_gossip_engines_multiple_sidecars. Logged as an error after 30 s."},
+			func() float64 { return float64(len(n.Duplicates().Conflicts)) }),
 		counter("kvmesh_gossip_malformed_total", "Gossip messages, entries or node metadata that failed to decode and were skipped.", &n.m.malformed),
 		counter("kvmesh_gossip_entries_received_total", "Gossip state entries accepted from other members.", &n.m.received),
 		counter("kvmesh_gossip_name_conflicts_total", "Members seen claiming the name of another live member (names must be unique; the member known first keeps it).", &n.m.conflicts),

@@ -123,7 +123,7 @@ func nodes(e gossip.EngineView, dups gossip.Duplicates) []string {
 // sharedURL is the other engine ids gossiped with e's URL (nil: none).
 func sharedURL(e gossip.EngineView, dups gossip.Duplicates) []string {
 	var out []string
-	for _, id := range dups.URLs[strings.TrimSuffix(e.URL, "/")] {
+	for _, id := range dups.URLs[gossip.NormalURL(e.URL)] {
 		if id != e.ID {
 			out = append(out, id)
 		}
@@ -132,15 +132,20 @@ func sharedURL(e gossip.EngineView, dups gossip.Duplicates) []string {
 }
 
 // writeDuplicates warns, below the table, of the listed engines that two
-// sidecars gossip and of the URLs several of them share (docs/OPERATIONS.md,
+// sidecars gossip (two engines, when their URLs differ) and of the URLs
+// several of them share (docs/OPERATIONS.md,
 // "A second sidecar on one engine").
 func writeDuplicates(w io.Writer, es []gossip.EngineView, dups gossip.Duplicates) {
 	urls := map[string]bool{}
 	for _, e := range es {
-		if ns := nodes(e, dups); len(ns) > 1 {
+		switch ns := nodes(e, dups); {
+		case len(dups.Conflicts[e.ID]) > 1:
+			fmt.Fprintf(w, "error: engine id %s is gossiped by %d sidecars (%s) with different URLs (%s): two engines share one id; give each its own --engine-id\n",
+				e.ID, len(ns), strings.Join(ns, ", "), strings.Join(dups.Conflicts[e.ID], ", "))
+		case len(ns) > 1:
 			fmt.Fprintf(w, "warning: engine %s is gossiped by %d sidecars (%s): two sidecars for one engine\n", e.ID, len(ns), strings.Join(ns, ", "))
 		}
-		u := strings.TrimSuffix(e.URL, "/")
+		u := gossip.NormalURL(e.URL)
 		if ids := dups.URLs[u]; len(ids) > 1 && !urls[u] {
 			urls[u] = true
 			fmt.Fprintf(w, "warning: engines %s share the URL %s: different --engine-id for one engine, routed to as %d engines\n", strings.Join(ids, ", "), u, len(ids))
