@@ -294,6 +294,12 @@ func (c *call) addCandidate(e *EngineInfo) {
 			// Gossip carries no latencies: this replica's own (latency.go).
 			eng.TTFT, eng.TPOT = up.lat.get(c.start)
 		}
+		if up.wrong.n.Load() > 0 && up.url == e.URL {
+			// The engine lately denied the adapter (wrongmodel.go).
+			if m, adapter := c.sentModel(); adapter && up.wrong.has(m, c.start) {
+				eng.Healthy = false
+			}
+		}
 	}
 	c.cands = append(c.cands, eng)
 	c.urls = append(c.urls, e.URL)

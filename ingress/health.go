@@ -2,10 +2,14 @@ package ingress
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,6 +162,14 @@ type engineHealth struct {
 	// gone: the record was forgotten (forget.go); a probe still out for it
 	// can no longer eject it.
 	gone bool
+	// wrongModel: ejected because it answered that it does not serve the
+	// model its sidecar gossips (model, wrongmodel.go): its probe readmits
+	// it only when /v1/models lists the gossiped model.
+	wrongModel bool
+	model      string
+	// idWarned: a probe found another model at the URL, logged once per
+	// ejection.
+	idWarned bool
 }
 
 // ejector tracks engine health for one replica. Its probe loop is owned by
@@ -175,6 +187,10 @@ type ejector struct {
 	// alone does not eject (healthKind).
 	dialsWatched bool
 	stallBuf     []*upstream
+	// identity returns engine id's gossiped model ("" when unknown) and the
+	// Authorization value the engine wants (nil: none), for a probe's
+	// check of /v1/models (set by the Server; nil: no check).
+	identity func(id string) (model string, auth []byte)
 	// log gets one line per transition: an engine ejected (WARN, with
 	// why) and restored (INFO, with how long it was out). Failed probes
 	// of an ejected engine are not logged again (the ejection said it).
@@ -295,6 +311,25 @@ func (e *ejector) observe(up *upstream, result string) {
 	}
 }
 
+// wrongModel ejects the engine of up: it answered that it does not serve
+// model, which its sidecar gossips it does (wrongmodel.go). Its probe
+// readmits it only when /v1/models lists the model.
+func (e *ejector) wrongModel(up *upstream, model string) {
+	if e == nil || e.cfg.Disabled {
+		return
+	}
+	h := e.get(up.id, up.url)
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.url, h.model, h.wrongModel = up.url, model, true
+	if h.ejected.Load() {
+		return
+	}
+	h.consecutive++
+	e.ejectLocked(h, now, fmt.Sprintf("wrong_model: it answered 404, that it does not serve the model %q its sidecar gossips (its model changed, or another engine took its address)", clip(model)))
+}
+
 // ok records a successful attempt.
 func (e *ejector) ok(up *upstream) { e.observe(up, "ok") }
 
@@ -309,7 +344,10 @@ func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
 	if !h.ejected.Swap(true) {
 		e.nEjected.Add(1)
 		e.ejections.WithLabelValues(h.id).Inc()
-		h.ejectedAt, h.reason = now, reason
+		h.ejectedAt, h.reason, h.idWarned = now, reason, false
+		if !strings.HasPrefix(reason, "wrong_model") {
+			h.wrongModel = false
+		}
 		e.log.Warn("engine ejected from routing", "engine", h.id, "reason", reason, "first_probe_in", delay.Round(time.Millisecond).String())
 	}
 }
@@ -429,8 +467,18 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	}
 }
 
+// probe asks an ejected engine's health endpoint, then whether it is
+// still the engine gossip says it is (checkIdentity): something answering
+// /health at the URL may be another engine that took the address.
 func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	err := e.get1(ctx, url+e.cfg.ProbePath)
+	var other []string
+	if err == nil {
+		h.mu.Lock()
+		model, strict := h.model, h.wrongModel
+		h.mu.Unlock()
+		other, err = e.checkIdentity(ctx, h.id, url, model, strict)
+	}
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -438,15 +486,93 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	if err != nil {
 		h.until = now.Add(e.bo.Delay(h.ejections))
 		h.ejections++
+		if other != nil && !h.idWarned && !h.gone {
+			h.idWarned = true
+			e.log.Warn("engine kept out of routing: its URL serves other models than its sidecar gossips (another engine took its address, or its model changed)",
+				"engine", h.id, "err", err, "serves", other)
+		}
 		return
 	}
-	h.consecutive, h.fails, h.reqs, h.stalled = 0, 0, 0, false
+	h.consecutive, h.fails, h.reqs, h.stalled, h.wrongModel = 0, 0, 0, false, false
 	if h.ejected.Swap(false) {
 		e.nEjected.Add(-1)
 		e.restores.WithLabelValues(h.id).Inc()
 		e.log.Info("engine restored to routing: its probe answered", "engine", h.id,
 			"ejected_for", now.Sub(h.ejectedAt).Round(time.Millisecond).String(), "reason", h.reason)
 	}
+}
+
+// maxModelsBody bounds the /v1/models answer a probe reads.
+const maxModelsBody = 1 << 20
+
+// checkIdentity asks the engine's /v1/models (one more GET, only once its
+// health probe answered) whether it lists the model its sidecar gossips
+// (else fallback, the model it was ejected for). strict (ejected for a
+// wrong model): only a list with the model readmits it. Otherwise a list
+// without it keeps the engine out, and an engine that lists nothing
+// readable (no /v1/models, an API key the ingress lacks) is judged by its
+// health probe alone, as before. other is the listed models when the
+// model is not among them (clipped, for the log).
+func (e *ejector) checkIdentity(ctx context.Context, id, url, fallback string, strict bool) (other []string, err error) {
+	model, auth := fallback, []byte(nil)
+	if e.identity != nil {
+		var gossiped string
+		if gossiped, auth = e.identity(id); gossiped != "" {
+			model = gossiped
+		}
+	}
+	if model == "" {
+		return nil, nil
+	}
+	ids, err := e.listModels(ctx, url+"/v1/models", auth)
+	switch {
+	case err != nil && strict:
+		return nil, fmt.Errorf("identity probe: %w", err)
+	case err != nil:
+		return nil, nil
+	case slices.Contains(ids, model):
+		return nil, nil
+	}
+	if len(ids) > 4 {
+		ids = ids[:4]
+	}
+	other = make([]string, 0, len(ids))
+	for _, m := range ids {
+		other = append(other, clip(m))
+	}
+	return other, fmt.Errorf("identity probe: /v1/models does not list the model %q", clip(model))
+}
+
+// listModels returns the model ids of an OpenAI /v1/models answer.
+func (e *ejector) listModels(ctx context.Context, url string, auth []byte) ([]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if auth != nil {
+		req.Header.Set("Authorization", string(auth))
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /v1/models: status %d", resp.StatusCode)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(&list); err != nil {
+		return nil, fmt.Errorf("GET /v1/models: %w", err)
+	}
+	ids := make([]string, len(list.Data))
+	for i, d := range list.Data {
+		ids[i] = d.ID
+	}
+	return ids, nil
 }
 
 func (e *ejector) get1(ctx context.Context, url string) error {

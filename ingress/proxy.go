@@ -23,7 +23,8 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // proxy sends the request down the scheduler's ranking until an engine
 // answers. Before the first byte reaches the client, connect errors, 5xx,
-// 429 and a dead engine's timeouts move on to the next engine
+// 429, a 404 saying the engine does not serve the model (wrongmodel.go)
+// and a dead engine's timeouts move on to the next engine
 // (Config.MaxAttempts at most). A live engine's first-byte timeout is not
 // retried (ErrFirstByteTimeout), nor is the ingress running out of its own
 // resources (ErrLocalResources: every engine would fail the same way); when
@@ -123,9 +124,16 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	case st >= 500:
 		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d", rk.Engine, st))
 	case st != fasthttp.StatusOK:
+		buf, rerr := readAll(resp)
+		if st == fasthttp.StatusNotFound && rerr == nil && c.noSuchModel(buf.Bytes()) {
+			// Not the request's fault: the engine is not the one gossip
+			// says it is, or lost an adapter (wrongmodel.go).
+			bufPool.Put(buf)
+			return false, c.wrongModel(up, resp)
+		}
 		// The engine judged the request itself (4xx): relay its answer.
 		s.m.attempts.WithLabelValues("status_4xx").Inc()
-		c.relayBuffered(ctx, up, resp, st)
+		c.relayRead(ctx, up, resp, st, buf, rerr)
 		return true, nil
 	case c.req.stream:
 		c.upConn.hold() // until its first event commits it (firstByte)
@@ -411,6 +419,12 @@ func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
 // relayBuffered relays an engine's non-200 answer as it is.
 func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response, st int) {
 	buf, err := readAll(resp)
+	c.relayRead(ctx, up, resp, st, buf, err)
+}
+
+// relayRead relays an engine's non-200 answer whose body readAll read
+// (buf, err).
+func (c *call) relayRead(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response, st int, buf *bytes.Buffer, err error) {
 	c.watch.release()
 	c.releaseConn()
 	_ = resp.CloseBodyStream()

@@ -207,6 +207,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.ups = newUpstreams(&s.cfg)
 	if s.health != nil {
 		s.health.ups = s.ups // the stall watch (health.go)
+		// The probe's model check (wrongmodel.go).
+		s.health.identity = s.engineIdentity
 	}
 	var indexKeys func() float64
 	if deps.Index != nil {

@@ -62,6 +62,9 @@ type upstream struct {
 	// (health.go) suspects an engine with requests in flight and no
 	// progress for HealthConfig.StallAfter.
 	progress atomic.Int64
+	// wrong: the LoRA adapters the engine answered it does not serve,
+	// kept from it for a while (wrongmodel.go).
+	wrong wrongAdapters
 }
 
 // monoBase anchors monoNow.

@@ -1,0 +1,211 @@
+package ingress
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/openai"
+)
+
+// An engine that answers 404 "the model does not exist" for a model its
+// sidecar gossips it serves is not the engine gossip says it is: its
+// model was swapped in place (the sidecar kept running), or its address
+// went to another engine before gossip found the old one dead. For a LoRA
+// adapter it means the engine lost the adapter (a restart, an unload)
+// before its sidecar's next /v1/models poll. Either way the request did
+// nothing wrong and another engine may serve it, so, before a byte reaches
+// the client, the answer is an attempt failure (result wrong_model) and the
+// next engine is tried. A base model ejects the engine, and its probe
+// readmits it only once /v1/models lists the model again (health.go); an
+// adapter only keeps the engine out of that adapter's requests for
+// wrongAdapterTTL, as the engine still serves its base model and any other
+// adapter.
+
+// wrongAdapterTTL is how long an engine that denied an adapter gets no
+// requests for it: the sidecar's default /v1/models interval, by which its
+// next update has dropped the adapter from the engine's list (or the
+// engine has loaded it again).
+const wrongAdapterTTL = 10 * time.Second
+
+// maxNoSuchModelBody bounds the 404 bodies read for the model's name: an
+// engine's is one short JSON object.
+const maxNoSuchModelBody = 16 << 10
+
+// sentModel is the model the engine was asked for (the "model" of the
+// body upstreamBody sends) and whether it is a LoRA adapter.
+func (c *call) sentModel() (model string, adapter bool) {
+	_, a := c.adapterOf()
+	if c.rt.upModel != "" {
+		return c.rt.upModel, true
+	}
+	return c.model, a != ""
+}
+
+// noSuchModel reports whether body, an engine's 404 answer, says the
+// engine does not serve the model it was asked for. vLLM writes
+// {"error":{"message":"The model `M` does not exist.","type":"NotFoundError","code":404}}
+// (older releases the inner object alone, with "object":"error"); the
+// simulator writes the same. The message is matched loosely (it names the
+// model and says it does not exist or is not found), not as vLLM's exact
+// text: a 404 that does not name the model (an unknown path, say) is the
+// engine's verdict on the request and is relayed.
+func (c *call) noSuchModel(body []byte) bool {
+	model, _ := c.sentModel()
+	if model == "" || len(body) > maxNoSuchModelBody {
+		return false
+	}
+	return noSuchModelText(errorMessage(body), model)
+}
+
+// errorMessage is the message of an error body in the shapes engines use:
+// OpenAI's {"error":{"message"}}, vLLM's older {"message"}, FastAPI's
+// {"detail"}; else the body itself.
+func errorMessage(body []byte) string {
+	if d, ok := openai.DecodeError(body); ok {
+		return d.Message
+	}
+	var flat struct {
+		Message string `json:"message"`
+		Detail  any    `json:"detail"`
+	}
+	if json.Unmarshal(body, &flat) == nil {
+		if flat.Message != "" {
+			return flat.Message
+		}
+		if d, ok := flat.Detail.(string); ok {
+			return d
+		}
+	}
+	return string(body)
+}
+
+func noSuchModelText(msg, model string) bool {
+	lower := strings.ToLower(msg)
+	if !namesModel(lower, strings.ToLower(model)) {
+		return false
+	}
+	for _, s := range [...]string{"not exist", "not found", "not loaded", "not served"} {
+		if strings.Contains(lower, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// namesModel reports whether msg holds model as a word of its own (quoted,
+// or between spaces): a short name such as "m" is in most texts as a part
+// of another word.
+func namesModel(msg, model string) bool {
+	for i := 0; model != ""; {
+		j := strings.Index(msg[i:], model)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(model)
+		if (start == 0 || !nameByte(msg[start-1])) && (end == len(msg) || !nameByte(msg[end])) {
+			return true
+		}
+		i = start + 1
+	}
+	return false
+}
+
+// nameByte: a byte that continues a model name (org/name-7b.v1:tag).
+func nameByte(b byte) bool {
+	return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || strings.IndexByte("-_./:", b) >= 0
+}
+
+// wrongModel ends an attempt whose engine answered that it does not serve
+// the model: a base model ejects the engine (its probe checks the model
+// is listed again before it returns), an adapter keeps the engine out of
+// that adapter's requests for wrongAdapterTTL. The error, if it is the
+// last attempt's, is the 503 of a model with no live engine
+// (servedmodels.go): gossip says the model is served, so this is an
+// outage to retry, and it names the engine by id only.
+func (c *call) wrongModel(up *upstream, resp *fasthttp.Response) error {
+	model, adapter := c.sentModel()
+	if adapter {
+		up.wrong.add(model, time.Now().Add(wrongAdapterTTL))
+	} else {
+		c.s.health.wrongModel(up, model)
+	}
+	cause := fmt.Errorf("engine %s answered 404: it does not serve the model %q", up.id, clip(model))
+	_ = c.attemptFailed(up, resp, "wrong_model", cause)
+	if !adapter {
+		// Its pooled connections lead to whatever holds the address now:
+		// a readmitted engine is dialled afresh (the answer's connection
+		// went back to the pool above).
+		up.hc.CloseIdleConnections()
+	}
+	err := fmt.Errorf("%w: no live engine serves the model %q right now (engine %s answered that it does not serve it)", ErrNoEngine, clip(model), up.id)
+	return &upstreamError{msg: err.Error(), err: err}
+}
+
+// wrongAdapters are the adapters one engine (one upstream: a new URL is a
+// new record) answered that it does not serve, each until its entry
+// expires. Its names are adapters that a flag, a route or the engines'
+// gossip name (candidates admits no other), and at most
+// maxWrongAdapters are kept.
+type wrongAdapters struct {
+	n     atomic.Int32 // entries: the request path checks it alone when 0
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+const maxWrongAdapters = 64
+
+func (w *wrongAdapters) add(name string, until time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.until == nil {
+		w.until = map[string]time.Time{}
+	}
+	if len(w.until) >= maxWrongAdapters {
+		now := time.Now()
+		for k, t := range w.until {
+			if !now.Before(t) {
+				delete(w.until, k)
+			}
+		}
+		if len(w.until) >= maxWrongAdapters {
+			return // the engine still answers 404 for it, and is retried past
+		}
+	}
+	w.until[name] = until
+	w.n.Store(int32(len(w.until)))
+}
+
+// has reports whether the engine denied adapter name less than
+// wrongAdapterTTL before now (an expired entry goes).
+func (w *wrongAdapters) has(name string, now time.Time) bool {
+	if w.n.Load() == 0 {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.until[name]
+	if ok && !now.Before(t) {
+		delete(w.until, name)
+		w.n.Store(int32(len(w.until)))
+		return false
+	}
+	return ok
+}
+
+// engineIdentity is what an ejected engine's probe checks it against
+// (ejector.identity): the model its sidecar gossips ("" when membership
+// no longer lists it) and the engines' API key.
+func (s *Server) engineIdentity(id string) (model string, auth []byte) {
+	for _, e := range s.deps.Membership.Engines(nil) {
+		if e.ID == id {
+			return e.Model, s.engineAuth
+		}
+	}
+	return "", s.engineAuth
+}

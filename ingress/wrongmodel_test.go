@@ -1,0 +1,246 @@
+package ingress
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// simServing starts a simulator serving model (with adapters loaded, if
+// any) on addr ("" a free port); it is closed at cleanup.
+func simServing(t *testing.T, model, addr string, adapters ...string) *sim.Server {
+	t.Helper()
+	sc := sim.Config{Model: model, TimeScale: 200, HTTPAddr: addr}
+	if len(adapters) > 0 {
+		sc.LoRA = sim.LoRAConfig{Enable: true, Modules: map[string]string{}, MaxLoRAs: len(adapters)}
+		for _, a := range adapters {
+			sc.LoRA.Modules[a] = "/adapters/" + a
+		}
+	}
+	return startSim(t, sc) // vllmcompat_test.go
+}
+
+// probesFailed is how many times engine id was ejected or failed a probe
+// since its last success (1: ejected, not yet probed).
+func probesFailed(s *Server, id string) int {
+	s.health.mu.RLock()
+	h := s.health.m[id]
+	s.health.mu.RUnlock()
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ejections
+}
+
+// An engine that answers 404 "The model `m` does not exist" for the model
+// its listing says it serves (its model swapped in place, or its address
+// taken by another engine) is failed over, counted as wrong_model and
+// ejected: no client sees its 404. Its probe does not readmit it while
+// /health answers but /v1/models lacks the model (F1, F3a); once an engine
+// serving the model is back at the address, the probe readmits it. Before,
+// the 404 was relayed as the engine's verdict, and a readmission needed
+// only /health.
+func TestWrongModelEngineFailsOverIsEjectedAndProbedForIdentity(t *testing.T) {
+	good := simServing(t, "m", "")
+	wrong := simServing(t, "other", "")
+	addr := wrong.HTTPAddr()
+	cfg := testConfig(StaticEngine{ID: "good", Model: "m", URL: good.URL()}, StaticEngine{ID: "wrong", Model: "m", URL: wrong.URL()})
+	cfg.Scheduler.Policy = "round-robin"
+	cfg.Health.EjectionTime, cfg.Health.MaxEjectionTime = 20*time.Millisecond, 40*time.Millisecond
+	var logs testutil.SyncBuffer
+	s := startIngress(t, cfg, Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 0 {
+		t.Fatalf("wrong_model attempts %v at start, want 0", got)
+	}
+	url := "http://" + s.Addr() + "/v1/completions"
+	body := func(i int) string { return `{"model":"m","prompt":[` + strconv.Itoa(i+1) + `,2,3,4],"max_tokens":2}` }
+	for i := range 6 {
+		if st, hdr, b := post(t, http.DefaultClient, url, body(i)); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 1 {
+		t.Fatalf("wrong_model attempts %v, want 1 (then ejected)", got)
+	}
+	if got := val(s.m.attempts.WithLabelValues("status_4xx")); got != 0 {
+		t.Fatalf("status_4xx attempts %v: the engine's 404 was relayed", got)
+	}
+	if ej := s.health.ejected(); !slices.Equal(ej, []string{"wrong"}) {
+		t.Fatalf("ejected %v, want [wrong]", ej)
+	}
+
+	// The probes find /health answered and /v1/models without "m": out.
+	testutil.WaitFor(t, 20*time.Second, "two probes of the wrong engine to fail", func() bool { return probesFailed(s, "wrong") >= 3 })
+	if ej := s.health.ejected(); !slices.Equal(ej, []string{"wrong"}) {
+		t.Fatalf("ejected %v after its probes, want [wrong]: /health alone readmitted it", ej)
+	}
+	if out := logs.String(); strings.Count(out, "engine kept out of routing") != 1 || !strings.Contains(out, "serves=[other]") {
+		t.Fatalf("want one warning naming what the URL serves:\n%s", out)
+	}
+
+	// An engine serving "m" at the address: the probe readmits it.
+	if err := wrong.Close(); err != nil {
+		t.Fatal(err)
+	}
+	back := simServing(t, "m", addr)
+	testutil.WaitFor(t, 20*time.Second, "the probe to readmit the engine at the address", func() bool { return len(s.health.ejected()) == 0 })
+	for i := range 4 {
+		if st, _, b := post(t, http.DefaultClient, url, body(100+i)); st != 200 {
+			t.Fatalf("request %d after the readmission: %d %s", i, st, b)
+		}
+	}
+	if back.Load(0).Finished == 0 || len(s.health.ejected()) != 0 {
+		t.Fatalf("the readmitted engine got no requests, or was ejected again (%v)", s.health.ejected())
+	}
+}
+
+// When every engine answers that it does not serve the model, the client
+// gets the 503 of a model with no live engine (servedmodels.go), naming
+// the engines by id and never by address, and both engines are ejected:
+// the next request is answered at once, with no attempt.
+func TestWrongModelEverywhereIs503(t *testing.T) {
+	a, b := simServing(t, "other", ""), simServing(t, "other", "")
+	cfg := testConfig(StaticEngine{ID: "a", Model: "m", URL: a.URL()}, StaticEngine{ID: "b", Model: "m", URL: b.URL()})
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	for i := range 2 {
+		st, hdr, body := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+		var e openAIError
+		if err := json.Unmarshal(body, &e); err != nil || st != http.StatusServiceUnavailable || e.Error.Code != "service_unavailable" ||
+			hdr.Get("Retry-After") == "" {
+			t.Fatalf("request %d: %d %s, want 503 service_unavailable with Retry-After", i, st, body)
+		}
+		if strings.Contains(string(body), "127.0.0.1") {
+			t.Fatalf("request %d: the client's message names an engine address: %s", i, body)
+		}
+		if i == 0 && !strings.Contains(e.Error.Message, `no live engine serves the model "m" right now`) {
+			t.Fatalf("first request's message %q, want the no-live-engine 503", e.Error.Message)
+		}
+	}
+	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 2 {
+		t.Fatalf("wrong_model attempts %v, want 2 (one per engine, then both ejected)", got)
+	}
+	if ej := s.health.ejected(); len(ej) != 2 {
+		t.Fatalf("ejected %v, want both", ej)
+	}
+}
+
+// An engine that lost a LoRA adapter (404 for it) is failed over but not
+// ejected: it still serves its base model. It gets no more requests for
+// the adapter for wrongAdapterTTL (F7), and its base-model requests go on.
+func TestWrongAdapterAvoidsEngineForTheAdapterOnly(t *testing.T) {
+	with := simServing(t, "m", "", "ad")
+	without := simServing(t, "m", "")
+	cfg := testConfig(StaticEngine{ID: "with", Model: "m", URL: with.URL()}, StaticEngine{ID: "without", Model: "m", URL: without.URL()})
+	cfg.Scheduler.Policy = "round-robin"
+	cfg.LoRAAdapters = map[string]string{"ad": "m"}
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	for i := range 6 {
+		st, hdr, b := post(t, http.DefaultClient, url, `{"model":"ad","prompt":[`+strconv.Itoa(i+1)+`,2,3],"max_tokens":2}`)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "with" {
+			t.Fatalf("adapter request %d: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 1 {
+		t.Fatalf("wrong_model attempts %v, want 1 (then the engine is kept from the adapter)", got)
+	}
+	if ej := s.health.ejected(); len(ej) != 0 {
+		t.Fatalf("ejected %v for a missing adapter, want none", ej)
+	}
+	before := without.Load(0).Finished
+	for i := range 4 {
+		if st, _, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[`+strconv.Itoa(50+i)+`,2,3],"max_tokens":2}`); st != 200 {
+			t.Fatalf("base request %d: %d %s", i, st, b)
+		}
+	}
+	if without.Load(0).Finished == before {
+		t.Fatal("the engine without the adapter got no base-model request")
+	}
+}
+
+// wrongAdapters keeps an adapter from an engine until its entry expires.
+func TestWrongAdaptersExpire(t *testing.T) {
+	var w wrongAdapters
+	now := time.Now()
+	if w.has("ad", now) {
+		t.Fatal("empty set has ad")
+	}
+	w.add("ad", now.Add(wrongAdapterTTL))
+	if !w.has("ad", now.Add(wrongAdapterTTL-time.Millisecond)) || w.has("other", now) {
+		t.Fatal("ad not kept, or another adapter kept")
+	}
+	if w.has("ad", now.Add(wrongAdapterTTL)) || w.n.Load() != 0 {
+		t.Fatalf("ad kept past its TTL (%d entries)", w.n.Load())
+	}
+}
+
+// The 404 bodies that say the engine does not serve the model, in the
+// shapes engines write, and 404s that do not (relayed as the engine's
+// verdict).
+func TestNoSuchModelText(t *testing.T) {
+	for _, tc := range []struct {
+		body, model string
+		want        bool
+	}{
+		{`{"error":{"message":"The model ` + "`A`" + ` does not exist.","type":"NotFoundError","param":"model","code":404}}`, "A", true},
+		{`{"object":"error","message":"The model ` + "`org/A-7b`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}`, "org/A-7b", true},
+		{`{"error":{"message":"LoRA adapter sql-lora not found","type":"NotFoundError","code":404}}`, "sql-lora", true},
+		{`{"detail":"Model 'A' not found"}`, "A", true},
+		{`{"detail":"Not Found"}`, "A", false},
+		{`{"detail":"Not Found"}`, "o", false},
+		{`{"error":{"message":"The model ` + "`m`" + ` does not exist.","code":404}}`, "m", true},
+		{`{"error":{"message":"The model ` + "`m-2`" + ` does not exist.","code":404}}`, "m", false},
+		{`{"error":{"message":"no route POST /v1/v1/completions","code":404}}`, "A", false},
+		{`{"error":{"message":"The model ` + "`B`" + ` does not exist.","code":404}}`, "A-long-name", false},
+		{`not json: model A does not exist`, "A", true},
+	} {
+		if got := noSuchModelText(errorMessage([]byte(tc.body)), tc.model); got != tc.want {
+			t.Errorf("%s for %q: %v, want %v", tc.body, tc.model, got, tc.want)
+		}
+	}
+}
+
+// An engine ejected for any reason (here its death: connect_error) whose
+// address another engine took is not readmitted because something answers
+// /health there: the probe's /v1/models lacks its model (F3a, the IP
+// reuse of a rescheduled pod). Before, the new engine got the old one's
+// requests and answered 404 until gossip found the old sidecar dead.
+func TestProbeKeepsOutAnotherEngineAtTheAddress(t *testing.T) {
+	good, victim := simServing(t, "m", ""), simServing(t, "m", "")
+	addr := victim.HTTPAddr()
+	cfg := testConfig(StaticEngine{ID: "good", Model: "m", URL: good.URL()}, StaticEngine{ID: "victim", Model: "m", URL: victim.URL()})
+	cfg.Scheduler.Policy = "round-robin"
+	cfg.Health.EjectionTime, cfg.Health.MaxEjectionTime = 20*time.Millisecond, 40*time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	if err := victim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[`+strconv.Itoa(i+1)+`,2,3],"max_tokens":2}`); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if ej := s.health.ejected(); !slices.Equal(ej, []string{"victim"}) || val(s.m.attempts.WithLabelValues("connect_error")) != 1 {
+		t.Fatalf("ejected %v after %v connect errors, want [victim] after 1", ej, val(s.m.attempts.WithLabelValues("connect_error")))
+	}
+	simServing(t, "other", addr) // another engine takes the address
+	// Probes of the dead address before now failed too: two more, at least
+	// one of them after the new engine listened.
+	n := probesFailed(s, "victim")
+	testutil.WaitFor(t, 20*time.Second, "two probes of the address to fail", func() bool { return probesFailed(s, "victim") >= n+2 })
+	if ej := s.health.ejected(); !slices.Equal(ej, []string{"victim"}) {
+		t.Fatalf("ejected %v after its probes, want [victim]: /health alone readmitted another engine", ej)
+	}
+}
