@@ -29,9 +29,11 @@ import (
 // streams that break after they started (the engine's connection died
 // mid-answer) and answers the ingress cannot read as HTTP (protocol errors:
 // the engine is alive) eject after ConsecutiveFailures in a row or when the decaying
-// error rate passes ErrorRate. 429 is the engine shedding load, not a
-// failure, and never ejects; neither does a first-byte timeout of an engine
-// that answers its probes (Config.FirstByteTimeout: slow, not dead).
+// error rate passes ErrorRate. A 404 saying the engine does not serve the
+// gossiped model it was routed ejects at once (wrongmodel.go). 429 is the
+// engine shedding load, not a failure, and never ejects; neither does a
+// first-byte timeout of an engine that answers its probes
+// (Config.FirstByteTimeout: slow, not dead).
 type HealthConfig struct {
 	// Disabled turns passive ejection off (readiness from gossip still applies).
 	Disabled bool `yaml:"disabled"`
@@ -51,7 +53,9 @@ type HealthConfig struct {
 	EjectionTime    time.Duration `yaml:"ejectionTime"`
 	MaxEjectionTime time.Duration `yaml:"maxEjectionTime"`
 	// ProbePath is requested (GET) on the engine's base URL; 200 returns it
-	// to routing. Default "/health" (vLLM and the simulator serve it).
+	// to routing, unless the engine's /v1/models, asked next, lists other
+	// models than its gossiped one (checkIdentity). Default "/health" (vLLM
+	// and the simulator serve it).
 	ProbePath string `yaml:"probePath"`
 	// ProbeTimeout bounds one probe. Default 1s.
 	ProbeTimeout time.Duration `yaml:"probeTimeout"`
