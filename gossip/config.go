@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -72,6 +73,14 @@ type Config struct {
 	// changed (see Relay for its contract); receivers merge it with
 	// Node.MergeRelayed. nil: gossip only.
 	Relay Relay
+
+	// versionNow, when set, replaces time.Now().UnixNano() as the source of
+	// own entries' versions (tests: a member restarted on a clock behind
+	// its predecessor's).
+	versionNow func() int64
+	// noGeneration makes the member advertise and tag no generation, as a
+	// member that predates them does (tests of mixed versions).
+	noGeneration bool
 }
 
 // NodeMeta is the node metadata of Contract 3. A DaemonSet sidecar with several
@@ -85,6 +94,14 @@ type NodeMeta struct {
 	DPRank     int    `json:"dp,omitempty"`
 	BlockSize  int    `json:"bs,omitempty"`
 	Epoch      uint64 `json:"ep,omitempty"`
+	// Gen is the member's generation: a random number drawn at every
+	// process start (New replaces any value given), so a member restarted
+	// under the same name advertises a new one. Receivers accept a member's
+	// state entries only of the generation its metadata advertises
+	// (generation.go). Memberlist orders metadata by its incarnation
+	// numbers, which a live member raises to refute an older claim, not by
+	// a clock. 0: none (a member that predates generations).
+	Gen uint64 `json:"g,omitempty"`
 }
 
 // DefaultConfig returns the defaults documented on each field.
@@ -156,6 +173,7 @@ func (c *Config) Validate() error {
 // the fields that take the room with their sizes, longest first: a DaemonSet
 // sidecar checks every engine's metadata this way, not only the first's.
 func CheckMeta(m NodeMeta) error {
+	m.Gen = math.MaxUint64 // New sets a random one: leave room for the longest
 	b, err := encodeMeta(m)
 	if err != nil {
 		return fmt.Errorf("%w: meta: %w", ErrConfig, err)

@@ -194,6 +194,9 @@ func FuzzDecodeGossip(f *testing.F) {
 	f.Add(pdL)
 	f.Add(append([]byte{wireEntry}, `{"o":"i","k":2,"v":1,"pf":{"p":{"l":-1}}}`...))
 	f.Add([]byte(`{"role":"sidecar"}`))
+	f.Add([]byte(`{"role":"sidecar","g":18446744073709551615}`))
+	genE, _ := encodeEntry(&entry{Origin: "n", Kind: kindInFlight, Version: 6, Gen: 1 << 63, InFlight: map[string]int{"e": 1}})
+	f.Add(genE)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if e, err := decodeEntry(b); err == nil {
 			again, err := encodeEntry(e)

@@ -16,6 +16,7 @@ type metrics struct {
 	relayed   atomic.Uint64 // entries accepted through MergeRelayed
 	future    atomic.Uint64 // relayed entries refused as versioned past MaxRelayAhead
 	oversize  atomic.Uint64 // own entries queued too large for a broadcast packet
+	restarts  atomic.Uint64 // members seen advertising a new generation under their name
 }
 
 // registerMetrics registers the series on reg and returns a func that
@@ -49,7 +50,8 @@ func (n *Node) registerMetrics(reg prometheus.Registerer) (unregister func(), er
 		counter("kvmesh_gossip_relay_received_total", "Gossip state entries accepted from the relay (the NATS state lane) rather than from gossip: newer than what gossip had delivered.", &n.m.relayed),
 		counter("kvmesh_gossip_relay_future_total", "Entries the relay (the NATS state lane) carried that were refused because their version, the origin's clock, was more than gossip.MaxRelayAhead (5 min) ahead of this member's clock: clock skew (logged once a minute per member with the skew); gossip still carries them.", &n.m.future),
 		counter("kvmesh_gossip_oversize_entries_total", "Own state entries too large for one gossip broadcast packet, counted each time one is due: gossip carries them by push/pull only (the NATS state lane carries them where it runs).", &n.m.oversize),
-		counter("kvmesh_gossip_entries_ignored_total", "Gossip state entries ignored: older than known, or from a member not alive.", &n.m.ignored),
+		counter("kvmesh_gossip_entries_ignored_total", "Gossip state entries ignored: older than known, from a member not alive, or of another generation (process start) than the one the member advertises.", &n.m.ignored),
+		counter("kvmesh_gossip_member_restarts_total", "Members seen restarted under the same name (their metadata advertised a new generation): the predecessor's state entries were dropped, whatever the clocks.", &n.m.restarts),
 	} {
 		if err := reg.Register(c); err != nil {
 			unregister()

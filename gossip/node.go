@@ -35,6 +35,11 @@ type Node struct {
 	maxBroadcast int
 	keyring      *memberlist.Keyring // nil without encryption
 	m            metrics
+	// gen is this process's generation (NodeMeta.Gen; 0 with
+	// cfg.noGeneration), which tags its entries (generation.go).
+	gen uint64
+	// versionNow is the clock own entries are versioned by.
+	versionNow func() int64
 
 	// mu guards everything below; held only for map work, never across I/O
 	// or callbacks.
@@ -42,7 +47,12 @@ type Node struct {
 	alive   map[string]NodeMeta // member name → metadata
 	addrs   map[string]string   // member name → "ip:port", for missingSeeds
 	entries map[entryKey]*entry // all known entries, own ones included
-	dirty   map[entryKey]bool   // own entries changed since the last broadcast
+	// gens holds each alive member's advertised generation; pending the
+	// entries of a generation their member does not advertise yet, at
+	// most maxPending (generation.go).
+	gens    map[string]memberGen
+	pending map[entryKey]*entry
+	dirty   map[entryKey]bool // own entries changed since the last broadcast
 	// oversize holds the own keys logged as too large for a broadcast.
 	oversize map[entryKey]bool
 	// relayed holds the own entries last handed to the relay, by key: an
@@ -93,13 +103,22 @@ func New(cfg Config) (*Node, error) {
 		host, _ := os.Hostname()
 		cfg.Name = fmt.Sprintf("%s-%08x", host, rand.Uint32())
 	}
+	cfg.Meta.Gen = 0
+	if !cfg.noGeneration {
+		cfg.Meta.Gen = newGeneration()
+	}
 	meta, err := encodeMeta(cfg.Meta)
 	if err != nil {
 		return nil, fmt.Errorf("gossip meta: %w", err)
 	}
+	versionNow := cfg.versionNow
+	if versionNow == nil {
+		versionNow = func() int64 { return time.Now().UnixNano() }
+	}
 	n := &Node{
-		cfg: cfg, log: log.With("gossip", cfg.Name), metaBytes: meta,
+		cfg: cfg, log: log.With("gossip", cfg.Name), metaBytes: meta, gen: cfg.Meta.Gen, versionNow: versionNow,
 		alive: map[string]NodeMeta{}, addrs: map[string]string{}, entries: map[entryKey]*entry{}, dirty: map[entryKey]bool{},
+		gens: map[string]memberGen{}, pending: map[entryKey]*entry{},
 		conflicts: map[string]bool{}, oversize: map[entryKey]bool{}, relayed: map[entryKey]*entry{},
 	}
 	unregister, err := n.registerMetrics(cfg.Registerer)
@@ -520,12 +539,15 @@ func maxBroadcastBytes(mc *memberlist.Config, encrypted bool) int {
 	return n
 }
 
-// setLocal replaces one own entry; the loop broadcasts it.
+// setLocal replaces one own entry; the loop broadcasts it. Its version is
+// this process's wall clock, made monotonic here; across processes under
+// one name the generation orders entries instead (generation.go).
 func (n *Node) setLocal(e *entry) {
 	e.Origin = n.cfg.Name
+	e.Gen = n.gen
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	v := time.Now().UnixNano()
+	v := n.versionNow()
 	if v <= n.lastVer {
 		v = n.lastVer + 1
 	}
@@ -684,8 +706,9 @@ func (n *Node) PrefillLoads() map[string]PrefillLoad {
 	return out
 }
 
-// merge applies entries received from peers: newer versions from alive
-// origins win; own entries are never overwritten by echoes.
+// merge applies entries received from peers: entries of alive origins, of
+// the generation the origin advertises (generation.go), newer versions
+// winning; own entries are never overwritten by echoes.
 func (n *Node) merge(es []*entry) (accepted int) {
 	type appEvent struct {
 		node, name string
@@ -700,6 +723,15 @@ func (n *Node) merge(es []*entry) (accepted int) {
 		}
 		if _, ok := n.alive[e.Origin]; !ok {
 			n.m.ignored.Add(1) // a dead member's state must not come back through someone's push/pull
+			continue
+		}
+		switch admit(n.gens[e.Origin], e) {
+		case admitDrop:
+			n.m.ignored.Add(1)
+			continue
+		case admitHold:
+			n.m.ignored.Add(1) // counted once more as received if adopted
+			n.holdLocked(e)
 			continue
 		}
 		if old, ok := n.entries[k]; ok && old.Version >= e.Version {
@@ -734,6 +766,10 @@ func (n *Node) snapshotEntries() []*entry {
 	return out
 }
 
+// memberUp records a member that joined or whose metadata changed. A new
+// generation in its metadata is the member restarted under its name: the
+// predecessor's entries go, the ones held for the new generation come in
+// (generation.go).
 func (n *Node) memberUp(node *memberlist.Node) {
 	meta, err := decodeMeta(node.Meta)
 	if err != nil {
@@ -743,9 +779,21 @@ func (n *Node) memberUp(node *memberlist.Node) {
 	_, known := n.alive[node.Name]
 	n.alive[node.Name] = meta
 	n.addrs[node.Name] = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
+	restarted, prev, apps := n.generationLocked(node.Name, meta.Gen, err == nil)
+	cbs := n.onApp
 	n.mu.Unlock()
 	if !known {
 		n.log.Info("gossip member up", "member", node.Name, "role", meta.Role, "id", meta.ID)
+	}
+	if restarted {
+		n.m.restarts.Add(1)
+		n.log.Info("gossip member restarted under the same name: its predecessor's state is dropped",
+			"member", node.Name, "role", meta.Role, "generation", fmt.Sprintf("%016x", meta.Gen), "previous", fmt.Sprintf("%016x", prev))
+	}
+	for _, a := range apps {
+		for _, fn := range cbs {
+			fn(a.Origin, a.Name, a.App)
+		}
 	}
 }
 
@@ -753,6 +801,7 @@ func (n *Node) memberDown(name string) {
 	n.mu.Lock()
 	delete(n.alive, name)
 	delete(n.addrs, name)
+	n.forgetGenerationLocked(name)
 	for k := range n.entries {
 		if k.origin == name {
 			delete(n.entries, k)
@@ -800,5 +849,7 @@ func (n *Node) forget() {
 	n.mu.Lock()
 	clear(n.alive)
 	clear(n.entries)
+	clear(n.gens)
+	clear(n.pending)
 	n.mu.Unlock()
 }

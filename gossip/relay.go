@@ -68,7 +68,9 @@ const (
 // about once a minute per alive member with the measured skew (other
 // origins, forged names included, share one line a minute), and returned as an
 // error wrapping ErrRelayAhead. accepted is false for an entry ignored as
-// older, own or of a member not alive. Safe for concurrent use; it never
+// older, own, of a member not alive or of a generation other than the one
+// its member advertises (one not advertised yet is held, and comes into
+// the view when it is: generation.go). Safe for concurrent use; it never
 // waits on I/O. OnAppState callbacks run on the caller's goroutine, as they
 // run on memberlist's for a broadcast.
 func (n *Node) MergeRelayed(from string, msg []byte) (accepted bool, err error) {

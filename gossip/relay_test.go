@@ -102,7 +102,8 @@ func TestMergeRelayedRules(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && sc.NumMembers() == 2 })
 
 	enc := func(origin string, ver int64, running int) []byte {
-		b, err := encodeEntry(&entry{Origin: origin, Kind: kindEngine, Name: "e1", Version: ver, Engine: &EngineState{ID: "e1", Model: "m", Running: running}})
+		// sc.gen: the generation sidecar-1 advertises (generation.go)
+		b, err := encodeEntry(&entry{Origin: origin, Kind: kindEngine, Name: "e1", Version: ver, Gen: sc.gen, Engine: &EngineState{ID: "e1", Model: "m", Running: running}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +223,7 @@ func TestRelayAheadCountedAndWarned(t *testing.T) {
 	sc := start(t, testConfig("sidecar-1", RoleSidecar, nil, in.Addr()))
 	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && sc.NumMembers() == 2 })
 	ahead := func(d time.Duration) []byte {
-		b, err := encodeEntry(&entry{Origin: "sidecar-1", Kind: kindEngine, Name: "e1", Version: time.Now().Add(d).UnixNano(),
+		b, err := encodeEntry(&entry{Origin: "sidecar-1", Kind: kindEngine, Name: "e1", Version: time.Now().Add(d).UnixNano(), Gen: sc.gen,
 			Engine: &EngineState{ID: "e1", Model: "m", Running: 1}})
 		if err != nil {
 			t.Fatal(err)
@@ -312,5 +313,34 @@ func TestRelayAheadForgedOriginsShareOneWarning(t *testing.T) {
 	}
 	if len(in.ahead.last) != 1 {
 		t.Fatalf("%d origins remembered for forged names, want 1 (the shared line)", len(in.ahead.last))
+	}
+}
+
+// The state lane follows the generation rule as gossip does: an entry
+// relayed for a member is shown only of the generation its metadata
+// advertises, whatever its version (a dead predecessor's entry, versioned
+// by a clock ahead, relayed late, does not come back).
+func TestMergeRelayedFollowsGeneration(t *testing.T) {
+	in := start(t, testConfig("ingress-1", RoleIngress, nil))
+	sc := start(t, testConfig("sidecar-1", RoleSidecar, nil, in.Addr()))
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && sc.NumMembers() == 2 })
+	enc := func(gen uint64, ver int64, running int) []byte {
+		b, err := encodeEntry(&entry{Origin: "sidecar-1", Kind: kindEngine, Name: "e1", Version: ver, Gen: gen, Engine: &EngineState{ID: "e1", Model: "m", Running: running}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	now := time.Now().UnixNano()
+	if ok, err := in.MergeRelayed("sidecar-1", enc(sc.gen, now, 1)); !ok || err != nil {
+		t.Fatalf("an entry of the advertised generation: %v, %v", ok, err)
+	}
+	for _, gen := range []uint64{0, sc.gen + 1} {
+		if ok, err := in.MergeRelayed("sidecar-1", enc(gen, now+int64(time.Minute), 9)); ok || err != nil {
+			t.Fatalf("generation %x, newer version: %v, %v; want ignored", gen, ok, err)
+		}
+	}
+	if v, _ := in.Engine("e1"); v.Running != 1 {
+		t.Fatalf("running %d, want the advertised generation's 1", v.Running)
 	}
 }

@@ -137,10 +137,15 @@ const (
 )
 
 type entry struct {
-	Origin   string         `json:"o"`
-	Kind     uint8          `json:"k"`
-	Name     string         `json:"n,omitempty"`
-	Version  int64          `json:"v"`
+	Origin  string `json:"o"`
+	Kind    uint8  `json:"k"`
+	Name    string `json:"n,omitempty"`
+	Version int64  `json:"v"`
+	// Gen is the origin's generation (NodeMeta.Gen) when it set the
+	// entry; 0 from a member that predates generations. Versions order
+	// entries within one generation only: they are the origin's wall
+	// clock, which a restarted process may have behind its predecessor's.
+	Gen      uint64         `json:"g,omitempty"`
 	Engine   *EngineState   `json:"e,omitempty"`
 	InFlight map[string]int `json:"i,omitempty"`
 	// Prefill rides in the in-flight entry (kindInFlight): members that
