@@ -347,3 +347,54 @@ func FuzzMemberGeneration(f *testing.F) {
 		}
 	})
 }
+
+// EngineView.Age is told without comparing clocks: a sidecar 10 minutes
+// behind and one 10 minutes ahead of the observers date their states
+// (Updated) that far off, yet each observer, the one that got the state
+// forwarded by push/pull when it joined included, gives its real age. Before,
+// only Updated was there: `kvmesh get engines` showed 0s for the one ahead and
+// 10 minutes for the one behind (finding 6 of the NATS/skew test).
+func TestEngineAgeWithoutClocks(t *testing.T) {
+	in := start(t, testConfig("ingress-1", RoleIngress, nil))
+	skewed := map[string]time.Duration{"behind": -10 * time.Minute, "ahead": 10 * time.Minute}
+	set := map[string]time.Time{}
+	for id, d := range skewed {
+		c := testConfig("sidecar-"+id, RoleSidecar, nil, in.Addr())
+		c.versionNow = func() int64 { return time.Now().Add(d).UnixNano() }
+		sc := start(t, c)
+		testutil.WaitFor(t, 10*time.Second, sc.Name()+" joined", func() bool { return sc.NumMembers() >= 2 })
+		set[id] = time.Now()
+		sc.SetEngine(EngineState{ID: id, Model: "m"})
+	}
+	testutil.WaitFor(t, 10*time.Second, "the ingress sees both engines", func() bool { return len(in.Engines()) == 2 })
+	// Joins after: the states reach it forwarded by push/pull.
+	late := start(t, testConfig("ingress-late", RoleIngress, nil, in.Addr()))
+	testutil.WaitFor(t, 10*time.Second, "the late ingress sees both engines", func() bool { return len(late.Engines()) == 2 })
+	for _, o := range []*Node{in, late} {
+		for _, v := range o.Engines() {
+			real := time.Since(set[v.ID]) // read after the view: its Age cannot be larger
+			if v.Age < 0 || v.Age > real || v.Age < real-5*time.Second {
+				t.Errorf("%s: engine %s's age %v, want within 5s below its real age %v", o.Name(), v.ID, v.Age, real)
+			}
+			if off := time.Since(v.Updated) - real; off.Abs() < 9*time.Minute {
+				t.Errorf("%s: engine %s dated %v off; the test's skew did not apply", o.Name(), v.ID, off)
+			}
+		}
+	}
+	// A state whose sidecar predates ages (Age not carried) says so.
+	if v, ok := in.Engine("behind"); !ok || v.Age < 0 {
+		t.Fatalf("Engine: %+v, %v", v, ok)
+	}
+	in.merge([]*entry{{Origin: "sidecar-behind", Kind: kindEngine, Name: "behind", Version: 1 << 62, Gen: in.gensOf("sidecar-behind"),
+		Engine: &EngineState{ID: "behind", Model: "m"}}})
+	if v, _ := in.Engine("behind"); v.Age >= 0 {
+		t.Fatalf("an entry without age: Age %v, want negative (unknown)", v.Age)
+	}
+}
+
+// gensOf is the generation n holds for member name.
+func (n *Node) gensOf(name string) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.gens[name].gen
+}

@@ -455,12 +455,13 @@ func (n *Node) flush(all bool) {
 	}
 	n.mu.Lock()
 	var outs []out
+	now := time.Now()
 	for k, e := range n.entries {
 		dirty := n.dirty[k]
 		if k.origin != n.cfg.Name || !(all || dirty) {
 			continue
 		}
-		b, err := encodeEntry(e)
+		b, err := encodeEntry(e.stamped(now))
 		if err != nil {
 			continue
 		}
@@ -545,6 +546,7 @@ func maxBroadcastBytes(mc *memberlist.Config, encrypted bool) int {
 func (n *Node) setLocal(e *entry) {
 	e.Origin = n.cfg.Name
 	e.Gen = n.gen
+	e.at, e.ageAt = time.Now(), 0
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	v := n.versionNow()
@@ -625,13 +627,14 @@ func (n *Node) AppStates(name string) map[string][]byte {
 // When two members claim one engine (a sidecar restart overlapping its old
 // self), the newest state wins.
 func (n *Node) Engines() []EngineView {
+	now := time.Now()
 	n.mu.Lock()
 	byID := map[string]EngineView{}
 	for k, e := range n.entries {
 		if k.kind != kindEngine {
 			continue
 		}
-		v := EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version)}
+		v := EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version), Age: e.age(now)}
 		if old, ok := byID[k.name]; !ok || old.Updated.Before(v.Updated) {
 			byID[k.name] = v
 		}
@@ -654,7 +657,7 @@ func (n *Node) Engine(id string) (EngineView, bool) {
 	found := false
 	for k, e := range n.entries {
 		if k.kind == kindEngine && k.name == id && (!found || e.Version > best.Updated.UnixNano()) {
-			best = EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version)}
+			best = EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version), Age: e.age(time.Now())}
 			found = true
 		}
 	}
@@ -715,9 +718,11 @@ func (n *Node) merge(es []*entry) (accepted int) {
 		blob       []byte
 	}
 	var apps []appEvent
+	now := time.Now()
 	n.mu.Lock()
 	for _, e := range es {
 		k := e.key()
+		e.received(now)
 		if e.Origin == n.cfg.Name {
 			continue
 		}
@@ -755,13 +760,15 @@ func (n *Node) merge(es []*entry) (accepted int) {
 	return accepted
 }
 
-// snapshotEntries copies the entries of alive origins for push/pull.
+// snapshotEntries copies the entries of alive origins for push/pull, each
+// carrying its age now.
 func (n *Node) snapshotEntries() []*entry {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := time.Now()
 	out := make([]*entry, 0, len(n.entries))
 	for _, e := range n.entries {
-		out = append(out, e)
+		out = append(out, e.stamped(now))
 	}
 	return out
 }

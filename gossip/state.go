@@ -124,8 +124,16 @@ type PrefillLoad struct {
 // gossips it, and when that state was produced there.
 type EngineView struct {
 	EngineState
-	Node    string
+	Node string
+	// Updated is when the state was produced, on its sidecar's wall clock:
+	// off by the clock skew between the hosts.
 	Updated time.Time
+	// Age is how old the state was when the view was taken, told without
+	// comparing clocks (the sidecar's time since it set the state plus each
+	// holder's since it received it, on monotonic clocks; transit not
+	// counted). Negative when unknown: the sidecar, or every member that
+	// forwarded the state, predates it.
+	Age time.Duration
 }
 
 // Entry kinds. Every entry is owned by its origin node, versioned by the
@@ -152,6 +160,46 @@ type entry struct {
 	// predate it ignore the field.
 	Prefill map[string]PrefillLoad `json:"pf,omitempty"`
 	App     []byte                 `json:"a,omitempty"`
+	// Age is how long before this copy was encoded its origin set the
+	// entry, in ns: the origin's time since it set it plus each
+	// forwarder's since it received it, all on monotonic clocks, so a
+	// receiver tells the entry's age without comparing clocks (Version,
+	// the origin's wall clock, is off by their skew). Transit and queueing
+	// after encoding are not counted. 0: unknown (a member that predates
+	// it, or a copy forwarded by one).
+	Age int64 `json:"ag,omitempty"`
+
+	// at is when this process set (own) or accepted the entry, on its
+	// monotonic clock; ageAt is the entry's age then, negative when
+	// unknown. Both are set before the entry is shared and never changed.
+	at    time.Time
+	ageAt time.Duration
+}
+
+// stamped is a copy of e to encode at now, carrying its age then.
+func (e *entry) stamped(now time.Time) *entry {
+	c := *e
+	c.Age = 0
+	if e.ageAt >= 0 && !e.at.IsZero() {
+		c.Age = max(int64(e.ageAt+now.Sub(e.at)), 1) // 0 would read as unknown
+	}
+	return &c
+}
+
+// age is e's age at now; negative when unknown.
+func (e *entry) age(now time.Time) time.Duration {
+	if e.ageAt < 0 || e.at.IsZero() {
+		return -1
+	}
+	return e.ageAt + now.Sub(e.at)
+}
+
+// received records that e, just decoded, is accepted at now.
+func (e *entry) received(now time.Time) {
+	e.at, e.ageAt = now, -1
+	if e.Age > 0 {
+		e.ageAt = time.Duration(e.Age)
+	}
 }
 
 type entryKey struct {

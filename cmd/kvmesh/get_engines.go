@@ -258,16 +258,16 @@ func role(e gossip.EngineView) string {
 
 // writeEngines prints the table. NODES are the members gossiping the
 // engine, the one whose state is shown first (more than one: two sidecars
-// for one engine). AGE is the age of the engine's last gossiped state
-// (sidecars refresh it every 250 ms; a large AGE is a sidecar that stopped
-// publishing). PREFILL TOK/S is the prefill rate the ingresses have learned
+// for one engine). AGE is the age of the engine's gossiped state (engineAge):
+// a sidecar publishes a change within 250 ms, so a large AGE is an idle
+// engine or a sidecar that stopped publishing. PREFILL TOK/S is the prefill rate the ingresses have learned
 // for the engine ("-": none has measured it).
 func writeEngines(w io.Writer, es []gossip.EngineView, dups gossip.Duplicates, lr *learn.Learner, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tMODEL\tROLE\tGROUP\tREADY\tRUNNING\tWAITING\tKV%\tBLOCKS\tNODES\tAGE\tPREFILL TOK/S")
 	for _, e := range es {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%d\t%.0f\t%d\t%s\t%s\t%s\n", e.ID, e.Model, role(e), group(e), e.Ready, e.Running, e.Waiting,
-			100*e.KVUsage, blocks(e), strings.Join(nodes(e, dups), ","), age(now.Sub(e.Updated)), learnedPrefill(lr, e.ID))
+			100*e.KVUsage, blocks(e), strings.Join(nodes(e, dups), ","), engineAge(e, now), learnedPrefill(lr, e.ID))
 	}
 	return tw.Flush()
 }
@@ -281,10 +281,32 @@ func learnedPrefill(lr *learn.Learner, id string) string {
 	return fmt.Sprintf("%.0f", lr.Rates(id).PrefillRate)
 }
 
+// engineAge is how old e's state is. Gossip tells it without comparing
+// clocks (EngineView.Age); from a sidecar that predates that, it is the time
+// since e.Updated, the sidecar's wall clock, read on this host's: off by the
+// skew between the two (one ahead showed 0s, one behind minutes), so "?"
+// when the state claims to come from more than a second in this host's
+// future.
+func engineAge(e gossip.EngineView, now time.Time) string {
+	if e.Age >= 0 {
+		return age(e.Age)
+	}
+	d := now.Sub(e.Updated)
+	if d < -maxAgeSkew {
+		return "?"
+	}
+	return age(d)
+}
+
+// maxAgeSkew is how far in this host's future a sidecar's clock may date a
+// state before engineAge says it cannot tell its age (NTP keeps hosts within
+// milliseconds; a state is ordinarily dated before it arrives).
+const maxAgeSkew = time.Second
+
 func age(d time.Duration) string {
 	switch {
 	case d < 0:
-		return "0s"
+		return "0.0s"
 	case d < 10*time.Second:
 		return fmt.Sprintf("%.1fs", d.Seconds())
 	default:
@@ -325,7 +347,11 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	if ns := nodes(e, dups); len(ns) > 1 {
 		field("Other nodes", strings.Join(ns[1:], ", ")+" (two sidecars for one engine)")
 	}
-	field("Updated", fmt.Sprintf("%s ago", age(now.Sub(e.Updated))))
+	if a := engineAge(e, now); a == "?" {
+		field("Updated", "unknown (the sidecar dates it in this host's future: its clock is ahead)")
+	} else {
+		field("Updated", a+" ago")
+	}
 	field("Delta head", fmt.Sprintf("epoch %x seq %d", e.Digest.Head.Epoch, e.Digest.Head.Seq))
 	if lr.Measured(e.ID) {
 		r := lr.Rates(e.ID)

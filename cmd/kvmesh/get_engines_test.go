@@ -284,3 +284,43 @@ func TestGetEnginesShowsDuplicates(t *testing.T) {
 		t.Errorf("describe e3 lacks the engine sharing its URL:\n%s", out.String())
 	}
 }
+
+// TestEngineAgeUnderSkew: AGE is the age gossip tells without comparing
+// clocks, whatever the sidecar's clock dates the state; a state from a
+// sidecar that predates it is aged on this host's clock, and one dated
+// more than a second in this host's future is "?", not 0s. Before, AGE was
+// now − Updated: 0s for a sidecar ahead, minutes for one behind (finding 6
+// of the NATS/skew test).
+func TestEngineAgeUnderSkew(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name    string
+		updated time.Time
+		age     time.Duration
+		want    string
+	}{
+		{"known, sidecar 10 min ahead", now.Add(10 * time.Minute), 3 * time.Second, "3.0s"},
+		{"known, sidecar 10 min behind", now.Add(-10 * time.Minute), 3 * time.Second, "3.0s"},
+		{"known, long", now, 90 * time.Second, "1m30s"},
+		{"unknown, dated in the past", now.Add(-42 * time.Second), -1, "42s"},
+		{"unknown, dated within skew tolerance", now.Add(300 * time.Millisecond), -1, "0.0s"},
+		{"unknown, dated in the future", now.Add(10 * time.Minute), -1, "?"},
+	} {
+		e := gossip.EngineView{EngineState: gossip.EngineState{ID: "e", Model: "m"}, Node: "sidecar-e", Updated: c.updated, Age: c.age}
+		if got := engineAge(e, now); got != c.want {
+			t.Errorf("%s: AGE %q, want %q", c.name, got, c.want)
+		}
+		var out strings.Builder
+		lr, _ := learn.FromShares(nil)
+		if err := describeEngine(&out, e, nil, gossip.Duplicates{}, lr, now); err != nil {
+			t.Fatal(err)
+		}
+		want := "Updated:         " + c.want + " ago"
+		if c.want == "?" {
+			want = "Updated:         unknown (the sidecar dates it in this host's future"
+		}
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("%s: describe lacks %q:\n%s", c.name, want, out.String())
+		}
+	}
+}
