@@ -196,7 +196,7 @@ func CheckMeta(m NodeMeta) error {
 	for i, f := range fs {
 		parts[i] = fmt.Sprintf("%s %d bytes", f.name, f.n)
 	}
-	return fmt.Errorf("%w: gossip metadata of %q encodes to %d bytes, limit %d (%s): shorten the model name, engine URL or id by %d bytes",
+	return fmt.Errorf("%w: gossip metadata of %q encodes to %d bytes with its generation, limit %d (%s): shorten the model name, engine URL or id by %d bytes",
 		ErrConfig, m.ID, len(b), MetaLimit, strings.Join(parts, ", "), len(b)-MetaLimit)
 }
 
