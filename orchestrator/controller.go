@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +23,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
@@ -30,15 +33,30 @@ import (
 
 // Controller reconciles ModelDeployments into pods and RoleScalers.
 type Controller struct {
-	cfg   Config
-	log   *slog.Logger
-	kube  kubernetes.Interface
-	dyn   dynamic.Interface
-	queue workqueue.TypedRateLimitingInterface[string]
+	cfg     Config
+	log     *slog.Logger
+	restCfg *rest.Config // the controller's: fenced under leader election
+	kube    kubernetes.Interface
+	dyn     dynamic.Interface
+	// leaseKube writes the Lease: the API server's config as given, so the
+	// fence never stands in the way of the renewal that keeps it open.
+	leaseKube kubernetes.Interface
+	// fence is the current term's (nil between terms, and without leader
+	// election); fencedTransport and processNext read it.
+	fence atomic.Pointer[fence]
+	// clock is the fence's (tests step a fake one); wrapLock, when set,
+	// wraps the Lease lock (tests block its renewals). Both are set before
+	// Run.
+	clock    fenceClock
+	wrapLock func(resourcelock.Interface) resourcelock.Interface
 
+	// The fields below are one term's (newTerm builds them before the
+	// term's run starts, which is their only user).
+	queue         workqueue.TypedRateLimitingInterface[string]
 	kubeInformers informers.SharedInformerFactory
 	dynInformers  dynamicinformer.DynamicSharedInformerFactory
 	pods          corelisters.PodLister
+	services      corelisters.ServiceLister
 	mds           cache.GenericLister
 	scalers       cache.GenericLister
 	policies      cache.GenericLister
@@ -54,7 +72,11 @@ type Controller struct {
 	broadcaster record.EventBroadcaster
 	// mdGens are the generations of the deployments' spec writes the
 	// informer cache has not shown yet (see generations).
-	mdGens generations
+	mdGens *generations
+	// held remembers the names other objects hold (see heldNames).
+	held *heldNames
+	// heldRequeue is nameHeldRequeue (a test shortens it).
+	heldRequeue time.Duration
 	// routes renders ModelRoutes into route files (nil: off); run owns its
 	// goroutine, so it too runs on the leader alone.
 	routes *modelroutes.Controller
@@ -79,30 +101,52 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	if s, ok := cfg.Load.(SLOSource); ok && cfg.SLO == nil {
 		cfg.SLO = s
 	}
-	kube, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
+	c := &Controller{cfg: cfg, log: cfg.Logger, restCfg: restCfg, clock: realClock{}, heldRequeue: nameHeldRequeue}
+	var err error
+	if c.leaseKube, err = kubernetes.NewForConfig(restCfg); err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(restCfg)
-	if err != nil {
+	if cfg.LeaderElection {
+		c.restCfg = rest.CopyConfig(restCfg)
+		c.restCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return &fencedTransport{rt: rt, fence: c.fence.Load}
+		})
+	}
+	if c.kube, err = kubernetes.NewForConfig(c.restCfg); err != nil {
 		return nil, err
 	}
-	c := &Controller{
-		cfg: cfg, log: cfg.Logger, kube: kube, dyn: dyn,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "modeldeployments"}),
+	if c.dyn, err = dynamic.NewForConfig(c.restCfg); err != nil {
+		return nil, err
 	}
-	c.kubeInformers = informers.NewSharedInformerFactoryWithOptions(kube, cfg.Resync,
+	if err := c.newTerm(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newTerm builds what one term of leadership owns and ends with: the work
+// queue, the informers and their caches, the event broadcaster, the
+// ModelRoute controller and the autoscalers' state. None of them can be
+// started twice, and a new leader must not act on what an old term's
+// caches held (runElected).
+func (c *Controller) newTerm() error {
+	cfg := c.cfg
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(newRateLimiter(),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "modeldeployments"})
+	c.kubeInformers = informers.NewSharedInformerFactoryWithOptions(c.kube, cfg.Resync,
 		informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelDeployment }))
-	c.dynInformers = dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, cfg.Resync, cfg.Namespace, nil)
+	c.dynInformers = dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, cfg.Resync, cfg.Namespace, nil)
+	c.mdGens, c.held = &generations{}, &heldNames{}
+	c.volcano = false
 
 	podInf := c.kubeInformers.Core().V1().Pods()
+	svcInf := c.kubeInformers.Core().V1().Services()
 	mdInf := c.dynInformers.ForResource(v1alpha1.ModelDeploymentsResource)
 	scInf := c.dynInformers.ForResource(v1alpha1.RoleScalersResource)
-	c.pods, c.mds, c.scalers = podInf.Lister(), mdInf.Lister(), scInf.Lister()
-	c.synced = []cache.InformerSynced{podInf.Informer().HasSynced, mdInf.Informer().HasSynced, scInf.Informer().HasSynced}
+	c.pods, c.services, c.mds, c.scalers = podInf.Lister(), svcInf.Lister(), mdInf.Lister(), scInf.Lister()
+	c.synced = []cache.InformerSynced{podInf.Informer().HasSynced, svcInf.Informer().HasSynced, mdInf.Informer().HasSynced, scInf.Informer().HasSynced}
+	c.policies, c.autoscalers, c.promClients = nil, nil, nil
 	if cfg.Load != nil {
 		apInf := c.dynInformers.ForResource(v1alpha1.AutoscalingPoliciesResource)
 		c.policies = apInf.Lister()
@@ -116,6 +160,7 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 	}{
 		{mdInf.Informer(), objectKey},
 		{podInf.Informer(), labelKey},
+		{svcInf.Informer(), serviceKey},
 		{scInf.Informer(), scalerKey},
 	}
 	for _, h := range handlers {
@@ -125,19 +170,21 @@ func New(restCfg *rest.Config, cfg Config) (*Controller, error) {
 			UpdateFunc: func(_, o any) { c.enqueue(key, o) },
 			DeleteFunc: func(o any) { c.enqueue(key, o) },
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	c.routes = nil
 	if cfg.RouteConfigMap != "" {
 		rc := modelroutes.DefaultConfig()
 		rc.Namespace, rc.ConfigMap, rc.Resync, rc.Logger = cfg.Namespace, cfg.RouteConfigMap, cfg.Resync, cfg.Logger
-		if c.routes, err = modelroutes.New(restCfg, rc); err != nil {
-			return nil, err
+		var err error
+		if c.routes, err = modelroutes.New(c.restCfg, rc); err != nil {
+			return err
 		}
 	}
 	c.broadcaster = record.NewBroadcaster()
 	c.recorder = c.broadcaster.NewRecorder(Scheme, corev1.EventSource{Component: "kvmesh-orchestrator"})
-	return c, nil
+	return nil
 }
 
 func (c *Controller) enqueue(key func(any) (string, bool), obj any) {
@@ -168,6 +215,20 @@ func labelKey(obj any) (string, bool) {
 	}
 	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "ModelDeployment" && ref.APIVersion == v1alpha1.SchemeGroupVersion.String() {
 		return p.Namespace + "/" + ref.Name, true
+	}
+	return "", false
+}
+
+// serviceKey is the deployment a headless Service belongs to: the informer
+// lists only Services with the deployment label, so a Service deleted by
+// hand brings its deployment back to be recreated.
+func serviceKey(obj any) (string, bool) {
+	svc, ok := obj.(*corev1.Service)
+	if !ok {
+		return "", false
+	}
+	if d := svc.Labels[v1alpha1.LabelDeployment]; d != "" {
+		return svc.Namespace + "/" + d, true
 	}
 	return "", false
 }
@@ -235,12 +296,28 @@ func (c *Controller) run(ctx context.Context) error {
 	return nil
 }
 
+// leaseInvalid reports, under leader election, a term whose fence is
+// closed: the check is made before each work item, so workers stop at once
+// rather than at their first write.
+func (c *Controller) leaseInvalid() bool {
+	if !c.cfg.LeaderElection {
+		return false
+	}
+	f := c.fence.Load()
+	return f == nil || f.check() != nil
+}
+
 func (c *Controller) processNext(ctx context.Context) bool {
 	key, quit := c.queue.Get()
 	if quit {
 		return false
 	}
 	defer c.queue.Done(key)
+	if c.leaseInvalid() {
+		// The term is ending (the fence closed, which cancels it): its queue
+		// goes with it, and the next term starts from a fresh one.
+		return false
+	}
 	requeue, err := c.reconcile(ctx, key)
 	switch {
 	case err != nil:
@@ -255,4 +332,28 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	}
 	reconciles.Inc()
 	return true
+}
+
+// maxBackoff caps how long a failing deployment waits before its next
+// try. client-go's default limiter doubles up to 1000 s: a failure whose
+// end sends the deployment no event (a sidecar webhook down under
+// failurePolicy Fail, so every gang create fails; an API server refusing
+// for a while) would leave its pods uncreated for up to ~16 min after the
+// cause went. A minute costs at most one attempt per deployment a minute.
+const maxBackoff = time.Minute
+
+// newRateLimiter is client-go's controller limiter (per-item exponential
+// from 5 ms, and 10 retries a second overall) with each delay capped at
+// maxBackoff.
+func newRateLimiter() workqueue.TypedRateLimiter[string] {
+	return cappedLimiter{workqueue.DefaultTypedControllerRateLimiter[string](), maxBackoff}
+}
+
+type cappedLimiter struct {
+	workqueue.TypedRateLimiter[string]
+	max time.Duration
+}
+
+func (l cappedLimiter) When(item string) time.Duration {
+	return min(l.TypedRateLimiter.When(item), l.max)
 }

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -88,19 +89,20 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 			return 0, err
 		}
 	}
-	if err := c.updateStatus(ctx, u, md, pods, gangErr, conflicts); err != nil {
+	if err := c.updateStatus(ctx, u, md, pods, gangErr, conflicts, held); err != nil {
 		return 0, err
 	}
-	if held && gangErr == nil {
+	if len(held) > 0 && gangErr == nil {
 		// The pod holding a slot's name goes without an event the
-		// controller sees (it is not labelled as md's): look again.
-		return nameHeldRequeue, nil
+		// controller sees (it is not labelled as md's): look again, with
+		// a read (createPod).
+		return c.heldRequeue, nil
 	}
 	return 0, gangErr
 }
 
 // nameHeldRequeue is how often a deployment looks again at a slot whose
-// pod name another pod holds.
+// pod name another pod holds (Controller.heldRequeue; a test shortens it).
 const nameHeldRequeue = 10 * time.Second
 
 // ownedPods are the pods md controls (a controller owner reference with its
@@ -197,9 +199,9 @@ func (c *Controller) undecodable(ctx context.Context, u *unstructured.Unstructur
 }
 
 // execute carries out a plan: deletions, creations, then each new group as
-// a gang (all of its minimum or none). held reports a slot not created
-// because another pod holds its name (errNameHeld).
-func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, p *plan) (held bool, err error) {
+// a gang (all of its minimum or none). held names the slots not created
+// because another pod holds their names (errNameHeld).
+func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, p *plan) (held []string, err error) {
 	var errs []error
 	for _, d := range p.Delete {
 		if err := c.deletePod(ctx, d.Pod, d.Reason); err != nil {
@@ -219,7 +221,7 @@ func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, 
 		_, err := c.createPod(ctx, md, s)
 		switch {
 		case errors.Is(err, errNameHeld):
-			held = true
+			held = append(held, podName(md.Name, s))
 		case err != nil:
 			errs = append(errs, err)
 		}
@@ -280,6 +282,14 @@ func (c *Controller) createPod(ctx context.Context, md *v1alpha1.ModelDeployment
 			role = &md.Spec.Roles[i]
 		}
 	}
+	name := podName(md.Name, s)
+	if c.held.has(heldKey{md.UID, "pod", name}) {
+		// Held on an earlier pass: read whether it still is rather than
+		// POST to find out (no write for a slot that stays held).
+		if free, err := c.nameTaken(ctx, md, name); !free {
+			return nil, err
+		}
+	}
 	pod := buildPod(md, role, s)
 	if c.volcano {
 		pod.Annotations[annotationPodGroup] = podGroupName(md.Name, s.Group)
@@ -289,10 +299,11 @@ func (c *Controller) createPod(ctx context.Context, md *v1alpha1.ModelDeployment
 	}
 	pod, err := c.kube.CoreV1().Pods(md.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		return nil, c.nameTaken(ctx, md, podName(md.Name, s))
+		_, err := c.nameTaken(ctx, md, name)
+		return nil, err
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create pod %s: %w", podName(md.Name, s), err)
+		return nil, fmt.Errorf("create pod %s: %w", name, err)
 	}
 	podActions.WithLabelValues("create", "").Inc()
 	return pod, nil
@@ -302,25 +313,30 @@ func (c *Controller) createPod(ctx context.Context, md *v1alpha1.ModelDeployment
 // user's, or one md released).
 var errNameHeld = errors.New("pod name held by another pod")
 
-// nameTaken looks at the pod holding a slot's name. One md controls that
-// is labelled as md's is a stale cache (nil). One md controls whose labels
-// no longer say so (kubectl label pod ... kvmesh.io/deployment-) is
-// released as a ReplicaSet releases a pod whose labels stop matching: md's
-// owner reference is removed, so neither md's deletion nor the garbage
-// collector deletes it. Then, and for any other pod of the name, the slot
-// stays empty until that pod goes (errNameHeld, a Warning event).
-func (c *Controller) nameTaken(ctx context.Context, md *v1alpha1.ModelDeployment, name string) error {
+// nameTaken looks at the pod holding a slot's name; free reports that none
+// does (gone meanwhile: the slot is created). One md controls that is
+// labelled as md's is a stale cache (nil). One md controls whose labels no
+// longer say so (kubectl label pod ... kvmesh.io/deployment-) is released
+// as a ReplicaSet releases a pod whose labels stop matching: md's owner
+// reference is removed, so neither md's deletion nor the garbage collector
+// deletes it. Then, and for any other pod of the name, the slot stays empty
+// until that pod goes (errNameHeld): a Warning event says so once per
+// holder, and the PodNameConflict condition while it lasts.
+func (c *Controller) nameTaken(ctx context.Context, md *v1alpha1.ModelDeployment, name string) (free bool, err error) {
 	pods := c.kube.CoreV1().Pods(md.Namespace)
+	k := heldKey{md.UID, "pod", name}
 	p, err := pods.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil // gone meanwhile: created on the next pass
+		c.held.forget(k)
+		return true, nil
 	}
 	if err != nil {
-		return fmt.Errorf("get pod %s: %w", name, err)
+		return false, fmt.Errorf("get pod %s: %w", name, err)
 	}
 	ours := p.Labels[v1alpha1.LabelDeployment] == md.Name
 	if ours && metav1.IsControlledBy(p, md) {
-		return nil // a stale cache: the pod is there
+		c.held.forget(k)
+		return false, nil // a stale cache: the pod is there
 	}
 	if metav1.IsControlledBy(p, md) {
 		refs := slices.DeleteFunc(slices.Clone(p.OwnerReferences), func(r metav1.OwnerReference) bool { return r.UID == md.UID })
@@ -328,17 +344,72 @@ func (c *Controller) nameTaken(ctx context.Context, md *v1alpha1.ModelDeployment
 			"ownerReferences": refs, "uid": p.UID, "resourceVersion": p.ResourceVersion,
 		}})
 		if _, err := pods.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("release pod %s: %w", name, err) // changed meanwhile (Conflict) or failed: retried
+			return false, fmt.Errorf("release pod %s: %w", name, err) // changed meanwhile (Conflict) or failed: retried
 		}
 		podActions.WithLabelValues("release", "").Inc()
+		c.held.set(k, p.UID)
 		c.recorder.Eventf(md, corev1.EventTypeWarning, "PodReleased",
 			"pod %s is no longer labelled %s=%s: released (owner reference removed; it stays when the deployment goes) and not replaced while it holds the name; delete it to have the slot recreated",
 			name, v1alpha1.LabelDeployment, md.Name)
-		return errNameHeld
+		return false, errNameHeld
 	}
-	c.recorder.Eventf(md, corev1.EventTypeWarning, "PodNameConflict",
-		"pod %s exists and is not this deployment's: its slot stays empty until that pod is deleted", name)
-	return errNameHeld
+	if c.held.set(k, p.UID) {
+		c.recorder.Eventf(md, corev1.EventTypeWarning, reasonPodNameConflict,
+			"pod %s exists and is not this deployment's: its slot stays empty until that pod is deleted", name)
+	}
+	return false, errNameHeld
+}
+
+// heldNames remembers, for one term, which object (UID) holds a name a
+// deployment's child needs: a held pod slot is read on the next passes
+// rather than POSTed again to learn it is still held, and a conflict's
+// Warning event is recorded when its holder changes, not on every pass.
+type heldNames struct {
+	mu sync.Mutex // guards m; workers of different deployments share it
+	m  map[heldKey]types.UID
+}
+
+type heldKey struct {
+	md         types.UID
+	kind, name string // "pod" or "service", and the name held
+}
+
+func (h *heldNames) has(k heldKey) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.m[k]
+	return ok
+}
+
+// set records holder for k and reports whether that is news.
+func (h *heldNames) set(k heldKey, holder types.UID) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = map[heldKey]types.UID{}
+	}
+	if old, ok := h.m[k]; ok && old == holder {
+		return false
+	}
+	h.m[k] = holder
+	return true
+}
+
+func (h *heldNames) forget(k heldKey) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.m, k)
+}
+
+// forgetDeployment drops what is remembered for a deployment that went.
+func (h *heldNames) forgetDeployment(md types.UID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k := range h.m {
+		if k.md == md {
+			delete(h.m, k)
+		}
+	}
 }
 
 func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string) error {
@@ -358,21 +429,34 @@ func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string
 	return nil
 }
 
+// ensureService creates md's headless Service unless the informer cache
+// (Services labelled as a deployment's) shows it, so a steady deployment
+// makes no request for it. A Service of md's name missing from the cache
+// is read from the API server before anything is created: a user's (not
+// labelled, so never cached) is left alone (and never deleted with the
+// deployment), and said once per holder, since the pods' DNS names go
+// through it.
 func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeployment) error {
-	_, err := c.kube.CoreV1().Services(md.Namespace).Create(ctx, headlessService(md), metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		// Ours from an earlier pass, or someone else's of the same name:
-		// that one is left alone (and never deleted with the deployment),
-		// and said once per pass, since the pods' DNS names go through it.
-		svc, gerr := c.kube.CoreV1().Services(md.Namespace).Get(ctx, md.Name, metav1.GetOptions{})
-		if gerr == nil && !metav1.IsControlledBy(svc, md) {
+	if svc, err := c.services.Services(md.Namespace).Get(md.Name); err == nil && metav1.IsControlledBy(svc, md) {
+		return nil
+	}
+	svcs := c.kube.CoreV1().Services(md.Namespace)
+	k := heldKey{md.UID, "service", md.Name}
+	svc, err := svcs.Get(ctx, md.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		c.held.forget(k)
+		_, err := svcs.Create(ctx, headlessService(md), metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) { // AlreadyExists: made meanwhile, looked at next pass
+			return fmt.Errorf("create service: %w", err)
+		}
+	case err != nil:
+		return fmt.Errorf("get service: %w", err)
+	case !metav1.IsControlledBy(svc, md):
+		if c.held.set(k, svc.UID) {
 			c.recorder.Eventf(md, corev1.EventTypeWarning, "ServiceConflict",
 				"service %s exists and is not this deployment's: the pods' names (subdomain %s) resolve only if it is headless and selects them", md.Name, md.Name)
 		}
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("create service: %w", err)
 	}
 	return nil
 }
@@ -441,6 +525,7 @@ func (c *Controller) finalize(ctx context.Context, md *v1alpha1.ModelDeployment,
 	if len(pods) > 0 || len(scalers) > 0 {
 		return time.Second, nil // wait until the cache shows them gone
 	}
+	c.held.forgetDeployment(md.UID)
 	c.recorder.Eventf(md, corev1.EventTypeNormal, "CleanedUp", "deleted every pod, role scaler and the service")
 	return 0, release()
 }

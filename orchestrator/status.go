@@ -19,8 +19,9 @@ import (
 )
 
 // computeStatus derives the status from the pods the controller saw.
-// conflicts names the roles whose RoleScaler name another object holds.
-func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha1.ModelDeploymentStatus, gangErr error, conflicts []string) v1alpha1.ModelDeploymentStatus {
+// conflicts names the roles whose RoleScaler name another object holds,
+// held the pods whose names another pod holds.
+func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha1.ModelDeploymentStatus, gangErr error, conflicts, held []string) v1alpha1.ModelDeploymentStatus {
 	st, _ := newState(pods)
 	groups := int(*md.Spec.Groups)
 	out := v1alpha1.ModelDeploymentStatus{
@@ -33,7 +34,7 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 			out.Groups++
 		}
 	}
-	complete, held := true, 0
+	complete, partitioned := true, 0
 	for i := range md.Spec.Roles {
 		r := &md.Spec.Roles[i]
 		rev := revision(r)
@@ -58,7 +59,7 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 		if rs.Replicas != want || rs.UpdatedReplicas+roleHeld != want {
 			complete = false
 		}
-		held += int(roleHeld)
+		partitioned += int(roleHeld)
 		out.Roles = append(out.Roles, rs)
 	}
 	for g := range groups {
@@ -67,13 +68,13 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 		}
 	}
 	out.Ready = strconv.Itoa(int(out.ReadyGroups)) + "/" + strconv.Itoa(groups)
-	setConditions(&out, md, groups, complete, held, gangErr, conflicts)
+	setConditions(&out, md, groups, complete, partitioned, gangErr, conflicts, held)
 	return out
 }
 
 // setConditions: complete means every replica exists at the current
 // revision, or, for held of them, at the old one below rollout.partition.
-func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, groups int, complete bool, held int, gangErr error, conflicts []string) {
+func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, groups int, complete bool, held int, gangErr error, conflicts, namesHeld []string) {
 	cond := func(t string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse
 		if ok {
@@ -96,6 +97,9 @@ func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeploy
 			fmt.Sprintf("every replica exists; %d below rollout.partition keep the old revision until it is lowered", held))
 	case complete:
 		cond(v1alpha1.ConditionProgressing, false, "Complete", "every replica exists at the current revision")
+	case len(namesHeld) > 0 && gangErr == nil:
+		// Stuck, not progressing: only deleting the holders helps.
+		cond(v1alpha1.ConditionProgressing, false, reasonPodNameConflict, podNameConflictMessage(namesHeld))
 	default:
 		cond(v1alpha1.ConditionProgressing, true, "Reconciling", "creating, deleting or rolling replicas")
 	}
@@ -103,6 +107,11 @@ func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeploy
 		cond(v1alpha1.ConditionGangBlocked, true, "GangCreateFailed", gangErr.Error())
 	} else {
 		cond(v1alpha1.ConditionGangBlocked, false, "GangsComplete", "every group was created whole")
+	}
+	if len(namesHeld) > 0 {
+		cond(v1alpha1.ConditionPodNameConflict, true, reasonPodNameConflict, podNameConflictMessage(namesHeld))
+	} else {
+		cond(v1alpha1.ConditionPodNameConflict, false, "PodNamesFree", "no pod holds the name of one of this deployment's slots")
 	}
 	if len(conflicts) > 0 {
 		cond(v1alpha1.ConditionRoleScalerConflict, true, reasonRoleScalerConflict, scalerConflictMessage(md, conflicts))
@@ -141,6 +150,14 @@ const reasonPartitionHeld = "PartitionHeld"
 // whose RoleScaler's name another object holds.
 const reasonRoleScalerConflict = "RoleScalerConflict"
 
+// reasonPodNameConflict is the event and condition reason of a slot whose
+// pod name a pod the deployment does not control holds.
+const reasonPodNameConflict = "PodNameConflict"
+
+func podNameConflictMessage(names []string) string {
+	return fmt.Sprintf("pod %s exists and is not this deployment's: its slot stays empty until it is deleted", strings.Join(names, ", "))
+}
+
 func scalerConflictMessage(md *v1alpha1.ModelDeployment, roles []string) string {
 	names := make([]string, len(roles))
 	for i, r := range roles {
@@ -152,8 +169,8 @@ func scalerConflictMessage(md *v1alpha1.ModelDeployment, roles []string) string 
 
 // updateStatus writes the status subresource when it changed, with a
 // Warning event when a RoleScaler conflict is new.
-func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr error, conflicts []string) error {
-	st := computeStatus(md, pods, md.Status, gangErr, conflicts)
+func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr error, conflicts, held []string) error {
+	st := computeStatus(md, pods, md.Status, gangErr, conflicts, held)
 	if reflect.DeepEqual(st, md.Status) {
 		return nil
 	}

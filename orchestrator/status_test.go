@@ -20,7 +20,7 @@ func TestStatusPartitionHeld(t *testing.T) {
 	md.Spec.Roles[0].Rollout.Partition = i32(2)
 	rev := revision(&md.Spec.Roles[0])
 	progressing := func() (bool, string) {
-		c := meta.FindStatusCondition(computeStatus(md, pods, v1alpha1.ModelDeploymentStatus{}, nil, nil).Conditions, v1alpha1.ConditionProgressing)
+		c := meta.FindStatusCondition(computeStatus(md, pods, v1alpha1.ModelDeploymentStatus{}, nil, nil, nil).Conditions, v1alpha1.ConditionProgressing)
 		return c.Status == "True", c.Reason
 	}
 	if on, reason := progressing(); !on || reason != "Reconciling" {

@@ -207,6 +207,10 @@ func webhookRunConfig(addr, listen, svc, certDir, secret string, set map[string]
 	return cfg, nil
 }
 
+// errControllerStopped: the controller returned while the process was to
+// keep running.
+var errControllerStopped = errors.New("orchestrator: the controller stopped on its own")
+
 // runOrchestratorParts runs the controller, the webhook and the metrics
 // server; the first to fail stops the others.
 func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orchestrator.Controller, wcfg *webhook.RunConfig,
@@ -215,7 +219,15 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
-	wg.Go(func() { errs[0] = ctrl.Run(ctx); cancel() })
+	wg.Go(func() {
+		errs[0] = ctrl.Run(ctx)
+		if errs[0] == nil && ctx.Err() == nil {
+			// Run returns early only on a failure (a lost lease is rejoined
+			// in-process): never exit 0 while the process should run.
+			errs[0] = errControllerStopped
+		}
+		cancel()
+	})
 	if wcfg != nil {
 		kube, err := kubernetes.NewForConfig(restCfg)
 		if err != nil {

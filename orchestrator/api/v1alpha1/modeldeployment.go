@@ -235,6 +235,11 @@ const (
 	// (<deployment>-<role>) is held by an object the deployment does not
 	// control: that role cannot be scaled alone.
 	ConditionRoleScalerConflict = "RoleScalerConflict"
+	// ConditionPodNameConflict is True while a slot's pod name
+	// (<deployment>-<group>-<role>-<replica>[-w<member>]) is held by a pod
+	// the deployment does not control (a user's, or one it released): that
+	// slot stays empty until the pod is deleted.
+	ConditionPodNameConflict = "PodNameConflict"
 )
 
 // Defaults fills the optional fields with their defaults in place.
