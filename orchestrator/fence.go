@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
@@ -80,7 +81,7 @@ func newFence(clk fenceClock, validFor time.Duration, onExpire func(error)) *fen
 func (f *fence) renew(sent time.Time) {
 	f.mu.Lock()
 	if f.closed == nil && sent.After(f.renewed) {
-		f.renewed = sent
+		f.renewed, f.lockErr = sent, nil
 	}
 	f.mu.Unlock()
 	select {
@@ -166,7 +167,7 @@ func (l *fencedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRe
 
 func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	r, raw, err := l.Interface.Get(ctx)
-	if err != nil {
+	if err != nil && !apierrors.IsNotFound(err) { // NotFound: the first acquire creates it
 		l.fence.lockFailed(err)
 	}
 	return r, raw, err
