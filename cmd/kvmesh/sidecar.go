@@ -83,6 +83,26 @@ func natsFlagsOff(noNATS bool) []offFlag {
 	return rules
 }
 
+// streamReplicasFlag binds --stream-replicas (default
+// $KVMESH_STREAM_REPLICAS, else auto) onto dst.
+func streamReplicasFlag(fs *flag.FlagSet, dst *int, probs *flagProblems) {
+	set := func(s string) error {
+		n, err := natsutil.ParseReplicas(s)
+		if err != nil {
+			return fmt.Errorf("--stream-replicas: %w", err)
+		}
+		*dst = n
+		return nil
+	}
+	if env := os.Getenv("KVMESH_STREAM_REPLICAS"); env != "" {
+		if err := set(env); err != nil {
+			probs.unlessGiven("stream-replicas", err) // a bad environment value matters only when no flag replaces it
+		}
+	}
+	probs.Var(fs, "stream-replicas", natsutil.FormatReplicas(*dst), "replicas of KVMESH_DELTAS and the tokenizer object store: auto "+
+		"(3 where the JetStream cluster can place them, else 1) or 1..5 (env KVMESH_STREAM_REPLICAS)", set)
+}
+
 // sidecarFlags binds every `kvmesh sidecar` flag onto opts; bad values go
 // to probs.
 func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) {
@@ -111,7 +131,7 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often the engine's /v1/models is read for the LoRA adapters it serves and checked for --model (gossiped to the ingresses; 0: never)")
 	fs.DurationVar(&cfg.EngineIDWait, "engine-id-wait", cfg.EngineIDWait, "at start, how long to wait while another live gossip member serves this engine id at another URL and answers there as that engine, before exiting (a member declared dead, or whose URL stops answering as the engine, frees the id at once)")
 	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "KVMESH_DELTAS retention by size")
-	fs.IntVar(&cfg.NATS.Stream.Replicas, "stream-replicas", cfg.NATS.Stream.Replicas, "KVMESH_DELTAS replicas (clustered JetStream)")
+	streamReplicasFlag(fs, &cfg.NATS.Stream.Replicas, probs)
 
 	fs.StringVar(&opts.GossipBind, "gossip-bind", "", "gossip listen host:port (empty: no gossip)")
 	fs.StringVar(&opts.GossipAdvertise, "gossip-advertise", "", "gossip host or host:port others dial, when it differs from the bind address")

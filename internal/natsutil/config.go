@@ -127,7 +127,12 @@ type StreamConfig struct {
 	MaxAge time.Duration
 	// MaxBytes caps the stream size, oldest dropped first. Default 256 MiB.
 	MaxBytes int64
-	// Replicas for clustered JetStream (1..5). Default 1.
+	// Replicas of the stream (and of the tokenizer object store) on
+	// clustered JetStream: 1..5 exactly, or AutoReplicas (0, the default):
+	// 3 where the cluster can place them, else 1 — quietly on a single
+	// server (nothing to replicate to), with one warning on a cluster that
+	// cannot place 3 now (asked again every minute). Auto never lowers an
+	// existing stream's count; an explicit count is applied either way.
 	Replicas int
 	// Memory keeps the stream in memory instead of on disk. Default false.
 	Memory bool
@@ -158,7 +163,7 @@ func DefaultConfig() Config {
 		Stream: StreamConfig{
 			MaxAge:   10 * time.Minute,
 			MaxBytes: 256 << 20,
-			Replicas: 1,
+			Replicas: AutoReplicas,
 		},
 		Embedded: EmbeddedConfig{Host: "127.0.0.1", Port: -1},
 	}
@@ -221,8 +226,8 @@ func (c *Config) Validate() error {
 		if c.Stream.MaxBytes <= 0 {
 			add("stream max bytes %d must be positive (retention must be bounded)", c.Stream.MaxBytes)
 		}
-		if c.Stream.Replicas < 1 || c.Stream.Replicas > 5 {
-			add("stream replicas %d must be 1..5", c.Stream.Replicas)
+		if c.Stream.Replicas < 0 || c.Stream.Replicas > 5 {
+			add("stream replicas %d must be 1..5 (or 0: auto)", c.Stream.Replicas)
 		}
 	}
 	if len(c.URLs) == 0 {

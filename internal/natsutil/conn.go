@@ -41,6 +41,12 @@ type Conn struct {
 	// maxPayload is MaxPayload: the server's max_payload, stored by
 	// Connect and by the (re)connect handlers.
 	maxPayload atomic.Int64
+	// replicasWarned: a cluster's refusal of the stream's auto replicas
+	// has been logged (once per connection, not on every ensure).
+	replicasWarned atomic.Bool
+	// short: the stream has fewer replicas than auto asked for (set by
+	// Connect's ensure before ensureLoop starts, then by ensureLoop only).
+	short bool
 }
 
 // MaxPayload is the max_payload of the server the connection last
@@ -113,10 +119,12 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		}
 		c.JS = js
 		if !cfg.WaitForServer {
-			if _, err := EnsureStream(ctx, js, cfg.Stream, log); err != nil {
+			_, short, err := ensureStream(ctx, js, cfg.Stream, log, &c.replicasWarned)
+			if err != nil {
 				c.Close()
 				return nil, err
 			}
+			c.short = short
 		} else if nc.IsConnected() {
 			c.signalConnected()
 		}
@@ -176,25 +184,43 @@ func (c *Conn) signalConnected() {
 // streamCheckEvery spaces the stream checks publish failures ask for.
 const streamCheckEvery = time.Second
 
+// replicasRetryEvery spaces the ensures that ask a cluster again for the
+// replicas auto wanted and could not place (a NATS server that was still
+// starting when the stream was made, one down for maintenance).
+const replicasRetryEvery = time.Minute
+
 // ensureLoop ensures the stream after each (re)connect, retrying while the
 // connection stays up: a server that comes up late, or comes back without
 // its store, gets the stream again. A publish failure asks for the same
-// check (a stream deleted while NATS stayed up), at most once a second.
+// check (a stream deleted while NATS stayed up), at most once a second. A
+// stream short of the replicas auto asked for is ensured again every
+// replicasRetryEvery until the cluster places them.
 func (c *Conn) ensureLoop(log *slog.Logger) {
+	retry := time.NewTimer(replicasRetryEvery)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		checked := false
+		var retryC <-chan time.Time // nil: never
+		if c.short {
+			retry.Reset(replicasRetryEvery)
+			retryC = retry.C
+		}
 		select {
 		case <-c.quit:
 			return
 		case <-c.connected:
 		case <-c.check:
 			checked = true
+		case <-retryC:
 		}
+		retry.Stop()
 		for n := 0; c.NC.IsConnected(); n++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := EnsureStream(ctx, c.JS, c.cfg.Stream, log)
+			_, short, err := ensureStream(ctx, c.JS, c.cfg.Stream, log, &c.replicasWarned)
 			cancel()
 			if err == nil {
+				c.short = short
 				break
 			}
 			log.Warn("ensure delta stream", "err", err)
@@ -326,8 +352,21 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats
 // StreamConfig: absent, it is created with cfg's limits; present, only cfg's
 // limits that differ from their defaults are applied, each change logged old
 // → new on log (nil: slog.Default()), and everything else about the stream
-// (another sidecar's limits, an operator's edits) is left as it is.
+// (another sidecar's limits, an operator's edits) is left as it is. Replicas
+// at AutoReplicas ask for autoReplicas, take 1 where JetStream cannot place
+// more (quietly on a single server, with a warning on a cluster), and never
+// lower an existing stream.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, log *slog.Logger) (jetstream.Stream, error) {
+	s, _, err := ensureStream(ctx, js, cfg, log, new(atomic.Bool))
+	return s, err
+}
+
+// ensureStream is EnsureStream; short reports that cfg asked for
+// AutoReplicas and the stream has fewer than autoReplicas because the
+// cluster could not place them (ensureLoop asks again later). warned keeps
+// the warning about that to one per connection: the caller's ensure runs
+// again on every reconnect.
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, log *slog.Logger, warned *atomic.Bool) (_ jetstream.Stream, short bool, _ error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -335,6 +374,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 	if cfg.Memory {
 		storage = jetstream.MemoryStorage
 	}
+	auto := cfg.Replicas == AutoReplicas
 	sc := jetstream.StreamConfig{
 		Name:        StreamName,
 		Description: "kvmesh KV-cache deltas (DESIGN.md Contract 2); soft state, bounded",
@@ -346,21 +386,45 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 		Replicas:    cfg.Replicas,
 		Storage:     storage,
 	}
+	if auto {
+		sc.Replicas = autoReplicas
+	}
+	// cannotPlace says, once per connection, that a cluster refused the
+	// replicas auto asked for.
+	cannotPlace := func(have int, err error) {
+		short = true
+		if warned.CompareAndSwap(false, true) {
+			log.Warn("the JetStream cluster cannot place the delta stream's replicas now: it runs with fewer, and the deltas it holds are lost "+
+				"with its server; asked again every minute (set --stream-replicas or KVMESH_STREAM_REPLICAS to a count to insist on it)",
+				"stream", StreamName, "replicas", have, "wanted", autoReplicas, "err", err)
+		}
+	}
 	for try := 0; ; try++ {
 		s, err := js.Stream(ctx, StreamName)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			s, err = js.CreateStream(ctx, sc)
+			if auto && err != nil {
+				single, cluster := replicasRefused(err)
+				if single || cluster {
+					refused := err
+					sc.Replicas = 1
+					if s, err = js.CreateStream(ctx, sc); err == nil && cluster {
+						cannotPlace(1, refused)
+					}
+				}
+			}
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && try == 0 {
 				continue // another sidecar created it meanwhile: apply the rule to its stream
 			}
 			if err != nil {
-				return nil, fmt.Errorf("create stream %s: %w", StreamName, storageRemedy(err, sc))
+				return nil, false, fmt.Errorf("create stream %s: %w", StreamName, storageRemedy(err, sc))
 			}
-			log.Info("created the delta stream", "stream", StreamName, "max_age", cfg.MaxAge, "max_bytes", cfg.MaxBytes, "replicas", cfg.Replicas)
-			return s, nil
+			log.Info("created the delta stream", "stream", StreamName, "max_age", cfg.MaxAge, "max_bytes", cfg.MaxBytes,
+				"replicas", sc.Replicas, "replicas_flag", FormatReplicas(cfg.Replicas))
+			return s, short, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("ensure stream %s: %w", StreamName, err)
+			return nil, false, fmt.Errorf("ensure stream %s: %w", StreamName, err)
 		}
 		cur := s.CachedInfo().Config
 		next, changes := cur, []any{}
@@ -373,18 +437,36 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 			next.MaxBytes = cfg.MaxBytes
 			changes = append(changes, "max_bytes", fmt.Sprintf("%d → %d", cur.MaxBytes, cfg.MaxBytes))
 		}
-		if cfg.Replicas != def.Replicas && cur.Replicas != cfg.Replicas {
-			next.Replicas = cfg.Replicas
-			changes = append(changes, "replicas", fmt.Sprintf("%d → %d", cur.Replicas, cfg.Replicas))
+		// An explicit count is applied either way; auto only raises (an
+		// operator's or another sidecar's larger count stays).
+		if want := sc.Replicas; (!auto || cur.Replicas < want) && cur.Replicas != want {
+			next.Replicas = want
+			changes = append(changes, "replicas", fmt.Sprintf("%d → %d", cur.Replicas, want))
 		}
 		if len(changes) == 0 {
-			return s, nil
+			return s, false, nil
 		}
-		if s, err = js.UpdateStream(ctx, next); err != nil {
-			return nil, fmt.Errorf("update stream %s limits: %w", StreamName, storageRemedy(err, next))
+		up, err := js.UpdateStream(ctx, next)
+		if err != nil && auto && next.Replicas != cur.Replicas {
+			single, cluster := replicasRefused(err)
+			if single || cluster {
+				// Keep the stream's replicas and apply the rest.
+				refused := err
+				next.Replicas, changes = cur.Replicas, changes[:len(changes)-2]
+				if cluster {
+					cannotPlace(cur.Replicas, refused)
+				}
+				if len(changes) == 0 {
+					return s, short, nil
+				}
+				up, err = js.UpdateStream(ctx, next)
+			}
 		}
-		log.Info("changed the delta stream's limits to this sidecar's explicit ones", append([]any{"stream", StreamName}, changes...)...)
-		return s, nil
+		if err != nil {
+			return nil, false, fmt.Errorf("update stream %s limits: %w", StreamName, storageRemedy(err, next))
+		}
+		log.Info("changed the delta stream's limits to this sidecar's", append([]any{"stream", StreamName, "replicas_flag", FormatReplicas(cfg.Replicas)}, changes...)...)
+		return up, short, nil
 	}
 }
 

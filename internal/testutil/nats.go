@@ -1,6 +1,9 @@
 package testutil
 
 import (
+	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,4 +63,70 @@ func JetStream(tb testing.TB, url string, opts ...nats.Option) (*nats.Conn, jets
 		tb.Fatal(err)
 	}
 	return nc, js
+}
+
+// NATSCluster starts n nats-servers with JetStream in one cluster on
+// loopback (random client and route ports, temporary stores; they shut down
+// when tb's test ends) and waits until every one is ready and the
+// JetStream meta group has a leader and all n peers, so streams can be
+// placed. ClientURLs joins their URLs for a client.
+func NATSCluster(tb testing.TB, n int) []*server.Server {
+	tb.Helper()
+	// JetStream clustering refuses a server with no configured routes, so
+	// every server gets all the route ports, picked before any starts.
+	ports := make([]int, n)
+	var routes []string
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
+	}
+	var srvs []*server.Server
+	for i := range n {
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i+1),
+			Host:       "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+			JetStream: true, StoreDir: tb.TempDir(),
+			Cluster: server.ClusterOpts{Name: "kvmesh-test", Host: "127.0.0.1", Port: ports[i]},
+			Routes:  server.RoutesFromStr(strings.Join(routes, ",")), // its own is recognized and skipped
+		}
+		srv, err := server.NewServer(opts)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		go srv.Start() // owned by srv: Shutdown stops it
+		tb.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		srvs = append(srvs, srv)
+	}
+	WaitFor(tb, 30*time.Second, "a JetStream cluster of every server", func() bool {
+		for _, s := range srvs {
+			if !s.ReadyForConnections(10*time.Millisecond) || !s.JetStreamIsCurrent() || clusterSize(s) != n {
+				return false
+			}
+		}
+		return true
+	})
+	return srvs
+}
+
+// clusterSize is the number of servers srv's JetStream meta group knows.
+func clusterSize(srv *server.Server) int {
+	jsz, err := srv.Jsz(&server.JSzOptions{})
+	if err != nil || jsz.Meta == nil || jsz.Meta.Leader == "" {
+		return 0
+	}
+	return jsz.Meta.Size
+}
+
+// ClientURLs joins srvs' client URLs for nats.Connect.
+func ClientURLs(srvs []*server.Server) string {
+	urls := make([]string, len(srvs))
+	for i, s := range srvs {
+		urls[i] = s.ClientURL()
+	}
+	return strings.Join(urls, ",")
 }

@@ -32,6 +32,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
 
 // Bucket is the object store's name.
@@ -114,11 +116,21 @@ func digest(b []byte) string {
 	return "sha256:" + hex.EncodeToString(s[:])
 }
 
-// EnsureBucket creates the object store when missing (the sidecar's job).
+// EnsureBucket creates the object store when missing (the sidecar's job)
+// with replicas by the delta stream's rule (natsutil.StreamConfig.Replicas):
+// natsutil.AutoReplicas asks for 3 and takes 1 where JetStream cannot place
+// 3; an existing store is raised to the count asked for (auto: only raised,
+// and left as it is where the cluster cannot place more), so an install
+// that began on one replica gets its copies at the sidecar's next start.
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, memory bool) (jetstream.ObjectStore, error) {
+	auto := replicas == natsutil.AutoReplicas
+	want := replicas
+	if auto {
+		want = natsutil.AutoReplicasWanted
+	}
 	os, err := js.ObjectStore(ctx, Bucket)
 	if err == nil {
-		return os, nil
+		return os, raiseReplicas(ctx, js, want, auto)
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("open %s: %w", Bucket, err)
@@ -127,19 +139,44 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, mem
 	if memory {
 		storage = jetstream.MemoryStorage
 	}
-	if replicas < 1 {
-		replicas = 1
-	}
-	os, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+	cfg := jetstream.ObjectStoreConfig{
 		Bucket:      Bucket,
 		Description: "kvmesh: tokenizer files per model, published by the sidecars",
 		Storage:     storage,
-		Replicas:    replicas,
-	})
+		Replicas:    want,
+	}
+	os, err = js.CreateOrUpdateObjectStore(ctx, cfg)
+	if single, cluster := natsutil.ReplicasRefused(err); auto && (single || cluster) {
+		cfg.Replicas = 1
+		os, err = js.CreateOrUpdateObjectStore(ctx, cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", Bucket, err)
 	}
 	return os, nil
+}
+
+// raiseReplicas sets the object store's stream to want replicas when it
+// has another count (auto: fewer), and keeps its count where auto's are
+// refused (a single server, a cluster short of servers).
+func raiseReplicas(ctx context.Context, js jetstream.JetStream, want int, auto bool) error {
+	s, err := js.Stream(ctx, "OBJ_"+Bucket)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", Bucket, err)
+	}
+	sc := s.CachedInfo().Config
+	if sc.Replicas == want || auto && sc.Replicas > want {
+		return nil
+	}
+	sc.Replicas = want
+	_, err = js.UpdateStream(ctx, sc)
+	if single, cluster := natsutil.ReplicasRefused(err); auto && (single || cluster) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("set %s replicas to %d: %w", Bucket, want, err)
+	}
+	return nil
 }
 
 // Publish puts the tokenizer files of dir under model and revision (an empty

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
@@ -224,5 +225,35 @@ func TestPublishUnderSmallMaxPayload(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(dir, "tokenizer.json")); err != nil || string(got) != tok {
 		t.Fatalf("read back %d bytes (err %v), want %d", len(got), err, len(tok))
+	}
+}
+
+// On a three-server cluster the sidecar's default (auto) replicas give the
+// tokenizer store 3 copies, and raise a store an older install made with 1,
+// so an ingress starting while a NATS server is down still finds the files.
+func TestEnsureBucketAutoReplicasOnCluster(t *testing.T) {
+	srvs := testutil.NATSCluster(t, 3)
+	_, js := testutil.JetStream(t, testutil.ClientURLs(srvs))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	replicas := func() int {
+		t.Helper()
+		s, err := js.Stream(ctx, "OBJ_"+Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.Replicas
+	}
+	if _, err := EnsureBucket(ctx, js, 1, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := replicas(); n != 1 {
+		t.Fatalf("explicit 1: %d replicas", n)
+	}
+	if _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := replicas(); n != 3 {
+		t.Fatalf("auto left the store at %d replicas, want 3", n)
 	}
 }

@@ -1,0 +1,123 @@
+package natsutil_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// streamReplicas is the delta stream's replica count as the server has it.
+func streamReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream) int {
+	t.Helper()
+	s, err := js.Stream(ctx, natsutil.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo().Config.Replicas
+}
+
+// On the single-machine default, one server that is not clustered, auto
+// replicas make the stream with 1 and say nothing above info: nothing is
+// wrong there.
+func TestAutoReplicasSingleServerQuiet(t *testing.T) {
+	srv := testutil.NATS(t)
+	_, js := testutil.JetStream(t, srv.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var logs testutil.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	for range 2 { // created, then ensured again (a reconnect)
+		if _, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := streamReplicas(ctx, t, js); n != 1 {
+		t.Fatalf("single server: %d replicas, want 1", n)
+	}
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Fatalf("single server warned:\n%s", logs.String())
+	}
+}
+
+// On a three-server JetStream cluster (the shipped install's NATS), the
+// default makes the stream with 3 replicas, raises one an older install made
+// with 1, and never lowers 3: the stream survives losing a server.
+func TestAutoReplicasThreeServerCluster(t *testing.T) {
+	srvs := testutil.NATSCluster(t, 3)
+	_, js := testutil.JetStream(t, testutil.ClientURLs(srvs))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var logs testutil.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	auto := natsutil.DefaultConfig().Stream
+	if _, err := natsutil.EnsureStream(ctx, js, auto, log); err != nil {
+		t.Fatal(err)
+	}
+	if n := streamReplicas(ctx, t, js); n != 3 {
+		t.Fatalf("created with %d replicas on a 3-server cluster, want 3\n%s", n, logs.String())
+	}
+
+	// An older install's stream, made with 1: raised.
+	if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil {
+		t.Fatal(err)
+	}
+	one := auto
+	one.Replicas = 1
+	if _, err := natsutil.EnsureStream(ctx, js, one, log); err != nil {
+		t.Fatal(err)
+	}
+	if n := streamReplicas(ctx, t, js); n != 1 {
+		t.Fatalf("explicit 1: %d replicas", n)
+	}
+	if _, err := natsutil.EnsureStream(ctx, js, auto, log); err != nil {
+		t.Fatal(err)
+	}
+	if n := streamReplicas(ctx, t, js); n != 3 {
+		t.Fatalf("auto left an R1 stream at %d replicas, want 3", n)
+	}
+	if !strings.Contains(logs.String(), `replicas="1 → 3"`) {
+		t.Fatalf("the raise is not logged old → new:\n%s", logs.String())
+	}
+	// Ensured again with auto (a reconnect): still 3, nothing changed.
+	if _, err := natsutil.EnsureStream(ctx, js, auto, log); err != nil {
+		t.Fatal(err)
+	}
+	if n := streamReplicas(ctx, t, js); n != 3 {
+		t.Fatalf("auto changed an R3 stream to %d replicas", n)
+	}
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Fatalf("warned on a cluster that places 3:\n%s", logs.String())
+	}
+}
+
+// A cluster that cannot place 3 replicas (two servers here) still gets its
+// stream, with 1 replica and one warning that names the cause.
+func TestAutoReplicasClusterTooSmallWarnsOnce(t *testing.T) {
+	srvs := testutil.NATSCluster(t, 2)
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{testutil.ClientURLs(srvs)}
+	var logs testutil.SyncBuffer
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if n := streamReplicas(ctx, t, c.JS); n != 1 {
+		t.Fatalf("two servers: %d replicas, want the fallback 1", n)
+	}
+	if got := strings.Count(logs.String(), "cannot place the delta stream's replicas"); got != 1 {
+		t.Fatalf("%d warnings about the replicas, want 1:\n%s", got, logs.String())
+	}
+	if !strings.Contains(logs.String(), "wanted=3") {
+		t.Fatalf("the warning does not say what was wanted:\n%s", logs.String())
+	}
+}
