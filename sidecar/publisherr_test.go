@@ -19,8 +19,8 @@ import (
 
 // The KVMESH_DELTAS stream deleted while NATS stays up: the JetStream
 // publishes that fail are counted in kvmesh_sidecar_publish_errors_total and
-// logged (rate-limited), and the stream is created again once publishes
-// report it missing. Before, the async failures were ignored (the counter
+// logged (rate-limited, and the incident's end once acks come back), and the
+// stream is created again once publishes report it missing. Before, the async failures were ignored (the counter
 // stayed 0) and the stream came back only with the sidecar's next reconnect.
 func TestDeletedStreamCountedAndRecreated(t *testing.T) {
 	srv := testutil.NATS(t)
@@ -89,5 +89,13 @@ func TestDeletedStreamCountedAndRecreated(t *testing.T) {
 		}
 		info, err := st.Info(ctx)
 		return err == nil && info.State.Msgs > 0 && s.Status()[0].Seq > before
+	})
+	// The stream's acks end the incident, and the log says so once
+	// failures have stopped for the ack timeout.
+	testutil.WaitFor(t, 30*time.Second, "the end of the incident logged", func() bool {
+		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(logs.String(), "delta publishes succeeding again")
 	})
 }

@@ -41,10 +41,9 @@ type Sidecar struct {
 	// pubq hands encoded deltas from the event loops (under their engine's
 	// lock, never blocking) to publishLoop, in sequence order.
 	pubq chan pubMsg
-	// Failed publishes since the last warning, and when it was logged
-	// (unix ns): at most one warning per publishErrLogEvery.
-	pubErrs      atomic.Uint64
-	pubErrLogged atomic.Int64
+	// pubs follows failed delta publishes as incidents (warnings and
+	// their end).
+	pubs pubIncident
 }
 
 // maxPayload is the NATS server's max_payload (0 until connected), as
@@ -57,9 +56,6 @@ func (s *Sidecar) maxPayload() int64 {
 	}
 	return 0
 }
-
-// publishErrLogEvery spaces the warnings about failed delta publishes.
-const publishErrLogEvery = 10 * time.Second
 
 // pubMsg is one encoded delta waiting for NATS.
 type pubMsg struct {
@@ -77,6 +73,7 @@ func New(cfg Config) (*Sidecar, error) {
 		log = slog.Default()
 	}
 	s := &Sidecar{cfg: cfg, log: log.With("component", "sidecar"), finished: make(chan struct{})}
+	s.pubs = pubIncident{log: s.log, now: time.Now}
 	if cfg.Registerer != nil {
 		s.reg = cfg.Registerer
 		if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
@@ -138,6 +135,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	defer conn.Close()
 	s.conn.Store(conn)
 	conn.OnPublishError(s.publishFailed) // JetStream acks that never came, a missing stream
+	conn.OnPublishOK(s.pubs.ok)          // acks: the end of a failing spell
 
 	for _, e := range s.engines {
 		sub, err := conn.NC.Subscribe(natsutil.SnapSubject(e.cfg.Model, e.cfg.ID), e.serveSnapshot)
@@ -338,17 +336,8 @@ func (s *Sidecar) publishFailed(subject string, err error) {
 	s.warnPublishError(id, err)
 }
 
-// warnPublishError logs a failed publish, at most once per
-// publishErrLogEvery with the number of failures since the last warning.
-func (s *Sidecar) warnPublishError(engine string, err error) {
-	s.pubErrs.Add(1)
-	now, last := time.Now().UnixNano(), s.pubErrLogged.Load()
-	if last != 0 && now-last < int64(publishErrLogEvery) || !s.pubErrLogged.CompareAndSwap(last, now) {
-		return
-	}
-	s.log.Warn("delta publishes failing", "failed", s.pubErrs.Swap(0), "engine", engine, "err", err,
-		"next_warning_in", publishErrLogEvery)
-}
+// warnPublishError records a failed publish (pubIncident logs it).
+func (s *Sidecar) warnPublishError(engine string, err error) { s.pubs.fail(engine, err) }
 
 // publish sends one delta: through JetStream (the stream captures it, async
 // with bounded in-flight acks) or, when the stream is disabled or JetStream
@@ -365,6 +354,9 @@ func (s *Sidecar) publish(subject string, data []byte) error {
 	}
 	if err := c.NC.Publish(subject, data); err != nil {
 		return fmt.Errorf("publish: %w", err)
+	}
+	if c.JS == nil { // no stream, no acks: a sent delta is the success
+		s.pubs.ok()
 	}
 	return nil
 }

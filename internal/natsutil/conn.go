@@ -35,6 +35,9 @@ type Conn struct {
 	// pubErr is told of each JetStream publish that failed after
 	// PublishAsync returned (OnPublishError).
 	pubErr atomic.Pointer[func(subject string, err error)]
+	// pubOK is told of each JetStream publish the stream acked
+	// (OnPublishOK).
+	pubOK atomic.Pointer[func()]
 	// up is Connected: set by the connection's (re)connect handlers,
 	// cleared by its disconnect and close handlers.
 	up atomic.Bool
@@ -112,6 +115,11 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 			jetstream.WithPublishAsyncTimeout(5*time.Second),
 			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, msg *nats.Msg, err error) {
 				c.publishFailed(msg, err)
+			}),
+			jetstream.WithPublishAsyncAckHandler(func(jetstream.JetStream, *nats.Msg, *jetstream.PubAck) {
+				if fn := c.pubOK.Load(); fn != nil {
+					(*fn)()
+				}
 			}))
 		if err != nil {
 			c.Close()
@@ -148,6 +156,18 @@ func (c *Conn) OnPublishError(fn func(subject string, err error)) {
 		return
 	}
 	c.pubErr.Store(&fn)
+}
+
+// OnPublishOK sets fn to be told of every JetStream publish the stream
+// acked: with OnPublishError, it tells when failing publishes recover. fn
+// runs on the ack goroutine for every ack and must be cheap and never
+// block; nil removes it.
+func (c *Conn) OnPublishOK(fn func()) {
+	if fn == nil {
+		c.pubOK.Store(nil)
+		return
+	}
+	c.pubOK.Store(&fn)
 }
 
 // publishFailed is the JetStream async error handler.
