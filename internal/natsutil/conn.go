@@ -243,7 +243,15 @@ func (c *Conn) ensureLoop(log *slog.Logger) {
 				c.short = short
 				break
 			}
-			log.Warn("ensure delta stream", "err", err)
+			if streamUnanswered(err) {
+				// The reason this matters is not in err: say what is lost and what is not.
+				log.Warn("ensure delta stream: the stream does not answer (it has no leader or its JetStream quorum is lost, "+
+					"e.g. a NATS server down or an election, or JetStream is unavailable); deltas still reach running ingresses "+
+					"over plain NATS, but the stream misses every delta whose ack fails: `kvmesh inspect stream` shows the holes, "+
+					"and an ingress starting meanwhile discovers idle engines from gossip only", "err", err)
+			} else {
+				log.Warn("ensure delta stream", "err", err)
+			}
 			select {
 			case <-c.quit:
 				return
@@ -259,6 +267,21 @@ func (c *Conn) ensureLoop(log *slog.Logger) {
 		}
 	}
 }
+
+// streamUnanswered reports whether err is the stream's JetStream not
+// answering at all (a request timed out, no responders, JetStream not
+// enabled or temporarily unavailable), as opposed to refusing the stream.
+func streamUnanswered(err error) bool {
+	var api *jetstream.APIError
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
+		errors.As(err, &api) && api.ErrorCode == jsClusterNotAvailable
+}
+
+// jsClusterNotAvailable is JetStream's "JetStream system temporarily
+// unavailable" (no meta leader).
+const jsClusterNotAvailable = 10008
 
 // Close drains nothing (kvmesh messages are soft state) and closes the
 // connection, then stops an embedded server. Safe to call twice.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -119,5 +120,30 @@ func TestAutoReplicasClusterTooSmallWarnsOnce(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "wanted=3") {
 		t.Fatalf("the warning does not say what was wanted:\n%s", logs.String())
+	}
+}
+
+// When the stream's JetStream does not answer (here a server without
+// JetStream; in production a stream with no leader during an election, whose
+// requests time out), the sidecar's stream check says so and what it costs,
+// instead of a bare "context deadline exceeded".
+func TestEnsureStreamUnansweredSaysWhatIsLost(t *testing.T) {
+	srv := testutil.NATSServer(t, server.Options{}) // no JetStream
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{srv.ClientURL()}
+	cfg.WaitForServer = true // as the sidecar: run, and ensure in the background
+	var logs testutil.SyncBuffer
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testutil.WaitFor(t, 20*time.Second, "the stream check's warning", func() bool {
+		return strings.Contains(logs.String(), "ensure delta stream")
+	})
+	for _, want := range []string{"the stream does not answer", "deltas still reach running ingresses over plain NATS", "kvmesh inspect stream"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("the warning does not say %q:\n%s", want, logs.String())
+		}
 	}
 }
