@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/backoff"
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // fasthttp's Serve retries only accept errors whose Timeout() is true: any
@@ -38,7 +39,7 @@ type acceptListener struct {
 	name    string                 // "client" or "admin": the metric's and log's listener
 	errs    *prometheus.CounterVec // listener, errno
 	log     *slog.Logger
-	lastLog atomic.Int64 // unix ns of the last warning
+	lastLog atomic.Int64 // monotime reading of the last warning (0: none yet)
 	closed  chan struct{}
 	once    sync.Once
 }
@@ -67,7 +68,7 @@ func (l *acceptListener) Accept() (net.Conn, error) {
 		}
 		delay := acceptBackoff.Delay(n)
 		l.errs.WithLabelValues(l.name, errno).Inc()
-		if now := time.Now().UnixNano(); now-l.lastLog.Load() >= int64(acceptLogEvery) {
+		if now, last := monotime.Now(), l.lastLog.Load(); last == 0 || now-last >= int64(acceptLogEvery) {
 			l.lastLog.Store(now)
 			l.log.Warn("accept failed; retrying (later failures within 10s are only counted: kvmesh_ingress_accept_errors_total)",
 				"listener", l.name, "err", err, "retry_in", delay)

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // A streamed completion or chat request that sets no stream_options goes
@@ -48,7 +50,7 @@ type forcedUsage struct {
 
 type usageState struct {
 	verdict atomic.Int32 // usageUnknown, usageAsked or usageForced
-	probeAt atomic.Int64 // unix ns the last probe was claimed
+	probeAt atomic.Int64 // monotime reading of when the last probe was claimed
 }
 
 func (f *forcedUsage) state(model string) *usageState {
@@ -78,7 +80,7 @@ func (st *usageState) claimProbe(now time.Time) bool {
 	if st.verdict.Load() == usageUnknown {
 		wait = forcedUsageRetry
 	}
-	return (last == 0 || now.UnixNano()-last >= int64(wait)) && st.probeAt.CompareAndSwap(last, now.UnixNano())
+	return (last == 0 || monotime.Of(now)-last >= int64(wait)) && st.probeAt.CompareAndSwap(last, monotime.Of(now))
 }
 
 // planUsage decides, for a streamed completions or chat request that set no

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // sseEngine is a FAKE engine for what the simulator never sends: events of
@@ -219,7 +221,7 @@ func TestLargeEventsWhole(t *testing.T) {
 func knownUsage(s *Server, model string, verdict int32) {
 	st := s.forced.state(model)
 	st.verdict.Store(verdict)
-	st.probeAt.Store(time.Now().UnixNano())
+	st.probeAt.Store(monotime.Now())
 }
 
 // wrapIngress is an ingress in chat mode completions (re-wrap) in front of

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/monotime"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
 
@@ -75,8 +76,8 @@ type tokenCheck struct {
 type modelCheck struct {
 	streak      atomic.Int32 // different counts in a row
 	engineUntil atomic.Int64 // unix ns until which chat is keyed on the engines' /tokenize
-	warned      atomic.Int64 // unix ns of the last warning
-	verified    atomic.Int64 // unix ns of the last comparison with an engine's /tokenize
+	warned      atomic.Int64 // monotime reading of the last warning
+	verified    atomic.Int64 // monotime reading of the last comparison with an engine's /tokenize
 }
 
 func (tc *tokenCheck) model(name string) *modelCheck {
@@ -122,7 +123,7 @@ func (c *call) verifyTokens() bool {
 	mc := tc.model(c.model)
 	now := time.Now()
 	last := mc.verified.Load()
-	if last != 0 && now.UnixNano()-last < int64(verifyEvery) || !mc.verified.CompareAndSwap(last, now.UnixNano()) {
+	if last != 0 && monotime.Of(now)-last < int64(verifyEvery) || !mc.verified.CompareAndSwap(last, monotime.Of(now)) {
 		return true
 	}
 	ids, ok := c.engineTokens(c.scratch[:0])
@@ -244,7 +245,7 @@ func (tc *tokenCheck) observe(c *call) {
 
 func (tc *tokenCheck) warn(c *call, mc *modelCheck, n int) {
 	last := &mc.warned
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	prev := last.Load()
 	if prev != 0 && now-prev < int64(tokenCheckWarnEvery) || !last.CompareAndSwap(prev, now) {
 		return
@@ -278,7 +279,12 @@ func (s *Server) handleDebugTokenizers(ctx *fasthttp.RequestCtx) {
 	out := map[string]*modelState{}
 	s.check.models.Range(func(k, v any) bool {
 		mc := v.(*modelCheck)
-		out[k.(string)] = &modelState{Verified: at(mc.verified.Load(), false), DifferInARow: mc.streak.Load(), EngineTokensUntil: at(mc.engineUntil.Load(), true)}
+		var verified *time.Time
+		if ns := mc.verified.Load(); ns != 0 {
+			t := monotime.Time(ns).UTC()
+			verified = &t
+		}
+		out[k.(string)] = &modelState{Verified: verified, DifferInARow: mc.streak.Load(), EngineTokensUntil: at(mc.engineUntil.Load(), true)}
 		return true
 	})
 	s.etok.models.Range(func(k, v any) bool {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/internal/monotime"
 	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
@@ -87,7 +88,7 @@ func TestTokenCheck(t *testing.T) {
 	}
 
 	s, _, _, log = checkEngine(t, nt, nt, toolsTemplate(t), tpl, "least-request") // the engine's template adds a system header
-	s.check.model("llama").verified.Store(time.Now().UnixNano())                  // no id-for-id comparison due: the counts alone
+	s.check.model("llama").verified.Store(monotime.Now())                         // no id-for-id comparison due: the counts alone
 	send(s)
 	send(s)
 	if eq, df := val(s.check.equal), val(s.check.differ); eq != 0 || df != float64(2*len(reqs)) {
@@ -107,7 +108,7 @@ func TestTokenCheck(t *testing.T) {
 func TestTokenCheckKeysOnEngine(t *testing.T) {
 	nt, tpl := llama(t)
 	s, sm, spy, log := checkEngine(t, nt, nt, toolsTemplate(t), tpl, "kvmesh")
-	s.check.model("llama").verified.Store(time.Now().UnixNano()) // no id-for-id comparison due: the counts alone
+	s.check.model("llama").verified.Store(monotime.Now()) // no id-for-id comparison due: the counts alone
 	system := strings.Repeat("You answer questions about the weather in one short sentence. ", 12)
 	send := func(q string) []uint64 {
 		t.Helper()
