@@ -84,7 +84,12 @@ func (m *Materializer) bufferLocked(e *engineState, d *kvevents.Delta) {
 	}
 	size := deltaBytes(d)
 	for m.bufBytes > 0 && m.bufBytes+size > m.cfg.MaxBufferedBytes {
-		m.dropBufferLocked(m.largestBufferLocked(), "byte_budget")
+		big := m.largestBufferLocked()
+		if big == nil || big.bufBytes == 0 {
+			m.bufBytes = 0 // cannot be (every change is counted); never loop on it
+			break
+		}
+		m.dropBufferLocked(big, "byte_budget")
 	}
 	if size > m.cfg.MaxBufferedBytes {
 		m.met.bufferDrops.WithLabelValues("byte_budget").Inc()

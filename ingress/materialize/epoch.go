@@ -16,9 +16,9 @@ import "github.com/kvmesh/kvmesh/kvevents"
 //     the same answer in every ingress.
 //   - Otherwise (a sidecar from before the field): one never seen is
 //     newer, which is what a plain restart looks like.
-//   - Either way, an epoch this engine followed before (given up when it
-//     went silent), or that lost to another, is older: a switch is never
-//     undone by the start times of a sidecar that was given up.
+//   - Either way, an epoch this engine followed before and gave up (it
+//     went silent, or a newer one came) is older: a switch is never undone
+//     by the start time of a sidecar that was given up.
 //
 // So an epoch takes at most one snapshot when it appears. A followed epoch
 // whose sidecar has gone while an older one keeps sending is given up after
@@ -37,6 +37,12 @@ type epochInfo struct {
 	epoch uint64
 	start int64 // unix ns; 0: unknown
 	lost  bool  // followed before, or lost to the followed epoch
+	// left: followed before and given up (setFollow moved away from it).
+	// Such an epoch is older whatever the starts say; one that merely
+	// lost a snapshot race (a probe the followed epoch answered) is
+	// ordered by its start, so a newer sidecar restarted beside an old
+	// one is still followed as soon as it is seen.
+	left bool
 }
 
 // maxOtherEpochs bounds the epochs remembered per engine besides the one
@@ -73,12 +79,11 @@ func (v *epochView) older(ep uint64, start int64) bool {
 		return false
 	}
 	o := v.find(ep)
-	if o != nil && o.lost {
-		// Followed before and given up (it went silent), or beaten by the
-		// followed one: older whatever the starts say. A dead sidecar whose
-		// clock ran ahead of its successor's would otherwise stay "newer"
-		// for ever, and gossip still showing its head would take a resync
-		// every DigestGrace.
+	if o != nil && o.left {
+		// Followed before and given up: older whatever the starts say. A
+		// dead sidecar whose clock ran ahead of its successor's would
+		// otherwise stay "newer" for ever, and gossip still showing its
+		// head would take a resync every DigestGrace.
 		return true
 	}
 	if start <= 0 && o != nil {
@@ -87,7 +92,7 @@ func (v *epochView) older(ep uint64, start int64) bool {
 	if start > 0 && v.followStart > 0 {
 		return !kvevents.NewerEpoch(ep, start, v.follow, v.followStart)
 	}
-	return false
+	return o != nil && o.lost
 }
 
 // startOf is epoch ep's start as known (0: unknown).
@@ -141,4 +146,7 @@ func (v *epochView) setFollow(ep uint64, start int64) {
 	}
 	v.follow, v.followStart = ep, max(start, 0)
 	v.note(prev, prevStart, true)
+	if o := v.find(prev); o != nil {
+		o.left = true
+	}
 }

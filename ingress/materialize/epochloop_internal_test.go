@@ -49,3 +49,25 @@ func TestLostEpochInGossipTakesNoSnapshots(t *testing.T) {
 		t.Fatalf("gossip ahead in the followed epoch: %v resyncs, snapshot due %v; want 1 and true", n, !e.retryAt.IsZero())
 	}
 }
+
+// An epoch that only lost a snapshot race is ordered by its start: a newer
+// sidecar restarted beside an old one on an idle engine, whose gossiped
+// head made a probe the old one answered first, must still be newer when
+// its deltas come (else it would be ignored until the old one went
+// silent, and ingresses that saw the race differently would disagree).
+// Only an epoch followed before and given up is older whatever its start.
+func TestEpochThatLostAProbeStillOrdersByStart(t *testing.T) {
+	var v epochView
+	v.setFollow(0xa, 100)
+	v.note(0xb, 0, true) // probed for, answered by 0xa
+	if v.older(0xb, 200) {
+		t.Fatal("an epoch started later, which only lost a probe, counts as older")
+	}
+	if !v.older(0xc, 50) {
+		t.Fatal("an epoch started earlier counts as newer")
+	}
+	v.setFollow(0xb, 200) // followed now; 0xa given up
+	if !v.older(0xa, 0) || !v.older(0xa, 300) {
+		t.Fatal("the epoch given up is not older")
+	}
+}
