@@ -358,10 +358,12 @@ func (c *Config) Validate() error {
 		}
 		if u, err := url.Parse(e.URL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 			bad("engines[%d]: url %q must be http(s)://host:port", i, e.URL)
-		} else if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		} else if pastedAPIBase(u.Path) || u.RawQuery != "" || u.Fragment != "" {
 			// The ingress appends /v1/... to it: an OpenAI base URL
 			// pasted here (…/v1) made every request 404 (/v1/v1/...).
-			bad("engines[%d]: url %q has a path, query or fragment: give the engine's base URL, http(s)://host:port without /v1", i, e.URL)
+			// Another path is kept: a prefix a path-routing proxy strips
+			// (http://gw/engines/a).
+			bad("engines[%d]: url %q ends in /v1 or has a query or fragment: give the engine's base URL, http(s)://host:port[/prefix] without /v1", i, e.URL)
 		}
 		if _, ok := scheduler.ParseRole(e.Role); !ok {
 			bad("engines[%d]: role %q: want prefill, decode or mixed", i, e.Role)
@@ -446,4 +448,11 @@ func ParseConfig(data []byte) (Config, error) {
 	}
 	cfg.Scheduler.Defaults()
 	return cfg, nil
+}
+
+// pastedAPIBase reports whether an engine URL's path is a pasted OpenAI base
+// URL: its last segment is v1 (/v1, /v1/, /openai/v1). Requests are built as
+// URL + /v1/..., so such a URL sends every one to .../v1/v1/... .
+func pastedAPIBase(path string) bool {
+	return strings.HasSuffix(strings.TrimSuffix(path, "/"), "/v1")
 }

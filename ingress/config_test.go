@@ -39,21 +39,31 @@ func TestValidateListsEveryProblem(t *testing.T) {
 // to it. An OpenAI base URL pasted there (http://h:p/v1) was accepted and
 // every request then 404ed on /v1/v1/...; a lone trailing slash is fine
 // and dropped.
-func TestStaticEngineURLWithPathRefused(t *testing.T) {
-	for _, u := range []string{"http://h:1/v1", "http://h:1/v1/", "https://h:1/x?y=1", "http://h:1#f"} {
+func TestStaticEngineURLEndingInV1Refused(t *testing.T) {
+	for _, u := range []string{"http://h:1/v1", "http://h:1/v1/", "http://h:1/openai/v1", "https://h:1/x?y=1", "http://h:1#f"} {
 		cfg := DefaultConfig()
 		cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: u}}
-		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "without /v1") {
-			t.Errorf("url %q: %v, want a path refused", u, err)
+		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "without /v1") || !strings.Contains(err.Error(), u) {
+			t.Errorf("url %q: %v, want it refused", u, err)
 		}
 	}
-	cfg := DefaultConfig()
-	cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: "http://h:1/"}}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("a trailing slash: %v", err)
-	}
-	if got := newStaticMembership(cfg.Engines).Engines(nil)[0].URL; got != "http://h:1" {
-		t.Fatalf("engine URL %q, want the trailing slash dropped", got)
+	// A trailing slash is dropped; a path prefix (a path-routing proxy in
+	// front of the engine) is kept, since requests are built as url + path.
+	for u, want := range map[string]string{
+		"http://h:1/":             "http://h:1",
+		"http://gw:80/engines/a":  "http://gw:80/engines/a",
+		"http://gw:80/engines/a/": "http://gw:80/engines/a",
+		"http://gw:80/v1x":        "http://gw:80/v1x",
+	} {
+		cfg := DefaultConfig()
+		cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: u}}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("url %q: %v", u, err)
+			continue
+		}
+		if got := newStaticMembership(cfg.Engines).Engines(nil)[0].URL; got != want {
+			t.Errorf("url %q: engine URL %q, want %q", u, got, want)
+		}
 	}
 }
 

@@ -212,11 +212,13 @@ func (c *Config) Validate() error {
 		if e.URL != "" {
 			if u, err := url.Parse(e.URL); err != nil || u.Scheme == "" || u.Host == "" {
 				add("engine %q: bad url %q", e.ID, e.URL)
-			} else if strings.TrimSuffix(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" {
+			} else if pastedAPIBase(u.Path) || u.RawQuery != "" || u.Fragment != "" {
 				// The ingresses append /v1/completions and the sidecar /metrics
 				// and /v1/models to this URL: a pasted OpenAI base URL
-				// (".../v1") would make every request a 404.
-				add("engine %q: url %q has a path, query or fragment; give the engine's base URL, scheme://host:port (drop /v1)", e.ID, e.URL)
+				// (".../v1") would make every request a 404. Another path is
+				// kept: a prefix a path-routing proxy strips
+				// (http://gw/engines/a).
+				add("engine %q: url %q ends in /v1 or has a query or fragment; give the engine's base URL, scheme://host:port[/prefix] (drop /v1)", e.ID, e.URL)
 			}
 		}
 		switch e.Role {
@@ -288,4 +290,11 @@ func (c *Config) Validate() error {
 		add("models interval %v must not be negative", c.ModelsInterval)
 	}
 	return errors.Join(errs...)
+}
+
+// pastedAPIBase reports whether an engine URL's path is a pasted OpenAI base
+// URL: its last segment is v1 (/v1, /v1/, /openai/v1). Requests are built as
+// URL + /v1/..., so such a URL sends every one to .../v1/v1/... .
+func pastedAPIBase(path string) bool {
+	return strings.HasSuffix(strings.TrimSuffix(path, "/"), "/v1")
 }

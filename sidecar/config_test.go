@@ -9,7 +9,7 @@ import (
 // An engine URL with a path (a pasted OpenAI base URL, ".../v1") is refused
 // at start: the ingresses and the sidecar append /v1/... and /metrics to it,
 // so every request would 404. A lone trailing slash is the same engine.
-func TestEngineURLWithPathRefused(t *testing.T) {
+func TestEngineURLEndingInV1Refused(t *testing.T) {
 	for _, tc := range []struct {
 		url  string
 		ok   bool
@@ -18,9 +18,14 @@ func TestEngineURLWithPathRefused(t *testing.T) {
 		{"http://127.0.0.1:8000", true, "http://127.0.0.1:8000"},
 		{"http://127.0.0.1:8000/", true, "http://127.0.0.1:8000"},
 		{"http://[::1]:8000/", true, "http://[::1]:8000"},
+		// A path prefix behind a path-routing proxy is kept.
+		{"http://gw:80/engines/a", true, "http://gw:80/engines/a"},
+		{"http://gw:80/engines/a/", true, "http://gw:80/engines/a"},
+		{"http://gw:80/v1x", true, "http://gw:80/v1x"},
 		{"http://127.0.0.1:8000/v1", false, ""},
 		{"http://127.0.0.1:8000/v1/", false, ""},
 		{"https://engine.example:443/openai/v1", false, ""},
+		{"https://engine.example:443/openai/v1/", false, ""},
 		{"http://127.0.0.1:8000/?x=1", false, ""},
 		{"http://127.0.0.1:8000#frag", false, ""},
 	} {
