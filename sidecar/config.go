@@ -147,11 +147,13 @@ type Config struct {
 	// disables).
 	ModelsInterval time.Duration
 	// EngineIDWait is how long Run waits, before gossiping, while another
-	// live member serves one of its engine ids at another URL and keeps
-	// answering there as that engine; it then exits with ErrEngineIDTaken
+	// live member serves one of its engine ids at another URL and that URL
+	// does not show its engine gone; it then exits with ErrEngineIDTaken
 	// (a copied manifest). The id is taken over earlier once gossip drops
-	// the holder or its URL stops answering as that engine (engineid.go): a
-	// rescheduled engine's old pod, dead but not yet declared dead. Default
+	// the holder or its URL refuses connections or lists other models
+	// (engineid.go): a rescheduled engine's old pod, dead but not yet
+	// declared dead. A URL that does not answer (a timeout) frees nothing.
+	// Default
 	// 60s, beyond memberlist's LAN failure detection (probes, then up to
 	// ~24s of suspicion); give more with the wan profile. 0 checks once.
 	EngineIDWait time.Duration

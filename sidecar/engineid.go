@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
@@ -21,8 +22,9 @@ var ErrEngineIDTaken = errors.New("engine id taken")
 // engineIDRecheck spaces the checks of an engine id held by another member.
 const engineIDRecheck = 500 * time.Millisecond
 
-// engineIDProbeTimeout bounds one probe of the holder's URL: a dead pod's
-// address on Kubernetes often times out rather than refuses.
+// engineIDProbeTimeout bounds one probe of the holder's URL. A timeout
+// proves nothing (a dead pod's address, or a NetworkPolicy that lets only the
+// ingresses reach the engines): the sidecar keeps waiting.
 const engineIDProbeTimeout = 2 * time.Second
 
 // engineIDsFree waits, before this sidecar gossips, until no other live
@@ -37,10 +39,14 @@ const engineIDProbeTimeout = 2 * time.Second
 // StatefulSet or LeaderWorkerSet pod keeps its name, and the injected
 // sidecar's id is the pod name). Exiting then would crash-loop the new
 // sidecar under the kubelet's backoff. So the id is free once gossip drops
-// the holder (dead or left) or the holder's URL stops answering as that
-// engine: nothing answers there, or what answers does not list the
-// holder's model (another engine has the address). Only a holder that
-// keeps serving its model at its URL for EngineIDWait is a real conflict.
+// the holder (dead or left) or the holder's URL shows its engine gone: the
+// connection is refused, or what answers does not list the holder's model
+// (another engine has the address). No answer at all (a timeout, a DNS or
+// routing error) is unknown, not gone: sidecars are often not allowed to
+// reach other engines (a NetworkPolicy that admits only the ingresses), and
+// taking the id then would let a copied manifest in at once. Only a holder
+// that gossip keeps alive, and whose URL does not show its engine gone, for
+// EngineIDWait is a real conflict.
 //
 // node's view is the seed's from the join plus what gossip brought since;
 // two sidecars started at once can both pass.
@@ -91,9 +97,11 @@ func (s *Sidecar) engineIDsFree(ctx context.Context, node *gossip.Node) error {
 }
 
 // probeHolder asks the holder's URL whether it still serves the holder's
-// model (/v1/models). free: nothing answers there (refused, timed out), or
-// what answers lists other models. An answer that says neither (an error
-// status, a body that is no model list) is not proof the holder is gone.
+// model (/v1/models). free: the connection is refused (nothing listens at the
+// address), or what answers lists other models. Anything else is not proof
+// the holder is gone: an answer that says neither (an error status, a body
+// that is no model list), or no answer (a timeout: a dead pod's address or a
+// NetworkPolicy dropping sidecar-to-engine traffic look the same).
 func (s *Sidecar) probeHolder(ctx context.Context, client *http.Client, v gossip.EngineView) (free bool, why string) {
 	if v.URL == "" {
 		return false, "gossips no URL to probe"
@@ -105,8 +113,10 @@ func (s *Sidecar) probeHolder(ctx context.Context, client *http.Client, v gossip
 		return false, fmt.Sprintf("answers /v1/models with status %d", int(status))
 	case err != nil && isReadError(err):
 		return false, "answers /v1/models with no model list"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return true, "refuses connections: " + err.Error()
 	case err != nil:
-		return true, "no answer: " + err.Error()
+		return false, "gives no answer (unknown whether its engine is gone; can this sidecar reach it?): " + err.Error()
 	case !m.listed:
 		return true, fmt.Sprintf("answers as another engine: serves %s, not %s", strings.Join(m.served, ", "), v.Model)
 	}

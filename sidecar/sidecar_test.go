@@ -244,8 +244,47 @@ func TestEngineIDTaken(t *testing.T) {
 		t.Fatalf("%d waiting lines, want 1:\n%s", n, logs.String())
 	}
 
+	// The holder's URL takes connections and never answers (a NetworkPolicy
+	// dropping sidecar-to-engine traffic looks the same): unknown, not gone,
+	// so the sidecar keeps waiting and exits as a conflict when the wait ends.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	s, done := run(holder("http://"+silent.Addr().String()), "http://127.0.0.1:2", time.Second, io.Discard)
+	testutil.WaitFor(t, 30*time.Second, "Run to give up on a holder whose URL never answers", func() bool {
+		select {
+		case err := <-done:
+			if !errors.Is(err, sidecar.ErrEngineIDTaken) || !strings.Contains(err.Error(), "gives no answer") {
+				t.Fatalf("Run with a holder whose URL never answers: %v, want ErrEngineIDTaken saying it gives no answer", err)
+			}
+			return true
+		default:
+		}
+		if s.Ready() {
+			t.Fatal("the sidecar took over an engine id whose holder's URL never answers")
+		}
+		return false
+	})
+
 	// The holder's pod is gone: its URL refuses, or another engine has the address.
-	s, done := run(holder(refusedURL), "http://127.0.0.1:2", time.Minute, io.Discard)
+	s, done = run(holder(refusedURL), "http://127.0.0.1:2", time.Minute, io.Discard)
 	runs(s, done, "the sidecar taking over from a holder whose URL refuses")
 	s, done = run(holder(simB.URL()), "http://127.0.0.1:2", time.Minute, io.Discard)
 	runs(s, done, "the sidecar taking over from a holder whose URL serves another model")

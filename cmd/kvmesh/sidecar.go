@@ -129,7 +129,7 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "KVMESH_DELTAS retention by age")
 	cfg.EngineAPIKey = os.Getenv("KVMESH_ENGINE_API_KEY")
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often the engine's /v1/models is read for the LoRA adapters it serves and checked for --model (gossiped to the ingresses; 0: never)")
-	fs.DurationVar(&cfg.EngineIDWait, "engine-id-wait", cfg.EngineIDWait, "at start, how long to wait while another live gossip member serves this engine id at another URL and answers there as that engine, before exiting (a member declared dead, or whose URL stops answering as the engine, frees the id at once)")
+	fs.DurationVar(&cfg.EngineIDWait, "engine-id-wait", cfg.EngineIDWait, "at start, how long to wait while another live gossip member serves this engine id at another URL, before exiting (a member declared dead, or whose URL refuses connections or lists other models, frees the id at once; a URL that does not answer frees nothing)")
 	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "KVMESH_DELTAS retention by size")
 	streamReplicasFlag(fs, &cfg.NATS.Stream.Replicas, probs)
 
