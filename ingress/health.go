@@ -53,9 +53,9 @@ type HealthConfig struct {
 	EjectionTime    time.Duration `yaml:"ejectionTime"`
 	MaxEjectionTime time.Duration `yaml:"maxEjectionTime"`
 	// ProbePath is requested (GET) on the engine's base URL; 200 returns it
-	// to routing, unless the engine's /v1/models, asked next, lists other
-	// models than its gossiped one (checkIdentity). Default "/health" (vLLM
-	// and the simulator serve it).
+	// to routing. An engine ejected for a wrong model must also list its
+	// gossiped model on /v1/models, asked next (checkIdentity). Default
+	// "/health" (vLLM and the simulator serve it).
 	ProbePath string `yaml:"probePath"`
 	// ProbeTimeout bounds one probe. Default 1s.
 	ProbeTimeout time.Duration `yaml:"probeTimeout"`
@@ -471,17 +471,25 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	}
 }
 
-// probe asks an ejected engine's health endpoint, then whether it is
-// still the engine gossip says it is (checkIdentity): something answering
-// /health at the URL may be another engine that took the address.
+// probe asks an ejected engine's health endpoint and, when it was ejected
+// for a wrong model, whether it serves its model again (checkIdentity):
+// something answering /health at the URL is another engine, or the same
+// engine with another model. Other ejections are judged by the health
+// probe alone: many working engines do not list the name the ingress
+// routes by (SGLang without --served-model-name lists its model path,
+// llama.cpp, a static engine's friendly name), and another engine that
+// took the address answers its first request with the wrong-model 404,
+// which fails over and ejects it for a wrong model.
 func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	err := e.get1(ctx, url+e.cfg.ProbePath)
 	var other []string
 	if err == nil {
 		h.mu.Lock()
-		model, strict := h.model, h.wrongModel
+		model, wrong := h.model, h.wrongModel
 		h.mu.Unlock()
-		other, err = e.checkIdentity(ctx, h.id, url, model, strict)
+		if wrong {
+			other, err = e.checkIdentity(ctx, h.id, url, model)
+		}
 	}
 	now := time.Now()
 	h.mu.Lock()
@@ -509,15 +517,12 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 // maxModelsBody bounds the /v1/models answer a probe reads.
 const maxModelsBody = 1 << 20
 
-// checkIdentity asks the engine's /v1/models (one more GET, only once its
-// health probe answered) whether it lists the model its sidecar gossips
-// (else fallback, the model it was ejected for). strict (ejected for a
-// wrong model): only a list with the model readmits it. Otherwise a list
-// without it keeps the engine out, and an engine that lists nothing
-// readable (no /v1/models, an API key the ingress lacks) is judged by its
-// health probe alone, as before. other is the listed models when the
-// model is not among them (clipped, for the log).
-func (e *ejector) checkIdentity(ctx context.Context, id, url, fallback string, strict bool) (other []string, err error) {
+// checkIdentity asks the engine's /v1/models (one more GET, only once the
+// health probe of an engine ejected for a wrong model answered) whether it
+// lists the model its sidecar gossips (else fallback, the model it was
+// ejected for): only a list with the model readmits it. other is the
+// listed models when the model is not among them (clipped, for the log).
+func (e *ejector) checkIdentity(ctx context.Context, id, url, fallback string) (other []string, err error) {
 	model, auth := fallback, []byte(nil)
 	if e.identity != nil {
 		var gossiped string
@@ -530,10 +535,8 @@ func (e *ejector) checkIdentity(ctx context.Context, id, url, fallback string, s
 	}
 	ids, err := e.listModels(ctx, url+"/v1/models", auth)
 	switch {
-	case err != nil && strict:
-		return nil, fmt.Errorf("identity probe: %w", err)
 	case err != nil:
-		return nil, nil
+		return nil, fmt.Errorf("identity probe: %w", err)
 	case slices.Contains(ids, model):
 		return nil, nil
 	}

@@ -3,7 +3,10 @@ package ingress
 import (
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	neturl "net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -211,36 +214,141 @@ func TestNoSuchModelText(t *testing.T) {
 	}
 }
 
-// An engine ejected for any reason (here its death: connect_error) whose
-// address another engine took is not readmitted because something answers
-// /health there: the probe's /v1/models lacks its model (F3a, the IP
-// reuse of a rescheduled pod). Before, the new engine got the old one's
-// requests and answered 404 until gossip found the old sidecar dead.
-func TestProbeKeepsOutAnotherEngineAtTheAddress(t *testing.T) {
+// An engine ejected for an ordinary failure (here a connect error) is
+// readmitted by its health probe alone, even when another engine took its
+// address (the IP reuse of a rescheduled pod): the first request routed
+// there gets the wrong-model 404, fails over (the client sees no error)
+// and ejects it for a wrong model, and from then on its probes check
+// /v1/models and keep it out. Before (H1), every readmission checked
+// /v1/models, which kept out for good any engine that does not list the
+// routed name (TestProbeReadmitsEngineNotListingTheRoutedName).
+func TestAnotherEngineAtTheAddressIsReadmittedThenEjectedForAWrongModel(t *testing.T) {
 	good, victim := simServing(t, "m", ""), simServing(t, "m", "")
 	addr := victim.HTTPAddr()
 	cfg := testConfig(StaticEngine{ID: "good", Model: "m", URL: good.URL()}, StaticEngine{ID: "victim", Model: "m", URL: victim.URL()})
 	cfg.Scheduler.Policy = "round-robin"
 	cfg.Health.EjectionTime, cfg.Health.MaxEjectionTime = 20*time.Millisecond, 40*time.Millisecond
-	s := startIngress(t, cfg, Deps{})
+	var logs testutil.SyncBuffer
+	s := startIngress(t, cfg, Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	url := "http://" + s.Addr() + "/v1/completions"
+	body := func(i int) string { return `{"model":"m","prompt":[` + strconv.Itoa(i+1) + `,2,3],"max_tokens":2}` }
 	if err := victim.Close(); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 4 {
-		if st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[`+strconv.Itoa(i+1)+`,2,3],"max_tokens":2}`); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+		if st, hdr, b := post(t, http.DefaultClient, url, body(i)); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
 			t.Fatalf("request %d: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
 		}
 	}
 	if ej := s.health.ejected(); !slices.Equal(ej, []string{"victim"}) || val(s.m.attempts.WithLabelValues("connect_error")) != 1 {
 		t.Fatalf("ejected %v after %v connect errors, want [victim] after 1", ej, val(s.m.attempts.WithLabelValues("connect_error")))
 	}
-	simServing(t, "other", addr) // another engine takes the address
-	// Probes of the dead address before now failed too: two more, at least
-	// one of them after the new engine listened.
+	other := simServing(t, "other", addr) // another engine takes the address
+	testutil.WaitFor(t, 20*time.Second, "the health probe to readmit the address", func() bool { return len(s.health.ejected()) == 0 })
+
+	// Its first request fails over to the good engine and ejects it.
+	for i := range 4 {
+		if st, hdr, b := post(t, http.DefaultClient, url, body(10+i)); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d after the readmission: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 1 {
+		t.Fatalf("wrong_model attempts %v, want 1 (then ejected)", got)
+	}
+	if got := val(s.m.attempts.WithLabelValues("status_4xx")); got != 0 {
+		t.Fatalf("status_4xx attempts %v: the other engine's 404 was relayed", got)
+	}
+	if ej := s.health.ejected(); !slices.Equal(ej, []string{"victim"}) {
+		t.Fatalf("ejected %v, want [victim]", ej)
+	}
+
+	// Ejected for a wrong model, its probes check /v1/models: it stays out.
 	n := probesFailed(s, "victim")
 	testutil.WaitFor(t, 20*time.Second, "two probes of the address to fail", func() bool { return probesFailed(s, "victim") >= n+2 })
 	if ej := s.health.ejected(); !slices.Equal(ej, []string{"victim"}) {
 		t.Fatalf("ejected %v after its probes, want [victim]: /health alone readmitted another engine", ej)
+	}
+	if out := logs.String(); strings.Count(out, "engine kept out of routing") != 1 || !strings.Contains(out, "serves=[other]") {
+		t.Fatalf("want one warning naming what the URL serves:\n%s", out)
+	}
+	for i := range 4 {
+		if st, hdr, b := post(t, http.DefaultClient, url, body(20+i)); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d while kept out: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 1 || other.Load(0).Finished != 0 {
+		t.Fatalf("wrong_model attempts %v, other engine finished %d: it was tried again", got, other.Load(0).Finished)
+	}
+}
+
+// listingProxy serves, on addr ("" a free port), the engine at target
+// with a /v1/models that lists only ids (as SGLang without
+// --served-model-name, or llama.cpp, lists its model path); it returns its
+// address and a func that stops it.
+func listingProxy(t *testing.T, addr, target string, ids ...string) (string, func()) {
+	t.Helper()
+	u, err := neturl.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		var list struct {
+			Data []map[string]string `json:"data"`
+		}
+		for _, id := range ids {
+			list.Data = append(list.Data, map[string]string{"id": id, "object": "model"})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(list)
+	})
+	mux.Handle("/", httputil.NewSingleHostReverseProxy(u))
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String(), func() { _ = srv.Close() }
+}
+
+// An engine whose /v1/models does not list the name the ingress routes by
+// (SGLang without --served-model-name lists its model path; a static
+// engine's friendly name) is readmitted by its health probe after an
+// ordinary ejection (a connect error) and serves again. Before (H1), the
+// probe checked /v1/models on every readmission and kept it out for good.
+func TestProbeReadmitsEngineNotListingTheRoutedName(t *testing.T) {
+	good, backend := simServing(t, "llama3", ""), simServing(t, "llama3", "")
+	addr, stop := listingProxy(t, "", backend.URL(), "/models/llama3")
+	cfg := testConfig(StaticEngine{ID: "good", Model: "llama3", URL: good.URL()}, StaticEngine{ID: "sgl", Model: "llama3", URL: "http://" + addr})
+	cfg.Scheduler.Policy = "round-robin"
+	cfg.Health.EjectionTime, cfg.Health.MaxEjectionTime = 20*time.Millisecond, 40*time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	body := func(i int) string {
+		return `{"model":"llama3","prompt":[` + strconv.Itoa(i+1) + `,2,3],"max_tokens":2}`
+	}
+	stop()
+	for i := range 4 {
+		if st, hdr, b := post(t, http.DefaultClient, url, body(i)); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if ej := s.health.ejected(); !slices.Equal(ej, []string{"sgl"}) {
+		t.Fatalf("ejected %v, want [sgl]", ej)
+	}
+	listingProxy(t, addr, backend.URL(), "/models/llama3") // back at its address
+	testutil.WaitFor(t, 20*time.Second, "the health probe to readmit the engine", func() bool { return len(s.health.ejected()) == 0 })
+	for i := range 4 {
+		if st, _, b := post(t, http.DefaultClient, url, body(10+i)); st != 200 {
+			t.Fatalf("request %d after the readmission: %d %s", i, st, b)
+		}
+	}
+	if backend.Load(0).Finished == 0 || len(s.health.ejected()) != 0 {
+		t.Fatalf("the readmitted engine got no requests, or was ejected again (%v)", s.health.ejected())
 	}
 }
