@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -137,7 +138,7 @@ func healthKind(result string, dialsWatched bool) int {
 			return healthNeutral
 		}
 		return healthHardFail
-	case "connect_error", "timeout", "empty_response":
+	case "connect_error", "client_cert_refused", "timeout", "empty_response":
 		return healthHardFail
 	case "status_5xx", "stream_error", "protocol_error":
 		return healthSoftFail
@@ -224,6 +225,17 @@ func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector
 		_ = reg.Register(c) // a second replica in one process keeps the first's series
 	}
 	return e
+}
+
+// useTLS makes probes of https engines use tc (nil: the defaults), the
+// requests' TLS config: they trust the engines' CA and present the
+// ingress's client certificate in force, so an engine that refused it is
+// readmitted once it is renewed (upstreamtls.go), and only then.
+func (e *ejector) useTLS(tc *tls.Config) {
+	if e == nil || tc == nil {
+		return
+	}
+	e.client.Transport = &http.Transport{DisableKeepAlives: true, TLSClientConfig: tc.Clone()}
 }
 
 // allowed reports whether engine id may receive requests.

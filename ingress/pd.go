@@ -444,8 +444,9 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 }
 
 // legFailure accounts a P/D leg that failed without an answer head on up
-// (the engine's failures and health; nothing for a local_error, the
-// ingress's own resources) and returns its failure's label:
+// (the engine's failures and health, a refused client certificate too,
+// as attemptFailed; nothing for a local_error, the ingress's own
+// resources) and returns its failure's label:
 // classifyErr's, or "stalled" while the stall watch has the engine ejected
 // (hung: its cut ended the leg). The leg cannot tell whether its own
 // connection was the one cut (closeEngine closes the connections under
@@ -453,8 +454,8 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 // a rare race, is labelled "stalled" too.
 func (s *Server) legFailure(up *upstream, err error) string {
 	why := classifyErr(err)
-	if why == "local_error" || why == "client_cert_refused" {
-		return why // the ingress's own limit or certificate: nothing about the engine (as attemptFailed)
+	if why == "local_error" {
+		return why // the ingress's own limit: nothing about the engine (as attemptFailed)
 	}
 	stalled := s.health.stalledOut(up.id) // before observe, which may eject it anew
 	up.failures.Add(1)

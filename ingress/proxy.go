@@ -231,8 +231,11 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 		// The stall watch would have ejected a hung engine and cut this
 		// request long before (Validate): the engine is alive and slow.
 		result = "first_byte_timeout"
-	case result == "local_error", result == "client_cert_refused":
-		// The ingress's own limit or certificate: nothing about the engine.
+	case result == "local_error":
+		// The ingress's own limit: nothing about the engine. A refused
+		// client certificate ejects the engine like a connect error (one
+		// engine with a wrong trust bundle would be picked forever); its
+		// probe readmits it once a handshake succeeds (upstreamtls.go).
 	default:
 		up.failures.Add(1)
 		c.s.health.observe(up, result)

@@ -233,6 +233,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if s.ups.tls, err = s.certs.upstreamTLS(); err != nil {
 		return nil, fmt.Errorf("new ingress: %w", err)
 	}
+	s.health.useTLS(s.ups.tls)
 	s.check = newTokenCheck(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
 	s.etok = newEngineTok(deps.Registry, prometheus.Labels{"ingress": cfg.ID})
 	// Index and scheduler series carry no replica label: with a registry

@@ -22,10 +22,14 @@ import (
 // tlsConn keeps that alert for the proxy (tlsCauseOf).
 //
 // A refusal of the ingress's own certificate (an expired, unknown or
-// missing one) is the ingress's configuration, not the engine's failure:
-// classifyErr labels it client_cert_refused, the engine is not ejected,
-// and the client gets a 503 naming the ingress's client certificate
-// (ErrClientCertRefused). The engine's certificate failing verification
+// missing one, or an engine whose trust bundle lacks its CA): classifyErr
+// labels it client_cert_refused, the client gets a 503 naming the
+// ingress's client certificate (ErrClientCertRefused) when no engine
+// answered, and the engine is ejected like after a connect error, so an
+// engine with a wrong trust bundle is not picked again and again. Its
+// health probe, made with the same TLS config (and the client
+// certificate in force), readmits it once a handshake succeeds again,
+// e.g. after the certificate is renewed on disk. The engine's certificate failing verification
 // (expired, unknown authority, another name) stays the engine's fault
 // (connect_error, ejection), with the TLS cause in its log and metric.
 
@@ -144,7 +148,7 @@ func (u *upstreams) tlsFailed(engine, cause string, err error) {
 		u.tlsLastLog.Store(now)
 		msg := "TLS with an engine failed (later failures within 10s are only counted: kvmesh_ingress_upstream_tls_errors_total)"
 		if cause == tlsCauseRefused {
-			msg = "an engine refused this ingress's client certificate (upstreamCertFile): renew or fix it; the engine is not ejected (later refusals within 10s are only counted: kvmesh_ingress_upstream_tls_errors_total)"
+			msg = "an engine refused this ingress's client certificate (upstreamCertFile): renew or fix it, or the engine's trust bundle; the engine is ejected until its probe's handshake succeeds (later refusals within 10s are only counted: kvmesh_ingress_upstream_tls_errors_total)"
 		}
 		u.log.Warn(msg, "engine", engine, "cause", cause, "err", err)
 	}

@@ -21,14 +21,16 @@ func engineTLS(t *testing.T, ca, clients *testCA, maxVersion uint16) *tls.Config
 }
 
 // An engine that refuses the ingress's client certificate (here expired)
-// is not ejected, nor counted as failing: the client gets a 503 that names
+// is ejected, as after a connect error: the client gets a 503 that names
 // the ingress's client certificate and crypto/tls's alert, and no engine
 // address; the failure is counted as client_cert_refused. In TLS 1.3 the
 // refusal is an alert after the client's handshake, which fasthttp reported
 // as "the server closed connection before returning the first response
-// byte", a connect_error that ejected the engine. Renewing the
-// certificate's files ends it without a restart.
-func TestEngineRefusingOurClientCertIsNotEjected(t *testing.T) {
+// byte", a plain connect_error. Renewing the certificate's files ends it
+// without a restart: the engines' probes, made with the certificate in
+// force, readmit them. Before (M5), the engine was never ejected, so one
+// engine whose trust bundle lacks the ingress's CA was picked forever.
+func TestEngineRefusingOurClientCertIsEjectedUntilTheRenewal(t *testing.T) {
 	for _, v := range []struct {
 		name string
 		max  uint16
@@ -43,6 +45,7 @@ func TestEngineRefusingOurClientCertIsNotEjected(t *testing.T) {
 			up.write(t, expCrt, expKey)
 			cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe1.url()}, StaticEngine{ID: "e2", Model: "m", URL: fe2.url()})
 			cfg.TLS = TLSConfig{UpstreamCAFile: writeFile(t, dir, "ca.crt", ca.pem), UpstreamCertFile: up.cert, UpstreamKeyFile: up.key}
+			cfg.Health.EjectionTime, cfg.Health.MaxEjectionTime = 20*time.Millisecond, 40*time.Millisecond
 			log, logBuf := syncLog()
 			s := startIngress(t, cfg, Deps{Logger: log})
 			url := "http://" + s.Addr() + "/v1/completions"
@@ -61,8 +64,8 @@ func TestEngineRefusingOurClientCertIsNotEjected(t *testing.T) {
 				}
 			}
 			for _, id := range []string{"e1", "e2"} {
-				if !s.health.allowed(id) {
-					t.Errorf("engine %s ejected for refusing the ingress's own certificate", id)
+				if s.health.allowed(id) {
+					t.Errorf("engine %s not ejected after refusing the ingress's certificate", id)
 				}
 			}
 			if n := val(s.m.attempts.WithLabelValues("client_cert_refused")); n != 2 {
@@ -78,15 +81,53 @@ func TestEngineRefusingOurClientCertIsNotEjected(t *testing.T) {
 				t.Errorf("want one warning (at most one per 10 s), log: %s", l)
 			}
 
+			// The probes present the expired certificate: still out.
+			n := probesFailed(s, "e1")
+			testutil.WaitFor(t, 20*time.Second, "two probes of e1 to fail", func() bool { return probesFailed(s, "e1") >= n+2 })
+			if ej := s.health.ejected(); len(ej) != 2 {
+				t.Fatalf("ejected %v before the renewal, want both", ej)
+			}
+
 			newCrt, newKey := ca.validLeaf(t, "ingress")
 			up.write(t, newCrt, newKey)
 			testutil.WaitFor(t, 30*time.Second, "the renewed client certificate in force", func() bool {
 				return val(s.certs.m.reloads.WithLabelValues(certClient)) == 2
 			})
+			testutil.WaitFor(t, 20*time.Second, "the probes to readmit both engines", func() bool { return len(s.health.ejected()) == 0 })
 			if st, _, body := post(t, http.DefaultClient, url, `{"model":"m","prompt":"hi","max_tokens":1}`); st != 200 {
 				t.Fatalf("after the renewal: %d %s", st, body)
 			}
 		})
+	}
+}
+
+// One engine whose trust bundle lacks the ingress's CA (the others take
+// its certificate) is ejected by the first refusal: that request moves to
+// another engine before its first byte, and later requests are not sent
+// to it. Before (M5), affinity kept picking it, and each request routed
+// there paid a dial, a handshake and a failed attempt.
+func TestEngineWithWrongTrustBundleIsEjected(t *testing.T) {
+	ca, other := newTestCA(t), newTestCA(t)
+	bad := startTLSFaultEngine(t, faultOK, engineTLS(t, ca, other, 0))
+	good := startTLSFaultEngine(t, faultOK, engineTLS(t, ca, ca, 0))
+	dir := t.TempDir()
+	up := tlsFiles{cert: dir + "/up.crt", key: dir + "/up.key"}
+	crt, key := ca.validLeaf(t, "ingress")
+	up.write(t, crt, key)
+	cfg := testConfig(StaticEngine{ID: "bad", Model: "m", URL: bad.url()}, StaticEngine{ID: "good", Model: "m", URL: good.url()})
+	cfg.Scheduler.Policy = "round-robin"
+	cfg.TLS = TLSConfig{UpstreamCAFile: writeFile(t, dir, "ca.crt", ca.pem), UpstreamCertFile: up.cert, UpstreamKeyFile: up.key}
+	s := startIngress(t, cfg, Deps{})
+	for i := range 6 {
+		if st, hdr, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hi","max_tokens":1}`); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
+			t.Fatalf("request %d: %d from %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), body)
+		}
+	}
+	if n := val(s.m.attempts.WithLabelValues("client_cert_refused")); n != 1 {
+		t.Errorf("attempts{result=client_cert_refused} = %v, want 1 (then ejected)", n)
+	}
+	if ej := s.health.ejected(); len(ej) != 1 || ej[0] != "bad" {
+		t.Errorf("ejected %v, want [bad]", ej)
 	}
 }
 
