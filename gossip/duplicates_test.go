@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
@@ -63,7 +62,7 @@ func TestDuplicateEnginesAndURLsCountedAndWarned(t *testing.T) {
 		return same(in.Duplicates()) && len(a.Duplicates().Engines) == 2 && len(a.Duplicates().URLs) == 1
 	})
 	for name, v := range map[string]float64{"kvmesh_gossip_engines_multiple_sidecars": 2, "kvmesh_gossip_engine_ids_conflicting": 1, "kvmesh_gossip_engine_urls_shared": 1} {
-		if got := gaugeValue(t, reg, name); got != v {
+		if got := testutil.MetricSum(t, reg, name); got != v {
 			t.Errorf("%s = %v, want %v", name, got, v)
 		}
 	}
@@ -142,33 +141,10 @@ func TestDuplicateEnginesAndURLsCountedAndWarned(t *testing.T) {
 		return len(in.Duplicates().Engines) == 0
 	})
 	for _, name := range []string{"kvmesh_gossip_engines_multiple_sidecars", "kvmesh_gossip_engine_ids_conflicting"} {
-		if got := gaugeValue(t, reg, name); got != 0 {
+		if got := testutil.MetricSum(t, reg, name); got != 0 {
 			t.Errorf("%s = %v after the second sidecars left, want 0", name, got)
 		}
 	}
-}
-
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return sumGauge(mf.GetMetric())
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
-func sumGauge(ms []*dto.Metric) float64 {
-	var v float64
-	for _, m := range ms {
-		v += m.GetGauge().GetValue()
-	}
-	return v
 }
 
 // NormalURL compares URLs as the engine sees them: case of scheme and

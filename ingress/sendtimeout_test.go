@@ -112,13 +112,13 @@ func TestBufferedAnswerInServiceUntilWritten(t *testing.T) {
 // close_notify write replaced crypto/tls's 5 s deadline with the send
 // timeout, and the connection lingered for a second whole send timeout.
 func TestSendTimeoutTLSCloseIsPrompt(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testutil.NewCA(t)
 	srvRaw, cliRaw := net.Pipe()
 	defer cliRaw.Close()
 	sc := &sendConn{Conn: srvRaw, d: 100 * time.Millisecond}
-	crt, key := ca.validLeaf(t, "server")
-	srv := tls.Server(sc, &tls.Config{Certificates: []tls.Certificate{pair(t, crt, key)}})
-	cli := tls.Client(cliRaw, &tls.Config{RootCAs: ca.pool(), ServerName: "127.0.0.1"})
+	crt, key := ca.ValidLeaf(t, "server")
+	srv := tls.Server(sc, &tls.Config{Certificates: []tls.Certificate{testutil.Pair(t, crt, key)}})
+	cli := tls.Client(cliRaw, &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"})
 	hs := make(chan error, 1)
 	go func() { hs <- cli.Handshake() }()
 	if err := srv.Handshake(); err != nil {

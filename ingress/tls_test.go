@@ -64,31 +64,31 @@ func servedCert(addr string, roots *x509.CertPool, client *tls.Certificate) (*x5
 // only after a restart.
 func TestTLSCertsReloadOnChange(t *testing.T) {
 	dir := t.TempDir()
-	ca1, ca2 := newTestCA(t), newTestCA(t)
+	ca1, ca2 := testutil.NewCA(t), testutil.NewCA(t)
 	srv := tlsFiles{cert: dir + "/tls.crt", key: dir + "/tls.key"}
-	crt1, key1 := ca1.validLeaf(t, "server-1")
+	crt1, key1 := ca1.ValidLeaf(t, "server-1")
 	srv.write(t, crt1, key1)
-	caFile := writeFile(t, dir, "ca.crt", ca1.pem)
+	caFile := testutil.WriteFile(t, dir, "ca.crt", ca1.PEM)
 	cfg := testConfig()
 	cfg.TLS = TLSConfig{CertFile: srv.cert, KeyFile: srv.key, ClientCAFile: caFile}
 	reg := prometheus.NewRegistry()
 	s := startIngress(t, cfg, Deps{Registry: reg})
-	cli1, cli2 := ca1.validPair(t, "client-1"), ca2.validPair(t, "client-2")
-	roots := ca1.pool()
-	roots.AddCert(ca2.cert)
+	cli1, cli2 := ca1.ValidPair(t, "client-1"), ca2.ValidPair(t, "client-2")
+	roots := ca1.Pool()
+	roots.AppendCertsFromPEM(ca2.PEM)
 	expiry := func() float64 { return val(s.certs.m.expiry.WithLabelValues(certServer)) }
 
 	got, err := servedCert(s.Addr(), roots, &cli1)
 	if err != nil || got.Subject.CommonName != "server-1" {
 		t.Fatalf("before the rotation: %v %v, want server-1", got, err)
 	}
-	leaf1 := pair(t, crt1, key1).Leaf
+	leaf1 := testutil.Pair(t, crt1, key1).Leaf
 	if expiry() != float64(leaf1.NotAfter.Unix()) {
 		t.Errorf("expiry gauge %v, want %v", expiry(), leaf1.NotAfter.Unix())
 	}
 
 	// The certificate first: it does not match the key in place.
-	crt2, key2 := ca2.leaf(t, "server-2", time.Now().Add(-time.Hour), time.Now().Add(48*time.Hour))
+	crt2, key2 := ca2.Leaf(t, "server-2", time.Now().Add(-time.Hour), time.Now().Add(48*time.Hour))
 	srv.write(t, crt2, nil)
 	testutil.WaitFor(t, 30*time.Second, "the failed reload counted", func() bool {
 		return val(s.certs.m.reloadErrs.WithLabelValues(certServer)) == 1
@@ -104,12 +104,12 @@ func TestTLSCertsReloadOnChange(t *testing.T) {
 	if got, err := servedCert(s.Addr(), roots, &cli1); err != nil || got.Subject.CommonName != "server-2" {
 		t.Fatalf("after the rotation: %v %v, want server-2", got, err)
 	}
-	if want := float64(pair(t, crt2, key2).Leaf.NotAfter.Unix()); expiry() != want {
+	if want := float64(testutil.Pair(t, crt2, key2).Leaf.NotAfter.Unix()); expiry() != want {
 		t.Errorf("expiry gauge %v after the rotation, want %v", expiry(), want)
 	}
 
 	// The client CA: clients of the new one are let in, of the old one not.
-	writeFile(t, dir, "ca.crt", ca2.pem)
+	testutil.WriteFile(t, dir, "ca.crt", ca2.PEM)
 	testutil.WaitFor(t, 30*time.Second, "the new client CA in force", func() bool {
 		return val(s.certs.m.reloads.WithLabelValues(certClientCA)) == 2
 	})
@@ -125,7 +125,7 @@ func TestTLSCertsReloadOnChange(t *testing.T) {
 // days is warned of when it is loaded (at start), by file and date.
 // Before, an expired certificate was served without a word.
 func TestTLSCertsWarnOfExpiry(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testutil.NewCA(t)
 	now := time.Now()
 	for _, c := range []struct {
 		name                string
@@ -139,7 +139,7 @@ func TestTLSCertsWarnOfExpiry(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			crt, key := ca.leaf(t, "server", c.notBefore, c.notAfter)
+			crt, key := ca.Leaf(t, "server", c.notBefore, c.notAfter)
 			f := tlsFiles{cert: dir + "/tls.crt", key: dir + "/tls.key"}
 			f.write(t, crt, key)
 			var buf testutil.SyncBuffer
@@ -170,12 +170,12 @@ func TestTLSCertsWarnOfExpiry(t *testing.T) {
 // 408) and plain HTTP got an empty reply.
 func TestTLSHandshakeErrorsAreNotRequests(t *testing.T) {
 	dir := t.TempDir()
-	ca := newTestCA(t)
-	crt, key := ca.validLeaf(t, "server")
+	ca := testutil.NewCA(t)
+	crt, key := ca.ValidLeaf(t, "server")
 	f := tlsFiles{cert: dir + "/tls.crt", key: dir + "/tls.key"}
 	f.write(t, crt, key)
 	cfg := testConfig()
-	cfg.TLS = TLSConfig{CertFile: f.cert, KeyFile: f.key, ClientCAFile: writeFile(t, dir, "ca.crt", ca.pem)}
+	cfg.TLS = TLSConfig{CertFile: f.cert, KeyFile: f.key, ClientCAFile: testutil.WriteFile(t, dir, "ca.crt", ca.PEM)}
 	cfg.ReadTimeout = 500 * time.Millisecond
 	s := startIngress(t, cfg, Deps{})
 	hs := func(reason string) float64 { return val(s.certs.m.handshakeErrs.WithLabelValues(reason)) }
@@ -204,12 +204,12 @@ func TestTLSHandshakeErrorsAreNotRequests(t *testing.T) {
 	}
 	testutil.WaitFor(t, 10*time.Second, "not_tls counted", func() bool { return hs(hsNotTLS) == 1 })
 
-	if _, err := servedCert(s.Addr(), ca.pool(), nil); err == nil {
+	if _, err := servedCert(s.Addr(), ca.Pool(), nil); err == nil {
 		t.Error("a client without a certificate was let in")
 	}
 	testutil.WaitFor(t, 10*time.Second, "client_cert counted", func() bool { return hs(hsClientCert) == 1 })
 
-	c, err := tls.Dial("tcp", s.Addr(), &tls.Config{RootCAs: ca.pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11})
+	c, err := tls.Dial("tcp", s.Addr(), &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11})
 	if err == nil {
 		c.Close()
 		t.Error("TLS 1.1 accepted")

@@ -12,10 +12,10 @@ import (
 
 // engineTLS is an https engine's config: its certificate from ca, and,
 // when clients is not nil, client certificates required from it.
-func engineTLS(t *testing.T, ca, clients *testCA, maxVersion uint16) *tls.Config {
-	tc := &tls.Config{Certificates: []tls.Certificate{ca.validPair(t, "engine")}, MaxVersion: maxVersion}
+func engineTLS(t *testing.T, ca, clients *testutil.CA, maxVersion uint16) *tls.Config {
+	tc := &tls.Config{Certificates: []tls.Certificate{ca.ValidPair(t, "engine")}, MaxVersion: maxVersion}
 	if clients != nil {
-		tc.ClientCAs, tc.ClientAuth = clients.pool(), tls.RequireAndVerifyClientCert
+		tc.ClientCAs, tc.ClientAuth = clients.Pool(), tls.RequireAndVerifyClientCert
 	}
 	return tc
 }
@@ -36,15 +36,15 @@ func TestEngineRefusingOurClientCertIsEjectedUntilTheRenewal(t *testing.T) {
 		max  uint16
 	}{{"TLS1.3", tls.VersionTLS13}, {"TLS1.2", tls.VersionTLS12}} {
 		t.Run(v.name, func(t *testing.T) {
-			ca := newTestCA(t)
+			ca := testutil.NewCA(t)
 			fe1 := startTLSFaultEngine(t, faultOK, engineTLS(t, ca, ca, v.max))
 			fe2 := startTLSFaultEngine(t, faultOK, engineTLS(t, ca, ca, v.max))
 			dir := t.TempDir()
 			up := tlsFiles{cert: dir + "/up.crt", key: dir + "/up.key"}
-			expCrt, expKey := ca.leaf(t, "ingress", time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour))
+			expCrt, expKey := ca.Leaf(t, "ingress", time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour))
 			up.write(t, expCrt, expKey)
 			cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe1.url()}, StaticEngine{ID: "e2", Model: "m", URL: fe2.url()})
-			cfg.TLS = TLSConfig{UpstreamCAFile: writeFile(t, dir, "ca.crt", ca.pem), UpstreamCertFile: up.cert, UpstreamKeyFile: up.key}
+			cfg.TLS = TLSConfig{UpstreamCAFile: testutil.WriteFile(t, dir, "ca.crt", ca.PEM), UpstreamCertFile: up.cert, UpstreamKeyFile: up.key}
 			cfg.Health.EjectionTime, cfg.Health.MaxEjectionTime = 20*time.Millisecond, 40*time.Millisecond
 			log, logBuf := syncLog()
 			s := startIngress(t, cfg, Deps{Logger: log})
@@ -88,7 +88,7 @@ func TestEngineRefusingOurClientCertIsEjectedUntilTheRenewal(t *testing.T) {
 				t.Fatalf("ejected %v before the renewal, want both", ej)
 			}
 
-			newCrt, newKey := ca.validLeaf(t, "ingress")
+			newCrt, newKey := ca.ValidLeaf(t, "ingress")
 			up.write(t, newCrt, newKey)
 			testutil.WaitFor(t, 30*time.Second, "the renewed client certificate in force", func() bool {
 				return val(s.certs.m.reloads.WithLabelValues(certClient)) == 2
@@ -107,16 +107,16 @@ func TestEngineRefusingOurClientCertIsEjectedUntilTheRenewal(t *testing.T) {
 // to it. Before (M5), affinity kept picking it, and each request routed
 // there paid a dial, a handshake and a failed attempt.
 func TestEngineWithWrongTrustBundleIsEjected(t *testing.T) {
-	ca, other := newTestCA(t), newTestCA(t)
+	ca, other := testutil.NewCA(t), testutil.NewCA(t)
 	bad := startTLSFaultEngine(t, faultOK, engineTLS(t, ca, other, 0))
 	good := startTLSFaultEngine(t, faultOK, engineTLS(t, ca, ca, 0))
 	dir := t.TempDir()
 	up := tlsFiles{cert: dir + "/up.crt", key: dir + "/up.key"}
-	crt, key := ca.validLeaf(t, "ingress")
+	crt, key := ca.ValidLeaf(t, "ingress")
 	up.write(t, crt, key)
 	cfg := testConfig(StaticEngine{ID: "bad", Model: "m", URL: bad.url()}, StaticEngine{ID: "good", Model: "m", URL: good.url()})
 	cfg.Scheduler.Policy = "round-robin"
-	cfg.TLS = TLSConfig{UpstreamCAFile: writeFile(t, dir, "ca.crt", ca.pem), UpstreamCertFile: up.cert, UpstreamKeyFile: up.key}
+	cfg.TLS = TLSConfig{UpstreamCAFile: testutil.WriteFile(t, dir, "ca.crt", ca.PEM), UpstreamCertFile: up.cert, UpstreamKeyFile: up.key}
 	s := startIngress(t, cfg, Deps{})
 	for i := range 6 {
 		if st, hdr, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hi","max_tokens":1}`); st != 200 || hdr.Get("X-Kvmesh-Engine") != "good" {
@@ -138,10 +138,10 @@ func TestEngineWithWrongTrustBundleIsEjected(t *testing.T) {
 // reads that the engine's certificate did not verify, without x509's text
 // (it can name the engine's address).
 func TestEngineCertFailureNamesTLS(t *testing.T) {
-	engineCA, ourCA := newTestCA(t), newTestCA(t)
+	engineCA, ourCA := testutil.NewCA(t), testutil.NewCA(t)
 	fe := startTLSFaultEngine(t, faultOK, engineTLS(t, engineCA, nil, 0))
 	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
-	cfg.TLS = TLSConfig{UpstreamCAFile: writeFile(t, t.TempDir(), "ca.crt", ourCA.pem)}
+	cfg.TLS = TLSConfig{UpstreamCAFile: testutil.WriteFile(t, t.TempDir(), "ca.crt", ourCA.PEM)}
 	log, logBuf := syncLog()
 	s := startIngress(t, cfg, Deps{Logger: log})
 	st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hi","max_tokens":1}`)

@@ -77,7 +77,7 @@ func TestBufferedDeltasBoundedOverEngines(t *testing.T) {
 	if got := testutil.ToFloat64(m.met.bufferDrops.WithLabelValues("byte_budget")); got != 1 {
 		t.Fatalf("byte_budget drops %v, want 1", got)
 	}
-	if got := gaugeValue(t, reg, "kvmesh_materializer_buffered_bytes"); got != float64(2*one) {
+	if got := kvtestutil.MetricSum(t, reg, "kvmesh_materializer_buffered_bytes"); got != float64(2*one) {
 		t.Fatalf("kvmesh_materializer_buffered_bytes %v, want %d", got, 2*one)
 	}
 
@@ -108,21 +108,6 @@ func TestBufferedDeltasBoundedOverEngines(t *testing.T) {
 	if sum != m.bufBytes {
 		t.Fatalf("buffered bytes %d, the engines' buffers hold %d", m.bufBytes, sum)
 	}
-}
-
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no %s", name)
-	return 0
 }
 
 // listed is a Membership listing a fixed set of engines (gossip's view as

@@ -24,6 +24,15 @@ func streamReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream) i
 	return s.CachedInfo().Config.Replicas
 }
 
+// ensureReplicas ensures the stream as cfg asks and returns its replicas.
+func ensureReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg natsutil.StreamConfig, log *slog.Logger) int {
+	t.Helper()
+	if _, err := natsutil.EnsureStream(ctx, js, cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	return streamReplicas(ctx, t, js)
+}
+
 // On the single-machine default, one server that is not clustered, auto
 // replicas make the stream with 1 and say nothing above info: nothing is
 // wrong there.
@@ -58,10 +67,7 @@ func TestAutoReplicasThreeServerCluster(t *testing.T) {
 	var logs testutil.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	auto := natsutil.DefaultConfig().Stream
-	if _, err := natsutil.EnsureStream(ctx, js, auto, log); err != nil {
-		t.Fatal(err)
-	}
-	if n := streamReplicas(ctx, t, js); n != 3 {
+	if n := ensureReplicas(ctx, t, js, auto, log); n != 3 {
 		t.Fatalf("created with %d replicas on a 3-server cluster, want 3\n%s", n, logs.String())
 	}
 
@@ -71,26 +77,17 @@ func TestAutoReplicasThreeServerCluster(t *testing.T) {
 	}
 	one := auto
 	one.Replicas = 1
-	if _, err := natsutil.EnsureStream(ctx, js, one, log); err != nil {
-		t.Fatal(err)
-	}
-	if n := streamReplicas(ctx, t, js); n != 1 {
+	if n := ensureReplicas(ctx, t, js, one, log); n != 1 {
 		t.Fatalf("explicit 1: %d replicas", n)
 	}
-	if _, err := natsutil.EnsureStream(ctx, js, auto, log); err != nil {
-		t.Fatal(err)
-	}
-	if n := streamReplicas(ctx, t, js); n != 3 {
+	if n := ensureReplicas(ctx, t, js, auto, log); n != 3 {
 		t.Fatalf("auto left an R1 stream at %d replicas, want 3", n)
 	}
 	if !strings.Contains(logs.String(), `replicas="1 → 3"`) {
 		t.Fatalf("the raise is not logged old → new:\n%s", logs.String())
 	}
 	// Ensured again with auto (a reconnect): still 3, nothing changed.
-	if _, err := natsutil.EnsureStream(ctx, js, auto, log); err != nil {
-		t.Fatal(err)
-	}
-	if n := streamReplicas(ctx, t, js); n != 3 {
+	if n := ensureReplicas(ctx, t, js, auto, log); n != 3 {
 		t.Fatalf("auto changed an R3 stream to %d replicas", n)
 	}
 	if strings.Contains(logs.String(), "level=WARN") {
