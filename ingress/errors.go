@@ -65,6 +65,14 @@ func newAPIError(status int, typ, code, param string, err error) *apiError {
 	return &apiError{status: status, typ: typ, code: code, param: param, msg: err.Error(), err: err}
 }
 
+// retrySoon is an API error the client may retry after a second
+// (Retry-After: 1): shedding or an outage expected to be short.
+func retrySoon(status int, typ, code, param string, err error) *apiError {
+	e := newAPIError(status, typ, code, param, err)
+	e.retryAfter = time.Second
+	return e
+}
+
 // methodNotAllowed is a 405 naming the methods path takes.
 func methodNotAllowed(allow string, method, path []byte) *apiError {
 	ae := newAPIError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
@@ -101,27 +109,17 @@ func toAPIError(err error) *apiError {
 	case errors.Is(err, ErrRateLimited):
 		return newAPIError(429, "rate_limit_error", "rate_limit_exceeded", "", err)
 	case errors.Is(err, ErrPrefillFull):
-		e := newAPIError(429, "rate_limit_error", "prefill_queue_full", "", err)
-		e.retryAfter = time.Second
-		return e
+		return retrySoon(429, "rate_limit_error", "prefill_queue_full", "", err)
 	case errors.Is(err, ErrOverloaded):
-		e := newAPIError(429, "rate_limit_error", "too_many_requests", "", err)
-		e.retryAfter = time.Second
-		return e
+		return retrySoon(429, "rate_limit_error", "too_many_requests", "", err)
 	case errors.Is(err, ErrUpstreamTimout), errors.Is(err, ErrQueueTimeout), errors.Is(err, ErrFirstByteTimeout):
 		return newAPIError(504, "server_error", "timeout", "", err)
 	case errors.Is(err, ErrLocalResources):
-		e := newAPIError(503, "server_error", "ingress_resource_exhausted", "", err)
-		e.retryAfter = time.Second
-		return e
+		return retrySoon(503, "server_error", "ingress_resource_exhausted", "", err)
 	case errors.Is(err, ErrClientCertRefused):
-		e := newAPIError(503, "server_error", "ingress_client_certificate_refused", "", err)
-		e.retryAfter = time.Second
-		return e
+		return retrySoon(503, "server_error", "ingress_client_certificate_refused", "", err)
 	case errors.Is(err, ErrNoEngine), errors.Is(err, ErrUpstream), errors.Is(err, ErrDraining):
-		e := newAPIError(503, "server_error", "service_unavailable", "", err)
-		e.retryAfter = time.Second
-		return e
+		return retrySoon(503, "server_error", "service_unavailable", "", err)
 	case errors.Is(err, ErrAnswerTooLarge):
 		return newAPIError(502, "server_error", "upstream_response_too_large", "", err)
 	case errors.Is(err, ErrNotFound):

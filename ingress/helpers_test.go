@@ -220,47 +220,45 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)
 		ev := completionEvent(0, strings.Repeat("x", 8<<10), "")
-		for {
-			if _, err := io.WriteString(w, ev); err != nil {
-				fe.canceled.Add(1)
-				return
-			}
-			fl.Flush()
-			select {
-			case <-r.Context().Done():
-				fe.canceled.Add(1)
-				return
-			case <-fe.quit:
-				return
-			default:
-			}
-		}
+		fe.streamUntilGone(w, r, fl, func(int) string { return ev }, nil)
 	case faultSlowStream:
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)
 		tk := time.NewTicker(5 * time.Millisecond)
 		defer tk.Stop()
-		for i := 0; ; i++ {
-			if _, err := io.WriteString(w, completionEvent(i, "x", "")); err != nil {
-				fe.canceled.Add(1)
-				return
-			}
-			fl.Flush()
-			select {
-			case <-r.Context().Done():
-				fe.canceled.Add(1)
-				return
-			case <-fe.quit:
-				return
-			case <-tk.C:
-			}
-		}
+		fe.streamUntilGone(w, r, fl, func(i int) string { return completionEvent(i, "x", "") }, tk.C)
 	default:
 		fe.answer(w, stream, body)
 	}
 }
 
 // answer writes a well-formed completions answer, streamed or not.
+// streamUntilGone writes event(0), event(1), ... until the client goes
+// (counted in canceled) or the engine closes; between events it waits for
+// tick, or not at all when tick is nil.
+func (fe *faultEngine) streamUntilGone(w http.ResponseWriter, r *http.Request, fl http.Flusher, event func(int) string, tick <-chan time.Time) {
+	if tick == nil {
+		now := make(chan time.Time)
+		close(now) // always ready: no wait
+		tick = now
+	}
+	for i := 0; ; i++ {
+		if _, err := io.WriteString(w, event(i)); err != nil {
+			fe.canceled.Add(1)
+			return
+		}
+		fl.Flush()
+		select {
+		case <-r.Context().Done():
+			fe.canceled.Add(1)
+			return
+		case <-fe.quit:
+			return
+		case <-tick:
+		}
+	}
+}
+
 func (fe *faultEngine) answer(w http.ResponseWriter, stream bool, body []byte) {
 	if stream {
 		w.Header().Set("Content-Type", "text/event-stream")
