@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,8 +215,13 @@ func (fe *faultEngine) serve(w http.ResponseWriter, r *http.Request) {
 		conn.Close()
 	case faultBigAnswer:
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"`+
-			strings.Repeat("x", 16<<20)+`","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`)
+		// With its length (not chunked), as engines send whole answers:
+		// the ingress reads it in large pieces even on a loaded machine
+		// under the race detector.
+		big := `{"id":"cmpl-f","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"` +
+			strings.Repeat("x", 16<<20) + `","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`
+		w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+		io.WriteString(w, big)
 	case faultFloodStream:
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)

@@ -389,6 +389,15 @@ func (c *call) dropPrefillEngines(first string) {
 	c.dec.Ranked = ranked
 }
 
+// dropRanked removes engine id, which denied the model (wrongmodel.go),
+// from the ranking while another engine remains (the proxy's attempt on
+// the last one answers the client).
+func (c *call) dropRanked(id string) {
+	if len(c.dec.Ranked) > 1 {
+		c.dec.Ranked = slices.DeleteFunc(c.dec.Ranked, func(r scheduler.EngineScore) bool { return r.Engine == id })
+	}
+}
+
 // buildPD builds the configured P/D router over the server's scheduler
 // (nil, logged, when the scheduler is not kvmesh's own).
 func (s *Server) buildPD(c PDConfig) PDPlanner {
@@ -683,10 +692,24 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		fasthttp.ReleaseResponse(resp)
 		return c.prefillDone(p, "fallback_"+statusResult(st), start), true
 	case st != fasthttp.StatusOK:
+		buf, rerr := readAll(resp)
+		if st == fasthttp.StatusNotFound && rerr == nil && c.noSuchModel(buf.Bytes()) {
+			// Not the request's fault: the prefill engine is not the one
+			// gossip says it is, or lost an adapter (wrongmodel.go). It
+			// leaves the model's requests and this one is served
+			// aggregated.
+			bufPool.Put(buf)
+			c.watch.release()
+			_ = resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			model, adapter := c.sentModel()
+			s.deniedModel(up, model, adapter)
+			return c.prefillDone(p, "fallback_wrong_model", start), true
+		}
 		c.engine = c.pd.prefill
 		c.prefillDone(p, "client_error", start)
-		up.inflight.Add(1) // relayBuffered ends an attempt
-		c.relayBuffered(ctx, up, resp, st)
+		up.inflight.Add(1) // relayRead ends an attempt
+		c.relayRead(ctx, up, resp, st, buf, rerr)
 		return "client_error", false
 	}
 	buf, rerr := readAll(resp)

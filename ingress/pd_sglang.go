@@ -58,6 +58,11 @@ var errNoBootstrap = errors.New("request needs several bootstrap rooms")
 // decode engine's health account (settle).
 type sglangLeg struct {
 	w *watch // links the decode leg's upstream connection (unpooled)
+	// model is what both legs were sent (call.sentModel), read by the
+	// prefill goroutine to tell a 404 denying it from a verdict on the
+	// request (wrongmodel.go); set before the goroutine starts.
+	model   string
+	adapter bool
 
 	mu       sync.Mutex
 	open     bool
@@ -73,6 +78,9 @@ type legResult struct {
 	status int    // the prefill engine's status; 0 without an answer
 	body   []byte // a 4xx answer, relayed when the decode leg was cut for it
 	ctype  []byte
+	// denied: the 404 said the engine does not serve the model, which is
+	// no verdict on the request: the next pair or aggregated serves it.
+	denied bool
 }
 
 // decodeFail is a decode leg that failed before its first byte: its
@@ -269,6 +277,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		return false, true, false
 	}
 	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
+	leg.model, leg.adapter = c.sentModel()
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	s.wg.Add(1)
 	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.forwardCopy(), charge, start)
@@ -277,7 +286,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		return true, false, false
 	}
 	res := leg.decodeFailed(s, fail)
-	if fail.cut && res.status >= 400 && res.status < 500 && res.status != fasthttp.StatusTooManyRequests {
+	if fail.cut && !res.denied && res.status >= 400 && res.status < 500 && res.status != fasthttp.StatusTooManyRequests {
 		// The prefill engine judged the request (4xx): relay its answer.
 		c.engine = pi.ID
 		c.status = res.status
@@ -289,7 +298,9 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		c.finish()
 		return true, false, false
 	}
-	return false, true, false
+	// A decode engine that denied the model is out of the ranking: the
+	// request is served aggregated on the next engine, not by another pair.
+	return false, fail.result != "wrong_model", false
 }
 
 // sglangDecode sends the decode leg and, once the decode engine answers
@@ -339,9 +350,23 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 		done, _ := c.relayBufferedOK(ctx, up, resp)
 		return done, decodeFail{}
 	case err == nil && !cut && st < 500 && st != fasthttp.StatusTooManyRequests:
-		s.m.attempts.WithLabelValues("status_4xx").Inc()
-		c.relayBuffered(ctx, up, resp, st)
-		return true, decodeFail{}
+		buf, rerr := readAll(resp)
+		if st != fasthttp.StatusNotFound || rerr != nil || !deniesModel(buf.Bytes(), leg.model) {
+			s.m.attempts.WithLabelValues("status_4xx").Inc()
+			c.relayRead(ctx, up, resp, st, buf, rerr)
+			return true, decodeFail{}
+		}
+		// The decode engine does not serve the model (wrongmodel.go): it
+		// leaves the model's requests, and the next pair or aggregated
+		// serves this one. Not counted as a failure besides.
+		bufPool.Put(buf)
+		s.m.attempts.WithLabelValues("wrong_model").Inc()
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		c.endAttempt(up)
+		s.deniedModel(up, leg.model, leg.adapter)
+		c.dropRanked(decode)
+		return false, decodeFail{result: "wrong_model"}
 	}
 	result := "status_5xx"
 	switch {
@@ -410,10 +435,17 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 			up.failures.Add(1)
 			s.health.observe(up, statusResult(res.status))
 		} else if buf, err := readAll(resp); err == nil {
-			res.body, res.ctype = bytes.Clone(buf.Bytes()), bytes.Clone(resp.Header.ContentType())
+			if res.status == fasthttp.StatusNotFound && deniesModel(buf.Bytes(), leg.model) {
+				res.result, res.denied = "failed_wrong_model", true
+			} else {
+				res.body, res.ctype = bytes.Clone(buf.Bytes()), bytes.Clone(resp.Header.ContentType())
+			}
 			bufPool.Put(buf)
 		}
 		_ = resp.CloseBodyStream()
+		if res.denied {
+			s.deniedModel(up, leg.model, leg.adapter) // the answer's connection is back in the pool
+		}
 		leg.cutDecode(res) // the engine rejected the request: no KV will come
 		return
 	}

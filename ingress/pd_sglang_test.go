@@ -132,6 +132,13 @@ func TestSGLangBothLegs(t *testing.T) {
 // was given is never filled.
 func fakeRejectingPrefill(t *testing.T, status int) (string, *atomic.Int64) {
 	t.Helper()
+	return fakeAnswering(t, status, `{"error":{"message":"prefill engine says no","type":"BadRequestError","code":`+strconv.Itoa(status)+`}}`)
+}
+
+// fakeAnswering is a FAKE engine's HTTP side answering every request with
+// status and body.
+func fakeAnswering(t *testing.T, status int, body string) (string, *atomic.Int64) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +149,7 @@ func fakeRejectingPrefill(t *testing.T, status int) (string, *atomic.Int64) {
 		n.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
-		io.WriteString(w, `{"error":{"message":"prefill engine says no","type":"BadRequestError","code":`+strconv.Itoa(status)+`}}`)
+		io.WriteString(w, body)
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
@@ -249,6 +256,69 @@ func TestSGLangPrefill4xxRelayed(t *testing.T) {
 	}
 	if l := cl.Decode[0].Load(0); l.Finished != 0 || !s.health.allowed("d0") || !s.health.allowed("p0") {
 		t.Fatalf("decode engine finished %d requests (want 0: its legs were cut); ejected d0 %v p0 %v", l.Finished, !s.health.allowed("d0"), !s.health.allowed("p0"))
+	}
+}
+
+// modelDenial is vLLM's and SGLang's 404 for a model the engine does not
+// serve.
+const modelDenial = "{\"error\":{\"message\":\"The model `m` does not exist.\",\"type\":\"NotFoundError\",\"code\":404}}"
+
+// TestSGLangPrefillDeniesModel: an SGLang prefill engine answering that it
+// does not serve the model cuts its decode leg as any failed prefill does,
+// but its 404 is not relayed: the request is served aggregated on the
+// decode engine, and the prefill engine is ejected (failed_wrong_model),
+// the decode engine not.
+func TestSGLangPrefillDeniesModel(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	base.PD.BootstrapTimeout = time.Hour
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	url, denied := fakeAnswering(t, http.StatusNotFound, modelDenial)
+	pe := pdEngine("p0", scheduler.RolePrefill, url)
+	pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, cl.Prefill[0].BootstrapAddr()
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pe, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	for i, stream := range []string{"false", "true"} {
+		st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"denied `+strings.Repeat("x ", 40+i)+`","max_tokens":3,"stream":`+stream+`}`)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	p := s.pdInit()
+	if n, f := denied.Load(), val(p.legs.WithLabelValues("prefill", "failed_wrong_model")); n != 1 || f != 1 {
+		t.Fatalf("prefill legs sent %d, counted failed_wrong_model %v; want 1 each (the denying engine is ejected)", n, f)
+	}
+	if s.health.allowed("p0") || !s.health.allowed("d0") {
+		t.Fatalf("ejected: prefill %v, decode %v; want only the denying prefill engine", !s.health.allowed("p0"), !s.health.allowed("d0"))
+	}
+}
+
+// TestSGLangDecodeDeniesModel: a decode engine answering that it does not
+// serve the model is ejected and the request is served aggregated on the
+// next engine, not relayed the 404 and not sent to the denying engine again.
+func TestSGLangDecodeDeniesModel(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	// The prefill leg waits for a decode engine that never joins its room:
+	// this bounds how long it holds its goroutine after the test's request.
+	base.PD.BootstrapTimeout = 2 * time.Second
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	url, denied := fakeAnswering(t, http.StatusNotFound, modelDenial)
+	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "dx", Policy: "fixed", Reason: "test",
+		Options: []pd.Choice{{Prefill: "p0", Decode: "dx"}, {Decode: "dx"}}}
+	c := testConfig()
+	s := startIngress(t, c, Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]),
+		pdEngine("dx", scheduler.RoleDecode, url), sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"decode denies `+strings.Repeat("x ", 40)+`","max_tokens":3}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if n, a := denied.Load(), val(s.m.attempts.WithLabelValues("wrong_model")); n != 1 || a != 1 {
+		t.Fatalf("the denying decode engine got %d requests, %v wrong_model attempts; want 1 each", n, a)
+	}
+	if s.health.allowed("dx") || !s.health.allowed("d0") || !s.health.allowed("p0") {
+		t.Fatalf("ejected: dx %v, d0 %v, p0 %v; want the denying decode engine alone", !s.health.allowed("dx"), !s.health.allowed("d0"), !s.health.allowed("p0"))
 	}
 }
 

@@ -29,9 +29,11 @@ import (
 // kv_transfer_params; any other request is answered as a normal completion
 // (streamed or not) and its kv_transfer_params are recorded.
 type fakePDEngine struct {
-	ln       net.Listener
-	srv      *http.Server
-	fail     bool // answer prefill legs with 500
+	ln   net.Listener
+	srv  *http.Server
+	fail bool // answer prefill legs with 500
+	// notFound, when set, is the body of a 404 answering prefill legs.
+	notFound atomic.Pointer[string]
 	prefills atomic.Int64
 	decodes  atomic.Int64
 	params   atomic.Value // string: the last decode leg's kv_transfer_params
@@ -83,6 +85,12 @@ func (f *fakePDEngine) serve(w http.ResponseWriter, r *http.Request) {
 		f.prefillB.Store(string(body))
 		if f.fail {
 			http.Error(w, `{"error":{"message":"boom"}}`, 500)
+			return
+		}
+		if nf := f.notFound.Load(); nf != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, *nf)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -199,6 +207,46 @@ func TestPDPrefillFailsFallsBack(t *testing.T) {
 	}
 	if kv := d.params.Load().(string); kv != "" {
 		t.Fatalf("fallback decode leg carried kv_transfer_params %s", kv)
+	}
+}
+
+// TestPDPrefillDeniesModel: a prefill engine answering that it does not
+// serve the model (it was swapped in place, or another engine took its
+// address) is not the request's fault: the request is served aggregated
+// on the decode engine, the prefill engine is ejected (the next request
+// sends it no leg), and the leg counts as fallback_wrong_model. A 404 that
+// does not name the model is the engine's verdict and is relayed.
+func TestPDPrefillDeniesModel(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	denial := "{\"error\":{\"message\":\"The model `m` does not exist.\",\"type\":\"NotFoundError\",\"code\":404}}"
+	p.notFound.Store(&denial)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	for i := range 2 {
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || d.params.Load().(string) != "" {
+			t.Fatalf("request %d: status %d engine %q decode params %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), d.params.Load(), b)
+		}
+	}
+	if n, f := p.prefills.Load(), val(s.pdInit().legs.WithLabelValues("prefill", "fallback_wrong_model")); n != 1 || f != 1 {
+		t.Fatalf("prefill legs sent %d, counted fallback_wrong_model %v; want 1 each (the denying engine is ejected)", n, f)
+	}
+	if s.health.allowed("p0") || !s.health.allowed("d0") {
+		t.Fatalf("ejected: prefill %v, decode %v; want only the denying prefill engine", !s.health.allowed("p0"), !s.health.allowed("d0"))
+	}
+
+	// Another 404, naming no model: relayed as the prefill engine's answer.
+	p2 := startFakePD(t, false)
+	other := `{"error":{"message":"no such route","type":"NotFoundError","code":404}}`
+	p2.notFound.Store(&other)
+	s2 := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p2.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 404 || hdr.Get("X-Kvmesh-Engine") != "p0" || string(b) != other {
+		t.Fatalf("status %d engine %q body %s; want the prefill engine's 404 relayed", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if !s2.health.allowed("p0") {
+		t.Fatal("a 404 naming no model ejected the prefill engine")
 	}
 }
 

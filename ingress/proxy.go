@@ -419,12 +419,6 @@ func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
 	return buf, err
 }
 
-// relayBuffered relays an engine's non-200 answer as it is.
-func (c *call) relayBuffered(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response, st int) {
-	buf, err := readAll(resp)
-	c.relayRead(ctx, up, resp, st, buf, err)
-}
-
 // relayRead relays an engine's non-200 answer whose body readAll read
 // (buf, err).
 func (c *call) relayRead(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.Response, st int, buf *bytes.Buffer, err error) {

@@ -57,6 +57,12 @@ func (c *call) sentModel() (model string, adapter bool) {
 // engine's verdict on the request and is relayed.
 func (c *call) noSuchModel(body []byte) bool {
 	model, _ := c.sentModel()
+	return deniesModel(body, model)
+}
+
+// deniesModel is noSuchModel for a body and the model it was sent: the P/D
+// legs' prefill goroutine (pd_sglang.go) has no call to read it from.
+func deniesModel(body []byte, model string) bool {
 	if model == "" || len(body) > maxNoSuchModelBody {
 		return false
 	}
@@ -130,21 +136,26 @@ func nameByte(b byte) bool {
 // outage to retry, and it names the engine by id only.
 func (c *call) wrongModel(up *upstream, resp *fasthttp.Response) error {
 	model, adapter := c.sentModel()
-	if adapter {
-		up.wrong.add(model, time.Now().Add(wrongAdapterTTL))
-	} else {
-		c.s.health.wrongModel(up, model)
-	}
 	cause := fmt.Errorf("engine %s answered 404: it does not serve the model %q", up.id, clip(model))
-	_ = c.attemptFailed(up, resp, "wrong_model", cause)
-	if !adapter {
-		// Its pooled connections lead to whatever holds the address now:
-		// a readmitted engine is dialled afresh (the answer's connection
-		// went back to the pool above).
-		up.hc.CloseIdleConnections()
-	}
+	_ = c.attemptFailed(up, resp, "wrong_model", cause) // the answer's connection goes back to the pool
+	c.s.deniedModel(up, model, adapter)
 	err := fmt.Errorf("%w: no live engine serves the model %q right now (engine %s answered that it does not serve it)", ErrNoEngine, clip(model), up.id)
 	return &upstreamError{msg: err.Error(), err: err}
+}
+
+// deniedModel takes up out of model's requests once it answered that it
+// does not serve it (its answer's connection already released): a base
+// model ejects the engine and closes its pooled connections, which lead to
+// whatever holds the address now (a readmitted engine is dialled afresh);
+// an adapter keeps the engine out of that adapter's requests for
+// wrongAdapterTTL. The P/D legs (pd.go, pd_sglang.go) call it too.
+func (s *Server) deniedModel(up *upstream, model string, adapter bool) {
+	if adapter {
+		up.wrong.add(model, time.Now().Add(wrongAdapterTTL))
+		return
+	}
+	s.health.wrongModel(up, model)
+	up.hc.CloseIdleConnections()
 }
 
 // wrongAdapters are the adapters one engine (one upstream: a new URL is a
