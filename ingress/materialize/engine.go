@@ -153,6 +153,10 @@ func (m *Materializer) tick(now time.Time) {
 	down := !m.downSince.IsZero()
 	for _, v := range engines {
 		e := m.engines[v.id]
+		if e != nil && v.model != "" && v.model != e.model {
+			m.changeModelLocked(e, v.model)
+			e = nil
+		}
 		if e == nil {
 			e = m.engine(v.id, v.model)
 			m.snapshotLocked(e, "discovered in gossip")

@@ -269,6 +269,28 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		m.snapshotLocked(e, "first sight")
 		return
 	}
+	if d.Model != "" && d.Model != e.model {
+		if m.cfg.Membership != nil {
+			// Gossip names the engine's model (tick switches when it
+			// changes): this sidecar serves the id's previous model, or its
+			// next one before gossip says so. Its snapshot covers the deltas.
+			m.met.otherModel.Inc()
+			return
+		}
+		if e.epochs.follow != 0 && (d.Epoch == e.epochs.follow || e.epochs.older(d.Epoch, d.EpochStart)) {
+			m.met.staleEpochs.Inc() // the previous model's sidecar, still running
+			return
+		}
+		// Without gossip a newer sidecar's deltas tell of the engine id's
+		// new model: its snapshot subject is the new model's.
+		m.changeModelLocked(e, d.Model)
+		e = m.engine(d.Engine, d.Model)
+		e.epochs.setFollow(d.Epoch, d.EpochStart)
+		e.followSeen = now
+		m.bufferLocked(e, d)
+		m.snapshotLocked(e, "model changed")
+		return
+	}
 	e.lastMsg = now
 	if e.epochs.follow == 0 { // discovered, its first epoch seen now: nothing to compare with
 		e.epochs.setFollow(d.Epoch, d.EpochStart)
@@ -355,6 +377,16 @@ func (m *Materializer) newsLocked(e *engineState, d *kvevents.Delta) bool {
 		}
 	}
 	return false
+}
+
+// changeModelLocked forgets e, whose id now serves model: its keys were
+// the previous model's, and its snapshots must be asked of the new model's
+// sidecar (the subject names the model).
+func (m *Materializer) changeModelLocked(e *engineState, model string) {
+	m.met.modelChanges.Inc()
+	m.log.Info("engine serves another model: its key set is dropped and the new model's snapshotted", "engine", e.id,
+		"model", model, "previous_model", e.model)
+	m.forgetLocked(e, "model changed")
 }
 
 func (m *Materializer) engine(id, model string) *engineState {

@@ -28,6 +28,10 @@ type metrics struct {
 	unlistedDropped prometheus.Counter
 	// aheadStamps: deltas stamped later than the local clock (host clocks skewed).
 	aheadStamps prometheus.Counter
+	// modelChanges: engines whose id came back serving another model.
+	modelChanges prometheus.Counter
+	// otherModel: deltas naming another model than the engine's, ignored.
+	otherModel prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -63,6 +67,10 @@ func newMetrics() *metrics {
 			"Deltas of engines gossip does not list, ignored because max unlisted such engines are known already."),
 		aheadStamps: c("deltas_stamped_ahead_total",
 			"Deltas applied whose sidecar's timestamp is later than this host's clock (the hosts' clocks disagree): not in the propagation lag histogram."),
+		modelChanges: c("engine_model_changes_total",
+			"Engines whose id came back serving another model (gossip, or without gossip a newer sidecar's deltas): the old key set dropped, the new model's snapshotted."),
+		otherModel: c("other_model_deltas_total",
+			"Deltas naming another model than gossip lists for their engine (a sidecar of the engine id's previous or next model), ignored."),
 	}
 	for _, r := range []string{"engine_limit", "byte_budget"} {
 		met.bufferDrops.WithLabelValues(r)
@@ -75,7 +83,7 @@ func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector,
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps, m.modelChanges, m.otherModel,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_buffered_bytes",
