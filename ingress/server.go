@@ -481,6 +481,8 @@ func (s *Server) shutdown() error {
 		defer cancel()
 		// Wait for in-service requests (streams included) before shutting the
 		// listener, so clients still mid-stream finish.
+		began, inflight := time.Now(), s.inflight.Load()
+		s.log.Info("draining", "inflight", inflight, "drain_timeout", s.cfg.DrainTimeout.String())
 		t := time.NewTicker(10 * time.Millisecond)
 	wait:
 		for s.inflight.Load() > 0 {
@@ -495,6 +497,9 @@ func (s *Server) shutdown() error {
 			}
 		}
 		t.Stop()
+		if ctx.Err() == nil {
+			s.log.Info("drained", "inflight_at_start", inflight, "took", time.Since(began).Round(time.Millisecond).String())
+		}
 		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer scancel()
 		if err := s.srv.ShutdownWithContext(sctx); err != nil {
@@ -566,6 +571,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.route(ctx)
+	if s.draining.Load() {
+		// Every answer while draining closes its connection (fasthttp sends
+		// the head after handle returns, streams' included): a keep-alive
+		// client reconnects, through its Service, to a live replica. Kept
+		// open, the connection took the drain's 503s until the drain ended
+		// and then broke under the client's next request.
+		ctx.SetConnectionClose()
+	}
 	if len(s.cfg.CORSOrigins) > 0 {
 		// After the answer is made, so error answers (writeError resets
 		// the response) carry them too; fasthttp sends the head after

@@ -196,12 +196,18 @@ func (m *Materializer) StaleFor() time.Duration {
 
 // waitConnected waits until the connection is up (a connection made in the
 // background, NATS started after this ingress); false when ctx ends first.
+// Until then the index is stale (empty): StaleFor counts from the wait's
+// start, so the stale alert fires for a replica that never reached NATS as
+// for one that lost it.
 func (m *Materializer) waitConnected(ctx context.Context) bool {
 	nc := m.cfg.Conn
 	if nc.IsConnected() {
 		return true
 	}
-	m.log.Info("waiting for nats before discovering engines")
+	m.mu.Lock()
+	m.downSince = time.Now()
+	m.mu.Unlock()
+	m.log.Warn("nats not reached yet: the index is empty, and stale, until it is; waiting before discovering engines")
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for !nc.IsConnected() {
@@ -211,6 +217,11 @@ func (m *Materializer) waitConnected(ctx context.Context) bool {
 		case <-t.C:
 		}
 	}
+	m.mu.Lock()
+	waited := time.Since(m.downSince)
+	m.downSince = time.Time{}
+	m.mu.Unlock()
+	m.log.Info("nats reached: discovering engines", "waited", waited.Round(time.Millisecond).String())
 	return true
 }
 

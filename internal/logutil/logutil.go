@@ -31,5 +31,16 @@ func New(w io.Writer, format string, level slog.Leveler) *slog.Logger {
 	if format == Text {
 		return slog.New(slog.NewTextHandler(w, o))
 	}
+	o.ReplaceAttr = durationText
 	return slog.New(slog.NewJSONHandler(w, o))
+}
+
+// durationText writes a duration as the text format does ("1.5s", "2m0s"),
+// not as JSON's integer nanoseconds: the same reading in both formats, and
+// what the components' own duration attributes use.
+func durationText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
