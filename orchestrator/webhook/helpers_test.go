@@ -172,6 +172,8 @@ func startWebhook(t testing.TB, kube kubernetes.Interface, cfg RunConfig) *insta
 		src.Log = cfg.Logger
 	case *GeneratedSource:
 		src.Log = cfg.Logger
+	case *DirSource:
+		src.Log = cfg.Logger
 	}
 	run := testutil.Run(t, "webhook", func(ctx context.Context) error { return Run(ctx, kube, cfg) }, nil)
 	select {

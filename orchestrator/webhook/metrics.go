@@ -27,12 +27,20 @@ var (
 	certNotAfter = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kvmesh_webhook_certificate_expiry_timestamp_seconds", Help: "When the serving certificate expires (Unix time).",
 	})
+	certValid = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvmesh_webhook_certificate_valid",
+		Help: "1 while the served certificate verifies against its CA bundle (unexpired, signed by it), else 0 (/readyz fails). Set when one is loaded and on every /readyz.",
+	})
+	tlsHandshakeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_webhook_tls_handshake_errors_total",
+		Help: "TLS handshakes with the webhook server that failed (the API server refusing the certificate served, a client leaving mid-handshake, a scanner).",
+	})
 )
 
 // Register adds the webhook's metrics to r.
 func Register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{reviews, registered, registrationErrors, certErrors, certReloads, certNotAfter} {
+	for _, c := range []prometheus.Collector{reviews, registered, registrationErrors, certErrors, certReloads, certNotAfter, certValid, tlsHandshakeErrors} {
 		errs = append(errs, r.Register(c))
 	}
 	return errors.Join(errs...)

@@ -133,14 +133,21 @@ func wrap(err error) error {
 // registrar keeps the configuration trusting the certificate being served:
 // it registers the CA bundle of the first certificate and of every new one,
 // and again whenever the configuration stops holding it (replaced, deleted,
-// its caBundle emptied: it watches the one configuration by name). Failures
-// are retried with backoff; each is logged at once and counted
+// its caBundle emptied: it watches the one configuration by name). It also
+// decides when a certificate the source published is served: at once when
+// the registered bundle trusts it (a renewal by the same CA), else only
+// after a bundle holding its CAs and the served certificate's unexpired
+// ones is registered, so that no handshake in between presents a
+// certificate the API server does not trust (and a replica still serving
+// the old one stays trusted). A served certificate that is not registered
+// or no longer verifies holds nothing back. Failures are retried with
+// backoff; each is logged at once and counted
 // (kvmesh_webhook_registration_errors_total), and readiness fails until the
 // served bundle is registered.
 type registrar struct {
 	kube   kubernetes.Interface
 	target Target
-	store  *certStore // run is the only reader of store.changed
+	store  *certStore // run is the only reader of store.changed and the only caller of store.serve
 	log    *slog.Logger
 	// onRegistered, if set, is called after the first registration.
 	onRegistered func()
@@ -148,6 +155,8 @@ type registrar struct {
 	mu      sync.Mutex // guards bundle and lastErr
 	bundle  []byte     // registered CA bundle; nil when not (or no longer) in place
 	lastErr error      // of the last failed attempt
+
+	servedFrom *Certs // the published certificate the served one is (run's)
 }
 
 // run registers until ctx ends; it owns the configuration's informer.
@@ -195,8 +204,12 @@ func (r *registrar) run(ctx context.Context) {
 		case <-retry:
 		}
 		retry = nil
-		c := r.store.current()
-		if c == nil || r.registered(c.CABundle) {
+		c, from := r.next(time.Now())
+		if c == nil {
+			continue
+		}
+		if r.registered(c.CABundle) {
+			r.serve(c, from)
 			continue
 		}
 		err := Ensure(ctx, r.kube, r.target, c.CABundle)
@@ -213,13 +226,16 @@ func (r *registrar) run(ctx context.Context) {
 		if err != nil {
 			wait := retryBackoff.Delay(attempts)
 			attempts++
-			registered.Set(0)
+			if !r.registered(r.store.current().CABundle) {
+				registered.Set(0)
+			}
 			registrationErrors.Inc()
 			r.log.Error("sidecar webhook not registered; "+unregisteredEffect(err, r.target.FailOpen),
 				"err", err, "attempt", attempts, "retryIn", wait)
 			retry = time.After(wait)
 			continue
 		}
+		r.serve(c, from)
 		attempts = 0
 		registered.Set(1)
 		r.log.Info("sidecar webhook registered", "configuration", ConfigName, "caBundleBytes", len(c.CABundle))
@@ -228,6 +244,33 @@ func (r *registrar) run(ctx context.Context) {
 		}
 		first = false
 	}
+}
+
+// next is the certificate to serve and register, and the published one it
+// is made of. A published certificate the registered bundle does not trust
+// is not served yet while the served one verifies and is registered: next
+// returns it with the served bundle's CAs added, to be served once that
+// bundle is registered. Otherwise it serves the published certificate at
+// once (nil: none yet).
+func (r *registrar) next(now time.Time) (c, from *Certs) {
+	cur, pub := r.store.current(), r.store.latest.Load()
+	if pub == nil || pub == r.servedFrom {
+		return cur, r.servedFrom
+	}
+	if cur == nil || bytes.Equal(pub.CABundle, cur.CABundle) || !r.registered(cur.CABundle) ||
+		cur.verify(cur.CABundle, now) != nil || pub.verify(cur.CABundle, now) == nil {
+		r.serve(pub, pub)
+		return pub, pub
+	}
+	staged := *pub
+	staged.CABundle = withCAs(pub.CABundle, cur.CABundle, now)
+	return &staged, pub
+}
+
+// serve presents c, made of the published from.
+func (r *registrar) serve(c, from *Certs) {
+	r.store.serve(c)
+	r.servedFrom = from
 }
 
 // heldBundle is the CA bundle a configuration object holds (nil for none).
@@ -264,12 +307,18 @@ func (r *registrar) registered(bundle []byte) bool {
 	return r.bundle != nil && bytes.Equal(r.bundle, bundle)
 }
 
-// ready is nil once the served certificate's bundle is registered.
+// ready is nil once the served certificate verifies and its bundle is
+// registered; it sets kvmesh_webhook_certificate_valid.
 func (r *registrar) ready() error {
 	c := r.store.current()
 	if c == nil {
 		return errors.New("no certificate yet")
 	}
+	if err := c.verify(c.CABundle, time.Now()); err != nil {
+		certValid.Set(0)
+		return fmt.Errorf("the served certificate does not verify: %w", err)
+	}
+	certValid.Set(1)
 	if r.registered(c.CABundle) {
 		return nil
 	}

@@ -3,19 +3,25 @@ package webhook
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // Path is where the webhook is served.
@@ -131,13 +137,62 @@ func listen(addr string, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, e
 		}
 		w.WriteHeader(http.StatusOK)
 	})
+	var log *slog.Logger
+	if wh, ok := h.(*Handler); ok {
+		log = wh.Log
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		TLSConfig:         &tls.Config{GetCertificate: getCert, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
+		ErrorLog:          stdlog.New(&serverLog{log: logger(log), getCert: getCert}, "", 0),
 	}
 	return &Server{srv: srv, ln: ln}, nil
+}
+
+// handshakeWarnEvery bounds the warning of failed TLS handshakes.
+const handshakeWarnEvery = time.Minute
+
+// serverLog is the webhook server's ErrorLog, so that net/http's lines go
+// through slog (--log-format, --log-level). A failed TLS handshake is
+// counted (kvmesh_webhook_tls_handshake_errors_total) and logged at debug;
+// one a client did not merely abandon is also warned of, once per
+// handshakeWarnEvery, with the served certificate's expiry and issuer (the
+// API server says why it refused it only in its own answer). Anything else
+// net/http reports is logged at error.
+type serverLog struct {
+	log      *slog.Logger
+	getCert  func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	lastWarn atomic.Int64 // monotime of the last warning; 0: never
+}
+
+func (l *serverLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	rest, ok := strings.CutPrefix(msg, "http: TLS handshake error from ")
+	if !ok {
+		l.log.Error("webhook server", "err", msg)
+		return len(p), nil
+	}
+	tlsHandshakeErrors.Inc()
+	client, reason, _ := strings.Cut(rest, ": ")
+	l.log.Debug("TLS handshake with the webhook failed", "client", client, "err", reason)
+	if reason == "EOF" || strings.Contains(reason, "connection reset") || strings.Contains(reason, "timeout") {
+		return len(p), nil // a client gone or slow, not the certificate's doing
+	}
+	now, last := monotime.Now(), l.lastWarn.Load()
+	if last != 0 && now-last < int64(handshakeWarnEvery) || !l.lastWarn.CompareAndSwap(last, now) {
+		return len(p), nil
+	}
+	attrs := []any{"client", client, "err", reason}
+	if c, err := l.getCert(nil); err == nil && len(c.Certificate) > 0 {
+		if leaf, err := x509.ParseCertificate(c.Certificate[0]); err == nil {
+			attrs = append(attrs, "servedNotAfter", leaf.NotAfter.UTC().Format(time.RFC3339), "servedIssuer", leaf.Issuer.String())
+		}
+	}
+	l.log.Warn("TLS handshake with the webhook failed (more within "+handshakeWarnEvery.String()+
+		" are only counted: kvmesh_webhook_tls_handshake_errors_total)", attrs...)
+	return len(p), nil
 }
 
 // Addr is the bound address.
