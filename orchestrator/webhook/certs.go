@@ -102,16 +102,35 @@ func LoadCerts(dir string) (*Certs, error) {
 // chain the bundle trusts, and returns when it should be renewed (two thirds
 // into the serving certificate's lifetime).
 func (c *Certs) Check(hosts []string, now time.Time) (renewAt time.Time, err error) {
+	leaf, err := c.verifyChain(c.CABundle, hosts, now)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return renewalTime(leaf), nil
+}
+
+// verify checks that bundle trusts c's chain at now for a server (whatever
+// the host name: a source checks those). It is the served certificate's
+// verdict for /readyz and kvmesh_webhook_certificate_valid, and tells the
+// registrar whether a registered bundle already trusts a new certificate.
+func (c *Certs) verify(bundle []byte, now time.Time) error {
+	_, err := c.verifyChain(bundle, nil, now)
+	return err
+}
+
+// verifyChain checks that bundle trusts c's chain at now for a server, for
+// every host (none: any host name), and returns the leaf.
+func (c *Certs) verifyChain(bundle []byte, hosts []string, now time.Time) (*x509.Certificate, error) {
 	if len(c.Cert.Certificate) == 0 {
-		return time.Time{}, fmt.Errorf("%w: no certificate", ErrCertificate)
+		return nil, fmt.Errorf("%w: no certificate", ErrCertificate)
 	}
 	leaf, err := x509.ParseCertificate(c.Cert.Certificate[0])
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%w: %w", ErrCertificate, err)
+		return nil, fmt.Errorf("%w: %w", ErrCertificate, err)
 	}
 	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(c.CABundle) {
-		return time.Time{}, fmt.Errorf("%w: the CA bundle holds no certificate", ErrCertificate)
+	if !roots.AppendCertsFromPEM(bundle) {
+		return nil, fmt.Errorf("%w: the CA bundle holds no certificate", ErrCertificate)
 	}
 	inter := x509.NewCertPool()
 	for _, der := range c.Cert.Certificate[1:] {
@@ -119,14 +138,19 @@ func (c *Certs) Check(hosts []string, now time.Time) (renewAt time.Time, err err
 			inter.AddCert(ic)
 		}
 	}
-	for _, h := range hosts {
-		_, err := leaf.Verify(x509.VerifyOptions{DNSName: h, Roots: roots, Intermediates: inter, CurrentTime: now,
-			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-		if err != nil {
-			return time.Time{}, fmt.Errorf("%w: for %s: %w", ErrCertificate, h, err)
+	opts := x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	if len(hosts) == 0 {
+		if _, err := leaf.Verify(opts); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrCertificate, err)
 		}
 	}
-	return renewalTime(leaf), nil
+	for _, h := range hosts {
+		opts.DNSName = h
+		if _, err := leaf.Verify(opts); err != nil {
+			return nil, fmt.Errorf("%w: for %s: %w", ErrCertificate, h, err)
+		}
+	}
+	return leaf, nil
 }
 
 func renewalTime(c *x509.Certificate) time.Time {

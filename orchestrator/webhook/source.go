@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/pem"
 	"errors"
-	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync/atomic"
@@ -81,35 +79,6 @@ func (s *certStore) serve(c *Certs) {
 	}
 	certValid.Set(1)
 	s.log.Info("webhook certificate loaded", "notAfter", notAfter)
-}
-
-// verify checks that bundle trusts c's chain at now for a server (whatever
-// the host name: a source checks those). It is the served certificate's
-// verdict for /readyz and kvmesh_webhook_certificate_valid, and tells the
-// registrar whether a registered bundle already trusts a new certificate.
-func (c *Certs) verify(bundle []byte, now time.Time) error {
-	if len(c.Cert.Certificate) == 0 {
-		return fmt.Errorf("%w: no certificate", ErrCertificate)
-	}
-	leaf, err := x509.ParseCertificate(c.Cert.Certificate[0])
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrCertificate, err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(bundle) {
-		return fmt.Errorf("%w: the CA bundle holds no certificate", ErrCertificate)
-	}
-	inter := x509.NewCertPool()
-	for _, der := range c.Cert.Certificate[1:] {
-		if ic, err := x509.ParseCertificate(der); err == nil {
-			inter.AddCert(ic)
-		}
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		return fmt.Errorf("%w: %w", ErrCertificate, err)
-	}
-	return nil
 }
 
 // withCAs is bundle followed by the CAs of old that are unexpired at now and
