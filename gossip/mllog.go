@@ -2,8 +2,10 @@ package gossip
 
 import (
 	"context"
+	"encoding/json"
 	"log"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -19,10 +21,12 @@ import (
 //
 // Two kinds of [ERR]/[WARN] line are what a restart looks like, not a
 // fault, and are logged lower (mlLevel): a member restarted under its old
-// name (a fixed --id) refutes, while it starts, the dead or suspect state
-// its previous run left in the cluster; and a node that is stopping has
-// its own sockets closed under memberlist's last sends and reads (and its
-// dials cancelled: transport.go ends them with the node).
+// name (a fixed --id) refutes, while it starts, the dead, suspect or (its
+// previous run killed, not left) alive state that run left in the cluster;
+// and a node that is stopping has its own sockets closed under
+// memberlist's last sends and reads (and its dials cancelled: transport.go
+// ends them with the node). The metadata memberlist prints as decimal byte
+// lists in a refuted alive message is rewritten as its JSON text.
 type mlLog struct {
 	log *slog.Logger
 	now func() time.Time
@@ -62,19 +66,25 @@ func newMLLogger(l *slog.Logger, stopped <-chan struct{}) *log.Logger {
 const (
 	mlRefuteDead    = "Refuting a dead message"
 	mlRefuteSuspect = "Refuting a suspect message"
-	mlClosedConn    = "use of closed network connection" // net.ErrClosed: a socket this process closed
-	mlDialCanceled  = "operation was canceled"           // a dial of transport.go's, cancelled by the node's stop
+	// mlRefuteAlive is followed by "for '%s' (%v:%d) meta:(%v VS %v),
+	// vsn:(%v VS %v)": the refuted message's metadata, then this node's.
+	mlRefuteAlive  = "Refuting an alive message"
+	mlClosedConn   = "use of closed network connection" // net.ErrClosed: a socket this process closed
+	mlDialCanceled = "operation was canceled"           // a dial of transport.go's, cancelled by the node's stop
 )
 
 // mlLevel is the level of a memberlist line tagged at level: the restart
-// noise described at mlLog lower, everything else as tagged. "Refuting an
-// alive message" is not noise: another process claims this member's name
-// (a duplicate --id), and stays at warn.
-func (w *mlLog) mlLevel(level slog.Level, msg string) slog.Level {
+// noise described at mlLog lower, everything else as tagged. previous says
+// the line refutes an alive message of this member's previous run
+// (refutedAlive): at info within the start grace. Any other refuted alive
+// message, or one after the grace (the other process keeps claiming the
+// name: a duplicate --id), stays at warn.
+func (w *mlLog) mlLevel(level slog.Level, msg string, previous bool) slog.Level {
 	if level < slog.LevelWarn {
 		return level
 	}
-	if (strings.HasPrefix(msg, mlRefuteDead) || strings.HasPrefix(msg, mlRefuteSuspect)) && w.now().Sub(w.started) < mlRefuteGrace {
+	inGrace := w.now().Sub(w.started) < mlRefuteGrace
+	if (strings.HasPrefix(msg, mlRefuteDead) || strings.HasPrefix(msg, mlRefuteSuspect) || previous) && inGrace {
 		return slog.LevelInfo
 	}
 	if (strings.Contains(msg, mlClosedConn) || strings.Contains(msg, mlDialCanceled)) && w.stopping() {
@@ -106,7 +116,8 @@ func (w *mlLog) Write(p []byte) (int, error) {
 		}
 	}
 	msg = strings.TrimPrefix(msg, "memberlist: ")
-	level = w.mlLevel(level, msg)
+	msg, previous := refutedAlive(msg)
+	level = w.mlLevel(level, msg, previous)
 	ctx := context.Background()
 	if !w.log.Enabled(ctx, level) {
 		return len(p), nil
@@ -152,6 +163,59 @@ func (w *mlLog) Write(p []byte) (int, error) {
 		w.log.Log(ctx, level, msg, "from", "memberlist")
 	}
 	return len(p), nil
+}
+
+// refutedAlive rewrites a "Refuting an alive message" line's metadata,
+// which memberlist prints as decimal byte lists ("meta:([123 34 ...] VS
+// [...])"), as the JSON text it is, and reports whether the refuted
+// metadata is this member's previous run: the same role and id as this
+// node's, another generation. Other lines, and metadata that is not a
+// byte list of JSON, are returned as they are.
+func refutedAlive(msg string) (string, bool) {
+	if !strings.HasPrefix(msg, mlRefuteAlive) {
+		return msg, false
+	}
+	const open, vs, end = "meta:([", "] VS [", "])"
+	i := strings.Index(msg, open)
+	if i < 0 {
+		return msg, false
+	}
+	rest := msg[i+len(open):]
+	theirs, rest, ok := strings.Cut(rest, vs)
+	if !ok {
+		return msg, false
+	}
+	ours, tail, ok := strings.Cut(rest, end)
+	if !ok {
+		return msg, false
+	}
+	a, okA := decimalBytes(theirs)
+	b, okB := decimalBytes(ours)
+	if !okA || !okB || !json.Valid(a) || !json.Valid(b) {
+		return msg, false
+	}
+	out := msg[:i] + "meta:(" + string(a) + " VS " + string(b) + ")" + tail
+	ma, errA := decodeMeta(a)
+	mb, errB := decodeMeta(b)
+	previous := errA == nil && errB == nil && ma.Role == mb.Role && ma.ID == mb.ID && ma.Gen != mb.Gen
+	if previous {
+		out += " (previous incarnation)"
+	}
+	return out, previous
+}
+
+// decimalBytes reads "123 34 114" (fmt's %v of a []byte) as bytes.
+func decimalBytes(s string) ([]byte, bool) {
+	f := strings.Fields(s)
+	b := make([]byte, 0, len(f))
+	for _, x := range f {
+		v, err := strconv.ParseUint(x, 10, 8)
+		if err != nil {
+			return nil, false
+		}
+		b = append(b, byte(v))
+	}
+	return b, true
 }
 
 // mlKindOf names a message's kind: its first three words before any ':',
