@@ -128,6 +128,12 @@ type Subscriber struct {
 	once sync.Once
 	err  error // why the loop stopped; written before done is closed
 
+	// probeReq carries Probe's requests to the socket loop, each with the
+	// channel (cap 1) that gets the stream position after the probe.
+	probeReq chan chan uint64
+	// emitted counts the messages queued for Next (socket loop only).
+	emitted uint64
+
 	st subscriberCounters
 }
 
@@ -148,6 +154,8 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		kept: make([]int, cfg.QueueSize+2),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
+		// Unbuffered: the socket loop takes a request between polls.
+		probeReq: make(chan chan uint64),
 	}
 	if err := s.open(); err != nil {
 		s.closeSockets()
@@ -255,6 +263,35 @@ func (s *Subscriber) Next(ctx context.Context) (Message, error) {
 // Stats returns the counters.
 func (s *Subscriber) Stats() SubscriberStats { return s.st.snapshot() }
 
+// Probe replays every rank with a replay socket from its next seq now, as
+// an idle probe does, with the longer probe interval of failed replays
+// forgotten: for an engine that answers again after an outage, whose
+// restart only the replay shows when it came back idle. A rank with live
+// messages waiting is left to them. It returns once the probe's messages
+// (a reset, the new incarnation's batches) are queued for Next, with the
+// number of messages queued since the start: the consumer has applied what
+// the probe found once it has taken that many. Without replay sockets it
+// probes nothing and returns the position at once. It fails when ctx ends
+// first or the subscriber is closed.
+func (s *Subscriber) Probe(ctx context.Context) (uint64, error) {
+	r := make(chan uint64, 1)
+	select {
+	case s.probeReq <- r:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-s.done:
+		return 0, fmt.Errorf("probe: %w", ErrClosed)
+	}
+	select {
+	case pos := <-r:
+		return pos, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-s.done:
+		return 0, fmt.Errorf("probe: %w", ErrClosed)
+	}
+}
+
 // Close stops the socket loop and closes every socket. Messages still
 // queued are discarded. It is idempotent.
 func (s *Subscriber) Close() error {
@@ -319,6 +356,14 @@ func (s *Subscriber) loop() {
 		if s.cfg.loopHook != nil {
 			s.cfg.loopHook(s)
 		}
+		select {
+		case r := <-s.probeReq:
+			if err := s.probeNow(); err != nil {
+				return // errStopped
+			}
+			r <- s.emitted
+		default:
+		}
 		if err := s.probeIdle(); err != nil {
 			return // errStopped
 		}
@@ -364,17 +409,39 @@ func (s *Subscriber) probeIdle() error {
 		if rs.dealer == nil || now.Sub(rs.lastMsg) < s.probeInterval(rs) || pendingInput(rs) {
 			continue
 		}
-		rs.lastMsg = now
-		s.st.probes.Add(1)
-		from := uint64(0)
-		if rs.has {
-			from = rs.last + 1
-		}
-		if err := s.recover(rs, from, noLive); err != nil {
+		if err := s.probe(rs, now); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// probeNow is Probe's work in the socket loop: every rank with a replay
+// socket and no live messages waiting, quiet or not, from the normal
+// probe interval on.
+func (s *Subscriber) probeNow() error {
+	now := time.Now()
+	for _, rs := range s.ranks {
+		if rs.dealer == nil || pendingInput(rs) {
+			continue
+		}
+		rs.replayFails = 0
+		if err := s.probe(rs, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// probe replays rs from its next seq (from 0 before any).
+func (s *Subscriber) probe(rs *rankState, now time.Time) error {
+	rs.lastMsg = now
+	s.st.probes.Add(1)
+	from := uint64(0)
+	if rs.has {
+		from = rs.last + 1
+	}
+	return s.recover(rs, from, noLive)
 }
 
 // pendingInput reports whether rs's SUB socket has a message waiting.
@@ -564,6 +631,7 @@ func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed
 func (s *Subscriber) emit(m Message) error {
 	select {
 	case s.out <- m:
+		s.emitted++
 		return nil
 	case <-s.quit:
 		return errStopped

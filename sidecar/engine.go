@@ -89,6 +89,11 @@ type engine struct {
 	modelMismatch string
 	// lastBlockSize is the last non-zero block size in effect (checkBlockSize).
 	lastBlockSize int
+	// sub is the running event loop's subscriber (nil while none runs);
+	// taken is how many of its messages were applied and flushed
+	// (awaitProbe compares it with a Probe's stream position).
+	sub   *kvevents.Subscriber
+	taken uint64
 }
 
 func newEngine(s *Sidecar, cfg EngineConfig) *engine {
@@ -159,14 +164,16 @@ func (e *engine) run(ctx context.Context) error {
 		e.flushLocked()
 	}
 	e.started, e.running = true, true
+	e.sub, e.taken = sub, 0
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
-		e.running = false
+		e.running, e.sub = false, nil
 		e.mu.Unlock()
 	}()
 	window := e.s.cfg.BatchWindow
-	warned := false
+	var nolive noLiveWatch
+	taken := uint64(0)
 	for {
 		m, err := sub.Next(ctx)
 		if err != nil {
@@ -175,29 +182,28 @@ func (e *engine) run(ctx context.Context) error {
 			}
 			return err
 		}
-		if !warned {
-			// Batches that only ever come from the idle probe's replay mean
-			// the live PUB/SUB link is missing: both sides connect.
-			if st := sub.Stats(); st.Received == 0 && st.Replayed > 0 && st.Probes >= 2 {
-				warned = true
-				e.log.Warn("KV events arrive only through replay probes, not live: the engine's PUB endpoint is probably connected to rather than bound; give the engine tcp://*:PORT or run the sidecar with --bind-events")
-			}
-		}
+		e.watchLive(&nolive, m, sub.Stats())
 		e.mu.Lock()
 		e.handle(m)
+		taken++
 		// Take what else arrives within the window into the same delta.
 		for e.st.pendingKeys < e.s.cfg.MaxDeltaKeys && window > 0 {
 			e.mu.Unlock()
 			wctx, cancel := context.WithTimeout(ctx, window)
 			m, err = sub.Next(wctx)
 			cancel()
+			if err == nil {
+				e.watchLive(&nolive, m, sub.Stats())
+			}
 			e.mu.Lock()
 			if err != nil {
 				break
 			}
 			e.handle(m)
+			taken++
 		}
 		e.flushLocked()
+		e.taken = taken
 		e.mu.Unlock()
 		if err != nil && ctx.Err() != nil {
 			return nil
@@ -206,6 +212,59 @@ func (e *engine) run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// noLiveProbes idle probes that each found new batches, with no live batch
+// ever received and no restart since the first, make the "events arrive
+// only through replay probes" warning: one probe finding batches is what an
+// idle engine's restart can look like (its first batches published before
+// its PUB socket connected); several are an engine publishing all along.
+const noLiveProbes = 3
+
+// noLiveWatch follows one subscriber's messages for the warning that
+// batches come only from idle probes, never live (watchLive).
+type noLiveWatch struct {
+	warned bool
+	// lastProbe is the probe count credited last; skipThrough the probe
+	// count up to which replayed batches are a restart's or a hole's
+	// recovery, not new batches found by a probe.
+	lastProbe, skipThrough uint64
+	// found counts the probes that found new batches since the last
+	// restart or hole.
+	found int
+}
+
+// watchLive warns, once per subscriber, when the engine's batches keep
+// arriving only through idle probes: the live PUB/SUB link is missing. It
+// looks at each message m with the subscriber's counters st as m is taken.
+// Batches replayed at start (before any probe) or after a restart or a hole
+// are not counted: an idle engine's restart, found by a probe and replayed
+// from 0, is no sign of miswiring. The advice depends on the side binding.
+func (e *engine) watchLive(w *noLiveWatch, m kvevents.Message, st kvevents.SubscriberStats) {
+	if w.warned || st.Received > 0 {
+		return
+	}
+	switch {
+	case m.Kind == kvevents.MsgReset || m.Kind == kvevents.MsgLostHistory:
+		w.skipThrough, w.found = st.Probes, 0
+		return
+	case m.Kind != kvevents.MsgBatch || !m.Replayed:
+		return
+	case st.Probes <= w.skipThrough || st.Probes == w.lastProbe:
+		return // the start's replay, a restart's, or a probe already counted
+	}
+	w.lastProbe = st.Probes
+	if w.found++; w.found < noLiveProbes {
+		return
+	}
+	w.warned = true
+	if e.cfg.Bind {
+		e.log.Warn("KV events arrive only through replay probes, not live: the sidecar binds its events endpoint (--bind-events) but the engine's PUB socket does not connect to it; give the engine this sidecar's address as tcp://HOST:PORT (no wildcard, so it connects), or bind the engine (tcp://*:PORT) and run the sidecar without --bind-events",
+			"events", e.cfg.Events, "probes", st.Probes, "replayed", st.Replayed)
+		return
+	}
+	e.log.Warn("KV events arrive only through replay probes, not live: the engine's PUB endpoint is probably connected to rather than bound; give the engine tcp://*:PORT or run the sidecar with --bind-events",
+		"events", e.cfg.Events, "probes", st.Probes, "replayed", st.Replayed)
 }
 
 // handle applies one subscriber message. Caller holds mu.

@@ -97,12 +97,13 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 			// The engine's HTTP server is alive but serves no metrics (SGLang
 			// without --enable-metrics): ready, load unknown (as with
 			// --metrics-url -), not a dead engine.
-			back := e.scrapeFails >= unreadyScrapeFails
-			e.load, e.scrapeFails, e.scrapeErr = Load{}, 0, ""
+			back, failed := e.scrapeFails >= unreadyScrapeFails, e.scrapeFails > 0
+			e.load = Load{}
 			e.mu.Unlock()
 			e.c.metricsMissing.Add(1)
+			checked := e.answersAgain(ctx, failed)
 			if back {
-				e.log.Info("engine answering again (no metrics): gossiped as ready")
+				e.log.Info("engine answering again (no metrics): gossiped as ready", "restart_checked", checked)
 			}
 			if !e.warnedNoMetrics {
 				e.warnedNoMetrics = true
@@ -124,18 +125,78 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 					"url", natsutil.RedactURL(url), "failed_scrapes", unreadyScrapeFails, "err", err)
 			}
 		} else {
-			back := e.scrapeFails >= unreadyScrapeFails
+			back, failed := e.scrapeFails >= unreadyScrapeFails, e.scrapeFails > 0
 			since := e.unreadySince
 			l.Scraped = time.Now()
-			e.load, e.scrapeFails, e.scrapeErr = l, 0, ""
+			e.load = l
 			e.mu.Unlock()
+			checked := e.answersAgain(ctx, failed)
 			if back {
-				e.log.Info("engine answering its metrics again: gossiped as ready", "unready_for", time.Since(since).Round(time.Millisecond))
+				e.log.Info("engine answering its metrics again: gossiped as ready", "unready_for", time.Since(since).Round(time.Millisecond),
+					"restart_checked", checked)
 			}
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-t.C:
+		}
+	}
+}
+
+// restartCheckTimeout bounds how long an engine answering again after an
+// outage stays not ready while the replay probe looks for its restart: a
+// replay socket that does not answer (or none) must not keep it out.
+const restartCheckTimeout = 5 * time.Second
+
+// answersAgain is a good scrape after failed ones (failed): the engine may
+// have restarted meanwhile with an empty cache, which its events show only
+// at its next batch or the next idle probe (up to a minute away after the
+// outage's failed replays). So the event loop's subscriber probes now and
+// the sidecar waits until the loop has applied what the probe found (a
+// restart drops the dead engine's keys), bounded by restartCheckTimeout;
+// then the failed scrapes are forgotten, which makes the engine ready
+// again. It reports whether the probe's findings were applied in time.
+func (e *engine) answersAgain(ctx context.Context, failed bool) bool {
+	checked := false
+	if failed {
+		checked = e.checkRestart(ctx)
+	}
+	e.mu.Lock()
+	e.scrapeFails, e.scrapeErr = 0, ""
+	e.mu.Unlock()
+	return checked
+}
+
+// checkRestart runs a replay probe on the running subscriber and waits
+// until the event loop has applied and published its messages.
+func (e *engine) checkRestart(ctx context.Context) bool {
+	e.mu.Lock()
+	sub := e.sub
+	e.mu.Unlock()
+	if sub == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, restartCheckTimeout)
+	defer cancel()
+	pos, err := sub.Probe(ctx)
+	if err != nil {
+		e.log.Debug("engine restart check by replay probe failed", "err", err)
+		return false
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		e.mu.Lock()
+		same, applied := e.sub == sub, e.taken >= pos
+		e.mu.Unlock()
+		if !same || applied {
+			return same
+		}
+		select {
+		case <-ctx.Done():
+			e.log.Debug("engine restart check: the event loop did not apply the probe in time", "timeout", restartCheckTimeout)
+			return false
 		case <-t.C:
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -80,7 +81,10 @@ func New(cfg Config) (*Sidecar, error) {
 			s.gather = g
 		}
 	} else {
+		// The process's own registry: with the Go runtime and process
+		// collectors, as the ingress's (a given Registerer has its owner's).
 		r := prometheus.NewRegistry()
+		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		s.reg, s.gather = r, r
 	}
 	for _, ec := range cfg.Engines {
