@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -24,6 +25,17 @@ import (
 // is not larger: the request id an engine echoes is bounded apart
 // (maxRequestID).
 const maxUpstreamHead = 16 << 10
+
+// maxConnAge bounds how long an upstream connection is reused. A pool is
+// per engine URL and its host name is resolved only when a connection is
+// dialled, so without a bound a name (a Service, a headless Service's
+// record) that moves to another address while the old one still accepts
+// would keep every request on the old address for as long as traffic keeps
+// the connections busy. A connection past its age carries one more request,
+// sent with "Connection: close", and is closed when that answer ends
+// (fasthttp's MaxConnDuration): a connection in use, a stream above all, is
+// never cut. A minute costs one dial per connection per minute.
+const maxConnAge = 60 * time.Second
 
 // upstream is one engine's connection pool and this replica's in-flight
 // count for it, keyed by engine id (and URL: an engine that moves gets a new
@@ -110,6 +122,9 @@ type upstreams struct {
 	// dialFault replaces the engines' dial in tests (a fake local error
 	// such as EMFILE); nil in production. Set before the first request.
 	dialFault func(addr string) (net.Conn, error)
+	// connAge replaces maxConnAge in tests (0: maxConnAge). Set before
+	// the first request.
+	connAge time.Duration
 }
 
 func newUpstreams(cfg *Config) *upstreams {
@@ -198,6 +213,7 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 		Name:                          "kvmesh-ingress",
 		MaxConns:                      cfg.MaxConnsPerEngine,
 		MaxIdleConnDuration:           5 * time.Second, // also how long a closed client's cleaner lingers
+		MaxConnDuration:               cmp.Or(u.connAge, maxConnAge),
 		StreamResponseBody:            true,
 		DisableHeaderNamesNormalizing: false,
 		// An answer's head may be long (an engine or a proxy in front of
