@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,7 +32,8 @@ import (
 // mid-answer) and answers the ingress cannot read as HTTP (protocol errors:
 // the engine is alive) eject after ConsecutiveFailures in a row or when the decaying
 // error rate passes ErrorRate. A 404 saying the engine does not serve the
-// gossiped model it was routed ejects at once (wrongmodel.go). 429 is the
+// gossiped model it was routed ejects at once (wrongmodel.go), and so does
+// a 508 saying the "engine" is a kvmesh ingress (loop.go). 429 is the
 // engine shedding load, not a failure, and never ejects; neither does a
 // first-byte timeout of an engine that answers its probes
 // (Config.FirstByteTimeout: slow, not dead).
@@ -54,7 +56,9 @@ type HealthConfig struct {
 	EjectionTime    time.Duration `yaml:"ejectionTime"`
 	MaxEjectionTime time.Duration `yaml:"maxEjectionTime"`
 	// ProbePath is requested (GET) on the engine's base URL; 200 returns it
-	// to routing. An engine ejected for a wrong model must also list its
+	// to routing. The probe carries the ingress's hop header, which a
+	// kvmesh ingress answers with 508 (loop.go): a URL that points at an
+	// ingress is never readmitted. An engine ejected for a wrong model must also list its
 	// gossiped model on /v1/models, asked next (checkIdentity). Default
 	// "/health" (vLLM and the simulator serve it).
 	ProbePath string `yaml:"probePath"`
@@ -172,8 +176,8 @@ type engineHealth struct {
 	// it only when /v1/models lists the gossiped model.
 	wrongModel bool
 	model      string
-	// idWarned: a probe found another model at the URL, logged once per
-	// ejection.
+	// idWarned: a probe found another model, or a kvmesh ingress, at the
+	// URL, logged once per ejection.
 	idWarned bool
 }
 
@@ -196,6 +200,8 @@ type ejector struct {
 	// Authorization value the engine wants (nil: none), for a probe's
 	// check of /v1/models (set by the Server; nil: no check).
 	identity func(id string) (model string, auth []byte)
+	// hop is the ingress's id, which probes carry in hopHeader (loop.go).
+	hop string
 	// log gets one line per transition: an engine ejected (WARN, with
 	// why) and restored (INFO, with how long it was out). Failed probes
 	// of an ejected engine are not logged again (the ejection said it).
@@ -209,7 +215,7 @@ type ejector struct {
 }
 
 func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector {
-	e := &ejector{cfg: cfg, m: map[string]*engineHealth{}, log: slog.New(slog.DiscardHandler),
+	e := &ejector{cfg: cfg, m: map[string]*engineHealth{}, log: slog.New(slog.DiscardHandler), hop: id,
 		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true}},
 		bo:     backoff.Backoff{Min: cfg.EjectionTime, Max: cfg.MaxEjectionTime, Jitter: 0.2}}
 	cl := prometheus.Labels{"ingress": id}
@@ -344,6 +350,27 @@ func (e *ejector) wrongModel(up *upstream, model string) {
 	}
 	h.consecutive++
 	e.ejectLocked(h, now, fmt.Sprintf("wrong_model: it answered 404, that it does not serve the model %q its sidecar gossips (its model changed, or another engine took its address)", clip(model)))
+}
+
+// routingLoop ejects the engine of up: ingress answered its request with
+// 508, its URL is a kvmesh ingress (loop.go). Its probe, which carries the
+// hop header, gets the 508 too and keeps it out until the URL is an
+// engine's. It reports false when passive ejection is off.
+func (e *ejector) routingLoop(up *upstream, ingress string) bool {
+	if e == nil || e.cfg.Disabled {
+		return false
+	}
+	h := e.get(up.id, up.url)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.url = up.url
+	if h.ejected.Load() {
+		return true
+	}
+	h.consecutive++
+	e.ejectLocked(h, time.Now(), fmt.Sprintf("%s: its URL %s is a kvmesh ingress (%s answered 508 Loop Detected), not an engine: check its sidecar's --engine-url",
+		loopResult, up.url, ingress))
+	return true
 }
 
 // ok records a successful attempt.
@@ -510,10 +537,16 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	if err != nil {
 		h.until = now.Add(e.bo.Delay(h.ejections))
 		h.ejections++
-		if other != nil && !h.idWarned && !h.gone {
+		switch {
+		case h.idWarned || h.gone:
+		case other != nil:
 			h.idWarned = true
 			e.log.Warn("engine kept out of routing: its URL serves other models than its sidecar gossips (another engine took its address, or its model changed)",
 				"engine", h.id, "err", err, "serves", other)
+		case errors.Is(err, ErrRoutingLoop) && !strings.HasPrefix(h.reason, loopResult): // else its ejection said it
+			h.idWarned = true
+			e.log.Warn("engine kept out of routing: its URL is a kvmesh ingress, not an engine (check its sidecar's --engine-url)",
+				"engine", h.id, "url", url, "err", err)
 		}
 		return
 	}
@@ -571,11 +604,15 @@ func (e *ejector) listModels(ctx context.Context, url string, auth []byte) ([]st
 	if auth != nil {
 		req.Header.Set("Authorization", string(auth))
 	}
+	req.Header.Set(hopHeader, e.hop)
 	resp, err := e.client.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if err := loopProbed(resp); err != nil {
+		return nil, err
+	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET /v1/models: status %d", resp.StatusCode)
 	}
@@ -599,15 +636,28 @@ func (e *ejector) get1(ctx context.Context, url string) error {
 	if err != nil {
 		return err
 	}
+	req.Header.Set(hopHeader, e.hop)
 	resp, err := e.client.Do(req)
 	if err != nil {
 		return err
 	}
 	resp.Body.Close()
+	if err := loopProbed(resp); err != nil {
+		return fmt.Errorf("probe %s: %w", url, err)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("probe %s: status %d", url, resp.StatusCode)
 	}
 	return nil
+}
+
+// loopProbed is ErrRoutingLoop when a probe's answer is a kvmesh
+// ingress's 508 refusing a routing loop (loop.go), else nil.
+func loopProbed(resp *http.Response) error {
+	if resp.StatusCode != http.StatusLoopDetected || resp.Header.Get(ingressHeader) == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: kvmesh ingress %s answered 508 Loop Detected", ErrRoutingLoop, clip(resp.Header.Get(ingressHeader)))
 }
 
 // forget drops engine id's record (it left membership: forget.go), and

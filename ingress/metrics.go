@@ -26,6 +26,8 @@ type metrics struct {
 	acceptErrors *prometheus.CounterVec // listener, errno
 	// upstreamTLS counts TLS failures with engines by cause (upstreamtls.go).
 	upstreamTLS *prometheus.CounterVec // cause
+	// loops counts requests refused as routing loops (loop.go).
+	loops prometheus.Counter
 
 	statusLabels map[int]string // avoids strconv per request
 
@@ -59,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tokens_total",
 			Help: "Prompt (in) and completion (out) tokens.", ConstLabels: constLabels}, []string{"direction"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_upstream_attempts_total",
-			Help: "Upstream attempts by result (ok, connect_error, connect_timeout, local_error, client_cert_refused, protocol_error, timeout, first_byte_timeout, status_429, status_5xx, status_4xx, wrong_model, empty_response, stream_error).", ConstLabels: constLabels}, []string{"result"}),
+			Help: "Upstream attempts by result (ok, connect_error, connect_timeout, local_error, client_cert_refused, protocol_error, timeout, first_byte_timeout, status_429, status_5xx, status_4xx, wrong_model, routing_loop, empty_response, stream_error).", ConstLabels: constLabels}, []string{"result"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_routing_decisions_total",
 			Help: "Routing decisions by policy and reason.", ConstLabels: constLabels}, []string{"policy", "reason"}),
 		matchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_prefix_match_ratio",
@@ -75,12 +77,14 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 			Help: "Accept errors a listener (client, admin) waited out and retried, by errno (EMFILE: out of file descriptors).", ConstLabels: constLabels}, []string{"listener", "errno"}),
 		upstreamTLS: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_upstream_tls_errors_total",
 			Help: "TLS failures with engines by cause: engine_certificate (the engine's did not verify), client_certificate_refused (the engine refused this ingress's), handshake (any other).", ConstLabels: constLabels}, []string{"cause"}),
+		loops: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_routing_loops_total",
+			Help: "Requests refused with 508 Loop Detected: they carried X-Kvmesh-Hop, sent by a kvmesh ingress whose engine URL points at this one (or by a client).", ConstLabels: constLabels}),
 		statusLabels: map[int]string{},
 	}
 	for _, c := range tlsCauses {
 		m.upstreamTLS.WithLabelValues(c)
 	}
-	for _, c := range []int{200, 400, 401, 404, 413, 429, 499, 500, 502, 503, 504} {
+	for _, c := range []int{200, 400, 401, 404, 413, 429, 499, 500, 502, 503, 504, 508} {
 		m.statusLabels[c] = strconv.Itoa(c)
 	}
 	m.stageParse = m.stage.WithLabelValues("parse")
@@ -92,11 +96,12 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 	// At 0 from the start, for an alert on its rate: an engine that is not
 	// the one gossip says it is (wrongmodel.go).
 	m.attempts.WithLabelValues("wrong_model")
+	m.attempts.WithLabelValues(loopResult) // an engine URL that is a kvmesh ingress (loop.go)
 	for _, ep := range []endpoint{epCompletions, epChat, epResponses, epMessages, epOther} {
 		m.ttftBy[ep] = m.ttft.WithLabelValues(ep.String())
 		m.durationBy[ep] = m.duration.WithLabelValues(ep.String())
 	}
-	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.acceptErrors, m.upstreamTLS)
+	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.acceptErrors, m.upstreamTLS, m.loops)
 	if indexKeys != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_keys",
 			Help: "Keys in the local index (all engines and tiers).", ConstLabels: constLabels}, indexKeys))

@@ -121,6 +121,8 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 		after := retryAfter(resp.Header.Peek(fasthttp.HeaderRetryAfter), time.Now())
 		err := c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered 429 (shedding load)", rk.Engine))
 		return false, &shedError{err: err, after: after}
+	case loopAnswer(resp) != "": // loop.go: a 508 from a kvmesh ingress, not an engine
+		return false, c.routingLoop(up, resp)
 	case st >= 500:
 		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d", rk.Engine, st))
 	case st != fasthttp.StatusOK:

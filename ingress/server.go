@@ -112,6 +112,8 @@ type Server struct {
 	// otherLog bounds the access lines of requests outside the inference
 	// handlers (otherlog.go).
 	otherLog lineLimiter
+	// loopLastLog is when a routing loop was last warned of (monotime; loop.go).
+	loopLastLog atomic.Int64
 
 	// failed receives the error of a listener that stopped serving while
 	// the Server was not closing (Failed); one slot per listener, never
@@ -562,6 +564,9 @@ func (s *Server) shareLoadLoop() {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if ctx.Request.Header.ContentLength() == -1 {
 		s.heads.forget(&ctx.Request.Header) // a chunked body read whole: its head's note is not needed
+	}
+	if s.refuseLoop(ctx) { // loop.go: sent by an ingress (or a client) as if this were an engine
+		return
 	}
 	if s.cfg.OpsOnly && !opsPath(ctx.Path()) { // before CORS: no preflight for what is not served
 		writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(ctx.Path())))

@@ -81,12 +81,14 @@ func (c *call) setUpstreamHeaders(h *fasthttp.RequestHeader) {
 	c.s.putUpstreamHeaders(h, func(i int) []byte { return c.fwd[i] })
 }
 
-// putUpstreamHeaders puts the engine API key on h and forwardHeaders[i]
-// with value fwd(i) when it is not empty.
+// putUpstreamHeaders puts the engine API key on h, the hop header with
+// the ingress's id (an ingress refuses a request that carries it: loop.go)
+// and forwardHeaders[i] with value fwd(i) when it is not empty.
 func (s *Server) putUpstreamHeaders(h *fasthttp.RequestHeader, fwd func(i int) []byte) {
 	if len(s.engineAuth) > 0 {
 		h.SetBytesV("Authorization", s.engineAuth)
 	}
+	h.Set(hopHeader, s.cfg.ID)
 	for i, name := range forwardHeaders {
 		if v := fwd(i); len(v) > 0 {
 			h.SetBytesV(name, v)
