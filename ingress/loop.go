@@ -90,12 +90,19 @@ func (c *call) routingLoop(up *upstream, resp *fasthttp.Response) error {
 	cause := fmt.Errorf("%w: engine %s is a kvmesh ingress (%s answered 508 Loop Detected), not an engine: check its sidecar's --engine-url",
 		ErrRoutingLoop, up.id, ingress)
 	err := c.attemptFailed(up, resp, loopResult, cause)
-	if !c.s.health.routingLoop(up, ingress) { // passive ejection off: warn here
-		if now, last := monotime.Now(), c.s.loopLastLog.Load(); (last == 0 || now-last >= int64(loopLogEvery)) && c.s.loopLastLog.CompareAndSwap(last, now) {
-			c.s.log.Warn("engine is a kvmesh ingress, not an engine (it answered 508 Loop Detected): check its sidecar's --engine-url; kept in routing, as passive ejection is off",
+	c.s.loopedEngine(up, ingress)
+	return err
+}
+
+// loopedEngine ejects up, a kvmesh ingress (ingress answered its 508), and
+// closes its pooled connections (its answer's connection released); the
+// P/D legs call it too.
+func (s *Server) loopedEngine(up *upstream, ingress string) {
+	if !s.health.routingLoop(up, ingress) { // passive ejection off: warn here
+		if now, last := monotime.Now(), s.loopLastLog.Load(); (last == 0 || now-last >= int64(loopLogEvery)) && s.loopLastLog.CompareAndSwap(last, now) {
+			s.log.Warn("engine is a kvmesh ingress, not an engine (it answered 508 Loop Detected): check its sidecar's --engine-url; kept in routing, as passive ejection is off",
 				"engine", up.id, "url", up.url, "ingress", ingress)
 		}
 	}
 	up.hc.CloseIdleConnections()
-	return err
 }

@@ -158,3 +158,28 @@ func TestClientHopHeaderIsRefused(t *testing.T) {
 		t.Fatalf("refused loops %v, want 5", got)
 	}
 }
+
+// A P/D prefill "engine" that is a kvmesh ingress: the leg gets its 508,
+// the engine is ejected (the next request sends it no leg) and the request
+// is served aggregated on the decode engine (fallback_routing_loop).
+// Before, the 508 counted as any 5xx leg failure: no ejection, and every
+// disaggregated request sent it a leg.
+func TestRoutingLoopPrefillLegEjects(t *testing.T) {
+	behind := startFaultEngine(t, faultOK)
+	b := startIngress(t, testConfig(StaticEngine{ID: "behind-b", Model: "m", URL: behind.url()}), Deps{})
+	d := startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, "http://"+b.Addr()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	for i := range 3 {
+		st, hdr, out := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), out)
+		}
+	}
+	if got, loops := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_routing_loop")), val(b.m.loops); got != 1 || loops != 1 {
+		t.Fatalf("%v prefill legs counted fallback_routing_loop, %v refused at the other ingress; want 1 each (then ejected)", got, loops)
+	}
+	if s.health.allowed("p0") || behind.hits.Load() != 0 {
+		t.Fatalf("the looped prefill engine allowed %v, the other ingress routed %d requests", s.health.allowed("p0"), behind.hits.Load())
+	}
+}

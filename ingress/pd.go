@@ -687,9 +687,14 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	st := resp.StatusCode()
 	switch {
 	case st >= 500 || st == fasthttp.StatusTooManyRequests:
+		looped := loopAnswer(resp) // loop.go: the "engine" is a kvmesh ingress
 		c.watch.release()
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
+		if looped != "" {
+			s.loopedEngine(up, looped)
+			return c.prefillDone(p, "fallback_"+loopResult, start), true
+		}
 		return c.prefillDone(p, "fallback_"+statusResult(st), start), true
 	case st != fasthttp.StatusOK:
 		buf, rerr := readAll(resp)

@@ -298,9 +298,10 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		c.finish()
 		return true, false, false
 	}
-	// A decode engine that denied the model is out of the ranking: the
-	// request is served aggregated on the next engine, not by another pair.
-	return false, fail.result != "wrong_model", false
+	// A decode engine that denied the model, or is a kvmesh ingress, is out
+	// of the ranking: the request is served aggregated on the next engine,
+	// not by another pair.
+	return false, fail.result != "wrong_model" && fail.result != loopResult, false
 }
 
 // sglangDecode sends the decode leg and, once the decode engine answers
@@ -369,6 +370,17 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 		return false, decodeFail{result: "wrong_model"}
 	}
 	result := "status_5xx"
+	if looped := loopAnswer(resp); err == nil && !cut && looped != "" {
+		// loop.go: the decode "engine" is a kvmesh ingress: out of the
+		// ranking, and served aggregated on the next engine.
+		s.m.attempts.WithLabelValues(loopResult).Inc()
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		c.endAttempt(up)
+		s.loopedEngine(up, looped)
+		c.dropRanked(decode)
+		return false, decodeFail{result: loopResult}
+	}
 	switch {
 	case cut:
 		result = "pd_prefill_failed" // neutral for health: not the decode engine's fault
@@ -431,7 +443,11 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	res.status = resp.StatusCode()
 	if res.status != fasthttp.StatusOK {
 		res.result = "failed_status_" + strconv.Itoa(res.status)
-		if res.status >= 500 || res.status == fasthttp.StatusTooManyRequests {
+		if looped := loopAnswer(resp); looped != "" { // loop.go: the "engine" is a kvmesh ingress
+			res.result = "failed_" + loopResult
+			_ = resp.CloseBodyStream()
+			s.loopedEngine(up, looped)
+		} else if res.status >= 500 || res.status == fasthttp.StatusTooManyRequests {
 			up.failures.Add(1)
 			s.health.observe(up, statusResult(res.status))
 		} else if buf, err := readAll(resp); err == nil {
