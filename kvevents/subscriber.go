@@ -183,6 +183,9 @@ func (s *Subscriber) open() error {
 			return err
 		}
 		_ = rs.sub.SetLinger(0)
+		if err = rs.sub.SetIpv6(true); err != nil { // [v6] endpoints; IPv4 ones still work
+			return err
+		}
 		if err = rs.sub.SetRcvhwm(s.cfg.RcvHWM); err != nil {
 			return err
 		}
@@ -219,6 +222,10 @@ func (s *Subscriber) openDealer(rs *rankState) error {
 		return err
 	}
 	_ = d.SetLinger(0)
+	if err := d.SetIpv6(true); err != nil {
+		_ = d.Close()
+		return err
+	}
 	// Unlimited receive queue: a full one would make the engine's ROUTER
 	// drop replies (holes in the replay). It is bounded by the engine's
 	// replay buffer.

@@ -205,6 +205,9 @@ func (p *Publisher) open() error {
 		return err
 	}
 	_ = p.pub.SetLinger(0)
+	if err = p.pub.SetIpv6(true); err != nil { // [v6] endpoints; IPv4 ones still work
+		return err
+	}
 	if err = p.pub.SetSndhwm(p.cfg.HWM); err != nil {
 		return err
 	}
@@ -231,6 +234,9 @@ func (p *Publisher) open() error {
 		return err
 	}
 	_ = p.router.SetLinger(0)
+	if err = p.router.SetIpv6(true); err != nil {
+		return err
+	}
 	// A ROUTER drops replies beyond its HWM; leave room for a whole buffer.
 	if err = p.router.SetSndhwm(max(p.cfg.BufferSteps+16, 1000)); err != nil {
 		return err

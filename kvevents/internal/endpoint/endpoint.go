@@ -67,11 +67,17 @@ func Connectable(endpoint string) string {
 	if !ok {
 		return endpoint
 	}
+	host = strings.Trim(host, "[]")
+	// With ZMQ_IPV6 set, libzmq reports an IPv4 bind as IPv4-mapped
+	// ("[::ffff:127.0.0.1]"): give peers the IPv4 address it is.
+	if ip := net.ParseIP(host); ip != nil && ip.To4() != nil {
+		host = ip.To4().String()
+	}
 	switch host {
 	case "0.0.0.0", "*", "":
 		host = "127.0.0.1"
-	case "[::]", "::":
-		host = "[::1]"
+	case "::":
+		host = "::1"
 	}
-	return "tcp://" + net.JoinHostPort(strings.Trim(host, "[]"), port)
+	return "tcp://" + net.JoinHostPort(host, port)
 }
