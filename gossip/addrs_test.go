@@ -13,11 +13,22 @@ func TestSetAddrs(t *testing.T) {
 		err       string
 	}{
 		{"127.0.0.1:7946", "", Config{BindAddr: "127.0.0.1", BindPort: 7946}, ""},
-		{"0.0.0.0:0", "pod.example", Config{BindAddr: "0.0.0.0", AdvertiseAddr: "pod.example"}, ""},
+		{"0.0.0.0:0", "10.0.0.5", Config{BindAddr: "0.0.0.0", AdvertiseAddr: "10.0.0.5"}, ""},
+		// The pod IP alone reads the same on IPv4 and IPv6 clusters.
+		{"0.0.0.0:7946", "fd00::1", Config{BindAddr: "0.0.0.0", BindPort: 7946, AdvertiseAddr: "fd00::1"}, ""},
+		{"[::]:7946", "[fd00::1]:7947", Config{BindAddr: "::", BindPort: 7946, AdvertiseAddr: "fd00::1", AdvertisePort: 7947}, ""},
+		// Never split at the last colon: this is an IPv6 address.
+		{":7946", "fd00::1:7946", Config{BindPort: 7946, AdvertiseAddr: "fd00::1:7946"}, ""},
+		// Memberlist dials and binds IPs: a name fails here, before NATS.
+		{"0.0.0.0:0", "pod.example", Config{}, `gossip advertise "pod.example" (--gossip-advertise): "pod.example" is not an IP address`},
+		{"0.0.0.0:0", "pod.example:7946", Config{}, `"pod.example" is not an IP address`},
+		{"0.0.0.0:0", "fd00::1:7946:x", Config{}, `is not an IP address`},
+		{"localhost:7946", "", Config{}, `gossip bind "localhost:7946" (--gossip-bind): "localhost" is not an IP address`},
+		{"fd00::1:7946", "", Config{}, `gossip bind "fd00::1:7946": want host:port`},
 		{"[::1]:7946", "10.0.0.1:8000", Config{BindAddr: "::1", BindPort: 7946, AdvertiseAddr: "10.0.0.1", AdvertisePort: 8000}, ""},
 		{"nope", "", Config{}, `gossip bind "nope": want host:port`},
 		{"h:99999", "", Config{}, `gossip bind "h:99999"`},
-		{"h:1", ":x", Config{BindAddr: "h", BindPort: 1}, `gossip advertise ":x": want host or host:port`},
+		{"127.0.0.1:1", ":x", Config{BindAddr: "127.0.0.1", BindPort: 1}, `gossip advertise ":x" (--gossip-advertise): want IP or IP:port`},
 	} {
 		var c Config
 		err := c.SetAddrs(tc.bind, tc.adv)

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -14,6 +16,27 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/zeebo/xxh3"
 )
+
+// CheckBindEndpoint says whether a socket can bind endpoint. libzmq binds
+// a tcp:// host that is an IP address, "*" or a network interface's name;
+// a host name it takes for an interface it does not find and fails, on
+// every retry, with "no such device". The error says so at start instead.
+// (A connect endpoint may name a host: libzmq then dials the first address
+// the name resolves to, and only that one, until the socket is remade.)
+func CheckBindEndpoint(endpoint string) error {
+	host, _, ok := zmqep.SplitTCP(endpoint)
+	if !ok {
+		return nil // ipc://, inproc://: OffsetEndpoint checks the form
+	}
+	bare := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if bare == "*" || net.ParseIP(bare) != nil {
+		return nil
+	}
+	if _, err := net.InterfaceByName(bare); err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: bind %q: %q is not an IP address, * or a network interface here; ZMQ binds addresses, not host names", ErrConfig, endpoint, host)
+}
 
 // MessageKind says what a subscriber Message carries.
 type MessageKind uint8

@@ -38,7 +38,11 @@ type EngineConfig struct {
 	MetricsURL string
 	// Role is the engine role: prefill, decode or mixed (default mixed).
 	Role string
-	// Events is rank 0's ZMQ PUB endpoint ("tcp://10.0.0.5:5557"); rank r is at port+r.
+	// Events is rank 0's ZMQ PUB endpoint ("tcp://10.0.0.5:5557",
+	// "tcp://[fd00::1]:5557"); rank r is at port+r. A host name is dialled
+	// at its first address only (libzmq's rule): a name that resolves to a
+	// dead address first is never followed to a live one, so give an IP.
+	// With Bind the host must be an IP address, "*" or an interface name.
 	Events string
 	// Replay is rank 0's ZMQ ROUTER replay endpoint; "" when the engine has none.
 	Replay string
@@ -241,6 +245,13 @@ func (c *Config) Validate() error {
 				add("engine %q: %v", e.ID, err)
 			}
 		}
+		if e.Bind {
+			for _, ep := range slices.Concat([]string{e.Events}, e.RankEvents) {
+				if err := kvevents.CheckBindEndpoint(ep); ep != "" && err != nil {
+					add("engine %q: --bind-events: %v", e.ID, err)
+				}
+			}
+		}
 		if len(e.RankReplay) > 0 && len(e.RankReplay) != len(e.RankEvents) {
 			add("engine %q: %d replay endpoints for %d event endpoints", e.ID, len(e.RankReplay), len(e.RankEvents))
 		}
@@ -299,4 +310,50 @@ func (c *Config) Validate() error {
 // URL + /v1/..., so such a URL sends every one to .../v1/v1/... .
 func pastedAPIBase(path string) bool {
 	return strings.HasSuffix(strings.TrimSuffix(path, "/"), "/v1")
+}
+
+// warnLocalEngineURLs warns, at start, of every engine whose URL names
+// this host only (localEngineURL) while its gossip address does not:
+// ingresses on other hosts dial the gossiped URL and reach themselves (an
+// ingress listening on the engine's port loops), and the default engine
+// id, the URL's host:port, is then the same on every pod.
+func (c *Config) warnLocalEngineURLs(log *slog.Logger) {
+	if c.Gossip == nil {
+		return
+	}
+	addr := c.Gossip.AdvertiseAddr
+	if addr == "" {
+		addr = c.Gossip.BindAddr
+	}
+	if isLocalHost(addr) {
+		return // a single-host mesh (the demo, tests): loopback is right
+	}
+	for _, e := range c.Engines {
+		if localEngineURL(e.URL) {
+			log.Warn("engine URL names this host only, but it is gossiped to other hosts, which will dial themselves: "+
+				"give an address they can reach (--engine-host=$(POD_IP) --engine-port=PORT in a pod) and --engine-id=$(POD_NAME)",
+				"engine", e.ID, "url", e.URL, "gossip_addr", addr)
+		}
+	}
+}
+
+// localEngineURL reports whether an engine URL's host is loopback,
+// "localhost" or unspecified (0.0.0.0, ::): reachable from this host only.
+func localEngineURL(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	h := u.Hostname()
+	ip := net.ParseIP(h)
+	return isLocalHost(h) || ip != nil && ip.IsUnspecified()
+}
+
+// isLocalHost reports whether host is a loopback address or localhost.
+func isLocalHost(host string) bool {
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	return h == "localhost" || strings.HasSuffix(h, ".localhost")
 }

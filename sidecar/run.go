@@ -101,6 +101,7 @@ func Run(ctx context.Context, o Options, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	cfg.warnLocalEngineURLs(log)
 	s, err := New(cfg)
 	if err != nil {
 		return err

@@ -30,7 +30,7 @@ func TestOptionsBuild(t *testing.T) {
 	o := DefaultOptions()
 	o.EngineSpecs = []string{"id=a,model=m,url=http://h:1,events=tcp://h:2"}
 	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://10.0.0.9:8000/v1", "tcp://10.0.0.9:5557"
-	o.GossipBind, o.GossipAdvertise, o.GossipSeeds = "0.0.0.0:7946", "pod:7000", []string{"seed:7946"}
+	o.GossipBind, o.GossipAdvertise, o.GossipSeeds = "0.0.0.0:7946", "10.0.0.7:7000", []string{"seed:7946"}
 	cfg, err := o.Build(slog.Default())
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func TestOptionsBuild(t *testing.T) {
 		t.Fatalf("engines %+v", cfg.Engines)
 	}
 	g := cfg.Gossip
-	if g == nil || g.BindAddr != "0.0.0.0" || g.BindPort != 7946 || g.AdvertiseAddr != "pod" || g.AdvertisePort != 7000 ||
+	if g == nil || g.BindAddr != "0.0.0.0" || g.BindPort != 7946 || g.AdvertiseAddr != "10.0.0.7" || g.AdvertisePort != 7000 ||
 		g.Meta.ID != "a" || len(g.Join) != 1 {
 		t.Fatalf("gossip %+v", g)
 	}

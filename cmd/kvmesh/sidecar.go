@@ -6,7 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -35,7 +38,7 @@ func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 	var probs flagProblems
 	sidecarFlags(fs, &opts, &probs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: kvmesh sidecar --model M --engine-url URL --events tcp://HOST:5557 [--replay tcp://HOST:5558] [--nats URL] [--gossip-bind ADDR --join SEEDS]")
+		fmt.Fprintln(stderr, "Usage: kvmesh sidecar --model M (--engine-url URL | --engine-host HOST --engine-port PORT) --events tcp://HOST:5557 [--replay tcp://HOST:5558] [--nats URL] [--gossip-bind ADDR --join SEEDS]")
 		fmt.Fprintln(stderr, "       kvmesh sidecar --engine id=a,model=M,url=URL,events=EP --engine id=b,... (DaemonSet mode)")
 		fs.PrintDefaults()
 	}
@@ -54,6 +57,7 @@ func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 // takes no credentials).
 func sidecarFlagsRead(fs *flag.FlagSet, o *sidecar.Options, probs *flagProblems) {
 	e := &o.Engine
+	engineURLFromHostPort(fs, e, probs)
 	noEngine := e.Events == "" && e.Model == "" && e.URL == ""
 	const engine = "without --model, --engine-url or --events (a DaemonSet --engine spec takes its own: role=, dp=, ...)"
 	var rules []offFlag
@@ -67,6 +71,36 @@ func sidecarFlagsRead(fs *flag.FlagSet, o *sidecar.Options, probs *flagProblems)
 	}
 	rules = append(rules, natsFlagsOff(len(o.Config.NATS.URLs) == 0)...)
 	probs.refuseOff(fs, rules)
+}
+
+// engineURLFromHostPort sets e.URL to http://HOST:PORT from --engine-host
+// and --engine-port, joined with net.JoinHostPort: an IPv6 host gets its
+// brackets, so one manifest (--engine-host=$(POD_IP) --engine-port=8000)
+// works on IPv4 and IPv6 clusters, where http://$(POD_IP):8000 is no URL
+// on IPv6. Both or neither, and not with --engine-url.
+func engineURLFromHostPort(fs *flag.FlagSet, e *sidecar.EngineConfig, probs *flagProblems) {
+	host, port := fs.Lookup("engine-host").Value.String(), fs.Lookup("engine-port").Value.String()
+	if host == "" && port == "0" {
+		return
+	}
+	switch {
+	case e.URL != "":
+		probs.add("--engine-host and --engine-port build the engine URL: give them or --engine-url, not both")
+		return
+	case host == "" || port == "0":
+		probs.add("--engine-host and --engine-port go together (the engine URL is http://HOST:PORT)")
+		return
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		probs.add("--engine-port %s: want 1..65535", port)
+		return
+	}
+	bare := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.Contains(bare, ":") && net.ParseIP(bare) == nil || strings.ContainsAny(bare, "/[]@?#") {
+		probs.add("--engine-host %q: want an IP address or a host name, without a port", host)
+		return
+	}
+	e.URL = "http://" + net.JoinHostPort(bare, port)
 }
 
 // natsFlagsOff are the NATS connection's flags (natsutil.BindFlags) but
@@ -109,7 +143,9 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	one, cfg := &opts.Engine, &opts.Config
 	fs.StringVar(&one.ID, "engine-id", "", "engine id in the mesh (default: host:port of --engine-url)")
 	fs.StringVar(&one.Model, "model", "", "served model name")
-	fs.StringVar(&one.URL, "engine-url", "", "engine HTTP base URL, e.g. http://127.0.0.1:8000")
+	fs.StringVar(&one.URL, "engine-url", "", "engine HTTP base URL other hosts can reach, e.g. http://10.0.0.5:8000 (ingresses dial it: not a loopback address in a cluster)")
+	fs.String("engine-host", "", "instead of --engine-url: the engine's IP address or host name, e.g. $(POD_IP); with --engine-port the URL is http://HOST:PORT (IPv6 bracketed)")
+	fs.Int("engine-port", 0, "instead of --engine-url: the engine's HTTP port, with --engine-host")
 	fs.StringVar(&one.MetricsURL, "metrics-url", "", "engine metrics URL (default <engine-url>/metrics; - disables)")
 	fs.StringVar(&one.Role, "role", one.Role, "engine role: prefill, decode or mixed")
 	fs.StringVar(&one.Events, "events", "", "KV-event ZMQ endpoint of DP rank 0, e.g. tcp://127.0.0.1:5557")

@@ -158,7 +158,10 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 	args := []string{
 		"sidecar",
 		"--engine-id=$(POD_NAME)",
-		"--engine-url=http://$(POD_IP):" + strconv.Itoa(enginePort),
+		// Host and port, not http://$(POD_IP):port: an IPv6 pod IP needs
+		// brackets in a URL, which Kubernetes' $(VAR) expansion cannot add.
+		"--engine-host=$(POD_IP)",
+		"--engine-port=" + strconv.Itoa(enginePort),
 		"--events=tcp://127.0.0.1:" + strconv.Itoa(eventsPort),
 		"--replay=tcp://127.0.0.1:" + strconv.Itoa(replayPort),
 		"--role=" + role,
@@ -170,8 +173,10 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 		args = append(args, "--nats="+c.NATS)
 	}
 	if c.GossipJoin != "" {
+		// The pod IP alone is advertised with the bind port: $(POD_IP):port
+		// is no address when the pod IP is IPv6.
 		gp := strconv.Itoa(c.GossipPort)
-		args = append(args, "--gossip-bind=0.0.0.0:"+gp, "--gossip-advertise=$(POD_IP):"+gp, "--join="+c.GossipJoin)
+		args = append(args, "--gossip-bind=0.0.0.0:"+gp, "--gossip-advertise=$(POD_IP)", "--join="+c.GossipJoin)
 	}
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},

@@ -64,7 +64,7 @@ func TestReview(t *testing.T) {
 		{"unlabelled", enginePod("a", nil, nil), true, false, nil},
 		{"labelled", enginePod("b", inject, map[string]string{AnnotationEventsPort: "6000", AnnotationModel: "m"}), true, true,
 			[]string{`"restartPolicy":"Always"`, `--events=tcp://127.0.0.1:6000`, `--replay=tcp://127.0.0.1:5558`,
-				`--engine-url=http://$(POD_IP):8000`, `--role=decode`, `--model=m`, `/spec/initContainers`}},
+				`--engine-host=$(POD_IP)`, `--engine-port=8000`, `--role=decode`, `--model=m`, `/spec/initContainers`}},
 		{"bad port", enginePod("c", inject, map[string]string{AnnotationEnginePort: "http", AnnotationModel: "m"}), false, false, nil},
 		// The sidecar refuses to start without a model: say so at admission.
 		{"no model", enginePod("e", inject, nil), false, false, nil},
