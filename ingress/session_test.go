@@ -186,24 +186,25 @@ func TestAdmissionClientLeaves(t *testing.T) {
 	s := startIngress(t, testConfig(StaticEngine{ID: "slow", Model: "m", URL: fe.url()}), Deps{Admitter: adm, ClassifyError: SessionErrors})
 	// Hold the only slot with an endless stream.
 	holder := dialRequest(t, s.Addr(), "/v1/completions", `{"model":"m","prompt":[1],"stream":true}`)
-	testutil.WaitFor(t, 5*time.Second, "the slot taken", func() bool { inflight, _, _, _ := adm.Stats(); return inflight == 1 })
+	testutil.WaitFor(t, 30*time.Second, "the slot taken", func() bool { inflight, _, _, _ := adm.Stats(); return inflight == 1 })
 	leaver := dialRequest(t, s.Addr(), "/v1/completions", `{"model":"m","prompt":[2]}`)
-	testutil.WaitFor(t, 5*time.Second, "one request queued for admission", func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
+	testutil.WaitFor(t, 30*time.Second, "one request queued for admission", func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
 	leaver.Close()
-	testutil.WaitFor(t, 5*time.Second, "the queue empty after the client left", func() bool { _, _, queued, _ := adm.Stats(); return queued == 0 })
-	if n := val(s.m.requests.WithLabelValues("completions", "499")); n != 1 {
-		t.Fatalf("requests with status 499: %v, want 1", n)
-	}
+	testutil.WaitFor(t, 30*time.Second, "the queue empty after the client left", func() bool { _, _, queued, _ := adm.Stats(); return queued == 0 })
+	// Counted as its handler ends, which may be after the queue let it go.
+	testutil.WaitFor(t, 30*time.Second, "the request that left counted with status 499", func() bool {
+		return val(s.m.requests.WithLabelValues("completions", "499")) == 1
+	})
 	// A buffered request that waited (its wait's watcher stopped) is still
 	// watched once sent: its client leaving cancels the engine's work.
 	waiter := dialRequest(t, s.Addr(), "/v1/completions", `{"model":"m","prompt":[3]}`)
-	testutil.WaitFor(t, 5*time.Second, "the next request queued", func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
+	testutil.WaitFor(t, 30*time.Second, "the next request queued", func() bool { _, _, queued, _ := adm.Stats(); return queued == 1 })
 	holder.Close()
-	testutil.WaitFor(t, 5*time.Second, "the holder's stream canceled and the waiter sent", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "the holder's stream canceled and the waiter sent", func() bool {
 		return fe.canceled.Load() == 1 && fe.hits.Load() == 2
 	})
 	waiter.Close()
-	testutil.WaitFor(t, 5*time.Second, "the waiter's upstream canceled", func() bool { return fe.canceled.Load() == 2 })
+	testutil.WaitFor(t, 30*time.Second, "the waiter's upstream canceled", func() bool { return fe.canceled.Load() == 2 })
 	if n := fe.hits.Load(); n != 2 {
 		t.Fatalf("the engine got %d requests, want 2 (the one that left was never sent)", n)
 	}
