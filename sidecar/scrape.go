@@ -97,11 +97,11 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 			// The engine's HTTP server is alive but serves no metrics (SGLang
 			// without --enable-metrics): ready, load unknown (as with
 			// --metrics-url -), not a dead engine.
-			back, failed := e.scrapeFails >= unreadyScrapeFails, e.scrapeFails > 0
+			back := e.scrapeFails >= unreadyScrapeFails
 			e.load = Load{}
 			e.mu.Unlock()
 			e.c.metricsMissing.Add(1)
-			checked := e.answersAgain(ctx, failed)
+			checked := e.answersAgain(ctx, back)
 			if back {
 				e.log.Info("engine answering again (no metrics): gossiped as ready", "restart_checked", checked)
 			}
@@ -125,12 +125,12 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 					"url", natsutil.RedactURL(url), "failed_scrapes", unreadyScrapeFails, "err", err)
 			}
 		} else {
-			back, failed := e.scrapeFails >= unreadyScrapeFails, e.scrapeFails > 0
+			back := e.scrapeFails >= unreadyScrapeFails
 			since := e.unreadySince
 			l.Scraped = time.Now()
 			e.load = l
 			e.mu.Unlock()
-			checked := e.answersAgain(ctx, failed)
+			checked := e.answersAgain(ctx, back)
 			if back {
 				e.log.Info("engine answering its metrics again: gossiped as ready", "unready_for", time.Since(since).Round(time.Millisecond),
 					"restart_checked", checked)
@@ -149,17 +149,20 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 // replay socket that does not answer (or none) must not keep it out.
 const restartCheckTimeout = 5 * time.Second
 
-// answersAgain is a good scrape after failed ones (failed): the engine may
-// have restarted meanwhile with an empty cache, which its events show only
-// at its next batch or the next idle probe (up to a minute away after the
-// outage's failed replays). So the event loop's subscriber probes now and
-// the sidecar waits until the loop has applied what the probe found (a
-// restart drops the dead engine's keys), bounded by restartCheckTimeout;
-// then the failed scrapes are forgotten, which makes the engine ready
-// again. It reports whether the probe's findings were applied in time.
-func (e *engine) answersAgain(ctx context.Context, failed bool) bool {
+// answersAgain is a good scrape; back: after enough failed ones that the
+// engine was gossiped as not ready. Such an engine may have restarted
+// meanwhile with an empty cache, which its events show only at its next
+// batch or the next idle probe (up to a minute away after the outage's
+// failed replays). So the event loop's subscriber probes now and the
+// sidecar waits until the loop has applied what the probe found (a restart
+// drops the dead engine's keys), bounded by restartCheckTimeout; then the
+// failed scrapes are forgotten, which makes the engine ready again. A good
+// scrape after a failure or two, the engine ready throughout, waits for no
+// probe: the scrape loop (the gossiped load) must not stall for it. It
+// reports whether the probe's findings were applied in time.
+func (e *engine) answersAgain(ctx context.Context, back bool) bool {
 	checked := false
-	if failed {
+	if back {
 		checked = e.checkRestart(ctx)
 	}
 	e.mu.Lock()

@@ -206,7 +206,11 @@ func TestDirSourceNewCAServedAfterItsBundleIsRegistered(t *testing.T) {
 	ca1 := testutil.NewCA(t)
 	crt1, key1 := ca1.ValidLeaf(t, "one")
 	p := newProjected(t, crt1, key1, ca1.PEM)
-	in := startDirWebhook(t, kube, p)
+	// A short overlap: the previous CA leaves the bundle a second after the
+	// new one is registered beside it.
+	in := startWebhook(t, kube, RunConfig{URLHost: "127.0.0.1", CAOverlap: time.Second,
+		Certs: &DirSource{Dir: p.dir, Hosts: []string{"127.0.0.1"}, Interval: 200 * time.Millisecond, PollEvery: 20 * time.Millisecond}})
+	in.waitReady(t)
 
 	bindings := admin.RbacV1().ClusterRoleBindings()
 	binding, err := bindings.Get(ctx, "orch-"+ns, metav1.GetOptions{})
@@ -240,8 +244,17 @@ func TestDirSourceNewCAServedAfterItsBundleIsRegistered(t *testing.T) {
 	testutil.WaitFor(t, time.Minute, "the new certificate served, trusted as registered", func() bool {
 		return trustedAsRegistered(ctx, t, admin, in.addr, crt2)
 	})
-	if b := registeredBundle(ctx, admin); !bytes.Contains(b, ca1.PEM) || !bytes.Contains(b, ca2.PEM) {
-		t.Errorf("the registered bundle does not hold both CAs:\n%s", b)
+	if !strings.Contains(in.log.String(), "registered with the previous CA beside it") {
+		t.Errorf("the new CA was not registered beside the previous one:\n%s", in.log.String())
+	}
+	// Then the previous CA leaves the bundle: a CA retired (for a compromise,
+	// say) is not trusted for the webhook past the overlap.
+	testutil.WaitFor(t, time.Minute, "the previous CA dropped from the registered bundle", func() bool {
+		b := registeredBundle(ctx, admin)
+		return bytes.Contains(b, ca2.PEM) && !bytes.Contains(b, ca1.PEM)
+	})
+	if !trustedAsRegistered(ctx, t, admin, in.addr, crt2) {
+		t.Fatal("the served certificate is not trusted by the bundle without the previous CA")
 	}
 	in.waitReady(t)
 }

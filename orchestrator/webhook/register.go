@@ -157,7 +157,15 @@ type registrar struct {
 	lastErr error      // of the last failed attempt
 
 	servedFrom *Certs // the published certificate the served one is (run's)
+	// caOverlap: how long a new CA's bundle keeps the previous CA (RunConfig).
+	caOverlap time.Duration
 }
+
+// DefaultCAOverlap is RunConfig.CAOverlap's default: minutes for every
+// orchestrator replica to serve the new certificate (they read the same
+// files or Secret), short enough that a CA retired for a compromise is not
+// trusted for the webhook for long.
+const DefaultCAOverlap = 5 * time.Minute
 
 // run registers until ctx ends; it owns the configuration's informer.
 func (r *registrar) run(ctx context.Context) {
@@ -186,13 +194,17 @@ func (r *registrar) run(ctx context.Context) {
 	defer wg.Wait()
 	wg.Go(func() { inf.RunWithContext(ctx) })
 
-	var retry <-chan time.Time // set while a failed attempt waits for its retry
+	var retry <-chan time.Time   // set while a failed attempt waits for its retry
+	var overlap <-chan time.Time // set while the registered bundle keeps the previous CA
+	trim := false
 	attempts := 0
 	first := true
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-overlap:
+			overlap, trim = nil, true
 		case <-r.store.changed:
 		case <-drift:
 			if first || !r.drifted(ctx) {
@@ -208,6 +220,11 @@ func (r *registrar) run(ctx context.Context) {
 		if c == nil {
 			continue
 		}
+		dropping := trim && from != nil && r.store.latest.Load() == from && !bytes.Equal(c.CABundle, from.CABundle)
+		if dropping {
+			c = from // the overlap is over: the served certificate's own bundle, the previous CA dropped
+		}
+		trim = dropping // kept for the retry should this registration fail
 		if r.registered(c.CABundle) {
 			r.serve(c, from)
 			continue
@@ -239,6 +256,15 @@ func (r *registrar) run(ctx context.Context) {
 		attempts = 0
 		registered.Set(1)
 		r.log.Info("sidecar webhook registered", "configuration", ConfigName, "caBundleBytes", len(c.CABundle))
+		switch {
+		case dropping:
+			trim = false
+			r.log.Info("the previous CA is dropped from the webhook's bundle: the overlap is over")
+		case from != nil && !bytes.Equal(c.CABundle, from.CABundle):
+			overlap = time.After(r.caOverlap)
+			r.log.Info("a new CA is registered with the previous CA beside it, which is dropped from the bundle after the overlap",
+				"overlap", r.caOverlap.String())
+		}
 		if first && r.onRegistered != nil {
 			r.onRegistered()
 		}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 )
@@ -17,6 +18,11 @@ import (
 type RunConfig struct {
 	// Listen is the HTTPS address (e.g. 0.0.0.0:9443, or 127.0.0.1:0 out of cluster).
 	Listen string
+	// CAOverlap is how long, after a new CA's certificate is served, the
+	// registered bundle still trusts the previous CA (every replica then
+	// serves the new certificate); then the new CA alone is registered.
+	// Zero: DefaultCAOverlap.
+	CAOverlap time.Duration
 	// Certs is where the serving certificate comes from: a SecretSource in
 	// cluster, a DirSource for mounted files. Nil generates one in memory
 	// for Hosts (or URLHost) at start, as out of cluster.
@@ -55,7 +61,10 @@ func Run(ctx context.Context, kube kubernetes.Interface, cfg RunConfig) error {
 		src = &GeneratedSource{Hosts: hosts, Log: log}
 	}
 	st := newCertStore(log)
-	reg := &registrar{kube: kube, target: cfg.Target, store: st, log: log}
+	reg := &registrar{kube: kube, target: cfg.Target, store: st, log: log, caOverlap: cfg.CAOverlap}
+	if reg.caOverlap <= 0 {
+		reg.caOverlap = DefaultCAOverlap
+	}
 	srv, err := listen(cfg.Listen, st.getCertificate, reg.ready, &Handler{Sidecar: cfg.Sidecar, Log: log})
 	if err != nil {
 		return fmt.Errorf("webhook listen: %w", err)
