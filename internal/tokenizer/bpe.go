@@ -1,10 +1,10 @@
 package tokenizer
 
 import (
-	"container/heap"
 	"fmt"
 	"slices"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // model turns one pre-tokenized word into ids.
@@ -41,9 +41,11 @@ var _ model = (*bpe)(nil)
 type bpeScratch struct {
 	syms  []uint32
 	ranks []uint32
-	h     mergeHeap
+	init  []uint64 // mergeLarge's sorted first pairs: rank<<32 | position
+	h     []uint64 // mergeLarge's heap of later pairs, the same
 	prev  []int32
 	next  []int32
+	bound bound // the encoding's limits (bound.go); zero: none
 }
 
 const noRank = ^uint32(0)
@@ -90,8 +92,8 @@ func (m *bpe) tokenize(dst []uint32, word string, sc *bpeScratch) []uint32 {
 		}
 	}
 	if m.cache != nil && len(word) <= maxCachedWord {
-		if ids, ok := m.cache.get(word); ok {
-			return append(dst, ids...)
+		if out, ok := m.cache.appendIDs(dst, word); ok {
+			return out
 		}
 	}
 	syms := m.initialSymbols(sc.syms[:0], word)
@@ -100,11 +102,11 @@ func (m *bpe) tokenize(dst []uint32, word string, sc *bpeScratch) []uint32 {
 	} else {
 		syms = m.mergeLarge(syms, sc)
 	}
-	if m.cache != nil && len(word) <= maxCachedWord {
+	if m.cache != nil && len(word) <= maxCachedWord && sc.bound.err == nil {
 		m.cache.put(word, syms)
 	}
 	dst = append(dst, syms...)
-	sc.syms = syms[:0]
+	sc.syms = keep(syms[:0])
 	return dst
 }
 
@@ -205,28 +207,14 @@ func (m *bpe) mergeSmall(syms []uint32, sc *bpeScratch) []uint32 {
 	return syms
 }
 
-type mergeItem struct {
-	rank uint32
-	pos  int32
-}
-
-type mergeHeap []mergeItem
-
-func (h mergeHeap) Len() int { return len(h) }
-func (h mergeHeap) Less(i, j int) bool {
-	return h[i].rank < h[j].rank || h[i].rank == h[j].rank && h[i].pos < h[j].pos
-}
-func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *mergeHeap) Push(x any)   { *h = append(*h, x.(mergeItem)) }
-func (h *mergeHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
 // mergeLarge is the same algorithm with a heap and a linked list, for long
 // words (whitespace runs, adversarial input) where the scan would be quadratic.
+// The heap holds rank<<32|pos, so one integer comparison orders by rank and
+// then leftmost position, as the scan does; it is a plain []uint64 sifted in
+// place (container/heap's interface calls and the boxing of every Pop were
+// nine tenths of the time on a run of spaces). A long merge polls the
+// encoding's bound (bound.go) every pollMerges steps and gives up when it
+// says stop: the caller then drops the result.
 func (m *bpe) mergeLarge(syms []uint32, sc *bpeScratch) []uint32 {
 	n := len(syms)
 	prev := growInt32(sc.prev, n)
@@ -236,22 +224,48 @@ func (m *bpe) mergeLarge(syms []uint32, sc *bpeScratch) []uint32 {
 		next[i] = int32(i + 1)
 	}
 	next[n-1] = -1
-	h := sc.h[:0]
+	// The word's own pairs are sorted once (a run's are sorted already)
+	// and taken from the front; the pairs merges make go on the heap h.
+	// Each pop takes the least of the two fronts.
+	init := sc.init[:0]
+	if cap(init) < n {
+		init = make([]uint64, 0, n)
+	}
 	for i := 0; i+1 < n; i++ {
 		if r, _ := m.rank(syms[i], syms[i+1]); r != noRank {
-			h = append(h, mergeItem{r, int32(i)})
+			init = append(init, uint64(r)<<32|uint64(i))
 		}
 	}
-	heap.Init(&h)
-	for h.Len() > 0 {
-		it := heap.Pop(&h).(mergeItem)
-		i := it.pos
+	if !slices.IsSorted(init) {
+		slices.Sort(init)
+	}
+	h := sc.h[:0]
+	steps := 0
+	for at := 0; at < len(init) || len(h) > 0; {
+		if steps++; steps >= pollMerges && sc.bound.on {
+			steps = 0
+			if sc.bound.poll() {
+				break
+			}
+		}
+		var top uint64
+		if len(h) == 0 || at < len(init) && init[at] < h[0] {
+			top = init[at]
+			at++
+		} else {
+			top = h[0]
+			last := len(h) - 1
+			h[0] = h[last]
+			h = h[:last]
+			siftDown(h, 0)
+		}
+		i := int32(uint32(top))
 		j := next[i]
 		if prev[i] == -2 || j < 0 {
 			continue
 		}
 		r, id := m.rank(syms[i], syms[j])
-		if r != it.rank {
+		if r != uint32(top>>32) {
 			continue // stale: the pair changed since it was pushed
 		}
 		syms[i] = id
@@ -262,12 +276,12 @@ func (m *bpe) mergeLarge(syms []uint32, sc *bpeScratch) []uint32 {
 		}
 		if p := prev[i]; p >= 0 {
 			if r, _ := m.rank(syms[p], syms[i]); r != noRank {
-				heap.Push(&h, mergeItem{r, p})
+				h = siftUp(append(h, uint64(r)<<32|uint64(p)))
 			}
 		}
 		if k := next[i]; k >= 0 {
 			if r, _ := m.rank(syms[i], syms[k]); r != noRank {
-				heap.Push(&h, mergeItem{r, i})
+				h = siftUp(append(h, uint64(r)<<32|uint64(i)))
 			}
 		}
 	}
@@ -275,8 +289,61 @@ func (m *bpe) mergeLarge(syms []uint32, sc *bpeScratch) []uint32 {
 	for i := int32(0); i >= 0; i = next[i] {
 		out = append(out, syms[i])
 	}
-	sc.h, sc.prev, sc.next = h[:0], prev, next
+	sc.h, sc.init, sc.prev, sc.next = keep(h[:0]), keep(init[:0]), keep(prev), keep(next)
 	return out
+}
+
+// siftUp moves the last item of h up to its place.
+func siftUp(h []uint64) []uint64 {
+	i := len(h) - 1
+	x := h[i]
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p] <= x {
+			break
+		}
+		h[i] = h[p]
+		i = p
+	}
+	h[i] = x
+	return h
+}
+
+// siftDown moves h[i] down to its place.
+func siftDown(h []uint64, i int) {
+	n := len(h)
+	if i >= n {
+		return
+	}
+	x := h[i]
+	for {
+		c := 2*i + 1
+		if c >= n {
+			break
+		}
+		if c+1 < n && h[c+1] < h[c] {
+			c++
+		}
+		if x <= h[c] {
+			break
+		}
+		h[i] = h[c]
+		i = c
+	}
+	h[i] = x
+}
+
+// maxPooledBytes bounds a scratch buffer kept for the next call: one long
+// word (a megabyte run of spaces) must not pin its scratch in the pool.
+const maxPooledBytes = 1 << 20
+
+// keep returns s to be kept as scratch, or nil when it is too large to pool.
+func keep[T any](s []T) []T {
+	var z T
+	if uintptr(cap(s))*unsafe.Sizeof(z) > maxPooledBytes {
+		return nil
+	}
+	return s
 }
 
 func growInt32(s []int32, n int) []int32 {

@@ -102,13 +102,31 @@ func (c *CachingTokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 
 // AppendEncode implements Tokenizer.
 func (c *CachingTokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32 {
+	dst, _ = c.appendEncode(dst, text, addSpecialTokens, nil)
+	return dst
+}
+
+// AppendEncodeBounded is Native.AppendEncodeBounded through the cache; a
+// chunk the bound stopped is not stored.
+func (c *CachingTokenizer) AppendEncodeBounded(dst []uint32, text string, addSpecialTokens bool, b Bound) ([]uint32, error) {
+	return c.appendEncode(dst, text, addSpecialTokens, &b)
+}
+
+func (c *CachingTokenizer) appendEncode(dst []uint32, text string, addSpecialTokens bool, b *Bound) ([]uint32, error) {
 	if !c.prefixSafe || len(text) < 2*c.cfg.ChunkBytes {
-		return c.Native.AppendEncode(dst, text, addSpecialTokens)
+		if b == nil {
+			return c.Native.AppendEncode(dst, text, addSpecialTokens), nil
+		}
+		return c.Native.AppendEncodeBounded(dst, text, addSpecialTokens, *b)
 	}
 	start := len(dst)
 	var key xxh3.Uint128
 	pos := 0
 	missing := false
+	var err error
+	// Polls the deadline across chunks (each appendRawBound polls only
+	// within its own chunk).
+	bd := newBound(b, start)
 	for {
 		cut := nextCut(text, pos+c.cfg.ChunkBytes)
 		if cut < 0 {
@@ -126,22 +144,32 @@ func (c *CachingTokenizer) AppendEncode(dst []uint32, text string, addSpecialTok
 			e.ref.Store(true)
 			dst = append(dst, e.ids...)
 			c.hits.Add(1)
+			if bd.on && bd.after(len(dst), len(chunk)) {
+				return dst[:start], bd.err
+			}
 		} else {
 			// Later keys chain through this chunk, so they are new too (barring
 			// a chunk evicted before its successors): skip their lookups.
 			missing = true
 			n := len(dst)
-			dst = c.appendRaw(dst, chunk, pos == 0)
+			if dst, err = c.appendRawBound(dst, chunk, pos == 0, b, start); err != nil {
+				return dst[:start], err
+			}
 			c.misses.Add(1)
 			c.insert(key, dst[n:])
+			if bd.on && bd.after(len(dst), len(chunk)) {
+				return dst[:start], bd.err
+			}
 		}
 		pos = cut
 	}
-	dst = c.appendRaw(dst, text[pos:], pos == 0)
+	if dst, err = c.appendRawBound(dst, text[pos:], pos == 0, b, start); err != nil {
+		return dst[:start], err
+	}
 	if addSpecialTokens && c.post != nil {
 		dst = c.post.apply(dst, start)
 	}
-	return dst
+	return dst, nil
 }
 
 // nextCut returns the first cut point at or after from: an index b with

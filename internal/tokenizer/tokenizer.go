@@ -107,10 +107,33 @@ func (t *Native) AppendEncode(dst []uint32, text string, addSpecialTokens bool) 
 	return dst
 }
 
+// AppendEncodeBounded is AppendEncode within b: when b stops the encoding
+// it returns dst as it came and the reason (ErrTooManyTokens, ErrDeadline,
+// or the error of b.Stop).
+func (t *Native) AppendEncodeBounded(dst []uint32, text string, addSpecialTokens bool, b Bound) ([]uint32, error) {
+	start := len(dst)
+	dst, err := t.appendRawBound(dst, text, true, &b, start)
+	if err != nil {
+		return dst[:start], err
+	}
+	if addSpecialTokens && t.post != nil {
+		dst = t.post.apply(dst, start)
+	}
+	return dst, nil
+}
+
 // appendRaw encodes text without the post-processor. atStart tells whether
 // text begins the input (it matters to prepend-style pre-tokenizers).
 func (t *Native) appendRaw(dst []uint32, text string, atStart bool) []uint32 {
+	dst, _ = t.appendRawBound(dst, text, atStart, nil, 0)
+	return dst
+}
+
+// appendRawBound is appendRaw within b (nil: none), whose token count
+// started at dst[start]. When b stops it, dst holds a partial encoding.
+func (t *Native) appendRawBound(dst []uint32, text string, atStart bool, b *Bound, start int) ([]uint32, error) {
 	sc := t.getScratch()
+	sc.bpe.bound = newBound(b, start)
 	sc.pieces = t.added.split(sc.pieces[:0], text)
 	for _, p := range sc.pieces {
 		if p.id >= 0 {
@@ -122,13 +145,28 @@ func (t *Native) appendRaw(dst []uint32, text string, atStart bool) []uint32 {
 			s = t.normalizer.normalize(s)
 			if t.added.hasNormalized {
 				dst = t.encodeNormalized(dst, sc, s, atStart && p.start == 0)
-				continue
+			} else {
+				dst = t.encodeWords(dst, sc, s, atStart && p.start == 0)
 			}
+		} else {
+			dst = t.encodeWords(dst, sc, s, atStart && p.start == 0)
 		}
-		dst = t.encodeWords(dst, sc, s, atStart && p.start == 0)
+		if sc.bpe.bound.err != nil {
+			break
+		}
 	}
+	err := sc.bpe.bound.err
+	sc.bpe.bound = bound{}
+	sc.trim()
 	t.scratch.Put(sc)
-	return dst
+	return dst, err
+}
+
+// trim drops buffers too large to keep in the pool (keep): one huge prompt
+// must not pin its scratch, nor views of its text, after it is done.
+func (sc *scratch) trim() {
+	sc.words, sc.words2 = keep(sc.words), keep(sc.words2)
+	sc.pieces, sc.spans = keep(sc.pieces), keep(sc.spans)
 }
 
 // encodeNormalized splits a normalized piece on the added tokens that match
@@ -142,6 +180,9 @@ func (t *Native) encodeNormalized(dst []uint32, sc *scratch, s string, atStart b
 			continue
 		}
 		dst = t.encodeWords(dst, sc, s[p.start:p.end], atStart && p.start == 0)
+		if sc.bpe.bound.err != nil {
+			break
+		}
 	}
 	return dst
 }
@@ -154,9 +195,13 @@ func (t *Native) encodeWords(dst []uint32, sc *scratch, s string, atStart bool) 
 	if t.pre != nil {
 		words = t.pre.split(words, sc, atStart)
 	}
+	bd := &sc.bpe.bound
 	for _, w := range words {
 		if w != "" {
 			dst = t.model.tokenize(dst, w, &sc.bpe)
+			if bd.on && bd.after(len(dst), len(w)) {
+				break
+			}
 		}
 	}
 	sc.words = words[:0]
