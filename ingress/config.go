@@ -172,6 +172,16 @@ type Config struct {
 	// Default 250ms; 0 turns the fallback off (such requests are routed by
 	// load, unkeyed).
 	EngineTokenizeTimeout time.Duration `yaml:"engineTokenizeTimeout"`
+	// TokenizeBudget bounds the time the ingress spends tokenizing (and
+	// encoding a rendered chat prompt for) one request. Past it the
+	// request is routed as one the ingress cannot tokenize: keyed on an
+	// engine's /tokenize (EngineTokenizeTimeout), else unkeyed with the
+	// estimate of 4 bytes a token for the limits, and counted in
+	// kvmesh_ingress_tokenize_stopped_total{reason="budget"}. Ordinary
+	// text tokenizes at 5–20 MB/s a core, so the default 2s only catches
+	// prompts of tens of megabytes or hostile ones (a megabyte-long run of
+	// one character). 0: no bound.
+	TokenizeBudget time.Duration `yaml:"tokenizeBudget"`
 	// BlockSize is the engines' KV block size in tokens, used for keys when
 	// membership does not tell it. Default 16.
 	BlockSize int `yaml:"blockSize"`
@@ -246,6 +256,7 @@ func DefaultConfig() Config {
 		DrainTimeout:          30 * time.Second,
 		ChatMode:              ChatModeChat,
 		EngineTokenizeTimeout: 250 * time.Millisecond,
+		TokenizeBudget:        2 * time.Second,
 		BlockSize:             16,
 		LoadInterval:          200 * time.Millisecond,
 		SpeculativeTTL:        5 * time.Second,
@@ -318,6 +329,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ChatMode != ChatModeChat && c.ChatMode != ChatModeCompletions {
 		bad("chat mode must be %q or %q, got %q", ChatModeChat, ChatModeCompletions, c.ChatMode)
+	}
+	if c.TokenizeBudget < 0 {
+		bad("tokenize budget must be >= 0 (0: no bound), got %v", c.TokenizeBudget)
 	}
 	if c.EngineTokenizeTimeout < 0 {
 		bad("engine tokenize timeout must be >= 0 (0: off), got %v", c.EngineTokenizeTimeout)

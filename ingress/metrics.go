@@ -22,6 +22,11 @@ type metrics struct {
 	// interpreter failed to render: forwarded unkeyed, for the engine to
 	// render.
 	renderFallbacks prometheus.Counter
+	// tokenizeStopped counts prompts whose tokenizing stopped early
+	// (tokenize_stage.go): too_long (over MaxPromptTokens, refused),
+	// budget (over TokenizeBudget, routed untokenized), client_gone.
+	tokenizeStopped                                                    *prometheus.CounterVec // reason
+	tokenizeStoppedTooLong, tokenizeStoppedBudget, tokenizeStoppedGone prometheus.Counter
 	// acceptErrors counts accept errors the listeners waited out (accept.go).
 	acceptErrors *prometheus.CounterVec // listener, errno
 	// upstreamTLS counts TLS failures with engines by cause (upstreamtls.go).
@@ -73,6 +78,8 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 			Help: "Streams ended with an error event after bytes reached the client.", ConstLabels: constLabels}),
 		renderFallbacks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_chat_render_fallbacks_total",
 			Help: "Chat requests whose template failed to render here (not a raise_exception): routed by load, unkeyed, for the engine to render.", ConstLabels: constLabels}),
+		tokenizeStopped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tokenize_stopped_total",
+			Help: "Prompts whose tokenizing stopped early, by reason: too_long (past --max-prompt-tokens, refused without tokenizing the rest), budget (past --tokenize-budget, routed as untokenized), client_gone.", ConstLabels: constLabels}, []string{"reason"}),
 		acceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_accept_errors_total",
 			Help: "Accept errors a listener (client, admin) waited out and retried, by errno (EMFILE: out of file descriptors).", ConstLabels: constLabels}, []string{"listener", "errno"}),
 		upstreamTLS: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_upstream_tls_errors_total",
@@ -93,6 +100,9 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 	m.tokensIn = m.tokens.WithLabelValues("in")
 	m.tokensOut = m.tokens.WithLabelValues("out")
 	m.attemptOK = m.attempts.WithLabelValues("ok")
+	m.tokenizeStoppedTooLong = m.tokenizeStopped.WithLabelValues("too_long")
+	m.tokenizeStoppedBudget = m.tokenizeStopped.WithLabelValues("budget")
+	m.tokenizeStoppedGone = m.tokenizeStopped.WithLabelValues("client_gone")
 	// At 0 from the start, for an alert on its rate: an engine that is not
 	// the one gossip says it is (wrongmodel.go).
 	m.attempts.WithLabelValues("wrong_model")
@@ -101,7 +111,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 		m.ttftBy[ep] = m.ttft.WithLabelValues(ep.String())
 		m.durationBy[ep] = m.duration.WithLabelValues(ep.String())
 	}
-	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.acceptErrors, m.upstreamTLS, m.loops)
+	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.tokenizeStopped, m.acceptErrors, m.upstreamTLS, m.loops)
 	if indexKeys != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_keys",
 			Help: "Keys in the local index (all engines and tiers).", ConstLabels: constLabels}, indexKeys))

@@ -7,6 +7,8 @@ import (
 	"os"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
@@ -31,14 +33,19 @@ var _ Tokenizer = (*hfTokenizer)(nil)
 
 // Encode tokenizes a completions prompt the way vLLM does (special tokens added).
 func (h *hfTokenizer) Encode(dst []uint32, text []byte) ([]uint32, error) {
-	// The tokenizer only reads text during the call.
-	return h.enc.AppendEncode(dst, unsafe.String(unsafe.SliceData(text), len(text)), true), nil
+	return h.EncodeBounded(dst, text, true, tokenizer.Bound{})
 }
 
 // EncodePlain tokenizes a completions prompt sent with add_special_tokens
 // false: no special tokens added.
 func (h *hfTokenizer) EncodePlain(dst []uint32, text []byte) ([]uint32, error) {
-	return h.enc.AppendEncode(dst, unsafe.String(unsafe.SliceData(text), len(text)), false), nil
+	return h.EncodeBounded(dst, text, false, tokenizer.Bound{})
+}
+
+// EncodeBounded is Encode (special) or EncodePlain within b.
+func (h *hfTokenizer) EncodeBounded(dst []uint32, text []byte, special bool, b tokenizer.Bound) ([]uint32, error) {
+	// The tokenizer only reads text during the call.
+	return h.enc.AppendEncodeBounded(dst, unsafe.String(unsafe.SliceData(text), len(text)), special, b)
 }
 
 // RenderChat renders flattened messages (role and text only); the request
@@ -68,6 +75,11 @@ func (h *hfTokenizer) RenderChat(dst []uint32, msgs []Message) ([]uint32, error)
 // prompt's token count without the media's own tokens, media the number of
 // media items.
 func (h *hfTokenizer) RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) (ids []uint32, n, media int, err error) {
+	return h.RenderChatRequestBounded(dst, req, tokenizer.Bound{})
+}
+
+// RenderChatRequestBounded is RenderChatRequest with the encoding within b.
+func (h *hfTokenizer) RenderChatRequestBounded(dst []uint32, req *tokenizer.ChatRequest, b tokenizer.Bound) (ids []uint32, n, media int, err error) {
 	if h.tpl == nil {
 		return dst, 0, 0, ErrNoChatTemplate
 	}
@@ -76,10 +88,15 @@ func (h *hfTokenizer) RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest
 		return dst, 0, 0, fmt.Errorf("chat template: %w", err)
 	}
 	if len(p.Media) == 0 {
-		dst = h.enc.AppendEncode(dst, p.Text, false)
+		if dst, err = h.enc.AppendEncodeBounded(dst, p.Text, false, b); err != nil {
+			return dst, 0, 0, err
+		}
 		return dst, len(dst), 0, nil
 	}
-	all := h.enc.AppendEncode(dst, p.Text, false)
+	all, err := h.enc.AppendEncodeBounded(dst, p.Text, false, b)
+	if err != nil {
+		return dst, 0, 0, err
+	}
 	n = len(all) - len(dst)
 	return h.enc.AppendEncode(all[:len(dst)], p.Text[:p.Prefix], false), n, len(p.Media), nil
 }
@@ -91,7 +108,13 @@ func (h *hfTokenizer) VocabSize() int { return h.vocab }
 // whole chat request (hfTokenizer.RenderChatRequest); tokenizers without it
 // (test fakes) get the flattened messages through RenderChat.
 type chatRequestRenderer interface {
-	RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest) (ids []uint32, n, media int, err error)
+	RenderChatRequestBounded(dst []uint32, req *tokenizer.ChatRequest, b tokenizer.Bound) (ids []uint32, n, media int, err error)
+}
+
+// boundedEncoder is the optional capability of a Tokenizer to stop
+// encoding within a tokenizer.Bound (hfTokenizer.EncodeBounded).
+type boundedEncoder interface {
+	EncodeBounded(dst []uint32, text []byte, special bool, b tokenizer.Bound) ([]uint32, error)
 }
 
 // vocabSizer is the optional capability of a Tokenizer to say how many ids
@@ -102,14 +125,14 @@ type vocabSizer interface{ VocabSize() int }
 // the prompt's token count and its media items (see
 // hfTokenizer.RenderChatRequest). Content vLLM refuses (an unknown part
 // type) and malformed chat members are 400s.
-func renderChat(tok Tokenizer, dst []uint32, r *request) (ids []uint32, n, media int, err error) {
+func renderChat(tok Tokenizer, dst []uint32, r *request, b tokenizer.Bound) (ids []uint32, n, media int, err error) {
 	cr, ok := tok.(chatRequestRenderer)
 	if !ok {
 		ids, err = tok.RenderChat(dst, r.chatMessages())
 		return ids, len(ids), 0, err
 	}
-	ids, n, media, err = cr.RenderChatRequest(dst, &tokenizer.ChatRequest{Messages: r.messages, Tools: r.tools, Documents: r.documents,
-		Kwargs: r.templateKwargs, AddGenerationPrompt: r.addGenPrompt, ContinueFinalMessage: r.continueFinal})
+	ids, n, media, err = cr.RenderChatRequestBounded(dst, &tokenizer.ChatRequest{Messages: r.messages, Tools: r.tools, Documents: r.documents,
+		Kwargs: r.templateKwargs, AddGenerationPrompt: r.addGenPrompt, ContinueFinalMessage: r.continueFinal}, b)
 	if errors.Is(err, tokenizer.ErrUnsupportedContent) {
 		return ids, 0, 0, badRequest("messages", fmt.Errorf("%w: %w", ErrBadRequest, err))
 	}
@@ -194,9 +217,27 @@ func LoadTokenizers(cfg *Config, deps *Deps) error {
 			return err
 		}
 		m[model] = t
+		registerCacheMetrics(deps, model, t)
 	}
 	deps.Tokenizers = m
 	return nil
+}
+
+// registerCacheMetrics registers t's prefix cache series
+// (kvmesh_tokenizer_cache_*, labelled by model) on deps.Registry, which it
+// creates when nil (New then uses it). Replicas sharing a registry in one
+// process share the first one's series.
+func registerCacheMetrics(deps *Deps, model string, t *hfTokenizer) {
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	for _, c := range t.enc.Collectors(model) {
+		if err := deps.Registry.Register(c); err != nil {
+			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) && deps.Logger != nil {
+				deps.Logger.Warn("tokenizer cache metrics not registered", "model", model, "err", err)
+			}
+		}
+	}
 }
 
 // loadTokenizer loads model's tokenizer from path (tokenizer.json, or a

@@ -2,11 +2,14 @@ package ingress
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/internal/openai"
+	"github.com/kvmesh/kvmesh/internal/tokenizer"
 	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
 )
 
@@ -16,6 +19,7 @@ import (
 // tokenize fills c.tokens (when the model has a tokenizer) and decides the
 // upstream path and body.
 func (c *call) tokenize() error {
+	defer c.wctx.stop() // the client watcher, if tokenizing started it (Stopped)
 	s := c.s
 	var tok Tokenizer
 	if s.deps.Tokenizers != nil {
@@ -61,7 +65,19 @@ func (c *call) tokenize() error {
 			}
 			break
 		}
-		if c.tokens, err = c.encode(tok, c.tokens[:0], c.req.text); err != nil {
+		if c.tokens, err = c.encode(tok, c.tokens[:0], c.req.text, c.tokenizeBound(0)); err != nil {
+			if fallback, err := c.tokenizeStopped(err); fallback {
+				// Over the tokenize budget: as for a prompt with no
+				// tokenizer here.
+				c.approx = len(c.req.text)/4 + 1
+				if !c.tokenizeOnEngine() {
+					c.tokens = nil
+					return nil
+				}
+				break
+			} else if err != nil {
+				return err
+			}
 			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt: %w", ErrBadRequest, err))
 		}
 		if !c.verifyTokens() { // tokencheck.go: c.tokens are the engine's now
@@ -91,12 +107,16 @@ func (c *call) tokenize() error {
 			break
 		}
 		var n, media int
-		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req); err != nil {
-			if errors.Is(err, ErrNoChatTemplate) || errors.Is(err, chattmpl.ErrRender) {
+		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req, c.tokenizeBound(0)); err != nil {
+			fallback, serr := c.tokenizeStopped(err)
+			if serr != nil {
+				return serr
+			}
+			if fallback || errors.Is(err, ErrNoChatTemplate) || errors.Is(err, chattmpl.ErrRender) {
 				// No template, or one this interpreter failed on (not the
 				// template's own raise_exception, which vLLM answers with
 				// a 400 too): routed by load, for the engine to render.
-				if !errors.Is(err, ErrNoChatTemplate) {
+				if !fallback && !errors.Is(err, ErrNoChatTemplate) {
 					s.m.renderFallbacks.Inc()
 					s.log.Debug("chat template failed to render here; routing unkeyed", "model", c.model, "err", err)
 				}
@@ -221,7 +241,13 @@ func (c *call) tokenizeBatch(tok Tokenizer) error {
 			continue
 		}
 		var err error
-		if c.scratch, err = c.encode(tok, c.scratch[:0], c.scratchText); err != nil {
+		if c.scratch, err = c.encode(tok, c.scratch[:0], c.scratchText, c.tokenizeBound(total)); err != nil {
+			if fallback, serr := c.tokenizeStopped(err); fallback {
+				c.body = c.body[:0] // over the budget: the texts go as they came
+				return c.tokenizeBatch(nil)
+			} else if serr != nil {
+				return serr
+			}
 			return badRequest("prompt", fmt.Errorf("%w: tokenize prompt[%d]: %w", ErrBadRequest, i, err))
 		}
 		if len(c.scratch) == 0 {
@@ -260,10 +286,67 @@ func canEncodePlain(tok Tokenizer) bool {
 
 // encode tokenizes a completions prompt as the engine will: with the
 // tokenizer's special tokens unless the request's add_special_tokens is
-// false.
-func (c *call) encode(tok Tokenizer, dst []uint32, text []byte) ([]uint32, error) {
+// false; within b when the tokenizer can stop early.
+func (c *call) encode(tok Tokenizer, dst []uint32, text []byte, b tokenizer.Bound) ([]uint32, error) {
+	if be, ok := tok.(boundedEncoder); ok {
+		return be.EncodeBounded(dst, text, !c.req.noSpecial, b)
+	}
 	if p, ok := tok.(plainEncoder); ok && c.req.noSpecial {
 		return p.EncodePlain(dst, text)
 	}
 	return tok.Encode(dst, text)
+}
+
+// tokenizeBound bounds the tokenizing of one prompt that follows done
+// tokens (of a batch's earlier prompts): past MaxPromptTokens when the
+// request will be refused anyway (no truncate_prompt_tokens), past
+// TokenizeBudget, or once the client is gone (Stopped).
+func (c *call) tokenizeBound(done int) tokenizer.Bound {
+	var b tokenizer.Bound
+	if lim := c.s.cfg.MaxPromptTokens; lim > 0 && c.req.truncate <= 0 {
+		b.MaxTokens = max(1, lim-done)
+	}
+	if d := c.s.cfg.TokenizeBudget; d > 0 {
+		b.Deadline = time.Now().Add(d)
+	}
+	if c.wctx.rc != nil {
+		b.Stop = c
+	}
+	return b
+}
+
+// Stopped implements tokenizer.Stopper: ErrClientGone once the client
+// closed its connection. The first poll (after some 64 KiB of text) starts
+// the client watcher (waitCtx), which the handler stops when it returns.
+func (c *call) Stopped() error {
+	select {
+	case <-c.wctx.Done():
+		return c.wctx.Err()
+	default:
+		return nil
+	}
+}
+
+var _ tokenizer.Stopper = (*call)(nil)
+
+// tokenizeStopped sorts the error of an encoding its bound stopped: over
+// MaxPromptTokens is the prompt-too-long error, a client that left
+// ErrClientGone; over the tokenize budget is fallback: the prompt is
+// routed as one this ingress cannot tokenize. Any other error is neither.
+func (c *call) tokenizeStopped(err error) (fallback bool, _ error) {
+	m := c.s.m
+	switch {
+	case errors.Is(err, tokenizer.ErrTooManyTokens):
+		m.tokenizeStoppedTooLong.Inc()
+		lim := c.s.cfg.MaxPromptTokens
+		return false, fmt.Errorf("%w: over %d prompt tokens, limit is %d", ErrPromptTooLong, lim, lim)
+	case errors.Is(err, tokenizer.ErrDeadline):
+		m.tokenizeStoppedBudget.Inc()
+		c.s.log.Debug("prompt over the tokenize budget; routed as untokenized", "model", c.model, "budget", c.s.cfg.TokenizeBudget)
+		return true, nil
+	case errors.Is(err, context.Canceled):
+		m.tokenizeStoppedGone.Inc()
+		return false, err
+	}
+	return false, nil
 }

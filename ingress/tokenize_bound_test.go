@@ -1,0 +1,120 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/sim"
+)
+
+// boundRig: a sim and an ingress with the bert tokenizer loaded from its
+// file (LoadTokenizers, the command's path), cfg adjusted by tune.
+func boundRig(t *testing.T, tune func(*Config)) (*Server, *hfTokenizer) {
+	t.Helper()
+	nt, _ := llama(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "bert", TimeScale: 500, Tokenizer: nt, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sm.Close() })
+	cfg := testConfig(StaticEngine{ID: "s", Model: "bert", URL: sm.URL()})
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.Tokenizers = map[string]string{"bert": filepath.Join(llamaDir, "bert-base-uncased.json")}
+	tune(&cfg)
+	var deps Deps
+	if err := LoadTokenizers(&cfg, &deps); err != nil {
+		t.Fatal(err)
+	}
+	tk, _ := deps.Tokenizers.For("bert")
+	return startIngress(t, cfg, deps), tk.(*hfTokenizer)
+}
+
+// longPrompt is a completions body of n distinct words (about 2n tokens).
+func longPrompt(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"bert","max_tokens":2,"prompt":"`)
+	for i := range n {
+		b.WriteString("word")
+		b.WriteString(strings.Repeat("x", i%7))
+		b.WriteString(" ")
+	}
+	b.WriteString(`"}`)
+	return b.String()
+}
+
+// TestPromptTooLongStopsTokenizing: a prompt over --max-prompt-tokens is
+// refused as too long without being tokenized to its end: the prefix cache
+// holds only the chunks before the limit.
+func TestPromptTooLongStopsTokenizing(t *testing.T) {
+	s, tk := boundRig(t, func(c *Config) { c.MaxPromptTokens = 200 })
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", longPrompt(20000))
+	if st != 400 || !strings.Contains(string(b), "prompt too long") || !strings.Contains(string(b), "over 200") {
+		t.Fatalf("%d %s", st, b)
+	}
+	if n := tk.enc.Stats().Tokens; n > 1000 {
+		t.Fatalf("the prefix cache holds %d tokens of a prompt refused at 200", n)
+	}
+	if v := val(s.m.tokenizeStoppedTooLong); v != 1 {
+		t.Fatalf("too_long stops %v", v)
+	}
+	// With truncate_prompt_tokens the engine keeps the last tokens: the
+	// whole prompt is tokenized, and it is served.
+	body := strings.Replace(longPrompt(20000), `"max_tokens":2`, `"max_tokens":2,"truncate_prompt_tokens":100`, 1)
+	if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body); st != 200 {
+		t.Fatalf("truncated: %d %s", st, b)
+	}
+}
+
+// TestTokenizeBudgetRoutesUntokenized: a prompt that outlasts the tokenize
+// budget (here one that has passed before the first check) is served,
+// keyed on the engine's /tokenize as a prompt the ingress cannot tokenize,
+// and counted; /metrics shows the stop reasons and the prefix cache's series.
+func TestTokenizeBudgetRoutesUntokenized(t *testing.T) {
+	s, _ := boundRig(t, func(c *Config) {
+		c.TokenizeBudget = time.Nanosecond
+		c.Scheduler.Policy = DefaultConfig().Scheduler.Policy // keys matter: the engine is asked
+		c.EngineTokenizeTimeout = time.Minute                 // a slow machine's engine still answers
+	})
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", longPrompt(20000))
+	var u usageBody
+	if err := json.Unmarshal(b, &u); st != 200 || err != nil {
+		t.Fatalf("%d %s %v", st, b, err)
+	}
+	if v := val(s.m.tokenizeStoppedBudget); v != 1 {
+		t.Fatalf("budget stops %v", v)
+	}
+	if ok, failed := val(s.etok.ok), val(s.etok.failed); ok+failed != 1 {
+		t.Fatalf("engine /tokenize asked %v times (%v answered)", ok+failed, ok)
+	}
+	// A short prompt never reaches a check: tokenized here.
+	if st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", longPrompt(10)); st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	if v := val(s.m.tokenizeStoppedBudget); v != 1 {
+		t.Fatalf("budget stops %v after a short prompt", v)
+	}
+	st, body, err := get("http://" + s.AdminAddr() + "/metrics")
+	if err != nil || st != 200 {
+		t.Fatal(st, err)
+	}
+	for _, want := range []string{
+		`kvmesh_ingress_tokenize_stopped_total{ingress="` + s.cfg.ID + `",reason="budget"} 1`,
+		`kvmesh_ingress_tokenize_stopped_total{ingress="` + s.cfg.ID + `",reason="client_gone"} 0`,
+		`kvmesh_ingress_tokenize_stopped_total{ingress="` + s.cfg.ID + `",reason="too_long"} 0`,
+		`kvmesh_tokenizer_cache_hits_total{model="bert"}`,
+		`kvmesh_tokenizer_cache_misses_total{model="bert"}`,
+		`kvmesh_tokenizer_cache_tokens{model="bert"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
