@@ -11,7 +11,7 @@ import (
 // SetAddrs sets where the member listens and is dialled from the forms
 // the command line and YAML files give: bind "IP:port" (port 0 picks a
 // free one; an empty IP listens on every address), advertise "" (derived
-// by memberlist), "IP" (the bind port) or "IP:port". Memberlist dials and
+// by memberlist), "IP" or "[IPv6]" (the bind port) or "IP:port". Memberlist dials and
 // binds IP addresses, never names, so a name is refused here, at start,
 // instead of by memberlist after the rest has started. An IPv6 address
 // with a port is written in brackets ("[fd00::1]:7946"); an unbracketed
@@ -36,7 +36,10 @@ func (c *Config) SetAddrs(bind, advertise string) error {
 	if advertise != "" {
 		c.AdvertiseAddr, c.AdvertisePort = advertise, 0
 		h := advertise
-		if sh, port, err := net.SplitHostPort(advertise); err == nil {
+		if len(advertise) > 2 && advertise[0] == '[' && advertise[len(advertise)-1] == ']' {
+			h = advertise[1 : len(advertise)-1] // an IPv6 address in brackets, no port: the bind port
+			c.AdvertiseAddr = h
+		} else if sh, port, err := net.SplitHostPort(advertise); err == nil {
 			ap, perr := strconv.Atoi(port)
 			if perr != nil || sh == "" || ap < 0 || ap > 65535 {
 				errs = append(errs, fmt.Errorf("gossip advertise %q (--gossip-advertise): want IP or IP:port", advertise))

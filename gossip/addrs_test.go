@@ -17,6 +17,9 @@ func TestSetAddrs(t *testing.T) {
 		// The pod IP alone reads the same on IPv4 and IPv6 clusters.
 		{"0.0.0.0:7946", "fd00::1", Config{BindAddr: "0.0.0.0", BindPort: 7946, AdvertiseAddr: "fd00::1"}, ""},
 		{"[::]:7946", "[fd00::1]:7947", Config{BindAddr: "::", BindPort: 7946, AdvertiseAddr: "fd00::1", AdvertisePort: 7947}, ""},
+		// In brackets without a port, as --engine-host takes it: the bind port.
+		{"[::]:7946", "[fd00::1]", Config{BindAddr: "::", BindPort: 7946, AdvertiseAddr: "fd00::1"}, ""},
+		{"[::]:7946", "[pod]", Config{}, `"pod" is not an IP address`},
 		// Never split at the last colon: this is an IPv6 address.
 		{":7946", "fd00::1:7946", Config{BindPort: 7946, AdvertiseAddr: "fd00::1:7946"}, ""},
 		// Memberlist dials and binds IPs: a name fails here, before NATS.

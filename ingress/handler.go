@@ -157,6 +157,7 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 		return err
 	}
 	t := time.Now()
+	c.wctx.rc = ctx // tokenizing polls for a client that left (tokenize_stage.go: Stopped)
 	if err := c.tokenize(); err != nil {
 		return err
 	}

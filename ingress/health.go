@@ -356,7 +356,7 @@ func (e *ejector) wrongModel(up *upstream, model string) {
 // 508, its URL is a kvmesh ingress (loop.go). Its probe, which carries the
 // hop header, gets the 508 too and keeps it out until the URL is an
 // engine's. It reports false when passive ejection is off.
-func (e *ejector) routingLoop(up *upstream, ingress string) bool {
+func (e *ejector) routingLoop(up *upstream) bool {
 	if e == nil || e.cfg.Disabled {
 		return false
 	}
@@ -368,8 +368,8 @@ func (e *ejector) routingLoop(up *upstream, ingress string) bool {
 		return true
 	}
 	h.consecutive++
-	e.ejectLocked(h, time.Now(), fmt.Sprintf("%s: its URL %s is a kvmesh ingress (%s answered 508 Loop Detected), not an engine: check its sidecar's --engine-url",
-		loopResult, up.url, ingress))
+	e.ejectLocked(h, time.Now(), fmt.Sprintf("%s: its URL %s is a kvmesh ingress (it answered 508 Loop Detected), not an engine: check its sidecar's --engine-url",
+		loopResult, up.url))
 	return true
 }
 
@@ -657,7 +657,7 @@ func loopProbed(resp *http.Response) error {
 	if resp.StatusCode != http.StatusLoopDetected || resp.Header.Get(ingressHeader) == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: kvmesh ingress %s answered 508 Loop Detected", ErrRoutingLoop, clip(resp.Header.Get(ingressHeader)))
+	return fmt.Errorf("%w: a kvmesh ingress answered 508 Loop Detected", ErrRoutingLoop)
 }
 
 // forget drops engine id's record (it left membership: forget.go), and

@@ -33,8 +33,11 @@ import (
 const (
 	// hopHeader carries the sending ingress's id on upstream requests.
 	hopHeader = "X-Kvmesh-Hop"
-	// ingressHeader names the ingress that refused a loop, on its 508.
+	// ingressHeader marks a kvmesh ingress's 508 refusing a loop, with
+	// ingressMark: not its id, which a client sending the hop header would
+	// learn before any authentication.
 	ingressHeader = "X-Kvmesh-Ingress"
+	ingressMark   = "routing-loop"
 	// loopResult is the attempt result, and the 508's error code.
 	loopResult = "routing_loop"
 	// loopLogEvery spaces the warnings of refused loops.
@@ -60,20 +63,22 @@ func (s *Server) refuseLoop(ctx *fasthttp.RequestCtx) bool {
 	if string(from) == s.cfg.ID {
 		sender = "this kvmesh ingress itself"
 	}
-	err := fmt.Errorf("%w: kvmesh ingress %s got a request from %s (%s header): an engine URL points at a kvmesh ingress, not at an engine (check that engine's sidecar --engine-url); an ingress routes no request that carries %s",
-		ErrRoutingLoop, s.cfg.ID, sender, hopHeader, hopHeader)
+	// The answer names no id of this ingress (only the sender's, which the
+	// request carried): any client may send the header.
+	err := fmt.Errorf("%w: a kvmesh ingress got a request from %s (%s header): an engine URL points at a kvmesh ingress, not at an engine (check that engine's sidecar --engine-url); an ingress routes no request that carries %s",
+		ErrRoutingLoop, sender, hopHeader, hopHeader)
 	ae := writeError(ctx, newAPIError(fasthttp.StatusLoopDetected, "server_error", loopResult, "", err))
-	ctx.Response.Header.Set(ingressHeader, s.cfg.ID)
+	ctx.Response.Header.Set(ingressHeader, ingressMark)
 	if now, last := monotime.Now(), s.loopLastLog.Load(); (last == 0 || now-last >= int64(loopLogEvery)) && s.loopLastLog.CompareAndSwap(last, now) {
-		s.log.Warn("refused a request carrying "+hopHeader+" with 508 Loop Detected: an engine URL points at this or another kvmesh ingress (check the sidecars' --engine-url); later refusals within 10s are only counted (kvmesh_ingress_routing_loops_total)",
+		s.log.Warn("refused a request carrying "+hopHeader+" with 508 Loop Detected: an engine URL points at this or another kvmesh ingress (check the sidecars' --engine-url), or a client sent the header; later refusals within 10s are only counted (kvmesh_ingress_routing_loops_total)",
 			"from", clipBytes(from), "path", clipBytes(ctx.Path()))
 	}
 	s.finishOther(ctx, loopResult, start, ae) // otherlog.go
 	return true
 }
 
-// loopAnswer returns the id of the ingress that answered resp, a 508
-// refusing a routing loop (refuseLoop); "" for any other answer.
+// loopAnswer returns the mark of a kvmesh ingress's 508 refusing a routing
+// loop (refuseLoop); "" for any other answer.
 func loopAnswer(resp *fasthttp.Response) string {
 	if resp.StatusCode() != fasthttp.StatusLoopDetected {
 		return ""
@@ -86,22 +91,21 @@ func loopAnswer(resp *fasthttp.Response) string {
 // any byte reached the client, so the next engine is tried; the engine is
 // ejected (ejector.routingLoop) and its pooled connections closed.
 func (c *call) routingLoop(up *upstream, resp *fasthttp.Response) error {
-	ingress := loopAnswer(resp)
-	cause := fmt.Errorf("%w: engine %s is a kvmesh ingress (%s answered 508 Loop Detected), not an engine: check its sidecar's --engine-url",
-		ErrRoutingLoop, up.id, ingress)
+	cause := fmt.Errorf("%w: engine %s is a kvmesh ingress (it answered 508 Loop Detected), not an engine: check its sidecar's --engine-url",
+		ErrRoutingLoop, up.id)
 	err := c.attemptFailed(up, resp, loopResult, cause)
-	c.s.loopedEngine(up, ingress)
+	c.s.loopedEngine(up)
 	return err
 }
 
-// loopedEngine ejects up, a kvmesh ingress (ingress answered its 508), and
-// closes its pooled connections (its answer's connection released); the
-// P/D legs call it too.
-func (s *Server) loopedEngine(up *upstream, ingress string) {
-	if !s.health.routingLoop(up, ingress) { // passive ejection off: warn here
-		if now, last := monotime.Now(), s.loopLastLog.Load(); (last == 0 || now-last >= int64(loopLogEvery)) && s.loopLastLog.CompareAndSwap(last, now) {
+// loopedEngine ejects up, a kvmesh ingress (it answered a 508 refusing a
+// loop), and closes its pooled connections (its answer's connection
+// released); the P/D legs call it too.
+func (s *Server) loopedEngine(up *upstream) {
+	if !s.health.routingLoop(up) { // passive ejection off: warn here
+		if now, last := monotime.Now(), s.loopSentLog.Load(); (last == 0 || now-last >= int64(loopLogEvery)) && s.loopSentLog.CompareAndSwap(last, now) {
 			s.log.Warn("engine is a kvmesh ingress, not an engine (it answered 508 Loop Detected): check its sidecar's --engine-url; kept in routing, as passive ejection is off",
-				"engine", up.id, "url", up.url, "ingress", ingress)
+				"engine", up.id, "url", up.url)
 		}
 	}
 	up.hc.CloseIdleConnections()

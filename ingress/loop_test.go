@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -147,8 +148,11 @@ func TestClientHopHeaderIsRefused(t *testing.T) {
 		st, hdr, body := post(t, http.DefaultClient, "http://"+s.Addr()+path, `{"model":"m","prompt":[1,2,3],"max_tokens":2}`, hopHeader, "ingress-y")
 		var e openAIError
 		if err := json.Unmarshal(body, &e); err != nil || st != http.StatusLoopDetected || e.Error.Code != "routing_loop" ||
-			hdr.Get(ingressHeader) != "ingress-x" || !strings.Contains(e.Error.Message, `kvmesh ingress ingress-y`) {
+			hdr.Get(ingressHeader) != ingressMark || !strings.Contains(e.Error.Message, `kvmesh ingress ingress-y`) {
 			t.Fatalf("%s: %d %v %s, want 508 routing_loop naming the sender", path, st, hdr, body)
+		}
+		if strings.Contains(string(body), "ingress-x") || strings.Contains(fmt.Sprint(hdr), "ingress-x") {
+			t.Fatalf("%s: the refusal names this ingress's id to a client: %v %s", path, hdr, body)
 		}
 	}
 	if n := fe.hits.Load(); n != 0 {

@@ -177,6 +177,10 @@ func (s *Server) pdInit() *pdState {
 			Help: "Prefill legs waiting for an admission slot, all prefill engines.", ConstLabels: cl}, p.waiting)
 		p.legsNow = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_inflight",
 			Help: "Prefill legs holding an admission slot (sent, not answered), all prefill engines.", ConstLabels: cl}, p.inFlight)
+		// At 0 from the start, the results docs/OPERATIONS.md says to alert on.
+		for _, r := range pdAlertResults {
+			p.legs.WithLabelValues("prefill", r)
+		}
 		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued, p.legsNow} {
 			if err := s.deps.Registry.Register(c); err != nil {
 				s.log.Warn("pd metrics", "err", err)
@@ -189,6 +193,10 @@ func (s *Server) pdInit() *pdState {
 
 // busy reports whether engine has prefill legs of this replica holding or
 // waiting for an admission slot.
+// pdAlertResults are the prefill legs' results of an engine that is not
+// what gossip says (a wrong model, a kvmesh ingress), created at 0.
+var pdAlertResults = [...]string{"fallback_wrong_model", "fallback_" + loopResult, "failed_wrong_model", "failed_" + loopResult}
+
 func (p *pdState) busy(engine string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -692,7 +700,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		if looped != "" {
-			s.loopedEngine(up, looped)
+			s.loopedEngine(up)
 			return c.prefillDone(p, "fallback_"+loopResult, start), true
 		}
 		return c.prefillDone(p, "fallback_"+statusResult(st), start), true

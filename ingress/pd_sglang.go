@@ -358,8 +358,8 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 			return true, decodeFail{}
 		}
 		// The decode engine does not serve the model (wrongmodel.go): it
-		// leaves the model's requests, and the next pair or aggregated
-		// serves this one. Not counted as a failure besides.
+		// leaves the model's requests and the ranking, and the request is
+		// served aggregated (sglangPair). Not counted as a failure besides.
 		bufPool.Put(buf)
 		s.m.attempts.WithLabelValues("wrong_model").Inc()
 		_ = resp.CloseBodyStream()
@@ -377,7 +377,7 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		c.endAttempt(up)
-		s.loopedEngine(up, looped)
+		s.loopedEngine(up)
 		c.dropRanked(decode)
 		return false, decodeFail{result: loopResult}
 	}
@@ -445,8 +445,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 		res.result = "failed_status_" + strconv.Itoa(res.status)
 		if looped := loopAnswer(resp); looped != "" { // loop.go: the "engine" is a kvmesh ingress
 			res.result = "failed_" + loopResult
-			_ = resp.CloseBodyStream()
-			s.loopedEngine(up, looped)
+			s.loopedEngine(up) // its connection's next use is closed: the answer's is released below
 		} else if res.status >= 500 || res.status == fasthttp.StatusTooManyRequests {
 			up.failures.Add(1)
 			s.health.observe(up, statusResult(res.status))

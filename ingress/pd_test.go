@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -222,6 +224,10 @@ func TestPDPrefillDeniesModel(t *testing.T) {
 	p.notFound.Store(&denial)
 	s := startPDIngress(t, "kvmesh-always", PDConfig{},
 		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	// The results to alert on exist at 0 before any leg (docs/OPERATIONS.md).
+	if n := promtest.CollectAndCount(s.pdInit().legs); n != len(pdAlertResults) {
+		t.Fatalf("%d P/D leg series before any request, want the %d alert results at 0", n, len(pdAlertResults))
+	}
 	for i := range 2 {
 		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
 		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || d.params.Load().(string) != "" {

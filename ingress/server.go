@@ -114,6 +114,9 @@ type Server struct {
 	otherLog lineLimiter
 	// loopLastLog is when a routing loop was last warned of (monotime; loop.go).
 	loopLastLog atomic.Int64
+	// loopSentLog is when an engine found to be an ingress was last warned
+	// of with passive ejection off (monotime; loop.go).
+	loopSentLog atomic.Int64
 
 	// failed receives the error of a listener that stopped serving while
 	// the Server was not closing (Failed); one slot per listener, never
@@ -562,6 +565,16 @@ func (s *Server) shareLoadLoop() {
 
 // handle is the fasthttp entry point.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if s.draining.Load() {
+			// Every answer while draining closes its connection (fasthttp
+			// sends the head after handle returns, streams' included): a
+			// keep-alive client reconnects, through its Service, to a live
+			// replica. Kept open, the connection took the drain's 503s until
+			// the drain ended and then broke under the client's next request.
+			ctx.SetConnectionClose()
+		}
+	}()
 	if ctx.Request.Header.ContentLength() == -1 {
 		s.heads.forget(&ctx.Request.Header) // a chunked body read whole: its head's note is not needed
 	}
@@ -576,14 +589,6 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.route(ctx)
-	if s.draining.Load() {
-		// Every answer while draining closes its connection (fasthttp sends
-		// the head after handle returns, streams' included): a keep-alive
-		// client reconnects, through its Service, to a live replica. Kept
-		// open, the connection took the drain's 503s until the drain ended
-		// and then broke under the client's next request.
-		ctx.SetConnectionClose()
-	}
 	if len(s.cfg.CORSOrigins) > 0 {
 		// After the answer is made, so error answers (writeError resets
 		// the response) carry them too; fasthttp sends the head after

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sim"
 )
 
@@ -116,5 +117,23 @@ func TestTokenizeBudgetRoutesUntokenized(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestTokenizingStopsForAClientThatLeft: a client that sent a large prompt
+// and closed its connection does not keep the ingress tokenizing it: the
+// encoding polls for the client (every 64 KiB of text) and stops, counted
+// as client_gone, and nothing reaches the engine. Before, one such 30 KB
+// gzipped upload kept the ingress busy for 40 CPU-seconds after its client
+// had left.
+func TestTokenizingStopsForAClientThatLeft(t *testing.T) {
+	s, _ := boundRig(t, func(c *Config) { c.MaxPromptTokens, c.TokenizeBudget = 50_000_000, 0 })
+	conn := dialRequest(t, s.Addr(), "/v1/completions", longPrompt(1_000_000))
+	conn.Close() // the whole request is in the ingress's socket buffer: it reads it, then finds the client gone
+	testutil.WaitFor(t, 2*time.Minute, "the tokenizing stopped for the client that left, the request ended as 499", func() bool {
+		return val(s.m.tokenizeStoppedGone) == 1 && val(s.m.requests.WithLabelValues("completions", "499")) == 1
+	})
+	if n := val(s.m.attempts.WithLabelValues("ok")); n != 0 {
+		t.Fatalf("%v attempts reached the engine for a client that had left", n)
 	}
 }

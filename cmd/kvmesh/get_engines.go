@@ -51,8 +51,8 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	var key []byte
 	var extra [][]byte
 	gossipKeyFlag(fs, &key, &extra, &probs)
-	bind := fs.String("gossip-bind", "127.0.0.1:0", "where this observer listens, host:port (must be reachable by the members)")
-	advertise := fs.String("gossip-advertise", "", "gossip host or host:port the members dial, when it differs from the bind address")
+	bind := fs.String("gossip-bind", "127.0.0.1:0", "where this observer listens, IP:port (IPv6 in brackets; must be reachable by the members)")
+	advertise := fs.String("gossip-advertise", "", "the IP, or IP:port (IPv6 in brackets), the members dial, when it differs from the bind address")
 	wait := fs.Duration("wait", 3*time.Second, "how long to wait for the view to settle")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: kvmesh %s engine%s --join HOST:PORT[,...] [--gossip-key KEY]\n", verb, map[string]string{"get": "s [NAME]", "describe": " NAME"}[verb])

@@ -57,8 +57,8 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.StringVar(&sc.NATS, "sidecar-nats", sc.NATS, "NATS URLs given to injected sidecars")
 	fs.StringVar(&sc.GossipJoin, "sidecar-join", sc.GossipJoin, "gossip seeds given to injected sidecars (empty: no gossip)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics and /healthz here (empty: off)")
-	gossipBind := fs.String("gossip-bind", "", "join the mesh's gossip from host:port to run AutoscalingPolicies (empty: policies are not run)")
-	gossipAdvertise := fs.String("gossip-advertise", "", "gossip host or host:port other members dial, when it differs from --gossip-bind")
+	gossipBind := fs.String("gossip-bind", "", "join the mesh's gossip from IP:port (IPv6 in brackets) to run AutoscalingPolicies (empty: policies are not run)")
+	gossipAdvertise := fs.String("gossip-advertise", "", "the IP, or IP:port (IPv6 in brackets), other members dial, when it differs from --gossip-bind")
 	join := fs.String("join", "", "gossip seeds host:port, comma-separated")
 	// The same keys and rotation list as every other member: the orchestrator
 	// reads the Secret they all read (docs/SECURITY.md, "Gossip").
