@@ -15,24 +15,32 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-// An engine whose metrics stop answering is gossiped as not ready after two
-// failed scrapes, and as ready again after the next good one.
-func TestScrapeFailuresMakeEngineUnready(t *testing.T) {
-	var broken atomic.Bool
+// breakableMetrics is a FAKE engine's /metrics answering body, or 503
+// while broken is set.
+func breakableMetrics(t *testing.T, body string) (url string, broken *atomic.Bool) {
+	t.Helper()
+	broken = new(atomic.Bool)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if broken.Load() {
 			http.Error(w, "down", http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = w.Write([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"))
+		_, _ = w.Write([]byte(body))
 	}))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv.URL, broken
+}
+
+// An engine whose metrics stop answering is gossiped as not ready after two
+// failed scrapes, and as ready again after the next good one.
+func TestScrapeFailuresMakeEngineUnready(t *testing.T) {
+	url, broken := breakableMetrics(t, "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n")
 	var logs testutil.SyncBuffer
-	s, e := polledEngine(t, srv.URL, &logs, true)
+	s, e := polledEngine(t, url, &logs, true)
 	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); e.scrapeLoop(ctx, srv.Client(), srv.URL) }()
+	go func() { defer close(done); e.scrapeLoop(ctx, http.DefaultClient, url) }()
 	defer func() { cancel(); <-done }()
 
 	testutil.WaitFor(t, 10*time.Second, "a good scrape", func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.load.Running == 1 })

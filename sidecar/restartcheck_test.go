@@ -3,9 +3,7 @@ package sidecar
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,15 +18,7 @@ import (
 // (black-box report, finding 7). The keys are now dropped, and the drop
 // published, before it turns ready.
 func TestEngineBackAfterOutageDropsDeadKeysBeforeReady(t *testing.T) {
-	var broken atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if broken.Load() {
-			http.Error(w, "down", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"))
-	}))
-	defer srv.Close()
+	url, broken := breakableMetrics(t, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
 	pub := newPublisher(t, "tcp://127.0.0.1:0")
 	var logs testutil.SyncBuffer
 	// Idle probes an hour apart: only the check on the way back can find
@@ -36,7 +26,7 @@ func TestEngineBackAfterOutageDropsDeadKeysBeforeReady(t *testing.T) {
 	e := eventEngine(t, pub, pub.Endpoint(), false, time.Hour, &logs)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); e.scrapeLoop(ctx, srv.Client(), srv.URL) }()
+	go func() { defer close(done); e.scrapeLoop(ctx, http.DefaultClient, url) }()
 	defer func() { cancel(); <-done }()
 	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
 

@@ -273,11 +273,7 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		if m.tooManyUnlistedLocked(d.Engine) {
 			return
 		}
-		e = m.engine(d.Engine, d.Model)
-		e.epochs.setFollow(d.Epoch, d.EpochStart)
-		e.followSeen = now
-		m.bufferLocked(e, d)
-		m.snapshotLocked(e, "first sight")
+		m.sightedLocked(d, now, "first sight")
 		return
 	}
 	if d.Model != "" && d.Model != e.model {
@@ -295,11 +291,7 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		// Without gossip a newer sidecar's deltas tell of the engine id's
 		// new model: its snapshot subject is the new model's.
 		m.changeModelLocked(e, d.Model)
-		e = m.engine(d.Engine, d.Model)
-		e.epochs.setFollow(d.Epoch, d.EpochStart)
-		e.followSeen = now
-		m.bufferLocked(e, d)
-		m.snapshotLocked(e, "model changed")
+		m.sightedLocked(d, now, "model changed")
 		return
 	}
 	e.lastMsg = now
@@ -388,6 +380,16 @@ func (m *Materializer) newsLocked(e *engineState, d *kvevents.Delta) bool {
 		}
 	}
 	return false
+}
+
+// sightedLocked takes on the engine of d, unknown until now: it follows
+// d's epoch, buffers d and snapshots the engine.
+func (m *Materializer) sightedLocked(d *kvevents.Delta, now time.Time, reason string) {
+	e := m.engine(d.Engine, d.Model)
+	e.epochs.setFollow(d.Epoch, d.EpochStart)
+	e.followSeen = now
+	m.bufferLocked(e, d)
+	m.snapshotLocked(e, reason)
 }
 
 // changeModelLocked forgets e, whose id now serves model: its keys were
