@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 
@@ -115,13 +116,25 @@ func Run(ctx context.Context, o Options, stderr io.Writer) error {
 // ParseEngineSpec parses a DaemonSet-mode engine,
 // "id=a,model=m,url=http://...,events=tcp://...[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,group=G,pd=nixl|sglang,bootstrap=PORT]".
 // Role defaults to mixed, dp to 1 and id to the URL's host:port.
+//
+// Instead of url=, events= and replay=, "host=H,port=P,events-port=E[,replay-port=R]"
+// gives the engine's host once, and the URL http://H:P and the endpoints
+// tcp://H:E and tcp://H:R are built with an IPv6 host bracketed
+// (JoinHostPort): a manifest's host=$(NODE_IP) reads the same on IPv4 and
+// IPv6 nodes, where url=http://$(NODE_IP):8000 is no URL on IPv6. A key
+// and the one it stands for (host= or port= and url=, events-port= and
+// events=, replay-port= and replay=) are refused together.
 func ParseEngineSpec(s string) (EngineConfig, error) {
 	e := EngineConfig{Role: "mixed", DPSize: 1}
+	var host string
+	var port, eventsPort, replayPort int
+	given := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
 			return e, fmt.Errorf("%w: engine spec %q: %q is not key=value", ErrConfig, s, kv)
 		}
+		given[k] = true
 		var err error
 		switch k {
 		case "id":
@@ -130,12 +143,20 @@ func ParseEngineSpec(s string) (EngineConfig, error) {
 			e.Model = v
 		case "url":
 			e.URL = v
+		case "host":
+			host = v
+		case "port":
+			port, err = strconv.Atoi(v)
 		case "metrics":
 			e.MetricsURL = v
 		case "events":
 			e.Events = v
+		case "events-port":
+			eventsPort, err = strconv.Atoi(v)
 		case "replay":
 			e.Replay = v
+		case "replay-port":
+			replayPort, err = strconv.Atoi(v)
 		case "role":
 			e.Role = v
 		case "dp":
@@ -159,10 +180,69 @@ func ParseEngineSpec(s string) (EngineConfig, error) {
 			return e, fmt.Errorf("%w: engine spec %q: %s: %v", ErrConfig, s, k, err)
 		}
 	}
+	if err := e.fromHost(given, host, port, eventsPort, replayPort); err != nil {
+		return e, fmt.Errorf("%w: engine spec %q: %w", ErrConfig, s, err)
+	}
 	if e.ID == "" && e.URL != "" {
 		e.ID = hostOf(e.URL)
 	}
 	return e, nil
+}
+
+// fromHost sets e's URL, Events and Replay from an engine spec's host=,
+// port=, events-port= and replay-port= (given says which keys the spec
+// has), refusing them beside the url=, events= or replay= they build.
+func (e *EngineConfig) fromHost(given map[string]bool, host string, port, eventsPort, replayPort int) error {
+	switch {
+	case !given["host"] && !given["port"] && !given["events-port"] && !given["replay-port"]:
+		return nil
+	case given["url"] && (given["host"] || given["port"]):
+		return errors.New("host= and port= build the engine URL, http://HOST:PORT: give them or url=, not both")
+	case given["events"] && given["events-port"]:
+		return errors.New("events-port= builds the events endpoint, tcp://HOST:PORT with host=: give it or events=, not both")
+	case given["replay"] && given["replay-port"]:
+		return errors.New("replay-port= builds the replay endpoint, tcp://HOST:PORT with host=: give it or replay=, not both")
+	case !given["host"]:
+		return errors.New("port=, events-port= and replay-port= are ports on host=, which is missing")
+	case !given["port"]:
+		return errors.New("host= and port= go together (the engine URL is http://HOST:PORT)")
+	}
+	hp, err := JoinHostPort(host, port)
+	if err != nil {
+		return err
+	}
+	e.URL = "http://" + hp
+	for _, ep := range []struct {
+		key  string
+		port int
+		dst  *string
+	}{{"events-port", eventsPort, &e.Events}, {"replay-port", replayPort, &e.Replay}} {
+		if !given[ep.key] {
+			continue
+		}
+		hp, err := JoinHostPort(host, ep.port)
+		if err != nil {
+			return fmt.Errorf("%s: %w", ep.key, err)
+		}
+		*ep.dst = "tcp://" + hp
+	}
+	return nil
+}
+
+// JoinHostPort is "host:port" for a URL or a tcp:// endpoint, an IPv6
+// host bracketed (net.JoinHostPort): the downward API gives $(POD_IP) and
+// $(NODE_IP) bare, and http://fd00::1:8000 is no URL. host may come
+// bracketed already; one with a port, or with a character no IP address
+// or host name has, is refused, as is a port outside 1..65535.
+func JoinHostPort(host string, port int) (string, error) {
+	if port <= 0 || port > 65535 {
+		return "", fmt.Errorf("port %d: want 1..65535", port)
+	}
+	bare := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if bare == "" || strings.Contains(bare, ":") && net.ParseIP(bare) == nil || strings.ContainsAny(bare, "/[]@?#% ") {
+		return "", fmt.Errorf("host %q: want an IP address or a host name, without a port", host)
+	}
+	return net.JoinHostPort(bare, strconv.Itoa(port)), nil
 }
 
 // hostOf is the host:port of a URL (the default engine id).

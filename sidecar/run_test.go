@@ -24,6 +24,58 @@ func TestParseEngineSpec(t *testing.T) {
 	}
 }
 
+// TestParseEngineSpecHostPort: host=, port=, events-port= and
+// replay-port= build the engine URL and endpoints with an IPv6 host
+// bracketed, so a DaemonSet's host=$(NODE_IP) serves IPv4 and IPv6 nodes;
+// beside the url=, events= or replay= they build, or incomplete, they are
+// refused, saying why.
+func TestParseEngineSpecHostPort(t *testing.T) {
+	for _, tc := range []struct {
+		spec, id, url, events, replay string
+	}{
+		{"model=m,host=10.0.0.5,port=8000,events-port=5557", "10.0.0.5:8000", "http://10.0.0.5:8000", "tcp://10.0.0.5:5557", ""},
+		{"model=m,host=fd00:10:244:1::2a,port=8000,events-port=5557,replay-port=5558", "[fd00:10:244:1::2a]:8000",
+			"http://[fd00:10:244:1::2a]:8000", "tcp://[fd00:10:244:1::2a]:5557", "tcp://[fd00:10:244:1::2a]:5558"},
+		{"id=g0,model=m,host=[fd00::1],port=8001,events-port=5567,bind=true", "g0", "http://[fd00::1]:8001", "tcp://[fd00::1]:5567", ""},
+		{"model=m,port=8000,host=gpu-0.example,events=tcp://127.0.0.1:5557", "gpu-0.example:8000", "http://gpu-0.example:8000", "tcp://127.0.0.1:5557", ""},
+		{"model=m,url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557", "10.0.0.5:8000", "http://10.0.0.5:8000", "tcp://10.0.0.5:5557", ""},
+	} {
+		e, err := ParseEngineSpec(tc.spec)
+		if err != nil {
+			t.Errorf("%s: %v", tc.spec, err)
+			continue
+		}
+		if e.ID != tc.id || e.URL != tc.url || e.Events != tc.events || e.Replay != tc.replay {
+			t.Errorf("%s: id %q url %q events %q replay %q; want %q %q %q %q", tc.spec, e.ID, e.URL, e.Events, e.Replay, tc.id, tc.url, tc.events, tc.replay)
+		}
+		c := DefaultConfig()
+		c.Engines = []EngineConfig{e}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", tc.spec, err)
+		}
+	}
+	for _, tc := range []struct{ spec, err string }{
+		{"model=m,url=http://h:1,host=10.0.0.5,port=8000,events-port=5557", "give them or url=, not both"},
+		{"model=m,url=http://h:1,port=8000,events=tcp://h:2", "give them or url=, not both"},
+		{"model=m,host=10.0.0.5,port=8000,events-port=5557,events=tcp://h:2", "give it or events=, not both"},
+		{"model=m,host=10.0.0.5,port=8000,events-port=5557,replay-port=5558,replay=tcp://h:3", "give it or replay=, not both"},
+		{"model=m,host=10.0.0.5,events-port=5557", "host= and port= go together"},
+		{"model=m,port=8000,events-port=5557", "host=, which is missing"},
+		{"model=m,url=http://h:1,events-port=5557", "host=, which is missing"},
+		{"model=m,host=10.0.0.5:8000,port=8000,events-port=5557", `host "10.0.0.5:8000": want an IP address or a host name, without a port`},
+		{"model=m,host=[fd00::1]:8000,port=8000,events-port=5557", "without a port"},
+		{"model=m,host=,port=8000,events-port=5557", `host ""`},
+		{"model=m,host=10.0.0.5,port=70000,events-port=5557", "port 70000: want 1..65535"},
+		{"model=m,host=10.0.0.5,port=8000,events-port=0", "events-port: port 0"},
+		{"model=m,host=10.0.0.5,port=x,events-port=5557", "port: strconv.Atoi"},
+	} {
+		_, err := ParseEngineSpec(tc.spec)
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %v; want a config error with %q", tc.spec, err, tc.err)
+		}
+	}
+}
+
 // TestOptionsBuild: the single-engine form, DaemonSet specs and gossip
 // addresses resolve into one Config; every problem is listed.
 func TestOptionsBuild(t *testing.T) {
@@ -66,6 +118,8 @@ func FuzzParseEngineSpec(f *testing.F) {
 	f.Add("id=p,model=m,url=http://h:1,events=tcp://h:2,role=prefill,group=g,pd=sglang,bootstrap=8995,bind=true")
 	f.Add("id=a,model=m,url=http://h:1,events=tcp://h:2,dp=2000000000")
 	f.Add("id=a,dp=-1")
+	f.Add("id=a,model=m,host=fd00::1,port=8000,events-port=5557,replay-port=5558,bind=true")
+	f.Add("id=a,model=m,host=[10.0.0.5],port=8000,events=tcp://h:2")
 	f.Add("novalue")
 	f.Fuzz(func(t *testing.T, s string) {
 		e, err := ParseEngineSpec(s)

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/epp"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/sidecar"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -49,14 +53,14 @@ func TestEngineHostPort(t *testing.T) {
 }
 
 // TestManifestsOnIPv6: the kvmesh containers of the shipped manifests
-// build a valid configuration whether the pod IP is IPv4 or IPv6 (Kubernetes
-// expands $(POD_IP) into the arguments verbatim, and http://fd00::1:8000 or
-// fd00::1:7946 would be no address).
+// build a valid configuration whether the pod or node IP is IPv4 or IPv6
+// (Kubernetes expands $(POD_IP) and $(NODE_IP) into the arguments
+// verbatim, and http://fd00::1:8000 or fd00::1:7946 would be no address).
 func TestManifestsOnIPv6(t *testing.T) {
 	kubectl := testutil.RequireTool(t, "kubectl", "it renders the kustomize overlays")
 	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
 	for _, podIP := range []string{"10.0.0.1", "fd00:10:244:1::2a"} {
-		for _, dir := range []string{"base", "install", "overlays/sidecar-container", "gateway/base"} {
+		for _, dir := range []string{"base", "install", "overlays/sidecar-container", "overlays/daemonset", "gateway/base"} {
 			t.Run(podIP+"/"+dir, func(t *testing.T) {
 				out, err := exec.Command(kubectl, "kustomize", filepath.Join("..", "..", "manifests", dir)).Output()
 				if err != nil {
@@ -77,7 +81,7 @@ func TestManifestsOnIPv6(t *testing.T) {
 						var args []string
 						for _, a := range c["args"].([]any) {
 							args = append(args, envRef.ReplaceAllStringFunc(a.(string), func(ref string) string {
-								if ref == "$(POD_IP)" {
+								if ref == "$(POD_IP)" || ref == "$(NODE_IP)" {
 									return podIP
 								}
 								return "x"
@@ -93,6 +97,31 @@ func TestManifestsOnIPv6(t *testing.T) {
 	}
 }
 
+// engineAddrsSplit checks that every engine's URL and tcp:// endpoints
+// split into host and port as written: url.Parse and ZMQ take
+// http://fd00::1:8000 and tcp://fd00::1:5557 (split at the last colon),
+// where the IPv6 address is unbracketed and so the whole of fd00::1:8000.
+func engineAddrsSplit(cfg sidecar.Config) error {
+	for _, e := range cfg.Engines {
+		u, err := url.Parse(e.URL)
+		if err != nil {
+			return err
+		}
+		addrs := map[string]string{"url": u.Host}
+		for name, ep := range map[string]string{"events": e.Events, "replay": e.Replay} {
+			if hp, ok := strings.CutPrefix(ep, "tcp://"); ok {
+				addrs[name] = hp
+			}
+		}
+		for name, hp := range addrs {
+			if _, _, err := net.SplitHostPort(hp); err != nil {
+				return fmt.Errorf("engine %s %s: %w", e.ID, name, err)
+			}
+		}
+	}
+	return nil
+}
+
 // buildArgs checks a kvmesh container's arguments as far as its command
 // does before it connects to anything.
 func buildArgs(args []string) error {
@@ -105,6 +134,9 @@ func buildArgs(args []string) error {
 		cfg, err := o.Build(slog.New(slog.DiscardHandler))
 		if err == nil {
 			err = cfg.Validate()
+		}
+		if err == nil {
+			err = engineAddrsSplit(cfg)
 		}
 		return err
 	case "ingress":

@@ -6,10 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -40,6 +38,7 @@ func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvmesh sidecar --model M (--engine-url URL | --engine-host HOST --engine-port PORT) --events tcp://HOST:5557 [--replay tcp://HOST:5558] [--nats URL] [--gossip-bind ADDR --join SEEDS]")
 		fmt.Fprintln(stderr, "       kvmesh sidecar --engine id=a,model=M,url=URL,events=EP --engine id=b,... (DaemonSet mode)")
+		fmt.Fprintln(stderr, "       kvmesh sidecar --engine id=a,model=M,host=HOST,port=PORT,events-port=PORT --engine id=b,... (DaemonSet mode, IPv6 HOST bracketed)")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, 0); err != nil {
@@ -91,16 +90,13 @@ func engineURLFromHostPort(fs *flag.FlagSet, e *sidecar.EngineConfig, probs *fla
 		probs.add("--engine-host and --engine-port go together (the engine URL is http://HOST:PORT)")
 		return
 	}
-	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
-		probs.add("--engine-port %s: want 1..65535", port)
+	p, _ := strconv.Atoi(port) // an Int flag's value
+	hp, err := sidecar.JoinHostPort(host, p)
+	if err != nil {
+		probs.add("--engine-%v", err) // "--engine-host ..." or "--engine-port ..."
 		return
 	}
-	bare := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if strings.Contains(bare, ":") && net.ParseIP(bare) == nil || strings.ContainsAny(bare, "/[]@?#") {
-		probs.add("--engine-host %q: want an IP address or a host name, without a port", host)
-		return
-	}
-	e.URL = "http://" + net.JoinHostPort(bare, port)
+	e.URL = "http://" + hp
 }
 
 // natsFlagsOff are the NATS connection's flags (natsutil.BindFlags) but
@@ -158,7 +154,8 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	fs.StringVar(&one.PDGroup, "pd-group", os.Getenv("KVMESH_PD_GROUP"), "P/D group: ingresses pair prefill and decode engines only within one (default $KVMESH_PD_GROUP, which the orchestrator sets; its pod label is kvmesh.io/pd-group)")
 	fs.StringVar(&one.PDProtocol, "pd-protocol", "", "P/D wire protocol of the engine: nixl (vLLM NixlConnector, the default) or sglang (--disaggregation-mode)")
 	fs.IntVar(&one.BootstrapPort, "bootstrap-port", 0, "SGLang prefill engine's --disaggregation-bootstrap-port (0: 8998)")
-	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR,group=G,pd=nixl|sglang,bootstrap=PORT]")
+	fs.Var((*multiFlag)(&opts.EngineSpecs), "engine", "DaemonSet mode, repeatable: id=ID,model=M,url=URL,events=EP[,replay=EP,metrics=URL,role=R,dp=N,block=B,bind=true,tokenizer=DIR,group=G,pd=nixl|sglang,bootstrap=PORT]; "+
+		"instead of url=, events= and replay=: host=HOST,port=PORT,events-port=PORT[,replay-port=PORT] (http://HOST:PORT and tcp://HOST:PORT, an IPv6 HOST bracketed, e.g. host=$(NODE_IP))")
 
 	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	cfg.NATS.Name = "kvmesh-sidecar"
