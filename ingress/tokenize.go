@@ -78,12 +78,13 @@ func (h *hfTokenizer) RenderChatRequest(dst []uint32, req *tokenizer.ChatRequest
 	return h.RenderChatRequestBounded(dst, req, tokenizer.Bound{})
 }
 
-// RenderChatRequestBounded is RenderChatRequest with the encoding within b.
+// RenderChatRequestBounded is RenderChatRequest with the rendering and the
+// encoding within b (one deadline for both).
 func (h *hfTokenizer) RenderChatRequestBounded(dst []uint32, req *tokenizer.ChatRequest, b tokenizer.Bound) (ids []uint32, n, media int, err error) {
 	if h.tpl == nil {
 		return dst, 0, 0, ErrNoChatTemplate
 	}
-	p, err := h.tpl.RenderPrompt(req)
+	p, err := h.tpl.RenderPromptBounded(req, b)
 	if err != nil {
 		return dst, 0, 0, fmt.Errorf("chat template: %w", err)
 	}

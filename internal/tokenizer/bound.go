@@ -34,7 +34,8 @@ type Stopper interface {
 var (
 	// ErrTooManyTokens: the text has more ids than Bound.MaxTokens.
 	ErrTooManyTokens = errors.New("tokenizer: more tokens than the bound")
-	// ErrDeadline: Bound.Deadline passed before the encoding ended.
+	// ErrDeadline: Bound.Deadline passed before the encoding (or a chat
+	// rendering, ChatTemplate.RenderPromptBounded) ended.
 	ErrDeadline = errors.New("tokenizer: encoding deadline passed")
 )
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/kvmesh/kvmesh/internal/tokenizer/chattmpl"
@@ -55,7 +56,7 @@ var reservedVars = map[string]bool{"messages": true, "tools": true, "documents":
 //
 // Errors wrap ErrInvalid (malformed input) or ErrUnsupportedContent.
 func (c *ChatTemplate) RenderRequest(req *ChatRequest) (string, error) {
-	return c.render(req, &mediaPass{})
+	return c.render(req, &mediaPass{}, nil)
 }
 
 // Media is one media item of a chat request: an image, audio, video or
@@ -93,8 +94,16 @@ type Prompt struct {
 // is first. A router keys only that prefix: blocks from the first media
 // item on depend on the item itself (vLLM mixes its hash into their keys).
 func (c *ChatTemplate) RenderPrompt(req *ChatRequest) (Prompt, error) {
+	return c.RenderPromptBounded(req, Bound{})
+}
+
+// RenderPromptBounded is RenderPrompt within b's Deadline and Stop (its
+// MaxTokens does not apply): past the deadline it fails with ErrDeadline,
+// stopped with Stop's error (and chattmpl.ErrStopped). A caller that then encodes the prompt passes
+// the same b, so rendering and encoding share one deadline.
+func (c *ChatTemplate) RenderPromptBounded(req *ChatRequest, b Bound) (Prompt, error) {
 	var first mediaPass
-	text, err := c.render(req, &first)
+	text, err := c.render(req, &first, &b)
 	if err != nil {
 		return Prompt{}, err
 	}
@@ -102,7 +111,10 @@ func (c *ChatTemplate) RenderPrompt(req *ChatRequest) (Prompt, error) {
 	if len(p.Media) == 0 {
 		return p, nil
 	}
-	marked, err := c.render(req, &mediaPass{marker: true, parsed: first.parsed})
+	marked, err := c.render(req, &mediaPass{marker: true, parsed: first.parsed}, &b)
+	if errors.Is(err, ErrDeadline) || errors.Is(err, chattmpl.ErrStopped) {
+		return Prompt{}, err
+	}
 	at := strings.Index(marked, mediaMarker)
 	if err != nil || at < 0 {
 		p.Prefix = 0 // the template dropped the marker: the media's place is unknown
@@ -127,7 +139,8 @@ type mediaPass struct {
 	parsed []any // the messages, decoded by the first pass
 }
 
-func (c *ChatTemplate) render(req *ChatRequest, mp *mediaPass) (string, error) {
+// render renders req within b (nil: unbounded).
+func (c *ChatTemplate) render(req *ChatRequest, mp *mediaPass, b *Bound) (string, error) {
 	if req.ContinueFinalMessage && req.AddGenerationPrompt {
 		return "", fmt.Errorf("render chat: %w: add_generation_prompt and continue_final_message cannot both be true", ErrInvalid)
 	}
@@ -154,7 +167,19 @@ func (c *ChatTemplate) render(req *ChatRequest, mp *mediaPass) (string, error) {
 		return "", err
 	}
 	vars["add_generation_prompt"] = req.AddGenerationPrompt
-	s, err := v.tmpl.Render(vars)
+	var cb chattmpl.Bound
+	if b != nil {
+		cb = chattmpl.Bound{Deadline: b.Deadline, Stop: b.Stop}
+		// Decoding the request's JSON took time too. (Stop is not polled
+		// here: a first poll may start work, such as a client watcher.)
+		if !b.Deadline.IsZero() && !time.Now().Before(b.Deadline) {
+			return "", fmt.Errorf("render chat: %w", ErrDeadline)
+		}
+	}
+	s, err := v.tmpl.RenderBounded(vars, cb)
+	if errors.Is(err, chattmpl.ErrDeadline) {
+		return "", fmt.Errorf("render chat: %w", ErrDeadline)
+	}
 	if err != nil {
 		return "", fmt.Errorf("render chat: %w", err)
 	}

@@ -17,5 +17,6 @@
 // tokenizers. Rendering is bounded (steps, including every loop iteration;
 // bytes of values built, each value and in all; bytes read; output size;
 // nesting; macro depth) so a hostile template fails with ErrRender instead
-// of exhausting the process.
+// of exhausting the process; RenderBounded also stops at a deadline
+// (ErrDeadline) or when its caller gives up (Bound.Stop).
 package chattmpl

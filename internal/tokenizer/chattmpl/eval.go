@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -20,7 +21,38 @@ var (
 	ErrRender = errors.New("chattmpl: render error")
 	// ErrRaised is wrapped by errors from the template's raise_exception().
 	ErrRaised = errors.New("chattmpl: template raised")
+	// ErrDeadline: Bound.Deadline passed before the rendering ended. It
+	// does not wrap ErrRender: the template is not at fault.
+	ErrDeadline = errors.New("chattmpl: render deadline passed")
+	// ErrStopped is wrapped, with the Stopper's error, by a rendering its
+	// Bound.Stop stopped. It does not wrap ErrRender either.
+	ErrStopped = errors.New("chattmpl: rendering stopped")
 )
+
+// Bound limits one rendering (RenderBounded) in time, on top of the fixed
+// limits below, so a caller that has given up on a request does not pay
+// for all of it. The zero value bounds nothing. The rendering checks the
+// deadline and Stop every pollWork units of work (a step, or 64 bytes of
+// values built or read), so it ends within about a millisecond of either.
+type Bound struct {
+	// Deadline, when not zero, stops the rendering with ErrDeadline once
+	// passed.
+	Deadline time.Time
+	// Stop, when not nil, is polled as often as the deadline; a non-nil
+	// error stops the rendering with ErrStopped wrapping it (a client that
+	// left).
+	Stop Stopper
+}
+
+// Stopper is polled by a bounded rendering on its goroutine. Stopped must
+// be cheap and must not block. (tokenizer.Stopper has the same method.)
+type Stopper interface {
+	Stopped() error
+}
+
+// pollWork is the work between two polls of a Bound: time.Now costs some
+// 50 ns, a step at least some 100.
+const pollWork = 1024
 
 // Limits that keep a hostile template from exhausting the process: every
 // rendering ends within maxSteps steps (a node run, an expression
@@ -52,7 +84,13 @@ func Parse(src string) (*Template, error) {
 // Render executes the template with the given variables (values as made by
 // FromJSON or Go strings, bools, int64, float64, []any, *Dict).
 func (t *Template) Render(vars map[string]any) (out string, err error) {
-	r := &renderer{}
+	return t.RenderBounded(vars, Bound{})
+}
+
+// RenderBounded is Render within b: it fails with ErrDeadline, or
+// ErrStopped, once either stops it.
+func (t *Template) RenderBounded(vars map[string]any, b Bound) (out string, err error) {
+	r := &renderer{deadline: b.Deadline, stop: b.Stop, bounded: !b.Deadline.IsZero() || b.Stop != nil}
 	// Scopes are only written at the top, so the shared globals and the
 	// caller's vars are never modified.
 	r.scopes = []map[string]any{builtinGlobals, vars, {}}
@@ -86,6 +124,12 @@ type renderer struct {
 	steps   int
 	built   int // bytes of values built (see size)
 	scanned int // bytes of operands read
+
+	// The Bound in force (RenderBounded); work counts toward its next poll.
+	bounded  bool
+	deadline time.Time
+	stop     Stopper
+	work     int // since the last poll; pollWork once the Bound stopped the rendering
 }
 
 // caller is what builtins see.
@@ -113,16 +157,17 @@ func (r *renderer) step() error {
 	if r.out.Len() > maxOutput {
 		return fmt.Errorf("%w: output limit exceeded", ErrRender)
 	}
-	return nil
+	return r.worked(1)
 }
 
 // build charges a value just built against the budget.
 func (r *renderer) build(v any) error {
-	r.built += size(v)
+	n := size(v)
+	r.built += n
 	if r.built > maxBuilt {
 		return fmt.Errorf("%w: the template built more than %d bytes of values", ErrRender, maxBuilt)
 	}
-	return nil
+	return r.worked(n >> 6)
 }
 
 // scan charges n bytes of operands read.
@@ -131,6 +176,28 @@ func (r *renderer) scan(n int) error {
 	if r.scanned > maxScanned {
 		return fmt.Errorf("%w: the template read more than %d bytes of values", ErrRender, maxScanned)
 	}
+	return r.worked(n >> 6)
+}
+
+// worked counts w units of work toward the Bound's next poll, and polls
+// its deadline and Stop every pollWork units.
+func (r *renderer) worked(w int) error {
+	if !r.bounded {
+		return nil
+	}
+	if r.work += w; r.work < pollWork {
+		return nil
+	}
+	r.work = pollWork // stays due: a stop is reported again to a caller that ignored it
+	if !r.deadline.IsZero() && !time.Now().Before(r.deadline) {
+		return ErrDeadline
+	}
+	if r.stop != nil {
+		if err := r.stop.Stopped(); err != nil {
+			return fmt.Errorf("%w: %w", ErrStopped, err)
+		}
+	}
+	r.work = 0
 	return nil
 }
 

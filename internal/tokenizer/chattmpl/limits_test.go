@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRenderLimits: hostile templates end with ErrRender, within the step
@@ -70,5 +71,51 @@ func TestParseNesting(t *testing.T) {
 	}
 	if _, err := Parse("{{ " + strings.Repeat("(", 100) + "1" + strings.Repeat(")", 100) + " }}"); err != nil {
 		t.Errorf("100 parentheses: %v", err)
+	}
+}
+
+// stopAfter is a Stopper that stops once polled n times.
+type stopAfter struct{ n, polls int }
+
+var errStopped = errors.New("caller gave up")
+
+func (s *stopAfter) Stopped() error {
+	if s.polls++; s.polls > s.n {
+		return errStopped
+	}
+	return nil
+}
+
+// TestRenderBounded: a rendering past its deadline ends with ErrDeadline
+// (not ErrRender: the template is not at fault), one whose Stopper says
+// stop with ErrStopped and the Stopper's error, both long before the step limit; the
+// same rendering without a bound, or within one, renders.
+func TestRenderBounded(t *testing.T) {
+	tm, err := Parse(`{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}done`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Second)
+	if out, err := tm.RenderBounded(nil, Bound{Deadline: past}); !errors.Is(err, ErrDeadline) || errors.Is(err, ErrRender) {
+		t.Errorf("past deadline: rendered %q, err %v; want ErrDeadline only", out, err)
+	}
+	s := &stopAfter{n: 3}
+	if out, err := tm.RenderBounded(nil, Bound{Stop: s}); !errors.Is(err, ErrStopped) || !errors.Is(err, errStopped) || errors.Is(err, ErrRender) {
+		t.Errorf("stopper: rendered %q, err %v; want ErrStopped with its error", out, err)
+	} else if s.polls != 4 {
+		t.Errorf("stopper polled %d times; want 4 (it stops the rendering at its first error)", s.polls)
+	}
+	// Large values read count too: one step reading megabytes polls.
+	big, err := Parse(`{% if 'zz' in s %}{% endif %}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := big.RenderBounded(map[string]any{"s": strings.Repeat("x", 1<<20)}, Bound{Deadline: past}); !errors.Is(err, ErrDeadline) {
+		t.Errorf("a large operand read past the deadline: err %v; want ErrDeadline", err)
+	}
+	for _, b := range []Bound{{}, {Deadline: time.Now().Add(time.Hour)}, {Stop: &stopAfter{n: 1 << 30}}} {
+		if out, err := tm.RenderBounded(nil, b); err != nil || out != "done" {
+			t.Errorf("bound %+v: rendered %q, err %v; want done", b, out, err)
+		}
 	}
 }
