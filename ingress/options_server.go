@@ -30,7 +30,7 @@ func (o *Options) NewServer(ctx context.Context, log *slog.Logger) (*Server, err
 	}
 	if o.TokenizerStore && len(cfg.Cluster.NATSURLs) > 0 {
 		// Models without a local tokenizer use the one their sidecars publish.
-		deps.Tokenizers = NewStoreTokenizers(deps.Tokenizers, StoreTokenizersConfig{CacheDir: o.TokenizerCache, Logger: log})
+		deps.Tokenizers = NewStoreTokenizers(deps.Tokenizers, StoreTokenizersConfig{CacheDir: o.TokenizerCache, Registry: deps.Registry, Logger: log})
 	}
 	return New(cfg, deps)
 }

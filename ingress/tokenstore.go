@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/tokenstore"
@@ -37,13 +38,14 @@ type StoreTokenizers struct {
 	loaded atomic.Pointer[map[string]Tokenizer] // copy on write, under mu
 
 	mu      sync.Mutex
-	reader  *tokenstore.Reader       // nil until the bucket exists
-	loading map[string]chan struct{} // one fetch per model at a time
-	missed  map[string]time.Time     // unpublished or failed models: retry after
-	revs    map[string]string        // model → loaded revision
-	stopped bool                     // Run has returned: no new background fetches
-	bg      sync.WaitGroup           // background fetches, waited for by Run
-	js      atomic.Pointer[jsHolder] // set by Run
+	reader  *tokenstore.Reader                // nil until the bucket exists
+	loading map[string]chan struct{}          // one fetch per model at a time
+	missed  map[string]time.Time              // unpublished or failed models: retry after
+	revs    map[string]string                 // model → loaded revision
+	series  map[string][]prometheus.Collector // model → its loaded tokenizer's cache series, registered
+	stopped bool                              // Run has returned: no new background fetches
+	bg      sync.WaitGroup                    // background fetches, waited for by Run
+	js      atomic.Pointer[jsHolder]          // set by Run
 }
 
 type jsHolder struct {
@@ -68,8 +70,12 @@ type StoreTokenizersConfig struct {
 	MissRetry time.Duration
 	// Load builds a tokenizer from a fetched directory (default: as
 	// LoadTokenizers does for a configured directory).
-	Load   func(model, dir string) (Tokenizer, error)
-	Logger *slog.Logger
+	Load func(model, dir string) (Tokenizer, error)
+	// Registry receives each loaded tokenizer's prefix-cache series
+	// (kvmesh_tokenizer_cache_*{model}, as LoadTokenizers registers them);
+	// a new revision's replace the old one's. Nil: none registered.
+	Registry prometheus.Registerer
+	Logger   *slog.Logger
 }
 
 // NewStoreTokenizers wraps static (nil: none) with the mesh's tokenizer store.
@@ -91,7 +97,8 @@ func NewStoreTokenizers(static Tokenizers, cfg StoreTokenizersConfig) *StoreToke
 		cfg.Logger = slog.Default()
 	}
 	s := &StoreTokenizers{static: static, cfg: cfg, log: cfg.Logger.With("component", "tokenstore"),
-		loading: map[string]chan struct{}{}, missed: map[string]time.Time{}, revs: map[string]string{}}
+		loading: map[string]chan struct{}{}, missed: map[string]time.Time{}, revs: map[string]string{},
+		series: map[string][]prometheus.Collector{}}
 	m := map[string]Tokenizer{}
 	s.loaded.Store(&m)
 	return s
@@ -269,9 +276,43 @@ func (s *StoreTokenizers) fetch(ctx context.Context, model string) error {
 	next[model] = t
 	s.loaded.Store(&next)
 	s.revs[model] = m.Revision
+	s.registerLocked(model, t)
 	s.mu.Unlock()
 	s.log.Info("published tokenizer loaded", "model", model, "revision", m.Revision)
 	return nil
+}
+
+// registerLocked makes model's kvmesh_tokenizer_cache_* series those of
+// t's prefix cache: the series of a tokenizer t replaces are unregistered
+// first. A model whose series are registered already by someone else (a
+// configured tokenizer, which For answers with first) keeps those. Called
+// with s.mu held.
+func (s *StoreTokenizers) registerLocked(model string, t Tokenizer) {
+	reg := s.cfg.Registry
+	if reg == nil {
+		return
+	}
+	for _, c := range s.series[model] {
+		reg.Unregister(c)
+	}
+	delete(s.series, model)
+	h, ok := t.(*hfTokenizer)
+	if !ok {
+		return
+	}
+	cs := h.enc.Collectors(model)
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
+				s.log.Warn("tokenizer cache metrics not registered", "model", model, "err", err)
+			}
+			return
+		}
+	}
+	s.series[model] = cs
 }
 
 func (s *StoreTokenizers) readerFor(ctx context.Context) (*tokenstore.Reader, error) {
