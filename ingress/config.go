@@ -95,6 +95,19 @@ type Config struct {
 	// photo is 4–7 MB of base64, and a conversation carries every turn's).
 	// vLLM itself sets no limit.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
+	// MaxBodyBytesInFlight bounds the request body bytes the ingress
+	// holds at once, summed over the requests in service (bodybudget.go):
+	// a body that would take the sum past it is refused at once, before
+	// it is parsed, with 503, Retry-After: 1 and the code
+	// ingress_body_budget_exhausted. A body of at most 64 KiB always
+	// passes (and is counted), so ordinary requests are served while
+	// large ones are refused; a compressed body is charged again at its
+	// decoded size. Pick (kvmesh epp) charges nothing. A body costs the ingress several times its size while it is
+	// parsed and tokenized (buffers, the unquoted prompt, tokenizer
+	// scratch, GC headroom: up to ~15×), so the default 128 MiB keeps the
+	// shipped 4 GiB pod well under its limit. 0: off (counted, never
+	// refused). When set it must be at least MaxBodyBytes.
+	MaxBodyBytesInFlight int64 `yaml:"maxBodyBytesInFlight"`
 	// MaxPromptTokens bounds the prompt after tokenization; more gets 400
 	// (context_length_exceeded). 0 means no limit. Default 131072.
 	MaxPromptTokens int `yaml:"maxPromptTokens"`
@@ -245,6 +258,7 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:                "127.0.0.1:8000",
 		MaxBodyBytes:          32 << 20,
+		MaxBodyBytesInFlight:  128 << 20,
 		MaxPromptTokens:       131072,
 		MaxConcurrent:         4096,
 		MaxAttempts:           3,
@@ -294,6 +308,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodyBytes <= 0 {
 		bad("max body bytes must be > 0, got %d", c.MaxBodyBytes)
+	}
+	if c.MaxBodyBytesInFlight < 0 {
+		bad("max body bytes in flight must be >= 0 (0: off), got %d", c.MaxBodyBytesInFlight)
+	} else if c.MaxBodyBytesInFlight > 0 && c.MaxBodyBytesInFlight < int64(c.MaxBodyBytes) {
+		bad("max body bytes in flight (--max-body-in-flight, maxBodyBytesInFlight) %d must be 0 (off) or at least max body bytes %d: a body that size could never pass", c.MaxBodyBytesInFlight, c.MaxBodyBytes)
 	}
 	if c.MaxPromptTokens < 0 {
 		bad("max prompt tokens must be >= 0, got %d", c.MaxPromptTokens)

@@ -31,6 +31,10 @@ var (
 	ErrNotFound       = errors.New("not found")
 	ErrAnswerTooLarge = errors.New("upstream answer too large")
 
+	// ErrBodyBudget: the request bodies this ingress holds would pass
+	// Config.MaxBodyBytesInFlight, its own memory bound (bodybudget.go).
+	ErrBodyBudget = errors.New("request bodies in flight at this ingress's memory bound")
+
 	// ErrFirstByteTimeout: an engine that answers its health probes sent
 	// no answer within Config.FirstByteTimeout (not retried elsewhere).
 	ErrFirstByteTimeout = errors.New("upstream first-byte timeout")
@@ -114,6 +118,8 @@ func toAPIError(err error) *apiError {
 		return retrySoon(429, "rate_limit_error", "too_many_requests", "", err)
 	case errors.Is(err, ErrUpstreamTimout), errors.Is(err, ErrQueueTimeout), errors.Is(err, ErrFirstByteTimeout):
 		return newAPIError(504, "server_error", "timeout", "", err)
+	case errors.Is(err, ErrBodyBudget):
+		return retrySoon(503, "server_error", "ingress_body_budget_exhausted", "", err)
 	case errors.Is(err, ErrLocalResources):
 		return retrySoon(503, "server_error", "ingress_resource_exhausted", "", err)
 	case errors.Is(err, ErrClientCertRefused):

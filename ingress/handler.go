@@ -88,6 +88,8 @@ type call struct {
 	budget      ratelimit.Reservation
 	budgetModel string
 	budgeted    bool
+
+	bodyHeld int64 // body bytes charged to Server.bodyBytes until endClient (bodybudget.go)
 }
 
 func (c *call) reset() {
@@ -129,7 +131,10 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, ep endpoint) {
 	case n > int64(s.cfg.MaxConcurrent):
 		err = fmt.Errorf("%w: limit is %d", ErrOverloaded, s.cfg.MaxConcurrent)
 	default:
-		err = c.prepare(ctx)
+		// bodybudget.go: the body's bytes, before anything copies them.
+		if err = c.holdBody(len(ctx.PostBody())); err == nil {
+			err = c.prepare(ctx)
+		}
 	}
 	if errors.Is(err, ErrClientGone) {
 		c.clientGone(ctx) // it left while waiting in the router: never sent
@@ -189,6 +194,9 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 	c.keyID = id
 	if len(ctx.Request.Header.ContentEncoding()) > 0 {
 		if err := c.s.decodeBody(&ctx.Request); err != nil { // encoding.go
+			return err
+		}
+		if err := c.holdBody(len(ctx.PostBody())); err != nil { // the decoded bytes too
 			return err
 		}
 	}
@@ -522,8 +530,8 @@ func (c *call) endEngine(total time.Duration) {
 // endClient ends the request's time in service, when its answer is
 // written or its client is gone: the request metrics with its final status
 // (499 when the client did not take a non-streamed answer), the access
-// line, and its MaxConcurrent slot and in-flight count. total is the
-// request's whole time.
+// line, and its MaxConcurrent slot, in-flight count and body bytes.
+// total is the request's whole time.
 func (c *call) endClient(total time.Duration) {
 	s := c.s
 	ep := c.ep.String()
@@ -535,6 +543,7 @@ func (c *call) endClient(total time.Duration) {
 	if s.alog != nil {
 		c.logAccess(total)
 	}
+	c.releaseBody() // bodybudget.go
 	s.m.inflight.Dec()
 	s.inflight.Add(-1)
 }

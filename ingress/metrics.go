@@ -33,6 +33,10 @@ type metrics struct {
 	upstreamTLS *prometheus.CounterVec // cause
 	// loops counts requests refused as routing loops (loop.go).
 	loops prometheus.Counter
+	// bodyBytes is the request body bytes held now, bodyRefused the
+	// requests refused for MaxBodyBytesInFlight (bodybudget.go).
+	bodyBytes   prometheus.Gauge
+	bodyRefused prometheus.Counter
 
 	statusLabels map[int]string // avoids strconv per request
 
@@ -86,6 +90,10 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 			Help: "TLS failures with engines by cause: engine_certificate (the engine's did not verify), client_certificate_refused (the engine refused this ingress's), handshake (any other).", ConstLabels: constLabels}, []string{"cause"}),
 		loops: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_routing_loops_total",
 			Help: "Requests refused with 508 Loop Detected: they carried X-Kvmesh-Hop, sent by a kvmesh ingress whose engine URL points at this one (or by a client).", ConstLabels: constLabels}),
+		bodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_ingress_body_bytes_in_flight",
+			Help: "Request body bytes the requests in service hold (a compressed body's decoded bytes too), bounded by --max-body-in-flight.", ConstLabels: constLabels}),
+		bodyRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_body_budget_refusals_total",
+			Help: "Requests refused with 503 (ingress_body_budget_exhausted): their body would take the bytes in flight past --max-body-in-flight.", ConstLabels: constLabels}),
 		statusLabels: map[int]string{},
 	}
 	for _, c := range tlsCauses {
@@ -111,7 +119,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 		m.ttftBy[ep] = m.ttft.WithLabelValues(ep.String())
 		m.durationBy[ep] = m.duration.WithLabelValues(ep.String())
 	}
-	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.tokenizeStopped, m.acceptErrors, m.upstreamTLS, m.loops)
+	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.tokenizeStopped, m.acceptErrors, m.upstreamTLS, m.loops, m.bodyBytes, m.bodyRefused)
 	if indexKeys != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_keys",
 			Help: "Keys in the local index (all engines and tiers).", ConstLabels: constLabels}, indexKeys))

@@ -71,6 +71,7 @@ type Server struct {
 	admitBase int
 	satBuf    []EngineInfo // followSaturation's scratch (load loop only)
 	inflight  atomic.Int64 // requests in service (MaxConcurrent)
+	bodyBytes atomic.Int64 // their request bodies' bytes (MaxBodyBytesInFlight, bodybudget.go)
 	draining  atomic.Bool
 	started   atomic.Bool
 	reqPool   sync.Pool // *call

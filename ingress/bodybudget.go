@@ -1,0 +1,60 @@
+package ingress
+
+import "fmt"
+
+// The body budget (Config.MaxBodyBytesInFlight) bounds the request body
+// bytes the requests in service hold at once. MaxConcurrent bounds the
+// requests, not their size, and a body costs the ingress several times its
+// bytes while it is parsed and tokenized (fasthttp's buffer grown by
+// doubling, the unquoted prompt, the tokenizer's scratch, GC headroom): 50
+// bodies of 8 MB took a 4 GiB pod past its limit. A request is charged its
+// body as the handler starts, before anything copies it, and again at its
+// decoded size when it came compressed; the charge is given back once, in
+// endClient, whichever way the request ends (answered, refused, its client
+// gone, its stream over).
+//
+// The rule: a request whose charged bytes are at most smallBody always
+// passes, counted; a larger one passes when the bytes held, its own
+// included, stay within the budget, and is otherwise refused at once with
+// 503 and Retry-After: 1 (ErrBodyBudget), never queued. Bodies still being
+// received are not counted: fasthttp reads a body whole before the handler
+// runs (bounded per connection by MaxBodyBytes and ReadTimeout).
+
+// smallBody is the size of body that always passes the budget: ordinary
+// requests are served while large ones are refused, so one client's large
+// bodies cannot starve everyone else's. It is unauthBodyLimit (header.go),
+// the most an unauthenticated request may send.
+const smallBody = unauthBodyLimit
+
+// holdBody charges n more bytes of the request's body to the server's
+// bytes in flight, or returns ErrBodyBudget and charges nothing. Bytes are
+// counted with the budget off too (kvmesh_ingress_body_bytes_in_flight).
+func (c *call) holdBody(n int) error {
+	if n <= 0 {
+		return nil
+	}
+	s, add := c.s, int64(n)
+	held := c.bodyHeld + add
+	limit := s.cfg.MaxBodyBytesInFlight
+	// Added, then checked, as the MaxConcurrent count: two large bodies
+	// that arrive together cannot both pass on the same room.
+	if used := s.bodyBytes.Add(add); limit > 0 && held > smallBody && used > limit {
+		s.bodyBytes.Add(-add)
+		s.m.bodyRefused.Inc()
+		return fmt.Errorf("%w: this request's %d body bytes would take the request bodies this ingress holds past its own memory bound of %d bytes (--max-body-in-flight, config maxBodyBytesInFlight), not the engines' load; retry shortly",
+			ErrBodyBudget, held, limit)
+	}
+	c.bodyHeld = held
+	s.m.bodyBytes.Add(float64(add))
+	return nil
+}
+
+// releaseBody gives back the request's body bytes; endClient calls it once.
+func (c *call) releaseBody() {
+	if c.bodyHeld == 0 {
+		return
+	}
+	c.s.bodyBytes.Add(-c.bodyHeld)
+	c.s.m.bodyBytes.Sub(float64(c.bodyHeld))
+	c.bodyHeld = 0
+}
