@@ -24,6 +24,9 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	opts.Picker.MaxBodyBytes = opts.Ingress.Config.MaxBodyBytes
+	// The picker holds no bodies against the ingress's in-flight bound (the
+	// gateway holds them): off, so a --max-body above it is no error.
+	opts.Ingress.Config.MaxBodyBytesInFlight = 0
 	probs.addErr(opts.Validate())
 	ingressFlagsRead(fs, &opts.Ingress, &probs)
 	if err := probs.err(); err != nil {

@@ -112,7 +112,7 @@ func TestEPPCommand(t *testing.T) {
 func TestEPPCommandBadFlags(t *testing.T) {
 	var out, errOut testutil.SyncBuffer
 	code := run([]string{"epp", "--grpc", "nope", "--body-mode", "sideways", "--pool-name", "p", "--pool-namespace", "",
-		"--max-endpoints", "-1", "--tokenizer", "no-equals", "--log-level", "loud", "--grpc-tls", "files"}, &out, &errOut)
+		"--max-endpoints", "-1", "--tokenizer", "no-equals", "--log-level", "loud", "--grpc-tls", "files", "--max-body", "300000000"}, &out, &errOut)
 	if code != 2 {
 		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
 	}
@@ -120,6 +120,11 @@ func TestEPPCommandBadFlags(t *testing.T) {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("message lacks %q:\n%s", want, errOut.String())
 		}
+	}
+	// The picker holds no bodies against the ingress's in-flight bound: a
+	// --max-body above that bound's default is no error there.
+	if strings.Contains(errOut.String(), "in flight") {
+		t.Errorf("epp refuses --max-body for a bound it does not apply:\n%s", errOut.String())
 	}
 }
 
