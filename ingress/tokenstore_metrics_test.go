@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/internal/tokenstore"
 )
@@ -51,24 +49,9 @@ func TestStoreTokenizerCacheMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := testutil.NATS(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ncfg := natsutil.DefaultConfig()
-	ncfg.URLs = []string{ns.URL()}
-	nc, err := natsutil.Connect(ctx, ncfg, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bucket, err := tokenstore.EnsureBucket(ctx, js, 1, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, bucket := tokenBucket(ctx, t)
 	const model = "published/model"
 	publish := func(config string) {
 		t.Helper()

@@ -117,24 +117,9 @@ func mustProfile(t *testing.T, name string) engine.Profile {
 // tokenizer lacks) is tried once per MissRetry, not by every request: the
 // requests meanwhile get no tokenizer at once.
 func TestStoreTokenizerLoadFailureWaits(t *testing.T) {
-	ns := testutil.NATS(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ncfg := natsutil.DefaultConfig()
-	ncfg.URLs = []string{ns.URL()}
-	nc, err := natsutil.Connect(ctx, ncfg, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bucket, err := tokenstore.EnsureBucket(ctx, js, 1, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, bucket := tokenBucket(ctx, t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(`{"model":{"type":"NoSuchModel"}}`), 0o644); err != nil {
 		t.Fatal(err)
@@ -431,4 +416,27 @@ func TestStoreTokenizerForDuringHungReconnect(t *testing.T) {
 	if nc.Connected() {
 		t.Fatal("Connected says up while reconnecting")
 	}
+}
+
+// tokenBucket is a NATS connection (closed when the test ends) to an
+// embedded server with the tokenizer store's bucket.
+func tokenBucket(ctx context.Context, t *testing.T) (*natsutil.Conn, jetstream.ObjectStore) {
+	t.Helper()
+	ns := testutil.NATS(t)
+	ncfg := natsutil.DefaultConfig()
+	ncfg.URLs = []string{ns.URL()}
+	nc, err := natsutil.Connect(ctx, ncfg, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := tokenstore.EnsureBucket(ctx, js, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, bucket
 }
