@@ -274,9 +274,9 @@ func (s *StoreTokenizers) fetch(ctx context.Context, model string) error {
 		next[k] = v
 	}
 	next[model] = t
+	s.registerLocked(model, t) // before t is served: its requests count in its own series
 	s.loaded.Store(&next)
 	s.revs[model] = m.Revision
-	s.registerLocked(model, t)
 	s.mu.Unlock()
 	s.log.Info("published tokenizer loaded", "model", model, "revision", m.Revision)
 	return nil
