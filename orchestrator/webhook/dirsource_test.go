@@ -96,12 +96,7 @@ func trustedAsRegistered(ctx context.Context, t testing.TB, admin kubernetes.Int
 // served, trusted as registered and ready; the good files that follow are
 // served.
 func TestDirSourceKeepsTheVerifiedCertificate(t *testing.T) {
-	s := kubetest.Shared(t)
-	ns := s.Namespace(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	admin := kubernetes.NewForConfigOrDie(s.Config)
-	installConfiguration(t, admin)
+	_, ns, ctx, admin := webhookEnv(t, 3*time.Minute)
 	ca1 := testutil.NewCA(t)
 	crt1, key1 := ca1.ValidLeaf(t, "one")
 	p := newProjected(t, crt1, key1, ca1.PEM)
@@ -196,12 +191,7 @@ func TestDirSourceServesUnverifiableOnlyWhenNothingBetter(t *testing.T) {
 // served, so no new API server connection meets a certificate the
 // registered bundle does not trust.
 func TestDirSourceNewCAServedAfterItsBundleIsRegistered(t *testing.T) {
-	s := kubetest.Shared(t)
-	ns := s.Namespace(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	admin := kubernetes.NewForConfigOrDie(s.Config)
-	installConfiguration(t, admin)
+	s, ns, ctx, admin := webhookEnv(t, 3*time.Minute)
 	kube := orchestratorIdentity(t, s, ns)
 	ca1 := testutil.NewCA(t)
 	crt1, key1 := ca1.ValidLeaf(t, "one")

@@ -27,12 +27,7 @@ func serviceHosts(ns string) []string {
 // both serve its certificate, and the configuration trusts its CA; a replica
 // started later serves the same without writing the Secret.
 func TestSecretCertificateFreshInstallSharedByReplicas(t *testing.T) {
-	s := kubetest.Shared(t)
-	ns := s.Namespace(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin := kubernetes.NewForConfigOrDie(s.Config)
-	installConfiguration(t, admin)
+	s, ns, ctx, admin := webhookEnv(t, 2*time.Minute)
 	kube := orchestratorIdentity(t, s, ns)
 	target := Target{ServiceNamespace: ns, Service: "kvmesh-orchestrator", ServicePort: 443}
 	replica := func() *instance {
@@ -86,12 +81,7 @@ func TestSecretCertificateFreshInstallSharedByReplicas(t *testing.T) {
 // kept beside it: the API server keeps calling the webhook through the
 // rotation.
 func TestRotatedSecretServedAndRegistered(t *testing.T) {
-	s := kubetest.Shared(t)
-	ns := s.Namespace(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	admin := kubernetes.NewForConfigOrDie(s.Config)
-	installConfiguration(t, admin)
+	s, ns, ctx, admin := webhookEnv(t, 3*time.Minute)
 	kube := orchestratorIdentity(t, s, ns)
 	certManager := map[string]string{AnnotationCertManager: "kvmesh-webhook"}
 	now := time.Now()
@@ -220,12 +210,7 @@ func TestExistingSecretUsedRenewedOrReplaced(t *testing.T) {
 // with backoff and keeps /readyz failing; once permitted, a retry registers
 // it without a restart.
 func TestRegistrationFailureSurfacedAndRetried(t *testing.T) {
-	s := kubetest.Shared(t)
-	ns := s.Namespace(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	admin := kubernetes.NewForConfigOrDie(s.Config)
-	installConfiguration(t, admin)
+	s, ns, ctx, admin := webhookEnv(t, 3*time.Minute)
 	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "orchestrator"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -280,12 +265,7 @@ func TestRegistrationFailureSurfacedAndRetried(t *testing.T) {
 // are admitted without the sidecar (no webhook is called), and only the
 // two changes are warned of, not the start-up's own write.
 func TestReplacedConfigurationRegisteredAgain(t *testing.T) {
-	s := kubetest.Shared(t)
-	ns := s.Namespace(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin := kubernetes.NewForConfigOrDie(s.Config)
-	installConfiguration(t, admin)
+	s, ns, ctx, admin := webhookEnv(t, 2*time.Minute)
 	kube := orchestratorIdentity(t, s, ns)
 	in := startWebhook(t, kube, RunConfig{Target: Target{ServiceNamespace: ns, Service: "kvmesh-orchestrator", ServicePort: 443},
 		Certs: &SecretSource{Kube: kube, Namespace: ns, Name: SecretName, Hosts: serviceHosts(ns)}})
@@ -317,4 +297,18 @@ func TestReplacedConfigurationRegisteredAgain(t *testing.T) {
 	if n := strings.Count(in.log.String(), "changed under the orchestrator"); n != 2 {
 		t.Errorf("%d warnings of a changed configuration, want 2:\n%s", n, in.log.String())
 	}
+}
+
+// webhookEnv is the shared API server with the webhook configuration
+// installed, a namespace of the test's own, a context ending after
+// timeout (or with the test) and an admin client.
+func webhookEnv(t *testing.T, timeout time.Duration) (*kubetest.Server, string, context.Context, kubernetes.Interface) {
+	t.Helper()
+	s := kubetest.Shared(t)
+	ns := s.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	admin := kubernetes.NewForConfigOrDie(s.Config)
+	installConfiguration(t, admin)
+	return s, ns, ctx, admin
 }
