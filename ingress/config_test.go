@@ -2,14 +2,17 @@ package ingress
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler"
 )
 
 func TestValidateListsEveryProblem(t *testing.T) {
@@ -120,5 +123,49 @@ func TestIndexConfigReachesTheIndex(t *testing.T) {
 	s, _ := idx.Slot("a")
 	if got := res.Get(s).GPU; got != 1 {
 		t.Fatalf("exact lookup depth %d, want 1 (stopped at the hole)", got)
+	}
+}
+
+// TestReplicasDrawTheirOwnRandomStream checks that ingress replicas with the
+// same scheduler config do not make the same random choices: the random
+// policy's picks on two replica ids differ, while one id repeats its own.
+func TestReplicasDrawTheirOwnRandomStream(t *testing.T) {
+	engines := make([]scheduler.Engine, 8)
+	for i := range engines {
+		engines[i] = scheduler.Engine{ID: fmt.Sprintf("e%d", i), Healthy: true, Model: "m"}
+	}
+	picks := func(id string) []string {
+		cfg := DefaultConfig()
+		cfg.ID = id
+		cfg.Scheduler.Policy = "random"
+		var deps Deps
+		s, err := defaultScheduler(&cfg, &deps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		var d scheduler.Decision
+		for range 64 {
+			if err := s.Schedule(&scheduler.Request{Model: "m", Keys: []uint64{1, 2}}, engines, &d); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, d.Engine)
+		}
+		return out
+	}
+	a, a2, b := picks("ingress-a"), picks("ingress-a"), picks("ingress-b")
+	if !slices.Equal(a, a2) {
+		t.Fatalf("one replica id gave two streams:\n%v\n%v", a, a2)
+	}
+	same := 0
+	for i := range a {
+		if a[i] == b[i] {
+			same++
+		}
+	}
+	// Independent picks among 8 engines agree about 64/8 = 8 times; the
+	// same stream agrees 64 times.
+	if same > 24 {
+		t.Fatalf("replicas ingress-a and ingress-b agreed on %d of %d random picks:\n%v\n%v", same, len(a), a, b)
 	}
 }

@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"fmt"
+	"hash/fnv"
 
 	"go.yaml.in/yaml/v3"
 
@@ -33,6 +34,7 @@ func learningScheduler(cfg *Config, deps *Deps, lr *learn.Learner) (_ Scheduler,
 		deps.Index = idx
 	}
 	sc := cfg.Scheduler
+	sc.Seed = replicaSeed(sc.Seed, cfg.ID)
 	if lr != nil {
 		if s, k, ok, err := learnedKVMesh(sc, deps, lr); ok || err != nil {
 			if err != nil {
@@ -46,6 +48,17 @@ func learningScheduler(cfg *Config, deps *Deps, lr *learn.Learner) (_ Scheduler,
 		return nil, hold, fmt.Errorf("scheduler: %w", err)
 	}
 	return s, hold, nil
+}
+
+// replicaSeed mixes the replica's id into the configured seed, so the
+// random policy and every tie-break draw a different stream on each ingress
+// replica: with one seed for all, N replicas make the same "random" choice
+// for their k-th request, herding a cold cluster onto the same engines. A
+// given seed and id still give the same stream (reproducible runs).
+func replicaSeed(seed uint64, id string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return seed ^ h.Sum64()
 }
 
 // learnedKVMesh builds the scheduler as registry.New does, with lr set as

@@ -32,7 +32,9 @@ type Config struct {
 	// means the set's default policy (Plugins.DefaultPolicy).
 	Policy string `yaml:"policy"`
 	// Seed seeds the random tie-breaks and the random policy (0 is a valid
-	// seed; runs are deterministic for a given seed and request order).
+	// seed; runs are deterministic for a given seed and request order). An
+	// ingress mixes its replica id into it, so replicas draw different
+	// streams.
 	Seed uint64 `yaml:"seed"`
 	// TierWeights weigh matched blocks by tier. Default GPU 1, CPU 0.8,
 	// other 0.5, speculative 0.9.
