@@ -1,7 +1,5 @@
 package autoscale
 
-import "math"
-
 // Bounds are a role's min and max replicas.
 type Bounds struct{ Min, Max int32 }
 
@@ -27,7 +25,8 @@ type RatioResult struct {
 // one is at its max; a role at zero beside a non-zero one is seeded to one
 // (or its min). Both at zero stay at zero (scaled to zero together). The
 // result is a fixed point: repairing it again changes nothing, so the band
-// alone never makes replicas oscillate.
+// alone never makes replicas oscillate. It is always within the bounds, for
+// any band (a huge one saturates: the lagging role goes to its max).
 func RepairRatio(num, den int32, nb, db Bounds, r Ratio) RatioResult {
 	res := RatioResult{Num: clamp(num, nb), Den: clamp(den, db)}
 	if res.Num == 0 && res.Den == 0 {
@@ -48,23 +47,23 @@ func RepairRatio(num, den int32, nb, db Bounds, r Ratio) RatioResult {
 	ratio := float64(res.Num) / float64(res.Den)
 	switch {
 	case ratio < r.Min-1e-9: // numerator lags
-		want := int32(math.Ceil(r.Min*float64(res.Den) - 1e-9))
+		want := ceilInt32(r.Min*float64(res.Den), nb.Max) // saturated: a huge band asks for the max
 		if want <= nb.Max {
-			res.Num = want
+			res.Num = clamp(want, nb)
 			res.Reason = "numerator raised to the band"
 		} else {
 			res.Num = nb.Max
-			res.Den = max(int32(math.Floor(float64(res.Num)/r.Min+1e-9)), db.Min)
+			res.Den = clamp(floorInt32(float64(res.Num)/r.Min, db.Min), db)
 			res.Reason = "numerator at max: denominator lowered to the band"
 		}
 	case ratio > r.Max+1e-9: // denominator lags
-		want := int32(math.Ceil(float64(res.Num)/r.Max - 1e-9))
+		want := ceilInt32(float64(res.Num)/r.Max, db.Max)
 		if want <= db.Max {
-			res.Den = want
+			res.Den = clamp(want, db)
 			res.Reason = "denominator raised to the band"
 		} else {
 			res.Den = db.Max
-			res.Num = max(int32(math.Floor(r.Max*float64(res.Den)+1e-9)), nb.Min)
+			res.Num = clamp(floorInt32(r.Max*float64(res.Den), nb.Min), nb)
 			res.Reason = "denominator at max: numerator lowered to the band"
 		}
 	}

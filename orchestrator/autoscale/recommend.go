@@ -34,18 +34,27 @@ type Target struct {
 // Demand is the replicas one metric asks for, unrounded: total/target for
 // totals, current × value/target for averages and percentiles. A role at
 // zero replicas has no averages; it asks for one replica when any total is
-// positive.
+// positive. It is never NaN nor negative: a value or target that is NaN or
+// negative (or an infinite value over an infinite target) asks for current.
+// An infinite value, or one too large for the replica count, asks for +Inf
+// (every conversion to replicas saturates: the role goes to its max).
 func Demand(name string, value, target float64, current int32) float64 {
-	if target <= 0 || math.IsNaN(value) || value < 0 {
+	if !(target > 0) || !(value >= 0) {
 		return float64(current)
 	}
-	if isTotal(name) {
-		return value / target
-	}
-	if current == 0 {
+	var d float64
+	switch {
+	case isTotal(name):
+		d = value / target
+	case current == 0:
 		return 0
+	default:
+		d = float64(current) * value / target
 	}
-	return float64(current) * value / target
+	if math.IsNaN(d) {
+		return float64(current)
+	}
+	return d
 }
 
 // Recommend is HPA's recommendation: for each metric with an observation,
@@ -62,7 +71,7 @@ func Recommend(current int32, targets []Target, observed map[string]float64, tol
 		d := Demand(t.Name, v, t.Target, current)
 		r := current
 		if current == 0 || math.Abs(d/float64(current)-1) > tolerance {
-			r = int32(math.Ceil(d - 1e-9))
+			r = ceilInt32(d, current) // Demand is never NaN
 		}
 		if !seen || r > best {
 			best, seen = r, true

@@ -105,14 +105,15 @@ func correction(measured, expected, target, floor float64) float64 {
 	if expected <= 0 {
 		expected = target
 	}
-	if floor <= 0 {
+	if !(floor > 0) {
 		floor = minCorrection
 	}
 	floor = min(floor, maxCorrection)
-	if measured <= 0 || expected <= 0 {
+	q := measured / expected
+	if !(measured > 0) || !(expected > 0) || math.IsNaN(q) { // unknown (NaN, or ∞/∞): no correction
 		return max(1, floor)
 	}
-	return min(max(measured/expected, floor), maxCorrection)
+	return min(max(q, floor), maxCorrection)
 }
 
 // SizeSLO sizes prefill as ceil(prompt tokens/s ÷ per-replica throughput ×
@@ -129,14 +130,19 @@ func SizeSLO(s SLO, o SLOObservation) SLOResult {
 }
 
 // size sets Prefill and Decode from the load and the result's corrections.
+// A load too large for the replica count saturates (math.MaxInt32: the
+// role's max applies later); a size that is no number (an infinite load
+// over an infinite throughput) leaves the role unsized, to its metrics.
 func (res *SLOResult) size(s SLO, o SLOObservation) {
 	res.Prefill, res.Decode = 0, 0
 	rate := s.prefillRate(o)
 	res.PrefillSized, res.DecodeSized = rate > 0, s.DecodeStreamsPerReplica > 0
 	if rate > 0 && o.PromptTokensPerSecond > 0 {
-		res.Prefill = int32(math.Ceil(o.PromptTokensPerSecond/rate*res.PrefillCorrection - 1e-9))
+		v := o.PromptTokensPerSecond / rate * res.PrefillCorrection
+		res.Prefill, res.PrefillSized = ceilInt32(v, 0), !math.IsNaN(v)
 	}
 	if s.DecodeStreamsPerReplica > 0 && o.RunningStreams > 0 {
-		res.Decode = int32(math.Ceil(o.RunningStreams/s.DecodeStreamsPerReplica*res.DecodeCorrection - 1e-9))
+		v := o.RunningStreams / s.DecodeStreamsPerReplica * res.DecodeCorrection
+		res.Decode, res.DecodeSized = ceilInt32(v, 0), !math.IsNaN(v)
 	}
 }

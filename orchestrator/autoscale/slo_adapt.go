@@ -79,7 +79,7 @@ func (s series) add(at time.Time, v float64, window time.Duration) series {
 // least half the window; otherwise v is returned unchanged.
 func (s series) project(v float64, lead, window time.Duration, sig, gain float64) float64 {
 	n := len(s)
-	if n < 4 || lead <= 0 || v <= 0 || s[n-1].at.Sub(s[0].at) < window/2 {
+	if n < 4 || lead <= 0 || !(v > 0) || math.IsInf(v, 1) || s[n-1].at.Sub(s[0].at) < window/2 {
 		return v
 	}
 	t0 := s[0].at
@@ -99,7 +99,7 @@ func (s series) project(v float64, lead, window time.Duration, sig, gain float64
 		return v
 	}
 	slope := sxy / sxx
-	if slope <= 0 {
+	if !(slope > 0) || math.IsInf(slope, 1) { // no rise, or no number (an infinite point in the window)
 		return v
 	}
 	var sse float64
@@ -107,7 +107,7 @@ func (s series) project(v float64, lead, window time.Duration, sig, gain float64
 		r := p.v - (my + slope*(p.at.Sub(t0).Seconds()-mx))
 		sse += r * r
 	}
-	if se := math.Sqrt(sse / float64(n-2) / sxx); slope < sig*se {
+	if se := math.Sqrt(sse / float64(n-2) / sxx); !(slope >= sig*se) {
 		return v
 	}
 	return min(v+slope*lead.Seconds(), v*(1+gain))

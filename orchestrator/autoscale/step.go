@@ -40,10 +40,11 @@ func DefaultPolicy() Policy {
 // Validate lists every problem.
 func (p *Policy) Validate() error {
 	var errs []error
-	if p.Tolerance < 0 || p.PanicWindow <= 0 || p.StableWindow < p.PanicWindow {
+	// Written so that NaN, which compares false with everything, fails.
+	if !(p.Tolerance >= 0) || p.PanicWindow <= 0 || p.StableWindow < p.PanicWindow {
 		errs = append(errs, errors.New("need tolerance ≥ 0 and stableWindow ≥ panicWindow > 0"))
 	}
-	if p.PanicThreshold <= 1 || p.MaxUpRate < 1 || p.MaxDownRate < 1 {
+	if !(p.PanicThreshold > 1) || !(p.MaxUpRate >= 1) || !(p.MaxDownRate >= 1) {
 		errs = append(errs, errors.New("need panicThreshold > 1 and rates ≥ 1"))
 	}
 	for n, r := range p.Roles {
@@ -54,7 +55,7 @@ func (p *Policy) Validate() error {
 	if p.Ratio != nil {
 		_, okN := p.Roles[p.Ratio.Numerator]
 		_, okD := p.Roles[p.Ratio.Denominator]
-		if !okN || !okD || p.Ratio.Min <= 0 || p.Ratio.Max < p.Ratio.Min {
+		if !okN || !okD || !(p.Ratio.Min > 0) || !(p.Ratio.Max >= p.Ratio.Min) {
 			errs = append(errs, errors.New("ratio: both roles must be scaled and 0 < min ≤ max"))
 		}
 	}
@@ -193,7 +194,7 @@ func (a *Autoscaler) stepRole(now time.Time, name string, rp RolePolicy, current
 	}
 	stable, panicD := average(st.samples, now.Add(-a.p.StableWindow)), average(st.samples, now.Add(-a.p.PanicWindow))
 	d := Decision{Current: current}
-	want, reason := ceil(stable), "stable window"
+	want, reason := ceilInt32(stable, current), "stable window"
 	if current > 0 && math.Abs(stable/float64(current)-1) <= a.p.Tolerance {
 		want, reason = current, "within tolerance"
 	}
@@ -202,12 +203,12 @@ func (a *Autoscaler) stepRole(now time.Time, name string, rp RolePolicy, current
 	}
 	if now.Before(st.panicUntil) {
 		res.Panic[name] = true
-		want, reason = max(current, ceil(panicD), st.lastDesired), "panic: never scale down"
+		want, reason = max(current, ceilInt32(panicD, current), st.lastDesired), "panic: never scale down"
 	}
 	if up := upLimit(current, a.p.MaxUpRate); want > up {
 		want, reason = up, reason+"; scale-up rate limit"
 	}
-	if down := int32(math.Floor(float64(current) / a.p.MaxDownRate)); want < down {
+	if down := toInt32(math.Floor(float64(current)/a.p.MaxDownRate), current); want < down {
 		want, reason = down, reason+"; scale-down rate limit"
 	}
 	if want < current && !st.lastUp.IsZero() && now.Sub(st.lastUp) < a.p.DownCooldown {
@@ -255,10 +256,9 @@ func average(s []sample, since time.Time) float64 {
 	return sum / float64(n)
 }
 
-func ceil(v float64) int32 { return int32(math.Ceil(v - 1e-9)) }
-
 // upLimit is the most replicas one step may reach: ceil(current × rate),
-// and at least one more (so a role at zero can start).
+// saturated (a rate of 1e9 is no limit), and at least one more (so a role
+// at zero can start; 0 × an infinite rate is that one).
 func upLimit(current int32, rate float64) int32 {
-	return max(int32(math.Ceil(float64(current)*rate-1e-9)), current+1)
+	return max(ceilInt32(float64(current)*rate, 0), addInt32(current, 1))
 }
