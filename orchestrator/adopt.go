@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
 )
 
 // The adoption mode: an AutoscalingPolicy without a target ModelDeployment
@@ -73,7 +74,31 @@ type roleTarget struct {
 	groups float64
 	// workload is "Kind/name" of an adopted workload ("" otherwise).
 	workload string
-	scale    func(ctx context.Context, n int32) error
+	// deployment is the ModelDeployment of the role ("" when adopted), and
+	// podsPerReplica what one more replica costs of its pod budget
+	// (v1alpha1.MaxPods): groups × (1 + workers).
+	deployment     string
+	podsPerReplica int64
+	scale          func(ctx context.Context, n int32) error
+}
+
+// podBudget is the pod budget a policy's step keeps its targets in
+// (Autoscaler.StepWithin): a ModelDeployment's controller refuses, and
+// freezes, a deployment above v1alpha1.MaxPods pods, so a role is never
+// scaled past what the deployment can hold beside its other roles. Adopted
+// workloads have none (nil).
+func podBudget(targets map[string]roleTarget) *autoscale.PodBudget {
+	var b *autoscale.PodBudget
+	for name, t := range targets {
+		if t.podsPerReplica <= 0 {
+			continue
+		}
+		if b == nil {
+			b = &autoscale.PodBudget{Limit: v1alpha1.MaxPods, PerReplica: map[string]int64{}, Of: "ModelDeployment " + t.deployment}
+		}
+		b.PerReplica[name] = t.podsPerReplica
+	}
+	return b
 }
 
 // adoptedTargets resolves every role's workload; the first bad one fails
@@ -203,7 +228,7 @@ func (c *Controller) modelDeploymentTargets(ap *v1alpha1.AutoscalingPolicy) (map
 	groups := float64(max(*md.Spec.Groups, 1))
 	out := map[string]roleTarget{}
 	for _, r := range md.Spec.Roles {
-		t := roleTarget{current: *r.Replicas, groups: groups}
+		t := roleTarget{current: *r.Replicas, groups: groups, deployment: md.Name, podsPerReplica: int64(groups) * int64(members(&r))}
 		for _, p := range pods {
 			if p.Labels[v1alpha1.LabelRole] == r.Name && metav1.IsControlledBy(p, md) {
 				t.engines = append(t.engines, p.Name)

@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// FuzzStep: whatever the observations (NaN, ±Inf, 1e300, negative) and
-// the rate limits, every step's decision is within the role's [min, max]; and
+// FuzzStep: whatever the observations (NaN, ±Inf, 1e300, negative), the
+// rate limits and the pod budget, every step's decision is within the
+// role's [min, max] and the budget (or at the mins, said infeasible); and
 // on the metric path alone a higher load never asks for fewer replicas, and
 // a rate that allows it takes a load above max to max in one step (a
 // conversion that wraps, int32(3e10) = MinInt32 on amd64, breaks both).
@@ -18,7 +19,7 @@ func FuzzStep(f *testing.F) {
 	f.Add(math.NaN(), math.NaN(), math.NaN(), math.NaN(), 2.0, math.Inf(1), int32(0), int32(0), uint16(0), uint16(10), uint16(1), uint16(3), int64(-5), uint8(6))
 	f.Add(math.Inf(1), -1.0, math.Inf(1), math.Inf(-1), math.Inf(1), 1.0, int32(-3), int32(math.MaxInt32), uint16(2), uint16(0), uint16(100), uint16(1), int64(math.MaxInt64), uint8(5))
 	f.Fuzz(func(t *testing.T, wait, kv, tokens, streams, upRate, downRate float64, curP, curD int32, lo16, span16, wP, wD uint16, limit int64, mode uint8) {
-		useRatio, useSLO := mode&1 != 0, mode&2 != 0
+		useRatio, useSLO, useBudget := mode&1 != 0, mode&2 != 0, mode&4 != 0
 		b := Bounds{Min: int32(lo16 % 2000), Max: int32(lo16%2000) + int32(span16%2000)}
 		p := DefaultPolicy()
 		p.StableWindow, p.PanicWindow, p.DownCooldown = 30*time.Second, 10*time.Second, 20*time.Second
@@ -36,6 +37,10 @@ func FuzzStep(f *testing.F) {
 				Adapt: SLOAdapt{Lead: 30 * time.Second, TrendWindow: 40 * time.Second, BaselineWindow: time.Minute, CorrectionWindow: time.Minute}}
 			p.SLOPrefill, p.SLODecode = "p", "d"
 			slo = &SLOObservation{PromptTokensPerSecond: tokens, RunningStreams: streams, MeasuredTTFT: kv, MeasuredTPOT: wait, PrefillTokensPerReplica: tokens}
+		}
+		var budget *PodBudget
+		if useBudget {
+			budget = &PodBudget{Limit: limit, PerReplica: map[string]int64{"p": int64(wP%100) + 1, "d": int64(wD%100) + 1, "other": 3}, Of: "ModelDeployment f"}
 		}
 		a, err := New(p)
 		if err != nil {
@@ -56,7 +61,8 @@ func FuzzStep(f *testing.F) {
 			if i == 3 {
 				obs["d"] = Observation{Current: cur["d"]} // unobserved: held
 			}
-			res := a.Step(t0.Add(time.Duration(i)*7*time.Second), obs, slo)
+			res := a.StepWithin(t0.Add(time.Duration(i)*7*time.Second), obs, slo, budget)
+			total := int64(6) // "other": 2 replicas × 3
 			for r, c := range cur {
 				d, ok := res.Roles[r]
 				if !ok {
@@ -65,10 +71,26 @@ func FuzzStep(f *testing.F) {
 				if d.Desired < b.Min || d.Desired > b.Max {
 					t.Fatalf("step %d: %s %d -> %d (%s), outside [%d, %d]", i, r, c, d.Desired, d.Reason, b.Min, b.Max)
 				}
+				if budget != nil {
+					total += int64(d.Desired) * budget.PerReplica[r]
+				}
 				cur[r] = d.Desired
 			}
+			if budget == nil {
+				continue
+			}
+			if res.Budget == nil || res.Budget.Pods != total {
+				t.Fatalf("step %d: budget %+v, want %d pods", i, res.Budget, total)
+			}
+			if res.Budget.Infeasible {
+				if cur["p"] != b.Min || cur["d"] != b.Min {
+					t.Fatalf("step %d: infeasible budget with %v, want both at their min %d", i, cur, b.Min)
+				}
+			} else if total > limit {
+				t.Fatalf("step %d: %d pods over the budget of %d (%v)", i, total, limit, cur)
+			}
 		}
-		if useRatio || useSLO || math.IsNaN(wait) || wait < 0 {
+		if useRatio || useSLO || useBudget || math.IsNaN(wait) || wait < 0 {
 			return
 		}
 		// The metric path alone, one step of a fresh autoscaler from the

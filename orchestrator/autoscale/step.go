@@ -83,6 +83,8 @@ type Result struct {
 	SLO         *SLOResult
 	Panic       map[string]bool
 	ScaledUpAny bool
+	// Budget is what the pod budget did (StepWithin; nil without one).
+	Budget *BudgetResult
 }
 
 type sample struct {
@@ -122,6 +124,14 @@ func New(p Policy) (*Autoscaler, error) {
 // the prefill and decode roles; the policy's SLO.Adapt refines it (trend
 // lead and learned TTFT baseline before sizing, correction memory after).
 func (a *Autoscaler) Step(now time.Time, obs map[string]Observation, slo *SLOObservation) Result {
+	return a.StepWithin(now, obs, slo, nil)
+}
+
+// StepWithin is Step whose decisions also keep the target's pods within
+// budget (nil: no budget), after the bounds and the ratio band: a role
+// lowered to fit says so in its reason ("pod budget: ..."), and
+// Result.Budget reports it.
+func (a *Autoscaler) StepWithin(now time.Time, obs map[string]Observation, slo *SLOObservation, budget *PodBudget) Result {
 	res := Result{Roles: map[string]Decision{}, Panic: map[string]bool{}}
 	var sized *SLOResult
 	if slo != nil && a.p.SLO != nil {
@@ -142,6 +152,7 @@ func (a *Autoscaler) Step(now time.Time, obs map[string]Observation, slo *SLOObs
 		res.Roles[name] = a.stepRole(now, name, rp, o.Current, demand, &res)
 	}
 	a.applyRatio(now, &res)
+	a.applyBudget(obs, budget, &res)
 	for name, d := range res.Roles {
 		st := a.roles[name]
 		if d.Desired > d.Current {
