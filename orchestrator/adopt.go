@@ -43,9 +43,18 @@ var workloadResources = map[string]schema.GroupVersionResource{
 // than the autoscale interval.
 type targetError struct {
 	reason, msg string
+	err         error // what errors.Is finds (errScaleConflict), or nil
 }
 
 func (e *targetError) Error() string { return e.reason + ": " + e.msg }
+
+func (e *targetError) Unwrap() error { return e.err }
+
+// errScaleConflict: a write of a /scale did not happen because the object
+// changed under it (409 Conflict on every attempt, or its replicas are no
+// longer those the step decided from: another writer scaled it). Nothing was
+// scaled; the next step decides again from what is there.
+var errScaleConflict = errors.New("the /scale changed while it was written")
 
 // Reasons of a policy whose target cannot be scaled.
 const (
@@ -59,6 +68,9 @@ const (
 	// reasonScaleFailed: reading or writing the target's /scale failed
 	// (the API server did not answer, a webhook refused it).
 	reasonScaleFailed = "ScaleFailed"
+	// reasonScaleConflict: the target's /scale was not written, it changed
+	// under the write (errScaleConflict); retried at the next step.
+	reasonScaleConflict = "ScaleConflict"
 )
 
 func badTarget(reason, format string, a ...any) *targetError {
@@ -79,7 +91,9 @@ type roleTarget struct {
 	// (v1alpha1.MaxPods): groups × (1 + workers).
 	deployment     string
 	podsPerReplica int64
-	scale          func(ctx context.Context, n int32) error
+	// scale writes the role's replicas; an error wrapping errScaleConflict
+	// when it did not because the target changed under it.
+	scale func(ctx context.Context, n int32) error
 }
 
 // podBudget is the pod budget a policy's step keeps its targets in
@@ -173,7 +187,8 @@ func (c *Controller) adoptWorkload(ctx context.Context, ns, role string, w *v1al
 			}
 		}
 	}
-	t.scale = func(ctx context.Context, n int32) error { return scaleWorkload(ctx, c, gvr, ns, name, n) }
+	from := t.current
+	t.scale = func(ctx context.Context, n int32) error { return scaleWorkload(ctx, c, gvr, ns, name, from, n) }
 	return t, nil
 }
 
@@ -193,20 +208,40 @@ func listError(role, what string, err error) error {
 	return fmt.Errorf("role %s: %s: %w", role, what, err)
 }
 
-// scaleWorkload writes replicas through the workload's /scale.
-func scaleWorkload(ctx context.Context, c *Controller, gvr schema.GroupVersionResource, ns, name string, n int32) error {
+// scaleAttempts bounds the writes of one /scale at a step: a 409 from a
+// change that left the replicas alone (the workload controller's status
+// write, a label) is retried on a fresh read.
+const scaleAttempts = 3
+
+// scaleWorkload writes n replicas through the workload's /scale if it is
+// still at from, the replicas the step decided from. A 409 is retried on a
+// fresh read; replicas another writer changed, or a 409 on every attempt,
+// return an error wrapping errScaleConflict (reason ScaleConflict) and
+// nothing is written: the step did not scale, the next one decides again.
+func scaleWorkload(ctx context.Context, c *Controller, gvr schema.GroupVersionResource, ns, name string, from, n int32) error {
 	rc := c.dyn.Resource(gvr).Namespace(ns)
-	s, err := rc.Get(ctx, name, metav1.GetOptions{}, "scale")
-	if err != nil {
-		return fmt.Errorf("get scale of %s %s: %w", gvr.Resource, name, err)
+	for range scaleAttempts {
+		s, err := rc.Get(ctx, name, metav1.GetOptions{}, "scale")
+		if err != nil {
+			return fmt.Errorf("get scale of %s %s: %w", gvr.Resource, name, err)
+		}
+		if cur, _, _ := unstructured.NestedInt64(s.Object, "spec", "replicas"); cur != int64(from) {
+			return &targetError{reason: reasonScaleConflict, err: errScaleConflict,
+				msg: fmt.Sprintf("%s %s: /scale is at %d replicas, not the %d this step decided %d from (another writer scales it?); decided again at the next step", gvr.Resource, name, cur, from, n)}
+		}
+		if err := unstructured.SetNestedField(s.Object, int64(n), "spec", "replicas"); err != nil {
+			return err
+		}
+		_, err = rc.Update(ctx, s, metav1.UpdateOptions{}, "scale")
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("scale %s %s: %w", gvr.Resource, name, err)
+		}
 	}
-	if err := unstructured.SetNestedField(s.Object, int64(n), "spec", "replicas"); err != nil {
-		return err
-	}
-	if _, err := rc.Update(ctx, s, metav1.UpdateOptions{}, "scale"); err != nil && !apierrors.IsConflict(err) {
-		return fmt.Errorf("scale %s %s: %w", gvr.Resource, name, err)
-	}
-	return nil
+	return &targetError{reason: reasonScaleConflict, err: errScaleConflict,
+		msg: fmt.Sprintf("%s %s: /scale to %d: 409 Conflict %d times (the object changes under every write); retried at the next step", gvr.Resource, name, n, scaleAttempts)}
 }
 
 // modelDeploymentTargets are the roles of the policy's ModelDeployment:

@@ -1,20 +1,133 @@
 package orchestrator
 
 import (
+	"errors"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
 )
+
+// beforeScalePut runs hook before every PUT of a /scale the client makes,
+// on the test's own (unwrapped) clients: a write that lands between the
+// controller's read and its write, as another writer's would.
+func beforeScalePut(cfg *rest.Config, hook func()) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/scale") {
+				hook()
+			}
+			return rt.RoundTrip(r)
+		})
+	}
+	return c
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestScaleWorkloadConflict: a 409 on an adopted workload's /scale is no
+// scale. A write that only changed the object (a label: the workload
+// controller's status writes do the same) is retried on a fresh read and
+// lands; one on every attempt, or another writer's new replicas, return
+// errScaleConflict (reason ScaleConflict, no Scaled event, no lastScaleTime)
+// and nothing is written over the other writer's value.
+func TestScaleWorkloadConflict(t *testing.T) {
+	e := newEnv(t)
+	one := int32(1)
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "llm", Labels: map[string]string{v1alpha1.LabelRoleKind: "decode"}},
+		Spec: appsv1.DeploymentSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "llm"}},
+			Template: engineTemplate("llm", "decode")},
+	}
+	if _, err := e.kube.AppsV1().Deployments(e.ns).Create(e.ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var touches atomic.Int32 // how many PUTs the hook still precedes with a label write
+	var otherWriter atomic.Int32
+	seq := 0
+	hook := func() {
+		if otherWriter.Load() > 0 {
+			s, err := e.kube.AppsV1().Deployments(e.ns).GetScale(e.ctx, "llm", metav1.GetOptions{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			s.Spec.Replicas = otherWriter.Load()
+			if _, err := e.kube.AppsV1().Deployments(e.ns).UpdateScale(e.ctx, "llm", s, metav1.UpdateOptions{}); err != nil {
+				t.Error(err)
+			}
+			return
+		}
+		if touches.Add(-1) < 0 {
+			return
+		}
+		seq++
+		patch := `{"metadata":{"labels":{"touched":"` + strings.Repeat("x", seq) + `"}}}`
+		if _, err := e.kube.AppsV1().Deployments(e.ns).Patch(e.ctx, "llm", "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Error(err)
+		}
+	}
+	c := &Controller{dyn: dynamic.NewForConfigOrDie(beforeScalePut(e.srv.Config, hook)), kube: kubernetes.NewForConfigOrDie(e.srv.Config)}
+	ref := &v1alpha1.WorkloadRef{Kind: v1alpha1.WorkloadDeployment, Name: "llm"}
+	replicas := func() int32 {
+		t.Helper()
+		s, err := e.kube.AppsV1().Deployments(e.ns).GetScale(e.ctx, "llm", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Spec.Replicas
+	}
+	scale := func(n int32) error {
+		t.Helper()
+		tg, err := c.adoptWorkload(e.ctx, e.ns, "decode", ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tg.scale(e.ctx, n)
+	}
+
+	touches.Store(1) // one 409, then the retry lands
+	if err := scale(3); err != nil || replicas() != 3 {
+		t.Fatalf("one 409: %v, %d replicas; want the retry to scale to 3", err, replicas())
+	}
+	touches.Store(scaleAttempts) // 409 on every attempt
+	err := scale(5)
+	var te *targetError
+	if !errors.Is(err, errScaleConflict) || !errors.As(err, &te) || te.reason != reasonScaleConflict || replicas() != 3 {
+		t.Fatalf("409 on every attempt: %v, %d replicas; want errScaleConflict (ScaleConflict) and 3 kept", err, replicas())
+	}
+	if se := scaleError("decode", err); se.reason != reasonScaleConflict {
+		t.Errorf("the policy reports it as %q, want %q", se.reason, reasonScaleConflict)
+	}
+	touches.Store(0)
+	otherWriter.Store(7) // another writer scales to 7 between the step's read and its write
+	err = scale(5)
+	otherWriter.Store(0)
+	if !errors.Is(err, errScaleConflict) || replicas() != 7 {
+		t.Fatalf("another writer's 7: %v, %d replicas; want errScaleConflict and its 7 kept", err, replicas())
+	}
+	if err := scale(2); err != nil || replicas() != 2 {
+		t.Fatalf("no conflict: %v, %d replicas; want 2", err, replicas())
+	}
+}
 
 // mdTargets resolves a policy's ModelDeployment targets from listers
 // holding md alone (no API server: the budget is arithmetic on its spec).
