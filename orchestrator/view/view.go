@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -53,6 +54,9 @@ func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w, er
 		return err
 	}
 	req := rc.Get().Resource(resource).SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	if resource == "autoscalingpolicies" {
+		req = req.Param("includeObject", "Object") // every role's workload (allWorkloads)
+	}
 	if ns != "" {
 		req = req.Namespace(ns)
 	}
@@ -67,6 +71,9 @@ func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w, er
 	if err := json.Unmarshal(body, &t); err != nil {
 		return fmt.Errorf("decode table: %w", err)
 	}
+	if resource == "autoscalingpolicies" {
+		allWorkloads(&t)
+	}
 	if name == "" && len(t.Rows) == 0 {
 		if ns == "" {
 			_, err = fmt.Fprintln(errW, "No resources found")
@@ -76,6 +83,37 @@ func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w, er
 		return err
 	}
 	return printTable(w, &t, ns == "")
+}
+
+// allWorkloads fills an AutoscalingPolicy table's Workloads column with
+// every role's adopted workload: the API server renders a printer column's
+// first match only (the first role's). The rows must carry their objects.
+func allWorkloads(t *metav1.Table) {
+	col := slices.IndexFunc(t.ColumnDefinitions, func(c metav1.TableColumnDefinition) bool { return c.Name == "Workloads" })
+	if col < 0 {
+		return
+	}
+	for i, r := range t.Rows {
+		var ap struct {
+			Status struct {
+				Roles []struct {
+					Workload string `json:"workload"`
+				} `json:"roles"`
+			} `json:"status"`
+		}
+		if col >= len(r.Cells) || json.Unmarshal(r.Object.Raw, &ap) != nil {
+			continue
+		}
+		var ws []string
+		for _, role := range ap.Status.Roles {
+			if role.Workload != "" && !slices.Contains(ws, role.Workload) {
+				ws = append(ws, role.Workload)
+			}
+		}
+		if len(ws) > 0 {
+			t.Rows[i].Cells[col] = strings.Join(ws, ",")
+		}
+	}
 }
 
 func printTable(w io.Writer, t *metav1.Table, withNS bool) error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,5 +103,84 @@ func TestGetEmptyListSaysNoResources(t *testing.T) {
 	}
 	if out.Len() != 0 || errOut.String() != "No resources found in nonexistent namespace.\n" {
 		t.Errorf("nonexistent: stdout %q, stderr %q", out.String(), errOut.String())
+	}
+}
+
+// TestGetPoliciesShowReasonAndWorkloads: `kvmesh get asp` shows why a policy
+// is not active (ScalingActive's reason) and what an adopting policy scales,
+// every role's workload (the API server renders the first match only).
+func TestGetPoliciesShowReasonAndWorkloads(t *testing.T) {
+	srv := kubetest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
+	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
+		t.Fatal(err)
+	}
+	ns := srv.Namespace(t)
+	objs, err := kubetest.Decode(strings.NewReader(`
+{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"adopting"},"spec":{"roles":[
+ {"name":"prefill","minReplicas":1,"maxReplicas":4,"workload":{"kind":"Deployment","name":"llm-prefill"}},
+ {"name":"decode","minReplicas":1,"maxReplicas":4,"workload":{"kind":"StatefulSet","selector":{"matchLabels":{"app":"llm"}}}}]}}
+---
+{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"targeting"},"spec":{"target":"llama-pd","roles":[
+ {"name":"decode","minReplicas":1,"maxReplicas":4}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kubetest.Apply(ctx, srv.Config, kubetest.ApplyOptions{Namespace: ns}, objs...); err != nil {
+		t.Fatal(err)
+	}
+	asp := dynamic.NewForConfigOrDie(srv.Config).Resource(schema.GroupVersionResource{Group: "kvmesh.io", Version: "v1alpha1", Resource: "autoscalingpolicies"}).Namespace(ns)
+	status := func(name, active, reason string, workloads ...string) {
+		t.Helper()
+		u, err := asp.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var roles []any
+		for i, w := range workloads {
+			r := map[string]any{"name": []string{"prefill", "decode"}[i], "currentReplicas": int64(1), "desiredReplicas": int64(1)}
+			if w != "" {
+				r["workload"] = w
+			}
+			roles = append(roles, r)
+		}
+		u.Object["status"] = map[string]any{"roles": roles, "conditions": []any{map[string]any{"type": "ScalingActive", "status": active,
+			"reason": reason, "message": reason, "lastTransitionTime": "2026-12-06T11:23:00Z"}}}
+		if _, err := asp.UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status("adopting", "True", "Observing", "Deployment/llm-prefill", "StatefulSet/llm-decode-x")
+	status("targeting", "False", "PolicyConflict", "")
+
+	var out, errOut bytes.Buffer
+	if err := Get(ctx, srv.Config, "autoscalingpolicies", ns, "", &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("get asp:\n%s", out.String())
+	}
+	want := [][]string{
+		{"NAME", "TARGET", "WORKLOADS", "ACTIVE", "REASON", "RATIO", "SLOATRISK", "AGE"},
+		{"adopting", "<none>", "Deployment/llm-prefill,StatefulSet/llm-decode-x", "True", "Observing"},
+		{"targeting", "llama-pd", "<none>", "False", "PolicyConflict"},
+	}
+	for i, w := range want {
+		if f := strings.Fields(lines[i]); len(f) < len(w) || !slices.Equal(f[:len(w)], w) {
+			t.Errorf("get asp line %d: %q, want it to start with %q\n%s", i, lines[i], w, out.String())
+		}
+	}
+	// One by name, and across namespaces, the same.
+	out.Reset()
+	if err := Get(ctx, srv.Config, "autoscalingpolicies", ns, "adopting", &out, &errOut); err != nil || !strings.Contains(out.String(), "Deployment/llm-prefill,StatefulSet/llm-decode-x") {
+		t.Errorf("get asp adopting: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := Get(ctx, srv.Config, "autoscalingpolicies", "", "", &out, &errOut); err != nil || !strings.Contains(out.String(), ns+" ") ||
+		!strings.Contains(out.String(), "Deployment/llm-prefill,StatefulSet/llm-decode-x") || !strings.Contains(out.String(), "PolicyConflict") {
+		t.Errorf("get asp -A: %v\n%s", err, out.String())
 	}
 }
