@@ -1,7 +1,13 @@
 package orchestrator
 
 import (
+	"context"
+	"net/url"
+	"strings"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+	clientmetrics "k8s.io/client-go/tools/metrics"
 
 	"github.com/kvmesh/kvmesh/orchestrator/modelroutes"
 )
@@ -45,6 +51,36 @@ var (
 	})
 )
 
+// client-go's requests to the API server, with kube-controller-manager's
+// names and labels (component-base's rest_client_* series, so its
+// dashboards and alerts apply): verb (method) and host are the client's few
+// (the API server), code an HTTP status or "<error>". URLs, namespaces and
+// resources are not labels.
+var (
+	clientBuckets        = []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60}
+	clientRequestLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "rest_client_request_duration_seconds", Help: "Latency of the orchestrator's requests to the API server, by verb and host.", Buckets: clientBuckets,
+	}, []string{"verb", "host"})
+	clientRateLimiterLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "rest_client_rate_limiter_duration_seconds", Help: "Time the orchestrator's requests waited for client-go's rate limit (--kube-api-qps, --kube-api-burst), by verb and host.", Buckets: clientBuckets,
+	}, []string{"verb", "host"})
+	clientRequestResults = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rest_client_requests_total", Help: "The orchestrator's requests to the API server, by HTTP code (or <error>), method and host.",
+	}, []string{"code", "method", "host"})
+)
+
+type clientLatency struct{ h *prometheus.HistogramVec }
+
+func (l clientLatency) Observe(_ context.Context, verb string, u url.URL, d time.Duration) {
+	l.h.WithLabelValues(strings.ToUpper(verb), u.Host).Observe(d.Seconds())
+}
+
+type clientResult struct{}
+
+func (clientResult) Increment(_ context.Context, code, method, host string) {
+	clientRequestResults.WithLabelValues(code, strings.ToUpper(method), host).Inc()
+}
+
 func init() {
 	for _, d := range []string{"up", "down", "hold"} {
 		autoscaleDecisions.WithLabelValues(d)
@@ -54,9 +90,15 @@ func init() {
 	}
 }
 
-// Register adds the orchestrator's metrics to r.
+// Register adds the orchestrator's metrics to r, with client-go's request
+// metrics (rest_client_*: client-go takes its hooks once per process, the
+// first caller's; this package's are the same for every registry).
 func Register(r prometheus.Registerer) error {
-	cs := []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors, learnShareErrors}
+	clientmetrics.Register(clientmetrics.RegisterOpts{
+		RequestLatency: clientLatency{clientRequestLatency}, RateLimiterLatency: clientLatency{clientRateLimiterLatency}, RequestResult: clientResult{},
+	})
+	cs := []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors, learnShareErrors,
+		clientRequestLatency, clientRateLimiterLatency, clientRequestResults}
 	for _, c := range append(cs, modelroutes.Collectors()...) {
 		if err := r.Register(c); err != nil {
 			return err

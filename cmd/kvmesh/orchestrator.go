@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -244,9 +245,7 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 		wg.Go(func() { errs[1] = webhook.Run(ctx, kube, *wcfg); cancel() })
 	}
 	if metricsAddr != "" {
-		reg := prometheus.NewRegistry()
-		_ = orchestrator.Register(reg)
-		_ = webhook.Register(reg)
+		reg := orchestratorRegistry()
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
@@ -261,6 +260,18 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// orchestratorRegistry holds what the orchestrator's /metrics serves: the
+// Go runtime and process collectors (as the ingress's and the sidecar's),
+// the controller's and the webhook's metrics, and client-go's requests to
+// the API server (rest_client_*).
+func orchestratorRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	_ = orchestrator.Register(reg)
+	_ = webhook.Register(reg)
+	return reg
 }
 
 // joinMesh makes the orchestrator a gossip member so AutoscalingPolicies
