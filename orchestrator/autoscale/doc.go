@@ -8,7 +8,9 @@
 //     tolerance band.
 //   - Autoscaler.Step: KPA-style stable and panic windows over those
 //     recommendations, scale-up/down rate limits, a scale-down cool-down
-//     after any scale-up, min/max per role.
+//     after any scale-up, min/max per role. StepWithin also keeps the
+//     target's pods within a budget (a ModelDeployment's MaxPods).
+//     Replica counts saturate: a demand or rate beyond int32 means max.
 //   - RepairRatio: keeps numerator/denominator replicas within a band,
 //     raising the lagging role first and lowering the other only when the
 //     lagging one is at its max (Kthena's scale-up-biased repair); a role at
