@@ -142,3 +142,14 @@ func FuzzParseTokenList(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLenientSSEReader checks the lenient reader against the WHATWG
+// algorithm applied literally (specExpect) and against the strict reader
+// (checkLenient), in both forms.
+func FuzzLenientSSEReader(f *testing.F) {
+	for _, s := range lenientSeeds {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(checkLenient)
+}
