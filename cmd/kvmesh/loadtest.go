@@ -59,6 +59,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "per-request timeout")
 	fs.StringVar(&cfg.SessionHeader, "session-header", "", "send each request's session id in this header (e.g. X-Session-ID)")
 	fs.BoolVar(&cfg.NoStream, "no-stream", false, "non-streaming requests (TTFT = E2E)")
+	fs.BoolVar(&cfg.StrictSSE, "strict-sse", false, "read streams only in vLLM's SSE form (any other framing is a stream error; default: any framing the SSE standard allows, counted in the report)")
 	fs.IntVar(&cfg.N, "n", 0, "sampled sequences per request (\"n\", parallel sampling as RL rollouts ask; completions and chat; 0 or 1: one)")
 	fs.IntVar(&sp.Groups, "groups", sp.Groups, "shared-prefix: groups")
 	fs.IntVar(&sp.Prompts, "prompts", sp.Prompts, "shared-prefix: prompts per group")

@@ -53,6 +53,11 @@ type Config struct {
 	// Stream requests SSE streaming (needed for TTFT). Default true; set NoStream to
 	// measure non-streaming requests (TTFT is then E2E).
 	NoStream bool
+	// StrictSSE reads streams only in the form vLLM (and kvmesh) writes
+	// (openai.SSEReader): any other framing is a stream error. By default a
+	// stream is read as the SSE standard allows (openai.LenientSSEReader)
+	// and the report counts the requests whose framing was not vLLM's.
+	StrictSSE bool
 	// Concurrency caps requests in flight. Default 64. A request whose arrival comes
 	// while the cap is reached waits; its latency is measured from when it is sent, and
 	// the wait is reported separately (Report.SendLag).

@@ -347,19 +347,23 @@ func FuzzReadBody(f *testing.F) {
 	f.Add([]byte(respStream), true, true)
 	f.Add([]byte(`{"output":[{"content":[{"text":"a"}]}],"usage":{"input_tokens":3,"output_tokens":1}}`), false, true)
 	f.Add([]byte(msgStream), true, true)
+	f.Add([]byte("id: 1\r\ndata:{\"choices\":[{\"text\":\"a\"}]}\r\rdata:\n\ndata: [DONE]"), true, false)
+	f.Add([]byte("event: message_start\ndata:{\"type\":\"message_start\",\n\n"), true, true)
 	f.Fuzz(func(t *testing.T, body []byte, stream, named bool) {
 		for _, ep := range []Endpoint{Completions, Responses, Messages} {
 			if named == (ep == Completions) {
 				continue
 			}
-			var res Result
-			readBody(context.Background(), strings.NewReader(string(body)), stream, ep, time.Now(), &res)
-			if res.ErrKind == "" {
-				if res.TTFT > res.E2E {
-					t.Fatalf("accepted body gave %+v", res)
+			for _, strict := range []bool{false, true} {
+				var res Result
+				readBody(context.Background(), strings.NewReader(string(body)), stream, ep, strict, time.Now(), &res)
+				if res.ErrKind == "" {
+					if res.TTFT > res.E2E || (strict && res.NonCanonicalSSE) {
+						t.Fatalf("accepted body gave %+v", res)
+					}
+				} else if res.ErrKind != KindStream && res.ErrKind != KindInStream {
+					t.Fatalf("unexpected kind %q", res.ErrKind)
 				}
-			} else if res.ErrKind != KindStream && res.ErrKind != KindInStream {
-				t.Fatalf("unexpected kind %q", res.ErrKind)
 			}
 		}
 	})
@@ -384,7 +388,7 @@ func TestReadBody(t *testing.T) {
 		{"not json", []byte("data: hello\n\ndata: [DONE]\n\n"), KindStream},
 	} {
 		var res Result
-		readBody(context.Background(), strings.NewReader(string(tc.body)), true, Completions, time.Now(), &res)
+		readBody(context.Background(), strings.NewReader(string(tc.body)), true, Completions, false, time.Now(), &res)
 		if res.ErrKind != tc.kind {
 			t.Errorf("%s: kind %q, want %q (%s)", tc.name, res.ErrKind, tc.kind, res.ErrMsg)
 		}
@@ -410,17 +414,17 @@ func TestReadBodyResponses(t *testing.T) {
 		{"answer", `{"output":[{"content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":1}}`, false, ""},
 		{"error event", respStream[:strings.Index(respStream, "event: response.completed")] + "event: error\ndata: {\"type\":\"error\",\"message\":\"boom\"}\n\n", true, KindInStream},
 		{"cut inside an event", respStream[:len(respStream)-5], true, KindStream},
-		{"plain form is not accepted for chat", respStream, true, "chat"},
+		{"named form is not a chat stream", respStream, true, "chat"},
 	} {
 		var res Result
 		ep := Responses
 		if tc.kind == "chat" {
 			ep = Chat
 		}
-		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, ep, time.Now(), &res)
+		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, ep, false, time.Now(), &res)
 		want := tc.kind
 		if want == "chat" {
-			want = KindStream // a chat reader refuses event lines
+			want = KindStream // a chat stream ends with [DONE]
 		}
 		if res.ErrKind != want {
 			t.Errorf("%s: kind %q, want %q (%s)", tc.name, res.ErrKind, want, res.ErrMsg)
@@ -505,7 +509,7 @@ func TestReadBodyMessages(t *testing.T) {
 		{"cut inside an event", msgStream[:len(msgStream)-5], true, KindStream},
 	} {
 		var res Result
-		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, Messages, time.Now(), &res)
+		readBody(context.Background(), strings.NewReader(tc.body), tc.stream, Messages, false, time.Now(), &res)
 		if res.ErrKind != tc.kind {
 			t.Fatalf("%s: kind %q (%s), want %q", tc.name, res.ErrKind, res.ErrMsg, tc.kind)
 		}

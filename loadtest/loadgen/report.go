@@ -49,6 +49,9 @@ type Report struct {
 	PrefixHitRate float64        `json:"prefix_hit_rate"`
 	PerEngine     map[string]int `json:"per_engine,omitempty"`
 	LoadImbalance float64        `json:"load_imbalance"`
+	// NonCanonicalSSE counts the requests whose stream was valid SSE in
+	// another form than vLLM's (Result.NonCanonicalSSE).
+	NonCanonicalSSE int `json:"non_canonical_sse,omitempty"`
 	// Results holds every request's measurements, in send order.
 	Results []Result `json:"-"`
 	// enginesKnown: CountEngines gave every engine, so PerEngine holds
@@ -98,6 +101,9 @@ func buildReport(results []Result, total int) *Report {
 			first = res.Sent
 		}
 		lag = append(lag, res.SendLag.Seconds())
+		if res.NonCanonicalSSE {
+			r.NonCanonicalSSE++
+		}
 		if res.ErrKind != "" {
 			r.Failed++
 			r.Errors[res.ErrKind]++
@@ -199,6 +205,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, " %s=%d", e, r.PerEngine[e])
 		}
 		b.WriteByte('\n')
+	}
+	if r.NonCanonicalSSE > 0 {
+		fmt.Fprintf(&b, "SSE framing   %d streams were valid SSE but not in vLLM's form (e.g. \"data:\" without its space, id: or event: lines): read as the SSE standard allows\n", r.NonCanonicalSSE)
 	}
 	if r.OpenLoop && r.SendLagP99S > 0.001 {
 		if r.SlotWaits > 0 {

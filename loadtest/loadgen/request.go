@@ -21,7 +21,7 @@ const (
 	KindConnect  = "connect"  // could not reach the server
 	KindTimeout  = "timeout"  // Config.Timeout expired
 	KindCanceled = "canceled" // the run was stopped
-	KindStream   = "stream"   // malformed SSE or JSON from the server
+	KindStream   = "stream"   // malformed SSE or JSON from the server, or a stream cut between events
 	KindInStream = "in_stream_error"
 	// HTTP errors are "http_<status>", e.g. http_429.
 )
@@ -47,6 +47,11 @@ type Result struct {
 	PromptTokens, CachedTokens, OutputTokens int
 	// Engine is the X-Kvmesh-Engine response header (kvmesh ingress), or "".
 	Engine string
+	// NonCanonicalSSE: the stream's framing was valid SSE but not the one
+	// form vLLM writes (e.g. "data:" without its space, id: or event:
+	// lines, multi-line data), read by the lenient reader
+	// (openai.LenientSSEReader).
+	NonCanonicalSSE bool
 }
 
 // EngineHeader is the response header naming the engine that served the request.
@@ -252,13 +257,15 @@ func (g *generator) do(ctx context.Context, url string, body []byte, r *workload
 		res.E2E = time.Since(t0)
 		return
 	}
-	readBody(ctx, resp.Body, !g.cfg.NoStream, g.cfg.Endpoint, t0, res)
+	readBody(ctx, resp.Body, !g.cfg.NoStream, g.cfg.Endpoint, g.cfg.StrictSSE, t0, res)
 }
 
 // readBody reads a 200 response (an SSE stream, or one JSON body when stream is false)
 // into res: TTFT at the first generated text, usage, and an error kind when the body
-// is malformed or carries an error event. It never panics on bad input.
-func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, t0 time.Time, res *Result) {
+// is malformed or carries an error event. A stream is read as the SSE standard
+// allows (openai.LenientSSEReader), or only in vLLM's form when strict. It never
+// panics on bad input.
+func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, strict bool, t0 time.Time, res *Result) {
 	var (
 		c      chunk
 		rc     respChunk
@@ -341,11 +348,14 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, t0 
 			return nil
 		}
 	}
+	named := ep == Responses || ep == Messages // named events, no [DONE]
 	switch {
-	case stream && (ep == Responses || ep == Messages): // named events, no [DONE]
+	case stream && strict && named:
 		err = openai.ReadAllResponses(body, apply)
-	case stream:
+	case stream && strict:
 		err = openai.ReadAll(body, apply)
+	case stream:
+		res.NonCanonicalSSE, err = openai.ReadAllLenient(body, named, apply)
 	default:
 		b, rerr := io.ReadAll(io.LimitReader(body, 64<<20))
 		if rerr == nil {

@@ -1,8 +1,9 @@
 // Package loadgen is kvmesh's load generator: it sends a workload (loadtest/workload:
 // shared-prefix groups, Mooncake traces) to any OpenAI-compatible endpoint, open-loop
 // at the requests' arrival times and capped at a concurrency, streams every response
-// through internal/openai's strict SSE reader and measures, at the client, TTFT, E2E
-// latency, throughput, tokens, cached tokens (from usage) and errors by kind.
+// through internal/openai's lenient SSE reader (strict with Config.StrictSSE) and
+// measures, at the client, TTFT, E2E latency, throughput, tokens, cached tokens
+// (from usage) and errors by kind.
 //
 // It owns the client side only: it never starts servers, and it reports in the same
 // units and definitions as the discrete-event benchmark (loadtest/des) so both can be
