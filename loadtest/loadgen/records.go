@@ -10,7 +10,9 @@ import (
 // Run returns the report's finished requests as report records for the
 // HTML report, every time multiplied by scale (1: wall seconds; the live
 // benchmark passes the engines' time scale to get engine seconds). Engines
-// are indexed in ids' order, then any others by name.
+// are indexed in ids' order, then any others by name. A request that
+// streamed no output event (Result.NoOutput) has its E2E as its TTFT: its
+// answer reached the client only at the end.
 func (r *Report) Run(scale float64, ids []string) report.Run {
 	ids = slices.Clone(ids)
 	for _, e := range slices.Sorted(maps.Keys(r.PerEngine)) {
@@ -24,8 +26,12 @@ func (r *Report) Run(scale float64, ids []string) report.Run {
 		if res.ErrKind != "" {
 			continue
 		}
+		ttft := res.TTFT
+		if res.NoOutput {
+			ttft = res.E2E // no output event: nothing reached the client before the end
+		}
 		run.Records = append(run.Records, report.Record{
-			Start: res.Sent.Seconds() * scale, TTFT: res.TTFT.Seconds() * scale, E2E: res.E2E.Seconds() * scale,
+			Start: res.Sent.Seconds() * scale, TTFT: ttft.Seconds() * scale, E2E: res.E2E.Seconds() * scale,
 			PromptTokens: res.PromptTokens, CachedTokens: res.CachedTokens, OutputTokens: res.OutputTokens, Sequences: res.Sequences,
 			Engine: slices.Index(ids, res.Engine),
 		})

@@ -25,17 +25,23 @@ type Latency struct {
 // Σ prompt tokens (engine-reported, from usage); load imbalance is max / mean of
 // requests completed per engine (from the X-Kvmesh-Engine header; 0 when unknown).
 type Report struct {
-	Requests         int            `json:"requests"`
-	Sent             int            `json:"sent"`
-	Completed        int            `json:"completed"`
-	Failed           int            `json:"failed"`
+	Requests  int `json:"requests"`
+	Sent      int `json:"sent"`
+	Completed int `json:"completed"`
+	Failed    int `json:"failed"`
+	// NoOutput counts the completed requests whose stream carried no
+	// output event (Result.NoOutput): their TTFT is undefined, left out of
+	// TTFT.
+	NoOutput         int            `json:"completed_without_output,omitempty"`
 	Errors           map[string]int `json:"errors,omitempty"`
 	DurationS        float64        `json:"duration_s"`
 	ThroughputRPS    float64        `json:"throughput_rps"`
 	OutputTokensPerS float64        `json:"output_tokens_per_s"`
-	TTFT             Latency        `json:"ttft"`
-	E2E              Latency        `json:"e2e"`
-	SendLagP99S      float64        `json:"send_lag_p99_s"`
+	// TTFT is over the completed requests with an output event (all but
+	// NoOutput).
+	TTFT        Latency `json:"ttft"`
+	E2E         Latency `json:"e2e"`
+	SendLagP99S float64 `json:"send_lag_p99_s"`
 	// SlotWaits counts the arrivals that found every concurrency slot
 	// taken (their send lag is that wait; without any, lag is the client
 	// host's own scheduling delay).
@@ -111,7 +117,11 @@ func buildReport(results []Result, total int) *Report {
 		}
 		r.Completed++
 		last = max(last, res.Sent+res.E2E)
-		ttft = append(ttft, res.TTFT.Seconds())
+		if res.NoOutput {
+			r.NoOutput++
+		} else {
+			ttft = append(ttft, res.TTFT.Seconds())
+		}
 		e2e = append(e2e, res.E2E.Seconds())
 		r.PromptTokens += int64(res.PromptTokens)
 		r.CachedTokens += int64(res.CachedTokens)
@@ -188,7 +198,18 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "duration      %.2f s\n", r.DurationS)
 	fmt.Fprintf(&b, "throughput    %.2f req/s, %.0f output tok/s\n", r.ThroughputRPS, r.OutputTokensPerS)
-	fmt.Fprintf(&b, "TTFT          mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.TTFT.Mean), ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99))
+	switch {
+	case r.NoOutput > 0 && r.NoOutput == r.Completed:
+		fmt.Fprintf(&b, "TTFT          n/a: no completed request streamed an output event (text, reasoning or a tool call)\n")
+	case r.Completed == 0:
+		fmt.Fprintf(&b, "TTFT          n/a\n")
+	default:
+		fmt.Fprintf(&b, "TTFT          mean %s  p50 %s  p90 %s  p99 %s", ms(r.TTFT.Mean), ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99))
+		if r.NoOutput > 0 {
+			fmt.Fprintf(&b, "  (over %d: %d completed without an output event are left out)", r.Completed-r.NoOutput, r.NoOutput)
+		}
+		b.WriteByte('\n')
+	}
 	fmt.Fprintf(&b, "E2E           mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.E2E.Mean), ms(r.E2E.P50), ms(r.E2E.P90), ms(r.E2E.P99))
 	if r.PromptTokens == 0 && r.Completed > 0 {
 		fmt.Fprintf(&b, "tokens        prompt and cached not reported (the server sent no usage), output %d (counted as text chunks)\n", r.OutputTokens)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
@@ -33,17 +34,24 @@ type Result struct {
 	Session string
 	Sent    time.Duration // offset from the start of the run
 	SendLag time.Duration // Sent minus the scheduled arrival (waiting for a concurrency slot)
-	TTFT    time.Duration // to the first generated text (E2E for non-streaming requests)
-	E2E     time.Duration
-	Status  int
+	// TTFT is the time to the first event carrying generated output: text,
+	// reasoning or a tool call (E2E for non-streaming requests; 0 when
+	// NoOutput).
+	TTFT   time.Duration
+	E2E    time.Duration
+	Status int
 	// Sequences is the answers the request sampled (its n; 1 without):
 	// OutputTokens counts all of them.
 	Sequences int
 	// ErrKind is "" on success, else one of the Kind* constants or "http_<status>".
 	ErrKind string
 	ErrMsg  string
+	// NoOutput: the stream completed without any event carrying output (its
+	// answer was empty, or in a form not recognised): TTFT is undefined and
+	// left out of the report's TTFT distribution.
+	NoOutput bool
 	// Token counts from the response's usage (OutputTokens falls back to the number of
-	// text chunks when the server sends no usage).
+	// output chunks when the server sends no usage).
 	PromptTokens, CachedTokens, OutputTokens int
 	// Engine is the X-Kvmesh-Engine response header (kvmesh ingress), or "".
 	Engine string
@@ -121,16 +129,35 @@ func appendWords(dst []byte, ids []uint32) []byte {
 // chunk is the part of a completion, chat chunk or error event the client reads.
 type chunk struct {
 	Choices []struct {
-		Text  string `json:"text"`
-		Delta struct {
-			Content string `json:"content"`
-		} `json:"delta"`
-		Message struct {
-			Content string `json:"content"`
-		} `json:"message"`
+		Text    string      `json:"text"`
+		Delta   chatMessage `json:"delta"`
+		Message chatMessage `json:"message"`
 	} `json:"choices"`
 	Usage *openai.Usage       `json:"usage"`
 	Error *openai.ErrorDetail `json:"error"`
+}
+
+// chatMessage is a chat answer or delta's output: text, reasoning (vLLM's
+// reasoning parsers write reasoning_content; some servers reasoning) and
+// tool calls.
+type chatMessage struct {
+	Content          string          `json:"content"`
+	ReasoningContent string          `json:"reasoning_content"`
+	Reasoning        string          `json:"reasoning"`
+	ToolCalls        json.RawMessage `json:"tool_calls"`
+}
+
+func (m *chatMessage) hasOutput() bool {
+	return m.Content != "" || m.ReasoningContent != "" || m.Reasoning != "" || nonEmptyArray(m.ToolCalls)
+}
+
+// nonEmptyArray reports whether raw is a JSON array with an element.
+func nonEmptyArray(raw json.RawMessage) bool {
+	if len(raw) == 0 {
+		return false
+	}
+	var xs []json.RawMessage
+	return json.Unmarshal(raw, &xs) == nil && len(xs) > 0
 }
 
 // respChunk is the part of a Responses API event, answer or error the
@@ -147,12 +174,24 @@ type respChunk struct {
 	Error    *openai.ErrorDetail `json:"error"`
 }
 
-func (c *respChunk) hasText() bool {
-	if c.Delta != "" && c.Type == "response.output_text.delta" {
+// hasOutput: a delta of any output (response.output_text.delta,
+// response.reasoning_text.delta, response.function_call_arguments.delta,
+// …), or a non-streamed answer's text, reasoning or function call.
+func (c *respChunk) hasOutput() bool {
+	if c.Delta != "" && strings.HasSuffix(c.Type, ".delta") {
 		return true
 	}
 	for i := range c.Output {
-		for _, p := range c.Output[i].Content {
+		o := &c.Output[i]
+		if o.Arguments != "" {
+			return true
+		}
+		for _, p := range o.Content {
+			if p.Text != "" {
+				return true
+			}
+		}
+		for _, p := range o.Summary {
 			if p.Text != "" {
 				return true
 			}
@@ -165,6 +204,10 @@ type respOutItem struct {
 	Content []struct {
 		Text string `json:"text"`
 	} `json:"content"`
+	Summary []struct {
+		Text string `json:"text"`
+	} `json:"summary"`
+	Arguments string `json:"arguments"`
 }
 
 type respUsage struct {
@@ -181,13 +224,14 @@ type respUsage struct {
 type msgChunk struct {
 	Type  string `json:"type"`
 	Delta struct {
-		Text string `json:"text"`
+		Text        string `json:"text"`
+		Thinking    string `json:"thinking"`
+		PartialJSON string `json:"partial_json"`
 	} `json:"delta"`
-	Content []struct {
-		Text string `json:"text"`
-	} `json:"content"`
-	Message *msgChunk `json:"message"`
-	Usage   *struct {
+	ContentBlock *msgBlock  `json:"content_block"`
+	Content      []msgBlock `json:"content"`
+	Message      *msgChunk  `json:"message"`
+	Usage        *struct {
 		InputTokens          int `json:"input_tokens"`
 		OutputTokens         int `json:"output_tokens"`
 		CacheReadInputTokens int `json:"cache_read_input_tokens"`
@@ -195,22 +239,38 @@ type msgChunk struct {
 	Error *openai.ErrorDetail `json:"error"`
 }
 
-func (c *msgChunk) hasText() bool {
-	if c.Delta.Text != "" {
+// msgBlock is a Messages API content block: text, thinking or a tool call.
+type msgBlock struct {
+	Type     string `json:"type"`
+	Text     string `json:"text"`
+	Thinking string `json:"thinking"`
+}
+
+func (b *msgBlock) hasOutput() bool {
+	return b.Text != "" || b.Thinking != "" || b.Type == "tool_use"
+}
+
+// hasOutput: a text, thinking or tool input delta, a tool call's block
+// starting, or a non-streamed answer's text, thinking or tool call.
+func (c *msgChunk) hasOutput() bool {
+	if c.Delta.Text != "" || c.Delta.Thinking != "" || c.Delta.PartialJSON != "" {
 		return true
 	}
-	for _, b := range c.Content {
-		if b.Text != "" {
+	if c.ContentBlock != nil && c.ContentBlock.hasOutput() {
+		return true
+	}
+	for i := range c.Content {
+		if c.Content[i].hasOutput() {
 			return true
 		}
 	}
 	return false
 }
 
-func (c *chunk) hasText() bool {
+func (c *chunk) hasOutput() bool {
 	for i := range c.Choices {
 		ch := &c.Choices[i]
-		if ch.Text != "" || ch.Delta.Content != "" || ch.Message.Content != "" {
+		if ch.Text != "" || ch.Delta.hasOutput() || ch.Message.hasOutput() {
 			return true
 		}
 	}
@@ -261,7 +321,7 @@ func (g *generator) do(ctx context.Context, url string, body []byte, r *workload
 }
 
 // readBody reads a 200 response (an SSE stream, or one JSON body when stream is false)
-// into res: TTFT at the first generated text, usage, and an error kind when the body
+// into res: TTFT at the first event carrying output, usage, and an error kind when the body
 // is malformed or carries an error event. A stream is read as the SSE standard
 // allows (openai.LenientSSEReader), or only in vLLM's form when strict. It never
 // panics on bad input.
@@ -273,7 +333,7 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, str
 		chunks int
 		err    error
 	)
-	text := func(has bool) {
+	output := func(has bool) {
 		if has {
 			if chunks == 0 {
 				res.TTFT = time.Since(t0)
@@ -289,7 +349,7 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, str
 		if c.Error != nil {
 			return &inStreamError{msg: c.Error.Message}
 		}
-		text(c.hasText())
+		output(c.hasOutput())
 		if c.Usage != nil {
 			res.PromptTokens = c.Usage.PromptTokens
 			res.CachedTokens = c.Usage.CachedTokens()
@@ -311,7 +371,7 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, str
 				}
 				return &inStreamError{msg: msg}
 			}
-			text(mc.hasText())
+			output(mc.hasOutput())
 			u := mc.Usage
 			if mc.Message != nil && mc.Message.Usage != nil {
 				u = mc.Message.Usage
@@ -337,7 +397,7 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, str
 			case rc.Type == "error" || rc.Type == "response.failed":
 				return &inStreamError{msg: rc.Message}
 			}
-			text(rc.hasText())
+			output(rc.hasOutput())
 			u := rc.Usage
 			if rc.Response != nil {
 				u = rc.Response.Usage
@@ -379,6 +439,7 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, str
 			res.ErrKind, res.ErrMsg = KindStream, err.Error()
 		}
 	}
+	res.NoOutput = res.ErrKind == "" && stream && chunks == 0
 }
 
 type inStreamError struct{ msg string }
