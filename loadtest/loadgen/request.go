@@ -24,6 +24,7 @@ const (
 	KindCanceled = "canceled" // the run was stopped
 	KindStream   = "stream"   // malformed SSE or JSON from the server, or a stream cut between events
 	KindInStream = "in_stream_error"
+	KindUsage    = "usage" // a usage block that cannot be right: negative counts, more cached than prompt tokens
 	// HTTP errors are "http_<status>", e.g. http_429.
 )
 
@@ -439,7 +440,24 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, str
 			res.ErrKind, res.ErrMsg = KindStream, err.Error()
 		}
 	}
+	if res.ErrKind == "" {
+		if msg := badUsage(res); msg != "" {
+			res.ErrKind, res.ErrMsg = KindUsage, msg
+		}
+	}
 	res.NoOutput = res.ErrKind == "" && stream && chunks == 0
+}
+
+// badUsage says what is impossible in res's token counts (from the
+// answer's usage), or "".
+func badUsage(res *Result) string {
+	switch {
+	case res.PromptTokens < 0 || res.CachedTokens < 0 || res.OutputTokens < 0:
+		return fmt.Sprintf("usage has a negative token count: %d prompt, %d cached, %d output", res.PromptTokens, res.CachedTokens, res.OutputTokens)
+	case res.CachedTokens > res.PromptTokens:
+		return fmt.Sprintf("usage has more cached tokens (%d) than prompt tokens (%d)", res.CachedTokens, res.PromptTokens)
+	}
+	return ""
 }
 
 type inStreamError struct{ msg string }
