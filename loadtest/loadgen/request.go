@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/openai"
@@ -22,9 +23,13 @@ const (
 	KindConnect  = "connect"  // could not reach the server
 	KindTimeout  = "timeout"  // Config.Timeout expired
 	KindCanceled = "canceled" // the run was stopped
-	KindStream   = "stream"   // malformed SSE or JSON from the server, or a stream cut between events
-	KindInStream = "in_stream_error"
-	KindUsage    = "usage" // a usage block that cannot be right: negative counts, more cached than prompt tokens
+	KindStream   = "stream"   // malformed SSE or JSON from the server, or a stream that ended early
+	// KindDisconnect: the connection was cut while the body was read
+	// (io.ErrUnexpectedEOF, ECONNRESET): the server or a proxy died or
+	// dropped it mid-answer.
+	KindDisconnect = "disconnect"
+	KindInStream   = "in_stream_error"
+	KindUsage      = "usage" // a usage block that cannot be right: negative counts, more cached than prompt tokens
 	// HTTP errors are "http_<status>", e.g. http_429.
 )
 
@@ -436,6 +441,8 @@ func readBody(ctx context.Context, body io.Reader, stream bool, ep Endpoint, str
 			res.ErrKind, res.ErrMsg = KindInStream, ise.msg
 		case ctx.Err() != nil:
 			res.ErrKind, res.ErrMsg = classify(ctx, err), err.Error()
+		case disconnected(err):
+			res.ErrKind, res.ErrMsg = KindDisconnect, err.Error()
 		default:
 			res.ErrKind, res.ErrMsg = KindStream, err.Error()
 		}
@@ -463,6 +470,13 @@ func badUsage(res *Result) string {
 type inStreamError struct{ msg string }
 
 func (e *inStreamError) Error() string { return "error event in stream: " + e.msg }
+
+// disconnected reports whether a body read failed because the connection
+// was cut: a body shorter than its length or its chunked framing says
+// (io.ErrUnexpectedEOF), or a reset.
+func disconnected(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED)
+}
 
 // classify names a transport error.
 func classify(ctx context.Context, err error) string {
