@@ -49,6 +49,7 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		quiet      = fs.Bool("quiet", false, "no progress line on stderr")
 		htmlFile   = fs.String("html", "", "also write a self-contained HTML report (plots, table) to this file")
 		csvFile    = fs.String("requests-csv", "", "also write every finished request (engine, start, TTFT, E2E, TPOT, prompt, cached and output tokens; wall seconds) to this CSV file")
+		maxFailed  = fs.Float64("max-failed-ratio", defaultMaxFailedRatio, "exit 1 (after the report) when more than this fraction of the requests sent failed (0: any failure; 1: never)")
 	)
 	fs.StringVar(&cfg.URL, "url", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible server")
 	fs.StringVar(&cfg.Model, "model", "kvmesh-sim", "model name sent in every request")
@@ -106,6 +107,9 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	if !(*maxFailed >= 0 && *maxFailed <= 1) {
+		return fmt.Errorf("%w: -max-failed-ratio %v (want a fraction in [0, 1])", errUsage, *maxFailed)
+	}
 	for _, out := range []struct{ flag, path string }{{"-html", *htmlFile}, {"-requests-csv", *csvFile}} {
 		if out.path == "" {
 			continue
@@ -143,10 +147,18 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	if err == nil && rep.Sent > 0 && rep.Completed == 0 {
-		return fmt.Errorf("no request succeeded (%d failed)", rep.Failed)
+		return fmt.Errorf("no request succeeded (%d failed: %s)", rep.Failed, rep.FailureSummary())
+	}
+	if err == nil && rep.Sent > 0 && float64(rep.Failed) > *maxFailed*float64(rep.Sent) {
+		return fmt.Errorf("%d of %d requests failed (%.1f %%), more than -max-failed-ratio %v allows: %s",
+			rep.Failed, rep.Sent, 100*float64(rep.Failed)/float64(rep.Sent), *maxFailed, rep.FailureSummary())
 	}
 	return err
 }
+
+// defaultMaxFailedRatio is -max-failed-ratio's default: a run with more
+// than 1 % of its requests failed exits 1.
+const defaultMaxFailedRatio = 0.01
 
 // writeLoadtestHTML writes rep as a self-contained HTML report.
 // The command line is left out: it may carry -api-key.

@@ -6,9 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -117,6 +121,73 @@ func TestDemoAndLoadtestFlagsNotRead(t *testing.T) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("%v: %v does not say %q", tc.args, err, w)
 			}
+		}
+	}
+}
+
+// fakeOpenAI is a completions server on loopback that answers request n
+// (from 1) with body(n): "429" for an OpenAI-shaped rate-limit error,
+// anything else written as the response's event stream.
+func fakeOpenAI(t *testing.T, body func(n int) string) *httptest.Server {
+	t.Helper()
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := body(int(n.Add(1)))
+		if b == "429" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			w.Write(openai.AppendError(nil, "slow down", "rate_limit_exceeded", "", ""))
+			return
+		}
+		openai.SetHeaders(w.Header())
+		w.Write([]byte(b))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+const fakeStream = "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n" +
+	"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+
+// TestLoadtestMaxFailedRatio: a run with more failures than
+// -max-failed-ratio allows (default 1 %) prints its report and fails
+// (before: exit 0 with 85 % of the requests failed); at or under the
+// ratio it succeeds; a ratio outside [0, 1] is a usage error.
+func TestLoadtestMaxFailedRatio(t *testing.T) {
+	srv := fakeOpenAI(t, func(n int) string {
+		if n%4 == 0 {
+			return "429"
+		}
+		return fakeStream
+	})
+	args := []string{"-url", srv.URL, "-model", "m", "-groups", "2", "-prompts", "4", "-shared", "4", "-question", "4",
+		"-output", "1", "-concurrency", "1", "-rate", "-1", "-quiet"}
+	for _, c := range []struct {
+		extra []string
+		fail  bool
+	}{
+		{nil, true},
+		{[]string{"-max-failed-ratio", "0.2"}, true},
+		{[]string{"-max-failed-ratio", "0.25"}, false},
+		{[]string{"-max-failed-ratio", "1"}, false},
+	} {
+		var out, errOut bytes.Buffer
+		err := runLoadtest(context.Background(), append(append([]string{}, args...), c.extra...), &out, &errOut)
+		if !strings.Contains(out.String(), "8 sent, 6 completed, 2 failed") {
+			t.Errorf("%v: no report on stdout: %q", c.extra, out.String())
+		}
+		if c.fail != (err != nil) || errors.Is(err, errUsage) {
+			t.Errorf("%v: err %v, want failure %v", c.extra, err, c.fail)
+		} else if c.fail && !strings.Contains(err.Error(), "2 of 8 requests failed (25.0 %), more than -max-failed-ratio") ||
+			c.fail && !strings.Contains(err.Error(), "http_429 2 (first: slow down)") {
+			t.Errorf("%v: %v does not say how many failed, the ratio and why", c.extra, err)
+		}
+	}
+	for _, bad := range []string{"-0.1", "1.5", "NaN"} {
+		var out, errOut bytes.Buffer
+		err := runLoadtest(context.Background(), append(append([]string{}, args...), "-max-failed-ratio", bad), &out, &errOut)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "-max-failed-ratio") || out.Len() > 0 {
+			t.Errorf("-max-failed-ratio %s: err %v, stdout %q; want a usage error before any request", bad, err, out.String())
 		}
 	}
 }
