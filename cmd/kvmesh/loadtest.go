@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -123,6 +124,9 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	rep, err := loadgen.Run(ctx, cfg, reqs)
 	if rep == nil {
+		if errors.Is(err, loadgen.ErrConfig) {
+			return fmt.Errorf("%w: %w", errUsage, err) // e.g. a -rate whose arrivals overflow
+		}
 		return err
 	}
 	// stdout first, then the files (checked writable above): a file that

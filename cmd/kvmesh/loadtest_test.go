@@ -100,6 +100,7 @@ func TestDemoAndLoadtestFlagsNotRead(t *testing.T) {
 		// Bad values and unwritable report files, before anything is sent.
 		{[]string{"-rate", "-2"}, []string{"rate -2 (want requests/s ≥ 0, or -1 for a closed loop)"}, runLoadtest},
 		{[]string{"-rate", "NaN"}, []string{"rate NaN"}, runLoadtest},
+		{[]string{"-rate", "1e-12"}, []string{"rate 1e-12 req/s: request 1 would arrive", "past the 292 years"}, runLoadtest},
 		{[]string{"-html", "/nonexistent-dir/r.html"}, []string{"-html /nonexistent-dir/r.html: cannot create the file"}, runLoadtest},
 		{[]string{"--pd", "--engines", "8", "--policies", "random", "--rate", "3", "--peak-rate", "2"},
 			[]string{"--engines is not read by a --pd run", "--policies is not read", "--rate is not read", "--peak-rate is not read"}, nil},

@@ -256,7 +256,7 @@ func TestRunTimeoutAndCancel(t *testing.T) {
 
 func TestScheduleOpenLoop(t *testing.T) {
 	reqs := sharedPrefix(t, 2, 50)
-	arr := schedule(Config{Rate: 100, Seed: 7}, reqs)
+	arr, _ := schedule(Config{Rate: 100, Seed: 7}, reqs)
 	if arr[0] <= 0 || arr[99] < arr[0] {
 		t.Fatal("arrivals not increasing")
 	}
@@ -264,7 +264,7 @@ func TestScheduleOpenLoop(t *testing.T) {
 	if mean < 0.005 || mean > 0.02 {
 		t.Fatalf("mean inter-arrival %.4fs at rate 100/s", mean)
 	}
-	again := schedule(Config{Rate: 100, Seed: 7}, reqs)
+	again, _ := schedule(Config{Rate: 100, Seed: 7}, reqs)
 	if fmt.Sprint(arr) != fmt.Sprint(again) {
 		t.Fatal("seeded arrivals differ")
 	}
@@ -275,12 +275,13 @@ func TestScheduleOpenLoop(t *testing.T) {
 	if err != nil || rep.Completed != 40 {
 		t.Fatal(err, rep.Errors)
 	}
-	last := schedule(Config{Rate: 200, Seed: 3}, reqs[:40])[39]
+	arr, _ = schedule(Config{Rate: 200, Seed: 3}, reqs[:40])
+	last := arr[39]
 	if el := time.Since(start); el < last {
 		t.Fatalf("run took %v, shorter than the last arrival %v: not open-loop paced", el, last)
 	}
 	for i, r := range rep.Results {
-		if r.Sent+time.Millisecond < schedule(Config{Rate: 200, Seed: 3}, reqs[:40])[i] {
+		if r.Sent+time.Millisecond < arr[i] {
 			t.Fatalf("request %d sent at %v before its arrival", i, r.Sent)
 		}
 	}
@@ -516,5 +517,27 @@ func TestReadBodyMessages(t *testing.T) {
 		if tc.kind == "" && (res.PromptTokens != 40 || res.CachedTokens != 32 || res.OutputTokens != 1 || res.TTFT <= 0) {
 			t.Fatalf("%s: %+v", tc.name, res)
 		}
+	}
+}
+
+// A rate so low that an arrival is past what a time.Duration holds is
+// refused before anything is sent, naming the rate (before: the arrival
+// times wrapped negative and every request was sent at once, reported as
+// an open-loop run).
+func TestRunRateOverflowRefused(t *testing.T) {
+	srv := newScriptedServer(t, func(int64) string { return "ok" })
+	for _, rate := range []float64{1e-12, 1e-300, 5e-324} {
+		rep, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Rate: rate, Seed: 1}, sharedPrefix(t, 2, 4))
+		if !errors.Is(err, ErrConfig) || rep != nil || !strings.Contains(err.Error(), fmt.Sprintf("rate %g req/s", rate)) ||
+			!strings.Contains(err.Error(), "past the 292 years") {
+			t.Errorf("rate %g: report %v, err %v; want a config error naming the rate", rate, rep, err)
+		}
+	}
+	if n := srv.n.Load(); n != 0 {
+		t.Fatalf("%d requests sent", n)
+	}
+	// The lowest rate that fits is accepted (its arrivals are scheduled, not sent here).
+	if _, err := schedule(Config{Rate: 1e-6, Seed: 1}, sharedPrefix(t, 2, 4)); err != nil {
+		t.Fatalf("rate 1e-6: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ package loadgen
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -67,7 +68,10 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Report, err
 	}
 	defer transport.CloseIdleConnections()
 	g.client = &http.Client{Transport: transport}
-	arrivals := schedule(cfg, reqs)
+	arrivals, err := schedule(cfg, reqs)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
 	first, next, err := workload.FollowUps(reqs)
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
@@ -237,8 +241,14 @@ func (g *generator) snapshot(total int, final bool) Progress {
 	return p
 }
 
-// schedule returns each request's send offset.
-func schedule(cfg Config, reqs []workload.Request) []time.Duration {
+// maxArrivalS is the latest arrival a time.Duration holds, in seconds
+// (about 292 years).
+const maxArrivalS = float64(math.MaxInt64) / float64(time.Second)
+
+// schedule returns each request's send offset. A Rate so low that an
+// arrival is past what a time.Duration holds is an error (converted, it
+// would wrap to a negative offset: every request sent at once).
+func schedule(cfg Config, reqs []workload.Request) ([]time.Duration, error) {
 	out := make([]time.Duration, len(reqs))
 	switch {
 	case cfg.Rate < 0:
@@ -248,6 +258,10 @@ func schedule(cfg Config, reqs []workload.Request) []time.Duration {
 		t := 0.0
 		for i := range out {
 			t += rng.ExpFloat64() / cfg.Rate
+			if !(t < maxArrivalS) {
+				return nil, fmt.Errorf("%w: rate %g req/s: request %d would arrive %.3g s (%.3g years) after the start, past the %.0f years an arrival time can be (a unit mistake?)",
+					ErrConfig, cfg.Rate, i+1, t, t/(365.25*86400), maxArrivalS/(365.25*86400))
+			}
 			out[i] = time.Duration(t * float64(time.Second))
 		}
 	default:
@@ -259,7 +273,7 @@ func schedule(cfg Config, reqs []workload.Request) []time.Duration {
 			out[i] = max(out[i], out[i-1])
 		}
 	}
-	return out
+	return out, nil
 }
 
 // endpointURL joins the base URL and the endpoint path, accepting a base with or
