@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -11,8 +12,10 @@ import (
 	"github.com/kvmesh/kvmesh/loadtest/report"
 )
 
-// Latency summarises one latency distribution, in seconds.
+// Latency summarises one latency distribution, in seconds. With no sample
+// (N 0) it is undefined: its numbers are 0 in Go and null in JSON.
 type Latency struct {
+	N    int     `json:"n"`
 	Mean float64 `json:"mean_s"`
 	P50  float64 `json:"p50_s"`
 	P90  float64 `json:"p90_s"`
@@ -20,10 +23,38 @@ type Latency struct {
 	Max  float64 `json:"max_s"`
 }
 
+// latencyJSON is Latency's JSON, its numbers null when undefined.
+type latencyJSON struct {
+	N    int      `json:"n"`
+	Mean *float64 `json:"mean_s"`
+	P50  *float64 `json:"p50_s"`
+	P90  *float64 `json:"p90_s"`
+	P99  *float64 `json:"p99_s"`
+	Max  *float64 `json:"max_s"`
+}
+
+// MarshalJSON writes l with null numbers when it has no sample: a 0 there
+// would read as a measured latency (as in `kvmesh bench --json`).
+func (l Latency) MarshalJSON() ([]byte, error) {
+	ok := l.N > 0
+	return json.Marshal(latencyJSON{N: l.N, Mean: opt(ok, l.Mean), P50: opt(ok, l.P50), P90: opt(ok, l.P90), P99: opt(ok, l.P99), Max: opt(ok, l.Max)})
+}
+
+// opt is &v when ok, else nil (JSON null).
+func opt(ok bool, v float64) *float64 {
+	if !ok {
+		return nil
+	}
+	return &v
+}
+
 // Report is a run's result. Definitions match loadtest/des: throughput is completed
 // requests / (last finish − first send); prefix hit rate is Σ cached prompt tokens /
 // Σ prompt tokens (engine-reported, from usage); load imbalance is max / mean of
 // requests completed per engine (from the X-Kvmesh-Engine header; 0 when unknown).
+// Numbers that are undefined (nothing completed, no usage, no engine named,
+// nothing sent) are 0 in Go and null in JSON (MarshalJSON), as `kvmesh bench
+// --json` writes them.
 type Report struct {
 	Requests  int `json:"requests"`
 	Sent      int `json:"sent"`
@@ -63,6 +94,33 @@ type Report struct {
 	// enginesKnown: CountEngines gave every engine, so PerEngine holds
 	// those that served nothing too.
 	enginesKnown bool
+}
+
+// reportJSON is Report's JSON: its fields, those that may be undefined
+// replaced by pointers (nil: null).
+type reportJSON struct {
+	reportFields
+	DurationS        *float64 `json:"duration_s"`
+	ThroughputRPS    *float64 `json:"throughput_rps"`
+	OutputTokensPerS *float64 `json:"output_tokens_per_s"`
+	SendLagP99S      *float64 `json:"send_lag_p99_s"`
+	PrefixHitRate    *float64 `json:"prefix_hit_rate"`
+	LoadImbalance    *float64 `json:"load_imbalance"`
+}
+
+// reportFields is Report without its methods (so without MarshalJSON).
+type reportFields Report
+
+// MarshalJSON writes r with null for what is undefined: the duration,
+// throughputs and latencies when nothing completed, the send lag when
+// nothing was sent, the hit rate when no usage was reported, the load
+// imbalance when it is undefined (report.Imbalance) or no engine was named.
+func (r Report) MarshalJSON() ([]byte, error) {
+	timed := r.Completed > 0 && r.DurationS > 0
+	return json.Marshal(reportJSON{reportFields: reportFields(r),
+		DurationS: opt(timed, r.DurationS), ThroughputRPS: opt(timed, r.ThroughputRPS), OutputTokensPerS: opt(timed, r.OutputTokensPerS),
+		SendLagP99S: opt(r.Sent > 0, r.SendLagP99S), PrefixHitRate: opt(r.PromptTokens > 0, r.PrefixHitRate),
+		LoadImbalance: opt(r.LoadImbalance > 0, r.LoadImbalance)})
 }
 
 // FailureSummary is one line per error kind with its count and the first
@@ -166,7 +224,7 @@ func summarize(xs []float64) Latency {
 	for _, x := range xs {
 		sum += x
 	}
-	return Latency{Mean: sum / float64(len(xs)), P50: report.Quantile(xs, 0.50), P90: report.Quantile(xs, 0.90),
+	return Latency{N: len(xs), Mean: sum / float64(len(xs)), P50: report.Quantile(xs, 0.50), P90: report.Quantile(xs, 0.90),
 		P99: report.Quantile(xs, 0.99), Max: xs[len(xs)-1]}
 }
 
@@ -196,8 +254,12 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		b.WriteByte('\n')
 	}
-	fmt.Fprintf(&b, "duration      %.2f s\n", r.DurationS)
-	fmt.Fprintf(&b, "throughput    %.2f req/s, %.0f output tok/s\n", r.ThroughputRPS, r.OutputTokensPerS)
+	if r.Completed > 0 && r.DurationS > 0 {
+		fmt.Fprintf(&b, "duration      %.2f s\n", r.DurationS)
+		fmt.Fprintf(&b, "throughput    %.2f req/s, %.0f output tok/s\n", r.ThroughputRPS, r.OutputTokensPerS)
+	} else {
+		fmt.Fprintf(&b, "duration      n/a\nthroughput    n/a\n")
+	}
 	switch {
 	case r.NoOutput > 0 && r.NoOutput == r.Completed:
 		fmt.Fprintf(&b, "TTFT          n/a: no completed request streamed an output event (text, reasoning or a tool call)\n")
@@ -210,17 +272,28 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		b.WriteByte('\n')
 	}
-	fmt.Fprintf(&b, "E2E           mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.E2E.Mean), ms(r.E2E.P50), ms(r.E2E.P90), ms(r.E2E.P99))
-	if r.PromptTokens == 0 && r.Completed > 0 {
-		fmt.Fprintf(&b, "tokens        prompt and cached not reported (the server sent no usage), output %d (counted as text chunks)\n", r.OutputTokens)
+	if r.E2E.N > 0 {
+		fmt.Fprintf(&b, "E2E           mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.E2E.Mean), ms(r.E2E.P50), ms(r.E2E.P90), ms(r.E2E.P99))
 	} else {
+		fmt.Fprintf(&b, "E2E           n/a\n")
+	}
+	switch {
+	case r.Completed == 0:
+		fmt.Fprintf(&b, "tokens        n/a (no request completed)\n")
+	case r.PromptTokens == 0:
+		fmt.Fprintf(&b, "tokens        prompt and cached not reported (the server sent no usage), output %d (counted as output chunks)\n", r.OutputTokens)
+	default:
 		fmt.Fprintf(&b, "tokens        prompt %d (cached %d, hit rate %.1f%%), output %d\n", r.PromptTokens, r.CachedTokens, 100*r.PrefixHitRate, r.OutputTokens)
 	}
 	if len(r.PerEngine) > 0 {
+		imb := fmt.Sprintf("%.2f", r.LoadImbalance)
+		if r.LoadImbalance == 0 {
+			imb = "n/a (fewer requests completed than engines)"
+		}
 		if r.enginesKnown {
-			fmt.Fprintf(&b, "engines       load imbalance %.2f:", r.LoadImbalance)
+			fmt.Fprintf(&b, "engines       load imbalance %s:", imb)
 		} else {
-			fmt.Fprintf(&b, "engines       load imbalance %.2f over the %d that answered (engines that served nothing are unseen):", r.LoadImbalance, len(r.PerEngine))
+			fmt.Fprintf(&b, "engines       load imbalance %s over the %d that answered (engines that served nothing are unseen):", imb, len(r.PerEngine))
 		}
 		for _, e := range slices.Sorted(maps.Keys(r.PerEngine)) {
 			fmt.Fprintf(&b, " %s=%d", e, r.PerEngine[e])
