@@ -7,16 +7,18 @@
 //   k6 run -e KVMESH_URL=http://127.0.0.1:8000 -e SESSIONS=64 -e TURNS=5 loadtest/k6/chat-sessions.js
 import exec from 'k6/execution';
 import { sleep } from 'k6';
-import { textSummary } from 'https://jslib.k6.io/k6-summary/0.1.0/index.js';
-import { send, tokens, words, hitRateSummary } from './lib.js';
+import { send, tokens, words, envInt, envNumber, summaryText } from './lib.js';
 
-const SESSIONS = parseInt(__ENV.SESSIONS || '64');
-const TURNS = parseInt(__ENV.TURNS || '5');
-const SYSTEM = parseInt(__ENV.SYSTEM || '512'); // system prompt tokens, shared by every session
-const USER = parseInt(__ENV.USER || '128'); // new user tokens per turn
-const OUTPUT = parseInt(__ENV.OUTPUT || '64');
-const THINK = parseFloat(__ENV.THINK || '1');
-const VUS = parseInt(__ENV.VUS || '32');
+const SESSIONS = envInt('SESSIONS', 64, 1);
+const TURNS = envInt('TURNS', 5, 1);
+const SYSTEM = envInt('SYSTEM', 512, 0); // system prompt tokens, shared by every session
+// New user tokens per turn: USER_TOKENS. The variable was USER, which `k6 run` also takes from the
+// shell (the login name); USER is still read for older command lines, but only as a number.
+const USER_TOKENS = __ENV.USER_TOKENS !== undefined && __ENV.USER_TOKENS !== '' ? envInt('USER_TOKENS', 128, 1)
+  : /^\s*[0-9]+\s*$/.test(String(__ENV.USER || '')) ? envInt('USER', 128, 1) : 128;
+const OUTPUT = envInt('OUTPUT', 64, 1);
+const THINK = envNumber('THINK', 1, 0);
+const VUS = envInt('VUS', 32, 1);
 
 export const options = {
   // k6 refuses fewer iterations than VUs.
@@ -29,7 +31,7 @@ export default function () {
   const sessionId = 'k6-' + exec.scenario.startTime + '-' + s;
   const messages = [{ role: 'system', content: words(tokens(1, SYSTEM)) }];
   for (let turn = 0; turn < TURNS; turn++) {
-    messages.push({ role: 'user', content: words(tokens(100000 + s * 1000 + turn, USER)) });
+    messages.push({ role: 'user', content: words(tokens(100000 + s * 1000 + turn, USER_TOKENS)) });
     const res = send({ messages, maxTokens: OUTPUT, sessionId });
     if (res.error) return;
     // The reply's exact text does not matter for caching experiments; a fixed stand-in
@@ -40,5 +42,5 @@ export default function () {
 }
 
 export function handleSummary(data) {
-  return { stdout: textSummary(data, { indent: ' ', enableColors: true }) + '\n' + hitRateSummary(data) };
+  return { stdout: summaryText(data) };
 }

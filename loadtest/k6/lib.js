@@ -103,12 +103,111 @@ export function send({ prompt, messages, maxTokens, sessionId }) {
   return s;
 }
 
-// summary prints the prefix hit rate next to k6's own summary.
+// hitRateSummary is the prefix hit rate line of the summary.
 export function hitRateSummary(data) {
   const p = data.metrics.kvmesh_prompt_tokens ? data.metrics.kvmesh_prompt_tokens.values.count : 0;
   const c = data.metrics.kvmesh_cached_tokens ? data.metrics.kvmesh_cached_tokens.values.count : 0;
-  const rate = p > 0 ? c / p : 0;
-  return 'kvmesh prefix hit rate: ' + (100 * rate).toFixed(1) + '% (' + c + ' of ' + p + ' prompt tokens cached)\n';
+  if (!(p > 0)) return 'kvmesh prefix hit rate: n/a (no prompt tokens reported)\n';
+  return 'kvmesh prefix hit rate: ' + (100 * c / p).toFixed(1) + '% (' + c + ' of ' + p + ' prompt tokens cached)\n';
+}
+
+// ---- Environment variables ---------------------------------------------------------------------
+// `k6 run` passes the system environment into __ENV (its --include-system-env-vars is on by
+// default), so a script variable must not share a name with a common one (USER is the login name:
+// chat-sessions.js's per-turn tokens are USER_TOKENS), and every value is checked: parseInt('alice')
+// is NaN, which became an array length (RangeError in every iteration, no request sent) or an
+// option k6 refused without naming the variable. These throw at init, naming the variable.
+
+// envInt is the integer variable name (decimal digits; def when unset or empty), at least min.
+export function envInt(name, def, min) {
+  const raw = __ENV[name];
+  if (raw === undefined || raw === '') return def;
+  const s = String(raw).trim();
+  const v = Number(s);
+  if (!/^[0-9]+$/.test(s) || !Number.isSafeInteger(v) || v < min) {
+    throw new Error(name + '=' + JSON.stringify(String(raw)) + ': want an integer ≥ ' + min);
+  }
+  return v;
+}
+
+// envNumber is the number variable name (def when unset or empty): finite, at least min, or above
+// it when above is set.
+export function envNumber(name, def, min, above) {
+  const raw = __ENV[name];
+  if (raw === undefined || raw === '') return def;
+  const s = String(raw).trim();
+  const v = Number(s);
+  if (!/^(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$/.test(s) || !isFinite(v) || v < min || (above && v === min)) {
+    throw new Error(name + '=' + JSON.stringify(String(raw)) + ': want a number ' + (above ? '> ' : '≥ ') + min);
+  }
+  return v;
+}
+
+// arrivalRate writes rate (req/s, > 0) as k6's constant-arrival-rate takes it, a whole number of
+// iterations per timeUnit: { rate, timeUnitS }, per 10^k s with the smallest k (up to 6) that makes
+// it whole, so any rate with up to 6 decimals is exact (0.004 is 4 per 1000 s; it was rounded to
+// 0 per 100 s and then raised to 1, 0.01 req/s). A rate with more decimals is rounded at the 6th
+// when that is within 0.05 %; below that (under 0.001 req/s) it is refused.
+export function arrivalRate(rate, name) {
+  for (let k = 0, unit = 1; k <= 6; k++, unit *= 10) {
+    const n = Math.round(rate * unit);
+    if (n >= 1 && Math.abs(rate * unit - n) <= 1e-9 * rate * unit) return { rate: n, timeUnitS: unit };
+  }
+  const n = Math.round(rate * 1e6);
+  if (n >= 1000) return { rate: n, timeUnitS: 1e6 };
+  throw new Error((name || 'RATE') + '=' + rate + ': below 0.001 req/s a rate must have at most 6 decimals');
+}
+
+// ---- End-of-test summary ----------------------------------------------------------------------
+// summaryText renders k6's end-of-test data (handleSummary's argument) as text: the thresholds, the
+// checks, each metric's values, then the prefix hit rate. It replaces jslib's textSummary, which
+// the scripts imported from https://jslib.k6.io at init, so a host without internet access could
+// not start them. ANSI colours (the ✓ and ✗ marks only) are used only when k6 says stdout is a
+// terminal (data.state.isStdOutTTY) and --no-color is not set (data.options.noColor).
+export function summaryText(data) {
+  const color = !!(data.state && data.state.isStdOutTTY) && !(data.options && data.options.noColor);
+  const mark = (ok) => (ok ? (color ? '\x1b[32m✓\x1b[0m' : '✓') : color ? '\x1b[31m✗\x1b[0m' : '✗');
+  const metrics = data.metrics || {};
+  const names = Object.keys(metrics).sort();
+  const out = [];
+  const thresholds = [];
+  for (const n of names) {
+    const th = metrics[n].thresholds || {};
+    for (const expr of Object.keys(th)) thresholds.push('  ' + mark(th[expr].ok) + ' ' + n + ': ' + expr);
+  }
+  if (thresholds.length > 0) out.push('thresholds', ...thresholds, '');
+  const checks = [];
+  (function walk(g, prefix) {
+    if (!g) return;
+    for (const c of g.checks || []) {
+      checks.push('  ' + mark(c.fails === 0) + ' ' + prefix + c.name + ': ' + c.passes + ' of ' + (c.passes + c.fails) + ' passed');
+    }
+    for (const sub of g.groups || []) walk(sub, prefix + sub.name + ' / ');
+  })(data.root_group, '');
+  if (checks.length > 0) out.push('checks', ...checks, '');
+  const width = names.reduce((w, n) => Math.max(w, n.length), 0) + 3;
+  out.push('metrics');
+  for (const n of names) out.push('  ' + (n + ' ').padEnd(width, '.') + ' ' + metricValues(metrics[n]));
+  return out.join('\n') + '\n\n' + hitRateSummary(data);
+}
+
+// metricValues is one metric's values as text, times in ms or s.
+function metricValues(m) {
+  const v = m.values || {};
+  const num = (x) => {
+    if (typeof x !== 'number' || !isFinite(x)) return String(x);
+    if (m.contains === 'time') return x < 1000 ? x.toFixed(2) + 'ms' : (x / 1000).toFixed(2) + 's';
+    return Number.isInteger(x) ? String(x) : x.toFixed(3);
+  };
+  switch (m.type) {
+    case 'counter':
+      return num(v.count) + (typeof v.rate === 'number' ? ' (' + v.rate.toFixed(3) + '/s)' : '');
+    case 'rate':
+      return (typeof v.rate === 'number' ? (100 * v.rate).toFixed(2) + '%' : 'n/a') +
+        (typeof v.passes === 'number' ? ' (' + v.passes + ' of ' + (v.passes + v.fails) + ')' : '');
+    default: // trend (its summaryTrendStats), gauge
+      return Object.keys(v).map((k) => k + '=' + num(v[k])).join(' ');
+  }
 }
 
 // ---- Trace replay (trace-replay.js) -----------------------------------------------------------

@@ -6,28 +6,28 @@
 //
 //   k6 run -e KVMESH_URL=http://127.0.0.1:8000 -e GROUPS=32 -e PROMPTS=16 loadtest/k6/shared-prefix.js
 import exec from 'k6/execution';
-import { textSummary } from 'https://jslib.k6.io/k6-summary/0.1.0/index.js';
-import { send, tokens, hitRateSummary } from './lib.js';
+import { send, tokens, envInt, envNumber, arrivalRate, summaryText } from './lib.js';
 
-const GROUPS = parseInt(__ENV.GROUPS || '32');
-const PROMPTS = parseInt(__ENV.PROMPTS || '16');
-const SHARED = parseInt(__ENV.SHARED || '2048');
-const QUESTION = parseInt(__ENV.QUESTION || '128');
-const OUTPUT = parseInt(__ENV.OUTPUT || '64');
-const RATE = parseFloat(__ENV.RATE || '0');
-const VUS = parseInt(__ENV.VUS || '64');
+const GROUPS = envInt('GROUPS', 32, 1);
+const PROMPTS = envInt('PROMPTS', 16, 1);
+const SHARED = envInt('SHARED', 2048, 0);
+const QUESTION = envInt('QUESTION', 128, 0);
+const OUTPUT = envInt('OUTPUT', 64, 1);
+const RATE = envNumber('RATE', 0, 0);
+const VUS = envInt('VUS', 64, 1);
 const TOTAL = GROUPS * PROMPTS;
-// constant-arrival-rate starts ceil(duration × rate) iterations, whole ones per timeUnit: the rate
-// is taken per 100 s (two decimals of RATE) and the duration rounded up to the millisecond, so at
-// least TOTAL start; those past TOTAL send nothing, so each prompt is sent exactly once (a repeat
-// would be fully cached and inflate the hit rate).
-const RATE_PER_100S = Math.max(1, Math.round(RATE * 100));
+if (SHARED + QUESTION < 1) throw new Error('SHARED=' + SHARED + ', QUESTION=' + QUESTION + ': a prompt needs at least one token');
+// constant-arrival-rate starts ceil(duration × rate) iterations, whole ones per timeUnit: RATE is
+// written exactly as whole iterations per 10^k s (arrivalRate) and the duration rounded up to the
+// millisecond, so at least TOTAL start; those past TOTAL send nothing, so each prompt is sent
+// exactly once (a repeat would be fully cached and inflate the hit rate).
+const ARRIVALS = RATE > 0 ? arrivalRate(RATE, 'RATE') : null;
 
 export const options = {
   scenarios: {
-    shared_prefix: RATE > 0
-      ? { executor: 'constant-arrival-rate', rate: RATE_PER_100S, timeUnit: '100s',
-          duration: Math.ceil(TOTAL * 100000 / RATE_PER_100S) + 'ms', preAllocatedVUs: VUS, maxVUs: VUS * 4 }
+    shared_prefix: ARRIVALS
+      ? { executor: 'constant-arrival-rate', rate: ARRIVALS.rate, timeUnit: ARRIVALS.timeUnitS + 's',
+          duration: Math.ceil(TOTAL * ARRIVALS.timeUnitS * 1000 / ARRIVALS.rate) + 'ms', preAllocatedVUs: VUS, maxVUs: VUS * 4 }
       // k6 refuses fewer iterations than VUs.
       : { executor: 'shared-iterations', vus: Math.min(VUS, TOTAL), iterations: TOTAL, maxDuration: '30m' },
   },
@@ -45,5 +45,5 @@ export default function () {
 }
 
 export function handleSummary(data) {
-  return { stdout: textSummary(data, { indent: ' ', enableColors: true }) + '\n' + hitRateSummary(data) };
+  return { stdout: summaryText(data) };
 }

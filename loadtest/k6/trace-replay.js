@@ -18,17 +18,16 @@
 //          -e RATE_SCALE=1 -e LIMIT=500 loadtest/k6/trace-replay.js
 import exec from 'k6/execution';
 import { sleep } from 'k6';
-import { textSummary } from 'https://jslib.k6.io/k6-summary/0.1.0/index.js';
-import { send, hitRateSummary, parseTrace, traceChains, tracePrompt } from './lib.js';
+import { send, envInt, envNumber, summaryText, parseTrace, traceChains, tracePrompt } from './lib.js';
 
 const TRACE = __ENV.TRACE || '../../testdata/traces/mooncake_synthetic_trace.jsonl';
 const FORMAT = __ENV.TRACE_FORMAT || 'mooncake'; // or bailian
-const BLOCK = parseInt(__ENV.TRACE_BLOCK_SIZE || (FORMAT === 'bailian' ? '16' : '512'));
-const OUTPUT = parseInt(__ENV.OUTPUT || '64'); // rows without output_length
-const RATE_SCALE = parseFloat(__ENV.RATE_SCALE || '1');
-const LIMIT = parseInt(__ENV.LIMIT || '0');
-const VUS = parseInt(__ENV.VUS || '128');
-const MAX_PROMPT = parseInt(__ENV.MAX_PROMPT || '0'); // cut long prompts for small engines (0 = as traced)
+const BLOCK = envInt('TRACE_BLOCK_SIZE', FORMAT === 'bailian' ? 16 : 512, 1);
+const OUTPUT = envInt('OUTPUT', 64, 0); // rows without output_length
+const RATE_SCALE = envNumber('RATE_SCALE', 1, 0, true);
+const LIMIT = envInt('LIMIT', 0, 0);
+const VUS = envInt('VUS', 128, 1);
+const MAX_PROMPT = envInt('MAX_PROMPT', 0, 0); // cut long prompts for small engines (0 = as traced)
 
 // open() runs once per VU in the init context; the parsed trace is small.
 let text;
@@ -62,5 +61,5 @@ export default function () {
 }
 
 export function handleSummary(data) {
-  return { stdout: textSummary(data, { indent: ' ', enableColors: true }) + '\n' + hitRateSummary(data) };
+  return { stdout: summaryText(data) };
 }

@@ -6,12 +6,13 @@
 // modules), scriptDir: the directory k6 would resolve the script's relative open() paths against
 // (the original's), env: __ENV, latency: s per fake request (default 0.5), initOnly: only run the
 // init context, call: { fn, args }: after the init context, only call the script's exported
-// fn(...args) }. Each case runs on fresh copies of the scripts (so fresh modules) in a directory of
-// its own. It prints a JSON list, one object per case: { initError (thrown in the init context),
-// runError (thrown by the fake executor, e.g. an option k6 refuses, or by call), value (call's
-// result), options, requests: [{ t (s after the scenario start), vu, iteration, url, headers,
-// body }], errors (exceptions thrown by iterations, which k6 logs and counts without stopping),
-// dropped, iterations, metrics, summary }.
+// fn(...args), stdoutTTY and noColor: what k6 tells handleSummary of the terminal }. Each case
+// runs on fresh copies of the scripts (so fresh modules) in a directory of its own. It prints a
+// JSON list, one object per case: { initError (thrown in the init context), runError (thrown by
+// the fake executor, e.g. an option k6 refuses, or by call), value (call's result), options,
+// requests: [{ t (s after the scenario start), vu, iteration, url, headers, body }], errors
+// (exceptions thrown by iterations, which k6 logs and counts without stopping), dropped,
+// iterations, metrics, summary }.
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -105,6 +106,36 @@ function constantArrivalRate(sc, fn) {
   }
 }
 
+// summaryData is handleSummary's argument as k6 builds it (the parts the scripts read): each
+// metric's type, contains and values (counter: count, rate; rate: rate, passes, fails; trend: avg,
+// min, med, max, p(90), p(95); gauge: value, min, max) and its thresholds (evaluated here for the
+// rate<x form only), state.isStdOutTTY and options.noColor (the case's stdoutTTY and noColor),
+// root_group's checks (none: the fake's check() keeps no counts).
+function summaryData(options) {
+  const thresholds = (options && options.thresholds) || {};
+  const duration = Math.max(state.clock, 1e-9);
+  const metrics = {};
+  for (const name of Object.keys(state.metrics)) {
+    const m = state.metrics[name];
+    const xs = m.samples.slice().sort((a, b) => a - b);
+    const q = (p) => (xs.length === 0 ? 0 : xs[Math.min(xs.length - 1, Math.floor(p * (xs.length - 1)))]);
+    let values;
+    if (m.type === 'counter') values = { count: m.sum, rate: m.sum / duration };
+    else if (m.type === 'rate') values = { rate: m.count ? m.nonZero / m.count : 0, passes: m.nonZero, fails: m.count - m.nonZero };
+    else if (m.type === 'gauge') values = { value: xs.length ? m.samples[m.samples.length - 1] : 0, min: q(0), max: q(1) };
+    else values = { avg: m.count ? m.sum / m.count : 0, min: q(0), med: q(0.5), max: q(1), 'p(90)': q(0.9), 'p(95)': q(0.95) };
+    const th = {};
+    for (const expr of thresholds[name] || []) {
+      const r = /^rate<([0-9.]+)$/.exec(expr);
+      th[expr] = { ok: r ? values.rate < Number(r[1]) : true };
+    }
+    metrics[name] = { type: m.type, contains: m.contains, values, thresholds: th };
+  }
+  return { metrics, root_group: { name: '', path: '', groups: [], checks: [] },
+    state: { isStdOutTTY: !!cfg.stdoutTTY, isStdErrTTY: false, testRunDurationMs: duration * 1000 },
+    options: { summaryTrendStats: ['avg', 'min', 'med', 'max', 'p(90)', 'p(95)'], summaryTimeUnit: '', noColor: !!cfg.noColor } };
+}
+
 async function runCase(i) {
   Object.assign(state, {
     startTime: 1700000000000, clock: 0, init: true, latency: cfg.latency === undefined ? 0.5 : cfg.latency,
@@ -136,11 +167,7 @@ async function runCase(i) {
         else if (sc.executor === 'constant-arrival-rate') constantArrivalRate(sc, fn);
         else throw new Error('fake k6: executor ' + sc.executor + ' is not faked');
       }
-      if (mod.handleSummary) {
-        const metrics = {};
-        for (const name of Object.keys(state.metrics)) metrics[name] = { values: { count: state.metrics[name].sum } };
-        result.summary = mod.handleSummary({ metrics });
-      }
+      if (mod.handleSummary) result.summary = mod.handleSummary(summaryData(mod.options));
     }
   } catch (e) {
     result.runError = String((e && e.stack) || e);
