@@ -207,3 +207,35 @@ func TestScriptsOfflineSummary(t *testing.T) {
 		}
 	}
 }
+
+// summaryText lists each check with its group, from root_group as k6
+// gives it to handleSummary (arrays) or as older k6 did (objects keyed by
+// name; for…of over one threw a TypeError).
+func TestSummaryTextChecks(t *testing.T) {
+	t.Parallel()
+	f := newFakeK6(t)
+	check := func(name string, passes, fails int) map[string]any {
+		return map[string]any{"name": name, "passes": passes, "fails": fails}
+	}
+	arrays := map[string]any{"name": "", "checks": []any{check("status 200", 2, 0)},
+		"groups": []any{map[string]any{"name": "g", "checks": []any{check("no error event", 1, 2)}, "groups": []any{}}}}
+	objects := map[string]any{"name": "", "checks": map[string]any{"status 200": check("status 200", 2, 0)},
+		"groups": map[string]any{"g": map[string]any{"name": "g", "checks": map[string]any{"no error event": check("no error event", 1, 2)}}}}
+	var cases []fakeCase
+	for _, g := range []any{arrays, objects} {
+		data := map[string]any{"metrics": map[string]any{}, "root_group": g}
+		cases = append(cases, fakeCase{Script: "lib.js", Call: &fakeCall{Fn: "summaryText", Args: []any{data}}})
+	}
+	for i, r := range f.run(t, cases...) {
+		var out string
+		if err := json.Unmarshal(r.Value, &out); err != nil || r.RunError != "" {
+			t.Errorf("case %d: %v %s", i, err, r.RunError)
+			continue
+		}
+		for _, want := range []string{"checks\n", "✓ status 200: 2 of 2 passed", "✗ g / no error event: 1 of 3 passed"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("case %d: the summary does not say %q:\n%s", i, want, out)
+			}
+		}
+	}
+}

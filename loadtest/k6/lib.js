@@ -179,10 +179,11 @@ export function summaryText(data) {
   const checks = [];
   (function walk(g, prefix) {
     if (!g) return;
-    for (const c of g.checks || []) {
+    const list = (x) => (Array.isArray(x) ? x : Object.values(x || {})); // arrays; objects in older k6
+    for (const c of list(g.checks)) {
       checks.push('  ' + mark(c.fails === 0) + ' ' + prefix + c.name + ': ' + c.passes + ' of ' + (c.passes + c.fails) + ' passed');
     }
-    for (const sub of g.groups || []) walk(sub, prefix + sub.name + ' / ');
+    for (const sub of list(g.groups)) walk(sub, prefix + sub.name + ' / ');
   })(data.root_group, '');
   if (checks.length > 0) out.push('checks', ...checks, '');
   const width = names.reduce((w, n) => Math.max(w, n.length), 0) + 3;
