@@ -192,3 +192,30 @@ func TestLoadtestMaxFailedRatio(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadtestStrictSSE: by default a stream in a framing the SSE standard
+// allows but vLLM does not write completes and is counted; -strict-sse
+// makes it a stream error.
+func TestLoadtestStrictSSE(t *testing.T) {
+	srv := fakeOpenAI(t, func(int) string { return strings.ReplaceAll(fakeStream, "data: ", "data:") })
+	args := []string{"-url", srv.URL, "-model", "m", "-groups", "1", "-prompts", "2", "-shared", "4", "-question", "4",
+		"-output", "1", "-rate", "-1", "-quiet", "-json"}
+	var out, errOut bytes.Buffer
+	if err := runLoadtest(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("lenient: %v", err)
+	}
+	var rep struct {
+		Completed       int            `json:"completed"`
+		NonCanonicalSSE int            `json:"non_canonical_sse"`
+		Errors          map[string]int `json:"errors"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || rep.Completed != 2 || rep.NonCanonicalSSE != 2 {
+		t.Fatalf("lenient: %v %+v", err, rep)
+	}
+	out.Reset()
+	err := runLoadtest(context.Background(), append(args, "-strict-sse"), &out, &errOut)
+	rep.Errors = nil
+	if jerr := json.Unmarshal(out.Bytes(), &rep); err == nil || jerr != nil || rep.Errors["stream"] != 2 {
+		t.Fatalf("-strict-sse: err %v, report %+v (%v)", err, rep, jerr)
+	}
+}
