@@ -1,6 +1,9 @@
 package ingress
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // The body budget (Config.MaxBodyBytesInFlight) bounds the request body
 // bytes the requests in service hold at once. MaxConcurrent bounds the
@@ -30,11 +33,22 @@ const smallBody = unauthBodyLimit
 // bytes in flight, or returns ErrBodyBudget and charges nothing. Bytes are
 // counted with the budget off too (kvmesh_ingress_body_bytes_in_flight).
 func (c *call) holdBody(n int) error {
+	if err := c.s.holdBody(c.bodyHeld, n); err != nil {
+		return err
+	}
+	if n > 0 {
+		c.bodyHeld += int64(n)
+	}
+	return nil
+}
+
+// holdBody charges n more bytes to a request that holds held bytes already.
+func (s *Server) holdBody(held int64, n int) error {
 	if n <= 0 {
 		return nil
 	}
-	s, add := c.s, int64(n)
-	held := c.bodyHeld + add
+	add := int64(n)
+	held += add
 	limit := s.cfg.MaxBodyBytesInFlight
 	// Added, then checked, as the MaxConcurrent count: two large bodies
 	// that arrive together cannot both pass on the same room.
@@ -44,17 +58,37 @@ func (c *call) holdBody(n int) error {
 		return fmt.Errorf("%w: this request's %d body bytes would take the request bodies this ingress holds past its own memory bound of %d bytes (--max-body-in-flight, config maxBodyBytesInFlight), not the engines' load; retry shortly",
 			ErrBodyBudget, held, limit)
 	}
-	c.bodyHeld = held
 	s.m.bodyBytes.Add(float64(add))
 	return nil
 }
 
 // releaseBody gives back the request's body bytes; endClient calls it once.
 func (c *call) releaseBody() {
-	if c.bodyHeld == 0 {
+	c.s.ReleaseBody(c.bodyHeld)
+	c.bodyHeld = 0
+}
+
+// HoldBody is the body budget for a front end that buffers request bodies
+// itself and asks Pick for the decision (the gateway's endpoint picker,
+// epp/): it charges n more bytes to a request that holds held bytes already
+// (the caller keeps that count, adding n on success), by the rule above. A
+// refusal is a *PickError in the ingress's edge form (503, Retry-After, the
+// OpenAI error body) wrapping ErrBodyBudget, and charges nothing. Give the
+// bytes back with ReleaseBody exactly once, whichever way the request ends.
+func (s *Server) HoldBody(held int64, n int) error {
+	err := s.holdBody(held, n)
+	if err == nil {
+		return nil
+	}
+	ae := toAPIError(err)
+	return &PickError{Status: ae.status, Body: appendErrorBody(nil, ae), RetryAfter: int((ae.retryAfter + time.Second - 1) / time.Second), Err: err}
+}
+
+// ReleaseBody gives back n body bytes charged with HoldBody.
+func (s *Server) ReleaseBody(n int64) {
+	if n <= 0 {
 		return
 	}
-	c.s.bodyBytes.Add(-c.bodyHeld)
-	c.s.m.bodyBytes.Sub(float64(c.bodyHeld))
-	c.bodyHeld = 0
+	s.bodyBytes.Add(-n)
+	s.m.bodyBytes.Sub(float64(n))
 }
