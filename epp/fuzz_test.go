@@ -2,6 +2,7 @@ package epp
 
 import (
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -98,6 +99,24 @@ func FuzzParseEndpointList(f *testing.F) {
 			if !ok || again != ep {
 				t.Fatalf("%q: entry %q re-parses to %q, %v", s, ep, again, ok)
 			}
+		}
+	})
+}
+
+// FuzzParseContentLength: a value is its decimal number when it is one of
+// at most 15 digits, else -1.
+func FuzzParseContentLength(f *testing.F) {
+	for _, s := range []string{"0", "123", "", "-1", "+5", " 5", "1e3", "999999999999999", "9999999999999999", "0x10"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n := parseContentLength(s)
+		want := int64(-1)
+		if v, err := strconv.ParseInt(s, 10, 64); err == nil && len(s) <= 15 && s[0] >= '0' && s[0] <= '9' {
+			want = v
+		}
+		if int64(n) != want {
+			t.Fatalf("parseContentLength(%q) = %d, want %d", s, n, want)
 		}
 	})
 }

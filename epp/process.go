@@ -37,11 +37,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	x := s.xs.Get().(*exchange)
 	x.reset()
 	s.m.streams.Inc()
-	defer func() {
-		x.end()
-		s.m.streams.Dec()
-		s.xs.Put(x)
-	}()
+	defer s.finish(x)
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -80,6 +76,18 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}
 }
 
+// finish ends the stream's exchange whichever way the stream ended (the
+// response's end, the data plane's cancel, an error): its decision and its
+// body budget are released, and it goes back to the pool without a large
+// body buffer.
+func (s *Server) finish(x *exchange) {
+	x.end()
+	x.releaseBody()
+	s.m.streams.Dec()
+	x.shrink()
+	s.xs.Put(x)
+}
+
 // exchange is one request's state on its stream; pooled per stream.
 type exchange struct {
 	s *Server
@@ -94,9 +102,11 @@ type exchange struct {
 	subset    []string
 	hasSubset bool
 	body      []byte
-	newBody   bool // body was replaced for the engine (a Responses request_id): sent in its place
-	chunks    int  // request body messages received
-	answered  bool // the request side has its destination
+	held      int64 // body bytes charged to the ingress's body budget (released at the stream's end)
+	length    int   // the request's content-length; -1: none (or not a number)
+	newBody   bool  // body was replaced for the engine (a Responses request_id): sent in its place
+	chunks    int   // request body messages received
+	answered  bool  // the request side has its destination
 
 	picked  *ingress.Picked
 	dests   []string // endpoints in fallback order
@@ -106,8 +116,50 @@ type exchange struct {
 }
 
 func (x *exchange) reset() {
-	*x = exchange{s: x.s, first: true, body: x.body[:0], subset: x.subset[:0], dests: x.dests[:0],
+	*x = exchange{s: x.s, first: true, length: -1, body: x.body[:0], subset: x.subset[:0], dests: x.dests[:0],
 		engines: x.engines[:0], out: x.out[:0], auth: x.auth[:0], session: x.session[:0]}
+}
+
+// maxPooledBody is the largest body buffer a pooled exchange keeps: the
+// next stream reuses it, but a few large bodies must not pin their
+// capacity in every pooled exchange once they are over.
+const maxPooledBody = 1 << 20
+
+// shrink readies x for the pool: a large body buffer is dropped, and the
+// answers sent (which point into the body) are let go.
+func (x *exchange) shrink() {
+	if cap(x.body) > maxPooledBody {
+		x.body = nil
+	}
+	clear(x.out[:cap(x.out)])
+	x.out = x.out[:0]
+}
+
+// holdBody charges n more body bytes to the ingress's body budget
+// (--max-body-in-flight, shared with every other stream); false: refused,
+// and the refusal is answered.
+func (x *exchange) holdBody(n int) bool {
+	if err := x.s.ing.HoldBody(x.held, n); err != nil {
+		x.s.m.results.WithLabelValues("overloaded").Inc()
+		var pe *ingress.PickError
+		if errors.As(err, &pe) {
+			x.reject(pe.Status, pe.Body, pe.RetryAfter, "kvmesh_epp_body_budget")
+		} else {
+			x.reject(503, openai.AppendError(nil, err.Error(), "server_error", "", "ingress_body_budget_exhausted"), 1, "kvmesh_epp_body_budget")
+		}
+		return false
+	}
+	if n > 0 {
+		x.held += int64(n)
+	}
+	return true
+}
+
+// releaseBody gives the body's charge back; the stream's end calls it
+// whichever way the stream ended.
+func (x *exchange) releaseBody() {
+	x.s.ing.ReleaseBody(x.held)
+	x.held = 0
 }
 
 // handle appends the answers to req to x.out; true ends the stream.
@@ -161,6 +213,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			x.auth = append(x.auth[:0], headerValue(hv)...)
 		case "x-session-id":
 			x.session = append(x.session[:0], headerValue(hv)...)
+		case "content-length":
+			x.length = parseContentLength(headerValue(hv))
 		}
 	}
 	var bad int
@@ -177,8 +231,6 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 		})
 	}
 	switch x.reqMode {
-	case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
-		x.out = append(x.out, headersResponse(&extprocv3.CommonResponse{}))
 	case extprocfilter.ProcessingMode_STREAMED:
 		if !x.noWait {
 			// The data plane holds the body until the headers are answered,
@@ -190,6 +242,20 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 		x.s.m.results.WithLabelValues("bad_mode").Inc()
 		return x.reject(500, openai.AppendError(nil, "ext_proc GRPC body mode is not an OpenAI request", "server_error", "", "epp_misconfigured"), 0, "kvmesh_epp_unsupported_body_mode")
 	}
+	// A body that says its size is refused or charged before it comes:
+	// past --max-body it never fits, and a whole message of it (BUFFERED)
+	// sits in gRPC's buffers before the picker could charge it chunk by
+	// chunk. Its chunks are charged past what was reserved.
+	if x.length > x.s.cfg.MaxBodyBytes {
+		return x.tooLarge()
+	}
+	if x.length > 0 && !x.holdBody(x.length) {
+		return true
+	}
+	switch x.reqMode {
+	case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
+		x.out = append(x.out, headersResponse(&extprocv3.CommonResponse{}))
+	}
 	return false
 }
 
@@ -199,8 +265,10 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) bool {
 	}
 	x.chunks++
 	if len(x.body)+len(b.GetBody()) > x.s.cfg.MaxBodyBytes {
-		x.s.m.results.WithLabelValues("too_large").Inc()
-		return x.reject(413, openai.AppendError(nil, "request body too large: limit is "+strconv.Itoa(x.s.cfg.MaxBodyBytes)+" bytes", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_too_large")
+		return x.tooLarge()
+	}
+	if more := int64(len(x.body)+len(b.GetBody())) - x.held; more > 0 && !x.holdBody(int(more)) {
+		return true
 	}
 	x.body = append(x.body, b.GetBody()...)
 	switch x.reqMode {
@@ -353,6 +421,12 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 func (x *exchange) noEndpoint() bool {
 	x.s.m.results.WithLabelValues("no_endpoint").Inc()
 	return x.reject(503, openai.AppendError(nil, "no endpoint fits: no ranked engine is a ready endpoint of the pool (within the gateway's subset hint)", "server_error", "", "service_unavailable"), 1, "kvmesh_epp_no_endpoint")
+}
+
+// tooLarge is the 413 past Config.MaxBodyBytes.
+func (x *exchange) tooLarge() bool {
+	x.s.m.results.WithLabelValues("too_large").Inc()
+	return x.reject(413, openai.AppendError(nil, "request body too large: limit is "+strconv.Itoa(x.s.cfg.MaxBodyBytes)+" bytes", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_too_large")
 }
 
 // reject answers with an ImmediateResponse and ends the stream.

@@ -14,6 +14,15 @@ import (
 // applies (--listen is the HTTP listener for /metrics, /health and /ready
 // only: the client API is the gateway's).
 func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	opts, err := eppOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	return epp.Run(ctx, opts, stdout, stderr)
+}
+
+// eppOptions parses and checks `kvmesh epp`'s arguments.
+func eppOptions(args []string, stderr io.Writer) (epp.Options, error) {
 	opts := epp.DefaultOptions()
 	fs := newFlagSet("epp", stderr)
 	var probs flagProblems
@@ -21,18 +30,15 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	eppFlags(fs, &opts)
 	fs.Lookup("listen").Usage = "HTTP address for /metrics, /health and /ready (no client API: that is the gateway's)"
 	if err := parseFlags(fs, args, 0); err != nil {
-		return err
+		return opts, err
 	}
+	// The picker buffers each request body until it routes (every body
+	// mode), so --max-body bounds one body and --max-body-in-flight all
+	// of them at once, as on the ingress (epp/process.go charges them).
 	opts.Picker.MaxBodyBytes = opts.Ingress.Config.MaxBodyBytes
-	// The picker holds no bodies against the ingress's in-flight bound (the
-	// gateway holds them): off, so a --max-body above it is no error.
-	opts.Ingress.Config.MaxBodyBytesInFlight = 0
 	probs.addErr(opts.Validate())
 	ingressFlagsRead(fs, &opts.Ingress, &probs)
-	if err := probs.err(); err != nil {
-		return err
-	}
-	return epp.Run(ctx, opts, stdout, stderr)
+	return opts, probs.err()
 }
 
 // eppFlags binds the picker's own flags onto opts.
@@ -44,6 +50,8 @@ func eppFlags(fs *flag.FlagSet, o *epp.Options) {
 	fs.StringVar(&c.TLSKeyFile, "grpc-tls-key", "", "PEM key for --grpc-tls=files")
 	fs.StringVar(&c.DefaultBodyMode, "body-mode", c.DefaultBodyMode, "request body mode when the gateway sends no protocol_config: full-duplex, buffered or streamed")
 	fs.IntVar(&c.MaxEndpoints, "max-endpoints", c.MaxEndpoints, "fallback endpoints per answer")
+	in := &o.Ingress.Config
+	fs.Int64Var(&in.MaxBodyBytesInFlight, "max-body-in-flight", in.MaxBodyBytesInFlight, "max request body bytes the picker buffers at once over all streams, its own memory bound (503 + Retry-After above; bodies up to 64 KiB always pass; 0: off; else >= --max-body)")
 	fs.BoolVar(&c.PD.Enabled, "pd", false, "P/D through llm-d's routing sidecar (x-prefiller-host-port)")
 	fs.IntVar(&c.PD.MinUncachedTokens, "pd-min-uncached", c.PD.MinUncachedTokens, "prefill elsewhere from this many uncached prompt tokens")
 	fs.StringVar(&o.PoolName, "pool-name", "", "InferencePool to serve (empty: every engine of the mesh is a candidate)")

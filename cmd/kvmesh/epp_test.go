@@ -121,10 +121,11 @@ func TestEPPCommandBadFlags(t *testing.T) {
 			t.Errorf("message lacks %q:\n%s", want, errOut.String())
 		}
 	}
-	// The picker holds no bodies against the ingress's in-flight bound: a
-	// --max-body above that bound's default is no error there.
-	if strings.Contains(errOut.String(), "in flight") {
-		t.Errorf("epp refuses --max-body for a bound it does not apply:\n%s", errOut.String())
+	// The picker buffers bodies against the ingress's in-flight bound, so a
+	// --max-body above it is refused as on the ingress (a body that size
+	// could never pass).
+	if !strings.Contains(errOut.String(), "max body bytes in flight") {
+		t.Errorf("epp takes a --max-body above --max-body-in-flight:\n%s", errOut.String())
 	}
 }
 

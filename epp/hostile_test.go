@@ -1,0 +1,303 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// The picker against the data plane's odd and heavy cases (a black-box
+// test's findings), one ext_proc message at a time. A picker over static
+// engines (never contacted: the stand-in only reads the answers) is enough.
+
+var (
+	fd       = extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED
+	buffered = extprocfilter.ProcessingMode_BUFFERED
+)
+
+type staticRig struct {
+	s   *Server
+	reg *prometheus.Registry
+}
+
+// newStaticRig starts a picker over static engines (id → URL).
+func newStaticRig(t *testing.T, engines [][2]string, cfg Config, deps Deps, mut func(*ingress.Config)) *staticRig {
+	t.Helper()
+	nt, tpl := testTokenizer(t)
+	tk, err := ingress.NewTokenizer(nt, tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ic := ingress.DefaultConfig()
+	ic.Listen = "127.0.0.1:0"
+	ic.AccessLog = false
+	ic.Scheduler.Policy = "kvmesh"
+	for _, e := range engines {
+		ic.Engines = append(ic.Engines, ingress.StaticEngine{ID: e[0], Model: model, URL: e[1]})
+	}
+	if mut != nil {
+		mut(&ic)
+	}
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	ing, err := ingress.New(ic, ingress.Deps{Logger: quiet, AccessLog: quiet, Registry: reg, Index: idx, Tokenizers: ingress.TokenizerMap{model: tk}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen, cfg.TLS, cfg.Logger, cfg.Registerer = "127.0.0.1:0", TLSOff, quiet, reg
+	deps.Ingress = ing
+	s, err := New(cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ing.Close() })
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Close(ctx)
+	})
+	return &staticRig{s: s, reg: reg}
+}
+
+var twoEngines = [][2]string{{"e1", "http://10.0.0.1:8000"}, {"e2", "http://10.0.0.2:8000"}}
+
+// stream is one ext_proc stream the test plays message by message.
+type stream struct {
+	t      *testing.T
+	env    *envoyStandIn
+	st     extprocv3.ExternalProcessor_ProcessClient
+	cancel context.CancelFunc
+	sent   bool
+}
+
+func (r *staticRig) open(t *testing.T, reqMode extprocfilter.ProcessingMode_BodySendMode) *stream {
+	t.Helper()
+	env := newEnvoy(t, r.s.Addr(), reqMode, extprocfilter.ProcessingMode_NONE)
+	// A guard, not a timing: an answer that never comes fails the test
+	// instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	st, err := env.client.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &stream{t: t, env: env, st: st, cancel: cancel}
+}
+
+func (s *stream) send(m *extprocv3.ProcessingRequest) *stream {
+	s.t.Helper()
+	if !s.sent {
+		s.env.first(m)
+		s.sent = true
+	}
+	if err := s.st.Send(m); err != nil {
+		s.t.Fatal(err)
+	}
+	return s
+}
+
+// headers sends the request headers (POST path; kv added).
+func (s *stream) headers(path string, eos bool, kv ...[2]string) *stream {
+	hs := append([][2]string{{":method", "POST"}, {":path", path}, {"content-type", "application/json"}}, kv...)
+	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: s.env.headerMap(hs), EndOfStream: eos}}})
+}
+
+func (s *stream) body(b []byte, eos bool) *stream {
+	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}})
+}
+
+func (s *stream) recv() *extprocv3.ProcessingResponse {
+	s.t.Helper()
+	m, err := s.st.Recv()
+	if err != nil {
+		s.t.Fatalf("recv: %v", err)
+	}
+	return m
+}
+
+// refused reads an answer that must be an ImmediateResponse with status
+// and code, and returns it.
+func (s *stream) refused(status int, code string) *extprocv3.ImmediateResponse {
+	s.t.Helper()
+	m := s.recv()
+	checkImmediate(s.t, &exchangeResult{immediate: m.GetImmediateResponse()}, status, code)
+	return m.GetImmediateResponse()
+}
+
+// end closes the request side as the data plane does after a response
+// with no body, and waits for the stream's end.
+func (s *stream) end() {
+	s.t.Helper()
+	s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: s.env.headerMap([][2]string{{":status", "200"}}), EndOfStream: true}}})
+	s.recv()
+	s.closed()
+}
+
+// closed half-closes the stream and waits for the picker to end it.
+func (s *stream) closed() {
+	s.t.Helper()
+	if err := s.st.CloseSend(); err != nil {
+		s.t.Fatal(err)
+	}
+	if _, err := s.st.Recv(); !errors.Is(err, io.EOF) {
+		s.t.Fatalf("stream end: %v", err)
+	}
+}
+
+// destOf is the destination a routing answer sets (header mutation) and
+// its envoy.lb metadata value.
+func destOf(m *extprocv3.ProcessingResponse) (header, meta string) {
+	var c *extprocv3.CommonResponse
+	switch {
+	case m.GetRequestHeaders() != nil:
+		c = m.GetRequestHeaders().GetResponse()
+	case m.GetRequestBody() != nil:
+		c = m.GetRequestBody().GetResponse()
+	}
+	for _, h := range c.GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == DestinationKey {
+			header = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if v := m.GetDynamicMetadata().GetFields()[LBNamespace].GetStructValue().GetFields()[DestinationKey]; v != nil {
+		meta = v.GetStringValue()
+	}
+	return header, meta
+}
+
+// routed checks a routing answer and returns its destination.
+func routed(t *testing.T, m *extprocv3.ProcessingResponse) string {
+	t.Helper()
+	if ir := m.GetImmediateResponse(); ir != nil {
+		t.Fatalf("refused %d: %s", ir.GetStatus().GetCode(), ir.GetBody())
+	}
+	h, md := destOf(m)
+	if h == "" || h != md {
+		t.Fatalf("destination header %q, metadata %q: %v", h, md, m)
+	}
+	return h
+}
+
+func immediateHeader(ir *extprocv3.ImmediateResponse, key string) string {
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == key {
+			return string(h.GetHeader().GetRawValue())
+		}
+	}
+	return ""
+}
+
+// padded is a valid completions body of about n bytes (a long "user"
+// field the ingress skips).
+func padded(n int) []byte {
+	head := `{"model":"` + model + `","prompt":"hello there","max_tokens":3,"user":"`
+	return []byte(head + strings.Repeat("u", max(n-len(head)-2, 0)) + `"}`)
+}
+
+// TestBodyBudget: the bodies the picker buffers are charged to the
+// ingress's --max-body-in-flight as they arrive (or at their headers, by
+// their content-length); past it a large body is
+// refused at once with the ingress's 503 and Retry-After (counted as
+// overloaded), a small one still passes, and the charge is given back
+// whichever way the stream ends (cancel, refusal, response).
+func TestBodyBudget(t *testing.T) {
+	const budget = 1 << 20
+	r := newStaticRig(t, twoEngines, Config{MaxBodyBytes: budget}, Deps{}, func(c *ingress.Config) {
+		c.MaxBodyBytes, c.MaxBodyBytesInFlight = budget, budget
+	})
+	inFlight := func() float64 { return counter(t, r.reg, "kvmesh_ingress_body_bytes_in_flight") }
+
+	// A slow upload holds the whole budget.
+	slow := r.open(t, fd).headers("/v1/completions", false).body(make([]byte, budget), false)
+	testutil.WaitFor(t, 30*time.Second, "the slow body charged", func() bool { return inFlight() == budget })
+
+	// A large body is refused while it lasts, as the ingress refuses it.
+	big := r.open(t, fd).headers("/v1/completions", false).body(make([]byte, 100<<10), false)
+	ir := big.refused(503, "ingress_body_budget_exhausted")
+	if immediateHeader(ir, "retry-after") != "1" || ir.GetDetails() != "kvmesh_epp_body_budget" {
+		t.Fatalf("budget refusal headers %v details %q", ir.GetHeaders(), ir.GetDetails())
+	}
+	if got := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "overloaded"); got != 1 {
+		t.Fatalf("overloaded counted %v, want 1", got)
+	}
+	// A body that says its size is refused at its headers, before it comes
+	// (BUFFERED would send it whole, into gRPC's buffers); one past
+	// --max-body gets its 413 there.
+	r.open(t, buffered).headers("/v1/completions", false, [2]string{"content-length", strconv.Itoa(100 << 10)}).refused(503, "ingress_body_budget_exhausted")
+	r.open(t, fd).headers("/v1/completions", false, [2]string{"content-length", strconv.Itoa(budget + 1)}).refused(413, "request_too_large")
+	if got := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "overloaded"); got != 2 {
+		t.Fatalf("overloaded counted %v, want 2", got)
+	}
+	// A small one (at most 64 KiB) always passes.
+	small := r.open(t, fd).headers("/v1/completions", false).body([]byte(completionsBody("a small one", false)), true)
+	routed(t, small.recv())
+	small.recv() // the body passed back
+	small.end()
+
+	// The slow client gives up: its charge is given back.
+	slow.cancel()
+	testutil.WaitFor(t, 30*time.Second, "the cancelled stream's charge released", func() bool { return inFlight() == 0 })
+
+	// Room again for a large body, routed; and one refused past
+	// --max-body after its first chunk was charged.
+	again := r.open(t, fd).headers("/v1/completions", false).body(padded(100<<10), true)
+	routed(t, again.recv())
+	if b := again.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody(); len(b) != len(padded(100<<10)) {
+		t.Fatalf("body passed back: %d bytes", len(b))
+	}
+	tooBig := r.open(t, fd).headers("/v1/completions", false).body(make([]byte, 100<<10), false).body(make([]byte, budget), false)
+	tooBig.refused(413, "request_too_large")
+	again.end()
+	testutil.WaitFor(t, 30*time.Second, "every charge released", func() bool { return inFlight() == 0 })
+	if got := counter(t, r.reg, "kvmesh_ingress_body_budget_refusals_total"); got != 2 {
+		t.Fatalf("ingress budget refusals %v, want 2", got)
+	}
+}
+
+// TestPooledExchangeDropsLargeBodies: a finished stream's exchange goes
+// back to the pool without a body buffer over 1 MiB or the answers that
+// point into it; a small buffer is kept for reuse.
+func TestPooledExchangeDropsLargeBodies(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{}, Deps{}, nil)
+	for _, c := range []struct {
+		size int
+		kept bool
+	}{{2 << 20, false}, {64 << 10, true}} {
+		x := r.s.xs.Get().(*exchange)
+		x.reset()
+		r.s.m.streams.Inc()
+		x.body = append(x.body, make([]byte, c.size)...)
+		x.out = append(x.out, bodyResponse(streamedBody(x.body, true)))
+		out := x.out
+		r.s.finish(x)
+		if kept := x.body != nil && cap(x.body) >= c.size; kept != c.kept {
+			t.Errorf("%d-byte body: buffer kept %v (cap %d), want %v", c.size, kept, cap(x.body), c.kept)
+		}
+		if out[0] != nil {
+			t.Errorf("%d-byte body: the pooled exchange still holds its answers", c.size)
+		}
+	}
+}
