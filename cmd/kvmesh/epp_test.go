@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sim"
@@ -184,6 +185,82 @@ func TestGatewayManifestsUseRealFlags(t *testing.T) {
 		if creds["ingress"] == "" || creds["epp"] != creds["ingress"] {
 			t.Errorf("%s: the picker's NATS credentials %q, the ingress's %q", dir, creds["epp"], creds["ingress"])
 		}
+	}
+}
+
+// TestEPPManifestMemory: the picker's Deployment bounds the request bodies
+// it buffers (--max-body-in-flight on), has a memory limit that holds them
+// at their worst-case cost beside the steady state (docs/OPERATIONS.md's
+// sizing: about 15 × the bound; the memory request as the steady state),
+// and sets the Go GC's soft limit to about 90 % of it, as the ingress does.
+func TestEPPManifestMemory(t *testing.T) {
+	const bodyCost = 15
+	raw, err := os.ReadFile(filepath.Join("..", "..", "manifests", "gateway", "base", "epp.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	found := false
+	for {
+		var doc map[string]any
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if doc["kind"] != "Deployment" {
+			continue
+		}
+		for _, c := range containers(doc) {
+			if c["name"] != "epp" {
+				continue
+			}
+			found = true
+			var args []string
+			for _, a := range c["args"].([]any) {
+				args = append(args, envRef.ReplaceAllString(a.(string), "10.0.0.1"))
+			}
+			opts, err := eppOptions(args[1:], io.Discard)
+			if err != nil {
+				t.Fatalf("kvmesh %s: %v", strings.Join(args, " "), err)
+			}
+			budget := opts.Ingress.Config.MaxBodyBytesInFlight
+			if budget <= 0 {
+				t.Fatalf("--max-body-in-flight %d: the picker's bodies are unbounded", budget)
+			}
+			res, _ := c["resources"].(map[string]any)
+			limits, _ := res["limits"].(map[string]any)
+			requests, _ := res["requests"].(map[string]any)
+			limit, err := resource.ParseQuantity(fmt.Sprint(limits["memory"]))
+			if err != nil {
+				t.Fatalf("limits.memory %v: %v", limits["memory"], err)
+			}
+			steady, err := resource.ParseQuantity(fmt.Sprint(requests["memory"]))
+			if err != nil {
+				t.Fatalf("requests.memory %v: %v", requests["memory"], err)
+			}
+			gml := ""
+			for _, e := range c["env"].([]any) {
+				if e, _ := e.(map[string]any); e["name"] == "GOMEMLIMIT" {
+					gml, _ = e["value"].(string)
+				}
+			}
+			soft, err := resource.ParseQuantity(strings.TrimSuffix(gml, "B")) // Go's MiB is Kubernetes' Mi
+			if gml == "" || err != nil {
+				t.Fatalf("GOMEMLIMIT %q (%v): want about 90 %% of limits.memory %s", gml, err, limit.String())
+			}
+			if r := float64(soft.Value()) / float64(limit.Value()); r < 0.85 || r > 0.95 {
+				t.Errorf("GOMEMLIMIT %s is %.0f %% of limits.memory %s; want about 90 %%", gml, 100*r, limit.String())
+			}
+			if need := steady.Value() + bodyCost*budget; need > soft.Value() {
+				t.Errorf("GOMEMLIMIT %s holds less than the steady state (requests.memory %s) and %d × the body bound %d (%d bytes)",
+					gml, steady.String(), bodyCost, budget, need)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no epp container in manifests/gateway/base/epp.yaml")
 	}
 }
 
