@@ -48,7 +48,10 @@ type envoyStandIn struct {
 
 func newEnvoy(t testing.TB, addr string, reqMode, respMode extprocfilter.ProcessingMode_BodySendMode) *envoyStandIn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Envoy's gRPC client takes answers of any size by default (EnvoyGrpc's
+	// max_receive_message_length 0); grpc-go's stops at 4 MiB.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		t.Fatal(err)
 	}

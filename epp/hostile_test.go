@@ -301,3 +301,30 @@ func TestPooledExchangeDropsLargeBodies(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeMessages: a body in one message past grpc-go's 4 MiB default
+// (BUFFERED sends the whole body in one; a large full-duplex chunk) is
+// routed, and its answer (the body passed back) sent; past --max-body it
+// is the documented 413, not a broken stream.
+func TestLargeMessages(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{MaxBodyBytes: 12 << 20}, Deps{}, nil)
+	body := padded(10 << 20)
+	s := r.open(t, buffered).headers("/v1/completions", false)
+	s.recv() // headers answered empty
+	routed(t, s.body(body, true).recv())
+	s.end()
+
+	s = r.open(t, fd).headers("/v1/completions", false).body(padded(5<<20), true)
+	routed(t, s.recv())
+	if b := s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody(); len(b) != 5<<20 {
+		t.Fatalf("full duplex: %d bytes passed back, want %d", len(b), 5<<20)
+	}
+	s.end()
+
+	s = r.open(t, buffered).headers("/v1/completions", false)
+	s.recv()
+	s.body(padded(12<<20+1), true).refused(413, "request_too_large")
+	if got := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "too_large"); got != 1 {
+		t.Fatalf("too_large counted %v, want 1", got)
+	}
+}

@@ -82,7 +82,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := append(transportOptions(),
+	// A message carries a whole body (BUFFERED, or a large chunk) and the
+	// full-duplex answer passes it back in one: the size bound is the
+	// body's plus room for headers and metadata, so a body past
+	// MaxBodyBytes reaches requestBody's 413 instead of failing the stream
+	// with grpc-go's 4 MiB default (ResourceExhausted, counted nowhere).
+	msg := cfg.MaxBodyBytes + msgOverhead
+	opts := append(transportOptions(), grpc.MaxRecvMsgSize(msg), grpc.MaxSendMsgSize(msg),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	if tc != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
@@ -175,6 +181,11 @@ func (s *Server) setReady(ready bool) {
 	s.health.SetServingStatus(ExtProcService, st)
 	s.health.SetServingStatus("", st)
 }
+
+// msgOverhead is what an ext_proc message may hold besides its body
+// (headers, trailers, metadata, the protobuf framing): the gRPC message
+// bound is Config.MaxBodyBytes plus this.
+const msgOverhead = 1 << 20
 
 // transportOptions are the gRPC settings for the data plane's ext_proc
 // streams (the split benchmark's no-op server uses them too, so its floor is
