@@ -328,3 +328,20 @@ func TestLargeMessages(t *testing.T) {
 		t.Fatalf("too_large counted %v, want 1", got)
 	}
 }
+
+// TestDuplicateEndpoint: two engines of the mesh at one URL (a sidecar
+// restarted under a new id) put their endpoint in the fallback list once.
+func TestDuplicateEndpoint(t *testing.T) {
+	r := newStaticRig(t, [][2]string{{"e1", "http://10.0.0.1:8000"}, {"e1-again", "http://10.0.0.1:8000"}, {"e2", "http://10.0.0.2:8000"}},
+		Config{}, Deps{}, nil)
+	for i := range 4 {
+		s := r.open(t, fd).headers("/v1/completions", false).body([]byte(completionsBody("duplicate "+strconv.Itoa(i), false)), true)
+		dest := routed(t, s.recv())
+		s.recv()
+		eps := strings.Split(dest, ",")
+		if len(eps) != 2 || eps[0] == eps[1] {
+			t.Fatalf("destination %q: want 10.0.0.1:8000 and 10.0.0.2:8000 once each", dest)
+		}
+		s.end()
+	}
+}

@@ -512,7 +512,10 @@ func (x *exchange) fillDests(p *ingress.Picked) string {
 			continue
 		}
 		ep, ok := s.eps.of(url)
-		if !ok || (x.hasSubset && !contains(x.subset, ep)) {
+		// Two engines of the mesh at one endpoint (a sidecar restarted
+		// under a new id, a pod IP reused while the old member lingers in
+		// gossip): listed once, so no fallback slot goes to a retry of it.
+		if !ok || (x.hasSubset && !contains(x.subset, ep)) || contains(x.dests, ep) {
 			continue
 		}
 		if s.pd != nil && role == scheduler.RolePrefill {
