@@ -345,3 +345,25 @@ func TestDuplicateEndpoint(t *testing.T) {
 		s.end()
 	}
 }
+
+// emptyPool is a listed InferencePool with no ready endpoint.
+type emptyPool struct{}
+
+func (emptyPool) Has(string) bool { return false }
+func (emptyPool) Synced() bool    { return true }
+
+// TestEmptyPoolIsNoEndpoint: a request with a body while the pool has no
+// ready endpoint of the mesh is the protocol's no_endpoint 503, as a
+// bodyless one, not the ingress's refusal.
+func TestEmptyPoolIsNoEndpoint(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{}, Deps{Pool: emptyPool{}}, nil)
+	s := r.open(t, fd).headers("/v1/chat/completions", false).body([]byte(chatBody("sys", "hi", false)), true)
+	ir := s.refused(503, "service_unavailable")
+	if ir.GetDetails() != "kvmesh_epp_no_endpoint" || immediateHeader(ir, "retry-after") != "1" || !strings.Contains(string(ir.GetBody()), "pool") {
+		t.Fatalf("details %q headers %v body %s", ir.GetDetails(), ir.GetHeaders(), ir.GetBody())
+	}
+	r.open(t, fd).headers("/v1/models", true).refused(503, "service_unavailable")
+	if ne, rej := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "no_endpoint"), counter(t, r.reg, "kvmesh_epp_requests_total", "result", "rejected"); ne != 2 || rej != 0 {
+		t.Fatalf("no_endpoint %v rejected %v, want 2 and 0", ne, rej)
+	}
+}

@@ -346,7 +346,12 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	p, err := x.s.ing.Pick(in)
 	if err != nil {
 		var pe *ingress.PickError
-		if errors.As(err, &pe) {
+		switch {
+		case errors.Is(err, ingress.ErrNoEngine):
+			// No live engine (of the pool) for it: the protocol's 503, as
+			// for a bodyless request.
+			return x.noEndpoint(err.Error())
+		case errors.As(err, &pe):
 			x.s.m.results.WithLabelValues("rejected").Inc()
 			return x.reject(pe.Status, pe.Body, pe.RetryAfter, "kvmesh_epp_rejected")
 		}
@@ -355,7 +360,7 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	x.picked = p
 	pre := x.fillDests(p)
 	if len(x.dests) == 0 || p.Start(x.engines[0]) != nil {
-		return x.noEndpoint()
+		return x.noEndpoint("")
 	}
 	if b := p.Body(x.engines[0]); b != nil && x.reqMode != extprocfilter.ProcessingMode_STREAMED {
 		// Sent in place of the client's (STREAMED mode passes chunks as
@@ -408,7 +413,7 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 		x.engines = append(x.engines, e.ID)
 	}
 	if len(x.dests) == 0 {
-		return x.noEndpoint()
+		return x.noEndpoint("")
 	}
 	x.answered = true
 	answer(joinEndpoints(x.dests), "")
@@ -417,10 +422,15 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 }
 
 // noEndpoint is the protocol's 503: nothing eligible (the subset hint
-// excludes every ranked engine, or the pool has none).
-func (x *exchange) noEndpoint() bool {
+// excludes every ranked engine, or the pool has none). why is the
+// ingress's reason when it found no engine at all ("": none given).
+func (x *exchange) noEndpoint(why string) bool {
 	x.s.m.results.WithLabelValues("no_endpoint").Inc()
-	return x.reject(503, openai.AppendError(nil, "no endpoint fits: no ranked engine is a ready endpoint of the pool (within the gateway's subset hint)", "server_error", "", "service_unavailable"), 1, "kvmesh_epp_no_endpoint")
+	msg := "no endpoint fits: no ranked engine is a ready endpoint of the pool (within the gateway's subset hint)"
+	if why != "" {
+		msg = "no endpoint fits: no engine of the mesh that is a ready endpoint of the pool can take the request (" + why + ")"
+	}
+	return x.reject(503, openai.AppendError(nil, msg, "server_error", "", "service_unavailable"), 1, "kvmesh_epp_no_endpoint")
 }
 
 // tooLarge is the 413 past Config.MaxBodyBytes.
