@@ -25,6 +25,7 @@ import (
 var (
 	fd       = extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED
 	buffered = extprocfilter.ProcessingMode_BUFFERED
+	partial  = extprocfilter.ProcessingMode_BUFFERED_PARTIAL
 )
 
 type staticRig struct {
@@ -126,6 +127,11 @@ func (s *stream) headers(path string, eos bool, kv ...[2]string) *stream {
 
 func (s *stream) body(b []byte, eos bool) *stream {
 	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}})
+}
+
+func (s *stream) trailers() *stream {
+	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{
+		Trailers: s.env.headerMap([][2]string{{"x-trailer", "1"}})}}})
 }
 
 func (s *stream) recv() *extprocv3.ProcessingResponse {
@@ -365,5 +371,29 @@ func TestEmptyPoolIsNoEndpoint(t *testing.T) {
 	r.open(t, fd).headers("/v1/models", true).refused(503, "service_unavailable")
 	if ne, rej := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "no_endpoint"), counter(t, r.reg, "kvmesh_epp_requests_total", "result", "rejected"); ne != 2 || rej != 0 {
 		t.Fatalf("no_endpoint %v rejected %v, want 2 and 0", ne, rej)
+	}
+}
+
+// TestBufferedTrailersWithoutBody: in the buffered modes, headers without
+// end_of_stream then trailers and no body get a decision on the trailers:
+// an inference route the ingress's refusal of an empty body, another path
+// a destination in the trailers answer's metadata.
+func TestBufferedTrailersWithoutBody(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{}, Deps{}, nil)
+	for _, mode := range []extprocfilter.ProcessingMode_BodySendMode{buffered, partial} {
+		s := r.open(t, mode).headers("/v1/completions", false)
+		if h := s.recv(); h.GetRequestHeaders() == nil || h.GetRequestHeaders().GetResponse().GetHeaderMutation() != nil {
+			t.Fatalf("%v: headers answer %v", mode, h)
+		}
+		s.trailers().refused(400, "")
+
+		s = r.open(t, mode).headers("/v1/embeddings", false)
+		s.recv()
+		m := s.trailers().recv()
+		_, meta := destOf(m)
+		if m.GetRequestTrailers() == nil || len(strings.Split(meta, ",")) != 2 {
+			t.Fatalf("%v: trailers answer %v", mode, m)
+		}
+		s.end()
 	}
 }

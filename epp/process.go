@@ -303,6 +303,17 @@ func (x *exchange) requestTrailers() bool {
 			if x.routeStreamed(false) {
 				return true
 			}
+		case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
+			// Trailers and no body: the headers were answered (empty) before
+			// it was known none would come, so the route can only go in the
+			// trailers answer's metadata now (no header mutation there
+			// reaches the request headers); an inference route gets the
+			// ingress's refusal of an empty body.
+			return x.route(func(dest, _ string) {
+				r := trailersResponse()
+				r.DynamicMetadata = destinationMetadata(dest)
+				x.out = append(x.out, r)
+			})
 		}
 	}
 	x.out = append(x.out, trailersResponse())
