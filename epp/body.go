@@ -1,8 +1,11 @@
 package epp
 
+import "github.com/kvmesh/kvmesh/internal/jsonscan"
+
 // What the picker reads of a request body's framing: its content-length
 // (charged to the body budget, or refused past --max-body, before the body
-// comes).
+// comes; and to tell a BUFFERED_PARTIAL body cut at the data plane's
+// buffer from a whole one that trailers follow).
 
 // parseContentLength is a content-length header's value, -1 when it is not
 // a plain decimal number of at most 15 digits (the data plane validates
@@ -20,4 +23,12 @@ func parseContentLength(v string) int {
 		n = n*10 + int(c-'0')
 	}
 	return n
+}
+
+// jsonComplete reports whether b holds one whole JSON value (whatever
+// follows it): false for a body cut short, and for one malformed before
+// its end.
+func jsonComplete(b []byte) bool {
+	_, err := jsonscan.SkipValue(b, jsonscan.SkipWS(b, 0))
+	return err == nil
 }

@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"encoding/json"
 	"net"
 	"strconv"
 	"strings"
@@ -8,6 +9,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
 func TestEndpointOf(t *testing.T) {
@@ -117,6 +120,30 @@ func FuzzParseContentLength(f *testing.F) {
 		}
 		if int64(n) != want {
 			t.Fatalf("parseContentLength(%q) = %d, want %d", s, n, want)
+		}
+	})
+}
+
+// FuzzJSONComplete: a valid JSON document (shallow enough for the
+// scanner) is complete; an object or array cut anywhere before its end is
+// not (a BUFFERED_PARTIAL body cut at the data plane's buffer is never
+// routed as whole).
+func FuzzJSONComplete(f *testing.F) {
+	for _, s := range []string{`{"model":"m","prompt":"hi"}`, `[1,2,{"a":null}]`, ` {"a":"\u00e9\"x"} `, `{"a":[true,false,-1.5e3]}`, `{}`, `{"a":`, `"str"`, `12`} {
+		f.Add([]byte(s), uint(3))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cut uint) {
+		if len(b) <= 200 && json.Valid(b) && !jsonComplete(b) {
+			t.Fatalf("valid %q: not complete", b)
+		}
+		i := jsonscan.SkipWS(b, 0)
+		end, err := jsonscan.SkipValue(b, i)
+		if err != nil || i >= len(b) || (b[i] != '{' && b[i] != '[') {
+			return
+		}
+		k := i + int(cut%uint(end-i)) // a cut inside the value: at least its closing bracket is gone
+		if jsonComplete(b[:k]) {
+			t.Fatalf("%q cut at %d (%q) is complete", b[:end], k, b[:k])
 		}
 	})
 }

@@ -397,3 +397,42 @@ func TestBufferedTrailersWithoutBody(t *testing.T) {
 		s.end()
 	}
 }
+
+// TestBufferedPartialWholeBody: BUFFERED_PARTIAL sends a whole body that
+// trailers follow without end_of_stream, as it sends the first buffer-full
+// of a larger one: the content-length tells them apart, else whether the
+// body is one whole JSON value.
+func TestBufferedPartialWholeBody(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{}, Deps{}, nil)
+	body := []byte(completionsBody("a whole body and trailers", false))
+	cl := func(n int) [2]string { return [2]string{"content-length", strconv.Itoa(n)} }
+	for _, c := range []struct {
+		name string
+		body []byte
+		kv   [][2]string
+		path string
+		cut  bool
+	}{
+		{"whole, content-length", body, [][2]string{cl(len(body))}, "/v1/completions", false},
+		{"whole, no content-length", body, nil, "/v1/completions", false},
+		{"cut, content-length", body[:40], [][2]string{cl(len(body))}, "/v1/completions", true},
+		{"cut in a string, no content-length", body[:40], nil, "/v1/completions", true},
+		{"cut after a member, no content-length", body[:len(body)-30], nil, "/v1/completions", true},
+		{"cut, not an inference route", body[:40], [][2]string{cl(len(body))}, "/v1/embeddings", false},
+	} {
+		s := r.open(t, partial).headers(c.path, false, c.kv...)
+		s.recv()
+		s.body(c.body, false)
+		if c.cut {
+			if ir := s.refused(413, "request_too_large"); ir.GetDetails() != "kvmesh_epp_body_truncated" {
+				t.Fatalf("%s: details %q", c.name, ir.GetDetails())
+			}
+			continue
+		}
+		routed(t, s.recv())
+		if m := s.trailers().recv(); m.GetRequestTrailers() == nil {
+			t.Fatalf("%s: trailers answer %v", c.name, m)
+		}
+		s.end()
+	}
+}

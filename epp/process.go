@@ -104,6 +104,7 @@ type exchange struct {
 	body      []byte
 	held      int64 // body bytes charged to the ingress's body budget (released at the stream's end)
 	length    int   // the request's content-length; -1: none (or not a number)
+	partial   bool  // BUFFERED_PARTIAL sent the body without end_of_stream: it may be cut at the data plane's buffer
 	newBody   bool  // body was replaced for the engine (a Responses request_id): sent in its place
 	chunks    int   // request body messages received
 	answered  bool  // the request side has its destination
@@ -273,12 +274,11 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) bool {
 	x.body = append(x.body, b.GetBody()...)
 	switch x.reqMode {
 	case extprocfilter.ProcessingMode_BUFFERED, extprocfilter.ProcessingMode_BUFFERED_PARTIAL:
-		if !b.GetEndOfStream() && x.reqMode == extprocfilter.ProcessingMode_BUFFERED_PARTIAL {
-			// The data plane's buffer filled: the rest never reaches us.
-			x.s.m.results.WithLabelValues("too_large").Inc()
-			return x.reject(413, openai.AppendError(nil, "request body larger than the gateway's ext_proc buffer", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_truncated")
-		}
-		// One message holds the whole body (trailers, if any, follow).
+		// One message holds the whole body (trailers, if any, follow) — in
+		// BUFFERED_PARTIAL without end_of_stream, the whole body that
+		// trailers follow or the first buffer-full of a larger one, which
+		// route tells apart (the rest would never reach the picker).
+		x.partial = !b.GetEndOfStream() && x.reqMode == extprocfilter.ProcessingMode_BUFFERED_PARTIAL
 		return x.route(func(dest, pre string) {
 			common := x.withBody(routeCommon(dest, pre))
 			if x.newBody {
@@ -350,8 +350,17 @@ func (x *exchange) withBody(common *extprocv3.CommonResponse) *extprocv3.CommonR
 func (x *exchange) route(answer func(dest, pre string)) bool {
 	in, ok := isInferencePath(x.path)
 	if !ok {
-		// Not a route the ingress decides (embeddings, models…): load only.
+		// Not a route the ingress decides (embeddings, models…): load only
+		// (the body is not read, so a cut does not matter).
 		return x.routeByLoad(answer)
+	}
+	if x.partial && x.length >= 0 && len(x.body) < x.length {
+		return x.truncated()
+	}
+	if x.partial && x.length < 0 && !jsonComplete(x.body) {
+		// No content-length to compare with: a body that is not one whole
+		// JSON value was cut at the data plane's buffer (or is malformed).
+		return x.truncated()
 	}
 	in.Body, in.Authorization, in.SessionID = x.body, x.auth, x.session
 	p, err := x.s.ing.Pick(in)
@@ -448,6 +457,13 @@ func (x *exchange) noEndpoint(why string) bool {
 func (x *exchange) tooLarge() bool {
 	x.s.m.results.WithLabelValues("too_large").Inc()
 	return x.reject(413, openai.AppendError(nil, "request body too large: limit is "+strconv.Itoa(x.s.cfg.MaxBodyBytes)+" bytes", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_too_large")
+}
+
+// truncated is the 413 for a BUFFERED_PARTIAL body cut at the data plane's
+// buffer: the rest never reaches the picker.
+func (x *exchange) truncated() bool {
+	x.s.m.results.WithLabelValues("too_large").Inc()
+	return x.reject(413, openai.AppendError(nil, "request body larger than the gateway's ext_proc buffer (BUFFERED_PARTIAL sent only its first part)", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_truncated")
 }
 
 // reject answers with an ImmediateResponse and ends the stream.
