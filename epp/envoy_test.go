@@ -275,10 +275,24 @@ func (res *exchangeResult) readRouting(e *envoyStandIn, orig []byte) error {
 	if b := common.GetBodyMutation().GetBody(); b != nil { // BUFFERED: the body replaced
 		res.forwarded = b
 	}
-	if e.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
+	switch e.reqMode {
+	case extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED:
 		res.forwarded = nil
 		for _, b := range res.reqBodies {
 			res.forwarded = append(res.forwarded, b.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()...)
+		}
+	case extprocfilter.ProcessingMode_STREAMED:
+		// Each chunk as its answer leaves it: replaced, cleared or passed.
+		res.forwarded = nil
+		for i, b := range res.reqBodies {
+			chunk := orig[min(i*e.chunk, len(orig)):min((i+1)*e.chunk, len(orig))]
+			switch m := b.GetRequestBody().GetResponse().GetBodyMutation(); {
+			case m.GetBody() != nil:
+				chunk = m.GetBody()
+			case m.GetClearBody():
+				chunk = nil
+			}
+			res.forwarded = append(res.forwarded, chunk...)
 		}
 	}
 	if res.dest == "" {

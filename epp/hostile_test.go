@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"strconv"
@@ -26,6 +27,7 @@ var (
 	fd       = extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED
 	buffered = extprocfilter.ProcessingMode_BUFFERED
 	partial  = extprocfilter.ProcessingMode_BUFFERED_PARTIAL
+	streamed = extprocfilter.ProcessingMode_STREAMED
 )
 
 type staticRig struct {
@@ -435,4 +437,36 @@ func TestBufferedPartialWholeBody(t *testing.T) {
 		}
 		s.end()
 	}
+}
+
+// TestStreamedResponsesRequestID: STREAMED (send_body_without_waiting)
+// hands the engine a Responses body with the request_id naming it, as the
+// other modes do.
+func TestStreamedResponsesRequestID(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{}, Deps{}, nil)
+	body := []byte(`{"model":"` + model + `","input":"hello there, ` + words("resp", 60) + `"}`)
+	s := r.open(t, streamed).headers("/v1/responses", false)
+	chunks := 0
+	for b := body; len(b) > 0; chunks++ {
+		n := min(100, len(b))
+		s.body(b[:n], n == len(b))
+		b = b[n:]
+	}
+	routed(t, s.recv())
+	var fwd []byte
+	for i := range chunks {
+		m := s.recv().GetRequestBody().GetResponse().GetBodyMutation()
+		if (i == 0) != (m.GetBody() != nil) || (i > 0) != m.GetClearBody() {
+			t.Fatalf("chunk %d answer %v", i, m)
+		}
+		fwd = append(fwd, m.GetBody()...)
+	}
+	var v struct {
+		RequestID string `json:"request_id"`
+		Input     string `json:"input"`
+	}
+	if err := json.Unmarshal(fwd, &v); err != nil || !strings.HasPrefix(v.RequestID, "resp_kvm") || !strings.HasPrefix(v.Input, "hello there") {
+		t.Fatalf("forwarded %s: %v", fwd, err)
+	}
+	s.end()
 }

@@ -29,7 +29,9 @@ import (
 //     waits for it), the whole body comes in one message and its answer
 //     carries the destination.
 //   - STREAMED with send_body_without_waiting_for_header_response: like
-//     full duplex, but every body chunk gets an empty (pass) answer.
+//     full duplex, but every body chunk gets its own answer: empty (pass),
+//     or, when the body is replaced, the whole new body in the first
+//     chunk's and a cleared chunk in the others.
 //
 // The response side only keeps the books: the endpoint that served
 // (x-gateway-destination-endpoint-served), the first byte, the end.
@@ -330,8 +332,18 @@ func (x *exchange) routeStreamed(eos bool) bool {
 			x.out = append(x.out, bodyResponse(streamedBody(x.body, eos)))
 			return
 		}
-		for range x.chunks {
-			x.out = append(x.out, bodyResponse(&extprocv3.CommonResponse{}))
+		for i := range x.chunks {
+			// STREAMED: each chunk waits for its answer, so a replaced body
+			// goes out whole in the first chunk's place and the others are
+			// cleared; otherwise the chunks pass as they came.
+			common := &extprocv3.CommonResponse{}
+			switch {
+			case x.newBody && i == 0:
+				common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: x.body}}
+			case x.newBody:
+				common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_ClearBody{ClearBody: true}}
+			}
+			x.out = append(x.out, bodyResponse(common))
 		}
 	})
 }
@@ -382,9 +394,8 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	if len(x.dests) == 0 || p.Start(x.engines[0]) != nil {
 		return x.noEndpoint("")
 	}
-	if b := p.Body(x.engines[0]); b != nil && x.reqMode != extprocfilter.ProcessingMode_STREAMED {
-		// Sent in place of the client's (STREAMED mode passes chunks as
-		// they came, so there the client's goes unchanged).
+	if b := p.Body(x.engines[0]); b != nil {
+		// Sent in place of the client's.
 		x.body, x.newBody = append(x.body[:0], b...), true
 	}
 	x.answered = true

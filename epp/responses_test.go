@@ -16,12 +16,14 @@ import (
 // to real simulated engines that store responses: the picker writes a
 // request_id naming the engine into the body it hands back (with its
 // content-length), so a follow-up naming the response, and a GET of it
-// through the ingress, reach the engine that holds it; in both body modes
-// that can replace a body.
+// through the ingress, reach the engine that holds it; in every body mode
+// (STREAMED replaces it in the first chunk's answer and clears the others:
+// each chunk waits there for its answer).
 func TestPickerResponses(t *testing.T) {
 	rig := newPickerRig(t)
 	ctx := context.Background()
-	for _, mode := range []extprocfilter.ProcessingMode_BodySendMode{extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilter.ProcessingMode_BUFFERED} {
+	for _, mode := range []extprocfilter.ProcessingMode_BodySendMode{extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilter.ProcessingMode_BUFFERED,
+		extprocfilter.ProcessingMode_STREAMED} {
 		t.Run(mode.String(), func(t *testing.T) {
 			env := newEnvoy(t, rig.s.Addr(), mode, extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED)
 			for i := 0; i < 4; i++ {
