@@ -1,13 +1,17 @@
 package epp
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/valyala/fasthttp"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
@@ -144,6 +148,45 @@ func FuzzJSONComplete(f *testing.F) {
 		k := i + int(cut%uint(end-i)) // a cut inside the value: at least its closing bracket is gone
 		if jsonComplete(b[:k]) {
 			t.Fatalf("%q cut at %d (%q) is complete", b[:end], k, b[:k])
+		}
+	})
+}
+
+// FuzzDecodeBody: any encoding and bytes decode within the limit or fail
+// with an error; what decodes is what the encoder wrote (gzip); an
+// encoding outside gzip, deflate, br and zstd is unsupported.
+func FuzzDecodeBody(f *testing.F) {
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	_, _ = w.Write([]byte(`{"model":"m","prompt":"hello"}`))
+	_ = w.Close()
+	for _, c := range []struct{ enc, body string }{{"gzip", gz.String()}, {"gzip", "not gzip"}, {"deflate", "x"}, {"br", "\x0b"}, {"zstd", ""}, {"compress", "x"}, {"GZIP", gz.String()}, {"gzip, br", "x"}} {
+		f.Add(c.enc, []byte(c.body), []byte(`{"model":"m","prompt":"hello"}`))
+	}
+	const limit = 1 << 16
+	f.Fuzz(func(t *testing.T, enc string, body, plain []byte) {
+		got, err := decodeBody(enc, body, limit)
+		supported := false
+		for _, e := range []string{"gzip", "deflate", "br", "zstd"} {
+			supported = supported || (len(enc) == len(e) && strings.EqualFold(enc, e))
+		}
+		if supported == errors.Is(err, fasthttp.ErrContentEncodingUnsupported) {
+			t.Fatalf("encoding %q: %v", enc, err)
+		}
+		if err == nil && len(got) > limit {
+			t.Fatalf("%q decoded to %d bytes past the %d limit", enc, len(got), limit)
+		}
+		// A round trip.
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		_, _ = zw.Write(plain)
+		_ = zw.Close()
+		got, err = decodeBody("gzip", buf.Bytes(), limit)
+		if len(plain) <= limit && (err != nil || !bytes.Equal(got, plain)) {
+			t.Fatalf("gzip round trip of %d bytes: %d bytes, %v", len(plain), len(got), err)
+		}
+		if len(plain) > limit && !errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			t.Fatalf("gzip of %d bytes past the limit: %v", len(plain), err)
 		}
 	})
 }

@@ -1,6 +1,8 @@
 package epp
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -436,6 +438,101 @@ func TestBufferedPartialWholeBody(t *testing.T) {
 			t.Fatalf("%s: trailers answer %v", c.name, m)
 		}
 		s.end()
+	}
+}
+
+func gz(t *testing.T, b []byte) []byte {
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestContentEncoding: an encoded body is decoded as the ingress decodes
+// it, routed on, and sent to the engine decoded (its content-encoding
+// removed, its content-length set) in every body mode; an encoding the
+// ingress does not take is 415 naming it, bytes that do not decode 400,
+// a body past --max-body once decoded 413.
+func TestContentEncoding(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{MaxBodyBytes: 1 << 20}, Deps{}, nil)
+	plain := []byte(completionsBody("an encoded request "+words("gz", 200), false))
+	enc := gz(t, plain)
+	ce := [2]string{"content-encoding", "gzip"}
+	checkHeaders := func(mode extprocfilter.ProcessingMode_BodySendMode, c *extprocv3.CommonResponse) {
+		t.Helper()
+		cl := ""
+		for _, h := range c.GetHeaderMutation().GetSetHeaders() {
+			if h.GetHeader().GetKey() == "content-length" {
+				cl = string(h.GetHeader().GetRawValue())
+			}
+		}
+		if cl != strconv.Itoa(len(plain)) || !strings.Contains(strings.Join(c.GetHeaderMutation().GetRemoveHeaders(), ","), "content-encoding") {
+			t.Fatalf("%v: header mutation %v", mode, c.GetHeaderMutation())
+		}
+	}
+
+	s := r.open(t, fd).headers("/v1/completions", false, ce).body(enc, true)
+	h := s.recv()
+	routed(t, h)
+	checkHeaders(fd, h.GetRequestHeaders().GetResponse())
+	if b := s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody(); !bytes.Equal(b, plain) {
+		t.Fatalf("full duplex passes back %q", b)
+	}
+	s.end()
+
+	s = r.open(t, buffered).headers("/v1/completions", false, ce)
+	s.recv()
+	m := s.body(enc, true).recv()
+	routed(t, m)
+	checkHeaders(buffered, m.GetRequestBody().GetResponse())
+	if b := m.GetRequestBody().GetResponse().GetBodyMutation().GetBody(); !bytes.Equal(b, plain) {
+		t.Fatalf("buffered body mutation %q", b)
+	}
+	s.end()
+
+	// STREAMED: each chunk waits for its answer; the first carries the
+	// decoded body, the others are cleared.
+	s = r.open(t, streamed).headers("/v1/completions", false, ce)
+	half := len(enc) / 2
+	s.body(enc[:half], false).body(enc[half:], true)
+	h = s.recv()
+	routed(t, h)
+	checkHeaders(streamed, h.GetRequestHeaders().GetResponse())
+	if b := s.recv().GetRequestBody().GetResponse().GetBodyMutation().GetBody(); !bytes.Equal(b, plain) {
+		t.Fatalf("streamed first chunk answer %q", b)
+	}
+	if m := s.recv().GetRequestBody().GetResponse().GetBodyMutation(); !m.GetClearBody() {
+		t.Fatalf("streamed second chunk answer %v", m)
+	}
+	s.end()
+
+	// identity is no encoding: the body passes as it came.
+	s = r.open(t, fd).headers("/v1/completions", false, [2]string{"content-encoding", "Identity"}).body(plain, true)
+	h = s.recv()
+	routed(t, h)
+	if rm := h.GetRequestHeaders().GetResponse().GetHeaderMutation().GetRemoveHeaders(); len(rm) != 1 || rm[0] != PrefillerHeader {
+		t.Fatalf("identity: removes %v", rm)
+	}
+	s.recv()
+	s.end()
+
+	ir := r.open(t, fd).headers("/v1/completions", false, [2]string{"content-encoding", "compress"}).body(enc, true).refused(415, "unsupported_content_encoding")
+	if !strings.Contains(string(ir.GetBody()), `\"compress\"`) {
+		t.Fatalf("415 does not name the encoding: %s", ir.GetBody())
+	}
+	ir = r.open(t, fd).headers("/v1/completions", false, ce).body(plain, true).refused(400, "")
+	if !strings.Contains(string(ir.GetBody()), "content-encoding gzip") {
+		t.Fatalf("400 does not name the encoding: %s", ir.GetBody())
+	}
+	bomb := gz(t, padded(2<<20))
+	r.open(t, fd).headers("/v1/completions", false, ce).body(bomb, true).refused(413, "request_too_large")
+	if got := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "bad_encoding"); got != 2 {
+		t.Fatalf("bad_encoding counted %v, want 2", got)
 	}
 }
 

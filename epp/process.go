@@ -104,12 +104,14 @@ type exchange struct {
 	subset    []string
 	hasSubset bool
 	body      []byte
-	held      int64 // body bytes charged to the ingress's body budget (released at the stream's end)
-	length    int   // the request's content-length; -1: none (or not a number)
-	partial   bool  // BUFFERED_PARTIAL sent the body without end_of_stream: it may be cut at the data plane's buffer
-	newBody   bool  // body was replaced for the engine (a Responses request_id): sent in its place
-	chunks    int   // request body messages received
-	answered  bool  // the request side has its destination
+	held      int64  // body bytes charged to the ingress's body budget (released at the stream's end)
+	length    int    // the request's content-length; -1: none (or not a number)
+	encoding  string // its content-encoding; "": none or identity
+	partial   bool   // BUFFERED_PARTIAL sent the body without end_of_stream: it may be cut at the data plane's buffer
+	newBody   bool   // body was replaced for the engine (decoded, or a Responses request_id): sent in its place
+	decoded   bool   // body is the decoded one: the content-encoding header goes
+	chunks    int    // request body messages received
+	answered  bool   // the request side has its destination
 
 	picked  *ingress.Picked
 	dests   []string // endpoints in fallback order
@@ -218,6 +220,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			x.session = append(x.session[:0], headerValue(hv)...)
 		case "content-length":
 			x.length = parseContentLength(headerValue(hv))
+		case "content-encoding":
+			x.encoding = contentEncoding(headerValue(hv))
 		}
 	}
 	var bad int
@@ -250,7 +254,7 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	// sits in gRPC's buffers before the picker could charge it chunk by
 	// chunk. Its chunks are charged past what was reserved.
 	if x.length > x.s.cfg.MaxBodyBytes {
-		return x.tooLarge()
+		return x.tooLarge("")
 	}
 	if x.length > 0 && !x.holdBody(x.length) {
 		return true
@@ -268,7 +272,7 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) bool {
 	}
 	x.chunks++
 	if len(x.body)+len(b.GetBody()) > x.s.cfg.MaxBodyBytes {
-		return x.tooLarge()
+		return x.tooLarge("")
 	}
 	if more := int64(len(x.body)+len(b.GetBody())) - x.held; more > 0 && !x.holdBody(int(more)) {
 		return true
@@ -349,10 +353,14 @@ func (x *exchange) routeStreamed(eos bool) bool {
 }
 
 // withBody adds the replaced body's content-length to the route's header
-// mutation (the headers go upstream with the answer carrying it).
+// mutation (the headers go upstream with the answer carrying it), and
+// removes the content-encoding of a body sent decoded.
 func (x *exchange) withBody(common *extprocv3.CommonResponse) *extprocv3.CommonResponse {
 	if x.newBody {
 		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(x.body))))
+	}
+	if x.decoded {
+		common.HeaderMutation.RemoveHeaders = append(common.HeaderMutation.RemoveHeaders, "content-encoding")
 	}
 	return common
 }
@@ -363,11 +371,14 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	in, ok := isInferencePath(x.path)
 	if !ok {
 		// Not a route the ingress decides (embeddings, models…): load only
-		// (the body is not read, so a cut does not matter).
+		// (the body is not read, so neither its encoding nor a cut matters).
 		return x.routeByLoad(answer)
 	}
 	if x.partial && x.length >= 0 && len(x.body) < x.length {
 		return x.truncated()
+	}
+	if x.encoding != "" && x.decode() {
+		return true
 	}
 	if x.partial && x.length < 0 && !jsonComplete(x.body) {
 		// No content-length to compare with: a body that is not one whole
@@ -464,10 +475,15 @@ func (x *exchange) noEndpoint(why string) bool {
 	return x.reject(503, openai.AppendError(nil, msg, "server_error", "", "service_unavailable"), 1, "kvmesh_epp_no_endpoint")
 }
 
-// tooLarge is the 413 past Config.MaxBodyBytes.
-func (x *exchange) tooLarge() bool {
+// tooLarge is the 413 past Config.MaxBodyBytes (after decoding: how the
+// body came encoded).
+func (x *exchange) tooLarge(decoded string) bool {
 	x.s.m.results.WithLabelValues("too_large").Inc()
-	return x.reject(413, openai.AppendError(nil, "request body too large: limit is "+strconv.Itoa(x.s.cfg.MaxBodyBytes)+" bytes", "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_too_large")
+	msg := "request body too large: limit is " + strconv.Itoa(x.s.cfg.MaxBodyBytes) + " bytes"
+	if decoded != "" {
+		msg += " after decoding its content-encoding " + decoded
+	}
+	return x.reject(413, openai.AppendError(nil, msg, "invalid_request_error", "", "request_too_large"), 0, "kvmesh_epp_body_too_large")
 }
 
 // truncated is the 413 for a BUFFERED_PARTIAL body cut at the data plane's
