@@ -10,7 +10,11 @@
 // follows the response to charge the request to the engine that served it
 // (x-gateway-destination-endpoint-served) until it ends.
 //
-// It owns the ext_proc protocol (process.go, protocol.go), the gRPC health
+// It buffers each request body until it routes, charged to the ingress's
+// body budget (--max-body-in-flight), and decodes a compressed one as the
+// ingress does (body.go).
+//
+// It owns the ext_proc protocol (process.go, protocol.go, body.go), the gRPC health
 // service the gateway's failureMode relies on (server.go), the mapping from
 // engines to pod endpoints and the InferencePool informer that narrows the
 // candidates to the pool's ready pods (endpoints.go, pool.go), and the P/D
