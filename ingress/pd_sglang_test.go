@@ -1,12 +1,14 @@
 package ingress
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -651,4 +653,67 @@ func TestSGLangPrefillQueueFullNextPair(t *testing.T) {
 		val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); next != 2 || full != 1 || agg != 1 {
 		t.Fatalf("both full: %v next_queue_full (want 2), %v fallback_queue_full (want 1), %v served aggregated (want 1)", next, full, agg)
 	}
+}
+
+// optionSpy records every option the P/D planner offers.
+type optionSpy struct {
+	PDPlanner
+	mu   sync.Mutex
+	opts []pd.Choice
+}
+
+func (o *optionSpy) Route(req *scheduler.Request, engines []scheduler.Engine, plan *pd.Plan) error {
+	err := o.PDPlanner.Route(req, engines, plan)
+	o.mu.Lock()
+	o.opts = append(o.opts, plan.Options...)
+	o.mu.Unlock()
+	return err
+}
+
+// TestSGLangNeverPairsWithMixedEngine: beside an SGLang prefill and decode
+// engine, an ordinary engine of the same P/D group (no disaggregation mode,
+// no P/D protocol gossiped) is an aggregated target but never the decode
+// half of a bootstrap pair: it would ignore the room and prefill the prompt
+// again while the room pinned the prefill engine's KV until its abort
+// timeout. Before, the ingress asked the P/D step for pairs by group alone,
+// and kvmesh-always offered (p0, m0) for every request.
+func TestSGLangNeverPairsWithMixedEngine(t *testing.T) {
+	base := sim.Config{Model: "m", TimeScale: 100, Seed: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base, Prefill: 1, Decode: 1})
+	mixed, err := sim.Start(context.Background(), base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mixed.Close() })
+	spy := &optionSpy{PDPlanner: pdRouter(t, "kvmesh-always")}
+	m := roleMembership{sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]), sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0]),
+		pdEngine("m0", scheduler.RoleMixed, mixed.URL())}
+	s := startIngress(t, testConfig(), Deps{Membership: m, PD: spy})
+	for i := range 8 {
+		body := `{"model":"m","prompt":"mixed ` + strings.Repeat("word ", 80+i) + `","max_tokens":2}`
+		if st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", body); st != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, st, b)
+		}
+	}
+	spy.mu.Lock()
+	opts := slices.Clone(spy.opts)
+	spy.mu.Unlock()
+	pairs, wholeM0 := 0, 0
+	for _, o := range opts {
+		switch {
+		case o.Prefill != "" && o.Decode != "d0":
+			t.Errorf("option %q → %q: an SGLang prefill engine paired with an engine that cannot read its room", o.Prefill, o.Decode)
+		case o.Prefill != "":
+			pairs++
+		case o.Decode == "m0":
+			wholeM0++
+		}
+	}
+	if pairs == 0 || wholeM0 == 0 {
+		t.Fatalf("%d (p0, d0) options and %d whole ones on m0 over 8 requests; want both: %+v", pairs, wholeM0, opts)
+	}
+	p := cl.Prefill[0]
+	testutil.WaitFor(t, 30*time.Second, "every room read (none left pinning the prefill engine's KV)", func() bool {
+		return p.Load(0).HeldBlocks == 0 && p.HeldRequests(0) == 0
+	})
 }

@@ -88,7 +88,13 @@ type Engine struct {
 	// prefill engine's KV can be read only by decode engines of the same
 	// group. "" is a group of its own like any other value.
 	Group string
-	LoRAs []string // adapters currently loaded (snapshot)
+	// PDProtocol is the engine's P/D wire protocol ("" for vLLM's NIXL
+	// connector or none, "sglang" for SGLang's bootstrap rooms): a prefill
+	// engine's KV can be read only by a decode engine speaking the same
+	// one, so a pair needs equal Group and PDProtocol (pd.View.SameGroup).
+	// It does not restrict aggregated serving.
+	PDProtocol string
+	LoRAs      []string // adapters currently loaded (snapshot)
 	// PrefillOnly marks a prefill-role engine that cannot serve a whole
 	// request (SGLang's disaggregation-mode prefill server). A vLLM engine
 	// with NixlConnector's kv_role "kv_both" can, and the P/D step may send

@@ -9,7 +9,9 @@
 // An option is either aggregated (a mixed or decode engine prefills locally
 // and decodes) or a pair (a prefill engine computes the prompt, the decode
 // engine reads the KV over the network and decodes). Pairs form only within
-// one P/D group (scheduler.Engine.Group). A Policy scores options; Router
+// one P/D group (scheduler.Engine.Group) and one P/D protocol
+// (scheduler.Engine.PDProtocol: an SGLang prefill server cannot hand its KV
+// to a NIXL or plain engine). A Policy scores options; Router
 // ranks them best first, so the ingress can fall back down the list when a
 // leg fails before the first byte.
 //

@@ -51,7 +51,7 @@ func (o Option) Aggregated() bool { return o.Prefill < 0 }
 // engines that can decode (decode and mixed); Prefillers the prefill-role
 // engines; Mixed the mixed-role ones (a subset of Decoders: engines that
 // can serve either leg, as vLLM's kv_role "kv_both"). Pairs are the
-// (prefill, decode) index pairs of one group.
+// (prefill, decode) index pairs of one group and protocol (SameGroup).
 type View struct {
 	Cands      []scheduler.Candidate
 	Prefillers []int
@@ -62,8 +62,13 @@ type View struct {
 	sub []scheduler.Candidate
 }
 
-// SameGroup reports whether prefill engine p and decode engine d may pair.
-func (v *View) SameGroup(p, d int) bool { return v.Cands[p].Group == v.Cands[d].Group }
+// SameGroup reports whether prefill engine p and decode engine d may pair:
+// the same P/D group and the same P/D protocol (an SGLang prefill server's
+// bootstrap room is read only by an SGLang decode engine, NIXL blocks only
+// by a NIXL one).
+func (v *View) SameGroup(p, d int) bool {
+	return v.Cands[p].Group == v.Cands[d].Group && v.Cands[p].PDProtocol == v.Cands[d].PDProtocol
+}
 
 // Add appends an option.
 func (v *View) Add(prefill, decode int, score float64) {
@@ -205,7 +210,8 @@ func (r *Router) Route(req *scheduler.Request, engines []Engine, plan *Plan) err
 	return err
 }
 
-// Engine is scheduler.Engine (the same view; Role and Group matter here).
+// Engine is scheduler.Engine (the same view; Role, Group and PDProtocol
+// matter here).
 type Engine = scheduler.Engine
 
 func (v *View) reset(cs []scheduler.Candidate) {

@@ -28,6 +28,7 @@ type eng struct {
 	local   int // this router's in-flight prefill tokens there
 	// prefillOnly: a prefill engine that cannot serve a whole request.
 	prefillOnly bool
+	proto       string // P/D protocol ("" NIXL, "sglang")
 }
 
 type setup struct {
@@ -56,7 +57,7 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 		}
 		es = append(es, scheduler.Engine{ID: e.id, Healthy: true, Model: "m", Role: e.role, Group: e.group,
 			Running: e.running, Waiting: e.waiting, QueuedPrefillTokens: e.queued, InFlight: e.running + e.waiting,
-			GPUBlocks: 30000, TPOT: e.tpot, LocalPrefillTokens: e.local, PrefillOnly: e.prefillOnly})
+			GPUBlocks: 30000, TPOT: e.tpot, LocalPrefillTokens: e.local, PrefillOnly: e.prefillOnly, PDProtocol: e.proto})
 	}
 	sc := scheduler.DefaultConfig()
 	sc.Policy = "kvmesh"
@@ -331,5 +332,60 @@ func TestOptionsCarryPrefillMatch(t *testing.T) {
 	}
 	if pairs != 3 || plan.Options[0].PrefillMatch != plan.PrefillMatch {
 		t.Fatalf("%d pairs, first option %+v, plan's prefill match %+v", pairs, plan.Options[0], plan.PrefillMatch)
+	}
+}
+
+// TestPairsSpeakOneProtocol: an SGLang prefill server is paired only with
+// SGLang decode engines, never with a mixed engine of the same group that
+// speaks no SGLang (it would ignore the bootstrap room, prefill the prompt
+// again, and the room would pin the prefill engine's KV until its abort
+// timeout); the mixed engine stays an aggregated target. With every engine
+// on NIXL ("" protocol) the mixed engine still decodes for the prefill
+// engine. Every policy, with the mixed engine the lightest and best cached
+// (the choice a protocol-blind pairing makes).
+func TestPairsSpeakOneProtocol(t *testing.T) {
+	engines := func(proto string) []eng {
+		return []eng{{id: "p0", role: P, proto: proto, prefillOnly: proto == "sglang"}, {id: "p1", role: P, proto: proto, prefillOnly: proto == "sglang", running: 2},
+			{id: "d0", role: D, proto: proto, running: 40, tpot: 45 * time.Millisecond}, {id: "d1", role: D, proto: proto, running: 30, tpot: 45 * time.Millisecond},
+			{id: "m0", role: M, cached: 100}}
+	}
+	pairsWithM0 := func(policy, proto string) (n int, aggregatedM0 bool) {
+		t.Helper()
+		cfg := Config{Policy: policy, MixedPrefill: true, SLOTTFT: 2, SLOTPOT: 0.05}
+		for _, prompt := range []int{512, 4096, 16384} {
+			plan, err := route(t, setup{prompt: prompt, output: 64, engines: engines(proto)}, mustPolicy(t, cfg))
+			if err != nil {
+				t.Fatalf("%s %q: %v", policy, proto, err)
+			}
+			for _, o := range plan.Options {
+				switch {
+				case o.Prefill == "" && o.Decode == "m0":
+					aggregatedM0 = true
+				case o.Prefill != "" && (o.Decode == "m0" || o.Prefill == "m0"):
+					n++
+				}
+			}
+		}
+		return n, aggregatedM0
+	}
+	nixl := 0
+	for _, policy := range Names {
+		n, agg := pairsWithM0(policy, "sglang")
+		if n != 0 {
+			t.Errorf("%s: %d options pair the SGLang engines with the mixed engine m0", policy, n)
+		}
+		if m, _ := pairsWithM0(policy, ""); m > 0 {
+			nixl++
+		}
+		if policy == "kvmesh" && !agg {
+			t.Errorf("%s: the mixed engine is no aggregated option beside SGLang engines", policy)
+		}
+	}
+	if nixl == 0 {
+		t.Fatal("no policy pairs a NIXL prefill engine with the mixed engine")
+	}
+	// aibrix offers every pair of a group: (p0, m0) and (p1, m0) for each prompt.
+	if n, _ := pairsWithM0("aibrix", ""); n != 2*3 {
+		t.Fatalf("aibrix: %d NIXL pairs with m0 over three prompts, want 6 (p0 and p1 each)", n)
 	}
 }
