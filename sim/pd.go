@@ -263,15 +263,21 @@ func (p *pdState) sweep() {
 		case <-p.quit:
 			return
 		case now := <-t.C:
-			for _, h := range p.expired(now) {
-				if !h.stale {
-					p.log.Warn("Releasing expired KV blocks: no decode engine read them in time",
-						"request_id", h.key, "blocks", len(h.blocks), "timeout", p.cfg.AbortTimeout)
-					p.metrics.expired.WithLabelValues(p.s.cfg.Model, strconv.Itoa(h.rk.idx)).Inc()
-				}
-				p.releaseHold(h)
-			}
+			p.sweepAt(now)
 		}
+	}
+}
+
+// sweepAt releases the holds expired at now (one sweeper tick; tests call
+// it with a time of their own).
+func (p *pdState) sweepAt(now time.Time) {
+	for _, h := range p.expired(now) {
+		if !h.stale {
+			p.log.Warn("Releasing expired KV blocks: no decode engine read them in time",
+				"request_id", h.key, "blocks", len(h.blocks), "timeout", p.cfg.AbortTimeout)
+			p.metrics.expired.WithLabelValues(p.s.cfg.Model, strconv.Itoa(h.rk.idx)).Inc()
+		}
+		p.releaseHold(h)
 	}
 }
 
@@ -316,7 +322,8 @@ func (p *pdState) releaseHold(h *hold) {
 }
 
 // onFinished registers a finished prefill leg's hold. Called by the rank's
-// deliver with rk.mu held.
+// deliver (or abort, for a leg finished just before its client left) with
+// rk.mu held.
 func (p *pdState) onFinished(rk *rank, c *call) {
 	r := c.req
 	if !r.Holding() {

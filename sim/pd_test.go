@@ -743,3 +743,136 @@ func TestPDDecodeCancelledBeforeReplyEndsPromptly(t *testing.T) {
 		return d.pd.metrics.inflight.Load() == 0 && d.ranks[0].transferring.Load() == 0
 	})
 }
+
+// pdInfoHeld is rank 0's held requests and blocks as GET /kvmesh/pd
+// reports them.
+func pdInfoHeld(t *testing.T, s *Server) (requests, blocks int) {
+	t.Helper()
+	resp, err := http.Get(s.URL() + "/kvmesh/pd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var info struct {
+		Ranks []struct {
+			HeldRequests int `json:"held_requests"`
+			HeldBlocks   int `json:"held_blocks"`
+		} `json:"ranks"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil || len(info.Ranks) == 0 {
+		t.Fatalf("/kvmesh/pd: %v %+v", err, info)
+	}
+	return info.Ranks[0].HeldRequests, info.Ranks[0].HeldBlocks
+}
+
+// TestPDLegFinishedAsItsClientLeftExpires: a prefill leg whose client
+// leaves after the engine step that finished it but before the step's
+// tokens are delivered (the driver sleeps the step's wall time in between:
+// a wide window on a stopped or overloaded host) keeps its blocks held, as
+// vLLM keeps a finished do_remote_decode request's, and registers the hold,
+// so the abort timeout frees them and counts them expired; /kvmesh/pd and
+// the metrics agree throughout. The hold used to be dropped with the call:
+// the blocks stayed held for good (no read or expiry could find them), the
+// metrics counted them and /kvmesh/pd did not, and /reset_prefix_cache
+// answered 409 for ever. NIXL and SGLang bootstrap rooms alike. The
+// sweeper's clock is the test's (sweepAt), the abort timeout an hour.
+func TestPDLegFinishedAsItsClientLeftExpires(t *testing.T) {
+	prompt := tokens(1, 80)
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		body map[string]any
+	}{
+		{"nixl", nixlConfig, prefillLeg(prompt)},
+		{"sglang", func(c *Config) { c.PD.DisaggregationMode = "prefill" },
+			map[string]any{"model": "test-model", "prompt": prompt, "max_tokens": 4, "bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 77}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startSim(t, func(c *Config) { tc.mod(c); c.PD.AbortTimeout = time.Hour })
+			rk := p.ranks[0]
+			stepped, resume := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			rk.mu.Lock()
+			rk.onStep = func(finished int) {
+				if finished > 0 {
+					once.Do(func() { close(stepped); <-resume })
+				}
+			}
+			rk.mu.Unlock()
+			var resumeOnce sync.Once
+			let := func() { resumeOnce.Do(func() { close(resume) }) }
+			t.Cleanup(let)
+
+			b, err := json.Marshal(tc.body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL()+"/v1/completions", bytes.NewReader(b))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			done := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			select {
+			case <-stepped:
+			case <-time.After(waitLong):
+				t.Fatal("the prefill leg never finished")
+			}
+			// The leg is finished in the engine, its tokens not delivered:
+			// the client leaves now.
+			cancel()
+			if err := <-done; err == nil {
+				t.Fatal("the prefill leg answered before its step was delivered")
+			}
+			testutil.WaitFor(t, waitLong, "the handler to abort the call", func() bool {
+				rk.mu.Lock()
+				defer rk.mu.Unlock()
+				return len(rk.calls) == 0
+			})
+			let()
+			testutil.WaitFor(t, waitLong, "the step delivered", func() bool {
+				rk.mu.Lock()
+				defer rk.mu.Unlock()
+				return len(rk.fin) == 0
+			})
+			held := p.Load(0).HeldBlocks
+			if held == 0 || p.HeldRequests(0) != 1 {
+				t.Fatalf("held blocks %d, registered holds %d: want the leg's blocks held under one hold", held, p.HeldRequests(0))
+			}
+			agree := func(when string) {
+				t.Helper()
+				m := scrape(t, p)
+				reqs, blocks := pdInfoHeld(t, p)
+				if float64(reqs) != m["kvmesh_sim_pd_held_requests{engine=0}"] || float64(blocks) != m["kvmesh_sim_pd_held_blocks{engine=0}"] {
+					t.Fatalf("%s: /kvmesh/pd holds %d requests, %d blocks; metrics %v, %v", when, reqs, blocks,
+						m["kvmesh_sim_pd_held_requests{engine=0}"], m["kvmesh_sim_pd_held_blocks{engine=0}"])
+				}
+			}
+			agree("held")
+			if code, _, _ := post(t, p.URL()+"/reset_prefix_cache", nil); code != http.StatusConflict {
+				t.Fatalf("/reset_prefix_cache with blocks held: %d, want 409", code)
+			}
+			p.pd.sweepAt(time.Now().Add(time.Hour + time.Minute))
+			if l := p.Load(0); l.HeldBlocks != 0 || l.HeldRequests != 0 || p.HeldRequests(0) != 0 {
+				t.Fatalf("past the abort timeout: %d blocks, %d requests held (%d holds)", l.HeldBlocks, l.HeldRequests, p.HeldRequests(0))
+			}
+			if got := scrape(t, p)["vllm:nixl_num_kv_expired_reqs_total{engine=0}"]; got != 1 {
+				t.Fatalf("expired requests %v, want 1", got)
+			}
+			agree("expired")
+			if code, raw, _ := post(t, p.URL()+"/reset_prefix_cache", nil); code != http.StatusOK {
+				t.Fatalf("/reset_prefix_cache after the expiry: %d %s", code, raw)
+			}
+		})
+	}
+}
+

@@ -41,6 +41,10 @@ type rank struct {
 	batch kvevents.Batch
 	fin   []*engine.Request
 	held  bool // tests only: the driver takes no step while set (see hold)
+	// onStep, when set (tests only), runs on the driver after each step,
+	// before the step's tokens are delivered, with the number of requests
+	// the step finished.
+	onStep func(finished int)
 
 	itl prometheus.Observer // vllm:inter_token_latency_seconds of this rank: set before the ranks run, observed in deliver
 
@@ -168,6 +172,20 @@ func (rk *rank) abort(c *call) {
 	if c.done {
 		return
 	}
+	if c.req.Done() {
+		// The engine finished it in the step the driver has not delivered
+		// yet (it sleeps the step's wall time between Step and deliver):
+		// the client left too late to abort anything. Finish it as deliver
+		// would, which deliver no longer can once the call is gone: a
+		// prefill leg holding its blocks registers its hold, as vLLM holds
+		// a finished do_remote_decode request's blocks whatever the client
+		// does, so the abort timeout frees them (and counts them expired).
+		// Dropped here, they stayed held for good with no hold to read or
+		// expire.
+		rk.deliverTokens(c.req, c)
+		rk.finish(c.req, c)
+		return
+	}
 	rk.eng.Abort(c.req.ID, rk.arrivalTime())
 	delete(rk.calls, c.req)
 	c.done, c.aborted = true, true
@@ -222,7 +240,11 @@ func (rk *rank) run(ctx context.Context) {
 		}
 		rk.busy, rk.vt = true, res.End
 		rk.fin = append(rk.fin[:0], res.Finished...)
+		onStep := rk.onStep
 		rk.mu.Unlock()
+		if onStep != nil {
+			onStep(len(res.Finished))
+		}
 
 		if d := time.Until(rk.start.Add(rk.s.cfg.wallFor(res.End))); d > 0 {
 			timer.Reset(d)
@@ -241,31 +263,40 @@ func (rk *rank) deliver() {
 	rk.mu.Lock()
 	defer rk.mu.Unlock()
 	for r, c := range rk.calls {
-		if g := r.Generated(); g != c.generated {
-			// vLLM observes every token's gap from the one before as it is
-			// sampled (IterationStats), not when the request finishes.
-			for i := max(1, c.generated); i < g; i++ {
-				rk.itl.Observe((r.TokenTime(i) - r.TokenTime(i-1)).Seconds())
-			}
-			c.generated = g
-			signal(c.notify)
-		}
+		rk.deliverTokens(r, c)
 	}
 	for _, r := range rk.fin {
-		c, ok := rk.calls[r]
-		if !ok {
-			continue
+		if c, ok := rk.calls[r]; ok {
+			rk.finish(r, c)
 		}
-		delete(rk.calls, r)
-		c.done, c.result = true, r.Result()
-		if r.HoldBlocks && rk.s.pd != nil {
-			rk.s.pd.onFinished(rk, c)
-		}
-		rk.s.metrics.observe(rk.s.cfg.Model, rk.idx, c.result, c.finishReason())
-		signal(c.notify)
 	}
 	clear(rk.fin)
 	rk.fin = rk.fin[:0]
+}
+
+// deliverTokens makes r's new tokens visible to call c (under mu).
+func (rk *rank) deliverTokens(r *engine.Request, c *call) {
+	if g := r.Generated(); g != c.generated {
+		// vLLM observes every token's gap from the one before as it is
+		// sampled (IterationStats), not when the request finishes.
+		for i := max(1, c.generated); i < g; i++ {
+			rk.itl.Observe((r.TokenTime(i) - r.TokenTime(i-1)).Seconds())
+		}
+		c.generated = g
+		signal(c.notify)
+	}
+}
+
+// finish ends call c of finished request r (under mu): its result, the
+// hold of a prefill leg that keeps its blocks, the metrics.
+func (rk *rank) finish(r *engine.Request, c *call) {
+	delete(rk.calls, r)
+	c.done, c.result = true, r.Result()
+	if r.HoldBlocks && rk.s.pd != nil {
+		rk.s.pd.onFinished(rk, c)
+	}
+	rk.s.metrics.observe(rk.s.cfg.Model, rk.idx, c.result, c.finishReason())
+	signal(c.notify)
 }
 
 // restart replaces the engine with an empty one and restarts the event
