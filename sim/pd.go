@@ -43,6 +43,9 @@ type pdState struct {
 	rooms map[uint64]*room // SGLang prefill: bootstrap rooms, by room id
 	seq   uint64
 	conns map[net.Conn]struct{}
+	// readers are decode-side connections waiting for the prefill's ACK
+	// (ack), closed by close.
+	readers map[net.Conn]struct{}
 
 	listeners []net.Listener // NIXL: one side channel per rank; SGLang prefill: the bootstrap listener
 	sideAddrs []string       // NIXL: rank r's side-channel address (host from config, bound port)
@@ -55,6 +58,10 @@ type pdState struct {
 	// the request's end can cut its wait for the reply, and in the hook
 	// that cuts it.
 	onArmed, onCut func()
+	// onDone, when set (tests only), runs on the prefill side after DONE
+	// freed the blocks, before the ACK; false withholds the ACK (the
+	// connection is closed instead).
+	onDone func() bool
 }
 
 // hold is a finished prefill leg's blocks waiting to be read.
@@ -192,7 +199,7 @@ func isTrue(b *bool) bool { return b != nil && *b }
 
 func newPDState(s *Server) (*pdState, error) {
 	p := &pdState{s: s, cfg: s.cfg.PD, log: s.cfg.Logger.With("component", "sim-pd", "model", s.cfg.Model), holds: make(map[string]*hold),
-		rooms: make(map[uint64]*room), conns: make(map[net.Conn]struct{}), quit: make(chan struct{})}
+		rooms: make(map[uint64]*room), conns: make(map[net.Conn]struct{}), readers: make(map[net.Conn]struct{}), quit: make(chan struct{})}
 	p.metrics = newPDMetrics(s, p)
 	switch {
 	case p.cfg.KVTransfer != nil:
@@ -240,6 +247,9 @@ func (p *pdState) close() {
 	p.closeListeners()
 	p.mu.Lock()
 	for c := range p.conns {
+		_ = c.Close()
+	}
+	for c := range p.readers {
 		_ = c.Close()
 	}
 	p.mu.Unlock()

@@ -88,9 +88,10 @@ func (p *pdState) observe(lbl []string, blocks int, d time.Duration) {
 
 // transfer runs one side-channel conversation as the reader: send the
 // request frame, receive the blocks' tokens (checked against prompt from
-// start), wait the modelled transfer time of blocks blocks, send DONE and
-// wait for ACK. It returns the number of prompt tokens received and the
-// modelled transfer time.
+// start), wait the modelled transfer time of blocks blocks, then hand the
+// connection to ack (DONE, and the prefill's ACK off the request path). It
+// returns the number of prompt tokens received and the modelled transfer
+// time.
 func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameType, body []byte, prompt []uint32, start, blocks int) (int, time.Duration, error) {
 	p.metrics.inflight.Add(1)
 	rk.transferring.Add(1)
@@ -101,7 +102,12 @@ func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameTy
 	if err != nil {
 		return 0, 0, fmt.Errorf("dial side channel: %w", err)
 	}
-	defer conn.Close()
+	handed := false // to ack, which closes it
+	defer func() {
+		if !handed {
+			_ = conn.Close()
+		}
+	}()
 	replyWait := 30 * time.Second
 	if t == frameWait {
 		replyWait += p.cfg.BootstrapTimeout
@@ -160,18 +166,62 @@ func (p *pdState) transfer(ctx context.Context, rk *rank, addr string, t frameTy
 	if err := p.sleepModelled(context.WithoutCancel(ctx), d); err != nil {
 		return 0, 0, err
 	}
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := conn.Write(appendFrame(nil, frameDone, nil)); err != nil {
-		return 0, 0, fmt.Errorf("send DONE: %w", err)
-	}
-	if typ, rb, err := readFrame(br, nil); err != nil || typ != frameAck || decodeEmpty(rb) != nil {
-		// The KV arrived; only the prefill's acknowledgement is missing.
-		p.log.Debug("no ACK after DONE", "remote", addr, "frame", typ, "err", err)
-	}
+	handed = true
+	p.ack(conn, br, rk, addr)
 	if err := ctx.Err(); err != nil {
 		return 0, 0, err // the request ended during the transfer
 	}
 	return len(want), d, nil
+}
+
+// ackWait bounds the wait for the prefill engine's ACK to DONE.
+const ackWait = 30 * time.Second
+
+// ack sends DONE on a read's connection (the prefill engine frees the
+// blocks on it) and waits up to ackWait for the ACK, on a goroutine of p's
+// own, then closes the connection. The KV has arrived by then: vLLM's NIXL
+// completion notification is fire-and-forget for the decode side, so the
+// request goes on at once. The wait used to be on the request path: a
+// prefill engine that hung after handing over its blocks held the decode
+// request 30 s. A missing ACK (no answer in time, a closed connection, a
+// wrong frame) is counted in kvmesh_sim_pd_ack_missing_total; Close cuts
+// the waits.
+func (p *pdState) ack(conn net.Conn, br *bufio.Reader, rk *rank, addr string) {
+	p.mu.Lock()
+	select {
+	case <-p.quit:
+		p.mu.Unlock()
+		_ = conn.Close()
+		return
+	default:
+	}
+	p.readers[conn] = struct{}{}
+	p.wg.Add(1) // under mu: close takes mu after closing quit, before it waits
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		_ = conn.SetDeadline(time.Now().Add(ackWait))
+		var typ frameType
+		var rb []byte
+		_, err := conn.Write(appendFrame(nil, frameDone, nil))
+		if err == nil {
+			typ, rb, err = readFrame(br, nil)
+		}
+		p.mu.Lock()
+		delete(p.readers, conn)
+		p.mu.Unlock()
+		_ = conn.Close()
+		if err == nil && typ == frameAck && decodeEmpty(rb) == nil {
+			return
+		}
+		select {
+		case <-p.quit:
+			return // cut by Close
+		default:
+		}
+		p.metrics.ackMissing.WithLabelValues(p.s.cfg.Model, strconv.Itoa(rk.idx)).Inc()
+		p.log.Debug("no ACK after DONE; the KV had arrived", "remote", addr, "frame", typ, "err", err)
+	}()
 }
 
 // readBlocksReply reads the prefill's answer to READ or WAIT: the blocks'

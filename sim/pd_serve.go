@@ -104,6 +104,9 @@ func (p *pdState) serveConn(conn net.Conn, rk *rank) {
 		p.releaseHold(got)
 		p.metrics.transfers.WithLabelValues("send").Inc()
 	}
+	if p.onDone != nil && !p.onDone() {
+		return
+	}
 	p.reply(conn, frameAck, nil)
 }
 

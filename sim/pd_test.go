@@ -876,3 +876,63 @@ func TestPDLegFinishedAsItsClientLeftExpires(t *testing.T) {
 	}
 }
 
+// TestPDDecodeDoesNotWaitForTheACK: a decode request goes on as soon as its
+// KV has arrived; DONE and the prefill engine's ACK are exchanged off the
+// request path. The prefill engine here frees the blocks on DONE and then
+// hangs (a process stopped just after handing over its blocks): the decode
+// answers while the ACK is outstanding, and the missing ACK is counted
+// once the prefill side closes the connection without it. The decode
+// request used to wait for the ACK up to 30 s.
+func TestPDDecodeDoesNotWaitForTheACK(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	d := startSim(t, nixlConfig)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	p.pd.onDone = func() bool { close(entered); <-release; return false }
+	t.Cleanup(let) // before the servers' Close (cleanups run last first)
+	prompt := tokens(1, 80)
+	_, pr, raw := postPD(t, p, prefillLeg(prompt))
+	if pr.KVTransferParams == nil {
+		t.Fatalf("the prefill leg held nothing: %s", raw)
+	}
+	type answer struct {
+		code int
+		r    pdResponse
+		raw  []byte
+	}
+	got := make(chan answer, 1)
+	go func() {
+		code, b, _ := post(t, d.URL()+"/v1/completions", decodeLeg(prompt, pr.KVTransferParams, 2))
+		var r pdResponse
+		_ = json.Unmarshal(b, &r)
+		got <- answer{code, r, b}
+	}()
+	select {
+	case <-entered:
+	case <-time.After(waitLong):
+		t.Fatal("the decode engine never sent DONE")
+	}
+	var a answer
+	select {
+	case a = <-got:
+	case <-time.After(waitLong):
+		t.Fatal("the decode request waits for the prefill engine's ACK")
+	}
+	if a.code != http.StatusOK || a.r.Usage.PromptTokensDetails.CachedTokens != len(prompt)-1 {
+		t.Fatalf("decode: %d %s", a.code, a.raw)
+	}
+	if l := p.Load(0); l.HeldBlocks != 0 || p.HeldRequests(0) != 0 {
+		t.Fatalf("DONE did not free the prefill engine's blocks: %d held", l.HeldBlocks)
+	}
+	if m := scrape(t, d); m["kvmesh_sim_pd_ack_missing_total{engine=0}"] != 0 || m["vllm:nixl_num_failed_transfers_total{engine=0}"] != 0 {
+		t.Fatalf("with the ACK still awaited: missing %v, failed %v; want 0, 0", m["kvmesh_sim_pd_ack_missing_total{engine=0}"], m["vllm:nixl_num_failed_transfers_total{engine=0}"])
+	}
+	let() // the prefill side closes the connection without an ACK
+	testutil.WaitFor(t, waitLong, "the missing ACK counted", func() bool {
+		return scrape(t, d)["kvmesh_sim_pd_ack_missing_total{engine=0}"] == 1
+	})
+	if m := scrape(t, d); m["vllm:nixl_num_failed_transfers_total{engine=0}"] != 0 || m["kvmesh_sim_pd_transfers_total"] != 1 {
+		t.Fatalf("failed %v, received %v: want the transfer counted as done", m["vllm:nixl_num_failed_transfers_total{engine=0}"], m["kvmesh_sim_pd_transfers_total"])
+	}
+}

@@ -13,6 +13,7 @@ import (
 type pdMetrics struct {
 	xferTime, bytes, descriptors *prometheus.HistogramVec
 	failed, expired, invalid     *prometheus.CounterVec
+	ackMissing                   *prometheus.CounterVec
 	transfers                    *prometheus.CounterVec
 	protoErrors                  prometheus.Counter
 	inflight                     atomic.Int64 // decode requests reading KV now
@@ -34,6 +35,8 @@ func newPDMetrics(s *Server, p *pdState) *pdMetrics {
 			Help: "Number of failed NIXL KV Cache transfers."}, labels),
 		expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:nixl_num_kv_expired_reqs_total",
 			Help: "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance."}, labels),
+		ackMissing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_sim_pd_ack_missing_total",
+			Help: "Decode reads whose prefill engine did not acknowledge DONE within 30 s (the KV had arrived; the request did not wait)."}, labels),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_sim_pd_invalid_params_total",
 			Help: "Decode requests whose kv_transfer_params were incomplete (prefilled locally)."}, labels),
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_sim_pd_transfers_total",
@@ -41,7 +44,7 @@ func newPDMetrics(s *Server, p *pdState) *pdMetrics {
 		protoErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_sim_side_channel_errors_total",
 			Help: "Side-channel connections refused or closed for a protocol error."}),
 	}
-	reg.MustRegister(m.xferTime, m.bytes, m.descriptors, m.failed, m.expired, m.invalid, m.transfers, m.protoErrors)
+	reg.MustRegister(m.xferTime, m.bytes, m.descriptors, m.failed, m.expired, m.invalid, m.ackMissing, m.transfers, m.protoErrors)
 	inflight := func() float64 { return float64(m.inflight.Load()) }
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_sim_pd_transfers_in_flight",
 		Help: "Decode requests currently reading (or waiting for) KV from a prefill engine: the transfer queue."}, inflight))
@@ -60,7 +63,7 @@ func newPDMetrics(s *Server, p *pdState) *pdMetrics {
 		rk := rk
 		// vLLM exports its counters at zero from the start; so do we, so a
 		// dashboard shows "no failures" rather than "no data".
-		for _, c := range []*prometheus.CounterVec{m.failed, m.expired, m.invalid} {
+		for _, c := range []*prometheus.CounterVec{m.failed, m.expired, m.invalid, m.ackMissing} {
 			c.WithLabelValues(s.cfg.Model, strconv.Itoa(rk.idx))
 		}
 		cl := prometheus.Labels{"model_name": s.cfg.Model, "engine": strconv.Itoa(rk.idx)}
