@@ -30,10 +30,15 @@ import (
 // leaves the request unkeyed, as before. An engine that does not serve
 // /tokenize (404, 405, 501), or failRun answered failures in a row (an
 // error status, no tokens), turn it off for the model for
-// engineTokenizeOff. failRun calls in a row that get no answer in time
-// (or no connection) are an engine under load, not a missing endpoint:
-// the model's engines are not asked for a backoff that starts at
-// slowBackoff and doubles while it recurs (up to engineTokenizeOff), and a
+// engineTokenizeOff. A call that gets no answer in time (or no
+// connection) is an engine under load or hung, not a missing endpoint:
+// that engine is not asked for slowEngineBackoff, and the request asks the
+// next one once (so one frozen engine, which the least-loaded pick can
+// still win until the stall watch ejects it, costs one request one
+// timeout, not the model its keys). Only when two distinct engines of the
+// model are in that backoff at once (the engines, not one of them, are
+// slow) are the model's engines not asked, for a backoff that starts at
+// slowBackoff and doubles while it recurs (up to engineTokenizeOff); a
 // tokenized prompt resets it. Requests with media are not sent (the engine
 // expands a media item into tokens /tokenize does not show), nor batches,
 // nor chat with documents (vLLM's /tokenize takes none).
@@ -42,11 +47,14 @@ import (
 // after one answered that it has no /tokenize, or after failRun answered
 // failures in a row (an engine whose /tokenize takes no chat messages): a
 // failing fallback must not cost every request a round trip. slowBackoff
-// is the first pause after failRun calls in a row went unanswered (a
-// burst: a few seconds without prefix-aware routing, not five minutes).
+// is the first pause of the model after two of its engines went
+// unanswered (a burst: a few seconds without prefix-aware routing, not five
+// minutes); slowEngineBackoff is how long one engine that went unanswered
+// is not asked.
 const (
 	engineTokenizeOff = 5 * time.Minute
 	slowBackoff       = 5 * time.Second
+	slowEngineBackoff = 5 * time.Second
 	failRun           = 3
 )
 
@@ -72,8 +80,42 @@ type engineTok struct {
 type tokModel struct {
 	off     atomic.Int64 // unix ns until which the model's engines are not asked
 	fails   atomic.Int32 // answered failures in a row
-	slow    atomic.Int32 // unanswered calls in a row
 	backoff atomic.Int64 // the last pause after unanswered calls (0: none since a success)
+
+	mu   sync.Mutex
+	slow map[string]time.Time // engine → until when it is not asked (it went unanswered)
+}
+
+// slowEngine reports whether engine is in its backoff at now.
+func (tm *tokModel) slowEngine(engine string, now time.Time) bool {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	until, ok := tm.slow[engine]
+	return ok && now.Before(until)
+}
+
+// markSlow starts engine's backoff and returns how many engines of the
+// model are in theirs (expired ones are forgotten).
+func (tm *tokModel) markSlow(engine string, now time.Time) int {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	if tm.slow == nil {
+		tm.slow = make(map[string]time.Time)
+	}
+	tm.slow[engine] = now.Add(slowEngineBackoff)
+	for id, until := range tm.slow {
+		if !now.Before(until) {
+			delete(tm.slow, id)
+		}
+	}
+	return len(tm.slow)
+}
+
+// answered ends engine's backoff: it tokenized a prompt.
+func (tm *tokModel) answered(engine string) {
+	tm.mu.Lock()
+	delete(tm.slow, engine)
+	tm.mu.Unlock()
 }
 
 func (et *engineTok) model(name string) *tokModel {
@@ -90,18 +132,20 @@ func (et *engineTok) asking(model string) bool {
 	return !ok || et.now().UnixNano() >= v.(*tokModel).off.Load()
 }
 
-// succeeded resets the model's runs and backoff after a tokenized prompt.
-func (et *engineTok) succeeded(model string) {
+// succeeded resets the model's runs and backoff, and engine's, after a
+// tokenized prompt.
+func (et *engineTok) succeeded(model, engine string) {
 	tm := et.model(model)
 	tm.fails.Store(0)
-	tm.slow.Store(0)
 	tm.backoff.Store(0)
+	tm.answered(engine)
 }
 
 // fail counts a failed ask for c's model and turns the fallback off for it
 // at once when unsupported, for engineTokenizeOff after failRun answered
-// failures in a row, and for the next backoff after failRun unanswered
-// ones; one warning per turn off.
+// failures in a row, and for the next backoff once an unanswered call makes
+// two engines of the model slow at once (a single slow engine is only kept
+// from being asked for slowEngineBackoff); one warning per turn off.
 func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 	tm := et.model(c.model)
 	var d time.Duration
@@ -118,8 +162,9 @@ func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 		d = engineTokenizeOff
 	default:
 		et.failed.Inc()
-		c.s.log.Debug("engine /tokenize did not answer in time; the request keeps the ingress's own keys or none", "model", c.model, "engine", engine, "why", why)
-		if tm.slow.Add(1) < failRun {
+		c.s.log.Debug("engine /tokenize did not answer in time; the engine is not asked for a while", "model", c.model, "engine", engine, "why", why,
+			"retry_in", slowEngineBackoff)
+		if tm.markSlow(engine, et.now()) < 2 {
 			return
 		}
 		d = min(max(2*time.Duration(tm.backoff.Load()), slowBackoff), engineTokenizeOff)
@@ -139,7 +184,6 @@ func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 		}
 	}
 	tm.fails.Store(0)
-	tm.slow.Store(0)
 	if kind == tokSlow {
 		tm.backoff.Store(int64(d))
 	}
@@ -194,23 +238,42 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	if body == nil {
 		return dst, false
 	}
-	// The least loaded engine of the model this replica may send to.
-	at := -1
-	for i := range c.cands {
-		if !s.health.allowed(c.cands[i].ID) {
-			continue
+	tm := et.model(c.model)
+	skip := -1 // an engine that went unanswered for this request
+	for range 2 {
+		// The least loaded engine of the model this replica may send to,
+		// other than one in its backoff after an unanswered call.
+		now := et.now()
+		at := -1
+		for i := range c.cands {
+			if i == skip || !s.health.allowed(c.cands[i].ID) || tm.slowEngine(c.cands[i].ID, now) {
+				continue
+			}
+			if at < 0 || c.cands[i].InFlight+c.cands[i].Waiting < c.cands[at].InFlight+c.cands[at].Waiting {
+				at = i
+			}
 		}
-		if at < 0 || c.cands[i].InFlight+c.cands[i].Waiting < c.cands[at].InFlight+c.cands[at].Waiting {
-			at = i
+		if at < 0 {
+			return dst, false
 		}
+		ids, ok, slow := c.askTokenize(at, dst, body)
+		if ok || !slow || !et.asking(c.model) {
+			return ids, ok
+		}
+		skip = at // unanswered: the next engine, once
 	}
-	if at < 0 {
-		return dst, false
-	}
+	return dst, false
+}
+
+// askTokenize asks candidate at's /tokenize for body's tokens, appended to
+// dst; slow reports a call that went unanswered (a timeout, no connection).
+func (c *call) askTokenize(at int, dst []uint32, body []byte) (ids []uint32, ok, slow bool) {
+	s := c.s
+	et := s.etok
 	up, err := s.ups.get(c.cands[at].ID, c.urls[at])
 	if err != nil {
 		et.fail(c, c.cands[at].ID, tokRefused, err)
-		return dst, false
+		return dst, false, false
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) }()
@@ -222,23 +285,23 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	req.SetBodyRaw(body)
 	if err := up.hc.DoTimeout(req, resp, s.cfg.EngineTokenizeTimeout); err != nil {
 		et.fail(c, up.id, tokSlow, err)
-		return dst, false
+		return dst, false, true
 	}
 	switch st := resp.StatusCode(); {
 	case st == fasthttp.StatusNotFound || st == fasthttp.StatusMethodNotAllowed || st == fasthttp.StatusNotImplemented:
 		et.fail(c, up.id, tokUnsupported, fmt.Sprintf("status %d", st))
-		return dst, false
+		return dst, false, false
 	case st != fasthttp.StatusOK:
 		et.fail(c, up.id, tokRefused, fmt.Sprintf("status %d", st))
-		return dst, false
+		return dst, false, false
 	}
-	ids, ok := tokenizeAnswerIDs(dst, resp.Body())
+	ids, ok = tokenizeAnswerIDs(dst, resp.Body())
 	if !ok || len(ids) == len(dst) {
 		et.fail(c, up.id, tokRefused, "no token ids in the answer")
-		return dst, false
+		return dst, false, false
 	}
-	et.succeeded(c.model)
-	return ids, true
+	et.succeeded(c.model, up.id)
+	return ids, true, false
 }
 
 // canTokenizeOnEngine reports whether asking an engine for tokens is on

@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -174,9 +175,10 @@ func firstTokens(b []byte) ([]uint32, bool) {
 
 // TestEngineTokenizeHungEngine: an engine whose /tokenize hangs (a stopped
 // process: the port accepts, nothing answers) costs a request at most
-// EngineTokenizeTimeout there; the request is routed unkeyed and served.
-// The upstream connection's read deadline used to ignore the call's
-// timeout, so the request waited as long as the engine did.
+// EngineTokenizeTimeout there; the request is routed unkeyed and served,
+// and the next one does not ask that engine (its backoff; the model has no
+// other). The upstream connection's read deadline used to ignore the
+// call's timeout, so the request waited as long as the engine did.
 func TestEngineTokenizeHungEngine(t *testing.T) {
 	sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Logger: quietLog()})
 	if err != nil {
@@ -207,8 +209,66 @@ func TestEngineTokenizeHungEngine(t *testing.T) {
 			t.Fatalf("request %d: status %d engine %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
 		}
 	}
-	if n, failed, ok := asked.Load(), val(s.etok.failed), val(s.etok.ok); n != 2 || failed != 2 || ok != 0 {
-		t.Fatalf("/tokenize asked %d times, %v failed, %v ok; want 2, 2, 0", n, failed, ok)
+	if n, failed, ok := asked.Load(), val(s.etok.failed), val(s.etok.ok); n != 1 || failed != 1 || ok != 0 {
+		t.Fatalf("/tokenize asked %d times, %v failed, %v ok; want 1, 1, 0", n, failed, ok)
+	}
+}
+
+// TestEngineTokenizeHungEngineAmongOthers: one engine of the model whose
+// /tokenize hangs (a stopped process the stall watch has not ejected yet,
+// listed first so that the least-loaded pick takes it while every engine
+// is idle) costs one request one timeout: that request asks the next
+// engine, every later one skips the hung engine for its backoff, every
+// prompt is keyed on an engine's tokens, and the model's engines are still
+// asked. Before, three requests in a row timed out on the hung engine
+// (unkeyed) and engine-side tokenization went off for the whole model.
+// Real engines on loopback: two simulators and a proxy to a third whose
+// /tokenize never answers.
+func TestEngineTokenizeHungEngineAmongOthers(t *testing.T) {
+	var sims []*sim.Server
+	for i := range 3 {
+		sm, err := sim.Start(context.Background(), sim.Config{Model: "m", TimeScale: 500, Seed: uint64(i + 1), Logger: quietLog()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sm.Close() })
+		sims = append(sims, sm)
+	}
+	target, _ := url.Parse(sims[0].URL())
+	rp := httputil.NewSingleHostReverseProxy(target)
+	hung := make(chan struct{})
+	var asked atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			asked.Add(1)
+			<-hung
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close) // after close(hung) below: cleanups run last first
+	t.Cleanup(func() { close(hung) })
+	cfg := testConfig(StaticEngine{ID: "hung", Model: "m", URL: srv.URL}, StaticEngine{ID: "a", Model: "m", URL: sims[1].URL()},
+		StaticEngine{ID: "b", Model: "m", URL: sims[2].URL()})
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.EngineTokenizeTimeout = 2 * time.Second // the live engines must answer in time on a busy machine
+	s, spy := spiedIngress(t, cfg, Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()})
+	client := &http.Client{Timeout: time.Minute}
+	const n = 6
+	for i := range n {
+		body := `{"model":"m","max_tokens":2,"prompt":"request ` + strconv.Itoa(i) + ` ` + strings.Repeat("a prompt the ingress cannot tokenize ", 8) + `"}`
+		if st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", body); st != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, st, b)
+		}
+		if keys := spy.last(); len(keys) == 0 {
+			t.Fatalf("request %d routed unkeyed", i)
+		}
+		if !s.etok.asking("m") {
+			t.Fatalf("after request %d the model's engines are not asked", i)
+		}
+	}
+	if got, failed, ok := asked.Load(), val(s.etok.failed), val(s.etok.ok); got != 1 || failed != 1 || ok != n {
+		t.Fatalf("the hung engine asked %d times, %v failed, %v tokenized; want 1, 1, %d", got, failed, ok, n)
 	}
 }
 
