@@ -588,7 +588,8 @@ func (c *call) logAccess(total time.Duration) {
 		slog.Float64("schedule_ms", ms(c.tSchedule)),
 		slog.Float64("ttft_ms", ms(c.ttft)),
 		slog.Float64("total_ms", ms(total)),
-		slog.String("pd_mode", c.pd.plan.Mode.String()),
+		slog.String("pd_mode", c.servedPDMode()), // pd.go: as served (fallback: planned disaggregated, served whole)
+		slog.String("pd_planned", c.pd.plan.Mode.String()),
 		slog.String("prefill_engine", c.prefillEngine()),
 		slog.String("prefill_result", c.pd.result),
 		slog.Float64("prefill_ms", ms(c.pd.duration)),

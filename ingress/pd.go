@@ -172,7 +172,8 @@ func (s *Server) pdInit() *pdState {
 		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
 			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
 		p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_decisions_total",
-			Help: "P/D decisions by mode and reason.", ConstLabels: cl}, []string{"mode", "reason"})
+			Help: "P/D decisions by mode and reason; a request planned disaggregated and served aggregated after its prefill leg was given up " +
+				"counts again, mode aggregated, reason nixl_fallback or sglang_fallback.", ConstLabels: cl}, []string{"mode", "reason"})
 		p.queued = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_queued",
 			Help: "Prefill legs waiting for an admission slot, all prefill engines.", ConstLabels: cl}, p.waiting)
 		p.legsNow = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_pd_prefill_inflight",
@@ -577,6 +578,18 @@ func (c *call) servedWhole() {
 	c.pd.prefill, c.pd.pmatch = "", index.Match{}
 }
 
+// servedPDMode is how the request was served, the access log's pd_mode:
+// the plan's mode ("aggregated", "disaggregated"), or "fallback" for a
+// request planned disaggregated whose prefill leg was given up (served
+// whole by the engine that answered, or refused with 429). The plan's own
+// mode is the log's pd_planned.
+func (c *call) servedPDMode() string {
+	if c.pd.plan.Mode == pd.Disaggregated && c.pd.prefill == "" {
+		return "fallback"
+	}
+	return c.pd.plan.Mode.String()
+}
+
 // prefillEngine is the engine that did the request's prefill, for the
 // access log: the prefill leg's engine, or after a leg was given up the
 // engine that answered; "" for a request planned aggregated (its engine
@@ -594,6 +607,12 @@ func (c *call) prefillDone(p *pdState, res string, start time.Time) string {
 	c.pd.result, c.pd.duration = res, time.Since(start)
 	if res == "rejected" || strings.HasPrefix(res, "fallback_") {
 		c.servedWhole()
+	}
+	if strings.HasPrefix(res, "fallback_") {
+		// Served aggregated instead, counted as SGLang's fallbacks are
+		// (sglang_fallback): a decision's count by mode says how requests
+		// were served, whichever the protocol.
+		p.decisions.WithLabelValues(pd.Aggregated.String(), "nixl_fallback").Inc()
 	}
 	p.legs.WithLabelValues("prefill", res).Inc()
 	switch res {

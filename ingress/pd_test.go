@@ -658,9 +658,13 @@ func TestPDPrefillConnectErrorEjects(t *testing.T) {
 // prefill sample (its first token is its own prefill's), the SLO recorder
 // credits it the TTFT and the prompt, and the access log names it as the
 // prefill engine (prefill_planned keeps the one given up). They used to
-// name the plan's prefill engine, which never ran the prefill. Both
-// protocols: a NIXL leg that fails (500) or finds the queue full, and an
-// SGLang pair whose queue is full.
+// name the plan's prefill engine, which never ran the prefill. The access
+// log's pd_mode is "fallback" (pd_planned "disaggregated"), and the request
+// counts once in kvmesh_ingress_pd_decisions_total{mode="aggregated"} with
+// its protocol's fallback reason; pd_mode used to be the plan's
+// ("disaggregated") and NIXL fallbacks were not counted as aggregated,
+// SGLang's were. Both protocols: a NIXL leg that fails (500) or finds the
+// queue full, and an SGLang pair whose queue is full.
 func TestPDFallbackRecordsServingEngine(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -715,11 +719,71 @@ func TestPDFallbackRecordsServingEngine(t *testing.T) {
 				t.Errorf("SLO summary %+v: want the TTFT and prompt on d0 alone", sum.Engines)
 			}
 			l := log.String()
-			for _, want := range []string{`"prefill_engine":"d0","prefill_result":"` + tc.result + `"`, `"prefill_planned":"p0"`} {
+			for _, want := range []string{`"pd_mode":"fallback","pd_planned":"disaggregated"`, `"prefill_engine":"d0","prefill_result":"` + tc.result + `"`,
+				`"prefill_planned":"p0"`} {
 				if !strings.Contains(l, want) {
 					t.Errorf("access log %s: want %s", l, want)
 				}
 			}
+			reason, other := "nixl_fallback", "sglang_fallback"
+			if tc.sglang {
+				reason, other = other, reason
+			}
+			dec := s.pdInit().decisions
+			if n, o := val(dec.WithLabelValues("aggregated", reason)), val(dec.WithLabelValues("aggregated", other)); n != 1 || o != 0 {
+				t.Errorf("decisions{aggregated,%s} %v, {aggregated,%s} %v; want 1, 0", reason, n, other, o)
+			}
 		})
 	}
+}
+
+// TestPDAccessLogServedMode: the access log's pd_mode is how the request
+// was served and pd_planned the plan's mode: a NIXL request whose prefill
+// leg succeeded is disaggregated in both, one planned aggregated is
+// aggregated in both, and neither counts a fallback.
+func TestPDAccessLogServedMode(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	var log testutil.SyncBuffer
+	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", Policy: "fixed", Reason: "test",
+		Options: []pd.Choice{{Prefill: "p0", Decode: "d0"}}}
+	planner := &switchPlanner{}
+	planner.plan.Store(&plan)
+	s := startIngress(t, testConfig(), Deps{PD: planner, AccessLog: slog.New(slog.NewJSONHandler(&log, nil)),
+		Membership: roleMembership{pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url())}})
+	lines := func() int { return strings.Count(log.String(), `"prefill_result"`) }
+	send := func() {
+		t.Helper()
+		n := lines()
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+		testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return lines() > n })
+	}
+	last := func() string {
+		ls := strings.Split(strings.TrimSpace(log.String()), "\n")
+		return ls[len(ls)-1]
+	}
+	send()
+	if l := last(); !strings.Contains(l, `"pd_mode":"disaggregated","pd_planned":"disaggregated","prefill_engine":"p0","prefill_result":"ok"`) {
+		t.Fatalf("disaggregated: access log %s", l)
+	}
+	planner.plan.Store(&pd.Plan{Mode: pd.Aggregated, Decode: "d0", Policy: "fixed", Reason: "test", Options: []pd.Choice{{Decode: "d0"}}})
+	send()
+	if l := last(); !strings.Contains(l, `"pd_mode":"aggregated","pd_planned":"aggregated","prefill_engine":"","prefill_result":""`) {
+		t.Fatalf("aggregated: access log %s", l)
+	}
+	dec := s.pdInit().decisions
+	if n := val(dec.WithLabelValues("aggregated", "nixl_fallback")) + val(dec.WithLabelValues("aggregated", "sglang_fallback")); n != 0 {
+		t.Fatalf("%v fallbacks counted, want 0", n)
+	}
+}
+
+// switchPlanner is a FAKE P/D planner returning the plan last stored.
+type switchPlanner struct{ plan atomic.Pointer[pd.Plan] }
+
+func (f *switchPlanner) Policy() string { return "fixed" }
+
+func (f *switchPlanner) Route(_ *scheduler.Request, _ []scheduler.Engine, plan *pd.Plan) error {
+	return fixedPlanner{*f.plan.Load()}.Route(nil, nil, plan)
 }
