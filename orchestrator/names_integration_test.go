@@ -79,15 +79,11 @@ func TestCRDRefusesNamesItCannotRun(t *testing.T) {
 	}
 }
 
-// TestControllerRefusesBadNamesOnce: a ModelDeployment admitted by an older
-// CRD (without the name rules) with names the controller cannot make objects
-// from gets Available and Progressing false with reason InvalidName and one
-// warning event, and is not retried: no reconcile error, no requeue, nothing
-// created (before, every pass failed on the Service or the pods and was
-// requeued with backoff forever).
-func TestControllerRefusesBadNamesOnce(t *testing.T) {
-	e := newEnv(t)
-	// The CRD as it was before the name rules; the real one is back at the end.
+// applyRulelessCRD applies the ModelDeployment CRD as it was before the name
+// rules (an older release's: no root x-kubernetes-validations); the real one
+// is applied again when the test ends.
+func (e *env) applyRulelessCRD(t *testing.T) {
+	t.Helper()
 	b, err := os.ReadFile(kubetest.RepoFile(t, "manifests/crds/kvmesh.io_modeldeployments.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -104,11 +100,26 @@ func TestControllerRefusesBadNamesOnce(t *testing.T) {
 	if err := kubetest.Apply(e.ctx, e.srv.Config, kubetest.ApplyOptions{}, crd[0]); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{}, kubetest.RepoFile(t, "manifests/crds/kvmesh.io_modeldeployments.yaml")); err != nil {
-			t.Errorf("restore the CRD: %v", err)
-		}
-	})
+	t.Cleanup(func() { e.applyCurrentCRD(t) })
+}
+
+// applyCurrentCRD applies manifests/crds/kvmesh.io_modeldeployments.yaml.
+func (e *env) applyCurrentCRD(t *testing.T) {
+	t.Helper()
+	if _, err := kubetest.ApplyFiles(e.ctx, e.srv.Config, kubetest.ApplyOptions{}, kubetest.RepoFile(t, "manifests/crds/kvmesh.io_modeldeployments.yaml")); err != nil {
+		t.Errorf("apply the CRD: %v", err)
+	}
+}
+
+// TestControllerRefusesBadNamesOnce: a ModelDeployment admitted by an older
+// CRD (without the name rules) with names the controller cannot make objects
+// from gets Available and Progressing false with reason InvalidName and one
+// warning event, and is not retried: no reconcile error, no requeue, nothing
+// created (before, every pass failed on the Service or the pods and was
+// requeued with backoff forever).
+func TestControllerRefusesBadNamesOnce(t *testing.T) {
+	e := newEnv(t)
+	e.applyRulelessCRD(t)
 	mds := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns)
 	bad := []*unstructured.Unstructured{namedMD(t, "llama.v1", "decode"), namedMD(t, strings.Repeat("a", 55), "decode")}
 	for _, md := range bad {
