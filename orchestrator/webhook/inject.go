@@ -181,6 +181,7 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+		{Name: "GOMEMLIMIT", Value: sidecarGOMEMLIMIT},
 	}
 	secret := func(name, secretName, key string) corev1.EnvVar {
 		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
@@ -229,9 +230,42 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 			Path: "/health", Port: intstrPort(c.AdminPort)}}},
 		LivenessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 			Path: "/health", Port: intstrPort(c.AdminPort)}}},
-		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-			corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")}},
+		// As manifests/overlays/sidecar-container's sidecar (one engine).
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(sidecarMemoryLimit)},
+		},
+		SecurityContext: sidecarSecurityContext(),
 	}, nil
+}
+
+// The sidecar's memory limit and the Go GC's soft limit, 90 % of it: the
+// heap is collected harder as it nears the limit instead of growing into the
+// OOM killer. Change both together.
+const (
+	sidecarMemoryLimit = "512Mi"
+	sidecarGOMEMLIMIT  = "460MiB"
+)
+
+// SidecarUID is the kvmesh image's user (Dockerfile: USER 65532:65532).
+const SidecarUID = 65532
+
+// sidecarSecurityContext meets Pod Security "restricted" whatever the pod
+// sets: the container's own fields override the pod's, so an engine that
+// runs as root (many vLLM images) or in a pod with no security context at
+// all still gets a sidecar that is not root, cannot gain privileges, holds
+// no capabilities, writes nothing to its image and runs under the runtime's
+// default seccomp profile. runAsUser is set, not left to the image, because
+// a pod-level runAsUser (0 for a root engine) would otherwise apply.
+func sidecarSecurityContext() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		RunAsNonRoot:             new(true),
+		RunAsUser:                new(int64(SidecarUID)),
+		AllowPrivilegeEscalation: new(false),
+		ReadOnlyRootFilesystem:   new(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
 }
 
 // ErrBadTokenizerDir is a tokenizer-dir annotation no volume mount covers.

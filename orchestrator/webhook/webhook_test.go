@@ -133,31 +133,13 @@ func TestInjectionThroughAdmissionChain(t *testing.T) {
 	ns := s.Namespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	certs, err := GenerateCerts("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var calls atomic.Int64
 	h := &Handler{Sidecar: DefaultSidecarConfig()}
-	srv, err := Listen("127.0.0.1:0", certs.Cert, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	kube := kubernetes.NewForConfigOrDie(s.Config)
+	serveInjection(t, ctx, kube, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		h.ServeHTTP(w, r)
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(sctx) }()
-	t.Cleanup(func() { stop(); <-done })
-
-	kube := kubernetes.NewForConfigOrDie(s.Config)
-	if err := Ensure(ctx, kube, Target{URL: "https://" + srv.Addr() + Path}, certs.CABundle); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(context.Background(), ConfigName, metav1.DeleteOptions{})
-	})
 	inject := map[string]string{LabelInject: "true"}
 	// The API server loads webhook configurations asynchronously: probe with dry runs.
 	testutil.WaitFor(t, time.Minute, "the API server to call the webhook", func() bool {
