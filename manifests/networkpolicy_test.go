@@ -247,6 +247,7 @@ func TestNetworkPoliciesAllowWhatEachPodNeeds(t *testing.T) {
 	}
 
 	install := render(t, kc, "install")
+	injectedOverlay := render(t, kc, filepath.Join("overlays", "injected")) // install + the example engine
 	daemonset := render(t, kc, filepath.Join("overlays", "daemonset"))
 	container := render(t, kc, filepath.Join("overlays", "sidecar-container"))
 
@@ -302,7 +303,7 @@ func TestNetworkPoliciesAllowWhatEachPodNeeds(t *testing.T) {
 	dsPod := dryRun(templatePod(t, find(t, daemonset, "DaemonSet", "kvmesh-sidecar"), ns))
 	written := dryRun(templatePod(t, find(t, container, "Deployment", "vllm-llama3-8b"), ns))
 
-	// The real webhook injects the sidecar into the install's example engine.
+	// The real webhook injects the sidecar into the injected overlay's example engine.
 	certs, err := webhook.GenerateCerts("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +322,7 @@ func TestNetworkPoliciesAllowWhatEachPodNeeds(t *testing.T) {
 	t.Cleanup(func() {
 		_ = kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(context.Background(), webhook.ConfigName, metav1.DeleteOptions{})
 	})
-	engineTmpl := templatePod(t, find(t, install, "Deployment", "vllm-llama3-8b"), ns)
+	engineTmpl := templatePod(t, find(t, injectedOverlay, "Deployment", "vllm-llama3-8b"), ns)
 	testutil.WaitFor(t, time.Minute, "the API server to call the webhook", func() bool {
 		p, err := kube.CoreV1().Pods(ns).Create(ctx, engineTmpl, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err == nil && len(p.Spec.InitContainers) == 1

@@ -1,0 +1,144 @@
+package manifests
+
+import (
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// TestInstallRendersNoEngine: the one-command install is the platform only
+// (docs/INSTALL.md's table): no workload asks for a GPU or mounts a
+// PersistentVolumeClaim it does not make itself, and its workloads are exactly
+// the ones the docs list. The example engine (4 GPUs, a model PVC nothing
+// creates) is overlays/injected's, applied on purpose.
+func TestInstallRendersNoEngine(t *testing.T) {
+	kc := kubectl(t)
+	objs := render(t, kc, "install")
+	var workloads []string
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Deployment", "StatefulSet", "DaemonSet", "Job":
+		default:
+			continue
+		}
+		workloads = append(workloads, o.GetKind()+"/"+o.GetName())
+		pod, _, _ := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+		cs, _, _ := unstructured.NestedSlice(pod, "containers")
+		ics, _, _ := unstructured.NestedSlice(pod, "initContainers")
+		for _, c := range slices.Concat(cs, ics) {
+			for _, k := range []string{"limits", "requests"} {
+				res, _, _ := unstructured.NestedMap(c.(map[string]any), "resources", k)
+				for r := range res {
+					if r == "nvidia.com/gpu" || r == "amd.com/gpu" {
+						t.Errorf("%s %s: a container asks for %s", o.GetKind(), o.GetName(), r)
+					}
+				}
+			}
+		}
+		vols, _, _ := unstructured.NestedSlice(pod, "volumes")
+		for _, v := range vols {
+			if _, ok := v.(map[string]any)["persistentVolumeClaim"]; ok {
+				t.Errorf("%s %s: mounts a PersistentVolumeClaim the install does not make", o.GetKind(), o.GetName())
+			}
+		}
+	}
+	slices.Sort(workloads)
+	want := []string{"Deployment/kvmesh-ingress", "Deployment/kvmesh-orchestrator", "Job/kvmesh-bootstrap", "StatefulSet/nats"}
+	if !slices.Equal(workloads, want) {
+		t.Errorf("the install's workloads are %v, want %v (docs/INSTALL.md, section 2)", workloads, want)
+	}
+	// The example engine is still there to apply on purpose.
+	find(t, render(t, kc, "overlays/injected"), "Deployment", "vllm-llama3-8b")
+}
+
+// TestInstallWorkloadsSurviveDisruption: every long-running workload of the
+// install with more than one replica (or an HPA) has a PodDisruptionBudget
+// that keeps at least one of its pods through a drain and spreads its pods
+// across nodes, and every pod runs with the RuntimeDefault seccomp profile
+// (Pod Security "restricted"). The orchestrator serves a failurePolicy Fail
+// webhook: losing both replicas at once rejects every injected pod.
+func TestInstallWorkloadsSurviveDisruption(t *testing.T) {
+	kc := kubectl(t)
+	objs := render(t, kc, "install")
+	hpa := map[string]bool{}
+	for _, o := range objs {
+		if o.GetKind() == "HorizontalPodAutoscaler" {
+			name, _, _ := unstructured.NestedString(o.Object, "spec", "scaleTargetRef", "name")
+			hpa[name] = true
+		}
+	}
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Deployment", "StatefulSet", "DaemonSet", "Job":
+		default:
+			continue
+		}
+		name := o.GetKind() + " " + o.GetName()
+		pod := templatePod(t, o, "kvmesh")
+		for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
+			podLevel := pod.Spec.SecurityContext != nil && pod.Spec.SecurityContext.SeccompProfile != nil &&
+				pod.Spec.SecurityContext.SeccompProfile.Type == "RuntimeDefault"
+			ctrLevel := c.SecurityContext != nil && c.SecurityContext.SeccompProfile != nil &&
+				c.SecurityContext.SeccompProfile.Type == "RuntimeDefault"
+			if !podLevel && !ctrLevel {
+				t.Errorf("%s/%s: no seccompProfile RuntimeDefault", name, c.Name)
+			}
+		}
+		var spec struct {
+			Spec struct {
+				Replicas *int32 `json:"replicas"`
+			} `json:"spec"`
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &spec); err != nil {
+			t.Fatal(err)
+		}
+		replicas := int32(1)
+		if spec.Spec.Replicas != nil {
+			replicas = *spec.Spec.Replicas
+		}
+		if o.GetKind() == "Job" || o.GetKind() == "DaemonSet" || (!hpa[o.GetName()] && replicas < 2) {
+			continue
+		}
+		pdb := false
+		for _, p := range objs {
+			if p.GetKind() != "PodDisruptionBudget" {
+				continue
+			}
+			var b policyv1.PodDisruptionBudget
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(p.Object, &b); err != nil {
+				t.Fatal(err)
+			}
+			if b.Spec.Selector == nil || !selects(b.Spec.Selector, pod.Labels) {
+				continue
+			}
+			if m := b.Spec.MinAvailable; m != nil && m.IntValue() >= 1 {
+				pdb = true
+			}
+			if m := b.Spec.MaxUnavailable; m != nil && m.Type == intstr.Int && m.IntValue() >= 1 && int32(m.IntValue()) < replicas {
+				pdb = true
+			}
+		}
+		if !pdb {
+			t.Errorf("%s: no PodDisruptionBudget keeping one of its pods through a drain", name)
+		}
+		spread := slices.ContainsFunc(pod.Spec.TopologySpreadConstraints, func(c corev1.TopologySpreadConstraint) bool {
+			return c.TopologyKey == "kubernetes.io/hostname" && c.LabelSelector != nil && selects(c.LabelSelector, pod.Labels)
+		})
+		if a := pod.Spec.Affinity; a != nil && a.PodAntiAffinity != nil {
+			for _, w := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+				spread = spread || (w.PodAffinityTerm.TopologyKey == "kubernetes.io/hostname" && selects(w.PodAffinityTerm.LabelSelector, pod.Labels))
+			}
+			for _, term := range a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution {
+				spread = spread || (term.TopologyKey == "kubernetes.io/hostname" && selects(term.LabelSelector, pod.Labels))
+			}
+		}
+		if !spread {
+			t.Errorf("%s: its pods are not spread across nodes (topologySpreadConstraints or podAntiAffinity on kubernetes.io/hostname)", name)
+		}
+	}
+}
