@@ -142,3 +142,17 @@ func TestInstallWorkloadsSurviveDisruption(t *testing.T) {
 		}
 	}
 }
+
+// TestInstallObjectsArePartOfKvmesh: every object the install applies,
+// cluster-scoped ones included (CRDs, ClusterRole and its binding, the
+// webhook configuration, the Namespace), carries app.kubernetes.io/part-of:
+// kvmesh, so `kubectl get ... -l app.kubernetes.io/part-of=kvmesh` finds them
+// all.
+func TestInstallObjectsArePartOfKvmesh(t *testing.T) {
+	kc := kubectl(t)
+	for _, o := range render(t, kc, "install") {
+		if o.GetLabels()["app.kubernetes.io/part-of"] != "kvmesh" {
+			t.Errorf("%s %s: no label app.kubernetes.io/part-of=kvmesh", o.GetKind(), o.GetName())
+		}
+	}
+}
