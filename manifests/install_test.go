@@ -156,3 +156,40 @@ func TestInstallObjectsArePartOfKvmesh(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlyAPIClientsGetAToken: a pod that never calls the Kubernetes API
+// (NATS, the ingress, the sidecars, the example engines) mounts no
+// ServiceAccount token; only the orchestrator and the bootstrap Job do.
+func TestOnlyAPIClientsGetAToken(t *testing.T) {
+	kc := kubectl(t)
+	apiClients := map[string]bool{"kvmesh-orchestrator": true, "kvmesh-bootstrap": true}
+	for _, dir := range []string{"install", "overlays/injected", "overlays/sidecar-container", "overlays/daemonset"} {
+		objs := render(t, kc, dir)
+		noToken := map[string]bool{}
+		for _, o := range objs {
+			if o.GetKind() == "ServiceAccount" {
+				if v, ok, _ := unstructured.NestedBool(o.Object, "automountServiceAccountToken"); ok && !v {
+					noToken[o.GetName()] = true
+				}
+			}
+		}
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "Deployment", "StatefulSet", "DaemonSet", "Job":
+			default:
+				continue
+			}
+			if apiClients[o.GetName()] {
+				continue
+			}
+			pod := templatePod(t, o, "kvmesh")
+			if a := pod.Spec.AutomountServiceAccountToken; a != nil && !*a {
+				continue
+			}
+			if a := pod.Spec.AutomountServiceAccountToken; a == nil && noToken[pod.Spec.ServiceAccountName] {
+				continue
+			}
+			t.Errorf("%s: %s %s mounts a ServiceAccount token it has no use for", dir, o.GetKind(), o.GetName())
+		}
+	}
+}
