@@ -28,7 +28,8 @@ type AutoscalingPolicySpec struct {
 	Roles []RoleAutoscaling `json:"roles"`
 	// TolerancePercent: no change while |current/target − 1| is within it (10).
 	TolerancePercent *int32 `json:"tolerancePercent,omitempty"`
-	// StableWindowSeconds: recommendations are averaged over it (180).
+	// StableWindowSeconds: recommendations are averaged over it (180); at
+	// least PanicWindowSeconds (the schema refuses less).
 	StableWindowSeconds *int32 `json:"stableWindowSeconds,omitempty"`
 	// PanicWindowSeconds: the short window used in panic mode (60).
 	PanicWindowSeconds *int32 `json:"panicWindowSeconds,omitempty"`
