@@ -252,7 +252,11 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 		pc.st.Roles = append(pc.st.Roles, v1alpha1.RoleAutoscalingStatus{Name: r.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason, Workload: t.workload})
 		recordDecision(ap, r.Name, d)
 		if d.Desired != d.Current && t.scale != nil {
-			if err := t.scale(ctx, d.Desired); err != nil {
+			err := t.scale(ctx, d.Desired)
+			switch {
+			case apierrors.IsConflict(err):
+				continue // not written (the object moved under the write): the next step tries again
+			case err != nil:
 				// The other roles still move; the policy says it cannot.
 				if scaleErr == nil {
 					scaleErr = scaleError(r.Name, err)
@@ -403,8 +407,8 @@ func (c *Controller) scaleRole(ctx context.Context, md *v1alpha1.ModelDeployment
 	if err := unstructured.SetNestedField(s.Object, int64(n), "spec", "replicas"); err != nil {
 		return err
 	}
-	if _, err := rc.Update(ctx, s, metav1.UpdateOptions{}, "scale"); err != nil && !apierrors.IsConflict(err) {
-		return fmt.Errorf("scale role %s: %w", role, err)
+	if _, err := rc.Update(ctx, s, metav1.UpdateOptions{}, "scale"); err != nil {
+		return fmt.Errorf("scale role %s: %w", role, err) // a conflict too: nothing was written
 	}
 	return nil
 }

@@ -1,0 +1,205 @@
+package orchestrator
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+)
+
+// stepper runs a controller of the test's namespace whose informers and
+// reconcile worker run, but whose policies are stepped by the test alone,
+// at the times it gives (stepPolicies): the autoscaler's windows and
+// cool-downs are then a matter of those times, not of the wall clock. cfg
+// nil means the API server's admin config.
+func (e *env) stepper(t *testing.T, load LoadSource, cfg *rest.Config) *Controller {
+	t.Helper()
+	if cfg == nil {
+		cfg = e.srv.Config
+	}
+	c := DefaultConfig()
+	c.Namespace, c.LeaderElection, c.Load = e.ns, false, load
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctrl, err := New(cfg, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ctrl.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: ctrl.kube.CoreV1().Events("")})
+	ctrl.kubeInformers.Start(ctx.Done())
+	ctrl.dynInformers.Start(ctx.Done())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		ctrl.queue.ShutDown()
+		wg.Wait()
+		ctrl.kubeInformers.Shutdown()
+		ctrl.dynInformers.Shutdown()
+		ctrl.broadcaster.Shutdown()
+	})
+	if !cache.WaitForCacheSync(e.ctx.Done(), ctrl.synced...) {
+		t.Fatal("caches did not sync")
+	}
+	wg.Go(func() { // one worker: a RoleScaler's /scale reaches its ModelDeployment
+		for ctrl.processNext(ctx) {
+		}
+	})
+	return ctrl
+}
+
+// cached waits until the controller's cache holds policy name at the
+// API server's version, and returns it.
+func (e *env) cached(t *testing.T, ctrl *Controller, name string) *v1alpha1.AutoscalingPolicy {
+	t.Helper()
+	var ap *v1alpha1.AutoscalingPolicy
+	testutil.WaitFor(t, wait, "the cache to show policy "+name+" as the API server has it", func() bool {
+		want := e.policy(t, name)
+		o, err := ctrl.policies.ByNamespace(e.ns).Get(name)
+		if err != nil || o.(metav1.Object).GetResourceVersion() != want.ResourceVersion {
+			return false
+		}
+		ap = want
+		return true
+	})
+	return ap
+}
+
+const externalDoc = `{"apiVersion":"kvmesh.io/v1alpha1","kind":"ModelDeployment","metadata":{"name":"x"},
+ "spec":{"model":"m","engine":"vllm","roles":[
+  {"name":"decode","kind":"decode","replicas":1,"template":{"spec":{"containers":[{"name":"engine","image":"engine:v1"}]}}}]}}
+---
+{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"x"},
+ "spec":{"target":"x","stableWindowSeconds":30,"panicWindowSeconds":10,"roles":[{"name":"decode","minReplicas":3,"maxReplicas":3}]}}`
+
+// roleScale is a RoleScaler's spec.replicas as the API server has it.
+func (e *env) roleScale(t *testing.T, name string) int32 {
+	t.Helper()
+	s, err := e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{}, "scale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _, _ := unstructured.NestedInt64(s.Object, "spec", "replicas")
+	return int32(n)
+}
+
+// scaleRoleScaler writes a RoleScaler's /scale as an HPA does.
+func (e *env) scaleRoleScaler(t *testing.T, name string, n int32) {
+	t.Helper()
+	rc := e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns)
+	s, err := rc.Get(e.ctx, name, metav1.GetOptions{}, "scale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedField(s.Object, int64(n), "spec", "replicas")
+	if _, err := rc.Update(e.ctx, s, metav1.UpdateOptions{}, "scale"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// settled waits until the ModelDeployment x's decode role shows n
+// replicas in the API server and the caches (the worker copies the
+// RoleScaler's value into it), with n pods, and the RoleScaler's status
+// says so: the worker has nothing left to write, and no write of it meets
+// the policy's.
+func (e *env) settled(t *testing.T, ctrl *Controller, n int32) {
+	t.Helper()
+	testutil.WaitFor(t, wait, "decode of x at "+strconv.Itoa(int(n))+" in the API server and the caches", func() bool {
+		rs, err := e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns).Get(e.ctx, "x-decode", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		obs, _, _ := unstructured.NestedInt64(rs.Object, "status", "observedGeneration")
+		cur, _, _ := unstructured.NestedInt64(rs.Object, "status", "replicas")
+		if obs != rs.GetGeneration() || cur != int64(n) {
+			return false
+		}
+		o, err := ctrl.mds.ByNamespace(e.ns).Get("x")
+		if err != nil {
+			return false
+		}
+		md := &v1alpha1.ModelDeployment{}
+		if runtimeFromUnstructured(o, md) != nil || *md.Spec.Roles[0].Replicas != n {
+			return false
+		}
+		s, err := ctrl.scalers.ByNamespace(e.ns).Get("x-decode")
+		if err != nil {
+			return false
+		}
+		v, _, _ := unstructured.NestedInt64(s.(*unstructured.Unstructured).Object, "spec", "replicas")
+		return int32(v) == n && *e.md(t, "x").Spec.Roles[0].Replicas == n
+	})
+}
+
+// conflictOnce makes the first PUT of a RoleScaler's /scale meet a write
+// of the RoleScaler made just before it (its resourceVersion moves), as
+// another writer between the controller's GET and its PUT would: the API
+// server answers 409.
+type conflictOnce struct {
+	rt    http.RoundTripper
+	once  sync.Once
+	touch func()
+}
+
+func (c *conflictOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/rolescalers/x-decode/scale") {
+		c.once.Do(c.touch)
+	}
+	return c.rt.RoundTrip(r)
+}
+
+// TestScaleConflictIsNotAScale: a 409 on the RoleScaler's /scale wrote
+// nothing: no Scaled event and no lastScaleTime, and the next step writes.
+func TestScaleConflictIsNotAScale(t *testing.T) {
+	e := newEnv(t)
+	cfg := rest.CopyConfig(e.srv.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return &conflictOnce{rt: rt, touch: func() {
+			patch := []byte(`{"metadata":{"annotations":{"test/touched":"yes"}}}`)
+			if _, err := e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns).Patch(e.ctx, "x-decode", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				t.Error(err)
+			}
+		}}
+	})
+	ctrl := e.stepper(t, noEngines{}, cfg)
+	if err := e.applyDoc(t, externalDoc); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the RoleScaler x-decode", func() bool {
+		_, err := ctrl.scalers.ByNamespace(e.ns).Get("x-decode")
+		return err == nil
+	})
+	e.settled(t, ctrl, 1)
+	e.cached(t, ctrl, "x")
+	ctrl.stepPolicies(e.ctx, time.Now())
+	ap := e.cached(t, ctrl, "x")
+	if got := e.roleScale(t, "x-decode"); got != 1 || ap.Status.LastScaleTime != nil {
+		t.Fatalf("after a 409: x-decode at %d, lastScaleTime %v; want 1 and none", got, ap.Status.LastScaleTime)
+	}
+	if s, r := scalingActive(ap); s != metav1.ConditionTrue {
+		t.Errorf("a 409 is retried, not a failure: %s %s", s, r)
+	}
+	ctrl.stepPolicies(e.ctx, time.Now())
+	ap = e.cached(t, ctrl, "x")
+	if got := e.roleScale(t, "x-decode"); got != 3 || ap.Status.LastScaleTime == nil {
+		t.Fatalf("the next step: x-decode at %d, lastScaleTime %v; want 3 and set (%+v)", got, ap.Status.LastScaleTime, ap.Status)
+	}
+	testutil.WaitFor(t, wait, "one Scaled event", func() bool {
+		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=x,reason=Scaled"})
+		return err == nil && len(evs.Items) == 1 && evs.Items[0].Count == 1
+	})
+}
