@@ -275,14 +275,10 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 		t := metav1.NewTime(now)
 		pc.st.LastScaleTime = &t
 	}
-	msg := fmt.Sprintf("%d engines in the mesh", len(engines))
-	if ap.Spec.Target == "" {
-		msg = fmt.Sprintf("adopting %d workloads; %s", len(targets), msg)
-	}
 	if scaleErr != nil {
 		c.targetFailed(ap, pc, scaleErr)
 	} else {
-		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", msg)
+		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", observedMessage(ap, targets, engines))
 	}
 	switch {
 	case res.Ratio == nil:
@@ -294,6 +290,31 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "WithinBand", res.Ratio.Reason)
 	}
 	return c.writePolicyStatus(ctx, u, ap, pc.st)
+}
+
+// observedMessage says, per role, how many of its engines the mesh knows:
+// it changes when the role's own engines come or go, not with the rest of
+// the mesh (the status is written only when it changes).
+func observedMessage(ap *v1alpha1.AutoscalingPolicy, targets map[string]roleTarget, engines map[string]gossip.EngineView) string {
+	var parts []string
+	for _, role := range ap.Spec.Roles {
+		t, ok := targets[role.Name]
+		if !ok {
+			continue
+		}
+		n := 0
+		for _, id := range t.engines {
+			if _, ok := engines[id]; ok {
+				n++
+			}
+		}
+		parts = append(parts, fmt.Sprintf("role %s: %d of %d engines in the mesh", role.Name, n, len(t.engines)))
+	}
+	msg := strings.Join(parts, "; ")
+	if ap.Spec.Target == "" {
+		msg = fmt.Sprintf("adopting %d workloads; %s", len(ap.Spec.Roles), msg)
+	}
+	return msg
 }
 
 // reasonPolicyConflict: another AutoscalingPolicy, older, scales the same

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,9 +20,34 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 )
+
+// fakeMesh is a mesh the test sets: waiting requests by engine id.
+type fakeMesh struct {
+	mu      sync.Mutex
+	waiting map[string]int
+}
+
+func newFakeMesh() *fakeMesh { return &fakeMesh{waiting: map[string]int{}} }
+
+func (m *fakeMesh) set(id string, waiting int) {
+	m.mu.Lock()
+	m.waiting[id] = waiting
+	m.mu.Unlock()
+}
+
+func (m *fakeMesh) Engines() []gossip.EngineView {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []gossip.EngineView
+	for id, w := range m.waiting {
+		out = append(out, gossip.EngineView{EngineState: gossip.EngineState{ID: id, Model: "m", Waiting: w}})
+	}
+	return out
+}
 
 // stepper runs a controller of the test's namespace whose informers and
 // reconcile worker run, but whose policies are stepped by the test alone,
@@ -77,6 +104,78 @@ func (e *env) cached(t *testing.T, ctrl *Controller, name string) *v1alpha1.Auto
 		return true
 	})
 	return ap
+}
+
+// scaledDeployment creates a Deployment of one replica and its engine pod
+// (no kube-controller-manager runs here), labelled app=<name> and the role
+// kind, with extra labels on the Deployment.
+func (e *env) scaledDeployment(t *testing.T, name string, extra map[string]string) {
+	t.Helper()
+	one := int32(1)
+	l := map[string]string{v1alpha1.LabelRoleKind: "decode"}
+	for k, v := range extra {
+		l[k] = v
+	}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
+		Spec: appsv1.DeploymentSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: engineTemplate(name, "decode")}}
+	if _, err := e.kube.AppsV1().Deployments(e.ns).Create(e.ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.enginePod(t, name+"-0", name, "decode")
+}
+
+func (e *env) deploymentScale(t *testing.T, name string) int32 {
+	t.Helper()
+	s, err := e.kube.AppsV1().Deployments(e.ns).GetScale(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Spec.Replicas
+}
+
+// adoptPolicy is a policy adopting Deployment dep by name as role decode
+// (waitingRequests, target 10), with the spec fields in extra.
+func adoptPolicy(name, dep, extra string, max int) string {
+	return `{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"` + name + `"},
+ "spec":{` + extra + `"roles":[{"name":"decode","minReplicas":1,"maxReplicas":` + strconv.Itoa(max) + `,
+  "workload":{"kind":"Deployment","name":"` + dep + `"},"metrics":[{"name":"waitingRequests","target":10}]}]}}`
+}
+
+func roleStatus(ap *v1alpha1.AutoscalingPolicy, role string) v1alpha1.RoleAutoscalingStatus {
+	for _, r := range ap.Status.Roles {
+		if r.Name == role {
+			return r
+		}
+	}
+	return v1alpha1.RoleAutoscalingStatus{}
+}
+
+// TestStatusIgnoresUnrelatedEngines: the status says how many of each
+// role's engines the mesh knows; an engine of another workload joining the
+// mesh does not rewrite it.
+func TestStatusIgnoresUnrelatedEngines(t *testing.T) {
+	e := newEnv(t)
+	mesh := newFakeMesh()
+	e.scaledDeployment(t, "s", nil)
+	mesh.set("s-0", 0)
+	ctrl := e.stepper(t, mesh, nil)
+	if err := e.applyDoc(t, adoptPolicy("p", "s", "", 1)); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(t, ctrl, "p")
+	t0 := time.Now()
+	ctrl.stepPolicies(e.ctx, t0)
+	ap := e.cached(t, ctrl, "p")
+	c := meta.FindStatusCondition(ap.Status.Conditions, v1alpha1.ConditionScalingActive)
+	if c == nil || c.Message != "adopting 1 workloads; role decode: 1 of 1 engines in the mesh" {
+		t.Fatalf("condition %+v", c)
+	}
+	mesh.set("elsewhere-0", 7)
+	ctrl.stepPolicies(e.ctx, t0.Add(time.Second))
+	if after := e.policy(t, "p"); after.ResourceVersion != ap.ResourceVersion {
+		t.Errorf("status rewritten for an unrelated engine: %+v", after.Status.Conditions)
+	}
 }
 
 const externalDoc = `{"apiVersion":"kvmesh.io/v1alpha1","kind":"ModelDeployment","metadata":{"name":"x"},
