@@ -33,8 +33,9 @@ type LoadSource interface {
 
 var _ LoadSource = (*gossip.Node)(nil)
 
-// policyEntry is the autoscaler kept for one policy generation: a spec
-// change starts its windows afresh.
+// policyEntry is the autoscaler kept for one policy. A spec change
+// reconfigures it in place (its windows, panic and cool-down go on), and a
+// new one (a restart, a new leader) starts from status.lastScaleTime.
 type policyEntry struct {
 	generation int64
 	uid        types.UID
@@ -202,13 +203,47 @@ func (c *Controller) resolveTargets(ctx context.Context, ap *v1alpha1.Autoscalin
 	return c.adoptedTargets(ctx, ap)
 }
 
+// reasonInvalidPolicy: a spec the schema admits and the autoscaler refuses.
+const reasonInvalidPolicy = "InvalidPolicy"
+
+// policyEntry returns the policy's autoscaler for its current spec: the
+// one it had, reconfigured when the spec changed, or a new one that takes
+// status.lastScaleTime as its last scale (the cool-down holds across a
+// restart or a change of leader). An invalid spec leaves the autoscaler it
+// had as it was.
+func (c *Controller) policyEntry(ap *v1alpha1.AutoscalingPolicy) (*policyEntry, *targetError) {
+	e := c.autoscalers[ap.UID]
+	if e != nil && e.generation == ap.Generation {
+		return e, nil
+	}
+	p := PolicyFromSpec(&ap.Spec)
+	if err := p.Validate(); err != nil {
+		return nil, badTarget(reasonInvalidPolicy, "%v", err)
+	}
+	if e == nil {
+		a, err := autoscale.New(p)
+		if err != nil {
+			return nil, badTarget(reasonInvalidPolicy, "%v", err)
+		}
+		if t := ap.Status.LastScaleTime; t != nil {
+			a.SeedLastScale(t.Time)
+		}
+		e = &policyEntry{uid: ap.UID, a: a}
+		c.autoscalers[ap.UID] = e
+	} else if err := e.a.Reconfigure(p); err != nil {
+		return nil, badTarget(reasonInvalidPolicy, "%v", err)
+	}
+	e.generation, e.p = ap.Generation, p
+	return e, nil
+}
+
 // stepPolicy takes one autoscaling step of ap; a policy that lost a
 // conflict (policyConflicts) scales nothing and says why.
 func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructured.Unstructured, ap *v1alpha1.AutoscalingPolicy, conflict *targetError) error {
 	pc := &policyConds{gen: ap.Generation, st: v1alpha1.AutoscalingPolicyStatus{ObservedGeneration: ap.Generation, LastScaleTime: ap.Status.LastScaleTime,
 		Conditions: append([]metav1.Condition(nil), ap.Status.Conditions...)}}
 	if conflict != nil {
-		delete(c.autoscalers, ap.UID) // its windows start afresh once it wins
+		delete(c.autoscalers, ap.UID) // its windows start afresh (from its lastScaleTime) once it wins
 		c.targetFailed(ap, pc, conflict)
 		return c.writePolicyStatus(ctx, u, ap, pc.st)
 	}
@@ -221,16 +256,10 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	if err != nil {
 		return err
 	}
-	e := c.autoscalers[ap.UID]
-	if e == nil || e.generation != ap.Generation {
-		p := PolicyFromSpec(&ap.Spec)
-		a, err := autoscale.New(p)
-		if err != nil {
-			pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, "InvalidPolicy", err.Error())
-			return c.writePolicyStatus(ctx, u, ap, pc.st)
-		}
-		e = &policyEntry{generation: ap.Generation, uid: ap.UID, a: a, p: p}
-		c.autoscalers[ap.UID] = e
+	e, bad := c.policyEntry(ap)
+	if bad != nil {
+		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, bad.reason, bad.msg)
+		return c.writePolicyStatus(ctx, u, ap, pc.st)
 	}
 	engines := map[string]gossip.EngineView{}
 	for _, v := range c.cfg.Load.Engines() {

@@ -151,6 +151,66 @@ func roleStatus(ap *v1alpha1.AutoscalingPolicy, role string) v1alpha1.RoleAutosc
 	return v1alpha1.RoleAutoscalingStatus{}
 }
 
+// TestPolicyEditAndRestartKeepCooldown: decode, scaled up to 6 and idle
+// since, is held by its 300 s scale-down cool-down. Raising its
+// maxReplicas (an edit: a new generation) keeps the autoscaler's state, and
+// so does a restart (a new controller: its autoscaler starts from the
+// policy's status.lastScaleTime): decode stays at 6 until the cool-down
+// ends, then halves.
+func TestPolicyEditAndRestartKeepCooldown(t *testing.T) {
+	e := newEnv(t)
+	mesh := newFakeMesh()
+	e.scaledDeployment(t, "dec", nil)
+	mesh.set("dec-0", 60)
+	ctrl := e.stepper(t, mesh, nil)
+	const knobs = `"stableWindowSeconds":30,"panicWindowSeconds":10,"scaleDownCooldownSeconds":300,`
+	if err := e.applyDoc(t, adoptPolicy("p", "dec", knobs, 6)); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(time.Now().Unix(), 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for i, want := range []int32{2, 4, 6} {
+		e.cached(t, ctrl, "p")
+		ctrl.stepPolicies(e.ctx, at(i))
+		if got := e.deploymentScale(t, "dec"); got != want {
+			t.Fatalf("step %d: decode at %d, want %d", i, got, want)
+		}
+	}
+	mesh.set("dec-0", 0)
+	e.cached(t, ctrl, "p")
+	ctrl.stepPolicies(e.ctx, at(45))
+	if r := roleStatus(e.cached(t, ctrl, "p"), "decode"); r.DesiredReplicas != 6 || r.Reason != "scale-down cool-down" {
+		t.Fatalf("idle within the cool-down: %+v", r)
+	}
+
+	if err := e.applyDoc(t, adoptPolicy("p", "dec", knobs, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if ap := e.cached(t, ctrl, "p"); ap.Generation != 2 {
+		t.Fatalf("generation %d after the edit", ap.Generation)
+	}
+	ctrl.stepPolicies(e.ctx, at(48))
+	r := roleStatus(e.cached(t, ctrl, "p"), "decode")
+	if got := e.deploymentScale(t, "dec"); got != 6 || r.Reason != "scale-down cool-down" {
+		t.Fatalf("after raising maxReplicas: decode at %d (%+v), want 6 held by the cool-down", got, r)
+	}
+
+	restarted := e.stepper(t, mesh, nil)
+	ap := e.cached(t, restarted, "p")
+	if ap.Status.LastScaleTime == nil || !ap.Status.LastScaleTime.Time.Equal(at(2)) {
+		t.Fatalf("lastScaleTime %v, want %v", ap.Status.LastScaleTime, at(2))
+	}
+	restarted.stepPolicies(e.ctx, at(51))
+	r = roleStatus(e.cached(t, restarted, "p"), "decode")
+	if got := e.deploymentScale(t, "dec"); got != 6 || r.Reason != "scale-down cool-down" {
+		t.Fatalf("after a restart: decode at %d (%+v), want 6 held by the cool-down", got, r)
+	}
+	restarted.stepPolicies(e.ctx, at(302))
+	if got := e.deploymentScale(t, "dec"); got != 3 {
+		t.Fatalf("after the cool-down: decode at %d, want 3", got)
+	}
+}
+
 // TestStatusIgnoresUnrelatedEngines: the status says how many of each
 // role's engines the mesh knows; an engine of another workload joining the
 // mesh does not rewrite it.
