@@ -47,7 +47,8 @@ type policyEntry struct {
 
 // runAutoscaler steps every AutoscalingPolicy each interval until ctx ends.
 // Autoscaling is periodic by nature (load changes without API events); it
-// reads the informer caches and the mesh, never polls the API server.
+// reads the informer caches and the mesh (the adoption mode also reads the
+// workloads' /scale).
 func (c *Controller) runAutoscaler(ctx context.Context) {
 	t := time.NewTicker(c.cfg.AutoscaleInterval)
 	defer t.Stop()
@@ -61,14 +62,31 @@ func (c *Controller) runAutoscaler(ctx context.Context) {
 	}
 }
 
+// policyRun is one policy within a step.
+type policyRun struct {
+	u       *unstructured.Unstructured
+	ap      *v1alpha1.AutoscalingPolicy
+	pc      *policyConds
+	e       *policyEntry
+	targets map[string]roleTarget
+	// fail: the policy scales nothing this step (invalid, unresolved
+	// target, lost a conflict), and says why.
+	fail *targetError
+	// err: resolving the targets failed otherwise (logged; no status).
+	err error
+}
+
+// stepPolicies takes one step of every policy: each is validated and its
+// targets resolved, then conflicts are settled on what they resolved to
+// (the oldest policy scaling a role or workload wins), then every winner
+// is stepped.
 func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 	objs, err := c.policies.List(labels.Everything())
 	if err != nil {
 		return
 	}
 	seen := map[types.UID]bool{}
-	var aps []*v1alpha1.AutoscalingPolicy
-	us := map[types.UID]*unstructured.Unstructured{}
+	var runs []*policyRun
 	for _, o := range objs {
 		u := o.(*unstructured.Unstructured)
 		ap := &v1alpha1.AutoscalingPolicy{}
@@ -76,19 +94,75 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 			continue
 		}
 		seen[ap.UID] = true
-		aps, us[ap.UID] = append(aps, ap), u
+		runs = append(runs, c.preparePolicy(ctx, u, ap))
 	}
-	losers := policyConflicts(aps)
-	for _, ap := range aps {
-		if err := c.stepPolicy(ctx, now, us[ap.UID], ap, losers[ap.UID]); err != nil {
-			c.log.Warn("autoscale", "policy", ap.Namespace+"/"+ap.Name, "err", err)
-		}
+	for _, r := range policyConflicts(runs) {
+		delete(c.autoscalers, r.ap.UID) // its windows start afresh (from its lastScaleTime) once it wins
+		r.e = nil
+	}
+	engines := map[string]gossip.EngineView{}
+	for _, v := range c.cfg.Load.Engines() {
+		engines[v.ID] = v
+	}
+	for _, r := range runs {
+		c.finishPolicy(ctx, now, r, engines)
 	}
 	for uid := range c.autoscalers {
 		if !seen[uid] {
 			delete(c.autoscalers, uid)
 		}
 	}
+}
+
+// preparePolicy validates the policy, keeps its autoscaler and resolves its
+// targets.
+func (c *Controller) preparePolicy(ctx context.Context, u *unstructured.Unstructured, ap *v1alpha1.AutoscalingPolicy) *policyRun {
+	r := &policyRun{u: u, ap: ap, pc: &policyConds{gen: ap.Generation, st: v1alpha1.AutoscalingPolicyStatus{
+		ObservedGeneration: ap.Generation, LastScaleTime: ap.Status.LastScaleTime,
+		Conditions: append([]metav1.Condition(nil), ap.Status.Conditions...)}}}
+	if r.e, r.fail = c.policyEntry(ap); r.fail != nil {
+		return r
+	}
+	targets, err := c.resolveTargets(ctx, ap)
+	if errors.As(err, &r.fail) {
+		return r
+	}
+	r.targets, r.err = targets, err
+	return r
+}
+
+// reasonInvalidPolicy: a spec the schema admits and the autoscaler refuses.
+const reasonInvalidPolicy = "InvalidPolicy"
+
+// policyEntry returns the policy's autoscaler for its current spec: the
+// one it had, reconfigured when the spec changed, or a new one that takes
+// status.lastScaleTime as its last scale (the cool-down holds across a
+// restart or a change of leader). An invalid spec leaves the autoscaler it
+// had as it was.
+func (c *Controller) policyEntry(ap *v1alpha1.AutoscalingPolicy) (*policyEntry, *targetError) {
+	e := c.autoscalers[ap.UID]
+	if e != nil && e.generation == ap.Generation {
+		return e, nil
+	}
+	p := PolicyFromSpec(&ap.Spec)
+	if err := p.Validate(); err != nil {
+		return nil, badTarget(reasonInvalidPolicy, "%v", err)
+	}
+	if e == nil {
+		a, err := autoscale.New(p)
+		if err != nil {
+			return nil, badTarget(reasonInvalidPolicy, "%v", err)
+		}
+		if t := ap.Status.LastScaleTime; t != nil {
+			a.SeedLastScale(t.Time)
+		}
+		e = &policyEntry{uid: ap.UID, a: a}
+		c.autoscalers[ap.UID] = e
+	} else if err := e.a.Reconfigure(p); err != nil {
+		return nil, badTarget(reasonInvalidPolicy, "%v", err)
+	}
+	e.generation, e.p = ap.Generation, p
+	return e, nil
 }
 
 // PolicyFromSpec resolves an AutoscalingPolicy with its defaults: the one
@@ -203,68 +277,21 @@ func (c *Controller) resolveTargets(ctx context.Context, ap *v1alpha1.Autoscalin
 	return c.adoptedTargets(ctx, ap)
 }
 
-// reasonInvalidPolicy: a spec the schema admits and the autoscaler refuses.
-const reasonInvalidPolicy = "InvalidPolicy"
-
-// policyEntry returns the policy's autoscaler for its current spec: the
-// one it had, reconfigured when the spec changed, or a new one that takes
-// status.lastScaleTime as its last scale (the cool-down holds across a
-// restart or a change of leader). An invalid spec leaves the autoscaler it
-// had as it was.
-func (c *Controller) policyEntry(ap *v1alpha1.AutoscalingPolicy) (*policyEntry, *targetError) {
-	e := c.autoscalers[ap.UID]
-	if e != nil && e.generation == ap.Generation {
-		return e, nil
+// finishPolicy takes the policy's step: the observations (mesh,
+// Prometheus, the SLO inputs), the decision, the writes to
+// each role's /scale and the status. A policy that cannot run says why.
+func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyRun, engines map[string]gossip.EngineView) {
+	ap, pc := r.ap, r.pc
+	if r.err != nil {
+		c.log.Warn("autoscale", "policy", ap.Namespace+"/"+ap.Name, "err", r.err)
+		return
 	}
-	p := PolicyFromSpec(&ap.Spec)
-	if err := p.Validate(); err != nil {
-		return nil, badTarget(reasonInvalidPolicy, "%v", err)
+	if r.fail != nil {
+		c.targetFailed(ap, pc, r.fail)
+		c.writeRunStatus(ctx, r)
+		return
 	}
-	if e == nil {
-		a, err := autoscale.New(p)
-		if err != nil {
-			return nil, badTarget(reasonInvalidPolicy, "%v", err)
-		}
-		if t := ap.Status.LastScaleTime; t != nil {
-			a.SeedLastScale(t.Time)
-		}
-		e = &policyEntry{uid: ap.UID, a: a}
-		c.autoscalers[ap.UID] = e
-	} else if err := e.a.Reconfigure(p); err != nil {
-		return nil, badTarget(reasonInvalidPolicy, "%v", err)
-	}
-	e.generation, e.p = ap.Generation, p
-	return e, nil
-}
-
-// stepPolicy takes one autoscaling step of ap; a policy that lost a
-// conflict (policyConflicts) scales nothing and says why.
-func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructured.Unstructured, ap *v1alpha1.AutoscalingPolicy, conflict *targetError) error {
-	pc := &policyConds{gen: ap.Generation, st: v1alpha1.AutoscalingPolicyStatus{ObservedGeneration: ap.Generation, LastScaleTime: ap.Status.LastScaleTime,
-		Conditions: append([]metav1.Condition(nil), ap.Status.Conditions...)}}
-	if conflict != nil {
-		delete(c.autoscalers, ap.UID) // its windows start afresh (from its lastScaleTime) once it wins
-		c.targetFailed(ap, pc, conflict)
-		return c.writePolicyStatus(ctx, u, ap, pc.st)
-	}
-	targets, err := c.resolveTargets(ctx, ap)
-	var te *targetError
-	if errors.As(err, &te) {
-		c.targetFailed(ap, pc, te)
-		return c.writePolicyStatus(ctx, u, ap, pc.st)
-	}
-	if err != nil {
-		return err
-	}
-	e, bad := c.policyEntry(ap)
-	if bad != nil {
-		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionFalse, bad.reason, bad.msg)
-		return c.writePolicyStatus(ctx, u, ap, pc.st)
-	}
-	engines := map[string]gossip.EngineView{}
-	for _, v := range c.cfg.Load.Engines() {
-		engines[v.ID] = v
-	}
+	e, targets := r.e, r.targets
 	obs := observe(targets, engines)
 	c.observePrometheus(ctx, now, ap, e, obs, pc)
 	slo := c.observeSLO(ap, targets, engines, obs, pc)
@@ -272,41 +299,43 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)
 	scaled := false
 	var scaleErr *targetError
-	for _, r := range ap.Spec.Roles {
-		d, ok := res.Roles[r.Name]
+	for _, role := range ap.Spec.Roles {
+		d, ok := res.Roles[role.Name]
 		if !ok {
 			continue
 		}
-		t := targets[r.Name]
-		pc.st.Roles = append(pc.st.Roles, v1alpha1.RoleAutoscalingStatus{Name: r.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason, Workload: t.workload})
-		recordDecision(ap, r.Name, d)
-		if d.Desired != d.Current && t.scale != nil {
-			err := t.scale(ctx, d.Desired)
-			switch {
-			case apierrors.IsConflict(err):
-				continue // not written (the object moved under the write): the next step tries again
-			case err != nil:
-				// The other roles still move; the policy says it cannot.
-				if scaleErr == nil {
-					scaleErr = scaleError(r.Name, err)
-				}
-				continue
-			}
-			what := "role " + r.Name
-			if t.workload != "" {
-				what += " (" + t.workload + ")"
-			}
-			c.recorder.Eventf(ap, corev1.EventTypeNormal, "Scaled", "%s: %d -> %d (%s)", what, d.Current, d.Desired, d.Reason)
-			scaled = true
+		t := targets[role.Name]
+		pc.st.Roles = append(pc.st.Roles, v1alpha1.RoleAutoscalingStatus{Name: role.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason, Workload: t.workload})
+		recordDecision(ap, role.Name, d)
+		if d.Desired == d.Current || t.scale == nil {
+			continue
 		}
+		err := t.scale(ctx, d.Desired)
+		switch {
+		case apierrors.IsConflict(err):
+			continue // not written (the object moved under the write): the next step tries again
+		case err != nil:
+			// The other roles still move; the policy says it cannot.
+			if scaleErr == nil {
+				scaleErr = scaleError(role.Name, err)
+			}
+			continue
+		}
+		what := "role " + role.Name
+		if t.workload != "" {
+			what += " (" + t.workload + ")"
+		}
+		c.recorder.Eventf(ap, corev1.EventTypeNormal, "Scaled", "%s: %d -> %d (%s)", what, d.Current, d.Desired, d.Reason)
+		scaled = true
 	}
 	if scaled {
 		t := metav1.NewTime(now)
 		pc.st.LastScaleTime = &t
 	}
-	if scaleErr != nil {
+	switch {
+	case scaleErr != nil:
 		c.targetFailed(ap, pc, scaleErr)
-	} else {
+	default:
 		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", observedMessage(ap, targets, engines))
 	}
 	switch {
@@ -318,7 +347,13 @@ func (c *Controller) stepPolicy(ctx context.Context, now time.Time, u *unstructu
 	default:
 		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "WithinBand", res.Ratio.Reason)
 	}
-	return c.writePolicyStatus(ctx, u, ap, pc.st)
+	c.writeRunStatus(ctx, r)
+}
+
+func (c *Controller) writeRunStatus(ctx context.Context, r *policyRun) {
+	if err := c.writePolicyStatus(ctx, r.u, r.ap, r.pc.st); err != nil {
+		c.log.Warn("autoscale", "policy", r.ap.Namespace+"/"+r.ap.Name, "err", err)
+	}
 }
 
 // observedMessage says, per role, how many of its engines the mesh knows:
@@ -350,51 +385,64 @@ func observedMessage(ap *v1alpha1.AutoscalingPolicy, targets map[string]roleTarg
 // role or workload; two would undo each other's every step.
 const reasonPolicyConflict = "PolicyConflict"
 
-// policyConflicts finds policies that scale what an older one scales (a
-// ModelDeployment's role, or a workload adopted by name; one adopted by a
-// selector is not known before it is resolved): the oldest (creation time,
-// then name) wins, every other one is returned with the reason it does not
-// scale at all.
-func policyConflicts(aps []*v1alpha1.AutoscalingPolicy) map[types.UID]*targetError {
-	sorted := slices.Clone(aps)
-	slices.SortFunc(sorted, func(a, b *v1alpha1.AutoscalingPolicy) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+// policyConflicts settles which policy scales what, on what their targets
+// resolved to (a ModelDeployment's role; an adopted workload, whether named
+// or selected): the oldest (creation time, then name) wins, every other
+// one gets the reason it scales nothing, and is returned. A policy that
+// cannot run (invalid, its targets not found) claims nothing; one whose
+// targets could not be read this step (the API server did not answer)
+// claims what its spec names, so that a newer one does not take it over
+// for a step.
+func policyConflicts(runs []*policyRun) []*policyRun {
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b *policyRun) int {
+		if c := a.ap.CreationTimestamp.Compare(b.ap.CreationTimestamp.Time); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+		return cmp.Compare(a.ap.Namespace+"/"+a.ap.Name, b.ap.Namespace+"/"+b.ap.Name)
 	})
 	owner := map[string]string{} // namespace/claim -> the winning policy's name
-	out := map[types.UID]*targetError{}
-	for _, ap := range sorted {
-		claims := policyClaims(ap)
-		var lost []string
-		winner := ""
+	var losers []*policyRun
+	for _, r := range sorted {
+		if r.fail != nil {
+			continue
+		}
+		claims := policyClaims(r)
+		var lost, winners []string
 		for _, what := range claims {
-			if w, ok := owner[ap.Namespace+"/"+what]; ok {
-				lost, winner = append(lost, what), w
+			if w, ok := owner[r.ap.Namespace+"/"+what]; ok {
+				lost = append(lost, what)
+				if !slices.Contains(winners, w) {
+					winners = append(winners, w)
+				}
 			}
 		}
 		if len(lost) > 0 {
-			out[ap.UID] = badTarget(reasonPolicyConflict, "AutoscalingPolicy %s, older, scales %s: this policy scales nothing while both do (delete one, or remove the role from one)",
-				winner, strings.Join(lost, ", "))
+			r.fail = badTarget(reasonPolicyConflict, "AutoscalingPolicy %s, older, scales %s: this policy scales nothing while both do (delete one, or remove the role from one)",
+				strings.Join(winners, ", "), strings.Join(lost, ", "))
+			losers = append(losers, r)
 			continue // a loser claims nothing
 		}
 		for _, what := range claims {
-			owner[ap.Namespace+"/"+what] = ap.Name
+			owner[r.ap.Namespace+"/"+what] = r.ap.Name
 		}
 	}
-	return out
+	return losers
 }
 
-// policyClaims names what a policy scales, as far as its spec says.
-func policyClaims(ap *v1alpha1.AutoscalingPolicy) []string {
+// policyClaims names what a policy scales: as resolved, or as far as its
+// spec says when its targets could not be read.
+func policyClaims(r *policyRun) []string {
 	var out []string
-	for _, r := range ap.Spec.Roles {
+	for _, role := range r.ap.Spec.Roles {
+		t, ok := r.targets[role.Name]
 		switch {
-		case ap.Spec.Target != "":
-			out = append(out, fmt.Sprintf("role %s of ModelDeployment %s", r.Name, ap.Spec.Target))
-		case r.Workload != nil && r.Workload.Name != "":
-			out = append(out, r.Workload.Kind+" "+r.Workload.Name)
+		case r.ap.Spec.Target != "" && (ok || r.err != nil):
+			out = append(out, fmt.Sprintf("role %s of ModelDeployment %s", role.Name, r.ap.Spec.Target))
+		case ok:
+			out = append(out, t.workload)
+		case r.err != nil && role.Workload != nil && role.Workload.Name != "":
+			out = append(out, role.Workload.Kind+"/"+role.Workload.Name)
 		}
 	}
 	return out

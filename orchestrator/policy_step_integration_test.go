@@ -5,13 +5,16 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -151,6 +154,17 @@ func roleStatus(ap *v1alpha1.AutoscalingPolicy, role string) v1alpha1.RoleAutosc
 	return v1alpha1.RoleAutoscalingStatus{}
 }
 
+// warningEvent waits for a Warning event of the reason on the policy.
+func (e *env) warningEvent(t *testing.T, policy, reason string) {
+	t.Helper()
+	testutil.WaitFor(t, wait, "a Warning event "+reason+" on "+policy, func() bool {
+		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{})
+		return err == nil && slices.ContainsFunc(evs.Items, func(ev corev1.Event) bool {
+			return ev.Type == corev1.EventTypeWarning && ev.Reason == reason && ev.InvolvedObject.Name == policy
+		})
+	})
+}
+
 // TestPolicyEditAndRestartKeepCooldown: decode, scaled up to 6 and idle
 // since, is held by its 300 s scale-down cool-down. Raising its
 // maxReplicas (an edit: a new generation) keeps the autoscaler's state, and
@@ -211,6 +225,85 @@ func TestPolicyEditAndRestartKeepCooldown(t *testing.T) {
 	}
 }
 
+// TestSelectorAdoptionConflicts: three policies adopt one Deployment, by
+// two selectors and by name. What they resolve to is the same workload: the
+// oldest (here by name) scales it, the other two say PolicyConflict naming
+// it, with Warning events, and never write its /scale (each wants another
+// size: target 10, 20, 5 for 40 waiting).
+func TestSelectorAdoptionConflicts(t *testing.T) {
+	e := newEnv(t)
+	mesh := newFakeMesh()
+	e.scaledDeployment(t, "ad-dec", map[string]string{"app": "llama"})
+	mesh.set("ad-dec-0", 40)
+	ctrl := e.stepper(t, mesh, nil)
+	policy := func(name, workload string, target int) string {
+		return `{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"` + name + `"},
+ "spec":{"stableWindowSeconds":1,"panicWindowSeconds":1,"scaleDownCooldownSeconds":0,"roles":[{"name":"decode","minReplicas":1,"maxReplicas":8,
+  "workload":` + workload + `,"metrics":[{"name":"waitingRequests","target":` + strconv.Itoa(target) + `}]}]}}`
+	}
+	doc := policy("adopt-a", `{"kind":"Deployment","selector":{"matchLabels":{"app":"llama"}}}`, 10) + "\n---\n" +
+		policy("adopt-b", `{"kind":"Deployment","selector":{"matchLabels":{"kvmesh.io/role-kind":"decode"}}}`, 20) + "\n---\n" +
+		policy("adopt-c", `{"kind":"Deployment","name":"ad-dec"}`, 5)
+	if err := e.applyDoc(t, doc); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(time.Now().Unix(), 0)
+	for i, want := range []int32{2, 4, 4, 4} {
+		for _, p := range []string{"adopt-a", "adopt-b", "adopt-c"} {
+			e.cached(t, ctrl, p)
+		}
+		ctrl.stepPolicies(e.ctx, t0.Add(time.Duration(i)*2*time.Second))
+		if got := e.deploymentScale(t, "ad-dec"); got != want {
+			t.Fatalf("step %d: ad-dec at %d, want %d (adopt-a's)", i, got, want)
+		}
+	}
+	if s, _ := scalingActive(e.policy(t, "adopt-a")); s != metav1.ConditionTrue {
+		t.Errorf("adopt-a: ScalingActive %q", s)
+	}
+	for _, p := range []string{"adopt-b", "adopt-c"} {
+		ap := e.policy(t, p)
+		c := meta.FindStatusCondition(ap.Status.Conditions, v1alpha1.ConditionScalingActive)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != reasonPolicyConflict ||
+			!strings.Contains(c.Message, "adopt-a") || !strings.Contains(c.Message, "Deployment/ad-dec") || len(ap.Status.Roles) != 0 {
+			t.Errorf("%s: %+v, roles %+v; want PolicyConflict naming adopt-a and Deployment/ad-dec", p, c, ap.Status.Roles)
+		}
+		e.warningEvent(t, p, reasonPolicyConflict)
+	}
+}
+
+// TestInvalidOlderPolicyClaimsNothing: an older policy the autoscaler
+// refuses (a ratio naming a role it does not scale, which the schema
+// admits) scales nothing, so it does not take the workload from a newer
+// valid one; it says InvalidPolicy with a Warning event and counts it.
+func TestInvalidOlderPolicyClaimsNothing(t *testing.T) {
+	e := newEnv(t)
+	mesh := newFakeMesh()
+	e.scaledDeployment(t, "c0", nil)
+	mesh.set("c0-0", 40)
+	ctrl := e.stepper(t, mesh, nil)
+	before := promtest.ToFloat64(policyTargetErrors.WithLabelValues(reasonInvalidPolicy))
+	broken := adoptPolicy("aa-broken", "c0", `"ratio":{"numeratorRole":"decode","denominatorRole":"prefill","minRatio":1,"maxRatio":2},`, 6)
+	if err := e.applyDoc(t, broken+"\n---\n"+adoptPolicy("zz-good", "c0", "", 6)); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(t, ctrl, "aa-broken")
+	e.cached(t, ctrl, "zz-good")
+	ctrl.stepPolicies(e.ctx, time.Now())
+	if got := e.deploymentScale(t, "c0"); got != 2 {
+		t.Errorf("c0 at %d, want 2 (zz-good's first step)", got)
+	}
+	if s, r := scalingActive(e.policy(t, "zz-good")); s != metav1.ConditionTrue {
+		t.Errorf("zz-good: %s %s, want ScalingActive True", s, r)
+	}
+	if s, r := scalingActive(e.policy(t, "aa-broken")); s != metav1.ConditionFalse || r != reasonInvalidPolicy {
+		t.Errorf("aa-broken: %s %s, want False InvalidPolicy", s, r)
+	}
+	e.warningEvent(t, "aa-broken", reasonInvalidPolicy)
+	if got := promtest.ToFloat64(policyTargetErrors.WithLabelValues(reasonInvalidPolicy)); got != before+1 {
+		t.Errorf("target errors {InvalidPolicy}: %v, want %v", got, before+1)
+	}
+}
+
 // TestStatusIgnoresUnrelatedEngines: the status says how many of each
 // role's engines the mesh knows; an engine of another workload joining the
 // mesh does not rewrite it.
@@ -254,20 +347,6 @@ func (e *env) roleScale(t *testing.T, name string) int32 {
 	}
 	n, _, _ := unstructured.NestedInt64(s.Object, "spec", "replicas")
 	return int32(n)
-}
-
-// scaleRoleScaler writes a RoleScaler's /scale as an HPA does.
-func (e *env) scaleRoleScaler(t *testing.T, name string, n int32) {
-	t.Helper()
-	rc := e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns)
-	s, err := rc.Get(e.ctx, name, metav1.GetOptions{}, "scale")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = unstructured.SetNestedField(s.Object, int64(n), "spec", "replicas")
-	if _, err := rc.Update(e.ctx, s, metav1.UpdateOptions{}, "scale"); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // settled waits until the ModelDeployment x's decode role shows n
