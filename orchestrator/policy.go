@@ -131,8 +131,13 @@ func (c *Controller) preparePolicy(ctx context.Context, u *unstructured.Unstruct
 	return r
 }
 
-// reasonInvalidPolicy: a spec the schema admits and the autoscaler refuses.
-const reasonInvalidPolicy = "InvalidPolicy"
+// Reasons of a policy that cannot run as written.
+const (
+	reasonInvalidPolicy = "InvalidPolicy"
+	// reasonCannotScaleFromZero: a role may go to zero replicas, and
+	// nothing would bring it back (RolesStuckAtZero).
+	reasonCannotScaleFromZero = "CannotScaleFromZero"
+)
 
 // policyEntry returns the policy's autoscaler for its current spec: the
 // one it had, reconfigured when the spec changed, or a new one that takes
@@ -147,6 +152,9 @@ func (c *Controller) policyEntry(ap *v1alpha1.AutoscalingPolicy) (*policyEntry, 
 	p := PolicyFromSpec(&ap.Spec)
 	if err := p.Validate(); err != nil {
 		return nil, badTarget(reasonInvalidPolicy, "%v", err)
+	}
+	if stuck := RolesStuckAtZero(&ap.Spec, true); len(stuck) > 0 {
+		return nil, badTarget(reasonCannotScaleFromZero, "%s", stuckAtZeroMessage(stuck))
 	}
 	if e == nil {
 		a, err := autoscale.New(p)
@@ -163,6 +171,51 @@ func (c *Controller) policyEntry(ap *v1alpha1.AutoscalingPolicy) (*policyEntry, 
 	}
 	e.generation, e.p = ap.Generation, p
 	return e, nil
+}
+
+// RolesStuckAtZero names the roles of a policy whose minReplicas 0 would be
+// a one-way door. At zero replicas a role has no engine, so no mesh metric
+// (nor the SLO mode, which reads the role's engines) observes its load and
+// it holds at zero whatever arrives. A role can come back only through a
+// Prometheus metric counting its demand (waitingRequests, runningRequests
+// or prefillQueueTokens: an average has no value without replicas), or a
+// ratio band whose other role is never at zero (minReplicas ≥ 1, or such a
+// metric), which seeds it to one. withPrometheus is false where Prometheus
+// metrics are not evaluated (the local backend).
+func RolesStuckAtZero(s *v1alpha1.AutoscalingPolicySpec, withPrometheus bool) []string {
+	wakes := func(r v1alpha1.RoleAutoscaling) bool {
+		return r.MinReplicas > 0 || withPrometheus && slices.ContainsFunc(r.Metrics, func(m v1alpha1.MetricTarget) bool {
+			return m.Source == "prometheus" && isTotalMetric(m.Name)
+		})
+	}
+	var out []string
+	for _, r := range s.Roles {
+		if wakes(r) {
+			continue
+		}
+		if rc := s.Ratio; rc != nil {
+			other := ""
+			switch r.Name {
+			case rc.NumeratorRole:
+				other = rc.DenominatorRole
+			case rc.DenominatorRole:
+				other = rc.NumeratorRole
+			}
+			if i := slices.IndexFunc(s.Roles, func(o v1alpha1.RoleAutoscaling) bool { return o.Name == other }); i >= 0 && wakes(s.Roles[i]) {
+				continue
+			}
+		}
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+// stuckAtZeroMessage says why the roles cannot have minReplicas 0 and what to do.
+func stuckAtZeroMessage(roles []string) string {
+	return fmt.Sprintf("role %s: minReplicas 0, but at zero replicas a role has no engine, so nothing in the mesh observes its load "+
+		"and it would never scale back up; set minReplicas to 1 or more, or give the role a Prometheus metric counting its demand "+
+		"(waitingRequests, runningRequests or prefillQueueTokens, source prometheus), or put it in a ratio band with a role whose "+
+		"minReplicas is 1 or more", strings.Join(roles, ", "))
 }
 
 // PolicyFromSpec resolves an AutoscalingPolicy with its defaults: the one

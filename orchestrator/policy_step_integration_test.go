@@ -304,6 +304,42 @@ func TestInvalidOlderPolicyClaimsNothing(t *testing.T) {
 	}
 }
 
+// TestMinZeroNeedsAWakeSource: a role with minReplicas 0 that only mesh
+// metrics observe would be held at zero forever once there (no engine, no
+// load observed): the policy is refused with CannotScaleFromZero, a Warning
+// event naming the fix, and scales nothing; with minReplicas 1 it runs.
+func TestMinZeroNeedsAWakeSource(t *testing.T) {
+	e := newEnv(t)
+	mesh := newFakeMesh()
+	e.scaledDeployment(t, "z", nil)
+	mesh.set("z-0", 0)
+	ctrl := e.stepper(t, mesh, nil)
+	zero := strings.Replace(adoptPolicy("p", "z", "", 4), `"minReplicas":1`, `"minReplicas":0`, 1)
+	if err := e.applyDoc(t, zero); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(t, ctrl, "p")
+	ctrl.stepPolicies(e.ctx, time.Now())
+	ap := e.policy(t, "p")
+	c := meta.FindStatusCondition(ap.Status.Conditions, v1alpha1.ConditionScalingActive)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != reasonCannotScaleFromZero ||
+		!strings.Contains(c.Message, "role decode") || !strings.Contains(c.Message, "minReplicas to 1") {
+		t.Fatalf("condition %+v, want CannotScaleFromZero naming the role and the fix", c)
+	}
+	if got := e.deploymentScale(t, "z"); got != 1 {
+		t.Fatalf("z scaled to %d by a refused policy", got)
+	}
+	e.warningEvent(t, "p", reasonCannotScaleFromZero)
+	if err := e.applyDoc(t, adoptPolicy("p", "z", "", 4)); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(t, ctrl, "p")
+	ctrl.stepPolicies(e.ctx, time.Now())
+	if s, r := scalingActive(e.policy(t, "p")); s != metav1.ConditionTrue {
+		t.Fatalf("minReplicas 1: %s %s, want ScalingActive True", s, r)
+	}
+}
+
 // TestStatusIgnoresUnrelatedEngines: the status says how many of each
 // role's engines the mesh knows; an engine of another workload joining the
 // mesh does not rewrite it.

@@ -48,7 +48,11 @@ type AutoscalingPolicySpec struct {
 	SLO *SLOTarget `json:"slo,omitempty"`
 }
 
-// RoleAutoscaling bounds one role and names its metric targets.
+// RoleAutoscaling bounds one role and names its metric targets. A
+// MinReplicas of 0 needs something that observes the role without engines
+// (a Prometheus metric counting its demand, or a ratio band with a role
+// that never goes to zero); without it the policy is refused
+// (CannotScaleFromZero).
 type RoleAutoscaling struct {
 	Name        string         `json:"name"`
 	MinReplicas int32          `json:"minReplicas"`
