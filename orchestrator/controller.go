@@ -65,8 +65,10 @@ type Controller struct {
 	volcano bool
 	// autoscalers is owned by the autoscaler goroutine alone.
 	autoscalers map[types.UID]*policyEntry
-	// promClients by address, owned by the autoscaler goroutine alone.
+	// promClients and promBackoff by address, owned by the goroutine
+	// running a step's Prometheus queries (runPromJobs).
 	promClients map[string]*promClient
+	promBackoff map[string]*promBackoff
 
 	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster
@@ -146,7 +148,7 @@ func (c *Controller) newTerm() error {
 	scInf := c.dynInformers.ForResource(v1alpha1.RoleScalersResource)
 	c.pods, c.services, c.mds, c.scalers = podInf.Lister(), svcInf.Lister(), mdInf.Lister(), scInf.Lister()
 	c.synced = []cache.InformerSynced{podInf.Informer().HasSynced, svcInf.Informer().HasSynced, mdInf.Informer().HasSynced, scInf.Informer().HasSynced}
-	c.policies, c.autoscalers, c.promClients = nil, nil, nil
+	c.policies, c.autoscalers, c.promClients, c.promBackoff = nil, nil, nil, nil
 	if cfg.Load != nil {
 		apInf := c.dynInformers.ForResource(v1alpha1.AutoscalingPoliciesResource)
 		c.policies = apInf.Lister()

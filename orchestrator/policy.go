@@ -73,13 +73,15 @@ type policyRun struct {
 	// target, lost a conflict), and says why.
 	fail *targetError
 	// err: resolving the targets failed otherwise (logged; no status).
-	err error
+	err  error
+	jobs []*promJob
 }
 
 // stepPolicies takes one step of every policy: each is validated and its
 // targets resolved, then conflicts are settled on what they resolved to
-// (the oldest policy scaling a role or workload wins), then every winner
-// is stepped.
+// (the oldest policy scaling a role or workload wins), then every winner's
+// Prometheus queries run at once while the policies without any are
+// stepped, then the others are.
 func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 	objs, err := c.policies.List(labels.Everything())
 	if err != nil {
@@ -100,12 +102,36 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 		delete(c.autoscalers, r.ap.UID) // its windows start afresh (from its lastScaleTime) once it wins
 		r.e = nil
 	}
+	var jobs []*promJob
+	for _, r := range runs {
+		if r.fail == nil && r.err == nil {
+			r.jobs = c.promJobs(r.ap)
+			jobs = append(jobs, r.jobs...)
+		}
+	}
+	done := make(chan struct{})
+	if len(jobs) > 0 {
+		go func() {
+			defer close(done)
+			c.runPromJobs(ctx, now, jobs)
+		}()
+	} else {
+		close(done)
+	}
 	engines := map[string]gossip.EngineView{}
 	for _, v := range c.cfg.Load.Engines() {
 		engines[v.ID] = v
 	}
 	for _, r := range runs {
-		c.finishPolicy(ctx, now, r, engines)
+		if len(r.jobs) == 0 {
+			c.finishPolicy(ctx, now, r, engines)
+		}
+	}
+	<-done
+	for _, r := range runs {
+		if len(r.jobs) > 0 {
+			c.finishPolicy(ctx, now, r, engines)
+		}
 	}
 	for uid := range c.autoscalers {
 		if !seen[uid] {
@@ -330,8 +356,8 @@ func (c *Controller) resolveTargets(ctx context.Context, ap *v1alpha1.Autoscalin
 	return c.adoptedTargets(ctx, ap)
 }
 
-// finishPolicy takes the policy's step: the observations (mesh,
-// Prometheus, the SLO inputs), the decision, the writes to
+// finishPolicy takes the policy's step: the observations (mesh, the
+// Prometheus answers in r.jobs, the SLO inputs), the decision, the writes to
 // each role's /scale and the status. A policy that cannot run says why.
 func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyRun, engines map[string]gossip.EngineView) {
 	ap, pc := r.ap, r.pc
@@ -346,7 +372,7 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 	}
 	e, targets := r.e, r.targets
 	obs := observe(targets, engines)
-	c.observePrometheus(ctx, now, ap, e, obs, pc)
+	c.applyProm(now, ap, e, r.jobs, obs, pc)
 	slo := c.observeSLO(ap, targets, engines, obs, pc)
 	res := e.a.Step(now, obs, slo)
 	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)

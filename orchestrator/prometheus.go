@@ -7,7 +7,10 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	promapi "github.com/prometheus/client_golang/api"
@@ -37,14 +40,40 @@ import (
 var (
 	ErrPromResult    = errors.New("prometheus: unsupported result type")
 	ErrPromNoAddress = errors.New("prometheus: no address (spec.prometheus.address or --prometheus-url)")
+	// errPromTimeout: the query did not answer within its deadline; its
+	// address is backed off (promBackoff).
+	errPromTimeout = errors.New("timed out")
+	// errPromBackedOff: the query was not sent, its address timed out at a
+	// recent step.
+	errPromBackedOff = errors.New("prometheus: not asked")
+	// errPromNotSent: the step's deadline passed before the query's turn.
+	errPromNotSent = errors.New("prometheus: not asked before the step's deadline")
 )
+
+// The queries of one step run concurrently under one deadline
+// (Config.PrometheusTimeout): at most promPerAddress in flight to one
+// address and promInFlight in all, so a slow or black-holed Prometheus
+// delays only the policies that query it, by one deadline at most. An
+// address that timed out is not asked again for promBackoffBase, doubling
+// with each further timeout up to promBackoffMax (the last good values
+// are used meanwhile, until stale).
+const (
+	promPerAddress  = 4
+	promInFlight    = 32
+	promBackoffBase = 30 * time.Second
+	promBackoffMax  = 5 * time.Minute
+)
+
+func init() { promQueries.WithLabelValues("backoff") }
 
 // maxPromBody bounds a query response: a role's value needs a few samples.
 const maxPromBody = 4 << 20
 
 const defaultPromStale = 120 * time.Second
 
-type promKey struct{ role, metric string }
+// promKey names one query of a policy: an edited query does not inherit
+// the last good value of the one it replaced.
+type promKey struct{ role, metric, query string }
 
 type promSample struct {
 	v  float64
@@ -71,12 +100,16 @@ func newPromClient(addr string, rt http.RoundTripper, timeout time.Duration) (*p
 }
 
 // query evaluates q at `at` and reduces the result for the named metric;
-// ok is false when the result holds no value for it.
+// ok is false when the result holds no value for it. A query cut off by
+// its deadline (its own timeout, or the step's) is errPromTimeout.
 func (p *promClient) query(ctx context.Context, q string, at time.Time, metric string) (v float64, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	val, _, _, err := p.api.Query(ctx, q, at)
 	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return 0, false, fmt.Errorf("prometheus query: %w: %w", errPromTimeout, err)
+		}
 		return 0, false, fmt.Errorf("prometheus query: %w", err)
 	}
 	return reducePromValue(val, metric)
@@ -143,8 +176,52 @@ func (l limitBody) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// promClientFor returns the cached client of addr (the autoscaler
-// goroutine owns the cache).
+// promJob is one query of a step and its outcome.
+type promJob struct {
+	addr string
+	key  promKey
+	v    float64
+	ok   bool
+	err  error
+}
+
+// promBackoff is an address that timed out: not asked before until.
+type promBackoff struct {
+	timeouts int
+	until    time.Time
+}
+
+// promSource is where the policy's Prometheus metrics are asked, and how
+// long a last good value lasts.
+func (c *Controller) promSource(ap *v1alpha1.AutoscalingPolicy) (addr string, stale time.Duration) {
+	addr, stale = c.cfg.PrometheusURL, defaultPromStale
+	if ps := ap.Spec.Prometheus; ps != nil {
+		if ps.Address != "" {
+			addr = ps.Address
+		}
+		if ps.StaleAfterSeconds != nil && *ps.StaleAfterSeconds > 0 {
+			stale = time.Duration(*ps.StaleAfterSeconds) * time.Second
+		}
+	}
+	return addr, stale
+}
+
+// promJobs lists the policy's Prometheus queries, one per role and metric.
+func (c *Controller) promJobs(ap *v1alpha1.AutoscalingPolicy) []*promJob {
+	addr, _ := c.promSource(ap)
+	var out []*promJob
+	for _, r := range ap.Spec.Roles {
+		for _, m := range r.Metrics {
+			if m.Source == "prometheus" {
+				out = append(out, &promJob{addr: addr, key: promKey{r.Name, m.Name, m.Query}})
+			}
+		}
+	}
+	return out
+}
+
+// promClientFor returns the cached client of addr (the goroutine running
+// the step's queries owns the cache).
 func (c *Controller) promClientFor(addr string) (*promClient, error) {
 	if p, ok := c.promClients[addr]; ok {
 		return p, nil
@@ -160,56 +237,139 @@ func (c *Controller) promClientFor(addr string) (*promClient, error) {
 	return p, nil
 }
 
-// observePrometheus evaluates the policy's prometheus metrics into obs and
-// sets MetricsAvailable (removed when the policy has none).
-func (c *Controller) observePrometheus(ctx context.Context, now time.Time, ap *v1alpha1.AutoscalingPolicy, e *policyEntry, obs map[string]autoscale.Observation, pc *policyConds) {
-	addr, stale := c.cfg.PrometheusURL, defaultPromStale
-	if ps := ap.Spec.Prometheus; ps != nil {
-		if ps.Address != "" {
-			addr = ps.Address
+// runPromJobs answers every job of a step: concurrently, under one
+// deadline, skipping the addresses backed off after a timeout (see
+// promPerAddress). Every goroutine it starts has ended when it returns.
+// It owns c.promClients and c.promBackoff while it runs.
+func (c *Controller) runPromJobs(ctx context.Context, now time.Time, jobs []*promJob) {
+	if len(jobs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.PrometheusTimeout)
+	defer cancel()
+	if c.promBackoff == nil {
+		c.promBackoff = map[string]*promBackoff{}
+	}
+	byAddr := map[string][]*promJob{}
+	var addrs []string
+	for _, j := range jobs {
+		if j.addr == "" {
+			j.err = ErrPromNoAddress
+			continue
 		}
-		if ps.StaleAfterSeconds != nil && *ps.StaleAfterSeconds > 0 {
-			stale = time.Duration(*ps.StaleAfterSeconds) * time.Second
+		if byAddr[j.addr] == nil {
+			addrs = append(addrs, j.addr)
+		}
+		byAddr[j.addr] = append(byAddr[j.addr], j)
+	}
+	slots := make(chan struct{}, promInFlight)
+	var wg sync.WaitGroup
+	asked := map[string]bool{}
+	for _, addr := range addrs {
+		js := byAddr[addr]
+		if b := c.promBackoff[addr]; b != nil && now.Before(b.until) {
+			for _, j := range js {
+				j.err = fmt.Errorf("%w: %s timed out at the last %d steps that asked it; asked again from %s",
+					errPromBackedOff, addr, b.timeouts, b.until.UTC().Format(time.RFC3339))
+			}
+			continue
+		}
+		p, err := c.promClientFor(addr)
+		if err != nil {
+			for _, j := range js {
+				j.err = err
+			}
+			continue
+		}
+		asked[addr] = true
+		var next atomic.Int64
+		for range min(len(js), promPerAddress) {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= len(js) {
+						return
+					}
+					j := js[i]
+					select {
+					case slots <- struct{}{}:
+					case <-ctx.Done():
+						j.err = errPromNotSent
+						continue
+					}
+					j.v, j.ok, j.err = p.query(ctx, j.key.query, now, j.key.metric)
+					<-slots
+				}
+			})
 		}
 	}
+	wg.Wait()
+	for addr := range asked {
+		timedOut := slices.ContainsFunc(byAddr[addr], func(j *promJob) bool { return errors.Is(j.err, errPromTimeout) })
+		if !timedOut {
+			delete(c.promBackoff, addr)
+			continue
+		}
+		b := c.promBackoff[addr]
+		if b == nil {
+			b = &promBackoff{}
+			c.promBackoff[addr] = b
+		}
+		b.timeouts++
+		d := promBackoffBase
+		for i := 1; i < b.timeouts && d < promBackoffMax; i++ {
+			d *= 2
+		}
+		b.until = now.Add(min(d, promBackoffMax))
+	}
+}
+
+// applyProm puts the answered jobs of a policy into obs (a Prometheus
+// value over a mesh value of the same name), keeps each query's last good
+// value until it is stale, and sets MetricsAvailable (removed when the
+// policy has no Prometheus metric).
+func (c *Controller) applyProm(now time.Time, ap *v1alpha1.AutoscalingPolicy, e *policyEntry, jobs []*promJob, obs map[string]autoscale.Observation, pc *policyConds) {
+	_, stale := c.promSource(ap)
 	if e.prom == nil {
 		e.prom = map[promKey]promSample{}
 	}
 	var failures []string
-	n := 0
-	for _, r := range ap.Spec.Roles {
-		for _, m := range r.Metrics {
-			if m.Source != "prometheus" {
-				continue
-			}
-			n++
-			k := promKey{r.Name, m.Name}
-			v, ok, err := c.queryProm(ctx, addr, m.Query, now, m.Name)
-			switch {
-			case err != nil:
-				promQueries.WithLabelValues("error").Inc()
-				failures = append(failures, fmt.Sprintf("role %s %s: %v", r.Name, m.Name, err))
-			case ok:
-				promQueries.WithLabelValues("ok").Inc()
-				e.prom[k] = promSample{v, now}
-			default:
-				promQueries.WithLabelValues("ok").Inc()
-				delete(e.prom, k)
-			}
-			s, have := e.prom[k]
-			o, haveObs := obs[r.Name]
-			switch {
-			case !have || !haveObs:
-			case now.Sub(s.at) > stale:
-				promQueries.WithLabelValues("stale").Inc()
-				delete(e.prom, k)
-			default:
-				o.Metrics[m.Name] = s.v // over a mesh value of the same name
-			}
+	keep := map[promKey]bool{}
+	for _, j := range jobs {
+		k := j.key
+		keep[k] = true
+		switch {
+		case errors.Is(j.err, errPromBackedOff), errors.Is(j.err, errPromNotSent):
+			promQueries.WithLabelValues("backoff").Inc()
+			failures = append(failures, fmt.Sprintf("role %s %s: %v", k.role, k.metric, j.err))
+		case j.err != nil:
+			promQueries.WithLabelValues("error").Inc()
+			failures = append(failures, fmt.Sprintf("role %s %s: %v", k.role, k.metric, j.err))
+		case j.ok:
+			promQueries.WithLabelValues("ok").Inc()
+			e.prom[k] = promSample{j.v, now}
+		default:
+			promQueries.WithLabelValues("ok").Inc()
+			delete(e.prom, k)
+		}
+		s, have := e.prom[k]
+		o, haveObs := obs[k.role]
+		switch {
+		case !have || !haveObs:
+		case now.Sub(s.at) > stale:
+			promQueries.WithLabelValues("stale").Inc()
+			delete(e.prom, k)
+		default:
+			o.Metrics[k.metric] = s.v // over a mesh value of the same name
+		}
+	}
+	for k := range e.prom {
+		if !keep[k] {
+			delete(e.prom, k) // a query the policy no longer has
 		}
 	}
 	switch {
-	case n == 0:
+	case len(jobs) == 0:
 		meta.RemoveStatusCondition(&pc.st.Conditions, v1alpha1.ConditionMetricsAvailable)
 	case len(failures) > 0:
 		msg := strings.Join(failures, "; ")
@@ -218,17 +378,15 @@ func (c *Controller) observePrometheus(ctx context.Context, now time.Time, ap *v
 		}
 		pc.set(v1alpha1.ConditionMetricsAvailable, metav1.ConditionFalse, "PrometheusError", msg)
 	default:
-		pc.set(v1alpha1.ConditionMetricsAvailable, metav1.ConditionTrue, "PrometheusOK", fmt.Sprintf("%d Prometheus queries answered", n))
+		pc.set(v1alpha1.ConditionMetricsAvailable, metav1.ConditionTrue, "PrometheusOK", fmt.Sprintf("%d Prometheus queries answered", len(jobs)))
 	}
 }
 
-func (c *Controller) queryProm(ctx context.Context, addr, q string, now time.Time, metric string) (float64, bool, error) {
-	if addr == "" {
-		return 0, false, ErrPromNoAddress
-	}
-	p, err := c.promClientFor(addr)
-	if err != nil {
-		return 0, false, err
-	}
-	return p.query(ctx, q, now, metric)
+// observePrometheus evaluates the policy's Prometheus metrics into obs and
+// sets MetricsAvailable: the queries and the reduction of one policy, as a
+// step runs them (stepPolicies runs every policy's queries at once).
+func (c *Controller) observePrometheus(ctx context.Context, now time.Time, ap *v1alpha1.AutoscalingPolicy, e *policyEntry, obs map[string]autoscale.Observation, pc *policyConds) {
+	jobs := c.promJobs(ap)
+	c.runPromJobs(ctx, now, jobs)
+	c.applyProm(now, ap, e, jobs, obs, pc)
 }

@@ -7,7 +7,10 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
 )
@@ -189,4 +193,152 @@ func FuzzPrometheusResponse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// blockingProm is a Prometheus that answers nothing until released (or
+// the client gives up): it counts the queries it received and the most it
+// held at once.
+type blockingProm struct {
+	srv                  *httptest.Server
+	release              chan struct{}
+	once                 sync.Once
+	mu                   sync.Mutex
+	received, held, most int
+}
+
+func newBlockingProm(t *testing.T) *blockingProm {
+	t.Helper()
+	b := &blockingProm{release: make(chan struct{})}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.mu.Lock()
+		b.received++
+		b.held++
+		b.most = max(b.most, b.held)
+		b.mu.Unlock()
+		defer func() {
+			b.mu.Lock()
+			b.held--
+			b.mu.Unlock()
+		}()
+		select {
+		case <-b.release:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}`))
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() {
+		b.open()
+		b.srv.Close()
+	})
+	return b
+}
+
+func (b *blockingProm) open() { b.once.Do(func() { close(b.release) }) }
+
+// countingTransport counts the requests a client sends.
+type countingTransport struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (c *countingTransport) sent() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+func (b *blockingProm) counts() (received, held, most int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.received, b.held, b.most
+}
+
+// TestPromQueriesRunConcurrently: a step's queries run at once: while one
+// Prometheus holds its queries (as many at a time as promPerAddress
+// allows), another's are answered; nothing waits for its turn behind a
+// slow address.
+func TestPromQueriesRunConcurrently(t *testing.T) {
+	slow, fast := newBlockingProm(t), newPromStandIn(t)
+	fast.setVector("q", 5)
+	c := &Controller{cfg: Config{PrometheusTimeout: time.Minute}}
+	var jobs []*promJob
+	for i := range 6 {
+		jobs = append(jobs, &promJob{addr: slow.srv.URL, key: promKey{"decode", autoscale.WaitingRequests, strconv.Itoa(i)}})
+	}
+	for _, r := range []string{"prefill", "decode"} {
+		jobs = append(jobs, &promJob{addr: fast.srv.URL, key: promKey{r, autoscale.WaitingRequests, "q"}})
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.runPromJobs(context.Background(), time.Unix(1700000000, 0), jobs)
+	}()
+	testutil.WaitFor(t, time.Minute, "the fast Prometheus answered while the slow one holds 4 queries", func() bool {
+		_, held, _ := slow.counts()
+		return held == promPerAddress && fast.queries("q") == 2
+	})
+	slow.open()
+	<-done
+	if _, _, most := slow.counts(); most != promPerAddress {
+		t.Errorf("at most %d queries at once to one address, want %d", most, promPerAddress)
+	}
+	for _, j := range jobs {
+		if j.err != nil || !j.ok {
+			t.Errorf("%+v: %v", j.key, j.err)
+		}
+	}
+}
+
+// TestPromBackoffAfterTimeout: an address whose query timed out is not
+// asked at the next steps: 30 s, then 60 s after a second timeout; the
+// step says so (MetricsAvailable False) and keeps the last good value
+// meanwhile. An answer clears the back-off.
+func TestPromBackoffAfterTimeout(t *testing.T) {
+	p := newBlockingProm(t)
+	c := &Controller{cfg: Config{PrometheusTimeout: 20 * time.Millisecond}}
+	sent := &countingTransport{}
+	pc, err := newPromClient(p.srv.URL, sent, time.Minute) // the step's deadline bounds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.promClients = map[string]*promClient{p.srv.URL: pc}
+	ap := promPolicy(p.srv.URL, 3600, promMetric(autoscale.WaitingRequests, "q"))
+	t0 := time.Unix(1700000000, 0)
+	e := &policyEntry{prom: map[promKey]promSample{{"decode", autoscale.WaitingRequests, "q"}: {v: 9, at: t0}}}
+	step := func(s int, asked int) promStep {
+		t.Helper()
+		r := stepProm(c, e, ap, t0.Add(time.Duration(s)*time.Second))
+		if got := sent.sent(); got != asked {
+			t.Fatalf("at %d s: %d queries sent in all, want %d", s, got, asked)
+		}
+		return r
+	}
+	s := step(0, 1)
+	if s.cond == nil || s.cond.Status != metav1.ConditionFalse || !strings.Contains(s.cond.Message, "timed out") {
+		t.Fatalf("a timed-out query: %+v", s.cond)
+	}
+	s = step(15, 1)
+	if s.cond == nil || s.cond.Status != metav1.ConditionFalse || !strings.Contains(s.cond.Message, "not asked") {
+		t.Errorf("backed off: %+v", s.cond)
+	}
+	if v := s.obs["decode"].Metrics[autoscale.WaitingRequests]; v != 9 {
+		t.Errorf("backed off: %v, want the last good 9", v)
+	}
+	step(30, 2) // asked again, timed out again: 60 s
+	step(89, 2) // still backed off
+	p.open()    // answers from now on
+	c.cfg.PrometheusTimeout = time.Minute
+	step(90, 3) // asked again, answered
+	s = step(91, 4)
+	if s.cond == nil || s.cond.Status != metav1.ConditionTrue || s.obs["decode"].Metrics[autoscale.WaitingRequests] != 2 {
+		t.Errorf("answered: %+v %v", s.cond, s.obs)
+	}
 }
