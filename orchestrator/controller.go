@@ -69,6 +69,9 @@ type Controller struct {
 	// running a step's Prometheus queries (runPromJobs).
 	promClients map[string]*promClient
 	promBackoff map[string]*promBackoff
+	// series are the per-role metric series the last step exported (the
+	// autoscaler goroutine's; withdrawn when its term ends).
+	series map[seriesKey]bool
 
 	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster

@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
@@ -48,10 +50,12 @@ type policyEntry struct {
 // runAutoscaler steps every AutoscalingPolicy each interval until ctx ends.
 // Autoscaling is periodic by nature (load changes without API events); it
 // reads the informer caches and the mesh (the adoption mode also reads the
-// workloads' /scale).
+// workloads' /scale). At the end of the term it withdraws the per-role
+// series: a replica that does not lead exports no decisions.
 func (c *Controller) runAutoscaler(ctx context.Context) {
 	t := time.NewTicker(c.cfg.AutoscaleInterval)
 	defer t.Stop()
+	defer c.dropSeries(nil)
 	for {
 		select {
 		case <-ctx.Done():
@@ -122,15 +126,16 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 	for _, v := range c.cfg.Load.Engines() {
 		engines[v.ID] = v
 	}
+	exported := map[seriesKey]bool{}
 	for _, r := range runs {
 		if len(r.jobs) == 0 {
-			c.finishPolicy(ctx, now, r, engines)
+			c.finishPolicy(ctx, now, r, engines, exported)
 		}
 	}
 	<-done
 	for _, r := range runs {
 		if len(r.jobs) > 0 {
-			c.finishPolicy(ctx, now, r, engines)
+			c.finishPolicy(ctx, now, r, engines, exported)
 		}
 	}
 	for uid := range c.autoscalers {
@@ -138,6 +143,7 @@ func (c *Controller) stepPolicies(ctx context.Context, now time.Time) {
 			delete(c.autoscalers, uid)
 		}
 	}
+	c.dropSeries(exported)
 }
 
 // preparePolicy validates the policy, keeps its autoscaler and resolves its
@@ -359,7 +365,7 @@ func (c *Controller) resolveTargets(ctx context.Context, ap *v1alpha1.Autoscalin
 // finishPolicy takes the policy's step: the observations (mesh, the
 // Prometheus answers in r.jobs, the SLO inputs), the decision, the writes to
 // each role's /scale and the status. A policy that cannot run says why.
-func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyRun, engines map[string]gossip.EngineView) {
+func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyRun, engines map[string]gossip.EngineView, exported map[seriesKey]bool) {
 	ap, pc := r.ap, r.pc
 	if r.err != nil {
 		c.log.Warn("autoscale", "policy", ap.Namespace+"/"+ap.Name, "err", r.err)
@@ -386,6 +392,7 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 		t := targets[role.Name]
 		pc.st.Roles = append(pc.st.Roles, v1alpha1.RoleAutoscalingStatus{Name: role.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason, Workload: t.workload})
 		recordDecision(ap, role.Name, d)
+		exported[seriesKey{ap.Namespace, ap.Name, role.Name}] = true
 		if d.Desired == d.Current || t.scale == nil {
 			continue
 		}
@@ -525,6 +532,30 @@ func policyClaims(r *policyRun) []string {
 		}
 	}
 	return out
+}
+
+// seriesKey is one role's series of the per-role metrics.
+type seriesKey struct{ ns, policy, role string }
+
+// dropSeries deletes the per-role series the last step exported and this
+// one did not (a policy deleted, not run, or a role dropped from it), and
+// a policy's SLO inputs with its last role.
+func (c *Controller) dropSeries(exported map[seriesKey]bool) {
+	live := map[[2]string]bool{}
+	for k := range exported {
+		live[[2]string{k.ns, k.policy}] = true
+	}
+	for k := range c.series {
+		if exported[k] {
+			continue
+		}
+		autoscaleDesired.DeleteLabelValues(k.ns, k.policy, k.role)
+		autoscaleCurrent.DeleteLabelValues(k.ns, k.policy, k.role)
+		if !live[[2]string{k.ns, k.policy}] {
+			sloInputs.DeletePartialMatch(prometheus.Labels{"namespace": k.ns, "policy": k.policy})
+		}
+	}
+	c.series = exported
 }
 
 // recordDecision exports one role's decision as metrics.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -364,6 +365,83 @@ func TestStatusIgnoresUnrelatedEngines(t *testing.T) {
 	ctrl.stepPolicies(e.ctx, t0.Add(time.Second))
 	if after := e.policy(t, "p"); after.ResourceVersion != ap.ResourceVersion {
 		t.Errorf("status rewritten for an unrelated engine: %+v", after.Status.Conditions)
+	}
+}
+
+// seriesOf lists the roles of a policy with a current-replicas series.
+func seriesOf(t *testing.T, ns, policy string) []string {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(autoscaleCurrent)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["namespace"] == ns && l["policy"] == policy {
+				out = append(out, l["role"])
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestPolicySeriesFollowPolicies: a policy's per-role series go with a
+// role dropped from it, with a lost conflict, and with the policy.
+func TestPolicySeriesFollowPolicies(t *testing.T) {
+	e := newEnv(t)
+	mesh := newFakeMesh()
+	for _, d := range []string{"pre", "dec", "other"} {
+		e.scaledDeployment(t, d, nil)
+	}
+	ctrl := e.stepper(t, mesh, nil)
+	two := `{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"a"},
+ "spec":{"roles":[{"name":"prefill","minReplicas":1,"maxReplicas":2,"workload":{"kind":"Deployment","name":"pre"}},
+  {"name":"decode","minReplicas":1,"maxReplicas":2,"workload":{"kind":"Deployment","name":"dec"}}]}}`
+	if err := e.applyDoc(t, two+"\n---\n"+adoptPolicy("b", "other", "", 2)); err != nil {
+		t.Fatal(err)
+	}
+	step := func(names ...string) {
+		for _, n := range names {
+			e.cached(t, ctrl, n)
+		}
+		ctrl.stepPolicies(e.ctx, time.Now())
+	}
+	step("a", "b")
+	if a, b := seriesOf(t, e.ns, "a"), seriesOf(t, e.ns, "b"); !slices.Equal(a, []string{"decode", "prefill"}) || !slices.Equal(b, []string{"decode"}) {
+		t.Fatalf("series: a %v, b %v", a, b)
+	}
+	if err := e.applyDoc(t, adoptPolicy("a", "dec", "", 2)); err != nil { // prefill dropped
+		t.Fatal(err)
+	}
+	step("a", "b")
+	if a := seriesOf(t, e.ns, "a"); !slices.Equal(a, []string{"decode"}) {
+		t.Errorf("after dropping prefill: a %v", a)
+	}
+	if err := e.applyDoc(t, adoptPolicy("b", "dec", "", 2)); err != nil { // b now loses to the older a
+		t.Fatal(err)
+	}
+	step("a", "b")
+	if s, r := scalingActive(e.policy(t, "b")); r != reasonPolicyConflict || len(seriesOf(t, e.ns, "b")) != 0 {
+		t.Errorf("b lost (%s %s), series %v", s, r, seriesOf(t, e.ns, "b"))
+	}
+	if err := e.dyn.Resource(v1alpha1.AutoscalingPoliciesResource).Namespace(e.ns).Delete(e.ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the cache to lose a", func() bool {
+		_, err := ctrl.policies.ByNamespace(e.ns).Get("a")
+		return err != nil
+	})
+	step("b")
+	if a, b := seriesOf(t, e.ns, "a"), seriesOf(t, e.ns, "b"); len(a) != 0 || !slices.Equal(b, []string{"decode"}) {
+		t.Errorf("after deleting a: a %v, b %v", a, b)
 	}
 }
 
