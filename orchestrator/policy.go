@@ -45,6 +45,9 @@ type policyEntry struct {
 	p          autoscale.Policy
 	// prom keeps each Prometheus query's last good value (promKey).
 	prom map[promKey]promSample
+	// writes are, per role, what this policy last wrote to its /scale and
+	// what it has found there since (externalScaler).
+	writes map[string]*roleWrite
 }
 
 // runAutoscaler steps every AutoscalingPolicy each interval until ctx ends.
@@ -157,6 +160,7 @@ func (c *Controller) preparePolicy(ctx context.Context, u *unstructured.Unstruct
 	}
 	targets, err := c.resolveTargets(ctx, ap)
 	if errors.As(err, &r.fail) {
+		r.e.writes = nil // what it finds at the next step, it did not necessarily write
 		return r
 	}
 	r.targets, r.err = targets, err
@@ -200,6 +204,11 @@ func (c *Controller) policyEntry(ap *v1alpha1.AutoscalingPolicy) (*policyEntry, 
 		c.autoscalers[ap.UID] = e
 	} else if err := e.a.Reconfigure(p); err != nil {
 		return nil, badTarget(reasonInvalidPolicy, "%v", err)
+	}
+	for role := range e.writes {
+		if _, ok := p.Roles[role]; !ok {
+			delete(e.writes, role)
+		}
 	}
 	e.generation, e.p = ap.Generation, p
 	return e, nil
@@ -384,6 +393,7 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)
 	scaled := false
 	var scaleErr *targetError
+	var external []string
 	for _, role := range ap.Spec.Roles {
 		d, ok := res.Roles[role.Name]
 		if !ok {
@@ -393,6 +403,10 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 		pc.st.Roles = append(pc.st.Roles, v1alpha1.RoleAutoscalingStatus{Name: role.Name, CurrentReplicas: d.Current, DesiredReplicas: d.Desired, Reason: d.Reason, Workload: t.workload})
 		recordDecision(ap, role.Name, d)
 		exported[seriesKey{ap.Namespace, ap.Name, role.Name}] = true
+		if msg := c.externalScaler(ctx, now, ap, e, role.Name, t, d.Desired); msg != "" {
+			external = append(external, msg) // its other writer has it; this policy does not fight
+			continue
+		}
 		if d.Desired == d.Current || t.scale == nil {
 			continue
 		}
@@ -407,6 +421,7 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 			}
 			continue
 		}
+		e.wrote(role.Name, d.Desired)
 		what := "role " + role.Name
 		if t.workload != "" {
 			what += " (" + t.workload + ")"
@@ -421,6 +436,8 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 	switch {
 	case scaleErr != nil:
 		c.targetFailed(ap, pc, scaleErr)
+	case len(external) > 0:
+		c.targetFailed(ap, pc, badTarget(reasonExternalScaler, "%s", strings.Join(external, "; ")))
 	default:
 		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", observedMessage(ap, targets, engines))
 	}
@@ -465,6 +482,102 @@ func observedMessage(ap *v1alpha1.AutoscalingPolicy, targets map[string]roleTarg
 		msg = fmt.Sprintf("adopting %d workloads; %s", len(ap.Spec.Roles), msg)
 	}
 	return msg
+}
+
+// reasonExternalScaler: something else (an HPA, KEDA, kubectl scale, an
+// edit of the ModelDeployment) writes a role's /scale; the policy leaves
+// the role alone rather than undo it at every step.
+const reasonExternalScaler = "ExternalScaler"
+
+// roleWrite is what a policy knows of one role's /scale.
+type roleWrite struct {
+	n          int32 // the value this policy last wrote (or found as it wanted)
+	mismatches int   // steps in a row that found another writer's value there
+	external   bool  // another writer has the role: the policy does not write it
+	seen       int32 // while external: the value found
+	since      time.Time
+}
+
+// externalMismatches is how many steps in a row must find another
+// writer's value on a role's /scale before the policy leaves the role to
+// it: once is a kubectl scale the policy overrides (as an HPA does), twice
+// is a writer that undoes the policy's every step.
+const externalMismatches = 2
+
+func (e *policyEntry) wrote(role string, n int32) {
+	if w := e.writes[role]; w != nil {
+		w.n = n // keeps the count of mismatches: a fight is one every step
+		return
+	}
+	if e.writes == nil {
+		e.writes = map[string]*roleWrite{}
+	}
+	e.writes[role] = &roleWrite{n: n}
+}
+
+// externalScaler compares the role's /scale with what this policy last
+// wrote there (desired: what it wants now). Found at two steps in a row
+// with a value the policy neither wrote nor wants, the role is another
+// writer's: the policy stops writing it and says so (the message returned)
+// until the value has held for a stable window; then it takes the role
+// back, and yields again if it is overwritten again.
+func (c *Controller) externalScaler(ctx context.Context, now time.Time, ap *v1alpha1.AutoscalingPolicy, e *policyEntry, role string, t roleTarget, desired int32) string {
+	w := e.writes[role]
+	if w == nil {
+		return ""
+	}
+	got, ok := c.scaleValue(ctx, ap, role, t, w, desired)
+	if !ok {
+		return ""
+	}
+	quiet := e.p.StableWindow
+	switch {
+	case !w.external && (got == w.n || got == desired):
+		w.n, w.mismatches = got, 0
+		return ""
+	case !w.external:
+		if w.mismatches++; w.mismatches < externalMismatches {
+			return ""
+		}
+		w.external, w.seen, w.since = true, got, now
+	case got != w.seen:
+		w.seen, w.since = got, now
+	case now.Sub(w.since) >= quiet:
+		delete(e.writes, role) // untouched for a stable window: the policy scales it again
+		return ""
+	}
+	return fmt.Sprintf("role %s: its /scale is %d, not the %d this policy wrote: another writer scales it (an HPA, KEDA, kubectl scale, an edit of "+
+		"the deployment), and the policy leaves the role alone until that value has held for %v. One role takes one autoscaler: remove the other, "+
+		"or the role from this policy", role, w.seen, w.n, quiet)
+}
+
+// scaleValue is the role's /scale spec.replicas: an adopted workload's as
+// read at this step; for a ModelDeployment's role, its RoleScaler's from
+// the cache, read again from the API server when the cache differs from
+// what the policy wrote and wants (a cache yet to show the policy's own
+// write is not another writer).
+func (c *Controller) scaleValue(ctx context.Context, ap *v1alpha1.AutoscalingPolicy, role string, t roleTarget, w *roleWrite, desired int32) (int32, bool) {
+	if ap.Spec.Target == "" {
+		return t.current, true
+	}
+	name := scalerName(ap.Spec.Target, role)
+	o, err := c.scalers.ByNamespace(ap.Namespace).Get(name)
+	if err != nil {
+		return 0, false
+	}
+	n, found, err := unstructured.NestedInt64(o.(*unstructured.Unstructured).Object, "spec", "replicas")
+	if !found || err != nil {
+		return 0, false
+	}
+	if v := int32(n); v == w.n || v == desired || w.external && v == w.seen {
+		return v, true
+	}
+	s, err := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(ap.Namespace).Get(ctx, name, metav1.GetOptions{}, "scale")
+	if err != nil {
+		return 0, false
+	}
+	n, found, err = unstructured.NestedInt64(s.Object, "spec", "replicas")
+	return int32(n), found && err == nil
 }
 
 // reasonPolicyConflict: another AutoscalingPolicy, older, scales the same

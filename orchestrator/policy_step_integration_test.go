@@ -463,6 +463,20 @@ func (e *env) roleScale(t *testing.T, name string) int32 {
 	return int32(n)
 }
 
+// scaleRoleScaler writes a RoleScaler's /scale as an HPA does.
+func (e *env) scaleRoleScaler(t *testing.T, name string, n int32) {
+	t.Helper()
+	rc := e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns)
+	s, err := rc.Get(e.ctx, name, metav1.GetOptions{}, "scale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedField(s.Object, int64(n), "spec", "replicas")
+	if _, err := rc.Update(e.ctx, s, metav1.UpdateOptions{}, "scale"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // settled waits until the ModelDeployment x's decode role shows n
 // replicas in the API server and the caches (the worker copies the
 // RoleScaler's value into it), with n pods, and the RoleScaler's status
@@ -495,6 +509,63 @@ func (e *env) settled(t *testing.T, ctrl *Controller, n int32) {
 		v, _, _ := unstructured.NestedInt64(s.(*unstructured.Unstructured).Object, "spec", "replicas")
 		return int32(v) == n && *e.md(t, "x").Spec.Roles[0].Replicas == n
 	})
+}
+
+// TestExternalScalerDetected: something else (an HPA) writes the role's
+// RoleScaler /scale to 1 while the policy holds it at 3. Once, the policy
+// puts its value back; a second time at the next step, the policy stops
+// writing the role and says ExternalScaler (ScalingActive False, Warning
+// event), rather than flip the role (and its pods) at every step. Once the
+// value has held for a stable window, the policy takes the role back.
+func TestExternalScalerDetected(t *testing.T) {
+	e := newEnv(t)
+	ctrl := e.stepper(t, noEngines{}, nil)
+	if err := e.applyDoc(t, externalDoc); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the RoleScaler x-decode", func() bool {
+		_, err := ctrl.scalers.ByNamespace(e.ns).Get("x-decode")
+		return err == nil
+	})
+	t0 := time.Unix(time.Now().Unix(), 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	e.settled(t, ctrl, 1)
+	e.cached(t, ctrl, "x")
+	ctrl.stepPolicies(e.ctx, at(0))
+	e.settled(t, ctrl, 3)
+
+	for i, s := range []int{1, 2} {
+		e.scaleRoleScaler(t, "x-decode", 1)
+		e.settled(t, ctrl, 1)
+		e.cached(t, ctrl, "x")
+		ctrl.stepPolicies(e.ctx, at(s))
+		if i == 0 {
+			if got := e.roleScale(t, "x-decode"); got != 3 {
+				t.Fatalf("after one outside write: x-decode at %d, want 3 (put back)", got)
+			}
+			e.settled(t, ctrl, 3)
+		}
+	}
+	if got := e.roleScale(t, "x-decode"); got != 1 {
+		t.Fatalf("after the second outside write in a row: x-decode at %d, want 1 (left to the other writer)", got)
+	}
+	c := meta.FindStatusCondition(e.cached(t, ctrl, "x").Status.Conditions, v1alpha1.ConditionScalingActive)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != reasonExternalScaler || !strings.Contains(c.Message, "its /scale is 1, not the 3") {
+		t.Fatalf("condition %+v, want ExternalScaler", c)
+	}
+	e.warningEvent(t, "x", reasonExternalScaler)
+	ctrl.stepPolicies(e.ctx, at(20))
+	if got := e.roleScale(t, "x-decode"); got != 1 {
+		t.Fatalf("within the stable window: x-decode at %d, want 1", got)
+	}
+	e.cached(t, ctrl, "x")
+	ctrl.stepPolicies(e.ctx, at(32))
+	if got := e.roleScale(t, "x-decode"); got != 3 {
+		t.Fatalf("after the value held for a stable window: x-decode at %d, want 3 (taken back)", got)
+	}
+	if s, r := scalingActive(e.cached(t, ctrl, "x")); s != metav1.ConditionTrue {
+		t.Errorf("taken back: %s %s, want ScalingActive True", s, r)
+	}
 }
 
 // conflictOnce makes the first PUT of a RoleScaler's /scale meet a write
