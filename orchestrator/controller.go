@@ -151,11 +151,13 @@ func (c *Controller) newTerm() error {
 	scInf := c.dynInformers.ForResource(v1alpha1.RoleScalersResource)
 	c.pods, c.services, c.mds, c.scalers = podInf.Lister(), svcInf.Lister(), mdInf.Lister(), scInf.Lister()
 	c.synced = []cache.InformerSynced{podInf.Informer().HasSynced, svcInf.Informer().HasSynced, mdInf.Informer().HasSynced, scInf.Informer().HasSynced}
-	c.policies, c.autoscalers, c.promClients, c.promBackoff = nil, nil, nil, nil
+	// Policies are listed without a load source too, to say on each that
+	// it is not run (runAutoscalerDisabled).
+	apInf := c.dynInformers.ForResource(v1alpha1.AutoscalingPoliciesResource)
+	c.policies = apInf.Lister()
+	c.synced = append(c.synced, apInf.Informer().HasSynced)
+	c.autoscalers, c.promClients, c.promBackoff = nil, nil, nil
 	if cfg.Load != nil {
-		apInf := c.dynInformers.ForResource(v1alpha1.AutoscalingPoliciesResource)
-		c.policies = apInf.Lister()
-		c.synced = append(c.synced, apInf.Informer().HasSynced)
 		c.autoscalers = map[types.UID]*policyEntry{}
 	}
 
@@ -279,8 +281,10 @@ func (c *Controller) run(ctx context.Context) error {
 	c.volcano = c.detectVolcano()
 	c.log.Info("orchestrator running", "namespace", c.cfg.Namespace, "workers", c.cfg.Workers, "volcanoPodGroups", c.volcano)
 	var wg sync.WaitGroup
-	if c.policies != nil {
+	if c.cfg.Load != nil {
 		wg.Go(func() { c.runAutoscaler(ctx) })
+	} else {
+		wg.Go(func() { c.runAutoscalerDisabled(ctx) })
 	}
 	if c.routes != nil {
 		wg.Go(func() {

@@ -69,6 +69,62 @@ func (c *Controller) runAutoscaler(ctx context.Context) {
 	}
 }
 
+// reasonAutoscalerDisabled: the orchestrator runs without a load source
+// (no --gossip-bind), so it steps no policy.
+const reasonAutoscalerDisabled = "AutoscalerDisabled"
+
+// runAutoscalerDisabled, in an orchestrator without a load source, says on
+// every AutoscalingPolicy that it is not run (ScalingActive Unknown, reason
+// AutoscalerDisabled, with a Warning event), rather than leave a previous
+// leader's status standing, and logs it at WARN once; policies created
+// later are marked at the next pass.
+func (c *Controller) runAutoscalerDisabled(ctx context.Context) {
+	const msg = "this orchestrator runs without --gossip-bind: it observes no mesh and steps no AutoscalingPolicy (run it with --gossip-bind and --join)"
+	interval := c.cfg.AutoscaleInterval
+	if interval <= 0 {
+		interval = DefaultConfig().AutoscaleInterval
+	}
+	warned := false
+	mark := func() {
+		objs, err := c.policies.List(labels.Everything())
+		if err != nil || len(objs) == 0 {
+			return
+		}
+		if !warned {
+			c.log.Warn("AutoscalingPolicies exist and will not be run: the orchestrator has no --gossip-bind", "policies", len(objs))
+			warned = true
+		}
+		for _, o := range objs {
+			u := o.(*unstructured.Unstructured)
+			ap := &v1alpha1.AutoscalingPolicy{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, ap); err != nil {
+				continue
+			}
+			pc := &policyConds{gen: ap.Generation, st: v1alpha1.AutoscalingPolicyStatus{ObservedGeneration: ap.Generation, Roles: ap.Status.Roles,
+				LastScaleTime: ap.Status.LastScaleTime, Conditions: append([]metav1.Condition(nil), ap.Status.Conditions...)}}
+			old := meta.FindStatusCondition(ap.Status.Conditions, v1alpha1.ConditionScalingActive)
+			if old == nil || old.Reason != reasonAutoscalerDisabled {
+				c.recorder.Event(ap, corev1.EventTypeWarning, reasonAutoscalerDisabled, msg)
+			}
+			pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionUnknown, reasonAutoscalerDisabled, msg)
+			if err := c.writePolicyStatus(ctx, u, ap, pc.st); err != nil {
+				c.log.Warn("autoscale", "policy", ap.Namespace+"/"+ap.Name, "err", err)
+			}
+		}
+	}
+	mark()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			mark()
+		}
+	}
+}
+
 // policyRun is one policy within a step.
 type policyRun struct {
 	u       *unstructured.Unstructured

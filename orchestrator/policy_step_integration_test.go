@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -625,4 +626,40 @@ func TestScaleConflictIsNotAScale(t *testing.T) {
 		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=x,reason=Scaled"})
 		return err == nil && len(evs.Items) == 1 && evs.Items[0].Count == 1
 	})
+}
+
+// TestNoLoadSourceMarksPolicies: an orchestrator without a load source (no
+// --gossip-bind) runs no policy; it says so on each, replacing a previous
+// leader's ScalingActive True, with a Warning event and a WARN log line.
+func TestNoLoadSourceMarksPolicies(t *testing.T) {
+	e := newEnv(t)
+	if err := e.applyDoc(t, adoptPolicy("p", "nothing", "", 2)); err != nil {
+		t.Fatal(err)
+	}
+	ap := e.policy(t, "p")
+	meta.SetStatusCondition(&ap.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionScalingActive, Status: metav1.ConditionTrue, Reason: "Observing", Message: "old leader"})
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.dyn.Resource(v1alpha1.AutoscalingPoliciesResource).Namespace(e.ns).UpdateStatus(e.ctx, &unstructured.Unstructured{Object: obj}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.SyncBuffer
+	c := DefaultConfig()
+	c.Namespace, c.LeaderElection = e.ns, false
+	c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	ctrl, err := New(e.srv.Config, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Run(t, "controller", ctrl.Run, nil)
+	testutil.WaitFor(t, wait, "ScalingActive Unknown, reason AutoscalerDisabled", func() bool {
+		c := meta.FindStatusCondition(e.policy(t, "p").Status.Conditions, v1alpha1.ConditionScalingActive)
+		return c != nil && c.Status == metav1.ConditionUnknown && c.Reason == reasonAutoscalerDisabled && strings.Contains(c.Message, "--gossip-bind")
+	})
+	e.warningEvent(t, "p", reasonAutoscalerDisabled)
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "will not be run") {
+		t.Errorf("no warning logged:\n%s", logs.String())
+	}
 }
