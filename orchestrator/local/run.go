@@ -143,7 +143,7 @@ func (o *Orchestrator) startMesh() error {
 // apply moves from the old spec (nil at start) to the new one: deployments
 // gone are scaled to zero, roles without a policy to their replicas, roles
 // with one to their replicas within the policy's bounds at start (then the
-// policy decides); a changed policy starts its windows afresh.
+// policy decides); a changed policy keeps its windows and cool-down.
 func (o *Orchestrator) apply(ctx context.Context, old, spec *Spec) error {
 	var errs []error
 	if old != nil {
@@ -160,18 +160,10 @@ func (o *Orchestrator) apply(ctx context.Context, old, spec *Spec) error {
 		md := &spec.Deployments[i]
 		o.sup.setSpec(md)
 		ap := spec.policyFor(md.Name)
-		pr := o.runners[md.Name]
-		switch {
-		case ap == nil:
-			delete(o.runners, md.Name)
-			pr = nil
-		case pr == nil || !reflect.DeepEqual(pr.ap.Spec, ap.Spec):
-			npr, err := newPolicyRunner(*ap)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			o.runners[md.Name], pr = npr, npr
+		pr, err := o.runnerFor(md.Name, ap)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
 		for _, r := range md.Spec.Roles {
 			n := *r.Replicas
@@ -187,6 +179,33 @@ func (o *Orchestrator) apply(ctx context.Context, old, spec *Spec) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// runnerFor returns the runner of md's policy ap (nil: none): a new one
+// for a new policy; for an edited one the same runner, reconfigured, so its
+// roles keep their windows, panic and scale-down cool-down (an edit such as
+// a raised maxReplicas must not scale anything down). An invalid edit
+// keeps the runner as it was.
+func (o *Orchestrator) runnerFor(md string, ap *v1alpha1.AutoscalingPolicy) (*policyRunner, error) {
+	pr := o.runners[md]
+	switch {
+	case ap == nil:
+		delete(o.runners, md)
+		return nil, nil
+	case pr == nil:
+		npr, err := newPolicyRunner(*ap)
+		if err != nil {
+			return nil, err
+		}
+		o.runners[md] = npr
+		return npr, nil
+	case !reflect.DeepEqual(pr.ap.Spec, ap.Spec) || pr.ap.Name != ap.Name:
+		if err := pr.a.Reconfigure(policyFromSpec(&ap.Spec)); err != nil {
+			return pr, fmt.Errorf("AutoscalingPolicy %s: %w", ap.Name, err)
+		}
+		pr.ap = *ap
+	}
+	return pr, nil
 }
 
 func policyRole(ap *v1alpha1.AutoscalingPolicy, role string) *v1alpha1.RoleAutoscaling {

@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvmesh/kvmesh/orchestrator"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/modelroutes"
 )
@@ -193,6 +194,12 @@ func (s *Spec) validate() []error {
 		p := policyFromSpec(&ap.Spec)
 		if err := p.Validate(); err != nil {
 			add("AutoscalingPolicy %q: %v", ap.Name, err)
+		}
+		// No Prometheus here: a role at zero comes back only through a ratio band.
+		if stuck := orchestrator.RolesStuckAtZero(&ap.Spec, false); len(stuck) > 0 {
+			add("AutoscalingPolicy %q role %s: minReplicas 0, and nothing would bring it back from zero (no engine, no load "+
+				"observed); set minReplicas to 1 or more, or put it in a ratio band with a role whose minReplicas is 1 or more",
+				ap.Name, strings.Join(stuck, ", "))
 		}
 	}
 	names := map[string]bool{}

@@ -69,6 +69,12 @@ func TestParseSpec(t *testing.T) {
 		{"invalid route", pdSpec + strings.Replace(routeDoc, "{model: kvmesh-sim}", "{model: kvmesh-sim, weight: 0}", 1), `ModelRoute "chat"`},
 		{"route twice", pdSpec + routeDoc + routeDoc, `ModelRoute "chat" twice`},
 		{"route field", pdSpec + strings.Replace(routeDoc, "match:", "matches:", 1), "matches"},
+		{"decode can stay at zero", strings.Replace(strings.Replace(pdSpec, "{name: decode, minReplicas: 1", "{name: decode, minReplicas: 0", 1),
+			"  ratio: {numeratorRole: prefill, denominatorRole: decode, minRatio: 0.5, maxRatio: 2}\n", "", 1), `role decode: minReplicas 0`},
+	}
+	// A role at zero beside one at 1 or more in a ratio band is seeded back.
+	if _, err := ParseSpec([]byte(strings.Replace(pdSpec, "{name: decode, minReplicas: 1", "{name: decode, minReplicas: 0", 1))); err != nil {
+		t.Errorf("decode min 0 in a band with prefill min 1: %v", err)
 	}
 	for _, c := range bad {
 		t.Run(c.name, func(t *testing.T) {
