@@ -34,6 +34,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*quiet {
 		opts.Progress = stderr
 	}
+	opts.Stderr = stderr
 	pols := opts.Policies
 	if pdf.on() && !flagGiven(fs, "policies") {
 		pols = des.PDPolicies

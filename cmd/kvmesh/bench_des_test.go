@@ -358,3 +358,30 @@ func benchJSONPolicies(t *testing.T, args ...string) map[string]map[string]any {
 	}
 	return rep.Policies
 }
+
+// TestBenchDESTraceSpanWarning: a trace whose arrivals span more than 30
+// days (here a relative row among epoch-ms ones: 45 days) runs, and a
+// warning on stderr says what is likely wrong; a trace of hours does not
+// warn.
+func TestBenchDESTraceSpanWarning(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	trace := `{"timestamp": 0, "input_length": 100, "output_length": 5}
+{"timestamp": 3888000000, "input_length": 100, "output_length": 5}
+{"timestamp": 3888000100, "input_length": 100, "output_length": 5}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"bench", "--mode", "des", "--workload", "trace", "--trace", path, "--engines", "2", "--policies", "random"}
+	code, out, errOut := benchRunCLI(t, args...)
+	want := "warning: --trace " + path + ": arrivals span 45 days, 45 of them a gap before request 1 (in arrival order): mixed relative and epoch timestamps?\n"
+	if code != 0 || !strings.Contains(out, "random ") || !strings.Contains(errOut, want) {
+		t.Fatalf("exit %d, stderr %q (want %q), stdout:\n%s", code, errOut, want, out)
+	}
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(trace, "3888000", "3600")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := benchRunCLI(t, args...); code != 0 || strings.Contains(errOut, "warning") {
+		t.Fatalf("a trace of an hour: exit %d, stderr %q", code, errOut)
+	}
+}

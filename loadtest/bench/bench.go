@@ -104,6 +104,9 @@ type Options struct {
 	// still reported).
 	NoStream bool
 	Progress io.Writer
+	// Stderr, when set, gets warnings about the run (a trace spanning
+	// years); --quiet does not silence them.
+	Stderr io.Writer
 }
 
 // vllmBlockSizes are the block sizes vLLM's --block-size accepts
@@ -374,8 +377,47 @@ func (o *Options) Mooncake(seed uint64) workload.Mooncake {
 		Bailian: o.Workload == "bailian"}
 }
 
-// Requests generates or reads the workload o names (after Prepare).
+// Requests generates or reads the workload o names (after Prepare), and
+// warns on o.Stderr about a trace whose arrivals span more than
+// maxTraceSpan.
 func (o *Options) Requests() ([]workload.Request, error) {
+	reqs, err := o.requests()
+	if err == nil && o.Trace != "" && benchTraceKinds[o.Workload] {
+		o.warnSpan(reqs)
+	}
+	return reqs, err
+}
+
+// benchTraceKinds are the workloads read from --trace.
+var benchTraceKinds = map[string]bool{"trace": true, "bailian": true, "azure": true, "sharegpt": true}
+
+// maxTraceSpan is the longest trace span taken without a warning: public
+// traces cover hours to weeks, and a span of years is most often one row
+// with a relative timestamp among epoch ones (the readers subtract the
+// earliest timestamp, so "0" and 1733480000000 ms make 55 years).
+const maxTraceSpan = 30 * 24 * time.Hour
+
+// warnSpan warns when reqs' arrivals span more than maxTraceSpan.
+func (o *Options) warnSpan(reqs []workload.Request) {
+	if o.Stderr == nil || len(reqs) == 0 {
+		return
+	}
+	span := workload.Summarize(reqs).Duration
+	if span <= maxTraceSpan {
+		return
+	}
+	gap, at := time.Duration(0), 0
+	for i := 1; i < len(reqs); i++ {
+		if d := reqs[i].Arrival - reqs[i-1].Arrival; d > gap {
+			gap, at = d, i
+		}
+	}
+	fmt.Fprintf(o.Stderr, "warning: --trace %s: arrivals span %.0f days, %.0f of them a gap before request %d (in arrival order): mixed relative and epoch timestamps?\n",
+		o.Trace, span.Hours()/24, gap.Hours()/24, at)
+}
+
+// requests is Requests without the warning.
+func (o *Options) requests() ([]workload.Request, error) {
 	seed := max(o.Seed, 1)
 	switch o.Workload {
 	case "trace", "bailian":
