@@ -246,6 +246,8 @@ func TestBenchDESUsageErrors(t *testing.T) {
 		{[]string{"--rate", "-1"}, []string{"--rate -1"}},
 		{[]string{"--rate", "NaN"}, []string{"--rate NaN"}},
 		{[]string{"--rate", "+Inf"}, []string{"--rate +Inf"}},
+		// Arrivals past the largest time.Duration wrapped to −9.2e9 s.
+		{[]string{"--rate", "1e-12"}, []string{"rate 1e-12: request 0 would arrive", "unit mistake"}},
 		{[]string{"--workload", "chat", "--rate-scale", "0"}, []string{"--rate-scale 0"}},
 		{[]string{"--workload", "chat", "--rate-scale", "-2"}, []string{"--rate-scale -2"}},
 		{[]string{"--workload", "chat", "--rate-scale", "NaN"}, []string{"--rate-scale NaN"}},

@@ -92,8 +92,11 @@ func (c Chat) Generate() ([]Request, error) {
 	rng := rand.New(rand.NewPCG(c.Seed, 0xc4a7))
 	var reqs []Request
 	var start time.Duration
+	var err error
 	for s := 0; s < c.Sessions; s++ {
-		start += time.Duration(rng.ExpFloat64() / c.Rate * float64(time.Second))
+		if start, err = nextStart(start, rng.ExpFloat64()/c.Rate, "chat rate", c.Rate, "session", s); err != nil {
+			return nil, err
+		}
 		sys := rng.IntN(c.SystemPrompts)
 		turns := geometric(rng, c.Turns)
 		id := uint64(s) << 8

@@ -261,3 +261,31 @@ func TestLRUHitRate(t *testing.T) {
 		t.Fatalf("40 blocks: %v (oracle %v)", got, oracle)
 	}
 }
+
+// TestTinyRateRefused: a rate whose arrivals pass the largest
+// time.Duration is refused, naming the rate (before, the arrivals wrapped
+// to −9.2e9 s: every request "arrived" at once before the run began and
+// the throughput read 0); the smallest rates that fit still generate.
+func TestTinyRateRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gen  func(rate float64) ([]Request, error)
+		want string
+	}{
+		{"shared-prefix", func(r float64) ([]Request, error) {
+			return SharedPrefix{Groups: 2, Prompts: 4, Shared: 16, Question: 4, Output: 2, Rate: r, Seed: 1}.Generate()
+		}, "rate 1e-12: request 0 would arrive"},
+		{"chat", func(r float64) ([]Request, error) { return Chat{Sessions: 4, Rate: r, Seed: 1}.Generate() }, "chat rate 1e-12: session 0"},
+		{"tool-agent", func(r float64) ([]Request, error) { return ToolAgent{Tasks: 4, Rate: r, Seed: 1}.Generate() }, "tool-agent rate 1e-12: task 0"},
+	} {
+		reqs, err := tc.gen(1e-12)
+		if !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "unit mistake") {
+			t.Errorf("%s at rate 1e-12: %d requests, error %v; want one saying %q", tc.name, len(reqs), err, tc.want)
+		}
+		reqs, err = tc.gen(1e-6) // ~11 days apart: fits
+		if err != nil {
+			t.Fatalf("%s at rate 1e-6: %v", tc.name, err)
+		}
+		wellFormed(t, tc.name, reqs)
+	}
+}

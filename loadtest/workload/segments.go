@@ -70,6 +70,29 @@ func expDur(rng *rand.Rand, mean time.Duration) time.Duration {
 	return time.Duration(rng.ExpFloat64() * float64(mean))
 }
 
+// nextStart is start + gap seconds, the gap drawn at rate (named what,
+// for the error) before session or task i: an error when the sum passes
+// the largest time.Duration, which converted would wrap to a negative
+// arrival.
+func nextStart(start time.Duration, gap float64, what string, rate float64, item string, i int) (time.Duration, error) {
+	ns := gap * float64(time.Second)
+	if ns >= math.MaxInt64-float64(start) {
+		return 0, rateOverflow(what, rate, item, i, start.Seconds()+gap)
+	}
+	return start + time.Duration(ns), nil
+}
+
+// rateOverflow is the error for an arrival, at secs seconds, of item i
+// past the largest time a run can hold (time.Duration's ~292 years): the
+// rate named what is too small, likely a unit mistake.
+func rateOverflow(what string, rate float64, item string, i int, secs float64) error {
+	return fmt.Errorf("%w: %s %v: %s %d would arrive %.3g s (%.0f years) in, past the largest time a run can hold (%.0f years): a rate this small is likely a unit mistake",
+		ErrBadWorkload, what, rate, item, i, secs, secs/secondsPerYear, float64(math.MaxInt64)/1e9/secondsPerYear)
+}
+
+// secondsPerYear is a Julian year's seconds.
+const secondsPerYear = 365.25 * 24 * 3600
+
 // geometric draws a count ≥ 1 with the given mean, capped at 4·mean.
 func geometric(rng *rand.Rand, mean float64) int {
 	if mean <= 1 {

@@ -59,6 +59,9 @@ func (c SharedPrefix) Generate() ([]Request, error) {
 		g, p := k/c.Prompts, k%c.Prompts
 		if c.Rate > 0 {
 			t += rng.ExpFloat64() / c.Rate
+			if t*float64(time.Second) >= math.MaxInt64 {
+				return nil, rateOverflow("rate", c.Rate, "request", i, t)
+			}
 		}
 		reqs[i] = Request{
 			ID:           i,

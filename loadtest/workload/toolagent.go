@@ -100,8 +100,11 @@ func (c ToolAgent) Generate() ([]Request, error) {
 	zipf := rand.NewZipf(rng, c.ZipfS, 1, uint64(c.Families-1))
 	var reqs []Request
 	var start time.Duration
+	var err error
 	for t := 0; t < c.Tasks; t++ {
-		start += time.Duration(rng.ExpFloat64() / c.Rate * float64(time.Second))
+		if start, err = nextStart(start, rng.ExpFloat64()/c.Rate, "tool-agent rate", c.Rate, "task", t); err != nil {
+			return nil, err
+		}
 		fam := int(zipf.Uint64())
 		steps := geometric(rng, c.Steps)
 		id := uint64(t) << 8
