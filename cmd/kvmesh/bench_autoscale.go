@@ -93,7 +93,7 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 	if o.Mode != "des" {
 		bad("--autoscale runs in --mode des only")
 	}
-	cfg := des.ScaleConfig{PDConfig: des.PDConfig{Config: base, TransferGbps: *pdf.transferGbps, TransferSetup: max(*pdf.transferSet, time.Nanosecond),
+	cfg := des.ScaleConfig{PDConfig: des.PDConfig{Config: base, TransferGbps: *pdf.transferGbps, TransferSetup: pdf.setup(),
 		SLOTTFT: *pdf.sloTTFT, SLOTPOT: *pdf.sloTPOT, NonCachedTokens: *pdf.nonCached, OutputDist: *pdf.outputDist},
 		StartupDelay: *f.startup, SyncPeriod: *f.sync, MaxPerRole: *f.maxPerRole}
 	if *f.startup == 0 {
@@ -102,9 +102,17 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 	if *pdf.sloTTFT <= 0 || *pdf.sloTPOT <= 0 {
 		bad("--slo-ttft and --slo-tpot must be > 0")
 	}
+	pdf.checkTransfer(bad)
 	reqs, name, err := autoscaleTrace(o, f)
 	if err != nil {
 		bad("%v", err)
+	}
+	if len(probs) == 0 {
+		used := cfg
+		used.Defaults()
+		if err := used.CheckTransfers(reqs); err != nil {
+			bad("--transfer-gbps, --transfer-setup: %v", err)
+		}
 	}
 	var runs []autoscaleRun
 	if len(probs) == 0 {

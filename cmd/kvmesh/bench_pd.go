@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -43,6 +44,22 @@ func pdBenchFlags(fs *flag.FlagSet) pdFlags {
 
 func (f pdFlags) on() bool { return *f.roles != "" }
 
+// checkTransfer refuses a bandwidth or setup the KV transfer cannot have,
+// by flag (des.PDConfig reads a zero bandwidth as its default 100 Gbit/s:
+// `--transfer-gbps 0` ran at 100 while the header said 0).
+func (f pdFlags) checkTransfer(bad func(string, ...any)) {
+	if g := *f.transferGbps; !(g > 0) || math.IsInf(g, 0) {
+		bad("--transfer-gbps %v: want a finite bandwidth > 0, in Gbit/s", g)
+	}
+	if *f.transferSet < 0 {
+		bad("--transfer-setup %v: want ≥ 0", *f.transferSet)
+	}
+}
+
+// setup is --transfer-setup as des.PDConfig takes it: 0 (none) as 1 ns,
+// since the config reads 0 as its default (2 ms).
+func (f pdFlags) setup() time.Duration { return max(*f.transferSet, time.Nanosecond) }
+
 // runBenchPD is `kvmesh bench --roles ...`: loadtest/bench checks the
 // shared options (with a stand-in aggregated policy list, since the P/D
 // policies are not scheduler policies), then des.RunPD runs the P/D ones.
@@ -78,10 +95,8 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	if rerr != nil {
 		bad("--roles: %v", rerr)
 	}
-	if *f.transferSet <= 0 {
-		*f.transferSet = time.Nanosecond // PDConfig reads 0 as its default
-	}
-	cfg := des.PDConfig{Config: base, Roles: roles, TransferGbps: *f.transferGbps, TransferSetup: *f.transferSet,
+	f.checkTransfer(bad)
+	cfg := des.PDConfig{Config: base, Roles: roles, TransferGbps: *f.transferGbps, TransferSetup: f.setup(),
 		SLOTTFT: *f.sloTTFT, SLOTPOT: *f.sloTPOT, NonCachedTokens: *f.nonCached, MixedPrefill: *f.mixedPrefill, OutputDist: *f.outputDist}
 	if o.Mode != "des" {
 		bad("--roles runs in --mode des only (a live P/D cluster on loopback: kvmesh demo --pd)")
@@ -106,6 +121,11 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	if err != nil {
 		return fmt.Errorf("%w: %v", bench.ErrUsage, err)
 	}
+	used := cfg
+	used.Defaults()
+	if err := used.CheckTransfers(reqs); err != nil {
+		return fmt.Errorf("%w: --transfer-gbps, --transfer-setup: %v", bench.ErrUsage, err)
+	}
 	rep, err := des.RunPD(ctx, cfg, reqs, pols)
 	if err != nil {
 		return err
@@ -120,8 +140,8 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 		}
 	} else {
 		st := workload.Summarize(reqs)
-		fmt.Fprintf(stdout, "workload: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s), transfer %.0f Gbit/s\n",
-			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), roles.Total(), base.Engine.Profile.Name, cfg.TransferGbps)
+		fmt.Fprintf(stdout, "workload: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s), transfer %g Gbit/s + %v setup\n",
+			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), roles.Total(), base.Engine.Profile.Name, used.TransferGbps, used.TransferSetup)
 		if err := rep.WriteTable(stdout); err != nil {
 			return err
 		}

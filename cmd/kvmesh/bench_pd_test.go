@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -78,6 +79,23 @@ func TestBenchPDHTML(t *testing.T) {
 	}
 }
 
+// pdTiny is a --roles run of one request.
+var pdTiny = []string{"bench", "--mode", "des", "--roles", "prefill=1,decode=1", "--groups", "1", "--prompts", "1", "--policies", "kvmesh-always"}
+
+// TestBenchPDTransferHeader: the table's header gives the transfer the run
+// used: a bandwidth below 1 Gbit/s as it is (it printed "%.0f": 0), and a
+// zero setup as the 1 ns the config takes for it.
+func TestBenchPDTransferHeader(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, append(slices.Clone(pdTiny), "--transfer-gbps", "0.5", "--transfer-setup", "0")...)
+	if code != 0 || !strings.Contains(out, "; 2 engines (7b-l40s), transfer 0.5 Gbit/s + 1ns setup\n") {
+		t.Fatalf("exit %d, stderr %q, stdout:\n%s", code, errOut, out)
+	}
+	code, out, errOut = benchRunCLI(t, pdTiny...)
+	if code != 0 || !strings.Contains(out, "transfer 100 Gbit/s + 2ms setup\n") {
+		t.Fatalf("defaults: exit %d, stderr %q, stdout:\n%s", code, errOut, out)
+	}
+}
+
 // TestBenchPDUsage: combinations that would run something other than what
 // was asked are refused, naming why.
 func TestBenchPDUsage(t *testing.T) {
@@ -86,6 +104,19 @@ func TestBenchPDUsage(t *testing.T) {
 		want string
 	}{
 		{[]string{"bench", "--mode", "live", "--roles", "prefill=1,decode=1"}, "--roles runs in --mode des only"},
+		// A zero bandwidth ran at the default 100 Gbit/s (the header said
+		// 0), a negative setup at 1 ns; a transfer past ~292 years wrapped
+		// to a negative TTFT that met the SLO.
+		{append(slices.Clone(pdTiny), "--transfer-gbps", "0"), "--transfer-gbps 0: want a finite bandwidth > 0, in Gbit/s"},
+		{append(slices.Clone(pdTiny), "--transfer-gbps", "-1"), "--transfer-gbps -1: want"},
+		{append(slices.Clone(pdTiny), "--transfer-setup", "-1s"), "--transfer-setup -1s: want ≥ 0"},
+		{append(slices.Clone(pdTiny), "--transfer-gbps", "1e-10"),
+			"transfer 1e-10 Gbit/s with 2ms setup: the largest prompt's KV (2176 tokens, 0.125 GB) would take 9.98e+09 s (1.16e+05 days), over 24h0m0s: a unit mistake?"},
+		{append(slices.Clone(pdTiny), "--transfer-setup", "100000h"), "with 100000h0m0s setup"},
+		{[]string{"bench", "--mode", "des", "--autoscale", "static", "--roles", "prefill=1,decode=1", "--transfer-gbps", "0"},
+			"--transfer-gbps 0: want"},
+		{[]string{"bench", "--mode", "des", "--autoscale", "static", "--roles", "prefill=1,decode=1", "--transfer-gbps", "1e-9"},
+			"a unit mistake?"},
 	} {
 		code, out, errOut := benchRunCLI(t, tc.args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, tc.want) {

@@ -27,6 +27,9 @@ func RunScale(ctx context.Context, cfg ScaleConfig, reqs []workload.Request, as 
 	if err := cfg.Validate(); err != nil {
 		return ScaleResult{}, err
 	}
+	if err := cfg.CheckTransfers(reqs); err != nil {
+		return ScaleResult{}, err
+	}
 	s, err := newScaleSim(&cfg, reqs, as)
 	if err != nil {
 		return ScaleResult{}, err

@@ -126,6 +126,46 @@ func (c *PDConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
+// MaxTransfer bounds one KV transfer: a config whose transfer of the
+// workload's largest prompt takes longer is refused (CheckTransfers). A
+// day is far past any real link (a 7B model's 128k-token prompt, 7.3 GB,
+// takes 0.6 s at 100 Gbit/s); a bandwidth this low is most likely a unit
+// mistake (bit/s or Mbit/s for Gbit/s), and one past ~292 years overflowed
+// the transfer's time.Duration into negative TTFTs.
+const MaxTransfer = 24 * time.Hour
+
+// transferSeconds is how long moving bytes of KV takes, in seconds: the
+// setup plus the bytes at TransferGbps.
+func (c *PDConfig) transferSeconds(bytes float64) float64 {
+	return c.TransferSetup.Seconds() + bytes*8/(c.TransferGbps*1e9)
+}
+
+// transferTime is transferSeconds as a time.Duration, for a transfer
+// CheckTransfers has bounded; a longer one (a run that skipped the check)
+// takes MaxTransfer rather than wrapping to a negative time.
+func (c *PDConfig) transferTime(bytes float64) time.Duration {
+	if !(c.transferSeconds(bytes) <= MaxTransfer.Seconds()) {
+		return MaxTransfer
+	}
+	return c.TransferSetup + time.Duration(bytes*8/(c.TransferGbps*1e9)*float64(time.Second))
+}
+
+// CheckTransfers refuses c (after Defaults) when moving the KV of reqs'
+// largest prompt — the largest transfer the run can make — takes longer
+// than MaxTransfer.
+func (c *PDConfig) CheckTransfers(reqs []workload.Request) error {
+	n := 0
+	for i := range reqs {
+		n = max(n, reqs[i].PromptTokens)
+	}
+	bytes := float64(n) * c.Engine.Profile.KVBytesPerToken
+	if s := c.transferSeconds(bytes); !(s <= MaxTransfer.Seconds()) {
+		return fmt.Errorf("%w: transfer %g Gbit/s with %v setup: the largest prompt's KV (%d tokens, %.3g GB) would take %.3g s (%.3g days), over %v: a unit mistake? (the bandwidth is in Gbit/s)",
+			ErrConfig, c.TransferGbps, c.TransferSetup, n, bytes/1e9, s, s/86400, MaxTransfer)
+	}
+	return nil
+}
+
 // pdPolicy builds the P/D policy for a run.
 // kvmesh's (and aggregated's) cost model is costs, the run's learner (nil:
 // the configured rates, FixedCosts).
@@ -155,7 +195,11 @@ func (c *PDConfig) pdPolicy(name string, costs policies.CostModel, outs *pd.Outp
 // goroutines.
 func RunPD(ctx context.Context, cfg PDConfig, reqs []workload.Request, policies []string) (PDReport, error) {
 	cfg.Defaults()
-	errs := []error{cfg.Validate()}
+	err := cfg.Validate()
+	if err == nil {
+		err = cfg.CheckTransfers(reqs)
+	}
+	errs := []error{err}
 	for _, p := range policies {
 		if !slices.Contains(PDPolicies, p) {
 			errs = append(errs, fmt.Errorf("%w: unknown P/D policy %q (known: %s)", ErrConfig, p, strings.Join(PDPolicies, ", ")))
@@ -175,7 +219,7 @@ func RunPD(ctx context.Context, cfg PDConfig, reqs []workload.Request, policies 
 		run       report.Run
 		imbalance float64
 	}
-	err := eachPolicy(ctx, policies, cfg.Parallel, func(p string) (outcome, error) {
+	err = eachPolicy(ctx, policies, cfg.Parallel, func(p string) (outcome, error) {
 		s, err := newPDSim(&cfg, reqs, p)
 		if err != nil {
 			return outcome{}, err

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/loadtest/report"
@@ -395,5 +396,67 @@ func TestPDPrefillEnginesServeWhenDecodeSaturated(t *testing.T) {
 				t.Errorf("rate 32: kvmesh goodput %.2f req/s, below 2× %s's %.2f", k.GoodputRPS, p, e.GoodputRPS)
 			}
 		}
+	}
+}
+
+// TestTransferBounded: a transfer time past ~292 years overflowed its
+// time.Duration to MinInt64, so `--transfer-gbps 1e-10` printed TTFTs of
+// −9.2e9 s that met the SLO. RunPD refuses a bandwidth whose transfer of
+// the largest prompt takes over MaxTransfer ("a unit mistake?"); below it
+// the run is correct, hours of transfer included; a sim run without the
+// check takes MaxTransfer rather than a negative time.
+func TestTransferBounded(t *testing.T) {
+	reqs, err := workload.SharedPrefix{Groups: 1, Prompts: 2, Shared: 512, Question: 64, Output: 4, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, _ := engine.LookupProfile("7b-l40s") // 57,344 bytes of KV per token
+	cfg := PDConfig{Config: Config{Engine: engine.Config{GPUBlocks: 2000, Profile: prof}}, Roles: Roles{Prefill: 1, Decode: 1}}
+	for _, gbps := range []float64{1e-10, 1e-6} { // 33 MB of KV: 84 years, 3.1 days
+		c := cfg
+		c.TransferGbps = gbps
+		_, err := RunPD(context.Background(), c, reqs, []string{"kvmesh-always"})
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "576 tokens") || !strings.Contains(err.Error(), "a unit mistake?") {
+			t.Fatalf("%g Gbit/s: %v", gbps, err)
+		}
+	}
+	// 1e-5 Gbit/s: the 576-token prompt's 33 MB take 7.3 h.
+	c := cfg
+	c.TransferGbps = 1e-5
+	rep, err := RunPD(context.Background(), c, reqs, []string{"kvmesh-always"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xfer := 576 * prof.KVBytesPerToken * 8 / 1e4
+	r := rep.Policies["kvmesh-always"]
+	if r.Completed != 2 || r.TTFTP50 < xfer || r.TTFTP99 > 2*xfer+60 || r.GoodputRPS != 0 || r.SLOAttainment != 0 {
+		t.Fatalf("transfers of %.0f s: %+v", xfer, r)
+	}
+
+	// Past the check (a sim built directly), 8,400 years of transfer: a
+	// day, not a negative time.
+	c.TransferGbps = 1e-12
+	c.Defaults()
+	s, err := newPDSim(&c, reqs, "kvmesh-always")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := s.run(context.Background())
+	if res.Completed != 2 || res.TTFTP50 < MaxTransfer.Seconds() || res.SLOAttainment != 0 {
+		t.Fatalf("unchecked 1e-12 Gbit/s: %+v", res)
+	}
+}
+
+// TestNegativeLatencyMissesSLO: a negative TTFT or TPOT is a broken
+// measurement, never a request within the SLOs.
+func TestNegativeLatencyMissesSLO(t *testing.T) {
+	var st pdStats
+	st.init(3)
+	st.ttft = []float64{-9.2e9, 0.5, 0.1}
+	st.e2e = []float64{1, 1, 1}
+	st.goodCandidates = [][2]float64{{-9.2e9, 0.01}, {0.5, 0.02}, {0.1, -1}}
+	cfg := PDConfig{SLOTTFT: 2 * time.Second, SLOTPOT: 50 * time.Millisecond}
+	if p := st.result(&cfg); p.SLOAttainment != 1.0/3 {
+		t.Fatalf("SLO attainment %v, want 1/3 (only the request with no negative latency)", p.SLOAttainment)
 	}
 }

@@ -208,7 +208,7 @@ func (r *pdStats) result(cfg *PDConfig) PDResult {
 		return p
 	}
 	for _, g := range r.goodCandidates {
-		if g[0] <= cfg.SLOTTFT.Seconds() && g[1] <= cfg.SLOTPOT.Seconds() {
+		if meetsSLO(g, cfg.SLOTTFT.Seconds(), cfg.SLOTPOT.Seconds()) {
 			r.good++
 		}
 	}
@@ -234,6 +234,13 @@ func (r *pdStats) result(cfg *PDConfig) PDResult {
 		p.PrefixHitRate = float64(r.cached) / float64(r.prompt)
 	}
 	return p
+}
+
+// meetsSLO reports whether a request's (TTFT, TPOT), seconds, meet the
+// SLOs. A negative latency is a broken measurement, never a met SLO (a
+// transfer time that overflowed made TTFTs of −9.2e9 s count as met).
+func meetsSLO(g [2]float64, ttft, tpot float64) bool {
+	return g[0] >= 0 && g[1] >= 0 && g[0] <= ttft && g[1] <= tpot
 }
 
 // WriteTable writes the report as an aligned text table.

@@ -411,8 +411,7 @@ func (s *pdSim) prefillDone(i int, res engine.Result) {
 	f.prefillCached = res.CachedTokens + res.CPUCachedTokens
 	bytes := float64(f.xferTokens) * s.cfg.Engine.Profile.KVBytesPerToken
 	s.out.xferBytes += bytes
-	d := s.cfg.TransferSetup + time.Duration(bytes*8/(s.cfg.TransferGbps*1e9)*float64(time.Second))
-	s.h.push(res.Finished+d, evTransferDone, i)
+	s.h.push(res.Finished+s.cfg.transferTime(bytes), evTransferDone, i)
 }
 
 func (s *pdSim) transferDone(i int, now time.Duration) {

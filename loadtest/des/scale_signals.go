@@ -90,7 +90,7 @@ func (w *ingressWindow) collect(s *scaleSim, now time.Duration) {
 		if g[1] > 0 {
 			b.tpot = append(b.tpot, g[1])
 		}
-		if g[0] <= w.ttft && g[1] <= w.tpot {
+		if meetsSLO(g, w.ttft, w.tpot) {
 			b.good++
 		}
 	}
