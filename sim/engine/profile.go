@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sort"
@@ -364,18 +365,31 @@ func LoadProfileFile(path string) (Profile, error) {
 	return ParseProfile(b)
 }
 
-// ParseProfile decodes a ProfileFile document (see LoadProfileFile).
+// ParseProfile decodes a ProfileFile document (see LoadProfileFile): one
+// YAML document, a second one is an error (it was silently ignored), as is
+// a file with none.
 func ParseProfile(b []byte) (Profile, error) {
 	var f ProfileFile
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	switch err := dec.Decode(&f); {
+	case errors.Is(err, io.EOF):
+		return Profile{}, fmt.Errorf("%w: the file is empty (want a YAML mapping of the profile's fields: name, params, weightBytes, ...)", ErrProfileFile)
+	case err != nil:
 		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, err)
+	}
+	var errs []error
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		errs = append(errs, fmt.Errorf("second YAML document: %w (one profile per file)", err))
+	case !nullDocument(&next):
+		errs = append(errs, fmt.Errorf("line %d: a second YAML document is not allowed (one profile per file)", next.Line))
 	}
 	p := Profile{Name: f.Name, Params: f.Params, WeightBytes: f.WeightBytes, Layers: f.Layers, Hidden: f.Hidden,
 		KVBytesPerToken: f.KVBytesPerToken, FLOPS: f.FLOPS, MemBW: f.MemBW, HostBW: f.HostBW,
 		MaxNumSeqs: f.MaxNumSeqs, MaxNumBatchedTokens: f.MaxNumBatchedTokens}
-	var errs []error
 	for _, d := range []struct {
 		s   string
 		dst *time.Duration
@@ -405,4 +419,16 @@ func ParseProfile(b []byte) (Profile, error) {
 		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, errors.Join(errs...))
 	}
 	return p, nil
+}
+
+// nullDocument reports whether n, a decoded YAML document, holds nothing
+// (a trailing "---" alone).
+func nullDocument(n *yaml.Node) bool {
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) == 0 {
+			return true
+		}
+		n = n.Content[0]
+	}
+	return n.Kind == 0 || n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
 }

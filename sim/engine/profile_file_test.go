@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -82,4 +83,26 @@ func FuzzParseProfile(f *testing.F) {
 			t.Fatalf("accepted an invalid profile: %v", errs)
 		}
 	})
+}
+
+// TestProfileFileOneDocument: a second YAML document is an error (it was
+// ignored: the first document's profile ran), a trailing "---" alone is
+// not; an empty file says so (it said "EOF").
+func TestProfileFileOneDocument(t *testing.T) {
+	if _, err := ParseProfile([]byte(l40sFile + "---\n" + l40sFile)); !errors.Is(err, ErrProfileFile) ||
+		!strings.Contains(err.Error(), "a second YAML document is not allowed (one profile per file)") {
+		t.Errorf("second document: %v", err)
+	}
+	if _, err := ParseProfile([]byte(l40sFile + "---\n{]\n")); !errors.Is(err, ErrProfileFile) ||
+		!strings.Contains(err.Error(), "second YAML document") {
+		t.Errorf("broken second document: %v", err)
+	}
+	if _, err := ParseProfile([]byte("---\n" + l40sFile + "---\n")); err != nil {
+		t.Errorf("one document between separators: %v", err)
+	}
+	for _, empty := range []string{"", "\n  \n", "# nothing yet\n"} {
+		if _, err := ParseProfile([]byte(empty)); !errors.Is(err, ErrProfileFile) || !strings.Contains(err.Error(), "the file is empty") {
+			t.Errorf("%q: %v", empty, err)
+		}
+	}
 }
