@@ -387,3 +387,26 @@ func TestBenchDESTraceSpanWarning(t *testing.T) {
 		t.Fatalf("a trace of an hour: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestBenchZeroOutputNote: rows with output_length 0 run as 1 output token
+// and the report says how many, under the workload line (aggregated and
+// --roles runs).
+func TestBenchZeroOutputNote(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	trace := `{"timestamp": 0, "input_length": 100, "output_length": 0, "hash_ids": [1]}
+{"timestamp": 10, "input_length": 100, "output_length": 3, "hash_ids": [1]}
+{"timestamp": 20, "input_length": 100, "output_length": 0, "hash_ids": [1]}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range [][]string{{"--engines", "2", "--policies", "random"}, {"--roles", "prefill=1,decode=1", "--policies", "kvmesh"}} {
+		args := append([]string{"bench", "--mode", "des", "--workload", "trace", "--trace", path}, run...)
+		code, out, errOut := benchRunCLI(t, args...)
+		lines := strings.SplitN(out, "\n", 3)
+		if code != 0 || len(lines) < 3 || !strings.Contains(lines[0], "3 requests, 300 prompt + 5 output tokens") ||
+			lines[1] != "2 trace rows with output_length 0 sent as 1 output token" {
+			t.Fatalf("%v: exit %d, stderr %q, stdout:\n%s", run, code, errOut, out)
+		}
+	}
+}

@@ -142,6 +142,7 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 		st := workload.Summarize(reqs)
 		fmt.Fprintf(stdout, "workload: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s), transfer %g Gbit/s + %v setup\n",
 			st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), roles.Total(), base.Engine.Profile.Name, used.TransferGbps, used.TransferSetup)
+		bench.WriteWorkloadNotes(stdout, st)
 		if err := rep.WriteTable(stdout); err != nil {
 			return err
 		}

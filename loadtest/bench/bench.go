@@ -170,6 +170,7 @@ func (o Options) writeReport(stdout io.Writer, rep report.Report, reqs []workloa
 	st := workload.Summarize(reqs)
 	fmt.Fprintf(stdout, "workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s)\n",
 		o.Workload, st.Requests, st.PromptTokens, st.OutputTokens, st.Duration.Seconds(), o.Engines, cfg.Engine.Profile.Name)
+	WriteWorkloadNotes(stdout, st)
 	if o.Mode == "live" {
 		o.liveNote(stdout)
 	}
@@ -201,6 +202,14 @@ func (o Options) writeReport(stdout io.Writer, rep report.Report, reqs []workloa
 		return nil
 	}
 	return o.liveOverheads(stdout, rep)
+}
+
+// WriteWorkloadNotes writes, under a report's workload line, what reading
+// the workload changed: trace rows with output_length 0, sent as 1 token.
+func WriteWorkloadNotes(w io.Writer, st workload.Stats) {
+	if st.ZeroOutput > 0 {
+		fmt.Fprintf(w, "%d trace rows with output_length 0 sent as 1 output token\n", st.ZeroOutput)
+	}
 }
 
 // run runs the prepared benchmark in o's mode.

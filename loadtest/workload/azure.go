@@ -205,7 +205,7 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 		if rest := in - segTokens(segs); rest > 0 {
 			segs = append(segs, seg(streamUnique, id, rest))
 		}
-		reqs = append(reqs, Request{Arrival: at, PromptTokens: in, OutputTokens: max(out, 1), Group: g,
+		reqs = append(reqs, Request{Arrival: at, PromptTokens: in, OutputTokens: max(out, 1), ZeroOutput: out == 0, Group: g,
 			Session: "a" + strconv.FormatUint(id, 10), src: &segSource{seed: c.Seed, segs: segs}})
 		if c.Limit > 0 && len(reqs) == c.Limit {
 			break

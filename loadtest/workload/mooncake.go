@@ -369,6 +369,7 @@ func (c Mooncake) requests(rows []mooncakeRow) ([]Request, error) {
 			Arrival:      arrivals[i],
 			PromptTokens: r.in,
 			OutputTokens: max(r.out, 1),
+			ZeroOutput:   r.out == 0,
 			Group:        -1,
 			Session:      session,
 			src:          &mooncakeSource{seed: c.Seed, ids: r.ids, block: c.BlockTokens, own: uint64(r.line)},

@@ -184,3 +184,34 @@ func TestBailian(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroOutputRows: a trace row asking for 0 output tokens (Azure's and
+// BurstGPT's failed requests) is sent as 1 token, as before, and marked so
+// the report can say how many (Stats.ZeroOutput).
+func TestZeroOutputRows(t *testing.T) {
+	moon, err := Mooncake{}.Read(strings.NewReader(`{"timestamp": 0, "input_length": 100, "output_length": 0, "hash_ids": [1]}
+{"timestamp": 10, "input_length": 100, "output_length": 3, "hash_ids": [1]}
+{"timestamp": 20, "input_length": 100, "output_length": 0}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	csv, err := Azure{Seed: 1}.Read(strings.NewReader("timestamp,input_length,output_length\n0,100,0\n1,100,2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		reqs []Request
+		zero []bool
+	}{{"mooncake", moon, []bool{true, false, true}}, {"csv", csv, []bool{true, false}}} {
+		for i, r := range tc.reqs {
+			if r.ZeroOutput != tc.zero[i] || (r.ZeroOutput && r.OutputTokens != 1) {
+				t.Errorf("%s: request %d: output %d, zero-output row %v", tc.name, i, r.OutputTokens, r.ZeroOutput)
+			}
+		}
+	}
+	if n := Summarize(moon).ZeroOutput; n != 2 {
+		t.Errorf("Summarize counts %d zero-output rows, want 2", n)
+	}
+}

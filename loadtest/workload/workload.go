@@ -17,8 +17,12 @@ type Request struct {
 	// PromptTokens is the prompt length; AppendPrompt produces exactly
 	// that many tokens.
 	PromptTokens int
-	// OutputTokens is how many tokens to generate.
+	// OutputTokens is how many tokens to generate, at least 1.
 	OutputTokens int
+	// ZeroOutput marks a trace row that asked for 0 output tokens (Azure's
+	// and BurstGPT's failed requests): it generates 1, as an engine
+	// always samples one token, and reports count it (Stats.ZeroOutput).
+	ZeroOutput bool
 	// Group is the shared-prefix group (or -1 when the trace has none);
 	// Session is a stable session id string for session affinity.
 	Group   int
@@ -101,6 +105,9 @@ type Stats struct {
 	PromptTokens int
 	OutputTokens int
 	Duration     time.Duration // last arrival
+	// ZeroOutput counts the trace rows that asked for 0 output tokens,
+	// sent as 1 (Request.ZeroOutput).
+	ZeroOutput int
 }
 
 // Summarize computes Stats.
@@ -111,6 +118,9 @@ func Summarize(reqs []Request) Stats {
 		s.PromptTokens += reqs[i].PromptTokens
 		s.OutputTokens += reqs[i].OutputTokens
 		s.Duration = max(s.Duration, reqs[i].Arrival)
+		if reqs[i].ZeroOutput {
+			s.ZeroOutput++
+		}
 	}
 	return s
 }
