@@ -27,7 +27,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	asf := autoscaleBenchFlags(fs)
 	asOnly := map[string]bool{} // the flags only --autoscale runs read
 	fs.VisitAll(func(f *flag.Flag) { asOnly[f.Name] = !before[f.Name] && f.Name != "autoscale" })
-	quiet := fs.Bool("quiet", false, "live mode: no progress on stderr")
+	quiet := fs.Bool("quiet", false, "no progress on stderr (des: a line per running policy every 10 s of wall time; live: the load generator's line)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -81,7 +81,6 @@ var benchFlagReaders = map[string]int{
 	"learn-shared":           runDES | runPD | runAutoscale,
 	"learn-unpooled":         runDES, // P/D's learner is always unpooled (pd.LearnConfig)
 	"learn-free-intercept":   runDES, // and fits its intercept freely
-	"quiet":                  runLive,
 	"workload":               runDES | runLive | runPD,
 	"trace":                  runDES | runLive | runPD,
 	"trace-block-size":       runDES | runLive | runPD,

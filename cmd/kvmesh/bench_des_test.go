@@ -410,3 +410,16 @@ func TestBenchZeroOutputNote(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchDESQuiet: --quiet is read by DES runs (aggregated and --roles),
+// which report progress on stderr without it; with it stderr stays empty.
+func TestBenchDESQuiet(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench", "--mode", "des", "--engines", "2", "--policies", "random", "--groups", "2", "--prompts", "2", "--quiet"},
+		append(slices.Clone(pdTiny), "--quiet"),
+	} {
+		if code, out, errOut := benchRunCLI(t, args...); code != 0 || errOut != "" || !strings.Contains(out, "policy") {
+			t.Errorf("%v: exit %d, stderr %q, stdout:\n%s", args, code, errOut, out)
+		}
+	}
+}

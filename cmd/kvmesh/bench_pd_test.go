@@ -157,18 +157,18 @@ func TestBenchFlagsNotRead(t *testing.T) {
 			[]string{"--rate is not read by a --workload trace run", "--groups is not read", "--shared is not read"}},
 		{[]string{"--mode", "live", "--engines", "2", "--workload", "chat", "--output", "9", "--trace", "t.jsonl"},
 			[]string{"--output is not read by a --workload chat run", "--trace is not read"}},
-		// --quiet is live mode's (before: accepted and ignored in DES); the
-		// learner's flags with no policy that learns (--policies without
+		// The learner's flags with no policy that learns (--policies without
 		// kvmesh), and the two P/D's learner always has (pd.LearnConfig).
+		// (--quiet is every run's since the DES reports progress too.)
 		{[]string{"--mode", "des", "--engines", "2", "--quiet", "--policies", "random,sglang", "--learn-shared", "--learn-unpooled",
 			"--learn-free-intercept", "--groups", "2", "--workload", "chat"},
-			[]string{"--quiet is not read by a --mode des run", "--groups is not read by a --workload chat run",
+			[]string{"--groups is not read by a --workload chat run",
 				"--learn-shared is not read by a --policies random,sglang (no kvmesh learner) run",
 				"--learn-unpooled is not read by a --policies random,sglang", "--learn-free-intercept is not read by a --policies random,sglang"}},
 		{[]string{"--mode", "des", "--roles", "prefill=1,decode=1", "--policies", "llmd,sglang", "--learn-shared", "--learn-unpooled",
 			"--learn-free-intercept", "--quiet"},
 			[]string{"--learn-unpooled is not read by a --roles run", "--learn-free-intercept is not read by a --roles run",
-				"--quiet is not read by a --roles run", "--learn-shared is not read by a --policies llmd,sglang (no kvmesh learner) run"}},
+				"--learn-shared is not read by a --policies llmd,sglang (no kvmesh learner) run"}},
 		// Report files that cannot be written are refused before the run.
 		{[]string{"--engines", "2", "--html", "/nonexistent-dir/x.html", "--requests-csv", "/"},
 			[]string{"--html /nonexistent-dir/x.html: cannot create the file", "--requests-csv /: not a regular file"}},

@@ -95,14 +95,16 @@ type Options struct {
 	// (report.WriteCSV).
 	RequestsCSV string
 	// Live mode (live.go): engines run TimeScale× faster than real time
-	// behind Ingresses ingress replicas; Progress, when set, gets the load
-	// generator's progress lines.
+	// behind Ingresses ingress replicas.
 	TimeScale float64
 	Ingresses int
 	// NoStream sends the live requests without streaming (a buffered
 	// answer: the client's TTFT is its E2E; the engines' own TTFT is
 	// still reported).
 	NoStream bool
+	// Progress, when set, gets progress lines: the load generator's in live
+	// mode, in the DES one per running policy every 10 s of wall time
+	// (des.Config.Progress).
 	Progress io.Writer
 	// Stderr, when set, gets warnings about the run (a trace spanning
 	// years); --quiet does not silence them.
@@ -263,6 +265,9 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 		Seed:             seed,
 		Parallel:         o.Parallel,
 		Learn:            learn.Config{Unpooled: o.LearnUnpooled, Shared: o.LearnShared, FreeIntercept: o.LearnFreeIntercept},
+	}
+	if o.Mode == "des" {
+		cfg.Progress = o.Progress // live mode's comes from the load generator
 	}
 	if len(probs) == 0 {
 		// Whatever des would still reject (a --config parameter...), as a

@@ -57,3 +57,20 @@ func TestProfileFile(t *testing.T) {
 		t.Fatalf("missing file: %v", err)
 	}
 }
+
+// TestDESProgress: the DES reports progress on Options.Progress (the
+// command's stderr unless --quiet); live mode's comes from the load
+// generator, not the DES config.
+func TestDESProgress(t *testing.T) {
+	var w strings.Builder
+	o := DefaultOptions()
+	o.Progress = &w
+	cfg, _, err := o.Prepare()
+	if err != nil || cfg.Progress != &w {
+		t.Fatalf("des: progress %v, err %v", cfg.Progress, err)
+	}
+	o.Mode, o.Engines = "live", 2
+	if cfg, _, err = o.Prepare(); err != nil || cfg.Progress != nil {
+		t.Fatalf("live: des progress %v, err %v", cfg.Progress, err)
+	}
+}

@@ -29,8 +29,9 @@ type clock struct {
 	bhead    int
 	pending  int // arrivals not yet dispatched + in flight
 
-	snapshots int  // snapshots taken
-	everyTick bool // tests: snapshot at every grid point, idle or not (snapshotted)
+	prog      *progress // progress lines (nil: none)
+	snapshots int       // snapshots taken
+	everyTick bool      // tests: snapshot at every grid point, idle or not (snapshotted)
 }
 
 func (c *clock) init(reqs []workload.Request, limit int, every time.Duration) error {
@@ -67,6 +68,10 @@ func (c *clock) arrived(ev event) bool {
 	}
 	return true
 }
+
+// progressed is the run loop's periodic call (with its cancellation check):
+// progress, at the virtual time now.
+func (c *clock) progressed(now time.Duration) { c.prog.tick(c, now) }
 
 // free says whether the client may send another request.
 func (c *clock) free() bool { return c.limit == 0 || c.inflight < c.limit }

@@ -3,6 +3,7 @@ package des
 import (
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/kvmesh/kvmesh/scheduler"
@@ -51,6 +52,15 @@ type Config struct {
 	// FixedCosts turns the learner off: kvmesh prices with the kvmesh
 	// config's rates as given (for ablations; no headline number uses it).
 	FixedCosts bool
+	// Progress, when set, gets a plain line per running policy every
+	// ProgressEvery of wall time (0: DefaultProgressEvery): the virtual time
+	// reached, the arrivals' span and the requests done (progress.go). It
+	// changes no result.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+	// progressClock is the wall clock progress reads (nil: time.Now); tests
+	// step it.
+	progressClock func() time.Time
 }
 
 // Defaults fills unset fields.

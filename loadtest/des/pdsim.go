@@ -149,6 +149,7 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	if err := s.clock.init(reqs, cfg.Concurrency, cfg.SnapshotInterval); err != nil {
 		return nil, err
 	}
+	s.prog = startProgress(&cfg.Config, policy, &s.clock)
 	s.out.init(len(reqs))
 	add := func(role scheduler.Role, n int) error {
 		for j := 0; j < n; j++ {
@@ -189,12 +190,16 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 func (s *pdSim) run(ctx context.Context) PDResult {
 	start := time.Now()
 	s.start()
+	var now time.Duration
 	for n := 0; s.h.len() > 0; n++ {
-		if n&4095 == 0 && ctx.Err() != nil {
-			break
+		if n&4095 == 0 {
+			if ctx.Err() != nil {
+				break
+			}
+			s.progressed(now)
 		}
 		ev := s.h.pop()
-		now := ev.at
+		now = ev.at
 		switch ev.kind {
 		case evArrival, evFollow:
 			if s.arrived(ev) {
@@ -213,6 +218,7 @@ func (s *pdSim) run(ctx context.Context) PDResult {
 		}
 	}
 	s.out.wall = time.Since(start)
+	s.prog.done(&s.clock, now)
 	for _, e := range s.engines {
 		s.out.preemptions += int(e.Load().Preemptions)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/workload"
@@ -122,6 +123,9 @@ func newScaleSim(cfg *ScaleConfig, reqs []workload.Request, as Autoscaler) (*sca
 		return nil, err
 	}
 	s := &scaleSim{pdSim: p, sc: cfg, as: as}
+	if p.prog != nil {
+		p.prog.name = strings.TrimSpace(as.Name() + " " + as.Setting())
+	}
 	for e := range p.engines {
 		s.insts = append(s.insts, instance{role: p.view[e].Role, slot: e, state: stReady})
 		s.slot = append(s.slot, e)
@@ -138,8 +142,11 @@ func (s *scaleSim) run(ctx context.Context) ScaleResult {
 	s.h.push(0, evScaleTick, 0)
 	var now time.Duration
 	for n := 0; s.h.len() > 0; n++ {
-		if n&4095 == 0 && ctx.Err() != nil {
-			break
+		if n&4095 == 0 {
+			if ctx.Err() != nil {
+				break
+			}
+			s.progressed(now)
 		}
 		ev := s.h.pop()
 		now = ev.at
@@ -169,6 +176,7 @@ func (s *scaleSim) run(ctx context.Context) ScaleResult {
 		}
 	}
 	s.out.wall = time.Since(start)
+	s.prog.done(&s.clock, now)
 	for _, e := range s.engines {
 		s.out.preemptions += int(e.Load().Preemptions)
 	}

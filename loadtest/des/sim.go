@@ -137,6 +137,7 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	if err := s.clock.init(reqs, cfg.Concurrency, cfg.SnapshotInterval); err != nil {
 		return nil, err
 	}
+	s.prog = startProgress(cfg, policy, &s.clock)
 	s.out.init(len(reqs), cfg.Engines)
 	for e := 0; e < cfg.Engines; e++ {
 		ec := cfg.Engine
@@ -198,12 +199,16 @@ func newScheduler(cfg *Config, sc scheduler.Config, idx *index.Index) (*schedule
 func (s *sim) run(ctx context.Context) runStats {
 	start := time.Now()
 	s.start()
+	var now time.Duration
 	for n := 0; s.h.len() > 0; n++ {
-		if n&4095 == 0 && ctx.Err() != nil {
-			break
+		if n&4095 == 0 {
+			if ctx.Err() != nil {
+				break
+			}
+			s.progressed(now)
 		}
 		ev := s.h.pop()
-		now := ev.at
+		now = ev.at
 		switch ev.kind {
 		case evArrival, evFollow:
 			if s.arrived(ev) {
@@ -222,6 +227,7 @@ func (s *sim) run(ctx context.Context) runStats {
 		}
 	}
 	s.out.wall = time.Since(start)
+	s.prog.done(&s.clock, now)
 	s.out.badEvents = 0
 	for _, t := range s.trans {
 		s.out.badEvents += t.bad
