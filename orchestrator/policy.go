@@ -445,7 +445,7 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 	obs := observe(targets, engines)
 	c.applyProm(now, ap, e, r.jobs, obs, pc)
 	slo := c.observeSLO(ap, targets, engines, obs, pc)
-	res := e.a.Step(now, obs, slo)
+	res := e.a.StepWithin(now, obs, slo, podBudget(targets))
 	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)
 	scaled := false
 	var scaleErr *targetError
