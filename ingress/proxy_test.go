@@ -27,6 +27,10 @@ func testConfig(engines ...StaticEngine) Config {
 	cfg := DefaultConfig()
 	cfg.Engines = engines
 	cfg.Scheduler.Policy = "least-request"
+	// No time bound on tokenizing: on a loaded machine a test's large
+	// prompt (a 12 MB inline image) outlasted the 2 s default and went
+	// untokenized. The budget's own tests set it.
+	cfg.TokenizeBudget = 0
 	return cfg
 }
 
