@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -152,9 +153,11 @@ func (f *fence) watch(ctx context.Context) {
 // fencedLock is the Lease lock with each successful acquire and renew
 // recorded in the fence. It wraps the lock rather than reading the
 // LeaderElector's state because only the lock sees when a request was sent.
+// It also guards the release (see release).
 type fencedLock struct {
 	resourcelock.Interface
 	fence *fence
+	log   *slog.Logger
 }
 
 func (l *fencedLock) Create(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
@@ -162,7 +165,52 @@ func (l *fencedLock) Create(ctx context.Context, r resourcelock.LeaderElectionRe
 }
 
 func (l *fencedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	if r.HolderIdentity == "" {
+		return l.release(ctx, r)
+	}
 	return l.record(r, func() error { return l.Interface.Update(ctx, r) })
+}
+
+// release writes client-go's release (ReleaseOnCancel: the record with an
+// empty holder, once the term's renew loop ended) only over a Lease this
+// replica still holds in a term whose fence is open. client-go's
+// tryRelease Gets the Lease, which hands the lock the current
+// resourceVersion, but decides with the record its elector last observed:
+// a replica frozen past its lease (SIGSTOP, a live migration) resumes, its
+// fence closes and ends the term before the renew loop has read the Lease
+// again, so that stale record still names it, and the release would empty
+// the record of the replica that took the Lease meanwhile (which then
+// leads beside it until its own renewal fails). So:
+//
+//   - never once the fence has closed: a write that passed the fence just
+//     before it closed may still be on its way, and the other replicas'
+//     wait for the lease to expire is the margin that covers it
+//     (fenceValidity); releasing would hand them the Lease at once;
+//   - otherwise only when a Get made here, just before the write, names this
+//     replica the holder. The lock's Update sends the resourceVersion of
+//     that Get, so a write by another replica in between fails with a
+//     conflict (client-go's tryRelease then tries again from its Get).
+//
+// A refused release writes nothing and returns nil: there is nothing of
+// this replica's to release, which is how client-go treats a Lease it sees
+// held by another (tryRelease's !IsLeader), and the elector is discarded
+// with the term anyway. The Lease then expires as if this replica had
+// stopped.
+func (l *fencedLock) release(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	if err := l.fence.check(); err != nil {
+		l.log.Info("not releasing the lease: this term's fence is closed, so the lease is left to expire", "identity", l.Identity(), "err", err)
+		return nil
+	}
+	cur, _, err := l.Interface.Get(ctx)
+	if err != nil {
+		l.fence.lockFailed(err)
+		return err
+	}
+	if cur.HolderIdentity != l.Identity() {
+		l.log.Info("not releasing the lease: another replica holds it", "identity", l.Identity(), "holder", cur.HolderIdentity)
+		return nil
+	}
+	return l.Interface.Update(ctx, r)
 }
 
 func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
@@ -174,7 +222,7 @@ func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecor
 }
 
 // record counts a write as a renewal only when it makes this replica the
-// holder: the release on shutdown writes an empty holder.
+// holder (the release, which empties it, goes through release).
 func (l *fencedLock) record(r resourcelock.LeaderElectionRecord, write func() error) error {
 	sent := l.fence.clock.Now()
 	err := write()

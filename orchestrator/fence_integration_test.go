@@ -70,7 +70,8 @@ func (f *fakeClock) Step(d time.Duration) {
 
 // stallingLock stands in for a leader whose renewals stop (a frozen
 // process, a renew goroutine starved): once stalled, Update waits, ignoring
-// its context as a frozen process would, until the test ends.
+// its context as a frozen process would, until resume (at the latest when
+// the test ends).
 type stallingLock struct {
 	resourcelock.Interface
 	mu      sync.Mutex
@@ -78,6 +79,7 @@ type stallingLock struct {
 	stuck   chan struct{} // closed when an Update is held
 	release chan struct{}
 	once    sync.Once
+	resumed sync.Once
 }
 
 func newStallingLock() *stallingLock {
@@ -95,6 +97,17 @@ func (l *stallingLock) stall() {
 	l.mu.Lock()
 	l.stalled = true
 	l.mu.Unlock()
+}
+
+// resume lets the held Update go on, as a frozen process resumes, and
+// stalls no later one.
+func (l *stallingLock) resume() {
+	l.resumed.Do(func() {
+		l.mu.Lock()
+		l.stalled = false
+		l.mu.Unlock()
+		close(l.release)
+	})
 }
 
 func (l *stallingLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
@@ -153,7 +166,7 @@ func TestStalledLeaderFenced(t *testing.T) {
 	clk, lock := newFakeClock(), newStallingLock()
 	a.clock, a.wrapLock = clk, lock.wrap
 	testutil.Run(t, "controller a", a.Run, logA.String)
-	t.Cleanup(func() { close(lock.release) }) // before a's Run is waited for
+	t.Cleanup(lock.resume) // before a's Run is waited for
 
 	if err := e.applyDoc(t, replaceAll(fenceDoc, "NAME", "before")); err != nil {
 		t.Fatal(err)

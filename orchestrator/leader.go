@@ -8,9 +8,41 @@ import (
 	"os"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
+
+// Leader election's metrics. LeaderCollectors lists them for the
+// registry the orchestrator's metrics are served from.
+var (
+	leaderGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvmesh_orchestrator_leader",
+		Help: "1 while this replica holds the Lease and runs the controller (a term), else 0 (always 0 without leader election). Summed over the replicas it is 1, more only for the overlap of a hand-over.",
+	})
+	leaseLosses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_orchestrator_lease_losses_total",
+		Help: "Terms that ended with the lease lost (the replica rejoins the election), by how: fence (the write fence closed first: no renewal for RenewDeadline) or renew (client-go's renew loop gave up).",
+	}, []string{"how"})
+)
+
+func init() {
+	for _, how := range []string{lossFence, lossRenew} {
+		leaseLosses.WithLabelValues(how)
+	}
+}
+
+// How a term lost its lease (kvmesh_orchestrator_lease_losses_total's how).
+const (
+	lossFence = "fence"
+	lossRenew = "renew"
+)
+
+// LeaderCollectors are leader election's metrics: kvmesh_orchestrator_leader
+// and kvmesh_orchestrator_lease_losses_total.
+func LeaderCollectors() []prometheus.Collector {
+	return []prometheus.Collector{leaderGauge, leaseLosses}
+}
 
 // runElected runs the controller during each term this replica holds the
 // Lease. A term ends when the lease is lost: client-go's renew loop gave
@@ -34,20 +66,24 @@ func (c *Controller) runElected(ctx context.Context) error {
 				return err
 			}
 		}
-		led, why, err := c.runTerm(ctx, id)
+		led, how, why, err := c.runTerm(ctx, id)
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
 		if led {
+			if how != "" {
+				leaseLosses.WithLabelValues(how).Inc()
+			}
 			c.log.Warn("lost the lease: rejoining the election with fresh caches", "identity", id, "reason", why)
 		}
 	}
 }
 
 // runTerm runs one election and, once elected, the controller until the
-// lease is lost or ctx ends. led reports that it led; why says how the
-// lease was lost; err is the controller's own failure.
-func (c *Controller) runTerm(ctx context.Context, id string) (led bool, why string, err error) {
+// lease is lost or ctx ends. led reports that it led; how (lossFence,
+// lossRenew) and why say how the lease was lost; err is the controller's
+// own failure.
+func (c *Controller) runTerm(ctx context.Context, id string) (led bool, how, why string, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// client-go starts OnStartedLeading in a goroutine of its own and does
@@ -61,17 +97,18 @@ func (c *Controller) runTerm(ctx context.Context, id string) (led bool, why stri
 		runErr  error
 		leading bool
 		reason  string // the first cause of the term's end
+		lost    string // how the lease was lost, if that ended the term
 	)
-	because := func(s string) {
+	because := func(how, s string) {
 		mu.Lock()
 		if reason == "" {
-			reason = s
+			reason, lost = s, how
 		}
 		mu.Unlock()
 	}
 	f := newFence(c.clock, fenceValidity(c.cfg.LeaseDuration, c.cfg.RenewDeadline), func(err error) {
 		c.log.Warn("lease fence closed: stopping the controller before another replica may lead", "identity", id, "err", err)
-		because(err.Error())
+		because(lossFence, err.Error())
 		cancel()
 	})
 	c.fence.Store(f)
@@ -79,9 +116,9 @@ func (c *Controller) runTerm(ctx context.Context, id string) (led bool, why stri
 	inner, err := resourcelock.New(resourcelock.LeasesResourceLock, c.cfg.LeaseNamespace, c.cfg.LeaseName,
 		c.leaseKube.CoreV1(), c.leaseKube.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: id})
 	if err != nil {
-		return false, "", err
+		return false, "", "", err
 	}
-	var lock resourcelock.Interface = &fencedLock{Interface: inner, fence: f}
+	var lock resourcelock.Interface = &fencedLock{Interface: inner, fence: f, log: c.log}
 	if c.wrapLock != nil {
 		lock = c.wrapLock(lock)
 	}
@@ -104,12 +141,14 @@ func (c *Controller) runTerm(ctx context.Context, id string) (led bool, why stri
 				mu.Unlock()
 				defer running.Done()
 				c.log.Info("leading", "lease", c.cfg.LeaseNamespace+"/"+c.cfg.LeaseName, "identity", id)
+				leaderGauge.Inc()
 				err := c.run(ctx)
+				leaderGauge.Dec()
 				mu.Lock()
 				runErr = err
 				mu.Unlock()
 				if err != nil {
-					because(err.Error())
+					because("", err.Error())
 				}
 				cancel()
 			},
@@ -119,7 +158,7 @@ func (c *Controller) runTerm(ctx context.Context, id string) (led bool, why stri
 					if err := f.lastLockErr(); err != nil {
 						why += ": " + err.Error()
 					}
-					because(why)
+					because(lossRenew, why)
 				}
 				c.log.Info("stopped leading", "identity", id)
 				cancel()
@@ -127,7 +166,7 @@ func (c *Controller) runTerm(ctx context.Context, id string) (led bool, why stri
 		},
 	})
 	if err != nil {
-		return false, "", err
+		return false, "", "", err
 	}
 	le.Run(ctx)
 	mu.Lock()
@@ -136,5 +175,5 @@ func (c *Controller) runTerm(ctx context.Context, id string) (led bool, why stri
 	running.Wait() // ctx is cancelled once Run returns: the controller stops
 	mu.Lock()
 	defer mu.Unlock()
-	return leading, reason, runErr
+	return leading, lost, reason, runErr
 }
