@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -152,6 +153,8 @@ func serviceAccountClient(t testing.TB, s *kubetest.Server, ns, sa string) kuber
 type instance struct {
 	addr string
 	log  *testutil.SyncBuffer
+	// stop ends the replica (as its process dying) and waits for Run to return.
+	stop func()
 }
 
 // startWebhook runs Run until the test ends and returns once it listens.
@@ -175,7 +178,33 @@ func startWebhook(t testing.TB, kube kubernetes.Interface, cfg RunConfig) *insta
 	case *DirSource:
 		src.Log = cfg.Logger
 	}
-	run := testutil.Run(t, "webhook", func(ctx context.Context) error { return Run(ctx, kube, cfg) }, nil)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("webhook at %s logged:\n%s", in.addr, in.log.String())
+		}
+	})
+	stopped := make(chan struct{})
+	var once sync.Once
+	run := testutil.Run(t, "webhook", func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-stopped:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		return Run(ctx, kube, cfg)
+	}, in.log.String)
+	in.stop = func() {
+		once.Do(func() { close(stopped) })
+		select {
+		case <-run.Done():
+		case <-time.After(testutil.StopTimeout):
+			t.Fatal("the webhook did not stop")
+		}
+	}
 	select {
 	case in.addr = <-bound:
 	case <-run.Done():

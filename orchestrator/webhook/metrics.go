@@ -13,10 +13,14 @@ var (
 	}, []string{"outcome"})
 	registered = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kvmesh_webhook_registered",
-		Help: "1 when the MutatingWebhookConfiguration holds the CA bundle of the certificate being served, else 0.",
+		Help: "1 when the MutatingWebhookConfiguration calls this replica (its Service, or out of cluster its URL) and its CA bundle trusts the certificate being served, else 0.",
 	})
 	registrationErrors = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "kvmesh_webhook_registration_errors_total", Help: "Failed attempts to register the MutatingWebhookConfiguration (each is retried).",
+		Name: "kvmesh_webhook_registration_errors_total", Help: "Failed attempts to register the MutatingWebhookConfiguration (each is retried; a conflict with another replica's write is read again, not counted).",
+	})
+	registrations = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_webhook_registrations_total",
+		Help: "Writes of the MutatingWebhookConfiguration by this replica (registrations, repairs, a CA dropped after the overlap). Replicas write only when it does not call them or trust their certificate: a rate that does not settle means they disagree.",
 	})
 	certErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvmesh_webhook_certificate_errors_total", Help: "Failed attempts to read, create or renew the serving certificate (each is retried).",
@@ -40,7 +44,7 @@ var (
 // Register adds the webhook's metrics to r.
 func Register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{reviews, registered, registrationErrors, certErrors, certReloads, certNotAfter, certValid, tlsHandshakeErrors} {
+	for _, c := range []prometheus.Collector{reviews, registered, registrations, registrationErrors, certErrors, certReloads, certNotAfter, certValid, tlsHandshakeErrors} {
 		errs = append(errs, r.Register(c))
 	}
 	return errors.Join(errs...)

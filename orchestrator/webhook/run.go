@@ -20,8 +20,10 @@ type RunConfig struct {
 	Listen string
 	// CAOverlap is how long, after a new CA's certificate is served, the
 	// registered bundle still trusts the previous CA (every replica then
-	// serves the new certificate); then the new CA alone is registered.
-	// Zero: DefaultCAOverlap.
+	// serves the new certificate); then the new CA alone is registered. It
+	// is counted once per CA, from when this replica stopped serving it (or
+	// first saw it, for a CA another replica registered). Zero:
+	// DefaultCAOverlap.
 	CAOverlap time.Duration
 	// Certs is where the serving certificate comes from: a SecretSource in
 	// cluster, a DirSource for mounted files. Nil generates one in memory
@@ -40,6 +42,15 @@ type RunConfig struct {
 	Ready func(where string)
 	// Listening, if set, receives the bound address (Listen may ask for port 0).
 	Listening func(addr string)
+	// Leader, for a URL (URLHost), says whether this replica leads: the
+	// configuration has one URL, so only the leader registers its own, and
+	// again on each new term, while the others stand by (reported not
+	// registered). Nil: the URL is registered at start and this replica
+	// stands by once another replica registers its URL over it. A Service
+	// is called whichever replica serves, so every replica registers it.
+	Leader Leader
+
+	clock clock // the registrar's (nil: the real one); tests step a fake
 }
 
 // Run serves the webhook with the source's current certificate and keeps
@@ -61,7 +72,10 @@ func Run(ctx context.Context, kube kubernetes.Interface, cfg RunConfig) error {
 		src = &GeneratedSource{Hosts: hosts, Log: log}
 	}
 	st := newCertStore(log)
-	reg := &registrar{kube: kube, target: cfg.Target, store: st, log: log, caOverlap: cfg.CAOverlap}
+	reg := &registrar{kube: kube, target: cfg.Target, store: st, log: log, caOverlap: cfg.CAOverlap, leader: cfg.Leader, clock: cfg.clock}
+	if reg.clock == nil {
+		reg.clock = realClock{}
+	}
 	if reg.caOverlap <= 0 {
 		reg.caOverlap = DefaultCAOverlap
 	}
