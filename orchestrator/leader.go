@@ -44,6 +44,45 @@ func LeaderCollectors() []prometheus.Collector {
 	return []prometheus.Collector{leaderGauge, leaseLosses}
 }
 
+// leaderSignal is a Controller's leadership as the parts of the process
+// that act on the leader alone read it (Leading).
+type leaderSignal struct {
+	mu      sync.Mutex
+	leading bool
+	changed chan struct{} // closed at the next change
+}
+
+// leaderSignals holds each Controller's leaderSignal, created on first use
+// (a field of Controller would belong to controller.go). One small entry
+// per Controller ever made: a process makes one.
+var leaderSignals sync.Map // *Controller → *leaderSignal
+
+func (c *Controller) leader() *leaderSignal {
+	v, _ := leaderSignals.LoadOrStore(c, &leaderSignal{changed: make(chan struct{})})
+	return v.(*leaderSignal)
+}
+
+func (s *leaderSignal) set(leading bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leading != leading {
+		s.leading = leading
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+}
+
+// Leading reports whether this replica leads (a term's controller is
+// running; always, without leader election) and returns a channel closed
+// at the next change. It is a webhook.Leader: out of cluster only the
+// leader registers the webhook's URL.
+func (c *Controller) Leading() (bool, <-chan struct{}) {
+	s := c.leader()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leading || !c.cfg.LeaderElection, s.changed
+}
+
 // runElected runs the controller during each term this replica holds the
 // Lease. A term ends when the lease is lost: client-go's renew loop gave
 // up, or the write fence (fence.go) closed first. The replica then stays
@@ -142,7 +181,9 @@ func (c *Controller) runTerm(ctx context.Context, id string) (led bool, how, why
 				defer running.Done()
 				c.log.Info("leading", "lease", c.cfg.LeaseNamespace+"/"+c.cfg.LeaseName, "identity", id)
 				leaderGauge.Inc()
+				c.leader().set(true)
 				err := c.run(ctx)
+				c.leader().set(false)
 				leaderGauge.Dec()
 				mu.Lock()
 				runErr = err

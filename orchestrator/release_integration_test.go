@@ -11,9 +11,14 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/orchestrator/webhook"
 )
+
+// The controller is the webhook's Leader (cmd/kvmesh wires it).
+var _ webhook.Leader = (*Controller)(nil)
 
 // leaseHolder is the term Lease's holder ("" when released or missing) and
 // its resourceVersion.
@@ -205,8 +210,10 @@ func TestReleaseOnlyOwnLiveLease(t *testing.T) {
 		}, nil)
 		testutil.WaitFor(t, wait, "a to lead", func() bool {
 			h, _ := e.leaseHolder(t, a)
-			return h == "a" && promtest.ToFloat64(leaderGauge) == 1
+			leading, _ := a.Leading()
+			return h == "a" && promtest.ToFloat64(leaderGauge) == 1 && leading
 		})
+		_, changed := a.Leading()
 		stopA()
 		select {
 		case <-runA.Done():
@@ -219,5 +226,27 @@ func TestReleaseOnlyOwnLiveLease(t *testing.T) {
 		if g := promtest.ToFloat64(leaderGauge); g != 0 {
 			t.Errorf("kvmesh_orchestrator_leader %v after the shutdown, want 0", g)
 		}
+		select {
+		case <-changed:
+		default:
+			t.Error("Leading's channel was not closed when a stopped leading")
+		}
+		if leading, _ := a.Leading(); leading {
+			t.Error("a reports leading after its shutdown")
+		}
 	})
+}
+
+// TestLeadingWithoutElection: without leader election the one replica
+// leads (the webhook registers its URL).
+func TestLeadingWithoutElection(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.LeaderElection = false
+	c, err := New(&rest.Config{Host: "https://127.0.0.1:1"}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leading, _ := c.Leading(); !leading {
+		t.Error("a controller without leader election does not lead")
+	}
 }
