@@ -393,7 +393,7 @@ func (r *registrar) step(ctx context.Context, warn bool) (<-chan struct{}, error
 		}
 		if r.yielded {
 			standby = "another replica registered its URL over this one's (" + calledAt(obj) +
-				"); out of cluster without leader election one replica is called: restart this one, or delete the configuration, to register it again"
+				"); out of cluster one replica is called, and without a leader to say which this one gives way: restart it, or delete the configuration, to register it again"
 		}
 	}
 	c, bundle, staged := r.next(now, obj, standby != "")
