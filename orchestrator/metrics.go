@@ -99,6 +99,7 @@ func Register(r prometheus.Registerer) error {
 	})
 	cs := []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors, learnShareErrors,
 		clientRequestLatency, clientRateLimiterLatency, clientRequestResults}
+	cs = append(cs, LeaderCollectors()...)
 	for _, c := range append(cs, modelroutes.Collectors()...) {
 		if err := r.Register(c); err != nil {
 			return err

@@ -235,6 +235,7 @@ func runOrchestratorParts(ctx context.Context, restCfg *rest.Config, ctrl *orche
 			return err
 		}
 		wcfg.Sidecar, wcfg.Logger, wcfg.Target.FailOpen = sc, log, failOpen
+		wcfg.Leader = ctrl // out of cluster only the leader registers its URL
 		switch src := wcfg.Certs.(type) {
 		case *webhook.SecretSource:
 			src.Kube, src.Log = kube, log
