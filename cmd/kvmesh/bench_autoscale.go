@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/loadtest/bench"
 	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
 )
@@ -123,7 +124,13 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 	}
 	rep := des.ScaleReport{Workload: name, Requests: len(reqs), SLOTTFT: cfg.SLOTTFT.Seconds(), SLOTPOT: cfg.SLOTPOT.Seconds(),
 		StartupDelay: max(cfg.StartupDelay, 0).Seconds()}
+	var names []string
 	for _, r := range runs {
+		names = append(names, strings.TrimSpace(r.as.Name()+" "+r.as.Setting()))
+	}
+	rep.Run = autoscaleRunInfo(&o, base, cfg, reqs, names, *f.shape, *f.initial)
+	var outs []bench.Outcome
+	for i, r := range runs {
 		res, err := des.RunScale(ctx, r.cfg, reqs, r.as)
 		if err != nil {
 			return err
@@ -132,6 +139,7 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 			rep.StaticGPUHours = res.GPUHours
 		}
 		rep.Runs = append(rep.Runs, res)
+		outs = append(outs, bench.Outcome{Name: names[i], Completed: res.Completed, Failed: res.Failed})
 	}
 	// stdout first, then the file (checked writable by Prepare).
 	if o.JSON {
@@ -144,9 +152,26 @@ func runBenchAutoscale(ctx context.Context, o bench.Options, pdf pdFlags, f auto
 		return err
 	}
 	if o.HTML != "" {
-		return o.WriteScaleHTML(rep)
+		if err := o.WriteScaleHTML(rep); err != nil {
+			return err
+		}
 	}
-	return nil
+	return bench.NoneCompleted(outs)
+}
+
+// autoscaleRunInfo is an autoscaling run's JSON header: the engines and
+// roles slo and kthena start from (static runs at --roles), the
+// generated workload's shape, the transfer as run.
+func autoscaleRunInfo(o *bench.Options, base des.Config, cfg des.ScaleConfig, reqs []workload.Request, names []string, shape, initial string) *report.RunInfo {
+	ri := o.RunInfo(base, reqs, names)
+	ri.Kind, ri.Workload = "autoscale", bench.WorkloadSummary(shape, reqs)
+	if r, err := des.ParseRoles(initial); err == nil {
+		ri.Engines, ri.Roles = r.Total(), report.Ptr(r.String())
+	}
+	used := cfg
+	used.Defaults()
+	ri.TransferGbps, ri.TransferSetup = report.Ptr(used.TransferGbps), report.Ptr(used.TransferSetup.Seconds())
+	return ri
 }
 
 type autoscaleRun struct {

@@ -37,8 +37,8 @@ func checkBenchJSON(t *testing.T, out string, policies []string) float64 {
 	if err := json.Unmarshal([]byte(out), &top); err != nil {
 		t.Fatalf("not JSON: %v\n%s", err, out)
 	}
-	if keys := benchSortedKeys(top); !slices.Equal(keys, []string{"oracle_hit_rate", "policies"}) {
-		t.Fatalf("top-level keys %v, want exactly policies and oracle_hit_rate", keys)
+	if keys := benchSortedKeys(top); !slices.Equal(keys, []string{"oracle_hit_rate", "policies", "run"}) {
+		t.Fatalf("top-level keys %v, want exactly run, policies and oracle_hit_rate", keys)
 	}
 	var oracle float64
 	if err := json.Unmarshal(top["oracle_hit_rate"], &oracle); err != nil {
@@ -54,8 +54,9 @@ func checkBenchJSON(t *testing.T, out string, policies []string) float64 {
 	if got, want := benchSortedKeys(pols), slices.Sorted(slices.Values(policies)); !slices.Equal(got, want) {
 		t.Fatalf("policies %v, want %v", got, want)
 	}
-	wantKeys := []string{"completed", "e2e_mean_s", "failed", "load_imbalance", "prefix_hit_rate", "throughput_rps",
-		"ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"}
+	wantKeys := []string{"completed", "e2e_mean_s", "e2e_p99_s", "failed", "load_imbalance", "offered_hit_rate", "preemptions",
+		"prefix_hit_rate", "queue_mean_s", "throughput_rps", "tpot_mean_s", "tpot_p99_s", "ttft_mean_s", "ttft_p50_s",
+		"ttft_p90_s", "ttft_p99_s"}
 	for name, obj := range pols {
 		if keys := benchSortedKeys(obj); !slices.Equal(keys, wantKeys) {
 			t.Fatalf("%s: keys %v, want exactly %v", name, keys, wantKeys)
@@ -78,8 +79,14 @@ func checkBenchJSON(t *testing.T, out string, policies []string) float64 {
 			t.Errorf("%s: TTFT mean %v, p50 %v: a prefill takes time", name, v["ttft_mean_s"], v["ttft_p50_s"])
 		case v["ttft_p50_s"] > v["ttft_p90_s"] || v["ttft_p90_s"] > v["ttft_p99_s"]:
 			t.Errorf("%s: TTFT p50 %v, p90 %v, p99 %v not ordered", name, v["ttft_p50_s"], v["ttft_p90_s"], v["ttft_p99_s"])
-		case v["e2e_mean_s"] < v["ttft_mean_s"]:
-			t.Errorf("%s: e2e mean %v < TTFT mean %v", name, v["e2e_mean_s"], v["ttft_mean_s"])
+		case v["e2e_mean_s"] < v["ttft_mean_s"] || v["e2e_p99_s"] < v["ttft_p99_s"]:
+			t.Errorf("%s: e2e mean %v, p99 %v < TTFT mean %v, p99 %v", name, v["e2e_mean_s"], v["e2e_p99_s"], v["ttft_mean_s"], v["ttft_p99_s"])
+		case v["tpot_mean_s"] <= 0 || v["tpot_mean_s"] > v["tpot_p99_s"]:
+			t.Errorf("%s: TPOT mean %v, p99 %v", name, v["tpot_mean_s"], v["tpot_p99_s"])
+		case v["queue_mean_s"] > v["ttft_mean_s"]:
+			t.Errorf("%s: queue mean %v above the TTFT mean %v it is part of", name, v["queue_mean_s"], v["ttft_mean_s"])
+		case v["offered_hit_rate"] > oracle+1e-9:
+			t.Errorf("%s: offered hit rate %v above the oracle's %v", name, v["offered_hit_rate"], oracle)
 		case v["prefix_hit_rate"] > oracle+1e-9:
 			t.Errorf("%s: hit rate %v above the oracle's %v", name, v["prefix_hit_rate"], oracle)
 		case v["load_imbalance"] < 1:
@@ -320,13 +327,16 @@ func TestBenchDESNoneCompleted(t *testing.T) {
 		"--profile", "tiny", "--gpu-blocks", "10", "--block-size", "8"}
 	code, out, errOut := benchRunCLI(t, args...)
 	row := regexp.MustCompile(`(?m)^ *random +n/a +n/a +n/a +n/a +n/a +n/a +n/a +0\.000 +n/a +0 +2 `)
-	if code != 0 || !row.MatchString(out) ||
+	// The report, then exit 1 (before: exit 0 with every request failed;
+	// live mode ended the run with no report).
+	if code != 1 || errOut != "kvmesh bench: no request succeeded for random (2 failed): the report above shows n/a\n" || !row.MatchString(out) ||
 		!strings.Contains(out, "random: 2 of 2 requests failed (first: ") ||
 		!strings.Contains(out, "none completed, so its throughput, latencies and imbalance are n/a") {
 		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
 	}
-	p := benchJSONPolicies(t, append(args, "--json")...)["random"]
-	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "load_imbalance"} {
+	p := benchJSONPoliciesExit(t, 1, append(args, "--json")...)["random"]
+	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "load_imbalance",
+		"e2e_p99_s", "tpot_mean_s", "tpot_p99_s", "queue_mean_s"} {
 		if v, ok := p[k]; !ok || v != nil {
 			t.Errorf("%s: %v (present %v), want null", k, v, ok)
 		}
@@ -351,11 +361,18 @@ func TestBenchDESNoneCompleted(t *testing.T) {
 // policies' JSON objects.
 func benchJSONPolicies(t *testing.T, args ...string) map[string]map[string]any {
 	t.Helper()
-	code, out, errOut := benchRunCLI(t, args...)
+	return benchJSONPoliciesExit(t, 0, args...)
+}
+
+// benchJSONPoliciesExit is benchJSONPolicies for a command that exits
+// with code (1: a policy completed nothing, after the report).
+func benchJSONPoliciesExit(t *testing.T, code int, args ...string) map[string]map[string]any {
+	t.Helper()
+	got, out, errOut := benchRunCLI(t, args...)
 	var rep struct {
 		Policies map[string]map[string]any `json:"policies"`
 	}
-	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
+	if got != code || json.Unmarshal([]byte(out), &rep) != nil {
 		t.Fatalf("exit %d, stderr %q, JSON:\n%s", code, errOut, out)
 	}
 	return rep.Policies

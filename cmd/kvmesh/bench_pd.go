@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/loadtest/bench"
 	"github.com/kvmesh/kvmesh/loadtest/des"
+	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 )
 
@@ -130,6 +131,9 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 	if err != nil {
 		return err
 	}
+	rep.Run = o.RunInfo(base, reqs, pols)
+	rep.Run.Kind, rep.Run.Engines, rep.Run.Roles = "pd", roles.Total(), report.Ptr(roles.String())
+	rep.Run.TransferGbps, rep.Run.TransferSetup = report.Ptr(used.TransferGbps), report.Ptr(used.TransferSetup.Seconds())
 	// stdout first, then the files (checked writable by Prepare): a file
 	// that fails after all loses no result.
 	if o.JSON {
@@ -152,11 +156,17 @@ func runBenchPD(ctx context.Context, fs *flag.FlagSet, o bench.Options, f pdFlag
 			return err
 		}
 	}
+	r, _ := rep.AsReport()
 	if o.RequestsCSV != "" {
-		r, _ := rep.AsReport()
-		return o.WriteRequestsCSV(r)
+		if err := o.WriteRequestsCSV(r); err != nil {
+			return err
+		}
 	}
-	return nil
+	var outs []bench.Outcome
+	for _, p := range r.Order {
+		outs = append(outs, bench.Outcome{Name: p, Completed: r.Policies[p].Completed, Failed: r.Policies[p].Failed})
+	}
+	return bench.NoneCompleted(outs)
 }
 
 func flagGiven(fs *flag.FlagSet, name string) bool {

@@ -280,12 +280,12 @@ func TestBenchPDNoneCompleted(t *testing.T) {
 		"--prompts", "2", "--profile", "tiny", "--gpu-blocks", "10", "--block-size", "8"}
 	code, out, errOut := benchRunCLI(t, args...)
 	row := regexp.MustCompile(`(?m)^ *kvmesh +0\.00 +0\.0% +n/a +n/a +n/a +n/a +n/a +n/a +n/a `)
-	if code != 0 || !row.MatchString(out) {
+	if code != 1 || errOut != "kvmesh bench: no request succeeded for kvmesh (2 failed): the report above shows n/a\n" || !row.MatchString(out) {
 		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
 	}
-	p := benchJSONPolicies(t, append(args, "--json")...)["kvmesh"]
+	p := benchJSONPoliciesExit(t, 1, append(args, "--json")...)["kvmesh"]
 	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
-		"tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_mean_s"} {
+		"tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_mean_s", "e2e_p99_s", "load_imbalance"} {
 		if v, ok := p[k]; !ok || v != nil {
 			t.Errorf("%s: %v (present %v), want null", k, v, ok)
 		}

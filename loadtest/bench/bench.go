@@ -145,6 +145,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	rep.Run = o.RunInfo(cfg, reqs, names)
 	// The report goes to stdout first: a file that cannot be written
 	// after all (checked in Prepare, but the disk may fill) loses no
 	// result.
@@ -157,9 +158,11 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		}
 	}
 	if o.RequestsCSV != "" {
-		return o.WriteRequestsCSV(rep)
+		if err := o.WriteRequestsCSV(rep); err != nil {
+			return err
+		}
 	}
-	return nil
+	return NoneCompleted(outcomes(rep))
 }
 
 // writeReport writes rep to stdout as JSON or as the table.

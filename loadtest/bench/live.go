@@ -149,18 +149,20 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 		res.Preemptions = int(after.preemptions - before.preemptions)
 	}
 	err = errors.Join(err, serr)
-	if err == nil && lr.Completed == 0 && lr.Sent > 0 {
-		err = fmt.Errorf("no request succeeded (%d failed: %s)", lr.Failed, lr.FailureSummary())
-	} else if lr.Failed > 0 {
+	if lr.Failed > 0 {
 		// Failures are part of the result, as in the DES (its "failed"
 		// column): the other requests' numbers and the other policies
-		// still count. The reason goes under the table.
+		// still count, even when none of this policy's succeeded (its
+		// numbers are then n/a, and Run fails at the end: NoneCompleted).
+		// The reason goes under the table.
 		res.FailureNote = fmt.Sprintf("%d of %d requests failed: %s", lr.Failed, lr.Sent, lr.FailureSummary())
 	}
 	if err != nil {
 		err = fmt.Errorf("%s: %w", policy, err)
 	}
-	return res, lr.Run(s, ids), err
+	run := lr.Run(s, ids)
+	res.SetRecordStats(run.Records)
+	return res, run, err
 }
 
 // liveProgress is the load generator's progress line on o.Progress (nil:

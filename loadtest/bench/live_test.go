@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -283,5 +284,45 @@ func TestLiveProgressClock(t *testing.T) {
 	o.Progress = nil
 	if o.liveProgress("random") != nil {
 		t.Fatal("a progress callback without a writer")
+	}
+}
+
+// TestLiveNoneCompletedKeepsGoing: a policy none of whose requests
+// succeeded is n/a in the report, the other policies still run, and Run
+// fails after the report (ErrNoneCompleted), as in the DES (before, live
+// mode ended at the first such policy with no report at all, the DES
+// exited 0).
+func TestLiveNoneCompletedKeepsGoing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	trace := `{"timestamp": 0, "input_length": 20000, "output_length": 4}
+{"timestamp": 100, "input_length": 20000, "output_length": 4}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.Mode, o.Engines, o.TimeScale, o.Workload, o.Trace = "live", 2, 2, "trace", path
+	o.GPUBlocks, o.Policies, o.JSON = 1024, []string{"random", "round-robin"}, true // 16,384 tokens per engine
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err := Run(ctx, o, &out)
+	if !errors.Is(err, ErrNoneCompleted) || !strings.Contains(err.Error(), "random (2 failed), round-robin (2 failed)") {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	var rep struct {
+		Run      report.RunInfo                    `json:"run"`
+		Policies map[string]map[string]json.Number `json:"policies"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	for _, p := range o.Policies {
+		if r := rep.Policies[p]; r["completed"] != "0" || r["failed"] != "2" || r["ttft_mean_s"] != "" {
+			t.Errorf("%s: %v", p, r)
+		}
+	}
+	if rep.Run.Mode != "live" || rep.Run.TimeScale == nil || *rep.Run.TimeScale != 2 || rep.Run.SnapshotInterval != nil {
+		t.Errorf("run header %+v", rep.Run)
 	}
 }

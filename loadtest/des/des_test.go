@@ -142,13 +142,14 @@ func TestEveryPolicyRunsDeterministically(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := m["policies"].(map[string]any)["kvmesh"].(map[string]any)
-	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "prefix_hit_rate", "load_imbalance",
-		"completed", "failed"} {
+	keys := []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "tpot_mean_s",
+		"tpot_p99_s", "prefix_hit_rate", "offered_hit_rate", "load_imbalance", "queue_mean_s", "completed", "failed", "preemptions"}
+	for _, k := range keys {
 		if _, ok := pol[k]; !ok {
 			t.Errorf("json lacks %s", k)
 		}
 	}
-	if len(pol) != 10 || len(m) != 2 {
+	if len(pol) != len(keys) || len(m) != 2 { // Run's report has no run header: the command adds it
 		t.Errorf("json has extra keys: %s", ja)
 	}
 	if _, ok := m["oracle_hit_rate"]; !ok {

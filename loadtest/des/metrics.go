@@ -85,7 +85,8 @@ func (r *runStats) finished(_ int, e int, res engine.Result) {
 }
 
 func (r *runStats) result() report.PolicyResult {
-	p := report.PolicyResult{Completed: len(r.ttft), Failed: r.failed, Preemptions: r.preemptions, BadEvents: r.badEvents, Wall: r.wall}
+	p := report.PolicyResult{Completed: len(r.ttft), Failed: r.failed, Preemptions: r.preemptions, BadEvents: r.badEvents, Wall: r.wall,
+		Offered: true}
 	if r.failed > 0 && r.failErr != nil {
 		p.FailureNote = fmt.Sprintf("%d of %d requests failed (first: %v)", r.failed, r.failed+len(r.ttft), r.failErr)
 	}
@@ -102,6 +103,7 @@ func (r *runStats) result() report.PolicyResult {
 	p.TTFTP90 = report.Quantile(r.ttft, 0.90)
 	p.TTFTP99 = report.Quantile(r.ttft, 0.99)
 	p.E2EMean = mean(r.e2e)
+	p.SetRecordStats(r.recs.recs)
 	p.QueueMean = r.queueSum / float64(len(r.ttft))
 	// The hit rate and the offered one share a denominator with the
 	// oracle's (Run: every request): the prompt tokens of every routed

@@ -213,11 +213,10 @@ func RunPD(ctx context.Context, cfg PDConfig, reqs []workload.Request, policies 
 	}
 	rep := PDReport{Policies: make(map[string]PDResult, len(policies)), Order: policies, Roles: cfg.Roles,
 		SLOTTFT: cfg.SLOTTFT.Seconds(), SLOTPOT: cfg.SLOTPOT.Seconds(),
-		Runs: make(map[string]report.Run, len(policies)), imbalance: make(map[string]float64, len(policies))}
+		Runs: make(map[string]report.Run, len(policies))}
 	type outcome struct {
-		res       PDResult
-		run       report.Run
-		imbalance float64
+		res PDResult
+		run report.Run
 	}
 	err = eachPolicy(ctx, policies, cfg.Parallel, func(p string) (outcome, error) {
 		s, err := newPDSim(&cfg, reqs, p)
@@ -225,9 +224,9 @@ func RunPD(ctx context.Context, cfg PDConfig, reqs []workload.Request, policies 
 			return outcome{}, err
 		}
 		o := outcome{res: s.run(ctx)}
-		o.run, o.imbalance = s.records()
+		o.run, o.res.LoadImbalance = s.records()
 		return o, nil
-	}, func(p string, o outcome) { rep.Policies[p], rep.Runs[p], rep.imbalance[p] = o.res, o.run, o.imbalance })
+	}, func(p string, o outcome) { rep.Policies[p], rep.Runs[p] = o.res, o.run })
 	if err != nil {
 		return PDReport{}, err
 	}

@@ -78,7 +78,11 @@ type PDResult struct {
 	TPOTP50       float64 `json:"tpot_p50_s"`
 	TPOTP90       float64 `json:"tpot_p90_s"`
 	TPOTP99       float64 `json:"tpot_p99_s"`
-	E2EMean       float64 `json:"e2e_mean_s"`
+	// TPOTCount is the requests the TPOTs are over: those of two output
+	// tokens or more (JSON null TPOTs when none).
+	TPOTCount int     `json:"-"`
+	E2EMean   float64 `json:"e2e_mean_s"`
+	E2EP99    float64 `json:"e2e_p99_s"`
 	// Disaggregated is the fraction of requests served by a pair.
 	Disaggregated float64 `json:"disaggregated"`
 	// Held is the fraction of requests the router-side hold delayed
@@ -88,7 +92,10 @@ type PDResult struct {
 	HeldMean float64 `json:"held_mean_s"`
 	// PrefixHitRate is Σ prompt tokens not computed by the leg that
 	// prefilled / Σ prompt tokens.
-	PrefixHitRate float64       `json:"prefix_hit_rate"`
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// LoadImbalance is max ÷ mean completions over the engines that may
+	// decode (0, JSON null: fewer completions than those engines).
+	LoadImbalance float64       `json:"load_imbalance"`
 	TransferGB    float64       `json:"transfer_gb"`
 	Completed     int           `json:"completed"`
 	Failed        int           `json:"failed"`
@@ -112,10 +119,12 @@ type pdResultJSON struct {
 	TPOTP90       *float64 `json:"tpot_p90_s"`
 	TPOTP99       *float64 `json:"tpot_p99_s"`
 	E2EMean       *float64 `json:"e2e_mean_s"`
+	E2EP99        *float64 `json:"e2e_p99_s"`
 	Disaggregated float64  `json:"disaggregated"`
 	Held          float64  `json:"held"`
 	HeldMean      float64  `json:"held_mean_s"`
 	PrefixHitRate float64  `json:"prefix_hit_rate"`
+	LoadImbalance *float64 `json:"load_imbalance"`
 	TransferGB    float64  `json:"transfer_gb"`
 	Completed     int      `json:"completed"`
 	Failed        int      `json:"failed"`
@@ -124,25 +133,31 @@ type pdResultJSON struct {
 
 // MarshalJSON writes p's JSON fields, null for the throughput and
 // latencies when no request completed (as report.PolicyResult's): a 0
-// there reads as the best TTFT. Goodput and SLO attainment stay numbers:
-// none of the requests met the SLOs.
+// there reads as the best TTFT; the TPOTs also when no request had two
+// output tokens, the imbalance when too few completed. Goodput and SLO
+// attainment stay numbers: none of the requests met the SLOs.
 func (p PDResult) MarshalJSON() ([]byte, error) {
-	opt := func(v float64) *float64 {
-		if p.Completed == 0 {
+	done := p.Completed > 0
+	opt := func(ok bool, v float64) *float64 {
+		if !ok {
 			return nil
 		}
 		return &v
 	}
+	tpot := done && p.TPOTCount > 0
 	return json.Marshal(pdResultJSON{GoodputRPS: p.GoodputRPS, SLOAttainment: p.SLOAttainment,
-		ThroughputRPS: opt(p.ThroughputRPS), TTFTMean: opt(p.TTFTMean), TTFTP50: opt(p.TTFTP50), TTFTP90: opt(p.TTFTP90),
-		TTFTP99: opt(p.TTFTP99), TPOTMean: opt(p.TPOTMean), TPOTP50: opt(p.TPOTP50), TPOTP90: opt(p.TPOTP90),
-		TPOTP99: opt(p.TPOTP99), E2EMean: opt(p.E2EMean), Disaggregated: p.Disaggregated, Held: p.Held,
-		HeldMean: p.HeldMean, PrefixHitRate: p.PrefixHitRate, TransferGB: p.TransferGB, Completed: p.Completed,
+		ThroughputRPS: opt(done, p.ThroughputRPS), TTFTMean: opt(done, p.TTFTMean), TTFTP50: opt(done, p.TTFTP50),
+		TTFTP90: opt(done, p.TTFTP90), TTFTP99: opt(done, p.TTFTP99), TPOTMean: opt(tpot, p.TPOTMean), TPOTP50: opt(tpot, p.TPOTP50),
+		TPOTP90: opt(tpot, p.TPOTP90), TPOTP99: opt(tpot, p.TPOTP99), E2EMean: opt(done, p.E2EMean), E2EP99: opt(done, p.E2EP99),
+		Disaggregated: p.Disaggregated, Held: p.Held, HeldMean: p.HeldMean, PrefixHitRate: p.PrefixHitRate,
+		LoadImbalance: opt(done && p.LoadImbalance > 0, p.LoadImbalance), TransferGB: p.TransferGB, Completed: p.Completed,
 		Failed: p.Failed, Preemptions: p.Preemptions})
 }
 
 // PDReport is `kvmesh bench --mode des --roles ...`'s output.
 type PDReport struct {
+	// Run says what ran (nil: not recorded, left out of the JSON).
+	Run      *report.RunInfo     `json:"run,omitempty"`
 	Policies map[string]PDResult `json:"policies"`
 	Roles    Roles               `json:"-"`
 	SLOTTFT  float64             `json:"slo_ttft_s"`
@@ -151,9 +166,6 @@ type PDReport struct {
 	// Runs holds each policy's finished requests (Record.Engine: the
 	// engine that decoded), for the HTML report.
 	Runs map[string]report.Run `json:"-"`
-	// imbalance is each policy's max ÷ mean completions over the engines
-	// that may decode (the HTML report's table).
-	imbalance map[string]float64
 }
 
 // AsReport is r in the aggregated benchmark's terms, for report.WriteHTML
@@ -170,9 +182,9 @@ func (r PDReport) AsReport() (report.Report, []string) {
 			continue
 		}
 		rep.Policies[name] = report.PolicyResult{ThroughputRPS: p.ThroughputRPS, TTFTMean: p.TTFTMean, TTFTP50: p.TTFTP50,
-			TTFTP90: p.TTFTP90, TTFTP99: p.TTFTP99, E2EMean: p.E2EMean, PrefixHitRate: p.PrefixHitRate,
-			LoadImbalance: r.imbalance[name], Completed: p.Completed, Failed: p.Failed, Preemptions: p.Preemptions,
-			Makespan: p.Makespan, Wall: p.Wall}
+			TTFTP90: p.TTFTP90, TTFTP99: p.TTFTP99, E2EMean: p.E2EMean, E2EP99: p.E2EP99, TPOTMean: p.TPOTMean,
+			TPOTP99: p.TPOTP99, TPOTCount: p.TPOTCount, PrefixHitRate: p.PrefixHitRate, LoadImbalance: p.LoadImbalance,
+			Completed: p.Completed, Failed: p.Failed, Preemptions: p.Preemptions, Makespan: p.Makespan, Wall: p.Wall}
 		notes = append(notes, fmt.Sprintf("%s: goodput %.2f req/s, SLO met %.1f %%, disaggregated %.0f %%, held %.0f %%, KV transferred %.1f GB",
 			name, p.GoodputRPS, 100*p.SLOAttainment, 100*p.Disaggregated, 100*p.Held, p.TransferGB))
 	}
@@ -225,6 +237,10 @@ func (r *pdStats) result(cfg *PDConfig) PDResult {
 		p.TPOTMean, p.TPOTP50, p.TPOTP90, p.TPOTP99 = mean(r.tpot), report.Quantile(r.tpot, 0.5), report.Quantile(r.tpot, 0.9), report.Quantile(r.tpot, 0.99)
 	}
 	p.E2EMean = mean(r.e2e)
+	e2e := slices.Clone(r.e2e) // sorted apart: the mean is summed in finish order, as before
+	slices.Sort(e2e)
+	p.E2EP99 = report.Quantile(e2e, 0.99)
+	p.TPOTCount = len(r.tpot)
 	p.Disaggregated = float64(r.disaggregated) / float64(len(r.ttft)+r.failed)
 	p.Held = float64(r.held) / float64(len(r.ttft)+r.failed)
 	if r.held > 0 {

@@ -138,12 +138,14 @@ func (s *scaleSim) result(end time.Duration) ScaleResult {
 
 // ScaleReport is `kvmesh bench --mode des --autoscale ...`'s output.
 type ScaleReport struct {
-	Workload     string        `json:"workload"`
-	Requests     int           `json:"requests"`
-	SLOTTFT      float64       `json:"slo_ttft_s"`
-	SLOTPOT      float64       `json:"slo_tpot_s"`
-	StartupDelay float64       `json:"startup_delay_s"`
-	Runs         []ScaleResult `json:"runs"`
+	// Run says what ran (nil: not recorded, left out of the JSON).
+	Run          *report.RunInfo `json:"run,omitempty"`
+	Workload     string          `json:"workload"`
+	Requests     int             `json:"requests"`
+	SLOTTFT      float64         `json:"slo_ttft_s"`
+	SLOTPOT      float64         `json:"slo_tpot_s"`
+	StartupDelay float64         `json:"startup_delay_s"`
+	Runs         []ScaleResult   `json:"runs"`
 	// Static is the static deployment the others are compared with (the
 	// run named "static"), when there is one.
 	StaticGPUHours float64 `json:"static_gpu_hours,omitempty"`

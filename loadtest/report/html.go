@@ -172,12 +172,12 @@ func writeSummary(b *strings.Builder, r Report, names []string) {
 		"<th>p99 s</th><th>TPOT mean ms</th><th>TPOT p99 ms</th><th>E2E mean s</th><th>hit rate</th><th>imbalance</th><th>done</th><th>failed</th></tr>\n")
 	for _, p := range names {
 		res := r.Policies[p]
-		tpot := sortedValues(r.Runs[p].Records, Record.TPOT)
+		tpot := TPOTs(r.Runs[p].Records)
 		done := res.Completed > 0
 		fmt.Fprintf(b, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.3f</td><td>%s</td><td>%d</td><td>%d</td></tr>\n",
 			html.EscapeString(p), cell(done, "%.2f", res.ThroughputRPS), cell(done, "%.3f", res.TTFTMean), cell(done, "%.3f", res.TTFTP50),
-			cell(done, "%.3f", res.TTFTP90), cell(done, "%.3f", res.TTFTP99), cell(done, "%.1f", 1000*meanOf(tpot)),
-			cell(done, "%.1f", 1000*Quantile(tpot, 0.99)), cell(done, "%.3f", res.E2EMean), res.PrefixHitRate,
+			cell(done, "%.3f", res.TTFTP90), cell(done, "%.3f", res.TTFTP99), cell(done && len(tpot) > 0, "%.1f", 1000*meanOf(tpot)),
+			cell(done && len(tpot) > 0, "%.1f", 1000*Quantile(tpot, 0.99)), cell(done, "%.3f", res.E2EMean), res.PrefixHitRate,
 			cell(res.imbalanceDefined(), "%.2f", res.LoadImbalance), res.Completed, res.Failed)
 	}
 	b.WriteString("</table>\n")
@@ -246,7 +246,7 @@ func (r Report) plots(names []string, bins int) []plot {
 		c := color(i)
 		xs, ys := cdf(sortedValues(run.Records, func(r Record) float64 { return r.TTFT }), 1)
 		ttft.lines = append(ttft.lines, line{p, c, xs, ys})
-		xs, ys = cdf(sortedValues(run.Records, Record.TPOT), 1000)
+		xs, ys = cdf(TPOTs(run.Records), 1000)
 		tpot.lines = append(tpot.lines, line{p, c, xs, ys})
 		s := Bin(run.Records, end, bins)
 		mids := make([]float64, len(s.Throughput)) // none when the records span no time

@@ -11,13 +11,15 @@ import (
 	"io"
 	"iter"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
 // PolicyResult is one policy's line of the report. JSON names are fixed
-// (scripts rely on them); the extra fields are for the table only.
+// (scripts rely on them; docs/BENCHMARKS.md, "`kvmesh bench --json`",
+// documents each); the fields tagged "-" are for the table only.
 type PolicyResult struct {
 	ThroughputRPS float64 `json:"throughput_rps"`
 	TTFTMean      float64 `json:"ttft_mean_s"`
@@ -25,16 +27,25 @@ type PolicyResult struct {
 	TTFTP90       float64 `json:"ttft_p90_s"`
 	TTFTP99       float64 `json:"ttft_p99_s"`
 	E2EMean       float64 `json:"e2e_mean_s"`
+	// E2EP99 is the 99th percentile of the end-to-end latency; TPOTMean
+	// and TPOTP99 the mean and 99th percentile of the time per output
+	// token after the first, over the TPOTCount requests of two output
+	// tokens or more per sequence (SetRecordStats: the HTML report's).
+	E2EP99    float64 `json:"e2e_p99_s"`
+	TPOTMean  float64 `json:"tpot_mean_s"`
+	TPOTP99   float64 `json:"tpot_p99_s"`
+	TPOTCount int     `json:"-"`
 	// PrefixHitRate is Σ cached prompt tokens / Σ prompt tokens.
 	PrefixHitRate float64 `json:"prefix_hit_rate"`
 	// OfferedHitRate is the hit rate the requests would have had on the
 	// engine caching most of each prompt when it was routed (the router's
-	// index; DES only). PrefixHitRate below it is hits the policy gave up,
-	// for balance or by mistake; OfferedHitRate below a bound of the whole
-	// cluster's capacity is the caches' own loss (copies, evictions). Table
-	// only: the JSON is the same in DES and live mode, and a live run's
-	// routing happens inside the ingresses.
-	OfferedHitRate float64 `json:"-"`
+	// index; DES only: Offered). PrefixHitRate below it is hits the policy
+	// gave up, for balance or by mistake; OfferedHitRate below a bound of
+	// the whole cluster's capacity is the caches' own loss (copies,
+	// evictions). A live run's routing happens inside the ingresses: JSON
+	// null there.
+	OfferedHitRate float64 `json:"offered_hit_rate"`
+	Offered        bool    `json:"-"`
 	// LoadImbalance is max / mean of requests completed per engine
 	// (1 = perfectly even), defined only when at least as many requests
 	// completed as there are engines (Imbalance): 0 when not (JSON null,
@@ -47,16 +58,16 @@ type PolicyResult struct {
 
 	// QueueMean is the mean time a request waited in the engine's queue
 	// before its first scheduling (part of TTFT).
-	QueueMean float64 `json:"-"`
+	QueueMean float64 `json:"queue_mean_s"`
 	// Completed and Failed count the requests that finished and those
 	// that did not: latencies and throughput are over the completed ones
 	// (the DES's hit rate over every request routed), so a script reading
 	// the JSON must see the failures too. With none completed they are
-	// undefined: JSON null (throughput_rps, ttft_*, e2e_mean_s,
-	// load_imbalance), table n/a.
+	// undefined: JSON null (throughput_rps, ttft_*, e2e_*, tpot_*,
+	// queue_mean_s, load_imbalance), table n/a.
 	Completed   int           `json:"completed"`
 	Failed      int           `json:"failed"`
-	Preemptions int           `json:"-"`
+	Preemptions int           `json:"preemptions"`
 	BadEvents   int           `json:"-"`
 	Makespan    time.Duration `json:"-"`
 	Wall        time.Duration `json:"-"`
@@ -81,17 +92,23 @@ type policyJSON struct {
 	TTFTP90        *float64 `json:"ttft_p90_s"`
 	TTFTP99        *float64 `json:"ttft_p99_s"`
 	E2EMean        *float64 `json:"e2e_mean_s"`
+	E2EP99         *float64 `json:"e2e_p99_s"`
+	TPOTMean       *float64 `json:"tpot_mean_s"`
+	TPOTP99        *float64 `json:"tpot_p99_s"`
 	PrefixHitRate  float64  `json:"prefix_hit_rate"`
+	OfferedHitRate *float64 `json:"offered_hit_rate"`
 	LoadImbalance  *float64 `json:"load_imbalance"`
 	EngineTTFTMean float64  `json:"engine_ttft_mean_s,omitempty"`
+	QueueMean      *float64 `json:"queue_mean_s"`
 	Completed      int      `json:"completed"`
 	Failed         int      `json:"failed"`
+	Preemptions    int      `json:"preemptions"`
 }
 
-// MarshalJSON writes p's JSON fields, null where p.Completed or
-// p.LoadImbalance says they are undefined: a 0 there read as a measured
-// throughput or TTFT ranks a policy that completed nothing first (or
-// divides by it).
+// MarshalJSON writes p's JSON fields, null where p.Completed,
+// p.TPOTCount, p.Offered or p.LoadImbalance says they are undefined: a 0
+// there read as a measured throughput or TTFT ranks a policy that
+// completed nothing first (or divides by it).
 func (p PolicyResult) MarshalJSON() ([]byte, error) {
 	done := p.Completed > 0
 	opt := func(ok bool, v float64) *float64 {
@@ -102,8 +119,33 @@ func (p PolicyResult) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(policyJSON{ThroughputRPS: opt(done, p.ThroughputRPS), TTFTMean: opt(done, p.TTFTMean),
 		TTFTP50: opt(done, p.TTFTP50), TTFTP90: opt(done, p.TTFTP90), TTFTP99: opt(done, p.TTFTP99), E2EMean: opt(done, p.E2EMean),
-		PrefixHitRate: p.PrefixHitRate, LoadImbalance: opt(p.imbalanceDefined(), p.LoadImbalance),
-		EngineTTFTMean: p.EngineTTFTMean, Completed: p.Completed, Failed: p.Failed})
+		E2EP99: opt(done, p.E2EP99), TPOTMean: opt(done && p.TPOTCount > 0, p.TPOTMean), TPOTP99: opt(done && p.TPOTCount > 0, p.TPOTP99),
+		PrefixHitRate: p.PrefixHitRate, OfferedHitRate: opt(p.Offered, p.OfferedHitRate), LoadImbalance: opt(p.imbalanceDefined(), p.LoadImbalance),
+		EngineTTFTMean: p.EngineTTFTMean, QueueMean: opt(done, p.QueueMean), Completed: p.Completed, Failed: p.Failed,
+		Preemptions: p.Preemptions})
+}
+
+// SetRecordStats sets p's E2E p99 and TPOT mean and p99 from its run's
+// finished requests, as the HTML report computes them (TPOTs).
+func (p *PolicyResult) SetRecordStats(recs []Record) {
+	tpot := TPOTs(recs)
+	p.TPOTCount = len(tpot)
+	p.TPOTMean, p.TPOTP99 = meanOf(tpot), Quantile(tpot, 0.99)
+	p.E2EP99 = Quantile(sortedValues(recs, func(r Record) float64 { return r.E2E }), 0.99)
+}
+
+// TPOTs is the sorted times per output token of recs' requests that have
+// one: two output tokens or more per sequence (a one-token answer has no
+// time between tokens, and counted as 0 it pulled the mean down).
+func TPOTs(recs []Record) []float64 {
+	var v []float64
+	for _, r := range recs {
+		if r.OutputTokens/max(1, r.Sequences) >= 2 {
+			v = append(v, r.TPOT())
+		}
+	}
+	slices.Sort(v)
+	return v
 }
 
 // imbalanceDefined reports whether p.LoadImbalance is a measurement.
@@ -124,6 +166,8 @@ type LearnedCosts struct {
 
 // Report is the benchmark's output: `kvmesh bench --json` prints it.
 type Report struct {
+	// Run says what ran (nil: not recorded, left out of the JSON).
+	Run           *RunInfo                `json:"run,omitempty"`
 	Policies      map[string]PolicyResult `json:"policies"`
 	OracleHitRate float64                 `json:"oracle_hit_rate"`
 	// Order is the policies in the order run (for the table).

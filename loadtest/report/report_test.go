@@ -2,6 +2,7 @@ package report
 
 import (
 	"encoding/json"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -83,15 +84,18 @@ func TestOfferedLine(t *testing.T) {
 }
 
 // TestUndefinedNumbers: a policy that completed nothing has no throughput,
-// TTFT, E2E, queue or imbalance, and one with fewer completions than
-// engines no imbalance: the JSON says null (the other fields and their
-// order unchanged), the table and the HTML n/a, and the table says why
-// the imbalance is missing.
+// TTFT, E2E, TPOT, queue or imbalance, one with fewer completions than
+// engines no imbalance, one whose answers were all of one token no TPOT,
+// and a run that measured no offered hit rate (live) none: the JSON says
+// null (the other fields and their order unchanged), the table and the
+// HTML n/a, and the table says why the imbalance is missing.
 func TestUndefinedNumbers(t *testing.T) {
 	r := Report{Policies: map[string]PolicyResult{
-		"none": {PrefixHitRate: 0.125, Failed: 3, Wall: 1},
-		"few":  {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, Completed: 2},
-		"ok":   {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, LoadImbalance: 1.25, Completed: 9, EngineTTFTMean: 0.25},
+		"none": {PrefixHitRate: 0.125, Failed: 3, Wall: 1, Offered: true, Preemptions: 1},
+		"few": {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, E2EP99: 1.5, Completed: 2,
+			QueueMean: 0.25, OfferedHitRate: 0.5, Offered: true},
+		"ok": {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, E2EP99: 2, TPOTMean: 0.125,
+			TPOTP99: 0.25, TPOTCount: 9, LoadImbalance: 1.25, Completed: 9, EngineTTFTMean: 0.25, QueueMean: 0.125, Preemptions: 3},
 	}, Order: []string{"none", "few", "ok"}}
 	got := map[string]string{}
 	for name, p := range r.Policies {
@@ -102,9 +106,9 @@ func TestUndefinedNumbers(t *testing.T) {
 		got[name] = string(b)
 	}
 	want := map[string]string{
-		"none": `{"throughput_rps":null,"ttft_mean_s":null,"ttft_p50_s":null,"ttft_p90_s":null,"ttft_p99_s":null,"e2e_mean_s":null,"prefix_hit_rate":0.125,"load_imbalance":null,"completed":0,"failed":3}`,
-		"few":  `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"prefix_hit_rate":0,"load_imbalance":null,"completed":2,"failed":0}`,
-		"ok":   `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"prefix_hit_rate":0,"load_imbalance":1.25,"engine_ttft_mean_s":0.25,"completed":9,"failed":0}`,
+		"none": `{"throughput_rps":null,"ttft_mean_s":null,"ttft_p50_s":null,"ttft_p90_s":null,"ttft_p99_s":null,"e2e_mean_s":null,"e2e_p99_s":null,"tpot_mean_s":null,"tpot_p99_s":null,"prefix_hit_rate":0.125,"offered_hit_rate":0,"load_imbalance":null,"queue_mean_s":null,"completed":0,"failed":3,"preemptions":1}`,
+		"few":  `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"e2e_p99_s":1.5,"tpot_mean_s":null,"tpot_p99_s":null,"prefix_hit_rate":0,"offered_hit_rate":0.5,"load_imbalance":null,"queue_mean_s":0.25,"completed":2,"failed":0,"preemptions":0}`,
+		"ok":   `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"e2e_p99_s":2,"tpot_mean_s":0.125,"tpot_p99_s":0.25,"prefix_hit_rate":0,"offered_hit_rate":null,"load_imbalance":1.25,"engine_ttft_mean_s":0.25,"queue_mean_s":0.125,"completed":9,"failed":0,"preemptions":3}`,
 	}
 	for name, w := range want {
 		if got[name] != w {
@@ -122,8 +126,8 @@ func TestUndefinedNumbers(t *testing.T) {
 	}
 	for _, w := range []string{
 		"  none             n/a          n/a    n/a    n/a    n/a      n/a         n/a     0.125        n/a     0       3 ",
-		"   few            2.00        0.500  0.500  0.500  0.500    0.000       1.000     0.000        n/a     2       0 ",
-		"    ok            2.00        0.500  0.500  0.500  0.500    0.000       1.000     0.000       1.25     9       0 ",
+		"   few            2.00        0.500  0.500  0.500  0.500    0.250       1.000     0.000        n/a     2       0 ",
+		"    ok            2.00        0.500  0.500  0.500  0.500    0.125       1.000     0.000       1.25     9       0 ",
 		"imbalance n/a (few): fewer requests completed than there are engines\n",
 	} {
 		if !strings.Contains(sb.String(), w) {
@@ -159,5 +163,36 @@ func TestPolicyJSONFields(t *testing.T) {
 	}
 	if a, b := tags(PolicyResult{}), tags(policyJSON{}); !slices.Equal(a, b) {
 		t.Errorf("PolicyResult's JSON fields %v, MarshalJSON's %v", a, b)
+	}
+}
+
+// TestRecordStats: the JSON's TPOT is over the requests of two output
+// tokens or more per sequence (a one-token answer has none; as 0 it pulled
+// the HTML's mean down), its E2E p99 over every finished request.
+func TestRecordStats(t *testing.T) {
+	recs := []Record{
+		{TTFT: 0.1, E2E: 1.1, OutputTokens: 11},              // 0.1 s per token
+		{TTFT: 0.2, E2E: 0.2, OutputTokens: 1},               // none
+		{TTFT: 0.2, E2E: 0.5, OutputTokens: 2, Sequences: 2}, // one token per sequence: none
+		{TTFT: 0, E2E: 0.9, OutputTokens: 4},                 // 0.3
+	}
+	var p PolicyResult
+	p.SetRecordStats(recs)
+	if p.TPOTCount != 2 || math.Abs(p.TPOTMean-0.2) > 1e-12 || math.Abs(p.TPOTP99-0.3) > 1e-12 || p.E2EP99 != 1.1 {
+		t.Fatalf("TPOT n %d mean %v p99 %v, E2E p99 %v; want 2, 0.2, 0.3, 1.1", p.TPOTCount, p.TPOTMean, p.TPOTP99, p.E2EP99)
+	}
+	p = PolicyResult{Completed: 1}
+	p.SetRecordStats(recs[1:3])
+	b, err := json.Marshal(p)
+	if err != nil || !strings.Contains(string(b), `"tpot_mean_s":null,"tpot_p99_s":null`) {
+		t.Fatalf("one-token answers only: %s, %v", b, err)
+	}
+	var hb strings.Builder
+	if err := WriteHTML(&hb, Report{Policies: map[string]PolicyResult{"a": p}, Order: []string{"a"},
+		Runs: map[string]Run{"a": {Records: recs[1:3], EngineIDs: []string{"e"}}}}, HTMLMeta{}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(hb.String(), "<td>0.000</td><td>n/a</td><td>n/a</td><td>0.000</td>") {
+		t.Errorf("HTML TPOT of one-token answers is not n/a:\n%s", hb.String())
 	}
 }
