@@ -42,7 +42,7 @@ func ingressOptions(args []string, stderr io.Writer) (ingress.Options, error) {
 	var probs flagProblems
 	ingressFlags(fs, &opts, &probs)
 	listenTLSFlags(fs, &opts.Config)
-	// Not `kvmesh epp`'s: its picks (Pick) charge no body bytes.
+	// `kvmesh epp` defines its own: it charges the bodies it buffers itself.
 	fs.Int64Var(&opts.Config.MaxBodyBytesInFlight, "max-body-in-flight", opts.Config.MaxBodyBytesInFlight, "max request body bytes held at once over all requests, this ingress's own memory bound (503 above; bodies up to 64 KiB always pass; 0: off; else >= --max-body)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return opts, err
