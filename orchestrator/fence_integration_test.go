@@ -22,51 +22,10 @@ import (
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 )
 
-// fakeClock is a fenceClock a test steps.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	waiters []fakeWaiter
-}
+// fakeClock is the clock a test steps.
+type fakeClock = testutil.SteppedClock
 
-type fakeWaiter struct {
-	at time.Time
-	c  chan time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_000_000, 0)} }
-
-func (f *fakeClock) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.now
-}
-
-func (f *fakeClock) After(d time.Duration) <-chan time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	c := make(chan time.Time, 1)
-	if d <= 0 {
-		c <- f.now
-		return c
-	}
-	f.waiters = append(f.waiters, fakeWaiter{f.now.Add(d), c})
-	return c
-}
-
-// Step advances the clock and fires the waiters that are due.
-func (f *fakeClock) Step(d time.Duration) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.now = f.now.Add(d)
-	f.waiters = slices.DeleteFunc(f.waiters, func(w fakeWaiter) bool {
-		if w.at.After(f.now) {
-			return false
-		}
-		w.c <- f.now
-		return true
-	})
-}
+func newFakeClock() *fakeClock { return testutil.NewSteppedClock(time.Unix(1_000_000, 0)) }
 
 // stallingLock stands in for a leader whose renewals stop (a frozen
 // process, a renew goroutine starved): once stalled, Update waits, ignoring
