@@ -633,25 +633,8 @@ func TestPDNixlReadCancelledMidTransferFreesBlocks(t *testing.T) {
 	if pr.KVTransferParams == nil || p.HeldRequests(0) != 1 {
 		t.Fatalf("the prefill leg held nothing: %s", raw)
 	}
-	b, err := json.Marshal(decodeLeg(prompt, pr.KVTransferParams, 2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	cancel, done := postInBackground(t, d.URL()+"/v1/completions", decodeLeg(prompt, pr.KVTransferParams, 2))
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL()+"/v1/completions", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	done := make(chan error, 1)
-	go func() {
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
 	testutil.WaitFor(t, waitLong, "the decode engine's read posted", func() bool { return d.pd.posted.Load() == 1 })
 	cancel()
 	if err := <-done; err == nil {
@@ -803,25 +786,8 @@ func TestPDLegFinishedAsItsClientLeftExpires(t *testing.T) {
 			let := func() { resumeOnce.Do(func() { close(resume) }) }
 			t.Cleanup(let)
 
-			b, err := json.Marshal(tc.body)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
+			cancel, done := postInBackground(t, p.URL()+"/v1/completions", tc.body)
 			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL()+"/v1/completions", bytes.NewReader(b))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			done := make(chan error, 1)
-			go func() {
-				resp, err := http.DefaultClient.Do(req)
-				if err == nil {
-					resp.Body.Close()
-				}
-				done <- err
-			}()
 			select {
 			case <-stepped:
 			case <-time.After(waitLong):
@@ -935,4 +901,30 @@ func TestPDDecodeDoesNotWaitForTheACK(t *testing.T) {
 	if m := scrape(t, d); m["vllm:nixl_num_failed_transfers_total{engine=0}"] != 0 || m["kvmesh_sim_pd_transfers_total"] != 1 {
 		t.Fatalf("failed %v, received %v: want the transfer counted as done", m["vllm:nixl_num_failed_transfers_total{engine=0}"], m["kvmesh_sim_pd_transfers_total"])
 	}
+}
+
+// postInBackground posts body as JSON to url from a goroutine; done gets the
+// client's error (nil once an answer came), cancel cuts the request.
+func postInBackground(t *testing.T, url string, body any) (cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	b, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	ch := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		ch <- err
+	}()
+	return cancel, ch
 }
