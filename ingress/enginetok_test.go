@@ -185,20 +185,7 @@ func TestEngineTokenizeHungEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sm.Close() })
-	target, _ := url.Parse(sm.URL())
-	rp := httputil.NewSingleHostReverseProxy(target)
-	hung := make(chan struct{})
-	var asked atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/tokenize" {
-			asked.Add(1)
-			<-hung
-			return
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close) // after close(hung) below: cleanups run last first
-	t.Cleanup(func() { close(hung) })
+	srv, asked := hungTokenizeProxy(t, sm.URL())
 	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: srv.URL})
 	cfg.Scheduler.Policy = "kvmesh"
 	s := startIngress(t, cfg, Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()})
@@ -234,20 +221,7 @@ func TestEngineTokenizeHungEngineAmongOthers(t *testing.T) {
 		t.Cleanup(func() { sm.Close() })
 		sims = append(sims, sm)
 	}
-	target, _ := url.Parse(sims[0].URL())
-	rp := httputil.NewSingleHostReverseProxy(target)
-	hung := make(chan struct{})
-	var asked atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/tokenize" {
-			asked.Add(1)
-			<-hung
-			return
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close) // after close(hung) below: cleanups run last first
-	t.Cleanup(func() { close(hung) })
+	srv, asked := hungTokenizeProxy(t, sims[0].URL())
 	cfg := testConfig(StaticEngine{ID: "hung", Model: "m", URL: srv.URL}, StaticEngine{ID: "a", Model: "m", URL: sims[1].URL()},
 		StaticEngine{ID: "b", Model: "m", URL: sims[2].URL()})
 	cfg.Scheduler.Policy = "kvmesh"
@@ -351,3 +325,27 @@ func (w *holdingWriter) Write(p []byte) (int, error) {
 func (w *holdingWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
 
 func (w *holdingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// hungTokenizeProxy is a proxy to the engine at engineURL whose /tokenize
+// never answers (until the test ends); asked counts the /tokenize calls.
+func hungTokenizeProxy(t *testing.T, engineURL string) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	target, err := url.Parse(engineURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	hung := make(chan struct{})
+	asked := new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			asked.Add(1)
+			<-hung
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close) // after close(hung) below: cleanups run last first
+	t.Cleanup(func() { close(hung) })
+	return srv, asked
+}
