@@ -94,9 +94,6 @@ func init() {
 // metrics (rest_client_*: client-go takes its hooks once per process, the
 // first caller's; this package's are the same for every registry).
 func Register(r prometheus.Registerer) error {
-	clientmetrics.Register(clientmetrics.RegisterOpts{
-		RequestLatency: clientLatency{clientRequestLatency}, RateLimiterLatency: clientLatency{clientRateLimiterLatency}, RequestResult: clientResult{},
-	})
 	cs := []prometheus.Collector{reconciles, reconcileErrors, podActions, autoscaleDesired, autoscaleCurrent, autoscaleDecisions, policyTargetErrors, promQueries, sloInputs, sloSummaryErrors, learnShareErrors,
 		clientRequestLatency, clientRateLimiterLatency, clientRequestResults}
 	cs = append(cs, LeaderCollectors()...)
@@ -106,4 +103,14 @@ func Register(r prometheus.Registerer) error {
 		}
 	}
 	return nil
+}
+
+// client-go's request metrics are package variables its clients read on
+// every request: set them before any client exists (an init, as
+// component-base does), not in Register, which ran while informers were
+// already watching (a data race under -race).
+func init() {
+	clientmetrics.Register(clientmetrics.RegisterOpts{
+		RequestLatency: clientLatency{clientRequestLatency}, RateLimiterLatency: clientLatency{clientRateLimiterLatency}, RequestResult: clientResult{},
+	})
 }
