@@ -310,12 +310,12 @@ func (g *gossipMembership) refresh() {
 				Running: v.Running, Waiting: v.Waiting, KVUsage: v.KVUsage, QueuedPrefillTokens: int(v.QueuedPrefill),
 				// Prefill legs queued at other replicas' admission will reach
 				// the engine: they count as in flight there.
-				InFlight: max(0, inflight[v.ID]-own[v.ID]) + queued,
-				Group:    v.Group,
-				LoRAs:    v.Adapters(),
+				InFlight:   max(0, inflight[v.ID]-own[v.ID]) + queued,
+				Group:      v.Group,
+				PDProtocol: v.PDProtocol,
+				LoRAs:      v.Adapters(),
 			},
-			URL: v.URL, BlockSize: v.BlockSize,
-			PDProtocol: v.PDProtocol, Bootstrap: v.Bootstrap,
+			URL: v.URL, BlockSize: v.BlockSize, Bootstrap: v.Bootstrap,
 			PrefillLegs: max(0, pf.Legs-opf.Legs), PrefillQueued: queued,
 			MaxModelLen: v.MaxModelLen, Root: v.Root,
 		})

@@ -24,12 +24,10 @@ type EngineInfo struct {
 	scheduler.Engine        // id, model, role, load snapshot; InFlight = other replicas' in-flight
 	URL              string // base URL of its OpenAI server
 	BlockSize        int    // tokens per KV block; 0: Config.BlockSize
-	// P/D (docs/PD.md, pd.go): the engine's wire protocol ("" NIXL or
-	// gossip.PDProtocolSGLang), an SGLang prefill engine's bootstrap
-	// host:port ("": the URL's host, port 8998), and the prefill legs the
-	// other ingress replicas have on it (in flight, queued at their
-	// admission), from gossip.
-	PDProtocol    string
+	// P/D (docs/PD.md, pd.go; the wire protocol is Engine.PDProtocol): an
+	// SGLang prefill engine's bootstrap host:port ("": the URL's host,
+	// port 8998), and the prefill legs the other ingress replicas have on
+	// it (in flight, queued at their admission), from gossip.
 	Bootstrap     string
 	PrefillLegs   int
 	PrefillQueued int

@@ -20,8 +20,8 @@ func newStaticMembership(list []StaticEngine) *staticMembership {
 		if e.PDProtocol == "sglang" {
 			pdp = gossip.PDProtocolSGLang
 		}
-		m.engines = append(m.engines, EngineInfo{Engine: scheduler.Engine{ID: e.ID, Model: e.Model, Healthy: true, Role: role, Group: e.Group},
-			URL: strings.TrimSuffix(e.URL, "/"), PDProtocol: pdp, Bootstrap: e.Bootstrap})
+		m.engines = append(m.engines, EngineInfo{Engine: scheduler.Engine{ID: e.ID, Model: e.Model, Healthy: true, Role: role, Group: e.Group, PDProtocol: pdp},
+			URL: strings.TrimSuffix(e.URL, "/"), Bootstrap: e.Bootstrap})
 	}
 	return m
 }

@@ -354,7 +354,6 @@ func (c *call) planPD() error {
 			c.cands[i].InFlight += p.queuedLegs(c.cands[i].ID)
 		}
 	}
-	c.setPDProtocols()
 	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoEngine, err)
 	}
@@ -366,26 +365,6 @@ func (c *call) planPD() error {
 		return fmt.Errorf("%w: no engine can decode", ErrNoEngine)
 	}
 	return nil
-}
-
-// setPDProtocols copies each candidate's gossiped P/D protocol into its
-// scheduler.Engine, where the P/D step pairs only engines speaking the same
-// one: an SGLang prefill server's bootstrap room is never read by a mixed
-// or NIXL engine (which would prefill the whole prompt again while the
-// room pinned the prefill engine's KV until its abort timeout). Only the
-// engines that gossip a protocol are looked up (NIXL, the default, is "").
-func (c *call) setPDProtocols() {
-	for i := range c.infos {
-		e := &c.infos[i]
-		if e.PDProtocol == "" {
-			continue
-		}
-		for j := range c.cands {
-			if c.cands[j].ID == e.ID {
-				c.cands[j].PDProtocol = e.PDProtocol
-			}
-		}
-	}
 }
 
 // dropPrefillEngines removes prefill-role engines from the ranking (when

@@ -189,8 +189,12 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 	if c.s.draining.Load() {
 		// A prefill leg runs on a goroutine the server waits for (s.wg);
 		// none may start once Close may be waiting.
-		c.pd.result = "draining"
+		// Served aggregated instead, counted as every other fallback is:
+		// a leg result and a second decision by the served mode.
+		c.pd.result = "fallback_draining"
 		c.servedWhole()
+		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
+		p.decisions.WithLabelValues("aggregated", "sglang_fallback").Inc()
 		return true
 	}
 	start := time.Now()

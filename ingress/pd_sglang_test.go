@@ -717,3 +717,46 @@ func TestSGLangNeverPairsWithMixedEngine(t *testing.T) {
 		return p.Load(0).HeldBlocks == 0 && p.HeldRequests(0) == 0
 	})
 }
+
+// drainingPlanner plans every request disaggregated on p0 → d0 and starts
+// the ingress's drain as it does: the request is admitted, then finds the
+// ingress draining when its legs would start.
+type drainingPlanner struct{ s atomic.Pointer[Server] }
+
+func (d *drainingPlanner) Route(_ *scheduler.Request, _ []scheduler.Engine, plan *pd.Plan) error {
+	*plan = pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", Policy: d.Policy(),
+		Options: []pd.Choice{{Prefill: "p0", Decode: "d0"}}}
+	d.s.Load().draining.Store(true)
+	return nil
+}
+
+func (d *drainingPlanner) Policy() string { return "drain-test" }
+
+// TestSGLangDrainingCountsFallback: a request planned disaggregated that
+// finds the ingress draining is served aggregated (no leg may start while
+// Close waits) and counted as every fallback is, a leg result and a
+// second decision by the served mode.
+func TestSGLangDrainingCountsFallback(t *testing.T) {
+	base := sim.Config{Model: "m", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), TimeScale: 100, Seed: 1}
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	planner := &drainingPlanner{}
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{PD: planner, Membership: roleMembership{
+		sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]), sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	planner.s.Store(s)
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"drain me please","max_tokens":3}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q body %s; want 200 served on d0", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	p := s.pdInit()
+	if v := val(p.legs.WithLabelValues("prefill", "fallback_draining")); v != 1 {
+		t.Fatalf("%v prefill legs counted fallback_draining, want 1", v)
+	}
+	if v := val(p.decisions.WithLabelValues("aggregated", "sglang_fallback")); v != 1 {
+		t.Fatalf("%v SGLang fallbacks, want 1", v)
+	}
+	if l := cl.Prefill[0].Load(0); l.Finished != 0 {
+		t.Fatalf("prefill engine finished %d requests; no leg may start while draining", l.Finished)
+	}
+}
