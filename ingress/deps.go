@@ -36,6 +36,11 @@ type EngineInfo struct {
 	// ingress's /v1/models (models.go).
 	MaxModelLen int
 	Root        string
+
+	// panicOK: this replica's passive health ejected the engine for its
+	// answers while its sidecar calls it ready (health.go): Healthy is
+	// false, and panic routing may set it back.
+	panicOK bool
 }
 
 // Membership lists the live engines (gossip; or the static list).

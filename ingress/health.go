@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -179,6 +180,16 @@ type engineHealth struct {
 	// idWarned: a probe found another model, or a kvmesh ingress, at the
 	// URL, logged once per ejection.
 	idWarned bool
+	// identity: ejected (or kept out by a probe) for what the URL is, not
+	// for how it answered: a wrong model or a kvmesh ingress. Panic
+	// routing never sends such an engine a request.
+	identity bool
+	// dead: the last word on it was that nothing listens at its URL (or
+	// it refuses this ingress's certificate): ejected for a connect
+	// error, or a probe's connection was refused. Panic routing skips it
+	// (an attempt there fails for sure); a probe that fails otherwise
+	// (a timeout: alive but slow) clears it.
+	dead bool
 }
 
 // ejector tracks engine health for one replica. Its probe loop is owned by
@@ -207,6 +218,14 @@ type ejector struct {
 	// of an ejected engine are not logged again (the ejection said it).
 	log *slog.Logger
 
+	// panicMu guards panicModels, the models whose engines are all
+	// ejected and routed to anyway (panicRoute); panicking says it is not
+	// empty (the fast path when nothing is ejected).
+	panicMu     sync.Mutex
+	panicModels map[string]bool
+	panicking   atomic.Bool
+	panics      prometheus.Counter
+
 	// Per engine (label engine; the series of an engine go when it is
 	// forgotten: forget).
 	ejections *prometheus.CounterVec
@@ -222,12 +241,21 @@ func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector
 	e.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_ejections_total",
 		Help: "Ejections of the engine from routing after failed requests or failed probes.", ConstLabels: cl}, []string{"engine"})
 	e.restores = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_restores_total",
-		Help: "Returns of the ejected engine to routing after a successful probe.", ConstLabels: cl}, []string{"engine"})
+		Help: "Returns of the ejected engine to routing after a successful probe (or a request it served during panic routing).", ConstLabels: cl}, []string{"engine"})
 	e.stalls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_stalls_total",
 		Help: "Ejections of the engine by the stall watch: requests in flight, no byte for health.stallAfter, and a failed probe.", ConstLabels: cl}, []string{"engine"})
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines_ejected",
 		Help: "Engines ejected from routing now.", ConstLabels: cl}, func() float64 { return float64(e.nEjected.Load()) })
-	for _, c := range []prometheus.Collector{e.ejections, e.restores, e.stalls, ejected} {
+	e.panicModels = map[string]bool{}
+	e.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_health_panics_total",
+		Help: "Times every engine of a model was ejected for its answers and the replica routed to them anyway (panic routing) rather than refuse the model's requests.", ConstLabels: cl})
+	panicNow := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_health_panic_models",
+		Help: "Models whose engines are all ejected and routed to anyway now (panic routing).", ConstLabels: cl}, func() float64 {
+		e.panicMu.Lock()
+		defer e.panicMu.Unlock()
+		return float64(len(e.panicModels))
+	})
+	for _, c := range []prometheus.Collector{e.ejections, e.restores, e.stalls, ejected, e.panics, panicNow} {
 		_ = reg.Register(c) // a second replica in one process keeps the first's series
 	}
 	return e
@@ -308,7 +336,13 @@ func (e *ejector) observe(up *upstream, result string) {
 	defer h.mu.Unlock()
 	h.url = up.url
 	if h.ejected.Load() {
-		return // in-flight attempts that started before the ejection
+		if kind == healthOK && !h.identity && !h.dead && !h.gone {
+			// Panic routing sent it a request (panicRoute) and it
+			// answered: it serves, whatever its probe said.
+			h.ejections = 0
+			e.restoreLocked(h, now, "a request sent to it while every engine of its model was ejected succeeded")
+		}
+		return // else in-flight attempts that started before the ejection
 	}
 	w := math.Exp2(-float64(now.Sub(h.last)) / float64(e.cfg.ErrorHalfLife))
 	if h.last.IsZero() {
@@ -391,6 +425,8 @@ func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
 		if !strings.HasPrefix(reason, "wrong_model") {
 			h.wrongModel = false
 		}
+		h.identity = h.wrongModel || strings.HasPrefix(reason, loopResult)
+		h.dead = strings.HasPrefix(reason, "connect_error") || strings.HasPrefix(reason, "client_cert_refused")
 		e.log.Warn("engine ejected from routing", "engine", h.id, "reason", reason, "first_probe_in", delay.Round(time.Millisecond).String())
 	}
 }
@@ -538,6 +574,12 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 		h.until = now.Add(e.bo.Delay(h.ejections))
 		h.ejections++
 		switch {
+		case other != nil || errors.Is(err, ErrRoutingLoop):
+			h.identity = true
+		default:
+			h.dead = errors.Is(err, syscall.ECONNREFUSED)
+		}
+		switch {
 		case h.idWarned || h.gone:
 		case other != nil:
 			h.idWarned = true
@@ -550,11 +592,16 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 		}
 		return
 	}
-	h.consecutive, h.fails, h.reqs, h.stalled, h.wrongModel = 0, 0, 0, false, false
+	e.restoreLocked(h, now, "its probe answered")
+}
+
+// restoreLocked returns h to routing (how: for the log).
+func (e *ejector) restoreLocked(h *engineHealth, now time.Time, how string) {
+	h.consecutive, h.fails, h.reqs, h.stalled, h.wrongModel, h.identity, h.dead = 0, 0, 0, false, false, false, false
 	if h.ejected.Swap(false) {
 		e.nEjected.Add(-1)
 		e.restores.WithLabelValues(h.id).Inc()
-		e.log.Info("engine restored to routing: its probe answered", "engine", h.id,
+		e.log.Info("engine restored to routing: "+how, "engine", h.id,
 			"ejected_for", now.Sub(h.ejectedAt).Round(time.Millisecond).String(), "reason", h.reason)
 	}
 }
@@ -716,8 +763,28 @@ func (e *ejector) ejected() []string {
 	return out
 }
 
+// state reports whether engine id is ejected and, if so, whether for
+// its answers (errors, stalls, failed probes: panic routing may still use
+// it) rather than for what its URL is.
+func (e *ejector) state(id string) (ejected, byAnswers bool) {
+	if e == nil || e.nEjected.Load() == 0 {
+		return false, false
+	}
+	e.mu.RLock()
+	h := e.m[id]
+	e.mu.RUnlock()
+	if h == nil || !h.ejected.Load() {
+		return false, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return true, !h.identity && !h.dead
+}
+
 // healthMembership marks ejected engines unhealthy in what membership
-// reports, so the scheduler's health filter drops them per request.
+// reports, so the scheduler's health filter drops them per request; but
+// when that would leave a model no engine its sidecars call ready, it
+// routes to the model's ejected engines anyway (panicRoute).
 type healthMembership struct {
 	Membership
 	ej *ejector
@@ -727,12 +794,110 @@ func (m healthMembership) Engines(dst []EngineInfo) []EngineInfo {
 	n := len(dst)
 	dst = m.Membership.Engines(dst)
 	if m.ej.nEjected.Load() == 0 {
+		if m.ej.panicking.Load() {
+			m.ej.panicOver(dst[n:])
+		}
 		return dst
 	}
+	some := false
 	for i := n; i < len(dst); i++ {
-		if !m.ej.allowed(dst[i].ID) {
-			dst[i].Healthy = false
+		out, byAnswers := m.ej.state(dst[i].ID)
+		if !out {
+			continue
 		}
+		// Only an engine its sidecar calls ready may be routed to in a
+		// panic: one gossip calls not ready is out for a reason this
+		// replica's view cannot overrule.
+		dst[i].panicOK = byAnswers && dst[i].Healthy
+		dst[i].Healthy = false
+		some = some || dst[i].panicOK
+	}
+	if some || m.ej.panicking.Load() {
+		m.ej.panicRoute(dst[n:])
 	}
 	return dst
+}
+
+// panicRoute restores, in list, the engines ejected for their answers of
+// every model left with no ready engine that serves whole requests, as
+// Envoy's panic threshold does: when passive health has ejected all of a
+// model's engines (a host so loaded that every engine's answers and probes
+// time out, a shared dependency's blip), a request sent to one may still
+// succeed (and readmits it: observe), where refusing them all is a sure
+// outage until a probe answers (up to health.maxEjectionTime). A model's
+// panic starts and ends with a log line and is counted.
+func (e *ejector) panicRoute(list []EngineInfo) {
+	for i := range list {
+		if !list[i].panicOK {
+			continue
+		}
+		model := list[i].Model
+		if servable(list, model) {
+			continue
+		}
+		for j := i; j < len(list); j++ {
+			if list[j].panicOK && list[j].Model == model {
+				list[j].Healthy = true
+				e.unstall(list[j].ID)
+			}
+		}
+		e.panicMu.Lock()
+		if !e.panicModels[model] {
+			e.panicModels[model] = true
+			e.panicking.Store(true)
+			e.panics.Inc()
+			e.log.Warn("every engine of the model is ejected: routing to them anyway (panic routing) until one answers", "model", model)
+		}
+		e.panicMu.Unlock()
+	}
+	e.panicOver(list)
+}
+
+// unstall keeps the stall watch from cutting the requests panic routing
+// sends to engine id, ejected by the stall watch: they are the model's
+// only chance (a frozen engine's wait for a first byte is then bounded by
+// Config.FirstByteTimeout).
+func (e *ejector) unstall(id string) {
+	e.mu.RLock()
+	h := e.m[id]
+	e.mu.RUnlock()
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.stalled = false
+	h.mu.Unlock()
+}
+
+// panicOver ends the panic of each model that now has a ready engine not
+// ejected, or no ejected one left (restored, or gone from membership).
+func (e *ejector) panicOver(list []EngineInfo) {
+	e.panicMu.Lock()
+	defer e.panicMu.Unlock()
+	for model := range e.panicModels {
+		ejected, ready := false, false
+		for i := range list {
+			if list[i].Model != model {
+				continue
+			}
+			ejected = ejected || list[i].panicOK
+			ready = ready || (list[i].Healthy && !list[i].panicOK && !list[i].PrefillOnly)
+		}
+		if !ejected || ready {
+			delete(e.panicModels, model)
+			e.log.Info("an engine of the model is back in routing: panic routing over", "model", model)
+		}
+	}
+	e.panicking.Store(len(e.panicModels) > 0)
+}
+
+// servable reports whether list has a ready engine of model that serves
+// whole requests (not ejected, not an SGLang prefill-only server).
+func servable(list []EngineInfo, model string) bool {
+	for i := range list {
+		if list[i].Model == model && list[i].Healthy && !list[i].PrefillOnly {
+			return true
+		}
+	}
+	return false
 }

@@ -1,0 +1,91 @@
+package ingress
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// sickProxy is a FAKE fault shim in front of a real simulator: while
+// failing, inference requests get 500; its /health always answers 503 (a
+// probe never readmits it). Otherwise requests reach the simulator.
+func sickProxy(t *testing.T, engineURL string) (string, *atomic.Bool) {
+	t.Helper()
+	u, err := url.Parse(engineURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	failing := &atomic.Bool{}
+	failing.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/health":
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+		case failing.Load():
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			w.Write([]byte(`{"error":{"message":"transient","type":"server_error"}}`))
+		default:
+			rp.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, failing
+}
+
+// TestPanicRoutingWhenEveryEngineIsEjected: when passive health has
+// ejected every engine of a model for their answers (5xx here; on a
+// starved host, stalls and timeouts), while their sidecars call them
+// ready, requests are still routed to them (panic routing) rather than
+// all refused until a probe answers; the first that succeeds readmits its
+// engine. An engine at which nothing listens (TestAllEnginesEjectedShedsAtOnce)
+// is never panic-routed.
+func TestPanicRoutingWhenEveryEngineIsEjected(t *testing.T) {
+	sims := startSims(t, 2, "m")
+	urlA, failA := sickProxy(t, sims[0].URL())
+	urlB, failB := sickProxy(t, sims[1].URL())
+	reg := prometheus.NewRegistry()
+	s := startIngress(t, testConfig(StaticEngine{ID: "a", Model: "m", URL: urlA}, StaticEngine{ID: "b", Model: "m", URL: urlB}), Deps{Registry: reg})
+	u := "http://" + s.Addr() + "/v1/completions"
+	const body = `{"model":"m","prompt":[1,2,3],"max_tokens":1}`
+	// Three 5xx in a row eject an engine (HealthConfig's default); each
+	// request tries both engines while both are in.
+	for i := 0; i < 10 && len(s.health.ejected()) < 2; i++ {
+		if st, _, b := post(t, http.DefaultClient, u, body); st < 500 {
+			t.Fatalf("request %d while both engines fail: %d %s", i, st, b)
+		}
+	}
+	if ej := s.health.ejected(); len(ej) != 2 {
+		t.Fatalf("ejected %v, want both engines", ej)
+	}
+	failA.Store(false)
+	failB.Store(false)
+	st, hdr, b := post(t, http.DefaultClient, u, body)
+	if st != http.StatusOK {
+		t.Fatalf("with every engine ejected but answering again: %d %s; want 200 (panic routing)", st, b)
+	}
+	served := hdr.Get("X-Kvmesh-Engine")
+	if slices.Contains(s.health.ejected(), served) {
+		t.Fatalf("engine %q served a request and is still ejected %v", served, s.health.ejected())
+	}
+	if v := val(s.health.panics); v != 1 {
+		t.Fatalf("kvmesh_ingress_health_panics_total %v, want 1", v)
+	}
+	// The readmitted engine ends the panic: the other, still ejected,
+	// gets nothing until its probe (never, here) or another panic.
+	for i := 0; i < 5; i++ {
+		if st, hdr, b := post(t, http.DefaultClient, u, body); st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != served {
+			t.Fatalf("request %d after the panic: %d engine %q %s; want 200 on %q", i, st, hdr.Get("X-Kvmesh-Engine"), b, served)
+		}
+	}
+	if got := gaugeValue(t, reg, "kvmesh_ingress_health_panic_models"); got != 0 {
+		t.Fatalf("kvmesh_ingress_health_panic_models %v after an engine was readmitted, want 0", got)
+	}
+}
