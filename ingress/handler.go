@@ -348,6 +348,12 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 			return fmt.Errorf("admission: %w", err)
 		}
 		c.release = rel
+		// Routed on the engines' load when admitted, not when it arrived:
+		// requests that waited together in the admission queue (up to its
+		// maxWait) would all carry the view of their arrival and go to the
+		// engine that looked emptiest then, while others sat idle.
+		c.cands, c.urls = c.cands[:0], c.urls[:0]
+		return c.candidates()
 	}
 	return nil
 }
