@@ -85,9 +85,15 @@ func (Role) Keep(r *scheduler.Request, c *scheduler.Candidate) bool {
 	return c.Role == scheduler.RoleMixed || c.Role == r.Role || r.Role == scheduler.RoleMixed
 }
 
-// MaxWaiting drops engines whose waiting queue (snapshot) exceeds Limit.
-// Limit 0 disables the filter. When it drops every engine Schedule returns
+// MaxWaiting drops engines whose waiting queue exceeds Limit. Limit 0
+// disables the filter. When it drops every engine Schedule returns
 // ErrNoCandidates and the ingress sheds the request (429/503).
+//
+// The queue is the larger of the engine's report (a snapshot, up to a
+// scrape interval old) and the requests the routers have in flight there
+// beyond its running batch: a burst sent within one scrape interval is in
+// InFlight at once, where the snapshot would let all of it through (150
+// requests at once took queues to 30–66 against a limit of 4).
 type MaxWaiting struct{ Limit int }
 
 // Name implements scheduler.Filter.
@@ -95,7 +101,7 @@ func (MaxWaiting) Name() string { return "max-waiting" }
 
 // Keep implements scheduler.Filter.
 func (f MaxWaiting) Keep(_ *scheduler.Request, c *scheduler.Candidate) bool {
-	return f.Limit <= 0 || c.Waiting <= f.Limit
+	return f.Limit <= 0 || max(c.Waiting, c.InFlight-c.Running) <= f.Limit
 }
 
 // LoRA keeps engines that have the request's adapter loaded, when Strict;

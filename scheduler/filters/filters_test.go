@@ -25,6 +25,10 @@ func TestFilters(t *testing.T) {
 		{"waiting under", MaxWaiting{Limit: 3}, scheduler.Engine{Waiting: 3}, true},
 		{"waiting over", MaxWaiting{Limit: 3}, scheduler.Engine{Waiting: 4}, false},
 		{"waiting off", MaxWaiting{}, scheduler.Engine{Waiting: 400}, true},
+		// A burst the snapshot has not seen: in flight beyond the running batch.
+		{"in flight over", MaxWaiting{Limit: 3}, scheduler.Engine{Running: 8, InFlight: 12}, false},
+		{"in flight under", MaxWaiting{Limit: 3}, scheduler.Engine{Running: 8, InFlight: 11}, true},
+		{"in flight running", MaxWaiting{Limit: 3}, scheduler.Engine{Running: 8, InFlight: 8, Waiting: 2}, true},
 		{"lora loaded", LoRA{Strict: true}, scheduler.Engine{LoRAs: []string{"ad"}}, true},
 		{"lora missing strict", LoRA{Strict: true}, scheduler.Engine{}, false},
 		{"lora missing lax", LoRA{}, scheduler.Engine{}, true},
