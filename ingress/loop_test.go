@@ -55,8 +55,11 @@ func TestRoutingLoopToAnIngressFailsOverAndStaysEjected(t *testing.T) {
 	if ej := a.health.ejected(); !slices.Equal(ej, []string{"loop"}) {
 		t.Fatalf("ejected %v, want [loop]", ej)
 	}
-	if got := val(b.m.loops); got != 1 {
-		t.Fatalf("ingress B refused %v loops, want 1", got)
+	// B refused the request (the attempts above say only one went there);
+	// a probe of the ejected "engine" (20 ms later) may have been refused
+	// too by now.
+	if got := val(b.m.loops); got < 1 {
+		t.Fatalf("ingress B refused %v loops, want the request's", got)
 	}
 	if n := behind.hits.Load(); n != 0 {
 		t.Fatalf("ingress B routed the looped request: its engine got %d requests", n)
