@@ -58,9 +58,9 @@ unit: deps
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 # unit-norace runs what -race hides: allocation guards (sync.Pool drops items under the race detector, so
-# TestScheduleNoAlloc and friends are built only without it) and the long golden and tiktoken-conversion cases
-# skipped under -race. A test that skips or is left out under -race belongs in NORACE_RUN.
-NORACE_RUN ?= NoAlloc|Golden|Tiktoken
+# TestScheduleNoAlloc and friends are built only without it), the long golden and tiktoken-conversion cases
+# skipped under -race, and the tokenizer's reference comparisons (-race runs a quarter of their cases). A test that skips or is left out under -race belongs in NORACE_RUN.
+NORACE_RUN ?= NoAlloc|Golden|Tiktoken|ComponentsMatchReference|ReferenceModels
 unit-norace: deps
 	$(GO) test -count=1 -timeout 10m -run '$(NORACE_RUN)' $(PKGS)
 

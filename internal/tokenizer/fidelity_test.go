@@ -182,6 +182,12 @@ func TestComponentsMatchReference(t *testing.T) {
 		{"replace_regex_eol", withNorm(`{"type":"Replace","pattern":{"Regex":" +$"},"content":""}`), false},
 		{"replace_empty_string", withNorm(`{"type":"Replace","pattern":{"String":""},"content":"_"}`), true},
 	}
+	if raceEnabled {
+		// Each fixture loads a 9 MB tokenizer.json, minutes under -race:
+		// a quarter of them there, every one in make unit-norace
+		// (NORACE_RUN), where these comparisons are the point.
+		fixtures = raceSubset(fixtures)
+	}
 	jobs := make([]refJob, len(fixtures))
 	for i, f := range fixtures {
 		jobs[i] = refJob{Path: withComponents(t, "Meta-Llama-3-8B-Instruct", f.replace), Texts: fidelityTexts, NormalizeOnly: f.normalizeOnly}

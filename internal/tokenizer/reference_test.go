@@ -21,7 +21,11 @@ import (
 // it (they were added after, as held-out checks).
 func TestReferenceModels(t *testing.T) {
 	texts := referenceTexts(t)
-	for _, model := range hfref.Models {
+	models := hfref.Models
+	if raceEnabled {
+		models = raceSubset(models) // the rest in make unit-norace (NORACE_RUN)
+	}
+	for _, model := range models {
 		t.Run(model, func(t *testing.T) {
 			dir := hfref.ModelDir(t, model)
 			tk, ct, err := LoadDir(dir)
@@ -142,4 +146,15 @@ func referenceTexts(t *testing.T) []string {
 		texts = append(texts, longText(t))
 	}
 	return texts
+}
+
+// raceSubset keeps every fourth case (the first included) of a list whose
+// cases each cost minutes under -race; `make unit-norace` runs them all
+// (its NORACE_RUN names the tests that use it).
+func raceSubset[T any](all []T) []T {
+	var out []T
+	for i := 0; i < len(all); i += 4 {
+		out = append(out, all[i])
+	}
+	return out
 }
