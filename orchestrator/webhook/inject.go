@@ -44,7 +44,7 @@ const (
 
 // SidecarConfig is what every injected sidecar shares.
 type SidecarConfig struct {
-	// Image of kvmesh (default ghcr.io/kvmesh/kvmesh:latest).
+	// Image of kvmesh (default DefaultImage).
 	Image string
 	// NATS is the NATS URL list (empty: the sidecar's default).
 	NATS string
@@ -68,10 +68,24 @@ type SidecarConfig struct {
 // (key "key"), as manifests/base names it.
 const EngineAPIKeySecret = "kvmesh-engine-api-key"
 
+// The kvmesh image this tree's manifests name, and the injected sidecar's
+// when the orchestrator cannot read its own (out of a pod) and
+// --sidecar-image is not given. One explicit tag, never :latest: a floating
+// tag lets a node pull a different build than its neighbours (and a
+// sidecar a different one than the orchestrator and ingresses it speaks
+// to). manifests/images_test.go checks that every kvmesh image the
+// manifests name is exactly DefaultImage; docs/INSTALL.md says how to pin
+// another (kustomize edit set image, --sidecar-image).
+const (
+	ImageRepository = "ghcr.io/kvmesh/kvmesh"
+	ImageTag        = "v0.1.0"
+	DefaultImage    = ImageRepository + ":" + ImageTag
+)
+
 // DefaultSidecarConfig matches manifests/base.
 func DefaultSidecarConfig() SidecarConfig {
 	return SidecarConfig{
-		Image: "ghcr.io/kvmesh/kvmesh:latest", NATS: "nats://nats.kvmesh.svc:4222",
+		Image: DefaultImage, NATS: "nats://nats.kvmesh.svc:4222",
 		GossipJoin: "kvmesh-gossip.kvmesh.svc:7946", GossipPort: 7946, AdminPort: 9101,
 		NATSUser: "sidecar", NATSSecret: "kvmesh-nats", GossipSecret: "kvmesh-gossip",
 	}
