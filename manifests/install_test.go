@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -59,12 +60,15 @@ func TestInstallRendersNoEngine(t *testing.T) {
 // TestInstallWorkloadsSurviveDisruption: every long-running workload of the
 // install with more than one replica (or an HPA) has a PodDisruptionBudget
 // that keeps at least one of its pods through a drain and spreads its pods
-// across nodes, and every pod runs with the RuntimeDefault seccomp profile
-// (Pod Security "restricted"). The orchestrator serves a failurePolicy Fail
-// webhook: losing both replicas at once rejects every injected pod.
+// across nodes, and every pod, the gateway's picker's too, meets Pod Security
+// "restricted" hardened as the ingress (checkRestricted). The orchestrator
+// serves a failurePolicy Fail webhook: losing both replicas at once rejects
+// every injected pod.
 func TestInstallWorkloadsSurviveDisruption(t *testing.T) {
 	kc := kubectl(t)
 	objs := render(t, kc, "install")
+	// The picker (gateway/base) is applied with the install; the engine that overlay brings is the user's.
+	checkRestricted(t, "Deployment kvmesh-epp", templatePod(t, find(t, render(t, kc, "gateway/base"), "Deployment", "kvmesh-epp"), "kvmesh"))
 	hpa := map[string]bool{}
 	for _, o := range objs {
 		if o.GetKind() == "HorizontalPodAutoscaler" {
@@ -80,15 +84,7 @@ func TestInstallWorkloadsSurviveDisruption(t *testing.T) {
 		}
 		name := o.GetKind() + " " + o.GetName()
 		pod := templatePod(t, o, "kvmesh")
-		for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
-			podLevel := pod.Spec.SecurityContext != nil && pod.Spec.SecurityContext.SeccompProfile != nil &&
-				pod.Spec.SecurityContext.SeccompProfile.Type == "RuntimeDefault"
-			ctrLevel := c.SecurityContext != nil && c.SecurityContext.SeccompProfile != nil &&
-				c.SecurityContext.SeccompProfile.Type == "RuntimeDefault"
-			if !podLevel && !ctrLevel {
-				t.Errorf("%s/%s: no seccompProfile RuntimeDefault", name, c.Name)
-			}
-		}
+		checkRestricted(t, name, pod)
 		var spec struct {
 			Spec struct {
 				Replicas *int32 `json:"replicas"`
@@ -139,6 +135,71 @@ func TestInstallWorkloadsSurviveDisruption(t *testing.T) {
 		}
 		if !spread {
 			t.Errorf("%s: its pods are not spread across nodes (topologySpreadConstraints or podAntiAffinity on kubernetes.io/hostname)", name)
+		}
+	}
+}
+
+// checkRestricted: pod meets Pod Security "restricted" (non-root, no
+// privilege escalation, every capability dropped, the RuntimeDefault seccomp
+// profile; no host namespaces, ports or paths) and the ingress's hardening
+// beyond it: a read-only root filesystem, and kvmesh's containers as the
+// image's user, 65532.
+func checkRestricted(t *testing.T, name string, pod *corev1.Pod) {
+	t.Helper()
+	psc := pod.Spec.SecurityContext
+	if psc == nil {
+		psc = &corev1.PodSecurityContext{}
+	}
+	if pod.Spec.HostNetwork || pod.Spec.HostPID || pod.Spec.HostIPC {
+		t.Errorf("%s: shares a host namespace", name)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("%s: mounts the host path %s", name, v.HostPath.Path)
+		}
+	}
+	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
+		cname := name + "/" + c.Name
+		sc := c.SecurityContext
+		if sc == nil {
+			sc = &corev1.SecurityContext{}
+		}
+		seccomp := sc.SeccompProfile
+		if seccomp == nil {
+			seccomp = psc.SeccompProfile
+		}
+		if seccomp == nil || seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("%s: no seccompProfile RuntimeDefault", cname)
+		}
+		nonRoot, uid := sc.RunAsNonRoot, sc.RunAsUser
+		if nonRoot == nil {
+			nonRoot = psc.RunAsNonRoot
+		}
+		if uid == nil {
+			uid = psc.RunAsUser
+		}
+		if nonRoot == nil || !*nonRoot || (uid != nil && *uid == 0) {
+			t.Errorf("%s: not runAsNonRoot (or runs as uid 0)", cname)
+		}
+		if strings.Contains(c.Image, "kvmesh/kvmesh") && (uid == nil || *uid != 65532) {
+			t.Errorf("%s: kvmesh runs as uid %v, want the image's 65532", cname, uid)
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			t.Errorf("%s: privileged", cname)
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("%s: allowPrivilegeEscalation is not false", cname)
+		}
+		if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0 {
+			t.Errorf("%s: capabilities not dropped (drop [ALL], add none)", cname)
+		}
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%s: root filesystem not read-only", cname)
+		}
+		for _, p := range c.Ports {
+			if p.HostPort != 0 {
+				t.Errorf("%s: host port %d", cname, p.HostPort)
+			}
 		}
 	}
 }
