@@ -59,19 +59,31 @@ func TestNameBoundsFitAHostname(t *testing.T) {
 
 // TestCRDRefusesNamesItCannotRun: the API server refuses, at admission, a
 // ModelDeployment whose name the controller cannot make a Service, pod
-// hostnames and label values from; the longest names that fit are admitted.
+// hostnames and label values from, naming the field (the rules' fieldPath:
+// a root rule without one is reported as "<nil>: Invalid value"); the
+// longest names that fit are admitted.
 func TestCRDRefusesNamesItCannotRun(t *testing.T) {
 	e := newEnv(t)
 	mds := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns)
-	for _, c := range []struct{ why, name, role string }{
-		{"a dot", "llama.v1", "decode"},
-		{"a leading digit (Service names are DNS-1035 labels)", "1llama", "decode"},
-		{"pod names longer than a hostname", strings.Repeat("a", 55), "decode"},
-		{"name and role over 50 together", strings.Repeat("a", 31), strings.Repeat("r", 20)},
+	for _, c := range []struct{ why, name, role, field, msg string }{
+		{"a dot", "llama.v1", "decode", "metadata.name", "DNS-1035 label"},
+		{"a leading digit (Service names are DNS-1035 labels)", "1llama", "decode", "metadata.name", "DNS-1035 label"},
+		{"pod names longer than a hostname", strings.Repeat("a", 55), "decode", "spec.roles", "50 characters"},
+		{"name and role over 50 together", strings.Repeat("a", 31), strings.Repeat("r", 20), "spec.roles", "50 characters"},
 	} {
 		_, err := mds.Create(e.ctx, namedMD(t, c.name, c.role), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "metadata.name") {
-			t.Errorf("%s (%s/%s): got %v, want Invalid on metadata.name", c.why, c.name, c.role, err)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), c.field+": Invalid value") || strings.Contains(err.Error(), "<nil>") {
+			t.Errorf("%s (%s/%s): got %v, want Invalid on %s", c.why, c.name, c.role, err, c.field)
+			continue
+		}
+		var causes []metav1.StatusCause
+		if st, ok := err.(apierrors.APIStatus); ok && st.Status().Details != nil {
+			causes = st.Status().Details.Causes
+		}
+		if !slices.ContainsFunc(causes, func(sc metav1.StatusCause) bool {
+			return sc.Field == c.field && sc.Type == metav1.CauseTypeFieldValueInvalid && strings.Contains(sc.Message, c.msg)
+		}) {
+			t.Errorf("%s (%s/%s): causes %+v, want %s on field %s", c.why, c.name, c.role, causes, c.msg, c.field)
 		}
 	}
 	if _, err := mds.Create(e.ctx, namedMD(t, strings.Repeat("a", 30), strings.Repeat("r", 20)), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
