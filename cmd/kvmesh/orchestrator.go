@@ -54,6 +54,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	certSecret := fs.String("webhook-secret", webhook.SecretName, "[namespace/]name of the kubernetes.io/tls Secret holding the webhook certificate, created or renewed when needed and shared by the replicas (namespace: the Service's); with --webhook-addr only when given")
 	svc := fs.String("webhook-service", "kvmesh/kvmesh-orchestrator", "in cluster: namespace/name[:port] of the webhook's Service")
 	failOpen := fs.Bool("webhook-fail-open", false, "admit pods uninjected when the webhook is down")
+	takeover := fs.Bool("webhook-takeover", false, "with --webhook-addr: register the URL even over a configuration calling a Service (the install's webhook, which the orchestrator in the cluster writes back)")
 	fs.StringVar(&sc.Image, "sidecar-image", sc.Image, "image of the injected sidecar")
 	fs.StringVar(&sc.NATS, "sidecar-nats", sc.NATS, "NATS URLs given to injected sidecars")
 	fs.StringVar(&sc.GossipJoin, "sidecar-join", sc.GossipJoin, "gossip seeds given to injected sidecars (empty: no gossip)")
@@ -92,7 +93,8 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	noWebhook, noGossip := *webhookAddr == "" && *webhookListen == "", *gossipBind == ""
 	rules := []offFlag{{"lease-namespace", !cfg.LeaderElection, "without --leader-elect"},
 		{"lease-name", !cfg.LeaderElection, "without --leader-elect"},
-		{"webhook-service", *webhookAddr != "", "with --webhook-addr (registered by URL)"}}
+		{"webhook-service", *webhookAddr != "", "with --webhook-addr (registered by URL)"},
+		{"webhook-takeover", *webhookAddr == "", "without --webhook-addr (in cluster the replicas register the install's Service)"}}
 	for _, f := range []string{"webhook-cert-dir", "webhook-secret", "webhook-service", "webhook-fail-open", "sidecar-image", "sidecar-nats", "sidecar-join"} {
 		rules = append(rules, offFlag{f, noWebhook, "without --webhook-addr or --webhook-listen"})
 	}
@@ -116,6 +118,11 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
+	if *webhookAddr != "" {
+		if err := checkWebhookTakeover(ctx, restCfg, *takeover, cfg.Logger); err != nil {
+			return err
+		}
+	}
 	ctrl, err := orchestrator.New(restCfg, cfg)
 	if err != nil {
 		return err
@@ -136,6 +143,33 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 		return err
 	}
 	return runOrchestratorParts(ctx, restCfg, ctrl, wcfg, sc, *failOpen, *metricsAddr, cfg.Logger, stdout)
+}
+
+// checkWebhookTakeover refuses, before anything starts, to register
+// --webhook-addr's URL over the install's webhook (a configuration calling
+// a Service: the orchestrator in the cluster keeps it, and would write it
+// back), unless --webhook-takeover says to; then it warns.
+func checkWebhookTakeover(ctx context.Context, restCfg *rest.Config, takeover bool, log *slog.Logger) error {
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = webhook.CheckURLTakeover(cctx, kube)
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, webhook.ErrInstalledConfiguration):
+		return fmt.Errorf("orchestrator --webhook-addr: %w", err)
+	case !takeover:
+		return fmt.Errorf("orchestrator --webhook-addr: %w. Stop the orchestrator in the cluster (or uninstall it) and delete the configuration "+
+			"(kubectl delete mutatingwebhookconfiguration %s), or pass --webhook-takeover to register this URL over it", err, webhook.ConfigName)
+	}
+	log.Warn("--webhook-takeover: registering this process's URL over the install's webhook configuration; engine pods are admitted through this "+
+		"process only, an orchestrator running in the cluster writes its Service back (a tug of war), and a later install or upgrade must delete the "+
+		"configuration first", "configuration", webhook.ConfigName, "was", err)
+	return nil
 }
 
 // ownImage is the image of this process's container, read from its own pod

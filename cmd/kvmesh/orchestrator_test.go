@@ -86,7 +86,9 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 
 	var out, errOut testutil.SyncBuffer
 	testutil.Run(t, "orchestrator", func(octx context.Context) error {
-		return runOrchestrator(octx, []string{"--kubeconfig", kubeconfig, "--webhook-addr", "127.0.0.1:0",
+		// webhook.yaml's configuration calls the install's Service: taking it over is asked for
+		// (TestOrchestratorRefusesInstalledWebhook).
+		return runOrchestrator(octx, []string{"--kubeconfig", kubeconfig, "--webhook-addr", "127.0.0.1:0", "--webhook-takeover",
 			"--metrics-addr", "127.0.0.1:0", "--log-level", "debug"}, &out, &errOut)
 	}, errOut.String)
 	testutil.WaitFor(t, time.Minute, "the webhook to be registered by URL", func() bool {
@@ -226,6 +228,95 @@ func TestOrchestratorManifestAndInjectedArgsAreRealFlags(t *testing.T) {
 	}
 }
 
+// TestOrchestratorRefusesInstalledWebhook: `kvmesh orchestrator --webhook-addr`
+// on a cluster where the install's webhook configuration (webhook.yaml,
+// calling the Service of the orchestrator in the cluster) exists refuses
+// before it starts, naming the configuration, its Service and the flag that
+// overrides, and leaves it as it was. With --webhook-takeover it registers
+// its URL, warning; a configuration calling a URL (an earlier run out of
+// cluster) is registered over without the flag.
+func TestOrchestratorRefusesInstalledWebhook(t *testing.T) {
+	s := kubetest.StartT(t, kubetest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin := kubernetes.NewForConfigOrDie(s.Config)
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvmesh"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
+	files = append(files, filepath.Join("..", "..", "manifests", "orchestrator", "webhook.yaml"))
+	if _, err := kubetest.ApplyFiles(ctx, s.Config, kubetest.ApplyOptions{}, files...); err != nil {
+		t.Fatal(err)
+	}
+	configs := admin.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	installed, err := configs.Get(ctx, webhook.ConfigName, metav1.GetOptions{})
+	if err != nil || installed.Webhooks[0].ClientConfig.Service == nil {
+		t.Fatalf("webhook.yaml's configuration: %v %+v", err, installed)
+	}
+	callsURL := func() bool {
+		c, err := configs.Get(ctx, webhook.ConfigName, metav1.GetOptions{})
+		return err == nil && c.Webhooks[0].ClientConfig.URL != nil
+	}
+	args := []string{"--kubeconfig", s.Kubeconfig, "--webhook-addr", "127.0.0.1:0", "--lease-namespace", "kvmesh"}
+
+	// Without the flag: refused. (Were it not, it would run and register its URL: stopped then.)
+	var out, errOut testutil.SyncBuffer
+	rctx, stop := context.WithCancel(ctx)
+	result, finished := make(chan error, 1), make(chan struct{})
+	go func() { defer close(finished); result <- runOrchestrator(rctx, args, &out, &errOut) }()
+	t.Cleanup(func() { stop(); <-finished })
+	var refused error
+	testutil.WaitFor(t, time.Minute, "the orchestrator to refuse, or to register its URL", func() bool {
+		select {
+		case refused = <-result:
+			return true
+		default:
+			return callsURL()
+		}
+	})
+	if refused == nil {
+		stop()
+		<-finished
+		t.Fatalf("took the install's webhook over: the configuration now calls a URL\n%s", errOut.String())
+	}
+	if !errors.Is(refused, webhook.ErrInstalledConfiguration) || errors.Is(refused, errUsage) {
+		t.Errorf("refused with %v, want ErrInstalledConfiguration", refused)
+	}
+	for _, w := range []string{"MutatingWebhookConfiguration " + webhook.ConfigName, "the Service kvmesh/kvmesh-orchestrator", "--webhook-takeover",
+		"kubectl delete mutatingwebhookconfiguration " + webhook.ConfigName} {
+		if !strings.Contains(refused.Error(), w) {
+			t.Errorf("refusal %q does not say %q", refused, w)
+		}
+	}
+	if c, err := configs.Get(ctx, webhook.ConfigName, metav1.GetOptions{}); err != nil || c.ResourceVersion != installed.ResourceVersion {
+		t.Errorf("the refusing orchestrator changed the configuration: %v %+v", err, c)
+	}
+
+	// With it: registered by URL, and said loudly.
+	run := func(extra ...string) {
+		t.Helper()
+		var out, errOut testutil.SyncBuffer
+		octx, stop := context.WithCancel(ctx)
+		result := make(chan error, 1)
+		go func() { result <- runOrchestrator(octx, append(slices.Clone(args), extra...), &out, &errOut) }()
+		defer func() {
+			stop()
+			if err := <-result; err != nil {
+				t.Errorf("%v: %v\n%s", extra, err, errOut.String())
+			}
+		}()
+		testutil.WaitFor(t, time.Minute, "the webhook to be registered by URL", func() bool {
+			return callsURL() && strings.Contains(out.String(), "webhook registered at https://127.0.0.1:")
+		})
+		if took := strings.Contains(errOut.String(), "--webhook-takeover: registering this process's URL over the install's webhook configuration"); took != (len(extra) > 0) {
+			t.Errorf("%v: warned of a takeover: %v\n%s", extra, took, errOut.String())
+		}
+	}
+	run("--webhook-takeover")
+	// The configuration now calls a URL (that run's): a new run registers over it without the flag.
+	run()
+}
+
 // An orchestrator flag whose feature is off is refused by name before
 // anything starts; the Deployment's own arguments are all read (that run
 // gets as far as the kubeconfig).
@@ -239,6 +330,7 @@ func TestOrchestratorFlagsNotRead(t *testing.T) {
 			[]string{"--sidecar-image is not read without --webhook-addr or --webhook-listen", "--webhook-fail-open is not read without --webhook",
 				"--join is not read without --gossip-bind", "--prometheus-url is not read without --gossip-bind"}},
 		{[]string{"--webhook-addr", "127.0.0.1:0", "--webhook-service", "a/b"}, []string{"--webhook-service is not read with --webhook-addr"}},
+		{[]string{"--webhook-listen", "127.0.0.1:0", "--webhook-takeover"}, []string{"--webhook-takeover is not read without --webhook-addr"}},
 	} {
 		err := runOrchestrator(context.Background(), append([]string{"--kubeconfig", "/nonexistent"}, c.args...), io.Discard, io.Discard)
 		checkRefused(t, c.args, err, c.want)
