@@ -81,6 +81,14 @@ type Config struct {
 	// ("*": any, as vLLM's default; cors.go). Empty (default): no CORS
 	// headers, so browsers refuse cross-origin answers.
 	CORSOrigins []string `yaml:"corsOrigins"`
+	// EngineHeader names the engine that answered in every answer's
+	// X-Kvmesh-Engine header (and lets browsers read it: CORS's
+	// Access-Control-Expose-Headers). The load tools (kvmesh loadtest,
+	// bench, demo) read it to count requests per engine. An engine's id
+	// is the sidecar's --engine-id, by default its URL's host:port, so
+	// turn it off where clients must not learn engine addresses (or give
+	// the engines ids that are not addresses). Default true.
+	EngineHeader bool `yaml:"engineHeader"`
 	// EngineAPIKey is sent to the engines as "Authorization: Bearer <key>"
 	// on every /v1 request (vLLM's --api-key / VLLM_API_KEY protect those
 	// paths). Empty (default): none. kvmesh ingress also reads it from
@@ -275,6 +283,7 @@ func DefaultConfig() Config {
 		LoadInterval:          200 * time.Millisecond,
 		SpeculativeTTL:        5 * time.Second,
 		AccessLog:             true,
+		EngineHeader:          true,
 		SessionSlack:          8,
 		Scheduler:             registry.DefaultConfig(),
 		Health:                DefaultHealthConfig(),

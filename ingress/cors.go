@@ -68,7 +68,11 @@ func (s *Server) corsHeaders(ctx *fasthttp.RequestCtx, i int) {
 	if allow != "*" {
 		h.Set("Vary", "Origin")
 	}
-	h.Set("Access-Control-Expose-Headers", "X-Kvmesh-Engine, X-Request-Id, Retry-After")
+	if s.cfg.EngineHeader {
+		h.Set("Access-Control-Expose-Headers", engineHeader+", X-Request-Id, Retry-After")
+	} else {
+		h.Set("Access-Control-Expose-Headers", "X-Request-Id, Retry-After")
+	}
 }
 
 // checkCORSOrigins refuses, by name, an origin a browser can never send:

@@ -458,7 +458,19 @@ func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	c.status = ae.status
 	c.errMsg = logText(ae.msg, err) // proxy.go: the log keeps the engine's address
 	if c.engine != "" {
-		ctx.Response.Header.Set("X-Kvmesh-Engine", c.engine)
+		c.s.setEngineHeader(ctx, c.engine)
+	}
+}
+
+// engineHeader is the answer header naming the engine that answered
+// (Config.EngineHeader).
+const engineHeader = "X-Kvmesh-Engine"
+
+// setEngineHeader names engine id in the answer's X-Kvmesh-Engine, unless
+// Config.EngineHeader is off: the id may be the engine's address.
+func (s *Server) setEngineHeader(ctx *fasthttp.RequestCtx, id string) {
+	if s.cfg.EngineHeader {
+		ctx.Response.Header.Set(engineHeader, id)
 	}
 }
 

@@ -297,7 +297,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		c.errMsg = fmt.Sprintf("prefill engine answered %d", res.status)
 		ctx.SetStatusCode(res.status)
 		ctx.SetContentTypeBytes(res.ctype)
-		ctx.Response.Header.Set("X-Kvmesh-Engine", pi.ID)
+		c.s.setEngineHeader(ctx, pi.ID)
 		ctx.SetBody(res.body)
 		c.finish()
 		return true, false, false

@@ -429,7 +429,7 @@ func (c *call) relayRead(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.
 	_ = resp.CloseBodyStream()
 	ctx.SetStatusCode(st)
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
-	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	c.s.setEngineHeader(ctx, up.id)
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	var out []byte
 	if err == nil {
@@ -489,7 +489,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
-	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	c.s.setEngineHeader(ctx, up.id)
 	if c.wrap {
 		out = completionToChat(nil, out)
 	}
@@ -585,7 +585,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	c.s.setEngineHeader(ctx, up.id)
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	ctx.Response.SetBodyStream(ps, -1)
 	return true, nil

@@ -498,7 +498,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	l.engine = up.id
 	ctx.SetStatusCode(resp.StatusCode())
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
-	ctx.Response.Header.Set("X-Kvmesh-Engine", up.id)
+	s.setEngineHeader(ctx, up.id)
 	ctx.SetBody(resp.Body())
 }
 

@@ -44,6 +44,8 @@ func ingressOptions(args []string, stderr io.Writer) (ingress.Options, error) {
 	listenTLSFlags(fs, &opts.Config)
 	// `kvmesh epp` defines its own: it charges the bodies it buffers itself.
 	fs.Int64Var(&opts.Config.MaxBodyBytesInFlight, "max-body-in-flight", opts.Config.MaxBodyBytesInFlight, "max request body bytes held at once over all requests, this ingress's own memory bound (503 above; bodies up to 64 KiB always pass; 0: off; else >= --max-body)")
+	// Only the ingress answers clients: the picker's answers are the gateway's.
+	fs.BoolVar(&opts.Config.EngineHeader, "engine-header", opts.Config.EngineHeader, "name the engine that answered in each answer's X-Kvmesh-Engine header (the load tools count engines by it; config engineHeader); an engine's id defaults to its URL's host:port, so set it false, or give the engines ids (sidecar --engine-id), where clients must not see engine addresses")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return opts, err
 	}

@@ -232,3 +232,27 @@ func checkRefused(t *testing.T, args []string, err error, want []string) {
 		t.Errorf("%v: %d flags refused, want %d: %v", args, n, len(want), err)
 	}
 }
+
+// --engine-header (default on, config engineHeader) turns X-Kvmesh-Engine
+// off with =false; the flag wins over the config file.
+func TestEngineHeaderFlag(t *testing.T) {
+	cf := filepath.Join(t.TempDir(), "ingress.yaml")
+	if err := os.WriteFile(cf, []byte("engineHeader: false\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--engine", "m=http://127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		on   bool
+	}{
+		{nil, true},
+		{[]string{"--engine-header=false"}, false},
+		{[]string{"--config", cf}, false},
+		{[]string{"--config", cf, "--engine-header"}, true},
+	} {
+		o, err := ingressOptions(append(append([]string(nil), base...), c.args...), io.Discard)
+		if err != nil || o.Config.EngineHeader != c.on {
+			t.Errorf("%v: engine header %v, err %v; want %v", c.args, o.Config.EngineHeader, err, c.on)
+		}
+	}
+}
