@@ -47,14 +47,21 @@ func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, out)
 }
 
-// handleDebugIndex shows the local index's per-engine key counts and memory.
+// handleDebugIndex shows the local index's per-engine key counts and memory
+// and, with NATS, how the materializer follows each engine's deltas
+// (materialize.EngineStatus: epoch and sequence, synced, lag, buffered
+// deltas, snapshots in flight and failed in a row).
 func (s *Server) handleDebugIndex(ctx *fasthttp.RequestCtx) {
 	if s.deps.Index == nil {
 		writeJSON(ctx, map[string]any{"index": nil})
 		return
 	}
-	writeJSON(ctx, map[string]any{"engines": s.deps.Index.Engines(), "mem": s.deps.Index.MemStats(),
-		"synced": s.deps.Synced == nil || s.deps.Synced()})
+	out := map[string]any{"engines": s.deps.Index.Engines(), "mem": s.deps.Index.MemStats(),
+		"synced": s.deps.Synced == nil || s.deps.Synced()}
+	if s.cl != nil && s.cl.mat != nil {
+		out["materializer"] = s.cl.mat.Status()
+	}
+	writeJSON(ctx, out)
 }
 
 // handleDebugConfig shows the effective configuration, secrets redacted:

@@ -4,7 +4,15 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // TestDebugConfigShowsSchedulerParams: /debug/config shows a scheduler
@@ -49,5 +57,69 @@ scheduler:
 		if strings.Contains(body, internal) {
 			t.Errorf("/debug/config shows yaml.Node's %s", internal)
 		}
+	}
+}
+
+// /debug/index shows how the materializer follows each engine: an engine
+// whose snapshots fail (here its sidecar answers every snapshot request
+// with an error) is listed with its snapshot_failures, as
+// docs/OPERATIONS.md tells operators to look for.
+func TestDebugIndexShowsSnapshotFailures(t *testing.T) {
+	ns := testutil.NATS(t)
+	side, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(side.Close)
+	var asked atomic.Int64
+	sub, err := side.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
+		asked.Add(1)
+		r := nats.NewMsg(msg.Reply)
+		r.Header.Set(kvevents.SnapshotErrorHeader, "the sidecar cannot read its engine")
+		_ = msg.RespondMsg(r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := side.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.Cluster = ClusterConfig{NATSURLs: []string{ns.URL()}}
+	s := startIngress(t, cfg, Deps{})
+	testutil.WaitFor(t, 10*time.Second, "the materializer subscribed", func() bool { return s.cl.mat.Synced() })
+	d := kvevents.Delta{Engine: "e1", Model: "m", Epoch: 7, Seq: 1, TS: time.Now().UnixNano(), EpochStart: time.Now().Add(-time.Minute).UnixNano(),
+		Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{1, 2}}}}
+	if err := side.Publish(natsutil.DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
+		t.Fatal(err)
+	}
+	type engine struct {
+		Engine           string `json:"engine"`
+		Model            string `json:"model"`
+		Synced           *bool  `json:"synced"`
+		Buffered         *int   `json:"buffered"`
+		Snapshotting     *bool  `json:"snapshotting"`
+		SnapshotFailures int    `json:"snapshot_failures"`
+	}
+	var got struct {
+		Materializer []engine `json:"materializer"`
+	}
+	var body string
+	testutil.WaitFor(t, 20*time.Second, "/debug/index to show e1's failed snapshot", func() bool {
+		var st int
+		st, body, _ = get("http://" + s.AdminAddr() + "/debug/index")
+		if st != http.StatusOK || json.Unmarshal([]byte(body), &got) != nil {
+			t.Fatalf("/debug/index: %d %s", st, body)
+		}
+		return len(got.Materializer) == 1 && got.Materializer[0].SnapshotFailures > 0
+	})
+	e := got.Materializer[0]
+	// Its delta waits behind the snapshot that keeps failing.
+	if e.Engine != "e1" || e.Model != "m" || e.Synced == nil || *e.Synced || e.Buffered == nil || *e.Buffered != 1 || e.Snapshotting == nil || asked.Load() == 0 {
+		t.Fatalf("/debug/index's materializer entry %+v (%d snapshot requests): %s", e, asked.Load(), body)
 	}
 }
