@@ -432,7 +432,7 @@ func TestServerReloadsKeysFile(t *testing.T) {
 		t.Errorf("rejected reload not logged at ERROR: %s", logBuf.String())
 	}
 	if st, _, b := edgeSend(t, "GET", "http://"+s.Addr()+"/metrics", "", "Authorization", "Bearer sk-carol-00000003"); st != 200 ||
-		!strings.Contains(b, "kvmesh_ingress_api_keys_reload_errors_total 1") {
+		!strings.Contains(b, `kvmesh_ingress_api_keys_reload_errors_total{ingress="`+s.cfg.ID+`"} 1`) {
 		t.Errorf("metrics: %d %s", st, b)
 	}
 	s.Close()

@@ -151,7 +151,10 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	deps := Deps{Logger: log, AccessLog: log, Registry: reg}
-	keys, nkeys, err := o.apiKeys(log, reg)
+	// Every kvmesh_ingress_* series carries the replica's ingress label,
+	// as the server's own do (metrics.go): the components' below included.
+	own := prometheus.WrapRegistererWith(prometheus.Labels{"ingress": o.Config.ID}, reg)
+	keys, nkeys, err := o.apiKeys(log, own)
 	if err != nil {
 		return deps, err
 	}
@@ -167,7 +170,7 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 		if jwtv, err = auth.NewJWT(ctx, jc); err != nil {
 			return deps, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		reg.MustRegister(jwtv.Collectors()...)
+		own.MustRegister(jwtv.Collectors()...)
 		deps.Auth = auth.Chain{Keys: keys, Verifier: jwtv}
 	}
 	o.logAuth(log, nkeys, jwtv != nil)
@@ -194,7 +197,7 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 	}
 	deps.Affinity = aff
 	if o.Config.Routes != "" {
-		w, err := routes.NewWatcher(routes.WatcherConfig{Path: o.Config.Routes, Optional: o.Config.RoutesOptional, Logger: log, Registerer: reg})
+		w, err := routes.NewWatcher(routes.WatcherConfig{Path: o.Config.Routes, Optional: o.Config.RoutesOptional, Logger: log, Registerer: own})
 		if err != nil {
 			return deps, err
 		}
@@ -206,9 +209,7 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 		if err != nil {
 			return deps, err
 		}
-		// Its kvmesh_ingress_tenant_* series carry the replica's label as
-		// every kvmesh_ingress_* series does.
-		prometheus.WrapRegistererWith(prometheus.Labels{"ingress": o.Config.ID}, reg).MustRegister(q.Collectors()...)
+		own.MustRegister(q.Collectors()...) // kvmesh_ingress_tenant_*
 		deps.Admitter, deps.ClassifyError = q, FairErrors
 	} else if o.AdmitMax > 0 {
 		adc := session.DefaultAdmissionConfig()
