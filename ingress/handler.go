@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -286,6 +287,51 @@ func (c *call) candidates() error {
 	return nil
 }
 
+// maxNamedEngines bounds the engines an error names.
+const maxNamedEngines = 3
+
+// allOutOfRouting is the 503 of a model whose engines are all out of
+// routing (the scheduler's health filter left none), naming them by id
+// (never by address) with why each is out: ejected by this replica after
+// failures (health.go), denied the adapter lately (wrongmodel.go), or not
+// ready as its sidecar reports. nil when some candidate is healthy: then
+// another filter (roles, max waiting, strict LoRA) left none.
+func (c *call) allOutOfRouting() error {
+	if len(c.cands) == 0 {
+		return nil
+	}
+	for i := range c.cands {
+		if c.cands[i].Healthy {
+			return nil
+		}
+	}
+	ids := make([]string, len(c.cands))
+	for i := range c.cands {
+		ids[i] = c.cands[i].ID
+	}
+	slices.Sort(ids)
+	m, adapter := c.sentModel()
+	var b strings.Builder
+	for i, id := range ids {
+		if i == maxNamedEngines {
+			fmt.Fprintf(&b, " and %d more", len(ids)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		why := "not ready (its sidecar says so)"
+		if !c.s.health.allowed(id) {
+			why = "ejected after failing (probed until it answers again)"
+		} else if up := c.s.ups.lookup(id); adapter && up != nil && up.wrong.has(m, c.start) {
+			why = "lately answered that it lacks the adapter"
+		}
+		fmt.Fprintf(&b, "%s %s", clip(id), why)
+	}
+	return fmt.Errorf("%w: no live engine serves the model %q right now: all %d of its engines are out of routing: %s",
+		ErrNoEngine, clip(c.model), len(ids), b.String())
+}
+
 // addCandidate adds e, with this replica's own load, to the candidates.
 func (c *call) addCandidate(e *EngineInfo) {
 	if c.block == 0 && e.BlockSize > 0 {
@@ -380,6 +426,11 @@ func (c *call) schedule() error {
 		}
 	}
 	if err := s.deps.Scheduler.Schedule(&c.sreq, c.cands, &c.dec); err != nil {
+		if errors.Is(err, scheduler.ErrNoCandidates) {
+			if out := c.allOutOfRouting(); out != nil {
+				return out
+			}
+		}
 		return fmt.Errorf("%w: %w", ErrNoEngine, err)
 	}
 	if len(c.dec.Ranked) == 0 {

@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -139,7 +140,8 @@ func failedAttempts(s *Server) float64 {
 
 // With every engine dead, the first request pays one failed attempt per
 // engine and both are ejected; every later request is shed at once with 503
-// and Retry-After, without another attempt on a dead engine.
+// and Retry-After, without another attempt on a dead engine, and told why:
+// the model's engines are all ejected, named by id (not by address).
 func TestAllEnginesEjectedShedsAtOnce(t *testing.T) {
 	sims := startSims(t, 2, "m")
 	cfg := testConfig(simEngines(sims, "m")...)
@@ -159,8 +161,13 @@ func TestAllEnginesEjectedShedsAtOnce(t *testing.T) {
 	}
 	for i := 0; i < 10; i++ {
 		st, hdr, b := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2,3],"max_tokens":1}`)
-		if st != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || !strings.Contains(string(b), `"error"`) {
+		var e openAIError
+		if err := json.Unmarshal(b, &e); err != nil || st != http.StatusServiceUnavailable || hdr.Get("Retry-After") != "1" || e.Error.Code != "service_unavailable" {
 			t.Fatalf("request %d: %d Retry-After=%q %s", i, st, hdr.Get("Retry-After"), b)
+		}
+		const want = `no live engine serves the model "m" right now: all 2 of its engines are out of routing: sim0 ejected after failing (probed until it answers again), sim1 ejected after failing`
+		if !strings.Contains(e.Error.Message, want) || strings.Contains(e.Error.Message, "127.0.0.1") {
+			t.Fatalf("request %d: message %q, want it to say %q", i, e.Error.Message, want)
 		}
 	}
 	if n := failedAttempts(s); n != attempts {

@@ -129,6 +129,10 @@ func TestWrongModelEverywhereIs503(t *testing.T) {
 		if i == 0 && !strings.Contains(e.Error.Message, `no live engine serves the model "m" right now`) {
 			t.Fatalf("first request's message %q, want the no-live-engine 503", e.Error.Message)
 		}
+		// Both ejected: the next request is told so, without an attempt.
+		if i == 1 && !strings.Contains(e.Error.Message, `no live engine serves the model "m" right now: all 2 of its engines are out of routing: a ejected after failing (probed until it answers again), b ejected`) {
+			t.Fatalf("second request's message %q, want the no-live-engine 503 naming both ejected engines", e.Error.Message)
+		}
 	}
 	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 2 {
 		t.Fatalf("wrong_model attempts %v, want 2 (one per engine, then both ejected)", got)
