@@ -50,16 +50,26 @@ func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 
 // sidecarFlagsRead adds a problem for each sidecar flag given whose
 // feature o leaves off, where it would be ignored: the one-engine flags
-// without that engine (--model, --engine-url or --events; a DaemonSet-mode
-// --engine spec carries its own role=, dp=, ...), gossip's without
-// --gossip-bind, the NATS connection's without --nats (the embedded server
-// takes no credentials).
+// beside DaemonSet-mode --engine specs (the two forms are separate: each
+// spec carries its own id=, model=, role=, dp=, ...; a --model there used
+// to fail as a nameless engine, a whole one-engine set to run both forms)
+// and without that engine (--model, --engine-url or --events), gossip's
+// without --gossip-bind, the NATS connection's without --nats (the
+// embedded server takes no credentials).
 func sidecarFlagsRead(fs *flag.FlagSet, o *sidecar.Options, probs *flagProblems) {
 	e := &o.Engine
-	engineURLFromHostPort(fs, e, probs)
+	specs := len(o.EngineSpecs) > 0
+	if !specs {
+		engineURLFromHostPort(fs, e, probs)
+	}
 	noEngine := e.Events == "" && e.Model == "" && e.URL == ""
+	const withSpecs = "beside DaemonSet --engine specs (give each engine's settings in its spec: id=, model=, url= or host=/port=, events=, role=, dp=, ...; or run one engine without specs)"
 	const engine = "without --model, --engine-url or --events (a DaemonSet --engine spec takes its own: role=, dp=, ...)"
 	var rules []offFlag
+	for _, f := range []string{"engine-id", "model", "engine-url", "engine-host", "engine-port", "metrics-url", "role", "events", "replay", "bind-events", "dp-size", "block-size",
+		"tokenizer-dir", "tokenizer-revision", "pd-group", "pd-protocol", "bootstrap-port"} {
+		rules = append(rules, offFlag{f, specs, withSpecs})
+	}
 	for _, f := range []string{"engine-id", "metrics-url", "role", "replay", "bind-events", "dp-size", "block-size",
 		"tokenizer-dir", "tokenizer-revision", "pd-group", "pd-protocol", "bootstrap-port"} {
 		rules = append(rules, offFlag{f, noEngine, engine})

@@ -36,7 +36,7 @@ func TestSidecarPDFlags(t *testing.T) {
 }
 
 // A sidecar flag whose feature is off is refused by name: the one-engine
-// flags beside DaemonSet-mode specs only, gossip's without --gossip-bind,
+// flags beside DaemonSet-mode specs and without their engine, gossip's without --gossip-bind,
 // the NATS connection's without --nats; with the feature on they are read.
 func TestSidecarFlagsNotRead(t *testing.T) {
 	spec := "--engine=id=a,model=m,url=http://127.0.0.1:1,events=tcp://127.0.0.1:1"
@@ -45,8 +45,17 @@ func TestSidecarFlagsNotRead(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{spec, "--role", "prefill", "--dp-size", "2"},
+		{[]string{"--role", "prefill", "--dp-size", "2"},
 			[]string{"--dp-size is not read without --model, --engine-url or --events", "--role is not read without --model"}},
+		// The one-engine form beside DaemonSet specs: refused by name, flag
+		// by flag, where --model alone failed as a nameless engine and a
+		// whole one-engine set ran beside the specs.
+		{[]string{spec, "--role", "prefill", "--dp-size", "2"},
+			[]string{"--dp-size is not read beside DaemonSet --engine specs", "--role is not read beside DaemonSet --engine specs"}},
+		{[]string{spec, "--model", "m"}, []string{"--model is not read beside DaemonSet --engine specs"}},
+		{append([]string{spec}, one...), []string{"--model is not read beside", "--engine-url is not read beside", "--events is not read beside"}},
+		{[]string{spec, "--engine-host", "10.0.0.1", "--engine-port", "8000", "--engine-id", "x"},
+			[]string{"--engine-host is not read beside", "--engine-port is not read beside", "--engine-id is not read beside"}},
 		{[]string{spec, "--engine", "id=b,model=m,url=http://127.0.0.1:2,events=tcp://127.0.0.1:2,role=prefill,dp=2"}, nil},
 		{append([]string{"--role", "prefill", "--dp-size", "2"}, one...), nil},
 		{append([]string{"--tokenizer-revision", "r1"}, one...), []string{"--tokenizer-revision is not read without --tokenizer-dir"}},

@@ -25,6 +25,7 @@ func TestUsageExits(t *testing.T) {
 		{append(engine, "--events", "tcp://127.0.0.1:1", "--replay", "tcp://127.0.0.1:99999"), 2, "bad port"},
 		{append(engine, "--events", "tcp://127.0.0.1:1", "--stream-max-age", "-1s"), 2, "stream max age -1s must be positive"},
 		{append(engine, "--events", "tcp://127.0.0.1:1", "--stream-replicas", "0"), 2, "replicas"},
+		{[]string{"sidecar", "--engine", "id=a,model=m,url=http://127.0.0.1:1,events=tcp://127.0.0.1:1", "--model", "m", "--admin", "127.0.0.1:0"}, 2, "--model is not read beside DaemonSet --engine specs"},
 	}
 	for _, tc := range cases {
 		var out, errOut bytes.Buffer
