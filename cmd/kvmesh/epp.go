@@ -29,6 +29,7 @@ func eppOptions(args []string, stderr io.Writer) (epp.Options, error) {
 	ingressFlags(fs, &opts.Ingress, &probs)
 	eppFlags(fs, &opts)
 	fs.Lookup("listen").Usage = "HTTP address for /metrics, /health and /ready (no client API: that is the gateway's)"
+	fs.Lookup("admin").Usage = "admin address for /debug/* (pprof, engines, index, config, health, tokenizers) and /metrics, which then leaves --listen (empty: off; /metrics stays on --listen, behind the client credential when API keys or JWTs are on)"
 	if err := parseFlags(fs, args, 0); err != nil {
 		return opts, err
 	}

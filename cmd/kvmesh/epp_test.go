@@ -288,3 +288,25 @@ func natsCredentials(args []string, c map[string]any) string {
 	}
 	return ""
 }
+
+// `kvmesh epp -h` describes --admin as the picker's: it has no client
+// port, only --listen (docs/GATEWAY.md, "Flags").
+func TestEPPAdminHelp(t *testing.T) {
+	usage := func(args ...string) string {
+		var b bytes.Buffer
+		_, _ = eppOptions(args, &b)
+		return b.String()
+	}
+	help := usage("-h")
+	i := strings.Index(help, "-admin string")
+	if i < 0 {
+		t.Fatalf("no --admin in the help:\n%s", help)
+	}
+	admin := help[i:]
+	if j := strings.Index(admin[1:], "\n  -"); j >= 0 {
+		admin = admin[:j+1]
+	}
+	if strings.Contains(admin, "client port") || !strings.Contains(admin, "/metrics stays on --listen") {
+		t.Errorf("epp --admin help: %s", admin)
+	}
+}

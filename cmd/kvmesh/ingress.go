@@ -71,7 +71,7 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 		{"admit-max-wait", fair, fairOn},
 		{"admit-max-wait", o.AdmitMax == 0, "without --admit-max"},
 		{"tenant-header", !fair, "without fair admission (--fair-max-concurrent, --tenant or the config's fairQueue)"},
-		{"admin-token", cfg.AdminListen == "", "without --admin (the client port's /metrics takes a client credential, never the admin token)"},
+		{"admin-token", cfg.AdminListen == "", "without --admin (/metrics on --listen takes a client credential, never the admin token)"},
 		{"jwt-audience", noJWKS, jwks},
 		{"jwt-issuer", noJWKS, jwks},
 		{"jwt-tenant-claim", noJWKS, jwks},
@@ -105,7 +105,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
 	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<random hex>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health) and /metrics (empty: off; /metrics then stays on the client port, behind the client credential when API keys or JWTs are on)")
+	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health, tokenizers) and /metrics (empty: off; /metrics then stays on the client port, behind the client credential when API keys or JWTs are on)")
 	fs.StringVar(&cfg.AdminToken, "admin-token", os.Getenv("KVMESH_ADMIN_TOKEN"), "bearer token required on the admin address (env KVMESH_ADMIN_TOKEN; empty: none)")
 	fs.StringVar(&cfg.TLS.UpstreamCAFile, "upstream-ca", cfg.TLS.UpstreamCAFile, "PEM CA verifying https:// engines")
 	fs.StringVar(&cfg.TLS.UpstreamCertFile, "upstream-cert", cfg.TLS.UpstreamCertFile, "PEM client certificate towards engines (mutual TLS)")
