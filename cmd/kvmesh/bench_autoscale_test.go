@@ -101,3 +101,56 @@ func TestBenchAutoscaleUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchAutoscaleNoneCompleted: an autoscaling run that completes no
+// request (every prompt longer than the tiny KV cache) has no latencies,
+// so its TTFTs and TPOTs, and those of its windows, are JSON null and
+// n/a in the table, never a 0 that reads as the best latency; the exit
+// code says none completed.
+func TestBenchAutoscaleNoneCompleted(t *testing.T) {
+	args := []string{"bench", "--mode", "des", "--autoscale", "static", "--roles", "prefill=1,decode=1", "--duration", "2m",
+		"--peak-rate", "1", "--trough-rate", "0.5", "--profile", "tiny", "--gpu-blocks", "10", "--block-size", "8", "--quiet"}
+	code, out, errOut := benchRunCLI(t, append(args, "--json")...)
+	if code != 1 || !strings.Contains(errOut, "no request succeeded") {
+		t.Fatalf("exit %d, want 1 (none completed): %s", code, errOut)
+	}
+	var rep struct {
+		Runs []map[string]any `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(rep.Runs) != 1 || rep.Runs[0]["completed"] != 0.0 {
+		t.Fatalf("runs %v, want one that completed none", rep.Runs)
+	}
+	r := rep.Runs[0]
+	for _, k := range []string{"ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "tpot_p99_s"} {
+		if v, ok := r[k]; !ok || v != nil {
+			t.Errorf("%s = %v, want null", k, v)
+		}
+	}
+	if _, ok := r["attainment"].(float64); !ok {
+		t.Errorf("attainment = %v, want a number (none met the SLOs)", r["attainment"])
+	}
+	ws, _ := r["windows"].([]any)
+	if len(ws) == 0 {
+		t.Fatalf("no windows: %v", r)
+	}
+	for i, w := range ws {
+		w := w.(map[string]any)
+		if w["finished"] != 0.0 || w["ttft_p90_s"] != nil || w["tpot_p90_s"] != nil {
+			t.Errorf("window %d: %v, want ttft_p90_s and tpot_p90_s null (none finished)", i, w)
+		}
+	}
+
+	code, out, errOut = benchRunCLI(t, args...)
+	if code != 1 {
+		t.Fatalf("table: exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	row := strings.Fields(lines[len(lines)-1])
+	// static, SLO met, GPU-h, ÷ static, prefill, decode, peak, started, decisions, TTFT p99, TPOT p99, failed, wall
+	if len(row) != 13 || row[0] != "static" || row[9] != "n/a" || row[10] != "n/a" {
+		t.Errorf("table row %q, want TTFT p99 and TPOT p99 n/a:\n%s", row, out)
+	}
+}

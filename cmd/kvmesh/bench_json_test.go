@@ -55,6 +55,8 @@ func TestBenchJSONSchema(t *testing.T) {
 		{"pd", 1, append([]string{"--mode", "des", "--roles", "prefill=1,decode=1", "--policies", "kvmesh"}, failing...)},
 		{"autoscale", 0, []string{"--mode", "des", "--autoscale", "static,slo", "--roles", "prefill=1,decode=1", "--duration", "2m",
 			"--peak-rate", "1", "--trough-rate", "0.5", "--json", "--quiet"}},
+		{"autoscale", 1, []string{"--mode", "des", "--autoscale", "static", "--roles", "prefill=1,decode=1", "--duration", "2m",
+			"--peak-rate", "1", "--trough-rate", "0.5", "--profile", "tiny", "--gpu-blocks", "10", "--block-size", "8", "--json", "--quiet"}},
 	}
 	types := map[string]map[string]bool{} // "kind path" → JSON types
 	paths := map[string][]map[string]bool{}

@@ -1,6 +1,7 @@
 package des
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -24,8 +25,43 @@ type ScaleWindow struct {
 	// Attainment is the share of requests finished in the window within
 	// both SLOs (1 when none finished).
 	Attainment float64 `json:"attainment"`
-	TTFTP90    float64 `json:"ttft_p90_s"`
-	TPOTP90    float64 `json:"tpot_p90_s"`
+	// TTFTP90 is over the Finished requests, TPOTP90 over the TPOTCount
+	// of them with two output tokens or more (JSON null when none).
+	TTFTP90   float64 `json:"ttft_p90_s"`
+	TPOTP90   float64 `json:"tpot_p90_s"`
+	TPOTCount int     `json:"-"`
+}
+
+// scaleWindowJSON is ScaleWindow's JSON: its fields in its order, the
+// latencies of a window that finished none as pointers (nil: null).
+type scaleWindowJSON struct {
+	T            float64  `json:"t_s"`
+	Prefill      int      `json:"prefill"`
+	Decode       int      `json:"decode"`
+	PrefillReady int      `json:"prefill_ready"`
+	DecodeReady  int      `json:"decode_ready"`
+	ArrivalRPS   float64  `json:"arrival_rps"`
+	Finished     int      `json:"finished"`
+	Attainment   float64  `json:"attainment"`
+	TTFTP90      *float64 `json:"ttft_p90_s"`
+	TPOTP90      *float64 `json:"tpot_p90_s"`
+}
+
+// MarshalJSON writes w's JSON fields, null for the TTFT p90 when no
+// request finished in the window and for the TPOT p90 when none of them
+// had two output tokens (a 0 there reads as the best latency).
+func (w ScaleWindow) MarshalJSON() ([]byte, error) {
+	return json.Marshal(scaleWindowJSON{T: w.T, Prefill: w.Prefill, Decode: w.Decode, PrefillReady: w.PrefillReady,
+		DecodeReady: w.DecodeReady, ArrivalRPS: w.ArrivalRPS, Finished: w.Finished, Attainment: w.Attainment,
+		TTFTP90: optFloat(w.Finished > 0, w.TTFTP90), TPOTP90: optFloat(w.Finished > 0 && w.TPOTCount > 0, w.TPOTP90)})
+}
+
+// optFloat is &v, or nil (JSON null) when v is undefined (!ok).
+func optFloat(ok bool, v float64) *float64 {
+	if !ok {
+		return nil
+	}
+	return &v
 }
 
 // ScaleResult is one autoscaler's run.
@@ -38,10 +74,14 @@ type ScaleResult struct {
 	Attainment float64 `json:"attainment"`
 	Completed  int     `json:"completed"`
 	Failed     int     `json:"failed"`
-	TTFTP90    float64 `json:"ttft_p90_s"`
-	TTFTP99    float64 `json:"ttft_p99_s"`
-	TPOTP90    float64 `json:"tpot_p90_s"`
-	TPOTP99    float64 `json:"tpot_p99_s"`
+	// The latencies are over the Completed requests, the TPOTs over the
+	// TPOTCount of them with two output tokens or more (JSON null, table
+	// n/a, when none: as PDResult's).
+	TTFTP90   float64 `json:"ttft_p90_s"`
+	TTFTP99   float64 `json:"ttft_p99_s"`
+	TPOTP90   float64 `json:"tpot_p90_s"`
+	TPOTP99   float64 `json:"tpot_p99_s"`
+	TPOTCount int     `json:"-"`
 	// GPUHours: every engine from its request to its stop (or the run's
 	// end), per role and in total.
 	GPUHours        float64 `json:"gpu_hours"`
@@ -56,6 +96,57 @@ type ScaleResult struct {
 	Span    float64       `json:"span_s"`
 	Windows []ScaleWindow `json:"windows"`
 	Wall    time.Duration `json:"-"`
+}
+
+// scaleResultJSON is ScaleResult's JSON: its fields in its order, the
+// latencies undefined when nothing completed as pointers (nil: null).
+type scaleResultJSON struct {
+	Autoscaler      string        `json:"autoscaler"`
+	Setting         string        `json:"setting"`
+	Attainment      float64       `json:"attainment"`
+	Completed       int           `json:"completed"`
+	Failed          int           `json:"failed"`
+	TTFTP90         *float64      `json:"ttft_p90_s"`
+	TTFTP99         *float64      `json:"ttft_p99_s"`
+	TPOTP90         *float64      `json:"tpot_p90_s"`
+	TPOTP99         *float64      `json:"tpot_p99_s"`
+	GPUHours        float64       `json:"gpu_hours"`
+	PrefillGPUHours float64       `json:"prefill_gpu_hours"`
+	DecodeGPUHours  float64       `json:"decode_gpu_hours"`
+	PeakPrefill     int           `json:"peak_prefill"`
+	PeakDecode      int           `json:"peak_decode"`
+	EnginesStarted  int           `json:"engines_started"`
+	ScaleDecisions  int           `json:"scale_decisions"`
+	Disaggregated   float64       `json:"disaggregated"`
+	Span            float64       `json:"span_s"`
+	Windows         []ScaleWindow `json:"windows"`
+}
+
+// MarshalJSON writes r's JSON fields, null for the latencies when no
+// request completed and for the TPOTs also when none had two output
+// tokens (as PDResult's: a 0 there ranked a run that completed nothing
+// best). Attainment stays a number: none of the requests met the SLOs.
+func (r ScaleResult) MarshalJSON() ([]byte, error) {
+	done, tpot := r.Completed > 0, r.Completed > 0 && r.TPOTCount > 0
+	return json.Marshal(scaleResultJSON{Autoscaler: r.Autoscaler, Setting: r.Setting, Attainment: r.Attainment,
+		Completed: r.Completed, Failed: r.Failed, TTFTP90: optFloat(done, r.TTFTP90), TTFTP99: optFloat(done, r.TTFTP99),
+		TPOTP90: optFloat(tpot, r.TPOTP90), TPOTP99: optFloat(tpot, r.TPOTP99), GPUHours: r.GPUHours,
+		PrefillGPUHours: r.PrefillGPUHours, DecodeGPUHours: r.DecodeGPUHours, PeakPrefill: r.PeakPrefill,
+		PeakDecode: r.PeakDecode, EnginesStarted: r.EnginesStarted, ScaleDecisions: r.ScaleDecisions,
+		Disaggregated: r.Disaggregated, Span: r.Span, Windows: r.Windows})
+}
+
+// latencyCells are r's table cells for its TTFT p99 (seconds) and TPOT
+// p99 (milliseconds): n/a when undefined, as in the JSON.
+func (r ScaleResult) latencyCells() (ttft, tpot string) {
+	ttft, tpot = "n/a", "n/a"
+	if r.Completed > 0 {
+		ttft = fmt.Sprintf("%.2f", r.TTFTP99)
+		if r.TPOTCount > 0 {
+			tpot = fmt.Sprintf("%.1f", 1e3*r.TPOTP99)
+		}
+	}
+	return ttft, tpot
 }
 
 // scaleReport accumulates the current report window.
@@ -119,7 +210,7 @@ func (r *scaleReport) flush(s *scaleSim, now time.Duration) {
 	}
 	if len(r.tpot) > 0 {
 		slices.Sort(r.tpot)
-		w.TPOTP90 = report.Quantile(r.tpot, 0.9)
+		w.TPOTP90, w.TPOTCount = report.Quantile(r.tpot, 0.9), len(r.tpot)
 	}
 	r.windows = append(r.windows, w)
 	r.arrivals, r.ttft, r.tpot, r.good, r.fin = 0, r.ttft[:0], r.tpot[:0], 0, 0
@@ -129,7 +220,7 @@ func (s *scaleSim) result(end time.Duration) ScaleResult {
 	pd := s.out.result(s.cfg)
 	res := ScaleResult{Autoscaler: s.as.Name(), Setting: s.as.Setting(), Attainment: pd.SLOAttainment, Completed: pd.Completed,
 		Failed: pd.Failed, TTFTP90: pd.TTFTP90, TTFTP99: pd.TTFTP99, TPOTP90: pd.TPOTP90, TPOTP99: pd.TPOTP99,
-		PeakPrefill: s.rep.peakP, PeakDecode: s.rep.peakD, EnginesStarted: len(s.insts) - s.cfg.Roles.Total(),
+		TPOTCount: pd.TPOTCount, PeakPrefill: s.rep.peakP, PeakDecode: s.rep.peakD, EnginesStarted: len(s.insts) - s.cfg.Roles.Total(),
 		ScaleDecisions: s.rep.decisions, Disaggregated: pd.Disaggregated, Span: end.Seconds(), Windows: s.rep.windows, Wall: s.out.wall}
 	p, d := s.gpuSeconds(end)
 	res.PrefillGPUHours, res.DecodeGPUHours, res.GPUHours = p/3600, d/3600, (p+d)/3600
@@ -161,9 +252,10 @@ func (r ScaleReport) WriteTable(w io.Writer) error {
 		if r.StaticGPUHours > 0 {
 			ratio = fmt.Sprintf("%.2f", x.GPUHours/r.StaticGPUHours)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.2f%%\t%.2f\t%s\t%.2f\t%.2f\t%d/%d\t%d\t%d\t%.2f\t%.1f\t%d\t%.1fs\t\n",
+		ttft, tpot := x.latencyCells()
+		fmt.Fprintf(tw, "%s\t%s\t%.2f%%\t%.2f\t%s\t%.2f\t%.2f\t%d/%d\t%d\t%d\t%s\t%s\t%d\t%.1fs\t\n",
 			x.Autoscaler, x.Setting, 100*x.Attainment, x.GPUHours, ratio, x.PrefillGPUHours, x.DecodeGPUHours,
-			x.PeakPrefill, x.PeakDecode, x.EnginesStarted, x.ScaleDecisions, x.TTFTP99, 1e3*x.TPOTP99, x.Failed, x.Wall.Seconds())
+			x.PeakPrefill, x.PeakDecode, x.EnginesStarted, x.ScaleDecisions, ttft, tpot, x.Failed, x.Wall.Seconds())
 	}
 	return tw.Flush()
 }
@@ -197,10 +289,10 @@ func (r ScaleReport) Charts() (names, header []string, rows [][]string, charts [
 		if r.StaticGPUHours > 0 {
 			ratio = f("%.2f", x.GPUHours/r.StaticGPUHours)
 		}
+		ttftCell, tpotCell := x.latencyCells()
 		rows = append(rows, []string{name, f("%.2f %%", 100*x.Attainment), f("%.2f", x.GPUHours), ratio,
 			f("%.2f", x.PrefillGPUHours), f("%.2f", x.DecodeGPUHours), f("%d/%d", x.PeakPrefill, x.PeakDecode),
-			f("%d", x.EnginesStarted), f("%d", x.ScaleDecisions), f("%.2f", x.TTFTP99), f("%.1f", 1e3*x.TPOTP99),
-			f("%d", x.Failed)})
+			f("%d", x.EnginesStarted), f("%d", x.ScaleDecisions), ttftCell, tpotCell, f("%d", x.Failed)})
 		n := len(x.Windows)
 		t, pre, dec, arr, att, ttft := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n),
 			make([]float64, n), make([]float64, n)
