@@ -323,7 +323,9 @@ func (p *Profile) Rates() (prefillRate, stepBase, decodeSecPerToken float64) {
 // ProfileFile is the documented file form of a Profile (JSON or YAML; the
 // file's keys are the yaml names below), for `--profile-file`: users model
 // their own GPU and model with it. Every field is required except the
-// overheads, HostBW and the batch defaults.
+// overheads, HostBW and the batch defaults. Numbers are YAML 1.2 numbers
+// (362e12 needs no dot; 1_000 and 0x10 read too), the batch defaults whole
+// ones; a quoted "362e12" is a string and an error naming its key.
 //
 //	name: my-13b-a100          # label in reports
 //	params: 13.0e9             # parameters; linear-layer FLOPs = 2·params per token
@@ -369,10 +371,9 @@ func LoadProfileFile(path string) (Profile, error) {
 // YAML document, a second one is an error (it was silently ignored), as is
 // a file with none.
 func ParseProfile(b []byte) (Profile, error) {
-	var f ProfileFile
+	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	switch err := dec.Decode(&f); {
+	switch err := dec.Decode(&doc); {
 	case errors.Is(err, io.EOF):
 		return Profile{}, fmt.Errorf("%w: the file is empty (want a YAML mapping of the profile's fields: name, params, weightBytes, ...)", ErrProfileFile)
 	case err != nil:
@@ -386,6 +387,14 @@ func ParseProfile(b []byte) (Profile, error) {
 		errs = append(errs, fmt.Errorf("second YAML document: %w (one profile per file)", err))
 	case !nullDocument(&next):
 		errs = append(errs, fmt.Errorf("line %d: a second YAML document is not allowed (one profile per file)", next.Line))
+	}
+	if bad := checkProfileKeys(&doc); len(bad) > 0 { // what the decoder would say less well, or not at all
+		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, errors.Join(append(bad, errs...)...))
+	}
+	var f ProfileFile
+	if err := doc.Decode(&f); err != nil { // unknown keys were refused above
+		err = fmt.Errorf("%w (want a YAML mapping of the profile's fields: %s)", err, strings.Join(profileKeys, ", "))
+		return Profile{}, fmt.Errorf("%w: %w", ErrProfileFile, errors.Join(append([]error{err}, errs...)...))
 	}
 	p := Profile{Name: f.Name, Params: f.Params, WeightBytes: f.WeightBytes, Layers: f.Layers, Hidden: f.Hidden,
 		KVBytesPerToken: f.KVBytesPerToken, FLOPS: f.FLOPS, MemBW: f.MemBW, HostBW: f.HostBW,
