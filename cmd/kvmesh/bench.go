@@ -71,6 +71,7 @@ const (
 var benchFlagReaders = map[string]int{
 	"time-scale":             runLive,
 	"ingresses":              runLive,
+	"port-base":              runLive,
 	"no-stream":              runLive,
 	"requests-csv":           runDES | runLive | runPD,
 	"policies":               runDES | runLive | runPD,
@@ -181,6 +182,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.StringVar(&o.Mode, "mode", o.Mode, "benchmark mode (des: discrete-event simulation; live: sim engines, sidecars, NATS and ingresses at --time-scale)")
 	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "live: engines and arrivals run this many times faster than real time")
 	fs.IntVar(&o.Ingresses, "ingresses", o.Ingresses, "live: ingress replicas (requests round-robin over them)")
+	fs.IntVar(&o.PortBase, "port-base", o.PortBase, "live: listen on fixed 127.0.0.1 ports from N on, NATS at N, then 4 per engine (its HTTP API, KV events, KV replay, its sidecar's gossip), then 2 per ingress (HTTP, gossip): 1+4×engines+2×ingresses ports (0 = free ephemeral ports)")
 	fs.BoolVar(&o.NoStream, "no-stream", false, "live: non-streamed requests (the client's TTFT is then its E2E)")
 	fs.StringVar(&o.HTML, "html", o.HTML, "also write a self-contained HTML report (plots, table) to this file")
 	fs.StringVar(&o.RequestsCSV, "requests-csv", o.RequestsCSV, "also write every finished request (policy, engines, start, TTFT, E2E, TPOT, prompt, cached and output tokens) to this CSV file")

@@ -62,6 +62,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&cfg.Rate, "rate", 0, "open-loop arrival rate in req/s (0 = closed loop at -concurrency)")
 	fs.IntVar(&cfg.Engine.GPUBlocks, "gpu-blocks", cfg.Engine.GPUBlocks, "GPU KV capacity of each engine in blocks")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "engine model seconds per wall second")
+	fs.IntVar(&cfg.PortBase, "port-base", 0, "listen on fixed 127.0.0.1 ports from N on, NATS at N, then 4 per engine (its HTTP API, KV events, KV replay, its sidecar's gossip), then 2 per ingress (HTTP, gossip): 1+4×engines+2×ingresses ports (0 = free ephemeral ports; not with --pd or --autoscale)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}

@@ -98,6 +98,10 @@ type Options struct {
 	// behind Ingresses ingress replicas.
 	TimeScale float64
 	Ingresses int
+	// PortBase puts the live mesh's listeners on fixed loopback ports
+	// from it on (demo.MeshPorts: NATS, 4 per engine, 2 per ingress, in
+	// the order loadtest/demo/ports.go documents); 0 picks free ports.
+	PortBase int
 	// NoStream sends the live requests without streaming (a buffered
 	// answer: the client's TTFT is its E2E; the engines' own TTFT is
 	// still reported).

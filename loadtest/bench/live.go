@@ -53,6 +53,10 @@ func (o *Options) checkLive(bad func(string, ...any)) {
 	if o.Ingresses < 1 || o.Ingresses > 16 {
 		bad("--ingresses %d: want 1..16", o.Ingresses)
 	}
+	if err := demo.CheckPortBase(o.PortBase, demo.MeshPorts(o.Engines, o.Ingresses),
+		fmt.Sprintf("NATS, %d engines with their sidecars and %d ingresses", o.Engines, o.Ingresses)); err != nil {
+		bad("--port-base: %v", err)
+	}
 	if o.EventDelay != 0 {
 		bad("--event-delay: live mode's KV events take the time they really take")
 	}
@@ -101,6 +105,7 @@ func (o Options) clusterConfig(cfg des.Config) demo.Config {
 	dc := demo.DefaultConfig()
 	dc.Engines, dc.Ingresses, dc.Engine, dc.TimeScale = o.Engines, o.Ingresses, cfg.Engine.Defaults(), o.TimeScale
 	dc.StartTimeout = time.Minute
+	dc.PortBase = o.PortBase
 	return dc
 }
 
@@ -180,6 +185,9 @@ func (o Options) liveProgress(policy string) func(loadgen.Progress) {
 func (o Options) liveNote(w io.Writer) {
 	fmt.Fprintf(w, "live: %d sim engines at %g× real time with sidecars, embedded NATS, %d ingress replica(s); times in engine seconds\n",
 		o.Engines, o.TimeScale, o.Ingresses)
+	if o.PortBase != 0 {
+		fmt.Fprintf(w, "live: listening on 127.0.0.1 ports %d..%d (--port-base)\n", o.PortBase, o.PortBase+demo.MeshPorts(o.Engines, o.Ingresses)-1)
+	}
 }
 
 // liveOverheads writes, per policy, the engines' own mean TTFT and queue

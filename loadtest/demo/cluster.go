@@ -35,16 +35,25 @@ type mesh struct {
 
 // startEngines starts NATS, then each engine with its sidecar.
 func (m *mesh) startEngines(ctx context.Context) error {
-	e, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Host: "127.0.0.1", Port: -1})
+	port := -1 // a free port
+	if m.cfg.PortBase != 0 {
+		port = m.cfg.PortBase
+	}
+	e, err := natsutil.StartEmbedded(natsutil.EmbeddedConfig{Host: "127.0.0.1", Port: port})
 	if err != nil {
 		return fmt.Errorf("start nats: %w", err)
 	}
 	m.nats = e
 	for i := 0; i < m.cfg.Engines; i++ {
 		id := fmt.Sprintf("engine-%d", i)
+		off := 1 + portsPerEngine*i // ports.go
+		// With a port base the KV-event endpoint has a fixed port, so by
+		// vLLM's rule the engine's PUB connects to it and the sidecar binds
+		// it; without one the engine binds a free port.
+		events, bind := "tcp://"+loopback(m.cfg.PortBase, off+1), m.cfg.PortBase != 0
 		s, err := sim.Start(ctx, sim.Config{
-			Model: m.cfg.Model, HTTPAddr: "127.0.0.1:0",
-			KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
+			Model: m.cfg.Model, HTTPAddr: loopback(m.cfg.PortBase, off),
+			KVEvents: events, KVReplay: "tcp://" + loopback(m.cfg.PortBase, off+2),
 			Engine: m.cfg.Engine, TimeScale: m.cfg.TimeScale, Seed: uint64(i + 1),
 			Logger: m.cfg.Logger.With("engine", id),
 		})
@@ -57,10 +66,13 @@ func (m *mesh) startEngines(ctx context.Context) error {
 		sc := sidecar.DefaultConfig()
 		sc.Engines = []sidecar.EngineConfig{{
 			ID: id, Model: m.cfg.Model, URL: s.URL(),
-			Events: s.EventsEndpoint(0), Replay: s.ReplayEndpoint(0), BlockSize: m.cfg.Engine.BlockSize,
+			Events: s.EventsEndpoint(0), Replay: s.ReplayEndpoint(0), BlockSize: m.cfg.Engine.BlockSize, Bind: bind,
 		}}
+		if bind {
+			sc.Engines[0].Events = events
+		}
 		sc.NATS = m.natsConfig("kvmesh-sidecar-" + id)
-		sc.Gossip = m.gossipConfig("sidecar-"+id, gossip.RoleSidecar)
+		sc.Gossip = m.gossipConfig("sidecar-"+id, gossip.RoleSidecar, portAt(m.cfg.PortBase, off+3))
 		sc.Gossip.Meta.Model, sc.Gossip.Meta.EngineURL, sc.Gossip.Meta.BlockSize = m.cfg.Model, s.URL(), m.cfg.Engine.BlockSize
 		sc.GossipInterval = 100 * time.Millisecond
 		sc.ScrapeInterval = 250 * time.Millisecond
@@ -91,10 +103,10 @@ func (m *mesh) natsConfig(name string) natsutil.Config {
 	return c
 }
 
-func (m *mesh) gossipConfig(name, role string) *gossip.Config {
+func (m *mesh) gossipConfig(name, role string, port int) *gossip.Config {
 	c := gossip.DefaultConfig()
 	c.Name, c.Profile = name, "local"
-	c.BindAddr, c.BindPort = "127.0.0.1", 0
+	c.BindAddr, c.BindPort = "127.0.0.1", port
 	c.BroadcastInterval = 50 * time.Millisecond
 	c.PushPullInterval = 500 * time.Millisecond
 	c.RejoinInterval = 200 * time.Millisecond
@@ -112,7 +124,8 @@ func (m *mesh) startIngresses(ctx context.Context, policy string, run int) error
 	for i := 0; i < m.cfg.Ingresses; i++ {
 		cfg := ingress.DefaultConfig()
 		cfg.ID = fmt.Sprintf("ingress-%d-%s-%d", i, policy, run)
-		cfg.Listen = "127.0.0.1:0"
+		off := 1 + portsPerEngine*m.cfg.Engines + portsPerIngress*i // ports.go
+		cfg.Listen = loopback(m.cfg.PortBase, off)
 		cfg.AccessLog = false
 		cfg.BlockSize = m.cfg.Engine.BlockSize
 		// The engines' own limit, not the ingress's 131,072-token default:
@@ -121,7 +134,7 @@ func (m *mesh) startIngresses(ctx context.Context, policy string, run int) error
 		cfg.Scheduler.Policy = policy
 		cfg.Learn.Prior = wallPrior(m.cfg.TimeScale)
 		cfg.Cluster = ingress.ClusterConfig{
-			GossipBind: "127.0.0.1:0", GossipSeeds: []string{m.seed}, GossipProfile: "local",
+			GossipBind: loopback(m.cfg.PortBase, off+1), GossipSeeds: []string{m.seed}, GossipProfile: "local",
 			NATSURLs: []string{m.nats.URL()},
 		}
 		aff, err := session.NewAffinity(session.DefaultAffinityConfig())

@@ -58,6 +58,10 @@ type Config struct {
 	Logger *slog.Logger
 	// StartTimeout bounds waiting for the mesh to come up or settle. Default 30 s.
 	StartTimeout time.Duration
+	// PortBase puts every listener of the mesh on a fixed loopback port
+	// from it on, as ports.go lays them out (MeshPorts(Engines,
+	// Ingresses) of them); 0 (default) picks free ports.
+	PortBase int
 }
 
 // DefaultConfig returns the demo of the issue: 4 engines, 2 ingresses, 32×16 prompts.
@@ -136,6 +140,10 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: policy %q empty or repeated", ErrConfig, p))
 		}
 		seen[p] = true
+	}
+	if err := CheckPortBase(c.PortBase, MeshPorts(c.Engines, c.Ingresses),
+		fmt.Sprintf("NATS, %d engines with their sidecars and %d ingresses", c.Engines, c.Ingresses)); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	if err := c.Engine.Defaults().Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: engine: %w", ErrConfig, err))

@@ -46,7 +46,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	m := &mesh{cfg: cfg}
 	runErr := func() error {
-		status(fmt.Sprintf("starting embedded NATS and %d simulated engines with their sidecars", cfg.Engines))
+		ports := ""
+		if cfg.PortBase != 0 {
+			ports = fmt.Sprintf(" on 127.0.0.1 ports %d..%d (ingresses last)", cfg.PortBase, cfg.PortBase+MeshPorts(cfg.Engines, cfg.Ingresses)-1)
+		}
+		status(fmt.Sprintf("starting embedded NATS and %d simulated engines with their sidecars%s", cfg.Engines, ports))
 		if err := m.startEngines(ctx); err != nil {
 			return err
 		}
