@@ -27,7 +27,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	asf := autoscaleBenchFlags(fs)
 	asOnly := map[string]bool{} // the flags only --autoscale runs read
 	fs.VisitAll(func(f *flag.Flag) { asOnly[f.Name] = !before[f.Name] && f.Name != "autoscale" })
-	quiet := fs.Bool("quiet", false, "no progress on stderr (des: a line per running policy every 10 s of wall time; live: the load generator's line)")
+	quiet := fs.Bool("quiet", false, "no progress on stderr (des, --roles and --autoscale: a line per running policy every 10 s of wall time; live: the load generator's line); warnings still print")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
