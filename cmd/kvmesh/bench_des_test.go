@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -439,4 +442,106 @@ func TestBenchDESQuiet(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q, stdout:\n%s", args, code, errOut, out)
 		}
 	}
+}
+
+var updateDESGolden = flag.Bool("update-des-golden", false, "rewrite testdata/bench-des-golden.txt from TestBenchDESGolden's run")
+
+const desGolden = "testdata/bench-des-golden.txt"
+
+// desGoldenArgs is a small headline-shaped DES run: every default policy
+// on 4 engines of the default 7b-l40s profile, 80 shared-prefix requests
+// at 25 req/s and GPU caches small enough to evict and preempt (under a
+// second of simulation, a few seconds with -race).
+var desGoldenArgs = []string{"bench", "--mode", "des", "--engines", "4", "--seed", "1", "--workload", "shared-prefix",
+	"--groups", "8", "--prompts", "10", "--shared", "2048", "--question", "64", "--output", "32", "--rate", "25",
+	"--gpu-blocks", "700", "--json", "--quiet"}
+
+// TestBenchDESGolden pins the DES's summary numbers per policy (mean and
+// p99 TTFT, throughput, prefix hit rate, completions, preemptions) for
+// desGoldenArgs to testdata/bench-des-golden.txt: the DES is deterministic
+// for a seed, so a change to the scheduler, a policy's emulation, the
+// engine model or the DES shows up here as a golden diff to review and
+// commit (-update-des-golden rewrites the file; say why in the commit).
+//
+// Floats are written in full (shortest round-trip) and compared with a
+// relative tolerance of 1e-9, not bit for bit: compiled Go fuses x*y+z
+// into one FMA on arm64, ppc64le, s390x and riscv64 but not on amd64, and
+// math.Exp/Log take an FMA assembly path on amd64 CPUs that have it, so
+// the last bits may differ across GOARCH and machines. 1e-9 absorbs that
+// and nothing else: a different routing decision moves these numbers by
+// far more and fails.
+func TestBenchDESGolden(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, desGoldenArgs...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep struct {
+		Run struct {
+			Policies []string `json:"policies"`
+		} `json:"run"`
+		Policies map[string]struct {
+			TTFTMean      float64 `json:"ttft_mean_s"`
+			TTFTP99       float64 `json:"ttft_p99_s"`
+			Throughput    float64 `json:"throughput_rps"`
+			PrefixHitRate float64 `json:"prefix_hit_rate"`
+			Completed     int     `json:"completed"`
+			Preemptions   int     `json:"preemptions"`
+		} `json:"policies"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(rep.Run.Policies) < 10 || len(rep.Policies) != len(rep.Run.Policies) {
+		t.Fatalf("policies %v, results for %d: want every default policy", rep.Run.Policies, len(rep.Policies))
+	}
+	g := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	var b strings.Builder
+	b.WriteString("# kvmesh " + strings.Join(desGoldenArgs, " ") + "\n")
+	b.WriteString("# policy ttft_mean_s ttft_p99_s throughput_rps prefix_hit_rate completed preemptions (TestBenchDESGolden; -update-des-golden rewrites it)\n")
+	for _, p := range rep.Run.Policies {
+		r := rep.Policies[p]
+		fmt.Fprintf(&b, "%s %s %s %s %s %d %d\n", p, g(r.TTFTMean), g(r.TTFTP99), g(r.Throughput), g(r.PrefixHitRate), r.Completed, r.Preemptions)
+	}
+	got := b.String()
+	if *updateDESGolden {
+		if err := os.WriteFile(desGolden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantB, err := os.ReadFile(desGolden)
+	if err != nil {
+		t.Fatalf("%v (-update-des-golden writes it)", err)
+	}
+	want := string(wantB)
+	if got == want {
+		return
+	}
+	gl, wl := strings.Split(got, "\n"), strings.Split(want, "\n")
+	same := len(gl) == len(wl)
+	for i := 0; same && i < len(gl); i++ {
+		same = desGoldenLineClose(gl[i], wl[i])
+	}
+	if !same {
+		t.Errorf("the DES's summary differs from %s (review; -update-des-golden rewrites it):\n%s", desGolden, lineDiff(want, got))
+	}
+}
+
+// desGoldenLineClose reports whether two golden lines match: the same
+// words, numbers within a relative 1e-9.
+func desGoldenLineClose(a, b string) bool {
+	af, bf := strings.Fields(a), strings.Fields(b)
+	if len(af) != len(bf) {
+		return false
+	}
+	for i := range af {
+		if af[i] == bf[i] {
+			continue
+		}
+		x, err1 := strconv.ParseFloat(af[i], 64)
+		y, err2 := strconv.ParseFloat(bf[i], 64)
+		if err1 != nil || err2 != nil || math.Abs(x-y) > 1e-9*math.Max(math.Abs(x), math.Abs(y)) {
+			return false
+		}
+	}
+	return true
 }
