@@ -158,13 +158,14 @@ func (c Config) Validate() error {
 	if c.DP < 1 || c.DP > 64 {
 		errs = append(errs, fmt.Errorf("dp %d: want 1..64", c.DP))
 	}
-	if c.TimeScale <= 0 || c.TimeScale > 1e6 {
+	// Written so NaN fails them: NaN compares false to everything.
+	if !(c.TimeScale > 0 && c.TimeScale <= 1e6) {
 		errs = append(errs, fmt.Errorf("time scale %g: want (0, 1e6]", c.TimeScale))
 	}
-	if c.DropRate < 0 || c.DropRate > 1 {
+	if !(c.DropRate >= 0 && c.DropRate <= 1) {
 		errs = append(errs, fmt.Errorf("drop rate %g: want [0, 1]", c.DropRate))
 	}
-	if c.EOSRate < 0 || c.EOSRate >= 1 {
+	if !(c.EOSRate >= 0 && c.EOSRate < 1) {
 		errs = append(errs, fmt.Errorf("eos rate %g: want [0, 1)", c.EOSRate))
 	}
 	if c.KVReplay != "" && c.KVEvents == "" {
@@ -180,6 +181,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReplayBuffer < 0 || c.MaxWaiting < 1 || c.MaxBodyBytes < 1 || c.DefaultMaxTokens < 1 || c.DefaultChatMaxTokens < 1 || c.MediaTokens < 1 {
 		errs = append(errs, errors.New("replay buffer, max waiting, max body bytes, default max tokens and media tokens must be positive"))
+	}
+	if c.LoRA.MaxLoRAs < 0 {
+		errs = append(errs, fmt.Errorf("max loras %d: want ≥ 1 (0: 1)", c.LoRA.MaxLoRAs))
 	}
 	if err := c.Engine.Validate(); err != nil {
 		errs = append(errs, err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strconv"
@@ -177,7 +178,7 @@ func (c *PDConfig) validate(dp int) []error {
 	if c.SideChannelPort < 0 || c.SideChannelPort+dp-1 > 65535 {
 		errs = append(errs, fmt.Errorf("side channel port %d: want 0..%d", c.SideChannelPort, 65536-dp))
 	}
-	if c.TransferGbps < 0 {
+	if !(c.TransferGbps > 0) || math.IsInf(c.TransferGbps, 0) { // NaN fails > 0
 		errs = append(errs, fmt.Errorf("kv transfer gbps %g: want > 0", c.TransferGbps))
 	}
 	if c.AbortTimeout < 0 || c.BootstrapTimeout < 0 {

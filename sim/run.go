@@ -75,6 +75,7 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	} else {
 		cfg.Engine.Profile = p
 	}
+	profiled := len(errs) == 0 // else Validate would report the empty profile too
 	switch o.EventForm {
 	case "array":
 		cfg.EventForm = kvtest.ArrayForm
@@ -93,6 +94,14 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	}
 	if o.pdFinish != nil {
 		if err := o.pdFinish(&cfg.PD, cfg.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+		}
+	}
+	if profiled {
+		// Every problem Start's own Validate would find, found before
+		// anything starts (a copy: Defaults picks a random P/D engine id
+		// Start must pick itself).
+		if err := cfg.Defaults().Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
 		}
 	}

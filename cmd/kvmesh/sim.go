@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -24,16 +26,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	// The configuration reads 0 as "the default" for these; given on the
-	// command line, 0 is a mistake to report, not to replace.
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "time-scale", "dp", "block-size", "gpu-blocks", "kv-transfer-gbps":
-			if v, err := strconv.ParseFloat(f.Value.String(), 64); err == nil && v == 0 {
-				probs.add("--%s 0: want > 0", f.Name)
-			}
-		}
-	})
+	simFlagsRead(fs, &probs)
 	if err := probs.err(); err != nil {
 		return err
 	}
@@ -42,6 +35,57 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return err
+}
+
+// simFlagsRead adds a problem for each `kvmesh sim` flag given with a value
+// the simulator's configuration would misread, and for each whose feature
+// the rest of the command line leaves off (OPERATIONS.md: such a flag is
+// refused by name, not ignored). The values sim.Config.Validate checks
+// again are checked here by flag name.
+func simFlagsRead(fs *flag.FlagSet, probs *flagProblems) {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		given[f.Name] = true
+		v := f.Value.String()
+		switch f.Name {
+		case "time-scale", "drop-rate", "eos-rate", "kv-transfer-gbps":
+			// NaN passes every "x <= 0" test, and NaN or Inf in the time
+			// scale or a rate makes every modelled time NaN.
+			if x, err := strconv.ParseFloat(v, 64); err == nil && (math.IsNaN(x) || math.IsInf(x, 0)) {
+				probs.add("--%s %s: want a finite value", f.Name, v)
+				return
+			}
+		}
+		switch f.Name {
+		case "time-scale", "dp", "block-size", "gpu-blocks", "kv-transfer-gbps", "max-waiting", "replay-buffer", "max-loras":
+			// The configuration reads 0 as "the default" for these; given
+			// on the command line, 0 (or less) is a mistake to report, not
+			// to replace.
+			if x, err := strconv.ParseFloat(v, 64); err == nil && x <= 0 {
+				probs.add("--%s %s: want > 0", f.Name, v)
+			}
+		case "nixl-abort-timeout", "disaggregation-timeout":
+			if d, err := time.ParseDuration(v); err == nil && d <= 0 {
+				probs.add("--%s %s: want > 0", f.Name, v)
+			}
+		}
+	})
+	noEvents := fs.Lookup("kv-events").Value.String() == ""
+	mode := fs.Lookup("disaggregation-mode").Value.String()
+	nixl := given["kv-transfer-config"]
+	var rules []offFlag
+	for _, f := range []string{"drop-rate", "event-form", "topic", "replay-layout", "replay-buffer"} {
+		rules = append(rules, offFlag{f, noEvents, "without --kv-events"})
+	}
+	noLoRA := fs.Lookup("enable-lora").Value.String() != "true"
+	rules = append(rules, offFlag{"max-loras", noLoRA, "without --enable-lora"},
+		offFlag{"lora-modules", noLoRA, "without --enable-lora"},
+		offFlag{"nixl-side-channel", !nixl, "without --kv-transfer-config"},
+		offFlag{"kv-transfer-gbps", !nixl && mode == "", "without --kv-transfer-config or --disaggregation-mode"},
+		offFlag{"nixl-abort-timeout", !nixl && mode == "", "without --kv-transfer-config or --disaggregation-mode"},
+		offFlag{"disaggregation-bootstrap-port", mode != "prefill", "without --disaggregation-mode prefill"},
+		offFlag{"disaggregation-timeout", mode == "", "without --disaggregation-mode"})
+	probs.refuseOff(fs, rules)
 }
 
 // simFlags binds every `kvmesh sim` flag onto opts; bad values go to probs.

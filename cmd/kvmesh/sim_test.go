@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -102,9 +104,6 @@ func TestSimCommandUsage(t *testing.T) {
 		}
 	}
 	var out, errOut bytes.Buffer
-	if code := run([]string{"sim", "--dp", "-1", "--http", "127.0.0.1:0"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "dp") {
-		t.Errorf("--dp -1: exit %d, %q", code, errOut.String())
-	}
 	// 0 given for a setting whose configuration reads 0 as its default is
 	// reported, every one at once (it ran with the default before).
 	errOut.Reset()
@@ -113,6 +112,75 @@ func TestSimCommandUsage(t *testing.T) {
 	for _, f := range []string{"time-scale", "dp", "block-size", "gpu-blocks", "kv-transfer-gbps"} {
 		if code != 2 || !strings.Contains(errOut.String(), "--"+f+" 0: want > 0") {
 			t.Errorf("--%s 0: exit %d, stderr %q", f, code, errOut.String())
+		}
+	}
+}
+
+// TestSimCommandRefuses: a value the simulator cannot run with, and a flag
+// whose feature the command line leaves off, are usage errors (exit 2)
+// naming the flag, found before anything starts: no address is printed.
+func TestSimCommandRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// Non-finite values passed every "x <= 0" check.
+		{[]string{"--time-scale", "NaN"}, "--time-scale NaN: want a finite value"},
+		{[]string{"--time-scale", "Inf"}, "--time-scale +Inf: want a finite value"},
+		{[]string{"--kv-events", "tcp://127.0.0.1:0", "--drop-rate", "NaN"}, "--drop-rate NaN: want a finite value"},
+		{[]string{"--eos-rate", "NaN"}, "--eos-rate NaN: want a finite value"},
+		{[]string{"--disaggregation-mode", "decode", "--kv-transfer-gbps", "NaN"}, "--kv-transfer-gbps NaN: want a finite value"},
+		// Found by the simulator's own validation, after start-up began (exit 1).
+		{[]string{"--time-scale", "-1"}, "--time-scale -1: want > 0"},
+		{[]string{"--dp", "-1"}, "--dp -1: want > 0"},
+		{[]string{"--disaggregation-mode", "bogus"}, `disaggregation mode "bogus"`},
+		{[]string{"--kv-events", "localhost"}, `endpoint "localhost"`},
+		{[]string{"--eos-rate", "1"}, "eos rate 1"},
+		// 0 or less read as "the default" (or as 1) without a word.
+		{[]string{"--max-waiting", "0"}, "--max-waiting 0: want > 0"},
+		{[]string{"--kv-events", "tcp://127.0.0.1:0", "--replay-buffer", "0"}, "--replay-buffer 0: want > 0"},
+		{[]string{"--enable-lora", "--max-loras", "0"}, "--max-loras 0: want > 0"},
+		{[]string{"--enable-lora", "--max-loras", "-2"}, "--max-loras -2: want > 0"},
+		{[]string{"--disaggregation-mode", "decode", "--disaggregation-timeout", "-1s"}, "--disaggregation-timeout -1s: want > 0"},
+		{[]string{"--disaggregation-mode", "decode", "--nixl-abort-timeout", "0s"}, "--nixl-abort-timeout 0s: want > 0"},
+		// Flags of a feature that is off.
+		{[]string{"--drop-rate", "0.5"}, "--drop-rate is not read without --kv-events"},
+		{[]string{"--event-form", "map"}, "--event-form is not read without --kv-events"},
+		{[]string{"--topic", "x"}, "--topic is not read without --kv-events"},
+		{[]string{"--replay-layout", "old"}, "--replay-layout is not read without --kv-events"},
+		{[]string{"--max-loras", "3"}, "--max-loras is not read without --enable-lora"},
+		{[]string{"--lora-modules", "a=/p"}, "--lora-modules is not read without --enable-lora"},
+		{[]string{"--nixl-side-channel", "127.0.0.1:0"}, "--nixl-side-channel is not read without --kv-transfer-config"},
+		{[]string{"--disaggregation-mode", "decode", "--nixl-side-channel", "127.0.0.1:0"}, "--nixl-side-channel is not read without --kv-transfer-config"},
+		{[]string{"--disaggregation-bootstrap-port", "9000"}, "--disaggregation-bootstrap-port is not read without --disaggregation-mode prefill"},
+		{[]string{"--disaggregation-mode", "decode", "--disaggregation-bootstrap-port", "9000"}, "--disaggregation-bootstrap-port is not read without --disaggregation-mode prefill"},
+		{[]string{"--disaggregation-timeout", "1s"}, "--disaggregation-timeout is not read without --disaggregation-mode"},
+		{[]string{"--kv-transfer-gbps", "10"}, "--kv-transfer-gbps is not read without --kv-transfer-config or --disaggregation-mode"},
+	} {
+		// A context already done: a simulator that starts stops at once
+		// (no test hangs on a regression).
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		var out, errOut bytes.Buffer
+		args := append([]string{"--http", "127.0.0.1:0", "--log-level", "error"}, tc.args...)
+		err := runSim(ctx, args, &out, &errOut)
+		if !errors.Is(err, errUsage) || !strings.Contains(fmt.Sprint(err), tc.want) || out.Len() != 0 {
+			t.Errorf("%v: %v, stdout %q; want a usage error with %q and nothing started", tc.args, err, out.String(), tc.want)
+		}
+	}
+	// The same flags with their feature on are read.
+	for _, args := range [][]string{
+		{"--kv-events", "tcp://127.0.0.1:0", "--drop-rate", "0.5", "--event-form", "map", "--topic", "x", "--replay-layout", "old", "--replay-buffer", "5"},
+		{"--enable-lora", "--max-loras", "3", "--lora-modules", "a=/p"},
+		{"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`, "--nixl-side-channel", "127.0.0.1:0",
+			"--kv-transfer-gbps", "10", "--nixl-abort-timeout", "1s"},
+		{"--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0", "--disaggregation-timeout", "1s", "--kv-transfer-gbps", "10"},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		var out, errOut bytes.Buffer
+		if err := runSim(ctx, append([]string{"--http", "127.0.0.1:0", "--log-level", "error"}, args...), &out, &errOut); err != nil {
+			t.Errorf("%v: %v", args, err)
 		}
 	}
 }
