@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/logutil"
@@ -77,8 +80,20 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	if *qps <= 0 || *burst < 1 {
-		return fmt.Errorf("%w: --kube-api-qps must be > 0 and --kube-api-burst ≥ 1", errUsage)
+	if !(*qps > 0) || math.IsInf(*qps, 0) || *burst < 1 { // NaN fails > 0
+		probs.add("--kube-api-qps %v and --kube-api-burst %d: want a finite rate > 0 and a burst ≥ 1", *qps, *burst)
+	}
+	if cfg.Workers < 1 {
+		probs.add("--workers %d: want ≥ 1", cfg.Workers)
+	}
+	if *gossipBind != "" && cfg.AutoscaleInterval <= 0 {
+		probs.add("--autoscale-interval %v: want > 0", cfg.AutoscaleInterval)
+	}
+	rest := cfg
+	rest.Workers = max(rest.Workers, 1) // named above
+	probs.addErr(rest.Validate())       // the rest of what orchestrator.New checks, before anything starts
+	if *metricsAddr != "" {
+		probs.addErr(checkListenAddr("metrics-addr", *metricsAddr))
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -106,6 +121,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 		return err
 	}
 	cfg.Logger = logutil.New(stderr, *logFormat, level)
+	klogToSlog(cfg.Logger)
 	if *gossipBind != "" {
 		node, err := joinMesh(*gossipBind, *gossipAdvertise, *join, gossipKey, gossipExtra, cfg.Logger)
 		if err != nil {
@@ -169,6 +185,31 @@ func checkWebhookTakeover(ctx context.Context, restCfg *rest.Config, takeover bo
 	log.Warn("--webhook-takeover: registering this process's URL over the install's webhook configuration; engine pods are admitted through this "+
 		"process only, an orchestrator running in the cluster writes its Service back (a tug of war), and a later install or upgrade must delete the "+
 		"configuration first", "configuration", webhook.ConfigName, "was", err)
+	return nil
+}
+
+// klogToSlog sends client-go's log (klog: leader election's "attempting to
+// acquire leader lease", a failed lease read, ...) through log, so it
+// comes out in the command's format and level, not as klog's text lines
+// among the JSON ones a log pipeline parses.
+func klogToSlog(log *slog.Logger) {
+	klog.SetSlogLogger(log.With("component", "client-go"))
+}
+
+// checkListenAddr is nil when addr, flag name's value, is HOST:PORT with
+// a numeric port in 0..65535 (HOST may be empty: every address), the form
+// net.Listen takes; else the usage problem naming the flag. A bad address
+// is then found before anything starts, not at its bind.
+func checkListenAddr(name, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		if _, perr := strconv.ParseUint(port, 10, 16); perr != nil {
+			err = fmt.Errorf("port %q: want 0..65535", port)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("--%s %q: want HOST:PORT (IPv6 in brackets): %w", name, addr, err)
+	}
 	return nil
 }
 

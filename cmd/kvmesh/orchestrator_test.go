@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -27,9 +28,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/klog/v2"
 
 	"github.com/kvmesh/kvmesh/ingress/routes"
 	"github.com/kvmesh/kvmesh/internal/kubetest"
+	"github.com/kvmesh/kvmesh/internal/logutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
 	"github.com/kvmesh/kvmesh/orchestrator/webhook"
@@ -526,5 +529,54 @@ func TestOrchestratorGossipAddrs(t *testing.T) {
 	}
 	if err := run("--gossip-advertise", "127.0.0.1"); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "gossip-advertise") {
 		t.Errorf("--gossip-advertise alone: %v, want it refused by name", err)
+	}
+}
+
+// TestOrchestratorConfigMistakes: every configuration mistake is a usage
+// error naming its flag, found before the kubeconfig is read (here a
+// missing file, whose error would come first otherwise): a non-finite
+// client rate, no workers, a metrics address net.Listen refuses.
+func TestOrchestratorConfigMistakes(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kube-api-qps", "NaN"}, "--kube-api-qps NaN"},
+		{[]string{"--kube-api-qps", "Inf"}, "--kube-api-qps +Inf"},
+		{[]string{"--workers", "0"}, "--workers 0: want ≥ 1"},
+		{[]string{"--metrics-addr", "bogus"}, `--metrics-addr "bogus"`},
+		{[]string{"--metrics-addr", "127.0.0.1:65536"}, `--metrics-addr "127.0.0.1:65536"`},
+		{[]string{"--gossip-bind", "127.0.0.1:0", "--autoscale-interval", "0s"}, "--autoscale-interval 0s: want > 0"},
+		{[]string{"--gossip-bind", "127.0.0.1:0", "--prometheus-url", "ftp://p"}, `prometheus url "ftp://p"`},
+	} {
+		err := runOrchestrator(context.Background(), append([]string{"--kubeconfig", "/nonexistent"}, c.args...), io.Discard, io.Discard)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v; want a usage error with %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestOrchestratorKlogIsJSON: client-go logs through klog (leader
+// election's lease messages); in the orchestrator those lines come out
+// through its own logger, one JSON object each, not klog's text.
+func TestOrchestratorKlogIsJSON(t *testing.T) {
+	var buf testutil.SyncBuffer
+	klogToSlog(logutil.New(&buf, logutil.JSON, slog.LevelInfo))
+	t.Cleanup(klog.ClearLogger)
+	klog.Infof("attempting to acquire leader lease %s", "kvmesh/x")
+	klog.ErrorS(errors.New("refused"), "error retrieving resource lock")
+	klog.Flush()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want 2: %q", len(lines), buf.String())
+	}
+	for i, want := range []string{"attempting to acquire leader lease kvmesh/x", "error retrieving resource lock"} {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(lines[i]), &rec); err != nil {
+			t.Fatalf("line %q is not JSON: %v", lines[i], err)
+		}
+		if rec["msg"] != want || rec["component"] != "client-go" {
+			t.Errorf("line %d: %v; want msg %q from component client-go", i, rec, want)
+		}
 	}
 }
