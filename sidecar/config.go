@@ -216,15 +216,20 @@ func (c *Config) Validate() error {
 			add("engine %q: no KV-event endpoint", e.ID)
 		}
 		if e.URL != "" {
-			if u, err := url.Parse(e.URL); err != nil || u.Scheme == "" || u.Host == "" {
-				add("engine %q: bad url %q", e.ID, e.URL)
-			} else if pastedAPIBase(u.Path) || u.RawQuery != "" || u.Fragment != "" {
+			if err := checkEngineURL(e.URL); err != nil {
+				add("engine %q: bad url %q: %v", e.ID, e.URL, err)
+			} else if u, _ := url.Parse(e.URL); pastedAPIBase(u.Path) || u.RawQuery != "" || u.Fragment != "" {
 				// The ingresses append /v1/completions and the sidecar /metrics
 				// and /v1/models to this URL: a pasted OpenAI base URL
 				// (".../v1") would make every request a 404. Another path is
 				// kept: a prefix a path-routing proxy strips
 				// (http://gw/engines/a).
 				add("engine %q: url %q ends in /v1 or has a query or fragment; give the engine's base URL, scheme://host:port[/prefix] (drop /v1)", e.ID, e.URL)
+			}
+		}
+		if e.MetricsURL != "" && e.MetricsURL != "-" {
+			if err := checkEngineURL(e.MetricsURL); err != nil {
+				add("engine %q: bad metrics url %q: %v", e.ID, e.MetricsURL, err)
 			}
 		}
 		switch e.Role {
@@ -258,8 +263,18 @@ func (c *Config) Validate() error {
 		if e.DPSize < 0 || e.BlockSize < 0 {
 			add("engine %q: dp size %d and block size %d must not be negative", e.ID, e.DPSize, e.BlockSize)
 		}
+		if e.BlockSize > MaxBlockSize {
+			add("engine %q: block size %d: at most %d tokens", e.ID, e.BlockSize, MaxBlockSize)
+		}
 		if e.DPSize > kvevents.MaxDPSize || len(e.RankEvents) > kvevents.MaxDPSize {
 			add("engine %q: %d data-parallel ranks; at most %d", e.ID, max(e.DPSize, len(e.RankEvents)), kvevents.MaxDPSize)
+		}
+	}
+	if c.AdminAddr != "" {
+		// Checked here, not at the admin server's bind: that comes after
+		// NATS (an embedded server included) has started.
+		if err := checkListenAddr(c.AdminAddr); err != nil {
+			add("admin address %q: %v", c.AdminAddr, err)
 		}
 	}
 	if err := c.NATS.Validate(); err != nil {
@@ -303,6 +318,46 @@ func (c *Config) Validate() error {
 		add("models interval %v must not be negative", c.ModelsInterval)
 	}
 	return errors.Join(errs...)
+}
+
+// MaxBlockSize bounds an engine's block size in tokens: vLLM's are 1..256
+// (hybrid models' attention blocks a few thousand); beyond it no prompt
+// fills a block, so no block is ever keyed.
+const MaxBlockSize = 1 << 16
+
+// checkEngineURL is nil when raw is an http or https URL with a host and,
+// if it names one, a port in 1..65535: what the ingresses and the
+// sidecar's own reads can dial. Anything else failed only at the first
+// read, reported as an engine that does not answer.
+func checkEngineURL(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return err
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("scheme %q: want http:// or https://", u.Scheme)
+	case u.Hostname() == "":
+		return errors.New("no host")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %s: want 1..65535", p)
+		}
+	}
+	return nil
+}
+
+// checkListenAddr is nil when addr is HOST:PORT (HOST may be empty) with a
+// numeric port in 0..65535, the form net.Listen takes.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want HOST:PORT (IPv6 in brackets): %w", err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q: want 0..65535", port)
+	}
+	return nil
 }
 
 // pastedAPIBase reports whether an engine URL's path is a pasted OpenAI base

@@ -47,3 +47,39 @@ func TestEngineURLEndingInV1Refused(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateRefusesUndialable: an engine or metrics URL whose scheme is
+// not http(s) or whose port is outside 1..65535, an admin address
+// net.Listen refuses and an absurd block size are refused at start, by
+// Validate (before NATS starts), not reported later as an engine that
+// does not answer or an admin server that cannot bind.
+func TestValidateRefusesUndialable(t *testing.T) {
+	for _, tc := range []struct {
+		set  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Engines[0].URL = "ftp://127.0.0.1:8000" }, `scheme "ftp"`},
+		{func(c *Config) { c.Engines[0].URL = "http://127.0.0.1:0" }, "port 0: want 1..65535"},
+		{func(c *Config) { c.Engines[0].URL = "http://127.0.0.1:65536" }, "port 65536: want 1..65535"},
+		{func(c *Config) { c.Engines[0].URL = "http://127.0.0.1:99999999999" }, "port 99999999999: want 1..65535"},
+		{func(c *Config) { c.Engines[0].URL = "http://:8000" }, "no host"},
+		{func(c *Config) { c.Engines[0].MetricsURL = "tcp://127.0.0.1:8000/metrics" }, `bad metrics url "tcp://`},
+		{func(c *Config) { c.Engines[0].BlockSize = 99999999999 }, "block size 99999999999"},
+		{func(c *Config) { c.AdminAddr = "bogus" }, `admin address "bogus"`},
+		{func(c *Config) { c.AdminAddr = "127.0.0.1:65536" }, `admin address "127.0.0.1:65536"`},
+	} {
+		cfg := DefaultConfig()
+		cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: "http://127.0.0.1:8000"}}
+		tc.set(&cfg)
+		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v; want a config error with %q", err, tc.want)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.AdminAddr = ":0"
+	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: "tcp://127.0.0.1:1", URL: "https://engine.example",
+		MetricsURL: "http://127.0.0.1:9000/metrics", BlockSize: 16}}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("a valid config: %v", err)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/logutil"
@@ -63,10 +64,22 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 		cfg.Engines = append(cfg.Engines, e)
 	}
 	if one := o.Engine; one.Events != "" || one.Model != "" || one.URL != "" {
+		if one.DPSize < 1 {
+			errs = append(errs, fmt.Errorf("%w: --dp-size %d: want ≥ 1", ErrConfig, one.DPSize)) // 0 ran as 1
+		}
 		if one.ID == "" && one.URL != "" {
 			one.ID = hostOf(one.URL)
 		}
 		cfg.Engines = append(cfg.Engines, one)
+	}
+	// Polls of the engine and of NATS: a tiny interval keeps the engine
+	// (or the NATS server) busy answering (--models-interval 1ns cost the
+	// sidecar 58 % of a core).
+	if iv := cfg.ModelsInterval; iv > 0 && iv < MinModelsInterval {
+		errs = append(errs, fmt.Errorf("%w: --models-interval %v: want 0 (never) or ≥ %v", ErrConfig, iv, MinModelsInterval))
+	}
+	if iv := cfg.NATS.Auth.PingInterval; iv > 0 && iv < MinNATSPingInterval {
+		errs = append(errs, fmt.Errorf("%w: --nats-ping-interval %v: want 0 (the default) or ≥ %v", ErrConfig, iv, MinNATSPingInterval))
 	}
 	switch {
 	case o.GossipBind != "":
@@ -93,6 +106,12 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 	}
 	return cfg, errors.Join(errs...)
 }
+
+// The shortest intervals Build accepts for the sidecar's polls.
+const (
+	MinModelsInterval   = time.Second
+	MinNATSPingInterval = 100 * time.Millisecond
+)
 
 // Run builds and runs a sidecar until ctx ends, logging to stderr.
 // Configuration problems wrap ErrConfig.
@@ -133,6 +152,11 @@ func ParseEngineSpec(s string) (EngineConfig, error) {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
 			return e, fmt.Errorf("%w: engine spec %q: %q is not key=value", ErrConfig, s, kv)
+		}
+		if given[k] {
+			// The last one won: model=m,...,model=n served n and failed
+			// later with "engine does not serve the configured model".
+			return e, fmt.Errorf("%w: engine spec %q: %s= given twice", ErrConfig, s, k)
 		}
 		given[k] = true
 		var err error
@@ -179,6 +203,9 @@ func ParseEngineSpec(s string) (EngineConfig, error) {
 		if err != nil {
 			return e, fmt.Errorf("%w: engine spec %q: %s: %v", ErrConfig, s, k, err)
 		}
+	}
+	if e.DPSize < 1 {
+		return e, fmt.Errorf("%w: engine spec %q: dp=%d: want ≥ 1", ErrConfig, s, e.DPSize)
 	}
 	if err := e.fromHost(given, host, port, eventsPort, replayPort); err != nil {
 		return e, fmt.Errorf("%w: engine spec %q: %w", ErrConfig, s, err)

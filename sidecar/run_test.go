@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/kvevents"
 )
@@ -68,6 +69,11 @@ func TestParseEngineSpecHostPort(t *testing.T) {
 		{"model=m,host=10.0.0.5,port=70000,events-port=5557", "port 70000: want 1..65535"},
 		{"model=m,host=10.0.0.5,port=8000,events-port=0", "events-port: port 0"},
 		{"model=m,host=10.0.0.5,port=x,events-port=5557", "port: strconv.Atoi"},
+		// The last of two values won silently.
+		{"id=a,model=m,url=http://h:1,events=tcp://h:2,model=n", "model= given twice"},
+		{"id=a,id=b,model=m,url=http://h:1,events=tcp://h:2", "id= given twice"},
+		// dp=0 ran as one rank.
+		{"id=a,model=m,url=http://h:1,events=tcp://h:2,dp=0", "dp=0: want ≥ 1"},
 	} {
 		_, err := ParseEngineSpec(tc.spec)
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.err) {
@@ -141,4 +147,35 @@ func FuzzParseEngineSpec(f *testing.F) {
 			t.Fatalf("%q: accepted with dp size %d", s, e.DPSize)
 		}
 	})
+}
+
+// TestOptionsBuildBounds: --dp-size 0 (which ran as 1) and poll intervals
+// so short they keep the engine or NATS busy are configuration errors; 0
+// keeps its documented meaning (never; the default).
+func TestOptionsBuildBounds(t *testing.T) {
+	for _, tc := range []struct {
+		set  func(*Options)
+		want string
+	}{
+		{func(o *Options) { o.Engine.DPSize = 0 }, "--dp-size 0: want ≥ 1"},
+		{func(o *Options) { o.Config.ModelsInterval = time.Nanosecond }, "--models-interval 1ns: want 0 (never) or ≥ 1s"},
+		{func(o *Options) { o.Config.NATS.Auth.PingInterval = time.Millisecond }, "--nats-ping-interval 1ms"},
+	} {
+		o := DefaultOptions()
+		o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://127.0.0.1:8000", "tcp://127.0.0.1:5557"
+		tc.set(&o)
+		if _, err := o.Build(slog.Default()); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v; want a config error with %q", err, tc.want)
+		}
+	}
+	o := DefaultOptions()
+	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://127.0.0.1:8000", "tcp://127.0.0.1:5557"
+	o.Config.ModelsInterval, o.Config.NATS.Auth.PingInterval = 0, 0
+	if _, err := o.Build(slog.Default()); err != nil {
+		t.Errorf("intervals 0: %v", err)
+	}
+	o.Config.ModelsInterval, o.Config.NATS.Auth.PingInterval = MinModelsInterval, MinNATSPingInterval
+	if _, err := o.Build(slog.Default()); err != nil {
+		t.Errorf("the shortest intervals: %v", err)
+	}
 }
