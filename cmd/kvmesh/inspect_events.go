@@ -56,6 +56,11 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 		}
 		return writeBatchJSON(stdout, &b)
 	}
+	if *bind {
+		if err := kvevents.CheckBindEndpoint(*zmqEP); err != nil { // ZMQ binds no host name ("no such device")
+			return fmt.Errorf("%w: --zmq: %w", errUsage, err)
+		}
+	}
 	return inspectZMQ(ctx, kvevents.SubscriberConfig{
 		Endpoint:       *zmqEP,
 		ReplayEndpoint: *replay,
@@ -69,6 +74,9 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 
 func inspectZMQ(ctx context.Context, cfg kvevents.SubscriberConfig, count int, stdout, stderr io.Writer) error {
 	sub, err := kvevents.NewSubscriber(cfg)
+	if errors.Is(err, kvevents.ErrConfig) { // an endpoint that is no endpoint: a command-line mistake
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -99,6 +99,14 @@ func TestInspectEventsMalformed(t *testing.T) {
 	if e := errOut.String(); code != 2 || !strings.Contains(e, "--count is not read by a --file run") || !strings.Contains(e, "--bind is not read") {
 		t.Fatalf("--file with --count --bind: exit %d, stderr %q", code, e)
 	}
+	// An endpoint that is no ZMQ endpoint, or a host name to bind, is a
+	// command-line mistake (exit 2), as every other one.
+	for _, args := range [][]string{{"--zmq", "localhost"}, {"--zmq", "tcp://localhost:5557", "--bind"}} {
+		errOut.Reset()
+		if code := run(append([]string{"inspect", "events", "--count", "1"}, args...), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "localhost") {
+			t.Errorf("%v: exit %d, stderr %q; want 2", args, code, errOut.String())
+		}
+	}
 }
 
 // TestInspectEventsZMQ follows a real publisher over loopback.
