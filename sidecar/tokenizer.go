@@ -2,6 +2,9 @@ package sidecar
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -21,30 +24,17 @@ const tokenizerCheckInterval = 30 * time.Second
 // and retried with jittered backoff: a missing tokenizer costs ingresses their
 // cache-aware routing for the model, never a request.
 func (e *engine) tokenizerLoop(ctx context.Context, js jetstream.JetStream) {
-	dir := e.cfg.TokenizerDir
-	log := e.s.log.With("engine", e.cfg.ID, "model", e.cfg.Model, "tokenizer_dir", dir)
-	var lastStamp string
-	fail := 0
-	for {
-		wait := tokenizerCheckInterval
-		if stamp := dirStamp(dir); stamp != lastStamp {
+	p := tokenizerPublisher{dir: e.cfg.TokenizerDir,
+		log: e.s.log.With("engine", e.cfg.ID, "model", e.cfg.Model, "tokenizer_dir", e.cfg.TokenizerDir),
+		publish: func(ctx context.Context) (tokenstore.Manifest, bool, error) {
 			store, err := tokenstore.EnsureBucket(ctx, js, e.s.cfg.NATS.Stream.Replicas, e.s.cfg.NATS.Stream.Memory)
-			var m tokenstore.Manifest
-			var changed bool
-			if err == nil {
-				m, changed, err = tokenstore.PublishLimited(ctx, store, e.cfg.Model, e.cfg.TokenizerRevision, dir, js.Conn().MaxPayload())
+			if err != nil {
+				return tokenstore.Manifest{}, false, err
 			}
-			switch {
-			case err != nil:
-				fail++
-				wait = tokenizerBackoff(fail)
-				log.Warn("publish tokenizer", "err", err, "retry_in", wait)
-			default:
-				fail, lastStamp = 0, stamp
-				log.Info("tokenizer published", "revision", m.Revision, "changed", changed)
-			}
-		}
-		t := time.NewTimer(wait)
+			return tokenstore.PublishLimited(ctx, store, e.cfg.Model, e.cfg.TokenizerRevision, e.cfg.TokenizerDir, js.Conn().MaxPayload())
+		}}
+	for {
+		t := time.NewTimer(p.step(ctx))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -52,6 +42,49 @@ func (e *engine) tokenizerLoop(ctx context.Context, js jetstream.JetStream) {
 		case <-t.C:
 		}
 	}
+}
+
+// tokenizerPublisher is tokenizerLoop's state between checks.
+type tokenizerPublisher struct {
+	dir     string
+	log     *slog.Logger
+	publish func(context.Context) (m tokenstore.Manifest, changed bool, err error)
+
+	lastStamp string // the files' stamp last published (or last found without tokenizer.json)
+	fail      int    // publishes failed in a row
+	absent    bool   // tokenizer.json is missing, and the log said so
+}
+
+// step checks the directory once, publishing when its files changed, and
+// returns how long to wait before the next check. A directory without
+// tokenizer.json (not there yet: a node's model cache or a download that
+// fills it after the sidecar starts) is said once, then watched every
+// tokenizerCheckInterval without a warning each time; it is published when
+// the file appears. Other failures are retried with backoff, each logged.
+func (p *tokenizerPublisher) step(ctx context.Context) time.Duration {
+	stamp := dirStamp(p.dir)
+	if stamp == p.lastStamp {
+		return tokenizerCheckInterval
+	}
+	if _, err := os.Stat(filepath.Join(p.dir, tokenstore.Files[0])); errors.Is(err, fs.ErrNotExist) {
+		if !p.absent {
+			p.log.Warn("no tokenizer.json in the tokenizer directory (yet): the ingresses get no tokenizer for the model "+
+				"from this sidecar until it appears; it is published then (checked every "+tokenizerCheckInterval.String()+")",
+				"file", filepath.Join(p.dir, tokenstore.Files[0]))
+		}
+		p.absent, p.lastStamp, p.fail = true, stamp, 0
+		return tokenizerCheckInterval
+	}
+	m, changed, err := p.publish(ctx)
+	if err != nil {
+		p.fail++
+		wait := tokenizerBackoff(p.fail)
+		p.log.Warn("publish tokenizer", "err", err, "retry_in", wait)
+		return wait
+	}
+	p.fail, p.lastStamp, p.absent = 0, stamp, false
+	p.log.Info("tokenizer published", "revision", m.Revision, "changed", changed)
+	return tokenizerCheckInterval
 }
 
 // tokenizerBackoff: 1 s doubling to 30 s, with up to 50 % jitter so the
