@@ -53,7 +53,7 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	gossipKeyFlag(fs, &key, &extra, &probs)
 	bind := fs.String("gossip-bind", "127.0.0.1:0", "where this observer listens, IP:port (IPv6 in brackets; must be reachable by the members)")
 	advertise := fs.String("gossip-advertise", "", "the IP, or IP:port (IPv6 in brackets), the members dial, when it differs from the bind address")
-	wait := fs.Duration("wait", 3*time.Second, "how long to wait for the view to settle")
+	wait := fs.Duration("wait", 3*time.Second, "how long to wait for the view to settle (0: what joining brought, without waiting)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: kvmesh %s engine%s --join HOST:PORT[,...] [--gossip-key KEY]\n", verb, map[string]string{"get": "s [NAME]", "describe": " NAME"}[verb])
 		fs.PrintDefaults()
@@ -67,6 +67,9 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 			break
 		}
 		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	if *wait < 0 {
+		probs.add("--wait %v: want ≥ 0", *wait)
 	}
 	if err := probs.err(); err != nil {
 		return err

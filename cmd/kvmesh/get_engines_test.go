@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -322,5 +323,15 @@ func TestEngineAgeUnderSkew(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("%s: describe lacks %q:\n%s", c.name, want, out.String())
 		}
+	}
+}
+
+// TestGetEnginesNegativeWait: a negative --wait is a usage error (it
+// meant 0 silently); 0 is documented: what joining brought.
+func TestGetEnginesNegativeWait(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"get", "engines", "--join", "127.0.0.1:1", "--wait", "-1s"}, &out, &errOut)
+	if code != 2 || !strings.Contains(errOut.String(), "--wait -1s: want ≥ 0") {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
 }

@@ -42,6 +42,12 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("%w: %s", errUsage, strings.Join(problems, "; "))
 	}
 	keys := kvevents.AppendKeys(nil, kvevents.Root(*model, *lora, *salt), ids, *blockSize)
+	if rest := len(ids) % *blockSize; rest != 0 {
+		// Only full blocks have keys: without this, fewer tokens than one
+		// block printed nothing and exited 0, as if there were no keys to find.
+		fmt.Fprintf(stderr, "kvmesh keys: %d tokens are %d full blocks of %d; the last %d fill no block and have no key\n",
+			len(ids), len(keys), *blockSize, rest)
+	}
 	w := bufio.NewWriter(stdout)
 	var buf []byte
 	for _, k := range keys {

@@ -32,6 +32,21 @@ func TestKeysCommand(t *testing.T) {
 	if got := strings.Fields(out.String()); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("keys %v, want %v", got, want)
 	}
+	// The partial block is said on stderr, stdout keeping only keys.
+	if !strings.Contains(errOut.String(), "the last 2 fill no block") {
+		t.Errorf("stderr %q does not name the 2 tokens without a key", errOut.String())
+	}
+	// Fewer tokens than one block: no key, and a note rather than silence.
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"keys", "--model", "m", "--block-size", "4", "--tokens", "1,2"}, &out, &errOut); code != 0 || out.Len() != 0 ||
+		!strings.Contains(errOut.String(), "2 tokens are 0 full blocks of 4") {
+		t.Errorf("2 tokens, block size 4: exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"keys", "--model", "m", "--block-size", "2", "--tokens", "1,2"}, &out, &errOut); code != 0 || errOut.Len() != 0 {
+		t.Errorf("full blocks only: exit %d, stderr %q; want nothing on stderr", code, errOut.String())
+	}
 }
 
 func TestKeysCommandUsage(t *testing.T) {

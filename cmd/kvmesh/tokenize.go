@@ -13,13 +13,13 @@ import (
 // runTokenize prints the token ids of a text or a chat as one JSON array.
 func runTokenize(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("tokenize", stderr)
-	tokPath := fs.String("tokenizer", "", "Hugging Face tokenizer.json (required)")
+	tokPath := fs.String("tokenizer", "", "Hugging Face tokenizer.json, or the model directory holding it (tiktoken.model too), as the ingress's --tokenizer (required)")
 	special := fs.Bool("special", false, "add the post-processor's special tokens (e.g. <|begin_of_text|>)")
 	chatPath := fs.String("chat-template", "", "tokenizer_config.json with chat_template; requires --messages")
 	msgPath := fs.String("messages", "", "JSON array of {role, content} to render with --chat-template")
 	noGen := fs.Bool("no-generation-prompt", false, "with --messages: do not append the assistant header")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: kvmesh tokenize --tokenizer tokenizer.json [--special] [--chat-template tokenizer_config.json --messages FILE] [TEXTFILE]")
+		fmt.Fprintln(stderr, "Usage: kvmesh tokenize --tokenizer tokenizer.json|DIR [--special] [--chat-template tokenizer_config.json --messages FILE] [TEXTFILE]")
 		fmt.Fprintln(stderr, "Prints the ids as one JSON array; reads stdin when no TEXTFILE is given.")
 		fs.PrintDefaults()
 	}
@@ -36,7 +36,7 @@ func runTokenize(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case *noGen && *msgPath == "":
 		return fmt.Errorf("%w: --no-generation-prompt is read with --messages only", errUsage)
 	}
-	tk, err := tokenizer.LoadFile(*tokPath)
+	tk, err := tokenizer.LoadPath(*tokPath) // a file, or a model directory as the ingress and the simulator take
 	if err != nil {
 		return err
 	}

@@ -140,3 +140,26 @@ func TestTokenizeStdin(t *testing.T) {
 		t.Fatalf("got %v want %v", got, want)
 	}
 }
+
+// TestTokenizeDirectory: --tokenizer takes a model directory holding
+// tokenizer.json, as the ingress's --tokenizer and the simulator's do
+// ("read DIR: is a directory" before).
+func TestTokenizeDirectory(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(tokenizerTestData(t), "bert-base-uncased.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	text := filepath.Join(t.TempDir(), "in.txt")
+	if err := os.WriteFile(text, []byte("hello world"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fromDir := runTokenizeIDs(t, "--tokenizer", dir, text)
+	fromFile := runTokenizeIDs(t, "--tokenizer", filepath.Join(dir, "tokenizer.json"), text)
+	if len(fromDir) == 0 || !slices.Equal(fromDir, fromFile) {
+		t.Fatalf("directory: %v, file: %v", fromDir, fromFile)
+	}
+}
