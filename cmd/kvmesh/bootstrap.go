@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvmesh/kvmesh/internal/bootstrap"
@@ -18,11 +19,20 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (empty: in-cluster service account)")
 	ns := fs.String("namespace", "kvmesh", "kvmesh's namespace (NATS, ingresses)")
 	engines := fs.String("engine-namespaces", "", "comma-separated namespaces of engines whose sidecars need the NATS password and gossip key")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	others := commaList(*engines)
+	// An empty namespace made every path cluster-scoped (get secret
+	// /kvmesh-nats); refuse it, and any name the API server would.
+	var probs []string
+	for _, n := range append([]string{*ns}, others...) {
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			probs = append(probs, fmt.Sprintf("namespace %q: %s", n, strings.Join(errs, ", ")))
+		}
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: %s", errUsage, strings.Join(probs, "; "))
 	}
 	cfg, err := kubeConfig(*kubeconfig)
 	if err != nil {
@@ -31,12 +41,6 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
-	}
-	var others []string
-	for _, n := range strings.Split(*engines, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			others = append(others, n)
-		}
 	}
 	res, err := bootstrap.Ensure(ctx, cs, *ns, others)
 	if err != nil {

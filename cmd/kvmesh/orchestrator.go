@@ -476,6 +476,11 @@ func parseViewArgs(verb string, args []string, stderr io.Writer) (viewArgs, erro
 	if o.all && len(o.pos) == 2 { // kubectl's rule too; describe always names one
 		return o, fmt.Errorf("%w: --all-namespaces lists a resource; it is not read with a name (use -n)", errUsage)
 	}
+	nsGiven := false
+	fs.Visit(func(f *flag.Flag) { nsGiven = nsGiven || f.Name == "namespace" || f.Name == "n" })
+	if o.all && nsGiven { // -A won silently
+		return o, fmt.Errorf("%w: give --namespace (-n) or --all-namespaces (-A), not both", errUsage)
+	}
 	if o.namespace == "" {
 		o.namespace = kubeNamespace(o.kubeconfig)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -80,6 +81,28 @@ func TestViewArgsAllNamespacesWithName(t *testing.T) {
 	} {
 		if _, err := parseViewArgs(c.verb, c.args, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--all-namespaces") {
 			t.Errorf("%s %q: %v, want a usage error naming --all-namespaces", c.verb, c.args, err)
+		}
+	}
+}
+
+// TestViewArgsNamespaceAndAll: -n with -A named a namespace -A then
+// ignored; refused, in either order and spelling.
+func TestViewArgsNamespaceAndAll(t *testing.T) {
+	for _, args := range [][]string{{"md", "-A", "-n", "foo"}, {"md", "--namespace", "foo", "--all-namespaces"}, {"-n", "foo", "md", "-A"}} {
+		if _, err := parseViewArgs("get", args, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "not both") {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+}
+
+// TestBootstrapNamespaces: an empty namespace (every path then
+// cluster-scoped) or one the API server would refuse, and an unknown flag,
+// are usage errors found before any API call.
+func TestBootstrapNamespaces(t *testing.T) {
+	for _, args := range [][]string{{"--namespace", ""}, {"--engine-namespaces", "ok,Not_OK"}, {"--bogus"}} {
+		err := runBootstrap(context.Background(), append([]string{"--kubeconfig", "/nonexistent"}, args...), io.Discard, io.Discard)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
 		}
 	}
 }
