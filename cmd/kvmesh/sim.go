@@ -64,6 +64,10 @@ func simFlagsRead(fs *flag.FlagSet, probs *flagProblems) {
 			if x, err := strconv.ParseFloat(v, 64); err == nil && x <= 0 {
 				probs.add("--%s %s: want > 0", f.Name, v)
 			}
+		case "disaggregation-bootstrap-port":
+			if p, err := strconv.Atoi(v); err == nil && (p < 0 || p > 65535) { // failed at the bind, after start-up began
+				probs.add("--%s %s: want 0..65535", f.Name, v)
+			}
 		case "nixl-abort-timeout", "disaggregation-timeout":
 			if d, err := time.ParseDuration(v); err == nil && d <= 0 {
 				probs.add("--%s %s: want > 0", f.Name, v)

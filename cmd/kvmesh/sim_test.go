@@ -143,6 +143,7 @@ func TestSimCommandRefuses(t *testing.T) {
 		{[]string{"--enable-lora", "--max-loras", "-2"}, "--max-loras -2: want > 0"},
 		{[]string{"--disaggregation-mode", "decode", "--disaggregation-timeout", "-1s"}, "--disaggregation-timeout -1s: want > 0"},
 		{[]string{"--disaggregation-mode", "decode", "--nixl-abort-timeout", "0s"}, "--nixl-abort-timeout 0s: want > 0"},
+		{[]string{"--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "65536"}, "--disaggregation-bootstrap-port 65536: want 0..65535"},
 		// Flags of a feature that is off.
 		{[]string{"--drop-rate", "0.5"}, "--drop-rate is not read without --kv-events"},
 		{[]string{"--event-form", "map"}, "--event-form is not read without --kv-events"},
