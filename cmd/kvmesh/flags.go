@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/logutil"
+	"github.com/kvmesh/kvmesh/internal/secretflag"
 )
 
 // flagProblems collects bad flag values instead of stopping at the first,
@@ -109,6 +110,13 @@ func (p *flagProblems) NonNegative(fs *flag.FlagSet, dst *int64, name, usage str
 		*dst = v
 		return nil
 	})
+}
+
+// secretEnvFlag binds a string flag holding a secret onto dst, its default
+// $env when that is set: -h and the usage dump after a parse error say
+// "(env ENV; set)", never the value (internal/secretflag).
+func secretEnvFlag(fs *flag.FlagSet, dst *string, name, env, usage string) {
+	secretflag.Var(fs, dst, name, env, usage)
 }
 
 // List binds a comma-separated list flag onto dst (empty items dropped).
