@@ -4,8 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
+
+	"github.com/kvmesh/kvmesh/internal/secretflag"
 )
 
 // Redacted replaces secrets in anything shown to people.
@@ -17,12 +18,12 @@ const Redacted = "redacted"
 // (--nats-ca, --nats-cert, --nats-key, --nats-tls-insecure) and the dead-path
 // check (--nats-ping-interval, --nats-max-pings-outstanding). The password and
 // token default to $KVMESH_NATS_PASSWORD and $KVMESH_NATS_TOKEN so they stay
-// out of process listings.
+// out of process listings; help never shows them (secretflag).
 func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
 	fs.Var((*urlList)(urls), "nats", urlHelp)
 	fs.StringVar(&a.User, "nats-user", a.User, "NATS user")
-	fs.StringVar(&a.Password, "nats-password", envOr("KVMESH_NATS_PASSWORD", a.Password), "NATS password (env KVMESH_NATS_PASSWORD)")
-	fs.StringVar(&a.Token, "nats-token", envOr("KVMESH_NATS_TOKEN", a.Token), "NATS token (env KVMESH_NATS_TOKEN)")
+	secretflag.Var(fs, &a.Password, "nats-password", "KVMESH_NATS_PASSWORD", "NATS `password`")
+	secretflag.Var(fs, &a.Token, "nats-token", "KVMESH_NATS_TOKEN", "NATS `token`")
 	fs.StringVar(&a.NKeySeedFile, "nats-nkey", a.NKeySeedFile, "NATS nkey seed file")
 	fs.StringVar(&a.CredsFile, "nats-creds", a.CredsFile, "NATS credentials (JWT) file")
 	fs.StringVar(&a.TLSCAFile, "nats-ca", a.TLSCAFile, "CA file to verify NATS servers")
@@ -33,13 +34,6 @@ func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
 		fmt.Sprintf("ping NATS this often to find a dead path (0: %v)", DefaultPingInterval))
 	fs.IntVar(&a.MaxPingsOutstanding, "nats-max-pings-outstanding", a.MaxPingsOutstanding,
 		fmt.Sprintf("unanswered pings after which the NATS connection is stale and redialed (0: %d)", DefaultMaxPingsOutstanding))
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // urlList is a comma-separated list flag; setting it replaces the default.

@@ -62,3 +62,30 @@ func FuzzRedactURL(f *testing.F) {
 		}
 	})
 }
+
+// The password and token default to the environment, a flag replaces
+// them, and no help text shows them.
+func TestBindFlagsSecretsFromEnvNotShown(t *testing.T) {
+	t.Setenv("KVMESH_NATS_PASSWORD", "pw-s3cret")
+	t.Setenv("KVMESH_NATS_TOKEN", "tok-s3cret")
+	for _, c := range []struct {
+		args    []string
+		pw, tok string
+	}{
+		{nil, "pw-s3cret", "tok-s3cret"},
+		{[]string{"--nats-password", "other"}, "other", "tok-s3cret"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		var help strings.Builder
+		fs.SetOutput(&help)
+		var a Auth
+		BindFlags(fs, new([]string), &a, "urls")
+		if err := fs.Parse(c.args); err != nil || a.Password != c.pw || a.Token != c.tok {
+			t.Errorf("%q: %+v, %v", c.args, a, err)
+		}
+		_ = fs.Parse([]string{"--typo"}) // prints the usage dump
+		if strings.Contains(help.String(), "s3cret") || !strings.Contains(help.String(), "(env KVMESH_NATS_PASSWORD; set)") {
+			t.Errorf("help shows a secret or not that it is set:\n%s", help.String())
+		}
+	}
+}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// Secrets from the environment are read but never shown: not by -h, not
+// in the usage dump a mistyped flag prints (a pod's logs), for ingress,
+// epp, sidecar and inspect stream alike.
+func TestSecretsFromEnvNotShown(t *testing.T) {
+	t.Setenv("KVMESH_NATS_PASSWORD", "pw-s3cret")
+	t.Setenv("KVMESH_NATS_TOKEN", "tok-s3cret")
+	t.Setenv("KVMESH_ADMIN_TOKEN", "admin-s3cret")
+	for _, args := range [][]string{
+		{"ingress", "--lisen", ":1"}, {"ingress", "-h"}, {"epp", "--lisen", ":1"}, {"epp", "-h"},
+		{"sidecar", "--typo"}, {"inspect", "stream", "--typo"},
+	} {
+		var out, errOut testutil.SyncBuffer
+		run(args, &out, &errOut)
+		all := out.String() + errOut.String()
+		if strings.Contains(all, "s3cret") || !strings.Contains(all, "(env KVMESH_NATS_PASSWORD; set)") {
+			t.Errorf("%v: output shows a secret or not that it is set:\n%s", args, all)
+		}
+	}
+	o, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--admin", "127.0.0.1:0"}, io.Discard)
+	if err != nil || o.Config.AdminToken != "admin-s3cret" || o.Config.Cluster.NATSAuth.Password != "pw-s3cret" {
+		t.Fatalf("from the environment: %v", err)
+	}
+	o, err = ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--admin", "127.0.0.1:0", "--admin-token", "flag"}, io.Discard)
+	if err != nil || o.Config.AdminToken != "flag" {
+		t.Fatalf("the flag does not replace the environment: %v", err)
+	}
+}
