@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/logutil"
@@ -100,9 +101,12 @@ func (p *flagProblems) LogFormat(fs *flag.FlagSet, dst *string) {
 // NonNegative binds an int64 flag that must be ≥ 0.
 func (p *flagProblems) NonNegative(fs *flag.FlagSet, dst *int64, name, usage string) {
 	p.Var(fs, name, fmt.Sprint(*dst), usage, func(s string) error {
-		var v int64
-		if _, err := fmt.Sscan(s, &v); err != nil {
-			return fmt.Errorf("--%s %q: not an integer", name, s)
+		// The whole string, base 10: fmt.Sscan read "100k" as 100 and
+		// "0x10" as 16. No SI suffixes: the config files and the docs
+		// write these limits as plain numbers (200000).
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("--%s %q: want a whole number (100000, not 100k)", name, s)
 		}
 		if v < 0 {
 			return fmt.Errorf("--%s must be >= 0, got %d", name, v)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -33,5 +34,20 @@ func TestSecretsFromEnvNotShown(t *testing.T) {
 	o, err = ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--admin", "127.0.0.1:0", "--admin-token", "flag"}, io.Discard)
 	if err != nil || o.Config.AdminToken != "flag" {
 		t.Fatalf("the flag does not replace the environment: %v", err)
+	}
+}
+
+// Token-rate flags take a whole decimal number: "100k" used to be read
+// as 100, "0x10" as 16.
+func TestTokenRateFlagsWholeNumber(t *testing.T) {
+	for _, v := range []string{"100k", "1e3", "5.5", "12abc", "0x10", " 7", "", "99999999999999999999"} {
+		_, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--key-input-tpm", v}, io.Discard)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--key-input-tpm") {
+			t.Errorf("--key-input-tpm %q: %v, want a usage error", v, err)
+		}
+	}
+	o, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--model-output-tpm", "100000", "--key-input-tpm=0"}, io.Discard)
+	if err != nil || o.ModelLimits.OutputTokens != 100000 || o.KeyLimits.InputTokens != 0 {
+		t.Fatalf("%+v, %v", o.ModelLimits, err)
 	}
 }
