@@ -39,7 +39,27 @@ func eppOptions(args []string, stderr io.Writer) (epp.Options, error) {
 	opts.Picker.MaxBodyBytes = opts.Ingress.Config.MaxBodyBytes
 	probs.addErr(opts.Validate())
 	ingressFlagsRead(fs, &opts.Ingress, &probs)
+	eppFlagsRead(fs, &opts, &probs)
 	return opts, probs.err()
+}
+
+// eppFlagsRead adds a problem for each flag given that the picker does not
+// read: its TLS files outside --grpc-tls=files (it would serve its
+// self-signed certificate instead), the pool's flags without --pool-name,
+// and the ingress flags of what the gateway does here (proxying, retries,
+// CORS, rewriting chat; the picker takes no --config file).
+func eppFlagsRead(fs *flag.FlagSet, o *epp.Options, probs *flagProblems) {
+	notFiles := o.Picker.TLS != epp.TLSFiles
+	probs.refuseOff(fs, []offFlag{
+		{"grpc-tls-cert", notFiles, "without --grpc-tls=files"},
+		{"grpc-tls-key", notFiles, "without --grpc-tls=files"},
+		{"pool-namespace", o.PoolName == "", "without --pool-name"},
+		{"kubeconfig", o.PoolName == "", "without --pool-name"},
+		{"config", true, "by kvmesh epp (give its settings as flags)"},
+		{"cors-origins", true, "by kvmesh epp (the gateway answers browsers)"},
+		{"max-attempts", true, "by kvmesh epp (the gateway retries down the picker's --max-endpoints fallbacks)"},
+		{"chat-mode", true, "by kvmesh epp (the request body reaches the engine unchanged)"},
+	})
 }
 
 // eppFlags binds the picker's own flags onto opts.

@@ -1,0 +1,32 @@
+package main
+
+import (
+	"io"
+	"testing"
+)
+
+// kvmesh epp refuses by name a flag it would ignore: its TLS files outside
+// --grpc-tls=files (it served its self-signed certificate instead), the
+// pool's flags without --pool-name, the ingress flags of what the gateway
+// does, and --config.
+func TestEPPFlagsNotRead(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--grpc-tls-cert", "c.pem", "--grpc-tls-key", "k.pem"},
+			[]string{"--grpc-tls-cert is not read without --grpc-tls=files", "--grpc-tls-key is not read without --grpc-tls=files"}},
+		{[]string{"--grpc-tls", "off", "--grpc-tls-cert", "c.pem"}, []string{"--grpc-tls-cert is not read without --grpc-tls=files"}},
+		{[]string{"--grpc-tls", "files", "--grpc-tls-cert", "c.pem", "--grpc-tls-key", "k.pem"}, nil},
+		{[]string{"--kubeconfig", "/nonexist", "--pool-namespace", "x"},
+			[]string{"--kubeconfig is not read without --pool-name", "--pool-namespace is not read without --pool-name"}},
+		{[]string{"--pool-name", "p", "--pool-namespace", "x", "--kubeconfig", "/k"}, nil},
+		{[]string{"--cors-origins", "*", "--max-attempts", "2", "--chat-mode", "completions", "--config", "x.yaml"},
+			[]string{"--cors-origins is not read by kvmesh epp", "--max-attempts is not read by kvmesh epp",
+				"--chat-mode is not read by kvmesh epp", "--config is not read by kvmesh epp"}},
+		{[]string{"--access-log=false", "--send-timeout", "5s", "--upstream-ca", "ca.pem", "--upstream-idle-timeout", "1m"}, nil}, // read: the access log of each pick, /metrics's listener, engine /tokenize
+	} {
+		_, err := eppOptions(append([]string{"--engine", "m=http://127.0.0.1:1"}, c.args...), io.Discard)
+		checkRefused(t, c.args, err, c.want)
+	}
+}
