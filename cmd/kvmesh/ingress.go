@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -239,8 +240,8 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 		if err == nil && p != "" {
 			prio, err = strconv.Atoi(p)
 		}
-		if !ok || name == "" || err != nil || weight <= 0 {
-			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT > 0", s)
+		if !ok || name == "" || err != nil || !(weight > 0) || math.IsInf(weight, 1) { // NaN fails > 0
+			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT a finite value > 0", s)
 		}
 		c := fq()
 		if c.Tenants == nil {

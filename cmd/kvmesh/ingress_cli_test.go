@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -49,5 +51,30 @@ func TestTokenRateFlagsWholeNumber(t *testing.T) {
 	o, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--model-output-tpm", "100000", "--key-input-tpm=0"}, io.Discard)
 	if err != nil || o.ModelLimits.OutputTokens != 100000 || o.KeyLimits.InputTokens != 0 {
 		t.Fatalf("%+v, %v", o.ModelLimits, err)
+	}
+}
+
+// Fair-queue weights must be finite, from --tenant and from the config's
+// fairQueue: NaN passed "<= 0" and broke the queue's order and
+// /debug/config's JSON.
+func TestTenantWeightFinite(t *testing.T) {
+	for _, w := range []string{"NaN", "Inf", "+Inf", "-Inf", "0", "-1"} {
+		_, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--tenant", "a=" + w}, io.Discard)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--tenant") {
+			t.Errorf("--tenant a=%s: %v, want a usage error", w, err)
+		}
+	}
+	for _, w := range []string{".nan", ".inf"} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte("fairQueue:\n  maxConcurrent: 4\n  tenants:\n    a: {weight: "+w+"}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--config", path}, io.Discard)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `tenant "a"`) {
+			t.Errorf("fairQueue weight %s: %v, want a usage error", w, err)
+		}
+	}
+	if _, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--tenant", "a=2.5:1"}, io.Discard); err != nil {
+		t.Fatal(err)
 	}
 }

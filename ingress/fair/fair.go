@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,8 +131,8 @@ func (c Config) Validate() error {
 	if c.MaxWait <= 0 {
 		errs = append(errs, fmt.Errorf("maxWait %v must be > 0", c.MaxWait))
 	}
-	if c.Default.Weight <= 0 {
-		errs = append(errs, fmt.Errorf("default weight %v must be > 0", c.Default.Weight))
+	if !finitePositive(c.Default.Weight) {
+		errs = append(errs, fmt.Errorf("default weight %v must be a finite value > 0", c.Default.Weight))
 	}
 	if c.MaxTenants < 0 {
 		errs = append(errs, fmt.Errorf("maxTenants %d must be ≥ 0", c.MaxTenants))
@@ -144,8 +145,8 @@ func (c Config) Validate() error {
 		maxName = DefaultMaxTenantName
 	}
 	for name, t := range c.Tenants {
-		if t.Weight <= 0 {
-			errs = append(errs, fmt.Errorf("tenant %q: weight %v must be > 0", name, t.Weight))
+		if !finitePositive(t.Weight) {
+			errs = append(errs, fmt.Errorf("tenant %q: weight %v must be a finite value > 0", name, t.Weight))
 		}
 		if len(name) > maxName {
 			errs = append(errs, fmt.Errorf("tenant %.40q...: name longer than maxTenantName (%d bytes)", name, maxName))
@@ -153,6 +154,10 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// finitePositive: a weight NaN or +Inf passed "<= 0" tests and made every
+// finish time (start + cost/weight) NaN or 0, the heap's order undefined.
+func finitePositive(w float64) bool { return w > 0 && !math.IsInf(w, 1) }
 
 // Ticket describes one request asking for a slot.
 type Ticket struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -203,6 +204,23 @@ func TestConfigValidation(t *testing.T) {
 	err := cfg.Validate()
 	if err == nil || !contains(err.Error(), "maxConcurrent") || !contains(err.Error(), `tenant "x"`) {
 		t.Fatalf("Validate: %v, want both problems listed", err)
+	}
+}
+
+// Weights NaN and ±Inf are refused as ≤ 0 is: NaN passed "<= 0" and made
+// every finish tag NaN (the heap's order undefined), +Inf made them 0.
+func TestConfigValidationNonFiniteWeights(t *testing.T) {
+	for _, w := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		cfg := DefaultConfig()
+		cfg.Tenants = map[string]Tenant{"x": {Weight: w}}
+		if err := cfg.Validate(); err == nil || !contains(err.Error(), `tenant "x"`) {
+			t.Errorf("tenant weight %v: %v", w, err)
+		}
+		cfg = DefaultConfig()
+		cfg.Default.Weight = w
+		if err := cfg.Validate(); err == nil || !contains(err.Error(), "default weight") {
+			t.Errorf("default weight %v: %v", w, err)
+		}
 	}
 }
 
