@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -400,6 +401,10 @@ func (c *Config) Validate() error {
 		}
 		if u, err := url.Parse(e.URL); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 			bad("engines[%d]: url %q must be http(s)://host:port", i, e.URL)
+		} else if p := u.Port(); p != "" && !validPort(p) {
+			// url.Parse takes any digits: :65536 and :0 failed at every
+			// dial, which looked like an engine outage, not a typo.
+			bad("engines[%d]: url %q: port %s: want 1..65535", i, e.URL, p)
 		} else if pastedAPIBase(u.Path) || u.RawQuery != "" || u.Fragment != "" {
 			// The ingress appends /v1/... to it: an OpenAI base URL
 			// pasted here (…/v1) made every request 404 (/v1/v1/...).
@@ -423,6 +428,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %s", ErrConfig, strings.Join(probs, "; "))
 	}
 	return nil
+}
+
+// validPort reports whether p is a TCP port a dial can use.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // stallWatch reports whether the stall watch (health.go) judges the engines'

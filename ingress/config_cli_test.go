@@ -1,0 +1,34 @@
+package ingress
+
+import (
+	"strings"
+	"testing"
+)
+
+// An engine URL must be http(s) with a port a dial can use: :65536 and :0
+// passed (url.Parse takes any digits) and failed at every request.
+func TestValidateEngineURL(t *testing.T) {
+	for url, want := range map[string]string{
+		"http://127.0.0.1:65536":       "port 65536: want 1..65535",
+		"http://127.0.0.1:99999999999": "port 99999999999",
+		"http://127.0.0.1:0":           "port 0",
+		"ftp://127.0.0.1:8000":         "must be http(s)://host:port",
+		"127.0.0.1:8000":               "must be http(s)://host:port",
+		"http://127.0.0.1:8000":        "",
+		"https://[::1]:65535":          "",
+		"http://engine":                "", // the scheme's port
+	} {
+		c := DefaultConfig()
+		c.Engines = []StaticEngine{{ID: "e", Model: "m", URL: url}}
+		err := c.Validate()
+		if want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", url, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", url, err, want)
+		}
+	}
+}
