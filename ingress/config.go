@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -184,7 +186,8 @@ type Config struct {
 	// forwarded untouched.
 	Tokenizers map[string]string `yaml:"tokenizers"`
 	// ChatTemplates maps a model to the tokenizer_config.json holding its
-	// chat template (default: the one beside a directory in Tokenizers).
+	// chat template (default: the one beside a directory in Tokenizers);
+	// only a model in Tokenizers may have one (Validate).
 	// Without one, chat for the model is keyed on the engines' /tokenize,
 	// or routed on load only.
 	ChatTemplates map[string]string `yaml:"chatTemplates"`
@@ -383,6 +386,14 @@ func (c *Config) Validate() error {
 	c.Health.problems(bad)
 	c.Hold.problems(bad)
 	c.TLS.problems(bad)
+	for _, m := range slices.Sorted(maps.Keys(c.ChatTemplates)) {
+		// Templates are read with the model's tokenizer only (LoadTokenizers):
+		// without one, chat is keyed on the engines' /tokenize, which render
+		// their own template; the path was never even opened.
+		if _, ok := c.Tokenizers[m]; !ok {
+			bad("chat template for %q is not read without a tokenizer for it (tokenizers, --tokenizer %s=PATH)", m, m)
+		}
+	}
 	sc := c.Scheduler
 	sc.Defaults()
 	if err := registry.Validate(&sc); err != nil {

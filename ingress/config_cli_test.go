@@ -32,3 +32,17 @@ func TestValidateEngineURL(t *testing.T) {
 		}
 	}
 }
+
+// A chat template is read with its model's tokenizer only: one for a model
+// without a tokenizer was ignored, its path never opened.
+func TestValidateChatTemplateNeedsTokenizer(t *testing.T) {
+	c := DefaultConfig()
+	c.ChatTemplates = map[string]string{"m": "/nonexist"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `chat template for "m" is not read without a tokenizer`) {
+		t.Fatalf("template without tokenizer: %v", err)
+	}
+	c.Tokenizers = map[string]string{"m": "/tok"}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("template with its tokenizer: %v", err)
+	}
+}

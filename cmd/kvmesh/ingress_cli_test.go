@@ -78,3 +78,12 @@ func TestTenantWeightFinite(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// --chat-template for a model without --tokenizer is a usage error (it was
+// ignored, its path never checked).
+func TestChatTemplateWithoutTokenizer(t *testing.T) {
+	_, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--chat-template", "m=/nonexist"}, io.Discard)
+	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), `chat template for "m" is not read without a tokenizer`) {
+		t.Fatalf("%v, want a usage error", err)
+	}
+}
