@@ -172,6 +172,9 @@ func DefaultConfig() Config {
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("invalid nats config")
 
+// natsSchemes are the URL schemes the NATS client dials.
+var natsSchemes = map[string]bool{"nats": true, "tls": true, "ws": true, "wss": true}
+
 // Validate lists every problem of c at once.
 func (c *Config) Validate() error {
 	var errs []error
@@ -179,8 +182,17 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
 	}
 	for _, u := range c.URLs {
-		if !strings.Contains(u, "://") {
-			add("url %q has no scheme (want nats://, tls:// or ws://)", u)
+		scheme, _, ok := strings.Cut(u, "://")
+		switch {
+		case !ok:
+			shown := u // a user:password@ shown only as redacted
+			if i := strings.LastIndexByte(u, '@'); i >= 0 {
+				shown = Redacted + u[i:]
+			}
+			add("url %q has no scheme (want nats://, tls://, ws:// or wss://)", shown)
+		case !natsSchemes[strings.ToLower(scheme)]:
+			// http:// was taken and then never connected.
+			add("url %q: scheme %q: want nats://, tls://, ws:// or wss://", RedactURL(u), scheme)
 		}
 	}
 	creds := 0

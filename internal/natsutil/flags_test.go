@@ -89,3 +89,31 @@ func TestBindFlagsSecretsFromEnvNotShown(t *testing.T) {
 		}
 	}
 }
+
+// A NATS URL's scheme must be one the client dials; http:// was taken and
+// never connected. No error shows a URL's password.
+func TestValidateURLScheme(t *testing.T) {
+	for u, want := range map[string]string{
+		"nats://127.0.0.1:4222":      "",
+		"tls://h:4222":               "",
+		"ws://h:80":                  "",
+		"WSS://h:443":                "",
+		"http://127.0.0.1:4222":      `scheme "http"`,
+		"http://u:pw-s3cret@h:4222":  `scheme "http"`,
+		"127.0.0.1:4222":             "has no scheme",
+		"u:pw-s3cret@127.0.0.1:4222": "has no scheme",
+	} {
+		c := DefaultConfig()
+		c.URLs = []string{u}
+		err := c.Validate()
+		if want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", u, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: %v, want %q (no password)", u, err, want)
+		}
+	}
+}
