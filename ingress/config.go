@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/ingress/fair"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
@@ -381,6 +382,16 @@ func (c *Config) Validate() error {
 		bad("speculative ttl must be >= 0")
 	}
 	c.Cluster.problems(bad)
+	if len(c.Cluster.NATSURLs) > 0 {
+		// What natsutil.Connect checks (cluster.go), here so a URL without
+		// a scheme or a negative ping interval is a usage error before
+		// anything starts, not an exit after the listeners opened.
+		nc := natsutil.DefaultConfig()
+		nc.URLs, nc.Auth, nc.Stream.Disabled = c.Cluster.NATSURLs, c.Cluster.NATSAuth, true
+		if err := nc.Validate(); err != nil {
+			bad("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		}
+	}
 	c.PD.problems(bad)
 	c.Learn.problems(bad)
 	c.Health.problems(bad)

@@ -77,6 +77,12 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: admit max wait must be > 0", ErrConfig))
 	}
 	errs = append(errs, checkCORSOrigins(o.Config.CORSOrigins)) // cors.go
+	if o.JWT.JWKSFile != "" || o.JWT.JWKSURL != "" {
+		// Checked again by auth.NewJWT, after start-up began (exit 1).
+		if err := o.JWT.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+		}
+	}
 	// The keys are read here too, so a keys file of comments or an empty
 	// $KVMESH_API_KEYS is a configuration error at start, not an open ingress.
 	if _, err := auth.Load(o.authConfig()); err != nil {

@@ -87,3 +87,30 @@ func TestChatTemplateWithoutTokenizer(t *testing.T) {
 		t.Fatalf("%v, want a usage error", err)
 	}
 }
+
+// Configuration mistakes that used to exit 1 after start-up began are usage
+// errors found before anything starts.
+func TestIngressConfigMistakesAreUsageErrors(t *testing.T) {
+	jwks := filepath.Join(t.TempDir(), "jwks.json")
+	if err := os.WriteFile(jwks, []byte(`{"keys":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--jwks-file", jwks}, "an audience is required"},
+		{[]string{"--nats", "127.0.0.1:1"}, "has no scheme"},
+		{[]string{"--nats", "http://127.0.0.1:1"}, `scheme "http"`},
+		{[]string{"--nats", "nats://127.0.0.1:1", "--nats-ping-interval", "-1s"}, "ping interval -1s"},
+	} {
+		args := append([]string{"--engine", "m=http://127.0.0.1:1"}, c.args...)
+		_, ierr := ingressOptions(args, io.Discard) // what run checks before it starts anything
+		_, eerr := eppOptions(args, io.Discard)
+		for _, err := range []error{ierr, eerr} {
+			if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%v: %v; want a usage error naming %q", c.args, err, c.want)
+			}
+		}
+	}
+}
