@@ -16,6 +16,21 @@ import (
 type flagProblems struct {
 	probs   []string
 	pending map[string]error // problems of a flag's default, dropped when the flag is given
+	// overrides are the flags given over a bad default from the
+	// environment: refuseOff takes them, whether or not their feature is on.
+	overrides map[string]bool
+}
+
+// given records that flag name was given: it replaces its default, and a
+// problem with that default no longer counts.
+func (p *flagProblems) given(name string) {
+	if _, ok := p.pending[name]; ok {
+		if p.overrides == nil {
+			p.overrides = map[string]bool{}
+		}
+		p.overrides[name] = true
+		delete(p.pending, name)
+	}
 }
 
 // unlessGiven records a problem with the default of flag name (from the
@@ -69,7 +84,7 @@ func (f *funcValue) Set(s string) error { return f.set(s) }
 // as a problem (formatted by its error) and parsing goes on.
 func (p *flagProblems) Var(fs *flag.FlagSet, name, def, usage string, set func(string) error) {
 	fs.Var(&funcValue{def: def, set: func(s string) error {
-		delete(p.pending, name)
+		p.given(name)
 		if err := set(s); err != nil {
 			p.add("%v", err)
 		}
@@ -174,9 +189,21 @@ type offFlag struct {
 }
 
 // refuseOff adds a problem for every flag given in fs whose feature is off
-// (each flag once; the first of its rules that is off says why).
+// (each flag once; the first of its rules that is off says why), but one
+// given to replace a bad default from the environment. A flag's default
+// from the environment is not read either while its feature is off: a
+// problem with it is dropped (a stray $KVMESH_GOSSIP_KEY does not stop an
+// ingress without gossip).
 func (p *flagProblems) refuseOff(fs *flag.FlagSet, rules []offFlag) {
+	for _, r := range rules {
+		if r.off {
+			delete(p.pending, r.name)
+		}
+	}
 	fs.Visit(func(f *flag.Flag) {
+		if p.overrides[f.Name] {
+			return
+		}
 		for _, r := range rules {
 			if r.name == f.Name && r.off {
 				p.add("--%s is not read %s", f.Name, r.why)

@@ -114,3 +114,34 @@ func TestIngressConfigMistakesAreUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// A bad environment value for a feature that is off does not stop the
+// ingress (the value is not read), and a flag given to replace it is taken
+// even then; with the feature on, the bad value is still refused.
+func TestBadEnvForFeatureOff(t *testing.T) {
+	base := []string{"--engine", "m=http://127.0.0.1:1"}
+	gossip := []string{"--gossip-bind", "127.0.0.1:0"}
+	nats := []string{"--nats", "nats://127.0.0.1:1"}
+	for _, c := range []struct {
+		env, val string
+		args     []string
+		want     string // "": accepted
+	}{
+		{"KVMESH_GOSSIP_KEY", "bad", nil, ""},
+		{"KVMESH_GOSSIP_KEY", "bad", []string{"--gossip-key", ""}, ""},
+		{"KVMESH_GOSSIP_KEY", "bad", gossip, "--gossip-key"},
+		{"KVMESH_GOSSIP_KEY", "bad", append(gossip, "--gossip-key", "MDEyMzQ1Njc4OWFiY2RlZg=="), ""},
+		{"KVMESH_GOSSIP_KEY", "", []string{"--gossip-key", ""}, "--gossip-key is not read without --gossip-bind"}, // nothing to replace
+		{stateLaneEnv, "maybe", nil, ""},
+		{stateLaneEnv, "maybe", nats, ""}, // no gossip: no lane
+		{stateLaneEnv, "maybe", []string{"--state-over-nats=false"}, ""},
+		{stateLaneEnv, "maybe", append(append([]string{}, nats...), gossip...), "KVMESH_STATE_OVER_NATS"},
+	} {
+		t.Setenv(c.env, c.val)
+		_, err := ingressOptions(append(append([]string{}, base...), c.args...), io.Discard)
+		if c.want == "" && err != nil || c.want != "" && (!errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s=%q %v: %v; want %q", c.env, c.val, c.args, err, c.want)
+		}
+		os.Unsetenv(c.env)
+	}
+}

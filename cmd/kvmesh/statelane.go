@@ -22,7 +22,7 @@ func stateLaneFlag(fs *flag.FlagSet, off *bool, usage string, probs *flagProblem
 			probs.unlessGiven("state-over-nats", fmt.Errorf("%s=%q: not a boolean", stateLaneEnv, v))
 		}
 	}
-	fs.Var(&givenBool{(*invertedBool)(off), func() { delete(probs.pending, "state-over-nats") }}, "state-over-nats", usage+" (env "+stateLaneEnv+")")
+	fs.Var(&givenBool{(*invertedBool)(off), func() { probs.given("state-over-nats") }}, "state-over-nats", usage+" (env "+stateLaneEnv+")")
 }
 
 // givenBool is a boolean flag that calls given when it is set: a flag
