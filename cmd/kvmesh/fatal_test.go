@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -53,7 +54,27 @@ func TestFatalErrorFollowsLogFormat(t *testing.T) {
 	if code := run([]string{"keys", "--no-such-flag"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "kvmesh keys: usage") {
 		t.Fatalf("keys: exit %d: %q", code, errOut.String())
 	}
-	if got := argLogFormat([]string{"--log-format", "text", "-log-format=json", "--", "--log-format=text"}); got != "json" {
+	if got := argLogFormat([]string{"--log-format", "text", "-log-format=json", "--", "--log-format=text"}, "text"); got != "json" {
 		t.Fatalf("argLogFormat: %q", got)
+	}
+}
+
+// The sim logs text by default, so its fatal line is text too (it was
+// JSON among text lines); --log-format json makes it JSON.
+func TestFatalErrorSimDefaultText(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		json bool
+	}{{nil, false}, {[]string{"--log-format", "json"}, true}} {
+		if got := argLogFormat(c.args, logFormatCommands["sim"]) == "json"; got != c.json {
+			t.Errorf("sim %v: JSON %v, want %v", c.args, got, c.json)
+		}
+		var errOut bytes.Buffer
+		fatal(&errOut, "sim", c.args, errors.New("boom"))
+		var m map[string]any
+		if isJSON := json.Unmarshal(errOut.Bytes(), &m) == nil; isJSON != c.json ||
+			!c.json && errOut.String() != "kvmesh sim: boom\n" {
+			t.Errorf("sim %v: fatal line %q", c.args, errOut.String())
+		}
 	}
 }

@@ -85,17 +85,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-// logFormatCommands are the commands with --log-format (JSON by default):
+// logFormatCommands are the commands with --log-format, with its default:
 // their fatal error is one JSON object in JSON mode, as their log lines are.
-var logFormatCommands = map[string]bool{"sim": true, "sidecar": true, "ingress": true, "epp": true, "orchestrator": true}
+var logFormatCommands = map[string]string{"sim": logutil.Text, "sidecar": logutil.JSON, "ingress": logutil.JSON, "epp": logutil.JSON, "orchestrator": logutil.JSON}
 
 // fatal writes the error a command failed with (not a usage error):
 // "kvmesh <name>: <err>", or
-// with --log-format json (those commands' default) one JSON log line
+// in JSON mode (the default of those commands but sim) one JSON log line
 // {"time":...,"level":"ERROR","msg":"kvmesh <name> exiting","err":...}, so a
 // JSON-only log pipeline keeps the line that says why the process stopped.
 func fatal(stderr io.Writer, name string, args []string, err error) {
-	if logFormatCommands[name] && argLogFormat(args) == logutil.JSON {
+	if def, ok := logFormatCommands[name]; ok && argLogFormat(args, def) == logutil.JSON {
 		logutil.New(stderr, logutil.JSON, slog.LevelError).Error("kvmesh "+name+" exiting", "err", err.Error())
 		return
 	}
@@ -103,9 +103,9 @@ func fatal(stderr io.Writer, name string, args []string, err error) {
 }
 
 // argLogFormat is the --log-format args give (the last one, as the flag
-// package takes it), logutil.JSON when none does.
-func argLogFormat(args []string) string {
-	format := logutil.JSON
+// package takes it), def (the command's default) when none does.
+func argLogFormat(args []string, def string) string {
+	format := def
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
