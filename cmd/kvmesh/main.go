@@ -62,7 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if c.name != args[0] {
 			continue
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		ctx, stop := signalContext(stderr, c.name, args[1:], os.Exit)
 		defer stop()
 		err := c.run(ctx, args[1:], stdout, stderr)
 		switch {
@@ -83,6 +83,43 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "kvmesh: unknown command %q\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// signalContext is a context that SIGINT or SIGTERM cancels (the command
+// drains and returns); a second signal exits at once, through exit with
+// status 1, after a fatal line saying so: the drain may wait for a long
+// stream (--drain-timeout), and whoever pressed Ctrl-C twice does not want
+// to. stop releases the signals.
+func signalContext(stderr io.Writer, name string, args []string, exit func(int)) (ctx context.Context, stop func()) {
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go watchSignals(ch, done, cancel, func(sig os.Signal) {
+		fatal(stderr, name, args, fmt.Errorf("second signal (%v) while draining: exiting now, without draining", sig))
+		exit(1)
+	})
+	return ctx, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel()
+	}
+}
+
+// watchSignals cancels on the first signal of ch and calls force on the
+// second, until done closes.
+func watchSignals(ch <-chan os.Signal, done <-chan struct{}, cancel func(), force func(os.Signal)) {
+	select {
+	case <-ch:
+		cancel()
+	case <-done:
+		return
+	}
+	select {
+	case sig := <-ch:
+		force(sig)
+	case <-done:
+	}
 }
 
 // logFormatCommands are the commands with --log-format, with its default:
