@@ -518,8 +518,26 @@ func ParseConfig(data []byte) (Config, error) {
 	cfg := DefaultConfig()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+	err := dec.Decode(&cfg)
+	if err != nil && !errors.Is(err, io.EOF) {
 		return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if err == nil {
+		// A second document (after ---) would be ignored, unknown keys and
+		// all: one config is one document.
+		for {
+			var more yaml.Node
+			err := dec.Decode(&more)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
+			}
+			if c := more.Content; len(c) > 0 && !(c[0].Kind == yaml.ScalarNode && c[0].Tag == "!!null") {
+				return cfg, fmt.Errorf("%w: more than one YAML document (line %d): give one config per file", ErrConfig, c[0].Line)
+			}
+		}
 	}
 	cfg.Scheduler.Defaults()
 	return cfg, nil

@@ -46,3 +46,21 @@ func TestValidateChatTemplateNeedsTokenizer(t *testing.T) {
 		t.Fatalf("template with its tokenizer: %v", err)
 	}
 }
+
+// A config file is one YAML document: a second one was silently ignored.
+func TestParseConfigOneDocument(t *testing.T) {
+	for doc, ok := range map[string]bool{
+		"listen: :1\n":                  true,
+		"":                              true,
+		"---\nlisten: :1\n":             true,
+		"listen: :1\n---\n":             true,
+		"listen: :1\n---\nbogus: 1\n":   false,
+		"listen: :1\n---\nlisten: :2\n": false,
+		"listen: :1\n...\n---\nx: 1\n":  false,
+	} {
+		_, err := ParseConfig([]byte(doc))
+		if ok && err != nil || !ok && (err == nil || !strings.Contains(err.Error(), "more than one YAML document")) {
+			t.Errorf("%q: %v", doc, err)
+		}
+	}
+}

@@ -32,7 +32,11 @@ func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 func ingressOptions(args []string, stderr io.Writer) (ingress.Options, error) {
 	opts := ingress.DefaultOptions()
 	// A YAML file, when given, sets the defaults the flags then override.
-	if path := configFlag(args); path != "" {
+	path, err := configFlag(args)
+	if err != nil {
+		return opts, err
+	}
+	if path != "" {
 		c, err := ingress.LoadConfigFile(path)
 		if err != nil {
 			return opts, fmt.Errorf("%w: %w", errUsage, err)
@@ -116,10 +120,14 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.StringVar(&opts.JWT.Audience, "jwt-audience", "", "audience a JWT must carry (required with --jwks-*)")
 	fs.StringVar(&opts.JWT.Issuer, "jwt-issuer", "", "issuer a JWT must carry (empty: any)")
 	fs.StringVar(&opts.JWT.TenantClaim, "jwt-tenant-claim", "tenant", "JWT claim naming the tenant (the rate-limit identity; falls back to sub)")
-	probs.Var(fs, "engine", "", "static engine [id=]model=url (repeatable; used without gossip)", func(s string) error {
+	freshEngines := true
+	probs.Var(fs, "engine", "", "static engine [id=]model=url (repeatable; used without gossip; given at all, replaces the config file's engines)", func(s string) error {
 		se, err := ingress.ParseStaticEngine(s)
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
+		}
+		if freshEngines { // as every list flag: the flags replace the config file's list
+			cfg.Engines, freshEngines = nil, false
 		}
 		cfg.Engines = append(cfg.Engines, se)
 		return nil
@@ -195,19 +203,32 @@ func gossipKeyFlag(fs *flag.FlagSet, dst *[]byte, extra *[][]byte, probs *flagPr
 	probs.Var(fs, "gossip-key", "", "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)", set)
 }
 
-// configFlag finds -config/--config in args before the flag set is built.
-func configFlag(args []string) string {
-	for i, a := range args {
+// configFlag finds -config/--config in args before the flag set is built;
+// given twice, it is a usage error (the first used to win, the second file
+// never read).
+func configFlag(args []string) (string, error) {
+	var paths []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
 		for _, p := range []string{"-config", "--config"} {
 			if a == p && i+1 < len(args) {
-				return args[i+1]
-			}
-			if v, ok := strings.CutPrefix(a, p+"="); ok {
-				return v
+				i++
+				paths = append(paths, args[i])
+			} else if v, ok := strings.CutPrefix(a, p+"="); ok {
+				paths = append(paths, v)
 			}
 		}
 	}
-	return ""
+	switch len(paths) {
+	case 0:
+		return "", nil
+	case 1:
+		return paths[0], nil
+	}
+	return "", fmt.Errorf("%w: --config given %d times (%q): give one file", errUsage, len(paths), paths)
 }
 
 // fairQueueFlags binds the weighted fair admission queue (ingress/fair):
@@ -232,7 +253,8 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 		}
 		return nil
 	})
-	probs.Var(fs, "tenant", "", "a tenant's fair share, repeatable: NAME=WEIGHT[:PRIORITY] (higher priority first; default weight 1)", func(s string) error {
+	freshTenants := true
+	probs.Var(fs, "tenant", "", "a tenant's fair share, repeatable: NAME=WEIGHT[:PRIORITY] (higher priority first; default weight 1; given at all, replaces the config file's tenants)", func(s string) error {
 		name, spec, ok := strings.Cut(s, "=")
 		w, p, _ := strings.Cut(spec, ":")
 		weight, err := strconv.ParseFloat(w, 64)
@@ -244,8 +266,8 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT a finite value > 0", s)
 		}
 		c := fq()
-		if c.Tenants == nil {
-			c.Tenants = map[string]fair.Tenant{}
+		if c.Tenants == nil || freshTenants { // the flags replace the config file's tenants
+			c.Tenants, freshTenants = map[string]fair.Tenant{}, false
 		}
 		c.Tenants[name] = fair.Tenant{Weight: weight, Priority: prio}
 		return nil

@@ -145,3 +145,48 @@ func TestBadEnvForFeatureOff(t *testing.T) {
 		os.Unsetenv(c.env)
 	}
 }
+
+// Config file and flags: a repeatable flag given replaces the config's
+// list (--engine added to it, where --tokenizer replaced), --config is
+// given once (the first won, the second never read), and a config is one
+// YAML document (later ones were ignored).
+func TestConfigAndFlags(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg := write("c.yaml", "engines:\n- {id: a, model: m, url: http://127.0.0.1:1}\ntokenizers: {m: /x}\nfairQueue:\n  maxConcurrent: 4\n  tenants: {x: {weight: 2}}\n")
+	o, err := ingressOptions([]string{"--config", cfg}, io.Discard)
+	if err != nil || len(o.Config.Engines) != 1 || len(o.Config.FairQueue.Tenants) != 1 {
+		t.Fatalf("config alone: %+v, %v", o.Config.Engines, err)
+	}
+	o, err = ingressOptions([]string{"--config", cfg, "--engine", "b=m=http://127.0.0.1:2", "--engine", "c=m=http://127.0.0.1:3",
+		"--tokenizer", "n=/y", "--tenant", "y=1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := o.Config.Engines; len(e) != 2 || e[0].ID != "b" || e[1].ID != "c" {
+		t.Errorf("--engine did not replace the config's engines: %+v", e)
+	}
+	if tk := o.Config.Tokenizers; len(tk) != 1 || tk["n"] != "/y" {
+		t.Errorf("--tokenizer did not replace the config's tokenizers: %v", tk)
+	}
+	if tn := o.Config.FairQueue.Tenants; len(tn) != 1 || tn["y"].Weight != 1 || o.Config.FairQueue.MaxConcurrent != 4 {
+		t.Errorf("--tenant did not replace the config's tenants (only them): %+v", o.Config.FairQueue)
+	}
+
+	bad := write("bad.yaml", "bogus: 1\n")
+	for _, args := range [][]string{{"--config", cfg, "--config", bad}, {"--config=" + cfg, "-config", cfg}} {
+		if _, err := ingressOptions(args, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--config given 2 times") {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
+	}
+	multi := write("multi.yaml", "listen: :1\n---\nbogus: 1\n")
+	if _, err := ingressOptions([]string{"--config", multi}, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "more than one YAML document") {
+		t.Errorf("two documents: %v, want a usage error", err)
+	}
+}
