@@ -11,9 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
+	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/internal/logutil"
 )
 
@@ -51,11 +53,17 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch {
+	case len(args) == 0:
 		usage(stderr)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "help" && len(args) == 1:
+		usage(stdout) // asked for: on stdout, so `kvmesh -h | less` shows it
+		return 0
+	case args[0] == "help":
+		return run([]string{args[1], "-h"}, stdout, stderr) // kvmesh help ingress
+	case args[0] == "version" || args[0] == "--version" || args[0] == "-version":
+		fmt.Fprintln(stdout, "kvmesh", version())
 		return 0
 	}
 	for _, c := range commands {
@@ -81,8 +89,75 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	fmt.Fprintf(stderr, "kvmesh: unknown command %q\n", args[0])
-	usage(stderr)
+	if m := closest(args[0]); m != "" {
+		fmt.Fprintf(stderr, "Did you mean %q?\n", m)
+	}
+	fmt.Fprintln(stderr, "Run 'kvmesh -h' for the commands.")
 	return 2
+}
+
+// closest is the command name within two edits of name, "" when none is.
+func closest(name string) string {
+	best, bestD := "", 3
+	for _, c := range commands {
+		if d := editDistance(name, c.name); d < bestD {
+			best, bestD = c.name, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// version is the build's version: ingress.Version when the build sets it
+// (the Dockerfile does), else the module version or VCS revision Go
+// recorded, else "(devel)".
+func version() string {
+	if ingress.Version != "" {
+		return ingress.Version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(devel)"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	rev, dirty := "", false
+	for _, st := range bi.Settings {
+		switch st.Key {
+		case "vcs.revision":
+			rev = st.Value
+		case "vcs.modified":
+			dirty = st.Value == "true"
+		}
+	}
+	if rev == "" {
+		return "(devel)"
+	}
+	if dirty {
+		rev += "-dirty"
+	}
+	return "(devel) " + rev
 }
 
 // signalContext is a context that SIGINT or SIGTERM cancels (the command
@@ -171,7 +246,7 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-*s  %s\n", width, c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nRun 'kvmesh <command> -h' for a command's flags.")
+	fmt.Fprintln(w, "\nRun 'kvmesh <command> -h' (or 'kvmesh help <command>') for a command's flags, 'kvmesh version' for the version.")
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting, so
@@ -187,11 +262,26 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 // argument) wraps errUsage, so every command exits 2 for it; -h returns
 // flag.ErrHelp.
 func parseFlags(fs *flag.FlagSet, args []string, maxArgs int) error {
-	if err := fs.Parse(args); err != nil {
+	// The flag package prints its error and the whole flag list on a parse
+	// error (150 lines for the ingress, the one that matters in the
+	// middle); only -h gets the list here, a mistake one line and a hint.
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			if usage != nil {
+				usage()
+			} else {
+				fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
+				fs.PrintDefaults()
+			}
 			return err
 		}
-		return fmt.Errorf("%w: %w", errUsage, err)
+		return fmt.Errorf("%w: %w (%s -h lists the flags)", errUsage, err, fs.Name())
 	}
 	if fs.NArg() > maxArgs {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args()[maxArgs:])
