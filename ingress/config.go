@@ -483,7 +483,15 @@ func (c *Config) firstByteWait() time.Duration {
 // ParseStaticEngine parses "id=model=url" or "model=url" (id defaults to the
 // URL's host:port), the command-line form of a static engine.
 func ParseStaticEngine(s string) (StaticEngine, error) {
+	if strings.Contains(s, ",") && (strings.Contains(s, "url=") || strings.Contains(s, "model=")) {
+		// The sidecar's spec form, which read as a URL "m,url=http://...".
+		return StaticEngine{}, fmt.Errorf("%w: engine %q: key=value,... is the sidecar's --engine form; the ingress takes [id=]model=url", ErrConfig, s)
+	}
 	parts := strings.SplitN(s, "=", 3)
+	if last := parts[len(parts)-1]; len(parts) > 1 && last == "" {
+		// "m=" used to report an empty id (taken from the missing URL's host).
+		return StaticEngine{}, fmt.Errorf("%w: engine %q: no url: want [id=]model=url", ErrConfig, s)
+	}
 	switch len(parts) {
 	case 2:
 		u, err := url.Parse(parts[1])

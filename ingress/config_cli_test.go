@@ -64,3 +64,20 @@ func TestParseConfigOneDocument(t *testing.T) {
 		}
 	}
 }
+
+// --engine's mistakes are named as what they are: a missing URL (it said
+// "empty id") and the sidecar's spec form (it said the URL was bad).
+func TestParseStaticEngineErrors(t *testing.T) {
+	for s, want := range map[string]string{
+		"m=":                                  "no url",
+		"a=m=":                                "no url",
+		"id=a,model=m,url=http://127.0.0.1:1": "the sidecar's --engine form",
+	} {
+		if _, err := ParseStaticEngine(s); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", s, err, want)
+		}
+	}
+	if e, err := ParseStaticEngine("a=m=http://127.0.0.1:1/x?y=1,2"); err != nil || e.ID != "a" {
+		t.Errorf("%+v %v", e, err)
+	}
+}

@@ -146,14 +146,15 @@ func List(fs *flag.FlagSet, dst *[]string, name, usage string) {
 	}}, name, usage)
 }
 
-// ModelPaths binds a repeatable model=path flag onto dst; given at all,
-// the flags replace the map (a config file's entries included).
-func (p *flagProblems) ModelPaths(fs *flag.FlagSet, dst *map[string]string, name, usage string) {
+// ModelPaths binds a repeatable key=value flag onto dst (form says which,
+// "model=path"); given at all, the flags replace the map (a config file's
+// entries included).
+func (p *flagProblems) ModelPaths(fs *flag.FlagSet, dst *map[string]string, name, form, usage string) {
 	fresh := true
 	p.Var(fs, name, "", usage, func(s string) error {
 		model, path, ok := strings.Cut(s, "=")
-		if !ok {
-			return fmt.Errorf("--%s %q: want model=path", name, s)
+		if !ok || model == "" || path == "" {
+			return fmt.Errorf("--%s %q: want %s", name, s, form)
 		}
 		if fresh || *dst == nil {
 			*dst, fresh = map[string]string{}, false

@@ -191,3 +191,11 @@ func TestConfigAndFlags(t *testing.T) {
 		t.Errorf("two documents: %v, want a usage error", err)
 	}
 }
+
+// --lora-adapter's error names its own form, not --tokenizer's.
+func TestLoRAAdapterForm(t *testing.T) {
+	_, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--lora-adapter", "a", "--tokenizer", "=x"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `--lora-adapter "a": want adapter=base-model`) || !strings.Contains(err.Error(), `--tokenizer "=x": want model=path`) {
+		t.Fatalf("%v", err)
+	}
+}
