@@ -199,3 +199,24 @@ func TestLoRAAdapterForm(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+// The simulator's vLLM key and the local orchestrator's gossip keys, from
+// the environment, are never shown either.
+func TestSimAndLocalSecretsFromEnvNotShown(t *testing.T) {
+	t.Setenv("VLLM_API_KEY", "vllm-s3cret")
+	t.Setenv("KVMESH_GOSSIP_KEY", "gossip-s3cret")
+	for _, tc := range []struct {
+		args []string
+		env  string
+	}{
+		{[]string{"sim", "--typo"}, ""}, {[]string{"sim", "-h"}, "VLLM_API_KEY"},
+		{[]string{"orchestrator", "--local", "x.yaml", "--typo"}, ""}, {[]string{"orchestrator", "--local", "x.yaml", "-h"}, "KVMESH_GOSSIP_KEY"},
+	} {
+		var out, errOut testutil.SyncBuffer
+		run(tc.args, &out, &errOut)
+		all := out.String() + errOut.String()
+		if strings.Contains(all, "s3cret") || tc.env != "" && !strings.Contains(all, "(env "+tc.env+"; set)") {
+			t.Errorf("%v: output shows a secret or not that it is set:\n%s", tc.args, all)
+		}
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/orchestrator/local"
@@ -40,7 +39,7 @@ func runLocalOrchestrator(ctx context.Context, args []string, stdout, stderr io.
 	fs.DurationVar(&cfg.Interval, "interval", cfg.Interval, "how often policies are stepped, crashed children restarted and the status written")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "how long a scaled-down engine may finish its requests")
 	fs.StringVar(&cfg.StatusFile, "status-file", "", "rewrite this JSON file with the status after every step")
-	fs.StringVar(&cfg.GossipKey, "gossip-key", os.Getenv("KVMESH_GOSSIP_KEY"), "comma-separated base64 gossip keys, the first encrypting (a rotation list), given to the children through their environment (env KVMESH_GOSSIP_KEY)")
+	secretEnvFlag(fs, &cfg.GossipKey, "gossip-key", "KVMESH_GOSSIP_KEY", "comma-separated base64 gossip `keys`, the first encrypting (a rotation list), given to the children through their environment")
 	exe := fs.String("exe", "", "kvmesh binary the children run (default: this one)")
 	childLogs := fs.Bool("child-logs", false, "pass the children's logs through to stderr")
 	quiet := fs.Bool("quiet", false, "no status lines on stdout")

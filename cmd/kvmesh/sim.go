@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -122,7 +121,7 @@ func simFlags(fs *flag.FlagSet, opts *sim.Options, probs *flagProblems) {
 	fs.BoolVar(&cfg.LoRA.Enable, "enable-lora", false, "serve LoRA adapters (vLLM's --enable-lora; runtime /v1/load_lora_adapter is allowed)")
 	fs.IntVar(&cfg.LoRA.MaxLoRAs, "max-loras", 1, "adapters loaded at once")
 	fs.BoolVar(&cfg.ResponsesStore, "responses-store", false, "keep Responses API responses in memory for previous_response_id and GET /v1/responses/{id} (vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1)")
-	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("VLLM_API_KEY"), "require this key on /v1 requests (Authorization: Bearer; vLLM's --api-key, default $VLLM_API_KEY)")
+	secretEnvFlag(fs, &cfg.APIKey, "api-key", "VLLM_API_KEY", "require this `key` on /v1 requests (Authorization: Bearer; vLLM's --api-key)")
 	fs.IntVar(&cfg.MediaTokens, "media-tokens", 256, "tokens each media item (an image, audio or video part) of a chat or Responses request adds to its prompt")
 	probs.Var(fs, "lora-modules", "", "LoRA adapter name=path served from the start (repeatable)", func(v string) error {
 		name, path, ok := strings.Cut(v, "=")
