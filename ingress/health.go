@@ -272,14 +272,19 @@ func (e *ejector) useTLS(tc *tls.Config) {
 	e.client.Transport = &http.Transport{DisableKeepAlives: true, TLSClientConfig: tc.Clone()}
 }
 
+// record returns engine id's health record (nil: none yet).
+func (e *ejector) record(id string) *engineHealth {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.m[id]
+}
+
 // allowed reports whether engine id may receive requests.
 func (e *ejector) allowed(id string) bool {
 	if e == nil || e.nEjected.Load() == 0 {
 		return true
 	}
-	e.mu.RLock()
-	h := e.m[id]
-	e.mu.RUnlock()
+	h := e.record(id)
 	return h == nil || !h.ejected.Load()
 }
 
@@ -289,9 +294,7 @@ func (e *ejector) stalledOut(id string) bool {
 	if e == nil || e.nEjected.Load() == 0 {
 		return false
 	}
-	e.mu.RLock()
-	h := e.m[id]
-	e.mu.RUnlock()
+	h := e.record(id)
 	if h == nil {
 		return false
 	}
@@ -301,9 +304,7 @@ func (e *ejector) stalledOut(id string) bool {
 }
 
 func (e *ejector) get(id, url string) *engineHealth {
-	e.mu.RLock()
-	h := e.m[id]
-	e.mu.RUnlock()
+	h := e.record(id)
 	if h == nil {
 		e.mu.Lock()
 		if h = e.m[id]; h == nil {
@@ -770,9 +771,7 @@ func (e *ejector) state(id string) (ejected, byAnswers bool) {
 	if e == nil || e.nEjected.Load() == 0 {
 		return false, false
 	}
-	e.mu.RLock()
-	h := e.m[id]
-	e.mu.RUnlock()
+	h := e.record(id)
 	if h == nil || !h.ejected.Load() {
 		return false, false
 	}
@@ -858,9 +857,7 @@ func (e *ejector) panicRoute(list []EngineInfo) {
 // only chance (a frozen engine's wait for a first byte is then bounded by
 // Config.FirstByteTimeout).
 func (e *ejector) unstall(id string) {
-	e.mu.RLock()
-	h := e.m[id]
-	e.mu.RUnlock()
+	h := e.record(id)
 	if h == nil {
 		return
 	}
