@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/ingress/auth"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
@@ -41,6 +42,13 @@ type EngineInfo struct {
 	// answers while its sidecar calls it ready (health.go): Healthy is
 	// false, and panic routing may set it back.
 	panicOK bool
+}
+
+// prefillOnly reports whether the engine takes prefill legs only, never
+// a whole request: SGLang's prefill servers (vLLM's kv_both engines serve
+// whole requests too).
+func (e *EngineInfo) prefillOnly() bool {
+	return e.PrefillOnly || (e.Role == scheduler.RolePrefill && e.PDProtocol == gossip.PDProtocolSGLang)
 }
 
 // Membership lists the live engines (gossip; or the static list).

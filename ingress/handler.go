@@ -12,7 +12,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -248,6 +247,7 @@ func (c *call) defaultModel() error {
 func (c *call) candidates() error {
 	s := c.s
 	c.infos = s.deps.Membership.Engines(c.infos[:0])
+	s.health.panicRoute(c.infos) // health.go: a model whose every engine is ejected
 	known := false
 	served, adapter := c.adapterOf()
 	for i := range c.infos {
@@ -338,9 +338,7 @@ func (c *call) addCandidate(e *EngineInfo) {
 		c.block = e.BlockSize
 	}
 	eng := e.Engine
-	// SGLang's prefill servers take prefill legs only (vLLM's kv_both
-	// engines serve whole requests too).
-	eng.PrefillOnly = eng.PrefillOnly || (eng.Role == scheduler.RolePrefill && e.PDProtocol == gossip.PDProtocolSGLang)
+	eng.PrefillOnly = e.prefillOnly()
 	if up := c.s.ups.lookup(e.ID); up != nil {
 		n, pre, act := up.load()
 		eng.InFlight += n
@@ -383,6 +381,7 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 		}
 	}
 	if s.deps.Admitter != nil {
+		t := time.Now()
 		rel, err := c.acquire(ctx, promptTokens)
 		if err != nil {
 			if s.deps.ClassifyError != nil {
@@ -394,14 +393,30 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 			return fmt.Errorf("admission: %w", err)
 		}
 		c.release = rel
-		// Routed on the engines' load when admitted, not when it arrived:
-		// requests that waited together in the admission queue (up to its
-		// maxWait) would all carry the view of their arrival and go to the
-		// engine that looked emptiest then, while others sat idle.
-		c.cands, c.urls = c.cands[:0], c.urls[:0]
-		return c.candidates()
+		if time.Since(t) > admitRefreshAfter {
+			// Routed on the engines' load when admitted, not when it
+			// arrived: requests that waited together in the admission
+			// queue (up to its maxWait) would all carry the view of their
+			// arrival and go to the engine that looked emptiest then,
+			// while others sat idle.
+			return c.refreshCandidates()
+		}
 	}
 	return nil
+}
+
+// admitRefreshAfter is the admission wait past which a request's
+// candidates are read again: a request admitted at once keeps the view it
+// was tokenized with (the same instant, give or take), one that queued
+// does not.
+const admitRefreshAfter = time.Millisecond
+
+// refreshCandidates reads the engines and this replica's load on them
+// again, for a request that waited (admission, the hold) or moved to
+// another pool (route.go).
+func (c *call) refreshCandidates() error {
+	c.cands, c.urls = c.cands[:0], c.urls[:0]
+	return c.candidates()
 }
 
 // schedule computes the prompt's chain keys and ranks the engines: the

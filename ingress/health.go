@@ -190,6 +190,10 @@ type engineHealth struct {
 	// (an attempt there fails for sure); a probe that fails otherwise
 	// (a timeout: alive but slow) clears it.
 	dead bool
+	// panicSent: panic routing sent it requests during this ejection, so
+	// an answer readmits it (observe); an answer to a request that left
+	// before the ejection does not.
+	panicSent bool
 }
 
 // ejector tracks engine health for one replica. Its probe loop is owned by
@@ -337,7 +341,7 @@ func (e *ejector) observe(up *upstream, result string) {
 	defer h.mu.Unlock()
 	h.url = up.url
 	if h.ejected.Load() {
-		if kind == healthOK && !h.identity && !h.dead && !h.gone {
+		if kind == healthOK && h.panicSent && !h.identity && !h.dead && !h.gone {
 			// Panic routing sent it a request (panicRoute) and it
 			// answered: it serves, whatever its probe said.
 			h.ejections = 0
@@ -426,7 +430,7 @@ func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
 		if !strings.HasPrefix(reason, "wrong_model") {
 			h.wrongModel = false
 		}
-		h.identity = h.wrongModel || strings.HasPrefix(reason, loopResult)
+		h.identity, h.panicSent = h.wrongModel || strings.HasPrefix(reason, loopResult), false
 		h.dead = strings.HasPrefix(reason, "connect_error") || strings.HasPrefix(reason, "client_cert_refused")
 		e.log.Warn("engine ejected from routing", "engine", h.id, "reason", reason, "first_probe_in", delay.Round(time.Millisecond).String())
 	}
@@ -578,7 +582,7 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 		case other != nil || errors.Is(err, ErrRoutingLoop):
 			h.identity = true
 		default:
-			h.dead = errors.Is(err, syscall.ECONNREFUSED)
+			h.dead = errors.Is(err, syscall.ECONNREFUSED) || refusedOurCert(err)
 		}
 		switch {
 		case h.idWarned || h.gone:
@@ -598,7 +602,7 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 
 // restoreLocked returns h to routing (how: for the log).
 func (e *ejector) restoreLocked(h *engineHealth, now time.Time, how string) {
-	h.consecutive, h.fails, h.reqs, h.stalled, h.wrongModel, h.identity, h.dead = 0, 0, 0, false, false, false, false
+	h.consecutive, h.fails, h.reqs, h.stalled, h.wrongModel, h.identity, h.dead, h.panicSent = 0, 0, 0, false, false, false, false, false
 	if h.ejected.Swap(false) {
 		e.nEjected.Add(-1)
 		e.restores.WithLabelValues(h.id).Inc()
@@ -781,9 +785,10 @@ func (e *ejector) state(id string) (ejected, byAnswers bool) {
 }
 
 // healthMembership marks ejected engines unhealthy in what membership
-// reports, so the scheduler's health filter drops them per request; but
-// when that would leave a model no engine its sidecars call ready, it
-// routes to the model's ejected engines anyway (panicRoute).
+// reports, so the scheduler's health filter drops them per request, and
+// marks those panic routing may set back (panicOK). Reading membership
+// has no side effect: only a request's own list is panic-routed
+// (panicRoute, from call.candidates).
 type healthMembership struct {
 	Membership
 	ej *ejector
@@ -793,12 +798,8 @@ func (m healthMembership) Engines(dst []EngineInfo) []EngineInfo {
 	n := len(dst)
 	dst = m.Membership.Engines(dst)
 	if m.ej.nEjected.Load() == 0 {
-		if m.ej.panicking.Load() {
-			m.ej.panicOver(dst[n:])
-		}
 		return dst
 	}
-	some := false
 	for i := n; i < len(dst); i++ {
 		out, byAnswers := m.ej.state(dst[i].ID)
 		if !out {
@@ -809,10 +810,6 @@ func (m healthMembership) Engines(dst []EngineInfo) []EngineInfo {
 		// replica's view cannot overrule.
 		dst[i].panicOK = byAnswers && dst[i].Healthy
 		dst[i].Healthy = false
-		some = some || dst[i].panicOK
-	}
-	if some || m.ej.panicking.Load() {
-		m.ej.panicRoute(dst[n:])
 	}
 	return dst
 }
@@ -826,18 +823,23 @@ func (m healthMembership) Engines(dst []EngineInfo) []EngineInfo {
 // outage until a probe answers (up to health.maxEjectionTime). A model's
 // panic starts and ends with a log line and is counted.
 func (e *ejector) panicRoute(list []EngineInfo) {
+	if e == nil || (e.nEjected.Load() == 0 && !e.panicking.Load()) {
+		return
+	}
+	routed := false
 	for i := range list {
-		if !list[i].panicOK {
-			continue
+		if !list[i].panicOK || list[i].Healthy {
+			continue // not ejected for its answers, or already set back
 		}
 		model := list[i].Model
 		if servable(list, model) {
 			continue
 		}
+		routed = true
 		for j := i; j < len(list); j++ {
 			if list[j].panicOK && list[j].Model == model {
 				list[j].Healthy = true
-				e.unstall(list[j].ID)
+				e.panicSend(list[j].ID)
 			}
 		}
 		e.panicMu.Lock()
@@ -849,20 +851,22 @@ func (e *ejector) panicRoute(list []EngineInfo) {
 		}
 		e.panicMu.Unlock()
 	}
-	e.panicOver(list)
+	if routed || e.panicking.Load() {
+		e.panicOver(list)
+	}
 }
 
-// unstall keeps the stall watch from cutting the requests panic routing
-// sends to engine id, ejected by the stall watch: they are the model's
-// only chance (a frozen engine's wait for a first byte is then bounded by
-// Config.FirstByteTimeout).
-func (e *ejector) unstall(id string) {
+// panicSend marks engine id as panic-routed: its next answer readmits it
+// (observe), and the stall watch does not cut the requests sent to it,
+// if it ejected it: they are the model's only chance (a frozen engine's
+// wait for a first byte is then bounded by Config.FirstByteTimeout).
+func (e *ejector) panicSend(id string) {
 	h := e.record(id)
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
-	h.stalled = false
+	h.stalled, h.panicSent = false, h.ejected.Load()
 	h.mu.Unlock()
 }
 
@@ -878,7 +882,7 @@ func (e *ejector) panicOver(list []EngineInfo) {
 				continue
 			}
 			ejected = ejected || list[i].panicOK
-			ready = ready || (list[i].Healthy && !list[i].panicOK && !list[i].PrefillOnly)
+			ready = ready || (list[i].Healthy && !list[i].panicOK && !list[i].prefillOnly())
 		}
 		if !ejected || ready {
 			delete(e.panicModels, model)
@@ -892,7 +896,7 @@ func (e *ejector) panicOver(list []EngineInfo) {
 // whole requests (not ejected, not an SGLang prefill-only server).
 func servable(list []EngineInfo, model string) bool {
 	for i := range list {
-		if list[i].Model == model && list[i].Healthy && !list[i].PrefillOnly {
+		if list[i].Model == model && list[i].Healthy && !list[i].prefillOnly() {
 			return true
 		}
 	}

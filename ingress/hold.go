@@ -414,8 +414,7 @@ func (c *call) holdStep(ctx *fasthttp.RequestCtx) error {
 		}
 		return fmt.Errorf("hold: %w: %w", ErrQueueTimeout, err)
 	}
-	c.cands, c.urls = c.cands[:0], c.urls[:0]
-	return c.candidates()
+	return c.refreshCandidates()
 }
 
 // holdPick moves the best-ranked engine the hold lets the request go to

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -87,5 +88,38 @@ func TestPanicRoutingWhenEveryEngineIsEjected(t *testing.T) {
 	}
 	if got := gaugeValue(t, reg, "kvmesh_ingress_health_panic_models"); got != 0 {
 		t.Fatalf("kvmesh_ingress_health_panic_models %v after an engine was readmitted, want 0", got)
+	}
+}
+
+// TestAnswerReadmitsOnlyWhenPanicRouted: an answer to a request that was
+// already in flight when its engine was ejected (a busy engine has many)
+// does not readmit it; only an answer while panic routing sends it
+// requests does. And a model with a ready SGLang prefill-only server but
+// no engine that serves whole requests is panic-routed.
+func TestAnswerReadmitsOnlyWhenPanicRouted(t *testing.T) {
+	e := newEjector(DefaultHealthConfig(), prometheus.NewRegistry(), "i")
+	up := &upstream{id: "d0", url: "http://127.0.0.1:1"}
+	for range 3 {
+		e.observe(up, "status_5xx")
+	}
+	if e.allowed("d0") {
+		t.Fatal("three 5xx in a row did not eject")
+	}
+	e.ok(up) // a request that started before the ejection
+	if e.allowed("d0") {
+		t.Fatal("an answer to a request sent before the ejection readmitted the engine")
+	}
+	list := []EngineInfo{
+		sglangPrefillAt("p0", "http://127.0.0.1:2"),
+		pdEngine("d0", scheduler.RoleDecode, up.url),
+	}
+	list[1].Healthy, list[1].panicOK = false, true // as healthMembership marks it
+	e.panicRoute(list)
+	if !list[1].Healthy || val(e.panics) != 1 {
+		t.Fatalf("decode engine healthy %v, panics %v: a prefill-only server cannot serve the model's requests", list[1].Healthy, val(e.panics))
+	}
+	e.ok(up)
+	if !e.allowed("d0") {
+		t.Fatal("an answer while panic-routed did not readmit the engine")
 	}
 }

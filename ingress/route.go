@@ -205,8 +205,8 @@ func (c *call) routeFallback(ctx *fasthttp.RequestCtx, lastErr error) bool {
 // (candidates, tokenization: the pool may use another tokenizer, keys,
 // ranking and the P/D plan), without charging the limits again.
 func (c *call) reschedule() error {
-	c.cands, c.urls, c.block = c.cands[:0], c.urls[:0], 0
-	if err := c.candidates(); err != nil {
+	c.block = 0
+	if err := c.refreshCandidates(); err != nil {
 		return err
 	}
 	c.body, c.wrap, c.dropUsage, c.approx, c.promptTokens, c.media = c.body[:0], false, false, 0, 0, 0
