@@ -122,6 +122,12 @@ type Engine struct {
 	TTFT, TPOT time.Duration
 }
 
+// Queued is the requests waiting at the engine: the larger of its report
+// (a snapshot, up to a scrape interval old) and the requests the routers
+// have in flight there beyond its running batch (sent since, not yet in a
+// report).
+func (e *Engine) Queued() int { return max(e.Waiting, e.InFlight-e.Running) }
+
 // Candidate is an engine under consideration for one request. The
 // framework fills Match and Hit before scorers and policies run.
 type Candidate struct {

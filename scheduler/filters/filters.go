@@ -101,7 +101,7 @@ func (MaxWaiting) Name() string { return "max-waiting" }
 
 // Keep implements scheduler.Filter.
 func (f MaxWaiting) Keep(_ *scheduler.Request, c *scheduler.Candidate) bool {
-	return f.Limit <= 0 || max(c.Waiting, c.InFlight-c.Running) <= f.Limit
+	return f.Limit <= 0 || c.Queued() <= f.Limit
 }
 
 // LoRA keeps engines that have the request's adapter loaded, when Strict;

@@ -249,7 +249,7 @@ func (k KVMesh) addPair(r *scheduler.Request, v *View, p, d int, out, xfer, dec,
 	ttft := tp.Queue + tp.Prefill + pstep + xfer + dstart
 	leg := tp.Queue + tp.Prefill + pstep
 	if cp.Role == scheduler.RolePrefill {
-		waiting := float64(max(cp.Waiting, cp.InFlight-cp.Running))
+		waiting := float64(cp.Queued())
 		leg += tp.Stall + (k.Cost.WaitingWeight*waiting+k.Cost.MissPenalty)*float64(unc)/prate
 	} else {
 		stall := tp.Stall

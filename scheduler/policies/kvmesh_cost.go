@@ -79,7 +79,7 @@ func (p KVMesh) Terms(r *scheduler.Request, c *scheduler.Candidate, uncachedToke
 		active = n * ctx // the caller does not track tokens: assume requests like this one
 	}
 	tpot := base + perTok*(active+ctx)
-	behind := min(float64(max(c.Waiting, c.InFlight-c.Running)), n)
+	behind := min(float64(c.Queued()), n)
 	return Terms{
 		Queue:   queued / rate,
 		Prefill: uncached / rate,
