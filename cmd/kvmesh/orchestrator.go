@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/logutil"
@@ -186,14 +185,6 @@ func checkWebhookTakeover(ctx context.Context, restCfg *rest.Config, takeover bo
 		"process only, an orchestrator running in the cluster writes its Service back (a tug of war), and a later install or upgrade must delete the "+
 		"configuration first", "configuration", webhook.ConfigName, "was", err)
 	return nil
-}
-
-// klogToSlog sends client-go's log (klog: leader election's "attempting to
-// acquire leader lease", a failed lease read, ...) through log, so it
-// comes out in the command's format and level, not as klog's text lines
-// among the JSON ones a log pipeline parses.
-func klogToSlog(log *slog.Logger) {
-	klog.SetSlogLogger(log.With("component", "client-go"))
 }
 
 // checkListenAddr is nil when addr, flag name's value, is HOST:PORT with

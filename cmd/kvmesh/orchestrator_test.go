@@ -561,8 +561,9 @@ func TestOrchestratorConfigMistakes(t *testing.T) {
 // through its own logger, one JSON object each, not klog's text.
 func TestOrchestratorKlogIsJSON(t *testing.T) {
 	var buf testutil.SyncBuffer
+	prev := klogTarget.Load()
+	t.Cleanup(func() { klogTarget.Store(prev) })
 	klogToSlog(logutil.New(&buf, logutil.JSON, slog.LevelInfo))
-	t.Cleanup(klog.ClearLogger)
 	klog.Infof("attempting to acquire leader lease %s", "kvmesh/x")
 	klog.ErrorS(errors.New("refused"), "error retrieving resource lock")
 	klog.Flush()
