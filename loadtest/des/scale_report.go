@@ -32,27 +32,24 @@ type ScaleWindow struct {
 	TPOTCount int     `json:"-"`
 }
 
-// scaleWindowJSON is ScaleWindow's JSON: its fields in its order, the
-// latencies of a window that finished none as pointers (nil: null).
+// scaleWindowJSON is ScaleWindow's JSON: its fields, the latencies of a
+// window that finished none as pointers (nil: null) over the embedded
+// ones (a field added to ScaleWindow is in the JSON without a copy here).
 type scaleWindowJSON struct {
-	T            float64  `json:"t_s"`
-	Prefill      int      `json:"prefill"`
-	Decode       int      `json:"decode"`
-	PrefillReady int      `json:"prefill_ready"`
-	DecodeReady  int      `json:"decode_ready"`
-	ArrivalRPS   float64  `json:"arrival_rps"`
-	Finished     int      `json:"finished"`
-	Attainment   float64  `json:"attainment"`
-	TTFTP90      *float64 `json:"ttft_p90_s"`
-	TPOTP90      *float64 `json:"tpot_p90_s"`
+	scaleWindowFields
+	TTFTP90 *float64 `json:"ttft_p90_s"`
+	TPOTP90 *float64 `json:"tpot_p90_s"`
 }
+
+// scaleWindowFields is ScaleWindow without its methods (so without
+// MarshalJSON).
+type scaleWindowFields ScaleWindow
 
 // MarshalJSON writes w's JSON fields, null for the TTFT p90 when no
 // request finished in the window and for the TPOT p90 when none of them
 // had two output tokens (a 0 there reads as the best latency).
 func (w ScaleWindow) MarshalJSON() ([]byte, error) {
-	return json.Marshal(scaleWindowJSON{T: w.T, Prefill: w.Prefill, Decode: w.Decode, PrefillReady: w.PrefillReady,
-		DecodeReady: w.DecodeReady, ArrivalRPS: w.ArrivalRPS, Finished: w.Finished, Attainment: w.Attainment,
+	return json.Marshal(scaleWindowJSON{scaleWindowFields: scaleWindowFields(w),
 		TTFTP90: optFloat(w.Finished > 0, w.TTFTP90), TPOTP90: optFloat(w.Finished > 0 && w.TPOTCount > 0, w.TPOTP90)})
 }
 
@@ -98,29 +95,20 @@ type ScaleResult struct {
 	Wall    time.Duration `json:"-"`
 }
 
-// scaleResultJSON is ScaleResult's JSON: its fields in its order, the
-// latencies undefined when nothing completed as pointers (nil: null).
+// scaleResultJSON is ScaleResult's JSON: its fields, the latencies
+// undefined when nothing completed as pointers (nil: null) over the
+// embedded ones (a field added to ScaleResult is in the JSON without a
+// copy here).
 type scaleResultJSON struct {
-	Autoscaler      string        `json:"autoscaler"`
-	Setting         string        `json:"setting"`
-	Attainment      float64       `json:"attainment"`
-	Completed       int           `json:"completed"`
-	Failed          int           `json:"failed"`
-	TTFTP90         *float64      `json:"ttft_p90_s"`
-	TTFTP99         *float64      `json:"ttft_p99_s"`
-	TPOTP90         *float64      `json:"tpot_p90_s"`
-	TPOTP99         *float64      `json:"tpot_p99_s"`
-	GPUHours        float64       `json:"gpu_hours"`
-	PrefillGPUHours float64       `json:"prefill_gpu_hours"`
-	DecodeGPUHours  float64       `json:"decode_gpu_hours"`
-	PeakPrefill     int           `json:"peak_prefill"`
-	PeakDecode      int           `json:"peak_decode"`
-	EnginesStarted  int           `json:"engines_started"`
-	ScaleDecisions  int           `json:"scale_decisions"`
-	Disaggregated   float64       `json:"disaggregated"`
-	Span            float64       `json:"span_s"`
-	Windows         []ScaleWindow `json:"windows"`
+	scaleResultFields
+	TTFTP90 *float64 `json:"ttft_p90_s"`
+	TTFTP99 *float64 `json:"ttft_p99_s"`
+	TPOTP90 *float64 `json:"tpot_p90_s"`
+	TPOTP99 *float64 `json:"tpot_p99_s"`
 }
+
+// scaleResultFields is ScaleResult without its methods.
+type scaleResultFields ScaleResult
 
 // MarshalJSON writes r's JSON fields, null for the latencies when no
 // request completed and for the TPOTs also when none had two output
@@ -128,12 +116,9 @@ type scaleResultJSON struct {
 // best). Attainment stays a number: none of the requests met the SLOs.
 func (r ScaleResult) MarshalJSON() ([]byte, error) {
 	done, tpot := r.Completed > 0, r.Completed > 0 && r.TPOTCount > 0
-	return json.Marshal(scaleResultJSON{Autoscaler: r.Autoscaler, Setting: r.Setting, Attainment: r.Attainment,
-		Completed: r.Completed, Failed: r.Failed, TTFTP90: optFloat(done, r.TTFTP90), TTFTP99: optFloat(done, r.TTFTP99),
-		TPOTP90: optFloat(tpot, r.TPOTP90), TPOTP99: optFloat(tpot, r.TPOTP99), GPUHours: r.GPUHours,
-		PrefillGPUHours: r.PrefillGPUHours, DecodeGPUHours: r.DecodeGPUHours, PeakPrefill: r.PeakPrefill,
-		PeakDecode: r.PeakDecode, EnginesStarted: r.EnginesStarted, ScaleDecisions: r.ScaleDecisions,
-		Disaggregated: r.Disaggregated, Span: r.Span, Windows: r.Windows})
+	return json.Marshal(scaleResultJSON{scaleResultFields: scaleResultFields(r),
+		TTFTP90: optFloat(done, r.TTFTP90), TTFTP99: optFloat(done, r.TTFTP99),
+		TPOTP90: optFloat(tpot, r.TPOTP90), TPOTP99: optFloat(tpot, r.TPOTP99)})
 }
 
 // latencyCells are r's table cells for its TTFT p99 (seconds) and TPOT
