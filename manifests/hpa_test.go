@@ -45,14 +45,7 @@ func TestHPATargetsHaveNoReplicas(t *testing.T) {
 // applied again (the documented upgrade) succeed without --force-conflicts
 // and keep the HPA's count.
 func TestIngressReapplyAfterHPAScale(t *testing.T) {
-	srv := kubetest.Shared(t)
-	kc := kubectl(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	ns := srv.Namespace(t)
-	d := find(t, render(t, kc, "base"), "Deployment", "kvmesh-ingress")
-	d.SetNamespace(ns)
-	deps := dynamic.NewForConfigOrDie(srv.Config).Resource(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}).Namespace(ns)
+	ctx, d, deps := ingressDeployment(t)
 	apply := func() error {
 		_, err := deps.Apply(ctx, d.GetName(), d, metav1.ApplyOptions{FieldManager: "kubectl"})
 		return err
@@ -81,18 +74,12 @@ func TestIngressReapplyAfterHPAScale(t *testing.T) {
 // applies only replicas, then the new manifest (without them) is applied and
 // the count stays where it was instead of falling to the default 1.
 func TestIngressReplicasHandoverToHPA(t *testing.T) {
-	srv := kubetest.Shared(t)
-	kc := kubectl(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	ns := srv.Namespace(t)
-	d := find(t, render(t, kc, "base"), "Deployment", "kvmesh-ingress")
-	d.SetNamespace(ns)
+	ctx, d, deps := ingressDeployment(t)
+	ns := d.GetNamespace()
 	old := d.DeepCopy()
 	if err := unstructured.SetNestedField(old.Object, int64(2), "spec", "replicas"); err != nil {
 		t.Fatal(err)
 	}
-	deps := dynamic.NewForConfigOrDie(srv.Config).Resource(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}).Namespace(ns)
 	if _, err := deps.Apply(ctx, d.GetName(), old, metav1.ApplyOptions{FieldManager: "kubectl"}); err != nil {
 		t.Fatal(err)
 	}
@@ -111,4 +98,19 @@ func TestIngressReplicasHandoverToHPA(t *testing.T) {
 	if r, _, _ := unstructured.NestedInt64(got.Object, "spec", "replicas"); r != 2 {
 		t.Errorf("replicas after the upgrade: %d, want 2", r)
 	}
+}
+
+// ingressDeployment renders the install's ingress Deployment into a fresh
+// namespace of the shared test API server (not yet applied) and returns it
+// with a client for Deployments there and a context ending with the test.
+func ingressDeployment(t *testing.T) (context.Context, *unstructured.Unstructured, dynamic.ResourceInterface) {
+	t.Helper()
+	srv := kubetest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	ns := srv.Namespace(t)
+	d := find(t, render(t, kubectl(t), "base"), "Deployment", "kvmesh-ingress")
+	d.SetNamespace(ns)
+	deps := dynamic.NewForConfigOrDie(srv.Config).Resource(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}).Namespace(ns)
+	return ctx, d, deps
 }
