@@ -2,11 +2,7 @@ package ingress
 
 import (
 	"context"
-	"errors"
 	"strings"
-	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/gossip/natsrelay"
@@ -45,41 +41,43 @@ func (s *Server) startStateLane(ctx context.Context, conn *natsutil.Conn) {
 	if _, err := cl.lane.pub.Register(s.deps.Registry); err != nil {
 		s.log.Warn("state lane: metrics not registered", "err", err)
 	}
+	// Told before the subscription is sent, so no refusal goes unseen.
+	refused := make(chan error, 1)
+	stopWatch := conn.OnPermissionViolation(func(err error) {
+		cl.lane.pub.PermissionViolation(err)
+		if strings.Contains(err.Error(), "Subscription to \""+natsutil.StateWildcard+"\"") {
+			select {
+			case refused <- err:
+			default: // one is pending already
+			}
+		}
+	})
 	cl.wg.Go(func() { cl.lane.pub.Run(ctx, conn.NC) })
 	sub, err := natsrelay.Subscribe(conn.NC, cl.node, s.log)
 	if err != nil {
+		stopWatch()
 		s.log.Error("state lane off: gossip alone carries engine load", "err", err)
 		return
 	}
 	if _, err := sub.Register(s.deps.Registry); err != nil {
 		s.log.Warn("state lane: metrics not registered", "err", err)
 	}
-	cl.wg.Go(func() { s.checkLaneSubscription(ctx, conn.NC, sub) })
+	cl.wg.Go(func() {
+		defer stopWatch()
+		s.watchLaneSubscription(ctx, sub, refused)
+	})
 }
 
-// laneFlushTimeout bounds each round trip checkLaneSubscription waits for.
-const laneFlushTimeout = 5 * time.Second
-
-// checkLaneSubscription says so when the server refused the lane's
+// watchLaneSubscription says so when the server refused the lane's
 // subscription (a NATS user whose permissions predate the lane: a half
-// applied upgrade). NATS refuses a subscription asynchronously, with an
-// error ahead of the reply to the next ping, so once a flush has come back
-// the refusal, if any, is the connection's last error. It tries until the
-// connection has answered one flush or ctx ends (the ingress may start
-// before NATS).
-func (s *Server) checkLaneSubscription(ctx context.Context, nc *nats.Conn, sub *natsrelay.Subscription) {
-	for ctx.Err() == nil {
-		fctx, cancel := context.WithTimeout(ctx, laneFlushTimeout)
-		err := nc.FlushWithContext(fctx)
-		if err != nil && ctx.Err() == nil {
-			<-fctx.Done() // not connected yet: FlushWithContext fails at once; wait out the round
-		}
-		cancel()
-		if err == nil {
-			break
-		}
-	}
-	if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Subscription to \""+natsutil.StateWildcard+"\"") {
+// applied upgrade), whenever that happens: NATS refuses a subscription
+// asynchronously, when it is first sent (the ingress may start before
+// NATS) or sent again after a reconnect. It ends at the first refusal or
+// with ctx.
+func (s *Server) watchLaneSubscription(ctx context.Context, sub *natsrelay.Subscription, refused <-chan error) {
+	select {
+	case <-ctx.Done():
+	case err := <-refused:
 		_ = sub.Unsubscribe()
 		s.log.Error("state lane off: the NATS user may not subscribe to "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries engine load meanwhile", "err", err)
 	}

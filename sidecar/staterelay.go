@@ -25,6 +25,7 @@ func (s *Sidecar) startStateLane(ctx context.Context, wg *sync.WaitGroup, gc *go
 		s.log.Warn("state lane: metrics not registered", "err", err)
 	}
 	gc.Relay = pub
+	stopWatch := conn.OnPermissionViolation(pub.PermissionViolation) // a user refused the lane: Run says so and stops
 	wg.Add(1)
-	go func() { defer wg.Done(); pub.Run(ctx, conn.NC) }()
+	go func() { defer wg.Done(); defer stopWatch(); pub.Run(ctx, conn.NC) }()
 }

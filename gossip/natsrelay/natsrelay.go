@@ -55,6 +55,7 @@ type Publisher struct {
 	member  string            // whose subject is subject
 	subject string
 	wake    chan struct{} // capacity 1: pending has something
+	refused chan error    // capacity 1: the server refused a publish on the lane (PermissionViolation)
 
 	log        *slog.Logger
 	published  atomic.Uint64
@@ -82,7 +83,21 @@ func NewPublisher(log *slog.Logger) *Publisher {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Publisher{pending: map[string]outMsg{}, last: map[string]outMsg{}, wake: make(chan struct{}, 1), log: log}
+	return &Publisher{pending: map[string]outMsg{}, last: map[string]outMsg{}, wake: make(chan struct{}, 1), refused: make(chan error, 1), log: log}
+}
+
+// PermissionViolation tells the publisher of a permission violation the
+// server reported on its connection (natsutil.Conn's
+// OnPermissionViolation): when err is a refused publish on the lane, Run
+// logs it and stops. It never blocks.
+func (p *Publisher) PermissionViolation(err error) {
+	if err == nil || !strings.Contains(err.Error(), "Publish to \""+natsutil.StatePrefix) {
+		return
+	}
+	select {
+	case p.refused <- err:
+	default: // one is pending already
+	}
 }
 
 // Relay records msg as key's newest, to be published on
@@ -113,8 +128,9 @@ func (p *Publisher) Relay(member, key string, msg []byte) {
 // counted as oversize and logged at error once per key until one of the
 // key's messages fits again; gossip's push/pull still carries the entry.
 // When the server refuses the lane's subject (a NATS user whose permissions
-// predate it), Run logs that once and returns: each refused publish would
-// log a NATS error, several a second.
+// predate it; NATS says so asynchronously, and the owner passes it on to
+// PermissionViolation), Run logs that once and returns: each refused
+// publish would log a NATS error, several a second.
 func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 	p.publishing.Store(true)
 	defer p.publishing.Store(false)
@@ -144,6 +160,9 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 			p.resent.Add(1)
 			lost = false
 		case <-p.wake:
+		case err := <-p.refused:
+			p.log.Error("state lane off: the NATS user may not publish on "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries the state meanwhile", "err", err)
+			return
 		}
 		p.mu.Lock()
 		batch, p.pending = p.pending, batch
@@ -166,10 +185,6 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 				}
 			}
 			delete(batch, k)
-		}
-		if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to \""+natsutil.StatePrefix) {
-			p.log.Error("state lane off: the NATS user may not publish on "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries the state meanwhile", "err", err)
-			return
 		}
 	}
 }

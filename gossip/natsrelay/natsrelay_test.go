@@ -268,18 +268,26 @@ func (r *recorder) msg(i int) []byte {
 }
 
 // A NATS user whose permissions predate the lane: the publisher stops
-// after the first refusal instead of drawing a NATS error per publish.
+// after the first refusal instead of drawing a NATS error per publish. Each
+// refused lane publish is followed at once by a refused publish elsewhere
+// (an ingress's JetStream requests under the same user), which would hide
+// the lane's from a look at the connection's last error.
 func TestPublisherStopsWhenTheSubjectIsRefused(t *testing.T) {
 	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "old", Password: "pw", Permissions: &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>"}}}}}})
-	var asyncErrs atomic.Int64
+	p := NewPublisher(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var laneErrs atomic.Int64
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("old", "pw"),
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) { asyncErrs.Add(1) }))
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if strings.Contains(err.Error(), natsutil.StatePrefix) {
+				laneErrs.Add(1)
+			}
+			p.PermissionViolation(err) // what natsutil.Conn's OnPermissionViolation does
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	p := NewPublisher(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	done := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -298,12 +306,18 @@ func TestPublisherStopsWhenTheSubjectIsRefused(t *testing.T) {
 		}
 		p.Relay("m", "k", []byte{byte(i)})
 		testutil.WaitFor(t, 5*time.Second, "the message handed to NATS", func() bool { return p.published.Load()+p.failed.Load() > uint64(i) || stopped() })
+		if err := nc.Publish("$JS.API.STREAM.INFO.KVMESH_DELTAS", nil); err != nil {
+			t.Fatal(err)
+		}
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := asyncErrs.Load(); n > 5 {
-		t.Fatalf("%d NATS errors before the publisher stopped", n)
+	if n := laneErrs.Load(); n > 5 {
+		t.Fatalf("%d lane publishes refused before the publisher stopped", n)
+	}
+	if p.publishing.Load() {
+		t.Fatal("the publisher says it publishes after it stopped")
 	}
 }
 

@@ -38,6 +38,11 @@ type Conn struct {
 	// pubOK is told of each JetStream publish the stream acked
 	// (OnPublishOK).
 	pubOK atomic.Pointer[func()]
+	// denied holds the watchers told of each permission violation the
+	// server reports (OnPermissionViolation), by registration number.
+	deniedMu   sync.Mutex
+	denied     map[int]func(error)
+	deniedNext int
 	// up is Connected: set by the connection's (re)connect handlers,
 	// cleared by its disconnect and close handlers.
 	up atomic.Bool
@@ -93,7 +98,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		log.Info("started embedded nats server", "url", e.URL(), "store", e.StoreDir())
 	}
 	c.connected, c.check, c.quit = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
-	opts, err := options(cfg, log, &c.up, c.onConnect)
+	opts, err := options(cfg, log, &c.up, c.onConnect, c.permissionViolation)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -168,6 +173,43 @@ func (c *Conn) OnPublishOK(fn func()) {
 		return
 	}
 	c.pubOK.Store(&fn)
+}
+
+// OnPermissionViolation adds fn to the watchers told of every permission
+// violation the server reports on the connection (a refused subscription or
+// publish: NATS says so asynchronously, naming the subject in the error)
+// and returns a func that removes it. fn runs on nats.go's callback
+// goroutine, in the order the server's errors arrived, and must not block.
+// Unlike the connection's LastError, which the next error overwrites (a
+// refused JetStream request a moment later), every violation reaches every
+// watcher.
+func (c *Conn) OnPermissionViolation(fn func(err error)) (remove func()) {
+	c.deniedMu.Lock()
+	defer c.deniedMu.Unlock()
+	if c.denied == nil {
+		c.denied = map[int]func(error){}
+	}
+	id := c.deniedNext
+	c.deniedNext++
+	c.denied[id] = fn
+	return func() {
+		c.deniedMu.Lock()
+		delete(c.denied, id)
+		c.deniedMu.Unlock()
+	}
+}
+
+// permissionViolation tells the OnPermissionViolation watchers of err.
+func (c *Conn) permissionViolation(err error) {
+	c.deniedMu.Lock()
+	fns := make([]func(error), 0, len(c.denied))
+	for _, fn := range c.denied {
+		fns = append(fns, fn)
+	}
+	c.deniedMu.Unlock()
+	for _, fn := range fns {
+		fn(err)
+	}
 }
 
 // publishFailed is the JetStream async error handler.
@@ -302,10 +344,11 @@ func (c *Conn) Close() {
 
 // options builds the connection's options; up follows the connection (set
 // on each (re)connect, cleared on each disconnect and on close) and
-// connected is called on each (re)connect. The handlers run in order on
+// connected is called on each (re)connect; denied is told of each
+// permission violation the server reports. The handlers run in order on
 // nats.go's callback goroutine; up is set before anything that could take
 // the connection's lock.
-func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats.Conn)) ([]nats.Option, error) {
+func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats.Conn), denied func(error)) ([]nats.Option, error) {
 	ping, pings := cfg.pings()
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
@@ -349,6 +392,9 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats
 			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				denied(err)
+			}
 			if sub != nil {
 				// Slow consumers drop messages; receivers see the gap and resync.
 				log.Warn("nats async error", "subject", sub.Subject, "err", err)
