@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -89,4 +90,47 @@ func TestIngressSaysWhenTheLaneSubscriptionIsRefused(t *testing.T) {
 	testutil.WaitFor(t, 15*time.Second, "the refused subscription logged", func() bool {
 		return strings.Contains(buf.String(), "state lane off: the NATS user may not subscribe to kvmesh.state.>")
 	})
+}
+
+// A NATS user whose permissions predate the lane altogether (neither
+// subscribe nor publish on kvmesh.state.>): both refusals are said once,
+// and the publisher stops instead of drawing a NATS error per publish, even
+// though the subscription's watch ended first.
+func TestIngressSaysWhenTheLaneIsRefusedBothWays(t *testing.T) {
+	old := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"kvmesh.snap.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>", "_INBOX.>"}},
+	}
+	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "ingress", Password: "ingress-pw", Permissions: old}}})
+	log, buf := syncLog()
+	cfg := testConfig()
+	cfg.Cluster.GossipBind, cfg.Cluster.GossipProfile = "127.0.0.1:0", "local"
+	cfg.Cluster.NATSURLs = []string{srv.ClientURL()}
+	cfg.Cluster.NATSAuth = natsutil.Auth{User: "ingress", Password: "ingress-pw"}
+	reg := prometheus.NewRegistry()
+	s := startIngress(t, cfg, Deps{Logger: log, Registry: reg})
+	testutil.WaitFor(t, 15*time.Second, "the refused subscription logged", func() bool {
+		return strings.Contains(buf.String(), "state lane off: the NATS user may not subscribe to kvmesh.state.>")
+	})
+	published := func() float64 { return metricOf(t, reg, "kvmesh_gossip_nats_published_total").GetCounter().GetValue() }
+	publishing := func() bool { return gaugeValue(t, reg, "kvmesh_gossip_nats_publishing") == 1 }
+	// Own entries change (what the gossip node relays on each change)
+	// until the publisher gives up; bounded.
+	for i := 0; !strings.Contains(buf.String(), "state lane off: the NATS user may not publish on kvmesh.state.>"); i++ {
+		if i > 1000 {
+			t.Fatal("the publisher never said the lane's publishes are refused")
+		}
+		before := published()
+		s.cl.lane.pub.Relay("me", "k", []byte{byte(i)})
+		testutil.WaitFor(t, 10*time.Second, "the entry handed to NATS", func() bool {
+			return published() > before || !publishing()
+		})
+		if err := s.cl.nc.NC.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "the publisher stopped", func() bool { return !publishing() })
+	if n := strings.Count(buf.String(), "may not publish on kvmesh.state.>"); n != 1 {
+		t.Fatalf("the publish refusal logged %d times, want once", n)
+	}
 }

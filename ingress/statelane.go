@@ -41,10 +41,16 @@ func (s *Server) startStateLane(ctx context.Context, conn *natsutil.Conn) {
 	if _, err := cl.lane.pub.Register(s.deps.Registry); err != nil {
 		s.log.Warn("state lane: metrics not registered", "err", err)
 	}
-	// Told before the subscription is sent, so no refusal goes unseen.
+	// Each watcher is told before its subject is used, so no refusal goes
+	// unseen, and lives as long as what it watches: the publisher's as
+	// long as Run, the subscription's until its check ends.
+	stopPubWatch := conn.OnPermissionViolation(cl.lane.pub.PermissionViolation)
+	cl.wg.Go(func() {
+		defer stopPubWatch()
+		cl.lane.pub.Run(ctx, conn.NC)
+	})
 	refused := make(chan error, 1)
 	stopWatch := conn.OnPermissionViolation(func(err error) {
-		cl.lane.pub.PermissionViolation(err)
 		if strings.Contains(err.Error(), "Subscription to \""+natsutil.StateWildcard+"\"") {
 			select {
 			case refused <- err:
@@ -52,7 +58,6 @@ func (s *Server) startStateLane(ctx context.Context, conn *natsutil.Conn) {
 			}
 		}
 	})
-	cl.wg.Go(func() { cl.lane.pub.Run(ctx, conn.NC) })
 	sub, err := natsrelay.Subscribe(conn.NC, cl.node, s.log)
 	if err != nil {
 		stopWatch()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,10 +40,10 @@ type Conn struct {
 	// (OnPublishOK).
 	pubOK atomic.Pointer[func()]
 	// denied holds the watchers told of each permission violation the
-	// server reports (OnPermissionViolation), by registration number.
+	// server reports (OnPermissionViolation), in the order they were added.
 	deniedMu   sync.Mutex
-	denied     map[int]func(error)
-	deniedNext int
+	denied     []permWatcher
+	deniedNext uint64
 	// up is Connected: set by the connection's (re)connect handlers,
 	// cleared by its disconnect and close handlers.
 	up atomic.Bool
@@ -178,37 +179,38 @@ func (c *Conn) OnPublishOK(fn func()) {
 // OnPermissionViolation adds fn to the watchers told of every permission
 // violation the server reports on the connection (a refused subscription or
 // publish: NATS says so asynchronously, naming the subject in the error)
-// and returns a func that removes it. fn runs on nats.go's callback
-// goroutine, in the order the server's errors arrived, and must not block.
-// Unlike the connection's LastError, which the next error overwrites (a
-// refused JetStream request a moment later), every violation reaches every
-// watcher.
+// and returns a func that removes it. Watchers are told in the order they
+// were added, on nats.go's callback goroutine, in the order the server's
+// errors arrived; fn must not block. Unlike the connection's LastError,
+// which the next error overwrites (a refused JetStream request a moment
+// later), every violation reaches every watcher. Once remove has returned,
+// fn is not called again.
 func (c *Conn) OnPermissionViolation(fn func(err error)) (remove func()) {
 	c.deniedMu.Lock()
 	defer c.deniedMu.Unlock()
-	if c.denied == nil {
-		c.denied = map[int]func(error){}
-	}
 	id := c.deniedNext
 	c.deniedNext++
-	c.denied[id] = fn
+	c.denied = append(c.denied, permWatcher{id, fn})
 	return func() {
 		c.deniedMu.Lock()
-		delete(c.denied, id)
-		c.deniedMu.Unlock()
+		defer c.deniedMu.Unlock()
+		c.denied = slices.DeleteFunc(c.denied, func(w permWatcher) bool { return w.id == id })
 	}
 }
 
-// permissionViolation tells the OnPermissionViolation watchers of err.
+type permWatcher struct {
+	id uint64
+	fn func(error)
+}
+
+// permissionViolation tells the OnPermissionViolation watchers of err. It
+// holds the lock across the calls (each short and non-blocking), so a
+// watcher removed meanwhile is not called after its remove returned.
 func (c *Conn) permissionViolation(err error) {
 	c.deniedMu.Lock()
-	fns := make([]func(error), 0, len(c.denied))
-	for _, fn := range c.denied {
-		fns = append(fns, fn)
-	}
-	c.deniedMu.Unlock()
-	for _, fn := range fns {
-		fn(err)
+	defer c.deniedMu.Unlock()
+	for _, w := range c.denied {
+		w.fn(err)
 	}
 }
 

@@ -33,9 +33,10 @@ func TestOnPermissionViolationTellsEveryRefusal(t *testing.T) {
 	}
 	defer c.Close()
 
+	// gone is added first: watchers are told in the order they were added.
 	kept, gone := make(chan error, 8), make(chan error, 8)
-	c.OnPermissionViolation(func(err error) { kept <- err })
 	remove := c.OnPermissionViolation(func(err error) { gone <- err })
+	c.OnPermissionViolation(func(err error) { kept <- err })
 
 	if _, err := c.NC.SubscribeSync("no.sub"); err != nil {
 		t.Fatal(err)
@@ -48,7 +49,7 @@ func TestOnPermissionViolationTellsEveryRefusal(t *testing.T) {
 	}
 	want := []string{`Subscription to "no.sub"`, `Publish to "no.pub"`}
 	for _, w := range want {
-		for i, ch := range []chan error{kept, gone} {
+		for i, ch := range []chan error{gone, kept} {
 			select {
 			case err := <-ch:
 				if !strings.Contains(err.Error(), w) {
@@ -72,8 +73,8 @@ func TestOnPermissionViolationTellsEveryRefusal(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the kept watcher was not told of the third violation")
 	}
-	// Watchers run in order on one goroutine: had the removed one still
-	// been registered, it would have been told by now.
+	// Watchers are told in the order they were added: had the removed one
+	// still been there, it would have been told before the kept one.
 	select {
 	case err := <-gone:
 		t.Fatalf("a removed watcher was told of %v", err)
