@@ -381,7 +381,6 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 		}
 	}
 	if s.deps.Admitter != nil {
-		t := time.Now()
 		rel, err := c.acquire(ctx, promptTokens)
 		if err != nil {
 			if s.deps.ClassifyError != nil {
@@ -393,23 +392,19 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 			return fmt.Errorf("admission: %w", err)
 		}
 		c.release = rel
-		if time.Since(t) > admitRefreshAfter {
-			// Routed on the engines' load when admitted, not when it
-			// arrived: requests that waited together in the admission
-			// queue (up to its maxWait) would all carry the view of their
-			// arrival and go to the engine that looked emptiest then,
-			// while others sat idle.
-			return c.refreshCandidates()
-		}
+		// Routed on the engines' load when admitted, not when it
+		// arrived: requests that waited together in the admission queue
+		// (up to its maxWait) would all carry the view of their arrival
+		// and go to the engine that looked emptiest then, while others
+		// sat idle. Read again after every admission: no wait is too
+		// short to matter (a waiter woken a microsecond after it queued
+		// was woken by a request that finished), and the read is the one
+		// the request made on arrival (the engines' snapshot, no
+		// allocation).
+		return c.refreshCandidates()
 	}
 	return nil
 }
-
-// admitRefreshAfter is the admission wait past which a request's
-// candidates are read again: a request admitted at once keeps the view it
-// was tokenized with (the same instant, give or take), one that queued
-// does not.
-const admitRefreshAfter = time.Millisecond
 
 // refreshCandidates reads the engines and this replica's load on them
 // again, for a request that waited (admission, the hold) or moved to
