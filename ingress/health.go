@@ -884,9 +884,16 @@ func (e *ejector) panicOver(list []EngineInfo) {
 			ejected = ejected || list[i].panicOK
 			ready = ready || (list[i].Healthy && !list[i].panicOK && !list[i].prefillOnly())
 		}
-		if !ejected || ready {
+		switch {
+		case ready:
 			delete(e.panicModels, model)
 			e.log.Info("an engine of the model is back in routing: panic routing over", "model", model)
+		case !ejected:
+			// Restored engines count as ready above: these left panic
+			// routing otherwise (their sidecar calls them not ready, or
+			// they left membership), and no engine of the model serves.
+			delete(e.panicModels, model)
+			e.log.Warn("no engine of the model is ejected for its answers any more, and none is ready (not ready by its sidecar, or gone): panic routing over", "model", model)
 		}
 	}
 	e.panicking.Store(len(e.panicModels) > 0)

@@ -6,6 +6,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -121,5 +122,36 @@ func TestAnswerReadmitsOnlyWhenPanicRouted(t *testing.T) {
 	e.ok(up)
 	if !e.allowed("d0") {
 		t.Fatal("an answer while panic-routed did not readmit the engine")
+	}
+}
+
+// A panic that ends because the model's ejected engines left panic routing
+// (their sidecar calls them not ready) says no engine serves, not that one
+// is back in routing.
+func TestPanicOverWithNoEngineBackSaysSo(t *testing.T) {
+	e := newEjector(DefaultHealthConfig(), prometheus.NewRegistry(), "i")
+	log, logs := syncLog()
+	e.log = log
+	up := &upstream{id: "d0", url: "http://127.0.0.1:1"}
+	for range 3 {
+		e.observe(up, "status_5xx")
+	}
+	list := []EngineInfo{pdEngine("d0", 0, up.url)}
+	list[0].Healthy, list[0].panicOK = false, true // as healthMembership marks it
+	e.panicRoute(list)
+	if !e.panicking.Load() {
+		t.Fatal("no panic with every engine of the model ejected")
+	}
+	// The sidecar now calls it not ready: healthMembership no longer marks
+	// it panicOK, and no engine of the model is ready.
+	list = []EngineInfo{pdEngine("d0", 0, up.url)}
+	list[0].Healthy = false
+	e.panicRoute(list)
+	if e.panicking.Load() {
+		t.Fatal("the panic did not end with no ejected engine left")
+	}
+	out := logs.String()
+	if strings.Contains(out, "back in routing") || !strings.Contains(out, "none is ready") {
+		t.Fatalf("log %q: want the panic's end to say no engine is ready", out)
 	}
 }
