@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,8 +57,8 @@ func (p *flagProblems) addErr(err error) {
 
 // err is the usage error listing every problem, nil when there is none.
 func (p *flagProblems) err() error {
-	for _, e := range p.pending {
-		p.add("%v (from the environment)", e)
+	for _, name := range slices.Sorted(maps.Keys(p.pending)) { // the same order on every run
+		p.add("%v (from the environment)", p.pending[name])
 	}
 	p.pending = nil
 	if len(p.probs) == 0 {

@@ -61,7 +61,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stdout) // asked for: on stdout, so `kvmesh -h | less` shows it
 		return 0
 	case args[0] == "help":
-		return run([]string{args[1], "-h"}, stdout, stderr) // kvmesh help ingress
+		// kvmesh help ingress: asked for, so on stdout as the top-level
+		// help (an unknown command's suggestion stays on stderr).
+		for _, c := range commands {
+			if c.name == args[1] {
+				return run([]string{args[1], "-h"}, stdout, stdout)
+			}
+		}
+		return run([]string{args[1], "-h"}, stdout, stderr)
 	case args[0] == "version" || args[0] == "--version" || args[0] == "-version":
 		fmt.Fprintln(stdout, "kvmesh", version())
 		return 0

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -18,7 +19,8 @@ func TestTopLevelHelpAndVersion(t *testing.T) {
 		{args: []string{"-h"}, stdout: "Usage: kvmesh <command>"},
 		{args: []string{"help"}, stdout: "Usage: kvmesh <command>"},
 		{args: nil, code: 2, stderr: "Usage: kvmesh <command>"},
-		{args: []string{"help", "ingress"}, stderr: "Usage of kvmesh ingress:", notError: "Usage: kvmesh <command>"},
+		{args: []string{"help", "ingress"}, stdout: "Usage of kvmesh ingress:", notError: "Usage"},
+		{args: []string{"help", "sidecar"}, stdout: "--engine-url", notError: "Usage"},
 		{args: []string{"ingres"}, code: 2, stderr: `Did you mean "ingress"?`, notError: "Commands:"},
 		{args: []string{"help", "sidecr"}, code: 2, stderr: `Did you mean "sidecar"?`},
 		{args: []string{"zzzzzz"}, code: 2, stderr: "unknown command", notError: "Did you mean"},
@@ -43,6 +45,32 @@ func TestParseErrorIsOneLine(t *testing.T) {
 		msg := errOut.String()
 		if code != 2 || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, "-h lists the flags") || strings.Contains(msg, "Usage of") {
 			t.Errorf("kvmesh %v: exit %d, stderr %q", args, code, msg)
+		}
+	}
+}
+
+// Problems with several flags' defaults from the environment are listed in
+// the same order on every run (by flag name), not in a map's order.
+func TestEnvironmentProblemsInFlagOrder(t *testing.T) {
+	var first string
+	for i := range 20 {
+		var p flagProblems
+		for _, name := range []string{"zeta", "alpha", "mid", "beta", "omega"} {
+			p.unlessGiven(name, fmt.Errorf("bad %s", name))
+		}
+		p.given("omega")
+		err := p.err()
+		if err == nil {
+			t.Fatal("no error")
+		}
+		if i == 0 {
+			first = err.Error()
+			if !strings.Contains(first, "bad alpha (from the environment); bad beta (from the environment); bad mid (from the environment); bad zeta") || strings.Contains(first, "omega") {
+				t.Fatalf("error %q: want alpha, beta, mid, zeta in that order, omega dropped (given)", first)
+			}
+		}
+		if err.Error() != first {
+			t.Fatalf("run %d: %q, run 0: %q", i, err, first)
 		}
 	}
 }
