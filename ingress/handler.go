@@ -250,10 +250,19 @@ func (c *call) candidates() error {
 	s.health.panicRoute(c.infos) // health.go: a model whose every engine is ejected
 	known := false
 	served, adapter := c.adapterOf()
+	// A named adapter (--lora-adapter, a route's loraAdapters) goes to the
+	// engines of its base model that list it loaded, when any does: the
+	// others would answer 404 (and be kept from it for a while) unless they
+	// load adapters on demand. When no healthy one lists it, every engine of
+	// the base model is a candidate (one may load it on first use: vLLM's
+	// runtime LoRA loading).
+	listed := adapter != "" && listsAdapter(c.infos, served, adapter)
 	for i := range c.infos {
 		if e := &c.infos[i]; e.Model == served {
 			known = true
-			c.addCandidate(e)
+			if !listed || slices.Contains(e.LoRAs, adapter) {
+				c.addCandidate(e)
+			}
 		}
 	}
 	if !known && adapter == "" {
@@ -285,6 +294,17 @@ func (c *call) candidates() error {
 		c.block = s.cfg.BlockSize
 	}
 	return nil
+}
+
+// listsAdapter reports whether a healthy engine of model in list has
+// adapter loaded (its sidecar's last read of the engine's /v1/models).
+func listsAdapter(list []EngineInfo, model, adapter string) bool {
+	for i := range list {
+		if list[i].Model == model && list[i].Healthy && slices.Contains(list[i].LoRAs, adapter) {
+			return true
+		}
+	}
+	return false
 }
 
 // maxNamedEngines bounds the engines an error names.

@@ -3,6 +3,7 @@ package ingress
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
 	"github.com/kvmesh/kvmesh/sim/engine"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A request naming a LoRA adapter reaches the engine serving its base model,
@@ -173,5 +175,64 @@ func TestLoRADiscovered(t *testing.T) {
 	engineCachedAll(t, withLoRA, keys)
 	if st, _, b := post(t, http.DefaultClient, base+"/v1/completions", `{"model":"no-such-lora","prompt":"x"}`); st != http.StatusNotFound {
 		t.Fatalf("unknown model: %d %s", st, b)
+	}
+}
+
+// TestNamedAdapterGoesToEnginesListingIt: an adapter named to the ingress
+// (--lora-adapter) goes only to the engines of its base model that list it
+// loaded, with no attempt wasted on the others (which answer 404); when no
+// healthy engine lists it, every engine of the base model is a candidate
+// again (one may load it on demand), and the request still finds it.
+func TestNamedAdapterGoesToEnginesListingIt(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var urls []string
+	for i := range 2 {
+		sc := sim.Config{Model: "m", TimeScale: 500, Seed: uint64(i + 1), Logger: quiet}
+		if i == 0 {
+			sc.LoRA = sim.LoRAConfig{Enable: true, Modules: map[string]string{"ad": "/adapters/ad"}, MaxLoRAs: 1}
+		}
+		sm, err := sim.Start(context.Background(), sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sm.Close() })
+		urls = append(urls, sm.URL())
+	}
+	with, without := pdEngine("with", 0, urls[0]), pdEngine("without", 0, urls[1])
+	with.LoRAs = []string{"ad"}
+	with.InFlight = 50 // other replicas' requests there: least-request would pick "without" first
+	m := &swapMembership{}
+	list := []EngineInfo{with, without}
+	m.list.Store(&list)
+	cfg := testConfig()
+	cfg.Scheduler.Policy = "least-request"
+	cfg.LoRAAdapters = map[string]string{"ad": "m"}
+	reg := prometheus.NewRegistry()
+	s := startIngress(t, cfg, Deps{Membership: m, Registry: reg})
+	base := "http://" + s.Addr()
+	wasted := func() float64 {
+		return metricValue(t, reg, "kvmesh_ingress_upstream_attempts_total", "result", "wrong_model")
+	}
+	for i := range 6 {
+		body := fmt.Sprintf(`{"model":"ad","max_tokens":1,"prompt":"request %d"}`, i)
+		st, hdr, b := post(t, http.DefaultClient, base+"/v1/completions", body)
+		if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != "with" {
+			t.Fatalf("request %d: status %d engine %q: %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if n := wasted(); n != 0 {
+		t.Fatalf("%v attempts sent to an engine without the adapter, want none", n)
+	}
+
+	// The listing engine turns unhealthy: the other engine of the base
+	// model is a candidate again (it answers 404 here, a sim that cannot
+	// load adapters on demand; the request fails over, no 503 up front).
+	with.LoRAs = []string{"ad"}
+	with.Healthy = false
+	list2 := []EngineInfo{with, without}
+	m.list.Store(&list2)
+	st, _, b := post(t, http.DefaultClient, base+"/v1/completions", `{"model":"ad","max_tokens":1,"prompt":"x"}`)
+	if wasted() == 0 {
+		t.Fatalf("status %d (%s) and no attempt on the engine without the adapter: with no healthy engine listing it, every engine of the base model should be a candidate", st, b)
 	}
 }
