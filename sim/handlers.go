@@ -460,7 +460,7 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 	id := responseID(g)
 	kv := s.pd.responseParams(rk, g, calls[0])
 	if g.chat {
-		resp := openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: time.Now().Unix(), Model: s.cfg.Model, Usage: s.usage(calls)}
+		resp := openai.ChatCompletion{ID: id, Object: openai.ObjectChat, Created: time.Now().Unix(), Model: s.answerModel(g), Usage: s.usage(calls)}
 		for i, c := range calls {
 			sn := c.snap()
 			text := c.cut.clip(s.tok.Decode(c.req.OutputTokens(nil, 0, sn.generated), true), 0)
@@ -474,7 +474,7 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 		writeJSON(w, http.StatusOK, withKVTransfer(resp, kv))
 		return
 	}
-	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: time.Now().Unix(), Model: s.cfg.Model, Usage: s.usage(calls)}
+	resp := openai.Completion{ID: id, Object: openai.ObjectCompletion, Created: time.Now().Unix(), Model: s.answerModel(g), Usage: s.usage(calls)}
 	for i, c := range calls {
 		sn := c.snap()
 		ids := c.req.OutputTokens(nil, 0, sn.generated)
@@ -491,6 +491,15 @@ func (s *Server) fullResponse(w http.ResponseWriter, rk *rank, g *gen, calls []*
 	writeJSON(w, http.StatusOK, withKVTransfer(resp, kv))
 }
 
+// answerModel is the model an answer names: the LoRA adapter the request
+// asked for, else the served model (vLLM's model_name(lora_request)).
+func (s *Server) answerModel(g *gen) string {
+	if g.lora != "" {
+		return g.lora
+	}
+	return s.cfg.Model
+}
+
 func responseID(g *gen) string {
 	if g.chat {
 		return "chatcmpl-" + g.id
@@ -505,7 +514,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, g *gen, 
 	openai.SetHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
 	sse := openai.NewSSEWriter(w)
-	f := &openai.ChunkFields{ID: responseID(g), Created: time.Now().Unix(), Model: s.cfg.Model}
+	f := &openai.ChunkFields{ID: responseID(g), Created: time.Now().Unix(), Model: s.answerModel(g)}
 	sent := make([]int, len(calls))
 	offset := make([]int, len(calls))   // characters of each choice's text sent (completions' text_offset)
 	bytesOut := make([]int, len(calls)) // bytes of each choice's text sent (the stop string's cut)

@@ -48,3 +48,32 @@ func TestLoRAAdapterLifecycle(t *testing.T) {
 		t.Fatalf("load without --enable-lora: %d, want 400", code)
 	}
 }
+
+// An answer to a request naming an adapter names the adapter, as vLLM's
+// does (model_name(lora_request)): completions, chat, and every streamed
+// chunk; the base model's answers name the base model.
+func TestAnswerNamesTheAdapter(t *testing.T) {
+	s := startSim(t, func(c *Config) {
+		c.LoRA = LoRAConfig{Enable: true, Modules: map[string]string{"ad": "/p/ad"}, MaxLoRAs: 1}
+	})
+	for _, model := range []string{"ad", s.cfg.Model} {
+		for _, c := range []struct {
+			path string
+			body map[string]any
+		}{
+			{"/v1/completions", map[string]any{"model": model, "prompt": []int{1, 2, 3}, "max_tokens": 2}},
+			{"/v1/chat/completions", map[string]any{"model": model, "messages": []map[string]string{{"role": "user", "content": "hi"}}, "max_tokens": 2}},
+			{"/v1/completions", map[string]any{"model": model, "prompt": []int{1, 2, 3}, "max_tokens": 2, "stream": true}},
+		} {
+			code, body, _ := post(t, s.URL()+c.path, c.body)
+			if code != http.StatusOK {
+				t.Fatalf("%s %v: %d %s", c.path, c.body, code, body)
+			}
+			want := `"model":"` + model + `"`
+			n := strings.Count(string(body), `"model":`)
+			if n == 0 || strings.Count(string(body), want) != n {
+				t.Fatalf("%s %v: answer %s: want every %s", c.path, c.body, body, want)
+			}
+		}
+	}
+}
