@@ -1,6 +1,11 @@
 // Package fair admits requests to a bounded number of slots with weighted
-// fair queuing across tenants, so one tenant's burst cannot delay the others
-// when the engines are saturated.
+// fair queuing across tenants: it orders the waiting requests by the
+// tenants' weights and bounds each tenant's share of the slots in service,
+// so that when the engines are saturated a freed slot goes to a tenant below
+// its share before one that holds more. It never preempts: a request in
+// service keeps its slot until it ends, so a tenant that arrives while
+// another's long requests hold every slot waits for one of them to finish
+// (MaxInServicePerTenant keeps slots from one tenant altogether).
 //
 // Tenants are served in strict priority classes (a higher Priority first);
 // within a class, start-time fair queuing: each waiting request gets the
@@ -12,6 +17,16 @@
 // requests arrived in; a tenant that was idle starts at the current virtual
 // time, so it neither hoards credit nor waits behind a backlog that is not its
 // own. Within a tenant, FIFO.
+//
+// Slots in service, within a class: a tenant's share is MaxConcurrent ×
+// its weight / the weights of the class's busy tenants (waiting or in
+// service), at least 1. When the waiter with the smallest start tag belongs
+// to a tenant that holds its share already while another waiting tenant
+// does not, the slot goes to the waiting tenant holding the fewest slots for
+// its weight instead (start tags only count the work a request asks for,
+// not how long it holds its slot). The rule only chooses among waiters, so a
+// tenant alone still gets every slot. MaxInServicePerTenant, when set, is a
+// hard cap: a tenant holding that many waits even while slots are free.
 //
 // Bounded everywhere: each tenant's queue (MaxQueuePerTenant) and the total
 // (MaxQueue); a full queue refuses at once with ErrQueueFull (the ingress
@@ -38,7 +53,8 @@ import (
 )
 
 var (
-	// ErrQueueFull: the tenant's queue or the whole queue is full.
+	// ErrQueueFull: the tenant's queue or the whole queue is full (the
+	// message says which).
 	ErrQueueFull = errors.New("fair queue full")
 	// ErrQueueTimeout: no slot within MaxWait.
 	ErrQueueTimeout = errors.New("fair queue wait timed out")
@@ -60,6 +76,14 @@ type Config struct {
 	// one tenant's (default 1,024).
 	MaxQueue          int `yaml:"maxQueue"`
 	MaxQueuePerTenant int `yaml:"maxQueuePerTenant"`
+	// MaxInServicePerTenant caps one tenant's requests in service (default
+	// 0: no cap but MaxConcurrent, so a tenant alone can use every slot).
+	// A tenant at the cap waits even while slots are free, which leaves
+	// room for tenants that arrive later without preempting anyone, at the
+	// price of idle slots when that tenant is the only one with work. Below
+	// the cap, a tenant holding its weighted share yields freed slots to
+	// waiting tenants below theirs (see the package documentation).
+	MaxInServicePerTenant int `yaml:"maxInServicePerTenant"`
 	// MaxWait is the longest a request waits (default 30 s).
 	MaxWait time.Duration `yaml:"maxWait"`
 	// Tenants lists known tenants' weights and priorities; others get Default.
@@ -128,6 +152,9 @@ func (c Config) Validate() error {
 	if c.MaxQueue < 0 || c.MaxQueuePerTenant < 0 {
 		errs = append(errs, fmt.Errorf("queue bounds must be ≥ 0"))
 	}
+	if c.MaxInServicePerTenant < 0 || c.MaxInServicePerTenant > max(c.MaxConcurrent, 1) {
+		errs = append(errs, fmt.Errorf("maxInServicePerTenant %d must be between 0 (no cap) and maxConcurrent (%d)", c.MaxInServicePerTenant, c.MaxConcurrent))
+	}
 	if c.MaxWait <= 0 {
 		errs = append(errs, fmt.Errorf("maxWait %v must be > 0", c.MaxWait))
 	}
@@ -171,7 +198,8 @@ type waiter struct {
 	tenant *tenantQ
 	start  float64 // virtual start tag
 	seq    uint64  // arrival order, breaks ties
-	index  int     // in the class heap; -1 when not queued
+	index  int     // in the class's heads; -1 when not there
+	lindex int     // in the class's byLoad; -1 when not there
 }
 
 // tenantQ is one tenant's state: its FIFO of waiters and last finish tag.
@@ -188,12 +216,17 @@ type tenantQ struct {
 // busy reports whether the tenant has requests waiting or in service.
 func (tq *tenantQ) busy() bool { return tq.queued > 0 || tq.running > 0 }
 
-// class is one priority class: a heap of tenants' head waiters by start tag.
+// class is one priority class: its tenants' head waiters in two heaps, by
+// start tag and by slots held per weight. A tenant has its head in both or
+// in neither (no waiter, or at MaxInServicePerTenant: parked).
 type class struct {
 	prio      int
 	heads     waiterHeap
-	v         float64 // virtual time: the start tag of the last admitted request
+	byLoad    loadHeap
+	v         float64 // virtual time: the smallest start tag when a request was last admitted
 	maxFinish float64 // the largest finish tag given out
+	weight    float64 // the busy tenants' weights (the shares' denominator)
+	nbusy     int     // busy tenants (weight is reset to 0 with the last, no drift)
 }
 
 // Queue is the fair admission queue. Safe for concurrent use.
@@ -203,6 +236,7 @@ type Queue struct {
 	mu       sync.Mutex
 	inFlight int
 	queued   int
+	heads    int // tenants with a head in a class's heaps: waiters a slot can go to
 	seq      uint64
 	tenants  map[string]*tenantQ
 	busy     int      // tenants with requests waiting or in service
@@ -245,7 +279,9 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 	}
 	q.mu.Lock()
 	tq := q.tenant(t.Tenant)
-	if q.inFlight < q.cfg.MaxConcurrent && q.queued == 0 {
+	// A free slot with no waiter it could go to (any waiting are at the
+	// cap) is this request's, unless its tenant is at the cap too.
+	if q.inFlight < q.cfg.MaxConcurrent && q.heads == 0 && !q.atCap(tq) {
 		q.inFlight++
 		q.charge(tq, cost)
 		q.started(tq)
@@ -253,10 +289,10 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 		q.metrics.admit(tq.name, 0)
 		return q.releaser(tq), nil
 	}
-	if q.queued >= q.cfg.MaxQueue || tq.queued >= q.cfg.MaxQueuePerTenant {
+	if err := q.full(tq); err != nil {
 		q.mu.Unlock()
 		q.metrics.reject(tq.name, "full")
-		return nil, fmt.Errorf("%w: tenant %q", ErrQueueFull, tq.name)
+		return nil, err
 	}
 	w := q.enqueue(tq, cost)
 	q.mu.Unlock()
@@ -287,6 +323,52 @@ func (q *Queue) AcquireFor(ctx context.Context, t Ticket) (release func(), err e
 	q.releaseSlot(tq)
 	q.metrics.reject(tq.name, reason)
 	return nil, err
+}
+
+// full says why tq's request cannot wait, or nil: its own queue is full
+// (MaxQueuePerTenant), or the queue all tenants share is (MaxQueue), which
+// is no fault of tq's. Caller holds mu.
+func (q *Queue) full(tq *tenantQ) error {
+	switch {
+	case tq.queued >= q.cfg.MaxQueuePerTenant:
+		return fmt.Errorf("%w: tenant %q already has %d requests waiting, the most one tenant may (maxQueuePerTenant)", ErrQueueFull, tq.name, tq.queued)
+	case q.queued >= q.cfg.MaxQueue:
+		return fmt.Errorf("%w: %d requests of all tenants are waiting, the most the queue holds (maxQueue)", ErrQueueFull, q.queued)
+	}
+	return nil
+}
+
+// atCap reports whether tq holds MaxInServicePerTenant slots. Caller holds mu.
+func (q *Queue) atCap(tq *tenantQ) bool {
+	return q.cfg.MaxInServicePerTenant > 0 && tq.running >= q.cfg.MaxInServicePerTenant
+}
+
+// overShare reports whether tq holds its share of the slots in its class:
+// at least one, and at least MaxConcurrent × weight / the class's busy
+// weight. Caller holds mu.
+func (q *Queue) overShare(tq *tenantQ) bool {
+	return tq.running >= 1 && float64(tq.running)*tq.class.weight >= float64(q.cfg.MaxConcurrent)*tq.share.Weight
+}
+
+// pushHead puts tq's first waiter in its class's heaps, unless tq has none
+// or is at the cap (parked until one of its requests ends). Caller holds mu.
+func (q *Queue) pushHead(tq *tenantQ) {
+	if len(tq.fifo) == 0 || tq.fifo[0].index >= 0 || q.atCap(tq) {
+		return
+	}
+	w := tq.fifo[0]
+	heap.Push(&tq.class.heads, w)
+	heap.Push(&tq.class.byLoad, w)
+	q.heads++
+}
+
+// removeHead takes w, a tenant's head waiter, out of its class's heaps.
+// Caller holds mu.
+func (q *Queue) removeHead(w *waiter) {
+	c := w.tenant.class
+	heap.Remove(&c.heads, w.index)
+	heap.Remove(&c.byLoad, w.lindex)
+	q.heads--
 }
 
 // tenant returns (making it) the tenant's state: the overflow tenant's when
@@ -361,7 +443,19 @@ func (q *Queue) sweep(force bool) {
 // counted keeps Queue.busy after a change to tq's requests; was is whether
 // tq was busy before. Caller holds mu.
 func (q *Queue) counted(tq *tenantQ, was bool) {
-	switch now := tq.busy(); {
+	now, c := tq.busy(), tq.class
+	switch {
+	case now && !was:
+		c.nbusy++
+		c.weight += tq.share.Weight
+	case was && !now:
+		if c.nbusy--; c.nbusy == 0 {
+			c.weight = 0
+		} else {
+			c.weight -= tq.share.Weight
+		}
+	}
+	switch {
 	case tq == q.overflow:
 	case now && !was:
 		q.busy++
@@ -377,10 +471,19 @@ func (q *Queue) started(tq *tenantQ) {
 	q.counted(tq, was)
 }
 
+// stopped also moves tq's waiting head: to its new place by load, or back
+// into the heaps when tq was at the cap.
 func (q *Queue) stopped(tq *tenantQ) {
 	was := tq.busy()
 	tq.running--
 	q.counted(tq, was)
+	if len(tq.fifo) > 0 {
+		if w := tq.fifo[0]; w.index >= 0 {
+			heap.Fix(&tq.class.byLoad, w.lindex)
+		} else {
+			q.pushHead(tq)
+		}
+	}
 }
 
 func (q *Queue) classFor(prio int) *class {
@@ -413,15 +516,13 @@ func (q *Queue) enqueue(tq *tenantQ, cost float64) *waiter {
 	tq.lastFinish = s + cost/tq.share.Weight
 	tq.class.maxFinish = max(tq.class.maxFinish, tq.lastFinish)
 	q.seq++
-	w := &waiter{ch: make(chan bool, 1), tenant: tq, start: s, seq: q.seq, index: -1}
+	w := &waiter{ch: make(chan bool, 1), tenant: tq, start: s, seq: q.seq, index: -1, lindex: -1}
 	tq.fifo = append(tq.fifo, w)
 	was := tq.busy()
 	tq.queued++
 	q.counted(tq, was)
 	q.queued++
-	if len(tq.fifo) == 1 {
-		heap.Push(&tq.class.heads, w)
-	}
+	q.pushHead(tq)
 	q.metrics.queued(tq.name, 1)
 	return w
 }
@@ -445,10 +546,8 @@ func (q *Queue) dequeue(w *waiter) {
 		}
 	}
 	if w.index >= 0 {
-		heap.Remove(&tq.class.heads, w.index)
-		if len(tq.fifo) > 0 {
-			heap.Push(&tq.class.heads, tq.fifo[0])
-		}
+		q.removeHead(w)
+		q.pushHead(tq)
 	}
 	was := tq.busy()
 	tq.queued--
@@ -457,22 +556,29 @@ func (q *Queue) dequeue(w *waiter) {
 	q.metrics.queued(tq.name, -1)
 }
 
-// next pops the waiter to admit: the highest class's smallest start tag.
+// next takes the waiter to admit from the highest class with one: the
+// smallest start tag, unless its tenant holds its share of the slots and the
+// waiting tenant holding the fewest per weight does not; then that tenant's.
+// Parked tenants (at the cap) are in no heap. Caller holds mu.
 func (q *Queue) next() *waiter {
 	for _, c := range q.classes {
 		if c.heads.Len() == 0 {
 			continue
 		}
-		w := heap.Pop(&c.heads).(*waiter)
+		w := c.heads[0]
+		c.v = max(c.v, w.start) // the smallest start tag waiting: SFQ's order goes on from it
+		if q.overShare(w.tenant) {
+			if l := c.byLoad[0]; !q.overShare(l.tenant) {
+				w = l
+			}
+		}
+		q.removeHead(w)
 		tq := w.tenant
 		tq.fifo = tq.fifo[1:]
-		if len(tq.fifo) > 0 {
-			heap.Push(&c.heads, tq.fifo[0])
-		}
 		tq.queued--
 		tq.running++ // busy throughout
 		q.queued--
-		c.v = max(c.v, w.start)
+		q.pushHead(tq) // after running++: the cap counts this one
 		q.metrics.queued(tq.name, -1)
 		return w
 	}
@@ -535,5 +641,31 @@ func (h *waiterHeap) Pop() any {
 	w := old[len(old)-1]
 	*h = old[:len(old)-1]
 	w.index = -1
+	return w
+}
+
+// loadHeap orders the same head waiters by their tenants' slots in service
+// per weight, then start tag, then arrival: its top is the waiting tenant
+// furthest below its share.
+type loadHeap []*waiter
+
+func (h loadHeap) Len() int { return len(h) }
+func (h loadHeap) Less(i, j int) bool {
+	a, b := h[i].tenant, h[j].tenant
+	if la, lb := float64(a.running)*b.share.Weight, float64(b.running)*a.share.Weight; la != lb {
+		return la < lb
+	}
+	if h[i].start != h[j].start {
+		return h[i].start < h[j].start
+	}
+	return h[i].seq < h[j].seq
+}
+func (h loadHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].lindex = i; h[j].lindex = j }
+func (h *loadHeap) Push(x any)   { w := x.(*waiter); w.lindex = len(*h); *h = append(*h, w) }
+func (h *loadHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	*h = old[:len(old)-1]
+	w.lindex = -1
 	return w
 }
