@@ -3,6 +3,8 @@ package fair
 import (
 	"context"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -203,5 +205,109 @@ func TestQueueFullSaysWhich(t *testing.T) {
 	_, err = h.q.AcquireFor(h.ctx, Ticket{Tenant: "c"})
 	if !errors.Is(err, ErrQueueFull) || strings.Contains(err.Error(), `"c"`) || !strings.Contains(err.Error(), "3 requests of all tenants are waiting") {
 		t.Fatalf("tenant c, nothing waiting, the whole queue full: %v", err)
+	}
+}
+
+// check verifies the queue's bookkeeping: each tenant's head waiter is in
+// its class's heaps exactly when it has one and is below the cap, the
+// counts add up, the class weights are the busy tenants', and a free slot
+// never sits beside a waiter it could go to.
+func check(t *testing.T, q *Queue) {
+	t.Helper()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	heads, running, queued := 0, 0, 0
+	weight := map[*class]float64{}
+	for _, tq := range q.tenants {
+		running += tq.running
+		queued += tq.queued
+		if tq.queued != len(tq.fifo) {
+			t.Fatalf("tenant %s: queued %d, fifo %d", tq.name, tq.queued, len(tq.fifo))
+		}
+		if tq.busy() {
+			weight[tq.class] += tq.share.Weight
+		}
+		in := len(tq.fifo) > 0 && tq.fifo[0].index >= 0
+		if want := len(tq.fifo) > 0 && !q.atCap(tq); in != want {
+			t.Fatalf("tenant %s: head in the heaps %v, want %v (running %d, queued %d)", tq.name, in, want, tq.running, tq.queued)
+		}
+		if in {
+			heads++
+			if w := tq.fifo[0]; tq.class.heads[w.index] != w || tq.class.byLoad[w.lindex] != w {
+				t.Fatalf("tenant %s: head's heap indexes wrong", tq.name)
+			}
+		}
+	}
+	n := 0
+	for _, c := range q.classes {
+		if c.heads.Len() != c.byLoad.Len() {
+			t.Fatalf("class %d: %d by start, %d by load", c.prio, c.heads.Len(), c.byLoad.Len())
+		}
+		n += c.heads.Len()
+		if math.Abs(c.weight-weight[c]) > 1e-9 {
+			t.Fatalf("class %d: weight %v, busy tenants' %v", c.prio, c.weight, weight[c])
+		}
+	}
+	if heads != q.heads || n != q.heads || running != q.inFlight || queued != q.queued {
+		t.Fatalf("heads %d/%d/%d, running %d in flight %d, queued %d/%d", heads, n, q.heads, running, q.inFlight, queued, q.queued)
+	}
+	if q.inFlight < q.cfg.MaxConcurrent && q.heads > 0 {
+		t.Fatalf("%d of %d slots in service with %d tenants waiting below the cap", q.inFlight, q.cfg.MaxConcurrent, q.heads)
+	}
+}
+
+// A seeded random run of arrivals and endings over tenants of two classes,
+// weights and a cap keeps the bookkeeping right after every step and ends
+// with nothing in service or waiting.
+func TestRandomRunKeepsBookkeeping(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxConcurrent, cfg.MaxInServicePerTenant = 5, 3
+	cfg.Tenants = map[string]Tenant{"a": {Weight: 1}, "b": {Weight: 2}, "c": {Weight: 3}, "d": {Weight: 1, Priority: 1}}
+	h := newHolder(t, cfg)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var held []func()
+	settle := func(total int) { // every admitted request's release is in held
+		t.Helper()
+		testutil.WaitFor(t, 10*time.Second, "the queue settled", func() bool {
+			for {
+				select {
+				case rel := <-h.released:
+					<-h.admitted
+					held = append(held, rel)
+					continue
+				default:
+				}
+				in, n := h.q.Stats()
+				return in+n == total && len(held) == in
+			}
+		})
+		check(t, h.q)
+	}
+	total := 0
+	for range 400 {
+		if len(held) == 0 || rng.IntN(10) < 6 {
+			tenant := string(rune('a' + rng.IntN(5))) // e: not listed
+			cost := float64(1 + rng.IntN(1000))
+			go func() {
+				rel, err := h.q.AcquireFor(h.ctx, Ticket{Tenant: tenant, Cost: cost})
+				if err == nil {
+					h.released <- rel
+					h.admitted <- tenant
+				}
+			}()
+			total++
+		} else {
+			i := rng.IntN(len(held))
+			held[i]()
+			held = append(held[:i], held[i+1:]...)
+			total--
+		}
+		settle(total)
+	}
+	for total > 0 {
+		held[0]()
+		held = held[1:]
+		total--
+		settle(total)
 	}
 }
