@@ -70,6 +70,7 @@ type call struct {
 	bufEnd, bufDur               int64     // a non-streamed attempt's estimated prefill end and length on upstream.bufDone (ns; hold.go)
 	activeCharge                 int64     // tokens charged to the engine's active set until the end
 	sentAt                       time.Time // the last attempt's sending, with Server.outs or the learner
+	attemptAt                    int64     // the last attempt's sending on monoNow's clock (health: panic readmission)
 	attempts                     int
 	status                       int
 	outTokens                    int

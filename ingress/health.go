@@ -160,6 +160,7 @@ type engineHealth struct {
 	mu          sync.Mutex
 	url         string
 	ejectedAt   time.Time // when the current ejection began (logged at the restore)
+	ejectedMono int64     // ejectedAt on monoNow's clock (attempts sent after it: observeSent)
 	reason      string    // why (logged at the restore)
 	consecutive int
 	fails, reqs float64 // decayed counts
@@ -327,7 +328,12 @@ func (e *ejector) get(id, url string) *engineHealth {
 }
 
 // observe records one attempt's outcome (proxy.go calls it per attempt).
-func (e *ejector) observe(up *upstream, result string) {
+func (e *ejector) observe(up *upstream, result string) { e.observeSent(up, result, 0) }
+
+// observeSent is observe of an attempt sent at sent (monoNow's clock; 0:
+// not known): only a success of an attempt sent after the engine's
+// ejection can readmit it by panic routing.
+func (e *ejector) observeSent(up *upstream, result string, sent int64) {
 	if e == nil || e.cfg.Disabled {
 		return
 	}
@@ -341,9 +347,11 @@ func (e *ejector) observe(up *upstream, result string) {
 	defer h.mu.Unlock()
 	h.url = up.url
 	if h.ejected.Load() {
-		if kind == healthOK && h.panicSent && !h.identity && !h.dead && !h.gone {
+		if kind == healthOK && h.panicSent && sent > h.ejectedMono && !h.identity && !h.dead && !h.gone {
 			// Panic routing sent it a request (panicRoute) and it
-			// answered: it serves, whatever its probe said.
+			// answered: it serves, whatever its probe said. An answer to
+			// an attempt sent before the ejection (a busy engine has many
+			// in flight) says nothing new.
 			h.ejections = 0
 			e.restoreLocked(h, now, "a request sent to it while every engine of its model was ejected succeeded")
 		}
@@ -412,8 +420,9 @@ func (e *ejector) routingLoop(up *upstream) bool {
 	return true
 }
 
-// ok records a successful attempt.
-func (e *ejector) ok(up *upstream) { e.observe(up, "ok") }
+// ok records a successful attempt sent at sent (monoNow's clock; 0: not
+// known).
+func (e *ejector) ok(up *upstream, sent int64) { e.observeSent(up, "ok", sent) }
 
 // ejectLocked ejects h for reason (logged once per ejection).
 func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
@@ -426,7 +435,7 @@ func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
 	if !h.ejected.Swap(true) {
 		e.nEjected.Add(1)
 		e.ejections.WithLabelValues(h.id).Inc()
-		h.ejectedAt, h.reason, h.idWarned = now, reason, false
+		h.ejectedAt, h.ejectedMono, h.reason, h.idWarned = now, int64(now.Sub(monoBase)), reason, false
 		if !strings.HasPrefix(reason, "wrong_model") {
 			h.wrongModel = false
 		}

@@ -115,7 +115,7 @@ func TestEjectorCountsOutcomes(t *testing.T) {
 	}
 	e.observe(up, "status_5xx")
 	e.observe(up, "status_5xx")
-	e.ok(up) // resets the run
+	e.ok(up, monoNow()) // resets the run
 	e.observe(up, "status_5xx")
 	e.observe(up, "status_5xx")
 	if !e.allowed("e") {

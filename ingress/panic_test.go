@@ -100,13 +100,14 @@ func TestPanicRoutingWhenEveryEngineIsEjected(t *testing.T) {
 func TestAnswerReadmitsOnlyWhenPanicRouted(t *testing.T) {
 	e := newEjector(DefaultHealthConfig(), prometheus.NewRegistry(), "i")
 	up := &upstream{id: "d0", url: "http://127.0.0.1:1"}
+	before := monoNow() // an attempt sent before the ejection
 	for range 3 {
 		e.observe(up, "status_5xx")
 	}
 	if e.allowed("d0") {
 		t.Fatal("three 5xx in a row did not eject")
 	}
-	e.ok(up) // a request that started before the ejection
+	e.ok(up, before)
 	if e.allowed("d0") {
 		t.Fatal("an answer to a request sent before the ejection readmitted the engine")
 	}
@@ -119,7 +120,11 @@ func TestAnswerReadmitsOnlyWhenPanicRouted(t *testing.T) {
 	if !list[1].Healthy || val(e.panics) != 1 {
 		t.Fatalf("decode engine healthy %v, panics %v: a prefill-only server cannot serve the model's requests", list[1].Healthy, val(e.panics))
 	}
-	e.ok(up)
+	e.ok(up, before) // still in flight from before the ejection, answered during the panic
+	if e.allowed("d0") {
+		t.Fatal("an answer during the panic to a request sent before the ejection readmitted the engine")
+	}
+	e.ok(up, monoNow())
 	if !e.allowed("d0") {
 		t.Fatal("an answer while panic-routed did not readmit the engine")
 	}

@@ -479,7 +479,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 		res.result = "failed_read_error"
 		return
 	}
-	s.health.ok(up)
+	s.health.ok(up, int64(start.Sub(monoBase)))
 	res.result = "ok"
 }
 

@@ -162,8 +162,9 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	out *= max(1, c.seqs)
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
 	c.activeCharge = int64(c.promptTokens + out)
+	c.attemptAt = monoNow()
 	if up.inflight.Add(1) == 1 {
-		up.progress.Store(monoNow()) // the stall watch counts from the first request in flight
+		up.progress.Store(c.attemptAt) // the stall watch counts from the first request in flight
 	}
 	pre := up.prefill.Add(c.prefillCharge)
 	if c.req.stream {
@@ -479,7 +480,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
 	c.s.m.attemptOK.Inc()
-	c.s.health.ok(up)
+	c.s.health.ok(up, c.attemptAt)
 	c.outTokens = usageCompletionTokens(out)
 	c.readUsage(out) // tokencheck.go
 	if c.ep == epResponses || c.ep == epMessages {
@@ -579,7 +580,7 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 		c.learnFirstToken(up) // an error is no first token
 	}
 	c.s.m.attemptOK.Inc()
-	c.s.health.ok(up)
+	c.s.health.ok(up, c.attemptAt)
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.status = fasthttp.StatusOK
 	ctx.SetStatusCode(fasthttp.StatusOK)
