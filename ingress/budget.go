@@ -26,39 +26,86 @@ var _ budgeter = (*ratelimit.Limiter)(nil)
 // admitBudget charges the prompt to the key's and the model's token budgets
 // and reserves the output the request may produce (budgetAsk): 429 with
 // Retry-After when it does not fit now, 429 without when it alone asks more
-// than a whole budget (as OpenAI's "Request too large").
+// than a whole budget (as OpenAI's "Request too large"). The model's budget
+// is the served model's (budgetModelOf).
 func (c *call) admitBudget(promptTokens int) error {
+	model := c.budgetModelOf()
 	lim := c.s.deps.Limiter
 	b, ok := lim.(budgeter)
 	if !ok {
-		if wait, ok := lim.Admit(c.keyID, c.model, promptTokens); !ok {
-			return budgetRefusal(c.keyID, c.model, ratelimit.Decision{RetryAfter: wait})
+		if wait, ok := lim.Admit(c.keyID, model, promptTokens); !ok {
+			return c.budgetRefusal(model, ratelimit.Decision{RetryAfter: wait})
 		}
-		c.budgeted, c.budgetModel = true, c.model
+		c.budgeted, c.budgetModel = true, model
 		return nil
 	}
-	d := b.Reserve(c.keyID, c.model, c.budgetAsk(promptTokens))
+	d := b.Reserve(c.keyID, model, c.budgetAsk(promptTokens))
 	if !d.Allowed {
-		return budgetRefusal(c.keyID, c.model, d)
+		return c.budgetRefusal(model, d)
 	}
-	c.budget, c.budgeted, c.budgetModel = d.Reservation, true, c.model
+	c.budget, c.budgeted, c.budgetModel = d.Reservation, true, model
 	return nil
 }
 
-// budgetRefusal is the 429 of a refused admission.
-func budgetRefusal(keyID, model string, d ratelimit.Decision) error {
+// budgetModelOf is the model whose budgets the request is charged to: the
+// model its engines serve. A LoRA adapter runs on its base model's engines,
+// so its requests count against the base model's budgets however the
+// ingress learned the adapter (--lora-adapter, a route's loraAdapters, the
+// engines' lists); a budget per adapter name would add a whole budget on the
+// same engines for every adapter.
+func (c *call) budgetModelOf() string {
+	served, _ := c.adapterOf()
+	return served
+}
+
+// budgetRefusal is the 429 of a refused admission, naming the budget that
+// refused it (d.Scope): the caller's key's own, or the model's, which every
+// key shares (and a tenant may find spent by the others). model is the
+// model charged (budgetModelOf).
+func (c *call) budgetRefusal(model string, d ratelimit.Decision) error {
 	if d.TooLarge {
-		name := keyID
+		name := c.keyID
 		if d.Scope == "model" {
 			name = model
 		}
-		return newAPIError(429, "rate_limit_error", "rate_limit_exceeded", "max_tokens",
-			fmt.Errorf("%w: request too large for the %s %q on %s tokens per min: Limit %d, Requested %d (max_tokens × n). Reduce max_tokens or n to run it",
-				ErrRateLimited, d.Scope, name, d.Dim, d.Limit, d.Requested))
+		param := c.req.maxTokensParam()
+		return newAPIError(429, "rate_limit_error", "rate_limit_exceeded", param,
+			fmt.Errorf("%w: request too large for the %s %q on %s tokens per min: Limit %d, Requested %d (%s × n). Reduce %s or n to run it",
+				ErrRateLimited, d.Scope, clip(name), d.Dim, d.Limit, d.Requested, param, param))
 	}
-	e := newAPIError(429, "rate_limit_error", "rate_limit_exceeded", "", fmt.Errorf("%w: token budget for key %q, model %q", ErrRateLimited, keyID, model))
+	dim := d.Dim
+	if dim != "" {
+		dim += " "
+	}
+	var err error
+	switch d.Scope {
+	case "key":
+		err = fmt.Errorf("%w: the %stoken budget of key %q is spent", ErrRateLimited, dim, c.keyID)
+	case "model":
+		err = fmt.Errorf("%w: the %stoken budget of model %q, shared by every key, is spent", ErrRateLimited, dim, clip(model))
+		if _, adapter := c.adapterOf(); adapter != "" {
+			err = fmt.Errorf("%w (LoRA adapter %q runs on it and counts against it)", err, clip(adapter))
+		}
+	default: // a RateLimiter without Reserve does not say which
+		err = fmt.Errorf("%w: the token budget of key %q or of model %q is spent", ErrRateLimited, c.keyID, clip(model))
+	}
+	e := newAPIError(429, "rate_limit_error", "rate_limit_exceeded", "", err)
 	e.retryAfter = max(d.RetryAfter, time.Second)
 	return e
+}
+
+// maxTokensParam names the output limit the request sent, as settle
+// (request.go) reads them: chat's max_completion_tokens wins over
+// max_tokens, the Responses API's is max_output_tokens. A completions
+// request that sent none is limited by vLLM's default max_tokens.
+func (r *request) maxTokensParam() string {
+	switch {
+	case r.hasMCT:
+		return "max_completion_tokens"
+	case r.ep == epResponses:
+		return "max_output_tokens"
+	}
+	return "max_tokens"
 }
 
 // budgetAsk is what the request asks of the token budgets: its prompt and
