@@ -196,3 +196,41 @@ func TestResponseByIDMakesRequestID(t *testing.T) {
 		t.Errorf("two requests sent the same made id %q", upstream[0])
 	}
 }
+
+// TestAccessLogNamesTheAdapter: the access line of a request for a LoRA
+// adapter has the adapter in "adapter", so per-adapter usage can be read:
+// one a route names is served, and logged as "model", under its pool's
+// model; one --lora-adapter names is logged as "model" under its own name;
+// a base model's request has "adapter" "".
+func TestAccessLogNamesTheAdapter(t *testing.T) {
+	sm := loraSim(t)
+	var alog testutil.SyncBuffer
+	cfg := testConfig(StaticEngine{ID: "e", Model: "llama", URL: sm.URL()})
+	cfg.LoRAAdapters = map[string]string{"flag-lora": "llama"}
+	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil)),
+		Routes: routeTable(t, "routes:\n  - name: r\n    match: {model: coder}\n    backends: [{model: llama}]\n    loraAdapters: [sql-lora]\n")})
+	client := &http.Client{Timeout: 10 * time.Second}
+	want := []struct{ asked, model, adapter string }{
+		{"sql-lora", "llama", "sql-lora"},
+		{"flag-lora", "flag-lora", "flag-lora"},
+		{"llama", "llama", ""},
+	}
+	for _, w := range want {
+		if st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", promptOf(w.asked, 3)); st != 200 {
+			t.Fatalf("%s: %d %s", w.asked, st, b)
+		}
+	}
+	testutil.WaitFor(t, 5*time.Second, "three access lines", func() bool { return strings.Count(alog.String(), `"msg":"request"`) == 3 })
+	lines := accessLines(t, &alog)
+	for _, w := range want {
+		found := false
+		for _, l := range lines {
+			if l["model"] == w.model && l["adapter"] == w.adapter {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no access line with model %q adapter %q for %s: %v", w.model, w.adapter, w.asked, lines)
+		}
+	}
+}

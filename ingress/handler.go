@@ -663,11 +663,13 @@ func (c *call) policyDone() {
 
 func (c *call) logAccess(total time.Duration) {
 	prompt := c.promptTokens
+	_, adapter := c.adapterOf()
 	attrs := [...]slog.Attr{
 		slog.String("ingress", c.s.cfg.ID),
 		slog.String("request_id", string(c.requestID())),
 		slog.String("endpoint", c.ep.String()),
-		slog.String("model", clip(c.model)), // clip.go: client-chosen strings are bounded
+		slog.String("model", clip(c.model)),   // clip.go: client-chosen strings are bounded
+		slog.String("adapter", clip(adapter)), // the LoRA adapter named, "" for a base model (a route's: model is its pool)
 		slog.Int("status", c.status),
 		slog.String("engine", c.engine),
 		slog.String("policy", c.dec.Policy),
