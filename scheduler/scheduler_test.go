@@ -10,6 +10,8 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
 
@@ -123,18 +125,65 @@ func BenchmarkSchedule(b *testing.B) {
 		name string
 		idx  *index.Index
 	}{{"16-depths", x}, {"2-holders", y}} {
-		for _, name := range []string{"random", "kvmesh", "llmd"} {
+		for _, name := range []string{"random", "kvmesh", "kvmesh-learned", "kvmesh-learning", "llmd"} {
 			b.Run(c.name+"/"+name, func(b *testing.B) {
-				s, _ := registry.NewPolicy(name, 1, c.idx)
+				s, lr := benchPolicy(b, name, c.idx, es)
 				req := &scheduler.Request{Keys: k, BlockSize: 16, PromptTokens: 4096}
 				var d scheduler.Decision
 				b.ReportAllocs()
+				i := 0
 				for b.Loop() {
+					if lr != nil { // kvmesh-learning: a first token between every two decisions
+						i++
+						lr.ObservePrefill(es[i%len(es)].ID, 2000, 300*time.Millisecond)
+					}
 					_ = s.Schedule(req, es, &d)
 				}
 			})
 		}
 	}
+}
+
+// benchPolicy is the named policy's scheduler; "kvmesh-learned" is the
+// kvmesh policy priced by an online learner that has samples of every
+// engine, as the ingress runs it (ingress/wiring.go learnedKVMesh), and
+// "kvmesh-learning" the same with its learner returned, to be fed a sample
+// between decisions (nil otherwise).
+func benchPolicy(b *testing.B, name string, idx *index.Index, es []scheduler.Engine) (*scheduler.Scheduler, *learn.Learner) {
+	b.Helper()
+	if name != "kvmesh-learned" && name != "kvmesh-learning" {
+		s, err := registry.NewPolicy(name, 1, idx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s, nil
+	}
+	lr, err := learn.New(learn.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, e := range es {
+		for j := range 8 {
+			lr.ObservePrefill(e.ID, 1000+500*j, time.Duration(100+10*i+50*j)*time.Millisecond)
+			lr.ObserveDecode(e.ID, float64(1+j), float64(4000*(j+1)), time.Duration(20+j)*time.Millisecond, 10)
+		}
+	}
+	cfg := registry.DefaultConfig()
+	cfg.Policy, cfg.Seed = "kvmesh", 1
+	pol, err := registry.Policy(&cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	k := pol.(policies.KVMesh)
+	k.Costs = lr
+	s, err := scheduler.New(nil, k, idx, scheduler.Options{TierWeights: cfg.Weights(), Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if name == "kvmesh-learning" {
+		return s, lr
+	}
+	return s, nil
 }
 
 func TestSchedulerMetrics(t *testing.T) {

@@ -191,6 +191,19 @@ type Learner struct {
 	// fit (Config.Unpooled: the prior's), refitted when stale.
 	prior      [2][3]float64
 	priorStale bool
+	// gen counts the changes to the sums (a sample, a peer's share, an
+	// engine or peer forgotten); cache holds each engine's last Rates and
+	// the gen it was fitted at. A policy asks for an engine's rates several
+	// times per decision, the hold twice more, and every engine's estimate
+	// leans on the pooled fit, so one sample anywhere makes every cached
+	// estimate stale, and one decision refits each engine at most once.
+	gen   uint64
+	cache map[string]cachedRates
+}
+
+type cachedRates struct {
+	gen   uint64
+	rates Rates
 }
 
 // model is one engine's two lines.
@@ -229,7 +242,7 @@ func (l *Learner) ObservePrefill(engine string, tokens int, d time.Duration) {
 	m.n++
 	m.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
 	l.pooled.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
-	l.priorStale = true
+	l.changed()
 }
 
 // ObserveDecode records that engine took step per decode step over a
@@ -248,7 +261,7 @@ func (l *Learner) ObserveDecode(engine string, seqs, ctx float64, step time.Dura
 	m.n++
 	m.decode.add(ctx, seqs, step.Seconds(), keep, w)
 	l.pooled.decode.add(ctx, seqs, step.Seconds(), keep, w)
-	l.priorStale = true
+	l.changed()
 }
 
 func (l *Learner) model(engine string) *model {
@@ -266,6 +279,26 @@ func (l *Learner) model(engine string) *model {
 func (l *Learner) Rates(engine string) Rates {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if c, ok := l.cache[engine]; ok && c.gen == l.gen {
+		return c.rates
+	}
+	r := l.rates(engine)
+	if l.cache == nil {
+		l.cache = make(map[string]cachedRates)
+	}
+	l.cache[engine] = cachedRates{l.gen, r}
+	return r
+}
+
+// changed marks a change to the sums: every cached estimate is stale
+// (l.mu held).
+func (l *Learner) changed() {
+	l.gen++
+	l.priorStale = true
+}
+
+// rates is Rates without the cache (l.mu held).
+func (l *Learner) rates(engine string) Rates {
 	var m model
 	if !l.cfg.Shared {
 		l.gather(&m, engine)

@@ -217,6 +217,7 @@ func (l *Learner) Forget(engine string) {
 	for _, p := range l.peers {
 		delete(p.engines, engine)
 	}
+	delete(l.cache, engine) // the pooled sums keep its samples: the others' estimates stand
 }
 
 // Engines appends the engines the learner holds lines of, its own or a
@@ -263,7 +264,7 @@ func (l *Learner) sumEngine(id string) {
 }
 
 func (l *Learner) sumPooled() {
-	l.priorStale = true
+	l.changed()
 	l.sharedP = model{}
 	for _, p := range l.peers {
 		l.sharedP.plus(&p.pooled)
