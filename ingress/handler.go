@@ -71,6 +71,7 @@ type call struct {
 	activeCharge                 int64     // tokens charged to the engine's active set until the end
 	sentAt                       time.Time // the last attempt's sending, with Server.outs or the learner
 	attemptAt                    int64     // the last attempt's sending on monoNow's clock (health: panic readmission)
+	uri                          []byte    // the attempt's upstream URI (reused: no allocation per attempt)
 	attempts                     int
 	status                       int
 	outTokens                    int
@@ -111,6 +112,7 @@ func (c *call) reset() {
 		fwd:         c.fwd,
 		engineReqID: c.engineReqID[:0],
 		rt:          c.rt.reset(),
+		uri:         c.uri[:0],
 	}
 	c.req.reset()
 }
@@ -205,7 +207,7 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 	if err := parseRequest(&c.req, c.ep, ctx.PostBody()); err != nil {
 		return err
 	}
-	c.model = string(c.req.model)
+	c.model = c.s.modelNames.name(c.req.model) // modelname.go: no copy for a name served before
 	if c.model == "" {
 		if err := c.defaultModel(); err != nil {
 			return err
@@ -291,6 +293,7 @@ func (c *call) candidates() error {
 		return fmt.Errorf("%w: the model %q does not exist or no engine serves it", ErrModelNotFound, clip(c.model))
 	}
 	s.served.seen(served, time.Now())
+	s.modelNames.add(c.model)
 	if c.block == 0 {
 		c.block = s.cfg.BlockSize
 	}

@@ -103,7 +103,8 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	if s.deps.Index != nil && len(c.keys) > 0 {
 		s.deps.Index.AddSpeculative(rk.Engine, c.keys, time.Now())
 	}
-	ureq.SetRequestURI(url + c.path)
+	c.uri = append(append(c.uri[:0], url...), c.path...)
+	ureq.SetRequestURIBytes(c.uri)
 	ureq.SetHost(up.hc.Addr)
 	c.stampEngine(ureq, rk.Engine) // responses.go
 	resp := fasthttp.AcquireResponse()

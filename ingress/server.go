@@ -63,6 +63,9 @@ type Server struct {
 	// served: when each model last had a live engine (404 or 503 when
 	// none has now, servedmodels.go).
 	served servedModels
+	// modelNames interns the model names requests were routed with
+	// (modelname.go).
+	modelNames modelNames
 	// heads remembers what chunked requests' heads said, for
 	// handleTransportError.
 	heads headMemo
