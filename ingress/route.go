@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -146,26 +145,22 @@ func (c *call) upstreamBody() []byte {
 	return rt.buf
 }
 
-var errStopScan = errors.New("stop")
-
 // rewriteModel appends body with its top-level "model" value replaced by
-// model. A body without one (it was validated, so only a malformed rewrite
-// could cause that) goes as it is.
+// model. Every "model" member is: a body that repeats the key (the ingress
+// reads the last, as parsers such as the engine's do; others read the
+// first) names the routed model to any parser. A body without one (it was
+// validated, so only a malformed rewrite could cause that) goes as it is.
 func rewriteModel(dst, body []byte, model string) []byte {
-	start, end := -1, -1
+	from := 0
 	_ = jsonscan.ForEachMember(body, func(key, val []byte, _, off int) error {
 		if string(key) == "model" {
-			start, end = off, off+len(val)
-			return errStopScan
+			dst = append(dst, body[from:off]...)
+			dst = openai.AppendString(dst, model)
+			from = off + len(val)
 		}
 		return nil
 	})
-	if start < 0 {
-		return append(dst, body...)
-	}
-	dst = append(dst, body[:start]...)
-	dst = openai.AppendString(dst, model)
-	return append(dst, body[end:]...)
+	return append(dst, body[from:]...)
 }
 
 // routeFallback moves a request whose attempts all failed before the first

@@ -306,6 +306,9 @@ func TestRewriteModel(t *testing.T) {
 		{`{"model":"chat","prompt":"x"}`, "big", `{"model":"big","prompt":"x"}`},
 		{`{ "prompt":"model", "model" : "c\"x" }`, `q"1`, `{ "prompt":"model", "model" : "q\"1" }`},
 		{`{"prompt":"x"}`, "big", `{"prompt":"x"}`},
+		// A repeated key: the ingress routed on the last; every one names
+		// the routed model, whichever the engine's parser reads.
+		{`{"model":"a","n":1,"mod\u0065l":"chat"}`, "big", `{"model":"big","n":1,"mod\u0065l":"big"}`},
 	}
 	for _, tc := range cases {
 		if got := string(rewriteModel(nil, []byte(tc.in), tc.model)); got != tc.want {
