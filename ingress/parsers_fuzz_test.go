@@ -69,8 +69,11 @@ func FuzzRewriteModel(f *testing.F) {
 			}
 			return
 		}
-		var m string
-		if err := json.Unmarshal(got["model"], &m); err != nil || m != strings.ToValidUTF8(model, "\ufffd") {
+		var m, want string // want: model as JSON carries it (invalid UTF-8 replaced)
+		if b, err := json.Marshal(model); err != nil || json.Unmarshal(b, &want) != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(got["model"], &m); err != nil || m != want {
 			t.Fatalf("model is %s after the rewrite to %q (last-wins parser)", got["model"], model)
 		}
 		// A first-wins parser sees the routed model too: every "model" member is it.
