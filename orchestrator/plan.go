@@ -59,17 +59,26 @@ func nameProblems(md *v1alpha1.ModelDeployment) []string {
 }
 
 // slotOf reads a pod's slot from its labels; ok is false for a pod that
-// lacks them.
+// lacks them or whose indexes are not as the controller writes them (a
+// nonnegative decimal without sign or leading zeros): such a pod is a stray
+// (deleted as an Orphan), not a slot below 0 that no scale-down reaches, nor
+// a second pod for the slot "1" spelled "01" or "+1".
 func slotOf(p *corev1.Pod) (slot, bool) {
 	l := p.Labels
-	g, err1 := strconv.Atoi(l[v1alpha1.LabelGroup])
-	i, err2 := strconv.Atoi(l[v1alpha1.LabelReplica])
-	m, err3 := strconv.Atoi(l[v1alpha1.LabelWorker])
+	g, ok1 := slotIndex(l[v1alpha1.LabelGroup])
+	i, ok2 := slotIndex(l[v1alpha1.LabelReplica])
+	m, ok3 := slotIndex(l[v1alpha1.LabelWorker])
 	r := l[v1alpha1.LabelRole]
-	if err1 != nil || err2 != nil || err3 != nil || r == "" {
+	if !ok1 || !ok2 || !ok3 || r == "" {
 		return slot{}, false
 	}
 	return slot{Group: g, Role: r, Replica: i, Member: m}, true
+}
+
+// slotIndex reads an index label written by strconv.Itoa (pods.go).
+func slotIndex(v string) (int, bool) {
+	n, err := strconv.Atoi(v)
+	return n, err == nil && n >= 0 && strconv.Itoa(n) == v
 }
 
 // revision hashes what a role's pods are made from: a change rolls the role.
