@@ -211,7 +211,13 @@ func FuzzExchange(f *testing.F) {
 					}
 				}
 				for _, r := range x.out {
-					if h, m := destOf(r); h != m {
+					h, m := destOf(r)
+					if r.GetRequestTrailers() != nil {
+						// BUFFERED trailers with no body: the headers were
+						// answered already, the route goes in the metadata only.
+						h = m
+					}
+					if h != m {
 						t.Fatalf("destination header %q, metadata %q", h, m)
 					} else if h != "" && h != strings.Join(x.dests, ",") {
 						t.Fatalf("destination %q, dests %v", h, x.dests)
