@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/loadtest/workload"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
@@ -29,6 +31,15 @@ func TestDemoKvmeshBeatsRandom(t *testing.T) {
 	}
 	var phases []string
 	cfg.Status = func(msg string) { phases = append(phases, msg) }
+	// The components' warnings (ejections, stalls, retries), shown if the
+	// test fails: a request lost on a loaded machine says why.
+	var warnings testutil.SyncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the components' warnings and errors:\n%s", lastLines(warnings.String(), 200))
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, cfg)
@@ -155,4 +166,10 @@ func TestStartFailureLeavesNothing(t *testing.T) {
 		t.Fatalf("err = %v, want the unknown policy named", err)
 	}
 	waitNoLeaks(t, before)
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

@@ -112,7 +112,7 @@ func (m *mesh) load(ctx context.Context, policy string, reqs []workload.Request)
 		return rep, fmt.Errorf("%s run: %w", policy, err)
 	}
 	if rep.Failed > 0 {
-		return rep, fmt.Errorf("%s run: %d of %d requests failed: %v", policy, rep.Failed, rep.Sent, rep.Errors)
+		return rep, fmt.Errorf("%s run: %d of %d requests failed: %s", policy, rep.Failed, rep.Sent, rep.FailureSummary())
 	}
 	return rep, nil
 }
