@@ -80,13 +80,7 @@ func TestIngressSaysWhenTheLaneSubscriptionIsRefused(t *testing.T) {
 		Publish:   &server.SubjectPermission{Allow: []string{"kvmesh.snap.>", "kvmesh.state.>"}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>", "_INBOX.>"}},
 	}
-	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "ingress", Password: "ingress-pw", Permissions: half}}})
-	log, buf := syncLog()
-	cfg := testConfig()
-	cfg.Cluster.GossipBind, cfg.Cluster.GossipProfile = "127.0.0.1:0", "local"
-	cfg.Cluster.NATSURLs = []string{srv.ClientURL()}
-	cfg.Cluster.NATSAuth = natsutil.Auth{User: "ingress", Password: "ingress-pw"}
-	startIngress(t, cfg, Deps{Logger: log})
+	_, buf, _ := laneIngress(t, half)
 	testutil.WaitFor(t, 15*time.Second, "the refused subscription logged", func() bool {
 		return strings.Contains(buf.String(), "state lane off: the NATS user may not subscribe to kvmesh.state.>")
 	})
@@ -101,14 +95,7 @@ func TestIngressSaysWhenTheLaneIsRefusedBothWays(t *testing.T) {
 		Publish:   &server.SubjectPermission{Allow: []string{"kvmesh.snap.>"}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>", "_INBOX.>"}},
 	}
-	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "ingress", Password: "ingress-pw", Permissions: old}}})
-	log, buf := syncLog()
-	cfg := testConfig()
-	cfg.Cluster.GossipBind, cfg.Cluster.GossipProfile = "127.0.0.1:0", "local"
-	cfg.Cluster.NATSURLs = []string{srv.ClientURL()}
-	cfg.Cluster.NATSAuth = natsutil.Auth{User: "ingress", Password: "ingress-pw"}
-	reg := prometheus.NewRegistry()
-	s := startIngress(t, cfg, Deps{Logger: log, Registry: reg})
+	s, buf, reg := laneIngress(t, old)
 	testutil.WaitFor(t, 15*time.Second, "the refused subscription logged", func() bool {
 		return strings.Contains(buf.String(), "state lane off: the NATS user may not subscribe to kvmesh.state.>")
 	})
@@ -133,4 +120,18 @@ func TestIngressSaysWhenTheLaneIsRefusedBothWays(t *testing.T) {
 	if n := strings.Count(buf.String(), "may not publish on kvmesh.state.>"); n != 1 {
 		t.Fatalf("the publish refusal logged %d times, want once", n)
 	}
+}
+
+// laneIngress is an ingress with gossip and the state lane, connected to a
+// NATS server as a user with perms; it returns its log and metrics too.
+func laneIngress(t *testing.T, perms *server.Permissions) (*Server, *testutil.SyncBuffer, *prometheus.Registry) {
+	t.Helper()
+	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "ingress", Password: "ingress-pw", Permissions: perms}}})
+	log, buf := syncLog()
+	cfg := testConfig()
+	cfg.Cluster.GossipBind, cfg.Cluster.GossipProfile = "127.0.0.1:0", "local"
+	cfg.Cluster.NATSURLs = []string{srv.ClientURL()}
+	cfg.Cluster.NATSAuth = natsutil.Auth{User: "ingress", Password: "ingress-pw"}
+	reg := prometheus.NewRegistry()
+	return startIngress(t, cfg, Deps{Logger: log, Registry: reg}), buf, reg
 }

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"testing/iotest"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -292,31 +291,9 @@ func FuzzProxyNamedStream(f *testing.F) {
 		if mode&8 != 0 {
 			ep, named = epMessages, messagesStream
 		}
-		var r io.Reader = bytes.NewReader(in)
-		switch mode % 3 {
-		case 1:
-			r = iotest.OneByteReader(r)
-		case 2:
-			r = iotest.HalfReader(r)
-		}
 		c := &call{s: s, ep: ep, tokens: []uint32{1}}
-		p := &proxyStream{c: c, up: &upstream{id: "e"}, body: r, buf: make([]byte, 256), named: named}
-		var out bytes.Buffer
-		chunk := make([]byte, 1+int(mode)%64)
-		for i := 0; ; i++ {
-			if i > 10*len(in)+10000 {
-				t.Fatal("stream does not end")
-			}
-			n, err := p.Read(chunk)
-			out.Write(chunk[:n])
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		o := out.Bytes()
+		p := &proxyStream{c: c, up: &upstream{id: "e"}, body: fuzzReader(in, mode), buf: make([]byte, 256), named: named}
+		o := drainFuzzStream(t, p, len(in), mode)
 		lf := bytes.ReplaceAll(bytes.ReplaceAll(in, []byte("\r\n"), []byte("\n")), []byte("\r"), []byte("\n"))
 		relayed := o
 		if c.errMsg != "" && !p.sawError {

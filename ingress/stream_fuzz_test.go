@@ -28,31 +28,9 @@ func FuzzProxyStream(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, in []byte, wrap bool, mode uint8) {
-		var r io.Reader = bytes.NewReader(in)
-		switch mode % 3 {
-		case 1:
-			r = iotest.OneByteReader(r)
-		case 2:
-			r = iotest.HalfReader(r)
-		}
 		c := &call{s: s, wrap: wrap, dropUsage: mode&4 != 0}
-		p := &proxyStream{c: c, up: &upstream{id: "e"}, body: r, buf: make([]byte, 256), wrap: wrap}
-		var out bytes.Buffer
-		chunk := make([]byte, 1+int(mode)%64)
-		for i := 0; ; i++ {
-			if i > 10*len(in)+10000 {
-				t.Fatal("stream does not end")
-			}
-			n, err := p.Read(chunk)
-			out.Write(chunk[:n])
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		o := out.Bytes()
+		p := &proxyStream{c: c, up: &upstream{id: "e"}, body: fuzzReader(in, mode), buf: make([]byte, 256), wrap: wrap}
+		o := drainFuzzStream(t, p, len(in), mode)
 		if len(o) == 0 {
 			t.Fatal("no output: a stream always ends with [DONE]")
 		}
@@ -79,4 +57,39 @@ func FuzzProxyStream(f *testing.F) {
 			t.Fatalf("not the engine's whole events: %q of %q", o, lf)
 		}
 	})
+}
+
+// fuzzReader reads in whole, a byte at a time or half of what is asked,
+// by mode.
+func fuzzReader(in []byte, mode uint8) io.Reader {
+	var r io.Reader = bytes.NewReader(in)
+	switch mode % 3 {
+	case 1:
+		r = iotest.OneByteReader(r)
+	case 2:
+		r = iotest.HalfReader(r)
+	}
+	return r
+}
+
+// drainFuzzStream reads p to its end in reads of a size mode picks and
+// returns what the client got; a stream that does not end within a bound
+// set by its input's size fails the test.
+func drainFuzzStream(t *testing.T, p *proxyStream, inLen int, mode uint8) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	chunk := make([]byte, 1+int(mode)%64)
+	for i := 0; ; i++ {
+		if i > 10*inLen+10000 {
+			t.Fatal("stream does not end")
+		}
+		n, err := p.Read(chunk)
+		out.Write(chunk[:n])
+		if err == io.EOF {
+			return out.Bytes()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
