@@ -31,13 +31,15 @@ type Sidecar struct {
 	reg     prometheus.Registerer
 	gather  prometheus.Gatherer
 
-	conn     atomic.Pointer[natsutil.Conn]
-	gossip   atomic.Pointer[gossip.Node]
-	ready    atomic.Bool
-	admin    atomic.Pointer[net.TCPAddr]
-	running  atomic.Bool
-	stop     context.CancelFunc
-	stopMu   sync.Mutex
+	conn    atomic.Pointer[natsutil.Conn]
+	gossip  atomic.Pointer[gossip.Node]
+	ready   atomic.Bool
+	admin   atomic.Pointer[net.TCPAddr]
+	running atomic.Bool
+	// quit is closed by Close (once): Run ends, or, when Close came
+	// first, returns at once.
+	quit     chan struct{}
+	quitOnce sync.Once
 	finished chan struct{}
 	// pubq hands encoded deltas from the event loops (under their engine's
 	// lock, never blocking) to publishLoop, in sequence order.
@@ -73,7 +75,7 @@ func New(cfg Config) (*Sidecar, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Sidecar{cfg: cfg, log: log.With("component", "sidecar"), finished: make(chan struct{})}
+	s := &Sidecar{cfg: cfg, log: log.With("component", "sidecar"), quit: make(chan struct{}), finished: make(chan struct{})}
 	s.pubs = pubIncident{log: s.log, now: time.Now}
 	if cfg.Registerer != nil {
 		s.reg = cfg.Registerer
@@ -114,21 +116,33 @@ var ErrRunning = errors.New("sidecar: already running")
 // Run connects to NATS (starting an embedded server when no URL is given),
 // serves snapshots, joins gossip, starts the admin server and consumes every
 // engine's events until ctx ends or Close is called. Shutdown is ordered:
-// the event, scrape and publish loops stop first; then (deferred, last in
-// first out) gossip leaves so peers drop our engines at once, the admin
-// server stops, the snapshot subscriptions end and the NATS connection
-// closes.
+// the event, scrape and gossip loops stop first; then the publisher sends
+// the deltas they queued and waits (boundedly: drainWait) for NATS to take
+// them; then (deferred, last in first out) gossip leaves so peers drop our
+// engines at once, the admin server stops, the snapshot subscriptions end
+// and the NATS connection closes.
 func (s *Sidecar) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
 	s.pubq = make(chan pubMsg, s.cfg.PublishQueue)
 	defer close(s.finished)
+	select {
+	case <-s.quit: // Close before Run
+		return nil
+	default:
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	s.stopMu.Lock()
-	s.stop = cancel
-	s.stopMu.Unlock()
-	defer cancel()
+	watched := make(chan struct{})
+	go func() { // owned by Run: Close cancels Run's ctx; ends when Run returns
+		defer close(watched)
+		select {
+		case <-s.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer func() { cancel(); <-watched }()
 
 	nc := s.cfg.NATS
 	nc.WaitForServer = true // started before NATS: run and catch up, do not exit
@@ -162,9 +176,22 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		defer stopAdmin()
 	}
 
+	// The publisher outlives the loops that feed it: Run stops them, then
+	// stopPublisher lets it send what they queued (once; deferred too, for
+	// the early returns, before conn.Close).
+	pubStop, pubDone := make(chan struct{}), make(chan struct{})
+	go func() { defer close(pubDone); s.publishLoop(pubStop) }() // owned by Run
+	var stopOnce sync.Once
+	stopPublisher := func() {
+		stopOnce.Do(func() {
+			close(pubStop)
+			<-pubDone
+			s.flushPublished(conn)
+		})
+	}
+	defer stopPublisher()
+
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); s.publishLoop(ctx) }() // owned by Run; ends with ctx, before conn.Close
 	client := &http.Client{Timeout: 5 * time.Second}
 	for _, e := range s.engines {
 		wg.Add(1)
@@ -222,19 +249,17 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	<-ctx.Done()
 	s.ready.Store(false)
 	wg.Wait()
+	stopPublisher() // before gossip leaves: the last head gossiped is in NATS
 	return nil
 }
 
-// Close stops Run and waits for it. Safe to call twice, and before Run.
+// Close stops Run and waits for it. Safe to call twice, and before Run
+// (Run then returns at once).
 func (s *Sidecar) Close() error {
-	s.stopMu.Lock()
-	stop := s.stop
-	s.stopMu.Unlock()
-	if stop == nil {
-		return nil
+	s.quitOnce.Do(func() { close(s.quit) })
+	if s.running.Load() {
+		<-s.finished
 	}
-	stop()
-	<-s.finished
 	return nil
 }
 
@@ -302,23 +327,70 @@ func (s *Sidecar) enqueue(e *engine, data []byte) error {
 	}
 }
 
-// publishLoop sends queued deltas until ctx ends. PublishAsync may wait
-// (up to its stall wait) when too many acks are pending; only this loop
-// waits, never an engine's event loop or snapshot reply.
-func (s *Sidecar) publishLoop(ctx context.Context) {
+// drainWait bounds how long a stopping sidecar spends sending the deltas
+// still queued and waiting for NATS to take them (a NATS server down at
+// shutdown must not hold the pod's termination).
+const drainWait = 2 * time.Second
+
+// publishLoop sends queued deltas until stop is closed, then the ones
+// still queued (for at most drainWait; any left are counted as queue
+// drops). PublishAsync may wait (up to its stall wait) when too many acks
+// are pending; only this loop waits, never an engine's event loop or
+// snapshot reply.
+func (s *Sidecar) publishLoop(stop <-chan struct{}) {
 	for {
 		select {
-		case <-ctx.Done():
-			return
 		case m := <-s.pubq:
-			if err := s.publish(m.e.subject, m.data); err != nil {
-				if errors.Is(err, nats.ErrMaxPayload) { // deltas are cut to fit once the limit is known
-					s.log.Error("delta over the NATS max_payload", "engine", m.e.cfg.ID, "bytes", len(m.data), "nats_max_payload", s.maxPayload())
+			s.send(m)
+		case <-stop:
+			deadline := time.Now().Add(drainWait)
+			for {
+				select {
+				case m := <-s.pubq:
+					if time.Now().After(deadline) {
+						m.e.c.queueDrops.Add(1)
+						continue
+					}
+					s.send(m)
+				default:
+					return
 				}
-				m.e.c.publishErrors.Add(1)
-				s.warnPublishError(m.e.cfg.ID, err)
 			}
 		}
+	}
+}
+
+// send publishes one queued delta, counting a failure.
+func (s *Sidecar) send(m pubMsg) {
+	if err := s.publish(m.e.subject, m.data); err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) { // deltas are cut to fit once the limit is known
+			s.log.Error("delta over the NATS max_payload", "engine", m.e.cfg.ID, "bytes", len(m.data), "nats_max_payload", s.maxPayload())
+		}
+		m.e.c.publishErrors.Add(1)
+		s.warnPublishError(m.e.cfg.ID, err)
+	}
+}
+
+// flushPublished waits, for at most drainWait, until the server has every
+// delta sent and JetStream has acknowledged the stream's copies; a stopping
+// sidecar's last deltas then reach the ingresses and the stream rather than
+// dying in the connection's buffer.
+func (s *Sidecar) flushPublished(conn *natsutil.Conn) {
+	if !conn.NC.IsConnected() {
+		return
+	}
+	deadline := time.Now().Add(drainWait)
+	if err := conn.NC.FlushTimeout(drainWait); err != nil {
+		s.log.Warn("stopping: NATS did not confirm the last deltas", "err", err)
+		return
+	}
+	if conn.JS == nil {
+		return
+	}
+	select {
+	case <-conn.JS.PublishAsyncComplete():
+	case <-time.After(time.Until(deadline)):
+		s.log.Warn("stopping: JetStream did not acknowledge the last deltas", "pending", conn.JS.PublishAsyncPending())
 	}
 }
 
