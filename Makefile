@@ -11,7 +11,7 @@ BIN       := bin/kvmesh
 all: build
 
 # deps installs what cgo needs (libzmq for github.com/pebbe/zmq4) and the tools some tests drive (node and npm
-# for the openai client and k6 script checks, kubectl for the manifests, Python's httpx and aiohttp for the
+# for the openai client and k6 script checks, Debian's nats-server for the README's install path, kubectl for the manifests, Python's httpx and aiohttp for the
 # Python client test, Python's Jinja2 for the chat-template reference) when they are missing. With CI=true a
 # test whose tool is missing fails instead of skipping (internal/testutil.RequireTool).
 deps:
@@ -23,6 +23,7 @@ deps:
 	fi; \
 	command -v node >/dev/null || { echo "installing nodejs (apt-get)"; apt nodejs || skipped node; }; \
 	command -v npm >/dev/null || { echo "installing npm (apt-get)"; apt npm || skipped npm; }; \
+	command -v nats-server >/dev/null || { echo "installing nats-server (apt-get)"; apt nats-server || skipped nats-server; }; \
 	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || apt kubernetes-client || skipped kubectl; }; \
 	pyclients() { "$$1" -c 'import httpx, aiohttp' 2>/dev/null; }; \
 	pyclients python3 || pyclients /usr/bin/python3 || { echo "installing python3-httpx and python3-aiohttp (apt-get)"; \

@@ -478,7 +478,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 		Storage:     storage,
 	}
 	if auto {
-		sc.Replicas = autoReplicas
+		sc.Replicas = AutoReplicasFor(js.Conn())
 	}
 	// cannotPlace says, once per connection, that a cluster refused the
 	// replicas auto asked for.

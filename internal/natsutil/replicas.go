@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -19,6 +20,19 @@ const AutoReplicas = 0
 // loss of one server (a Raft quorum of two), the shipped NATS StatefulSet's
 // size.
 const autoReplicas = 3
+
+// AutoReplicasFor is the count AutoReplicas asks for on the server nc is
+// connected to: 1 on a server that is not clustered (its INFO names no
+// cluster; JetStream clustering needs a cluster name), autoReplicas
+// otherwise. Not leaning on the server's refusal: nats-server 2.9 (Debian's
+// package, the README's install) refuses a new stream of 3 on a single server
+// but accepts raising an existing one to 3.
+func AutoReplicasFor(nc *nats.Conn) int {
+	if nc != nil && nc.IsConnected() && nc.ConnectedClusterName() == "" {
+		return 1
+	}
+	return autoReplicas
+}
 
 // ParseReplicas reads a --stream-replicas value: "auto" (AutoReplicas) or
 // a count 1..5.
@@ -51,9 +65,6 @@ const (
 // sidecar owns (the tokenizer object store), which follow the stream's
 // replicas rule.
 func ReplicasRefused(err error) (single, cluster bool) { return replicasRefused(err) }
-
-// AutoReplicasWanted is the count AutoReplicas asks for.
-const AutoReplicasWanted = autoReplicas
 
 // replicasRefused classifies err as JetStream refusing a stream's replicas:
 // single for a server that is not clustered (1 is all it will ever take),

@@ -126,7 +126,7 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, mem
 	auto := replicas == natsutil.AutoReplicas
 	want := replicas
 	if auto {
-		want = natsutil.AutoReplicasWanted
+		want = natsutil.AutoReplicasFor(js.Conn())
 	}
 	os, err := js.ObjectStore(ctx, Bucket)
 	if err == nil {
