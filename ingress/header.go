@@ -12,10 +12,11 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// authRunner is the optional capability of Deps.Auth that has background
-// work (auth.Keys re-reading its file, auth.JWTVerifier its key set, alone or in an auth.Chain): Start
-// runs it and Close stops it.
-type authRunner interface {
+// runner is the optional capability of a dependency that has background
+// work (Deps.Auth: auth.Keys re-reading its file, auth.JWTVerifier its key
+// set, alone or in an auth.Chain; Deps.Routes: a routes.Watcher polling its
+// file): Start runs it and Close stops it and waits for it.
+type runner interface {
 	Run(stop <-chan struct{})
 }
 

@@ -451,10 +451,10 @@ func (e *ejector) ejectLocked(h *engineHealth, now time.Time, reason string) {
 func (e *ejector) probeLoop(quit <-chan struct{}, tick time.Duration) {
 	t := time.NewTicker(max(tick, time.Millisecond))
 	defer t.Stop()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // before wg.Wait (deferred last in, first out): probes in flight end at once
 	for {
 		select {
 		case <-quit:

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -242,5 +243,40 @@ func TestEjectionMetricsPerEngine(t *testing.T) {
 		if got := engineSeries(t, reg, name); !maps.Equal(got, w) {
 			t.Fatalf("after x and z were forgotten, %s: %v, want %v", name, got, w)
 		}
+	}
+}
+
+// TestProbeLoopQuitCancelsProbesInFlight: stopping the probe loop cancels
+// a probe waiting on a hung engine instead of waiting out its timeout
+// (Server.Close waits for the loop: with an hour's probe timeout it would
+// hang for the hour).
+func TestProbeLoopQuitCancelsProbesInFlight(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts (the backlog) and never answers: a hung engine
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := DefaultHealthConfig()
+	cfg.ProbeTimeout = time.Hour
+	cfg.EjectionTime = time.Millisecond
+	e := newEjector(cfg, prometheus.NewRegistry(), "i")
+	h := e.get("e1", "http://"+ln.Addr().String())
+	h.mu.Lock()
+	e.ejectLocked(h, time.Now().Add(-time.Second), "connect_error: test")
+	h.until = time.Now().Add(-time.Second)
+	h.mu.Unlock()
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); e.probeLoop(quit, time.Millisecond) }()
+	testutil.WaitFor(t, 30*time.Second, "a probe in flight", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.probing
+	})
+	close(quit)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second): // a hang guard, not a timing assertion
+		t.Fatal("the probe loop still waits for its probe 30 s after quit (probe timeout 1 h)")
 	}
 }

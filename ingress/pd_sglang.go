@@ -187,8 +187,8 @@ func (c *call) infoOf(id string) *EngineInfo {
 func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 	p := c.s.pdInit()
 	if c.s.draining.Load() {
-		// A prefill leg runs on a goroutine the server waits for (s.wg);
-		// none may start once Close may be waiting.
+		// A prefill leg runs on a goroutine the server waits for
+		// (s.legTasks); none starts once Close is under way.
 		// Served aggregated instead, counted as every other fallback is:
 		// a leg result and a second decision by the served mode.
 		c.pd.result = "fallback_draining"
@@ -283,7 +283,11 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
 	leg.model, leg.adapter = c.sentModel()
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
-	s.wg.Add(1)
+	if !s.legTasks.add() { // the server stopped while this handler outlived the drain
+		g.release()
+		p.legs.WithLabelValues("prefill", "fallback_draining").Inc()
+		return false, false, false
+	}
 	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.forwardCopy(), charge, start)
 	answered, fail := c.sglangDecode(ctx, leg, decode, body)
 	if answered {
@@ -408,11 +412,11 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 }
 
 // sglangPrefill runs one prefill leg to its end, on its own goroutine
-// (owned by the server: s.wg; bounded by the upstream connection's idle
-// timeout). It holds g's slot and charges the prefill engine's load until
-// the answer is read.
+// (owned by the server: s.legTasks, which shutdown waits for; bounded by
+// the upstream connection's idle timeout). It holds g's slot and charges
+// the prefill engine's load until the answer is read.
 func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *prefillGate, uri string, body []byte, fwd [len(forwardHeaders)][]byte, charge int64, start time.Time) {
-	defer s.wg.Done()
+	defer s.legTasks.done()
 	defer g.release()
 	var res legResult
 	defer func() {

@@ -760,3 +760,30 @@ func TestSGLangDrainingCountsFallback(t *testing.T) {
 		t.Fatalf("prefill engine finished %d requests; no leg may start while draining", l.Finished)
 	}
 }
+
+// TestLegTasksRefuseAfterStop: once shutdown stops the request path's
+// background legs it waits for the running ones, and a handler that
+// outlived the drain can start none (an Add racing the Wait).
+func TestLegTasksRefuseAfterStop(t *testing.T) {
+	var lt legTasks
+	if !lt.add() {
+		t.Fatal("a task refused before stop")
+	}
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); lt.stopAndWait() }()
+	testutil.WaitFor(t, 30*time.Second, "stop refusing new tasks", func() bool {
+		lt.mu.Lock()
+		defer lt.mu.Unlock()
+		return lt.stopped
+	})
+	select {
+	case <-stopped:
+		t.Fatal("stopAndWait returned with a task running")
+	default:
+	}
+	if lt.add() {
+		t.Fatal("a task started after stop")
+	}
+	lt.done()
+	<-stopped
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -405,4 +406,50 @@ func TestRouteAdapterKeepsItsName(t *testing.T) {
 			t.Errorf("%s: upstream body %s, want %s", tc.asked, got, tc.upstream)
 		}
 	}
+}
+
+// TestRoutesWatcherRunsWithTheServer: the routes file's watcher is one of
+// the server's goroutines: it reloads while the server runs and stops with
+// Close, also when the context the server was built with never ends (it
+// used to run on that context and outlive the server).
+func TestRoutesWatcherRunsWithTheServer(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "routes.yaml")
+	write := func(model string) {
+		t.Helper()
+		body := "apiVersion: kvmesh.io/v1alpha1\nkind: RouteConfig\nroutes: [{name: r, match: {model: chat}, backends: [{model: " + model + "}]}]\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a")
+	o := DefaultOptions()
+	o.Config = testConfig(StaticEngine{ID: "a0", Model: "a", URL: "http://127.0.0.1:1"})
+	o.Config.Listen = "127.0.0.1:0"
+	o.Config.Routes = path
+	s, err := o.NewServer(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	backend := func() string {
+		r, ok := s.deps.Routes.Table().Match("chat", "/v1/completions", func(string) []byte { return nil })
+		if !ok {
+			return ""
+		}
+		return r.Pick(0)
+	}
+	write("b")
+	testutil.WaitFor(t, 30*time.Second, "the routes file reloaded", func() bool { return backend() == "b" })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "no routes watcher left after Close", func() bool {
+		var b strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+		return !strings.Contains(b.String(), "routes.(*Watcher).Run")
+	})
 }

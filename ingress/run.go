@@ -207,8 +207,7 @@ func (o *Options) deps(ctx context.Context, log *slog.Logger) (Deps, error) {
 		if err != nil {
 			return deps, err
 		}
-		go w.Run(ctx) // stops with ctx, when Run returns
-		deps.Routes = w
+		deps.Routes = w // the server runs its polling (a runner) and stops it with Close
 	}
 	if fc := o.Config.FairQueue; fc != nil {
 		q, err := fair.New(*fc)

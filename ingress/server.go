@@ -134,6 +134,37 @@ type Server struct {
 	closeErr  error
 	quit      chan struct{}
 	wg        sync.WaitGroup // owned goroutines: serve loops, load publisher
+	legTasks  legTasks       // goroutines requests start that outlive them (SGLang prefill legs)
+}
+
+// legTasks follows the goroutines the request path starts and that outlive
+// their request (an SGLang prefill leg): once stopped it refuses new ones,
+// so its Wait never races an Add from a handler that outlived the drain.
+type legTasks struct {
+	mu      sync.Mutex
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+// add counts one more task unless stopped; the task calls done.
+func (t *legTasks) add() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return false
+	}
+	t.wg.Add(1)
+	return true
+}
+
+func (t *legTasks) done() { t.wg.Done() }
+
+// stopAndWait refuses new tasks and waits for the running ones.
+func (t *legTasks) stopAndWait() {
+	t.mu.Lock()
+	t.stopped = true
+	t.mu.Unlock()
+	t.wg.Wait()
 }
 
 // New builds a Server from a validated config and its collaborators.
@@ -375,12 +406,14 @@ func (s *Server) Start(ctx context.Context) error {
 			s.certs.Run(s.quit) // tls.go: certificates re-read on change
 		}()
 	}
-	if r, ok := s.deps.Auth.(authRunner); ok { // auth.Keys re-reading its file and/or auth.JWTVerifier its key set (an auth.Chain)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			r.Run(s.quit)
-		}()
+	for _, d := range []any{s.deps.Auth, s.deps.Routes} { // header.go: auth files and key sets, the routes file
+		if r, ok := d.(runner); ok {
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				r.Run(s.quit)
+			}()
+		}
 	}
 	if ctx != nil && ctx.Done() != nil {
 		// The caller's context ends the server too (SIGTERM in the command).
@@ -529,6 +562,7 @@ func (s *Server) shutdown() error {
 		if s.adminLn != nil {
 			_ = s.adminLn.Close()
 		}
+		s.legTasks.stopAndWait()
 		s.wg.Wait()
 		s.cl.close()
 	})

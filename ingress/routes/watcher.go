@@ -1,10 +1,10 @@
 package routes
 
 import (
-	"context"
 	"errors"
 	"io/fs"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,8 +43,9 @@ type Watcher struct {
 	errs prometheus.Counter
 	oks  prometheus.Counter
 
-	// Owned by the goroutine calling Check (Run's), after NewWatcher.
-	file *filewatch.File
+	// checkMu serializes Check (Run's ticks and a direct call).
+	checkMu sync.Mutex
+	file    *filewatch.File
 }
 
 // NewWatcher loads the file once; an invalid file at start is an error (bad
@@ -94,13 +95,14 @@ func (w *Watcher) Table() *Table { return w.cur.Load() }
 // ReloadErrors is the number of rejected reloads (tests, /debug).
 func (w *Watcher) ReloadErrors() float64 { return counterValue(w.errs) }
 
-// Run polls the file until ctx is done. The caller owns the goroutine.
-func (w *Watcher) Run(ctx context.Context) {
+// Run polls the file until stop is closed. The caller owns the goroutine
+// (the ingress server runs it on its own and stops it with Close).
+func (w *Watcher) Run(stop <-chan struct{}) {
 	t := time.NewTicker(w.cfg.Interval)
 	defer t.Stop()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-stop:
 			return
 		case <-t.C:
 			w.Check()
@@ -109,8 +111,10 @@ func (w *Watcher) Run(ctx context.Context) {
 }
 
 // Check reloads the file if its modification time, size or content changed. Run
-// calls it; tests call it directly. Not safe to call concurrently.
+// calls it; tests call it directly. Safe to call concurrently.
 func (w *Watcher) Check() {
+	w.checkMu.Lock()
+	defer w.checkMu.Unlock()
 	changed, err := w.file.Poll()
 	if err != nil { // once until the file is back
 		w.errs.Inc()

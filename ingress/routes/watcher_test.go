@@ -1,7 +1,6 @@
 package routes
 
 import (
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -103,12 +102,12 @@ func TestWatcherRunPicksUpChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	stop := make(chan struct{})
 	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
+	go func() { w.Run(stop); close(done) }()
 	write(t, path, routeYAML("b"), 1)
 	testutil.WaitFor(t, 10*time.Second, "reload", func() bool { return pickOf(t, w) == "b" })
-	cancel()
+	close(stop)
 	<-done
 }
 
