@@ -45,8 +45,8 @@ type engineState struct {
 
 	lastMsg time.Time
 	// confirmed: the last time this copy was known to equal the engine's
-	// (a delta applied in sequence, a snapshot installed, gossip's head and
-	// digest equal to it), kvmesh_materializer_engine_state_age_seconds.
+	// (a delta applied in sequence: its stamp; a snapshot installed, gossip's
+	// head and digest equal to it: then), kvmesh_materializer_engine_state_age_seconds.
 	confirmed     time.Time
 	lag           time.Duration
 	applied       uint64

@@ -102,7 +102,12 @@ func (m *Materializer) Run(ctx context.Context) error {
 	defer m.running.Store(false)
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() {
+		// Cancelled under mu: a snapshot asked for after this (a delta
+		// callback still running) sees the context ended in snapshotLocked
+		// and starts no worker, so none is added while Wait waits.
+		m.mu.Lock()
 		cancel()
+		m.mu.Unlock()
 		m.wg.Wait()
 	}()
 	m.mu.Lock()
@@ -341,6 +346,12 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 	default:
 		m.applyLocked(e, d)
 		e.confirmed = now
+		if at := time.Unix(0, d.TS); d.TS > 0 && at.Before(now) {
+			// The copy is current as of the delta's own stamp, not its
+			// arrival: an ingress behind its deltas (a burst queued in its
+			// subscription) shows how far (clock skew included, as the lag).
+			e.confirmed = at
+		}
 	}
 }
 

@@ -108,7 +108,7 @@ func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector,
 const maxEngineAgeSeries = 1024
 
 var descEngineAge = prometheus.NewDesc("kvmesh_materializer_engine_state_age_seconds",
-	"Per engine: seconds since this ingress last confirmed its copy of the engine's cache (a delta applied in sequence, "+
+	"Per engine: seconds since this ingress last confirmed its copy of the engine's cache (a delta applied in sequence, as of its stamp, "+
 		"a snapshot installed, or gossip's head and digest equal to its own); since the engine was first seen if never. "+
 		"The series goes when the engine leaves the index; at most 1024 engines, the oldest.",
 	[]string{"engine"}, nil)

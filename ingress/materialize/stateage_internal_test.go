@@ -64,15 +64,27 @@ func TestEngineStateAgeGauge(t *testing.T) {
 		t.Fatalf("ages %v, want busy 90 and idle 30", got)
 	}
 
-	// A delta applied in sequence confirms the busy engine's copy.
+	// A delta applied in sequence confirms the busy engine's copy, as of
+	// its sidecar's stamp: one stamped a minute ago (an ingress a minute
+	// behind its deltas) confirms it a minute ago, not now.
+	stamped := time.Now().Add(-time.Minute)
+	d := kvevents.Delta{Engine: "busy", Model: "m", Epoch: 1, Seq: 2, TS: stamped.UnixNano(), Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{1, 2}}}}
+	m.onDelta(&nats.Msg{Data: kvevents.AppendDelta(nil, &d)})
+	m.mu.Lock()
+	if !busy.confirmed.Equal(time.Unix(0, stamped.UnixNano())) {
+		m.mu.Unlock()
+		t.Fatalf("a delta stamped %v confirmed the state at %v, want its stamp", stamped, busy.confirmed)
+	}
+	m.mu.Unlock()
+	// One stamped ahead of this host's clock (skew) confirms it now.
 	before := time.Now()
-	d := kvevents.Delta{Engine: "busy", Model: "m", Epoch: 1, Seq: 2, Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{1, 2}}}}
+	d = kvevents.Delta{Engine: "busy", Model: "m", Epoch: 1, Seq: 3, TS: before.Add(time.Hour).UnixNano(), Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{3}}}}
 	m.onDelta(&nats.Msg{Data: kvevents.AppendDelta(nil, &d)})
 	// An idle engine's copy is confirmed by gossip's equal head and digest.
 	m.mu.Lock()
-	if busy.applied != 1 {
+	if busy.applied != 2 {
 		m.mu.Unlock()
-		t.Fatalf("delta not applied: %d", busy.applied)
+		t.Fatalf("deltas not applied: %d of 2", busy.applied)
 	}
 	if busy.confirmed.Before(before) {
 		m.mu.Unlock()
