@@ -59,7 +59,9 @@ func TestBufferedAnswerEndsEngineSideBeforeWrite(t *testing.T) {
 	s := startIngress(t, cfg, Deps{Scheduler: spy, Index: idx, Admitter: adm, AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
 	conn := dialNoRead(t, s)
 	sendRequest(t, conn, "/v1/completions", `{"model":"m","prompt":[1]}`)
-	testutil.WaitFor(t, 30*time.Second, "the engine's side ended (admission released, the policy told)", func() bool {
+	// A hang guard: reading the 16 MiB answer under the race detector on a
+	// loaded machine takes seconds of CPU.
+	testutil.WaitFor(t, 2*time.Minute, "the engine's side ended (admission released, the policy told)", func() bool {
 		return adm.released.Load() == 1 && spy.finished.Load() == 1
 	})
 	// The 16 MiB answer cannot all be taken by a client that does not read:
@@ -71,7 +73,7 @@ func TestBufferedAnswerEndsEngineSideBeforeWrite(t *testing.T) {
 		t.Fatalf("an access line before the answer was written: %s", alog.String())
 	}
 	conn.Close()
-	testutil.WaitFor(t, 30*time.Second, "the access line", func() bool { return strings.Contains(alog.String(), `"msg":"request"`) })
+	testutil.WaitFor(t, 2*time.Minute, "the access line", func() bool { return strings.Contains(alog.String(), `"msg":"request"`) })
 	l := accessLines(t, &alog)[0]
 	if st, _ := l["status"].(float64); st != 499 {
 		t.Fatalf("status %v, want 499: %v", l["status"], l)

@@ -416,6 +416,11 @@ func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
 		buf.Write(resp.Body())
 		return buf, nil
 	}
+	if n := resp.Header.ContentLength(); n > 0 && n <= maxUpstreamBody {
+		// Room for the whole answer at once (and ReadFrom's last probe for
+		// more): not a doubling copy per step up to it.
+		buf.Grow(n + bytes.MinRead)
+	}
 	_, err := buf.ReadFrom(io.LimitReader(r, maxUpstreamBody+1))
 	if err == nil && buf.Len() > maxUpstreamBody {
 		err = fmt.Errorf("%w: the engine's answer is over %d bytes", ErrAnswerTooLarge, maxUpstreamBody)

@@ -92,7 +92,7 @@ func TestBufferedAnswerInServiceUntilWritten(t *testing.T) {
 	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
 	conn := dialNoRead(t, s)
 	sendRequest(t, conn, "/v1/completions", `{"model":"m","prompt":[1]}`)
-	testutil.WaitFor(t, 30*time.Second, "the access line", func() bool { return strings.Contains(alog.String(), `"msg":"request"`) })
+	testutil.WaitFor(t, 2*time.Minute, "the access line", func() bool { return strings.Contains(alog.String(), `"msg":"request"`) }) // a hang guard: the 16 MiB answer costs seconds of CPU under -race
 	l := accessLines(t, &alog)[0]
 	if st, _ := l["status"].(float64); st != 499 {
 		t.Fatalf("status %v, want 499: %v", l["status"], l)

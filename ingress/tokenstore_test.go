@@ -73,11 +73,13 @@ func TestTokenizerFromSidecar(t *testing.T) {
 			RankEvents: sm.EventsEndpoints(), RankReplay: sm.ReplayEndpoints(), TokenizerDir: modelDir}, ns.URL(), seed, quiet)
 	}
 	base := "http://" + s.Addr()
-	testutil.WaitFor(t, 20*time.Second, "ingress ready with both engines known by gossip and healthy (their sidecars report ready)", func() bool {
+	// Hang guards: on a loaded machine the tokenizer's fetch, its load under
+	// the race detector and the retries' backoff take tens of seconds.
+	testutil.WaitFor(t, time.Minute, "ingress ready with both engines known by gossip and healthy (their sidecars report ready)", func() bool {
 		st, _, _ := get(base + "/ready")
 		return st == 200 && healthyEngines(s) == 2
 	})
-	testutil.WaitFor(t, 20*time.Second, "the published tokenizer loaded by the ingress", func() bool {
+	testutil.WaitFor(t, 2*time.Minute, "the published tokenizer loaded by the ingress", func() bool {
 		_, ok := store.For(model)
 		return ok
 	})
@@ -87,7 +89,7 @@ func TestTokenizerFromSidecar(t *testing.T) {
 	if st, _, b := post(t, http.DefaultClient, sims["eng-a"].URL()+"/v1/chat/completions", chat); st != 200 {
 		t.Fatalf("warm eng-a: %d %s", st, b)
 	}
-	testutil.WaitFor(t, 10*time.Second, "eng-a's warmed conversation in the ingress index", func() bool {
+	testutil.WaitFor(t, time.Minute, "eng-a's warmed conversation in the ingress index", func() bool {
 		return s.deps.Index.KeyCount("eng-a", kvevents.TierGPU) >= 20
 	})
 	for i := 0; i < 6; i++ {
