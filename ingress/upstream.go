@@ -212,7 +212,7 @@ func (u *upstreams) get(id, baseURL string) (*upstream, error) {
 		TLSConfig:                     tc,
 		Name:                          "kvmesh-ingress",
 		MaxConns:                      cfg.MaxConnsPerEngine,
-		MaxIdleConnDuration:           5 * time.Second, // also how long a closed client's cleaner lingers
+		MaxIdleConnDuration:           upstreamIdle, // also how long a closed client's cleaner lingers
 		MaxConnDuration:               cmp.Or(u.connAge, maxConnAge),
 		StreamResponseBody:            true,
 		DisableHeaderNamesNormalizing: false,
@@ -338,6 +338,15 @@ type EngineLoad struct {
 	// the engine: in flight, and waiting at its admission (pd.go).
 	PrefillLegs, PrefillQueued int
 }
+
+// upstreamIdle is how long an idle connection to an engine is kept for
+// reuse: under the 5 s after which vLLM's and SGLang's uvicorn close an idle
+// keep-alive connection (vLLM's TIMEOUT_KEEP_ALIVE). At 5 s as well, a
+// connection the engine had just closed could be reused, and the request
+// written to it would fail before its first byte ("the server closed
+// connection before returning the first response byte") and be retried
+// elsewhere, losing its cache affinity. A client lets go first.
+const upstreamIdle = 4 * time.Second
 
 // idleConn gives every Read its own deadline, so a hung engine is detected
 // between streamed chunks while a long healthy stream is never cut
