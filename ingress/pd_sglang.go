@@ -280,14 +280,15 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		p.legs.WithLabelValues("prefill", "fallback_no_engine").Inc()
 		return false, true, false
 	}
+	if !s.legTasks.add() { // the server stopped while this handler outlived the drain
+		g.release()
+		c.pd.result = "fallback_draining"
+		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
+		return false, false, false
+	}
 	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
 	leg.model, leg.adapter = c.sentModel()
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
-	if !s.legTasks.add() { // the server stopped while this handler outlived the drain
-		g.release()
-		p.legs.WithLabelValues("prefill", "fallback_draining").Inc()
-		return false, false, false
-	}
 	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.forwardCopy(), charge, start)
 	answered, fail := c.sglangDecode(ctx, leg, decode, body)
 	if answered {

@@ -477,9 +477,6 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 		Replicas:    cfg.Replicas,
 		Storage:     storage,
 	}
-	if auto {
-		sc.Replicas = AutoReplicasFor(js.Conn())
-	}
 	// cannotPlace says, once per connection, that a cluster refused the
 	// replicas auto asked for.
 	cannotPlace := func(have int, err error) {
@@ -492,6 +489,11 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 	}
 	for try := 0; ; try++ {
 		s, err := js.Stream(ctx, StreamName)
+		if auto {
+			// After the server answered: the connection is up and its INFO
+			// says whether the server is clustered.
+			sc.Replicas = AutoReplicasFor(js.Conn())
+		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			s, err = js.CreateStream(ctx, sc)
 			if auto && err != nil {

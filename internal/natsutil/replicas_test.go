@@ -2,11 +2,7 @@ package natsutil_test
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -156,7 +152,7 @@ func TestEnsureStreamUnansweredSaysWhatIsLost(t *testing.T) {
 // left at 1, without the "changed … replicas" line a raise would log.
 func TestAutoReplicasDebianNATSSingleServer(t *testing.T) {
 	testutil.RequireTool(t, "nats-server", "the README's install path is Debian's nats-server")
-	url := systemNATS(t)
+	url, _ := testutil.SystemNATS(t, t.TempDir(), 0)
 	nc, js := testutil.JetStream(t, url)
 	if name := nc.ConnectedClusterName(); name != "" {
 		t.Fatalf("a single server reports cluster %q", name)
@@ -173,34 +169,4 @@ func TestAutoReplicasDebianNATSSingleServer(t *testing.T) {
 	if strings.Contains(logs.String(), "level=WARN") || strings.Contains(logs.String(), "changed the delta stream") {
 		t.Fatalf("single server warned or changed the stream:\n%s", logs.String())
 	}
-}
-
-// systemNATS starts the nats-server on PATH with JetStream on a random
-// loopback port and returns its client URL; the server stops with the test.
-func systemNATS(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command("nats-server", "-js", "-a", "127.0.0.1", "-p", "-1", "-sd", filepath.Join(dir, "js"), "--ports_file_dir", dir)
-	var out testutil.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	var url string
-	testutil.WaitFor(t, 30*time.Second, "nats-server's ports file", func() bool {
-		files, _ := filepath.Glob(filepath.Join(dir, "*.ports"))
-		for _, f := range files {
-			b, err := os.ReadFile(f)
-			var ports struct {
-				Client []string `json:"nats"`
-			}
-			if err == nil && json.Unmarshal(b, &ports) == nil && len(ports.Client) > 0 {
-				url = ports.Client[0]
-				return true
-			}
-		}
-		return false
-	})
-	return url
 }

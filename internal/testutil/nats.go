@@ -1,9 +1,15 @@
 package testutil
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,4 +135,40 @@ func ClientURLs(srvs []*server.Server) string {
 		urls[i] = s.ClientURL()
 	}
 	return strings.Join(urls, ",")
+}
+
+// SystemNATS starts the nats-server on PATH (the README's install path,
+// Debian's package) with JetStream stored under dir, on loopback port
+// (0: a random one), and returns its client URL and a stop that kills it
+// (also run when tb's test ends). The caller checks the tool first
+// (RequireTool).
+func SystemNATS(tb testing.TB, dir string, port int) (url string, stop func()) {
+	tb.Helper()
+	p := "-1"
+	if port > 0 {
+		p = strconv.Itoa(port)
+	}
+	ports := tb.TempDir()
+	cmd := exec.Command("nats-server", "-js", "-a", "127.0.0.1", "-p", p, "-sd", dir, "--ports_file_dir", ports)
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) }
+	tb.Cleanup(stop)
+	WaitFor(tb, 30*time.Second, "nats-server's ports file", func() bool {
+		files, _ := filepath.Glob(filepath.Join(ports, "*.ports"))
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			var pf struct {
+				NATS []string `json:"nats"`
+			}
+			if err == nil && json.Unmarshal(b, &pf) == nil && len(pf.NATS) > 0 {
+				url = pf.NATS[0]
+				return true
+			}
+		}
+		return false
+	})
+	return url, stop
 }

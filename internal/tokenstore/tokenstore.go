@@ -124,11 +124,13 @@ func digest(b []byte) string {
 // that began on one replica gets its copies at the sidecar's next start.
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, memory bool) (jetstream.ObjectStore, error) {
 	auto := replicas == natsutil.AutoReplicas
+	os, err := js.ObjectStore(ctx, Bucket)
 	want := replicas
 	if auto {
+		// Read after the server answered: a sidecar started before NATS
+		// calls this while its connection is still coming up.
 		want = natsutil.AutoReplicasFor(js.Conn())
 	}
-	os, err := js.ObjectStore(ctx, Bucket)
 	if err == nil {
 		return os, raiseReplicas(ctx, js, want, auto)
 	}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -255,5 +257,56 @@ func TestEnsureBucketAutoReplicasOnCluster(t *testing.T) {
 	}
 	if n := replicas(); n != 3 {
 		t.Fatalf("auto left the store at %d replicas, want 3", n)
+	}
+}
+
+// On the README's NATS (Debian's nats-server 2.9, one server, not
+// clustered) auto replicas keep the bucket at 1, also for a sidecar whose
+// connection is still coming up when it ensures the bucket (it may start
+// before NATS): 2.9 accepts raising an existing bucket to 3 there, so the
+// count is read once the server has answered, not before.
+func TestEnsureBucketAutoReplicasDebianNATS(t *testing.T) {
+	testutil.RequireTool(t, "nats-server", "the README's install path is Debian's nats-server")
+	dir := t.TempDir()
+	url, stop := testutil.SystemNATS(t, dir, 0)
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	replicas := func() int {
+		t.Helper()
+		s, err := js.Stream(ctx, "OBJ_"+Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.Replicas
+	}
+	if _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := replicas(); n != 1 {
+		t.Fatalf("created with %d replicas on a single server, want 1", n)
+	}
+
+	// The server goes away; the bucket is ensured while the connection is
+	// down, and the server comes back (same port, same store).
+	port := nc.ConnectedAddr()[strings.LastIndexByte(nc.ConnectedAddr(), ':')+1:]
+	stop()
+	testutil.WaitFor(t, 30*time.Second, "the connection down", func() bool { return !nc.IsConnected() })
+	done := make(chan error, 1)
+	go func() { _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, false); done <- err }()
+	p, _ := strconv.Atoi(port)
+	testutil.SystemNATS(t, dir, p)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := replicas(); n != 1 {
+		t.Fatalf("ensured again across a reconnect: %d replicas on a single server, want 1", n)
 	}
 }
