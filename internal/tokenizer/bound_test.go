@@ -53,12 +53,12 @@ func TestBoundMaxTokens(t *testing.T) {
 }
 
 // TestBoundStopsLongWord: a past deadline or a Stopper that says stop ends
-// the merge of one long word (a megabyte of spaces) and of many chunks of
-// ordinary text, with the reason.
+// the merge of one long word (128 KiB of spaces: some 30 polls of pollMerges steps,
+// twice pollBytes) and of many chunks of ordinary text, with the reason.
 func TestBoundStopsLongWord(t *testing.T) {
 	tk := withoutWordCache(loadNamed(t, "Meta-Llama-3-8B-Instruct"))
 	cache := newCache(t, tk, DefaultCacheConfig())
-	spaces := strings.Repeat(" ", 1<<20)
+	spaces := strings.Repeat(" ", 1<<17)
 	text := strings.Repeat(longText(t), 4)
 	past := time.Now().Add(-time.Second)
 	for _, tc := range []struct {
@@ -116,17 +116,28 @@ func TestWordCacheEvicts(t *testing.T) {
 // change what the cache holds. Before, the map kept the caller's view: once
 // the buffer held another word, a lookup of that word found the first
 // word's ids whenever the two hashes' control bits agreed (1 in 128 per
-// trial here, so the trials make that certain in practice).
+// trial here, so the trials make that certain in practice). Each trial
+// needs a new map (its hash seed is the chance), not a full-size cache: a
+// slot a shard suffices, where wordCacheCapacity allocated 100 KB a trial
+// (420 MB in all, 49 s under -race on a loaded machine).
 func TestWordCacheCopiesWord(t *testing.T) {
-	for trial := range 4000 {
-		c := newWordCache(wordCacheCapacity)
-		a := fmt.Sprintf("aw%08d", trial)
-		b := ""
-		for i := 0; b == ""; i++ {
-			if w := fmt.Sprintf("bz%04d%04d", trial%10000, i); shardOf(w) == shardOf(a) {
-				b = w
+	const trials = 4000
+	// Words of each shard, for the word b of a's shard: formatted once, as
+	// formatting a word per shard tried each trial was most of the cost.
+	var byShard [wordCacheShards][]string
+	for i, full := 0, 0; full < wordCacheShards; i++ {
+		w := fmt.Sprintf("bz%08d", i)
+		if sh := &byShard[shardOf(w)]; len(*sh) < trials/wordCacheShards {
+			if *sh = append(*sh, w); len(*sh) == trials/wordCacheShards {
+				full++
 			}
 		}
+	}
+	for trial := range trials {
+		c := newWordCache(wordCacheShards)
+		a := fmt.Sprintf("aw%08d", trial)
+		sh := byShard[shardOf(a)]
+		b := sh[trial%len(sh)]
 		buf := []byte(a)
 		c.put(unsafe.String(&buf[0], len(buf)), []uint32{1})
 		copy(buf, b)
