@@ -98,6 +98,11 @@ type Config struct {
 	// ignored as in vLLM, so previous_response_id and GET /v1/responses/{id}
 	// find nothing (responses.go).
 	ResponsesStore bool
+	// ReadHeaderTimeout bounds how long a connection may take to send a
+	// request's headers (the HTTP server's slowloris guard). Default 10 s;
+	// tests on a loaded machine set it longer, since a connection
+	// goroutine starved past it is closed without a reply.
+	ReadHeaderTimeout time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// PD configures prefill/decode disaggregation (vLLM NIXL or SGLang
@@ -136,6 +141,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
 	}
 	if c.Engine.HashSeed == 0 {
 		c.Engine.HashSeed = c.Seed
@@ -181,6 +189,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReplayBuffer < 0 || c.MaxWaiting < 1 || c.MaxBodyBytes < 1 || c.DefaultMaxTokens < 1 || c.DefaultChatMaxTokens < 1 || c.MediaTokens < 1 {
 		errs = append(errs, errors.New("replay buffer, max waiting, max body bytes, default max tokens and media tokens must be positive"))
+	}
+	if c.ReadHeaderTimeout < 0 {
+		errs = append(errs, fmt.Errorf("read header timeout %v: want ≥ 0 (0: 10s)", c.ReadHeaderTimeout))
 	}
 	if c.LoRA.MaxLoRAs < 0 {
 		errs = append(errs, fmt.Errorf("max loras %d: want ≥ 1 (0: 1)", c.LoRA.MaxLoRAs))

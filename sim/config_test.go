@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestValidateRefusesNonFinite: NaN compares false to every bound, so a
@@ -22,6 +23,7 @@ func TestValidateRefusesNonFinite(t *testing.T) {
 		"gbps NaN":       {func(c *Config) { c.PD.DisaggregationMode = "decode"; c.PD.TransferGbps = nan }, "kv transfer gbps"},
 		"gbps Inf":       {func(c *Config) { c.PD.DisaggregationMode = "decode"; c.PD.TransferGbps = inf }, "kv transfer gbps"},
 		"max loras -1":   {func(c *Config) { c.LoRA.MaxLoRAs = -1 }, "max loras"},
+		"header timeout": {func(c *Config) { c.ReadHeaderTimeout = -time.Second }, "read header timeout"},
 	} {
 		c := Config{}
 		c.Engine.BlockSize, c.Engine.GPUBlocks = 16, 64
@@ -46,5 +48,17 @@ func TestBuildValidates(t *testing.T) {
 	ok := DefaultOptions()
 	if _, err := ok.Build(nil); err != nil {
 		t.Fatalf("Build of the defaults: %v", err)
+	}
+}
+
+// TestReadHeaderTimeoutDefault: the sim command keeps the 10 s slowloris
+// guard; a test sets a longer one.
+func TestReadHeaderTimeoutDefault(t *testing.T) {
+	if d := (Config{}).Defaults().ReadHeaderTimeout; d != 10*time.Second {
+		t.Fatalf("default read header timeout %v, want 10s", d)
+	}
+	s := startSim(t, nil)
+	if d := s.httpSrv.ReadHeaderTimeout; d != time.Minute {
+		t.Fatalf("server read header timeout %v, want the test's 1m", d)
 	}
 }

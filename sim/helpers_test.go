@@ -30,6 +30,9 @@ func startSim(t *testing.T, mod func(*Config)) *Server {
 		Model: "test-model", KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
 		Engine:    engine.Config{BlockSize: 4, GPUBlocks: 256, Profile: mustProfile(t, "tiny")},
 		TimeScale: 50, Seed: 7, Logger: quietLogger(),
+		// A connection goroutine starved past the 10 s default on a loaded
+		// machine would be closed without a reply.
+		ReadHeaderTimeout: time.Minute,
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -86,7 +86,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("start sim: listen %s: %w", cfg.HTTPAddr, err)
 	}
 	s.ln = ln
-	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: cfg.ReadHeaderTimeout, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	for _, rk := range s.ranks {
