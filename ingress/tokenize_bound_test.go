@@ -21,7 +21,9 @@ func boundRig(t *testing.T, tune func(*Config)) (*Server, *hfTokenizer) {
 	t.Helper()
 	nt, _ := llama(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sm, err := sim.Start(context.Background(), sim.Config{Model: "bert", TimeScale: 500, Tokenizer: nt, Logger: quiet})
+	// A minute for a request's headers: a sim connection goroutine starved past the
+	// 10 s default on a loaded machine is closed unanswered (one engine: a 503).
+	sm, err := sim.Start(context.Background(), sim.Config{Model: "bert", TimeScale: 500, Tokenizer: nt, Logger: quiet, ReadHeaderTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
