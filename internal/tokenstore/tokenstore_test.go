@@ -233,19 +233,22 @@ func TestPublishUnderSmallMaxPayload(t *testing.T) {
 // On a three-server cluster the sidecar's default (auto) replicas give the
 // tokenizer store 3 copies, and raise a store an older install made with 1,
 // so an ingress starting while a NATS server is down still finds the files.
+// bucketReplicas is the tokenizer bucket's replica count as the server has it.
+func bucketReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream) int {
+	t.Helper()
+	s, err := js.Stream(ctx, "OBJ_"+Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo().Config.Replicas
+}
+
 func TestEnsureBucketAutoReplicasOnCluster(t *testing.T) {
 	srvs := testutil.NATSCluster(t, 3)
 	_, js := testutil.JetStream(t, testutil.ClientURLs(srvs))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	replicas := func() int {
-		t.Helper()
-		s, err := js.Stream(ctx, "OBJ_"+Bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.CachedInfo().Config.Replicas
-	}
+	replicas := func() int { return bucketReplicas(ctx, t, js) }
 	if _, err := EnsureBucket(ctx, js, 1, true); err != nil {
 		t.Fatal(err)
 	}
@@ -279,14 +282,7 @@ func TestEnsureBucketAutoReplicasDebianNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
-	replicas := func() int {
-		t.Helper()
-		s, err := js.Stream(ctx, "OBJ_"+Bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.CachedInfo().Config.Replicas
-	}
+	replicas := func() int { return bucketReplicas(ctx, t, js) }
 	if _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, false); err != nil {
 		t.Fatal(err)
 	}
