@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -154,6 +155,14 @@ type Subscriber struct {
 	// probeReq carries Probe's requests to the socket loop, each with the
 	// channel (cap 1) that gets the stream position after the probe.
 	probeReq chan chan uint64
+	// wakeRecv (the socket loop's) and wakeSend (any goroutine's, under
+	// wakeMu) are an inproc PAIR: Close and Probe wake the loop out of its
+	// poll, which can then wait long when nothing arrives (an idle engine
+	// cost a sidecar 20 polls a second, each a cgo call the Go runtime's
+	// monitor thread watched: about half an idle sidecar's CPU).
+	wakeRecv *zmq.Socket
+	wakeMu   sync.Mutex
+	wakeSend *zmq.Socket
 	// emitted counts the messages queued for Next (socket loop only).
 	emitted uint64
 
@@ -177,8 +186,8 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		kept: make([]int, cfg.QueueSize+2),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
-		// Unbuffered: the socket loop takes a request between polls.
-		probeReq: make(chan chan uint64),
+		// One queued: Probe leaves its request, then wakes the loop.
+		probeReq: make(chan chan uint64, 1),
 	}
 	if err := s.open(); err != nil {
 		s.closeSockets()
@@ -236,7 +245,46 @@ func (s *Subscriber) open() error {
 			}
 		}
 	}
+	return s.openWake()
+}
+
+// wakeSeq names each subscriber's wake endpoint (one ZMQ context may be
+// shared by many subscribers).
+var wakeSeq atomic.Uint64
+
+func (s *Subscriber) openWake() error {
+	ep := fmt.Sprintf("inproc://kvevents-wake-%d", wakeSeq.Add(1))
+	var err error
+	if s.wakeRecv, err = s.zctx.NewSocket(zmq.PAIR); err != nil {
+		return err
+	}
+	_ = s.wakeRecv.SetLinger(0)
+	if err := s.wakeRecv.Bind(ep); err != nil {
+		return err
+	}
+	w, err := s.zctx.NewSocket(zmq.PAIR)
+	if err != nil {
+		return err
+	}
+	_ = w.SetLinger(0)
+	if err := w.Connect(ep); err != nil {
+		_ = w.Close()
+		return err
+	}
+	s.wakeMu.Lock()
+	s.wakeSend = w
+	s.wakeMu.Unlock()
 	return nil
+}
+
+// wake interrupts the socket loop's poll (Close, Probe). A wake-up
+// already queued is enough: a full pipe drops this one.
+func (s *Subscriber) wake() {
+	s.wakeMu.Lock()
+	if s.wakeSend != nil {
+		_, _ = s.wakeSend.SendBytes(nil, zmq.DONTWAIT)
+	}
+	s.wakeMu.Unlock()
 }
 
 func (s *Subscriber) openDealer(rs *rankState) error {
@@ -312,6 +360,7 @@ func (s *Subscriber) Probe(ctx context.Context) (uint64, error) {
 	case <-s.done:
 		return 0, fmt.Errorf("probe: %w", ErrClosed)
 	}
+	s.wake()
 	select {
 	case pos := <-r:
 		return pos, nil
@@ -327,6 +376,7 @@ func (s *Subscriber) Probe(ctx context.Context) (uint64, error) {
 func (s *Subscriber) Close() error {
 	s.once.Do(func() {
 		close(s.quit)
+		s.wake()
 		<-s.done
 		s.closeSockets()
 	})
@@ -334,6 +384,15 @@ func (s *Subscriber) Close() error {
 }
 
 func (s *Subscriber) closeSockets() {
+	s.wakeMu.Lock()
+	if s.wakeSend != nil {
+		_ = s.wakeSend.Close()
+		s.wakeSend = nil
+	}
+	s.wakeMu.Unlock()
+	if s.wakeRecv != nil {
+		_ = s.wakeRecv.Close()
+	}
 	for _, rs := range s.ranks {
 		if rs.sub != nil {
 			_ = rs.sub.Close()
@@ -370,6 +429,7 @@ func (s *Subscriber) loop() {
 		poller.Add(rs.sub, zmq.POLLIN)
 		bySock[rs.sub] = rs
 	}
+	poller.Add(s.wakeRecv, zmq.POLLIN) // not in bySock: drained below
 	if s.cfg.ReplayOnStart {
 		for _, rs := range s.ranks {
 			if err := s.recover(rs, 0, noLive); err != nil {
@@ -397,7 +457,7 @@ func (s *Subscriber) loop() {
 		if err := s.probeIdle(); err != nil {
 			return // errStopped
 		}
-		polled, err := poller.Poll(s.cfg.PollInterval)
+		polled, err := poller.Poll(s.pollWait(time.Now()))
 		if err != nil {
 			s.err = fmt.Errorf("subscriber poll: %w", err)
 			s.cfg.Logger.Error("kv events subscriber stopped", "err", err)
@@ -405,6 +465,14 @@ func (s *Subscriber) loop() {
 		}
 		for _, p := range polled {
 			rs := bySock[p.Socket]
+			if rs == nil { // the wake socket: quit and probeReq are read at the top
+				for {
+					if _, err := s.wakeRecv.RecvBytes(zmq.DONTWAIT); err != nil {
+						break
+					}
+				}
+				continue
+			}
 			for i := 0; i < maxDrain; i++ {
 				frames, err := rs.sub.RecvMessageBytes(zmq.DONTWAIT)
 				if err != nil {
@@ -419,6 +487,27 @@ func (s *Subscriber) loop() {
 			}
 		}
 	}
+}
+
+// maxPollWait bounds the socket loop's wait for input when nothing is due:
+// it still turns over once a second (its test hook, a probe interval
+// changed by a failure) while an idle engine costs one poll a second, not
+// twenty.
+const maxPollWait = time.Second
+
+// pollWait is how long the socket loop's poll may wait at now: until the
+// next idle probe is due, at least PollInterval and at most maxPollWait.
+// Close and Probe wake it (wake).
+func (s *Subscriber) pollWait(now time.Time) time.Duration {
+	wait := maxPollWait
+	if s.cfg.IdleProbe > 0 {
+		for _, rs := range s.ranks {
+			if rs.dealer != nil {
+				wait = min(wait, rs.lastMsg.Add(s.probeInterval(rs)).Sub(now))
+			}
+		}
+	}
+	return max(wait, s.cfg.PollInterval)
 }
 
 // probeIdle replays each rank that has been quiet for IdleProbe: it

@@ -67,8 +67,10 @@ type SubscriberConfig struct {
 	// ReplayOnStart). While replay exchanges fail in a row the interval
 	// doubles per failure, up to a minute. Zero disables probes.
 	IdleProbe time.Duration
-	// PollInterval is how often the socket loop checks for Close (default
-	// 50ms); it bounds Close latency, not message latency.
+	// PollInterval (default 50ms) is the shortest wait of the socket loop's
+	// poll (up to a second when nothing is due; Close and Probe wake it at
+	// once) and how often a replay's wait checks for Close; it bounds
+	// neither message latency nor Close's outside a replay.
 	PollInterval time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
