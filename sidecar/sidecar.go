@@ -36,10 +36,10 @@ type Sidecar struct {
 	ready   atomic.Bool
 	admin   atomic.Pointer[net.TCPAddr]
 	running atomic.Bool
-	// quit is closed by Close (once): Run ends, or, when Close came
-	// first, returns at once.
-	quit     chan struct{}
-	quitOnce sync.Once
+	// quit ends with Close (stop): Run ends, or, when Close came first,
+	// returns at once.
+	quit     context.Context
+	stop     context.CancelFunc
 	finished chan struct{}
 	// pubq hands encoded deltas from the event loops (under their engine's
 	// lock, never blocking) to publishLoop, in sequence order.
@@ -75,7 +75,8 @@ func New(cfg Config) (*Sidecar, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Sidecar{cfg: cfg, log: log.With("component", "sidecar"), quit: make(chan struct{}), finished: make(chan struct{})}
+	s := &Sidecar{cfg: cfg, log: log.With("component", "sidecar"), finished: make(chan struct{})}
+	s.quit, s.stop = context.WithCancel(context.Background())
 	s.pubs = pubIncident{log: s.log, now: time.Now}
 	if cfg.Registerer != nil {
 		s.reg = cfg.Registerer
@@ -127,22 +128,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	s.pubq = make(chan pubMsg, s.cfg.PublishQueue)
 	defer close(s.finished)
-	select {
-	case <-s.quit: // Close before Run
+	if s.quit.Err() != nil { // Close before Run
 		return nil
-	default:
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	go func() { // owned by Run: Close cancels Run's ctx; ends when Run returns
-		defer close(watched)
-		select {
-		case <-s.quit:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	defer func() { cancel(); <-watched }()
+	defer cancel()
+	defer context.AfterFunc(s.quit, cancel)() // Close cancels Run's ctx
 
 	nc := s.cfg.NATS
 	nc.WaitForServer = true // started before NATS: run and catch up, do not exit
@@ -256,7 +247,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 // Close stops Run and waits for it. Safe to call twice, and before Run
 // (Run then returns at once).
 func (s *Sidecar) Close() error {
-	s.quitOnce.Do(func() { close(s.quit) })
+	s.stop()
 	if s.running.Load() {
 		<-s.finished
 	}
