@@ -2,6 +2,7 @@ package natsutil_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -17,17 +18,28 @@ import (
 // streamReplicas is the delta stream's replica count as the server has it.
 func streamReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream) int {
 	t.Helper()
-	s, err := js.Stream(ctx, natsutil.StreamName)
+	var n int
+	err := testutil.RetryLost(ctx, func(ctx context.Context) error {
+		s, err := js.Stream(ctx, natsutil.StreamName)
+		if err == nil {
+			n = s.CachedInfo().Config.Replicas
+		}
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s.CachedInfo().Config.Replicas
+	return n
 }
 
-// ensureReplicas ensures the stream as cfg asks and returns its replicas.
+// ensureReplicas ensures the stream as cfg asks and returns its replicas;
+// requests a cluster lost are retried (testutil.RetryLost).
 func ensureReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg natsutil.StreamConfig, log *slog.Logger) int {
 	t.Helper()
-	if _, err := natsutil.EnsureStream(ctx, js, cfg, log); err != nil {
+	if err := testutil.RetryLost(ctx, func(ctx context.Context) error {
+		_, err := natsutil.EnsureStream(ctx, js, cfg, log)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	return streamReplicas(ctx, t, js)
@@ -62,7 +74,7 @@ func TestAutoReplicasSingleServerQuiet(t *testing.T) {
 func TestAutoReplicasThreeServerCluster(t *testing.T) {
 	srvs := testutil.NATSCluster(t, 3)
 	_, js := testutil.JetStream(t, testutil.ClientURLs(srvs))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var logs testutil.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
@@ -72,7 +84,13 @@ func TestAutoReplicasThreeServerCluster(t *testing.T) {
 	}
 
 	// An older install's stream, made with 1: raised.
-	if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil {
+	if err := testutil.RetryLost(ctx, func(ctx context.Context) error {
+		err := js.DeleteStream(ctx, natsutil.StreamName)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil // a try whose answer was lost deleted it
+		}
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	one := auto
@@ -107,7 +125,7 @@ func TestAutoReplicasClusterTooSmallWarnsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if n := streamReplicas(ctx, t, c.JS); n != 1 {
 		t.Fatalf("two servers: %d replicas, want the fallback 1", n)

@@ -1,7 +1,9 @@
 package testutil
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -108,24 +110,49 @@ func NATSCluster(tb testing.TB, n int) []*server.Server {
 		tb.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 		srvs = append(srvs, srv)
 	}
-	WaitFor(tb, 30*time.Second, "a JetStream cluster of every server", func() bool {
+	WaitFor(tb, 30*time.Second, "a JetStream cluster of every server, agreeing on its leader", func() bool {
+		leaders := map[string]bool{}
 		for _, s := range srvs {
-			if !s.ReadyForConnections(10*time.Millisecond) || !s.JetStreamIsCurrent() || clusterSize(s) != n {
+			leader, size := metaGroup(s)
+			if !s.ReadyForConnections(10*time.Millisecond) || !s.JetStreamIsCurrent() || size != n {
 				return false
 			}
+			leaders[leader] = true
 		}
-		return true
+		return len(leaders) == 1
 	})
 	return srvs
 }
 
-// clusterSize is the number of servers srv's JetStream meta group knows.
-func clusterSize(srv *server.Server) int {
+// metaGroup is the leader srv's JetStream meta group follows ("" for none)
+// and the number of servers the group knows (0 without a leader).
+func metaGroup(srv *server.Server) (leader string, size int) {
 	jsz, err := srv.Jsz(&server.JSzOptions{})
 	if err != nil || jsz.Meta == nil || jsz.Meta.Leader == "" {
-		return 0
+		return "", 0
 	}
-	return jsz.Meta.Size
+	return jsz.Meta.Leader, jsz.Meta.Size
+}
+
+// lostRequestWait is how long RetryLost gives one JetStream API request.
+const lostRequestWait = 10 * time.Second
+
+// RetryLost runs fn, JetStream API requests, with a fresh deadline per try
+// until it ends with anything but that deadline, or ctx ends. A JetStream
+// cluster drops a request that arrives while its meta group changes
+// leaders, which its client sees only as its deadline passing; the sidecar
+// retries such a request (each of its requests has nats.go's 5 s default),
+// and a test on a cluster does the same rather than spend its whole
+// deadline on one lost request. fn must be safe to repeat.
+func RetryLost(ctx context.Context, fn func(context.Context) error) error {
+	for {
+		try, cancel := context.WithTimeout(ctx, lostRequestWait)
+		err := fn(try)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 // ClientURLs joins srvs' client URLs for nats.Connect.

@@ -234,30 +234,43 @@ func TestPublishUnderSmallMaxPayload(t *testing.T) {
 // tokenizer store 3 copies, and raise a store an older install made with 1,
 // so an ingress starting while a NATS server is down still finds the files.
 // bucketReplicas is the tokenizer bucket's replica count as the server has it.
+// Each request is retried when a cluster lost it (testutil.RetryLost).
 func bucketReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream) int {
 	t.Helper()
-	s, err := js.Stream(ctx, "OBJ_"+Bucket)
+	var n int
+	err := testutil.RetryLost(ctx, func(ctx context.Context) error {
+		s, err := js.Stream(ctx, "OBJ_"+Bucket)
+		if err == nil {
+			n = s.CachedInfo().Config.Replicas
+		}
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s.CachedInfo().Config.Replicas
+	return n
 }
 
 func TestEnsureBucketAutoReplicasOnCluster(t *testing.T) {
 	srvs := testutil.NATSCluster(t, 3)
 	_, js := testutil.JetStream(t, testutil.ClientURLs(srvs))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	replicas := func() int { return bucketReplicas(ctx, t, js) }
-	if _, err := EnsureBucket(ctx, js, 1, true); err != nil {
-		t.Fatal(err)
+	ensure := func(replicas int) {
+		t.Helper()
+		if err := testutil.RetryLost(ctx, func(ctx context.Context) error {
+			_, err := EnsureBucket(ctx, js, replicas, true)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	ensure(1)
 	if n := replicas(); n != 1 {
 		t.Fatalf("explicit 1: %d replicas", n)
 	}
-	if _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, true); err != nil {
-		t.Fatal(err)
-	}
+	ensure(natsutil.AutoReplicas)
 	if n := replicas(); n != 3 {
 		t.Fatalf("auto left the store at %d replicas, want 3", n)
 	}
