@@ -54,7 +54,8 @@ var watchTag = []byte("\r\n" + watchHeader + ": ")
 // connection is watched.
 const watchDelay = 10 * time.Millisecond
 
-// watch is one watched request. Lock rule: mu guards conn, canceled, done.
+// watch is one watched request. Lock rule: mu guards conn, canceled,
+// expired, done and attempts.
 type watch struct {
 	ups    *upstreams
 	ctx    *fasthttp.RequestCtx
@@ -67,7 +68,9 @@ type watch struct {
 	mu       sync.Mutex
 	conn     *idleConn // the upstream connection carrying the current attempt
 	canceled bool      // the client went away
+	expired  bool      // the current attempt is past its deadline (expire)
 	done     bool      // the upstream exchange is over: conn is not ours any more
+	attempts uint64    // the current attempt's number (attempt); kept across the pool, so a late timer of a watch's earlier request finds its number stale
 }
 
 var watchPool = sync.Pool{New: func() any { return new(watch) }}
@@ -83,7 +86,7 @@ func (u *upstreams) startWatch(ctx *fasthttp.RequestCtx) *watch {
 	w.ups, w.ctx, w.client = u, ctx, conn
 	w.id = u.nextCall.Add(1)
 	w.idText = strconv.AppendUint(w.idText[:0], w.id, 10)
-	w.conn, w.canceled, w.done = nil, false, false
+	w.conn, w.canceled, w.expired, w.done = nil, false, false, false
 	w.exited = make(chan struct{})
 	// The read deadline fasthttp set for reading the request (ReadTimeout)
 	// would end the watch without a verdict once it passes, and a client
@@ -121,11 +124,18 @@ func (w *watch) cancel() {
 	}
 }
 
-// expire closes the upstream connection of the current attempt, if any,
-// without taking the client as gone: the attempt is past its deadline.
-func (w *watch) expire() {
+// expire cuts attempt n, past its deadline, without taking the client as
+// gone: its upstream connection is closed now, or by claim as it is
+// written when the deadline passed first (a leg admitted just before its
+// deadline, a slow dial). A later attempt is left alone: the timer of an
+// attempt that ended may fire late.
+func (w *watch) expire(n uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if n != w.attempts {
+		return
+	}
+	w.expired = true
 	if w.conn != nil && !w.done {
 		_ = w.conn.Close()
 	}
@@ -141,14 +151,17 @@ func (w *watch) isCanceled() bool {
 	return w.canceled
 }
 
-// attempt resets the link before a new upstream attempt.
-func (w *watch) attempt() {
+// attempt resets the link before a new upstream attempt and returns its
+// number, for expire.
+func (w *watch) attempt() uint64 {
 	if w == nil {
-		return
+		return 0
 	}
 	w.mu.Lock()
-	w.conn, w.done = nil, false
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	w.attempts++
+	w.conn, w.done, w.expired = nil, false, false
+	return w.attempts
 }
 
 // release marks the upstream exchange over before its connection goes back
@@ -208,7 +221,7 @@ func (u *upstreams) claim(c *idleConn, p []byte) {
 		return
 	}
 	w.conn = c
-	if w.canceled {
+	if w.canceled || w.expired {
 		_ = c.Close()
 	}
 }

@@ -674,8 +674,8 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	var expiry *time.Timer
 	if c.watch != nil {
 		req.Header.SetBytesV(watchHeader, c.watch.idText)
-		c.watch.attempt()
-		expiry = time.AfterFunc(time.Until(start.Add(p.cfg.PrefillTimeout)), c.watch.expire)
+		w, n := c.watch, c.watch.attempt()
+		expiry = time.AfterFunc(time.Until(start.Add(p.cfg.PrefillTimeout)), func() { w.expire(n) })
 	}
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	if up.inflight.Add(1) == 1 {
