@@ -566,19 +566,21 @@ func TestPDWholeRequestOnPrefillEngine(t *testing.T) {
 // blockingPrefill is a FAKE prefill engine whose legs never finish: each
 // waits until its connection is closed (as vLLM aborts a request whose
 // client left) and reports it on cut. Other requests (health probes) get 200.
-func blockingPrefill(t *testing.T) (url string, cut <-chan struct{}) {
+func blockingPrefill(t *testing.T) (url string, arrived, cut <-chan struct{}) {
 	t.Helper()
+	in := make(chan struct{}, 16)
 	ch := make(chan struct{}, 16)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			return
 		}
 		_, _ = io.ReadAll(r.Body)
+		in <- struct{}{}
 		<-r.Context().Done()
 		ch <- struct{}{}
 	}))
 	t.Cleanup(srv.Close)
-	return srv.URL, ch
+	return srv.URL, in, ch
 }
 
 // TestPDPrefillLegTimesOut: PrefillTimeout bounds the leg itself, not only
@@ -586,7 +588,7 @@ func blockingPrefill(t *testing.T) (url string, cut <-chan struct{}) {
 // request and frees what it holds) and the request is served aggregated.
 // The leg used to wait on an engine as long as it took.
 func TestPDPrefillLegTimesOut(t *testing.T) {
-	purl, cut := blockingPrefill(t)
+	purl, arrived, cut := blockingPrefill(t)
 	d := startFakePD(t, false)
 	s := startPDIngress(t, "kvmesh-always", PDConfig{PrefillTimeout: 200 * time.Millisecond},
 		pdEngine("p0", scheduler.RolePrefill, purl), pdEngine("d0", scheduler.RoleDecode, d.url()))
@@ -595,13 +597,42 @@ func TestPDPrefillLegTimesOut(t *testing.T) {
 	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || d.params.Load().(string) != "" {
 		t.Fatalf("status %d engine %q decode params %q body %s", st, hdr.Get("X-Kvmesh-Engine"), d.params.Load(), b)
 	}
+	// A leg that reached the engine has its connection closed; one whose
+	// deadline passed before it was written (a starved goroutine) is cut
+	// before it is sent and never reaches the engine.
 	select {
-	case <-cut:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the prefill engine's connection was never closed")
+	case <-arrived:
+		select {
+		case <-cut:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the prefill engine's connection was never closed")
+		}
+	default:
 	}
 	if got := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_timeout")); got != 1 {
 		t.Fatalf("%v legs counted as timed out, want 1", got)
+	}
+}
+
+// TestPDPrefillLegDeadlineBeforeWrite: a leg whose deadline passes before it
+// is written (here at once; in production a leg admitted just before its
+// deadline, or a slow dial) is cut as it is written, not left unbounded: the
+// request is served aggregated. The deadline used to be lost when it fired
+// before the leg had a connection, and the leg waited on the engine.
+func TestPDPrefillLegDeadlineBeforeWrite(t *testing.T) {
+	purl, _, _ := blockingPrefill(t)
+	d := startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{PrefillTimeout: time.Nanosecond},
+		pdEngine("p0", scheduler.RolePrefill, purl), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	client := &http.Client{Timeout: time.Minute} // a hang guard: the leg's engine never answers
+	for i := range 5 {
+		st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	if got := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_timeout")); got != 5 {
+		t.Fatalf("%v legs counted as timed out, want 5", got)
 	}
 }
 
@@ -609,7 +640,7 @@ func TestPDPrefillLegTimesOut(t *testing.T) {
 // cancels it (the engine's connection is closed) and no decode leg is sent.
 // Abandoned legs used to run to the end and hold their blocks for 480 s.
 func TestPDPrefillLegClientGone(t *testing.T) {
-	purl, cut := blockingPrefill(t)
+	purl, arrived, cut := blockingPrefill(t)
 	d := startFakePD(t, false)
 	s := startPDIngress(t, "kvmesh-always", PDConfig{PrefillTimeout: 10 * time.Minute},
 		pdEngine("p0", scheduler.RolePrefill, purl), pdEngine("d0", scheduler.RoleDecode, d.url()))
@@ -618,9 +649,15 @@ func TestPDPrefillLegClientGone(t *testing.T) {
 	if _, err := fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 30*time.Second, "the prefill leg in flight", func() bool {
-		return val(s.pdInit().legsNow) == 1
-	})
+	// The leg's request must have reached the engine before the client
+	// leaves: a leg cancelled before it is written (the watcher fires
+	// watchDelay after the slot is taken) never reaches the engine, and
+	// there is no engine connection to see closed.
+	select {
+	case <-arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the prefill leg never reached the engine")
+	}
 	_ = conn.Close()
 	select {
 	case <-cut:
