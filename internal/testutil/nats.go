@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,16 +83,14 @@ func JetStream(tb testing.TB, url string, opts ...nats.Option) (*nats.Conn, jets
 func NATSCluster(tb testing.TB, n int) []*server.Server {
 	tb.Helper()
 	// JetStream clustering refuses a server with no configured routes, so
-	// every server gets all the route ports, picked before any starts.
+	// every server gets all the route ports, picked before any starts:
+	// below the kernel's ephemeral range, which an outgoing connection
+	// could take between the pick and the server's bind (a server that
+	// never became ready, seen under a busy machine's connection churn).
 	ports := make([]int, n)
 	var routes []string
 	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-		_ = ln.Close()
+		ports[i] = unephemeralPort(tb, ports[:i])
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
 	}
 	var srvs []*server.Server
@@ -110,28 +110,49 @@ func NATSCluster(tb testing.TB, n int) []*server.Server {
 		tb.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 		srvs = append(srvs, srv)
 	}
-	WaitFor(tb, 30*time.Second, "a JetStream cluster of every server, agreeing on its leader", func() bool {
+	// The leader places a stream only on peers it sees online and
+	// current; right after an election it may still count one offline
+	// (a create refused with "peer offline").
+	WaitFor(tb, 30*time.Second, "a JetStream cluster of every server, agreeing on a leader that sees every peer current", func() bool {
 		leaders := map[string]bool{}
+		peersCurrent := false
 		for _, s := range srvs {
-			leader, size := metaGroup(s)
-			if !s.ReadyForConnections(10*time.Millisecond) || !s.JetStreamIsCurrent() || size != n {
+			jsz, err := s.Jsz(&server.JSzOptions{})
+			if err != nil || jsz.Meta == nil || jsz.Meta.Leader == "" || jsz.Meta.Size != n ||
+				!s.ReadyForConnections(10*time.Millisecond) || !s.JetStreamIsCurrent() {
 				return false
 			}
-			leaders[leader] = true
+			leaders[jsz.Meta.Leader] = true
+			if jsz.Meta.Leader == s.Name() {
+				peersCurrent = len(jsz.Meta.Replicas) == n-1
+				for _, r := range jsz.Meta.Replicas {
+					peersCurrent = peersCurrent && r.Current && !r.Offline
+				}
+			}
 		}
-		return len(leaders) == 1
+		return len(leaders) == 1 && peersCurrent
 	})
 	return srvs
 }
 
-// metaGroup is the leader srv's JetStream meta group follows ("" for none)
-// and the number of servers the group knows (0 without a leader).
-func metaGroup(srv *server.Server) (leader string, size int) {
-	jsz, err := srv.Jsz(&server.JSzOptions{})
-	if err != nil || jsz.Meta == nil || jsz.Meta.Leader == "" {
-		return "", 0
+// unephemeralPort is a loopback port below Linux's ephemeral range (32768
+// and up), free when probed and not in taken: no outgoing connection is
+// given it between the probe and the server's bind.
+func unephemeralPort(tb testing.TB, taken []int) int {
+	tb.Helper()
+	for range 100 {
+		p := 20000 + rand.IntN(32768-20000)
+		if slices.Contains(taken, p) {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err == nil {
+			_ = ln.Close()
+			return p
+		}
 	}
-	return jsz.Meta.Leader, jsz.Meta.Size
+	tb.Fatal("no free loopback port below the ephemeral range")
+	return 0
 }
 
 // lostRequestWait is how long RetryLost gives one JetStream API request.
