@@ -15,23 +15,6 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-// streamReplicas is the delta stream's replica count as the server has it.
-func streamReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream) int {
-	t.Helper()
-	var n int
-	err := testutil.RetryLost(ctx, func(ctx context.Context) error {
-		s, err := js.Stream(ctx, natsutil.StreamName)
-		if err == nil {
-			n = s.CachedInfo().Config.Replicas
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // ensureReplicas ensures the stream as cfg asks and returns its replicas;
 // requests a cluster lost are retried (testutil.RetryLost).
 func ensureReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg natsutil.StreamConfig, log *slog.Logger) int {
@@ -42,7 +25,7 @@ func ensureReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream, c
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return streamReplicas(ctx, t, js)
+	return testutil.StreamReplicas(ctx, t, js, natsutil.StreamName)
 }
 
 // On the single-machine default, one server that is not clustered, auto
@@ -60,7 +43,7 @@ func TestAutoReplicasSingleServerQuiet(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := streamReplicas(ctx, t, js); n != 1 {
+	if n := testutil.StreamReplicas(ctx, t, js, natsutil.StreamName); n != 1 {
 		t.Fatalf("single server: %d replicas, want 1", n)
 	}
 	if strings.Contains(logs.String(), "level=WARN") {
@@ -127,7 +110,7 @@ func TestAutoReplicasClusterTooSmallWarnsOnce(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if n := streamReplicas(ctx, t, c.JS); n != 1 {
+	if n := testutil.StreamReplicas(ctx, t, c.JS, natsutil.StreamName); n != 1 {
 		t.Fatalf("two servers: %d replicas, want the fallback 1", n)
 	}
 	if got := strings.Count(logs.String(), "cannot place the delta stream's replicas"); got != 1 {

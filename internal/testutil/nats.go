@@ -155,6 +155,24 @@ func unephemeralPort(tb testing.TB, taken []int) int {
 	return 0
 }
 
+// StreamReplicas is stream's replica count as the server has it; the
+// request is retried when a cluster lost it (RetryLost).
+func StreamReplicas(ctx context.Context, tb testing.TB, js jetstream.JetStream, stream string) int {
+	tb.Helper()
+	var n int
+	err := RetryLost(ctx, func(ctx context.Context) error {
+		s, err := js.Stream(ctx, stream)
+		if err == nil {
+			n = s.CachedInfo().Config.Replicas
+		}
+		return err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
 // lostRequestWait is how long RetryLost gives one JetStream API request.
 const lostRequestWait = 10 * time.Second
 

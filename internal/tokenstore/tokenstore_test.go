@@ -233,30 +233,12 @@ func TestPublishUnderSmallMaxPayload(t *testing.T) {
 // On a three-server cluster the sidecar's default (auto) replicas give the
 // tokenizer store 3 copies, and raise a store an older install made with 1,
 // so an ingress starting while a NATS server is down still finds the files.
-// bucketReplicas is the tokenizer bucket's replica count as the server has it.
-// Each request is retried when a cluster lost it (testutil.RetryLost).
-func bucketReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream) int {
-	t.Helper()
-	var n int
-	err := testutil.RetryLost(ctx, func(ctx context.Context) error {
-		s, err := js.Stream(ctx, "OBJ_"+Bucket)
-		if err == nil {
-			n = s.CachedInfo().Config.Replicas
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func TestEnsureBucketAutoReplicasOnCluster(t *testing.T) {
 	srvs := testutil.NATSCluster(t, 3)
 	_, js := testutil.JetStream(t, testutil.ClientURLs(srvs))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	replicas := func() int { return bucketReplicas(ctx, t, js) }
+	replicas := func() int { return testutil.StreamReplicas(ctx, t, js, "OBJ_"+Bucket) }
 	ensure := func(replicas int) {
 		t.Helper()
 		if err := testutil.RetryLost(ctx, func(ctx context.Context) error {
@@ -295,7 +277,7 @@ func TestEnsureBucketAutoReplicasDebianNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
-	replicas := func() int { return bucketReplicas(ctx, t, js) }
+	replicas := func() int { return testutil.StreamReplicas(ctx, t, js, "OBJ_"+Bucket) }
 	if _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, false); err != nil {
 		t.Fatal(err)
 	}
