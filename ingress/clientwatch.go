@@ -55,7 +55,8 @@ var watchTag = []byte("\r\n" + watchHeader + ": ")
 const watchDelay = 10 * time.Millisecond
 
 // watch is one watched request. Lock rule: mu guards conn, canceled,
-// expired, done and attempts.
+// expired, done and attempts. attempts is kept across watchPool, so a late
+// timer of a watch's earlier request finds its number stale.
 type watch struct {
 	ups    *upstreams
 	ctx    *fasthttp.RequestCtx
@@ -70,7 +71,7 @@ type watch struct {
 	canceled bool      // the client went away
 	expired  bool      // the current attempt is past its deadline (expire)
 	done     bool      // the upstream exchange is over: conn is not ours any more
-	attempts uint64    // the current attempt's number (attempt); kept across the pool, so a late timer of a watch's earlier request finds its number stale
+	attempts uint64    // the current attempt's number (attempt)
 }
 
 var watchPool = sync.Pool{New: func() any { return new(watch) }}
