@@ -96,7 +96,9 @@ func (a Auth) pings() (time.Duration, int) {
 }
 
 // StaleAfter is the longest a dead path goes unnoticed with a's ping
-// settings: (MaxPingsOutstanding + 1) ping intervals.
+// settings: (MaxPingsOutstanding + 1) ping intervals. It also bounds one
+// write to the server (Connect's write timeout), since a stuck write holds
+// off the pings.
 func (a Auth) StaleAfter() time.Duration {
 	iv, n := a.pings()
 	return time.Duration(n+1) * iv

@@ -357,6 +357,15 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats
 		// A path that stays up and carries nothing is found by pings alone.
 		nats.PingInterval(ping),
 		nats.MaxPingsOutstanding(pings),
+		// A path that stops taking bytes while we write is not: a write
+		// stuck on a full socket holds the connection's lock, and the ping
+		// timer waits for that lock, so nats.go's 1 min write timeout was
+		// the bound (a hung server held a sidecar's publisher, and its
+		// shutdown, that long). A write the server takes nothing of for
+		// as long as the pings allow is the same dead path: it fails and
+		// the connection is redialed at once.
+		nats.FlusherTimeout(cfg.StaleAfter()),
+		nats.ReconnectOnFlusherError(),
 		nats.Timeout(cfg.ConnectTimeout),
 		nats.ReconnectWait(cfg.ReconnectWait),
 		nats.MaxReconnects(cfg.MaxReconnects),

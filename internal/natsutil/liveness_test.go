@@ -45,6 +45,47 @@ func TestPingsFindDeadPath(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "reconnected once the path works", c.NC.IsConnected)
 }
 
+// A path that stops taking bytes while the client writes (the relay frozen
+// under a stream of publishes) is found as quickly as an idle one. The
+// write stuck on the full socket holds the connection's lock, which the
+// ping timer needs, so before, only nats.go's 1 min write timeout ended it:
+// a hung server held the sidecar's publisher, and its shutdown, that long.
+func TestPingsFindDeadPathUnderWrites(t *testing.T) {
+	srv := testutil.NATS(t)
+	r := testutil.NewRelay(t, srv.URL()[len("nats://"):])
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs = []string{"nats://" + r.Addr()}
+	cfg.Stream.Disabled = true
+	cfg.PingInterval = 50 * time.Millisecond
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testutil.WaitFor(t, 10*time.Second, "connected through the relay", c.Connected)
+
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { // owned by the test: publishes until stop, then ends (the relay thawed)
+		defer close(done)
+		payload := make([]byte, 64<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = c.NC.Publish("flood", payload) // blocks while a write is stuck
+		}
+	}()
+	defer func() { close(stop); r.Thaw(); <-done }()
+	r.Freeze()
+	testutil.WaitFor(t, 20*time.Second, "the dead path found while writes are stuck", func() bool {
+		return !c.Connected()
+	})
+	r.Thaw()
+	testutil.WaitFor(t, 20*time.Second, "reconnected once the path works", c.Connected)
+}
+
 // The defaults find a dead path within 20 s, for every component: the
 // sidecar's and the ingress's connections are both made by Connect, whose
 // options take the ping settings from Auth, zero meaning the default.
