@@ -63,8 +63,22 @@ type HealthConfig struct {
 	// gossiped model on /v1/models, asked next (checkIdentity). Default
 	// "/health" (vLLM and the simulator serve it).
 	ProbePath string `yaml:"probePath"`
-	// ProbeTimeout bounds one probe. Default 1s.
+	// ProbeTimeout bounds one probe of an engine in routing: a stalled
+	// engine whose probes both go unanswered that long leaves routing
+	// (ProbeGrace says when its requests are cut). Default 1s.
 	ProbeTimeout time.Duration `yaml:"probeTimeout"`
+	// ProbeGrace is how long a stalled engine's probes may take before it
+	// counts as hung. Probes unanswered after ProbeTimeout take it out of
+	// routing, new requests go elsewhere, but its requests stay; a probe
+	// that answers within ProbeGrace puts it back, and only when both
+	// fail (an error, or no answer within ProbeGrace) are its requests
+	// that have not committed to their clients cut. A live engine's HTTP
+	// server can take over a second to answer /health under load (vLLM
+	// serves it on the event loop that serves its streams), and cutting
+	// its requests then ran their work again elsewhere, at the worst
+	// moment. It also bounds the probes of an ejected engine: one that
+	// answers within it is back. Default (0): 5 × ProbeTimeout.
+	ProbeGrace time.Duration `yaml:"probeGrace"`
 	// StallAfter is how long an engine may hold this replica's requests
 	// without sending a byte before it is probed (the stall watch): a hung
 	// engine (a frozen process, a stuck GPU, a blackholed network path)
@@ -103,12 +117,23 @@ func (c *HealthConfig) problems(bad func(string, ...any)) {
 	if c.ErrorHalfLife <= 0 || c.EjectionTime <= 0 || c.MaxEjectionTime < c.EjectionTime || c.ProbeTimeout <= 0 {
 		bad("health: half-life, ejection time and probe timeout must be > 0 and max ejection >= ejection time")
 	}
+	if c.ProbeGrace < 0 || (c.ProbeGrace > 0 && c.ProbeGrace < c.ProbeTimeout) {
+		bad("health: probe grace must be 0 (5 × probe timeout) or >= probe timeout %v, got %v", c.ProbeTimeout, c.ProbeGrace)
+	}
 	if c.StallAfter < 0 {
 		bad("health: stall after must be >= 0 (0: off), got %v", c.StallAfter)
 	}
 	if len(c.ProbePath) == 0 || c.ProbePath[0] != '/' {
 		bad("health: probe path %q must start with /", c.ProbePath)
 	}
+}
+
+// probeGrace is ProbeGrace in force (its default: 5 × ProbeTimeout).
+func (c *HealthConfig) probeGrace() time.Duration {
+	if c.ProbeGrace > 0 {
+		return c.ProbeGrace
+	}
+	return 5 * c.ProbeTimeout
 }
 
 // Outcome kinds fed to the ejector (the attempt results of proxy.go).
@@ -240,7 +265,7 @@ type ejector struct {
 
 func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector {
 	e := &ejector{cfg: cfg, m: map[string]*engineHealth{}, log: slog.New(slog.DiscardHandler), hop: id,
-		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true}},
+		client: &http.Client{Timeout: cfg.probeGrace(), Transport: &http.Transport{DisableKeepAlives: true}},
 		bo:     backoff.Backoff{Min: cfg.EjectionTime, Max: cfg.MaxEjectionTime, Jitter: 0.2}}
 	cl := prometheus.Labels{"ingress": id}
 	e.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_ejections_total",
@@ -248,7 +273,7 @@ func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector
 	e.restores = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_restores_total",
 		Help: "Returns of the ejected engine to routing after a successful probe (or a request it served during panic routing).", ConstLabels: cl}, []string{"engine"})
 	e.stalls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_stalls_total",
-		Help: "Ejections of the engine by the stall watch: requests in flight, no byte for health.stallAfter, and a failed probe.", ConstLabels: cl}, []string{"engine"})
+		Help: "Ejections of the engine by the stall watch: requests in flight, no byte for health.stallAfter, and its probes failed or went unanswered for health.probeTimeout.", ConstLabels: cl}, []string{"engine"})
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines_ejected",
 		Help: "Engines ejected from routing now.", ConstLabels: cl}, func() float64 { return float64(e.nEjected.Load()) })
 	e.panicModels = map[string]bool{}
@@ -520,44 +545,91 @@ func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.
 }
 
 // stallProbe probes a stalled engine twice, the second probe a quarter of
-// ProbeTimeout after the first and overlapping it: both failing (one could
-// be a busy moment of the engine's HTTP server) eject it and cut its
-// requests still waiting for a first byte, which move on now. Overlapped,
-// a frozen engine is out ProbeTimeout×1.25 after the stall was seen, where
-// two probes in a row took twice ProbeTimeout.
+// ProbeTimeout after the first and overlapping it (one could meet a busy
+// moment of the engine's HTTP server). One answer within ProbeTimeout:
+// nothing happens. Neither answered by then (ProbeTimeout×1.25 after the
+// stall was seen, where two probes in a row took twice ProbeTimeout): the
+// engine leaves routing but keeps its requests, and the probes go on until
+// ProbeGrace. One answering then puts it back: slow, not hung. Both failed
+// (an error, or no answer within ProbeGrace): its requests still waiting
+// for a first byte are cut and move on now.
 func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream) {
-	second, skip := make(chan error, 1), make(chan struct{})
-	go func() { // owned here: stallProbe waits for its answer below
+	pctx, cancel := context.WithTimeout(ctx, e.cfg.probeGrace())
+	defer cancel()
+	results, answered := make(chan error, 2), make(chan struct{})
+	// Both probes' goroutines are owned here: their results are drained below.
+	go func() { results <- e.get1(pctx, up.url+e.cfg.ProbePath) }()
+	go func() {
 		gap := time.NewTimer(e.cfg.ProbeTimeout / 4)
 		defer gap.Stop()
 		select {
 		case <-gap.C:
-			second <- e.get1(ctx, up.url+e.cfg.ProbePath)
-		case <-skip:
-			second <- nil
-		case <-ctx.Done():
-			second <- ctx.Err()
+			results <- e.get1(pctx, up.url+e.cfg.ProbePath)
+		case <-answered:
+			results <- nil // the first answered: no second probe
+		case <-pctx.Done():
+			results <- pctx.Err()
 		}
 	}()
-	err := e.get1(ctx, up.url+e.cfg.ProbePath)
-	if err == nil {
-		close(skip) // answered: no second probe unless it is already out
+	start := time.Now()
+	slow := time.NewTimer(e.cfg.ProbeTimeout * 5 / 4)
+	defer slow.Stop()
+	var err error
+	pending, ok, out := 2, false, false
+	for pending > 0 && !ok {
+		select {
+		case r := <-results:
+			pending--
+			if ok = r == nil; ok {
+				close(answered)
+			} else {
+				err = r
+			}
+		case <-slow.C:
+			out = e.stallOut(ctx, h)
+		}
 	}
-	if err2 := <-second; err2 == nil {
-		err = nil // one answered: a busy moment, not a hang
+	cancel() // a probe still out has lost its point
+	for ; pending > 0; pending-- {
+		<-results
 	}
+	now := time.Now()
 	h.mu.Lock()
 	h.probing = false
-	eject := err != nil && !h.ejected.Load() && !h.gone && ctx.Err() == nil
-	if eject {
-		e.ejectLocked(h, time.Now(), fmt.Sprintf("stalled: requests in flight, no byte for %v, two probes failed: %v", e.cfg.StallAfter, err))
+	// Cut: both failed, and the engine is out by this probe's doing (out
+	// and still out), or not out at all (it failed fast: eject it now).
+	cut := !ok && !h.gone && ctx.Err() == nil && out == h.ejected.Load()
+	switch {
+	case ok && out && h.ejected.Load() && !h.stalled && !h.identity:
+		e.restoreLocked(h, now, fmt.Sprintf("its stall probe answered after %v (slow, not hung)", now.Sub(start).Round(time.Millisecond)))
+	case cut && out:
+		h.stalled = true
+		e.log.Warn("stalled engine's waiting requests cut: its probes failed", "engine", h.id, "err", err,
+			"probe_grace", e.cfg.probeGrace().String())
+	case cut:
+		e.ejectLocked(h, now, fmt.Sprintf("stalled: requests in flight, no byte for %v, two probes failed: %v", e.cfg.StallAfter, err))
 		h.stalled = true
 		e.stalls.WithLabelValues(h.id).Inc()
 	}
 	h.mu.Unlock()
-	if eject {
+	if cut {
 		e.ups.closeEngine(up.id)
 	}
+}
+
+// stallOut takes a stalled engine whose probes are both unanswered after
+// ProbeTimeout out of routing, leaving its requests (stallProbe); true
+// when it did (not when the engine was already out, or is forgotten).
+func (e *ejector) stallOut(ctx context.Context, h *engineHealth) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ejected.Load() || h.gone || ctx.Err() != nil {
+		return false
+	}
+	e.ejectLocked(h, time.Now(), fmt.Sprintf("stalled: requests in flight, no byte for %v, probes unanswered for %v (its requests stay until they fail or %v pass)",
+		e.cfg.StallAfter, e.cfg.ProbeTimeout, e.cfg.probeGrace()))
+	e.stalls.WithLabelValues(h.id).Inc()
+	return true
 }
 
 // probe asks an ejected engine's health endpoint and, when it was ejected

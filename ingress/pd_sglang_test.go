@@ -558,7 +558,8 @@ func TestSGLangPrefillHungCutsDecode(t *testing.T) {
 	// test ends), so only the live decode engine's probes are timed: d0's
 	// leg sends no byte while it waits for the room, and a long ProbeTimeout
 	// keeps a busy machine from failing two of them in a row (ejecting d0).
-	c.Health.StallAfter, c.Health.ProbeTimeout = 500*time.Millisecond, 3*time.Second
+	// The hung engine's probes fail at ProbeGrace: no longer than that.
+	c.Health.StallAfter, c.Health.ProbeTimeout, c.Health.ProbeGrace = 500*time.Millisecond, 3*time.Second, 3*time.Second
 	s := startIngress(t, c, Deps{Membership: roleMembership{hung, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
 	client := &http.Client{Timeout: time.Minute} // far below the bootstrap timeout
 	st, hdr, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"hung `+strings.Repeat("word ", 60)+`","max_tokens":3}`)

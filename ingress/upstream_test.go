@@ -70,6 +70,7 @@ func TestStallWatchCutsStreamWithHeadersOnly(t *testing.T) {
 	// probed, and failing both its probes, by mistake.
 	cfg.Health.StallAfter = 300 * time.Millisecond
 	cfg.Health.ProbeTimeout = time.Second
+	cfg.Health.ProbeGrace = time.Second // the hung engine's probes fail then
 	s := startIngress(t, cfg, Deps{})
 	client := &http.Client{Timeout: time.Minute} // far below the idle timeout: a stuck request fails the test
 	for i := 0; i < 4; i++ {
