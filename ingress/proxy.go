@@ -297,11 +297,17 @@ func logText(msg string, err error) string {
 // connect: connection refused") or a failed lookup's host and server.
 func clientText(err error) string {
 	text := netClientText(err)
+	if errors.Is(err, fasthttp.ErrConnectionClosed) { // its text advises the engine's author ("make sure the server returns 'Connection: close'...")
+		text = strings.Replace(text, fasthttp.ErrConnectionClosed.Error(), errClosedEarly, 1)
+	}
 	if te, ok := errors.AsType[*engineTLSError](err); ok { // x509's text may name the engine's address
 		text = strings.Replace(text, te.Error(), te.clientText(), 1)
 	}
 	return text
 }
+
+// errClosedEarly is what a client reads for fasthttp.ErrConnectionClosed.
+const errClosedEarly = "the engine closed the connection before answering"
 
 // netClientText is clientText for a net.OpError.
 func netClientText(err error) string {
