@@ -120,7 +120,8 @@ type Config struct {
 	// shipped 4 GiB pod well under its limit. 0: off (counted, never
 	// refused). When set it must be at least MaxBodyBytes.
 	MaxBodyBytesInFlight int64 `yaml:"maxBodyBytesInFlight"`
-	// MaxPromptTokens bounds the prompt after tokenization; more gets 400
+	// MaxPromptTokens bounds the prompt after tokenization (each prompt of
+	// a batch, as vLLM's context length); more gets 400
 	// (context_length_exceeded). 0 means no limit. Default 131072.
 	MaxPromptTokens int `yaml:"maxPromptTokens"`
 	// MaxConcurrent bounds requests being served at once; the excess gets 429

@@ -40,8 +40,9 @@ import (
 // slow) are the model's engines not asked, for a backoff that starts at
 // slowBackoff and doubles while it recurs (up to engineTokenizeOff); a
 // tokenized prompt resets it. Requests with media are not sent (the engine
-// expands a media item into tokens /tokenize does not show), nor batches,
-// nor chat with documents (vLLM's /tokenize takes none).
+// expands a media item into tokens /tokenize does not show), nor chat with
+// documents (vLLM's /tokenize takes none); a batch of texts sends its first
+// prompt, which routing keys on.
 
 // engineTokenizeOff is how long a model's engines are not asked again
 // after one answered that it has no /tokenize, or after failRun answered
@@ -228,7 +229,7 @@ func (c *call) tokenizeOnEngine() bool {
 func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 	s := c.s
 	et := s.etok
-	if et == nil || s.cfg.EngineTokenizeTimeout <= 0 || len(c.req.batch) > 1 {
+	if et == nil || s.cfg.EngineTokenizeTimeout <= 0 {
 		return dst, false
 	}
 	if !et.asking(c.model) {
@@ -321,7 +322,11 @@ func (c *call) engineTokenizeBody() []byte {
 	switch r.kind {
 	case promptText:
 		b = append(b, `,"prompt":`...)
-		b = append(b, c.reqBody()[r.promptStart:r.promptEnd]...)
+		if len(r.batch) > 1 {
+			b = append(b, r.batch[0]...) // a batch: its first prompt, which routing keys on
+		} else {
+			b = append(b, c.reqBody()[r.promptStart:r.promptEnd]...)
+		}
 		if r.noSpecial {
 			b = append(b, `,"add_special_tokens":false`...)
 		}

@@ -62,6 +62,7 @@ type call struct {
 	tParse, tTokenize, tSchedule time.Duration
 	ttft                         time.Duration
 	promptTokens                 int // all prompts of a batch
+	longest, longestAt           int // a batch's longest prompt (after truncate_prompt_tokens) and its index; 0: not a batch
 	seqs                         int // sequences the engine decodes: prompts × n (parallel sampling)
 	scratch                      []uint32
 	scratchText                  []byte
@@ -393,8 +394,14 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 		}
 	}
 	promptTokens := c.promptTokens
-	if s.cfg.MaxPromptTokens > 0 && promptTokens > s.cfg.MaxPromptTokens {
-		return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, s.cfg.MaxPromptTokens)
+	if lim := s.cfg.MaxPromptTokens; lim > 0 {
+		// A batch's limit is per prompt, as vLLM's (countBatchPrompt).
+		if c.longest > lim {
+			return fmt.Errorf("%w: prompt[%d] has %d prompt tokens, limit is %d", ErrPromptTooLong, c.longestAt, c.longest, lim)
+		}
+		if c.longest == 0 && promptTokens > lim {
+			return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, lim)
+		}
 	}
 	if err := c.admitRoute(promptTokens); err != nil {
 		return err

@@ -614,7 +614,8 @@ func TestTruncatePromptTokens(t *testing.T) {
 // Behind real simulators, which keep the prompt's last k tokens as vLLM
 // does: a request with truncate_prompt_tokens is keyed on that tail, so
 // another head with the same tail goes to the engine that holds it, and
-// that engine reports the tail cached.
+// that engine reports the tail cached. A batch is keyed on its first
+// prompt's tail (before, on the whole first prompt).
 func TestTruncatedPromptRoutesOnItsTail(t *testing.T) {
 	cfg := testConfig(simEngines(startSims(t, 4, "m"), "m")...)
 	cfg.Scheduler.Policy = "kvmesh"
@@ -633,13 +634,18 @@ func TestTruncatedPromptRoutesOnItsTail(t *testing.T) {
 		}
 		return b.String()
 	}
-	for tail := range 6 {
+	for tail := range 12 {
+		batch := tail >= 6 // [[first], [other]]: keyed on the first
 		var first string
 		for head := range 2 {
+			p, want := `[`+prompt(tail*10+head, tail)+`]`, 200
+			if batch {
+				p, want = `[`+p+`,[`+prompt(900+tail*10+head, 100+tail*2+head)+`]]`, 400
+			}
 			st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions",
-				`{"model":"m","max_tokens":1,"truncate_prompt_tokens":200,"prompt":[`+prompt(tail*10+head, tail)+`]}`)
+				`{"model":"m","max_tokens":1,"truncate_prompt_tokens":200,"prompt":`+p+`}`)
 			var c struct{ Usage openai.Usage }
-			if st != 200 || json.Unmarshal(b, &c) != nil || c.Usage.PromptTokens != 200 {
+			if st != 200 || json.Unmarshal(b, &c) != nil || c.Usage.PromptTokens != want {
 				t.Fatalf("tail %d, head %d: %d %s", tail, head, st, b)
 			}
 			if head == 0 {
@@ -647,7 +653,7 @@ func TestTruncatedPromptRoutesOnItsTail(t *testing.T) {
 				continue
 			}
 			if got := hdr.Get("X-Kvmesh-Engine"); got != first || c.Usage.CachedTokens() < 176 {
-				t.Errorf("tail %d: the second head went to %s (the first to %s) with %d tokens cached", tail, got, first, c.Usage.CachedTokens())
+				t.Errorf("tail %d (batch %v): the second head went to %s (the first to %s) with %d tokens cached", tail, batch, got, first, c.Usage.CachedTokens())
 			}
 		}
 	}

@@ -194,3 +194,62 @@ func TestVerifyTokens(t *testing.T) {
 		})
 	}
 }
+
+// A batch of text prompts obeys the same check as one prompt: the first
+// request compares its first prompt's ids with the engine's /tokenize; when
+// they differ, that batch and the model's next ones go as the client wrote
+// them, so the engine reads its own tokens of every prompt (before, a batch
+// always went as the ingress's ids, whatever the check had found), keyed on
+// the engine's tokens of the first prompt. With the engine's tokenizer one
+// comparison passes and the batch goes as the ingress's ids, which are the
+// engine's.
+func TestVerifyTokensBatch(t *testing.T) {
+	engineTok, tpl := llama(t) // the engine's tokenizer
+	otherTok, _ := llama3(t)   // another vocabulary: Llama 3's
+	prompts := []string{
+		strings.Repeat("Disaggregated prefill/decode serving cuts inter-token latency; KV-cache-aware routing matters. ", 8),
+		"Speculative decoding drafts tokens with a small model; the large one checks them.",
+		"Prefix caching keeps the blocks of a shared system prompt.",
+	}
+	body := `{"model":"llama","max_tokens":2,"prompt":` + string(mustJSON(t, prompts)) + `}`
+	want := 0
+	for _, p := range prompts {
+		want += len(engineTok.Encode(p, true))
+	}
+	for _, c := range []struct {
+		name    string
+		ingress *tokenizer.Native
+		differ  bool
+	}{{"other tokenizer", otherTok, true}, {"the engine's tokenizer", engineTok, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			s, sm, spy, log := checkEngine(t, engineTok, c.ingress, tpl, tpl, "kvmesh")
+			var keys []uint64
+			for range 3 {
+				st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+				if st != http.StatusOK {
+					t.Fatalf("status %d: %s", st, b)
+				}
+				var r struct {
+					Choices []struct{ Index int }
+					Usage   openai.Usage
+				}
+				if err := json.Unmarshal(b, &r); err != nil {
+					t.Fatal(err)
+				}
+				if len(r.Choices) != len(prompts) || r.Usage.PromptTokens != want {
+					t.Fatalf("%d choices; the engine read %d prompt tokens, its own tokenizer makes %d of the texts", len(r.Choices), r.Usage.PromptTokens, want)
+				}
+				keys = spy.last()
+			}
+			engineCachedAll(t, sm, keys)
+			eq, df := val(s.check.vEqual), val(s.check.vDiffer)
+			warned := strings.Contains(log.String(), "first_difference_at=")
+			if c.differ && (df != 1 || eq != 0 || val(s.etok.ok) != 2 || !warned) {
+				t.Fatalf("%v equal, %v different verifications, %v engine tokenizations, warned %v; want 0, 1, 2, true", eq, df, val(s.etok.ok), warned)
+			}
+			if !c.differ && (eq != 1 || df != 0 || val(s.etok.ok) != 0 || warned) {
+				t.Fatalf("%v equal, %v different verifications, %v engine tokenizations, warned %v; want 1, 0, 0, false", eq, df, val(s.etok.ok), warned)
+			}
+		})
+	}
+}

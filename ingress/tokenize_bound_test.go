@@ -139,3 +139,56 @@ func TestTokenizingStopsForAClientThatLeft(t *testing.T) {
 		t.Fatalf("%v attempts reached the engine for a client that had left", n)
 	}
 }
+
+// TestBatchPromptLimitIsPerPrompt: vLLM checks each prompt of a batch on
+// its own against the context length, after truncate_prompt_tokens, so the
+// ingress's limit is per prompt too (before, it counted the batch's sum, and
+// truncated no prompt of a batch): prompts each under the limit are served
+// however many there are, a batch with one prompt over it is refused with
+// context_length_exceeded naming that prompt, and truncate_prompt_tokens
+// brings long prompts under it; for text prompts and token ids alike.
+func TestBatchPromptLimitIsPerPrompt(t *testing.T) {
+	const lim = 200
+	s, tk := boundRig(t, func(c *Config) { c.MaxPromptTokens = lim })
+	words := func(n int) string { // a text prompt of n distinct words
+		var b strings.Builder
+		for i := range n {
+			b.WriteString("word")
+			b.WriteString(strings.Repeat("x", i%7))
+			b.WriteString(" ")
+		}
+		return b.String()
+	}
+	count := func(text string) int {
+		ids, err := tk.Encode(nil, []byte(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ids)
+	}
+	short, long := words(60), words(200)
+	if n, m := count(short), count(long); 3*n <= lim || n > lim || m <= lim {
+		t.Fatalf("prompts of %d and %d tokens: want each short one under %d and three over it, the long one over it", n, m, lim)
+	}
+	ids := func(n int) string { return "[" + strings.TrimSuffix(strings.Repeat("7,", n), ",") + "]" }
+	for _, tc := range []struct {
+		name, prompt, extra string
+		want                int
+		param               string // in the refusal's message
+	}{
+		{"texts each under the limit", string(mustJSON(t, []string{short, short, short})), ``, 200, ""},
+		{"one text over the limit", string(mustJSON(t, []string{short, long})), ``, 400, "over 200"},
+		{"texts truncated under the limit", string(mustJSON(t, []string{long, long})), `,"truncate_prompt_tokens":100`, 200, ""},
+		{"ids each under the limit", "[" + ids(150) + "," + ids(150) + "]", ``, 200, ""},
+		{"ids, one over the limit", "[" + ids(150) + "," + ids(250) + "]", ``, 400, "prompt[1] has 250 prompt tokens, limit is 200"},
+		{"ids truncated under the limit", "[" + ids(250) + "," + ids(250) + "]", `,"truncate_prompt_tokens":100`, 200, ""},
+	} {
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"bert","max_tokens":2,"prompt":`+tc.prompt+tc.extra+`}`)
+		if st != tc.want {
+			t.Fatalf("%s: %d %s", tc.name, st, b)
+		}
+		if st != 200 && (!strings.Contains(string(b), `"code":"context_length_exceeded"`) || !strings.Contains(string(b), tc.param)) {
+			t.Fatalf("%s: %s", tc.name, b)
+		}
+	}
+}

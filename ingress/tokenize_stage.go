@@ -65,7 +65,7 @@ func (c *call) tokenize() error {
 			}
 			break
 		}
-		if c.tokens, err = c.encode(tok, c.tokens[:0], c.req.text, c.tokenizeBound(0)); err != nil {
+		if c.tokens, err = c.encode(tok, c.tokens[:0], c.req.text, c.tokenizeBound()); err != nil {
 			if fallback, err := c.tokenizeStopped(err); fallback {
 				// Over the tokenize budget: as for a prompt with no
 				// tokenizer here.
@@ -107,7 +107,7 @@ func (c *call) tokenize() error {
 			break
 		}
 		var n, media int
-		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req, c.tokenizeBound(0)); err != nil {
+		if c.tokens, n, media, err = renderChat(tok, c.tokens[:0], &c.req, c.tokenizeBound()); err != nil {
 			fallback, serr := c.tokenizeStopped(err)
 			if serr != nil {
 				return serr
@@ -160,12 +160,10 @@ func (c *call) tokenize() error {
 	if c.tokens != nil && len(c.tokens) == 0 {
 		return badRequest("prompt", fmt.Errorf("%w: prompt is empty", ErrBadRequest))
 	}
-	if k := c.req.truncate; k > 0 && len(c.req.batch) <= 1 {
+	if k := c.req.truncate; k > 0 && len(c.req.batch) <= 1 { // a batch's prompts: countBatchPrompt
 		// The engine keeps the last k tokens (vLLM truncates on the
 		// left): the limits count, and the keys route on, what it keeps.
-		if len(c.tokens) > k {
-			c.tokens = c.tokens[len(c.tokens)-k:]
-		}
+		c.truncateTokens()
 		if c.tokens == nil && c.approx > k {
 			c.approx = k
 		}
@@ -201,10 +199,10 @@ func (c *call) askUsage() {
 	}
 }
 
-// countBatchIDs validates every token-id prompt of a batch and sums their
-// lengths; the body goes upstream as it came. Routing keys on the first.
+// countBatchIDs validates every token-id prompt of a batch and counts it
+// (after truncate_prompt_tokens, as the engine will); the body goes
+// upstream as it came. Routing keys on the first prompt (its kept tail).
 func (c *call) countBatchIDs() error {
-	total := 0
 	for i, e := range c.req.batch {
 		var err error
 		if c.scratch, err = appendTokenIDs(c.scratch[:0], e); err != nil {
@@ -213,35 +211,72 @@ func (c *call) countBatchIDs() error {
 		if len(c.scratch) == 0 {
 			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
 		}
-		total += len(c.scratch)
+		c.countBatchPrompt(i, len(c.scratch))
 	}
-	c.promptTokens = total
+	c.truncateTokens()
 	c.askUsage()
 	return nil
 }
 
-// tokenizeBatch tokenizes every text prompt of a batch and rewrites the
-// prompt as a list of token-id lists (the engine does not tokenize again);
-// c.tokens keeps the first prompt's tokens, which routing keys on. Without a
-// tokenizer the texts go as they came and the count is an estimate.
+// countBatchPrompt adds a batch's prompt i, of n tokens, to c.promptTokens
+// (the batch's total, which the token budgets and admission charge) and
+// keeps the longest in c.longest: the prompt-length limit is per prompt, as
+// vLLM checks each prompt of a batch on its own against the context
+// length, after truncate_prompt_tokens. The total has no limit of its own:
+// MaxBodyBytes bounds it already (every prompt costs the body at least
+// about a byte per token, as text or as a JSON id list), and tokenizing a
+// batch is bounded by one TokenizeBudget (tokenizeBound).
+func (c *call) countBatchPrompt(i, n int) {
+	if k := c.req.truncate; k > 0 && n > k {
+		n = k // the engine keeps the last k tokens of each prompt
+	}
+	if i == 0 {
+		c.promptTokens, c.longest, c.longestAt = 0, 0, 0
+	}
+	c.promptTokens += n
+	if n > c.longest {
+		c.longest, c.longestAt = n, i
+	}
+}
+
+// truncateTokens keeps the last truncate_prompt_tokens of c.tokens (vLLM
+// truncates on the left): the keys route on what the engine keeps.
+func (c *call) truncateTokens() {
+	if k := c.req.truncate; k > 0 && len(c.tokens) > k {
+		c.tokens = c.tokens[len(c.tokens)-k:]
+	}
+}
+
+// tokenizeBatch tokenizes every text prompt of a batch and counts each
+// (countBatchPrompt); c.tokens keeps the first prompt's tokens, which
+// routing keys on. The prompt is rewritten as a list of token-id lists (the
+// engine does not tokenize again) only where a single prompt would be
+// (tokenize): not while the model's requests use the engine's tokens
+// (tokencheck.go), and not when the first prompt's ids, compared with an
+// engine's /tokenize when the model is due (verifyTokens), differ. Then
+// the texts go as the client wrote them, keyed on the engine's tokens for
+// the first prompt (or on none when the engine cannot be asked, as a
+// single prompt). Without a tokenizer the texts go as they came and the
+// counts are estimates.
 func (c *call) tokenizeBatch(tok Tokenizer) error {
 	body := c.reqBody()
-	if tok != nil {
+	rewrite := tok != nil && !c.s.check.engineFirst(c.model)
+	if rewrite {
 		c.body = append(c.body[:0], body[:c.req.promptStart]...)
 		c.body = append(c.body, '[')
 	}
-	total := 0
+	b := c.tokenizeBound() // one deadline for the whole batch
 	for i, e := range c.req.batch {
 		c.scratchText = jsonscan.AppendUnquote(c.scratchText[:0], e)
 		if len(c.scratchText) == 0 {
 			return badRequest("prompt", fmt.Errorf("%w: prompt[%d] is empty", ErrBadRequest, i))
 		}
 		if tok == nil {
-			total += len(c.scratchText)/4 + 1
+			c.countBatchPrompt(i, len(c.scratchText)/4+1)
 			continue
 		}
 		var err error
-		if c.scratch, err = c.encode(tok, c.scratch[:0], c.scratchText, c.tokenizeBound(total)); err != nil {
+		if c.scratch, err = c.encode(tok, c.scratch[:0], c.scratchText, b); err != nil {
 			if fallback, serr := c.tokenizeStopped(err); fallback {
 				c.body = c.body[:0] // over the budget: the texts go as they came
 				return c.tokenizeBatch(nil)
@@ -256,20 +291,32 @@ func (c *call) tokenizeBatch(tok Tokenizer) error {
 		if i == 0 {
 			c.tokens = append(c.tokens[:0], c.scratch...)
 		}
-		if i > 0 {
-			c.body = append(c.body, ',')
+		if rewrite {
+			if i > 0 {
+				c.body = append(c.body, ',')
+			}
+			c.body = openai.AppendTokenIDs(c.body, c.scratch)
 		}
-		c.body = openai.AppendTokenIDs(c.body, c.scratch)
-		total += len(c.scratch)
+		c.countBatchPrompt(i, len(c.scratch))
 	}
-	if tok == nil {
+	switch {
+	case tok == nil:
 		c.tokens = nil
-		c.approx = total
-	} else {
+		c.approx = c.promptTokens
+	case rewrite && c.verifyTokens(): // tokencheck.go: the first prompt's ids are the engine's
 		c.body = append(c.body, ']')
 		c.body = append(c.body, body[c.req.promptEnd:]...)
+	default:
+		// Ours gave other ids than the engine's: the texts go as the
+		// client wrote them, keyed on the engine's tokens (verifyTokens
+		// left them in c.tokens; engineFirst asks for them).
+		c.body = c.body[:0]
+		if !rewrite && !c.tokenizeOnEngine() {
+			c.tokens = nil
+			c.approx = c.promptTokens
+		}
 	}
-	c.promptTokens = total
+	c.truncateTokens()
 	c.askUsage()
 	return nil
 }
@@ -297,14 +344,14 @@ func (c *call) encode(tok Tokenizer, dst []uint32, text []byte, b tokenizer.Boun
 	return tok.Encode(dst, text)
 }
 
-// tokenizeBound bounds the tokenizing of one prompt that follows done
-// tokens (of a batch's earlier prompts): past MaxPromptTokens when the
-// request will be refused anyway (no truncate_prompt_tokens), past
-// TokenizeBudget, or once the client is gone (Stopped).
-func (c *call) tokenizeBound(done int) tokenizer.Bound {
+// tokenizeBound bounds the tokenizing of a request's prompts (each of a
+// batch's): past MaxPromptTokens in one prompt when the request will be
+// refused anyway (no truncate_prompt_tokens), past TokenizeBudget from
+// now, or once the client is gone (Stopped).
+func (c *call) tokenizeBound() tokenizer.Bound {
 	var b tokenizer.Bound
 	if lim := c.s.cfg.MaxPromptTokens; lim > 0 && c.req.truncate <= 0 {
-		b.MaxTokens = max(1, lim-done)
+		b.MaxTokens = lim
 	}
 	if d := c.s.cfg.TokenizeBudget; d > 0 {
 		b.Deadline = time.Now().Add(d)
