@@ -580,7 +580,20 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		switch {
 		case errors.Is(err, ErrNoResponders):
 			result = "no_responders"
-			m.clearLocked(e) // nobody serves this engine now: no stale routing
+			// Nobody serves this engine's snapshots now. Without gossip
+			// that is all there is to know of it: cleared, no stale
+			// routing. An engine gossip lists has a live sidecar whose
+			// NATS path is down, or not back yet: after a NATS outage
+			// each sidecar finds its dead path on its own pings, up to
+			// seconds after this replica reconnected and asked. Its
+			// engine's cache is what it was, so routing goes on with the
+			// last copy, as it did while NATS was away, and the retry
+			// below takes the snapshot once the sidecar is back (before,
+			// the copy was cleared: a healthy engine lost its affinity
+			// for the seconds in between). Gossip dropping it clears it.
+			if m.cfg.Membership == nil || !e.inGossip || !e.goneSince.IsZero() {
+				m.clearLocked(e)
+			}
 		case errors.Is(err, context.DeadlineExceeded):
 			result = "timeout"
 		case errors.Is(err, ErrSidecarFailed):
