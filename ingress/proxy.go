@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -481,10 +482,11 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	}
 	c.watch.release()
 	out := buf.Bytes()
-	if len(out) == 0 || out[0] != '{' {
-		// An engine that dies mid-request may close with an empty 200.
+	if len(out) == 0 || out[0] != '{' || !closedObject(out) {
+		// An engine that dies mid-request may close with an empty 200 (or
+		// one cut short: its Content-Length counted what it meant to send).
 		bufPool.Put(buf)
-		return false, c.attemptFailed(up, resp, "empty_response", fmt.Errorf("engine %s: empty or non-JSON answer", up.id))
+		return false, c.attemptFailed(up, resp, "empty_response", fmt.Errorf("engine %s: empty, non-JSON or cut-short answer", up.id))
 	}
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	c.releaseConn()
@@ -510,6 +512,29 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.sendAnswer(ctx, buf, out) // answerbody.go: finished once written
 	return true, nil
+}
+
+// closedObject reports whether a non-streamed answer that opens a JSON
+// object also closes one (its last byte but white space is '}'): one cut
+// short is not relayed as a success. A cheap test, not a parse: the answer
+// may be megabytes.
+func closedObject(out []byte) bool {
+	out = bytes.TrimRight(out, " \t\r\n")
+	return len(out) > 0 && out[len(out)-1] == '}'
+}
+
+// firstEventJSON reports whether a chat or completions stream's first event
+// (without its blank line; LF line ends) carries JSON or [DONE] in its one
+// data line; an event with no data line (a comment) or several passes.
+func firstEventJSON(ev []byte) bool {
+	var data []byte
+	n := 0
+	for line := range bytes.Lines(ev) {
+		if rest, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data, n = bytes.TrimSpace(rest), n+1
+		}
+	}
+	return n != 1 || bytes.Equal(data, doneMarker) || json.Valid(data)
 }
 
 // streamBroke counts a stream that broke after it committed (the engine's
@@ -570,6 +595,12 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 		// (vLLM and SGLang validate some requests there): another engine
 		// would say the same, so it reaches the client as the engine sent
 		// it, and the engine is not at fault.
+	}
+	if ps.cut > 0 && result == "" && !reqErr && ps.named == nil && !firstEventJSON(ps.buf[:bytes.Index(ps.buf, eventSep)]) {
+		// Not an answer (a broken or foreign server): nothing useful can
+		// reach the client, and the next engine may serve it. Before, it
+		// was committed and the client got the garbage with a 200.
+		ps.cut, ps.upErr, result = 0, fmt.Errorf("engine %s sent a first event that is not JSON: %.200q", up.id, ps.buf[:bytes.Index(ps.buf, eventSep)]), "empty_response"
 	}
 	if ps.cut == 0 {
 		err := ps.upErr
