@@ -116,9 +116,13 @@ func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 	return append(dst, '}')
 }
 
-// appendChatChoice converts one completions choice into a chat choice.
+// appendChatChoice converts one completions choice into a chat choice. vLLM's
+// stop_reason (the stop string or token id that ended the choice) is kept as
+// its chat answer has it: in every whole choice, and in a chunk only where
+// it is set (vLLM's completions stream writes it, null too, in every chunk;
+// its chat stream in the last one).
 func appendChatChoice(dst, ch []byte, chunk, withRole bool) ([]byte, error) {
-	var index, text, finish, logprobs []byte
+	var index, text, finish, logprobs, stop []byte
 	if err := jsonscan.ForEachMember(ch, func(k, v []byte, _, _ int) error {
 		switch string(k) {
 		case "index":
@@ -129,6 +133,8 @@ func appendChatChoice(dst, ch []byte, chunk, withRole bool) ([]byte, error) {
 			finish = v
 		case "logprobs":
 			logprobs = v
+		case "stop_reason":
+			stop = v
 		}
 		return nil
 	}); err != nil {
@@ -150,6 +156,10 @@ func appendChatChoice(dst, ch []byte, chunk, withRole bool) ([]byte, error) {
 	dst = appendRawOr(dst, logprobs, "null")
 	dst = append(dst, `,"finish_reason":`...)
 	dst = appendRawOr(dst, finish, "null")
+	if len(stop) > 0 && !(chunk && string(stop) == "null") {
+		dst = append(dst, `,"stop_reason":`...)
+		dst = append(dst, stop...)
+	}
 	return append(dst, '}'), nil
 }
 

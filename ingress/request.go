@@ -84,6 +84,12 @@ type request struct {
 	// or token-id arrays); text/ids above hold its first element, which
 	// routing keys on. Empty for a single prompt.
 	batch [][]byte
+	// wrapDrop holds the spans (key to value end) of chat members that
+	// /v1/completions would read but vLLM's chat endpoint ignores or reads
+	// as nothing asked (prompt, prompt_embeds, suffix; logprobs false or
+	// null): chatToCompletionsBody leaves them out, so the engine answers
+	// the rendered conversation as its chat endpoint would.
+	wrapDrop [][2]int
 	// The int members as read (intMember), each the last of its name, as
 	// vLLM reads the body (Python's json keeps a name's last member, null
 	// included): max_tokens (the Responses API's max_output_tokens),
@@ -118,6 +124,7 @@ func (r *request) reset() {
 		cacheSalt: r.cacheSalt[:0],
 		sessionID: r.sessionID[:0],
 		batch:     r.batch[:0],
+		wrapDrop:  r.wrapDrop[:0],
 
 		prevResponse: r.prevResponse[:0],
 		synth:        r.synth[:0],
@@ -241,12 +248,19 @@ func (r *request) consumeIDs(key, b []byte, at int) (int, bool, error) {
 
 // chatOnlyMember reports whether a chat request's member asks for what
 // only vLLM's chat endpoint gives (chat-shaped logprobs, chat's echo, every
-// choice's role, the reasoning parser): ChatModeCompletions then forwards
-// the request as chat. Tools are checked with the request (they need the
-// chat endpoint's tool parser).
+// choice's role, the reasoning parser, the prompt's logprobs and token ids
+// where chat puts them) or what /v1/completions reads otherwise (best_of):
+// ChatModeCompletions then forwards the request as chat. Tools are checked
+// with the request (they need the chat endpoint's tool parser).
 func chatOnlyMember(key string, val []byte) bool {
 	switch key {
-	case "logprobs", "echo", "include_reasoning":
+	case "logprobs", "echo", "return_token_ids":
+		// Only false and null ask for nothing on both endpoints. Any other
+		// value (1, 2, "true") is a boolean or a 400 to chat's pydantic but
+		// a count, or a completions-shaped answer, to /v1/completions, so
+		// the chat endpoint answers it as it would directly.
+		return string(val) != "false" && string(val) != "null"
+	case "include_reasoning":
 		return string(val) == "true"
 	case "n":
 		return string(val) != "1" && string(val) != "null"
@@ -271,9 +285,16 @@ func (r *request) member(key, val []byte, koff, off int) error {
 		b, err := boolMember("stream", val)
 		r.stream = b
 		return err
-	case "logprobs", "top_logprobs", "echo", "n", "reasoning_effort", "include_reasoning", "parallel_tool_calls":
-		if r.ep == epChat && chatOnlyMember(string(key), val) {
-			r.chatOnly = true
+	case "logprobs", "top_logprobs", "echo", "n", "reasoning_effort", "include_reasoning", "parallel_tool_calls",
+		"best_of", "return_token_ids", "prompt_logprobs":
+		if r.ep == epChat {
+			if chatOnlyMember(string(key), val) {
+				r.chatOnly = true
+			} else if string(key) == "logprobs" {
+				// false or null: no logprobs in chat, but /v1/completions
+				// would read false as 0 alternatives (or refuse a boolean).
+				r.wrapDrop = append(r.wrapDrop, [2]int{koff, off + len(val)})
+			}
 		}
 		if string(key) == "n" && (r.ep == epCompletions || r.ep == epChat) { // the Responses and Messages APIs have no n
 			// The last member wins; null, or a count the engine refuses
@@ -323,7 +344,16 @@ func (r *request) member(key, val []byte, koff, off int) error {
 			return badRequest("cache_salt", fmt.Errorf("%w: cache_salt must be a string", ErrBadRequest))
 		}
 		r.cacheSalt = jsonscan.AppendUnquote(r.cacheSalt[:0], val)
-	case "prompt":
+	case "prompt", "prompt_embeds", "suffix":
+		if r.ep == epChat {
+			// vLLM's chat endpoint ignores them; as completions a prompt
+			// after messages would replace the rendered conversation.
+			r.wrapDrop = append(r.wrapDrop, [2]int{koff, off + len(val)})
+			return nil
+		}
+		if string(key) != "prompt" {
+			return nil
+		}
 		if r.ep != epCompletions || (r.kind == promptIDs && r.promptStart == off) {
 			return nil // not ours, or already parsed by consumeIDs
 		}

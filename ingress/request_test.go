@@ -207,6 +207,43 @@ func TestChatBodyRenamesMaxCompletionTokens(t *testing.T) {
 	}
 }
 
+// Chat sent as completions: the members vLLM's chat endpoint ignores but
+// /v1/completions reads (prompt, prompt_embeds, suffix; logprobs false or
+// null, which completions reads as a count) are left out, wherever they
+// stand and however many neighbour one another, and the rest is kept.
+func TestChatBodyDropsCompletionsMembers(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, body := range []string{
+		`{"model":"m",` + msgs + `,"prompt":"other"}`,
+		`{"prompt":"other",` + msgs + `,"model":"m"}`,
+		`{"prompt":[1],"suffix":"s",` + msgs + `,"model":"m","logprobs":false,"prompt_embeds":"e","prompt":"x"}`,
+		`{ "suffix" : "s" , "prompt" : "x" , ` + msgs + ` , "model":"m" , "logprobs" : null , "prompt" : "y" }`,
+		`{"model":"m","logprobs":false,` + msgs + `,"max_completion_tokens":null,"pr\u006fmpt":"x"}`,
+		`{"model":"m","max_tokens":3,"prompt":"x",` + msgs + `,"suffix":"s","max_completion_tokens":5}`,
+	} {
+		var r request
+		if err := parseRequest(&r, epChat, []byte(body)); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if r.chatOnly {
+			t.Fatalf("%s: kept as chat", body)
+		}
+		out := chatToCompletionsBody(nil, []byte(body), &r, []uint32{4, 2}, 0)
+		var got map[string]json.RawMessage
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%s → %s: %v", body, out, err)
+		}
+		if string(got["prompt"]) != "[4,2]" || string(got["model"]) != `"m"` || strings.Count(string(out), `"pr`) != 1 {
+			t.Fatalf("%s → %s: want the rendered prompt only", body, out)
+		}
+		for _, k := range []string{"suffix", "prompt_embeds", "logprobs", "messages", "max_completion_tokens"} {
+			if _, has := got[k]; has {
+				t.Fatalf("%s → %s: %s kept", body, out, k)
+			}
+		}
+	}
+}
+
 // A completions request without max_tokens stops at 16 tokens in vLLM and
 // SGLang (their request models' default), so the budgets and the cost model
 // see 16; null is the model's context, as is a chat request without one.
@@ -277,6 +314,28 @@ func TestCompletionToChat(t *testing.T) {
 	if got := string(completionToChat(nil, []byte("{bad"))); got != "{bad" {
 		t.Fatalf("malformed input must pass through, got %q", got)
 	}
+	// vLLM's stop_reason stays: in a whole choice as it is, null too, and in
+	// a chunk where it is set (vLLM's chat stream has it on the last chunk).
+	for _, tc := range []struct {
+		stop  string
+		chunk bool
+		want  string
+	}{
+		{`"end"`, false, `,"stop_reason":"end"}`},
+		{`128009`, false, `,"stop_reason":128009}`},
+		{`null`, false, `,"stop_reason":null}`},
+		{`"end"`, true, `,"stop_reason":"end"}`},
+		{`null`, true, `"finish_reason":null}`},
+	} {
+		in := `{"id":"cmpl-1","created":7,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":"stop","stop_reason":` + tc.stop + `}]}`
+		if tc.chunk && tc.stop == "null" {
+			in = strings.Replace(in, `"finish_reason":"stop"`, `"finish_reason":null`, 1)
+		}
+		out := appendChatObject(nil, []byte(in), tc.chunk, false)
+		if !json.Valid(out) || !strings.HasSuffix(string(out), tc.want+"]}") {
+			t.Fatalf("stop_reason %s (chunk %v): %s, want the choice to end %s", tc.stop, tc.chunk, out, tc.want)
+		}
+	}
 }
 
 func FuzzParseRequest(f *testing.F) {
@@ -292,6 +351,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tok\u0065ns":5,"max_tokens":2,"max_tokens":true}`,
 		`{"model":"m","prompt":"x","max_tokens":"064","n":2.0,"n":"\u0033","truncate_prompt_tokens":"5"}`,
 		`{"model":"m","prompt":["a","b"],"prompt":"c","stream_options":{"include_usage":true},"stream_options":null,"cache_salt":null}`,
+		`{"prompt":"p","suffix":"s","model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"prompt_embeds":"e","pr\u006fmpt":"q"}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -377,6 +437,11 @@ func FuzzParseRequest(f *testing.F) {
 				once := r.mctN == 1 && r.mtN <= 1 // duplicated names stay (the last one counts)
 				if _, has := m["max_completion_tokens"]; has && once && (r.hasMCT || r.mctNull) {
 					t.Fatalf("max_completion_tokens kept in %q", out)
+				}
+				// The prompt the engine reads is the rendered one, whatever
+				// "prompt" members the client sent.
+				if string(m["prompt"]) != "[1,2]" {
+					t.Fatalf("completions prompt %s in %q, from %q", m["prompt"], out, body)
 				}
 			}
 			return

@@ -211,6 +211,90 @@ func TestChatAsCompletionsMatchesChat(t *testing.T) {
 	}
 }
 
+// wrapPair answers body from a chat-mode and a completions-mode ingress in
+// front of the same simulated engine, both 200 chat.completions.
+func wrapPair(t *testing.T, chatSrv, wrapSrv *Server, body string) [2]usageBody {
+	t.Helper()
+	var got [2]usageBody
+	for i, s := range []*Server{chatSrv, wrapSrv} {
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", body)
+		if err := json.Unmarshal(b, &got[i]); st != 200 || err != nil || got[i].Object != "chat.completion" || len(got[i].Choices) != 1 {
+			t.Fatalf("mode %d, %s: %d %s %v", i, body, st, b, err)
+		}
+	}
+	return got
+}
+
+// In completions mode, members of a chat request that vLLM's chat endpoint
+// ignores but /v1/completions reads (prompt, suffix, prompt_embeds, and
+// logprobs false, which completions reads as a count) do not reach the
+// completions body: the answer is the one the chat endpoint gives, not one
+// to the client's "prompt" (which, after messages, won as completions) or a
+// 400 for a boolean logprobs.
+func TestChatAsCompletionsIgnoresCompletionsMembers(t *testing.T) {
+	chatSrv, _ := tokenizedRig(t, ChatModeChat)
+	wrapSrv, _ := tokenizedRig(t, ChatModeCompletions)
+	const msgs = `"messages":[{"role":"user","content":"What is a KV cache?"}]`
+	for _, body := range []string{
+		`{"model":"llama",` + msgs + `,"prompt":"totally different prompt text here","max_tokens":6}`,
+		`{"prompt":[1,2,3],"model":"llama",` + msgs + `,"suffix":"x","max_tokens":6,"prompt":"another prompt"}`,
+		`{"model":"llama",` + msgs + `,"max_tokens":6,"logprobs":false}`,
+		`{"logprobs":null,"model":"llama",` + msgs + `,"max_tokens":6,"prompt_embeds":null,"logprobs":false}`,
+	} {
+		got := wrapPair(t, chatSrv, wrapSrv, body)
+		if got[0].Usage != got[1].Usage || got[0].Choices[0].Message != got[1].Choices[0].Message {
+			t.Fatalf("%s:\nchat mode        %+v\ncompletions mode %+v", body, got[0], got[1])
+		}
+	}
+}
+
+// In completions mode the chat answer keeps vLLM's stop_reason (the stop
+// string that ended the choice), whole and on the last streamed chunk, as
+// the chat endpoint gives it.
+func TestChatAsCompletionsKeepsStopReason(t *testing.T) {
+	chatSrv, _ := tokenizedRig(t, ChatModeChat)
+	wrapSrv, _ := tokenizedRig(t, ChatModeCompletions)
+	const body = `{"model":"llama","messages":[{"role":"user","content":"Name a few colours."}],"max_tokens":20`
+	full := wrapPair(t, chatSrv, wrapSrv, body+`}`)
+	words := strings.Fields(full[0].Choices[0].Message.Content)
+	if len(words) < 6 {
+		t.Fatalf("answer %q: too short to stop inside", full[0].Choices[0].Message.Content)
+	}
+	stop, _ := json.Marshal(words[4])
+	type choice struct {
+		FinishReason *string         `json:"finish_reason"`
+		StopReason   json.RawMessage `json:"stop_reason"`
+	}
+	var whole [2]struct{ Choices []choice }
+	var last [2]map[string]json.RawMessage
+	for i, s := range []*Server{chatSrv, wrapSrv} {
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", body+`,"stop":`+string(stop)+`}`)
+		if err := json.Unmarshal(b, &whole[i]); st != 200 || err != nil || len(whole[i].Choices) != 1 {
+			t.Fatalf("mode %d: %d %s %v", i, st, b, err)
+		}
+		st, _, b = post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", body+`,"stop":`+string(stop)+`,"stream":true}`)
+		if st != 200 {
+			t.Fatalf("mode %d stream: %d %s", i, st, b)
+		}
+		for _, e := range sseEvents(b) {
+			var ch struct{ Choices []map[string]json.RawMessage }
+			if e != "[DONE]" && json.Unmarshal([]byte(e), &ch) == nil && len(ch.Choices) == 1 {
+				last[i] = ch.Choices[0]
+			}
+		}
+	}
+	if c := whole[0].Choices[0]; c.FinishReason == nil || *c.FinishReason != "stop" || string(c.StopReason) != string(stop) {
+		t.Fatalf("the engine's chat answer: finish %v, stop_reason %s; want stop %s", c.FinishReason, c.StopReason, stop)
+	}
+	if c := whole[1].Choices[0]; string(c.StopReason) != string(stop) {
+		t.Fatalf("completions mode: stop_reason %q, want %s as chat", c.StopReason, stop)
+	}
+	if string(last[0]["stop_reason"]) != string(stop) || string(last[1]["stop_reason"]) != string(stop) ||
+		string(last[1]["finish_reason"]) != `"stop"` {
+		t.Fatalf("last chunk: chat mode %s, completions mode %s; want stop_reason %s", last[0], last[1], stop)
+	}
+}
+
 // "add_special_tokens": false on a completions prompt (one or a batch) is
 // tokenized as the engine would: without the BOS the tokenizer adds.
 func TestAddSpecialTokensFalse(t *testing.T) {
@@ -244,8 +328,10 @@ func TestAddSpecialTokensFalse(t *testing.T) {
 }
 
 // In completions mode a chat request that asks for what only the chat
-// endpoint answers in chat's shape (tools, logprobs, echo, n > 1, reasoning)
-// goes to the engine as chat; any other goes as the rendered tokens.
+// endpoint answers in chat's shape (tools, logprobs, echo, n > 1, reasoning,
+// the prompt's logprobs or token ids) or what completions reads otherwise
+// (logprobs other than false or null, best_of) goes to the engine as chat;
+// any other goes as the rendered tokens.
 func TestChatOnlyRequestsStayChat(t *testing.T) {
 	nt, tpl := llama(t)
 	tk, err := NewTokenizer(nt, tpl)
@@ -264,10 +350,21 @@ func TestChatOnlyRequestsStayChat(t *testing.T) {
 	}{
 		{``, false},
 		{`,"logprobs":false,"n":1,"tools":null`, false},
+		{`,"logprobs":null,"echo":false,"return_token_ids":false,"best_of":null,"prompt_logprobs":null`, false},
 		{`,"tools":[]`, false},
 		{`,"logprobs":true`, true},
+		// Not a boolean true, but not nothing either: chat's pydantic reads
+		// 1 and "true" as true and refuses 2, completions reads a count.
+		{`,"logprobs":1`, true},
+		{`,"logprobs":2`, true},
+		{`,"logprobs":0`, true},
+		{`,"logprobs":"true"`, true},
 		{`,"top_logprobs":2`, true},
 		{`,"echo":true`, true},
+		{`,"echo":1`, true},
+		{`,"best_of":2`, true},
+		{`,"return_token_ids":true`, true},
+		{`,"prompt_logprobs":0`, true},
 		{`,"n":2`, true},
 		{`,"include_reasoning":true`, true},
 		{`,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]`, true},
