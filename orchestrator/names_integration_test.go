@@ -185,13 +185,18 @@ func TestControllerRefusesBadNamesOnce(t *testing.T) {
 }
 
 // TestPDGroupLabelIsALabelKey: pdGroupLabel becomes a label key of every
-// pod, so the CRD admits only a label key (it failed at pod creation), and
-// the controller refuses one admitted before the CRD checked it.
+// pod, so the CRD admits only a label key (it failed at pod creation) and
+// none under kvmesh.io/ but the default (it overwrote one of the
+// controller's labels), and the controller refuses one admitted before the
+// CRD checked it.
 func TestPDGroupLabelIsALabelKey(t *testing.T) {
 	e := newEnv(t)
 	mds := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns)
 	for key, ok := range map[string]bool{"not a label!": false, "a/b/c": false, "Example.com/g": false, "-g": false,
-		"kvmesh.io/pd-group": true, "example.com/pd_group.v1": true, "group": true} {
+		"kvmesh.io/pd-group": true, "example.com/pd_group.v1": true, "group": true,
+		// The controller's own labels (TestPDGroupLabelIsNoControllerLabel has them all).
+		"kvmesh.io/replica": false, "kvmesh.io/deployment": false, "kvmesh.io/revision": false, "kvmesh.io/inject": false,
+		"kvmesh.io/pd-group2": false, "sub.kvmesh.io/pd": true} {
 		u := namedMD(t, "pdl", "decode")
 		if err := unstructured.SetNestedField(u.Object, key, "spec", "pdGroupLabel"); err != nil {
 			t.Fatal(err)

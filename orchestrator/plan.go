@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"sort"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -48,6 +49,10 @@ func nameProblems(md *v1alpha1.ModelDeployment) []string {
 	for _, p := range validation.IsQualifiedName(md.Spec.PDGroupLabel) {
 		probs = append(probs, fmt.Sprintf("pdGroupLabel %q is no label key: %s", md.Spec.PDGroupLabel, p))
 	}
+	if reservedLabelKey(md.Spec.PDGroupLabel) {
+		probs = append(probs, fmt.Sprintf("pdGroupLabel %q is under %s, the prefix of the controller's own pod labels (only %s may be used)",
+			md.Spec.PDGroupLabel, v1alpha1.LabelPrefix, v1alpha1.DefaultPDGroupLabel))
+	}
 	for _, r := range md.Spec.Roles {
 		longest := podName(md.Name, slot{Group: v1alpha1.MaxGroups - 1, Role: r.Name, Replica: v1alpha1.MaxReplicas - 1, Member: v1alpha1.MaxWorkers})
 		if len(md.Name)+len(r.Name) > v1alpha1.MaxNamesLength || len(validation.IsDNS1123Label(longest)) > 0 {
@@ -56,6 +61,17 @@ func nameProblems(md *v1alpha1.ModelDeployment) []string {
 		}
 	}
 	return probs
+}
+
+// reservedLabelKey: key is under the prefix of the labels the controller
+// writes on its pods (kvmesh.io/deployment, group, role, replica, worker,
+// revision, inject, ...), other than the default P/D group label. Such a
+// pdGroupLabel would overwrite one of them: a pod whose slot or revision
+// label is the group's name is deleted and recreated forever, one whose
+// deployment label is leaves the selector and is orphaned. The CRD refuses
+// it with the same rule.
+func reservedLabelKey(key string) bool {
+	return strings.HasPrefix(key, v1alpha1.LabelPrefix) && key != v1alpha1.DefaultPDGroupLabel
 }
 
 // slotOf reads a pod's slot from its labels; ok is false for a pod that
@@ -82,13 +98,23 @@ func slotIndex(v string) (int, bool) {
 }
 
 // revision hashes what a role's pods are made from: a change rolls the role.
-func revision(r *v1alpha1.Role) string {
+// That is everything buildPod renders from the spec: the role's templates,
+// workers and kind, and of the deployment the model (KVMESH_MODEL, the
+// kvmesh.io/model annotation), the engine (the P/D protocol annotation), the
+// P/D group label (label, annotation) and the sidecar mode (the inject
+// label). The names (deployment, role, namespace) make the pods' names, so a
+// pod made from other ones is not in the slot.
+func revision(md *v1alpha1.ModelDeployment, r *v1alpha1.Role) string {
 	h := fnv.New64a()
 	b, _ := json.Marshal(struct {
-		T corev1.PodTemplateSpec
-		W *v1alpha1.Workers
-		K v1alpha1.RoleKind
-	}{r.Template, r.Workers, r.Kind})
+		T      corev1.PodTemplateSpec
+		W      *v1alpha1.Workers
+		K      v1alpha1.RoleKind
+		Model  string
+		Engine v1alpha1.EngineKind
+		PD     string
+		Mode   v1alpha1.SidecarMode
+	}{r.Template, r.Workers, r.Kind, md.Spec.Model, md.Spec.Engine, md.Spec.PDGroupLabel, md.Spec.Sidecar.Mode})
 	h.Write(b)
 	return strconv.FormatUint(h.Sum64(), 36)
 }
@@ -133,10 +159,13 @@ type podView struct {
 type state struct {
 	bySlot map[slot]*podView
 	groups map[int]bool
+	// byReplica holds each replica's pods (the key's Member is 0), any
+	// member index, also one beyond the role's current workers.
+	byReplica map[slot][]*podView
 }
 
 func newState(pods []*corev1.Pod) (*state, []*corev1.Pod) {
-	st := &state{bySlot: map[slot]*podView{}, groups: map[int]bool{}}
+	st := &state{bySlot: map[slot]*podView{}, groups: map[int]bool{}, byReplica: map[slot][]*podView{}}
 	var strays []*corev1.Pod
 	for _, p := range pods {
 		s, ok := slotOf(p)
@@ -157,6 +186,14 @@ func newState(pods []*corev1.Pod) (*state, []*corev1.Pod) {
 		}
 		st.groups[s.Group] = true
 	}
+	for _, v := range st.bySlot {
+		k := v.Slot
+		k.Member = 0
+		st.byReplica[k] = append(st.byReplica[k], v)
+	}
+	for _, vs := range st.byReplica {
+		sort.Slice(vs, func(i, j int) bool { return vs[i].Slot.Member < vs[j].Slot.Member })
+	}
 	return st, strays
 }
 
@@ -174,6 +211,82 @@ func members(r *v1alpha1.Role) int {
 		return 1
 	}
 	return 1 + int(r.Workers.Count)
+}
+
+// replicaState is one replica (leader and workers) as the plan and the
+// status see it.
+type replicaState struct {
+	// Pods are the replica's pods, any member index, going away or not.
+	Pods []*podView
+	// Old: a pod not going away is at another revision than the role's,
+	// or is a member beyond the role's current workers. An old replica is
+	// replaced whole (rolled), never completed or trimmed member by member:
+	// its pods stay of one revision.
+	Old bool
+	// Size is the members the replica's pods were made for: the role's at
+	// the current revision, else the group size its pods carry
+	// (KVMESH_GROUP_SIZE). A member slot beyond it never existed: when
+	// workers.count grows, it does not make an outdated replica unavailable.
+	Size int
+	// Mixed: its pods are of several revisions, some of the current one
+	// (as an older controller left a replica below rollout.partition that
+	// lost a pod).
+	Mixed bool
+	// Lost: a member below Size has no pod, or its pod is going away.
+	Lost bool
+	// Ready: no member is lost and every one is ready.
+	Ready bool
+}
+
+// replica reads replica i of role r in group g; rev is the role's
+// revision, deleted the pods this step deletes.
+func (st *state) replica(g int, r *v1alpha1.Role, i int, rev string, deleted map[*corev1.Pod]bool) replicaState {
+	rs := replicaState{Pods: st.byReplica[slot{g, r.Name, i, 0}], Size: members(r)}
+	gone := func(v *podView) bool { return deleted[v.Pod] || v.Pod.DeletionTimestamp != nil }
+	oldSize, current := 0, false
+	for _, v := range rs.Pods {
+		if gone(v) {
+			continue
+		}
+		if v.Revision != rev || v.Slot.Member >= rs.Size {
+			rs.Old = true
+		} else {
+			current = true
+		}
+		n, _ := podGroupSize(v.Pod) // 0 if it has none: then at least its members
+		oldSize = max(oldSize, n, v.Slot.Member+1)
+	}
+	if rs.Old {
+		rs.Size, rs.Mixed = oldSize, current
+	}
+	rs.Ready = true
+	for m := range rs.Size {
+		v := st.bySlot[slot{g, r.Name, i, m}]
+		if v == nil || gone(v) {
+			rs.Lost = true
+		}
+		if v == nil || gone(v) || !v.Ready {
+			rs.Ready = false
+		}
+	}
+	return rs
+}
+
+// podGroupSize is the replica size a pod was made for (buildPod's
+// KVMESH_GROUP_SIZE; the last one, as a container's environment resolves).
+func podGroupSize(p *corev1.Pod) (int, bool) {
+	for _, c := range p.Spec.Containers {
+		v := ""
+		for _, e := range c.Env {
+			if e.Name == EnvGroupSize {
+				v = e.Value
+			}
+		}
+		if n, err := strconv.Atoi(v); err == nil && n >= 1 {
+			return n, true
+		}
+	}
+	return 0, false
 }
 
 // computePlan is the reconcile's decision, a pure function of the
@@ -196,20 +309,28 @@ func computePlan(md *v1alpha1.ModelDeployment, pods []*corev1.Pod) *plan {
 			p.Delete = append(p.Delete, deletion{v.Pod, reason})
 		}
 	}
-	// 1. Scale down: pods outside the spec.
+	// 1. Scale down: pods outside the spec. A member beyond the role's
+	// workers is not: its replica is outdated (workers.count is in the
+	// revision) and replaced whole by the rollout, within its budget.
 	for s, v := range st.bySlot {
 		r := roles[s.Role]
-		if s.Group >= groups || r == nil || s.Replica >= int(*r.Replicas) || s.Member >= members(r) {
+		if s.Group >= groups || r == nil || s.Replica >= int(*r.Replicas) {
 			del(v, reasonScaleDown)
 		}
 	}
 	// 2. Recovery of failed pods.
 	p.recover(md, st, del)
-	// 3. Create what is missing; new groups as gangs.
+	// 3. Create what is missing; new groups as gangs. An outdated replica
+	// gets no pod: it is replaced whole (step 4), so that its members
+	// never mix revisions and a new member slot never makes it unavailable.
 	for g := range groups {
 		newGroup := !st.groups[g]
 		for _, r := range md.Spec.Roles {
+			rev := revision(md, &r)
 			for i := range int(*r.Replicas) {
+				if st.replica(g, &r, i, rev, deleted).Old {
+					continue
+				}
 				for m := range members(&r) {
 					s := slot{g, r.Name, i, m}
 					if st.bySlot[s] != nil {
@@ -286,49 +407,39 @@ func (p *plan) recover(md *v1alpha1.ModelDeployment, st *state, del func(*podVie
 	}
 }
 
-// roll deletes outdated replicas of one role in one group, highest index
-// first, while fewer than maxUnavailable replicas are unavailable. A replica
-// is unavailable when any member is missing, deleted or not ready.
+// roll deletes outdated replicas of one role in one group, whole, highest
+// index first, while fewer than maxUnavailable replicas are unavailable. A
+// replica is unavailable when any member it was made with is missing,
+// deleted or not ready. Outdated replicas that are unavailable cost no
+// budget. Below rollout.partition an outdated replica is kept, unless it
+// lost a member: its old template is not kept anywhere, so it is replaced
+// whole at the current revision rather than completed with a member of
+// another revision (so is one whose members are of several revisions).
 func (p *plan) roll(md *v1alpha1.ModelDeployment, r *v1alpha1.Role, g int, st *state, deleted map[*corev1.Pod]bool, del func(*podView, string)) {
-	rev := revision(r)
+	rev := revision(md, r)
 	unavailable := 0
-	var outdated []int
+	var outdated []replicaState
 	for i := range int(*r.Replicas) {
-		avail, old := true, false
-		for m := range members(r) {
-			v := st.bySlot[slot{g, r.Name, i, m}]
-			if v == nil || deleted[v.Pod] || v.Pod.DeletionTimestamp != nil || !v.Ready {
-				avail = false
-			}
-			if v != nil && !deleted[v.Pod] && v.Pod.DeletionTimestamp == nil && v.Revision != rev {
-				old = true
-			}
-		}
-		if !avail {
+		rs := st.replica(g, r, i, rev, deleted)
+		if !rs.Ready {
 			unavailable++
 		}
-		if old && i >= int(*r.Rollout.Partition) {
-			outdated = append(outdated, i)
+		if rs.Old && (i >= int(*r.Rollout.Partition) || rs.Lost || rs.Mixed) {
+			outdated = append(outdated, rs)
 		}
 	}
 	budget := int(*r.Rollout.MaxUnavailable) - unavailable
 	// Unavailable outdated replicas are replaced first: they cost no budget.
 	for k := len(outdated) - 1; k >= 0; k-- {
-		i := outdated[k]
-		ready := true
-		for m := range members(r) {
-			if v := st.bySlot[slot{g, r.Name, i, m}]; v == nil || !v.Ready {
-				ready = false
-			}
-		}
-		if ready {
+		rs := outdated[k]
+		if rs.Ready {
 			if budget <= 0 {
 				continue
 			}
 			budget--
 		}
-		for m := range members(r) {
-			del(st.bySlot[slot{g, r.Name, i, m}], reasonRollout)
+		for _, v := range rs.Pods {
+			del(v, reasonRollout)
 		}
 		p.Rolled[r.Name]++
 	}

@@ -58,7 +58,7 @@ func buildPod(md *v1alpha1.ModelDeployment, r *v1alpha1.Role, s slot) *corev1.Po
 		v1alpha1.LabelRoleKind:   string(r.Kind),
 		v1alpha1.LabelReplica:    strconv.Itoa(s.Replica),
 		v1alpha1.LabelWorker:     strconv.Itoa(s.Member),
-		v1alpha1.LabelRevision:   revision(r),
+		v1alpha1.LabelRevision:   revision(md, r),
 		md.Spec.PDGroupLabel:     pdGroup(md.Name, s.Group),
 	})
 	if md.Spec.Sidecar.Mode == v1alpha1.SidecarInjected && s.Member == 0 {

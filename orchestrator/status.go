@@ -35,23 +35,28 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 		}
 	}
 	complete, partitioned := true, 0
+	revs := make([]string, len(md.Spec.Roles))
 	for i := range md.Spec.Roles {
 		r := &md.Spec.Roles[i]
-		rev := revision(r)
+		rev := revision(md, r)
+		revs[i] = rev
 		rs := v1alpha1.RoleStatus{Name: r.Name, Revision: rev}
 		var roleHeld int32 // outdated replicas below the partition: the rollout leaves them
-		for s, v := range st.bySlot {
+		for s := range st.bySlot {
 			if s.Role != r.Name || s.Member != 0 || s.Group >= groups || s.Replica >= int(*r.Replicas) {
 				continue
 			}
 			rs.Replicas++
-			if replicaReady(st, r, s) {
+			// Updated: every member is at the current revision (a leader
+			// alone says nothing of its workers).
+			rep := st.replica(s.Group, r, s.Replica, rev, nil)
+			if rep.Ready {
 				rs.ReadyReplicas++
 			}
 			switch {
-			case v.Revision == rev:
+			case !rep.Old && !rep.Lost:
 				rs.UpdatedReplicas++
-			case s.Replica < int(*r.Rollout.Partition):
+			case rep.Old && !rep.Lost && !rep.Mixed && s.Replica < int(*r.Rollout.Partition):
 				roleHeld++
 			}
 		}
@@ -63,7 +68,7 @@ func computeStatus(md *v1alpha1.ModelDeployment, pods []*corev1.Pod, old v1alpha
 		out.Roles = append(out.Roles, rs)
 	}
 	for g := range groups {
-		if groupReady(md, st, g) {
+		if groupReady(md, st, g, revs) {
 			out.ReadyGroups++
 		}
 	}
@@ -120,22 +125,14 @@ func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeploy
 	}
 }
 
-// replicaReady: every member of the replica exists and is ready.
-func replicaReady(st *state, r *v1alpha1.Role, s slot) bool {
-	for m := range members(r) {
-		v := st.bySlot[slot{s.Group, r.Name, s.Replica, m}]
-		if v == nil || !v.Ready || v.Pod.DeletionTimestamp != nil {
-			return false
-		}
-	}
-	return true
-}
-
-func groupReady(md *v1alpha1.ModelDeployment, st *state, g int) bool {
+// groupReady: every replica of group g is ready, every member it was made
+// with existing and ready (a worker slot added to an outdated replica's
+// role never existed); revs holds the roles' revisions.
+func groupReady(md *v1alpha1.ModelDeployment, st *state, g int, revs []string) bool {
 	for i := range md.Spec.Roles {
 		r := &md.Spec.Roles[i]
 		for rep := range int(*r.Replicas) {
-			if !replicaReady(st, r, slot{g, r.Name, rep, 0}) {
+			if !st.replica(g, r, rep, revs[i], nil).Ready {
 				return false
 			}
 		}

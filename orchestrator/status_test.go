@@ -18,7 +18,7 @@ func TestStatusPartitionHeld(t *testing.T) {
 	md.Spec.Roles[0].Template.Spec.Containers[0].Image = "v2"
 	md.Spec.Roles[0].Workers.Template.Spec.Containers[0].Image = "v2"
 	md.Spec.Roles[0].Rollout.Partition = i32(2)
-	rev := revision(&md.Spec.Roles[0])
+	rev := revision(md, &md.Spec.Roles[0])
 	progressing := func() (bool, string) {
 		c := meta.FindStatusCondition(computeStatus(md, pods, v1alpha1.ModelDeploymentStatus{}, nil, nil, nil).Conditions, v1alpha1.ConditionProgressing)
 		return c.Status == "True", c.Reason

@@ -79,7 +79,8 @@ type ModelDeploymentSpec struct {
 	Sidecar SidecarSpec `json:"sidecar,omitempty"`
 	// PDGroupLabel is the pod label key whose value names a group's P/D
 	// pairing domain for the router (default kvmesh.io/pd-group; the value
-	// is <deployment>-<group index>).
+	// is <deployment>-<group index>). No other key under kvmesh.io/: the
+	// controller's own pod labels are there.
 	PDGroupLabel string `json:"pdGroupLabel,omitempty"`
 }
 
@@ -190,8 +191,10 @@ type RoleScalerList struct {
 	Items           []RoleScaler `json:"items"`
 }
 
-// Labels the controller puts on every pod it creates.
+// Labels the controller puts on every pod it creates. All are under
+// LabelPrefix, which pdGroupLabel may not use (but for its default).
 const (
+	LabelPrefix     = "kvmesh.io/"
 	LabelDeployment = "kvmesh.io/deployment"
 	LabelGroup      = "kvmesh.io/group"
 	LabelRole       = "kvmesh.io/role"
