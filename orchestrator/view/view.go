@@ -45,6 +45,16 @@ func client(cfg *rest.Config) (*rest.RESTClient, error) {
 	return rest.RESTClientFor(c)
 }
 
+// rawResult is a request's answer and its error, with the error's Status
+// decoded: a missing object says `modeldeployments.kvmesh.io "x" not found`,
+// as kubectl does. DoRaw (and Raw's error) left it the generic "the server
+// could not find the requested resource", which reads like a CRD that is not
+// installed.
+func rawResult(r rest.Result) ([]byte, error) {
+	body, _ := r.Raw()
+	return body, r.Error() // Error decodes the Status that Raw's error leaves as text
+}
+
 // Get prints resource in namespace (all namespaces when ns is "") as the
 // API server's table, or one object when name is set. An empty list prints
 // kubectl's "No resources found" line to errW instead of a bare header.
@@ -63,7 +73,7 @@ func Get(ctx context.Context, cfg *rest.Config, resource, ns, name string, w, er
 	if name != "" {
 		req = req.Name(name)
 	}
-	body, err := req.DoRaw(ctx)
+	body, err := rawResult(req.Do(ctx))
 	if err != nil {
 		return err
 	}
@@ -160,7 +170,7 @@ func Describe(ctx context.Context, cfg *rest.Config, resource, ns, name string, 
 	if err != nil {
 		return err
 	}
-	body, err := rc.Get().Resource(resource).Namespace(ns).Name(name).DoRaw(ctx)
+	body, err := rawResult(rc.Get().Resource(resource).Namespace(ns).Name(name).Do(ctx))
 	if err != nil {
 		return err
 	}

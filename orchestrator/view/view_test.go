@@ -184,3 +184,27 @@ func TestGetPoliciesShowReasonAndWorkloads(t *testing.T) {
 		t.Errorf("get asp -A: %v\n%s", err, out.String())
 	}
 }
+
+// A name that does not exist is reported as kubectl reports it
+// (`modeldeployments.kvmesh.io "nosuch" not found`), by get and describe
+// alike. Before, the API server's Status was not decoded and both said "the
+// server could not find the requested resource", which reads like a CRD that
+// is not installed.
+func TestMissingNameSaysNotFound(t *testing.T) {
+	srv := kubetest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
+	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
+		t.Fatal(err)
+	}
+	ns := srv.Namespace(t)
+	var out, errOut bytes.Buffer
+	want := `modeldeployments.kvmesh.io "nosuch" not found`
+	if err := Get(ctx, srv.Config, "modeldeployments", ns, "nosuch", &out, &errOut); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("get: %v, want %q", err, want)
+	}
+	if err := Describe(ctx, srv.Config, "modeldeployments", ns, "nosuch", &out); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("describe: %v, want %q", err, want)
+	}
+}
