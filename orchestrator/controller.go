@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,6 +79,9 @@ type Controller struct {
 	// mdGens are the generations of the deployments' spec writes the
 	// informer cache has not shown yet (see generations).
 	mdGens *generations
+	// scalerGens are the generations of the controller's own RoleScaler
+	// spec writes their status has not shown yet (see scalerGenerations).
+	scalerGens *scalerGenerations
 	// held remembers the names other objects hold (see heldNames).
 	held *heldNames
 	// heldRequeue is nameHeldRequeue (a test shortens it).
@@ -142,7 +146,7 @@ func (c *Controller) newTerm() error {
 		informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelDeployment }))
 	c.dynInformers = dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, cfg.Resync, cfg.Namespace, nil)
-	c.mdGens, c.held = &generations{}, &heldNames{}
+	c.mdGens, c.scalerGens, c.held = &generations{}, &scalerGenerations{}, &heldNames{}
 	c.volcano = false
 
 	podInf := c.kubeInformers.Core().V1().Pods()
@@ -179,6 +183,20 @@ func (c *Controller) newTerm() error {
 		}); err != nil {
 			return err
 		}
+	}
+	// A RoleScaler that goes brings back, besides the deployment its spec
+	// names, the deployments whose RoleScaler name it held.
+	if _, err := scInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			for _, k := range c.scalerNameKeys(o) {
+				c.queue.Add(k)
+			}
+		},
+	}); err != nil {
+		return err
 	}
 	c.routes = nil
 	if cfg.RouteConfigMap != "" {
@@ -250,6 +268,30 @@ func scalerKey(obj any) (string, bool) {
 		return "", false
 	}
 	return u.GetNamespace() + "/" + d, true
+}
+
+// scalerNameKeys are the deployments whose RoleScaler name <md>-<role> a
+// RoleScaler's name could be, whatever its spec names: one that held such
+// a name (RoleScalerConflict) brings that deployment back when it goes or
+// changes, to create its own. Only deployments the cache holds are named.
+func (c *Controller) scalerNameKeys(obj any) []string {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil
+	}
+	var keys []string
+	name := u.GetName()
+	for i := strings.IndexByte(name, '-'); i > 0; {
+		if _, err := c.mds.ByNamespace(u.GetNamespace()).Get(name[:i]); err == nil {
+			keys = append(keys, u.GetNamespace()+"/"+name[:i])
+		}
+		j := strings.IndexByte(name[i+1:], '-')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return keys
 }
 
 // Run runs the controller until ctx ends, with leader election when

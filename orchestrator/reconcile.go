@@ -66,6 +66,14 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 		return 0, c.refuseNames(ctx, u, md, probs) // not retried: only an edit of the spec can help
 	}
 	if n := totalPods(md); n > v1alpha1.MaxPods {
+		if slices.Contains(md.Finalizers, Finalizer) {
+			// Set up before (scaled up since): a RoleScaler scale, the
+			// documented way to size a role, is still taken, and may make
+			// the deployment valid again.
+			if changed, _, err := c.syncScalers(ctx, md, pods); err != nil || changed {
+				return 0, err // the deployment changed: its event brings us back
+			}
+		}
 		return 0, c.refuse(ctx, u, md, reasonTooManyPods, fmt.Sprintf("nothing is created or changed: %d pods (groups × replicas × (1 + workers), over every role) is more than the %d a deployment may have",
 			n, v1alpha1.MaxPods))
 	}
@@ -75,6 +83,8 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	if err := c.ensureService(ctx, md); err != nil {
 		return 0, err
 	}
+	// A RoleScaler scale the deployment refuses is reported and undone
+	// inside syncScalers: the step goes on with the deployment as it is.
 	changed, conflicts, err := c.syncScalers(ctx, md, pods)
 	if err != nil || changed {
 		return 0, err // the deployment changed: its event brings us back

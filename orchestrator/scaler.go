@@ -3,8 +3,10 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -73,7 +75,7 @@ func (c *Controller) syncScalers(ctx context.Context, md *v1alpha1.ModelDeployme
 				conflicts = append(conflicts, r.Name) // there, and not md's
 				continue
 			}
-			mine, err := c.createScaler(ctx, md, r)
+			mine, err := c.createScaler(ctx, md, r, pods)
 			if err != nil {
 				return false, nil, err
 			}
@@ -82,26 +84,40 @@ func (c *Controller) syncScalers(ctx context.Context, md *v1alpha1.ModelDeployme
 			}
 			continue
 		}
+		// Scaled by someone else: a generation the scaler's status has not
+		// observed, and not the one the controller's own spec write made.
+		c.scalerGens.forget(s.UID, s.Status.ObservedGeneration)
+		external := s.Generation != s.Status.ObservedGeneration && !c.scalerGens.ours(s.UID, s.Generation)
 		switch {
-		case s.Generation != s.Status.ObservedGeneration && s.Spec.Replicas != *r.Replicas:
-			if err := c.patchRoleReplicas(ctx, md, i, s.Spec.Replicas); err != nil {
+		case external && s.Spec.Replicas != *r.Replicas:
+			err := c.patchRoleReplicas(ctx, md, i, s.Spec.Replicas)
+			if apierrors.IsInvalid(err) {
+				// The deployment cannot take the value (replicas below
+				// the role's gangMinimum): the scale is refused, said once,
+				// and the RoleScaler set back to the role's replicas; the
+				// rest of the step goes on with the deployment as it is.
+				msg := fmt.Sprintf("role %s: RoleScaler %s asked for %d replicas per group, which ModelDeployment %s refuses (%v); the RoleScaler is set back to %d",
+					r.Name, s.Name, s.Spec.Replicas, md.Name, errors.Unwrap(err), *r.Replicas)
+				c.recorder.Event(md, corev1.EventTypeWarning, reasonScaleRefused, msg)
+				c.recorder.Event(s, corev1.EventTypeWarning, reasonScaleRefused, msg)
+				if err := c.setScalerSpec(ctx, md, s, *r.Replicas, pods); err != nil {
+					return false, nil, err
+				}
+				continue
+			}
+			if err != nil {
 				return false, nil, err
 			}
 			c.recorder.Eventf(md, corev1.EventTypeNormal, "ScaledRole", "role %s: %d -> %d replicas per group (RoleScaler %s)",
 				r.Name, *r.Replicas, s.Spec.Replicas, s.Name)
 			changed = true
-		case s.Generation == s.Status.ObservedGeneration && s.Spec.Replicas != *r.Replicas:
-			s.Spec.Replicas = *r.Replicas
-			if err := c.writeScaler(ctx, s, false); err != nil {
+		case !external && s.Spec.Replicas != *r.Replicas:
+			if err := c.setScalerSpec(ctx, md, s, *r.Replicas, pods); err != nil {
 				return false, nil, err
 			}
-			continue // status follows on the next pass (the scaler's generation moved)
+			continue
 		}
-		st := v1alpha1.RoleScalerStatus{
-			ObservedGeneration: s.Generation,
-			Replicas:           currentReplicas(md, r.Name, pods),
-			Selector:           roleSelector(md.Name, r.Name),
-		}
+		st := scalerStatus(md, r.Name, s.Generation, pods)
 		if !reflect.DeepEqual(st, s.Status) {
 			s.Status = st
 			if err := c.writeScaler(ctx, s, true); err != nil {
@@ -138,7 +154,7 @@ func currentReplicas(md *v1alpha1.ModelDeployment, role string, pods []*corev1.P
 // createScaler creates the role's RoleScaler. mine is false when one of
 // that name exists and md does not control it (a user's, or one left by an
 // earlier deployment of the same name): it is left alone.
-func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeployment, r *v1alpha1.Role) (mine bool, err error) {
+func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeployment, r *v1alpha1.Role, pods []*corev1.Pod) (mine bool, err error) {
 	s := &v1alpha1.RoleScaler{
 		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "RoleScaler"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -153,7 +169,7 @@ func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeploym
 		return false, err
 	}
 	rc := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(md.Namespace)
-	_, err = rc.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+	out, err := rc.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		// Ours, which the cache has not shown yet, or someone else's.
 		got, gerr := rc.Get(ctx, s.Name, metav1.GetOptions{})
@@ -165,26 +181,110 @@ func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeploym
 	if err != nil {
 		return false, fmt.Errorf("create role scaler %s: %w", s.Name, err)
 	}
-	return true, nil
+	// Its first generation is the controller's own write too (see
+	// setScalerSpec): remembered, and observed in the status at once.
+	c.scalerGens.wrote(out.GetUID(), out.GetGeneration())
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(out.Object, s); err != nil {
+		return true, err
+	}
+	s.Status = scalerStatus(md, r.Name, s.Generation, pods)
+	return true, c.writeScaler(ctx, s, true)
+}
+
+// reasonScaleRefused is the Warning event of a RoleScaler scale the
+// deployment cannot take (the API server refuses it as invalid).
+const reasonScaleRefused = "ScaleRefused"
+
+func scalerStatus(md *v1alpha1.ModelDeployment, role string, gen int64, pods []*corev1.Pod) v1alpha1.RoleScalerStatus {
+	return v1alpha1.RoleScalerStatus{
+		ObservedGeneration: gen,
+		Replicas:           currentReplicas(md, role, pods),
+		Selector:           roleSelector(md.Name, role),
+	}
+}
+
+// setScalerSpec is the controller's own write of a RoleScaler's
+// spec.replicas. The generation it makes is remembered (scalerGens) and at
+// once written as the status's observedGeneration, so that neither a later
+// pass, reading the scaler before that status, nor another controller after
+// a restart takes the controller's own write for someone else's scale and
+// copies its (by then maybe stale) value back over a newer edit of the
+// deployment.
+func (c *Controller) setScalerSpec(ctx context.Context, md *v1alpha1.ModelDeployment, s *v1alpha1.RoleScaler, n int32, pods []*corev1.Pod) error {
+	s = s.DeepCopy()
+	s.Spec.Replicas = n
+	out, err := c.updateScaler(ctx, s, false)
+	if out == nil || err != nil {
+		return err // nil, nil: a newer version exists; its event brings us back
+	}
+	c.scalerGens.wrote(out.GetUID(), out.GetGeneration())
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(out.Object, s); err != nil {
+		return err
+	}
+	s.Status = scalerStatus(md, s.Spec.Role, s.Generation, pods)
+	return c.writeScaler(ctx, s, true)
 }
 
 func (c *Controller) writeScaler(ctx context.Context, s *v1alpha1.RoleScaler, status bool) error {
+	_, err := c.updateScaler(ctx, s, status)
+	return err
+}
+
+// updateScaler writes s (its status when status is set) and returns the
+// object written; nil and no error when a newer version exists (its event
+// brings us back).
+func (c *Controller) updateScaler(ctx context.Context, s *v1alpha1.RoleScaler, status bool) (*unstructured.Unstructured, error) {
 	s.APIVersion, s.Kind = v1alpha1.SchemeGroupVersion.String(), "RoleScaler"
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rc := c.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(s.Namespace)
 	u := &unstructured.Unstructured{Object: obj}
+	var out *unstructured.Unstructured
 	if status {
-		_, err = rc.UpdateStatus(ctx, u, metav1.UpdateOptions{})
+		out, err = rc.UpdateStatus(ctx, u, metav1.UpdateOptions{})
 	} else {
-		_, err = rc.Update(ctx, u, metav1.UpdateOptions{})
+		out, err = rc.Update(ctx, u, metav1.UpdateOptions{})
 	}
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		return nil // a newer version exists; its event brings us back
+		return nil, nil
 	}
-	return err
+	return out, err
+}
+
+// scalerGenerations holds, per RoleScaler (UID), the generation the
+// controller's own spec write produced, until the scaler's status has
+// observed it: a scaler at that generation was not scaled by anyone else.
+type scalerGenerations struct {
+	mu sync.Mutex
+	m  map[types.UID]int64
+}
+
+func (g *scalerGenerations) wrote(uid types.UID, gen int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m == nil {
+		g.m = map[types.UID]int64{}
+	}
+	g.m[uid] = gen
+}
+
+func (g *scalerGenerations) ours(uid types.UID, gen int64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	w, ok := g.m[uid]
+	return ok && w == gen
+}
+
+// forget drops uid's record once the cache shows a status that observed
+// generation gen, the recorded one or a later one.
+func (g *scalerGenerations) forget(uid types.UID, gen int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w, ok := g.m[uid]; ok && gen >= w {
+		delete(g.m, uid)
+	}
 }
 
 // patchRoleReplicas sets roles[i].replicas, checking the index still names

@@ -59,6 +59,15 @@ func (p *Policy) Validate() error {
 			errs = append(errs, errors.New("ratio: both roles must be scaled and 0 < min ≤ max"))
 		}
 	}
+	if p.SLO != nil {
+		// As for the ratio: an SLO role the policy does not scale would make
+		// the SLO mode silently size nothing.
+		_, okP := p.Roles[p.SLOPrefill]
+		_, okD := p.Roles[p.SLODecode]
+		if !okP || !okD {
+			errs = append(errs, fmt.Errorf("slo: prefillRole %q and decodeRole %q must both be roles the policy scales", p.SLOPrefill, p.SLODecode))
+		}
+	}
 	return errors.Join(errs...)
 }
 
