@@ -242,7 +242,11 @@ func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, 
 	}
 	slices.Sort(groups)
 	for _, g := range groups {
-		if err := c.createGang(ctx, md, g, p.Gang[g]); err != nil {
+		name, err := c.createGang(ctx, md, g, p.Gang[g])
+		if name != "" {
+			held = append(held, name) // the gang is blocked, and the conditions say by what
+		}
+		if err != nil {
 			errs = append(errs, err)
 			if errors.Is(err, errSuperseded) {
 				break
@@ -252,13 +256,31 @@ func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, 
 	return held, errors.Join(errs...)
 }
 
+// onlyHeld reports whether every error execute joined in err is a slot's
+// held pod name (errNameHeld): nothing but deleting the holders moves the
+// deployment on.
+func onlyHeld(err error) bool {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok { // errors.Join's
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		if !errors.Is(e, errNameHeld) {
+			return false
+		}
+	}
+	return len(errs) > 0
+}
+
 // errGang marks a group whose gang could not be created.
 var errGang = errors.New("gang not created")
 
-func (c *Controller) createGang(ctx context.Context, md *v1alpha1.ModelDeployment, g int, slots []slot) error {
+// createGang creates group g's slots, all or none. held is the name of the
+// slot whose pod name another pod holds, when that stopped it.
+func (c *Controller) createGang(ctx context.Context, md *v1alpha1.ModelDeployment, g int, slots []slot) (held string, _ error) {
 	if c.volcano {
 		if err := c.ensurePodGroup(ctx, md, g); err != nil {
-			return fmt.Errorf("group %d: %w: %w", g, errGang, err)
+			return "", fmt.Errorf("group %d: %w: %w", g, errGang, err)
 		}
 	}
 	var made []*corev1.Pod
@@ -269,7 +291,7 @@ func (c *Controller) createGang(ctx context.Context, md *v1alpha1.ModelDeploymen
 			for _, p := range made {
 				_ = c.deletePod(ctx, p, "GangRollback")
 			}
-			return errSuperseded
+			return "", errSuperseded
 		}
 		pod, err := c.createPod(ctx, md, s)
 		if err != nil {
@@ -277,12 +299,15 @@ func (c *Controller) createGang(ctx context.Context, md *v1alpha1.ModelDeploymen
 				_ = c.deletePod(ctx, p, "GangRollback")
 			}
 			c.recorder.Eventf(md, corev1.EventTypeWarning, "GangFailed", "group %d: %v; rolled back %d pod(s)", g, err, len(made))
-			return fmt.Errorf("group %d: %w: %w", g, errGang, err)
+			if errors.Is(err, errNameHeld) {
+				held = podName(md.Name, s)
+			}
+			return held, fmt.Errorf("group %d: %w: %w", g, errGang, err)
 		}
 		made = append(made, pod)
 	}
 	c.recorder.Eventf(md, corev1.EventTypeNormal, "GroupCreated", "group %d: created %d pod(s) as a gang", g, len(made))
-	return nil
+	return "", nil
 }
 
 func (c *Controller) createPod(ctx context.Context, md *v1alpha1.ModelDeployment, s slot) (*corev1.Pod, error) {

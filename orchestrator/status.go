@@ -102,7 +102,7 @@ func setConditions(out *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeploy
 			fmt.Sprintf("every replica exists; %d below rollout.partition keep the old revision until it is lowered", held))
 	case complete:
 		cond(v1alpha1.ConditionProgressing, false, "Complete", "every replica exists at the current revision")
-	case len(namesHeld) > 0 && gangErr == nil:
+	case len(namesHeld) > 0 && (gangErr == nil || onlyHeld(gangErr)):
 		// Stuck, not progressing: only deleting the holders helps.
 		cond(v1alpha1.ConditionProgressing, false, reasonPodNameConflict, podNameConflictMessage(namesHeld))
 	default:
