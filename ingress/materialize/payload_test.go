@@ -155,29 +155,10 @@ func TestSnapshotErrorReplyIsCountedAndVisible(t *testing.T) {
 	cfg.Membership = mem
 	cfg.CheckInterval = 20 * time.Millisecond
 	m := startMaterializer(t, cfg)
-	snapshots := func(result string) float64 {
-		fams, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range fams {
-			if f.GetName() != "kvmesh_materializer_snapshots_total" {
-				continue
-			}
-			for _, mt := range f.GetMetric() {
-				for _, l := range mt.GetLabel() {
-					if l.GetName() == "result" && l.GetValue() == result {
-						return mt.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-		return 0
-	}
 	testutil.WaitFor(t, 30*time.Second, "failing snapshots counted as sidecar errors", func() bool {
-		return snapshots("sidecar_error") >= 4 && gauge(t, reg, "kvmesh_materializer_failing_engines") == 1
+		return snapshots(t, reg, "sidecar_error") >= 4 && gauge(t, reg, "kvmesh_materializer_failing_engines") == 1
 	})
-	if n := snapshots("timeout"); n != 0 {
+	if n := snapshots(t, reg, "timeout"); n != 0 {
 		t.Fatalf("%v snapshots counted as timeouts", n)
 	}
 	if st := m.Status(); len(st) != 1 || st[0].SnapshotFailures < 3 || st[0].Synced {

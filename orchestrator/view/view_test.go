@@ -22,6 +22,15 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, kubetest.Options{})) }
 
+// installCRDs applies the kvmesh.io CRDs (manifests/crds) to srv.
+func installCRDs(ctx context.Context, t *testing.T, srv *kubetest.Server) {
+	t.Helper()
+	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
+	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestDescribeShowsOnlyTheObjectsOwnEvents: the example AutoscalingPolicy is
 // named after its ModelDeployment (llama-pd); describe shows each one's events,
 // not the other's.
@@ -83,10 +92,7 @@ func TestGetEmptyListSaysNoResources(t *testing.T) {
 	srv := kubetest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
-	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
-		t.Fatal(err)
-	}
+	installCRDs(ctx, t, srv)
 	ns := srv.Namespace(t)
 	var out, errOut bytes.Buffer
 	if err := Get(ctx, srv.Config, "modeldeployments", ns, "", &out, &errOut); err != nil {
@@ -113,10 +119,7 @@ func TestGetPoliciesShowReasonAndWorkloads(t *testing.T) {
 	srv := kubetest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
-	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
-		t.Fatal(err)
-	}
+	installCRDs(ctx, t, srv)
 	ns := srv.Namespace(t)
 	objs, err := kubetest.Decode(strings.NewReader(`
 {"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"adopting"},"spec":{"roles":[
@@ -194,10 +197,7 @@ func TestMissingNameSaysNotFound(t *testing.T) {
 	srv := kubetest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	crds, _ := filepath.Glob(filepath.Join("..", "..", "manifests", "crds", "kvmesh.io_*.yaml"))
-	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
-		t.Fatal(err)
-	}
+	installCRDs(ctx, t, srv)
 	ns := srv.Namespace(t)
 	var out, errOut bytes.Buffer
 	want := `modeldeployments.kvmesh.io "nosuch" not found`
