@@ -80,8 +80,9 @@ type Controller struct {
 	// informer cache has not shown yet (see generations).
 	mdGens *generations
 	// scalerGens are the generations of the controller's own RoleScaler
-	// spec writes their status has not shown yet (see scalerGenerations).
-	scalerGens *scalerGenerations
+	// spec writes their status has not shown yet (generations.ours): a
+	// scaler at such a generation was not scaled by anyone else.
+	scalerGens *generations
 	// held remembers the names other objects hold (see heldNames).
 	held *heldNames
 	// heldRequeue is nameHeldRequeue (a test shortens it).
@@ -146,7 +147,7 @@ func (c *Controller) newTerm() error {
 		informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelDeployment }))
 	c.dynInformers = dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, cfg.Resync, cfg.Namespace, nil)
-	c.mdGens, c.scalerGens, c.held = &generations{}, &scalerGenerations{}, &heldNames{}
+	c.mdGens, c.scalerGens, c.held = &generations{}, &generations{}, &heldNames{}
 	c.volcano = false
 
 	podInf := c.kubeInformers.Core().V1().Pods()

@@ -6,8 +6,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// generations holds, per ModelDeployment, the generation the controller's
-// own spec write produced, until the informer cache shows it. A reconcile
+// generations holds, per object (the ModelDeployments: stale; the
+// RoleScalers: ours, forget), the generation the controller's own spec write
+// produced, until the informer cache shows it. A reconcile
 // that reads an older generation waits for the cache instead of acting on
 // it: otherwise a RoleScaler scaled by a user, copied into the deployment,
 // could be copied back from the deployment's stale cached replicas (the
@@ -44,4 +45,24 @@ func (g *generations) stale(uid types.UID, gen int64) bool {
 		return false
 	}
 	return true
+}
+
+// ours reports whether uid's cached generation gen is the one the
+// controller's own last spec write produced (the RoleScalers'
+// generations: a scaler at it was not scaled by anyone else).
+func (g *generations) ours(uid types.UID, gen int64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	w, ok := g.m[uid]
+	return ok && w == gen
+}
+
+// forget drops uid's record once the cache shows a status that observed
+// generation gen, the recorded one or a later one.
+func (g *generations) forget(uid types.UID, gen int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w, ok := g.m[uid]; ok && gen >= w {
+		delete(g.m, uid)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -183,7 +182,7 @@ func (c *Controller) createScaler(ctx context.Context, md *v1alpha1.ModelDeploym
 	}
 	// Its first generation is the controller's own write too (see
 	// setScalerSpec): remembered, and observed in the status at once.
-	c.scalerGens.wrote(out.GetUID(), out.GetGeneration())
+	c.scalerGens.expect(out.GetUID(), out.GetGeneration())
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(out.Object, s); err != nil {
 		return true, err
 	}
@@ -217,7 +216,7 @@ func (c *Controller) setScalerSpec(ctx context.Context, md *v1alpha1.ModelDeploy
 	if out == nil || err != nil {
 		return err // nil, nil: a newer version exists; its event brings us back
 	}
-	c.scalerGens.wrote(out.GetUID(), out.GetGeneration())
+	c.scalerGens.expect(out.GetUID(), out.GetGeneration())
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(out.Object, s); err != nil {
 		return err
 	}
@@ -251,40 +250,6 @@ func (c *Controller) updateScaler(ctx context.Context, s *v1alpha1.RoleScaler, s
 		return nil, nil
 	}
 	return out, err
-}
-
-// scalerGenerations holds, per RoleScaler (UID), the generation the
-// controller's own spec write produced, until the scaler's status has
-// observed it: a scaler at that generation was not scaled by anyone else.
-type scalerGenerations struct {
-	mu sync.Mutex
-	m  map[types.UID]int64
-}
-
-func (g *scalerGenerations) wrote(uid types.UID, gen int64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.m == nil {
-		g.m = map[types.UID]int64{}
-	}
-	g.m[uid] = gen
-}
-
-func (g *scalerGenerations) ours(uid types.UID, gen int64) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	w, ok := g.m[uid]
-	return ok && w == gen
-}
-
-// forget drops uid's record once the cache shows a status that observed
-// generation gen, the recorded one or a later one.
-func (g *scalerGenerations) forget(uid types.UID, gen int64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if w, ok := g.m[uid]; ok && gen >= w {
-		delete(g.m, uid)
-	}
 }
 
 // patchRoleReplicas sets roles[i].replicas, checking the index still names
