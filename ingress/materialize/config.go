@@ -46,6 +46,15 @@ type Config struct {
 	Membership Membership
 	// SnapshotTimeout bounds one snapshot request (all chunks). Default 5s.
 	SnapshotTimeout time.Duration
+	// FirstReplyTimeout bounds the wait for a snapshot's first chunk in the
+	// ReconnectWindow after this replica's NATS connection came back; then
+	// the request is given up and retried. A server resumed after a hang
+	// hands a request to the subscriptions it had, among them a sidecar's
+	// on a connection the sidecar has found dead and is redialing: nobody
+	// answers, and before, the copy waited out SnapshotTimeout before its
+	// retry reached the sidecar's new subscription (6–7 s after the
+	// server's SIGCONT in the fault tester's runs). Default 1s; 0: off.
+	FirstReplyTimeout time.Duration
 	// MaxConcurrentSnapshots bounds parallel snapshot requests. Default 4.
 	MaxConcurrentSnapshots int
 	// MaxBuffered bounds the deltas buffered per engine while its snapshot is in
@@ -99,6 +108,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		SnapshotTimeout:        5 * time.Second,
+		FirstReplyTimeout:      time.Second,
 		MaxConcurrentSnapshots: 4,
 		MaxBuffered:            4096,
 		MaxBufferedBytes:       64 << 20,
@@ -125,6 +135,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Index == nil {
 		add("no index")
+	}
+	if c.FirstReplyTimeout < 0 {
+		add("first reply timeout %v must be >= 0 (0: off)", c.FirstReplyTimeout)
 	}
 	if c.SnapshotTimeout <= 0 {
 		add("snapshot timeout %v must be positive", c.SnapshotTimeout)

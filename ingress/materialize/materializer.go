@@ -45,8 +45,10 @@ type Materializer struct {
 	// downSince: when Run saw the NATS connection down (lost, or found
 	// dead by its pings); zero while connected.
 	downSince time.Time
-	ctx       context.Context
-	wg        sync.WaitGroup // snapshot workers
+	// backAt: the last resync after a NATS reconnect (FirstReplyTimeout).
+	backAt time.Time
+	ctx    context.Context
+	wg     sync.WaitGroup // snapshot workers
 
 	running atomic.Bool
 	// now is the clock of the engine state age gauge (tests set it).
@@ -523,6 +525,12 @@ func startTime(ns int64) any {
 	return time.Unix(0, ns).UTC()
 }
 
+// ReconnectWindow is how long after a NATS reconnect snapshots wait only
+// FirstReplyTimeout for their first chunk: the sidecars find their own dead
+// paths within natsutil's StaleAfter (15 s with the default pings) and
+// redial.
+const ReconnectWindow = 15 * time.Second
+
 // snapshotBackoff spaces a failing engine's snapshot retries.
 var snapshotBackoff = backoff.Backoff{Min: 250 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.3}
 
@@ -548,6 +556,10 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 	if !e.otherSeen.IsZero() && time.Since(e.otherSeen) < m.cfg.SnapshotTimeout {
 		responders = 2 // an overlap: an error reply of one does not end the request
 	}
+	var first time.Duration // the first chunk's own bound, just after a reconnect
+	if !m.backAt.IsZero() && time.Since(m.backAt) < ReconnectWindow {
+		first = m.cfg.FirstReplyTimeout
+	}
 	m.wg.Add(1)
 	go func() { // owned by Run through m.wg; ends with ctx
 		defer m.wg.Done()
@@ -557,7 +569,7 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
-		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept, responders)
+		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept, responders, first)
 		cancel()
 		<-m.sem
 		m.installSnapshot(e, s, err)
@@ -726,6 +738,7 @@ func (m *Materializer) resyncAll(reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.met.resyncs.Inc()
+	m.backAt = time.Now()
 	m.log.Info("resyncing every engine", "reason", reason, "engines", len(m.engines))
 	for _, e := range m.engines {
 		m.snapshotLocked(e, reason)

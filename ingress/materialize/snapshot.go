@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -48,8 +49,9 @@ const maxReplyEpochs = 4
 // epoch than the followed one was heard from lately, else 1): an error reply
 // ends the request at once only when that many error replies came and no
 // other reply is under way; otherwise it is returned at ctx's deadline if
-// nothing completed by then.
-func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool, responders int) (*snapshot, error) {
+// nothing completed by then. first, when positive, bounds the wait for
+// the first reply of any kind (FirstReplyTimeout).
+func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool, responders int, first time.Duration) (*snapshot, error) {
 	inbox := nc.NewRespInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -67,8 +69,17 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 	var fallback *snapshot
 	var failed error // an error reply, while another epoch's reply may still complete
 	failures := 0    // error replies
+	wait := ctx
+	if first > 0 {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, first)
+		defer cancel()
+	}
 	for {
-		msg, err := sub.NextMsgWithContext(ctx)
+		msg, err := sub.NextMsgWithContext(wait)
+		if err == nil {
+			wait = ctx // a reply is under way: the whole request's bound from here
+		}
 		if errors.Is(err, nats.ErrNoResponders) {
 			return nil, ErrNoResponders
 		}

@@ -1,0 +1,107 @@
+package materialize_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/ingress/materialize"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/sidecar"
+	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
+)
+
+// After this replica's NATS reconnect, a snapshot request that lands only on
+// a subscription nobody answers from (a sidecar's old one, on a connection
+// the resumed server has not yet dropped; here a silent subscriber) is given
+// up after FirstReplyTimeout, and the retry reaches the sidecar that
+// subscribed meanwhile. The whole request's bound is an hour here: before,
+// the copy waited that long (5 s by default: 6–7 s of stale index after a
+// NATS hang in the fault tester's runs).
+func TestReconnectSnapshotRetriesASilentSubscription(t *testing.T) {
+	srv := testutil.NATS(t)
+	cache, err := meshtest.NewCache("m", 4, 16, 0, 41)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cache.Pub.Close() })
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+	sc.NATS.URLs = []string{srv.URL()}
+	first := meshtest.StartSidecar(t, sc)
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready", first.Ready)
+
+	gate := testutil.NewGate(t)
+	gate.Open(strings.TrimPrefix(srv.URL(), "nats://"))
+	nc := natsutil.DefaultConfig()
+	nc.URLs = []string{"nats://" + gate.Addr()}
+	nc.Stream.Disabled = true
+	nc.ReconnectWait = 10 * time.Millisecond
+	conn, err := natsutil.Connect(context.Background(), nc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer = conn.NC, idx, reg
+	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour
+	cfg.SnapshotTimeout, cfg.FirstReplyTimeout = time.Hour, 200*time.Millisecond
+	m := startMaterializer(t, cfg)
+	load := func(n int) {
+		for range n {
+			if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	equal := func() bool {
+		truth, got := cache.Truth()[kvevents.TierGPU], idx.Keys("e1", kvevents.TierGPU)
+		if len(got) != len(truth) {
+			return false
+		}
+		for i := range got {
+			if got[i] != truth[i] {
+				return false
+			}
+		}
+		return true
+	}
+	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
+	load(10)
+	testutil.WaitFor(t, 10*time.Second, "index equals the cache", equal)
+
+	// The sidecar goes; a subscriber that never answers takes its place.
+	_ = first.Close()
+	silent, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(silent.Close)
+	if _, err := silent.Subscribe(natsutil.SnapSubject("m", "e1"), func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := silent.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// This replica's connection drops and comes back: every engine is
+	// resynced, and the request reaches only the silent subscriber.
+	gate.Shut()
+	testutil.WaitFor(t, 10*time.Second, "the connection lost", func() bool { return !conn.Connected() })
+	gate.Open(strings.TrimPrefix(srv.URL(), "nats://"))
+	testutil.WaitFor(t, 10*time.Second, "reconnected", conn.Connected)
+	testutil.WaitFor(t, 10*time.Second, "a snapshot no one answers given up", func() bool { return snapshots(t, reg, "timeout") > 0 })
+
+	// The sidecar back, on a new subscription; more blocks cached.
+	second := meshtest.StartSidecar(t, sc)
+	testutil.WaitFor(t, 10*time.Second, "sidecar ready again", second.Ready)
+	load(10)
+	testutil.WaitFor(t, 30*time.Second, "index equals the cache again", equal)
+}
