@@ -126,7 +126,7 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	case loopAnswer(resp) != "": // loop.go: a 508 from a kvmesh ingress, not an engine
 		return false, c.routingLoop(up, resp)
 	case st >= 500:
-		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d", rk.Engine, st))
+		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d%s", rk.Engine, st, engineSays(resp)))
 	case st != fasthttp.StatusOK:
 		buf, rerr := readAll(resp)
 		if st == fasthttp.StatusNotFound && rerr == nil && c.noSuchModel(buf.Bytes()) {
@@ -512,6 +512,31 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.sendAnswer(ctx, buf, out) // answerbody.go: finished once written
 	return true, nil
+}
+
+// maxErrorBody bounds what is read of an engine's 5xx answer for its message.
+const maxErrorBody = 4 << 10
+
+// engineSays is ": " and the message of an engine's 5xx answer when it is an
+// error in one of the JSON shapes engines use (errorMessage), clipped; ""
+// otherwise (an HTML page, a text, nothing): the client's 503 then says
+// what the engine said ("CUDA out of memory"), not only its status, and no
+// page of a proxy in front of it.
+func engineSays(resp *fasthttp.Response) string {
+	body := resp.Body()
+	if r := resp.BodyStream(); r != nil {
+		b := make([]byte, maxErrorBody) // an error path: the engine failed
+		n, _ := io.ReadFull(r, b)
+		body = b[:n]
+	}
+	if len(body) == 0 || len(body) >= maxErrorBody || body[0] != '{' || !json.Valid(body) {
+		return ""
+	}
+	msg := strings.TrimSpace(errorMessage(body))
+	if msg == "" || msg == string(body) {
+		return ""
+	}
+	return ": " + clip(msg)
 }
 
 // closedObject reports whether a non-streamed answer that opens a JSON
