@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -473,7 +474,7 @@ func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string
 // through it.
 func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeployment) error {
 	if svc, err := c.services.Services(md.Namespace).Get(md.Name); err == nil && metav1.IsControlledBy(svc, md) {
-		return nil
+		return c.repairService(ctx, md, svc)
 	}
 	svcs := c.kube.CoreV1().Services(md.Namespace)
 	k := heldKey{md.UID, "service", md.Name}
@@ -492,7 +493,37 @@ func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeploy
 			c.recorder.Eventf(md, corev1.EventTypeWarning, "ServiceConflict",
 				"service %s exists and is not this deployment's: the pods' names (subdomain %s) resolve only if it is headless and selects them", md.Name, md.Name)
 		}
+	default: // ours, out of the cache: its label was removed (the informer lists by it)
+		return c.repairService(ctx, md, svc)
 	}
+	return nil
+}
+
+// repairService sets back what the pods' DNS names need of md's own
+// Service, the selector, publishNotReadyAddresses and the deployment label
+// (which also keeps it in the controller's cache), when an edit changed
+// them; before, a Service the controller owned was only checked to exist,
+// and a changed selector left every pod's name unresolved with nothing said.
+func (c *Controller) repairService(ctx context.Context, md *v1alpha1.ModelDeployment, svc *corev1.Service) error {
+	want := headlessService(md)
+	if maps.Equal(svc.Spec.Selector, want.Spec.Selector) && svc.Spec.PublishNotReadyAddresses &&
+		svc.Labels[v1alpha1.LabelDeployment] == md.Name {
+		return nil
+	}
+	fixed := svc.DeepCopy()
+	fixed.Spec.Selector, fixed.Spec.PublishNotReadyAddresses = want.Spec.Selector, true
+	if fixed.Labels == nil {
+		fixed.Labels = map[string]string{}
+	}
+	fixed.Labels[v1alpha1.LabelDeployment] = md.Name
+	if _, err := c.kube.CoreV1().Services(md.Namespace).Update(ctx, fixed, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return nil // changed or gone meanwhile: its event brings the next pass
+		}
+		return fmt.Errorf("repair service: %w", err)
+	}
+	c.recorder.Eventf(md, corev1.EventTypeWarning, "ServiceRepaired",
+		"service %s: selector, publishNotReadyAddresses and label set back (the pods' names resolve through them)", md.Name)
 	return nil
 }
 
