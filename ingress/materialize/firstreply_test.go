@@ -13,7 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
@@ -55,25 +54,8 @@ func TestReconnectSnapshotRetriesASilentSubscription(t *testing.T) {
 	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour
 	cfg.SnapshotTimeout, cfg.FirstReplyTimeout = time.Hour, 200*time.Millisecond
 	m := startMaterializer(t, cfg)
-	load := func(n int) {
-		for range n {
-			if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	equal := func() bool {
-		truth, got := cache.Truth()[kvevents.TierGPU], idx.Keys("e1", kvevents.TierGPU)
-		if len(got) != len(truth) {
-			return false
-		}
-		for i := range got {
-			if got[i] != truth[i] {
-				return false
-			}
-		}
-		return true
-	}
+	load := func(n int) { loadCache(t, cache, n) }
+	equal := func() bool { return indexEquals(idx, cache, "e1") }
 	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
 	load(10)
 	testutil.WaitFor(t, 10*time.Second, "index equals the cache", equal)

@@ -11,7 +11,6 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
@@ -70,26 +69,8 @@ func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 	cfg.Conn, cfg.Index, cfg.Registerer = conn.NC, idx, reg
 	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour
 	m := startMaterializer(t, cfg)
-	load := func(n int) {
-		for i := 0; i < n; i++ {
-			if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	equal := func() bool {
-		truth := cache.Truth()[kvevents.TierGPU]
-		got := idx.Keys("e1", kvevents.TierGPU)
-		if len(got) != len(truth) || len(idx.Problems()) > 0 {
-			return false
-		}
-		for i := range got {
-			if got[i] != truth[i] {
-				return false
-			}
-		}
-		return true
-	}
+	load := func(n int) { loadCache(t, cache, n) }
+	equal := func() bool { return indexEquals(idx, cache, "e1") }
 	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
 	load(20)
 	testutil.WaitFor(t, 10*time.Second, "index equals the cache, not stale", func() bool {

@@ -92,26 +92,33 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-func (f *fixture) load(n int) {
-	for i := 0; i < n; i++ {
-		if err := f.cache.Request(f.cache.RandomPrompt(3, 2, 3)); err != nil {
-			f.t.Fatal(err)
+func (f *fixture) load(n int) { loadCache(f.t, f.cache, n) }
+
+func (f *fixture) equal() bool { return indexEquals(f.idx, f.cache, "e1") }
+
+// loadCache sends n random prompts to cache (3 blocks each, 2 shared).
+func loadCache(t *testing.T, cache *meshtest.Cache, n int) {
+	t.Helper()
+	for range n {
+		if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
 
-func (f *fixture) equal() bool {
-	truth := f.cache.Truth()
-	got := f.idx.Keys("e1", kvevents.TierGPU)
-	if len(got) != len(truth[kvevents.TierGPU]) {
+// indexEquals reports whether idx holds exactly cache's GPU keys for engine,
+// with no problem recorded.
+func indexEquals(idx *meshtest.MapIndex, cache *meshtest.Cache, engine string) bool {
+	truth, got := cache.Truth()[kvevents.TierGPU], idx.Keys(engine, kvevents.TierGPU)
+	if len(got) != len(truth) || len(idx.Problems()) > 0 {
 		return false
 	}
 	for i := range got {
-		if got[i] != truth[kvevents.TierGPU][i] {
+		if got[i] != truth[i] {
 			return false
 		}
 	}
-	return len(f.idx.Problems()) == 0
+	return true
 }
 
 func TestAppliesInSequenceAndReportsStatus(t *testing.T) {

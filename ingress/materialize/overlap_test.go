@@ -86,13 +86,7 @@ func TestOverlappingSidecarsFollowTheNewerWithoutSnapshotStorm(t *testing.T) {
 	m := startMaterializer(t, cfg)
 	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
 
-	load := func(n int) {
-		for i := 0; i < n; i++ {
-			if err := cache.Request(cache.RandomPrompt(3, 2, 3)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	load := func(n int) { loadCache(t, cache, n) }
 	// In step with the newer sidecar: its epoch and head, the engine's keys.
 	following := func() bool {
 		st, side := m.Status(), newer.Status()[0]
