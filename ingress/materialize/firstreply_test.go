@@ -13,7 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 
@@ -26,14 +25,7 @@ import (
 // NATS hang in the fault tester's runs).
 func TestReconnectSnapshotRetriesASilentSubscription(t *testing.T) {
 	srv := testutil.NATS(t)
-	cache, err := meshtest.NewCache("m", 4, 16, 0, 41)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cache.Pub.Close() })
-	sc := sidecar.DefaultConfig()
-	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
-	sc.NATS.URLs = []string{srv.URL()}
+	cache, sc := cacheEngine(t, srv.URL(), 41)
 	first := meshtest.StartSidecar(t, sc)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", first.Ready)
 

@@ -11,7 +11,6 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
 
@@ -41,14 +40,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // path works, the index is resynced once and is no longer stale.
 func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 	srv := testutil.NATS(t)
-	cache, err := meshtest.NewCache("m", 4, 16, 0, 31)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cache.Pub.Close() })
-	sc := sidecar.DefaultConfig()
-	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
-	sc.NATS.URLs = []string{srv.URL()} // the sidecar's own path stays up
+	cache, sc := cacheEngine(t, srv.URL(), 31) // the sidecar's own path stays up
 	side := meshtest.StartSidecar(t, sc)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
 

@@ -96,6 +96,21 @@ func (f *fixture) load(n int) { loadCache(f.t, f.cache, n) }
 
 func (f *fixture) equal() bool { return indexEquals(f.idx, f.cache, "e1") }
 
+// cacheEngine makes engine e1's cache (model m, seed) and the config of a
+// sidecar for it on NATS url; the cache's publisher closes when t ends.
+func cacheEngine(t *testing.T, url string, seed uint64) (*meshtest.Cache, sidecar.Config) {
+	t.Helper()
+	cache, err := meshtest.NewCache("m", 4, 16, 0, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cache.Pub.Close() })
+	sc := sidecar.DefaultConfig()
+	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
+	sc.NATS.URLs = []string{url}
+	return cache, sc
+}
+
 // loadCache sends n random prompts to cache (3 blocks each, 2 shared).
 func loadCache(t *testing.T, cache *meshtest.Cache, n int) {
 	t.Helper()
