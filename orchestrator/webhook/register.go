@@ -363,12 +363,15 @@ func (r *registrar) step(ctx context.Context, warn bool) (<-chan struct{}, error
 	if r.target.URL != "" && r.leader != nil {
 		claim, leaderC = r.leader.Leading()
 	}
-	pub := r.store.latest.Load()
-	if pub == nil {
+	if r.store.latest.Load() == nil {
 		return leaderC, nil // nothing to serve yet
 	}
-	now := r.clock.Now()
 	obj, err := r.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, ConfigName, metav1.GetOptions{})
+	// The certificate and the time this step decides on are taken once the
+	// configuration is read: a read held up by a slow API server would
+	// otherwise date a CA's retirement, and start its overlap, from before
+	// the certificate that retired it was published.
+	pub, now := r.store.latest.Load(), r.clock.Now()
 	switch {
 	case apierrors.IsNotFound(err):
 		obj = nil
@@ -396,7 +399,7 @@ func (r *registrar) step(ctx context.Context, warn bool) (<-chan struct{}, error
 				"); out of cluster one replica is called, and without a leader to say which this one gives way: restart it, or delete the configuration, to register it again"
 		}
 	}
-	c, bundle, staged := r.next(now, obj, standby != "")
+	c, bundle, staged := r.next(now, pub, obj, standby != "")
 	r.noteCAs(now, bundle, obj)
 	if standby != "" {
 		r.log.Debug("sidecar webhook standing by", "reason", standby, "resourceVersion", resourceVersion(obj))
@@ -452,8 +455,8 @@ func (r *registrar) step(ctx context.Context, warn bool) (<-chan struct{}, error
 // verifies or is not in place, or a replica standing by, which registers
 // nothing); otherwise it waits, and its bundle carries the served
 // certificate's CAs.
-func (r *registrar) next(now time.Time, obj *admissionregistrationv1.MutatingWebhookConfiguration, standby bool) (c *Certs, bundle []byte, staged bool) {
-	cur, pub := r.store.current(), r.store.latest.Load()
+func (r *registrar) next(now time.Time, pub *Certs, obj *admissionregistrationv1.MutatingWebhookConfiguration, standby bool) (c *Certs, bundle []byte, staged bool) {
+	cur := r.store.current()
 	if pub == cur {
 		return cur, cur.CABundle, false
 	}
