@@ -120,9 +120,13 @@ type Config struct {
 	// shipped 4 GiB pod well under its limit. 0: off (counted, never
 	// refused). When set it must be at least MaxBodyBytes.
 	MaxBodyBytesInFlight int64 `yaml:"maxBodyBytesInFlight"`
-	// MaxPromptTokens bounds the prompt after tokenization (each prompt of
-	// a batch, as vLLM's context length); more gets 400
-	// (context_length_exceeded). 0 means no limit. Default 131072.
+	// MaxPromptTokens caps the prompt after tokenization (each prompt of a
+	// batch) below the served model's context length: a prompt is refused
+	// with 400 (context_length_exceeded) past the largest max_model_len its
+	// engines report (longer fits no engine's context) or past this cap,
+	// whichever is smaller, and its tokenizing stops there. 0 (the
+	// default): no cap of its own; the engines' max_model_len alone, and no
+	// limit for a model whose engines report none.
 	MaxPromptTokens int `yaml:"maxPromptTokens"`
 	// MaxConcurrent bounds requests being served at once; the excess gets 429
 	// with Retry-After at once rather than queueing (the engines queue).
@@ -273,7 +277,6 @@ func DefaultConfig() Config {
 		Listen:                "127.0.0.1:8000",
 		MaxBodyBytes:          32 << 20,
 		MaxBodyBytesInFlight:  128 << 20,
-		MaxPromptTokens:       131072,
 		MaxConcurrent:         4096,
 		MaxAttempts:           3,
 		ConnectTimeout:        2 * time.Second,

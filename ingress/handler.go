@@ -394,7 +394,7 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 		}
 	}
 	promptTokens := c.promptTokens
-	if lim := s.cfg.MaxPromptTokens; lim > 0 {
+	if lim := c.promptLimit(); lim > 0 {
 		// A batch's limit is per prompt, as vLLM's (countBatchPrompt).
 		if c.longest > lim {
 			return fmt.Errorf("%w: prompt[%d] has %d prompt tokens, limit is %d", ErrPromptTooLong, c.longestAt, c.longest, lim)

@@ -345,12 +345,12 @@ func (c *call) encode(tok Tokenizer, dst []uint32, text []byte, b tokenizer.Boun
 }
 
 // tokenizeBound bounds the tokenizing of a request's prompts (each of a
-// batch's): past MaxPromptTokens in one prompt when the request will be
-// refused anyway (no truncate_prompt_tokens), past TokenizeBudget from
-// now, or once the client is gone (Stopped).
+// batch's): past the prompt limit (promptLimit) in one prompt when the
+// request will be refused anyway (no truncate_prompt_tokens), past
+// TokenizeBudget from now, or once the client is gone (Stopped).
 func (c *call) tokenizeBound() tokenizer.Bound {
 	var b tokenizer.Bound
-	if lim := c.s.cfg.MaxPromptTokens; lim > 0 && c.req.truncate <= 0 {
+	if lim := c.promptLimit(); lim > 0 && c.req.truncate <= 0 {
 		b.MaxTokens = lim
 	}
 	if d := c.s.cfg.TokenizeBudget; d > 0 {
@@ -360,6 +360,24 @@ func (c *call) tokenizeBound() tokenizer.Bound {
 		b.Stop = c
 	}
 	return b
+}
+
+// promptLimit is the most tokens one prompt of the request may have: the
+// largest max_model_len the served model's engines report (a longer prompt
+// fits no engine's context, and vLLM refuses it), capped by
+// MaxPromptTokens; 0: no limit (no engine reports one and no cap is set).
+func (c *call) promptLimit() int {
+	served, _ := c.adapterOf()
+	lim := 0
+	for i := range c.infos {
+		if e := &c.infos[i]; e.Model == served && e.MaxModelLen > lim {
+			lim = e.MaxModelLen
+		}
+	}
+	if limit := c.s.cfg.MaxPromptTokens; limit > 0 && (lim == 0 || limit < lim) {
+		lim = limit
+	}
+	return lim
 }
 
 // Stopped implements tokenizer.Stopper: ErrClientGone once the client
@@ -385,7 +403,7 @@ func (c *call) tokenizeStopped(err error) (fallback bool, _ error) {
 	switch {
 	case errors.Is(err, tokenizer.ErrTooManyTokens):
 		m.tokenizeStoppedTooLong.Inc()
-		lim := c.s.cfg.MaxPromptTokens
+		lim := c.promptLimit()
 		return false, fmt.Errorf("%w: over %d prompt tokens, limit is %d", ErrPromptTooLong, lim, lim)
 	case errors.Is(err, tokenizer.ErrDeadline):
 		m.tokenizeStoppedBudget.Inc()

@@ -128,9 +128,6 @@ func (m *mesh) startIngresses(ctx context.Context, policy string, run int) error
 		cfg.Listen = loopback(m.cfg.PortBase, off)
 		cfg.AccessLog = false
 		cfg.BlockSize = m.cfg.Engine.BlockSize
-		// The engines' own limit, not the ingress's 131,072-token default:
-		// traces (Mooncake's) hold longer prompts the simulators serve.
-		cfg.MaxPromptTokens = max(cfg.MaxPromptTokens, m.cfg.Engine.Defaults().MaxModelLen)
 		cfg.Scheduler.Policy = policy
 		cfg.Learn.Prior = wallPrior(m.cfg.TimeScale)
 		cfg.Cluster = ingress.ClusterConfig{

@@ -1,0 +1,87 @@
+package ingress
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// idsPrompt is a completions body whose prompt is n token ids.
+func idsPrompt(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","max_tokens":1,"prompt":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('1')
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+// atEngine takes the completions requests the engine received since the
+// last call (its health probes are not counted).
+func atEngine(fe *faultEngine) (n int) {
+	for {
+		select {
+		case b := <-fe.bodies:
+			if bytes.Contains(b, []byte(`"prompt"`)) {
+				n++
+			}
+		default:
+			return n
+		}
+	}
+}
+
+// The prompt limit is the served model's context length as its engines
+// report it (max_model_len), capped by maxPromptTokens only when that is
+// set: a long-context model takes a prompt past 131072 tokens (the limit
+// the ingress imposed by default before, refusing what the engine would
+// serve), a prompt past the engines' context is refused with 400
+// context_length_exceeded before any engine sees it, an operator's cap
+// holds below the context, and a model whose engines report no context
+// length has no limit but the body size.
+func TestPromptLimitFollowsTheEnginesContext(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cases := []struct {
+		name    string
+		maxLen  int // the engines' max_model_len (0: not reported)
+		limit   int // maxPromptTokens
+		prompt  int
+		refused bool
+		says    string
+	}{
+		{"a long-context model, no cap", 200_000, 0, 150_000, false, ""},
+		{"past the engines' context", 200_000, 0, 200_001, true, "limit is 200000"},
+		{"under the operator's cap", 200_000, 1000, 1000, false, ""},
+		{"past the operator's cap", 200_000, 1000, 1001, true, "limit is 1000"},
+		{"a cap above the context", 500, 1000, 501, true, "limit is 500"},
+		{"no context reported, no cap", 0, 0, 250_000, false, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()})
+			if tc.limit > 0 {
+				cfg.MaxPromptTokens = tc.limit
+			}
+			s := startIngress(t, cfg, Deps{Membership: contextMembership{url: fe.url(), maxLen: tc.maxLen}})
+			atEngine(fe) // what earlier cases left
+			st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", idsPrompt(tc.prompt))
+			reached := atEngine(fe)
+			if !tc.refused {
+				if st != 200 || reached != 1 {
+					t.Fatalf("a prompt of %d tokens, context %d, cap %d: %d, %d requests at the engine, %.200s; want 200 from the engine",
+						tc.prompt, tc.maxLen, tc.limit, st, reached, body)
+				}
+				return
+			}
+			if st != 400 || !strings.Contains(string(body), "context_length_exceeded") || !strings.Contains(string(body), tc.says) || reached != 0 {
+				t.Fatalf("a prompt of %d tokens, context %d, cap %d: %d, %d requests at the engine, %s; want 400 context_length_exceeded (%s), none at the engine",
+					tc.prompt, tc.maxLen, tc.limit, st, reached, body, tc.says)
+			}
+		})
+	}
+}
