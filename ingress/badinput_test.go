@@ -88,7 +88,7 @@ func TestBadInput(t *testing.T) {
 		{"malformed json", "/v1/completions", `{"model":"m","prompt":`, bearer, 400, "invalid_request_error", ""},
 		{"not an object", "/v1/completions", `"hi"`, bearer, 400, "invalid_request_error", ""},
 		{"model wrong type", "/v1/completions", `{"model":1,"prompt":"x"}`, bearer, 400, "invalid_request_error", ""},
-		{"stream wrong type", "/v1/completions", `{"model":"m","prompt":"x","stream":1}`, bearer, 400, "invalid_request_error", ""},
+		{"stream wrong type", "/v1/completions", `{"model":"m","prompt":"x","stream":2}`, bearer, 400, "invalid_request_error", ""},
 		{"messages wrong type", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, bearer, 400, "invalid_request_error", ""},
 		{"empty prompt", "/v1/completions", `{"model":"m","prompt":""}`, bearer, 400, "invalid_request_error", ""},
 		{"empty ids", "/v1/completions", `{"model":"m","prompt":[]}`, bearer, 400, "invalid_request_error", ""},

@@ -373,13 +373,13 @@ func (r *request) member(key, val []byte, koff, off int) error {
 	return nil
 }
 
-// boolMember reads a boolean member (null is false).
+// boolMember reads a boolean member as vLLM does (pyBool; null is false).
 func boolMember(name string, val []byte) (bool, error) {
-	switch string(val) {
-	case "true":
-		return true, nil
-	case "false", "null":
+	if string(val) == "null" {
 		return false, nil
+	}
+	if b, ok := pyBool(val); ok {
+		return b, nil
 	}
 	return false, badRequest(name, fmt.Errorf("%w: %s must be a boolean", ErrBadRequest, name))
 }

@@ -194,3 +194,54 @@ func allZeros(s []byte) bool {
 	}
 	return true
 }
+
+// pyBool reads the JSON value val of a bool field as vLLM does (pydantic v2,
+// lax): true and false, the integers 0 and 1, the floats 0.0 and 1.0, and a
+// string that is, in lower case, one of "0" "off" "f" "false" "n" "no" or
+// "1" "on" "t" "true" "y" "yes". Anything else (null included: the caller
+// decides what null means) is not a bool (ok false).
+func pyBool(val []byte) (v, ok bool) {
+	if len(val) == 0 {
+		return false, false
+	}
+	switch val[0] {
+	case 't':
+		return true, string(val) == "true"
+	case 'f':
+		return false, string(val) == "false"
+	case '"':
+		s := val[1 : len(val)-1]
+		if bytes.IndexByte(s, '\\') >= 0 {
+			var buf [16]byte
+			s = jsonscan.AppendUnquote(buf[:0], val)
+		}
+		if len(s) > len("false") {
+			return false, false
+		}
+		var low [5]byte
+		for i, c := range s {
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			low[i] = c
+		}
+		switch string(low[:len(s)]) {
+		case "0", "off", "f", "false", "n", "no":
+			return false, true
+		case "1", "on", "t", "true", "y", "yes":
+			return true, true
+		}
+		return false, false
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		f, err := strconv.ParseFloat(string(val), 64)
+		switch {
+		case err != nil:
+			return false, false
+		case f == 0:
+			return false, true
+		case f == 1:
+			return true, true
+		}
+	}
+	return false, false
+}

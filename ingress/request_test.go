@@ -57,7 +57,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "trailing garbage", ep: epCompletions, body: `{"model":"m","prompt":"x"} x`, wantErr: "trailing"},
 		{name: "not an object", ep: epCompletions, body: `[1]`, wantErr: "JSON object"},
 		{name: "model wrong type", ep: epCompletions, body: `{"model":3,"prompt":"x"}`, wantErr: "model must be a string"},
-		{name: "stream wrong type", ep: epCompletions, body: `{"model":"m","prompt":"x","stream":"yes"}`, wantErr: "stream must be a boolean"},
+		{name: "stream wrong type", ep: epCompletions, body: `{"model":"m","prompt":"x","stream":"maybe"}`, wantErr: "stream must be a boolean"},
 		{name: "max_tokens negative", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":-1}`, wantErr: "max_tokens"},
 		{name: "max_tokens a fraction", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":2.5}`, wantErr: "max_tokens"},
 		{name: "max_tokens a whole float", ep: epCompletions, body: `{"model":"m","prompt":"x","max_tokens":2.0}`, // pydantic's lax int, as vLLM
@@ -351,6 +351,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tok\u0065ns":5,"max_tokens":2,"max_tokens":true}`,
 		`{"model":"m","prompt":"x","max_tokens":"064","n":2.0,"n":"\u0033","truncate_prompt_tokens":"5"}`,
 		`{"model":"m","prompt":["a","b"],"prompt":"c","stream_options":{"include_usage":true},"stream_options":null,"cache_salt":null}`,
+		`{"model":"m","prompt":"x","stream":"Yes","stream":1.0}`, `{"model":"m","prompt":"x","stream":"\u004fff"}`, `{"model":"m","prompt":"x","stream":2}`,
 		`{"prompt":"p","suffix":"s","model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"prompt_embeds":"e","pr\u006fmpt":"q"}`,
 	} {
 		f.Add([]byte(s), false)
@@ -408,6 +409,38 @@ func FuzzParseRequest(f *testing.F) {
 				}
 				if int64(r.n) != wantN {
 					t.Fatalf("n %d, vLLM reads %d in %q", r.n, wantN, body)
+				}
+				// stream is what pydantic reads as a bool (pyBool), here
+				// from encoding/json's reading of the member.
+				wantStream := false
+				if raw, ok := top["stream"]; ok {
+					var v any
+					if json.Unmarshal(raw, &v) != nil {
+						t.Fatalf("stream %s unreadable, yet the request was accepted: %q", raw, body)
+					}
+					switch x := v.(type) {
+					case nil:
+					case bool:
+						wantStream = x
+					case float64:
+						if x != 0 && x != 1 {
+							t.Fatalf("stream %s accepted, pydantic refuses it: %q", raw, body)
+						}
+						wantStream = x == 1
+					case string:
+						switch strings.ToLower(x) {
+						case "1", "on", "t", "true", "y", "yes":
+							wantStream = true
+						case "0", "off", "f", "false", "n", "no":
+						default:
+							t.Fatalf("stream %s accepted, pydantic refuses it: %q", raw, body)
+						}
+					default:
+						t.Fatalf("stream %s accepted, pydantic refuses it: %q", raw, body)
+					}
+				}
+				if r.stream != wantStream {
+					t.Fatalf("stream %v, vLLM reads %v in %q", r.stream, wantStream, body)
 				}
 				if chat && r.kind == promptChat {
 					// Sent as completions, the body's last max_tokens is chat's limit.

@@ -85,6 +85,29 @@ func TestPyInt(t *testing.T) {
 	}
 }
 
+// pyBool reads what pydantic's lax bool reads, and nothing else.
+func TestPyBool(t *testing.T) {
+	for _, tc := range []struct {
+		val  string
+		want bool
+		ok   bool
+	}{
+		{`true`, true, true}, {`false`, false, true}, {`1`, true, true}, {`0`, false, true},
+		{`1.0`, true, true}, {`0.0`, false, true}, {`-0`, false, true}, {`1e0`, true, true},
+		{`"yes"`, true, true}, {`"Y"`, true, true}, {`"On"`, true, true}, {`"t"`, true, true}, {`"TRUE"`, true, true}, {`"1"`, true, true},
+		{`"no"`, false, true}, {`"N"`, false, true}, {`"OFF"`, false, true}, {`"f"`, false, true}, {`"False"`, false, true}, {`"0"`, false, true},
+		{`"\u0074rue"`, true, true}, {`"\u0079es"`, true, true},
+		{`2`, false, false}, {`0.5`, false, false}, {`-1`, false, false}, {`"2"`, false, false}, {`"yess"`, false, false},
+		{`" yes"`, false, false}, {`""`, false, false}, {`"truee"`, false, false}, {`"1.0"`, false, false},
+		{`null`, false, false}, {`[]`, false, false}, {`{}`, false, false}, {`tru`, false, false},
+	} {
+		v, ok := pyBool([]byte(tc.val))
+		if ok != tc.ok || ok && v != tc.want {
+			t.Errorf("pyBool(%s) = %v, %v; pydantic: %v, %v", tc.val, v, ok, tc.want, tc.ok)
+		}
+	}
+}
+
 // Every member the ingress prices or routes on is read as vLLM reads the body:
 // Python's json keeps the last member of a name, null included, and pydantic
 // coerces a numeric string ("n": "64"); a member vLLM's endpoint does not have

@@ -168,3 +168,43 @@ func TestParallelSamplingThroughIngress(t *testing.T) {
 		t.Errorf("%d sequences, %d context tokens and %d requests still counted", up.lw.seqs.Load(), up.lw.ctx.Load(), up.inflight.Load())
 	}
 }
+
+// stream is read as vLLM's pydantic reads a bool: "yes", "TRUE" and 1 ask
+// for a stream, "off" and 0 for one answer, both through the ingress and
+// the engine; 2 and "maybe" are refused (400) before any engine sees them.
+// Before, any stream but true, false or null was a 400 the engine would
+// not have given.
+func TestStreamReadAsPydanticBool(t *testing.T) {
+	sm := startSim(t, sim.Config{Model: "m"})
+	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: sm.URL()}), Deps{})
+	for _, tc := range []struct {
+		val    string
+		status int
+		stream bool
+	}{
+		{`"yes"`, 200, true}, {`"TRUE"`, 200, true}, {`1`, 200, true}, {`1.0`, 200, true},
+		{`"off"`, 200, false}, {`0`, 200, false}, {`"F"`, 200, false},
+		{`2`, 400, false}, {`"maybe"`, 400, false}, {`[]`, 400, false},
+	} {
+		for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+			body := `{"model":"m","prompt":"hello there","max_tokens":2,"stream":` + tc.val + `}`
+			if strings.Contains(path, "chat") {
+				body = `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":2,"stream":` + tc.val + `}`
+			}
+			st, h, b := post(t, http.DefaultClient, "http://"+s.Addr()+path, body)
+			if st != tc.status {
+				t.Fatalf("%s stream %s: %d %s, want %d", path, tc.val, st, b, tc.status)
+			}
+			if st != 200 {
+				if !strings.Contains(string(b), "stream must be a boolean") {
+					t.Errorf("%s stream %s: %s, want an error naming stream", path, tc.val, b)
+				}
+				continue
+			}
+			sse := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
+			if sse != tc.stream || tc.stream && !strings.Contains(string(b), "data: [DONE]") {
+				t.Errorf("%s stream %s: Content-Type %q, %.120s; want a stream: %v", path, tc.val, h.Get("Content-Type"), b, tc.stream)
+			}
+		}
+	}
+}

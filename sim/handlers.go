@@ -272,7 +272,7 @@ func (s *Server) abortAll(calls []*call) []*call {
 // newGen is a generation with the sampling fields both endpoints share (no
 // logprobs until the endpoint's own fields ask for them).
 func newGen(id string, sp *openai.SamplingParams) *gen {
-	return &gen{id: id, minTokens: sp.MinTokens, ignoreEOS: sp.IgnoreEOS, salt: sp.CacheSalt, stream: sp.Stream,
+	return &gen{id: id, minTokens: sp.MinTokens, ignoreEOS: sp.IgnoreEOS, salt: sp.CacheSalt, stream: bool(sp.Stream),
 		usage: sp.IncludeUsage(), contUsage: sp.ContinuousUsage(), logprobs: -1, n: sp.Samples(), greedy: sp.Greedy(),
 		stop: sp.Stop, stopIDs: sp.StopTokenIDs, keepStop: sp.IncludeStopStrInOutput, truncate: sp.TruncatePromptTokens}
 }

@@ -50,7 +50,7 @@ func TestDecodeCompletionRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Model != "m" || r.MaxOutput() != 5 || r.MinTokens != 2 || !r.IgnoreEOS || !r.Stream || !r.IncludeUsage() || r.CacheSalt != "s" {
+	if r.Model != "m" || r.MaxOutput() != 5 || r.MinTokens != 2 || !r.IgnoreEOS || !bool(r.Stream) || !r.IncludeUsage() || r.CacheSalt != "s" {
 		t.Fatalf("decoded %+v", r)
 	}
 	if !reflect.DeepEqual(r.Prompt.Tokens, [][]uint32{{1, 2, 3}}) {
@@ -315,9 +315,10 @@ func TestRequestsRoundTrip(t *testing.T) {
 // Go struct field or Go type names.
 func TestTypeErrorsNameJSONFields(t *testing.T) {
 	for body, want := range map[string]string{
-		`{"model":"m","messages":[{"role":1,"content":"x"}]}`:                 "messages.role: expected a string, got number",
-		`{"model":"m","messages":[{"role":"user","content":"x"}],"n":"2"}`:    "n: expected an integer, got string",
-		`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":1}`: "stream: expected a boolean, got number",
+		`{"model":"m","messages":[{"role":1,"content":"x"}]}`:                       "messages.role: expected a string, got number",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"n":"2"}`:          "n: expected an integer, got string",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":2}`:       "stream: expected a boolean, got number",
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"maybe"}`: "stream: expected a boolean, got string",
 	} {
 		_, err := DecodeChatRequest([]byte(body))
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "Go ") || strings.Contains(err.Error(), "ChatRequest") {

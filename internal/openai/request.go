@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 )
 
 // StreamOptions is the OpenAI stream_options object.
@@ -42,6 +43,51 @@ func (s *Stop) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// Bool is a boolean field read as vLLM's pydantic models read one (lax
+// mode): true and false, the numbers 0 and 1 (0.0, 1.0), and a string that
+// is, in lower case, one of "1" "on" "t" "true" "y" "yes" or "0" "off" "f"
+// "false" "n" "no"; null leaves it false. It encodes as a JSON boolean.
+type Bool bool
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (b *Bool) UnmarshalJSON(data []byte) error {
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	switch x := v.(type) {
+	case nil:
+		return nil
+	case bool:
+		*b = Bool(x)
+		return nil
+	case float64:
+		if x == 0 || x == 1 {
+			*b = x == 1
+			return nil
+		}
+	case string:
+		switch strings.ToLower(x) {
+		case "1", "on", "t", "true", "y", "yes":
+			*b = true
+			return nil
+		case "0", "off", "f", "false", "n", "no":
+			*b = false
+			return nil
+		}
+	}
+	kind := "number"
+	switch data[0] {
+	case '"':
+		kind = "string"
+	case '[':
+		kind = "array"
+	case '{':
+		kind = "object"
+	}
+	return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[bool]()}
+}
+
 // SamplingParams are the generation fields completions and chat share
 // (OpenAI's plus vLLM's extras).
 type SamplingParams struct {
@@ -54,7 +100,7 @@ type SamplingParams struct {
 	Seed          *int64         `json:"seed,omitempty"`
 	N             *int           `json:"n,omitempty"`
 	Stop          Stop           `json:"stop,omitempty"`
-	Stream        bool           `json:"stream,omitempty"`
+	Stream        Bool           `json:"stream,omitempty"`
 	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
 	User          string         `json:"user,omitempty"`
 	// CacheSalt (vLLM) isolates the request's prefix cache from other salts.

@@ -58,7 +58,7 @@ func (s *scriptedServer) handle(w http.ResponseWriter, r *http.Request) {
 			w.Write(openai.AppendError(nil, err.Error(), openai.TypeInvalidRequest, "", ""))
 			return
 		}
-		prompt, maxTok, stream = req.Prompt.Len(), req.MaxOutput(), req.Stream && req.IncludeUsage()
+		prompt, maxTok, stream = req.Prompt.Len(), req.MaxOutput(), bool(req.Stream) && req.IncludeUsage()
 		if len(req.Prompt.Tokens) == 1 {
 			prompt = len(req.Prompt.Tokens[0])
 		}
@@ -68,7 +68,7 @@ func (s *scriptedServer) handle(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(400)
 			return
 		}
-		prompt, maxTok, stream = len(strings.Fields(req.Messages[0].Content.Text)), req.MaxOutput(), req.Stream
+		prompt, maxTok, stream = len(strings.Fields(req.Messages[0].Content.Text)), req.MaxOutput(), bool(req.Stream)
 		s.mu.Lock()
 		s.chatBodies++
 		s.mu.Unlock()
