@@ -37,6 +37,7 @@ type call struct {
 	infos       []EngineInfo
 	cands       []scheduler.Engine
 	urls        []string // parallel to cands
+	ctxLens     []int    // parallel to cands: the engine's max_model_len (0: not reported)
 	sreq        scheduler.Request
 	dec         scheduler.Decision
 	body        []byte      // upstream body (rewritten) or nil: the client's body
@@ -97,16 +98,17 @@ type call struct {
 
 func (c *call) reset() {
 	*c = call{
-		req:    c.req,
-		tokens: c.tokens[:0],
-		keys:   c.keys[:0],
-		infos:  c.infos[:0],
-		cands:  c.cands[:0],
-		urls:   c.urls[:0],
-		dec:    scheduler.Decision{Ranked: c.dec.Ranked[:0]},
-		pd:     pdCall{plan: pd.Plan{Options: c.pd.plan.Options[:0]}},
-		body:   c.body[:0],
-		alt:    c.alt[:0],
+		req:     c.req,
+		tokens:  c.tokens[:0],
+		keys:    c.keys[:0],
+		infos:   c.infos[:0],
+		cands:   c.cands[:0],
+		urls:    c.urls[:0],
+		ctxLens: c.ctxLens[:0],
+		dec:     scheduler.Decision{Ranked: c.dec.Ranked[:0]},
+		pd:      pdCall{plan: pd.Plan{Options: c.pd.plan.Options[:0]}},
+		body:    c.body[:0],
+		alt:     c.alt[:0],
 
 		scratch:     c.scratch[:0],
 		scratchText: c.scratchText[:0],
@@ -381,6 +383,7 @@ func (c *call) addCandidate(e *EngineInfo) {
 	}
 	c.cands = append(c.cands, eng)
 	c.urls = append(c.urls, e.URL)
+	c.ctxLens = append(c.ctxLens, e.MaxModelLen)
 }
 
 // admit applies the prompt-length limit, the token rate limits and the
@@ -441,8 +444,39 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 // again, for a request that waited (admission, the hold) or moved to
 // another pool (route.go).
 func (c *call) refreshCandidates() error {
-	c.cands, c.urls = c.cands[:0], c.urls[:0]
+	c.cands, c.urls, c.ctxLens = c.cands[:0], c.urls[:0], c.ctxLens[:0]
 	return c.candidates()
+}
+
+// fitContext takes out of routing the candidates whose context
+// (max_model_len) is shorter than the prompt when another candidate's is
+// long enough: engines of one model may run with different context
+// lengths (--max-model-len per GPU type), and one too short refuses the
+// prompt (400). When none is long enough the prompt limit refused the
+// request already (admit), unless no engine reports a context.
+func (c *call) fitContext() {
+	n := c.longest // a batch's longest prompt
+	if n == 0 {
+		n = c.promptTokens
+	}
+	short, fits := false, false
+	for i, l := range c.ctxLens {
+		switch {
+		case !c.cands[i].Healthy:
+		case l > 0 && n > l:
+			short = true
+		default:
+			fits = true
+		}
+	}
+	if !short || !fits {
+		return
+	}
+	for i, l := range c.ctxLens {
+		if l > 0 && n > l {
+			c.cands[i].Healthy = false
+		}
+	}
 }
 
 // schedule computes the prompt's chain keys and ranks the engines: the
@@ -466,6 +500,7 @@ func (c *call) schedule() error {
 			c.sreq.SessionEngine = eng
 		}
 	}
+	c.fitContext()
 	if err := s.deps.Scheduler.Schedule(&c.sreq, c.cands, &c.dec); err != nil {
 		if errors.Is(err, scheduler.ErrNoCandidates) {
 			if out := c.allOutOfRouting(); out != nil {

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/scheduler"
 )
 
 // idsPrompt is a completions body whose prompt is n token ids.
@@ -83,5 +85,36 @@ func TestPromptLimitFollowsTheEnginesContext(t *testing.T) {
 					tc.prompt, tc.maxLen, tc.limit, st, reached, body, tc.says)
 			}
 		})
+	}
+}
+
+// engineList is a FAKE membership: the engines as gossip would list them.
+type engineList []EngineInfo
+
+func (m engineList) Engines(dst []EngineInfo) []EngineInfo { return append(dst, m...) }
+
+// Engines of one model with different context lengths (--max-model-len
+// per GPU type): a prompt longer than one engine's context goes to an
+// engine whose context holds it, even when the short one is the less
+// loaded; a prompt both hold goes to the less loaded. Before, the short
+// engine got it and answered 400.
+func TestPromptGoesToAnEngineWhoseContextHoldsIt(t *testing.T) {
+	short, long := startFaultEngine(t, faultOK), startFaultEngine(t, faultOK)
+	mem := engineList{
+		{Engine: scheduler.Engine{ID: "short", Model: "m", Healthy: true}, URL: short.url(), MaxModelLen: 100},
+		{Engine: scheduler.Engine{ID: "long", Model: "m", Healthy: true, InFlight: 50}, URL: long.url(), MaxModelLen: 1000},
+	}
+	s := startIngress(t, testConfig(StaticEngine{ID: "short", Model: "m", URL: short.url()}), Deps{Membership: mem})
+	for _, tc := range []struct {
+		prompt int
+		at     string
+	}{{500, "long"}, {100, "short"}, {101, "long"}} {
+		for range 3 {
+			st, h, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", idsPrompt(tc.prompt))
+			if st != 200 || h.Get("X-Kvmesh-Engine") != tc.at {
+				t.Fatalf("a prompt of %d tokens, contexts 100 (idle) and 1000 (busy): %d at %q, %.200s; want 200 from %s",
+					tc.prompt, st, h.Get("X-Kvmesh-Engine"), body, tc.at)
+			}
+		}
 	}
 }
