@@ -447,7 +447,10 @@ func (c *call) relayRead(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthttp.
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	var out []byte
 	if err == nil {
-		out = buf.Bytes()
+		var rewritten bool
+		if out, rewritten = engineErrorBody(st, buf.Bytes(), messagesPath(ctx.Path())); rewritten {
+			ctx.SetContentType("application/json")
+		}
 	}
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
