@@ -222,12 +222,12 @@ func credential(h *fasthttp.RequestHeader) []byte {
 }
 
 // apiKeyPath reports whether X-Api-Key is read as the credential on path:
-// Anthropic's API's paths, /v1/messages (count_tokens too) and /v1/models,
-// which its SDKs call with that header. Not elsewhere: the OpenAI API's
+// Anthropic's API's paths, /v1/messages (count_tokens too) and /v1/models
+// (a model's card too), which its SDKs call with that header. Not elsewhere: the OpenAI API's
 // clients send Authorization, and a second place for a credential on paths
 // that never need one is only one more thing for a gateway in front to miss.
 func apiKeyPath(path []byte) bool {
-	return messagesPath(path) || string(path) == "/v1/models"
+	return messagesPath(path) || string(path) == "/v1/models" || bytes.HasPrefix(path, []byte("/v1/models/"))
 }
 
 // uriPath is a request URI's path (without its query).

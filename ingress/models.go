@@ -60,6 +60,28 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) *apiError {
 	if _, err := s.authenticate(&ctx.Request.Header); err != nil { // server.go: x-api-key too, as Anthropic API clients may send it here
 		return writeError(ctx, err)
 	}
+	writeJSON(ctx, map[string]any{"object": "list", "data": s.modelCards()})
+	return nil
+}
+
+// handleModel answers GET /v1/models/{id} (the OpenAI API's retrieve
+// model): the card /v1/models lists for id, or 404 model_not_found. An id
+// may hold slashes (org/name).
+func (s *Server) handleModel(ctx *fasthttp.RequestCtx, id string) *apiError {
+	if _, err := s.authenticate(&ctx.Request.Header); err != nil {
+		return writeError(ctx, err)
+	}
+	for _, c := range s.modelCards() {
+		if c.ID == id {
+			writeJSON(ctx, c)
+			return nil
+		}
+	}
+	return writeError(ctx, fmt.Errorf("%w: the model %q does not exist", ErrModelNotFound, clip(id)))
+}
+
+// modelCards are the cards of the models the live engines serve, by id.
+func (s *Server) modelCards() []*modelCard {
 	created := s.startUnix()
 	cards := map[string]*modelCard{}
 	var out []*modelCard
@@ -111,8 +133,7 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) *apiError {
 	if out == nil {
 		out = []*modelCard{}
 	}
-	writeJSON(ctx, map[string]any{"object": "list", "data": out})
-	return nil
+	return out
 }
 
 func (s *Server) startUnix() int64 { return s.created.Unix() }

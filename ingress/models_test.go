@@ -1,15 +1,18 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
@@ -116,4 +119,50 @@ func TestModelCards(t *testing.T) {
 	// Static engines: nothing reported, so null.
 	st := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://127.0.0.1:1"}), Deps{Logger: quiet})
 	checkCard(t, "m", getModels(t, st)["m"], map[string]string{"root": "null", "parent": "null", "max_model_len": "null"})
+}
+
+// GET /v1/models/{id} (the OpenAI API's retrieve model, the SDKs'
+// models.retrieve) answers the card /v1/models lists for id, a slashed id
+// and an adapter's included, and 404 model_not_found for a model no engine
+// serves. Before, every such path was a 404.
+func TestRetrieveModel(t *testing.T) {
+	cfg := testConfig(StaticEngine{ID: "e", Model: "org/base-model", URL: "http://127.0.0.1:1"})
+	cfg.LoRAAdapters = map[string]string{"sql-lora": "org/base-model"}
+	s := startIngress(t, cfg, Deps{})
+	list := getModels(t, s)
+	for _, tc := range []struct{ path, id string }{
+		{"/v1/models/org/base-model", "org/base-model"},
+		{"/v1/models/org%2Fbase-model", "org/base-model"},
+		{"/v1/models/sql-lora", "sql-lora"},
+	} {
+		resp, err := http.Get("http://" + s.Addr() + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var card map[string]json.RawMessage
+		err = json.NewDecoder(resp.Body).Decode(&card)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || err != nil {
+			t.Fatalf("GET %s: %d %v", tc.path, resp.StatusCode, err)
+		}
+		want := list[tc.id]
+		if len(want) == 0 || len(card) != len(want) {
+			t.Fatalf("GET %s: %d members, /v1/models lists %d for %s", tc.path, len(card), len(want), tc.id)
+		}
+		for k, v := range want {
+			var a, b bytes.Buffer
+			if json.Compact(&a, card[k]) != nil || json.Compact(&b, v) != nil || a.String() != b.String() {
+				t.Errorf("GET %s: %s is %s, /v1/models lists %s", tc.path, k, card[k], v)
+			}
+		}
+	}
+	resp, err := http.Get("http://" + s.Addr() + "/v1/models/nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if d, ok := openai.DecodeError(body); resp.StatusCode != 404 || !ok || string(d.Code) != `"model_not_found"` || !strings.Contains(d.Message, "nope") {
+		t.Errorf("GET /v1/models/nope: %d %s, want 404 model_not_found naming it", resp.StatusCode, body)
+	}
 }

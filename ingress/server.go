@@ -696,6 +696,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 			s.handleResponseByID(ctx) // responses.go
 			return
 		}
+		if id, ok := bytes.CutPrefix(path, []byte("/v1/models/")); ok && len(id) > 0 {
+			s.finishOther(ctx, "models", start, s.handleModel(ctx, string(id))) // models.go
+			return
+		}
 		s.finishOther(ctx, "unknown", start, writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path))))
 	}
 }

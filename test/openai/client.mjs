@@ -12,6 +12,11 @@ await capture("models", async () => {
   return { ids: list.data.map((m) => m.id) };
 });
 
+await capture("model_retrieve", async () => {
+  const m = await client.models.retrieve(model);
+  return { id: m.id, object: m.object };
+});
+
 await capture("completion", async () => {
   const r = await client.completions.create({ model, prompt: "The quick brown fox", max_tokens: 8 });
   return { object: r.object, text: r.choices[0].text, finish: r.choices[0].finish_reason, usage: r.usage };

@@ -51,6 +51,9 @@ func checkClient(t *testing.T, ctx context.Context, node, dir, addr, model strin
 	if ids, _ := res.ok(t, "models")["ids"].([]any); len(ids) != 1 || ids[0] != model {
 		t.Errorf("models: %v", ids)
 	}
+	if m := res.ok(t, "model_retrieve"); m["id"] != model || m["object"] != "model" {
+		t.Errorf("models.retrieve(%q): %v", model, m)
+	}
 	c := res.ok(t, "completion")
 	if c["object"] != "text_completion" || c["text"] == "" || num(usage(c)["completion_tokens"]) != 8 || c["finish"] != "length" {
 		t.Errorf("completion: %v", c)
