@@ -651,7 +651,10 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 		c.learnFirstToken(up) // an error is no first token
 	}
 	c.s.m.attemptOK.Inc()
-	c.s.health.ok(up, c.attemptAt)
+	// The engine's health hears of the attempt when the stream ends
+	// (proxyStream.endWith): one that breaks mid-way is no success, and a
+	// success here reset the ejection backoff of an engine that breaks
+	// every stream, readmitting it at the shortest ejection time each time.
 	c.s.m.matchRatio.Observe(c.matchRatio())
 	c.status = fasthttp.StatusOK
 	ctx.SetStatusCode(fasthttp.StatusOK)

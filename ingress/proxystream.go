@@ -231,6 +231,7 @@ func (p *proxyStream) endWith(err error) {
 		err = io.ErrUnexpectedEOF
 	}
 	if err == io.EOF {
+		p.c.s.health.ok(p.up, p.c.attemptAt) // the attempt succeeded (proxy.go, startStream)
 		return
 	}
 	c := p.c

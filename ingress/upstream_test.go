@@ -164,31 +164,30 @@ func TestRetryAfter(t *testing.T) {
 
 // A stream that breaks after it started is the engine's failure for passive
 // ejection (health.go), though the request is not retried: an engine whose
-// streams keep breaking leaves routing. Each broken stream follows the
-// commit's success, so the error rate (1 in 2 here) is what ejects.
+// streams keep breaking leaves routing. A broken stream is no success (a
+// stream succeeds when it ends cleanly), so three in a row eject, as three
+// 5xx answers do (consecutiveFailures).
 func TestMidStreamBreakCountsTowardEjection(t *testing.T) {
 	fe := startFaultEngine(t, faultBreakStream)
 	cfg := testConfig(StaticEngine{ID: "broken", Model: "m", URL: fe.url()})
-	// Judged at the second break: 4 outcomes (which decay to a hair under
-	// 4), half of them failures. No decay worth the name between the
-	// requests however slow the machine, and no probe brings the engine
-	// back during the test.
-	cfg.Health.MinRequests = 3
-	cfg.Health.ErrorHalfLife = time.Hour
+	// No probe brings the engine back during the test.
 	cfg.Health.EjectionTime, cfg.Health.MaxEjectionTime = time.Hour, time.Hour
 	s := startIngress(t, cfg, Deps{})
-	for i := 0; i < 2; i++ {
+	for i := 0; i < 3; i++ {
+		if ej := s.health.ejected(); len(ej) != 0 {
+			t.Fatalf("ejected %v after %d broken streams, want only after 3", ej, i)
+		}
 		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1],"stream":true}`)
 		if evs := sseEvents(b); st != 200 || len(evs) != 4 || !strings.Contains(evs[2], `"error"`) {
 			t.Fatalf("request %d: %d %q", i, st, evs)
 		}
 	}
-	testutil.WaitFor(t, 10*time.Second, "the engine ejected after two broken streams", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the engine ejected after three broken streams", func() bool {
 		ej := s.health.ejected()
 		return len(ej) == 1 && ej[0] == "broken"
 	})
-	if n := prompts(fe); n != 2 || seriesSum(s.health.ejections) != 1 {
-		t.Fatalf("%d upstream requests, %v ejections; want 2 (a broken stream is not retried) and 1", n, seriesSum(s.health.ejections))
+	if n := prompts(fe); n != 3 || seriesSum(s.health.ejections) != 1 {
+		t.Fatalf("%d upstream requests, %v ejections; want 3 (a broken stream is not retried) and 1", n, seriesSum(s.health.ejections))
 	}
 }
 
