@@ -151,6 +151,7 @@ func (e *shedError) Unwrap() error { return e.err }
 // gave, and not the 503 of a failed upstream.
 type shedding struct {
 	shed, other int
+	denied      int // attempts an engine answered that it does not serve the adapter (errAdapterDenied)
 	after       time.Duration
 }
 
@@ -163,6 +164,8 @@ func (s *shedding) add(err error) {
 			s.after = se.after
 		}
 		s.shed++
+	case errors.Is(err, errAdapterDenied):
+		s.denied++
 	default:
 		s.other++
 	}

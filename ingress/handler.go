@@ -338,6 +338,9 @@ func (c *call) allOutOfRouting() error {
 	}
 	slices.Sort(ids)
 	m, adapter := c.sentModel()
+	if adapter && c.allLackAdapter(ids, m) {
+		return adapterNotFound(m, len(ids))
+	}
 	var b strings.Builder
 	for i, id := range ids {
 		if i == maxNamedEngines {
@@ -357,6 +360,18 @@ func (c *call) allOutOfRouting() error {
 	}
 	return fmt.Errorf("%w: no live engine serves the model %q right now: all %d of its engines are out of routing: %s",
 		ErrNoEngine, clip(c.model), len(ids), b.String())
+}
+
+// allLackAdapter reports whether every one of the engines ids is out of
+// routing only because it lately answered that it lacks the adapter m.
+func (c *call) allLackAdapter(ids []string, m string) bool {
+	for _, id := range ids {
+		up := c.s.ups.lookup(id)
+		if !c.s.health.allowed(id) || up == nil || !up.wrong.has(m, c.start) {
+			return false
+		}
+	}
+	return true
 }
 
 // addCandidate adds e, with this replica's own load, to the candidates.

@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -140,7 +141,24 @@ func (c *call) wrongModel(up *upstream, resp *fasthttp.Response) error {
 	_ = c.attemptFailed(up, resp, "wrong_model", cause) // the answer's connection goes back to the pool
 	c.s.deniedModel(up, model, adapter)
 	err := fmt.Errorf("%w: no live engine serves the model %q right now (engine %s answered that it does not serve it)", ErrNoEngine, clip(model), up.id)
-	return &upstreamError{msg: err.Error(), err: err}
+	msg := err.Error()
+	if adapter {
+		err = fmt.Errorf("%w (%w)", err, errAdapterDenied)
+	}
+	return &upstreamError{msg: msg, err: err}
+}
+
+// errAdapterDenied marks an attempt an engine answered that it does not
+// serve the LoRA adapter it was sent: when every candidate engine of the
+// base model answers so, the adapter does not exist for the client (404
+// model_not_found, as vLLM answers), not a passing outage (503).
+var errAdapterDenied = errors.New("the engine does not serve the adapter")
+
+// adapterNotFound is the 404 of an adapter that every engine of its base
+// model answered, lately, that it does not serve.
+func adapterNotFound(model string, engines int) error {
+	return fmt.Errorf("%w: the model %q does not exist: every engine of its base model (%d) answered that it does not serve it",
+		ErrModelNotFound, clip(model), engines)
 }
 
 // deniedModel takes up out of model's requests once it answered that it

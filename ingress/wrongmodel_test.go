@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/openai"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/sim"
 )
@@ -354,5 +355,31 @@ func TestProbeReadmitsEngineNotListingTheRoutedName(t *testing.T) {
 	}
 	if backend.Load(0).Finished == 0 || len(s.health.ejected()) != 0 {
 		t.Fatalf("the readmitted engine got no requests, or was ejected again (%v)", s.health.ejected())
+	}
+}
+
+// An adapter that every engine of its base model answers it does not serve
+// (a --lora-adapter name none has loaded) is a 404 model_not_found, as vLLM
+// answers it, for the request that found out and for the next ones while
+// the engines are kept from it; before, a 503 with Retry-After that the
+// SDKs retried. The base model is served meanwhile.
+func TestAdapterNoEngineServesIs404(t *testing.T) {
+	a, b := simServing(t, "m", ""), simServing(t, "m", "")
+	cfg := testConfig(StaticEngine{ID: "a", Model: "m", URL: a.URL()}, StaticEngine{ID: "b", Model: "m", URL: b.URL()})
+	cfg.LoRAAdapters = map[string]string{"ghost": "m"}
+	s := startIngress(t, cfg, Deps{})
+	url := "http://" + s.Addr() + "/v1/completions"
+	for i := range 3 {
+		st, hdr, body := post(t, http.DefaultClient, url, `{"model":"ghost","prompt":[1,2,3],"max_tokens":2}`)
+		d, ok := openai.DecodeError(body)
+		if st != 404 || !ok || string(d.Code) != `"model_not_found"` || !strings.Contains(d.Message, `"ghost" does not exist`) || hdr.Get("Retry-After") != "" {
+			t.Fatalf("request %d for an adapter no engine serves: %d %s (Retry-After %q), want 404 model_not_found", i+1, st, body, hdr.Get("Retry-After"))
+		}
+	}
+	if got := val(s.m.attempts.WithLabelValues("wrong_model")); got != 2 {
+		t.Errorf("wrong_model attempts %v, want 2 (each engine once, then kept from the adapter)", got)
+	}
+	if st, _, body := post(t, http.DefaultClient, url, `{"model":"m","prompt":[1,2,3],"max_tokens":2}`); st != 200 {
+		t.Fatalf("the base model: %d %s", st, body)
 	}
 }
