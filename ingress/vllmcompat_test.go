@@ -171,7 +171,8 @@ func TestParallelSamplingThroughIngress(t *testing.T) {
 
 // stream is read as vLLM's pydantic reads a bool: "yes", "TRUE" and 1 ask
 // for a stream, "off" and 0 for one answer, both through the ingress and
-// the engine; 2 and "maybe" are refused (400) before any engine sees them.
+// the engine, on the four generation APIs; 2 and "maybe" are refused (400)
+// before any engine sees them.
 // Before, any stream but true, false or null was a 400 the engine would
 // not have given.
 func TestStreamReadAsPydanticBool(t *testing.T) {
@@ -186,11 +187,13 @@ func TestStreamReadAsPydanticBool(t *testing.T) {
 		{`"off"`, 200, false}, {`0`, 200, false}, {`"F"`, 200, false},
 		{`2`, 400, false}, {`"maybe"`, 400, false}, {`[]`, 400, false},
 	} {
-		for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
-			body := `{"model":"m","prompt":"hello there","max_tokens":2,"stream":` + tc.val + `}`
-			if strings.Contains(path, "chat") {
-				body = `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":2,"stream":` + tc.val + `}`
-			}
+		for _, path := range []string{"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses"} {
+			body := map[string]string{
+				"/v1/completions":      `{"model":"m","prompt":"hello there","max_tokens":2,"stream":`,
+				"/v1/chat/completions": `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":2,"stream":`,
+				"/v1/messages":         `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":2,"stream":`,
+				"/v1/responses":        `{"model":"m","input":"hello","max_output_tokens":2,"stream":`,
+			}[path] + tc.val + `}`
 			st, h, b := post(t, http.DefaultClient, "http://"+s.Addr()+path, body)
 			if st != tc.status {
 				t.Fatalf("%s stream %s: %d %s, want %d", path, tc.val, st, b, tc.status)
@@ -202,7 +205,11 @@ func TestStreamReadAsPydanticBool(t *testing.T) {
 				continue
 			}
 			sse := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
-			if sse != tc.stream || tc.stream && !strings.Contains(string(b), "data: [DONE]") {
+			end := map[string]string{"/v1/messages": "event: message_stop", "/v1/responses": "event: response.completed"}[path]
+			if end == "" {
+				end = "data: [DONE]"
+			}
+			if sse != tc.stream || tc.stream && !strings.Contains(string(b), end) {
 				t.Errorf("%s stream %s: Content-Type %q, %.120s; want a stream: %v", path, tc.val, h.Get("Content-Type"), b, tc.stream)
 			}
 		}

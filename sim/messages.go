@@ -181,7 +181,7 @@ func (s *Server) messagesGen(r *http.Request, req *messagesRequest, pd *pdReques
 		return nil, err
 	}
 	g := &gen{id: s.requestID(r), prompts: [][]uint32{prompt}, maxTokens: *req.MaxTokens, lora: lora,
-		stream: isTrue(req.Stream), chat: true, pd: pd, stop: req.StopSequences}
+		stream: bool(req.Stream), chat: true, pd: pd, stop: req.StopSequences}
 	if req.CacheSalt != nil {
 		g.salt = *req.CacheSalt
 	}

@@ -46,7 +46,7 @@ type messagesRequest struct {
 	Metadata         json.RawMessage `json:"metadata"`
 	OutputConfig     json.RawMessage `json:"output_config"`
 	StopSequences    []string        `json:"stop_sequences"` // vLLM's stop (reported as end_turn, as vLLM does)
-	Stream           *bool           `json:"stream"`
+	Stream           openai.Bool     `json:"stream"`
 	Temperature      *float64        `json:"temperature"`
 	TopK             *int            `json:"top_k"`
 	TopP             *float64        `json:"top_p"`

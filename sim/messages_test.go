@@ -451,7 +451,7 @@ func TestMessagesMalformedRequests(t *testing.T) {
 		{map[string]any{"messages": msgs, "max_tokens": 1, "tools": []any{map[string]any{"input_schema": map[string]any{}}}}, 400, "invalid_request_error", "tools[0].name: required"},
 		{map[string]any{"messages": msgs, "max_tokens": 1, "tool_choice": map[string]any{"type": "tool"}}, 400, "invalid_request_error", "tool_choice.name is required"},
 		{map[string]any{"messages": msgs, "max_tokens": 1, "tool_choice": map[string]any{"type": "some"}}, 400, "invalid_request_error", "tool_choice.type"},
-		{map[string]any{"messages": msgs, "max_tokens": 1, "stream": "yes"}, 400, "invalid_request_error", "stream: expected a boolean"},
+		{map[string]any{"messages": msgs, "max_tokens": 1, "stream": "maybe"}, 400, "invalid_request_error", "stream: expected a boolean"},
 		{map[string]any{"messages": msgs, "max_tokens": 1, "stop_sequences": "END"}, 400, "invalid_request_error", "stop_sequences: expected an array"},
 		{map[string]any{"messages": msgs, "max_tokens": 1, "temperature": -1, "top_p": 2}, 400, "invalid_request_error", "temperature: must not be negative; top_p: must be in (0, 1]"},
 		{map[string]any{"messages": msgs, "max_tokens": 1, "chat_template_kwargs": []any{}}, 400, "invalid_request_error", "chat_template_kwargs: must be an object"},

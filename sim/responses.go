@@ -325,7 +325,7 @@ func (a *responsesAPI) create(w http.ResponseWriter, r *http.Request) {
 		id = *req.RequestID
 	}
 	g := &gen{id: id, prompts: [][]uint32{prompt}, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, lora: lora,
-		stream: isTrue(req.Stream), chat: true}
+		stream: bool(req.Stream), chat: true}
 	if req.CacheSalt != nil {
 		g.salt = *req.CacheSalt
 	}

@@ -21,7 +21,7 @@ type responsesRequest struct {
 	Input              json.RawMessage `json:"input"`
 	Instructions       *string         `json:"instructions"`
 	MaxOutputTokens    *int            `json:"max_output_tokens"`
-	Stream             *bool           `json:"stream"`
+	Stream             openai.Bool     `json:"stream"`
 	Store              *bool           `json:"store"`
 	Background         *bool           `json:"background"`
 	PreviousResponseID *string         `json:"previous_response_id"`

@@ -420,7 +420,7 @@ func TestResponsesMalformedRequests(t *testing.T) {
 		{map[string]any{"model": "test-model", "input": "x", "max_output_tokens": "many"}, 400, "max_output_tokens: expected an integer, got string"},
 		{map[string]any{"model": "test-model", "input": "x", "instructions": 5}, 400, "instructions: expected a string, got number"},
 		{map[string]any{"model": "test-model", "input": "x", "previous_response_id": 5}, 400, "previous_response_id: expected a string"},
-		{map[string]any{"model": "test-model", "input": "x", "stream": "yes"}, 400, "stream: expected a boolean"},
+		{map[string]any{"model": "test-model", "input": "x", "stream": "maybe"}, 400, "stream: expected a boolean"},
 		{map[string]any{"model": "test-model", "input": "x", "temperature": -1}, 400, "temperature: must not be negative"},
 		{map[string]any{"model": "test-model", "input": "x", "top_p": 0}, 400, "top_p: must be in (0, 1]"},
 		{map[string]any{"model": "test-model", "input": "x", "request_id": ""}, 400, "request_id: must not be empty"},
