@@ -109,15 +109,25 @@ var (
 )
 
 // trackNamed notes, in whole events of a named stream about to be
-// relayed, the last sequence number and whether the engine sent its own
-// error event. events starts at an event's start; a key inside a JSON
-// string has its quotes escaped, so it does not match.
+// relayed, the last sequence number and the engine's own first error event
+// (event: error, or vLLM's data: {"error": ...}) and its code (errCode).
+// events starts at an event's start; a key inside a JSON string has its
+// quotes escaped, so it does not match.
 func (p *proxyStream) trackNamed(events []byte) {
 	if i := bytes.LastIndex(events, seqKey); i >= 0 {
 		p.nextSeq = uintAt(events, i+len(seqKey)) + 1
 	}
-	if bytes.HasPrefix(events, errorEventStart[2:]) || bytes.Contains(events, errorEventStart) {
-		p.sawError = true
+	for rest := events; !p.sawError && len(rest) > 0; {
+		ev := rest
+		if i := bytes.Index(rest, eventSep); i >= 0 {
+			ev, rest = rest[:i], rest[i+len(eventSep):]
+		} else {
+			rest = nil
+		}
+		if bytes.HasPrefix(ev, errorEventStart[2:]) || bytes.HasPrefix(ev, errorEventPrefix) {
+			p.sawError = true
+			p.errorEvent(ev)
+		}
 	}
 }
 

@@ -616,6 +616,9 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	result, reqErr := "", false
 	if ps.cut > 0 && (bytes.HasPrefix(ps.buf, errorEventPrefix) || ps.named != nil && ps.named.firstEventFailed(ps.buf[:ps.cut])) {
 		first := ps.buf[:bytes.Index(ps.buf, eventSep)]
+		if ps.named != nil { // the event that failed, past the preamble (response.created)
+			first, _ = ps.named.firstEvent(ps.buf[:ps.cut])
+		}
 		if code := errorEventCode(first); code < 400 || code >= 500 {
 			// The engine failed before producing anything (e.g. it is
 			// restarting): nothing useful reached the client, try the

@@ -226,6 +226,17 @@ func (p *proxyStream) Read(b []byte) (int, error) {
 // (bytes already reached the client, so it cannot be retried).
 func (p *proxyStream) endWith(err error) {
 	p.done = true
+	if err == io.EOF && p.named != nil && p.sawError && len(bytes.TrimLeft(p.buf[:p.fill], "\n")) == 0 {
+		// The engine's own error event ended a Messages or Responses
+		// stream (nothing follows it there). A request's own error (4xx)
+		// leaves the engine in good standing; any other counts against it,
+		// and nothing is added after its event.
+		if p.errCode >= 400 && p.errCode < 500 {
+			p.c.s.health.ok(p.up, p.c.attemptAt)
+			return
+		}
+		err = fmt.Errorf("the engine ended the stream with an error event (code %d)", p.errCode)
+	}
 	if err == io.EOF && (len(bytes.TrimLeft(p.buf[:p.fill], "\n")) > 0 || !p.sawDone) {
 		// A half event or no [DONE]: the engine stopped short.
 		err = io.ErrUnexpectedEOF
@@ -324,16 +335,32 @@ var (
 	codeMarker       = []byte(`"code":`)
 )
 
-// errorEventCode is the status code an engine's error event carries
-// ("code": N inside it, as vLLM's and SGLang's ErrorResponse write it; 0
-// when it has none).
+// errorEventCode is the status code an engine's error event carries:
+// "code": N inside it, as vLLM's and SGLang's ErrorResponse write it, else
+// 400 for an error whose type or code names the request's own fault (the
+// Messages API's Anthropic errors and the Responses API's error events
+// carry a type or a string code, no status); 0 when it says neither.
 func errorEventCode(ev []byte) int {
-	i := bytes.Index(ev, codeMarker)
-	if i < 0 {
-		return 0
+	if i := bytes.Index(ev, codeMarker); i >= 0 {
+		if code := uintAt(ev, i+len(codeMarker)); code != 0 {
+			return code
+		}
 	}
-	return uintAt(ev, i+len(codeMarker))
+	for _, t := range requestErrorTypes {
+		if bytes.Contains(ev, t) {
+			return fasthttp.StatusBadRequest
+		}
+	}
+	return 0
 }
+
+// requestErrorTypes are the error types and string codes (quoted, as JSON
+// strings) that say the request itself was refused: OpenAI's and
+// Anthropic's 4xx types, vLLM's exception names, the Responses API's
+// invalid_prompt.
+var requestErrorTypes = [][]byte{[]byte(`"invalid_request_error"`), []byte(`"BadRequestError"`), []byte(`"not_found_error"`),
+	[]byte(`"NotFoundError"`), []byte(`"authentication_error"`), []byte(`"permission_error"`), []byte(`"request_too_large"`),
+	[]byte(`"invalid_prompt"`), []byte(`"context_length_exceeded"`)}
 
 // requestUsage reports whether the last usage in b counts the whole
 // request: the usage-only chunk, or any chunk's usage when the engine
