@@ -166,3 +166,35 @@ func TestRetrieveModel(t *testing.T) {
 		t.Errorf("GET /v1/models/nope: %d %s, want 404 model_not_found naming it", resp.StatusCode, body)
 	}
 }
+
+// The read-only paths take GET and HEAD; another method is a 405 naming
+// them, as vLLM's (FastAPI's) routes answer, not an answer as if it had
+// done something (DELETE /v1/models/m returned the model as if deleted).
+func TestReadOnlyPathsRefuseOtherMethods(t *testing.T) {
+	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://127.0.0.1:1"}), Deps{})
+	for _, path := range []string{"/v1/models", "/v1/models/m", "/health", "/ready", "/version", "/metrics"} {
+		for _, method := range []string{http.MethodPost, http.MethodDelete, http.MethodPut} {
+			req, _ := http.NewRequest(method, "http://"+s.Addr()+path, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if d, ok := openai.DecodeError(body); resp.StatusCode != 405 || !ok || resp.Header.Get("Allow") != "GET, HEAD" || !strings.Contains(d.Message, "use GET, HEAD") {
+				t.Errorf("%s %s: %d Allow %q %s, want 405 naming GET and HEAD", method, path, resp.StatusCode, resp.Header.Get("Allow"), body)
+			}
+		}
+		for _, method := range []string{http.MethodGet, http.MethodHead} {
+			req, _ := http.NewRequest(method, "http://"+s.Addr()+path, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode == 405 {
+				t.Errorf("%s %s: 405", method, path)
+			}
+		}
+	}
+}

@@ -277,7 +277,12 @@ func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Close() }()
 	testutil.WaitFor(t, 10*time.Second, "the ingress draining", func() bool { return s.draining.Load() })
-	st, _, _ := post(t, http.DefaultClient, "http://"+s.Addr()+"/ready", "")
+	resp2, err := http.Get("http://" + s.Addr() + "/ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	st := resp2.StatusCode
 	if st != 503 {
 		t.Fatalf("/ready while draining = %d", st)
 	}

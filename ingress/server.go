@@ -666,6 +666,38 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
 		"/v1/messages/count_tokens":
 		s.handleInference(ctx, epOther) // passthrough.go
+	case "/v1/models", "/health", "/ready", "/version", "/metrics":
+		if !ctx.IsGet() && !ctx.IsHead() { // read-only: 405, as vLLM's (FastAPI's) routes answer
+			endpoint := "unknown"
+			if p := string(path); p == "/v1/models" || p == "/metrics" {
+				endpoint = p[strings.LastIndexByte(p, '/')+1:]
+			}
+			s.finishOther(ctx, endpoint, start, writeError(ctx, methodNotAllowed("GET, HEAD", ctx.Method(), path)))
+			return
+		}
+		s.serveReadOnly(ctx, path, start)
+	case "/ping": // vLLM's (SageMaker's health check): 200 when ready
+		s.handlePing(ctx)
+	default: // /debug/* included: admin listener only (admin.go)
+		if bytes.HasPrefix(path, []byte("/v1/responses/")) {
+			s.handleResponseByID(ctx) // responses.go
+			return
+		}
+		if id, ok := bytes.CutPrefix(path, []byte("/v1/models/")); ok && len(id) > 0 {
+			if !ctx.IsGet() && !ctx.IsHead() {
+				s.finishOther(ctx, "models", start, writeError(ctx, methodNotAllowed("GET, HEAD", ctx.Method(), path)))
+				return
+			}
+			s.finishOther(ctx, "models", start, s.handleModel(ctx, string(id))) // models.go
+			return
+		}
+		s.finishOther(ctx, "unknown", start, writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path))))
+	}
+}
+
+// serveReadOnly answers the read-only paths (GET and HEAD).
+func (s *Server) serveReadOnly(ctx *fasthttp.RequestCtx, path []byte, start time.Time) {
+	switch string(path) {
 	case "/v1/models":
 		s.finishOther(ctx, "models", start, s.handleModels(ctx)) // otherlog.go
 	case "/health":
@@ -673,8 +705,6 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 	case "/ready":
 		s.handleReady(ctx)
-	case "/ping": // vLLM's (SageMaker's health check): 200 when ready
-		s.handlePing(ctx)
 	case "/version": // vLLM's: {"version": ...}, kvmesh's here
 		s.handleVersion(ctx)
 	case "/metrics":
@@ -691,16 +721,6 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		}
 		s.metricsHandler(ctx)
 		s.finishOther(ctx, "metrics", start, nil)
-	default: // /debug/* included: admin listener only (admin.go)
-		if bytes.HasPrefix(path, []byte("/v1/responses/")) {
-			s.handleResponseByID(ctx) // responses.go
-			return
-		}
-		if id, ok := bytes.CutPrefix(path, []byte("/v1/models/")); ok && len(id) > 0 {
-			s.finishOther(ctx, "models", start, s.handleModel(ctx, string(id))) // models.go
-			return
-		}
-		s.finishOther(ctx, "unknown", start, writeError(ctx, fmt.Errorf("%w: %s %s", ErrNotFound, clipBytes(ctx.Method()), clipBytes(path))))
 	}
 }
 
