@@ -534,6 +534,13 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 		if cfg.MaxAge != def.MaxAge && cur.MaxAge != cfg.MaxAge {
 			next.MaxAge = cfg.MaxAge
 			changes = append(changes, "max_age", fmt.Sprintf("%v → %v", cur.MaxAge, cfg.MaxAge))
+			if next.MaxAge > 0 && next.Duplicates > next.MaxAge {
+				// JetStream refuses a de-duplication window longer than
+				// the retention (its default is 2 min; a stream created
+				// with a shorter max age got one as long as that).
+				next.Duplicates = next.MaxAge
+				changes = append(changes, "duplicates", fmt.Sprintf("%v → %v", cur.Duplicates, next.Duplicates))
+			}
 		}
 		if cfg.MaxBytes != def.MaxBytes && cur.MaxBytes != cfg.MaxBytes {
 			next.MaxBytes = cfg.MaxBytes

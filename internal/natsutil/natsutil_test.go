@@ -137,6 +137,37 @@ func TestConnectEmbeddedEnsuresStream(t *testing.T) {
 	}
 }
 
+// A stream created with the default retention has JetStream's 2 min
+// de-duplication window; a sidecar asking for a retention below it gets
+// it, the window shrinking with it. JetStream refuses a window longer than
+// the retention, and the update was refused for ever (warned about every
+// second, the stream's retention left as it was).
+func TestLowerMaxAgeShrinksDuplicates(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Connect(ctx, DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.JS.Stream(ctx, StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.CachedInfo().Config.Duplicates; d <= time.Minute {
+		t.Fatalf("created with a de-duplication window of %v; the test needs one above 1m", d)
+	}
+	sc := DefaultConfig().Stream
+	sc.MaxAge = time.Minute
+	up, err := EnsureStream(ctx, c.JS, sc, nil)
+	if err != nil {
+		t.Fatalf("a max age below the de-duplication window: %v", err)
+	}
+	if got := up.CachedInfo().Config; got.MaxAge != time.Minute || got.Duplicates > time.Minute {
+		t.Fatalf("after lowering the max age to 1m: max age %v, duplicates %v", got.MaxAge, got.Duplicates)
+	}
+}
+
 func TestConnectUserPassword(t *testing.T) {
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "kv", Password: "secret", NoLog: true, NoSigs: true})
 	if err != nil {
