@@ -93,6 +93,14 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 	}
 	rules = append(rules, natsFlagsOff(noNATS)...)
 	probs.refuseOff(fs, rules)
+	tokenFlag := false
+	fs.Visit(func(f *flag.Flag) { tokenFlag = tokenFlag || f.Name == "admin-token" })
+	if cfg.AdminToken != "" && cfg.AdminListen == "" && !tokenFlag { // the flag is refused by name above
+		probs.add("the admin token ($KVMESH_ADMIN_TOKEN) is not read without --admin (/metrics on --listen takes a client credential, never the admin token)")
+	}
+	if len(cfg.Engines) > 0 && !noGossip {
+		probs.add("static engines (--engine, the config's engines) are not used with gossip (--gossip-bind, the config's cluster.gossipBind): the sidecars' gossip lists the engines; give one or the other")
+	}
 }
 
 // listenTLSFlags binds the client listener's TLS. `kvmesh epp` leaves them
@@ -108,7 +116,7 @@ func listenTLSFlags(fs *flag.FlagSet, cfg *ingress.Config) {
 func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) {
 	cfg := &opts.Config
 	fs.String("config", "", "YAML config file (ingress.Config fields); flags override it")
-	fs.StringVar(&cfg.ID, "id", "", "replica id (default ingress-<random hex>)")
+	fs.StringVar(&cfg.ID, "id", cfg.ID, "replica id (default ingress-<random hex>)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
 	fs.StringVar(&cfg.AdminListen, "admin", cfg.AdminListen, "admin address for /debug/* (pprof, engines, index, config, health, tokenizers) and /metrics (empty: off; /metrics then stays on the client port, behind the client credential when API keys or JWTs are on)")
 	secretEnvFlag(fs, &cfg.AdminToken, "admin-token", "KVMESH_ADMIN_TOKEN", "bearer `token` required on the admin address (empty: none)")
@@ -176,11 +184,11 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fairQueueFlags(fs, cfg, probs)
 	probs.LogLevel(fs, &opts.LogLevel)
 	probs.LogFormat(fs, &opts.LogFormat)
-	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", "", "memberlist address IP:port (IPv6 in brackets; empty: no gossip, use -engine)")
-	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", "", "the IP, or IP:port (IPv6 in brackets), others dial, when it differs from the bind address")
+	fs.StringVar(&cfg.Cluster.GossipBind, "gossip-bind", cfg.Cluster.GossipBind, "memberlist address IP:port (IPv6 in brackets; empty: no gossip, use -engine)")
+	fs.StringVar(&cfg.Cluster.GossipAdvertise, "gossip-advertise", cfg.Cluster.GossipAdvertise, "the IP, or IP:port (IPv6 in brackets), others dial, when it differs from the bind address")
 	gossipKeyFlag(fs, &cfg.Cluster.GossipKey, &cfg.Cluster.GossipKeys, probs)
 	List(fs, &cfg.Cluster.GossipSeeds, "join", "comma-separated gossip seeds host:port")
-	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", "", "memberlist timings: local, lan (default) or wan")
+	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", cfg.Cluster.GossipProfile, "memberlist timings: local, lan (default) or wan")
 	natsutil.BindFlags(fs, &cfg.Cluster.NATSURLs, &cfg.Cluster.NATSAuth, "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
 	stateLaneFlag(fs, &cfg.Cluster.StateOverNATSOff, "read engine load and the other replicas' state from NATS (kvmesh.state.>) besides gossip, and publish this replica's (default true)", probs)
 }

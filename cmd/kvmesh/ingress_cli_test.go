@@ -139,7 +139,7 @@ func TestBadEnvForFeatureOff(t *testing.T) {
 		{stateLaneEnv, "maybe", append(append([]string{}, nats...), gossip...), "KVMESH_STATE_OVER_NATS"},
 	} {
 		t.Setenv(c.env, c.val)
-		_, err := ingressOptions(append(append([]string{}, base...), c.args...), io.Discard)
+		_, err := ingressOptions(ingressArgs(base, c.args), io.Discard)
 		if c.want == "" && err != nil || c.want != "" && (!errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%s=%q %v: %v; want %q", c.env, c.val, c.args, err, c.want)
 		}
@@ -218,5 +218,57 @@ func TestSimAndLocalSecretsFromEnvNotShown(t *testing.T) {
 		if strings.Contains(all, "s3cret") || tc.env != "" && !strings.Contains(all, "(env "+tc.env+"; set)") {
 			t.Errorf("%v: output shows a secret or not that it is set:\n%s", tc.args, all)
 		}
+	}
+}
+
+// Every setting of the config file holds unless its flag is given: the
+// replica id and the gossip settings were written over by their flags'
+// empty defaults, so a replica configured for gossip started without it,
+// under a random id, and with gossipSeeds set was refused as having seeds
+// without a bind address.
+func TestConfigFileGossipAndIDKept(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	doc := "id: ing-7\ncluster:\n  gossipBind: 127.0.0.1:7946\n  gossipAdvertise: 10.0.0.7\n  gossipProfile: local\n  gossipSeeds: [127.0.0.1:7947]\n"
+	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := ingressOptions([]string{"--config", p}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.Config; c.ID != "ing-7" || c.Cluster.GossipBind != "127.0.0.1:7946" || c.Cluster.GossipAdvertise != "10.0.0.7" || c.Cluster.GossipProfile != "local" {
+		t.Fatalf("from the config file: id %q, gossip bind %q, advertise %q, profile %q", c.ID, c.Cluster.GossipBind, c.Cluster.GossipAdvertise, c.Cluster.GossipProfile)
+	}
+	o, err = ingressOptions([]string{"--config", p, "--id", "ing-8", "--gossip-profile", "wan"}, io.Discard)
+	if err != nil || o.Config.ID != "ing-8" || o.Config.Cluster.GossipProfile != "wan" || o.Config.Cluster.GossipBind != "127.0.0.1:7946" {
+		t.Fatalf("flags over the file: %+v, %v", o.Config.Cluster, err)
+	}
+}
+
+// Static engines are not used with gossip (the sidecars list the engines):
+// both given is refused by name, where the static ones were dropped and
+// every request got 503 "no live engines".
+func TestStaticEnginesWithGossipRefused(t *testing.T) {
+	_, err := ingressOptions([]string{"--engine", "e=m=http://127.0.0.1:1", "--gossip-bind", "127.0.0.1:0"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "static engines (--engine") {
+		t.Fatalf("--engine with --gossip-bind: %v, want refused naming both", err)
+	}
+	if _, err := ingressOptions([]string{"--engine", "e=m=http://127.0.0.1:1"}, io.Discard); err != nil {
+		t.Fatalf("--engine alone: %v", err)
+	}
+}
+
+// The admin token from the environment is refused without --admin, as the
+// flag is: it was believed silently, and /metrics stayed open on the
+// client port.
+func TestAdminTokenEnvWithoutAdminRefused(t *testing.T) {
+	t.Setenv("KVMESH_ADMIN_TOKEN", "s3cret")
+	_, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "$KVMESH_ADMIN_TOKEN) is not read without --admin") {
+		t.Fatalf("$KVMESH_ADMIN_TOKEN without --admin: %v, want refused", err)
+	}
+	o, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--admin", "127.0.0.1:0"}, io.Discard)
+	if err != nil || o.Config.AdminToken != "s3cret" {
+		t.Fatalf("$KVMESH_ADMIN_TOKEN with --admin: %v, token read %v", err, o.Config.AdminToken != "")
 	}
 }

@@ -19,7 +19,7 @@ func TestStateOverNATSFlag(t *testing.T) {
 		{[]string{"--nats", "nats://127.0.0.1:1", "--state-over-nats=false"}, []string{"--state-over-nats is not read without --gossip-bind"}},
 		{[]string{"--nats", "nats://127.0.0.1:1", "--gossip-bind", "127.0.0.1:0", "--state-over-nats=false"}, nil},
 	} {
-		_, err := ingressOptions(append(append([]string(nil), base...), c.args...), io.Discard)
+		_, err := ingressOptions(ingressArgs(base, c.args), io.Discard)
 		checkRefused(t, c.args, err, c.want)
 	}
 	for _, c := range []struct {
@@ -31,7 +31,7 @@ func TestStateOverNATSFlag(t *testing.T) {
 		{[]string{"--state-over-nats"}, false},
 	} {
 		args := append([]string{"--nats", "nats://127.0.0.1:1", "--gossip-bind", "127.0.0.1:0"}, c.args...)
-		o, err := ingressOptions(append(append([]string(nil), base...), args...), io.Discard)
+		o, err := ingressOptions(ingressArgs(base, args), io.Discard)
 		if err != nil || o.Config.Cluster.StateOverNATSOff != c.off {
 			t.Errorf("ingress %v: off %v, err %v; want off %v", c.args, o.Config.Cluster.StateOverNATSOff, err, c.off)
 		}
@@ -48,7 +48,7 @@ func TestStateOverNATSFlag(t *testing.T) {
 // variable, where it exits on the flag); the flag wins over it, and a bad
 // value is refused unless the flag replaces it.
 func TestStateOverNATSEnv(t *testing.T) {
-	args := []string{"--engine", "m=http://127.0.0.1:1", "--nats", "nats://127.0.0.1:1", "--gossip-bind", "127.0.0.1:0"}
+	args := []string{"--nats", "nats://127.0.0.1:1", "--gossip-bind", "127.0.0.1:0"}
 	for _, c := range []struct {
 		env  string
 		args []string
