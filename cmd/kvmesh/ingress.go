@@ -93,8 +93,15 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 	}
 	rules = append(rules, natsFlagsOff(noNATS)...)
 	probs.refuseOff(fs, rules)
-	tokenFlag := false
-	fs.Visit(func(f *flag.Flag) { tokenFlag = tokenFlag || f.Name == "admin-token" })
+	tokenFlag, policyFlag, schedFlag := false, false, false
+	fs.Visit(func(f *flag.Flag) {
+		tokenFlag = tokenFlag || f.Name == "admin-token"
+		policyFlag = policyFlag || f.Name == "policy"
+		schedFlag = schedFlag || f.Name == "scheduler-config"
+	})
+	if policyFlag && schedFlag { // else the later of the two won, half of the file kept
+		probs.add("--policy and --scheduler-config are both given: the SchedulerConfig file names the policy (its policy:); give one")
+	}
 	if cfg.AdminToken != "" && cfg.AdminListen == "" && !tokenFlag { // the flag is refused by name above
 		probs.add("the admin token ($KVMESH_ADMIN_TOKEN) is not read without --admin (/metrics on --listen takes a client credential, never the admin token)")
 	}
@@ -148,7 +155,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.StringVar(&cfg.PD.Policy, "pd-policy", cfg.PD.Policy, "prefill/decode step for engines with roles (\"\" = off): kvmesh|kvmesh-always|kthena|llmd|dynamo|sglang|aibrix")
 	fs.Float64Var(&cfg.PD.TransferGbps, "pd-transfer-gbps", cfg.PD.TransferGbps, "prefill → decode KV bandwidth the P/D cost model assumes, Gbit/s (0: 100)")
 	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|"))
-	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file (overrides -policy)", func(path string) error {
+	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file: the policy and its parameters (not with --policy)", func(path string) error {
 		sc, err := registry.LoadConfig(path)
 		if err != nil {
 			return fmt.Errorf("--scheduler-config: %w", err)

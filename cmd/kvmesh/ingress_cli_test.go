@@ -272,3 +272,23 @@ func TestAdminTokenEnvWithoutAdminRefused(t *testing.T) {
 		t.Fatalf("$KVMESH_ADMIN_TOKEN with --admin: %v, token read %v", err, o.Config.AdminToken != "")
 	}
 }
+
+// --policy and --scheduler-config both given are refused: the later of the
+// two won, so the policy depended on the flags' order and, with --policy
+// last, ran with the rest of the file's settings.
+func TestPolicyWithSchedulerConfigRefused(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "s.yaml")
+	if err := os.WriteFile(p, []byte("apiVersion: kvmesh.io/v1alpha1\nkind: SchedulerConfig\npolicy: kvmesh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--scheduler-config", p, "--policy", "random"}, {"--policy", "random", "--scheduler-config", p}} {
+		_, err := ingressOptions(append([]string{"--engine", "m=http://127.0.0.1:1"}, args...), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--policy and --scheduler-config are both given") {
+			t.Errorf("%v: %v, want refused", args, err)
+		}
+	}
+	o, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--scheduler-config", p}, io.Discard)
+	if err != nil || o.Config.Scheduler.Policy != "kvmesh" {
+		t.Fatalf("--scheduler-config alone: %v, policy %q", err, o.Config.Scheduler.Policy)
+	}
+}
