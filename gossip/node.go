@@ -145,6 +145,9 @@ func New(cfg Config) (*Node, error) {
 		mc.Keyring = kr
 		n.keyring = kr
 	}
+	if w := unencryptedWarning(cfg); w != "" {
+		n.log.Warn(w, "bind", cfg.BindAddr)
+	}
 	mc.PushPullInterval = cfg.PushPullInterval
 	n.maxBroadcast = maxBroadcastBytes(mc, len(cfg.SecretKey) > 0)
 	mc.Delegate = delegate{n}
@@ -859,4 +862,18 @@ func (n *Node) forget() {
 	clear(n.gens)
 	clear(n.pending)
 	n.mu.Unlock()
+}
+
+// unencryptedWarning is the warning for gossip without a key on an address
+// other hosts reach ("" with a key, or bound to loopback): anyone who
+// reaches the gossip port can join and gossip engine state, and an empty
+// key (an empty Secret value) turns encryption off without a word.
+func unencryptedWarning(cfg Config) string {
+	if len(cfg.SecretKey) > 0 {
+		return ""
+	}
+	if ip := net.ParseIP(cfg.BindAddr); ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	return "gossip is not encrypted: any host that reaches the gossip port can join and gossip engine state; give every member the same --gossip-key (or $KVMESH_GOSSIP_KEY, which is empty here if it is set)"
 }
