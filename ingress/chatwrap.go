@@ -39,7 +39,7 @@ func (p *proxyStream) convertEvent(dst, ev []byte) []byte {
 	}
 	if n := usageCompletionTokens(payload); n > 0 && requestUsage(p.c, payload) {
 		p.c.outTokens = n
-		if p.c.dropUsage && bytes.Contains(payload, usageOnly) {
+		if p.c.dropUsage && hasUsageOnly(payload) {
 			return dst[:len(dst)-len(dataPrefix)]
 		}
 	} else {

@@ -107,7 +107,7 @@ func (p *proxyStream) probeUsage(events []byte, sawDone bool) {
 		return
 	}
 	switch {
-	case bytes.Contains(events, usageOnly) && bytes.Contains(events, usageMarker):
+	case hasUsageOnly(events) && bytes.Contains(events, usageMarker):
 		c.usage.verdict.Store(usageForced)
 	case sawDone:
 		c.usage.verdict.Store(usageAsked)

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -28,6 +29,7 @@ func namedSSEEngine(t *testing.T, events string) (url string, hits func() int) {
 		case n <- struct{}{}:
 		default:
 		}
+		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = w.Write([]byte(events))
 	})}
@@ -101,4 +103,57 @@ func TestNamedStreamErrorEventFirst(t *testing.T) {
 		}
 		testutil.WaitFor(t, 10*time.Second, "the engine counted failed (ejected at the first failure)", func() bool { return seriesSum(s.health.ejections) == 1 })
 	})
+}
+
+// An engine (or a proxy in front of one) writing JSON as Python's
+// json.dumps does, with a space after each colon: a Messages stream's
+// message_stop and a Responses stream's response.completed still end their
+// streams cleanly (before, each such stream got an error event after its
+// last event and counted against the engine, ejected after three).
+func TestSpacedJSONStreams(t *testing.T) {
+	const (
+		msgs = "event: message_start\ndata: {\"type\": \"message_start\", \"message\": {\"id\": \"msg_1\", \"type\": \"message\", \"role\": \"assistant\", \"content\": []}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"hi\"}}\n\n" +
+			"event: message_stop\ndata: {\"type\": \"message_stop\"}\n\n"
+		resp = "event: response.created\ndata: {\"type\": \"response.created\", \"sequence_number\": 0, \"response\": {\"id\": \"resp_1\"}}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\": \"response.output_text.delta\", \"sequence_number\": 1, \"delta\": \"hi\"}\n\n" +
+			"event: response.completed\ndata: {\"type\": \"response.completed\", \"sequence_number\": 2, \"response\": {\"id\": \"resp_1\", \"status\": \"completed\"}}\n\n"
+	)
+	for _, tc := range []struct{ name, path, body, events string }{
+		{"messages", "/v1/messages", `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, msgs},
+		{"responses", "/v1/responses", `{"model":"m","input":"hi","stream":true}`, resp},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, _ := namedSSEEngine(t, tc.events)
+			cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: url})
+			cfg.Health.ConsecutiveFailures = 1 // one failure would eject
+			s := startIngress(t, cfg, Deps{})
+			for i := range 3 {
+				st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+tc.path, tc.body)
+				if st != 200 || strings.Contains(string(body), "event: error") || strings.Contains(string(body), "failed mid-stream") {
+					t.Fatalf("request %d: %d %s, want the engine's stream, ended cleanly", i+1, st, body)
+				}
+			}
+			if n := seriesSum(s.health.ejections); n != 0 {
+				t.Fatalf("%v ejections of an engine whose streams all ended cleanly", n)
+			}
+		})
+	}
+}
+
+// The usage chunk the ingress asked for itself (stream_options) is kept
+// from a chat client that did not ask for it also when the engine writes
+// "choices": [] with a space (Python's json.dumps); it reached the client,
+// whose chunk.choices[0] then fails.
+func TestDropUsageEventsSpaced(t *testing.T) {
+	const (
+		text  = "data: {\"id\": \"c1\", \"choices\": [{\"index\": 0, \"delta\": {\"content\": \"hi\"}}]}\n\n"
+		usage = "data: {\"id\": \"c1\", \"choices\": [], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 1}}\n\n"
+		done  = "data: [DONE]\n\n"
+	)
+	for _, u := range []string{usage, strings.ReplaceAll(usage, ": ", ":")} {
+		if got := string(dropUsageEvents(nil, []byte(text+u+done))); got != text+done {
+			t.Errorf("usage chunk %q: relayed %q, want it dropped", u, got)
+		}
+	}
 }

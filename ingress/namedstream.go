@@ -20,7 +20,7 @@ type namedStream struct {
 	errorEvent   []byte
 	// delta marks an output event, counted when no usage says how many
 	// tokens came.
-	delta []byte
+	delta [][]byte
 	// appendError appends the event ending a stream the engine broke; seq
 	// is the sequence number after the last event relayed (the Responses
 	// API numbers its events).
@@ -32,20 +32,31 @@ var outTokensKey = []byte(`"output_tokens":`)
 
 var (
 	responsesStream = &namedStream{
-		preamble:    [][]byte{[]byte(`"type":"response.created"`), []byte(`"type":"response.in_progress"`)},
-		ends:        [][]byte{[]byte(`"type":"response.completed"`), []byte(`"type":"response.incomplete"`), []byte(`"type":"response.failed"`)},
-		failed:      [][]byte{[]byte(`"type":"response.failed"`)},
+		preamble:    typeMarks("response.created", "response.in_progress"),
+		ends:        typeMarks("response.completed", "response.incomplete", "response.failed"),
+		failed:      typeMarks("response.failed"),
 		errorEvent:  []byte("event: error"),
-		delta:       []byte(`.delta"`), // the data's "type" (the event line has no quote)
+		delta:       [][]byte{[]byte(`.delta"`)}, // the data's "type" (the event line has no quote)
 		appendError: appendRespErrorEvent,
 	}
 	messagesStream = &namedStream{
-		ends:        [][]byte{[]byte(`"type":"message_stop"`)},
+		ends:        typeMarks("message_stop"),
 		errorEvent:  []byte("event: error"),
-		delta:       []byte(`"type":"content_block_delta"`),
+		delta:       typeMarks("content_block_delta"),
 		appendError: appendMessagesErrorEvent,
 	}
 )
+
+// typeMarks are the bytes of a "type" member naming each of types, as
+// compact JSON writes it ("type":"x": Go, pydantic) and as Python's
+// json.dumps does by default ("type": "x").
+func typeMarks(types ...string) [][]byte {
+	var out [][]byte
+	for _, t := range types {
+		out = append(out, []byte(`"type":"`+t+`"`), []byte(`"type": "`+t+`"`))
+	}
+	return out
+}
 
 // namedStreamOf is the named-event stream of endpoint ep, nil for the
 // data-only streams of completions and chat.
@@ -100,7 +111,9 @@ func (n *namedStream) outTokens(c *call, b []byte) {
 			return
 		}
 	}
-	c.outTokens += bytes.Count(b, n.delta)
+	for _, d := range n.delta {
+		c.outTokens += bytes.Count(b, d)
+	}
 }
 
 var (

@@ -151,7 +151,14 @@ func (p *proxyStream) toLF(b []byte) int {
 	return w
 }
 
-var usageOnly = []byte(`"choices":[]`)
+// usageOnly marks the usage-only chunk (no choices), as compact JSON and
+// Python's json.dumps write it.
+var usageOnly, usageOnlySpaced = []byte(`"choices":[]`), []byte(`"choices": []`)
+
+// hasUsageOnly reports whether b holds a usage-only chunk's empty choices.
+func hasUsageOnly(b []byte) bool {
+	return bytes.Contains(b, usageOnly) || bytes.Contains(b, usageOnlySpaced)
+}
 
 // hasDoneEvent reports whether events hold a [DONE] event: a whole
 // "data: [DONE]" line that starts an event (a second data line of another
@@ -182,7 +189,7 @@ func dropUsageEvents(dst, events []byte) []byte {
 		}
 		ev := events[:i+len(eventSep)]
 		events = events[i+len(eventSep):]
-		if bytes.Contains(ev, usageOnly) && bytes.Contains(ev, usageMarker) {
+		if hasUsageOnly(ev) && bytes.Contains(ev, usageMarker) {
 			continue
 		}
 		dst = append(dst, ev...)
@@ -368,7 +375,7 @@ var requestErrorTypes = [][]byte{[]byte(`"invalid_request_error"`), []byte(`"Bad
 // carries the usage of its own choice, so with several sequences a chunk's
 // count is one choice's; the events are counted until the final chunk.
 func requestUsage(c *call, b []byte) bool {
-	return c.seqs <= 1 || bytes.Contains(b, usageOnly)
+	return c.seqs <= 1 || hasUsageOnly(b)
 }
 
 // usageCompletionTokens finds "completion_tokens":N in b (0 when absent).
