@@ -165,6 +165,14 @@ func (r *request) finishResponses() error {
 	r.messages = b[:msgEnd]
 	r.kind = promptChat
 	if n == 0 {
+		if len(r.prevResponse) > 0 {
+			// A stored conversation continued with no new message (a
+			// function-call loop's follow-up, "go on"): the engine
+			// prepends it, and the request goes where the id says, with
+			// nothing here to key or count.
+			r.kind = promptNone
+			return nil
+		}
 		return badRequest("input", fmt.Errorf("%w: input has no messages", ErrBadRequest))
 	}
 	return r.checkMessages()

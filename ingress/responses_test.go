@@ -49,6 +49,7 @@ func TestResponsesRequest(t *testing.T) {
 		{name: "no input", body: `{"model":"m"}`, wantErr: "input is required", param: "input"},
 		{name: "input number", body: `{"model":"m","input":5}`, wantErr: "input must be", param: "input"},
 		{name: "empty items", body: `{"model":"m","input":[]}`, wantErr: "no messages", param: "input"},
+		{name: "empty items continuing a response", body: `{"model":"m","input":[],"previous_response_id":"resp_x"}`, messages: `[]`, maxTokens: -1, prev: "resp_x"},
 		{name: "only reasoning", body: `{"model":"m","input":[{"type":"reasoning"}]}`, wantErr: "no messages", param: "input"},
 		{name: "item not object", body: `{"model":"m","input":["x"]}`, wantErr: "input[0] must be an object", param: "input[0]"},
 		{name: "unknown item", body: `{"model":"m","input":[{"type":"computer_call"}]}`, wantErr: "not supported", param: "input[0].type"},

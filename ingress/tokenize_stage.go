@@ -37,6 +37,11 @@ func (c *call) tokenize() error {
 		return nil
 	}
 	switch c.req.kind {
+	case promptNone: // a Responses follow-up with no new message (responses.go): routed by its id
+		c.tokens = nil
+		if c.ep == epResponses {
+			c.responsesBody()
+		}
 	case promptIDs:
 		if err := checkVocab(tok, c.req.ids, c.req.batch); err != nil {
 			return err

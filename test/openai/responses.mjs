@@ -30,6 +30,13 @@ await capture("chains", async () => {
   return { chains };
 });
 
+await capture("continue_empty", async () => {
+  const { data: r1, response: h1 } = await a.responses.create({ model, input: "Tell me about the sea.", max_output_tokens: 4 }).withResponse();
+  const { data: r2, response: h2 } = await b.responses.create({ model, previous_response_id: r1.id, input: [], max_output_tokens: 4 }).withResponse();
+  return { first: h1.headers.get("x-kvmesh-engine"), second: h2.headers.get("x-kvmesh-engine"), in1: r1.usage.input_tokens,
+    in2: r2.usage.input_tokens, prev: r2.previous_response_id === r1.id };
+});
+
 await capture("stream", async () => {
   const s = await b.responses.create({ model, input: [{ role: "user", content: "Stream me something" }], max_output_tokens: 6, stream: true });
   const types = [];

@@ -57,6 +57,11 @@ func TestOpenAINodeClientResponses(t *testing.T) {
 	if len(chains) != 6 || len(used) != 2 {
 		t.Errorf("%d chains on engines %v: want 6 over both", len(chains), used)
 	}
+	// A stored conversation continued with no new message (input []) goes
+	// where the first response is and sees it (the ingress refused it).
+	if ce := res.ok(t, "continue_empty"); ce["first"] != ce["second"] || ce["prev"] != true || num(ce["in2"]) <= num(ce["in1"]) {
+		t.Errorf("continue_empty: %v", ce)
+	}
 	st := res.ok(t, "stream")
 	types, _ := st["types"].([]any)
 	if len(types) < 4 || types[0] != "response.created" || (types[len(types)-1] != "response.completed" && types[len(types)-1] != "response.incomplete") ||
