@@ -479,7 +479,11 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	}
 	ureq, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(ureq)
-	defer fasthttp.ReleaseResponse(resp)
+	defer func() {
+		if resp != nil { // else a stream's body owns it (byIDStream)
+			fasthttp.ReleaseResponse(resp)
+		}
+	}()
 	ureq.Header.SetMethodBytes(ctx.Method())
 	s.putUpstreamHeaders(&ureq.Header, func(i int) []byte {
 		if i == fwdRequestID {
@@ -507,7 +511,28 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(resp.StatusCode())
 	ctx.SetContentTypeBytes(resp.Header.ContentType())
 	s.setEngineHeader(ctx, up.id)
+	if resp.BodyStream() != nil && bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
+		// GET ...?stream=true (a background response followed, a dropped
+		// stream resumed with starting_after): the events as they come.
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.SetBodyStream(&byIDStream{resp: resp}, -1)
+		resp = nil
+		return
+	}
 	ctx.SetBody(resp.Body())
+}
+
+// byIDStream relays a stored response's event stream; fasthttp closes it
+// when the client has it all or went away, which releases the engine's
+// answer (and its connection).
+type byIDStream struct{ resp *fasthttp.Response }
+
+func (b *byIDStream) Read(p []byte) (int, error) { return b.resp.BodyStream().Read(p) }
+
+func (b *byIDStream) Close() error {
+	err := b.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(b.resp)
+	return err
 }
 
 // appendRespErrorEvent appends the error event ending a broken Responses
