@@ -532,6 +532,10 @@ func ParseConfig(data []byte) (Config, error) {
 	dec.KnownFields(true)
 	err := dec.Decode(&cfg)
 	if err != nil && !errors.Is(err, io.EOF) {
+		if strings.Contains(err.Error(), "into time.Duration") {
+			// yaml reads a duration from a string with its unit only.
+			return cfg, fmt.Errorf("%w: %w (a duration takes its unit: 30s, 500ms, 0s for off)", ErrConfig, err)
+		}
 		return cfg, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err == nil {

@@ -81,3 +81,15 @@ func TestParseStaticEngineErrors(t *testing.T) {
 		t.Errorf("%+v %v", e, err)
 	}
 }
+
+// A duration written without its unit (sendTimeout: 0) is refused with how
+// to write one; yaml's own message named only a Go type.
+func TestParseConfigDurationNeedsUnit(t *testing.T) {
+	_, err := ParseConfig([]byte("sendTimeout: 0\n"))
+	if err == nil || !strings.Contains(err.Error(), "a duration takes its unit: 30s, 500ms, 0s for off") {
+		t.Fatalf("sendTimeout: 0: %v, want the way to write a duration", err)
+	}
+	if cfg, err := ParseConfig([]byte("sendTimeout: 0s\n")); err != nil || cfg.SendTimeout != 0 {
+		t.Fatalf("sendTimeout: 0s: %v, %v", cfg.SendTimeout, err)
+	}
+}
