@@ -38,6 +38,19 @@ func namedSSEEngine(t *testing.T, events string) (url string, hits func() int) {
 	return "http://" + ln.Addr().String(), func() int { return len(n) }
 }
 
+// strictIngress is an ingress in front of one namedSSEEngine answering
+// events, which ejects the engine at its first failure.
+func strictIngress(t *testing.T, events string) (*Server, func() int) {
+	t.Helper()
+	url, hits := namedSSEEngine(t, events)
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: url})
+	cfg.Health.ConsecutiveFailures = 1 // one failure would eject
+	return startIngress(t, cfg, Deps{}), hits
+}
+
+// messagesStreamBody is a streamed Messages API request.
+const messagesStreamBody = `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
 // An error the engine raises inside a Responses or Messages stream is
 // judged by that event, past the Responses preamble (response.created,
 // in_progress), and by its type or string code where it carries no status:
@@ -65,16 +78,13 @@ func TestNamedStreamErrorEventFirst(t *testing.T) {
 			created + progress + "event: error\ndata: {\"type\":\"error\",\"code\":\"invalid_prompt\",\"message\":\"no\",\"param\":null,\"sequence_number\":2}\n\n", false},
 		{"responses 500", "/v1/responses", `{"model":"m","input":"hi","stream":true}`,
 			created + progress + "data: {\"error\":{\"message\":\"engine broke\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n", true},
-		{"messages invalid_request_error", "/v1/messages", `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		{"messages invalid_request_error", "/v1/messages", messagesStreamBody,
 			"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"prompt is too long\"}}\n\n", false},
-		{"messages overloaded", "/v1/messages", `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		{"messages overloaded", "/v1/messages", messagesStreamBody,
 			"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}\n\n", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			url, hits := namedSSEEngine(t, tc.events)
-			cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: url})
-			cfg.Health.ConsecutiveFailures = 1 // one failure would eject
-			s := startIngress(t, cfg, Deps{})
+			s, hits := strictIngress(t, tc.events)
 			for i := range 2 {
 				st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+tc.path, tc.body)
 				if tc.retried {
@@ -93,11 +103,8 @@ func TestNamedStreamErrorEventFirst(t *testing.T) {
 		})
 	}
 	t.Run("messages api_error after output started", func(t *testing.T) {
-		url, _ := namedSSEEngine(t, start+"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"broke\"}}\n\n")
-		cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: url})
-		cfg.Health.ConsecutiveFailures = 1
-		s := startIngress(t, cfg, Deps{})
-		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/messages", `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+		s, _ := strictIngress(t, start+"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"broke\"}}\n\n")
+		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/messages", messagesStreamBody)
 		if st != 200 || strings.Count(string(body), "event: error") != 1 || !strings.Contains(string(body), `"api_error","message":"broke"`) {
 			t.Fatalf("%d %s, want the stream as the engine sent it, its one error event", st, body)
 		}
@@ -120,14 +127,11 @@ func TestSpacedJSONStreams(t *testing.T) {
 			"event: response.completed\ndata: {\"type\": \"response.completed\", \"sequence_number\": 2, \"response\": {\"id\": \"resp_1\", \"status\": \"completed\"}}\n\n"
 	)
 	for _, tc := range []struct{ name, path, body, events string }{
-		{"messages", "/v1/messages", `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, msgs},
+		{"messages", "/v1/messages", messagesStreamBody, msgs},
 		{"responses", "/v1/responses", `{"model":"m","input":"hi","stream":true}`, resp},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			url, _ := namedSSEEngine(t, tc.events)
-			cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: url})
-			cfg.Health.ConsecutiveFailures = 1 // one failure would eject
-			s := startIngress(t, cfg, Deps{})
+			s, _ := strictIngress(t, tc.events)
 			for i := range 3 {
 				st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+tc.path, tc.body)
 				if st != 200 || strings.Contains(string(body), "event: error") || strings.Contains(string(body), "failed mid-stream") {
