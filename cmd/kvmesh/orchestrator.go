@@ -94,15 +94,15 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if *metricsAddr != "" {
 		probs.addErr(checkListenAddr("metrics-addr", *metricsAddr))
 	}
-	var level slog.Level
+	var level slog.Level // every problem is listed together, as the other commands do
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("%w: bad --log-level", errUsage)
+		probs.add("--log-level %q: want debug, info, warn or error", *logLevel)
 	}
 	if err := logutil.CheckFormat(*logFormat); err != nil {
-		return fmt.Errorf("%w: --%w", errUsage, err)
+		probs.add("--%v", err)
 	}
 	if *webhookAddr != "" && *webhookListen != "" {
-		return fmt.Errorf("%w: --webhook-addr and --webhook-listen exclude each other", errUsage)
+		probs.add("--webhook-addr and --webhook-listen exclude each other")
 	}
 	noWebhook, noGossip := *webhookAddr == "" && *webhookListen == "", *gossipBind == ""
 	rules := []offFlag{{"lease-namespace", !cfg.LeaderElection, "without --leader-elect"},

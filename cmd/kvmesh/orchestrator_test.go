@@ -581,3 +581,18 @@ func TestOrchestratorKlogIsJSON(t *testing.T) {
 		}
 	}
 }
+
+// A bad --log-level is listed with the other problems, by value and with
+// the choices, as the other commands do; it stopped the listing with "bad
+// --log-level" alone.
+func TestOrchestratorListsLogLevelWithOtherProblems(t *testing.T) {
+	err := runOrchestrator(context.Background(), []string{"--workers", "0", "--log-level", "loud", "--log-format", "xml"}, io.Discard, io.Discard)
+	if !errors.Is(err, errUsage) {
+		t.Fatalf("err %v, want a usage error", err)
+	}
+	for _, want := range []string{`--log-level "loud": want debug, info, warn or error`, "workers", "log-format"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v lacks %q", err, want)
+		}
+	}
+}
