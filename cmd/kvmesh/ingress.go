@@ -179,8 +179,12 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size when membership does not say")
 	fs.BoolVar(&cfg.AccessLog, "access-log", cfg.AccessLog, "one JSON line per request on stderr")
 	fs.StringVar(&opts.APIKeysFile, "api-keys-file", "", "API keys file, re-read on change (also $KVMESH_API_KEYS); neither: open; one that holds no key is refused")
-	if k := os.Getenv("KVMESH_ENGINE_API_KEY"); k != "" && cfg.EngineAPIKey == "" {
-		cfg.EngineAPIKey = k // the engines' own key (vLLM --api-key), sent on every /v1 request; config engineAPIKey
+	if k := os.Getenv("KVMESH_ENGINE_API_KEY"); k != "" {
+		// The engines' own key (vLLM --api-key), sent on every /v1 request.
+		// Over the config's engineAPIKey, as the other settings from the
+		// environment are: a Secret rotated under a key left in the YAML
+		// kept the old one going out.
+		cfg.EngineAPIKey = k
 	}
 	probs.NonNegative(fs, &opts.KeyLimits.InputTokens, "key-input-tpm", "per-key input tokens per minute (0: none)")
 	probs.NonNegative(fs, &opts.KeyLimits.OutputTokens, "key-output-tpm", "per-key output tokens per minute (0: none)")

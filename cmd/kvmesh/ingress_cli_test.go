@@ -292,3 +292,22 @@ func TestPolicyWithSchedulerConfigRefused(t *testing.T) {
 		t.Fatalf("--scheduler-config alone: %v, policy %q", err, o.Config.Scheduler.Policy)
 	}
 }
+
+// $KVMESH_ENGINE_API_KEY wins over the config file's engineAPIKey, as the
+// other settings from the environment do: a rotated Secret under a key left
+// in the YAML kept the old key going out.
+func TestEngineAPIKeyEnvOverConfig(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("engineAPIKey: old\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", p, "--engine", "m=http://127.0.0.1:1"}
+	t.Setenv("KVMESH_ENGINE_API_KEY", "new")
+	if o, err := ingressOptions(args, io.Discard); err != nil || o.Config.EngineAPIKey != "new" {
+		t.Fatalf("env new over config old: %v, the env's key sent %v", err, o.Config.EngineAPIKey == "new")
+	}
+	t.Setenv("KVMESH_ENGINE_API_KEY", "")
+	if o, err := ingressOptions(args, io.Discard); err != nil || o.Config.EngineAPIKey != "old" {
+		t.Fatalf("no env: %v, the config's key sent %v", err, o.Config.EngineAPIKey == "old")
+	}
+}
