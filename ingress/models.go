@@ -188,8 +188,12 @@ func (s *Server) handlePing(ctx *fasthttp.RequestCtx) {
 
 // handleVersion is vLLM's /version, with kvmesh's version.
 func (s *Server) handleVersion(ctx *fasthttp.RequestCtx) {
-	writeJSON(ctx, map[string]string{"version": version()})
+	writeJSON(ctx, map[string]string{"version": BuildVersion()})
 }
+
+// BuildVersion is kvmesh's version: Version when the build sets it, else
+// what Go recorded (see Version). `kvmesh version` prints the same.
+func BuildVersion() string { return version() }
 
 // Version is kvmesh's version as /version reports it, when the build sets
 // it (-ldflags "-X github.com/kvmesh/kvmesh/ingress.Version=v1.2.3").

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -135,37 +134,9 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// version is the build's version: ingress.Version when the build sets it
-// (the Dockerfile does), else the module version or VCS revision Go
-// recorded, else "(devel)".
-func version() string {
-	if ingress.Version != "" {
-		return ingress.Version
-	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(devel)"
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
-		return v
-	}
-	rev, dirty := "", false
-	for _, st := range bi.Settings {
-		switch st.Key {
-		case "vcs.revision":
-			rev = st.Value
-		case "vcs.modified":
-			dirty = st.Value == "true"
-		}
-	}
-	if rev == "" {
-		return "(devel)"
-	}
-	if dirty {
-		rev += "-dirty"
-	}
-	return "(devel) " + rev
-}
+// version is the build's version, as the ingress's GET /version says it
+// (ingress.BuildVersion).
+func version() string { return ingress.BuildVersion() }
 
 // signalContext is a context that SIGINT or SIGTERM cancels (the command
 // drains and returns); a second signal exits at once, through exit with

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/ingress"
 )
 
 // Help asked for goes to stdout, `kvmesh help CMD` is CMD's help, an
@@ -72,5 +75,14 @@ func TestEnvironmentProblemsInFlagOrder(t *testing.T) {
 		if err.Error() != first {
 			t.Fatalf("run %d: %q, run 0: %q", i, err, first)
 		}
+	}
+}
+
+// `kvmesh version` prints what the ingress's GET /version answers: one
+// implementation, where two said "(devel)" and "dev" of one binary.
+func TestVersionMatchesIngress(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"version"}, &out, io.Discard); code != 0 || out.String() != "kvmesh "+ingress.BuildVersion()+"\n" {
+		t.Fatalf("kvmesh version: exit %d, %q; the ingress says %q", code, out.String(), ingress.BuildVersion())
 	}
 }
