@@ -30,6 +30,11 @@ func eppOptions(args []string, stderr io.Writer) (epp.Options, error) {
 	eppFlags(fs, &opts)
 	fs.Lookup("listen").Usage = "HTTP address for /metrics, /health and /ready (no client API: that is the gateway's)"
 	fs.Lookup("admin").Usage = "admin address for /debug/* (pprof, engines, index, config, health, tokenizers) and /metrics, which then leaves --listen (empty: off; /metrics stays on --listen, behind the client credential when API keys or JWTs are on)"
+	for _, name := range []string{"config", "cors-origins", "max-attempts", "chat-mode"} { // eppFlagsRead
+		if f := fs.Lookup(name); f != nil {
+			f.Usage = "not read by kvmesh epp: refused (the ingress's flag)"
+		}
+	}
 	if err := parseFlags(fs, args, 0); err != nil {
 		return opts, err
 	}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -28,5 +30,19 @@ func TestEPPFlagsNotRead(t *testing.T) {
 	} {
 		_, err := eppOptions(append([]string{"--engine", "m=http://127.0.0.1:1"}, c.args...), io.Discard)
 		checkRefused(t, c.args, err, c.want)
+	}
+}
+
+// `kvmesh epp -h` says which of the ingress's flags it refuses, where it
+// listed them as if they worked.
+func TestEPPHelpNamesRefusedFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	run([]string{"epp", "-h"}, &out, &errOut)
+	help := out.String() + errOut.String()
+	for _, name := range []string{"config", "cors-origins", "max-attempts", "chat-mode"} {
+		i := strings.Index(help, "  -"+name+" ")
+		if i < 0 || !strings.Contains(help[i:min(len(help), i+200)], "not read by kvmesh epp: refused") {
+			t.Errorf("epp -h on --%s does not say it is refused", name)
+		}
 	}
 }
