@@ -21,6 +21,10 @@ func (s *Server) decodeBody(req *fasthttp.Request) error {
 		req.Header.Del(fasthttp.HeaderContentEncoding)
 		return nil
 	}
+	if bytes.EqualFold(ce, []byte("x-gzip")) { // RFC 9110 §8.4.1.3: a recipient should read it as gzip
+		req.Header.SetContentEncoding("gzip")
+		ce = []byte("x-gzip")
+	}
 	b, err := req.BodyUncompressedWithLimit(s.cfg.MaxBodyBytes)
 	switch {
 	case errors.Is(err, fasthttp.ErrContentEncodingUnsupported):

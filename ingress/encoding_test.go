@@ -49,6 +49,7 @@ func TestCompressedBody(t *testing.T) {
 	}{
 		{"gzip", fasthttp.AppendGzipBytes(nil, body)},
 		{"GZIP", fasthttp.AppendGzipBytes(nil, body)},
+		{"x-gzip", fasthttp.AppendGzipBytes(nil, body)}, // RFC 9110 §8.4.1.3; it was a 415
 		{"deflate", fasthttp.AppendDeflateBytes(nil, body)},
 		{"br", fasthttp.AppendBrotliBytes(nil, body)},
 		{"zstd", fasthttp.AppendZstdBytes(nil, body)},
