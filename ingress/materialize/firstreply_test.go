@@ -1,14 +1,11 @@
 package materialize_test
 
 import (
-	"context"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -31,21 +28,10 @@ func TestReconnectSnapshotRetriesASilentSubscription(t *testing.T) {
 
 	gate := testutil.NewGate(t)
 	gate.Open(strings.TrimPrefix(srv.URL(), "nats://"))
-	nc := natsutil.DefaultConfig()
-	nc.URLs = []string{"nats://" + gate.Addr()}
-	nc.Stream.Disabled = true
-	nc.ReconnectWait = 10 * time.Millisecond
-	conn, err := natsutil.Connect(context.Background(), nc, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer = conn.NC, idx, reg
-	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour
-	cfg.SnapshotTimeout, cfg.FirstReplyTimeout = time.Hour, 200*time.Millisecond
-	m := startMaterializer(t, cfg)
+	m, conn, idx, reg := materializerVia(t, gate.Addr(), func(nc *natsutil.Config) { nc.ReconnectWait = 10 * time.Millisecond },
+		func(cfg *materialize.Config) {
+			cfg.SnapshotTimeout, cfg.FirstReplyTimeout = time.Hour, 200*time.Millisecond
+		})
 	load := func(n int) { loadCache(t, cache, n) }
 	equal := func() bool { return indexEquals(idx, cache, "e1") }
 	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)

@@ -15,6 +15,31 @@ import (
 )
 
 // gauge reads one gauge.
+// materializerVia starts a materializer on its own NATS connection through
+// addr (a relay or gate in front of the server), checking every 20 ms;
+// tuneNATS and tune (nil: none) adjust the connection and the
+// materializer.
+func materializerVia(t *testing.T, addr string, tuneNATS func(*natsutil.Config), tune func(*materialize.Config)) (*materialize.Materializer, *natsutil.Conn, *meshtest.MapIndex, *prometheus.Registry) {
+	t.Helper()
+	nc := natsutil.DefaultConfig()
+	nc.URLs = []string{"nats://" + addr}
+	nc.Stream.Disabled = true
+	tuneNATS(&nc)
+	conn, err := natsutil.Connect(context.Background(), nc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
+	cfg := materialize.DefaultConfig()
+	cfg.Conn, cfg.Index, cfg.Registerer = conn.NC, idx, reg
+	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour
+	if tune != nil {
+		tune(&cfg)
+	}
+	return startMaterializer(t, cfg), conn, idx, reg
+}
+
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	fams, err := reg.Gather()
@@ -45,22 +70,10 @@ func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
 
 	r := testutil.NewRelay(t, srv.URL()[len("nats://"):])
-	nc := natsutil.DefaultConfig()
-	nc.URLs = []string{"nats://" + r.Addr()}
-	nc.Stream.Disabled = true
-	nc.PingInterval = 250 * time.Millisecond
-	nc.ConnectTimeout, nc.ReconnectWait = 200*time.Millisecond, 20*time.Millisecond
-	conn, err := natsutil.Connect(context.Background(), nc, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-
-	idx, reg := meshtest.NewMapIndex(), prometheus.NewRegistry()
-	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index, cfg.Registerer = conn.NC, idx, reg
-	cfg.CheckInterval, cfg.IdleCheck = 20*time.Millisecond, time.Hour
-	m := startMaterializer(t, cfg)
+	m, conn, idx, reg := materializerVia(t, r.Addr(), func(nc *natsutil.Config) {
+		nc.PingInterval = 250 * time.Millisecond
+		nc.ConnectTimeout, nc.ReconnectWait = 200*time.Millisecond, 20*time.Millisecond
+	}, nil)
 	load := func(n int) { loadCache(t, cache, n) }
 	equal := func() bool { return indexEquals(idx, cache, "e1") }
 	testutil.WaitFor(t, 10*time.Second, "materializer subscribed", m.Synced)
