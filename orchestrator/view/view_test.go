@@ -31,20 +31,24 @@ func installCRDs(ctx context.Context, t *testing.T, srv *kubetest.Server) {
 	}
 }
 
+// viewEnv is the shared API server with the CRDs installed, a context of
+// two minutes for the test and a namespace of its own.
+func viewEnv(t *testing.T) (context.Context, *kubetest.Server, string) {
+	t.Helper()
+	srv := kubetest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	installCRDs(ctx, t, srv)
+	return ctx, srv, srv.Namespace(t)
+}
+
 // TestDescribeShowsOnlyTheObjectsOwnEvents: the example AutoscalingPolicy is
 // named after its ModelDeployment (llama-pd); describe shows each one's events,
 // not the other's.
 func TestDescribeShowsOnlyTheObjectsOwnEvents(t *testing.T) {
-	srv := kubetest.Shared(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx, srv, ns := viewEnv(t)
 	root := filepath.Join("..", "..")
-	crds, _ := filepath.Glob(filepath.Join(root, "manifests", "crds", "kvmesh.io_*.yaml"))
-	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{}, crds...); err != nil {
-		t.Fatal(err)
-	}
 	kube := kubernetes.NewForConfigOrDie(srv.Config)
-	ns := srv.Namespace(t)
 	if _, err := kubetest.ApplyFiles(ctx, srv.Config, kubetest.ApplyOptions{Namespace: ns},
 		filepath.Join(root, "examples", "pd-modeldeployment.yaml"), filepath.Join(root, "examples", "autoscalingpolicy.yaml")); err != nil {
 		t.Fatal(err)
@@ -89,11 +93,7 @@ func TestDescribeShowsOnlyTheObjectsOwnEvents(t *testing.T) {
 
 // An empty list says so as kubectl does (on stderr), not with a bare header.
 func TestGetEmptyListSaysNoResources(t *testing.T) {
-	srv := kubetest.Shared(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	installCRDs(ctx, t, srv)
-	ns := srv.Namespace(t)
+	ctx, srv, ns := viewEnv(t)
 	var out, errOut bytes.Buffer
 	if err := Get(ctx, srv.Config, "modeldeployments", ns, "", &out, &errOut); err != nil {
 		t.Fatal(err)
@@ -116,11 +116,7 @@ func TestGetEmptyListSaysNoResources(t *testing.T) {
 // is not active (ScalingActive's reason) and what an adopting policy scales,
 // every role's workload (the API server renders the first match only).
 func TestGetPoliciesShowReasonAndWorkloads(t *testing.T) {
-	srv := kubetest.Shared(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	installCRDs(ctx, t, srv)
-	ns := srv.Namespace(t)
+	ctx, srv, ns := viewEnv(t)
 	objs, err := kubetest.Decode(strings.NewReader(`
 {"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"adopting"},"spec":{"roles":[
  {"name":"prefill","minReplicas":1,"maxReplicas":4,"workload":{"kind":"Deployment","name":"llm-prefill"}},
@@ -194,11 +190,7 @@ func TestGetPoliciesShowReasonAndWorkloads(t *testing.T) {
 // server could not find the requested resource", which reads like a CRD that
 // is not installed.
 func TestMissingNameSaysNotFound(t *testing.T) {
-	srv := kubetest.Shared(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	installCRDs(ctx, t, srv)
-	ns := srv.Namespace(t)
+	ctx, srv, ns := viewEnv(t)
 	var out, errOut bytes.Buffer
 	want := `modeldeployments.kvmesh.io "nosuch" not found`
 	if err := Get(ctx, srv.Config, "modeldeployments", ns, "nosuch", &out, &errOut); err == nil || !strings.Contains(err.Error(), want) {
