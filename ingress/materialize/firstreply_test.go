@@ -22,7 +22,7 @@ import (
 // NATS hang in the fault tester's runs).
 func TestReconnectSnapshotRetriesASilentSubscription(t *testing.T) {
 	srv := testutil.NATS(t)
-	cache, sc := cacheEngine(t, srv.URL(), 41)
+	cache, sc := cacheEngine(t, srv.URL(), 16, 41)
 	first := meshtest.StartSidecar(t, sc)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", first.Ready)
 

@@ -65,7 +65,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // path works, the index is resynced once and is no longer stale.
 func TestBlackholedNATSIsStaleAndResyncsOnRealReconnect(t *testing.T) {
 	srv := testutil.NATS(t)
-	cache, sc := cacheEngine(t, srv.URL(), 31) // the sidecar's own path stays up
+	cache, sc := cacheEngine(t, srv.URL(), 16, 31) // the sidecar's own path stays up
 	side := meshtest.StartSidecar(t, sc)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
 

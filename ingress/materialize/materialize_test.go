@@ -96,11 +96,12 @@ func (f *fixture) load(n int) { loadCache(f.t, f.cache, n) }
 
 func (f *fixture) equal() bool { return indexEquals(f.idx, f.cache, "e1") }
 
-// cacheEngine makes engine e1's cache (model m, seed) and the config of a
-// sidecar for it on NATS url; the cache's publisher closes when t ends.
-func cacheEngine(t *testing.T, url string, seed uint64) (*meshtest.Cache, sidecar.Config) {
+// cacheEngine makes engine e1's cache (model m, gpuBlocks blocks, seed)
+// and the config of a sidecar for it on NATS url; the cache's publisher
+// closes when t ends.
+func cacheEngine(t *testing.T, url string, gpuBlocks int, seed uint64) (*meshtest.Cache, sidecar.Config) {
 	t.Helper()
-	cache, err := meshtest.NewCache("m", 4, 16, 0, seed)
+	cache, err := meshtest.NewCache("m", 4, gpuBlocks, 0, seed)
 	if err != nil {
 		t.Fatal(err)
 	}

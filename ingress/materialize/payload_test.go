@@ -39,14 +39,7 @@ func longPrompt(rng *rand.Rand, blocks, blockSize int) []uint32 {
 // with its config changed by set; it returns once the sidecar is ready.
 func startCacheSidecar(t *testing.T, url string, gpuBlocks int, seed uint64, set func(*sidecar.Config)) (*meshtest.Cache, *sidecar.Sidecar) {
 	t.Helper()
-	cache, err := meshtest.NewCache("m", 4, gpuBlocks, 0, seed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cache.Pub.Close() })
-	sc := sidecar.DefaultConfig()
-	sc.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: cache.Pub.Endpoint(), Replay: cache.Pub.ReplayEndpoint(), MetricsURL: "-"}}
-	sc.NATS.URLs = []string{url}
+	cache, sc := cacheEngine(t, url, gpuBlocks, seed)
 	set(&sc)
 	side := meshtest.StartSidecar(t, sc)
 	testutil.WaitFor(t, 10*time.Second, "sidecar ready", side.Ready)
