@@ -148,7 +148,8 @@ func (e *shedError) Unwrap() error { return e.err }
 
 // shedding follows a request's attempts: when every one was refused with
 // 429 the client gets 429 too, with the soonest Retry-After the engines
-// gave, and not the 503 of a failed upstream.
+// gave, and not the 503 of a failed upstream; when every engine ranked
+// answered that it does not serve the adapter, 404 (verdict).
 type shedding struct {
 	shed, other int
 	denied      int // attempts an engine answered that it does not serve the adapter (errAdapterDenied)
@@ -171,9 +172,13 @@ func (s *shedding) add(err error) {
 	}
 }
 
-// verdict returns the error to answer with: last, or a 429 when every
-// attempt shed load.
-func (s *shedding) verdict(last error) error {
+// verdict returns the error to answer with: last, a 429 when every
+// attempt shed load, or a 404 when each of the ranked engines answered
+// that it does not serve the adapter sent as model.
+func (s *shedding) verdict(last error, ranked int, model string) error {
+	if s.denied > 0 && s.denied == ranked && s.shed+s.other == 0 {
+		return adapterNotFound(model, s.denied)
+	}
 	if s.shed == 0 || s.other > 0 {
 		return last
 	}

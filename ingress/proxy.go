@@ -59,12 +59,8 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	if lastErr == nil {
 		lastErr = fmt.Errorf("%w: no candidate engine", ErrNoEngine)
 	}
-	lastErr = shed.verdict(lastErr)
-	if shed.denied > 0 && shed.denied == len(c.dec.Ranked) && shed.shed+shed.other == 0 {
-		// Every engine ranked answered that it does not serve the adapter.
-		m, _ := c.sentModel()
-		lastErr = adapterNotFound(m, shed.denied)
-	}
+	sent, _ := c.sentModel()
+	lastErr = shed.verdict(lastErr, len(c.dec.Ranked), sent)
 	if !errors.Is(lastErr, ErrFirstByteTimeout) && !errors.Is(lastErr, ErrLocalResources) && c.routeFallback(ctx, lastErr) { // route.go: the next fallback pool
 		return
 	}
