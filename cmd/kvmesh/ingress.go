@@ -260,14 +260,21 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 		}
 		return cfg.FairQueue
 	}
+	fairOff, tenantFlag := false, false // --fair-max-concurrent 0 and --tenant, in either order
 	List(fs, &cfg.CORSOrigins, "cors-origins", "browser origins allowed to call the API, comma-separated, each scheme://host[:port] as browsers send it (* for any, as vLLM's default); empty: no CORS")
 	fs.StringVar(&cfg.TenantHeader, "tenant-header", cfg.TenantHeader, "request header naming the tenant of unauthenticated requests (fair admission); trust it only behind a gateway that sets it")
-	probs.Var(fs, "fair-max-concurrent", "0", "weighted fair admission across tenants: max requests in service before queueing (0: off)", func(s string) error {
+	probs.Var(fs, "fair-max-concurrent", "0", "weighted fair admission across tenants: max requests in service before queueing (0: off, also over the config's fairQueue)", func(s string) error {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
 			return fmt.Errorf("--fair-max-concurrent %q: want a whole number >= 0", s)
 		}
-		if n > 0 {
+		if n == 0 && tenantFlag {
+			return fmt.Errorf("--fair-max-concurrent 0 turns fair admission off, which --tenant needs: give one or the other")
+		}
+		fairOff = n == 0
+		if fairOff { // off, also when the config file has a fairQueue
+			cfg.FairQueue = nil
+		} else {
 			fq().MaxConcurrent = n
 		}
 		return nil
@@ -284,6 +291,10 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 		if !ok || name == "" || err != nil || !(weight > 0) || math.IsInf(weight, 1) { // NaN fails > 0
 			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT a finite value > 0", s)
 		}
+		if fairOff {
+			return fmt.Errorf("--tenant %q: --fair-max-concurrent 0 turns fair admission off, which --tenant needs: give one or the other", s)
+		}
+		tenantFlag = true
 		c := fq()
 		if c.Tenants == nil || freshTenants { // the flags replace the config file's tenants
 			c.Tenants, freshTenants = map[string]fair.Tenant{}, false

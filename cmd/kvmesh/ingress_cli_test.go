@@ -180,6 +180,17 @@ func TestConfigAndFlags(t *testing.T) {
 		t.Errorf("--tenant did not replace the config's tenants (only them): %+v", o.Config.FairQueue)
 	}
 
+	// --fair-max-concurrent 0 turns the config's fair queue off, as its
+	// help says; with --tenant (either order) it is a contradiction.
+	if o, err = ingressOptions([]string{"--config", cfg, "--fair-max-concurrent", "0"}, io.Discard); err != nil || o.Config.FairQueue != nil {
+		t.Errorf("--fair-max-concurrent 0 over the config's fairQueue: %+v, %v; want it off", o.Config.FairQueue, err)
+	}
+	for _, args := range [][]string{{"--fair-max-concurrent", "0", "--tenant", "y=1"}, {"--tenant", "y=1", "--fair-max-concurrent", "0"}} {
+		if _, err := ingressOptions(append([]string{"--config", cfg}, args...), io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "turns fair admission off, which --tenant needs") {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
+	}
+
 	bad := write("bad.yaml", "bogus: 1\n")
 	for _, args := range [][]string{{"--config", cfg, "--config", bad}, {"--config=" + cfg, "-config", cfg}} {
 		if _, err := ingressOptions(args, io.Discard); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--config given 2 times") {
