@@ -94,15 +94,24 @@ func asciiLower(s string) string {
 // which go to the engine in its place without the header (engines such as
 // vLLM do not decode request bodies), charged to the body budget as well;
 // true: refused (and answered). The refusals are the ingress's: 415 for an
-// encoding it does not decode, 413 past Config.MaxBodyBytes decoded, 400
-// for bytes that do not decode.
+// encoding it does not decode, 413 past Config.MaxBodyBytes decoded, 503
+// past what the body budget had room for, 400 for bytes that do not decode.
 func (x *exchange) decode() bool {
-	b, err := decodeBody(x.encoding, x.body, x.s.cfg.MaxBodyBytes)
+	// Charged before decoding, which allocates as it goes (ingress.ReserveDecoded).
+	maxBody := x.s.cfg.MaxBodyBytes
+	r := x.s.ing.ReserveDecoded(x.held, maxBody)
+	x.held += r
+	b, err := []byte(nil), error(fasthttp.ErrBodyTooLarge)
+	if r > 0 { // a limit of 0 is none
+		b, err = decodeBody(x.encoding, x.body, int(r))
+	}
 	switch {
 	case errors.Is(err, fasthttp.ErrContentEncodingUnsupported):
 		x.s.m.results.WithLabelValues("bad_encoding").Inc()
 		return x.reject(415, openai.AppendError(nil, "content-encoding "+strconv.Quote(x.encoding)+" is not supported (gzip, deflate, br, zstd or identity)",
 			"invalid_request_error", "", "unsupported_content_encoding"), 0, "kvmesh_epp_unsupported_encoding")
+	case errors.Is(err, fasthttp.ErrBodyTooLarge) && r < int64(maxBody): // the budget's room, not the limit
+		return x.budgetRefused(x.s.ing.DecodedRefused(r, maxBody, x.encoding))
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		return x.tooLarge(x.encoding)
 	case err != nil && x.partial && x.length < 0 && errors.Is(err, io.ErrUnexpectedEOF):
@@ -112,9 +121,8 @@ func (x *exchange) decode() bool {
 		return x.reject(400, openai.AppendError(nil, "the body does not decode as content-encoding "+x.encoding+": "+err.Error(),
 			"invalid_request_error", "", ""), 0, "kvmesh_epp_bad_encoding")
 	}
-	if !x.holdBody(len(b)) {
-		return true
-	}
+	x.s.ing.ReleaseBody(r - int64(len(b))) // the decoded body keeps its own size
+	x.held -= r - int64(len(b))
 	x.body, x.newBody, x.decoded = b, true, true
 	return false
 }

@@ -145,19 +145,24 @@ func (x *exchange) shrink() {
 // and the refusal is answered.
 func (x *exchange) holdBody(n int) bool {
 	if err := x.s.ing.HoldBody(x.held, n); err != nil {
-		x.s.m.results.WithLabelValues("overloaded").Inc()
-		var pe *ingress.PickError
-		if errors.As(err, &pe) {
-			x.reject(pe.Status, pe.Body, pe.RetryAfter, "kvmesh_epp_body_budget")
-		} else {
-			x.reject(503, openai.AppendError(nil, err.Error(), "server_error", "", "ingress_body_budget_exhausted"), 1, "kvmesh_epp_body_budget")
-		}
+		x.budgetRefused(err)
 		return false
 	}
 	if n > 0 {
 		x.held += int64(n)
 	}
 	return true
+}
+
+// budgetRefused answers a body budget refusal (ingress HoldBody,
+// DecodedRefused); true, as reject.
+func (x *exchange) budgetRefused(err error) bool {
+	x.s.m.results.WithLabelValues("overloaded").Inc()
+	var pe *ingress.PickError
+	if errors.As(err, &pe) {
+		return x.reject(pe.Status, pe.Body, pe.RetryAfter, "kvmesh_epp_body_budget")
+	}
+	return x.reject(503, openai.AppendError(nil, err.Error(), "server_error", "", "ingress_body_budget_exhausted"), 1, "kvmesh_epp_body_budget")
 }
 
 // releaseBody gives the body's charge back; the stream's end calls it

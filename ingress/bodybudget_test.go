@@ -3,6 +3,7 @@ package ingress
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -153,6 +154,51 @@ func TestBodyBudgetChargesDecodedBody(t *testing.T) {
 	wantBudgetRefusal(t, st, hdr, body)
 	if got := val(s.m.bodyBytes); got != 600*kib {
 		t.Fatalf("bytes in flight after the refusal %v, want the stream's %d", got, 600*kib)
+	}
+
+	// A bomb (8 MiB of zeros in a few KiB, over the 1 MiB limit) is
+	// decoded only as far as the budget has room: 503, not the 413 it would
+	// get after decoding up to the limit, which would have held memory the
+	// budget has no room for (150 zstd bombs took an ingress to 6 GB).
+	bomb := fasthttp.AppendGzipBytes(nil, make([]byte, 8<<20))
+	st, hdr, body = post(t, http.DefaultClient, url, string(bomb), "Content-Encoding", "gzip")
+	wantBudgetRefusal(t, st, hdr, body)
+	if got := val(s.m.bodyBytes); got != 600*kib {
+		t.Fatalf("bytes in flight after the bomb %v, want the stream's %d", got, 600*kib)
+	}
+}
+
+// reserveDecoded charges what the budget has room for, at most the body
+// limit, at least what always passes (64 KiB with the bytes held), and
+// nothing past a full budget for a request that holds 64 KiB already.
+func TestReserveDecoded(t *testing.T) {
+	const kib = 1 << 10
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://127.0.0.1:1"})
+	cfg.MaxBodyBytes, cfg.MaxBodyBytesInFlight = 1<<20, 2<<20
+	s, err := New(cfg, Deps{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		inFlight, held, want int64
+	}{
+		{0, 10 * kib, 1 << 20},                 // room: the limit
+		{1<<20 + 512*kib, 10 * kib, 512 * kib}, // the room left
+		{2 << 20, 10 * kib, 54 * kib},          // full: what always passes
+		{2 << 20, 64 * kib, 0},
+		{4 << 20, 0, 64 * kib}, // past the bound (small bodies passed)
+	} {
+		s.bodyBytes.Store(c.inFlight)
+		if got := s.reserveDecoded(c.held, cfg.MaxBodyBytes); got != c.want || s.bodyBytes.Load() != c.inFlight+c.want {
+			t.Errorf("in flight %d, held %d: reserved %d (in flight %d), want %d", c.inFlight, c.held, got, s.bodyBytes.Load(), c.want)
+		}
+	}
+	s.bodyBytes.Store(0)
+	if err := s.decodedRefused(1<<20, cfg.MaxBodyBytes, "gzip"); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("past the limit: %v, want too large", err)
+	}
+	if err := s.decodedRefused(512*kib, cfg.MaxBodyBytes, "gzip"); !errors.Is(err, ErrBodyBudget) {
+		t.Errorf("past the room: %v, want the budget's refusal", err)
 	}
 }
 

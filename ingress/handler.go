@@ -199,12 +199,11 @@ func (c *call) parse(ctx *fasthttp.RequestCtx) error {
 	}
 	c.keyID = id
 	if len(ctx.Request.Header.ContentEncoding()) > 0 {
-		if err := c.s.decodeBody(&ctx.Request); err != nil { // encoding.go
+		n, err := c.s.decodeBody(&ctx.Request, c.bodyHeld) // encoding.go: the decoded bytes charged too
+		if err != nil {
 			return err
 		}
-		if err := c.holdBody(len(ctx.PostBody())); err != nil { // the decoded bytes too
-			return err
-		}
+		c.bodyHeld += n
 	}
 	t := time.Now()
 	if err := parseRequest(&c.req, c.ep, ctx.PostBody()); err != nil {
