@@ -50,6 +50,11 @@ type Materializer struct {
 	ctx    context.Context
 	wg     sync.WaitGroup // snapshot workers
 
+	// warnMu guards refusedWarned: the last warning of each refusal
+	// reason (refuse.go; snapshot workers refuse without mu).
+	warnMu        sync.Mutex
+	refusedWarned map[string]time.Time
+
 	running atomic.Bool
 	// now is the clock of the engine state age gauge (tests set it).
 	now func() time.Time
@@ -67,6 +72,7 @@ func New(cfg Config) (*Materializer, error) {
 	m := &Materializer{
 		cfg: cfg, log: log.With("component", "materializer"), met: newMetrics(),
 		sem: make(chan struct{}, cfg.MaxConcurrentSnapshots), engines: map[string]*engineState{}, now: time.Now,
+		refusedWarned: map[string]time.Time{},
 	}
 	err := m.met.register(cfg.Registerer, engineAges{m},
 		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(len(m.engines)) },
@@ -275,6 +281,11 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		return
 	}
 	now := time.Now()
+	if why := deltaRefusal(msg.Subject, d, now); why != "" {
+		// Before anything is learned from it: not even a first sight.
+		m.refuse(why, msg.Subject, d.Engine, d.Model, d.EpochStart, now)
+		return
+	}
 	e := m.engines[d.Engine]
 	if e == nil {
 		if m.tooManyUnlistedLocked(d.Engine) {
@@ -569,7 +580,7 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
-		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept, responders, first)
+		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept, responders, first, m.refuse)
 		cancel()
 		<-m.sem
 		m.installSnapshot(e, s, err)

@@ -32,6 +32,9 @@ type metrics struct {
 	modelChanges prometheus.Counter
 	// otherModel: deltas naming another model than the engine's, ignored.
 	otherModel prometheus.Counter
+	// refused: deltas and snapshot chunks refused by reason (refusal
+	// reasons in refuse.go), never applied.
+	refused *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -71,9 +74,18 @@ func newMetrics() *metrics {
 			"Engines whose id came back serving another model (gossip, or without gossip a newer sidecar's deltas): the old key set dropped, the new model's snapshotted."),
 		otherModel: c("other_model_deltas_total",
 			"Deltas naming another model than gossip lists for their engine (a sidecar of the engine id's previous or next model), ignored."),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_materializer_refused_total",
+			Help: "Deltas and snapshot reply chunks refused, never applied, by reason: delta_subject (a delta whose engine or model is not the one its subject names), " +
+				"snapshot_subject (a snapshot chunk naming another engine or model than the request's subject), delta_epoch_ahead and snapshot_epoch_ahead " +
+				"(an epoch start more than materialize.MaxEpochAhead, 5 min, past this host's clock). A misbehaving or forged publisher, or clock skew for the last two.",
+		}, []string{"reason"}),
 	}
 	for _, r := range []string{"engine_limit", "byte_budget"} {
 		met.bufferDrops.WithLabelValues(r)
+	}
+	for _, r := range refusalReasons {
+		met.refused.WithLabelValues(r)
 	}
 	return met
 }
@@ -83,7 +95,7 @@ func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector,
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps, m.modelChanges, m.otherModel,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps, m.modelChanges, m.otherModel, m.refused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_buffered_bytes",

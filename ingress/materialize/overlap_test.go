@@ -250,8 +250,9 @@ func TestOverlappingOldSidecarsAtMostOneSnapshotPerEpoch(t *testing.T) {
 }
 
 // A sidecar restarted on a host whose clock is behind its dead
-// predecessor's (which ran 10 minutes ahead) starts an epoch that orders
-// as older. Its deltas are ignored until the dead one has been silent for
+// predecessor's (which ran 4 minutes ahead: within MaxEpochAhead of the
+// ingress's clock, as one further ahead is refused,
+// TestDeltaEpochStartFarAheadRefused) starts an epoch that orders as older. Its deltas are ignored until the dead one has been silent for
 // EpochGrace, then it is followed; the log says so for what it is (a
 // switch because the followed epoch went silent), where it used to blame
 // the live sidecar: "following an older sidecar epoch again: the newer one
@@ -267,7 +268,7 @@ func TestEarlierClockSidecarFollowedOnceTheOtherIsSilent(t *testing.T) {
 
 	now := time.Now()
 	dead := newFakeSidecar(t, cfg.Conn, 0x5000)
-	dead.start = now.Add(10 * time.Minute).UnixNano()
+	dead.start = now.Add(4 * time.Minute).UnixNano()
 	dead.publish(1)
 	testutil.WaitFor(t, 10*time.Second, "the first sidecar followed", func() bool {
 		st := m.Status()

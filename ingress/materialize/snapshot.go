@@ -50,8 +50,12 @@ const maxReplyEpochs = 4
 // ends the request at once only when that many error replies came and no
 // other reply is under way; otherwise it is returned at ctx's deadline if
 // nothing completed by then. first, when positive, bounds the wait for
-// the first reply of any kind (FirstReplyTimeout).
-func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool, responders int, first time.Duration) (*snapshot, error) {
+// the first reply of any kind (FirstReplyTimeout). A chunk chunkRefusal
+// refuses (another engine's or model's, an epoch start too far ahead) is
+// passed to refuse and skipped: the request goes on waiting for its
+// sidecar's reply, which a forged one that came first does not end.
+func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool, responders int, first time.Duration,
+	refuse func(reason, subject, engine, model string, start int64, now time.Time)) (*snapshot, error) {
 	inbox := nc.NewRespInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -109,6 +113,13 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 		}
 		if err := kvevents.DecodeSnapshotChunk(msg.Data, &chunk); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSnapshot, err)
+		}
+		now := time.Now()
+		if why := chunkRefusal(model, engine, &chunk, now); why != "" {
+			if refuse != nil {
+				refuse(why, natsutil.SnapSubject(model, engine), chunk.Engine, chunk.Model, chunk.EpochStart, now)
+			}
+			continue
 		}
 		var a *assembler
 		for _, r := range replies {

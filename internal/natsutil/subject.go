@@ -59,6 +59,50 @@ func ParseDeltaSubject(subject string) (model, engine string, ok bool) {
 	return model, engine, true
 }
 
+// IsDeltaSubject reports whether subject is DeltaSubject(model, engine),
+// without allocating (it runs for every delta an ingress receives). Escaping
+// is canonical, so it is true exactly when ParseDeltaSubject(subject) gives
+// model and engine.
+func IsDeltaSubject(subject, model, engine string) bool {
+	rest, ok := strings.CutPrefix(subject, DeltaPrefix)
+	if !ok {
+		return false
+	}
+	if rest, ok = cutEscaped(rest, model); !ok {
+		return false
+	}
+	if rest, ok = strings.CutPrefix(rest, "."); !ok {
+		return false
+	}
+	rest, ok = cutEscaped(rest, engine)
+	return ok && rest == ""
+}
+
+// cutEscaped returns s after its prefix EscapeToken(name); ok is false
+// when s does not start with it.
+func cutEscaped(s, name string) (rest string, ok bool) {
+	if name == "" {
+		return strings.CutPrefix(s, "~")
+	}
+	const hex = "0123456789ABCDEF"
+	j := 0
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if tokenSafe(c) {
+			if j >= len(s) || s[j] != c {
+				return "", false
+			}
+			j++
+			continue
+		}
+		if j+2 >= len(s) || s[j] != '~' || s[j+1] != hex[c>>4] || s[j+2] != hex[c&15] {
+			return "", false
+		}
+		j += 3
+	}
+	return s[j:], true
+}
+
 // EscapeToken makes s one NATS subject token that any tool accepts: ASCII
 // letters, digits, '-' and '_' pass through; every other byte (including '.',
 // '*', '>', '/', spaces and '~' itself) becomes "~XX" (hex). The result is

@@ -39,3 +39,25 @@ func FuzzParseStateSubject(f *testing.F) {
 		}
 	})
 }
+
+// FuzzIsDeltaSubject: IsDeltaSubject, the ingress's allocation-free check
+// that a delta's body names the engine and model of its subject, agrees
+// with DeltaSubject and ParseDeltaSubject for any subject, model and engine.
+func FuzzIsDeltaSubject(f *testing.F) {
+	f.Add("kvmesh.delta.m.e1", "m", "e1")
+	f.Add("kvmesh.delta.m.127~2E0~2E0~2E1~3A45001", "m", "127.0.0.1:45001")
+	f.Add("kvmesh.delta.attacker.whatever", "m", "127.0.0.1:45001")
+	f.Add("kvmesh.delta.~.~", "", "")
+	f.Add("kvmesh.delta.m.e1.x", "m", "e1")
+	f.Add("kvmesh.delta.m.~65", "m", "e")
+	f.Fuzz(func(t *testing.T, subject, model, engine string) {
+		if !IsDeltaSubject(DeltaSubject(model, engine), model, engine) {
+			t.Fatalf("DeltaSubject(%q, %q) = %q refused", model, engine, DeltaSubject(model, engine))
+		}
+		pm, pe, ok := ParseDeltaSubject(subject)
+		want := ok && pm == model && pe == engine
+		if got := IsDeltaSubject(subject, model, engine); got != want {
+			t.Fatalf("IsDeltaSubject(%q, %q, %q) = %v; ParseDeltaSubject gives %q, %q, %v", subject, model, engine, got, pm, pe, ok)
+		}
+	})
+}
