@@ -100,9 +100,12 @@ func (n *Node) holdLocked(e *entry) {
 // is false for malformed metadata) and, when the generation changed, drops
 // the entries of any other one and adopts those held for the new one. It
 // returns whether the member restarted (a generation advertised before was
-// replaced by another), the one it replaced, and the adopted app entries,
-// for the OnAppState callbacks. Called with n.mu held.
-func (n *Node) generationLocked(name string, gen uint64, ok bool) (restarted bool, prev uint64, apps []*entry) {
+// replaced by another), the one it replaced, the adopted app entries, for
+// the OnAppState callbacks, and the held entries refused for their
+// addresses (checked now, against the metadata that advertises their
+// generation: routing.go), for warnRoutes. Called with n.mu held, after
+// n.alive holds name's metadata.
+func (n *Node) generationLocked(name string, gen uint64, ok bool) (restarted bool, prev uint64, apps []*entry, refused []routeRefusal) {
 	old, seen := n.gens[name]
 	if !ok {
 		// Malformed metadata says nothing of the generation: keep the
@@ -110,10 +113,10 @@ func (n *Node) generationLocked(name string, gen uint64, ok bool) (restarted boo
 		// well-formed metadata comes.
 		old.known = false
 		n.gens[name] = old
-		return false, 0, nil
+		return false, 0, nil, nil
 	}
 	if seen && old.known && old.gen == gen {
-		return false, 0, nil
+		return false, 0, nil, nil
 	}
 	cur := memberGen{gen: gen, known: true, valid: true, retired: old.retired}
 	if seen && old.valid && old.gen != gen {
@@ -133,7 +136,12 @@ func (n *Node) generationLocked(name string, gen uint64, ok bool) (restarted boo
 		if e.Gen != gen {
 			continue
 		}
-		if have, ok := n.entries[k]; ok && have.Version >= e.Version {
+		have, ok := n.entries[k]
+		if v, want := checkRoute(n.alive[name], have, e); v != routeOK {
+			n.refuseRouteLocked(v, want, e, &refused)
+			continue
+		}
+		if ok && have.Version >= e.Version {
 			continue
 		}
 		n.entries[k] = e
@@ -142,7 +150,7 @@ func (n *Node) generationLocked(name string, gen uint64, ok bool) (restarted boo
 			apps = append(apps, e)
 		}
 	}
-	return restarted, prev, apps
+	return restarted, prev, apps, refused
 }
 
 // forgetGenerationLocked drops what is known of a member that left or

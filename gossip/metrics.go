@@ -17,6 +17,9 @@ type metrics struct {
 	future    atomic.Uint64 // relayed entries refused as versioned past MaxRelayAhead
 	oversize  atomic.Uint64 // own entries queued too large for a broadcast packet
 	restarts  atomic.Uint64 // members seen advertising a new generation under their name
+	// urlMismatch: engine entries refused for an address their member
+	// does not vouch for (routing.go)
+	urlMismatch atomic.Uint64
 }
 
 // registerMetrics registers the series on reg and returns a func that
@@ -51,6 +54,7 @@ func (n *Node) registerMetrics(reg prometheus.Registerer) (unregister func(), er
 		counter("kvmesh_gossip_relay_future_total", "Entries the relay (the NATS state lane) carried that were refused because their version, the origin's clock, was more than gossip.MaxRelayAhead (5 min) ahead of this member's clock: clock skew (logged once a minute per member with the skew); gossip still carries them.", &n.m.future),
 		counter("kvmesh_gossip_oversize_entries_total", "Own state entries too large for one gossip broadcast packet, counted each time one is due: gossip carries them by push/pull only (the NATS state lane carries them where it runs).", &n.m.oversize),
 		counter("kvmesh_gossip_entries_ignored_total", "Gossip state entries ignored: older than known, from a member not alive, or of another generation (process start) than the one the member advertises.", &n.m.ignored),
+		counter("kvmesh_gossip_engine_url_mismatch_total", "Engine state entries refused because an address they carry (the engine URL, the SGLang bootstrap address) is not the one their member vouches for: for the engine its gossip metadata names, the metadata's URL; on the NATS state lane, what gossip delivered (the lane never introduces or changes an address); a bootstrap address must be on the URL's host. A forged entry (a publisher on kvmesh.state.> posing as a member) or a sidecar whose state and metadata disagree; warned about once a minute per member, and the engine keeps the address it had.", &n.m.urlMismatch),
 		counter("kvmesh_gossip_member_restarts_total", "Members seen restarted under the same name (their metadata advertised a new generation): the predecessor's state entries were dropped, whatever the clocks.", &n.m.restarts),
 	} {
 		if err := reg.Register(c); err != nil {

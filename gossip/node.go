@@ -65,6 +65,7 @@ type Node struct {
 	// conflicts holds the addresses whose name conflict was logged.
 	conflicts map[string]bool
 	ahead     aheadWarnings // origins warned about as relayed too far ahead (relay.go)
+	routeWarn aheadWarnings // members warned about for entries with addresses they do not vouch for (routing.go)
 	dups      dupWarnings   // engine ids and URLs held more than once (duplicates.go)
 
 	// joiningAlone is set while this node, alone, joins a cluster: a name
@@ -721,6 +722,7 @@ func (n *Node) merge(es []*entry) (accepted int) {
 		blob       []byte
 	}
 	var apps []appEvent
+	var refused []routeRefusal
 	now := time.Now()
 	n.mu.Lock()
 	for _, e := range es {
@@ -742,7 +744,12 @@ func (n *Node) merge(es []*entry) (accepted int) {
 			n.holdLocked(e)
 			continue
 		}
-		if old, ok := n.entries[k]; ok && old.Version >= e.Version {
+		old, ok := n.entries[k]
+		if v, want := checkRoute(n.alive[e.Origin], old, e); v != routeOK {
+			n.refuseRouteLocked(v, want, e, &refused)
+			continue
+		}
+		if ok && old.Version >= e.Version {
 			n.m.ignored.Add(1)
 			continue
 		}
@@ -755,6 +762,7 @@ func (n *Node) merge(es []*entry) (accepted int) {
 	}
 	cbs := n.onApp
 	n.mu.Unlock()
+	n.warnRoutes(refused)
 	for _, a := range apps {
 		for _, fn := range cbs {
 			fn(a.node, a.name, a.blob)
@@ -789,9 +797,10 @@ func (n *Node) memberUp(node *memberlist.Node) {
 	_, known := n.alive[node.Name]
 	n.alive[node.Name] = meta
 	n.addrs[node.Name] = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
-	restarted, prev, apps := n.generationLocked(node.Name, meta.Gen, err == nil)
+	restarted, prev, apps, refused := n.generationLocked(node.Name, meta.Gen, err == nil)
 	cbs := n.onApp
 	n.mu.Unlock()
+	n.warnRoutes(refused)
 	if !known {
 		n.log.Info("gossip member up", "member", node.Name, "role", meta.Role, "id", meta.ID)
 	}

@@ -67,7 +67,12 @@ const (
 // forged version) is counted in kvmesh_gossip_relay_future_total, warned
 // about once a minute per alive member with the measured skew (other
 // origins, forged names included, share one line a minute), and returned as an
-// error wrapping ErrRelayAhead. accepted is false for an entry ignored as
+// error wrapping ErrRelayAhead. The lane never introduces or changes an
+// engine's address (routing.go): an entry whose URL or bootstrap address is
+// not the member's metadata's nor what gossip delivered is refused, counted
+// in kvmesh_gossip_engine_url_mismatch_total and warned about once a minute
+// per member (or, one gossip has not delivered yet, ignored); accepted is
+// then false and err nil. accepted is false for an entry ignored as
 // older, own, of a member not alive or of a generation other than the one
 // its member advertises (one not advertised yet is held, and comes into
 // the view when it is: generation.go). Safe for concurrent use; it never
@@ -91,6 +96,7 @@ func (n *Node) MergeRelayed(from string, msg []byte) (accepted bool, err error) 
 		return false, fmt.Errorf("gossip relay: %w: entry of %q versioned %v ahead (at most %v)", ErrRelayAhead, e.Origin,
 			ahead.Round(time.Second), MaxRelayAhead)
 	}
+	e.relayed = true // the lane may not introduce or change an engine's address (routing.go)
 	if n.merge([]*entry{e}) == 0 {
 		return false, nil
 	}

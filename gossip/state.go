@@ -174,6 +174,9 @@ type entry struct {
 	// unknown. Both are set before the entry is shared and never changed.
 	at    time.Time
 	ageAt time.Duration
+	// relayed: the entry came by the state lane (MergeRelayed), which may
+	// not introduce or change a routing address (routing.go).
+	relayed bool
 }
 
 // stamped is a copy of e to encode at now, carrying its age then.

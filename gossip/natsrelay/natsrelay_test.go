@@ -604,3 +604,136 @@ func TestEntryOverMaxPayloadCountedLoggedOnce(t *testing.T) {
 		}
 	}
 }
+
+// A publisher on kvmesh.state.> that takes a live sidecar's entry off the
+// lane and sends it again with the engine's URL pointed at its own server
+// (the engine's prompts and API key would go there) is refused: the URL of
+// the engine a member's gossip metadata names must be the metadata's, and
+// the lane never introduces or changes an engine's address (an engine the
+// metadata does not name, a DaemonSet sidecar's second one, comes first
+// by gossip). Each refusal is counted in
+// kvmesh_gossip_engine_url_mismatch_total, warned about once a minute per
+// member, and the engine keeps its real URL, while the sidecar's own
+// entries still come over the lane.
+func TestForgedEngineURLOverNATSRefused(t *testing.T) {
+	const realURL, evilURL = "http://127.0.0.1:8000", "http://127.0.0.1:45002"
+	srv := testutil.NATS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	var logs testutil.SyncBuffer
+	reg := prometheus.NewRegistry()
+	ic := gossipConfig("ingress-1", gossip.RoleIngress)
+	ic.Registerer = reg
+	ic.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	in := startNode(t, ic)
+	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+
+	raw := connect(t, srv.URL())
+	seen, err := raw.SubscribeSync(natsutil.StateSubject("sidecar-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pub := NewPublisher(nil)
+	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
+	sc.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1", Model: "m", EngineURL: realURL}
+	sc.Relay = pub
+	s := startNode(t, sc)
+	pnc := connect(t, srv.URL())
+	wg.Go(func() { pub.Run(ctx, pnc) })
+	testutil.WaitFor(t, 10*time.Second, "2 members", func() bool { return in.NumMembers() == 2 && s.NumMembers() == 2 })
+
+	s.SetEngine(gossip.EngineState{ID: "e1", Model: "m", URL: realURL, Running: 3})
+	msg, err := seen.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the ingress sees e1", func() bool {
+		v, ok := in.Engine("e1")
+		return ok && v.URL == realURL && v.Running == 3
+	})
+
+	// forged is msg's entry with the engine id, URL and running count
+	// replaced and a version 2 s ahead (within gossip.MaxRelayAhead).
+	forged := func(id, url string, running int) []byte {
+		var e map[string]json.RawMessage
+		if err := json.Unmarshal(msg.Data[1:], &e); err != nil {
+			t.Fatal(err)
+		}
+		var st map[string]any
+		if err := json.Unmarshal(e["e"], &st); err != nil {
+			t.Fatal(err)
+		}
+		st["id"], st["url"], st["run"] = id, url, running
+		e["n"], _ = json.Marshal(id)
+		e["e"], _ = json.Marshal(st)
+		e["v"] = json.RawMessage(fmt.Sprint(time.Now().Add(2 * time.Second).UnixNano()))
+		b, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]byte{msg.Data[0]}, b...)
+	}
+	publish := func(data []byte) {
+		t.Helper()
+		if err := raw.Publish(msg.Subject, data); err != nil {
+			t.Fatal(err)
+		}
+		if err := raw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(forged("e1", evilURL, 0))
+	publish(forged("e1", evilURL, 1))
+	testutil.WaitFor(t, 10*time.Second, "the forged entries refused", func() bool {
+		return counterValue(t, reg, "kvmesh_gossip_engine_url_mismatch_total") == 2
+	})
+	if v, _ := in.Engine("e1"); v.URL != realURL || v.Running != 3 {
+		t.Fatalf("e1 after forged entries: url %q running %d; want %q, 3", v.URL, v.Running, realURL)
+	}
+
+	// An engine the metadata does not name comes first by gossip; the lane
+	// then carries its load, never another URL.
+	s.SetEngine(gossip.EngineState{ID: "e2", Model: "m", URL: "http://127.0.0.1:8001", Running: 1})
+	testutil.WaitFor(t, 10*time.Second, "the ingress sees e2", func() bool {
+		v, ok := in.Engine("e2")
+		return ok && v.URL == "http://127.0.0.1:8001"
+	})
+	publish(forged("e2", evilURL, 7))
+	publish(forged("e9", evilURL, 7)) // an engine gossip never delivered: ignored, not warned
+	testutil.WaitFor(t, 10*time.Second, "the forged e2 refused", func() bool {
+		return counterValue(t, reg, "kvmesh_gossip_engine_url_mismatch_total") == 3
+	})
+	if _, ok := in.Engine("e9"); ok {
+		t.Fatal("an engine first seen on the lane, with a URL, was taken")
+	}
+	if v, _ := in.Engine("e2"); v.URL != "http://127.0.0.1:8001" {
+		t.Fatalf("e2's url %q after a forged entry", v.URL)
+	}
+
+	// The sidecar's own entries still come over the lane: one too large
+	// for a broadcast packet, which gossip carries only by push/pull (once
+	// an hour here).
+	s.SetEngine(gossip.EngineState{ID: "e1", Model: "m", URL: realURL, Running: 5, LoRAs: tooBigForGossip()})
+	testutil.WaitFor(t, 5*time.Second, "the ingress sees running=5", func() bool {
+		v, _ := in.Engine("e1")
+		return v.Running == 5 && v.URL == realURL
+	})
+
+	out := logs.String()
+	if n := strings.Count(out, "refusing an engine entry"); n != 1 {
+		t.Fatalf("%d warnings for 3 refusals of one member within a minute, want 1:\n%s", n, out)
+	}
+	for _, want := range []string{"level=WARN", "member=sidecar-1", "engine=e1", "url=" + evilURL, "want=" + realURL, "lane=nats"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("warning lacks %q:\n%s", want, out)
+		}
+	}
+}
