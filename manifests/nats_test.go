@@ -107,6 +107,13 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	if _, _, err := tokenstore.Publish(ctx, store, "org/model", "", src); err != nil {
 		t.Fatalf("sidecar publishes a tokenizer: %v", err)
 	}
+	// Its files change: published again, over the old objects.
+	if err := os.WriteFile(filepath.Join(src, "tokenizer.json"), []byte(`{"model":{"type":"BPE"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, changed, err := tokenstore.Publish(ctx, store, "org/model", "", src); err != nil || !changed {
+		t.Fatalf("sidecar publishes a changed tokenizer: changed %v, %v", changed, err)
+	}
 
 	ing := jsAs(t, url, "ingress", "ingress-pw")
 	r, err := tokenstore.OpenReader(ctx, ing, t.TempDir())
@@ -160,5 +167,38 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	}
 	if err := ing.DeleteStream(short(), natsutil.StreamName); err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the ingress user could delete the stream (err %v)", err)
+	}
+
+	// The sidecar user has the JetStream API its role needs, no more: a
+	// compromised sidecar can neither delete nor purge the delta stream,
+	// nor delete the tokenizer store, nor make streams of its own.
+	for name, err := range map[string]error{
+		"delete the delta stream":    side.DeleteStream(short(), natsutil.StreamName),
+		"delete the tokenizer store": side.DeleteObjectStore(short(), tokenstore.Bucket),
+		"create a stream": func() error {
+			_, err := side.CreateStream(short(), jetstream.StreamConfig{Name: "KVMESH_OTHER", Subjects: []string{"kvmesh.other.>"}})
+			return err
+		}(),
+		"purge the delta stream": func() error {
+			s, err := side.Stream(ctx, natsutil.StreamName)
+			if err != nil {
+				return nil
+			}
+			return s.Purge(short())
+		}(),
+		"delete a delta stream message": func() error {
+			s, err := side.Stream(ctx, natsutil.StreamName)
+			if err != nil {
+				return nil
+			}
+			return s.DeleteMsg(short(), 1)
+		}(),
+	} {
+		if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("the sidecar user could %s (err %v)", name, err)
+		}
+	}
+	if _, err := side.Stream(ctx, natsutil.StreamName); err != nil {
+		t.Fatalf("the delta stream is gone: %v", err)
 	}
 }
