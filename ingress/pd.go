@@ -686,7 +686,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	// Do, not DoDeadline: the upstream clients stream response bodies,
 	// which DoDeadline does not support; the expiry timer bounds the leg.
 	resp := fasthttp.AcquireResponse()
-	sent := time.Now()
+	sent, sentMono := time.Now(), monoNow()
 	err = tlsCauseOf(resp, up.hc.Do(req, resp)) // upstreamtls.go: an alert refusing our certificate
 	expired := expiry != nil && !expiry.Stop()
 	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
@@ -722,6 +722,12 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 			s.loopedEngine(up)
 			return c.prefillDone(p, "fallback_"+loopResult, start), true
 		}
+		// Held against the engine as on the aggregated path and SGLang's
+		// leg (a 429 is shedding, not a failure: healthKind): an engine
+		// failing every leg answers fast and idle, so the cost model
+		// would keep choosing it.
+		up.failures.Add(1)
+		s.health.observe(up, statusResult(st))
 		return c.prefillDone(p, "fallback_"+statusResult(st), start), true
 	case st != fasthttp.StatusOK:
 		buf, rerr := readAll(resp)
@@ -752,6 +758,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	if rerr != nil {
 		return c.prefillDone(p, "fallback_read_error", start), true
 	}
+	s.health.ok(up, sentMono) // a 5xx run is one in a row only until an answer
 	params, ok := kvTransferParams(buf.Bytes())
 	if !ok {
 		return c.prefillDone(p, "fallback_no_params", start), true

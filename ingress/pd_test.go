@@ -212,6 +212,35 @@ func TestPDPrefillFailsFallsBack(t *testing.T) {
 	}
 }
 
+// TestPDPrefillStatus5xxEjects: a NIXL prefill engine answering every leg
+// with 500 is held to account as on the aggregated path and SGLang's leg:
+// three in a row eject it (its probe fails: it stays out), and the legs go
+// to the healthy prefill engine. Its 5xx used to count nowhere: the engine
+// looked idle and fast, and the cost model sent it almost every leg.
+func TestPDPrefillStatus5xxEjects(t *testing.T) {
+	bad, good, d := startFakePD(t, true), startFakePD(t, false), startFakePD(t, false)
+	loaded := pdEngine("p1", scheduler.RolePrefill, good.url())
+	loaded.Waiting = 2 // the cost model ranks the failing p0 first while it is in routing
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, bad.url()), loaded, pdEngine("d0", scheduler.RoleDecode, d.url()))
+	for i := range 6 {
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	legs := s.pdInit().legs
+	if n, f, ok := bad.prefills.Load(), val(legs.WithLabelValues("prefill", "fallback_status_5xx")), val(legs.WithLabelValues("prefill", "ok")); n != 3 || f != 3 || ok != 3 {
+		t.Fatalf("failing engine sent %d legs, %v fell back, %v ok on the healthy one; want 3, 3, 3", n, f, ok)
+	}
+	if s.health.allowed("p0") || !s.health.allowed("p1") {
+		t.Fatalf("allowed: p0 %v, p1 %v; want the failing prefill engine ejected only", s.health.allowed("p0"), s.health.allowed("p1"))
+	}
+	if up := s.ups.lookup("p0"); up == nil || up.failures.Load() != 3 {
+		t.Fatalf("p0's failures not counted: %v", up)
+	}
+}
+
 // TestPDPrefillDeniesModel: a prefill engine answering that it does not
 // serve the model (it was swapped in place, or another engine took its
 // address) is not the request's fault: the request is served aggregated
