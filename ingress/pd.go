@@ -607,7 +607,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	s := c.s
 	body := c.upstreamBody() // route.go: "model" names the routed pool
 	pbody, err := prefillBody(body, c.req.maxTokens, c.req.stream)
-	if errors.Is(err, errLegHidesRefusal) {
+	if errors.Is(err, errLegHidesRefusal) || c.overContext() {
 		// Served aggregated: the engine answers the 400 itself, as on the
 		// aggregated path, and no prefill engine holds blocks for a decode
 		// leg it would refuse.
@@ -769,6 +769,22 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	}
 	c.body = dbody
 	return c.prefillDone(p, "ok", start), true
+}
+
+// overContext reports whether the decode engine will refuse the request
+// for its context length: prompt plus output limit over its max_model_len
+// (vLLM's API server checks it before the request reaches the engine, so
+// the decode leg would never read the KV the leg prepared, and the prefill
+// engine would hold its blocks until its abort timeout). Without an output
+// limit (-1) the engine takes what is left of the context, refused only
+// when nothing is. The prompt's count may be the ingress's estimate
+// (untokenized): erring costs only the split, as legHidesRefusal's.
+func (c *call) overContext() bool {
+	d := c.infoOf(c.pd.plan.Decode)
+	if d == nil || d.MaxModelLen <= 0 {
+		return false
+	}
+	return c.promptTokens+max(c.req.maxTokens, 1) > d.MaxModelLen
 }
 
 // errLegHidesRefusal: the engine refuses the request (400) for a member

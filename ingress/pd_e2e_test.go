@@ -29,6 +29,9 @@ func startPDCluster(t *testing.T, base sim.Config, prefill, decode int) (*simtes
 	for i, s := range cl.Decode {
 		m = append(m, pdEngine("d"+string(rune('0'+i)), scheduler.RoleDecode, s.URL()))
 	}
+	for i := range m {
+		m[i].MaxModelLen = base.Engine.MaxModelLen // as the sidecars gossip it (0: not reported)
+	}
 	c := testConfig()
 	c.PD = PDConfig{Policy: "kvmesh-always"}
 	return cl, startIngress(t, c, Deps{Membership: m})
@@ -151,6 +154,46 @@ func TestPDRefusedLimitsServedAggregated(t *testing.T) {
 	}
 	// Values the engine takes still split: min_tokens within max_tokens.
 	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m",`+prompt+`,"max_tokens":5,"min_tokens":3}`)
+	if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != "d0" || val(legs.WithLabelValues("prefill", "ok")) != 1 {
+		t.Fatalf("status %d engine %q, %v legs ok: %s", st, hdr.Get("X-Kvmesh-Engine"), val(legs.WithLabelValues("prefill", "ok")), b)
+	}
+}
+
+// TestPDOverContextServedAggregated: a request whose prompt plus max_tokens
+// is over the decode engine's max_model_len (gossiped) runs no prefill leg:
+// vLLM's API server refuses it before the engine schedules it, so the
+// decode leg would never read the leg's KV and the prefill engine would
+// hold the blocks until its abort timeout (480 s). It is served aggregated
+// and the client gets the engine's own 400, as on the aggregated path; the
+// leg used to run for every such request.
+func TestPDOverContextServedAggregated(t *testing.T) {
+	cl, s := startPDCluster(t, sim.Config{TimeScale: 100, Seed: 1, Engine: engine.Config{MaxModelLen: 512}}, 1, 1)
+	agg := startIngress(t, testConfig(StaticEngine{ID: "d0", Model: "m", URL: cl.Decode[0].URL()}), Deps{})
+	p := cl.Prefill[0]
+	prompt := `"prompt":"` + strings.Repeat("refused ", 20) + `"`
+	for _, tc := range []string{
+		`{"model":"m",` + prompt + `,"max_tokens":500}`,
+		`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("refused ", 20) + `"}],"max_completion_tokens":500}`,
+	} {
+		path := "/v1/completions"
+		if strings.Contains(tc, `"messages"`) {
+			path = "/v1/chat/completions"
+		}
+		wst, _, want := post(t, http.DefaultClient, "http://"+agg.Addr()+path, tc)
+		st, hdr, got := post(t, http.DefaultClient, "http://"+s.Addr()+path, tc)
+		if wst != http.StatusBadRequest || st != wst || string(got) != string(want) || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Errorf("%s: P/D status %d engine %q %s; aggregated %d %s", tc, st, hdr.Get("X-Kvmesh-Engine"), got, wst, want)
+		}
+	}
+	if l := p.Load(0); l.Finished != 0 || l.HeldBlocks != 0 || p.HeldRequests(0) != 0 {
+		t.Fatalf("the prefill engine ran %d legs and holds %d blocks", l.Finished, l.HeldBlocks)
+	}
+	legs := s.pdInit().legs
+	if n := val(legs.WithLabelValues("prefill", "fallback_invalid")); n != 2 {
+		t.Fatalf("%v requests served aggregated for their context length, want 2", n)
+	}
+	// Within the context, the request still splits.
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m",`+prompt+`,"max_tokens":5}`)
 	if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != "d0" || val(legs.WithLabelValues("prefill", "ok")) != 1 {
 		t.Fatalf("status %d engine %q, %v legs ok: %s", st, hdr.Get("X-Kvmesh-Engine"), val(legs.WithLabelValues("prefill", "ok")), b)
 	}

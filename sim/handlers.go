@@ -211,27 +211,14 @@ type gen struct {
 func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 	notify := make(chan struct{}, 1)
 	n := max(1, g.n)
-	keep := -1 // truncate_prompt_tokens: tokens each prompt keeps (-1: all)
-	if g.truncate != nil {
-		keep = *g.truncate
-		if keep < 0 {
-			keep = s.cfg.Engine.MaxModelLen
-		}
-		if keep > s.cfg.Engine.MaxModelLen {
-			return nil, nil, badRequest("truncate_prompt_tokens value (%d) is greater than max_model_len (%d). Please, select a smaller truncation size.", keep, s.cfg.Engine.MaxModelLen)
-		}
+	keep, err := s.validate(g)
+	if err != nil {
+		return nil, nil, err
 	}
 	calls := make([]*call, 0, min(len(g.prompts)*n, 64)) // MaxWaiting ends a huge batch early (503)
 	for i, p := range g.prompts {
 		if keep >= 0 {
 			p = p[max(0, len(p)-keep):] // vLLM truncates on the left
-		}
-		if len(p) == 0 {
-			return s.abortAll(calls), nil, badRequest("prompt %d is empty", i)
-		}
-		if need := len(p) + g.maxTokens; need > s.cfg.Engine.MaxModelLen {
-			return s.abortAll(calls), nil, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-				s.cfg.Engine.MaxModelLen, need, len(p), g.maxTokens)
 		}
 		for j := range n {
 			id := g.id
@@ -260,6 +247,39 @@ func (s *Server) submit(rk *rank, g *gen) ([]*call, chan struct{}, error) {
 		}
 	}
 	return calls, notify, nil
+}
+
+// validate applies the checks of g's prompts against the context
+// (truncate_prompt_tokens, an empty prompt, prompt plus output over
+// max_model_len) and returns the tokens each prompt keeps
+// (truncate_prompt_tokens; -1: all). vLLM's API server runs them before the
+// request reaches the engine, whose scheduler is where a decode leg reads
+// its KV over NIXL: a refused request reads nothing, and its prefill
+// engine's blocks stay held (start runs it before the P/D read).
+func (s *Server) validate(g *gen) (keep int, _ error) {
+	keep = -1
+	if g.truncate != nil {
+		keep = *g.truncate
+		if keep < 0 {
+			keep = s.cfg.Engine.MaxModelLen
+		}
+		if keep > s.cfg.Engine.MaxModelLen {
+			return -1, badRequest("truncate_prompt_tokens value (%d) is greater than max_model_len (%d). Please, select a smaller truncation size.", keep, s.cfg.Engine.MaxModelLen)
+		}
+	}
+	for i, p := range g.prompts {
+		if keep >= 0 {
+			p = p[max(0, len(p)-keep):]
+		}
+		if len(p) == 0 {
+			return -1, badRequest("prompt %d is empty", i)
+		}
+		if need := len(p) + g.maxTokens; need > s.cfg.Engine.MaxModelLen {
+			return -1, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+				s.cfg.Engine.MaxModelLen, need, len(p), g.maxTokens)
+		}
+	}
+	return keep, nil
 }
 
 func (s *Server) abortAll(calls []*call) []*call {
@@ -361,6 +381,10 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request, g *gen) (rk *rank
 		return nil, nil, nil, false
 	}
 	if s.pd != nil {
+		if _, err := s.validate(g); err != nil { // before the KV read, as vLLM
+			s.fail(w, err)
+			return nil, nil, nil, false
+		}
 		if err := s.pd.prepare(r.Context(), rk, g); err != nil {
 			s.fail(w, err)
 			return nil, nil, nil, false

@@ -232,6 +232,37 @@ func TestPDNixlDecodeReadsOnlyMissingBlocks(t *testing.T) {
 	}
 }
 
+// TestPDNixlDecodeOverContextReadsNothing: a decode leg over the engine's
+// max_model_len (prompt plus max_tokens) is refused (400) before its KV
+// read, as vLLM's API server refuses it before the scheduler, where the
+// NIXL read happens: the prefill engine still holds the blocks, and a decode
+// leg within the context reads them. The read used to come first, which
+// freed the prefill's hold and hid from the router's tests that on vLLM the
+// blocks stay held until the abort timeout.
+func TestPDNixlDecodeOverContextReadsNothing(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	d := startSim(t, nixlConfig)
+	prompt := tokens(1, 60)
+	code, pr, raw := postPD(t, p, prefillLeg(prompt))
+	if code != 200 || pr.KVTransferParams == nil {
+		t.Fatalf("prefill leg: %d %s", code, raw)
+	}
+	code, _, raw = postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, d.cfg.Engine.MaxModelLen))
+	if code != http.StatusBadRequest || !strings.Contains(string(raw), "maximum context length") {
+		t.Fatalf("decode leg over the context: %d %s", code, raw)
+	}
+	if got := scrape(t, d)["vllm:nixl_num_failed_transfers_total{engine=0}"]; got != 0 {
+		t.Fatalf("failed transfers %v, want 0 (no read)", got)
+	}
+	if p.HeldRequests(0) != 1 {
+		t.Fatal("a refused decode leg freed the prefill's blocks")
+	}
+	code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 2))
+	if code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != len(prompt)-1 {
+		t.Fatalf("decode leg within the context: %d %s; want the held KV read (%d cached tokens)", code, raw, len(prompt)-1)
+	}
+}
+
 func TestPDNixlInvalidParamsPrefillLocally(t *testing.T) {
 	var logs testutil.SyncBuffer
 	p := startSim(t, nixlConfig)
