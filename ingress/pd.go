@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/backoff"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -139,12 +140,35 @@ type pdState struct {
 	// take the once (forget.go) read router only after it.
 	inited atomic.Bool
 
+	// noKV is the NIXL prefill engines whose legs lately answered by
+	// length without kv_transfer_params (no KV connector: markNoKV), left
+	// out of prefill legs until their mark's time; guarded by mu.
+	noKV map[string]*noKVMark
+
 	legs      *prometheus.CounterVec // leg, result
+	noKVMarks *prometheus.CounterVec // engine
 	prefillS  prometheus.Histogram
 	decisions *prometheus.CounterVec // mode, reason
 	queued    prometheus.GaugeFunc
 	legsNow   prometheus.GaugeFunc
 }
+
+// noKVMark is a prefill engine left out of prefill legs: its leg answered
+// by length without kv_transfer_params.
+type noKVMark struct {
+	until  time.Time // not given prefill legs before
+	n      int       // marks in a row (no leg answered with params between): the backoff
+	warned time.Time // the last warning logged
+}
+
+// noKVBackoff is how long a prefill engine answering without
+// kv_transfer_params is left out of prefill legs: a misconfigured engine
+// stays so until someone restarts it, so the first leg after the mark
+// mostly finds it unchanged.
+var noKVBackoff = backoff.Backoff{Min: 30 * time.Second, Max: 10 * time.Minute, Jitter: 0.2}
+
+// noKVWarnEvery bounds the warnings about one engine.
+const noKVWarnEvery = 10 * time.Minute
 
 // prefillGate is one prefill engine's admission: a semaphore of
 // MaxPrefillInFlight slots and a bounded count of waiters.
@@ -160,6 +184,7 @@ func (s *Server) pdInit() *pdState {
 		p.cfg.defaults()
 		p.mu.Lock() // pdLoads (the load-sharing goroutine) reads gates under mu, without the once
 		p.gates = make(map[string]*prefillGate)
+		p.noKV = make(map[string]*noKVMark)
 		p.mu.Unlock()
 		p.router = s.deps.PD
 		if p.router == nil && p.cfg.Policy != "" {
@@ -169,6 +194,9 @@ func (s *Server) pdInit() *pdState {
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
 			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, rejected (429), fallback_<why> when served aggregated instead, " +
 				"next_queue_full when a full queue moved the leg to the plan's next prefill engine (SGLang: the next pair); SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
+		p.noKVMarks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_prefill_no_kv_marks_total",
+			Help:        "Times a NIXL prefill engine was left out of prefill legs for a backoff because a leg it ran to its length answered without kv_transfer_params (an engine started without --kv-transfer-config).",
+			ConstLabels: cl}, []string{"engine"})
 		p.prefillS = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_pd_prefill_seconds",
 			Help: "Prefill leg duration, admission wait included.", ConstLabels: cl, Buckets: latencyBuckets})
 		p.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_decisions_total",
@@ -182,7 +210,7 @@ func (s *Server) pdInit() *pdState {
 		for _, r := range pdAlertResults {
 			p.legs.WithLabelValues("prefill", r)
 		}
-		for _, c := range []prometheus.Collector{p.legs, p.prefillS, p.decisions, p.queued, p.legsNow} {
+		for _, c := range []prometheus.Collector{p.legs, p.noKVMarks, p.prefillS, p.decisions, p.queued, p.legsNow} {
 			if err := s.deps.Registry.Register(c); err != nil {
 				s.log.Warn("pd metrics", "err", err)
 			}
@@ -217,6 +245,7 @@ func (p *pdState) forget(engine string) bool {
 		return false
 	}
 	delete(p.gates, engine)
+	delete(p.noKV, engine)
 	p.mu.Unlock()
 	if p.inited.Load() {
 		if f, ok := p.router.(scheduler.Forgetter); ok {
@@ -224,6 +253,55 @@ func (p *pdState) forget(engine string) bool {
 		}
 	}
 	return true
+}
+
+// markNoKV leaves engine out of prefill legs for a backoff: its leg ran to
+// its length and answered without kv_transfer_params, which a vLLM engine
+// with a NIXL connector never does (one that stops early, on EOS, answers
+// none either, and is not marked). Legs already in flight that answer the
+// same way while it is marked do not lengthen the mark. It warns once per
+// noKVWarnEvery per engine.
+func (s *Server) markNoKV(p *pdState, engine, url string) {
+	now := time.Now()
+	p.mu.Lock()
+	m := p.noKV[engine]
+	if m == nil {
+		m = &noKVMark{}
+		p.noKV[engine] = m
+	}
+	if now.Before(m.until) {
+		p.mu.Unlock()
+		return
+	}
+	d := noKVBackoff.Delay(m.n)
+	m.n++
+	m.until = now.Add(d)
+	warn := m.warned.IsZero() || now.Sub(m.warned) >= noKVWarnEvery
+	if warn {
+		m.warned = now
+	}
+	p.mu.Unlock()
+	p.noKVMarks.WithLabelValues(engine).Inc()
+	if warn {
+		s.log.Warn("prefill engine answered a prefill leg without kv_transfer_params: is it started with --kv-transfer-config "+
+			"(a NIXL connector, kv_role kv_producer or kv_both)? Its requests are prefilled again on the decode engine; "+
+			"it gets no prefill legs for a while", "engine", engine, "url", url, "for", d.Round(time.Second).String())
+	}
+}
+
+// noKVOK clears engine's mark: a leg of it answered with kv_transfer_params.
+func (p *pdState) noKVOK(engine string) {
+	p.mu.Lock()
+	delete(p.noKV, engine)
+	p.mu.Unlock()
+}
+
+// noKVMarked reports whether engine is left out of prefill legs now.
+func (p *pdState) noKVMarked(engine string, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.noKV[engine]
+	return m != nil && now.Before(m.until)
 }
 
 // gateIDs appends the engines with an admission gate.
@@ -352,6 +430,9 @@ func (c *call) planPD() error {
 		// (other replicas' arrive through gossip in InFlight).
 		if c.cands[i].Role == scheduler.RolePrefill {
 			c.cands[i].InFlight += p.queuedLegs(c.cands[i].ID)
+			if p.noKVMarked(c.cands[i].ID, c.start) {
+				c.cands[i].Healthy = false // markNoKV: no prefill legs, nor whole requests, for now
+			}
 		}
 	}
 	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
@@ -759,10 +840,14 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		return c.prefillDone(p, "fallback_read_error", start), true
 	}
 	s.health.ok(up, sentMono) // a 5xx run is one in a row only until an answer
-	params, ok := kvTransferParams(buf.Bytes())
+	params, finish, ok := kvTransferParams(buf.Bytes())
 	if !ok {
+		if finish == "length" {
+			s.markNoKV(p, c.pd.prefill, url) // no KV connector: it would prefill its every leg twice
+		}
 		return c.prefillDone(p, "fallback_no_params", start), true
 	}
+	p.noKVOK(c.pd.prefill)
 	dbody, err := withKVParams(body, params)
 	if err != nil {
 		return c.prefillDone(p, "fallback_body", start), true
@@ -845,19 +930,26 @@ func legHidesRefusal(m map[string]json.RawMessage, maxTokens int, stream bool) b
 }
 
 // kvTransferParams returns the prefill answer's kv_transfer_params object
-// verbatim; false when it is missing, null or not an object.
-func kvTransferParams(body []byte) (json.RawMessage, bool) {
+// verbatim, and its first choice's finish_reason; false when the params
+// are missing, null or not an object.
+func kvTransferParams(body []byte) (_ json.RawMessage, finish string, _ bool) {
 	var m struct {
-		KV json.RawMessage `json:"kv_transfer_params"`
+		KV      json.RawMessage `json:"kv_transfer_params"`
+		Choices []struct {
+			Finish *string `json:"finish_reason"`
+		} `json:"choices"`
 	}
 	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, false
+		return nil, "", false
+	}
+	if len(m.Choices) > 0 && m.Choices[0].Finish != nil {
+		finish = *m.Choices[0].Finish
 	}
 	kv := bytes.TrimSpace(m.KV)
 	if len(kv) == 0 || kv[0] != '{' {
-		return nil, false
+		return nil, finish, false
 	}
-	return kv, true
+	return kv, finish, true
 }
 
 // withKVParams is the decode leg's body: the client's request with params

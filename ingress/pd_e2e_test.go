@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -196,5 +197,65 @@ func TestPDOverContextServedAggregated(t *testing.T) {
 	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m",`+prompt+`,"max_tokens":5}`)
 	if st != http.StatusOK || hdr.Get("X-Kvmesh-Engine") != "d0" || val(legs.WithLabelValues("prefill", "ok")) != 1 {
 		t.Fatalf("status %d engine %q, %v legs ok: %s", st, hdr.Get("X-Kvmesh-Engine"), val(legs.WithLabelValues("prefill", "ok")), b)
+	}
+}
+
+// TestPDPrefillWithoutKVConnectorLeftOut: a prefill engine started without
+// --kv-transfer-config answers its legs by length without
+// kv_transfer_params (every such request was prefilled twice, once there
+// and once on the decode engine, with nothing logged): its first such leg
+// leaves it out of prefill legs for a backoff, warned once and counted
+// (kvmesh_ingress_pd_prefill_no_kv_marks_total), and the legs go to the
+// prefill engine that has a connector.
+func TestPDPrefillWithoutKVConnectorLeftOut(t *testing.T) {
+	var logs testutil.SyncBuffer
+	base := sim.Config{Model: "m", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), TimeScale: 100, Seed: 1}
+	cl := simtest.StartPDForTest(t, simtest.PDOptions{Base: base})
+	plain, err := sim.Start(context.Background(), base) // no KV connector
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { plain.Close() })
+	good := pdEngine("p0", scheduler.RolePrefill, cl.Prefill[0].URL())
+	good.Waiting = 2 // the cost model ranks the engine without a connector first while it is not marked
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Membership: roleMembership{
+		pdEngine("p1", scheduler.RolePrefill, plain.URL()), good, pdEngine("d0", scheduler.RoleDecode, cl.Decode[0].URL())}})
+	for i := range 4 {
+		body := `{"model":"m","prompt":"connector ` + strings.Repeat("word ", 40+i) + `","max_tokens":4}`
+		st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Fatalf("request %d: status %d engine %q body %s", i, st, hdr.Get("X-Kvmesh-Engine"), b)
+		}
+	}
+	p := s.pdInit()
+	if n, ok, none := plain.Load(0).Finished, val(p.legs.WithLabelValues("prefill", "ok")), val(p.legs.WithLabelValues("prefill", "fallback_no_params")); n != 1 || ok != 3 || none != 1 {
+		t.Fatalf("the engine without a connector ran %d legs; %v legs ok, %v without params; want 1, 3, 1", n, ok, none)
+	}
+	if n := val(p.noKVMarks.WithLabelValues("p1")); n != 1 {
+		t.Fatalf("%v marks counted, want 1", n)
+	}
+	if n := strings.Count(logs.String(), "without kv_transfer_params"); n != 1 || !strings.Contains(logs.String(), "level=WARN") {
+		t.Fatalf("%d warnings, want 1:\n%s", n, logs.String())
+	}
+}
+
+// TestKVTransferParamsFinish: the prefill answer's finish_reason comes with
+// its params: only a leg that ran to its length without params says the
+// engine has no connector (one that stopped early on EOS has none either).
+func TestKVTransferParamsFinish(t *testing.T) {
+	for _, tc := range []struct {
+		body, finish string
+		ok           bool
+	}{
+		{`{"choices":[{"text":"x","finish_reason":"length"}],"kv_transfer_params":{"remote_block_ids":[1]}}`, "length", true},
+		{`{"choices":[{"text":"x","finish_reason":"length"}],"kv_transfer_params":null}`, "length", false},
+		{`{"choices":[{"message":{"content":""},"finish_reason":"stop"}]}`, "stop", false},
+		{`{"choices":[]}`, "", false},
+	} {
+		if _, finish, ok := kvTransferParams([]byte(tc.body)); finish != tc.finish || ok != tc.ok {
+			t.Errorf("%s: finish %q ok %v, want %q %v", tc.body, finish, ok, tc.finish, tc.ok)
+		}
 	}
 }

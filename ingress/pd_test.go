@@ -480,7 +480,7 @@ func FuzzKVTransferParams(f *testing.F) {
 	f.Add([]byte(`{"choices":[]}`))
 	f.Add([]byte(`not json`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		kv, ok := kvTransferParams(b)
+		kv, _, ok := kvTransferParams(b)
 		if ok && (len(kv) == 0 || kv[0] != '{') {
 			t.Fatalf("accepted %q", kv)
 		}
