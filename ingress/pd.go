@@ -542,6 +542,21 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 	return scheduler.RoleMixed
 }
 
+// hideEngines is err as its client reads it: with Config.EngineHeader off
+// (an engine's id defaults to its URL's host:port) the text after err's
+// sentinel is hidden instead of naming engines, and the log keeps err's
+// whole text (logText).
+func (s *Server) hideEngines(err error, hidden string) error {
+	if s.cfg.EngineHeader {
+		return err
+	}
+	msg := hidden
+	if sentinel := errors.Unwrap(err); sentinel != nil {
+		msg = sentinel.Error() + ": " + hidden
+	}
+	return &upstreamError{msg: msg, err: err}
+}
+
 // legFailure accounts a P/D leg that failed without an answer head on up
 // (the engine's failures and health, a refused client certificate too,
 // as attemptFailed; nothing for a local_error, the ingress's own
@@ -719,7 +734,8 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 				// No engine left for it: the engine the fallback would
 				// take is queueing already, and a whole prefill there
 				// would wait behind its queue and stall its streams.
-				err := fmt.Errorf("%w: %s, and %s is queueing", ErrPrefillFull, c.pd.prefill, fb)
+				err := s.hideEngines(fmt.Errorf("%w: %s, and %s is queueing", ErrPrefillFull, c.pd.prefill, fb),
+					"the planned prefill engine's, and the engine it would fall back to is queueing")
 				c.prefillDone(p, "rejected", start)
 				c.fail(ctx, err)
 				c.finish()

@@ -243,7 +243,8 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		// pair's decode engine) is queueing: no engine is left for it.
 		c.pd.result = "rejected"
 		p.legs.WithLabelValues("prefill", "rejected").Inc()
-		c.fail(ctx, fmt.Errorf("%w: every prefill engine tried, and %s is queueing", ErrPrefillFull, fb))
+		c.fail(ctx, c.s.hideEngines(fmt.Errorf("%w: every prefill engine tried, and %s is queueing", ErrPrefillFull, fb),
+			"every prefill engine tried, and the engine it would fall back to is queueing"))
 		c.finish()
 		return false
 	}

@@ -508,6 +508,7 @@ func TestSGLangPrefillQueueFullFallbackEngineQueueing(t *testing.T) {
 	busy.Waiting = 2
 	m := roleMembership{sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]), busy}
 	c := testConfig()
+	c.EngineHeader = false // the 429 names no engine (TestPDRejectionHidesEnginesWithHeaderOff)
 	s := startIngress(t, c, Deps{Membership: m, PD: goneDecodePlanner{pdRouter(t, "kvmesh-always")}})
 	p := s.pdInit()
 	g := p.gate("p0")
@@ -516,7 +517,7 @@ func TestSGLangPrefillQueueFullFallbackEngineQueueing(t *testing.T) {
 	}
 	g.waiting.Store(int64(p.cfg.PrefillQueue))
 	st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
-	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) {
+	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || strings.Contains(string(b), "d0") {
 		t.Fatalf("status %d body %s", st, b)
 	}
 	if l := cl.Decode[0].Load(0); l.Finished != 0 || l.Running+l.Waiting != 0 {

@@ -361,6 +361,33 @@ func TestPDPrefillQueueFullDecodeQueueing(t *testing.T) {
 	}
 }
 
+// TestPDRejectionHidesEnginesWithHeaderOff: with Config.EngineHeader off
+// (an engine id defaults to its address) the 429 of a full prefill queue
+// names no engine to the client; the access log keeps them. It named both
+// whatever the header's setting.
+func TestPDRejectionHidesEnginesWithHeaderOff(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		p, d := startFakePD(t, false), startFakePD(t, false)
+		var log testutil.SyncBuffer
+		c := testConfig()
+		c.EngineHeader = on
+		c.PD = PDConfig{MaxPrefillInFlight: 1, PrefillQueue: -1}
+		busy := pdEngine("10.9.8.7:8001", scheduler.RoleDecode, d.url())
+		busy.Waiting = 3
+		s := startIngress(t, c, Deps{PD: pdRouter(t, "kvmesh-always"), AccessLog: slog.New(slog.NewJSONHandler(&log, nil)),
+			Membership: roleMembership{pdEngine("10.9.8.7:8000", scheduler.RolePrefill, p.url()), busy}})
+		s.pdInit().gate("10.9.8.7:8000").slots <- struct{}{} // the one slot is taken
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+		if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || strings.Contains(string(b), "10.9.8.7") == !on {
+			t.Fatalf("header on %v: status %d body %s; want a 429 naming the engines only with the header on", on, st, b)
+		}
+		testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return strings.Contains(log.String(), `"prefill_result"`) })
+		if l := log.String(); !strings.Contains(l, "10.9.8.7:8000, and 10.9.8.7:8001 is queueing") {
+			t.Fatalf("header on %v: access log %s: want the engines named", on, l)
+		}
+	}
+}
+
 // TestPDPrefillQueueFullFallbackEngineQueueing: the 429 is decided on the
 // engine the aggregated fallback would take (the ranking's head), not on
 // the plan's decode engine, here one the scheduler did not rank.

@@ -254,12 +254,16 @@ func (p *proxyStream) endWith(err error) {
 	}
 	c := p.c
 	var msg, code string
+	from := " from engine " + p.up.id // an engine's id may be its address: only with Config.EngineHeader
+	if !c.s.cfg.EngineHeader {
+		from = ""
+	}
 	if c.s.draining.Load() && errors.Is(err, net.ErrClosed) {
 		// The ingress closed the connection itself: its drain timeout cut
 		// what was still streaming (Server.Close). Not the engine's failure:
 		// said so, with the code a draining ingress answers new requests
 		// with, and not counted against the engine (ejection, stream errors).
-		msg, code = fmt.Sprintf("the ingress is shutting down: its drain timeout ended this stream from engine %s", p.up.id), "service_unavailable"
+		msg, code = "the ingress is shutting down: its drain timeout ended this stream"+from, "service_unavailable"
 		c.errMsg = "stream cut at the drain timeout"
 	} else {
 		c.s.m.streamErrors.Inc()
@@ -267,8 +271,13 @@ func (p *proxyStream) endWith(err error) {
 		c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
 		c.errMsg = "upstream stream broke: " + err.Error()
 		// The client's event names the engine by id, not by address
-		// (clientText, proxy.go); c.errMsg keeps the address for the log.
-		msg, code = fmt.Sprintf("engine %s failed mid-stream: %s", p.up.id, clientText(err)), "upstream_error"
+		// (clientText, proxy.go), and not at all with Config.EngineHeader
+		// off; c.errMsg keeps the address for the log, beside the access
+		// log's engine.
+		msg, code = "the engine failed mid-stream: "+clientText(err), "upstream_error"
+		if c.s.cfg.EngineHeader {
+			msg = fmt.Sprintf("engine %s failed mid-stream: %s", p.up.id, clientText(err))
+		}
 	}
 	if p.named != nil {
 		if !p.sawError { // else the engine's own error event ended it
