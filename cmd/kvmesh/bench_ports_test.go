@@ -10,8 +10,9 @@ import (
 )
 
 // TestPortBaseUsage: --port-base is 0 or a base whose ports (NATS, 4 per
-// engine, 2 per ingress) all fit under 65535, read by live bench runs and
-// the aggregated demo only; anything else is a usage error saying why.
+// engine, 2 per ingress; the P/D demo's 2 per engine and its ingress) all
+// fit under 65535, read by live bench runs and the aggregated and P/D demos
+// (the P/D demo refused it); anything else is a usage error saying why.
 func TestPortBaseUsage(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -24,7 +25,7 @@ func TestPortBaseUsage(t *testing.T) {
 		{[]string{"bench", "--mode", "des", "--port-base", "30000"}, "--port-base is not read by a --mode des run"},
 		{[]string{"demo", "--port-base", "65530"}, "port base 65530: NATS, 4 engines with their sidecars and 2 ingresses take 21 ports, 65530..65550, past 65535"},
 		{[]string{"demo", "--engines", "64", "--ingresses", "16", "--port-base", "65300"}, "take 289 ports"},
-		{[]string{"demo", "--pd", "--port-base", "30000"}, "--port-base is not read by a --pd run"},
+		{[]string{"demo", "--pd", "--port-base", "65530"}, "port base 65530: the P/D demo's engines and ingress take 9 ports, 65530..65538, past 65535"},
 		{[]string{"demo", "--autoscale", "--port-base", "30000"}, "--port-base is not read by a --autoscale run"},
 	} {
 		code, _, errOut := benchRunCLI(t, c.args...)

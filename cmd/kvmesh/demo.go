@@ -31,7 +31,7 @@ func demoFlagsRead(fs *flag.FlagSet, autoscaling, pd bool) error {
 		})
 	case pd:
 		return refuseUnread(fs, "--pd", func(f string) bool {
-			return common(f) || f == "json" || strings.HasPrefix(f, "pd") || slices.Contains(demoWorkloadFlags, f)
+			return common(f) || f == "json" || f == "port-base" || strings.HasPrefix(f, "pd") || slices.Contains(demoWorkloadFlags, f)
 		})
 	}
 	return refuseUnread(fs, "demo", func(f string) bool {
@@ -62,7 +62,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&cfg.Rate, "rate", 0, "open-loop arrival rate in req/s (0 = closed loop at -concurrency)")
 	fs.IntVar(&cfg.Engine.GPUBlocks, "gpu-blocks", cfg.Engine.GPUBlocks, "GPU KV capacity of each engine in blocks")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "engine model seconds per wall second")
-	fs.IntVar(&cfg.PortBase, "port-base", 0, "listen on fixed 127.0.0.1 ports from N on, NATS at N, then 4 per engine (its HTTP API, KV events, KV replay, its sidecar's gossip), then 2 per ingress (HTTP, gossip): 1+4×engines+2×ingresses ports (0 = free ephemeral ports; not with --pd or --autoscale)")
+	fs.IntVar(&cfg.PortBase, "port-base", 0, "listen on fixed 127.0.0.1 ports from N on, NATS at N, then 4 per engine (its HTTP API, KV events, KV replay, its sidecar's gossip), then 2 per ingress (HTTP, gossip): 1+4×engines+2×ingresses ports (0 = free ephemeral ports; not with --autoscale). With --pd: 2 per engine, prefill engines first (HTTP API, NIXL side channel), then the ingress: 2×engines+1 ports")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}

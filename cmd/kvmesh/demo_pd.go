@@ -45,6 +45,7 @@ func runDemoPD(ctx context.Context, fs *flag.FlagSet, base demo.Config, f demoPD
 	if flagGiven(fs, "time-scale") {
 		cfg.TimeScale = base.TimeScale
 	}
+	cfg.PortBase = base.PortBase
 	if verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}

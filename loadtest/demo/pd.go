@@ -40,9 +40,15 @@ type PDConfig struct {
 	TimeScale   float64 // default 1
 	// TransferGbps is the simulated side channel's bandwidth. Default 100.
 	TransferGbps float64
-	Progress     func(mode string, p loadgen.Progress)
-	Status       func(msg string)
-	Logger       *slog.Logger
+	// PortBase, when > 0, puts every listener on a fixed 127.0.0.1 port
+	// from it on: engine i (the prefill engines first) on PortBase+2i (its
+	// HTTP API) and PortBase+2i+1 (its NIXL side channel), then the
+	// ingress: PDPorts ports in all, reused by each mode's fresh cluster.
+	// 0: free (ephemeral) ports.
+	PortBase int
+	Progress func(mode string, p loadgen.Progress)
+	Status   func(msg string)
+	Logger   *slog.Logger
 }
 
 func (c PDConfig) withDefaults() PDConfig {
@@ -82,9 +88,15 @@ func (c PDConfig) withDefaults() PDConfig {
 	return c
 }
 
+// PDPorts is how many ports from PDConfig.PortBase on the P/D demo takes.
+func PDPorts(prefill, decode int) int { return simtest.PDPorts(prefill+decode) + 1 }
+
 // Validate lists every problem.
 func (c PDConfig) Validate() error {
 	var errs []error
+	if err := CheckPortBase(c.PortBase, PDPorts(c.Prefill, c.Decode), "the P/D demo's engines and ingress"); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Prefill < 1 || c.Decode < 1 || c.Prefill+c.Decode > 16 {
 		errs = append(errs, fmt.Errorf("prefill %d and decode %d: want ≥ 1 each, 16 in all at most", c.Prefill, c.Decode))
 	}
@@ -143,7 +155,7 @@ func (m pdMembership) Engines(dst []ingress.EngineInfo) []ingress.EngineInfo {
 func runPDMode(ctx context.Context, cfg PDConfig, mode string, reqs []workload.Request) (*loadgen.Report, error) {
 	base := sim.Config{Model: cfg.Model, TimeScale: cfg.TimeScale, Seed: 1, Logger: cfg.Logger, Engine: cfg.Engine}
 	base.PD.TransferGbps = cfg.TransferGbps
-	cl, err := simtest.StartPD(ctx, simtest.PDOptions{Base: base, Prefill: cfg.Prefill, Decode: cfg.Decode})
+	cl, err := simtest.StartPD(ctx, simtest.PDOptions{Base: base, Prefill: cfg.Prefill, Decode: cfg.Decode, PortBase: cfg.PortBase})
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +172,7 @@ func runPDMode(ctx context.Context, cfg PDConfig, mode string, reqs []workload.R
 	add("prefill-", scheduler.RolePrefill, cl.Prefill)
 	add("decode-", scheduler.RoleDecode, cl.Decode)
 	ic := ingress.DefaultConfig()
-	ic.Listen = "127.0.0.1:0"
+	ic.Listen = loopback(cfg.PortBase, simtest.PDPorts(cfg.Prefill+cfg.Decode))
 	ic.Scheduler.Policy = "kvmesh"
 	ic.Learn.Prior = wallPrior(cfg.TimeScale)
 	ic.PD.TransferGbps = cfg.TransferGbps

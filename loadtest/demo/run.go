@@ -120,13 +120,17 @@ func (m *mesh) load(ctx context.Context, policy string, reqs []workload.Request)
 // WriteTable writes the results table, one line per policy.
 func (r *Result) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-8s %10s %10s %10s %10s %10s %9s %9s\n", "policy", "req/s", "TTFT p50", "TTFT p99", "TTFT mean", "E2E mean", "hit rate", "imbalance")
+	w0 := len("policy") // the first column is as wide as its longest name ("aggregated", "kvmesh-pd")
+	for _, p := range r.Report.Order {
+		w0 = max(w0, len(p))
+	}
+	fmt.Fprintf(&b, "%-*s %10s %10s %10s %10s %10s %9s %9s\n", w0, "policy", "req/s", "TTFT p50", "TTFT p99", "TTFT mean", "E2E mean", "hit rate", "imbalance")
 	for _, p := range r.Report.Order {
 		pr, ok := r.Report.Policies[p]
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(&b, "%-8s %10.2f %10s %10s %10s %10s %8.1f%% %9.2f\n", p, pr.ThroughputRPS,
+		fmt.Fprintf(&b, "%-*s %10.2f %10s %10s %10s %10s %8.1f%% %9.2f\n", w0, p, pr.ThroughputRPS,
 			ms(pr.TTFTP50), ms(pr.TTFTP99), ms(pr.TTFTMean), ms(pr.E2EMean), 100*pr.PrefixHitRate, pr.LoadImbalance)
 	}
 	fmt.Fprintf(&b, "oracle hit rate (one infinite shared cache): %.1f%%; measured at the client; wall %s\n",

@@ -22,3 +22,22 @@ func TestWriteTableComparison(t *testing.T) {
 		t.Fatalf("table does not say %q:\n%s", want, b.String())
 	}
 }
+
+// TestWriteTableAligned: the columns line up whatever the policies' names
+// ("aggregated" and "kvmesh-pd" overflowed the first column's 8 characters).
+func TestWriteTableAligned(t *testing.T) {
+	r := &Result{Report: report.Report{Order: []string{"aggregated", "pd", "kvmesh-pd"}, Policies: map[string]report.PolicyResult{
+		"aggregated": {ThroughputRPS: 9.53}, "pd": {ThroughputRPS: 7.7}, "kvmesh-pd": {ThroughputRPS: 7.96},
+	}}}
+	var b strings.Builder
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(b.String(), "\n")
+	end := strings.Index(lines[0], "req/s") + len("req/s") // the column's right edge
+	for _, l := range lines[1:4] {
+		if len(l) <= end || l[end] != ' ' || l[end-1] == ' ' {
+			t.Fatalf("req/s column not aligned at %d:\n%s", end, b.String())
+		}
+	}
+}

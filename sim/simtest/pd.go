@@ -34,7 +34,16 @@ type PDOptions struct {
 	Prefill, Decode int
 	// Protocol defaults to NIXL.
 	Protocol Protocol
+	// PortBase, when > 0, puts engine i (the prefill engines first) on
+	// 127.0.0.1 ports PortBase+2i (HTTP) and PortBase+2i+1 (NIXL's side
+	// channel, or SGLang's bootstrap server): PDPorts ports in all. 0: free
+	// ports.
+	PortBase int
 }
+
+// PDPorts is how many ports from PDOptions.PortBase on a cluster of
+// engines takes.
+func PDPorts(engines int) int { return 2 * engines }
 
 // PD is a running P/D cluster.
 type PD struct {
@@ -58,17 +67,22 @@ func StartPD(ctx context.Context, o PDOptions) (*PD, error) {
 		o.Protocol = NIXL
 	}
 	pd := &PD{Protocol: o.Protocol}
-	start := func(role string) (*sim.Server, error) {
+	start := func(role string, i int) (*sim.Server, error) {
 		cfg := o.Base
+		pdPort := 0
+		if o.PortBase > 0 {
+			cfg.HTTPAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(o.PortBase+2*i))
+			pdPort = o.PortBase + 2*i + 1
+		}
 		switch o.Protocol {
 		case NIXL:
 			if cfg.PD.KVTransfer == nil {
 				cfg.PD.KVTransfer = &sim.KVTransferConfig{KVConnector: "NixlConnector", KVRole: "kv_both"}
 			}
-			cfg.PD.SideChannelPort = 0
+			cfg.PD.SideChannelPort = pdPort
 		case SGLang:
 			cfg.PD.DisaggregationMode = role
-			cfg.PD.BootstrapAddr = "127.0.0.1:0"
+			cfg.PD.BootstrapAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(pdPort))
 		default:
 			return nil, fmt.Errorf("simtest: unknown protocol %q", o.Protocol)
 		}
@@ -79,7 +93,7 @@ func StartPD(ctx context.Context, o PDOptions) (*PD, error) {
 		if i >= o.Prefill {
 			role = "decode"
 		}
-		s, err := start(role)
+		s, err := start(role, i)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("simtest: start %s engine %d: %w", role, i, err), pd.Close())
 		}
