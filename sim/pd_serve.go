@@ -101,8 +101,11 @@ func (p *pdState) serveConn(conn net.Conn, rk *rank) {
 		return
 	}
 	if got := p.take(h.key); got != nil {
-		p.releaseHold(got)
+		// Counted before the blocks are freed: whoever sees them freed
+		// sees the transfer counted (TestPDNixlDecodeReadsBlocksAndPrefillFreesThem
+		// scraped in between on a loaded machine).
 		p.metrics.transfers.WithLabelValues("send").Inc()
+		p.releaseHold(got)
 	}
 	if p.onDone != nil && !p.onDone() {
 		return
