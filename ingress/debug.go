@@ -33,6 +33,7 @@ func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 	var out []engine
 	for _, e := range s.deps.Membership.Engines(nil) {
 		e.URL = natsutil.RedactURL(e.URL)
+		e.PrefillOnly = e.prefillOnly() // as the scheduler sees it (SGLang's prefill servers)
 		en := engine{EngineInfo: e, LocalInFlight: s.ups.inflight(e.ID)}
 		s.ups.mu.RLock()
 		if up := s.ups.m[e.ID]; up != nil {

@@ -542,6 +542,18 @@ func roleOf(cs []scheduler.Engine, id string) scheduler.Role {
 	return scheduler.RoleMixed
 }
 
+// pdPolicyName is the P/D step's policy, for the startup log: Deps.PD's,
+// else PDConfig.Policy, else "off".
+func (s *Server) pdPolicyName() string {
+	switch {
+	case s.deps.PD != nil:
+		return s.deps.PD.Policy()
+	case s.cfg.PD.Policy != "":
+		return s.cfg.PD.Policy
+	}
+	return "off"
+}
+
 // hideEngines is err as its client reads it: with Config.EngineHeader off
 // (an engine's id defaults to its URL's host:port) the text after err's
 // sentinel is hidden instead of naming engines, and the log keeps err's

@@ -33,6 +33,38 @@ func sglangEngine(id string, role scheduler.Role, s *sim.Server) EngineInfo {
 	return e
 }
 
+// TestSGLangDebugEnginesPrefillOnly: /debug/engines shows an SGLang
+// prefill server PrefillOnly, as the scheduler sees it (it takes prefill
+// legs only), vLLM's NIXL prefill engines and decode engines not; it showed
+// false for every engine. The startup log names the P/D policy in force.
+func TestSGLangDebugEnginesPrefillOnly(t *testing.T) {
+	var logs testutil.SyncBuffer
+	sg := sglangPrefillAt("sg0", "http://127.0.0.1:1")
+	c := testConfig()
+	c.AdminListen = "127.0.0.1:0"
+	c.PD.Policy = "kvmesh-always"
+	s := startIngress(t, c, Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Membership: roleMembership{sg,
+		pdEngine("p0", scheduler.RolePrefill, "http://127.0.0.1:1"), pdEngine("d0", scheduler.RoleDecode, "http://127.0.0.1:1")}})
+	st, body := getAuth(t, "http://"+s.AdminAddr()+"/debug/engines", "")
+	var got []struct {
+		ID          string
+		PrefillOnly bool
+	}
+	if err := json.Unmarshal([]byte(body), &got); st != 200 || err != nil {
+		t.Fatalf("%d %s: %v", st, body, err)
+	}
+	only := map[string]bool{}
+	for _, e := range got {
+		only[e.ID] = e.PrefillOnly
+	}
+	if len(only) != 3 || !only["sg0"] || only["p0"] || only["d0"] {
+		t.Fatalf("PrefillOnly %v: want SGLang's prefill server only", only)
+	}
+	if l := logs.String(); !strings.Contains(l, "ingress listening") || !strings.Contains(l, "pd_policy=kvmesh-always") {
+		t.Fatalf("startup log does not name the P/D policy:\n%s", l)
+	}
+}
+
 // sglangPrefillAt is a membership entry of an SGLang prefill engine at url
 // whose bootstrap server is never dialled (the decode leg is a fake's).
 func sglangPrefillAt(id, url string) EngineInfo {

@@ -434,7 +434,7 @@ func (s *Server) Start(ctx context.Context) error {
 		}()
 	}
 	s.running = true
-	s.log.Info("ingress listening", "addr", s.Addr(), "admin", s.AdminAddr(), "policy", s.deps.Scheduler.Policy())
+	s.log.Info("ingress listening", "addr", s.Addr(), "admin", s.AdminAddr(), "policy", s.deps.Scheduler.Policy(), "pd_policy", s.pdPolicyName())
 	return nil
 }
 
