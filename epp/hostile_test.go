@@ -40,6 +40,13 @@ type staticRig struct {
 // newStaticRig starts a picker over static engines (id → URL).
 func newStaticRig(t *testing.T, engines [][2]string, cfg Config, deps Deps, mut func(*ingress.Config)) *staticRig {
 	t.Helper()
+	return newStaticRigWith(t, engines, cfg, deps, mut, nil)
+}
+
+// newStaticRigWith is newStaticRig with the ingress's dependencies set by
+// ideps (authentication, for one).
+func newStaticRigWith(t *testing.T, engines [][2]string, cfg Config, deps Deps, mut func(*ingress.Config), ideps func(*ingress.Deps)) *staticRig {
+	t.Helper()
 	nt, tpl := testTokenizer(t)
 	tk, err := ingress.NewTokenizer(nt, tpl)
 	if err != nil {
@@ -60,7 +67,11 @@ func newStaticRig(t *testing.T, engines [][2]string, cfg Config, deps Deps, mut 
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	ing, err := ingress.New(ic, ingress.Deps{Logger: quiet, AccessLog: quiet, Registry: reg, Index: idx, Tokenizers: ingress.TokenizerMap{model: tk}})
+	ideps0 := ingress.Deps{Logger: quiet, AccessLog: quiet, Registry: reg, Index: idx, Tokenizers: ingress.TokenizerMap{model: tk}}
+	if ideps != nil {
+		ideps(&ideps0)
+	}
+	ing, err := ingress.New(ic, ideps0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,8 +397,9 @@ func TestEmptyPoolIsNoEndpoint(t *testing.T) {
 
 // TestBufferedTrailersWithoutBody: in the buffered modes, headers without
 // end_of_stream then trailers and no body get a decision on the trailers:
-// an inference route the ingress's refusal of an empty body, another path
-// a destination in the trailers answer's metadata.
+// a route with a body to decide on (inference, embeddings) the ingress's
+// refusal of an empty body, another path a destination in the trailers
+// answer's metadata.
 func TestBufferedTrailersWithoutBody(t *testing.T) {
 	r := newStaticRig(t, twoEngines, Config{}, Deps{}, nil)
 	for _, mode := range []extprocfilter.ProcessingMode_BodySendMode{buffered, partial} {
@@ -398,6 +410,10 @@ func TestBufferedTrailersWithoutBody(t *testing.T) {
 		s.trailers().refused(400, "")
 
 		s = r.open(t, mode).headers("/v1/embeddings", false)
+		s.recv()
+		s.trailers().refused(400, "")
+
+		s = r.open(t, mode).headers("/v1/models", false)
 		s.recv()
 		m := s.trailers().recv()
 		_, meta := destOf(m)
@@ -428,7 +444,8 @@ func TestBufferedPartialWholeBody(t *testing.T) {
 		{"cut, content-length", body[:40], [][2]string{cl(len(body))}, "/v1/completions", true},
 		{"cut in a string, no content-length", body[:40], nil, "/v1/completions", true},
 		{"cut after a member, no content-length", body[:len(body)-30], nil, "/v1/completions", true},
-		{"cut, not an inference route", body[:40], [][2]string{cl(len(body))}, "/v1/embeddings", false},
+		{"cut, embeddings (its model is read too)", body[:40], [][2]string{cl(len(body))}, "/v1/embeddings", true},
+		{"cut, a body the picker does not read", body[:40], [][2]string{cl(len(body))}, "/v1/responses/resp_1/cancel", false},
 	} {
 		s := r.open(t, partial).headers(c.path, false, c.kv...)
 		s.recv()

@@ -5,7 +5,6 @@ import (
 	"io"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -99,7 +98,13 @@ type exchange struct {
 	respMode  extprocfilter.ProcessingMode_BodySendMode
 	noWait    bool // STREAMED: the data plane sends the body without waiting for the headers' answer
 	path      string
+	kind      pathKind
+	ep        string            // the endpoint's own path (classifyPath)
+	in        ingress.PickInput // the endpoint, for Pick
 	auth      []byte
+	apiKey    []byte
+	authN     int // Authorization headers received
+	apiKeyN   int // X-Api-Key headers received
 	session   []byte
 	subset    []string
 	hasSubset bool
@@ -122,7 +127,7 @@ type exchange struct {
 
 func (x *exchange) reset() {
 	*x = exchange{s: x.s, first: true, length: -1, body: x.body[:0], subset: x.subset[:0], dests: x.dests[:0],
-		engines: x.engines[:0], out: x.out[:0], auth: x.auth[:0], session: x.session[:0]}
+		engines: x.engines[:0], out: x.out[:0], auth: x.auth[:0], apiKey: x.apiKey[:0], session: x.session[:0]}
 }
 
 // maxPooledBody is the largest body buffer a pooled exchange keeps: the
@@ -221,6 +226,10 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			x.path = headerValue(hv)
 		case "authorization":
 			x.auth = append(x.auth[:0], headerValue(hv)...)
+			x.authN++
+		case "x-api-key":
+			x.apiKey = append(x.apiKey[:0], headerValue(hv)...)
+			x.apiKeyN++
 		case "x-session-id":
 			x.session = append(x.session[:0], headerValue(hv)...)
 		case "content-length":
@@ -229,6 +238,7 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			x.encoding = contentEncoding(headerValue(hv))
 		}
 	}
+	x.kind, x.ep, x.in = classifyPath(x.path)
 	var bad int
 	x.subset, x.hasSubset, bad = metadataEndpoints(req.GetMetadataContext(), SubsetNamespace, SubsetKey)
 	if bad > 0 {
@@ -236,7 +246,7 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	}
 	if h.GetEndOfStream() || x.reqMode == extprocfilter.ProcessingMode_NONE {
 		// No body will come: route on load alone.
-		return x.routeByLoad(func(dest, _ string) {
+		return x.routeUnpicked(func(dest, _ string) {
 			r := headersResponse(routeCommon(dest, ""))
 			r.DynamicMetadata = destinationMetadata(dest)
 			x.out = append(x.out, r)
@@ -373,11 +383,11 @@ func (x *exchange) withBody(common *extprocv3.CommonResponse) *extprocv3.CommonR
 // route picks for the buffered body and lets answer build the messages
 // (dest: the comma-separated fallback list; pre: the prefiller or "").
 func (x *exchange) route(answer func(dest, pre string)) bool {
-	in, ok := isInferencePath(x.path)
-	if !ok {
-		// Not a route the ingress decides (embeddings, models…): load only
-		// (the body is not read, so neither its encoding nor a cut matters).
-		return x.routeByLoad(answer)
+	switch x.kind {
+	case pathResponseByID, pathModels, pathOther:
+		// No body to decide on (a cancel's is the engine's to read):
+		// authenticated, then by load (a stored response: its engine).
+		return x.routeUnpicked(answer)
 	}
 	if x.partial && x.length >= 0 && len(x.body) < x.length {
 		return x.truncated()
@@ -390,7 +400,16 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 		// JSON value was cut at the data plane's buffer (or is malformed).
 		return x.truncated()
 	}
-	in.Body, in.Authorization, in.SessionID = x.body, x.auth, x.session
+	if rep := x.repeatedCredential(); rep != "" {
+		if x.refusedAuth(rep) {
+			return true
+		}
+	}
+	// The embeddings family is a passthrough request (x.in.Other), as the
+	// ingress serves it: authenticated, limited, admitted, and routed by
+	// load among the engines of the body's model.
+	in := x.in
+	in.Path, in.Body, in.Authorization, in.SessionID, in.APIKey = []byte(x.ep), x.body, x.auth, x.session, x.apiKey
 	p, err := x.s.ing.Pick(in)
 	if err != nil {
 		var pe *ingress.PickError
@@ -420,17 +439,56 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	return false
 }
 
-// routeByLoad routes a request the ingress does not decide (no body, or not
-// a completions route) to the least-loaded engines of the pool.
+// repeatedCredential names a credential header the request carried more
+// than once ("": none); the ingress refuses those when authentication is on
+// (which one counts would depend on the reader).
+func (x *exchange) repeatedCredential() string {
+	switch {
+	case x.authN > 1:
+		return "Authorization"
+	case x.apiKeyN > 1:
+		return "X-Api-Key"
+	}
+	return ""
+}
+
+// refusedAuth authenticates a request as the ingress's request path does
+// (every request it routes is: docs/SECURITY.md); true: refused and
+// answered.
+func (x *exchange) refusedAuth(repeated string) bool {
+	err := x.s.ing.Authenticate(ingress.PickInput{Path: []byte(x.ep), Authorization: x.auth, APIKey: x.apiKey}, repeated)
+	if err == nil {
+		return false
+	}
+	x.s.m.results.WithLabelValues("rejected").Inc()
+	var pe *ingress.PickError
+	if errors.As(err, &pe) {
+		return x.reject(pe.Status, pe.Body, pe.RetryAfter, "kvmesh_epp_rejected")
+	}
+	return x.reject(500, openai.AppendError(nil, err.Error(), "server_error", "", "internal_error"), 0, "kvmesh_epp_error")
+}
+
+// routeUnpicked routes a request without a body to decide on (none came, or
+// a stored response's GET or cancel, a model list) by load, once its
+// credential passes.
+func (x *exchange) routeUnpicked(answer func(dest, pre string)) bool {
+	if x.refusedAuth(x.repeatedCredential()) {
+		return true
+	}
+	return x.routeByLoad(answer)
+}
+
+// routeByLoad routes a request the ingress does not decide (no body, or a
+// stored response or model list) to the least-loaded engines of the pool.
 func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 	s := x.s
 	infos := s.mem.Engines(nil)
 	// A stored response's GET or cancel goes to the engine holding it (its
 	// id names the engine: docs/REQUESTS.md), then by load.
 	owner := ""
-	if strings.HasPrefix(x.path, "/v1/responses/") {
+	if x.kind == pathResponseByID {
 		for i := range infos {
-			if ingress.ResponseOwner(x.path, infos[i].ID) {
+			if ingress.ResponseOwner(x.ep, infos[i].ID) {
 				owner = infos[i].ID
 				break
 			}
@@ -593,8 +651,8 @@ func (x *exchange) fillDests(p *ingress.Picked) string {
 		x.dests = append(x.dests, ep)
 		x.engines = append(x.engines, r.Engine)
 	}
-	if s.pd == nil || len(x.engines) == 0 {
-		return ""
+	if s.pd == nil || len(x.engines) == 0 || x.kind != pathInference {
+		return "" // P/D is for generation: an embeddings request runs whole
 	}
 	id, ok := s.pd.Prefill(p, x.engines[0])
 	if !ok {

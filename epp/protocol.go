@@ -128,20 +128,54 @@ func immediate(status int, body []byte, retryAfter int, details string) *extproc
 		}}}
 }
 
-// isInferencePath reports which OpenAI route a :path names (query dropped).
-func isInferencePath(path string) (in ingress.PickInput, ok bool) {
+// pathKind is what the picker makes of a request's :path.
+type pathKind uint8
+
+const (
+	pathOther        pathKind = iota // any other path: by load
+	pathInference                    // chat, completions, responses, messages: the ingress's decision
+	pathPassthrough                  // embeddings, rerank, score, tokenize…: by load among the model's engines
+	pathResponseByID                 // GET or cancel of a stored response: the engine holding it
+	pathModels                       // /v1/models and /v1/models/{id}: by load
+)
+
+// inferenceEndpoints are the routes the ingress decides on the prompt.
+var inferenceEndpoints = [...]struct {
+	path string
+	in   ingress.PickInput
+}{
+	{"/v1/chat/completions", ingress.PickInput{Chat: true}},
+	{"/v1/completions", ingress.PickInput{}},
+	{"/v1/responses", ingress.PickInput{Responses: true}},
+	{"/v1/messages", ingress.PickInput{Messages: true}},
+}
+
+// passthroughEndpoints are the engine's other JSON endpoints the ingress
+// serves (ingress/passthrough.go).
+var passthroughEndpoints = [...]string{"/v1/embeddings", "/pooling", "/classify", "/v1/score", "/score",
+	"/v1/rerank", "/v2/rerank", "/rerank", "/tokenize", "/detokenize", "/v1/messages/count_tokens"}
+
+// classifyPath reads a :path (its query dropped). ep is the endpoint's
+// own path; in names the endpoint for Pick.
+func classifyPath(path string) (kind pathKind, ep string, in ingress.PickInput) {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
-	switch path {
-	case "/v1/chat/completions":
-		return ingress.PickInput{Chat: true}, true
-	case "/v1/completions":
-		return ingress.PickInput{}, true
-	case "/v1/responses":
-		return ingress.PickInput{Responses: true}, true
-	case "/v1/messages":
-		return ingress.PickInput{Messages: true}, true
+	for _, e := range inferenceEndpoints {
+		if path == e.path {
+			return pathInference, e.path, e.in
+		}
 	}
-	return in, false
+	for _, e := range passthroughEndpoints {
+		if path == e {
+			return pathPassthrough, e, ingress.PickInput{Other: true}
+		}
+	}
+	if strings.HasPrefix(path, "/v1/responses/") {
+		return pathResponseByID, path, in
+	}
+	if path == "/v1/models" || strings.HasPrefix(path, "/v1/models/") {
+		return pathModels, path, in
+	}
+	return pathOther, path, in
 }

@@ -28,11 +28,20 @@ type PickInput struct {
 	// Messages: POST /v1/messages (Anthropic's Messages API; Chat is
 	// ignored).
 	Messages bool
+	// Other: one of the engine's other JSON endpoints (embeddings, rerank,
+	// score, tokenize…: passthrough.go), routed by load among the engines
+	// of its model, with Path naming it.
+	Other bool
+	// Path is the endpoint's path as the ingress serves it (X-Api-Key
+	// counts on Anthropic's paths only; a model route reads an Other
+	// request's); nil: the endpoint's own.
+	Path []byte
 	// Body is the client's JSON body. It must stay unchanged until the
 	// Picked is done (the decision keeps slices into it).
 	Body          []byte
 	Authorization []byte // the Authorization header, nil when absent
 	SessionID     []byte // the X-Session-ID header, nil when absent
+	APIKey        []byte // the X-Api-Key header, nil when absent
 }
 
 // Picked is one routing decision in flight. Charge it to the engine the data
@@ -82,6 +91,8 @@ func (s *Server) Pick(in PickInput) (*Picked, error) {
 		ep = epResponses
 	case in.Messages:
 		ep = epMessages
+	case in.Other:
+		ep = epOther
 	case in.Chat:
 		ep = epChat
 	}
@@ -105,6 +116,14 @@ func (s *Server) Pick(in PickInput) (*Picked, error) {
 		}
 		if len(in.SessionID) > 0 {
 			r.Header.SetBytesV("X-Session-ID", in.SessionID)
+		}
+		if len(in.APIKey) > 0 {
+			r.Header.SetBytesV("X-Api-Key", in.APIKey)
+		}
+		if len(in.Path) > 0 {
+			r.SetRequestURIBytes(in.Path)
+		} else if len(in.APIKey) > 0 {
+			r.SetRequestURI(epPath(ep)) // X-Api-Key counts by path (header.go: credential)
 		}
 		r.SetBodyRaw(in.Body)
 		err = c.prepare(&p.rc)

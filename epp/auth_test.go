@@ -1,0 +1,130 @@
+package epp
+
+import (
+	"strings"
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/kvmesh/kvmesh/ingress"
+	"github.com/kvmesh/kvmesh/ingress/auth"
+)
+
+// The picker authenticates every request it routes as `kvmesh ingress`
+// does (docs/SECURITY.md), not only the four inference paths: a stored
+// response's GET and cancel, the embeddings family, the model list,
+// prefixed and trailing-slash paths, bodyless requests. The stand-in plays
+// Envoy's messages one at a time.
+
+const goodKey = "sk-epp-test-key"
+
+func authRig(t *testing.T, mut func(*ingress.Config)) *staticRig {
+	return newStaticRigWith(t, twoEngines, Config{}, Deps{}, mut, func(d *ingress.Deps) {
+		d.Auth = auth.NewStore([]auth.Entry{{Name: "tenant-a", Key: goodKey}})
+	})
+}
+
+// authCase is one request: a body (nil: bodyless, end_of_stream on the
+// headers) on a path.
+type authCase struct {
+	name, path string
+	body       []byte
+}
+
+func authCases() []authCase {
+	chat := []byte(chatBody("sys", "hi", false))
+	emb := []byte(`{"model":"` + model + `","input":"hello"}`)
+	return []authCase{
+		{"chat", "/v1/chat/completions", chat},
+		{"embeddings", "/v1/embeddings", emb},
+		{"rerank", "/v1/rerank", []byte(`{"model":"` + model + `","query":"q","documents":["a"]}`)},
+		{"prefixed chat", "/llama3/v1/chat/completions", chat},
+		{"trailing slash", "/v1/chat/completions/", chat},
+		{"unknown path with a body", "/custom/endpoint", emb},
+		{"model list", "/v1/models", nil},
+		{"a model's card", "/v1/models/" + model, nil},
+		{"stored response", "/v1/responses/resp_x", nil},
+		{"stored response cancel", "/v1/responses/resp_x/cancel", []byte(`{}`)},
+		{"bodyless other path", "/anything", nil},
+	}
+}
+
+// play sends c with the headers kv and returns the routing answer (or the
+// refusal).
+func (r *staticRig) play(t *testing.T, c authCase, kv ...[2]string) (*stream, *extprocv3.ProcessingResponse) {
+	t.Helper()
+	s := r.open(t, fd).headers(c.path, c.body == nil, kv...)
+	if c.body != nil {
+		s.body(c.body, true)
+	}
+	return s, s.recv()
+}
+
+func TestEveryPathAuthenticated(t *testing.T) {
+	r := authRig(t, nil)
+	for _, c := range authCases() {
+		s, m := r.play(t, c)
+		ir := m.GetImmediateResponse()
+		if ir == nil || ir.GetStatus().GetCode() != 401 || !strings.Contains(string(ir.GetBody()), "invalid_api_key") {
+			t.Fatalf("%s without a credential: %v, want 401 invalid_api_key", c.name, m)
+		}
+		s.closed()
+
+		s, m = r.play(t, c, [2]string{"authorization", "Bearer wrong"})
+		if ir := m.GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 401 {
+			t.Fatalf("%s with a wrong key: %v, want 401", c.name, m)
+		}
+		s.closed()
+
+		s, m = r.play(t, c, [2]string{"authorization", "Bearer " + goodKey}, [2]string{"authorization", "Bearer " + goodKey})
+		if ir := m.GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 400 {
+			t.Fatalf("%s with two Authorization headers: %v, want 400", c.name, m)
+		}
+		s.closed()
+
+		s, m = r.play(t, c, [2]string{"authorization", "Bearer " + goodKey})
+		routed(t, m)
+		if c.body != nil {
+			s.recv() // the body passed back
+		}
+		s.end()
+	}
+	if n := counter(t, r.reg, "kvmesh_epp_immediate_responses_total", "status", "401"); n != float64(2*len(authCases())) {
+		t.Fatalf("kvmesh_epp_immediate_responses_total{status=401} %v, want %d", n, 2*len(authCases()))
+	}
+
+	// X-Api-Key counts where the ingress reads it (Anthropic's paths, the
+	// model list), and nowhere else.
+	msgs := []byte(`{"model":"` + model + `","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`)
+	for _, c := range []authCase{{"messages", "/v1/messages", msgs}, {"models", "/v1/models", nil}} {
+		s, m := r.play(t, c, [2]string{"x-api-key", goodKey})
+		routed(t, m)
+		if c.body != nil {
+			s.recv()
+		}
+		s.end()
+	}
+	s, m := r.play(t, authCase{"chat", "/v1/chat/completions", []byte(chatBody("sys", "hi", false))}, [2]string{"x-api-key", goodKey})
+	if ir := m.GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 401 {
+		t.Fatalf("chat with X-Api-Key: %v, want 401 (the ingress reads it on Anthropic's paths only)", m)
+	}
+	s.closed()
+}
+
+// TestPassthroughLimits: the ingress's limits apply to the embeddings
+// family as to generation (--max-concurrent here): a second embeddings
+// request while one is in flight is refused with 429.
+func TestPassthroughLimits(t *testing.T) {
+	r := authRig(t, func(c *ingress.Config) { c.MaxConcurrent = 1 })
+	emb := authCase{"embeddings", "/v1/embeddings", []byte(`{"model":"` + model + `","input":"hello"}`)}
+	key := [2]string{"authorization", "Bearer " + goodKey}
+	s1, m := r.play(t, emb, key)
+	routed(t, m)
+	s1.recv()
+	s2, m := r.play(t, emb, key)
+	if ir := m.GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 429 {
+		t.Fatalf("second embeddings request past --max-concurrent 1: %v, want 429", m)
+	}
+	s2.closed()
+	s1.end()
+}
