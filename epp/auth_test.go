@@ -94,9 +94,9 @@ func TestEveryPathAuthenticated(t *testing.T) {
 	}
 
 	// X-Api-Key counts where the ingress reads it (Anthropic's paths, the
-	// model list), and nowhere else.
+	// model list), prefixed too, and nowhere else.
 	msgs := []byte(`{"model":"` + model + `","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`)
-	for _, c := range []authCase{{"messages", "/v1/messages", msgs}, {"models", "/v1/models", nil}} {
+	for _, c := range []authCase{{"messages", "/v1/messages", msgs}, {"prefixed messages", "/anthropic/v1/messages", msgs}, {"models", "/v1/models", nil}} {
 		s, m := r.play(t, c, [2]string{"x-api-key", goodKey})
 		routed(t, m)
 		if c.body != nil {

@@ -384,7 +384,7 @@ func (x *exchange) withBody(common *extprocv3.CommonResponse) *extprocv3.CommonR
 // (dest: the comma-separated fallback list; pre: the prefiller or "").
 func (x *exchange) route(answer func(dest, pre string)) bool {
 	switch x.kind {
-	case pathResponseByID, pathModels, pathOther:
+	case pathResponseByID, pathModels:
 		// No body to decide on (a cancel's is the engine's to read):
 		// authenticated, then by load (a stored response: its engine).
 		return x.routeUnpicked(answer)
@@ -405,9 +405,9 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 			return true
 		}
 	}
-	// The embeddings family is a passthrough request (x.in.Other), as the
-	// ingress serves it: authenticated, limited, admitted, and routed by
-	// load among the engines of the body's model.
+	// Every other path with a body is what the ingress serves as a
+	// passthrough request (x.in.Other): authenticated, limited, admitted,
+	// and routed by load among the engines of the body's model.
 	in := x.in
 	in.Path, in.Body, in.Authorization, in.SessionID, in.APIKey = []byte(x.ep), x.body, x.auth, x.session, x.apiKey
 	p, err := x.s.ing.Pick(in)

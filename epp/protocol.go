@@ -132,11 +132,14 @@ func immediate(status int, body []byte, retryAfter int, details string) *extproc
 type pathKind uint8
 
 const (
-	pathOther        pathKind = iota // any other path: by load
-	pathInference                    // chat, completions, responses, messages: the ingress's decision
-	pathPassthrough                  // embeddings, rerank, score, tokenize…: by load among the model's engines
-	pathResponseByID                 // GET or cancel of a stored response: the engine holding it
-	pathModels                       // /v1/models and /v1/models/{id}: by load
+	// pathOther: any other path. A request with a body is routed as the
+	// ingress routes the engine's other endpoints (passthrough): the body's
+	// model selects the engines, by load; one without a body goes by load.
+	pathOther        pathKind = iota
+	pathInference             // chat, completions, responses, messages: the ingress's decision
+	pathPassthrough           // embeddings, rerank, score, tokenize…: by load among the model's engines
+	pathResponseByID          // GET or cancel of a stored response: the engine holding it
+	pathModels                // /v1/models and /v1/models/{id}: by load
 )
 
 // inferenceEndpoints are the routes the ingress decides on the prompt.
@@ -151,31 +154,43 @@ var inferenceEndpoints = [...]struct {
 }
 
 // passthroughEndpoints are the engine's other JSON endpoints the ingress
-// serves (ingress/passthrough.go).
+// serves (ingress/passthrough.go), longer names first where one ends
+// another.
 var passthroughEndpoints = [...]string{"/v1/embeddings", "/pooling", "/classify", "/v1/score", "/score",
 	"/v1/rerank", "/v2/rerank", "/rerank", "/tokenize", "/detokenize", "/v1/messages/count_tokens"}
 
-// classifyPath reads a :path (its query dropped). ep is the endpoint's
-// own path; in names the endpoint for Pick.
+// classifyPath reads a :path the way docs/GATEWAY.md ("Paths") describes:
+// the query and one trailing slash are dropped, and an endpoint is
+// recognised by the path's ending, so a gateway that publishes
+// /llama3/v1/chat/completions and rewrites it upstream (Envoy rewrites
+// after ext_proc: the picker sees the client's path) gets the same decision
+// as /v1/chat/completions. ep is the endpoint's own path (for pathOther,
+// the path without its query); in names the endpoint for Pick.
 func classifyPath(path string) (kind pathKind, ep string, in ingress.PickInput) {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
+	if len(path) > 1 && path[len(path)-1] == '/' {
+		path = path[:len(path)-1]
+	}
 	for _, e := range inferenceEndpoints {
-		if path == e.path {
+		if strings.HasSuffix(path, e.path) {
 			return pathInference, e.path, e.in
 		}
 	}
 	for _, e := range passthroughEndpoints {
-		if path == e {
+		if strings.HasSuffix(path, e) {
 			return pathPassthrough, e, ingress.PickInput{Other: true}
 		}
 	}
-	if strings.HasPrefix(path, "/v1/responses/") {
-		return pathResponseByID, path, in
+	if i := strings.LastIndex(path, "/v1/responses/"); i >= 0 {
+		return pathResponseByID, path[i:], in
 	}
-	if path == "/v1/models" || strings.HasPrefix(path, "/v1/models/") {
-		return pathModels, path, in
+	if strings.HasSuffix(path, "/v1/models") {
+		return pathModels, "/v1/models", in
 	}
-	return pathOther, path, in
+	if i := strings.LastIndex(path, "/v1/models/"); i >= 0 {
+		return pathModels, path[i:], in
+	}
+	return pathOther, path, ingress.PickInput{Other: true}
 }
