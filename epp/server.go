@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -54,6 +55,7 @@ type Server struct {
 	// observation as it is made.
 	onPick func(time.Duration)
 
+	known     atomic.Bool // an engine of the pool has been known (readiness)
 	quit      chan struct{}
 	wg        sync.WaitGroup // owned goroutines: serve loop, readiness loop
 	closeOnce sync.Once
@@ -150,8 +152,8 @@ func (s *Server) Close(ctx context.Context) {
 	})
 }
 
-// readyLoop follows the ingress's readiness (index synced, engines known)
-// and the pool's sync into the gRPC health service.
+// readyLoop follows the picker's readiness (updateReady) into the gRPC
+// health service.
 func (s *Server) readyLoop() {
 	t := time.NewTicker(s.cfg.ReadyInterval)
 	defer t.Stop()
@@ -165,8 +167,18 @@ func (s *Server) readyLoop() {
 	}
 }
 
+// updateReady sets readiness as GAIE's means it: the picker can decide
+// (the index synced, the pool listed, an engine of the pool known once), not
+// that an engine is healthy. With every engine down the picker answers the
+// protocol's 503 with Retry-After itself; were it to leave the Service, the
+// gateway would have no picker and answer its own error (FailClose) or pick
+// blind (FailOpen), and would wait for readiness again when the engines
+// return.
 func (s *Server) updateReady() {
-	s.setReady(s.ing.Ready() && (s.pool == nil || s.pool.Synced()))
+	if !s.known.Load() && len(s.mem.Engines(nil)) > 0 {
+		s.known.Store(true)
+	}
+	s.setReady(s.ing.Synced() && s.known.Load() && (s.pool == nil || s.pool.Synced()))
 }
 
 // setReady sets readiness for the services GAIE's health checking names;

@@ -1,0 +1,10 @@
+package ingress
+
+// Synced reports the part of Ready that does not depend on the engines'
+// health: the index has caught up and the server is not draining. A front
+// end whose readiness means "can decide" rather than "an engine is up" (the
+// gateway's endpoint picker, which answers 503 with Retry-After itself when
+// no engine is healthy) reads this.
+func (s *Server) Synced() bool {
+	return !s.draining.Load() && (s.deps.Synced == nil || s.deps.Synced())
+}
