@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,7 +9,10 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"log/slog"
 	"math/big"
+	"os"
+	"sync"
 	"time"
 )
 
@@ -29,11 +33,12 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 	case TLSOff:
 		return nil, nil
 	case TLSFiles:
-		cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
-		if err != nil {
+		r := &certReloader{certFile: c.TLSCertFile, keyFile: c.TLSKeyFile, log: c.Logger}
+		if err := r.load(); err != nil {
 			return nil, fmt.Errorf("epp tls: %w", err)
 		}
-		return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}, nil
+		r.checked = time.Now()
+		return &tls.Config{GetCertificate: r.get, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}, nil
 	default:
 		cert, err := selfSigned()
 		if err != nil {
@@ -41,6 +46,65 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 		}
 		return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}, nil
 	}
+}
+
+// certCheckEvery is how often, at most, the certificate files are read
+// again (at a handshake) to see whether they changed.
+var certCheckEvery = 5 * time.Second
+
+// certReloader serves the certificate of TLSCertFile and TLSKeyFile and
+// picks up a renewed one (cert-manager rewrites the mounted Secret in place;
+// GAIE's picker has --enable-cert-reload): at a handshake at most every
+// certCheckEvery it reads both files, and when their bytes changed it loads
+// the new pair. A pair that does not load (a half-written renewal) is
+// logged and the current certificate kept; the next check tries again.
+type certReloader struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu              sync.Mutex
+	cert            *tls.Certificate
+	certPEM, keyPEM []byte
+	checked         time.Time
+}
+
+// load reads both files and, when they differ from the pair in use, parses
+// them; the caller holds mu (or owns r).
+func (r *certReloader) load() error {
+	certPEM, err := os.ReadFile(r.certFile)
+	if err != nil {
+		return err
+	}
+	keyPEM, err := os.ReadFile(r.keyFile)
+	if err != nil {
+		return err
+	}
+	if r.cert != nil && bytes.Equal(certPEM, r.certPEM) && bytes.Equal(keyPEM, r.keyPEM) {
+		return nil
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return err
+	}
+	r.cert, r.certPEM, r.keyPEM = &cert, certPEM, keyPEM
+	return nil
+}
+
+func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now := time.Now(); now.Sub(r.checked) >= certCheckEvery {
+		r.checked = now
+		old := r.cert
+		if err := r.load(); err != nil {
+			if r.log != nil {
+				r.log.Warn("epp tls: keeping the current certificate", "cert", r.certFile, "key", r.keyFile, "err", err)
+			}
+		} else if r.cert != old && r.log != nil {
+			r.log.Info("epp tls: certificate reloaded", "cert", r.certFile)
+		}
+	}
+	return r.cert, nil
 }
 
 // selfSigned makes a P-256 certificate valid for ten years.

@@ -140,3 +140,73 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// writePair writes cert's PEM files into dir (tls.crt, tls.key) as a
+// mounted Secret holds them, and returns a pool trusting exactly it.
+func writePair(t *testing.T, dir string, cert tls.Certificate) *x509.CertPool {
+	t.Helper()
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(leaf)
+	return roots
+}
+
+// TestTLSFilesReload: --grpc-tls=files picks up a renewed certificate
+// (cert-manager rewrites the mounted Secret; the pod does not restart): a
+// new connection gets the new one, and a pair that does not load keeps the
+// current one.
+func TestTLSFilesReload(t *testing.T) {
+	defer func(d time.Duration) { certCheckEvery = d }(certCheckEvery)
+	certCheckEvery = 0 // every handshake reads the files: no waiting in the test
+	certA, err := selfSigned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	certB, err := selfSigned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rootsA := writePair(t, dir, certA)
+	cfg := DefaultConfig()
+	cfg.TLS, cfg.TLSCertFile, cfg.TLSKeyFile = TLSFiles, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	s := staticPicker(t, cfg)
+	dial := func(roots *x509.CertPool) error {
+		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "kvmesh-epp"})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, err = routeOnce(t, conn)
+		return err
+	}
+	if err := dial(rootsA); err != nil {
+		t.Fatalf("certificate A: %v", err)
+	}
+	rootsB := writePair(t, dir, certB)
+	if err := dial(rootsB); err != nil {
+		t.Fatalf("renewed certificate B not served: %v", err)
+	}
+	if err := dial(rootsA); err == nil {
+		t.Fatal("the old certificate A is still served after the renewal")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), []byte("half-written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := dial(rootsB); err != nil {
+		t.Fatalf("a pair that does not load must keep B: %v", err)
+	}
+}
