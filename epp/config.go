@@ -62,6 +62,12 @@ type Config struct {
 	// ReadyInterval is how often readiness is re-evaluated for the gRPC
 	// health service. Zero: 500 ms.
 	ReadyInterval time.Duration `yaml:"readyInterval"`
+	// DrainDelay is how long Close keeps serving after readiness turns
+	// NOT_SERVING, before it stops taking streams: the time the gateway needs
+	// to learn the pod is leaving (its EndpointSlice update, the gateway's
+	// own health checks), during which new streams still arrive here and
+	// are answered. DefaultConfig: 5s; zero: none.
+	DrainDelay time.Duration `yaml:"drainDelay"`
 
 	Logger     *slog.Logger          `yaml:"-"` // nil: slog.Default()
 	Registerer prometheus.Registerer `yaml:"-"` // nil: no metrics registered
@@ -76,6 +82,7 @@ func DefaultConfig() Config {
 		MaxEndpoints:    4,
 		PD:              DefaultPDConfig(),
 		ReadyInterval:   500 * time.Millisecond,
+		DrainDelay:      5 * time.Second,
 		TLS:             TLSSelfSigned,
 	}
 }
@@ -100,6 +107,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadyInterval < 0 {
 		bad("readyInterval must be >= 0")
+	}
+	if c.DrainDelay < 0 {
+		bad("drainDelay must be >= 0")
 	}
 	switch c.TLS {
 	case TLSSelfSigned, TLSOff:

@@ -144,6 +144,7 @@ func (m *mesh) startEPP(id string, cfg Config, deps Deps, mut func(*ingress.Conf
 	t := m.t
 	r := m.newReplica(id, mut)
 	cfg.Listen = "127.0.0.1:0"
+	cfg.DrainDelay = 0 // Close at once (TestDrainDelay covers the delay)
 	if cfg.TLS == "" || cfg.TLS == TLSSelfSigned {
 		cfg.TLS = TLSOff // the stand-in dials plain text; TestTLS covers the default
 	}

@@ -102,7 +102,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		"ext_proc", picker.Addr(), "metrics", "http://"+ing.Addr())
 	<-ctx.Done()
 	banner("draining")
-	sctx, cancel := context.WithTimeout(context.Background(), o.Ingress.Config.DrainTimeout+5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.DrainDelay+o.Ingress.Config.DrainTimeout+5*time.Second)
 	defer cancel()
 	picker.Close(sctx)
 	err = ing.Close()

@@ -31,6 +31,7 @@ func TestRunListenerServesNoAPI(t *testing.T) {
 	o.Ingress.Config.AccessLog = false
 	o.Picker.Listen = "127.0.0.1:0"
 	o.Picker.TLS = TLSOff
+	o.Picker.DrainDelay = 0 // stop at once (TestDrainDelay covers the delay)
 	var out, errOut testutil.SyncBuffer
 	run := testutil.Run(t, "epp.Run", func(ctx context.Context) error { return Run(ctx, o, &out, &errOut) }, errOut.String)
 	addrRE := regexp.MustCompile(`metrics on http://([^\s",]+)`) // text, or the msg of the JSON banner

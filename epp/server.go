@@ -134,12 +134,24 @@ func (s *Server) Addr() string {
 	return s.ln.Addr().String()
 }
 
-// Close turns readiness off, lets open streams finish (bounded by ctx) and
-// stops. Safe to call more than once.
+// Close turns readiness off, keeps serving for Config.DrainDelay (new
+// streams too: the gateway sends them until it learns the pod is leaving,
+// and under FailClose a refused one is a failed request), then stops taking
+// streams, lets open ones finish and stops, all bounded by ctx. Safe to
+// call more than once.
 func (s *Server) Close(ctx context.Context) {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		s.health.Shutdown() // every service NOT_SERVING: the gateway stops sending
+		if d := s.cfg.DrainDelay; d > 0 {
+			s.log.Info("draining: NOT_SERVING, still serving", "for", d)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
 		done := make(chan struct{})
 		go func() { s.gs.GracefulStop(); close(done) }()
 		select {

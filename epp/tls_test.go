@@ -33,6 +33,7 @@ func staticPicker(t *testing.T, cfg Config) *Server {
 		t.Fatal(err)
 	}
 	cfg.Listen, cfg.Logger = "127.0.0.1:0", quiet
+	cfg.DrainDelay = 0 // Close at once (TestDrainDelay covers the delay)
 	s, err := New(cfg, Deps{Ingress: ing})
 	if err != nil {
 		t.Fatal(err)
