@@ -15,6 +15,8 @@ import (
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/ingress"
@@ -589,4 +591,38 @@ func TestStreamedResponsesRequestID(t *testing.T) {
 		t.Fatalf("forwarded %s: %v", fwd, err)
 	}
 	s.end()
+}
+
+// TestOutOfOrderRefused: a message out of the order Envoy sends them (a
+// body, trailers or a response before the request headers; a second
+// request's headers on one stream) ends the stream with gRPC
+// InvalidArgument, counted as bad_message, instead of an answer to a phase
+// the data plane never opened (or no answer, which leaves it waiting).
+func TestOutOfOrderRefused(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{}, Deps{}, nil)
+	invalid := func(name string, s *stream) {
+		t.Helper()
+		m, err := s.st.Recv()
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("%s: answer %v, error %v; want InvalidArgument", name, m, err)
+		}
+	}
+	invalid("body first", r.open(t, fd).body([]byte(completionsBody("hi", false)), true))
+	invalid("trailers first", r.open(t, fd).trailers())
+	s := r.open(t, fd)
+	s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: s.env.headerMap([][2]string{{":status", "200"}})}}})
+	invalid("response first", s)
+
+	s = r.open(t, fd).headers("/v1/models", true)
+	routed(t, s.recv())
+	invalid("second headers", s.headers("/v1/models", true))
+
+	s = r.open(t, fd).headers("/v1/completions", false).body([]byte(completionsBody("hi", false)), true)
+	routed(t, s.recv())
+	s.recv()
+	invalid("second request", s.headers("/v1/completions", false))
+	if n := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "bad_message"); n != 5 {
+		t.Fatalf("bad_message %v, want 5", n)
+	}
 }

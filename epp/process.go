@@ -53,6 +53,12 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			s.m.results.WithLabelValues("bad_message").Inc()
 			return status.Error(codes.InvalidArgument, "ext_proc: a ProcessingRequest without a request or response phase")
 		}
+		if bad := x.outOfOrder(req); bad != "" {
+			// Answering it would answer a phase the data plane never
+			// opened (or a request it did not send on this stream).
+			s.m.results.WithLabelValues("bad_message").Inc()
+			return status.Error(codes.InvalidArgument, "ext_proc: "+bad)
+		}
 		t := time.Now()
 		x.out = x.out[:0]
 		was := x.answered
@@ -94,6 +100,7 @@ type exchange struct {
 	s *Server
 
 	first     bool
+	headers   bool // the request headers came
 	reqMode   extprocfilter.ProcessingMode_BodySendMode
 	respMode  extprocfilter.ProcessingMode_BodySendMode
 	noWait    bool // STREAMED: the data plane sends the body without waiting for the headers' answer
@@ -200,6 +207,39 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) bool {
 		x.end()
 	}
 	return false
+}
+
+// outOfOrder says what is wrong with req's place on the stream ("": in
+// order): every phase follows the request headers, and a stream carries one
+// request (Envoy opens one per HTTP request).
+func (x *exchange) outOfOrder(req *extprocv3.ProcessingRequest) string {
+	_, isHeaders := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders)
+	switch {
+	case isHeaders && x.headers:
+		return "a second request's headers on one stream (a stream carries one HTTP request)"
+	case isHeaders:
+		x.headers = true
+		return ""
+	case !x.headers:
+		return "a " + phaseName(req) + " before the request headers"
+	}
+	return ""
+}
+
+func phaseName(req *extprocv3.ProcessingRequest) string {
+	switch req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return "request body"
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return "request trailers"
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return "response headers"
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return "response body"
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return "response trailers"
+	}
+	return "message"
 }
 
 // modes takes the body modes from protocol_config, else the configured default.
