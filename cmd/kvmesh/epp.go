@@ -74,6 +74,7 @@ func eppFlags(fs *flag.FlagSet, o *epp.Options) {
 	fs.StringVar(&c.TLS, "grpc-tls", c.TLS, "ext_proc TLS: self-signed (what GAIE gateways expect), files (--grpc-tls-cert/--grpc-tls-key) or off")
 	fs.StringVar(&c.TLSCertFile, "grpc-tls-cert", "", "PEM certificate for --grpc-tls=files")
 	fs.StringVar(&c.TLSKeyFile, "grpc-tls-key", "", "PEM key for --grpc-tls=files")
+	fs.DurationVar(&c.DrainDelay, "drain-delay", c.DrainDelay, "on SIGTERM, keep serving (health NOT_SERVING) this long before closing the port, while the gateway learns the pod is leaving; then --drain-timeout")
 	fs.StringVar(&c.DefaultBodyMode, "body-mode", c.DefaultBodyMode, "request body mode when the gateway sends no protocol_config: full-duplex, buffered or streamed")
 	fs.IntVar(&c.MaxEndpoints, "max-endpoints", c.MaxEndpoints, "fallback endpoints per answer")
 	in := &o.Ingress.Config
