@@ -459,6 +459,22 @@ func TestStartLogsAuthOff(t *testing.T) {
 	if out := logBuf.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "client authentication off") || !strings.Contains(out, `metrics="client port, open"`) {
 		t.Errorf("start log: %s", out)
 	}
+
+	// An admin listener off loopback without a token is warned about; on
+	// loopback, or with a token, it is not.
+	const adminWarn = "admin listener is on a non-loopback address without a token"
+	for _, c := range []struct {
+		admin, token string
+		warn         bool
+	}{{":9100", "", true}, {"0.0.0.0:9100", "", true}, {"10.1.2.3:9100", "", true}, {"[::]:9100", "", true},
+		{"127.0.0.1:9100", "", false}, {"[::1]:9100", "", false}, {"localhost:9100", "", false}, {":9100", "tok", false}} {
+		o.Config.AdminListen, o.Config.AdminToken = c.admin, c.token
+		log, logBuf := syncLog()
+		o.logAuth(log, 0, false)
+		if got := strings.Contains(logBuf.String(), adminWarn); got != c.warn {
+			t.Errorf("admin %q token %q: warned %v, want %v: %s", c.admin, c.token, got, c.warn, logBuf.String())
+		}
+	}
 }
 
 // With TLS on, the address printed on stdout is https://.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -276,4 +277,20 @@ func (o *Options) logAuth(log *slog.Logger, keys int, jwt bool) {
 		}
 		log.Warn("client authentication off: every request is served as anonymous (--api-keys-file, $KVMESH_API_KEYS or --jwks-file/--jwks-url turn it on)", "metrics", metrics)
 	}
+	if a := o.Config.AdminListen; a != "" && o.Config.AdminToken == "" && !loopbackListen(a) {
+		log.Warn("the admin listener is on a non-loopback address without a token: anyone who reaches it reads pprof, /debug/* (the index, the config, the engines) and the metrics; set --admin-token (or $KVMESH_ADMIN_TOKEN), or bind it to 127.0.0.1", "admin", a)
+	}
+}
+
+// loopbackListen reports whether a listen address (host:port) is on
+// loopback only: an empty host, 0.0.0.0 or :: listen everywhere.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return strings.EqualFold(host, "localhost")
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -97,6 +99,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		c.Embedded = e
 		urls = []string{e.URL()}
 		log.Info("started embedded nats server", "url", e.URL(), "store", e.StoreDir())
+	}
+	if host := openServer(cfg.URLs, cfg.Auth); host != "" {
+		log.Warn("nats without credentials to a server off loopback: anyone who reaches it can read every engine's block keys and publish deltas, state and tokenizers as a sidecar would; give the server users (manifests/base/nats.yaml) and --nats-user/--nats-password, --nats-creds or --nats-nkey (docs/SECURITY.md, \"NATS\")", "server", host)
 	}
 	c.connected, c.check, c.quit = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
 	opts, err := options(cfg, log, &c.up, c.onConnect, c.permissionViolation)
@@ -599,4 +604,31 @@ func storageRemedy(err error, sc jetstream.StreamConfig) error {
 	}
 	return fmt.Errorf("%w (the stream asks for max_bytes=%d, %s storage: lower the sidecar's --stream-max-bytes, or raise the NATS server's JetStream %s)",
 		err, sc.MaxBytes, sc.Storage, limit)
+}
+
+// openServer is the first server of urls off loopback when a connects
+// with no credentials (none in a, none in the URL's user part), for the
+// warning Connect gives; "" when every server is on loopback or a has
+// credentials. A server that wants none is open to anyone who reaches it.
+func openServer(urls []string, a Auth) string {
+	if a.User != "" || a.Token != "" || a.NKeySeedFile != "" || a.CredsFile != "" {
+		return ""
+	}
+	for _, raw := range urls {
+		for _, one := range strings.Split(raw, ",") {
+			u, err := url.Parse(strings.TrimSpace(one))
+			if err != nil || u.User != nil {
+				continue
+			}
+			h := u.Hostname()
+			if h == "" {
+				continue
+			}
+			if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() || strings.EqualFold(h, "localhost") {
+				continue
+			}
+			return u.Host
+		}
+	}
+	return ""
 }

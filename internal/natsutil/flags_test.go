@@ -117,3 +117,29 @@ func TestValidateURLScheme(t *testing.T) {
 		}
 	}
 }
+
+// openServer names the first server off loopback that a connection without
+// credentials would use, for Connect's warning; none with credentials, in
+// the Auth or in that URL.
+func TestOpenServer(t *testing.T) {
+	for _, c := range []struct {
+		urls []string
+		a    Auth
+		want string
+	}{
+		{nil, Auth{}, ""},
+		{[]string{"nats://127.0.0.1:4222", "nats://[::1]:4222,nats://localhost:4222"}, Auth{}, ""},
+		{[]string{"nats://127.0.0.1:4222", "nats://nats.kvmesh:4222"}, Auth{}, "nats.kvmesh:4222"},
+		{[]string{"tls://10.0.0.5:4222"}, Auth{}, "10.0.0.5:4222"},
+		{[]string{"nats://u:p@nats.kvmesh:4222"}, Auth{}, ""},
+		{[]string{"nats://a:4222,nats://u:p@b:4222"}, Auth{}, "a:4222"},
+		{[]string{"nats://nats.kvmesh:4222"}, Auth{User: "sidecar"}, ""},
+		{[]string{"nats://nats.kvmesh:4222"}, Auth{Token: "t"}, ""},
+		{[]string{"nats://nats.kvmesh:4222"}, Auth{CredsFile: "c"}, ""},
+		{[]string{"nats://nats.kvmesh:4222"}, Auth{NKeySeedFile: "k"}, ""},
+	} {
+		if got := openServer(c.urls, c.a); got != c.want {
+			t.Errorf("%v %+v: %q, want %q", c.urls, c.a, got, c.want)
+		}
+	}
+}
