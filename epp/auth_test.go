@@ -111,6 +111,21 @@ func TestEveryPathAuthenticated(t *testing.T) {
 	s.closed()
 }
 
+// The credential is read at the request headers, as the ingress reads it
+// before the body: a caller without one is refused before its body comes,
+// and nothing of it is charged to the body budget.
+func TestAuthBeforeBody(t *testing.T) {
+	r := authRig(t, nil)
+	s := r.open(t, fd).headers("/v1/chat/completions", false, [2]string{"content-length", "1000000"})
+	if ir := s.recv().GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 401 {
+		t.Fatalf("headers without a credential: %v, want 401 before the body", ir)
+	}
+	s.closed()
+	if got := counter(t, r.reg, "kvmesh_ingress_body_bytes_in_flight"); got != 0 {
+		t.Fatalf("body bytes in flight %v after the refusal, want 0", got)
+	}
+}
+
 // TestPassthroughLimits: the ingress's limits apply to the embeddings
 // family as to generation (--max-concurrent here): a second embeddings
 // request while one is in flight is refused with 429.

@@ -284,6 +284,12 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	if bad > 0 {
 		x.s.m.badMetadata.WithLabelValues(SubsetKey).Add(float64(bad))
 	}
+	// The credential first, as the ingress reads it before the body: a
+	// caller that may not send is refused before its body is buffered or
+	// charged to the body budget.
+	if x.refusedAuth(x.repeatedCredential()) {
+		return true
+	}
 	if h.GetEndOfStream() || x.reqMode == extprocfilter.ProcessingMode_NONE {
 		// No body will come: route on load alone.
 		return x.routeUnpicked(func(dest, _ string) {
@@ -509,12 +515,9 @@ func (x *exchange) refusedAuth(repeated string) bool {
 }
 
 // routeUnpicked routes a request without a body to decide on (none came, or
-// a stored response's GET or cancel, a model list) by load, once its
-// credential passes.
+// a stored response's GET or cancel, a model list) by load; its credential
+// passed at its headers (requestHeaders).
 func (x *exchange) routeUnpicked(answer func(dest, pre string)) bool {
-	if x.refusedAuth(x.repeatedCredential()) {
-		return true
-	}
 	return x.routeByLoad(answer)
 }
 
