@@ -151,6 +151,7 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 	after, aerr := scrapeEngines(ctx, client, cl.EngineURLs())
 	if serr = errors.Join(serr, aerr); serr == nil {
 		res.EngineTTFTMean, res.QueueMean = after.means(before)
+		res.QueueUnknown = false // the engines' own histograms
 		res.Preemptions = int(after.preemptions - before.preemptions)
 	}
 	err = errors.Join(err, serr)

@@ -181,6 +181,14 @@ func TestRunStreamingCompletions(t *testing.T) {
 	if pr.TTFTP99 != rep.TTFT.P99 || pr.PrefixHitRate != rep.PrefixHitRate || pr.Completed != 32 {
 		t.Fatalf("policy result %+v", pr)
 	}
+	// The E2E p99 and TPOT are the client's own, measured; the engines'
+	// queue it cannot see: null, not a measured 0 (kvmesh demo --json).
+	if pr.E2EP99 != rep.E2E.P99 || pr.TPOTCount != 32 || !(pr.TPOTMean > 0) {
+		t.Fatalf("policy result E2E p99 %v (want %v), TPOT %v over %d", pr.E2EP99, rep.E2E.P99, pr.TPOTMean, pr.TPOTCount)
+	}
+	if b, err := json.Marshal(pr); err != nil || !strings.Contains(string(b), `"queue_mean_s":null`) || strings.Contains(string(b), `"e2e_p99_s":0,`) {
+		t.Fatalf("policy result JSON %s, %v", b, err)
+	}
 	var sb strings.Builder
 	if err := rep.WriteText(&sb); err != nil || !strings.Contains(sb.String(), "hit rate 50.0%") {
 		t.Fatalf("text report: %v\n%s", err, sb.String())

@@ -230,7 +230,7 @@ func summarize(xs []float64) Latency {
 
 // PolicyResult converts the report to the line `kvmesh bench --json` prints per policy.
 func (r *Report) PolicyResult() report.PolicyResult {
-	return report.PolicyResult{
+	p := report.PolicyResult{
 		ThroughputRPS: r.ThroughputRPS,
 		TTFTMean:      r.TTFT.Mean, TTFTP50: r.TTFT.P50, TTFTP90: r.TTFT.P90, TTFTP99: r.TTFT.P99,
 		E2EMean:       r.E2E.Mean,
@@ -239,7 +239,10 @@ func (r *Report) PolicyResult() report.PolicyResult {
 		Completed:     r.Completed,
 		Failed:        r.Failed,
 		Makespan:      time.Duration(r.DurationS * float64(time.Second)),
+		QueueUnknown:  true, // the engines' queues are theirs
 	}
+	p.SetRecordStats(r.Run(1, nil).Records) // E2E p99 and TPOT, in wall seconds as the rest
+	return p
 }
 
 // WriteText writes a human-readable summary.

@@ -57,8 +57,11 @@ type PolicyResult struct {
 	EngineTTFTMean float64 `json:"engine_ttft_mean_s,omitempty"`
 
 	// QueueMean is the mean time a request waited in the engine's queue
-	// before its first scheduling (part of TTFT).
-	QueueMean float64 `json:"queue_mean_s"`
+	// before its first scheduling (part of TTFT). QueueUnknown: not
+	// measured (a client's own run: `kvmesh loadtest`, `kvmesh demo`, which
+	// see no engine's queue): JSON null, table n/a.
+	QueueMean    float64 `json:"queue_mean_s"`
+	QueueUnknown bool    `json:"-"`
 	// Completed and Failed count the requests that finished and those
 	// that did not: latencies and throughput are over the completed ones
 	// (the DES's hit rate over every request routed), so a script reading
@@ -121,7 +124,7 @@ func (p PolicyResult) MarshalJSON() ([]byte, error) {
 		TTFTP50: opt(done, p.TTFTP50), TTFTP90: opt(done, p.TTFTP90), TTFTP99: opt(done, p.TTFTP99), E2EMean: opt(done, p.E2EMean),
 		E2EP99: opt(done, p.E2EP99), TPOTMean: opt(done && p.TPOTCount > 0, p.TPOTMean), TPOTP99: opt(done && p.TPOTCount > 0, p.TPOTP99),
 		PrefixHitRate: p.PrefixHitRate, OfferedHitRate: opt(p.Offered, p.OfferedHitRate), LoadImbalance: opt(p.imbalanceDefined(), p.LoadImbalance),
-		EngineTTFTMean: p.EngineTTFTMean, QueueMean: opt(done, p.QueueMean), Completed: p.Completed, Failed: p.Failed,
+		EngineTTFTMean: p.EngineTTFTMean, QueueMean: opt(done && !p.QueueUnknown, p.QueueMean), Completed: p.Completed, Failed: p.Failed,
 		Preemptions: p.Preemptions})
 }
 
@@ -189,7 +192,7 @@ func (r Report) WriteTable(w io.Writer) error {
 		done := p.Completed > 0
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%d\t%d\t%d\t%.1fs\t\n",
 			name, cell(done, "%.2f", p.ThroughputRPS), cell(done, "%.3f", p.TTFTMean), cell(done, "%.3f", p.TTFTP50),
-			cell(done, "%.3f", p.TTFTP90), cell(done, "%.3f", p.TTFTP99), cell(done, "%.3f", p.QueueMean), cell(done, "%.3f", p.E2EMean),
+			cell(done, "%.3f", p.TTFTP90), cell(done, "%.3f", p.TTFTP99), cell(done && !p.QueueUnknown, "%.3f", p.QueueMean), cell(done, "%.3f", p.E2EMean),
 			p.PrefixHitRate, cell(p.imbalanceDefined(), "%.2f", p.LoadImbalance), p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
 	}
 	if err := tw.Flush(); err != nil {
