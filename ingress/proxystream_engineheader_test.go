@@ -28,3 +28,17 @@ func TestMidStreamErrorHidesEngineWithHeaderOff(t *testing.T) {
 		testutil.WaitFor(t, 10*time.Second, "the access log line", func() bool { return strings.Contains(log.String(), `"engine":"10.9.8.7:8000"`) })
 	}
 }
+
+// An attempt's failure (here a refused connection) names its engine to the
+// client only with the header on; the access log names it either way.
+func TestUpstreamErrorHidesEngineWithHeaderOff(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := testConfig(StaticEngine{ID: "10.9.8.7:8000", Model: "m", URL: "http://127.0.0.1:1"})
+		cfg.EngineHeader = on
+		s := startIngress(t, cfg, Deps{})
+		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":8}`)
+		if st < 500 || strings.Contains(string(body), "10.9.8.7") == !on {
+			t.Fatalf("header on %v: %d %s; want a failure naming its engine only with the header on", on, st, body)
+		}
+	}
+}
