@@ -594,13 +594,34 @@ func (c *call) reqBody() []byte { return c.req.body }
 // fail answers with an OpenAI error (Anthropic's on the Messages API:
 // writeError).
 func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
+	orig := toAPIError(err)
+	c.errMsg = logText(orig.msg, err) // proxy.go: the log keeps the engine's address (and id)
+	if !c.s.cfg.EngineHeader {
+		if msg := c.hideEngineIDs(orig.msg); msg != orig.msg {
+			cp := *orig
+			cp.msg = msg
+			err = &cp
+		}
+	}
 	ae := writeError(ctx, err)
 	c.setRequestIDHeader(ctx) // upstreamhdr.go
 	c.status = ae.status
-	c.errMsg = logText(ae.msg, err) // proxy.go: the log keeps the engine's address
 	if c.engine != "" {
 		c.s.setEngineHeader(ctx, c.engine)
 	}
+}
+
+// hideEngineIDs is an error's client text without the ids of the request's
+// engines ("engine 10.0.3.7:8000 answered 500" reads "the engine answered
+// 500"), for Config.EngineHeader off: an engine's id may be its address.
+func (c *call) hideEngineIDs(msg string) string {
+	for i := range c.infos {
+		if id := c.infos[i].ID; id != "" && strings.Contains(msg, id) {
+			msg = strings.ReplaceAll(msg, "engine "+id, "the engine")
+			msg = strings.ReplaceAll(msg, id, "an engine")
+		}
+	}
+	return msg
 }
 
 // engineHeader is the answer header naming the engine that answered

@@ -271,11 +271,7 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	default:
 		err = fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
 	}
-	msg := clientText(err)
-	if !c.s.cfg.EngineHeader { // an engine's id may be its address: named to clients only with the header
-		msg = strings.ReplaceAll(msg, "engine "+up.id, "the engine")
-	}
-	return &upstreamError{msg: msg, err: err}
+	return &upstreamError{msg: clientText(err), err: err}
 }
 
 // upstreamError is a failed attempt as its client reads it (Error: the
