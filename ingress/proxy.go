@@ -474,9 +474,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		c.endAttempt(up)
-		ae := writeError(ctx, fmt.Errorf("engine %s: %w", up.id, err))
-		c.setRequestIDHeader(ctx)
-		c.status, c.errMsg = ae.status, ae.msg
+		c.fail(ctx, fmt.Errorf("engine %s: %w", up.id, err))
 		c.finish()
 		return true, nil
 	}

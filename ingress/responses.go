@@ -504,7 +504,11 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		// The client reads the engine's id and the cause, the access line
 		// the whole error with the engine's address (proxy.go: upstreamError).
 		err = fmt.Errorf("%w: engine %s: %w", ErrUpstream, up.id, err)
-		fail(&upstreamError{msg: clientText(err), err: err})
+		msg := clientText(err)
+		if !s.cfg.EngineHeader { // an engine's id may be its address (c.fail's rule)
+			msg = strings.ReplaceAll(msg, "engine "+up.id, "the engine")
+		}
+		fail(&upstreamError{msg: msg, err: err})
 		return
 	}
 	l.engine = up.id
