@@ -1,6 +1,8 @@
 package epp
 
 import (
+	"fmt"
+	"hash/fnv"
 	"strings"
 	"testing"
 
@@ -43,9 +45,42 @@ func authCases() []authCase {
 		{"unknown path with a body", "/custom/endpoint", emb},
 		{"model list", "/v1/models", nil},
 		{"a model's card", "/v1/models/" + model, nil},
-		{"stored response", "/v1/responses/resp_x", nil},
-		{"stored response cancel", "/v1/responses/resp_x/cancel", []byte(`{}`)},
+		{"stored response", "/v1/responses/" + respIDFor("e1"), nil},
+		{"stored response cancel", "/v1/responses/" + respIDFor("e1") + "/cancel", []byte(`{}`)},
 		{"bodyless other path", "/anything", nil},
+	}
+}
+
+// respIDFor is a response id as the ingress makes it for engine
+// (ingress/responses.go): "resp_kvm", the engine's FNV-1a tag, 32 digits.
+func respIDFor(engine string) string {
+	h := fnv.New64a()
+	h.Write([]byte(engine))
+	return fmt.Sprintf("resp_kvm%016x%032d", h.Sum64(), 7)
+}
+
+// A stored response's GET or cancel whose id no known engine holds (not
+// made by a kvmesh ingress, or its engine gone) is the ingress's 404, not
+// routed by load to an engine that does not have it.
+func TestUnknownStoredResponseNotFound(t *testing.T) {
+	r := authRig(t, nil)
+	key := [2]string{"authorization", "Bearer " + goodKey}
+	for _, p := range []string{"/v1/responses/resp_x", "/v1/responses/" + respIDFor("gone"), "/v1/responses/" + respIDFor("gone") + "/cancel?x=1"} {
+		s := r.open(t, fd).headers(p, true, key)
+		ir := s.refused(404, "not_found")
+		if !strings.Contains(string(ir.GetBody()), "not found") {
+			t.Fatalf("%s: %s", p, ir.GetBody())
+		}
+		s.closed()
+	}
+	s, m := r.play(t, authCase{"known", "/v1/responses/" + respIDFor("e2"), nil}, key)
+	routed(t, m)
+	if d := m.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders(); len(d) == 0 || !strings.Contains(string(d[0].GetHeader().GetRawValue()), "10.0.0.2") {
+		t.Fatalf("known id routed to %v, want e2 (10.0.0.2) first", d)
+	}
+	s.end()
+	if got := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "not_found"); got != 3 {
+		t.Fatalf("not_found counted %v, want 3", got)
 	}
 }
 
@@ -55,7 +90,10 @@ func (r *staticRig) play(t *testing.T, c authCase, kv ...[2]string) (*stream, *e
 	t.Helper()
 	s := r.open(t, fd).headers(c.path, c.body == nil, kv...)
 	if c.body != nil {
-		s.body(c.body, true)
+		// Not s.body: a request refused at its headers (no credential) may
+		// have its stream ended before the body is sent, which Send then
+		// reports; the answer read next says what happened.
+		_ = s.st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: c.body, EndOfStream: true}}})
 	}
 	return s, s.recv()
 }

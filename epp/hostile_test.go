@@ -447,7 +447,7 @@ func TestBufferedPartialWholeBody(t *testing.T) {
 		{"cut in a string, no content-length", body[:40], nil, "/v1/completions", true},
 		{"cut after a member, no content-length", body[:len(body)-30], nil, "/v1/completions", true},
 		{"cut, embeddings (its model is read too)", body[:40], [][2]string{cl(len(body))}, "/v1/embeddings", true},
-		{"cut, a body the picker does not read", body[:40], [][2]string{cl(len(body))}, "/v1/responses/resp_1/cancel", false},
+		{"cut, a body the picker does not read", body[:40], [][2]string{cl(len(body))}, "/v1/responses/" + respIDFor("e1") + "/cancel", false},
 	} {
 		s := r.open(t, partial).headers(c.path, false, c.kv...)
 		s.recv()

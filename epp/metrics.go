@@ -18,7 +18,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_epp_streams",
 			Help: "ext_proc streams open (one per HTTP request through the gateway)."}),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_epp_requests_total",
-			Help: "Requests the picker answered, by result: routed, rejected (the ingress refused: 4xx/5xx), no_endpoint (none in the subset or pool), bodyless (routed on load only), bad_mode (unsupported ext_proc body mode), bad_message (a message with no phase: the stream ends with InvalidArgument), too_large (past the body limit, or cut at the gateway's buffer), overloaded (the body budget, --max-body-in-flight, is spent: 503 with Retry-After), bad_encoding (a content-encoding not decoded, or bytes that do not decode)."},
+			Help: "Requests the picker answered, by result: routed, rejected (the ingress refused: 4xx/5xx), no_endpoint (none in the subset or pool), bodyless (routed on load only), not_found (a stored response's GET or cancel whose id no known engine holds: 404), bad_mode (unsupported ext_proc body mode), bad_message (a message with no phase: the stream ends with InvalidArgument), too_large (past the body limit, or cut at the gateway's buffer), overloaded (the body budget, --max-body-in-flight, is spent: 503 with Retry-After), bad_encoding (a content-encoding not decoded, or bytes that do not decode)."},
 			[]string{"result"}),
 		immediate: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_epp_immediate_responses_total",
 			Help: "ImmediateResponses sent, by HTTP status."}, []string{"status"}),

@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -536,6 +537,11 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 				break
 			}
 		}
+		if owner == "" { // an id no kvmesh ingress made, or whose engine is gone: the ingress's 404
+			id, _, _ := strings.Cut(strings.TrimPrefix(x.ep, "/v1/responses/"), "/")
+			x.s.m.results.WithLabelValues("not_found").Inc()
+			return x.reject(404, openai.AppendError(nil, "Response with id '"+clipID(id)+"' not found.", "invalid_request_error", "", "not_found"), 0, "kvmesh_epp_response_not_found")
+		}
 	}
 	slices.SortStableFunc(infos, func(a, b ingress.EngineInfo) int {
 		if oa, ob := a.ID == owner, b.ID == owner; owner != "" && oa != ob {
@@ -731,4 +737,13 @@ func joinEndpoints(eps []string) string {
 		b = append(b, e...)
 	}
 	return string(b)
+}
+
+// clipID bounds an id quoted back to the client (the ingress's clip).
+func clipID(id string) string {
+	const maxID = 128
+	if len(id) > maxID {
+		return id[:maxID] + "..."
+	}
+	return id
 }
