@@ -17,8 +17,10 @@ import (
 var (
 	// ErrNoCandidates means every engine was filtered out (or none exist).
 	ErrNoCandidates = errors.New("scheduler: no candidate engine")
-	// ErrConfig wraps every configuration problem.
-	ErrConfig = errors.New("scheduler: invalid config")
+	// ErrConfig wraps every configuration problem. Its text names no
+	// package: the callers say which configuration it is ("scheduler: ",
+	// "--scheduler-config: "), so the message does not say it twice.
+	ErrConfig = errors.New("invalid config")
 )
 
 // PrefixIndex is the index view the scheduler reads. *index.Index

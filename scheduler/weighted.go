@@ -106,7 +106,7 @@ type WeightedConfig []ScorerConfig
 func (w WeightedConfig) validate(name string, p *Plugins) error {
 	probs := NewProblems(name)
 	if len(w) == 0 {
-		probs.Addf("", "policy %s needs at least one scorer", name)
+		probs.Addf("", "needs at least one scorer (it has none by default): list them under %s: in a SchedulerConfig file (kvmesh ingress --scheduler-config, or --config's scheduler: block), as scheduler/testdata/scheduler.yaml does", name)
 	}
 	for i, s := range w {
 		if _, ok := p.Scorer(s.Name); !ok {

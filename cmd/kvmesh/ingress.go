@@ -154,7 +154,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	probs.ModelPaths(fs, &cfg.LoRAAdapters, "lora-adapter", "adapter=base-model", "LoRA adapter=base model: the adapter's requests go to the base model's engines, keyed as the sidecar keys the adapter's blocks (repeatable)")
 	fs.StringVar(&cfg.PD.Policy, "pd-policy", cfg.PD.Policy, "prefill/decode step for engines with roles (\"\" = off): kvmesh|kvmesh-always|kthena|llmd|dynamo|sglang|aibrix")
 	fs.Float64Var(&cfg.PD.TransferGbps, "pd-transfer-gbps", cfg.PD.TransferGbps, "prefill → decode KV bandwidth the P/D cost model assumes, Gbit/s (0: 100)")
-	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|"))
+	fs.StringVar(&cfg.Scheduler.Policy, "policy", cfg.Scheduler.Policy, "routing policy: "+strings.Join(registry.PolicyNames(), "|")+" (weighted has no scorers by default: name it in a --scheduler-config file, or --config's scheduler: block, that lists them)")
 	probs.Var(fs, "scheduler-config", "", "SchedulerConfig YAML file: the policy and its parameters (not with --policy)", func(path string) error {
 		sc, err := registry.LoadConfig(path)
 		if err != nil {
