@@ -197,6 +197,27 @@ func newState(pods []*corev1.Pod) (*state, []*corev1.Pod) {
 	return st, strays
 }
 
+// lostMember reports whether replica key (Member 0) of role r lost a member
+// after it ran: a member slot of the current revision is empty while
+// another member is Running (started: not a gang still being created, whose
+// missing member step 3 creates) and none is going away or of another
+// revision (a rollout or scale-down deleting the replica whole, seen half
+// done). s is one of its members, for the recovery policy.
+func (st *state) lostMember(r *v1alpha1.Role, key slot, rev string) (s slot, lost bool) {
+	vs := st.byReplica[key]
+	if len(vs) == 0 || len(vs) >= members(r) {
+		return slot{}, false
+	}
+	running := false
+	for _, v := range vs {
+		if v.Pod.DeletionTimestamp != nil || v.Revision != rev || v.Slot.Member >= members(r) {
+			return slot{}, false
+		}
+		running = running || v.Pod.Status.Phase == corev1.PodRunning
+	}
+	return vs[0].Slot, running
+}
+
 func podReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
@@ -358,17 +379,35 @@ func computePlan(md *v1alpha1.ModelDeployment, pods []*corev1.Pod) *plan {
 	return p
 }
 
-// recover applies the recovery policy to failed pods.
+// recover applies the recovery policy to failed pods, and to replicas that
+// lost a member once running (lostMember): a multi-node engine's leader
+// whose worker was deleted or evicted holds a broken process group, which a
+// new worker alone cannot join (LeaderWorkerSet recreates the group too).
 func (p *plan) recover(md *v1alpha1.ModelDeployment, st *state, del func(*podView, string)) {
 	var failedGroups []int
 	seen := map[int]bool{}
 	var failed []slot
+	mark := func(s slot) {
+		failed = append(failed, s)
+		if !seen[s.Group] {
+			seen[s.Group] = true
+			failedGroups = append(failedGroups, s.Group)
+		}
+	}
 	for s, v := range st.bySlot {
 		if v.Failed {
-			failed = append(failed, s)
-			if !seen[s.Group] {
-				seen[s.Group] = true
-				failedGroups = append(failedGroups, s.Group)
+			mark(s)
+		}
+	}
+	if md.Spec.RecoveryPolicy != v1alpha1.RecoverNone { // RecoverNone: the lost member is created alone (step 3)
+		for g := range int(*md.Spec.Groups) {
+			for ri := range md.Spec.Roles {
+				r := &md.Spec.Roles[ri]
+				for i := range int(*r.Replicas) {
+					if s, ok := st.lostMember(r, slot{g, r.Name, i, 0}, revision(md, r)); ok {
+						mark(s)
+					}
+				}
 			}
 		}
 	}

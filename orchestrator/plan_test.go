@@ -121,6 +121,61 @@ func TestPlanRecovery(t *testing.T) {
 	}
 }
 
+// A replica that lost a member once running (a worker deleted or evicted,
+// not failed) is recovered as a failed one is: under RecoverRole its other
+// members go too and the replica is made again whole; RecoverGroup the
+// group; RecoverNone makes the member alone. A replica still being created
+// (nothing Running), one going away, or one of another revision (a
+// rollout seen half done) is left to the other steps.
+func TestPlanLostMember(t *testing.T) {
+	running := func(md *v1alpha1.ModelDeployment, drop string, mut func(*corev1.Pod)) []*corev1.Pod {
+		var out []*corev1.Pod
+		for _, p := range existing(md) {
+			if p.Name == drop {
+				continue
+			}
+			p.Status.Phase = corev1.PodRunning
+			if mut != nil {
+				mut(p)
+			}
+			out = append(out, p)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		policy v1alpha1.RecoveryPolicy
+		want   []string
+	}{
+		{v1alpha1.RecoverNone, nil},
+		{v1alpha1.RecoverRole, []string{"m-0-d-1"}},
+		{v1alpha1.RecoverGroup, []string{"m-0-d-0", "m-0-d-0-w1", "m-0-d-1", "m-0-p-0"}},
+	} {
+		md := testMD(2, c.policy, role("p", 1, 0), role("d", 2, 1))
+		p := computePlan(md, running(md, "m-0-d-1-w1", nil))
+		del, create, _ := names(p)
+		if !slices.Equal(del, c.want) {
+			t.Errorf("%s: delete %v, want %v", c.policy, del, c.want)
+		}
+		if c.policy == v1alpha1.RecoverNone && !slices.Equal(create, []string{"m-0-d-1-w1"}) {
+			t.Errorf("%s: create %v, want the lost member alone", c.policy, create)
+		}
+	}
+	md := testMD(1, v1alpha1.RecoverRole, role("d", 2, 1))
+	pending := running(md, "m-0-d-1-w1", func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending })
+	if del, create, _ := names(computePlan(md, pending)); len(del) != 0 || !slices.Equal(create, []string{"m-0-d-1-w1"}) {
+		t.Errorf("a replica not started yet: delete %v create %v, want its member created", del, create)
+	}
+	now := metav1.Now()
+	going := running(md, "m-0-d-1-w1", func(p *corev1.Pod) {
+		if p.Name == "m-0-d-1" {
+			p.DeletionTimestamp = &now
+		}
+	})
+	if del, _, _ := names(computePlan(md, going)); len(del) != 0 {
+		t.Errorf("a replica going away: delete %v, want nothing more", del)
+	}
+}
+
 func TestPlanRolloutBudgetAndPartition(t *testing.T) {
 	md := testMD(1, v1alpha1.RecoverRole, role("d", 5, 0))
 	pods := existing(md)
