@@ -3,6 +3,7 @@ package gossip
 import (
 	"net"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -58,7 +59,7 @@ func checkRoute(meta NodeMeta, have, e *entry) (v routeVerdict, want string) {
 		return routeMismatch, "a bootstrap address on the URL's host"
 	}
 	bound := meta.ID != "" && s.ID == meta.ID && meta.EngineURL != ""
-	if bound && s.URL != meta.EngineURL {
+	if bound && !sameURL(s.URL, meta.EngineURL) {
 		return routeMismatch, meta.EngineURL
 	}
 	if !e.relayed || (s.URL == "" && s.Bootstrap == "") {
@@ -74,6 +75,13 @@ func checkRoute(meta NodeMeta, have, e *entry) (v routeVerdict, want string) {
 		return routeMismatch, have.Engine.URL
 	}
 	return routeOK, ""
+}
+
+// sameURL: a and b name the same engine, a trailing slash aside (a sidecar
+// gossips its --engine-url without one; its metadata kept the flag as
+// given, and a sidecar of an earlier version still does).
+func sameURL(a, b string) bool {
+	return strings.TrimSuffix(a, "/") == strings.TrimSuffix(b, "/")
 }
 
 // bootstrapOnHost: boot (host:port) is on raw's host.

@@ -24,6 +24,7 @@ func TestCheckRoute(t *testing.T) {
 	}{
 		{"metadata's engine, its URL, gossip", meta, nil, eng("e1", "http://10.0.0.5:8000", "", false), routeOK},
 		{"metadata's engine, its URL, lane", meta, nil, eng("e1", "http://10.0.0.5:8000", "10.0.0.5:8998", true), routeOK},
+		{"metadata's engine, its URL with a slash (an earlier sidecar's metadata)", NodeMeta{Role: RoleSidecar, ID: "e1", EngineURL: "http://10.0.0.5:8000/"}, nil, eng("e1", "http://10.0.0.5:8000", "", false), routeOK},
 		{"metadata's engine, another URL, gossip", meta, nil, eng("e1", "http://10.0.0.9:8000", "", false), routeMismatch},
 		{"metadata's engine, another URL, lane", meta, nil, eng("e1", "http://10.0.0.9:8000", "", true), routeMismatch},
 		{"bootstrap on another host", meta, nil, eng("e1", "http://10.0.0.5:8000", "10.0.0.9:8998", false), routeMismatch},

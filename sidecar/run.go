@@ -90,7 +90,8 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 		g.Join = o.GossipSeeds
 		g.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar}
 		for i, e := range cfg.Engines {
-			m := gossip.NodeMeta{Role: gossip.RoleSidecar, ID: e.ID, Model: e.Model, EngineURL: e.URL, EngineRole: e.Role, BlockSize: e.BlockSize}
+			// The URL as the sidecar gossips it (New trims a trailing slash).
+			m := gossip.NodeMeta{Role: gossip.RoleSidecar, ID: e.ID, Model: e.Model, EngineURL: strings.TrimSuffix(e.URL, "/"), EngineRole: e.Role, BlockSize: e.BlockSize}
 			if i == 0 {
 				g.Meta = m // the first engine's is the member's (Contract 3)
 			}
