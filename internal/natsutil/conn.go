@@ -607,11 +607,11 @@ func storageRemedy(err error, sc jetstream.StreamConfig) error {
 }
 
 // openServer is the first server of urls off loopback when a connects
-// with no credentials (none in a, none in the URL's user part), for the
+// with no credentials (none in a, no client certificate, none in the URL's user part), for the
 // warning Connect gives; "" when every server is on loopback or a has
 // credentials. A server that wants none is open to anyone who reaches it.
 func openServer(urls []string, a Auth) string {
-	if a.User != "" || a.Token != "" || a.NKeySeedFile != "" || a.CredsFile != "" {
+	if a.User != "" || a.Token != "" || a.NKeySeedFile != "" || a.CredsFile != "" || a.TLSCertFile != "" { // a client certificate is one (mutual TLS)
 		return ""
 	}
 	for _, raw := range urls {

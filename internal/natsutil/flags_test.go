@@ -137,6 +137,8 @@ func TestOpenServer(t *testing.T) {
 		{[]string{"nats://nats.kvmesh:4222"}, Auth{Token: "t"}, ""},
 		{[]string{"nats://nats.kvmesh:4222"}, Auth{CredsFile: "c"}, ""},
 		{[]string{"nats://nats.kvmesh:4222"}, Auth{NKeySeedFile: "k"}, ""},
+		{[]string{"tls://nats.kvmesh:4222"}, Auth{TLSCertFile: "c", TLSKeyFile: "k"}, ""},
+		{[]string{"tls://nats.kvmesh:4222"}, Auth{TLSCAFile: "ca"}, "nats.kvmesh:4222"},
 	} {
 		if got := openServer(c.urls, c.a); got != c.want {
 			t.Errorf("%v %+v: %q, want %q", c.urls, c.a, got, c.want)
