@@ -97,14 +97,11 @@ func asciiLower(s string) string {
 // encoding it does not decode, 413 past Config.MaxBodyBytes decoded, 503
 // past what the body budget had room for, 400 for bytes that do not decode.
 func (x *exchange) decode() bool {
-	// Charged before decoding, which allocates as it goes (ingress.ReserveDecoded).
+	// Charged before decoding, which allocates as it goes (ingress.DecodeCharged).
 	maxBody := x.s.cfg.MaxBodyBytes
-	r := x.s.ing.ReserveDecoded(x.held, maxBody)
-	x.held += r
-	b, err := []byte(nil), error(fasthttp.ErrBodyTooLarge)
-	if r > 0 { // a limit of 0 is none
-		b, err = decodeBody(x.encoding, x.body, int(r))
-	}
+	b, charged, r, err := x.s.ing.DecodeCharged(x.held, len(x.body), maxBody, func(limit int) ([]byte, error) {
+		return decodeBody(x.encoding, x.body, limit)
+	})
 	switch {
 	case errors.Is(err, fasthttp.ErrContentEncodingUnsupported):
 		x.s.m.results.WithLabelValues("bad_encoding").Inc()
@@ -121,8 +118,7 @@ func (x *exchange) decode() bool {
 		return x.reject(400, openai.AppendError(nil, "the body does not decode as content-encoding "+x.encoding+": "+err.Error(),
 			"invalid_request_error", "", ""), 0, "kvmesh_epp_bad_encoding")
 	}
-	x.s.ing.ReleaseBody(r - int64(len(b))) // the decoded body keeps its own size
-	x.held -= r - int64(len(b))
+	x.held += charged
 	x.body, x.newBody, x.decoded = b, true, true
 	return false
 }

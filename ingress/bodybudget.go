@@ -1,8 +1,11 @@
 package ingress
 
 import (
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // The body budget (Config.MaxBodyBytesInFlight) bounds the request body
@@ -44,8 +47,21 @@ func (c *call) holdBody(n int) error {
 
 // holdBody charges n more bytes to a request that holds held bytes already.
 func (s *Server) holdBody(held int64, n int) error {
+	if !s.tryHold(held, n) {
+		s.m.bodyRefused.Inc()
+		held += int64(n)
+		limit := s.cfg.MaxBodyBytesInFlight
+		return fmt.Errorf("%w: this request's %d body bytes would take the request bodies this ingress holds past its own memory bound of %d bytes (--max-body-in-flight, config maxBodyBytesInFlight), not the engines' load; retry shortly",
+			ErrBodyBudget, held, limit)
+	}
+	return nil
+}
+
+// tryHold is holdBody's rule without its refusal: false charges nothing
+// and counts nothing (decodeCharged's steps, refused once for the request).
+func (s *Server) tryHold(held int64, n int) bool {
 	if n <= 0 {
-		return nil
+		return true
 	}
 	add := int64(n)
 	held += add
@@ -54,34 +70,55 @@ func (s *Server) holdBody(held int64, n int) error {
 	// that arrive together cannot both pass on the same room.
 	if used := s.bodyBytes.Add(add); limit > 0 && held > smallBody && used > limit {
 		s.bodyBytes.Add(-add)
-		s.m.bodyRefused.Inc()
-		return fmt.Errorf("%w: this request's %d body bytes would take the request bodies this ingress holds past its own memory bound of %d bytes (--max-body-in-flight, config maxBodyBytesInFlight), not the engines' load; retry shortly",
-			ErrBodyBudget, held, limit)
+		return false
 	}
 	s.m.bodyBytes.Add(float64(add))
-	return nil
+	return true
 }
 
-// reserveDecoded charges, before a compressed body is decoded, the bytes
-// its decoding may produce: up to maxBody (Config.MaxBodyBytes), as much as the
-// budget has room for now, and at least what the always-pass rule gives
-// any request (smallBody, less the held bytes). Decoding allocates its
-// output as it goes, so the charge must come first: charged after it, 150
-// zstd bodies of 33 KB (1 GiB of zeros each) took an ingress from 0.3 to
-// 6.1 GB before their 413s. The caller decodes at most the returned bytes
-// (charged to the request holding held); a body that decodes past them and
-// not past maxBody is ErrBodyBudget (the room was taken), not too large.
-func (s *Server) reserveDecoded(held int64, maxBody int) int64 {
-	want := int64(maxBody)
-	if limit := s.cfg.MaxBodyBytesInFlight; limit > 0 {
-		want = min(want, limit-s.bodyBytes.Load())
+// decodeCharged decodes a compressed body of compressed bytes with decode
+// (fasthttp's, which stops past its limit with fasthttp.ErrBodyTooLarge),
+// charging its decoded bytes to the body budget before they are made:
+// decoding allocates its output as it goes, and charged after it, 150 zstd
+// bodies of 33 KB (1 GiB of zeros each) took an ingress from 0.3 to 6.1 GB
+// before their 413s. It reserves a first guess (8× the compressed size, at
+// least 64 KiB) and, while the body decodes past the reservation, doubles
+// it up to maxBody and decodes again (at most twice the work of one
+// decode); reserving maxBody at once refused the fifth of many small gzip
+// bodies decoding together (a 32 MiB limit against a 128 MiB budget). A
+// step the budget has no room for stops it, as a plain body past the room
+// is refused, but within the always-pass rule (smallBody, less held: the
+// bytes the request holds already). On success the decoded body keeps its
+// own size charged (charged), the rest is given back; on an error nothing
+// stays charged and r is the last reservation (for decodedRefused: past
+// maxBody too large, else the budget's refusal).
+func (s *Server) decodeCharged(held int64, compressed, maxBody int, decode func(limit int) ([]byte, error)) (b []byte, charged, r int64, err error) {
+	free := min(max(smallBody-held, 0), int64(maxBody)) // what always passes
+	r = min(int64(maxBody), max(8*int64(compressed), 64<<10))
+	if r <= free || !s.tryHold(held, int(r)) {
+		r = free
+		s.tryHold(held, int(r)) // within smallBody: always passes (0: nothing)
 	}
-	free := min(max(smallBody-held, 0), int64(maxBody))     // what always passes
-	if want <= free || s.holdBody(held, int(want)) != nil { // no room, or another request took it first
-		want = free
-		_ = s.holdBody(held, int(want)) // within smallBody: always passes (0: nothing)
+	for {
+		b, err = nil, fasthttp.ErrBodyTooLarge
+		if r > 0 { // fasthttp reads a limit of 0 as none
+			b, err = decode(int(r))
+		}
+		if !errors.Is(err, fasthttp.ErrBodyTooLarge) || r >= int64(maxBody) {
+			break
+		}
+		next := min(int64(maxBody), max(2*r, 64<<10))
+		if !s.tryHold(held+r, int(next-r)) {
+			break // no room for the next step
+		}
+		r = next
 	}
-	return want
+	if err != nil {
+		s.ReleaseBody(r)
+		return nil, 0, r, err
+	}
+	s.ReleaseBody(r - int64(len(b)))
+	return b, int64(len(b)), r, nil
 }
 
 // decodedRefused is the error of a body that decoded past its reservation
@@ -121,15 +158,15 @@ func budgetPickError(err error) *PickError {
 	return &PickError{Status: ae.status, Body: appendErrorBody(nil, ae), RetryAfter: int((ae.retryAfter + time.Second - 1) / time.Second), Err: err}
 }
 
-// ReserveDecoded is reserveDecoded for a front end that decodes bodies
-// itself (epp/): it charges, before decoding, the bytes a compressed body
-// of a request holding held bytes may decode to (at most maxBody) and
-// returns them; the caller adds them to its count, decodes at most that
-// many, and gives back with ReleaseBody what the decoded body does not
-// keep. A body that decodes past the reservation is too large when the
-// reservation is maxBody, else DecodedRefused.
-func (s *Server) ReserveDecoded(held int64, maxBody int) int64 {
-	return s.reserveDecoded(held, maxBody)
+// DecodeCharged is decodeCharged for a front end that decodes bodies
+// itself (epp/): it decodes a compressed body of a request holding held
+// bytes with decode, charging the decoded bytes to the body budget before
+// they are made, and returns the body and the bytes it keeps charged (the
+// caller adds them to its count and gives them back with ReleaseBody). On
+// fasthttp.ErrBodyTooLarge, r below maxBody is the budget's refusal
+// (DecodedRefused), else the body is too large; nothing stays charged.
+func (s *Server) DecodeCharged(held int64, compressed, maxBody int, decode func(limit int) ([]byte, error)) (b []byte, charged, r int64, err error) {
+	return s.decodeCharged(held, compressed, maxBody, decode)
 }
 
 // DecodedRefused is the body budget's refusal of a body that decoded past

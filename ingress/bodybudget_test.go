@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -168,35 +169,65 @@ func TestBodyBudgetChargesDecodedBody(t *testing.T) {
 	}
 }
 
-// reserveDecoded charges what the budget has room for, at most the body
-// limit, at least what always passes (64 KiB with the bytes held), and
-// nothing past a full budget for a request that holds 64 KiB already.
-func TestReserveDecoded(t *testing.T) {
+// decodeCharged charges a body's decoded bytes before decoding them: a
+// first guess, doubled while the body decodes past it, up to the limit;
+// the decoded body keeps its size charged. Many small bodies decode side by
+// side (none reserves the whole limit); a step the budget has no room for
+// is the budget's refusal, past the limit too large, and neither leaves a
+// byte charged.
+func TestDecodeCharged(t *testing.T) {
 	const kib = 1 << 10
 	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: "http://127.0.0.1:1"})
-	cfg.MaxBodyBytes, cfg.MaxBodyBytesInFlight = 1<<20, 2<<20
+	cfg.MaxBodyBytes, cfg.MaxBodyBytesInFlight = 4<<20, 8<<20
 	s, err := New(cfg, Deps{Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var limits []int
+	decodesTo := func(n int) func(int) ([]byte, error) {
+		limits = limits[:0]
+		return func(limit int) ([]byte, error) {
+			limits = append(limits, limit)
+			if n > limit {
+				return nil, fasthttp.ErrBodyTooLarge
+			}
+			return make([]byte, n), nil
+		}
+	}
 	for _, c := range []struct {
-		inFlight, held, want int64
+		name                string
+		inFlight, held      int64
+		compressed, decoded int
+		wantErr, wantTooBig bool
+		wantLimits          []int
 	}{
-		{0, 10 * kib, 1 << 20},                 // room: the limit
-		{1<<20 + 512*kib, 10 * kib, 512 * kib}, // the room left
-		{2 << 20, 10 * kib, 54 * kib},          // full: what always passes
-		{2 << 20, 64 * kib, 0},
-		{4 << 20, 0, 64 * kib}, // past the bound (small bodies passed)
+		{"fits the first guess", 0, 2 * kib, 2 * kib, 40 * kib, false, false, []int{64 * kib}},
+		{"guess from the compressed size", 0, 20 * kib, 20 * kib, 150 * kib, false, false, []int{160 * kib}},
+		{"doubled to fit", 0, 2 * kib, 2 * kib, 300 * kib, false, false, []int{64 * kib, 128 * kib, 256 * kib, 512 * kib}},
+		{"past the limit", 0, 2 * kib, 2 * kib, 5 << 20, true, true, []int{64 * kib, 128 * kib, 256 * kib, 512 * kib, 1 << 20, 2 << 20, 4 << 20}},
+		{"no room for a step", 8<<20 - 100*kib, 2 * kib, 2 * kib, 300 * kib, true, false, []int{64 * kib}},
+		{"full: what always passes", 8 << 20, 2 * kib, 2 * kib, 40 * kib, false, false, []int{62 * kib}},
 	} {
 		s.bodyBytes.Store(c.inFlight)
-		if got := s.reserveDecoded(c.held, cfg.MaxBodyBytes); got != c.want || s.bodyBytes.Load() != c.inFlight+c.want {
-			t.Errorf("in flight %d, held %d: reserved %d (in flight %d), want %d", c.inFlight, c.held, got, s.bodyBytes.Load(), c.want)
+		b, charged, r, err := s.decodeCharged(c.held, c.compressed, cfg.MaxBodyBytes, decodesTo(c.decoded))
+		if (err != nil) != c.wantErr || !slices.Equal(limits, c.wantLimits) {
+			t.Errorf("%s: err %v, limits %v; want err %v, limits %v", c.name, err, limits, c.wantErr, c.wantLimits)
+			continue
+		}
+		if err != nil {
+			if s.bodyBytes.Load() != c.inFlight || charged != 0 {
+				t.Errorf("%s: refused with %d in flight (charged %d), want %d", c.name, s.bodyBytes.Load(), charged, c.inFlight)
+			}
+			if tooBig := errors.Is(s.decodedRefused(r, cfg.MaxBodyBytes, "gzip"), ErrTooLarge); tooBig != c.wantTooBig {
+				t.Errorf("%s: too large %v, want %v", c.name, tooBig, c.wantTooBig)
+			}
+			continue
+		}
+		if len(b) != c.decoded || charged != int64(c.decoded) || s.bodyBytes.Load() != c.inFlight+charged {
+			t.Errorf("%s: %d bytes, charged %d, in flight %d; want %d charged over %d", c.name, len(b), charged, s.bodyBytes.Load(), c.decoded, c.inFlight)
 		}
 	}
 	s.bodyBytes.Store(0)
-	if err := s.decodedRefused(1<<20, cfg.MaxBodyBytes, "gzip"); !errors.Is(err, ErrTooLarge) {
-		t.Errorf("past the limit: %v, want too large", err)
-	}
 	if err := s.decodedRefused(512*kib, cfg.MaxBodyBytes, "gzip"); !errors.Is(err, ErrBodyBudget) {
 		t.Errorf("past the room: %v, want the budget's refusal", err)
 	}

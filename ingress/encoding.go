@@ -14,7 +14,7 @@ import (
 // decode request bodies themselves: the engine gets the plain JSON). The
 // decoded size is bounded by MaxBodyBytes as the raw one is (a small
 // compressed body may expand to gigabytes), and charged to the body budget
-// before it is decoded (reserveDecoded) by a request that holds held bytes
+// before it is decoded (decodeCharged) by a request that holds held bytes
 // already: charged is what the decoded body holds of the budget on return
 // (nothing on an error). It is checked after the caller is authenticated,
 // so decoding costs only a caller that may send.
@@ -30,13 +30,8 @@ func (s *Server) decodeBody(req *fasthttp.Request, held int64) (charged int64, e
 		orig = append([]byte(nil), orig...)
 		req.Header.SetContentEncoding("gzip")
 	}
-	r := s.reserveDecoded(held, s.cfg.MaxBodyBytes)
-	b, err := []byte(nil), error(fasthttp.ErrBodyTooLarge)
-	if r > 0 { // fasthttp reads a limit of 0 as none
-		b, err = req.BodyUncompressedWithLimit(int(r))
-	}
+	b, charged, r, err := s.decodeCharged(held, len(req.Body()), s.cfg.MaxBodyBytes, req.BodyUncompressedWithLimit)
 	if err != nil {
-		s.ReleaseBody(r)
 		if !bytes.Equal(req.Header.ContentEncoding(), orig) {
 			req.Header.SetContentEncodingBytes(orig)
 		}
@@ -50,8 +45,7 @@ func (s *Server) decodeBody(req *fasthttp.Request, held int64) (charged int64, e
 	case err != nil:
 		return 0, badRequest("", fmt.Errorf("%w: the body does not decode as Content-Encoding %s: %v", ErrBadRequest, ce, err))
 	}
-	s.ReleaseBody(r - int64(len(b))) // the decoded body keeps its own size
-	req.SetBodyRaw(b)                // a new buffer, not the request's
+	req.SetBodyRaw(b) // a new buffer, not the request's
 	req.Header.Del(fasthttp.HeaderContentEncoding)
-	return int64(len(b)), nil
+	return charged, nil
 }
