@@ -79,6 +79,7 @@ func sidecarFlagsRead(fs *flag.FlagSet, o *sidecar.Options, probs *flagProblems)
 		rules = append(rules, offFlag{f, o.GossipBind == "", "without --gossip-bind"})
 	}
 	rules = append(rules, natsFlagsOff(len(o.Config.NATS.URLs) == 0)...)
+	rules = append(rules, offFlag{"embedded-nats-port", len(o.Config.NATS.URLs) > 0, "with --nats (no embedded server is started)"})
 	probs.refuseOff(fs, rules)
 }
 
@@ -169,6 +170,14 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 
 	natsutil.BindFlags(fs, &cfg.NATS.URLs, &cfg.NATS.Auth, "NATS server URLs, comma-separated (empty: start an embedded server)")
 	cfg.NATS.Name = "kvmesh-sidecar"
+	probs.Var(fs, "embedded-nats-port", "", "without --nats: the embedded NATS server's port on 127.0.0.1, which ingresses on this machine give as --nats nats://127.0.0.1:PORT (default: a free port, logged at start)", func(s string) error {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("--embedded-nats-port %q: want a port from 1 to 65535", s)
+		}
+		cfg.NATS.Embedded.Port = n
+		return nil
+	})
 	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "KVMESH_DELTAS retention by age")
 	cfg.EngineAPIKey = os.Getenv("KVMESH_ENGINE_API_KEY")
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often the engine's /v1/models is read for the LoRA adapters it serves and checked for --model (gossiped to the ingresses; 0: never)")

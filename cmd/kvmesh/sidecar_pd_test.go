@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"testing"
 
@@ -65,8 +66,26 @@ func TestSidecarFlagsNotRead(t *testing.T) {
 		{append([]string{"--nats-user", "u", "--nats-creds", "/c"}, one...),
 			[]string{"--nats-creds is not read without --nats", "--nats-user is not read without --nats"}},
 		{append([]string{"--nats", "nats://127.0.0.1:1", "--nats-user", "u"}, one...), nil},
+		{append([]string{"--nats", "nats://127.0.0.1:1", "--embedded-nats-port", "4333"}, one...),
+			[]string{"--embedded-nats-port is not read with --nats"}},
+		{append([]string{"--embedded-nats-port", "4333"}, one...), nil},
 	} {
 		_, err := sidecarOptions(c.args, io.Discard)
 		checkRefused(t, c.args, err, c.want)
+	}
+
+	// The embedded server's port, for the ingresses of one machine; a
+	// bad one is a usage error.
+	o, err := sidecarOptions(append([]string{"--embedded-nats-port", "4333"}, one...), io.Discard)
+	if err != nil || o.Config.NATS.Embedded.Port != 4333 {
+		t.Fatalf("--embedded-nats-port 4333: port %d, %v", o.Config.NATS.Embedded.Port, err)
+	}
+	if o, err := sidecarOptions(one, io.Discard); err != nil || o.Config.NATS.Embedded.Port != -1 {
+		t.Fatalf("no --embedded-nats-port: port %d (want -1, a free one), %v", o.Config.NATS.Embedded.Port, err)
+	}
+	for _, bad := range []string{"0", "65536", "x"} {
+		if _, err := sidecarOptions(append([]string{"--embedded-nats-port", bad}, one...), io.Discard); !errors.Is(err, errUsage) {
+			t.Errorf("--embedded-nats-port %s: %v, want a usage error", bad, err)
+		}
 	}
 }
