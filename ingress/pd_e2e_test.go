@@ -128,27 +128,13 @@ func TestPDPrefillKilledMidRun(t *testing.T) {
 func TestPDRefusedLimitsServedAggregated(t *testing.T) {
 	cl, s := startPDCluster(t, sim.Config{TimeScale: 100, Seed: 1}, 1, 1)
 	agg := startIngress(t, testConfig(StaticEngine{ID: "d0", Model: "m", URL: cl.Decode[0].URL()}), Deps{})
-	p := cl.Prefill[0]
 	prompt := `"prompt":"` + strings.Repeat("refused ", 60) + `"`
-	for _, tc := range []string{
+	servedAggregated(t, s, agg, cl.Prefill[0], []string{
 		`{"model":"m",` + prompt + `,"max_tokens":0}`,
 		`{"model":"m",` + prompt + `,"max_tokens":5,"min_tokens":9}`,
 		`{"model":"m",` + prompt + `,"max_tokens":5,"stream_options":{"include_usage":true}}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`,
-	} {
-		path := "/v1/completions"
-		if strings.Contains(tc, `"messages"`) {
-			path = "/v1/chat/completions"
-		}
-		wst, _, want := post(t, http.DefaultClient, "http://"+agg.Addr()+path, tc)
-		st, hdr, got := post(t, http.DefaultClient, "http://"+s.Addr()+path, tc)
-		if wst != http.StatusBadRequest || st != wst || string(got) != string(want) || hdr.Get("X-Kvmesh-Engine") != "d0" {
-			t.Errorf("%s: P/D status %d engine %q %s; aggregated %d %s", tc, st, hdr.Get("X-Kvmesh-Engine"), got, wst, want)
-		}
-	}
-	if l := p.Load(0); l.Finished != 0 || l.HeldBlocks != 0 || p.HeldRequests(0) != 0 {
-		t.Fatalf("the prefill engine ran %d legs and holds %d blocks", l.Finished, l.HeldBlocks)
-	}
+	})
 	legs := s.pdInit().legs
 	if n := val(legs.WithLabelValues("prefill", "fallback_invalid")); n != 4 {
 		t.Fatalf("%v requests served aggregated for refused values, want 4", n)
@@ -170,25 +156,11 @@ func TestPDRefusedLimitsServedAggregated(t *testing.T) {
 func TestPDOverContextServedAggregated(t *testing.T) {
 	cl, s := startPDCluster(t, sim.Config{TimeScale: 100, Seed: 1, Engine: engine.Config{MaxModelLen: 512}}, 1, 1)
 	agg := startIngress(t, testConfig(StaticEngine{ID: "d0", Model: "m", URL: cl.Decode[0].URL()}), Deps{})
-	p := cl.Prefill[0]
 	prompt := `"prompt":"` + strings.Repeat("refused ", 20) + `"`
-	for _, tc := range []string{
+	servedAggregated(t, s, agg, cl.Prefill[0], []string{
 		`{"model":"m",` + prompt + `,"max_tokens":500}`,
 		`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("refused ", 20) + `"}],"max_completion_tokens":500}`,
-	} {
-		path := "/v1/completions"
-		if strings.Contains(tc, `"messages"`) {
-			path = "/v1/chat/completions"
-		}
-		wst, _, want := post(t, http.DefaultClient, "http://"+agg.Addr()+path, tc)
-		st, hdr, got := post(t, http.DefaultClient, "http://"+s.Addr()+path, tc)
-		if wst != http.StatusBadRequest || st != wst || string(got) != string(want) || hdr.Get("X-Kvmesh-Engine") != "d0" {
-			t.Errorf("%s: P/D status %d engine %q %s; aggregated %d %s", tc, st, hdr.Get("X-Kvmesh-Engine"), got, wst, want)
-		}
-	}
-	if l := p.Load(0); l.Finished != 0 || l.HeldBlocks != 0 || p.HeldRequests(0) != 0 {
-		t.Fatalf("the prefill engine ran %d legs and holds %d blocks", l.Finished, l.HeldBlocks)
-	}
+	})
 	legs := s.pdInit().legs
 	if n := val(legs.WithLabelValues("prefill", "fallback_invalid")); n != 2 {
 		t.Fatalf("%v requests served aggregated for their context length, want 2", n)
@@ -257,5 +229,27 @@ func TestKVTransferParamsFinish(t *testing.T) {
 		if _, finish, ok := kvTransferParams([]byte(tc.body)); finish != tc.finish || ok != tc.ok {
 			t.Errorf("%s: finish %q ok %v, want %q %v", tc.body, finish, ok, tc.finish, tc.ok)
 		}
+	}
+}
+
+// servedAggregated posts each of bodies to the P/D ingress s and to agg
+// (an ingress over the decode engine d0 alone) and checks the P/D one gave
+// the aggregated path's 400 from d0, and that the prefill engine p ran no
+// leg and holds no block.
+func servedAggregated(t *testing.T, s, agg *Server, p *sim.Server, bodies []string) {
+	t.Helper()
+	for _, tc := range bodies {
+		path := "/v1/completions"
+		if strings.Contains(tc, `"messages"`) {
+			path = "/v1/chat/completions"
+		}
+		wst, _, want := post(t, http.DefaultClient, "http://"+agg.Addr()+path, tc)
+		st, hdr, got := post(t, http.DefaultClient, "http://"+s.Addr()+path, tc)
+		if wst != http.StatusBadRequest || st != wst || string(got) != string(want) || hdr.Get("X-Kvmesh-Engine") != "d0" {
+			t.Errorf("%s: P/D status %d engine %q %s; aggregated %d %s", tc, st, hdr.Get("X-Kvmesh-Engine"), got, wst, want)
+		}
+	}
+	if l := p.Load(0); l.Finished != 0 || l.HeldBlocks != 0 || p.HeldRequests(0) != 0 {
+		t.Fatalf("the prefill engine ran %d legs and holds %d blocks", l.Finished, l.HeldBlocks)
 	}
 }
