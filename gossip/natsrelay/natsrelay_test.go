@@ -479,14 +479,7 @@ func TestFutureEntryOverNATSCounted(t *testing.T) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	in, inReg := startSubscribedIngress(t, srv.URL())
-	raw := connect(t, srv.URL())
-	seen, err := raw.SubscribeSync(natsutil.StateSubject("sidecar-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := raw.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	raw, seen := laneTap(t, srv.URL(), "sidecar-1")
 	pub := NewPublisher(nil)
 	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
 	sc.Relay = pub
@@ -633,14 +626,7 @@ func TestForgedEngineURLOverNATSRefused(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 
-	raw := connect(t, srv.URL())
-	seen, err := raw.SubscribeSync(natsutil.StateSubject("sidecar-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := raw.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	raw, seen := laneTap(t, srv.URL(), "sidecar-1")
 	pub := NewPublisher(nil)
 	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
 	sc.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1", Model: "m", EngineURL: realURL}
@@ -736,4 +722,20 @@ func TestForgedEngineURLOverNATSRefused(t *testing.T) {
 			t.Fatalf("warning lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// laneTap subscribes, on a connection of its own (returned, to send on),
+// to member's subject of the state lane: the messages a test takes off the
+// lane to send again.
+func laneTap(t *testing.T, url, member string) (*nats.Conn, *nats.Subscription) {
+	t.Helper()
+	raw := connect(t, url)
+	seen, err := raw.SubscribeSync(natsutil.StateSubject(member))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return raw, seen
 }
