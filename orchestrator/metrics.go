@@ -21,7 +21,7 @@ var (
 		Name: "kvmesh_orchestrator_reconcile_errors_total", Help: "ModelDeployment reconciles that failed and were requeued.",
 	})
 	podActions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvmesh_orchestrator_pod_actions_total", Help: "Pods created, deleted or released (their labels no longer name the deployment), by action and reason.",
+		Name: "kvmesh_orchestrator_pod_actions_total", Help: "Pods created, deleted, released (their labels no longer name the deployment) or marked complete (mark_complete: a member of a replica seen whole and Running), by action and reason.",
 	}, []string{"action", "reason"})
 	// Autoscaler decisions: the desired replicas of every role of every
 	// policy at its last step, and how many steps scaled up, down or held.

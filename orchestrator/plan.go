@@ -131,6 +131,9 @@ type plan struct {
 	Rolled map[string]int
 	// Recovered names the recovery actions taken ("group 1", "role decode/0").
 	Recovered []string
+	// Complete are the pods to mark v1alpha1.AnnotationReplicaComplete:
+	// members of a replica whole and Running that lack the mark.
+	Complete []*corev1.Pod
 }
 
 type deletion struct {
@@ -198,24 +201,46 @@ func newState(pods []*corev1.Pod) (*state, []*corev1.Pod) {
 }
 
 // lostMember reports whether replica key (Member 0) of role r lost a member
-// after it ran: a member slot of the current revision is empty while
-// another member is Running (started: not a gang still being created, whose
-// missing member step 3 creates) and none is going away or of another
-// revision (a rollout or scale-down deleting the replica whole, seen half
-// done). s is one of its members, for the recovery policy.
+// after it ran: a member slot is empty while the others, of the current
+// revision and none going away, carry the mark of a replica the controller
+// saw whole and Running (toMark). A replica never whole (a quota let only
+// some members in, a rollout or a recovery whose old members still
+// terminate) is completed by step 3 instead: judged from the pods there
+// alone, it was recreated again and again. s is one of its members, for
+// the recovery policy.
 func (st *state) lostMember(r *v1alpha1.Role, key slot, rev string) (s slot, lost bool) {
 	vs := st.byReplica[key]
 	if len(vs) == 0 || len(vs) >= members(r) {
 		return slot{}, false
 	}
-	running := false
+	marked := false
 	for _, v := range vs {
 		if v.Pod.DeletionTimestamp != nil || v.Revision != rev || v.Slot.Member >= members(r) {
 			return slot{}, false
 		}
-		running = running || v.Pod.Status.Phase == corev1.PodRunning
+		marked = marked || v.Pod.Annotations[v1alpha1.AnnotationReplicaComplete] != ""
 	}
-	return vs[0].Slot, running
+	return vs[0].Slot, marked
+}
+
+// toMark are the members of replica key to mark complete: every member of
+// the current revision there, Running, none going away, and some without
+// the mark.
+func (st *state) toMark(r *v1alpha1.Role, key slot, rev string) []*corev1.Pod {
+	vs := st.byReplica[key]
+	if len(vs) != members(r) {
+		return nil
+	}
+	var out []*corev1.Pod
+	for _, v := range vs {
+		if v.Pod.DeletionTimestamp != nil || v.Revision != rev || v.Pod.Status.Phase != corev1.PodRunning {
+			return nil
+		}
+		if v.Pod.Annotations[v1alpha1.AnnotationReplicaComplete] == "" {
+			out = append(out, v.Pod)
+		}
+	}
+	return out
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -399,15 +424,15 @@ func (p *plan) recover(md *v1alpha1.ModelDeployment, st *state, del func(*podVie
 			mark(s)
 		}
 	}
-	if md.Spec.RecoveryPolicy != v1alpha1.RecoverNone { // RecoverNone: the lost member is created alone (step 3)
-		for g := range int(*md.Spec.Groups) {
-			for ri := range md.Spec.Roles {
-				r := &md.Spec.Roles[ri]
-				for i := range int(*r.Replicas) {
-					if s, ok := st.lostMember(r, slot{g, r.Name, i, 0}, revision(md, r)); ok {
-						mark(s)
-					}
+	for g := range int(*md.Spec.Groups) {
+		for ri := range md.Spec.Roles {
+			r := &md.Spec.Roles[ri]
+			for i := range int(*r.Replicas) {
+				key, rev := slot{g, r.Name, i, 0}, revision(md, r)
+				if s, ok := st.lostMember(r, key, rev); ok && md.Spec.RecoveryPolicy != v1alpha1.RecoverNone {
+					mark(s) // RecoverNone: the lost member is created alone (step 3)
 				}
+				p.Complete = append(p.Complete, st.toMark(r, key, rev)...)
 			}
 		}
 	}

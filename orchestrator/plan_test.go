@@ -121,20 +121,23 @@ func TestPlanRecovery(t *testing.T) {
 	}
 }
 
-// A replica that lost a member once running (a worker deleted or evicted,
-// not failed) is recovered as a failed one is: under RecoverRole its other
-// members go too and the replica is made again whole; RecoverGroup the
-// group; RecoverNone makes the member alone. A replica still being created
-// (nothing Running), one going away, or one of another revision (a
-// rollout seen half done) is left to the other steps.
+// A replica that lost a member after the controller saw it whole and
+// Running (its members marked complete) is recovered as a failed one is:
+// under RecoverRole its other members go too and the replica is made again
+// whole; RecoverGroup the group; RecoverNone makes the member alone. A
+// replica never whole (a quota let only its leader in; a rollout or a
+// recovery whose old member still terminates) gets its member created
+// instead: judged from the pods there alone, it was recreated again and
+// again. A whole Running replica's members are marked, once.
 func TestPlanLostMember(t *testing.T) {
-	running := func(md *v1alpha1.ModelDeployment, drop string, mut func(*corev1.Pod)) []*corev1.Pod {
+	pods := func(md *v1alpha1.ModelDeployment, drop string, mut func(*corev1.Pod)) []*corev1.Pod {
 		var out []*corev1.Pod
 		for _, p := range existing(md) {
 			if p.Name == drop {
 				continue
 			}
 			p.Status.Phase = corev1.PodRunning
+			p.Annotations = map[string]string{v1alpha1.AnnotationReplicaComplete: "true"}
 			if mut != nil {
 				mut(p)
 			}
@@ -151,7 +154,7 @@ func TestPlanLostMember(t *testing.T) {
 		{v1alpha1.RecoverGroup, []string{"m-0-d-0", "m-0-d-0-w1", "m-0-d-1", "m-0-p-0"}},
 	} {
 		md := testMD(2, c.policy, role("p", 1, 0), role("d", 2, 1))
-		p := computePlan(md, running(md, "m-0-d-1-w1", nil))
+		p := computePlan(md, pods(md, "m-0-d-1-w1", nil))
 		del, create, _ := names(p)
 		if !slices.Equal(del, c.want) {
 			t.Errorf("%s: delete %v, want %v", c.policy, del, c.want)
@@ -159,20 +162,55 @@ func TestPlanLostMember(t *testing.T) {
 		if c.policy == v1alpha1.RecoverNone && !slices.Equal(create, []string{"m-0-d-1-w1"}) {
 			t.Errorf("%s: create %v, want the lost member alone", c.policy, create)
 		}
+		if len(p.Complete) != 0 {
+			t.Errorf("%s: marks %d pods already marked", c.policy, len(p.Complete))
+		}
 	}
 	md := testMD(1, v1alpha1.RecoverRole, role("d", 2, 1))
-	pending := running(md, "m-0-d-1-w1", func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending })
-	if del, create, _ := names(computePlan(md, pending)); len(del) != 0 || !slices.Equal(create, []string{"m-0-d-1-w1"}) {
-		t.Errorf("a replica not started yet: delete %v create %v, want its member created", del, create)
+	unmarked := func(p *corev1.Pod) { p.Annotations = nil }
+	if del, create, _ := names(computePlan(md, pods(md, "m-0-d-1-w1", unmarked))); len(del) != 0 || !slices.Equal(create, []string{"m-0-d-1-w1"}) {
+		t.Errorf("never whole (a quota let its leader in): delete %v create %v, want its member created", del, create)
 	}
 	now := metav1.Now()
-	going := running(md, "m-0-d-1-w1", func(p *corev1.Pod) {
+	going := pods(md, "m-0-d-1-w1", func(p *corev1.Pod) {
 		if p.Name == "m-0-d-1" {
 			p.DeletionTimestamp = &now
 		}
 	})
 	if del, _, _ := names(computePlan(md, going)); len(del) != 0 {
 		t.Errorf("a replica going away: delete %v, want nothing more", del)
+	}
+	// A whole Running replica unmarked is marked; one with a member
+	// Pending, or of another revision, is not.
+	fresh := pods(md, "", unmarked)
+	if p := computePlan(md, fresh); len(p.Complete) != 4 {
+		t.Errorf("whole and Running: %d pods to mark, want 4", len(p.Complete))
+	}
+	fresh = pods(md, "", func(p *corev1.Pod) {
+		p.Annotations = nil
+		if p.Name == "m-0-d-1-w1" {
+			p.Status.Phase = corev1.PodPending
+		}
+	})
+	if p := computePlan(md, fresh); len(p.Complete) != 2 {
+		t.Errorf("replica 1 not all Running: %d pods to mark, want replica 0's 2", len(p.Complete))
+	}
+	// A rollout: replica 1's new leader and worker run unmarked while the
+	// old worker terminates, then is gone: its member is created, nothing
+	// recovered.
+	md.Spec.Roles[0].Template.Spec.Containers[0].Image = "v2"
+	rolled := pods(md, "m-0-d-1-w1", func(p *corev1.Pod) {
+		if p.Name == "m-0-d-1" {
+			p.Annotations = nil
+		}
+	})
+	for _, p := range rolled {
+		if p.Name != "m-0-d-1" {
+			p.Labels[v1alpha1.LabelRevision] = "old"
+		}
+	}
+	if del, _, _ := names(computePlan(md, rolled)); slices.Contains(del, "m-0-d-1") {
+		t.Errorf("a rollout's new leader, unmarked, deleted: %v", del)
 	}
 }
 

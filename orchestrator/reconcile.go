@@ -222,6 +222,11 @@ func (c *Controller) execute(ctx context.Context, md *v1alpha1.ModelDeployment, 
 	for _, r := range p.Recovered {
 		c.recorder.Eventf(md, corev1.EventTypeWarning, "Recovering", "%s: recreating %s", md.Spec.RecoveryPolicy, r)
 	}
+	for _, pod := range p.Complete {
+		if err := c.markComplete(ctx, pod); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for role, n := range p.Rolled {
 		c.recorder.Eventf(md, corev1.EventTypeNormal, "RollingUpdate", "role %s: replacing %d outdated replica(s)", role, n)
 	}
@@ -446,6 +451,23 @@ func (h *heldNames) forgetDeployment(md types.UID) {
 			delete(h.m, k)
 		}
 	}
+}
+
+// markComplete marks pod a member of a replica seen whole and Running
+// (v1alpha1.AnnotationReplicaComplete), once in its life.
+func (c *Controller) markComplete(ctx context.Context, p *corev1.Pod) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"annotations": map[string]string{v1alpha1.AnnotationReplicaComplete: "true"}, "uid": p.UID,
+	}})
+	_, err := c.kube.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil // gone, or another pod of the name: the next pass sees it
+	}
+	if err != nil {
+		return fmt.Errorf("mark pod %s complete: %w", p.Name, err)
+	}
+	podActions.WithLabelValues("mark_complete", "").Inc()
+	return nil
 }
 
 func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string) error {

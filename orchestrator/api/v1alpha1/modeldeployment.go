@@ -205,6 +205,11 @@ const (
 	LabelModel      = "kvmesh.io/model"
 	// LabelInject asks the webhook for the sidecar.
 	LabelInject = "kvmesh.io/inject"
+	// AnnotationReplicaComplete marks the members of a replica the
+	// controller saw whole and Running: one that then loses a member lost
+	// it after it ran, and is recovered per the recovery policy (a replica
+	// never complete, such as one a quota cut short, is completed instead).
+	AnnotationReplicaComplete = "kvmesh.io/replica-complete"
 	// DefaultPDGroupLabel is the default PDGroupLabel.
 	DefaultPDGroupLabel = "kvmesh.io/pd-group"
 )
