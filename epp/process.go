@@ -127,15 +127,18 @@ type exchange struct {
 	answered  bool   // the request side has its destination
 
 	picked  *ingress.Picked
-	dests   []string // endpoints in fallback order
-	engines []string // parallel to dests
-	status  int      // response :status
+	dests   []string    // endpoints in fallback order
+	engines []string    // parallel to dests
+	status  int         // response :status
+	ans     answerLines // the answer's lines, read for its usage (Picked.Answer)
 	out     []*extprocv3.ProcessingResponse
 }
 
 func (x *exchange) reset() {
+	ans := x.ans.part
 	*x = exchange{s: x.s, first: true, length: -1, body: x.body[:0], subset: x.subset[:0], dests: x.dests[:0],
 		engines: x.engines[:0], out: x.out[:0], auth: x.auth[:0], apiKey: x.apiKey[:0], session: x.session[:0]}
+	x.ans.part = ans[:0]
 }
 
 // maxPooledBody is the largest body buffer a pooled exchange keeps: the
@@ -143,11 +146,18 @@ func (x *exchange) reset() {
 // capacity in every pooled exchange once they are over.
 const maxPooledBody = 1 << 20
 
+// maxPooledAnswerLine is the largest answer line buffer a pooled exchange
+// keeps (answerLines: a streamed answer's lines are short).
+const maxPooledAnswerLine = 16 << 10
+
 // shrink readies x for the pool: a large body buffer is dropped, and the
 // answers sent (which point into the body) are let go.
 func (x *exchange) shrink() {
 	if cap(x.body) > maxPooledBody {
 		x.body = nil
+	}
+	if cap(x.ans.part) > maxPooledAnswerLine {
+		x.ans.part = nil
 	}
 	clear(x.out[:cap(x.out)])
 	x.out = x.out[:0]
@@ -653,6 +663,11 @@ func (x *exchange) served(req *extprocv3.ProcessingRequest) {
 }
 
 func (x *exchange) responseBody(b *extprocv3.HttpBody) {
+	if x.picked != nil {
+		// Its usage, read as the chunks pass: the output tokens the
+		// request's token budgets settle on (Picked.Done).
+		x.ans.add(b.GetBody(), x.picked.Answer)
+	}
 	common := &extprocv3.CommonResponse{}
 	if x.respMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
 		common = streamedBody(b.GetBody(), b.GetEndOfStream())
@@ -664,8 +679,14 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) {
 	}
 }
 
-// end releases the decision with the response status (0: none came).
-func (x *exchange) end() { x.finishPicked(x.status) }
+// end releases the decision with the response status (0: none came),
+// after reading the rest of the answer.
+func (x *exchange) end() {
+	if x.picked != nil {
+		x.ans.end(x.picked.Answer)
+	}
+	x.finishPicked(x.status)
+}
 
 func (x *exchange) finishPicked(status int) {
 	if x.picked != nil {

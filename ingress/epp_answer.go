@@ -1,0 +1,54 @@
+package ingress
+
+import "bytes"
+
+// Answer reads what the engine's answer says of its output, as the
+// ingress's proxy reads it (proxy.go for a JSON answer, proxyStream.observe
+// for a stream): the usage's completion or output tokens, else, in a
+// stream, one token per output event. A calling proxy that sees the answer
+// pass (the endpoint picker's response phase) hands it over in order, cut
+// at line ends only, or, for a line longer than it holds, after a comma: no
+// usage member or event prefix read here holds a newline or a comma. Done
+// then settles the token budgets with the output tokens (--key-output-tpm,
+// --model-output-tpm) and learns from them as the ingress does (output
+// lengths, token metrics, TPOT samples).
+func (p *Picked) Answer(b []byte) {
+	c := p.c
+	if c == nil || len(b) == 0 || c.ep == epOther {
+		return // the embeddings family produces no output tokens
+	}
+	c.readUsage(b) // tokencheck.go
+	if !c.req.stream {
+		if n := usageCompletionTokens(b); n > 0 {
+			c.outTokens = n
+		}
+		if c.ep == epResponses || c.ep == epMessages {
+			if i := bytes.LastIndex(b, outTokensKey); i >= 0 {
+				c.outTokens = uintAt(b, i+len(outTokensKey))
+			}
+		}
+		return
+	}
+	if named := namedStreamOf(c.ep); named != nil {
+		named.outTokens(c, b)
+		return
+	}
+	if n := usageCompletionTokens(b); n > 0 && requestUsage(c, b) {
+		c.outTokens = n
+		return
+	}
+	for i := 0; ; {
+		j := bytes.Index(b[i:], dataPrefix)
+		if j < 0 {
+			return
+		}
+		ev := b[i+j:]
+		i += j + len(dataPrefix)
+		if !bytes.HasPrefix(b[i:], doneMarker) && !bytes.HasPrefix(ev, errorEventPrefix) {
+			c.outTokens++
+		}
+	}
+}
+
+// OutputTokens is the output counted so far (Answer).
+func (p *Picked) OutputTokens() int { return p.c.outTokens }
