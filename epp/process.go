@@ -304,7 +304,7 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	if h.GetEndOfStream() || x.reqMode == extprocfilter.ProcessingMode_NONE {
 		// No body will come: route on load alone.
 		return x.routeUnpicked(func(dest, _ string) {
-			r := headersResponse(routeCommon(dest, ""))
+			r := headersResponse(x.routeCommon(dest, ""))
 			r.DynamicMetadata = destinationMetadata(dest)
 			x.out = append(x.out, r)
 		})
@@ -358,7 +358,7 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) bool {
 		// route tells apart (the rest would never reach the picker).
 		x.partial = !b.GetEndOfStream() && x.reqMode == extprocfilter.ProcessingMode_BUFFERED_PARTIAL
 		return x.route(func(dest, pre string) {
-			common := x.withBody(routeCommon(dest, pre))
+			common := x.withBody(x.routeCommon(dest, pre))
 			if x.newBody {
 				common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: x.body}}
 			}
@@ -401,7 +401,7 @@ func (x *exchange) requestTrailers() bool {
 // routeStreamed answers the held headers with the destination, then the body.
 func (x *exchange) routeStreamed(eos bool) bool {
 	return x.route(func(dest, pre string) {
-		r := headersResponse(x.withBody(routeCommon(dest, pre)))
+		r := headersResponse(x.withBody(x.routeCommon(dest, pre)))
 		r.DynamicMetadata = destinationMetadata(dest)
 		x.out = append(x.out, r)
 		if x.reqMode == extprocfilter.ProcessingMode_FULL_DUPLEX_STREAMED {
@@ -422,6 +422,31 @@ func (x *exchange) routeStreamed(eos bool) bool {
 			x.out = append(x.out, bodyResponse(common))
 		}
 	})
+}
+
+// routeCommon is the routing answer (routeCommon) with the engines'
+// credentials: with client authentication on, the client's Authorization
+// and X-Api-Key stay at the gateway, as the ingress keeps them
+// (docs/SECURITY.md); with an engine API key, the engine gets its
+// "Authorization: Bearer <key>" in their place (authentication on or off).
+// With neither, the headers go on as the client sent them (the gateway
+// may rely on them).
+func (x *exchange) routeCommon(dest, pre string) *extprocv3.CommonResponse {
+	common := routeCommon(dest, pre)
+	hm := common.HeaderMutation
+	s := x.s
+	if s.engineAuth != "" {
+		// Set over the client's (OVERWRITE_IF_EXISTS_OR_ADD), not also
+		// removed: a removal of the header set would depend on the order
+		// the data plane applies the two lists in.
+		hm.SetHeaders = append(hm.SetHeaders, setHeader("authorization", s.engineAuth))
+	} else if s.authOn {
+		hm.RemoveHeaders = append(hm.RemoveHeaders, "authorization")
+	}
+	if s.authOn {
+		hm.RemoveHeaders = append(hm.RemoveHeaders, "x-api-key")
+	}
+	return common
 }
 
 // withBody adds the replaced body's content-length to the route's header

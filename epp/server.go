@@ -46,6 +46,11 @@ type Server struct {
 	eps  endpointCache
 	log  *slog.Logger
 	m    *metrics
+	// authOn: client authentication is on, so the client's credentials
+	// stay at the gateway; engineAuth: the Authorization the engines get
+	// ("": none). ingress.Server.AuthOn, EngineAuthorization.
+	authOn     bool
+	engineAuth string
 
 	gs     *grpc.Server
 	health *health.Server
@@ -71,7 +76,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return nil, fmt.Errorf("%w: no ingress", ErrConfig)
 	}
 	s := &Server{cfg: cfg, ing: deps.Ingress, pool: deps.Pool, pd: deps.Disaggregator,
-		log: cfg.Logger.With("component", "epp"), m: newMetrics(cfg.Registerer), quit: make(chan struct{})}
+		log: cfg.Logger.With("component", "epp"), m: newMetrics(cfg.Registerer), quit: make(chan struct{}),
+		authOn: deps.Ingress.AuthOn(), engineAuth: deps.Ingress.EngineAuthorization()}
 	if cfg.PD.Enabled && s.pd == nil {
 		s.pd = UncachedThreshold{Min: cfg.PD.MinUncachedTokens}
 	}
