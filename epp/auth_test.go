@@ -88,6 +88,9 @@ func TestUnknownStoredResponseNotFound(t *testing.T) {
 // refusal).
 func (r *staticRig) play(t *testing.T, c authCase, kv ...[2]string) (*stream, *extprocv3.ProcessingResponse) {
 	t.Helper()
+	if strings.Contains(c.path, "/v1/models") {
+		kv = append(kv, [2]string{":method", "GET"})
+	}
 	s := r.open(t, fd).headers(c.path, c.body == nil, kv...)
 	if c.body != nil {
 		// Not s.body: a request refused at its headers (no credential) may
@@ -121,6 +124,13 @@ func TestEveryPathAuthenticated(t *testing.T) {
 		s.closed()
 
 		s, m = r.play(t, c, [2]string{"authorization", "Bearer " + goodKey})
+		if strings.Contains(c.path, "/v1/models") { // the picker's own answer (TestModelsAnswered)
+			if ir := m.GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 200 {
+				t.Fatalf("%s with the key: %v, want the picker's 200", c.name, m)
+			}
+			s.closed()
+			continue
+		}
 		routed(t, m)
 		if c.body != nil {
 			s.recv() // the body passed back
@@ -136,10 +146,15 @@ func TestEveryPathAuthenticated(t *testing.T) {
 	msgs := []byte(`{"model":"` + model + `","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`)
 	for _, c := range []authCase{{"messages", "/v1/messages", msgs}, {"prefixed messages", "/anthropic/v1/messages", msgs}, {"models", "/v1/models", nil}} {
 		s, m := r.play(t, c, [2]string{"x-api-key", goodKey})
-		routed(t, m)
-		if c.body != nil {
-			s.recv()
+		if c.body == nil { // the model list: the picker's own answer
+			if ir := m.GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 200 {
+				t.Fatalf("%s with X-Api-Key: %v, want the picker's 200", c.name, m)
+			}
+			s.closed()
+			continue
 		}
+		routed(t, m)
+		s.recv()
 		s.end()
 	}
 	s, m := r.play(t, authCase{"chat", "/v1/chat/completions", []byte(chatBody("sys", "hi", false))}, [2]string{"x-api-key", goodKey})

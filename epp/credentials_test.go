@@ -64,7 +64,7 @@ func TestClientCredentialsStayAtTheGateway(t *testing.T) {
 				}
 			}
 			bearer := [2]string{"authorization", "Bearer " + goodKey}
-			for _, ac := range []authCase{{"chat", "/v1/chat/completions", chat}, {"model list", "/v1/models", nil}, {"bodyless", "/anything", nil}} {
+			for _, ac := range []authCase{{"chat", "/v1/chat/completions", chat}, {"stored response", "/v1/responses/" + respIDFor("e1"), nil}, {"bodyless", "/anything", nil}} {
 				s, m := r.play(t, ac, bearer)
 				check(ac.name, m)
 				if ac.body != nil {

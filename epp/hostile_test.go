@@ -135,9 +135,17 @@ func (s *stream) send(m *extprocv3.ProcessingRequest) *stream {
 	return s
 }
 
-// headers sends the request headers (POST path; kv added).
+// headers sends the request headers (POST path, unless kv names another
+// :method; kv added).
 func (s *stream) headers(path string, eos bool, kv ...[2]string) *stream {
-	hs := append([][2]string{{":method", "POST"}, {":path", path}, {"content-type", "application/json"}}, kv...)
+	hs := [][2]string{{":method", "POST"}, {":path", path}, {"content-type", "application/json"}}
+	for _, h := range kv {
+		if h[0] == ":method" {
+			hs[0][1] = h[1]
+		} else {
+			hs = append(hs, h)
+		}
+	}
 	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 		Headers: s.env.headerMap(hs), EndOfStream: eos}}})
 }
@@ -391,7 +399,7 @@ func TestEmptyPoolIsNoEndpoint(t *testing.T) {
 	if ir.GetDetails() != "kvmesh_epp_no_endpoint" || immediateHeader(ir, "retry-after") != "1" || !strings.Contains(string(ir.GetBody()), "pool") {
 		t.Fatalf("details %q headers %v body %s", ir.GetDetails(), ir.GetHeaders(), ir.GetBody())
 	}
-	r.open(t, fd).headers("/v1/models", true).refused(503, "service_unavailable")
+	r.open(t, fd).headers("/anything", true).refused(503, "service_unavailable")
 	if ne, rej := counter(t, r.reg, "kvmesh_epp_requests_total", "result", "no_endpoint"), counter(t, r.reg, "kvmesh_epp_requests_total", "result", "rejected"); ne != 2 || rej != 0 {
 		t.Fatalf("no_endpoint %v rejected %v, want 2 and 0", ne, rej)
 	}
@@ -415,7 +423,7 @@ func TestBufferedTrailersWithoutBody(t *testing.T) {
 		s.recv()
 		s.trailers().refused(400, "")
 
-		s = r.open(t, mode).headers("/v1/models", false)
+		s = r.open(t, mode).headers("/v1/responses/"+respIDFor("e1"), false)
 		s.recv()
 		m := s.trailers().recv()
 		_, meta := destOf(m)
@@ -614,9 +622,9 @@ func TestOutOfOrderRefused(t *testing.T) {
 		Headers: s.env.headerMap([][2]string{{":status", "200"}})}}})
 	invalid("response first", s)
 
-	s = r.open(t, fd).headers("/v1/models", true)
+	s = r.open(t, fd).headers("/anything", true)
 	routed(t, s.recv())
-	invalid("second headers", s.headers("/v1/models", true))
+	invalid("second headers", s.headers("/anything", true))
 
 	s = r.open(t, fd).headers("/v1/completions", false).body([]byte(completionsBody("hi", false)), true)
 	routed(t, s.recv())

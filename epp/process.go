@@ -106,6 +106,7 @@ type exchange struct {
 	respMode  extprocfilter.ProcessingMode_BodySendMode
 	noWait    bool // STREAMED: the data plane sends the body without waiting for the headers' answer
 	path      string
+	method    string
 	kind      pathKind
 	ep        string            // the endpoint's own path (classifyPath)
 	in        ingress.PickInput // the endpoint, for Pick
@@ -275,6 +276,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 		switch hv.GetKey() {
 		case ":path":
 			x.path = headerValue(hv)
+		case ":method":
+			x.method = headerValue(hv)
 		case "authorization":
 			x.auth = append(x.auth[:0], headerValue(hv)...)
 			x.authN++
@@ -300,6 +303,9 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	// charged to the body budget.
 	if x.refusedAuth(x.repeatedCredential()) {
 		return true
+	}
+	if x.kind == pathModels {
+		return x.answerModels()
 	}
 	if h.GetEndOfStream() || x.reqMode == extprocfilter.ProcessingMode_NONE {
 		// No body will come: route on load alone.
@@ -465,10 +471,9 @@ func (x *exchange) withBody(common *extprocv3.CommonResponse) *extprocv3.CommonR
 // route picks for the buffered body and lets answer build the messages
 // (dest: the comma-separated fallback list; pre: the prefiller or "").
 func (x *exchange) route(answer func(dest, pre string)) bool {
-	switch x.kind {
-	case pathResponseByID, pathModels:
+	if x.kind == pathResponseByID {
 		// No body to decide on (a cancel's is the engine's to read):
-		// authenticated, then by load (a stored response: its engine).
+		// authenticated, then to its engine, then by load.
 		return x.routeUnpicked(answer)
 	}
 	if x.partial && x.length >= 0 && len(x.body) < x.length {
@@ -551,14 +556,14 @@ func (x *exchange) refusedAuth(repeated string) bool {
 }
 
 // routeUnpicked routes a request without a body to decide on (none came, or
-// a stored response's GET or cancel, a model list) by load; its credential
+// a stored response's GET or cancel) by load; its credential
 // passed at its headers (requestHeaders).
 func (x *exchange) routeUnpicked(answer func(dest, pre string)) bool {
 	return x.routeByLoad(answer)
 }
 
 // routeByLoad routes a request the ingress does not decide (no body, or a
-// stored response or model list) to the least-loaded engines of the pool.
+// stored response) to the least-loaded engines of the pool.
 func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 	s := x.s
 	infos := s.mem.Engines(nil)
@@ -608,6 +613,23 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 	answer(joinEndpoints(x.dests), "")
 	s.m.results.WithLabelValues("bodyless").Inc()
 	return false
+}
+
+// answerModels answers /v1/models and /v1/models/{id} itself, as the
+// ingress does, with every model the pool's live engines serve: one
+// engine's list would depend on the pick, and a card of a model it does
+// not serve would be its 404. The credential passed at the headers.
+func (x *exchange) answerModels() bool {
+	status, body, allow := x.s.ing.Models(x.method, x.ep)
+	x.s.m.results.WithLabelValues("models").Inc()
+	x.s.m.immediate.WithLabelValues(strconv.Itoa(status)).Inc()
+	r := immediate(status, body, 0, "kvmesh_epp_models")
+	if allow != "" {
+		hm := r.GetImmediateResponse().Headers
+		hm.SetHeaders = append(hm.SetHeaders, setHeader("allow", allow))
+	}
+	x.out = append(x.out, r)
+	return true
 }
 
 // noEndpoint is the protocol's 503: nothing eligible (the subset hint

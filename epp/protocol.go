@@ -139,7 +139,7 @@ const (
 	pathInference             // chat, completions, responses, messages: the ingress's decision
 	pathPassthrough           // embeddings, rerank, score, tokenize…: by load among the model's engines
 	pathResponseByID          // GET or cancel of a stored response: the engine holding it
-	pathModels                // /v1/models and /v1/models/{id}: by load
+	pathModels                // /v1/models and /v1/models/{id}: answered by the picker (answerModels)
 )
 
 // inferenceEndpoints are the routes the ingress decides on the prompt.

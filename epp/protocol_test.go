@@ -135,15 +135,15 @@ func TestPickerProtocol(t *testing.T) {
 		}
 	})
 	t.Run("bodyless requests route on load", func(t *testing.T) {
-		res, err := duplex.do(ctx, httpRequest{method: "GET", path: "/v1/models"}, true)
+		res, err := duplex.do(ctx, httpRequest{method: "GET", path: "/health"}, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.Split(res.dest, ","); len(got) != 2 || m.eng[got[0]] == "" || m.eng[got[1]] == "" {
 			t.Fatalf("destination %q", res.dest)
 		}
-		if res.status != 200 || !strings.Contains(string(res.respBody), model) {
-			t.Fatalf("/v1/models through the picked endpoint: %d %s", res.status, res.respBody)
+		if res.status != 200 {
+			t.Fatalf("/health through the picked endpoint: %d %s", res.status, res.respBody)
 		}
 	})
 	t.Run("a message without a phase ends the stream with InvalidArgument", func(t *testing.T) {
