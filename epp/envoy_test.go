@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,6 +60,9 @@ func newEnvoy(t testing.TB, addr string, reqMode, respMode extprocfilter.Process
 	return &envoyStandIn{conn: conn, client: extprocv3.NewExternalProcessorClient(conn), reqMode: reqMode, respMode: respMode,
 		noWait: reqMode == extprocfilter.ProcessingMode_STREAMED, chunk: 97}
 }
+
+// standInIDs numbers the stand-in's x-request-id values.
+var standInIDs atomic.Int64
 
 // errImmediate: the picker answered with an ImmediateResponse (in res.immediate).
 var errImmediate = errors.New("immediate response")
@@ -133,8 +137,10 @@ func (e *envoyStandIn) do(ctx context.Context, r httpRequest, upstream bool) (*e
 		return nil, err
 	}
 	res := &exchangeResult{}
+	// Envoy's HTTP connection manager gives every request an x-request-id
+	// (generate_request_id, on by default).
 	hdrs := append([][2]string{{":method", r.method}, {":path", r.path}, {":authority", "gateway.example"}, {":scheme", "http"},
-		{"content-type", "application/json"}}, r.headers...)
+		{"content-type", "application/json"}, {"x-request-id", fmt.Sprintf("standin-%d", standInIDs.Add(1))}}, r.headers...)
 	if len(r.body) > 0 {
 		hdrs = append(hdrs, [2]string{"content-length", strconv.Itoa(len(r.body))})
 	}

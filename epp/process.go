@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"slices"
@@ -115,6 +116,8 @@ type exchange struct {
 	authN     int // Authorization headers received
 	apiKeyN   int // X-Api-Key headers received
 	session   []byte
+	reqID     []byte // the X-Request-Id header
+	newReqID  string // the request id the picker made (none came, or not one to forward): set for the engine
 	subset    []string
 	hasSubset bool
 	body      []byte
@@ -138,7 +141,8 @@ type exchange struct {
 func (x *exchange) reset() {
 	ans := x.ans.part
 	*x = exchange{s: x.s, first: true, length: -1, body: x.body[:0], subset: x.subset[:0], dests: x.dests[:0],
-		engines: x.engines[:0], out: x.out[:0], auth: x.auth[:0], apiKey: x.apiKey[:0], session: x.session[:0]}
+		engines: x.engines[:0], out: x.out[:0], auth: x.auth[:0], apiKey: x.apiKey[:0], session: x.session[:0],
+		reqID: x.reqID[:0]}
 	x.ans.part = ans[:0]
 }
 
@@ -286,6 +290,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			x.apiKeyN++
 		case "x-session-id":
 			x.session = append(x.session[:0], headerValue(hv)...)
+		case "x-request-id":
+			x.reqID = append(x.reqID[:0], headerValue(hv)...)
 		case "content-length":
 			x.length = parseContentLength(headerValue(hv))
 		case "content-encoding":
@@ -436,7 +442,8 @@ func (x *exchange) routeStreamed(eos bool) bool {
 // (docs/SECURITY.md); with an engine API key, the engine gets its
 // "Authorization: Bearer <key>" in their place (authentication on or off).
 // With neither, the headers go on as the client sent them (the gateway
-// may rely on them).
+// may rely on them). A request id the picker made goes to the engine as
+// X-Request-Id.
 func (x *exchange) routeCommon(dest, pre string) *extprocv3.CommonResponse {
 	common := routeCommon(dest, pre)
 	hm := common.HeaderMutation
@@ -451,6 +458,9 @@ func (x *exchange) routeCommon(dest, pre string) *extprocv3.CommonResponse {
 	}
 	if s.authOn {
 		hm.RemoveHeaders = append(hm.RemoveHeaders, "x-api-key")
+	}
+	if x.newReqID != "" {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader("x-request-id", x.newReqID))
 	}
 	return common
 }
@@ -496,7 +506,7 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 	// passthrough request (x.in.Other): authenticated, limited, admitted,
 	// and routed by load among the engines of the body's model.
 	in := x.in
-	in.Path, in.Body, in.Authorization, in.SessionID, in.APIKey = []byte(x.ep), x.body, x.auth, x.session, x.apiKey
+	in.Path, in.Body, in.Authorization, in.SessionID, in.APIKey, in.RequestID = []byte(x.ep), x.body, x.auth, x.session, x.apiKey, x.reqID
 	p, err := x.s.ing.Pick(in)
 	if err != nil {
 		var pe *ingress.PickError
@@ -512,6 +522,13 @@ func (x *exchange) route(answer func(dest, pre string)) bool {
 		return x.reject(500, openai.AppendError(nil, err.Error(), "server_error", "", "internal_error"), 0, "kvmesh_epp_error")
 	}
 	x.picked = p
+	// The request's id in the access log is the data plane's X-Request-Id
+	// (as GAIE's picker names a request: in.RequestID), or, without a valid
+	// one, one the picker makes and sends the engine, so the picker's line,
+	// the gateway's and the engine's name the request alike.
+	if id := p.RequestID(); !bytes.Equal(id, x.reqID) {
+		x.newReqID = string(id)
+	}
 	pre := x.fillDests(p)
 	if len(x.dests) == 0 || p.Start(x.engines[0]) != nil {
 		return x.noEndpoint("")

@@ -42,6 +42,7 @@ type PickInput struct {
 	Authorization []byte // the Authorization header, nil when absent
 	SessionID     []byte // the X-Session-ID header, nil when absent
 	APIKey        []byte // the X-Api-Key header, nil when absent
+	RequestID     []byte // the X-Request-Id header, nil when absent (epp_requestid.go)
 }
 
 // Picked is one routing decision in flight. Charge it to the engine the data
@@ -97,6 +98,7 @@ func (s *Server) Pick(in PickInput) (*Picked, error) {
 		ep = epChat
 	}
 	c.s, c.ep, c.start = s, ep, time.Now()
+	c.setRequestID(in.RequestID)
 	p.c, p.up, p.started, p.first = c, nil, false, false
 	s.m.inflight.Inc()
 	n := s.inflight.Add(1)

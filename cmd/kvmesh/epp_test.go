@@ -77,7 +77,9 @@ func TestEPPCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hdr := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")}}}
+	// As Envoy sends them: its connection manager gives every request an x-request-id.
+	hdr := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/completions")},
+		{Key: "x-request-id", RawValue: []byte("envoy-rid-1")}}}
 	for _, m := range []*extprocv3.ProcessingRequest{
 		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdr}}},
 		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"model":"m","prompt":[1,2,3]}`), EndOfStream: true}}},
