@@ -2,6 +2,8 @@ package epp
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"testing"
 	"time"
 
@@ -12,7 +14,8 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-// TestDrainDelay: Close turns readiness NOT_SERVING and keeps serving for
+// TestDrainDelay: Close turns readiness NOT_SERVING (liveness stays SERVING,
+// and the HTTP /ready says draining) and keeps serving for
 // Config.DrainDelay before it stops taking streams: until the gateway
 // learns the pod is leaving it still sends here, and a refused connection
 // fails the request under FailClose. The delay ends at its time or at
@@ -37,6 +40,21 @@ func TestDrainDelay(t *testing.T) {
 		resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthReadiness})
 		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING
 	})
+	// The process answers: a liveness probe during a long delay must not
+	// have the pod restarted.
+	if resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthLiveness}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("liveness while draining: %v %v, want SERVING", resp, err)
+	}
+	hr, err := http.Get("http://" + r.s.ing.Addr() + "/ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready struct{ Draining, Ready bool }
+	err = json.NewDecoder(hr.Body).Decode(&ready)
+	hr.Body.Close()
+	if err != nil || hr.StatusCode != 503 || !ready.Draining || ready.Ready {
+		t.Fatalf("HTTP /ready while draining: %d %+v %v, want 503, draining", hr.StatusCode, ready, err)
+	}
 	// A new connection and a new stream while draining are served.
 	s := r.open(t, fd).headers("/v1/chat/completions", false).body([]byte(chatBody("sys", "hi", false)), true)
 	routed(t, s.recv())

@@ -61,6 +61,8 @@ type Server struct {
 	onPick func(time.Duration)
 
 	known     atomic.Bool // an engine of the pool has been known (readiness)
+	readyMu   sync.Mutex  // orders setReady's updates against Close's
+	draining  bool        // Close began: readiness stays NOT_SERVING (readyMu)
 	quit      chan struct{}
 	wg        sync.WaitGroup // owned goroutines: serve loop, readiness loop
 	closeOnce sync.Once
@@ -140,7 +142,8 @@ func (s *Server) Addr() string {
 	return s.ln.Addr().String()
 }
 
-// Close turns readiness off, keeps serving for Config.DrainDelay (new
+// Close turns readiness off (liveness stays on until the listener closes;
+// the HTTP /ready says draining), keeps serving for Config.DrainDelay (new
 // streams too: the gateway sends them until it learns the pod is leaving,
 // and under FailClose a refused one is a failed request), then stops taking
 // streams, lets open ones finish and stops, all bounded by ctx. Safe to
@@ -148,9 +151,17 @@ func (s *Server) Addr() string {
 func (s *Server) Close(ctx context.Context) {
 	s.closeOnce.Do(func() {
 		close(s.quit)
-		s.health.Shutdown() // every service NOT_SERVING: the gateway stops sending
+		// Readiness NOT_SERVING: the gateway stops sending. Liveness stays
+		// SERVING while the process answers (a kubelet probing it during a
+		// long drain delay must not restart the pod), until the listener
+		// closes; the HTTP /ready says draining.
+		s.readyMu.Lock()
+		s.draining = true
+		s.readyMu.Unlock()
+		s.setReady(false)
+		s.ing.Leaving()
 		if d := s.cfg.DrainDelay; d > 0 {
-			s.log.Info("draining: NOT_SERVING, still serving", "for", d)
+			s.log.Info("draining: readiness NOT_SERVING, still serving", "for", d)
 			t := time.NewTimer(d)
 			select {
 			case <-t.C:
@@ -158,6 +169,7 @@ func (s *Server) Close(ctx context.Context) {
 			}
 			t.Stop()
 		}
+		s.health.Shutdown() // liveness too: the listener closes now
 		done := make(chan struct{})
 		go func() { s.gs.GracefulStop(); close(done) }()
 		select {
@@ -202,6 +214,11 @@ func (s *Server) updateReady() {
 // setReady sets readiness for the services GAIE's health checking names;
 // liveness is SERVING while the process answers.
 func (s *Server) setReady(ready bool) {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if s.draining {
+		ready = false
+	}
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ready {
 		st = healthpb.HealthCheckResponse_SERVING

@@ -8,3 +8,9 @@ package ingress
 func (s *Server) Synced() bool {
 	return !s.draining.Load() && (s.deps.Synced == nil || s.deps.Synced())
 }
+
+// Leaving marks the start of a front end's drain (the endpoint picker's
+// --drain-delay): /ready answers 503 with "draining": true, while requests
+// are still decided (Pick) until Close, which the front end calls once it
+// stops taking them.
+func (s *Server) Leaving() { s.leaving.Store(true) }

@@ -149,7 +149,7 @@ func (s *Server) readiness() (ready, synced, degraded bool, engines int) {
 			engines++
 		}
 	}
-	ready = (synced || degraded) && engines > 0 && !s.draining.Load()
+	ready = (synced || degraded) && engines > 0 && !s.draining.Load() && !s.leaving.Load()
 	return ready, synced, degraded, engines
 }
 
@@ -159,7 +159,7 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	if !ready {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 	}
-	body := map[string]any{"ready": ready, "index_synced": synced, "index_sync_grace_passed": degraded, "engines": engines, "draining": s.draining.Load()}
+	body := map[string]any{"ready": ready, "index_synced": synced, "index_sync_grace_passed": degraded, "engines": engines, "draining": s.draining.Load() || s.leaving.Load()}
 	if s.cl != nil && s.cl.mat != nil {
 		// How long NATS has been unreachable (0: it is not): the index is
 		// frozen meanwhile and routing degrades, but the ingress still

@@ -76,6 +76,7 @@ type Server struct {
 	inflight  atomic.Int64 // requests in service (MaxConcurrent)
 	bodyBytes atomic.Int64 // their request bodies' bytes (MaxBodyBytesInFlight, bodybudget.go)
 	draining  atomic.Bool
+	leaving   atomic.Bool // a front end's drain began (Leaving): /ready says draining, requests still served
 	started   atomic.Bool
 	reqPool   sync.Pool // *call
 	pd        pdState   // P/D admission and metrics (pd.go)
