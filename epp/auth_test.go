@@ -196,3 +196,33 @@ func TestPassthroughLimits(t *testing.T) {
 	s2.closed()
 	s1.end()
 }
+
+// A method an endpoint does not take is the ingress's 405 with Allow,
+// before authentication, as the ingress answers it: a browser's CORS
+// preflight (OPTIONS, no credential) too, which the picker does not answer
+// as a preflight any more than the ingress without --cors-origins does
+// (the gateway's CORS filter does). Paths the engines serve as they come
+// are authenticated and routed whatever the method.
+func TestMethodNotAllowedBeforeAuth(t *testing.T) {
+	r := authRig(t, nil)
+	preflight := [][2]string{{":method", "OPTIONS"}, {"origin", "https://app.example"}, {"access-control-request-method", "POST"}}
+	for _, c := range []struct{ method, path, allow string }{
+		{"OPTIONS", "/v1/chat/completions", "POST"},
+		{"OPTIONS", "/team/v1/messages", "POST"},
+		{"GET", "/v1/embeddings", "POST"},
+		{"OPTIONS", "/v1/models", "GET, HEAD"},
+		{"DELETE", "/v1/models/" + model, "GET, HEAD"},
+	} {
+		kv := append([][2]string(nil), preflight...)
+		kv[0][1] = c.method
+		s := r.open(t, fd).headers(c.path, true, kv...)
+		ir := s.refused(405, "method_not_allowed")
+		if got := immediateHeader(ir, "allow"); got != c.allow {
+			t.Fatalf("%s %s: Allow %q, want %q", c.method, c.path, got, c.allow)
+		}
+		s.closed()
+	}
+	s := r.open(t, fd).headers("/custom/thing", true, preflight...)
+	s.refused(401, "invalid_api_key")
+	s.closed()
+}

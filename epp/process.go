@@ -304,6 +304,9 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	if bad > 0 {
 		x.s.m.badMetadata.WithLabelValues(SubsetKey).Add(float64(bad))
 	}
+	if x.refusedMethod() {
+		return true
+	}
 	// The credential first, as the ingress reads it before the body: a
 	// caller that may not send is refused before its body is buffered or
 	// charged to the body budget.
@@ -630,6 +633,37 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 	answer(joinEndpoints(x.dests), "")
 	s.m.results.WithLabelValues("bodyless").Inc()
 	return false
+}
+
+// refusedMethod answers, as the ingress does before it authenticates, a
+// method the endpoint does not take with 405 and Allow: an inference or
+// passthrough endpoint takes POST, the model list GET and HEAD (other
+// paths go to the engines as they come). A browser's CORS preflight
+// (OPTIONS) is one: like the ingress without --cors-origins, the picker
+// answers no preflight (the gateway's CORS filter does), and a preflight
+// carries no credential to be refused with 401. True: answered.
+func (x *exchange) refusedMethod() bool {
+	var allow string
+	var takes bool
+	switch x.kind {
+	case pathInference, pathPassthrough:
+		allow, takes = "POST", x.method == "POST"
+	case pathModels:
+		allow, takes = "GET, HEAD", x.method == "GET" || x.method == "HEAD"
+	default:
+		return false
+	}
+	if takes || x.method == "" { // "": no :method (not Envoy)
+		return false
+	}
+	status, body := ingress.MethodNotAllowed(x.method, x.path, allow)
+	x.s.m.results.WithLabelValues("rejected").Inc()
+	x.s.m.immediate.WithLabelValues(strconv.Itoa(status)).Inc()
+	r := immediate(status, body, 0, "kvmesh_epp_method_not_allowed")
+	hm := r.GetImmediateResponse().Headers
+	hm.SetHeaders = append(hm.SetHeaders, setHeader("allow", allow))
+	x.out = append(x.out, r)
+	return true
 }
 
 // answerModels answers /v1/models and /v1/models/{id} itself, as the

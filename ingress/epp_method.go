@@ -1,0 +1,9 @@
+package ingress
+
+// MethodNotAllowed is the ingress's 405 for a method path does not take
+// (allow: the methods it does, for the Allow header): its status and its
+// OpenAI error body.
+func MethodNotAllowed(method, path, allow string) (status int, body []byte) {
+	ae := methodNotAllowed(allow, []byte(method), []byte(path))
+	return ae.status, appendErrorBody(nil, ae)
+}
