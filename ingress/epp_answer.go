@@ -33,21 +33,7 @@ func (p *Picked) Answer(b []byte) {
 		named.outTokens(c, b)
 		return
 	}
-	if n := usageCompletionTokens(b); n > 0 && requestUsage(c, b) {
-		c.outTokens = n
-		return
-	}
-	for i := 0; ; {
-		j := bytes.Index(b[i:], dataPrefix)
-		if j < 0 {
-			return
-		}
-		ev := b[i+j:]
-		i += j + len(dataPrefix)
-		if !bytes.HasPrefix(b[i:], doneMarker) && !bytes.HasPrefix(ev, errorEventPrefix) {
-			c.outTokens++
-		}
-	}
+	c.countEvents(b, nil) // proxystream.go
 }
 
 // OutputTokens is the output counted so far (Answer).

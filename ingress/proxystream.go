@@ -301,7 +301,14 @@ func (p *proxyStream) observe(b []byte) {
 		p.named.outTokens(p.c, b)
 		return
 	}
-	c := p.c
+	p.c.countEvents(b, p.errorEvent)
+}
+
+// countEvents counts output from the SSE bytes b of an OpenAI stream: the
+// usage chunk when the engine sends one (the request's own usage), else
+// one token per data event; an error event is no token, and goes to
+// onError (nil: none).
+func (c *call) countEvents(b []byte, onError func(ev []byte)) {
 	if n := usageCompletionTokens(b); n > 0 && requestUsage(c, b) {
 		c.outTokens = n
 		return
@@ -316,7 +323,9 @@ func (p *proxyStream) observe(b []byte) {
 		switch {
 		case bytes.HasPrefix(b[i:], doneMarker):
 		case bytes.HasPrefix(ev, errorEventPrefix):
-			p.errorEvent(ev)
+			if onError != nil {
+				onError(ev)
+			}
 		default:
 			c.outTokens++
 		}
