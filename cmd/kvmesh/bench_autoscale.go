@@ -194,9 +194,13 @@ func (f autoscaleFlags) runs(cfg *des.ScaleConfig, reqs []workload.Request, stat
 		c := *cfg
 		switch strings.TrimSpace(name) {
 		case "static":
+			if strings.TrimSpace(static) == "" {
+				bad("--autoscale static needs --roles prefill=N,decode=M: the static deployment's size")
+				continue
+			}
 			r, err := des.ParseRoles(static)
 			if err != nil {
-				bad("--autoscale static needs --roles prefill=N,decode=M: %v", err)
+				bad("--autoscale static: --roles: %v", err)
 				continue
 			}
 			c.Roles = r

@@ -100,6 +100,10 @@ func TestBenchAutoscaleUsage(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
 		}
 	}
+	// Without --roles the message says what is missing, not a parse of "".
+	if _, _, errOut := benchRunCLI(t, "bench", "--mode", "des", "--duration", "1m", "--autoscale", "static"); !strings.Contains(errOut, "needs --roles prefill=N,decode=M: the static deployment's size") || strings.Contains(errOut, `roles ""`) {
+		t.Errorf("static without --roles: %q", errOut)
+	}
 }
 
 // TestBenchAutoscaleNoneCompleted: an autoscaling run that completes no
