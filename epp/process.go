@@ -90,6 +90,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 // body budget are released, and it goes back to the pool without a large
 // body buffer.
 func (s *Server) finish(x *exchange) {
+	if x.picked != nil && x.status != 0 && x.respMode != extprocfilter.ProcessingMode_NONE {
+		// The answer began and the stream ended before its end came: the
+		// client left, or the data plane cut it.
+		x.status = ingress.StatusClientClosed
+	}
 	x.end()
 	x.releaseBody()
 	s.m.streams.Dec()

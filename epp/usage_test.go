@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/ratelimit"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // The picker reads the engine's answer as it passes through the response
@@ -138,4 +139,38 @@ func TestOutputBudgetThroughPicker(t *testing.T) {
 	s := r.openFD(t).headers("/v1/completions", false).body([]byte(body), true)
 	s.refused(429, "")
 	s.closed()
+}
+
+// An answer's end decides its status as the ingress's proxy decides it: an
+// engine's error event inside a 200 stream gives the request the event's
+// code, and a stream that ends before the answer did (the client left, the
+// data plane cut it) is 499, its partial output settling the budgets but
+// teaching nothing of answer lengths (the output counter is for whole
+// answers).
+func TestAnswerEndStatus(t *testing.T) {
+	r := newStaticRig(t, twoEngines, Config{}, Deps{}, nil)
+	body := `{"model":"` + model + `","prompt":"hello there","max_tokens":40,"stream":true}`
+	status := func(code string) float64 {
+		return counter(t, r.reg, "kvmesh_ingress_requests_total", "endpoint", "completions", "status", code)
+	}
+	r.exchangeFD(t, "/v1/completions", body, sseEvents(`{"choices":[{"text":"a"}]}`, `{"error":{"message":"engine fault","type":"InternalServerError","code":503}}`, "[DONE]"), 16)
+	testutil.WaitFor(t, 10*time.Second, "the request counted with the error event's code", func() bool { return status("503") == 1 })
+
+	s := r.openFD(t).headers("/v1/completions", false).body([]byte(body), true)
+	routed(t, s.recv())
+	s.recv() // the body passed back
+	s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: s.env.headerMap([][2]string{{":status", "200"}})}}})
+	s.recv()
+	s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+		Body: []byte(sseEvents(`{"choices":[{"text":"a"}]}`, `{"choices":[{"text":"b"}]}`))}}})
+	s.recv()
+	s.cancel() // the client goes before the answer's end
+	testutil.WaitFor(t, 10*time.Second, "the cut answer counted 499", func() bool { return status("499") == 1 })
+	if got := status("200"); got != 0 {
+		t.Fatalf("%v requests counted 200, want none", got)
+	}
+	if got := counter(t, r.reg, "kvmesh_ingress_tokens_total", "direction", "out"); got != 0 {
+		t.Fatalf("output tokens of whole answers %v, want 0 (a cut answer and a failed one)", got)
+	}
 }

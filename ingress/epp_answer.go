@@ -33,7 +33,15 @@ func (p *Picked) Answer(b []byte) {
 		named.outTokens(c, b)
 		return
 	}
-	c.countEvents(b, nil) // proxystream.go
+	c.countEvents(b, p.errorEvent) // proxystream.go
+}
+
+// errorEvent keeps the first error event's status (an engine's error inside
+// a 200 stream), which Done gives the request as the ingress's proxy does.
+func (p *Picked) errorEvent(ev []byte) {
+	if p.errCode == 0 {
+		p.errCode = errorEventStatus(ev)
+	}
 }
 
 // OutputTokens is the output counted so far (Answer).

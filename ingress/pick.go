@@ -3,6 +3,7 @@ package ingress
 import (
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -59,6 +60,7 @@ type Picked struct {
 	up      *upstream
 	started bool
 	first   bool
+	errCode int // the first error event's status in the answer (Answer), 0 for none
 }
 
 var pickedPool = sync.Pool{New: func() any {
@@ -246,16 +248,29 @@ func (p *Picked) Done(status int) {
 		}
 	}
 	c.status = status
-	if status == 0 {
+	switch {
+	case status == 0:
 		c.status = 499
 		c.errMsg = "stream ended before a response"
+	case status == StatusClientClosed:
+		c.errMsg = "client closed the stream" // as the ingress's proxy says it; nothing is learned from a cut answer
+	case status == fasthttp.StatusOK && p.errCode != 0:
+		c.status = p.errCode
+		c.errMsg = "the engine sent an error event in the stream (code " + strconv.Itoa(p.errCode) + ")"
 	}
 	p.release()
 }
 
+// StatusClientClosed is the status Done takes for an answer whose stream
+// ended before the answer did (the client left, or the data plane cut it):
+// the access log's 499, as the ingress logs a client gone mid-answer; the
+// output read so far settles the budgets, and no answer length or latency
+// is learned from it.
+const StatusClientClosed = 499
+
 func (p *Picked) release() {
 	c := p.c
-	p.c, p.up = nil, nil
+	p.c, p.up, p.errCode = nil, nil, 0
 	p.rc.Request.SetBodyRaw(nil)
 	c.finish()
 	pickedPool.Put(p)

@@ -337,9 +337,15 @@ func (c *call) countEvents(b []byte, onError func(ev []byte)) {
 // the stream ends (Close), for the access log and metrics. The event's
 // message is not copied: a validation error may quote the request's input.
 func (p *proxyStream) errorEvent(ev []byte) {
-	if p.errCode != 0 {
-		return
+	if p.errCode == 0 {
+		p.errCode = errorEventStatus(ev)
 	}
+}
+
+// errorEventStatus is the status an engine's error event (ev: from its
+// "data: " on) gives its request: its code, 500 when it carries none in
+// 400-599.
+func errorEventStatus(ev []byte) int {
 	if k := bytes.Index(ev, eventSep); k >= 0 {
 		ev = ev[:k]
 	}
@@ -347,7 +353,7 @@ func (p *proxyStream) errorEvent(ev []byte) {
 	if code < 400 || code > 599 {
 		code = fasthttp.StatusInternalServerError
 	}
-	p.errCode = code
+	return code
 }
 
 var (
