@@ -605,7 +605,8 @@ func (x *exchange) routeByLoad(answer func(dest, pre string)) bool {
 		if owner == "" { // an id no kvmesh ingress made, or whose engine is gone: the ingress's 404
 			id, _, _ := strings.Cut(strings.TrimPrefix(x.ep, "/v1/responses/"), "/")
 			x.s.m.results.WithLabelValues("not_found").Inc()
-			return x.reject(404, openai.AppendError(nil, "Response with id '"+clipID(id)+"' not found.", "invalid_request_error", "", "not_found"), 0, "kvmesh_epp_response_not_found")
+			status, body := ingress.ResponseNotFound(id)
+			return x.reject(status, body, 0, "kvmesh_epp_response_not_found")
 		}
 	}
 	slices.SortStableFunc(infos, func(a, b ingress.EngineInfo) int {
@@ -861,13 +862,4 @@ func joinEndpoints(eps []string) string {
 		b = append(b, e...)
 	}
 	return string(b)
-}
-
-// clipID bounds an id quoted back to the client (the ingress's clip).
-func clipID(id string) string {
-	const maxID = 128
-	if len(id) > maxID {
-		return id[:maxID] + "..."
-	}
-	return id
 }

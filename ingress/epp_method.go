@@ -7,3 +7,10 @@ func MethodNotAllowed(method, path, allow string) (status int, body []byte) {
 	ae := methodNotAllowed(allow, []byte(method), []byte(path))
 	return ae.status, appendErrorBody(nil, ae)
 }
+
+// ResponseNotFound is the ingress's 404 for a stored response's id no
+// engine holds: its status and its OpenAI error body.
+func ResponseNotFound(id string) (status int, body []byte) {
+	ae := responseNotFound(id)
+	return ae.status, appendErrorBody(nil, ae)
+}

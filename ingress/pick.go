@@ -3,7 +3,6 @@ package ingress
 import (
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -255,8 +254,7 @@ func (p *Picked) Done(status int) {
 	case status == StatusClientClosed:
 		c.errMsg = "client closed the stream" // as the ingress's proxy says it; nothing is learned from a cut answer
 	case status == fasthttp.StatusOK && p.errCode != 0:
-		c.status = p.errCode
-		c.errMsg = "the engine sent an error event in the stream (code " + strconv.Itoa(p.errCode) + ")"
+		c.failedInStream(p.errCode) // proxystream.go
 	}
 	p.release()
 }

@@ -342,6 +342,15 @@ func (p *proxyStream) errorEvent(ev []byte) {
 	}
 }
 
+// failedInStream gives a 200 stream's request the status of the engine's
+// error event inside it (code), and says so unless its error is told.
+func (c *call) failedInStream(code int) {
+	c.status = code
+	if c.errMsg == "" {
+		c.errMsg = "the engine sent an error event in the stream (code " + strconv.Itoa(code) + ")"
+	}
+}
+
 // errorEventStatus is the status an engine's error event (ev: from its
 // "data: " on) gives its request: its code, 500 when it carries none in
 // 400-599.
@@ -445,10 +454,7 @@ func (p *proxyStream) CloseWithError(werr error) error {
 		c.errMsg = "client closed the stream"
 		c.status = 499
 	} else if p.errCode != 0 && c.status == fasthttp.StatusOK {
-		c.status = p.errCode
-		if c.errMsg == "" {
-			c.errMsg = "the engine sent an error event in the stream (code " + strconv.Itoa(p.errCode) + ")"
-		}
+		c.failedInStream(p.errCode)
 	}
 	_ = p.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(p.resp)

@@ -473,8 +473,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if up == nil {
-		//lint:ignore ST1005 OpenAI's own message, word for word
-		fail(newAPIError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "", fmt.Errorf("%w: Response with id '%s' not found.", ErrNotFound, clip(string(id)))))
+		fail(responseNotFound(string(id)))
 		return
 	}
 	ureq, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -548,4 +547,11 @@ func appendRespErrorEvent(dst []byte, msg string, seq int) []byte {
 	dst = append(dst, `,"param":null,"sequence_number":`...)
 	dst = strconv.AppendInt(dst, int64(seq), 10)
 	return append(dst, "}\n\n"...)
+}
+
+// responseNotFound is the 404 of a stored response's id no engine holds
+// (this ingress did not make it, or its engine is gone).
+func responseNotFound(id string) *apiError {
+	//lint:ignore ST1005 OpenAI's own message, word for word
+	return newAPIError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "", fmt.Errorf("%w: Response with id '%s' not found.", ErrNotFound, clip(id)))
 }
