@@ -1,11 +1,14 @@
 package ingress
 
 import (
+	"bufio"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -232,5 +235,56 @@ func TestAccessLogNamesTheAdapter(t *testing.T) {
 		if !found {
 			t.Errorf("no access line with model %q adapter %q for %s: %v", w.model, w.adapter, w.asked, lines)
 		}
+	}
+}
+
+// A body over maxBodyBytes, refused by fasthttp before any handler runs, is
+// answered, counted and logged as a request the handlers refused: the
+// client's X-Request-Id echoed (one made when it sent none), Vary: Origin
+// beside the CORS header, one access line under its endpoint, and the
+// request counted under that endpoint, not "unknown". Before, the 413 had
+// no request id and no access line, so an SDK's requestID was undefined.
+func TestTooLargeBodyIsAnsweredWithItsRequestID(t *testing.T) {
+	var alog testutil.SyncBuffer
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
+	cfg.MaxBodyBytes = 64 << 10
+	cfg.CORSOrigins = []string{"http://app.example"}
+	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	big := `{"model":"m","prompt":"` + strings.Repeat("a", 70<<10) + `"}`
+	send := func(id string) http.Header {
+		conn, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n"
+		if id != "" {
+			head += "X-Request-Id: " + id + "\r\n"
+		}
+		go io.WriteString(conn, head+"\r\n"+big) //nolint:errcheck // the server may close before it is all written
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("status %d, want 413", resp.StatusCode)
+		}
+		return resp.Header
+	}
+	if h := send("r413"); h.Get("X-Request-Id") != "r413" || h.Get("Vary") != "Origin" || h.Get("Access-Control-Allow-Origin") != "http://app.example" {
+		t.Fatalf("a 413 with X-Request-Id r413 answered with headers %v", h)
+	}
+	if id := send("").Get("X-Request-Id"); len(id) != 32 {
+		t.Fatalf("a 413 without a request id answered with X-Request-Id %q, want one the ingress made", id)
+	}
+	testutil.WaitFor(t, 5*time.Second, "two access lines", func() bool { return strings.Count(alog.String(), `"msg":"request"`) == 2 })
+	l := accessLines(t, &alog)[0]
+	if l["request_id"] != "r413" || l["endpoint"] != "chat" || l["status"] != float64(413) || !strings.Contains(l["error"].(string), "limit is") {
+		t.Fatalf("access line %v", l)
+	}
+	if got := val(s.m.requests.WithLabelValues("chat", "413")); got != 2 {
+		t.Fatalf("requests_total{endpoint=chat,status=413} = %v, want 2", got)
 	}
 }

@@ -13,13 +13,16 @@ import (
 // data is not JSON) fails the attempt before anything reaches the client,
 // and the request is served by the next engine. Before, both went to the
 // client as a 200 (fault tester: `{"id": "x", "choices": [ {"text": "trunc`
-// relayed as a success; a garbage stream relayed whole).
+// relayed as a success; a garbage stream relayed whole; then one cut right
+// after a '}', which a last-byte test took for whole).
 func TestBrokenAnswerBeforeCommitTriesTheNextEngine(t *testing.T) {
 	for _, tc := range []struct {
 		name, body, answer string
 		stream             bool
 	}{
 		{"cut-short JSON", `{"model":"m","prompt":[1,2],"max_tokens":3}`, `{"id": "x", "choices": [ {"text": "trunc`, false},
+		// Cut at an object's end: the last byte is '}' (fault tester 2).
+		{"cut-short JSON ending in }", `{"model":"m","prompt":[1,2],"max_tokens":3}`, `{"id": "x", "choices": [ {"index": 0, "text": "trunc"}`, false},
 		{"non-JSON first event", `{"model":"m","prompt":[1,2],"max_tokens":3,"stream":true}`, "data: {not json at all\n\ndata: [DONE]\n\n", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

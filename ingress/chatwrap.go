@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"bytes"
+	"strconv"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
@@ -33,6 +34,14 @@ func (p *proxyStream) convertEvent(dst, ev []byte) []byte {
 		return append(append(dst, ev...), eventSep...) // comments, other fields
 	}
 	payload := bytes.TrimSpace(ev[len(dataPrefix):])
+	if !p.sentRole && len(payload) > 0 && payload[0] == '{' && !bytes.Equal(payload, doneMarker) {
+		// vLLM's chat stream opens with a role chunk per choice before any
+		// content: the first completions chunk becomes those and its text.
+		var ok bool
+		if dst, ok = appendRoleChunks(dst, payload, max(p.c.req.n, 1)); ok {
+			p.sentRole = true
+		}
+	}
 	dst = append(dst, dataPrefix...)
 	if bytes.Equal(payload, doneMarker) || len(payload) == 0 || payload[0] != '{' {
 		return append(append(dst, payload...), eventSep...)
@@ -45,20 +54,88 @@ func (p *proxyStream) convertEvent(dst, ev []byte) []byte {
 	} else {
 		p.c.outTokens++
 	}
-	first := !p.sentRole
-	p.sentRole = true
-	return append(appendChatObject(dst, payload, true, first), eventSep...)
+	return append(appendChatObject(dst, payload, true), eventSep...)
+}
+
+// appendRoleChunks appends the events vLLM's chat stream opens with, one per
+// choice: {"delta":{"role":"assistant","content":""}}, with the usage so far
+// (the prompt's tokens, none generated) when the engine's chunk carries
+// usage (continuous_usage_stats). ok is false, nothing appended, when obj
+// is not a completions chunk with choices (an error event).
+func appendRoleChunks(dst, obj []byte, n int) (_ []byte, ok bool) {
+	var id, created, model, choices, prompt []byte
+	err := jsonscan.ForEachMember(obj, func(k, v []byte, _, _ int) error {
+		switch string(k) {
+		case "id":
+			id = v
+		case "created":
+			created = v
+		case "model":
+			model = v
+		case "choices":
+			choices = v
+		case "usage":
+			if len(v) > 0 && v[0] == '{' {
+				return jsonscan.ForEachMember(v, func(k, v []byte, _, _ int) error {
+					if string(k) == "prompt_tokens" {
+						prompt = v
+					}
+					return nil
+				})
+			}
+		}
+		return nil
+	})
+	if err != nil || len(choices) == 0 || choices[0] != '[' {
+		return dst, false
+	}
+	for i := range n {
+		dst = append(dst, dataPrefix...)
+		dst = appendChatHead(dst, id, created, model, true)
+		dst = append(dst, `,"choices":[{"index":`...)
+		dst = strconv.AppendInt(dst, int64(i), 10)
+		dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+		if len(prompt) > 0 {
+			dst = append(dst, `,"usage":{"prompt_tokens":`...)
+			dst = append(dst, prompt...)
+			dst = append(dst, `,"total_tokens":`...)
+			dst = append(dst, prompt...)
+			dst = append(dst, `,"completion_tokens":0}`...)
+		}
+		dst = append(append(dst, '}'), eventSep...)
+	}
+	return dst, true
+}
+
+// appendChatHead appends a chat object's opening members: its id (the
+// completions id, prefixed "chat"), object, created and model.
+func appendChatHead(dst, id, created, model []byte, chunk bool) []byte {
+	dst = append(dst, `{"id":`...)
+	if len(id) > 1 && id[0] == '"' {
+		dst = append(dst, `"chat`...)
+		dst = append(dst, id[1:]...)
+	} else {
+		dst = append(dst, `""`...)
+	}
+	if chunk {
+		dst = append(dst, `,"object":"chat.completion.chunk","created":`...)
+	} else {
+		dst = append(dst, `,"object":"chat.completion","created":`...)
+	}
+	dst = appendRawOr(dst, created, "0")
+	dst = append(dst, `,"model":`...)
+	return appendRawOr(dst, model, `""`)
 }
 
 // completionToChat converts a whole completions answer into a chat.completion.
 func completionToChat(dst, body []byte) []byte {
-	return appendChatObject(dst, body, false, true)
+	return appendChatObject(dst, body, false)
 }
 
 // appendChatObject converts one completions object. chunk selects the
 // streaming shape (delta) over the whole one (message). On malformed input it
 // passes the object through unchanged rather than inventing content.
-func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
+func appendChatObject(dst, obj []byte, chunk bool) []byte {
 	var id, created, model, choices, usage []byte
 	err := jsonscan.ForEachMember(obj, func(k, v []byte, _, _ int) error {
 		switch string(k) {
@@ -79,21 +156,7 @@ func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 		return append(dst, obj...)
 	}
 	start := len(dst)
-	dst = append(dst, `{"id":`...)
-	if len(id) > 1 && id[0] == '"' {
-		dst = append(dst, `"chat`...)
-		dst = append(dst, id[1:]...)
-	} else {
-		dst = append(dst, `""`...)
-	}
-	if chunk {
-		dst = append(dst, `,"object":"chat.completion.chunk","created":`...)
-	} else {
-		dst = append(dst, `,"object":"chat.completion","created":`...)
-	}
-	dst = appendRawOr(dst, created, "0")
-	dst = append(dst, `,"model":`...)
-	dst = appendRawOr(dst, model, `""`)
+	dst = appendChatHead(dst, id, created, model, chunk)
 	dst = append(dst, `,"choices":[`...)
 	n := 0
 	err = jsonscan.ForEachElem(choices, func(ch []byte) error {
@@ -102,7 +165,7 @@ func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 		}
 		n++
 		var err error
-		dst, err = appendChatChoice(dst, ch, chunk, withRole)
+		dst, err = appendChatChoice(dst, ch, chunk)
 		return err
 	})
 	if err != nil {
@@ -121,7 +184,7 @@ func appendChatObject(dst, obj []byte, chunk, withRole bool) []byte {
 // its chat answer has it: in every whole choice, and in a chunk only where
 // it is set (vLLM's completions stream writes it, null too, in every chunk;
 // its chat stream in the last one).
-func appendChatChoice(dst, ch []byte, chunk, withRole bool) ([]byte, error) {
+func appendChatChoice(dst, ch []byte, chunk bool) ([]byte, error) {
 	var index, text, finish, logprobs, stop []byte
 	if err := jsonscan.ForEachMember(ch, func(k, v []byte, _, _ int) error {
 		switch string(k) {
@@ -143,10 +206,7 @@ func appendChatChoice(dst, ch []byte, chunk, withRole bool) ([]byte, error) {
 	dst = append(dst, `{"index":`...)
 	dst = appendRawOr(dst, index, "0")
 	if chunk {
-		dst = append(dst, `,"delta":{`...)
-		if withRole {
-			dst = append(dst, `"role":"assistant",`...)
-		}
+		dst = append(dst, `,"delta":{`...) // the role came in its own chunks (appendRoleChunks)
 	} else {
 		dst = append(dst, `,"message":{"role":"assistant",`...)
 	}

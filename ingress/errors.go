@@ -91,6 +91,13 @@ func unauthorized(err error) *apiError {
 		err: fmt.Errorf("%w: %w", ErrUnauthorized, err)}
 }
 
+// promptTooLong is ErrPromptTooLong's 400 on ep, its param the member that
+// holds the prompt there.
+func promptTooLong(ep endpoint, format string, args ...any) *apiError {
+	return newAPIError(fasthttp.StatusBadRequest, "invalid_request_error", "context_length_exceeded", ep.promptParam(),
+		fmt.Errorf("%w: "+format, append([]any{ErrPromptTooLong}, args...)...))
+}
+
 func badRequest(param string, err error) *apiError {
 	return newAPIError(fasthttp.StatusBadRequest, "invalid_request_error", "", param, err)
 }

@@ -58,14 +58,14 @@ func TestForcedUsagePassesThrough(t *testing.T) {
 	}
 
 	// Chat re-wrapped from completions: the forced usage chunk reaches the
-	// client as a chat chunk.
+	// client as a chat chunk (after the role chunk and the text's two).
 	se := startSSEEngine(t, stream, 50, 0)
 	se.forced.Store(true)
 	s := wrapIngress(t, se.url())
 	for i := 0; i < 2; i++ {
 		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 		evs := sseEvents(b)
-		if st != 200 || len(evs) != 4 || !strings.Contains(evs[2], `"object":"chat.completion.chunk"`) || !strings.Contains(evs[2], `"completion_tokens":7`) {
+		if st != 200 || len(evs) != 5 || !strings.Contains(evs[3], `"object":"chat.completion.chunk"`) || !strings.Contains(evs[3], `"completion_tokens":7`) {
 			t.Fatalf("re-wrap, request %d: %d %q", i, st, evs)
 		}
 	}

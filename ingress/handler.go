@@ -414,10 +414,10 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 	if lim := c.promptLimit(); lim > 0 {
 		// A batch's limit is per prompt, as vLLM's (countBatchPrompt).
 		if c.longest > lim {
-			return fmt.Errorf("%w: prompt[%d] has %d prompt tokens, limit is %d", ErrPromptTooLong, c.longestAt, c.longest, lim)
+			return promptTooLong(c.ep, "prompt[%d] has %d prompt tokens, limit is %d", c.longestAt, c.longest, lim)
 		}
 		if c.longest == 0 && promptTokens > lim {
-			return fmt.Errorf("%w: %d prompt tokens, limit is %d", ErrPromptTooLong, promptTokens, lim)
+			return promptTooLong(c.ep, "%d prompt tokens, limit is %d", promptTokens, lim)
 		}
 	}
 	if err := c.admitRoute(promptTokens); err != nil {

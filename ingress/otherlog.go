@@ -52,19 +52,25 @@ func (l *lineLimiter) allow(now time.Time, perSecond int) (bool, int) {
 // endpoint (a fixed name) and writes its access line: ae is the error it
 // was answered with, nil for a success.
 func (s *Server) finishOther(ctx *fasthttp.RequestCtx, endpoint string, start time.Time, ae *apiError) {
-	status := ctx.Response.StatusCode()
-	s.m.requests.WithLabelValues(endpoint, s.m.status(status)).Inc()
-	if s.alog == nil {
-		return
-	}
-	ok, dropped := s.otherLog.allow(start, otherLogPerSecond)
-	if !ok {
-		return
-	}
+	s.m.requests.WithLabelValues(endpoint, s.m.status(ctx.Response.StatusCode())).Inc()
 	id := ctx.Request.Header.Peek("X-Request-Id")
 	if !validRequestID(id) {
 		id = nil // made only for a request that goes upstream
+	} else {
+		ctx.Response.Header.SetBytesV("X-Request-Id", id) // echoed, as an inference request's answer
 	}
+	if s.alog == nil {
+		return
+	}
+	if ok, dropped := s.otherLog.allow(start, otherLogPerSecond); ok {
+		s.otherLine(ctx, endpoint, start, ae, id, dropped)
+	}
+}
+
+// otherLine writes the access line of a request outside the inference
+// handlers (finishOther, handleTransportError).
+func (s *Server) otherLine(ctx *fasthttp.RequestCtx, endpoint string, start time.Time, ae *apiError, id []byte, dropped int) {
+	status := ctx.Response.StatusCode()
 	msg := ""
 	if ae != nil {
 		msg = ae.msg

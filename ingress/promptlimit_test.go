@@ -88,6 +88,28 @@ func TestPromptLimitFollowsTheEnginesContext(t *testing.T) {
 	}
 }
 
+// A prompt past the limit is refused naming the member that holds it on
+// its endpoint (OpenAI's param: "messages" on chat, "input" on the
+// Responses API), not "prompt" everywhere: a client that points at
+// err.param must find the field in its own request.
+func TestPromptTooLongNamesTheEndpointsMember(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()})
+	cfg.MaxPromptTokens = 100
+	s := startIngress(t, cfg, Deps{})
+	long := strings.Repeat("x", 4000)
+	for _, tc := range []struct{ path, body, param string }{
+		{"/v1/completions", `{"model":"m","prompt":"` + long + `"}`, `"param":"prompt"`},
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, `"param":"messages"`},
+		{"/v1/responses", `{"model":"m","input":"` + long + `"}`, `"param":"input"`},
+	} {
+		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+tc.path, tc.body)
+		if st != 400 || !strings.Contains(string(body), "context_length_exceeded") || !strings.Contains(string(body), tc.param) {
+			t.Errorf("%s over the limit: %d %s; want 400 context_length_exceeded with %s", tc.path, st, body, tc.param)
+		}
+	}
+}
+
 // engineList is a FAKE membership: the engines as gossip would list them.
 type engineList []EngineInfo
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/scheduler"
 )
 
@@ -122,12 +123,12 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	switch {
 	case st == fasthttp.StatusTooManyRequests:
 		after := retryAfter(resp.Header.Peek(fasthttp.HeaderRetryAfter), time.Now())
-		err := c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered 429 (shedding load)", rk.Engine))
+		err := c.attemptFailed(up, resp, statusResult(st), errors.New("answered 429 (shedding load)"))
 		return false, &shedError{err: err, after: after}
 	case loopAnswer(resp) != "": // loop.go: a 508 from a kvmesh ingress, not an engine
 		return false, c.routingLoop(up, resp)
 	case st >= 500:
-		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("engine %s answered %d%s", rk.Engine, st, engineSays(resp)))
+		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("answered %d%s", st, engineSays(resp)))
 	case st != fasthttp.StatusOK:
 		buf, rerr := readAll(resp)
 		if st == fasthttp.StatusNotFound && rerr == nil && c.noSuchModel(buf.Bytes()) {
@@ -230,6 +231,7 @@ func (c *call) urlOf(engine string) string {
 // it was the last.
 func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result string, err error) error {
 	slow := result == "timeout" && c.upConn.firstByteExpired() && c.s.cfg.stallWatch() && c.s.health.allowed(up.id)
+	stallCut := c.upConn.wasStallCut()
 	switch {
 	case c.watch.isCanceled():
 		result = "client_gone" // we cut it: not the engine's failure
@@ -257,6 +259,9 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 	}
 	if result == "protocol_error" {
 		err = errUnreadableAnswer
+	}
+	if stallCut {
+		err = &stallCutError{after: c.s.cfg.Health.StallAfter, cause: err}
 	}
 	switch result {
 	case "local_error":
@@ -307,6 +312,18 @@ func clientText(err error) string {
 	}
 	return text
 }
+
+// stallCutError is an attempt the stall watch cut on a hung engine: the
+// ingress closed the connection, not the engine (health.go).
+type stallCutError struct {
+	after time.Duration
+	cause error
+}
+
+func (e *stallCutError) Error() string {
+	return fmt.Sprintf("the engine stalled (no byte for %v, its health probes unanswered): the ingress cut the request", e.after)
+}
+func (e *stallCutError) Unwrap() error { return e.cause }
 
 // errClosedEarly is what a client reads for fasthttp.ErrConnectionClosed.
 const errClosedEarly = "the engine closed the connection before answering"
@@ -488,7 +505,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		// An engine that dies mid-request may close with an empty 200 (or
 		// one cut short: its Content-Length counted what it meant to send).
 		bufPool.Put(buf)
-		return false, c.attemptFailed(up, resp, "empty_response", fmt.Errorf("engine %s: empty, non-JSON or cut-short answer", up.id))
+		return false, c.attemptFailed(up, resp, "empty_response", errors.New("empty, non-JSON or cut-short answer"))
 	}
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	c.releaseConn()
@@ -542,12 +559,12 @@ func engineSays(resp *fasthttp.Response) string {
 }
 
 // closedObject reports whether a non-streamed answer that opens a JSON
-// object also closes one (its last byte but white space is '}'): one cut
-// short is not relayed as a success. A cheap test, not a parse: the answer
-// may be megabytes.
+// object is one whole JSON value: one cut short is not relayed as a
+// success, at an object's end too (`{"choices":[{"text":"a"}` ends in '}').
+// jsonscan's skip checks the structure without building anything.
 func closedObject(out []byte) bool {
-	out = bytes.TrimRight(out, " \t\r\n")
-	return len(out) > 0 && out[len(out)-1] == '}'
+	end, err := jsonscan.SkipValue(out, 0)
+	return err == nil && jsonscan.Trailing(out, end) == nil
 }
 
 // firstEventJSON reports whether a chat or completions stream's first event

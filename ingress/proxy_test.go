@@ -152,6 +152,32 @@ func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "one stream error counted", func() bool { return val(s.m.streamErrors) == 1 })
 }
 
+// A stream the engine broke after it started (it died: no [DONE]) is logged
+// and counted as 502, the status of the upstream_error event the ingress
+// ends it with, as an engine's own error event gives the request its code.
+// Before, it was counted 200 (fault tester 3), so a dashboard of errors by
+// status saw an engine reporting an error but not one crashing mid-answer.
+func TestBrokenStreamIsLoggedAs502(t *testing.T) {
+	var alog testutil.SyncBuffer
+	fe := startFaultEngine(t, faultBreakStream)
+	s := startIngress(t, testConfig(StaticEngine{ID: "broken", Model: "m", URL: fe.url()}),
+		Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1],"stream":true}`)
+	if st != 200 || !strings.Contains(string(body), `"upstream_error"`) {
+		t.Fatalf("%d %s", st, body)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the request counted", func() bool {
+		return val(s.m.requests.WithLabelValues("completions", "502"))+val(s.m.requests.WithLabelValues("completions", "200")) == 1
+	})
+	if got := val(s.m.requests.WithLabelValues("completions", "502")); got != 1 {
+		t.Fatalf("requests_total{status=502} = %v, want 1 (200: %v)", got, val(s.m.requests.WithLabelValues("completions", "200")))
+	}
+	testutil.WaitFor(t, 5*time.Second, "the access line", func() bool { return strings.Contains(alog.String(), `"msg":"request"`) })
+	if l := accessLines(t, &alog)[0]; l["status"] != float64(502) || !strings.Contains(l["error"].(string), "stream broke") {
+		t.Fatalf("access line %v", l)
+	}
+}
+
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	fe := startFaultEngine(t, faultSlowStream)
 	s := startIngress(t, testConfig(StaticEngine{ID: "slow", Model: "m", URL: fe.url()}), Deps{})
@@ -311,6 +337,23 @@ func frozenEngine(t *testing.T) string {
 	}
 	t.Cleanup(func() { ln.Close() })
 	return "http://" + ln.Addr().String()
+}
+
+// A request the stall watch cuts on a hung engine that is the model's only
+// one fails saying so: the engine stalled and the ingress cut the request,
+// not "the engine closed the connection before answering" (fault tester 4:
+// a SIGSTOPped engine closed nothing).
+func TestStallCutSaysTheEngineStalled(t *testing.T) {
+	cfg := testConfig(StaticEngine{ID: "frozen", Model: "m", URL: frozenEngine(t)})
+	cfg.IdleTimeout = 10 * time.Minute
+	cfg.Health.StallAfter = 100 * time.Millisecond
+	cfg.Health.ProbeTimeout = 200 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	client := &http.Client{Timeout: time.Minute} // far below the idle timeout: a stuck request fails the test
+	st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2]}`)
+	if st != 503 || !strings.Contains(string(b), "the engine stalled") || strings.Contains(string(b), errClosedEarly) {
+		t.Fatalf("a request cut on a hung engine: %d %s", st, b)
+	}
 }
 
 // A request stuck on a hung engine moves to a live one once the stall watch

@@ -254,6 +254,10 @@ func (p *proxyStream) endWith(err error) {
 	}
 	c := p.c
 	var msg, code string
+	// The request's status in the access log and requests_total: the one
+	// its error event gives it, as an engine's own error event's code does
+	// (failedInStream), unless the engine's event came first.
+	status := fasthttp.StatusBadGateway
 	from := " from engine " + p.up.id // an engine's id may be its address: only with Config.EngineHeader
 	if !c.s.cfg.EngineHeader {
 		from = ""
@@ -265,6 +269,7 @@ func (p *proxyStream) endWith(err error) {
 		// with, and not counted against the engine (ejection, stream errors).
 		msg, code = "the ingress is shutting down: its drain timeout ended this stream"+from, "service_unavailable"
 		c.errMsg = "stream cut at the drain timeout"
+		status = fasthttp.StatusServiceUnavailable
 	} else {
 		c.s.m.streamErrors.Inc()
 		c.s.m.attempts.WithLabelValues("stream_error").Inc()
@@ -278,6 +283,9 @@ func (p *proxyStream) endWith(err error) {
 		if c.s.cfg.EngineHeader {
 			msg = fmt.Sprintf("engine %s failed mid-stream: %s", p.up.id, clientText(err))
 		}
+	}
+	if p.errCode == 0 {
+		p.errCode = status
 	}
 	if p.named != nil {
 		if !p.sawError { // else the engine's own error event ended it

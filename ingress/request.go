@@ -33,6 +33,19 @@ func (e endpoint) String() string {
 	return "completions"
 }
 
+// promptParam is the request member that holds the prompt on e, the
+// param of its context_length_exceeded error: OpenAI names "messages" on
+// chat, the Responses API's prompt is "input".
+func (e endpoint) promptParam() string {
+	switch e {
+	case epChat, epMessages:
+		return "messages"
+	case epResponses:
+		return "input"
+	}
+	return "prompt"
+}
+
 // promptKind says what form the prompt arrived in.
 type promptKind uint8
 

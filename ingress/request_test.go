@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"math"
@@ -331,7 +332,7 @@ func TestCompletionToChat(t *testing.T) {
 		if tc.chunk && tc.stop == "null" {
 			in = strings.Replace(in, `"finish_reason":"stop"`, `"finish_reason":null`, 1)
 		}
-		out := appendChatObject(nil, []byte(in), tc.chunk, false)
+		out := appendChatObject(nil, []byte(in), tc.chunk)
 		if !json.Valid(out) || !strings.HasSuffix(string(out), tc.want+"]}") {
 			t.Fatalf("stop_reason %s (chunk %v): %s, want the choice to end %s", tc.stop, tc.chunk, out, tc.want)
 		}
@@ -489,9 +490,20 @@ func FuzzChatRewrap(f *testing.F) {
 	f.Add([]byte(`{"id":"x","created":1,"model":"m","choices":[{"index":0,"text":"a","finish_reason":null}]}`))
 	f.Add([]byte(`{"choices":[]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		out := appendChatObject(nil, b, true, true)
+		out := appendChatObject(nil, b, true)
 		if json.Valid(b) && !json.Valid(out) {
 			t.Fatalf("valid input %q produced invalid %q", b, out)
+		}
+		roles, ok := appendRoleChunks(nil, b, 2)
+		if !ok && len(roles) > 0 {
+			t.Fatalf("%q: role chunks %q appended though refused", b, roles)
+		}
+		if ok && json.Valid(b) {
+			for _, ev := range bytes.Split(bytes.TrimSuffix(roles, eventSep), eventSep) {
+				if !json.Valid(bytes.TrimPrefix(ev, dataPrefix)) {
+					t.Fatalf("valid input %q produced the invalid role chunk %q", b, ev)
+				}
+			}
 		}
 	})
 }

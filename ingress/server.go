@@ -655,18 +655,11 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	path, start := ctx.Path(), time.Now()
+	if ep := endpointOf(path); ep != 0 {
+		s.handleInference(ctx, ep) // epMessages: messages.go, epOther: passthrough.go
+		return
+	}
 	switch string(path) {
-	case "/v1/completions":
-		s.handleInference(ctx, epCompletions)
-	case "/v1/chat/completions":
-		s.handleInference(ctx, epChat)
-	case "/v1/responses":
-		s.handleInference(ctx, epResponses)
-	case "/v1/messages":
-		s.handleInference(ctx, epMessages) // messages.go
-	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
-		"/v1/messages/count_tokens":
-		s.handleInference(ctx, epOther) // passthrough.go
 	case "/v1/models", "/health", "/ready", "/version", "/metrics":
 		if !ctx.IsGet() && !ctx.IsHead() { // read-only: 405, as vLLM's (FastAPI's) routes answer
 			endpoint := "unknown"
@@ -740,13 +733,28 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 	if reset {
 		note = s.heads.take(h)
 	}
+	start := time.Now()
 	fail := func(err error, status string) {
 		ae := writeErrorShape(ctx, err, note.messages)
 		if status == "" {
 			status = s.m.status(ae.status)
 		}
-		s.m.requests.WithLabelValues("unknown", status).Inc()
+		// Counted, logged and answered with a request id as a request the
+		// handlers refused is (finishOther): an operator finds the client's
+		// 413 by the id its SDK reports.
+		endpoint := transportEndpoint(ctx.Path())
+		s.m.requests.WithLabelValues(endpoint, status).Inc()
+		id := h.Peek("X-Request-Id")
+		if !validRequestID(id) {
+			id = appendRequestID(nil)
+		}
+		ctx.Response.Header.SetBytesV("X-Request-Id", id)
 		s.corsHeaders(ctx, note.cors)
+		if s.alog != nil {
+			if ok, dropped := s.otherLog.allow(start, otherLogPerSecond); ok {
+				s.otherLine(ctx, endpoint, start, ae, id, dropped)
+			}
+		}
 	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.deps.Auth != nil {
 		aerr := note.authErr
@@ -777,6 +785,34 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	fail(badRequest("", fmt.Errorf("%w: %s", ErrBadRequest, transportErrText(err))), "400")
+}
+
+// endpointOf is the inference endpoint path serves, 0 for none.
+func endpointOf(path []byte) endpoint {
+	switch string(path) {
+	case "/v1/completions":
+		return epCompletions
+	case "/v1/chat/completions":
+		return epChat
+	case "/v1/responses":
+		return epResponses
+	case "/v1/messages":
+		return epMessages
+	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
+		"/v1/messages/count_tokens":
+		return epOther
+	}
+	return 0
+}
+
+// transportEndpoint is the endpoint label of a request fasthttp could not
+// read, by its path ("unknown" when the path is not served or was lost
+// with the request).
+func transportEndpoint(path []byte) string {
+	if ep := endpointOf(path); ep != 0 {
+		return ep.String()
+	}
+	return "unknown"
 }
 
 // transportErrText is a fixed text for an error fasthttp met reading a

@@ -175,8 +175,8 @@ func TestLargeEventsWhole(t *testing.T) {
 			t.Fatalf("status %d, engine path %s: %.300s", st, p, b)
 		}
 		evs := sseData(b)
-		if len(evs) != 5 || evs[4] != "[DONE]" {
-			t.Fatalf("%d events, want 3 chunks, usage, [DONE]: %.300q", len(evs), b)
+		if len(evs) != 6 || evs[5] != "[DONE]" {
+			t.Fatalf("%d events, want the role chunk, 3 chunks, usage, [DONE]: %.300q", len(evs), b)
 		}
 		var ch struct {
 			Object  string `json:"object"`
@@ -185,13 +185,13 @@ func TestLargeEventsWhole(t *testing.T) {
 				Logprobs json.RawMessage          `json:"logprobs"`
 			} `json:"choices"`
 		}
-		if err := json.Unmarshal([]byte(evs[1]), &ch); err != nil || ch.Object != "chat.completion.chunk" || len(ch.Choices) != 1 {
-			t.Fatalf("the large event: %v: %.300s", err, evs[1])
+		if err := json.Unmarshal([]byte(evs[2]), &ch); err != nil || ch.Object != "chat.completion.chunk" || len(ch.Choices) != 1 {
+			t.Fatalf("the large event: %v: %.300s", err, evs[2])
 		}
 		if ch.Choices[0].Delta.Content != " big" || string(ch.Choices[0].Logprobs) != bigLogprobs {
 			t.Fatalf("the large event's content %q, logprobs %d bytes of %d", ch.Choices[0].Delta.Content, len(ch.Choices[0].Logprobs), len(bigLogprobs))
 		}
-		for i, e := range evs[:4] {
+		for i, e := range evs[:5] {
 			if !json.Valid([]byte(e)) {
 				t.Fatalf("event %d is not JSON: %.200s", i, e)
 			}
@@ -322,11 +322,11 @@ func TestCRLFStreams(t *testing.T) {
 			st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions",
 				`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 			evs := sseEvents(b)
-			if st != 200 || len(evs) != 4 || evs[3] != "[DONE]" || bytes.IndexByte(b, '\r') >= 0 {
-				t.Fatalf("status %d, %d events, want 3 chat chunks and [DONE]: %q", st, len(evs), b)
+			if st != 200 || len(evs) != 5 || evs[4] != "[DONE]" || bytes.IndexByte(b, '\r') >= 0 {
+				t.Fatalf("status %d, %d events, want the role chunk, 3 chat chunks and [DONE]: %q", st, len(evs), b)
 			}
 			var text strings.Builder
-			for i, e := range evs[:3] {
+			for i, e := range evs[:4] {
 				var ch struct {
 					Object  string `json:"object"`
 					Choices []struct {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -208,6 +209,50 @@ func TestChatAsCompletionsMatchesChat(t *testing.T) {
 	}
 	if !sawRole || !sawUsage || content.Len() == 0 {
 		t.Fatalf("role %v usage %v content %q: %q", sawRole, sawUsage, content.String(), evs)
+	}
+}
+
+// A chat stream in completions mode opens as vLLM's chat stream does (the
+// simulator's chat endpoint behind the chat-mode ingress): a chunk with the
+// role and empty content before any text, carrying the
+// prompt's usage with none generated under continuous_usage_stats. Before,
+// the role rode on the first text chunk, so the stream had a chunk fewer and
+// that usage tick was lost.
+func TestChatAsCompletionsStreamOpensWithRoleChunks(t *testing.T) {
+	chatSrv, _ := tokenizedRig(t, ChatModeChat)
+	wrapSrv, _ := tokenizedRig(t, ChatModeCompletions)
+	const body = `{"model":"llama","messages":[{"role":"user","content":"What is a KV cache?"}],"max_tokens":4,"stream":true,` +
+		`"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`
+	var opening [2][]string
+	for i, s := range []*Server{chatSrv, wrapSrv} {
+		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/chat/completions", body)
+		if st != 200 {
+			t.Fatalf("mode %d: %d %s", i, st, b)
+		}
+		for _, e := range sseEvents(b) {
+			var ch map[string]any
+			if err := json.Unmarshal([]byte(e), &ch); err != nil {
+				break
+			}
+			choices, _ := ch["choices"].([]any)
+			if len(choices) != 1 {
+				break
+			}
+			delta, _ := choices[0].(map[string]any)["delta"].(map[string]any)
+			if delta["role"] != "assistant" {
+				break // the first text chunk: the opening is over
+			}
+			delete(ch, "id")
+			delete(ch, "created")
+			norm, _ := json.Marshal(ch)
+			opening[i] = append(opening[i], string(norm))
+		}
+	}
+	if len(opening[0]) != 1 || !slices.Equal(opening[0], opening[1]) {
+		t.Fatalf("the chat stream opens with\n%q\nthe completions-mode stream with\n%q", opening[0], opening[1])
+	}
+	if !strings.Contains(opening[1][0], `"completion_tokens":0`) || !strings.Contains(opening[1][0], `"content":""`) {
+		t.Fatalf("opening %q", opening[1])
 	}
 }
 

@@ -144,6 +144,7 @@ func (u *upstreams) closeEngine(id string) int {
 	n := 0
 	for c := range u.conns {
 		if c.up.id == id && c.state.Load() != connIdle {
+			c.stallCut.Store(true)
 			_ = c.Conn.Close()
 			n++
 		}
@@ -374,6 +375,10 @@ type idleConn struct {
 	// tlsErr is an engine's alert refusing this ingress's certificate,
 	// read on the connection (upstreamtls.go).
 	tlsErr atomic.Pointer[engineTLSError]
+	// stallCut: closeEngine cut the request on it (the stall watch's
+	// verdict on a hung engine), which its error then says rather than
+	// "the engine closed the connection".
+	stallCut atomic.Bool
 	// deadline is the exchange's own read deadline (unix ns; 0: none),
 	// which fasthttp sets for a call with a timeout (DoTimeout: the
 	// engine's /tokenize) and clears for the next call on the connection.
@@ -431,6 +436,11 @@ func (c *idleConn) release() {
 // for its commit (nil-safe).
 func (c *idleConn) firstByteExpired() bool {
 	return c != nil && c.firstExpired.Load()
+}
+
+// wasStallCut reports whether the stall watch cut c's request (nil-safe).
+func (c *idleConn) wasStallCut() bool {
+	return c != nil && c.stallCut.Load()
 }
 
 func (c *idleConn) Close() error {
