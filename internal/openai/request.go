@@ -350,10 +350,12 @@ func DecodeChatRequest(body []byte) (*ChatRequest, error) {
 		problems = append(problems, "messages: required")
 	}
 	for i, m := range r.Messages {
-		switch m.Role {
-		case "system", "user", "assistant", "tool", "developer":
-		default:
-			problems = append(problems, fmt.Sprintf("messages[%d].role %q: want system, user, assistant, tool or developer", i, m.Role))
+		// Any role is taken, as vLLM takes it (its
+		// CustomChatCompletionMessageParam: the chat template decides
+		// what a role means, and may refuse it); only a message with none
+		// is refused.
+		if m.Role == "" {
+			problems = append(problems, fmt.Sprintf("messages[%d].role: required", i))
 		}
 	}
 	if r.MaxCompletionTokens != nil && *r.MaxCompletionTokens < 1 {
