@@ -22,9 +22,17 @@ type bpe struct {
 	vocabR []string // by id
 	has    []bool   // ids present in vocab
 	// merges maps left<<32|right to rank<<32|merged id.
-	merges       map[uint64]uint64
-	byteLevel    bool
-	byteIDs      [256]int64 // byte-level: id of each single byte, -1 if absent
+	merges    map[uint64]uint64
+	byteLevel bool
+	byteIDs   [256]int64 // byte-level: id of each single byte, -1 if absent
+	// byteSlow: a byte-level word needs byteLevelSymbols, not the byteIDs
+	// loop: the model has a continuing_subword_prefix or end_of_word_suffix,
+	// or a byte without a token and an unknown token or byte fallback to
+	// spell it with.
+	byteSlow bool
+	// affixIDs: byte-level with a prefix or suffix: the id of each byte's
+	// token in each position (affixNotFirst, affixLast bits), -1 if absent.
+	affixIDs     *[4][256]int64
 	ignoreMerges bool
 	byteFallback bool
 	fallbackIDs  [256]int64 // <0xXX> tokens
@@ -59,8 +67,16 @@ func (m *bpe) size() int { return len(m.vocabR) }
 // unknown token: a byte-level vocabulary with all 256 bytes, or byte
 // fallback with all 256 <0xXX> tokens.
 func (m *bpe) spellsEveryByte() bool {
-	if m.byteLevel && m.contPrefix == "" && m.eowSuffix == "" && !slices.Contains(m.byteIDs[:], -1) {
-		return true
+	if m.byteLevel {
+		all := !slices.Contains(m.byteIDs[:], -1)
+		if m.affixIDs != nil {
+			for _, ids := range m.affixIDs {
+				all = all && !slices.Contains(ids[:], -1)
+			}
+		}
+		if all {
+			return true
+		}
 	}
 	return m.byteFallback && !slices.Contains(m.fallbackIDs[:], -1)
 }
@@ -112,6 +128,9 @@ func (m *bpe) tokenize(dst []uint32, word string, sc *bpeScratch) []uint32 {
 
 func (m *bpe) initialSymbols(syms []uint32, word string) []uint32 {
 	if m.byteLevel {
+		if m.byteSlow {
+			return m.byteLevelSymbols(syms, word)
+		}
 		for i := 0; i < len(word); i++ {
 			if id := m.byteIDs[word[i]]; id >= 0 {
 				syms = append(syms, uint32(id))
@@ -166,6 +185,75 @@ func (m *bpe) initialSymbols(syms []uint32, word string) []uint32 {
 		}
 	}
 	return syms
+}
+
+// The positions of a byte in a word, as affixIDs indexes them.
+const (
+	affixNotFirst = 1 // takes the continuing_subword_prefix
+	affixLast     = 2 // takes the end_of_word_suffix
+)
+
+// byteLevelSymbols is initialSymbols for a byte-level vocabulary as
+// tokenizers does it: each byte is one character (a rune of the byte-level
+// alphabet), spelled with the prefix unless first and the suffix if last.
+// A character without a token is spelled with byte fallback tokens (of the
+// UTF-8 bytes of its byte-level spelling, affixes included, as tokenizers
+// does), else with the unknown token, else dropped.
+func (m *bpe) byteLevelSymbols(syms []uint32, word string) []uint32 {
+	lastUnk := false
+	for i := 0; i < len(word); i++ {
+		pos := 0
+		if i > 0 {
+			pos |= affixNotFirst
+		}
+		if i == len(word)-1 {
+			pos |= affixLast
+		}
+		id := m.byteIDs[word[i]]
+		if m.affixIDs != nil {
+			id = m.affixIDs[pos][word[i]]
+		}
+		if id >= 0 {
+			syms = append(syms, uint32(id))
+			lastUnk = false
+			continue
+		}
+		if m.byteFallback {
+			var buf [64]byte
+			s := m.byteLevelSpelling(buf[:0], word[i], pos)
+			all := true
+			for _, b := range s {
+				all = all && m.fallbackIDs[b] >= 0
+			}
+			if all {
+				for _, b := range s {
+					syms = append(syms, uint32(m.fallbackIDs[b]))
+				}
+				lastUnk = false
+				continue
+			}
+		}
+		if m.unk >= 0 {
+			if !(m.fuseUnk && lastUnk) {
+				syms = append(syms, uint32(m.unk))
+			}
+			lastUnk = true
+		}
+	}
+	return syms
+}
+
+// byteLevelSpelling appends the token tokenizers looks up for byte b at pos:
+// its byte-level rune with the affixes, as tokenizer.json writes it.
+func (m *bpe) byteLevelSpelling(dst []byte, b byte, pos int) []byte {
+	if pos&affixNotFirst != 0 {
+		dst = append(dst, m.contPrefix...)
+	}
+	dst = utf8.AppendRune(dst, byteToRune[b])
+	if pos&affixLast != 0 {
+		dst = append(dst, m.eowSuffix...)
+	}
+	return dst
 }
 
 // mergeSmall applies the lowest-ranked merge (leftmost on ties) until none
@@ -378,6 +466,24 @@ func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error)
 	}
 	if m.byteLevel {
 		vocab = toRawBytes(vocab)
+		if m.contPrefix != "" || m.eowSuffix != "" {
+			// Each byte's token in each position, as toRawBytes keyed it.
+			m.affixIDs = new([4][256]int64)
+			var buf []byte
+			for pos := range m.affixIDs {
+				for b := range 256 {
+					buf = m.byteLevelSpelling(buf[:0], byte(b), pos)
+					key, ok := byteLevelDecodeString(string(buf))
+					if !ok {
+						key = string(buf)
+					}
+					m.affixIDs[pos][b] = -1
+					if id, ok := vocab[key]; ok {
+						m.affixIDs[pos][b] = int64(id)
+					}
+				}
+			}
+		}
 	}
 	m.vocab = vocab
 	m.vocabR, m.has = reverseVocab(vocab)
@@ -392,6 +498,8 @@ func newBPE(vocab map[string]uint32, merges [][2]string, opts bpe) (*bpe, error)
 			m.fallbackIDs[b] = int64(id)
 		}
 	}
+	m.byteSlow = m.byteLevel && (m.affixIDs != nil ||
+		slices.Contains(m.byteIDs[:], -1) && (m.unk >= 0 || m.byteFallback))
 	return &m, nil
 }
 

@@ -122,6 +122,7 @@ func FuzzOnigTranslate(f *testing.F) {
 // FuzzLoad: malformed tokenizer.json is an error, never a panic.
 func FuzzLoad(f *testing.F) {
 	f.Add(`{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]},"pre_tokenizer":{"type":"ByteLevel"}}`)
+	f.Add(`{"model":{"type":"BPE","vocab":{"a":0,"a</w>":1,"b</w>":2,"ab</w>":3,"<unk>":4,"<0x61>":5},"merges":["a b</w>"],"continuing_subword_prefix":"","end_of_word_suffix":"</w>","unk_token":"<unk>","byte_fallback":true},"pre_tokenizer":{"type":"ByteLevel"}}`)
 	f.Add(`{"model":{"type":"WordPiece","vocab":{"[UNK]":0,"a":1,"##b":2}},"normalizer":{"type":"BertNormalizer"},"pre_tokenizer":{"type":"BertPreTokenizer"},"post_processor":{"type":"BertProcessing","cls":["[CLS]",1],"sep":["[SEP]",2]}}`)
 	f.Add(`{"model":{"type":"Unigram","vocab":[["a",-1.0],["b",-2.0]],"unk_id":0},"pre_tokenizer":{"type":"Metaspace"}}`)
 	f.Add(`{"model":{"vocab":{"x":0,"[UNK]":1},"unk_token":"[UNK]"},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+$|[^\\p{L}&&[^a]]"},"behavior":"Removed"}}`)
