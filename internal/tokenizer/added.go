@@ -101,57 +101,71 @@ func (v *addedVocab) splitNormalized(dst []piece, text string) []piece {
 	return v.norm.split(dst, text)
 }
 
-// split cuts text into pieces: text spans (id -1) and matched tokens.
+// split cuts text into pieces: text spans (id -1) and matched tokens, as
+// tokenizers' AddedVocabulary::find_matches does. The matches are those of
+// its Aho-Corasick automaton (leftmost-longest, each search going on after
+// the previous match, whatever became of it); only then are the flags
+// applied to each. So a single_word token that is glued to a word is
+// dropped with its whole span (no shorter token is tried inside it), and
+// an rstrip token's span reaches over the whitespace after it without
+// hiding the tokens matched in that whitespace: they are emitted after it
+// ("</think>" rstrip then "\n\n" gives both, and a third "\n" after them is
+// text again). The pieces may then overlap; each is encoded on its own.
 func (m *matcherSet) split(dst []piece, text string) []piece {
 	if !m.any {
 		return append(dst, piece{0, len(text), -1})
 	}
-	last := 0
-	for i := 0; i < len(text); i++ {
-		cands := m.first[text[i]]
-		if len(cands) == 0 {
+	last := 0 // the end of the last piece (start_offset)
+	for i := 0; i < len(text); {
+		a := m.longestAt(text, i)
+		if a == nil {
+			i++
 			continue
 		}
-		for _, a := range cands {
-			c := a.content
-			if len(text)-i < len(c) || text[i:i+len(c)] != c {
-				continue
-			}
-			start, end := i, i+len(c)
-			if a.singleWord && !isSingleWord(text, start, end) {
-				continue
-			}
-			if a.lstrip {
-				for start > last {
-					r, n := utf8.DecodeLastRuneInString(text[last:start])
-					if !unicode.IsSpace(r) {
-						break
-					}
-					start -= n
-				}
-			}
-			if a.rstrip {
-				for end < len(text) {
-					r, n := utf8.DecodeRuneInString(text[end:])
-					if !unicode.IsSpace(r) {
-						break
-					}
-					end += n
-				}
-			}
-			if start > last {
-				dst = append(dst, piece{last, start, -1})
-			}
-			dst = append(dst, piece{start, end, int64(a.id)})
-			last = end
-			i = end - 1
-			break
+		start, end := i, i+len(a.content)
+		i = end
+		if a.singleWord && !isSingleWord(text, start, end) {
+			continue
 		}
+		if a.lstrip {
+			for start > 0 {
+				r, n := utf8.DecodeLastRuneInString(text[:start])
+				if !unicode.IsSpace(r) {
+					break
+				}
+				start -= n
+			}
+			start = max(start, last) // spaces the previous piece took
+		}
+		if a.rstrip {
+			for end < len(text) {
+				r, n := utf8.DecodeRuneInString(text[end:])
+				if !unicode.IsSpace(r) {
+					break
+				}
+				end += n
+			}
+		}
+		if last < start {
+			dst = append(dst, piece{last, start, -1})
+		}
+		dst = append(dst, piece{start, end, int64(a.id)})
+		last = end
 	}
 	if last < len(text) {
 		dst = append(dst, piece{last, len(text), -1})
 	}
 	return dst
+}
+
+// longestAt is the longest token that text has at i, nil if none.
+func (m *matcherSet) longestAt(text string, i int) *addedToken {
+	for _, a := range m.first[text[i]] {
+		if c := a.content; len(text)-i >= len(c) && text[i:i+len(c)] == c {
+			return a
+		}
+	}
+	return nil
 }
 
 // isSingleWord: the match is not glued to word characters on either side.

@@ -1,0 +1,97 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// addedMatchJSON is a byte-level BPE without merges (each byte its own id)
+// with added tokens that overlap the way find_matches makes them: an rstrip
+// token followed by whitespace tokens, an lstrip one, and single_word tokens
+// that contain a shorter token.
+func addedMatchJSON() string {
+	vocab := map[string]int{}
+	for b := range 256 {
+		vocab[string(byteToRune[b])] = b
+	}
+	v, _ := json.Marshal(vocab)
+	tok := func(id int, content string, singleWord, lstrip, rstrip, special bool) string {
+		c, _ := json.Marshal(content)
+		return fmt.Sprintf(`{"id":%d,"content":%s,"single_word":%v,"lstrip":%v,"rstrip":%v,"normalized":false,"special":%v}`,
+			id, c, singleWord, lstrip, rstrip, special)
+	}
+	added := []string{
+		tok(256, "</think>", false, false, true, true), tok(257, "\n\n", false, false, false, true),
+		tok(258, "<x>", false, true, false, true), tok(259, "  ", false, false, false, false),
+		tok(260, "xy", true, false, false, false), tok(261, "yq", false, false, false, false),
+		tok(262, "xyqr", true, false, false, false),
+	}
+	out := `{"version":"1.0","added_tokens":[`
+	for i, a := range added {
+		if i > 0 {
+			out += ","
+		}
+		out += a
+	}
+	return out + `],"normalizer":null,"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},` +
+		`"post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},` +
+		`"model":{"type":"BPE","vocab":` + string(v) + `,"merges":[]}}`
+}
+
+// addedMatchCases are texts for addedMatchJSON with the ids tokenizers
+// 0.23.2 gives (TestAddedTokenMatchesReference checks them against it).
+var addedMatchCases = []struct {
+	text string
+	want []uint32
+}{
+	// rstrip reaches over the whitespace, whose added tokens are still
+	// emitted after it; a "\n" left over is text again.
+	{"</think>\n\nok", []uint32{256, 257, 111, 107}},
+	{"</think>\n\n\n\nok", []uint32{256, 257, 257, 111, 107}},
+	{"</think> \n\nok", []uint32{256, 257, 111, 107}},
+	{"</think>\n\n\nok", []uint32{256, 257, 10, 111, 107}},
+	{"</think>\n\n</think>\n\nz", []uint32{256, 257, 256, 257, 122}},
+	{" \n\n</think>\n\n", []uint32{32, 257, 256, 257}},
+	// lstrip does not take back spaces an earlier piece took.
+	{"</think>  <x>b", []uint32{256, 259, 258, 98}},
+	{"</think>   <x>b", []uint32{256, 259, 258, 98}},
+	{"a  <x>b", []uint32{97, 259, 258, 98}},
+	// A single_word token glued to a word is dropped with its span: no
+	// shorter token is looked for inside it.
+	{"axyq", []uint32{97, 120, 121, 113}},
+	{"axyqr", []uint32{97, 120, 121, 113, 114}},
+	{"xyq", []uint32{120, 121, 113}},
+	{"xy q", []uint32{260, 32, 113}},
+	{"a xyqr yq", []uint32{97, 32, 262, 32, 261}},
+}
+
+// TestAddedTokenMatches: added tokens are found as tokenizers' find_matches
+// finds them (h-tok finding 2: Native hid the "\n\n" after an rstrip
+// "</think>", and tried shorter tokens inside a single_word token it refused).
+func TestAddedTokenMatches(t *testing.T) {
+	tk := mustLoad(t, addedMatchJSON())
+	for _, c := range addedMatchCases {
+		if got := tk.Encode(c.text, false); !slices.Equal(got, c.want) {
+			t.Errorf("%q: got %v want %v", c.text, got, c.want)
+		}
+	}
+}
+
+// TestAddedTokenMatchesReference holds addedMatchCases to tokenizers.
+func TestAddedTokenMatchesReference(t *testing.T) {
+	job := refJob{Tokenizer: addedMatchJSON()}
+	for _, c := range addedMatchCases {
+		job.Texts = append(job.Texts, c.text)
+	}
+	ref := tokref(t, []refJob{job})[0]
+	if ref.LoadErr != "" {
+		t.Fatalf("reference: %s", ref.LoadErr)
+	}
+	for i, c := range addedMatchCases {
+		if r := ref.Results[i]; r.Err != "" || !slices.Equal(r.IDs, c.want) {
+			t.Errorf("%q: test expects %v, reference %v %s", c.text, c.want, r.IDs, r.Err)
+		}
+	}
+}
