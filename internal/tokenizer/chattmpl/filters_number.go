@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Number filters (int, float, abs, round) and Python's number parsing they
@@ -57,7 +59,7 @@ func truncFloat(f float64, def any) (any, error) {
 // pyParseInt is Python's int(s, base) (base 0: from the prefix); ok is
 // false where Python raises ValueError.
 func pyParseInt(s string, base int64) (int64, bool, error) {
-	s = strings.TrimFunc(s, pyIsSpace)
+	s = strings.TrimFunc(pyDecimalToASCII(s), pyIsSpace)
 	if base != 0 && (base < 2 || base > 36) {
 		return 0, false, fmt.Errorf("%w: int() base must be >= 2 and <= 36, or 0", ErrRender)
 	}
@@ -99,9 +101,55 @@ func pyParseInt(s string, base int64) (int64, bool, error) {
 	return int64(u), true, nil
 }
 
+// pyDecimalToASCII is CPython's first step in int(s) and float(s)
+// (_PyUnicode_TransformDecimalAndSpaceToASCII): every decimal digit (Nd:
+// '٣', '𝟙') becomes its ASCII digit, every other whitespace a space, and
+// any other non-ASCII character '?', which no parse accepts.
+func pyDecimalToASCII(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		ascii = ascii && s[i] < utf8.RuneSelf
+	}
+	if ascii {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for _, r := range s {
+		switch {
+		case r < utf8.RuneSelf:
+			b = append(b, byte(r))
+		case pyIsSpace(r):
+			b = append(b, ' ')
+		case unicode.IsDigit(r):
+			b = append(b, '0'+byte(decimalValue(r)))
+		default:
+			b = append(b, '?')
+		}
+	}
+	return string(b)
+}
+
+// decimalValue is the value of a decimal digit (Nd): Unicode assigns them
+// in runs of ten from 0 to 9, so it is the distance from the start of the
+// table range holding r, modulo 10 (a range may hold several runs, as the
+// mathematical digits do).
+func decimalValue(r rune) int {
+	for _, rg := range unicode.Nd.R16 {
+		if r >= rune(rg.Lo) && r <= rune(rg.Hi) {
+			return int(r-rune(rg.Lo)) % 10
+		}
+	}
+	for _, rg := range unicode.Nd.R32 {
+		if r >= rune(rg.Lo) && r <= rune(rg.Hi) {
+			return int(r-rune(rg.Lo)) % 10
+		}
+	}
+	return 0
+}
+
 // pyParseFloat is Python's float(s) for a string.
 func pyParseFloat(s string) (float64, bool) {
-	s = strings.TrimFunc(s, pyIsSpace)
+	s = strings.TrimFunc(pyDecimalToASCII(s), pyIsSpace)
 	t := strings.ToLower(strings.TrimLeft(s, "+-"))
 	switch t {
 	case "inf", "infinity", "nan":

@@ -145,6 +145,17 @@ var jinja2Cases = []jinja2Case{
 	{name: `Gemma 3 pythonic tool call with two arguments`, file: "vllm-gemma3_pythonic.jinja",
 		vars: `{"bos_token": "<bos>", "messages": [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}]}, {"role": "tool", "content": "21"}], "add_generation_prompt": true}`,
 		want: "<bos><start_of_turn>user\nWeather in Paris?<end_of_turn>\n<start_of_turn>model\n[get_weather(city=\"Paris\"unit=\"c\")]<end_of_turn>\n<start_of_turn>user\n<tool_response>\n21</tool_response><end_of_turn>\n<start_of_turn>model\n"},
+	// str.join takes any iterable, as Python does (it refused all but lists).
+	{name: `join over iterables`, src: `{{ 'x'.join(l|map('string')) }}|{{ ','.join(l|select('odd')|map('string')) }}|{{ ','.join(d.keys()) }}|{{ ','.join(d) }}|{{ ','.join(s.split(',')|reverse) }}|{{ '-'.join('abc') }}|{{ ','.join(d.values()) }}|{{ ','.join(foo) }}|{{ ','.join(('p', 'q')) }}`,
+		vars: `{"l": [3, 1, 2], "d": {"a": "x", "b": "y"}, "s": "a,b"}`, want: `3x1x2|3,1|a,b|a,b|b,a|a-b-c|x,y||p,q`},
+	{name: `join of item pairs`, src: `{{ ','.join(d.items()) }}`, vars: `{"d": {"a": "x"}}`, err: `expected str instance, tuple found`},
+	{name: `join of none`, src: `{{ ','.join(none) }}`, err: `can only join an iterable`},
+	// isdigit is Numeric_Type Decimal or Digit; int() and float() read any
+	// decimal digit (they read '٣' as 0, '²' is not one).
+	{name: `isdigit beyond ASCII`, src: `{{ '²'.isdigit() }}|{{ '①'.isdigit() }}|{{ '٣'.isdigit() }}|{{ '⁹₀'.isdigit() }}|{{ '½'.isdigit() }}|{{ '⑩'.isdigit() }}|{{ 'Ⅻ'.isdigit() }}|{{ '12'.isdigit() }}|{{ '1a'.isdigit() }}`,
+		want: `True|True|True|True|False|False|False|True|False`},
+	{name: `int and float of Unicode digits`, src: `{{ '٣'|int }}|{{ '٣'|float }}|{{ '𝟙'|int }}|{{ '１２'|int }}|{{ '²'|int }}|{{ '٣.٥'|float }}|{{ w|int }}|{{ '٣'|int(base=16) }}|{{ 'é'|int(7) }}|{{ '𝟗𝟡'|int }}|{{ '٣e٢'|float }}`,
+		vars: `{"w": "\u3000\u0664\u0662\u3000"}`, want: `3|3.0|1|12|0|3.5|42|3|7|99|300.0`},
 	{name: `strftime_now`, src: `{{ strftime_now('%Y') | length }}|{{ strftime_now('%-d %B %Y') == strftime_now('%-d %B %Y') }}`, want: `4|True`},
 }
 

@@ -144,6 +144,15 @@ func stringMethod(s, name string) builtin {
 		if err := c.r.scan(len(s)); err != nil {
 			return nil, err
 		}
+		if name == "join" && len(args) == 1 {
+			// Python joins any iterable: a generator (map, select,
+			// reverse), a dict (its keys), a dict view, a string.
+			items, err := c.r.iterate(args[0])
+			if err != nil {
+				return nil, fmt.Errorf("%w: can only join an iterable", ErrRender)
+			}
+			args = []any{items}
+		}
 		return f(s, args, kw)
 	}
 }
@@ -226,7 +235,7 @@ func init() {
 		"join": func(s string, args []any, _ *Dict) (any, error) {
 			items, ok := seqItems(firstArg(args))
 			if !ok {
-				return nil, fmt.Errorf("%w: join() needs a list", ErrRender)
+				return nil, fmt.Errorf("%w: can only join an iterable", ErrRender)
 			}
 			parts := make([]string, len(items))
 			n := 0
@@ -478,6 +487,30 @@ func pad(s string, args []any, how string) (any, error) {
 	return strings.Repeat(fill, int(left)) + s + strings.Repeat(fill, int(total-left)), nil
 }
 
+// pyDigitNo are the characters that Python's str.isdigit takes beyond the
+// decimal digits (Nd): those of Numeric_Type Digit, all of category No
+// (superscripts, subscripts, circled and parenthesized digits, Ethiopic
+// digits, …). Unicode 14 (Python 3.11's unicodedata), generated with
+// unicodedata.digit(c) is not None and category(c) != 'Nd'.
+var pyDigitNo = &unicode.RangeTable{
+	R16: []unicode.Range16{
+		{0x00b2, 0x00b3, 1}, {0x00b9, 0x00b9, 1}, {0x1369, 0x1371, 1}, {0x19da, 0x19da, 1}, {0x2070, 0x2070, 1},
+		{0x2074, 0x2079, 1}, {0x2080, 0x2089, 1}, {0x2460, 0x2468, 1}, {0x2474, 0x247c, 1}, {0x2488, 0x2490, 1},
+		{0x24ea, 0x24ea, 1}, {0x24f5, 0x24fd, 1}, {0x24ff, 0x24ff, 1}, {0x2776, 0x277e, 1}, {0x2780, 0x2788, 1},
+		{0x278a, 0x2792, 1},
+	},
+	R32: []unicode.Range32{
+		{0x10a40, 0x10a43, 1}, {0x10e60, 0x10e68, 1}, {0x11052, 0x1105a, 1}, {0x1f100, 0x1f10a, 1},
+	},
+	LatinOffset: 2,
+}
+
+// isPyDigit is Python's str.isdigit for one character: Numeric_Type
+// Decimal (Nd) or Digit.
+func isPyDigit(r rune) bool {
+	return unicode.IsDigit(r) || unicode.Is(pyDigitNo, r)
+}
+
 func strPredicate(s, name string) bool {
 	if s == "" {
 		return false
@@ -486,7 +519,7 @@ func strPredicate(s, name string) bool {
 	for _, r := range s {
 		switch name {
 		case "isdigit":
-			if !unicode.IsDigit(r) {
+			if !isPyDigit(r) {
 				return false
 			}
 		case "isalpha":
