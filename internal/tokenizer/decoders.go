@@ -70,11 +70,13 @@ func cleanupSpaces(s string) string {
 func metaspaceDecoder(replacement string, stripFirst bool) decoder {
 	return decoderFunc(func(tokens []string) []string {
 		for i, t := range tokens {
-			t = strings.ReplaceAll(t, replacement, " ")
-			if i == 0 && stripFirst && strings.HasPrefix(t, " ") {
-				t = t[1:]
+			// tokenizers drops every replacement in the first token
+			// (not only a leading one) and keeps its literal spaces.
+			if i == 0 && stripFirst {
+				tokens[i] = strings.ReplaceAll(t, replacement, "")
+			} else {
+				tokens[i] = strings.ReplaceAll(t, replacement, " ")
 			}
-			tokens[i] = t
 		}
 		return tokens
 	})

@@ -99,6 +99,7 @@ func Load(data []byte) (*Native, error) {
 	if t.decoder, byteLevelDec, err = loadDecoder(f.Decoder, t.byteLevel); err != nil {
 		return nil, fmt.Errorf("load decoder: %w", err)
 	}
+	t.decodeSpelled = t.byteLevel && !byteLevelDec
 	t.vocabSize = t.model.size()
 	var toks []*addedToken
 	for _, a := range f.AddedTokens {
@@ -107,9 +108,14 @@ func Load(data []byte) (*Native, error) {
 		}
 		at := &addedToken{id: a.ID, content: a.Content, special: a.Special, singleWord: a.SingleWord,
 			lstrip: a.Lstrip, rstrip: a.Rstrip, normalized: a.Normalized, decodeForm: a.Content}
+		if a.Normalized && t.normalizer != nil {
+			// tokenizers decodes a normalized token as its normalized
+			// content ("[USR]" under Lowercase decodes as "[usr]").
+			at.decodeForm = t.normalizer.normalize(a.Content)
+		}
 		if byteLevelDec {
 			// The ByteLevel decoder maps added tokens' runes to bytes too.
-			at.decodeForm = byteLevelDecodeToken(a.Content)
+			at.decodeForm = byteLevelDecodeToken(at.decodeForm)
 		}
 		toks = append(toks, at)
 		t.vocabSize = max(t.vocabSize, int(a.ID)+1)

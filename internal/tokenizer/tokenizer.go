@@ -54,10 +54,14 @@ type Native struct {
 	pre        preTokenizer // nil: each piece is one word
 	model      model
 	post       postProcessor // nil: none
-	decoder    decoder       // nil: tokens concatenated
+	decoder    decoder       // nil: tokens joined with spaces, as tokenizers does
 	// byteLevel: the model vocabulary was converted from the byte-level
 	// alphabet to raw bytes at load, so words are fed to the model as raw bytes.
 	byteLevel bool
+	// decodeSpelled: byteLevel without a ByteLevel decoder step, so Decode
+	// gives the model's tokens spelled in the byte-level alphabet, as
+	// tokenizers does ("Ġworld"), not raw bytes.
+	decodeSpelled bool
 	// prefixSafe: encoding text[:b] and text[b:] separately gives the ids of
 	// text at every boundary b chosen by cutPoint (see cache.go).
 	prefixSafe bool
@@ -220,6 +224,9 @@ func (t *Native) Decode(ids []uint32, skipSpecialTokens bool) string {
 			continue
 		}
 		if tok, ok := t.model.idToToken(id); ok {
+			if t.decodeSpelled {
+				tok = byteLevelEncodeString(tok)
+			}
 			toks = append(toks, tok)
 		}
 	}
@@ -227,7 +234,7 @@ func (t *Native) Decode(ids []uint32, skipSpecialTokens bool) string {
 	if t.decoder != nil {
 		s = decodeTokens(t.decoder, toks)
 	} else {
-		s = strings.Join(toks, "")
+		s = strings.Join(toks, " ")
 	}
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
