@@ -73,9 +73,12 @@ func newAddedVocab(tokens []*addedToken, normalize func(string) string) *addedVo
 				v.anyStrip = true
 			}
 		}
-		// Special tokens are never normalized, whatever their flag says
-		// (Hugging Face matches them on the raw input).
-		if a.normalized && !a.special && normalize != nil {
+		// A token is matched on the normalized text when its flag says so,
+		// special ones too (tokenizers' refresh_added_tokens partitions
+		// every added token by `normalized` alone: CLIP's
+		// <|startoftext|>, normalized under a Lowercase normalizer, matches
+		// "<|STARTOFTEXT|>").
+		if a.normalized && normalize != nil {
 			c := normalize(a.content)
 			na := *a
 			na.content = c

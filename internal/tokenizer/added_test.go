@@ -95,3 +95,64 @@ func TestAddedTokenMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// normalizedSpecialJSON: addedMatchJSON's byte-level model under a Lowercase
+// normalizer, with a special token marked normalized (as CLIP's
+// <|startoftext|> is).
+func normalizedSpecialJSON() string {
+	vocab := map[string]int{}
+	for b := range 256 {
+		vocab[string(byteToRune[b])] = b
+	}
+	v, _ := json.Marshal(vocab)
+	return `{"version":"1.0","added_tokens":[` +
+		`{"id":256,"content":"<|startoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":true,"special":true},` +
+		`{"id":257,"content":"<|END|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],` +
+		`"normalizer":{"type":"Lowercase"},"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},` +
+		`"post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},` +
+		`"model":{"type":"BPE","vocab":` + string(v) + `,"merges":[]}}`
+}
+
+// normalizedSpecialCases are texts for normalizedSpecialJSON with the ids
+// tokenizers 0.23.2 gives: a special token marked normalized is matched on
+// the normalized (lowercased) text, one that is not on the raw text.
+var normalizedSpecialCases = []struct {
+	text string
+	want []uint32
+}{
+	{"<|STARTOFTEXT|>A", []uint32{256, 97}},
+	{"<|startoftext|>", []uint32{256}},
+	{"<|END|>x", []uint32{257, 120}},
+	{"<|end|>", []uint32{60, 124, 101, 110, 100, 124, 62}},
+}
+
+// TestNormalizedSpecialToken: a special token's normalized flag is obeyed
+// (tokenizers partitions added tokens by it alone); before, special tokens
+// were always matched on the raw text, so "<|STARTOFTEXT|>" under CLIP's
+// Lowercase normalizer gave 15 byte ids instead of the token.
+func TestNormalizedSpecialToken(t *testing.T) {
+	tk := mustLoad(t, normalizedSpecialJSON())
+	for _, c := range normalizedSpecialCases {
+		if got := tk.Encode(c.text, false); !slices.Equal(got, c.want) {
+			t.Errorf("%q: got %v want %v", c.text, got, c.want)
+		}
+	}
+}
+
+// TestNormalizedSpecialTokenReference holds normalizedSpecialCases to
+// tokenizers.
+func TestNormalizedSpecialTokenReference(t *testing.T) {
+	job := refJob{Tokenizer: normalizedSpecialJSON()}
+	for _, c := range normalizedSpecialCases {
+		job.Texts = append(job.Texts, c.text)
+	}
+	ref := tokref(t, []refJob{job})[0]
+	if ref.LoadErr != "" {
+		t.Fatalf("reference: %s", ref.LoadErr)
+	}
+	for i, c := range normalizedSpecialCases {
+		if r := ref.Results[i]; r.Err != "" || !slices.Equal(r.IDs, c.want) {
+			t.Errorf("%q: test expects %v, reference %v %s", c.text, c.want, r.IDs, r.Err)
+		}
+	}
+}
