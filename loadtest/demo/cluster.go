@@ -15,7 +15,9 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/sidecar"
 	"github.com/kvmesh/kvmesh/sim"
 )
@@ -122,18 +124,11 @@ func (m *mesh) gossipConfig(name, role string, port int) *gossip.Config {
 // each sees every engine and has synced its index.
 func (m *mesh) startIngresses(ctx context.Context, policy string, run int) error {
 	for i := 0; i < m.cfg.Ingresses; i++ {
-		cfg := ingress.DefaultConfig()
-		cfg.ID = fmt.Sprintf("ingress-%d-%s-%d", i, policy, run)
-		off := 1 + portsPerEngine*m.cfg.Engines + portsPerIngress*i // ports.go
-		cfg.Listen = loopback(m.cfg.PortBase, off)
-		cfg.AccessLog = false
-		cfg.BlockSize = m.cfg.Engine.BlockSize
-		cfg.Scheduler.Policy = policy
-		cfg.Learn.Prior = wallPrior(m.cfg.TimeScale)
-		cfg.Cluster = ingress.ClusterConfig{
-			GossipBind: loopback(m.cfg.PortBase, off+1), GossipSeeds: []string{m.seed}, GossipProfile: "local",
-			NATSURLs: []string{m.nats.URL()},
+		cfg, err := m.ingressConfig(i, policy, run)
+		if err != nil {
+			return err
 		}
+		cfg.Cluster.NATSURLs = []string{m.nats.URL()}
 		aff, err := session.NewAffinity(session.DefaultAffinityConfig())
 		if err != nil {
 			return err
@@ -159,6 +154,51 @@ func (m *mesh) startIngresses(ctx context.Context, policy string, run int) error
 		}
 	}
 	return nil
+}
+
+// ingressConfig is ingress replica i's config for policy's run-th run.
+func (m *mesh) ingressConfig(i int, policy string, run int) (ingress.Config, error) {
+	cfg := ingress.DefaultConfig()
+	cfg.ID = fmt.Sprintf("ingress-%d-%s-%d", i, policy, run)
+	off := 1 + portsPerEngine*m.cfg.Engines + portsPerIngress*i // ports.go
+	cfg.Listen = loopback(m.cfg.PortBase, off)
+	cfg.AccessLog = false
+	cfg.BlockSize = m.cfg.Engine.BlockSize
+	sc, err := wallScheduler(cfg.Scheduler, policy, m.cfg.TimeScale)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Scheduler = sc
+	cfg.Learn.Prior = wallPrior(m.cfg.TimeScale)
+	cfg.Cluster = ingress.ClusterConfig{
+		GossipBind: loopback(m.cfg.PortBase, off+1), GossipSeeds: []string{m.seed}, GossipProfile: "local",
+	}
+	return cfg, nil
+}
+
+// wallScheduler is sc running policy, with the kvmesh block's
+// defaults in wall time for engines running ts× faster than model time:
+// its seconds (holdSeconds, balanceSeconds, saturationQueue, stepBase,
+// decodeSecPerToken) divided by ts, its prefill rate multiplied. The
+// ingress compares them with what its learner measures, wall seconds
+// (wallPrior); left in model seconds, the router-side hold engaged at 2
+// wall seconds of queued prefill, 20 engine seconds at ×10 where the DES
+// holds at 2: at ×10 it never held, at ×2 it held at 4 engine seconds,
+// and live and DES stopped tracking under overload (docs/BENCHMARKS.md,
+// "DES vs live").
+func wallScheduler(sc scheduler.Config, policy string, ts float64) (scheduler.Config, error) {
+	sc.Policy = policy
+	k := policies.DefaultKVMeshConfig()
+	k.PrefillRate *= ts
+	k.StepBase /= ts
+	k.DecodeSecPerToken /= ts
+	k.BalanceSeconds /= ts
+	k.SaturationQueue /= ts
+	k.HoldSeconds /= ts
+	if err := sc.SetParams("kvmesh", k); err != nil {
+		return sc, fmt.Errorf("ingress scheduler: %w", err)
+	}
+	return sc, nil
 }
 
 // wallPrior is the ingress learner's default prior in wall seconds for
