@@ -119,8 +119,11 @@ func (s ShareGPT) Read(r io.Reader) ([]Request, error) {
 		return nil, err
 	}
 	dec := json.NewDecoder(bufio.NewReaderSize(r, 1<<20))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+	switch tok, err := dec.Token(); {
+	case err != nil:
 		return nil, fmt.Errorf("%w: sharegpt: want a JSON array of conversations (%v)", ErrBadWorkload, err)
+	case tok != json.Delim('['):
+		return nil, fmt.Errorf("%w: sharegpt: want a JSON array of conversations, the file starts with %s (one object per line is a Mooncake trace's form)", ErrBadWorkload, describeToken(tok))
 	}
 	rng := rand.New(rand.NewPCG(s.Seed, 0x5a4e))
 	var reqs []Request
@@ -179,4 +182,17 @@ func (s ShareGPT) session(reqs []Request, turns []shareGPTTurn, n int, start tim
 		}
 	}
 	return reqs
+}
+
+// describeToken names the first JSON token of a file that is not an array.
+func describeToken(tok json.Token) string {
+	switch v := tok.(type) {
+	case json.Delim:
+		return fmt.Sprintf("%q", string(v))
+	case string:
+		return "a string"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%v", tok)
 }

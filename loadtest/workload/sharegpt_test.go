@@ -83,3 +83,12 @@ func FuzzShareGPT(f *testing.F) {
 		}
 	})
 }
+
+// TestShareGPTNotAnArray: a file that is valid JSON but not an array (a
+// JSONL trace) says what it starts with (it said "(<nil>)").
+func TestShareGPTNotAnArray(t *testing.T) {
+	_, err := (ShareGPT{}).Read(strings.NewReader("{\"timestamp\": 0}\n{\"timestamp\": 1}\n"))
+	if !errors.Is(err, ErrBadWorkload) || strings.Contains(err.Error(), "nil") || !strings.Contains(err.Error(), `the file starts with "{"`) {
+		t.Errorf("err %v", err)
+	}
+}

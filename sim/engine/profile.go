@@ -146,8 +146,13 @@ func (p *Profile) validate() []error {
 			errs = append(errs, fmt.Errorf("profile %q: %s %v: must not be negative", p.Name, f.key, f.v))
 		}
 	}
-	if p.Layers < 0 || p.Hidden < 0 {
-		errs = append(errs, fmt.Errorf("profile %q: layers %d, hidden %d: must not be negative", p.Name, p.Layers, p.Hidden))
+	for _, f := range []struct {
+		key string
+		v   int
+	}{{"layers", p.Layers}, {"hidden", p.Hidden}} {
+		if f.v < 0 { // each by itself: "hidden 0" beside it read as negative
+			errs = append(errs, fmt.Errorf("profile %q: %s %d: must not be negative", p.Name, f.key, f.v))
+		}
 	}
 	if p.StepOverhead < 0 || p.PerSeqOverhead < 0 {
 		errs = append(errs, fmt.Errorf("profile %q: overheads must not be negative", p.Name))

@@ -200,3 +200,15 @@ func FuzzProfileNumber(f *testing.F) {
 		}
 	})
 }
+
+// TestProfileFileNegativeNamesOnlyThem: "layers -1, hidden 0" names each
+// negative field by itself (it said "layers -1, hidden 0: must not be
+// negative", and 0 is not negative), beside the "> 0" line that covers
+// the zero.
+func TestProfileFileNegativeNamesOnlyThem(t *testing.T) {
+	_, err := ParseProfile([]byte("name: x\nparams: 1e9\nweightBytes: 1e9\nlayers: -1\nhidden: 0\nkvBytesPerToken: 1\nflops: 1e12\nmemBW: 1e12\n"))
+	if err == nil || !strings.Contains(err.Error(), `profile "x": layers -1: must not be negative`) || strings.Contains(err.Error(), "hidden 0: must not") ||
+		!strings.Contains(err.Error(), "layers, hidden, kvBytesPerToken and weightBytes must be > 0") {
+		t.Errorf("err %v", err)
+	}
+}
