@@ -185,7 +185,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.IntVar(&o.PortBase, "port-base", o.PortBase, "live: listen on fixed 127.0.0.1 ports from N on, NATS at N, then 4 per engine (its HTTP API, KV events, KV replay, its sidecar's gossip), then 2 per ingress (HTTP, gossip): 1+4×engines+2×ingresses ports (0 = free ephemeral ports)")
 	fs.BoolVar(&o.NoStream, "no-stream", false, "live: non-streamed requests (the client's TTFT is then its E2E)")
 	fs.StringVar(&o.HTML, "html", o.HTML, "also write a self-contained HTML report (plots, table) to this file")
-	fs.StringVar(&o.RequestsCSV, "requests-csv", o.RequestsCSV, "also write every finished request (policy, engines, start, TTFT, E2E, TPOT, prompt, cached and output tokens) to this CSV file")
+	fs.StringVar(&o.RequestsCSV, "requests-csv", o.RequestsCSV, "also write every finished request (policy, engines, start, TTFT, E2E, TPOT, prompt, cached and output tokens; failed ones with their error kind) to this CSV file")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "simulated engines (1..4000)")
 	fs.Func("policies", "comma-separated policies (default "+strings.Join(o.Policies, ",")+")", func(s string) error {
 		o.Policies = strings.Split(s, ",")

@@ -321,31 +321,51 @@ func TestBenchDESUsageErrors(t *testing.T) {
 }
 
 // TestBenchDESNoneCompleted: a policy none of whose requests completed
-// (every prompt longer than the KV cache) has no throughput, TTFT, E2E or
-// imbalance: the table says n/a and why, the JSON null (before: 0.00,
-// which ranked it fastest); a policy with fewer completions than engines
-// has no imbalance (before: 2,000 engines, 64 requests printed 156.25).
+// (every prompt longer than the KV cache) has no throughput, TTFT, E2E,
+// hit rate or imbalance: the table says n/a and why, the JSON null
+// (before: 0.00, which ranked it fastest; the hit rates 0); a policy with
+// fewer completions than engines has no imbalance (before: 2,000 engines,
+// 64 requests printed 156.25). The JSON says why they failed (errors and
+// first_errors, as `kvmesh loadtest -json`), and with --json the reason
+// is on stderr too (before: only under the table, so a CI job reading
+// the JSON could not tell).
 func TestBenchDESNoneCompleted(t *testing.T) {
 	args := []string{"bench", "--mode", "des", "--engines", "2", "--policies", "random", "--groups", "1", "--prompts", "2",
 		"--profile", "tiny", "--gpu-blocks", "10", "--block-size", "8"}
 	code, out, errOut := benchRunCLI(t, args...)
-	row := regexp.MustCompile(`(?m)^ *random +n/a +n/a +n/a +n/a +n/a +n/a +n/a +0\.000 +n/a +0 +2 `)
+	row := regexp.MustCompile(`(?m)^ *random +n/a +n/a +n/a +n/a +n/a +n/a +n/a +n/a +n/a +0 +2 `)
 	// The report, then exit 1 (before: exit 0 with every request failed;
 	// live mode ended the run with no report).
+	const note = "random: 2 of 2 requests failed: too_long 2 (first: "
 	if code != 1 || errOut != "kvmesh bench: no request succeeded for random (2 failed): the report above shows n/a\n" || !row.MatchString(out) ||
-		!strings.Contains(out, "random: 2 of 2 requests failed (first: ") ||
-		!strings.Contains(out, "none completed, so its throughput, latencies and imbalance are n/a") {
+		!strings.Contains(out, note) || !strings.Contains(out, "longer than the KV cache") ||
+		!strings.Contains(out, "none completed, so its throughput, latencies, hit rate and imbalance are n/a") {
 		t.Fatalf("exit %d, stderr %q, table:\n%s", code, errOut, out)
 	}
-	p := benchJSONPoliciesExit(t, 1, append(args, "--json")...)["random"]
+	code, out, errOut = benchRunCLI(t, append(args, "--json")...)
+	var rep struct {
+		Policies map[string]map[string]any `json:"policies"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); code != 1 || err != nil {
+		t.Fatalf("exit %d, %v, JSON:\n%s", code, err, out)
+	}
+	if !strings.HasPrefix(errOut, note) || !strings.Contains(errOut, "kvmesh bench: no request succeeded for random") {
+		t.Errorf("--json: stderr %q, want the failure line first", errOut)
+	}
+	p := rep.Policies["random"]
 	for _, k := range []string{"throughput_rps", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_mean_s", "load_imbalance",
-		"e2e_p99_s", "tpot_mean_s", "tpot_p99_s", "queue_mean_s"} {
+		"e2e_p99_s", "tpot_mean_s", "tpot_p99_s", "queue_mean_s", "prefix_hit_rate", "offered_hit_rate"} {
 		if v, ok := p[k]; !ok || v != nil {
 			t.Errorf("%s: %v (present %v), want null", k, v, ok)
 		}
 	}
-	if p["completed"] != 0.0 || p["failed"] != 2.0 || p["prefix_hit_rate"] != 0.0 {
+	if p["completed"] != 0.0 || p["failed"] != 2.0 {
 		t.Errorf("counts: %v", p)
+	}
+	errs, _ := p["errors"].(map[string]any)
+	first, _ := p["first_errors"].(map[string]any)
+	if len(errs) != 1 || errs["too_long"] != 2.0 || len(first) != 1 || !strings.Contains(fmt.Sprint(first["too_long"]), "longer than the KV cache") {
+		t.Errorf("errors %v, first_errors %v", p["errors"], p["first_errors"])
 	}
 
 	// 2 requests on 3 engines: they complete, the imbalance is n/a.

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/kvmesh/kvmesh/loadtest/loadgen"
 	"github.com/kvmesh/kvmesh/loadtest/report"
@@ -49,7 +50,8 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		asJSON     = fs.Bool("json", false, "print the report as JSON on stdout")
 		quiet      = fs.Bool("quiet", false, "no progress line on stderr")
 		htmlFile   = fs.String("html", "", "also write a self-contained HTML report (plots, table) to this file")
-		csvFile    = fs.String("requests-csv", "", "also write every finished request (engine, start, TTFT, E2E, TPOT, prompt, cached and output tokens; wall seconds) to this CSV file")
+		csvFile    = fs.String("requests-csv", "", "also write every finished request (engine, start, TTFT, E2E, TPOT, prompt, cached and output tokens; wall seconds; failed ones with their error kind) to this CSV file")
+		engines    = fs.String("engines", "", "comma-separated engine ids behind -url (as its X-Kvmesh-Engine header names them): the load imbalance counts one that served nothing as its 0 (default: over the engines that answered, n/a over one)")
 		maxFailed  = fs.Float64("max-failed-ratio", defaultMaxFailedRatio, "exit 1 (after the report) when more than this fraction of the requests sent failed (0: any failure; 1: never)")
 	)
 	fs.StringVar(&cfg.URL, "url", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible server")
@@ -76,6 +78,18 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	cfg.Endpoint = loadgen.Endpoint(*endpoint)
 	sp.Seed = cfg.Seed
+	if *limit < 0 {
+		return fmt.Errorf("%w: -limit %d (want ≥ 0; 0 = all)", errUsage, *limit)
+	}
+	var engineIDs []string
+	for _, e := range strings.Split(*engines, ",") {
+		if e = strings.TrimSpace(e); e != "" && !slices.Contains(engineIDs, e) {
+			engineIDs = append(engineIDs, e)
+		}
+	}
+	if flagGiven(fs, "engines") && len(engineIDs) == 0 {
+		return fmt.Errorf("%w: -engines %q names no engine", errUsage, *engines)
+	}
 
 	var (
 		reqs []workload.Request
@@ -129,6 +143,9 @@ func runLoadtest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		return err
 	}
+	if engineIDs != nil {
+		rep.CountEngines(engineIDs)
+	}
 	// stdout first, then the files (checked writable above): a file that
 	// fails after all loses no result.
 	if *asJSON {
@@ -168,8 +185,11 @@ const defaultMaxFailedRatio = 0.01
 // The command line is left out: it may carry -api-key.
 func writeLoadtestHTML(path string, rep *loadgen.Report, kind string) error {
 	err := report.WriteFile(path, func(w io.Writer) error {
-		return report.WriteHTML(w, loadtestReport(rep), report.HTMLMeta{Title: "kvmesh loadtest", Notes: []string{
-			fmt.Sprintf("workload %s: %d requests sent, %d completed; measured at the client (wall seconds)", kind, rep.Sent, rep.Completed)}})
+		notes := []string{fmt.Sprintf("workload %s: %d requests sent, %d completed; measured at the client (wall seconds)", kind, rep.Sent, rep.Completed)}
+		if rep.EnginesUnseen() {
+			notes = append(notes, fmt.Sprintf("load imbalance over the %d engines that answered (engines that served nothing are unseen; n/a over one): -engines names them all", len(rep.PerEngine)))
+		}
+		return report.WriteHTML(w, loadtestReport(rep), report.HTMLMeta{Title: "kvmesh loadtest", Notes: notes})
 	})
 	if err != nil {
 		return fmt.Errorf("-html: %w", err)

@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -99,6 +102,10 @@ func TestDemoAndLoadtestFlagsNotRead(t *testing.T) {
 		{[]string{"-workload", "mooncake", "-shared", "3"}, []string{"--shared is not read by a -workload mooncake run"}, runLoadtest},
 		// Bad values and unwritable report files, before anything is sent.
 		{[]string{"-rate", "-2"}, []string{"rate -2 (want requests/s ≥ 0, or -1 for a closed loop)"}, runLoadtest},
+		// Before, -limit -1 was taken as "all" for shared-prefix (mooncake refused it).
+		{[]string{"-limit", "-1"}, []string{"-limit -1 (want ≥ 0; 0 = all)"}, runLoadtest},
+		{[]string{"-workload", "mooncake", "-limit", "-1"}, []string{"-limit -1 (want ≥ 0; 0 = all)"}, runLoadtest},
+		{[]string{"-engines", " , "}, []string{"-engines \" , \" names no engine"}, runLoadtest},
 		{[]string{"-rate", "NaN"}, []string{"rate NaN"}, runLoadtest},
 		{[]string{"-rate", "1e-12"}, []string{"rate 1e-12 req/s: request 1 would arrive", "past the 292 years"}, runLoadtest},
 		{[]string{"-html", "/nonexistent-dir/r.html"}, []string{"-html /nonexistent-dir/r.html: cannot create the file"}, runLoadtest},
@@ -217,5 +224,62 @@ func TestLoadtestStrictSSE(t *testing.T) {
 	rep.Errors = nil
 	if jerr := json.Unmarshal(out.Bytes(), &rep); err == nil || jerr != nil || rep.Errors["stream"] != 2 {
 		t.Fatalf("-strict-sse: err %v, report %+v (%v)", err, rep, jerr)
+	}
+}
+
+// TestLoadtestEnginesAndFailedRows: through a router whose every answer
+// names engine e1, the load imbalance is null over the one engine that
+// answered (before: 1, a perfect balance, with e2 down and ejected) and
+// says so; -engines e1,e2 counts e2's 0 (imbalance 2). -requests-csv
+// writes the failed requests too, with their error kind (before, left
+// out: a reader of the CSV saw only the successes).
+func TestLoadtestEnginesAndFailedRows(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Kvmesh-Engine", "e1")
+		if n.Add(1)%4 == 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			w.Write(openai.AppendError(nil, "engine fell over", "server_error", "", ""))
+			return
+		}
+		openai.SetHeaders(w.Header())
+		w.Write([]byte(fakeStream))
+	}))
+	t.Cleanup(srv.Close)
+	csvPath := filepath.Join(t.TempDir(), "r.csv")
+	args := []string{"-url", srv.URL, "-model", "m", "-groups", "1", "-prompts", "4", "-shared", "4", "-question", "4",
+		"-output", "1", "-concurrency", "1", "-rate", "-1", "-quiet", "-json", "-max-failed-ratio", "1"}
+	run := func(extra ...string) map[string]any {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if err := runLoadtest(context.Background(), append(append([]string{}, args...), extra...), &out, &errOut); err != nil {
+			t.Fatalf("%v: %v\n%s", extra, err, errOut.String())
+		}
+		var m map[string]any
+		if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+			t.Fatalf("%v: %s", err, out.String())
+		}
+		return m
+	}
+	if m := run("-requests-csv", csvPath); m["load_imbalance"] != nil || m["load_imbalance_engines"] != "answered" {
+		t.Errorf("without -engines: load_imbalance %v over %v, want null over answered", m["load_imbalance"], m["load_imbalance_engines"])
+	}
+	f, err := os.Open(csvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil || len(rows) != 5 {
+		t.Fatalf("CSV %d rows (want a header and 4), %v: %q", len(rows), err, rows)
+	}
+	if col := len(rows[0]) - 1; rows[0][col] != "error" || rows[1][col] != "" || rows[4][col] != "http_500" || rows[4][1] != "e1" || rows[4][4] != "" {
+		t.Errorf("CSV rows %q: want an error column, empty for the completed, http_500 on the failed one", rows)
+	}
+	m := run("-engines", "e1,e2")
+	per, _ := m["per_engine"].(map[string]any)
+	if m["load_imbalance"] != 2.0 || m["load_imbalance_engines"] != "given" || per["e2"] != 0.0 {
+		t.Errorf("-engines e1,e2: load_imbalance %v over %v, per engine %v; want 2 over given, e2=0", m["load_imbalance"], m["load_imbalance_engines"], per)
 	}
 }

@@ -174,7 +174,15 @@ func (o Options) writeReport(stdout io.Writer, rep report.Report, reqs []workloa
 	if o.JSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+		// The JSON has each policy's errors; the same lines as under
+		// the table go to stderr, where a CI log shows them.
+		if o.Stderr != nil {
+			return writeFailures(o.Stderr, rep)
+		}
+		return nil
 	}
 	st := workload.Summarize(reqs)
 	fmt.Fprintf(stdout, "workload %s: %d requests, %d prompt + %d output tokens, arrivals over %.1fs; %d engines (%s)\n",
@@ -196,21 +204,30 @@ func (o Options) writeReport(stdout io.Writer, rep report.Report, reqs []workloa
 	if err := rep.WriteTable(stdout); err != nil {
 		return err
 	}
-	for _, p := range rep.Order {
-		if res := rep.Policies[p]; res.FailureNote != "" {
-			note := res.FailureNote
-			if res.Completed == 0 {
-				note += "; none completed, so its throughput, latencies and imbalance are n/a"
-			}
-			if _, err := fmt.Fprintf(stdout, "%s: %s\n", p, note); err != nil {
-				return err
-			}
-		}
+	if err := writeFailures(stdout, rep); err != nil {
+		return err
 	}
 	if o.Mode != "live" {
 		return nil
 	}
 	return o.liveOverheads(stdout, rep)
+}
+
+// writeFailures writes a line per policy whose requests failed: how many,
+// and each kind's count and first message.
+func writeFailures(w io.Writer, rep report.Report) error {
+	for _, p := range rep.Order {
+		if res := rep.Policies[p]; res.FailureNote != "" {
+			note := res.FailureNote
+			if res.Completed == 0 {
+				note += "; none completed, so its throughput, latencies, hit rate and imbalance are n/a"
+			}
+			if _, err := fmt.Fprintf(w, "%s: %s\n", p, note); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // WriteWorkloadNotes writes, under a report's workload line, what reading

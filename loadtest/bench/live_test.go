@@ -254,18 +254,26 @@ func TestLiveReportsFailures(t *testing.T) {
 	o := DefaultOptions()
 	o.Mode, o.Engines, o.TimeScale, o.Workload, o.Trace = "live", 2, 2, "trace", path
 	o.GPUBlocks, o.Policies = 1024, []string{"random"} // 16,384 tokens per engine
-	var out bytes.Buffer
+	// --json: the JSON has the errors by kind and the first message, and
+	// stderr the line the table has under it (before, the JSON had only
+	// "failed": 1, and stderr nothing).
+	var out, errOut bytes.Buffer
+	o.JSON, o.Stderr = true, &errOut
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := Run(ctx, o, &out); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
-	if want := "random: 1 of 3 requests failed: http_400 1 (first: "; !strings.Contains(out.String(), want) {
-		t.Fatalf("report does not say %q:\n%s", want, out.String())
+	if want := "random: 1 of 3 requests failed: http_400 1 (first: "; !strings.Contains(errOut.String(), want) {
+		t.Fatalf("stderr does not say %q:\n%s", want, errOut.String())
 	}
-	rep := runReport(t, o)
-	if r := rep.Policies["random"]; r.Completed != 2 || r.Failed != 1 {
-		t.Fatalf("completed %d, failed %d; want 2 and 1", r.Completed, r.Failed)
+	var rep report.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	r := rep.Policies["random"]
+	if r.Completed != 2 || r.Failed != 1 || len(r.Errors) != 1 || r.Errors["http_400"] != 1 || !strings.Contains(r.FirstErrors["http_400"], "prompt") {
+		t.Fatalf("completed %d, failed %d, errors %v, first %q; want 2, 1, http_400 1 and its message", r.Completed, r.Failed, r.Errors, r.FirstErrors)
 	}
 }
 
@@ -312,13 +320,17 @@ func TestLiveNoneCompletedKeepsGoing(t *testing.T) {
 	}
 	var rep struct {
 		Run      report.RunInfo                    `json:"run"`
-		Policies map[string]map[string]json.Number `json:"policies"`
+		Policies map[string]map[string]any `json:"policies"`
 	}
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+	dec := json.NewDecoder(&out)
+	dec.UseNumber()
+	if err := dec.Decode(&rep); err != nil {
 		t.Fatalf("%v:\n%s", err, out.String())
 	}
 	for _, p := range o.Policies {
-		if r := rep.Policies[p]; r["completed"] != "0" || r["failed"] != "2" || r["ttft_mean_s"] != "" {
+		r := rep.Policies[p]
+		if errs, _ := r["errors"].(map[string]any); r["completed"] != json.Number("0") || r["failed"] != json.Number("2") || r["ttft_mean_s"] != nil ||
+			r["prefix_hit_rate"] != nil || errs["http_400"] != json.Number("2") {
 			t.Errorf("%s: %v", p, r)
 		}
 	}

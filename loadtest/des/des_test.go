@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -218,7 +219,7 @@ func TestSearchLookupChangesNothing(t *testing.T) {
 	for _, p := range policies {
 		a, b := search.Policies[p], exact.Policies[p]
 		a.Wall, b.Wall = 0, 0
-		if a != b {
+		if !reflect.DeepEqual(a, b) {
 			t.Errorf("%s: search %+v\nexact %+v", p, a, b)
 		}
 		if a.PrefixHitRate == 0 || a.Completed != len(reqs) {

@@ -1,13 +1,15 @@
 package des
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/loadtest/report"
-
+	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -36,7 +38,41 @@ type runStats struct {
 	// pending is the offer of the request being routed until its engine
 	// takes it (dispatched) or refuses it (the next offer drops it).
 	offered, routed, pending int
-	failErr                  error // the first failed request's reason
+	// errs counts the failed requests by kind (failKind), firstErr
+	// holds each kind's first reason.
+	errs     map[string]int
+	firstErr map[string]string
+}
+
+// failKind is the kind of a request's failure, as report.PolicyResult's
+// Errors counts them: too_long (the engine refused it: longer than its KV
+// cache or max model length), no_candidate (the scheduler had no engine),
+// or error.
+func failKind(err error) string {
+	switch {
+	case errors.Is(err, engine.ErrTooLong):
+		return "too_long"
+	case errors.Is(err, scheduler.ErrNoCandidates):
+		return "no_candidate"
+	}
+	return "error"
+}
+
+// fail records a request that failed at now and its reason.
+func (r *runStats) fail(now time.Duration, err error) {
+	r.failed++
+	k := failKind(err)
+	r.recs.fails = append(r.recs.fails, report.Failure{Start: now.Seconds(), Engine: -1, Kind: k})
+	if r.errs == nil {
+		r.errs, r.firstErr = map[string]int{}, map[string]string{}
+	}
+	if r.errs[k]++; r.errs[k] == 1 {
+		m := err.Error()
+		if len(m) > 200 {
+			m = strings.ToValidUTF8(m[:200], "") + "…"
+		}
+		r.firstErr[k] = m
+	}
 }
 
 func (r *runStats) predicted(pred, actual int) {
@@ -87,8 +123,9 @@ func (r *runStats) finished(_ int, e int, res engine.Result) {
 func (r *runStats) result() report.PolicyResult {
 	p := report.PolicyResult{Completed: len(r.ttft), Failed: r.failed, Preemptions: r.preemptions, BadEvents: r.badEvents, Wall: r.wall,
 		Offered: true}
-	if r.failed > 0 && r.failErr != nil {
-		p.FailureNote = fmt.Sprintf("%d of %d requests failed (first: %v)", r.failed, r.failed+len(r.ttft), r.failErr)
+	p.Errors, p.FirstErrors = r.errs, r.firstErr
+	if r.failed > 0 {
+		p.FailureNote = fmt.Sprintf("%d of %d requests failed: %s", r.failed, r.failed+len(r.ttft), report.FailureSummary(r.errs, r.firstErr))
 	}
 	if len(r.ttft) == 0 {
 		return p

@@ -47,7 +47,7 @@ func TestHitRatesWithFailures(t *testing.T) {
 			t.Fatalf("%s: %d completed, %d failed; want 2 and 1", name, p.Completed, p.Failed)
 		}
 		// The reason is reported (before, "failed 1" and nothing else).
-		if !strings.Contains(p.FailureNote, "1 of 3 requests failed (first: ") || !strings.Contains(p.FailureNote, "max model len") {
+		if !strings.Contains(p.FailureNote, "1 of 3 requests failed: too_long 1 (first: ") || !strings.Contains(p.FailureNote, "max model len") {
 			t.Fatalf("%s: failure note %q", name, p.FailureNote)
 		}
 		if p.PrefixHitRate > p.OfferedHitRate+1e-9 || p.OfferedHitRate > oracle+1e-9 {

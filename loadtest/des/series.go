@@ -11,6 +11,7 @@ import (
 // plots (report.Record); runStats owns one.
 type records struct {
 	recs    []report.Record
+	fails   []report.Failure // refused when routed (runStats.fail)
 	engines int
 }
 
@@ -29,5 +30,5 @@ func (r *records) run() report.Run {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("engine-%d", i)
 	}
-	return report.Run{Records: r.recs, EngineIDs: ids}
+	return report.Run{Records: r.recs, EngineIDs: ids, Failures: r.fails}
 }

@@ -351,10 +351,7 @@ func (s *sim) send(i int, now time.Duration) {
 // fail drops a request the cluster cannot take (too long, no engine) for
 // the reason err.
 func (s *sim) fail(i int, now time.Duration, err error) {
-	s.out.failed++
-	if s.out.failErr == nil {
-		s.out.failErr = err
-	}
+	s.out.fail(now, err)
 	s.pending--
 	s.fol.done(&s.h, i, now, now)
 	// The client slot is never taken; let the next backlog request go.

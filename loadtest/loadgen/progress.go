@@ -53,14 +53,14 @@ func progressWriter(w io.Writer, prefix string, tty bool, every time.Duration) f
 
 // status is the progress line's text.
 func (p Progress) status() string {
-	hit := 0.0
+	hit := "n/a" // no usage counted yet: undefined, not 0
 	if p.PromptTokens > 0 {
-		hit = 100 * float64(p.CachedTokens) / float64(p.PromptTokens)
+		hit = fmt.Sprintf("%.1f%%", 100*float64(p.CachedTokens)/float64(p.PromptTokens))
 	}
 	rps := 0.0
 	if s := p.Elapsed.Seconds(); s > 0 {
 		rps = float64(p.Completed) / s
 	}
-	return fmt.Sprintf("%6s  %d/%d done  %d failed  %d in flight  %.1f req/s  hit %.1f%%",
+	return fmt.Sprintf("%6s  %d/%d done  %d failed  %d in flight  %.1f req/s  hit %s",
 		p.Elapsed.Truncate(100*time.Millisecond), p.Completed, p.Total, p.Failed, p.InFlight, rps, hit)
 }

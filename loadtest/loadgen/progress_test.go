@@ -70,3 +70,15 @@ func TestIsTerminal(t *testing.T) {
 		t.Fatalf("file got %q", s)
 	}
 }
+
+// TestProgressHitUndefined: before any usage is counted the line's hit
+// rate is n/a, not "hit 0.0%" (a measured miss); with usage it is the
+// share cached.
+func TestProgressHitUndefined(t *testing.T) {
+	if s := (Progress{Total: 3, Failed: 3}).status(); !strings.HasSuffix(s, "hit n/a") {
+		t.Errorf("no usage: %q", s)
+	}
+	if s := (Progress{Total: 3, Completed: 1, PromptTokens: 8, CachedTokens: 2}).status(); !strings.HasSuffix(s, "hit 25.0%") {
+		t.Errorf("with usage: %q", s)
+	}
+}

@@ -12,7 +12,8 @@ import (
 // benchmark passes the engines' time scale to get engine seconds). Engines
 // are indexed in ids' order, then any others by name. A request that
 // streamed no output event (Result.NoOutput) has its E2E as its TTFT: its
-// answer reached the client only at the end.
+// answer reached the client only at the end. Failed requests are the
+// run's Failures.
 func (r *Report) Run(scale float64, ids []string) report.Run {
 	ids = slices.Clone(ids)
 	for _, e := range slices.Sorted(maps.Keys(r.PerEngine)) {
@@ -24,6 +25,13 @@ func (r *Report) Run(scale float64, ids []string) report.Run {
 	for i := range r.Results {
 		res := &r.Results[i]
 		if res.ErrKind != "" {
+			eng := slices.Index(run.EngineIDs, res.Engine)
+			if eng < 0 && res.Engine != "" { // an engine that only failed
+				run.EngineIDs = append(run.EngineIDs, res.Engine)
+				eng = len(run.EngineIDs) - 1
+			}
+			run.Failures = append(run.Failures, report.Failure{Start: res.Sent.Seconds() * scale, E2E: res.E2E.Seconds() * scale,
+				Engine: eng, Kind: res.ErrKind})
 			continue
 		}
 		ttft := res.TTFT

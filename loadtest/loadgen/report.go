@@ -49,7 +49,10 @@ func opt(ok bool, v float64) *float64 {
 }
 
 // Report is a run's result. Definitions match loadtest/des: throughput is completed
-// requests / (last finish − first send); prefix hit rate is Σ cached prompt tokens /
+// requests / the run's duration, from the first send to the last request's end,
+// completed or failed (a run whose last requests time out took that long:
+// before, the window ended at the last success and a tail of failures
+// overstated req/s); TPOT as report.TPOTs; prefix hit rate is Σ cached prompt tokens /
 // Σ prompt tokens (engine-reported, from usage); load imbalance is max / mean of
 // requests completed per engine (from the X-Kvmesh-Engine header; 0 when unknown).
 // Numbers that are undefined (nothing completed, no usage, no engine named,
@@ -63,15 +66,26 @@ type Report struct {
 	// NoOutput counts the completed requests whose stream carried no
 	// output event (Result.NoOutput): their TTFT is undefined, left out of
 	// TTFT.
-	NoOutput         int            `json:"completed_without_output,omitempty"`
-	Errors           map[string]int `json:"errors,omitempty"`
-	DurationS        float64        `json:"duration_s"`
-	ThroughputRPS    float64        `json:"throughput_rps"`
-	OutputTokensPerS float64        `json:"output_tokens_per_s"`
+	NoOutput int `json:"completed_without_output,omitempty"`
+	// Errors counts the failed requests by kind; FirstErrors holds each
+	// kind's first message, cut to 200 bytes (`kvmesh bench --json`
+	// writes both per policy).
+	Errors           map[string]int    `json:"errors,omitempty"`
+	FirstErrors      map[string]string `json:"first_errors,omitempty"`
+	DurationS        float64           `json:"duration_s"`
+	ThroughputRPS    float64           `json:"throughput_rps"`
+	OutputTokensPerS float64           `json:"output_tokens_per_s"`
 	// TTFT is over the completed requests with an output event (all but
 	// NoOutput).
-	TTFT        Latency `json:"ttft"`
-	E2E         Latency `json:"e2e"`
+	TTFT Latency `json:"ttft"`
+	E2E  Latency `json:"e2e"`
+	// TPOTMeanS and TPOTP99S are the mean and 99th percentile time per
+	// output token after the first, over the completed requests of two
+	// output tokens or more per sequence (report.TPOTs; `kvmesh bench
+	// --json`'s tpot_mean_s and tpot_p99_s); tpotN counts them (0: null).
+	TPOTMeanS   float64 `json:"tpot_mean_s"`
+	TPOTP99S    float64 `json:"tpot_p99_s"`
+	tpotN       int
 	SendLagP99S float64 `json:"send_lag_p99_s"`
 	// SlotWaits counts the arrivals that found every concurrency slot
 	// taken (their send lag is that wait; without any, lag is the client
@@ -85,7 +99,14 @@ type Report struct {
 	OutputTokens  int64          `json:"output_tokens"`
 	PrefixHitRate float64        `json:"prefix_hit_rate"`
 	PerEngine     map[string]int `json:"per_engine,omitempty"`
-	LoadImbalance float64        `json:"load_imbalance"`
+	// LoadImbalance is over the engines LoadImbalanceEngines says:
+	// "given" (CountEngines, `kvmesh loadtest -engines`: an engine that
+	// served nothing counts as its 0) or "answered" (those named by a
+	// completed request's header; one that served nothing is unseen).
+	// Over one engine that answered it is undefined (null: 1.00 would
+	// claim a perfect balance the run cannot see).
+	LoadImbalance        float64 `json:"load_imbalance"`
+	LoadImbalanceEngines string  `json:"load_imbalance_engines,omitempty"`
 	// NonCanonicalSSE counts the requests whose stream was valid SSE in
 	// another form than vLLM's (Result.NonCanonicalSSE).
 	NonCanonicalSSE int `json:"non_canonical_sse,omitempty"`
@@ -106,6 +127,8 @@ type reportJSON struct {
 	SendLagP99S      *float64 `json:"send_lag_p99_s"`
 	PrefixHitRate    *float64 `json:"prefix_hit_rate"`
 	LoadImbalance    *float64 `json:"load_imbalance"`
+	TPOTMeanS        *float64 `json:"tpot_mean_s"`
+	TPOTP99S         *float64 `json:"tpot_p99_s"`
 }
 
 // reportFields is Report without its methods (so without MarshalJSON).
@@ -120,22 +143,13 @@ func (r Report) MarshalJSON() ([]byte, error) {
 	return json.Marshal(reportJSON{reportFields: reportFields(r),
 		DurationS: opt(timed, r.DurationS), ThroughputRPS: opt(timed, r.ThroughputRPS), OutputTokensPerS: opt(timed, r.OutputTokensPerS),
 		SendLagP99S: opt(r.Sent > 0, r.SendLagP99S), PrefixHitRate: opt(r.PromptTokens > 0, r.PrefixHitRate),
-		LoadImbalance: opt(r.LoadImbalance > 0, r.LoadImbalance)})
+		LoadImbalance: opt(r.LoadImbalance > 0, r.LoadImbalance), TPOTMeanS: opt(r.tpotN > 0, r.TPOTMeanS), TPOTP99S: opt(r.tpotN > 0, r.TPOTP99S)})
 }
 
 // FailureSummary is one line per error kind with its count and the first
 // message seen ("" when nothing failed).
 func (r *Report) FailureSummary() string {
-	first := r.firstErrors()
-	parts := make([]string, 0, len(r.Errors))
-	for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
-		p := fmt.Sprintf("%s %d", k, r.Errors[k])
-		if m := first[k]; m != "" {
-			p += " (first: " + m + ")"
-		}
-		parts = append(parts, p)
-	}
-	return strings.Join(parts, "; ")
+	return report.FailureSummary(r.Errors, r.firstErrors())
 }
 
 // firstErrors is each error kind's first message, cut to 200 bytes.
@@ -165,6 +179,7 @@ func buildReport(results []Result, total int) *Report {
 			first = res.Sent
 		}
 		lag = append(lag, res.SendLag.Seconds())
+		last = max(last, res.Sent+res.E2E) // a failure's end too (timeouts)
 		if res.NonCanonicalSSE {
 			r.NonCanonicalSSE++
 		}
@@ -174,7 +189,6 @@ func buildReport(results []Result, total int) *Report {
 			continue
 		}
 		r.Completed++
-		last = max(last, res.Sent+res.E2E)
 		if res.NoOutput {
 			r.NoOutput++
 		} else {
@@ -193,13 +207,28 @@ func buildReport(results []Result, total int) *Report {
 		r.ThroughputRPS = float64(r.Completed) / r.DurationS
 		r.OutputTokensPerS = float64(r.OutputTokens) / r.DurationS
 	}
+	if r.Failed > 0 {
+		r.FirstErrors = r.firstErrors()
+	}
 	r.TTFT, r.E2E = summarize(ttft), summarize(e2e)
 	r.SendLagP99S = summarize(lag).P99
 	if r.PromptTokens > 0 {
 		r.PrefixHitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
-	r.LoadImbalance = report.Imbalance(maps.Values(r.PerEngine))
+	r.setImbalance()
+	tpot := report.TPOTs(r.Run(1, nil).Records)
+	if r.tpotN = len(tpot); r.tpotN > 0 {
+		r.TPOTMeanS, r.TPOTP99S = mean(tpot), report.Quantile(tpot, 0.99)
+	}
 	return r
+}
+
+func mean(xs []float64) float64 {
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
 }
 
 // CountEngines adds engines that served nothing (known from elsewhere, e.g. the
@@ -211,8 +240,29 @@ func (r *Report) CountEngines(ids []string) {
 			r.PerEngine[id] = 0
 		}
 	}
+	r.setImbalance()
+}
+
+// setImbalance sets the load imbalance and what it is over.
+func (r *Report) setImbalance() {
+	r.LoadImbalance, r.LoadImbalanceEngines = 0, ""
+	switch {
+	case len(r.PerEngine) == 0:
+		return
+	case r.enginesKnown:
+		r.LoadImbalanceEngines = "given"
+	default:
+		r.LoadImbalanceEngines = "answered"
+		if len(r.PerEngine) < 2 {
+			return
+		}
+	}
 	r.LoadImbalance = report.Imbalance(maps.Values(r.PerEngine))
 }
+
+// EnginesUnseen reports whether engines that served nothing may be
+// missing from r's load imbalance (no CountEngines).
+func (r *Report) EnginesUnseen() bool { return len(r.PerEngine) > 0 && !r.enginesKnown }
 
 // summarize sorts xs and returns its mean and quantiles (report.Quantile).
 func summarize(xs []float64) Latency {
@@ -233,13 +283,17 @@ func (r *Report) PolicyResult() report.PolicyResult {
 	p := report.PolicyResult{
 		ThroughputRPS: r.ThroughputRPS,
 		TTFTMean:      r.TTFT.Mean, TTFTP50: r.TTFT.P50, TTFTP90: r.TTFT.P90, TTFTP99: r.TTFT.P99,
-		E2EMean:       r.E2E.Mean,
-		PrefixHitRate: r.PrefixHitRate,
-		LoadImbalance: r.LoadImbalance,
-		Completed:     r.Completed,
-		Failed:        r.Failed,
-		Makespan:      time.Duration(r.DurationS * float64(time.Second)),
-		QueueUnknown:  true, // the engines' queues are theirs
+		E2EMean:         r.E2E.Mean,
+		PrefixHitRate:   r.PrefixHitRate,
+		HitUnknown:      r.PromptTokens == 0,
+		LoadImbalance:   r.LoadImbalance,
+		ImbalanceUnseen: r.EnginesUnseen(),
+		Completed:       r.Completed,
+		Failed:          r.Failed,
+		Makespan:        time.Duration(r.DurationS * float64(time.Second)),
+		Errors:          r.Errors,
+		FirstErrors:     r.FirstErrors,
+		QueueUnknown:    true, // the engines' queues are theirs
 	}
 	p.SetRecordStats(r.Run(1, nil).Records) // E2E p99 and TPOT, in wall seconds as the rest
 	return p
@@ -275,6 +329,11 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		b.WriteByte('\n')
 	}
+	if r.tpotN > 0 {
+		fmt.Fprintf(&b, "TPOT          mean %s  p99 %s\n", ms(r.TPOTMeanS), ms(r.TPOTP99S))
+	} else {
+		fmt.Fprintf(&b, "TPOT          n/a (no completed request of two output tokens or more)\n")
+	}
 	if r.E2E.N > 0 {
 		fmt.Fprintf(&b, "E2E           mean %s  p50 %s  p90 %s  p99 %s\n", ms(r.E2E.Mean), ms(r.E2E.P50), ms(r.E2E.P90), ms(r.E2E.P99))
 	} else {
@@ -290,13 +349,17 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	if len(r.PerEngine) > 0 {
 		imb := fmt.Sprintf("%.2f", r.LoadImbalance)
-		if r.LoadImbalance == 0 {
+		switch {
+		case r.LoadImbalance > 0:
+		case !r.enginesKnown && len(r.PerEngine) == 1:
+			imb = "n/a" // the line says why
+		default:
 			imb = "n/a (fewer requests completed than engines)"
 		}
 		if r.enginesKnown {
 			fmt.Fprintf(&b, "engines       load imbalance %s:", imb)
 		} else {
-			fmt.Fprintf(&b, "engines       load imbalance %s over the %d that answered (engines that served nothing are unseen):", imb, len(r.PerEngine))
+			fmt.Fprintf(&b, "engines       load imbalance %s over the %d that answered (engines that served nothing are unseen; -engines names them all):", imb, len(r.PerEngine))
 		}
 		for _, e := range slices.Sorted(maps.Keys(r.PerEngine)) {
 			fmt.Fprintf(&b, " %s=%d", e, r.PerEngine[e])
@@ -309,6 +372,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.OpenLoop && r.SendLagP99S > 0.001 {
 		if r.SlotWaits > 0 {
 			fmt.Fprintf(&b, "send lag p99  %s (%d arrivals waited for a concurrency slot)\n", ms(r.SendLagP99S), r.SlotWaits)
+			fmt.Fprintf(&b, "warning       latencies count from the send, not the scheduled arrival: the %d delayed arrivals' wait is only in the send lag, so TTFT and E2E understate a stall (raise -concurrency)\n", r.SlotWaits)
 		} else {
 			fmt.Fprintf(&b, "send lag p99  %s (the client host's scheduling delay: no arrival waited for a slot)\n", ms(r.SendLagP99S))
 		}

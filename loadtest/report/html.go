@@ -174,10 +174,10 @@ func writeSummary(b *strings.Builder, r Report, names []string) {
 		res := r.Policies[p]
 		tpot := TPOTs(r.Runs[p].Records)
 		done := res.Completed > 0
-		fmt.Fprintf(b, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.3f</td><td>%s</td><td>%d</td><td>%d</td></tr>\n",
+		fmt.Fprintf(b, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%d</td></tr>\n",
 			html.EscapeString(p), cell(done, "%.2f", res.ThroughputRPS), cell(done, "%.3f", res.TTFTMean), cell(done, "%.3f", res.TTFTP50),
 			cell(done, "%.3f", res.TTFTP90), cell(done, "%.3f", res.TTFTP99), cell(done && len(tpot) > 0, "%.1f", 1000*meanOf(tpot)),
-			cell(done && len(tpot) > 0, "%.1f", 1000*Quantile(tpot, 0.99)), cell(done, "%.3f", res.E2EMean), res.PrefixHitRate,
+			cell(done && len(tpot) > 0, "%.1f", 1000*Quantile(tpot, 0.99)), cell(done, "%.3f", res.E2EMean), cell(res.hitDefined(), "%.3f", res.PrefixHitRate),
 			cell(res.imbalanceDefined(), "%.2f", res.LoadImbalance), res.Completed, res.Failed)
 	}
 	b.WriteString("</table>\n")
@@ -313,6 +313,7 @@ func (p plot) svg(b *strings.Builder) {
 		for _, l := range p.lines {
 			fmt.Fprintf(b, "<polyline class=\"series\" data-policy=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" points=\"",
 				html.EscapeString(l.policy), l.color)
+			pts, last := 0, 0
 			for i := range l.xs {
 				if !isFinite(l.xs[i]) || !isFinite(l.ys[i]) {
 					continue // an empty bin: the line joins its neighbours
@@ -321,8 +322,13 @@ func (p plot) svg(b *strings.Builder) {
 					b.WriteByte(' ')
 				}
 				b.WriteString(num(sx(l.xs[i])) + "," + num(sy(l.ys[i])))
+				pts, last = pts+1, i
 			}
 			b.WriteString("\"/>\n")
+			if pts == 1 { // a line of one point draws nothing: a dot does (one request's CDF)
+				fmt.Fprintf(b, "<circle class=\"point\" data-policy=\"%s\" cx=\"%s\" cy=\"%s\" r=\"3\" fill=\"%s\"/>\n",
+					html.EscapeString(l.policy), num(sx(l.xs[last])), num(sy(l.ys[last])), l.color)
+			}
 		}
 	}
 	b.WriteString("</svg>\n")

@@ -40,7 +40,15 @@ func TestHTMLDegenerateSeries(t *testing.T) {
 			r.Order = append(r.Order, p)
 			r.Policies[p] = PolicyResult{Completed: len(runs[p].Records)}
 		}
-		checkPlotsFinite(t, name, writeTestHTML(t, r))
+		page := writeTestHTML(t, r)
+		checkPlotsFinite(t, name, page)
+		// One request: its TTFT CDF is one point, drawn as a dot (a
+		// polyline of one point drew nothing: an empty plot beside a
+		// table with a value).
+		if ttft := page[strings.Index(page, `<svg id="ttft-cdf"`):]; name == "one point" &&
+			!strings.Contains(ttft[:strings.Index(ttft, "</svg>")], `<circle class="point" data-policy="a"`) {
+			t.Errorf("%s: the TTFT CDF draws no dot:\n%s", name, ttft[:strings.Index(ttft, "</svg>")])
+		}
 	}
 }
 
@@ -86,9 +94,9 @@ func checkPlotsFinite(t *testing.T, name, page string) {
 						inPlot(t, name, attr(n, "id"), "x", xy[0], plotW)
 						inPlot(t, name, attr(n, "id"), "y", xy[1], plotH)
 					}
-				case "x", "x1", "x2", "width":
+				case "x", "x1", "x2", "width", "cx":
 					inPlot(t, name, attr(n, "id"), a.Key, a.Val, plotW)
-				case "y", "y1", "y2", "height":
+				case "y", "y1", "y2", "height", "cy":
 					inPlot(t, name, attr(n, "id"), a.Key, a.Val, plotH)
 				}
 			}

@@ -15,6 +15,19 @@ type Run struct {
 	// Record.Engine indexes) that ran each request's prefill leg, -1 when
 	// Record.Engine prefilled it (a P/D run's aggregated requests).
 	Prefill []int
+	// Failures are the run's failed requests (the CSV's rows with an
+	// error; the plots and the table's latencies leave them out).
+	Failures []Failure
+}
+
+// Failure is one failed request. Start is as Record's; E2E is the time
+// from it to the failure (0 when the request was refused on arrival:
+// the DES's too-long prompts); Engine indexes Run.EngineIDs (-1:
+// unknown); Kind is the error's kind (PolicyResult.Errors').
+type Failure struct {
+	Start, E2E float64
+	Engine     int
+	Kind       string
 }
 
 // Record is one finished request, the raw material of the HTML report's

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -35,8 +36,11 @@ type PolicyResult struct {
 	TPOTMean  float64 `json:"tpot_mean_s"`
 	TPOTP99   float64 `json:"tpot_p99_s"`
 	TPOTCount int     `json:"-"`
-	// PrefixHitRate is Σ cached prompt tokens / Σ prompt tokens.
+	// PrefixHitRate is Σ cached prompt tokens / Σ prompt tokens: JSON
+	// null, table n/a when undefined (hitDefined: nothing completed, or
+	// HitUnknown, a server that reported no usage).
 	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	HitUnknown    bool    `json:"-"`
 	// OfferedHitRate is the hit rate the requests would have had on the
 	// engine caching most of each prompt when it was routed (the router's
 	// index; DES only: Offered). PrefixHitRate below it is hits the policy
@@ -51,6 +55,11 @@ type PolicyResult struct {
 	// completed as there are engines (Imbalance): 0 when not (JSON null,
 	// table n/a).
 	LoadImbalance float64 `json:"load_imbalance"`
+	// ImbalanceUnseen: LoadImbalance is over the engines that answered
+	// only (`kvmesh loadtest` without -engines): those that served nothing
+	// are unseen, and with one it is undefined for that reason, not for
+	// too few requests.
+	ImbalanceUnseen bool `json:"-"`
 	// EngineTTFTMean is the mean TTFT the engines themselves report
 	// (vLLM's time-to-first-token histogram), live mode only: the client's
 	// TTFT minus it is the mesh's overhead (HTTP, routing, host delays).
@@ -68,12 +77,19 @@ type PolicyResult struct {
 	// the JSON must see the failures too. With none completed they are
 	// undefined: JSON null (throughput_rps, ttft_*, e2e_*, tpot_*,
 	// queue_mean_s, load_imbalance), table n/a.
-	Completed   int           `json:"completed"`
-	Failed      int           `json:"failed"`
-	Preemptions int           `json:"preemptions"`
-	BadEvents   int           `json:"-"`
-	Makespan    time.Duration `json:"-"`
-	Wall        time.Duration `json:"-"`
+	Completed   int `json:"completed"`
+	Failed      int `json:"failed"`
+	Preemptions int `json:"preemptions"`
+	// Errors counts the failed requests by kind (the load generator's
+	// kinds live, http_400, timeout...; the DES's too_long and
+	// no_candidate), FirstErrors is each kind's first message (cut to 200
+	// bytes): as `kvmesh loadtest -json` writes them, so a script reading
+	// the JSON sees why requests failed. Left out when none failed.
+	Errors      map[string]int    `json:"errors,omitempty"`
+	FirstErrors map[string]string `json:"first_errors,omitempty"`
+	BadEvents   int               `json:"-"`
+	Makespan    time.Duration     `json:"-"`
+	Wall        time.Duration     `json:"-"`
 	// FailureNote says why requests failed, when some did and the run
 	// knows (live mode: each error kind's count and first message).
 	FailureNote string `json:"-"`
@@ -89,29 +105,33 @@ type PolicyResult struct {
 // policyJSON is PolicyResult's JSON: its JSON fields, in its order, the
 // numbers that may be undefined as pointers (nil: null).
 type policyJSON struct {
-	ThroughputRPS  *float64 `json:"throughput_rps"`
-	TTFTMean       *float64 `json:"ttft_mean_s"`
-	TTFTP50        *float64 `json:"ttft_p50_s"`
-	TTFTP90        *float64 `json:"ttft_p90_s"`
-	TTFTP99        *float64 `json:"ttft_p99_s"`
-	E2EMean        *float64 `json:"e2e_mean_s"`
-	E2EP99         *float64 `json:"e2e_p99_s"`
-	TPOTMean       *float64 `json:"tpot_mean_s"`
-	TPOTP99        *float64 `json:"tpot_p99_s"`
-	PrefixHitRate  float64  `json:"prefix_hit_rate"`
-	OfferedHitRate *float64 `json:"offered_hit_rate"`
-	LoadImbalance  *float64 `json:"load_imbalance"`
-	EngineTTFTMean float64  `json:"engine_ttft_mean_s,omitempty"`
-	QueueMean      *float64 `json:"queue_mean_s"`
-	Completed      int      `json:"completed"`
-	Failed         int      `json:"failed"`
-	Preemptions    int      `json:"preemptions"`
+	ThroughputRPS  *float64          `json:"throughput_rps"`
+	TTFTMean       *float64          `json:"ttft_mean_s"`
+	TTFTP50        *float64          `json:"ttft_p50_s"`
+	TTFTP90        *float64          `json:"ttft_p90_s"`
+	TTFTP99        *float64          `json:"ttft_p99_s"`
+	E2EMean        *float64          `json:"e2e_mean_s"`
+	E2EP99         *float64          `json:"e2e_p99_s"`
+	TPOTMean       *float64          `json:"tpot_mean_s"`
+	TPOTP99        *float64          `json:"tpot_p99_s"`
+	PrefixHitRate  *float64          `json:"prefix_hit_rate"`
+	OfferedHitRate *float64          `json:"offered_hit_rate"`
+	LoadImbalance  *float64          `json:"load_imbalance"`
+	EngineTTFTMean float64           `json:"engine_ttft_mean_s,omitempty"`
+	QueueMean      *float64          `json:"queue_mean_s"`
+	Completed      int               `json:"completed"`
+	Failed         int               `json:"failed"`
+	Preemptions    int               `json:"preemptions"`
+	Errors         map[string]int    `json:"errors,omitempty"`
+	FirstErrors    map[string]string `json:"first_errors,omitempty"`
 }
 
 // MarshalJSON writes p's JSON fields, null where p.Completed,
 // p.TPOTCount, p.Offered or p.LoadImbalance says they are undefined: a 0
 // there read as a measured throughput or TTFT ranks a policy that
-// completed nothing first (or divides by it).
+// completed nothing first (or divides by it). The hit rates of a policy
+// that completed nothing are null too: no request was served, so no
+// cache was read (the DES counted its refused prompts, and wrote 0).
 func (p PolicyResult) MarshalJSON() ([]byte, error) {
 	done := p.Completed > 0
 	opt := func(ok bool, v float64) *float64 {
@@ -123,9 +143,9 @@ func (p PolicyResult) MarshalJSON() ([]byte, error) {
 	return json.Marshal(policyJSON{ThroughputRPS: opt(done, p.ThroughputRPS), TTFTMean: opt(done, p.TTFTMean),
 		TTFTP50: opt(done, p.TTFTP50), TTFTP90: opt(done, p.TTFTP90), TTFTP99: opt(done, p.TTFTP99), E2EMean: opt(done, p.E2EMean),
 		E2EP99: opt(done, p.E2EP99), TPOTMean: opt(done && p.TPOTCount > 0, p.TPOTMean), TPOTP99: opt(done && p.TPOTCount > 0, p.TPOTP99),
-		PrefixHitRate: p.PrefixHitRate, OfferedHitRate: opt(p.Offered, p.OfferedHitRate), LoadImbalance: opt(p.imbalanceDefined(), p.LoadImbalance),
+		PrefixHitRate: opt(p.hitDefined(), p.PrefixHitRate), OfferedHitRate: opt(done && p.Offered, p.OfferedHitRate), LoadImbalance: opt(p.imbalanceDefined(), p.LoadImbalance),
 		EngineTTFTMean: p.EngineTTFTMean, QueueMean: opt(done && !p.QueueUnknown, p.QueueMean), Completed: p.Completed, Failed: p.Failed,
-		Preemptions: p.Preemptions})
+		Preemptions: p.Preemptions, Errors: p.Errors, FirstErrors: p.FirstErrors})
 }
 
 // SetRecordStats sets p's E2E p99 and TPOT mean and p99 from its run's
@@ -150,6 +170,23 @@ func TPOTs(recs []Record) []float64 {
 	slices.Sort(v)
 	return v
 }
+
+// FailureSummary is errs' kinds in order, each with its count and, when
+// first has one, its first message: "http_400 4 (first: ...); timeout 1".
+func FailureSummary(errs map[string]int, first map[string]string) string {
+	parts := make([]string, 0, len(errs))
+	for _, k := range slices.Sorted(maps.Keys(errs)) {
+		p := fmt.Sprintf("%s %d", k, errs[k])
+		if m := first[k]; m != "" {
+			p += " (first: " + m + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// hitDefined reports whether p.PrefixHitRate is a measurement.
+func (p PolicyResult) hitDefined() bool { return p.Completed > 0 && !p.HitUnknown }
 
 // imbalanceDefined reports whether p.LoadImbalance is a measurement.
 func (p PolicyResult) imbalanceDefined() bool { return p.Completed > 0 && p.LoadImbalance > 0 }
@@ -190,10 +227,10 @@ func (r Report) WriteTable(w io.Writer) error {
 			continue
 		}
 		done := p.Completed > 0
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%d\t%d\t%d\t%.1fs\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.1fs\t\n",
 			name, cell(done, "%.2f", p.ThroughputRPS), cell(done, "%.3f", p.TTFTMean), cell(done, "%.3f", p.TTFTP50),
 			cell(done, "%.3f", p.TTFTP90), cell(done, "%.3f", p.TTFTP99), cell(done && !p.QueueUnknown, "%.3f", p.QueueMean), cell(done, "%.3f", p.E2EMean),
-			p.PrefixHitRate, cell(p.imbalanceDefined(), "%.2f", p.LoadImbalance), p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
+			cell(p.hitDefined(), "%.3f", p.PrefixHitRate), cell(p.imbalanceDefined(), "%.2f", p.LoadImbalance), p.Completed, p.Failed, p.Preemptions, p.Wall.Seconds())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -219,7 +256,7 @@ func (r Report) WriteTable(w io.Writer) error {
 func (r Report) fewerThanEngines(names []string) string {
 	var few []string
 	for _, name := range names {
-		if p, ok := r.Policies[name]; ok && p.Completed > 0 && !p.imbalanceDefined() {
+		if p, ok := r.Policies[name]; ok && p.Completed > 0 && !p.imbalanceDefined() && !p.ImbalanceUnseen {
 			few = append(few, name)
 		}
 	}
@@ -231,7 +268,7 @@ func (r Report) fewerThanEngines(names []string) string {
 func (r Report) offered(names []string) string {
 	var b strings.Builder
 	for _, name := range names {
-		if p := r.Policies[name]; p.OfferedHitRate > 0 {
+		if p := r.Policies[name]; p.OfferedHitRate > 0 && p.Completed > 0 {
 			if b.Len() == 0 {
 				b.WriteString("hit rate offered (the engine caching most of each prompt when routed), and the part taken:")
 			}

@@ -52,7 +52,8 @@ func TestWriteTable(t *testing.T) {
 // offered hit rate and the part it took, in the report's order, and say
 // nothing of it when no policy measured one (live runs).
 func TestOfferedLine(t *testing.T) {
-	r := Report{Policies: map[string]PolicyResult{"a": {PrefixHitRate: 0.3, OfferedHitRate: 0.4}, "b": {PrefixHitRate: 0.2, OfferedHitRate: 0.25}, "c": {PrefixHitRate: 0.1}},
+	r := Report{Policies: map[string]PolicyResult{"a": {PrefixHitRate: 0.3, OfferedHitRate: 0.4, Completed: 1}, "b": {PrefixHitRate: 0.2, OfferedHitRate: 0.25, Completed: 1},
+		"c": {PrefixHitRate: 0.1, Completed: 1}},
 		Order: []string{"b", "a", "c"}}
 	var sb strings.Builder
 	if err := r.WriteTable(&sb); err != nil {
@@ -84,7 +85,9 @@ func TestOfferedLine(t *testing.T) {
 }
 
 // TestUndefinedNumbers: a policy that completed nothing has no throughput,
-// TTFT, E2E, TPOT, queue or imbalance, one with fewer completions than
+// TTFT, E2E, TPOT, queue, hit rate (before: the DES's 0 over the prompts
+// it refused) or imbalance, one whose server reported no usage no hit
+// rate, one with fewer completions than
 // engines no imbalance, one whose answers were all of one token no TPOT,
 // and a run that measured no offered hit rate (live) none: the JSON says
 // null (the other fields and their order unchanged), the table and the
@@ -93,7 +96,7 @@ func TestUndefinedNumbers(t *testing.T) {
 	r := Report{Policies: map[string]PolicyResult{
 		"none": {PrefixHitRate: 0.125, Failed: 3, Wall: 1, Offered: true, Preemptions: 1},
 		"few": {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, E2EP99: 1.5, Completed: 2,
-			QueueMean: 0.25, OfferedHitRate: 0.5, Offered: true},
+			QueueMean: 0.25, OfferedHitRate: 0.5, Offered: true, HitUnknown: true},
 		"ok": {ThroughputRPS: 2, TTFTMean: 0.5, TTFTP50: 0.5, TTFTP90: 0.5, TTFTP99: 0.5, E2EMean: 1, E2EP99: 2, TPOTMean: 0.125,
 			TPOTP99: 0.25, TPOTCount: 9, LoadImbalance: 1.25, Completed: 9, EngineTTFTMean: 0.25, QueueMean: 0.125, Preemptions: 3},
 	}, Order: []string{"none", "few", "ok"}}
@@ -106,8 +109,8 @@ func TestUndefinedNumbers(t *testing.T) {
 		got[name] = string(b)
 	}
 	want := map[string]string{
-		"none": `{"throughput_rps":null,"ttft_mean_s":null,"ttft_p50_s":null,"ttft_p90_s":null,"ttft_p99_s":null,"e2e_mean_s":null,"e2e_p99_s":null,"tpot_mean_s":null,"tpot_p99_s":null,"prefix_hit_rate":0.125,"offered_hit_rate":0,"load_imbalance":null,"queue_mean_s":null,"completed":0,"failed":3,"preemptions":1}`,
-		"few":  `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"e2e_p99_s":1.5,"tpot_mean_s":null,"tpot_p99_s":null,"prefix_hit_rate":0,"offered_hit_rate":0.5,"load_imbalance":null,"queue_mean_s":0.25,"completed":2,"failed":0,"preemptions":0}`,
+		"none": `{"throughput_rps":null,"ttft_mean_s":null,"ttft_p50_s":null,"ttft_p90_s":null,"ttft_p99_s":null,"e2e_mean_s":null,"e2e_p99_s":null,"tpot_mean_s":null,"tpot_p99_s":null,"prefix_hit_rate":null,"offered_hit_rate":null,"load_imbalance":null,"queue_mean_s":null,"completed":0,"failed":3,"preemptions":1}`,
+		"few":  `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"e2e_p99_s":1.5,"tpot_mean_s":null,"tpot_p99_s":null,"prefix_hit_rate":null,"offered_hit_rate":0.5,"load_imbalance":null,"queue_mean_s":0.25,"completed":2,"failed":0,"preemptions":0}`,
 		"ok":   `{"throughput_rps":2,"ttft_mean_s":0.5,"ttft_p50_s":0.5,"ttft_p90_s":0.5,"ttft_p99_s":0.5,"e2e_mean_s":1,"e2e_p99_s":2,"tpot_mean_s":0.125,"tpot_p99_s":0.25,"prefix_hit_rate":0,"offered_hit_rate":null,"load_imbalance":1.25,"engine_ttft_mean_s":0.25,"queue_mean_s":0.125,"completed":9,"failed":0,"preemptions":3}`,
 	}
 	for name, w := range want {
@@ -125,8 +128,8 @@ func TestUndefinedNumbers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range []string{
-		"  none             n/a          n/a    n/a    n/a    n/a      n/a         n/a     0.125        n/a     0       3 ",
-		"   few            2.00        0.500  0.500  0.500  0.500    0.250       1.000     0.000        n/a     2       0 ",
+		"  none             n/a          n/a    n/a    n/a    n/a      n/a         n/a       n/a        n/a     0       3 ",
+		"   few            2.00        0.500  0.500  0.500  0.500    0.250       1.000       n/a        n/a     2       0 ",
 		"    ok            2.00        0.500  0.500  0.500  0.500    0.125       1.000     0.000       1.25     9       0 ",
 		"imbalance n/a (few): fewer requests completed than there are engines\n",
 	} {
@@ -139,8 +142,8 @@ func TestUndefinedNumbers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range []string{
-		"<tr><td>none</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>0.125</td><td>n/a</td><td>0</td><td>3</td></tr>",
-		"<td>0.000</td><td>n/a</td><td>2</td><td>0</td></tr>",
+		"<tr><td>none</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>n/a</td><td>0</td><td>3</td></tr>",
+		"<td>1.000</td><td>n/a</td><td>n/a</td><td>2</td><td>0</td></tr>",
 		"imbalance n/a (few): fewer requests completed than there are engines</p>",
 	} {
 		if !strings.Contains(hb.String(), w) {
