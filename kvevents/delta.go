@@ -70,8 +70,11 @@ type Delta struct {
 	Model  string
 	Epoch  uint64
 	Seq    uint64
-	TS     int64 // unix nanoseconds of the newest engine batch in the delta (its event time)
-	Ops    []Op
+	// TS is the unix nanoseconds of the newest engine batch in the delta
+	// (its event time); for a delta with no engine batch behind it (a
+	// rank's restart, lost history) the time the sidecar made it.
+	TS  int64
+	Ops []Op
 	// EpochStart is when the sidecar's epoch began (unix nanoseconds; 0:
 	// unknown, a sidecar that predates the field). Of two live epochs of one
 	// engine (a sidecar restart overlapping its old self) the later start is

@@ -62,9 +62,15 @@ type engine struct {
 	st        *state
 	seq       uint64
 	published kvevents.EngineDigest // head and digests as of the last delta
-	lastTS    int64
-	load      Load
-	loras     string // gossip.JoinLoRAs of the adapters /v1/models lists (models.go)
+	// batchTS (unix ns) is the stamp of the newest engine batch whose ops
+	// are pending (0: none; reset at each flush). A delta with no engine
+	// batch behind it (a rank's restart, lost history, a new subscriber's
+	// clear) is stamped with the time the sidecar made it instead: the
+	// last batch's stamp would show the engine's idle time since as
+	// propagation lag in every ingress.
+	batchTS int64
+	load    Load
+	loras   string // gossip.JoinLoRAs of the adapters /v1/models lists (models.go)
 	// maxModelLen and root: the base model's, as /v1/models lists them (models.go).
 	maxModelLen int
 	root        string
@@ -277,7 +283,7 @@ func (e *engine) handle(m kvevents.Message) {
 		}
 		e.checkBlockSize()
 		if m.Batch.TS > 0 {
-			e.lastTS = int64(m.Batch.TS * 1e9)
+			e.batchTS = int64(m.Batch.TS * 1e9)
 		}
 		for i := range m.Batch.Events {
 			if m.Batch.Events[i].Kind == kvevents.AllBlocksCleared {
@@ -345,8 +351,13 @@ func (e *engine) requestReset(reason string) {
 // known). Caller holds mu, so deltas leave in sequence order.
 func (e *engine) flushLocked() {
 	ops := e.st.takePending()
+	ts := e.batchTS
+	e.batchTS = 0
 	if len(ops) == 0 {
 		return
+	}
+	if ts == 0 {
+		ts = time.Now().UnixNano()
 	}
 	limit := e.s.cfg.MaxDeltaKeys
 	size := int(e.s.maxPayload()) // 0: not connected yet
@@ -374,17 +385,15 @@ func (e *engine) flushLocked() {
 			keys += len(op.Keys)
 			ops = ops[1:]
 		}
-		e.publishLocked(part, n)
+		e.publishLocked(part, n, ts)
 	}
 	e.published = kvevents.EngineDigest{Head: kvevents.Head{Epoch: e.epoch, Seq: e.seq}, Digests: e.st.digests}
 }
 
-func (e *engine) publishLocked(ops []kvevents.Op, nkeys int) {
+// publishLocked queues one delta of ops stamped ts: the newest engine
+// batch's time, or the sidecar's own when no batch is behind it (flushLocked).
+func (e *engine) publishLocked(ops []kvevents.Op, nkeys int, ts int64) {
 	e.seq++
-	ts := e.lastTS
-	if ts == 0 {
-		ts = time.Now().UnixNano()
-	}
 	d := kvevents.Delta{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, TS: ts, Ops: ops, EpochStart: e.epochStart}
 	e.c.deltas.Add(1)
 	e.c.deltaKeys.Add(uint64(nkeys))
