@@ -25,6 +25,10 @@ type rankState struct {
 	has     bool
 	hist    [histSize]histEntry // direct-mapped by seq % histSize
 	lastMsg time.Time           // last live message or probe, for idle probes
+	// started: a batch of the rank was seen (live or replayed), ever; kept
+	// by forget, so that with LiveStart only the very first sight skips
+	// the replay from 0, not an engine's new incarnation.
+	started bool
 	// replayFails counts replay exchanges failed in a row (timed out or
 	// cut off): idle probes back off while the replay socket is down.
 	replayFails int

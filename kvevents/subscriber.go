@@ -114,7 +114,8 @@ type SubscriberStats struct {
 // broke, before the batches that follow the break. On first sight of a rank
 // whose sequence is past 0, the subscriber replays from 0; if the engine's
 // buffer no longer reaches back that far, the stream starts with
-// MsgLostHistory{From: 0}.
+// MsgLostHistory{From: 0}. With LiveStart, the rank's first live batch
+// starts its stream instead (a tool watching live events).
 //
 // ReplayOnStart replays every rank from 0 at start (a sidecar restarted
 // next to an idle engine); IdleProbe replays quiet ranks periodically (a
@@ -555,6 +556,9 @@ func (s *Subscriber) probeNow() error {
 // probe replays rs from its next seq (from 0 before any).
 func (s *Subscriber) probe(rs *rankState, now time.Time) error {
 	rs.lastMsg = now
+	if s.cfg.LiveStart && !rs.started {
+		return nil // its stream starts at its first live batch
+	}
 	s.st.probes.Add(1)
 	from := uint64(0)
 	if rs.has {
@@ -600,6 +604,10 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 	}
 	s.st.received.Add(1)
 	rs.lastMsg = time.Now()
+	// liveStart: with LiveStart, the rank's first batch ever seen starts
+	// its stream; the batches before it are not replayed.
+	liveStart := s.cfg.LiveStart && !rs.started
+	rs.started = true
 	switch {
 	case rs.has && seq == rs.last+1:
 		rs.lateOK = false // a run of late copies (isLateCopy) is over
@@ -621,7 +629,7 @@ func (s *Subscriber) onLive(rs *rankState, frames [][]byte) error {
 		}
 		fallthrough
 	default: // first sight of this rank (or of its new incarnation)
-		if seq > 0 {
+		if seq > 0 && !liveStart {
 			s.st.gaps.Add(1)
 			if err := s.recover(rs, 0, seq); err != nil {
 				return err
@@ -723,7 +731,7 @@ func (s *Subscriber) deliver(rs *rankState, seq uint64, payload []byte, replayed
 		*slot, s.kept[pos] = Batch{}, 0
 	}
 	s.pos = (s.pos + 1) % len(s.ring)
-	rs.last, rs.has = seq, true
+	rs.last, rs.has, rs.started = seq, true, true
 	rs.remember(seq, xxh3.Hash(payload))
 	err := DecodeBatch(payload, slot)
 	k := slot.retainedBytes()

@@ -60,6 +60,13 @@ type SubscriberConfig struct {
 	// engine learns its cache without waiting for the next event. Batches
 	// also received live are recognised and skipped.
 	ReplayOnStart bool
+	// LiveStart makes each rank's first live batch the start of its
+	// stream: the batches before it, still in the engine's replay buffer,
+	// are not replayed (a tool watching live events, not one that must
+	// know the engine's cache as a sidecar must). Idle probes leave a rank
+	// alone until its first batch. Gaps after it, and an engine's new
+	// incarnation, are replayed as usual. Not with ReplayOnStart.
+	LiveStart bool
 	// IdleProbe, when positive, replays a rank from its next seq after it
 	// has been quiet this long (and again every IdleProbe while quiet): it
 	// recovers batches lost at the end of a burst and notices an engine that
@@ -147,6 +154,9 @@ func (c *SubscriberConfig) Validate() error {
 	}
 	if c.IdleProbe < 0 {
 		errs = append(errs, fmt.Errorf("IdleProbe %v is negative", c.IdleProbe))
+	}
+	if c.LiveStart && c.ReplayOnStart {
+		errs = append(errs, errors.New("LiveStart and ReplayOnStart exclude each other: a stream starts at its first live batch or at 0"))
 	}
 	if c.PollInterval < 0 {
 		errs = append(errs, fmt.Errorf("PollInterval %v is negative", c.PollInterval))

@@ -332,6 +332,9 @@ func TestConfigValidate(t *testing.T) {
 	if err := (&kvevents.SubscriberConfig{Endpoints: []string{"tcp://a:1"}, ReplayEndpoint: "tcp://a:2"}).Validate(); !errors.Is(err, kvevents.ErrConfig) {
 		t.Fatalf("Endpoints with a single ReplayEndpoint: %v", err)
 	}
+	if err := (&kvevents.SubscriberConfig{Endpoint: "tcp://a:1", LiveStart: true, ReplayOnStart: true}).Validate(); !errors.Is(err, kvevents.ErrConfig) {
+		t.Fatalf("LiveStart with ReplayOnStart: %v", err)
+	}
 	pc := kvtest.PublisherConfig{Endpoint: "tcp://*:5557", DropRate: 2, DPRank: -1}
 	if err := pc.Validate(); !errors.Is(err, kvevents.ErrConfig) || !strings.Contains(err.Error(), "DropRate") || !strings.Contains(err.Error(), "DPRank") {
 		t.Fatalf("publisher validate: %v", err)
@@ -716,5 +719,62 @@ func joinedRawPubCfg(t *testing.T, first []byte, cfg kvevents.SubscriberConfig) 
 		if err != nil {
 			return pub, sub
 		}
+	}
+}
+
+// TestLiveStart: with LiveStart (kvmesh inspect events without
+// --from-start) a rank's first live batch starts its stream; the batches
+// still in the engine's buffer from before are not replayed, where they
+// used to be printed at the first live batch (h-kvev finding 2). Gaps
+// after it and the engine's new incarnation are replayed as usual. Without
+// it (the sidecar) the first sight replays the buffer from 0, which is how
+// a sidecar learns the cache of an engine that was already running.
+func TestLiveStart(t *testing.T) {
+	eng := newFakeEngine(t, kvtest.PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*"}, 17)
+	for range 20 {
+		eng.step() // before any subscriber: history
+	}
+	sub := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), LiveStart: true})
+	v := newView()
+	stepUntil(t, sub, v, func() bool { return len(v.kinds) > 0 }, eng) // one message
+	if v.kinds[kvevents.MsgBatch] != 1 || v.last[0] < 20 || sub.Stats().Replayed != 0 {
+		t.Fatalf("the stream starts with %v at seq %d (stats %+v); want the first live batch, past the 20 of history", v.kinds, v.last[0], sub.Stats())
+	}
+
+	// A gap after the start is replayed.
+	eng.pub.DropNext(2)
+	for range 3 {
+		eng.step()
+	}
+	pump(t, sub, v, "the gap filled", func() bool { return v.last[0] == eng.pub.NextSeq()-1 })
+	if st := sub.Stats(); st.Replayed != 2 || st.LostHistory != 0 {
+		t.Fatalf("stats %+v after a gap of 2", st)
+	}
+	// The engine's new incarnation is replayed from 0.
+	eng.restart()
+	eng.pub.DropNext(2)
+	for range 3 {
+		eng.step()
+	}
+	pump(t, sub, v, "the new incarnation", func() bool { return len(v.resets) == 1 && v.last[0] == 2 })
+	if st := sub.Stats(); st.Replayed != 4 || st.LostHistory != 0 || !equalTo(v, eng)() {
+		t.Fatalf("stats %+v after a restart whose first 2 batches went out only to the buffer", st)
+	}
+
+	// Idle probes leave a rank alone until its first live batch.
+	at := eng.pub.NextSeq()
+	sub3 := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint(), LiveStart: true, IdleProbe: time.Millisecond})
+	v3 := newView()
+	stepUntil(t, sub3, v3, func() bool { return len(v3.kinds) > 0 }, eng) // one message
+	if v3.kinds[kvevents.MsgBatch] != 1 || v3.last[0] < at || sub3.Stats().Replayed != 0 {
+		t.Fatalf("with idle probes the stream starts with %v at seq %d (stats %+v); want the first live batch, %d or later", v3.kinds, v3.last[0], sub3.Stats(), at)
+	}
+
+	// Without LiveStart, the first sight replays the buffer from 0.
+	sub2 := newTestSubscriber(t, kvevents.SubscriberConfig{Endpoint: eng.pub.Endpoint(), ReplayEndpoint: eng.pub.ReplayEndpoint()})
+	v2 := newView()
+	stepUntil(t, sub2, v2, func() bool { return len(v2.kinds) > 0 }, eng) // one message
+	if v2.kinds[kvevents.MsgBatch] != 1 || v2.last[0] != 0 {
+		t.Fatalf("without LiveStart the stream starts with %v at seq %d, want the batch at 0", v2.kinds, v2.last[0])
 	}
 }

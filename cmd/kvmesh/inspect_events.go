@@ -22,7 +22,7 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 	replay := fs.String("replay", "", "the engine's replay endpoint, e.g. tcp://127.0.0.1:5558 (fills gaps)")
 	topic := fs.String("topic", "", "topic prefix to subscribe to")
 	dpSize := fs.Int("dp-size", 1, "number of DP ranks (ports offset by rank)")
-	fromStart := fs.Bool("from-start", false, "with --replay: first print every batch still in the engine's replay buffer")
+	fromStart := fs.Bool("from-start", false, "with --replay: first print every batch still in the engine's replay buffer (without it, output starts at the first live batch)")
 	bind := fs.Bool("bind", false, "with --zmq: bind the endpoint instead of connecting (for engines whose PUB connects)")
 	count := fs.Int("count", 0, "with --zmq: exit after this many batches (0 = until interrupted)")
 	fs.Usage = func() {
@@ -68,7 +68,10 @@ func runInspectEvents(ctx context.Context, args []string, stdout, stderr io.Writ
 		DPSize:         *dpSize,
 		Bind:           *bind,
 		ReplayOnStart:  *fromStart,
-		Logger:         slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// Without --from-start, what is printed starts at the first live
+		// batch: the engine's buffer from before is not replayed.
+		LiveStart: !*fromStart,
+		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}, *count, stdout, stderr)
 }
 
