@@ -97,7 +97,9 @@ func inspectTail(ctx context.Context, nc *nats.Conn, showKeys bool, count int, s
 func formatDelta(d *kvevents.Delta, showKeys bool) string {
 	var b strings.Builder
 	ts := time.Unix(0, d.TS).UTC()
-	fmt.Fprintf(&b, "%s engine=%s model=%s epoch=%016x seq=%d lag=%v",
+	// Keys and epochs in decimal, as kvmesh keys, inspect events and the
+	// /debug endpoints print them (docs/OPERATIONS.md, "Looking at it").
+	fmt.Fprintf(&b, "%s engine=%s model=%s epoch=%d seq=%d lag=%v",
 		ts.Format("15:04:05.000000"), d.Engine, d.Model, d.Epoch, d.Seq, time.Since(ts).Round(time.Microsecond))
 	for _, op := range d.Ops {
 		if op.Kind == kvevents.OpClear {
@@ -107,7 +109,7 @@ func formatDelta(d *kvevents.Delta, showKeys bool) string {
 		fmt.Fprintf(&b, " | %s %s %d", op.Kind, op.Tier, len(op.Keys))
 		if showKeys {
 			for _, k := range op.Keys {
-				fmt.Fprintf(&b, " %016x", k)
+				fmt.Fprintf(&b, " %d", k)
 			}
 		}
 	}
@@ -153,7 +155,7 @@ func printSummary(w io.Writer, st []materialize.EngineStatus) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "%s\nENGINE\tMODEL\tEPOCH\tSEQ\tGPU\tCPU\tOTHER\tLAG\tSYNCED\n", time.Now().UTC().Format(time.RFC3339))
 	for _, s := range st {
-		fmt.Fprintf(tw, "%s\t%s\t%016x\t%d\t%d\t%d\t%d\t%v\t%v\n", s.Engine, s.Model, s.Epoch, s.Seq,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%v\t%v\n", s.Engine, s.Model, s.Epoch, s.Seq,
 			s.Keys[kvevents.TierGPU], s.Keys[kvevents.TierCPU], s.Keys[kvevents.TierOther], s.Lag.Round(time.Microsecond), s.Synced)
 	}
 	_ = tw.Flush()

@@ -3,13 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -25,14 +28,31 @@ func TestInspectStreamTailsDecodedDeltas(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var out, errOut bytes.Buffer
+	var out, errOut, keysErr bytes.Buffer
+	// Keys and epochs print in decimal, as kvmesh keys prints keys and the
+	// sidecar's /debug/state and the ingress's /debug/index (JSON numbers)
+	// epochs: cross-checking needs no conversion (h-kvev finding 3). The
+	// tail printed them in hex.
+	var keysOut bytes.Buffer
+	if code := run([]string{"keys", "--model", "m/x", "--block-size", "2", "--tokens", "1,2,3,4"}, &keysOut, &keysErr); code != 0 {
+		t.Fatalf("kvmesh keys: exit %d: %s", code, keysErr.String())
+	}
+	keyLines := strings.Fields(keysOut.String())
+	keys := make([]uint64, len(keyLines))
+	for i, k := range keyLines {
+		if keys[i], err = strconv.ParseUint(k, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	epoch := uint64(3231056790460373371)
+	debugState, _ := json.Marshal(map[string]uint64{"epoch": epoch}) // as /debug/state writes it
+	d := kvevents.Delta{Engine: "e1", Model: "m/x", Epoch: epoch, Seq: 7, TS: time.Now().UnixNano(),
+		Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: keys}, {Kind: kvevents.OpClear, Tier: kvevents.TierCPU}}}
+	msg := kvevents.AppendDelta(nil, &d)
 	done := make(chan int, 1)
 	go func() {
 		done <- run([]string{"inspect", "stream", "--nats", srv.URL(), "--count", "2", "--keys"}, &out, &errOut)
 	}()
-	d := kvevents.Delta{Engine: "e1", Model: "m/x", Epoch: 0xabc, Seq: 7, TS: time.Now().UnixNano(),
-		Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{0x1234}}, {Kind: kvevents.OpClear, Tier: kvevents.TierCPU}}}
-	msg := kvevents.AppendDelta(nil, &d)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -44,7 +64,8 @@ func TestInspectStreamTailsDecodedDeltas(t *testing.T) {
 				t.Fatalf("exit %d: %s", code, errOut.String())
 			}
 			line := strings.SplitN(out.String(), "\n", 2)[0]
-			for _, want := range []string{"engine=e1", "model=m/x", "epoch=0000000000000abc", "seq=7", "store gpu 1 0000000000001234", "clear cpu"} {
+			wantEpoch := "epoch=" + strings.TrimSuffix(strings.TrimPrefix(string(debugState), `{"epoch":`), "}")
+			for _, want := range []string{"engine=e1", "model=m/x", wantEpoch + " ", "seq=7", "store gpu 2 " + strings.Join(keyLines, " "), "clear cpu"} {
 				if !strings.Contains(line, want) {
 					t.Errorf("line %q lacks %q", line, want)
 				}
@@ -85,5 +106,15 @@ func TestInspectStreamUsage(t *testing.T) {
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want a usage error saying %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// The summary prints epochs in decimal too, as /debug/index does.
+func TestInspectSummaryEpochDecimal(t *testing.T) {
+	var out bytes.Buffer
+	printSummary(&out, []materialize.EngineStatus{{Engine: "e1", Model: "m", Epoch: 3231056790460373371, Seq: 9}})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if f := strings.Fields(lines[len(lines)-1]); len(f) < 4 || f[2] != "3231056790460373371" {
+		t.Fatalf("summary %q: want the epoch in decimal", out.String())
 	}
 }

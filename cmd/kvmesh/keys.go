@@ -12,7 +12,8 @@ import (
 )
 
 // runKeys prints the canonical kvmesh key (DESIGN.md Contract 1) of every
-// full block of a token sequence, one unsigned decimal integer per line.
+// full block of a token sequence, one unsigned decimal integer per line:
+// the one base of every kvmesh tool (inspect stream, the /debug endpoints).
 func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keys", stderr)
 	model := fs.String("model", "", "model name (part of the chain root)")
@@ -22,6 +23,7 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tokens := fs.String("tokens", "", "comma-separated token ids, e.g. 1,2,3")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kvmesh keys --model M --block-size B [--lora NAME] [--salt S] --tokens 1,2,3,...")
+		fmt.Fprintln(stderr, "Prints one key per line in decimal, as inspect stream --keys and the /debug endpoints show them.")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, 0); err != nil {
