@@ -299,8 +299,8 @@ func (s *Subscriber) openDealer(rs *rankState) error {
 		return err
 	}
 	// Unlimited receive queue: a full one would make the engine's ROUTER
-	// drop replies (holes in the replay). It is bounded by the engine's
-	// replay buffer.
+	// drop replies (holes in the replay) while the consumer is busy. It is
+	// bounded by the engine's replay buffer (TestReplayQueuedWhileConsumerBusy).
 	_ = d.SetRcvhwm(0)
 	if err := d.Connect(rs.replayEP); err != nil {
 		_ = d.Close()
