@@ -463,34 +463,47 @@ func (c *call) refreshCandidates() error {
 }
 
 // fitContext takes out of routing the candidates whose context
-// (max_model_len) is shorter than the prompt when another candidate's is
+// (max_model_len) is shorter than the request when another candidate's is
 // long enough: engines of one model may run with different context
-// lengths (--max-model-len per GPU type), and one too short refuses the
-// prompt (400). When none is long enough the prompt limit refused the
-// request already (admit), unless no engine reports a context.
+// lengths (--max-model-len per GPU type), and one too short refuses it
+// (400). The request is the prompt and its max_tokens first, as vLLM
+// refuses a max_tokens the context cannot hold after the prompt; when no
+// candidate holds both, the prompt alone. When none holds the prompt the
+// prompt limit refused the request already (admit), unless no engine
+// reports a context.
 func (c *call) fitContext() {
 	n := c.longest // a batch's longest prompt
 	if n == 0 {
 		n = c.promptTokens
 	}
+	if m := c.req.maxTokens; m > 0 && c.fitOut(n+m) {
+		return
+	}
+	c.fitOut(n)
+}
+
+// fitOut takes out of routing the healthy candidates whose context is
+// shorter than need when another's holds it, and reports whether it did.
+func (c *call) fitOut(need int) bool {
 	short, fits := false, false
 	for i, l := range c.ctxLens {
 		switch {
 		case !c.cands[i].Healthy:
-		case l > 0 && n > l:
+		case l > 0 && need > l:
 			short = true
 		default:
 			fits = true
 		}
 	}
 	if !short || !fits {
-		return
+		return false
 	}
 	for i, l := range c.ctxLens {
-		if l > 0 && n > l {
+		if l > 0 && need > l {
 			c.cands[i].Healthy = false
 		}
 	}
+	return true
 }
 
 // schedule computes the prompt's chain keys and ranks the engines: the

@@ -3,6 +3,7 @@ package ingress
 import (
 	"bytes"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -119,7 +120,9 @@ func (m engineList) Engines(dst []EngineInfo) []EngineInfo { return append(dst, 
 // per GPU type): a prompt longer than one engine's context goes to an
 // engine whose context holds it, even when the short one is the less
 // loaded; a prompt both hold goes to the less loaded. Before, the short
-// engine got it and answered 400.
+// engine got it and answered 400. The same for a prompt whose max_tokens
+// only the long context holds (fault tester: max_tokens 30000 went to a
+// 16384-token engine, which refused it).
 func TestPromptGoesToAnEngineWhoseContextHoldsIt(t *testing.T) {
 	short, long := startFaultEngine(t, faultOK), startFaultEngine(t, faultOK)
 	mem := engineList{
@@ -127,15 +130,19 @@ func TestPromptGoesToAnEngineWhoseContextHoldsIt(t *testing.T) {
 		{Engine: scheduler.Engine{ID: "long", Model: "m", Healthy: true, InFlight: 50}, URL: long.url(), MaxModelLen: 1000},
 	}
 	s := startIngress(t, testConfig(StaticEngine{ID: "short", Model: "m", URL: short.url()}), Deps{Membership: mem})
+	// The prompt and its max_tokens must fit, as vLLM refuses a max_tokens
+	// past the context after the prompt; when no context holds both, the
+	// prompt alone decides (the engine then says what it refuses).
 	for _, tc := range []struct {
-		prompt int
-		at     string
-	}{{500, "long"}, {100, "short"}, {101, "long"}} {
+		prompt, maxTokens int
+		at                string
+	}{{500, 1, "long"}, {99, 1, "short"}, {100, 1, "long"}, {101, 1, "long"}, {50, 80, "long"}, {50, 50, "short"}, {50, 2000, "short"}} {
 		for range 3 {
-			st, h, body := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", idsPrompt(tc.prompt))
+			body := strings.Replace(idsPrompt(tc.prompt), `"max_tokens":1,`, `"max_tokens":`+strconv.Itoa(tc.maxTokens)+`,`, 1)
+			st, h, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
 			if st != 200 || h.Get("X-Kvmesh-Engine") != tc.at {
-				t.Fatalf("a prompt of %d tokens, contexts 100 (idle) and 1000 (busy): %d at %q, %.200s; want 200 from %s",
-					tc.prompt, st, h.Get("X-Kvmesh-Engine"), body, tc.at)
+				t.Fatalf("a prompt of %d tokens, max_tokens %d, contexts 100 (idle) and 1000 (busy): %d at %q, %.200s; want 200 from %s",
+					tc.prompt, tc.maxTokens, st, h.Get("X-Kvmesh-Engine"), b, tc.at)
 			}
 		}
 	}
