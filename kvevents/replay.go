@@ -31,7 +31,24 @@ const endSeq = math.MaxUint64
 // alone cannot see. For a probe (live == noLive) an empty reply means the
 // same: the engine no longer has seq last nor anything newer. Then the rank
 // is reset and replayed from 0.
+//
+// A reply that skips a range after the replay has started in sequence is a
+// hole in transit, not the buffer's edge: the engine's buffer is contiguous,
+// but its ROUTER drops replies past its send high-water mark (ZMQ's default
+// 1,000, vLLM's) without a word. The batches after the hole are not
+// delivered; the engine is asked again from the first missing seq, up to
+// replayHoleRetries times, and only then is the hole lost history.
 func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
+	return s.replay(rs, from, live, replayHoleRetries)
+}
+
+// replayHoleRetries bounds the replay requests recover sends again from a
+// hole in a replay's middle (see recover).
+const replayHoleRetries = 3
+
+// replay is recover's exchange, asking again from a hole in its middle at
+// most retries more times.
+func (s *Subscriber) replay(rs *rankState, from, live uint64, retries int) error {
 	probe := live == noLive
 	if rs.dealer == nil {
 		if probe {
@@ -57,9 +74,14 @@ func (s *Subscriber) recover(rs *rankState, from, live uint64) error {
 		}
 		return s.lostHistory(rs, from, live)
 	}
-	x := replayExchange{next: from, verify: verify, lastSum: lastSum}
+	x := replayExchange{next: from, verify: verify, lastSum: lastSum, retryHoles: retries > 0}
 	if err := s.readReplay(rs, live, &x); err != nil {
 		return err
+	}
+	if x.hole && !x.restarted && !x.timedOut {
+		s.cfg.Logger.Info("kv events replay skipped batches the engine holds: asking again", "rank", rs.rank,
+			"endpoint", rs.replayEP, "from", x.next, "got", x.holeEnd)
+		return s.replay(rs, x.next, live, retries-1)
 	}
 	if probe && verify && x.replies == 0 && !x.timedOut {
 		x.restarted = true
@@ -84,11 +106,19 @@ type replayExchange struct {
 	replies             int
 	prev                uint64 // the last reply's seq: replies must increase
 	restarted, timedOut bool
+	// retryHoles: a hole in the replay's middle ends delivery (hole, from
+	// x.next to holeEnd) so recover asks again, instead of being lost history.
+	// inSeq: a reply showed where the buffer starts (the overlap batch,
+	// or one delivered), so a skip after it is a hole, not the edge.
+	retryHoles, inSeq, hole bool
+	holeEnd                 uint64
 }
 
 // readReplay reads the replies to one replay request up to the end marker
-// (or a timeout), delivering the batches in [x.next, live) in order and
-// reporting a hole as lost history.
+// (or a timeout), delivering the batches in [x.next, live) in order. The
+// buffer's edge (the first reply past x.next) is reported as lost history;
+// so is a hole after it unless x.retryHoles, which stops delivery there and
+// sets x.hole instead (recover asks again).
 func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) error {
 	from := x.next
 	deadline := time.Now().Add(s.cfg.ReplayTimeout)
@@ -146,10 +176,24 @@ func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) e
 		if x.verify && x.replies == 1 && seq == from-1 && xxh3.Hash(payload) != x.lastSum {
 			x.restarted = true // read on to the end marker, then start over
 		}
-		if x.restarted || seq < x.next || seq >= live {
+		if x.restarted || x.hole {
 			continue
 		}
-		if seq > x.next { // the buffer no longer reaches back (or has a hole)
+		if seq < x.next {
+			x.inSeq = true // the overlap batch (verify)
+			continue
+		}
+		if x.retryHoles && x.inSeq && seq > x.next && x.next < live {
+			// The replay began in sequence, so the engine holds x.next:
+			// its ROUTER dropped it in transit. Read on to the end
+			// marker, then ask again from x.next.
+			x.hole, x.holeEnd = true, min(seq, live)
+			continue
+		}
+		if seq >= live {
+			continue
+		}
+		if seq > x.next { // the buffer no longer reaches back (or, asked again enough, has a hole)
 			if err := s.lostHistory(rs, x.next, seq); err != nil {
 				return err
 			}
@@ -157,7 +201,7 @@ func (s *Subscriber) readReplay(rs *rankState, live uint64, x *replayExchange) e
 		if err := s.deliver(rs, seq, payload, true); err != nil {
 			return err
 		}
-		x.next = seq + 1
+		x.next, x.inSeq = seq+1, true
 	}
 }
 
