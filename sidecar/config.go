@@ -144,6 +144,12 @@ type Config struct {
 	SnapshotChunkKeys int
 	// ScrapeInterval for engine /metrics (default 1s).
 	ScrapeInterval time.Duration
+	// EventsSilentAfter: an engine its metrics show serving requests over
+	// this long with no KV-event batch arriving meanwhile is warned about
+	// and marked (kvmesh_sidecar_events_silent, /debug/state events_silent;
+	// silent.go): the sidecar listens where the engine does not publish.
+	// Default 30s; 0 disables. Needs the engine's metrics.
+	EventsSilentAfter time.Duration
 	// GossipInterval for publishing load, head and digest (default 250ms).
 	GossipInterval time.Duration
 	// ModelsInterval is how often the engine's /v1/models is read for the
@@ -183,6 +189,7 @@ func DefaultConfig() Config {
 		IdleProbe:         5 * time.Second,
 		SnapshotChunkKeys: 65536,
 		ScrapeInterval:    time.Second,
+		EventsSilentAfter: 30 * time.Second,
 		GossipInterval:    250 * time.Millisecond,
 		ModelsInterval:    10 * time.Second,
 		EngineIDWait:      time.Minute,
@@ -307,6 +314,9 @@ func (c *Config) Validate() error {
 	}
 	if c.IdleProbe < 0 {
 		add("idle probe %v must not be negative", c.IdleProbe)
+	}
+	if c.EventsSilentAfter < 0 {
+		add("events silent after %v must not be negative", c.EventsSilentAfter)
 	}
 	if c.BatchWindow < 0 || c.ScrapeInterval <= 0 || c.GossipInterval <= 0 {
 		add("batch window %v must not be negative; scrape %v and gossip %v intervals must be positive", c.BatchWindow, c.ScrapeInterval, c.GossipInterval)

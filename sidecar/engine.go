@@ -22,6 +22,11 @@ type Load struct {
 	KVUsage       float64   `json:"kv_usage"`
 	QueuedPrefill int64     `json:"queued_prefill_tokens"`
 	Scraped       time.Time `json:"scraped"`
+	// work sums the engine's request and token counters (workNames);
+	// workOK: it exposes one at least. Not gossiped: their growth shows
+	// the engine serving (silent.go).
+	work   float64
+	workOK bool
 }
 
 // engineCounters are the per-engine counters read by the metrics collector.
@@ -100,6 +105,8 @@ type engine struct {
 	// (awaitProbe compares it with a Probe's stream position).
 	sub   *kvevents.Subscriber
 	taken uint64
+	// silence follows a working engine whose KV events do not arrive (silent.go).
+	silence silence
 }
 
 func newEngine(s *Sidecar, cfg EngineConfig) *engine {
@@ -278,6 +285,7 @@ func (e *engine) handle(m kvevents.Message) {
 	switch m.Kind {
 	case kvevents.MsgBatch:
 		e.c.batches.Add(1)
+		e.batchArrived()
 		if e.st.apply(m.Rank, m.Batch) && e.s.cfg.ResyncPolicy == ResyncResetEngine {
 			e.requestReset("unknown parent")
 		}
@@ -439,6 +447,13 @@ type Status struct {
 	LostHistory     uint64 `json:"lost_history"`
 	EngineResets    uint64 `json:"engine_resets"`
 	LoRAs           string `json:"loras,omitempty"` // the adapters /v1/models lists (models.go)
+	// EventsSilent: the engine has been serving requests for
+	// Config.EventsSilentAfter at least (WorkWithoutEventsSince on) and no
+	// KV-event batch has arrived meanwhile (silent.go); still Ready.
+	EventsSilent           bool       `json:"events_silent"`
+	WorkWithoutEventsSince *time.Time `json:"work_without_events_since,omitempty"`
+	// LastBatch is when the last KV-event batch arrived (null: none yet).
+	LastBatch *time.Time `json:"last_batch"`
 }
 
 func (e *engine) status() Status {
@@ -447,7 +462,8 @@ func (e *engine) status() Status {
 	s := Status{Engine: e.cfg.ID, Model: e.cfg.Model, Epoch: e.epoch, Seq: e.seq, Load: e.load, Running: e.running,
 		OrphanParents: e.st.c.orphanParents, OrphanLocations: e.st.c.orphanLocations, UnknownRemoves: e.st.c.unknownRemoves,
 		RankResets: e.c.rankResets.Load(), LostHistory: e.c.lostHistory.Load(), EngineResets: e.c.engineResets.Load(),
-		LoRAs: e.loras, Ready: e.readyLocked(), ScrapeError: e.scrapeErr, ModelMismatch: e.modelMismatch}
+		LoRAs: e.loras, Ready: e.readyLocked(), ScrapeError: e.scrapeErr, ModelMismatch: e.modelMismatch,
+		EventsSilent: e.silence.silent, WorkWithoutEventsSince: timeOrNil(e.silence.workSince), LastBatch: timeOrNil(e.silence.lastBatch)}
 	for t := range s.Keys {
 		s.Keys[t] = len(e.st.keyRefs[t])
 	}

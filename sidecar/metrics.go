@@ -45,6 +45,9 @@ var (
 	descMismatch = prometheus.NewDesc("kvmesh_sidecar_engine_model_mismatch",
 		"1 while the engine's /v1/models does not list the sidecar's --model (another model or engine at its URL): gossiped as not ready; 0 otherwise.",
 		[]string{"engine"}, nil)
+	descSilent = prometheus.NewDesc("kvmesh_sidecar_events_silent",
+		"1 while the engine's metrics have shown it serving requests for the events-silent window (default 30 s) and no KV-event batch has arrived since: the sidecar probably listens where the engine does not publish (an events or replay endpoint typo); the engine stays ready, routed without cache affinity. 0 otherwise.",
+		[]string{"engine"}, nil)
 )
 
 func init() {
@@ -61,6 +64,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descSeq
 	ch <- descReady
 	ch <- descMismatch
+	ch <- descSilent
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -78,6 +82,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if e.modelMismatch != "" {
 			mismatch = 1
+		}
+		silent := 0.0
+		if e.silence.silent {
+			silent = 1
 		}
 		e.mu.Unlock()
 		vals := map[string]uint64{
@@ -103,6 +111,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSeq, prometheus.GaugeValue, float64(seq), e.cfg.ID)
 		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready, e.cfg.ID)
 		ch <- prometheus.MustNewConstMetric(descMismatch, prometheus.GaugeValue, mismatch, e.cfg.ID)
+		ch <- prometheus.MustNewConstMetric(descSilent, prometheus.GaugeValue, silent, e.cfg.ID)
 	}
 }
 

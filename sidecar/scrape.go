@@ -23,6 +23,15 @@ var (
 	waitingNames = []string{"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
 	usageNames   = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
 	prefillNames = []string{"vllm:num_queued_prefill_tokens", "kvmesh_sim_queued_prefill_tokens", "sglang:num_queued_prefill_tokens"}
+	// workNames are counters that grow while the engine serves requests,
+	// each one family of names (its first present is read): Load.work sums
+	// them, for the check that a working engine's KV events arrive (silent.go).
+	workNames = [][]string{
+		{"vllm:prompt_tokens_total", "sglang:prompt_tokens_total"},
+		{"vllm:generation_tokens_total", "sglang:generation_tokens_total"},
+		{"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"},
+		{"vllm:request_success_total", "sglang:num_requests_total"},
+	}
 )
 
 // errNoMetrics: the metrics URL answered 404 (an engine without metrics).
@@ -73,6 +82,12 @@ func parseLoad(r io.Reader) (Load, error) {
 	}
 	if v, _, ok := sum(prefillNames); ok {
 		l.QueuedPrefill = int64(count(v))
+	}
+	for _, names := range workNames {
+		if v, _, ok := sum(names); ok && !math.IsNaN(v) && !math.IsInf(v, 0) && v >= 0 {
+			l.work += v
+			l.workOK = true
+		}
 	}
 	return l, nil
 }
@@ -129,6 +144,7 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 			since := e.unreadySince
 			l.Scraped = time.Now()
 			e.load = l
+			e.watchSilence(l) // silent.go
 			e.mu.Unlock()
 			checked := e.answersAgain(ctx, back)
 			if back {

@@ -23,6 +23,19 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
 		{"sglang", "sglang:num_running_reqs{tp_rank=\"0\"} 7\nsglang:num_queue_reqs 3\nsglang:token_usage 0.1\n", Load{Running: 7, Waiting: 3, KVUsage: 0.1}},
 		{"queued prefill", "kvmesh_sim_queued_prefill_tokens 1234\n", Load{QueuedPrefill: 1234}},
 		{"clamped usage", "vllm:kv_cache_usage_perc 7\n", Load{KVUsage: 1}},
+		// The counters whose growth shows the engine working (silent.go), summed.
+		{"vllm work counters", `# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 100
+vllm:prompt_tokens_total{engine="1",model_name="m"} 20
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 5
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 300
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 7
+`, Load{work: 432, workOK: true}},
+		{"sglang work counters", "sglang:prompt_tokens_total 10\nsglang:generation_tokens_total 2\nsglang:num_requests_total 1\n", Load{work: 13, workOK: true}},
+		{"broken work counter", "vllm:prompt_tokens_total NaN\n", Load{}},
 	} {
 		got, err := parseLoad(strings.NewReader(tc.text))
 		if err != nil || got != tc.want {
