@@ -86,6 +86,11 @@ func TestSidecarFlags(t *testing.T) {
 	if code := run([]string{"sidecar", "--model", "m"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "no KV-event endpoint") {
 		t.Fatalf("missing events endpoint: exit %d, %s", code, errOut.String())
 	}
+	errOut.Reset()
+	if code := run([]string{"sidecar", "--model", "m", "--events", "tcp://127.0.0.1:1", "--events-silent-after", "-1s"}, &out, &errOut); code != 2 ||
+		!strings.Contains(errOut.String(), "events silent after -1s must not be negative") {
+		t.Fatalf("a negative --events-silent-after: exit %d, %s", code, errOut.String())
+	}
 }
 
 // TestInspectStreamUsage: flags the chosen mode does not read, and an
