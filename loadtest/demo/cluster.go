@@ -170,6 +170,12 @@ func (m *mesh) ingressConfig(i int, policy string, run int) (ingress.Config, err
 	}
 	cfg.Scheduler = sc
 	cfg.Learn.Prior = wallPrior(m.cfg.TimeScale)
+	// The ingress's other engine-time durations in wall time too: a routed
+	// request's keys count as cached for the DES's index TTL (2 engine
+	// seconds, index.Config's default), and the hold's bound is its 30.
+	ts := m.cfg.TimeScale
+	cfg.SpeculativeTTL = time.Duration(float64(2*time.Second) / ts)
+	cfg.Hold.MaxWait = time.Duration(float64(ingress.DefaultHoldConfig().MaxWait) / ts)
 	cfg.Cluster = ingress.ClusterConfig{
 		GossipBind: loopback(m.cfg.PortBase, off+1), GossipSeeds: []string{m.seed}, GossipProfile: "local",
 	}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
 )
@@ -43,6 +44,11 @@ func TestIngressSchedulerWallTime(t *testing.T) {
 		near("decode s/token", k.DecodeSecPerToken, d.DecodeSecPerToken/ts)
 		near("prefill rate", k.PrefillRate, d.PrefillRate*ts)
 		near("hold aging (a ratio)", k.Hold.Aging, d.HoldAging)
+		near("speculative TTL", cfg.SpeculativeTTL.Seconds(), 2/ts)
+		near("hold max wait", cfg.Hold.MaxWait.Seconds(), ingress.DefaultHoldConfig().MaxWait.Seconds()/ts)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("ts %g: %v", ts, err)
+		}
 		if cfg.Scheduler.Policy != "kvmesh" {
 			t.Errorf("policy %q", cfg.Scheduler.Policy)
 		}
