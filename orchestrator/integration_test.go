@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -345,6 +346,10 @@ func TestForeignServiceKept(t *testing.T) {
 	testutil.WaitFor(t, wait, "the pods and a ServiceConflict event", func() bool {
 		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{})
 		return err == nil && len(e.pods(t, sel)) == 4 && slices.ContainsFunc(evs.Items, func(ev corev1.Event) bool { return ev.Reason == "ServiceConflict" })
+	})
+	testutil.WaitFor(t, wait, "ServiceReady False (ServiceConflict)", func() bool {
+		c := meta.FindStatusCondition(e.md(t, "llama-pd").Status.Conditions, v1alpha1.ConditionServiceReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == reasonServiceConflict
 	})
 	mdc := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns)
 	if err := mdc.Delete(e.ctx, "llama-pd", metav1.DeleteOptions{}); err != nil {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +15,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/kvmesh/kvmesh/gossip"
@@ -138,5 +141,90 @@ func TestAutoscalingPolicyUnderRBAC(t *testing.T) {
 		cond := meta.FindStatusCondition(e.policy(t, "rb").Status.Conditions, v1alpha1.ConditionScalingActive)
 		return *e.md(t, "rb").Spec.Roles[0].Replicas == 4 && len(e.pods(t, map[string]string{v1alpha1.LabelDeployment: "rb"})) == 4 &&
 			cond != nil && cond.Status == metav1.ConditionTrue
+	})
+}
+
+// TestServiceRepairUnderRBAC runs the controller as a ServiceAccount holding
+// rbac.yaml's ClusterRole rules, first without update on services (the
+// shipped role lacked it, k8s tester 2): the deployment's Service, its
+// selector edited by hand, cannot be set back, which the deployment says
+// (ServiceReady False, ServiceError, a Warning event naming the forbidden
+// update), and nothing else of it waits on the Service: a deleted pod is
+// recreated and a scale is taken. With the shipped rules the Service is set
+// back and ServiceReady is True again.
+func TestServiceRepairUnderRBAC(t *testing.T) {
+	e := newEnv(t)
+	rules := shippedRules(t)
+	noUpdate := slices.Clone(rules)
+	for i, r := range noUpdate {
+		if slices.Contains(r.Resources, "services") {
+			r.Verbs = slices.DeleteFunc(slices.Clone(r.Verbs), func(v string) bool { return v == "update" })
+			noUpdate[i] = r
+		}
+	}
+	cfg := e.serviceAccountConfig(t, "orchestrator")
+	e.grant(t, "orchestrator", noUpdate)
+	c := DefaultConfig()
+	c.Namespace, c.LeaderElection = e.ns, false
+	c.Logger = slog.New(slog.DiscardHandler)
+	ctrl, err := New(cfg, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Run(t, "controller", ctrl.Run, nil)
+	if err := e.applyDoc(t, replaceAll(fenceDoc, "NAME", "svcrbac")); err != nil {
+		t.Fatal(err)
+	}
+	sel := labels.Set{v1alpha1.LabelDeployment: "svcrbac"}
+	svcs := e.kube.CoreV1().Services(e.ns)
+	selects := func() bool {
+		svc, err := svcs.Get(e.ctx, "svcrbac", metav1.GetOptions{})
+		return err == nil && svc.Spec.Selector[v1alpha1.LabelDeployment] == "svcrbac"
+	}
+	serviceReady := func() *metav1.Condition {
+		return meta.FindStatusCondition(e.md(t, "svcrbac").Status.Conditions, v1alpha1.ConditionServiceReady)
+	}
+	testutil.WaitFor(t, wait, "the Service, the pod and ServiceReady True", func() bool {
+		cond := serviceReady()
+		return selects() && len(e.pods(t, sel)) == 1 && cond != nil && cond.Status == metav1.ConditionTrue
+	})
+
+	if _, err := svcs.Patch(e.ctx, "svcrbac", types.StrategicMergePatchType, []byte(`{"spec":{"selector":{"kvmesh.io/deployment":"other"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "ServiceReady False (ServiceError, forbidden) and a Warning event", func() bool {
+		cond := serviceReady()
+		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{})
+		return cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == reasonServiceError &&
+			strings.Contains(cond.Message, "forbidden") && err == nil &&
+			slices.ContainsFunc(evs.Items, func(ev corev1.Event) bool {
+				return ev.Type == corev1.EventTypeWarning && ev.Reason == reasonServiceError && strings.Contains(ev.Message, "forbidden")
+			})
+	})
+	// The pods do not wait on the Service: a deleted one is recreated, a
+	// scale is taken.
+	pod := e.pods(t, sel)[0]
+	if err := e.kube.CoreV1().Pods(e.ns).Delete(e.ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the deleted pod recreated", func() bool {
+		ps := e.pods(t, sel)
+		return len(ps) == 1 && ps[0].UID != pod.UID
+	})
+	e.setScale(t, e.dyn.Resource(v1alpha1.RoleScalersResource).Namespace(e.ns), "svcrbac-decode", 2)
+	testutil.WaitFor(t, wait, "decode scaled to 2 pods", func() bool { return len(e.pods(t, sel)) == 2 })
+	if selects() {
+		t.Fatal("the Service was set back without the right to update it")
+	}
+
+	e.grant(t, "orchestrator", rules)
+	// An edit of the Service brings the deployment back at once (its
+	// retries back off up to a minute).
+	if _, err := svcs.Patch(e.ctx, "svcrbac", types.StrategicMergePatchType, []byte(`{"metadata":{"annotations":{"touched":"1"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the Service set back under the shipped rules and ServiceReady True", func() bool {
+		cond := serviceReady()
+		return selects() && cond != nil && cond.Status == metav1.ConditionTrue
 	})
 }

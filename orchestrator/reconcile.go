@@ -81,14 +81,16 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	if !slices.Contains(md.Finalizers, Finalizer) {
 		return 0, c.setFinalizers(ctx, md, append(slices.Clone(md.Finalizers), Finalizer))
 	}
-	if err := c.ensureService(ctx, md); err != nil {
-		return 0, err
-	}
+	// A Service that cannot be created or repaired (a missing RBAC verb, a
+	// quota) is reported (condition ServiceReady False, a Warning event)
+	// and retried, and blocks nothing else: the pods, their scaling and
+	// status go on (their DNS names need the Service, their engines do not).
+	svcConflict, svcErr := c.ensureService(ctx, md)
 	// A RoleScaler scale the deployment refuses is reported and undone
 	// inside syncScalers: the step goes on with the deployment as it is.
 	changed, conflicts, err := c.syncScalers(ctx, md, pods)
 	if err != nil || changed {
-		return 0, err // the deployment changed: its event brings us back
+		return 0, errors.Join(err, svcErr) // the deployment changed: its event brings us back
 	}
 	p := computePlan(md, pods)
 	held, gangErr := c.execute(ctx, md, p)
@@ -100,8 +102,11 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 			return 0, err
 		}
 	}
-	if err := c.updateStatus(ctx, u, md, pods, gangErr, conflicts, held); err != nil {
-		return 0, err
+	if err := c.updateStatus(ctx, u, md, pods, gangErr, svcErr, svcConflict, conflicts, held); err != nil {
+		return 0, errors.Join(err, svcErr)
+	}
+	if svcErr != nil {
+		return 0, errors.Join(svcErr, gangErr)
 	}
 	if len(held) > 0 && gangErr == nil {
 		// The pod holding a slot's name goes without an event the
@@ -493,10 +498,10 @@ func (c *Controller) deletePod(ctx context.Context, p *corev1.Pod, reason string
 // is read from the API server before anything is created: a user's (not
 // labelled, so never cached) is left alone (and never deleted with the
 // deployment), and said once per holder, since the pods' DNS names go
-// through it.
-func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeployment) error {
+// through it (conflict true).
+func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeployment) (conflict bool, err error) {
 	if svc, err := c.services.Services(md.Namespace).Get(md.Name); err == nil && metav1.IsControlledBy(svc, md) {
-		return c.repairService(ctx, md, svc)
+		return false, c.repairService(ctx, md, svc)
 	}
 	svcs := c.kube.CoreV1().Services(md.Namespace)
 	k := heldKey{md.UID, "service", md.Name}
@@ -506,19 +511,27 @@ func (c *Controller) ensureService(ctx context.Context, md *v1alpha1.ModelDeploy
 		c.held.forget(k)
 		_, err := svcs.Create(ctx, headlessService(md), metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) { // AlreadyExists: made meanwhile, looked at next pass
-			return fmt.Errorf("create service: %w", err)
+			return false, fmt.Errorf("create service: %w", err)
 		}
 	case err != nil:
-		return fmt.Errorf("get service: %w", err)
+		return false, fmt.Errorf("get service: %w", err)
 	case !metav1.IsControlledBy(svc, md):
 		if c.held.set(k, svc.UID) {
-			c.recorder.Eventf(md, corev1.EventTypeWarning, "ServiceConflict",
-				"service %s exists and is not this deployment's: the pods' names (subdomain %s) resolve only if it is headless and selects them", md.Name, md.Name)
+			c.recorder.Event(md, corev1.EventTypeWarning, reasonServiceConflict, serviceConflictMessage(md))
 		}
+		return true, nil
 	default: // ours, out of the cache: its label was removed (the informer lists by it)
-		return c.repairService(ctx, md, svc)
+		return false, c.repairService(ctx, md, svc)
 	}
-	return nil
+	return false, nil
+}
+
+// reasonServiceConflict is the event and condition reason of a deployment
+// whose Service name a Service it does not control holds.
+const reasonServiceConflict = "ServiceConflict"
+
+func serviceConflictMessage(md *v1alpha1.ModelDeployment) string {
+	return fmt.Sprintf("service %s exists and is not this deployment's: the pods' names (subdomain %s) resolve only if it is headless and selects them", md.Name, md.Name)
 }
 
 // repairService sets back what the pods' DNS names need of md's own

@@ -166,8 +166,9 @@ func scalerConflictMessage(md *v1alpha1.ModelDeployment, roles []string) string 
 
 // updateStatus writes the status subresource when it changed, with a
 // Warning event when a RoleScaler conflict is new.
-func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr error, conflicts, held []string) error {
+func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr, svcErr error, svcConflict bool, conflicts, held []string) error {
 	st := computeStatus(md, pods, md.Status, gangErr, conflicts, held)
+	setServiceCondition(&st, md, svcErr, svcConflict)
 	if reflect.DeepEqual(st, md.Status) {
 		return nil
 	}
@@ -176,7 +177,32 @@ func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructu
 			c.recorder.Event(md, corev1.EventTypeWarning, reasonRoleScalerConflict, now.Message)
 		}
 	}
+	if now := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionServiceReady); now.Status == metav1.ConditionFalse {
+		if old := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.ConditionServiceReady); old == nil || old.Status != now.Status || old.Message != now.Message {
+			c.recorder.Event(md, corev1.EventTypeWarning, reasonServiceError, now.Message)
+		}
+	}
 	return c.writeStatus(ctx, u, md, &st)
+}
+
+// reasonServiceError is the event and condition reason of a deployment
+// whose headless Service could not be created or repaired.
+const reasonServiceError = "ServiceError"
+
+// setServiceCondition sets ServiceReady from the last attempt to create or
+// repair md's headless Service (svcErr), or from a Service of its name
+// that is not md's (conflict: left alone).
+func setServiceCondition(st *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelDeployment, svcErr error, conflict bool) {
+	c := metav1.Condition{Type: v1alpha1.ConditionServiceReady, Status: metav1.ConditionTrue, Reason: "ServiceReconciled",
+		Message: "the headless Service " + md.Name + " selects the deployment's pods", ObservedGeneration: md.Generation}
+	switch {
+	case conflict:
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, reasonServiceConflict, serviceConflictMessage(md)
+	case svcErr != nil:
+		c.Status, c.Reason = metav1.ConditionFalse, reasonServiceError
+		c.Message = fmt.Sprintf("the headless Service %s could not be set up (the pods' DNS names resolve through it; retried): %v", md.Name, svcErr)
+	}
+	meta.SetStatusCondition(&st.Conditions, c)
 }
 
 // writeStatus writes st as md's status subresource (u is md as read).

@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -42,7 +43,8 @@ import (
 // --webhook-addr 127.0.0.1:0` as the ServiceAccount of
 // manifests/orchestrator/rbac.yaml against an API server in RBAC mode: the
 // P/D example's pods are created and get the sidecar through the webhook
-// the command registered; deleting the deployment cleans up.
+// the command registered; its headless Service, edited by hand, is set
+// back; deleting the deployment cleans up.
 func TestOrchestratorUnderRBAC(t *testing.T) {
 	s := kubetest.StartT(t, kubetest.Options{RBAC: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -119,6 +121,17 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 			}
 		}
 		return true
+	})
+	// The headless Service, its selector edited by hand, is set back under
+	// the install's rules (they lacked update on services: the deployment
+	// wedged, k8s tester 2).
+	svcs := admin.CoreV1().Services("models")
+	if _, err := svcs.Patch(ctx, "llama-pd", types.StrategicMergePatchType, []byte(`{"spec":{"selector":{"kvmesh.io/deployment":"other"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, time.Minute, "the Service's selector set back", func() bool {
+		svc, err := svcs.Get(ctx, "llama-pd", metav1.GetOptions{})
+		return err == nil && svc.Spec.Selector[v1alpha1.LabelDeployment] == "llama-pd"
 	})
 	// kvmesh get / describe show the CRDs' printer columns and the events.
 	var got *testutil.SyncBuffer

@@ -248,6 +248,11 @@ const (
 	// the deployment does not control (a user's, or one it released): that
 	// slot stays empty until the pod is deleted.
 	ConditionPodNameConflict = "PodNameConflict"
+	// ConditionServiceReady is False while the deployment's headless
+	// Service (its pods' DNS subdomain) cannot be created or set back (an
+	// RBAC verb missing, a quota): the message holds the error. The pods
+	// are reconciled all the same.
+	ConditionServiceReady = "ServiceReady"
 )
 
 // Defaults fills the optional fields with their defaults in place.
