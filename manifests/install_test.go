@@ -254,3 +254,74 @@ func TestOnlyAPIClientsGetAToken(t *testing.T) {
 		}
 	}
 }
+
+// TestWebhookOnlyWhereInjected: the install and overlays/injected carry the
+// sidecar webhook (its MutatingWebhookConfiguration, the orchestrator run
+// with --webhook-*, ready once it is registered); the overlays for clusters
+// that forbid admission webhooks (sidecar-container, daemonset) and
+// orchestrator-no-webhook install no webhook configuration and run the
+// orchestrator with the full one's arguments less --webhook-*, ready on
+// /healthz of its metrics port (k8s tester 2: they installed the webhook
+// and their readiness waited on it).
+func TestWebhookOnlyWhereInjected(t *testing.T) {
+	kc := kubectl(t)
+	orchestrator := func(objs []*unstructured.Unstructured) corev1.Container {
+		t.Helper()
+		var pod corev1.PodTemplateSpec
+		tmpl, _, _ := unstructured.NestedMap(find(t, objs, "Deployment", "kvmesh-orchestrator").Object, "spec", "template")
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &pod); err != nil {
+			t.Fatal(err)
+		}
+		return pod.Spec.Containers[0]
+	}
+	full := orchestrator(render(t, kc, "orchestrator"))
+	if !slices.ContainsFunc(full.Args, func(a string) bool { return strings.HasPrefix(a, "--webhook-listen=") }) {
+		t.Fatalf("manifests/orchestrator runs without --webhook-listen: %v", full.Args)
+	}
+	lessWebhook := slices.DeleteFunc(slices.Clone(full.Args), func(a string) bool { return strings.HasPrefix(a, "--webhook-") })
+	for _, dir := range []string{"orchestrator", "install", "overlays/injected", "orchestrator-no-webhook", "overlays/sidecar-container", "overlays/daemonset"} {
+		t.Run(dir, func(t *testing.T) {
+			objs := render(t, kc, dir)
+			webhook := dir == "orchestrator" || dir == "install" || dir == "overlays/injected"
+			var mwc []string
+			for _, o := range objs {
+				if o.GetKind() == "MutatingWebhookConfiguration" || o.GetKind() == "ValidatingWebhookConfiguration" {
+					mwc = append(mwc, o.GetName())
+				}
+			}
+			c := orchestrator(objs)
+			probe := c.ReadinessProbe
+			if probe == nil || probe.HTTPGet == nil {
+				t.Fatalf("the orchestrator has no HTTP readiness probe: %+v", probe)
+			}
+			if webhook {
+				if !slices.Equal(mwc, []string{"kvmesh-sidecar-injector"}) {
+					t.Errorf("webhook configurations %v, want kvmesh-sidecar-injector", mwc)
+				}
+				if !slices.Equal(c.Args, full.Args) {
+					t.Errorf("orchestrator args %v, want %v", c.Args, full.Args)
+				}
+				return
+			}
+			if len(mwc) > 0 {
+				t.Errorf("renders webhook configurations %v for a cluster that forbids webhooks", mwc)
+			}
+			if !slices.Equal(c.Args, lessWebhook) {
+				t.Errorf("orchestrator args %v, want the full orchestrator's less --webhook-*: %v", c.Args, lessWebhook)
+			}
+			if probe.HTTPGet.Path != "/healthz" || probe.HTTPGet.Port.String() != "metrics" || probe.HTTPGet.Scheme == corev1.URISchemeHTTPS {
+				t.Errorf("readiness probe %+v, want HTTP /healthz on the metrics port (served without the webhook)", probe.HTTPGet)
+			}
+			for _, p := range c.Ports {
+				if p.Name == "webhook" {
+					t.Errorf("the orchestrator still exposes the webhook port %d", p.ContainerPort)
+				}
+			}
+			for _, o := range objs {
+				if o.GetKind() == "Role" && strings.Contains(o.GetName(), "webhook") {
+					t.Errorf("Role %s rendered without a webhook", o.GetName())
+				}
+			}
+		})
+	}
+}
