@@ -46,11 +46,21 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	if len(res.Created) == 0 {
-		fmt.Fprintln(stdout, "kvmesh bootstrap: every secret exists; nothing changed")
-	}
 	for _, c := range res.Created {
 		fmt.Fprintln(stdout, "created", c)
+	}
+	for _, c := range res.Updated {
+		fmt.Fprintln(stdout, "updated", c, "to", *ns+"'s value (restart the engines there to use it)")
+	}
+	if len(res.Mismatched) > 0 {
+		// Not overwritten: the Secret is someone else's (made by hand, or
+		// by another tool); the sidecars reading it cannot authenticate.
+		return fmt.Errorf("these copies differ from namespace %s's values and are not labelled app.kubernetes.io/managed-by=%s, so they were left as they are: %s; "+
+			"the sidecars there do not hold the installation's credentials: delete those Secrets and run kvmesh bootstrap again, or add the label to have them kept in line",
+			*ns, bootstrap.ManagedBy, strings.Join(res.Mismatched, ", "))
+	}
+	if len(res.Created)+len(res.Updated) == 0 {
+		fmt.Fprintln(stdout, "kvmesh bootstrap: every secret exists and every copy matches; nothing changed")
 	}
 	return nil
 }
