@@ -363,13 +363,23 @@ const (
 	defaultKubeBurst = 30
 )
 
-// orchestratorKubeConfig is kubeConfig with the orchestrator's rate limit.
+// orchestratorFieldManager names the orchestrator's writes in objects'
+// managedFields, and so in a server-side apply's conflict (`conflict with
+// "kvmesh-orchestrator"`, docs/INSTALL.md): the API server takes a write's
+// manager from its user agent, up to the first '/', which client-go
+// otherwise starts with the executable's name.
+const orchestratorFieldManager = "kvmesh-orchestrator"
+
+// orchestratorKubeConfig is kubeConfig with the orchestrator's rate limit
+// and user agent (orchestratorFieldManager).
 func orchestratorKubeConfig(path string, qps float64, burst int) (*rest.Config, error) {
 	cfg, err := kubeConfig(path)
 	if err != nil {
 		return nil, err
 	}
 	cfg.QPS, cfg.Burst = float32(qps), burst
+	_, suffix, _ := strings.Cut(rest.DefaultKubernetesUserAgent(), "/") // version (os/arch) kubernetes/commit
+	cfg.UserAgent = orchestratorFieldManager + "/" + suffix
 	return cfg, nil
 }
 

@@ -122,6 +122,16 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		}
 		return true
 	})
+	// The orchestrator's writes carry a stable field manager, whatever the
+	// executable is called (a server-side apply's conflict names it).
+	dynAdmin := dynamic.NewForConfigOrDie(s.Config)
+	md, err := dynAdmin.Resource(v1alpha1.ModelDeploymentsResource).Namespace("models").Get(ctx, "llama-pd", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(md.GetManagedFields(), func(f metav1.ManagedFieldsEntry) bool { return f.Manager == "kvmesh-orchestrator" }) {
+		t.Errorf("no managedFields entry of kvmesh-orchestrator on the deployment: %v", md.GetManagedFields())
+	}
 	// The headless Service, its selector edited by hand, is set back under
 	// the install's rules (they lacked update on services: the deployment
 	// wedged, k8s tester 2).
@@ -174,8 +184,7 @@ func TestOrchestratorUnderRBAC(t *testing.T) {
 		return len(lines) == 3 && strings.Contains(lines[0], "PROGRAMMED") &&
 			strings.Count(lines[1], "True") == 2 && strings.Count(lines[2], "True") == 2
 	})
-	dyn := dynamic.NewForConfigOrDie(s.Config)
-	mds := dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace("models")
+	mds := dynAdmin.Resource(v1alpha1.ModelDeploymentsResource).Namespace("models")
 	if err := mds.Delete(ctx, "llama-pd", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
