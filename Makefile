@@ -11,7 +11,8 @@ BIN       := bin/kvmesh
 all: build
 
 # deps installs what cgo needs (libzmq for github.com/pebbe/zmq4) and the tools some tests drive (node and npm
-# for the openai client and k6 script checks, Debian's nats-server for the README's install path, kubectl for the manifests, Python's httpx and aiohttp for the
+# for the openai client and k6 script checks, Debian's nats-server for the README's install path, kubectl with kustomize v4+ (1.21+) for the
+# manifests (built from the Go module proxy when none is installed), Python's httpx and aiohttp for the
 # Python client test, Python's Jinja2 for the chat-template reference) when they are missing. With CI=true a
 # test whose tool is missing fails instead of skipping (internal/testutil.RequireTool).
 deps:
@@ -21,10 +22,14 @@ deps:
 	if ! pkg-config --exists libzmq 2>/dev/null; then \
 		echo "installing libzmq3-dev and pkg-config (apt-get)"; apt libzmq3-dev pkg-config || exit 1; \
 	fi; \
+	command -v gcc >/dev/null || { echo "installing gcc (apt-get; cgo builds github.com/pebbe/zmq4)"; apt gcc libc6-dev || exit 1; }; \
 	command -v node >/dev/null || { echo "installing nodejs (apt-get)"; apt nodejs || skipped node; }; \
 	command -v npm >/dev/null || { echo "installing npm (apt-get)"; apt npm || skipped npm; }; \
 	command -v nats-server >/dev/null || { echo "installing nats-server (apt-get)"; apt nats-server || skipped nats-server; }; \
-	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || apt kubernetes-client || skipped kubectl; }; \
+	kubectl_ok() { k=$$(kubectl version --client 2>/dev/null | sed -n 's/^Kustomize Version: v\([0-9]*\).*/\1/p'); [ -n "$$k" ] && [ "$$k" -ge 4 ]; }; \
+	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || true; }; \
+	kubectl_ok || { echo "building kubectl from the Go module proxy (none installed renders the manifests' kustomizations: Debian's newest is 1.20)"; \
+		d=$$(KVMESH_KUBECTL=1 bash hack/kube-bins.sh) && $$SUDO ln -sf "$$d/kubectl" /usr/local/bin/kubectl && kubectl_ok || skipped kubectl; }; \
 	pyclients() { "$$1" -c 'import httpx, aiohttp' 2>/dev/null; }; \
 	pyclients python3 || pyclients /usr/bin/python3 || { echo "installing python3-httpx and python3-aiohttp (apt-get)"; \
 		apt python3-httpx python3-aiohttp || skipped "python3-httpx and python3-aiohttp"; }; \

@@ -3,6 +3,8 @@
 # from the Go module proxy, and caches them under $KVMESH_KUBE_CACHE (default $HOME/.cache/kvmesh/kube),
 # keyed by version. Prints the directory holding both binaries. Idempotent: a cached build is reused.
 #   cold: ~6 min for kube-apiserver and ~90 s for etcd on 2 cores.
+# With KVMESH_KUBECTL=1 it builds kubectl of the same version there too (make deps does, where no kubectl
+# new enough to render the manifests' kustomizations is installed: Debian's newest is 1.20).
 set -euo pipefail
 KUBE_VERSION=${KUBE_VERSION:-1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
@@ -10,10 +12,16 @@ cache=${KVMESH_KUBE_CACHE:-$HOME/.cache/kvmesh/kube}
 out="$cache/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION"
 mkdir -p "$out"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+# Every scratch module directory made here is removed at exit, however the script ends.
+scratch=()
+trap 'rm -rf "${scratch[@]}"' EXIT
 
-if [ ! -x "$out/kube-apiserver" ]; then
+# kubebuild CMD builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION into $out/CMD, in a scratch module that
+# replaces every staging module with its published version.
+kubebuild() {
+  local cmd=$1 src
   src=$(mktemp -d)
-  trap 'rm -rf "$src"' EXIT
+  scratch+=("$src")
   (
     cd "$src"
     go mod init kvmesh.local/kubebins >/dev/null 2>&1
@@ -29,16 +37,25 @@ if [ ! -x "$out/kube-apiserver" ]; then
 
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import _ "k8s.io/kubernetes/cmd/CMD"
 GO
+    sed -i "s#cmd/CMD#cmd/$cmd#" tools.go
     go mod tidy -e >/dev/null 2>&1 || true
-    go build -trimpath -o "$out/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-    mv "$out/kube-apiserver.tmp" "$out/kube-apiserver"
+    go build -trimpath -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+    mv "$out/$cmd.tmp" "$out/$cmd"
   ) >&2
+}
+
+if [ ! -x "$out/kube-apiserver" ]; then
+  kubebuild kube-apiserver
+fi
+if [ "${KVMESH_KUBECTL:-}" = 1 ] && [ ! -x "$out/kubectl" ]; then
+  kubebuild kubectl
 fi
 
 if [ ! -x "$out/etcd" ]; then
   src=$(mktemp -d)
+  scratch+=("$src")
   (
     cd "$src"
     go mod init kvmesh.local/etcdbin >/dev/null 2>&1
@@ -54,6 +71,5 @@ GO
     go build -trimpath -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
     mv "$out/etcd.tmp" "$out/etcd"
   ) >&2
-  rm -rf "$src"
 fi
 echo "$out"
