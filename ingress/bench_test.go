@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -31,10 +32,13 @@ const benchBody = `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
 const benchStreamBody = `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32],"max_tokens":4,"stream":true}`
 
 type benchRig struct {
-	sims   []*sim.Server
-	ingr   string // host:port of the ingress
-	nginx  string // host:port, "" when nginx is missing
-	direct string
+	sims []*sim.Server
+	ingr string // host:port of the ingress
+	// ingrLog is a second ingress with the default access log on (its JSON
+	// line per request written to a pipe): the line's cost, side by side.
+	ingrLog string
+	nginx   string // host:port, "" when nginx is missing
+	direct  string
 }
 
 func newBenchRig(b *testing.B, policy string) *benchRig {
@@ -50,7 +54,8 @@ func newBenchRig(b *testing.B, policy string) *benchRig {
 		r.sims = append(r.sims, s)
 	}
 	r.direct = r.sims[0].HTTPAddr()
-	r.ingr = startIngressProcess(b, policy, "s0=m="+r.sims[0].URL(), "s1=m="+r.sims[1].URL())
+	r.ingr = startIngressProcess(b, policy, false, "s0=m="+r.sims[0].URL(), "s1=m="+r.sims[1].URL())
+	r.ingrLog = startIngressProcess(b, policy, true, "s0=m="+r.sims[0].URL(), "s1=m="+r.sims[1].URL())
 	r.nginx = startNginx(b, r.sims[0].HTTPAddr(), r.sims[1].HTTPAddr())
 	return r
 }
@@ -58,7 +63,7 @@ func newBenchRig(b *testing.B, policy string) *benchRig {
 // startIngressProcess runs `kvmesh ingress` as its own process, like nginx,
 // so the two proxies compete on equal terms (neither shares the test
 // process's scheduler and garbage collector with the sims and the client).
-func startIngressProcess(b *testing.B, policy string, engines ...string) string {
+func startIngressProcess(b *testing.B, policy string, accessLog bool, engines ...string) string {
 	b.Helper()
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "kvmesh")
@@ -72,7 +77,7 @@ func startIngressProcess(b *testing.B, policy string, engines ...string) string 
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	args := []string{"ingress", "-listen", addr, "-policy", policy, "-access-log=false"}
+	args := []string{"ingress", "-listen", addr, "-policy", policy, "-access-log=" + strconv.FormatBool(accessLog)}
 	for _, e := range engines {
 		args = append(args, "-engine", e)
 	}
@@ -192,7 +197,7 @@ func answersHealth(addr string, timeout time.Duration) bool {
 }
 
 func (r *benchRig) targets() []struct{ name, addr string } {
-	t := []struct{ name, addr string }{{"direct", r.direct}, {"ingress", r.ingr}}
+	t := []struct{ name, addr string }{{"direct", r.direct}, {"ingress", r.ingr}, {"ingress-accesslog", r.ingrLog}}
 	if r.nginx != "" {
 		t = append(t, struct{ name, addr string }{"nginx", r.nginx})
 	}

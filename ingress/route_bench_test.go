@@ -11,8 +11,8 @@ import (
 // front: match, weighted pick across two pools, candidates of the picked
 // pool, and the upstream body with "model" rewritten. Compare its allocs/op
 // with BenchmarkRequestPath/random: the route adds none. The client's model
-// is one byte, like BenchmarkRequestPath's: prepare's string(c.req.model)
-// allocates for longer names, with or without routes.
+// is one byte, like BenchmarkRequestPath's (a longer name allocates nothing
+// either: the ingress interns the names it serves).
 func BenchmarkRequestPathRouted(b *testing.B) {
 	cfg := DefaultConfig()
 	cfg.Scheduler.Policy = "random"
