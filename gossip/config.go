@@ -78,6 +78,9 @@ type Config struct {
 	// own entries' versions (tests: a member restarted on a clock behind
 	// its predecessor's).
 	versionNow func() int64
+	// aloneWarnEvery, when set, replaces aloneWarnEvery (a minute) as the
+	// period of the warning of a member alone (tests).
+	aloneWarnEvery time.Duration
 	// noGeneration makes the member advertise and tag no generation, as a
 	// member that predates them does (tests of mixed versions).
 	noGeneration bool

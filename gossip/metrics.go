@@ -41,6 +41,13 @@ func (n *Node) registerMetrics(reg prometheus.Registerer) (unregister func(), er
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_members", Help: "Alive members of the gossip cluster, this node included."},
 			func() float64 { return float64(n.NumMembers()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_alone", Help: "1 while this member was given seeds (--join) and sees no other alive member: its seeds do not answer (dead, unreachable, another --gossip-key) or every other member is gone, so its state reaches no one (a sidecar's engines get no traffic); warned once a minute. 0 otherwise, and always 0 without seeds."},
+			func() float64 {
+				if n.Alone() {
+					return 1
+				}
+				return 0
+			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_engines_multiple_sidecars", Help: "Engine ids gossiped by more than one alive member: two sidecars for one engine (a restart overlapping its old self, for seconds; longer, a second sidecar doing the first one's job), or, with different URLs, two engines under one id (kvmesh_gossip_engine_ids_conflicting). Warned about after 30 s."},
 			func() float64 { return float64(len(n.Duplicates().Engines)) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_engine_urls_shared", Help: "Engine URLs gossiped under more than one engine id: sidecars with different --engine-id for one engine, which the ingress routes to as several engines. Warned about after 30 s."},

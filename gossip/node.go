@@ -72,6 +72,9 @@ type Node struct {
 	// conflict about itself then means it is the later of two members with
 	// one name. taken is then the address of the member holding the name,
 	// and this node stops (memberlist shut down, nothing published).
+	// metOthers is set once another member was seen alive (EverJoined).
+	metOthers atomic.Bool
+
 	joiningAlone atomic.Bool
 	taken        atomic.Pointer[string]
 	// created is ml once Create returned, for what memberlist's goroutines
@@ -181,17 +184,19 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.ml = ml
 	n.created.Store(ml)
+	joinWarned := false
 	if len(cfg.Join) > 0 {
 		if _, err := n.Join(cfg.Join); errors.Is(err, ErrNameTaken) {
 			return fail(err)
 		} else if err != nil {
 			n.log.Warn("gossip join failed; retrying in the background", "seeds", cfg.Join, "err", err)
+			joinWarned = true
 		}
 	}
 	n.stop = stop
 	n.wg.Go(func() { n.loop(ctx) })
 	if len(cfg.Join) > 0 {
-		n.wg.Go(func() { n.seedLoop(ctx) })
+		n.wg.Go(func() { n.seedLoop(ctx, joinWarned) })
 	}
 	return n, nil
 }
@@ -318,6 +323,27 @@ func (n *Node) NumMembers() int {
 	return len(n.alive)
 }
 
+// Alone reports whether this member was given seeds (Config.Join) and sees
+// no other alive member: its seeds did not answer (dead, unreachable, or
+// another gossip key) or every other member is gone. Its state then
+// reaches no one: a sidecar's engines get no traffic, an ingress routes to
+// no engine. kvmesh_gossip_alone exports it; a member started without
+// seeds (the first of a cluster) is never alone in this sense.
+func (n *Node) Alone() bool {
+	if len(n.cfg.Join) == 0 {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.alive) == 1 // itself; 0 once closed
+}
+
+// EverJoined reports whether this member has seen another member alive
+// since it started: false for one whose seeds never answered (dead or
+// unreachable seeds, another gossip key), true for one that lost every
+// other member after having some.
+func (n *Node) EverJoined() bool { return n.metOthers.Load() }
+
 // Members returns the metadata of every alive member by name.
 func (n *Node) Members() map[string]NodeMeta {
 	n.mu.Lock()
@@ -356,24 +382,55 @@ func (n *Node) loop(ctx context.Context) {
 // in a headless Service's DNS for minutes), hence its own goroutine. Owned
 // by Node; stopped by Close, which also ends a join in progress (the
 // transport closes its connections).
-func (n *Node) seedLoop(ctx context.Context) {
+//
+// While the node stays alone it warns at most once per aloneWarnEvery (a
+// minute), the first time when a rejoin fails (New warned already when its
+// own join failed), and says when it is no longer alone. joinWarned: New
+// warned that its join failed.
+func (n *Node) seedLoop(ctx context.Context, joinWarned bool) {
 	wait := time.NewTimer(backoff.Jitter(n.cfg.RejoinInterval, 0.3)) // members cut off together do not retry together
 	defer wait.Stop()
 	lastCheck := time.Now()
 	checkAfter := backoff.Jitter(seedCheckEvery*n.cfg.RejoinInterval, 0.3)
+	every := n.cfg.aloneWarnEvery
+	if every <= 0 {
+		every = aloneWarnEvery
+	}
+	var aloneSince, aloneWarned time.Time
+	if joinWarned {
+		aloneSince, aloneWarned = time.Now(), time.Now()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-wait.C:
 		}
+		if n.ml.NumMembers() > 1 && !aloneSince.IsZero() {
+			n.log.Info("gossip member no longer alone", "members", n.ml.NumMembers(), "alone_for", time.Since(aloneSince).Round(time.Second))
+			aloneSince, aloneWarned = time.Time{}, time.Time{}
+		}
 		switch {
 		case n.ml.NumMembers() <= 1:
+			now := time.Now()
+			if aloneSince.IsZero() {
+				aloneSince = now
+			}
 			resolved, other := n.seedAddrs(ctx)
-			if _, err := n.Join(append(resolved, other...)); errors.Is(err, ErrNameTaken) {
+			_, err := n.Join(append(resolved, other...))
+			switch {
+			case errors.Is(err, ErrNameTaken):
 				n.log.Error("gossip stopped: this node's name is taken", "err", err)
 				return
-			} else if err != nil {
+			case n.ml.NumMembers() > 1 || ctx.Err() != nil:
+			case now.Sub(aloneWarned) >= every:
+				aloneWarned = now
+				if err == nil {
+					err = errors.New("the seeds answered but no other member is alive (the seeds are this member alone)")
+				}
+				n.log.Warn("gossip member alone: no seed answered, this member's state reaches no other member (a sidecar's engines get no traffic); check --join and that every member has the same --gossip-key; retrying, warned once a minute (kvmesh_gossip_alone)",
+					"seeds", n.cfg.Join, "alone_for", now.Sub(aloneSince).Round(time.Second), "err", err)
+			default:
 				n.log.Debug("gossip rejoin failed", "err", err)
 			}
 		case time.Since(lastCheck) >= checkAfter:
@@ -387,6 +444,9 @@ func (n *Node) seedLoop(ctx context.Context) {
 		wait.Reset(backoff.Jitter(n.cfg.RejoinInterval, 0.3))
 	}
 }
+
+// aloneWarnEvery is how often a member that stays alone warns.
+const aloneWarnEvery = time.Minute
 
 // seedCheckEvery × RejoinInterval is how often a node that is not alone
 // looks for seeds that are not members (20s by default).
@@ -801,6 +861,9 @@ func (n *Node) memberUp(node *memberlist.Node) {
 	cbs := n.onApp
 	n.mu.Unlock()
 	n.warnRoutes(refused)
+	if node.Name != n.cfg.Name {
+		n.metOthers.Store(true)
+	}
 	if !known {
 		n.log.Info("gossip member up", "member", node.Name, "role", meta.Role, "id", meta.ID)
 	}

@@ -40,7 +40,7 @@ var (
 	}
 	descKeys  = prometheus.NewDesc("kvmesh_sidecar_keys", "Keys in the engine's key set per tier.", []string{"engine", "tier"}, nil)
 	descSeq   = prometheus.NewDesc("kvmesh_sidecar_delta_seq", "Last published delta sequence of the current epoch.", []string{"engine"}, nil)
-	descReady = prometheus.NewDesc("kvmesh_sidecar_engine_ready", "1 when the engine is gossiped as ready (its event loop runs, its metrics answer and it serves the configured model), 0 when not.",
+	descReady = prometheus.NewDesc("kvmesh_sidecar_engine_ready", "1 when this sidecar finds the engine ready and says so in its gossip state (its event loop runs, its metrics answer and it serves the configured model), 0 when not. Whether any member hears it is kvmesh_gossip_alone (1: no one does).",
 		[]string{"engine"}, nil)
 	descMismatch = prometheus.NewDesc("kvmesh_sidecar_engine_model_mismatch",
 		"1 while the engine's /v1/models does not list the sidecar's --model (another model or engine at its URL): gossiped as not ready; 0 otherwise.",

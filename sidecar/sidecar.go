@@ -213,6 +213,13 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		if gc.Logger == nil {
 			gc.Logger = s.log
 		}
+		if gc.Registerer == nil {
+			// kvmesh_gossip_* on the sidecar's /metrics too, as on the
+			// ingress's: members, kvmesh_gossip_alone (an alert's key:
+			// a sidecar alone in gossip serves an engine no ingress
+			// sees), oversize own entries.
+			gc.Registerer = s.reg
+		}
 		s.startStateLane(ctx, &wg, &gc, conn) // staterelay.go
 		node, err := gossip.New(gc)
 		if err == nil {
@@ -254,10 +261,21 @@ func (s *Sidecar) Close() error {
 	return nil
 }
 
-// Ready reports whether NATS is connected and every engine's event loop runs.
+// Ready reports whether NATS is connected, every engine's event loop runs
+// and, with gossip seeds, gossip has reached another member since the
+// start. A sidecar whose seeds never answered (dead or wrong seeds,
+// another --gossip-key) serves engines no ingress routes to: a deployment
+// error, which a rollout gated on /ready then stops at. One that had
+// members and lost them all (every other member down, a network
+// partition) stays ready: unready, a whole DaemonSet would flap with the
+// network and gain nothing; kvmesh_gossip_alone and a warning once a
+// minute say it either way. The engine's own pod probes /health, not this.
 func (s *Sidecar) Ready() bool {
 	c := s.conn.Load()
 	if !s.ready.Load() || c == nil || c.NC.Status() != nats.CONNECTED {
+		return false
+	}
+	if g := s.gossip.Load(); g != nil && g.Alone() && !g.EverJoined() {
 		return false
 	}
 	for _, e := range s.engines {
