@@ -93,6 +93,24 @@ type Config struct {
 	// gone idle), its sidecar is taken to be gone and the older one is
 	// followed again (seen by the first CheckInterval pass after). Default 2s.
 	EpochGrace time.Duration
+	// AheadGrace: with Membership, a copy ahead of gossip's head in the same
+	// epoch (a delta applied that the sidecar never published: a forged or
+	// buggy publisher on the engine's subject, or the sidecar's gossip
+	// lagging) is re-snapshotted once gossip has stayed behind it this long
+	// while no delta came (kvmesh_materializer_ahead_of_gossip_total), once
+	// per head. A delta normally reaches NATS before its head reaches
+	// gossip, by up to a gossip interval and a broadcast or two: the grace
+	// outlasts that. Default 10s.
+	AheadGrace time.Duration
+	// OutsideGossipAfter: with Membership, an engine whose deltas keep
+	// arriving on NATS while gossip does not list it, for this long, counts
+	// in kvmesh_materializer_engines_outside_gossip and is warned about
+	// (once a minute): a gossip partition, or a sidecar cut off from gossip,
+	// whose engines this ingress follows but does not route to. An engine
+	// joining (deltas before its sidecar's gossip reaches this member) or
+	// leaving stays out of it; one counts until its last such delta is ten
+	// times this old. Default 30s.
+	OutsideGossipAfter time.Duration
 	// IdleCheck: without Membership, an engine with no delta for this long is
 	// re-snapshotted, so an engine whose sidecar vanished is cleared (no
 	// responders) instead of being routed to forever. Default 30s; gossip
@@ -117,6 +135,8 @@ func DefaultConfig() Config {
 		GoneAfter:              time.Second,
 		DigestGrace:            time.Second,
 		EpochGrace:             2 * time.Second,
+		AheadGrace:             10 * time.Second,
+		OutsideGossipAfter:     30 * time.Second,
 		IdleCheck:              30 * time.Second,
 	}
 }
@@ -159,6 +179,9 @@ func (c *Config) Validate() error {
 	}
 	if c.IdleCheck <= 0 {
 		add("idle check %v must be positive", c.IdleCheck)
+	}
+	if c.AheadGrace <= 0 || c.OutsideGossipAfter <= 0 {
+		add("ahead grace %v and outside-gossip-after %v must be positive", c.AheadGrace, c.OutsideGossipAfter)
 	}
 	if c.GoneAfter < 0 || c.DigestGrace < 0 || c.EpochGrace < 0 {
 		add("gone-after %v, digest grace %v and epoch grace %v must not be negative", c.GoneAfter, c.DigestGrace, c.EpochGrace)

@@ -54,6 +54,15 @@ type engineState struct {
 	goneSince     time.Time
 	behindSince   time.Time
 	mismatchSince time.Time
+	// aheadSince: since when gossip's head has been behind the copy's in
+	// the same epoch while quiet; aheadRepaired: the copy's head when that
+	// last took a snapshot (once per head: a sidecar whose gossip lags for
+	// good costs one snapshot, not one every AheadGrace).
+	aheadSince    time.Time
+	aheadRepaired kvevents.Head
+	// outsideSince, outsideSeen: the first and the last delta that arrived
+	// while gossip did not list the engine (zero: none since it was listed).
+	outsideSince, outsideSeen time.Time
 }
 
 // Estimated memory of a buffered delta: its header, each op's, 8 bytes a
@@ -165,6 +174,7 @@ func (m *Materializer) tick(now time.Time) {
 			m.unlisted--
 		}
 		e.inGossip, e.goneSince = true, time.Time{}
+		e.outsideSince, e.outsideSeen = time.Time{}, time.Time{}
 		if !down {
 			m.checkHeadLocked(e, v.digest, now)
 		}
@@ -201,6 +211,72 @@ func (m *Materializer) tick(now time.Time) {
 			m.forgetLocked(e, "unreachable") // a stream subject of a long-dead engine
 		}
 	}
+	if views != nil {
+		m.warnOutsideLocked(now)
+	}
+}
+
+// outsideLocked reports whether e counts as outside gossip at now: its
+// deltas have kept arriving, for OutsideGossipAfter, while gossip does not
+// list it, and the last one is recent (ten times that).
+func (m *Materializer) outsideLocked(e *engineState, now time.Time) bool {
+	return m.cfg.Membership != nil && !e.inGossip && !e.outsideSince.IsZero() &&
+		e.outsideSeen.Sub(e.outsideSince) >= m.cfg.OutsideGossipAfter && now.Sub(e.outsideSeen) < 10*m.cfg.OutsideGossipAfter
+}
+
+// noteOutside notes a delta of e, which gossip does not list.
+func (e *engineState) noteOutside(now time.Time) {
+	if e.outsideSince.IsZero() {
+		e.outsideSince = now
+	}
+	e.outsideSeen = now
+}
+
+// OutsideGossip returns the engines, sorted, whose deltas keep arriving on
+// NATS while gossip does not list them (Config.OutsideGossipAfter):
+// kvmesh_materializer_engines_outside_gossip counts them.
+func (m *Materializer) OutsideGossip() []string {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.outsideIDsLocked(now)
+}
+
+func (m *Materializer) outsideIDsLocked(now time.Time) []string {
+	var ids []string
+	for id, e := range m.engines {
+		if m.outsideLocked(e, now) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// maxOutsideNamed bounds the engines the outside-gossip warning names.
+const maxOutsideNamed = 16
+
+// warnOutsideLocked warns, at most once a minute, while engines are
+// outside gossip: the ingress follows their caches but routes nothing to
+// them, since gossip (which carries their addresses and load) does not
+// list them. The likeliest cause is a gossip partition: members whose
+// seeds form islands, a network split, or a sidecar with another
+// --gossip-key or dead seeds.
+func (m *Materializer) warnOutsideLocked(now time.Time) {
+	if now.Sub(m.outsideWarned) < time.Minute {
+		return
+	}
+	ids := m.outsideIDsLocked(now)
+	if len(ids) == 0 {
+		return
+	}
+	m.outsideWarned = now
+	n := len(ids)
+	if n > maxOutsideNamed {
+		ids = ids[:maxOutsideNamed]
+	}
+	m.log.Warn("engines publish deltas on NATS but gossip does not list them: this ingress does not route to them; a gossip partition (members whose --join seeds form islands, a network split) or their sidecars alone in gossip (another --gossip-key, dead seeds: kvmesh_gossip_alone on them); warned once a minute",
+		"engines", ids, "count", n, "for_at_least", m.cfg.OutsideGossipAfter)
 }
 
 // checkSilentLocked follows the older epoch again once the followed one
@@ -248,7 +324,25 @@ func (m *Materializer) checkHeadLocked(e *engineState, g kvevents.EngineDigest, 
 	quiet := now.Sub(e.lastMsg) >= m.cfg.DigestGrace
 	behind := quiet && (g.Head.Epoch != h.Epoch || g.Head.Seq > h.Seq)
 	mismatch := g.Head == h && g.Digests != e.digests
+	// Ahead: a delta applied that gossip's head never reaches. A live
+	// engine's next delta would show it (taken as a duplicate, then a
+	// digest mismatch at equal heads), an idle one's never does.
+	ahead := quiet && g.Head.Epoch == h.Epoch && g.Head.Seq < h.Seq && h != e.aheadRepaired
+	if !ahead {
+		e.aheadSince = time.Time{}
+	}
 	switch {
+	case ahead:
+		e.behindSince, e.mismatchSince = time.Time{}, time.Time{}
+		if e.aheadSince.IsZero() {
+			e.aheadSince = now
+		} else if now.Sub(e.aheadSince) >= m.cfg.AheadGrace {
+			m.met.ahead.Inc()
+			m.log.Warn("copy ahead of gossip's head for long while the engine is quiet: a delta the sidecar did not publish (a forged or buggy publisher on its subject) or its gossip lagging; resyncing",
+				"engine", e.id, "head", h, "gossip_head", g.Head, "for", now.Sub(e.aheadSince).Round(time.Millisecond))
+			e.aheadRepaired, e.aheadSince = h, time.Time{}
+			m.snapshotLocked(e, "ahead of gossip head")
+		}
 	case behind:
 		e.mismatchSince = time.Time{}
 		if e.behindSince.IsZero() {

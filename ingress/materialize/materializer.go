@@ -42,6 +42,8 @@ type Materializer struct {
 	// unlistedWarned, skewWarned: the last warnings that unlisted engines
 	// were dropped, that a sidecar's clock is ahead of this host's.
 	unlistedWarned, skewWarned time.Time
+	// outsideWarned: the last warning of engines outside gossip.
+	outsideWarned time.Time
 	// downSince: when Run saw the NATS connection down (lost, or found
 	// dead by its pings); zero while connected.
 	downSince time.Time
@@ -89,7 +91,8 @@ func New(cfg Config) (*Materializer, error) {
 			}
 			return float64(n)
 		},
-		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.bufBytes) })
+		func() float64 { m.mu.Lock(); defer m.mu.Unlock(); return float64(m.bufBytes) },
+		func() float64 { return float64(len(m.OutsideGossip())) })
 	if err != nil {
 		return nil, fmt.Errorf("materializer metrics: %w", err)
 	}
@@ -313,6 +316,9 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		return
 	}
 	e.lastMsg = now
+	if m.cfg.Membership != nil && !e.inGossip {
+		e.noteOutside(now)
+	}
 	if e.epochs.follow == 0 { // discovered, its first epoch seen now: nothing to compare with
 		e.epochs.setFollow(d.Epoch, d.EpochStart)
 	}
@@ -410,6 +416,9 @@ func (m *Materializer) newsLocked(e *engineState, d *kvevents.Delta) bool {
 // d's epoch, buffers d and snapshots the engine.
 func (m *Materializer) sightedLocked(d *kvevents.Delta, now time.Time, reason string) {
 	e := m.engine(d.Engine, d.Model)
+	if m.cfg.Membership != nil {
+		e.noteOutside(now) // until tick sees it in gossip
+	}
 	e.epochs.setFollow(d.Epoch, d.EpochStart)
 	e.followSeen = now
 	m.bufferLocked(e, d)

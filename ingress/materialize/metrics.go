@@ -35,6 +35,8 @@ type metrics struct {
 	// refused: deltas and snapshot chunks refused by reason (refusal
 	// reasons in refuse.go), never applied.
 	refused *prometheus.CounterVec
+	// ahead: copies found ahead of gossip's head and re-snapshotted.
+	ahead prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -74,6 +76,8 @@ func newMetrics() *metrics {
 			"Engines whose id came back serving another model (gossip, or without gossip a newer sidecar's deltas): the old key set dropped, the new model's snapshotted."),
 		otherModel: c("other_model_deltas_total",
 			"Deltas naming another model than gossip lists for their engine (a sidecar of the engine id's previous or next model), ignored."),
+		ahead: c("ahead_of_gossip_total",
+			"Copies of an engine found ahead of gossip's head in the same epoch, with no delta coming, for the ahead grace (10 s), and re-snapshotted: a delta the sidecar did not publish (a forged or buggy publisher on the engine's subject) or the sidecar's gossip lagging. Once per head."),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_materializer_refused_total",
 			Help: "Deltas and snapshot reply chunks refused, never applied, by reason: delta_subject (a delta whose engine or model is not the one its subject names), " +
@@ -90,12 +94,14 @@ func newMetrics() *metrics {
 	return met
 }
 
-func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector, engines, keys, stale, failing, buffered func() float64) error {
+func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector, engines, keys, stale, failing, buffered, outside func() float64) error {
 	if reg == nil {
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps, m.modelChanges, m.otherModel, m.refused,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps, m.modelChanges, m.otherModel, m.refused, m.ahead,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines_outside_gossip",
+			Help: "Engines whose deltas have kept arriving on NATS for 30 s (outside-gossip-after) while gossip does not list them: this ingress follows their caches but does not route to them. A gossip partition (seeds forming islands, a network split) or their sidecars alone in gossip; warned once a minute with their ids. 0 without gossip."}, outside),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_keys", Help: "Keys held over all engines and tiers."}, keys),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_buffered_bytes",
