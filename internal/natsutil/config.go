@@ -149,9 +149,16 @@ type EmbeddedConfig struct {
 	Host string
 	// Port to listen on; -1 (default) picks a free port.
 	Port int
-	// StoreDir for JetStream files; empty (default) makes a temporary directory
-	// that is removed on Shutdown.
+	// StoreDir for JetStream files. Empty: with PortStore and a Port, the
+	// port's own directory, StableStoreDir(Port) (kvmesh-nats-PORT in the
+	// temporary directory), kept at Shutdown and used again by the next
+	// server on the port, so a restart keeps the stream and a crash leaves
+	// no further directory; else a temporary directory removed at Shutdown.
 	StoreDir string
+	// PortStore: see StoreDir. DefaultConfig sets it (the sidecar's
+	// --embedded-nats-port); the zero EmbeddedConfig (tests, the demo)
+	// keeps a temporary store.
+	PortStore bool
 }
 
 // DefaultConfig returns the defaults documented on each field.
@@ -167,7 +174,7 @@ func DefaultConfig() Config {
 			MaxBytes: 256 << 20,
 			Replicas: AutoReplicas,
 		},
-		Embedded: EmbeddedConfig{Host: "127.0.0.1", Port: -1},
+		Embedded: EmbeddedConfig{Host: "127.0.0.1", Port: -1, PortStore: true},
 	}
 }
 
