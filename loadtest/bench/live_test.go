@@ -319,7 +319,7 @@ func TestLiveNoneCompletedKeepsGoing(t *testing.T) {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
 	var rep struct {
-		Run      report.RunInfo                    `json:"run"`
+		Run      report.RunInfo            `json:"run"`
 		Policies map[string]map[string]any `json:"policies"`
 	}
 	dec := json.NewDecoder(&out)
