@@ -63,32 +63,20 @@ func (p *proxyStream) convertEvent(dst, ev []byte) []byte {
 // usage (continuous_usage_stats). ok is false, nothing appended, when obj
 // is not a completions chunk with choices (an error event).
 func appendRoleChunks(dst, obj []byte, n int) (_ []byte, ok bool) {
-	var id, created, model, choices, prompt []byte
-	err := jsonscan.ForEachMember(obj, func(k, v []byte, _, _ int) error {
-		switch string(k) {
-		case "id":
-			id = v
-		case "created":
-			created = v
-		case "model":
-			model = v
-		case "choices":
-			choices = v
-		case "usage":
-			if len(v) > 0 && v[0] == '{' {
-				return jsonscan.ForEachMember(v, func(k, v []byte, _, _ int) error {
-					if string(k) == "prompt_tokens" {
-						prompt = v
-					}
-					return nil
-				})
-			}
-		}
-		return nil
-	})
-	if err != nil || len(choices) == 0 || choices[0] != '[' {
+	h, err := scanCompletions(obj)
+	if err != nil || len(h.choices) == 0 || h.choices[0] != '[' {
 		return dst, false
 	}
+	var prompt []byte
+	if len(h.usage) > 0 && h.usage[0] == '{' {
+		_ = jsonscan.ForEachMember(h.usage, func(k, v []byte, _, _ int) error {
+			if string(k) == "prompt_tokens" {
+				prompt = v
+			}
+			return nil
+		})
+	}
+	id, created, model := h.id, h.created, h.model
 	for i := range n {
 		dst = append(dst, dataPrefix...)
 		dst = appendChatHead(dst, id, created, model, true)
@@ -105,6 +93,30 @@ func appendRoleChunks(dst, obj []byte, n int) (_ []byte, ok bool) {
 		dst = append(append(dst, '}'), eventSep...)
 	}
 	return dst, true
+}
+
+// completionsHead is what a completions object's chat form is made of: its
+// members' raw JSON, nil where absent.
+type completionsHead struct{ id, created, model, choices, usage []byte }
+
+// scanCompletions reads a completions object's members (completionsHead).
+func scanCompletions(obj []byte) (h completionsHead, err error) {
+	err = jsonscan.ForEachMember(obj, func(k, v []byte, _, _ int) error {
+		switch string(k) {
+		case "id":
+			h.id = v
+		case "created":
+			h.created = v
+		case "model":
+			h.model = v
+		case "choices":
+			h.choices = v
+		case "usage":
+			h.usage = v
+		}
+		return nil
+	})
+	return h, err
 }
 
 // appendChatHead appends a chat object's opening members: its id (the
@@ -136,22 +148,8 @@ func completionToChat(dst, body []byte) []byte {
 // streaming shape (delta) over the whole one (message). On malformed input it
 // passes the object through unchanged rather than inventing content.
 func appendChatObject(dst, obj []byte, chunk bool) []byte {
-	var id, created, model, choices, usage []byte
-	err := jsonscan.ForEachMember(obj, func(k, v []byte, _, _ int) error {
-		switch string(k) {
-		case "id":
-			id = v
-		case "created":
-			created = v
-		case "model":
-			model = v
-		case "choices":
-			choices = v
-		case "usage":
-			usage = v
-		}
-		return nil
-	})
+	h, err := scanCompletions(obj)
+	id, created, model, choices, usage := h.id, h.created, h.model, h.choices, h.usage
 	if err != nil || len(choices) == 0 || choices[0] != '[' {
 		return append(dst, obj...)
 	}
