@@ -30,7 +30,7 @@ func eppOptions(args []string, stderr io.Writer) (epp.Options, error) {
 	eppFlags(fs, &opts)
 	fs.Lookup("listen").Usage = "HTTP address for /metrics, /health and /ready (no client API: that is the gateway's)"
 	fs.Lookup("admin").Usage = "admin address for /debug/* (pprof, engines, index, config, health, tokenizers) and /metrics, which then leaves --listen (empty: off; /metrics stays on --listen, behind the client credential when API keys or JWTs are on)"
-	for _, name := range []string{"config", "cors-origins", "max-attempts", "chat-mode"} { // eppFlagsRead
+	for _, name := range []string{"config", "cors-origins", "max-attempts", "chat-mode", "pd-policy", "pd-transfer-gbps"} { // eppFlagsRead
 		if f := fs.Lookup(name); f != nil {
 			f.Usage = "not read by kvmesh epp: refused (the ingress's flag)"
 		}
@@ -43,28 +43,36 @@ func eppOptions(args []string, stderr io.Writer) (epp.Options, error) {
 	// of them at once, as on the ingress (epp/process.go charges them).
 	opts.Picker.MaxBodyBytes = opts.Ingress.Config.MaxBodyBytes
 	probs.addErr(opts.Validate())
-	ingressFlagsRead(fs, &opts.Ingress, &probs)
 	eppFlagsRead(fs, &opts, &probs)
 	return opts, probs.err()
 }
 
 // eppFlagsRead adds a problem for each flag given that the picker does not
-// read: its TLS files outside --grpc-tls=files (it would serve its
+// read (ingressFlagsRead's rules included, the picker's first: one problem a
+// flag): its TLS files outside --grpc-tls=files (it would serve its
 // self-signed certificate instead), the pool's flags without --pool-name,
-// and the ingress flags of what the gateway does here (proxying, retries,
-// CORS, rewriting chat; the picker takes no --config file).
+// --pd-min-uncached without --pd, and the ingress flags of what the
+// gateway does here (proxying, retries, CORS, rewriting chat, the
+// ingress's P/D legs; the picker takes no --config file). The proxy
+// timeouts are read: --send-timeout bounds the writes of --listen's
+// answers, --upstream-idle-timeout and --upstream-first-byte-timeout the
+// engine /tokenize connections.
 func eppFlagsRead(fs *flag.FlagSet, o *epp.Options, probs *flagProblems) {
 	notFiles := o.Picker.TLS != epp.TLSFiles
-	probs.refuseOff(fs, []offFlag{
-		{"grpc-tls-cert", notFiles, "without --grpc-tls=files"},
-		{"grpc-tls-key", notFiles, "without --grpc-tls=files"},
-		{"pool-namespace", o.PoolName == "", "without --pool-name"},
-		{"kubeconfig", o.PoolName == "", "without --pool-name"},
-		{"config", true, "by kvmesh epp (give its settings as flags)"},
-		{"cors-origins", true, "by kvmesh epp (the gateway answers browsers)"},
-		{"max-attempts", true, "by kvmesh epp (the gateway retries down the picker's --max-endpoints fallbacks)"},
-		{"chat-mode", true, "by kvmesh epp (the request body reaches the engine unchanged)"},
-	})
+	const pd = "by kvmesh epp (the ingress's P/D step runs the prefill leg itself; the picker's P/D is --pd, which names the prefill engine to llm-d's routing sidecar)"
+	ingressFlagsRead(fs, &o.Ingress, probs,
+		offFlag{"grpc-tls-cert", notFiles, "without --grpc-tls=files"},
+		offFlag{"grpc-tls-key", notFiles, "without --grpc-tls=files"},
+		offFlag{"pool-namespace", o.PoolName == "", "without --pool-name"},
+		offFlag{"kubeconfig", o.PoolName == "", "without --pool-name"},
+		offFlag{"pd-min-uncached", !o.Picker.PD.Enabled, "without --pd"},
+		offFlag{"pd-policy", true, pd},
+		offFlag{"pd-transfer-gbps", true, pd},
+		offFlag{"config", true, "by kvmesh epp (give its settings as flags)"},
+		offFlag{"cors-origins", true, "by kvmesh epp (the gateway answers browsers)"},
+		offFlag{"max-attempts", true, "by kvmesh epp (the gateway retries down the picker's --max-endpoints fallbacks)"},
+		offFlag{"chat-mode", true, "by kvmesh epp (the request body reaches the engine unchanged)"},
+	)
 }
 
 // eppFlags binds the picker's own flags onto opts.

@@ -62,8 +62,9 @@ func ingressOptions(args []string, stderr io.Writer) (ingress.Options, error) {
 // ingressFlagsRead adds a problem for each ingress flag given whose
 // feature o (flags over --config) leaves off, where it would be ignored:
 // --admin-token without --admin would leave the client port's /metrics as
-// open as before.
-func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems) {
+// open as before. first are a caller's own rules (kvmesh epp's), which
+// come before the ingress's: a flag is refused once, for the first reason.
+func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems, first ...offFlag) {
 	cfg := &o.Config
 	fair := cfg.FairQueue != nil
 	noJWKS := o.JWT.JWKSFile == "" && o.JWT.JWKSURL == ""
@@ -71,7 +72,7 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 	noGossip := cfg.Cluster.GossipBind == ""
 	const jwks, nats, gossipBind = "without --jwks-file or --jwks-url", "without --nats", "without --gossip-bind"
 	const fairOn = "with fair admission on (--fair-max-concurrent, --tenant or the config's fairQueue), which replaces it"
-	rules := []offFlag{
+	rules := append(first, []offFlag{
 		{"admit-max", fair, fairOn},
 		{"admit-max-wait", fair, fairOn},
 		{"admit-max-wait", o.AdmitMax == 0, "without --admit-max"},
@@ -90,7 +91,7 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems)
 		{"gossip-key", noGossip, gossipBind},
 		{"state-over-nats", noNATS, nats},
 		{"state-over-nats", noGossip, gossipBind},
-	}
+	}...)
 	rules = append(rules, natsFlagsOff(noNATS)...)
 	probs.refuseOff(fs, rules)
 	tokenFlag, policyFlag, schedFlag := false, false, false
