@@ -78,6 +78,16 @@ func (s *Server) handleDebugConfig(ctx *fasthttp.RequestCtx) {
 type shownConfig struct {
 	Config
 	Scheduler shownScheduler
+	Cluster   shownCluster
+}
+
+// shownCluster shows the gossip keys as the text "redacted" (docs/SECURITY.md):
+// as the []byte they are, JSON showed its base64, "cmVkYWN0ZWQ=", which
+// reads as a key.
+type shownCluster struct {
+	ClusterConfig
+	GossipKey  string
+	GossipKeys []string
 }
 
 type shownScheduler struct {
@@ -86,7 +96,13 @@ type shownScheduler struct {
 }
 
 func showConfig(cfg Config) shownConfig {
-	out := shownConfig{Config: cfg, Scheduler: shownScheduler{Config: cfg.Scheduler}}
+	out := shownConfig{Config: cfg, Scheduler: shownScheduler{Config: cfg.Scheduler}, Cluster: shownCluster{ClusterConfig: cfg.Cluster}}
+	if len(cfg.Cluster.GossipKey) > 0 {
+		out.Cluster.GossipKey = natsutil.Redacted
+	}
+	for range cfg.Cluster.GossipKeys {
+		out.Cluster.GossipKeys = append(out.Cluster.GossipKeys, natsutil.Redacted)
+	}
 	if len(cfg.Scheduler.Params) > 0 {
 		out.Scheduler.Params = make(map[string]any, len(cfg.Scheduler.Params))
 	}

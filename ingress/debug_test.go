@@ -123,3 +123,40 @@ func TestDebugIndexShowsSnapshotFailures(t *testing.T) {
 		t.Fatalf("/debug/index's materializer entry %+v (%d snapshot requests): %s", e, asked.Load(), body)
 	}
 }
+
+// TestDebugConfigGossipKeysRedacted: /debug/config shows each gossip key as
+// the text "redacted", as docs/SECURITY.md says, not as the base64 of it
+// ("cmVkYWN0ZWQ=", which reads as a real key), and never the key.
+func TestDebugConfigGossipKeysRedacted(t *testing.T) {
+	cfg := DefaultConfig()
+	key, extra := []byte("0123456789abcdef"), []byte("fedcba9876543210")
+	cfg.Cluster.GossipKey, cfg.Cluster.GossipKeys = key, [][]byte{extra}
+	b, err := json.Marshal(showConfig(redactConfig(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Config struct {
+			Cluster struct {
+				GossipKey  string
+				GossipKeys []string
+			}
+		}
+	}
+	if err := json.Unmarshal(b, &got.Config); err != nil {
+		t.Fatal(err)
+	}
+	if c := got.Config.Cluster; c.GossipKey != natsutil.Redacted || len(c.GossipKeys) != 1 || c.GossipKeys[0] != natsutil.Redacted {
+		t.Errorf("gossip keys shown as %q, %q; want %q", c.GossipKey, c.GossipKeys, natsutil.Redacted)
+	}
+	for _, leak := range []string{"cmVkYWN0ZWQ", "0123456789abcdef", "MDEyMzQ1Njc4OWFiY2RlZg", "fedcba9876543210"} {
+		if strings.Contains(string(b), leak) {
+			t.Errorf("/debug/config shows %s: %s", leak, b)
+		}
+	}
+	cfg.Cluster.GossipKey, cfg.Cluster.GossipKeys = nil, nil // no keys: none shown
+	b, _ = json.Marshal(showConfig(redactConfig(cfg)))
+	if strings.Contains(string(b), natsutil.Redacted) {
+		t.Errorf("no gossip key, but %s", b)
+	}
+}
