@@ -154,7 +154,9 @@ type tlsCerts struct {
 // configuration fails at start) and warns of a certificate expired, not yet
 // valid or expiring within certExpiryWarning.
 func newTLSCerts(cfg *TLSConfig, log *slog.Logger, m *tlsMetrics) (*tlsCerts, error) {
-	t := &tlsCerts{cfg: cfg, log: log.With("component", "tls"), m: m, now: time.Now}
+	// log is the server's (component=ingress): a second component key
+	// made its lines carry the key twice (TestTLSLogKeysUnique).
+	t := &tlsCerts{cfg: cfg, log: log, m: m, now: time.Now}
 	var err error
 	if cfg.CertFile != "" {
 		if t.serverFiles, err = watchFiles(cfg.CertFile, cfg.KeyFile); err != nil {

@@ -240,3 +240,30 @@ func TestTLSHandshakeErrorsAreNotRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSLogKeysUnique: the warning of a certificate near its expiry, on
+// the server's JSON log, names each key once. It used to add
+// component=tls to the server's component=ingress, and log pipelines keep
+// the first or the last of a repeated key as they please.
+func TestTLSLogKeysUnique(t *testing.T) {
+	ca := testutil.NewCA(t)
+	dir := t.TempDir()
+	crt, key := ca.Leaf(t, "server", time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour))
+	f := tlsFiles{cert: dir + "/tls.crt", key: dir + "/tls.key"}
+	f.write(t, crt, key)
+	var buf testutil.SyncBuffer
+	cfg := DefaultConfig()
+	cfg.TLS = TLSConfig{CertFile: f.cert, KeyFile: f.key}
+	cfg.Engines = []StaticEngine{{ID: "e1", Model: "m", URL: "http://127.0.0.1:1"}}
+	startIngress(t, cfg, Deps{Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+	warned := false
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		warned = warned || strings.Contains(line, "expires within 7 days")
+		if k, dup := repeatedKey([]byte(line)); dup {
+			t.Errorf("key %q twice in %s", k, line)
+		}
+	}
+	if !warned {
+		t.Errorf("no expiry warning in %s", buf.String())
+	}
+}
