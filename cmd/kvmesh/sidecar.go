@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 
@@ -28,8 +29,8 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return err
 }
 
-// sidecarOptions reads `kvmesh sidecar`'s command line into options
-// (sidecar.Run's Build checks the rest).
+// sidecarOptions reads `kvmesh sidecar`'s command line into checked
+// options: every problem, the flags' and the configuration's, at once.
 func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 	opts := sidecar.DefaultOptions()
 	fs := newFlagSet("sidecar", stderr)
@@ -45,6 +46,11 @@ func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 		return opts, err
 	}
 	sidecarFlagsRead(fs, &opts, &probs)
+	// The configuration's problems with the flags' (sidecar.Run checks
+	// them again): they came a run later, after the flags' were fixed.
+	cfg, err := opts.Build(slog.New(slog.DiscardHandler))
+	probs.addErr(err)
+	probs.addErr(cfg.Validate())
 	return opts, probs.err()
 }
 
