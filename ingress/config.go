@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -316,12 +317,15 @@ func (c *Config) Validate() error {
 			bad("fairQueue: %v", err)
 		}
 	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("listen %q: %v", c.Listen, err)
+	// The addresses are checked whole here, not at the bind: a port out
+	// of range or a host that is no address failed there, after the
+	// other listeners opened, and one at a time (exit 1, the flag unnamed).
+	if err := checkListenAddr(c.Listen); err != nil {
+		bad("listen address (--listen, listen) %q: %v", c.Listen, err)
 	}
 	if c.AdminListen != "" {
-		if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
-			bad("admin listen %q: %v", c.AdminListen, err)
+		if err := checkListenAddr(c.AdminListen); err != nil {
+			bad("admin address (--admin, adminListen) %q: %v", c.AdminListen, err)
 		}
 	}
 	if c.MaxBodyBytes <= 0 {
@@ -454,6 +458,39 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %s", ErrConfig, strings.Join(probs, "; "))
 	}
 	return nil
+}
+
+// checkListenAddr is nil when addr is host:port a listener can bind: a
+// port from 0 (a free one) to 65535 in digits, and a host that is empty
+// (every address), an IP address (IPv6 in brackets) or a host name.
+func checkListenAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want host:port (IPv6 in brackets): %w", err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 || strings.TrimLeft(port, "0123456789") != "" {
+		return fmt.Errorf("port %q: want 0..65535 (0: a free port)", port)
+	}
+	if host != "" && !validHost(host) {
+		return fmt.Errorf("host %q: want an IP address, a host name, or none (every address)", host)
+	}
+	return nil
+}
+
+// validHost reports whether host is an IP address (an IPv6 zone allowed)
+// or a host name: dot-separated labels of letters, digits, '-' and '_',
+// the last not all digits (999.1.1.1 is neither).
+func validHost(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	labels := strings.Split(strings.TrimSuffix(host, "."), ".")
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || strings.Trim(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "" {
+			return false
+		}
+	}
+	return strings.Trim(labels[len(labels)-1], "0123456789") != ""
 }
 
 // validPort reports whether p is a TCP port a dial can use.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +168,33 @@ func TestReplicasDrawTheirOwnRandomStream(t *testing.T) {
 	// same stream agrees 64 times.
 	if same > 24 {
 		t.Fatalf("replicas ingress-a and ingress-b agreed on %d of %d random picks:\n%v\n%v", same, len(a), a, b)
+	}
+}
+
+// TestListenAddrsChecked: a listen or admin address whose port is out of
+// range or not a number, or whose host is no address, is a configuration
+// problem naming its flag, both listed at once; it failed at the bind,
+// one at a time.
+func TestListenAddrsChecked(t *testing.T) {
+	for _, c := range []struct{ listen, admin string }{
+		{"127.0.0.1:70000", "127.0.0.1:99999"},
+		{"127.0.0.1:abc", "127.0.0.1:-1"},
+		{"999.1.1.1:27010", "bad host:1"},
+		{"127.0.0.1:+80", "127.0.0.1"},
+	} {
+		cfg := DefaultConfig()
+		cfg.Listen, cfg.AdminListen = c.listen, c.admin
+		err := cfg.Validate()
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "(--listen, listen) "+strconv.Quote(c.listen)) ||
+			!strings.Contains(err.Error(), "(--admin, adminListen) "+strconv.Quote(c.admin)) {
+			t.Errorf("listen %q, admin %q: %v; want both named", c.listen, c.admin, err)
+		}
+	}
+	for _, ok := range []string{"127.0.0.1:0", ":8000", "[::1]:0", "[fe80::1%eth0]:80", "0.0.0.0:65535", "localhost:8000", "ingress-0.kvmesh.svc.cluster.local.:9000", "my_host:1"} {
+		cfg := DefaultConfig()
+		cfg.Listen, cfg.AdminListen = ok, ok
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -84,12 +85,28 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
 		}
 	}
+	// The routes file too: a missing or invalid one failed at start-up,
+	// exit 1 with a log line, where the flags' problems are usage errors.
+	if path := o.Config.Routes; path != "" {
+		if _, err := routes.Load(path); err != nil && !(o.Config.RoutesOptional && errors.Is(err, fs.ErrNotExist)) {
+			errs = append(errs, fmt.Errorf("%w: routes file (--routes, routesFile): %s", ErrConfig, oneLine(err)))
+		}
+	}
 	// The keys are read here too, so a keys file of comments or an empty
 	// $KVMESH_API_KEYS is a configuration error at start, not an open ingress.
 	if _, err := auth.Load(o.authConfig()); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	return errors.Join(errs...)
+}
+
+// oneLine is err's text on one line: a YAML decoder's list of errors
+// ("yaml: unmarshal errors:\n  line 3: ...") joined with "; ", as the
+// command line's problems are.
+func oneLine(err error) string {
+	s := strings.ReplaceAll(err.Error(), ":\n  ", ": ")
+	s = strings.ReplaceAll(s, "\n  ", "; ")
+	return strings.ReplaceAll(s, "\n", "; ")
 }
 
 // authConfig is where the API keys come from: keys are required from each

@@ -141,7 +141,7 @@ func TestIngressCommandBadFlags(t *testing.T) {
 		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
 	}
 	msg := errOut.String()
-	for _, want := range []string{`listen "nope"`, `engine "only-one-part"`, `--tokenizer "no-equals"`, `chat mode`, `max attempts`,
+	for _, want := range []string{`(--listen, listen) "nope"`, `engine "only-one-part"`, `--tokenizer "no-equals"`, `chat mode`, `max attempts`,
 		`--log-level "loud"`, `--key-input-tpm must be >= 0`, `--gossip-key`, `--log-format "logfmt"`} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message lacks %q:\n%s", want, msg)

@@ -2,6 +2,7 @@ package routes
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"sync"
@@ -81,7 +82,7 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 		return w, nil
 	}
 	if err != nil {
-		return nil, errors.Join(ErrConfig, err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err) // errors.Join put a newline in the one-line message
 	}
 	if err := w.load(); err != nil {
 		return nil, err

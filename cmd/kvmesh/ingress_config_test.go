@@ -1,0 +1,70 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// checkUsage asserts err is one usage error, on one line, naming every
+// want.
+func checkUsage(t *testing.T, args []string, err error, want ...string) {
+	t.Helper()
+	if !errors.Is(err, errUsage) {
+		t.Errorf("%q: %v, want a usage error", args, err)
+		return
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("%q: %q spans lines", args, err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("%q: %q lacks %q", args, err, w)
+		}
+	}
+}
+
+// TestRoutesFileIsUsage: a routes file missing or invalid is a usage
+// error naming --routes and the file, every problem of it listed on one
+// line; it was an exit 1 at start-up, the message broken by a newline.
+func TestRoutesFileIsUsage(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(bad, []byte(`apiVersion: kvmesh.io/v1alpha1
+kind: RouteConfig
+routes:
+- name: a
+  match: {model: "x*y"}
+  backends: [{model: m, weight: -1}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	typo := filepath.Join(dir, "typo.yaml")
+	if err := os.WriteFile(typo, []byte("apiVersion: kvmesh.io/v1alpha1\nkind: RouteConfig\nroutez: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.yaml")
+	base := []string{"--engine", "m=http://127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--routes", missing}, []string{"--routes", missing, "no such file"}},
+		{[]string{"--routes", bad}, []string{"--routes", bad, "'*' is allowed only at the end", "weight must be in"}},
+		{[]string{"--routes", typo}, []string{"--routes", typo, "line 3", "routez"}},
+		{[]string{"--routes", missing, "--listen", "127.0.0.1:70000", "--admin", "127.0.0.1:abc"}, []string{missing, "--listen", "--admin"}},
+	} {
+		args := append(append([]string(nil), base...), c.args...)
+		_, err := ingressOptions(args, io.Discard)
+		checkUsage(t, args, err, c.want...)
+	}
+	// Optional: a missing file is no routes yet; an invalid one is refused still.
+	if _, err := ingressOptions(append(append([]string(nil), base...), "--routes", missing, "--routes-optional"), io.Discard); err != nil {
+		t.Errorf("optional, missing: %v", err)
+	}
+	_, err := ingressOptions(append(append([]string(nil), base...), "--routes", bad, "--routes-optional"), io.Discard)
+	checkUsage(t, []string{"--routes", bad, "--routes-optional"}, err, bad)
+}
