@@ -94,8 +94,9 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems,
 	}...)
 	rules = append(rules, natsFlagsOff(noNATS)...)
 	probs.refuseOff(fs, rules)
-	tokenFlag, policyFlag, schedFlag := false, false, false
+	tokenFlag, policyFlag, schedFlag, engineFlag := false, false, false, false
 	fs.Visit(func(f *flag.Flag) {
+		engineFlag = engineFlag || f.Name == "engine" // a bad one is a problem of its own
 		tokenFlag = tokenFlag || f.Name == "admin-token"
 		policyFlag = policyFlag || f.Name == "policy"
 		schedFlag = schedFlag || f.Name == "scheduler-config"
@@ -105,6 +106,10 @@ func ingressFlagsRead(fs *flag.FlagSet, o *ingress.Options, probs *flagProblems,
 	}
 	if cfg.AdminToken != "" && cfg.AdminListen == "" && !tokenFlag { // the flag is refused by name above
 		probs.add("the admin token ($KVMESH_ADMIN_TOKEN) is not read without --admin (/metrics on --listen takes a client credential, never the admin token)")
+	}
+	if len(cfg.Engines) == 0 && noGossip && !engineFlag {
+		// It started, and answered every request 503 (no live engines).
+		probs.add("no engines: give --engine [id=]model=url (static engines), the config's engines, or --gossip-bind (the sidecars' gossip lists the engines)")
 	}
 	if len(cfg.Engines) > 0 && !noGossip {
 		probs.add("static engines (--engine, the config's engines) are not used with gossip (--gossip-bind, the config's cluster.gossipBind): the sidecars' gossip lists the engines; give one or the other")
@@ -246,6 +251,9 @@ func configFlag(args []string) (string, error) {
 	case 0:
 		return "", nil
 	case 1:
+		if paths[0] == "" { // a template's --config "$CFG" with CFG unset ran on the defaults
+			return "", fmt.Errorf("%w: --config is given an empty path: give the file, or leave --config out", errUsage)
+		}
 		return paths[0], nil
 	}
 	return "", fmt.Errorf("%w: --config given %d times (%q): give one file", errUsage, len(paths), paths)

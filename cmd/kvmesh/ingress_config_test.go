@@ -68,3 +68,40 @@ routes:
 	_, err := ingressOptions(append(append([]string(nil), base...), "--routes", bad, "--routes-optional"), io.Discard)
 	checkUsage(t, []string{"--routes", bad, "--routes-optional"}, err, bad)
 }
+
+// TestIngressNeedsAnEngineSource: an empty --config (a template's --config
+// "$CFG" with CFG unset) and an ingress with no engine source at all (no
+// --engine, no config engines, no gossip: it answered every request 503)
+// are usage errors; they started on the defaults without a word.
+func TestIngressNeedsAnEngineSource(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "ingress.yaml")
+	if err := os.WriteFile(cfg, []byte("engines:\n- {id: a, model: m, url: \"http://127.0.0.1:1\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string // "": accepted
+	}{
+		{[]string{"--config", "", "--engine", "m=http://127.0.0.1:1"}, "--config is given an empty path"},
+		{[]string{"--config=", "--engine", "m=http://127.0.0.1:1"}, "--config is given an empty path"},
+		{[]string{"--listen", "127.0.0.1:0"}, "no engines: give --engine"},
+		{[]string{"--engine", "m=http://127.0.0.1:1"}, ""},
+		{[]string{"--config", cfg}, ""},
+		{[]string{"--gossip-bind", "127.0.0.1:0"}, ""},
+		{[]string{"--engine", "only-one-part"}, `engine "only-one-part"`}, // a bad --engine is its own problem, no "no engines" beside it
+	} {
+		_, err := ingressOptions(c.args, io.Discard)
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("%q: %v", c.args, err)
+			}
+			continue
+		}
+		checkUsage(t, c.args, err, c.want)
+		if err != nil && c.want == `engine "only-one-part"` && strings.Contains(err.Error(), "no engines") {
+			t.Errorf("%q: %v", c.args, err)
+		}
+	}
+	_, err := eppOptions([]string{"--grpc-tls", "off"}, io.Discard)
+	checkUsage(t, []string{"epp"}, err, "no engines: give --engine")
+}
