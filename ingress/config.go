@@ -522,11 +522,13 @@ func (c *Config) firstByteWait() time.Duration {
 }
 
 // ParseStaticEngine parses "id=model=url" or "model=url" (id defaults to the
-// URL's host:port), the command-line form of a static engine.
+// URL's host:port), the command-line form of a static engine, or its
+// key=value form, whose keys are the sidecar's --engine spec's:
+// "[id=ID,]model=M,url=URL[,role=R,group=G,pd=nixl|sglang,bootstrap=HOST:PORT]",
+// for the P/D fields the positional form has no room for.
 func ParseStaticEngine(s string) (StaticEngine, error) {
 	if strings.Contains(s, ",") && (strings.Contains(s, "url=") || strings.Contains(s, "model=")) {
-		// The sidecar's spec form, which read as a URL "m,url=http://...".
-		return StaticEngine{}, fmt.Errorf("%w: engine %q: key=value,... is the sidecar's --engine form; the ingress takes [id=]model=url", ErrConfig, s)
+		return parseStaticEngineSpec(s)
 	}
 	parts := strings.SplitN(s, "=", 3)
 	if last := parts[len(parts)-1]; len(parts) > 1 && last == "" {
@@ -544,6 +546,68 @@ func ParseStaticEngine(s string) (StaticEngine, error) {
 		return StaticEngine{ID: parts[0], Model: parts[1], URL: parts[2]}, nil
 	}
 	return StaticEngine{}, fmt.Errorf("%w: engine %q: want [id=]model=url", ErrConfig, s)
+}
+
+// staticEngineKeys are the keys of ParseStaticEngine's key=value form.
+const staticEngineKeys = "id, model, url, role, group, pd, bootstrap"
+
+// parseStaticEngineSpec parses ParseStaticEngine's key=value form.
+func parseStaticEngineSpec(s string) (StaticEngine, error) {
+	var e StaticEngine
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return StaticEngine{}, fmt.Errorf("%w: engine %q: %q is not key=value (keys: %s)", ErrConfig, s, kv, staticEngineKeys)
+		}
+		if seen[k] {
+			return StaticEngine{}, fmt.Errorf("%w: engine %q: %s= given twice", ErrConfig, s, k)
+		}
+		seen[k] = true
+		switch k {
+		case "id":
+			e.ID = v
+		case "model":
+			e.Model = v
+		case "url":
+			e.URL = v
+		case "role":
+			e.Role = v
+		case "group":
+			e.Group = v
+		case "pd":
+			e.PDProtocol = v
+		case "bootstrap":
+			e.Bootstrap = v
+		default:
+			return StaticEngine{}, fmt.Errorf("%w: engine %q: unknown key %q (keys: %s)", ErrConfig, s, k, staticEngineKeys)
+		}
+	}
+	if e.Model == "" || e.URL == "" {
+		return StaticEngine{}, fmt.Errorf("%w: engine %q: model= and url= are required", ErrConfig, s)
+	}
+	if e.ID == "" {
+		if u, err := url.Parse(e.URL); err == nil {
+			e.ID = u.Host
+		}
+	}
+	return e, nil
+}
+
+// PDWarning is why the P/D step can never run with c, or "": a P/D
+// policy is set, no gossip brings engines with roles, and no static engine
+// is a prefill engine (--engine's positional form is always mixed).
+func (c *Config) PDWarning() string {
+	if c.PD.Policy == "" || c.Cluster.GossipBind != "" {
+		return ""
+	}
+	for _, e := range c.Engines {
+		if r, _ := scheduler.ParseRole(e.Role); r == scheduler.RolePrefill {
+			return ""
+		}
+	}
+	return fmt.Sprintf("P/D policy %q, but no engine can prefill: static engines are mixed unless given role=prefill "+
+		"(--engine model=M,url=URL,role=prefill, or the config's engines[].role); every request is served whole", c.PD.Policy)
 }
 
 // LoadConfigFile reads a YAML ingress config (field names as in the yaml

@@ -66,12 +66,15 @@ func TestParseConfigOneDocument(t *testing.T) {
 }
 
 // --engine's mistakes are named as what they are: a missing URL (it said
-// "empty id") and the sidecar's spec form (it said the URL was bad).
+// "empty id"), and in the key=value form a key it does not know.
 func TestParseStaticEngineErrors(t *testing.T) {
 	for s, want := range map[string]string{
-		"m=":                                  "no url",
-		"a=m=":                                "no url",
-		"id=a,model=m,url=http://127.0.0.1:1": "the sidecar's --engine form",
+		"m=":   "no url",
+		"a=m=": "no url",
+		"id=a,model=m,url=http://127.0.0.1:1,events=tcp://h:1": `unknown key "events" (keys: id, model, url, role, group, pd, bootstrap)`,
+		"model=m,url=http://127.0.0.1:1,role":                  `"role" is not key=value`,
+		"model=m,url=http://127.0.0.1:1,model=n":               "model= given twice",
+		"id=a,url=http://127.0.0.1:1":                          "model= and url= are required",
 	} {
 		if _, err := ParseStaticEngine(s); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", s, err, want)
@@ -91,5 +94,24 @@ func TestParseConfigDurationNeedsUnit(t *testing.T) {
 	}
 	if cfg, err := ParseConfig([]byte("sendTimeout: 0s\n")); err != nil || cfg.SendTimeout != 0 {
 		t.Fatalf("sendTimeout: 0s: %v, %v", cfg.SendTimeout, err)
+	}
+}
+
+// TestParseStaticEngineRoles: --engine's key=value form (the sidecar's
+// --engine keys) gives a static engine its P/D fields, which the
+// positional form has no room for: with it, --engine alone can run P/D.
+func TestParseStaticEngineRoles(t *testing.T) {
+	e, err := ParseStaticEngine("id=p1,model=m,url=http://127.0.0.1:1,role=prefill,group=g,pd=sglang,bootstrap=127.0.0.1:8998")
+	want := StaticEngine{ID: "p1", Model: "m", URL: "http://127.0.0.1:1", Role: "prefill", Group: "g", PDProtocol: "sglang", Bootstrap: "127.0.0.1:8998"}
+	if err != nil || e != want {
+		t.Errorf("%+v, %v; want %+v", e, err, want)
+	}
+	if e, err := ParseStaticEngine("model=m,url=http://127.0.0.1:2,role=decode"); err != nil || e.ID != "127.0.0.1:2" || e.Role != "decode" {
+		t.Errorf("id from the url: %+v, %v", e, err)
+	}
+	cfg := DefaultConfig()
+	cfg.Engines = []StaticEngine{{ID: "a", Model: "m", URL: "http://127.0.0.1:1", Role: "prefilll"}}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `role "prefilll"`) {
+		t.Errorf("a bad role: %v", err)
 	}
 }

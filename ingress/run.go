@@ -126,6 +126,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := logutil.New(stderr, o.LogFormat, o.LogLevel)
+	if w := o.Config.PDWarning(); w != "" {
+		log.Warn(w)
+	}
 	srv, err := o.NewServer(ctx, log)
 	if err != nil {
 		return err

@@ -142,7 +142,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	fs.StringVar(&opts.JWT.Issuer, "jwt-issuer", "", "issuer a JWT must carry (empty: any)")
 	fs.StringVar(&opts.JWT.TenantClaim, "jwt-tenant-claim", "tenant", "JWT claim naming the tenant (the rate-limit identity; falls back to sub)")
 	freshEngines := true
-	probs.Var(fs, "engine", "", "static engine [id=]model=url (repeatable; used without gossip; given at all, replaces the config file's engines)", func(s string) error {
+	probs.Var(fs, "engine", "", "static engine [id=]model=url, or [id=ID,]model=M,url=URL[,role=prefill|decode|mixed,group=G,pd=nixl|sglang,bootstrap=HOST:PORT] for P/D (the positional form is mixed) (repeatable; used without gossip; given at all, replaces the config file's engines)", func(s string) error {
 		se, err := ingress.ParseStaticEngine(s)
 		if err != nil {
 			return fmt.Errorf("--engine: %w", err)
