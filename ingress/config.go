@@ -535,17 +535,30 @@ func ParseStaticEngine(s string) (StaticEngine, error) {
 		// "m=" used to report an empty id (taken from the missing URL's host).
 		return StaticEngine{}, fmt.Errorf("%w: engine %q: no url: want [id=]model=url", ErrConfig, s)
 	}
+	var e StaticEngine
 	switch len(parts) {
 	case 2:
-		u, err := url.Parse(parts[1])
-		if err != nil {
-			return StaticEngine{}, fmt.Errorf("%w: engine %q: %v", ErrConfig, s, err)
-		}
-		return StaticEngine{ID: u.Host, Model: parts[0], URL: parts[1]}, nil
+		e = StaticEngine{Model: parts[0], URL: parts[1]}
 	case 3:
-		return StaticEngine{ID: parts[0], Model: parts[1], URL: parts[2]}, nil
+		e = StaticEngine{ID: parts[0], Model: parts[1], URL: parts[2]}
+	default:
+		return StaticEngine{}, fmt.Errorf("%w: engine %q: want [id=]model=url", ErrConfig, s)
 	}
-	return StaticEngine{}, fmt.Errorf("%w: engine %q: want [id=]model=url", ErrConfig, s)
+	return e, staticEngineURL(s, &e)
+}
+
+// staticEngineURL checks e's URL is http(s)://host... and defaults e's id
+// to its host:port. A URL without its scheme (m=localhost:8000) was
+// reported as an empty id, and as engines[0], not the --engine given.
+func staticEngineURL(s string, e *StaticEngine) error {
+	u, err := url.Parse(e.URL)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return fmt.Errorf("%w: engine %q: url %q: want http(s)://host:port", ErrConfig, s, e.URL)
+	}
+	if e.ID == "" {
+		e.ID = u.Host
+	}
+	return nil
 }
 
 // staticEngineKeys are the keys of ParseStaticEngine's key=value form.
@@ -586,12 +599,7 @@ func parseStaticEngineSpec(s string) (StaticEngine, error) {
 	if e.Model == "" || e.URL == "" {
 		return StaticEngine{}, fmt.Errorf("%w: engine %q: model= and url= are required", ErrConfig, s)
 	}
-	if e.ID == "" {
-		if u, err := url.Parse(e.URL); err == nil {
-			e.ID = u.Host
-		}
-	}
-	return e, nil
+	return e, staticEngineURL(s, &e)
 }
 
 // PDWarning is why the P/D step can never run with c, or "": a P/D
@@ -621,6 +629,14 @@ func LoadConfigFile(path string) (Config, error) {
 	cfg, err := ParseConfig(data)
 	if err != nil {
 		return cfg, fmt.Errorf("%s: %w", path, err)
+	}
+	// The scheduler: block's plugin blocks are decoded by Validate, after
+	// the flags, whose error named no file (the line numbers are this
+	// file's): checked here too, as the rest of the file is.
+	sc := cfg.Scheduler
+	sc.Defaults()
+	if err := registry.Validate(&sc); err != nil {
+		return cfg, fmt.Errorf("%s: %w: scheduler: %v", path, ErrConfig, err)
 	}
 	return cfg, nil
 }

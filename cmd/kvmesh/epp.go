@@ -36,7 +36,7 @@ func eppOptions(args []string, stderr io.Writer) (epp.Options, error) {
 		}
 	}
 	if err := parseFlags(fs, args, 0); err != nil {
-		return opts, err
+		return opts, durationHint(fs, err)
 	}
 	// The picker buffers each request body until it routes (every body
 	// mode), so --max-body bounds one body and --max-body-in-flight all

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ingress"
@@ -52,7 +53,7 @@ func ingressOptions(args []string, stderr io.Writer) (ingress.Options, error) {
 	// Only the ingress answers clients: the picker's answers are the gateway's.
 	fs.BoolVar(&opts.Config.EngineHeader, "engine-header", opts.Config.EngineHeader, "name the engine that answered in each answer's X-Kvmesh-Engine header (the load tools count engines by it; config engineHeader); an engine's id defaults to its URL's host:port, so set it false, or give the engines ids (sidecar --engine-id), where clients must not see engine addresses")
 	if err := parseFlags(fs, args, 0); err != nil {
-		return opts, err
+		return opts, durationHint(fs, err)
 	}
 	probs.addErr(opts.Validate())
 	ingressFlagsRead(fs, &opts, &probs)
@@ -210,6 +211,25 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	stateLaneFlag(fs, &cfg.Cluster.StateOverNATSOff, "read engine load and the other replicas' state from NATS (kvmesh.state.>) besides gossip, and publish this replica's (default true)", probs)
 }
 
+// durationHint adds to a parse error of a duration flag (--tokenize-budget
+// 2) how to write one, as a config file's duration gets: the flag
+// package says only "parse error".
+func durationHint(fs *flag.FlagSet, err error) error {
+	_, after, ok := strings.Cut(err.Error(), " for flag -")
+	name, _, _ := strings.Cut(after, ":")
+	if !ok {
+		return err
+	}
+	if f := fs.Lookup(name); f != nil {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, ok := g.Get().(time.Duration); ok {
+				return fmt.Errorf("%w (a duration takes its unit: 30s, 500ms, 0s for off)", err)
+			}
+		}
+	}
+	return err
+}
+
 // gossipKeyFlag binds --gossip-key (default $KVMESH_GOSSIP_KEY) onto dst.
 // Comma-separated keys: the first encrypts, the rest are accepted during a
 // rotation (gossip.Config.ExtraKeys).
@@ -222,10 +242,14 @@ func gossipKeyFlag(fs *flag.FlagSet, dst *[]byte, extra *[][]byte, probs *flagPr
 		*dst, *extra = k, more
 		return nil
 	}
-	if err := set(os.Getenv("KVMESH_GOSSIP_KEY")); err != nil {
+	env, state := os.Getenv("KVMESH_GOSSIP_KEY"), ""
+	if err := set(env); err != nil {
 		probs.unlessGiven("gossip-key", err) // a bad environment value matters only when no flag replaces it
 	}
-	probs.Var(fs, "gossip-key", "", "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY)", set)
+	if env != "" { // as the other secrets' help says (secretflag), never the value
+		state = "; set"
+	}
+	probs.Var(fs, "gossip-key", "", "base64 gossip encryption keys of 16, 24 or 32 bytes, comma-separated: the first encrypts, the rest are accepted during a rotation (env KVMESH_GOSSIP_KEY"+state+")", set)
 }
 
 // configFlag finds -config/--config in args before the flag set is built;
@@ -289,16 +313,19 @@ func fairQueueFlags(fs *flag.FlagSet, cfg *ingress.Config, probs *flagProblems) 
 		return nil
 	})
 	freshTenants := true
-	probs.Var(fs, "tenant", "", "a tenant's fair share, repeatable: NAME=WEIGHT[:PRIORITY] (higher priority first; default weight 1; given at all, replaces the config file's tenants)", func(s string) error {
-		name, spec, ok := strings.Cut(s, "=")
+	probs.Var(fs, "tenant", "", "a tenant's fair share, repeatable: NAME[=WEIGHT][:PRIORITY] (NAME, NAME=2, NAME=2:1 or NAME=:1; higher priority first; weight 1 when left out, as the config's; given at all, replaces the config file's tenants)", func(s string) error {
+		name, spec, _ := strings.Cut(s, "=")
 		w, p, _ := strings.Cut(spec, ":")
-		weight, err := strconv.ParseFloat(w, 64)
+		weight, err := 1.0, error(nil) // left out, as a fairQueue tenant's weight in the YAML
+		if w != "" {
+			weight, err = strconv.ParseFloat(w, 64)
+		}
 		prio := 0
 		if err == nil && p != "" {
 			prio, err = strconv.Atoi(p)
 		}
-		if !ok || name == "" || err != nil || !(weight > 0) || math.IsInf(weight, 1) { // NaN fails > 0
-			return fmt.Errorf("--tenant %q: want NAME=WEIGHT[:PRIORITY] with WEIGHT a finite value > 0", s)
+		if name == "" || strings.Contains(name, ":") || err != nil || !(weight > 0) || math.IsInf(weight, 1) { // NaN fails > 0
+			return fmt.Errorf("--tenant %q: want NAME[=WEIGHT][:PRIORITY] with WEIGHT a finite value > 0 (1 when left out) and PRIORITY a whole number", s)
 		}
 		if fairOff {
 			return fmt.Errorf("--tenant %q: --fair-max-concurrent 0 turns fair admission off, which --tenant needs: give one or the other", s)

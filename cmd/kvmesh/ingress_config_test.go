@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -104,4 +106,72 @@ func TestIngressNeedsAnEngineSource(t *testing.T) {
 	}
 	_, err := eppOptions([]string{"--grpc-tls", "off"}, io.Discard)
 	checkUsage(t, []string{"epp"}, err, "no engines: give --engine")
+}
+
+// TestTenantWeightDefaults: --tenant NAME and NAME=:PRIORITY take weight
+// 1, as the help and the config file's fairQueue tenants say; both were
+// refused.
+func TestTenantWeightDefaults(t *testing.T) {
+	o, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--tenant", "a", "--tenant", "b=:2", "--tenant", "c=3", "--tenant", "d=0.5:1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.Config.FairQueue.Tenants
+	for name, want := range map[string][2]float64{"a": {1, 0}, "b": {1, 2}, "c": {3, 0}, "d": {0.5, 1}} {
+		if tn := got[name]; tn.Weight != want[0] || float64(tn.Priority) != want[1] {
+			t.Errorf("tenant %s: %+v, want weight %v priority %v", name, tn, want[0], want[1])
+		}
+	}
+	for _, bad := range []string{"=2", "a=0", "a=x", "a=:x", "a:1", "a=-1:1"} {
+		_, err := ingressOptions([]string{"--engine", "m=http://127.0.0.1:1", "--tenant", bad}, io.Discard)
+		checkUsage(t, []string{"--tenant", bad}, err, "--tenant "+strconv.Quote(bad), "NAME[=WEIGHT][:PRIORITY]")
+	}
+}
+
+// TestFlagTexts: a duration flag without its unit gets the hint a config
+// file's duration gets; an --engine URL without its scheme is one problem
+// naming --engine (it said "engines[0]: empty id"); -h says "; set" of
+// $KVMESH_GOSSIP_KEY as of the other secrets from the environment.
+func TestFlagTexts(t *testing.T) {
+	for _, cmd := range []func([]string, io.Writer) error{
+		func(a []string, w io.Writer) error { _, err := ingressOptions(a, w); return err },
+		func(a []string, w io.Writer) error { _, err := eppOptions(a, w); return err },
+	} {
+		args := []string{"--engine", "m=http://127.0.0.1:1", "--tokenize-budget", "2"}
+		checkUsage(t, args, cmd(args, io.Discard), "-tokenize-budget", "a duration takes its unit: 30s")
+	}
+	args := []string{"--model", "m", "--engine-url", "http://127.0.0.1:1", "--events", "tcp://127.0.0.1:2", "--models-interval", "5"}
+	_, err := sidecarOptions(args, io.Discard)
+	checkUsage(t, args, err, "-models-interval", "a duration takes its unit")
+	args = []string{"--engine", "m=http://127.0.0.1:1", "--max-body", "x"}
+	if _, err := ingressOptions(args, io.Discard); err == nil || strings.Contains(err.Error(), "duration") {
+		t.Errorf("%q: %v, want no duration hint", args, err)
+	}
+
+	args = []string{"--engine", "m=localhost:27002"}
+	_, err = ingressOptions(args, io.Discard)
+	checkUsage(t, args, err, `--engine: `, `url "localhost:27002": want http(s)://host:port`)
+	if err != nil && (strings.Contains(err.Error(), "empty id") || strings.Contains(err.Error(), "engines[0]")) {
+		t.Errorf("%q: %v", args, err)
+	}
+
+	t.Setenv("KVMESH_GOSSIP_KEY", "MDEyMzQ1Njc4OWFiY2RlZg==")
+	var help bytes.Buffer
+	ingressOptions([]string{"-h"}, &help)
+	if !strings.Contains(help.String(), "(env KVMESH_GOSSIP_KEY; set)") || strings.Contains(help.String(), "MDEyMzQ1Njc4OWFiY2RlZg") {
+		t.Errorf("-h with $KVMESH_GOSSIP_KEY set: %s", help.String())
+	}
+}
+
+// TestSchedulerBlockNamesFile: a problem in --config's scheduler: block
+// names the file, as the rest of the file's do; its line numbers are the
+// file's.
+func TestSchedulerBlockNamesFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("scheduler:\n  policy: kvmesh\n  kvmesh:\n    bogusField: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", p, "--engine", "m=http://127.0.0.1:1"}
+	_, err := ingressOptions(args, io.Discard)
+	checkUsage(t, args, err, p+": invalid ingress config: scheduler:", "line 4", "bogusField")
 }

@@ -43,7 +43,7 @@ func sidecarOptions(args []string, stderr io.Writer) (sidecar.Options, error) {
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, 0); err != nil {
-		return opts, err
+		return opts, durationHint(fs, err)
 	}
 	sidecarFlagsRead(fs, &opts, &probs)
 	// The configuration's problems with the flags' (sidecar.Run checks
