@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -174,4 +175,41 @@ func TestSchedulerBlockNamesFile(t *testing.T) {
 	args := []string{"--config", p, "--engine", "m=http://127.0.0.1:1"}
 	_, err := ingressOptions(args, io.Discard)
 	checkUsage(t, args, err, p+": invalid ingress config: scheduler:", "line 4", "bogusField")
+}
+
+// TestExampleIngressConfig: examples/ingress-config.yaml loads as
+// `kvmesh ingress --config` reads it (its example values taken), and every
+// flag its comments name beside a key is an ingress flag.
+func TestExampleIngressConfig(t *testing.T) {
+	const path = "../../examples/ingress-config.yaml"
+	o, err := ingressOptions([]string{"--config", path}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.Config; c.ID != "ingress-a" || len(c.Engines) != 2 || c.FairQueue == nil || c.FairQueue.Tenants["interactive"].Weight != 4 {
+		t.Errorf("the example's values not read: id %q, %d engines, fairQueue %+v", c.ID, len(c.Engines), c.FairQueue)
+	}
+	var help bytes.Buffer
+	ingressOptions([]string{"-h"}, &help)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagRe := regexp.MustCompile(`--([a-z][a-z0-9-]*)`)
+	named := 0
+	for i, line := range strings.Split(string(data), "\n") {
+		_, comment, ok := strings.Cut(line, "#")
+		if !ok || strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue // the header's flags are the flag-only ones, checked below too
+		}
+		for _, m := range flagRe.FindAllStringSubmatch(comment, -1) {
+			named++
+			if !strings.Contains(help.String(), "  -"+m[1]+" ") && !strings.Contains(help.String(), "  -"+m[1]+"\n") {
+				t.Errorf("line %d names --%s, which kvmesh ingress does not have: %s", i+1, m[1], line)
+			}
+		}
+	}
+	if named < 40 {
+		t.Errorf("%d flags named beside keys; the example lists the common keys with their flags", named)
+	}
 }
