@@ -363,3 +363,53 @@ func TestForeignServiceKept(t *testing.T) {
 		t.Fatalf("the user's service was deleted with the deployment: %v", err)
 	}
 }
+
+// A Service of the deployment's name that is not its own holds the name
+// until someone deletes it: the deployment looks again while it does (a
+// requeue), since that Service is not labelled as the deployment's and its
+// deletion brings no event; once it is gone the deployment's headless
+// Service is made and ServiceReady turns True. Before, a steady
+// deployment's ServiceConflict stayed until the resync (regression
+// tester). The test takes the controller's steps itself: no timing.
+func TestForeignServiceGoneServiceMade(t *testing.T) {
+	e := newEnv(t)
+	svcs := e.kube.CoreV1().Services(e.ns)
+	theirs := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "fsvc"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	if _, err := svcs.Create(e.ctx, theirs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctrl := e.driven(t)
+	if err := e.applyDoc(t, strings.ReplaceAll(raceDoc, `"race"`, `"fsvc"`)); err != nil {
+		t.Fatal(err)
+	}
+	var requeue time.Duration
+	step := func() {
+		t.Helper()
+		e.inCache(t, ctrl, "fsvc", "fsvc-r")
+		d, err := ctrl.reconcile(e.ctx, e.ns+"/fsvc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		requeue = d
+	}
+	serviceReady := func(want metav1.ConditionStatus, reason string) func() bool {
+		return func() bool {
+			step()
+			c := meta.FindStatusCondition(e.md(t, "fsvc").Status.Conditions, v1alpha1.ConditionServiceReady)
+			return c != nil && c.Status == want && (reason == "" || c.Reason == reason)
+		}
+	}
+	testutil.WaitFor(t, wait, "ServiceReady False (ServiceConflict)", serviceReady(metav1.ConditionFalse, reasonServiceConflict))
+	step()
+	if requeue <= 0 {
+		t.Fatalf("a steady deployment whose Service name another Service holds asks for no requeue (%v): nothing would see that Service go", requeue)
+	}
+	if err := svcs.Delete(e.ctx, "fsvc", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "ServiceReady True", serviceReady(metav1.ConditionTrue, ""))
+	if svc, err := svcs.Get(e.ctx, "fsvc", metav1.GetOptions{}); err != nil || !metav1.IsControlledBy(svc, e.md(t, "fsvc")) {
+		t.Fatalf("the deployment's own Service: %v", err)
+	}
+}

@@ -108,10 +108,11 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 	if svcErr != nil {
 		return 0, errors.Join(svcErr, gangErr)
 	}
-	if len(held) > 0 && gangErr == nil {
-		// The pod holding a slot's name goes without an event the
-		// controller sees (it is not labelled as md's): look again, with
-		// a read (createPod).
+	if (len(held) > 0 || svcConflict) && gangErr == nil {
+		// The pod holding a slot's name, or the user's Service holding
+		// the deployment's, goes without an event the controller sees
+		// (neither is labelled as md's): look again, with a read
+		// (createPod, ensureService).
 		return c.heldRequeue, nil
 	}
 	return 0, gangErr
