@@ -26,7 +26,9 @@ deps:
 	command -v node >/dev/null || { echo "installing nodejs (apt-get)"; apt nodejs || skipped node; }; \
 	command -v npm >/dev/null || { echo "installing npm (apt-get)"; apt npm || skipped npm; }; \
 	command -v nats-server >/dev/null || { echo "installing nats-server (apt-get)"; apt nats-server || skipped nats-server; }; \
-	kubectl_ok() { k=$$(kubectl version --client 2>/dev/null | sed -n 's/^Kustomize Version: v\([0-9]*\).*/\1/p'); [ -n "$$k" ] && [ "$$k" -ge 4 ]; }; \
+	kubectl_ok() { m=$$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -1); \
+		k=$$(kubectl version --client 2>/dev/null | sed -n 's/^Kustomize Version: v\([0-9]*\).*/\1/p'); \
+		{ [ -n "$$m" ] && [ "$$m" -ge 21 ]; } || { [ -n "$$k" ] && [ "$$k" -ge 4 ]; }; }; \
 	command -v kubectl >/dev/null || { echo "installing kubectl (apt-get)"; apt kubectl || true; }; \
 	kubectl_ok || { echo "building kubectl from the Go module proxy (none installed renders the manifests' kustomizations: Debian's newest is 1.20)"; \
 		d=$$(KVMESH_KUBECTL=1 bash hack/kube-bins.sh) && $$SUDO ln -sf "$$d/kubectl" /usr/local/bin/kubectl && kubectl_ok || skipped kubectl; }; \

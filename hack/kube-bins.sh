@@ -41,7 +41,12 @@ import _ "k8s.io/kubernetes/cmd/CMD"
 GO
     sed -i "s#cmd/CMD#cmd/$cmd#" tools.go
     go mod tidy -e >/dev/null 2>&1 || true
-    go build -trimpath -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+    # The version a release build stamps (kubectl version reads it; unstamped it says v0.0.0-master and fails).
+    ld=""
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+      ld="$ld -X $pkg.gitVersion=v$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+    done
+    go build -trimpath -ldflags "$ld" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
     mv "$out/$cmd.tmp" "$out/$cmd"
   ) >&2
 }
