@@ -115,7 +115,7 @@ func (c *Config) Validate() error {
 	case TLSSelfSigned, TLSOff:
 	case TLSFiles:
 		if c.TLSCertFile == "" || c.TLSKeyFile == "" {
-			bad("tls %q needs tlsCertFile and tlsKeyFile", c.TLS)
+			bad("--grpc-tls=%s needs --grpc-tls-cert and --grpc-tls-key", c.TLS)
 		}
 	default:
 		bad("tls %q: want %s, %s or %s", c.TLS, TLSSelfSigned, TLSFiles, TLSOff)

@@ -127,7 +127,7 @@ func TestTLS(t *testing.T) {
 		cfg.TLS = TLSFiles
 		cfg.MaxEndpoints = -1
 		err := cfg.Validate()
-		if err == nil || !containsAll(err.Error(), "tlsCertFile", "maxEndpoints") {
+		if err == nil || !containsAll(err.Error(), "--grpc-tls-key", "maxEndpoints") {
 			t.Fatalf("%v", err)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 )
 
 // Formats a log can be written in: JSON objects (one per line, what log
@@ -18,7 +19,7 @@ const (
 
 // CheckFormat reports whether format is JSON or Text.
 func CheckFormat(format string) error {
-	if format != JSON && format != Text {
+	if f := strings.ToLower(format); f != JSON && f != Text { // any case, as --log-level's names
 		return fmt.Errorf("log-format %q: want %s or %s", format, JSON, Text)
 	}
 	return nil
@@ -28,7 +29,7 @@ func CheckFormat(format string) error {
 // writes JSON (CheckFormat is where a user's value is refused).
 func New(w io.Writer, format string, level slog.Leveler) *slog.Logger {
 	o := &slog.HandlerOptions{Level: level}
-	if format == Text {
+	if strings.EqualFold(format, Text) {
 		return slog.New(slog.NewTextHandler(w, o))
 	}
 	o.ReplaceAttr = durationText

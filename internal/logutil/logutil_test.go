@@ -26,10 +26,15 @@ func TestNew(t *testing.T) {
 	if s := b.String(); !strings.Contains(s, "level=DEBUG") || !strings.Contains(s, "msg=hello k=1") {
 		t.Fatalf("text log %q", s)
 	}
-	for _, f := range []string{JSON, Text} {
+	for _, f := range []string{JSON, Text, "TEXT", "Json"} { // any case, as --log-level's names
 		if err := CheckFormat(f); err != nil {
 			t.Error(err)
 		}
+	}
+	b.Reset()
+	New(&b, "TEXT", slog.LevelInfo).Info("hello")
+	if s := b.String(); !strings.HasPrefix(s, "time=") {
+		t.Fatalf("--log-format TEXT wrote %q, want the text format", s)
 	}
 	if err := CheckFormat("logfmt"); err == nil {
 		t.Error("logfmt accepted")
