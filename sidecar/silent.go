@@ -47,11 +47,14 @@ func (e *engine) watchSilence(l Load) {
 	if !grew && l.Running == 0 && l.KVUsage == 0 {
 		return
 	}
-	if z.workSince.IsZero() {
+	window := e.s.cfg.EventsSilentAfter
+	if z.workSince.IsZero() || (!z.silent && now.Sub(z.workLast) > window) {
+		// Work after an idle spell longer than the window starts the
+		// window again: a healthy engine idle for a while, then given a
+		// prompt too short to fill a block (no event due), is not silent.
 		z.workSince = now
 	}
 	z.workLast = now
-	window := e.s.cfg.EventsSilentAfter
 	if window <= 0 || z.workLast.Sub(z.workSince) < window {
 		return
 	}
@@ -88,6 +91,9 @@ func (e *engine) batchArrived() {
 	}
 	z.lastBatch = time.Now()
 	z.workSince, z.workLast, z.silent, z.warned = time.Time{}, time.Time{}, false, time.Time{}
+	// The next scrape takes its counters as the base: their growth up to
+	// it is the work whose blocks this batch reported.
+	z.workOK = false
 }
 
 // timeOrNil is &t, or nil for the zero time (JSON null or omitted).

@@ -177,3 +177,50 @@ func TestWorkingEngineWithoutEventsIsMarked(t *testing.T) {
 		t.Fatalf("no word that the events arrive again:\n%s", logs.String())
 	}
 }
+
+// The window is of work: an engine idle for longer than it, then given a
+// prompt too short to fill a block (so no event is due), is not marked
+// silent, and the scrape after a batch does not count the work that batch
+// reported. Before, the first sign of work after the last batch started a
+// window that idle time filled, so a healthy engine was marked after any
+// idle spell (regression tester). Scrapes are given to the watch directly:
+// no timing.
+func TestSilenceWindowIsOfWork(t *testing.T) {
+	e := &engine{s: &Sidecar{cfg: Config{EventsSilentAfter: 30 * time.Second}}, log: slog.New(slog.DiscardHandler)}
+	t0 := time.Unix(1_000_000, 0)
+	scrape := func(at time.Duration, work float64) {
+		e.watchSilence(Load{Scraped: t0.Add(at), work: work, workOK: true})
+	}
+	scrape(0, 100)
+	scrape(2*time.Second, 150) // a request: its blocks' batch arrives
+	e.batchArrived()
+	scrape(4*time.Second, 160) // the rest of that request's counting
+	if !e.silence.workSince.IsZero() {
+		t.Fatalf("the scrape after a batch counted as work since it (%v)", e.silence.workSince)
+	}
+	scrape(20*time.Second, 160) // idle
+	scrape(40*time.Second, 160)
+	scrape(41*time.Second, 165) // "hi": no block, no event due
+	if e.silence.silent {
+		t.Fatal("a healthy engine marked silent after an idle spell and a short prompt")
+	}
+	// The same without a batch before: two short prompts 39 s apart are
+	// not 39 s of work.
+	e2 := &engine{s: e.s, log: e.log}
+	for _, sc := range []struct {
+		at   time.Duration
+		work float64
+	}{{0, 100}, {2 * time.Second, 105}, {20 * time.Second, 105}, {40 * time.Second, 105}, {41 * time.Second, 110}} {
+		e2.watchSilence(Load{Scraped: t0.Add(sc.at), work: sc.work, workOK: true})
+	}
+	if e2.silence.silent {
+		t.Fatal("two short prompts with an idle spell between them taken for a window of work")
+	}
+	// Steady work with no batch for the window is silent.
+	for at := 42 * time.Second; at <= 75*time.Second; at += 3 * time.Second {
+		scrape(at, 165+float64(at/time.Second))
+	}
+	if !e.silence.silent {
+		t.Fatal("an engine working for the window without a batch not marked")
+	}
+}
