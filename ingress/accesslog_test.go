@@ -252,39 +252,58 @@ func TestTooLargeBodyIsAnsweredWithItsRequestID(t *testing.T) {
 	cfg.CORSOrigins = []string{"http://app.example"}
 	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
 	big := `{"model":"m","prompt":"` + strings.Repeat("a", 70<<10) + `"}`
-	send := func(id string) http.Header {
+	// send posts big to the chat endpoint: with a Content-Length, with
+	// Expect: 100-continue too (refused before the body: curl's way past
+	// 1 MB), or chunked (fasthttp resets the head when the body fails).
+	send := func(id, mode string) http.Header {
+		t.Helper()
 		conn, err := net.Dial("tcp", s.Addr())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n"
+		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\n"
+		body := big
+		switch mode {
+		case "chunked":
+			head += "Transfer-Encoding: chunked\r\n"
+			body = strconv.FormatInt(int64(len(big)), 16) + "\r\n" + big + "\r\n0\r\n\r\n"
+		case "expect":
+			head += "Expect: 100-continue\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n"
+			body = ""
+		default:
+			head += "Content-Length: " + strconv.Itoa(len(big)) + "\r\n"
+		}
 		if id != "" {
 			head += "X-Request-Id: " + id + "\r\n"
 		}
-		go io.WriteString(conn, head+"\r\n"+big) //nolint:errcheck // the server may close before it is all written
+		go io.WriteString(conn, head+"\r\n"+body) //nolint:errcheck // the server may close before it is all written
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusRequestEntityTooLarge {
-			t.Fatalf("status %d, want 413", resp.StatusCode)
+			t.Fatalf("%s: status %d, want 413", mode, resp.StatusCode)
 		}
 		return resp.Header
 	}
-	if h := send("r413"); h.Get("X-Request-Id") != "r413" || h.Get("Vary") != "Origin" || h.Get("Access-Control-Allow-Origin") != "http://app.example" {
-		t.Fatalf("a 413 with X-Request-Id r413 answered with headers %v", h)
+	for _, mode := range []string{"length", "expect", "chunked"} {
+		if h := send("r413-"+mode, mode); h.Get("X-Request-Id") != "r413-"+mode || h.Get("Vary") != "Origin" || h.Get("Access-Control-Allow-Origin") != "http://app.example" {
+			t.Fatalf("%s: a 413 with X-Request-Id r413-%s answered with headers %v", mode, mode, h)
+		}
 	}
-	if id := send("").Get("X-Request-Id"); len(id) != 32 {
+	if id := send("", "length").Get("X-Request-Id"); len(id) != 32 {
 		t.Fatalf("a 413 without a request id answered with X-Request-Id %q, want one the ingress made", id)
 	}
-	testutil.WaitFor(t, 5*time.Second, "two access lines", func() bool { return strings.Count(alog.String(), `"msg":"request"`) == 2 })
-	l := accessLines(t, &alog)[0]
-	if l["request_id"] != "r413" || l["endpoint"] != "chat" || l["status"] != float64(413) || !strings.Contains(l["error"].(string), "limit is") {
-		t.Fatalf("access line %v", l)
+	testutil.WaitFor(t, 5*time.Second, "four access lines", func() bool { return strings.Count(alog.String(), `"msg":"request"`) == 4 })
+	for i, l := range accessLines(t, &alog)[:3] {
+		if l["request_id"] == "" || l["endpoint"] != "chat" || l["status"] != float64(413) || l["path"] != "/v1/chat/completions" ||
+			!strings.Contains(l["error"].(string), "limit is") {
+			t.Fatalf("access line %d: %v", i, l)
+		}
 	}
-	if got := val(s.m.requests.WithLabelValues("chat", "413")); got != 2 {
-		t.Fatalf("requests_total{endpoint=chat,status=413} = %v, want 2", got)
+	if got := val(s.m.requests.WithLabelValues("chat", "413")); got != 4 {
+		t.Fatalf("requests_total{endpoint=chat,status=413} = %v, want 4", got)
 	}
 }

@@ -56,3 +56,26 @@ func TestBrokenAnswerBeforeCommitTriesTheNextEngine(t *testing.T) {
 		})
 	}
 }
+
+// A whole answer with white space before its object (a proxy's or a
+// framework's leading newline) is JSON and is relayed, not taken for a
+// broken answer and retried (regression tester 1 F5).
+func TestAnswerWithLeadingWhiteSpaceRelayed(t *testing.T) {
+	const answer = "\n \t{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"ok\",\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1,\"total_tokens\":3}}\n"
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer)
+	}))
+	t.Cleanup(eng.Close)
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: eng.URL})
+	cfg.MaxAttempts = 1
+	s := startIngress(t, cfg, Deps{})
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2],"max_tokens":1}`)
+	if st != 200 || !strings.Contains(string(b), `"text":"ok"`) {
+		t.Fatalf("%d %s", st, b)
+	}
+	if got := val(s.m.attempts.WithLabelValues("empty_response")); got != 0 {
+		t.Fatalf("%v attempts counted empty_response", got)
+	}
+}

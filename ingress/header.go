@@ -81,9 +81,16 @@ const unauthBodyLimit = 64 << 10
 // sees it.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	n := h.ContentLength()
-	if n == -1 && (s.deps.Auth != nil || len(s.cfg.CORSOrigins) > 0) {
-		note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(uriPath(h.RequestURI()))}
-		_, note.authErr = s.authenticate(h)
+	if n == -1 {
+		path := uriPath(h.RequestURI())
+		note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(path), endpoint: transportEndpoint(path),
+			method: clipBytes(h.Method()), path: clipBytes(path)}
+		if id := h.Peek("X-Request-Id"); validRequestID(id) {
+			note.reqID = string(id)
+		}
+		if s.deps.Auth != nil {
+			_, note.authErr = s.authenticate(h)
+		}
 		s.heads.put(h, note)
 		if note.authErr != nil {
 			return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
@@ -123,9 +130,27 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	}
 	// fasthttp writes this response as it is (the handler does not run).
 	ae := writeErrorShape(ctx, err, messagesPath(ctx.Path()))
-	s.m.requests.WithLabelValues("unknown", s.m.status(ae.status)).Inc()
-	s.corsHeaders(ctx, s.corsIndex(h.Peek("Origin")))
+	s.refusedUnread(ctx, ae, s.m.status(ae.status), transportEndpoint(ctx.Path()), h.Peek("X-Request-Id"),
+		s.corsIndex(h.Peek("Origin")), time.Now())
 	return ae.status
+}
+
+// refusedUnread finishes an answer made before any handler ran (expect,
+// handleTransportError) as the handlers' refusals are finished: counted
+// under its endpoint, with the client's X-Request-Id (one made when it
+// sent none), CORS headers, and an access line (bounded as finishOther's).
+func (s *Server) refusedUnread(ctx *fasthttp.RequestCtx, ae *apiError, status, endpoint string, id []byte, cors int, start time.Time) {
+	s.m.requests.WithLabelValues(endpoint, status).Inc()
+	if !validRequestID(id) {
+		id = appendRequestID(nil)
+	}
+	ctx.Response.Header.SetBytesV("X-Request-Id", id)
+	s.corsHeaders(ctx, cors)
+	if s.alog != nil {
+		if ok, dropped := s.otherLog.allow(start, otherLogPerSecond); ok {
+			s.otherLine(ctx, endpoint, start, ae, id, dropped)
+		}
+	}
 }
 
 // headMemo remembers, for chunked requests only, what headerReceived read
@@ -156,6 +181,9 @@ type headNote struct {
 	authErr  error         // the credential's verdict (nil: accepted, or authentication off)
 	cors     int           // corsIndex of its Origin
 	messages bool          // on the Messages API (its error shape)
+	// endpoint, method, path and reqID (its valid X-Request-Id, "" for
+	// none) are what the refusal's answer and access line name.
+	endpoint, method, path, reqID string
 }
 
 // minHeadSweep is the size below which headMemo does not sweep.

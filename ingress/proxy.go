@@ -501,12 +501,14 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	}
 	c.watch.release()
 	out := buf.Bytes()
-	if len(out) == 0 || out[0] != '{' || !closedObject(out) {
+	if !closedObject(out) {
 		// An engine that dies mid-request may close with an empty 200 (or
 		// one cut short: its Content-Length counted what it meant to send).
 		bufPool.Put(buf)
 		return false, c.attemptFailed(up, resp, "empty_response", errors.New("empty, non-JSON or cut-short answer"))
 	}
+	// The object alone: what reads it (usage, the chat form) starts at its '{'.
+	out = bytes.TrimSpace(out)
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
 	c.releaseConn()
 	_ = resp.CloseBodyStream()
@@ -558,12 +560,16 @@ func engineSays(resp *fasthttp.Response) string {
 	return ": " + clip(msg)
 }
 
-// closedObject reports whether a non-streamed answer that opens a JSON
-// object is one whole JSON value: one cut short is not relayed as a
+// closedObject reports whether a non-streamed answer is one whole JSON
+// object (white space around it allowed): one cut short is not relayed as a
 // success, at an object's end too (`{"choices":[{"text":"a"}` ends in '}').
 // jsonscan's skip checks the structure without building anything.
 func closedObject(out []byte) bool {
-	end, err := jsonscan.SkipValue(out, 0)
+	i := jsonscan.SkipWS(out, 0) // white space before it is JSON's too
+	if i >= len(out) || out[i] != '{' {
+		return false
+	}
+	end, err := jsonscan.SkipValue(out, i)
 	return err == nil && jsonscan.Trailing(out, end) == nil
 }
 

@@ -729,11 +729,20 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 	// that head is in heads.
 	var broken fasthttp.ErrBrokenChunk
 	reset := h.ContentLength() == 0 && (errors.Is(err, fasthttp.ErrBodyTooLarge) || errors.As(err, &broken))
-	note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(ctx.Path())}
+	start := time.Now()
+	note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(ctx.Path()), endpoint: transportEndpoint(ctx.Path())}
+	id := h.Peek("X-Request-Id")
 	if reset {
 		note = s.heads.take(h)
+		id = []byte(note.reqID)
+		if note.endpoint == "" { // no note: its head is lost
+			note.endpoint = "unknown"
+		}
+		if note.path != "" { // the head as it came, for the access line
+			h.SetMethod(note.method)
+			ctx.Request.SetRequestURI(note.path)
+		}
 	}
-	start := time.Now()
 	fail := func(err error, status string) {
 		ae := writeErrorShape(ctx, err, note.messages)
 		if status == "" {
@@ -742,19 +751,7 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		// Counted, logged and answered with a request id as a request the
 		// handlers refused is (finishOther): an operator finds the client's
 		// 413 by the id its SDK reports.
-		endpoint := transportEndpoint(ctx.Path())
-		s.m.requests.WithLabelValues(endpoint, status).Inc()
-		id := h.Peek("X-Request-Id")
-		if !validRequestID(id) {
-			id = appendRequestID(nil)
-		}
-		ctx.Response.Header.SetBytesV("X-Request-Id", id)
-		s.corsHeaders(ctx, note.cors)
-		if s.alog != nil {
-			if ok, dropped := s.otherLog.allow(start, otherLogPerSecond); ok {
-				s.otherLine(ctx, endpoint, start, ae, id, dropped)
-			}
-		}
+		s.refusedUnread(ctx, ae, status, note.endpoint, id, note.cors, start)
 	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) && s.deps.Auth != nil {
 		aerr := note.authErr

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -130,6 +131,12 @@ func stableStore(host string, port int) (string, error) {
 	}
 	if !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 {
 		return "", fmt.Errorf("store dir %s is not a private directory (mode %v): remove it, or use another port", dir, fi.Mode())
+	}
+	// Private to its owner, and that owner this process's user: another
+	// user of a shared /tmp could make the directory first, 0700, and
+	// swap in a store of its own for the next start to load.
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+		return "", fmt.Errorf("store dir %s belongs to uid %d, not this process's %d: remove it, or use another port", dir, st.Uid, os.Getuid())
 	}
 	return dir, nil
 }

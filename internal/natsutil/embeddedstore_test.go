@@ -3,6 +3,7 @@ package natsutil_test
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +68,37 @@ func TestEmbeddedOnAPortKeepsItsStore(t *testing.T) {
 	}
 	if n := s.CachedInfo().State.Msgs; n != 1 || c.Embedded.StoreDir() != dir {
 		t.Fatalf("after a restart on the port: %d deltas in the stream (want 1), store %s", n, c.Embedded.StoreDir())
+	}
+}
+
+// A port's store directory that another user made (0700 is not enough:
+// in a shared /tmp anyone can make it first, then swap in a store of its
+// own for the next start to load) is refused, naming its owner
+// (regression tester 1 F4). Making a directory another user's takes root.
+func TestEmbeddedStoreOfAnotherUserRefused(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("chown to another user needs root")
+	}
+	port := testutil.FreePortBase(t, 1)
+	dir := natsutil.StableStoreDir(port)
+	_ = os.RemoveAll(dir)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	cfg := natsutil.DefaultConfig()
+	cfg.Embedded.Port = port
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := natsutil.Connect(ctx, cfg, nil)
+	if err == nil {
+		c.Close()
+		t.Fatal("a store directory of uid 65534 taken up")
+	}
+	if !strings.Contains(err.Error(), "belongs to uid 65534") {
+		t.Fatalf("refused, but saying %v", err)
 	}
 }
