@@ -74,6 +74,9 @@ type Node struct {
 	// and this node stops (memberlist shut down, nothing published).
 	// metOthers is set once another member was seen alive (EverJoined).
 	metOthers atomic.Bool
+	// seedsSelf is set once a join answered with this member alone
+	// (SeedsOnlySelf).
+	seedsSelf atomic.Bool
 
 	joiningAlone atomic.Bool
 	taken        atomic.Pointer[string]
@@ -259,8 +262,19 @@ func (n *Node) Join(seeds []string) (int, error) {
 	if err != nil {
 		return k, fmt.Errorf("gossip join: %w", err)
 	}
+	if n.ml.NumMembers() <= 1 {
+		// The seeds answered and are this member alone: the first member
+		// of a mesh whose seed address lists itself only (a Kubernetes
+		// Service with one member pod behind it).
+		n.seedsSelf.Store(true)
+	}
 	return k, nil
 }
+
+// SeedsOnlySelf reports whether a join reached its seeds and found this
+// member alone: the mesh's first member, alone by no fault of its seeds
+// (Sidecar.Ready tells it apart from one whose seeds never answered).
+func (n *Node) SeedsOnlySelf() bool { return n.seedsSelf.Load() }
 
 func (n *Node) nameTaken() error {
 	if addr := n.taken.Load(); addr != nil {

@@ -104,3 +104,29 @@ func TestSidecarAloneInGossipIsNotReady(t *testing.T) {
 		t.Fatal("not ready after losing the other members it had")
 	}
 }
+
+// A sidecar whose seeds are itself alone (the first member pod behind a
+// Kubernetes Service that lists only it) is ready: its seeds answered, and
+// nothing is wrong with its --join or --gossip-key; it is alone only until
+// another member starts (regression tester 1). Only seeds that never
+// answered make it unready.
+func TestSidecarSeededByItselfIsReady(t *testing.T) {
+	port := testutil.FreePortBase(t, 1)
+	srv, _ := startSimAt(t, "m", 4, simAddrs{})
+	cfg := sidecar.DefaultConfig()
+	cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", URL: srv.URL(), Events: srv.EventsEndpoint(0), Replay: srv.ReplayEndpoint(0)}}
+	cfg.NATS.URLs = []string{testutil.NATS(t).URL()}
+	cfg.ScrapeInterval, cfg.GossipInterval = 50*time.Millisecond, 50*time.Millisecond
+	cfg.Logger, cfg.Registerer = slog.New(slog.DiscardHandler), prometheus.NewRegistry()
+	g := gossip.DefaultConfig()
+	g.Name, g.Profile = "sidecar-e1", "local"
+	g.BindAddr, g.BindPort = "127.0.0.1", port
+	g.Join = []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	g.RejoinInterval = 100 * time.Millisecond
+	g.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1"}
+	cfg.Gossip = &g
+	s := meshtest.StartSidecar(t, cfg)
+	testutil.WaitFor(t, 20*time.Second, "ready, alone in gossip with itself as its seed", func() bool {
+		return s.Gossip() != nil && s.Gossip().Alone() && s.Ready()
+	})
+}

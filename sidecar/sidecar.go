@@ -275,8 +275,8 @@ func (s *Sidecar) Ready() bool {
 	if !s.ready.Load() || c == nil || c.NC.Status() != nats.CONNECTED {
 		return false
 	}
-	if g := s.gossip.Load(); g != nil && g.Alone() && !g.EverJoined() {
-		return false
+	if g := s.gossip.Load(); g != nil && g.Alone() && !g.EverJoined() && !g.SeedsOnlySelf() {
+		return false // its seeds never answered: a wrong --join or --gossip-key
 	}
 	for _, e := range s.engines {
 		e.mu.Lock()
