@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvmesh/kvmesh/ingress/fair"
+	"github.com/kvmesh/kvmesh/internal/keyvalue"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/registry"
@@ -567,16 +568,12 @@ const staticEngineKeys = "id, model, url, role, group, pd, bootstrap"
 // parseStaticEngineSpec parses ParseStaticEngine's key=value form.
 func parseStaticEngineSpec(s string) (StaticEngine, error) {
 	var e StaticEngine
-	seen := map[string]bool{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return StaticEngine{}, fmt.Errorf("%w: engine %q: %q is not key=value (keys: %s)", ErrConfig, s, kv, staticEngineKeys)
-		}
-		if seen[k] {
-			return StaticEngine{}, fmt.Errorf("%w: engine %q: %s= given twice", ErrConfig, s, k)
-		}
-		seen[k] = true
+	pairs, err := keyvalue.Split(s)
+	if err != nil {
+		return StaticEngine{}, fmt.Errorf("%w: engine %q: %w (keys: %s)", ErrConfig, s, err, staticEngineKeys)
+	}
+	for _, p := range pairs {
+		k, v := p.Key, p.Value
 		switch k {
 		case "id":
 			e.ID = v

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/keyvalue"
 	"github.com/kvmesh/kvmesh/internal/logutil"
 )
 
@@ -148,17 +149,13 @@ func ParseEngineSpec(s string) (EngineConfig, error) {
 	e := EngineConfig{Role: "mixed", DPSize: 1}
 	var host string
 	var port, eventsPort, replayPort int
-	given := map[string]bool{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return e, fmt.Errorf("%w: engine spec %q: %q is not key=value", ErrConfig, s, kv)
-		}
-		if given[k] {
-			// The last one won: model=m,...,model=n served n and failed
-			// later with "engine does not serve the configured model".
-			return e, fmt.Errorf("%w: engine spec %q: %s= given twice", ErrConfig, s, k)
-		}
+	pairs, err := keyvalue.Split(s)
+	if err != nil {
+		return e, fmt.Errorf("%w: engine spec %q: %w", ErrConfig, s, err)
+	}
+	given := make(map[string]bool, len(pairs))
+	for _, p := range pairs {
+		k, v := p.Key, p.Value
 		given[k] = true
 		var err error
 		switch k {
