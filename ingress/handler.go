@@ -468,7 +468,8 @@ func (c *call) refreshCandidates() error {
 // lengths (--max-model-len per GPU type), and one too short refuses it
 // (400). The request is the prompt and its max_tokens first, as vLLM
 // refuses a max_tokens the context cannot hold after the prompt; when no
-// candidate holds both, the prompt alone. When none holds the prompt the
+// candidate holds both, the longest context's (its refusal says the most
+// the model can give). When none holds the prompt the
 // prompt limit refused the request already (admit), unless no engine
 // reports a context.
 func (c *call) fitContext() {
@@ -476,10 +477,34 @@ func (c *call) fitContext() {
 	if n == 0 {
 		n = c.promptTokens
 	}
-	if m := c.req.maxTokens; m > 0 && c.fitOut(n+m) {
-		return
+	if m := c.req.maxTokens; m > 0 {
+		if c.fitOut(n + m) {
+			return
+		}
+		if longest := c.longestContext(); longest > 0 && n+m > longest {
+			// No engine holds both: the longest context's engines, whose
+			// refusal names the most the model can give after this prompt.
+			c.fitOut(longest)
+			return
+		}
 	}
 	c.fitOut(n)
+}
+
+// longestContext is the longest context among the healthy candidates, 0
+// when one of them reports none (it may hold anything).
+func (c *call) longestContext() int {
+	longest := 0
+	for i, l := range c.ctxLens {
+		if !c.cands[i].Healthy {
+			continue
+		}
+		if l == 0 {
+			return 0
+		}
+		longest = max(longest, l)
+	}
+	return longest
 }
 
 // fitOut takes out of routing the healthy candidates whose context is

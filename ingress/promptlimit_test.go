@@ -132,11 +132,12 @@ func TestPromptGoesToAnEngineWhoseContextHoldsIt(t *testing.T) {
 	s := startIngress(t, testConfig(StaticEngine{ID: "short", Model: "m", URL: short.url()}), Deps{Membership: mem})
 	// The prompt and its max_tokens must fit, as vLLM refuses a max_tokens
 	// past the context after the prompt; when no context holds both, the
-	// prompt alone decides (the engine then says what it refuses).
+	// longest context's engine gets it: its refusal names the most the
+	// model can give (the short one's told the client to shrink more).
 	for _, tc := range []struct {
 		prompt, maxTokens int
 		at                string
-	}{{500, 1, "long"}, {99, 1, "short"}, {100, 1, "long"}, {101, 1, "long"}, {50, 80, "long"}, {50, 50, "short"}, {50, 2000, "short"}} {
+	}{{500, 1, "long"}, {99, 1, "short"}, {100, 1, "long"}, {101, 1, "long"}, {50, 80, "long"}, {50, 50, "short"}, {50, 2000, "long"}} {
 		for range 3 {
 			body := strings.Replace(idsPrompt(tc.prompt), `"max_tokens":1,`, `"max_tokens":`+strconv.Itoa(tc.maxTokens)+`,`, 1)
 			st, h, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
