@@ -119,7 +119,7 @@ func TestEPPCommandBadFlags(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
 	}
-	for _, want := range []string{`listen "nope"`, `defaultBodyMode "sideways"`, `pool name needs its namespace`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`, `needs tlsCertFile`} {
+	for _, want := range []string{`listen "nope"`, `defaultBodyMode "sideways"`, `pool name needs its namespace`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`, `--grpc-tls=files needs --grpc-tls-cert and --grpc-tls-key`} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("message lacks %q:\n%s", want, errOut.String())
 		}
