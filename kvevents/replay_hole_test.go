@@ -9,7 +9,6 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvmesh/kvmesh/kvevents"
-	zmqep "github.com/kvmesh/kvmesh/kvevents/internal/endpoint"
 )
 
 // holeyReplay runs a ROUTER that answers its k-th replay request (for
@@ -55,21 +54,8 @@ func holeyReplay(t *testing.T, payload []byte, answer func(k int, start uint64) 
 // batches come from replay alone.
 func quietPub(t *testing.T) string {
 	t.Helper()
-	zctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := zctx.NewSocket(zmq.PUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close(); _ = zctx.Term() })
-	_ = pub.SetLinger(0)
-	if err := pub.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	last, _ := pub.GetLastEndpoint()
-	return zmqep.Connectable(last)
+	_, ep := boundPub(t)
+	return ep
 }
 
 // seqRange is [from, to).

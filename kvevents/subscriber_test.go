@@ -672,17 +672,9 @@ func TestDPPortOffsets(t *testing.T) {
 	testutil.Need(t, errors.New("no free port range found in 10 attempts"), "a range of free consecutive loopback ports")
 }
 
-// joinedRawPub binds a raw PUB socket (to send what no Publisher would),
-// starts a subscriber on it, and sends ["", seq 0, first] until the
-// subscription is up; every message of the join is drained.
-func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *kvevents.Subscriber) {
-	t.Helper()
-	return joinedRawPubCfg(t, first, kvevents.SubscriberConfig{})
-}
-
-// joinedRawPubCfg is joinedRawPub with a subscriber configured by cfg (its
-// Endpoint is set to the raw PUB's).
-func joinedRawPubCfg(t *testing.T, first []byte, cfg kvevents.SubscriberConfig) (*zmq.Socket, *kvevents.Subscriber) {
+// boundPub binds a raw PUB socket on a free loopback port, closed at the
+// test's end, and returns it with the endpoint a subscriber connects to.
+func boundPub(t *testing.T) (*zmq.Socket, string) {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
@@ -698,7 +690,23 @@ func joinedRawPubCfg(t *testing.T, first []byte, cfg kvevents.SubscriberConfig) 
 		t.Fatal(err)
 	}
 	last, _ := pub.GetLastEndpoint()
-	cfg.Endpoint = zmqep.Connectable(last)
+	return pub, zmqep.Connectable(last)
+}
+
+// joinedRawPub binds a raw PUB socket (to send what no Publisher would),
+// starts a subscriber on it, and sends ["", seq 0, first] until the
+// subscription is up; every message of the join is drained.
+func joinedRawPub(t *testing.T, first []byte) (*zmq.Socket, *kvevents.Subscriber) {
+	t.Helper()
+	return joinedRawPubCfg(t, first, kvevents.SubscriberConfig{})
+}
+
+// joinedRawPubCfg is joinedRawPub with a subscriber configured by cfg (its
+// Endpoint is set to the raw PUB's).
+func joinedRawPubCfg(t *testing.T, first []byte, cfg kvevents.SubscriberConfig) (*zmq.Socket, *kvevents.Subscriber) {
+	t.Helper()
+	pub, ep := boundPub(t)
+	cfg.Endpoint = ep
 	sub := newTestSubscriber(t, cfg)
 	deadline := time.Now().Add(10 * time.Second)
 	for sub.Stats().Received == 0 {

@@ -7,16 +7,23 @@ import (
 	"testing"
 )
 
-// addedMatchJSON is a byte-level BPE without merges (each byte its own id)
-// with added tokens that overlap the way find_matches makes them: an rstrip
-// token followed by whitespace tokens, an lstrip one, and single_word tokens
-// that contain a shorter token.
-func addedMatchJSON() string {
+// byteVocabJSON is a byte-level BPE's vocabulary without merges: each
+// byte its own id.
+func byteVocabJSON() []byte {
 	vocab := map[string]int{}
 	for b := range 256 {
 		vocab[string(byteToRune[b])] = b
 	}
 	v, _ := json.Marshal(vocab)
+	return v
+}
+
+// addedMatchJSON is a byte-level BPE without merges (each byte its own id)
+// with added tokens that overlap the way find_matches makes them: an rstrip
+// token followed by whitespace tokens, an lstrip one, and single_word tokens
+// that contain a shorter token.
+func addedMatchJSON() string {
+	v := byteVocabJSON()
 	tok := func(id int, content string, singleWord, lstrip, rstrip, special bool) string {
 		c, _ := json.Marshal(content)
 		return fmt.Sprintf(`{"id":%d,"content":%s,"single_word":%v,"lstrip":%v,"rstrip":%v,"normalized":false,"special":%v}`,
@@ -42,10 +49,7 @@ func addedMatchJSON() string {
 
 // addedMatchCases are texts for addedMatchJSON with the ids tokenizers
 // 0.23.2 gives (TestAddedTokenMatchesReference checks them against it).
-var addedMatchCases = []struct {
-	text string
-	want []uint32
-}{
+var addedMatchCases = []idCase{
 	// rstrip reaches over the whitespace, whose added tokens are still
 	// emitted after it; a "\n" left over is text again.
 	{"</think>\n\nok", []uint32{256, 257, 111, 107}},
@@ -70,26 +74,43 @@ var addedMatchCases = []struct {
 // TestAddedTokenMatches: added tokens are found as tokenizers' find_matches
 // finds them (h-tok finding 2: Native hid the "\n\n" after an rstrip
 // "</think>", and tried shorter tokens inside a single_word token it refused).
-func TestAddedTokenMatches(t *testing.T) {
-	tk := mustLoad(t, addedMatchJSON())
-	for _, c := range addedMatchCases {
+func TestAddedTokenMatches(t *testing.T) { checkIDs(t, addedMatchJSON(), addedMatchCases) }
+
+// TestAddedTokenMatchesReference holds addedMatchCases to tokenizers.
+func TestAddedTokenMatchesReference(t *testing.T) {
+	checkIDsReference(t, addedMatchJSON(), addedMatchCases)
+}
+
+// idCase is a text and the ids tokenizers 0.23.2 gives it (no special
+// tokens added).
+type idCase struct {
+	text string
+	want []uint32
+}
+
+// checkIDs encodes each case's text with the tokenizer in js.
+func checkIDs(t *testing.T, js string, cases []idCase) {
+	t.Helper()
+	tk := mustLoad(t, js)
+	for _, c := range cases {
 		if got := tk.Encode(c.text, false); !slices.Equal(got, c.want) {
 			t.Errorf("%q: got %v want %v", c.text, got, c.want)
 		}
 	}
 }
 
-// TestAddedTokenMatchesReference holds addedMatchCases to tokenizers.
-func TestAddedTokenMatchesReference(t *testing.T) {
-	job := refJob{Tokenizer: addedMatchJSON()}
-	for _, c := range addedMatchCases {
+// checkIDsReference holds the cases' expected ids to tokenizers itself.
+func checkIDsReference(t *testing.T, js string, cases []idCase) {
+	t.Helper()
+	job := refJob{Tokenizer: js}
+	for _, c := range cases {
 		job.Texts = append(job.Texts, c.text)
 	}
 	ref := tokref(t, []refJob{job})[0]
 	if ref.LoadErr != "" {
 		t.Fatalf("reference: %s", ref.LoadErr)
 	}
-	for i, c := range addedMatchCases {
+	for i, c := range cases {
 		if r := ref.Results[i]; r.Err != "" || !slices.Equal(r.IDs, c.want) {
 			t.Errorf("%q: test expects %v, reference %v %s", c.text, c.want, r.IDs, r.Err)
 		}
@@ -100,11 +121,7 @@ func TestAddedTokenMatchesReference(t *testing.T) {
 // normalizer, with a special token marked normalized (as CLIP's
 // <|startoftext|> is).
 func normalizedSpecialJSON() string {
-	vocab := map[string]int{}
-	for b := range 256 {
-		vocab[string(byteToRune[b])] = b
-	}
-	v, _ := json.Marshal(vocab)
+	v := byteVocabJSON()
 	return `{"version":"1.0","added_tokens":[` +
 		`{"id":256,"content":"<|startoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":true,"special":true},` +
 		`{"id":257,"content":"<|END|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],` +
@@ -116,10 +133,7 @@ func normalizedSpecialJSON() string {
 // normalizedSpecialCases are texts for normalizedSpecialJSON with the ids
 // tokenizers 0.23.2 gives: a special token marked normalized is matched on
 // the normalized (lowercased) text, one that is not on the raw text.
-var normalizedSpecialCases = []struct {
-	text string
-	want []uint32
-}{
+var normalizedSpecialCases = []idCase{
 	{"<|STARTOFTEXT|>A", []uint32{256, 97}},
 	{"<|startoftext|>", []uint32{256}},
 	{"<|END|>x", []uint32{257, 120}},
@@ -131,28 +145,11 @@ var normalizedSpecialCases = []struct {
 // were always matched on the raw text, so "<|STARTOFTEXT|>" under CLIP's
 // Lowercase normalizer gave 15 byte ids instead of the token.
 func TestNormalizedSpecialToken(t *testing.T) {
-	tk := mustLoad(t, normalizedSpecialJSON())
-	for _, c := range normalizedSpecialCases {
-		if got := tk.Encode(c.text, false); !slices.Equal(got, c.want) {
-			t.Errorf("%q: got %v want %v", c.text, got, c.want)
-		}
-	}
+	checkIDs(t, normalizedSpecialJSON(), normalizedSpecialCases)
 }
 
 // TestNormalizedSpecialTokenReference holds normalizedSpecialCases to
 // tokenizers.
 func TestNormalizedSpecialTokenReference(t *testing.T) {
-	job := refJob{Tokenizer: normalizedSpecialJSON()}
-	for _, c := range normalizedSpecialCases {
-		job.Texts = append(job.Texts, c.text)
-	}
-	ref := tokref(t, []refJob{job})[0]
-	if ref.LoadErr != "" {
-		t.Fatalf("reference: %s", ref.LoadErr)
-	}
-	for i, c := range normalizedSpecialCases {
-		if r := ref.Results[i]; r.Err != "" || !slices.Equal(r.IDs, c.want) {
-			t.Errorf("%q: test expects %v, reference %v %s", c.text, c.want, r.IDs, r.Err)
-		}
-	}
+	checkIDsReference(t, normalizedSpecialJSON(), normalizedSpecialCases)
 }

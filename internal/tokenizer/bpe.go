@@ -162,29 +162,36 @@ func (m *bpe) initialSymbols(syms []uint32, word string) []uint32 {
 			lastUnk = false
 			continue
 		}
-		if m.byteFallback {
-			all := true
-			for k := 0; k < len(ch); k++ {
-				if m.fallbackIDs[ch[k]] < 0 {
-					all = false
-				}
-			}
-			if all {
-				for k := 0; k < len(ch); k++ {
-					syms = append(syms, uint32(m.fallbackIDs[ch[k]]))
-				}
-				lastUnk = false
-				continue
-			}
-		}
-		if m.unk >= 0 {
-			if !(m.fuseUnk && lastUnk) {
-				syms = append(syms, uint32(m.unk))
-			}
-			lastUnk = true
-		}
+		syms, lastUnk = appendMissing(m, syms, ch, lastUnk)
 	}
 	return syms
+}
+
+// appendMissing appends what tokenizers gives a character without a token,
+// spelled s: its bytes' byte fallback tokens when byte fallback is on and
+// every byte has one, else the unknown token (once for a run of them with
+// fuse_unk), else nothing. lastUnk says whether the symbol before it was
+// the unknown token; the result says whether the last appended one is.
+func appendMissing[S ~string | ~[]byte](m *bpe, syms []uint32, s S, lastUnk bool) ([]uint32, bool) {
+	if m.byteFallback {
+		all := true
+		for k := 0; k < len(s); k++ {
+			all = all && m.fallbackIDs[s[k]] >= 0
+		}
+		if all {
+			for k := 0; k < len(s); k++ {
+				syms = append(syms, uint32(m.fallbackIDs[s[k]]))
+			}
+			return syms, false
+		}
+	}
+	if m.unk >= 0 {
+		if !(m.fuseUnk && lastUnk) {
+			syms = append(syms, uint32(m.unk))
+		}
+		return syms, true
+	}
+	return syms, lastUnk
 }
 
 // The positions of a byte in a word, as affixIDs indexes them.
@@ -218,27 +225,8 @@ func (m *bpe) byteLevelSymbols(syms []uint32, word string) []uint32 {
 			lastUnk = false
 			continue
 		}
-		if m.byteFallback {
-			var buf [64]byte
-			s := m.byteLevelSpelling(buf[:0], word[i], pos)
-			all := true
-			for _, b := range s {
-				all = all && m.fallbackIDs[b] >= 0
-			}
-			if all {
-				for _, b := range s {
-					syms = append(syms, uint32(m.fallbackIDs[b]))
-				}
-				lastUnk = false
-				continue
-			}
-		}
-		if m.unk >= 0 {
-			if !(m.fuseUnk && lastUnk) {
-				syms = append(syms, uint32(m.unk))
-			}
-			lastUnk = true
-		}
+		var buf [64]byte
+		syms, lastUnk = appendMissing(m, syms, m.byteLevelSpelling(buf[:0], word[i], pos), lastUnk)
 	}
 	return syms
 }
