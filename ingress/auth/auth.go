@@ -130,13 +130,14 @@ func Load(cfg Config) (*Store, error) {
 		v, envSet = os.LookupEnv(name)
 		env = []byte(v)
 	}
-	var src bytes.Buffer
+	var srcs []keySource
 	if file != nil {
-		src.Write(file)
-		src.WriteByte('\n')
+		srcs = append(srcs, keySource{name: cfg.KeysFile, r: bytes.NewReader(file)})
 	}
-	src.Write(env)
-	entries, err := ParseKeys(&src)
+	if envSet {
+		srcs = append(srcs, keySource{name: "$" + name, r: bytes.NewReader(env)})
+	}
+	entries, err := parseSources(srcs...)
 	if err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}

@@ -209,3 +209,25 @@ func BenchmarkCheck(b *testing.B) {
 		}
 	}
 }
+
+// TestLoadNamesTheSource checks a problem names the file or variable it is in, so an
+// operator with keys in both knows which to mend.
+func TestLoadNamesTheSource(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte("alice sk-alice-0001\nbob short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TEST_KVMESH_KEYS", "carol sk-carol-0003,alice sk-alice-0001")
+	_, err := Load(Config{KeysFile: file, EnvVar: "TEST_KVMESH_KEYS"})
+	if err == nil {
+		t.Fatal("Load accepted a short key and a duplicate")
+	}
+	for _, want := range []string{
+		file + " line 2: ",
+		"$TEST_KVMESH_KEYS line 1: duplicate key (first on " + file + " line 1)",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+}

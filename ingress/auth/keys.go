@@ -30,40 +30,61 @@ type Entry struct {
 // lines starting with '#' are skipped; a ',' also separates entries so the same grammar
 // fits an environment variable. Every problem is reported, with its line number.
 func ParseKeys(r io.Reader) ([]Entry, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1024), maxLineLen)
+	return parseSources(keySource{r: r})
+}
+
+// keySource is one input of parseSources: name labels its problems (a file's path,
+// "$VAR"), "" for none.
+type keySource struct {
+	name string
+	r    io.Reader
+}
+
+// parseSources parses every source as ParseKeys does, as one set: a key or name given
+// twice is refused even across sources, and each problem names its source and line.
+func parseSources(srcs ...keySource) ([]Entry, error) {
 	var (
 		out   []Entry
 		errs  []error
-		names = map[string]int{}
-		keys  = map[string]int{}
+		names = map[string]string{}
+		keys  = map[string]string{}
 	)
-	line := 0
-	for sc.Scan() {
-		line++
-		for _, part := range bytes.Split(sc.Bytes(), []byte{','}) {
-			e, ok, err := parseEntry(string(bytes.TrimSpace(part)))
-			if err != nil {
-				errs = append(errs, fmt.Errorf("line %d: %w", line, err))
-				continue
+	for _, src := range srcs {
+		sc := bufio.NewScanner(src.r)
+		sc.Buffer(make([]byte, 0, 1024), maxLineLen)
+		line := 0
+		at := func(line int) string {
+			if src.name == "" {
+				return fmt.Sprintf("line %d", line)
 			}
-			if !ok {
-				continue
-			}
-			if prev, dup := keys[e.Key]; dup {
-				errs = append(errs, fmt.Errorf("line %d: %w (first on line %d)", line, ErrDuplicateKey, prev))
-				continue
-			}
-			if prev, dup := names[e.Name]; dup {
-				errs = append(errs, fmt.Errorf("line %d: name %q: %w (first on line %d)", line, e.Name, ErrDuplicateName, prev))
-				continue
-			}
-			keys[e.Key], names[e.Name] = line, line
-			out = append(out, e)
+			return fmt.Sprintf("%s line %d", src.name, line)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("line %d: %w: %w", line+1, ErrMalformed, err))
+		for sc.Scan() {
+			line++
+			for _, part := range bytes.Split(sc.Bytes(), []byte{','}) {
+				e, ok, err := parseEntry(string(bytes.TrimSpace(part)))
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", at(line), err))
+					continue
+				}
+				if !ok {
+					continue
+				}
+				if prev, dup := keys[e.Key]; dup {
+					errs = append(errs, fmt.Errorf("%s: %w (first on %s)", at(line), ErrDuplicateKey, prev))
+					continue
+				}
+				if prev, dup := names[e.Name]; dup {
+					errs = append(errs, fmt.Errorf("%s: name %q: %w (first on %s)", at(line), e.Name, ErrDuplicateName, prev))
+					continue
+				}
+				keys[e.Key], names[e.Name] = at(line), at(line)
+				out = append(out, e)
+			}
+		}
+		if err := sc.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w: %w", at(line+1), ErrMalformed, err))
+		}
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("parse keys: %w", errors.Join(errs...))
