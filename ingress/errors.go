@@ -48,6 +48,11 @@ var (
 	// client certificate (expired, from a CA the engine does not trust,
 	// missing): the ingress's configuration, not the engine's failure.
 	ErrClientCertRefused = errors.New("an engine refused this ingress's TLS client certificate (its upstream certificate: the ingress's configuration, not the engine's failure)")
+	// ErrEngineCredential: an engine answered 401 to the ingress. The
+	// client's own credential never goes upstream, so it is the ingress's
+	// engine key (engineAPIKey) the engine refused: its configuration,
+	// not the client's key, and never relayed as the client's 401.
+	ErrEngineCredential = errors.New("an engine refused this ingress's engine credential (engineAPIKey or $KVMESH_ENGINE_API_KEY: the ingress's configuration, not the client's key)")
 )
 
 // apiError is an error with everything the OpenAI error body needs.
@@ -131,6 +136,8 @@ func toAPIError(err error) *apiError {
 		return retrySoon(503, "server_error", "ingress_resource_exhausted", "", err)
 	case errors.Is(err, ErrClientCertRefused):
 		return retrySoon(503, "server_error", "ingress_client_certificate_refused", "", err)
+	case errors.Is(err, ErrEngineCredential):
+		return retrySoon(503, "server_error", "ingress_engine_credential_refused", "", err)
 	case errors.Is(err, ErrNoEngine), errors.Is(err, ErrUpstream), errors.Is(err, ErrDraining):
 		return retrySoon(503, "server_error", "service_unavailable", "", err)
 	case errors.Is(err, ErrAnswerTooLarge):

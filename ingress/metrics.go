@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tokens_total",
 			Help: "Prompt (in) and completion (out) tokens.", ConstLabels: constLabels}, []string{"direction"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_upstream_attempts_total",
-			Help: "Upstream attempts by result (ok, connect_error, connect_timeout, local_error, client_cert_refused, protocol_error, timeout, first_byte_timeout, status_429, status_5xx, status_4xx, wrong_model, routing_loop, empty_response, stream_error).", ConstLabels: constLabels}, []string{"result"}),
+			Help: "Upstream attempts by result (ok, connect_error, connect_timeout, local_error, client_cert_refused, credential_refused, protocol_error, timeout, first_byte_timeout, status_429, status_5xx, status_4xx, wrong_model, routing_loop, empty_response, stream_error).", ConstLabels: constLabels}, []string{"result"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_routing_decisions_total",
 			Help: "Routing decisions by policy and reason.", ConstLabels: constLabels}, []string{"policy", "reason"}),
 		matchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_prefix_match_ratio",

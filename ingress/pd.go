@@ -838,6 +838,14 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		up.failures.Add(1)
 		s.health.observe(up, statusResult(st))
 		return c.prefillDone(p, "fallback_"+statusResult(st), start), true
+	case st == fasthttp.StatusUnauthorized:
+		// upstreamauth.go: the ingress's engine key, not the client's.
+		_ = s.credentialError(up, resp)
+		s.m.attempts.WithLabelValues("credential_refused").Inc()
+		c.watch.release()
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		return c.prefillDone(p, "fallback_credential_refused", start), true
 	case st != fasthttp.StatusOK:
 		buf, rerr := readAll(resp)
 		if st == fasthttp.StatusNotFound && rerr == nil && c.noSuchModel(buf.Bytes()) {

@@ -296,7 +296,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		return true, false, false
 	}
 	res := leg.decodeFailed(s, fail)
-	if fail.cut && !res.denied && res.status >= 400 && res.status < 500 && res.status != fasthttp.StatusTooManyRequests {
+	if fail.cut && !res.denied && res.status >= 400 && res.status < 500 && res.status != fasthttp.StatusTooManyRequests && res.status != fasthttp.StatusUnauthorized {
 		// The prefill engine judged the request (4xx): relay its answer.
 		c.engine = pi.ID
 		c.status = res.status
@@ -360,7 +360,7 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 	case err == nil && st == fasthttp.StatusOK:
 		done, _ := c.relayBufferedOK(ctx, up, resp)
 		return done, decodeFail{}
-	case err == nil && !cut && st < 500 && st != fasthttp.StatusTooManyRequests:
+	case err == nil && !cut && st < 500 && st != fasthttp.StatusTooManyRequests && st != fasthttp.StatusUnauthorized:
 		buf, rerr := readAll(resp)
 		if st != fasthttp.StatusNotFound || rerr != nil || !deniesModel(buf.Bytes(), leg.model) {
 			s.m.attempts.WithLabelValues("status_4xx").Inc()
@@ -398,6 +398,9 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 		result = classifyErr(err)
 	case st == fasthttp.StatusTooManyRequests:
 		result = "status_429"
+	case st == fasthttp.StatusUnauthorized:
+		result = "credential_refused" // upstreamauth.go: the ingress's engine key
+		_ = s.credentialError(up, resp)
 	}
 	fail = decodeFail{up: up, result: result, cut: cut}
 	if cut {
@@ -459,6 +462,11 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 		} else if res.status >= 500 || res.status == fasthttp.StatusTooManyRequests {
 			up.failures.Add(1)
 			s.health.observe(up, statusResult(res.status))
+		} else if res.status == fasthttp.StatusUnauthorized {
+			// upstreamauth.go: the ingress's engine key, not the client's.
+			res.result = "failed_credential_refused"
+			_ = s.credentialError(up, resp)
+			s.m.attempts.WithLabelValues("credential_refused").Inc()
 		} else if buf, err := readAll(resp); err == nil {
 			if res.status == fasthttp.StatusNotFound && deniesModel(buf.Bytes(), leg.model) {
 				res.result, res.denied = "failed_wrong_model", true

@@ -328,6 +328,44 @@ func TestSGLangPrefillDeniesModel(t *testing.T) {
 	}
 }
 
+// TestSGLangLegsRefuseCredential: an engine's 401 refuses the ingress's
+// engine key, not the client's: a prefill leg so refused cuts its decode
+// leg and the request is served aggregated; a decode leg so refused moves
+// on as a failed one. Neither 401 reaches the client.
+func TestSGLangLegsRefuseCredential(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := sim.Config{Model: "m", Logger: quiet, TimeScale: 100, Seed: 1}
+	base.PD.BootstrapTimeout = 2 * time.Second
+	cl := simtest.StartSGLangForTest(t, simtest.PDOptions{Base: base})
+	url, refused := fakeAnswering(t, http.StatusUnauthorized, `{"error":"Unauthorized"}`)
+	pe := pdEngine("p0", scheduler.RolePrefill, url)
+	pe.PDProtocol, pe.Bootstrap = gossip.PDProtocolSGLang, cl.Prefill[0].BootstrapAddr()
+	c := testConfig()
+	c.PD = PDConfig{Policy: "kvmesh-always"}
+	s := startIngress(t, c, Deps{Membership: roleMembership{pe, sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"refused `+strings.Repeat("x ", 40)+`","max_tokens":3}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("prefill refuses: status %d engine %q body %s; want served aggregated on d0", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if n, f := refused.Load(), val(s.pdInit().legs.WithLabelValues("prefill", "failed_credential_refused")); n != 1 || f != 1 {
+		t.Fatalf("prefill legs sent %d, counted failed_credential_refused %v; want 1 each", n, f)
+	}
+
+	url2, refused2 := fakeAnswering(t, http.StatusUnauthorized, `{"error":"Unauthorized"}`)
+	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "dx", Policy: "fixed", Reason: "test",
+		Options: []pd.Choice{{Prefill: "p0", Decode: "dx"}, {Decode: "d0"}}}
+	s2 := startIngress(t, testConfig(), Deps{PD: fixedPlanner{plan}, Membership: roleMembership{sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]),
+		pdEngine("dx", scheduler.RoleDecode, url2), sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
+	st, hdr, b = post(t, boundedClient, "http://"+s2.Addr()+"/v1/completions", `{"model":"m","prompt":"decode refuses `+strings.Repeat("x ", 40)+`","max_tokens":3}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("decode refuses: status %d engine %q body %s; want served on d0", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	// Its decode leg, then the request aggregated on it: each 401 counted.
+	if n, a := refused2.Load(), val(s2.m.attempts.WithLabelValues("credential_refused")); n == 0 || float64(n) != a {
+		t.Fatalf("the refusing decode engine got %d requests, %v credential_refused attempts; want as many, at least 1", n, a)
+	}
+}
+
 // TestSGLangDecodeDeniesModel: a decode engine answering that it does not
 // serve the model is ejected and the request is served aggregated on the
 // next engine, not relayed the 404 and not sent to the denying engine again.

@@ -36,10 +36,13 @@ type fakePDEngine struct {
 	fail bool // answer prefill legs with 500
 	// notFound, when set, is the body of a 404 answering prefill legs.
 	notFound atomic.Pointer[string]
-	prefills atomic.Int64
-	decodes  atomic.Int64
-	params   atomic.Value // string: the last decode leg's kv_transfer_params
-	prefillB atomic.Value // string: the last prefill leg's body
+	// unauthorized answers prefill legs 401 as vLLM started with
+	// --api-key answers a request without its key.
+	unauthorized atomic.Bool
+	prefills     atomic.Int64
+	decodes      atomic.Int64
+	params       atomic.Value // string: the last decode leg's kv_transfer_params
+	prefillB     atomic.Value // string: the last prefill leg's body
 	// onPrefill, when set, runs as a prefill leg arrives (the leg is in
 	// flight at the ingress meanwhile).
 	onPrefill func()
@@ -87,6 +90,12 @@ func (f *fakePDEngine) serve(w http.ResponseWriter, r *http.Request) {
 		f.prefillB.Store(string(body))
 		if f.fail {
 			http.Error(w, `{"error":{"message":"boom"}}`, 500)
+			return
+		}
+		if f.unauthorized.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"error":"Unauthorized"}`)
 			return
 		}
 		if nf := f.notFound.Load(); nf != nil {
@@ -282,6 +291,27 @@ func TestPDPrefillDeniesModel(t *testing.T) {
 	}
 	if !s2.health.allowed("p0") {
 		t.Fatal("a 404 naming no model ejected the prefill engine")
+	}
+}
+
+// TestPDPrefillRefusesCredential: a prefill engine answering 401 refused
+// the ingress's engine key, not the client's: the request is served
+// aggregated on the decode engine (fallback_credential_refused), never
+// relayed as the client's 401.
+func TestPDPrefillRefusesCredential(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	p.unauthorized.Store(true)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" || d.params.Load().(string) != "" {
+		t.Fatalf("status %d engine %q decode params %q body %s; want served aggregated on d0", st, hdr.Get("X-Kvmesh-Engine"), d.params.Load(), b)
+	}
+	if f := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_credential_refused")); f != 1 {
+		t.Fatalf("fallback_credential_refused legs = %v, want 1", f)
+	}
+	if n := val(s.m.attempts.WithLabelValues("credential_refused")); n != 1 {
+		t.Fatalf("credential_refused attempts = %v, want 1", n)
 	}
 }
 

@@ -129,6 +129,8 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 		return false, c.routingLoop(up, resp)
 	case st >= 500:
 		return false, c.attemptFailed(up, resp, statusResult(st), fmt.Errorf("answered %d%s", st, engineSays(resp)))
+	case st == fasthttp.StatusUnauthorized:
+		return false, c.credentialRefused(up, resp) // upstreamauth.go
 	case st != fasthttp.StatusOK:
 		buf, rerr := readAll(resp)
 		if st == fasthttp.StatusNotFound && rerr == nil && c.noSuchModel(buf.Bytes()) {
@@ -268,6 +270,8 @@ func (c *call) attemptFailed(up *upstream, resp *fasthttp.Response, result strin
 		return fmt.Errorf("%w: no connection to engine %s: %w", ErrLocalResources, up.id, localErrno(err))
 	case "client_cert_refused":
 		err = fmt.Errorf("%w: engine %s refused it: %w", ErrClientCertRefused, up.id, err)
+	case "credential_refused":
+		err = fmt.Errorf("%w: engine %s %w", ErrEngineCredential, up.id, err)
 	case "first_byte_timeout":
 		err = fmt.Errorf("%w: engine %s answers its health probes but committed no answer within %v (not retried: another engine would start over): %w",
 			ErrFirstByteTimeout, up.id, c.s.cfg.firstByteWait(), err)

@@ -118,6 +118,9 @@ type upstreams struct {
 	tlsErrs    *prometheus.CounterVec // cause
 	log        *slog.Logger
 	tlsLastLog atomic.Int64
+	// authLastLog is when the last warning of an engine refusing the
+	// ingress's engine credential was (unix ns; upstreamauth.go).
+	authLastLog atomic.Int64
 
 	// dialFault replaces the engines' dial in tests (a fake local error
 	// such as EMFILE); nil in production. Set before the first request.
