@@ -97,7 +97,9 @@ func unauthorized(err error) *apiError {
 }
 
 // promptTooLong is ErrPromptTooLong's 400 on ep, its param the member that
-// holds the prompt there.
+// holds the prompt there. Its message says "maximum context length", as
+// vLLM's and OpenAI's do: clients recognise an overflow by that text, not
+// by the code (LangChain's ContextOverflowError).
 func promptTooLong(ep endpoint, format string, args ...any) *apiError {
 	return newAPIError(fasthttp.StatusBadRequest, "invalid_request_error", "context_length_exceeded", ep.promptParam(),
 		fmt.Errorf("%w: "+format, append([]any{ErrPromptTooLong}, args...)...))

@@ -414,10 +414,10 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 	if lim := c.promptLimit(); lim > 0 {
 		// A batch's limit is per prompt, as vLLM's (countBatchPrompt).
 		if c.longest > lim {
-			return promptTooLong(c.ep, "prompt[%d] has %d prompt tokens, limit is %d", c.longestAt, c.longest, lim)
+			return promptTooLong(c.ep, "the maximum context length is %d tokens, and prompt[%d] has %d prompt tokens", lim, c.longestAt, c.longest)
 		}
 		if c.longest == 0 && promptTokens > lim {
-			return promptTooLong(c.ep, "%d prompt tokens, limit is %d", promptTokens, lim)
+			return promptTooLong(c.ep, "the maximum context length is %d tokens, and the request has %d prompt tokens", lim, promptTokens)
 		}
 	}
 	if err := c.admitRoute(promptTokens); err != nil {

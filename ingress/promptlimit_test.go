@@ -58,10 +58,10 @@ func TestPromptLimitFollowsTheEnginesContext(t *testing.T) {
 		says    string
 	}{
 		{"a long-context model, no cap", 200_000, 0, 150_000, false, ""},
-		{"past the engines' context", 200_000, 0, 200_001, true, "limit is 200000"},
+		{"past the engines' context", 200_000, 0, 200_001, true, "maximum context length is 200000 tokens"},
 		{"under the operator's cap", 200_000, 1000, 1000, false, ""},
-		{"past the operator's cap", 200_000, 1000, 1001, true, "limit is 1000"},
-		{"a cap above the context", 500, 1000, 501, true, "limit is 500"},
+		{"past the operator's cap", 200_000, 1000, 1001, true, "maximum context length is 1000 tokens"},
+		{"a cap above the context", 500, 1000, 501, true, "maximum context length is 500 tokens"},
 		{"no context reported, no cap", 0, 0, 250_000, false, ""},
 	}
 	for _, tc := range cases {

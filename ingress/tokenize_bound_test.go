@@ -180,7 +180,7 @@ func TestBatchPromptLimitIsPerPrompt(t *testing.T) {
 		{"one text over the limit", string(mustJSON(t, []string{short, long})), ``, 400, "over 200"},
 		{"texts truncated under the limit", string(mustJSON(t, []string{long, long})), `,"truncate_prompt_tokens":100`, 200, ""},
 		{"ids each under the limit", "[" + ids(150) + "," + ids(150) + "]", ``, 200, ""},
-		{"ids, one over the limit", "[" + ids(150) + "," + ids(250) + "]", ``, 400, "prompt[1] has 250 prompt tokens, limit is 200"},
+		{"ids, one over the limit", "[" + ids(150) + "," + ids(250) + "]", ``, 400, "maximum context length is 200 tokens, and prompt[1] has 250 prompt tokens"},
 		{"ids truncated under the limit", "[" + ids(250) + "," + ids(250) + "]", `,"truncate_prompt_tokens":100`, 200, ""},
 	} {
 		st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"bert","max_tokens":2,"prompt":`+tc.prompt+tc.extra+`}`)

@@ -409,7 +409,7 @@ func (c *call) tokenizeStopped(err error) (fallback bool, _ error) {
 	case errors.Is(err, tokenizer.ErrTooManyTokens):
 		m.tokenizeStoppedTooLong.Inc()
 		lim := c.promptLimit()
-		return false, promptTooLong(c.ep, "over %d prompt tokens, limit is %d", lim, lim)
+		return false, promptTooLong(c.ep, "the maximum context length is %d tokens, and the request has over %d prompt tokens", lim, lim)
 	case errors.Is(err, tokenizer.ErrDeadline):
 		m.tokenizeStoppedBudget.Inc()
 		c.s.log.Debug("prompt over the tokenize budget; routed as untokenized", "model", c.model, "budget", c.s.cfg.TokenizeBudget)
