@@ -233,6 +233,13 @@ func appendInputItem(b, item []byte, i int) (_ []byte, added bool, err error) {
 		return append(b, '}'), true, nil
 	case `"reasoning"`:
 		return b, false, nil
+	case `"item_reference"`:
+		// vLLM renders input items as messages and keeps no items to
+		// refer to (its store holds whole responses, for
+		// previous_response_id): an engine would render it as an empty
+		// message. The AI SDK sends these for a stored conversation's
+		// earlier turns unless told not to store.
+		return b, false, badRequest(param(".type"), fmt.Errorf(`%w: %s "item_reference" is not supported: the engine keeps no items to refer to; send the item itself (the Vercel AI SDK: providerOptions.openai.store = false) or continue with previous_response_id`, ErrBadRequest, param(".type")))
 	case "", `"message"`:
 	default:
 		return b, false, badRequest(param(".type"), fmt.Errorf("%w: %s %s is not supported", ErrBadRequest, param(".type"), typ))

@@ -53,6 +53,9 @@ func TestResponsesRequest(t *testing.T) {
 		{name: "only reasoning", body: `{"model":"m","input":[{"type":"reasoning"}]}`, wantErr: "no messages", param: "input"},
 		{name: "item not object", body: `{"model":"m","input":["x"]}`, wantErr: "input[0] must be an object", param: "input[0]"},
 		{name: "unknown item", body: `{"model":"m","input":[{"type":"computer_call"}]}`, wantErr: "not supported", param: "input[0].type"},
+		// The AI SDK's stored-conversation reference: refused saying how to send the item.
+		{name: "item reference", body: `{"model":"m","input":[{"role":"user","content":"a"},{"type":"item_reference","id":"msg_1"}]}`,
+			wantErr: "providerOptions.openai.store = false", param: "input[1].type"},
 		{name: "no role", body: `{"model":"m","input":[{"content":"x"}]}`, wantErr: "role is required", param: "input[0].role"},
 		{name: "bad call", body: `{"model":"m","input":[{"type":"function_call","call_id":"c","name":"n"}]}`, wantErr: "needs string call_id, name and arguments", param: "input[0]"},
 		{name: "bad output", body: `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":1}]}`, wantErr: "needs string call_id and output", param: "input[0]"},
