@@ -348,6 +348,12 @@ func TestMetricsParseAndMove(t *testing.T) {
 			t.Errorf("%s: missing or not a counter", name)
 		}
 	}
+	// The runtime's and the process's series, as every kvmesh process's.
+	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes"} {
+		if _, ok := m0["type:"+name]; !ok {
+			t.Errorf("%s missing from /metrics", name)
+		}
+	}
 	e := "{engine=0}"
 	// A long streaming request is visible as running while it streams.
 	done := make(chan streamResult, 1)

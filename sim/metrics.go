@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/sim/engine"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Histogram buckets as vLLM defines them (vllm/v1/metrics/loggers.py).
@@ -30,6 +31,10 @@ type metrics struct {
 
 func newMetrics(s *Server) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
+	// The Go runtime's and the process's series, as every kvmesh process
+	// exports (vLLM exports python_* and process_*): a soak reads the
+	// simulator's goroutines and memory there.
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	labels := []string{"model_name", "engine"}
 	hist := func(name, help string, b []float64) *prometheus.HistogramVec {
 		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: b}, labels)

@@ -141,9 +141,16 @@ func secretEnvFlag(fs *flag.FlagSet, dst *string, name, env, usage string) {
 }
 
 // List binds a comma-separated list flag onto dst (empty items dropped).
+// The flag's first use replaces dst (a default, or a config file's list);
+// a repeat adds to it, as --engine does: "--join a --join b" is both seeds,
+// not the last alone.
 func List(fs *flag.FlagSet, dst *[]string, name, usage string) {
+	given := false
 	fs.Var(&funcValue{def: strings.Join(*dst, ","), set: func(s string) error {
-		*dst = commaList(s)
+		if !given {
+			*dst, given = nil, true
+		}
+		*dst = append(*dst, commaList(s)...)
 		return nil
 	}}, name, usage)
 }

@@ -20,7 +20,7 @@ const Redacted = "redacted"
 // token default to $KVMESH_NATS_PASSWORD and $KVMESH_NATS_TOKEN so they stay
 // out of process listings; help never shows them (secretflag).
 func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
-	fs.Var((*urlList)(urls), "nats", urlHelp)
+	fs.Var(&urlList{l: urls}, "nats", urlHelp)
 	fs.StringVar(&a.User, "nats-user", a.User, "NATS user")
 	secretflag.Var(fs, &a.Password, "nats-password", "KVMESH_NATS_PASSWORD", "NATS `password`")
 	secretflag.Var(fs, &a.Token, "nats-token", "KVMESH_NATS_TOKEN", "NATS `token`")
@@ -36,21 +36,28 @@ func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
 		fmt.Sprintf("unanswered pings after which the NATS connection is stale and redialed (0: %d)", DefaultMaxPingsOutstanding))
 }
 
-// urlList is a comma-separated list flag; setting it replaces the default.
-type urlList []string
-
-func (l *urlList) String() string {
-	if l == nil {
-		return ""
-	}
-	return strings.Join(RedactURLs(*l), ",")
+// urlList is a comma-separated list flag: its first use replaces the
+// default (or a config file's list), a repeat adds to it ("--nats a --nats
+// b" is both servers, not the last alone).
+type urlList struct {
+	l     *[]string
+	given bool
 }
 
-func (l *urlList) Set(s string) error {
-	*l = (*l)[:0]
-	for _, u := range strings.Split(s, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			*l = append(*l, u)
+func (u *urlList) String() string {
+	if u == nil || u.l == nil {
+		return ""
+	}
+	return strings.Join(RedactURLs(*u.l), ",")
+}
+
+func (u *urlList) Set(s string) error {
+	if !u.given {
+		*u.l, u.given = nil, true
+	}
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*u.l = append(*u.l, v)
 		}
 	}
 	return nil
