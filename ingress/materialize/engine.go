@@ -383,6 +383,18 @@ func (m *Materializer) forgetLocked(e *engineState, reason string) {
 // logged (once per streak) and kvmesh_materializer_failing_engines counts it.
 const failingSnapshots = 3
 
+// failingLocked reports whether e counts as failing: failingSnapshots
+// failures in a row, of an engine gossip lists (or of any engine without
+// gossip). An engine known only from the delta stream's subjects (a
+// restarted ingress finds every engine of the stream's last max age, the
+// pods of the last rollout among them) that gossip does not list has most
+// likely left: its snapshots fail with nobody to answer, and it is
+// forgotten once no delta came for ten snapshot timeouts. Counted, it
+// would raise the alert on every ingress restart after a rollout.
+func (m *Materializer) failingLocked(e *engineState) bool {
+	return e.failures >= failingSnapshots && (m.cfg.Membership == nil || e.inGossip)
+}
+
 // Synced reports whether the initial discovery is done and every known
 // engine has been snapshotted (engines that failed three times in a row do
 // not hold readiness hostage: they are logged, counted in

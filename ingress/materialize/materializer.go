@@ -85,7 +85,7 @@ func New(cfg Config) (*Materializer, error) {
 			defer m.mu.Unlock()
 			n := 0
 			for _, e := range m.engines {
-				if e.failures >= failingSnapshots {
+				if m.failingLocked(e) {
 					n++
 				}
 			}
@@ -635,7 +635,10 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		}
 		m.met.snapshots.WithLabelValues(result).Inc()
 		e.failures++
-		if e.failures == failingSnapshots {
+		if e.failures == failingSnapshots && !m.failingLocked(e) {
+			m.log.Info("snapshots of an engine gossip does not list keep failing: it has probably left, and is forgotten once no delta comes for a while",
+				"engine", e.id, "failures", e.failures, "result", result)
+		} else if e.failures == failingSnapshots {
 			// From here Synced no longer waits for the engine: say so once.
 			m.log.Warn("snapshots of an engine keep failing: readiness no longer waits for it, and its index entries stay as they were (empty if never synced) until one succeeds",
 				"engine", e.id, "failures", e.failures, "result", result, "err", err)

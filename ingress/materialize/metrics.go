@@ -109,7 +109,7 @@ func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_stale_seconds",
 			Help: "How long the index has not followed the sidecars because the NATS connection is down (lost, or found dead by its pings); 0 while connected."}, stale),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_failing_engines",
-			Help: "Engines whose last 3 or more snapshots failed: readiness does not wait for them, their index entries are stale (empty if never synced)."}, failing),
+			Help: "Engines whose last 3 or more snapshots failed (of the engines gossip lists, when there is gossip): readiness does not wait for them, their index entries are stale (empty if never synced)."}, failing),
 	} {
 		if err := reg.Register(col); err != nil {
 			return err
