@@ -62,6 +62,8 @@ type pdState struct {
 	// freed the blocks, before the ACK; false withholds the ACK (the
 	// connection is closed instead).
 	onDone func() bool
+	// firstFrame replaces firstFrameWait (tests only; 0: firstFrameWait).
+	firstFrame time.Duration
 }
 
 // hold is a finished prefill leg's blocks waiting to be read.

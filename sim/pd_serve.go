@@ -54,9 +54,20 @@ func (p *pdState) accept(ln net.Listener, rk *rank) {
 // ones are closed at once (the reader falls back to a local prefill).
 const maxSideConns = 1024
 
+// firstFrameWait bounds the wait for a connection's first frame. A reader
+// sends READ (or WAIT) as soon as it is connected, so a connection silent
+// for this long holds one of the maxSideConns slots for nothing: idle or
+// half-open ones, reopened as they close, would otherwise keep every real
+// transfer out (each used to hold its slot for the 30 s exchange deadline).
+const firstFrameWait = 5 * time.Second
+
 // serveConn answers one read: READ (NIXL) or WAIT (SGLang), then DONE.
 func (p *pdState) serveConn(conn net.Conn, rk *rank) {
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	wait := firstFrameWait
+	if p.firstFrame > 0 {
+		wait = p.firstFrame
+	}
+	_ = conn.SetDeadline(time.Now().Add(wait))
 	br := bufio.NewReader(conn)
 	typ, body, err := readFrame(br, nil)
 	if err != nil {
@@ -66,6 +77,7 @@ func (p *pdState) serveConn(conn net.Conn, rk *rank) {
 		}
 		return
 	}
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second)) // the exchange's reply
 	var h *hold
 	var em *errorMsg
 	switch {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -575,6 +576,33 @@ func TestSideChannelRejectsGarbage(t *testing.T) {
 	}
 	if p.HeldRequests(0) != 1 || pr.KVTransferParams == nil {
 		t.Fatal("garbage changed the held blocks")
+	}
+}
+
+// A connection that sends no frame is closed after the first-frame wait,
+// so idle or half-open connections cannot hold the side channel's slots
+// (each held one for the 30 s exchange deadline, and a thousand of them kept
+// every real read out: tester h-pdload). A real read still works after.
+func TestSideChannelClosesSilentConnections(t *testing.T) {
+	p := startSim(t, nixlConfig)
+	p.pd.firstFrame = 50 * time.Millisecond
+	conn, err := net.DialTimeout("tcp", p.SideChannelAddr(0), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte{0, 0}); err != nil { // part of a frame header, then nothing
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(waitLong))
+	if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read on a silent connection: %v; want it closed by the sim", err)
+	}
+	d := startSim(t, nixlConfig)
+	prompt := tokens(4, 90)
+	_, pr, _ := postPD(t, p, prefillLeg(prompt))
+	if code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 3)); code != 200 || dr.Usage.PromptTokensDetails.CachedTokens == 0 {
+		t.Fatalf("decode leg after the silent connection: %d %s", code, raw)
 	}
 }
 
