@@ -62,8 +62,9 @@ type pdState struct {
 	// freed the blocks, before the ACK; false withholds the ACK (the
 	// connection is closed instead).
 	onDone func() bool
-	// firstFrame replaces firstFrameWait (tests only; 0: firstFrameWait).
-	firstFrame time.Duration
+	// firstFrame replaces firstFrameWait (tests only, set while serving:
+	// ns; 0: firstFrameWait).
+	firstFrame atomic.Int64
 }
 
 // hold is a finished prefill leg's blocks waiting to be read.

@@ -64,8 +64,8 @@ const firstFrameWait = 5 * time.Second
 // serveConn answers one read: READ (NIXL) or WAIT (SGLang), then DONE.
 func (p *pdState) serveConn(conn net.Conn, rk *rank) {
 	wait := firstFrameWait
-	if p.firstFrame > 0 {
-		wait = p.firstFrame
+	if d := time.Duration(p.firstFrame.Load()); d > 0 {
+		wait = d
 	}
 	_ = conn.SetDeadline(time.Now().Add(wait))
 	br := bufio.NewReader(conn)

@@ -585,7 +585,7 @@ func TestSideChannelRejectsGarbage(t *testing.T) {
 // every real read out: tester h-pdload). A real read still works after.
 func TestSideChannelClosesSilentConnections(t *testing.T) {
 	p := startSim(t, nixlConfig)
-	p.pd.firstFrame = 50 * time.Millisecond
+	p.pd.firstFrame.Store(int64(50 * time.Millisecond))
 	conn, err := net.DialTimeout("tcp", p.SideChannelAddr(0), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
