@@ -128,7 +128,8 @@ func (o *Options) Build(log *slog.Logger) (Config, error) {
 // Run serves the simulator until ctx ends: it writes its HTTP URL and
 // every rank's event endpoints to stdout and logs to stderr.
 func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
-	cfg, err := o.Build(logutil.New(stderr, o.LogFormat, o.LogLevel))
+	log := logutil.New(stderr, o.LogFormat, o.LogLevel)
+	cfg, err := o.Build(log)
 	if err != nil {
 		return err
 	}
@@ -139,7 +140,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if cfg.KVEvents != "" && !kvevents.PublisherBinds(cfg.KVEvents) {
 		// vLLM's rule: an endpoint without a wildcard host or port is connected
 		// to, not bound; a subscriber that also connects would see no events.
-		fmt.Fprintf(stderr, "kvmesh sim: the KV-event PUB connects to %s (vLLM's rule); subscribers must bind it, or use tcp://*:PORT to bind here\n", cfg.KVEvents)
+		// Through the logger: with --log-format json, stderr holds JSON lines only.
+		log.Warn("the KV-event PUB connects to its endpoint (vLLM's rule); subscribers must bind it, or use tcp://*:PORT to bind here",
+			"endpoint", cfg.KVEvents)
 	}
 	fmt.Fprintf(stdout, "http %s\n", srv.URL())
 	for r := 0; r < srv.DP(); r++ {
