@@ -15,7 +15,11 @@ import (
 // The /debug/* endpoints below are served on the admin listener only
 // (admin.go): they show internal engine URLs and configuration.
 
-// handleDebugEngines shows every engine with its load as this replica sees it.
+// handleDebugEngines shows every engine with its load as this replica's
+// scheduler sees it: gossip's view with this replica's own requests added
+// (addLocalLoad: InFlight, LocalPrefillTokens, LocalActiveTokens, and TTFT
+// and TPOT when gossip carries none), not the membership copy alone, whose
+// scheduler-side fields are zeros.
 func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 	type engine struct {
 		EngineInfo
@@ -35,11 +39,13 @@ func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 		e.URL = natsutil.RedactURL(e.URL)
 		e.PrefillOnly = e.prefillOnly() // as the scheduler sees it (SGLang's prefill servers)
 		en := engine{EngineInfo: e, LocalInFlight: s.ups.inflight(e.ID)}
+		now := time.Now()
 		s.ups.mu.RLock()
 		if up := s.ups.m[e.ID]; up != nil {
 			en.Requests, en.Failures = up.total.Load(), up.failures.Load()
-			ttft, tpot := up.lat.get(time.Now())
+			ttft, tpot := up.lat.get(now)
 			en.RecentTTFT, en.RecentTPOT = ttft.Seconds(), tpot.Seconds()
+			addLocalLoad(&en.Engine, up, now)
 		}
 		s.ups.mu.RUnlock()
 		en.Learned = s.learned(e.ID)

@@ -84,6 +84,7 @@ type call struct {
 	upConn                       *idleConn // the attempt's upstream connection, held until the answer commits (proxy.go)
 	finishOnce                   sync.Once
 	engineEnded                  bool      // endEngine ran (sendAnswer: before the answer is written)
+	took                         bool      // an engine took the request: its answer committed with a 200 head (tokens_total)
 	rt                           routeCall // model route (route.go)
 	lc                           learnCall // the cost learner's samples (learn.go)
 
@@ -187,7 +188,6 @@ func (c *call) prepare(ctx *fasthttp.RequestCtx) error {
 	s.m.stageParse.Observe(c.tParse.Seconds())
 	s.m.stageTokenize.Observe(c.tTokenize.Seconds())
 	s.m.stageSchedule.Observe(c.tSchedule.Seconds())
-	s.m.tokensIn.Add(float64(c.promptTokens))
 	return nil
 }
 
@@ -381,13 +381,7 @@ func (c *call) addCandidate(e *EngineInfo) {
 	eng := e.Engine
 	eng.PrefillOnly = e.prefillOnly()
 	if up := c.s.ups.lookup(e.ID); up != nil {
-		n, pre, act := up.load()
-		eng.InFlight += n
-		eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
-		if eng.TTFT == 0 && eng.TPOT == 0 {
-			// Gossip carries no latencies: this replica's own (latency.go).
-			eng.TTFT, eng.TPOT = up.lat.get(c.start)
-		}
+		addLocalLoad(&eng, up, c.start)
 		if up.wrong.n.Load() > 0 && up.url == e.URL {
 			// The engine lately denied the adapter (wrongmodel.go).
 			if m, adapter := c.sentModel(); adapter && up.wrong.has(m, c.start) {
@@ -398,6 +392,21 @@ func (c *call) addCandidate(e *EngineInfo) {
 	c.cands = append(c.cands, eng)
 	c.urls = append(c.urls, e.URL)
 	c.ctxLens = append(c.ctxLens, e.MaxModelLen)
+}
+
+// addLocalLoad adds to eng, an engine as gossip describes it, what this
+// replica knows of it itself: its requests in flight here, the prompt
+// tokens they charge to its prefill and active set, and, when gossip
+// carries no latencies, the TTFT and TPOT its streams here saw
+// (latency.go). The scheduler ranks engines so (addCandidate), and
+// /debug/engines shows them so (debug.go).
+func addLocalLoad(eng *scheduler.Engine, up *upstream, now time.Time) {
+	n, pre, act := up.load()
+	eng.InFlight += n
+	eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
+	if eng.TTFT == 0 && eng.TPOT == 0 {
+		eng.TTFT, eng.TPOT = up.lat.get(now)
+	}
 }
 
 // admit applies the prompt-length limit, the token rate limits and the
@@ -718,13 +727,26 @@ func (c *call) endEngine(total time.Duration) {
 	}
 	c.policyDone()
 	c.settleBudget() // whatever the status
+
+	if c.took || c.status == 200 {
+		// One rule for both directions (kvmesh_ingress_tokens_total): a
+		// request an engine took (c.status alone: a picker's answer,
+		// pick.go), whatever became of its answer after (a client gone
+		// mid-stream, an engine broken mid-stream). Its
+		// prompt as counted (promptCount; a refused prompt, or a guess,
+		// never), and the output its client was sent, as the access log
+		// says it.
+		if n, ok := c.promptCount(); ok {
+			s.m.tokensIn.Add(float64(n))
+		}
+		s.m.tokensOut.Add(float64(c.outTokens))
+	}
 	if c.status != 200 {
 		return
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 && c.engine != "" {
 		s.deps.Affinity.Remember(string(c.req.sessionID), c.engine)
 	}
-	s.m.tokensOut.Add(float64(c.outTokens))
 	perPrompt := c.outTokens / max(1, c.seqs)  // one sequence's answer
 	s.outLens.observe(c.sreq.Model, perPrompt) // outlen.go
 	if s.outs != nil && perPrompt > 0 && !c.sentAt.IsZero() {
@@ -755,7 +777,10 @@ func (c *call) endClient(total time.Duration) {
 	ep := c.ep.String()
 	s.m.requests.WithLabelValues(ep, s.m.status(c.status)).Inc()
 	s.m.durationBy[c.ep].Observe(total.Seconds())
-	if c.ttft > 0 {
+	if c.ttft > 0 && c.req.stream {
+		// A streamed answer's first event; a non-streamed answer's first
+		// byte comes with its last token, its whole time, and is left out:
+		// the histogram reads as time to first token (docs/OPERATIONS.md).
 		s.m.ttftBy[c.ep].Observe(c.ttft.Seconds())
 	}
 	if s.alog != nil {
@@ -779,8 +804,20 @@ func (c *call) policyDone() {
 	c.picked = ""
 }
 
+// promptCount is the request's prompt tokens as counted (the access log's
+// prompt_tokens, kvmesh_ingress_tokens_total{direction="in"}): a generation
+// request's as tokenized for routing; an endpoint passed through
+// (passthrough.go) only by the usage its engine's answer reported, never by
+// the size estimate its limits and load charge use (ok false: not known).
+func (c *call) promptCount() (n int, ok bool) {
+	if c.ep == epOther {
+		return c.engPrompt, c.engPrompt > 0
+	}
+	return c.promptTokens, true
+}
+
 func (c *call) logAccess(total time.Duration) {
-	prompt := c.promptTokens
+	prompt, promptKnown := c.promptCount()
 	_, adapter := c.adapterOf()
 	attrs := [...]slog.Attr{
 		slog.String("ingress", c.s.cfg.ID),
@@ -798,7 +835,7 @@ func (c *call) logAccess(total time.Duration) {
 		slog.Int("matched_cpu", c.match.CPU-c.match.GPU),
 		slog.Int("matched_other", c.match.Other-c.match.CPU),
 		slog.Int("matched_spec", c.match.Spec-c.match.Other),
-		slog.Int("prompt_tokens", prompt),
+		slog.Int("prompt_tokens", prompt), // dropped below when not known (promptCount)
 		slog.Int("output_tokens", c.outTokens),
 		slog.Bool("stream", c.req.stream),
 		slog.String("key", c.keyID),
@@ -818,10 +855,18 @@ func (c *call) logAccess(total time.Duration) {
 		{}, // engine_request_id when the engine answered another id
 	}
 	n := len(attrs) - 1
+	if !promptKnown {
+		// An estimate is no count: the field is left out (promptAttr: its index).
+		copy(attrs[promptAttr:n], attrs[promptAttr+1:n])
+		n--
+	}
 	if len(c.engineReqID) > 0 {
 		attrs[n], n = slog.String("engine_request_id", string(c.engineReqID)), n+1
 	}
 	c.s.alog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs[:n]...)
 }
+
+// promptAttr is prompt_tokens's index in logAccess's attributes.
+const promptAttr = 15
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -51,7 +51,9 @@ type metrics struct {
 // streams for minutes (each gap bounded by the 5 min idle timeout), after
 // up to 30 s of admission wait, so the buckets go to 30 min and a
 // percentile over a minute is still known.
-var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+// Between 1 s and 5 s, where TTFT objectives and short answers sit, the
+// steps are half a second or a second: a p99 there reads within a step.
+var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 1.5, 2, 2.5, 3, 4, 5, 10, 30, 60, 120, 300, 600, 1800}
 
 func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() float64, engines func() float64) *metrics {
 	constLabels := prometheus.Labels{"ingress": id}
@@ -59,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_requests_total",
 			Help: "Requests answered, by endpoint and HTTP status.", ConstLabels: constLabels}, []string{"endpoint", "status"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_ttft_seconds",
-			Help: "Time from request arrival to the first upstream body byte.", ConstLabels: constLabels, Buckets: latencyBuckets}, []string{"endpoint"}),
+			Help: "Time from request arrival to the first event of a streamed answer (non-streamed answers are left out: their first token is not seen).", ConstLabels: constLabels, Buckets: latencyBuckets}, []string{"endpoint"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_request_duration_seconds",
 			Help: "Time from request arrival to the end of the response.", ConstLabels: constLabels, Buckets: latencyBuckets}, []string{"endpoint"}),
 		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_ingress_stage_seconds",
@@ -68,13 +70,13 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 			// fallback (--engine-tokenize-timeout, 250 ms by default).
 			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05, .1, .25, .5, 1}}, []string{"stage"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_tokens_total",
-			Help: "Prompt (in) and completion (out) tokens.", ConstLabels: constLabels}, []string{"direction"}),
+			Help: "Tokens of requests an engine took (a 200 head, a stream cut later included): their prompt tokens (in; an embeddings-family answer only by its reported usage) and the output tokens the client was sent (out, as the access log's output_tokens).", ConstLabels: constLabels}, []string{"direction"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_upstream_attempts_total",
-			Help: "Upstream attempts by result (ok, connect_error, connect_timeout, local_error, client_cert_refused, credential_refused, protocol_error, timeout, first_byte_timeout, status_429, status_5xx, status_4xx, wrong_model, routing_loop, empty_response, stream_error).", ConstLabels: constLabels}, []string{"result"}),
+			Help: "Upstream attempts by result, one per attempt (ok, connect_error, connect_timeout, local_error, client_cert_refused, credential_refused, protocol_error, timeout, first_byte_timeout, status_429, status_5xx, status_4xx, wrong_model, routing_loop, empty_response, client_gone, pd_prefill_failed; a stream counts when it ends: stream_error when it broke, else ok).", ConstLabels: constLabels}, []string{"result"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_routing_decisions_total",
 			Help: "Routing decisions by policy and reason.", ConstLabels: constLabels}, []string{"policy", "reason"}),
 		matchRatio: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_ingress_prefix_match_ratio",
-			Help: "Matched prefix blocks (any tier) on the chosen engine / full blocks of the prompt.", ConstLabels: constLabels,
+			Help: "Matched prefix blocks (any tier) on the chosen engine / full blocks of the prompt; a prompt with no full block (or not keyed) is not observed.", ConstLabels: constLabels,
 			Buckets: []float64{0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, 1}}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_ingress_inflight_requests",
 			Help: "Requests this replica is serving now.", ConstLabels: constLabels}),
@@ -122,7 +124,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 	reg.MustRegister(m.requests, m.ttft, m.duration, m.stage, m.tokens, m.attempts, m.decisions, m.matchRatio, m.inflight, m.streamErrors, m.renderFallbacks, m.tokenizeStopped, m.acceptErrors, m.upstreamTLS, m.loops, m.bodyBytes, m.bodyRefused)
 	if indexKeys != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_keys",
-			Help: "Keys in the local index (all engines and tiers).", ConstLabels: constLabels}, indexKeys))
+			Help: "(key, engine) entries in the local index, all tiers: the sum of the engines' key sets (kvmesh_index_keys counts distinct keys).", ConstLabels: constLabels}, indexKeys))
 	}
 	if propLag != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_propagation_lag_seconds",

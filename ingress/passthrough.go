@@ -12,7 +12,10 @@ package ingress
 
 // passthrough sets what the request path needs of an endpoint it does not
 // parse: no tokens, and a prompt-size estimate from the body for limits and
-// the load charge.
+// the load charge. The estimate is no count: the access log's prompt_tokens
+// and kvmesh_ingress_tokens_total{direction="in"} take the usage the
+// engine's answer reports (embeddings, pooling, score), or nothing
+// (promptCount: /tokenize, /detokenize, a failed request).
 func (c *call) passthrough() {
 	c.req.stream = false // these answer one JSON body
 	c.tokens = nil

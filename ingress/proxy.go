@@ -520,8 +520,14 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 	c.endAttempt(up)
 	c.s.m.attemptOK.Inc()
 	c.s.health.ok(up, c.attemptAt)
+	c.took = true
 	c.outTokens = usageCompletionTokens(out)
 	c.readUsage(out) // tokencheck.go
+	if c.ep == epOther && hasUsage(out) {
+		// An embeddings-family answer's usage: its prompt tokens as the
+		// engine counted them (promptCount), the only count there is.
+		c.engPrompt = usagePromptTokens(c.ep, out)
+	}
 	if c.ep == epResponses || c.ep == epMessages {
 		if i := bytes.LastIndex(out, outTokensKey); i >= 0 {
 			c.outTokens = uintAt(out, i+len(outTokensKey))
@@ -534,7 +540,7 @@ func (c *call) relayBufferedOK(ctx *fasthttp.RequestCtx, up *upstream, resp *fas
 		out = completionToChat(nil, out)
 	}
 	c.status = fasthttp.StatusOK
-	c.s.m.matchRatio.Observe(c.matchRatio())
+	c.observeMatch()
 	c.sendAnswer(ctx, buf, out) // answerbody.go: finished once written
 	return true, nil
 }
@@ -616,6 +622,15 @@ func (c *call) matchRatio() float64 {
 	return min(float64(c.match.Spec)/float64(len(c.keys)), 1)
 }
 
+// observeMatch records the answer's prefix match ratio, unless its prompt
+// has no full block (or was not keyed): nothing could match, and a 0 would
+// read as a miss.
+func (c *call) observeMatch() {
+	if len(c.keys) > 0 {
+		c.s.m.matchRatio.Observe(c.matchRatio())
+	}
+}
+
 // startStream reads up to the first complete SSE event before committing:
 // an engine that dies during prefill is still retried. Then the response
 // streams through, event by event.
@@ -678,13 +693,14 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	c.firstByte(up)
 	if !reqErr {
 		c.learnFirstToken(up) // an error is no first token
+		c.took = true         // a request refused in its first event was not taken
 	}
-	c.s.m.attemptOK.Inc()
-	// The engine's health hears of the attempt when the stream ends
-	// (proxyStream.endWith): one that breaks mid-way is no success, and a
-	// success here reset the ejection backoff of an engine that breaks
-	// every stream, readmitting it at the shortest ejection time each time.
-	c.s.m.matchRatio.Observe(c.matchRatio())
+	// The engine's health, and the attempts metric, hear of the attempt
+	// when the stream ends (proxyStream.endWith, CloseWithError): one that
+	// breaks mid-way is no success (one result per attempt), and a success
+	// here reset the ejection backoff of an engine that breaks every
+	// stream, readmitting it at the shortest ejection time each time.
+	c.observeMatch()
 	c.status = fasthttp.StatusOK
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/event-stream")

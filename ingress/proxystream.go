@@ -45,7 +45,8 @@ type proxyStream struct {
 	nextSeq  int          // named: the sequence_number after the last one relayed
 	sentRole bool
 	closed   bool
-	errCode  int // the first error event's code (errorEvent), 0 for none
+	broke    bool // counted as a stream_error attempt (endWith); else ok when it closes
+	errCode  int  // the first error event's code (errorEvent), 0 for none
 }
 
 // maxPooledOut bounds the converted-events buffer a pooled stream keeps
@@ -273,6 +274,7 @@ func (p *proxyStream) endWith(err error) {
 	} else {
 		c.s.m.streamErrors.Inc()
 		c.s.m.attempts.WithLabelValues("stream_error").Inc()
+		p.broke = true      // its one result (CloseWithError counts the others ok)
 		c.streamBroke(p.up) // counts toward the engine's ejection (health.go)
 		c.errMsg = "upstream stream broke: " + err.Error()
 		// The client's event names the engine by id, not by address
@@ -463,6 +465,12 @@ func (p *proxyStream) CloseWithError(werr error) error {
 		c.status = 499
 	} else if p.errCode != 0 && c.status == fasthttp.StatusOK {
 		c.failedInStream(p.errCode)
+	}
+	if !p.broke {
+		// The attempt's one result (startStream counts none at the
+		// commit): the engine served it, to its end or until the client
+		// or the drain cut it.
+		c.s.m.attemptOK.Inc()
 	}
 	_ = p.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(p.resp)
