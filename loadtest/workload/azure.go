@@ -1,8 +1,8 @@
 package workload
 
 import (
+	"cmp"
 	"encoding/csv"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -26,12 +26,12 @@ import (
 // of the requests starts with one of Groups shared prefixes (Zipf
 // popularity with exponent ZipfS; prefix g is PrefixMin..PrefixMax
 // tokens, drawn once per prefix, cut to the request's length), and the
-// rest of every prompt is its own. Arrival times and lengths are the
-// trace's.
+// rest of every prompt is its own. Arrival times (from the earliest row;
+// rows in any order) and lengths are the trace's.
 type Azure struct {
 	// RateScale divides arrival times (0: 1; negative, NaN, Inf: error).
 	RateScale float64
-	// Limit keeps the first Limit requests (0: all; negative: error).
+	// Limit keeps the Limit earliest requests (0: all; negative: error).
 	Limit int
 	// Groups shared prefixes (default 32), PrefixMin..PrefixMax tokens
 	// long (defaults 256 and 2,048), Share of requests carrying one
@@ -128,7 +128,17 @@ func (c *Azure) defaults() error {
 	return nil
 }
 
+// azureRow is one row read: its timestamp, lengths, line, and arrival
+// (from the earliest row).
+type azureRow struct {
+	ts      time.Time
+	at      time.Duration
+	in, out int
+	line    int
+}
+
 // Read parses a trace. Every malformed row is an error naming the line.
+// Rows may come in any order: requests are sorted by arrival.
 func (c Azure) Read(r io.Reader) ([]Request, error) {
 	if err := c.defaults(); err != nil {
 		return nil, err
@@ -149,9 +159,8 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = -1 // checked against the columns below
 	cr.ReuseRecord = true
-	cols, headerless := [3]int{0, 1, 2}, true
-	var reqs []Request
-	var t0 time.Time
+	cols, width := [3]int{0, 1, 2}, 3 // width: the fields a row has (the header's)
+	var rows []azureRow
 	for line := 1; ; line++ {
 		rec, err := cr.Read()
 		if err == io.EOF {
@@ -166,53 +175,66 @@ func (c Azure) Read(r io.Reader) ([]Request, error) {
 				return nil, fmt.Errorf("%w: azure trace line 1: %w", ErrBadWorkload, err)
 			}
 			if header {
-				headerless = false
+				width = len(rec)
 				continue
 			}
 		}
-		if len(rec) <= max(cols[0], cols[1], cols[2]) || (headerless && len(rec) != 3) {
-			return nil, fmt.Errorf("%w: azure trace line %d: %d fields", ErrBadWorkload, line, len(rec))
+		if len(rec) != width {
+			return nil, fmt.Errorf("%w: azure trace line %d: %d fields, want %d (as the header or, without one, timestamp, prompt and output tokens)", ErrBadWorkload, line, len(rec), width)
 		}
 		ts, err := parseTraceTime(strings.TrimSpace(rec[cols[0]]))
 		if err != nil {
 			return nil, fmt.Errorf("%w: azure trace line %d: timestamp: %w", ErrBadWorkload, line, err)
 		}
-		in, err1 := strconv.Atoi(strings.TrimSpace(rec[cols[1]]))
-		out, err2 := strconv.Atoi(strings.TrimSpace(rec[cols[2]]))
-		if err := errors.Join(err1, err2); err != nil || in <= 0 || out < 0 {
-			return nil, fmt.Errorf("%w: azure trace line %d: prompt tokens %q, output tokens %q", ErrBadWorkload, line, rec[cols[1]], rec[cols[2]])
+		in, err := strconv.Atoi(strings.TrimSpace(rec[cols[1]]))
+		if err != nil || in <= 0 {
+			return nil, fmt.Errorf("%w: azure trace line %d: prompt tokens %q: must be an integer > 0", ErrBadWorkload, line, rec[cols[1]])
+		}
+		out, err := strconv.Atoi(strings.TrimSpace(rec[cols[2]]))
+		if err != nil || out < 0 {
+			return nil, fmt.Errorf("%w: azure trace line %d: output tokens %q: must be an integer ≥ 0", ErrBadWorkload, line, rec[cols[2]])
 		}
 		if in > MaxTraceTokens || out > MaxTraceTokens {
 			return nil, fmt.Errorf("%w: azure trace line %d: prompt tokens %d, output tokens %d: a row may hold at most %d tokens each (workload.MaxTraceTokens)", ErrBadWorkload, line, in, out, MaxTraceTokens)
 		}
-		if len(reqs) == 0 {
-			t0 = ts
+		rows = append(rows, azureRow{ts: ts, in: in, out: out, line: line})
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: the azure trace has no requests", ErrBadWorkload)
+	}
+	// Rows in any order, as the Mooncake reader takes them: arrivals count
+	// from the earliest, the rows sorted by them (stably; finish then
+	// orders ties by session, as for every generated workload), and Limit
+	// keeps the earliest.
+	t0 := rows[0].ts
+	for _, r := range rows {
+		if r.ts.Before(t0) {
+			t0 = r.ts
 		}
-		at := ts.Sub(t0)
-		if at == math.MaxInt64 {
-			return nil, fmt.Errorf("%w: azure trace line %d: timestamps span more than time.Duration holds", ErrBadWorkload, line)
+	}
+	for i := range rows {
+		if rows[i].at = rows[i].ts.Sub(t0); rows[i].at == math.MaxInt64 {
+			return nil, fmt.Errorf("%w: azure trace line %d: timestamps span more than time.Duration holds", ErrBadWorkload, rows[i].line)
 		}
-		if at < 0 || (len(reqs) > 0 && at < reqs[len(reqs)-1].Arrival) {
-			return nil, fmt.Errorf("%w: azure trace line %d: timestamps go backwards", ErrBadWorkload, line)
-		}
+	}
+	slices.SortStableFunc(rows, func(a, b azureRow) int { return cmp.Compare(a.at, b.at) })
+	if c.Limit > 0 && len(rows) > c.Limit {
+		rows = rows[:c.Limit]
+	}
+	reqs := make([]Request, 0, len(rows))
+	for _, row := range rows {
 		id := uint64(len(reqs))
 		segs := make([]segment, 0, 2)
 		g := -1
 		if c.Groups > 0 && rng.Float64() < c.Share {
 			g = int(zipf.Uint64())
-			segs = append(segs, seg(streamSystem, uint64(g), min(plen[g], in)))
+			segs = append(segs, seg(streamSystem, uint64(g), min(plen[g], row.in)))
 		}
-		if rest := in - segTokens(segs); rest > 0 {
+		if rest := row.in - segTokens(segs); rest > 0 {
 			segs = append(segs, seg(streamUnique, id, rest))
 		}
-		reqs = append(reqs, Request{Arrival: at, PromptTokens: in, OutputTokens: max(out, 1), ZeroOutput: out == 0, Group: g,
+		reqs = append(reqs, Request{Arrival: row.at, PromptTokens: row.in, OutputTokens: max(row.out, 1), ZeroOutput: row.out == 0, Group: g,
 			Session: "a" + strconv.FormatUint(id, 10), src: &segSource{seed: c.Seed, segs: segs}})
-		if c.Limit > 0 && len(reqs) == c.Limit {
-			break
-		}
-	}
-	if len(reqs) == 0 {
-		return nil, fmt.Errorf("%w: the azure trace has no requests", ErrBadWorkload)
 	}
 	return finish(reqs, c.RateScale, 0)
 }

@@ -199,7 +199,6 @@ func TestAzure(t *testing.T) {
 		"timestamp":  "2023-11-16 18:15:46.6,1,1\nnope,1,1\n",
 		"fields":     "2023-11-16 18:15:46.6,1\n",
 		"context":    "2023-11-16 18:15:46.6,0,1\n",
-		"backwards":  "2023-11-16 18:15:46.6,1,1\n2023-11-16 18:15:45.6,1,1\n",
 		"empty":      "TIMESTAMP,ContextTokens,GeneratedTokens\n",
 	} {
 		if _, err := (Azure{}).Read(strings.NewReader(bad)); !errors.Is(err, ErrBadWorkload) {

@@ -223,6 +223,9 @@ func (c Mooncake) parse(b []byte, line, idx int, prev map[string]lastTurn, roots
 			return bad("%v", err)
 		}
 		if m.Timestamp != nil { // seconds
+			if sec := *m.Timestamp; !(sec >= 0 && sec <= maxTraceMillis/1000) { // NaN too
+				return bad("timestamp %v: want 0..%g seconds", sec, maxTraceMillis/1000)
+			}
 			ms := *m.Timestamp * 1000
 			m.Timestamp, m.Delay = &ms, nil
 		}
@@ -237,12 +240,12 @@ func (c Mooncake) parse(b []byte, line, idx int, prev map[string]lastTurn, roots
 	switch last, follows := prev[session]; {
 	case m.Timestamp != nil:
 		if !okMillis(*m.Timestamp) {
-			return bad("timestamp %v", *m.Timestamp)
+			return bad("timestamp %v: want 0..%g milliseconds", *m.Timestamp, float64(maxTraceMillis))
 		}
 		row.at = *m.Timestamp
 	case m.Delay != nil && session != "" && follows:
 		if !okMillis(*m.Delay) {
-			return bad("delay %v", *m.Delay)
+			return bad("delay %v: want 0..%g milliseconds", *m.Delay, float64(maxTraceMillis))
 		}
 		row.at, row.prev, row.think = last.at+*m.Delay, last.row, *m.Delay
 	default:
@@ -251,8 +254,11 @@ func (c Mooncake) parse(b []byte, line, idx int, prev map[string]lastTurn, roots
 	if session != "" {
 		prev[session] = lastTurn{at: row.at, row: idx}
 	}
-	if row.in <= 0 || row.out < 0 {
-		return bad("input_length %d, output_length %d", row.in, row.out)
+	if row.in <= 0 {
+		return bad("input_length %d: must be > 0", row.in)
+	}
+	if row.out < 0 {
+		return bad("output_length %d: must be ≥ 0", row.out)
 	}
 	if row.in > MaxTraceTokens || row.out > MaxTraceTokens {
 		return bad("input_length %d, output_length %d: a row may hold at most %d tokens each (workload.MaxTraceTokens)", row.in, row.out, MaxTraceTokens)

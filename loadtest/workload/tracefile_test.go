@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestTraceTokenBound: every trace reader refuses a row longer than
@@ -151,4 +152,80 @@ func TestMooncakeLongLine(t *testing.T) {
 	if reqs, err := (Mooncake{}).Read(strings.NewReader(trace + long + "\n")); err != nil || len(reqs) != 4 {
 		t.Errorf("the same line at the default limit: %v", err)
 	}
+}
+
+// TestTraceMessagesNameTheRule: a refused row's error names its line, the
+// value as the file wrote it and the rule it breaks (before: "trace line
+// 3: input_length -100, output_length 10", and a Bailian timestamp of -1
+// seconds reported as "timestamp -1000"); a CSV row with more fields than
+// the header is refused with its line (it was read silently).
+func TestTraceMessagesNameTheRule(t *testing.T) {
+	moon := func(row string) string {
+		return `{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n" + row + "\n"
+	}
+	for _, c := range []struct {
+		name string
+		read func(string) ([]Request, error)
+		in   string
+		want string
+	}{
+		{"input 0", func(s string) ([]Request, error) { return Mooncake{}.Read(strings.NewReader(s)) },
+			moon(`{"timestamp": 5, "input_length": 0, "output_length": 10}`), "trace line 2: input_length 0: must be > 0"},
+		{"input negative", func(s string) ([]Request, error) { return Mooncake{}.Read(strings.NewReader(s)) },
+			moon(`{"timestamp": 5, "input_length": -100, "output_length": 10}`), "trace line 2: input_length -100: must be > 0"},
+		{"output negative", func(s string) ([]Request, error) { return Mooncake{}.Read(strings.NewReader(s)) },
+			moon(`{"timestamp": 5, "input_length": 10, "output_length": -1}`), "trace line 2: output_length -1: must be ≥ 0"},
+		{"timestamp negative", func(s string) ([]Request, error) { return Mooncake{}.Read(strings.NewReader(s)) },
+			moon(`{"timestamp": -5, "input_length": 10, "output_length": 1}`), "trace line 2: timestamp -5: want 0..1e+15 milliseconds"},
+		{"bailian timestamp in seconds", func(s string) ([]Request, error) { return Mooncake{Bailian: true}.Read(strings.NewReader(s)) },
+			`{"chat_id": 1, "timestamp": 0, "input_length": 10, "output_length": 1}` + "\n" + `{"chat_id": 2, "timestamp": -1.0, "input_length": 10, "output_length": 1}` + "\n",
+			"trace line 2: timestamp -1: want 0..1e+12 seconds"},
+		{"csv prompt tokens", func(s string) ([]Request, error) { return Azure{}.Read(strings.NewReader(s)) },
+			"timestamp,input_length,output_length\n0,10,1\n1,0,10\n", `azure trace line 3: prompt tokens "0": must be an integer > 0`},
+		{"csv output tokens", func(s string) ([]Request, error) { return Azure{}.Read(strings.NewReader(s)) },
+			"timestamp,input_length,output_length\n0,10,1\n1,10,-2\n", `azure trace line 3: output tokens "-2": must be an integer ≥ 0`},
+		{"csv extra field", func(s string) ([]Request, error) { return Azure{}.Read(strings.NewReader(s)) },
+			"timestamp,input_length,output_length\n0,10,1\n1,200,20,99\n", "azure trace line 3: 4 fields, want 3"},
+		{"csv extra field, headerless", func(s string) ([]Request, error) { return Azure{}.Read(strings.NewReader(s)) },
+			"0,10,1\n1,200,20,99\n", "azure trace line 2: 4 fields, want 3"},
+		{"csv short row", func(s string) ([]Request, error) { return Azure{}.Read(strings.NewReader(s)) },
+			"Timestamp,Model,Request tokens,Response tokens\n5,m,1,1\n6,m,1\n", "azure trace line 3: 3 fields, want 4"},
+	} {
+		_, err := c.read(c.in)
+		if !errors.Is(err, ErrBadWorkload) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error with %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestAzureUnsorted: the CSV reader takes rows in any order, as the
+// Mooncake reader does: arrivals count from the earliest row, requests
+// are sorted by them and Limit keeps the earliest
+// (before, a row earlier than the one before it failed: "timestamps go
+// backwards"). A sorted file reads as before.
+func TestAzureUnsorted(t *testing.T) {
+	sorted := "timestamp,input_length,output_length\n10,100,1\n11,200,2\n11,300,3\n12.5,400,4\n"
+	shuffled := "timestamp,input_length,output_length\n12.5,400,4\n11,200,2\n10,100,1\n11,300,3\n"
+	a, err := Azure{Seed: 3}.Read(strings.NewReader(sorted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Azure{Seed: 3}.Read(strings.NewReader(shuffled))
+	if err != nil {
+		t.Fatalf("unsorted rows: %v", err)
+	}
+	sameRequests(t, "azure unsorted", a, b)
+	for i, want := range []int{100, 200, 300, 400} {
+		if b[i].PromptTokens != want || b[i].ID != i {
+			t.Fatalf("request %d: %d tokens, id %d; want %d tokens", i, b[i].PromptTokens, b[i].ID, want)
+		}
+	}
+	if b[0].Arrival != 0 || b[3].Arrival != 2500*time.Millisecond {
+		t.Fatalf("arrivals %v .. %v, want 0 .. 2.5s", b[0].Arrival, b[3].Arrival)
+	}
+	two, err := Azure{Seed: 3, Limit: 2}.Read(strings.NewReader(shuffled))
+	if err != nil || len(two) != 2 {
+		t.Fatalf("limit 2: %v, %d requests", err, len(two))
+	}
+	sameRequests(t, "azure unsorted, limit", a[:2], two)
 }
