@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/loadtest/report"
 	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/sim/engine"
 )
 
@@ -30,6 +31,7 @@ type runStats struct {
 	// Output-length prediction: Σ |predicted − true| and Σ true, over
 	// dispatched requests that had a prediction.
 	predErr, predTrue float64
+	predN             int     // predictions scored
 	recs              records // every finished request (series.go)
 	// offered and routed: Σ the prompt tokens the engine caching most of
 	// each request's prompt held at routing time (the router's index), over
@@ -79,6 +81,7 @@ func (r *runStats) predicted(pred, actual int) {
 	if pred > 0 {
 		r.predErr += math.Abs(float64(pred - actual))
 		r.predTrue += float64(actual)
+		r.predN++
 	}
 }
 
@@ -158,7 +161,7 @@ func (r *runStats) result() report.PolicyResult {
 		p.OfferedHitRate = float64(r.offered) / float64(den)
 	}
 	p.LoadImbalance = report.Imbalance(slices.Values(r.perEngine))
-	if r.predTrue > 0 {
+	if p.OutputPredictions = r.predN; r.predTrue > 0 {
 		p.OutputPredError = r.predErr / r.predTrue
 	}
 	return p
@@ -170,4 +173,16 @@ func mean(v []float64) float64 {
 		s += x
 	}
 	return s / float64(len(v))
+}
+
+// learnedCosts is l's pooled estimate and the samples behind it (its own;
+// 0: the rates are the prior).
+func learnedCosts(l *learn.Learner) report.LearnedCosts {
+	own, _ := l.Own(nil)
+	n := 0
+	for _, e := range own {
+		n += int(e.Samples)
+	}
+	r := l.Pooled()
+	return report.LearnedCosts{PrefillRate: r.PrefillRate, StepBase: r.StepBase, DecodeSecPerToken: r.DecodeSecPerToken, Samples: n}
 }

@@ -2,6 +2,7 @@ package des
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,5 +62,44 @@ func TestHitRatesWithFailures(t *testing.T) {
 	want := 992.0 / 72000
 	if k := rep.Policies["kvmesh"]; k.PrefixHitRate < want-1e-9 || k.OfferedHitRate > want+1e-9 {
 		t.Errorf("kvmesh: taken %.4f, offered %.4f, want both %.4f", k.PrefixHitRate, k.OfferedHitRate, want)
+	}
+}
+
+// TestLearnedSamplesCounted: the report says how many samples kvmesh's
+// costs were fitted to and how many output-length predictions were
+// scored, so the table can say n/a for none. When every request fails
+// (too long) neither is sampled: the rates are the prior's (before, they
+// printed as learned, with the output length "predicted within 0%").
+func TestLearnedSamplesCounted(t *testing.T) {
+	prof, _ := engine.LookupProfile("7b-l40s")
+	cfg := Config{Engines: 2, Engine: engine.Config{GPUBlocks: 256, Profile: prof}}
+	run := func(rows string) (n, preds int) {
+		t.Helper()
+		reqs, err := workload.Mooncake{Seed: 1}.Read(strings.NewReader(rows))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Run(context.Background(), cfg, reqs, []string{"kvmesh"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := rep.Policies["kvmesh"]
+		if p.Learned.PrefillRate <= 0 {
+			t.Fatalf("no learned rates: %+v", p.Learned)
+		}
+		return p.Learned.Samples, p.OutputPredictions
+	}
+	// 4,096 tokens of KV: both of these are too long.
+	if n, preds := run(`{"timestamp": 0, "input_length": 5000, "output_length": 10}
+{"timestamp": 1000, "input_length": 6000, "output_length": 10}
+`); n != 0 || preds != 0 {
+		t.Errorf("every request failed: %d samples, %d predictions scored; want 0 and 0", n, preds)
+	}
+	var b strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 300, "output_length": %d}`+"\n", 500*i, 8+i%5)
+	}
+	if n, preds := run(b.String()); n == 0 || preds == 0 {
+		t.Errorf("40 requests one after another: %d samples, %d predictions scored; want some of each", n, preds)
 	}
 }

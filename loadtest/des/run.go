@@ -47,8 +47,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request, policies []st
 		st := s.run(ctx)
 		o := outcome{st.result(), st.recs.run()}
 		if s.learner != nil {
-			l := s.learner.Pooled()
-			o.res.Learned = report.LearnedCosts{PrefillRate: l.PrefillRate, StepBase: l.StepBase, DecodeSecPerToken: l.DecodeSecPerToken}
+			o.res.Learned = learnedCosts(s.learner)
 		}
 		return o, nil
 	}, func(p string, o outcome) { rep.Policies[p], rep.Runs[p] = o.res, o.run })

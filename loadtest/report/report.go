@@ -94,8 +94,10 @@ type PolicyResult struct {
 	// knows (live mode: each error kind's count and first message).
 	FailureNote string `json:"-"`
 	// OutputPredError is the router's output-length prediction error,
-	// Σ|predicted − true| / Σ true (0 when nothing was predicted).
-	OutputPredError float64 `json:"-"`
+	// Σ|predicted − true| / Σ true over the OutputPredictions requests
+	// whose prediction was scored (0 and undefined when none was).
+	OutputPredError   float64 `json:"-"`
+	OutputPredictions int     `json:"-"`
 	// Learned is kvmesh's learned cost model at the end of a DES run,
 	// pooled over engines (zero for other policies): prefill tokens/s, a
 	// decode step's fixed cost and its cost per context token, seconds.
@@ -199,9 +201,11 @@ func cell(ok bool, format string, v float64) string {
 	return fmt.Sprintf(format, v)
 }
 
-// LearnedCosts is a learned cost model (scheduler/learn.Rates).
+// LearnedCosts is a learned cost model (scheduler/learn.Rates) and the
+// samples it was fitted to (0: none, the rates are the learner's prior).
 type LearnedCosts struct {
 	PrefillRate, StepBase, DecodeSecPerToken float64
+	Samples                                  int
 }
 
 // Report is the benchmark's output: `kvmesh bench --json` prints it.
@@ -240,8 +244,7 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	for _, name := range r.Order {
 		if p := r.Policies[name]; p.Learned.PrefillRate > 0 {
-			fmt.Fprintf(w, "%s learned: prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g; output length predicted within %.0f%% (mean abs error)\n",
-				name, p.Learned.PrefillRate, p.Learned.StepBase, p.Learned.DecodeSecPerToken, 100*p.OutputPredError)
+			p.writeLearned(w, name)
 		}
 	}
 	if o := r.offered(r.Order); o != "" {
@@ -249,6 +252,25 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	_, err := fmt.Fprintf(w, "oracle (infinite shared cache) hit rate: %.3f\n", r.OracleHitRate)
 	return err
+}
+
+// writeLearned writes the policy's learned costs and how well it
+// predicted output lengths: with nothing sampled the rates are the prior's
+// and say so, and with no prediction scored the error is n/a (both read
+// as learned, "within 0%", before).
+func (p PolicyResult) writeLearned(w io.Writer, name string) {
+	l := p.Learned
+	rates := fmt.Sprintf("prefillRate %.0f tok/s, stepBase %.4fs, decodeSecPerToken %.3g", l.PrefillRate, l.StepBase, l.DecodeSecPerToken)
+	if l.Samples == 0 {
+		fmt.Fprintf(w, "%s learned nothing (no samples): its rates are the prior's, %s", name, rates)
+	} else {
+		fmt.Fprintf(w, "%s learned: %s", name, rates)
+	}
+	if p.OutputPredictions == 0 {
+		fmt.Fprintln(w, "; output length predicted: n/a (no prediction scored)")
+		return
+	}
+	fmt.Fprintf(w, "; output length predicted within %.0f%% (mean abs error)\n", 100*p.OutputPredError)
 }
 
 // fewerThanEngines lists names' policies whose requests completed but

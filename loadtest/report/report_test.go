@@ -199,3 +199,45 @@ func TestRecordStats(t *testing.T) {
 		t.Errorf("HTML TPOT of one-token answers is not n/a:\n%s", hb.String())
 	}
 }
+
+// TestLearnedLine: the "learned" line says n/a when no output-length
+// prediction was scored and that the rates are the prior's when nothing
+// was sampled; before, both read as learned, "predicted within 0%".
+func TestLearnedLine(t *testing.T) {
+	rates := LearnedCosts{PrefillRate: 30000, StepBase: 0.007, DecodeSecPerToken: 1.9e-7}
+	for _, c := range []struct {
+		name    string
+		samples int
+		preds   int
+		predErr float64
+		want    []string
+		not     string
+	}{
+		{"nothing", 0, 0, 0, []string{"kvmesh learned nothing (no samples): its rates are the prior's, prefillRate 30000 tok/s",
+			"output length predicted: n/a (no prediction scored)"}, "within"},
+		{"no prediction", 12, 0, 0, []string{"kvmesh learned: prefillRate 30000 tok/s, stepBase 0.0070s, decodeSecPerToken 1.9e-07; output length predicted: n/a"}, "within"},
+		{"both", 12, 5, 0.44, []string{"kvmesh learned: prefillRate 30000 tok/s, stepBase 0.0070s, decodeSecPerToken 1.9e-07; output length predicted within 44% (mean abs error)\n"}, "n/a"},
+	} {
+		l := rates
+		l.Samples = c.samples
+		r := Report{Policies: map[string]PolicyResult{"kvmesh": {Completed: 1, Learned: l, OutputPredictions: c.preds, OutputPredError: c.predErr}}, Order: []string{"kvmesh"}}
+		var b strings.Builder
+		if err := r.WriteTable(&b); err != nil {
+			t.Fatal(err)
+		}
+		line := ""
+		for _, l := range strings.Split(b.String(), "\n") {
+			if strings.HasPrefix(l, "kvmesh learned") {
+				line = l + "\n"
+			}
+		}
+		for _, w := range c.want {
+			if !strings.Contains(line, w) {
+				t.Errorf("%s: learned line %q, want %q", c.name, line, w)
+			}
+		}
+		if strings.Contains(line, c.not) {
+			t.Errorf("%s: learned line %q has %q", c.name, line, c.not)
+		}
+	}
+}
