@@ -127,7 +127,11 @@ func (o Options) liveOne(ctx context.Context, cl *demo.Cluster, policy string, r
 		lc.Concurrency = min(max(len(reqs), 1), 100_000)
 	}
 	lc.Seed = max(o.Seed, 1)
-	lc.SessionHeader = "X-Session-ID"
+	// No session header: the ingress would move a session's previous
+	// engine to the front for every policy (its session affinity), making
+	// random and round-robin sticky, and the DES models no affinity. Both
+	// modes run the policy alone.
+	lc.SessionHeader = ""
 	lc.Timeout = 10 * time.Minute
 	lc.StrictSSE = true // kvmesh's own ingresses: a framing regression fails the run
 	lc.NoStream = o.NoStream

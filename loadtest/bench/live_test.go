@@ -338,3 +338,43 @@ func TestLiveNoneCompletedKeepsGoing(t *testing.T) {
 		t.Errorf("run header %+v", rep.Run)
 	}
 }
+
+// TestLiveRunsThePolicyAlone: live mode runs the policy under test as the
+// DES does, without the ingress's session affinity. Six requests of one
+// session (a trace's first hash id is its session), one at a time, go
+// round-robin over three engines in both modes: two each. Live mode sent
+// X-Session-ID, and the ingress then kept every request on the session's
+// first engine (tester h-trace: round-robin and random were sticky live).
+func TestLiveRunsThePolicyAlone(t *testing.T) {
+	var b strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 600, "output_length": 4, "hash_ids": [7, %d]}`+"\n", 500*i, 100+i)
+	}
+	path := filepath.Join(t.TempDir(), "session.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.Mode, o.Engines, o.Ingresses, o.TimeScale = "live", 3, 1, 2
+	o.Workload, o.Trace = "trace", path
+	o.GPUBlocks, o.Policies, o.JSON, o.Concurrency = 1024, []string{"round-robin"}, true, 1
+	perEngine := func(rep report.Report) []int {
+		run := rep.Runs["round-robin"]
+		n := make([]int, len(run.EngineIDs))
+		for _, r := range run.Records {
+			if r.Engine < 0 {
+				t.Fatalf("a request on an unknown engine: %+v", r)
+			}
+			n[r.Engine]++
+		}
+		slices.Sort(n)
+		return n
+	}
+	live := runReport(t, o)
+	o.Mode = "des"
+	des := runReport(t, o)
+	l, d := perEngine(live), perEngine(des)
+	if want := []int{2, 2, 2}; !slices.Equal(d, want) || !slices.Equal(l, want) {
+		t.Errorf("requests per engine: live %v, DES %v; want %v in both", l, d, want)
+	}
+}
