@@ -193,7 +193,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	})
 	fs.StringVar(&o.Profile, "profile", o.Profile, "engine timing profile: "+strings.Join(engine.ProfileNames(), ", "))
 	fs.StringVar(&o.ProfileFile, "profile-file", o.ProfileFile, "engine timing profile from a YAML file (engine.ProfileFile documents the fields; overrides --profile)")
-	fs.IntVar(&o.GPUBlocks, "gpu-blocks", o.GPUBlocks, "GPU KV capacity per engine in blocks (0 = engine default)")
+	fs.IntVar(&o.GPUBlocks, "gpu-blocks", o.GPUBlocks, fmt.Sprintf("GPU KV capacity per engine in blocks (0 = the engine's default, %d, whatever the profile)", engine.Config{}.Defaults().GPUBlocks))
 	fs.IntVar(&o.CPUBlocks, "cpu-blocks", o.CPUBlocks, "CPU-tier KV capacity per engine in blocks (0 = no CPU tier)")
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "tokens per KV block: 1, 8, 16, 32, 64, 128 or 256, as vLLM's --block-size")
 	fs.IntVar(&o.MaxRunning, "max-running", o.MaxRunning, "max sequences per batch (0 = the profile's vLLM default)")

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -72,5 +74,48 @@ func TestDESProgress(t *testing.T) {
 	o.Mode, o.Engines = "live", 2
 	if cfg, _, err = o.Prepare(); err != nil || cfg.Progress != nil {
 		t.Fatalf("live: des progress %v, err %v", cfg.Progress, err)
+	}
+}
+
+// TestProfilesDocDefaultCapacity: docs/BENCHMARKS.md's "Profiles"
+// paragraph gives the KV cache a run without --gpu-blocks has, as the
+// bench's default options make it: it described the default profile as
+// holding 480k tokens of KV while such a run simulates 4,096 blocks
+// (65,536 tokens; tester h-trace).
+func TestProfilesDocDefaultCapacity(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i := strings.Index(doc, "\nProfiles (docs/SIMULATOR.md")
+	if i < 0 {
+		t.Fatal(`docs/BENCHMARKS.md has no "Profiles" paragraph`)
+	}
+	para := doc[i+1:]
+	para = para[:strings.Index(para, "\n\n")]
+	o := DefaultOptions()
+	cfg, _, err := o.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := cfg.Engine.Defaults()
+	comma := func(n int) string { // 65536 → 65,536
+		s := strconv.Itoa(n)
+		for j := len(s) - 3; j > 0; j -= 3 {
+			s = s[:j] + "," + s[j:]
+		}
+		return s
+	}
+	for _, want := range []string{
+		"`" + e.Profile.Name + "`**, `kvmesh bench`'s default",
+		fmt.Sprintf("default is %s blocks of %d tokens (%s tokens, also the engine's max", comma(e.GPUBlocks), e.BlockSize, comma(e.GPUBlocks*e.BlockSize)),
+	} {
+		if !strings.Contains(strings.Join(strings.Fields(para), " "), want) {
+			t.Errorf("the Profiles paragraph does not say %q:\n%s", want, para)
+		}
+	}
+	if e.MaxModelLen != e.GPUBlocks*e.BlockSize {
+		t.Errorf("max model length %d, not the cache's %d tokens", e.MaxModelLen, e.GPUBlocks*e.BlockSize)
 	}
 }
