@@ -401,8 +401,19 @@ func errorEventCode(ev []byte) int {
 			return fasthttp.StatusBadRequest
 		}
 	}
+	for _, t := range unavailableTypes {
+		if bytes.Contains(ev, t) {
+			return fasthttp.StatusServiceUnavailable
+		}
+	}
 	return 0
 }
+
+// unavailableTypes are the string codes and types of an engine that cannot
+// serve now (shutting down, overloaded): a Responses stream's error event
+// carries "code": "service_unavailable" with no status, and was counted
+// 500 where the same outage on chat is 502/503.
+var unavailableTypes = [][]byte{[]byte(`"service_unavailable"`), []byte(`"overloaded_error"`)}
 
 // requestErrorTypes are the error types and string codes (quoted, as JSON
 // strings) that say the request itself was refused: OpenAI's and
