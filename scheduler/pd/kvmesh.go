@@ -35,7 +35,10 @@ import (
 // engine it is TPOT lost by every running stream, on a prefill engine the
 // TTFT lost by the prefills sharing its batch. kvwait is the part of the
 // request's KV that does not fit in the decode engine's free blocks, as a
-// fraction of its decode time (it waits for running requests to finish).
+// fraction of its decode time (it waits for running requests to finish);
+// the blocks in use are the larger of the engine's KV usage report and this
+// router's own in-flight prompt + output tokens there, and the wait is part
+// of the TTFT the miss term prices.
 //
 // With SLOs (SLOTTFT, SLOTPOT) the objective is goodput, so two terms are
 // added and one is reweighted:
@@ -161,12 +164,14 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		// recomputes it) and reads the rest.
 		_, dstep, _ := k.Cost.Rates(c.ID)
 		td := k.Cost.Terms(r, c, 0)
-		dec := td.Queue + dstep + td.Decode + td.Crowd + k.kvWait(r, c, td)
+		// A request waiting for KV on d waits before its first token.
+		wait := k.kvWait(r, c, td)
+		dec := td.Queue + dstep + td.Decode + td.Crowd + wait
 		tpot := k.tpotNow(r, c, td, out)
 		xfer := k.TransferSetup + float64(max(0, r.PromptTokens-c.CachedTokens))*k.KVBytesPerToken/k.TransferBandwidth
 		for _, p := range v.Prefillers {
 			if v.SameGroup(p, d) {
-				k.addPair(r, v, p, d, out, xfer, dec, td.Queue+dstep, tpot)
+				k.addPair(r, v, p, d, out, xfer, dec, td.Queue+dstep+wait, tpot)
 			}
 		}
 		if !k.MixedPrefill || k.SLOTPOT <= 0 || risk < 0.5 {
@@ -179,7 +184,7 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		}
 		for _, p := range v.Mixed {
 			if p != d && v.SameGroup(p, d) {
-				k.addPair(r, v, p, d, out, xfer, dec, td.Queue+dstep, tpot)
+				k.addPair(r, v, p, d, out, xfer, dec, td.Queue+dstep+wait, tpot)
 			}
 		}
 	}
@@ -224,8 +229,9 @@ func (k KVMesh) addWhole(r *scheduler.Request, v *View, d int, out, risk, own fl
 		t.Stall *= w
 		broken = k.broken(c, out, now, w)
 	}
-	cost := t.Total(step) + k.kvWait(r, c, t)
-	cost += k.miss(out, t.Queue+t.Prefill+step, now) + broken
+	wait := k.kvWait(r, c, t)
+	cost := t.Total(step) + wait
+	cost += k.miss(out, t.Queue+t.Prefill+step+wait, now) + broken
 	v.Add(-1, d, -cost)
 	return risk, own
 }
@@ -356,13 +362,18 @@ func (k KVMesh) broken(c *scheduler.Candidate, out, before, risk float64) float6
 }
 
 // kvWait prices the request's KV that does not fit in c's free blocks: it
-// waits, roughly, for that fraction of a decode lifetime.
+// waits, roughly, for that fraction of a decode lifetime. The blocks in use
+// are the larger of the engine's report (KVUsage, a snapshot up to a scrape
+// interval old) and this router's own in-flight prompt plus expected output
+// tokens there (LocalActiveTokens): the requests it sent since the snapshot
+// hold KV the report does not show yet.
 func (k KVMesh) kvWait(r *scheduler.Request, c *scheduler.Candidate, t policies.Terms) float64 {
 	if c.GPUBlocks <= 0 || r.BlockSize <= 0 {
 		return 0
 	}
 	need := (r.PromptTokens+k.Cost.Output(r)+r.BlockSize-1)/r.BlockSize - c.Match.GPU
-	free := (1 - c.KVUsage) * float64(c.GPUBlocks)
+	used := max(c.KVUsage*float64(c.GPUBlocks), float64(c.LocalActiveTokens)/float64(r.BlockSize))
+	free := float64(c.GPUBlocks) - used
 	if need <= 0 || float64(need) <= free {
 		return 0
 	}

@@ -28,7 +28,10 @@ type eng struct {
 	local   int // this router's in-flight prefill tokens there
 	// prefillOnly: a prefill engine that cannot serve a whole request.
 	prefillOnly bool
-	proto       string // P/D protocol ("" NIXL, "sglang")
+	proto       string  // P/D protocol ("" NIXL, "sglang")
+	blocks      int     // GPU KV blocks (0: 30,000)
+	kvUsage     float64 // the snapshot's KV usage
+	active      int     // this router's in-flight prompt + output tokens there
 }
 
 type setup struct {
@@ -55,9 +58,14 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 		if e.cached > 0 {
 			idx.Store(e.id, kvevents.TierGPU, keys[:min(e.cached, len(keys))])
 		}
+		blocks := e.blocks
+		if blocks == 0 {
+			blocks = 30000
+		}
 		es = append(es, scheduler.Engine{ID: e.id, Healthy: true, Model: "m", Role: e.role, Group: e.group,
 			Running: e.running, Waiting: e.waiting, QueuedPrefillTokens: e.queued, InFlight: e.running + e.waiting,
-			GPUBlocks: 30000, TPOT: e.tpot, LocalPrefillTokens: e.local, PrefillOnly: e.prefillOnly, PDProtocol: e.proto})
+			GPUBlocks: blocks, KVUsage: e.kvUsage, LocalActiveTokens: e.active, TPOT: e.tpot, LocalPrefillTokens: e.local,
+			PrefillOnly: e.prefillOnly, PDProtocol: e.proto})
 	}
 	sc := scheduler.DefaultConfig()
 	sc.Policy = "kvmesh"
