@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvmesh/kvmesh/orchestrator"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
+	"github.com/kvmesh/kvmesh/orchestrator/autoscale"
 	"github.com/kvmesh/kvmesh/orchestrator/modelroutes"
 )
 
@@ -89,6 +92,7 @@ func ParseSpec(b []byte) (*Spec, error) {
 				add("document %d: %v", i+1, err)
 				continue
 			}
+			errs = append(errs, gangProblems(&md)...) // before Defaults, which caps gangMinimum at replicas
 			md.Defaults()
 			s.Deployments = append(s.Deployments, md)
 		case "AutoscalingPolicy":
@@ -109,7 +113,7 @@ func ParseSpec(b []byte) (*Spec, error) {
 			add("document %d: kind %q, want ModelDeployment, AutoscalingPolicy or ModelRoute", i+1, head.Kind)
 		}
 	}
-	errs = append(errs, s.validate()...)
+	errs = append(errs, s.validate(len(errs) > 0)...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -129,12 +133,39 @@ func stripComments(doc string) string {
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
-func (s *Spec) validate() []error {
+// gangProblems: the schema's "gangMinimum must not exceed replicas" (an
+// absent replicas is the default 1).
+func gangProblems(md *v1alpha1.ModelDeployment) []error {
+	var errs []error
+	for _, r := range md.Spec.Roles {
+		if r.GangMinimum == nil {
+			continue
+		}
+		n := int32(1)
+		if r.Replicas != nil {
+			n = *r.Replicas
+		}
+		if g := *r.GangMinimum; g < 0 || g > n {
+			errs = append(errs, fmt.Errorf("%w: ModelDeployment %q role %q: gangMinimum %d not in [0, replicas %d]", ErrSpec, md.Name, r.Name, g, n))
+		}
+	}
+	return errs
+}
+
+// metricNames are the schema's metric names (AutoscalingPolicy
+// spec.roles[].metrics[].name).
+var metricNames = []string{autoscale.WaitingRequests, autoscale.RunningRequests, autoscale.KVUsage,
+	autoscale.PrefillQueueTokens, autoscale.TTFTP90, autoscale.TPOTP90}
+
+// validate checks what the CRD schemas check and what the local backend
+// needs, naming the field of each problem. docErrs: some document did not
+// decode, so a missing ModelDeployment may be that document (not reported).
+func (s *Spec) validate(docErrs bool) []error {
 	var errs []error
 	add := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrSpec}, a...)...))
 	}
-	if len(s.Deployments) == 0 {
+	if len(s.Deployments) == 0 && !docErrs {
 		add("no ModelDeployment")
 	}
 	mds := map[string]*v1alpha1.ModelDeployment{}
@@ -152,6 +183,16 @@ func (s *Spec) validate() []error {
 		}
 		if g := *md.Spec.Groups; g != 1 {
 			add("ModelDeployment %q: groups %d; the local backend runs one group", md.Name, g)
+		}
+		switch md.Spec.Engine {
+		case v1alpha1.EngineVLLM, v1alpha1.EngineSGLang:
+		default:
+			add("ModelDeployment %q: engine %q, want vllm or sglang", md.Name, md.Spec.Engine)
+		}
+		switch md.Spec.RecoveryPolicy {
+		case v1alpha1.RecoverGroup, v1alpha1.RecoverRole, v1alpha1.RecoverNone:
+		default:
+			add("ModelDeployment %q: recoveryPolicy %q, want GroupRecreate, RoleRecreate or None", md.Name, md.Spec.RecoveryPolicy)
 		}
 		roles := map[string]bool{}
 		for _, r := range md.Spec.Roles {
@@ -183,17 +224,13 @@ func (s *Spec) validate() []error {
 			add("AutoscalingPolicy %q: ModelDeployment %q already has a policy", ap.Name, md.Name)
 		}
 		targets[md.Name] = true
-		for _, r := range ap.Spec.Roles {
-			if roleOf(md, r.Name) == nil {
-				add("AutoscalingPolicy %q: role %q not in ModelDeployment %q", ap.Name, r.Name, md.Name)
+		before := len(errs)
+		errs = append(errs, policyProblems(&ap, md)...)
+		if len(errs) == before { // what autoscale refuses beyond the above (named there already)
+			p := policyFromSpec(&ap.Spec)
+			if err := p.Validate(); err != nil {
+				add("AutoscalingPolicy %q: %v", ap.Name, err)
 			}
-			if r.MaxReplicas > maxReplicas {
-				add("AutoscalingPolicy %q role %q: maxReplicas %d above the local limit %d", ap.Name, r.Name, r.MaxReplicas, maxReplicas)
-			}
-		}
-		p := policyFromSpec(&ap.Spec)
-		if err := p.Validate(); err != nil {
-			add("AutoscalingPolicy %q: %v", ap.Name, err)
 		}
 		// No Prometheus here: a role at zero comes back only through a ratio band.
 		if stuck := orchestrator.RolesStuckAtZero(&ap.Spec, false); len(stuck) > 0 {
@@ -219,6 +256,107 @@ func (s *Spec) validate() []error {
 		add("%v", err)
 	}
 	s.RouteFile = file
+	return errs
+}
+
+// policyProblems checks a policy's fields as the schema does (and the
+// local replica limit), each problem naming its field.
+func policyProblems(ap *v1alpha1.AutoscalingPolicy, md *v1alpha1.ModelDeployment) []error {
+	var errs []error
+	add := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: AutoscalingPolicy %q"+format, append([]any{ErrSpec, ap.Name}, a...)...))
+	}
+	sp := &ap.Spec
+	if len(sp.Roles) == 0 {
+		add(": no roles")
+	}
+	roles := map[string]bool{}
+	for _, r := range sp.Roles {
+		if roles[r.Name] {
+			add(": role %q twice", r.Name)
+		}
+		roles[r.Name] = true
+		if roleOf(md, r.Name) == nil {
+			add(": role %q not in ModelDeployment %q", r.Name, md.Name)
+		}
+		switch {
+		case r.MinReplicas < 0:
+			add(" role %q: minReplicas %d below 0", r.Name, r.MinReplicas)
+		case r.MinReplicas > r.MaxReplicas:
+			add(" role %q: minReplicas %d above maxReplicas %d", r.Name, r.MinReplicas, r.MaxReplicas)
+		}
+		switch {
+		case r.MaxReplicas < 1:
+			add(" role %q: maxReplicas %d below 1", r.Name, r.MaxReplicas)
+		case r.MaxReplicas > maxReplicas:
+			add(" role %q: maxReplicas %d above the local limit %d", r.Name, r.MaxReplicas, maxReplicas)
+		}
+		for _, m := range r.Metrics {
+			if !slices.Contains(metricNames, m.Name) {
+				add(" role %q: metric name %q, want one of %s", r.Name, m.Name, strings.Join(metricNames, ", "))
+			}
+			if !(m.Target > 0) || math.IsInf(m.Target, 1) { // NaN fails > 0
+				add(" role %q metric %q: target %v, want a number above 0", r.Name, m.Name, m.Target)
+			}
+			switch m.Source {
+			case "", "mesh":
+			case "prometheus":
+				if m.Query == "" {
+					add(" role %q metric %q: source prometheus needs a query", r.Name, m.Name)
+				}
+			default:
+				add(" role %q metric %q: source %q, want mesh or prometheus", r.Name, m.Name, m.Source)
+			}
+		}
+	}
+	i32 := func(field string, v *int32, lo, hi int32) {
+		if v != nil && (*v < lo || *v > hi) {
+			add(": %s %d not in [%d, %d]", field, *v, lo, hi)
+		}
+	}
+	i32("tolerancePercent", sp.TolerancePercent, 0, 100)
+	i32("stableWindowSeconds", sp.StableWindowSeconds, 1, math.MaxInt32)
+	i32("panicWindowSeconds", sp.PanicWindowSeconds, 1, math.MaxInt32)
+	i32("panicThresholdPercent", sp.PanicThresholdPercent, 101, math.MaxInt32)
+	i32("scaleDownCooldownSeconds", sp.ScaleDownCooldownSeconds, 0, math.MaxInt32)
+	stable, panicW := int32(180), int32(60)
+	if sp.StableWindowSeconds != nil {
+		stable = *sp.StableWindowSeconds
+	}
+	if sp.PanicWindowSeconds != nil {
+		panicW = *sp.PanicWindowSeconds
+	}
+	if stable < panicW {
+		add(": stableWindowSeconds %d below panicWindowSeconds %d (defaults 180 and 60)", stable, panicW)
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{{"maxScaleUpRate", sp.MaxScaleUpRate}, {"maxScaleDownRate", sp.MaxScaleDownRate}} {
+		if f.v != nil && (!(*f.v >= 1) || math.IsInf(*f.v, 1)) {
+			add(": %s %v, want a number of at least 1", f.name, *f.v)
+		}
+	}
+	if rc := sp.Ratio; rc != nil {
+		for _, f := range []struct{ field, role string }{{"numeratorRole", rc.NumeratorRole}, {"denominatorRole", rc.DenominatorRole}} {
+			if !roles[f.role] {
+				add(": ratio %s %q is not a role of the policy", f.field, f.role)
+			}
+		}
+		if rc.NumeratorRole == rc.DenominatorRole {
+			add(": ratio numeratorRole and denominatorRole are both %q; the ratio needs two roles", rc.NumeratorRole)
+		}
+		okMin, okMax := rc.MinRatio > 0 && !math.IsInf(rc.MinRatio, 1), rc.MaxRatio > 0 && !math.IsInf(rc.MaxRatio, 1)
+		if !okMin {
+			add(": ratio minRatio %v, want a number above 0", rc.MinRatio)
+		}
+		if !okMax {
+			add(": ratio maxRatio %v, want a number above 0", rc.MaxRatio)
+		}
+		if okMin && okMax && rc.MinRatio > rc.MaxRatio {
+			add(": ratio minRatio %v above maxRatio %v (inverted band)", rc.MinRatio, rc.MaxRatio)
+		}
+	}
 	return errs
 }
 

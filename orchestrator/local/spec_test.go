@@ -62,7 +62,7 @@ func TestParseSpec(t *testing.T) {
 		{"bad role kind", strings.Replace(pdSpec, "kind: decode", "kind: worker", 1), `kind "worker"`},
 		{"missing target", strings.Replace(pdSpec, "target: demo", "target: other", 1), `"other" not in the file`},
 		{"policy role missing", strings.Replace(pdSpec, "{name: decode, minReplicas", "{name: dec, minReplicas", 1), `role "dec"`},
-		{"bad band", strings.Replace(pdSpec, "minRatio: 0.5", "minRatio: 3", 1), "ratio"},
+		{"bad band", strings.Replace(pdSpec, "minRatio: 0.5", "minRatio: 3", 1), "ratio minRatio 3 above maxRatio 2 (inverted band)"},
 		{"two groups", strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  groups: 2", 1), "one group"},
 		{"too many replicas", strings.Replace(pdSpec, "replicas: 1,", "replicas: 99,", 1), "replicas 99"},
 		{"not yaml", "apiVersion: [", "document 1"},
@@ -87,6 +87,88 @@ func TestParseSpec(t *testing.T) {
 }
 
 // TestParseExamples: the examples a Kubernetes user applies run locally too.
+// TestParseSpecSchema: what the CRD schemas refuse is refused here too,
+// each problem naming its field, every problem of a file listed together.
+func TestParseSpecSchema(t *testing.T) {
+	edit := func(pairs ...string) string {
+		out := pdSpec
+		for i := 0; i < len(pairs); i += 2 {
+			if !strings.Contains(out, pairs[i]) {
+				t.Fatalf("%q not in the spec", pairs[i])
+			}
+			out = strings.Replace(out, pairs[i], pairs[i+1], 1)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name string
+		doc  string
+		want []string
+	}{
+		{"recoveryPolicy enum", edit("engine: vllm", "engine: vllm\n  recoveryPolicy: Groupcreate"),
+			[]string{`ModelDeployment "demo": recoveryPolicy "Groupcreate", want GroupRecreate, RoleRecreate or None`}},
+		{"engine enum", edit("engine: vllm", "engine: vlm"), []string{`ModelDeployment "demo": engine "vlm", want vllm or sglang`}},
+		{"engine missing", edit("  engine: vllm\n", ""), []string{`engine "", want vllm or sglang`}},
+		{"gangMinimum above replicas", edit("{name: prefill, kind: prefill, replicas: 1,", "{name: prefill, kind: prefill, replicas: 1, gangMinimum: 3,"),
+			[]string{`role "prefill": gangMinimum 3 not in [0, replicas 1]`}},
+		{"gangMinimum above default replicas", edit("{name: prefill, kind: prefill, replicas: 1,", "{name: prefill, kind: prefill, gangMinimum: 2,"),
+			[]string{`role "prefill": gangMinimum 2 not in [0, replicas 1]`}},
+		{"unknown metric and non-positive target", edit("{name: waitingRequests, target: 4}", "{name: bogusMetric, target: 4}",
+			"{name: runningRequests, target: 8}", "{name: runningRequests, target: -4}"),
+			[]string{`AutoscalingPolicy "demo" role "prefill": metric name "bogusMetric", want one of waitingRequests`,
+				`AutoscalingPolicy "demo" role "decode" metric "runningRequests": target -4, want a number above 0`}},
+		{"zero target", edit("{name: runningRequests, target: 8}", "{name: runningRequests, target: 0}"), []string{`target 0, want a number above 0`}},
+		{"metric source", edit("{name: runningRequests, target: 8}", "{name: runningRequests, target: 8, source: graphite}"),
+			[]string{`source "graphite", want mesh or prometheus`}},
+		{"min above max", edit("{name: prefill, minReplicas: 1, maxReplicas: 3", "{name: prefill, minReplicas: 5, maxReplicas: 2"),
+			[]string{`AutoscalingPolicy "demo" role "prefill": minReplicas 5 above maxReplicas 2`}},
+		{"max below 1", edit("{name: prefill, minReplicas: 1, maxReplicas: 3", "{name: prefill, minReplicas: 0, maxReplicas: 0"),
+			[]string{`role "prefill": maxReplicas 0 below 1`}},
+		{"ratio role missing", edit("denominatorRole: decode", "denominatorRole: x"),
+			[]string{`AutoscalingPolicy "demo": ratio denominatorRole "x" is not a role of the policy`}},
+		{"ratio inverted", edit("minRatio: 0.5, maxRatio: 2", "minRatio: 2, maxRatio: 0.5"),
+			[]string{`ratio minRatio 2 above maxRatio 0.5 (inverted band)`}},
+		{"ratio one role", edit("denominatorRole: decode", "denominatorRole: prefill"), []string{`numeratorRole and denominatorRole are both "prefill"`}},
+		{"ratio zero", edit("minRatio: 0.5", "minRatio: 0"), []string{`ratio minRatio 0, want a number above 0`}},
+		{"windows", edit("target: demo", "target: demo\n  stableWindowSeconds: 30\n  panicWindowSeconds: 60\n  tolerancePercent: 101\n  maxScaleUpRate: 0.5"),
+			[]string{"stableWindowSeconds 30 below panicWindowSeconds 60", "tolerancePercent 101 not in [0, 100]", "maxScaleUpRate 0.5"}},
+		{"every problem listed", edit("engine: vllm", "engine: vlm\n  recoveryPolicy: Groupcreate", "{name: waitingRequests, target: 4}", "{name: bogusMetric, target: 4}"),
+			[]string{`engine "vlm"`, `recoveryPolicy "Groupcreate"`, `metric name "bogusMetric"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseSpec([]byte(c.doc))
+			if err == nil || !errors.Is(err, ErrSpec) {
+				t.Fatalf("err = %v, want ErrSpec", err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("err = %v\nwant it to mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "both roles must be scaled") || strings.Contains(err.Error(), "bounds [") {
+				t.Errorf("err = %v: the unnamed autoscale message repeats a named one", err)
+			}
+		})
+	}
+	// Every value the schemas admit is admitted.
+	for _, ok := range []string{
+		edit("engine: vllm", "engine: sglang\n  recoveryPolicy: None"),
+		edit("engine: vllm", "engine: vllm\n  recoveryPolicy: GroupRecreate", "{name: prefill, kind: prefill, replicas: 1,", "{name: prefill, kind: prefill, replicas: 2, gangMinimum: 2,"),
+		edit("{name: waitingRequests, target: 4}", "{name: prefillQueueTokens, target: 2048}, {name: kvUsage, target: 0.8}, {name: ttftP90Seconds, target: 1}",
+			"{name: runningRequests, target: 8}", "{name: tpotP90Seconds, target: 0.05, source: mesh}"),
+	} {
+		if _, err := ParseSpec([]byte(ok)); err != nil {
+			t.Errorf("refused: %v\n%s", err, ok)
+		}
+	}
+	// A document that does not decode is not also "no ModelDeployment".
+	for _, doc := range []string{"apiVersion: kvmesh.io/v1alpha1\nkind: ModelDeployment\nspec: [\n", "apiVersion: kvmesh.io/v1alpha1\nkind: Pod\n"} {
+		if _, err := ParseSpec([]byte(doc)); err == nil || strings.Contains(err.Error(), "no ModelDeployment") {
+			t.Errorf("%q: err = %v, want the document's problem alone", doc, err)
+		}
+	}
+}
+
 func TestParseExamples(t *testing.T) {
 	md, err := os.ReadFile("../../examples/pd-modeldeployment.yaml")
 	if err != nil {
