@@ -46,15 +46,16 @@ func newRampGen(cfg AutoscaleConfig, ingress string) *rampGen {
 		rng: rand.New(rand.NewPCG(1, 0x72616d70))}
 }
 
-// run sends until ctx ends, then waits for the requests in flight (their
-// context is ctx's parent-less copy bounded by the client timeout, so a
-// stopped run still measures what it sent).
+// run sends until ctx ends, then waits for the requests in flight (they
+// are not cancelled with ctx: bounded by the client timeout, they finish,
+// so a stopped run still measures what it sent; deferred calls run last
+// first, so the wait comes before the cancel).
 func (g *rampGen) run(ctx context.Context, start time.Time) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer g.client.CloseIdleConnections()
 	reqCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	defer g.client.CloseIdleConnections()
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C

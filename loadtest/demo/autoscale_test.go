@@ -2,7 +2,10 @@ package demo
 
 import (
 	"context"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,5 +130,44 @@ func TestAutoscaleResultCheck(t *testing.T) {
 		if r.Check() == nil {
 			t.Errorf("%s: passed", name)
 		}
+	}
+}
+
+// TestRampGenWaitsForInFlight: requests in flight when the run ends are
+// waited for, not cancelled and counted failed.
+func TestRampGenWaitsForInFlight(t *testing.T) {
+	entered, release := make(chan struct{}, maxInFlight), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	cfg := AutoscaleConfig{}.withDefaults()
+	cfg.PromptTokens, cfg.OutputTokens = 4, 2
+	g := newRampGen(cfg, srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); g.run(ctx, time.Now()) }()
+	select {
+	case <-entered: // one request in flight
+	case <-time.After(time.Minute):
+		t.Fatal("no request arrived")
+	}
+	cancel() // the run ends with it in flight
+	close(release)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("run did not return")
+	}
+	sent, ok, failed, _ := g.totals()
+	if failed != 0 || ok != sent || sent < 1 {
+		t.Fatalf("sent %d, ok %d, failed %d (last error %q): want every request in flight served", sent, ok, failed, g.lastError())
 	}
 }
