@@ -44,6 +44,10 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	sc := webhook.DefaultSidecarConfig()
 	fs := newFlagSet("orchestrator", stderr)
 	var probs flagProblems
+	// Listed here so -h shows the mode; localMode takes --local before this
+	// flag set parses anything.
+	fs.String("local", "", "run the ModelDeployments, AutoscalingPolicies and ModelRoutes of this YAML `FILE` on this machine "+
+		"instead, as kvmesh sim + sidecar processes on loopback, without Kubernetes (kvmesh orchestrator --local FILE -h lists that mode's flags)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: in-cluster service account)")
 	fs.StringVar(&cfg.Namespace, "namespace", "", "watch only this namespace (default: all)")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "reconcile workers")

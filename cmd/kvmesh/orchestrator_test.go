@@ -618,3 +618,15 @@ func TestOrchestratorListsLogLevelWithOtherProblems(t *testing.T) {
 		}
 	}
 }
+
+// `kvmesh orchestrator -h` and `kvmesh help orchestrator` show the local
+// mode, whose own flags only `--local FILE -h` lists.
+func TestOrchestratorHelpShowsLocal(t *testing.T) {
+	for _, args := range [][]string{{"orchestrator", "-h"}, {"help", "orchestrator"}} {
+		var out, errOut testutil.SyncBuffer
+		if code := run(args, &out, &errOut); code != 0 || !strings.Contains(out.String()+errOut.String(), "-local FILE") ||
+			!strings.Contains(out.String()+errOut.String(), "kvmesh orchestrator --local FILE -h") {
+			t.Errorf("kvmesh %s: exit %d, want 0 and --local listed:\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
+		}
+	}
+}
