@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +44,11 @@ type Supervisor struct {
 	roles    map[roleKey][]*replica // live replicas by role, in index order
 	specs    map[string]*v1alpha1.ModelDeployment
 	draining map[*replica]bool
+	// sidecarSeq numbers the sidecars started, for their gossip names.
+	sidecarSeq int
+	// backoffs delay repeated recoveries, by replica id or, under
+	// GroupRecreate, by "group:<deployment>". Loop goroutine only.
+	backoffs map[string]*backoff
 
 	drainCtx    context.Context
 	drainCancel context.CancelFunc
@@ -60,7 +66,7 @@ func newSupervisor(cfg Config, log *slog.Logger, natsURL, seed string, exited ch
 	}
 	return &Supervisor{cfg: cfg, log: log, natsURL: natsURL, seed: seed, env: env, exited: exited,
 		roles: map[roleKey][]*replica{}, specs: map[string]*v1alpha1.ModelDeployment{}, draining: map[*replica]bool{},
-		drainCtx: ctx, drainCancel: cancel}
+		backoffs: map[string]*backoff{}, drainCtx: ctx, drainCancel: cancel}
 }
 
 // setSpec records the deployment whose roles Scale starts.
@@ -98,14 +104,15 @@ func (s *Supervisor) EngineURL(id string) string {
 
 var _ engineURLs = (*Supervisor)(nil)
 
-// Scale implements Backend.
+// Scale implements Backend. Scaling down needs no spec: a role removed
+// from the file is drained to zero.
 func (s *Supervisor) Scale(ctx context.Context, md, role string, n int) error {
 	k := roleKey{md, role}
 	s.mu.Lock()
 	spec := s.specs[md]
 	cur := len(s.roles[k])
 	s.mu.Unlock()
-	if spec == nil || roleOf(spec, role) == nil {
+	if cur < n && (spec == nil || roleOf(spec, role) == nil) {
 		return fmt.Errorf("scale %s/%s: no such role", md, role)
 	}
 	for ; cur < n; cur++ {
@@ -162,15 +169,83 @@ func (s *Supervisor) newReplica(md *v1alpha1.ModelDeployment, role *v1alpha1.Rol
 		i++
 	}
 	return &replica{id: fmt.Sprintf("%s-%s-%d", md.Name, role.Name, i), md: md.Name, role: role.Name, kind: role.Kind,
-		index: i, model: md.Spec.Model, simArgs: simArgs(md, role)}
+		index: i, model: md.Spec.Model, simArgs: simArgs(md, role), rev: revision(md, role)}
+}
+
+// revision is what a replica is made from in the spec: the model, the
+// engine, the role's kind and the sim flags (the deployment's and the
+// role template's annotation). A change rolls the role's replicas, as a
+// change of the pods' revision does on Kubernetes.
+func revision(md *v1alpha1.ModelDeployment, r *v1alpha1.Role) string {
+	return strings.Join(append([]string{md.Spec.Model, string(md.Spec.Engine), string(r.Kind)}, simArgs(md, r)...), "\x00")
+}
+
+// current is the role spec r is to be made from now (nil: its role or
+// deployment is gone).
+func (s *Supervisor) current(r *replica) (*v1alpha1.ModelDeployment, *v1alpha1.Role) {
+	md := s.specs[r.md]
+	if md == nil {
+		return nil, nil
+	}
+	role := roleOf(md, r.role)
+	if role == nil {
+		return nil, nil
+	}
+	return md, role
+}
+
+// outdated reports a replica made from another revision than its role's
+// current one.
+func (s *Supervisor) outdated(r *replica) bool {
+	md, role := s.current(r)
+	return md != nil && revision(md, role) != r.rev
+}
+
+// Restart back-off: a replica (a group under GroupRecreate) that fails
+// again within backoffReset of its last recovery waits backoffBase, then
+// twice as long each time, at most backoffMax; one that stayed up
+// backoffReset is recovered at once again.
+const (
+	backoffBase  = time.Second
+	backoffMax   = 30 * time.Second
+	backoffReset = 60 * time.Second
+)
+
+type backoff struct {
+	delay     time.Duration // the wait before the pending recovery
+	due       time.Time     // a failure is pending until then (zero: none)
+	recovered time.Time     // the last recovery
+}
+
+// ready reports whether a failure seen at now may be recovered; the
+// first call for a failure sets its delay from the recoveries before it.
+func (b *backoff) ready(now time.Time) (ok bool, wait time.Duration) {
+	if b.due.IsZero() {
+		switch {
+		case b.recovered.IsZero() || now.Sub(b.recovered) >= backoffReset:
+			b.delay = 0
+		case b.delay == 0:
+			b.delay = backoffBase
+		default:
+			b.delay = min(2*b.delay, backoffMax)
+		}
+		b.due = now.Add(b.delay)
+	}
+	if now.Before(b.due) {
+		return false, b.due.Sub(now)
+	}
+	b.due, b.recovered = time.Time{}, now
+	return true, 0
 }
 
 // recoverCrashed restarts children that exited unasked, per the
 // deployment's recovery policy: None restarts the crashed process alone
 // (a sim on its previous addresses), RoleRecreate (the default) the
 // replica's sim and sidecar, GroupRecreate every replica of the deployment.
-// It returns what it restarted.
-func (s *Supervisor) recoverCrashed(ctx context.Context) []string {
+// A replica made from an outdated spec is recreated whole from the current
+// one whatever the policy. Repeated failures back off (backoff). It returns
+// what it restarted.
+func (s *Supervisor) recoverCrashed(ctx context.Context, now time.Time) []string {
 	s.mu.Lock()
 	var crashed []*replica
 	for _, rs := range s.roles {
@@ -181,23 +256,56 @@ func (s *Supervisor) recoverCrashed(ctx context.Context) []string {
 		}
 	}
 	s.mu.Unlock()
+	sort.Slice(crashed, func(i, j int) bool { return crashed[i].id < crashed[j].id })
 	var done []string
 	groups := map[string]bool{}
 	for _, r := range crashed {
 		spec := s.specs[r.md]
-		switch spec.Spec.RecoveryPolicy {
-		case v1alpha1.RecoverNone:
-			done = append(done, s.restartProcess(ctx, r))
-		case v1alpha1.RecoverGroup:
-			if !groups[r.md] {
-				groups[r.md] = true
-				done = append(done, s.restartGroup(ctx, r.md)...)
+		key := r.id
+		if spec.Spec.RecoveryPolicy == v1alpha1.RecoverGroup {
+			key = "group:" + r.md
+		}
+		if groups[key] {
+			continue // one recovery per group per step
+		}
+		groups[key] = true
+		b := s.backoffs[key]
+		if b == nil {
+			b = &backoff{}
+			s.backoffs[key] = b
+		}
+		if ok, wait := b.ready(now); !ok {
+			if !r.backoffLogged {
+				r.backoffLogged = true
+				s.log.Warn("replica process exited again soon after its recovery; backing off", "engine", r.id,
+					"recovery", spec.Spec.RecoveryPolicy, "retry_in", wait.Round(time.Millisecond),
+					"sim_err", procErr(r.sim), "sidecar_err", procErr(r.sidecar))
 			}
+			s.wakeAfter(wait)
+			continue
+		}
+		r.backoffLogged = false
+		switch {
+		case spec.Spec.RecoveryPolicy == v1alpha1.RecoverGroup:
+			done = append(done, s.restartGroup(ctx, r.md)...)
+		case spec.Spec.RecoveryPolicy == v1alpha1.RecoverNone && !s.outdated(r):
+			done = append(done, s.restartProcess(ctx, r))
 		default:
-			done = append(done, s.restartReplica(ctx, r))
+			done = append(done, s.restartReplica(ctx, r, "replica process exited; recreating the replica"))
 		}
 	}
 	return done
+}
+
+// wakeAfter signals the loop (as a child's exit does) once d has passed,
+// so a backed-off recovery is not late by up to an interval.
+func (s *Supervisor) wakeAfter(d time.Duration) {
+	time.AfterFunc(d, func() {
+		select {
+		case s.exited <- struct{}{}:
+		default:
+		}
+	})
 }
 
 func (s *Supervisor) restartProcess(ctx context.Context, r *replica) string {
@@ -225,16 +333,22 @@ func (s *Supervisor) restartProcess(ctx context.Context, r *replica) string {
 	return "sidecar " + r.id
 }
 
-func (s *Supervisor) restartReplica(ctx context.Context, r *replica) string {
-	s.log.Warn("replica process exited; recreating the replica", "engine", r.id, "sim_err", procErr(r.sim), "sidecar_err", procErr(r.sidecar))
+// restartReplica stops r's processes and starts them again, in place
+// (same engine id), from the current spec.
+func (s *Supervisor) restartReplica(ctx context.Context, r *replica, why string) string {
+	s.log.Warn(why, "engine", r.id, "sim_err", procErr(r.sim), "sidecar_err", procErr(r.sidecar))
 	_ = s.stopNow(ctx, r)
 	fresh := *r
+	if md, role := s.current(r); md != nil {
+		fresh.kind, fresh.model, fresh.simArgs, fresh.rev = role.Kind, md.Spec.Model, simArgs(md, role), revision(md, role)
+	}
 	if err := s.start(ctx, &fresh); err != nil {
 		s.log.Error("recreate replica", "engine", r.id, "err", err)
 		return "replica " + r.id + " (failed)"
 	}
 	s.mu.Lock()
 	r.sim, r.sidecar, r.addrs, r.started, r.restarts = fresh.sim, fresh.sidecar, fresh.addrs, fresh.started, r.restarts+1
+	r.kind, r.model, r.simArgs, r.rev = fresh.kind, fresh.model, fresh.simArgs, fresh.rev
 	s.mu.Unlock()
 	return "replica " + r.id
 }
@@ -251,7 +365,55 @@ func (s *Supervisor) restartGroup(ctx context.Context, md string) []string {
 	s.mu.Unlock()
 	var out []string
 	for _, r := range rs {
-		out = append(out, s.restartReplica(ctx, r))
+		out = append(out, s.restartReplica(ctx, r, "recreating the replica with its group (recovery GroupRecreate)"))
+	}
+	return out
+}
+
+// rollOutdated recreates, from the current spec, the replicas made from
+// an older one (a changed model, engine, role kind or sim flags), as the
+// Kubernetes controller rolls a role's pods with maxUnavailable 1: an
+// outdated replica that is not ready goes at once, a ready one only while
+// every replica of its role is ready (so one at a time), the highest index
+// first. ready reports a replica serving in the mesh at its current URL.
+// A crashed replica is left to recoverCrashed (which also uses the current
+// spec). It returns what it recreated.
+func (s *Supervisor) rollOutdated(ctx context.Context, ready func(id, url string) bool) []string {
+	s.mu.Lock()
+	keys := make([]roleKey, 0, len(s.roles))
+	for k := range s.roles {
+		keys = append(keys, k)
+	}
+	s.mu.Unlock()
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].md != keys[j].md {
+			return keys[i].md < keys[j].md
+		}
+		return keys[i].role < keys[j].role
+	})
+	var out []string
+	for _, k := range keys {
+		s.mu.Lock()
+		rs := slices.Clone(s.roles[k])
+		s.mu.Unlock()
+		allReady := true
+		var stale []*replica
+		for _, r := range rs {
+			up := ready(r.id, r.addrs.url)
+			allReady = allReady && up
+			if !s.outdated(r) || r.sim.exitedUnasked() || r.sidecar.exitedUnasked() {
+				continue
+			}
+			if !up {
+				out = append(out, s.restartReplica(ctx, r, "rolling the replica to the changed spec (not ready: at once)"))
+				continue
+			}
+			stale = append(stale, r)
+		}
+		if len(stale) > 0 && allReady {
+			r := stale[len(stale)-1]
+			out = append(out, s.restartReplica(ctx, r, "rolling the replica to the changed spec"))
+		}
 	}
 	return out
 }

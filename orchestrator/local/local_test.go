@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -256,17 +258,20 @@ func TestLocalKilledOrchestratorTakesChildren(t *testing.T) {
 	})
 }
 
-// TestLocalRecoveryPolicies: None restarts only the crashed process (the
-// sim beside a killed sidecar keeps its pid); GroupRecreate restarts every
-// replica of the deployment when one sim dies.
+// TestLocalRecoveryPolicies: a SIGKILLed sidecar is recovered once per
+// policy, not in a loop: None restarts it alone (the sim beside it keeps
+// its pid), RoleRecreate recreates its replica, GroupRecreate every replica
+// of the deployment. The new sidecar joins under a name of its own while
+// the mesh still holds the killed one's (it would be refused the old name
+// until the mesh finds its owner dead), and once the killed member is gone
+// from the mesh and several more steps have run, each replica was
+// recovered exactly once.
 func TestLocalRecoveryPolicies(t *testing.T) {
-	for _, tc := range []struct {
-		policy      string
-		killSidecar bool
-	}{{"None", true}, {"GroupRecreate", false}} {
-		t.Run(tc.policy, func(t *testing.T) {
-			spec := strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  recoveryPolicy: "+tc.policy, 1)
-			o, _, stop := startLocal(t, spec, nil)
+	for _, policy := range []string{"None", "RoleRecreate", "GroupRecreate"} {
+		t.Run(policy, func(t *testing.T) {
+			spec := strings.Replace(pdSpec, "engine: vllm", "engine: vllm\n  recoveryPolicy: "+policy, 1)
+			var steps atomic.Int64
+			o, _, stop := startLocal(t, spec, func(c *Config) { c.OnStatus = func(Status) { steps.Add(1) } })
 			obs := observer(t, o.Status().Gossip)
 			testutil.WaitFor(t, time.Minute, "both engines ready", func() bool {
 				return readyEngine(obs, "demo-prefill-0", "prefill") && readyEngine(obs, "demo-decode-0", "decode")
@@ -279,11 +284,15 @@ func TestLocalRecoveryPolicies(t *testing.T) {
 			p0, _ := o.Status().Role("demo", "prefill")
 			d0, _ := o.Status().Role("demo", "decode")
 			before := map[string]EngineStatus{"prefill": p0.Engines[0], "decode": d0.Engines[0]}
-			victim := before["decode"].SimPID
-			if tc.killSidecar {
-				victim = before["decode"].SidecarPID
-			}
-			if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+			oldNode := func() string { e, _ := obs.Engine("demo-decode-0"); return e.Node }()
+			oldGone := make(chan struct{})
+			var once sync.Once
+			obs.OnLeave(func(node string) {
+				if node == oldNode {
+					once.Do(func() { close(oldGone) })
+				}
+			})
+			if err := syscall.Kill(before["decode"].SidecarPID, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 			testutil.WaitFor(t, time.Minute, "recovered and ready", func() bool {
@@ -291,24 +300,154 @@ func TestLocalRecoveryPolicies(t *testing.T) {
 				d, _ := o.Status().Role("demo", "decode")
 				return len(d.Engines) == 1 && d.Engines[0].Restarts >= 1 && d.Ready == 1 && p.Ready == 1
 			})
-			p1, _ := o.Status().Role("demo", "prefill")
+			// The killed member stays in the mesh until it is found dead;
+			// meanwhile the new sidecar gossips the engine beside it.
+			select {
+			case <-oldGone:
+			case <-time.After(time.Minute):
+				t.Fatalf("the killed sidecar %s never left the mesh", oldNode)
+			}
+			mark := steps.Load()
+			testutil.WaitFor(t, time.Minute, "ten more steps", func() bool { return steps.Load() >= mark+10 })
 			d1, _ := o.Status().Role("demo", "decode")
-			switch tc.policy {
+			testutil.WaitFor(t, time.Minute, "the recovered engine serving in the observer's view", func() bool {
+				e, ok := obs.Engine("demo-decode-0")
+				return ok && e.Ready && gossip.NormalURL(e.URL) == gossip.NormalURL(d1.Engines[0].URL)
+			})
+			if e, _ := obs.Engine("demo-decode-0"); e.Node == oldNode {
+				t.Errorf("the new sidecar took the killed one's gossip name %q", oldNode)
+			}
+			p1, _ := o.Status().Role("demo", "prefill")
+			d1, _ = o.Status().Role("demo", "decode")
+			pe, de := p1.Engines[0], d1.Engines[0]
+			wantPrefill := 0
+			if policy == "GroupRecreate" {
+				wantPrefill = 1
+			}
+			if de.Restarts != 1 || pe.Restarts != wantPrefill || d1.Ready != 1 || p1.Ready != 1 {
+				t.Errorf("%s: decode %+v, prefill %+v: want decode recovered once, prefill %d times, both ready", policy, de, pe, wantPrefill)
+			}
+			switch policy {
 			case "None":
-				if d1.Engines[0].SimPID != before["decode"].SimPID || d1.Engines[0].SidecarPID == before["decode"].SidecarPID {
-					t.Errorf("None: decode %+v after %+v: want the same sim and a new sidecar", d1.Engines[0], before["decode"])
+				if de.SimPID != before["decode"].SimPID || de.SidecarPID == before["decode"].SidecarPID {
+					t.Errorf("None: decode %+v after %+v: want the same sim and a new sidecar", de, before["decode"])
 				}
-				if p1.Engines[0].SimPID != before["prefill"].SimPID {
+				if pe.SimPID != before["prefill"].SimPID {
 					t.Errorf("None: prefill restarted too")
 				}
+			case "RoleRecreate":
+				if de.SimPID == before["decode"].SimPID || pe.SimPID != before["prefill"].SimPID {
+					t.Errorf("RoleRecreate: decode %+v prefill %+v: want decode alone recreated", de, pe)
+				}
 			case "GroupRecreate":
-				if d1.Engines[0].SimPID == before["decode"].SimPID || p1.Engines[0].SimPID == before["prefill"].SimPID || p1.Engines[0].Restarts < 1 {
-					t.Errorf("GroupRecreate: prefill %+v decode %+v: want both recreated", p1.Engines[0], d1.Engines[0])
+				if de.SimPID == before["decode"].SimPID || pe.SimPID == before["prefill"].SimPID {
+					t.Errorf("GroupRecreate: prefill %+v decode %+v: want both recreated", pe, de)
 				}
 			}
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// editSpec is a deployment without a policy: prefill 1, decode 2 and a
+// mixed role "extra" 1.
+const editSpec = `apiVersion: kvmesh.io/v1alpha1
+kind: ModelDeployment
+metadata: {name: demo}
+spec:
+  model: kvmesh-sim
+  engine: vllm
+  roles:
+    - {name: prefill, kind: prefill, replicas: 1, template: {}}
+    - {name: decode, kind: decode, replicas: 2, template: {}}
+    - {name: extra, kind: mixed, replicas: 1, template: {}}
+`
+
+// TestLocalSpecEdits: a role removed from a deployment that stays is
+// drained (its processes end, it leaves the mesh); a changed model rolls
+// every replica to it, a role's replicas one at a time (one decode
+// replica stays ready throughout), and none is left on the old model.
+func TestLocalSpecEdits(t *testing.T) {
+	var mu sync.Mutex
+	var decodeReady []int32 // per step, once the roll began
+	rolling := atomic.Bool{}
+	o, path, stop := startLocal(t, editSpec, func(c *Config) {
+		c.OnStatus = func(s Status) {
+			if d, ok := s.Role("demo", "decode"); ok && rolling.Load() {
+				mu.Lock()
+				decodeReady = append(decodeReady, d.Ready)
+				mu.Unlock()
+			}
+		}
+	})
+	obs := observer(t, o.Status().Gossip)
+	ids := []string{"demo-prefill-0", "demo-decode-0", "demo-decode-1"}
+	onModel := func(model string, ids ...string) bool {
+		for _, id := range ids {
+			if e, ok := obs.Engine(id); !ok || !e.Ready || e.Model != model {
+				return false
+			}
+		}
+		return true
+	}
+	testutil.WaitFor(t, time.Minute, "every engine ready", func() bool {
+		return onModel("kvmesh-sim", append(ids, "demo-extra-0")...)
+	})
+	var extra []int
+	for _, r := range o.sup.Snapshot() {
+		if r.Role == "extra" {
+			extra = append(extra, r.SimPID, r.SidecarPID)
+		}
+	}
+	if len(extra) != 2 {
+		t.Fatalf("extra role processes %v", extra)
+	}
+
+	// The role "extra" removed: drained.
+	noExtra := strings.Replace(editSpec, "    - {name: extra, kind: mixed, replicas: 1, template: {}}\n", "", 1)
+	if err := os.WriteFile(path, []byte(noExtra), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, time.Minute, "the removed role's replica stopped and gone from the mesh", func() bool {
+		for _, r := range o.sup.Snapshot() {
+			if r.Role == "extra" {
+				return false
+			}
+		}
+		_, inMesh := obs.Engine("demo-extra-0")
+		return !inMesh && !alive(extra[0]) && !alive(extra[1])
+	})
+
+	// The model changed: every replica rolls to it.
+	before := map[string]int{}
+	for _, r := range o.sup.Snapshot() {
+		before[r.ID] = r.SimPID
+	}
+	rolling.Store(true)
+	if err := os.WriteFile(path, []byte(strings.Replace(noExtra, "model: kvmesh-sim", "model: kvmesh-sim-2", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 2*time.Minute, "every engine serving the new model", func() bool { return onModel("kvmesh-sim-2", ids...) })
+	testutil.WaitFor(t, 30*time.Second, "status: decode 2 ready", func() bool {
+		d, _ := o.Status().Role("demo", "decode")
+		return d.Ready == 2
+	})
+	for _, r := range o.sup.Snapshot() {
+		if r.SimPID == before[r.ID] || r.Restarts != 1 {
+			t.Errorf("%s: sim pid %d (was %d), restarts %d: want recreated once", r.ID, r.SimPID, before[r.ID], r.Restarts)
+		}
+	}
+	mu.Lock()
+	for i, n := range decodeReady {
+		if n < 1 {
+			t.Errorf("step %d of the roll: no decode replica ready (%v): want one at a time", i, decodeReady)
+			break
+		}
+	}
+	mu.Unlock()
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

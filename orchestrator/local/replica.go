@@ -23,6 +23,9 @@ type replica struct {
 	index   int
 	model   string
 	simArgs []string // extra flags from the spec
+	rev     string   // revision of the spec it was made from
+
+	backoffLogged bool // its pending back-off was logged (loop goroutine only)
 
 	sim, sidecar *proc
 	addrs        simAddrs
@@ -78,11 +81,19 @@ func (r *replica) simCommand(pinned *simAddrs) []string {
 	return append(args, r.simArgs...)
 }
 
-func (r *replica) sidecarCommand(natsURL, seed string) []string {
+// sidecarCommand: node is the sidecar's gossip name, its own for every
+// sidecar started. A restarted sidecar must not claim its old self's name:
+// the mesh keeps that name for the old member until it is found dead
+// (seconds after a SIGKILL), and refuses it meanwhile (gossip.ErrNameTaken:
+// the new sidecar would exit, and be restarted, in a loop). The engine id
+// stays the replica's; two members gossiping one engine for a moment is
+// what a restart beside the old self looks like, and the mesh follows the
+// newest.
+func (r *replica) sidecarCommand(natsURL, seed, node string) []string {
 	return []string{"sidecar", "--engine-id", r.id, "--model", r.model, "--engine-url", r.addrs.url,
 		"--role", string(r.kind), "--events", r.addrs.events, "--replay", r.addrs.replay,
 		"--nats", natsURL, "--gossip-bind", "127.0.0.1:0", "--join", seed, "--gossip-profile", "local",
-		"--node-name", "sidecar-" + r.id, "--admin", "", "--block-size", r.blockSize(),
+		"--node-name", node, "--admin", "", "--block-size", r.blockSize(),
 		"--pd-group", r.md + "-0", // one group per deployment locally, named as the controller names group 0
 		"--log-format", "text"} // beside the simulators' and the supervisor's own text on the terminal
 }
@@ -138,7 +149,11 @@ func (s *Supervisor) startSim(ctx context.Context, r *replica, pinned *simAddrs)
 }
 
 func (s *Supervisor) startSidecar(r *replica) (*proc, error) {
-	return startProc("sidecar "+r.id, s.cfg.Exe, r.sidecarCommand(s.natsURL, s.seed), s.env, s.cfg.ChildStderr, nil, s.exited)
+	s.mu.Lock()
+	s.sidecarSeq++
+	node := fmt.Sprintf("sidecar-%s-%d", r.id, s.sidecarSeq)
+	s.mu.Unlock()
+	return startProc("sidecar "+r.id, s.cfg.Exe, r.sidecarCommand(s.natsURL, s.seed, node), s.env, s.cfg.ChildStderr, nil, s.exited)
 }
 
 // start runs the replica's sim, then its sidecar.

@@ -91,7 +91,7 @@ func (o *Orchestrator) Run(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	o.publish(time.Now(), nil)
+	o.publish(time.Now(), nil, nil)
 	close(o.ready)
 	tick := time.NewTicker(o.cfg.Interval)
 	defer tick.Stop()
@@ -141,17 +141,20 @@ func (o *Orchestrator) startMesh() error {
 }
 
 // apply moves from the old spec (nil at start) to the new one: deployments
-// gone are scaled to zero, roles without a policy to their replicas, roles
+// and roles gone are scaled to zero (drained), roles without a policy to their replicas, roles
 // with one to their replicas within the policy's bounds at start (then the
 // policy decides); a changed policy keeps its windows and cool-down.
 func (o *Orchestrator) apply(ctx context.Context, old, spec *Spec) error {
 	var errs []error
 	if old != nil {
 		for _, md := range old.Deployments {
-			if spec.deployment(md.Name) == nil {
-				for _, r := range md.Spec.Roles {
+			now := spec.deployment(md.Name)
+			for _, r := range md.Spec.Roles {
+				if now == nil || roleOf(now, r.Name) == nil { // a deployment or a role gone: drained to zero
 					errs = append(errs, o.sup.Scale(ctx, md.Name, r.Name, 0))
 				}
+			}
+			if now == nil {
 				delete(o.runners, md.Name)
 			}
 		}
@@ -228,7 +231,7 @@ func (s *Spec) deployment(name string) *v1alpha1.ModelDeployment {
 
 // step is one pass of the loop.
 func (o *Orchestrator) step(ctx context.Context, now time.Time) {
-	recovered := o.sup.recoverCrashed(ctx)
+	recovered := o.sup.recoverCrashed(ctx, now)
 	if o.ingress != nil && o.ingress.exitedUnasked() {
 		o.cfg.Logger.Warn("ingress exited; restarting it on its address", "err", o.ingress.err)
 		if err := o.startIngress(ctx, o.ingAddr); err != nil {
@@ -238,6 +241,7 @@ func (o *Orchestrator) step(ctx context.Context, now time.Time) {
 		}
 	}
 	o.reload(ctx)
+	rolled := o.sup.rollOutdated(ctx, o.servesAt)
 	for i := range o.spec.Deployments {
 		md := &o.spec.Deployments[i]
 		pr := o.runners[md.Name]
@@ -252,7 +256,14 @@ func (o *Orchestrator) step(ctx context.Context, now time.Time) {
 			o.cfg.Logger.Warn("autoscale", "policy", pr.ap.Name, "err", err)
 		}
 	}
-	o.publish(now, recovered)
+	o.publish(now, recovered, rolled)
+}
+
+// servesAt reports whether the mesh has engine id ready at url (a
+// recreated replica's old state, at its old URL, does not count).
+func (o *Orchestrator) servesAt(id, url string) bool {
+	e, ok := o.node.Engine(id)
+	return ok && e.Ready && url != "" && gossip.NormalURL(e.URL) == gossip.NormalURL(url)
 }
 
 // reload re-reads the file when its size or time changed.
@@ -268,7 +279,7 @@ func (o *Orchestrator) reload(ctx context.Context) {
 	}
 	spec, err := LoadSpec(o.cfg.File)
 	if err != nil {
-		o.cfg.Logger.Warn("spec file changed but does not parse; keeping the last good one", "err", err)
+		o.cfg.Logger.Warn("spec file changed but is refused; keeping the last good one", "err", err)
 		o.specStamp = stamp
 		return
 	}
@@ -388,13 +399,13 @@ func (o *Orchestrator) shutdown() error {
 }
 
 // publish builds the status, stores it, writes the file and calls OnStatus.
-func (o *Orchestrator) publish(now time.Time, recovered []string) {
+func (o *Orchestrator) publish(now time.Time, recovered, rolled []string) {
 	engines := map[string]gossip.EngineView{}
 	for _, v := range o.node.Engines() {
 		engines[v.ID] = v
 	}
 	reps := o.sup.Snapshot()
-	st := Status{Time: now, Gossip: o.sup.seed, NATS: o.natsURL, Recovered: recovered}
+	st := Status{Time: now, Gossip: o.sup.seed, NATS: o.natsURL, Recovered: recovered, Rolled: rolled}
 	if o.ingress != nil {
 		st.Ingress, st.IngressPID = "http://"+o.ingAddr, o.ingress.pid()
 	}

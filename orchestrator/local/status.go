@@ -24,6 +24,8 @@ type Status struct {
 	Deployments []DeploymentStatus `json:"deployments"`
 	// Recovered lists the restarts of this step.
 	Recovered []string `json:"recovered,omitempty"`
+	// Rolled lists the replicas recreated this step from a changed spec.
+	Rolled []string `json:"rolled,omitempty"`
 }
 
 // DeploymentStatus is one ModelDeployment.
@@ -116,6 +118,9 @@ func (s Status) WriteText(w io.Writer) error {
 	}
 	for _, r := range s.Recovered {
 		fmt.Fprintf(&b, "recovered %s\n", r)
+	}
+	for _, r := range s.Rolled {
+		fmt.Fprintf(&b, "rolled %s\n", r)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
