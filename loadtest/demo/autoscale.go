@@ -188,7 +188,10 @@ func RunAutoscale(ctx context.Context, cfg AutoscaleConfig) (*AutoscaleResult, e
 	if err != nil {
 		return nil, fmt.Errorf("demo --autoscale: %w", err)
 	}
-	octx, stopOrch := context.WithCancel(ctx)
+	// Not cancelled with ctx: a stopped run (Ctrl-C) ends its load first,
+	// whose requests in flight finish (rampGen.run), and only then the
+	// engines under them; cancelled together, those requests failed.
+	octx, stopOrch := context.WithCancel(context.WithoutCancel(ctx))
 	orchDone := make(chan error, 1)
 	go func() { orchDone <- o.Run(octx) }() // owned here: stopOrch + <-orchDone below
 	res, runErr := driveAutoscale(ctx, cfg, o, orchDone)
