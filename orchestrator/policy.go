@@ -315,6 +315,12 @@ func stuckAtZeroMessage(roles []string) string {
 		"minReplicas is 1 or more", strings.Join(roles, ", "))
 }
 
+// The SLO targets' defaults, as the CRD schema's (manifests/crds).
+const (
+	defaultTTFTMilliseconds = 500
+	defaultTPOTMilliseconds = 50
+)
+
 // PolicyFromSpec resolves an AutoscalingPolicy with its defaults: the one
 // conversion the controller and the local backend (orchestrator/local) share.
 func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
@@ -350,8 +356,18 @@ func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 		p.Ratio = &autoscale.Ratio{Numerator: s.Ratio.NumeratorRole, Denominator: s.Ratio.DenominatorRole, Min: s.Ratio.MinRatio, Max: s.Ratio.MaxRatio}
 	}
 	if s.SLO != nil {
+		// The CRD's defaults where a target is unset: the API server fills
+		// them in, the local backend's reader (which has no API server)
+		// did not, and a 1 ms TTFT target scaled every role to its max.
+		ttft, tpot := s.SLO.TTFTMilliseconds, s.SLO.TPOTMilliseconds
+		if ttft <= 0 {
+			ttft = defaultTTFTMilliseconds
+		}
+		if tpot <= 0 {
+			tpot = defaultTPOTMilliseconds
+		}
 		p.SLO = &autoscale.SLO{
-			TTFTSeconds: float64(max(s.SLO.TTFTMilliseconds, 1)) / 1000, TPOTSeconds: float64(max(s.SLO.TPOTMilliseconds, 1)) / 1000,
+			TTFTSeconds: float64(ttft) / 1000, TPOTSeconds: float64(tpot) / 1000,
 			PrefillTokensPerSecond: s.SLO.PrefillTokensPerSecond, DecodeStreamsPerReplica: s.SLO.DecodeStreamsPerReplica,
 			PrefillUtilization: float64(s.SLO.PrefillUtilizationPercent) / 100,
 			TTFTAim:            float64(s.SLO.TTFTAimPercent) / 100,

@@ -273,3 +273,18 @@ func TestPolicyFromSpecSLOAdapt(t *testing.T) {
 		t.Fatalf("aim 40 %%, raise-only gave aim %v, min correction %v; want 0.4 and 1", p.SLO.TTFTAim, p.SLO.MinCorrection)
 	}
 }
+
+// TestPolicyFromSpecSLODefaults: an slo block without its targets gets the
+// CRD's defaults (500 ms TTFT, 50 ms TPOT) however the spec was read. The
+// local backend's reader has no API server to default it, and took 1 ms.
+func TestPolicyFromSpecSLODefaults(t *testing.T) {
+	spec := v1alpha1.AutoscalingPolicySpec{SLO: &v1alpha1.SLOTarget{PrefillRole: "p", DecodeRole: "d", DecodeStreamsPerReplica: 8}}
+	p := PolicyFromSpec(&spec)
+	if p.SLO == nil || p.SLO.TTFTSeconds != 0.5 || p.SLO.TPOTSeconds != 0.05 {
+		t.Fatalf("SLO %+v, want the CRD's 0.5 s and 0.05 s", p.SLO)
+	}
+	spec.SLO.TTFTMilliseconds, spec.SLO.TPOTMilliseconds = 800, 40
+	if p := PolicyFromSpec(&spec); p.SLO.TTFTSeconds != 0.8 || p.SLO.TPOTSeconds != 0.04 {
+		t.Fatalf("SLO %+v, want the spec's 0.8 s and 0.04 s", p.SLO)
+	}
+}

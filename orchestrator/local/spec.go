@@ -292,8 +292,15 @@ func policyProblems(ap *v1alpha1.AutoscalingPolicy, md *v1alpha1.ModelDeployment
 			add(" role %q: maxReplicas %d above the local limit %d", r.Name, r.MaxReplicas, maxReplicas)
 		}
 		for _, m := range r.Metrics {
-			if !slices.Contains(metricNames, m.Name) {
+			switch {
+			case !slices.Contains(metricNames, m.Name):
 				add(" role %q: metric name %q, want one of %s", r.Name, m.Name, strings.Join(metricNames, ", "))
+			case m.Name == autoscale.TTFTP90 || m.Name == autoscale.TPOTP90:
+				// The schema takes them (the controller reads the ingresses'
+				// gossiped latency summaries per role); the local backend
+				// measures none per role, so the role would hold forever.
+				add(" role %q: metric %q is not measured by the local backend (no per-role latency percentile; use the slo block, or %s)",
+					r.Name, m.Name, strings.Join(metricNames[:4], ", "))
 			}
 			if !(m.Target > 0) || math.IsInf(m.Target, 1) { // NaN fails > 0
 				add(" role %q metric %q: target %v, want a number above 0", r.Name, m.Name, m.Target)
@@ -301,9 +308,7 @@ func policyProblems(ap *v1alpha1.AutoscalingPolicy, md *v1alpha1.ModelDeployment
 			switch m.Source {
 			case "", "mesh":
 			case "prometheus":
-				if m.Query == "" {
-					add(" role %q metric %q: source prometheus needs a query", r.Name, m.Name)
-				}
+				add(" role %q metric %q: source prometheus is not read by the local backend (the mesh's own load is: leave source unset)", r.Name, m.Name)
 			default:
 				add(" role %q metric %q: source %q, want mesh or prometheus", r.Name, m.Name, m.Source)
 			}

@@ -120,6 +120,9 @@ func TestParseSpecSchema(t *testing.T) {
 		{"zero target", edit("{name: runningRequests, target: 8}", "{name: runningRequests, target: 0}"), []string{`target 0, want a number above 0`}},
 		{"metric source", edit("{name: runningRequests, target: 8}", "{name: runningRequests, target: 8, source: graphite}"),
 			[]string{`source "graphite", want mesh or prometheus`}},
+		{"metrics the local backend does not measure", edit("{name: runningRequests, target: 8}", "{name: tpotP90Seconds, target: 0.05, source: prometheus, query: x}"),
+			[]string{`role "decode": metric "tpotP90Seconds" is not measured by the local backend`,
+				`metric "tpotP90Seconds": source prometheus is not read by the local backend`}},
 		{"min above max", edit("{name: prefill, minReplicas: 1, maxReplicas: 3", "{name: prefill, minReplicas: 5, maxReplicas: 2"),
 			[]string{`AutoscalingPolicy "demo" role "prefill": minReplicas 5 above maxReplicas 2`}},
 		{"max below 1", edit("{name: prefill, minReplicas: 1, maxReplicas: 3", "{name: prefill, minReplicas: 0, maxReplicas: 0"),
@@ -150,12 +153,13 @@ func TestParseSpecSchema(t *testing.T) {
 			}
 		})
 	}
-	// Every value the schemas admit is admitted.
+	// Every value the schemas admit is admitted, but the metrics the local
+	// backend cannot read (latency percentiles, Prometheus: refused above).
 	for _, ok := range []string{
 		edit("engine: vllm", "engine: sglang\n  recoveryPolicy: None"),
 		edit("engine: vllm", "engine: vllm\n  recoveryPolicy: GroupRecreate", "{name: prefill, kind: prefill, replicas: 1,", "{name: prefill, kind: prefill, replicas: 2, gangMinimum: 2,"),
-		edit("{name: waitingRequests, target: 4}", "{name: prefillQueueTokens, target: 2048}, {name: kvUsage, target: 0.8}, {name: ttftP90Seconds, target: 1}",
-			"{name: runningRequests, target: 8}", "{name: tpotP90Seconds, target: 0.05, source: mesh}"),
+		edit("{name: waitingRequests, target: 4}", "{name: prefillQueueTokens, target: 2048}, {name: kvUsage, target: 0.8}",
+			"{name: runningRequests, target: 8}", "{name: runningRequests, target: 8, source: mesh}"),
 	} {
 		if _, err := ParseSpec([]byte(ok)); err != nil {
 			t.Errorf("refused: %v\n%s", err, ok)
