@@ -29,9 +29,11 @@
 // only partly and a line whose samples all sit at one x keeps the prior's
 // slope. Forgetting (Config.Memory) lets the estimate follow an engine whose
 // speed changes. An engine without samples of its own uses the estimate
-// pooled over every engine, and an engine with a few starts from it: its
-// own lines' pseudo-samples sit on the pooled lines, not on the prior's
-// (partial pooling), so the cluster's samples teach each engine what
+// pooled over every engine, as does a line without (an engine with TTFTs
+// but no pure-decode stretch has the pooled decode line), and an engine
+// with a few starts from it: its own lines' pseudo-samples sit on the
+// pooled lines, not on the prior's (partial pooling), so the cluster's
+// samples teach each engine what
 // replicas of one model on one GPU share, and an engine's own samples
 // teach what is its alone (a slower GPU, a busier host).
 //
@@ -396,19 +398,23 @@ func (l *Learner) Pooled() Rates {
 func (l *Learner) estimate(m *model) Rates { return l.estimateFrom(m, l.priorPlanes()) }
 
 // estimateFrom fits m's lines with their pseudo-samples on the planes pp
-// (prefill, decode), each estimate clamped around Prior.
+// (prefill, decode), each estimate clamped around Prior. A line without
+// samples is pp's, not Prior's: an engine with prefill samples but no
+// decode stretch of its own (one never idle of first tokens: every stretch
+// it decodes, a request it was sent awaits its first token) is priced at
+// the pooled step cost, as an engine with no sample at all is. Reporting
+// the prior's there made the busiest engine the cheapest-looking one (the
+// prior's step cost was 3.4× below the pooled estimate on 7b-l40s), so it
+// got every short prompt and never decoded alone to correct it
+// (docs/BENCHMARKS.md, "Unseen shapes (stop 68)").
 func (l *Learner) estimateFrom(m *model, pp [2][3]float64) Rates {
 	p, c := l.cfg.Prior, l.cfg.Clamp
-	r := p
-	θ, ok := l.planes(m, pp)
-	if ok[0] {
-		r.PrefillRate = clamp(1/θ[0][1], p.PrefillRate, c)
+	θ, _ := l.planes(m, pp)
+	return Rates{
+		PrefillRate:       clamp(1/θ[0][1], p.PrefillRate, c),
+		StepBase:          clamp(θ[1][0], p.StepBase, c),
+		DecodeSecPerToken: clamp(θ[1][1], p.DecodeSecPerToken, c),
 	}
-	if ok[1] {
-		r.StepBase = clamp(θ[1][0], p.StepBase, c)
-		r.DecodeSecPerToken = clamp(θ[1][1], p.DecodeSecPerToken, c)
-	}
-	return r
 }
 
 // planes fits m's lines (prefill, decode) with their pseudo-samples on the

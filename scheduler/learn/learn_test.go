@@ -338,3 +338,41 @@ func TestUniformPromptsKeepTheContextCost(t *testing.T) {
 		}
 	}
 }
+
+// TestLineWithoutSamplesIsPooled: an engine with prefill samples but no
+// decode stretch of its own (an engine never idle of first tokens) is
+// priced at the pooled step cost, as an engine with no sample at all is,
+// not at the prior's. The prior here is 3.4× below the engines' true step
+// cost (the ingress default against 7b-l40s): reported for the busiest
+// engine, it made that engine the cheapest-looking one, and a router sent
+// it every short prompt (docs/BENCHMARKS.md, "Unseen shapes (stop 68)").
+func TestLineWithoutSamplesIsPooled(t *testing.T) {
+	const base, perTok, rate = 0.024, 8.3e-8, 9500.0
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	for _, shared := range []bool{false, true} {
+		l, _ := New(Config{Shared: shared}) // DefaultPrior: step base 0.007 s
+		for e := 0; e < 6; e++ {
+			id := fmt.Sprint("e", e)
+			for k := 0; k < 100; k++ {
+				ctx, seqs := 2000+float64((k*7919+e*104729)%60000), float64(1+(k*31+e)%32)
+				l.ObserveDecode(id, seqs, ctx, sec(base+perTok*ctx+20e-6*seqs), 16)
+				tok := 20 + ((k+e)*977)%4000
+				l.ObservePrefill(id, tok, sec(base+float64(tok)/rate))
+			}
+		}
+		for k := 0; k < 500; k++ {
+			tok := 20 + (k*977)%4000
+			l.ObservePrefill("busy", tok, sec(base+float64(tok)/rate))
+		}
+		busy, unseen := l.Rates("busy"), l.Rates("unseen")
+		t.Logf("shared %v: prefill-only engine step base %.4f s, %.3g s/token; unsampled engine %.4f s, %.3g s/token (true %.4f, %.3g)",
+			shared, busy.StepBase, busy.DecodeSecPerToken, unseen.StepBase, unseen.DecodeSecPerToken, base, perTok)
+		if !within(unseen.StepBase, base, 0.10) {
+			t.Fatalf("shared %v: the pooled step base %.4f s, want within 10 %% of %.4f", shared, unseen.StepBase, base)
+		}
+		if !within(busy.StepBase, unseen.StepBase, 0.02) || !within(busy.DecodeSecPerToken, unseen.DecodeSecPerToken, 0.02) {
+			t.Errorf("shared %v: the prefill-only engine's decode line (%.4f s, %.3g s/token), want an unsampled engine's (%.4f s, %.3g s/token)",
+				shared, busy.StepBase, busy.DecodeSecPerToken, unseen.StepBase, unseen.DecodeSecPerToken)
+		}
+	}
+}
