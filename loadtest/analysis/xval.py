@@ -113,7 +113,9 @@ def kvmesh_config(args):
 
 def row(args, wl, rate, prof, seed):
     base = WORKLOADS[wl](rate) + ["--profile", prof, "--engines", str(ENGINES), "--gpu-blocks", str(GPU_BLOCKS),
-                                  "--seed", str(seed), "--limit", str(args.limit)]
+                                  "--seed", str(seed)]
+    if wl != "shared-prefix":  # its size is --groups x --prompts; kvmesh bench refuses --limit there (never read)
+        base += ["--limit", str(args.limit)]
     key = f"{wl}_{rate}x_{prof}_s{seed}_n{args.limit}"
     emu = completed(run(args, base + ["--policies", ",".join(EMUS)], os.path.join(args.out, key + "_emu.json"), False)["policies"], key)
     km = completed(run(args, base + ["--policies", "kvmesh"] + kvmesh_config(args), os.path.join(args.out, key + f"_kvmesh{args.tag}.json"),
