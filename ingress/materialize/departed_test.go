@@ -68,5 +68,14 @@ func TestDepartedEngineFromStreamIsNotFailing(t *testing.T) {
 		if n := warned.count("snapshots of an engine keep failing"); n != warns {
 			t.Errorf("gossiped %v: %d warnings, want %d (%q)", gossiped, n, warns, warned.msgs)
 		}
+		if gossiped {
+			continue
+		}
+		// Gossip lists it after its third failure: a live engine whose
+		// snapshots fail, counted and warned of once from its next failure.
+		mem.set(gossip.EngineView{EngineState: gossip.EngineState{ID: "departed", Model: "m"}})
+		testutil.WaitFor(t, 30*time.Second, "the engine counted as failing once gossip lists it", func() bool {
+			return gauge(t, reg, "kvmesh_materializer_failing_engines") == 1 && warned.count("snapshots of an engine keep failing") == 1
+		})
 	}
 }

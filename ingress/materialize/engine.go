@@ -20,6 +20,7 @@ type engineState struct {
 	again        bool      // another snapshot was asked for while one was in flight
 	retryAt      time.Time // non-zero: a snapshot is due at this time (failure backoff)
 	failures     int
+	failWarned   bool              // the failing warning of this streak was logged
 	buf          []*kvevents.Delta // deltas that arrived while not in sequence, bounded
 	bufBytes     int               // buf's estimated memory (deltaBytes)
 

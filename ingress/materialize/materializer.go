@@ -638,8 +638,11 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 		if e.failures == failingSnapshots && !m.failingLocked(e) {
 			m.log.Info("snapshots of an engine gossip does not list keep failing: it has probably left, and is forgotten once no delta comes for a while",
 				"engine", e.id, "failures", e.failures, "result", result)
-		} else if e.failures == failingSnapshots {
-			// From here Synced no longer waits for the engine: say so once.
+		} else if m.failingLocked(e) && !e.failWarned {
+			// From here Synced no longer waits for the engine: say so once
+			// per streak (also when gossip lists it only after its third
+			// failure: it then counts as failing from its next one).
+			e.failWarned = true
 			m.log.Warn("snapshots of an engine keep failing: readiness no longer waits for it, and its index entries stay as they were (empty if never synced) until one succeeds",
 				"engine", e.id, "failures", e.failures, "result", result, "err", err)
 		}
@@ -654,7 +657,7 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 	if e.failures >= failingSnapshots {
 		m.log.Info("snapshot succeeded again", "engine", e.id, "after_failures", e.failures)
 	}
-	e.failures = 0
+	e.failures, e.failWarned = 0, false
 	for _, o := range s.Others { // their starts, for ordering their deltas
 		e.epochs.note(o.epoch, o.start, false)
 	}
