@@ -133,6 +133,12 @@ func engineFields(r *replica) (string, bool) {
 		delete(e, "recent_ttft_s") // per replica: its own answers' latencies
 		delete(e, "recent_tpot_s")
 		delete(e, "learned") // per replica (off in these tests)
+		// The scheduler-side load /debug/engines adds (addLocalLoad): this
+		// replica's own latencies and token charges.
+		delete(e, "TTFT")
+		delete(e, "TPOT")
+		delete(e, "LocalPrefillTokens")
+		delete(e, "LocalActiveTokens")
 	}
 	b, err := json.Marshal(list)
 	return string(b), err == nil
