@@ -410,8 +410,12 @@ func (l *Learner) estimate(m *model) Rates { return l.estimateFrom(m, l.priorPla
 func (l *Learner) estimateFrom(m *model, pp [2][3]float64) Rates {
 	p, c := l.cfg.Prior, l.cfg.Clamp
 	θ, _ := l.planes(m, pp)
+	rate := clamp(1/θ[0][1], p.PrefillRate, c)
+	if θ[0][1] == 1/p.PrefillRate {
+		rate = p.PrefillRate // the prior's own plane: its rate exactly, not 1/(1/rate) rounded
+	}
 	return Rates{
-		PrefillRate:       clamp(1/θ[0][1], p.PrefillRate, c),
+		PrefillRate:       rate,
 		StepBase:          clamp(θ[1][0], p.StepBase, c),
 		DecodeSecPerToken: clamp(θ[1][1], p.DecodeSecPerToken, c),
 	}
