@@ -125,14 +125,40 @@ type pdCall struct {
 	planned  string
 	result   string // prefill leg result for the access log
 	duration time.Duration
+	// res is what the plan charged its engines until the legs charge
+	// them themselves (pdState.reserve).
+	res pdReservation
 }
+
+// pdReservation is a disaggregated plan's charge on its engines from the
+// decision until the legs carry it: the prefill engine's until the
+// prefill leg charges it (runPrefill), the decode engine's until the
+// decode leg is sent (prefillLeg returns). Without it a request whose
+// prefill leg runs is on its decode engine nowhere, and every plan made
+// meanwhile sees that engine idle: a burst of long prompts put all its
+// decode legs on one engine.
+type pdReservation struct {
+	prefill, decode string
+	pre, act        int // the prefill engine's prefill tokens; the decode engine's active tokens
+}
+
+// pendingLoad is the reservations on one engine.
+type pendingLoad struct{ n, pre, act int }
 
 // pdState is the server's P/D admission and metrics, built on first use.
 type pdState struct {
 	once  sync.Once
 	cfg   PDConfig
-	mu    sync.Mutex // guards gates
+	mu    sync.Mutex // guards gates and pending
 	gates map[string]*prefillGate
+	// pending is the plans' reservations per engine (pdReservation).
+	pending map[string]pendingLoad
+	// planMu makes a plan and its reservation one step: a plan reads the
+	// reservations and this replica's load on the engines, decides and
+	// reserves before the next plan reads them, so that concurrent
+	// requests see each other's choice (not each the idle cluster they
+	// all arrived to).
+	planMu sync.Mutex
 	// router is Deps.PD, or the one built from PDConfig.Policy over the
 	// server's scheduler; nil: P/D off.
 	router PDPlanner
@@ -184,6 +210,7 @@ func (s *Server) pdInit() *pdState {
 		p.cfg.defaults()
 		p.mu.Lock() // pdLoads (the load-sharing goroutine) reads gates under mu, without the once
 		p.gates = make(map[string]*prefillGate)
+		p.pending = make(map[string]pendingLoad)
 		p.noKV = make(map[string]*noKVMark)
 		p.mu.Unlock()
 		p.router = s.deps.PD
@@ -220,27 +247,28 @@ func (s *Server) pdInit() *pdState {
 	return p
 }
 
-// busy reports whether engine has prefill legs of this replica holding or
-// waiting for an admission slot.
 // pdAlertResults are the prefill legs' results of an engine that is not
 // what gossip says (a wrong model, a kvmesh ingress), created at 0.
 var pdAlertResults = [...]string{"fallback_wrong_model", "fallback_" + loopResult, "failed_wrong_model", "failed_" + loopResult}
 
+// busy reports whether engine has prefill legs of this replica holding or
+// waiting for an admission slot, or a plan's reservation.
 func (p *pdState) busy(engine string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g := p.gates[engine]
-	return g != nil && (len(g.slots) > 0 || g.waiting.Load() > 0)
+	_, reserved := p.pending[engine]
+	return reserved || g != nil && (len(g.slots) > 0 || g.waiting.Load() > 0)
 }
 
 // forget drops engine's admission gate unless legs hold or wait for it
-// (false then), and the P/D router's state of it (forget.go). A leg that
-// took the gate just before is admitted on the dropped gate, and releases
-// it there.
+// or a plan reserved it (false then), and the P/D router's state of it
+// (forget.go). A leg that took the gate just before is admitted on the
+// dropped gate, and releases it there.
 func (p *pdState) forget(engine string) bool {
 	p.mu.Lock()
 	g := p.gates[engine]
-	if g != nil && (len(g.slots) > 0 || g.waiting.Load() > 0) {
+	if _, reserved := p.pending[engine]; reserved || g != nil && (len(g.slots) > 0 || g.waiting.Load() > 0) {
 		p.mu.Unlock()
 		return false
 	}
@@ -355,16 +383,6 @@ func (s *Server) pdLoads(loads []EngineLoad) []EngineLoad {
 	return loads
 }
 
-// queuedLegs is this replica's prefill legs waiting for a slot on engine.
-func (p *pdState) queuedLegs(engine string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if g := p.gates[engine]; g != nil {
-		return int(g.waiting.Load())
-	}
-	return 0
-}
-
 func (p *pdState) gate(engine string) *prefillGate {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -425,16 +443,11 @@ func (c *call) planPD() error {
 		c.dropPrefillEngines("")
 		return nil
 	}
-	for i := range c.cands {
-		// Legs waiting at this replica's admission will reach the engine
-		// (other replicas' arrive through gossip in InFlight).
-		if c.cands[i].Role == scheduler.RolePrefill {
-			c.cands[i].InFlight += p.queuedLegs(c.cands[i].ID)
-			if p.noKVMarked(c.cands[i].ID, c.start) {
-				c.cands[i].Healthy = false // markNoKV: no prefill legs, nor whole requests, for now
-			}
-		}
-	}
+	// One plan at a time (planMu): the load read below includes every
+	// earlier plan's reservation or its legs' own charges.
+	p.planMu.Lock()
+	defer p.planMu.Unlock()
+	c.pdLoad(p)
 	if err := p.router.Route(&c.sreq, c.cands, &c.pd.plan); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoEngine, err)
 	}
@@ -445,7 +458,111 @@ func (c *call) planPD() error {
 	if len(c.dec.Ranked) == 0 {
 		return fmt.Errorf("%w: no engine can decode", ErrNoEngine)
 	}
+	if pl.Mode == pd.Disaggregated {
+		c.reserve(p) // prefillLeg, which always follows a plan, releases it
+	}
 	return nil
+}
+
+// pdLoad brings the candidates' load up to the moment of the plan: this
+// replica's own load on each (read when the request arrived, before its
+// tokenizing, while other requests' legs may have been sent since) and
+// the plans' reservations, legs waiting at this replica's prefill
+// admission included (other replicas' arrive through gossip in
+// InFlight). It reads the reservations before the engines' load: a leg
+// charges its engine before it releases its reservation, so a request is
+// never missing from both. Under planMu.
+func (c *call) pdLoad(p *pdState) {
+	j := 0
+	for i := range c.cands {
+		e := &c.cands[i]
+		p.mu.Lock()
+		res := p.pending[e.ID]
+		p.mu.Unlock()
+		// The candidates were added in membership's order (candidates):
+		// the engine's own entry holds the other replicas' in-flight
+		// count, to which addLocalLoad added this replica's.
+		k := j
+		for k < len(c.infos) && c.infos[k].ID != e.ID {
+			k++
+		}
+		if k < len(c.infos) {
+			j = k + 1
+			if up := c.s.ups.lookup(e.ID); up != nil {
+				n, pre, act := up.load()
+				e.InFlight = c.infos[k].InFlight + n
+				e.LocalPrefillTokens, e.LocalActiveTokens = pre, act
+			}
+		}
+		e.InFlight += res.n
+		e.LocalPrefillTokens += res.pre
+		e.LocalActiveTokens += res.act
+		if e.Role == scheduler.RolePrefill && p.noKVMarked(e.ID, c.start) {
+			e.Healthy = false // markNoKV: no prefill legs, nor whole requests, for now
+		}
+	}
+}
+
+// reserve charges the plan's engines until its legs charge them (pdReservation):
+// the prefill engine with one request and the prompt tokens its leg will
+// compute (as runPrefill charges), the decode engine with one request and
+// its prompt and expected output (as startAttempt charges its active set).
+func (c *call) reserve(p *pdState) {
+	out := c.req.maxTokens
+	if out <= 0 {
+		out = defaultOutputTokens
+	}
+	r := &c.pd.res
+	r.decode, r.act = c.pd.plan.Decode, c.promptTokens+out
+	p.mu.Lock()
+	l := p.pending[r.decode]
+	l.n, l.act = l.n+1, l.act+r.act
+	p.pending[r.decode] = l
+	p.mu.Unlock()
+	c.reservePrefill(p)
+}
+
+// reservePrefill charges c.pd.prefill, the engine the prefill leg is for,
+// until the leg charges it: a leg waiting at its admission counts so too.
+func (c *call) reservePrefill(p *pdState) {
+	r := &c.pd.res
+	r.prefill, r.pre = c.pd.prefill, max(0, c.promptTokens-c.pd.pmatch.Spec*c.block)
+	p.mu.Lock()
+	l := p.pending[r.prefill]
+	l.n, l.pre = l.n+1, l.pre+r.pre
+	p.pending[r.prefill] = l
+	p.mu.Unlock()
+}
+
+// unreserve releases the plan's reservation on its prefill engine, and on
+// its decode engine too when decode is set; what is released already is
+// not released again.
+func (c *call) unreserve(p *pdState, decode bool) {
+	r := &c.pd.res
+	if r.prefill == "" && (!decode || r.decode == "") {
+		return
+	}
+	p.mu.Lock()
+	if r.prefill != "" {
+		p.unpend(r.prefill, 1, r.pre, 0)
+		r.prefill = ""
+	}
+	if decode && r.decode != "" {
+		p.unpend(r.decode, 1, 0, r.act)
+		r.decode = ""
+	}
+	p.mu.Unlock()
+}
+
+// unpend takes a reservation off engine's pending load. Under mu.
+func (p *pdState) unpend(engine string, n, pre, act int) {
+	l := p.pending[engine]
+	l.n, l.pre, l.act = l.n-n, l.pre-pre, l.act-act
+	if l.n <= 0 {
+		delete(p.pending, engine)
+		return
+	}
+	p.pending[engine] = l
 }
 
 // dropPrefillEngines removes prefill-role engines from the ranking (when
@@ -645,11 +762,12 @@ func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
 	if c.pd.prefill == "" {
 		return true
 	}
+	p := c.s.pdInit()
 	if pi := c.infoOf(c.pd.prefill); pi != nil && pi.PDProtocol == gossip.PDProtocolSGLang {
+		c.unreserve(p, true)     // both legs charge their engines at once
 		return c.sglangLegs(ctx) // pd_sglang.go: both legs at once
 	}
-	p := c.s.pdInit()
-	_, ok := c.runPrefill(ctx, p, time.Now())
+	_, ok := c.runPrefill(ctx, p, time.Now()) // prefillDone releases the reservation
 	return ok
 }
 
@@ -688,9 +806,13 @@ func (c *call) prefillEngine() string {
 	return c.pd.prefill
 }
 
-// prefillDone records a leg's result (metrics, the access log's fields);
-// it runs before the call is finished, after which nothing may touch c.
+// prefillDone records a leg's result (metrics, the access log's fields)
+// and releases the plan's reservation; it runs before the call is
+// finished, after which nothing may touch c.
 func (c *call) prefillDone(p *pdState, res string, start time.Time) string {
+	// The decode leg (or the aggregated fallback) is sent next and charges
+	// its engine then (startAttempt); or the call is answered already.
+	c.unreserve(p, true)
 	c.pd.result, c.pd.duration = res, time.Since(start)
 	if res == "rejected" || strings.HasPrefix(res, "fallback_") {
 		c.servedWhole()
@@ -737,6 +859,8 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		}
 		p.legs.WithLabelValues("prefill", "next_queue_full").Inc()
 		c.pd.prefill, c.pd.pmatch = o.Prefill, o.PrefillMatch
+		c.unreserve(p, false) // the reservation moves with the leg
+		c.reservePrefill(p)
 		g = p.gate(c.pd.prefill)
 		err = g.acquire(p.cfg.PrefillQueue, start.Add(p.cfg.PrefillTimeout))
 	}
@@ -791,6 +915,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		up.progress.Store(monoNow()) // the stall watch counts from here (health.go)
 	}
 	pre := up.prefill.Add(charge)
+	c.unreserve(p, false) // charged: the plan's reservation is carried by the leg now
 	up.total.Add(1)
 	// Do, not DoDeadline: the upstream clients stream response bodies,
 	// which DoDeadline does not support; the expiry timer bounds the leg.
