@@ -324,6 +324,29 @@ func (p *pdState) noKVOK(engine string) {
 	p.mu.Unlock()
 }
 
+// markRefusedKey leaves engine out of prefill legs (and whole requests)
+// for noKVBackoff, as markNoKV does: its leg answered 401, so it wants an
+// engine key this ingress does not send (upstreamauth.go warned of it).
+// Without the mark the cost model kept choosing the idle-looking engine:
+// 49 of 50 legs went to it and fell back, P/D off in all but name. A leg
+// answered with kv_transfer_params clears it (noKVOK), as after a fixed
+// key and a restart.
+func (p *pdState) markRefusedKey(engine string) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.noKV[engine]
+	if m == nil {
+		m = &noKVMark{}
+		p.noKV[engine] = m
+	}
+	if now.Before(m.until) {
+		return // legs in flight when it was marked
+	}
+	m.until = now.Add(noKVBackoff.Delay(m.n))
+	m.n++
+}
+
 // noKVMarked reports whether engine is left out of prefill legs now.
 func (p *pdState) noKVMarked(engine string, now time.Time) bool {
 	p.mu.Lock()
@@ -966,7 +989,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	case st == fasthttp.StatusUnauthorized:
 		// upstreamauth.go: the ingress's engine key, not the client's.
 		_ = s.credentialError(up, resp)
-		s.m.attempts.WithLabelValues("credential_refused").Inc()
+		p.markRefusedKey(up.id)
 		c.watch.release()
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)

@@ -350,6 +350,12 @@ func TestSGLangLegsRefuseCredential(t *testing.T) {
 	if n, f := refused.Load(), val(s.pdInit().legs.WithLabelValues("prefill", "failed_credential_refused")); n != 1 || f != 1 {
 		t.Fatalf("prefill legs sent %d, counted failed_credential_refused %v; want 1 each", n, f)
 	}
+	// Left out of prefill legs for a while (markRefusedKey): the next
+	// request is served without a leg to it.
+	st, hdr, b = post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"refused again `+strings.Repeat("y ", 40)+`","max_tokens":3}`)
+	if st != 200 || refused.Load() != 1 {
+		t.Fatalf("second request: status %d engine %q body %s, %d prefill legs to the refusing engine; want 200 and still 1", st, hdr.Get("X-Kvmesh-Engine"), b, refused.Load())
+	}
 
 	url2, refused2 := fakeAnswering(t, http.StatusUnauthorized, `{"error":"Unauthorized"}`)
 	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "dx", Policy: "fixed", Reason: "test",

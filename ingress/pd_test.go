@@ -297,7 +297,9 @@ func TestPDPrefillDeniesModel(t *testing.T) {
 // TestPDPrefillRefusesCredential: a prefill engine answering 401 refused
 // the ingress's engine key, not the client's: the request is served
 // aggregated on the decode engine (fallback_credential_refused), never
-// relayed as the client's 401.
+// relayed as the client's 401, and the engine gets no more prefill legs for
+// a while (markRefusedKey): before, the cost model kept choosing it, idle as
+// it looked, and 49 of 50 legs went to it and fell back (tester h-reg3).
 func TestPDPrefillRefusesCredential(t *testing.T) {
 	p, d := startFakePD(t, false), startFakePD(t, false)
 	p.unauthorized.Store(true)
@@ -310,8 +312,19 @@ func TestPDPrefillRefusesCredential(t *testing.T) {
 	if f := val(s.pdInit().legs.WithLabelValues("prefill", "fallback_credential_refused")); f != 1 {
 		t.Fatalf("fallback_credential_refused legs = %v, want 1", f)
 	}
-	if n := val(s.m.attempts.WithLabelValues("credential_refused")); n != 1 {
-		t.Fatalf("credential_refused attempts = %v, want 1", n)
+
+	// Beside an open prefill engine: the refusing one is tried once at most.
+	open := startFakePD(t, false)
+	s2 := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("p1", scheduler.RolePrefill, open.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	before := p.prefills.Load()
+	for i := range 8 {
+		if st, _, b := post(t, http.DefaultClient, "http://"+s2.Addr()+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`); st != 200 {
+			t.Fatalf("request %d: status %d body %s", i, st, b)
+		}
+	}
+	if n, ok := p.prefills.Load()-before, open.prefills.Load(); n > 1 || ok < 7 {
+		t.Fatalf("prefill legs: %d to the refusing engine, %d to the open one; want at most 1 refused, the rest on the open one", n, ok)
 	}
 }
 
