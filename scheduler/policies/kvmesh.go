@@ -28,8 +28,8 @@ type CostModel interface {
 //	        + WaitingWeight · min(w, n) · uncached / PrefillRate
 //	        + MissPenalty · uncached / PrefillRate
 //
-// where n is the engine's running requests (snapshot running, or in-flight
-// minus snapshot waiting when fresher). The ExternalityWeight term is what
+// where n is the engine's running requests (the snapshot's running count:
+// requests routed there since are counted in w, once). The ExternalityWeight term is what
 // the request does to everyone already on the engine: its prefill stalls their
 // next steps (continuous batching), and its context lengthens each of their
 // decode steps. It is why a cache miss on a busy engine is expensive and a
@@ -49,10 +49,13 @@ type CostModel interface {
 //
 // Queued prefill work is the larger of the engine's reported queue (a
 // snapshot, stale) and this router's own in-flight uncached tokens (fresh),
-// and n the larger of the snapshot's running count and the in-flight count
-// minus the snapshot's waiting (requests this router sent since the
-// snapshot count as running), so a burst of decisions sees its own effect
-// at once — no herding onto a stale "idle" engine. A hit is worth exactly the work it saves, so
+// and w counts the requests sent since the snapshot as waiting, so a burst
+// of decisions sees its own effect at once — no herding onto a stale
+// "idle" engine. They are not running as well: counted in n and in w,
+// within one snapshot each added 2.2 prefill times per uncached token
+// there (0.2 as a stalled stream, 2 as a request queued behind), and a
+// burst of short prompts was sorted by size instead of spread by work (docs/BENCHMARKS.md, "A burst of tiny prompts (stop
+// 68)"). A hit is worth exactly the work it saves, so
 // affinity wins until the hot engine's queue costs more than recomputing
 // the prefix elsewhere — no death spiral of misses sent to an overloaded
 // worker, and hot prefixes replicate only when that pays.

@@ -72,8 +72,15 @@ func (p KVMesh) Terms(r *scheduler.Request, c *scheduler.Candidate, uncachedToke
 	// Only requests already running feel this one's prefill and decode;
 	// those waiting have not started (and under overload waiting dwarfs
 	// running, which would make every miss look prohibitive and pile hits
-	// onto one engine).
-	n := float64(max(c.Running, c.InFlight-c.Waiting))
+	// onto one engine). The requests routed there since the snapshot are
+	// waiting, not running: no report has shown the engine scheduling them,
+	// and Queued already counts them. Counted as running too (in-flight
+	// minus the snapshot's waiting), each was priced twice, once as a
+	// stream this prefill stalls and once as a request queued behind it,
+	// and within one snapshot each added 2.2 prefill times per uncached
+	// token (StallWeight + WaitingWeight): a burst of short prompts was
+	// sorted by size, not spread by work (docs/BENCHMARKS.md, "A burst of tiny prompts (stop 68)").
+	n := float64(c.Running)
 	active := float64(c.LocalActiveTokens)
 	if active == 0 {
 		active = n * ctx // the caller does not track tokens: assume requests like this one
