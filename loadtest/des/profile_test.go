@@ -70,8 +70,28 @@ func TestUnseenSlowProfileKeepsOrdering(t *testing.T) {
 		t.Logf("%-15s TTFT 7b-l40s %.3fs, 2× slower %.3fs", p, rf.Policies[p].TTFTMean, rs.Policies[p].TTFTMean)
 	}
 	t.Logf("kvmesh learned on the slow engine: %+v", rs.Policies["kvmesh"].Learned)
-	if !slices.Equal(of, os) {
-		t.Errorf("ordering by mean TTFT changed: 7b-l40s %v, 2× slower %v", of, os)
+	// The same ordering up to ties: no two policies trade places by more
+	// than orderTie on both profiles. Within it the order is the DES's
+	// noise: moving the router's snapshot period from 200 to 210 ms swaps
+	// kvmesh and sglang on the fast profile (0.148 / 0.149 s; 0.153 / 0.149
+	// after stop 68's burst fix), with every engine rate the same.
+	const orderTie = 0.05
+	side := func(r report.Report, a, b string) int {
+		x, y := r.Policies[a].TTFTMean, r.Policies[b].TTFTMean
+		switch {
+		case x < y*(1-orderTie):
+			return -1
+		case x > y*(1+orderTie):
+			return 1
+		}
+		return 0
+	}
+	for i, a := range pols {
+		for _, b := range pols[i+1:] {
+			if side(rf, a, b)*side(rs, a, b) < 0 {
+				t.Errorf("%s and %s trade places beyond %.0f %%: 7b-l40s %v, 2× slower %v", a, b, orderTie*100, of, os)
+			}
+		}
 	}
 	if of[len(of)-1] != "random" {
 		t.Errorf("random is not last: %v", of)
