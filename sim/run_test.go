@@ -2,36 +2,17 @@ package sim
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/logutil"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
-
-// lockedBuffer is a bytes.Buffer safe for Run's writes and the test's read.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestRunJSONLogOnly: with --log-format json every line `kvmesh sim` writes
 // to stderr is a JSON object, the notice that its KV-event PUB connects
@@ -51,7 +32,7 @@ func TestRunJSONLogOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pr, pw := io.Pipe()
-	var stderr lockedBuffer
+	var stderr testutil.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, o, pw, &stderr)
