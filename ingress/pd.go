@@ -331,7 +331,8 @@ func (p *pdState) noKVOK(engine string) {
 // 49 of 50 legs went to it and fell back, P/D off in all but name. A leg
 // answered with kv_transfer_params clears it (noKVOK), as after a fixed
 // key and a restart.
-func (p *pdState) markRefusedKey(engine string) {
+// It returns how long the engine is left out, 0 when a mark already ran.
+func (p *pdState) markRefusedKey(engine string) time.Duration {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -341,10 +342,21 @@ func (p *pdState) markRefusedKey(engine string) {
 		p.noKV[engine] = m
 	}
 	if now.Before(m.until) {
-		return // legs in flight when it was marked
+		return 0 // legs in flight when it was marked
 	}
-	m.until = now.Add(noKVBackoff.Delay(m.n))
+	d := noKVBackoff.Delay(m.n)
+	m.until = now.Add(d)
 	m.n++
+	return d
+}
+
+// leaveOutRefusing marks a prefill engine that answered a leg 401 and says
+// for how long it gets no prefill legs.
+func (s *Server) leaveOutRefusing(p *pdState, engine string) {
+	if d := p.markRefusedKey(engine); d > 0 {
+		s.log.Info("prefill engine refused this ingress's engine key: no prefill legs for it for a while (until one answers with kv_transfer_params after that)",
+			"engine", engine, "for", d.Round(time.Second).String())
+	}
 }
 
 // noKVMarked reports whether engine is left out of prefill legs now.
@@ -989,7 +1001,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 	case st == fasthttp.StatusUnauthorized:
 		// upstreamauth.go: the ingress's engine key, not the client's.
 		_ = s.credentialError(up, resp)
-		p.markRefusedKey(up.id)
+		s.leaveOutRefusing(p, up.id)
 		c.watch.release()
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)

@@ -466,7 +466,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 			// upstreamauth.go: the ingress's engine key, not the client's.
 			res.result = "failed_credential_refused"
 			_ = s.credentialError(up, resp)
-			p.markRefusedKey(up.id)
+			s.leaveOutRefusing(p, up.id)
 		} else if buf, err := readAll(resp); err == nil {
 			if res.status == fasthttp.StatusNotFound && deniesModel(buf.Bytes(), leg.model) {
 				res.result, res.denied = "failed_wrong_model", true

@@ -41,7 +41,7 @@ func (s *Server) credentialError(up *upstream, resp *fasthttp.Response) error {
 	u := s.ups
 	if now := time.Now().UnixNano(); u.log != nil && now-u.authLastLog.Load() >= int64(credentialLogEvery) {
 		u.authLastLog.Store(now)
-		u.log.Warn("an engine refused this ingress's engine credential; clients get 503 ingress_engine_credential_refused where no engine takes it (later refusals within 10s are only counted: kvmesh_ingress_upstream_attempts_total{result=\"credential_refused\"})",
+		u.log.Warn("an engine refused this ingress's engine credential; clients get 503 ingress_engine_credential_refused where no engine takes it (later refusals within 10s are only counted: kvmesh_ingress_upstream_attempts_total{result=\"credential_refused\"}, P/D prefill legs in kvmesh_ingress_pd_legs_total{result=~\".*credential_refused\"})",
 			"engine", up.id, "err", fmt.Sprint(err))
 	}
 	return err
