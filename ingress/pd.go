@@ -799,8 +799,9 @@ func (c *call) prefillLeg(ctx *fasthttp.RequestCtx) bool {
 	}
 	p := c.s.pdInit()
 	if pi := c.infoOf(c.pd.prefill); pi != nil && pi.PDProtocol == gossip.PDProtocolSGLang {
-		c.unreserve(p, true)     // both legs charge their engines at once
-		return c.sglangLegs(ctx) // pd_sglang.go: both legs at once
+		// pd_sglang.go: both legs at once; the reservation stays through
+		// the admission wait and goes once a pair is admitted (sglangPair)
+		return c.sglangLegs(ctx)
 	}
 	_, ok := c.runPrefill(ctx, p, time.Now()) // prefillDone releases the reservation
 	return ok

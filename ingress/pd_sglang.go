@@ -186,6 +186,11 @@ func (c *call) infoOf(id string) *EngineInfo {
 // request falls back to the ordinary proxy, aggregated.
 func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 	p := c.s.pdInit()
+	// The plan's reservation (pd.go) holds its engines while the legs wait
+	// for admission; sglangPair drops it once a pair is admitted, just
+	// before both legs charge their engines, and any other way out here
+	// drops it too (unreserve is idempotent).
+	defer c.unreserve(p, true)
 	if c.s.draining.Load() {
 		// A prefill leg runs on a goroutine the server waits for
 		// (s.legTasks); none starts once Close is under way.
@@ -275,6 +280,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		p.legs.WithLabelValues("prefill", "fallback_admission_timeout").Inc()
 		return false, true, false
 	}
+	c.unreserve(p, true) // admitted: the legs charge their engines from here (pd.go's reservation)
 	pup, err := s.ups.get(pi.ID, pi.URL)
 	if err != nil {
 		g.release()

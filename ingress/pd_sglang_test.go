@@ -865,3 +865,42 @@ func TestLegTasksRefuseAfterStop(t *testing.T) {
 	lt.done()
 	<-stopped
 }
+
+// TestSGLangReservationHeldWhileQueued: an SGLang request waiting for its
+// prefill engine's admission keeps its plan's reservation there, so plans
+// made meanwhile see it (the legs charge their engines only once
+// admitted); it is gone once the request is served. Before, it was dropped
+// before the wait and a queued leg was counted nowhere (review).
+func TestSGLangReservationHeldWhileQueued(t *testing.T) {
+	_, s := startSGLangCluster(t, sim.Config{TimeScale: 100, Seed: 1}, 1, 1)
+	p := s.pdInit()
+	g := p.gate("p0")
+	taken := 0
+	for len(g.slots) < cap(g.slots) {
+		g.slots <- struct{}{}
+		taken++
+	}
+	pending := func(engine string) int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.pending[engine].n
+	}
+	done := make(chan int, 1)
+	go func() {
+		st, _, _ := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"queued `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
+		done <- st
+	}()
+	testutil.WaitFor(t, 10*time.Second, "the request queued at p0's admission", func() bool { return g.waiting.Load() == 1 })
+	if n := pending("p0"); n != 1 {
+		t.Fatalf("p0 reserved %d while the request waits for its admission, want 1", n)
+	}
+	for range taken { // the slots taken above, not the one the request takes
+		<-g.slots
+	}
+	if st := <-done; st != 200 {
+		t.Fatalf("status %d", st)
+	}
+	if n, d := pending("p0"), pending("d0"); n != 0 || d != 0 {
+		t.Fatalf("reservations left: p0 %d, d0 %d", n, d)
+	}
+}

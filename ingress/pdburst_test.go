@@ -199,3 +199,24 @@ func TestPDPlanSeesLegsSentMeanwhile(t *testing.T) {
 		t.Errorf("answers %q: want one from each decode engine", got)
 	}
 }
+
+// TestPickReleasesPDReservation: the picker API plans but runs no legs, so a
+// P/D plan's reservation made through it (a server embedding the picker with
+// P/D on) is released at once, not left on its engines for good (review).
+func TestPickReleasesPDReservation(t *testing.T) {
+	p, d := startFakePD(t, false), startFakePD(t, false)
+	s := startPDIngress(t, "kvmesh-always", PDConfig{},
+		pdEngine("p0", scheduler.RolePrefill, p.url()), pdEngine("d0", scheduler.RoleDecode, d.url()))
+	pk, err := s.Pick(PickInput{Body: []byte(`{"model":"m","prompt":[1,2,3],"max_tokens":2}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk.Done(200)
+	ps := s.pdInit()
+	ps.mu.Lock()
+	left := len(ps.pending)
+	ps.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d engines still reserved after a pick", left)
+	}
+}

@@ -130,6 +130,11 @@ func (s *Server) Pick(in PickInput) (*Picked, error) {
 		}
 		r.SetBodyRaw(in.Body)
 		err = c.prepare(&p.rc)
+		// A picker runs no legs: a P/D plan's reservation (pd.go), made
+		// when the embedding server has P/D on, would never be released.
+		if c.pd.res.prefill != "" || c.pd.res.decode != "" {
+			c.unreserve(c.s.pdInit(), true)
+		}
 	}
 	if err != nil {
 		ae := toAPIError(err)
