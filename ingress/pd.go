@@ -292,18 +292,11 @@ func (p *pdState) forget(engine string) bool {
 func (s *Server) markNoKV(p *pdState, engine, url string) {
 	now := time.Now()
 	p.mu.Lock()
-	m := p.noKV[engine]
-	if m == nil {
-		m = &noKVMark{}
-		p.noKV[engine] = m
-	}
-	if now.Before(m.until) {
+	m, d := p.markLocked(engine, now)
+	if d == 0 {
 		p.mu.Unlock()
 		return
 	}
-	d := noKVBackoff.Delay(m.n)
-	m.n++
-	m.until = now.Add(d)
 	warn := m.warned.IsZero() || now.Sub(m.warned) >= noKVWarnEvery
 	if warn {
 		m.warned = now
@@ -333,21 +326,28 @@ func (p *pdState) noKVOK(engine string) {
 // key and a restart.
 // It returns how long the engine is left out, 0 when a mark already ran.
 func (p *pdState) markRefusedKey(engine string) time.Duration {
-	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	_, d := p.markLocked(engine, time.Now())
+	return d
+}
+
+// markLocked leaves engine out of prefill legs for the next step of
+// noKVBackoff and returns its mark and that step; 0 when a mark already
+// runs (legs in flight when it was marked do not lengthen it). Under mu.
+func (p *pdState) markLocked(engine string, now time.Time) (*noKVMark, time.Duration) {
 	m := p.noKV[engine]
 	if m == nil {
 		m = &noKVMark{}
 		p.noKV[engine] = m
 	}
 	if now.Before(m.until) {
-		return 0 // legs in flight when it was marked
+		return m, 0
 	}
 	d := noKVBackoff.Delay(m.n)
-	m.until = now.Add(d)
 	m.n++
-	return d
+	m.until = now.Add(d)
+	return m, d
 }
 
 // leaveOutRefusing marks a prefill engine that answered a leg 401 and says

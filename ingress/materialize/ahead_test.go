@@ -1,7 +1,6 @@
 package materialize_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -39,14 +38,7 @@ func TestCopyAheadOfGossipRepaired(t *testing.T) {
 	cfg := materialize.DefaultConfig()
 	cfg.Conn, cfg.Index, cfg.Registerer, cfg.Membership = nc, idx, reg, mem
 	cfg.CheckInterval, cfg.DigestGrace, cfg.AheadGrace = 20*time.Millisecond, 50*time.Millisecond, 200*time.Millisecond
-	m, err := materialize.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	m := startMaterializer(t, cfg) // overlap_test.go
 
 	loadCache(t, cache, 20)
 	testutil.WaitFor(t, 10*time.Second, "the copy equal to the engine", func() bool {

@@ -1,7 +1,6 @@
 package materialize_test
 
 import (
-	"context"
 	"log/slog"
 	"slices"
 	"strings"
@@ -62,14 +61,7 @@ func TestEnginesOutsideGossipCountedAndWarned(t *testing.T) {
 	cfg.Conn, cfg.Index, cfg.Registerer, cfg.Membership = nc, idx, reg, islandB
 	cfg.CheckInterval, cfg.OutsideGossipAfter = 20*time.Millisecond, 300*time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	m, err := materialize.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	m := startMaterializer(t, cfg) // overlap_test.go
 
 	gauge := func() float64 { return testutil.MetricSum(t, reg, "kvmesh_materializer_engines_outside_gossip") }
 	loadCache(t, cache, 5) // the first deltas: not outside yet (an engine joining looks the same)
