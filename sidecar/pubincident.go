@@ -1,10 +1,15 @@
 package sidecar
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
 
 // publishErrLogEvery spaces the warnings about failed delta publishes.
@@ -34,7 +39,7 @@ type pubIncident struct {
 	open atomic.Bool
 
 	mu       sync.Mutex // guards the rest
-	start    time.Time  // first failure of the incident
+	start    time.Time  // when the incident's first failed publish was sent
 	lastFail time.Time
 	lastWarn time.Time
 	failed   uint64 // in the incident
@@ -46,9 +51,17 @@ func (p *pubIncident) fail(engine string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
+	// A publish whose ack timed out was sent PublishAckTimeout before its
+	// failure is known: the incident began then, not now (a 9 s NATS
+	// outage otherwise read as failing for a fraction of a second, the
+	// timeouts of its publishes arriving close together).
+	sent := now
+	if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+		sent = now.Add(-natsutil.PublishAckTimeout)
+	}
 	if !p.open.Load() {
 		p.open.Store(true)
-		p.start, p.failed, p.unwarned, p.lastWarn = now, 0, 0, time.Time{}
+		p.start, p.failed, p.unwarned, p.lastWarn = sent, 0, 0, time.Time{}
 	}
 	p.lastFail = now
 	p.failed++

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
+
+	"github.com/kvmesh/kvmesh/internal/natsutil"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // fakeClock is a pubIncident clock the test moves; its readings keep the
@@ -89,4 +92,23 @@ func TestPubIncidentWarnsAcrossWallClockStepBack(t *testing.T) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// An ack timeout is reported natsutil.PublishAckTimeout after its publish
+// was sent: the incident is dated from the send, so a NATS outage whose
+// publishes' timeouts arrive close together is not logged as failing for
+// the fraction of a second between those reports.
+func TestPubIncidentDatesAckTimeoutsFromTheirSend(t *testing.T) {
+	p, clock, logs := newIncident()
+	p.fail("e1", jetstream.ErrAsyncPublishTimeout)
+	if !strings.Contains(logs.String(), "failing_for="+natsutil.PublishAckTimeout.String()) {
+		t.Fatalf("the first ack timeout's warning does not date the incident from its publish:\n%s", logs)
+	}
+	clock.step(200 * time.Millisecond)
+	p.fail("e1", jetstream.ErrAsyncPublishTimeout)
+	clock.step(publishRecoverQuiet)
+	p.ok()
+	if want := "failing_for=" + (natsutil.PublishAckTimeout + 200*time.Millisecond).String(); !strings.Contains(lastLine(logs.String()), want) {
+		t.Fatalf("the recovery line does not count from the first failed publish's send (%s):\n%s", want, logs)
+	}
 }

@@ -123,7 +123,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	if !cfg.Stream.Disabled {
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1024),
 			// An ack that never comes frees its pending slot after this.
-			jetstream.WithPublishAsyncTimeout(5*time.Second),
+			jetstream.WithPublishAsyncTimeout(PublishAckTimeout),
 			jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, msg *nats.Msg, err error) {
 				c.publishFailed(msg, err)
 			}),
@@ -152,6 +152,11 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	}
 	return c, nil
 }
+
+// PublishAckTimeout is how long a JetStream publish waits for its ack
+// before it fails (jetstream.ErrAsyncPublishTimeout, reported that long
+// after the publish was sent).
+const PublishAckTimeout = 5 * time.Second
 
 // OnPublishError sets fn to be told of every JetStream publish that failed
 // after PublishAsync returned: no ack within the 5 s timeout, no stream
