@@ -138,14 +138,17 @@ func editDistance(a, b string) int {
 // (ingress.BuildVersion).
 func version() string { return ingress.BuildVersion() }
 
-// signalContext is a context that SIGINT or SIGTERM cancels (the command
-// drains and returns); a second signal exits at once, through exit with
+// signalContext is a context that SIGINT, SIGTERM or SIGHUP cancels (the
+// command drains and returns; SIGHUP reloads nothing, since the files that
+// can change under a running command are watched, and its default action
+// ended the process with no drain, cutting streams mid-answer); a second
+// signal exits at once, through exit with
 // status 1, after a fatal line saying so: the drain may wait for a long
 // stream (--drain-timeout), and whoever pressed Ctrl-C twice does not want
 // to. stop releases the signals.
 func signalContext(stderr io.Writer, name string, args []string, exit func(int)) (ctx context.Context, stop func()) {
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go watchSignals(ch, done, cancel, func(sig os.Signal) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"strings"
 	"syscall"
@@ -63,4 +64,25 @@ func TestSecondSignalForcesExit(t *testing.T) {
 		t.Fatal("no forced exit")
 	}
 	stop()
+}
+
+// SIGHUP drains as SIGTERM does: its default action ended the process at
+// once, cutting every stream in flight with no error event.
+func TestHangupDrains(t *testing.T) {
+	code := make(chan int, 1)
+	ctx, stop := signalContext(io.Discard, "ingress", nil, func(c int) { code <- c })
+	defer stop()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGHUP did not start the drain")
+	}
+	select {
+	case c := <-code:
+		t.Fatalf("one SIGHUP forced an exit (%d)", c)
+	default:
+	}
 }
