@@ -19,11 +19,14 @@ import (
 // replica has measured of it instead of fixed defaults. It is fed what the
 // ingress sees, as the DES feeds its learner (loadtest/des):
 //
-//   - a prefill sample when a streamed request's first event arrives: the
-//     time since the attempt was sent against the prefill work this
+//   - a prefill sample per streamed request: the time from the attempt
+//     being sent to its first event against the prefill work this
 //     replica had outstanding on the engine at that moment (uncached prompt
 //     tokens sent there without a first byte yet) plus the request's own
-//     uncached tokens (prompt − matched blocks × block size). Non-streamed
+//     uncached tokens: prompt − the cached tokens the engine's usage
+//     reports (prompt_tokens_details.cached_tokens), or, from an engine
+//     that reports none, prompt − matched blocks × block size. The sample
+//     is recorded when the stream ends, where the usage comes. Non-streamed
 //     answers and disaggregated decode legs give none: their first byte is
 //     not the engine's first token. A P/D prefill leg (one output token, its
 //     answer sent once the prefill is done) is a prefill sample of its engine.
@@ -131,6 +134,11 @@ type learnLoad struct {
 type learnCall struct {
 	sent  time.Time // attempt sent
 	ahead int64     // prefill tokens outstanding on the engine, own included
+	own   int64     // of ahead, the attempt's own uncached tokens as the index predicted them
+	ttft  time.Duration
+	// first: the first token came (at sent+ttft); the prefill sample waits
+	// for the stream's end and its usage (learnEnd).
+	first bool
 	ctx   int64     // tokens this attempt added to learnLoad.ctx
 	seqs  int64     // sequences this attempt added to learnLoad.seqs
 	last  time.Time // last stream read after the first token; zero before
@@ -154,23 +162,47 @@ func (c *call) learnStart(up *upstream, prefill int64) {
 	}
 	// Every sequence reads its prompt's context (n samples of one prompt
 	// read it n times per step, shared blocks or not).
-	c.lc = learnCall{sent: c.sentAt, ahead: prefill, ctx: int64(c.promptTokens) * int64(max(1, c.req.n)), seqs: int64(c.seqs)}
+	c.lc = learnCall{sent: c.sentAt, ahead: prefill, own: c.prefillCharge, ctx: int64(c.promptTokens) * int64(max(1, c.req.n)), seqs: int64(c.seqs)}
 	up.lw.ctx.Add(c.lc.ctx)
 	up.lw.seqs.Add(c.lc.seqs)
 }
 
-// learnFirstToken records a streamed attempt's first event: a prefill
-// sample, unless the prefill ran on another engine (P/D).
+// learnFirstToken records a streamed attempt's first event: its TTFT, a
+// prefill sample at the stream's end (learnEnd), unless the prefill ran on
+// another engine (P/D).
 func (c *call) learnFirstToken(up *upstream) {
 	if c.s.learn == nil || c.lc.sent.IsZero() {
 		return
 	}
 	now := time.Now()
 	if c.pd.prefill == "" {
-		c.s.learn.ObservePrefill(up.id, int(c.lc.ahead), now.Sub(c.lc.sent))
-		up.lw.prefillSamples.Add(1)
+		c.lc.ttft, c.lc.first = now.Sub(c.lc.sent), true
 	}
 	c.lc.last, c.lc.pure = now, up.prefill.Load() == 0
+}
+
+// prefillTokens is the prefill sample's work: the tokens outstanding at
+// send (ahead), with the attempt's own uncached tokens as the engine's
+// usage reported them when it did. The index's prediction misses what
+// the engine cached that this replica has not heard of yet: a prefix
+// another ingress has just sent there, whose KV events are still on their
+// way. Counted as uncached, such a hit's whole prompt seemed prefilled in
+// a cache hit's TTFT, the engine looked many times faster than it is, the
+// cost model sent it more new prefixes, and it drew more such hits: with
+// 64 identical engines and 3 ingresses the learned rates spread from
+// 12,600 to 442,000 tokens/s and new prefixes piled onto a few engines
+// (TestLearnCountsCacheHitsTheIndexMissed). An engine that reports no
+// cached tokens (vLLM without --enable-prompt-tokens-details) still gives
+// the prediction.
+func (c *call) prefillTokens() int64 {
+	if !c.engCachedOK {
+		return c.lc.ahead
+	}
+	prompt := c.promptTokens
+	if c.engPrompt > 0 {
+		prompt = c.engPrompt
+	}
+	return max(0, c.lc.ahead-c.lc.own) + int64(max(0, prompt-c.engCached))
 }
 
 // learnPrefillLeg records a P/D prefill leg's answer (one output token,
@@ -217,6 +249,10 @@ func (c *call) learnEnd(up *upstream) {
 	l := &c.lc
 	up.lw.ctx.Add(-l.ctx)
 	up.lw.seqs.Add(-l.seqs)
+	if l.first {
+		c.s.learn.ObservePrefill(up.id, int(c.prefillTokens()), l.ttft)
+		up.lw.prefillSamples.Add(1)
+	}
 	if seqs, ctx, step, steps, ok := l.decodeSample(); ok {
 		c.s.learn.ObserveDecode(up.id, seqs, ctx, step, steps)
 		up.lw.decodeSamples.Add(1)
