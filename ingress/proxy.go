@@ -32,17 +32,26 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // resources (ErrLocalResources: every engine would fail the same way); when
 // every engine tried shed load (429) the client gets 429 with the engines'
 // Retry-After.
+//
+// The ranking is the one made when the request was scheduled, and engines
+// that share a prefix rank next to each other and die together (their
+// sidecars' pods, a host): the walk skips an engine ejected since then
+// while a later one is not (nextRoutable), and a refused connection
+// (nothing listens: nothing was sent) does not count against MaxAttempts.
+// The walk is bounded all the same: it dials each ranked engine at most
+// once.
 func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	ureq := c.upstreamRequest(ctx)
 	defer fasthttp.ReleaseRequest(ureq)
 	var lastErr error
 	var shed shedding
-	limit := min(c.s.cfg.MaxAttempts, len(c.dec.Ranked))
-	for i := 0; i < limit; i++ {
+	budget := c.s.cfg.MaxAttempts
+	for i := 0; i < len(c.dec.Ranked) && budget > 0; i++ {
 		if c.watch.isCanceled() {
 			c.clientGone(ctx)
 			return
 		}
+		i = c.nextRoutable(i)
 		done, err := c.attempt(ctx, ureq, &c.dec.Ranked[i])
 		if done {
 			return
@@ -51,6 +60,9 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 		shed.add(err)
 		if errors.Is(err, ErrFirstByteTimeout) || errors.Is(err, ErrLocalResources) {
 			break
+		}
+		if !refusedConnection(err) {
+			budget--
 		}
 	}
 	if c.watch.isCanceled() {
@@ -67,6 +79,33 @@ func (c *call) proxy(ctx *fasthttp.RequestCtx) {
 	}
 	c.fail(ctx, lastErr)
 	c.finish()
+}
+
+// nextRoutable is the position in the ranking of the engine to try next
+// from position i: i, unless this replica has ejected its engine since the
+// request was ranked (a connect error of this or another request) and a
+// later engine is still in routing, then the first such. When none is, the
+// walk goes on down the ranking as it was: those are engines routed to in a
+// panic (every engine of the model ejected for its answers: health.go's
+// panicRoute), or the last chances before the request fails.
+func (c *call) nextRoutable(i int) int {
+	h := c.s.health
+	if h.allowed(c.dec.Ranked[i].Engine) {
+		return i
+	}
+	for j := i + 1; j < len(c.dec.Ranked); j++ {
+		if h.allowed(c.dec.Ranked[j].Engine) {
+			return j
+		}
+	}
+	return i
+}
+
+// refusedConnection reports whether a failed attempt's connection was
+// refused: nothing listens at the engine's address, so the engine has seen
+// nothing of the request.
+func refusedConnection(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // upstreamRequest builds the request every attempt sends (the body and,
