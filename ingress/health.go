@@ -275,7 +275,7 @@ func newEjector(cfg HealthConfig, reg prometheus.Registerer, id string) *ejector
 	e.stalls = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_engine_stalls_total",
 		Help: "Ejections of the engine by the stall watch: requests in flight, no byte for health.stallAfter, and its probes failed or went unanswered for health.probeTimeout.", ConstLabels: cl}, []string{"engine"})
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines_ejected",
-		Help: "Engines ejected from routing now.", ConstLabels: cl}, func() float64 { return float64(e.nEjected.Load()) })
+		Help: "Engines in membership ejected from routing now.", ConstLabels: cl}, e.ejectedMembers)
 	e.panicModels = map[string]bool{}
 	e.panics = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_health_panics_total",
 		Help: "Times every engine of a model was ejected for its answers and the replica routed to them anyway (panic routing) rather than refuse the model's requests.", ConstLabels: cl})
@@ -818,6 +818,35 @@ func (e *ejector) forget(id string) {
 	e.restores.DeleteLabelValues(id)
 	e.stalls.DeleteLabelValues(id)
 	h.mu.Unlock()
+}
+
+// ejectedMembers is the kvmesh_ingress_engines_ejected gauge: the ejected
+// engines still in membership. A record outlives its engine's membership
+// by the forget grace (forget.go: ten minutes, so that an engine back
+// within it keeps its ejection), and a dead engine's record stays ejected
+// all that time; counted, it would read as engines out of routing when
+// every engine there is healthy. Membership is as the departures sweep
+// last saw it (forget.go, every engineForgetEvery): an engine it has not
+// seen yet counts as a member. The ids are copied before the sweep's lock
+// is taken: the sweep holds it while it forgets records (e.mu).
+func (e *ejector) ejectedMembers() float64 {
+	if e.nEjected.Load() == 0 {
+		return 0
+	}
+	out := e.ejected()
+	if e.ups == nil {
+		return float64(len(out))
+	}
+	d := &e.ups.departed
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, id := range out {
+		if at, ok := d.seen[id]; !ok || !at.Before(d.last) {
+			n++
+		}
+	}
+	return float64(n)
 }
 
 // ids appends the engine ids with a record.
