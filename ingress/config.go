@@ -135,8 +135,10 @@ type Config struct {
 	// Default 4096.
 	MaxConcurrent int `yaml:"maxConcurrent"`
 
-	// MaxAttempts bounds upstream attempts per request (first try + retries on
-	// the next-best engines). Default 3.
+	// MaxAttempts bounds the upstream attempts per request that reached an
+	// engine (first try + retries on the next-best engines); a refused
+	// connection sent nothing and is not counted, each ranked engine being
+	// dialed at most once. Default 3.
 	MaxAttempts int `yaml:"maxAttempts"`
 	// ConnectTimeout bounds dialing an engine. Default 2s.
 	ConnectTimeout time.Duration `yaml:"connectTimeout"`
