@@ -76,26 +76,29 @@ const unauthBodyLimit = 64 << 10
 // before the body is read, when authentication is on: a failing one may
 // send at most unauthBodyLimit bytes, and handleTransportError answers
 // 401. Smaller requests are checked once, by the request path, as before.
-// A chunked request's verdict, Origin and path are kept in s.heads: if its
-// body fails to read, fasthttp wipes its head before handleTransportError
-// sees it.
+// The Origin, path and request id of a request with a body (a chunked one's
+// verdict too) are kept in s.heads: if its body fails to read (too large,
+// malformed, or not all sent within readTimeout), fasthttp wipes its head
+// before handleTransportError sees it.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	n := h.ContentLength()
-	if n == -1 {
+	if n == -1 || n > 0 {
 		path := uriPath(h.RequestURI())
 		note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(path), endpoint: transportEndpoint(path),
-			method: clipBytes(h.Method()), path: clipBytes(path)}
+			method: headMethod(h), path: headPath(path)}
 		if id := h.Peek("X-Request-Id"); validRequestID(id) {
 			note.reqID = string(id)
 		}
-		if s.deps.Auth != nil {
+		if n == -1 && s.deps.Auth != nil {
 			_, note.authErr = s.authenticate(h)
 		}
 		s.heads.put(h, note)
 		if note.authErr != nil {
 			return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
 		}
-		return fasthttp.RequestConfig{}
+		if n == -1 {
+			return fasthttp.RequestConfig{}
+		}
 	}
 	if s.deps.Auth == nil || n >= 0 && n <= unauthBodyLimit {
 		return fasthttp.RequestConfig{}
@@ -104,6 +107,33 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 		return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
 	}
 	return fasthttp.RequestConfig{}
+}
+
+// headMethod is h's method for a head's note, without allocating for
+// POST (every request with a body the ingress serves).
+func headMethod(h *fasthttp.RequestHeader) string {
+	if h.IsPost() {
+		return fasthttp.MethodPost
+	}
+	return clipBytes(h.Method())
+}
+
+// headPath is path for a head's note, without allocating for the
+// inference endpoints' paths (the requests with a body on the hot path).
+func headPath(path []byte) string {
+	switch string(path) {
+	case "/v1/completions":
+		return "/v1/completions"
+	case "/v1/chat/completions":
+		return "/v1/chat/completions"
+	case "/v1/responses":
+		return "/v1/responses"
+	case "/v1/messages":
+		return "/v1/messages"
+	case "/v1/embeddings":
+		return "/v1/embeddings"
+	}
+	return clipBytes(path)
 }
 
 // expect (fasthttp.Server.ExpectHandler) answers a request that sent
@@ -129,6 +159,7 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 		return fasthttp.StatusContinue
 	}
 	// fasthttp writes this response as it is (the handler does not run).
+	s.heads.forget(h)
 	ae := writeErrorShape(ctx, err, messagesPath(ctx.Path()))
 	s.refusedUnread(ctx, ae, s.m.status(ae.status), transportEndpoint(ctx.Path()), h.Peek("X-Request-Id"),
 		s.corsIndex(h.Peek("Origin")), time.Now())
@@ -153,19 +184,21 @@ func (s *Server) refusedUnread(ctx *fasthttp.RequestCtx, ae *apiError, status, e
 	}
 }
 
-// headMemo remembers, for chunked requests only, what headerReceived read
+// headMemo remembers, for requests with a body, what headerReceived read
 // from a request's head, keyed by the head's address: fasthttp resets the
-// request, head included, when reading a chunked body fails (too large,
-// malformed), and then handleTransportError would see neither the
-// credential nor the Origin.
+// request, head included, when reading a body fails (a chunked one too
+// large or malformed, any one cut by readTimeout), and then
+// handleTransportError would see neither the credential, the Origin, the
+// path nor the request id.
 //
 // fasthttp serves each connection with one RequestCtx (and so one head) at
 // a time, so no two requests being read share a key: a note is replaced
 // only by the next request on its own connection. Notes go when taken, when
 // their request reaches the handler (forget), or, left by a request that
-// did neither (an empty chunked body), once older than ttl: by then the
-// read of their request has ended (ReadTimeout bounds it), so live notes
-// are never dropped and the map holds only recent chunked requests.
+// did neither (an empty chunked body, a body refused before it was read),
+// once older than ttl: by then the read of their request has ended
+// (ReadTimeout bounds it), so live notes are never dropped and the map
+// holds only the requests being read and a few recent ones.
 type headMemo struct {
 	n     atomic.Int32 // len(m), read without the lock by forget
 	mu    sync.Mutex

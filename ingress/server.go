@@ -66,7 +66,7 @@ type Server struct {
 	// modelNames interns the model names requests were routed with
 	// (modelname.go).
 	modelNames modelNames
-	// heads remembers what chunked requests' heads said, for
+	// heads remembers what the heads of requests with a body said, for
 	// handleTransportError.
 	heads headMemo
 	// admitBase is the admitter's configured limit, restored when the
@@ -614,8 +614,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			ctx.SetConnectionClose()
 		}
 	}()
-	if ctx.Request.Header.ContentLength() == -1 {
-		s.heads.forget(&ctx.Request.Header) // a chunked body read whole: its head's note is not needed
+	if n := ctx.Request.Header.ContentLength(); n > 0 || n == -1 {
+		s.heads.forget(&ctx.Request.Header) // a body read whole: its head's note is not needed
 	}
 	if s.refuseLoop(ctx) { // loop.go: sent by an ingress (or a client) as if this were an engine
 		return
@@ -725,23 +725,38 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	h := &ctx.Request.Header
 	// fasthttp resets the whole request, head included, when reading a
-	// chunked body fails (too large or broken): what headerReceived read of
-	// that head is in heads.
+	// body fails (a chunked one too large or broken, any one cut by
+	// readTimeout): what headerReceived read of that head is in heads.
 	var broken fasthttp.ErrBrokenChunk
-	reset := h.ContentLength() == 0 && (errors.Is(err, fasthttp.ErrBodyTooLarge) || errors.As(err, &broken))
+	ne, isNet := errors.AsType[net.Error](err)
+	timeout := isNet && ne.Timeout()
+	reset := h.ContentLength() == 0 && (errors.Is(err, fasthttp.ErrBodyTooLarge) || errors.As(err, &broken) || timeout)
 	start := time.Now()
 	note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(ctx.Path()), endpoint: transportEndpoint(ctx.Path())}
 	id := h.Peek("X-Request-Id")
 	if reset {
 		note = s.heads.take(h)
 		id = []byte(note.reqID)
-		if note.endpoint == "" { // no note: its head is lost
+		if note.endpoint == "" { // no note: its head is lost, or there was none
+			if timeout && nothingRead(err) {
+				// Not a byte of a request within readTimeout (a preconnect,
+				// a probe holding the socket): closed without an answer and
+				// counted as no request, as fasthttp closes an idle
+				// keep-alive connection. A 408 here would be read as the
+				// answer by a client starting its request just now.
+				// fasthttp writes its response after this returns; to the
+				// closed connection it goes nowhere.
+				ctx.Conn().Close()
+				return
+			}
 			note.endpoint = "unknown"
 		}
 		if note.path != "" { // the head as it came, for the access line
 			h.SetMethod(note.method)
 			ctx.Request.SetRequestURI(note.path)
 		}
+	} else {
+		s.heads.forget(h) // a body refused before it was read (413, 401)
 	}
 	fail := func(err error, status string) {
 		ae := writeErrorShape(ctx, err, note.messages)
@@ -773,7 +788,7 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 			fmt.Errorf("%w: request header fields too large: limit is %d bytes", ErrBadRequest, maxHeaderBytes)), "431")
 		return
 	}
-	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+	if timeout {
 		// The request did not arrive within readTimeout: 408, as RFC 9110
 		// names it, and the connection closes.
 		fail(newAPIError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "",
@@ -782,6 +797,16 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	fail(badRequest("", fmt.Errorf("%w: %s", ErrBadRequest, transportErrText(err))), "400")
+}
+
+// nothingRead reports whether err, fasthttp's error reading a request
+// whose head has no note (so no body was being read), is the first read
+// on its connection failing: fasthttp hands that read's error over as it
+// is, while a head cut short comes wrapped ("error when reading request
+// headers: ...").
+func nothingRead(err error) bool {
+	_, bare := err.(net.Error) //nolint:errorlint // the unwrapped error is the signal
+	return bare
 }
 
 // endpointOf is the inference endpoint path serves, 0 for none.
