@@ -172,6 +172,13 @@ type Config struct {
 	// engine takes, and its leaving is still seen (clientwatch.go).
 	// Default 60s.
 	ReadTimeout time.Duration `yaml:"readTimeout"`
+	// ClientIdleTimeout closes a client's keep-alive connection idle
+	// between requests for this long. A load balancer or client pool that
+	// keeps connections to the ingress must close its idle ones sooner, or
+	// it may send a request on one the ingress is closing (some, such as
+	// Google Cloud's, keep backend connections for 600 s and ask backends
+	// for more). Default 90s.
+	ClientIdleTimeout time.Duration `yaml:"clientIdleTimeout"`
 	// SendTimeout bounds how long a write of an answer to a client may go
 	// without the client taking a byte of it (nginx's send_timeout): a
 	// client that stops reading a stream, or a large answer, is cut then,
@@ -286,6 +293,7 @@ func DefaultConfig() Config {
 		ConnectTimeout:        2 * time.Second,
 		IdleTimeout:           5 * time.Minute,
 		ReadTimeout:           60 * time.Second,
+		ClientIdleTimeout:     90 * time.Second,
 		SendTimeout:           60 * time.Second,
 		MaxConnsPerEngine:     4096,
 		DrainTimeout:          30 * time.Second,
@@ -356,6 +364,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadTimeout <= 0 {
 		bad("read timeout must be > 0")
+	}
+	if c.ClientIdleTimeout <= 0 {
+		bad("client idle timeout must be > 0")
 	}
 	if c.SendTimeout < 0 {
 		bad("send timeout must be >= 0 (0: off), got %v", c.SendTimeout)

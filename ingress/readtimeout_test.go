@@ -151,3 +151,23 @@ func TestHeadNoteAllocatesNothing(t *testing.T) {
 		t.Errorf("note %+v", n)
 	}
 }
+
+// A keep-alive connection idle between requests is closed after
+// clientIdleTimeout (config; default 90 s), so a load balancer whose idle
+// timeout is longer can be matched.
+func TestClientIdleTimeoutClosesKeepAlive(t *testing.T) {
+	cfg := testConfig()
+	cfg.ClientIdleTimeout = 200 * time.Millisecond
+	s := startIngress(t, cfg, Deps{})
+	conn := dialIngress(t, s)
+	if _, err := io.WriteString(conn, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(conn) // bounded: dialIngress's 10 s deadline
+	if err != nil {
+		t.Fatalf("the idle keep-alive connection was not closed: %v (read %q)", err, b)
+	}
+	if !strings.HasPrefix(string(b), "HTTP/1.1 200") || strings.Count(string(b), "HTTP/1.1") != 1 {
+		t.Fatalf("want one 200 answer, then the close: %q", b)
+	}
+}

@@ -322,8 +322,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		// some in (a bad header's value); handleTransportError and
 		// fasthttpLogger answer and log transportErrText.
 		SecureErrorLogMessage: true,
-		ReadTimeout:           cfg.ReadTimeout, // a client must send its request within this
-		IdleTimeout:           90 * time.Second,
+		ReadTimeout:           cfg.ReadTimeout,       // a client must send its request within this
+		IdleTimeout:           cfg.ClientIdleTimeout, // a keep-alive connection idle between requests
 		CloseOnShutdown:       true,
 		NoDefaultDate:         true,
 		ReduceMemoryUsage:     false,
