@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,7 +39,15 @@ import (
 //   - a decode leg that fails before its first byte is retried on the next
 //     pair of the plan (another prefill engine), then served aggregated down
 //     the ranking, prefill-role engines excluded. A decode failure caused by
-//     its prefill leg does not count against the decode engine's health.
+//     its prefill leg does not count against the decode engine's health;
+//   - a decode leg that fails because it could not read the room's KV (its
+//     5xx names the bootstrap_room, as SGLang's "Decode transfer failed" and
+//     "Decode handshake failed" aborts do) is the prefill side's failure
+//     (a wrong bootstrap address, a dead bootstrap server), not the decode
+//     engine's: the prefill engine is left out of prefill legs for
+//     noKVBackoff (markLocked), its leg is cut if it still runs (SGLang
+//     aborts a request whose client left, which frees the room), and the
+//     request moves on as after any decode failure.
 //
 // sgl-router sends requests with n > 1 with arrays of bootstrap fields; the
 // ingress serves them aggregated instead.
@@ -63,6 +72,12 @@ type sglangLeg struct {
 	// request (wrongmodel.go); set before the goroutine starts.
 	model   string
 	adapter bool
+	// prefill and bootstrap name the prefill engine and its bootstrap
+	// address (host:port as sent) for a room the decode leg could not read
+	// (noTransfer); pw links the prefill leg's upstream connection, cut
+	// then while the leg runs. Set before the goroutine starts.
+	prefill, bootstrap string
+	pw                 *watch
 
 	mu       sync.Mutex
 	open     bool
@@ -70,6 +85,10 @@ type sglangLeg struct {
 	finished bool       // the prefill leg ended: res is its result
 	res      legResult  // set before a cut, and when the leg ends
 	dfail    decodeFail // the decode leg's failure, for the prefill goroutine to settle
+	// answered: the prefill leg has its answer (or failed): pw is released
+	// and no longer cut. dropped: the decode leg could not read the room
+	// and cut the prefill leg (its failure is not the engine's health's).
+	answered, dropped bool
 }
 
 // legResult is how a prefill leg ended.
@@ -90,6 +109,9 @@ type decodeFail struct {
 	up     *upstream
 	result string
 	cut    bool
+	// noKV: the decode engine answered 5xx naming the bootstrap room: it
+	// could not read the room's KV from the prefill engine (noTransfer).
+	noKV bool
 }
 
 // cutDecode records the prefill leg's failure and closes the decode leg's
@@ -122,6 +144,13 @@ func (l *sglangLeg) close() bool {
 func (l *sglangLeg) decodeFailed(s *Server, f decodeFail) legResult {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if f.noKV && !l.answered {
+		// The room will not be read: the prefill leg, which SGLang answers
+		// once the room's KV is sent (or at its bootstrap timeout), is cut,
+		// and SGLang aborts the request, freeing the room.
+		l.dropped = true
+		l.pw.cancel()
+	}
 	if !l.finished {
 		l.dfail = f
 		return l.res
@@ -140,13 +169,56 @@ func (l *sglangLeg) prefillEnded(s *Server, res legResult) {
 	l.dfail = decodeFail{}
 }
 
+// prefillAnswered ends the prefill leg's link to its connection: from
+// here on the decode leg does not cut it.
+func (l *sglangLeg) prefillAnswered() (dropped bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.answered = true
+	l.pw.release()
+	return l.dropped
+}
+
 // settle counts a decode failure against the decode engine when its
-// prefill leg did its part.
+// prefill leg did its part and the decode engine could read the room.
 func settle(s *Server, f decodeFail, prefill legResult) {
-	if f.up != nil && prefill.result == "ok" {
+	if f.up != nil && !f.noKV && prefill.result == "ok" {
 		f.up.failures.Add(1)
 		s.health.observe(f.up, f.result)
 	}
+}
+
+// noTransfer handles a decode leg that could not read its room's KV from
+// the prefill engine: the failure is the prefill side's (its bootstrap
+// address wrong or refusing, its bootstrap server or transfer engine
+// down), so the prefill engine is left out of prefill legs for the next
+// step of noKVBackoff (markLocked, as a NIXL engine without a KV connector
+// is; a decode leg that reads a room of it clears the mark) and a warning
+// names it and the bootstrap address, once per noKVWarnEvery. Without it
+// the decode engines were ejected for the prefill engine's fault, and the
+// prefill engine, answering its legs fast, took every request's leg.
+func (s *Server) noTransfer(p *pdState, l *sglangLeg, decode string, body []byte) {
+	p.legs.WithLabelValues("decode", "failed_kv_transfer").Inc()
+	now := time.Now()
+	p.mu.Lock()
+	m, d := p.markLocked(l.prefill, now)
+	warn := d > 0 && (m.warned.IsZero() || now.Sub(m.warned) >= noKVWarnEvery)
+	if warn {
+		m.warned = now
+	}
+	p.mu.Unlock()
+	if warn {
+		s.log.Warn("SGLang decode engine could not read a bootstrap room's KV from the prefill engine: is its bootstrap address right "+
+			"(the prefill engine's --disaggregation-bootstrap-port, the sidecar's --bootstrap-port) and reachable from the decode engines? "+
+			"It gets no prefill legs for a while", "engine", l.prefill, "bootstrap", l.bootstrap, "decode_engine", decode,
+			"for", d.Round(time.Second).String(), "answer", string(body[:min(len(body), 300)]))
+	}
+}
+
+// transferred clears the prefill engine's mark: a decode leg read a room
+// of it (noTransfer).
+func (l *sglangLeg) transferred(p *pdState) {
+	p.noKVOK(l.prefill)
 }
 
 // legWatch registers an unpooled watch that links the upstream connection
@@ -203,7 +275,11 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		return true
 	}
 	start := time.Now()
-	c.pd.result = "concurrent" // per-leg results: kvmesh_ingress_pd_legs_total
+	// The access log's prefill_result: "concurrent" while a pair's legs
+	// run (per-leg results: kvmesh_ingress_pd_legs_total), and for a
+	// request served aggregated instead the fallback_<why> of the last
+	// pair given up, as the NIXL path logs it (sglangPair).
+	c.pd.result = ""
 	tried := map[string]bool{}
 	pairs, full := 0, 0
 	// refused: the last pair tried found its prefill queue full. It is
@@ -254,7 +330,8 @@ func (c *call) sglangLegs(ctx *fasthttp.RequestCtx) bool {
 		return false
 	}
 	if refused {
-		p.legs.WithLabelValues("prefill", "fallback_queue_full").Inc()
+		c.pd.result = "fallback_queue_full"
+		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
 	}
 	p.decisions.WithLabelValues("aggregated", "sglang_fallback").Inc()
 	return true
@@ -269,7 +346,8 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 	host, port := bootstrapOf(pi)
 	body, err := withBootstrap(c.upstreamBody(), host, port, rand.Uint64()&(1<<63-1))
 	if err != nil {
-		p.legs.WithLabelValues("prefill", "fallback_body").Inc()
+		c.pd.result = "fallback_body"
+		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
 		return false, false, false
 	}
 	g := p.gate(pi.ID)
@@ -277,14 +355,16 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		if errors.Is(err, ErrPrefillFull) {
 			return false, true, true
 		}
-		p.legs.WithLabelValues("prefill", "fallback_admission_timeout").Inc()
+		c.pd.result = "fallback_admission_timeout"
+		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
 		return false, true, false
 	}
 	c.unreserve(p, true) // admitted: the legs charge their engines from here (pd.go's reservation)
 	pup, err := s.ups.get(pi.ID, pi.URL)
 	if err != nil {
 		g.release()
-		p.legs.WithLabelValues("prefill", "fallback_no_engine").Inc()
+		c.pd.result = "fallback_no_engine"
+		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
 		return false, true, false
 	}
 	if !s.legTasks.add() { // the server stopped while this handler outlived the drain
@@ -293,11 +373,12 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
 		return false, false, false
 	}
-	leg := &sglangLeg{open: true, w: s.ups.legWatch()}
+	leg := &sglangLeg{open: true, w: s.ups.legWatch(), pw: s.ups.legWatch(), prefill: pi.ID, bootstrap: net.JoinHostPort(host, strconv.Itoa(port))}
 	leg.model, leg.adapter = c.sentModel()
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
+	c.pd.result = "concurrent"
 	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.forwardCopy(), charge, start)
-	answered, fail := c.sglangDecode(ctx, leg, decode, body)
+	answered, fail := c.sglangDecode(ctx, p, leg, decode, body)
 	if answered {
 		return true, false, false
 	}
@@ -314,6 +395,16 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		c.finish()
 		return true, false, false
 	}
+	// Given up: why, for the access log (the next pair or the fallback
+	// overwrites it).
+	switch {
+	case fail.noKV:
+		c.pd.result = "fallback_kv_transfer"
+	case fail.cut && res.result != "":
+		c.pd.result = "fallback_" + strings.TrimPrefix(res.result, "failed_")
+	default:
+		c.pd.result = "fallback_decode_failed"
+	}
 	// A decode engine that denied the model, or is a kvmesh ingress, is out
 	// of the ranking: the request is served aggregated on the next engine,
 	// not by another pair.
@@ -323,7 +414,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 // sglangDecode sends the decode leg and, once the decode engine answers
 // 200, relays it through the proxy. answered: the client has its answer
 // (c may be finished); otherwise fail says how the leg failed.
-func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode string, body []byte) (answered bool, fail decodeFail) {
+func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg, decode string, body []byte) (answered bool, fail decodeFail) {
 	s := c.s
 	rk := scheduler.EngineScore{Engine: decode}
 	for i := range c.dec.Ranked {
@@ -361,9 +452,11 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 	st := resp.StatusCode()
 	switch {
 	case err == nil && st == fasthttp.StatusOK && c.req.stream:
+		leg.transferred(p)
 		done, _ := c.startStream(ctx, up, resp)
 		return done, decodeFail{}
 	case err == nil && st == fasthttp.StatusOK:
+		leg.transferred(p)
 		done, _ := c.relayBufferedOK(ctx, up, resp)
 		return done, decodeFail{}
 	case err == nil && !cut && st < 500 && st != fasthttp.StatusTooManyRequests && st != fasthttp.StatusUnauthorized:
@@ -397,6 +490,15 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 		c.dropRanked(decode)
 		return false, decodeFail{result: loopResult}
 	}
+	var noKV []byte // the 5xx's body when it names the room (noTransfer)
+	if err == nil && !cut && st >= 500 {
+		if buf, rerr := readAll(resp); rerr == nil {
+			if bytes.Contains(buf.Bytes(), []byte("bootstrap_room")) {
+				noKV = bytes.Clone(buf.Bytes())
+			}
+			bufPool.Put(buf)
+		}
+	}
 	switch {
 	case cut:
 		result = "pd_prefill_failed" // neutral for health: not the decode engine's fault
@@ -408,9 +510,12 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, leg *sglangLeg, decode str
 		result = "credential_refused" // upstreamauth.go: the ingress's engine key
 		_ = s.credentialError(up, resp)
 	}
-	fail = decodeFail{up: up, result: result, cut: cut}
+	fail = decodeFail{up: up, result: result, cut: cut, noKV: noKV != nil}
 	if cut {
 		fail.up = nil
+	}
+	if noKV != nil {
+		s.noTransfer(p, leg, decode, noKV)
 	}
 	s.m.attempts.WithLabelValues(result).Inc()
 	_ = resp.CloseBodyStream()
@@ -440,6 +545,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	s.putUpstreamHeaders(&req.Header, func(i int) []byte { return fwd[i] })
+	req.Header.SetBytesV(watchHeader, leg.pw.idText)
 	req.SetRequestURI(uri)
 	req.SetHost(up.hc.Addr)
 	req.SetBodyRaw(body)
@@ -449,7 +555,14 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	up.prefill.Add(charge)
 	up.total.Add(1)
 	defer func() { up.inflight.Add(-1); up.prefill.Add(-charge) }()
+	defer s.ups.dropLegWatch(leg.pw)
 	if err := up.hc.Do(req, resp); err != nil {
+		if leg.prefillAnswered() {
+			// The decode leg could not read the room and cut this leg
+			// (noTransfer): not the engine's health's business.
+			res.result = "failed_kv_transfer"
+			return
+		}
 		res.result = "failed_" + s.legFailure(up, err)
 		// No answer head: the engine never saw the request (dial), hangs
 		// (the stall watch's cut), or broke off. The room may never be
@@ -461,6 +574,7 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	}
 	res.status = resp.StatusCode()
 	if res.status != fasthttp.StatusOK {
+		leg.prefillAnswered()
 		res.result = "failed_status_" + strconv.Itoa(res.status)
 		if looped := loopAnswer(resp); looped != "" { // loop.go: the "engine" is a kvmesh ingress
 			res.result = "failed_" + loopResult
@@ -494,9 +608,13 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	if r := resp.BodyStream(); r != nil {
 		_, err = io.Copy(io.Discard, io.LimitReader(r, maxUpstreamBody))
 	}
+	dropped := leg.prefillAnswered() // before the connection goes back to the pool
 	_ = resp.CloseBodyStream()
 	if err != nil {
 		res.result = "failed_read_error"
+		if dropped {
+			res.result = "failed_kv_transfer"
+		}
 		return
 	}
 	s.health.ok(up, int64(start.Sub(monoBase)))

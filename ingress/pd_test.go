@@ -810,7 +810,7 @@ func TestPDFallbackRecordsServingEngine(t *testing.T) {
 	}{
 		{name: "nixl-failed", fail: true, result: "fallback_status_5xx"},
 		{name: "nixl-queue-full", result: "fallback_queue_full"},
-		{name: "sglang-queue-full", sglang: true, result: "concurrent"},
+		{name: "sglang-queue-full", sglang: true, result: "fallback_queue_full"}, // was "concurrent", though no leg ran
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, d := startFakePD(t, tc.fail), startFakePD(t, false)
