@@ -219,7 +219,7 @@ func (s *Server) pdInit() *pdState {
 		}
 		cl := prometheus.Labels{"ingress": s.cfg.ID}
 		p.legs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_legs_total",
-			Help: "P/D legs by leg (prefill) and result (ok, client_error, client_gone, rejected (429), fallback_<why> when served aggregated instead, " +
+			Help: "P/D legs by leg (prefill; decode for SGLang failed_kv_transfer) and result (ok, client_error, client_gone, rejected (429), fallback_<why> when served aggregated instead, " +
 				"next_queue_full when a full queue moved the leg to the plan's next prefill engine (SGLang: the next pair); SGLang: failed_<why>; why stalled: the stall watch cut a hung engine's leg).", ConstLabels: cl}, []string{"leg", "result"})
 		p.noKVMarks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_ingress_pd_prefill_no_kv_marks_total",
 			Help:        "Times a NIXL prefill engine was left out of prefill legs for a backoff because a leg it ran to its length answered without kv_transfer_params (an engine started without --kv-transfer-config).",
