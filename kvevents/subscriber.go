@@ -342,6 +342,17 @@ func (s *Subscriber) Next(ctx context.Context) (Message, error) {
 // Stats returns the counters.
 func (s *Subscriber) Stats() SubscriberStats { return s.st.snapshot() }
 
+// Replays says whether any rank has a replay endpoint: without one, Probe
+// probes nothing and an engine's restart shows only in its next events.
+func (s *Subscriber) Replays() bool {
+	for _, r := range s.ranks {
+		if r.replayEP != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // Probe replays every rank with a replay socket from its next seq now, as
 // an idle probe does, with the longer probe interval of failed replays
 // forgotten: for an engine that answers again after an outage, whose

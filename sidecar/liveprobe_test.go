@@ -17,10 +17,16 @@ import (
 // engine's event loop until the test ends, and logs to logs.
 func eventEngine(t *testing.T, pub *kvtest.Publisher, events string, bind bool, idleProbe time.Duration, logs *testutil.SyncBuffer) *engine {
 	t.Helper()
+	return eventEngineReplay(t, events, pub.ReplayEndpoint(), bind, idleProbe, logs)
+}
+
+// eventEngineReplay is eventEngine with the replay endpoint given ("": none).
+func eventEngineReplay(t *testing.T, events, replay string, bind bool, idleProbe time.Duration, logs *testutil.SyncBuffer) *engine {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.IdleProbe, cfg.BatchWindow = idleProbe, 0
 	cfg.ScrapeInterval = 10 * time.Millisecond
-	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: events, Bind: bind, Replay: pub.ReplayEndpoint(), URL: "http://127.0.0.1:1"}}
+	cfg.Engines = []EngineConfig{{ID: "e", Model: "m", Events: events, Bind: bind, Replay: replay, URL: "http://127.0.0.1:1"}}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	s, err := New(cfg)
 	if err != nil {

@@ -66,3 +66,29 @@ func TestEngineBackAfterOutageDropsDeadKeysBeforeReady(t *testing.T) {
 		t.Fatalf("the way back does not say the restart was checked:\n%s", logs.String())
 	}
 }
+
+// Without a replay endpoint nothing can check the restart on the way back:
+// the line says restart_checked=false, as documented (it said true, while
+// the dead engine's keys stayed routed until the engine's next events).
+func TestEngineBackWithoutReplaySaysUnchecked(t *testing.T) {
+	url, broken := breakableMetrics(t, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+	pub := newPublisher(t, "tcp://127.0.0.1:0")
+	var logs testutil.SyncBuffer
+	e := eventEngineReplay(t, pub.Endpoint(), "", false, time.Hour, &logs)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.scrapeLoop(ctx, http.DefaultClient, url) }()
+	defer func() { cancel(); <-done }()
+	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
+
+	testutil.WaitFor(t, 10*time.Second, "ready", ready)
+	broken.Store(true)
+	testutil.WaitFor(t, 10*time.Second, "the engine to turn unready", func() bool { return !ready() })
+	broken.Store(false)
+	testutil.WaitFor(t, 10*time.Second, "the line saying it answers again", func() bool {
+		return strings.Contains(logs.String(), "engine answering its metrics again")
+	})
+	if !strings.Contains(logs.String(), "restart_checked=false") {
+		t.Fatalf("the way back says the restart was checked with no replay endpoint:\n%s", logs.String())
+	}
+}

@@ -193,8 +193,8 @@ func (e *engine) checkRestart(ctx context.Context) bool {
 	e.mu.Lock()
 	sub := e.sub
 	e.mu.Unlock()
-	if sub == nil {
-		return false
+	if sub == nil || !sub.Replays() {
+		return false // no replay endpoint: nothing can show the restart before its next events
 	}
 	ctx, cancel := context.WithTimeout(ctx, restartCheckTimeout)
 	defer cancel()
