@@ -78,8 +78,8 @@ func (s *Server) resolveModel(name *string) (string, error) {
 	return "", &httpError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)}
 }
 
-// loraModels lists the loaded adapters as /v1/models does: root is the
-// adapter's path, parent the base model.
+// loraModels lists the loaded adapters as vLLM's /v1/models does: root is
+// the adapter's path, parent the base model, no max_model_len.
 func (s *Server) loraModels() []openai.Model {
 	if s.loras == nil {
 		return nil
@@ -90,8 +90,9 @@ func (s *Server) loraModels() []openai.Model {
 		path := s.loras.paths[n]
 		s.loras.mu.Unlock()
 		parent := s.cfg.Model
-		out = append(out, openai.Model{ID: n, Object: "model", Created: s.created, OwnedBy: "vllm", Root: path, Parent: &parent,
-			MaxModelLen: s.cfg.Engine.MaxModelLen})
+		// No max_model_len: vLLM's adapter cards leave it null (the
+		// base model's card has it).
+		out = append(out, openai.Model{ID: n, Object: "model", Created: s.created, OwnedBy: "vllm", Root: path, Parent: &parent})
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,6 +34,26 @@ func TestLoRAAdapterLifecycle(t *testing.T) {
 	}
 	if c := gen("a"); c != http.StatusOK {
 		t.Fatalf("request to loaded adapter: %d", c)
+	}
+	// Its /v1/models card is vLLM's: root the path, parent the base
+	// model, no max_model_len (the base model's card has it).
+	resp, err := http.Get(s.URL() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var models struct {
+		Data []map[string]any `json:"data"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&models)
+	resp.Body.Close()
+	if err != nil || len(models.Data) != 2 {
+		t.Fatalf("/v1/models: %v %v", models.Data, err)
+	}
+	for _, m := range models.Data {
+		_, hasLen := m["max_model_len"]
+		if adapter := m["id"] == "a"; hasLen == adapter || adapter && (m["root"] != "/p/a" || m["parent"] == nil) {
+			t.Fatalf("card %v: an adapter's has root and parent and no max_model_len, the base model's has max_model_len", m)
+		}
 	}
 	if code, body, _ := post(t, s.URL()+"/v1/unload_lora_adapter", map[string]string{"lora_name": "a"}); code != 200 || !strings.Contains(string(body), "removed") {
 		t.Fatalf("unload: %d %s", code, body)
