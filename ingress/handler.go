@@ -287,19 +287,49 @@ func (c *call) candidates() error {
 			// No engine at all (starting, or gossip not converged): not the client's fault.
 			return fmt.Errorf("%w: no live engines", ErrNoEngine)
 		}
-		if s.served.recently(served, time.Now()) {
+		if now := time.Now(); s.served.recently(served, now) {
+			if base := c.unloadedFrom(now); base != "" {
+				// An adapter the engines listed, now listed by none while
+				// its base model's engines are live: unloaded, as vLLM
+				// answers it.
+				return fmt.Errorf("%w: the model %q does not exist: no engine of its base model %q lists it any more", ErrModelNotFound, clip(c.model), base)
+			}
 			// Served minutes ago: its engines' sidecars are gone or
 			// restarting, an outage to retry, not a model that does not exist.
 			return fmt.Errorf("%w: no live engine serves the model %q right now", ErrNoEngine, clip(c.model))
 		}
 		return fmt.Errorf("%w: the model %q does not exist or no engine serves it", ErrModelNotFound, clip(c.model))
 	}
-	s.served.seen(served, time.Now())
+	now := time.Now()
+	s.served.seen(served, now)
+	if c.loraBase != "" {
+		// An adapter the engines list, remembered with its base model too
+		// (unloadedFrom).
+		s.served.seen(adapterServedKey(c.loraBase, c.model), now)
+	}
 	s.modelNames.add(c.model)
 	if c.block == 0 {
 		c.block = s.cfg.BlockSize
 	}
 	return nil
+}
+
+// adapterServedKey is the servedModels key of adapter served on base's
+// engines (both engines' names: NUL is in neither).
+func adapterServedKey(base, adapter string) string { return base + "\x00" + adapter }
+
+// unloadedFrom is the base model of c.model when it is an adapter the
+// engines listed within servedWindow under a base model that has a
+// healthy engine in c.infos now ("" if none): no engine lists it any more
+// while its base model is served, so it was unloaded (vLLM answers 404),
+// not lost to an outage of its engines' sidecars (503 to retry).
+func (c *call) unloadedFrom(now time.Time) string {
+	for i := range c.infos {
+		if e := &c.infos[i]; e.Healthy && c.s.served.recently(adapterServedKey(e.Model, c.model), now) {
+			return e.Model
+		}
+	}
+	return ""
 }
 
 // listsAdapter reports whether a healthy engine of model in list has
@@ -338,6 +368,12 @@ func (c *call) allOutOfRouting() error {
 	slices.Sort(ids)
 	m, adapter := c.sentModel()
 	if adapter && c.allLackAdapter(ids, m) {
+		if r := c.rt.route; r != nil {
+			// A route's adapter is served under its pool's model, which
+			// need not be the adapter's base model.
+			return fmt.Errorf("%w: the model %q does not exist: every engine of the pool %q of route %q (%d) answered that it does not serve it",
+				ErrModelNotFound, clip(m), c.model, r.Name(), len(ids))
+		}
 		return adapterNotFound(m, len(ids))
 	}
 	var b strings.Builder

@@ -3,6 +3,7 @@ package ingress
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -60,7 +61,8 @@ func epPath(ep endpoint) string {
 
 // applyRoute matches the parsed request against the routes and points
 // c.model at the pool that serves it: the weighted pick, or the first
-// fallback with a healthy engine when the pick has none.
+// fallback with a healthy engine when the pick has none (for a LoRA
+// adapter, the first that can serve it: nextRouteModel).
 func (c *call) applyRoute(ctx *fasthttp.RequestCtx) {
 	if c.s.deps.Routes == nil {
 		return
@@ -92,19 +94,71 @@ func (c *call) applyRoute(ctx *fasthttp.RequestCtx) {
 }
 
 // nextRouteModel returns the next model of the chain with a healthy engine
-// in c.infos ("" when none is left) and moves past it.
+// in c.infos ("" when none is left) and moves past it. For a route's LoRA
+// adapter it is the first model of the rest of the chain whose pool serves
+// it best (poolRank): a pool none of whose engines can take the adapter is
+// passed over for one whose can, and stays next in the chain, in order, for
+// the fallback.
 func (c *call) nextRouteModel() string {
 	rt := &c.rt
-	for rt.next < len(rt.chain) {
-		m := rt.chain[rt.next]
-		rt.next++
-		for i := range c.infos {
-			if c.infos[i].Model == m && c.infos[i].Healthy {
-				return m
-			}
+	best, at := poolDown, -1
+	for i := rt.next; i < len(rt.chain) && best != poolServes; i++ {
+		if r := c.poolRank(rt.chain[i]); r < best {
+			best, at = r, i
 		}
 	}
-	return ""
+	if at < 0 {
+		rt.next = len(rt.chain)
+		return ""
+	}
+	m := rt.chain[at]
+	copy(rt.chain[rt.next+1:at+1], rt.chain[rt.next:at])
+	rt.chain[rt.next] = m
+	rt.next++
+	return m
+}
+
+// How well a pool of a route can serve a request (poolRank), best first.
+const (
+	poolServes  = iota // a healthy engine that takes the request: for an adapter, one that lists it, when one does
+	poolMayLoad        // an adapter: a healthy engine that no engine of the pool lists it on, not lately denied it (it may load it on demand)
+	poolDenied         // an adapter: every healthy engine that would get it lately answered that it lacks it (its 404)
+	poolDown           // no healthy engine
+)
+
+// poolRank ranks model's pool for the request as candidates would fill it
+// from c.infos: for a route's LoRA adapter, the engines of the pool that
+// list it when a healthy one does, else all of them, less the ones that
+// lately answered that they lack it (wrongmodel.go).
+func (c *call) poolRank(model string) int {
+	adapter := c.rt.upModel
+	listed := adapter != "" && listsAdapter(c.infos, model, adapter)
+	rank := poolDown
+	for i := range c.infos {
+		e := &c.infos[i]
+		if e.Model != model || !e.Healthy {
+			continue
+		}
+		switch {
+		case adapter == "":
+			return poolServes
+		case listed && !slices.Contains(e.LoRAs, adapter):
+		case c.keptFromAdapter(e, adapter):
+			rank = min(rank, poolDenied)
+		case listed:
+			return poolServes
+		default:
+			rank = min(rank, poolMayLoad)
+		}
+	}
+	return rank
+}
+
+// keptFromAdapter reports whether engine e lately answered that it lacks
+// the adapter (addCandidate takes it out of routing for it).
+func (c *call) keptFromAdapter(e *EngineInfo, adapter string) bool {
+	up := c.s.ups.lookup(e.ID)
+	return up != nil && up.url == e.URL && up.wrong.has(adapter, c.start)
 }
 
 // admitRoute charges the route's rate limit (429 with Retry-After).
