@@ -100,10 +100,11 @@ const sglangTransferFailure = `{"object":"error","message":"Decode transfer fail
 // counts it failed_kv_transfer, and holds it against neither engine's
 // health. The request is served aggregated.
 func TestSGLangTransferFailureCutsPrefill(t *testing.T) {
-	gone := make(chan struct{})
-	var once sync.Once
+	gone, started := make(chan struct{}), make(chan struct{})
+	var once, startOnce sync.Once
 	prefill := httpFake(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		startOnce.Do(func() { close(started) })
 		select {
 		case <-r.Context().Done():
 			once.Do(func() { close(gone) })
@@ -114,6 +115,14 @@ func TestSGLangTransferFailureCutsPrefill(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		if strings.Contains(string(b), "bootstrap_room") {
+			// As a real decode server, which fails a room only after
+			// its prefill server took the request: the legs are sent
+			// at once, and a failure answered first could have the
+			// prefill leg cut before the fake engine saw it.
+			select {
+			case <-started:
+			case <-time.After(30 * time.Second):
+			}
 			w.WriteHeader(http.StatusInternalServerError)
 			io.WriteString(w, sglangTransferFailure)
 			return
