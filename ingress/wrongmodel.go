@@ -154,10 +154,12 @@ func (c *call) wrongModel(up *upstream, resp *fasthttp.Response) error {
 // model_not_found, as vLLM answers), not a passing outage (503).
 var errAdapterDenied = errors.New("the engine does not serve the adapter")
 
-// adapterNotFound is the 404 of an adapter that every engine of its base
-// model answered, lately, that it does not serve.
+// adapterNotFound is the 404 of an adapter that every engine it could go
+// to (its base model's, or a route pool's) answered, lately, that it does
+// not serve. A route's adapter may be asked of a pool of another model,
+// so the message does not call them its base model's.
 func adapterNotFound(model string, engines int) error {
-	return fmt.Errorf("%w: the model %q does not exist: every engine of its base model (%d) answered that it does not serve it",
+	return fmt.Errorf("%w: the model %q does not exist: every engine it was sent to (%d) answered that it does not serve it",
 		ErrModelNotFound, clip(model), engines)
 }
 
