@@ -512,15 +512,7 @@ func TestSGLangStaticConfig(t *testing.T) {
 func TestSGLangPrefillQueueFullFallsBack(t *testing.T) {
 	cl, s := startSGLangCluster(t, sim.Config{TimeScale: 100, Seed: 1}, 2, 1)
 	p := s.pdInit()
-	fill := func(id string) {
-		g := p.gate(id)
-		for len(g.slots) < cap(g.slots) {
-			g.slots <- struct{}{}
-		}
-		g.waiting.Store(int64(p.cfg.PrefillQueue))
-	}
-	fill("p0")
-	fill("p1")
+	fillPrefillQueues(p, "p0", "p1")
 	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
 	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
 		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)
@@ -549,13 +541,7 @@ func TestSGLangPrefillQueueFullDecodeQueueing(t *testing.T) {
 	c.PD = PDConfig{Policy: "kvmesh-always"}
 	s := startIngress(t, c, Deps{Membership: m})
 	p := s.pdInit()
-	for _, id := range []string{"p0", "p1"} {
-		g := p.gate(id)
-		for len(g.slots) < cap(g.slots) {
-			g.slots <- struct{}{}
-		}
-		g.waiting.Store(int64(p.cfg.PrefillQueue))
-	}
+	fillPrefillQueues(p, "p0", "p1")
 	st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
 	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) {
 		t.Fatalf("status %d body %s", st, b)
@@ -586,12 +572,7 @@ func TestSGLangPrefillQueueFullFallbackEngineQueueing(t *testing.T) {
 	c := testConfig()
 	c.EngineHeader = false // the 429 names no engine (TestPDRejectionHidesEnginesWithHeaderOff)
 	s := startIngress(t, c, Deps{Membership: m, PD: goneDecodePlanner{pdRouter(t, "kvmesh-always")}})
-	p := s.pdInit()
-	g := p.gate("p0")
-	for len(g.slots) < cap(g.slots) {
-		g.slots <- struct{}{}
-	}
-	g.waiting.Store(int64(p.cfg.PrefillQueue))
+	fillPrefillQueues(s.pdInit(), "p0")
 	st, _, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
 	if st != 429 || !strings.Contains(string(b), `"code":"prefill_queue_full"`) || strings.Contains(string(b), "d0") {
 		t.Fatalf("status %d body %s", st, b)
@@ -902,5 +883,17 @@ func TestSGLangReservationHeldWhileQueued(t *testing.T) {
 	}
 	if n, d := pending("p0"), pending("d0"); n != 0 || d != 0 {
 		t.Fatalf("reservations left: p0 %d, d0 %d", n, d)
+	}
+}
+
+// fillPrefillQueues takes every admission slot of each prefill engine and
+// fills its queue, so its next leg finds the queue full.
+func fillPrefillQueues(p *pdState, ids ...string) {
+	for _, id := range ids {
+		g := p.gate(id)
+		for len(g.slots) < cap(g.slots) {
+			g.slots <- struct{}{}
+		}
+		g.waiting.Store(int64(p.cfg.PrefillQueue))
 	}
 }

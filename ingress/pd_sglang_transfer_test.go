@@ -174,13 +174,7 @@ func TestSGLangFallbackAccessLog(t *testing.T) {
 		sglangEngine("p0", scheduler.RolePrefill, cl.Prefill[0]), sglangEngine("p1", scheduler.RolePrefill, cl.Prefill[1]),
 		sglangEngine("d0", scheduler.RoleDecode, cl.Decode[0])}})
 	p := s.pdInit()
-	for _, id := range []string{"p0", "p1"} {
-		g := p.gate(id)
-		for len(g.slots) < cap(g.slots) {
-			g.slots <- struct{}{}
-		}
-		g.waiting.Store(int64(p.cfg.PrefillQueue))
-	}
+	fillPrefillQueues(p, "p0", "p1")
 	st, hdr, b := post(t, boundedClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"full `+strings.Repeat("word ", 60)+`","max_tokens":3}`)
 	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
 		t.Fatalf("status %d engine %q body %s", st, hdr.Get("X-Kvmesh-Engine"), b)

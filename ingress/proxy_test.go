@@ -719,6 +719,13 @@ func TestSlowRequestIs408(t *testing.T) {
 	if _, err := fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\nHost: kvmesh\r\n"); err != nil {
 		t.Fatal(err)
 	}
+	read408(t, conn)
+}
+
+// read408 reads the answer on conn and checks it is readTimeout's: 408,
+// request_timeout, the connection closing.
+func read408(t *testing.T, conn net.Conn) *http.Response {
+	t.Helper()
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -728,4 +735,5 @@ func TestSlowRequestIs408(t *testing.T) {
 	if resp.StatusCode != 408 || !resp.Close || !strings.Contains(string(b), `"code":"request_timeout"`) {
 		t.Fatalf("%d close=%v %s, want 408 closing the connection", resp.StatusCode, resp.Close, b)
 	}
+	return resp
 }

@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"bufio"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -100,15 +99,7 @@ func TestBodyTimeoutKeepsHead(t *testing.T) {
 				"X-Request-Id: my-req-123\r\n%s\r\n%s", tc.framing, tc.part); err != nil {
 				t.Fatal(err)
 			}
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 408 || !resp.Close || !strings.Contains(string(b), `"code":"request_timeout"`) {
-				t.Fatalf("%d close=%v %s, want 408 closing the connection", resp.StatusCode, resp.Close, b)
-			}
+			resp := read408(t, conn)
 			if id := resp.Header.Get("X-Request-Id"); id != "my-req-123" {
 				t.Errorf("X-Request-Id %q, want the client's", id)
 			}
