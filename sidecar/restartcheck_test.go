@@ -24,11 +24,7 @@ func TestEngineBackAfterOutageDropsDeadKeysBeforeReady(t *testing.T) {
 	// Idle probes an hour apart: only the check on the way back can find
 	// the restart within the test.
 	e := eventEngine(t, pub, pub.Endpoint(), false, time.Hour, &logs)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); e.scrapeLoop(ctx, http.DefaultClient, url) }()
-	defer func() { cancel(); <-done }()
-	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
+	ready := scrapeEngine(t, e, url)
 
 	testutil.WaitFor(t, 10*time.Second, "ready", ready)
 	for i := range 3 {
@@ -75,11 +71,7 @@ func TestEngineBackWithoutReplaySaysUnchecked(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:0")
 	var logs testutil.SyncBuffer
 	e := eventEngineReplay(t, pub.Endpoint(), "", false, time.Hour, &logs)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); e.scrapeLoop(ctx, http.DefaultClient, url) }()
-	defer func() { cancel(); <-done }()
-	ready := func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
+	ready := scrapeEngine(t, e, url)
 
 	testutil.WaitFor(t, 10*time.Second, "ready", ready)
 	broken.Store(true)
@@ -91,4 +83,14 @@ func TestEngineBackWithoutReplaySaysUnchecked(t *testing.T) {
 	if !strings.Contains(logs.String(), "restart_checked=false") {
 		t.Fatalf("the way back says the restart was checked with no replay endpoint:\n%s", logs.String())
 	}
+}
+
+// scrapeEngine runs e's scrape loop against url until the test ends and
+// returns whether e is ready.
+func scrapeEngine(t *testing.T, e *engine, url string) func() bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.scrapeLoop(ctx, http.DefaultClient, url) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.readyLocked() }
 }
