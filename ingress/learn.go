@@ -30,6 +30,12 @@ import (
 //     answers and disaggregated decode legs give none: their first byte is
 //     not the engine's first token. A P/D prefill leg (one output token, its
 //     answer sent once the prefill is done) is a prefill sample of its engine.
+//     A sample whose wait overlapped a KV-memory stall of the engine (the
+//     snapshot this replica read of it when sending the attempt, or when
+//     sending a later one before the first token, showed learn.KVBound:
+//     requests waiting with the KV cache near full) goes to the pooled line
+//     only (learn.Learner.ObservePrefillKVBound): its TTFT holds the wait
+//     for free blocks or a preemption's recompute, not only the prefill.
 //   - a decode sample when a streamed request ends: the stretches between
 //     two reads of its stream during which this replica had no prefill
 //     outstanding on the engine, timed per token, against the requests
@@ -125,9 +131,58 @@ type learnLoad struct {
 	ctx atomic.Int64
 	// seqs is the sequences of this replica's requests on the engine: a
 	// request decodes prompts × n of them (call.seqs).
-	seqs           atomic.Int64
+	seqs atomic.Int64
+	// kvBoundAt is when this replica last sent the engine an attempt
+	// whose snapshot of it showed a KV-memory stall (learn.KVBound), Unix
+	// ns; 0 never.
+	kvBoundAt      atomic.Int64
 	prefillSamples atomic.Uint64
 	decodeSamples  atomic.Uint64
+}
+
+// noteKVBound records a snapshot of the engine read at at (Unix ns) that
+// showed a KV-memory stall.
+func (w *learnLoad) noteKVBound(at int64) {
+	for {
+		old := w.kvBoundAt.Load()
+		if old >= at || w.kvBoundAt.CompareAndSwap(old, at) {
+			return
+		}
+	}
+}
+
+// kvBound reports whether the engine's snapshot this attempt was sent with
+// showed a KV-memory stall, and notes it (noteKVBound) if so.
+func (c *call) kvBound(up *upstream, sent time.Time) bool {
+	for i := range c.cands {
+		if e := &c.cands[i]; e.ID == up.id {
+			if !learn.KVBound(e.Waiting, e.KVUsage) {
+				return false
+			}
+			up.lw.noteKVBound(sent.UnixNano())
+			return true
+		}
+	}
+	return false
+}
+
+// kvBoundSince reports whether an attempt sent to up at sent has since
+// been sent with a snapshot showing the engine KV-bound (its own, or
+// another's).
+func kvBoundSince(up *upstream, sent time.Time) bool {
+	return up.lw.kvBoundAt.Load() >= sent.UnixNano()
+}
+
+// observePrefill feeds the learner a TTFT of d on up for tokens of prefill
+// work: to the pooled line only when the engine was seen KV-bound between
+// the send and the first token (bound).
+func (c *call) observePrefill(up *upstream, tokens int, d time.Duration, bound bool) {
+	if bound {
+		c.s.learn.ObservePrefillKVBound(up.id, tokens, d)
+	} else {
+		c.s.learn.ObservePrefill(up.id, tokens, d)
+	}
+	up.lw.prefillSamples.Add(1)
 }
 
 // learnCall is one attempt's learner state (call.lc).
@@ -139,10 +194,13 @@ type learnCall struct {
 	// first: the first token came (at sent+ttft); the prefill sample waits
 	// for the stream's end and its usage (learnEnd).
 	first bool
-	ctx   int64     // tokens this attempt added to learnLoad.ctx
-	seqs  int64     // sequences this attempt added to learnLoad.seqs
-	last  time.Time // last stream read after the first token; zero before
-	pure  bool      // no prefill outstanding at the last read
+	// kvBound: the engine was seen stalled on KV memory between the send
+	// and the first token (learnLoad.kvBoundAt).
+	kvBound bool
+	ctx     int64     // tokens this attempt added to learnLoad.ctx
+	seqs    int64     // sequences this attempt added to learnLoad.seqs
+	last    time.Time // last stream read after the first token; zero before
+	pure    bool      // no prefill outstanding at the last read
 	// thinned: one of several sequences has finished, so later steps decode
 	// fewer than seqs and the stretches stop (their tokens over seqs would
 	// undercount the steps).
@@ -163,6 +221,7 @@ func (c *call) learnStart(up *upstream, prefill int64) {
 	// Every sequence reads its prompt's context (n samples of one prompt
 	// read it n times per step, shared blocks or not).
 	c.lc = learnCall{sent: c.sentAt, ahead: prefill, own: c.prefillCharge, ctx: int64(c.promptTokens) * int64(max(1, c.req.n)), seqs: int64(c.seqs)}
+	c.lc.kvBound = c.kvBound(up, c.sentAt)
 	up.lw.ctx.Add(c.lc.ctx)
 	up.lw.seqs.Add(c.lc.seqs)
 }
@@ -177,6 +236,7 @@ func (c *call) learnFirstToken(up *upstream) {
 	now := time.Now()
 	if c.pd.prefill == "" {
 		c.lc.ttft, c.lc.first = now.Sub(c.lc.sent), true
+		c.lc.kvBound = c.lc.kvBound || kvBoundSince(up, c.lc.sent)
 	}
 	c.lc.last, c.lc.pure = now, up.prefill.Load() == 0
 }
@@ -212,8 +272,8 @@ func (c *call) learnPrefillLeg(up *upstream, prefill int64, d time.Duration) {
 	if c.s.learn == nil {
 		return
 	}
-	c.s.learn.ObservePrefill(up.id, int(prefill), d)
-	up.lw.prefillSamples.Add(1)
+	sent := time.Now().Add(-d)
+	c.observePrefill(up, int(prefill), d, c.kvBound(up, sent) || kvBoundSince(up, sent))
 }
 
 // learnTokens records k tokens streamed from up after the first: the gap
@@ -250,8 +310,7 @@ func (c *call) learnEnd(up *upstream) {
 	up.lw.ctx.Add(-l.ctx)
 	up.lw.seqs.Add(-l.seqs)
 	if l.first {
-		c.s.learn.ObservePrefill(up.id, int(c.prefillTokens()), l.ttft)
-		up.lw.prefillSamples.Add(1)
+		c.observePrefill(up, int(c.prefillTokens()), l.ttft, l.kvBound)
 	}
 	if seqs, ctx, step, steps, ok := l.decodeSample(); ok {
 		c.s.learn.ObserveDecode(up.id, seqs, ctx, step, steps)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 	"github.com/kvmesh/kvmesh/sim"
@@ -456,5 +457,86 @@ func TestLearnParallelSampling(t *testing.T) {
 		if finishes([]byte(ev)) != want {
 			t.Errorf("finishes(%s) = %v", ev, !want)
 		}
+	}
+}
+
+// TestLearnKVBoundTTFTsPoolOnly is the live side of tester h-trace2's F1
+// (loadtest/des TestKVBoundTTFTsKeepTheLearnedRate): a TTFT whose wait
+// overlapped a snapshot showing the engine stalled on KV memory (requests
+// waiting, the cache near full: learn.KVBound) — the attempt's own
+// snapshot, or a later attempt's sent there before its first token — feeds
+// the pooled prefill line only, not the engine's own, since it holds the
+// wait for free blocks or a preemption's recompute. A stall seen after the
+// first token does not touch it.
+func TestLearnKVBoundTTFTsPoolOnly(t *testing.T) {
+	s, up := learnHookServer(t)
+	clean := scheduler.Engine{ID: "e0", Waiting: 3, KVUsage: 0.5}
+	bound := scheduler.Engine{ID: "e0", Waiting: 1, KVUsage: 0.97}
+	attempt := func(snap scheduler.Engine) *call {
+		c := &call{s: s, promptTokens: 1000, block: 16, cands: []scheduler.Engine{snap}}
+		c.startAttempt(up, 0)
+		return c
+	}
+	first := func(c *call) {
+		clockTick() // a TTFT of non-zero length
+		c.firstByte(up)
+		c.learnFirstToken(up)
+	}
+	weights := func() (own, pooled float64) {
+		st, p := s.learn.Own(nil)
+		for _, e := range st {
+			if e.Engine == "e0" {
+				own = e.Prefill[0]
+			}
+		}
+		return own, p.Prefill[0]
+	}
+	// A clean snapshot throughout: the engine's own line.
+	own0, pooled0 := weights()
+	c := attempt(clean)
+	first(c)
+	c.endAttempt(up)
+	own1, pooled1 := weights()
+	if own1 <= own0 || pooled1 <= pooled0 {
+		t.Fatalf("clean TTFT: own %v -> %v, pooled %v -> %v; want both to grow", own0, own1, pooled0, pooled1)
+	}
+
+	// Sent with a KV-bound snapshot: pooled only.
+	c = attempt(bound)
+	first(c)
+	c.endAttempt(up)
+	own2, pooled2 := weights()
+	if own2 != own1 || pooled2 <= pooled1 {
+		t.Errorf("KV-bound at send: own %v -> %v, pooled %v -> %v; want the pooled line alone to grow", own1, own2, pooled1, pooled2)
+	}
+
+	// Sent clean, but a later attempt to the engine saw it KV-bound before
+	// this one's first token: pooled only.
+	c = attempt(clean)
+	later := attempt(bound)
+	first(c)
+	c.endAttempt(up)
+	own3, pooled3 := weights()
+	if own3 != own2 || pooled3 <= pooled2 {
+		t.Errorf("KV-bound during the wait: own %v -> %v, pooled %v -> %v; want the pooled line alone to grow", own2, own3, pooled2, pooled3)
+	}
+	first(later)
+	later.endAttempt(up)
+
+	// Sent clean, first token before a stall is seen: its own line, though
+	// the stall comes before its stream ends.
+	own4, _ := weights()
+	c = attempt(clean)
+	first(c)
+	stall := attempt(bound)
+	c.endAttempt(up)
+	own5, _ := weights()
+	if own5 <= own4 {
+		t.Errorf("stall after the first token: own %v -> %v; want the engine's own line to grow", own4, own5)
+	}
+	first(stall)
+	stall.endAttempt(up)
+	if up.prefill.Load() != 0 || up.inflight.Load() != 0 {
+		t.Errorf("left charged: prefill %d inflight %d", up.prefill.Load(), up.inflight.Load())
 	}
 }

@@ -73,7 +73,8 @@ type flight struct {
 	engine   int
 	uncached int
 	active   int
-	ahead    int // prefill tokens queued ahead on the engine at dispatch, plus own uncached
+	ahead    int  // prefill tokens queued ahead on the engine at dispatch, plus own uncached
+	kvBound  bool // the engine's snapshot at dispatch showed a KV-memory stall (learn.KVBound)
 	prompt   int
 	sent     time.Duration
 	req      *engine.Request
@@ -85,6 +86,35 @@ type engineCtx struct {
 	prompt int    // Σ prompt tokens in flight
 	finGen uint64 // Σ output tokens of finished requests (the rest of the generation counter is in flight)
 	meter  learn.ContextMeter
+	// kvBoundAt is the last dispatch here whose snapshot of the engine
+	// showed it stalled on KV memory (learn.KVBound); kvBoundSeen says
+	// there was one. A request dispatched at or before it, and awaiting
+	// its first token then, waited through such a stall: its TTFT goes to
+	// the pooled prefill line only (learn.Learner.ObservePrefillKVBound),
+	// as the live ingress's (ingress/learn.go).
+	kvBoundAt   time.Duration
+	kvBoundSeen bool
+}
+
+// sent notes a dispatch at now to the engine whose snapshot is v, and
+// reports whether v showed it KV-bound.
+func (c *engineCtx) sent(v *scheduler.Engine, now time.Duration) bool {
+	if !learn.KVBound(v.Waiting, v.KVUsage) {
+		return false
+	}
+	c.kvBoundAt, c.kvBoundSeen = now, true
+	return true
+}
+
+// observePrefill feeds lr the first token of a request sent at sent (its
+// engine's snapshot KV-bound then: bound) after d, for tokens of prefill
+// work, on engine id.
+func (c *engineCtx) observePrefill(lr *learn.Learner, id string, sent time.Duration, bound bool, tokens int, d time.Duration) {
+	if bound || (c.kvBoundSeen && c.kvBoundAt >= sent) {
+		lr.ObservePrefillKVBound(id, tokens, d)
+		return
+	}
+	lr.ObservePrefill(id, tokens, d)
 }
 
 func (c *engineCtx) tokens(l engine.Load) float64 {
@@ -329,7 +359,7 @@ func (s *sim) send(i int, now time.Duration) {
 	}
 	v := &s.view[e]
 	f := flight{engine: e, uncached: uncached, active: len(prompt) + predOut, req: r,
-		ahead: v.LocalPrefillTokens + uncached, prompt: len(prompt), sent: now}
+		ahead: v.LocalPrefillTokens + uncached, prompt: len(prompt), sent: now, kvBound: s.ctx[e].sent(v, now)}
 	if s.finisher != nil {
 		f.keys = append([]uint64(nil), s.keyBuf...)
 	}
@@ -392,7 +422,7 @@ func (s *sim) step(e int, now time.Duration) {
 		if f.req.Generated() > 0 || f.req.Done() {
 			s.view[e].LocalPrefillTokens -= f.uncached
 			if s.learner != nil {
-				s.learner.ObservePrefill(s.view[e].ID, f.ahead, f.req.Result().FirstToken-f.sent)
+				s.ctx[e].observePrefill(s.learner, s.view[e].ID, f.sent, f.kvBound, f.ahead, f.req.Result().FirstToken-f.sent)
 			}
 			continue
 		}

@@ -247,6 +247,53 @@ func (l *Learner) ObservePrefill(engine string, tokens int, d time.Duration) {
 	l.changed()
 }
 
+// ObservePrefillKVBound records a TTFT like ObservePrefill, for a request
+// whose wait overlapped a KV-memory stall of its engine (KVBound: a
+// snapshot the router read between its send and its first token showed
+// requests waiting with the KV cache near full). Such a TTFT holds the
+// wait for free blocks, or the recompute after a preemption, on top of
+// the prefill, so it goes to the pooled line only: it says how loaded the
+// cluster is, not how fast this engine prefills. Fed to the engine's own
+// line it made engines that stalled on memory look slow, each in its own
+// way, and their estimates drifted apart while their real speed was one
+// (docs/OPERATIONS.md, "Learned costs (online)"; loadtest/des
+// TestKVBoundTTFTsKeepTheLearnedRate). The engine's own line
+// learns only from TTFTs without such a stall; an engine with none is
+// priced at the pooled estimate.
+func (l *Learner) ObservePrefillKVBound(engine string, tokens int, d time.Duration) {
+	if tokens <= 0 || d <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keep := 1 - 1/l.cfg.Memory
+	l.pooled.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
+	l.changed()
+}
+
+// KVBoundUsage is the KV-cache usage at or above which an engine with
+// requests waiting is taken to be waiting on memory (KVBound). A waiting
+// request is admitted only with its uncached prompt's blocks free (and a
+// running one preempted when a step finds none), so the usage a memory
+// stall shows is 1 less about one prompt's share of the cache: above 0.99
+// on an engine of 30,000 blocks, about 0.85 where a prompt and its output
+// take a seventh of it (1,024 blocks of 16 tokens, 2,176-token prompts,
+// where 0.9 missed most stalls: mean TTFT 0.22 / 0.17 / 0.31 s on seeds
+// 1–3 against 0.15 / 0.15 / 0.21 s at 0.75, 0.8 and 0.85, which gave the
+// same; TestKVBoundTTFTsKeepTheLearnedRate). A queue at a lower usage
+// waits on the engine's token budget or sequence limit, which the prefill
+// line prices.
+const KVBoundUsage = 0.8
+
+// KVBound reports whether an engine's snapshot (scheduler.Engine's
+// Waiting and KVUsage: vLLM's num_requests_waiting and kv_cache_usage_perc,
+// which the sidecar gossips) shows it stalled on KV memory: requests
+// waiting with the cache at KVBoundUsage or above, where a waiting request
+// is not admitted until blocks free and a running one may be preempted.
+func KVBound(waiting int, kvUsage float64) bool {
+	return waiting > 0 && kvUsage >= KVBoundUsage
+}
+
 // ObserveDecode records that engine took step per decode step over a
 // stretch of steps while running seqs sequences holding ctx context tokens
 // (every in-flight request's prompt plus its tokens generated so far,

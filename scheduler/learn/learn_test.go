@@ -376,3 +376,50 @@ func TestLineWithoutSamplesIsPooled(t *testing.T) {
 		}
 	}
 }
+
+// TestKVBoundTTFTsPoolOnly: a TTFT observed through a KV-memory stall
+// (ObservePrefillKVBound) moves the pooled estimate but not its engine's
+// own: two engines of one speed stay priced alike however long one of
+// them waited for blocks, and an engine with nothing but such TTFTs is
+// priced at the pooled estimate.
+func TestKVBoundTTFTsPoolOnly(t *testing.T) {
+	l, err := New(Config{Prior: Rates{PrefillRate: 10000, StepBase: 0.01, DecodeSecPerToken: 1e-7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rate = 10000.0
+	ttft := func(tokens int) time.Duration {
+		return time.Duration((0.01 + float64(tokens)/rate) * float64(time.Second))
+	}
+	for i := range 200 {
+		tokens := 500 + 37*i%4000
+		l.ObservePrefill("a", tokens, ttft(tokens))
+		l.ObservePrefill("b", tokens, ttft(tokens))
+		// b also stalled on memory: the same prefill plus 2 s.
+		l.ObservePrefillKVBound("b", tokens, ttft(tokens)+2*time.Second)
+		l.ObservePrefillKVBound("c", tokens, ttft(tokens)+2*time.Second)
+	}
+	a, b, c, p := l.Rates("a").PrefillRate, l.Rates("b").PrefillRate, l.Rates("c").PrefillRate, l.Pooled()
+	t.Logf("prefill rates a %.0f, b %.0f, c %.0f, pooled %.0f tok/s; true %.0f", a, b, c, p.PrefillRate, rate)
+	if b != a {
+		t.Errorf("prefill rates a %.0f, b %.0f; want them equal: b's stalled TTFTs moved its own line", a, b)
+	}
+	if math.Abs(a/rate-1) >= math.Abs(p.PrefillRate/rate-1) {
+		t.Errorf("a at %.0f tok/s, pooled at %.0f; want a nearer the true %.0f", a, p.PrefillRate, rate)
+	}
+	if c != p.PrefillRate {
+		t.Errorf("c, with only stalled TTFTs, at %.0f tok/s; want the pooled %.0f", c, p.PrefillRate)
+	}
+	if !l.Measured("a") || l.Measured("c") {
+		t.Errorf("measured a %v, c %v; want true, false", l.Measured("a"), l.Measured("c"))
+	}
+	for _, tc := range []struct {
+		waiting int
+		usage   float64
+		want    bool
+	}{{0, 1, false}, {1, 0.5, false}, {1, KVBoundUsage, true}, {4, 0.99, true}} {
+		if got := KVBound(tc.waiting, tc.usage); got != tc.want {
+			t.Errorf("KVBound(%d, %v) = %v", tc.waiting, tc.usage, got)
+		}
+	}
+}
