@@ -249,6 +249,10 @@ type registrar struct {
 // trusted for the webhook for long.
 const DefaultCAOverlap = 5 * time.Minute
 
+// leaderOnly is why a replica that does not lead stands by (followed by
+// what the configuration calls).
+const leaderOnly = "out of cluster only the leader registers its URL; the configuration calls "
+
 // conflictRetries bounds the fresh reads one attempt makes after conflicts
 // before it waits for a retry.
 const conflictRetries = 5
@@ -345,8 +349,16 @@ func (r *registrar) logFailure(err error, attempts int, wait time.Duration) {
 	r.mu.Lock()
 	inPlace := r.inPlace
 	r.mu.Unlock()
-	if inPlace {
+	switch {
+	case inPlace && r.store.latest.Load() != r.store.current():
 		r.log.Error("sidecar webhook: registering the new certificate's CA failed; the certificate the configuration trusts stays served meanwhile",
+			"err", err, "attempt", attempts, "retryIn", wait)
+		return
+	case inPlace:
+		// No new certificate waits: the configuration, as last read, calls
+		// this replica and trusts what it serves; pods are injected as
+		// before while the API server is away.
+		r.log.Warn("sidecar webhook: reading or writing the configuration failed; as last read it calls this replica and trusts the served certificate, so injection goes on",
 			"err", err, "attempt", attempts, "retryIn", wait)
 		return
 	}
@@ -379,6 +391,15 @@ func (r *registrar) step(ctx context.Context, warn bool) (<-chan struct{}, error
 		if r.store.current() == nil {
 			r.serve(pub, nil, now) // nothing better to present
 		}
+		if !claim {
+			// A replica that does not lead registers nothing, so a failed
+			// read (the API server away, as when the leader's fence closed)
+			// is no failed registration: it stands by, and reads again at
+			// its next event (a new term, the informer's relist).
+			r.log.Debug("sidecar webhook standing by; reading the configuration failed", "err", err)
+			r.setState(false, nil, leaderOnly+calledAt(r.held)+" as last read")
+			return leaderC, nil
+		}
 		r.setState(r.calls(r.held) && trusts(bundleOf(r.held), r.store.current(), now), err, "")
 		return leaderC, wrap(err)
 	}
@@ -387,7 +408,7 @@ func (r *registrar) step(ctx context.Context, warn bool) (<-chan struct{}, error
 	standby := ""
 	switch {
 	case !claim:
-		standby = "out of cluster only the leader registers its URL; the configuration calls " + calledAt(obj)
+		standby = leaderOnly + calledAt(obj)
 	case r.target.URL != "" && r.leader == nil:
 		if obj == nil {
 			r.yielded = false

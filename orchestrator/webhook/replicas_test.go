@@ -3,11 +3,13 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -489,5 +491,77 @@ func TestRacingWritesAreNoFailures(t *testing.T) {
 				t.Errorf("Ensure on a race: %v (raced: %v)", err, rc.raced())
 			}
 		})
+	}
+}
+
+// cutter is a transport that, while down, fails every request as an API
+// server that is away does (the connection refused).
+type cutter struct {
+	rt   http.RoundTripper
+	mu   sync.Mutex
+	down bool
+}
+
+func (c *cutter) set(down bool) {
+	c.mu.Lock()
+	c.down = down
+	c.mu.Unlock()
+}
+
+func (c *cutter) RoundTrip(req *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	down := c.down
+	c.mu.Unlock()
+	if down {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	return c.rt.RoundTrip(req)
+}
+
+// TestLeadershipLostInAnOutageIsNoRegistrationError: a replica that stops
+// leading while the API server is away (its fence closed) has nothing to
+// register: it stands by, logs no error and counts none in
+// kvmesh_webhook_registration_errors_total, though its read of the
+// configuration fails. Leading again in the outage, its failed read is
+// counted, but logged as what it is, not as a new CA failing to register:
+// no new certificate exists. Once the API server is back it is in place.
+func TestLeadershipLostInAnOutageIsNoRegistrationError(t *testing.T) {
+	s, _, ctx, admin := webhookEnv(t, 3*time.Minute)
+	cut := &cutter{}
+	cfg := rest.CopyConfig(s.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { cut.rt = rt; return cut })
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	la := newFakeLeader(true)
+	in := startWebhook(t, kube, RunConfig{URLHost: "127.0.0.1", Leader: la})
+	in.waitReady(t)
+
+	errs := promtest.ToFloat64(registrationErrors)
+	cut.set(true)
+	la.set(false)
+	testutil.WaitFor(t, time.Minute, "the replica to stand by (or log its failed attempt)", func() bool {
+		code, body := in.readyz()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "only the leader registers") ||
+			strings.Contains(in.log.String(), "attempt=1")
+	})
+	if code, body := in.readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "only the leader registers") {
+		t.Errorf("readyz of a replica no longer leading: %d %q, want 503 only the leader registers", code, body)
+	}
+	if d := promtest.ToFloat64(registrationErrors) - errs; d != 0 {
+		t.Errorf("kvmesh_webhook_registration_errors_total rose by %v on a replica not leading", d)
+	}
+	if strings.Contains(in.log.String(), "level=ERROR") {
+		t.Errorf("a replica not leading logged an error:\n%s", in.log.String())
+	}
+
+	la.set(true)
+	testutil.WaitFor(t, time.Minute, "the leader's failed read counted", func() bool { return promtest.ToFloat64(registrationErrors) > errs })
+	testutil.WaitFor(t, time.Minute, "the leader's failed read logged", func() bool { return strings.Contains(in.log.String(), "attempt=1") })
+	if log := in.log.String(); strings.Contains(log, "new certificate") || !strings.Contains(log, "reading or writing the configuration failed") {
+		t.Errorf("a failed read, no new certificate pending, logged as:\n%s", log)
+	}
+	cut.set(false)
+	in.waitReady(t)
+	if got := registeredURL(ctx, t, admin); got != urlOf(in) {
+		t.Fatalf("the configuration calls %s, want %s", got, urlOf(in))
 	}
 }
