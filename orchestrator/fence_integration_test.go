@@ -308,12 +308,12 @@ func TestHeldSlotQuiet(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, "held-0-decode-1") &&
 			p != nil && p.Status == metav1.ConditionFalse && p.Reason == reasonPodNameConflict
 	})
-	start := cnt.snapshot()
+	start := e.steadyFrom(t, ctrl, cnt, "held", "held-0-decode-1")
 	testutil.WaitFor(t, wait, "ten more passes (reads of the held name)", func() bool {
 		return cnt.count("GET", "/pods/held-0-decode-1")-start.count("GET", "/pods/held-0-decode-1") >= 10
 	})
 	now := cnt.snapshot()
-	for _, w := range []struct{ method, path string }{{"POST", "/pods"}, {"POST", "/services"}, {"GET", "/services/held"}} {
+	for _, w := range []struct{ method, path string }{{"POST", "/pods"}, {"POST", "/services"}, {"GET", "/services/held"}, {"PUT", "/modeldeployments/held/status"}} {
 		if n := now.count(w.method, w.path) - start.count(w.method, w.path); n != 0 {
 			t.Errorf("%d× %s …%s over ten passes of a held slot, want none", n, w.method, w.path)
 		}

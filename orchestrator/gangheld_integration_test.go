@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/orchestrator/api/v1alpha1"
@@ -26,7 +27,10 @@ func TestGangHeldNameSaysPodNameConflict(t *testing.T) {
 	if _, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, holder, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ctrl := e.newTestController(t, e.srv.Config, "a", nil)
+	cnt := &requestCounter{}
+	cfg := rest.CopyConfig(e.srv.Config)
+	cfg.Wrap(cnt.wrap)
+	ctrl := e.newTestController(t, cfg, "a", nil)
 	ctrl.heldRequeue = 50 * time.Millisecond
 	testutil.Run(t, "controller", ctrl.Run, nil)
 	if err := e.applyDoc(t, replaceAll(fenceDoc, "NAME", "gheld")); err != nil {
@@ -41,4 +45,15 @@ func TestGangHeldNameSaysPodNameConflict(t *testing.T) {
 			p != nil && p.Status == metav1.ConditionFalse && p.Reason == reasonPodNameConflict &&
 			g != nil && g.Status == metav1.ConditionTrue
 	})
+	// Each pass tries the gang again and finds the name held as before: the
+	// status it starts with (Progressing as the last pass ended) and ends
+	// with are the same, so nothing is written.
+	start := e.steadyFrom(t, ctrl, cnt, "gheld", "gheld-0-decode-0")
+	// (Passes of a failed gang back off: three, not ten.)
+	testutil.WaitFor(t, wait, "three more passes (reads of the held name)", func() bool {
+		return cnt.count("GET", "/pods/gheld-0-decode-0")-start.count("GET", "/pods/gheld-0-decode-0") >= 3
+	})
+	if n := cnt.count("PUT", "/modeldeployments/gheld/status") - start.count("PUT", "/modeldeployments/gheld/status"); n != 0 {
+		t.Errorf("%d status writes over three passes of a held gang, want none", n)
+	}
 }

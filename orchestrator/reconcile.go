@@ -93,6 +93,13 @@ func (c *Controller) reconcile(ctx context.Context, key string) (time.Duration, 
 		return 0, errors.Join(err, svcErr) // the deployment changed: its event brings us back
 	}
 	p := computePlan(md, pods)
+	if len(p.Delete) > 0 || len(p.Create) > 0 || len(p.Gang) > 0 {
+		// The step may take minutes (the client's rate limit): the status
+		// says it progresses, at this generation, before it starts.
+		if u, err = c.startStatus(ctx, u, md, pods, p, svcErr, svcConflict, conflicts); err != nil {
+			return 0, errors.Join(err, svcErr)
+		}
+	}
 	held, gangErr := c.execute(ctx, md, p)
 	if errors.Is(gangErr, errSuperseded) {
 		return 0, nil // deleted or edited meanwhile: its event brings the next step

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -169,8 +171,50 @@ func scalerConflictMessage(md *v1alpha1.ModelDeployment, roles []string) string 
 func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, gangErr, svcErr error, svcConflict bool, conflicts, held []string) error {
 	st := computeStatus(md, pods, md.Status, gangErr, conflicts, held)
 	setServiceCondition(&st, md, svcErr, svcConflict)
+	_, err := c.putStatus(ctx, u, md, st)
+	return err
+}
+
+// startStatus writes, before a step that creates or deletes pods, the
+// status as the step starts: this generation observed, the groups and
+// replicas as they are, Progressing True. Creating a large deployment
+// takes minutes at the client's rate limit, and the status written after
+// the step said the previous generation (Complete, its group count) all
+// along. What only the step's end knows (a gang that failed, a pod name
+// held) is said as the last step found it: GangBlocked as it was, and
+// the slots whose names were held then. As the Deployment controller, it
+// writes once as the work starts and once as it ends, not per pod. It
+// returns md as written (u and md.Status updated), or as it was when
+// nothing changed.
+func (c *Controller) startStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, pods []*corev1.Pod, p *plan, svcErr error, svcConflict bool, conflicts []string) (*unstructured.Unstructured, error) {
+	old := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.ConditionGangBlocked)
+	var held []string
+	slots := slices.Clone(p.Create) // in execute's order: its held names are said in it
+	for _, g := range slices.Sorted(maps.Keys(p.Gang)) {
+		slots = append(slots, p.Gang[g]...)
+	}
+	for _, s := range slots {
+		if name := podName(md.Name, s); c.held.has(heldKey{md.UID, "pod", name}) {
+			held = append(held, name)
+		}
+	}
+	// No gang error: with names held, Progressing is False for them, as
+	// the last step's end said unless a gang also failed otherwise.
+	st := computeStatus(md, pods, md.Status, nil, conflicts, held)
+	setServiceCondition(&st, md, svcErr, svcConflict)
+	if old != nil {
+		meta.SetStatusCondition(&st.Conditions, *old)
+	} else {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionGangBlocked) // said once a gang was tried
+	}
+	return c.putStatus(ctx, u, md, st)
+}
+
+// putStatus writes st unless md has it already, and returns md as written
+// (u, with md.Status set to st), or u when nothing was written.
+func (c *Controller) putStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, st v1alpha1.ModelDeploymentStatus) (*unstructured.Unstructured, error) {
 	if reflect.DeepEqual(st, md.Status) {
-		return nil
+		return u, nil
 	}
 	if now := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionRoleScalerConflict); now.Status == metav1.ConditionTrue {
 		if old := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.ConditionRoleScalerConflict); old == nil || old.Status != now.Status || old.Message != now.Message {
@@ -182,7 +226,12 @@ func (c *Controller) updateStatus(ctx context.Context, u *unstructured.Unstructu
 			c.recorder.Event(md, corev1.EventTypeWarning, reasonServiceError, now.Message)
 		}
 	}
-	return c.writeStatus(ctx, u, md, &st)
+	got, err := c.writeStatusObject(ctx, u, md, &st)
+	if err != nil || got == nil {
+		return u, err
+	}
+	md.Status = st
+	return got, nil
 }
 
 // reasonServiceError is the event and condition reason of a deployment
@@ -207,15 +256,22 @@ func setServiceCondition(st *v1alpha1.ModelDeploymentStatus, md *v1alpha1.ModelD
 
 // writeStatus writes st as md's status subresource (u is md as read).
 func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, st *v1alpha1.ModelDeploymentStatus) error {
+	_, err := c.writeStatusObject(ctx, u, md, st)
+	return err
+}
+
+// writeStatusObject is writeStatus returning md as written (nil, with no
+// error, when a newer version is on its way through the informer).
+func (c *Controller) writeStatusObject(ctx context.Context, u *unstructured.Unstructured, md *v1alpha1.ModelDeployment, st *v1alpha1.ModelDeploymentStatus) (*unstructured.Unstructured, error) {
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	u = u.DeepCopy()
 	u.Object["status"] = obj
-	_, err = c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	got, err := c.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(md.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		return nil // a newer version is on its way through the informer
+		return nil, nil // a newer version is on its way through the informer
 	}
-	return err
+	return got, err
 }
