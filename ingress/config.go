@@ -366,7 +366,7 @@ func (c *Config) Validate() error {
 		bad("read timeout must be > 0")
 	}
 	if c.ClientIdleTimeout <= 0 {
-		bad("client idle timeout must be > 0")
+		bad("clientIdleTimeout must be > 0 (the idle close of a client's keep-alive connection has no off), got %v", c.ClientIdleTimeout)
 	}
 	if c.SendTimeout < 0 {
 		bad("send timeout must be >= 0 (0: off), got %v", c.SendTimeout)

@@ -119,6 +119,32 @@ func TestBodyTimeoutKeepsHead(t *testing.T) {
 	}
 }
 
+// A client that closes its connection during its body is a client gone:
+// 499 under the request's own endpoint, path and X-Request-Id (it was a 400
+// under endpoint "unknown", "GET /", with a fresh id).
+func TestBodyCutByClientKeepsHead(t *testing.T) {
+	var alog testutil.SyncBuffer
+	cfg := testConfig()
+	cfg.AccessLog = true
+	s := startIngress(t, cfg, Deps{AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	conn := dialIngress(t, s)
+	if _, err := fmt.Fprint(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: kvmesh\r\nContent-Type: application/json\r\n"+
+		"X-Request-Id: cut-mid-body-1\r\nContent-Length: 1000\r\n\r\n{\"model\":\"m\","); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	testutil.WaitFor(t, 10*time.Second, "the access line", func() bool { return len(accessLines(t, &alog)) == 1 })
+	l := accessLines(t, &alog)[0]
+	if l["endpoint"] != "chat" || l["method"] != "POST" || l["path"] != "/v1/chat/completions" ||
+		l["request_id"] != "cut-mid-body-1" || l["status"] != float64(499) {
+		t.Errorf("access line %v", l)
+	}
+	if n := val(s.m.requests.WithLabelValues("chat", "499")); n != 1 {
+		t.Errorf(`requests_total{endpoint="chat",status="499"} = %v, want 1 (all: %v)`, n, seriesSum(s.m.requests))
+	}
+	testutil.WaitFor(t, 10*time.Second, "no head note left", func() bool { return s.heads.n.Load() == 0 })
+}
+
 // Keeping the head of every request with a body costs an inference request
 // no allocation (its method and path are constants; a client's
 // X-Request-Id is copied when it sends one).

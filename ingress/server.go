@@ -730,7 +730,9 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 	var broken fasthttp.ErrBrokenChunk
 	ne, isNet := errors.AsType[net.Error](err)
 	timeout := isNet && ne.Timeout()
-	reset := h.ContentLength() == 0 && (errors.Is(err, fasthttp.ErrBodyTooLarge) || errors.As(err, &broken) || timeout)
+	// The client closed its connection before its whole body came.
+	cut := errors.Is(err, io.ErrUnexpectedEOF)
+	reset := h.ContentLength() == 0 && (errors.Is(err, fasthttp.ErrBodyTooLarge) || errors.As(err, &broken) || timeout || cut)
 	start := time.Now()
 	note := headNote{cors: s.corsIndex(h.Peek("Origin")), messages: messagesPath(ctx.Path()), endpoint: transportEndpoint(ctx.Path())}
 	id := h.Peek("X-Request-Id")
@@ -794,6 +796,14 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		fail(newAPIError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "",
 			fmt.Errorf("%w: the request was not received within %v", ErrBadRequest, s.cfg.ReadTimeout)), "408")
 		ctx.SetConnectionClose()
+		return
+	}
+	if cut && note.path != "" {
+		// Its head came and the client left during the body: a client
+		// gone (499, as elsewhere), under the request's own endpoint and
+		// id, not a 400 nobody reads.
+		fail(newAPIError(StatusClientClosed, "invalid_request_error", "client_closed", "",
+			fmt.Errorf("%w: the client closed the connection before its whole body came", ErrBadRequest)), "499")
 		return
 	}
 	fail(badRequest("", fmt.Errorf("%w: %s", ErrBadRequest, transportErrText(err))), "400")
