@@ -325,6 +325,16 @@ func adapterServedKey(base, adapter string) string { return base + "\x00" + adap
 // not lost to an outage of its engines' sidecars (503 to retry).
 func (c *call) unloadedFrom(now time.Time) string {
 	for i := range c.infos {
+		// No engine is a candidate, so none is checked for its denial of
+		// the adapter: an engine that denied it sees its listing drop here,
+		// and a listing after this one clears its denial (wrongAdapters.has).
+		if e := &c.infos[i]; e.Healthy {
+			if up := c.s.ups.lookup(e.ID); up != nil && up.url == e.URL {
+				up.wrong.has(c.model, now, e.LoRAs)
+			}
+		}
+	}
+	for i := range c.infos {
 		if e := &c.infos[i]; e.Healthy && c.s.served.recently(adapterServedKey(e.Model, c.model), now) {
 			return e.Model
 		}
@@ -371,8 +381,9 @@ func (c *call) allOutOfRouting() error {
 		if r := c.rt.route; r != nil {
 			// A route's adapter is served under its pool's model, which
 			// need not be the adapter's base model.
-			return fmt.Errorf("%w: the model %q does not exist: every engine of the pool %q of route %q (%d) answered that it does not serve it",
-				ErrModelNotFound, clip(m), c.model, r.Name(), len(ids))
+			pools, n := c.deniedPools(len(ids))
+			return fmt.Errorf("%w: the model %q does not exist: every engine of the %s of route %q (%d) answered that it does not serve it",
+				ErrModelNotFound, clip(m), pools, r.Name(), n)
 		}
 		return adapterNotFound(m, len(ids))
 	}
@@ -388,7 +399,7 @@ func (c *call) allOutOfRouting() error {
 		why := "not ready (its sidecar says so)"
 		if !c.s.health.allowed(id) {
 			why = "ejected after failing (probed until it answers again)"
-		} else if up := c.s.ups.lookup(id); adapter && up != nil && up.wrong.has(m, c.start) {
+		} else if up := c.s.ups.lookup(id); adapter && up != nil && up.wrong.has(m, c.start, c.candLoRAs(id)) {
 			why = "lately answered that it lacks the adapter"
 		}
 		fmt.Fprintf(&b, "%s %s", clip(id), why)
@@ -402,11 +413,22 @@ func (c *call) allOutOfRouting() error {
 func (c *call) allLackAdapter(ids []string, m string) bool {
 	for _, id := range ids {
 		up := c.s.ups.lookup(id)
-		if !c.s.health.allowed(id) || up == nil || !up.wrong.has(m, c.start) {
+		if !c.s.health.allowed(id) || up == nil || !up.wrong.has(m, c.start, c.candLoRAs(id)) {
 			return false
 		}
 	}
 	return true
+}
+
+// candLoRAs is the adapters candidate id lists (its gossip's, as the
+// request read it).
+func (c *call) candLoRAs(id string) []string {
+	for i := range c.cands {
+		if c.cands[i].ID == id {
+			return c.cands[i].LoRAs
+		}
+	}
+	return nil
 }
 
 // addCandidate adds e, with this replica's own load, to the candidates.
@@ -420,7 +442,7 @@ func (c *call) addCandidate(e *EngineInfo) {
 		addLocalLoad(&eng, up, c.start)
 		if up.wrong.n.Load() > 0 && up.url == e.URL {
 			// The engine lately denied the adapter (wrongmodel.go).
-			if m, adapter := c.sentModel(); adapter && up.wrong.has(m, c.start) {
+			if m, adapter := c.sentModel(); adapter && up.wrong.has(m, c.start, e.LoRAs) {
 				eng.Healthy = false
 			}
 		}

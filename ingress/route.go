@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -158,7 +160,31 @@ func (c *call) poolRank(model string) int {
 // the adapter (addCandidate takes it out of routing for it).
 func (c *call) keptFromAdapter(e *EngineInfo, adapter string) bool {
 	up := c.s.ups.lookup(e.ID)
-	return up != nil && up.url == e.URL && up.wrong.has(adapter, c.start)
+	return up != nil && up.url == e.URL && up.wrong.has(adapter, c.start, e.LoRAs)
+}
+
+// deniedPools names the pools of the route's chain a request for its
+// adapter is out of when every engine of its pool (c.model, of engines
+// engines) lately denied the adapter: that pool and the rest of the chain,
+// which nextRouteModel ranked no better (each one denied, or down), with
+// the denied pools' engines counted. ("pool "A"", 1; "pools "A", "B"", 2.)
+func (c *call) deniedPools(engines int) (string, int) {
+	names := []string{strconv.Quote(c.model)}
+	for _, m := range c.rt.chain[min(c.rt.next, len(c.rt.chain)):] {
+		if m == c.model || c.poolRank(m) != poolDenied {
+			continue
+		}
+		names = append(names, strconv.Quote(m))
+		for i := range c.infos {
+			if e := &c.infos[i]; e.Model == m && e.Healthy && c.keptFromAdapter(e, c.rt.upModel) {
+				engines++
+			}
+		}
+	}
+	if len(names) == 1 {
+		return "pool " + names[0], engines
+	}
+	return "pools " + strings.Join(names, ", "), engines
 }
 
 // admitRoute charges the route's rate limit (429 with Retry-After).

@@ -137,3 +137,99 @@ func TestUnloadedAdapterIs404(t *testing.T) {
 		t.Fatalf("chem with its base model's engines gone from gossip: %d (Retry-After %q) %s, want 503", st, hdr.Get("Retry-After"), b)
 	}
 }
+
+// TestAdapterListedAfterDenialIsTried: an engine that denied an adapter
+// (it was unloaded) and whose gossip lists it again after the denial (its
+// sidecar's poll saw it unlisted, then loaded again) is tried for it at
+// once: that listing is newer than the denial. Before, the denial kept the
+// engine from the adapter for wrongAdapterTTL (10 s) whatever its gossip
+// said since: a route's adapter got a 404 "does not exist" with no attempt,
+// naming the first pool of the chain, not the one that lists it; an adapter
+// gossip alone names got the same 404 from its base model's engines. A
+// listing that may be the one read before the denial still keeps the
+// engine out until it drops.
+func TestAdapterListedAfterDenialIsTried(t *testing.T) {
+	unload := func(t *testing.T, url string) {
+		t.Helper()
+		if st, _, b := post(t, http.DefaultClient, url+"/v1/unload_lora_adapter", `{"lora_name":"sql"}`); st != http.StatusOK {
+			t.Fatalf("unload: %d %s", st, b)
+		}
+	}
+	load := func(t *testing.T, url string) {
+		t.Helper()
+		if st, _, b := post(t, http.DefaultClient, url+"/v1/load_lora_adapter", `{"lora_name":"sql","lora_path":"/adapters/sql"}`); st != http.StatusOK {
+			t.Fatalf("load: %d %s", st, b)
+		}
+	}
+	send := func(t *testing.T, url string, wantStatus int, wantEngine, wantMsg string) {
+		t.Helper()
+		st, hdr, b := post(t, http.DefaultClient, url, `{"model":"sql","max_tokens":1,"prompt":"select"}`)
+		if st != wantStatus || wantEngine != "" && hdr.Get("X-Kvmesh-Engine") != wantEngine || !strings.Contains(string(b), wantMsg) {
+			t.Fatalf("%d from %q: %s, want %d from %q with %q", st, hdr.Get("X-Kvmesh-Engine"), b, wantStatus, wantEngine, wantMsg)
+		}
+	}
+
+	t.Run("route", func(t *testing.T) {
+		a, b := simServing(t, "A", "", "sql"), simServing(t, "B", "", "sql")
+		rt := routeTable(t, `routes:
+  - name: chat
+    match: {model: chat}
+    backends: [{model: A}]
+    fallback: [B]
+    loraAdapters: [sql]
+`)
+		m := &swapMembership{}
+		setEngines(m, modelEngine("eA", "A", a.URL(), "sql"), modelEngine("eB", "B", b.URL(), "sql"))
+		s := startIngress(t, testConfig(), Deps{Membership: m, Routes: rt})
+		url := "http://" + s.Addr() + "/v1/completions"
+		send(t, url, http.StatusOK, "eA", "")
+		unload(t, a.URL())
+		unload(t, b.URL())
+		send(t, url, http.StatusNotFound, "", "model_not_found") // both engines deny it, listing it still
+		// Both sidecars' polls: neither lists sql. Both pools are kept from
+		// it, and the 404 names them both.
+		setEngines(m, modelEngine("eA", "A", a.URL()), modelEngine("eB", "B", b.URL()))
+		send(t, url, http.StatusNotFound, "", `every engine of the pools \"A\", \"B\" of route \"chat\" (2)`)
+		// B loads it again, and its sidecar's next poll lists it.
+		load(t, b.URL())
+		setEngines(m, modelEngine("eA", "A", a.URL()), modelEngine("eB", "B", b.URL(), "sql"))
+		send(t, url, http.StatusOK, "eB", "")
+	})
+
+	t.Run("stale listing", func(t *testing.T) {
+		// The engine lost the adapter before its sidecar's poll: the
+		// listing it denied it under is no newer than the denial.
+		b := simServing(t, "B", "", "sql")
+		rt := routeTable(t, `routes:
+  - name: chat
+    match: {model: chat}
+    backends: [{model: B}]
+    loraAdapters: [sql]
+`)
+		m := &swapMembership{}
+		setEngines(m, modelEngine("eB", "B", b.URL(), "sql"))
+		s := startIngress(t, testConfig(), Deps{Membership: m, Routes: rt})
+		url := "http://" + s.Addr() + "/v1/completions"
+		unload(t, b.URL())
+		send(t, url, http.StatusNotFound, "", "model_not_found")
+		send(t, url, http.StatusNotFound, "", `every engine of the pool \"B\" of route \"chat\" (1)`)
+	})
+
+	t.Run("gossip adapter", func(t *testing.T) {
+		// No flag or route names sql: the engines' gossip alone does.
+		a0, a1 := simServing(t, "alpha", "", "sql"), simServing(t, "alpha", "", "sql")
+		m := &swapMembership{}
+		setEngines(m, modelEngine("a0", "alpha", a0.URL(), "sql"), modelEngine("a1", "alpha", a1.URL(), "sql"))
+		s := startIngress(t, testConfig(), Deps{Membership: m})
+		url := "http://" + s.Addr() + "/v1/completions"
+		send(t, url, http.StatusOK, "", "")
+		unload(t, a0.URL())
+		unload(t, a1.URL())
+		send(t, url, http.StatusNotFound, "", "model_not_found") // both deny it
+		setEngines(m, modelEngine("a0", "alpha", a0.URL()), modelEngine("a1", "alpha", a1.URL()))
+		send(t, url, http.StatusNotFound, "", "no engine of its base model")
+		load(t, a1.URL())
+		setEngines(m, modelEngine("a0", "alpha", a0.URL()), modelEngine("a1", "alpha", a1.URL(), "sql"))
+		send(t, url, http.StatusOK, "a1", "")
+	})
+}

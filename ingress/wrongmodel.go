@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +27,8 @@ import (
 // readmits it only once /v1/models lists the model again (health.go); an
 // adapter only keeps the engine out of that adapter's requests for
 // wrongAdapterTTL, as the engine still serves its base model and any other
-// adapter.
+// adapter, or until its sidecar's gossip lists the adapter in a listing
+// newer than the denial (wrongAdapters.has).
 
 // wrongAdapterTTL is how long an engine that denied an adapter gets no
 // requests for it: the sidecar's default /v1/models interval, by which its
@@ -171,62 +173,104 @@ func adapterNotFound(model string, engines int) error {
 // wrongAdapterTTL. The P/D legs (pd.go, pd_sglang.go) call it too.
 func (s *Server) deniedModel(up *upstream, model string, adapter bool) {
 	if adapter {
-		up.wrong.add(model, time.Now().Add(wrongAdapterTTL))
+		up.wrong.add(model, time.Now().Add(wrongAdapterTTL), s.engineLists(up, model))
 		return
 	}
 	s.health.wrongModel(up, model)
 	up.hc.CloseIdleConnections()
 }
 
+// engineLists reports whether up's engine lists adapter as gossip has it
+// now (its sidecar's last read of the engine's /v1/models).
+func (s *Server) engineLists(up *upstream, adapter string) bool {
+	for _, e := range s.deps.Membership.Engines(nil) {
+		if e.ID == up.id && e.URL == up.url {
+			return slices.Contains(e.LoRAs, adapter)
+		}
+	}
+	return false
+}
+
 // wrongAdapters are the adapters one engine (one upstream: a new URL is a
 // new record) answered that it does not serve, each until its entry
-// expires. Its names are adapters that a flag, a route or the engines'
-// gossip name (candidates admits no other), and at most
-// maxWrongAdapters are kept.
+// expires or a newer listing clears it. Its names are adapters that a
+// flag, a route or the engines' gossip name (candidates admits no other),
+// and at most maxWrongAdapters are kept.
+//
+// Gossip carries no time of the sidecar's read, so a listing is known to be
+// newer than the denial when the engine's gossip did not list the adapter at
+// some point since it: at the denial, or at a later check (has). Such a
+// listing says the engine has the adapter again (it was loaded after the
+// denial), and clears the entry: the engine is tried for it at once. A
+// listing seen at the denial and at every check since may be the one the
+// sidecar read before the engine lost the adapter (what wrongAdapterTTL
+// bridges), so it clears nothing.
 type wrongAdapters struct {
 	n     atomic.Int32 // entries: the request path checks it alone when 0
 	mu    sync.Mutex
-	until map[string]time.Time
+	marks map[string]wrongAdapter
+}
+
+// wrongAdapter is one adapter's entry: when it expires, and whether every
+// listing of the engine seen since the denial listed the adapter (a
+// listing then may predate the denial).
+type wrongAdapter struct {
+	until  time.Time
+	listed bool
 }
 
 const maxWrongAdapters = 64
 
-func (w *wrongAdapters) add(name string, until time.Time) {
+// add records that the engine denied adapter name, keeping it from the
+// adapter until then; listed is whether its gossip listed the adapter when
+// it did.
+func (w *wrongAdapters) add(name string, until time.Time, listed bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.until == nil {
-		w.until = map[string]time.Time{}
+	if w.marks == nil {
+		w.marks = map[string]wrongAdapter{}
 	}
-	if len(w.until) >= maxWrongAdapters {
+	if len(w.marks) >= maxWrongAdapters {
 		now := time.Now()
-		for k, t := range w.until {
-			if !now.Before(t) {
-				delete(w.until, k)
+		for k, m := range w.marks {
+			if !now.Before(m.until) {
+				delete(w.marks, k)
 			}
 		}
-		if len(w.until) >= maxWrongAdapters {
+		if len(w.marks) >= maxWrongAdapters {
 			return // the engine still answers 404 for it, and is retried past
 		}
 	}
-	w.until[name] = until
-	w.n.Store(int32(len(w.until)))
+	w.marks[name] = wrongAdapter{until: until, listed: listed}
+	w.n.Store(int32(len(w.marks)))
 }
 
 // has reports whether the engine denied adapter name less than
-// wrongAdapterTTL before now (an expired entry goes).
-func (w *wrongAdapters) has(name string, now time.Time) bool {
+// wrongAdapterTTL before now and no listing newer than the denial lists it
+// since; listing is the engine's adapters as its gossip has them now. An
+// expired or cleared entry goes.
+func (w *wrongAdapters) has(name string, now time.Time, listing []string) bool {
 	if w.n.Load() == 0 {
 		return false
 	}
+	lists := slices.Contains(listing, name)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	t, ok := w.until[name]
-	if ok && !now.Before(t) {
-		delete(w.until, name)
-		w.n.Store(int32(len(w.until)))
+	m, ok := w.marks[name]
+	switch {
+	case !ok:
 		return false
+	case !now.Before(m.until) || lists && !m.listed:
+		delete(w.marks, name)
+		w.n.Store(int32(len(w.marks)))
+		return false
+	case m.listed && !lists:
+		// The sidecar's read after the engine lost the adapter: a listing
+		// from now on is newer than the denial.
+		m.listed = false
+		w.marks[name] = m
 	}
-	return ok
+	return true
 }
 
 // engineIdentity is what an ejected engine's probe checks it against

@@ -181,15 +181,47 @@ func TestWrongAdapterAvoidsEngineForTheAdapterOnly(t *testing.T) {
 func TestWrongAdaptersExpire(t *testing.T) {
 	var w wrongAdapters
 	now := time.Now()
-	if w.has("ad", now) {
+	if w.has("ad", now, nil) {
 		t.Fatal("empty set has ad")
 	}
-	w.add("ad", now.Add(wrongAdapterTTL))
-	if !w.has("ad", now.Add(wrongAdapterTTL-time.Millisecond)) || w.has("other", now) {
+	w.add("ad", now.Add(wrongAdapterTTL), false)
+	if !w.has("ad", now.Add(wrongAdapterTTL-time.Millisecond), nil) || w.has("other", now, nil) {
 		t.Fatal("ad not kept, or another adapter kept")
 	}
-	if w.has("ad", now.Add(wrongAdapterTTL)) || w.n.Load() != 0 {
+	if w.has("ad", now.Add(wrongAdapterTTL), nil) || w.n.Load() != 0 {
 		t.Fatalf("ad kept past its TTL (%d entries)", w.n.Load())
+	}
+}
+
+// wrongAdapters: a listing newer than the denial (the engine's gossip did
+// not list the adapter at the denial, or at a check since) clears it; a
+// listing seen at the denial and at every check since does not.
+func TestWrongAdaptersClearedByNewerListing(t *testing.T) {
+	now := time.Now()
+	until := now.Add(wrongAdapterTTL)
+	listing := []string{"other", "ad"}
+
+	var w wrongAdapters
+	w.add("ad", until, false) // denied while not listed
+	if !w.has("ad", now, []string{"other"}) {
+		t.Fatal("not kept while unlisted")
+	}
+	if w.has("ad", now, listing) || w.n.Load() != 0 {
+		t.Fatalf("kept once listed after the denial (%d entries)", w.n.Load())
+	}
+
+	w.add("ad", until, true) // denied under a listing that may be stale
+	w.add("b", until, false)
+	for i := range 2 {
+		if !w.has("ad", now, listing) {
+			t.Fatalf("check %d: the listing seen at the denial cleared it", i+1)
+		}
+	}
+	if !w.has("ad", now, nil) {
+		t.Fatal("not kept once the listing dropped")
+	}
+	if w.has("ad", now, listing) || !w.has("b", now, nil) || w.n.Load() != 1 {
+		t.Fatalf("kept when listed after its listing dropped, or another adapter cleared (%d entries)", w.n.Load())
 	}
 }
 
