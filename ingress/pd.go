@@ -170,6 +170,10 @@ type pdState struct {
 	// length without kv_transfer_params (no KV connector: markNoKV), left
 	// out of prefill legs until their mark's time; guarded by mu.
 	noKV map[string]*noKVMark
+	// kvFails is, per SGLang engine, the last engine of the other role in
+	// a pair whose room could not be read (pd_sglang.go's noTransfer, which
+	// tells from them whose fault it is); guarded by mu.
+	kvFails map[string]*kvFail
 
 	legs      *prometheus.CounterVec // leg, result
 	noKVMarks *prometheus.CounterVec // engine
@@ -274,6 +278,7 @@ func (p *pdState) forget(engine string) bool {
 	}
 	delete(p.gates, engine)
 	delete(p.noKV, engine)
+	delete(p.kvFails, engine)
 	p.mu.Unlock()
 	if p.inited.Load() {
 		if f, ok := p.router.(scheduler.Forgetter); ok {

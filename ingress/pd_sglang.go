@@ -41,13 +41,16 @@ import (
 //     the ranking, prefill-role engines excluded. A decode failure caused by
 //     its prefill leg does not count against the decode engine's health;
 //   - a decode leg that fails because it could not read the room's KV (its
-//     5xx names the bootstrap_room, as SGLang's "Decode transfer failed" and
-//     "Decode handshake failed" aborts do) is the prefill side's failure
-//     (a wrong bootstrap address, a dead bootstrap server), not the decode
-//     engine's: the prefill engine is left out of prefill legs for
-//     noKVBackoff (markLocked), its leg is cut if it still runs (SGLang
-//     aborts a request whose client left, which frees the room), and the
-//     request moves on as after any decode failure.
+//     5xx is SGLang's "Decode transfer failed" or "Decode handshake failed"
+//     abort, or the simulator's "KV transfer for bootstrap_room N failed":
+//     kvTransferFailed) is the prefill side's failure (a wrong bootstrap
+//     address, a dead bootstrap server), not the decode engine's: the
+//     prefill engine is left out of prefill legs for noKVBackoff
+//     (markLocked), unless the decode engine lately failed another prefill
+//     engine's room as well (noTransfer: then the fault is the decode
+//     engine's, held against its health). The prefill leg is cut if it
+//     still runs (SGLang aborts a request whose client left, which frees
+//     the room), and the request moves on as after any decode failure.
 //
 // sgl-router sends requests with n > 1 with arrays of bootstrap fields; the
 // ingress serves them aggregated instead.
@@ -109,9 +112,12 @@ type decodeFail struct {
 	up     *upstream
 	result string
 	cut    bool
-	// noKV: the decode engine answered 5xx naming the bootstrap room: it
-	// could not read the room's KV from the prefill engine (noTransfer).
-	noKV bool
+	// noKV: the decode engine answered 5xx saying it could not read the
+	// room's KV from the prefill engine (kvTransferFailed, noTransfer).
+	// decodeAtFault: and that is the decode engine's fault, not the
+	// prefill engine's: held against its health whatever its prefill leg
+	// did (the leg is cut).
+	noKV, decodeAtFault bool
 }
 
 // cutDecode records the prefill leg's failure and closes the decode leg's
@@ -180,27 +186,124 @@ func (l *sglangLeg) prefillAnswered() (dropped bool) {
 }
 
 // settle counts a decode failure against the decode engine when its
-// prefill leg did its part and the decode engine could read the room.
+// prefill leg did its part and the decode engine could read the room, or
+// when its failed room was its own fault (noTransfer).
 func settle(s *Server, f decodeFail, prefill legResult) {
-	if f.up != nil && !f.noKV && prefill.result == "ok" {
+	if f.up != nil && (f.decodeAtFault || !f.noKV && prefill.result == "ok") {
 		f.up.failures.Add(1)
 		s.health.observe(f.up, f.result)
 	}
 }
 
+// kvTransferFailed reports whether a decode engine's 5xx body says it
+// could not read its room's KV: SGLang's aborts ("Decode handshake failed
+// for request rank=... bootstrap_room=...", "Decode transfer failed for
+// request ... with exception KVTransferError(...)") and the simulator's
+// ("KV transfer for bootstrap_room N failed: ..."). Any other 5xx is the
+// decode engine's own, even when it quotes the request (whose body holds
+// the bootstrap_room the ingress put there): one decode engine answering
+// "CUDA out of memory while handling request {... "bootstrap_room": N}"
+// had every prefill engine left out of P/D.
+func kvTransferFailed(body []byte) bool {
+	return bytes.Contains(body, []byte("Decode handshake failed")) ||
+		bytes.Contains(body, []byte("Decode transfer failed")) ||
+		bytes.Contains(body, []byte("KV transfer for bootstrap_room "))
+}
+
+// kvFail is an SGLang engine's last room that could not be read: the
+// engine of the other role in its pair and when. A decode engine's also
+// says until when its failed rooms are its own fault, and when the last
+// warning about it was logged.
+type kvFail struct {
+	peer       string
+	at         time.Time
+	faultUntil time.Time
+	warned     time.Time
+}
+
+// kvBlameWindow is how long a failed room is remembered to judge the next
+// ones: longer than a first mark (noKVBackoff.Min, 30 s and its jitter),
+// so a prefill engine marked for a decode engine's failure is cleared when
+// that decode engine fails another prefill engine's room before the mark
+// runs out.
+const kvBlameWindow = time.Minute
+
+// blameLocked records that decode could not read a room of prefill and
+// says whose fault it is: the decode engine's when its failed rooms lately
+// (kvBlameWindow) name another prefill engine too, or it was lately found
+// at fault, unless this prefill engine's rooms lately failed on another
+// decode engine as well (then the prefill engine's: every prefill engine's
+// bootstrap address may be wrong at once). When a decode engine is first
+// found at fault, the mark its failure put on the other prefill engine is
+// undone (cleared: that engine), unless that engine's rooms failed on
+// another decode engine too. Bounded: one record per engine, dropped with
+// the engine (forget). Under mu.
+func (p *pdState) blameLocked(decode, prefill string, now time.Time) (decodeAtFault bool, cleared string, d *kvFail) {
+	if p.kvFails == nil {
+		p.kvFails = make(map[string]*kvFail)
+	}
+	rec := func(id string) *kvFail {
+		f := p.kvFails[id]
+		if f == nil {
+			f = &kvFail{}
+			p.kvFails[id] = f
+		}
+		return f
+	}
+	// elsewhere: f's last failed room was lately with an engine other than not.
+	elsewhere := func(f *kvFail, not string) bool {
+		return f != nil && f.peer != "" && f.peer != not && now.Sub(f.at) < kvBlameWindow
+	}
+	d, pf := rec(decode), rec(prefill)
+	faulted := now.Before(d.faultUntil)
+	if (faulted || elsewhere(d, prefill)) && !elsewhere(pf, decode) {
+		decodeAtFault = true
+		if !faulted && !elsewhere(p.kvFails[d.peer], decode) {
+			if m := p.noKV[d.peer]; m != nil && now.Before(m.until) {
+				m.until = now
+				m.n = max(0, m.n-1)
+				cleared = d.peer
+			}
+		}
+		d.faultUntil = now.Add(kvBlameWindow)
+	}
+	d.peer, d.at = prefill, now
+	pf.peer, pf.at = decode, now
+	return decodeAtFault, cleared, d
+}
+
 // noTransfer handles a decode leg that could not read its room's KV from
-// the prefill engine: the failure is the prefill side's (its bootstrap
-// address wrong or refusing, its bootstrap server or transfer engine
-// down), so the prefill engine is left out of prefill legs for the next
-// step of noKVBackoff (markLocked, as a NIXL engine without a KV connector
-// is; a decode leg that reads a room of it clears the mark) and a warning
-// names it and the bootstrap address, once per noKVWarnEvery. Without it
-// the decode engines were ejected for the prefill engine's fault, and the
-// prefill engine, answering its legs fast, took every request's leg.
-func (s *Server) noTransfer(p *pdState, l *sglangLeg, decode string, body []byte) {
+// the prefill engine. The failure is mostly the prefill side's (its
+// bootstrap address wrong or refusing, its bootstrap server or transfer
+// engine down), so the prefill engine is left out of prefill legs for the
+// next step of noKVBackoff (markLocked, as a NIXL engine without a KV
+// connector is; a decode leg that reads a room of it clears the mark) and
+// a warning names it and the bootstrap address, once per noKVWarnEvery.
+// Without it the decode engines were ejected for the prefill engine's
+// fault, and the prefill engine, answering its legs fast, took every
+// request's leg. But a decode engine that fails the rooms of two prefill
+// engines (blameLocked) is the one at fault: its failure is held against
+// its health (decodeAtFault) and no prefill engine is marked for it; one
+// bad decode engine used to take every prefill engine out of P/D. It
+// returns decodeAtFault.
+func (s *Server) noTransfer(p *pdState, l *sglangLeg, decode string, body []byte) bool {
 	p.legs.WithLabelValues("decode", "failed_kv_transfer").Inc()
 	now := time.Now()
 	p.mu.Lock()
+	atFault, cleared, df := p.blameLocked(decode, l.prefill, now)
+	if atFault {
+		warn := df.warned.IsZero() || now.Sub(df.warned) >= noKVWarnEvery
+		if warn {
+			df.warned = now
+		}
+		p.mu.Unlock()
+		if warn {
+			s.log.Warn("SGLang decode engine could not read the bootstrap rooms of two prefill engines: the fault is taken to be its own "+
+				"(its transfer engine or network), held against its health; the prefill engines keep their prefill legs",
+				"decode_engine", decode, "engine", l.prefill, "cleared_mark", cleared, "answer", string(body[:min(len(body), 300)]))
+		}
+		return true
+	}
 	m, d := p.markLocked(l.prefill, now)
 	warn := d > 0 && (m.warned.IsZero() || now.Sub(m.warned) >= noKVWarnEvery)
 	if warn {
@@ -213,6 +316,7 @@ func (s *Server) noTransfer(p *pdState, l *sglangLeg, decode string, body []byte
 			"It gets no prefill legs for a while", "engine", l.prefill, "bootstrap", l.bootstrap, "decode_engine", decode,
 			"for", d.Round(time.Second).String(), "answer", string(body[:min(len(body), 300)]))
 	}
+	return false
 }
 
 // transferred clears the prefill engine's mark: a decode leg read a room
@@ -490,10 +594,10 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 		c.dropRanked(decode)
 		return false, decodeFail{result: loopResult}
 	}
-	var noKV []byte // the 5xx's body when it names the room (noTransfer)
+	var noKV []byte // the 5xx's body when it says the room could not be read (noTransfer)
 	if err == nil && !cut && st >= 500 {
 		if buf, rerr := readAll(resp); rerr == nil {
-			if bytes.Contains(buf.Bytes(), []byte("bootstrap_room")) {
+			if kvTransferFailed(buf.Bytes()) {
 				noKV = bytes.Clone(buf.Bytes())
 			}
 			bufPool.Put(buf)
@@ -515,7 +619,7 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 		fail.up = nil
 	}
 	if noKV != nil {
-		s.noTransfer(p, leg, decode, noKV)
+		fail.decodeAtFault = s.noTransfer(p, leg, decode, noKV)
 	}
 	s.m.attempts.WithLabelValues(result).Inc()
 	_ = resp.CloseBodyStream()
