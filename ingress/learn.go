@@ -151,24 +151,22 @@ func (w *learnLoad) noteKVBound(at int64) {
 	}
 }
 
-// kvBound reports whether the engine's snapshot this attempt was sent with
-// showed a KV-memory stall, and notes it (noteKVBound) if so.
-func (c *call) kvBound(up *upstream, sent time.Time) bool {
+// noteSent notes an attempt sent to up at sent: when the engine's snapshot
+// it was sent with showed a KV-memory stall (noteKVBound).
+func (c *call) noteSent(up *upstream, sent time.Time) {
 	for i := range c.cands {
 		if e := &c.cands[i]; e.ID == up.id {
-			if !learn.KVBound(e.Waiting, e.KVUsage) {
-				return false
+			if learn.KVBound(e.Waiting, e.KVUsage) {
+				up.lw.noteKVBound(sent.UnixNano())
 			}
-			up.lw.noteKVBound(sent.UnixNano())
-			return true
+			return
 		}
 	}
-	return false
 }
 
 // kvBoundSince reports whether an attempt sent to up at sent has since
-// been sent with a snapshot showing the engine KV-bound (its own, or
-// another's).
+// been sent with a snapshot showing the engine KV-bound (its own, noted
+// by noteSent, or another's).
 func kvBoundSince(up *upstream, sent time.Time) bool {
 	return up.lw.kvBoundAt.Load() >= sent.UnixNano()
 }
@@ -221,7 +219,7 @@ func (c *call) learnStart(up *upstream, prefill int64) {
 	// Every sequence reads its prompt's context (n samples of one prompt
 	// read it n times per step, shared blocks or not).
 	c.lc = learnCall{sent: c.sentAt, ahead: prefill, own: c.prefillCharge, ctx: int64(c.promptTokens) * int64(max(1, c.req.n)), seqs: int64(c.seqs)}
-	c.lc.kvBound = c.kvBound(up, c.sentAt)
+	c.noteSent(up, c.sentAt)
 	up.lw.ctx.Add(c.lc.ctx)
 	up.lw.seqs.Add(c.lc.seqs)
 }
@@ -236,7 +234,7 @@ func (c *call) learnFirstToken(up *upstream) {
 	now := time.Now()
 	if c.pd.prefill == "" {
 		c.lc.ttft, c.lc.first = now.Sub(c.lc.sent), true
-		c.lc.kvBound = c.lc.kvBound || kvBoundSince(up, c.lc.sent)
+		c.lc.kvBound = kvBoundSince(up, c.lc.sent)
 	}
 	c.lc.last, c.lc.pure = now, up.prefill.Load() == 0
 }
@@ -273,7 +271,8 @@ func (c *call) learnPrefillLeg(up *upstream, prefill int64, d time.Duration) {
 		return
 	}
 	sent := time.Now().Add(-d)
-	c.observePrefill(up, int(prefill), d, c.kvBound(up, sent) || kvBoundSince(up, sent))
+	c.noteSent(up, sent)
+	c.observePrefill(up, int(prefill), d, kvBoundSince(up, sent))
 }
 
 // learnTokens records k tokens streamed from up after the first: the gap

@@ -80,8 +80,7 @@ type pdFlight struct {
 	preq, dreq      *engine.Request
 	prefillCached   int
 	prompt          int
-	ahead           int  // prefill tokens queued on the first leg's engine at dispatch, plus own uncached
-	kvBound         bool // the first leg's engine's snapshot at dispatch showed a KV-memory stall (sim.go)
+	ahead           int // prefill tokens queued on the first leg's engine at dispatch, plus own uncached
 }
 
 type pdSink struct {
@@ -304,7 +303,7 @@ func (s *pdSim) send(i int, now time.Duration) {
 		return
 	}
 	f.ahead = s.view[e].LocalPrefillTokens + f.uncachedD
-	f.kvBound = s.ctx[e].sent(&s.view[e], now)
+	s.ctx[e].sent(&s.view[e], now)
 	if f.prefill >= 0 {
 		f.ahead = s.view[e].LocalPrefillTokens + f.uncachedP
 	}
@@ -378,7 +377,7 @@ func (s *pdSim) step(e int, now time.Duration) {
 		if leg != nil && (leg.Generated() > 0 || leg.Done()) {
 			s.view[e].LocalPrefillTokens -= unc
 			if s.learner != nil && first {
-				s.ctx[e].observePrefill(s.learner, s.view[e].ID, f.sent, f.kvBound, f.ahead, leg.Result().FirstToken-f.sent)
+				s.ctx[e].observePrefill(s.learner, s.view[e].ID, f.sent, f.ahead, leg.Result().FirstToken-f.sent)
 			}
 			continue
 		}

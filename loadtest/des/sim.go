@@ -73,8 +73,7 @@ type flight struct {
 	engine   int
 	uncached int
 	active   int
-	ahead    int  // prefill tokens queued ahead on the engine at dispatch, plus own uncached
-	kvBound  bool // the engine's snapshot at dispatch showed a KV-memory stall (learn.KVBound)
+	ahead    int // prefill tokens queued ahead on the engine at dispatch, plus own uncached
 	prompt   int
 	sent     time.Duration
 	req      *engine.Request
@@ -96,21 +95,18 @@ type engineCtx struct {
 	kvBoundSeen bool
 }
 
-// sent notes a dispatch at now to the engine whose snapshot is v, and
-// reports whether v showed it KV-bound.
-func (c *engineCtx) sent(v *scheduler.Engine, now time.Duration) bool {
-	if !learn.KVBound(v.Waiting, v.KVUsage) {
-		return false
+// sent notes a dispatch at now to the engine whose snapshot is v.
+func (c *engineCtx) sent(v *scheduler.Engine, now time.Duration) {
+	if learn.KVBound(v.Waiting, v.KVUsage) {
+		c.kvBoundAt, c.kvBoundSeen = now, true
 	}
-	c.kvBoundAt, c.kvBoundSeen = now, true
-	return true
 }
 
-// observePrefill feeds lr the first token of a request sent at sent (its
-// engine's snapshot KV-bound then: bound) after d, for tokens of prefill
-// work, on engine id.
-func (c *engineCtx) observePrefill(lr *learn.Learner, id string, sent time.Duration, bound bool, tokens int, d time.Duration) {
-	if bound || (c.kvBoundSeen && c.kvBoundAt >= sent) {
+// observePrefill feeds lr the first token of a request sent at sent after
+// d, for tokens of prefill work, on engine id: to the pooled line only
+// when a dispatch there since (its own included) saw the engine KV-bound.
+func (c *engineCtx) observePrefill(lr *learn.Learner, id string, sent time.Duration, tokens int, d time.Duration) {
+	if c.kvBoundSeen && c.kvBoundAt >= sent {
 		lr.ObservePrefillKVBound(id, tokens, d)
 		return
 	}
@@ -359,7 +355,8 @@ func (s *sim) send(i int, now time.Duration) {
 	}
 	v := &s.view[e]
 	f := flight{engine: e, uncached: uncached, active: len(prompt) + predOut, req: r,
-		ahead: v.LocalPrefillTokens + uncached, prompt: len(prompt), sent: now, kvBound: s.ctx[e].sent(v, now)}
+		ahead: v.LocalPrefillTokens + uncached, prompt: len(prompt), sent: now}
+	s.ctx[e].sent(v, now)
 	if s.finisher != nil {
 		f.keys = append([]uint64(nil), s.keyBuf...)
 	}
@@ -422,7 +419,7 @@ func (s *sim) step(e int, now time.Duration) {
 		if f.req.Generated() > 0 || f.req.Done() {
 			s.view[e].LocalPrefillTokens -= f.uncached
 			if s.learner != nil {
-				s.ctx[e].observePrefill(s.learner, s.view[e].ID, f.sent, f.kvBound, f.ahead, f.req.Result().FirstToken-f.sent)
+				s.ctx[e].observePrefill(s.learner, s.view[e].ID, f.sent, f.ahead, f.req.Result().FirstToken-f.sent)
 			}
 			continue
 		}

@@ -234,15 +234,23 @@ func New(cfg Config) (*Learner, error) {
 // uncached tokens plus those queued ahead of it there (sent by the router,
 // no first token yet) were tokens.
 func (l *Learner) ObservePrefill(engine string, tokens int, d time.Duration) {
+	l.observePrefill(engine, tokens, d, true)
+}
+
+// observePrefill adds a prefill sample to the pooled line, and to engine's
+// own when own.
+func (l *Learner) observePrefill(engine string, tokens int, d time.Duration, own bool) {
 	if tokens <= 0 || d <= 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	keep := 1 - 1/l.cfg.Memory
-	m := l.model(engine)
-	m.n++
-	m.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
+	if own {
+		m := l.model(engine)
+		m.n++
+		m.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
+	}
 	l.pooled.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
 	l.changed()
 }
@@ -261,14 +269,7 @@ func (l *Learner) ObservePrefill(engine string, tokens int, d time.Duration) {
 // learns only from TTFTs without such a stall; an engine with none is
 // priced at the pooled estimate.
 func (l *Learner) ObservePrefillKVBound(engine string, tokens int, d time.Duration) {
-	if tokens <= 0 || d <= 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	keep := 1 - 1/l.cfg.Memory
-	l.pooled.prefill.add(float64(tokens), 0, d.Seconds(), keep, 1)
-	l.changed()
+	l.observePrefill(engine, tokens, d, false)
 }
 
 // KVBoundUsage is the KV-cache usage at or above which an engine with
