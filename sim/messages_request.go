@@ -156,7 +156,7 @@ func decodeBody(body []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return typeError("", err)
 	}
-	if dec.More() {
+	if openai.TrailingData(dec) {
 		return badRequest("decode body: trailing data after the JSON object")
 	}
 	return nil

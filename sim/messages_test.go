@@ -473,6 +473,7 @@ func TestMessagesMalformedRequests(t *testing.T) {
 	for raw, msg := range map[string]string{
 		`{not json`: "decode body",
 		`{"messages":[{"role":"user","content":"x"}],"max_tokens":1} {}`: "trailing data",
+		`{"messages":[{"role":"user","content":"x"}],"max_tokens":1}]`:   "trailing data",
 		``: "decode body",
 	} {
 		for _, path := range []string{"/v1/messages", "/v1/messages/count_tokens"} {

@@ -410,6 +410,8 @@ func TestPDConfigValidation(t *testing.T) {
 		`{"kv_connector":"NixlConnector","kv_role":"both"}`,
 		`{"kv_connector":"NixlConnector"`,
 		`{"kv_role":"kv_both"}`,
+		`{"kv_connector":"NixlConnector","kv_role":"kv_both"}}`, // a stray close: dec.More alone let it through (tester h-fuzz F2)
+		`{"kv_connector":"NixlConnector","kv_role":"kv_both"}]`,
 	} {
 		if _, err := ParseKVTransferConfig(bad); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: err %v", bad, err)

@@ -12,6 +12,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/openai"
 )
 
 // KVTransferConfig is vLLM's --kv-transfer-config JSON, decoded strictly:
@@ -41,7 +43,7 @@ func ParseKVTransferConfig(s string) (*KVTransferConfig, error) {
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("%w: kv transfer config: %w", ErrInvalidConfig, err)
 	}
-	if dec.More() {
+	if openai.TrailingData(dec) {
 		return nil, fmt.Errorf("%w: kv transfer config: trailing data", ErrInvalidConfig)
 	}
 	if err := c.Validate(); err != nil {

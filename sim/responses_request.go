@@ -92,7 +92,7 @@ func decodeResponsesRequest(body []byte) (*responsesRequest, error) {
 		}
 		return nil, badRequest("decode body: %v", err)
 	}
-	if dec.More() {
+	if openai.TrailingData(dec) {
 		return nil, badRequest("decode body: trailing data after the JSON object")
 	}
 	var problems []string

@@ -442,6 +442,7 @@ func TestResponsesMalformedRequests(t *testing.T) {
 	for raw, msg := range map[string]string{
 		`{not json`:                             "decode body",
 		`{"model":"test-model","input":"x"} {}`: "trailing data",
+		`{"model":"test-model","input":"x"}}`:   "trailing data",
 		``:                                      "decode body",
 	} {
 		resp, err := http.Post(s.URL()+"/v1/responses", "application/json", strings.NewReader(raw))

@@ -64,6 +64,7 @@ func TestDecodeCompletionRequest(t *testing.T) {
 		`{"model":"m","prompt":"x","n":0}`:                                   "n 0: must be at least 1",
 		`{"model":"m","prompt":"x","n":257}`:                                 "n 257: the simulator samples at most 256",
 		`{"model":"m","prompt":"x"} {}`:                                      "trailing",
+		`{"model":"m","prompt":"x"}}`:                                        "trailing",
 		`{"model":"m","prompt":[1,-2]}`:                                      "token id",
 		`{"model":1,"prompt":"x"}`:                                           "model",
 		`not json`:                                                           "invalid",

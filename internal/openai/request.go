@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"slices"
 	"strings"
@@ -385,10 +386,18 @@ func decodeStrictJSON(body []byte, v any) error {
 		}
 		return fmt.Errorf("decode body: %w: %v", ErrBadRequest, err)
 	}
-	if dec.More() {
+	if TrailingData(dec) {
 		return fmt.Errorf("decode body: %w: trailing data after the JSON object", ErrBadRequest)
 	}
 	return nil
+}
+
+// TrailingData reports whether anything but white space follows the value
+// dec decoded last. dec.More is not that: it is false before a stray '}' or
+// ']', so `{...}}` would pass.
+func TrailingData(dec *json.Decoder) bool {
+	_, err := dec.Token()
+	return err != io.EOF
 }
 
 // JSONKind names the JSON type a Go type is decoded from ("a string", "an

@@ -126,6 +126,9 @@ func ParseService(s string) (ns, name string, port int32, err error) {
 		return "", "", 0, fmt.Errorf("webhook service %q: want namespace/name[:port]", s)
 	}
 	name, ps, hasPort := strings.Cut(rest, ":")
+	if name == "" {
+		return "", "", 0, fmt.Errorf("webhook service %q: want namespace/name[:port], the name is empty", s)
+	}
 	port = 443
 	if hasPort {
 		n, err := strconv.Atoi(ps)
