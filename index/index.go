@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvmesh/kvmesh/internal/monotime"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -245,6 +246,12 @@ func tierIndex(t kvevents.Tier) int {
 // next request sharing the prefix follows them before the engine's events
 // arrive. Entries expire after Config.SpeculativeTTL; a confirmed Store
 // supersedes them. Expired entries are dropped on every call.
+//
+// now should come from time.Now: expiry is read on its monotonic clock
+// (internal/monotime), so a step of the wall clock neither holds entries
+// past their TTL nor drops them early. A time without a monotonic reading
+// is compared on its wall clock; a step back there drops the entries routed
+// before it at once instead of keeping them for the step.
 func (x *Index) AddSpeculative(engine string, keys []uint64, now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -265,12 +272,13 @@ func (x *Index) AddSpeculative(engine string, keys []uint64, now time.Time) {
 		added++
 	}
 	if added > 0 {
-		x.spec.push(now.Add(x.cfg.SpeculativeTTL).UnixNano(), slot, x.gens[slot], keys)
+		x.spec.push(monotime.Of(now)+int64(x.cfg.SpeculativeTTL), slot, x.gens[slot], keys)
 	}
 }
 
 // ExpireSpeculative drops speculative entries older than the TTL. The
 // ingress calls it from a ticker when traffic is idle; writes call it anyway.
+// now is read as in AddSpeculative.
 func (x *Index) ExpireSpeculative(now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -278,9 +286,9 @@ func (x *Index) ExpireSpeculative(now time.Time) {
 }
 
 func (x *Index) expireLocked(now time.Time) {
-	n := now.UnixNano()
+	n := monotime.Of(now)
 	for {
-		r, keys, ok := x.spec.popExpired(n)
+		r, keys, ok := x.spec.popExpired(n, n+int64(x.cfg.SpeculativeTTL))
 		if !ok {
 			return
 		}

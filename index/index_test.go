@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -436,5 +437,73 @@ func TestReusedSlotKeepsItsSpeculation(t *testing.T) {
 	x.Lookup([]uint64{5}, &res)
 	if len(res.Slots) != 1 || res.Get(res.Slots[0]).Spec != 1 {
 		t.Fatal("b's speculative entry expired with a's record")
+	}
+}
+
+// pendingSpec is how many speculative records the queue still holds.
+func pendingSpec(x *Index) int { return len(x.spec.recs) - x.spec.head }
+
+func specOf(t *testing.T, x *Index, engine string) int {
+	t.Helper()
+	for _, es := range x.Engines() {
+		if es.Engine == engine {
+			return es.Speculative
+		}
+	}
+	t.Fatalf("engine %s unknown", engine)
+	return 0
+}
+
+// TestSpeculativeExpiryIgnoresWallSteps: the ingress passes time.Now, whose
+// monotonic reading the index keeps expiry on. After the wall clock steps
+// back 60 s, the record routed before the step expires after its TTL and
+// does not hold the ones behind it (it held them for the step plus the TTL,
+// and the queue grew with the traffic); a step forward drops nothing early.
+func TestSpeculativeExpiryIgnoresWallSteps(t *testing.T) {
+	x, err := New(Config{SpeculativeTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	x.AddSpeculative("a", []uint64{1, 2, 3}, t0)
+	for i := 1; i <= 30; i++ { // one request a second for 30 real seconds
+		now := testutil.WallStepped(t0.Add(time.Duration(i)*time.Second), -time.Minute)
+		x.AddSpeculative("b", []uint64{uint64(100 + i)}, now)
+		x.ExpireSpeculative(now)
+		if p := pendingSpec(x); p > 2 {
+			t.Fatalf("%d s after the step: %d records pending, want at most 2 (TTL 2 s)", i, p)
+		}
+	}
+	if a, b := specOf(t, x, "a"), specOf(t, x, "b"); a != 0 || b != 2 {
+		t.Fatalf("speculative a=%d b=%d, want 0 and 2 (the last 2 s)", a, b)
+	}
+
+	y, _ := New(Config{SpeculativeTTL: 2 * time.Second})
+	y.AddSpeculative("a", []uint64{1}, t0)
+	y.ExpireSpeculative(testutil.WallStepped(t0.Add(time.Second), time.Hour))
+	if a := specOf(t, y, "a"); a != 1 {
+		t.Fatalf("1 real s later, after an hour's step forward: speculative %d, want 1", a)
+	}
+}
+
+// TestSpeculativeWallOnlyStepBack: a time without a monotonic reading is
+// read on its wall clock; when it goes back, the records routed before
+// drop at once rather than hold the queue for the size of the step.
+func TestSpeculativeWallOnlyStepBack(t *testing.T) {
+	x, err := New(Config{SpeculativeTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	x.AddSpeculative("a", []uint64{1, 2, 3}, t0)
+	for i := 1; i <= 30; i++ {
+		now := t0.Add(-time.Hour + time.Duration(i)*time.Second)
+		x.AddSpeculative("b", []uint64{uint64(100 + i)}, now)
+		if p := pendingSpec(x); p > 2 {
+			t.Fatalf("%d s after the step: %d records pending, want at most 2", i, p)
+		}
+	}
+	if a, b := specOf(t, x, "a"), specOf(t, x, "b"); a != 0 || b != 2 {
+		t.Fatalf("speculative a=%d b=%d, want 0 and 2", a, b)
 	}
 }

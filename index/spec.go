@@ -1,8 +1,9 @@
 package index
 
 // specQueue is a FIFO of speculative insertions in expiry order (TTL is
-// constant, so insertion order is expiry order). Keys are copied into one
-// reused buffer, so steady-state speculation allocates nothing.
+// constant and expiries are monotonic-clock readings, so insertion order is
+// expiry order). Keys are copied into one reused buffer, so steady-state
+// speculation allocates nothing.
 //
 // A key re-speculated to the same engine before expiry is not refreshed: the
 // first record's expiry clears it. Speculation only bridges the event
@@ -47,9 +48,16 @@ func (q *specQueue) compact() {
 	}
 }
 
-// popExpired returns the oldest record if it expired at or before now.
-func (q *specQueue) popExpired(now int64) (specRec, []uint64, bool) {
-	if q.head == len(q.recs) || q.recs[q.head].exp > now {
+// popExpired returns the oldest record if it expired at or before now, or
+// if it expires after latest (now plus the TTL): no record pushed at or
+// before now can, unless the caller's clock went back (a time without a
+// monotonic reading, stepped back), and such a record would block every
+// record behind it for the size of the step.
+func (q *specQueue) popExpired(now, latest int64) (specRec, []uint64, bool) {
+	if q.head == len(q.recs) {
+		return specRec{}, nil, false
+	}
+	if e := q.recs[q.head].exp; e > now && e <= latest {
 		return specRec{}, nil, false
 	}
 	r := q.recs[q.head]
