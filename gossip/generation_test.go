@@ -398,3 +398,50 @@ func (n *Node) gensOf(name string) uint64 {
 	defer n.mu.Unlock()
 	return n.gens[name].gen
 }
+
+// Two sidecars gossip one engine id (one moved to another node while the
+// old one drains, or two given one id); the old one's host clock is 10
+// minutes ahead. The state set last, told by the entries' ages, wins over
+// the one whose version (its host's wall clock) is larger: an ingress
+// showed the old sidecar's running=1 ready=false, 5 s old, over the new
+// one's running=9 ready=true, 3 s old (tester h-clock). Without an age,
+// versions still decide.
+func TestEngineOfTwoSidecarsFollowsAgeNotClocks(t *testing.T) {
+	n := start(t, testConfig("obs", RoleIngress, nil))
+	d := delegate{n}
+	now := time.Now()
+	send := func(origin string, version int64, age time.Duration, running int, ready bool) {
+		t.Helper()
+		b, err := encodeEntry(&entry{Origin: origin, Kind: kindEngine, Name: "e1", Version: version, Gen: 1, Age: int64(age),
+			Engine: &EngineState{ID: "e1", Model: "m", Running: running, Ready: ready}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.NotifyMsg(b)
+	}
+	for _, m := range []string{"sidecar-old", "sidecar-new"} {
+		d.NotifyJoin(metaNode(t, m, NodeMeta{Role: RoleSidecar, Gen: 1}))
+	}
+	check := func(what, node string, running int) {
+		t.Helper()
+		v, ok := n.Engine("e1")
+		if !ok || v.Node != node || v.Running != running {
+			t.Fatalf("%s: Engine(e1) = %s running=%d (%v), want %s running=%d", what, v.Node, v.Running, ok, node, running)
+		}
+		if vs := n.Engines(); len(vs) != 1 || vs[0].Node != node || vs[0].Running != running {
+			t.Fatalf("%s: Engines() = %+v, want %s running=%d", what, vs, node, running)
+		}
+	}
+
+	send("sidecar-old", now.Add(10*time.Minute-5*time.Second).UnixNano(), 5*time.Second, 1, false)
+	send("sidecar-new", now.Add(-3*time.Second).UnixNano(), 3*time.Second, 9, true)
+	check("the old sidecar's clock 10 min ahead", "sidecar-new", 9)
+
+	// The old sidecar sets its state again: now it is the younger.
+	send("sidecar-old", now.Add(10*time.Minute).UnixNano(), time.Millisecond, 2, true)
+	check("the old sidecar's newer state", "sidecar-old", 2)
+
+	// A state without age (a member that predates ages): versions decide.
+	send("sidecar-new", now.Add(time.Hour).UnixNano(), 0, 7, true)
+	check("no age, the larger version", "sidecar-new", 7)
+}

@@ -702,8 +702,9 @@ func (n *Node) AppStates(name string) map[string][]byte {
 }
 
 // Engines returns every engine gossiped by an alive member, sorted by id.
-// When two members claim one engine (a sidecar restart overlapping its old
-// self), the newest state wins.
+// When two members claim one engine (a sidecar moved to another node
+// overlapping its old self, two sidecars given one engine id), the state
+// set last wins (newerView).
 func (n *Node) Engines() []EngineView {
 	now := time.Now()
 	n.mu.Lock()
@@ -713,7 +714,7 @@ func (n *Node) Engines() []EngineView {
 			continue
 		}
 		v := EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version), Age: e.age(now)}
-		if old, ok := byID[k.name]; !ok || old.Updated.Before(v.Updated) {
+		if old, ok := byID[k.name]; !ok || newerView(v, old) {
 			byID[k.name] = v
 		}
 	}
@@ -729,17 +730,42 @@ func (n *Node) Engines() []EngineView {
 // Engine returns one engine's newest state; ok is false when no alive member
 // gossips it.
 func (n *Node) Engine(id string) (EngineView, bool) {
+	now := time.Now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var best EngineView
 	found := false
 	for k, e := range n.entries {
-		if k.kind == kindEngine && k.name == id && (!found || e.Version > best.Updated.UnixNano()) {
-			best = EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version), Age: e.age(time.Now())}
-			found = true
+		if k.kind != kindEngine || k.name != id {
+			continue
+		}
+		v := EngineView{EngineState: *e.Engine, Node: k.origin, Updated: time.Unix(0, e.Version), Age: e.age(now)}
+		if !found || newerView(v, best) {
+			best, found = v, true
 		}
 	}
 	return best, found
+}
+
+// newerView reports whether a, one member's state of an engine, is newer
+// than b, another member's state of it. Each member keeps one entry per
+// engine (its versions order it), so a and b come from two origins, whose
+// versions are their own wall clocks: compared, a host whose clock is ahead
+// would win with older state. Their ages are not: each is the time since
+// the origin set the entry, counted on monotonic clocks (state.go), so the
+// younger wins. Versions decide only when an age is unknown (a member that
+// predates ages), and the member name breaks a tie, so that the choice does
+// not follow map order.
+func newerView(a, b EngineView) bool {
+	switch {
+	case a.Age >= 0 && b.Age >= 0:
+		if a.Age != b.Age {
+			return a.Age < b.Age
+		}
+	case !a.Updated.Equal(b.Updated):
+		return a.Updated.After(b.Updated)
+	}
+	return a.Node < b.Node
 }
 
 // EngineHead returns an engine's gossiped delta head and digest (for the
