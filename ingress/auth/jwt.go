@@ -18,6 +18,7 @@ import (
 
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/kvmesh/kvmesh/internal/monotime"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -182,7 +183,7 @@ type JWTVerifier struct {
 
 	keys     atomic.Pointer[jose.JSONWebKeySet]
 	keysSum  [sha256.Size]byte // of the key set's bytes; owned by load's caller (NewJWT, then Run)
-	loadedAt atomic.Int64      // unix nanos of the last load attempt
+	loadedAt atomic.Int64      // monotime reading of v.now at the last load attempt
 	kick     chan struct{}     // an unknown kid asks Run for a re-read (cap 1)
 
 	cache tokenCache
@@ -222,7 +223,7 @@ func NewJWT(ctx context.Context, cfg JWTConfig) (*JWTVerifier, error) {
 // forgets every remembered token, so a token signed by a key that left the
 // set is refused from then on.
 func (v *JWTVerifier) load(ctx context.Context) error {
-	v.loadedAt.Store(v.now().UnixNano())
+	v.loadedAt.Store(monotime.Of(v.now()))
 	var b []byte
 	var err error
 	if v.cfg.JWKSFile != "" {
@@ -320,9 +321,11 @@ func (v *JWTVerifier) reload(ctx context.Context) {
 	}
 }
 
-// age is how long ago the key set was last read (or tried).
+// age is how long ago the key set was last read (or tried), on the
+// monotonic clock: on the wall clock, a step back held the re-read for a
+// token naming a new key id for the size of the step.
 func (v *JWTVerifier) age() time.Duration {
-	return time.Duration(v.now().UnixNano() - v.loadedAt.Load())
+	return time.Duration(monotime.Of(v.now()) - v.loadedAt.Load())
 }
 
 // askRefresh asks Run for a re-read, for a token naming an unknown key id;

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // keySet is the JWKS of issuers' public keys.
@@ -210,6 +211,34 @@ func TestJWTRunRefreshesOnUnknownKid(t *testing.T) {
 		}
 		close(stop)
 		<-done
+	})
+}
+
+// The key set was read 30 s ago, and then the host's wall clock was stepped
+// back 2 minutes (NTP): a token naming a new kid still asks for a re-read
+// (MinRefresh is 10 s of real time) and passes once Run has read the new
+// set. On the wall clock the set read "-90 s ago" and the re-read was
+// refused until the step had passed (tester h-clock).
+func TestJWTRefreshOnUnknownKidAfterWallStepBack(t *testing.T) {
+	// Not in a synctest bubble: its clock has no monotonic reading to keep
+	// while the wall reading steps.
+	k1, k2 := newIssuer(t, "k1"), newIssuer(t, "k2")
+	v, f, clock := fileVerifier(t, keySet(t, k1), JWTConfig{})
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { defer close(done); Chain{Verifier: v}.Run(stop) }()
+	defer func() { close(stop); <-done }()
+	if err := os.WriteFile(f, keySet(t, k1, k2), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	later := testutil.WallStepped(clock.Load().Add(30*time.Second), -2*time.Minute)
+	clock.Store(&later)
+	hdr := []byte("Bearer " + k2.sign(t, claimsAt(later, "acme", time.Hour)))
+	if _, err := v.Check(hdr); !errors.Is(err, ErrInvalidToken) {
+		t.Fatalf("a new kid before the re-read: %v", err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the new kid passes after the re-read", func() bool {
+		id, err := v.Check(hdr) // each refusal asks again
+		return err == nil && id == "acme"
 	})
 }
 
