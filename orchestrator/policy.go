@@ -254,7 +254,7 @@ func (c *Controller) policyEntry(ap *v1alpha1.AutoscalingPolicy) (*policyEntry, 
 			return nil, badTarget(reasonInvalidPolicy, "%v", err)
 		}
 		if t := ap.Status.LastScaleTime; t != nil {
-			a.SeedLastScale(t.Time)
+			a.SeedLastScale(t.Time, time.Now())
 		}
 		e = &policyEntry{uid: ap.UID, a: a}
 		c.autoscalers[ap.UID] = e

@@ -24,12 +24,18 @@ func (a *Autoscaler) Reconfigure(p Policy) error {
 	return nil
 }
 
-// SeedLastScale tells a new autoscaler when its roles were last scaled (a
-// restarted controller reads it from the policy's status.lastScaleTime):
-// it counts as each role's last scale-up, so the scale-down cool-down
-// holds across a restart instead of starting from nothing. A later
-// scale-up the autoscaler saw itself is kept.
-func (a *Autoscaler) SeedLastScale(t time.Time) {
+// SeedLastScale tells a new autoscaler, at now, when its roles were last
+// scaled (a restarted controller or a new leader reads it from the
+// policy's status.lastScaleTime): it counts as each role's last scale-up,
+// so the scale-down cool-down holds across a restart instead of starting
+// from nothing. A later scale-up the autoscaler saw itself is kept. A time
+// after now counts as now: it was written on another clock (a leader whose
+// clock was ahead), and taken as is it would hold the cool-down for the
+// skew too.
+func (a *Autoscaler) SeedLastScale(t, now time.Time) {
+	if t.After(now) {
+		t = now
+	}
 	for _, st := range a.roles {
 		if st.lastUp.Before(t) {
 			st.lastUp = t

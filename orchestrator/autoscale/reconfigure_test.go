@@ -68,11 +68,35 @@ func TestSeedLastScale(t *testing.T) {
 		t.Fatalf("unseeded: %+v, want 3", d)
 	}
 	b, _ := New(p)
-	b.SeedLastScale(t0)
+	b.SeedLastScale(t0, t0)
 	if d := b.Step(t0.Add(50*time.Second), idle, nil).Roles["decode"]; d.Desired != 6 {
 		t.Errorf("seeded 50 s after the last scale: %+v, want 6 (cool-down 300 s)", d)
 	}
 	if d := b.Step(t0.Add(301*time.Second), idle, nil).Roles["decode"]; d.Desired != 3 {
 		t.Errorf("after the cool-down: %+v, want 3", d)
+	}
+}
+
+// TestSeedLastScaleFromAClockAhead: a lastScaleTime in the future (written
+// by a leader whose clock was an hour ahead) counts as the seed's now, so
+// the cool-down ends 300 s later, not an hour and 300 s later (tester
+// h-clock); one in the past is taken as is.
+func TestSeedLastScaleFromAClockAhead(t *testing.T) {
+	p := policy(map[string]RolePolicy{"decode": waitingRole(1, 6)})
+	p.DownCooldown = 300 * time.Second
+	now := time.Unix(100_000, 0)
+	idle := map[string]Observation{"decode": {Current: 6, Metrics: map[string]float64{WaitingRequests: 0}}}
+	a, _ := New(p)
+	a.SeedLastScale(now.Add(time.Hour), now)
+	if d := a.Step(now.Add(299*time.Second), idle, nil).Roles["decode"]; d.Desired != 6 || d.Reason != "scale-down cool-down" {
+		t.Fatalf("299 s after the seed: %+v, want 6 held by the cool-down", d)
+	}
+	if d := a.Step(now.Add(301*time.Second), idle, nil).Roles["decode"]; d.Desired != 3 {
+		t.Fatalf("301 s after the seed: %+v, want 3 (the cool-down ended)", d)
+	}
+	b, _ := New(p)
+	b.SeedLastScale(now.Add(-100*time.Second), now)
+	if d := b.Step(now.Add(201*time.Second), idle, nil).Roles["decode"]; d.Desired != 3 {
+		t.Fatalf("a last scale 100 s before the seed, 201 s after it: %+v, want 3", d)
 	}
 }
