@@ -63,8 +63,12 @@ type watch struct {
 	client net.Conn
 	id     uint64
 	idText []byte
-	timer  *time.Timer   // runs w.run after watchDelay
-	exited chan struct{} // closed when run returns
+	timer  *time.Timer // runs w.run after watchDelay
+	// exited gets one value when run returns, which stop takes: the
+	// channel stays empty between requests, so the pooled watch keeps it
+	// (a closed one could not be reused, and a new one per request was an
+	// allocation on every request's path).
+	exited chan struct{}
 
 	mu       sync.Mutex
 	conn     *idleConn // the upstream connection carrying the current attempt
@@ -88,7 +92,9 @@ func (u *upstreams) startWatch(ctx *fasthttp.RequestCtx) *watch {
 	w.id = u.nextCall.Add(1)
 	w.idText = strconv.AppendUint(w.idText[:0], w.id, 10)
 	w.conn, w.canceled, w.expired, w.done = nil, false, false, false
-	w.exited = make(chan struct{})
+	if w.exited == nil {
+		w.exited = make(chan struct{}, 1)
+	}
 	// The read deadline fasthttp set for reading the request (ReadTimeout)
 	// would end the watch without a verdict once it passes, and a client
 	// leaving later would go unseen: the answer may take longer. Cleared
@@ -109,7 +115,7 @@ func (u *upstreams) startWatch(ctx *fasthttp.RequestCtx) *watch {
 
 // run is the watcher, on the timer's goroutine.
 func (w *watch) run() {
-	defer close(w.exited)
+	defer func() { w.exited <- struct{}{} }() // never blocks: stop takes each one before w is reused
 	if peerClosed(w.client) {
 		w.cancel()
 	}
@@ -183,6 +189,8 @@ func (w *watch) stop() {
 		// The watcher started (or is starting): a past deadline ends its
 		// wait, or its first one; fasthttp clears the handler's read
 		// deadline only after the handler returns, so it cannot be missed.
+		// Stop is false exactly when the timer fired, once per Reset, so
+		// run sends once and this takes it: exited is empty again.
 		_ = w.ctx.SetReadDeadline(time.Unix(1, 0))
 		<-w.exited
 	}

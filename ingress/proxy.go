@@ -23,6 +23,10 @@ const maxUpstreamBody = 64 << 20
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
+// limitPool holds readAll's limit readers: one made per answer escaped
+// into bytes.Buffer.ReadFrom, an allocation on every non-streamed answer.
+var limitPool = sync.Pool{New: func() any { return new(io.LimitedReader) }}
+
 // proxy sends the request down the scheduler's ranking until an engine
 // answers. Before the first byte reaches the client, connect errors, 5xx,
 // 429, a 404 saying the engine does not serve the model (wrongmodel.go)
@@ -489,7 +493,11 @@ func readAll(resp *fasthttp.Response) (*bytes.Buffer, error) {
 		// more): not a doubling copy per step up to it.
 		buf.Grow(n + bytes.MinRead)
 	}
-	_, err := buf.ReadFrom(io.LimitReader(r, maxUpstreamBody+1))
+	lr := limitPool.Get().(*io.LimitedReader)
+	lr.R, lr.N = r, maxUpstreamBody+1
+	_, err := buf.ReadFrom(lr)
+	lr.R = nil
+	limitPool.Put(lr)
 	if err == nil && buf.Len() > maxUpstreamBody {
 		err = fmt.Errorf("%w: the engine's answer is over %d bytes", ErrAnswerTooLarge, maxUpstreamBody)
 	}
