@@ -701,6 +701,10 @@ func (c *call) reqBody() []byte { return c.req.body }
 func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	orig := toAPIError(err)
 	c.errMsg = logText(orig.msg, err) // proxy.go: the log keeps the engine's address (and id)
+	// An answer the ingress refused for want of its own resources names no
+	// engine: none was reached, and tools that count answers by the header
+	// would hold it against one.
+	named := c.engine != "" && !errors.Is(err, ErrLocalResources)
 	if !c.s.cfg.EngineHeader {
 		if msg := c.hideEngineIDs(orig.msg); msg != orig.msg {
 			cp := *orig
@@ -711,7 +715,7 @@ func (c *call) fail(ctx *fasthttp.RequestCtx, err error) {
 	ae := writeError(ctx, err)
 	c.setRequestIDHeader(ctx) // upstreamhdr.go
 	c.status = ae.status
-	if c.engine != "" {
+	if named {
 		c.s.setEngineHeader(ctx, c.engine)
 	}
 }

@@ -57,6 +57,9 @@ func TestLocalDialErrorIsNotTheEngines(t *testing.T) {
 			t.Errorf("body %s does not say %q", body, want)
 		}
 	}
+	if e := hdr.Get(engineHeader); e != "" {
+		t.Errorf("%s %q on an answer no engine gave (tester h-limits 3)", engineHeader, e)
+	}
 	if n := dials.Load(); n != 1 {
 		t.Errorf("%d dials, want 1: another engine fails the same way", n)
 	}
