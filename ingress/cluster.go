@@ -323,16 +323,15 @@ func (g *gossipMembership) refresh() {
 	g.snap.Store(&out)
 }
 
-// propagationLag is the largest per-engine delta lag the materializer saw.
+// propagationLag is the largest propagation lag of the engines' last
+// deltas, over the engines with a delta applied within the last
+// materialize.LagWindow (an engine gone quiet keeps its last lag no
+// longer than that).
 func (cl *cluster) propagationLag() float64 {
 	if cl.mat == nil {
 		return 0
 	}
-	var lag time.Duration
-	for _, st := range cl.mat.Status() {
-		lag = max(lag, st.Lag)
-	}
-	return lag.Seconds()
+	return cl.mat.PropagationLag(time.Now()).Seconds()
 }
 
 // GossipAddr is this replica's memberlist address ("" without gossip), for

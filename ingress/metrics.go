@@ -128,7 +128,7 @@ func newMetrics(reg prometheus.Registerer, id string, indexKeys, propLag func() 
 	}
 	if propLag != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_index_propagation_lag_seconds",
-			Help: "Age of the newest applied delta when it was applied (engine event to local index).", ConstLabels: constLabels}, propLag))
+			Help: "The largest propagation lag (engine event to local index) of the engines' last applied deltas, over the engines with a delta applied in the last minute (0: none).", ConstLabels: constLabels}, propLag))
 	}
 	if engines != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_ingress_engines",

@@ -49,7 +49,8 @@ type engineState struct {
 	// (a delta applied in sequence: its stamp; a snapshot installed, gossip's
 	// head and digest equal to it: then), kvmesh_materializer_engine_state_age_seconds.
 	confirmed     time.Time
-	lag           time.Duration
+	lag           time.Duration // the last applied delta's propagation lag
+	lagAt         time.Time     // when lag was measured (zero: never)
 	applied       uint64
 	inGossip      bool
 	goneSince     time.Time

@@ -512,28 +512,59 @@ func (m *Materializer) applyLocked(e *engineState, d *kvevents.Delta) {
 	m.met.applied.Inc()
 	m.met.ops.Add(float64(len(d.Ops)))
 	if d.TS > 0 {
-		m.observeLagLocked(e, time.Since(time.Unix(0, d.TS)))
+		now := time.Now()
+		m.observeLagLocked(e, now.Sub(time.Unix(0, d.TS)), now)
 	}
 }
 
-// observeLagLocked records one applied delta's propagation lag: its
-// sidecar's wall-clock stamp to now here. A negative lag is no lag but the
-// sidecar's host clock ahead of this one: kept out of the histogram, where
-// it would drag the sum below zero (a lag alert could never fire), counted,
-// and warned about once a minute with the skew it shows at least.
-func (m *Materializer) observeLagLocked(e *engineState, lag time.Duration) {
-	if lag >= 0 {
-		e.lag = lag
-		m.met.lag.Observe(lag.Seconds())
+// AheadTolerance is how far ahead of this host's clock a delta's stamp may
+// be and still count as a lag of 0: the error of hosts whose clocks NTP
+// keeps (a few milliseconds between hosts, tens at worst), which would
+// otherwise read as broken clocks on a healthy cluster.
+const AheadTolerance = 50 * time.Millisecond
+
+// LagWindow is how recent an engine's last applied delta must be for its
+// lag to count in PropagationLag.
+const LagWindow = time.Minute
+
+// observeLagLocked records one applied delta's propagation lag at now: its
+// sidecar's wall-clock stamp to now here. A stamp at most AheadTolerance
+// ahead is a lag of 0 (the hosts' clocks within NTP's error). One further
+// ahead is no lag but the sidecar's host clock ahead of this one: kept out
+// of the histogram, where it would drag the sum below zero (a lag alert
+// could never fire), counted, and warned about once a minute with the skew
+// it shows at least.
+func (m *Materializer) observeLagLocked(e *engineState, lag time.Duration, now time.Time) {
+	e.lagAt = now
+	if lag >= -AheadTolerance {
+		e.lag = max(lag, 0)
+		m.met.lag.Observe(e.lag.Seconds())
 		return
 	}
 	e.lag = 0
 	m.met.aheadStamps.Inc()
-	if now := time.Now(); now.Sub(m.skewWarned) >= time.Minute {
+	if now.Sub(m.skewWarned) >= time.Minute {
 		m.skewWarned = now
 		m.log.Warn("a sidecar stamps its deltas later than this host's clock: the two hosts' clocks disagree (is NTP running?); the propagation lag is not measured for such deltas",
 			"engine", e.id, "ahead_by_at_least", (-lag).Round(time.Millisecond))
 	}
+}
+
+// PropagationLag is the largest propagation lag of the engines' last
+// applied deltas, over the engines whose last one was applied within
+// LagWindow before now; 0 when none was. An engine gone quiet drops out:
+// its last delta's lag, a skewed or queued one included, does not stand
+// for the index's lag for as long as it stays quiet.
+func (m *Materializer) PropagationLag(now time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var lag time.Duration
+	for _, e := range m.engines {
+		if !e.lagAt.IsZero() && now.Sub(e.lagAt) < LagWindow {
+			lag = max(lag, e.lag)
+		}
+	}
+	return lag
 }
 
 // startTime is an epoch start for the log ("unknown" for a sidecar that

@@ -60,7 +60,7 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvmesh_materializer_propagation_lag_seconds",
-			Help:    "Engine event time to applied in this ingress's index (clock skew between hosts included).",
+			Help:    "Engine event time to applied in this ingress's index (clock skew between hosts included; a stamp up to 50 ms ahead counts as 0).",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
 		}),
 		bufferDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -71,7 +71,7 @@ func newMetrics() *metrics {
 		unlistedDropped: c("unlisted_dropped_total",
 			"Deltas of engines gossip does not list, ignored because max unlisted such engines are known already."),
 		aheadStamps: c("deltas_stamped_ahead_total",
-			"Deltas applied whose sidecar's timestamp is later than this host's clock (the hosts' clocks disagree): not in the propagation lag histogram."),
+			"Deltas applied whose sidecar's timestamp is more than 50 ms later than this host's clock (the hosts' clocks disagree beyond NTP's error): not in the propagation lag histogram."),
 		modelChanges: c("engine_model_changes_total",
 			"Engines whose id came back serving another model (gossip, or without gossip a newer sidecar's deltas): the old key set dropped, the new model's snapshotted."),
 		otherModel: c("other_model_deltas_total",
