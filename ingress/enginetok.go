@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
+	"github.com/kvmesh/kvmesh/internal/monotime"
 	"github.com/kvmesh/kvmesh/internal/openai"
 )
 
@@ -79,7 +80,7 @@ type engineTok struct {
 // by CompareAndSwap only, so one failure turns the fallback off (and warns)
 // however many fail at once.
 type tokModel struct {
-	off     atomic.Int64 // unix ns until which the model's engines are not asked
+	off     atomic.Int64 // monotime reading until which the model's engines are not asked (0: never off)
 	fails   atomic.Int32 // answered failures in a row
 	backoff atomic.Int64 // the last pause after unanswered calls (0: none since a success)
 
@@ -130,7 +131,7 @@ func (et *engineTok) model(name string) *tokModel {
 // asking reports whether the model's engines may be asked now.
 func (et *engineTok) asking(model string) bool {
 	v, ok := et.models.Load(model)
-	return !ok || et.now().UnixNano() >= v.(*tokModel).off.Load()
+	return !ok || monotime.Of(et.now()) >= v.(*tokModel).off.Load()
 }
 
 // succeeded resets the model's runs and backoff, and engine's, after a
@@ -170,11 +171,11 @@ func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 		}
 		d = min(max(2*time.Duration(tm.backoff.Load()), slowBackoff), engineTokenizeOff)
 	}
-	now := et.now()
-	until := now.Add(d).UnixNano()
+	now := monotime.Of(et.now())
+	until := now + int64(d)
 	for {
 		old := tm.off.Load()
-		if old > now.UnixNano() && (kind != tokUnsupported || old >= until) {
+		if old > now && (kind != tokUnsupported || old >= until) {
 			// Off already: a call that was asked before it went off (a
 			// burst's others) changes nothing. Only a missing /tokenize
 			// lengthens a short pause.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/internal/monotime"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
@@ -30,11 +31,11 @@ func TestEngineTokenizeBackoffUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	et := s.etok
-	clock := time.Unix(1_000_000, 0)
+	clock := time.Now() // read on its monotonic clock, as et.now is
 	et.now = func() time.Time { return clock }
 	c := &call{s: s, model: "m"}
 	warns := func() int { return strings.Count(logs.String(), `"level":"WARN"`) }
-	offFor := func() time.Duration { return time.Duration(et.model("m").off.Load() - clock.UnixNano()) }
+	offFor := func() time.Duration { return time.Duration(et.model("m").off.Load() - monotime.Of(clock)) }
 
 	// A burst: 88 calls time out at once, on two engines.
 	var wg sync.WaitGroup
@@ -80,6 +81,17 @@ func TestEngineTokenizeBackoffUnderLoad(t *testing.T) {
 	if offFor() != engineTokenizeOff {
 		t.Fatalf("answered failures: off for %v, want %v", offFor(), engineTokenizeOff)
 	}
+	// The pause is timed on the monotonic clock: a wall clock stepped back
+	// an hour does not lengthen it by an hour, nor one stepped forward
+	// shorten it (on the wall clock it did both).
+	clock = testutil.WallStepped(clock.Add(engineTokenizeOff-time.Second), time.Hour)
+	if et.asking("m") {
+		t.Fatal("asking a second before the pause ends, the wall clock stepped forward an hour")
+	}
+	clock = testutil.WallStepped(clock.Add(time.Second), -2*time.Hour)
+	if !et.asking("m") {
+		t.Fatal("not asking once the pause is over, the wall clock stepped back an hour")
+	}
 }
 
 // TestEngineTokenizeOneSlowEngineKeepsTheModel: one engine whose /tokenize
@@ -96,7 +108,7 @@ func TestEngineTokenizeOneSlowEngineKeepsTheModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	et := s.etok
-	clock := time.Unix(1_000_000, 0)
+	clock := time.Now() // read on its monotonic clock, as et.now is
 	et.now = func() time.Time { return clock }
 	c := &call{s: s, model: "m"}
 	tm := et.model("m")

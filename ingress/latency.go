@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // recentLatency is one engine's recent TTFT and TPOT as this replica's
@@ -25,7 +27,7 @@ type recentLatency struct {
 	mu         sync.Mutex
 	ttft, tpot time.Duration // sums over the open window (mu)
 	n          int64         // requests in the open window (mu)
-	opened     atomic.Int64  // unix ns the open window started
+	opened     atomic.Int64  // monotime reading of when the open window started (0: none yet)
 	meanTTFT   atomic.Int64  // ns: the last closed window with requests
 	meanTPOT   atomic.Int64
 }
@@ -47,9 +49,12 @@ func (l *recentLatency) observe(ttft, tpot time.Duration) {
 }
 
 // get returns the means at now, closing the open window when it is due.
+// The window is timed on the monotonic clock (now from time.Now): on the
+// wall clock, a step back would keep it open, and the means frozen, for
+// the size of the step.
 func (l *recentLatency) get(now time.Time) (ttft, tpot time.Duration) {
-	t := now.UnixNano()
-	if o := l.opened.Load(); t-o >= int64(latencyWindow) && l.opened.CompareAndSwap(o, t) {
+	t := monotime.Of(now)
+	if o := l.opened.Load(); (o == 0 || t-o >= int64(latencyWindow)) && l.opened.CompareAndSwap(o, t) {
 		l.mu.Lock()
 		if l.n > 0 {
 			l.meanTTFT.Store(int64(l.ttft) / l.n)

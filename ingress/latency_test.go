@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestRecentLatencyWindows: the means cover the requests finished in the
@@ -88,5 +90,32 @@ func TestCandidatesCarryRecentLatency(t *testing.T) {
 	}
 	if tpot > 20*time.Second || ttft > 20*time.Second {
 		t.Fatalf("ttft %v tpot %v longer than the whole test", ttft, tpot)
+	}
+}
+
+// TestRecentLatencyWindowAcrossWallStep: the window closes after
+// latencyWindow of real time however the wall clock moves. Timed on the
+// wall clock, a step back of 60 s kept the window open for 60 s: the
+// scheduler kept seeing the engine's TTFT and TPOT from before the step
+// while it got 50 times slower (tester h-clock).
+func TestRecentLatencyWindowAcrossWallStep(t *testing.T) {
+	var l recentLatency
+	now := time.Now()
+	l.observe(100*time.Millisecond, 10*time.Millisecond)
+	l.get(now) // opens the first window
+	if a, b := l.get(now.Add(latencyWindow)); a != 100*time.Millisecond || b != 10*time.Millisecond {
+		t.Fatalf("before the step: ttft %v tpot %v, want 100ms 10ms", a, b)
+	}
+	// The wall clock steps back a minute; the engine slows down.
+	l.observe(5*time.Second, 500*time.Millisecond)
+	at := testutil.WallStepped(now.Add(2*latencyWindow), -time.Minute)
+	if a, b := l.get(at); a != 5*time.Second || b != 500*time.Millisecond {
+		t.Fatalf("a window after a 1-minute step back: ttft %v tpot %v, want 5s 500ms", a, b)
+	}
+	// A step forward does not close a window early.
+	l.observe(time.Second, 100*time.Millisecond)
+	at = testutil.WallStepped(now.Add(2*latencyWindow+latencyWindow/2), time.Hour)
+	if a, _ := l.get(at); a != 5*time.Second {
+		t.Fatalf("half a window after a 1-hour step forward: ttft %v, want the last window's 5s", a)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/internal/monotime"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/pd"
 )
@@ -133,15 +134,16 @@ type learnLoad struct {
 	// request decodes prompts × n of them (call.seqs).
 	seqs atomic.Int64
 	// kvBoundAt is when this replica last sent the engine an attempt
-	// whose snapshot of it showed a KV-memory stall (learn.KVBound), Unix
-	// ns; 0 never.
+	// whose snapshot of it showed a KV-memory stall (learn.KVBound), a
+	// monotime reading (a wall-clock step must not reorder it with the
+	// sends it is compared with); 0 never.
 	kvBoundAt      atomic.Int64
 	prefillSamples atomic.Uint64
 	decodeSamples  atomic.Uint64
 }
 
-// noteKVBound records a snapshot of the engine read at at (Unix ns) that
-// showed a KV-memory stall.
+// noteKVBound records a snapshot of the engine read at at (a monotime
+// reading) that showed a KV-memory stall.
 func (w *learnLoad) noteKVBound(at int64) {
 	for {
 		old := w.kvBoundAt.Load()
@@ -157,7 +159,7 @@ func (c *call) noteSent(up *upstream, sent time.Time) {
 	for i := range c.cands {
 		if e := &c.cands[i]; e.ID == up.id {
 			if learn.KVBound(e.Waiting, e.KVUsage) {
-				up.lw.noteKVBound(sent.UnixNano())
+				up.lw.noteKVBound(monotime.Of(sent))
 			}
 			return
 		}
@@ -168,7 +170,7 @@ func (c *call) noteSent(up *upstream, sent time.Time) {
 // been sent with a snapshot showing the engine KV-bound (its own, noted
 // by noteSent, or another's).
 func kvBoundSince(up *upstream, sent time.Time) bool {
-	return up.lw.kvBoundAt.Load() >= sent.UnixNano()
+	return up.lw.kvBoundAt.Load() >= monotime.Of(sent)
 }
 
 // observePrefill feeds the learner a TTFT of d on up for tokens of prefill

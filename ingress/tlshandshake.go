@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // Failed TLS handshakes on the client listener. fasthttp does not look at
@@ -53,8 +55,7 @@ func (s *Server) tlsHandshakeFailed(ctx *fasthttp.RequestCtx, err error) bool {
 	if reason == hsClosed || reason == hsTimeout {
 		return true // a client or a scanner gone; readTimeout bounds the slow
 	}
-	if now := time.Now().UnixNano(); now-s.hsLastLog.Load() >= int64(handshakeLogEvery) {
-		s.hsLastLog.Store(now)
+	if now, last := monotime.Now(), s.hsLastLog.Load(); (last == 0 || now-last >= int64(handshakeLogEvery)) && s.hsLastLog.CompareAndSwap(last, now) {
 		s.log.Info("TLS handshake with a client failed (later failures within 10s are only counted: kvmesh_ingress_tls_handshake_errors_total)",
 			"client", ctx.RemoteAddr().String(), "reason", reason, "err", err)
 	}

@@ -75,7 +75,7 @@ type tokenCheck struct {
 // modelCheck is one model's recent comparisons.
 type modelCheck struct {
 	streak      atomic.Int32 // different counts in a row
-	engineUntil atomic.Int64 // unix ns until which chat is keyed on the engines' /tokenize
+	engineUntil atomic.Int64 // monotime reading until which chat is keyed on the engines' /tokenize (0: never)
 	warned      atomic.Int64 // monotime reading of the last warning
 	verified    atomic.Int64 // monotime reading of the last comparison with an engine's /tokenize
 }
@@ -92,7 +92,7 @@ func (tc *tokenCheck) model(name string) *modelCheck {
 // /tokenize now, its own tokens having disagreed with theirs.
 func (tc *tokenCheck) engineFirst(model string) bool {
 	v, ok := tc.models.Load(model)
-	return ok && time.Now().UnixNano() < v.(*modelCheck).engineUntil.Load()
+	return ok && monotime.Now() < v.(*modelCheck).engineUntil.Load()
 }
 
 func newTokenCheck(reg prometheus.Registerer, constLabels prometheus.Labels) *tokenCheck {
@@ -141,7 +141,7 @@ func (c *call) verifyTokens() bool {
 	for at < len(ids) && at < len(c.tokens) && ids[at] == c.tokens[at] {
 		at++
 	}
-	mc.engineUntil.Store(now.Add(engineSpell).UnixNano())
+	mc.engineUntil.Store(monotime.Of(now) + int64(engineSpell))
 	c.s.log.Warn("this ingress's tokenizer gives other token ids than the engine's for the same prompt: the model's requests use the "+
 		"engine's /tokenize and go as the client wrote them for a while; check the tokenizer the ingress loads (docs/TOKENIZER.md)",
 		"model", c.model, "ingress_tokens", len(c.tokens), "engine_tokens", len(ids), "first_difference_at", at, "for", engineSpell)
@@ -226,8 +226,8 @@ func (tc *tokenCheck) observe(c *call) {
 			// Responses APIs a difference may be the ingress's conversion to
 			// chat, which the engine's /tokenize would repeat.
 			if c.ep == epChat && mc.streak.Add(1) >= differStreak && c.canTokenizeOnEngine() {
-				now := time.Now()
-				if until := mc.engineUntil.Load(); until < now.UnixNano() && mc.engineUntil.CompareAndSwap(until, now.Add(engineSpell).UnixNano()) {
+				now := monotime.Now()
+				if until := mc.engineUntil.Load(); until < now && mc.engineUntil.CompareAndSwap(until, now+int64(engineSpell)) {
 					c.s.log.Warn("this model's chat is keyed on its engines' /tokenize for a while: the ingress's own tokens differed from the engine's "+
 						"several times in a row", "model", c.model, "for", engineSpell, "in_a_row", mc.streak.Load())
 				}
@@ -268,12 +268,12 @@ func (s *Server) handleDebugTokenizers(ctx *fasthttp.RequestCtx) {
 		EngineTokensUntil *time.Time `json:"engine_tokens_until,omitempty"`
 		NoTokenizeUntil   *time.Time `json:"engine_tokenize_off_until,omitempty"`
 	}
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	at := func(ns int64, future bool) *time.Time {
 		if ns == 0 || future && ns <= now {
 			return nil
 		}
-		t := time.Unix(0, ns).UTC()
+		t := monotime.Time(ns).UTC()
 		return &t
 	}
 	out := map[string]*modelState{}

@@ -114,12 +114,14 @@ type upstreams struct {
 	watched  map[uint64]*watch
 
 	// tlsErrs and log count and warn of TLS failures with engines
-	// (upstreamtls.go); tlsLastLog is when the last warning was (unix ns).
+	// (upstreamtls.go); tlsLastLog is when the last warning was (monotime;
+	// 0: none yet).
 	tlsErrs    *prometheus.CounterVec // cause
 	log        *slog.Logger
 	tlsLastLog atomic.Int64
 	// authLastLog is when the last warning of an engine refusing the
-	// ingress's engine credential was (unix ns; upstreamauth.go).
+	// ingress's engine credential was (monotime, 0: none yet;
+	// upstreamauth.go).
 	authLastLog atomic.Int64
 
 	// dialFault replaces the engines' dial in tests (a fake local error

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // An engine started with an API key (vLLM's and SGLang's --api-key) answers
@@ -39,8 +41,7 @@ func (s *Server) credentialError(up *upstream, resp *fasthttp.Response) error {
 		err = errors.New("answered 401: it does not take this ingress's engine key (engineAPIKey or $KVMESH_ENGINE_API_KEY; the engines' --api-key)" + says)
 	}
 	u := s.ups
-	if now := time.Now().UnixNano(); u.log != nil && now-u.authLastLog.Load() >= int64(credentialLogEvery) {
-		u.authLastLog.Store(now)
+	if now, last := monotime.Now(), u.authLastLog.Load(); u.log != nil && (last == 0 || now-last >= int64(credentialLogEvery)) && u.authLastLog.CompareAndSwap(last, now) {
 		u.log.Warn("an engine refused this ingress's engine credential; clients get 503 ingress_engine_credential_refused where no engine takes it (later refusals within 10s are only counted: kvmesh_ingress_upstream_attempts_total{result=\"credential_refused\"}, P/D prefill legs in kvmesh_ingress_pd_legs_total{result=~\".*credential_refused\"})",
 			"engine", up.id, "err", fmt.Sprint(err))
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // TLS to https engines. The handshake is made at dial time (dialTLS), not
@@ -144,8 +146,7 @@ func (u *upstreams) tlsFailed(engine, cause string, err error) {
 	if u.log == nil {
 		return
 	}
-	if now := time.Now().UnixNano(); now-u.tlsLastLog.Load() >= int64(upstreamTLSLogEvery) {
-		u.tlsLastLog.Store(now)
+	if now, last := monotime.Now(), u.tlsLastLog.Load(); (last == 0 || now-last >= int64(upstreamTLSLogEvery)) && u.tlsLastLog.CompareAndSwap(last, now) {
 		msg := "TLS with an engine failed (later failures within 10s are only counted: kvmesh_ingress_upstream_tls_errors_total)"
 		if cause == tlsCauseRefused {
 			msg = "an engine refused this ingress's client certificate (upstreamCertFile): renew or fix it, or the engine's trust bundle; the engine is ejected until its probe's handshake succeeds (later refusals within 10s are only counted: kvmesh_ingress_upstream_tls_errors_total)"
