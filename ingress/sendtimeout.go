@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // The client send timeout (Config.SendTimeout), nginx's send_timeout.
@@ -45,7 +47,8 @@ func (l sendTimeoutListener) Accept() (net.Conn, error) {
 type sendConn struct {
 	net.Conn
 	d time.Duration
-	// deadline is a write deadline the caller set (unix ns; 0: none):
+	// deadline is a write deadline the caller set (a monotime reading, which
+	// a wall-clock step before the write moves not; 0: none):
 	// crypto/tls's 5 s for its close_notify alert, the admin server's
 	// WriteTimeout. A write waits until the earlier of it and d.
 	deadline atomic.Int64
@@ -66,8 +69,8 @@ func (c *sendConn) Write(p []byte) (int, error) {
 	written := 0
 	for {
 		deadline, own := time.Now().Add(c.d), false
-		if dl := c.deadline.Load(); dl != 0 && dl < deadline.UnixNano() {
-			deadline, own = time.Unix(0, dl), true
+		if dl := c.deadline.Load(); dl != 0 && dl < monotime.Of(deadline) {
+			deadline, own = monotime.Time(dl), true
 		}
 		if err := c.Conn.SetWriteDeadline(deadline); err != nil {
 			return written, err
@@ -90,7 +93,7 @@ func (c *sendConn) Write(p []byte) (int, error) {
 func (c *sendConn) SetWriteDeadline(t time.Time) error {
 	var ns int64
 	if !t.IsZero() {
-		ns = t.UnixNano()
+		ns = monotime.Of(t)
 	}
 	c.deadline.Store(ns)
 	return nil

@@ -15,6 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/internal/monotime"
 )
 
 // maxUpstreamHead is an upstream connection's read buffer, and so the
@@ -384,9 +386,11 @@ type idleConn struct {
 	// verdict on a hung engine), which its error then says rather than
 	// "the engine closed the connection".
 	stallCut atomic.Bool
-	// deadline is the exchange's own read deadline (unix ns; 0: none),
-	// which fasthttp sets for a call with a timeout (DoTimeout: the
-	// engine's /tokenize) and clears for the next call on the connection.
+	// deadline is the exchange's own read deadline (a monotime reading,
+	// so that a wall-clock step between setting it and a read moves it
+	// not; 0: none), which fasthttp sets for a call with a timeout
+	// (DoTimeout: the engine's /tokenize) and clears for the next call on
+	// the connection.
 	deadline atomic.Int64
 }
 
@@ -468,8 +472,8 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		deadline = time.Now().Add(d)
 	}
 	own := false // the exchange's own deadline comes first
-	if dl := c.deadline.Load(); dl != 0 && (deadline.IsZero() || dl < deadline.UnixNano()) {
-		deadline, own = time.Unix(0, dl), true
+	if dl := c.deadline.Load(); dl != 0 && (deadline.IsZero() || dl < monotime.Of(deadline)) {
+		deadline, own = monotime.Time(dl), true
 	}
 	if err := c.Conn.SetReadDeadline(deadline); err != nil {
 		return 0, err
@@ -506,7 +510,7 @@ func (c *idleConn) Write(p []byte) (int, error) {
 func (c *idleConn) SetReadDeadline(t time.Time) error {
 	var ns int64
 	if !t.IsZero() {
-		ns = t.UnixNano()
+		ns = monotime.Of(t)
 	}
 	c.deadline.Store(ns)
 	return nil
