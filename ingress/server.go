@@ -36,7 +36,7 @@ type Server struct {
 	m     *metrics
 	certs *tlsCerts // TLS credentials in force, re-read on change (tls.go)
 	// hsLastLog is when a failed client handshake was last logged at
-	// info (unix ns; tlshandshake.go).
+	// info (a monotime reading, 0: never; tlshandshake.go).
 	hsLastLog atomic.Int64
 	ups       *upstreams
 	cl        *cluster
