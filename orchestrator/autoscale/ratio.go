@@ -17,7 +17,10 @@ type RatioResult struct {
 	// Infeasible is true when the bounds leave no value in the band; the
 	// result is then the closest pair within bounds.
 	Infeasible bool
-	Reason     string
+	// Suspended is true when the band was not applied: the SLO mode sized
+	// the prefill role 0 to aggregate on decode (SLO.AggregateBelow).
+	Suspended bool
+	Reason    string
 }
 
 // RepairRatio brings num/den into [r.Min, r.Max] within the bounds. It

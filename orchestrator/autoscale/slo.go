@@ -33,6 +33,16 @@ type SLO struct {
 	// Adapt are the stateful refinements Autoscaler.Step applies before
 	// SizeSLO (trend lead, learned TTFT baseline); SizeSLO ignores them.
 	Adapt SLOAdapt
+	// AggregateBelow (0: off) lets the decode role serve whole requests at
+	// low load: when the prefill role's fractional demand (prompt tokens/s
+	// ÷ per-replica throughput × correction, before the ceil) plus the
+	// decode role's (streams ÷ streams per replica × correction) is at most
+	// AggregateBelow replicas' worth, prefill is sized 0 and decode
+	// max(its size, 1) (SLOResult.Aggregated): the P/D router prices the
+	// aggregated option on decode engines and takes it when the prefill
+	// role has none. The prefill role's min must be 0 for it to act; the
+	// ratio band is not applied while prefill is sized 0 by this rule.
+	AggregateBelow float64
 }
 
 // SLOObservation is the mesh's view of the last interval.
@@ -80,6 +90,9 @@ type SLOResult struct {
 	PrefillCorrection, DecodeCorrection float64
 	// AtRisk: a measured latency is above its target.
 	AtRisk bool
+	// Aggregated: the load fits SLO.AggregateBelow, so prefill is sized 0
+	// and the decode role serves whole requests.
+	Aggregated bool
 }
 
 // Correction factors are clamped to [minCorrection, maxCorrection] so one
@@ -119,6 +132,8 @@ func correction(measured, expected, target, floor float64) float64 {
 // SizeSLO sizes prefill as ceil(prompt tokens/s ÷ per-replica throughput ×
 // TTFT correction) and decode as ceil(running streams ÷ streams per replica
 // × TPOT correction). A role with no load gets zero (bounds apply later).
+// With SLO.AggregateBelow, a load whose fractional demands sum to at most
+// it sizes prefill 0 and decode at least 1 (SLOResult.Aggregated).
 func SizeSLO(s SLO, o SLOObservation) SLOResult {
 	res := SLOResult{
 		PrefillCorrection: correction(o.MeasuredTTFT, s.expectedTTFT(o), s.TTFTSeconds, s.MinCorrection),
@@ -134,15 +149,21 @@ func SizeSLO(s SLO, o SLOObservation) SLOResult {
 // role's max applies later); a size that is no number (an infinite load
 // over an infinite throughput) leaves the role unsized, to its metrics.
 func (res *SLOResult) size(s SLO, o SLOObservation) {
-	res.Prefill, res.Decode = 0, 0
+	res.Prefill, res.Decode, res.Aggregated = 0, 0, false
 	rate := s.prefillRate(o)
 	res.PrefillSized, res.DecodeSized = rate > 0, s.DecodeStreamsPerReplica > 0
+	var vp, vd float64 // the fractional demands, before the ceil
 	if rate > 0 && o.PromptTokensPerSecond > 0 {
-		v := o.PromptTokensPerSecond / rate * res.PrefillCorrection
-		res.Prefill, res.PrefillSized = ceilInt32(v, 0), !math.IsNaN(v)
+		vp = o.PromptTokensPerSecond / rate * res.PrefillCorrection
+		res.Prefill, res.PrefillSized = ceilInt32(vp, 0), !math.IsNaN(vp)
 	}
 	if s.DecodeStreamsPerReplica > 0 && o.RunningStreams > 0 {
-		v := o.RunningStreams / s.DecodeStreamsPerReplica * res.DecodeCorrection
-		res.Decode, res.DecodeSized = ceilInt32(v, 0), !math.IsNaN(v)
+		vd = o.RunningStreams / s.DecodeStreamsPerReplica * res.DecodeCorrection
+		res.Decode, res.DecodeSized = ceilInt32(vd, 0), !math.IsNaN(vd)
+	}
+	// Both roles must be sized (a NaN demand is not, an infinite one is
+	// above any threshold); a NaN threshold compares false: off.
+	if s.AggregateBelow > 0 && res.PrefillSized && res.DecodeSized && vp+vd <= s.AggregateBelow {
+		res.Prefill, res.Decode, res.Aggregated = 0, max(res.Decode, 1), true
 	}
 }

@@ -67,6 +67,9 @@ func (p *Policy) Validate() error {
 		if !okP || !okD {
 			errs = append(errs, fmt.Errorf("slo: prefillRole %q and decodeRole %q must both be roles the policy scales", p.SLOPrefill, p.SLODecode))
 		}
+		if a := p.SLO.AggregateBelow; !(a >= 0) || math.IsInf(a, 0) {
+			errs = append(errs, fmt.Errorf("slo: aggregateBelow %v: need a finite number ≥ 0", a))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -158,7 +161,11 @@ func (a *Autoscaler) StepWithin(now time.Time, obs map[string]Observation, slo *
 			res.Roles[name] = hold(rp, o.Current)
 			continue
 		}
-		res.Roles[name] = a.stepRole(now, name, rp, o.Current, demand, &res)
+		d := a.stepRole(now, name, rp, o.Current, demand, &res)
+		if sized != nil && sized.Aggregated && name == a.p.SLOPrefill {
+			d.Reason += "; " + aggregatedReason
+		}
+		res.Roles[name] = d
 	}
 	a.applyRatio(now, &res)
 	a.applyBudget(obs, budget, &res)
@@ -241,6 +248,9 @@ func (a *Autoscaler) stepRole(now time.Time, name string, rp RolePolicy, current
 	return d
 }
 
+// aggregatedReason is said of a prefill role SLO.AggregateBelow sized 0.
+const aggregatedReason = "aggregated on decode: prefill sized 0"
+
 func (a *Autoscaler) applyRatio(now time.Time, res *Result) {
 	r := a.p.Ratio
 	if r == nil {
@@ -250,6 +260,14 @@ func (a *Autoscaler) applyRatio(now time.Time, res *Result) {
 	d, okD := res.Roles[r.Denominator]
 	if !okN || !okD {
 		return
+	}
+	// A prefill role the SLO sized 0 to aggregate on decode is where it
+	// should be: the band would seed it back to one.
+	if res.SLO != nil && res.SLO.Aggregated {
+		if p, ok := res.Roles[a.p.SLOPrefill]; ok && p.Desired == 0 && (r.Numerator == a.p.SLOPrefill || r.Denominator == a.p.SLOPrefill) {
+			res.Ratio = &RatioResult{Num: n.Desired, Den: d.Desired, Suspended: true, Reason: "not applied: " + aggregatedReason}
+			return
+		}
 	}
 	rr := RepairRatio(n.Desired, d.Desired, a.p.Roles[r.Numerator].Bounds, a.p.Roles[r.Denominator].Bounds, *r)
 	res.Ratio = &rr
