@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +40,7 @@ type autoscaleFlags struct {
 	sloLead      *time.Duration
 	sloTrend     *time.Duration
 	sloBaseline  *time.Duration
+	sloAggregate *float64
 	kthena       *string
 	duration     *time.Duration
 	peak, trough *float64
@@ -67,6 +69,7 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		sloLead:      fs.Duration("slo-lead", 0, "with --autoscale slo: size for the load expected this far ahead from the significant upward trend of past windows (0: off)"),
 		sloTrend:     fs.Duration("slo-trend-window", 5*time.Minute, "with --autoscale slo and --slo-lead: how far back the trend is fitted"),
 		sloBaseline:  fs.Duration("slo-ttft-baseline", 0, "with --autoscale slo: learn the TTFT correction's no-excess ratio as its lowest over this window and correct only the excess (0: off)"),
+		sloAggregate: fs.Float64("slo-aggregate-below", 0, "with --autoscale slo: size prefill 0 (its min bound 0) and let decode engines serve whole requests while the fractional prefill plus decode demand is at most this many replicas (the policy's aggregateBelow; 0: off)"),
 		kthena:       fs.String("kthena-targets", "2:24", "with --autoscale kthena: comma-separated W:R targets, W waiting requests per prefill pod, R running requests per decode pod (one run each)"),
 		duration:     fs.Duration("duration", 90*time.Minute, "with --autoscale: trace length in virtual time"),
 		peak:         fs.Float64("peak-rate", 6, "with --shape diurnal: peak requests/s"),
@@ -255,15 +258,19 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		}
 		p := autoscale.DefaultPolicy()
 		p.StableWindow, p.PanicWindow, p.DownCooldown = *f.sloStable, max(*f.sloStable/3, time.Second), *f.sloCooldown
+		pmin := int32(1)
+		if *f.sloAggregate > 0 {
+			pmin = 0 // aggregation needs a prefill role that may go to zero
+		}
 		p.Roles = map[string]autoscale.RolePolicy{
-			"prefill": {Bounds: autoscale.Bounds{Min: 1, Max: int32(*f.maxPerRole)}},
+			"prefill": {Bounds: autoscale.Bounds{Min: pmin, Max: int32(*f.maxPerRole)}},
 			"decode":  {Bounds: autoscale.Bounds{Min: 1, Max: int32(*f.maxPerRole)}},
 		}
 		p.Ratio = band
 		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
 			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, RaiseOnly: *f.sloRaise,
 			Adapt: autoscale.SLOAdapt{Lead: *f.sloLead, TrendWindow: *f.sloTrend, BaselineWindow: *f.sloBaseline,
-				CorrectionWindow: *f.sloCorrWin}, LearnedPrefill: *f.sloLearned})
+				CorrectionWindow: *f.sloCorrWin}, LearnedPrefill: *f.sloLearned, AggregateBelow: *f.sloAggregate})
 		if err != nil {
 			bad("%v", err)
 			return nil
@@ -306,8 +313,9 @@ func parseBand(s string) (*autoscale.Ratio, error) {
 	lo, hi, ok := strings.Cut(s, ":")
 	a, err1 := strconv.ParseFloat(lo, 64)
 	b, err2 := strconv.ParseFloat(hi, 64)
-	if !ok || err1 != nil || err2 != nil || !(a > 0) || b < a {
-		return nil, fmt.Errorf("%q: want MIN:MAX with 0 < MIN ≤ MAX", s)
+	// Written so that NaN, which compares false with everything, fails.
+	if !ok || err1 != nil || err2 != nil || !(a > 0) || !(b >= a) || math.IsInf(b, 0) {
+		return nil, fmt.Errorf("%q: want MIN:MAX finite numbers with 0 < MIN ≤ MAX", s)
 	}
 	return &autoscale.Ratio{Numerator: "prefill", Denominator: "decode", Min: a, Max: b}, nil
 }

@@ -158,3 +158,44 @@ func TestBenchAutoscaleNoneCompleted(t *testing.T) {
 		t.Errorf("table row %q, want TTFT p99 and TPOT p99 n/a:\n%s", row, out)
 	}
 }
+
+// TestParseBandFinite: --ratio takes finite numbers 0 < MIN ≤ MAX; NaN,
+// which compares false with everything, and infinities are refused.
+func TestParseBandFinite(t *testing.T) {
+	for _, s := range []string{"1:NaN", "NaN:1", "nan:nan", "1:Inf", "1:+Inf", "Inf:Inf", "0:1", "2:1", "1", "a:b"} {
+		if r, err := parseBand(s); err == nil {
+			t.Errorf("--ratio %s: accepted as %+v", s, r)
+		}
+	}
+	if r, err := parseBand("1:4"); err != nil || r.Min != 1 || r.Max != 4 {
+		t.Errorf("--ratio 1:4: %+v, %v", r, err)
+	}
+}
+
+// TestBenchAutoscaleAggregateBelow: --slo-aggregate-below reaches the SLO
+// mode (its setting says so) and, at a load within it, the prefill role
+// goes to zero while every request completes on the decode role.
+func TestBenchAutoscaleAggregateBelow(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--autoscale", "slo", "--initial-roles", "prefill=1,decode=1",
+		"--profile", "7b-l40s", "--gpu-blocks", "8000", "--duration", "2m", "--peak-rate", "0.5", "--trough-rate", "0.5",
+		"--prefix-tokens", "128", "--own-tokens", "256", "--output-tokens", "16", "--slo-util", "0.8:0.6", "--ratio", "1:4",
+		"--slo-aggregate-below", "0.8", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep des.ScaleReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(rep.Runs) != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	r := rep.Runs[0]
+	if !strings.Contains(r.Setting, "aggregated on decode below 0.8") || r.Completed != rep.Requests {
+		t.Fatalf("run %+v", r)
+	}
+	last := r.Windows[len(r.Windows)-1]
+	if last.Prefill != 0 || last.Decode < 1 {
+		t.Errorf("last window: %+v, want the prefill role at zero and decode serving", last)
+	}
+}

@@ -93,6 +93,11 @@ type SLOScalerConfig struct {
 	// Utilization instead of the profile's throughput, as the controller
 	// does for a policy without prefillTokensPerSecond.
 	LearnedPrefill bool
+	// AggregateBelow is the policy's SLO.AggregateBelow (0: off): at most
+	// this many replicas' worth of fractional prefill plus decode demand
+	// sizes prefill 0 and decode at least 1, and the router serves whole
+	// requests on decode engines (the prefill role's min must be 0).
+	AggregateBelow float64
 }
 
 // SLOScaler is kvmesh's SLO mode: orchestrator/autoscale's Autoscaler
@@ -123,6 +128,7 @@ func NewSLOScaler(c SLOScalerConfig) (*SLOScaler, error) {
 	}
 	p.SLO.TTFTAim = c.TTFTExpectation
 	p.SLO.Adapt = c.Adapt
+	p.SLO.AggregateBelow = c.AggregateBelow
 	p.SLOPrefill, p.SLODecode = rolePrefill, roleDecode
 	if p.SLO.DecodeStreamsPerReplica <= 0 {
 		return nil, fmt.Errorf("%w: slo mode: no stream count meets TPOT %vs in the profile", ErrConfig, c.SLOTP)
@@ -160,6 +166,9 @@ func (s *SLOScaler) Setting() string {
 	}
 	if ad := s.cfg.Adapt; ad.CorrectionWindow > 0 {
 		e += fmt.Sprintf(", corrections held %v", ad.CorrectionWindow)
+	}
+	if s.cfg.AggregateBelow > 0 {
+		e += fmt.Sprintf(", aggregated on decode below %.2g replicas", s.cfg.AggregateBelow)
 	}
 	pre := fmt.Sprintf("%.0f tok/s", p.SLO.PrefillTokensPerSecond)
 	if s.cfg.LearnedPrefill {

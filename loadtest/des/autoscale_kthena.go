@@ -96,7 +96,8 @@ func NewKthena(c KthenaConfig) (*Kthena, error) {
 			errs = append(errs, fmt.Sprintf("role bounds [%d, %d] with %d targets", r.Min, r.Max, len(r.Targets)))
 		}
 	}
-	if c.Ratio != nil && (c.Ratio.Min < 0 || c.Ratio.Max <= 0 || c.Ratio.Min > c.Ratio.Max) {
+	// Written so that NaN, which compares false with everything, fails.
+	if c.Ratio != nil && (!(c.Ratio.Min >= 0) || !(c.Ratio.Max > 0) || !(c.Ratio.Min <= c.Ratio.Max) || math.IsInf(c.Ratio.Max, 0)) {
 		errs = append(errs, fmt.Sprintf("ratio [%v, %v]", c.Ratio.Min, c.Ratio.Max))
 	}
 	if len(errs) > 0 {
