@@ -288,5 +288,20 @@ func (c *Controller) modelDeploymentTargets(ap *v1alpha1.AutoscalingPolicy) (map
 		}
 		return nil, badTarget(reasonRoleNotFound, "ModelDeployment %s has no role %s (its roles: %s)", md.Name, strings.Join(missing, ", "), strings.Join(have, ", "))
 	}
+	if err := aggregateEngine(ap, md); err != nil {
+		return nil, err
+	}
 	return out, nil
+}
+
+// aggregateEngine refuses slo.aggregateBelow for a ModelDeployment whose
+// decode servers cannot serve whole requests: an SGLang decode server
+// takes a request only with a prefill server's bootstrap, so with the
+// prefill role at zero every request would fail.
+func aggregateEngine(ap *v1alpha1.AutoscalingPolicy, md *v1alpha1.ModelDeployment) *targetError {
+	if s := ap.Spec.SLO; s != nil && s.AggregateBelow > 0 && md.Spec.Engine == v1alpha1.EngineSGLang {
+		return badTarget(reasonInvalidPolicy, "slo.aggregateBelow %v: ModelDeployment %s runs sglang, whose decode servers cannot serve whole requests "+
+			"(each needs a prefill server's bootstrap), so the prefill role cannot go to zero; remove aggregateBelow", s.AggregateBelow, md.Name)
+	}
+	return nil
 }

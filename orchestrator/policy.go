@@ -380,6 +380,7 @@ func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 		if s.SLO.RaiseOnly {
 			p.SLO.MinCorrection = 1
 		}
+		p.SLO.AggregateBelow = s.SLO.AggregateBelow
 		p.SLOPrefill, p.SLODecode = s.SLO.PrefillRole, s.SLO.DecodeRole
 	}
 	return p
@@ -515,6 +516,8 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 	}
 	switch {
 	case res.Ratio == nil:
+	case res.Ratio.Suspended:
+		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "Aggregated", res.Ratio.Reason)
 	case res.Ratio.Infeasible:
 		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionTrue, "Infeasible", res.Ratio.Reason)
 	case res.Ratio.Adjusted:

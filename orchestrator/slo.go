@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -166,6 +167,12 @@ func (c *Controller) observeSLO(ap *v1alpha1.AutoscalingPolicy, targets map[stri
 		return nil
 	}
 	pre, dec := v.merge(targets[s.PrefillRole].engines), v.merge(targets[s.DecodeRole].engines)
+	if s.AggregateBelow > 0 {
+		// Requests served whole on decode engines are prefill work too: the
+		// ingresses record their prompt tokens and TTFT on the decode engine,
+		// and with the prefill role at zero they are all of it.
+		pre = v.merge(append(slices.Clip(targets[s.PrefillRole].engines), targets[s.DecodeRole].engines...))
+	}
 	in := &autoscale.SLOObservation{PromptTokensPerSecond: pre.promptTokensPerSec, MeasuredTTFT: pre.ttft, MeasuredTPOT: dec.tpot}
 	if s.PrefillTokensPerSecond <= 0 {
 		rate, ok := LearnedPrefillRate(c.cfg.SLO, targets[s.PrefillRole].engines)
@@ -214,6 +221,9 @@ func sloCondition(pc *policyConds, slo *v1alpha1.SLOTarget, in *autoscale.SLOObs
 	}
 	msg := fmt.Sprintf("TTFT p90 %.0f ms (target %d), TPOT p90 %.1f ms (target %d), %.0f prompt tokens/s, %.0f running streams",
 		in.MeasuredTTFT*1000, slo.TTFTMilliseconds, in.MeasuredTPOT*1000, slo.TPOTMilliseconds, in.PromptTokensPerSecond, in.RunningStreams)
+	if res.Aggregated {
+		msg += "; aggregated on decode: prefill sized 0"
+	}
 	if res.AtRisk {
 		pc.set(v1alpha1.ConditionSLOAtRisk, metav1.ConditionTrue, "LatencyAboveTarget", msg)
 		return

@@ -152,6 +152,16 @@ type SLOTarget struct {
 	// replicas a correction added are not removed as soon as they bring
 	// the latency down (0: off; the DES measured 360).
 	CorrectionWindowSeconds int32 `json:"correctionWindowSeconds,omitempty"`
+	// AggregateBelow lets the decode role serve whole requests at low load
+	// (0 or absent: off): while the prefill role's fractional demand plus
+	// the decode role's (replicas' worth, corrections included, before
+	// rounding up) is at most this, prefill is sized 0 and decode at least
+	// 1, and the P/D router serves requests whole on decode engines. The
+	// prefill role's minReplicas must be 0 for it to act (which needs a
+	// ratio band with the decode role to be accepted); the band is not
+	// applied while this holds prefill at 0. Not for sglang, whose decode
+	// servers cannot serve whole requests (the DES measured 0.8).
+	AggregateBelow float64 `json:"aggregateBelow,omitempty"`
 }
 
 // AutoscalingPolicyStatus reports the last decision.
