@@ -27,8 +27,10 @@ import (
 // the model's engines (the least loaded it is allowed to send to) for the
 // prompt's tokens and keys on them: the keys are the engine's by
 // construction. It costs one round trip to an engine's API server per
-// such request, bounded by Config.EngineTokenizeTimeout; any failure
-// leaves the request unkeyed, as before. An engine that does not serve
+// such request, bounded by Config.EngineTokenizeTimeout plus
+// tokenizePerKiB for each KiB of the /tokenize body (the prompt's own
+// tokenizing time: tokenizeTimeout); any failure leaves the request
+// unkeyed, as before. An engine that does not serve
 // /tokenize (404, 405, 501), or failRun answered failures in a row (an
 // error status, no tokens), turn it off for the model for
 // engineTokenizeOff. A call that gets no answer in time (or no
@@ -36,7 +38,15 @@ import (
 // that engine is not asked for slowEngineBackoff, and the request asks the
 // next one once (so one frozen engine, which the least-loaded pick can
 // still win until the stall watch ejects it, costs one request one
-// timeout, not the model its keys). Only when two distinct engines of the
+// timeout, not the model its keys). A call that goes unanswered is held
+// against the engine only for a prompt whose own allowance is at most
+// EngineTokenizeTimeout (an ordinary prompt): a larger one's time is the
+// prompt's, so one huge prompt (refused afterwards as too long, at no cost
+// to its sender) does not pause the model's engines for every other
+// client; that request goes unkeyed without asking another engine. Nor is
+// a call that failed for the ingress's own resources (a dial refused with
+// EMFILE and the like: localErrno), which every engine would fail the
+// same way. Only when two distinct engines of the
 // model are in that backoff at once (the engines, not one of them, are
 // slow) are the model's engines not asked, for a backoff that starts at
 // slowBackoff and doubles while it recurs (up to engineTokenizeOff); a
@@ -60,6 +70,23 @@ const (
 	failRun           = 3
 )
 
+// tokenizePerKiB is the time a /tokenize call is given for each KiB of its
+// body on top of EngineTokenizeTimeout: 1 s a MiB, where a healthy engine
+// renders and tokenizes several MB a second (the simulator 2 MB in 0.15 s;
+// vLLM's fast tokenizers 1-10 MB/s), so a long prompt's own tokenizing is
+// not read as a slow engine.
+const tokenizePerKiB = time.Millisecond
+
+// tokenizeTimeout is the bound of a /tokenize call with an n-byte body, and
+// whether the body is ordinary: its own allowance (tokenizePerKiB) is at
+// most base, so the call's time is mostly the engine's, and a call that
+// goes unanswered says the engine is slow. A larger body's timeout says no
+// more than that the prompt is large.
+func tokenizeTimeout(base time.Duration, n int) (d time.Duration, ordinary bool) {
+	own := time.Duration(n) * tokenizePerKiB / 1024
+	return base + own, own <= base
+}
+
 // tokFailure is how an ask for tokens failed.
 type tokFailure int
 
@@ -67,6 +94,7 @@ const (
 	tokSlow        tokFailure = iota // no answer within the timeout, or no connection: an engine under load
 	tokRefused                       // an answer with an error status or without tokens
 	tokUnsupported                   // 404, 405, 501: the engine has no /tokenize
+	tokOwn                           // no answer for a prompt past the ordinary size, or no connection for want of the ingress's own resources: neither the engine's fault
 )
 
 // engineTok holds the fallback's state and series.
@@ -147,7 +175,9 @@ func (et *engineTok) succeeded(model, engine string) {
 // at once when unsupported, for engineTokenizeOff after failRun answered
 // failures in a row, and for the next backoff once an unanswered call makes
 // two engines of the model slow at once (a single slow engine is only kept
-// from being asked for slowEngineBackoff); one warning per turn off.
+// from being asked for slowEngineBackoff); one warning per turn off. A
+// tokOwn failure is only counted: it is neither the engine's nor the
+// model's.
 func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 	tm := et.model(c.model)
 	var d time.Duration
@@ -155,6 +185,11 @@ func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 	case tokUnsupported:
 		et.unsup.Inc()
 		d = engineTokenizeOff
+	case tokOwn:
+		et.failed.Inc()
+		c.s.log.Debug("engine /tokenize failed for the prompt's size or the ingress's own resources; not held against the engine",
+			"model", c.model, "engine", engine, "why", why)
+		return
 	case tokRefused:
 		et.failed.Inc()
 		c.s.log.Debug("engine /tokenize failed; the request keeps the ingress's own keys or none", "model", c.model, "engine", engine, "why", why)
@@ -268,7 +303,9 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 }
 
 // askTokenize asks candidate at's /tokenize for body's tokens, appended to
-// dst; slow reports a call that went unanswered (a timeout, no connection).
+// dst; slow reports a call that went unanswered (a timeout, no connection)
+// for an ordinary prompt (tokenizeTimeout), not for the ingress's own
+// resources (localErrno): the engine was slow, another may answer.
 func (c *call) askTokenize(at int, dst []uint32, body []byte) (ids []uint32, ok, slow bool) {
 	s := c.s
 	et := s.etok
@@ -285,7 +322,17 @@ func (c *call) askTokenize(at int, dst []uint32, body []byte) (ids []uint32, ok,
 	req.Header.SetContentType("application/json")
 	c.setUpstreamHeaders(&req.Header)
 	req.SetBodyRaw(body)
-	if err := up.hc.DoTimeout(req, resp, s.cfg.EngineTokenizeTimeout); err != nil {
+	timeout, ordinary := tokenizeTimeout(s.cfg.EngineTokenizeTimeout, len(body))
+	if err := up.hc.DoTimeout(req, resp, timeout); err != nil {
+		if errno := localErrno(err); errno != 0 || !ordinary {
+			if errno != 0 {
+				err = fmt.Errorf("no connection to engine %s for want of the ingress's own resources: %w", up.id, errno)
+			} else {
+				err = fmt.Errorf("no answer within %v for a %d-byte prompt: %w", timeout, len(body), err)
+			}
+			et.fail(c, up.id, tokOwn, err)
+			return dst, false, false
+		}
 		et.fail(c, up.id, tokSlow, err)
 		return dst, false, true
 	}

@@ -1,0 +1,107 @@
+package ingress
+
+import (
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestEngineTokenizeHugePromptKeepsTheModel: a /tokenize call that goes
+// unanswered for a prompt past the ordinary size (its own allowance,
+// tokenizePerKiB, over EngineTokenizeTimeout) is the prompt's time, not the
+// engines': the request goes unkeyed without asking another engine, no
+// engine is put in its backoff and the model's engines are still asked.
+// An ordinary prompt that goes unanswered on both engines still pauses the
+// model. Before, one 2 MB prompt (refused afterwards as too long) timed out
+// on two engines and turned the fallback off for the whole model, for
+// every client, for 5 s: sent every 5 s, it kept prefix-aware routing off
+// (tester h-limits 1). Both engines' /tokenize hang, whatever the prompt.
+func TestEngineTokenizeHugePromptKeepsTheModel(t *testing.T) {
+	fa, fb := startFaultEngine(t, faultOK), startFaultEngine(t, faultOK)
+	pa, askedA := hungTokenizeProxy(t, fa.url())
+	pb, askedB := hungTokenizeProxy(t, fb.url())
+	cfg := testConfig(StaticEngine{ID: "a", Model: "m", URL: pa.URL}, StaticEngine{ID: "b", Model: "m", URL: pb.URL})
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.EngineTokenizeTimeout = 50 * time.Millisecond
+	s := startIngress(t, cfg, Deps{Logger: quietLog(), Registry: prometheus.NewRegistry()})
+	client := &http.Client{Timeout: time.Minute}
+	asked := func() int64 { return askedA.Load() + askedB.Load() }
+	tm := s.etok.model("m")
+	inBackoff := func() (n int) {
+		for _, id := range []string{"a", "b"} {
+			if tm.slowEngine(id, time.Now()) {
+				n++
+			}
+		}
+		return n
+	}
+
+	huge := strings.Repeat("the quick brown fox ", 10_000) // 200 kB: an allowance of ~195 ms over a 50 ms timeout
+	if d, ordinary := tokenizeTimeout(cfg.EngineTokenizeTimeout, len(huge)); ordinary || d <= cfg.EngineTokenizeTimeout {
+		t.Fatalf("a %d-byte prompt: timeout %v, ordinary %v; want a longer timeout, not ordinary", len(huge), d, ordinary)
+	}
+	for i := range 3 {
+		if st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":1,"prompt":"`+huge+`"}`); st != http.StatusOK {
+			t.Fatalf("huge prompt %d: status %d: %.200s", i, st, b)
+		}
+		if n := asked(); n != int64(i+1) {
+			t.Fatalf("after %d huge prompts /tokenize was asked %d times, want %d: a huge prompt's timeout asked another engine", i+1, n, i+1)
+		}
+		if !s.etok.asking("m") || inBackoff() != 0 {
+			t.Fatalf("after huge prompt %d: model asked %v, %d engines in backoff; want asked, none", i, s.etok.asking("m"), inBackoff())
+		}
+	}
+	if d, ordinary := tokenizeTimeout(cfg.EngineTokenizeTimeout, 200); !ordinary || d > cfg.EngineTokenizeTimeout+time.Millisecond {
+		t.Fatalf("a 200-byte prompt: timeout %v, ordinary %v; want about %v, ordinary", d, ordinary, cfg.EngineTokenizeTimeout)
+	}
+	// The engines are slow: an ordinary prompt goes unanswered on both.
+	if st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":1,"prompt":"an ordinary prompt"}`); st != http.StatusOK {
+		t.Fatalf("ordinary prompt: status %d: %.200s", st, b)
+	}
+	if n := asked(); n != 5 || s.etok.asking("m") {
+		t.Fatalf("an ordinary prompt unanswered: /tokenize asked %d times in all, model asked %v; want 5 (both engines), paused", n, s.etok.asking("m"))
+	}
+}
+
+// TestEngineTokenizeLocalDialErrorIsNotTheEngines: a /tokenize call that
+// gets no connection for want of the ingress's own resources (a fake
+// EMFILE from socket()) is not the engine's slowness: no engine is put in
+// its backoff, no other engine is asked (it would fail the same way), and
+// the model's engines are still asked once the descriptors come back.
+// Before, it was counted as an unanswered call on both engines, which
+// turned the fallback off for the model (tester h-limits 2), although the
+// proxy holds such a dial error against no engine (local_error).
+func TestEngineTokenizeLocalDialErrorIsNotTheEngines(t *testing.T) {
+	fa, fb := startFaultEngine(t, faultOK), startFaultEngine(t, faultOK)
+	var dials atomic.Int32
+	fakeEMFILE := func(addr string) (net.Conn, error) {
+		dials.Add(1)
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}
+	}
+	cfg := testConfig(StaticEngine{ID: "a", Model: "m", URL: fa.url()}, StaticEngine{ID: "b", Model: "m", URL: fb.url()})
+	cfg.Scheduler.Policy = "kvmesh"
+	s := startDialFaultIngress(t, cfg, Deps{Registry: prometheus.NewRegistry()}, fakeEMFILE)
+	st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":1,"prompt":"a prompt the ingress cannot tokenize"}`)
+	if st != http.StatusServiceUnavailable || !strings.Contains(string(b), "ingress_resource_exhausted") {
+		t.Fatalf("status %d: %s; want 503 ingress_resource_exhausted", st, b)
+	}
+	tm := s.etok.model("m")
+	for _, id := range []string{"a", "b"} {
+		if tm.slowEngine(id, time.Now()) {
+			t.Errorf("engine %s in its /tokenize backoff for the ingress's own resource error", id)
+		}
+	}
+	if !s.etok.asking("m") {
+		t.Error("the model's engines are not asked to tokenize after the ingress's own resource error")
+	}
+	if n, failed := dials.Load(), val(s.etok.failed); n != 2 || failed != 1 {
+		t.Errorf("%d dials, %v failed /tokenize calls; want 2 (one /tokenize, one request), 1", n, failed)
+	}
+}
