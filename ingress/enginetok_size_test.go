@@ -105,3 +105,29 @@ func TestEngineTokenizeLocalDialErrorIsNotTheEngines(t *testing.T) {
 		t.Errorf("%d dials, %v failed /tokenize calls; want 2 (one /tokenize, one request), 1", n, failed)
 	}
 }
+
+// A prompt refused as too long on the ingress's estimate (no tokenizer for
+// the model and no engine's /tokenize answer: about 4 bytes a token) says
+// that its count is an estimate; one refused on a count (token ids) states
+// the count. Before, the estimate was stated as a count: "the request has
+// 500002 prompt tokens" for a prompt the engine counted 2,000,107 tokens
+// in (tester h-limits, unverified 1).
+func TestPromptTooLongSaysWhenItsCountIsAnEstimate(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()}) // least-request: no engine is asked to tokenize
+	cfg.MaxPromptTokens = 100
+	s := startIngress(t, cfg, Deps{})
+	long := strings.Repeat("x", 4000)
+	for _, tc := range []struct{ path, body, says string }{
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`,
+			"the request has about 1004 prompt tokens (an estimate: the ingress did not get the engine's tokens for it)"},
+		{"/v1/completions", `{"model":"m","prompt":"` + long + `"}`,
+			"the request has about 1001 prompt tokens (an estimate"},
+		{"/v1/completions", idsPrompt(150), "the request has 150 prompt tokens\""},
+	} {
+		st, _, body := post(t, http.DefaultClient, "http://"+s.Addr()+tc.path, tc.body)
+		if st != 400 || !strings.Contains(string(body), "context_length_exceeded") || !strings.Contains(string(body), tc.says) {
+			t.Errorf("%s over the limit: %d %s; want 400 context_length_exceeded saying %q", tc.path, st, body, tc.says)
+		}
+	}
+}

@@ -480,11 +480,19 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 	promptTokens := c.promptTokens
 	if lim := c.promptLimit(); lim > 0 {
 		// A batch's limit is per prompt, as vLLM's (countBatchPrompt).
+		// Without the prompt's tokens (c.tokens nil: no tokenizer here and
+		// no engine's /tokenize answer; token ids are their own count) the
+		// count is an estimate, about 4 bytes a token, and the refusal
+		// says so rather than state it as the engine's count.
+		has, est := "has", ""
+		if c.tokens == nil && (c.ep == epOther || c.req.kind != promptIDs) {
+			has, est = "has about", " (an estimate: the ingress did not get the engine's tokens for it)"
+		}
 		if c.longest > lim {
-			return promptTooLong(c.ep, "the maximum context length is %d tokens, and prompt[%d] has %d prompt tokens", lim, c.longestAt, c.longest)
+			return promptTooLong(c.ep, "the maximum context length is %d tokens, and prompt[%d] %s %d prompt tokens%s", lim, c.longestAt, has, c.longest, est)
 		}
 		if c.longest == 0 && promptTokens > lim {
-			return promptTooLong(c.ep, "the maximum context length is %d tokens, and the request has %d prompt tokens", lim, promptTokens)
+			return promptTooLong(c.ep, "the maximum context length is %d tokens, and the request %s %d prompt tokens%s", lim, has, promptTokens, est)
 		}
 	}
 	if err := c.admitRoute(promptTokens); err != nil {
