@@ -172,6 +172,10 @@ func MaxKeysIn(size, nops int, engine, model string) int {
 	return max(size-EncodedDeltaSize(nops, 0, engine, model), 0) / 8
 }
 
+// MaxDeltaOps is the most ops a delta or snapshot chunk may have: readers
+// reject a message with more as malformed, so writers split there.
+const MaxDeltaOps = deltaMaxOps
+
 // MaxSnapshotChunks is the most chunks a snapshot reply may have: readers
 // reject a chunk count above it.
 const MaxSnapshotChunks = deltaMaxChunks

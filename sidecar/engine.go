@@ -355,8 +355,12 @@ func (e *engine) requestReset(reason string) {
 }
 
 // flushLocked publishes the pending ops as deltas of at most MaxDeltaKeys
-// keys each, and each small enough for the NATS server's max_payload (once
-// known). Caller holds mu, so deltas leave in sequence order.
+// keys and kvevents.MaxDeltaOps ops each (readers refuse a delta with more
+// ops as malformed; one-key ops of alternating kinds or tiers, a replay of
+// a busy engine's history or a rank's mixed-tier drop, reach that long
+// before the key cap), and each small enough for the NATS server's
+// max_payload (once known). The ops keep their order across the deltas.
+// Caller holds mu, so deltas leave in sequence order.
 func (e *engine) flushLocked() {
 	ops := e.st.takePending()
 	ts := e.batchTS
@@ -372,7 +376,7 @@ func (e *engine) flushLocked() {
 	for len(ops) > 0 {
 		var part []kvevents.Op
 		n, keys := 0, 0
-		for len(ops) > 0 && n < limit {
+		for len(ops) > 0 && n < limit && len(part) < kvevents.MaxDeltaOps {
 			op := ops[0]
 			room := limit - n
 			if size > 0 {
