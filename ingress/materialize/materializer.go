@@ -42,6 +42,8 @@ type Materializer struct {
 	// unlistedWarned, skewWarned: the last warnings that unlisted engines
 	// were dropped, that a sidecar's clock is ahead of this host's.
 	unlistedWarned, skewWarned time.Time
+	// malformedWarned: the last warning of an undecodable delta.
+	malformedWarned time.Time
 	// outsideWarned: the last warning of engines outside gossip.
 	outsideWarned time.Time
 	// downSince: when Run saw the NATS connection down (lost, or found
@@ -280,7 +282,7 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 	defer m.mu.Unlock()
 	d := &m.dec
 	if err := kvevents.DecodeDelta(msg.Data, d); err != nil || d.Engine == "" {
-		m.met.malformed.Inc()
+		m.malformedLocked(msg.Subject, err)
 		return
 	}
 	now := time.Now()
@@ -371,6 +373,36 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 			// subscription) shows how far (clock skew included, as the lag).
 			e.confirmed = at
 		}
+	}
+}
+
+// malformedWarnEvery spaces the warnings of undecodable deltas.
+const malformedWarnEvery = time.Minute
+
+// malformedLocked counts a delta delivered on subject that does not decode
+// (err; nil: it names no engine) and warns of it at most once a minute,
+// naming the subject and why. Its changes are lost: for the engine its
+// subject names, followed here, it is a gap, which a later delta would show
+// only if one came (the last delta of a burst before the engine goes quiet
+// left the copy behind, with /debug/index saying synced, until gossip's head
+// or an idle check caught it), so the engine is snapshotted now, as after a
+// seq gap. A publisher on the subject can cause no more snapshots than by
+// skipping a seq: one in flight, one more queued behind it.
+func (m *Materializer) malformedLocked(subject string, err error) {
+	m.met.malformed.Inc()
+	if err == nil {
+		err = errors.New("no engine id")
+	}
+	model, engine, ok := natsutil.ParseDeltaSubject(subject)
+	e := m.engines[engine]
+	followed := ok && e != nil && e.model == model
+	if now := time.Now(); now.Sub(m.malformedWarned) >= malformedWarnEvery {
+		m.malformedWarned = now
+		m.log.Warn("undecodable delta skipped: its changes are lost (the engine is resnapshotted, if followed); a publisher writing what this ingress cannot read (a newer sidecar, a broken or forged one)",
+			"subject", subject, "err", err, "followed", followed, "per", malformedWarnEvery)
+	}
+	if followed {
+		m.snapshotLocked(e, "malformed delta")
 	}
 }
 

@@ -51,7 +51,7 @@ func newMetrics() *metrics {
 		gaps:       c("gaps_total", "Sequence gaps that triggered a snapshot."),
 		epochs:     c("new_epochs_total", "Sidecar epoch changes that triggered a snapshot."),
 		mismatches: c("digest_mismatches_total", "Digest differences with gossip at the same head that triggered a snapshot."),
-		malformed:  c("malformed_total", "Undecodable deltas or snapshot chunks, skipped."),
+		malformed:  c("malformed_total", "Undecodable deltas or snapshot chunks, skipped (an undecodable delta resnapshots its engine)."),
 		resyncs:    c("reconnect_resyncs_total", "NATS reconnects after which every engine was resynced."),
 		staleEpochs: c("stale_epoch_deltas_total",
 			"Deltas of an engine's older sidecar epoch while a newer one is live (a sidecar restart overlapping itself), ignored."),
