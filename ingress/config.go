@@ -210,9 +210,11 @@ type Config struct {
 	ChatTemplates map[string]string `yaml:"chatTemplates"`
 	// EngineTokenizeTimeout bounds asking an engine's /tokenize for the
 	// tokens of a prompt the ingress cannot tokenize itself (no tokenizer
-	// for the model, or a chat template that fails here: enginetok.go).
-	// Default 250ms; 0 turns the fallback off (such requests are routed by
-	// load, unkeyed).
+	// for the model, or a chat template that fails here: enginetok.go),
+	// plus 1ms per KiB of the prompt (a long prompt takes longer to
+	// tokenize; one past the timeout's own allowance is put down to its
+	// size, not to the engines). Default 250ms; 0 turns the fallback off
+	// (such requests are routed by load, unkeyed).
 	EngineTokenizeTimeout time.Duration `yaml:"engineTokenizeTimeout"`
 	// TokenizeBudget bounds the time the ingress spends tokenizing (and
 	// encoding a rendered chat prompt for) one request. Past it the

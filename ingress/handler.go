@@ -467,6 +467,10 @@ func addLocalLoad(eng *scheduler.Engine, up *upstream, now time.Time) {
 	}
 }
 
+// estimateSlack is how far past the prompt limit an estimated count (about
+// 4 bytes a token) must be for the ingress to refuse the prompt itself.
+const estimateSlack = 4
+
 // admit applies the prompt-length limit, the token rate limits and the
 // admission queue.
 func (c *call) admit(ctx *fasthttp.RequestCtx) error {
@@ -484,14 +488,19 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 		// no engine's /tokenize answer; token ids are their own count) the
 		// count is an estimate, about 4 bytes a token, and the refusal
 		// says so rather than state it as the engine's count.
-		has, est := "has", ""
+		// An estimate is held to estimateSlack × the limit: no tokenizer
+		// averages 16 bytes a token, but code's runs of spaces go well past
+		// 4, so a prompt the engine would take is not refused on a guess;
+		// the engine refuses what it cannot hold.
+		has, est, over := "has", "", lim
 		if c.tokens == nil && (c.ep == epOther || c.req.kind != promptIDs) {
 			has, est = "has about", " (an estimate: the ingress did not get the engine's tokens for it)"
+			over = lim * estimateSlack
 		}
-		if c.longest > lim {
+		if c.longest > over {
 			return promptTooLong(c.ep, "the maximum context length is %d tokens, and prompt[%d] %s %d prompt tokens%s", lim, c.longestAt, has, c.longest, est)
 		}
-		if c.longest == 0 && promptTokens > lim {
+		if c.longest == 0 && promptTokens > over {
 			return promptTooLong(c.ep, "the maximum context length is %d tokens, and the request %s %d prompt tokens%s", lim, has, promptTokens, est)
 		}
 	}
