@@ -20,7 +20,7 @@ func newAdmissionMetrics() *admissionMetrics {
 			Name: "kvmesh_admission_admitted_total", Help: "Requests admitted, by session boost and whether they queued first.",
 		}, []string{"boosted", "queued"}),
 		rejectedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvmesh_admission_rejected_total", Help: "Requests refused by admission: queue_full (503) or timeout (504).",
+			Name: "kvmesh_admission_rejected_total", Help: "Requests refused by admission: queue_full (429 with Retry-After) or timeout (504).",
 		}, []string{"reason"}),
 		queued: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvmesh_admission_queued", Help: "Requests waiting for an admission slot.",
