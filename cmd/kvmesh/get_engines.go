@@ -355,7 +355,9 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	} else {
 		field("Updated", a+" ago")
 	}
-	field("Delta head", fmt.Sprintf("epoch %x seq %d", e.Digest.Head.Epoch, e.Digest.Head.Seq))
+	// Decimal, as every other tool prints epochs and digests (/debug/state,
+	// /debug/index, kvmesh inspect stream): one compares with another as is.
+	field("Delta head", fmt.Sprintf("epoch %d seq %d", e.Digest.Head.Epoch, e.Digest.Head.Seq))
 	if lr.Measured(e.ID) {
 		r := lr.Rates(e.ID)
 		field("Learned costs", fmt.Sprintf("prefill %.0f tokens/s, decode step %.1f ms + %.3g s per context token (ingresses sharing: %d)",
@@ -366,7 +368,7 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	b.WriteString("Index:\n")
 	for t := range kvevents.NumTiers {
 		d := e.Digest.Digests[t]
-		fmt.Fprintf(&b, "  %-6s %d blocks (digest sum %016x xor %016x)\n", kvevents.Tier(t).String(), d.Count, d.Sum, d.Xor)
+		fmt.Fprintf(&b, "  %-6s %d blocks (digest sum %d xor %d)\n", kvevents.Tier(t).String(), d.Count, d.Sum, d.Xor)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

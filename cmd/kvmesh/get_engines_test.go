@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/learn/learntest"
 	"github.com/kvmesh/kvmesh/sidecar"
@@ -144,7 +145,7 @@ func TestGetEngines(t *testing.T) {
 	if code := run([]string{"describe", "engine", "eng-decode-0", "--join", seed, "--wait", "30s"}, &out, &errb); code != 0 {
 		t.Fatalf("describe: exit %d: %s", code, errb.String())
 	}
-	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks (digest sum 0000000000000000 xor 0000000000000000)",
+	for _, s := range []string{"Name:            eng-decode-0", "Role:            decode", "P/D group:       g1", "Block size:      16", "gpu    0 blocks (digest sum 0 xor 0)",
 		"Learned costs:   none yet", "LoRA adapters:   chat-lora, sql-lora"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("describe lacks %q:\n%s", s, out.String())
@@ -322,6 +323,28 @@ func TestEngineAgeUnderSkew(t *testing.T) {
 		}
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("%s: describe lacks %q:\n%s", c.name, want, out.String())
+		}
+	}
+}
+
+// TestDescribeEngineDecimal: describe prints the delta head's epoch and the
+// digests in decimal, as /debug/state, /debug/index and kvmesh inspect stream
+// do (docs/OPERATIONS.md): an epoch read in one compares with the others as
+// is. It printed them in hex (epoch 36b82e991d5d7855 beside /debug/state's
+// 3942952708920408149; tester h-docs2 F4).
+func TestDescribeEngineDecimal(t *testing.T) {
+	e := gossip.EngineView{EngineState: gossip.EngineState{ID: "e", Model: "m"}, Node: "sidecar-e", Updated: time.Now(), Age: time.Second}
+	e.Digest.Head = kvevents.Head{Epoch: 3942952708920408149, Seq: 42}
+	e.Digest.Digests[0] = kvevents.Digest{Count: 3, Sum: 18446744073709551615, Xor: 1234567890123456789}
+	lr, _ := learn.FromShares(nil)
+	var out strings.Builder
+	if err := describeEngine(&out, e, nil, gossip.Duplicates{}, lr, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Delta head:      epoch 3942952708920408149 seq 42",
+		"gpu    3 blocks (digest sum 18446744073709551615 xor 1234567890123456789)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("describe lacks %q:\n%s", want, out.String())
 		}
 	}
 }
