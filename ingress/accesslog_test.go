@@ -238,6 +238,38 @@ func TestAccessLogNamesTheAdapter(t *testing.T) {
 	}
 }
 
+// TestAccessLogNamesAnUnloadedAdapter: a request for an adapter the
+// engines listed and no longer list, refused with 404 model_not_found while
+// its base model's engines are live, is logged with its adapter too, so
+// per-adapter error counts see it. Before, that 404 returned before the
+// adapter's base model was set and logged "adapter" "" (tester h-docs2 F5).
+func TestAccessLogNamesAnUnloadedAdapter(t *testing.T) {
+	alpha := simServing(t, "alpha", "", "chem")
+	m := &swapMembership{}
+	setEngines(m, modelEngine("alpha0", "alpha", alpha.URL(), "chem"))
+	var alog testutil.SyncBuffer
+	s := startIngress(t, testConfig(), Deps{Membership: m, AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
+	url := "http://" + s.Addr() + "/v1/completions"
+	req := `{"model":"chem","max_tokens":1,"prompt":"x"}`
+	if st, _, b := post(t, http.DefaultClient, url, req); st != http.StatusOK {
+		t.Fatalf("chem while loaded: %d %s", st, b)
+	}
+	if st, _, b := post(t, http.DefaultClient, alpha.URL()+"/v1/unload_lora_adapter", `{"lora_name":"chem"}`); st != http.StatusOK {
+		t.Fatalf("unload: %d %s", st, b)
+	}
+	// The sidecar's next poll: alpha's engine no longer lists chem.
+	setEngines(m, modelEngine("alpha0", "alpha", alpha.URL()))
+	if st, _, b := post(t, http.DefaultClient, url, req); st != http.StatusNotFound || !strings.Contains(string(b), "lists it any more") {
+		t.Fatalf("chem after the poll: %d %s, want the unloaded adapter's 404", st, b)
+	}
+	testutil.WaitFor(t, 5*time.Second, "two access lines", func() bool { return strings.Count(alog.String(), `"msg":"request"`) == 2 })
+	for i, l := range accessLines(t, &alog) {
+		if l["model"] != "chem" || l["adapter"] != "chem" {
+			t.Errorf("access line %d (status %v): model %q adapter %q, want chem, chem", i+1, l["status"], l["model"], l["adapter"])
+		}
+	}
+}
+
 // A body over maxBodyBytes, refused by fasthttp before any handler runs, is
 // answered, counted and logged as a request the handlers refused: the
 // client's X-Request-Id echoed (one made when it sent none), Vary: Origin

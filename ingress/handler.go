@@ -291,7 +291,9 @@ func (c *call) candidates() error {
 			if base := c.unloadedFrom(now); base != "" {
 				// An adapter the engines listed, now listed by none while
 				// its base model's engines are live: unloaded, as vLLM
-				// answers it.
+				// answers it. Its base model is known, so the access log
+				// names the adapter (adapterOf), as for one still listed.
+				c.loraBase = base
 				return fmt.Errorf("%w: the model %q does not exist: no engine of its base model %q lists it any more", ErrModelNotFound, clip(c.model), base)
 			}
 			// Served minutes ago: its engines' sidecars are gone or
