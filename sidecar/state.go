@@ -19,8 +19,10 @@ type stateCounters struct {
 	orphanLocations uint64 // CPU/other location updates for unknown hashes
 	unknownRemoves  uint64 // BlockRemoved of a hash (or tier) not held
 	keyConflicts    uint64 // a known hash stored again with different tokens
-	skippedGroups   uint64 // events of non-full-attention KV groups (not routable)
-	badEvents       uint64 // events without the fields they need
+	// skippedGroups: events of non-full-attention KV groups (not
+	// routable), stores and removals alike.
+	skippedGroups uint64
+	badEvents     uint64 // events without the fields they need
 	// blockSizeChanges: events of a block size other than the one in
 	// effect (the engine restarted with another): the state was dropped.
 	blockSizeChanges uint64
@@ -40,6 +42,10 @@ type state struct {
 	ranks   []map[uint64]hashEntry
 	keyRefs [kvevents.NumTiers]map[uint64]uint32 // key → number of (rank, hash) entries holding it in the tier
 	digests [kvevents.NumTiers]kvevents.Digest
+	// unrouted holds the KV-cache group indexes whose stores said they are
+	// not routable (sliding window, Mamba): their removals are skipped too,
+	// since vLLM names the same hash in every group.
+	unrouted map[int64]bool
 
 	pending     []kvevents.Op // ops since the last delta, in order; consecutive same-kind ops coalesce
 	pendingKeys int
@@ -91,8 +97,32 @@ func routable(kind string) bool {
 	return kind == "" || strings.Contains(kind, "full") || strings.Contains(kind, "mla")
 }
 
+// skipGroup says whether ev belongs to a KV-cache group kvmesh does not
+// index, and learns from a store which groups those are. vLLM's hybrid
+// models store and remove the same hash in every group, and only stores
+// say the group's kind; removals (and location updates) name the group by
+// its index alone, so a group's index is known unrouted from its stores.
+func (s *state) skipGroup(ev *kvevents.Event) bool {
+	if ev.SpecKind != "" {
+		if !routable(ev.SpecKind) {
+			if ev.HasGroupIdx {
+				if s.unrouted == nil {
+					s.unrouted = map[int64]bool{}
+				}
+				s.unrouted[ev.GroupIdx] = true
+			}
+			return true
+		}
+		if ev.HasGroupIdx && s.unrouted[ev.GroupIdx] {
+			delete(s.unrouted, ev.GroupIdx)
+		}
+		return false
+	}
+	return ev.HasGroupIdx && s.unrouted[ev.GroupIdx]
+}
+
 func (s *state) stored(r int, ev *kvevents.Event) bool {
-	if !routable(ev.SpecKind) {
+	if s.skipGroup(ev) {
 		s.c.skippedGroups++
 		return true
 	}
@@ -154,6 +184,10 @@ func (s *state) stored(r int, ev *kvevents.Event) bool {
 }
 
 func (s *state) removed(r int, ev *kvevents.Event) {
+	if ev.HasGroupIdx && s.unrouted[ev.GroupIdx] {
+		s.c.skippedGroups++ // its stores were skipped: the hash is another group's
+		return
+	}
 	tier := ev.Tier()
 	hashes := s.rank(r)
 	for _, h := range ev.BlockHashes {
