@@ -1,16 +1,30 @@
 package sidecar
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
-// hashEntry is one engine block hash known on one rank: its kvmesh key and
-// how many copies each tier holds (vLLM can store one hash more than once).
+// hashEntry is one engine block hash known on one rank: its kvmesh key,
+// the hash of the block before it (a location update of an offloaded block
+// of several engine blocks names only its last: the others are found through
+// parent) and how many copies each tier holds (vLLM can store one hash more
+// than once).
 type hashEntry struct {
-	key  uint64
-	refs [kvevents.NumTiers]uint32
+	key       uint64
+	parent    uint64
+	refs      [kvevents.NumTiers]uint32
+	hasParent bool
+}
+
+// spanKey names a hash of one rank held in one tier for more engine blocks
+// than its own: an offload tier's block of k engine blocks (an LMCache
+// chunk, an OffloadingConnector block), named by one hash.
+type spanKey struct {
+	hash uint64
+	tier kvevents.Tier
 }
 
 // stateCounters are the anomalies the state machine absorbs instead of failing.
@@ -22,7 +36,9 @@ type stateCounters struct {
 	// skippedGroups: events of non-full-attention KV groups (not
 	// routable), stores and removals alike.
 	skippedGroups uint64
-	badEvents     uint64 // events without the fields they need
+	// badEvents: events without the fields they need, or an offload
+	// tier's blocks whose size is no multiple of the engine's.
+	badEvents uint64
 	// blockSizeChanges: events of a block size other than the one in
 	// effect (the engine restarted with another): the state was dropped.
 	blockSizeChanges uint64
@@ -39,8 +55,13 @@ type state struct {
 	blockSize    int
 	cfgBlockSize int
 
-	ranks   []map[uint64]hashEntry
-	keyRefs [kvevents.NumTiers]map[uint64]uint32 // key → number of (rank, hash) entries holding it in the tier
+	ranks []map[uint64]hashEntry
+	// spans, per rank: the keys a hash held in a tier stands for besides
+	// its own, in chain order, while the tier holds it (hashEntry.refs).
+	spans []map[spanKey][]uint64
+	// keyRefs: key → number of (rank, hash) entries and spans holding it
+	// in the tier.
+	keyRefs [kvevents.NumTiers]map[uint64]uint32
 	digests [kvevents.NumTiers]kvevents.Digest
 	// unrouted holds the KV-cache group indexes whose stores said they are
 	// not routable (sliding window, Mamba): their removals are skipped too,
@@ -56,6 +77,7 @@ type state struct {
 func newState(model string, blockSize, dpSize int) *state {
 	s := &state{model: model, blockSize: blockSize, cfgBlockSize: blockSize}
 	s.ranks = make([]map[uint64]hashEntry, max(dpSize, 1))
+	s.spans = make([]map[spanKey][]uint64, len(s.ranks))
 	for r := range s.ranks {
 		s.ranks[r] = map[uint64]hashEntry{}
 	}
@@ -68,6 +90,7 @@ func newState(model string, blockSize, dpSize int) *state {
 func (s *state) rank(r int) map[uint64]hashEntry {
 	for r >= len(s.ranks) { // a rank beyond the configured DP size: grow rather than drop events
 		s.ranks = append(s.ranks, map[uint64]hashEntry{})
+		s.spans = append(s.spans, nil)
 	}
 	return s.ranks[r]
 }
@@ -129,15 +152,7 @@ func (s *state) stored(r int, ev *kvevents.Event) bool {
 	tier := ev.Tier()
 	hashes := s.rank(r)
 	if len(ev.TokenIDs) == 0 {
-		// A location update (CPU offloading): the hashes are known chain blocks.
-		for _, h := range ev.BlockHashes {
-			e, ok := hashes[h]
-			if !ok {
-				s.c.orphanLocations++
-				continue
-			}
-			s.addRef(hashes, h, e, tier)
-		}
+		s.located(r, ev, tier)
 		return true
 	}
 	bs := ev.BlockSize
@@ -146,6 +161,12 @@ func (s *state) stored(r int, ev *kvevents.Event) bool {
 	}
 	if bs <= 0 {
 		s.c.badEvents++
+		return true
+	}
+	if bs != s.blockSize && tier != kvevents.TierGPU {
+		// An offload tier's blocks (LMCache's chunks): never the engine's
+		// block size.
+		s.storedSpans(r, ev, tier, bs)
 		return true
 	}
 	if bs != s.blockSize {
@@ -170,17 +191,99 @@ func (s *state) stored(r int, ev *kvevents.Event) bool {
 	// cannot reproduce (multimodal, prompt embeds) get keys no text request
 	// has (kvevents.AppendStoredKeys).
 	s.scratch = kvevents.AppendStoredKeys(s.scratch[:0], s.model, ev, parent, n, bs)
+	ph, hasParent := ev.ParentHash, ev.HasParent
 	for i, key := range s.scratch {
 		h := ev.BlockHashes[i]
 		e, ok := hashes[h]
 		if !ok {
-			e.key = key
+			e.key, e.parent, e.hasParent = key, ph, hasParent
 		} else if e.key != key {
 			s.c.keyConflicts++ // keep the first: its key is what the index holds
 		}
-		s.addRef(hashes, h, e, tier)
+		s.addRef(r, h, e, tier, nil)
+		ph, hasParent = h, true
 	}
 	return true
+}
+
+// located applies a location update (CPU offloading): the hashes are known
+// chain blocks. A block_size of k engine blocks (vLLM's OffloadingConnector
+// with an offloaded block larger than the engine's) names each offloaded
+// block by its last engine block's hash: the k-1 blocks before it in the
+// chain come with it.
+func (s *state) located(r int, ev *kvevents.Event, tier kvevents.Tier) {
+	hashes := s.rank(r)
+	k := 1
+	if s.blockSize > 0 && ev.BlockSize > s.blockSize && ev.BlockSize%s.blockSize == 0 {
+		// No chain is longer than the rank's hashes: this bounds the walk
+		// when a hash removed and stored again made its parents a cycle.
+		k = min(ev.BlockSize/s.blockSize, len(hashes))
+	}
+	for _, h := range ev.BlockHashes {
+		e, ok := hashes[h]
+		if !ok {
+			s.c.orphanLocations++
+			continue
+		}
+		var span []uint64
+		if k > 1 && e.refs[tier] == 0 {
+			span = s.scratch[:0]
+			for p := e; len(span) < k-1 && p.hasParent; {
+				if p, ok = hashes[p.parent]; !ok {
+					break // evicted from every tier: the blocks after it are still held
+				}
+				span = append(span, p.key)
+			}
+			slices.Reverse(span)
+			s.scratch = span
+		}
+		s.addRef(r, h, e, tier, span)
+	}
+}
+
+// storedSpans applies a BlockStored of a tier other than the GPU whose
+// blocks are not the engine's: LMCache's chunks (256 tokens by default, or
+// a partial last chunk's length), each named by LMCache's own chunk key and
+// chained to the chunk before it. A chunk of k engine blocks is keyed at the
+// engine's block size from its tokens, its hash standing for the k keys in
+// the tier; any other size (a partial chunk of no whole number of engine
+// blocks, or before the engine's block size is known) cannot be keyed and is
+// counted in badEvents. An unknown parent chunk is counted, but asks for no
+// reset: the GPU state is sound.
+func (s *state) storedSpans(r int, ev *kvevents.Event, tier kvevents.Tier, bs int) {
+	B := s.blockSize
+	if B <= 0 || bs%B != 0 || len(ev.ExtraKeys) > 0 {
+		s.c.badEvents++ // extra keys are per event block: not per engine block
+		return
+	}
+	k := bs / B
+	hashes := s.rank(r)
+	var parent uint64
+	if ev.HasParent {
+		pe, ok := hashes[ev.ParentHash]
+		if !ok {
+			s.c.orphanParents++
+			return
+		}
+		parent = pe.key
+	}
+	n := min(len(ev.BlockHashes), len(ev.TokenIDs)/bs)
+	if n < len(ev.BlockHashes) {
+		s.c.badEvents++
+	}
+	s.scratch = kvevents.AppendStoredKeys(s.scratch[:0], s.model, ev, parent, n*k, B)
+	ph, hasParent := ev.ParentHash, ev.HasParent
+	for i := range n {
+		h, keys := ev.BlockHashes[i], s.scratch[i*k:(i+1)*k]
+		e, ok := hashes[h]
+		if !ok {
+			e.key, e.parent, e.hasParent = keys[k-1], ph, hasParent
+		} else if e.key != keys[k-1] {
+			s.c.keyConflicts++
+		}
+		s.addRef(r, h, e, tier, keys[:k-1])
+		ph, hasParent = h, true
+	}
 }
 
 func (s *state) removed(r int, ev *kvevents.Event) {
@@ -199,6 +302,7 @@ func (s *state) removed(r int, ev *kvevents.Event) {
 		e.refs[tier]--
 		if e.refs[tier] == 0 {
 			s.keyDec(tier, e.key)
+			s.spanDec(r, spanKey{h, tier})
 		}
 		if e.refs == ([kvevents.NumTiers]uint32{}) {
 			delete(hashes, h)
@@ -208,12 +312,35 @@ func (s *state) removed(r int, ev *kvevents.Event) {
 	}
 }
 
-func (s *state) addRef(hashes map[uint64]hashEntry, h uint64, e hashEntry, tier kvevents.Tier) {
+// addRef adds a copy of hash h to the tier. On the tier's first copy, span
+// (keys the hash stands for besides its own) is kept with it.
+func (s *state) addRef(r int, h uint64, e hashEntry, tier kvevents.Tier, span []uint64) {
 	e.refs[tier]++
 	if e.refs[tier] == 1 {
 		s.keyInc(tier, e.key)
+		if len(span) > 0 {
+			if s.spans[r] == nil {
+				s.spans[r] = map[spanKey][]uint64{}
+			}
+			s.spans[r][spanKey{h, tier}] = slices.Clone(span)
+			for _, k := range span {
+				s.keyInc(tier, k)
+			}
+		}
 	}
-	hashes[h] = e
+	s.ranks[r][h] = e
+}
+
+// spanDec drops the span of sk on rank r, if any: its tier no longer holds it.
+func (s *state) spanDec(r int, sk spanKey) {
+	span, ok := s.spans[r][sk]
+	if !ok {
+		return
+	}
+	delete(s.spans[r], sk)
+	for _, k := range span {
+		s.keyDec(sk.tier, k)
+	}
 }
 
 func (s *state) keyInc(t kvevents.Tier, key uint64) {
@@ -269,7 +396,7 @@ func (s *state) dropRank(r int) {
 			s.pending = append(s.pending, kvevents.Op{Kind: kvevents.OpClear, Tier: kvevents.Tier(t)})
 			s.pendingKeys++
 		}
-		s.ranks[r] = map[uint64]hashEntry{}
+		s.ranks[r], s.spans[r] = map[uint64]hashEntry{}, nil
 		return
 	}
 	for _, e := range hashes {
@@ -279,7 +406,12 @@ func (s *state) dropRank(r int) {
 			}
 		}
 	}
-	s.ranks[r] = map[uint64]hashEntry{}
+	for sk, span := range s.spans[r] {
+		for _, k := range span {
+			s.keyDec(sk.tier, k)
+		}
+	}
+	s.ranks[r], s.spans[r] = map[uint64]hashEntry{}, nil
 }
 
 // changeBlockSize makes bs the block size. Keys made with another size can
