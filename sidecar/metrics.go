@@ -34,9 +34,9 @@ var (
 		{"orphan_locations_total", "Tier location updates for unknown hashes."},
 		{"unknown_removes_total", "BlockRemoved for hashes not held."},
 		{"key_conflicts_total", "Known hashes stored again with different tokens."},
-		{"skipped_group_events_total", "Events of KV-cache groups other than full attention (sliding window, Mamba): not routable, not indexed."},
+		{"skipped_group_events_total", "Events of KV-cache groups other than full attention (sliding window, Mamba), stores and removals: not routable, not indexed."},
 		{"block_size_changes_total", "Events of a block size other than the one in effect (the engine restarted with another): the engine's keys were dropped and the new size gossiped."},
-		{"bad_events_total", "Events (or their trailing blocks) missing what a key needs: no block size, fewer tokens than blocks. Not indexed."},
+		{"bad_events_total", "Events (or their trailing blocks) missing what a key needs: no block size, fewer tokens than blocks, an offload tier's block (LMCache chunk) of no whole number of engine blocks. Not indexed."},
 	}
 	descKeys  = prometheus.NewDesc("kvmesh_sidecar_keys", "Keys in the engine's key set per tier.", []string{"engine", "tier"}, nil)
 	descSeq   = prometheus.NewDesc("kvmesh_sidecar_delta_seq", "Last published delta sequence of the current epoch.", []string{"engine"}, nil)
