@@ -197,6 +197,9 @@ func FuzzDecodeGossip(f *testing.F) {
 	f.Add([]byte(`{"role":"sidecar","g":18446744073709551615}`))
 	genE, _ := encodeEntry(&entry{Origin: "n", Kind: kindInFlight, Version: 6, Gen: 1 << 63, InFlight: map[string]int{"e": 1}})
 	f.Add(genE)
+	capE, _ := encodeEntry(&entry{Origin: "n", Kind: kindEngine, Name: "c", Version: 7, Engine: &EngineState{ID: "c", BlockSize: 16, GPUBlocks: 4096}})
+	f.Add(capE)
+	f.Add(append([]byte{wireEntry}, `{"o":"n","k":1,"n":"c","v":8,"e":{"id":"c","gpub":-1,"dig":{}}}`...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if e, err := decodeEntry(b); err == nil {
 			again, err := encodeEntry(e)

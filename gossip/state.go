@@ -25,6 +25,12 @@ type EngineState struct {
 	KVUsage       float64 `json:"kv"`              // 0..1
 	QueuedPrefill int64   `json:"qpf,omitempty"`   // queued prefill tokens, when the engine exports them
 	Ready         bool    `json:"ready,omitempty"` // the sidecar's own readiness (events flowing, metrics scraped)
+	// GPUBlocks is the engine's KV capacity in blocks of BlockSize tokens
+	// as the engine's metrics report it (vLLM's cache_config_info
+	// num_gpu_blocks; SGLang's max_total_num_tokens over the block size);
+	// 0 when not reported. Omitted when 0, so members that predate it
+	// decode new states, and states of sidecars that predate it decode as 0.
+	GPUBlocks int `json:"gpub,omitempty"`
 
 	// P/D (docs/PD.md). Every field is omitted when empty, so members that
 	// predate them decode new states and new members decode theirs.
@@ -289,6 +295,9 @@ func (e *entry) check() error {
 		}
 		if e.Engine.KVUsage < 0 || e.Engine.KVUsage > 1.0001 || e.Engine.Running < 0 || e.Engine.Waiting < 0 {
 			return fmt.Errorf("%w: engine load out of range", errMalformed)
+		}
+		if e.Engine.GPUBlocks < 0 {
+			return fmt.Errorf("%w: gpu blocks %d", errMalformed, e.Engine.GPUBlocks)
 		}
 		if e.Engine.MaxModelLen < 0 || len(e.Engine.Root) > MaxRoot {
 			return fmt.Errorf("%w: max_model_len %d, root of %d bytes", errMalformed, e.Engine.MaxModelLen, len(e.Engine.Root))
