@@ -22,6 +22,16 @@ type Load struct {
 	KVUsage       float64   `json:"kv_usage"`
 	QueuedPrefill int64     `json:"queued_prefill_tokens"`
 	Scraped       time.Time `json:"scraped"`
+
+	// GPUBlocks is the engine's KV capacity in blocks as vLLM reports it
+	// (vllm:cache_config_info's num_gpu_blocks label); KVTokens is
+	// SGLang's in tokens (sglang:max_total_num_tokens), turned into blocks
+	// by the block size in effect (capacity). 0: not reported.
+	GPUBlocks int   `json:"gpu_blocks,omitempty"`
+	KVTokens  int64 `json:"kv_tokens,omitempty"`
+	// badGPUBlocks is a num_gpu_blocks label that is not a block count
+	// (left out of GPUBlocks), for the warning; "" when none.
+	badGPUBlocks string
 	// work sums the engine's request and token counters (workNames);
 	// workOK: it exposes one at least. Not gossiped: their growth shows
 	// the engine serving (silent.go).
@@ -92,6 +102,8 @@ type engine struct {
 	lorasLeftOut int
 	// warnedNoMetrics: the "engine serves no metrics" warning was logged.
 	warnedNoMetrics bool
+	// warnedGPUBlocks: the bad num_gpu_blocks label last warned about.
+	warnedGPUBlocks string
 	started         bool // the event loop ran before (its state must be dropped on restart)
 	// lastResetReq is when requestReset last asked for an engine reset.
 	lastResetReq time.Time

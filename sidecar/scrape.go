@@ -7,8 +7,10 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -23,6 +25,10 @@ var (
 	waitingNames = []string{"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
 	usageNames   = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
 	prefillNames = []string{"vllm:num_queued_prefill_tokens", "kvmesh_sim_queued_prefill_tokens", "sglang:num_queued_prefill_tokens"}
+	// The KV capacity: vLLM's is the num_gpu_blocks label of its cache
+	// config info gauge (value 1), SGLang's a gauge in tokens.
+	cacheInfoName   = "vllm:cache_config_info"
+	kvCapacityNames = []string{"sglang:max_total_num_tokens"}
 	// workNames are counters that grow while the engine serves requests,
 	// each one family of names (its first present is read): Load.work sums
 	// them, for the check that a working engine's KV events arrive (silent.go).
@@ -83,6 +89,10 @@ func parseLoad(r io.Reader) (Load, error) {
 	if v, _, ok := sum(prefillNames); ok {
 		l.QueuedPrefill = int64(count(v))
 	}
+	l.GPUBlocks, l.badGPUBlocks = gpuBlocks(fams[cacheInfoName])
+	if v, _, ok := sum(kvCapacityNames); ok {
+		l.KVTokens = int64(count(v))
+	}
 	for _, names := range workNames {
 		if v, _, ok := sum(names); ok && !math.IsNaN(v) && !math.IsInf(v, 0) && v >= 0 {
 			l.work += v
@@ -90,6 +100,46 @@ func parseLoad(r io.Reader) (Load, error) {
 		}
 	}
 	return l, nil
+}
+
+// MaxGPUBlocks bounds a reported KV capacity: a larger one is not believed.
+const MaxGPUBlocks = 1 << 30
+
+// gpuBlocks is the num_gpu_blocks label of vLLM's cache config info: the
+// largest over its series (vLLM's front end labels one series per DP
+// engine, each with the sum over the engines), 0 when absent. A value that
+// is not an integer in 1..MaxGPUBlocks ("None" before the engine sized its
+// cache, a broken exporter) is left out and returned as bad.
+func gpuBlocks(f *dto.MetricFamily) (n int, bad string) {
+	for _, m := range f.GetMetric() {
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() != "num_gpu_blocks" {
+				continue
+			}
+			v, err := strconv.Atoi(lp.GetValue())
+			if err != nil || v <= 0 || v > MaxGPUBlocks {
+				bad = lp.GetValue()
+				continue
+			}
+			n = max(n, v)
+		}
+	}
+	return n, bad
+}
+
+// capacity is the engine's KV capacity in blocks of blockSize tokens: vLLM's
+// reported block count, else SGLang's token capacity over blockSize (0 when
+// the block size is not known yet), else 0 (not reported).
+func (l *Load) capacity(blockSize int) int {
+	if l.GPUBlocks > 0 {
+		return l.GPUBlocks
+	}
+	if l.KVTokens > 0 && blockSize > 0 {
+		if n := l.KVTokens / int64(blockSize); n <= MaxGPUBlocks {
+			return int(n)
+		}
+	}
+	return 0
 }
 
 // count turns a scraped gauge into a sane count: NaN, negatives and absurd
@@ -144,6 +194,13 @@ func (e *engine) scrapeLoop(ctx context.Context, client *http.Client, url string
 			since := e.unreadySince
 			l.Scraped = time.Now()
 			e.load = l
+			if l.badGPUBlocks != e.warnedGPUBlocks {
+				e.warnedGPUBlocks = l.badGPUBlocks // warned once per value
+				if l.badGPUBlocks != "" {
+					e.log.Warn("engine reports a KV capacity that is not a block count: ignored, the P/D kvwait term and llm-d's autotune stay off for it",
+						"metric", cacheInfoName, "num_gpu_blocks", l.badGPUBlocks)
+				}
+			}
 			e.watchSilence(l) // silent.go
 			e.mu.Unlock()
 			checked := e.answersAgain(ctx, back)

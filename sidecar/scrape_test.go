@@ -50,9 +50,12 @@ vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 7
 func FuzzParseLoad(f *testing.F) {
 	f.Add("vllm:num_requests_running{engine=\"0\"} 3\nvllm:kv_cache_usage_perc 0.5\n")
 	f.Add("# TYPE sglang:token_usage gauge\nsglang:token_usage NaN\n")
+	f.Add("# TYPE vllm:cache_config_info gauge\n" + cacheInfo("0", "4096") + cacheInfo("1", "None"))
+	f.Add("sglang:max_total_num_tokens{tp_rank=\"0\"} 471258\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		l, err := parseLoad(strings.NewReader(s))
-		if err == nil && !(l.KVUsage >= 0 && l.KVUsage <= 1) || l.Running < 0 || l.Waiting < 0 || l.QueuedPrefill < 0 {
+		if err == nil && !(l.KVUsage >= 0 && l.KVUsage <= 1) || l.Running < 0 || l.Waiting < 0 || l.QueuedPrefill < 0 ||
+			l.GPUBlocks < 0 || l.GPUBlocks > MaxGPUBlocks || l.KVTokens < 0 || l.capacity(16) < 0 || l.capacity(1) > MaxGPUBlocks {
 			t.Fatalf("load out of range: %+v", l)
 		}
 	})

@@ -525,7 +525,8 @@ func (s *Sidecar) gossipLoop(ctx context.Context, node *gossip.Node) {
 				ID: e.cfg.ID, Model: e.cfg.Model, URL: e.cfg.URL, EngineRole: e.cfg.Role,
 				DPSize: max(e.cfg.DPSize, 1), BlockSize: e.st.blockSize,
 				Running: e.load.Running, Waiting: e.load.Waiting, KVUsage: e.load.KVUsage, QueuedPrefill: e.load.QueuedPrefill,
-				Ready: e.readyLocked(), Digest: e.published,
+				GPUBlocks: e.load.capacity(e.st.blockSize),
+				Ready:     e.readyLocked(), Digest: e.published,
 				Group: e.cfg.PDGroup, PDProtocol: gossipPDProtocol(e.cfg.PDProtocol), Bootstrap: e.cfg.Bootstrap(),
 				LoRAs: e.loras, MaxModelLen: e.maxModelLen, Root: e.root,
 			}
