@@ -308,6 +308,9 @@ func (g *gossipMembership) refresh() {
 				// last metrics scrapes answered (gossip/state.go).
 				ID: v.ID, Healthy: v.Ready, Model: v.Model, Role: role,
 				Running: v.Running, Waiting: v.Waiting, KVUsage: v.KVUsage, QueuedPrefillTokens: int(v.QueuedPrefill),
+				// The engine's KV capacity (0: not reported, the terms
+				// sized by it stay off: P/D's kvwait, llm-d's autotune).
+				GPUBlocks: v.GPUBlocks,
 				// Prefill legs queued at other replicas' admission will reach
 				// the engine: they count as in flight there.
 				InFlight:   max(0, inflight[v.ID]-own[v.ID]) + queued,
