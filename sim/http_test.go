@@ -415,3 +415,34 @@ func TestCreatedIsTheRequestsTime(t *testing.T) {
 		t.Fatalf("created %d, sent at %d (the server started at %d)", c.Created, sent, started)
 	}
 }
+
+// The cache config's num_gpu_blocks is the whole server's, every
+// data-parallel engine's blocks summed on each engine's series, as vLLM's
+// API server reports it (the sidecar gossips it as the engine's capacity).
+func TestCacheConfigSumsDataParallelBlocks(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.DP = 2; c.Engine.GPUBlocks = 1500 })
+	resp, err := http.Get(s.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, m := range fams["vllm:cache_config_info"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "num_gpu_blocks" {
+				seen++
+				if l.GetValue() != "3000" {
+					t.Errorf("num_gpu_blocks %s, want 3000 (2 ranks of 1500)", l.GetValue())
+				}
+			}
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d cache_config_info series, want one per rank (2)", seen)
+	}
+}

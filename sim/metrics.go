@@ -102,11 +102,13 @@ func newMetrics(s *Server) *metrics {
 				Help: "KV-event batches withheld from the live socket by the drop switch.", ConstLabels: cl},
 				func() float64 { return float64(pub.Stats().Dropped) }))
 		}
-		ec := s.cfg.Engine
+		// vLLM's API server sums its data-parallel engines' blocks into
+		// the one cache config every engine's series shows.
+		ec, n := s.cfg.Engine, len(s.ranks)
 		info := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
 			ConstLabels: prometheus.Labels{"model_name": s.cfg.Model, "engine": strconv.Itoa(rk.idx),
-				"block_size": strconv.Itoa(ec.BlockSize), "num_gpu_blocks": strconv.Itoa(ec.GPUBlocks),
-				"num_cpu_blocks": strconv.Itoa(ec.CPUBlocks), "enable_prefix_caching": "True",
+				"block_size": strconv.Itoa(ec.BlockSize), "num_gpu_blocks": strconv.Itoa(n * ec.GPUBlocks),
+				"num_cpu_blocks": strconv.Itoa(n * ec.CPUBlocks), "enable_prefix_caching": "True",
 				"prefix_caching_hash_algo": "xxhash", "cache_dtype": "auto"}})
 		info.Set(1)
 		m.reg.MustRegister(info)
