@@ -180,7 +180,7 @@ func (a *Admitter) Acquire(ctx context.Context, sessionID string) (release func(
 	case granted := <-w.ch:
 		return a.verdict(w, granted, sessionID, start)
 	case <-ctx.Done():
-		err = ctx.Err()
+		err = ctx.Err() // the client left (or the server closes): counted canceled
 	case <-timer.C:
 		err = ErrQueueTimeout
 	}
@@ -189,9 +189,7 @@ func (a *Admitter) Acquire(ctx context.Context, sessionID string) (release func(
 		a.queueOf(w).remove(w)
 		w.queued = false
 		a.mu.Unlock()
-		if errors.Is(err, ErrQueueTimeout) {
-			a.metrics.rejectedTimeout.Inc()
-		}
+		a.metrics.gaveUp(err)
 		return nil, err
 	}
 	a.mu.Unlock()
@@ -200,9 +198,7 @@ func (a *Admitter) Acquire(ctx context.Context, sessionID string) (release func(
 	if granted := <-w.ch; granted {
 		a.releaseSlot()
 	}
-	if errors.Is(err, ErrQueueTimeout) {
-		a.metrics.rejectedTimeout.Inc()
-	}
+	a.metrics.gaveUp(err)
 	return nil, err
 }
 

@@ -1,6 +1,10 @@
 package session
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // admissionMetrics are the Admitter's Prometheus series; labelled children are resolved
 // once so the request path only increments.
@@ -10,6 +14,7 @@ type admissionMetrics struct {
 	rejectedVec     *prometheus.CounterVec
 	rejectedFull    prometheus.Counter
 	rejectedTimeout prometheus.Counter
+	rejectedCancel  prometheus.Counter
 	queued          prometheus.Gauge
 	wait            prometheus.Histogram
 }
@@ -20,7 +25,7 @@ func newAdmissionMetrics() *admissionMetrics {
 			Name: "kvmesh_admission_admitted_total", Help: "Requests admitted, by session boost and whether they queued first.",
 		}, []string{"boosted", "queued"}),
 		rejectedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvmesh_admission_rejected_total", Help: "Requests refused by admission: queue_full (429 with Retry-After) or timeout (504).",
+			Name: "kvmesh_admission_rejected_total", Help: "Requests that left the admission queue unadmitted: queue_full (429 with Retry-After), timeout (504), canceled (the client left while waiting).",
 		}, []string{"reason"}),
 		queued: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvmesh_admission_queued", Help: "Requests waiting for an admission slot.",
@@ -37,7 +42,19 @@ func newAdmissionMetrics() *admissionMetrics {
 	}
 	m.rejectedFull = m.rejectedVec.WithLabelValues("queue_full")
 	m.rejectedTimeout = m.rejectedVec.WithLabelValues("timeout")
+	m.rejectedCancel = m.rejectedVec.WithLabelValues("canceled")
 	return m
+}
+
+// gaveUp counts a waiter that left the queue without a slot: its wait
+// expired (ErrQueueTimeout), or its context ended (the client left, as the
+// fair queue's canceled; it was counted nowhere).
+func (m *admissionMetrics) gaveUp(err error) {
+	if errors.Is(err, ErrQueueTimeout) {
+		m.rejectedTimeout.Inc()
+	} else {
+		m.rejectedCancel.Inc()
+	}
 }
 
 func (m *admissionMetrics) admitted(boosted, queued bool) {

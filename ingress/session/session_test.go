@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 type clock struct {
@@ -404,6 +405,33 @@ func TestAdmissionMetrics(t *testing.T) {
 	} {
 		if got[key] != want {
 			t.Errorf("%s = %v, want %v (all: %v)", key, got[key], want, got)
+		}
+	}
+}
+
+// TestAdmissionMetricsCountCanceledWaiter: a waiter whose client leaves
+// (its context ends) is counted kvmesh_admission_rejected_total{reason=
+// "canceled"}, as the fair queue counts it; it left the queue counted
+// nowhere, so the queue's metrics could not account for its waiters
+// (tester h-cancel, F2).
+func TestAdmissionMetricsCountCanceledWaiter(t *testing.T) {
+	a := newAdmitter(t, AdmissionConfig{MaxConcurrent: 1, MaxWait: time.Minute})
+	hold, err := a.Acquire(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan result, 1)
+	acquireAsync(ctx, a, "w", "", out)
+	testutil.WaitFor(t, 5*time.Second, "one request queued", func() bool { _, _, n, _ := a.Stats(); return n == 1 })
+	cancel()
+	if res := <-out; !errors.Is(res.err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", res.err)
+	}
+	for reason, want := range map[string]float64{"canceled": 1, "timeout": 0, "queue_full": 0} {
+		if got := promtest.ToFloat64(a.metrics.rejectedVec.WithLabelValues(reason)); got != want {
+			t.Errorf("rejected_total{reason=%q} = %v, want %v", reason, got, want)
 		}
 	}
 }
