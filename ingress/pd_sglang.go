@@ -69,7 +69,13 @@ var errNoBootstrap = errors.New("request needs several bootstrap rooms")
 // over. Whichever of the two learns the other's outcome last settles the
 // decode engine's health account (settle).
 type sglangLeg struct {
-	w *watch // links the decode leg's upstream connection (unpooled)
+	// w links the decode leg's upstream connection: the request's client
+	// watcher (client true), whose attempt n the leg is, so a client that
+	// leaves cuts the leg as it cuts an aggregated attempt; or, when the
+	// client's connection cannot be watched, an unpooled legWatch.
+	w      *watch
+	n      uint64
+	client bool
 	// model is what both legs were sent (call.sentModel), read by the
 	// prefill goroutine to tell a 404 denying it from a verdict on the
 	// request (wrongmodel.go); set before the goroutine starts.
@@ -91,7 +97,8 @@ type sglangLeg struct {
 	// answered: the prefill leg has its answer (or failed): pw is released
 	// and no longer cut. dropped: the decode leg could not read the room
 	// and cut the prefill leg (its failure is not the engine's health's).
-	answered, dropped bool
+	// gone: the client left, and the prefill leg was cut for it.
+	answered, dropped, gone bool
 }
 
 // legResult is how a prefill leg ended.
@@ -131,7 +138,33 @@ func (l *sglangLeg) cutDecode(res legResult) {
 		return
 	}
 	l.cut = true
-	l.w.cancel()
+	if l.client {
+		l.w.expire(l.n) // not the client's departure: the request moves on
+	} else {
+		l.w.cancel()
+	}
+}
+
+// dropWatch ends the decode leg's link to its connection once its answer
+// is given up (not relayed: relaying releases the client watcher).
+func (l *sglangLeg) dropWatch(u *upstreams) {
+	if l.client {
+		l.w.release()
+	} else {
+		u.dropLegWatch(l.w)
+	}
+}
+
+// clientLeft cuts the prefill leg of a client that left, unless it has its
+// answer: SGLang aborts a request whose connection closes, freeing the
+// room the decode engine will not read.
+func (l *sglangLeg) clientLeft() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.answered {
+		l.gone = true
+		l.pw.cancel()
+	}
 }
 
 // close ends the link and reports whether the prefill leg cut the decode leg.
@@ -176,13 +209,21 @@ func (l *sglangLeg) prefillEnded(s *Server, res legResult) {
 }
 
 // prefillAnswered ends the prefill leg's link to its connection: from
-// here on the decode leg does not cut it.
-func (l *sglangLeg) prefillAnswered() (dropped bool) {
+// here on the decode leg does not cut it. cutFor is why the leg was cut,
+// if it was: failed_kv_transfer (its decode leg could not read the room)
+// or client_gone; neither is the engine's health's business.
+func (l *sglangLeg) prefillAnswered() (cutFor string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.answered = true
 	l.pw.release()
-	return l.dropped
+	switch {
+	case l.gone:
+		return "client_gone"
+	case l.dropped:
+		return "failed_kv_transfer"
+	}
+	return ""
 }
 
 // settle counts a decode failure against the decode engine when its
@@ -477,7 +518,20 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		p.legs.WithLabelValues("prefill", c.pd.result).Inc()
 		return false, false, false
 	}
-	leg := &sglangLeg{open: true, w: s.ups.legWatch(), pw: s.ups.legWatch(), prefill: pi.ID, bootstrap: net.JoinHostPort(host, strconv.Itoa(port))}
+	leg := &sglangLeg{open: true, pw: s.ups.legWatch(), prefill: pi.ID, bootstrap: net.JoinHostPort(host, strconv.Itoa(port))}
+	// The client watcher (clientwatch.go) carries the decode leg, as it
+	// carries an aggregated attempt: a client that leaves closes the
+	// decode engine's connection, which is how SGLang learns to abort
+	// (the answer used to be generated to its end and counted 200). Linked
+	// before the prefill leg starts, which may cut the decode leg at once.
+	if c.watch == nil {
+		c.watch = s.ups.startWatch(ctx)
+	}
+	if c.watch != nil {
+		leg.w, leg.n, leg.client = c.watch, c.watch.attempt(), true
+	} else {
+		leg.w = s.ups.legWatch()
+	}
 	leg.model, leg.adapter = c.sentModel()
 	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
 	c.pd.result = "concurrent"
@@ -530,7 +584,7 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 	up, err := s.ups.get(decode, url)
 	if err != nil {
 		leg.close()
-		s.ups.dropLegWatch(leg.w)
+		leg.dropWatch(s.ups)
 		return false, decodeFail{}
 	}
 	ureq := fasthttp.AcquireRequest()
@@ -552,16 +606,38 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 	up.total.Add(1)
 	err = up.hc.Do(ureq, resp)
 	cut := leg.close() // from here on the prefill leg cannot touch the connection
-	s.ups.dropLegWatch(leg.w)
+	if !leg.client {
+		s.ups.dropLegWatch(leg.w)
+	}
 	st := resp.StatusCode()
 	switch {
-	case err == nil && st == fasthttp.StatusOK && c.req.stream:
-		leg.transferred(p)
-		done, _ := c.startStream(ctx, up, resp)
-		return done, decodeFail{}
+	case c.watch.isCanceled():
+		// The client left, and its watcher cut the leg (or the answer,
+		// whichever came, goes nowhere): 499, as on the aggregated path,
+		// not a failure of the decode engine.
+		leg.clientLeft()
+		c.watch.release()
+		s.m.attempts.WithLabelValues("client_gone").Inc()
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		c.endAttempt(up)
+		c.clientGone(ctx)
+		return true, decodeFail{}
 	case err == nil && st == fasthttp.StatusOK:
 		leg.transferred(p)
-		done, _ := c.relayBufferedOK(ctx, up, resp)
+		var done bool
+		if c.req.stream {
+			done, _ = c.startStream(ctx, up, resp)
+		} else {
+			done, _ = c.relayBufferedOK(ctx, up, resp)
+		}
+		if !done && c.watch.isCanceled() {
+			// The client left while the answer was read (its watcher cut
+			// the leg): counted client_gone by attemptFailed.
+			leg.clientLeft()
+			c.clientGone(ctx)
+			return true, decodeFail{}
+		}
 		return done, decodeFail{}
 	case err == nil && !cut && st < 500 && st != fasthttp.StatusTooManyRequests && st != fasthttp.StatusUnauthorized:
 		buf, rerr := readAll(resp)
@@ -575,6 +651,9 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 		// served aggregated (sglangPair). Not counted as a failure besides.
 		bufPool.Put(buf)
 		s.m.attempts.WithLabelValues("wrong_model").Inc()
+		if leg.client {
+			c.watch.release()
+		}
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		c.endAttempt(up)
@@ -587,6 +666,9 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 		// loop.go: the decode "engine" is a kvmesh ingress: out of the
 		// ranking, and served aggregated on the next engine.
 		s.m.attempts.WithLabelValues(loopResult).Inc()
+		if leg.client {
+			c.watch.release()
+		}
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		c.endAttempt(up)
@@ -622,6 +704,9 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 		fail.decodeAtFault = s.noTransfer(p, leg, decode, noKV)
 	}
 	s.m.attempts.WithLabelValues(result).Inc()
+	if leg.client {
+		c.watch.release()
+	}
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	c.endAttempt(up)
@@ -661,10 +746,11 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	defer func() { up.inflight.Add(-1); up.prefill.Add(-charge) }()
 	defer s.ups.dropLegWatch(leg.pw)
 	if err := up.hc.Do(req, resp); err != nil {
-		if leg.prefillAnswered() {
+		if cutFor := leg.prefillAnswered(); cutFor != "" {
 			// The decode leg could not read the room and cut this leg
-			// (noTransfer): not the engine's health's business.
-			res.result = "failed_kv_transfer"
+			// (noTransfer), or the client left: not the engine's
+			// health's business.
+			res.result = cutFor
 			return
 		}
 		res.result = "failed_" + s.legFailure(up, err)
@@ -712,12 +798,12 @@ func (s *Server) sglangPrefill(p *pdState, leg *sglangLeg, up *upstream, g *pref
 	if r := resp.BodyStream(); r != nil {
 		_, err = io.Copy(io.Discard, io.LimitReader(r, maxUpstreamBody))
 	}
-	dropped := leg.prefillAnswered() // before the connection goes back to the pool
+	cutFor := leg.prefillAnswered() // before the connection goes back to the pool
 	_ = resp.CloseBodyStream()
 	if err != nil {
 		res.result = "failed_read_error"
-		if dropped {
-			res.result = "failed_kv_transfer"
+		if cutFor != "" {
+			res.result = cutFor
 		}
 		return
 	}

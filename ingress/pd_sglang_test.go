@@ -3,6 +3,7 @@ package ingress
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -895,5 +896,66 @@ func fillPrefillQueues(p *pdState, ids ...string) {
 			g.slots <- struct{}{}
 		}
 		g.waiting.Store(int64(p.cfg.PrefillQueue))
+	}
+}
+
+// TestSGLangClientGone: a client that leaves a non-streamed SGLang P/D
+// request cuts its legs, as it cuts an aggregated request: the decode
+// engine's connection is closed and it aborts the answer, a prefill leg
+// still running is cut too (its engine aborts it and it counts
+// client_gone), and the request is counted and logged 499. The decode leg
+// used to be linked to no client watcher: the engine generated the whole
+// answer and the ingress counted it 200 (tester h-cancel, F1).
+func TestSGLangClientGone(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		during  string  // "decode": the client leaves as the answer is generated; "prefill": while the prompt is
+		scale   float64 // the simulators' TimeScale
+		words   int     // prompt words
+		maxToks int
+	}{
+		{name: "decode", during: "decode", scale: 1, words: 20, maxToks: 4000},
+		{name: "prefill", during: "prefill", scale: 0.002, words: 3000, maxToks: 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, s := startSGLangCluster(t, sim.Config{TimeScale: tc.scale, Seed: 1}, 1, 1)
+			p, d := cl.Prefill[0], cl.Decode[0]
+			conn := dialIngress(t, s)
+			body := `{"model":"m","prompt":"gone ` + strings.Repeat("word ", tc.words) + `","max_tokens":` + strconv.Itoa(tc.maxToks) + `}`
+			if _, err := fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+				t.Fatal(err)
+			}
+			if tc.during == "decode" {
+				testutil.WaitFor(t, 30*time.Second, "the decode engine generating", func() bool { return d.Load(0).GenerationTokens > 0 })
+			} else {
+				testutil.WaitFor(t, 30*time.Second, "the prefill leg running", func() bool { return p.Load(0).Running == 1 })
+			}
+			_ = conn.Close()
+			testutil.WaitFor(t, 30*time.Second, "the request counted 499", func() bool {
+				return val(s.m.requests.WithLabelValues("completions", "499")) == 1
+			})
+			testutil.WaitFor(t, 30*time.Second, "both engines idle", func() bool {
+				return d.Load(0).Running == 0 && p.Load(0).Running == 0 && p.Load(0).Waiting == 0
+			})
+			waitSettled(t, s)
+			if got := val(s.m.requests.WithLabelValues("completions", "200")); got != 0 {
+				t.Fatalf("%v requests counted 200 for a client that left", got)
+			}
+			if l := d.Load(0); l.Finished != 0 || l.GenerationTokens >= uint64(tc.maxToks) {
+				t.Fatalf("decode engine finished %d requests, %d tokens: the answer ran to its end", l.Finished, l.GenerationTokens)
+			}
+			if got := val(s.m.attempts.WithLabelValues("client_gone")); got != 1 {
+				t.Fatalf("attempts{client_gone} = %v, want 1", got)
+			}
+			if tc.during == "prefill" {
+				if l := p.Load(0); l.Finished != 0 {
+					t.Fatalf("prefill engine finished %d legs: the leg was not cut", l.Finished)
+				}
+				legs := s.pdInit().legs
+				testutil.WaitFor(t, 10*time.Second, "the prefill leg counted client_gone", func() bool {
+					return val(legs.WithLabelValues("prefill", "client_gone")) == 1
+				})
+			}
+		})
 	}
 }
