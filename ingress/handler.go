@@ -490,14 +490,19 @@ func (c *call) admit(ctx *fasthttp.RequestCtx) error {
 		// no engine's /tokenize answer; token ids are their own count) the
 		// count is an estimate, about 4 bytes a token, and the refusal
 		// says so rather than state it as the engine's count.
-		// An estimate is held to estimateSlack × the limit: no tokenizer
-		// averages 16 bytes a token, but code's runs of spaces go well past
-		// 4, so a prompt the engine would take is not refused on a guess;
-		// the engine refuses what it cannot hold.
+		// An estimate is held to estimateSlack × the engines' context: no
+		// tokenizer averages 16 bytes a token, but code's runs of spaces go
+		// well past 4, so a prompt the engine would take is not refused on
+		// a guess; the engine refuses what it cannot hold. The operator's
+		// MaxPromptTokens has no slack: no engine enforces it, so the
+		// estimate is all the ingress has to hold it to.
 		has, est, over := "has", "", lim
 		if c.tokens == nil && (c.ep == epOther || c.req.kind != promptIDs) {
 			has, est = "has about", " (an estimate: the ingress did not get the engine's tokens for it)"
 			over = lim * estimateSlack
+			if cp := s.cfg.MaxPromptTokens; cp > 0 {
+				over = min(over, cp)
+			}
 		}
 		if c.longest > over {
 			return promptTooLong(c.ep, "the maximum context length is %d tokens, and prompt[%d] %s %d prompt tokens%s", lim, c.longestAt, has, c.longest, est)
@@ -557,7 +562,8 @@ func (c *call) refreshCandidates() error {
 // candidate holds both, the longest context's (its refusal says the most
 // the model can give). When none holds the prompt the
 // prompt limit refused the request already (admit), unless no engine
-// reports a context.
+// reports a context or the prompt's count is an estimate within
+// estimateSlack of the context (the engine then refuses it).
 func (c *call) fitContext() {
 	n := c.longest // a batch's longest prompt
 	if n == 0 {

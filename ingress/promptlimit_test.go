@@ -148,3 +148,45 @@ func TestPromptGoesToAnEngineWhoseContextHoldsIt(t *testing.T) {
 		}
 	}
 }
+
+// An estimated count (no tokenizer for the model, no engine's /tokenize
+// answer: about 4 bytes a token) over the engines' context but within
+// estimateSlack of it goes to the engine, which counts it: 1,000 bytes may be
+// 125 tokens of a tokenizer that merges long runs, and the ingress does not
+// refuse on a guess. The operator's maxPromptTokens has no slack: no engine
+// enforces it, so an estimate past it is refused (tester h-reg6 F2: a cap of
+// 1,000 let a prompt the engine counted 14,999 tokens through).
+func TestEstimatedPromptLimit(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	mid := strings.Repeat("x", 1000) // about 250 tokens estimated
+	bodies := map[string]string{
+		`{"model":"m","prompt":"` + mid + `"}`:                               "/v1/completions",
+		`{"model":"m","prompt":["` + mid + `","y"]}`:                         "/v1/completions",
+		`{"model":"m","messages":[{"role":"user","content":"` + mid + `"}]}`: "/v1/chat/completions",
+	}
+	for _, tc := range []struct {
+		name          string
+		maxLen, limit int
+		refused       bool
+	}{
+		{"the engines' context of 100: within the slack", 100, 0, false},
+		{"the operator's cap of 100: no slack", 0, 100, true},
+		{"a cap of 100 below a context of 1000", 1000, 100, true},
+		{"the engines' context of 50: past the slack", 50, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()})
+			cfg.MaxPromptTokens = tc.limit
+			s := startIngress(t, cfg, Deps{Membership: contextMembership{url: fe.url(), maxLen: tc.maxLen}})
+			for body, path := range bodies {
+				st, _, b := post(t, http.DefaultClient, "http://"+s.Addr()+path, body)
+				if tc.refused && (st != 400 || !strings.Contains(string(b), "has about")) {
+					t.Errorf("%s: %d %s; want 400 context_length_exceeded on the estimate", body[:40], st, b)
+				}
+				if !tc.refused && st != 200 {
+					t.Errorf("%s: %d %s; want the engine's 200", body[:40], st, b)
+				}
+			}
+		})
+	}
+}
