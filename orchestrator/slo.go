@@ -222,7 +222,7 @@ func sloCondition(pc *policyConds, slo *v1alpha1.SLOTarget, in *autoscale.SLOObs
 	msg := fmt.Sprintf("TTFT p90 %.0f ms (target %d), TPOT p90 %.1f ms (target %d), %.0f prompt tokens/s, %.0f running streams",
 		in.MeasuredTTFT*1000, slo.TTFTMilliseconds, in.MeasuredTPOT*1000, slo.TPOTMilliseconds, in.PromptTokensPerSecond, in.RunningStreams)
 	if res.Aggregated {
-		msg += "; aggregated on decode: prefill sized 0"
+		msg += "; the load fits aggregateBelow: the SLO sizes prefill 0 (aggregated on decode; its bounds, windows and cool-down decide the replicas)"
 	}
 	if res.AtRisk {
 		pc.set(v1alpha1.ConditionSLOAtRisk, metav1.ConditionTrue, "LatencyAboveTarget", msg)

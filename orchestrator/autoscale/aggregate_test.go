@@ -139,3 +139,17 @@ func TestValidateAggregateBelow(t *testing.T) {
 		}
 	}
 }
+
+// A prefill role held above zero while the sizing says 0 (its min of 1, or
+// the cool-down after a scale-up) does not say it is aggregated: it is not
+// (tester h-reg6 F4).
+func TestAggregatedReasonOnlyAtZero(t *testing.T) {
+	now := time.Unix(1000, 0)
+	obs := map[string]Observation{"prefill": {Current: 1}, "decode": {Current: 1}}
+	a := aggregatePolicy(t)
+	a.p.Roles["prefill"] = RolePolicy{Bounds: Bounds{1, 4}}
+	res := a.Step(now, obs, &SLOObservation{PromptTokensPerSecond: 4000, RunningStreams: 12})
+	if p := res.Roles["prefill"]; !res.SLO.Aggregated || p.Desired != 1 || strings.Contains(p.Reason, "aggregated") {
+		t.Errorf("prefill min 1: aggregated %v, %+v; want desired 1 and no aggregation in the reason", res.SLO.Aggregated, p)
+	}
+}

@@ -162,7 +162,9 @@ func (a *Autoscaler) StepWithin(now time.Time, obs map[string]Observation, slo *
 			continue
 		}
 		d := a.stepRole(now, name, rp, o.Current, demand, &res)
-		if sized != nil && sized.Aggregated && name == a.p.SLOPrefill {
+		if sized != nil && sized.Aggregated && name == a.p.SLOPrefill && d.Desired == 0 {
+			// Only when it is at zero: a min above 0, a cool-down or the
+			// stable window may hold it up while the sizing says 0.
 			d.Reason += "; " + aggregatedReason
 		}
 		res.Roles[name] = d
