@@ -652,12 +652,18 @@ func (c *call) streamBroke(up *upstream) {
 	c.s.health.observe(up, "stream_error")
 }
 
+// clientClosedStatus is the 499's reason phrase.
+var clientClosedStatus = []byte("Client Closed Request")
+
 // clientGone ends a request whose client went away before its answer; the
 // status is recorded, nothing can be written.
 func (c *call) clientGone(ctx *fasthttp.RequestCtx) {
 	c.status = 499
 	c.errMsg = "client closed the connection"
 	ctx.SetStatusCode(499)
+	// nginx's name for it: a client that only shut its sending side may
+	// still read this line (fasthttp would say "Unknown Status Code").
+	ctx.Response.Header.SetStatusMessage(clientClosedStatus)
 	ctx.SetConnectionClose()
 	c.finish()
 }
