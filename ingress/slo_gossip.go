@@ -220,19 +220,29 @@ func (r *SLORecorder) engine(id string) *sloEngine {
 	return e
 }
 
-// observeCall records a finished streamed request (the hook in finish).
-// TPOT is the time after the first token over the tokens after it.
+// observeCall records a finished request (the hook in finish): a streamed
+// one's TTFT, TPOT (the time after the first token over the tokens after
+// it) and prompt tokens; a non-streamed answer's prompt tokens only, since
+// it has no first-token time of its own but its prompt was prefilled all
+// the same (the SLO mode sizes prefill from the prompt tokens/s: without
+// them a non-streamed load read as none, tester h-orchagg F3).
 func (r *SLORecorder) observeCall(c *call, total time.Duration) {
-	if !c.req.stream || c.ttft <= 0 {
-		return // a non-streamed answer has no first-token time of its own
+	prefill := c.pd.prefill
+	if prefill == "" {
+		prefill = c.engine
+	}
+	if !c.req.stream {
+		if c.status == 200 {
+			r.Observe(prefill, c.engine, 0, 0, c.promptTokens)
+		}
+		return
+	}
+	if c.ttft <= 0 {
+		return
 	}
 	var tpot time.Duration
 	if c.outTokens > 1 && total > c.ttft {
 		tpot = (total - c.ttft) / time.Duration(c.outTokens-1)
-	}
-	prefill := c.pd.prefill
-	if prefill == "" {
-		prefill = c.engine
 	}
 	r.Observe(prefill, c.engine, c.ttft, tpot, c.promptTokens)
 }

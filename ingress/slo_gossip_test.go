@@ -161,8 +161,8 @@ func BenchmarkSLOObserve(b *testing.B) {
 
 // TestSLOHookRecordsStreamedRequests: through a real ingress on loopback,
 // a streamed request is recorded on its engine (TTFT, TPOT over its 4
-// tokens, its 3 prompt tokens); a non-streamed one is not (its first byte
-// is its last).
+// tokens, its 3 prompt tokens); a non-streamed one only by its 3 prompt
+// tokens (its first byte is its last, but its prompt is load).
 func TestSLOHookRecordsStreamedRequests(t *testing.T) {
 	fe := startFaultEngine(t, faultOK)
 	cfg := testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()})
@@ -189,7 +189,7 @@ func TestSLOHookRecordsStreamedRequests(t *testing.T) {
 		t.Fatalf("summary %+v", sum)
 	}
 	e := sum.Engines[0]
-	if e.ID != "e1" || e.TTFTN != 1 || e.TPOTN != 1 || e.PromptTokens != 3 || e.TTFT <= 0 || e.TPOT <= 0 {
+	if e.ID != "e1" || e.TTFTN != 1 || e.TPOTN != 1 || e.PromptTokens != 6 || e.TTFT <= 0 || e.TPOT <= 0 {
 		t.Errorf("engine summary %+v", e)
 	}
 }
