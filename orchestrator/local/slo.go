@@ -53,6 +53,13 @@ func (s *sloScraper) observe(ctx context.Context, now time.Time, md *v1alpha1.Mo
 	var ttft, itl histogram
 	seen := false
 	cur := map[string]engineSample{}
+	// With aggregateBelow and no prefill engine, every request is served
+	// whole on a decode engine: its prompt tokens and TTFT are the prefill
+	// load, which the prefill engines alone would read as none. (While a
+	// prefill engine runs, a decode engine's counters also hold the
+	// prompts of the disaggregated requests it decoded, so they are not
+	// added then.)
+	aggregated := slo.AggregateBelow > 0 && len(b.Replicas(md.Name, slo.PrefillRole)) == 0
 	for _, role := range []string{slo.PrefillRole, slo.DecodeRole} {
 		for _, id := range b.Replicas(md.Name, role) {
 			url := s.urlOf(b, id)
@@ -70,7 +77,7 @@ func (s *sloScraper) observe(ctx context.Context, now time.Time, md *v1alpha1.Mo
 				continue
 			}
 			seen = true
-			if role == slo.PrefillRole {
+			if role == slo.PrefillRole || aggregated {
 				dt := smp.at.Sub(p.at).Seconds()
 				o.PromptTokensPerSecond += max(smp.promptTokens-p.promptTokens, 0) / dt
 				ttft = ttft.add(smp.ttft.sub(p.ttft))

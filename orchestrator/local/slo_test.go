@@ -118,3 +118,56 @@ func (l sharingLoad) AppStates(name string) map[string][]byte {
 	}
 	return nil
 }
+
+// With aggregateBelow and the prefill role at zero, every request is served
+// whole on a decode engine, so the decode engines' prompt tokens are the
+// prefill load (tester h-orchagg F1: the local backend read none, and a
+// prefill role the load needed stayed at zero); without aggregateBelow, or
+// with a prefill engine running, they are not added.
+func TestSLOScraperAggregatedReadsDecodeEngines(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := sim.Start(ctx, sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", TimeScale: 1, Seed: 1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	md := &v1alpha1.ModelDeployment{}
+	md.Name = "x"
+	for _, tc := range []struct {
+		name      string
+		aggregate float64
+		b         stubBackend
+		want      float64
+	}{
+		{"aggregated, no prefill engine", 0.8, stubBackend{"decode": {"d0": s.URL()}}, 2 * 256 / 2.0},
+		{"no aggregateBelow", 0, stubBackend{"decode": {"d0": s.URL()}}, 0},
+		{"a prefill engine runs", 0.8, stubBackend{"prefill": {"p0": "http://127.0.0.1:1"}, "decode": {"d0": s.URL()}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ap := &v1alpha1.AutoscalingPolicy{Spec: v1alpha1.AutoscalingPolicySpec{SLO: &v1alpha1.SLOTarget{
+				PrefillRole: "prefill", DecodeRole: "decode", AggregateBelow: tc.aggregate}}}
+			sc := newSLOScraper()
+			t0 := time.Now()
+			sc.observe(ctx, t0, md, ap, tc.b, stubLoad{})
+			for i := range 2 {
+				prompt := strings.Repeat(fmt.Sprintf("%d,", 200+i), 255) + "7"
+				resp, err := http.Post(s.URL()+"/v1/completions", "application/json",
+					strings.NewReader(`{"model":"m","max_tokens":4,"prompt":[`+prompt+`]}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			o := sc.observe(ctx, t0.Add(2*time.Second), md, ap, tc.b, stubLoad{})
+			if o == nil {
+				t.Fatal("no observation after an interval")
+			}
+			if o.PromptTokensPerSecond != tc.want {
+				t.Errorf("prompt tokens/s %v, want %v", o.PromptTokensPerSecond, tc.want)
+			}
+		})
+	}
+}
