@@ -2,19 +2,12 @@ package sidecar_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
-	"github.com/kvmesh/kvmesh/kvevents/kvtest"
-	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
-
-	"github.com/kvmesh/kvmesh/sidecar"
 )
 
 // One flush of thousands of one-key ops (a busy engine's history of
@@ -26,35 +19,8 @@ import (
 // published (h-dp F2). The deltas, applied in order, give the sidecar's own
 // key set, and follow each other in sequence.
 func TestManyOpsSplitIntoDecodableDeltas(t *testing.T) {
-	srv := testutil.NATS(t)
-	pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	deltas, err := nc.SubscribeSync(natsutil.DeltaWildcard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := deltas.SetPendingLimits(-1, -1); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	cfg := sidecar.DefaultConfig()
-	cfg.IdleProbe = 20 * time.Millisecond
-	cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: pub.Endpoint(), Replay: pub.ReplayEndpoint(), MetricsURL: "-"}}
-	cfg.NATS.URLs = []string{srv.URL()}
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s := meshtest.StartSidecar(t, cfg)
-	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
+	r := startDeltaRig(t)
+	pub, nc, deltas, s := r.pub, r.nc, r.deltas, r.s
 
 	// One batch, so one flush: block i stored on the GPU, every other one
 	// offloaded to the CPU too, and block i-1 evicted from the GPU.

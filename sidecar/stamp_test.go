@@ -2,19 +2,10 @@ package sidecar_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/kvmesh/kvmesh/internal/natsutil"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
-	"github.com/kvmesh/kvmesh/kvevents/kvtest"
-	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
-
-	"github.com/kvmesh/kvmesh/sidecar"
 )
 
 // A delta with no engine batch behind it (here the clear of an idle
@@ -24,32 +15,8 @@ import (
 // lag gauge stayed there (h-kvev finding 1). A delta of engine batches
 // keeps the newest batch's stamp.
 func TestDeltaWithoutBatchIsStampedNow(t *testing.T) {
-	srv := testutil.NATS(t)
-	pub, err := kvtest.NewPublisher(kvtest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	deltas, err := nc.SubscribeSync(natsutil.DeltaWildcard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	cfg := sidecar.DefaultConfig()
-	cfg.IdleProbe = 20 * time.Millisecond
-	cfg.Engines = []sidecar.EngineConfig{{ID: "e1", Model: "m", Events: pub.Endpoint(), Replay: pub.ReplayEndpoint(), MetricsURL: "-"}}
-	cfg.NATS.URLs = []string{srv.URL()}
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s := meshtest.StartSidecar(t, cfg)
-	testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
+	r := startDeltaRig(t)
+	pub, deltas := r.pub, r.deltas
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
