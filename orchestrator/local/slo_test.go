@@ -49,12 +49,7 @@ func (l stubLoad) Engines() []gossip.EngineView { return l }
 func TestSLOScraperReadsEngines(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := sim.Start(ctx, sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", TimeScale: 1, Seed: 1,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startSLOSim(t, ctx)
 	b := stubBackend{"prefill": {"p0": s.URL()}, "decode": {"d0": s.URL()}}
 	load := stubLoad{{EngineState: gossip.EngineState{ID: "d0", Running: 5}}}
 	md := &v1alpha1.ModelDeployment{}
@@ -65,19 +60,7 @@ func TestSLOScraperReadsEngines(t *testing.T) {
 	if o := sc.observe(ctx, t0, md, ap, b, load); o != nil {
 		t.Fatalf("first step has no interval, got %+v", o)
 	}
-	for i := range 4 {
-		prompt := strings.Repeat(fmt.Sprintf("%d,", 100+i), 255) + "7"
-		resp, err := http.Post(s.URL()+"/v1/completions", "application/json",
-			strings.NewReader(`{"model":"m","max_tokens":8,"prompt":[`+prompt+`]}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("completion: %s", resp.Status)
-		}
-	}
+	complete(t, s.URL(), 4, 100, 8)
 	o := sc.observe(ctx, t0.Add(2*time.Second), md, ap, b, load)
 	if o == nil {
 		t.Fatal("no observation after an interval")
@@ -127,12 +110,7 @@ func (l sharingLoad) AppStates(name string) map[string][]byte {
 func TestSLOScraperAggregatedReadsDecodeEngines(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := sim.Start(ctx, sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", TimeScale: 1, Seed: 1,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startSLOSim(t, ctx)
 	md := &v1alpha1.ModelDeployment{}
 	md.Name = "x"
 	for _, tc := range []struct {
@@ -151,16 +129,7 @@ func TestSLOScraperAggregatedReadsDecodeEngines(t *testing.T) {
 			sc := newSLOScraper()
 			t0 := time.Now()
 			sc.observe(ctx, t0, md, ap, tc.b, stubLoad{})
-			for i := range 2 {
-				prompt := strings.Repeat(fmt.Sprintf("%d,", 200+i), 255) + "7"
-				resp, err := http.Post(s.URL()+"/v1/completions", "application/json",
-					strings.NewReader(`{"model":"m","max_tokens":4,"prompt":[`+prompt+`]}`))
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
+			complete(t, s.URL(), 2, 200, 4)
 			o := sc.observe(ctx, t0.Add(2*time.Second), md, ap, tc.b, stubLoad{})
 			if o == nil {
 				t.Fatal("no observation after an interval")
@@ -169,5 +138,36 @@ func TestSLOScraperAggregatedReadsDecodeEngines(t *testing.T) {
 				t.Errorf("prompt tokens/s %v, want %v", o.PromptTokensPerSecond, tc.want)
 			}
 		})
+	}
+}
+
+// startSLOSim starts a real simulator (model m) until the test ends.
+func startSLOSim(t *testing.T, ctx context.Context) *sim.Server {
+	t.Helper()
+	s, err := sim.Start(ctx, sim.Config{Model: "m", HTTPAddr: "127.0.0.1:0", TimeScale: 1, Seed: 1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// complete sends n completions of 256 prompt tokens each (token first+i
+// repeated, then 7) and max_tokens out to url.
+func complete(t *testing.T, url string, n, first, out int) {
+	t.Helper()
+	for i := range n {
+		prompt := strings.Repeat(fmt.Sprintf("%d,", first+i), 255) + "7"
+		resp, err := http.Post(url+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":"m","max_tokens":%d,"prompt":[%s]}`, out, prompt)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("completion: %s", resp.Status)
+		}
 	}
 }
