@@ -552,7 +552,11 @@ func (e *ejector) watchStalls(ctx context.Context, wg *sync.WaitGroup, now time.
 // engine leaves routing but keeps its requests, and the probes go on until
 // ProbeGrace. One answering then puts it back: slow, not hung. Both failed
 // (an error, or no answer within ProbeGrace): its requests still waiting
-// for a first byte are cut and move on now.
+// for a first byte are cut and move on now. A probe that failed for want
+// of the ingress's own resources (no socket: EMFILE and the like,
+// localErrno) was never sent and says nothing of the engine: then nothing
+// is cut and the engine is not ejected for it (the watch probes again
+// after StallAfter).
 func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream) {
 	pctx, cancel := context.WithTimeout(ctx, e.cfg.probeGrace())
 	defer cancel()
@@ -574,7 +578,7 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	start := time.Now()
 	slow := time.NewTimer(e.cfg.ProbeTimeout * 5 / 4)
 	defer slow.Stop()
-	var err error
+	var err, local error
 	pending, ok, out := 2, false, false
 	for pending > 0 && !ok {
 		select {
@@ -582,8 +586,8 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 			pending--
 			if ok = r == nil; ok {
 				close(answered)
-			} else {
-				err = r
+			} else if err = r; localErrno(r) != 0 {
+				local = r
 			}
 		case <-slow.C:
 			out = e.stallOut(ctx, h)
@@ -591,15 +595,21 @@ func (e *ejector) stallProbe(ctx context.Context, h *engineHealth, up *upstream)
 	}
 	cancel() // a probe still out has lost its point
 	for ; pending > 0; pending-- {
-		<-results
+		if r := <-results; r != nil && localErrno(r) != 0 {
+			local = r
+		}
 	}
 	now := time.Now()
 	h.mu.Lock()
 	h.probing = false
-	// Cut: both failed, and the engine is out by this probe's doing (out
-	// and still out), or not out at all (it failed fast: eject it now).
-	cut := !ok && !h.gone && ctx.Err() == nil && out == h.ejected.Load()
+	// Cut: both failed, for the engine (not the ingress's own resources),
+	// and the engine is out by this probe's doing (out and still out), or
+	// not out at all (it failed fast: eject it now).
+	cut := !ok && local == nil && !h.gone && ctx.Err() == nil && out == h.ejected.Load()
 	switch {
+	case !ok && local != nil:
+		e.log.Warn("stall probe of an engine failed for want of the ingress's own resources; not held against the engine",
+			"engine", h.id, "err", local)
 	case ok && out && h.ejected.Load() && !h.stalled && !h.identity:
 		e.restoreLocked(h, now, fmt.Sprintf("its stall probe answered after %v (slow, not hung)", now.Sub(start).Round(time.Millisecond)))
 	case cut && out:
@@ -640,7 +650,9 @@ func (e *ejector) stallOut(ctx context.Context, h *engineHealth) bool {
 // routes by (SGLang without --served-model-name lists its model path,
 // llama.cpp, a static engine's friendly name), and another engine that
 // took the address answers its first request with the wrong-model 404,
-// which fails over and ejects it for a wrong model.
+// which fails over and ejects it for a wrong model. A probe that failed
+// for want of the ingress's own resources (localErrno) is no verdict: the
+// engine is probed again after EjectionTime, its backoff not grown.
 func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	err := e.get1(ctx, url+e.cfg.ProbePath)
 	var other []string
@@ -656,6 +668,13 @@ func (e *ejector) probe(ctx context.Context, h *engineHealth, url string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.probing = false
+	if err != nil && localErrno(err) != 0 {
+		// Never sent (the ingress is out of descriptors, ports, buffers):
+		// not a failed probe, so the backoff does not grow and the engine
+		// is not marked dead; it is probed again after EjectionTime.
+		h.until = now.Add(e.cfg.EjectionTime)
+		return
+	}
 	if err != nil {
 		h.until = now.Add(e.bo.Delay(h.ejections))
 		h.ejections++
