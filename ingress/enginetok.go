@@ -43,7 +43,13 @@ import (
 // EngineTokenizeTimeout (an ordinary prompt): a larger one's time is the
 // prompt's, so one huge prompt (refused afterwards as too long, at no cost
 // to its sender) does not pause the model's engines for every other
-// client; that request goes unkeyed without asking another engine. Nor is
+// client; that request goes unkeyed without asking another engine. It
+// pauses only the model's prompts past the ordinary size: they do not ask
+// its engines for a backoff of their own that starts at slowBackoff and
+// doubles while it recurs (up to engineTokenizeOff), and a large prompt
+// tokenized resets it; so an engine whose /tokenize hangs costs large
+// prompts one timeout per pause, not each of them its whole allowance
+// (1 s a MiB), while ordinary prompts are still asked. Nor is
 // a call that failed for the ingress's own resources (a dial refused with
 // EMFILE and the like: localErrno), which every engine would fail the
 // same way. Only when two distinct engines of the
@@ -94,7 +100,8 @@ const (
 	tokSlow        tokFailure = iota // no answer within the timeout, or no connection: an engine under load
 	tokRefused                       // an answer with an error status or without tokens
 	tokUnsupported                   // 404, 405, 501: the engine has no /tokenize
-	tokOwn                           // no answer for a prompt past the ordinary size, or no connection for want of the ingress's own resources: neither the engine's fault
+	tokOwn                           // no connection for want of the ingress's own resources: not the engine's fault
+	tokLarge                         // no answer for a prompt past the ordinary size: pauses the model's large prompts only
 )
 
 // engineTok holds the fallback's state and series.
@@ -111,6 +118,12 @@ type tokModel struct {
 	off     atomic.Int64 // monotime reading until which the model's engines are not asked (0: never off)
 	fails   atomic.Int32 // answered failures in a row
 	backoff atomic.Int64 // the last pause after unanswered calls (0: none since a success)
+	// The pause of prompts past the ordinary size (tokenizeTimeout) after
+	// one went unanswered: such prompts do not ask the model's engines
+	// until largeOff (a monotime reading; 0: never paused); largeBackoff
+	// is the last such pause (0: none since a large prompt was tokenized).
+	largeOff     atomic.Int64
+	largeBackoff atomic.Int64
 
 	mu   sync.Mutex
 	slow map[string]time.Time // engine → until when it is not asked (it went unanswered)
@@ -163,12 +176,23 @@ func (et *engineTok) asking(model string) bool {
 }
 
 // succeeded resets the model's runs and backoff, and engine's, after a
-// tokenized prompt.
-func (et *engineTok) succeeded(model, engine string) {
+// tokenized prompt; a large one (past the ordinary size) also ends the
+// pause of large prompts and resets its backoff.
+func (et *engineTok) succeeded(model, engine string, large bool) {
 	tm := et.model(model)
 	tm.fails.Store(0)
 	tm.backoff.Store(0)
+	if large {
+		tm.largeBackoff.Store(0)
+		tm.largeOff.Store(0)
+	}
 	tm.answered(engine)
+}
+
+// askingLarge reports whether a prompt past the ordinary size may ask the
+// model's engines now (they are not in the pause of large prompts).
+func (tm *tokModel) askingLarge(now time.Time) bool {
+	return monotime.Of(now) >= tm.largeOff.Load()
 }
 
 // fail counts a failed ask for c's model and turns the fallback off for it
@@ -177,7 +201,8 @@ func (et *engineTok) succeeded(model, engine string) {
 // two engines of the model slow at once (a single slow engine is only kept
 // from being asked for slowEngineBackoff); one warning per turn off. A
 // tokOwn failure is only counted: it is neither the engine's nor the
-// model's.
+// model's. A tokLarge one pauses only the model's large prompts
+// (pauseLarge).
 func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 	tm := et.model(c.model)
 	var d time.Duration
@@ -187,8 +212,12 @@ func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 		d = engineTokenizeOff
 	case tokOwn:
 		et.failed.Inc()
-		c.s.log.Debug("engine /tokenize failed for the prompt's size or the ingress's own resources; not held against the engine",
+		c.s.log.Debug("engine /tokenize failed for the ingress's own resources; not held against the engine",
 			"model", c.model, "engine", engine, "why", why)
+		return
+	case tokLarge:
+		et.failed.Inc()
+		et.pauseLarge(c, tm, engine, why)
 		return
 	case tokRefused:
 		et.failed.Inc()
@@ -226,6 +255,27 @@ func (et *engineTok) fail(c *call, engine string, kind tokFailure, why any) {
 	}
 	c.s.log.Warn("the model's engines are not asked to tokenize for a while: requests the ingress cannot tokenize are routed by load, unkeyed",
 		"model", c.model, "engine", engine, "unsupported", kind == tokUnsupported, "unanswered", kind == tokSlow, "why", why, "retry_in", d)
+}
+
+// pauseLarge starts the pause of tm's prompts past the ordinary size
+// after one went unanswered: slowBackoff, doubling while it recurs, up to
+// engineTokenizeOff; one warning per pause. A call asked before the pause
+// began (a burst's others) changes nothing.
+func (et *engineTok) pauseLarge(c *call, tm *tokModel, engine string, why any) {
+	now := monotime.Of(et.now())
+	for {
+		old := tm.largeOff.Load()
+		if old > now {
+			return
+		}
+		d := min(max(2*time.Duration(tm.largeBackoff.Load()), slowBackoff), engineTokenizeOff)
+		if tm.largeOff.CompareAndSwap(old, now+int64(d)) {
+			tm.largeBackoff.Store(int64(d))
+			c.s.log.Warn("the model's engines are not asked to tokenize prompts past the ordinary size for a while: one went unanswered; such requests are routed by load, unkeyed, and ordinary prompts are still asked",
+				"model", c.model, "engine", engine, "why", why, "retry_in", d)
+			return
+		}
+	}
 }
 
 func newEngineTok(reg prometheus.Registerer, constLabels prometheus.Labels) *engineTok {
@@ -276,6 +326,9 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 		return dst, false
 	}
 	tm := et.model(c.model)
+	if _, ordinary := tokenizeTimeout(s.cfg.EngineTokenizeTimeout, len(body)); !ordinary && !tm.askingLarge(et.now()) {
+		return dst, false // large prompts are paused: one went unanswered
+	}
 	skip := -1 // an engine that went unanswered for this request
 	for range 2 {
 		// The least loaded engine of the model this replica may send to,
@@ -305,7 +358,9 @@ func (c *call) engineTokens(dst []uint32) ([]uint32, bool) {
 // askTokenize asks candidate at's /tokenize for body's tokens, appended to
 // dst; slow reports a call that went unanswered (a timeout, no connection)
 // for an ordinary prompt (tokenizeTimeout), not for the ingress's own
-// resources (localErrno): the engine was slow, another may answer.
+// resources (localErrno): the engine was slow, another may answer. One
+// unanswered for a larger prompt pauses the model's large prompts
+// (tokLarge).
 func (c *call) askTokenize(at int, dst []uint32, body []byte) (ids []uint32, ok, slow bool) {
 	s := c.s
 	et := s.etok
@@ -324,13 +379,12 @@ func (c *call) askTokenize(at int, dst []uint32, body []byte) (ids []uint32, ok,
 	req.SetBodyRaw(body)
 	timeout, ordinary := tokenizeTimeout(s.cfg.EngineTokenizeTimeout, len(body))
 	if err := up.hc.DoTimeout(req, resp, timeout); err != nil {
-		if errno := localErrno(err); errno != 0 || !ordinary {
-			if errno != 0 {
-				err = fmt.Errorf("no connection to engine %s for want of the ingress's own resources: %w", up.id, errno)
-			} else {
-				err = fmt.Errorf("no answer within %v for a %d-byte prompt: %w", timeout, len(body), err)
-			}
-			et.fail(c, up.id, tokOwn, err)
+		if errno := localErrno(err); errno != 0 {
+			et.fail(c, up.id, tokOwn, fmt.Errorf("no connection to engine %s for want of the ingress's own resources: %w", up.id, errno))
+			return dst, false, false
+		}
+		if !ordinary {
+			et.fail(c, up.id, tokLarge, fmt.Errorf("a %d-byte prompt (past the ordinary size) unanswered, timeout %v: %w", len(body), timeout, err))
 			return dst, false, false
 		}
 		et.fail(c, up.id, tokSlow, err)
@@ -349,7 +403,7 @@ func (c *call) askTokenize(at int, dst []uint32, body []byte) (ids []uint32, ok,
 		et.fail(c, up.id, tokRefused, "no token ids in the answer")
 		return dst, false, false
 	}
-	et.succeeded(c.model, up.id)
+	et.succeeded(c.model, up.id, !ordinary)
 	return ids, true, false
 }
 

@@ -64,7 +64,7 @@ func TestEngineTokenizeBackoffUnderLoad(t *testing.T) {
 	}
 	// A success resets the backoff.
 	clock = clock.Add(engineTokenizeOff)
-	et.succeeded("m", "e0")
+	et.succeeded("m", "e0", false)
 	et.fail(c, "e0", tokSlow, "fasthttp: timeout")
 	et.fail(c, "e1", tokSlow, "fasthttp: timeout")
 	if offFor() != slowBackoff {
@@ -125,7 +125,7 @@ func TestEngineTokenizeOneSlowEngineKeepsTheModel(t *testing.T) {
 	}
 	// Its backoff over, it fails again; then an answer ends it.
 	et.fail(c, "hung", tokSlow, "fasthttp: timeout")
-	et.succeeded("m", "hung")
+	et.succeeded("m", "hung", false)
 	if tm.slowEngine("hung", clock) {
 		t.Fatal("an answer did not end the engine's backoff")
 	}
@@ -138,7 +138,7 @@ func TestEngineTokenizeOneSlowEngineKeepsTheModel(t *testing.T) {
 	}
 	// Two engines slow one after the other (the first's backoff over): no pause.
 	clock = clock.Add(engineTokenizeOff)
-	et.succeeded("m", "e")
+	et.succeeded("m", "e", false)
 	et.fail(c, "hung", tokSlow, "fasthttp: timeout")
 	clock = clock.Add(slowEngineBackoff)
 	et.fail(c, "e", tokSlow, "fasthttp: timeout")

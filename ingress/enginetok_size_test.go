@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"os"
@@ -17,7 +18,9 @@ import (
 // unanswered for a prompt past the ordinary size (its own allowance,
 // tokenizePerKiB, over EngineTokenizeTimeout) is the prompt's time, not the
 // engines': the request goes unkeyed without asking another engine, no
-// engine is put in its backoff and the model's engines are still asked.
+// engine is put in its backoff and the model's engines are still asked
+// for ordinary prompts (the huge prompts that follow are not:
+// TestEngineTokenizeLargePromptsPause).
 // An ordinary prompt that goes unanswered on both engines still pauses the
 // model. Before, one 2 MB prompt (refused afterwards as too long) timed out
 // on two engines and turned the fallback off for the whole model, for
@@ -51,8 +54,8 @@ func TestEngineTokenizeHugePromptKeepsTheModel(t *testing.T) {
 		if st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":1,"prompt":"`+huge+`"}`); st != http.StatusOK {
 			t.Fatalf("huge prompt %d: status %d: %.200s", i, st, b)
 		}
-		if n := asked(); n != int64(i+1) {
-			t.Fatalf("after %d huge prompts /tokenize was asked %d times, want %d: a huge prompt's timeout asked another engine", i+1, n, i+1)
+		if n := asked(); n != 1 {
+			t.Fatalf("after %d huge prompts /tokenize was asked %d times, want 1: a huge prompt's timeout asked another engine, or the next huge prompt asked again", i+1, n)
 		}
 		if !s.etok.asking("m") || inBackoff() != 0 {
 			t.Fatalf("after huge prompt %d: model asked %v, %d engines in backoff; want asked, none", i, s.etok.asking("m"), inBackoff())
@@ -65,8 +68,74 @@ func TestEngineTokenizeHugePromptKeepsTheModel(t *testing.T) {
 	if st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", `{"model":"m","max_tokens":1,"prompt":"an ordinary prompt"}`); st != http.StatusOK {
 		t.Fatalf("ordinary prompt: status %d: %.200s", st, b)
 	}
-	if n := asked(); n != 5 || s.etok.asking("m") {
-		t.Fatalf("an ordinary prompt unanswered: /tokenize asked %d times in all, model asked %v; want 5 (both engines), paused", n, s.etok.asking("m"))
+	if n := asked(); n != 3 || s.etok.asking("m") {
+		t.Fatalf("an ordinary prompt unanswered: /tokenize asked %d times in all, model asked %v; want 3 (both engines), paused", n, s.etok.asking("m"))
+	}
+}
+
+// TestEngineTokenizeLargePromptsPause: when an engine's /tokenize hangs,
+// prompts past the ordinary size pay its timeout (EngineTokenizeTimeout
+// plus 1 ms a KiB) once per pause, not each of them: after one goes
+// unanswered, large prompts do not ask the model's engines for
+// slowBackoff, doubling while it recurs, while ordinary prompts are still
+// asked; a large prompt tokenized ends the pause and resets its backoff,
+// an ordinary one does not. Before, every large prompt waited the whole
+// allowance (a 1.5 MB prompt 1.72 s, every time; tester h-reg6 F1). The
+// ingress's clock for the fallback is the test's (et.now).
+func TestEngineTokenizeLargePromptsPause(t *testing.T) {
+	fa := startFaultEngine(t, faultOK)
+	pa, asked := hungTokenizeProxy(t, fa.url())
+	cfg := testConfig(StaticEngine{ID: "a", Model: "m", URL: pa.URL})
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Scheduler.Policy = "kvmesh"
+	cfg.EngineTokenizeTimeout = 50 * time.Millisecond
+	s, err := New(cfg, Deps{Logger: quietLog(), AccessLog: quietLog(), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now()
+	var advanced atomic.Int64
+	s.etok.now = func() time.Time { return base.Add(time.Duration(advanced.Load())) } // before Start: no request races it
+	advance := func(d time.Duration) { advanced.Add(int64(d)) }
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	client := &http.Client{Timeout: time.Minute}
+	huge := `{"model":"m","max_tokens":1,"prompt":"` + strings.Repeat("the quick brown fox ", 10_000) + `"}` // 200 kB: past the ordinary size at 50 ms
+	send := func(what, body string, wantAsked int64) {
+		t.Helper()
+		if st, _, b := post(t, client, "http://"+s.Addr()+"/v1/completions", body); st != http.StatusOK {
+			t.Fatalf("%s: status %d: %.200s", what, st, b)
+		}
+		if n := asked.Load(); n != wantAsked {
+			t.Fatalf("%s: /tokenize asked %d times in all, want %d", what, n, wantAsked)
+		}
+	}
+	send("the first large prompt", huge, 1)
+	send("a large prompt in the pause", huge, 1)
+	send("another large prompt in the pause", huge, 1)
+	send("an ordinary prompt in the pause", `{"model":"m","max_tokens":1,"prompt":"an ordinary prompt"}`, 2)
+	advance(slowBackoff) // the large prompts' pause and the engine's own (the ordinary prompt's timeout) are over
+	send("a large prompt after the pause", huge, 3)
+	advance(slowBackoff)
+	send("a large prompt in the second pause (twice as long)", huge, 3)
+	advance(slowBackoff)
+	send("a large prompt after the second pause", huge, 4)
+	tm := s.etok.model("m")
+	if d := time.Duration(tm.largeBackoff.Load()); d != 4*slowBackoff {
+		t.Fatalf("the third pause is %v, want %v", d, 4*slowBackoff)
+	}
+	if !s.etok.asking("m") {
+		t.Fatal("the model's engines are not asked for ordinary prompts")
+	}
+	s.etok.succeeded("m", "a", false)
+	if tm.askingLarge(s.etok.now()) || tm.largeBackoff.Load() == 0 {
+		t.Fatal("an ordinary prompt tokenized ended the large prompts' pause")
+	}
+	s.etok.succeeded("m", "a", true)
+	if !tm.askingLarge(s.etok.now()) || tm.largeBackoff.Load() != 0 {
+		t.Fatal("a large prompt tokenized did not end the large prompts' pause and reset its backoff")
 	}
 }
 
