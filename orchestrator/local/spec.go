@@ -226,6 +226,12 @@ func (s *Spec) validate(docErrs bool) []error {
 		targets[md.Name] = true
 		before := len(errs)
 		errs = append(errs, policyProblems(&ap, md)...)
+		if sl := ap.Spec.SLO; sl != nil && sl.AggregateBelow > 0 && md.Spec.Engine == v1alpha1.EngineSGLang {
+			// As the controller refuses it: an SGLang decode server takes a
+			// request only with a prefill server's bootstrap.
+			add("AutoscalingPolicy %q: slo.aggregateBelow %v on ModelDeployment %q, which runs sglang, whose decode servers "+
+				"cannot serve whole requests, so the prefill role cannot go to zero; remove aggregateBelow", ap.Name, sl.AggregateBelow, md.Name)
+		}
 		if len(errs) == before { // what autoscale refuses beyond the above (named there already)
 			p := policyFromSpec(&ap.Spec)
 			if err := p.Validate(); err != nil {

@@ -69,6 +69,9 @@ func TestParseSpec(t *testing.T) {
 		{"invalid route", pdSpec + strings.Replace(routeDoc, "{model: kvmesh-sim}", "{model: kvmesh-sim, weight: 0}", 1), `ModelRoute "chat"`},
 		{"route twice", pdSpec + routeDoc + routeDoc, `ModelRoute "chat" twice`},
 		{"route field", pdSpec + strings.Replace(routeDoc, "match:", "matches:", 1), "matches"},
+		{"aggregateBelow on sglang", strings.Replace(strings.Replace(pdSpec, "engine: vllm", "engine: sglang", 1),
+			"  ratio:", "  slo: {prefillRole: prefill, decodeRole: decode, ttftMilliseconds: 2000, tpotMilliseconds: 50, aggregateBelow: 0.8}\n  ratio:", 1),
+			`slo.aggregateBelow 0.8 on ModelDeployment "demo", which runs sglang`},
 		{"decode can stay at zero", strings.Replace(strings.Replace(pdSpec, "{name: decode, minReplicas: 1", "{name: decode, minReplicas: 0", 1),
 			"  ratio: {numeratorRole: prefill, denominatorRole: decode, minRatio: 0.5, maxRatio: 2}\n", "", 1), `role decode: minReplicas 0`},
 	}
