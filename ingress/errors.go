@@ -231,6 +231,9 @@ func writeErrorShape(ctx *fasthttp.RequestCtx, err error, messages bool) *apiErr
 	ae := toAPIError(err)
 	ctx.Response.Reset()
 	ctx.SetStatusCode(ae.status)
+	if ae.status == StatusClientClosed {
+		ctx.Response.Header.SetStatusMessage(clientClosedStatus) // proxy.go
+	}
 	ctx.SetContentType("application/json")
 	if ae.retryAfter > 0 {
 		secs := int64((ae.retryAfter + time.Second - 1) / time.Second)
