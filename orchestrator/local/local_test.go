@@ -420,7 +420,15 @@ func TestLocalSpecEdits(t *testing.T) {
 		return !inMesh && !alive(extra[0]) && !alive(extra[1])
 	})
 
-	// The model changed: every replica rolls to it.
+	// The model changed: every replica rolls to it. The roll is watched
+	// from both decode replicas ready: one that is not (a scrape missed on
+	// a starved machine, CI once: [0 0 0 0 1 ...]) is replaced at once, as
+	// a Deployment replaces an unavailable pod first, which is not what
+	// this checks.
+	testutil.WaitFor(t, time.Minute, "status: decode 2 ready before the roll", func() bool {
+		d, _ := o.Status().Role("demo", "decode")
+		return d.Ready == 2
+	})
 	before := map[string]int{}
 	for _, r := range o.sup.Snapshot() {
 		before[r.ID] = r.SimPID
