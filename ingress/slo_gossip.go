@@ -53,8 +53,9 @@ type SLOConfig struct {
 	Windows int
 	// MaxEngines bounds the engines tracked (1024); more are not recorded.
 	MaxEngines int
-	// MaxBlob bounds the encoded summary (3 KiB, under gossip's 4 KiB); the
-	// engines with the fewest samples are left out when it does not fit.
+	// MaxBlob bounds the encoded summary (3 KiB, under gossip's 4 KiB); when
+	// it does not fit, the engines busiest by latency samples or by prompt
+	// tokens are kept (rank).
 	MaxBlob int
 }
 
@@ -152,6 +153,7 @@ type SLORecorder struct {
 	filled  int
 	buf     []byte
 	scratch []SLOEngine
+	keyed   []rankedSLO
 }
 
 // NewSLORecorder returns a recorder; zero config fields take the defaults.
@@ -295,18 +297,62 @@ func (r *SLORecorder) Summary() []byte {
 		}
 	}
 	r.forget(idle)
-	slices.SortFunc(out, func(a, b SLOEngine) int {
-		if c := cmp.Compare(b.TTFTN+b.TPOTN, a.TTFTN+a.TPOTN); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.ID, b.ID)
-	})
+	out = r.rank(out)
 	r.scratch = out
 	r.buf = r.encode(r.buf[:0], out)
 	return r.buf
 }
 
-// encode writes {"v":1,"w":…,"e":[…]} with as many engines as fit.
+// rank orders es for a summary cut to MaxBlob: the busiest engines by
+// either measure first, so the engines with the most latency samples and
+// those with the most prompt tokens are kept alike. By samples alone a
+// prefill engine that served only non-streamed requests (prompt tokens, no
+// TTFT or TPOT sample) sorted last and was the first left out, and its load
+// read as none to the SLO mode's prefill sizing. An engine's key is the
+// better of its two ranks; ties go by ID.
+func (r *SLORecorder) rank(es []SLOEngine) []SLOEngine {
+	keyed := r.keyed[:0]
+	for _, e := range es {
+		keyed = append(keyed, rankedSLO{SLOEngine: e, key: math.MaxInt})
+	}
+	rankBy := func(n func(*SLOEngine) uint64) {
+		slices.SortFunc(keyed, func(a, b rankedSLO) int {
+			if c := cmp.Compare(n(&b.SLOEngine), n(&a.SLOEngine)); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.ID, b.ID)
+		})
+		for i := range keyed {
+			if n(&keyed[i].SLOEngine) > 0 {
+				keyed[i].key = min(keyed[i].key, i)
+			}
+		}
+	}
+	rankBy(func(e *SLOEngine) uint64 { return e.TTFTN + e.TPOTN })
+	rankBy(func(e *SLOEngine) uint64 { return e.PromptTokens })
+	slices.SortFunc(keyed, func(a, b rankedSLO) int {
+		if c := cmp.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	es = es[:0]
+	for _, k := range keyed {
+		es = append(es, k.SLOEngine)
+	}
+	r.keyed = keyed
+	return es
+}
+
+// rankedSLO is an engine with its place in the summary's order.
+type rankedSLO struct {
+	SLOEngine
+	key int
+}
+
+// encode writes {"v":1,"w":…,"e":[…]} with as many engines as fit, in
+// order; an engine that does not fit is skipped and a smaller one after it
+// may still fit.
 func (r *SLORecorder) encode(b []byte, es []SLOEngine) []byte {
 	w := float64(r.filled) * r.cfg.Interval.Seconds()
 	head, _ := json.Marshal(SLOSummary{Version: 1, WindowSeconds: w})
@@ -314,15 +360,17 @@ func (r *SLORecorder) encode(b []byte, es []SLOEngine) []byte {
 	head = head[:len(head)-len("null}")]
 	b = append(b, head...)
 	b = append(b, '[')
+	n := 0
 	for i := range es {
 		one, err := json.Marshal(&es[i])
 		if err != nil || len(b)+len(one)+3 > r.cfg.MaxBlob {
-			break
+			continue
 		}
-		if i > 0 {
+		if n > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, one...)
+		n++
 	}
 	return append(b, ']', '}')
 }

@@ -126,6 +126,47 @@ func TestSLOSummaryFitsTheAppBlob(t *testing.T) {
 	}
 }
 
+// TestSLOSummaryKeepsPromptOnlyEngines: 40 engines with streamed samples
+// fill the blob; 4 prefill engines that served only non-streamed requests
+// (prompt tokens, no TTFT or TPOT sample) are still in it, so their load
+// reaches the SLO mode's prefill sizing, and so are the busiest streamed
+// engines. Tester h-reg7 F2: sorted by samples alone, all 4 were cut.
+func TestSLOSummaryKeepsPromptOnlyEngines(t *testing.T) {
+	r := NewSLORecorder(DefaultSLOConfig())
+	for i := 0; i < 40; i++ {
+		id := fmt.Sprintf("llama-3-70b-decode-%02d-7f9c4b6d5-x2kqz", i)
+		for j := 0; j <= i%3; j++ {
+			r.Observe(id, id, 100*time.Millisecond, 20*time.Millisecond, 0)
+		}
+	}
+	for i := 0; i < 4; i++ {
+		r.Observe(fmt.Sprintf("llama-3-70b-prefill-%02d-7f9c4b6d5-x2kqz", i), "", 0, 0, 500000)
+	}
+	b := r.Summary()
+	if len(b) > 3<<10 {
+		t.Fatalf("blob of %d bytes", len(b))
+	}
+	s := decodeSummary(t, b)
+	if len(s.Engines) >= 44 {
+		t.Fatalf("all %d engines fit: the test needs a full blob", len(s.Engines))
+	}
+	prompt, busiest := 0, 0
+	for _, e := range s.Engines {
+		if e.PromptTokens == 500000 {
+			prompt++
+		}
+		if e.TTFTN == 3 {
+			busiest++
+		}
+	}
+	if prompt != 4 {
+		t.Errorf("%d of 4 prompt-only engines in a blob of %d engines", prompt, len(s.Engines))
+	}
+	if want := min(13, len(s.Engines)-4); busiest < want {
+		t.Errorf("%d of the 13 busiest streamed engines kept, want ≥ %d", busiest, want)
+	}
+}
+
 // TestSLOObserveAllocatesNothing: the request path records into
 // preallocated histograms once the engine is known.
 func TestSLOObserveAllocatesNothing(t *testing.T) {
