@@ -44,5 +44,10 @@ func TestHalfClosedClientGets499(t *testing.T) {
 		if resp.StatusCode != 499 || resp.Status != "499 Client Closed Request" {
 			t.Errorf("%s: status %q, want 499 Client Closed Request", name, resp.Status)
 		}
+		// h-reg7 F4: the client that reads the line can match it to the
+		// access log.
+		if resp.Header.Get("X-Request-Id") == "" {
+			t.Errorf("%s: 499 without X-Request-Id: %v", name, resp.Header)
+		}
 	}
 }

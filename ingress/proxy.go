@@ -664,6 +664,12 @@ func (c *call) clientGone(ctx *fasthttp.RequestCtx) {
 	// nginx's name for it: a client that only shut its sending side may
 	// still read this line (fasthttp would say "Unknown Status Code").
 	ctx.Response.Header.SetStatusMessage(clientClosedStatus)
+	// A client that can still read the line can match it to the access
+	// log, as every other answer (h-reg7 F4).
+	c.setRequestIDHeader(ctx)
+	if c.engine != "" {
+		c.s.setEngineHeader(ctx, c.engine)
+	}
 	ctx.SetConnectionClose()
 	c.finish()
 }
