@@ -64,11 +64,50 @@ func TestSLOAggregateBelowReadsDecodeEngines(t *testing.T) {
 			t.Fatal(err)
 		}
 		res := a.Step(time.Unix(1000, 0), obs, in)
-		sloCondition(pc, ap.Spec.SLO, in, res.SLO)
+		sloCondition(pc, ap.Spec.SLO, in, res)
 		cnd := meta.FindStatusCondition(pc.st.Conditions, v1alpha1.ConditionSLOAtRisk)
 		// 300 tok/s ÷ 1000 = 0.3 prefill and no streams: within 0.8.
 		if got := res.SLO.Aggregated; got != (v > 0) || cnd == nil || strings.Contains(cnd.Message, "aggregated on decode") != got {
 			t.Errorf("aggregateBelow %v: aggregated %v, condition %+v", v, got, cnd)
+		}
+	}
+}
+
+// TestSLOAtRiskAggregatedOnlyAtZero: SLOAtRisk's message says "aggregated
+// on decode" only when the prefill role's decision is zero; with the load
+// within aggregateBelow but the role held at 1 (its minReplicas) it says
+// the role is held, not that its load runs on decode (h-orchagg F4 note).
+func TestSLOAtRiskAggregatedOnlyAtZero(t *testing.T) {
+	sum, err := json.Marshal(sloSummary{Version: 1, WindowSeconds: 1, Engines: []sloEngine{
+		{ID: "dec-0", TTFT: 0.2, TTFTN: 10, TPOT: 0.02, TPOTN: 10, PromptTokens: 300},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Controller{cfg: Config{SLO: sloBlobs{"ingress-1": sum}}}
+	for _, min := range []int32{0, 1} {
+		targets := map[string]roleTarget{"prefill": {current: min}, "decode": {current: 1, engines: []string{"dec-0"}}}
+		ap := sloPolicy()
+		ap.Spec.Roles[0].MinReplicas = min
+		ap.Spec.SLO.AggregateBelow = 0.8
+		obs := observe(targets, map[string]gossip.EngineView{})
+		pc := &policyConds{}
+		in := c.observeSLO(ap, targets, nil, obs, pc)
+		a, err := autoscale.New(PolicyFromSpec(&ap.Spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := a.Step(time.Unix(1000, 0), obs, in)
+		sloCondition(pc, ap.Spec.SLO, in, res)
+		cnd := meta.FindStatusCondition(pc.st.Conditions, v1alpha1.ConditionSLOAtRisk)
+		if res.SLO == nil || !res.SLO.Aggregated || cnd == nil {
+			t.Fatalf("min %d: SLO %+v, condition %+v; want the load aggregated and a condition", min, res.SLO, cnd)
+		}
+		if got := res.Roles["prefill"].Desired; got != min {
+			t.Fatalf("min %d: prefill desired %d", min, got)
+		}
+		if agg, held := strings.Contains(cnd.Message, "aggregated on decode"), strings.Contains(cnd.Message, "held at 1"); agg != (min == 0) || held != (min == 1) {
+			t.Errorf("min %d: message %q", min, cnd.Message)
 		}
 	}
 }

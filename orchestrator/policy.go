@@ -463,7 +463,7 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 	c.applyProm(now, ap, e, r.jobs, obs, pc)
 	slo := c.observeSLO(ap, targets, engines, obs, pc)
 	res := e.a.StepWithin(now, obs, slo, podBudget(targets))
-	sloCondition(pc, ap.Spec.SLO, slo, res.SLO)
+	sloCondition(pc, ap.Spec.SLO, slo, res)
 	scaled := false
 	var scaleErr *targetError
 	var external []string

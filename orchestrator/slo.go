@@ -214,15 +214,23 @@ func LearnedPrefillRate(src SLOSource, engines []string) (float64, bool) {
 	return lr.RatesOver(engines).PrefillRate, true
 }
 
-// sloCondition reports the SLO mode's verdict after a step.
-func sloCondition(pc *policyConds, slo *v1alpha1.SLOTarget, in *autoscale.SLOObservation, res *autoscale.SLOResult) {
+// sloCondition reports the SLO mode's verdict after a step. When the load
+// fits aggregateBelow it says so, and says "aggregated on decode" only
+// while the prefill role's decision is zero: its min, the stable window or
+// the cool-down may hold it up while the sizing gives 0.
+func sloCondition(pc *policyConds, slo *v1alpha1.SLOTarget, in *autoscale.SLOObservation, step autoscale.Result) {
+	res := step.SLO
 	if slo == nil || in == nil || res == nil {
 		return
 	}
 	msg := fmt.Sprintf("TTFT p90 %.0f ms (target %d), TPOT p90 %.1f ms (target %d), %.0f prompt tokens/s, %.0f running streams",
 		in.MeasuredTTFT*1000, slo.TTFTMilliseconds, in.MeasuredTPOT*1000, slo.TPOTMilliseconds, in.PromptTokensPerSecond, in.RunningStreams)
 	if res.Aggregated {
-		msg += "; the load fits aggregateBelow: the SLO sizes prefill 0 (aggregated on decode; its bounds, windows and cool-down decide the replicas)"
+		if d, ok := step.Roles[slo.PrefillRole]; ok && d.Desired > 0 {
+			msg += fmt.Sprintf("; the load fits aggregateBelow and the SLO sizes prefill 0, but the role is held at %d (its min, stable window or cool-down; see its reason)", d.Desired)
+		} else {
+			msg += "; the load fits aggregateBelow: aggregated on decode, prefill sized 0"
+		}
 	}
 	if res.AtRisk {
 		pc.set(v1alpha1.ConditionSLOAtRisk, metav1.ConditionTrue, "LatencyAboveTarget", msg)

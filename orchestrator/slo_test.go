@@ -90,7 +90,7 @@ func TestSLOInputsFromTwoIngresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := a.Step(now, obs, in)
-	sloCondition(pc, ap.Spec.SLO, in, res.SLO)
+	sloCondition(pc, ap.Spec.SLO, in, res)
 	// 50000 tok/s ÷ 1000 per replica × TTFT correction (≈ 0.4/0.5) and
 	// 40 streams ÷ 8 × TPOT correction (≈ 0.04/0.05).
 	if res.SLO == nil || res.SLO.Prefill < 35 || res.SLO.Prefill > 50 || res.SLO.Decode < 4 || res.SLO.Decode > 5 {
