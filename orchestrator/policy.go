@@ -107,6 +107,7 @@ func (c *Controller) runAutoscalerDisabled(ctx context.Context) {
 				c.recorder.Event(ap, corev1.EventTypeWarning, reasonAutoscalerDisabled, msg)
 			}
 			pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionUnknown, reasonAutoscalerDisabled, msg)
+			pc.notStepped()
 			if err := c.writePolicyStatus(ctx, u, ap, pc.st); err != nil {
 				c.log.Warn("autoscale", "policy", ap.Namespace+"/"+ap.Name, "err", err)
 			}
@@ -436,6 +437,30 @@ func (p *policyConds) set(t string, s metav1.ConditionStatus, reason, msg string
 	meta.SetStatusCondition(&p.st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: p.gen})
 }
 
+// reasonScalingInactive: the policy was not stepped, so a condition that
+// describes its step (the ratio band, the SLO, the Prometheus queries)
+// was not evaluated.
+const reasonScalingInactive = "ScalingInactive"
+
+// notStepped turns the conditions a step sets (RatioConstraintActive,
+// SLOAtRisk, MetricsAvailable) Unknown, reason ScalingInactive, once
+// ScalingActive says why the policy was not stepped: left as the last
+// step wrote them, they would describe a loop that no longer runs (a
+// refused policy still read "Aggregated" and an SLO verdict; tester
+// h-orchagg F5), as status.roles, emptied, does not.
+func (p *policyConds) notStepped() {
+	sa := meta.FindStatusCondition(p.st.Conditions, v1alpha1.ConditionScalingActive)
+	if sa == nil {
+		return
+	}
+	msg := fmt.Sprintf("not evaluated: the policy is not stepped (ScalingActive %s, %s)", sa.Status, sa.Reason)
+	for _, t := range []string{v1alpha1.ConditionRatioConstraintActive, v1alpha1.ConditionSLOAtRisk, v1alpha1.ConditionMetricsAvailable} {
+		if meta.FindStatusCondition(p.st.Conditions, t) != nil {
+			p.set(t, metav1.ConditionUnknown, reasonScalingInactive, msg)
+		}
+	}
+}
+
 // resolveTargets returns the roles the policy scales, or the target error.
 func (c *Controller) resolveTargets(ctx context.Context, ap *v1alpha1.AutoscalingPolicy) (map[string]roleTarget, error) {
 	if ap.Spec.Target != "" {
@@ -455,6 +480,7 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 	}
 	if r.fail != nil {
 		c.targetFailed(ap, pc, r.fail)
+		pc.notStepped()
 		c.writeRunStatus(ctx, r)
 		return
 	}

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -342,6 +343,84 @@ func TestMinZeroNeedsAWakeSource(t *testing.T) {
 	}
 }
 
+// TestRefusedPolicyConditionsNotStepped: a policy refused after steps
+// that set its ratio and SLO conditions (here its vLLM ModelDeployment
+// switched to sglang, which aggregateBelow cannot run on) says
+// ScalingActive False InvalidPolicy, and its RatioConstraintActive and
+// SLOAtRisk turn Unknown, reason ScalingInactive, rather than keep
+// claiming "Aggregated" for a loop that no longer runs (tester h-orchagg
+// F5); stepped again, they are evaluated again.
+func TestRefusedPolicyConditionsNotStepped(t *testing.T) {
+	e := newEnv(t)
+	ctrl := e.stepper(t, newFakeMesh(), nil)
+	sum, err := json.Marshal(sloSummary{Version: 1, WindowSeconds: 1, Engines: []sloEngine{{ID: "pd-0-decode-0", TTFT: 0.1, TTFTN: 5, TPOT: 0.01, TPOTN: 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl.cfg.SLO = sloBlobs{"ingress-1": sum} // read by stepPolicies only, which this goroutine calls
+	doc := replaceAll(pdDoc, `{"name":"prefill","minReplicas":1,"maxReplicas":6,"metrics":[{"name":"waitingRequests","target":10}]}`,
+		`{"name":"prefill","minReplicas":0,"maxReplicas":6}`)
+	doc = replaceAll(doc, `"ratio":`, `"slo":{"prefillRole":"prefill","decodeRole":"decode","prefillTokensPerSecond":10000,"decodeStreamsPerReplica":8,"aggregateBelow":0.8},"ratio":`)
+	if err := e.applyDoc(t, doc); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(t, ctrl, "pd")
+	t0 := time.Now()
+	ctrl.stepPolicies(e.ctx, t0)
+	ap := e.cached(t, ctrl, "pd")
+	for _, typ := range []string{v1alpha1.ConditionRatioConstraintActive, v1alpha1.ConditionSLOAtRisk} {
+		if c := meta.FindStatusCondition(ap.Status.Conditions, typ); c == nil || c.Status == metav1.ConditionUnknown {
+			t.Fatalf("after a step: %s %+v, want it evaluated (%+v)", typ, c, ap.Status)
+		}
+	}
+
+	patch := []byte(`{"spec":{"engine":"sglang"}}`)
+	if _, err := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns).Patch(e.ctx, "pd", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the cache to show pd running sglang", func() bool {
+		o, err := ctrl.mds.ByNamespace(e.ns).Get("pd")
+		if err != nil {
+			return false
+		}
+		engine, _, _ := unstructured.NestedString(o.(*unstructured.Unstructured).Object, "spec", "engine")
+		return engine == "sglang"
+	})
+	ctrl.stepPolicies(e.ctx, t0.Add(time.Second))
+	ap = e.cached(t, ctrl, "pd")
+	if s, r := scalingActive(ap); s != metav1.ConditionFalse || r != reasonInvalidPolicy {
+		t.Fatalf("refused: ScalingActive %s %s, want False InvalidPolicy", s, r)
+	}
+	for _, typ := range []string{v1alpha1.ConditionRatioConstraintActive, v1alpha1.ConditionSLOAtRisk} {
+		c := meta.FindStatusCondition(ap.Status.Conditions, typ)
+		if c == nil || c.Status != metav1.ConditionUnknown || c.Reason != reasonScalingInactive || !strings.Contains(c.Message, reasonInvalidPolicy) {
+			t.Errorf("refused: %s %+v, want Unknown %s naming InvalidPolicy", typ, c, reasonScalingInactive)
+		}
+	}
+	if len(ap.Status.Roles) != 0 {
+		t.Errorf("refused: roles %+v, want none", ap.Status.Roles)
+	}
+
+	if _, err := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns).Patch(e.ctx, "pd", types.MergePatchType, []byte(`{"spec":{"engine":"vllm"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the cache to show pd running vllm", func() bool {
+		o, err := ctrl.mds.ByNamespace(e.ns).Get("pd")
+		if err != nil {
+			return false
+		}
+		engine, _, _ := unstructured.NestedString(o.(*unstructured.Unstructured).Object, "spec", "engine")
+		return engine == "vllm"
+	})
+	ctrl.stepPolicies(e.ctx, t0.Add(2*time.Second))
+	ap = e.cached(t, ctrl, "pd")
+	for _, typ := range []string{v1alpha1.ConditionScalingActive, v1alpha1.ConditionRatioConstraintActive, v1alpha1.ConditionSLOAtRisk} {
+		if c := meta.FindStatusCondition(ap.Status.Conditions, typ); c == nil || c.Status == metav1.ConditionUnknown {
+			t.Errorf("stepped again: %s %+v, want it evaluated", typ, c)
+		}
+	}
+}
+
 // TestStatusIgnoresUnrelatedEngines: the status says how many of each
 // role's engines the mesh knows; an engine of another workload joining the
 // mesh does not rewrite it.
@@ -630,7 +709,8 @@ func TestScaleConflictIsNotAScale(t *testing.T) {
 
 // TestNoLoadSourceMarksPolicies: an orchestrator without a load source (no
 // --gossip-bind) runs no policy; it says so on each, replacing a previous
-// leader's ScalingActive True, with a Warning event and a WARN log line.
+// leader's ScalingActive True, with a Warning event and a WARN log line;
+// the conditions of its steps (here RatioConstraintActive) turn Unknown.
 func TestNoLoadSourceMarksPolicies(t *testing.T) {
 	e := newEnv(t)
 	if err := e.applyDoc(t, adoptPolicy("p", "nothing", "", 2)); err != nil {
@@ -638,6 +718,7 @@ func TestNoLoadSourceMarksPolicies(t *testing.T) {
 	}
 	ap := e.policy(t, "p")
 	meta.SetStatusCondition(&ap.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionScalingActive, Status: metav1.ConditionTrue, Reason: "Observing", Message: "old leader"})
+	meta.SetStatusCondition(&ap.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionRatioConstraintActive, Status: metav1.ConditionFalse, Reason: "WithinBand", Message: "old leader"})
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ap)
 	if err != nil {
 		t.Fatal(err)
@@ -659,6 +740,10 @@ func TestNoLoadSourceMarksPolicies(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionUnknown && c.Reason == reasonAutoscalerDisabled && strings.Contains(c.Message, "--gossip-bind")
 	})
 	e.warningEvent(t, "p", reasonAutoscalerDisabled)
+	if c := meta.FindStatusCondition(e.policy(t, "p").Status.Conditions, v1alpha1.ConditionRatioConstraintActive); c == nil ||
+		c.Status != metav1.ConditionUnknown || c.Reason != reasonScalingInactive {
+		t.Errorf("RatioConstraintActive %+v, want the old leader's verdict Unknown, %s", c, reasonScalingInactive)
+	}
 	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "will not be run") {
 		t.Errorf("no warning logged:\n%s", logs.String())
 	}
