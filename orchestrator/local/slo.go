@@ -6,10 +6,12 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -21,9 +23,10 @@ import (
 // sloScraper feeds the SLO mode. The mesh's gossip carries queues and KV
 // usage, not prompt tokens/s or latency percentiles; the local backend owns
 // its engines, so it reads their vLLM counters and histograms between
-// steps: prompt tokens/s and TTFT p90 on the SLO's prefill role, inter-token
-// latency p90 (TPOT) on its decode role. Running streams come from gossip.
-// Used by the loop goroutine only.
+// steps: prompt tokens/s and TTFT p90 on the SLO's prefill role (with
+// aggregateBelow, the decode role's requests served whole too: observe),
+// inter-token latency p90 (TPOT) on its decode role. Running streams come
+// from gossip. Used by the loop goroutine only.
 type sloScraper struct {
 	client *http.Client
 	prev   map[string]engineSample // by engine id
@@ -32,6 +35,9 @@ type sloScraper struct {
 type engineSample struct {
 	at           time.Time
 	promptTokens float64
+	// remoteTokens are the prompt tokens whose KV the engine loaded
+	// through its connector (a decode leg's KV read from a prefill engine).
+	remoteTokens float64
 	ttft, itl    histogram
 }
 
@@ -50,16 +56,22 @@ func newSLOScraper() *sloScraper {
 func (s *sloScraper) observe(ctx context.Context, now time.Time, md *v1alpha1.ModelDeployment, ap *v1alpha1.AutoscalingPolicy, b Backend, load LoadSource) *autoscale.SLOObservation {
 	slo := ap.Spec.SLO
 	var o autoscale.SLOObservation
-	var ttft, itl histogram
+	var ttft, decTTFT, itl histogram
 	seen := false
 	cur := map[string]engineSample{}
-	// With aggregateBelow and no prefill engine, every request is served
-	// whole on a decode engine: its prompt tokens and TTFT are the prefill
-	// load, which the prefill engines alone would read as none. (While a
-	// prefill engine runs, a decode engine's counters also hold the
-	// prompts of the disaggregated requests it decoded, so they are not
-	// added then.)
-	aggregated := slo.AggregateBelow > 0 && len(b.Replicas(md.Name, slo.PrefillRole)) == 0
+	// With aggregateBelow, the requests served whole on a decode engine are
+	// prefill load too, as the controller counts them over gossip whether
+	// or not a prefill engine runs (tester h-reg7 F5). A decode engine's
+	// vllm:prompt_tokens_total also holds the prompt of every disaggregated
+	// request it decoded, whose KV it read from the prefill engine that
+	// counted that prompt already: those tokens, external_kv_transfer, are
+	// left out, so a disaggregated request counts on its prefill engine
+	// only (but for the tokens its decode leg had itself: the last one,
+	// and a prefix the decode engine had cached; and a CPU tier's loads,
+	// external_kv_transfer too, go uncounted). Its TTFT histogram cannot be split so: it is read only while
+	// the prefill engines record none (the prefill role at zero, or every
+	// request served whole), lest each disaggregated request count twice.
+	aggregate := slo.AggregateBelow > 0
 	for _, role := range []string{slo.PrefillRole, slo.DecodeRole} {
 		for _, id := range b.Replicas(md.Name, role) {
 			url := s.urlOf(b, id)
@@ -77,15 +89,23 @@ func (s *sloScraper) observe(ctx context.Context, now time.Time, md *v1alpha1.Mo
 				continue
 			}
 			seen = true
-			if role == slo.PrefillRole || aggregated {
-				dt := smp.at.Sub(p.at).Seconds()
-				o.PromptTokensPerSecond += max(smp.promptTokens-p.promptTokens, 0) / dt
+			dt := smp.at.Sub(p.at).Seconds()
+			prompt := max(smp.promptTokens-p.promptTokens, 0)
+			switch {
+			case role == slo.PrefillRole:
+				o.PromptTokensPerSecond += prompt / dt
 				ttft = ttft.add(smp.ttft.sub(p.ttft))
+			case aggregate:
+				o.PromptTokensPerSecond += max(prompt-max(smp.remoteTokens-p.remoteTokens, 0), 0) / dt
+				decTTFT = decTTFT.add(smp.ttft.sub(p.ttft))
 			}
 			if role == slo.DecodeRole {
 				itl = itl.add(smp.itl.sub(p.itl))
 			}
 		}
+	}
+	if ttft.total() == 0 {
+		ttft = decTTFT
 	}
 	s.prev = cur
 	decode := map[string]bool{}
@@ -148,12 +168,29 @@ func parseEngineSample(r io.Reader) (engineSample, error) {
 		return engineSample{}, fmt.Errorf("parse metrics: %w", err)
 	}
 	var s engineSample
-	if f, ok := fams["vllm:prompt_tokens_total"]; ok {
+	sum := func(name, label, value string) (float64, bool) {
+		f, ok := fams[name]
+		if !ok {
+			return 0, false
+		}
+		var v float64
 		for _, m := range f.GetMetric() {
+			if label != "" && !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == label && l.GetValue() == value }) {
+				continue
+			}
 			if c := m.GetCounter(); c != nil {
-				s.promptTokens += c.GetValue()
+				v += c.GetValue()
 			}
 		}
+		return v, true
+	}
+	s.promptTokens, _ = sum("vllm:prompt_tokens_total", "", "")
+	// KV loaded through the connector: vllm:prompt_tokens_by_source's
+	// external_kv_transfer, or on a vLLM without it
+	// vllm:external_prefix_cache_hits_total (the same tokens).
+	var ok bool
+	if s.remoteTokens, ok = sum("vllm:prompt_tokens_by_source_total", "source", "external_kv_transfer"); !ok {
+		s.remoteTokens, _ = sum("vllm:external_prefix_cache_hits_total", "", "")
 	}
 	hist := func(name string) histogram {
 		var h histogram
@@ -193,6 +230,14 @@ func (h histogram) add(o histogram) histogram {
 		out.counts[i] = h.counts[i] + o.counts[i]
 	}
 	return out
+}
+
+// total is the number of observations (0 when empty).
+func (h histogram) total() float64 {
+	if len(h.counts) == 0 {
+		return 0
+	}
+	return h.counts[len(h.counts)-1]
 }
 
 // sub is h minus an earlier sample of the same series (a restarted engine,

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/learn/learntest"
 	"github.com/kvmesh/kvmesh/sim"
+	"github.com/kvmesh/kvmesh/sim/simtest"
 )
 
 // stubBackend maps role → engine id → URL: the SLO scraper's view of a
@@ -102,11 +104,13 @@ func (l sharingLoad) AppStates(name string) map[string][]byte {
 	return nil
 }
 
-// With aggregateBelow and the prefill role at zero, every request is served
-// whole on a decode engine, so the decode engines' prompt tokens are the
+// With aggregateBelow, the requests served whole on a decode engine are
 // prefill load (tester h-orchagg F1: the local backend read none, and a
-// prefill role the load needed stayed at zero); without aggregateBelow, or
-// with a prefill engine running, they are not added.
+// prefill role the load needed stayed at zero), whether or not a prefill
+// engine is listed: one that has yet to answer a scrape, just scaled from
+// zero, must not turn the load to none, nor one that runs hide the
+// requests served whole beside it (tester h-reg7 F5). Without
+// aggregateBelow they are not added.
 func TestSLOScraperAggregatedReadsDecodeEngines(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -121,7 +125,7 @@ func TestSLOScraperAggregatedReadsDecodeEngines(t *testing.T) {
 	}{
 		{"aggregated, no prefill engine", 0.8, stubBackend{"decode": {"d0": s.URL()}}, 2 * 256 / 2.0},
 		{"no aggregateBelow", 0, stubBackend{"decode": {"d0": s.URL()}}, 0},
-		{"a prefill engine runs", 0.8, stubBackend{"prefill": {"p0": "http://127.0.0.1:1"}, "decode": {"d0": s.URL()}}, 0},
+		{"a prefill engine not yet scraped", 0.8, stubBackend{"prefill": {"p0": "http://127.0.0.1:1"}, "decode": {"d0": s.URL()}}, 2 * 256 / 2.0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ap := &v1alpha1.AutoscalingPolicy{Spec: v1alpha1.AutoscalingPolicySpec{SLO: &v1alpha1.SLOTarget{
@@ -137,7 +141,79 @@ func TestSLOScraperAggregatedReadsDecodeEngines(t *testing.T) {
 			if o.PromptTokensPerSecond != tc.want {
 				t.Errorf("prompt tokens/s %v, want %v", o.PromptTokensPerSecond, tc.want)
 			}
+			if wantTTFT := tc.aggregate > 0; (o.MeasuredTTFT > 0) != wantTTFT {
+				t.Errorf("TTFT p90 %v: want one read off the decode engine %v", o.MeasuredTTFT, wantTTFT)
+			}
 		})
+	}
+}
+
+// TestSLOScraperAggregatedCountsDisaggregatedOnce: with a prefill engine
+// running and aggregateBelow, a request served whole on the decode engine
+// counts there, and a disaggregated one counts on the prefill engine only:
+// the decode engine's prompt counter holds its prompt too (the KV it read
+// from the prefill engine), and those tokens are left out (tester h-reg7
+// F5). The TTFT is the prefill engine's while it records some.
+func TestSLOScraperAggregatedCountsDisaggregatedOnce(t *testing.T) {
+	pd := simtest.StartPDForTest(t, simtest.PDOptions{Base: sim.Config{Model: "m", TimeScale: 1, Seed: 1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, Prefill: 1, Decode: 1})
+	pre, dec := pd.Prefill[0].URL(), pd.Decode[0].URL()
+	b := stubBackend{"prefill": {"p0": pre}, "decode": {"d0": dec}}
+	md := &v1alpha1.ModelDeployment{}
+	md.Name = "x"
+	ap := &v1alpha1.AutoscalingPolicy{Spec: v1alpha1.AutoscalingPolicySpec{SLO: &v1alpha1.SLOTarget{
+		PrefillRole: "prefill", DecodeRole: "decode", AggregateBelow: 0.8}}}
+	ctx := context.Background()
+	sc := newSLOScraper()
+	t0 := time.Now()
+	sc.observe(ctx, t0, md, ap, b, stubLoad{})
+	complete(t, dec, 2, 200, 4) // served whole on decode: 512 prompt tokens
+	disaggregate(t, pre, dec, 300)
+	o := sc.observe(ctx, t0.Add(2*time.Second), md, ap, b, stubLoad{})
+	if o == nil {
+		t.Fatal("no observation after an interval")
+	}
+	// 512 + 256 prompt tokens over 2 s; the decode leg's own last token
+	// (it computes one: the KV of the rest is read) is within a token/s.
+	if want := (2*256 + 256) / 2.0; math.Abs(o.PromptTokensPerSecond-want) > 1 {
+		t.Errorf("prompt tokens/s %v, want %v (the disaggregated prompt once)", o.PromptTokensPerSecond, want)
+	}
+	if o.MeasuredTTFT <= 0 {
+		t.Errorf("TTFT p90 %v, want the prefill engine's", o.MeasuredTTFT)
+	}
+}
+
+// disaggregate sends one request of 256 prompt tokens (token first
+// repeated) through both legs: the prefill engine at pre, then the decode
+// engine at dec, which reads its KV.
+func disaggregate(t *testing.T, pre, dec string, first int) {
+	t.Helper()
+	prompt := strings.Repeat(fmt.Sprintf("%d,", first), 255) + "7"
+	post := func(url, body string) map[string]json.RawMessage {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		out := map[string]json.RawMessage{}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &out) != nil {
+			t.Fatalf("%s: %s %s", url, resp.Status, raw)
+		}
+		return out
+	}
+	p := post(pre, fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":[%s],"kv_transfer_params":{"do_remote_decode":true}}`, prompt))
+	if len(p["kv_transfer_params"]) == 0 {
+		t.Fatal("the prefill engine answered no kv_transfer_params")
+	}
+	d := post(dec, fmt.Sprintf(`{"model":"m","max_tokens":4,"prompt":[%s],"kv_transfer_params":%s}`, prompt, p["kv_transfer_params"]))
+	var usage struct {
+		Details struct {
+			Cached int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+	if err := json.Unmarshal(d["usage"], &usage); err != nil || usage.Details.Cached != 255 {
+		t.Fatalf("decode leg usage %s: want 255 tokens read from the prefill engine", d["usage"])
 	}
 }
 
