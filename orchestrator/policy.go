@@ -541,6 +541,10 @@ func (c *Controller) finishPolicy(ctx context.Context, now time.Time, r *policyR
 		pc.set(v1alpha1.ConditionScalingActive, metav1.ConditionTrue, "Observing", observedMessage(ap, targets, engines))
 	}
 	switch {
+	case ap.Spec.Ratio == nil:
+		// An edit that drops the band drops its condition, which
+		// would otherwise report the last band for good.
+		meta.RemoveStatusCondition(&pc.st.Conditions, v1alpha1.ConditionRatioConstraintActive)
 	case res.Ratio == nil:
 	case res.Ratio.Suspended:
 		pc.set(v1alpha1.ConditionRatioConstraintActive, metav1.ConditionFalse, "Aggregated", res.Ratio.Reason)

@@ -421,6 +421,47 @@ func TestRefusedPolicyConditionsNotStepped(t *testing.T) {
 	}
 }
 
+// TestDroppedBlocksDropTheirConditions: a policy edit that removes its
+// ratio band and its SLO removes RatioConstraintActive and SLOAtRisk, which
+// would otherwise report the last band and verdict for good.
+func TestDroppedBlocksDropTheirConditions(t *testing.T) {
+	e := newEnv(t)
+	ctrl := e.stepper(t, newFakeMesh(), nil)
+	sum, err := json.Marshal(sloSummary{Version: 1, WindowSeconds: 1, Engines: []sloEngine{{ID: "pd-0-decode-0", TTFT: 0.1, TTFTN: 5, TPOT: 0.01, TPOTN: 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl.cfg.SLO = sloBlobs{"ingress-1": sum} // read by stepPolicies only, which this goroutine calls
+	doc := replaceAll(pdDoc, `"ratio":`, `"slo":{"prefillRole":"prefill","decodeRole":"decode","prefillTokensPerSecond":10000,"decodeStreamsPerReplica":8},"ratio":`)
+	if err := e.applyDoc(t, doc); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(t, ctrl, "pd")
+	t0 := time.Now()
+	ctrl.stepPolicies(e.ctx, t0)
+	ap := e.cached(t, ctrl, "pd")
+	for _, typ := range []string{v1alpha1.ConditionRatioConstraintActive, v1alpha1.ConditionSLOAtRisk} {
+		if meta.FindStatusCondition(ap.Status.Conditions, typ) == nil {
+			t.Fatalf("after a step: no %s (%+v)", typ, ap.Status.Conditions)
+		}
+	}
+	patch := []byte(`{"spec":{"ratio":null,"slo":null}}`)
+	if _, err := e.dyn.Resource(v1alpha1.AutoscalingPoliciesResource).Namespace(e.ns).Patch(e.ctx, "pd", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.cached(t, ctrl, "pd")
+	ctrl.stepPolicies(e.ctx, t0.Add(time.Second))
+	ap = e.cached(t, ctrl, "pd")
+	if s, r := scalingActive(ap); s != metav1.ConditionTrue {
+		t.Fatalf("after the edit: ScalingActive %s %s, want it stepped", s, r)
+	}
+	for _, typ := range []string{v1alpha1.ConditionRatioConstraintActive, v1alpha1.ConditionSLOAtRisk} {
+		if c := meta.FindStatusCondition(ap.Status.Conditions, typ); c != nil {
+			t.Errorf("after the edit that dropped its block: %s %+v", typ, c)
+		}
+	}
+}
+
 // TestStatusIgnoresUnrelatedEngines: the status says how many of each
 // role's engines the mesh knows; an engine of another workload joining the
 // mesh does not rewrite it.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvmesh/kvmesh/gossip"
@@ -160,6 +161,8 @@ func (c *Controller) observeSLO(ap *v1alpha1.AutoscalingPolicy, targets map[stri
 	}
 	s := ap.Spec.SLO
 	if s == nil {
+		// An edit that drops the SLO drops its verdict too.
+		meta.RemoveStatusCondition(&pc.st.Conditions, v1alpha1.ConditionSLOAtRisk)
 		return nil
 	}
 	if len(v.summaries) == 0 {
