@@ -3,6 +3,8 @@ package natsutil
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -184,13 +186,71 @@ var ErrConfig = errors.New("invalid nats config")
 // natsSchemes are the URL schemes the NATS client dials.
 var natsSchemes = map[string]bool{"nats": true, "tls": true, "ws": true, "wss": true}
 
+// hostProblem says what is wrong with the host part of u (a URL with a
+// scheme), "" when nothing: an IPv6 address without brackets
+// ("nats://::1:4222" dials nothing, and the process waited for NATS for
+// ever), no host, or a port that is not a number.
+func hostProblem(u string) string {
+	scheme, rest, _ := strings.Cut(u, "://")
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	if rest == "" {
+		return "no host (want " + scheme + "://host:4222)"
+	}
+	if !strings.HasPrefix(rest, "[") && strings.Count(rest, ":") > 1 {
+		host, port := rest, "4222"
+		if i := strings.LastIndexByte(rest, ':'); net.ParseIP(rest) == nil && net.ParseIP(rest[:i]) != nil {
+			host, port = rest[:i], rest[i+1:]
+		}
+		return fmt.Sprintf("an IPv6 address goes in brackets: %s://[%s]:%s", scheme, host, port)
+	}
+	host, port := rest, ""
+	if strings.HasPrefix(rest, "[") {
+		end := strings.IndexByte(rest, ']')
+		if end < 0 {
+			return "no closing ] after the IPv6 address"
+		}
+		host, port = rest[1:end], rest[end+1:]
+		if port != "" && !strings.HasPrefix(port, ":") {
+			return "want [address]:port"
+		}
+		port = strings.TrimPrefix(port, ":")
+		if ip, _, _ := strings.Cut(host, "%"); net.ParseIP(ip) == nil { // a zone (fe80::1%eth0) is the dialer's
+			return fmt.Sprintf("%q in brackets is not an IP address", host)
+		}
+	} else if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+		host, port = rest[:i], rest[i+1:]
+	}
+	if host == "" {
+		return "no host (want " + scheme + "://host:4222)"
+	}
+	if port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Sprintf("port %q is not a number from 1 to 65535", port)
+		}
+	}
+	return ""
+}
+
 // Validate lists every problem of c at once.
 func (c *Config) Validate() error {
 	var errs []error
 	add := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
 	}
-	for _, u := range c.URLs {
+	var urls []string
+	for _, u := range c.URLs { // a list from a config file may hold "a,b", as the flag does
+		for _, one := range strings.Split(u, ",") {
+			if one = strings.TrimSpace(one); one != "" {
+				urls = append(urls, one)
+			}
+		}
+	}
+	for _, u := range urls {
 		scheme, _, ok := strings.Cut(u, "://")
 		switch {
 		case !ok:
@@ -202,6 +262,10 @@ func (c *Config) Validate() error {
 		case !natsSchemes[strings.ToLower(scheme)]:
 			// http:// was taken and then never connected.
 			add("url %q: scheme %q: want nats://, tls://, ws:// or wss://", RedactURL(u), scheme)
+		default:
+			if why := hostProblem(u); why != "" {
+				add("url %q: %s", RedactURL(u), why)
+			}
 		}
 	}
 	creds := 0

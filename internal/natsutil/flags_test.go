@@ -102,6 +102,20 @@ func TestValidateURLScheme(t *testing.T) {
 		"http://u:pw-s3cret@h:4222":  `scheme "http"`,
 		"127.0.0.1:4222":             "has no scheme",
 		"u:pw-s3cret@127.0.0.1:4222": "has no scheme",
+		// An IPv6 address without brackets dialed nothing, and the process
+		// waited for NATS for ever (tester h-ipv6 F2); each of a list counts.
+		"nats://[::1]:4222":                      "",
+		"nats://[fe80::1%eth0]:4222":             "",
+		"nats://::1:20001":                       "goes in brackets: nats://[::1]:20001",
+		"nats://127.0.0.1:4222,nats://::1:20001": "goes in brackets: nats://[::1]:20001",
+		"nats://u:pw-s3cret@fd00::5:4222":        "an IPv6 address goes in brackets",
+		"tls://2001:db8::1":                      "goes in brackets: tls://[2001:db8::1]:4222",
+		"nats://[::1":                            "no closing ]",
+		"nats://[nats.example]:4222":             "not an IP address",
+		"nats://h:port":                          `port "port" is not a number`,
+		"nats://h:70000":                         `port "70000"`,
+		"nats://:4222":                           "no host",
+		"nats://u:pw-s3cret@/x":                  "no host",
 	} {
 		c := DefaultConfig()
 		c.URLs = []string{u}
@@ -144,4 +158,37 @@ func TestOpenServer(t *testing.T) {
 			t.Errorf("%v %+v: %q, want %q", c.urls, c.a, got, c.want)
 		}
 	}
+}
+
+// FuzzValidateURL: Validate never panics on a URL, names no password it
+// holds, and accepts a host part only in a form that dials: what it accepts
+// with a host and port splits into them (an IPv6 address in brackets).
+func FuzzValidateURL(f *testing.F) {
+	for _, s := range []string{"nats://[::1]:4222", "nats://::1:20001", "nats://u:pw@h:1", "tls://[fe80::1%eth0]:1",
+		"nats://a:1,nats://b", "nats://[::1", "ws://h:80/path?q#f", "nats://@", "nats://a@b@c:1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, u string) {
+		c := DefaultConfig()
+		c.URLs = []string{u}
+		err := c.Validate()
+		if err == nil {
+			for _, one := range strings.Split(u, ",") {
+				one = strings.TrimSpace(one)
+				_, rest, _ := strings.Cut(one, "://")
+				if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+					rest = rest[:i]
+				}
+				if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+					rest = rest[i+1:]
+				}
+				if strings.Count(rest, ":") > 1 && !strings.HasPrefix(rest, "[") {
+					t.Fatalf("%q accepted with host part %q: an unbracketed IPv6 address", u, rest)
+				}
+			}
+		}
+		if err != nil && strings.Contains(u, "@") && strings.Contains(u, ":pw-s3cret@") && strings.Contains(err.Error(), "pw-s3cret") {
+			t.Fatalf("the password shown: %v", err)
+		}
+	})
 }
