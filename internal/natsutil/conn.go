@@ -532,7 +532,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 				return nil, false, fmt.Errorf("create stream %s: %w", StreamName, storageRemedy(err, sc))
 			}
 			log.Info("created the delta stream", "stream", StreamName, "max_age", cfg.MaxAge, "max_bytes", cfg.MaxBytes,
-				"replicas", sc.Replicas, "replicas_flag", FormatReplicas(cfg.Replicas))
+				"replicas", sc.Replicas, "replicas_flag", FormatReplicas(cfg.Replicas), "storage", sc.Storage)
 			return s, short, nil
 		}
 		if err != nil {
@@ -556,11 +556,26 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 			next.MaxBytes = cfg.MaxBytes
 			changes = append(changes, "max_bytes", fmt.Sprintf("%d → %d", cur.MaxBytes, cfg.MaxBytes))
 		}
+		// Subjects that do not capture ours cannot work whatever the
+		// limits (every publish waits for an ack no stream sends): ours is
+		// added, the operator's others kept. Before the replicas, whose
+		// refusal below drops the last change.
+		if !SubjectsCover(cur.Subjects, DeltaWildcard) {
+			next.Subjects = append(slices.Clone(cur.Subjects), DeltaWildcard)
+			changes = append(changes, "subjects", fmt.Sprintf("%v → %v", cur.Subjects, next.Subjects))
+		}
 		// An explicit count is applied either way; auto only raises (an
 		// operator's or another sidecar's larger count stays).
 		if want := sc.Replicas; (!auto || cur.Replicas < want) && cur.Replicas != want {
 			next.Replicas = want
 			changes = append(changes, "replicas", fmt.Sprintf("%d → %d", cur.Replicas, want))
+		}
+		if next.MaxAge <= 0 && next.MaxBytes <= 0 && next.MaxMsgs <= 0 {
+			// Limits at their defaults leave an operator's stream as it
+			// is, also one made without any: say so, it grows for ever.
+			log.Warn("the delta stream has no limits (no max age, max bytes or max messages): it keeps every delta until the NATS server's storage is full; "+
+				"give it some (`nats stream edit`), or start a sidecar with --stream-max-age or --stream-max-bytes set to other than their defaults to set them",
+				"stream", StreamName, "storage", cur.Storage)
 		}
 		if len(changes) == 0 {
 			return s, false, nil
@@ -582,11 +597,49 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 			}
 		}
 		if err != nil {
+			if !slices.Equal(next.Subjects, cur.Subjects) {
+				return nil, false, fmt.Errorf("stream %s exists with subjects %v, which do not capture %s, so it stores no delta and every publish times out waiting for its ack; adding %s to them failed: %w "+
+					"(add it with `nats stream edit %s --subjects`, or delete the stream and a sidecar creates it again)",
+					StreamName, cur.Subjects, DeltaWildcard, DeltaWildcard, storageRemedy(err, next), StreamName)
+			}
 			return nil, false, fmt.Errorf("update stream %s limits: %w", StreamName, storageRemedy(err, next))
+		}
+		if !slices.Equal(next.Subjects, cur.Subjects) {
+			log.Warn("the delta stream did not capture "+DeltaWildcard+" (it stored no delta, and every publish timed out waiting for its ack): added it to its subjects",
+				"stream", StreamName, "subjects", fmt.Sprintf("%v → %v", cur.Subjects, next.Subjects))
 		}
 		log.Info("changed the delta stream's limits to this sidecar's", append([]any{"stream", StreamName, "replicas_flag", FormatReplicas(cfg.Replicas)}, changes...)...)
 		return up, short, nil
 	}
+}
+
+// SubjectsCover reports whether a stream on subjects captures every
+// subject that want (a literal or wildcard subject) matches: one of them is
+// want itself or a wildcard matching all of it ("kvmesh.>" and
+// "kvmesh.*.>" cover "kvmesh.delta.>"; "kvmesh.delta.*" does not).
+func SubjectsCover(subjects []string, want string) bool {
+	w := strings.Split(want, ".")
+	for _, s := range subjects {
+		if subjectCovers(strings.Split(s, "."), w) {
+			return true
+		}
+	}
+	return false
+}
+
+func subjectCovers(s, w []string) bool {
+	for i, t := range s {
+		if t == ">" {
+			return i < len(w) // ">" matches one token or more
+		}
+		if i >= len(w) || w[i] == ">" {
+			return false // w goes on (or matches more) where s ends or has one token
+		}
+		if t != "*" && (t != w[i] || w[i] == "*") {
+			return false
+		}
+	}
+	return len(s) == len(w)
 }
 
 // JetStream's API error codes for a stream the server has no room for.
