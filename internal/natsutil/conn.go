@@ -398,6 +398,7 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats
 			}
 			log.Warn("nats disconnected", "err", err)
 		}),
+		nats.ReconnectErrHandler(connectFailed(cfg, log, time.Now)),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			up.Store(true)
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
@@ -455,6 +456,51 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats
 		opts = append(opts, nats.Secure(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})) //nolint:gosec // explicit operator choice
 	}
 	return opts, nil
+}
+
+// connectErrEvery spaces the warnings of one repeated connect error.
+const connectErrEvery = 30 * time.Second
+
+// connectFailed is the handler of each failed (re)connect attempt, the
+// first connection's included when it is made in the background: it warns
+// with the reason (an unknown CA, a wrong server name, a refused dial), at
+// once for a reason not seen before and at most every connectErrEvery for
+// the same one, counting the attempts in between. Without it a TLS error
+// was never logged: the components said "nats not reachable yet" and
+// nothing more, while NATS logged a handshake error every second. It runs
+// on nats.go's callback goroutine only, so its state needs no lock. The
+// password and token are replaced if the error ever holds them.
+func connectFailed(cfg Config, log *slog.Logger, now func() time.Time) nats.ConnErrHandler {
+	var (
+		last     time.Time
+		lastMsg  string
+		repeated int
+	)
+	urls := strings.Join(RedactURLs(cfg.URLs), ",")
+	return func(_ *nats.Conn, err error) {
+		if err == nil {
+			return
+		}
+		msg := err.Error()
+		for _, secret := range []string{cfg.Password, cfg.Token} {
+			if secret != "" {
+				msg = strings.ReplaceAll(msg, secret, Redacted)
+			}
+		}
+		t := now()
+		if msg == lastMsg && t.Sub(last) < connectErrEvery {
+			repeated++
+			return
+		}
+		args := []any{"err", msg, "urls", urls, "same_error_since_last_warning", repeated, "per", connectErrEvery}
+		hint := "nats connect attempt failed; retrying"
+		if strings.Contains(msg, "tls:") || strings.Contains(msg, "x509:") || strings.Contains(msg, "tls error") {
+			hint = "nats connect attempt failed on TLS; retrying: check --nats-ca (the CA that signed the server's certificate), " +
+				"the server name in --nats against the certificate's names, and --nats-cert/--nats-key if the server asks for a client certificate"
+		}
+		log.Warn(hint, args...)
+		last, lastMsg, repeated = t, msg, 0
+	}
 }
 
 // EnsureStream makes sure the KVMESH_DELTAS stream on kvmesh.delta.> exists
