@@ -65,6 +65,15 @@ type engineState struct {
 	// outsideSince, outsideSeen: the first and the last delta that arrived
 	// while gossip did not list the engine (zero: none since it was listed).
 	outsideSince, outsideSeen time.Time
+	// gossipEpoch: the epoch of the head gossip lists for the engine (0:
+	// none, or not listed). unlistedEpoch: the epoch of the deltas that
+	// last came from another epoch than that one, since unlistedSince
+	// (reset when gossip lists it): a restarted sidecar's until gossip
+	// carries its head, for seconds; for longer, another deployment's
+	// sidecar with the same engine id on this NATS (unlistedLocked).
+	gossipEpoch   uint64
+	unlistedEpoch uint64
+	unlistedSince time.Time
 }
 
 // Estimated memory of a buffered delta: its header, each op's, 8 bytes a
@@ -177,6 +186,10 @@ func (m *Materializer) tick(now time.Time) {
 		}
 		e.inGossip, e.goneSince = true, time.Time{}
 		e.outsideSince, e.outsideSeen = time.Time{}, time.Time{}
+		e.gossipEpoch = v.digest.Head.Epoch
+		if e.unlistedEpoch == e.gossipEpoch {
+			e.unlistedEpoch, e.unlistedSince = 0, time.Time{}
+		}
 		if !down {
 			m.checkHeadLocked(e, v.digest, now)
 		}
@@ -204,6 +217,7 @@ func (m *Materializer) tick(now time.Time) {
 		if _, ok := views[id]; ok {
 			continue
 		}
+		e.gossipEpoch = 0
 		switch {
 		case e.inGossip && e.goneSince.IsZero():
 			e.goneSince = now
@@ -289,7 +303,7 @@ func (m *Materializer) warnOutsideLocked(now time.Time) {
 // which an engine gone idle after a short burst never sends: its index
 // stayed behind the engine until the next request, minutes later.
 func (m *Materializer) checkSilentLocked(e *engineState, now time.Time) {
-	if !e.staleNews || e.staleSince.IsZero() || now.Sub(e.staleSince) < m.cfg.EpochGrace {
+	if !e.staleNews || e.staleSince.IsZero() || now.Sub(e.staleSince) < m.cfg.EpochGrace || m.unlistedHeldLocked(e, e.staleEpoch, now) {
 		return
 	}
 	m.log.Info("switching to another sidecar epoch: the followed one went silent", "engine", e.id,

@@ -31,6 +31,14 @@ import "github.com/kvmesh/kvmesh/kvevents"
 // be a sidecar restarted with a clock behind its dead predecessor's: it too
 // is followed only after EpochGrace (the gossip view, one state per engine,
 // does not say that the followed epoch's sidecar is gone).
+//
+// One exception to "the newest": an epoch whose deltas keep coming while
+// gossip lists another epoch for the engine, for OutsideGossipAfter, is
+// a sidecar gossip does not know (another installation on the same NATS
+// with the same engine id): the epoch gossip lists is followed again at
+// its next delta, and not given up for the unlisted one when it goes
+// silent (Materializer.unlistedLocked). A restarted sidecar's new epoch is
+// listed by gossip within a second or so, long before that.
 
 // epochInfo is what is known of one epoch of an engine.
 type epochInfo struct {

@@ -44,8 +44,9 @@ type Materializer struct {
 	unlistedWarned, skewWarned time.Time
 	// malformedWarned: the last warning of an undecodable delta.
 	malformedWarned time.Time
-	// outsideWarned: the last warning of engines outside gossip.
-	outsideWarned time.Time
+	// outsideWarned: the last warning of engines outside gossip;
+	// unlistedEpochWarned: of deltas from an epoch gossip does not list.
+	outsideWarned, unlistedEpochWarned time.Time
 	// downSince: when Run saw the NATS connection down (lost, or found
 	// dead by its pings); zero while connected.
 	downSince time.Time
@@ -321,11 +322,20 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 	if m.cfg.Membership != nil && !e.inGossip {
 		e.noteOutside(now)
 	}
+	if m.cfg.Membership != nil && e.inGossip && e.gossipEpoch != 0 && d.Epoch != e.gossipEpoch {
+		m.unlistedLocked(e, d, now)
+	}
 	if e.epochs.follow == 0 { // discovered, its first epoch seen now: nothing to compare with
 		e.epochs.setFollow(d.Epoch, d.EpochStart)
 	}
 	if d.Epoch != e.epochs.follow {
-		if e.epochs.older(d.Epoch, d.EpochStart) {
+		if m.listedOverFollowedLocked(e, d.Epoch, now) {
+			// Newer or not, the followed epoch is not the engine gossip
+			// lists, and has not been for OutsideGossipAfter: this one is.
+			// Once given up, the unlisted one stays older (epoch.go).
+			m.log.Warn("following the sidecar epoch gossip lists for the engine instead of one it has not listed for long: another deployment on this NATS with the same engine id?",
+				"engine", e.id, "epoch", d.Epoch, "unlisted_epoch", e.epochs.follow, "unlisted_for", now.Sub(e.unlistedSince).Round(time.Millisecond))
+		} else if e.epochs.older(d.Epoch, d.EpochStart) {
 			// Another live sidecar of the engine, older than the one
 			// followed (epoch.go): ignored, unless the followed one has
 			// been silent for EpochGrace while this one kept sending.
@@ -337,7 +347,7 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 			}
 			e.staleEpoch = d.Epoch
 			e.staleNews = e.staleNews || m.newsLocked(e, d)
-			if now.Sub(e.staleSince) < m.cfg.EpochGrace {
+			if now.Sub(e.staleSince) < m.cfg.EpochGrace || m.unlistedHeldLocked(e, d.Epoch, now) {
 				return // or tick's checkSilentLocked, if no delta comes
 			}
 			// Older by start time only: an older sidecar still running, or a
@@ -374,6 +384,50 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 			e.confirmed = at
 		}
 	}
+}
+
+// unlistedLocked notes a delta of e from another epoch than the one whose
+// head gossip lists for it. A restarted sidecar's deltas come before
+// gossip carries its head, for a second or so; past OutsideGossipAfter the
+// epoch is counted (kvmesh_materializer_unlisted_epoch_deltas_total) and
+// warned about once a minute: a sidecar gossip does not know publishes as
+// the engine, most likely another installation on this NATS whose sidecar
+// has the same engine id (its deltas won as the newer epoch, and this
+// ingress indexed the other installation's cache for this engine). Its
+// deltas are ignored once the listed epoch is followed again
+// (listedOverFollowedLocked).
+func (m *Materializer) unlistedLocked(e *engineState, d *kvevents.Delta, now time.Time) {
+	if e.unlistedEpoch != d.Epoch {
+		e.unlistedEpoch, e.unlistedSince = d.Epoch, now
+	}
+	if now.Sub(e.unlistedSince) < m.cfg.OutsideGossipAfter {
+		return
+	}
+	m.met.unlistedEpochs.Inc()
+	if now.Sub(m.unlistedEpochWarned) < time.Minute {
+		return
+	}
+	m.unlistedEpochWarned = now
+	m.log.Warn("deltas of an engine arrive from a sidecar epoch gossip does not list for it: another deployment on this NATS with the same engine id? "+
+		"Give each installation its own NATS account or server (docs/OPERATIONS.md, \"One NATS per installation\"); the epoch gossip lists is followed; warned once a minute",
+		"engine", e.id, "epoch", d.Epoch, "gossip_epoch", e.gossipEpoch, "for_at_least", now.Sub(e.unlistedSince).Round(time.Millisecond))
+}
+
+// listedOverFollowedLocked reports whether e should follow ep, another
+// epoch than the one followed, because ep is the one gossip lists and the
+// followed one has sent deltas gossip did not list for OutsideGossipAfter.
+func (m *Materializer) listedOverFollowedLocked(e *engineState, ep uint64, now time.Time) bool {
+	return m.cfg.Membership != nil && e.inGossip && ep == e.gossipEpoch && e.unlistedEpoch == e.epochs.follow &&
+		e.unlistedEpoch != 0 && now.Sub(e.unlistedSince) >= m.cfg.OutsideGossipAfter
+}
+
+// unlistedHeldLocked reports whether e keeps to the followed epoch, the
+// one gossip lists, however silent, rather than go back to ep, which gossip
+// has not listed for OutsideGossipAfter: the other installation's busy
+// sidecar would otherwise take over each time this one's engine idles.
+func (m *Materializer) unlistedHeldLocked(e *engineState, ep uint64, now time.Time) bool {
+	return m.cfg.Membership != nil && e.inGossip && e.gossipEpoch == e.epochs.follow && ep != e.gossipEpoch &&
+		e.unlistedEpoch == ep && now.Sub(e.unlistedSince) >= m.cfg.OutsideGossipAfter
 }
 
 // malformedWarnEvery spaces the warnings of undecodable deltas.

@@ -37,6 +37,9 @@ type metrics struct {
 	refused *prometheus.CounterVec
 	// ahead: copies found ahead of gossip's head and re-snapshotted.
 	ahead prometheus.Counter
+	// unlistedEpochs: deltas from an epoch gossip has not listed for the
+	// engine for OutsideGossipAfter.
+	unlistedEpochs prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -76,6 +79,9 @@ func newMetrics() *metrics {
 			"Engines whose id came back serving another model (gossip, or without gossip a newer sidecar's deltas): the old key set dropped, the new model's snapshotted."),
 		otherModel: c("other_model_deltas_total",
 			"Deltas naming another model than gossip lists for their engine (a sidecar of the engine id's previous or next model), ignored."),
+		unlistedEpochs: c("unlisted_epoch_deltas_total",
+			"Deltas of an engine gossip lists, from a sidecar epoch other than the one gossip lists for it, for longer than outside-gossip-after (30 s; a restarted sidecar's take a second or so): "+
+				"most likely another installation on this NATS whose sidecar has the same engine id. The epoch gossip lists is followed; warned about once a minute."),
 		ahead: c("ahead_of_gossip_total",
 			"Copies of an engine found ahead of gossip's head in the same epoch, with no delta coming, for the ahead grace (10 s), and re-snapshotted: a delta the sidecar did not publish (a forged or buggy publisher on the engine's subject) or the sidecar's gossip lagging. Once per head."),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -99,7 +105,7 @@ func (m *metrics) register(reg prometheus.Registerer, ages prometheus.Collector,
 		return nil
 	}
 	for _, col := range []prometheus.Collector{
-		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps, m.modelChanges, m.otherModel, m.refused, m.ahead,
+		m.applied, m.ops, m.keys, m.duplicates, m.gaps, m.epochs, m.mismatches, m.malformed, m.resyncs, m.staleEpochs, m.snapshots, m.lag, ages, m.bufferDrops, m.unlistedDropped, m.aheadStamps, m.modelChanges, m.otherModel, m.refused, m.ahead, m.unlistedEpochs,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines_outside_gossip",
 			Help: "Engines whose deltas have kept arriving on NATS for 30 s (outside-gossip-after) while gossip does not list them: this ingress follows their caches but does not route to them. A gossip partition (seeds forming islands, a network split) or their sidecars alone in gossip; warned once a minute with their ids. 0 without gossip."}, outside),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_materializer_engines", Help: "Engines known to this materializer."}, engines),
