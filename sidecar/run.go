@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -270,12 +271,21 @@ func JoinHostPort(host string, port int) (string, error) {
 	return net.JoinHostPort(bare, strconv.Itoa(port)), nil
 }
 
-// hostOf is the host:port of a URL (the default engine id).
-func hostOf(url string) string {
-	_, rest, ok := strings.Cut(url, "://")
+// hostOf is the host:port of a URL (the default engine id), without its
+// userinfo: the id is gossiped, labels metrics, is logged and reaches
+// clients in X-Kvmesh-Engine, so "http://user:secret@[::1]:8000" gives
+// "[::1]:8000", as the ingress's static engines' ids do.
+func hostOf(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.Host != "" {
+		return u.Host
+	}
+	_, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		rest = url
+		rest = raw
 	}
 	host, _, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndexByte(host, '@'); i >= 0 {
+		host = host[i+1:] // an unparsable URL's userinfo
+	}
 	return host
 }

@@ -179,3 +179,30 @@ func TestOptionsBuildBounds(t *testing.T) {
 		t.Errorf("the shortest intervals: %v", err)
 	}
 }
+
+// TestDefaultEngineIDHasNoUserinfo: the default engine id (the URL's
+// host:port) leaves out the URL's userinfo, from --engine-url and from an
+// --engine spec's url= alike: the id is gossiped, labels metrics, is logged
+// and reaches clients in X-Kvmesh-Engine (tester h-ipv6 F1).
+func TestDefaultEngineIDHasNoUserinfo(t *testing.T) {
+	o := DefaultOptions()
+	o.EngineSpecs = []string{"model=m,url=http://u:spec-secret@10.0.0.5:8000,events=tcp://10.0.0.5:5557"}
+	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://user:secret@[::1]:20010/v1", "tcp://[::1]:20011"
+	cfg, err := o.Build(slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Engines) != 2 || cfg.Engines[0].ID != "10.0.0.5:8000" || cfg.Engines[1].ID != "[::1]:20010" {
+		t.Fatalf("engine ids %q, %q; want 10.0.0.5:8000 and [::1]:20010", cfg.Engines[0].ID, cfg.Engines[1].ID)
+	}
+	for raw, want := range map[string]string{
+		"http://10.0.0.9:8000/v1":     "10.0.0.9:8000",
+		"http://a@b@[fd00::1]:8000":   "[fd00::1]:8000",
+		"10.0.0.9:8000/v1":            "10.0.0.9:8000",
+		"http://user:pw@h:1:2:bad/v1": "h:1:2:bad",
+	} {
+		if got := hostOf(raw); got != want {
+			t.Errorf("hostOf(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}

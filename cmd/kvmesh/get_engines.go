@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 )
@@ -327,7 +328,7 @@ func describeEngine(w io.Writer, e gossip.EngineView, members map[string]gossip.
 	if e.PDProtocol != "" {
 		field("P/D protocol", e.PDProtocol)
 	}
-	field("URL", e.URL)
+	field("URL", natsutil.RedactURL(e.URL)) // its userinfo, if any, is a secret (docs/SECURITY.md)
 	if ids := sharedURL(e, dups); len(ids) > 0 {
 		field("URL shared by", strings.Join(ids, ", ")+" (different --engine-id for this engine: routed to as one engine each)")
 	}

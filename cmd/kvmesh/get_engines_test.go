@@ -349,6 +349,22 @@ func TestDescribeEngineDecimal(t *testing.T) {
 	}
 }
 
+// TestDescribeEngineRedactsURL: describe prints the engine URL's userinfo
+// as "redacted", as /debug/engines does (docs/SECURITY.md): it printed the
+// gossiped URL's password in clear (tester h-ipv6 F1).
+func TestDescribeEngineRedactsURL(t *testing.T) {
+	e := gossip.EngineView{EngineState: gossip.EngineState{ID: "[::1]:20010", Model: "m", URL: "http://user:secret@[::1]:20010"},
+		Node: "sidecar-e", Updated: time.Now(), Age: time.Second}
+	lr, _ := learn.FromShares(nil)
+	var out strings.Builder
+	if err := describeEngine(&out, e, nil, gossip.Duplicates{}, lr, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); strings.Contains(s, "secret") || !strings.Contains(s, "URL:             http://redacted@[::1]:20010\n") {
+		t.Errorf("describe shows the URL's userinfo, or no redacted URL:\n%s", s)
+	}
+}
+
 // TestGetEnginesNegativeWait: a negative --wait is a usage error (it
 // meant 0 silently); 0 is documented: what joining brought.
 func TestGetEnginesNegativeWait(t *testing.T) {
