@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -52,7 +53,7 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 	var key []byte
 	var extra [][]byte
 	gossipKeyFlag(fs, &key, &extra, &probs)
-	bind := fs.String("gossip-bind", "127.0.0.1:0", "where this observer listens, IP:port (IPv6 in brackets; must be reachable by the members)")
+	bind := fs.String("gossip-bind", "", "where this observer listens, IP:port (IPv6 in brackets; must be reachable by the members; default: a free port on this host's address that reaches the first --join seed, [::1]:0 for a seed on [::1], 127.0.0.1:0 when none is reached)")
 	advertise := fs.String("gossip-advertise", "", "the IP, or IP:port (IPv6 in brackets), the members dial, when it differs from the bind address")
 	wait := fs.Duration("wait", 3*time.Second, "how long to wait for the view to settle (0: what joining brought, without waiting)")
 	fs.Usage = func() {
@@ -82,9 +83,19 @@ func runEngines(ctx context.Context, verb string, args []string, stdout, stderr 
 		fs.Usage()
 		return fmt.Errorf("%w: want --join and %s", errUsage, map[string]string{"get": "an optional engine name", "describe": "an engine name"}[verb])
 	}
+	for _, s := range seeds {
+		// memberlist dials a seed without a port at this observer's own
+		// port: it would join itself and print an empty table.
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			return fmt.Errorf("%w: --join %q: want host:port, IPv6 in brackets ([fd00::1]:7946): a seed without a port is dialled at this observer's own", errUsage, s)
+		}
+	}
 	name := ""
 	if len(pos) == 2 {
 		name = pos[1]
+	}
+	if *bind == "" {
+		*bind = observerBind(seeds)
 	}
 	node, err := observeMesh(*bind, *advertise, seeds, key, extra)
 	if err != nil {
@@ -181,7 +192,34 @@ func observeMesh(bind, advertise string, seeds []string, key []byte, extra [][]b
 			return nil, fmt.Errorf("join the mesh at %v: %w", seeds, err)
 		}
 	}
+	if node.NumMembers() <= 1 { // the seeds answered as this observer (its own address given)
+		addr := node.Addr()
+		node.Shutdown()
+		return nil, fmt.Errorf("join the mesh at %v: the seeds reached only this observer (listening at %s), no member of the mesh", seeds, addr)
+	}
 	return node, nil
+}
+
+// observerBind is the observer's default --gossip-bind: a free port on the
+// address of this host that the first seed reachable is routed from, in
+// the seeds' address family, so the members' probes and gossip reach it
+// (bound to 127.0.0.1, every member of an IPv6 mesh logged "network is
+// unreachable" for it). Connecting a UDP socket only picks the route and
+// sends nothing. 127.0.0.1:0 when no seed resolves.
+func observerBind(seeds []string) string {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	for _, s := range seeds {
+		c, err := d.Dial("udp", s)
+		if err != nil {
+			continue
+		}
+		a, ok := c.LocalAddr().(*net.UDPAddr)
+		_ = c.Close()
+		if ok && a.Zone == "" { // memberlist binds no link-local zone
+			return net.JoinHostPort(a.IP.String(), "0")
+		}
+	}
+	return "127.0.0.1:0"
 }
 
 // settle polls the view until every sidecar member gossips at least one

@@ -193,10 +193,86 @@ func TestGetEnginesIPv6(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[1], "eng-v6 ") {
 		t.Fatalf("want a header and eng-v6:\n%s", out.String())
 	}
+	// Without --gossip-bind the observer listens on [::1] (observerBind).
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"get", "engines", "--join", sc.Addr(), "--wait", "30s"}, &out, &errb); code != 0 {
+		t.Fatalf("default bind: exit %d: %s", code, errb.String())
+	}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[1], "eng-v6 ") {
+		t.Fatalf("default bind: want a header and eng-v6:\n%s", out.String())
+	}
 	errb.Reset()
 	if code := run([]string{"get", "engines", "--join", sc.Addr(), "--gossip-bind", "nope"}, io.Discard, &errb); code != 2 ||
 		!strings.Contains(errb.String(), `gossip bind "nope": want host:port`) {
 		t.Errorf("bad --gossip-bind: exit %d, %s", code, errb.String())
+	}
+}
+
+// TestGetEnginesSeedsNeedAPort: a --join seed without a port is refused
+// (memberlist dials it at the observer's own port: it joined itself and
+// printed an empty table with exit 0), and a join that reaches only the
+// observer itself is an error, exit 1 (tester h-ipv6 F4).
+func TestGetEnginesSeedsNeedAPort(t *testing.T) {
+	for _, seed := range []string{"[::1]", "::1", "127.0.0.1", "127.0.0.1:1,localhost"} {
+		var out, errb strings.Builder
+		code := run([]string{"get", "engines", "--join", seed, "--wait", "0"}, &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), "want host:port") || out.Len() != 0 {
+			t.Errorf("--join %s: exit %d, stdout %q, stderr %s; want exit 2 asking for host:port", seed, code, out.String(), errb.String())
+		}
+	}
+	// The observer's own address as the seed: no member of any mesh answers.
+	for try := 0; ; try++ {
+		port := freeGossipPort(t)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		var out, errb strings.Builder
+		code := run([]string{"get", "engines", "--join", addr, "--gossip-bind", addr, "--wait", "0"}, &out, &errb)
+		if code != 0 && strings.Contains(errb.String(), "address already in use") && try < 5 {
+			continue // the port was taken between the check and the bind
+		}
+		if code != 1 || !strings.Contains(errb.String(), "the seeds reached only this observer") || out.Len() != 0 {
+			t.Errorf("observer joining itself: exit %d, stdout %q, stderr %s; want exit 1", code, out.String(), errb.String())
+		}
+		break
+	}
+}
+
+// freeGossipPort is a port free on 127.0.0.1 for TCP and UDP when asked.
+func freeGossipPort(t *testing.T) int {
+	t.Helper()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		_ = ln.Close()
+		if err == nil {
+			_ = pc.Close()
+			return port
+		}
+	}
+}
+
+// TestObserverBindFollowsTheSeeds: without --gossip-bind the observer
+// listens on the address that reaches its first seed, in the seed's
+// family: bound to 127.0.0.1, every member of an IPv6 mesh logged
+// "network is unreachable" for its probes (tester h-ipv6 F3).
+func TestObserverBindFollowsTheSeeds(t *testing.T) {
+	if got := observerBind([]string{"127.0.0.1:7946"}); got != "127.0.0.1:0" {
+		t.Errorf("IPv4 loopback seed: bind %s, want 127.0.0.1:0", got)
+	}
+	if got := observerBind(nil); got != "127.0.0.1:0" {
+		t.Errorf("no seed: bind %s, want 127.0.0.1:0", got)
+	}
+	if ln, err := net.ListenPacket("udp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		_ = ln.Close()
+	}
+	if got := observerBind([]string{"[::1]:7946", "127.0.0.1:7946"}); got != "[::1]:0" {
+		t.Errorf("IPv6 loopback seed: bind %s, want [::1]:0", got)
 	}
 }
 
