@@ -3,6 +3,7 @@ package ingress
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -120,5 +121,47 @@ func badOrigin(o string) string {
 	} else if strings.HasSuffix(u.Host, ":") {
 		return "empty port; " + want
 	}
+	h := u.Hostname()
+	if canon, ip := ipHost(h, strings.HasPrefix(u.Host, "[")); ip && h != canon {
+		if canon == "" {
+			return "an IP address in a form browsers refuse or rewrite (IPv6 compressed, no zone: http://[::1]:3000; IPv4 in dotted decimal); " + want
+		}
+		return fmt.Sprintf("browsers send this IP address as %s; %s", canon, want)
+	}
 	return ""
+}
+
+// ipHost: whether h (bracketed: written in brackets) is an IP address to
+// a browser (ip), and its form in a browser's Origin (canon; "" when no
+// browser sends it): an IPv6 address compressed, in lowercase hex, with an
+// IPv4-mapped one in hex too ([0:0::1] is [::1], [::ffff:127.0.0.1] is
+// [::ffff:7f00:1]), and no zone; a host whose last label is a number is an
+// IPv4 address, sent in dotted decimal (127.1 is 127.0.0.1; the WHATWG URL
+// standard's host parser).
+func ipHost(h string, bracketed bool) (canon string, ip bool) {
+	if bracketed {
+		a, err := netip.ParseAddr(h)
+		if err != nil || !a.Is6() || a.Zone() != "" {
+			return "", true
+		}
+		if a.Is4In6() {
+			b := a.As16()
+			return fmt.Sprintf("::ffff:%x:%x", uint16(b[12])<<8|uint16(b[13]), uint16(b[14])<<8|uint16(b[15])), true
+		}
+		return a.String(), true
+	}
+	labels := strings.Split(strings.TrimSuffix(h, "."), ".")
+	last := labels[len(labels)-1]
+	if hex, isHex := strings.CutPrefix(last, "0x"); isHex {
+		last = hex
+		if strings.Trim(last, "0123456789abcdef") != "" {
+			return "", false
+		}
+	} else if last == "" || strings.Trim(last, "0123456789") != "" {
+		return "", false
+	}
+	if a, err := netip.ParseAddr(strings.TrimSuffix(h, ".")); err == nil && a.Is4() {
+		return a.String(), true
+	}
+	return "", true // a numeric host written otherwise: 127.1, 0x7f.0.0.1, 010.0.0.1 (octal)
 }

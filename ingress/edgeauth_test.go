@@ -331,6 +331,27 @@ func TestCORSOriginsChecked(t *testing.T) {
 			t.Errorf("%q not refused by name: %v", b, err)
 		}
 	}
+	// An IP address a browser writes otherwise (tester h-ipv6 F5): it would
+	// never match; the error names the form browsers send.
+	for o, want := range map[string]string{
+		"http://[0:0::1]:3001":           "as ::1",
+		"http://[::ffff:127.0.0.1]:3000": "as ::ffff:7f00:1",
+		"http://[fd00:0:0:0:0:0:0:5]":    "as fd00::5",
+		"http://[fe80::1%25eth0]:3000":   "IPv6 compressed, no zone",
+		"http://127.1:3000":              "IPv4 in dotted decimal",
+		"http://0x7f.0.0.1":              "IPv4 in dotted decimal",
+		"http://010.0.0.1":               "IPv4 in dotted decimal",
+		"http://1.2.3.4.":                "as 1.2.3.4",
+	} {
+		if err := checkCORSOrigins([]string{o}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", o)) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want refused with %q", o, err, want)
+		}
+	}
+	for _, good := range []string{"http://[::ffff:7f00:1]:3000", "http://[fd00::5]", "http://127.0.0.1:3000", "http://10.0.0.5", "https://app2.example", "http://v6.1x"} {
+		if err := checkCORSOrigins([]string{good}); err != nil {
+			t.Errorf("%q refused: %v", good, err)
+		}
+	}
 	o := DefaultOptions()
 	o.Config.Engines = []StaticEngine{{ID: "e", Model: "m", URL: "http://127.0.0.1:1"}}
 	o.Config.CORSOrigins = []string{"https://app.example/"}
