@@ -2,6 +2,9 @@ package gossip
 
 import (
 	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 )
@@ -54,5 +57,62 @@ func TestDecodeKey(t *testing.T) {
 	}
 	if _, err := DecodeKey("!!"); err == nil {
 		t.Error("non-base64 key accepted")
+	}
+}
+
+// TestUnspecifiedAdvertiseRefused: a member that would advertise an address
+// no peer can dial is refused at start, saying to give --gossip-advertise:
+// bound to [::] (or an empty host) without one, memberlist advertises ::,
+// and peers that dial it dial themselves (tester h-ipv6 U2). Bound to
+// 0.0.0.0 memberlist picks a private address of the host's itself.
+func TestUnspecifiedAdvertiseRefused(t *testing.T) {
+	for _, tc := range []struct {
+		bind, adv string
+		refused   bool
+	}{
+		{"[::]:7946", "", true},
+		{":7946", "", true},
+		{"[::]:7946", "::", true},
+		{"0.0.0.0:7946", "0.0.0.0", true},
+		{"10.0.0.5:7946", "[::]:7947", true},
+		{"[::]:7946", "fd00::1", false},
+		{":7946", "10.0.0.5", false},
+		{"0.0.0.0:7946", "", false},
+		{"[::1]:7946", "", false},
+		{"127.0.0.1:0", "", false},
+	} {
+		c := testConfig("n", RoleSidecar, nil)
+		if err := c.SetAddrs(tc.bind, tc.adv); err != nil {
+			t.Fatalf("%s %s: %v", tc.bind, tc.adv, err)
+		}
+		err := c.Validate()
+		if refused := err != nil; refused != tc.refused || refused && (!errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--gossip-advertise")) {
+			t.Errorf("bind %s advertise %q: %v, want refused %v naming --gossip-advertise", tc.bind, tc.adv, err, tc.refused)
+		}
+	}
+	c := testConfig("n", RoleSidecar, nil)
+	c.BindAddr = "::"
+	if _, err := New(c); !errors.Is(err, ErrConfig) {
+		t.Errorf("New bound to :: without an advertise address: %v, want refused", err)
+	}
+}
+
+// TestBindErrorBracketsIPv6: a gossip port that cannot be bound is named
+// as host:port with an IPv6 address in brackets, [::1]:P, not ::1:P
+// (tester h-ipv6 F6).
+func TestBindErrorBracketsIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer ln.Close()
+	c := testConfig("n", RoleSidecar, nil)
+	port := ln.Addr().(*net.TCPAddr).Port
+	if err := c.SetAddrs(fmt.Sprintf("[::1]:%d", port), ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(c)
+	if want := fmt.Sprintf("bind [::1]:%d: ", port); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("New on a taken port: %v, want %q", err, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -29,7 +30,9 @@ type Config struct {
 	BindAddr string
 	BindPort int
 	// AdvertiseAddr/AdvertisePort: what others dial when it differs from the
-	// bind address (NAT, pods). Empty/0: derived by memberlist.
+	// bind address (NAT, pods). Empty/0: derived by memberlist (from a
+	// private address of the host's when bound to 0.0.0.0; refused when bound
+	// to [::] or an empty host, for which it would advertise ::).
 	AdvertiseAddr string
 	AdvertisePort int
 	// Join lists seeds as "host:port"; a host may be a DNS name resolving to
@@ -133,6 +136,9 @@ func (c *Config) Validate() error {
 	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		add("advertise port %d out of range", c.AdvertisePort)
 	}
+	if why := unspecifiedAdvertise(c.BindAddr, c.AdvertiseAddr); why != "" {
+		add("%s", why)
+	}
 	switch len(c.SecretKey) {
 	case 0, 16, 24, 32:
 	default:
@@ -223,4 +229,28 @@ func ParseKeys(s string) (primary []byte, extra [][]byte, err error) {
 		}
 	}
 	return primary, extra, nil
+}
+
+// unspecifiedAdvertise says why the member would advertise an address no
+// peer can dial ("" when it would not): an advertise address that is
+// unspecified (0.0.0.0, ::), or none beside a bind on every address other
+// than 0.0.0.0 ([::] or an empty host), for which memberlist advertises the
+// listener's own address, ::, and peers that dial it dial themselves. Bound
+// to 0.0.0.0 without one, memberlist picks a private (RFC 6890) address
+// of the host's, and fails at start when it has none.
+func unspecifiedAdvertise(bind, advertise string) string {
+	const fix = "give the address peers dial (--gossip-advertise; in a pod its IP, $(POD_IP))"
+	if advertise != "" {
+		if ip := net.ParseIP(advertise); ip != nil && ip.IsUnspecified() {
+			return fmt.Sprintf("advertise address %s is no address a peer can dial; %s", advertise, fix)
+		}
+		return ""
+	}
+	if bind == "0.0.0.0" {
+		return ""
+	}
+	if ip := net.ParseIP(bind); bind == "" || ip != nil && ip.IsUnspecified() {
+		return fmt.Sprintf("bind address %q listens on every address, and memberlist would advertise ::, which peers cannot dial; %s", bind, fix)
+	}
+	return ""
 }

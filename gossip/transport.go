@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,7 +47,7 @@ func newTransport(stop context.Context, mc *memberlist.Config) (*transport, erro
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bind %s:%d: %w", mc.BindAddr, mc.BindPort, err)
+		return nil, fmt.Errorf("bind %s: %w", net.JoinHostPort(mc.BindAddr, strconv.Itoa(mc.BindPort)), err)
 	}
 	if mc.BindPort == 0 {
 		mc.BindPort = nt.GetAutoBindPort()
