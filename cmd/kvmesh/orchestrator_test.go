@@ -367,6 +367,8 @@ func TestOrchestratorFlagsNotRead(t *testing.T) {
 			a = f + "=127.0.0.1:0" // loopback only
 		case "--join":
 			a = f + "=127.0.0.1:1"
+		case "--gossip-advertise":
+			a = f + "=127.0.0.1" // $(POD_IP), which Kubernetes expands
 		}
 		args = append(args, a.(string))
 	}
