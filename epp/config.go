@@ -92,7 +92,7 @@ func (c *Config) Validate() error {
 	var probs []string
 	bad := func(f string, a ...any) { probs = append(probs, fmt.Sprintf(f, a...)) }
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("listen %q: %v", c.Listen, err)
+		bad("--grpc %q: want host:port, IPv6 in brackets ([::1]:9002): %v", c.Listen, err) // not --listen, the HTTP listener's flag
 	}
 	switch c.DefaultBodyMode {
 	case ModeFullDuplex, ModeBuffered, ModeStreamed:

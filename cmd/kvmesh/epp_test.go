@@ -119,10 +119,16 @@ func TestEPPCommandBadFlags(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
 	}
-	for _, want := range []string{`listen "nope"`, `defaultBodyMode "sideways"`, `pool name needs its namespace`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`, `--grpc-tls=files needs --grpc-tls-cert and --grpc-tls-key`} {
+	for _, want := range []string{`--grpc "nope": want host:port`, `defaultBodyMode "sideways"`, `pool name needs its namespace`, `maxEndpoints`, `--tokenizer "no-equals"`, `--log-level "loud"`, `--grpc-tls=files needs --grpc-tls-cert and --grpc-tls-key`} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("message lacks %q:\n%s", want, errOut.String())
 		}
+	}
+	// An unbracketed IPv6 --grpc is named by its flag, not as "listen",
+	// which is --listen's (tester h-ipv6 F6).
+	var grpcErr testutil.SyncBuffer
+	if code := run([]string{"epp", "--grpc", "::1:20370"}, io.Discard, &grpcErr); code != 2 || !strings.Contains(grpcErr.String(), `--grpc "::1:20370": want host:port, IPv6 in brackets`) {
+		t.Errorf("--grpc ::1:20370: exit %d: %s", code, grpcErr.String())
 	}
 	// The picker buffers bodies against the ingress's in-flight bound, so a
 	// --max-body above it is refused as on the ingress (a body that size
