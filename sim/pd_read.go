@@ -40,7 +40,7 @@ func (p *pdState) nixlRead(ctx context.Context, rk *rank, g *gen, kp *kvTransfer
 		}
 		msg.BlockIDs = append(msg.BlockIDs, uint32(id))
 	}
-	addr := net.JoinHostPort(*kp.RemoteHost, strconv.Itoa(*kp.RemotePort))
+	addr := net.JoinHostPort(bareHost(*kp.RemoteHost), strconv.Itoa(*kp.RemotePort))
 	start := hit * bs
 	got, d, err := p.transfer(ctx, rk, addr, frameRead, msg.appendBody(nil), prompt, start, len(ids))
 	if err != nil {
@@ -69,13 +69,25 @@ func (p *pdState) bootstrapRead(ctx context.Context, rk *rank, g *gen, pr *pdReq
 	bs := p.s.cfg.Engine.BlockSize
 	nb := (len(prompt) + bs - 1) / bs
 	msg := waitMsg{Room: *pr.BootstrapRoom, TimeoutMS: uint64(p.cfg.BootstrapTimeout / time.Millisecond)}
-	addr := net.JoinHostPort(*pr.BootstrapHost, strconv.Itoa(port))
+	addr := net.JoinHostPort(bareHost(*pr.BootstrapHost), strconv.Itoa(port))
 	got, d, err := p.transfer(ctx, rk, addr, frameWait, msg.appendBody(nil), prompt, 0, nb)
 	if err != nil {
 		return 0, err
 	}
 	p.observe([]string{p.s.cfg.Model, strconv.Itoa(rk.idx)}, nb, d)
 	return got, nil
+}
+
+// bareHost is a remote_host or bootstrap_host without the brackets an
+// IPv6 address may come in ("[::1]", as VLLM_NIXL_SIDE_CHANNEL_HOST may
+// give it: vLLM's make_zmq_path brackets only an unbracketed IPv6 address,
+// so both forms reach its side channel), for net.JoinHostPort, which would
+// bracket it again ([[::1]]:5600).
+func bareHost(h string) string {
+	if len(h) > 2 && h[0] == '[' && h[len(h)-1] == ']' {
+		return h[1 : len(h)-1]
+	}
+	return h
 }
 
 func (p *pdState) observe(lbl []string, blocks int, d time.Duration) {

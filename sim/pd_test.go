@@ -403,6 +403,44 @@ func TestPDSGLangBothLegsAtOnce(t *testing.T) {
 	}
 }
 
+// TestPDBracketedIPv6Hosts: a decode leg whose remote_host (NIXL) or
+// bootstrap_host (SGLang) is an IPv6 address in brackets, "[::1]", reads
+// the KV as from "::1": it dialled [[::1]]:port, failed and prefilled
+// locally (tester h-ipv6 U3).
+func TestPDBracketedIPv6Hosts(t *testing.T) {
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		_ = ln.Close()
+	}
+	v6 := func(c *Config) { nixlConfig(c); c.PD.SideChannelHost = "::1" }
+	p, d := startSim(t, v6), startSim(t, v6)
+	prompt := tokens(3, 83)
+	code, pr, raw := postPD(t, p, prefillLeg(prompt))
+	if code != 200 || string(pr.KVTransferParams["remote_host"]) != `"::1"` {
+		t.Fatalf("prefill leg: %d %s", code, raw)
+	}
+	pr.KVTransferParams["remote_host"] = json.RawMessage(`"[::1]"`)
+	code, dr, raw := postPD(t, d, decodeLeg(prompt, pr.KVTransferParams, 2))
+	if code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != len(prompt)-1 {
+		t.Errorf("NIXL decode leg with remote_host [::1]: %d %s; want %d cached tokens", code, raw, len(prompt)-1)
+	}
+
+	sp := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "prefill"; c.PD.BootstrapAddr = "[::1]:0" })
+	sd := startSim(t, func(c *Config) { c.PD.DisaggregationMode = "decode" })
+	_, portStr, _ := net.SplitHostPort(sp.BootstrapAddr())
+	port, _ := strconv.Atoi(portStr)
+	body := map[string]any{"model": "test-model", "prompt": prompt, "max_tokens": 2, "ignore_eos": true,
+		"bootstrap_host": "[::1]", "bootstrap_port": port, "bootstrap_room": 7}
+	if code, _, raw := postPD(t, sp, body); code != 200 {
+		t.Fatalf("SGLang prefill leg: %d %s", code, raw)
+	}
+	code, dr, raw = postPD(t, sd, body)
+	if code != 200 || dr.Usage.PromptTokensDetails.CachedTokens != len(prompt)-1 {
+		t.Fatalf("SGLang decode leg with bootstrap_host [::1]: %d %s; want %d cached tokens", code, raw, len(prompt)-1)
+	}
+}
+
 func TestPDConfigValidation(t *testing.T) {
 	for _, bad := range []string{
 		`{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`,
