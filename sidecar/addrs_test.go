@@ -43,11 +43,24 @@ func TestWarnsOfLocalEngineURL(t *testing.T) {
 			t.Errorf("url %s, gossip bind %s advertise %q: warned %v, want %v: %s", tc.url, tc.bind, tc.advertise, got, tc.warn, logs.String())
 		}
 	}
-	// Without gossip the URL reaches no other host this way.
+	// The warning names the URL without its credentials (h-ipv6 F1).
 	o := DefaultOptions()
-	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://127.0.0.1:8000", "tcp://127.0.0.1:5557"
+	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://user:s3cret@127.0.0.1:8000", "tcp://127.0.0.1:5557"
+	o.GossipBind = "0.0.0.0:7946"
 	var logs bytes.Buffer
-	cfg, _ := o.Build(slog.New(slog.NewTextHandler(&logs, nil)))
+	cfg, err := o.Build(slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.warnLocalEngineURLs(cfg.Logger)
+	if !strings.Contains(logs.String(), "engine URL names this host only") || strings.Contains(logs.String(), "s3cret") {
+		t.Errorf("want the warning without the password: %s", logs.String())
+	}
+	// Without gossip the URL reaches no other host this way.
+	o = DefaultOptions()
+	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://127.0.0.1:8000", "tcp://127.0.0.1:5557"
+	logs.Reset()
+	cfg, _ = o.Build(slog.New(slog.NewTextHandler(&logs, nil)))
 	cfg.warnLocalEngineURLs(cfg.Logger)
 	if logs.Len() != 0 {
 		t.Errorf("warned without gossip: %s", logs.String())

@@ -397,7 +397,7 @@ func (c *Config) warnLocalEngineURLs(log *slog.Logger) {
 		if localEngineURL(e.URL) {
 			log.Warn("engine URL names this host only, but it is gossiped to other hosts, which will dial themselves: "+
 				"give an address they can reach (--engine-host=$(POD_IP) --engine-port=PORT in a pod) and --engine-id=$(POD_NAME)",
-				"engine", e.ID, "url", e.URL, "gossip_addr", addr)
+				"engine", e.ID, "url", natsutil.RedactURL(e.URL), "gossip_addr", addr)
 		}
 	}
 }
