@@ -34,3 +34,18 @@ func TestScheduleNoAlloc(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleChainsNoAlloc: a request keyed at a second block size
+// (Request.Chains) reuses the cycle's scratch too.
+func TestScheduleChainsNoAlloc(t *testing.T) {
+	req, es, x := mixedBlockRequest(t)
+	s, err := registry.NewPolicy("kvmesh", 1, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d scheduler.Decision
+	_ = s.Schedule(req, es, &d)
+	if a := testing.AllocsPerRun(50, func() { _ = s.Schedule(req, es, &d) }); a != 0 {
+		t.Errorf("Schedule with a second chain allocates %.1f per call", a)
+	}
+}

@@ -90,12 +90,17 @@ func (s *Scheduler) Policy() string { return s.policy.Name() }
 // Cycle is one scheduling call's scratch space and random stream. Plugins
 // may use the float buffers (Floats) and Rand during the call only.
 type Cycle struct {
-	cands  []Candidate
-	ids    []string
-	match  []index.Match
-	res    index.Result
-	floats [4][]float64
-	rng    uint64
+	cands []Candidate
+	ids   []string
+	match []index.Match
+	res   index.Result
+	// Request.Chains: the engines of one chain's size, their places in
+	// the candidates, and their matches.
+	sub      []string
+	at       []int
+	subMatch []index.Match
+	floats   [4][]float64
+	rng      uint64
 }
 
 // Rand returns the next value of the call's deterministic random stream
@@ -155,13 +160,13 @@ func (s *Scheduler) Schedule(req *Request, engines []Engine, d *Decision) error 
 	})
 	offered := 0.0
 	for _, c := range kept {
-		d.Ranked = append(d.Ranked, EngineScore{Engine: c.ID, Score: c.Score, Match: c.Match, Hit: c.Hit})
-		offered = max(offered, s.weights.Weighted(c.Match))
+		d.Ranked = append(d.Ranked, EngineScore{Engine: c.ID, Score: c.Score, Match: c.Match, MatchBlock: c.MatchBlock, Hit: c.Hit})
+		offered = max(offered, s.reqBlocks(req, &c))
 	}
 	d.Engine, d.Reason = kept[0].ID, reason
 	s.m.decisions.Add(1)
 	s.m.requestBlocks.Add(uint64(len(req.Keys)))
-	s.m.matchedBlocks.Add(uint64(s.weights.Weighted(kept[0].Match) + 0.5))
+	s.m.matchedBlocks.Add(uint64(s.reqBlocks(req, &kept[0]) + 0.5))
 	s.m.offeredBlocks.Add(uint64(offered + 0.5))
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log.Debug("schedule", "policy", d.Policy, "engine", d.Engine, "reason", reason,
@@ -185,9 +190,12 @@ func (s *Scheduler) prepare(req *Request, engines []Engine, cyc *Cycle, filtered
 		cyc.match = make([]index.Match, len(ids))
 	}
 	match := cyc.match[:len(ids)]
-	if s.idx != nil && len(req.Keys) > 0 {
+	switch {
+	case s.idx != nil && len(req.Chains) > 0:
+		s.lookupChains(req, engines, cyc, match)
+	case s.idx != nil && len(req.Keys) > 0:
 		s.idx.LookupFor(req.Keys, ids, &cyc.res, match)
-	} else {
+	default:
 		clear(match)
 	}
 	blocks := float64(req.Blocks())
@@ -196,6 +204,14 @@ func (s *Scheduler) prepare(req *Request, engines []Engine, cyc *Cycle, filtered
 	for i := range cs {
 		c := &cs[i]
 		c.Match = match[i]
+		if len(req.Chains) > 0 {
+			// Engines of several block sizes: each one's share of its own
+			// chain, and its blocks' tokens.
+			var keys []uint64
+			bs, keys, _ = req.chainFor(c.Engine)
+			blocks = float64(max(1, len(keys)))
+		}
+		c.MatchBlock = bs
 		w := s.weights.Weighted(c.Match)
 		c.Hit = math.Min(1, w/blocks)
 		c.CachedTokens = int(w * float64(bs))
@@ -208,6 +224,50 @@ func (s *Scheduler) prepare(req *Request, engines []Engine, cyc *Cycle, filtered
 	cyc.cands, cyc.ids = cs[:0], ids[:0]
 	s.m.filtered.Add(uint64(*filtered))
 	return kept
+}
+
+// lookupChains looks each engine up with the chain of its block size
+// (Request.Chains): one index lookup per chain, over the engines of its
+// size. An engine whose size has no chain matches nothing.
+func (s *Scheduler) lookupChains(req *Request, engines []Engine, cyc *Cycle, match []index.Match) {
+	clear(match)
+	for ch := -1; ch < len(req.Chains); ch++ {
+		bs, keys := req.BlockSize, req.Keys
+		if ch >= 0 {
+			bs, keys = req.Chains[ch].BlockSize, req.Chains[ch].Keys
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		sub, at := cyc.sub[:0], cyc.at[:0]
+		for i := range engines {
+			if b, _, ok := req.chainFor(&engines[i]); ok && b == bs {
+				sub, at = append(sub, engines[i].ID), append(at, i)
+			}
+		}
+		cyc.sub, cyc.at = sub[:0], at[:0]
+		if len(sub) == 0 {
+			continue
+		}
+		if cap(cyc.subMatch) < len(sub) {
+			cyc.subMatch = make([]index.Match, len(sub))
+		}
+		out := cyc.subMatch[:len(sub)]
+		s.idx.LookupFor(keys, sub, &cyc.res, out)
+		for j, i := range at {
+			match[i] = out[j]
+		}
+	}
+}
+
+// reqBlocks is candidate c's tier-weighted match in blocks of the
+// request's BlockSize (the decision metrics'), whatever its own size.
+func (s *Scheduler) reqBlocks(req *Request, c *Candidate) float64 {
+	w := s.weights.Weighted(c.Match)
+	if c.MatchBlock != req.BlockSize && req.BlockSize > 0 {
+		w *= float64(c.MatchBlock) / float64(req.BlockSize)
+	}
+	return w
 }
 
 func (s *Scheduler) keep(req *Request, c *Candidate) bool {

@@ -46,8 +46,16 @@ type Request struct {
 	// Keys are the chain keys of every full block of the prompt
 	// (DESIGN.md Contract 1), in order.
 	Keys []uint64
-	// BlockSize is tokens per block (the engines' block size).
+	// BlockSize is tokens per block of Keys: the engines' block size, the
+	// most common one's when a model's engines differ (Chains).
 	BlockSize int
+	// Chains are the prompt's chain keys at the candidates' other block
+	// sizes, one per size, when a model's engines report more than one
+	// (nil when they all use BlockSize, the usual case). An engine whose
+	// BlockSize is one of them is looked up with that chain, so its Match
+	// counts its own blocks; one whose size has neither Keys nor a chain
+	// matches nothing. Without Chains every engine is looked up with Keys.
+	Chains []Chain
 	// PromptTokens is the prompt length, including the partial last block.
 	PromptTokens int
 	// OutputTokens is the expected output length (max_tokens or an
@@ -64,6 +72,26 @@ type Request struct {
 	// Now is the decision time (wall clock in the ingress, virtual in the
 	// DES).
 	Now time.Time
+}
+
+// Chain is a prompt's chain keys at one block size.
+type Chain struct {
+	BlockSize int
+	Keys      []uint64
+}
+
+// chainFor is the chain engine e is looked up with (its block size and
+// keys) and whether the request has one for it (Chains).
+func (r *Request) chainFor(e *Engine) (int, []uint64, bool) {
+	if e.BlockSize <= 0 || e.BlockSize == r.BlockSize {
+		return r.BlockSize, r.Keys, true
+	}
+	for i := range r.Chains {
+		if r.Chains[i].BlockSize == e.BlockSize {
+			return e.BlockSize, r.Chains[i].Keys, true
+		}
+	}
+	return e.BlockSize, nil, false
 }
 
 // Blocks is the request's full-block count (len(Keys)), at least 1 so
@@ -100,6 +128,10 @@ type Engine struct {
 	// with NixlConnector's kv_role "kv_both" can, and the P/D step may send
 	// it one when the decode engines cannot keep TPOT (scheduler/pd).
 	PrefillOnly bool
+	// BlockSize is the engine's KV block size in tokens (snapshot; 0:
+	// unknown, taken as the request's). It matters only with
+	// Request.Chains: then the engine's Match counts blocks of this size.
+	BlockSize int
 
 	Running             int     // snapshot: requests in the running batch
 	Waiting             int     // snapshot: requests waiting to be scheduled
@@ -132,10 +164,16 @@ func (e *Engine) Queued() int { return max(e.Waiting, e.InFlight-e.Running) }
 // framework fills Match and Hit before scorers and policies run.
 type Candidate struct {
 	*Engine
-	// Match is the engine's matched prefix depth per tier, in blocks.
+	// Match is the engine's matched prefix depth per tier, in blocks of
+	// the engine's size (MatchBlock): engines of one model that differ in
+	// block size (Request.Chains) are compared by Hit and CachedTokens,
+	// which do not depend on it.
 	Match index.Match
-	// Hit is the tier-weighted matched fraction of the request's blocks,
-	// in [0,1] (Config.TierWeights).
+	// MatchBlock is the tokens per block of Match: the request's
+	// BlockSize, or with Request.Chains the engine's.
+	MatchBlock int
+	// Hit is the tier-weighted matched fraction of the request's blocks
+	// (of the engine's chain), in [0,1] (Config.TierWeights).
 	Hit float64
 	// CachedTokens estimates how many prompt tokens the engine will not
 	// have to prefill (weighted like Hit).
@@ -150,7 +188,9 @@ type EngineScore struct {
 	Engine string
 	Score  float64
 	Match  index.Match
-	Hit    float64
+	// MatchBlock is the tokens per block of Match (Candidate.MatchBlock).
+	MatchBlock int
+	Hit        float64
 }
 
 // Decision is a routing decision. Reuse one per goroutine: Schedule

@@ -78,11 +78,16 @@ func (h Hold) May(room bool, matchedTokens, promptTokens int) bool {
 // go to now: one with room, or one whose matched prefix (confirmed or
 // speculative) covers at least Affinity of the prompt. When none
 // qualifies the ranking is left as it is. room reports an engine's room
-// by id.
+// by id. blockSize is the tokens per block of a Match whose MatchBlock is
+// not set.
 func (h Hold) Pick(d *scheduler.Decision, promptTokens, blockSize int, room func(engine string) bool) {
 	for i := range d.Ranked {
 		r := &d.Ranked[i]
-		if !h.May(room(r.Engine), r.Match.Spec*blockSize, promptTokens) {
+		bs := blockSize
+		if r.MatchBlock > 0 {
+			bs = r.MatchBlock
+		}
+		if !h.May(room(r.Engine), r.Match.Spec*bs, promptTokens) {
 			continue
 		}
 		if i > 0 {

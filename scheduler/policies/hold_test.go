@@ -64,3 +64,19 @@ func TestHoldPick(t *testing.T) {
 		t.Errorf("no engine qualifies: the ranking must stay, got %s", d.Engine)
 	}
 }
+
+// TestHoldPickEngineBlockSize: an engine's match counts blocks of its own
+// size (EngineScore.MatchBlock, engines of one model with different block
+// sizes): 16 blocks of 32 tokens are half a 1,024-token prompt, enough for
+// Affinity 0.5, where 16 blocks of the request's 16 would be a quarter.
+func TestHoldPickEngineBlockSize(t *testing.T) {
+	h := Hold{Seconds: 2, Affinity: 0.5}
+	d := scheduler.Decision{Engine: "a", Ranked: []scheduler.EngineScore{
+		{Engine: "a"},
+		{Engine: "b", Match: index.Match{GPU: 16, CPU: 16, Other: 16, Spec: 16}, MatchBlock: 32},
+	}}
+	h.Pick(&d, 1024, 16, func(string) bool { return false })
+	if d.Engine != "b" || d.Ranked[0].Engine != "b" {
+		t.Fatalf("picked %s (%+v); want b, holding half the prompt in blocks of 32", d.Engine, d.Ranked)
+	}
+}
