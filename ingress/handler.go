@@ -32,7 +32,13 @@ type call struct {
 	tokens []uint32 // prompt tokens (nil when the model has no tokenizer)
 	approx int      // prompt token estimate when tokens is nil
 	keys   []uint64
-	block  int
+	block  int // tokens per block of keys: the candidates' most common block size (blockSizes)
+	// A model whose engines differ in block size: the sizes among the
+	// candidates, and the prompt's keys at the keyed sizes other than
+	// block (scheduler.Request.Chains; altKeys holds their buffers).
+	sizes   blockSizes
+	chains  []scheduler.Chain
+	altKeys [maxKeyedSizes - 1][]uint64
 
 	infos       []EngineInfo
 	cands       []scheduler.Engine
@@ -102,6 +108,8 @@ func (c *call) reset() {
 		req:     c.req,
 		tokens:  c.tokens[:0],
 		keys:    c.keys[:0],
+		chains:  c.chains[:0],
+		altKeys: c.altKeys,
 		infos:   c.infos[:0],
 		cands:   c.cands[:0],
 		urls:    c.urls[:0],
@@ -253,6 +261,7 @@ func (c *call) candidates() error {
 	s := c.s
 	c.infos = s.deps.Membership.Engines(c.infos[:0])
 	s.health.panicRoute(c.infos) // health.go: a model whose every engine is ejected
+	c.sizes = blockSizes{}
 	known := false
 	served, adapter := c.adapterOf()
 	// A named adapter (--lora-adapter, a route's loraAdapters) goes to the
@@ -310,9 +319,7 @@ func (c *call) candidates() error {
 		s.served.seen(adapterServedKey(c.loraBase, c.model), now)
 	}
 	s.modelNames.add(c.model)
-	if c.block == 0 {
-		c.block = s.cfg.BlockSize
-	}
+	c.block = c.sizes.rank(s.cfg.BlockSize)
 	return nil
 }
 
@@ -435,10 +442,9 @@ func (c *call) candLoRAs(id string) []string {
 
 // addCandidate adds e, with this replica's own load, to the candidates.
 func (c *call) addCandidate(e *EngineInfo) {
-	if c.block == 0 && e.BlockSize > 0 {
-		c.block = e.BlockSize
-	}
+	c.sizes.add(e.BlockSize)
 	eng := e.Engine
+	eng.BlockSize = e.BlockSize
 	eng.PrefillOnly = e.prefillOnly()
 	if up := c.s.ups.lookup(e.ID); up != nil {
 		addLocalLoad(&eng, up, c.start)
@@ -452,6 +458,92 @@ func (c *call) addCandidate(e *EngineInfo) {
 	c.cands = append(c.cands, eng)
 	c.urls = append(c.urls, e.URL)
 	c.ctxLens = append(c.ctxLens, e.MaxModelLen)
+}
+
+// Block sizes. Engines of one model may run with different KV block sizes
+// (vLLM's --block-size per GPU type; SGLang's page size beside vLLM's 16),
+// and an engine's cache holds the chain keys of its own size only. So the
+// prompt is keyed once per distinct size among the candidates and each
+// engine is looked up with its own size's chain (scheduler.Request.Chains);
+// the scheduler compares them by the share of the prompt and the tokens
+// they hold. The usual fleet has one size: one chain, as before. At most
+// maxKeyedSizes sizes are keyed, the most common first; an engine of a
+// size beyond them gets no prefix match (routed by load).
+const (
+	maxKeyedSizes   = 4
+	maxCountedSizes = 8
+)
+
+// blockSizes counts the candidates' block sizes (those reporting one).
+type blockSizes struct {
+	size, count [maxCountedSizes]int
+	n           int  // distinct sizes counted
+	over        bool // a size beyond maxCountedSizes was not counted
+}
+
+func (b *blockSizes) add(bs int) {
+	if bs <= 0 {
+		return
+	}
+	for i := range b.n {
+		if b.size[i] == bs {
+			b.count[i]++
+			return
+		}
+	}
+	if b.n == maxCountedSizes {
+		b.over = true
+		return
+	}
+	b.size[b.n], b.count[b.n] = bs, 1
+	b.n++
+}
+
+// rank orders the sizes most common first (ties: first listed) and
+// returns the first, or def when no candidate reports one.
+func (b *blockSizes) rank(def int) int {
+	for i := 1; i < b.n; i++ {
+		for j := i; j > 0 && b.count[j] > b.count[j-1]; j-- {
+			b.size[j], b.size[j-1] = b.size[j-1], b.size[j]
+			b.count[j], b.count[j-1] = b.count[j-1], b.count[j]
+		}
+	}
+	if b.n == 0 {
+		return def
+	}
+	return b.size[0]
+}
+
+// blockOf is the tokens per block of engine id's Match (the scheduler's
+// MatchBlock): its own block size when the prompt was keyed per size.
+func (c *call) blockOf(id string) int {
+	if len(c.chains) == 0 {
+		return c.block
+	}
+	for i := range c.cands {
+		if e := &c.cands[i]; e.ID == id && e.BlockSize > 0 {
+			return e.BlockSize
+		}
+	}
+	return c.block
+}
+
+// keysOf is the prompt's chain keys at engine id's block size (c.keys
+// unless the prompt was keyed per size), nil for a size not keyed.
+func (c *call) keysOf(id string) []uint64 {
+	if len(c.chains) == 0 {
+		return c.keys
+	}
+	bs := c.blockOf(id)
+	if bs == c.block {
+		return c.keys
+	}
+	for i := range c.chains {
+		if c.chains[i].BlockSize == bs {
+			return c.chains[i].Keys
+		}
+	}
+	return nil
 }
 
 // addLocalLoad adds to eng, an engine as gossip describes it, what this
@@ -631,12 +723,23 @@ func (c *call) schedule() error {
 	c.policyDone() // a reschedule: the earlier pick is over
 	t := time.Now()
 	served, adapter := c.adapterOf()
+	c.chains = c.chains[:0]
 	if c.tokens != nil {
 		root := c.chainRoot()
 		c.keys = kvevents.AppendKeys(c.keys[:0], root, c.tokens, c.block)
+		// A model whose engines differ in block size: the prompt keyed
+		// once per size too, each engine looked up with its own.
+		for i := 1; i < min(c.sizes.n, maxKeyedSizes); i++ {
+			bs := c.sizes.size[i]
+			c.altKeys[i-1] = kvevents.AppendKeys(c.altKeys[i-1][:0], root, c.tokens, bs)
+			c.chains = append(c.chains, scheduler.Chain{BlockSize: bs, Keys: c.altKeys[i-1]})
+		}
+	}
+	if c.sizes.n > 1 {
+		s.check.mixedBlockSizes(c, served)
 	}
 	c.sreq = scheduler.Request{
-		Keys: c.keys, BlockSize: c.block, PromptTokens: c.promptTokens, OutputTokens: s.outLens.estimate(served, c.req.maxTokens) * c.seqs,
+		Keys: c.keys, BlockSize: c.block, Chains: c.chains, PromptTokens: c.promptTokens, OutputTokens: s.outLens.estimate(served, c.req.maxTokens) * c.seqs,
 		Model: served, LoRA: adapter, SessionID: string(c.req.sessionID), Now: t,
 	}
 	if s.deps.Affinity != nil && len(c.req.sessionID) > 0 {

@@ -146,8 +146,8 @@ func (c *call) attempt(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, rk *sch
 	}
 	c.attempts++
 	c.engine, c.match = rk.Engine, rk.Match
-	if s.deps.Index != nil && len(c.keys) > 0 {
-		s.deps.Index.AddSpeculative(rk.Engine, c.keys, time.Now())
+	if keys := c.keysOf(rk.Engine); s.deps.Index != nil && len(keys) > 0 {
+		s.deps.Index.AddSpeculative(rk.Engine, keys, time.Now()) // at the engine's block size
 	}
 	c.uri = append(append(c.uri[:0], url...), c.path...)
 	ureq.SetRequestURIBytes(c.uri)
@@ -209,7 +209,7 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 		out = defaultOutputTokens
 	}
 	out *= max(1, c.seqs)
-	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.block))
+	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.blockOf(c.engine)))
 	c.activeCharge = int64(c.promptTokens + out)
 	c.attemptAt = monoNow()
 	if up.inflight.Add(1) == 1 {
@@ -675,10 +675,11 @@ func (c *call) clientGone(ctx *fasthttp.RequestCtx) {
 }
 
 func (c *call) matchRatio() float64 {
-	if len(c.keys) == 0 {
+	keys := c.keysOf(c.engine) // the chain of the engine's block size
+	if len(keys) == 0 {
 		return 0
 	}
-	return min(float64(c.match.Spec)/float64(len(c.keys)), 1)
+	return min(float64(c.match.Spec)/float64(len(keys)), 1)
 }
 
 // observeMatch records the answer's prefix match ratio, unless its prompt

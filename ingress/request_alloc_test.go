@@ -3,11 +3,15 @@
 package ingress
 
 import (
+	"io"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvmesh/kvmesh/scheduler"
 )
 
 // fasthttpStreamBodyAllocs is what fasthttp's client allocates per upstream
@@ -114,5 +118,40 @@ func TestRequestHandlingAllocs(t *testing.T) {
 				t.Fatalf("%v allocations per request through the ingress, want at most fasthttp's %d", n, fasthttpStreamBodyAllocs)
 			}
 		})
+	}
+}
+
+// TestRequestHandlingAllocsMixedBlockSizes: a model whose engines report
+// two block sizes keys each prompt twice (handler.go, blockSizes), in the
+// call's own buffers: no allocation per request beyond the single-size
+// path's.
+func TestRequestHandlingAllocsMixedBlockSizes(t *testing.T) {
+	engine := startAllocEngine(t)
+	cfg := DefaultConfig()
+	cfg.AccessLog = false
+	cfg.Engines = []StaticEngine{{ID: "e0", Model: "m", URL: "http://" + engine}}
+	mem := engineList{
+		{Engine: scheduler.Engine{ID: "e0", Model: "m", Healthy: true}, URL: "http://" + engine, BlockSize: 16},
+		{Engine: scheduler.Engine{ID: "e1", Model: "m", Healthy: true}, URL: "http://" + engine, BlockSize: 32},
+	}
+	s := startIngress(t, cfg, Deps{Membership: mem, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	hc := &fasthttp.HostClient{Addr: s.Addr(), MaxConns: 1, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	req := newReq(s.Addr(), benchBody)
+	defer fasthttp.ReleaseRequest(req)
+	do := func() {
+		if err := doOnce(hc, req, resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 50 {
+		do()
+	}
+	if s.check.mixedBlocks == nil || seriesSum(s.check.mixedBlocks) == 0 {
+		t.Fatal("the requests were not keyed at two block sizes")
+	}
+	if n := minAllocs(5, 100, do); n > fasthttpStreamBodyAllocs {
+		t.Fatalf("%v allocations per request through the ingress with two block sizes, want at most fasthttp's %d", n, fasthttpStreamBodyAllocs)
 	}
 }

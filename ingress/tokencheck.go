@@ -2,7 +2,9 @@ package ingress
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +72,9 @@ type tokenCheck struct {
 	predicted, cached        prometheus.Counter
 	vEqual, vDiffer, vFailed prometheus.Counter
 	models                   sync.Map // model → *modelCheck
+	// mixedBlocks counts routing decisions among engines of one model
+	// that report different block sizes (handler.go, blockSizes).
+	mixedBlocks prometheus.Counter
 }
 
 // modelCheck is one model's recent comparisons.
@@ -78,6 +83,7 @@ type modelCheck struct {
 	engineUntil atomic.Int64 // monotime reading until which chat is keyed on the engines' /tokenize (0: never)
 	warned      atomic.Int64 // monotime reading of the last warning
 	verified    atomic.Int64 // monotime reading of the last comparison with an engine's /tokenize
+	mixedWarned atomic.Bool  // its engines' different block sizes were warned about
 }
 
 func (tc *tokenCheck) model(name string) *modelCheck {
@@ -108,8 +114,12 @@ func newTokenCheck(reg prometheus.Registerer, constLabels prometheus.Labels) *to
 		Help: "Comparisons of the ingress's own token ids for a prompt with an engine's /tokenize (one per model every " +
 			"10 minutes), by result (differ: the model's requests use the engine's tokens for a while).",
 		ConstLabels: constLabels}, []string{"result"})
-	reg.MustRegister(checks, cached, verify)
-	return &tokenCheck{equal: checks.WithLabelValues("equal"), differ: checks.WithLabelValues("differ"),
+	mixed := prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_ingress_mixed_block_size_decisions_total",
+		Help: "Routing decisions among engines of one model that report different KV block sizes: the prompt was keyed " +
+			"once per size (at most 4, the most common; an engine of another size gets no prefix match).",
+		ConstLabels: constLabels})
+	reg.MustRegister(checks, cached, verify, mixed)
+	return &tokenCheck{mixedBlocks: mixed, equal: checks.WithLabelValues("equal"), differ: checks.WithLabelValues("differ"),
 		predicted: cached.WithLabelValues("predicted"), cached: cached.WithLabelValues("engine"),
 		vEqual: verify.WithLabelValues("equal"), vDiffer: verify.WithLabelValues("differ"), vFailed: verify.WithLabelValues("failed")}
 }
@@ -234,13 +244,35 @@ func (tc *tokenCheck) observe(c *call) {
 			}
 		}
 	}
-	if c.engCachedOK && c.block > 0 && c.pd.plan.Mode != pd.Disaggregated {
+	if bs := c.blockOf(c.engine); c.engCachedOK && bs > 0 && c.pd.plan.Mode != pd.Disaggregated {
 		// The engine computes at least the prompt's last token, in whole
-		// blocks (vLLM, the simulator).
-		limit := (c.engPrompt - 1) / c.block
-		tc.predicted.Add(float64(min(c.match.Spec, limit) * c.block))
+		// blocks (vLLM, the simulator) of its own size.
+		limit := (c.engPrompt - 1) / bs
+		tc.predicted.Add(float64(min(c.match.Spec, limit) * bs))
 		tc.cached.Add(float64(c.engCached))
 	}
+}
+
+// mixedBlockSizes counts a decision among engines of model that report
+// different block sizes, and warns about the model once.
+func (tc *tokenCheck) mixedBlockSizes(c *call, model string) {
+	tc.mixedBlocks.Inc()
+	mc := tc.model(model)
+	if mc.mixedWarned.Load() || !mc.mixedWarned.CompareAndSwap(false, true) {
+		return
+	}
+	b := &c.sizes
+	sizes := make([]string, b.n)
+	for i := range b.n {
+		sizes[i] = fmt.Sprintf("%d (%d engines)", b.size[i], b.count[i])
+	}
+	msg := "this model's engines report different KV block sizes: the ingress keys each prompt once per size and " +
+		"looks each engine up with its own (docs/OPERATIONS.md, Block size)"
+	if b.n > maxKeyedSizes || b.over {
+		msg = "this model's engines report more than 4 KV block sizes: the ingress keys each prompt at the 4 most common " +
+			"and engines of the other sizes get no prefix match, routed by load alone (docs/OPERATIONS.md, Block size)"
+	}
+	c.s.log.Warn(msg, "model", model, "block_sizes", strings.Join(sizes, ", "))
 }
 
 func (tc *tokenCheck) warn(c *call, mc *modelCheck, n int) {
