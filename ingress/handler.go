@@ -651,28 +651,86 @@ func (c *call) refreshCandidates() error {
 // lengths (--max-model-len per GPU type), and one too short refuses it
 // (400). The request is the prompt and its max_tokens first, as vLLM
 // refuses a max_tokens the context cannot hold after the prompt; when no
-// candidate holds both, the longest context's (its refusal says the most
-// the model can give). When none holds the prompt the
-// prompt limit refused the request already (admit), unless no engine
-// reports a context or the prompt's count is an estimate within
-// estimateSlack of the context (the engine then refuses it).
-func (c *call) fitContext() {
+// candidate, live or not, holds both, the longest live context's (its
+// refusal says the most the model can give). When the only engines whose
+// context holds it are out of routing (down, ejected, not ready), the
+// short ones are not tried: their 400 would tell the client the model's
+// context is theirs, and the request succeeds once a long one is back; it
+// is ErrNoEngine (503, Retry-After), naming the model and the tokens.
+// When none holds the prompt the prompt limit refused the request already
+// (admit), unless no engine reports a context or the prompt's count is an
+// estimate within estimateSlack of the context (the engine then refuses
+// it).
+func (c *call) fitContext() error {
 	n := c.longest // a batch's longest prompt
 	if n == 0 {
 		n = c.promptTokens
 	}
+	if !c.anyLive() {
+		return nil // the scheduler finds none, and allOutOfRouting says why
+	}
+	need := n
 	if m := c.req.maxTokens; m > 0 {
-		if c.fitOut(n + m) {
-			return
-		}
-		if longest := c.longestContext(); longest > 0 && n+m > longest {
-			// No engine holds both: the longest context's engines, whose
-			// refusal names the most the model can give after this prompt.
-			c.fitOut(longest)
-			return
+		need = n + m
+		if !c.holds(need, false) {
+			// No engine holds both: the longest live context's engines,
+			// whose refusal names the most the model can give after this
+			// prompt, when one holds the prompt.
+			if longest := c.longestContext(); longest > 0 && c.holds(n, true) {
+				c.fitOut(longest)
+				return nil
+			}
+			need = n
 		}
 	}
-	c.fitOut(n)
+	switch {
+	case c.holds(need, true):
+		c.fitOut(need)
+	case c.holds(need, false):
+		return c.noLiveContext(n, need)
+	}
+	return nil
+}
+
+// anyLive reports whether a candidate is healthy.
+func (c *call) anyLive() bool {
+	for i := range c.cands {
+		if c.cands[i].Healthy {
+			return true
+		}
+	}
+	return false
+}
+
+// holds reports whether a candidate's context holds need tokens (a live
+// one's, or any's when live is false); an engine that reports no context
+// may hold anything.
+func (c *call) holds(need int, live bool) bool {
+	for i, l := range c.ctxLens {
+		if (!live || c.cands[i].Healthy) && (l == 0 || need <= l) {
+			return true
+		}
+	}
+	return false
+}
+
+// noLiveContext is the 503 of a request of need tokens (a prompt of n and
+// its max_tokens) that only engines out of routing hold.
+func (c *call) noLiveContext(n, need int) error {
+	held, live := 0, 0
+	for i, l := range c.ctxLens {
+		if c.cands[i].Healthy {
+			live = max(live, l)
+		} else if l == 0 || need <= l {
+			held++
+		}
+	}
+	what := fmt.Sprintf("%d tokens", need)
+	if need > n {
+		what = fmt.Sprintf("%d tokens (a prompt of %d and its max_tokens %d)", need, n, need-n)
+	}
+	return fmt.Errorf("%w: no live engine of the model %q takes %s right now: the %d whose context holds them are out of routing, "+
+		"and the live ones' context is %d tokens; retry when one is back", ErrNoEngine, clip(c.model), what, held, live)
 }
 
 // longestContext is the longest context among the healthy candidates, 0
@@ -747,7 +805,9 @@ func (c *call) schedule() error {
 			c.sreq.SessionEngine = eng
 		}
 	}
-	c.fitContext()
+	if err := c.fitContext(); err != nil {
+		return err
+	}
 	if err := s.deps.Scheduler.Schedule(&c.sreq, c.cands, &c.dec); err != nil {
 		if errors.Is(err, scheduler.ErrNoCandidates) {
 			if out := c.allOutOfRouting(); out != nil {

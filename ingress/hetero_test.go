@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -121,4 +122,49 @@ func mixedCounter(t *testing.T, reg *prometheus.Registry) prometheus.Collector {
 		}
 	}
 	return c
+}
+
+// While the only engine whose context holds a long prompt is out of
+// routing (its sidecar gossips it not ready: crashed, restarting), the
+// prompt is not sent to the short-context engines, whose 400 ("maximum
+// context length is 128") would read as permanent and misstate the model's
+// context: it is a 503 with Retry-After naming the model and the tokens
+// (docs/REQUESTS.md). A prompt the short engine holds still goes there;
+// one no engine holds, live or not, is still the 400 (tester h-hetero F2).
+func TestLongPromptWhileLongEngineDown(t *testing.T) {
+	short := startBlockSim(t, 16, 128)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close() // the long engine's process is gone
+	mem := engineList{
+		{Engine: scheduler.Engine{ID: "short", Model: "m", Healthy: true}, URL: short.URL(), MaxModelLen: 128},
+		{Engine: scheduler.Engine{ID: "long", Model: "m", Healthy: false}, URL: down, MaxModelLen: 1000},
+	}
+	s := startIngress(t, testConfig(StaticEngine{ID: "short", Model: "m", URL: short.URL()}), Deps{Membership: mem})
+	for _, tc := range []struct {
+		prompt, maxTokens, status int
+		says                      string
+	}{
+		{100, 4, 200, ""},
+		{500, 4, 503, `no live engine of the model \"m\" takes 504 tokens (a prompt of 500 and its max_tokens 4) right now`},
+		{100, 200, 503, `takes 300 tokens (a prompt of 100 and its max_tokens 200)`},
+		{990, 100, 503, `takes 990 tokens right now`}, // no engine holds both; the long one holds the prompt
+		{2000, 4, 400, "context_length_exceeded"},     // no engine holds it
+	} {
+		body := strings.Replace(idsPrompt(tc.prompt), `"max_tokens":1,`, `"max_tokens":`+strconv.Itoa(tc.maxTokens)+`,`, 1)
+		st, h, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", body)
+		if st != tc.status || !strings.Contains(string(b), tc.says) {
+			t.Errorf("a prompt of %d tokens, max_tokens %d, the 1000-token engine down: %d %.300s; want %d with %s",
+				tc.prompt, tc.maxTokens, st, b, tc.status, tc.says)
+		}
+		if st == 503 && (h.Get("Retry-After") == "" || !strings.Contains(string(b), `"type":"server_error"`)) {
+			t.Errorf("a prompt of %d: the 503 has Retry-After %q, body %.300s; want one, with an OpenAI server_error", tc.prompt, h.Get("Retry-After"), b)
+		}
+		if st == 503 && h.Get("X-Kvmesh-Engine") != "" {
+			t.Errorf("a prompt of %d: the 503 names engine %q; no engine was tried", tc.prompt, h.Get("X-Kvmesh-Engine"))
+		}
+	}
 }
