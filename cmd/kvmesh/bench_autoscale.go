@@ -36,12 +36,15 @@ type autoscaleFlags struct {
 	sloCorrWin   *time.Duration
 	sloLearned   *bool
 	sloExpect    *float64
+	sloTPOTExp   *float64
 	sloRaise     *bool
 	sloLead      *time.Duration
 	sloTrend     *time.Duration
 	sloBaseline  *time.Duration
 	sloAggregate *float64
 	kthena       *string
+	capTable     *string
+	capHeadroom  *string
 	duration     *time.Duration
 	peak, trough *float64
 	base, burst  *float64
@@ -52,7 +55,9 @@ type autoscaleFlags struct {
 
 func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 	return autoscaleFlags{
-		autoscale:    fs.String("autoscale", "", "autoscaling P/D run: comma-separated static, slo, kthena (static runs at --roles; the others start at --initial-roles)"),
+		autoscale:    fs.String("autoscale", "", "autoscaling P/D run: comma-separated static, slo, kthena, capacity, clairvoyant (static runs at --roles; the others start at --initial-roles; capacity and clairvoyant are analysis references, not controllers)"),
+		capTable:     fs.String("capacity-table", "1/1=2.67,2/1=5.39,2/2=6.48,3/2=9.52,4/2=11.11,4/3=13.36", "with --autoscale capacity or clairvoyant: P/D=req/s each split keeps the SLOs at (docs/BENCHMARKS.md, stop 49's capacities within the 1:4 band)"),
+		capHeadroom:  fs.String("capacity-headroom", "0", "with --autoscale capacity or clairvoyant: comma-separated headrooms h (one run each): size for (1+h) × the rate"),
 		shape:        fs.String("shape", "diurnal", "with --autoscale: trace shape, diurnal or bursty"),
 		startup:      fs.Duration("startup-delay", 60*time.Second, "with --autoscale: engine start-up delay (GPU time counts from the request)"),
 		sync:         fs.Duration("sync-period", 15*time.Second, "with --autoscale: autoscaler sync period"),
@@ -65,6 +70,7 @@ func autoscaleBenchFlags(fs *flag.FlagSet) autoscaleFlags {
 		sloCorrWin:   fs.Duration("slo-correction-window", 0, "with --autoscale slo: each correction is the highest of the steps within this window (0: the current step's)"),
 		sloLearned:   fs.Bool("slo-learned-prefill", false, "with --autoscale slo: plan prefill for util P × the router's learned prefill rate of the ready prefill engines, not the profile's throughput (a policy without prefillTokensPerSecond)"),
 		sloExpect:    fs.Float64("slo-ttft-expect", 0, "with --autoscale slo: the TTFT correction's expectation: 0 = the profile's no-queue prefill of the p90 prompt, f = f × --slo-ttft"),
+		sloTPOTExp:   fs.Float64("slo-tpot-expect", 0, "with --autoscale slo: the TPOT correction's expectation: 0 = the profile's TPOT at the window's streams per ready decode engine, f = f × --slo-tpot (1: the target, as the controller divides)"),
 		sloRaise:     fs.Bool("slo-raise-only", false, "with --autoscale slo: corrections only add replicas (the policy's minCorrection 1)"),
 		sloLead:      fs.Duration("slo-lead", 0, "with --autoscale slo: size for the load expected this far ahead from the significant upward trend of past windows (0: off)"),
 		sloTrend:     fs.Duration("slo-trend-window", 5*time.Minute, "with --autoscale slo and --slo-lead: how far back the trend is fitted"),
@@ -214,8 +220,15 @@ func (f autoscaleFlags) runs(cfg *des.ScaleConfig, reqs []workload.Request, stat
 		case "kthena":
 			c.Roles = initial
 			out = append(out, f.kthenaRuns(c, band, bad)...)
+		case "capacity", "clairvoyant":
+			c.Roles = initial
+			var future []workload.Request
+			if strings.TrimSpace(name) == "clairvoyant" {
+				future = reqs
+			}
+			out = append(out, f.capacityRuns(c, future, bad)...)
 		default:
-			bad("--autoscale: unknown %q (static, slo, kthena)", name)
+			bad("--autoscale: unknown %q (static, slo, kthena, capacity, clairvoyant)", name)
 		}
 	}
 	for _, r := range out {
@@ -240,6 +253,10 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 	}
 	if *f.sloLead < 0 || *f.sloTrend <= 0 || *f.sloBaseline < 0 || *f.sloCorrWin < 0 {
 		bad("--slo-lead, --slo-ttft-baseline and --slo-correction-window must be ≥ 0, --slo-trend-window > 0")
+		return nil
+	}
+	if !(*f.sloTPOTExp >= 0) || math.IsInf(*f.sloTPOTExp, 0) {
+		bad("--slo-tpot-expect %v: want a finite number ≥ 0 (0: the profile's TPOT)", *f.sloTPOTExp)
 		return nil
 	}
 	var out []autoscaleRun
@@ -268,7 +285,7 @@ func (f autoscaleFlags) sloRuns(c des.ScaleConfig, reqs []workload.Request, band
 		}
 		p.Ratio = band
 		s, err := des.NewSLOScaler(des.SLOScalerConfig{Policy: p, Profile: prof, Utilization: v, DecodeUtilization: dv,
-			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, RaiseOnly: *f.sloRaise,
+			SLOTTFT: c.SLOTTFT.Seconds(), SLOTP: c.SLOTPOT.Seconds(), TTFTExpectation: *f.sloExpect, TPOTExpectation: *f.sloTPOTExp, RaiseOnly: *f.sloRaise,
 			Adapt: autoscale.SLOAdapt{Lead: *f.sloLead, TrendWindow: *f.sloTrend, BaselineWindow: *f.sloBaseline,
 				CorrectionWindow: *f.sloCorrWin}, LearnedPrefill: *f.sloLearned, AggregateBelow: *f.sloAggregate})
 		if err != nil {
@@ -302,6 +319,32 @@ func (f autoscaleFlags) kthenaRuns(c des.ScaleConfig, band *autoscale.Ratio, bad
 			return nil
 		}
 		out = append(out, autoscaleRun{c, k})
+	}
+	return out
+}
+
+// capacityRuns are the capacity-table references, one per headroom:
+// reactive (future nil: the ingress window's rate) or clairvoyant (the
+// trace's arrivals, the future; an analysis reference, no controller).
+func (f autoscaleFlags) capacityRuns(c des.ScaleConfig, future []workload.Request, bad func(string, ...any)) []autoscaleRun {
+	table, err := des.ParseCapacityTable(*f.capTable)
+	if err != nil {
+		bad("--capacity-table: %v", err)
+		return nil
+	}
+	var out []autoscaleRun
+	for _, h := range strings.Split(*f.capHeadroom, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(h), 64)
+		if err != nil {
+			bad("--capacity-headroom %q: want numbers > -1", *f.capHeadroom)
+			return nil
+		}
+		s, err := des.NewCapacityScaler(table, v, future)
+		if err != nil {
+			bad("--capacity-headroom %q: %v", *f.capHeadroom, err)
+			return nil
+		}
+		out = append(out, autoscaleRun{c, s})
 	}
 	return out
 }

@@ -94,6 +94,11 @@ func TestBenchAutoscaleUsage(t *testing.T) {
 		{"--autoscale", "slo", "--slo-lead", "-1s"},
 		{"--autoscale", "slo", "--slo-ttft-baseline", "-1m"},
 		{"--autoscale", "slo", "--slo-correction-window", "-1m"},
+		{"--autoscale", "slo", "--slo-tpot-expect", "-1"},
+		{"--autoscale", "slo", "--slo-tpot-expect", "NaN"},
+		{"--autoscale", "capacity", "--capacity-table", "1/1"},
+		{"--autoscale", "clairvoyant", "--capacity-headroom", "-1"},
+		{"--autoscale", "capacity", "--capacity-headroom", "x"},
 	} {
 		code, _, errOut := benchRunCLI(t, append([]string{"bench", "--mode", "des", "--duration", "1m"}, args...)...)
 		if code != 2 || !strings.Contains(errOut, "usage") && !strings.Contains(errOut, "--") {
@@ -197,5 +202,50 @@ func TestBenchAutoscaleAggregateBelow(t *testing.T) {
 	last := r.Windows[len(r.Windows)-1]
 	if last.Prefill != 0 || last.Decode < 1 {
 		t.Errorf("last window: %+v, want the prefill role at zero and decode serving", last)
+	}
+}
+
+// TestBenchAutoscaleTPOTExpect: --slo-tpot-expect reaches the SLO mode (its
+// setting says so).
+func TestBenchAutoscaleTPOTExpect(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--autoscale", "slo", "--initial-roles", "prefill=1,decode=1",
+		"--profile", "7b-l40s", "--gpu-blocks", "8000", "--duration", "1m", "--peak-rate", "0.5", "--trough-rate", "0.5",
+		"--prefix-tokens", "128", "--own-tokens", "256", "--output-tokens", "16", "--slo-util", "0.8:0.6", "--slo-raise-only",
+		"--slo-tpot-expect", "1", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep des.ScaleReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(rep.Runs) != 1 || !strings.Contains(rep.Runs[0].Setting, "TPOT expected 1×SLO") {
+		t.Fatalf("report %+v", rep)
+	}
+}
+
+// TestBenchAutoscaleCapacity: --autoscale capacity and clairvoyant run one
+// reference each per --capacity-headroom, named as such.
+func TestBenchAutoscaleCapacity(t *testing.T) {
+	code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--autoscale", "capacity,clairvoyant", "--initial-roles", "prefill=1,decode=1",
+		"--profile", "7b-l40s", "--gpu-blocks", "8000", "--duration", "1m", "--peak-rate", "0.5", "--trough-rate", "0.5",
+		"--prefix-tokens", "128", "--own-tokens", "256", "--output-tokens", "16", "--capacity-headroom", "0,0.2", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep des.ScaleReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	var names []string
+	for _, r := range rep.Runs {
+		names = append(names, r.Autoscaler+" "+r.Setting[:strings.Index(r.Setting, " (")])
+		if r.Completed != rep.Requests {
+			t.Errorf("%s: %d of %d completed", r.Autoscaler, r.Completed, rep.Requests)
+		}
+	}
+	want := "capacity-reactive headroom +0 %, capacity-reactive headroom +20 %, capacity-clairvoyant headroom +0 %, capacity-clairvoyant headroom +20 %"
+	if strings.Join(names, ", ") != want {
+		t.Errorf("runs %q, want %q", strings.Join(names, ", "), want)
 	}
 }

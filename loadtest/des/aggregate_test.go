@@ -40,6 +40,44 @@ func TestSLOScalerAggregateBelow(t *testing.T) {
 	}
 }
 
+// TestSLOScalerTPOTExpectation: with TPOTExpectation f the decode
+// correction divides the measured TPOT p90 by f × the target (the
+// controller's division at f = 1), not by the profile's TPOT at the streams
+// per ready engine.
+func TestSLOScalerTPOTExpectation(t *testing.T) {
+	prof := EngineProfile{PrefillTokensPerSecond: 10000, Streams: []int{1, 64, 128}, TPOT: []float64{0.02, 0.04, 0.08}}
+	for _, c := range []struct {
+		name   string
+		f      float64
+		tpot   float64
+		decode int
+	}{
+		// 80 streams ÷ 40 = 2 replicas before the correction; the profile
+		// expects 30 ms at 40 streams per ready engine (20 + 20 × 39/63 ms).
+		{"profile: 45 ms ÷ 32.4 ms", 0, 0.045, 3},
+		{"target: 45 ms ÷ 50 ms, raise-only", 1, 0.045, 2},
+		{"0.8 × target: 45 ÷ 40 ms", 0.8, 0.045, 3},
+		{"target: 75 ms ÷ 50 ms", 1, 0.075, 3},
+	} {
+		p := autoscale.DefaultPolicy()
+		p.Roles = map[string]autoscale.RolePolicy{"prefill": {Bounds: autoscale.Bounds{Min: 1, Max: 20}}, "decode": {Bounds: autoscale.Bounds{Min: 1, Max: 20}}}
+		s, err := NewSLOScaler(SLOScalerConfig{Policy: p, Profile: prof, Utilization: 0.5, DecodeUtilization: 0.5, SLOTTFT: 2, SLOTP: 0.05,
+			TPOTExpectation: c.f, RaiseOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig := Signals{Prefill: RoleSignals{Replicas: 1, Ready: 1, Loads: make([]EngineLoad, 1)},
+			Decode:                RoleSignals{Replicas: 2, Ready: 2, Loads: []EngineLoad{{Running: 40}, {Running: 40}}},
+			PromptTokensPerSecond: 1000, TPOTP90: c.tpot}
+		if _, de := s.Decide(0, &sig); de != c.decode {
+			t.Errorf("%s: decode %d, want %d", c.name, de, c.decode)
+		}
+		if got := strings.Contains(s.Setting(), "TPOT expected"); got != (c.f > 0) {
+			t.Errorf("%s: setting %q", c.name, s.Setting())
+		}
+	}
+}
+
 // TestPrefillAtZeroServedOnDecode: with the prefill role scaled to zero,
 // the P/D router serves every later request whole on a decode engine, and
 // every request completes.

@@ -82,6 +82,13 @@ type SLOScalerConfig struct {
 	// SLO (below 1 it lowers the sizing, down to the clamp of 0.5, or to
 	// the profiled demand with RaiseOnly).
 	TTFTExpectation float64
+	// TPOTExpectation sets the TPOT the decode correction divides by: 0
+	// means the profile's TPOT at the window's streams per ready decode
+	// engine (Dynamo's interpolation); f > 0 is f × the TPOT target, as
+	// the controller divides (f = 1: the target itself, the controller's
+	// SLO mode, which has no profile), so with RaiseOnly a TPOT p90 below
+	// that share of the target never adds decode engines.
+	TPOTExpectation float64
 	// RaiseOnly sets the policy's MinCorrection to 1: corrections only
 	// add replicas.
 	RaiseOnly bool
@@ -155,6 +162,9 @@ func (s *SLOScaler) Setting() string {
 	if s.cfg.TTFTExpectation > 0 {
 		e = fmt.Sprintf("%.2g×SLO", s.cfg.TTFTExpectation)
 	}
+	if s.cfg.TPOTExpectation > 0 {
+		e += fmt.Sprintf(", TPOT expected %.2g×SLO", s.cfg.TPOTExpectation)
+	}
 	if s.cfg.RaiseOnly {
 		e += ", raise-only"
 	}
@@ -196,6 +206,9 @@ func (s *SLOScaler) Decide(now time.Duration, sig *Signals) (int, int) {
 		// Dynamo's planner interpolates it: the TPOT at the streams per
 		// ready replica.
 		ExpectedTPOT: s.cfg.Profile.TPOTAt(streams / math.Max(float64(sig.Decode.Ready), 1)),
+	}
+	if s.cfg.TPOTExpectation > 0 {
+		so.ExpectedTPOT = s.cfg.TPOTExpectation * s.cfg.SLOTP
 	}
 	if s.cfg.LearnedPrefill {
 		so.PrefillTokensPerReplica = sig.PrefillTokensPerReplica
