@@ -175,6 +175,9 @@ func TestCRDValidation(t *testing.T) {
 		"negative TTFT aim": `{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"aim"},
 			"spec":{"target":"x","roles":[{"name":"p","minReplicas":1,"maxReplicas":2},{"name":"d","minReplicas":1,"maxReplicas":2}],
 			"slo":{"prefillRole":"p","decodeRole":"d","prefillTokensPerSecond":1000,"decodeStreamsPerReplica":8,"ttftAimPercent":-5}}}`,
+		"TPOT aim over 300 %": `{"apiVersion":"kvmesh.io/v1alpha1","kind":"AutoscalingPolicy","metadata":{"name":"aim2"},
+			"spec":{"target":"x","roles":[{"name":"p","minReplicas":1,"maxReplicas":2},{"name":"d","minReplicas":1,"maxReplicas":2}],
+			"slo":{"prefillRole":"p","decodeRole":"d","prefillTokensPerSecond":1000,"decodeStreamsPerReplica":8,"tpotAimPercent":301}}}`,
 	}
 	for name, doc := range bad {
 		objs, err := kubetest.Decode(stringsReader(doc))

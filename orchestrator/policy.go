@@ -372,6 +372,7 @@ func PolicyFromSpec(s *v1alpha1.AutoscalingPolicySpec) autoscale.Policy {
 			PrefillTokensPerSecond: s.SLO.PrefillTokensPerSecond, DecodeStreamsPerReplica: s.SLO.DecodeStreamsPerReplica,
 			PrefillUtilization: float64(s.SLO.PrefillUtilizationPercent) / 100,
 			TTFTAim:            float64(s.SLO.TTFTAimPercent) / 100,
+			TPOTAim:            float64(s.SLO.TPOTAimPercent) / 100,
 			Adapt: autoscale.SLOAdapt{
 				BaselineWindow:   time.Duration(s.SLO.TTFTBaselineWindowSeconds) * time.Second,
 				Lead:             time.Duration(s.SLO.LeadSeconds) * time.Second,

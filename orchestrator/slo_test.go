@@ -268,9 +268,9 @@ func TestPolicyFromSpecSLOAdapt(t *testing.T) {
 	if p := PolicyFromSpec(&spec); p.SLO.Adapt != (autoscale.SLOAdapt{}) || p.SLO.TTFTAim != 0 || p.SLO.MinCorrection != 0 {
 		t.Fatalf("zero fields gave %+v, want the refinements off", p.SLO)
 	}
-	spec.SLO.TTFTAimPercent, spec.SLO.RaiseOnly = 40, true
-	if p := PolicyFromSpec(&spec); p.SLO.TTFTAim != 0.4 || p.SLO.MinCorrection != 1 {
-		t.Fatalf("aim 40 %%, raise-only gave aim %v, min correction %v; want 0.4 and 1", p.SLO.TTFTAim, p.SLO.MinCorrection)
+	spec.SLO.TTFTAimPercent, spec.SLO.TPOTAimPercent, spec.SLO.RaiseOnly = 40, 60, true
+	if p := PolicyFromSpec(&spec); p.SLO.TTFTAim != 0.4 || p.SLO.TPOTAim != 0.6 || p.SLO.MinCorrection != 1 {
+		t.Fatalf("aims 40 / 60 %%, raise-only gave aims %v / %v, min correction %v; want 0.4, 0.6 and 1", p.SLO.TTFTAim, p.SLO.TPOTAim, p.SLO.MinCorrection)
 	}
 }
 

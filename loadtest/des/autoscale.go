@@ -84,10 +84,10 @@ type SLOScalerConfig struct {
 	TTFTExpectation float64
 	// TPOTExpectation sets the TPOT the decode correction divides by: 0
 	// means the profile's TPOT at the window's streams per ready decode
-	// engine (Dynamo's interpolation); f > 0 is f × the TPOT target, as
-	// the controller divides (f = 1: the target itself, the controller's
-	// SLO mode, which has no profile), so with RaiseOnly a TPOT p90 below
-	// that share of the target never adds decode engines.
+	// engine (Dynamo's interpolation); f > 0 is the policy's TPOTAim: f ×
+	// the TPOT target, as the controller divides (it has no profile; f = 1:
+	// the target itself), so with RaiseOnly a TPOT p90 below that share of
+	// the target never adds decode engines.
 	TPOTExpectation float64
 	// RaiseOnly sets the policy's MinCorrection to 1: corrections only
 	// add replicas.
@@ -134,6 +134,7 @@ func NewSLOScaler(c SLOScalerConfig) (*SLOScaler, error) {
 		p.SLO.MinCorrection = 1
 	}
 	p.SLO.TTFTAim = c.TTFTExpectation
+	p.SLO.TPOTAim = c.TPOTExpectation
 	p.SLO.Adapt = c.Adapt
 	p.SLO.AggregateBelow = c.AggregateBelow
 	p.SLOPrefill, p.SLODecode = rolePrefill, roleDecode
@@ -208,7 +209,7 @@ func (s *SLOScaler) Decide(now time.Duration, sig *Signals) (int, int) {
 		ExpectedTPOT: s.cfg.Profile.TPOTAt(streams / math.Max(float64(sig.Decode.Ready), 1)),
 	}
 	if s.cfg.TPOTExpectation > 0 {
-		so.ExpectedTPOT = s.cfg.TPOTExpectation * s.cfg.SLOTP
+		so.ExpectedTPOT = 0 // the policy's TPOTAim, as in the controller
 	}
 	if s.cfg.LearnedPrefill {
 		so.PrefillTokensPerReplica = sig.PrefillTokensPerReplica

@@ -30,6 +30,12 @@ type SLO struct {
 	// below its profiled demand, and one above it adds replicas in
 	// proportion.
 	TTFTAim float64
+	// TPOTAim is the same for the decode correction: the share of
+	// TPOTSeconds it steers the measured TPOT p90 toward when the
+	// observation carries no expectation (0: 1, the target itself). With
+	// MinCorrection 1, a p90 above the aim adds decode replicas before the
+	// target itself is missed.
+	TPOTAim float64
 	// Adapt are the stateful refinements Autoscaler.Step applies before
 	// SizeSLO (trend lead, learned TTFT baseline); SizeSLO ignores them.
 	Adapt SLOAdapt
@@ -54,7 +60,7 @@ type SLOObservation struct {
 	// MeasuredTTFT and MeasuredTPOT are the interval's p90 (0: unknown).
 	MeasuredTTFT, MeasuredTPOT float64
 	// ExpectedTTFT and ExpectedTPOT are what the profile predicts at the
-	// interval's load (0: the target; for TTFT, TTFTAim × the target).
+	// interval's load (0: TTFTAim or TPOTAim × the target, or the target).
 	ExpectedTTFT, ExpectedTPOT float64
 	// PrefillTokensPerReplica is the prefill throughput one replica of the
 	// prefill role was measured to have (0: unknown, and the SLO does not
@@ -114,6 +120,17 @@ func (s SLO) expectedTTFT(o SLOObservation) float64 {
 	return s.TTFTSeconds
 }
 
+// expectedTPOT is what the decode correction divides the measured p90 by.
+func (s SLO) expectedTPOT(o SLOObservation) float64 {
+	if o.ExpectedTPOT > 0 {
+		return o.ExpectedTPOT
+	}
+	if s.TPOTAim > 0 {
+		return s.TPOTAim * s.TPOTSeconds
+	}
+	return s.TPOTSeconds
+}
+
 func correction(measured, expected, target, floor float64) float64 {
 	if expected <= 0 {
 		expected = target
@@ -137,7 +154,7 @@ func correction(measured, expected, target, floor float64) float64 {
 func SizeSLO(s SLO, o SLOObservation) SLOResult {
 	res := SLOResult{
 		PrefillCorrection: correction(o.MeasuredTTFT, s.expectedTTFT(o), s.TTFTSeconds, s.MinCorrection),
-		DecodeCorrection:  correction(o.MeasuredTPOT, o.ExpectedTPOT, s.TPOTSeconds, s.MinCorrection),
+		DecodeCorrection:  correction(o.MeasuredTPOT, s.expectedTPOT(o), s.TPOTSeconds, s.MinCorrection),
 	}
 	res.size(s, o)
 	res.AtRisk = (s.TTFTSeconds > 0 && o.MeasuredTTFT > s.TTFTSeconds) || (s.TPOTSeconds > 0 && o.MeasuredTPOT > s.TPOTSeconds)

@@ -65,6 +65,17 @@ func TestSizeSLO(t *testing.T) {
 	} {
 		checkSLO(t, c.name, SizeSLO(aim, c.o), c.p, c.d, c.atRisk, c.pc, c.dc)
 	}
+	// A TPOT aim does the same for decode (0.6 × 50 ms = 30 ms): a p90
+	// within the target but over the aim adds decode replicas.
+	taim := up
+	taim.TPOTAim = 0.6
+	for _, c := range []sloCase{
+		{"TPOT aim: p90 1.5x the aim, within the target", SLOObservation{RunningStreams: 80, MeasuredTPOT: 0.045}, 0, 3, false, 1, 1.5},
+		{"TPOT aim: below the aim, raise-only", SLOObservation{RunningStreams: 80, MeasuredTPOT: 0.02}, 0, 2, false, 1, 1},
+		{"TPOT aim: the observation's expectation wins", SLOObservation{RunningStreams: 80, MeasuredTPOT: 0.045, ExpectedTPOT: 0.045}, 0, 2, false, 1, 1},
+	} {
+		checkSLO(t, c.name, SizeSLO(taim, c.o), c.p, c.d, c.atRisk, c.pc, c.dc)
+	}
 	// Without raise-only, a p90 under the aim lowers prefill (to the clamp).
 	aim.MinCorrection = 0
 	checkSLO(t, "aim: below the aim lowers", SizeSLO(aim, SLOObservation{PromptTokensPerSecond: 25000, MeasuredTTFT: 0.1}), 2, 0, false, 0.5, 1)

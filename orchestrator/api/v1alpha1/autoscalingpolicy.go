@@ -143,6 +143,10 @@ type SLOTarget struct {
 	// requests within the target, the correction sees the p90: an aim
 	// below 100 keeps headroom for the tail (the DES measured 40).
 	TTFTAimPercent int32 `json:"ttftAimPercent,omitempty"`
+	// TPOTAimPercent is the same for the decode correction: the TPOT p90
+	// it steers to, in percent of tpotMilliseconds (0 or absent: 100). The
+	// DES's pick, run as the controller divides, kept 99 % with 60.
+	TPOTAimPercent int32 `json:"tpotAimPercent,omitempty"`
 	// RaiseOnly: latency corrections only add replicas; a latency below
 	// its aim never sizes a role below its profiled demand (default: a
 	// correction may halve it).
