@@ -17,9 +17,9 @@ import (
 
 // handleDebugEngines shows every engine with its load as this replica's
 // scheduler sees it: gossip's view with this replica's own requests added
-// (addLocalLoad: InFlight, LocalPrefillTokens, LocalActiveTokens, and TTFT
-// and TPOT when gossip carries none), not the membership copy alone, whose
-// scheduler-side fields are zeros.
+// (addLocalLoad: InFlight, LocalPrefillTokens, LocalActiveTokens,
+// LocalKVTokens, and TTFT and TPOT when gossip carries none), not the
+// membership copy alone, whose scheduler-side fields are zeros.
 func (s *Server) handleDebugEngines(ctx *fasthttp.RequestCtx) {
 	type engine struct {
 		EngineInfo

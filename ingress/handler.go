@@ -77,6 +77,8 @@ type call struct {
 	streamCharge                 int64     // the same when the request streams (upstream.streamPrefill)
 	bufEnd, bufDur               int64     // a non-streamed attempt's estimated prefill end and length on upstream.bufDone (ns; hold.go)
 	activeCharge                 int64     // tokens charged to the engine's active set until the end
+	kvCharge                     int64     // the prompt tail and expected output charged to the engine's KV (upstream.kv)
+	kvKeys                       int       // the prompt block keys registered there (upstream.kvAdd)
 	sentAt                       time.Time // the last attempt's sending, with Server.outs or the learner
 	attemptAt                    int64     // the last attempt's sending on monoNow's clock (health: panic readmission)
 	uri                          []byte    // the attempt's upstream URI (reused: no allocation per attempt)
@@ -548,14 +550,14 @@ func (c *call) keysOf(id string) []uint64 {
 
 // addLocalLoad adds to eng, an engine as gossip describes it, what this
 // replica knows of it itself: its requests in flight here, the prompt
-// tokens they charge to its prefill and active set, and, when gossip
-// carries no latencies, the TTFT and TPOT its streams here saw
-// (latency.go). The scheduler ranks engines so (addCandidate), and
+// tokens they charge to its prefill and active set, the KV they hold there
+// (a prefix they share once), and, when gossip carries no latencies,
+// the TTFT and TPOT its streams here saw (latency.go). The scheduler ranks engines so (addCandidate), and
 // /debug/engines shows them so (debug.go).
 func addLocalLoad(eng *scheduler.Engine, up *upstream, now time.Time) {
 	n, pre, act := up.load()
 	eng.InFlight += n
-	eng.LocalPrefillTokens, eng.LocalActiveTokens = pre, act
+	eng.LocalPrefillTokens, eng.LocalActiveTokens, eng.LocalKVTokens = pre, act, up.kvTokens()
 	if eng.TTFT == 0 && eng.TPOT == 0 {
 		eng.TTFT, eng.TPOT = up.lat.get(now)
 	}

@@ -140,10 +140,11 @@ type pdCall struct {
 type pdReservation struct {
 	prefill, decode string
 	pre, act        int // the prefill engine's prefill tokens; the decode engine's active tokens
+	kv              int // the decode engine's KV tokens (as upstream.kv)
 }
 
 // pendingLoad is the reservations on one engine.
-type pendingLoad struct{ n, pre, act int }
+type pendingLoad struct{ n, pre, act, kv int }
 
 // pdState is the server's P/D admission and metrics, built on first use.
 type pdState struct {
@@ -531,12 +532,13 @@ func (c *call) pdLoad(p *pdState) {
 			if up := c.s.ups.lookup(e.ID); up != nil {
 				n, pre, act := up.load()
 				e.InFlight = c.infos[k].InFlight + n
-				e.LocalPrefillTokens, e.LocalActiveTokens = pre, act
+				e.LocalPrefillTokens, e.LocalActiveTokens, e.LocalKVTokens = pre, act, up.kvTokens()
 			}
 		}
 		e.InFlight += res.n
 		e.LocalPrefillTokens += res.pre
 		e.LocalActiveTokens += res.act
+		e.LocalKVTokens += res.kv
 		if e.Role == scheduler.RolePrefill && p.noKVMarked(e.ID, c.start) {
 			e.Healthy = false // markNoKV: no prefill legs, nor whole requests, for now
 		}
@@ -546,7 +548,10 @@ func (c *call) pdLoad(p *pdState) {
 // reserve charges the plan's engines until its legs charge them (pdReservation):
 // the prefill engine with one request and the prompt tokens its leg will
 // compute (as runPrefill charges), the decode engine with one request and
-// its prompt and expected output (as startAttempt charges its active set).
+// its prompt and expected output (as startAttempt charges its active set)
+// and the KV its decode leg will add there: its prompt blocks no request in
+// flight there holds, its prompt tail and expected output (as startAttempt
+// charges the engine's KV; reservations of one prefix each count it).
 func (c *call) reserve(p *pdState) {
 	out := c.req.maxTokens
 	if out <= 0 {
@@ -554,9 +559,13 @@ func (c *call) reserve(p *pdState) {
 	}
 	r := &c.pd.res
 	r.decode, r.act = c.pd.plan.Decode, c.promptTokens+out
+	r.kv = max(c.promptTokens, len(c.keys)*c.block) + out
+	if up := c.s.ups.lookup(r.decode); up != nil {
+		r.kv -= up.kvHeld(c.keys) * c.block
+	}
 	p.mu.Lock()
 	l := p.pending[r.decode]
-	l.n, l.act = l.n+1, l.act+r.act
+	l.n, l.act, l.kv = l.n+1, l.act+r.act, l.kv+r.kv
 	p.pending[r.decode] = l
 	p.mu.Unlock()
 	c.reservePrefill(p)
@@ -584,20 +593,20 @@ func (c *call) unreserve(p *pdState, decode bool) {
 	}
 	p.mu.Lock()
 	if r.prefill != "" {
-		p.unpend(r.prefill, 1, r.pre, 0)
+		p.unpend(r.prefill, 1, r.pre, 0, 0)
 		r.prefill = ""
 	}
 	if decode && r.decode != "" {
-		p.unpend(r.decode, 1, 0, r.act)
+		p.unpend(r.decode, 1, 0, r.act, r.kv)
 		r.decode = ""
 	}
 	p.mu.Unlock()
 }
 
 // unpend takes a reservation off engine's pending load. Under mu.
-func (p *pdState) unpend(engine string, n, pre, act int) {
+func (p *pdState) unpend(engine string, n, pre, act, kv int) {
 	l := p.pending[engine]
-	l.n, l.pre, l.act = l.n-n, l.pre-pre, l.act-act
+	l.n, l.pre, l.act, l.kv = l.n-n, l.pre-pre, l.act-act, l.kv-kv
 	if l.n <= 0 {
 		delete(p.pending, engine)
 		return

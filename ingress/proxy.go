@@ -202,7 +202,9 @@ const defaultOutputTokens = 128
 
 // startAttempt charges an attempt to its engine's local load: one request,
 // its uncached prompt tokens until the first byte, and its prompt plus
-// expected output until the end.
+// expected output until the end, and as the engine's KV the prompt blocks
+// no other request in flight there holds (upstream.kvAdd) plus its prompt
+// tail and expected output.
 func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	out := c.req.maxTokens
 	if out <= 0 {
@@ -211,6 +213,9 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	out *= max(1, c.seqs)
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.blockOf(c.engine)))
 	c.activeCharge = int64(c.promptTokens + out)
+	c.kvKeys = len(c.keys)
+	c.kvCharge = int64(max(0, c.promptTokens-c.kvKeys*c.block) + out)
+	up.kv.Add(int64(up.kvAdd(c.keys)*c.block) + c.kvCharge)
 	c.attemptAt = monoNow()
 	if up.inflight.Add(1) == 1 {
 		up.progress.Store(c.attemptAt) // the stall watch counts from the first request in flight
@@ -249,7 +254,8 @@ func (c *call) endAttempt(up *upstream) {
 	up.prefill.Add(-c.prefillCharge)
 	up.streamPrefill.Add(-c.streamCharge)
 	up.active.Add(-c.activeCharge)
-	c.prefillCharge, c.streamCharge, c.activeCharge = 0, 0, 0
+	up.kv.Add(-int64(up.kvDrop(c.keys[:c.kvKeys])*c.block) - c.kvCharge)
+	c.prefillCharge, c.streamCharge, c.activeCharge, c.kvCharge, c.kvKeys = 0, 0, 0, 0, 0
 	c.unqueueBuffered(up)
 	c.learnEnd(up)
 	c.s.holdWake() // hold.go: room may have freed

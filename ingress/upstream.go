@@ -65,8 +65,18 @@ type upstream struct {
 	// the learned prefill rate (hold.go, queueBuffered), so the hold counts
 	// them without waiting for a first byte that comes only with the whole
 	// answer.
-	bufDone  atomic.Int64
-	active   atomic.Int64
+	bufDone atomic.Int64
+	active  atomic.Int64
+	// kv is the KV, in tokens, this replica's requests in flight hold on
+	// the engine: the distinct blocks of their prompts (kvRefs), a prefix
+	// they share counted once as the engine holds it once, plus each one's
+	// prompt tail (its last, partial block) and expected output
+	// (scheduler.Engine.LocalKVTokens).
+	kv atomic.Int64
+	// kvRefs counts, per prompt block key, the requests in flight here
+	// that hold it (kvAdd, kvDrop); under kvMu.
+	kvMu     sync.Mutex
+	kvRefs   map[uint64]int32
 	total    atomic.Uint64
 	failures atomic.Uint64
 	lw       learnLoad     // the cost learner's counts (learn.go)
@@ -328,6 +338,65 @@ func (u *upstreams) local(id string) (inflight, prefill, active int) {
 // active tokens on the engine.
 func (up *upstream) load() (inflight, prefill, active int) {
 	return int(up.inflight.Load()), int(up.prefill.Load()), int(up.active.Load())
+}
+
+// kvTokens is the KV this replica's requests in flight hold on the engine
+// (upstream.kv).
+func (up *upstream) kvTokens() int { return int(up.kv.Load()) }
+
+// kvAdd registers the prompt block keys of a request sent to the engine and
+// returns how many of them no other request in flight here held: the
+// blocks it adds to the engine's KV.
+func (up *upstream) kvAdd(keys []uint64) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	up.kvMu.Lock()
+	defer up.kvMu.Unlock()
+	if up.kvRefs == nil {
+		up.kvRefs = make(map[uint64]int32, len(keys))
+	}
+	added := 0
+	for _, k := range keys {
+		if up.kvRefs[k] == 0 {
+			added++
+		}
+		up.kvRefs[k]++
+	}
+	return added
+}
+
+// kvDrop unregisters keys, which kvAdd registered, and returns how many no
+// request in flight here holds any more.
+func (up *upstream) kvDrop(keys []uint64) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	up.kvMu.Lock()
+	defer up.kvMu.Unlock()
+	freed := 0
+	for _, k := range keys {
+		if n := up.kvRefs[k]; n > 1 {
+			up.kvRefs[k] = n - 1
+		} else {
+			delete(up.kvRefs, k)
+			freed++
+		}
+	}
+	return freed
+}
+
+// kvHeld returns how many of keys requests in flight here hold.
+func (up *upstream) kvHeld(keys []uint64) int {
+	up.kvMu.Lock()
+	defer up.kvMu.Unlock()
+	held := 0
+	for _, k := range keys {
+		if up.kvRefs[k] > 0 {
+			held++
+		}
+	}
+	return held
 }
 
 // lookup returns engine id's upstream, nil when this replica has none.

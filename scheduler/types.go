@@ -149,6 +149,13 @@ type Engine struct {
 	// LocalActiveTokens is prompt plus expected output tokens of every
 	// in-flight request (local): the engine's decode working set.
 	LocalActiveTokens int
+	// LocalKVTokens is the KV, in tokens, the in-flight requests (local)
+	// hold on the engine: the distinct blocks of their prompts, a prefix
+	// they share counted once as the engine holds it once
+	// (LocalActiveTokens counts it per request), plus each one's prompt
+	// tail and expected output. The P/D policy's KV wait reads it
+	// (scheduler/pd, kvWait).
+	LocalKVTokens int
 
 	// TTFT and TPOT are recent observed latencies (zero when no sample yet).
 	TTFT, TPOT time.Duration

@@ -45,6 +45,7 @@ type pdSim struct {
 	trans       []*translator
 	stepPending []bool
 	awaitFirst  [][]int
+	kvRefs      map[string]kvRefs // per engine id: the in-flight requests' prompt blocks (LocalKVTokens)
 
 	busy int // prefill legs and transfers in flight (they feed other engines)
 
@@ -75,6 +76,8 @@ type pdFlight struct {
 	uncachedP       int // router's estimate of the prefill leg's uncached tokens
 	uncachedD       int // same on the decode engine (aggregated: the whole prefill)
 	active          int
+	kvKeys          []uint64 // the prompt's block keys, registered in the decode engine's kvRefs
+	kvOwn           int      // the prompt tail and predicted output, charged to LocalKVTokens beside the blocks
 	xferTokens      int
 	sent            time.Duration
 	preq, dreq      *engine.Request
@@ -181,6 +184,7 @@ func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, er
 	}
 	s.stepPending = make([]bool, len(s.engines))
 	s.awaitFirst = make([][]int, len(s.engines))
+	s.kvRefs = map[string]kvRefs{}
 	s.ctx = make([]engineCtx, len(s.engines))
 	s.lat = make([]latAcc, len(s.engines))
 	s.legs = make([]int, len(s.engines))
@@ -288,6 +292,8 @@ func (s *pdSim) send(i int, now time.Duration) {
 	}
 	f := pdFlight{prefill: -1, decode: s.ids[s.plan.Decode], sent: now, active: len(prompt) + predOut, prompt: len(prompt)}
 	f.uncachedD = max(0, len(prompt)-s.plan.DecodeCached)
+	f.kvKeys = append([]uint64(nil), s.keyBuf...)
+	f.kvOwn = len(prompt) - len(f.kvKeys)*bs + predOut
 	e, leg := f.decode, &engine.Request{ID: "a" + strconv.Itoa(i), Prompt: prompt, OutputLen: w.OutputTokens}
 	if s.plan.Mode == pd.Disaggregated {
 		f.prefill = s.ids[s.plan.Prefill]
@@ -315,6 +321,7 @@ func (s *pdSim) send(i int, now time.Duration) {
 	d := &s.view[f.decode]
 	d.InFlight++
 	d.LocalActiveTokens += f.active
+	d.LocalKVTokens += s.refs(f.decode).add(f.kvKeys)*bs + f.kvOwn
 	if f.prefill >= 0 {
 		p := &s.view[f.prefill]
 		p.InFlight++
@@ -421,6 +428,18 @@ func (s *pdSim) prefillDone(i int, res engine.Result) {
 	s.h.push(res.Finished+s.cfg.transferTime(bytes), evTransferDone, i)
 }
 
+// refs is engine e's kvRefs, by its id: an autoscaled engine starts with
+// none, also in a reused slot.
+func (s *pdSim) refs(e int) kvRefs {
+	id := s.view[e].ID
+	m := s.kvRefs[id]
+	if m == nil {
+		m = kvRefs{}
+		s.kvRefs[id] = m
+	}
+	return m
+}
+
 func (s *pdSim) transferDone(i int, now time.Duration) {
 	f := &s.flights[i]
 	s.busy--
@@ -433,6 +452,8 @@ func (s *pdSim) transferDone(i int, now time.Duration) {
 	if err := eng.Add(f.dreq, now); err != nil {
 		s.view[f.decode].InFlight--
 		s.view[f.decode].LocalActiveTokens -= f.active
+		s.view[f.decode].LocalKVTokens -= s.refs(f.decode).drop(f.kvKeys)*s.cfg.Engine.BlockSize + f.kvOwn
+		f.kvKeys = nil
 		s.inflight--
 		s.fail(i, now)
 		return
@@ -449,6 +470,8 @@ func (s *pdSim) decodeDone(i int, res engine.Result, now time.Duration) {
 	v := &s.view[f.decode]
 	v.InFlight--
 	v.LocalActiveTokens -= f.active
+	v.LocalKVTokens -= s.refs(f.decode).drop(f.kvKeys)*s.cfg.Engine.BlockSize + f.kvOwn
+	f.kvKeys = nil
 	f.dreq = nil
 	cached := res.CachedTokens + res.CPUCachedTokens
 	if f.prefill >= 0 {

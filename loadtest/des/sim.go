@@ -35,7 +35,8 @@ type sim struct {
 	view        []scheduler.Engine
 	trans       []*translator
 	stepPending []bool
-	awaitFirst  [][]int // per engine: requests without a first token yet
+	awaitFirst  [][]int  // per engine: requests without a first token yet
+	kvRefs      []kvRefs // per engine: the in-flight requests' prompt blocks (LocalKVTokens)
 
 	flights []flight
 	byReq   map[*engine.Request]int
@@ -73,7 +74,9 @@ type flight struct {
 	engine   int
 	uncached int
 	active   int
-	ahead    int // prefill tokens queued ahead on the engine at dispatch, plus own uncached
+	kvKeys   []uint64 // the prompt's block keys, registered in the engine's kvRefs
+	kvOwn    int      // the prompt tail and predicted output, charged to LocalKVTokens beside the blocks
+	ahead    int      // prefill tokens queued ahead on the engine at dispatch, plus own uncached
 	prompt   int
 	sent     time.Duration
 	req      *engine.Request
@@ -180,7 +183,48 @@ func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
 	}
 	s.stepPending = make([]bool, cfg.Engines)
 	s.awaitFirst = make([][]int, cfg.Engines)
+	s.kvRefs = newKVRefs(cfg.Engines)
 	return s, nil
+}
+
+// kvRefs counts, per prompt block key, the router's requests in flight on
+// one engine that hold it, so that LocalKVTokens counts a block they share
+// once, as the engine holds it once (the ingress's upstream.kvAdd).
+type kvRefs map[uint64]int32
+
+func newKVRefs(n int) []kvRefs {
+	r := make([]kvRefs, n)
+	for i := range r {
+		r[i] = kvRefs{}
+	}
+	return r
+}
+
+// add registers keys and returns how many no request in flight held.
+func (m kvRefs) add(keys []uint64) int {
+	added := 0
+	for _, k := range keys {
+		if m[k] == 0 {
+			added++
+		}
+		m[k]++
+	}
+	return added
+}
+
+// drop unregisters keys and returns how many no request in flight holds
+// any more.
+func (m kvRefs) drop(keys []uint64) int {
+	freed := 0
+	for _, k := range keys {
+		if n := m[k]; n > 1 {
+			m[k] = n - 1
+		} else {
+			delete(m, k)
+			freed++
+		}
+	}
+	return freed
 }
 
 // newScheduler builds policy sc.Policy over the framework's filters.
@@ -366,6 +410,9 @@ func (s *sim) send(i int, now time.Duration) {
 	v.InFlight++
 	v.LocalPrefillTokens += f.uncached
 	v.LocalActiveTokens += f.active
+	f.kvKeys = append([]uint64(nil), s.keyBuf...)
+	f.kvOwn = len(prompt) - len(f.kvKeys)*bs + predOut
+	v.LocalKVTokens += s.kvRefs[e].add(f.kvKeys)*bs + f.kvOwn
 	s.awaitFirst[e] = append(s.awaitFirst[e], i)
 	s.inflight++
 	s.out.dispatched(now)
@@ -439,6 +486,8 @@ func (s *sim) step(e int, now time.Duration) {
 		v := &s.view[e]
 		v.InFlight--
 		v.LocalActiveTokens -= f.active
+		v.LocalKVTokens -= s.kvRefs[e].drop(f.kvKeys)*s.cfg.Engine.BlockSize + f.kvOwn
+		f.kvKeys = nil
 		f.req = nil
 		res := r.Result()
 		if s.holding() {

@@ -364,15 +364,18 @@ func (k KVMesh) broken(c *scheduler.Candidate, out, before, risk float64) float6
 // kvWait prices the request's KV that does not fit in c's free blocks: it
 // waits, roughly, for that fraction of a decode lifetime. The blocks in use
 // are the larger of the engine's report (KVUsage, a snapshot up to a scrape
-// interval old) and this router's own in-flight prompt plus expected output
-// tokens there (LocalActiveTokens): the requests it sent since the snapshot
-// hold KV the report does not show yet.
+// interval old) and the KV this router's in-flight requests hold there
+// (LocalKVTokens): the requests it sent since the snapshot hold KV the
+// report does not show yet. A prefix they share counts once, as the engine
+// holds it once; counted per request (prompt plus output,
+// LocalActiveTokens) it made an engine serving one shared prefix look
+// fuller than it was (tester h-reg7 F1).
 func (k KVMesh) kvWait(r *scheduler.Request, c *scheduler.Candidate, t policies.Terms) float64 {
 	if c.GPUBlocks <= 0 || r.BlockSize <= 0 {
 		return 0
 	}
 	need := (r.PromptTokens+k.Cost.Output(r)+r.BlockSize-1)/r.BlockSize - c.Match.GPU
-	used := max(c.KVUsage*float64(c.GPUBlocks), float64(c.LocalActiveTokens)/float64(r.BlockSize))
+	used := max(c.KVUsage*float64(c.GPUBlocks), float64(c.LocalKVTokens)/float64(r.BlockSize))
 	free := float64(c.GPUBlocks) - used
 	if need <= 0 || float64(need) <= free {
 		return 0

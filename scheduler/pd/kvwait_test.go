@@ -7,13 +7,20 @@ import (
 
 // kvwaitScores routes one request (prompt 8,192, output 256) over a prefill
 // engine p0 and a decode engine d0 (8 running streams, the given KV blocks,
-// snapshot KV usage and this router's in-flight tokens) and returns each
-// option's score by its prefill engine ("" for aggregated on d0).
+// snapshot KV usage and this router's in-flight tokens, which matched no
+// prefix there) and returns each option's score by its prefill engine (""
+// for aggregated on d0).
 func kvwaitScores(t *testing.T, cfg Config, blocks int, usage float64, active int) map[string]float64 {
 	t.Helper()
-	plan, err := route(t, setup{prompt: 8192, engines: []eng{{id: "p0", role: P},
-		{id: "d0", role: D, running: 8, tpot: 30 * time.Millisecond, blocks: blocks, kvUsage: usage, active: active}}},
-		mustPolicy(t, cfg))
+	return kvwaitPlan(t, cfg, setup{prompt: 8192, engines: []eng{{id: "p0", role: P},
+		{id: "d0", role: D, running: 8, tpot: 30 * time.Millisecond, blocks: blocks, kvUsage: usage, active: active, kv: active}}})
+}
+
+// kvwaitPlan routes s over p0 and d0 and returns each option's score by its
+// prefill engine ("" for aggregated on d0).
+func kvwaitPlan(t *testing.T, cfg Config, s setup) map[string]float64 {
+	t.Helper()
+	plan, err := route(t, s, mustPolicy(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +78,51 @@ func TestKVWaitInTTFT(t *testing.T) {
 		waitSLO := kvwaitScores(t, slo, 1_000_000, 0, full)[o] - kvwaitScores(t, slo, blocks, 0, full)[o]
 		if !(waitSLO > waitPlain+1) {
 			t.Errorf("option %q: the KV wait costs %v s under a 2 s TTFT objective, %v s without: want the miss term to price it", o, waitSLO, waitPlain)
+		}
+	}
+}
+
+// TestKVWaitSharedPrefixOnce: requests in flight on a decode engine that
+// share a prefix hold its blocks once, as the engine caches them once (tester
+// h-reg7 F1's geometry: a 2,048-token shared prefix, 1,024 own prompt
+// tokens, 768 output, 240 blocks a request, 600 on the engine). Three of
+// them in flight hold the 128 prefix blocks once and 112 own blocks each,
+// 464 blocks (LocalKVTokens); the next one, matching the prefix, needs 112
+// of the 136 free: no wait, although prompt + output per request (720
+// blocks, LocalActiveTokens) is more than the engine holds. A fourth in
+// flight (576 blocks) leaves 24 free, and the wait is priced.
+func TestKVWaitSharedPrefixOnce(t *testing.T) {
+	const (
+		blocks           = 600
+		prompt, output   = 3072, 768
+		shared, perReq   = 128, (prompt + output) / bs // blocks
+		own              = perReq - shared
+		prefixCached     = shared
+		active3, active4 = 3 * (prompt + output), 4 * (prompt + output)
+	)
+	kv := func(n int) int { return (perReq + (n-1)*own) * bs }
+	at := func(cfg Config, blocks int, usage float64, active, kv int) map[string]float64 {
+		return kvwaitPlan(t, cfg, setup{prompt: prompt, output: output, engines: []eng{{id: "p0", role: P},
+			{id: "d0", role: D, running: 3, tpot: 30 * time.Millisecond, cached: prefixCached,
+				blocks: blocks, kvUsage: usage, active: active, kv: kv}}})
+	}
+	for _, cfg := range []Config{{}, {SLOTTFT: 2, SLOTPOT: 0.1}} {
+		room := at(cfg, 1_000_000, 0, active3, kv(3))
+		for _, usage := range []float64{0, float64(kv(3)/bs) / blocks} { // before the snapshot shows them, and after
+			three := at(cfg, blocks, usage, active3, kv(3))
+			for _, o := range []string{"", "p0"} {
+				if three[o] != room[o] {
+					t.Errorf("%+v usage %.2f option %q: score %v with three requests of the prefix in flight (464 of 600 blocks), %v with KV to spare: want no KV wait",
+						cfg, usage, o, three[o], room[o])
+				}
+			}
+		}
+		four := at(cfg, blocks, 0, active4, kv(4))
+		for _, o := range []string{"", "p0"} {
+			if !(four[o] < room[o]-0.1) {
+				t.Errorf("%+v option %q: score %v with four requests of the prefix in flight (576 of 600 blocks), %v with KV to spare: want a KV wait",
+					cfg, o, four[o], room[o])
+			}
 		}
 	}
 }

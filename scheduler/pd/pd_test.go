@@ -32,6 +32,7 @@ type eng struct {
 	blocks      int     // GPU KV blocks (0: 30,000)
 	kvUsage     float64 // the snapshot's KV usage
 	active      int     // this router's in-flight prompt + output tokens there
+	kv          int     // of those, the KV beyond the prefixes they matched there
 }
 
 type setup struct {
@@ -64,7 +65,7 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 		}
 		es = append(es, scheduler.Engine{ID: e.id, Healthy: true, Model: "m", Role: e.role, Group: e.group,
 			Running: e.running, Waiting: e.waiting, QueuedPrefillTokens: e.queued, InFlight: e.running + e.waiting,
-			GPUBlocks: blocks, KVUsage: e.kvUsage, LocalActiveTokens: e.active, TPOT: e.tpot, LocalPrefillTokens: e.local,
+			GPUBlocks: blocks, KVUsage: e.kvUsage, LocalActiveTokens: e.active, LocalKVTokens: e.kv, TPOT: e.tpot, LocalPrefillTokens: e.local,
 			PrefillOnly: e.prefillOnly, PDProtocol: e.proto})
 	}
 	sc := scheduler.DefaultConfig()
