@@ -33,12 +33,16 @@ import (
 //
 // stall is n running × the request's uncached prefill time: on a decode
 // engine it is TPOT lost by every running stream, on a prefill engine the
-// TTFT lost by the prefills sharing its batch. kvwait is the part of the
-// request's KV that does not fit in the decode engine's free blocks, as a
-// fraction of its decode time (it waits for running requests to finish);
-// the blocks in use are the larger of the engine's KV usage report and this
-// router's own in-flight prompt + output tokens there, and the wait is part
-// of the TTFT the miss term prices.
+// TTFT lost by the prefills sharing its batch. kvwait is the time the
+// request waits for KV on the decode engine: the blocks that must be freed
+// before it fits (its need beyond the free blocks, and beyond the blocks
+// the engine is already over-committed by) at the rate a full engine frees
+// them, its capacity once per stream lifetime (output × TPOT); the blocks
+// in use are the larger of the engine's KV usage report and the KV this
+// router's in-flight requests hold there, and the wait is part of the TTFT
+// the miss term prices. When on every engine that decodes the wait alone
+// is past the TTFT objective, a prefill engine may serve the request whole
+// (below).
 //
 // With SLOs (SLOTTFT, SLOTPOT) the objective is goodput, so two terms are
 // added and one is reweighted:
@@ -137,24 +141,30 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 	// running streams miss the TPOT objective after a local prefill; own
 	// the lowest chance, over the engines that decode, that the request
 	// itself misses it there.
-	risk, own := 1.0, 1.0
+	// kvFull: on every engine that decodes, the request's wait for KV
+	// alone would more likely than not miss the TTFT objective.
+	risk, own, kvFull := 1.0, 1.0, k.SLOTTFT > 0
 	for _, d := range v.Decoders {
 		if k.Always && v.Cands[d].Role == scheduler.RoleDecode && len(v.Prefillers) > 0 {
 			continue
 		}
-		risk, own = k.addWhole(r, v, d, out, risk, own)
+		var wait float64
+		risk, own, wait = k.addWhole(r, v, d, out, risk, own)
+		kvFull = kvFull && wait >= k.SLOTTFT
 	}
-	if !k.Always && k.SLOTPOT > 0 && own >= 0.5 {
+	if !k.Always && k.SLOTPOT > 0 && (own >= 0.5 || kvFull) {
 		// No engine that decodes keeps this request within the TPOT
-		// objective (P(miss) ≥ ½ on each): a prefill engine that can
-		// serve a whole request (vLLM's kv_role "kv_both") is offered,
-		// priced as a local prefill and decode there. Its streams decode
-		// between other requests' prefill legs, so while the decode
-		// engines have TPOT to spare it never is (docs/BENCHMARKS.md,
-		// "Whole requests on prefill engines, gated").
+		// objective (P(miss) ≥ ½ on each), or none has the KV for it
+		// before its TTFT objective has passed: a prefill engine that
+		// can serve a whole request (vLLM's kv_role "kv_both") is
+		// offered, priced as a local prefill and decode there. Its
+		// streams decode between other requests' prefill legs, so while
+		// the decode engines have TPOT and KV to spare it never is
+		// (docs/BENCHMARKS.md, "Whole requests on prefill engines,
+		// gated", and "The KV wait's form (2026-12-07)").
 		for _, p := range v.Prefillers {
 			if !v.Cands[p].PrefillOnly {
-				risk, _ = k.addWhole(r, v, p, out, risk, own)
+				risk, _, _ = k.addWhole(r, v, p, out, risk, own)
 			}
 		}
 	}
@@ -211,8 +221,8 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 
 // addWhole adds the aggregated option on d (prefilled and decoded there)
 // and returns risk and own lowered by its streams' and the request's TPOT
-// miss chances.
-func (k KVMesh) addWhole(r *scheduler.Request, v *View, d int, out, risk, own float64) (float64, float64) {
+// miss chances, and the request's KV wait there.
+func (k KVMesh) addWhole(r *scheduler.Request, v *View, d int, out, risk, own float64) (float64, float64, float64) {
 	c := &v.Cands[d]
 	_, step, _ := k.Cost.Rates(c.ID)
 	t := k.Cost.Terms(r, c, max(0, r.PromptTokens-c.CachedTokens))
@@ -233,7 +243,7 @@ func (k KVMesh) addWhole(r *scheduler.Request, v *View, d int, out, risk, own fl
 	cost := t.Total(step) + wait
 	cost += k.miss(out, t.Queue+t.Prefill+step+wait, now) + broken
 	v.Add(-1, d, -cost)
-	return risk, own
+	return risk, own, wait
 }
 
 // addPair adds the option prefill on p, decode on d. xfer is the transfer
@@ -361,15 +371,28 @@ func (k KVMesh) broken(c *scheduler.Candidate, out, before, risk float64) float6
 	return k.missPrice(out) * n * max(0, risk-pMiss(before, k.SLOTPOT))
 }
 
-// kvWait prices the request's KV that does not fit in c's free blocks: it
-// waits, roughly, for that fraction of a decode lifetime. The blocks in use
-// are the larger of the engine's report (KVUsage, a snapshot up to a scrape
-// interval old) and the KV this router's in-flight requests hold there
-// (LocalKVTokens): the requests it sent since the snapshot hold KV the
-// report does not show yet. A prefix they share counts once, as the engine
-// holds it once; counted per request (prompt plus output,
-// LocalActiveTokens) it made an engine serving one shared prefix look
-// fuller than it was (tester h-reg7 F1).
+// kvWait is how long the request waits for KV on c: the blocks c must free
+// before the request fits (its need minus the free blocks; free is negative
+// when the requests in flight already over-commit c, and then the request
+// waits behind theirs too) at the rate a full engine frees blocks, all of
+// them once per stream lifetime (Little's law; the lifetime is output ×
+// TPOT, unweighted: the wait is seconds before the first token, not a
+// share of the decode cost DecodeWeight discounts). It grows smoothly from
+// zero where the request just fits and has no cap. The earlier form, the
+// missing fraction of the request's own need times its weighted decode
+// time, reached its cap (the weighted decode time, 0.3 s on tool-agent)
+// once no block was free and stayed there however over-committed the
+// engine was: once every decode engine was full, the router sent requests
+// to one with a queue waiting for KV, where they waited and preempted
+// (docs/BENCHMARKS.md, "The KV wait's form (2026-12-07)").
+//
+// The blocks in use are the larger of the engine's report (KVUsage, a
+// snapshot up to a scrape interval old) and the KV this router's in-flight
+// requests hold there (LocalKVTokens): the requests it sent since the
+// snapshot hold KV the report does not show yet. A prefix they share
+// counts once, as the engine holds it once; counted per request (prompt
+// plus output, LocalActiveTokens) it made an engine serving one shared
+// prefix look fuller than it was (tester h-reg7 F1).
 func (k KVMesh) kvWait(r *scheduler.Request, c *scheduler.Candidate, t policies.Terms) float64 {
 	if c.GPUBlocks <= 0 || r.BlockSize <= 0 {
 		return 0
@@ -380,5 +403,5 @@ func (k KVMesh) kvWait(r *scheduler.Request, c *scheduler.Candidate, t policies.
 	if need <= 0 || float64(need) <= free {
 		return 0
 	}
-	return (float64(need) - max(free, 0)) / float64(need) * t.Decode
+	return (float64(need) - free) / float64(c.GPUBlocks) * float64(max(k.Cost.Output(r), 1)) * t.TPOT
 }

@@ -1,8 +1,13 @@
 package pd
 
 import (
+	"math"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/policies"
 )
 
 // kvwaitScores routes one request (prompt 8,192, output 256) over a prefill
@@ -55,8 +60,9 @@ func TestKVWaitSeesRouterInFlight(t *testing.T) {
 				t.Errorf("%+v option %q: score %v with the router's in-flight tokens filling d0, %v with the snapshot full: want the same KV wait",
 					cfg, o, sent[o], reported[o])
 			}
-			// No block is free: the request waits its whole decode
-			// term (about 0.8 s here).
+			// No block is free: the request waits until d0 has freed
+			// its 528 blocks, 528/4,096 of a stream lifetime (256
+			// tokens at about 21 ms: about 0.7 s here).
 			if !(sent[o] < room[o]-0.5) {
 				t.Errorf("%+v option %q: score %v on a %d-block engine the router has filled, %v with KV to spare: want a KV wait of its decode time",
 					cfg, o, sent[o], blocks, room[o])
@@ -124,5 +130,68 @@ func TestKVWaitSharedPrefixOnce(t *testing.T) {
 					cfg, o, four[o], room[o])
 			}
 		}
+	}
+}
+
+// TestKVWaitForm: the KV wait is the blocks the engine must free before the
+// request fits (its need beyond the free blocks, and beyond what the
+// requests in flight over-commit it by) at a full engine's rate, its
+// capacity once per stream lifetime (output × TPOT, unweighted). It grows
+// from zero where the request just fits and has no cap: the earlier form,
+// the missing fraction of the request's own need times its weighted decode
+// time, stayed at that cap however over-committed the engine was, and with
+// every decode engine full the router piled requests onto one with a queue
+// waiting for KV (docs/BENCHMARKS.md, "The KV wait's form (2026-12-07)").
+func TestKVWaitForm(t *testing.T) {
+	const (
+		blocks         = 4096
+		prompt, output = 8192, 256
+		need           = (prompt + output) / bs // 528 blocks
+		tpot           = 0.03
+		life           = output * tpot // 7.68 s
+	)
+	k := NewKVMesh(policies.KVMesh{})
+	tests := []struct {
+		name    string
+		gpu     int     // GPU blocks (0 unknown)
+		usage   float64 // the snapshot's KV usage
+		kv      int     // this router's in-flight KV there, in blocks
+		matched int     // the request's prefix cached there, in blocks
+		want    float64 // seconds
+	}{
+		{name: "capacity unknown", gpu: 0, kv: 10 * blocks},
+		{name: "fits", gpu: blocks, kv: blocks - need},
+		{name: "one block short: a sliver of a lifetime", gpu: blocks, kv: blocks - need + 1, want: 1.0 / blocks * life},
+		{name: "no block free: its need at the engine's rate", gpu: blocks, kv: blocks, want: float64(need) / blocks * life},
+		{name: "the snapshot shows it full", gpu: blocks, usage: 1, want: float64(need) / blocks * life},
+		{name: "over-committed by a whole engine: behind the queue too, past a lifetime", gpu: blocks, kv: 2 * blocks,
+			want: float64(need+blocks) / blocks * life},
+		{name: "a cached prefix is not needed again", gpu: blocks, kv: blocks, matched: 128, want: float64(need-128) / blocks * life},
+		{name: "the cached prefix is all it needs", gpu: blocks, kv: 2 * blocks, matched: need},
+	}
+	prev := -1.0
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := scheduler.Candidate{Engine: &scheduler.Engine{ID: "d0", Role: D, GPUBlocks: tc.gpu, KVUsage: tc.usage,
+				LocalKVTokens: tc.kv * bs}, Match: index.Match{GPU: tc.matched}}
+			r := scheduler.Request{BlockSize: bs, PromptTokens: prompt, OutputTokens: output}
+			got := k.kvWait(&r, &c, policies.Terms{TPOT: tpot, Decode: 0.15 * life})
+			if math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("wait %v s, want %v", got, tc.want)
+			}
+		})
+	}
+	// More in flight never waits less, and nothing caps it.
+	for kv := blocks - need; kv <= 3*blocks; kv += 64 {
+		c := scheduler.Candidate{Engine: &scheduler.Engine{ID: "d0", Role: D, GPUBlocks: blocks, LocalKVTokens: kv * bs}}
+		r := scheduler.Request{BlockSize: bs, PromptTokens: prompt, OutputTokens: output}
+		got := k.kvWait(&r, &c, policies.Terms{TPOT: tpot})
+		if got < prev {
+			t.Fatalf("%d blocks in flight: wait %v s, less than %v s with fewer", kv, got, prev)
+		}
+		prev = got
+	}
+	if !(prev > 2*life) {
+		t.Fatalf("wait %v s on an engine over-committed twice over, want more than two lifetimes (%v s)", prev, 2*life)
 	}
 }

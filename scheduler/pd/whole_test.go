@@ -56,6 +56,65 @@ func TestKVMeshWholeOnPrefill(t *testing.T) {
 	}
 }
 
+// TestKVMeshWholeOnPrefillKVFull: a prefill engine is also offered a whole
+// request when no engine that decodes has the KV for it before its TTFT
+// objective has passed (the KV wait alone ≥ SLOTTFT on each), though their
+// TPOT is fine: a KV-bound decode pool is left, not queued on (tester h-reg7
+// U2; docs/BENCHMARKS.md, "The KV wait's form (2026-12-07)"). Not while one decode engine
+// has room, not when the wait is short (short outputs free KV soon), never
+// on a PrefillOnly engine, never for kvmesh-always, never without a TTFT
+// objective.
+func TestKVMeshWholeOnPrefillKVFull(t *testing.T) {
+	slo := Config{SLOTTFT: 2, SLOTPOT: 0.05}
+	always := slo
+	always.Policy = "kvmesh-always"
+	const blocks = 4096
+	// Streams within their TPOT objective, the KV over-committed by 1,000
+	// blocks (the router's in-flight requests beyond the full snapshot).
+	full := func(id string) eng {
+		return eng{id: id, role: D, running: 8, tpot: 30 * time.Millisecond, blocks: blocks, kvUsage: 1, kv: (blocks + 1000) * bs}
+	}
+	kvBound := []eng{{id: "p0", role: P}, full("d0"), full("d1")}
+	room := []eng{{id: "p0", role: P}, full("d0"), {id: "d1", role: D, running: 8, tpot: 30 * time.Millisecond, blocks: blocks}}
+	only := []eng{{id: "p0", role: P, prefillOnly: true}, full("d0"), full("d1")}
+	long := func(e []eng) setup { return setup{prompt: 4096, output: 1024, engines: e} } // 320 blocks, a ~20 s lifetime
+	tests := []struct {
+		name   string
+		cfg    Config
+		s      setup
+		offer  bool   // an aggregated option on p0
+		reason string // "" any
+	}{
+		{name: "every decode engine KV-bound: the prefill engine serves it whole", cfg: slo, s: long(kvBound),
+			offer: true, reason: "aggregated-on-prefill"},
+		{name: "one decode engine has room", cfg: slo, s: long(room)},
+		{name: "short outputs free KV soon: the wait stays inside the objective", cfg: slo,
+			s: setup{prompt: 4096, output: 64, engines: kvBound}},
+		{name: "a prefill-only engine is never offered", cfg: slo, s: long(only)},
+		{name: "kvmesh-always never aggregates", cfg: always, s: long(kvBound)},
+		{name: "no TTFT objective, no KV gate", cfg: Config{SLOTPOT: 0.05}, s: long(kvBound)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, err := route(t, tc.s, mustPolicy(t, tc.cfg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			offered := false
+			for _, o := range plan.Options {
+				offered = offered || (o.Prefill == "" && o.Decode == "p0")
+			}
+			if offered != tc.offer {
+				t.Fatalf("whole request on p0 offered %v, want %v; options %+v", offered, tc.offer, plan.Options)
+			}
+			if tc.reason != "" && (plan.Reason != tc.reason || plan.Decode != "p0" || plan.Mode != Aggregated) {
+				t.Fatalf("plan %v %q→%q (%s), want aggregated on p0 (%s); options %+v", plan.Mode, plan.Prefill, plan.Decode,
+					plan.Reason, tc.reason, plan.Options)
+			}
+		})
+	}
+}
+
 // TestWholeOnPrefillNoAlloc: routing with the gate open allocates nothing.
 func TestWholeOnPrefillNoAlloc(t *testing.T) {
 	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), make([]uint32, 1024), bs)
