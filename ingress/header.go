@@ -81,6 +81,9 @@ const unauthBodyLimit = 64 << 10
 // malformed, or not all sent within readTimeout), fasthttp wipes its head
 // before handleTransportError sees it.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if !h.IsHTTP11() {
+		minorVersion(h)
+	}
 	n := h.ContentLength()
 	if n == -1 || n > 0 {
 		path := uriPath(h.RequestURI())
@@ -107,6 +110,42 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 		return fasthttp.RequestConfig{MaxRequestBodySize: unauthBodyLimit}
 	}
 	return fasthttp.RequestConfig{}
+}
+
+// minorVersion serves a request of a later HTTP/1 minor version (HTTP/1.2)
+// as HTTP/1.1, the highest the ingress implements (RFC 9110 §6.2), kept
+// alive unless it asked for close; fasthttp's parser takes any version
+// other than HTTP/1.1 as HTTP/1.0. Another major version (HTTP/2.0 in an
+// HTTP/1 request line) is answered 505 by handle.
+func minorVersion(h *fasthttp.RequestHeader) {
+	p := h.Protocol()
+	if len(p) != len("HTTP/1.1") || p[5] != '1' || p[7] <= '1' {
+		return
+	}
+	h.SetProtocol("HTTP/1.1")
+	if !askedClose(h.RawHeaders()) {
+		h.ResetConnectionClose() // set by the parser for a version other than 1.1
+	}
+}
+
+// askedClose reports whether raw (a request's header lines as received)
+// holds a Connection header with the close option: fasthttp's Peek says
+// close for any HTTP/1.0 request.
+func askedClose(raw []byte) bool {
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if ok && bytes.EqualFold(bytes.TrimSpace(name), []byte("Connection")) &&
+			bytes.Contains(bytes.ToLower(value), []byte("close")) {
+			return true
+		}
+	}
+	return false
 }
 
 // headMethod is h's method for a head's note, without allocating for
@@ -142,14 +181,16 @@ func headPath(path []byte) string {
 // so the client does not start a body that will be cut off (and may lose
 // the answer to a reset). They are the refusals handleTransportError
 // makes once the body is read: a failing credential with a body over
-// unauthBodyLimit (401, or 400 for a repeated one), then a Content-Length
-// over MaxBodyBytes (413). fasthttp closes the connection after. Anything
-// else, a chunked body included (its size is not known yet), gets 100.
+// unauthBodyLimit or chunked (401, or 400 for a repeated one), then a Content-Length
+// over MaxBodyBytes (413). fasthttp closes the connection after. A chunked
+// body's size is not known yet: it is refused here only for a failing
+// credential (headerReceived would cut it at unauthBodyLimit). Anything
+// else gets 100.
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	h := &ctx.Request.Header
 	n := h.ContentLength()
 	var err error
-	if s.deps.Auth != nil && n > unauthBodyLimit {
+	if s.deps.Auth != nil && (n > unauthBodyLimit || n == -1) { // a chunked body may be any size
 		_, err = s.authenticate(h)
 	}
 	if err == nil && n > s.cfg.MaxBodyBytes {

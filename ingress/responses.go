@@ -465,8 +465,8 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 	case cancel && !ctx.IsPost():
 		fail(methodNotAllowed("POST", ctx.Method(), ctx.Path()))
 		return
-	case !cancel && !ctx.IsGet():
-		fail(methodNotAllowed("GET", ctx.Method(), ctx.Path()))
+	case !cancel && !ctx.IsGet() && !ctx.IsHead(): // HEAD as the other GET routes (RFC 9110 §9.1)
+		fail(methodNotAllowed("GET, HEAD", ctx.Method(), ctx.Path()))
 		return
 	}
 	tag := respIDTag(id)
@@ -490,7 +490,13 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 			fasthttp.ReleaseResponse(resp)
 		}
 	}()
-	ureq.Header.SetMethodBytes(ctx.Method())
+	if ctx.IsHead() {
+		// The engine's GET: its body's length is the HEAD's Content-Length,
+		// and fasthttp sends no body to a HEAD.
+		ureq.Header.SetMethod(fasthttp.MethodGet)
+	} else {
+		ureq.Header.SetMethodBytes(ctx.Method())
+	}
 	s.putUpstreamHeaders(&ureq.Header, func(i int) []byte {
 		if i == fwdRequestID {
 			return l.reqID

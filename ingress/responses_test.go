@@ -306,7 +306,7 @@ func TestMethodNotAllowedNamesAllow(t *testing.T) {
 	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()}), Deps{})
 	for _, c := range []struct{ method, path, allow string }{
 		{"GET", "/v1/completions", "POST"}, {"PUT", "/v1/chat/completions", "POST"},
-		{"POST", "/v1/responses/resp_x", "GET"}, {"GET", "/v1/responses/resp_x/cancel", "POST"},
+		{"POST", "/v1/responses/resp_x", "GET, HEAD"}, {"GET", "/v1/responses/resp_x/cancel", "POST"},
 	} {
 		req, _ := http.NewRequest(c.method, "http://"+s.Addr()+c.path, nil)
 		resp, err := http.DefaultClient.Do(req)

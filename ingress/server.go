@@ -325,8 +325,14 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		ReadTimeout:           cfg.ReadTimeout,       // a client must send its request within this
 		IdleTimeout:           cfg.ClientIdleTimeout, // a keep-alive connection idle between requests
 		CloseOnShutdown:       true,
-		NoDefaultDate:         true,
-		ReduceMemoryUsage:     false,
+		// Every answer carries Date (RFC 9110 §6.6.1), from fasthttp's
+		// once-a-second cache: no allocation.
+		NoDefaultDate:     false,
+		ReduceMemoryUsage: false,
+		// A multipart/form-data body is not parsed into a form (its large
+		// parts written to temporary files, outside maxBodyBytesInFlight):
+		// it is buffered as any body, and route refuses it with 415.
+		DisablePreParseMultipartForm: true,
 	}
 	return s, nil
 }
@@ -617,6 +623,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if n := ctx.Request.Header.ContentLength(); n > 0 || n == -1 {
 		s.heads.forget(&ctx.Request.Header) // a body read whole: its head's note is not needed
 	}
+	if p := ctx.Request.Header.Protocol(); len(p) > 5 && p[5] != '1' { // HTTP/2.0 in an HTTP/1 request line
+		s.finishOther(ctx, transportEndpoint(ctx.Path()), time.Now(), writeError(ctx, newAPIError(fasthttp.StatusHTTPVersionNotSupported,
+			"invalid_request_error", "http_version_not_supported", "",
+			fmt.Errorf("%w: %s is not supported: send HTTP/1.1", ErrBadRequest, clipBytes(p)))))
+		ctx.SetConnectionClose()
+		return
+	}
 	if s.refuseLoop(ctx) { // loop.go: sent by an ingress (or a client) as if this were an engine
 		return
 	}
@@ -634,6 +647,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		// handle returns, streams' included.
 		s.corsHeaders(ctx, s.corsIndex(ctx.Request.Header.Peek("Origin")))
 	}
+}
+
+// multipartBody reports whether h announces a multipart/form-data body:
+// the ingress serves no multipart endpoint (vLLM's audio ones), and its
+// JSON endpoints refuse one with 415 rather than read it as JSON.
+func multipartBody(h *fasthttp.RequestHeader) bool {
+	ct := h.ContentType()
+	const mp = "multipart/form-data"
+	return len(ct) >= len(mp) && bytes.EqualFold(ct[:len(mp)], []byte(mp))
 }
 
 // opsPath reports whether path is one Config.OpsOnly serves.
@@ -656,6 +678,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	}
 	path, start := ctx.Path(), time.Now()
 	if ep := endpointOf(path); ep != 0 {
+		if ctx.IsPost() && multipartBody(&ctx.Request.Header) {
+			s.finishOther(ctx, ep.String(), start, writeError(ctx, newAPIError(fasthttp.StatusUnsupportedMediaType,
+				"invalid_request_error", "unsupported_media_type", "",
+				fmt.Errorf("%w: %s takes a JSON body (Content-Type: application/json), not multipart/form-data", ErrBadRequest, clipBytes(path)))))
+			return
+		}
 		s.handleInference(ctx, ep) // epMessages: messages.go, epOther: passthrough.go
 		return
 	}
@@ -671,6 +699,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		}
 		s.serveReadOnly(ctx, path, start)
 	case "/ping": // vLLM's (SageMaker's health check): 200 when ready
+		if !ctx.IsGet() && !ctx.IsPost() && !ctx.IsHead() { // vLLM's: GET and POST (HEAD with GET)
+			s.finishOther(ctx, "unknown", start, writeError(ctx, methodNotAllowed("GET, HEAD, POST", ctx.Method(), path)))
+			return
+		}
 		s.handlePing(ctx)
 	default: // /debug/* included: admin listener only (admin.go)
 		if bytes.HasPrefix(path, []byte("/v1/responses/")) {
