@@ -46,6 +46,32 @@ func TestMultipartBodyRefused(t *testing.T) {
 	}
 }
 
+// A streamed answer to an HTTP/1.0 client is not chunked (RFC 9112 §6.1),
+// also when it asked for keep-alive: it is delimited by the connection's
+// close, with Connection: close.
+func TestHTTP10StreamCloseDelimited(t *testing.T) {
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e", Model: "m", URL: fe.url()}), Deps{})
+	body := `{"model":"m","prompt":"hello","max_tokens":3,"stream":true}`
+	for _, ka := range []string{"Connection: keep-alive\r\n", ""} {
+		req := fmt.Sprintf("POST /v1/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", ka, len(body), body)
+		got, closed := rawExchange(t, s, req)
+		head, rest, _ := strings.Cut(got, "\r\n\r\n")
+		lower := strings.ToLower(head)
+		if !closed || !strings.HasPrefix(got, "HTTP/1.1 200 ") || strings.Contains(lower, "transfer-encoding") ||
+			strings.Contains(lower, "content-length") || !strings.Contains(lower, "connection: close") ||
+			strings.Contains(lower, "keep-alive") || !strings.HasPrefix(rest, "data: {") || !strings.HasSuffix(rest, "data: [DONE]\n\n") {
+			t.Errorf("%q: closed %v, %q; want a close-delimited event stream", ka, closed, got)
+		}
+	}
+	// HTTP/1.1 is still chunked on a kept connection.
+	req := fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%sGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", len(body), body)
+	got, _ := rawExchange(t, s, req)
+	if !strings.Contains(got, "Transfer-Encoding: chunked") || !strings.Contains(got, "0\r\n\r\nHTTP/1.1 200 ") {
+		t.Errorf("HTTP/1.1: %q; want a chunked stream and the next request served", got)
+	}
+}
+
 // A chunked body with "Expect: 100-continue" and a failing credential gets
 // the 401 from its head, without "100 Continue": the client never starts a
 // body that would be cut at 64 KiB.

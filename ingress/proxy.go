@@ -773,8 +773,56 @@ func (c *call) startStream(ctx *fasthttp.RequestCtx, up *upstream, resp *fasthtt
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	c.s.setEngineHeader(ctx, up.id)
 	c.passUpstreamHeaders(ctx, resp) // upstreamhdr.go
-	ctx.Response.SetBodyStream(ps, -1)
+	setStreamBody(ctx, ps)
 	return true, nil
+}
+
+// setStreamBody makes r the answer's body, of a length not known: chunked
+// to an HTTP/1.1 client. An HTTP/1.0 client cannot read chunked framing
+// (RFC 9112 §6.1 forbids sending it one), so its answer is delimited by the
+// connection's close, as vLLM's uvicorn sends it: fasthttp frames every
+// body stream, so the connection is taken over (hijacked) and the head and
+// r written on it as they come. fasthttp closes the connection after.
+func setStreamBody(ctx *fasthttp.RequestCtx, r io.Reader) {
+	if ctx.Request.Header.IsHTTP11() || ctx.IsHead() {
+		ctx.Response.SetBodyStream(r, -1)
+		return
+	}
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(conn net.Conn) { writeCloseDelimited(ctx, conn, r) })
+}
+
+// writeCloseDelimited writes ctx's answer head, without a length and with
+// Connection: close, then r as it comes, to conn; then closes r as fasthttp
+// closes a body stream it wrote (with the write's error, if any).
+func writeCloseDelimited(ctx *fasthttp.RequestCtx, conn net.Conn, r io.Reader) {
+	h := &ctx.Response.Header
+	h.Del(fasthttp.HeaderConnection) // fasthttp's keep-alive for an HTTP/1.0 client that asked for it
+	h.SetContentLength(-2)           // no Content-Length nor Transfer-Encoding; Connection: close
+	_, err := conn.Write(h.Header())
+	if err == nil {
+		buf := make([]byte, streamBufSize)
+		for {
+			n, rerr := r.Read(buf)
+			if n > 0 {
+				if _, err = conn.Write(buf[:n]); err != nil {
+					break
+				}
+			}
+			if rerr != nil {
+				if rerr != io.EOF {
+					err = rerr
+				}
+				break
+			}
+		}
+	}
+	if c, ok := r.(io.Closer); ok {
+		_ = c.Close()
+	}
+	if c, ok := r.(fasthttp.ReadCloserWithError); ok {
+		_ = c.CloseWithError(err)
+	}
 }
 
 // streamBufSize is a stream's buffer; an event larger than it grows it (to

@@ -531,7 +531,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx) {
 		// GET ...?stream=true (a background response followed, a dropped
 		// stream resumed with starting_after): the events as they come.
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.SetBodyStream(&byIDStream{resp: resp}, -1)
+		setStreamBody(ctx, &byIDStream{resp: resp}) // proxy.go: close-delimited to HTTP/1.0
 		resp = nil
 		return
 	}
