@@ -817,11 +817,12 @@ func writeCloseDelimited(ctx *fasthttp.RequestCtx, conn net.Conn, r io.Reader) {
 			}
 		}
 	}
-	if c, ok := r.(io.Closer); ok {
-		_ = c.Close()
-	}
+	// One close, as fasthttp's closeBodyStream: a stream's close ends its
+	// call, which goes back to its pool.
 	if c, ok := r.(fasthttp.ReadCloserWithError); ok {
 		_ = c.CloseWithError(err)
+	} else if c, ok := r.(io.Closer); ok {
+		_ = c.Close()
 	}
 }
 
