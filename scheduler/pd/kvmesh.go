@@ -83,7 +83,8 @@ type KVMesh struct {
 	// the latency the SLOs allow it (SLOTTFT + output × SLOTPOT). Default 1.
 	SLOWeight float64
 	// Always disables the aggregated options on decode-role engines (mixed
-	// engines still serve aggregated): kvmesh's pair choice without the
+	// engines still serve aggregated) while some prefill engine may pair
+	// with an engine that decodes: kvmesh's pair choice without the
 	// decision, for comparison.
 	Always bool
 	// MixedPrefill lets mixed-role engines serve prefill legs too (vLLM's
@@ -144,8 +145,18 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 	// kvFull: on every engine that decodes, the request's wait for KV
 	// alone would more likely than not miss the TTFT objective.
 	risk, own, kvFull := 1.0, 1.0, k.SLOTTFT > 0
+	// paired: some prefill engine may pair with an engine that decodes
+	// (one group, protocol and block size). Always offers no aggregated
+	// option on a decode engine then, and as without prefill engines
+	// otherwise.
+	paired := false
 	for _, d := range v.Decoders {
-		if k.Always && v.Cands[d].Role == scheduler.RoleDecode && len(v.Prefillers) > 0 {
+		if paired = v.paired(d); paired {
+			break
+		}
+	}
+	for _, d := range v.Decoders {
+		if k.Always && paired && v.Cands[d].Role == scheduler.RoleDecode {
 			continue
 		}
 		var wait float64
@@ -210,6 +221,9 @@ func (k KVMesh) Choose(r *scheduler.Request, v *View, _ *scheduler.Cycle) string
 		}
 		if v.Cands[v.Options[best].Decode].Role == scheduler.RolePrefill {
 			return "aggregated-on-prefill"
+		}
+		if !paired && (!k.MixedPrefill || len(v.Mixed) < 2) {
+			return "aggregated-no-pair"
 		}
 		return "aggregated-cheaper"
 	}

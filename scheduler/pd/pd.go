@@ -63,11 +63,28 @@ type View struct {
 }
 
 // SameGroup reports whether prefill engine p and decode engine d may pair:
-// the same P/D group and the same P/D protocol (an SGLang prefill server's
+// the same P/D group, the same P/D protocol (an SGLang prefill server's
 // bootstrap room is read only by an SGLang decode engine, NIXL blocks only
-// by a NIXL one).
+// by a NIXL one) and the same KV block size when both are known (vLLM's
+// NixlConnector refuses a remote block size other than its own, and the
+// decode engine then prefills the prompt again while the prefill engine
+// holds blocks nobody reads). An engine whose size is not known yet
+// pairs with any.
 func (v *View) SameGroup(p, d int) bool {
-	return v.Cands[p].Group == v.Cands[d].Group && v.Cands[p].PDProtocol == v.Cands[d].PDProtocol
+	cp, cd := &v.Cands[p], &v.Cands[d]
+	return cp.Group == cd.Group && cp.PDProtocol == cd.PDProtocol &&
+		(cp.BlockSize <= 0 || cd.BlockSize <= 0 || cp.BlockSize == cd.BlockSize)
+}
+
+// paired reports whether decode engine d has a prefill-role engine it may
+// pair with (SameGroup).
+func (v *View) paired(d int) bool {
+	for _, p := range v.Prefillers {
+		if v.SameGroup(p, d) {
+			return true
+		}
+	}
+	return false
 }
 
 // Add appends an option.

@@ -33,6 +33,7 @@ type eng struct {
 	kvUsage     float64 // the snapshot's KV usage
 	active      int     // this router's in-flight prompt + output tokens there
 	kv          int     // of those, the KV beyond the prefixes they matched there
+	blockSize   int     // the engine's KV block size (0: unknown)
 }
 
 type setup struct {
@@ -66,7 +67,7 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 		es = append(es, scheduler.Engine{ID: e.id, Healthy: true, Model: "m", Role: e.role, Group: e.group,
 			Running: e.running, Waiting: e.waiting, QueuedPrefillTokens: e.queued, InFlight: e.running + e.waiting,
 			GPUBlocks: blocks, KVUsage: e.kvUsage, LocalActiveTokens: e.active, LocalKVTokens: e.kv, TPOT: e.tpot, LocalPrefillTokens: e.local,
-			PrefillOnly: e.prefillOnly, PDProtocol: e.proto})
+			PrefillOnly: e.prefillOnly, PDProtocol: e.proto, BlockSize: e.blockSize})
 	}
 	sc := scheduler.DefaultConfig()
 	sc.Policy = "kvmesh"
@@ -396,5 +397,61 @@ func TestPairsSpeakOneProtocol(t *testing.T) {
 	// aibrix offers every pair of a group: (p0, m0) and (p1, m0) for each prompt.
 	if n, _ := pairsWithM0("aibrix", ""); n != 2*3 {
 		t.Fatalf("aibrix: %d NIXL pairs with m0 over three prompts, want 6 (p0 and p1 each)", n)
+	}
+}
+
+// TestPairsShareABlockSize: vLLM's NixlConnector reads a remote engine's
+// blocks only at its own block size (the sim refuses "remote block size 16,
+// local 32"), so no policy pairs engines whose sizes are both known and
+// differ; an unknown size pairs with any. With no pair left, kvmesh and
+// kvmesh-always serve the request aggregated on the decode engine, as when
+// no prefill engine exists (tester h-reg8 F1).
+func TestPairsShareABlockSize(t *testing.T) {
+	tests := []struct {
+		name  string
+		sizes []int // p0, p1, d0, d1
+		pairs bool  // some option pairs; every pair then shares a known size
+	}{
+		{name: "one size", sizes: []int{16, 16, 16, 16}, pairs: true},
+		{name: "unknown sizes", sizes: []int{0, 0, 0, 0}, pairs: true},
+		{name: "prefill size unknown", sizes: []int{0, 0, 32, 32}, pairs: true},
+		{name: "decode size unknown", sizes: []int{16, 16, 0, 0}, pairs: true},
+		{name: "one prefill engine of the decode size", sizes: []int{16, 32, 32, 32}, pairs: true},
+		{name: "prefill 16, decode 32", sizes: []int{16, 16, 32, 32}},
+		{name: "prefill 32, decode 16", sizes: []int{32, 32, 16, 16}},
+	}
+	for _, tc := range tests {
+		for _, policy := range Names {
+			t.Run(tc.name+"/"+policy, func(t *testing.T) {
+				engines := []eng{{id: "p0", role: P, blockSize: tc.sizes[0]}, {id: "p1", role: P, blockSize: tc.sizes[1]},
+					{id: "d0", role: D, blockSize: tc.sizes[2]}, {id: "d1", role: D, blockSize: tc.sizes[3]}}
+				size := map[string]int{}
+				for _, e := range engines {
+					size[e.id] = e.blockSize
+				}
+				plan, err := route(t, setup{prompt: 8192, engines: engines}, mustPolicy(t, Config{Policy: policy}))
+				pairs := 0
+				for _, o := range plan.Options {
+					if o.Prefill == "" {
+						continue
+					}
+					pairs++
+					if p, d := size[o.Prefill], size[o.Decode]; p > 0 && d > 0 && p != d {
+						t.Errorf("option pairs %s (block size %d) with %s (%d)", o.Prefill, p, o.Decode, d)
+					}
+				}
+				switch {
+				case tc.pairs && (err != nil || pairs == 0):
+					t.Errorf("no pair offered (err %v): %+v", err, plan.Options)
+				case !tc.pairs && (policy == "kvmesh" || policy == "kvmesh-always"):
+					// Served aggregated, as without prefill engines.
+					if err != nil || plan.Mode != Aggregated || plan.Decode == "" || plan.Reason != "aggregated-no-pair" {
+						t.Errorf("plan %v %q→%q (%s), err %v: want aggregated-no-pair on a decode engine", plan.Mode, plan.Prefill, plan.Decode, plan.Reason, err)
+					}
+				case !tc.pairs && err != nil && !errors.Is(err, ErrNoOption):
+					t.Errorf("err %v, want nil or ErrNoOption", err)
+				}
+			})
+		}
 	}
 }
