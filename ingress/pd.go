@@ -571,11 +571,19 @@ func (c *call) reserve(p *pdState) {
 	c.reservePrefill(p)
 }
 
+// prefillLegTokens is the prompt tokens the prefill leg computes on
+// c.pd.prefill: those beyond its matched prefix, counted in its own blocks
+// (pmatch is, with the prompt keyed per block size), not the model's most
+// common size (tester h-reg8 F2).
+func (c *call) prefillLegTokens() int64 {
+	return int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.blockOf(c.pd.prefill)))
+}
+
 // reservePrefill charges c.pd.prefill, the engine the prefill leg is for,
 // until the leg charges it: a leg waiting at its admission counts so too.
 func (c *call) reservePrefill(p *pdState) {
 	r := &c.pd.res
-	r.prefill, r.pre = c.pd.prefill, max(0, c.promptTokens-c.pd.pmatch.Spec*c.block)
+	r.prefill, r.pre = c.pd.prefill, int(c.prefillLegTokens())
 	p.mu.Lock()
 	l := p.pending[r.prefill]
 	l.n, l.pre = l.n+1, l.pre+r.pre
@@ -960,7 +968,7 @@ func (c *call) runPrefill(ctx *fasthttp.RequestCtx, p *pdState, start time.Time)
 		w, n := c.watch, c.watch.attempt()
 		expiry = time.AfterFunc(time.Until(start.Add(p.cfg.PrefillTimeout)), func() { w.expire(n) })
 	}
-	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
+	charge := c.prefillLegTokens()
 	if up.inflight.Add(1) == 1 {
 		up.progress.Store(monoNow()) // the stall watch counts from here (health.go)
 	}

@@ -533,7 +533,7 @@ func (c *call) sglangPair(ctx *fasthttp.RequestCtx, p *pdState, pi *EngineInfo, 
 		leg.w = s.ups.legWatch()
 	}
 	leg.model, leg.adapter = c.sentModel()
-	charge := int64(max(0, c.promptTokens-c.pd.pmatch.Spec*c.block))
+	charge := c.prefillLegTokens()
 	c.pd.result = "concurrent"
 	go s.sglangPrefill(p, leg, pup, g, pi.URL+c.path, body, c.forwardCopy(), charge, start)
 	answered, fail := c.sglangDecode(ctx, p, leg, decode, body)
@@ -598,8 +598,8 @@ func (c *call) sglangDecode(ctx *fasthttp.RequestCtx, p *pdState, leg *sglangLeg
 	ureq.SetBodyRaw(body)
 	c.attempts++
 	c.engine, c.match = rk.Engine, rk.Match
-	if s.deps.Index != nil && len(c.keys) > 0 {
-		s.deps.Index.AddSpeculative(rk.Engine, c.keys, time.Now())
+	if keys := c.keysOf(rk.Engine); s.deps.Index != nil && len(keys) > 0 {
+		s.deps.Index.AddSpeculative(rk.Engine, keys, time.Now()) // at the engine's block size
 	}
 	resp := fasthttp.AcquireResponse()
 	c.startAttempt(up, rk.Match.Spec)

@@ -208,8 +208,8 @@ func (p *Picked) Start(id string) error {
 	p.up, p.started = up, true
 	c.attempts++
 	c.engine, c.match = id, rk.Match
-	if idx := c.s.deps.Index; idx != nil && len(c.keys) > 0 {
-		idx.AddSpeculative(id, c.keys, time.Now())
+	if keys := c.keysOf(id); c.s.deps.Index != nil && len(keys) > 0 {
+		c.s.deps.Index.AddSpeculative(id, keys, time.Now()) // at the engine's block size
 	}
 	c.startAttempt(up, rk.Match.Spec)
 	up.total.Add(1)

@@ -1,0 +1,135 @@
+package ingress
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/scheduler"
+	"github.com/kvmesh/kvmesh/scheduler/pd"
+)
+
+// The prefill leg's load charge is the prompt tokens beyond the prefill
+// engine's matched prefix, counted in that engine's own blocks: with the
+// prompt keyed per block size its match is (scheduler.Candidate.MatchBlock).
+// A block-16 prefill engine matching 500 of a 16,000-token prompt's blocks
+// in a model whose most common size is 32 computes 8,000 tokens; it was
+// charged 16,000 − 500×32 = 0 (tester h-reg8 F2).
+func TestPrefillChargeAtItsOwnBlockSize(t *testing.T) {
+	c := &call{block: 32, promptTokens: 16000,
+		cands: []scheduler.Engine{{ID: "p16", Role: scheduler.RolePrefill, BlockSize: 16},
+			{ID: "d32", Role: scheduler.RoleDecode, BlockSize: 32}, {ID: "d32b", Role: scheduler.RoleDecode, BlockSize: 32}},
+		chains: []scheduler.Chain{{BlockSize: 16, Keys: make([]uint64, 1000)}}}
+	c.pd.prefill, c.pd.pmatch = "p16", index.Match{GPU: 500, Spec: 500}
+	p := &pdState{pending: make(map[string]pendingLoad)}
+	c.reservePrefill(p)
+	if got := p.pending["p16"].pre; got != 8000 {
+		t.Errorf("the block-16 prefill engine is reserved %d prompt tokens, want 8000", got)
+	}
+	if got := c.prefillLegTokens(); got != 8000 {
+		t.Errorf("its leg charges %d prompt tokens, want 8000", got)
+	}
+	// One block size: the request's.
+	c.chains, c.block = nil, 16
+	if got := c.prefillLegTokens(); got != 8000 {
+		t.Errorf("one block size: the leg charges %d prompt tokens, want 8000", got)
+	}
+}
+
+// The picker API's speculative index entry for the engine the data plane
+// starts on is keyed at that engine's block size, as the proxy's is: an
+// entry of the most common size's keys never matched an engine of another
+// (tester h-reg8 F5).
+func TestPickSpeculativeAtEngineBlockSize(t *testing.T) {
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const url = "http://127.0.0.1:1" // never dialled: the picker runs no request
+	mem := engineList{
+		{Engine: scheduler.Engine{ID: "a16", Model: "m", Healthy: true}, URL: url, BlockSize: 16},
+		{Engine: scheduler.Engine{ID: "b16", Model: "m", Healthy: true}, URL: url, BlockSize: 16},
+		{Engine: scheduler.Engine{ID: "e32", Model: "m", Healthy: true}, URL: url, BlockSize: 32},
+	}
+	s := startIngress(t, testConfig(StaticEngine{ID: "a16", Model: "m", URL: url}), Deps{Membership: mem, Index: idx})
+	toks := make([]uint32, 1024)
+	for i := range toks {
+		toks[i] = uint32(1 + i*37%30000)
+	}
+	pk, err := s.Pick(PickInput{Body: []byte(tokenIDsBody(toks, 2))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pk.Start("e32"); err != nil {
+		t.Fatal(err)
+	}
+	pk.Done(200)
+	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks, 32)
+	var res index.Result
+	out := make([]index.Match, 1)
+	idx.LookupFor(keys, []string{"e32"}, &res, out)
+	if out[0].Spec != len(keys) {
+		t.Errorf("e32's speculative match of the prompt at its block size: %d of %d blocks", out[0].Spec, len(keys))
+	}
+}
+
+// An SGLang pair whose engines' block size is not the model's most common
+// (16 beside three engines of 32): the prefill engine's load is charged
+// the prompt tokens beyond its match counted in its own blocks, and the
+// decode leg's speculative index entry is keyed at the decode engine's
+// size. The charge multiplied its match by 32, and the entry held the
+// 32-token keys, which never match a block-16 engine (tester h-reg8 F2, F5).
+func TestSGLangPairAtItsOwnBlockSize(t *testing.T) {
+	var srv atomic.Pointer[Server] // set before any request: the handler reads it on the engine's goroutine
+	charged := make(chan int64, 1)
+	p0 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case charged <- srv.Load().ups.lookup("p0").prefill.Load():
+		default:
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-p","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","finish_reason":"length"}]}`)
+	}))
+	t.Cleanup(p0.Close)
+	d := startFakePD(t, false)
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// p0 matches the prompt's first two blocks of 16 tokens.
+	two := index.Match{GPU: 2, CPU: 2, Other: 2, Spec: 2}
+	plan := pd.Plan{Mode: pd.Disaggregated, Prefill: "p0", Decode: "d0", PrefillMatch: two, Policy: "fixed", Reason: "test",
+		Options: []pd.Choice{{Prefill: "p0", Decode: "d0", PrefillMatch: two}}}
+	pre, dec := sglangPrefillAt("p0", p0.URL), pdEngine("d0", scheduler.RoleDecode, d.url())
+	pre.BlockSize, dec.BlockSize = 16, 16
+	m := roleMembership{pre, dec}
+	for _, id := range []string{"x0", "x1", "x2"} {
+		x := pdEngine(id, scheduler.RoleDecode, "http://127.0.0.1:1") // never planned
+		x.BlockSize = 32
+		m = append(m, x)
+	}
+	s := startIngress(t, testConfig(), Deps{PD: fixedPlanner{plan}, Membership: m, Index: idx})
+	srv.Store(s)
+	toks := make([]uint32, 64)
+	for i := range toks {
+		toks[i] = uint32(1 + i*37%30000)
+	}
+	st, hdr, b := post(t, http.DefaultClient, "http://"+s.Addr()+"/v1/completions", tokenIDsBody(toks, 2))
+	if st != 200 || hdr.Get("X-Kvmesh-Engine") != "d0" {
+		t.Fatalf("status %d engine %q: %s", st, hdr.Get("X-Kvmesh-Engine"), b)
+	}
+	if got := <-charged; got != 32 {
+		t.Errorf("p0 was charged %d prefill tokens during its leg, want 32 (64 beyond its 2 blocks of 16)", got)
+	}
+	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks, 16)
+	var res index.Result
+	out := make([]index.Match, 1)
+	idx.LookupFor(keys, []string{"d0"}, &res, out)
+	if out[0].Spec != len(keys) {
+		t.Errorf("d0's speculative match of the prompt at its block size: %d of %d blocks", out[0].Spec, len(keys))
+	}
+}
