@@ -83,7 +83,10 @@ type modelCheck struct {
 	engineUntil atomic.Int64 // monotime reading until which chat is keyed on the engines' /tokenize (0: never)
 	warned      atomic.Int64 // monotime reading of the last warning
 	verified    atomic.Int64 // monotime reading of the last comparison with an engine's /tokenize
-	mixedWarned atomic.Bool  // its engines' different block sizes were warned about
+	// mixedSizes is the set of block sizes (blockSizes.set) its engines'
+	// last mixed-size warning named, at mixedWarned (monotime; 0: never).
+	mixedSizes  atomic.Uint64
+	mixedWarned atomic.Int64
 }
 
 func (tc *tokenCheck) model(name string) *modelCheck {
@@ -254,14 +257,27 @@ func (tc *tokenCheck) observe(c *call) {
 }
 
 // mixedBlockSizes counts a decision among engines of model that report
-// different block sizes, and warns about the model once.
+// different block sizes, and warns about the model when the set of sizes
+// differs from the one it last warned of, at most once per
+// tokenCheckWarnEvery: sidecars learn their engines' sizes from the first
+// KV events, so the first mixed decision may see only some of them, and a
+// size learned later (a fifth, which gets no prefix match) was never
+// warned of (tester h-reg8 F3). A change within the interval is warned of
+// once it has passed.
 func (tc *tokenCheck) mixedBlockSizes(c *call, model string) {
 	tc.mixedBlocks.Inc()
 	mc := tc.model(model)
-	if mc.mixedWarned.Load() || !mc.mixedWarned.CompareAndSwap(false, true) {
+	b := &c.sizes
+	set := b.set()
+	if mc.mixedSizes.Load() == set {
 		return
 	}
-	b := &c.sizes
+	now := monotime.Now()
+	prev := mc.mixedWarned.Load()
+	if prev != 0 && now-prev < int64(tokenCheckWarnEvery) || !mc.mixedWarned.CompareAndSwap(prev, now) {
+		return
+	}
+	mc.mixedSizes.Store(set)
 	sizes := make([]string, b.n)
 	for i := range b.n {
 		sizes[i] = fmt.Sprintf("%d (%d engines)", b.size[i], b.count[i])
@@ -273,6 +289,22 @@ func (tc *tokenCheck) mixedBlockSizes(c *call, model string) {
 			"and engines of the other sizes get no prefix match, routed by load alone (docs/OPERATIONS.md, Block size)"
 	}
 	c.s.log.Warn(msg, "model", model, "block_sizes", strings.Join(sizes, ", "))
+}
+
+// set is a fingerprint of the distinct sizes counted and whether any was
+// left out, whatever their order and counts (never 0).
+func (b *blockSizes) set() uint64 {
+	h := uint64(1)
+	if b.over {
+		h = 2
+	}
+	for i := range b.n {
+		x := uint64(b.size[i]) * 0x9e3779b97f4a7c15 // splitmix64's finalizer
+		x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+		x = (x ^ x>>27) * 0x94d049bb133111eb
+		h ^= x ^ x>>31
+	}
+	return h | 1<<63
 }
 
 func (tc *tokenCheck) warn(c *call, mc *modelCheck, n int) {
