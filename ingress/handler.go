@@ -1068,6 +1068,17 @@ func (c *call) promptCount() (n int, ok bool) {
 	return c.promptTokens, true
 }
 
+// loggedBlocks is the prompt's full blocks at the chosen engine's block
+// size, the unit of its match (the access log's matched_*): with the prompt
+// keyed per size, the most common size's count (len(c.keys)) made a
+// block-32 engine's full hit read as half a prompt (tester h-reg8 F4).
+func (c *call) loggedBlocks() int {
+	if keys := c.keysOf(c.engine); keys != nil || len(c.chains) == 0 {
+		return len(keys)
+	}
+	return len(c.tokens) / max(c.blockOf(c.engine), 1) // a size not keyed
+}
+
 func (c *call) logAccess(total time.Duration) {
 	prompt, promptKnown := c.promptCount()
 	_, adapter := c.adapterOf()
@@ -1082,7 +1093,7 @@ func (c *call) logAccess(total time.Duration) {
 		slog.String("policy", c.dec.Policy),
 		slog.String("reason", c.dec.Reason),
 		slog.Int("attempts", c.attempts),
-		slog.Int("blocks", len(c.keys)),
+		slog.Int("blocks", c.loggedBlocks()), // in the engine's blocks, as matched_*
 		slog.Int("matched_gpu", c.match.GPU),
 		slog.Int("matched_cpu", c.match.CPU-c.match.GPU),
 		slog.Int("matched_other", c.match.Other-c.match.CPU),
