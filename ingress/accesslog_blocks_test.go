@@ -6,10 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvevents"
-	"github.com/kvmesh/kvmesh/scheduler"
 )
 
 // The access log's blocks counts the prompt in the chosen engine's blocks,
@@ -17,17 +15,7 @@ import (
 // block-32 engine's full hit logged "blocks":64,"matched_gpu":32, half a
 // prompt (tester h-reg8 F4).
 func TestAccessLogBlocksInEngineBlocks(t *testing.T) {
-	e16, e32 := startBlockSim(t, 16, 0), startBlockSim(t, 32, 0)
-	idx, err := index.New(index.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := engineList{
-		{Engine: scheduler.Engine{ID: "e16", Model: "m", Healthy: true}, URL: e16.URL(), BlockSize: 16},
-		{Engine: scheduler.Engine{ID: "e32", Model: "m", Healthy: true, InFlight: 1}, URL: e32.URL(), BlockSize: 32},
-	}
-	cfg := testConfig(StaticEngine{ID: "e16", Model: "m", URL: e16.URL()})
-	cfg.Scheduler.Policy = "kvmesh"
+	_, _, idx, mem, cfg := mixedBlockRig(t)
 	var alog testutil.SyncBuffer
 	s := startIngress(t, cfg, Deps{Membership: mem, Index: idx, AccessLog: slog.New(slog.NewJSONHandler(&alog, nil))})
 

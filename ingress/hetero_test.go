@@ -59,17 +59,7 @@ func tokenIDsBody(toks []uint32, maxTokens int) string {
 // the block-32 engine never matched, and the prompt went to the idle
 // engine with nothing cached (tester h-hetero F1).
 func TestMixedBlockSizesKeyedPerEngine(t *testing.T) {
-	e16, e32 := startBlockSim(t, 16, 0), startBlockSim(t, 32, 0)
-	idx, err := index.New(index.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := engineList{
-		{Engine: scheduler.Engine{ID: "e16", Model: "m", Healthy: true}, URL: e16.URL(), BlockSize: 16},
-		{Engine: scheduler.Engine{ID: "e32", Model: "m", Healthy: true, InFlight: 1}, URL: e32.URL(), BlockSize: 32},
-	}
-	cfg := testConfig(StaticEngine{ID: "e16", Model: "m", URL: e16.URL()})
-	cfg.Scheduler.Policy = "kvmesh"
+	_, e32, idx, mem, cfg := mixedBlockRig(t)
 	reg := prometheus.NewRegistry()
 	var logs testutil.SyncBuffer
 	s := startIngress(t, cfg, Deps{Membership: mem, Index: idx, Registry: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -167,4 +157,23 @@ func TestLongPromptWhileLongEngineDown(t *testing.T) {
 			t.Errorf("a prompt of %d: the 503 names engine %q; no engine was tried", tc.prompt, h.Get("X-Kvmesh-Engine"))
 		}
 	}
+}
+
+// mixedBlockRig is two real sims of one model, block sizes 16 and 32 (the
+// block-32 one with a request in flight, so an idle-first choice is the
+// block-16 one), their gossip view, an index and a kvmesh-policy config.
+func mixedBlockRig(t *testing.T) (e16, e32 *sim.Server, idx *index.Index, mem engineList, cfg Config) {
+	t.Helper()
+	e16, e32 = startBlockSim(t, 16, 0), startBlockSim(t, 32, 0)
+	idx, err := index.New(index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem = engineList{
+		{Engine: scheduler.Engine{ID: "e16", Model: "m", Healthy: true}, URL: e16.URL(), BlockSize: 16},
+		{Engine: scheduler.Engine{ID: "e32", Model: "m", Healthy: true, InFlight: 1}, URL: e32.URL(), BlockSize: 32},
+	}
+	cfg = testConfig(StaticEngine{ID: "e16", Model: "m", URL: e16.URL()})
+	cfg.Scheduler.Policy = "kvmesh"
+	return e16, e32, idx, mem, cfg
 }
