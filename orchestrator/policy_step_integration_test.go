@@ -352,12 +352,7 @@ func TestMinZeroNeedsAWakeSource(t *testing.T) {
 // F5); stepped again, they are evaluated again.
 func TestRefusedPolicyConditionsNotStepped(t *testing.T) {
 	e := newEnv(t)
-	ctrl := e.stepper(t, newFakeMesh(), nil)
-	sum, err := json.Marshal(sloSummary{Version: 1, WindowSeconds: 1, Engines: []sloEngine{{ID: "pd-0-decode-0", TTFT: 0.1, TTFTN: 5, TPOT: 0.01, TPOTN: 5}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctrl.cfg.SLO = sloBlobs{"ingress-1": sum} // read by stepPolicies only, which this goroutine calls
+	ctrl := e.sloStepper(t)
 	doc := replaceAll(pdDoc, `{"name":"prefill","minReplicas":1,"maxReplicas":6,"metrics":[{"name":"waitingRequests","target":10}]}`,
 		`{"name":"prefill","minReplicas":0,"maxReplicas":6}`)
 	doc = replaceAll(doc, `"ratio":`, `"slo":{"prefillRole":"prefill","decodeRole":"decode","prefillTokensPerSecond":10000,"decodeStreamsPerReplica":8,"aggregateBelow":0.8},"ratio":`)
@@ -426,12 +421,7 @@ func TestRefusedPolicyConditionsNotStepped(t *testing.T) {
 // would otherwise report the last band and verdict for good.
 func TestDroppedBlocksDropTheirConditions(t *testing.T) {
 	e := newEnv(t)
-	ctrl := e.stepper(t, newFakeMesh(), nil)
-	sum, err := json.Marshal(sloSummary{Version: 1, WindowSeconds: 1, Engines: []sloEngine{{ID: "pd-0-decode-0", TTFT: 0.1, TTFTN: 5, TPOT: 0.01, TPOTN: 5}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctrl.cfg.SLO = sloBlobs{"ingress-1": sum} // read by stepPolicies only, which this goroutine calls
+	ctrl := e.sloStepper(t)
 	doc := replaceAll(pdDoc, `"ratio":`, `"slo":{"prefillRole":"prefill","decodeRole":"decode","prefillTokensPerSecond":10000,"decodeStreamsPerReplica":8},"ratio":`)
 	if err := e.applyDoc(t, doc); err != nil {
 		t.Fatal(err)
@@ -460,6 +450,20 @@ func TestDroppedBlocksDropTheirConditions(t *testing.T) {
 			t.Errorf("after the edit that dropped its block: %s %+v", typ, c)
 		}
 	}
+}
+
+// sloStepper is a stepper whose one ingress gossips an SLO summary for
+// pd's decode engine, read by stepPolicies only, which the test's
+// goroutine calls.
+func (e *env) sloStepper(t *testing.T) *Controller {
+	t.Helper()
+	ctrl := e.stepper(t, newFakeMesh(), nil)
+	sum, err := json.Marshal(sloSummary{Version: 1, WindowSeconds: 1, Engines: []sloEngine{{ID: "pd-0-decode-0", TTFT: 0.1, TTFTN: 5, TPOT: 0.01, TPOTN: 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl.cfg.SLO = sloBlobs{"ingress-1": sum}
+	return ctrl
 }
 
 // TestStatusIgnoresUnrelatedEngines: the status says how many of each
