@@ -111,24 +111,24 @@ const (
 
 // expectedTTFT is what the prefill correction divides the measured p90 by.
 func (s SLO) expectedTTFT(o SLOObservation) float64 {
-	if o.ExpectedTTFT > 0 {
-		return o.ExpectedTTFT
-	}
-	if s.TTFTAim > 0 {
-		return s.TTFTAim * s.TTFTSeconds
-	}
-	return s.TTFTSeconds
+	return expected(o.ExpectedTTFT, s.TTFTAim, s.TTFTSeconds)
 }
 
 // expectedTPOT is what the decode correction divides the measured p90 by.
 func (s SLO) expectedTPOT(o SLOObservation) float64 {
-	if o.ExpectedTPOT > 0 {
-		return o.ExpectedTPOT
+	return expected(o.ExpectedTPOT, s.TPOTAim, s.TPOTSeconds)
+}
+
+// expected is a correction's divisor: the observation's own expectation
+// (a profile's), else the aim's share of the target, else the target.
+func expected(observed, aim, target float64) float64 {
+	if observed > 0 {
+		return observed
 	}
-	if s.TPOTAim > 0 {
-		return s.TPOTAim * s.TPOTSeconds
+	if aim > 0 {
+		return aim * target
 	}
-	return s.TPOTSeconds
+	return target
 }
 
 func correction(measured, expected, target, floor float64) float64 {
