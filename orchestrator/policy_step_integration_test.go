@@ -369,18 +369,7 @@ func TestRefusedPolicyConditionsNotStepped(t *testing.T) {
 		}
 	}
 
-	patch := []byte(`{"spec":{"engine":"sglang"}}`)
-	if _, err := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns).Patch(e.ctx, "pd", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, wait, "the cache to show pd running sglang", func() bool {
-		o, err := ctrl.mds.ByNamespace(e.ns).Get("pd")
-		if err != nil {
-			return false
-		}
-		engine, _, _ := unstructured.NestedString(o.(*unstructured.Unstructured).Object, "spec", "engine")
-		return engine == "sglang"
-	})
+	e.setEngine(t, ctrl, "pd", "sglang")
 	ctrl.stepPolicies(e.ctx, t0.Add(time.Second))
 	ap = e.cached(t, ctrl, "pd")
 	if s, r := scalingActive(ap); s != metav1.ConditionFalse || r != reasonInvalidPolicy {
@@ -396,17 +385,7 @@ func TestRefusedPolicyConditionsNotStepped(t *testing.T) {
 		t.Errorf("refused: roles %+v, want none", ap.Status.Roles)
 	}
 
-	if _, err := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns).Patch(e.ctx, "pd", types.MergePatchType, []byte(`{"spec":{"engine":"vllm"}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, wait, "the cache to show pd running vllm", func() bool {
-		o, err := ctrl.mds.ByNamespace(e.ns).Get("pd")
-		if err != nil {
-			return false
-		}
-		engine, _, _ := unstructured.NestedString(o.(*unstructured.Unstructured).Object, "spec", "engine")
-		return engine == "vllm"
-	})
+	e.setEngine(t, ctrl, "pd", "vllm")
 	ctrl.stepPolicies(e.ctx, t0.Add(2*time.Second))
 	ap = e.cached(t, ctrl, "pd")
 	for _, typ := range []string{v1alpha1.ConditionScalingActive, v1alpha1.ConditionRatioConstraintActive, v1alpha1.ConditionSLOAtRisk} {
@@ -464,6 +443,24 @@ func (e *env) sloStepper(t *testing.T) *Controller {
 	}
 	ctrl.cfg.SLO = sloBlobs{"ingress-1": sum}
 	return ctrl
+}
+
+// setEngine patches ModelDeployment name's engine and waits until the
+// controller's cache shows it.
+func (e *env) setEngine(t *testing.T, ctrl *Controller, name, engine string) {
+	t.Helper()
+	patch := []byte(`{"spec":{"engine":"` + engine + `"}}`)
+	if _, err := e.dyn.Resource(v1alpha1.ModelDeploymentsResource).Namespace(e.ns).Patch(e.ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, wait, "the cache to show "+name+" running "+engine, func() bool {
+		o, err := ctrl.mds.ByNamespace(e.ns).Get(name)
+		if err != nil {
+			return false
+		}
+		got, _, _ := unstructured.NestedString(o.(*unstructured.Unstructured).Object, "spec", "engine")
+		return got == engine
+	})
 }
 
 // TestStatusIgnoresUnrelatedEngines: the status says how many of each
