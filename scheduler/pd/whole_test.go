@@ -19,13 +19,7 @@ func TestKVMeshWholeOnPrefill(t *testing.T) {
 	saturated := []eng{{id: "p0", role: P}, {id: "d0", role: D, running: 60, tpot: 80 * time.Millisecond},
 		{id: "d1", role: D, running: 58, tpot: 75 * time.Millisecond}}
 	only := []eng{{id: "p0", role: P, prefillOnly: true}, saturated[1], saturated[2]}
-	tests := []struct {
-		name   string
-		cfg    Config
-		s      setup
-		offer  bool   // an aggregated option on p0
-		reason string // "" any
-	}{
+	tests := []wholeCase{
 		{name: "decode engines keep TPOT: prefill engine takes legs only", cfg: slo,
 			s: setup{prompt: 1024, output: 256, engines: []eng{{id: "p0", role: P},
 				{id: "d0", role: D, running: 8, tpot: 30 * time.Millisecond}, {id: "d1", role: D, running: 60, tpot: 80 * time.Millisecond}}}},
@@ -35,25 +29,7 @@ func TestKVMeshWholeOnPrefill(t *testing.T) {
 		{name: "kvmesh-always never aggregates", cfg: always, s: setup{prompt: 1024, output: 256, engines: saturated}},
 		{name: "no TPOT objective, no gate to open", cfg: Config{SLOTTFT: 2}, s: setup{prompt: 1024, output: 256, engines: saturated}},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			plan, err := route(t, tc.s, mustPolicy(t, tc.cfg))
-			if err != nil {
-				t.Fatal(err)
-			}
-			offered := false
-			for _, o := range plan.Options {
-				offered = offered || (o.Prefill == "" && o.Decode == "p0")
-			}
-			if offered != tc.offer {
-				t.Fatalf("whole request on p0 offered %v, want %v; options %+v", offered, tc.offer, plan.Options)
-			}
-			if tc.reason != "" && (plan.Reason != tc.reason || plan.Decode != "p0" || plan.Mode != Aggregated) {
-				t.Fatalf("plan %v %q→%q (%s), want aggregated on p0 (%s); options %+v", plan.Mode, plan.Prefill, plan.Decode,
-					plan.Reason, tc.reason, plan.Options)
-			}
-		})
-	}
+	checkWholeOnP0(t, tests)
 }
 
 // TestKVMeshWholeOnPrefillKVFull: a prefill engine is also offered a whole
@@ -78,13 +54,7 @@ func TestKVMeshWholeOnPrefillKVFull(t *testing.T) {
 	room := []eng{{id: "p0", role: P}, full("d0"), {id: "d1", role: D, running: 8, tpot: 30 * time.Millisecond, blocks: blocks}}
 	only := []eng{{id: "p0", role: P, prefillOnly: true}, full("d0"), full("d1")}
 	long := func(e []eng) setup { return setup{prompt: 4096, output: 1024, engines: e} } // 320 blocks, a ~20 s lifetime
-	tests := []struct {
-		name   string
-		cfg    Config
-		s      setup
-		offer  bool   // an aggregated option on p0
-		reason string // "" any
-	}{
+	tests := []wholeCase{
 		{name: "every decode engine KV-bound: the prefill engine serves it whole", cfg: slo, s: long(kvBound),
 			offer: true, reason: "aggregated-on-prefill"},
 		{name: "one decode engine has room", cfg: slo, s: long(room)},
@@ -94,6 +64,23 @@ func TestKVMeshWholeOnPrefillKVFull(t *testing.T) {
 		{name: "kvmesh-always never aggregates", cfg: always, s: long(kvBound)},
 		{name: "no TTFT objective, no KV gate", cfg: Config{SLOTPOT: 0.05}, s: long(kvBound)},
 	}
+	checkWholeOnP0(t, tests)
+}
+
+// wholeCase is a routing setup and whether it offers the prefill engine p0
+// a whole request.
+type wholeCase struct {
+	name   string
+	cfg    Config
+	s      setup
+	offer  bool   // an aggregated option on p0
+	reason string // "" any
+}
+
+// checkWholeOnP0 routes each case and checks the whole-request option on
+// p0 and, with a reason, that the plan took it.
+func checkWholeOnP0(t *testing.T, tests []wholeCase) {
+	t.Helper()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			plan, err := route(t, tc.s, mustPolicy(t, tc.cfg))
