@@ -224,14 +224,14 @@ func (c *Config) Validate() error {
 		}
 		if e.URL != "" {
 			if err := checkEngineURL(e.URL); err != nil {
-				add("engine %q: bad url %q: %v", e.ID, e.URL, err)
+				add("engine %q: bad url %q: %v", e.ID, natsutil.RedactURL(e.URL), err)
 			} else if u, _ := url.Parse(e.URL); pastedAPIBase(u.Path) || u.RawQuery != "" || u.Fragment != "" {
 				// The ingresses append /v1/completions and the sidecar /metrics
 				// and /v1/models to this URL: a pasted OpenAI base URL
 				// (".../v1") would make every request a 404. Another path is
 				// kept: a prefix a path-routing proxy strips
 				// (http://gw/engines/a).
-				add("engine %q: url %q ends in /v1 or has a query or fragment; give the engine's base URL, scheme://host:port[/prefix] (drop /v1)", e.ID, e.URL)
+				add("engine %q: url %q ends in /v1 or has a query or fragment; give the engine's base URL, scheme://host:port[/prefix] (drop /v1)", e.ID, natsutil.RedactURL(e.URL))
 			}
 		}
 		if e.MetricsURL != "" && e.MetricsURL != "-" {
@@ -342,6 +342,10 @@ const MaxBlockSize = 1 << 16
 func checkEngineURL(raw string) error {
 	u, err := url.Parse(raw)
 	switch {
+	case err != nil && strings.Contains(raw, "@"):
+		// url.Parse's error quotes the URL, and its inner error the piece
+		// it choked on: with userinfo either may hold the password.
+		return errors.New("does not parse as a URL; percent-encode any / ? # @ in its user name or password")
 	case err != nil:
 		return err
 	case u.Scheme != "http" && u.Scheme != "https":

@@ -283,9 +283,12 @@ func hostOf(raw string) string {
 	if !ok {
 		rest = raw
 	}
-	host, _, _ := strings.Cut(rest, "/")
-	if i := strings.LastIndexByte(host, '@'); i >= 0 {
-		host = host[i+1:] // an unparsable URL's userinfo
+	// An unparsable URL's userinfo may itself hold a '/' (a password
+	// pasted unescaped): drop everything up to its last '@' before cutting
+	// the path, as natsutil.RedactURL does.
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		rest = rest[i+1:]
 	}
+	host, _, _ := strings.Cut(rest, "/")
 	return host
 }

@@ -200,9 +200,22 @@ func TestDefaultEngineIDHasNoUserinfo(t *testing.T) {
 		"http://a@b@[fd00::1]:8000":   "[fd00::1]:8000",
 		"10.0.0.9:8000/v1":            "10.0.0.9:8000",
 		"http://user:pw@h:1:2:bad/v1": "h:1:2:bad",
+		"http://user:p/ss@10.0.0.9:1": "10.0.0.9:1", // an unescaped '/' in the password
 	} {
 		if got := hostOf(raw); got != want {
 			t.Errorf("hostOf(%q) = %q, want %q", raw, got, want)
 		}
+	}
+	// Refused at start, and the refusal names no part of the password.
+	o = DefaultOptions()
+	o.Engine.Model, o.Engine.URL, o.Engine.Events = "m", "http://user:zq/secret#x@127.0.0.1:20010", "tcp://127.0.0.1:20011"
+	cfg, err = o.Build(slog.Default())
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err == nil {
+		t.Fatal("an engine URL with an unescaped '/' in its password was accepted")
+	} else if strings.Contains(err.Error(), "zq") || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("the refusal shows the password: %v", err)
 	}
 }
