@@ -46,6 +46,21 @@ func TestMultipartBodyRefused(t *testing.T) {
 	}
 }
 
+// A multipart body with a bad or missing credential gets the 401 any body
+// gets, not the 415 (which a good credential gets).
+func TestMultipartBodyAuthFirst(t *testing.T) {
+	const key = "sk-multipart-test-0123456789"
+	fe := startFaultEngine(t, faultOK)
+	s := startIngress(t, testConfig(StaticEngine{ID: "e1", Model: "m", URL: fe.url()}), Deps{Auth: keyFileStore(t, "tester "+key+"\n")})
+	part := "--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\r\n--x--\r\n"
+	for hdr, want := range map[string]string{"": "HTTP/1.1 401 ", "Authorization: Bearer wrong\r\n": "HTTP/1.1 401 ", "Authorization: Bearer " + key + "\r\n": "HTTP/1.1 415 "} {
+		req := fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: multipart/form-data; boundary=x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", hdr, len(part), part)
+		if got, _ := rawExchange(t, s, req); !strings.HasPrefix(got, want) || !strings.Contains(got, `"error":{`) {
+			t.Errorf("%q: %q; want %q and an OpenAI error body", hdr, got, want)
+		}
+	}
+}
+
 // A streamed answer to an HTTP/1.0 client is not chunked (RFC 9112 §6.1),
 // also when it asked for keep-alive: it is delimited by the connection's
 // close, with Connection: close.

@@ -679,6 +679,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	path, start := ctx.Path(), time.Now()
 	if ep := endpointOf(path); ep != 0 {
 		if ctx.IsPost() && multipartBody(&ctx.Request.Header) {
+			// The credential first, as for any other body: a caller without
+			// one learns nothing about what the endpoint takes.
+			if _, err := s.identify(&ctx.Request.Header); err != nil {
+				s.finishOther(ctx, ep.String(), start, writeError(ctx, err))
+				return
+			}
 			s.finishOther(ctx, ep.String(), start, writeError(ctx, newAPIError(fasthttp.StatusUnsupportedMediaType,
 				"invalid_request_error", "unsupported_media_type", "",
 				fmt.Errorf("%w: %s takes a JSON body (Content-Type: application/json), not multipart/form-data", ErrBadRequest, clipBytes(path)))))
