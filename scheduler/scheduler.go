@@ -263,11 +263,7 @@ func (s *Scheduler) lookupChains(req *Request, engines []Engine, cyc *Cycle, mat
 // reqBlocks is candidate c's tier-weighted match in blocks of the
 // request's BlockSize (the decision metrics'), whatever its own size.
 func (s *Scheduler) reqBlocks(req *Request, c *Candidate) float64 {
-	w := s.weights.Weighted(c.Match)
-	if c.MatchBlock != req.BlockSize && req.BlockSize > 0 {
-		w *= float64(c.MatchBlock) / float64(req.BlockSize)
-	}
-	return w
+	return c.InRequestBlocks(req, s.weights.Weighted(c.Match))
 }
 
 func (s *Scheduler) keep(req *Request, c *Candidate) bool {

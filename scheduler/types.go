@@ -190,6 +190,29 @@ type Candidate struct {
 	Score float64
 }
 
+// MatchBlockSize is the tokens per block of c.Match: MatchBlock, or r's
+// BlockSize for a candidate the framework did not fill (built by hand).
+func (c *Candidate) MatchBlockSize(r *Request) int {
+	if c.MatchBlock > 0 {
+		return c.MatchBlock
+	}
+	return r.BlockSize
+}
+
+// MatchTokens is n blocks of c.Match (one of its tiers, c.Match.GPU say)
+// in tokens: n blocks of the engine's own size, which with Request.Chains
+// need not be r.BlockSize.
+func (c *Candidate) MatchTokens(r *Request, n int) int { return n * c.MatchBlockSize(r) }
+
+// InRequestBlocks is x blocks of c.Match in blocks of r.BlockSize, the
+// unit of r.Keys and r.Blocks(): x itself when the sizes agree.
+func (c *Candidate) InRequestBlocks(r *Request, x float64) float64 {
+	if bs := c.MatchBlockSize(r); bs != r.BlockSize && r.BlockSize > 0 {
+		return x * float64(bs) / float64(r.BlockSize)
+	}
+	return x
+}
+
 // EngineScore is one engine's line in a Decision.
 type EngineScore struct {
 	Engine string

@@ -121,7 +121,7 @@ func (l LLMD) Choose(r *scheduler.Request, v *View, cyc *scheduler.Cycle) string
 	if d < 0 {
 		return "no-decode"
 	}
-	nonCached := r.PromptTokens - v.Cands[d].Match.Other*r.BlockSize
+	nonCached := r.PromptTokens - v.Cands[d].MatchTokens(r, v.Cands[d].Match.Other)
 	if l.NonCachedTokens > 0 && r.PromptTokens >= l.NonCachedTokens && nonCached >= l.NonCachedTokens {
 		if p := l.best(r, v, v.Prefillers, d, cyc); p >= 0 {
 			v.Add(p, d, 2)
@@ -181,7 +181,7 @@ func (y Dynamo) Choose(r *scheduler.Request, v *View, cyc *scheduler.Cycle) stri
 	bs := float64(max(r.BlockSize, 1))
 	reqBlocks := float64(r.PromptTokens) / bs
 	prefillBlocks := func(c *scheduler.Candidate) float64 {
-		return float64(c.LocalPrefillTokens)/bs + reqBlocks - float64(c.Match.GPU)
+		return float64(c.LocalPrefillTokens)/bs + reqBlocks - c.InRequestBlocks(r, float64(c.Match.GPU))
 	}
 	d, dl := -1, 0.0
 	for _, i := range v.Decoders {
@@ -194,7 +194,7 @@ func (y Dynamo) Choose(r *scheduler.Request, v *View, cyc *scheduler.Cycle) stri
 	if d < 0 {
 		return "no-decode"
 	}
-	eff := r.PromptTokens - v.Cands[d].Match.GPU*r.BlockSize
+	eff := r.PromptTokens - v.Cands[d].MatchTokens(r, v.Cands[d].Match.GPU)
 	local := eff < y.EffISLThreshold && float64(eff) < y.EffISLRatio*float64(max(r.PromptTokens, 1))
 	p, pl := -1, 0.0
 	for _, i := range v.Prefillers {

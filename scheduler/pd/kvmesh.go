@@ -407,12 +407,20 @@ func (k KVMesh) broken(c *scheduler.Candidate, out, before, risk float64) float6
 // counts once, as the engine holds it once; counted per request (prompt
 // plus output, LocalActiveTokens) it made an engine serving one shared
 // prefix look fuller than it was (tester h-reg7 F1).
+//
+// Blocks are the engine's own (GPUBlocks is its report): with a model's
+// engines of several sizes (Request.Chains) they need not be the request's,
+// and c.Match counts blocks of c.MatchBlock.
 func (k KVMesh) kvWait(r *scheduler.Request, c *scheduler.Candidate, t policies.Terms) float64 {
-	if c.GPUBlocks <= 0 || r.BlockSize <= 0 {
+	bs := c.BlockSize
+	if bs <= 0 {
+		bs = c.MatchBlockSize(r)
+	}
+	if c.GPUBlocks <= 0 || bs <= 0 {
 		return 0
 	}
-	need := (r.PromptTokens+k.Cost.Output(r)+r.BlockSize-1)/r.BlockSize - c.Match.GPU
-	used := max(c.KVUsage*float64(c.GPUBlocks), float64(c.LocalKVTokens)/float64(r.BlockSize))
+	need := (r.PromptTokens + k.Cost.Output(r) - c.MatchTokens(r, c.Match.GPU) + bs - 1) / bs
+	used := max(c.KVUsage*float64(c.GPUBlocks), float64(c.LocalKVTokens)/float64(bs))
 	free := float64(c.GPUBlocks) - used
 	if need <= 0 || float64(need) <= free {
 		return 0

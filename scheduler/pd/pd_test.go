@@ -43,7 +43,10 @@ type setup struct {
 }
 
 // route builds a real index holding each engine's cached prefix, a
-// scheduler over it and a Router with p, and routes one request.
+// scheduler over it and a Router with p, and routes one request. The
+// prompt is keyed at bs and, as the ingress keys it, at every other block
+// size an engine reports (Request.Chains); an engine's cached blocks are
+// of its own size.
 func route(t *testing.T, s setup, p Policy) (Plan, error) {
 	t.Helper()
 	idx, err := index.New(index.Config{})
@@ -54,11 +57,25 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 	for i := range toks {
 		toks[i] = uint32(1000 + i%7919)
 	}
-	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks, bs)
+	root := kvevents.Root("m", "", "")
+	keys := kvevents.AppendKeys(nil, root, toks, bs)
+	var chains []scheduler.Chain
+	keysAt := func(size int) []uint64 {
+		if size <= 0 || size == bs {
+			return keys
+		}
+		for _, c := range chains {
+			if c.BlockSize == size {
+				return c.Keys
+			}
+		}
+		chains = append(chains, scheduler.Chain{BlockSize: size, Keys: kvevents.AppendKeys(nil, root, toks, size)})
+		return chains[len(chains)-1].Keys
+	}
 	var es []scheduler.Engine
 	for _, e := range s.engines {
-		if e.cached > 0 {
-			idx.Store(e.id, kvevents.TierGPU, keys[:min(e.cached, len(keys))])
+		if k := keysAt(e.blockSize); e.cached > 0 {
+			idx.Store(e.id, kvevents.TierGPU, k[:min(e.cached, len(k))])
 		}
 		blocks := e.blocks
 		if blocks == 0 {
@@ -83,7 +100,7 @@ func route(t *testing.T, s setup, p Policy) (Plan, error) {
 	if out == 0 {
 		out = 256
 	}
-	req := scheduler.Request{Keys: keys, BlockSize: bs, PromptTokens: s.prompt, OutputTokens: out, Model: "m"}
+	req := scheduler.Request{Keys: keys, BlockSize: bs, Chains: chains, PromptTokens: s.prompt, OutputTokens: out, Model: "m"}
 	var plan Plan
 	err = r.Route(&req, es, &plan)
 	return plan, err

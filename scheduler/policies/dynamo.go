@@ -109,7 +109,9 @@ func (p Dynamo) Pick(r *scheduler.Request, cs []scheduler.Candidate, cyc *schedu
 	reqBlocks := float64(r.PromptTokens) / bs
 	for i := range cs {
 		c := &cs[i]
-		credit := p.OverlapWeight*float64(c.Match.GPU) + p.HostWeight*float64(c.Match.CPU-c.Match.GPU)
+		// The overlap in the request's blocks, as the rest: an engine of
+		// another block size (Request.Chains) matches in its own.
+		credit := c.InRequestBlocks(r, p.OverlapWeight*float64(c.Match.GPU)+p.HostWeight*float64(c.Match.CPU-c.Match.GPU))
 		prefill := max(0, float64(c.LocalPrefillTokens)/bs+reqBlocks-credit)
 		var decode float64
 		if p.Active != nil {
