@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -131,5 +132,90 @@ func TestSGLangPairAtItsOwnBlockSize(t *testing.T) {
 	idx.LookupFor(keys, []string{"d0"}, &res, out)
 	if out[0].Spec != len(keys) {
 		t.Errorf("d0's speculative match of the prompt at its block size: %d of %d blocks", out[0].Spec, len(keys))
+	}
+}
+
+// kvCall is a streamed call of s with a 1,024-token prompt whose first
+// `shared` tokens are the same for every seed, keyed at 16 (the model's
+// most common size) and at 32, among engines e16/d16 (block 16) and
+// e32/d32 (block 32).
+func kvCall(s *Server, seed, shared int) *call {
+	toks := make([]uint32, 1024)
+	for i := range toks {
+		toks[i] = uint32(1 + i)
+		if i >= shared {
+			toks[i] = uint32(100000*seed + i)
+		}
+	}
+	c := new(call)
+	c.reset()
+	c.s, c.start = s, time.Now()
+	c.promptTokens, c.block, c.req.stream, c.req.maxTokens = len(toks), 16, true, 20
+	root := kvevents.Root("m", "", "")
+	c.keys = kvevents.AppendKeys(nil, root, toks, 16)
+	c.chains = []scheduler.Chain{{BlockSize: 32, Keys: kvevents.AppendKeys(nil, root, toks, 32)}}
+	for _, id := range []string{"e16", "d16", "e32", "d32"} {
+		bs := 16
+		if id[1:] == "32" {
+			bs = 32
+		}
+		c.cands = append(c.cands, scheduler.Engine{ID: id, Model: "m", Healthy: true, BlockSize: bs})
+	}
+	return c
+}
+
+// The KV a request in flight charges its engine (LocalKVTokens: the
+// prompt blocks no other request there holds, its tail and its output)
+// and the P/D reservation of its decode leg count that engine's own blocks,
+// keyed at its size: two prompts sharing 48 tokens share three blocks of
+// 16 but one of 32, so a block-32 engine holds 16 tokens more than a
+// block-16 one. Both were counted at the model's most common size (16).
+func TestKVChargeAtItsOwnBlockSize(t *testing.T) {
+	s := startIngress(t, testConfig(StaticEngine{ID: "e16", Model: "m", URL: "http://127.0.0.1:1"}), Deps{})
+	tests := []struct {
+		engine, decode string
+		want           int // tokens: the first request's 1,024 + 20, the second's unshared blocks + 20
+	}{
+		{engine: "e16", decode: "d16", want: 1044 + (64-3)*16 + 20},
+		{engine: "e32", decode: "d32", want: 1044 + (32-1)*32 + 20},
+	}
+	for _, tc := range tests {
+		t.Run(tc.engine, func(t *testing.T) {
+			up, err := s.ups.get(tc.engine, "http://127.0.0.1:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, b := kvCall(s, 1, 48), kvCall(s, 2, 48)
+			a.engine, b.engine = tc.engine, tc.engine
+			a.startAttempt(up, 0)
+			b.startAttempt(up, 0)
+			if got := up.kvTokens(); got != tc.want {
+				t.Errorf("two requests in flight charge %s %d KV tokens, want %d", tc.engine, got, tc.want)
+			}
+			a.endAttempt(up)
+			b.endAttempt(up)
+			up.kvMu.Lock()
+			refs := len(up.kvRefs)
+			up.kvMu.Unlock()
+			if up.kvTokens() != 0 || refs != 0 {
+				t.Errorf("after both ended: %d KV tokens, %d blocks still charged", up.kvTokens(), refs)
+			}
+
+			// The decode leg's reservation, with the first request in
+			// flight on the decode engine.
+			dup, err := s.ups.get(tc.decode, "http://127.0.0.1:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.engine = tc.decode
+			a.startAttempt(dup, 0)
+			defer a.endAttempt(dup)
+			b.pd.plan.Decode = tc.decode
+			p := &pdState{pending: make(map[string]pendingLoad)}
+			b.reserve(p)
+			if got, want := p.pending[tc.decode].kv, tc.want-1044; got != want {
+				t.Errorf("the decode leg reserves %d KV tokens on %s, want %d", got, tc.decode, want)
+			}
+		})
 	}
 }

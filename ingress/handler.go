@@ -78,7 +78,8 @@ type call struct {
 	bufEnd, bufDur               int64     // a non-streamed attempt's estimated prefill end and length on upstream.bufDone (ns; hold.go)
 	activeCharge                 int64     // tokens charged to the engine's active set until the end
 	kvCharge                     int64     // the prompt tail and expected output charged to the engine's KV (upstream.kv)
-	kvKeys                       int       // the prompt block keys registered there (upstream.kvAdd)
+	kvKeys                       []uint64  // the prompt block keys registered there (upstream.kvAdd), at its block size (keysOf)
+	kvBlock                      int       // tokens per block of kvKeys (blockOf)
 	sentAt                       time.Time // the last attempt's sending, with Server.outs or the learner
 	attemptAt                    int64     // the last attempt's sending on monoNow's clock (health: panic readmission)
 	uri                          []byte    // the attempt's upstream URI (reused: no allocation per attempt)

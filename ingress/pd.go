@@ -552,6 +552,7 @@ func (c *call) pdLoad(p *pdState) {
 // and the KV its decode leg will add there: its prompt blocks no request in
 // flight there holds, its prompt tail and expected output (as startAttempt
 // charges the engine's KV; reservations of one prefix each count it).
+// Blocks are the decode engine's own size (keysOf, blockOf).
 func (c *call) reserve(p *pdState) {
 	out := c.req.maxTokens
 	if out <= 0 {
@@ -559,9 +560,10 @@ func (c *call) reserve(p *pdState) {
 	}
 	r := &c.pd.res
 	r.decode, r.act = c.pd.plan.Decode, c.promptTokens+out
-	r.kv = max(c.promptTokens, len(c.keys)*c.block) + out
+	keys, bs := c.keysOf(r.decode), c.blockOf(r.decode)
+	r.kv = max(c.promptTokens, len(keys)*bs) + out
 	if up := c.s.ups.lookup(r.decode); up != nil {
-		r.kv -= up.kvHeld(c.keys) * c.block
+		r.kv -= up.kvHeld(keys) * bs
 	}
 	p.mu.Lock()
 	l := p.pending[r.decode]

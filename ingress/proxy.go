@@ -204,7 +204,8 @@ const defaultOutputTokens = 128
 // its uncached prompt tokens until the first byte, and its prompt plus
 // expected output until the end, and as the engine's KV the prompt blocks
 // no other request in flight there holds (upstream.kvAdd) plus its prompt
-// tail and expected output.
+// tail and expected output. Blocks are the engine's own size (keysOf,
+// blockOf), as is its match, matchedBlocks: a model's engines may differ.
 func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	out := c.req.maxTokens
 	if out <= 0 {
@@ -213,9 +214,9 @@ func (c *call) startAttempt(up *upstream, matchedBlocks int) {
 	out *= max(1, c.seqs)
 	c.prefillCharge = int64(max(0, c.promptTokens-matchedBlocks*c.blockOf(c.engine)))
 	c.activeCharge = int64(c.promptTokens + out)
-	c.kvKeys = len(c.keys)
-	c.kvCharge = int64(max(0, c.promptTokens-c.kvKeys*c.block) + out)
-	up.kv.Add(int64(up.kvAdd(c.keys)*c.block) + c.kvCharge)
+	c.kvKeys, c.kvBlock = c.keysOf(c.engine), c.blockOf(c.engine)
+	c.kvCharge = int64(max(0, c.promptTokens-len(c.kvKeys)*c.kvBlock) + out)
+	up.kv.Add(int64(up.kvAdd(c.kvKeys)*c.kvBlock) + c.kvCharge)
 	c.attemptAt = monoNow()
 	if up.inflight.Add(1) == 1 {
 		up.progress.Store(c.attemptAt) // the stall watch counts from the first request in flight
@@ -254,8 +255,8 @@ func (c *call) endAttempt(up *upstream) {
 	up.prefill.Add(-c.prefillCharge)
 	up.streamPrefill.Add(-c.streamCharge)
 	up.active.Add(-c.activeCharge)
-	up.kv.Add(-int64(up.kvDrop(c.keys[:c.kvKeys])*c.block) - c.kvCharge)
-	c.prefillCharge, c.streamCharge, c.activeCharge, c.kvCharge, c.kvKeys = 0, 0, 0, 0, 0
+	up.kv.Add(-int64(up.kvDrop(c.kvKeys)*c.kvBlock) - c.kvCharge)
+	c.prefillCharge, c.streamCharge, c.activeCharge, c.kvCharge, c.kvKeys = 0, 0, 0, 0, nil
 	c.unqueueBuffered(up)
 	c.learnEnd(up)
 	c.s.holdWake() // hold.go: room may have freed
