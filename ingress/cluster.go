@@ -160,6 +160,7 @@ func (s *Server) startCluster() error {
 		s.startStateLane(ctx, conn)
 		mc := materialize.DefaultConfig()
 		mc.Conn = conn.NC
+		mc.Subjects = conn.Subjects
 		mc.Index = s.deps.Index
 		if cl.node != nil {
 			mc.Membership = cl.node

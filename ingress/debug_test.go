@@ -72,7 +72,7 @@ func TestDebugIndexShowsSnapshotFailures(t *testing.T) {
 	}
 	t.Cleanup(side.Close)
 	var asked atomic.Int64
-	sub, err := side.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
+	sub, err := side.Subscribe(natsutil.Default().SnapSubject("m", "e1"), func(msg *nats.Msg) {
 		asked.Add(1)
 		r := nats.NewMsg(msg.Reply)
 		r.Header.Set(kvevents.SnapshotErrorHeader, "the sidecar cannot read its engine")
@@ -94,7 +94,7 @@ func TestDebugIndexShowsSnapshotFailures(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "the materializer subscribed", func() bool { return s.cl.mat.Synced() })
 	d := kvevents.Delta{Engine: "e1", Model: "m", Epoch: 7, Seq: 1, TS: time.Now().UnixNano(), EpochStart: time.Now().Add(-time.Minute).UnixNano(),
 		Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{1, 2}}}}
-	if err := side.Publish(natsutil.DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
+	if err := side.Publish(natsutil.Default().DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
 		t.Fatal(err)
 	}
 	type engine struct {

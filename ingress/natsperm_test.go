@@ -56,7 +56,7 @@ func TestIngressRunsWithoutStreamAdminRights(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "the ingress's NATS connection", func() bool {
 		return s.cl.nc != nil && s.cl.nc.NC.Status() == nats.CONNECTED
 	})
-	st, err := ac.JS.Stream(ctx, natsutil.StreamName)
+	st, err := ac.JS.Stream(ctx, natsutil.Default().Stream())
 	if err != nil {
 		t.Fatal(err)
 	}

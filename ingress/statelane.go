@@ -25,7 +25,8 @@ func (s *Server) stateLaneRelay() gossip.Relay {
 	if len(s.cfg.Cluster.NATSURLs) == 0 || s.cfg.Cluster.StateOverNATSOff {
 		return nil
 	}
-	s.cl.lane = &stateLane{pub: natsrelay.NewPublisher(s.log)}
+	subj, _ := s.cfg.Cluster.NATSAuth.Subjects() // valid: Config.Validate checked the prefix
+	s.cl.lane = &stateLane{pub: natsrelay.NewPublisher(subj, s.log)}
 	return s.cl.lane.pub
 }
 
@@ -51,14 +52,14 @@ func (s *Server) startStateLane(ctx context.Context, conn *natsutil.Conn) {
 	})
 	refused := make(chan error, 1)
 	stopWatch := conn.OnPermissionViolation(func(err error) {
-		if strings.Contains(err.Error(), "Subscription to \""+natsutil.StateWildcard+"\"") {
+		if strings.Contains(err.Error(), "Subscription to \""+conn.Subjects.StateWildcard()+"\"") {
 			select {
 			case refused <- err:
 			default: // one is pending already
 			}
 		}
 	})
-	sub, err := natsrelay.Subscribe(conn.NC, cl.node, s.log)
+	sub, err := natsrelay.Subscribe(conn.NC, conn.Subjects, cl.node, s.log)
 	if err != nil {
 		stopWatch()
 		s.log.Error("state lane off: gossip alone carries engine load", "err", err)
@@ -69,7 +70,7 @@ func (s *Server) startStateLane(ctx context.Context, conn *natsutil.Conn) {
 	}
 	cl.wg.Go(func() {
 		defer stopWatch()
-		s.watchLaneSubscription(ctx, sub, refused)
+		s.watchLaneSubscription(ctx, sub, conn.Subjects.StateWildcard(), refused)
 	})
 }
 
@@ -79,11 +80,11 @@ func (s *Server) startStateLane(ctx context.Context, conn *natsutil.Conn) {
 // asynchronously, when it is first sent (the ingress may start before
 // NATS) or sent again after a reconnect. It ends at the first refusal or
 // with ctx.
-func (s *Server) watchLaneSubscription(ctx context.Context, sub *natsrelay.Subscription, refused <-chan error) {
+func (s *Server) watchLaneSubscription(ctx context.Context, sub *natsrelay.Subscription, wildcard string, refused <-chan error) {
 	select {
 	case <-ctx.Done():
 	case err := <-refused:
 		_ = sub.Unsubscribe()
-		s.log.Error("state lane off: the NATS user may not subscribe to "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries engine load meanwhile", "err", err)
+		s.log.Error("state lane off: the NATS user may not subscribe to "+wildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries engine load meanwhile", "err", err)
 	}
 }

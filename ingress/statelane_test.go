@@ -35,7 +35,7 @@ func TestStateLaneCarriesLoadToIngress(t *testing.T) {
 	t.Cleanup(watch.Close)
 	var mu sync.Mutex
 	subjects := map[string]bool{}
-	if _, err := watch.Subscribe(natsutil.StateWildcard, func(m *nats.Msg) {
+	if _, err := watch.Subscribe(natsutil.Default().StateWildcard(), func(m *nats.Msg) {
 		mu.Lock()
 		subjects[m.Subject] = true
 		mu.Unlock()
@@ -49,7 +49,7 @@ func TestStateLaneCarriesLoadToIngress(t *testing.T) {
 		return func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return subjects[natsutil.StateSubject(member)]
+			return subjects[natsutil.Default().StateSubject(member)]
 		}
 	}
 
@@ -77,7 +77,7 @@ func TestStateLaneCarriesLoadToIngress(t *testing.T) {
 	testutil.WaitFor(t, 20*time.Second, "the sidecar's entry on its state subject", seen("sidecar-eng-s"))
 
 	// A member whose new load only the lane carries.
-	pub := natsrelay.NewPublisher(quiet)
+	pub := natsrelay.NewPublisher(natsutil.Default(), quiet)
 	gc := gossip.DefaultConfig()
 	gc.Name, gc.Profile, gc.Join = "sidecar-big", "local", []string{s.GossipAddr()}
 	gc.BroadcastInterval, gc.PushPullInterval = 50*time.Millisecond, time.Hour

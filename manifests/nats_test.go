@@ -93,7 +93,7 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	defer cancel()
 
 	side := jsAs(t, url, "sidecar", "sidecar-pw")
-	if _, err := natsutil.EnsureStream(ctx, side, natsutil.DefaultConfig().Stream, nil); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, side, natsutil.Default(), natsutil.DefaultConfig().Stream, nil); err != nil {
 		t.Fatalf("sidecar creates the delta stream: %v", err)
 	}
 	store, err := tokenstore.EnsureBucket(ctx, side, 1, false)
@@ -152,7 +152,7 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	// (natsutil.StreamConfig's rule): an update the ingress may not make.
 	alter := natsutil.DefaultConfig().Stream
 	alter.MaxAge = time.Hour
-	if _, err := natsutil.EnsureStream(short(), ing, alter, nil); err == nil {
+	if _, err := natsutil.EnsureStream(short(), ing, natsutil.Default(), alter, nil); err == nil {
 		t.Fatal("the ingress user could alter the delta stream")
 	}
 	if _, err := ing.CreateStream(short(), jetstream.StreamConfig{Name: "KVMESH_OTHER", Subjects: []string{"kvmesh.other.>"}}); err == nil {
@@ -165,7 +165,7 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	if _, err := istore.PutBytes(short(), "manifests/evil", []byte("{}")); err == nil {
 		t.Fatal("the ingress user could write to the tokenizer store")
 	}
-	if err := ing.DeleteStream(short(), natsutil.StreamName); err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+	if err := ing.DeleteStream(short(), natsutil.Default().Stream()); err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the ingress user could delete the stream (err %v)", err)
 	}
 
@@ -173,21 +173,21 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	// compromised sidecar can neither delete nor purge the delta stream,
 	// nor delete the tokenizer store, nor make streams of its own.
 	for name, err := range map[string]error{
-		"delete the delta stream":    side.DeleteStream(short(), natsutil.StreamName),
+		"delete the delta stream":    side.DeleteStream(short(), natsutil.Default().Stream()),
 		"delete the tokenizer store": side.DeleteObjectStore(short(), tokenstore.Bucket),
 		"create a stream": func() error {
 			_, err := side.CreateStream(short(), jetstream.StreamConfig{Name: "KVMESH_OTHER", Subjects: []string{"kvmesh.other.>"}})
 			return err
 		}(),
 		"purge the delta stream": func() error {
-			s, err := side.Stream(ctx, natsutil.StreamName)
+			s, err := side.Stream(ctx, natsutil.Default().Stream())
 			if err != nil {
 				return nil
 			}
 			return s.Purge(short())
 		}(),
 		"delete a delta stream message": func() error {
-			s, err := side.Stream(ctx, natsutil.StreamName)
+			s, err := side.Stream(ctx, natsutil.Default().Stream())
 			if err != nil {
 				return nil
 			}
@@ -198,7 +198,7 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 			t.Errorf("the sidecar user could %s (err %v)", name, err)
 		}
 	}
-	if _, err := side.Stream(ctx, natsutil.StreamName); err != nil {
+	if _, err := side.Stream(ctx, natsutil.Default().Stream()); err != nil {
 		t.Fatalf("the delta stream is gone: %v", err)
 	}
 }

@@ -48,7 +48,7 @@ func TestManyOpsSplitIntoDecodableDeltas(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	reply, err := nc.RequestWithContext(ctx, natsutil.SnapSubject("m", "e1"), nil)
+	reply, err := nc.RequestWithContext(ctx, natsutil.Default().SnapSubject("m", "e1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func startDeltaRig(t *testing.T) *deltaRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	deltas, err := nc.SubscribeSync(natsutil.DeltaWildcard)
+	deltas, err := nc.SubscribeSync(natsutil.Default().DeltaWildcard())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/backoff"
-	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -128,7 +127,7 @@ func newEngine(s *Sidecar, cfg EngineConfig) *engine {
 	e := &engine{
 		cfg: cfg, s: s, epoch: epoch, epochStart: time.Now().UnixNano(),
 		log:     s.log.With("engine", cfg.ID),
-		subject: natsutil.DeltaSubject(cfg.Model, cfg.ID),
+		subject: s.subj.DeltaSubject(cfg.Model, cfg.ID),
 		resetCh: make(chan struct{}, 1),
 		st:      newState(cfg.Model, cfg.BlockSize, max(cfg.DPSize, len(cfg.RankEvents))),
 	}

@@ -29,7 +29,7 @@ func TestDeltasAndSnapshotsCarryEpochStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	deltas, err := nc.SubscribeSync(natsutil.DeltaWildcard)
+	deltas, err := nc.SubscribeSync(natsutil.Default().DeltaWildcard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestDeltasAndSnapshotsCarryEpochStart(t *testing.T) {
 	if d.EpochStart < before || d.EpochStart > time.Now().UnixNano() {
 		t.Fatalf("delta epoch start %d, want the sidecar's start (after %d)", d.EpochStart, before)
 	}
-	reply, err := nc.RequestWithContext(ctx, natsutil.SnapSubject("m", "e1"), nil)
+	reply, err := nc.RequestWithContext(ctx, natsutil.Default().SnapSubject("m", "e1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func TestFirstDeltasAfterLateConnectFitMaxPayload(t *testing.T) {
 	gate.Open(strings.TrimPrefix(srv.ClientURL(), "nats://"))
 	// The sidecar ensures the stream once its connect handler ran.
 	testutil.WaitFor(t, 20*time.Second, "the sidecar connected and created the stream", func() bool {
-		_, err := js.Stream(ctx, natsutil.StreamName)
+		_, err := js.Stream(ctx, natsutil.Default().Stream())
 		return err == nil
 	})
 
@@ -92,7 +92,7 @@ func TestFirstDeltasAfterLateConnectFitMaxPayload(t *testing.T) {
 		if publishErrors() > 0 {
 			return true
 		}
-		st, err := js.Stream(ctx, natsutil.StreamName)
+		st, err := js.Stream(ctx, natsutil.Default().Stream())
 		if err != nil {
 			return false
 		}

@@ -60,8 +60,8 @@ func TestDeletedStreamCountedAndRecreated(t *testing.T) {
 		if publishErrors() > 0 {
 			return true
 		}
-		if _, err := js.Stream(ctx, natsutil.StreamName); err == nil {
-			if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := js.Stream(ctx, natsutil.Default().Stream()); err == nil {
+			if err := js.DeleteStream(ctx, natsutil.Default().Stream()); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				t.Fatal(err)
 			}
 		}
@@ -71,7 +71,7 @@ func TestDeletedStreamCountedAndRecreated(t *testing.T) {
 		return false
 	})
 	testutil.WaitFor(t, 30*time.Second, "the stream created again", func() bool {
-		_, err := js.Stream(ctx, natsutil.StreamName)
+		_, err := js.Stream(ctx, natsutil.Default().Stream())
 		return err == nil
 	})
 	if !strings.Contains(logs.String(), "delta publishes failing") {
@@ -83,7 +83,7 @@ func TestDeletedStreamCountedAndRecreated(t *testing.T) {
 		if err := cache.Request(cache.RandomPrompt(2, 2, 2)); err != nil {
 			t.Fatal(err)
 		}
-		st, err := js.Stream(ctx, natsutil.StreamName)
+		st, err := js.Stream(ctx, natsutil.Default().Stream())
 		if err != nil {
 			return false
 		}

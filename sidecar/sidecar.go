@@ -32,6 +32,8 @@ type Sidecar struct {
 	gather  prometheus.Gatherer
 
 	conn    atomic.Pointer[natsutil.Conn]
+	// subj: the installation's subjects (cfg.NATS.Prefix).
+	subj natsutil.Subjects
 	gossip  atomic.Pointer[gossip.Node]
 	ready   atomic.Bool
 	admin   atomic.Pointer[net.TCPAddr]
@@ -75,7 +77,11 @@ func New(cfg Config) (*Sidecar, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Sidecar{cfg: cfg, log: log.With("component", "sidecar"), finished: make(chan struct{})}
+	subj, err := cfg.NATS.Subjects() // valid: cfg.Validate checked the prefix
+	if err != nil {
+		return nil, err
+	}
+	s := &Sidecar{cfg: cfg, subj: subj, log: log.With("component", "sidecar"), finished: make(chan struct{})}
 	s.quit, s.stop = context.WithCancel(context.Background())
 	s.pubs = pubIncident{log: s.log, now: time.Now}
 	if cfg.Registerer != nil {
@@ -147,7 +153,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	conn.OnPublishOK(s.pubs.ok)          // acks: the end of a failing spell
 
 	for _, e := range s.engines {
-		sub, err := conn.NC.Subscribe(natsutil.SnapSubject(e.cfg.Model, e.cfg.ID), e.serveSnapshot)
+		sub, err := conn.NC.Subscribe(s.subj.SnapSubject(e.cfg.Model, e.cfg.ID), e.serveSnapshot)
 		if err != nil {
 			return fmt.Errorf("sidecar: snapshot subscribe: %w", err)
 		}

@@ -20,7 +20,7 @@ func (s *Sidecar) startStateLane(ctx context.Context, wg *sync.WaitGroup, gc *go
 	if s.cfg.StateOverNATSOff {
 		return
 	}
-	pub := natsrelay.NewPublisher(s.log)
+	pub := natsrelay.NewPublisher(s.subj, s.log)
 	if _, err := pub.Register(s.reg); err != nil {
 		s.log.Warn("state lane: metrics not registered", "err", err)
 	}

@@ -59,14 +59,14 @@ func runInspectStream(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	defer conn.Close()
 	if *summary {
-		return inspectSummary(ctx, conn.NC, *interval, stdout, stderr)
+		return inspectSummary(ctx, conn.NC, conn.Subjects, *interval, stdout, stderr)
 	}
-	return inspectTail(ctx, conn.NC, *showKeys, *count, stdout)
+	return inspectTail(ctx, conn.NC, conn.Subjects, *showKeys, *count, stdout)
 }
 
-func inspectTail(ctx context.Context, nc *nats.Conn, showKeys bool, count int, stdout io.Writer) error {
+func inspectTail(ctx context.Context, nc *nats.Conn, subj natsutil.Subjects, showKeys bool, count int, stdout io.Writer) error {
 	msgs := make(chan *nats.Msg, 4096)
-	sub, err := nc.ChanSubscribe(natsutil.DeltaWildcard, msgs)
+	sub, err := nc.ChanSubscribe(subj.DeltaWildcard(), msgs)
 	if err != nil {
 		return fmt.Errorf("inspect stream: %w", err)
 	}
@@ -125,9 +125,9 @@ func (c *countIndex) ClearEngine(string)                     {}
 
 var _ materialize.Index = (*countIndex)(nil)
 
-func inspectSummary(ctx context.Context, nc *nats.Conn, interval time.Duration, stdout, stderr io.Writer) error {
+func inspectSummary(ctx context.Context, nc *nats.Conn, subj natsutil.Subjects, interval time.Duration, stdout, stderr io.Writer) error {
 	cfg := materialize.DefaultConfig()
-	cfg.Conn, cfg.Index = nc, &countIndex{}
+	cfg.Conn, cfg.Subjects, cfg.Index = nc, subj, &countIndex{}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	m, err := materialize.New(cfg)
 	if err != nil {

@@ -57,7 +57,7 @@ func TestInspectStreamTailsDecodedDeltas(t *testing.T) {
 	defer tick.Stop()
 	for {
 		// Publish until the tail (which subscribes asynchronously) has seen two.
-		_ = nc.Publish(natsutil.DeltaSubject(d.Model, d.Engine), msg)
+		_ = nc.Publish(natsutil.Default().DeltaSubject(d.Model, d.Engine), msg)
 		select {
 		case code := <-done:
 			if code != 0 {

@@ -1,7 +1,7 @@
 // Package natsrelay is the state lane: gossip members' own changed entries
 // over core NATS (no JetStream), beside gossip. A member publishes on
-// natsutil.StateSubject(its gossip name) through a Publisher, set as its
-// gossip.Config.Relay; ingresses subscribe to natsutil.StateWildcard and
+// Subjects.StateSubject(its gossip name) through a Publisher, set as its
+// gossip.Config.Relay; ingresses subscribe to Subjects.StateWildcard() and
 // merge what arrives with gossip.Node.MergeRelayed, under gossip's rules
 // (newer versions of alive members only). Gossip stays the membership and
 // the fallback: without NATS, or when a message is lost, push/pull and the
@@ -54,6 +54,7 @@ type Publisher struct {
 	last    map[string]outMsg // newest per key, sent or not
 	member  string            // whose subject is subject
 	subject string
+	subj    natsutil.Subjects // the installation's (its NATS prefix)
 	wake    chan struct{} // capacity 1: pending has something
 	refused chan error    // capacity 1: the server refused a publish on the lane (PermissionViolation)
 
@@ -78,12 +79,13 @@ type outMsg struct {
 
 // NewPublisher returns a publisher for gossip.Config.Relay; it publishes
 // once Run runs. log (nil: slog.Default) gets the one error of a NATS user
-// not allowed to publish on the lane.
-func NewPublisher(log *slog.Logger) *Publisher {
+// not allowed to publish on the lane. subj are the installation's subjects
+// (natsutil.Conn.Subjects; zero: the default prefix).
+func NewPublisher(subj natsutil.Subjects, log *slog.Logger) *Publisher {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Publisher{pending: map[string]outMsg{}, last: map[string]outMsg{}, wake: make(chan struct{}, 1), refused: make(chan error, 1), log: log}
+	return &Publisher{pending: map[string]outMsg{}, last: map[string]outMsg{}, wake: make(chan struct{}, 1), refused: make(chan error, 1), log: log, subj: subj}
 }
 
 // PermissionViolation tells the publisher of a permission violation the
@@ -91,7 +93,7 @@ func NewPublisher(log *slog.Logger) *Publisher {
 // OnPermissionViolation): when err is a refused publish on the lane, Run
 // logs it and stops. It never blocks.
 func (p *Publisher) PermissionViolation(err error) {
-	if err == nil || !strings.Contains(err.Error(), "Publish to \""+natsutil.StatePrefix) {
+	if err == nil || !strings.Contains(err.Error(), "Publish to \""+p.subj.StatePrefix()) {
 		return
 	}
 	select {
@@ -101,11 +103,11 @@ func (p *Publisher) PermissionViolation(err error) {
 }
 
 // Relay records msg as key's newest, to be published on
-// natsutil.StateSubject(member); it never blocks (gossip.Relay).
+// the installation's StateSubject(member); it never blocks (gossip.Relay).
 func (p *Publisher) Relay(member, key string, msg []byte) {
 	p.mu.Lock()
 	if member != p.member || p.subject == "" { // one member in practice: escaped once
-		p.member, p.subject = member, natsutil.StateSubject(member)
+		p.member, p.subject = member, p.subj.StateSubject(member)
 	}
 	p.pending[key] = outMsg{p.subject, msg}
 	p.last[key] = outMsg{p.subject, msg}
@@ -161,7 +163,7 @@ func (p *Publisher) Run(ctx context.Context, nc *nats.Conn) {
 			lost = false
 		case <-p.wake:
 		case err := <-p.refused:
-			p.log.Error("state lane off: the NATS user may not publish on "+natsutil.StateWildcard+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries the state meanwhile", "err", err)
+			p.log.Error("state lane off: the NATS user may not publish on "+p.subj.StateWildcard()+"; allow it (manifests/base/nats.yaml) and restart, or turn the lane off; gossip alone carries the state meanwhile", "err", err)
 			return
 		}
 		p.mu.Lock()
@@ -236,7 +238,7 @@ type Subscription struct {
 	rejected atomic.Uint64 // subjects that name no member
 }
 
-// Subscribe subscribes node to natsutil.StateWildcard on nc. Messages are
+// Subscribe subscribes node to subj.StateWildcard() on nc. Messages are
 // handled on the subscription's NATS goroutine (owned by nc; ended by
 // Unsubscribe or nc.Close), each merged by node.MergeRelayed; when more
 // than the pending limits wait, NATS drops the newest and Dropped counts
@@ -244,13 +246,13 @@ type Subscription struct {
 // and logged at debug; entries versioned too far ahead of this clock are
 // counted (kvmesh_gossip_relay_future_total) and warned about by node, once
 // a minute per member (gossip.MaxRelayAhead).
-func Subscribe(nc *nats.Conn, node *gossip.Node, log *slog.Logger) (*Subscription, error) {
+func Subscribe(nc *nats.Conn, subj natsutil.Subjects, node *gossip.Node, log *slog.Logger) (*Subscription, error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	s := &Subscription{}
-	sub, err := nc.Subscribe(natsutil.StateWildcard, func(m *nats.Msg) {
-		member, ok := natsutil.ParseStateSubject(m.Subject)
+	sub, err := nc.Subscribe(subj.StateWildcard(), func(m *nats.Msg) {
+		member, ok := subj.ParseStateSubject(m.Subject)
 		if !ok {
 			s.rejected.Add(1)
 			return

@@ -100,7 +100,7 @@ func startSubscribedIngress(t *testing.T, url string) (*gossip.Node, *prometheus
 	ic := gossipConfig("ingress-1", gossip.RoleIngress)
 	ic.Registerer = reg
 	in := startNode(t, ic)
-	sub, err := Subscribe(connect(t, url), in, nil)
+	sub, err := Subscribe(connect(t, url), natsutil.Default(), in, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
 
 	in, inReg := startSubscribedIngress(t, srv.URL())
 
-	pub := NewPublisher(nil)
+	pub := NewPublisher(natsutil.Default(), nil)
 	sc := gossipConfig("sidecar.1*", gossip.RoleSidecar, in.Addr()) // a name that is no subject token as it is
 	sc.Relay = pub
 	s := startNode(t, sc)
@@ -143,8 +143,8 @@ func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
 	// a subject that names no member: counted and rejected.
 	raw := connect(t, srv.URL())
 	for subj, data := range map[string][]byte{
-		natsutil.StateSubject("sidecar.1*"): []byte("\x01{not json"),
-		natsutil.StateSubject("ingress-1"):  []byte(`{}`),
+		natsutil.Default().StateSubject("sidecar.1*"): []byte("\x01{not json"),
+		natsutil.Default().StateSubject("ingress-1"):  []byte(`{}`),
 		"kvmesh.state.a.b":                  []byte("x"),
 		"kvmesh.state.~41":                  []byte("x"), // a safe byte escaped: not canonical
 	} {
@@ -168,7 +168,7 @@ func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
 func TestOlderRelayedEntryDoesNotOverwrite(t *testing.T) {
 	srv := testutil.NATS(t)
 	in := startNode(t, gossipConfig("ingress-1", gossip.RoleIngress))
-	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
+	sub, err := Subscribe(connect(t, srv.URL()), natsutil.Default(), in, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestOlderRelayedEntryDoesNotOverwrite(t *testing.T) {
 	// connection, one subscription, so they are merged in this order.
 	nc := connect(t, srv.URL())
 	for _, i := range []int{1, 0, 2} {
-		if err := nc.Publish(natsutil.StateSubject("sidecar-1"), rec.msg(i)); err != nil {
+		if err := nc.Publish(natsutil.Default().StateSubject("sidecar-1"), rec.msg(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -211,7 +211,7 @@ func TestPublisherKeepsNewestPerKey(t *testing.T) {
 	srv := testutil.NATS(t)
 	nc := connect(t, srv.URL())
 	msgs := make(chan *nats.Msg, 16)
-	sub, err := nc.ChanSubscribe(natsutil.StateWildcard, msgs)
+	sub, err := nc.ChanSubscribe(natsutil.Default().StateWildcard(), msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestPublisherKeepsNewestPerKey(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	p := NewPublisher(nil)
+	p := NewPublisher(natsutil.Default(), nil)
 	p.Relay("a.b>", "k", []byte("old"))
 	p.Relay("a.b>", "k", []byte("new"))
 	p.Relay("a.b>", "j", []byte("other"))
@@ -275,11 +275,11 @@ func (r *recorder) msg(i int) []byte {
 func TestPublisherStopsWhenTheSubjectIsRefused(t *testing.T) {
 	srv := testutil.NATSServer(t, server.Options{Users: []*server.User{{Username: "old", Password: "pw", Permissions: &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{"kvmesh.delta.>"}}}}}})
-	p := NewPublisher(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p := NewPublisher(natsutil.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var laneErrs atomic.Int64
 	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("old", "pw"),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			if strings.Contains(err.Error(), natsutil.StatePrefix) {
+			if strings.Contains(err.Error(), natsutil.Default().StatePrefix()) {
 				laneErrs.Add(1)
 			}
 			p.PermissionViolation(err) // what natsutil.Conn's OnPermissionViolation does
@@ -342,7 +342,7 @@ func startLaneRig(t *testing.T) *laneRig {
 	resendCheck = 20 * time.Millisecond
 	srv := testutil.NATS(t)
 	r := &laneRig{t: t, port: srv.Port(), gate: testutil.NewGate(t), sub: connect(t, srv.URL()), msgs: make(chan *nats.Msg, 16),
-		p: NewPublisher(nil), reg: prometheus.NewRegistry()}
+		p: NewPublisher(natsutil.Default(), nil), reg: prometheus.NewRegistry()}
 	r.gate.Open(fmt.Sprintf("127.0.0.1:%d", r.port))
 	pnc, err := nats.Connect("nats://"+r.gate.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
 	if err != nil {
@@ -366,7 +366,7 @@ func startLaneRig(t *testing.T) *laneRig {
 // server has the interest.
 func (r *laneRig) subscribe() *nats.Subscription {
 	r.t.Helper()
-	s, err := r.sub.ChanSubscribe(natsutil.StateWildcard, r.msgs)
+	s, err := r.sub.ChanSubscribe(natsutil.Default().StateWildcard(), r.msgs)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -480,7 +480,7 @@ func TestFutureEntryOverNATSCounted(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	in, inReg := startSubscribedIngress(t, srv.URL())
 	raw, seen := laneTap(t, srv.URL(), "sidecar-1")
-	pub := NewPublisher(nil)
+	pub := NewPublisher(natsutil.Default(), nil)
 	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
 	sc.Relay = pub
 	s := startNode(t, sc)
@@ -530,7 +530,7 @@ func TestEntryOverMaxPayloadCountedLoggedOnce(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	in, _ := startSubscribedIngress(t, srv.ClientURL())
 	raw := connect(t, srv.ClientURL())
-	seen, err := raw.SubscribeSync(natsutil.StateSubject("sidecar-1"))
+	seen, err := raw.SubscribeSync(natsutil.Default().StateSubject("sidecar-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +538,7 @@ func TestEntryOverMaxPayloadCountedLoggedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testutil.SyncBuffer
-	pub := NewPublisher(slog.New(slog.NewTextHandler(&logs, nil)))
+	pub := NewPublisher(natsutil.Default(), slog.New(slog.NewTextHandler(&logs, nil)))
 	reg := prometheus.NewRegistry()
 	if _, err := pub.Register(reg); err != nil {
 		t.Fatal(err)
@@ -620,14 +620,14 @@ func TestForgedEngineURLOverNATSRefused(t *testing.T) {
 	ic.Registerer = reg
 	ic.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	in := startNode(t, ic)
-	sub, err := Subscribe(connect(t, srv.URL()), in, nil)
+	sub, err := Subscribe(connect(t, srv.URL()), natsutil.Default(), in, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 
 	raw, seen := laneTap(t, srv.URL(), "sidecar-1")
-	pub := NewPublisher(nil)
+	pub := NewPublisher(natsutil.Default(), nil)
 	sc := gossipConfig("sidecar-1", gossip.RoleSidecar, in.Addr())
 	sc.Meta = gossip.NodeMeta{Role: gossip.RoleSidecar, ID: "e1", Model: "m", EngineURL: realURL}
 	sc.Relay = pub
@@ -730,7 +730,7 @@ func TestForgedEngineURLOverNATSRefused(t *testing.T) {
 func laneTap(t *testing.T, url, member string) (*nats.Conn, *nats.Subscription) {
 	t.Helper()
 	raw := connect(t, url)
-	seen, err := raw.SubscribeSync(natsutil.StateSubject(member))
+	seen, err := raw.SubscribeSync(natsutil.Default().StateSubject(member))
 	if err != nil {
 		t.Fatal(err)
 	}

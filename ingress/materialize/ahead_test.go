@@ -51,7 +51,7 @@ func TestCopyAheadOfGossipRepaired(t *testing.T) {
 
 	forged := kvevents.Delta{Engine: "e1", Model: "m", Epoch: head.Head.Epoch, Seq: head.Head.Seq + 1, TS: time.Now().UnixNano(),
 		Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{0xfeed_0001, 0xfeed_0002}}}}
-	if err := nc.Publish(natsutil.DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &forged)); err != nil {
+	if err := nc.Publish(natsutil.Default().DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &forged)); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "the forged delta applied", func() bool { return m.Status()[0].Seq == head.Head.Seq+1 })

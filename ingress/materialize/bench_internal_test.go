@@ -46,7 +46,7 @@ func BenchmarkApplyDelta(b *testing.B) {
 			{Kind: kvevents.OpStore, Keys: keysOf(i)},
 			{Kind: kvevents.OpRemove, Keys: keysOf((i - lagDeltas + ring) % ring)},
 		}}
-		msgs[i] = &nats.Msg{Subject: natsutil.DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)}
+		msgs[i] = &nats.Msg{Subject: natsutil.Default().DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)}
 	}
 	e := m.engine("e", "m")
 	e.synced, e.epoch = true, 1

@@ -43,7 +43,7 @@ func sendDelta(m *Materializer, engine string, seq uint64, keys int) {
 	for i := range d.Ops[0].Keys {
 		d.Ops[0].Keys[i] = seq<<32 | uint64(i)
 	}
-	m.onDelta(&nats.Msg{Subject: natsutil.DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
+	m.onDelta(&nats.Msg{Subject: natsutil.Default().DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
 }
 
 // The deltas buffered while snapshots are in flight are bounded over every
@@ -189,7 +189,7 @@ func TestDeltasStampedAheadKeptOutOfTheLag(t *testing.T) {
 	m.mu.Unlock()
 	send := func(seq uint64, ts time.Time) {
 		d := kvevents.Delta{Engine: "e", Model: "m", Epoch: 1, Seq: seq, TS: ts.UnixNano(), Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{seq}}}}
-		m.onDelta(&nats.Msg{Subject: natsutil.DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
+		m.onDelta(&nats.Msg{Subject: natsutil.Default().DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
 	}
 	send(1, time.Now().Add(10*time.Minute))
 	if n := testutil.CollectAndCount(m.met.lag); n != 1 {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -39,6 +40,9 @@ var _ Membership = (*gossip.Node)(nil)
 type Config struct {
 	// Conn is the NATS connection (required). The materializer does not close it.
 	Conn *nats.Conn
+	// Subjects are the installation's subjects and stream (the
+	// connection's natsutil.Conn.Subjects). Zero: natsutil.Default().
+	Subjects natsutil.Subjects
 	// Index receives the engines' key sets (required).
 	Index Index
 	// Membership, when set, is used to discover idle engines, to check digests

@@ -35,11 +35,11 @@ func TestDepartedEngineFromStreamIsNotFailing(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	// The departed engine's last delta (its content is not read by discovery).
-	if _, err := js.Publish(ctx, natsutil.DeltaSubject("m", "departed"), []byte("x")); err != nil {
+	if _, err := js.Publish(ctx, natsutil.Default().DeltaSubject("m", "departed"), []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 

@@ -45,7 +45,7 @@ func TestReconnectSnapshotRetriesASilentSubscription(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(silent.Close)
-	if _, err := silent.Subscribe(natsutil.SnapSubject("m", "e1"), func(*nats.Msg) {}); err != nil {
+	if _, err := silent.Subscribe(natsutil.Default().SnapSubject("m", "e1"), func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
 	}
 	if err := silent.Flush(); err != nil {

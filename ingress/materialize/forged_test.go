@@ -59,7 +59,7 @@ func newForger(t *testing.T, url string, start time.Time) *forger {
 	for i := range 5000 {
 		f.keys = append(f.keys, 0xf0f0_0000_0000+uint64(i))
 	}
-	if _, err := nc.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
+	if _, err := nc.Subscribe(natsutil.Default().SnapSubject("m", "e1"), func(msg *nats.Msg) {
 		c := kvevents.SnapshotChunk{Engine: "e1", Model: "m", Epoch: f.epoch, EpochStart: f.start, Seq: 1, Chunks: 1,
 			Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: f.keys}}}
 		_ = msg.Respond(kvevents.AppendSnapshotChunk(nil, &c))
@@ -122,7 +122,7 @@ func TestDeltaOnAnotherSubjectRefused(t *testing.T) {
 	snaps, epochs := counter(t, fx.reg, "kvmesh_materializer_snapshots_total"), counter(t, fx.reg, "kvmesh_materializer_new_epochs_total")
 
 	f := newForger(t, fx.srv.URL(), time.Now())
-	for i, subject := range []string{"kvmesh.delta.attacker.whatever", natsutil.DeltaSubject("m", "e2"), natsutil.DeltaSubject("m2", "e1")} {
+	for i, subject := range []string{"kvmesh.delta.attacker.whatever", natsutil.Default().DeltaSubject("m", "e2"), natsutil.Default().DeltaSubject("m2", "e1")} {
 		f.publish(subject)
 		testutil.WaitFor(t, 10*time.Second, "the delta on "+subject+" refused, or the copy changed", func() bool {
 			return refused(t, fx.reg, "delta_subject") == float64(i+1) || !fx.equal()
@@ -144,7 +144,7 @@ func TestDeltaEpochStartFarAheadRefused(t *testing.T) {
 	snaps, epochs := counter(t, fx.reg, "kvmesh_materializer_snapshots_total"), counter(t, fx.reg, "kvmesh_materializer_new_epochs_total")
 
 	f := newForger(t, fx.srv.URL(), time.Now().Add(time.Hour))
-	f.publish(natsutil.DeltaSubject("m", "e1"))
+	f.publish(natsutil.Default().DeltaSubject("m", "e1"))
 	testutil.WaitFor(t, 10*time.Second, "the delta refused, or the copy changed", func() bool {
 		return refused(t, fx.reg, "delta_epoch_ahead") == 1 || !fx.equal()
 	})

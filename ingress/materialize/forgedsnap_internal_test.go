@@ -37,13 +37,13 @@ func TestForgedSnapshotChunksRefused(t *testing.T) {
 		c := tc.chunk
 		c.Seq, c.Chunks = 1, 1
 		c.Ops = []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{1, 2, 3}}}
-		sub, err := nc.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) { _ = msg.Respond(kvevents.AppendSnapshotChunk(nil, &c)) })
+		sub, err := nc.Subscribe(natsutil.Default().SnapSubject("m", "e1"), func(msg *nats.Msg) { _ = msg.Respond(kvevents.AppendSnapshotChunk(nil, &c)) })
 		if err != nil {
 			t.Fatal(err)
 		}
 		var got []string
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		s, err := fetchSnapshot(ctx, nc, "m", "e1", nil, 1, 0, func(reason, _, _, _ string, _ int64, _ time.Time) { got = append(got, reason) })
+		s, err := fetchSnapshot(ctx, nc, natsutil.Default(), "m", "e1", nil, 1, 0, func(reason, _, _, _ string, _ int64, _ time.Time) { got = append(got, reason) })
 		cancel()
 		_ = sub.Unsubscribe()
 		if s != nil || !errors.Is(err, context.DeadlineExceeded) {

@@ -23,7 +23,7 @@ func lagFixture(t *testing.T, engines ...string) (*Materializer, func(engine str
 	m.mu.Unlock()
 	return m, func(engine string, seq uint64, ts time.Time) {
 		d := kvevents.Delta{Engine: engine, Model: "m", Epoch: 1, Seq: seq, TS: ts.UnixNano(), Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{seq}}}}
-		m.onDelta(&nats.Msg{Subject: natsutil.DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
+		m.onDelta(&nats.Msg{Subject: natsutil.Default().DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
 	}
 }
 

@@ -37,7 +37,7 @@ func TestMalformedDeltaWarnsAndResyncs(t *testing.T) {
 	const epoch = 77
 	var mu sync.Mutex
 	seq, keys := uint64(1), []uint64{1}
-	if _, err := nc.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
+	if _, err := nc.Subscribe(natsutil.Default().SnapSubject("m", "e1"), func(msg *nats.Msg) {
 		mu.Lock()
 		c := kvevents.SnapshotChunk{Engine: "e1", Model: "m", Epoch: epoch, Seq: seq, TS: time.Now().UnixNano(), Chunks: 1,
 			Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: append([]uint64(nil), keys...)}}}
@@ -46,7 +46,7 @@ func TestMalformedDeltaWarnsAndResyncs(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	subject := natsutil.DeltaSubject("m", "e1")
+	subject := natsutil.Default().DeltaSubject("m", "e1")
 	publish := func(d *kvevents.Delta) {
 		t.Helper()
 		d.Engine, d.Model, d.Epoch, d.TS = "e1", "m", epoch, time.Now().UnixNano()

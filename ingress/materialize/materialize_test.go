@@ -168,7 +168,7 @@ func TestMalformedDeltaCountedAndSkipped(t *testing.T) {
 	f.load(10)
 	testutil.WaitFor(t, 10*time.Second, "index equals the cache", f.equal)
 	before := counter(t, f.reg, "kvmesh_materializer_malformed_total")
-	if err := f.nc.Publish(natsutil.DeltaSubject("m", "e1"), []byte{0x98, 0xff, 0x00}); err != nil {
+	if err := f.nc.Publish(natsutil.Default().DeltaSubject("m", "e1"), []byte{0x98, 0xff, 0x00}); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 5*time.Second, "malformed counted", func() bool {
@@ -336,7 +336,7 @@ func TestEnginesComingAndGoingWithoutGossip(t *testing.T) {
 		// A sidecar for the engine's lifetime: it serves one snapshot and
 		// publishes one delta, then the engine goes away.
 		var buf []byte
-		snap, err := nc.Subscribe(natsutil.SnapSubject("m", id), func(msg *nats.Msg) {
+		snap, err := nc.Subscribe(natsutil.Default().SnapSubject("m", id), func(msg *nats.Msg) {
 			c := kvevents.SnapshotChunk{Engine: id, Model: "m", Epoch: 1, Seq: 1, Chunks: 1,
 				Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: keys}}}
 			buf = kvevents.AppendSnapshotChunk(buf[:0], &c)
@@ -349,7 +349,7 @@ func TestEnginesComingAndGoingWithoutGossip(t *testing.T) {
 			t.Fatal(err)
 		}
 		d := kvevents.Delta{Engine: id, Model: "m", Epoch: 1, Seq: 1, Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: keys}}}
-		if err := nc.Publish(natsutil.DeltaSubject("m", id), kvevents.AppendDelta(nil, &d)); err != nil {
+		if err := nc.Publish(natsutil.Default().DeltaSubject("m", id), kvevents.AppendDelta(nil, &d)); err != nil {
 			t.Fatal(err)
 		}
 		testutil.WaitFor(t, 10*time.Second, id+" indexed", func() bool { return idx.KeyCount(id, kvevents.TierGPU) == 3 })

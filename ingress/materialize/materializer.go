@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/internal/backoff"
-	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -129,7 +128,7 @@ func (m *Materializer) Run(ctx context.Context) error {
 	m.mu.Unlock()
 
 	nc := m.cfg.Conn
-	sub, err := nc.Subscribe(natsutil.DeltaWildcard, m.onDelta)
+	sub, err := nc.Subscribe(m.cfg.Subjects.DeltaWildcard(), m.onDelta)
 	if err != nil {
 		return fmt.Errorf("materializer subscribe: %w", err)
 	}
@@ -253,12 +252,12 @@ func (m *Materializer) discoverStream(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
 	defer cancel()
-	s, err := js.Stream(ctx, natsutil.StreamName)
+	s, err := js.Stream(ctx, m.cfg.Subjects.Stream())
 	if err != nil {
 		m.log.Debug("no delta stream to discover engines from", "err", err)
 		return
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(natsutil.DeltaWildcard))
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(m.cfg.Subjects.DeltaWildcard()))
 	if err != nil {
 		m.log.Debug("delta stream info", "err", err)
 		return
@@ -266,7 +265,7 @@ func (m *Materializer) discoverStream(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for subject := range info.State.Subjects {
-		model, engine, ok := natsutil.ParseDeltaSubject(subject)
+		model, engine, ok := m.cfg.Subjects.ParseDeltaSubject(subject)
 		if !ok {
 			continue
 		}
@@ -287,7 +286,7 @@ func (m *Materializer) onDelta(msg *nats.Msg) {
 		return
 	}
 	now := time.Now()
-	if why := deltaRefusal(msg.Subject, d, now); why != "" {
+	if why := deltaRefusal(&m.cfg.Subjects, msg.Subject, d, now); why != "" {
 		// Before anything is learned from it: not even a first sight.
 		m.refuse(why, msg.Subject, d.Engine, d.Model, d.EpochStart, now)
 		return
@@ -447,7 +446,7 @@ func (m *Materializer) malformedLocked(subject string, err error) {
 	if err == nil {
 		err = errors.New("no engine id")
 	}
-	model, engine, ok := natsutil.ParseDeltaSubject(subject)
+	model, engine, ok := m.cfg.Subjects.ParseDeltaSubject(subject)
 	e := m.engines[engine]
 	followed := ok && e != nil && e.model == model
 	if now := time.Now(); now.Sub(m.malformedWarned) >= malformedWarnEvery {
@@ -706,7 +705,7 @@ func (m *Materializer) snapshotLocked(e *engineState, reason string) {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, m.cfg.SnapshotTimeout)
-		s, err := fetchSnapshot(rctx, m.cfg.Conn, e.model, e.id, accept, responders, first, m.refuse)
+		s, err := fetchSnapshot(rctx, m.cfg.Conn, m.cfg.Subjects, e.model, e.id, accept, responders, first, m.refuse)
 		cancel()
 		<-m.sem
 		m.installSnapshot(e, s, err)

@@ -158,7 +158,7 @@ type fakeSidecar struct {
 func newFakeSidecar(t *testing.T, nc *nats.Conn, epoch uint64) *fakeSidecar {
 	f := &fakeSidecar{t: t, nc: nc, epoch: epoch}
 	var err error
-	f.sub, err = nc.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
+	f.sub, err = nc.Subscribe(natsutil.Default().SnapSubject("m", "e1"), func(msg *nats.Msg) {
 		f.mu.Lock()
 		c := kvevents.SnapshotChunk{Engine: "e1", Model: "m", Epoch: f.epoch, EpochStart: f.start, Seq: f.seq, Chunks: 1,
 			Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: append([]uint64(nil), f.keys...)}}}
@@ -181,7 +181,7 @@ func (f *fakeSidecar) publish(k uint64) {
 	f.seq++
 	f.keys = append(f.keys, k)
 	d := kvevents.Delta{Engine: "e1", Model: "m", Epoch: f.epoch, EpochStart: f.start, Seq: f.seq, Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: []uint64{k}}}}
-	if err := f.nc.Publish(natsutil.DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
+	if err := f.nc.Publish(natsutil.Default().DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
 		f.t.Fatal(err)
 	}
 }

@@ -40,8 +40,8 @@ var refusalReasons = []string{refusedDeltaSubject, refusedDeltaEpochAhead, refus
 // subject names (natsutil.DeltaSubject, as every sidecar builds it) is a
 // forged or misbehaving publisher's, and taking it would let any user
 // allowed one delta subject write every engine's index entry.
-func deltaRefusal(subject string, d *kvevents.Delta, now time.Time) string {
-	if !natsutil.IsDeltaSubject(subject, d.Model, d.Engine) {
+func deltaRefusal(subj *natsutil.Subjects, subject string, d *kvevents.Delta, now time.Time) string {
+	if !subj.IsDeltaSubject(subject, d.Model, d.Engine) {
 		return refusedDeltaSubject
 	}
 	if epochAhead(d.EpochStart, now) {

@@ -35,7 +35,7 @@ func TestSnapshotErrorReplyFirstDoesNotEndAnOverlap(t *testing.T) {
 			Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: keys}}, Chunks: 1, EpochStart: start})
 	}
 	var overlap atomic.Bool // both sidecars answer: A with an error, B with its key set
-	sub, err := side.Subscribe(natsutil.SnapSubject("m", "e1"), func(msg *nats.Msg) {
+	sub, err := side.Subscribe(natsutil.Default().SnapSubject("m", "e1"), func(msg *nats.Msg) {
 		if !overlap.Load() {
 			_ = msg.Respond(chunk(epochA, startA, 1))
 			return
@@ -56,7 +56,7 @@ func TestSnapshotErrorReplyFirstDoesNotEndAnOverlap(t *testing.T) {
 		t.Helper()
 		d := kvevents.Delta{Engine: "e1", Model: "m", Epoch: epoch, Seq: 1, TS: time.Now().UnixNano(), EpochStart: start,
 			Ops: []kvevents.Op{{Kind: kvevents.OpStore, Tier: kvevents.TierGPU, Keys: keys}}}
-		if err := side.Publish(natsutil.DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
+		if err := side.Publish(natsutil.Default().DeltaSubject("m", "e1"), kvevents.AppendDelta(nil, &d)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -54,7 +54,7 @@ const maxReplyEpochs = 4
 // refuses (another engine's or model's, an epoch start too far ahead) is
 // passed to refuse and skipped: the request goes on waiting for its
 // sidecar's reply, which a forged one that came first does not end.
-func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, accept func(epoch uint64, start int64) bool, responders int, first time.Duration,
+func fetchSnapshot(ctx context.Context, nc *nats.Conn, subj natsutil.Subjects, model, engine string, accept func(epoch uint64, start int64) bool, responders int, first time.Duration,
 	refuse func(reason, subject, engine, model string, start int64, now time.Time)) (*snapshot, error) {
 	inbox := nc.NewRespInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -65,7 +65,7 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 	if err := sub.SetPendingLimits(-1, -1); err != nil { // bounded by the chunk count we accept
 		return nil, fmt.Errorf("snapshot subscribe: %w", err)
 	}
-	if err := nc.PublishRequest(natsutil.SnapSubject(model, engine), inbox, nil); err != nil {
+	if err := nc.PublishRequest(subj.SnapSubject(model, engine), inbox, nil); err != nil {
 		return nil, fmt.Errorf("snapshot request: %w", err)
 	}
 	var chunk kvevents.SnapshotChunk
@@ -117,7 +117,7 @@ func fetchSnapshot(ctx context.Context, nc *nats.Conn, model, engine string, acc
 		now := time.Now()
 		if why := chunkRefusal(model, engine, &chunk, now); why != "" {
 			if refuse != nil {
-				refuse(why, natsutil.SnapSubject(model, engine), chunk.Engine, chunk.Model, chunk.EpochStart, now)
+				refuse(why, subj.SnapSubject(model, engine), chunk.Engine, chunk.Model, chunk.EpochStart, now)
 			}
 			continue
 		}

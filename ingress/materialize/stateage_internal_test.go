@@ -70,7 +70,7 @@ func TestEngineStateAgeGauge(t *testing.T) {
 	// behind its deltas) confirms it a minute ago, not now.
 	stamped := time.Now().Add(-time.Minute)
 	d := kvevents.Delta{Engine: "busy", Model: "m", Epoch: 1, Seq: 2, TS: stamped.UnixNano(), Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{1, 2}}}}
-	m.onDelta(&nats.Msg{Subject: natsutil.DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
+	m.onDelta(&nats.Msg{Subject: natsutil.Default().DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
 	m.mu.Lock()
 	if !busy.confirmed.Equal(time.Unix(0, stamped.UnixNano())) {
 		m.mu.Unlock()
@@ -80,7 +80,7 @@ func TestEngineStateAgeGauge(t *testing.T) {
 	// One stamped ahead of this host's clock (skew) confirms it now.
 	before := time.Now()
 	d = kvevents.Delta{Engine: "busy", Model: "m", Epoch: 1, Seq: 3, TS: before.Add(time.Hour).UnixNano(), Ops: []kvevents.Op{{Kind: kvevents.OpStore, Keys: []uint64{3}}}}
-	m.onDelta(&nats.Msg{Subject: natsutil.DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
+	m.onDelta(&nats.Msg{Subject: natsutil.Default().DeltaSubject(d.Model, d.Engine), Data: kvevents.AppendDelta(nil, &d)})
 	// An idle engine's copy is confirmed by gossip's equal head and digest.
 	m.mu.Lock()
 	if busy.applied != 2 {

@@ -77,7 +77,21 @@ type Auth struct {
 	// ingress YAML file sets them in cluster.natsAuth.
 	PingInterval        time.Duration `yaml:"pingInterval"`
 	MaxPingsOutstanding int           `yaml:"maxPingsOutstanding"`
+
+	// Prefix namespaces the installation on a shared NATS: its subjects
+	// are Prefix.delta.>, Prefix.snap.*, Prefix.state.> and its stream
+	// StreamNameFor(Prefix) (Subjects). Empty: DefaultPrefix, "kvmesh",
+	// the names of every release before it. Every process of one
+	// installation must use the same prefix. It lives here, beside the
+	// credentials, for the reason the ping settings do: every component
+	// binds it with BindFlags (--nats-prefix, $KVMESH_NATS_PREFIX) and an
+	// ingress YAML file sets it in cluster.natsAuth.prefix.
+	Prefix string `yaml:"prefix"`
 }
+
+// Subjects are the subjects of a.Prefix; an invalid prefix is an error
+// (Validate reports it first).
+func (a Auth) Subjects() (Subjects, error) { return NewSubjects(a.Prefix) }
 
 // Liveness defaults (Auth.PingInterval, Auth.MaxPingsOutstanding).
 const (
@@ -300,6 +314,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPingsOutstanding < 0 {
 		add("max pings outstanding %d must not be negative (0: the default %d)", c.MaxPingsOutstanding, DefaultMaxPingsOutstanding)
+	}
+	if c.Prefix != "" {
+		if err := ValidatePrefix(c.Prefix); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+		}
 	}
 	if c.ReconnectBufSize < 0 {
 		add("reconnect buffer %d must not be negative", c.ReconnectBufSize)

@@ -22,6 +22,9 @@ import (
 // configured, the embedded server it runs. Close is idempotent and ordered:
 // drain the connection, then stop the server.
 type Conn struct {
+	// Subjects are the installation's subjects and stream name
+	// (Config.Prefix): every user of the connection takes them from here.
+	Subjects Subjects
 	NC       *nats.Conn
 	JS       jetstream.JetStream // nil when Config.Stream.Disabled
 	Embedded *Embedded           // nil when connected to external servers
@@ -89,7 +92,11 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Conn{cfg: cfg}
+	subj, err := cfg.Subjects()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c := &Conn{cfg: cfg, Subjects: subj}
 	urls := cfg.URLs
 	if len(urls) == 0 {
 		e, err := StartEmbedded(cfg.Embedded)
@@ -138,7 +145,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		}
 		c.JS = js
 		if !cfg.WaitForServer {
-			_, short, err := ensureStream(ctx, js, cfg.Stream, log, &c.replicasWarned)
+			_, short, err := ensureStream(ctx, js, subj, cfg.Stream, log, &c.replicasWarned)
 			if err != nil {
 				c.Close()
 				return nil, err
@@ -291,7 +298,7 @@ func (c *Conn) ensureLoop(log *slog.Logger) {
 		retry.Stop()
 		for n := 0; c.NC.IsConnected(); n++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, short, err := ensureStream(ctx, c.JS, c.cfg.Stream, log, &c.replicasWarned)
+			_, short, err := ensureStream(ctx, c.JS, c.Subjects, c.cfg.Stream, log, &c.replicasWarned)
 			cancel()
 			if err == nil {
 				c.short = short
@@ -503,7 +510,8 @@ func connectFailed(cfg Config, log *slog.Logger, now func() time.Time) nats.Conn
 	}
 }
 
-// EnsureStream makes sure the KVMESH_DELTAS stream on kvmesh.delta.> exists
+// EnsureStream makes sure subj's delta stream (KVMESH_DELTAS on
+// kvmesh.delta.> for the default prefix) exists
 // (old deltas discarded first when a limit is hit), by the rule of
 // StreamConfig: absent, it is created with cfg's limits; present, only cfg's
 // limits that differ from their defaults are applied, each change logged old
@@ -512,8 +520,8 @@ func connectFailed(cfg Config, log *slog.Logger, now func() time.Time) nats.Conn
 // at AutoReplicas ask for autoReplicas, take 1 where JetStream cannot place
 // more (quietly on a single server, with a warning on a cluster), and never
 // lower an existing stream.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, log *slog.Logger) (jetstream.Stream, error) {
-	s, _, err := ensureStream(ctx, js, cfg, log, new(atomic.Bool))
+func EnsureStream(ctx context.Context, js jetstream.JetStream, subj Subjects, cfg StreamConfig, log *slog.Logger) (jetstream.Stream, error) {
+	s, _, err := ensureStream(ctx, js, subj, cfg, log, new(atomic.Bool))
 	return s, err
 }
 
@@ -522,7 +530,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 // cluster could not place them (ensureLoop asks again later). warned keeps
 // the warning about that to one per connection: the caller's ensure runs
 // again on every reconnect.
-func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, log *slog.Logger, warned *atomic.Bool) (_ jetstream.Stream, short bool, _ error) {
+func ensureStream(ctx context.Context, js jetstream.JetStream, subj Subjects, cfg StreamConfig, log *slog.Logger, warned *atomic.Bool) (_ jetstream.Stream, short bool, _ error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -532,9 +540,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 	}
 	auto := cfg.Replicas == AutoReplicas
 	sc := jetstream.StreamConfig{
-		Name:        StreamName,
+		Name:        subj.Stream(),
 		Description: "kvmesh KV-cache deltas (DESIGN.md Contract 2); soft state, bounded",
-		Subjects:    []string{DeltaWildcard},
+		Subjects:    []string{subj.DeltaWildcard()},
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      cfg.MaxAge,
@@ -549,11 +557,11 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 		if warned.CompareAndSwap(false, true) {
 			log.Warn("the JetStream cluster cannot place the delta stream's replicas now: it runs with fewer, and the deltas it holds are lost "+
 				"with its server; asked again every minute (set --stream-replicas or KVMESH_STREAM_REPLICAS to a count to insist on it)",
-				"stream", StreamName, "replicas", have, "wanted", autoReplicas, "err", err)
+				"stream", subj.Stream(), "replicas", have, "wanted", autoReplicas, "err", err)
 		}
 	}
 	for try := 0; ; try++ {
-		s, err := js.Stream(ctx, StreamName)
+		s, err := js.Stream(ctx, subj.Stream())
 		if auto {
 			// After the server answered: the connection is up and its INFO
 			// says whether the server is clustered.
@@ -575,14 +583,14 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 				continue // another sidecar created it meanwhile: apply the rule to its stream
 			}
 			if err != nil {
-				return nil, false, fmt.Errorf("create stream %s: %w", StreamName, storageRemedy(err, sc))
+				return nil, false, fmt.Errorf("create stream %s: %w", subj.Stream(), storageRemedy(err, sc))
 			}
-			log.Info("created the delta stream", "stream", StreamName, "max_age", cfg.MaxAge, "max_bytes", cfg.MaxBytes,
+			log.Info("created the delta stream", "stream", subj.Stream(), "max_age", cfg.MaxAge, "max_bytes", cfg.MaxBytes,
 				"replicas", sc.Replicas, "replicas_flag", FormatReplicas(cfg.Replicas), "storage", sc.Storage)
 			return s, short, nil
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("ensure stream %s: %w", StreamName, err)
+			return nil, false, fmt.Errorf("ensure stream %s: %w", subj.Stream(), err)
 		}
 		cur := s.CachedInfo().Config
 		next, changes := cur, []any{}
@@ -606,8 +614,8 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 		// limits (every publish waits for an ack no stream sends): ours is
 		// added, the operator's others kept. Before the replicas, whose
 		// refusal below drops the last change.
-		if !SubjectsCover(cur.Subjects, DeltaWildcard) {
-			next.Subjects = append(slices.Clone(cur.Subjects), DeltaWildcard)
+		if !SubjectsCover(cur.Subjects, subj.DeltaWildcard()) {
+			next.Subjects = append(slices.Clone(cur.Subjects), subj.DeltaWildcard())
 			changes = append(changes, "subjects", fmt.Sprintf("%v → %v", cur.Subjects, next.Subjects))
 		}
 		// An explicit count is applied either way; auto only raises (an
@@ -621,7 +629,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 			// is, also one made without any: say so, it grows for ever.
 			log.Warn("the delta stream has no limits (no max age, max bytes or max messages): it keeps every delta until the NATS server's storage is full; "+
 				"give it some (`nats stream edit`), or start a sidecar with --stream-max-age or --stream-max-bytes set to other than their defaults to set them",
-				"stream", StreamName, "storage", cur.Storage)
+				"stream", subj.Stream(), "storage", cur.Storage)
 		}
 		if len(changes) == 0 {
 			return s, false, nil
@@ -646,17 +654,17 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 			if !slices.Equal(next.Subjects, cur.Subjects) {
 				return nil, false, fmt.Errorf("stream %s exists with subjects %v, which do not capture %s, so it stores no delta and every publish times out waiting for its ack; adding %s to them failed: %w "+
 					"(add it with `nats stream edit %s --subjects`, or delete the stream and a sidecar creates it again)",
-					StreamName, cur.Subjects, DeltaWildcard, DeltaWildcard, storageRemedy(err, next), StreamName)
+					subj.Stream(), cur.Subjects, subj.DeltaWildcard(), subj.DeltaWildcard(), storageRemedy(err, next), subj.Stream())
 			}
-			return nil, false, fmt.Errorf("update stream %s limits: %w", StreamName, storageRemedy(err, next))
+			return nil, false, fmt.Errorf("update stream %s limits: %w", subj.Stream(), storageRemedy(err, next))
 		}
 		if !slices.Equal(next.Subjects, cur.Subjects) {
-			log.Warn("the delta stream did not capture "+DeltaWildcard+" (it stored no delta, and every publish timed out waiting for its ack): added it to its subjects",
-				"stream", StreamName, "subjects", fmt.Sprintf("%v → %v", cur.Subjects, next.Subjects))
+			log.Warn("the delta stream did not capture "+subj.DeltaWildcard()+" (it stored no delta, and every publish timed out waiting for its ack): added it to its subjects",
+				"stream", subj.Stream(), "subjects", fmt.Sprintf("%v → %v", cur.Subjects, next.Subjects))
 		}
 		// The limits (and replicas) changed, when any did: a subjects-only
 		// fix is the warning above, and no limit changed (tester h-reg8 F6).
-		limits := []any{"stream", StreamName, "replicas_flag", FormatReplicas(cfg.Replicas)}
+		limits := []any{"stream", subj.Stream(), "replicas_flag", FormatReplicas(cfg.Replicas)}
 		for i := 0; i+1 < len(changes); i += 2 {
 			if changes[i] != "subjects" {
 				limits = append(limits, changes[i], changes[i+1])

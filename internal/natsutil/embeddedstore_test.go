@@ -37,7 +37,7 @@ func TestEmbeddedOnAPortKeepsItsStore(t *testing.T) {
 	if _, err := natsutil.StartEmbedded(cfg.Embedded); err == nil {
 		t.Fatal("a second server on the port started")
 	}
-	if _, err := c.JS.Publish(ctx, natsutil.DeltaSubject("m", "e"), []byte("x")); err != nil {
+	if _, err := c.JS.Publish(ctx, natsutil.Default().DeltaSubject("m", "e"), []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()                                                                                  // a clean stop keeps the store
@@ -62,7 +62,7 @@ func TestEmbeddedOnAPortKeepsItsStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	s, err := c.JS.Stream(ctx, natsutil.StreamName)
+	s, err := c.JS.Stream(ctx, natsutil.Default().Stream())
 	if err != nil {
 		t.Fatal(err)
 	}

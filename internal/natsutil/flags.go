@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/internal/secretflag"
@@ -16,7 +17,9 @@ const Redacted = "redacted"
 // (comma-separated URLs, appended to urls), credentials (--nats-user,
 // --nats-password, --nats-token, --nats-nkey, --nats-creds), TLS
 // (--nats-ca, --nats-cert, --nats-key, --nats-tls-insecure) and the dead-path
-// check (--nats-ping-interval, --nats-max-pings-outstanding). The password and
+// check (--nats-ping-interval, --nats-max-pings-outstanding), and the
+// installation's subject prefix (--nats-prefix, default $KVMESH_NATS_PREFIX:
+// Auth.Prefix). The password and
 // token default to $KVMESH_NATS_PASSWORD and $KVMESH_NATS_TOKEN so they stay
 // out of process listings; help never shows them (secretflag).
 func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
@@ -34,6 +37,11 @@ func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
 		fmt.Sprintf("ping NATS this often to find a dead path (0: %v)", DefaultPingInterval))
 	fs.IntVar(&a.MaxPingsOutstanding, "nats-max-pings-outstanding", a.MaxPingsOutstanding,
 		fmt.Sprintf("unanswered pings after which the NATS connection is stale and redialed (0: %d)", DefaultMaxPingsOutstanding))
+	if a.Prefix == "" {
+		a.Prefix = os.Getenv("KVMESH_NATS_PREFIX")
+	}
+	fs.StringVar(&a.Prefix, "nats-prefix", a.Prefix,
+		"`prefix` of every NATS subject and of the stream name, the same for every process of one installation; give each installation sharing a NATS its own (default $KVMESH_NATS_PREFIX, else "+DefaultPrefix+")")
 }
 
 // urlList is a comma-separated list flag: its first use replaces the

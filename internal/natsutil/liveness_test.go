@@ -119,7 +119,7 @@ func TestEnsureStreamLimitsRule(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	info := func() jetstream.StreamConfig {
 		t.Helper()
-		s, err := js.Stream(ctx, natsutil.StreamName)
+		s, err := js.Stream(ctx, natsutil.Default().Stream())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,10 +128,10 @@ func TestEnsureStreamLimitsRule(t *testing.T) {
 
 	explicit := natsutil.DefaultConfig().Stream
 	explicit.MaxAge = 20 * time.Minute
-	if _, err := natsutil.EnsureStream(ctx, js, explicit, log); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), explicit, log); err != nil {
 		t.Fatal(err)
 	}
-	if c := info(); c.MaxAge != 20*time.Minute || c.MaxBytes != explicit.MaxBytes || c.Subjects[0] != natsutil.DeltaWildcard {
+	if c := info(); c.MaxAge != 20*time.Minute || c.MaxBytes != explicit.MaxBytes || c.Subjects[0] != natsutil.Default().DeltaWildcard() {
 		t.Fatalf("created with %+v", c)
 	}
 
@@ -142,7 +142,7 @@ func TestEnsureStreamLimitsRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A sidecar with the default limits leaves them alone.
-	if _, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log); err != nil {
 		t.Fatal(err)
 	}
 	if c := info(); c.MaxAge != 30*time.Minute || c.MaxBytes != 1<<30 {
@@ -150,7 +150,7 @@ func TestEnsureStreamLimitsRule(t *testing.T) {
 	}
 	// One with an explicit max age sets that one only, and says so.
 	explicit.MaxAge = 40 * time.Minute
-	if _, err := natsutil.EnsureStream(ctx, js, explicit, log); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), explicit, log); err != nil {
 		t.Fatal(err)
 	}
 	if c := info(); c.MaxAge != 40*time.Minute || c.MaxBytes != 1<<30 {
@@ -175,7 +175,7 @@ func TestPublishFailureRecreatesDeletedStream(t *testing.T) {
 	defer c.Close()
 	var failed atomic.Int64
 	c.OnPublishError(func(subject string, err error) {
-		if subject == natsutil.DeltaSubject("m", "e") {
+		if subject == natsutil.Default().DeltaSubject("m", "e") {
 			failed.Add(1)
 		}
 	})
@@ -187,18 +187,18 @@ func TestPublishFailureRecreatesDeletedStream(t *testing.T) {
 		if failed.Load() > 0 {
 			return true
 		}
-		if _, err := c.JS.Stream(ctx, natsutil.StreamName); err == nil {
-			if err := c.JS.DeleteStream(ctx, natsutil.StreamName); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := c.JS.Stream(ctx, natsutil.Default().Stream()); err == nil {
+			if err := c.JS.DeleteStream(ctx, natsutil.Default().Stream()); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				t.Fatal(err)
 			}
-			if _, err := c.JS.PublishAsync(natsutil.DeltaSubject("m", "e"), []byte("x")); err != nil {
+			if _, err := c.JS.PublishAsync(natsutil.Default().DeltaSubject("m", "e"), []byte("x")); err != nil {
 				t.Fatal(err)
 			}
 		}
 		return false
 	})
 	testutil.WaitFor(t, 20*time.Second, "the stream created again", func() bool {
-		_, err := c.JS.Stream(ctx, natsutil.StreamName)
+		_, err := c.JS.Stream(ctx, natsutil.Default().Stream())
 		return err == nil
 	})
 }

@@ -37,16 +37,16 @@ func TestEscapeToken(t *testing.T) {
 }
 
 func TestParseDeltaSubject(t *testing.T) {
-	s := DeltaSubject("org/model.v1", "node-1:8000")
-	m, e, ok := ParseDeltaSubject(s)
+	s := Default().DeltaSubject("org/model.v1", "node-1:8000")
+	m, e, ok := Default().ParseDeltaSubject(s)
 	if !ok || m != "org/model.v1" || e != "node-1:8000" {
-		t.Fatalf("ParseDeltaSubject(%q) = %q %q %v", s, m, e, ok)
+		t.Fatalf("Default().ParseDeltaSubject(%q) = %q %q %v", s, m, e, ok)
 	}
-	if !strings.HasPrefix(SnapSubject("m", "e"), SnapPrefix) {
+	if !strings.HasPrefix(Default().SnapSubject("m", "e"), Default().snapPrefix) {
 		t.Fatal("snap subject prefix")
 	}
 	for _, bad := range []string{"kvmesh.delta.m", "kvmesh.delta.m.e.x", "kvmesh.snap.m.e", "kvmesh.delta.m.a~"} {
-		if _, _, ok := ParseDeltaSubject(bad); ok {
+		if _, _, ok := Default().ParseDeltaSubject(bad); ok {
 			t.Errorf("accepted %q", bad)
 		}
 	}
@@ -62,7 +62,7 @@ func FuzzUnescapeToken(f *testing.F) {
 		if u, ok := UnescapeToken(s); ok && EscapeToken(u) != s {
 			t.Fatalf("UnescapeToken(%q) = %q which escapes to %q", s, u, EscapeToken(u))
 		}
-		_, _, _ = ParseDeltaSubject(DeltaPrefix + s)
+		_, _, _ = Default().ParseDeltaSubject(Default().deltaPrefix + s)
 	})
 }
 
@@ -102,7 +102,7 @@ func TestConnectEmbeddedEnsuresStream(t *testing.T) {
 	if c.Embedded == nil || c.JS == nil {
 		t.Fatal("no embedded server or jetstream")
 	}
-	s, err := c.JS.Stream(ctx, StreamName)
+	s, err := c.JS.Stream(ctx, Default().Stream())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,16 +110,16 @@ func TestConnectEmbeddedEnsuresStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Config.MaxAge != time.Minute || info.Config.MaxBytes != cfg.Stream.MaxBytes || info.Config.Subjects[0] != DeltaWildcard {
+	if info.Config.MaxAge != time.Minute || info.Config.MaxBytes != cfg.Stream.MaxBytes || info.Config.Subjects[0] != Default().DeltaWildcard() {
 		t.Fatalf("stream config %+v", info.Config)
 	}
 	// The stream captures deltas.
-	if _, err := c.JS.Publish(ctx, DeltaSubject("m", "e"), []byte("x")); err != nil {
+	if _, err := c.JS.Publish(ctx, Default().DeltaSubject("m", "e"), []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	// Updating limits on an existing stream works (a second process with other limits).
 	cfg.Stream.MaxAge = 2 * time.Minute
-	s2, err := EnsureStream(ctx, c.JS, cfg.Stream, nil)
+	s2, err := EnsureStream(ctx, c.JS, Default(), cfg.Stream, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestLowerMaxAgeShrinksDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	s, err := c.JS.Stream(ctx, StreamName)
+	s, err := c.JS.Stream(ctx, Default().Stream())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestLowerMaxAgeShrinksDuplicates(t *testing.T) {
 	}
 	sc := DefaultConfig().Stream
 	sc.MaxAge = time.Minute
-	up, err := EnsureStream(ctx, c.JS, sc, nil)
+	up, err := EnsureStream(ctx, c.JS, Default(), sc, nil)
 	if err != nil {
 		t.Fatalf("a max age below the de-duplication window: %v", err)
 	}
@@ -225,7 +225,7 @@ func TestStreamTooLargeForServerNamesRemedy(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc := DefaultConfig().Stream // 256 MiB: more than the server has
-	_, err = EnsureStream(ctx, js, sc, quiet)
+	_, err = EnsureStream(ctx, js, Default(), sc, quiet)
 	if err == nil {
 		t.Fatal("a stream larger than the server's storage was created")
 	}
@@ -235,7 +235,7 @@ func TestStreamTooLargeForServerNamesRemedy(t *testing.T) {
 		}
 	}
 	sc.MaxBytes = 1 << 20 // fits: the remedy works
-	if _, err := EnsureStream(ctx, js, sc, quiet); err != nil {
+	if _, err := EnsureStream(ctx, js, Default(), sc, quiet); err != nil {
 		t.Fatalf("a stream within the server's storage: %v", err)
 	}
 }

@@ -20,12 +20,12 @@ import (
 func ensureReplicas(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg natsutil.StreamConfig, log *slog.Logger) int {
 	t.Helper()
 	if err := testutil.RetryLost(ctx, func(ctx context.Context) error {
-		_, err := natsutil.EnsureStream(ctx, js, cfg, log)
+		_, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), cfg, log)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return testutil.StreamReplicas(ctx, t, js, natsutil.StreamName)
+	return testutil.StreamReplicas(ctx, t, js, natsutil.Default().Stream())
 }
 
 // On the single-machine default, one server that is not clustered, auto
@@ -39,11 +39,11 @@ func TestAutoReplicasSingleServerQuiet(t *testing.T) {
 	var logs testutil.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	for range 2 { // created, then ensured again (a reconnect)
-		if _, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log); err != nil {
+		if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := testutil.StreamReplicas(ctx, t, js, natsutil.StreamName); n != 1 {
+	if n := testutil.StreamReplicas(ctx, t, js, natsutil.Default().Stream()); n != 1 {
 		t.Fatalf("single server: %d replicas, want 1", n)
 	}
 	if strings.Contains(logs.String(), "level=WARN") {
@@ -68,7 +68,7 @@ func TestAutoReplicasThreeServerCluster(t *testing.T) {
 
 	// An older install's stream, made with 1: raised.
 	if err := testutil.RetryLost(ctx, func(ctx context.Context) error {
-		err := js.DeleteStream(ctx, natsutil.StreamName)
+		err := js.DeleteStream(ctx, natsutil.Default().Stream())
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return nil // a try whose answer was lost deleted it
 		}
@@ -110,7 +110,7 @@ func TestAutoReplicasClusterTooSmallWarnsOnce(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if n := testutil.StreamReplicas(ctx, t, c.JS, natsutil.StreamName); n != 1 {
+	if n := testutil.StreamReplicas(ctx, t, c.JS, natsutil.Default().Stream()); n != 1 {
 		t.Fatalf("two servers: %d replicas, want the fallback 1", n)
 	}
 	if got := strings.Count(logs.String(), "cannot place the delta stream's replicas"); got != 1 {

@@ -1,29 +1,156 @@
 package natsutil
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 )
 
-// Subject names of DESIGN.md Contract 2.
-const (
-	DeltaPrefix   = "kvmesh.delta."
-	SnapPrefix    = "kvmesh.snap."
-	DeltaWildcard = "kvmesh.delta.>"
-	// StreamName is the JetStream stream that captures DeltaWildcard.
-	StreamName = "KVMESH_DELTAS"
-	// StatePrefix and StateWildcard: the state lane (core NATS, no
-	// stream). Each gossip member publishes its own changed gossip entries
-	// on StateSubject(its member name); ingresses subscribe to all.
-	StatePrefix   = "kvmesh.state."
-	StateWildcard = "kvmesh.state.>"
-)
+// DefaultPrefix is the subject prefix of an installation that sets none
+// (--nats-prefix): its subjects and stream are those of every release
+// before the prefix existed (kvmesh.delta.>, KVMESH_DELTAS).
+const DefaultPrefix = "kvmesh"
+
+// MaxPrefixLen bounds a prefix: it starts every subject kvmesh publishes.
+const MaxPrefixLen = 64
+
+// Subjects are the subject and stream names of one installation (DESIGN.md
+// Contract 2), all derived from its prefix P:
+//
+//	P.delta.<model>.<engine>  deltas, captured by the stream Stream()
+//	P.snap.<model>.<engine>   snapshot requests
+//	P.state.<member>          the state lane (core NATS, no stream)
+//
+// Stream() is P upper-cased with each '.' made '_', then "_DELTAS":
+// "kvmesh" gives KVMESH_DELTAS, "team-a.kvmesh" TEAM-A_KVMESH_DELTAS. A
+// prefix holds no upper-case letter and no '_' (ValidatePrefix), so two
+// prefixes never share a stream. Build one with NewSubjects; the zero value
+// is Default(). Every method is allocation-free except the ones that build
+// a subject for a name.
+type Subjects struct {
+	prefix, deltaPrefix, snapPrefix, statePrefix string
+	deltaWildcard, stateWildcard, stream         string
+}
+
+var defaultSubjects = func() Subjects {
+	s, err := NewSubjects(DefaultPrefix)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}()
+
+// Default is the subjects of DefaultPrefix.
+func Default() Subjects { return defaultSubjects }
+
+// NewSubjects validates prefix (ValidatePrefix; "" is DefaultPrefix) and
+// derives its subjects and stream name.
+func NewSubjects(prefix string) (Subjects, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if err := ValidatePrefix(prefix); err != nil {
+		return Subjects{}, err
+	}
+	return Subjects{
+		prefix:        prefix,
+		deltaPrefix:   prefix + ".delta.",
+		snapPrefix:    prefix + ".snap.",
+		statePrefix:   prefix + ".state.",
+		deltaWildcard: prefix + ".delta.>",
+		stateWildcard: prefix + ".state.>",
+		stream:        StreamNameFor(prefix),
+	}, nil
+}
+
+// ErrPrefix is wrapped by every error of ValidatePrefix.
+var ErrPrefix = errors.New("invalid nats prefix")
+
+// ValidatePrefix reports whether p can prefix kvmesh's subjects: one or
+// more NATS subject tokens separated by '.', each made of lower-case ASCII
+// letters, digits and '-', at most MaxPrefixLen bytes in all. Wildcards
+// ('*', '>'), whitespace, empty tokens and '$' (the server's own subjects)
+// are out by the first rule; upper case and '_' so that the stream name
+// (StreamNameFor) is one prefix's alone. The tokens delta, snap and state
+// are out too: with them one prefix's wildcards would capture another's
+// subjects ("a" takes a.delta.> and with it everything of "a.delta").
+func ValidatePrefix(p string) error {
+	if p == "" {
+		return fmt.Errorf("%w: empty", ErrPrefix)
+	}
+	if len(p) > MaxPrefixLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrPrefix, len(p), MaxPrefixLen)
+	}
+	tokenStart := true
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '.':
+			if tokenStart {
+				return fmt.Errorf("%w: %q has an empty token (want tokens separated by single dots, such as team-a.kvmesh)", ErrPrefix, p)
+			}
+			tokenStart = true
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-':
+			tokenStart = false
+		default:
+			return fmt.Errorf("%w: %q: byte %q at %d: want lower-case letters, digits, '-' and '.' between tokens", ErrPrefix, p, c, i)
+		}
+	}
+	if tokenStart {
+		return fmt.Errorf("%w: %q ends with a dot", ErrPrefix, p)
+	}
+	for tok := range strings.SplitSeq(p, ".") {
+		if tok == "delta" || tok == "snap" || tok == "state" {
+			return fmt.Errorf("%w: %q: the token %q is reserved (another prefix's subjects would overlap)", ErrPrefix, p, tok)
+		}
+	}
+	return nil
+}
+
+// StreamNameFor is the delta stream's name for a valid prefix: upper case,
+// '.' made '_', then "_DELTAS" (JetStream stream names hold no '.', '*',
+// '>' or whitespace).
+func StreamNameFor(prefix string) string {
+	b := []byte(strings.ToUpper(prefix))
+	for i, c := range b {
+		if c == '.' {
+			b[i] = '_'
+		}
+	}
+	return string(b) + "_DELTAS"
+}
+
+// or is s, or Default() for the zero value.
+func (s *Subjects) or() *Subjects {
+	if s.prefix == "" {
+		return &defaultSubjects
+	}
+	return s
+}
+
+// Prefix is the prefix the subjects derive from.
+func (s Subjects) Prefix() string { return s.or().prefix }
+
+// DeltaWildcard() captures every delta (P.delta.>).
+func (s Subjects) DeltaWildcard() string { return s.or().deltaWildcard }
+
+// StateWildcard() captures every state-lane message (P.state.>).
+func (s Subjects) StateWildcard() string { return s.or().stateWildcard }
+
+// StatePrefix() starts every state-lane subject (P.state.).
+func (s Subjects) StatePrefix() string { return s.or().statePrefix }
+
+// Stream is the JetStream stream capturing DeltaWildcard().
+func (s Subjects) Stream() string { return s.or().stream }
 
 // StateSubject is the subject a gossip member publishes its own entries on.
-func StateSubject(member string) string { return StatePrefix + EscapeToken(member) }
+func (s Subjects) StateSubject(member string) string {
+	return s.or().statePrefix + EscapeToken(member)
+}
 
 // ParseStateSubject returns the (unescaped) member name of a state subject.
-func ParseStateSubject(subject string) (member string, ok bool) {
-	rest, found := strings.CutPrefix(subject, StatePrefix)
+func (s Subjects) ParseStateSubject(subject string) (member string, ok bool) {
+	rest, found := strings.CutPrefix(subject, s.or().statePrefix)
 	if !found || strings.Contains(rest, ".") {
 		return "", false
 	}
@@ -31,18 +158,18 @@ func ParseStateSubject(subject string) (member string, ok bool) {
 }
 
 // DeltaSubject is the subject one engine's deltas are published on.
-func DeltaSubject(model, engine string) string {
-	return DeltaPrefix + EscapeToken(model) + "." + EscapeToken(engine)
+func (s Subjects) DeltaSubject(model, engine string) string {
+	return s.or().deltaPrefix + EscapeToken(model) + "." + EscapeToken(engine)
 }
 
 // SnapSubject is the request subject one engine's sidecar answers snapshots on.
-func SnapSubject(model, engine string) string {
-	return SnapPrefix + EscapeToken(model) + "." + EscapeToken(engine)
+func (s Subjects) SnapSubject(model, engine string) string {
+	return s.or().snapPrefix + EscapeToken(model) + "." + EscapeToken(engine)
 }
 
 // ParseDeltaSubject returns the (unescaped) model and engine of a delta subject.
-func ParseDeltaSubject(subject string) (model, engine string, ok bool) {
-	rest, found := strings.CutPrefix(subject, DeltaPrefix)
+func (s Subjects) ParseDeltaSubject(subject string) (model, engine string, ok bool) {
+	rest, found := strings.CutPrefix(subject, s.or().deltaPrefix)
 	if !found {
 		return "", "", false
 	}
@@ -63,8 +190,8 @@ func ParseDeltaSubject(subject string) (model, engine string, ok bool) {
 // without allocating (it runs for every delta an ingress receives). Escaping
 // is canonical, so it is true exactly when ParseDeltaSubject(subject) gives
 // model and engine.
-func IsDeltaSubject(subject, model, engine string) bool {
-	rest, ok := strings.CutPrefix(subject, DeltaPrefix)
+func (s Subjects) IsDeltaSubject(subject, model, engine string) bool {
+	rest, ok := strings.CutPrefix(subject, s.or().deltaPrefix)
 	if !ok {
 		return false
 	}

@@ -19,23 +19,23 @@ func FuzzParseStateSubject(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		// s as a member name.
-		subj := StateSubject(s)
-		if !strings.HasPrefix(subj, StatePrefix) || strings.ContainsAny(subj[len(StatePrefix):], ".*> \t\r\n") {
-			t.Fatalf("StateSubject(%q) = %q is not one safe token", s, subj)
+		subj := Default().StateSubject(s)
+		if !strings.HasPrefix(subj, Default().StatePrefix()) || strings.ContainsAny(subj[len(Default().StatePrefix()):], ".*> \t\r\n") {
+			t.Fatalf("Default().StateSubject(%q) = %q is not one safe token", s, subj)
 		}
-		if m, ok := ParseStateSubject(subj); !ok || m != s {
+		if m, ok := Default().ParseStateSubject(subj); !ok || m != s {
 			t.Fatalf("round trip of %q: %q, %v", s, m, ok)
 		}
 		// s as a subject from the wire.
-		m, ok := ParseStateSubject(s)
+		m, ok := Default().ParseStateSubject(s)
 		if !ok {
 			if m != "" {
 				t.Fatalf("refused %q but returned %q", s, m)
 			}
 			return
 		}
-		if StateSubject(m) != s {
-			t.Fatalf("%q parses as member %q, whose subject is %q: two subjects for one member", s, m, StateSubject(m))
+		if Default().StateSubject(m) != s {
+			t.Fatalf("%q parses as member %q, whose subject is %q: two subjects for one member", s, m, Default().StateSubject(m))
 		}
 	})
 }
@@ -51,13 +51,13 @@ func FuzzIsDeltaSubject(f *testing.F) {
 	f.Add("kvmesh.delta.m.e1.x", "m", "e1")
 	f.Add("kvmesh.delta.m.~65", "m", "e")
 	f.Fuzz(func(t *testing.T, subject, model, engine string) {
-		if !IsDeltaSubject(DeltaSubject(model, engine), model, engine) {
-			t.Fatalf("DeltaSubject(%q, %q) = %q refused", model, engine, DeltaSubject(model, engine))
+		if !Default().IsDeltaSubject(Default().DeltaSubject(model, engine), model, engine) {
+			t.Fatalf("Default().DeltaSubject(%q, %q) = %q refused", model, engine, Default().DeltaSubject(model, engine))
 		}
-		pm, pe, ok := ParseDeltaSubject(subject)
+		pm, pe, ok := Default().ParseDeltaSubject(subject)
 		want := ok && pm == model && pe == engine
-		if got := IsDeltaSubject(subject, model, engine); got != want {
-			t.Fatalf("IsDeltaSubject(%q, %q, %q) = %v; ParseDeltaSubject gives %q, %q, %v", subject, model, engine, got, pm, pe, ok)
+		if got := Default().IsDeltaSubject(subject, model, engine); got != want {
+			t.Fatalf("Default().IsDeltaSubject(%q, %q, %q) = %v; ParseDeltaSubject gives %q, %q, %v", subject, model, engine, got, pm, pe, ok)
 		}
 	})
 }

@@ -24,31 +24,31 @@ import (
 func TestEnsureStreamAddsOurSubject(t *testing.T) {
 	js, ctx, logs, log := streamRig(t)
 
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.StreamName, Subjects: []string{"foo.>"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.Default().Stream(), Subjects: []string{"foo.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log)
+	s, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.CachedInfo().Config.Subjects; !slices.Equal(got, []string{"foo.>", natsutil.DeltaWildcard}) {
+	if got := s.CachedInfo().Config.Subjects; !slices.Equal(got, []string{"foo.>", natsutil.Default().DeltaWildcard()}) {
 		t.Fatalf("subjects after ensure: %v", got)
 	}
 	if l := logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "did not capture kvmesh.delta.>") || !strings.Contains(l, "[foo.>]") {
 		t.Fatalf("the subjects change is not warned about:\n%s", l)
 	}
-	if _, err := js.Publish(ctx, natsutil.DeltaSubject("m", "e0"), []byte("x")); err != nil {
+	if _, err := js.Publish(ctx, natsutil.Default().DeltaSubject("m", "e0"), []byte("x")); err != nil {
 		t.Fatalf("publish to the corrected stream: %v", err)
 	}
 
 	// A wider wildcard captures ours: nothing to change.
-	if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil {
+	if err := js.DeleteStream(ctx, natsutil.Default().Stream()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.StreamName, Subjects: []string{"kvmesh.*.>"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.Default().Stream(), Subjects: []string{"kvmesh.*.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if s, err = natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log); err != nil {
+	if s, err = natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.CachedInfo().Config.Subjects; !slices.Equal(got, []string{"kvmesh.*.>"}) {
@@ -56,16 +56,16 @@ func TestEnsureStreamAddsOurSubject(t *testing.T) {
 	}
 
 	// Another stream holds our subject: ours cannot be added.
-	if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil {
+	if err := js.DeleteStream(ctx, natsutil.Default().Stream()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"kvmesh.delta.m.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.StreamName, Subjects: []string{"foo.>"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.Default().Stream(), Subjects: []string{"foo.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log)
+	_, err = natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log)
 	if err == nil || !strings.Contains(err.Error(), "KVMESH_DELTAS exists with subjects [foo.>], which do not capture kvmesh.delta.>") ||
 		!strings.Contains(err.Error(), "nats stream edit") {
 		t.Fatalf("want an error naming the stream, its subjects and the fix, got %v", err)
@@ -87,7 +87,7 @@ func TestSubjectsCover(t *testing.T) {
 		{[]string{"foo.>"}, false},
 		{nil, false},
 	} {
-		if got := natsutil.SubjectsCover(tc.subjects, natsutil.DeltaWildcard); got != tc.want {
+		if got := natsutil.SubjectsCover(tc.subjects, natsutil.Default().DeltaWildcard()); got != tc.want {
 			t.Errorf("SubjectsCover(%v) = %v, want %v", tc.subjects, got, tc.want)
 		}
 	}
@@ -100,19 +100,19 @@ func TestSubjectsCover(t *testing.T) {
 func TestEnsureStreamWarnsUnbounded(t *testing.T) {
 	js, ctx, logs, log := streamRig(t)
 
-	if _, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log); err != nil {
 		t.Fatal(err)
 	}
 	if l := logs.String(); !strings.Contains(l, "created the delta stream") || !strings.Contains(l, "storage=File") || strings.Contains(l, "no limits") {
 		t.Fatalf("the created stream's log:\n%s", l)
 	}
-	if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil {
+	if err := js.DeleteStream(ctx, natsutil.Default().Stream()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.StreamName, Subjects: []string{natsutil.DeltaWildcard}, Storage: jetstream.MemoryStorage}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.Default().Stream(), Subjects: []string{natsutil.Default().DeltaWildcard()}, Storage: jetstream.MemoryStorage}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log)
+	s, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,26 +130,26 @@ func TestEnsureStreamWarnsUnbounded(t *testing.T) {
 func TestEnsureStreamSubjectsOnlyNoLimitsLine(t *testing.T) {
 	js, ctx, logs, log := streamRig(t)
 
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.StreamName, Subjects: []string{"other.>"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.Default().Stream(), Subjects: []string{"other.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := natsutil.EnsureStream(ctx, js, natsutil.DefaultConfig().Stream, log); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log); err != nil {
 		t.Fatal(err)
 	}
 	if l := logs.String(); !strings.Contains(l, "added it to its subjects") || strings.Contains(l, "limits to this sidecar's") {
 		t.Fatalf("want the subjects warning and no limits line:\n%s", l)
 	}
 
-	if err := js.DeleteStream(ctx, natsutil.StreamName); err != nil {
+	if err := js.DeleteStream(ctx, natsutil.Default().Stream()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.StreamName, Subjects: []string{"other.>"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.Default().Stream(), Subjects: []string{"other.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	var logs2 testutil.SyncBuffer
 	cfg := natsutil.DefaultConfig().Stream
 	cfg.MaxAge = 7 * time.Minute
-	if _, err := natsutil.EnsureStream(ctx, js, cfg, slog.New(slog.NewTextHandler(&logs2, nil))); err != nil {
+	if _, err := natsutil.EnsureStream(ctx, js, natsutil.Default(), cfg, slog.New(slog.NewTextHandler(&logs2, nil))); err != nil {
 		t.Fatal(err)
 	}
 	var line string

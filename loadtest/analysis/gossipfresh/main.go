@@ -95,7 +95,7 @@ func run(sidecars, perSidecar, ingresses, loras int, tick, dur time.Duration, us
 				return nil, err
 			}
 			conns = append(conns, nc)
-			pub := natsrelay.NewPublisher(quiet)
+			pub := natsrelay.NewPublisher(natsutil.Default(), quiet)
 			c.Relay = pub
 			wg.Add(1)
 			go func() { defer wg.Done(); pub.Run(ctx, nc) }()
@@ -106,7 +106,7 @@ func run(sidecars, perSidecar, ingresses, loras int, tick, dur time.Duration, us
 		}
 		nodes = append(nodes, n)
 		if useNATS && role == gossip.RoleIngress {
-			if _, err := natsrelay.Subscribe(nc, n, quiet); err != nil {
+			if _, err := natsrelay.Subscribe(nc, natsutil.Default(), n, quiet); err != nil {
 				return nil, err
 			}
 		}
