@@ -31,9 +31,9 @@ type Sidecar struct {
 	reg     prometheus.Registerer
 	gather  prometheus.Gatherer
 
-	conn    atomic.Pointer[natsutil.Conn]
+	conn atomic.Pointer[natsutil.Conn]
 	// subj: the installation's subjects (cfg.NATS.Prefix).
-	subj natsutil.Subjects
+	subj    natsutil.Subjects
 	gossip  atomic.Pointer[gossip.Node]
 	ready   atomic.Bool
 	admin   atomic.Pointer[net.TCPAddr]

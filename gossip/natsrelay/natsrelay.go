@@ -55,8 +55,8 @@ type Publisher struct {
 	member  string            // whose subject is subject
 	subject string
 	subj    natsutil.Subjects // the installation's (its NATS prefix)
-	wake    chan struct{} // capacity 1: pending has something
-	refused chan error    // capacity 1: the server refused a publish on the lane (PermissionViolation)
+	wake    chan struct{}     // capacity 1: pending has something
+	refused chan error        // capacity 1: the server refused a publish on the lane (PermissionViolation)
 
 	log        *slog.Logger
 	published  atomic.Uint64

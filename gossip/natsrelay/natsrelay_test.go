@@ -145,8 +145,8 @@ func TestIngressGetsLoadOverNATSWhenGossipCannot(t *testing.T) {
 	for subj, data := range map[string][]byte{
 		natsutil.Default().StateSubject("sidecar.1*"): []byte("\x01{not json"),
 		natsutil.Default().StateSubject("ingress-1"):  []byte(`{}`),
-		"kvmesh.state.a.b":                  []byte("x"),
-		"kvmesh.state.~41":                  []byte("x"), // a safe byte escaped: not canonical
+		"kvmesh.state.a.b":                            []byte("x"),
+		"kvmesh.state.~41":                            []byte("x"), // a safe byte escaped: not canonical
 	} {
 		if err := raw.Publish(subj, data); err != nil {
 			t.Fatal(err)
