@@ -612,10 +612,18 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, subj Subjects, cf
 		}
 		// Subjects that do not capture ours cannot work whatever the
 		// limits (every publish waits for an ack no stream sends): ours is
-		// added, the operator's others kept. Before the replicas, whose
-		// refusal below drops the last change.
+		// added, the operator's others kept but those inside ours
+		// ("kvmesh.delta.*"), which NATS refuses beside it as overlapping
+		// and ours captures anyway. Before the replicas, whose refusal
+		// below drops the last change.
 		if !SubjectsCover(cur.Subjects, subj.DeltaWildcard()) {
-			next.Subjects = append(slices.Clone(cur.Subjects), subj.DeltaWildcard())
+			next.Subjects = make([]string, 0, len(cur.Subjects)+1)
+			for _, s := range cur.Subjects {
+				if !SubjectsCover([]string{subj.DeltaWildcard()}, s) {
+					next.Subjects = append(next.Subjects, s)
+				}
+			}
+			next.Subjects = append(next.Subjects, subj.DeltaWildcard())
 			changes = append(changes, "subjects", fmt.Sprintf("%v → %v", cur.Subjects, next.Subjects))
 		}
 		// An explicit count is applied either way; auto only raises (an
@@ -653,8 +661,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, subj Subjects, cf
 		if err != nil {
 			if !slices.Equal(next.Subjects, cur.Subjects) {
 				return nil, false, fmt.Errorf("stream %s exists with subjects %v, which do not capture %s, so it stores no delta and every publish times out waiting for its ack; adding %s to them failed: %w "+
-					"(add it with `nats stream edit %s --subjects`, or delete the stream and a sidecar creates it again)",
-					subj.Stream(), cur.Subjects, subj.DeltaWildcard(), subj.DeltaWildcard(), storageRemedy(err, next), subj.Stream())
+					"(another stream capturing part of %s must drop it first, as NATS refuses overlapping subjects; then `nats stream edit %s --subjects %s`, "+
+					"or delete the stream and a sidecar creates it again)",
+					subj.Stream(), cur.Subjects, subj.DeltaWildcard(), subj.DeltaWildcard(), storageRemedy(err, next), subj.DeltaWildcard(), subj.Stream(), strings.Join(next.Subjects, ","))
 			}
 			return nil, false, fmt.Errorf("update stream %s limits: %w", subj.Stream(), storageRemedy(err, next))
 		}

@@ -41,6 +41,23 @@ func TestEnsureStreamAddsOurSubject(t *testing.T) {
 		t.Fatalf("publish to the corrected stream: %v", err)
 	}
 
+	// Subjects inside ours (NATS refuses them beside it as overlapping)
+	// give way to it; the operator's others stay.
+	for _, inside := range []string{"kvmesh.delta.*", "kvmesh.delta.m.e0"} {
+		if err := js.DeleteStream(ctx, natsutil.Default().Stream()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: natsutil.Default().Stream(), Subjects: []string{"foo.>", inside}}); err != nil {
+			t.Fatal(err)
+		}
+		if s, err = natsutil.EnsureStream(ctx, js, natsutil.Default(), natsutil.DefaultConfig().Stream, log); err != nil {
+			t.Fatalf("%s: %v", inside, err)
+		}
+		if got := s.CachedInfo().Config.Subjects; !slices.Equal(got, []string{"foo.>", natsutil.Default().DeltaWildcard()}) {
+			t.Fatalf("%s: subjects after ensure: %v", inside, got)
+		}
+	}
+
 	// A wider wildcard captures ours: nothing to change.
 	if err := js.DeleteStream(ctx, natsutil.Default().Stream()); err != nil {
 		t.Fatal(err)
