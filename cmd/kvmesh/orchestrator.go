@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/logutil"
+	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/orchestrator"
 	"github.com/kvmesh/kvmesh/orchestrator/view"
 	"github.com/kvmesh/kvmesh/orchestrator/webhook"
@@ -63,6 +64,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	takeover := fs.Bool("webhook-takeover", false, "with --webhook-addr: register the URL even over a configuration calling a Service (the install's webhook, which the orchestrator in the cluster writes back)")
 	fs.StringVar(&sc.Image, "sidecar-image", sc.Image, "image of the injected sidecar")
 	fs.StringVar(&sc.NATS, "sidecar-nats", sc.NATS, "NATS URLs given to injected sidecars")
+	fs.StringVar(&sc.NATSPrefix, "sidecar-nats-prefix", sc.NATSPrefix, "NATS subject prefix given to injected sidecars (--nats-prefix; empty: their default, kvmesh)")
 	fs.StringVar(&sc.GossipJoin, "sidecar-join", sc.GossipJoin, "gossip seeds given to injected sidecars (empty: no gossip)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics and /healthz here (empty: off)")
 	gossipBind := fs.String("gossip-bind", "", "join the mesh's gossip from IP:port (IPv6 in brackets) to run AutoscalingPolicies (empty: policies are not run)")
@@ -92,6 +94,11 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 	if *gossipBind != "" && cfg.AutoscaleInterval <= 0 {
 		probs.add("--autoscale-interval %v: want > 0", cfg.AutoscaleInterval)
 	}
+	if sc.NATSPrefix != "" {
+		if err := natsutil.ValidatePrefix(sc.NATSPrefix); err != nil {
+			probs.add("--sidecar-nats-prefix: %v", err)
+		}
+	}
 	rest := cfg
 	rest.Workers = max(rest.Workers, 1) // named above
 	probs.addErr(rest.Validate())       // the rest of what orchestrator.New checks, before anything starts
@@ -113,7 +120,7 @@ func runOrchestrator(ctx context.Context, args []string, stdout, stderr io.Write
 		{"lease-name", !cfg.LeaderElection, "without --leader-elect"},
 		{"webhook-service", *webhookAddr != "", "with --webhook-addr (registered by URL)"},
 		{"webhook-takeover", *webhookAddr == "", "without --webhook-addr (in cluster the replicas register the install's Service)"}}
-	for _, f := range []string{"webhook-cert-dir", "webhook-secret", "webhook-service", "webhook-fail-open", "sidecar-image", "sidecar-nats", "sidecar-join"} {
+	for _, f := range []string{"webhook-cert-dir", "webhook-secret", "webhook-service", "webhook-fail-open", "sidecar-image", "sidecar-nats", "sidecar-nats-prefix", "sidecar-join"} {
 		rules = append(rules, offFlag{f, noWebhook, "without --webhook-addr or --webhook-listen"})
 	}
 	for _, f := range []string{"join", "gossip-advertise", "gossip-key", "autoscale-interval", "prometheus-url"} {

@@ -48,6 +48,9 @@ type SidecarConfig struct {
 	Image string
 	// NATS is the NATS URL list (empty: the sidecar's default).
 	NATS string
+	// NATSPrefix is the installation's NATS subject prefix (--nats-prefix;
+	// empty: the sidecar's default, "kvmesh").
+	NATSPrefix string
 	// GossipJoin is the gossip seed address (empty: no gossip).
 	GossipJoin string
 	// GossipPort is the sidecar's gossip port (7946).
@@ -185,6 +188,9 @@ func (c SidecarConfig) sidecar(pod *corev1.Pod) (corev1.Container, error) {
 	args = append(args, pdArgs(pod, bootstrapPort)...)
 	if c.NATS != "" {
 		args = append(args, "--nats="+c.NATS)
+	}
+	if c.NATSPrefix != "" {
+		args = append(args, "--nats-prefix="+c.NATSPrefix)
 	}
 	if c.GossipJoin != "" {
 		// The pod IP alone is advertised with the bind port: $(POD_IP):port

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -213,6 +214,20 @@ func TestSidecarCredentialsAndTokenizerDir(t *testing.T) {
 	}
 	if secrets["KVMESH_NATS_PASSWORD"] != "kvmesh-nats/sidecar-password" || secrets["KVMESH_GOSSIP_KEY"] != "kvmesh-gossip/key" {
 		t.Errorf("secret env %v", secrets)
+	}
+
+	// The installation's subject prefix, when one is set; none by default.
+	if strings.Contains(args, "--nats-prefix") {
+		t.Errorf("default config, yet %q", args)
+	}
+	prefixed := DefaultSidecarConfig()
+	prefixed.NATSPrefix = "team-a"
+	cp, err := prefixed.sidecar(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cp.Args, "--nats-prefix=team-a") {
+		t.Errorf("args %q lack --nats-prefix=team-a", cp.Args)
 	}
 
 	// No NATS server named (the sidecar's embedded one): no credentials,
