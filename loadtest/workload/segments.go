@@ -20,6 +20,12 @@ const (
 	streamGoal
 	streamCall
 	streamTool
+	streamRepo
+	streamEdit
+	streamDoc
+	streamQuestion
+	streamInstruction
+	streamOwnDoc
 )
 
 // segment is one run of a prompt's tokens: n tokens of one stream.
@@ -63,6 +69,30 @@ func around(rng *rand.Rand, mean int) int {
 		return 1
 	}
 	return max(1, mean/2+rng.IntN(mean+1))
+}
+
+// uniform draws an integer uniformly in [lo, hi] (lo ≤ hi).
+func uniform(rng *rand.Rand, lo, hi int) int { return lo + rng.IntN(hi-lo+1) }
+
+// uniformDur draws a duration uniformly in [lo, hi] (lo ≤ hi).
+func uniformDur(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Float64()*float64(hi-lo))
+}
+
+// cutSegs is the first n tokens of segs (n ≤ their total), in a new
+// slice: a cut segment keeps its stream, so its tokens are the first n of
+// the uncut one's.
+func cutSegs(segs []segment, n int) []segment {
+	out := make([]segment, 0, len(segs)+1)
+	for _, g := range segs {
+		if n <= 0 {
+			break
+		}
+		g.n = min(g.n, n)
+		n -= g.n
+		out = append(out, g)
+	}
+	return out
 }
 
 // expDur draws an exponential duration with the given mean.
