@@ -110,7 +110,7 @@ var benchFlagReaders = map[string]int{
 // ran the shared-prefix workload, the trace unread).
 func benchWorkloadReads(kind, f string) bool {
 	switch kind {
-	case "shared-prefix", "trace", "bailian", "azure", "sharegpt", "chat", "tool-agent":
+	case "shared-prefix", "trace", "bailian", "azure", "sharegpt", "chat", "tool-agent", "coding", "rag", "mix":
 	default:
 		return true // an unknown kind is refused after, by name
 	}
@@ -199,7 +199,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.IntVar(&o.MaxRunning, "max-running", o.MaxRunning, "max sequences per batch (0 = the profile's vLLM default)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget per step (0 = the profile's vLLM default)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload and scheduler seed (0 means the default, 1)")
-	fs.StringVar(&o.Workload, "workload", o.Workload, "workload: shared-prefix, trace (Mooncake JSONL), bailian (Alibaba Bailian JSONL), azure (Azure CSV + synthetic prefixes), sharegpt (ShareGPT JSON conversations as sessions), chat or tool-agent")
+	fs.StringVar(&o.Workload, "workload", o.Workload, "workload: shared-prefix, trace (Mooncake JSONL), bailian (Alibaba Bailian JSONL), azure (Azure CSV + synthetic prefixes), sharegpt (ShareGPT JSON conversations as sessions), chat, tool-agent, coding (per-user repository contexts with edits), rag (shuffled retrieved documents) or mix (long summaries beside short chat)")
 	fs.IntVar(&o.Groups, "groups", o.Groups, "shared-prefix: groups")
 	fs.IntVar(&o.Prompts, "prompts", o.Prompts, "shared-prefix: prompts per group")
 	fs.IntVar(&o.Shared, "shared", o.Shared, "shared-prefix: shared prefix tokens")
@@ -209,8 +209,8 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "client max requests in flight (0 = unlimited)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "trace, bailian, azure: the trace file (Mooncake JSONL: aiperf's forms too, session_id + delay rows, absolute timestamps, rows in any order)")
 	fs.IntVar(&o.TraceBlockTokens, "trace-block-size", o.TraceBlockTokens, "trace, bailian: tokens per hash_ids block (0 = the format's: 512, Bailian 16)")
-	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "trace, azure, sharegpt, chat, tool-agent: arrival rate multiplier (> 0)")
-	fs.IntVar(&o.Limit, "limit", o.Limit, "trace, azure, sharegpt, chat, tool-agent: use only the first N requests (0 = all)")
+	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "trace, azure, sharegpt, chat, tool-agent, coding, rag, mix: arrival rate multiplier (> 0)")
+	fs.IntVar(&o.Limit, "limit", o.Limit, "trace, azure, sharegpt, chat, tool-agent, coding, rag, mix: use only the first N requests (0 = all)")
 	fs.DurationVar(&o.EventDelay, "event-delay", o.EventDelay, "KV event propagation delay to the index")
 	fs.DurationVar(&o.SnapshotInterval, "snapshot-interval", o.SnapshotInterval, "engine load snapshot period (gossip staleness); negative = always fresh")
 	fs.BoolVar(&o.LearnShared, "learn-shared", false, "des: kvmesh's learner prices every engine with the costs pooled over all of them (engines taken as replicas; no per-engine rates)")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -564,4 +565,60 @@ func desGoldenLineClose(a, b string) bool {
 		}
 	}
 	return true
+}
+
+// TestBenchDESHeldOutShapes: --workload coding, rag and mix run their
+// generators (--limit and --rate-scale read, the shared-prefix and trace
+// flags refused as unread), and each is the shape it names: coding's
+// prompts hold a 20k+-token repository, rag's 3+ documents after the
+// system prompt, mix's a share of long summaries.
+func TestBenchDESHeldOutShapes(t *testing.T) {
+	for _, tc := range []struct {
+		wl               string
+		minMean, maxMean float64 // mean prompt tokens of the first 40
+	}{
+		{"coding", 20000, 60000},
+		{"rag", 320 + 3*512, 320 + 6*1536 + 160},
+		{"mix", 700, 8000},
+	} {
+		path := filepath.Join(t.TempDir(), "r.csv")
+		code, out, errOut := benchRunCLI(t, "bench", "--mode", "des", "--engines", "4", "--gpu-blocks", "30000", "--workload", tc.wl,
+			"--limit", "40", "--rate-scale", "2", "--policies", "round-robin", "--json", "--requests-csv", path)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.wl, code, errOut)
+		}
+		var rep struct {
+			Policies map[string]struct {
+				Completed int `json:"completed"`
+			} `json:"policies"`
+		}
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Policies["round-robin"].Completed != 40 {
+			t.Fatalf("%s: %v: %s", tc.wl, err, out)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := csv.NewReader(f).ReadAll()
+		f.Close()
+		if err != nil || len(rows) != 41 {
+			t.Fatalf("%s: %v, %d rows", tc.wl, err, len(rows))
+		}
+		col := slices.Index(rows[0], "prompt_tokens")
+		if col < 0 {
+			t.Fatalf("%s: no prompt_tokens column in %q", tc.wl, rows[0])
+		}
+		sum := 0
+		for _, r := range rows[1:] {
+			n, _ := strconv.Atoi(r[col])
+			sum += n
+		}
+		if mean := float64(sum) / 40; mean < tc.minMean || mean > tc.maxMean {
+			t.Errorf("%s: mean prompt %.0f tokens, want %.0f..%.0f", tc.wl, mean, tc.minMean, tc.maxMean)
+		}
+		code, _, errOut = benchRunCLI(t, "bench", "--mode", "des", "--workload", tc.wl, "--trace", "x.jsonl", "--groups", "3")
+		if code != 2 || !strings.Contains(errOut, "--trace is not read by a --workload "+tc.wl+" run") || !strings.Contains(errOut, "--groups is not read") {
+			t.Errorf("%s with --trace --groups: exit %d: %s", tc.wl, code, errOut)
+		}
+	}
 }

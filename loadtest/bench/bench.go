@@ -54,8 +54,10 @@ type Options struct {
 	// Seed seeds the workload and the schedulers; 0 means the default, 1.
 	Seed uint64
 	// Workload is shared-prefix, trace (Mooncake JSONL), azure (an Azure
-	// LLM inference CSV with synthetic prefixes), chat (multi-turn) or
-	// tool-agent (loadtest/workload documents each).
+	// LLM inference CSV with synthetic prefixes), chat (multi-turn),
+	// tool-agent, coding (per-user repository contexts with edits), rag
+	// (shuffled retrieved documents) or mix (long summaries beside short
+	// chat) (loadtest/workload documents each).
 	Workload string
 	// Shared-prefix workload: Groups of Prompts sharing Shared tokens, each
 	// with Question more and Output generated; Rate requests/s (0: all at once).
@@ -64,8 +66,9 @@ type Options struct {
 	// Concurrency caps the client's requests in flight (0: unlimited).
 	Concurrency int
 	// Trace workload: a Mooncake-format JSONL file (or, for azure, the
-	// CSV), its arrival rate scaled by RateScale (> 0; chat and tool-agent
-	// too), only its first Limit requests (0: all; chat and tool-agent too).
+	// CSV), its arrival rate scaled by RateScale (> 0; the generated
+	// workloads but shared-prefix too), only its first Limit requests (0:
+	// all; the same).
 	Trace     string
 	RateScale float64
 	Limit     int
@@ -370,9 +373,9 @@ func (o *Options) checkWorkload(bad func(string, ...any)) {
 		if o.Trace == "" {
 			bad("--workload %s needs --trace FILE", o.Workload)
 		}
-	case "chat", "tool-agent":
+	case "chat", "tool-agent", "coding", "rag", "mix":
 	default:
-		bad("--workload %q: want shared-prefix, trace, bailian, azure, sharegpt, chat or tool-agent", o.Workload)
+		bad("--workload %q: want shared-prefix, trace, bailian, azure, sharegpt, chat, tool-agent, coding, rag or mix", o.Workload)
 	}
 }
 
@@ -468,6 +471,12 @@ func (o *Options) requests() ([]workload.Request, error) {
 		return workload.Chat{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
 	case "tool-agent":
 		return workload.ToolAgent{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
+	case "coding":
+		return workload.Coding{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
+	case "rag":
+		return workload.RAG{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
+	case "mix":
+		return workload.Mix{RateScale: o.RateScale, Seed: seed, Limit: o.Limit}.Generate()
 	}
 	return workload.SharedPrefix{Groups: o.Groups, Prompts: o.Prompts, Shared: o.Shared, Question: o.Question,
 		Output: o.Output, Rate: o.Rate, Seed: seed}.Generate()

@@ -33,7 +33,7 @@ import (
 
 func main() {
 	var (
-		kind     = flag.String("workload", "trace", "trace (Mooncake), bailian, azure, sharegpt, chat, tool-agent or shared-prefix")
+		kind     = flag.String("workload", "trace", "trace (Mooncake), bailian, azure, sharegpt, chat, tool-agent, coding, rag, mix or shared-prefix")
 		trace    = flag.String("trace", "", "trace file (trace, bailian, azure)")
 		seed     = flag.Uint64("seed", 1, "workload seed")
 		limit    = flag.Int("limit", 0, "first N requests (0 = all)")
@@ -63,6 +63,12 @@ func main() {
 		reqs, err = workload.Chat{Seed: *seed, Limit: *limit}.Generate()
 	case "tool-agent":
 		reqs, err = workload.ToolAgent{Seed: *seed, Limit: *limit}.Generate()
+	case "coding":
+		reqs, err = workload.Coding{Seed: *seed, Limit: *limit}.Generate()
+	case "rag":
+		reqs, err = workload.RAG{Seed: *seed, Limit: *limit}.Generate()
+	case "mix":
+		reqs, err = workload.Mix{Seed: *seed, Limit: *limit}.Generate()
 	case "shared-prefix":
 		reqs, err = workload.SharedPrefix{Groups: *groups, Prompts: *prompts, Shared: *shared, Question: *question, Output: 1, Seed: *seed}.Generate()
 	default:
