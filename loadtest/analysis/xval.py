@@ -5,7 +5,10 @@ Runs `kvmesh bench --mode des` over the grid
 
     workloads  mooncake (testdata/traces, Mooncake format), shared-prefix (64 groups x 16 prompts, 2,048 + 128
                tokens, 256 out, 40 rps at 1x), azure (testdata/traces Azure conv CSV with synthetic prefixes),
-               chat (multi-turn), tool-agent (loadtest/workload documents each)
+               chat (multi-turn), tool-agent, and since 2026-12-08 a tester's held-out shapes coding (per-user 20-50k-token
+               repository contexts with edits, 1 session/s at 1x), rag (3-6 Zipf-popular documents in random order,
+               16 rps at 1x), mix (15 % 8-28k-token summaries beside short chat, 12 rps at 1x) (loadtest/workload
+               documents each; their 1x sits below the knee of SGLang's router on 7b-l40s: docs/BENCHMARKS.md)
     rates      0.5x, 1x, 2x each workload's own rate (--rate-scale; shared-prefix: --rate 20/40/80)
     profiles   7b-l40s, 8b-h100 (8 engines x 30,000 GPU blocks of 16 tokens)
     seeds      as given
@@ -40,6 +43,9 @@ WORKLOADS = {
     "azure": lambda r: ["--workload", "azure", "--trace", "testdata/traces/azure_llm_inference_2023_conv.csv", "--rate-scale", str(r)],
     "chat": lambda r: ["--workload", "chat", "--rate-scale", str(r)],
     "tool-agent": lambda r: ["--workload", "tool-agent", "--rate-scale", str(r)],
+    "coding": lambda r: ["--workload", "coding", "--rate-scale", str(r)],
+    "rag": lambda r: ["--workload", "rag", "--rate-scale", str(r)],
+    "mix": lambda r: ["--workload", "mix", "--rate-scale", str(r)],
 }
 LRU_ARGS = {
     "mooncake": ["-workload", "trace", "-trace", "testdata/traces/mooncake_synthetic_trace.jsonl"],
@@ -47,6 +53,9 @@ LRU_ARGS = {
     "azure": ["-workload", "azure", "-trace", "testdata/traces/azure_llm_inference_2023_conv.csv"],
     "chat": ["-workload", "chat"],
     "tool-agent": ["-workload", "tool-agent"],
+    "coding": ["-workload", "coding"],
+    "rag": ["-workload", "rag"],
+    "mix": ["-workload", "mix"],
 }
 KTHENA = ["--engines", "3", "--gpu-blocks", "30000", "--workload", "shared-prefix", "--groups", "256", "--prompts", "32",
           "--shared", "4096", "--question", "256", "--output", "128", "--rate", "800", "--concurrency", "300"]
