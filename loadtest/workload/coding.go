@@ -80,9 +80,6 @@ func (c Coding) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: coding %s %d..%d: want 0 < min ≤ max", ErrBadWorkload, r.name, r.lo, r.hi))
 		}
 	}
-	if c.RepoMin < 2 && c.RepoMin > 0 {
-		errs = append(errs, fmt.Errorf("%w: coding repo min %d: an edit needs ≥ 2 tokens", ErrBadWorkload, c.RepoMin))
-	}
 	if c.Users <= 0 || !(c.Rate > 0) || c.GapMin < 0 || c.GapMax < c.GapMin || !(c.EditProb <= 1) {
 		errs = append(errs, fmt.Errorf("%w: coding users %d > 0, rate %v > 0, gap %v..%v (0 ≤ min ≤ max), edit prob %v ≤ 1",
 			ErrBadWorkload, c.Users, c.Rate, c.GapMin, c.GapMax, c.EditProb))

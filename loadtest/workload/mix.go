@@ -75,7 +75,7 @@ func (c Mix) Validate() error {
 	for _, r := range []struct {
 		name   string
 		lo, hi int
-	}{{"long", c.LongMin, c.LongMax}, {"long out", c.LongOutMin, c.LongOutMax}, {"user", c.UserMin, c.UserMax}, {"chat out", c.ChatOutMedian, c.ChatOutCap}} {
+	}{{"long", c.LongMin, c.LongMax}, {"long out", c.LongOutMin, c.LongOutMax}, {"user", c.UserMin, c.UserMax}, {"chat out median..cap", c.ChatOutMedian, c.ChatOutCap}} {
 		if r.lo <= 0 || r.hi < r.lo {
 			errs = append(errs, fmt.Errorf("%w: mix %s %d..%d: want 0 < min ≤ max", ErrBadWorkload, r.name, r.lo, r.hi))
 		}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 )
 
 // commonPrefix is the length of a and b's common prefix.
@@ -227,6 +228,7 @@ func TestShapesRefuseBadParameters(t *testing.T) {
 		"coding repo":    Coding{RepoMin: 100, RepoMax: 50}.Generate,
 		"coding rate":    Coding{Rate: -1}.Generate,
 		"coding tiny":    Coding{Rate: 1e-12}.Generate,
+		"coding gap":     Coding{GapMin: time.Minute}.Generate,
 		"rag per":        RAG{Docs: 4}.Generate,
 		"rag zipf":       RAG{ZipfS: 0.9}.Generate,
 		"rag tiny":       RAG{Rate: 1e-12}.Generate,
@@ -239,4 +241,11 @@ func TestShapesRefuseBadParameters(t *testing.T) {
 			t.Errorf("%s: %d requests, error %v", name, len(reqs), err)
 		}
 	}
+	// The smallest repository, one token, still generates: an edit then
+	// rewrites all of it.
+	reqs, err := Coding{RepoMin: 1, RepoMax: 1, Users: 4, EditProb: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wellFormed(t, "coding, 1-token repository", reqs)
 }
