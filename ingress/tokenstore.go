@@ -326,7 +326,7 @@ func (s *StoreTokenizers) readerFor(ctx context.Context) (*tokenstore.Reader, er
 	if h == nil {
 		return nil, errors.New("tokenizer store: not connected")
 	}
-	r, err := tokenstore.OpenReader(ctx, h.js, s.cfg.CacheDir)
+	r, err := tokenstore.OpenReader(ctx, h.js, h.conn.Subjects.TokenizerBucket(), s.cfg.CacheDir)
 	if err != nil {
 		return nil, err
 	}

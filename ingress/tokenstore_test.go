@@ -153,6 +153,55 @@ func TestStoreTokenizerLoadFailureWaits(t *testing.T) {
 	}
 }
 
+// An ingress with a --nats-prefix reads its installation's tokenizer store
+// only: a model published under the same name in the default one is not
+// its.
+func TestStoreTokenizersReadTheirPrefixsStore(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ns := testutil.NATS(t)
+	ncfg := natsutil.DefaultConfig()
+	ncfg.URLs, ncfg.Prefix = []string{ns.URL()}, "team-a"
+	nc, err := natsutil.Connect(ctx, ncfg, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	llamaFiles(t)
+	dir := t.TempDir()
+	b, err := os.ReadFile(filepath.Join(llamaDir, "bert-base-uncased.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for bucket, model := range map[string]string{tokenstore.Bucket: "other/model", "TEAM-A_TOKENIZERS": "ours/model"} {
+		store, err := tokenstore.EnsureBucket(ctx, js, bucket, 1, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := tokenstore.Publish(ctx, store, model, "", dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := NewStoreTokenizers(nil, StoreTokenizersConfig{CacheDir: t.TempDir(), MissRetry: time.Hour, Logger: quietLog()})
+	done := make(chan struct{})
+	go func() { defer close(done); store.Run(ctx, nc) }()
+	defer func() { cancel(); <-done }()
+	testutil.WaitFor(t, 10*time.Second, "its own installation's tokenizer", func() bool {
+		_, ok := store.For("ours/model")
+		return ok
+	})
+	if _, ok := store.For("other/model"); ok {
+		t.Fatal("the default installation's tokenizer was read by a team-a ingress")
+	}
+}
+
 // A request never waits on NATS for a tokenizer refresh (docs/RELIABILITY.md:
 // routing never waits for NATS). A model known to be missing whose retry time
 // has passed is fetched again in the background: the lookup answers "none"
@@ -436,7 +485,7 @@ func tokenBucket(ctx context.Context, t *testing.T) (*natsutil.Conn, jetstream.O
 	if err != nil {
 		t.Fatal(err)
 	}
-	bucket, err := tokenstore.EnsureBucket(ctx, js, 1, true)
+	bucket, err := tokenstore.EnsureBucket(ctx, js, tokenstore.Bucket, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}

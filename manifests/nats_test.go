@@ -96,7 +96,7 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	if _, err := natsutil.EnsureStream(ctx, side, natsutil.Default(), natsutil.DefaultConfig().Stream, nil); err != nil {
 		t.Fatalf("sidecar creates the delta stream: %v", err)
 	}
-	store, err := tokenstore.EnsureBucket(ctx, side, 1, false)
+	store, err := tokenstore.EnsureBucket(ctx, side, tokenstore.Bucket, 1, false)
 	if err != nil {
 		t.Fatalf("sidecar creates the tokenizer store: %v", err)
 	}
@@ -116,7 +116,7 @@ func TestNATSUsersHaveTheirRolesRights(t *testing.T) {
 	}
 
 	ing := jsAs(t, url, "ingress", "ingress-pw")
-	r, err := tokenstore.OpenReader(ctx, ing, t.TempDir())
+	r, err := tokenstore.OpenReader(ctx, ing, tokenstore.Bucket, t.TempDir())
 	if err != nil {
 		t.Fatalf("ingress opens the tokenizer store: %v", err)
 	}

@@ -27,7 +27,7 @@ func (e *engine) tokenizerLoop(ctx context.Context, js jetstream.JetStream) {
 	p := tokenizerPublisher{dir: e.cfg.TokenizerDir,
 		log: e.s.log.With("engine", e.cfg.ID, "model", e.cfg.Model, "tokenizer_dir", e.cfg.TokenizerDir),
 		publish: func(ctx context.Context) (tokenstore.Manifest, bool, error) {
-			store, err := tokenstore.EnsureBucket(ctx, js, e.s.cfg.NATS.Stream.Replicas, e.s.cfg.NATS.Stream.Memory)
+			store, err := tokenstore.EnsureBucket(ctx, js, e.s.subj.TokenizerBucket(), e.s.cfg.NATS.Stream.Replicas, e.s.cfg.NATS.Stream.Memory)
 			if err != nil {
 				return tokenstore.Manifest{}, false, err
 			}

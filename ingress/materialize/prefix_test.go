@@ -2,6 +2,8 @@ package materialize_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/internal/tokenstore"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/test/mesh/meshtest"
 )
@@ -57,6 +60,11 @@ func TestPrefixesSeparateInstallations(t *testing.T) {
 		}
 		cache, sc := cacheEngine(t, srv.URL(), 64, uint64(11+i))
 		sc.NATS.Prefix = prefix
+		// Each installation's own tokenizer for the same model name.
+		sc.Engines[0].TokenizerDir = t.TempDir()
+		if err := os.WriteFile(filepath.Join(sc.Engines[0].TokenizerDir, "tokenizer.json"), []byte(`{"installation":"`+prefix+`"}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		s := meshtest.StartSidecar(t, sc)
 		testutil.WaitFor(t, 10*time.Second, "sidecar ready", s.Ready)
 		in := inst{subj: subj, cache: cache, idx: meshtest.NewMapIndex()}
@@ -100,5 +108,25 @@ func TestPrefixesSeparateInstallations(t *testing.T) {
 	}
 	if _, err := js.Stream(ctx, "KVMESH_DELTAS"); err == nil {
 		t.Fatal("the default stream exists: an installation with a prefix created it")
+	}
+	// Each installation's tokenizer in its own object store.
+	digests := map[string]bool{}
+	for _, in := range insts {
+		var m tokenstore.Manifest
+		testutil.WaitFor(t, 10*time.Second, in.subj.TokenizerBucket()+" holds m's tokenizer", func() bool {
+			r, err := tokenstore.OpenReader(ctx, js, in.subj.TokenizerBucket(), t.TempDir())
+			if err != nil {
+				return false
+			}
+			m, err = r.Manifest(ctx, "m")
+			return err == nil
+		})
+		digests[m.Files["tokenizer.json"]] = true
+	}
+	if len(digests) != 2 {
+		t.Fatalf("the two installations' tokenizers share a digest: %v", digests)
+	}
+	if _, err := js.ObjectStore(ctx, tokenstore.Bucket); err == nil {
+		t.Fatal("the default tokenizer store exists: an installation with a prefix created it")
 	}
 }

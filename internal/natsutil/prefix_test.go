@@ -14,6 +14,7 @@ func TestDefaultPrefixKeepsTodaysNames(t *testing.T) {
 		for got, want := range map[string]string{
 			s.Prefix():                         "kvmesh",
 			s.Stream():                         "KVMESH_DELTAS",
+			s.TokenizerBucket():                "KVMESH_TOKENIZERS",
 			s.DeltaWildcard():                  "kvmesh.delta.>",
 			s.StateWildcard():                  "kvmesh.state.>",
 			s.StatePrefix():                    "kvmesh.state.",
@@ -43,6 +44,9 @@ func TestPrefixNamesEverything(t *testing.T) {
 	a, b := must(t, "team-a.kvmesh"), must(t, "team-b")
 	if a.Stream() != "TEAM-A_KVMESH_DELTAS" || b.Stream() != "TEAM-B_DELTAS" {
 		t.Fatalf("streams %q, %q", a.Stream(), b.Stream())
+	}
+	if a.TokenizerBucket() != "TEAM-A_KVMESH_TOKENIZERS" || b.TokenizerBucket() != "TEAM-B_TOKENIZERS" {
+		t.Fatalf("tokenizer buckets %q, %q", a.TokenizerBucket(), b.TokenizerBucket())
 	}
 	if got := a.DeltaSubject("m", "e1"); got != "team-a.kvmesh.delta.m.e1" {
 		t.Fatalf("delta subject %q", got)
@@ -127,6 +131,10 @@ func FuzzPrefix(f *testing.F) {
 		if name == "" || strings.ContainsAny(name, ".*> \t\r\n/\\") || len(name) > 255 {
 			t.Fatalf("prefix %q: invalid stream name %q", p, name)
 		}
+		// An object store's name: letters, digits, '-' and '_' only.
+		if b := s.TokenizerBucket(); b == "" || strings.Trim(b, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") != "" || b == name {
+			t.Fatalf("prefix %q: invalid tokenizer bucket %q", p, b)
+		}
 		for _, subj := range []string{s.DeltaWildcard(), s.StateWildcard(), s.DeltaSubject("m", "e"), s.SnapSubject("m", "e")} {
 			for _, tok := range strings.Split(strings.TrimSuffix(subj, ".>"), ".") {
 				if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
@@ -138,8 +146,8 @@ func FuzzPrefix(f *testing.F) {
 			t.Fatalf("prefix %q: delta round trip %q %q %v", p, m, e, ok)
 		}
 		if r, err := NewSubjects(q); err == nil && r.Prefix() != s.Prefix() {
-			if r.Stream() == s.Stream() {
-				t.Fatalf("prefixes %q and %q share the stream %q", p, q, s.Stream())
+			if r.Stream() == s.Stream() || r.TokenizerBucket() == s.TokenizerBucket() {
+				t.Fatalf("prefixes %q and %q share the stream %q or the bucket %q", p, q, s.Stream(), s.TokenizerBucket())
 			}
 			for _, other := range []string{r.DeltaSubject("m", "e"), r.SnapSubject("m", "e"), r.StateSubject("i")} {
 				for _, mine := range []string{s.deltaPrefix, s.snapPrefix, s.statePrefix} {

@@ -30,6 +30,7 @@ const MaxPrefixLen = 64
 type Subjects struct {
 	prefix, deltaPrefix, snapPrefix, statePrefix string
 	deltaWildcard, stateWildcard, stream         string
+	tokenizers                                   string
 }
 
 var defaultSubjects = func() Subjects {
@@ -60,6 +61,7 @@ func NewSubjects(prefix string) (Subjects, error) {
 		deltaWildcard: prefix + ".delta.>",
 		stateWildcard: prefix + ".state.>",
 		stream:        StreamNameFor(prefix),
+		tokenizers:    strings.TrimSuffix(StreamNameFor(prefix), "_DELTAS") + "_TOKENIZERS",
 	}, nil
 }
 
@@ -142,6 +144,11 @@ func (s Subjects) StatePrefix() string { return s.or().statePrefix }
 
 // Stream is the JetStream stream capturing DeltaWildcard().
 func (s Subjects) Stream() string { return s.or().stream }
+
+// TokenizerBucket is the installation's tokenizer object store
+// (internal/tokenstore): Stream() with "_TOKENIZERS" for "_DELTAS", so
+// "kvmesh" gives KVMESH_TOKENIZERS, "team-a.kvmesh" TEAM-A_KVMESH_TOKENIZERS.
+func (s Subjects) TokenizerBucket() string { return s.or().tokenizers }
 
 // StateSubject is the subject a gossip member publishes its own entries on.
 func (s Subjects) StateSubject(member string) string {

@@ -14,19 +14,20 @@ import (
 // Reader fetches published tokenizers; it never creates or changes the bucket.
 // Safe for concurrent use.
 type Reader struct {
-	store jetstream.ObjectStore
+	store  jetstream.ObjectStore
+	bucket string
 	// dir is where fetched files are written, one directory per model and revision.
 	dir string
 }
 
 // OpenReader binds to the bucket. It fails with jetstream.ErrBucketNotFound
 // while no sidecar has published yet; callers retry.
-func OpenReader(ctx context.Context, js jetstream.JetStream, cacheDir string) (*Reader, error) {
-	store, err := js.ObjectStore(ctx, Bucket)
+func OpenReader(ctx context.Context, js jetstream.JetStream, bucket, cacheDir string) (*Reader, error) {
+	store, err := js.ObjectStore(ctx, bucket)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", Bucket, err)
+		return nil, fmt.Errorf("open %s: %w", bucket, err)
 	}
-	return &Reader{store: store, dir: cacheDir}, nil
+	return &Reader{store: store, bucket: bucket, dir: cacheDir}, nil
 }
 
 // Manifest returns the model's current manifest (ErrNotFound when none).
@@ -89,7 +90,7 @@ func complete(dir string, m Manifest) bool {
 func (r *Reader) Watch(ctx context.Context, fn func(model string)) error {
 	w, err := r.store.Watch(ctx, jetstream.IncludeHistory())
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", Bucket, err)
+		return fmt.Errorf("watch %s: %w", r.bucket, err)
 	}
 	defer w.Stop()
 	for {

@@ -36,7 +36,8 @@ import (
 	"github.com/kvmesh/kvmesh/internal/natsutil"
 )
 
-// Bucket is the object store's name.
+// Bucket is the default installation's object store name
+// (natsutil.Subjects.TokenizerBucket of the prefix "kvmesh").
 const Bucket = "KVMESH_TOKENIZERS"
 
 // Files are the files published per model, in this order; tokenizer.json is
@@ -122,9 +123,9 @@ func digest(b []byte) string {
 // 3; an existing store is raised to the count asked for (auto: only raised,
 // and left as it is where the cluster cannot place more), so an install
 // that began on one replica gets its copies at the sidecar's next start.
-func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, memory bool) (jetstream.ObjectStore, error) {
+func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, replicas int, memory bool) (jetstream.ObjectStore, error) {
 	auto := replicas == natsutil.AutoReplicas
-	os, err := js.ObjectStore(ctx, Bucket)
+	os, err := js.ObjectStore(ctx, bucket)
 	want := replicas
 	if auto {
 		// Read after the server answered: a sidecar started before NATS
@@ -132,17 +133,17 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, mem
 		want = natsutil.AutoReplicasFor(js.Conn())
 	}
 	if err == nil {
-		return os, raiseReplicas(ctx, js, want, auto)
+		return os, raiseReplicas(ctx, js, bucket, want, auto)
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("open %s: %w", Bucket, err)
+		return nil, fmt.Errorf("open %s: %w", bucket, err)
 	}
 	storage := jetstream.FileStorage
 	if memory {
 		storage = jetstream.MemoryStorage
 	}
 	cfg := jetstream.ObjectStoreConfig{
-		Bucket:      Bucket,
+		Bucket:      bucket,
 		Description: "kvmesh: tokenizer files per model, published by the sidecars",
 		Storage:     storage,
 		Replicas:    want,
@@ -153,7 +154,7 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, mem
 		os, err = js.CreateOrUpdateObjectStore(ctx, cfg)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create %s: %w", Bucket, err)
+		return nil, fmt.Errorf("create %s: %w", bucket, err)
 	}
 	return os, nil
 }
@@ -161,10 +162,10 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, replicas int, mem
 // raiseReplicas sets the object store's stream to want replicas when it
 // has another count (auto: fewer), and keeps its count where auto's are
 // refused (a single server, a cluster short of servers).
-func raiseReplicas(ctx context.Context, js jetstream.JetStream, want int, auto bool) error {
-	s, err := js.Stream(ctx, "OBJ_"+Bucket)
+func raiseReplicas(ctx context.Context, js jetstream.JetStream, bucket string, want int, auto bool) error {
+	s, err := js.Stream(ctx, "OBJ_"+bucket)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", Bucket, err)
+		return fmt.Errorf("open %s: %w", bucket, err)
 	}
 	sc := s.CachedInfo().Config
 	if sc.Replicas == want || auto && sc.Replicas > want {
@@ -176,7 +177,7 @@ func raiseReplicas(ctx context.Context, js jetstream.JetStream, want int, auto b
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("set %s replicas to %d: %w", Bucket, want, err)
+		return fmt.Errorf("set %s replicas to %d: %w", bucket, want, err)
 	}
 	return nil
 }

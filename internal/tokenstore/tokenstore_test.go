@@ -48,10 +48,10 @@ func ctxT(t *testing.T) context.Context {
 func TestPublishFetchAndRepublish(t *testing.T) {
 	ctx := ctxT(t)
 	js := jsFor(t)
-	if _, err := OpenReader(ctx, js, t.TempDir()); !errors.Is(err, jetstream.ErrBucketNotFound) {
+	if _, err := OpenReader(ctx, js, Bucket, t.TempDir()); !errors.Is(err, jetstream.ErrBucketNotFound) {
 		t.Fatalf("reader before any sidecar published: err = %v, want ErrBucketNotFound (readers never create the bucket)", err)
 	}
-	store, err := EnsureBucket(ctx, js, 1, true)
+	store, err := EnsureBucket(ctx, js, Bucket, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestPublishFetchAndRepublish(t *testing.T) {
 		t.Fatalf("republish of identical files: changed=%v err=%v, want unchanged", changed, err)
 	}
 
-	r, err := OpenReader(ctx, js, t.TempDir())
+	r, err := OpenReader(ctx, js, Bucket, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestPublishFetchAndRepublish(t *testing.T) {
 func TestFetchRejectsCorruptFile(t *testing.T) {
 	ctx := ctxT(t)
 	js := jsFor(t)
-	store, err := EnsureBucket(ctx, js, 1, true)
+	store, err := EnsureBucket(ctx, js, Bucket, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestFetchRejectsCorruptFile(t *testing.T) {
 	if _, err := store.PutBytes(ctx, fileName("m", m.Revision, "tokenizer.json"), []byte("evil")); err != nil {
 		t.Fatal(err)
 	}
-	r, err := OpenReader(ctx, js, t.TempDir())
+	r, err := OpenReader(ctx, js, Bucket, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,14 +140,14 @@ func TestFetchRejectsCorruptFile(t *testing.T) {
 func TestWatchSeesExistingAndNewManifests(t *testing.T) {
 	ctx := ctxT(t)
 	js := jsFor(t)
-	store, err := EnsureBucket(ctx, js, 1, true)
+	store, err := EnsureBucket(ctx, js, Bucket, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := Publish(ctx, store, "a", "1", writeModel(t, "a", "")); err != nil {
 		t.Fatal(err)
 	}
-	r, err := OpenReader(ctx, js, t.TempDir())
+	r, err := OpenReader(ctx, js, Bucket, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestPublishUnderSmallMaxPayload(t *testing.T) {
 	ctx := ctxT(t)
 	srv := testutil.NATSServer(t, server.Options{JetStream: true, MaxPayload: 64 << 10})
 	nc, js := testutil.JetStream(t, srv.ClientURL())
-	store, err := EnsureBucket(ctx, js, 1, true)
+	store, err := EnsureBucket(ctx, js, Bucket, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestPublishUnderSmallMaxPayload(t *testing.T) {
 	if _, _, err := PublishLimited(ctx, store, "m", "", writeModel(t, tok, ""), nc.MaxPayload()); err != nil {
 		t.Fatal(err)
 	}
-	r, err := OpenReader(ctx, js, t.TempDir())
+	r, err := OpenReader(ctx, js, Bucket, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestEnsureBucketAutoReplicasOnCluster(t *testing.T) {
 	ensure := func(replicas int) {
 		t.Helper()
 		if err := testutil.RetryLost(ctx, func(ctx context.Context) error {
-			_, err := EnsureBucket(ctx, js, replicas, true)
+			_, err := EnsureBucket(ctx, js, Bucket, replicas, true)
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -278,7 +278,7 @@ func TestEnsureBucketAutoReplicasDebianNATS(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	replicas := func() int { return testutil.StreamReplicas(ctx, t, js, "OBJ_"+Bucket) }
-	if _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, false); err != nil {
+	if _, err := EnsureBucket(ctx, js, Bucket, natsutil.AutoReplicas, false); err != nil {
 		t.Fatal(err)
 	}
 	if n := replicas(); n != 1 {
@@ -291,7 +291,7 @@ func TestEnsureBucketAutoReplicasDebianNATS(t *testing.T) {
 	stop()
 	testutil.WaitFor(t, 30*time.Second, "the connection down", func() bool { return !nc.IsConnected() })
 	done := make(chan error, 1)
-	go func() { _, err := EnsureBucket(ctx, js, natsutil.AutoReplicas, false); done <- err }()
+	go func() { _, err := EnsureBucket(ctx, js, Bucket, natsutil.AutoReplicas, false); done <- err }()
 	p, _ := strconv.Atoi(port)
 	testutil.SystemNATS(t, dir, p)
 	if err := <-done; err != nil {
