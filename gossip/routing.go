@@ -130,7 +130,7 @@ func (n *Node) warnRoutes(rs []routeRefusal) {
 		if suppressed > 0 {
 			attrs = append(attrs, "suppressed", suppressed, "per", aheadWarnEvery)
 		}
-		n.log.Warn("refusing an engine entry whose address its member does not vouch for (its gossip metadata, or on the NATS state lane what gossip delivered): a forged entry (a publisher on kvmesh.state.> posing as the member) or a sidecar whose state and metadata disagree; the engine keeps the address it had",
+		n.log.Warn("refusing an engine entry whose address its member does not vouch for (its gossip metadata, or on the NATS state lane what gossip delivered): a forged entry (a publisher on the NATS state lane, <prefix>.state.>, posing as the member) or a sidecar whose state and metadata disagree; the engine keeps the address it had",
 			attrs...)
 	}
 }

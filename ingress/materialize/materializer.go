@@ -254,7 +254,7 @@ func (m *Materializer) discoverStream(ctx context.Context) {
 	defer cancel()
 	s, err := js.Stream(ctx, m.cfg.Subjects.Stream())
 	if err != nil {
-		m.log.Debug("no delta stream to discover engines from", "err", err)
+		m.log.Debug("no delta stream to discover engines from", "stream", m.cfg.Subjects.Stream(), "err", err)
 		return
 	}
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(m.cfg.Subjects.DeltaWildcard()))
@@ -407,8 +407,9 @@ func (m *Materializer) unlistedLocked(e *engineState, d *kvevents.Delta, now tim
 		return
 	}
 	m.unlistedEpochWarned = now
-	m.log.Warn("deltas of an engine arrive from a sidecar epoch gossip does not list for it: another deployment on this NATS with the same engine id? "+
-		"Give each installation its own NATS account or server (docs/OPERATIONS.md, \"One NATS per installation\"); the epoch gossip lists is followed; warned once a minute",
+	m.log.Warn("deltas of an engine arrive from a sidecar epoch gossip does not list for it: another deployment on this NATS with the same engine id, or a sidecar with another installation's --nats-prefix? "+
+		"Give each installation its own --nats-prefix, NATS account or server (docs/OPERATIONS.md, \"One NATS per installation\"); "+
+		"the epoch gossip lists is followed again at its next delta; warned once a minute",
 		"engine", e.id, "epoch", d.Epoch, "gossip_epoch", e.gossipEpoch, "for_at_least", now.Sub(e.unlistedSince).Round(time.Millisecond))
 }
 
@@ -759,8 +760,10 @@ func (m *Materializer) installSnapshot(e *engineState, s *snapshot, err error) {
 			// per streak (also when gossip lists it only after its third
 			// failure: it then counts as failing from its next one).
 			e.failWarned = true
-			m.log.Warn("snapshots of an engine keep failing: readiness no longer waits for it, and its index entries stay as they were (empty if never synced) until one succeeds",
-				"engine", e.id, "failures", e.failures, "result", result, "err", err)
+			m.log.Warn("snapshots of an engine keep failing: readiness no longer waits for it, and its index entries stay as they were (empty if never synced) until one succeeds; "+
+				"if its sidecar runs, check it has this ingress's --nats-prefix (its snapshot subject is below)",
+				"engine", e.id, "failures", e.failures, "result", result, "err", err,
+				"subject", m.cfg.Subjects.SnapSubject(e.model, e.id))
 		}
 		// Jittered: after a NATS outage every ingress retries every
 		// sidecar, and in lock step they would arrive together.

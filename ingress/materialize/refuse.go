@@ -88,7 +88,7 @@ func (m *Materializer) refuse(reason, subject, engine, model string, start int64
 	}
 	switch reason {
 	case refusedDeltaSubject, refusedSnapSubject:
-		m.log.Warn("refusing a delta or snapshot reply whose engine or model is not the one its subject names: a misbehaving or forged publisher (restrict who may publish on kvmesh.delta.> and answer kvmesh.snap.>, docs/SECURITY.md)",
+		m.log.Warn("refusing a delta or snapshot reply whose engine or model is not the one its subject names: a misbehaving or forged publisher (restrict who may publish on "+m.cfg.Subjects.DeltaWildcard()+" and answer "+m.cfg.Subjects.Prefix()+".snap.>, docs/SECURITY.md)",
 			"reason", reason, "subject", subject, "engine", engine, "model", model, "per", refusedWarnEvery)
 	default:
 		m.log.Warn("refusing a delta or snapshot reply whose sidecar epoch starts too far ahead of this clock: clock skew between the hosts (fix the clocks, NTP) or a forged publisher",

@@ -369,6 +369,7 @@ func (c *Conn) Close() {
 // the connection's lock.
 func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats.Conn), denied func(error)) ([]nats.Option, error) {
 	ping, pings := cfg.pings()
+	subj, _ := cfg.Subjects() // logged at connect; Connect refused an invalid prefix
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		// A path that stays up and carries nothing is found by pings alone.
@@ -390,7 +391,7 @@ func options(cfg Config, log *slog.Logger, up *atomic.Bool, connected func(*nats
 		nats.RetryOnFailedConnect(cfg.WaitForServer),
 		nats.ConnectHandler(func(nc *nats.Conn) { // the first connection (with WaitForServer: made late)
 			up.Store(true)
-			log.Info("nats connected", "url", nc.ConnectedUrlRedacted())
+			log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "prefix", subj.Prefix(), "stream", subj.Stream())
 			connected(nc)
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {

@@ -37,8 +37,11 @@ func BindFlags(fs *flag.FlagSet, urls *[]string, a *Auth, urlHelp string) {
 		fmt.Sprintf("ping NATS this often to find a dead path (0: %v)", DefaultPingInterval))
 	fs.IntVar(&a.MaxPingsOutstanding, "nats-max-pings-outstanding", a.MaxPingsOutstanding,
 		fmt.Sprintf("unanswered pings after which the NATS connection is stale and redialed (0: %d)", DefaultMaxPingsOutstanding))
-	if a.Prefix == "" {
-		a.Prefix = os.Getenv("KVMESH_NATS_PREFIX")
+	if p := os.Getenv("KVMESH_NATS_PREFIX"); p != "" {
+		// Over a config file's prefix, as kvmesh's other settings from the
+		// environment are (a Secret or ConfigMap env set per installation
+		// wins over a YAML shared between them); the flag over both.
+		a.Prefix = p
 	}
 	fs.StringVar(&a.Prefix, "nats-prefix", a.Prefix,
 		"`prefix` of every NATS subject and of the stream name, the same for every process of one installation; give each installation sharing a NATS its own (default $KVMESH_NATS_PREFIX, else "+DefaultPrefix+")")

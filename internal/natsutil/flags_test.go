@@ -192,3 +192,31 @@ func FuzzValidateURL(f *testing.F) {
 		}
 	})
 }
+
+// The prefix's order: the flag, then $KVMESH_NATS_PREFIX, then a config
+// file's (the value BindFlags finds), as kvmesh's other settings from the
+// environment take precedence over the file.
+func TestBindFlagsPrefixOrder(t *testing.T) {
+	for _, tc := range []struct {
+		env, file string
+		args      []string
+		want      string
+	}{
+		{"", "team-f", nil, "team-f"},
+		{"team-e", "team-f", nil, "team-e"},
+		{"team-e", "", nil, "team-e"},
+		{"team-e", "team-f", []string{"--nats-prefix=team-g"}, "team-g"},
+	} {
+		t.Setenv("KVMESH_NATS_PREFIX", tc.env)
+		cfg := DefaultConfig()
+		cfg.Prefix = tc.file
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		BindFlags(fs, &cfg.URLs, &cfg.Auth, "urls")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Prefix != tc.want {
+			t.Errorf("env %q, file %q, args %q: prefix %q, want %q", tc.env, tc.file, tc.args, cfg.Prefix, tc.want)
+		}
+	}
+}
