@@ -277,6 +277,16 @@ const replicasRetryEvery = time.Minute
 // stream short of the replicas auto asked for is ensured again every
 // replicasRetryEvery until the cluster places them.
 func (c *Conn) ensureLoop(log *slog.Logger) {
+	// A refused JetStream API request is not answered, so it looks like a
+	// stream without a leader: the permission violation the server reports
+	// beside it tells the two apart (tester h-prefix F5: a prefix whose
+	// stream the user's permissions do not name).
+	var deniedAPI atomic.Pointer[string]
+	defer c.OnPermissionViolation(func(err error) {
+		if msg := err.Error(); strings.Contains(msg, "$JS.API.") && strings.Contains(msg, c.Subjects.Stream()) {
+			deniedAPI.Store(&msg)
+		}
+	})()
 	retry := time.NewTimer(replicasRetryEvery)
 	retry.Stop()
 	defer retry.Stop()
@@ -304,7 +314,10 @@ func (c *Conn) ensureLoop(log *slog.Logger) {
 				c.short = short
 				break
 			}
-			if streamUnanswered(err) {
+			if d := deniedAPI.Swap(nil); d != nil && streamUnanswered(err) {
+				log.Warn("ensure delta stream: the NATS user may not use the stream's JetStream API (the server refused it: "+*d+
+					"); allow $JS.API.STREAM.INFO, .CREATE and .UPDATE on "+c.Subjects.Stream()+" for the sidecars' user (manifests/base/nats.yaml, docs/SECURITY.md)", "err", err)
+			} else if streamUnanswered(err) {
 				// The reason this matters is not in err: say what is lost and what is not.
 				log.Warn("ensure delta stream: the stream does not answer (it has no leader or its JetStream quorum is lost, "+
 					"e.g. a NATS server down or an election, or JetStream is unavailable); deltas still reach running ingresses "+

@@ -81,3 +81,30 @@ func TestOnPermissionViolationTellsEveryRefusal(t *testing.T) {
 	default:
 	}
 }
+
+// A user whose permissions do not name the stream (a --nats-prefix given
+// without the NATS users' names changed) gets no answer to the stream's
+// JetStream API, which alone reads as a stream without a leader: the
+// permission violation beside it is what the ensure's warning names.
+func TestStreamEnsureDeniedNamesPermissions(t *testing.T) {
+	perms := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"team-p.>", "$JS.API.INFO"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"team-p.>", "_INBOX.>"}},
+	}
+	srv := testutil.NATSServer(t, server.Options{JetStream: true, Users: []*server.User{{Username: "u", Password: "pw", Permissions: perms}}})
+	cfg := natsutil.DefaultConfig()
+	cfg.URLs, cfg.User, cfg.Password, cfg.Prefix = []string{srv.ClientURL()}, "u", "pw", "team-p"
+	cfg.WaitForServer = true // as the sidecar connects: the ensure is retried in the background
+	logs := &testutil.SyncBuffer{}
+	c, err := natsutil.Connect(context.Background(), cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testutil.WaitFor(t, 30*time.Second, "the ensure's warning naming the permissions", func() bool {
+		return strings.Contains(logs.String(), "the NATS user may not use the stream's JetStream API")
+	})
+	if l := logs.String(); !strings.Contains(l, "TEAM-P_DELTAS") {
+		t.Fatalf("the warning does not name the stream:\n%s", l)
+	}
+}
