@@ -208,7 +208,7 @@ func ingressFlags(fs *flag.FlagSet, opts *ingress.Options, probs *flagProblems) 
 	List(fs, &cfg.Cluster.GossipSeeds, "join", "comma-separated gossip seeds host:port")
 	fs.StringVar(&cfg.Cluster.GossipProfile, "gossip-profile", cfg.Cluster.GossipProfile, "memberlist timings: local, lan (default) or wan")
 	natsutil.BindFlags(fs, &cfg.Cluster.NATSURLs, &cfg.Cluster.NATSAuth, "comma-separated NATS URLs carrying the sidecars' deltas (empty: no materialized index)")
-	stateLaneFlag(fs, &cfg.Cluster.StateOverNATSOff, "read engine load and the other replicas' state from NATS (kvmesh.state.>) besides gossip, and publish this replica's (default true)", probs)
+	stateLaneFlag(fs, &cfg.Cluster.StateOverNATSOff, "read engine load and the other replicas' state from NATS (<prefix>.state.>, default kvmesh.state.>) besides gossip, and publish this replica's (default true)", probs)
 }
 
 // durationHint adds to a parse error of a duration flag (--tokenize-budget

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvmesh/kvmesh/ingress/materialize"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -58,10 +60,27 @@ func runInspectStream(ctx context.Context, args []string, stdout, stderr io.Writ
 		return err
 	}
 	defer conn.Close()
+	warnNoStream(ctx, conn, stderr)
 	if *summary {
 		return inspectSummary(ctx, conn.NC, conn.Subjects, *interval, stdout, stderr)
 	}
 	return inspectTail(ctx, conn.NC, conn.Subjects, *showKeys, *count, stdout)
+}
+
+// warnNoStream says on stderr when the NATS has no delta stream of the
+// prefix: no sidecar of that installation has run there, or the prefix is
+// not the installation's (the tail and summary would just stay empty).
+func warnNoStream(ctx context.Context, conn *natsutil.Conn, stderr io.Writer) {
+	js, err := jetstream.New(conn.NC)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := js.Stream(ctx, conn.Subjects.Stream()); errors.Is(err, jetstream.ErrStreamNotFound) {
+		fmt.Fprintf(stderr, "no stream %s on this NATS: no sidecar with --nats-prefix %s has run here (is the prefix the installation's?); listening on %s anyway\n",
+			conn.Subjects.Stream(), conn.Subjects.Prefix(), conn.Subjects.DeltaWildcard())
+	}
 }
 
 func inspectTail(ctx context.Context, nc *nats.Conn, subj natsutil.Subjects, showKeys bool, count int, stdout io.Writer) error {

@@ -63,6 +63,10 @@ func TestInspectStreamTailsDecodedDeltas(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, errOut.String())
 			}
+			// No sidecar made the stream here: said, the tail still read.
+			if !strings.Contains(errOut.String(), "no stream KVMESH_DELTAS on this NATS") {
+				t.Errorf("stderr %q does not say the stream is missing", errOut.String())
+			}
 			line := strings.SplitN(out.String(), "\n", 2)[0]
 			wantEpoch := "epoch=" + strings.TrimSuffix(strings.TrimPrefix(string(debugState), `{"epoch":`), "}")
 			for _, want := range []string{"engine=e1", "model=m/x", wantEpoch + " ", "seq=7", "store gpu 2 " + strings.Join(keyLines, " "), "clear cpu"} {

@@ -146,7 +146,7 @@ func streamReplicasFlag(fs *flag.FlagSet, dst *int, probs *flagProblems) {
 			probs.unlessGiven("stream-replicas", err) // a bad environment value matters only when no flag replaces it
 		}
 	}
-	probs.Var(fs, "stream-replicas", natsutil.FormatReplicas(*dst), "replicas of KVMESH_DELTAS and the tokenizer object store: auto "+
+	probs.Var(fs, "stream-replicas", natsutil.FormatReplicas(*dst), "replicas of the delta stream (KVMESH_DELTAS by default) and the tokenizer object store: auto "+
 		"(3 where the JetStream cluster can place them, else 1) or 1..5 (env KVMESH_STREAM_REPLICAS)", set)
 }
 
@@ -184,12 +184,12 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 		cfg.NATS.Embedded.Port = n
 		return nil
 	})
-	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "KVMESH_DELTAS retention by age")
+	fs.DurationVar(&cfg.NATS.Stream.MaxAge, "stream-max-age", cfg.NATS.Stream.MaxAge, "delta stream (KVMESH_DELTAS by default) retention by age")
 	cfg.EngineAPIKey = os.Getenv("KVMESH_ENGINE_API_KEY")
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often the engine's /v1/models is read for the LoRA adapters it serves and checked for --model (gossiped to the ingresses; 0: never)")
 	fs.DurationVar(&cfg.EventsSilentAfter, "events-silent-after", cfg.EventsSilentAfter, "warn, and set kvmesh_sidecar_events_silent, when the engine's metrics show it working this long with no KV event batch arriving (a wrong --events or --replay endpoint; 0: never)")
 	fs.DurationVar(&cfg.EngineIDWait, "engine-id-wait", cfg.EngineIDWait, "at start, how long to wait while another live gossip member serves this engine id at another URL, before exiting (a member declared dead, or whose URL refuses connections or lists other models, frees the id at once; a URL that does not answer frees nothing)")
-	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "KVMESH_DELTAS retention by size")
+	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "stream-max-bytes", cfg.NATS.Stream.MaxBytes, "delta stream (KVMESH_DELTAS by default) retention by size")
 	streamReplicasFlag(fs, &cfg.NATS.Stream.Replicas, probs)
 
 	fs.StringVar(&opts.GossipBind, "gossip-bind", "", "gossip listen IP:port (IPv6 in brackets; empty: no gossip)")
@@ -198,7 +198,7 @@ func sidecarFlags(fs *flag.FlagSet, opts *sidecar.Options, probs *flagProblems) 
 	gossipKeyFlag(fs, &opts.Gossip.SecretKey, &opts.Gossip.ExtraKeys, probs)
 	fs.StringVar(&opts.Gossip.Profile, "gossip-profile", opts.Gossip.Profile, "gossip timings: local, lan or wan")
 	fs.StringVar(&opts.Gossip.Name, "node-name", "", "gossip member name (default hostname-random)")
-	stateLaneFlag(fs, &cfg.StateOverNATSOff, "publish the engines' gossip state on NATS too (kvmesh.state.<node-name>), where the ingresses read it within a broadcast interval (default true)", probs)
+	stateLaneFlag(fs, &cfg.StateOverNATSOff, "publish the engines' gossip state on NATS too (<prefix>.state.<node-name>), where the ingresses read it within a broadcast interval (default true)", probs)
 
 	fs.StringVar(&cfg.AdminAddr, "admin", "127.0.0.1:9101", "admin address for /health, /ready, /metrics, /debug/state (empty: off)")
 	fs.StringVar(&cfg.ResyncPolicy, "resync-policy", cfg.ResyncPolicy, "when event history is lost: rebuild (keep the engine cache, under-report until re-stored) or reset-engine (POST /reset_prefix_cache: exact, costs the cache)")
