@@ -15,12 +15,20 @@ import (
 // distinct engines are stored in one Index.
 var ErrTooManyEngines = errors.New("index: too many engines")
 
+// DefaultSpeculativeTTL is Config.SpeculativeTTL's default, the ingress's
+// (ingress.DefaultConfig) and the DES's (loadtest/des): one value, so the
+// benchmarks measure what a deployment runs.
+const DefaultSpeculativeTTL = 5 * time.Second
+
 // Config configures an Index. The zero value is usable after Defaults.
 type Config struct {
 	// SpeculativeTTL is how long a speculative entry (a key just routed to an
 	// engine) counts before the engine's own events confirm it. Long enough to
-	// cover event propagation (milliseconds to a second), short enough that a
-	// request that failed or was evicted stops attracting traffic. Default 2s.
+	// cover the request's queue wait (an engine emits a block's stored event
+	// when it schedules the prefill step computing it) plus event
+	// propagation, short enough that a request that failed or was evicted
+	// stops attracting traffic.
+	// Default DefaultSpeculativeTTL.
 	SpeculativeTTL time.Duration
 	// InitialKeys sizes the table up front to avoid growth pauses. Default 0
 	// (starts at 1,024 buckets and doubles).
@@ -37,7 +45,7 @@ type Config struct {
 // Defaults fills zero fields with their defaults.
 func (c *Config) Defaults() {
 	if c.SpeculativeTTL == 0 {
-		c.SpeculativeTTL = 2 * time.Second
+		c.SpeculativeTTL = DefaultSpeculativeTTL
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/ingress/fair"
 	"github.com/kvmesh/kvmesh/internal/keyvalue"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -251,7 +252,8 @@ type Config struct {
 	// gossip. Default 200ms.
 	LoadInterval time.Duration `yaml:"loadInterval"`
 	// SpeculativeTTL is how long a routed request's keys count as cached on
-	// its engine before events confirm them (passed to the index). Default 5s.
+	// its engine before events confirm them (passed to the index). Default
+	// index.DefaultSpeculativeTTL, 5s.
 	SpeculativeTTL time.Duration `yaml:"speculativeTTL"`
 	// ExactLookup makes every index lookup read each key of the request's
 	// chain instead of searching it (index.Config.ExactLookup): for KV
@@ -304,7 +306,7 @@ func DefaultConfig() Config {
 		TokenizeBudget:        2 * time.Second,
 		BlockSize:             16,
 		LoadInterval:          200 * time.Millisecond,
-		SpeculativeTTL:        5 * time.Second,
+		SpeculativeTTL:        index.DefaultSpeculativeTTL,
 		AccessLog:             true,
 		EngineHeader:          true,
 		SessionSlack:          8,

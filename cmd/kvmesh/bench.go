@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/loadtest/bench"
 	"github.com/kvmesh/kvmesh/loadtest/des"
 	"github.com/kvmesh/kvmesh/sim/engine"
@@ -212,6 +213,7 @@ func benchFlags(fs *flag.FlagSet, o *bench.Options) {
 	fs.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "trace, azure, sharegpt, chat, tool-agent, coding, rag, mix: arrival rate multiplier (> 0)")
 	fs.IntVar(&o.Limit, "limit", o.Limit, "trace, azure, sharegpt, chat, tool-agent, coding, rag, mix: use only the first N requests (0 = all)")
 	fs.DurationVar(&o.EventDelay, "event-delay", o.EventDelay, "KV event propagation delay to the index")
+	fs.DurationVar(&o.SpeculativeTTL, "speculative-ttl", index.DefaultSpeculativeTTL, "how long a routed request's keys count as cached on its engine before its KV events confirm them (the ingress's speculativeTTL, whose default this is)")
 	fs.DurationVar(&o.SnapshotInterval, "snapshot-interval", o.SnapshotInterval, "engine load snapshot period (gossip staleness); negative = always fresh")
 	fs.BoolVar(&o.LearnShared, "learn-shared", false, "des: kvmesh's learner prices every engine with the costs pooled over all of them (engines taken as replicas; no per-engine rates)")
 	fs.BoolVar(&o.LearnUnpooled, "learn-unpooled", false, "des: kvmesh's learner starts each engine from its prior, not from the estimate pooled over every engine (an ablation)")

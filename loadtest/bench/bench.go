@@ -79,6 +79,11 @@ type Options struct {
 	// EventDelay is the KV-event propagation delay to the index;
 	// SnapshotInterval the engine load snapshot period (negative: always fresh).
 	EventDelay, SnapshotInterval time.Duration
+	// SpeculativeTTL is how long a routed request's keys count as cached on
+	// its engine before its KV events confirm them (des.Config's; live:
+	// the ingresses', in engine time). 0: index.DefaultSpeculativeTTL, the
+	// ingress's default.
+	SpeculativeTTL time.Duration
 	// LearnUnpooled (des) starts each engine's learned costs from the
 	// prior, not from the estimate pooled over every engine
 	// (learn.Config.Unpooled; an ablation).
@@ -289,6 +294,7 @@ func (o *Options) Prepare() (des.Config, []string, error) {
 		Concurrency:      o.Concurrency,
 		EventDelay:       o.EventDelay,
 		SnapshotInterval: o.SnapshotInterval,
+		SpeculativeTTL:   o.SpeculativeTTL,
 		Seed:             seed,
 		Parallel:         o.Parallel,
 		Learn:            learn.Config{Unpooled: o.LearnUnpooled, Shared: o.LearnShared, FreeIntercept: o.LearnFreeIntercept},
@@ -345,6 +351,9 @@ func (o *Options) checkEngines(bad func(string, ...any)) engine.Profile {
 	atLeast(bad, "concurrency", o.Concurrency, 0, " (0 = unlimited)")
 	if o.EventDelay < 0 {
 		bad("--event-delay %v: want ≥ 0", o.EventDelay)
+	}
+	if o.SpeculativeTTL < 0 {
+		bad("--speculative-ttl %v: want ≥ 0", o.SpeculativeTTL)
 	}
 	return prof
 }

@@ -106,6 +106,7 @@ func (o Options) clusterConfig(cfg des.Config) demo.Config {
 	dc.Engines, dc.Ingresses, dc.Engine, dc.TimeScale = o.Engines, o.Ingresses, cfg.Engine.Defaults(), o.TimeScale
 	dc.StartTimeout = time.Minute
 	dc.PortBase = o.PortBase
+	dc.SpeculativeTTL = cfg.SpeculativeTTL
 	return dc
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/ingress/session"
 	"github.com/kvmesh/kvmesh/internal/natsutil"
@@ -171,10 +172,15 @@ func (m *mesh) ingressConfig(i int, policy string, run int) (ingress.Config, err
 	cfg.Scheduler = sc
 	cfg.Learn.Prior = wallPrior(m.cfg.TimeScale)
 	// The ingress's other engine-time durations in wall time too: a routed
-	// request's keys count as cached for the DES's index TTL (2 engine
-	// seconds, index.Config's default), and the hold's bound is its 30.
+	// request's keys count as cached for the configured TTL (by default the
+	// ingress's own, which the DES's index takes too), and the hold's bound
+	// is its 30 engine seconds.
 	ts := m.cfg.TimeScale
-	cfg.SpeculativeTTL = time.Duration(float64(2*time.Second) / ts)
+	ttl := m.cfg.SpeculativeTTL
+	if ttl == 0 {
+		ttl = index.DefaultSpeculativeTTL
+	}
+	cfg.SpeculativeTTL = time.Duration(float64(ttl) / ts)
 	cfg.Hold.MaxWait = time.Duration(float64(ingress.DefaultHoldConfig().MaxWait) / ts)
 	cfg.Cluster = ingress.ClusterConfig{
 		GossipBind: loopback(m.cfg.PortBase, off+1), GossipSeeds: []string{m.seed}, GossipProfile: "local",

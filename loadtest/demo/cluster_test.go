@@ -3,6 +3,7 @@ package demo
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/ingress"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -44,7 +45,7 @@ func TestIngressSchedulerWallTime(t *testing.T) {
 		near("decode s/token", k.DecodeSecPerToken, d.DecodeSecPerToken/ts)
 		near("prefill rate", k.PrefillRate, d.PrefillRate*ts)
 		near("hold aging (a ratio)", k.Hold.Aging, d.HoldAging)
-		near("speculative TTL", cfg.SpeculativeTTL.Seconds(), 2/ts)
+		near("speculative TTL", cfg.SpeculativeTTL.Seconds(), ingress.DefaultConfig().SpeculativeTTL.Seconds()/ts)
 		near("hold max wait", cfg.Hold.MaxWait.Seconds(), ingress.DefaultHoldConfig().MaxWait.Seconds()/ts)
 		if err := cfg.Validate(); err != nil {
 			t.Errorf("ts %g: %v", ts, err)
@@ -52,5 +53,37 @@ func TestIngressSchedulerWallTime(t *testing.T) {
 		if cfg.Scheduler.Policy != "kvmesh" {
 			t.Errorf("policy %q", cfg.Scheduler.Policy)
 		}
+	}
+}
+
+// TestIngressSpeculativeTTL: the live mesh's ingresses keep a routed
+// request's keys speculative for the configured TTL in engine time (the
+// DES's --speculative-ttl), divided by the time scale; unset, for the
+// ingress's own default.
+func TestIngressSpeculativeTTL(t *testing.T) {
+	for _, c := range []struct {
+		ttl  time.Duration
+		ts   float64
+		want time.Duration
+	}{
+		{0, 1, ingress.DefaultConfig().SpeculativeTTL},
+		{0, 4, ingress.DefaultConfig().SpeculativeTTL / 4},
+		{2 * time.Second, 1, 2 * time.Second},
+		{3 * time.Second, 10, 300 * time.Millisecond},
+	} {
+		m := &mesh{cfg: DefaultConfig()}
+		m.cfg.TimeScale, m.cfg.SpeculativeTTL = c.ts, c.ttl
+		cfg, err := m.ingressConfig(0, "kvmesh", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.SpeculativeTTL != c.want {
+			t.Errorf("TTL %v at ×%g: the ingress's %v, want %v", c.ttl, c.ts, cfg.SpeculativeTTL, c.want)
+		}
+	}
+	c := DefaultConfig()
+	c.SpeculativeTTL = -time.Second
+	if err := c.Validate(); err == nil {
+		t.Error("a negative speculative TTL validated")
 	}
 }

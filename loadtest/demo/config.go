@@ -49,6 +49,10 @@ type Config struct {
 	Engine engine.Config
 	// TimeScale runs the engines' model time faster than real time. Default 1.
 	TimeScale float64
+	// SpeculativeTTL is the ingresses' speculativeTTL in engine time (they
+	// get it divided by TimeScale). 0: index.DefaultSpeculativeTTL, the
+	// ingress's default.
+	SpeculativeTTL time.Duration
 	// Progress, when set, gets loadgen progress per policy run (from one goroutine).
 	Progress func(policy string, p loadgen.Progress)
 	// Status, when set, gets one line per phase ("starting 4 engines", ...).
@@ -130,6 +134,9 @@ func (c Config) Validate() error {
 	}
 	if c.Rate < 0 {
 		errs = append(errs, fmt.Errorf("%w: rate %v < 0", ErrConfig, c.Rate))
+	}
+	if c.SpeculativeTTL < 0 {
+		errs = append(errs, fmt.Errorf("%w: speculative TTL %v is negative", ErrConfig, c.SpeculativeTTL))
 	}
 	if c.TimeScale <= 0 {
 		errs = append(errs, fmt.Errorf("%w: time scale %v <= 0", ErrConfig, c.TimeScale))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/scheduler"
 	"github.com/kvmesh/kvmesh/scheduler/learn"
 	"github.com/kvmesh/kvmesh/scheduler/policies"
@@ -44,6 +45,11 @@ type Config struct {
 	// ExactLookup makes the router's index read every key of a chain
 	// (index.Config.ExactLookup) instead of searching it.
 	ExactLookup bool
+	// SpeculativeTTL is how long a routed request's keys count as cached
+	// on its engine before its KV events confirm them
+	// (index.Config.SpeculativeTTL). Default index.DefaultSpeculativeTTL,
+	// what the ingress ships (ingress.Config.SpeculativeTTL).
+	SpeculativeTTL time.Duration
 	// Learn configures the kvmesh policy's online cost model. Its prior
 	// defaults to the kvmesh block's rates (else policies.DefaultKVMeshConfig:
 	// what a live ingress starts from); the
@@ -76,6 +82,9 @@ func (c *Config) Defaults() {
 	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = 200 * time.Millisecond
 	}
+	if c.SpeculativeTTL == 0 {
+		c.SpeculativeTTL = index.DefaultSpeculativeTTL
+	}
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
@@ -104,6 +113,9 @@ func (c *Config) Validate() error {
 	}
 	if c.EventDelay < 0 {
 		errs = append(errs, fmt.Errorf("%w: event delay %v is negative", ErrConfig, c.EventDelay))
+	}
+	if c.SpeculativeTTL < 0 {
+		errs = append(errs, fmt.Errorf("%w: speculative TTL %v is negative", ErrConfig, c.SpeculativeTTL))
 	}
 	if c.Parallel < 0 {
 		errs = append(errs, fmt.Errorf("%w: parallel %d is negative", ErrConfig, c.Parallel))

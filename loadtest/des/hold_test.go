@@ -17,6 +17,13 @@ import (
 // the backlog waits in the router and goes to whichever engine frees room
 // first: more throughput, a shorter tail, an even spread. Side by side in
 // one run (virtual time; the machine's load does not enter).
+//
+// The spread's bound is 1.45 at the ingress's speculative TTL (5 s); it
+// was 1.3 when the DES ran the index's 2 s, which gives 1.15 here. Any TTL
+// from 3 s on gives 1.40: one early decision lands otherwise, and on this
+// 1,000-request slice which engines the first prefixes go to decides the
+// rest (docs/BENCHMARKS.md, "The DES's speculative TTL"; the whole trace
+// at 2× evens out better at 5 s, 1.18 → 1.12).
 func TestHoldUnderOverload(t *testing.T) {
 	reqs, err := workload.Mooncake{Limit: 1000, RateScale: 2}.ReadFile("../../testdata/traces/mooncake_synthetic_trace.jsonl")
 	if err != nil {
@@ -39,8 +46,8 @@ func TestHoldUnderOverload(t *testing.T) {
 	if h.Completed != len(reqs) || f.Completed != len(reqs) {
 		t.Fatalf("incomplete: %d and %d of %d", h.Completed, f.Completed, len(reqs))
 	}
-	if h.ThroughputRPS < 1.2*f.ThroughputRPS || h.TTFTP99 > 0.7*f.TTFTP99 || h.LoadImbalance > 1.3 || f.LoadImbalance < 2 {
-		t.Errorf("the hold must raise throughput ≥ 20 %%, cut p99 ≥ 30 %% and even out the load (≤ 1.3, from ≥ 2)")
+	if h.ThroughputRPS < 1.2*f.ThroughputRPS || h.TTFTP99 > 0.7*f.TTFTP99 || h.LoadImbalance > 1.45 || f.LoadImbalance < 2 {
+		t.Errorf("the hold must raise throughput ≥ 20 %%, cut p99 ≥ 30 %% and even out the load (≤ 1.45, from ≥ 2)")
 	}
 }
 

@@ -110,7 +110,7 @@ func (k pdSink) KVEvents(_ time.Duration, events []kvevents.Event) {
 }
 
 func newPDSim(cfg *PDConfig, reqs []workload.Request, policy string) (*pdSim, error) {
-	idx, err := index.New(index.Config{ExactLookup: cfg.ExactLookup})
+	idx, err := index.New(index.Config{SpeculativeTTL: cfg.SpeculativeTTL, ExactLookup: cfg.ExactLookup})
 	if err != nil {
 		return nil, err
 	}

@@ -138,7 +138,7 @@ var _ engine.EventSink = sink{}
 func (k sink) KVEvents(now time.Duration, events []kvevents.Event) { k.s.onEvents(k.e, now, events) }
 
 func newSim(cfg *Config, reqs []workload.Request, policy string) (*sim, error) {
-	idx, err := index.New(index.Config{ExactLookup: cfg.ExactLookup})
+	idx, err := index.New(index.Config{SpeculativeTTL: cfg.SpeculativeTTL, ExactLookup: cfg.ExactLookup})
 	if err != nil {
 		return nil, err
 	}
