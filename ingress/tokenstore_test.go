@@ -236,8 +236,18 @@ func TestStoreTokenizerRefreshDoesNotBlockRequests(t *testing.T) {
 		if store.js.Load() == nil {
 			return false
 		}
-		_, ok := store.For(model)
-		return !ok
+		if _, ok := store.For(model); ok {
+			return false
+		}
+		// Answered after its fetch, not before one started (a lookup
+		// before the connection's handler ran answers "none" without one,
+		// and the refresh below would then be the first lookup's, which
+		// waits FirstWait).
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		_, known := store.missed[model]
+		_, loading := store.loading[model]
+		return known && !loading
 	})
 
 	// From now on JetStream's API swallows every request without a reply.
