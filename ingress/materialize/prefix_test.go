@@ -38,19 +38,7 @@ func TestPrefixesSeparateInstallations(t *testing.T) {
 		t.Cleanup(nc.Close)
 		cfg := materialize.DefaultConfig()
 		cfg.Conn, cfg.Index, cfg.Subjects = nc, idx, subj
-		m, err := materialize.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- m.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("run: %v", err)
-			}
-		})
+		startMaterializer(t, cfg) // overlap_test.go
 	}
 	var insts []inst
 	for i, prefix := range []string{"team-a", "team-b.kvmesh"} {
