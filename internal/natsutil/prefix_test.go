@@ -87,6 +87,10 @@ func TestInvalidPrefixRefused(t *testing.T) {
 			t.Errorf("Validate with prefix %q = %v", p, err)
 		}
 	}
+	// The refusal names the character, not its first byte.
+	if _, err := NewSubjects("caf\u00e9"); err == nil || !strings.Contains(err.Error(), "'\u00e9' at byte 3") {
+		t.Errorf("NewSubjects(café) = %v, want the character named", err)
+	}
 	c := DefaultConfig()
 	c.Prefix = "team-a.kvmesh"
 	if err := c.Validate(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // DefaultPrefix is the subject prefix of an installation that sets none
@@ -95,7 +96,8 @@ func ValidatePrefix(p string) error {
 		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-':
 			tokenStart = false
 		default:
-			return fmt.Errorf("%w: %q: byte %q at %d: want lower-case letters, digits, '-' and '.' between tokens", ErrPrefix, p, c, i)
+			r, _ := utf8.DecodeRuneInString(p[i:]) // the character, not its first byte ("é", not "Ã")
+			return fmt.Errorf("%w: %q: %q at byte %d: want lower-case letters, digits, '-' and '.' between tokens", ErrPrefix, p, r, i)
 		}
 	}
 	if tokenStart {
