@@ -69,12 +69,19 @@ func TestPickSpeculativeAtEngineBlockSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	pk.Done(200)
-	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks, 32)
+	wantSpeculativeAt(t, idx, toks, 32, "e32")
+}
+
+// wantSpeculativeAt checks that engine's speculative index entries hold
+// the whole prompt toks keyed at its own block size bs.
+func wantSpeculativeAt(t *testing.T, idx *index.Index, toks []uint32, bs int, engine string) {
+	t.Helper()
+	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks, bs)
 	var res index.Result
 	out := make([]index.Match, 1)
-	idx.LookupFor(keys, []string{"e32"}, &res, out)
+	idx.LookupFor(keys, []string{engine}, &res, out)
 	if out[0].Spec != len(keys) {
-		t.Errorf("e32's speculative match of the prompt at its block size: %d of %d blocks", out[0].Spec, len(keys))
+		t.Errorf("%s's speculative match of the prompt at its block size: %d of %d blocks", engine, out[0].Spec, len(keys))
 	}
 }
 
@@ -126,13 +133,7 @@ func TestSGLangPairAtItsOwnBlockSize(t *testing.T) {
 	if got := <-charged; got != 32 {
 		t.Errorf("p0 was charged %d prefill tokens during its leg, want 32 (64 beyond its 2 blocks of 16)", got)
 	}
-	keys := kvevents.AppendKeys(nil, kvevents.Root("m", "", ""), toks, 16)
-	var res index.Result
-	out := make([]index.Match, 1)
-	idx.LookupFor(keys, []string{"d0"}, &res, out)
-	if out[0].Spec != len(keys) {
-		t.Errorf("d0's speculative match of the prompt at its block size: %d of %d blocks", out[0].Spec, len(keys))
-	}
+	wantSpeculativeAt(t, idx, toks, 16, "d0")
 }
 
 // kvCall is a streamed call of s with a 1,024-token prompt whose first
